@@ -1,0 +1,399 @@
+//! Seeded, reproducible fault injection on a stream of datagrams.
+//!
+//! Call order: [`FaultInjector::push`] for every datagram offered to the link,
+//! then [`FaultInjector::pop_ready`] until it returns `None`; wake up again at
+//! [`FaultInjector::next_release`]. Each call does bounded work.
+
+use crate::rng::Rng;
+use rdma_types::{Duration, Instant};
+use std::collections::BinaryHeap;
+
+/// What can go wrong on a link. Probabilities are per datagram, 0.0..=1.0.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FaultConfig {
+    /// Seed of the decisions; the same seed and inputs give the same faults.
+    pub seed: u64,
+    /// Probability a datagram is dropped.
+    pub loss: f64,
+    /// Probability a datagram is delivered twice.
+    pub duplicate: f64,
+    /// Probability a datagram is held back by `reorder_delay`, letting later
+    /// datagrams overtake it.
+    pub reorder: f64,
+    /// How long a reordered datagram is held back.
+    pub reorder_delay: Duration,
+    /// Probability one random bit of the datagram is flipped.
+    pub corrupt: f64,
+    /// Fixed one-way latency added to every datagram.
+    pub latency: Duration,
+}
+
+impl Default for FaultConfig {
+    /// A perfect link with no latency.
+    fn default() -> Self {
+        FaultConfig {
+            seed: 0,
+            loss: 0.0,
+            duplicate: 0.0,
+            reorder: 0.0,
+            reorder_delay: Duration::from_micros(200),
+            corrupt: 0.0,
+            latency: Duration::ZERO,
+        }
+    }
+}
+
+impl FaultConfig {
+    /// A link that loses `loss` of its datagrams and is otherwise perfect.
+    pub fn lossy(seed: u64, loss: f64) -> Self {
+        FaultConfig {
+            seed,
+            loss,
+            ..FaultConfig::default()
+        }
+    }
+
+    /// Parses a compact spec such as `loss=0.01,dup=0.001,reorder=0.01,corrupt=0,seed=7,latency_us=50`,
+    /// the form the tools accept on their command line.
+    ///
+    /// # Errors
+    /// Names the offending key or value.
+    pub fn parse(spec: &str) -> Result<FaultConfig, String> {
+        let mut cfg = FaultConfig::default();
+        for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            let (key, value) = item
+                .split_once('=')
+                .ok_or_else(|| format!("fault spec item '{item}' is not key=value"))?;
+            let prob = |v: &str| -> Result<f64, String> {
+                let p: f64 = v
+                    .parse()
+                    .map_err(|_| format!("fault spec: '{key}' wants a number, got '{v}'"))?;
+                if (0.0..=1.0).contains(&p) {
+                    Ok(p)
+                } else {
+                    Err(format!("fault spec: '{key}' must be within 0..=1, got {p}"))
+                }
+            };
+            let micros = |v: &str| -> Result<Duration, String> {
+                v.parse::<u64>()
+                    .map(Duration::from_micros)
+                    .map_err(|_| format!("fault spec: '{key}' wants microseconds, got '{v}'"))
+            };
+            match key {
+                "seed" => {
+                    cfg.seed = value
+                        .parse()
+                        .map_err(|_| format!("fault spec: 'seed' wants an integer, got '{value}'"))?
+                }
+                "loss" => cfg.loss = prob(value)?,
+                "dup" | "duplicate" => cfg.duplicate = prob(value)?,
+                "reorder" => cfg.reorder = prob(value)?,
+                "corrupt" => cfg.corrupt = prob(value)?,
+                "reorder_us" => cfg.reorder_delay = micros(value)?,
+                "latency_us" => cfg.latency = micros(value)?,
+                other => return Err(format!("fault spec: unknown key '{other}' (known: seed, loss, dup, reorder, corrupt, reorder_us, latency_us)")),
+            }
+        }
+        Ok(cfg)
+    }
+}
+
+/// What happened to one datagram offered to the link.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Passed through (possibly after the fixed latency).
+    Delivered,
+    /// Dropped by random loss.
+    Lost,
+    /// Dropped because the link is down.
+    LinkDown,
+    /// Delivered twice.
+    Duplicated,
+    /// Held back so later datagrams overtake it.
+    Reordered,
+    /// Delivered with one bit flipped.
+    Corrupted,
+}
+
+/// Counters of what the injector did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FaultStats {
+    /// Datagrams offered.
+    pub offered: u64,
+    /// Dropped by loss.
+    pub lost: u64,
+    /// Dropped while the link was down.
+    pub link_down: u64,
+    /// Extra copies delivered.
+    pub duplicated: u64,
+    /// Held back for reordering.
+    pub reordered: u64,
+    /// Bit-flipped.
+    pub corrupted: u64,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+struct Held {
+    release: Instant,
+    seq: u64,
+    data: Vec<u8>,
+}
+
+impl Ord for Held {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        // BinaryHeap is a max-heap: invert to pop the earliest release first,
+        // and among equal releases the one pushed first.
+        other
+            .release
+            .cmp(&self.release)
+            .then(other.seq.cmp(&self.seq))
+    }
+}
+
+impl PartialOrd for Held {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+/// A one-directional faulty link.
+#[derive(Debug)]
+pub struct FaultInjector {
+    cfg: FaultConfig,
+    rng: Rng,
+    up: bool,
+    seq: u64,
+    held: BinaryHeap<Held>,
+    stats: FaultStats,
+}
+
+impl FaultInjector {
+    /// A link applying `cfg`, initially up.
+    pub fn new(cfg: FaultConfig) -> Self {
+        FaultInjector {
+            rng: Rng::new(cfg.seed),
+            cfg,
+            up: true,
+            seq: 0,
+            held: BinaryHeap::new(),
+            stats: FaultStats::default(),
+        }
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &FaultConfig {
+        &self.cfg
+    }
+
+    /// Replaces the probabilities; the random stream continues.
+    pub fn set_config(&mut self, cfg: FaultConfig) {
+        self.cfg = cfg;
+    }
+
+    /// Takes the link down (everything offered is dropped, and so is
+    /// everything still in flight) or brings it back up.
+    pub fn set_link_up(&mut self, up: bool) {
+        self.up = up;
+        if !up {
+            self.stats.link_down += self.held.len() as u64;
+            self.held.clear();
+        }
+    }
+
+    /// Whether the link is up.
+    pub fn is_link_up(&self) -> bool {
+        self.up
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> FaultStats {
+        self.stats
+    }
+
+    /// Offers a datagram to the link at `now` and says what happened to it.
+    pub fn push(&mut self, now: Instant, mut data: Vec<u8>) -> Verdict {
+        self.stats.offered += 1;
+        if !self.up {
+            self.stats.link_down += 1;
+            return Verdict::LinkDown;
+        }
+        if self.rng.chance(self.cfg.loss) {
+            self.stats.lost += 1;
+            return Verdict::Lost;
+        }
+        let mut verdict = Verdict::Delivered;
+        if !data.is_empty() && self.rng.chance(self.cfg.corrupt) {
+            let bit = self.rng.below(data.len() as u64 * 8);
+            data[(bit / 8) as usize] ^= 1 << (bit % 8);
+            self.stats.corrupted += 1;
+            verdict = Verdict::Corrupted;
+        }
+        let mut release = now + self.cfg.latency;
+        if self.rng.chance(self.cfg.reorder) {
+            release += self.cfg.reorder_delay;
+            self.stats.reordered += 1;
+            verdict = Verdict::Reordered;
+        }
+        if self.rng.chance(self.cfg.duplicate) {
+            self.stats.duplicated += 1;
+            self.hold(release, data.clone());
+            verdict = Verdict::Duplicated;
+        }
+        self.hold(release, data);
+        verdict
+    }
+
+    fn hold(&mut self, release: Instant, data: Vec<u8>) {
+        self.seq += 1;
+        self.held.push(Held {
+            release,
+            seq: self.seq,
+            data,
+        });
+    }
+
+    /// The next datagram due at or before `now`, in release order.
+    pub fn pop_ready(&mut self, now: Instant) -> Option<Vec<u8>> {
+        if self.held.peek()?.release <= now {
+            self.held.pop().map(|h| h.data)
+        } else {
+            None
+        }
+    }
+
+    /// When the next held datagram becomes due.
+    pub fn next_release(&self) -> Option<Instant> {
+        self.held.peek().map(|h| h.release)
+    }
+
+    /// Datagrams still in flight.
+    pub fn in_flight(&self) -> usize {
+        self.held.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn drain(f: &mut FaultInjector, now: Instant) -> Vec<Vec<u8>> {
+        std::iter::from_fn(|| f.pop_ready(now)).collect()
+    }
+
+    #[test]
+    fn perfect_link_is_fifo() {
+        let mut f = FaultInjector::new(FaultConfig::default());
+        for i in 0..10u8 {
+            assert_eq!(f.push(Instant::ZERO, vec![i]), Verdict::Delivered);
+        }
+        let out = drain(&mut f, Instant::ZERO);
+        assert_eq!(out, (0..10u8).map(|i| vec![i]).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn same_seed_reproduces_the_same_faults() {
+        let cfg = FaultConfig {
+            seed: 42,
+            loss: 0.1,
+            duplicate: 0.05,
+            reorder: 0.1,
+            corrupt: 0.05,
+            ..FaultConfig::default()
+        };
+        let run = |cfg: FaultConfig| {
+            let mut f = FaultInjector::new(cfg);
+            let verdicts: Vec<Verdict> = (0..500u32)
+                .map(|i| f.push(Instant::ZERO, i.to_be_bytes().to_vec()))
+                .collect();
+            (
+                verdicts,
+                drain(&mut f, Instant::from_millis(1000)),
+                f.stats(),
+            )
+        };
+        let a = run(cfg.clone());
+        let b = run(cfg.clone());
+        assert_eq!(a, b);
+        let c = run(FaultConfig { seed: 43, ..cfg });
+        assert_ne!(a.0, c.0);
+        let s = a.2;
+        assert!(
+            s.lost > 20 && s.duplicated > 5 && s.reordered > 20 && s.corrupted > 5,
+            "{s:?}"
+        );
+        // Everything not lost arrives, duplicates twice.
+        assert_eq!(a.1.len() as u64, s.offered - s.lost + s.duplicated);
+    }
+
+    #[test]
+    fn reordered_datagram_is_overtaken() {
+        let cfg = FaultConfig {
+            reorder: 1.0,
+            reorder_delay: Duration::from_micros(100),
+            ..FaultConfig::default()
+        };
+        let mut f = FaultInjector::new(cfg);
+        assert_eq!(f.push(Instant::ZERO, vec![1]), Verdict::Reordered);
+        f.set_config(FaultConfig::default());
+        assert_eq!(
+            f.push(Instant::from_micros(10), vec![2]),
+            Verdict::Delivered
+        );
+        assert_eq!(f.pop_ready(Instant::from_micros(10)), Some(vec![2]));
+        assert_eq!(f.pop_ready(Instant::from_micros(50)), None);
+        assert_eq!(f.next_release(), Some(Instant::from_micros(100)));
+        assert_eq!(f.pop_ready(Instant::from_micros(100)), Some(vec![1]));
+    }
+
+    #[test]
+    fn link_down_drops_offered_and_in_flight() {
+        let cfg = FaultConfig {
+            latency: Duration::from_micros(10),
+            ..FaultConfig::default()
+        };
+        let mut f = FaultInjector::new(cfg);
+        f.push(Instant::ZERO, vec![1]);
+        f.set_link_up(false);
+        assert_eq!(f.push(Instant::ZERO, vec![2]), Verdict::LinkDown);
+        assert_eq!(f.pop_ready(Instant::from_micros(100)), None);
+        assert_eq!(f.stats().link_down, 2);
+        f.set_link_up(true);
+        assert_eq!(f.push(Instant::ZERO, vec![3]), Verdict::Delivered);
+        assert_eq!(f.pop_ready(Instant::from_micros(10)), Some(vec![3]));
+    }
+
+    #[test]
+    fn corruption_flips_exactly_one_bit() {
+        let cfg = FaultConfig {
+            corrupt: 1.0,
+            ..FaultConfig::default()
+        };
+        let mut f = FaultInjector::new(cfg);
+        let orig = vec![0u8; 64];
+        assert_eq!(f.push(Instant::ZERO, orig.clone()), Verdict::Corrupted);
+        let got = f.pop_ready(Instant::ZERO).unwrap();
+        let flipped: u32 = got
+            .iter()
+            .zip(&orig)
+            .map(|(a, b)| (a ^ b).count_ones())
+            .sum();
+        assert_eq!(flipped, 1);
+    }
+
+    #[test]
+    fn spec_parsing_names_bad_keys_and_values() {
+        let c = FaultConfig::parse("loss=0.01,dup=0.5,seed=9,latency_us=20").unwrap();
+        assert_eq!(c.loss, 0.01);
+        assert_eq!(c.duplicate, 0.5);
+        assert_eq!(c.seed, 9);
+        assert_eq!(c.latency, Duration::from_micros(20));
+        assert!(FaultConfig::parse("loss=2").unwrap_err().contains("0..=1"));
+        assert!(FaultConfig::parse("lose=0.1")
+            .unwrap_err()
+            .contains("unknown key 'lose'"));
+        assert!(FaultConfig::parse("loss")
+            .unwrap_err()
+            .contains("key=value"));
+        assert!(FaultConfig::parse("seed=x").unwrap_err().contains("'seed'"));
+    }
+}
