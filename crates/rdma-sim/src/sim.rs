@@ -358,11 +358,9 @@ mod tests {
                     }
                     self.acks.push(self.expect);
                 }
-                b'A' => {
-                    if v as usize > self.next {
-                        self.next = v as usize;
-                        self.last_sent = None;
-                    }
+                b'A' if v as usize > self.next => {
+                    self.next = v as usize;
+                    self.last_sent = None;
                 }
                 _ => {}
             }
