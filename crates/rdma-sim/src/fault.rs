@@ -132,14 +132,40 @@ pub struct FaultStats {
     pub corrupted: u64,
 }
 
-#[derive(Debug, PartialEq, Eq)]
-struct Held {
-    release: Instant,
-    seq: u64,
-    data: Vec<u8>,
+/// Something a link can carry and corrupt.
+pub trait Payload: Clone {
+    /// Size in bits (0: cannot be corrupted).
+    fn bit_len(&self) -> u64;
+    /// Flips bit `bit` (< `bit_len`).
+    fn flip_bit(&mut self, bit: u64);
 }
 
-impl Ord for Held {
+impl Payload for Vec<u8> {
+    fn bit_len(&self) -> u64 {
+        self.len() as u64 * 8
+    }
+
+    fn flip_bit(&mut self, bit: u64) {
+        self[(bit / 8) as usize] ^= 1 << (bit % 8);
+    }
+}
+
+#[derive(Debug)]
+struct Held<T> {
+    release: Instant,
+    seq: u64,
+    data: T,
+}
+
+impl<T> PartialEq for Held<T> {
+    fn eq(&self, other: &Self) -> bool {
+        self.release == other.release && self.seq == other.seq
+    }
+}
+
+impl<T> Eq for Held<T> {}
+
+impl<T> Ord for Held<T> {
     fn cmp(&self, other: &Self) -> std::cmp::Ordering {
         // BinaryHeap is a max-heap: invert to pop the earliest release first,
         // and among equal releases the one pushed first.
@@ -150,24 +176,24 @@ impl Ord for Held {
     }
 }
 
-impl PartialOrd for Held {
+impl<T> PartialOrd for Held<T> {
     fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
         Some(self.cmp(other))
     }
 }
 
-/// A one-directional faulty link.
+/// A one-directional faulty link carrying `T` (bytes by default).
 #[derive(Debug)]
-pub struct FaultInjector {
+pub struct FaultInjector<T = Vec<u8>> {
     cfg: FaultConfig,
     rng: Rng,
     up: bool,
     seq: u64,
-    held: BinaryHeap<Held>,
+    held: BinaryHeap<Held<T>>,
     stats: FaultStats,
 }
 
-impl FaultInjector {
+impl<T: Payload> FaultInjector<T> {
     /// A link applying `cfg`, initially up.
     pub fn new(cfg: FaultConfig) -> Self {
         FaultInjector {
@@ -211,7 +237,7 @@ impl FaultInjector {
     }
 
     /// Offers a datagram to the link at `now` and says what happened to it.
-    pub fn push(&mut self, now: Instant, mut data: Vec<u8>) -> Verdict {
+    pub fn push(&mut self, now: Instant, mut data: T) -> Verdict {
         self.stats.offered += 1;
         if !self.up {
             self.stats.link_down += 1;
@@ -222,9 +248,9 @@ impl FaultInjector {
             return Verdict::Lost;
         }
         let mut verdict = Verdict::Delivered;
-        if !data.is_empty() && self.rng.chance(self.cfg.corrupt) {
-            let bit = self.rng.below(data.len() as u64 * 8);
-            data[(bit / 8) as usize] ^= 1 << (bit % 8);
+        if data.bit_len() > 0 && self.rng.chance(self.cfg.corrupt) {
+            let bit = self.rng.below(data.bit_len());
+            data.flip_bit(bit);
             self.stats.corrupted += 1;
             verdict = Verdict::Corrupted;
         }
@@ -243,7 +269,7 @@ impl FaultInjector {
         verdict
     }
 
-    fn hold(&mut self, release: Instant, data: Vec<u8>) {
+    fn hold(&mut self, release: Instant, data: T) {
         self.seq += 1;
         self.held.push(Held {
             release,
@@ -253,7 +279,7 @@ impl FaultInjector {
     }
 
     /// The next datagram due at or before `now`, in release order.
-    pub fn pop_ready(&mut self, now: Instant) -> Option<Vec<u8>> {
+    pub fn pop_ready(&mut self, now: Instant) -> Option<T> {
         if self.held.peek()?.release <= now {
             self.held.pop().map(|h| h.data)
         } else {
@@ -276,7 +302,7 @@ impl FaultInjector {
 mod tests {
     use super::*;
 
-    fn drain(f: &mut FaultInjector, now: Instant) -> Vec<Vec<u8>> {
+    fn drain(f: &mut FaultInjector<Vec<u8>>, now: Instant) -> Vec<Vec<u8>> {
         std::iter::from_fn(|| f.pop_ready(now)).collect()
     }
 

@@ -1,0 +1,45 @@
+//! A sans-IO InfiniBand transport engine: the requester, responder and
+//! completer of one queue pair, for RC, UC and UD (IBA chapter 9).
+//!
+//! The engine owns the transport state of a QP -- PSNs, the send queue with
+//! its segmentation and retransmission cursor, the receive side's expected
+//! PSN and MSN, the responder resources that answer duplicate READs and
+//! atomics -- and nothing else. It never touches a socket, a thread or a
+//! clock: the driver feeds it decoded packets and the current [`Instant`],
+//! and drains packets to send, completions and events.
+//!
+//! Call order, per QP:
+//! 1. [`Qp::post_send`] / [`Qp::post_recv`] as the consumer posts work;
+//! 2. [`Qp::handle_packet`] for every packet addressed to the QP;
+//! 3. [`Qp::poll_transmit`] until `None` (bounded: one packet per call);
+//! 4. [`Qp::handle_timeout`] once [`Qp::poll_timeout`] has passed;
+//! 5. [`Qp::poll_completion`] and [`Qp::poll_event`] until `None`.
+//!
+//! Memory is reached only through the [`Memory`] trait the driver implements
+//! over its key tables, so every local and remote access is checked by the
+//! same code the other providers use. A failed check never touches memory.
+//!
+//! What it refuses to do: parse bytes (the driver hands in a decoded
+//! [`Packet`]), choose addresses (UD destinations arrive resolved), or
+//! decide policy such as which QP a packet belongs to.
+//!
+//! [`Instant`]: rdma_types::Instant
+
+mod mem;
+mod op;
+mod packet;
+mod qp;
+mod req;
+mod resp;
+mod tables;
+mod wqe;
+
+pub use mem::{Memory, MemoryError, RemoteAccess};
+pub use op::{OpKind, Position};
+pub use packet::{Aeth, AethKind, AtomicEth, Deth, NakCode, Packet, Reth};
+pub use qp::{Qp, QpConfig, QpCounters, QpEvent};
+pub use tables::{credit_count_decode, credit_count_encode, rnr_timer_decode};
+pub use wqe::{Completion, RecvWqe, SendOp, SendWqe, Sge, UdDest};
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,156 @@
+//! The engine's only door to memory. The driver implements [`Memory`] over
+//! its key tables for the QP's protection domain; the engine walks SGEs and
+//! asks for single checked ranges.
+
+use crate::wqe::{RecvWqe, Sge};
+use rdma_types::{AccessFlags, Lkey, Rkey};
+
+/// Why a memory access was refused. No memory was touched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemoryError {
+    /// Unknown or invalidated key, or a key of another protection domain.
+    BadKey,
+    /// The range is outside the region or window.
+    OutOfRange,
+    /// The region does not grant the access.
+    NoPermission,
+    /// Atomic target not 8-byte aligned.
+    Misaligned,
+}
+
+/// Remote access kinds checked by [`Memory::remote_check`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RemoteAccess {
+    /// RDMA READ.
+    Read,
+    /// RDMA WRITE.
+    Write,
+    /// Atomic.
+    Atomic,
+}
+
+impl RemoteAccess {
+    /// The access flag the region must grant.
+    pub fn flag(self) -> AccessFlags {
+        match self {
+            RemoteAccess::Read => AccessFlags::REMOTE_READ,
+            RemoteAccess::Write => AccessFlags::REMOTE_WRITE,
+            RemoteAccess::Atomic => AccessFlags::REMOTE_ATOMIC,
+        }
+    }
+}
+
+/// Checked memory access for one QP's protection domain.
+pub trait Memory {
+    /// Copies local memory `[addr, addr+out.len())` under `lkey` into `out`.
+    fn read_local(&mut self, lkey: Lkey, addr: u64, out: &mut [u8]) -> Result<(), MemoryError>;
+    /// Copies `data` to local memory at `addr` under `lkey` (needs local write).
+    fn write_local(&mut self, lkey: Lkey, addr: u64, data: &[u8]) -> Result<(), MemoryError>;
+    /// Checks a whole remote request once, at its first packet.
+    fn remote_check(
+        &mut self,
+        rkey: Rkey,
+        addr: u64,
+        len: u64,
+        access: RemoteAccess,
+    ) -> Result<(), MemoryError>;
+    /// Remote write of `data` at `addr` (checked again: keys may have been
+    /// invalidated since the first packet).
+    fn remote_write(&mut self, rkey: Rkey, addr: u64, data: &[u8]) -> Result<(), MemoryError>;
+    /// Remote read into `out`.
+    fn remote_read(&mut self, rkey: Rkey, addr: u64, out: &mut [u8]) -> Result<(), MemoryError>;
+    /// Atomic on the 8 bytes at `addr`: if `compare` is `Some(c)`, swap in
+    /// `operand` when the value equals `c`; otherwise add `operand`. Returns
+    /// the original value. Must be atomic with respect to other atomics.
+    fn remote_atomic(
+        &mut self,
+        rkey: Rkey,
+        addr: u64,
+        compare: Option<u64>,
+        operand: u64,
+    ) -> Result<u64, MemoryError>;
+    /// Invalidates `rkey` (SEND with invalidate).
+    fn invalidate(&mut self, rkey: Rkey) -> Result<(), MemoryError>;
+    /// Takes a receive WQE from the QP's shared receive queue, if it has one.
+    fn srq_pop(&mut self) -> Option<RecvWqe> {
+        None
+    }
+}
+
+/// Walks `sges` from message byte `offset`, calling `f(sge, addr, range)`
+/// for each piece of `len` bytes. Returns `false` when the SGEs are shorter
+/// than `offset + len`.
+pub(crate) fn walk_sges(
+    sges: &[Sge],
+    offset: u64,
+    len: usize,
+    mut f: impl FnMut(&Sge, u64, std::ops::Range<usize>) -> bool,
+) -> bool {
+    let mut skip = offset;
+    let mut done = 0usize;
+    for sge in sges {
+        if done == len {
+            break;
+        }
+        let sl = u64::from(sge.len);
+        if skip >= sl {
+            skip -= sl;
+            continue;
+        }
+        let take = ((sl - skip) as usize).min(len - done);
+        if !f(sge, sge.addr + skip, done..done + take) {
+            return false;
+        }
+        done += take;
+        skip = 0;
+    }
+    done == len
+}
+
+/// Gathers message bytes `[offset, offset+out.len())` from local SGEs.
+pub(crate) fn gather(
+    mem: &mut impl Memory,
+    sges: &[Sge],
+    offset: u64,
+    out: &mut [u8],
+) -> Result<(), MemoryError> {
+    let mut err = None;
+    let complete = walk_sges(sges, offset, out.len(), |sge, addr, r| {
+        match mem.read_local(sge.lkey, addr, &mut out[r]) {
+            Ok(()) => true,
+            Err(e) => {
+                err = Some(e);
+                false
+            }
+        }
+    });
+    match (err, complete) {
+        (Some(e), _) => Err(e),
+        (None, false) => Err(MemoryError::OutOfRange),
+        (None, true) => Ok(()),
+    }
+}
+
+/// Scatters `data` into local SGEs at message byte `offset`.
+pub(crate) fn scatter(
+    mem: &mut impl Memory,
+    sges: &[Sge],
+    offset: u64,
+    data: &[u8],
+) -> Result<(), MemoryError> {
+    let mut err = None;
+    let complete = walk_sges(sges, offset, data.len(), |sge, addr, r| {
+        match mem.write_local(sge.lkey, addr, &data[r]) {
+            Ok(()) => true,
+            Err(e) => {
+                err = Some(e);
+                false
+            }
+        }
+    });
+    match (err, complete) {
+        (Some(e), _) => Err(e),
+        (None, false) => Err(MemoryError::OutOfRange),
+        (None, true) => Ok(()),
+    }
+}

@@ -1,0 +1,640 @@
+//! Requester and completer (IBA 9.7.4, 9.7.5.1, 9.9): segmentation, PSN
+//! assignment, AckReq, ACK/NAK/RNR processing, READ and atomic responses,
+//! retransmission on timeout and go-back-N, completion in order.
+
+use crate::mem::{gather, scatter, Memory};
+use crate::op::{self, OpInfo, OpKind, Position};
+use crate::packet::{AethKind, AtomicEth, Deth, NakCode, Packet, Reth};
+use crate::qp::{Mode, Qp, QpConfig};
+use crate::wqe::{Completion, SendOp, SendWqe};
+use rdma_types::{Instant, Psn, QpType, WcStatus};
+use std::collections::VecDeque;
+
+#[derive(Debug)]
+pub(crate) struct Entry {
+    wqe: SendWqe,
+    len: u64,
+    npkts: u32,
+    first_psn: Psn,
+    /// The first packet has gone out at least once.
+    started: bool,
+    /// Every packet has gone out at least once.
+    sent: bool,
+    /// A local error found before sending (completes the WQE in error).
+    error: Option<WcStatus>,
+}
+
+impl Entry {
+    fn last_psn(&self) -> Psn {
+        self.first_psn.add(self.npkts - 1)
+    }
+
+    fn contains(&self, psn: Psn) -> bool {
+        psn.diff(self.first_psn) >= 0 && psn.diff(self.last_psn()) <= 0
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct Requester {
+    sq: VecDeque<Entry>,
+    /// PSN the next posted entry starts at.
+    next_psn: Psn,
+    /// Entry being transmitted and the packet within it.
+    cursor: usize,
+    cursor_pkt: u32,
+    /// Oldest PSN not yet acknowledged.
+    una: Psn,
+    /// One past the highest PSN ever sent.
+    max_sent: Psn,
+    pkts_since_ack_req: u32,
+    retry_left: u8,
+    rnr_left: u8,
+    rto_deadline: Option<Instant>,
+    rnr_until: Option<Instant>,
+    /// PSN a NAK or response gap already made us go back to; later signs of
+    /// the same gap are ignored until progress (the timeout still covers).
+    gap_retried: Option<Psn>,
+    pmtu: u64,
+}
+
+impl Requester {
+    pub(crate) fn new(cfg: &QpConfig) -> Requester {
+        Requester {
+            sq: VecDeque::new(),
+            next_psn: cfg.sq_psn,
+            cursor: 0,
+            cursor_pkt: 0,
+            una: cfg.sq_psn,
+            max_sent: cfg.sq_psn,
+            pkts_since_ack_req: 0,
+            retry_left: cfg.retry_cnt,
+            rnr_left: cfg.rnr_retry,
+            rto_deadline: None,
+            rnr_until: None,
+            gap_retried: None,
+            pmtu: cfg.pmtu.bytes() as u64,
+        }
+    }
+
+    pub(crate) fn reconfigure(&mut self, cfg: &QpConfig) {
+        self.retry_left = cfg.retry_cnt;
+        self.rnr_left = cfg.rnr_retry;
+        self.pmtu = cfg.pmtu.bytes() as u64;
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.sq.len()
+    }
+
+    /// Nothing started is still waiting for its acknowledgement.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.sq.iter().all(|e| !e.started)
+    }
+
+    pub(crate) fn next_deadline(&self) -> Option<Instant> {
+        match (self.rto_deadline, self.rnr_until) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    pub(crate) fn post(&mut self, wqe: SendWqe, cfg: &QpConfig) {
+        let len = wqe.len();
+        let mut error = None;
+        let npkts = match wqe.op {
+            SendOp::CmpSwap { .. } | SendOp::FetchAdd { .. } => {
+                if len != 8 {
+                    error = Some(WcStatus::LocLenErr);
+                }
+                1
+            }
+            _ => len.div_ceil(self.pmtu).max(1),
+        };
+        if len > u64::from(u32::MAX >> 1) {
+            error = Some(WcStatus::LocLenErr);
+        }
+        if cfg.qp_type.is_datagram()
+            && (npkts > 1
+                || wqe.ud.is_none()
+                || !matches!(wqe.op, SendOp::Send | SendOp::SendImm(_)))
+        {
+            error = Some(WcStatus::LocLenErr);
+        }
+        if cfg.qp_type == QpType::Uc && wqe.op.is_read_or_atomic() {
+            error = Some(WcStatus::LocQpOpErr);
+        }
+        let npkts = if error.is_some() {
+            1
+        } else {
+            npkts.min(u64::from(u32::MAX)) as u32
+        };
+        let first_psn = self.next_psn;
+        self.next_psn = first_psn.add(npkts);
+        self.sq.push_back(Entry {
+            wqe,
+            len,
+            npkts,
+            first_psn,
+            started: false,
+            sent: false,
+            error,
+        });
+    }
+
+    /// Completes every entry with its error or a flush (IBA 10.3.1, ERR).
+    pub(crate) fn flush(&mut self, out: &mut VecDeque<Completion>) {
+        for e in self.sq.drain(..) {
+            let status = e.error.unwrap_or(WcStatus::WrFlushErr);
+            out.push_back(Completion::send(e.wqe.wr_id, e.wqe.op, status, 0));
+        }
+        self.cursor = 0;
+        self.cursor_pkt = 0;
+        self.rto_deadline = None;
+        self.rnr_until = None;
+    }
+
+    fn outstanding_rd_atomic(&self) -> usize {
+        self.sq
+            .iter()
+            .take(self.cursor)
+            .filter(|e| e.wqe.op.is_read_or_atomic())
+            .count()
+    }
+
+    fn rewind(&mut self, psn: Psn) {
+        if let Some(i) = self.sq.iter().position(|e| e.contains(psn)) {
+            self.cursor = i;
+            self.cursor_pkt = psn.distance_from(self.sq[i].first_psn);
+        }
+    }
+
+    fn outstanding(&self) -> bool {
+        self.una != self.max_sent
+    }
+}
+
+impl Qp {
+    fn arm_rto(&mut self, now: Instant) {
+        if self.req.rto_deadline.is_none() {
+            self.req.rto_deadline = self.ack_timeout().map(|d| now + d);
+        }
+    }
+
+    /// Completes the front entry with `status` and moves the QP to error.
+    fn fail_front(&mut self, status: WcStatus) {
+        if let Some(front) = self.req.sq.front_mut() {
+            front.error = Some(status);
+        }
+        self.set_error(status);
+    }
+
+    fn complete_front(&mut self) {
+        let Some(e) = self.req.sq.pop_front() else {
+            return;
+        };
+        if self.req.cursor == 0 {
+            // The cursor was retransmitting the entry just acknowledged:
+            // move on to the start of the next one.
+            self.req.cursor_pkt = 0;
+        } else {
+            self.req.cursor -= 1;
+        }
+        if e.wqe.signaled {
+            let byte_len = if e.wqe.op.is_atomic() {
+                8
+            } else {
+                e.len as u32
+            };
+            self.completions.push_back(Completion::send(
+                e.wqe.wr_id,
+                e.wqe.op,
+                WcStatus::Success,
+                byte_len,
+            ));
+        }
+    }
+
+    pub(crate) fn poll_request(
+        &mut self,
+        now: Instant,
+        mem: &mut impl Memory,
+    ) -> Option<Packet<Vec<u8>>> {
+        if !matches!(self.mode, Mode::Active | Mode::Draining) {
+            return None;
+        }
+        if let Some(t) = self.req.rnr_until {
+            if now < t {
+                return None;
+            }
+            self.req.rnr_until = None;
+        }
+        let idx = self.req.cursor;
+        let entry = self.req.sq.get(idx)?;
+        if !entry.started {
+            if self.mode == Mode::Draining {
+                return None;
+            }
+            if entry.wqe.op.is_read_or_atomic()
+                && self.req.outstanding_rd_atomic() >= usize::from(self.cfg.max_rd_atomic.max(1))
+            {
+                return None;
+            }
+            if entry.wqe.fence
+                && self
+                    .req
+                    .sq
+                    .iter()
+                    .take(idx)
+                    .any(|e| e.wqe.op.is_read_or_atomic())
+            {
+                return None;
+            }
+        }
+        if let Some(status) = entry.error {
+            // Local errors complete in order: once every earlier WQE has.
+            if idx == 0 {
+                self.fail_front(status);
+            }
+            return None;
+        }
+        match self.build_request(idx, mem) {
+            Ok(pkt) => {
+                let psn = pkt.psn;
+                if psn.diff(self.req.max_sent) < 0 {
+                    self.counters.retransmits += 1;
+                }
+                // A READ request reserves the PSNs of all its responses.
+                let reserved = match self.req.sq.get(idx) {
+                    Some(e) if matches!(e.wqe.op, SendOp::Read { .. }) => e.last_psn().next(),
+                    _ => psn.next(),
+                };
+                if reserved.diff(self.req.max_sent) > 0 {
+                    self.req.max_sent = reserved;
+                }
+                if self.cfg.qp_type == QpType::Rc {
+                    self.arm_rto(now);
+                }
+                Some(pkt)
+            }
+            Err(status) => {
+                self.req.sq[idx].error = Some(status);
+                if idx == 0 {
+                    self.fail_front(status);
+                }
+                None
+            }
+        }
+    }
+
+    /// Builds the packet at the cursor and advances it.
+    fn build_request(
+        &mut self,
+        idx: usize,
+        mem: &mut impl Memory,
+    ) -> Result<Packet<Vec<u8>>, WcStatus> {
+        let qp_type = self.cfg.qp_type;
+        let pmtu = self.req.pmtu;
+        let pkt_idx = self.req.cursor_pkt;
+        let ack_every = self.cfg.ack_req_every.max(1);
+        let entry = &self.req.sq[idx];
+        let op = entry.wqe.op;
+        let psn = entry.first_psn.add(pkt_idx);
+        let transport = if qp_type.is_datagram() {
+            QpType::Ud
+        } else {
+            qp_type
+        };
+        let dest = entry.wqe.ud.map(|u| u.qpn).unwrap_or(self.cfg.dest_qpn);
+        let mut pkt: Packet<Vec<u8>> = Packet::new(0, self.cfg.pkey, dest, psn);
+
+        let (kind, pos, next_pkt) = match op {
+            SendOp::Read { raddr, rkey } => {
+                let offset = u64::from(pkt_idx) * pmtu;
+                pkt.reth = Some(Reth {
+                    va: raddr.wrapping_add(offset),
+                    rkey,
+                    len: (entry.len - offset.min(entry.len)) as u32,
+                });
+                (OpKind::ReadRequest, Position::Only, entry.npkts)
+            }
+            SendOp::CmpSwap {
+                raddr,
+                rkey,
+                compare,
+                swap,
+            } => {
+                pkt.atomic = Some(AtomicEth {
+                    va: raddr,
+                    rkey,
+                    swap_add: swap,
+                    compare,
+                });
+                (OpKind::CmpSwap, Position::Only, 1)
+            }
+            SendOp::FetchAdd { raddr, rkey, add } => {
+                pkt.atomic = Some(AtomicEth {
+                    va: raddr,
+                    rkey,
+                    swap_add: add,
+                    compare: 0,
+                });
+                (OpKind::FetchAdd, Position::Only, 1)
+            }
+            SendOp::Send
+            | SendOp::SendImm(_)
+            | SendOp::SendInv(_)
+            | SendOp::Write { .. }
+            | SendOp::WriteImm { .. } => {
+                let pos = Position::of(pkt_idx, entry.npkts);
+                let offset = u64::from(pkt_idx) * pmtu;
+                let len = (entry.len - offset).min(pmtu) as usize;
+                let mut payload = vec![0u8; len];
+                match &entry.wqe.inline {
+                    Some(data) => {
+                        payload.copy_from_slice(&data[offset as usize..offset as usize + len])
+                    }
+                    None => gather(mem, &entry.wqe.sges, offset, &mut payload)
+                        .map_err(|_| WcStatus::LocProtErr)?,
+                }
+                pkt.payload = payload;
+                let is_write = matches!(op, SendOp::Write { .. } | SendOp::WriteImm { .. });
+                if let (
+                    true,
+                    SendOp::Write { raddr, rkey } | SendOp::WriteImm { raddr, rkey, .. },
+                ) = (pos.starts(), op)
+                {
+                    pkt.reth = Some(Reth {
+                        va: raddr,
+                        rkey,
+                        len: entry.len as u32,
+                    });
+                }
+                if pos.ends() {
+                    match op {
+                        SendOp::SendImm(imm) | SendOp::WriteImm { imm, .. } => pkt.imm = Some(imm),
+                        SendOp::SendInv(rkey) => pkt.ieth = Some(rkey),
+                        _ => {}
+                    }
+                    pkt.solicited = entry.wqe.solicited && (!is_write || pkt.imm.is_some());
+                }
+                (
+                    if is_write {
+                        OpKind::Write
+                    } else {
+                        OpKind::Send
+                    },
+                    pos,
+                    pkt_idx + 1,
+                )
+            }
+        };
+        pkt.opcode = op::encode(transport, kind, pos, pkt.imm.is_some(), pkt.ieth.is_some());
+        if let Some(ud) = entry.wqe.ud.filter(|_| qp_type.is_datagram()) {
+            pkt.deth = Some(Deth {
+                qkey: ud.qkey,
+                src_qp: self.cfg.qpn,
+            });
+            pkt.ud_dest = Some(ud);
+        }
+        if qp_type == QpType::Rc {
+            let every = self.req.pkts_since_ack_req + 1 >= ack_every;
+            pkt.ack_req = pos.ends() || every || kind != OpKind::Send && kind != OpKind::Write;
+            self.req.pkts_since_ack_req = if pkt.ack_req {
+                0
+            } else {
+                self.req.pkts_since_ack_req + 1
+            };
+        }
+        pkt.pad = ((4 - pkt.payload.len() % 4) % 4) as u8;
+
+        let npkts = entry.npkts;
+        let e = &mut self.req.sq[idx];
+        e.started = true;
+        if next_pkt >= npkts {
+            e.sent = true;
+            self.req.cursor = idx + 1;
+            self.req.cursor_pkt = 0;
+        } else {
+            self.req.cursor_pkt = next_pkt;
+        }
+        // UC and UD complete once the last packet is on the wire.
+        if qp_type != QpType::Rc && next_pkt >= npkts {
+            self.req.una = psn.next();
+            if idx == 0 {
+                self.complete_front();
+            }
+        }
+        Ok(pkt)
+    }
+
+    /// Acknowledges every PSN up to and including `psn`.
+    fn ack_through(&mut self, now: Instant, psn: Psn) {
+        let mut progress = false;
+        while let Some(front) = self.req.sq.front() {
+            if !front.started || psn.diff(front.first_psn) < 0 {
+                break;
+            }
+            if psn.diff(front.last_psn()) >= 0 && front.sent {
+                if front.wqe.op.is_read_or_atomic() {
+                    // An ACK beyond a READ/atomic without its response:
+                    // the response was lost; ask again (IBA 9.7.5.1.5).
+                    let first = front.first_psn;
+                    self.req.una = first;
+                    self.req.rewind(first);
+                    break;
+                }
+                self.req.una = front.last_psn().next();
+                self.complete_front();
+                progress = true;
+            } else {
+                if psn.diff(self.req.una) >= 0 && !front.wqe.op.is_read_or_atomic() {
+                    self.req.una = psn.next();
+                    progress = true;
+                }
+                break;
+            }
+        }
+        if progress {
+            self.req.retry_left = self.cfg.retry_cnt;
+            self.req.rnr_left = self.cfg.rnr_retry;
+            self.req.rto_deadline = None;
+            if self.req.outstanding() {
+                self.arm_rto(now);
+            }
+        }
+    }
+
+    pub(crate) fn handle_response(
+        &mut self,
+        now: Instant,
+        pkt: &Packet<&[u8]>,
+        info: OpInfo,
+        mem: &mut impl Memory,
+    ) {
+        let psn = pkt.psn;
+        // Only PSNs in flight mean anything; older ones are duplicates.
+        if psn.diff(self.req.una) < 0 || psn.diff(self.req.max_sent) >= 0 {
+            if info.kind == OpKind::Ack && psn.diff(self.req.una) < 0 {
+                self.counters.duplicates += 1;
+            } else {
+                self.counters.dropped += 1;
+            }
+            return;
+        }
+        match info.kind {
+            OpKind::Ack => {
+                let Some(aeth) = pkt.aeth else {
+                    self.counters.dropped += 1;
+                    return;
+                };
+                match aeth.kind() {
+                    AethKind::Ack { .. } => self.ack_through(now, psn),
+                    AethKind::Rnr { .. } => {
+                        self.counters.rnr_naks_received += 1;
+                        self.ack_through(now, psn.sub(1));
+                        if self.req.rnr_left == 0 {
+                            self.fail_front(WcStatus::RnrRetryExcErr);
+                            return;
+                        }
+                        if self.cfg.rnr_retry != 7 {
+                            self.req.rnr_left -= 1;
+                        }
+                        self.req.rnr_until = aeth.rnr_wait().map(|d| now + d);
+                        self.req.rto_deadline = None;
+                        let una = self.req.una;
+                        self.req.rewind(una);
+                    }
+                    AethKind::Nak(NakCode::PsnSequence) => {
+                        self.counters.seq_naks_received += 1;
+                        self.ack_through(now, psn.sub(1));
+                        // From the oldest unacknowledged PSN: an earlier READ
+                        // whose response went missing must be asked again.
+                        let una = self.req.una;
+                        if self.req.gap_retried != Some(una) {
+                            self.req.gap_retried = Some(una);
+                            self.retry_from(now, una);
+                        }
+                    }
+                    AethKind::Nak(code) => {
+                        self.ack_through(now, psn.sub(1));
+                        let status = match code {
+                            NakCode::InvalidRequest => WcStatus::RemInvReqErr,
+                            NakCode::RemoteAccess => WcStatus::RemAccessErr,
+                            NakCode::RemoteOperational => WcStatus::RemOpErr,
+                            NakCode::InvalidRdRequest => WcStatus::RemInvRdReqErr,
+                            _ => WcStatus::BadRespErr,
+                        };
+                        self.fail_front(status);
+                    }
+                    AethKind::Reserved(_) => self.fail_front(WcStatus::BadRespErr),
+                }
+            }
+            OpKind::ReadResponse => self.handle_read_response(now, pkt, info, mem),
+            OpKind::AtomicAck => {
+                self.ack_through(now, psn.sub(1));
+                let Some(front) = self.req.sq.front() else {
+                    return;
+                };
+                if !front.wqe.op.is_atomic() || front.first_psn != psn {
+                    self.counters.dropped += 1;
+                    return;
+                }
+                let Some(orig) = pkt.atomic_ack else {
+                    self.counters.dropped += 1;
+                    return;
+                };
+                let sges = front.wqe.sges.clone();
+                if scatter(mem, &sges, 0, &orig.to_ne_bytes()).is_err() {
+                    self.fail_front(WcStatus::LocProtErr);
+                    return;
+                }
+                self.req.una = psn.next();
+                self.complete_front();
+                self.ack_through(now, psn);
+            }
+            _ => self.counters.dropped += 1,
+        }
+    }
+
+    /// Go back to `psn` after a sequence NAK or an out-of-order response,
+    /// spending one transport retry.
+    fn retry_from(&mut self, now: Instant, psn: Psn) {
+        if self.req.retry_left == 0 {
+            self.fail_front(WcStatus::RetryExcErr);
+            return;
+        }
+        self.req.retry_left -= 1;
+        self.req.rewind(psn);
+        self.req.rto_deadline = None;
+        self.arm_rto(now);
+    }
+
+    fn handle_read_response(
+        &mut self,
+        now: Instant,
+        pkt: &Packet<&[u8]>,
+        info: OpInfo,
+        mem: &mut impl Memory,
+    ) {
+        let psn = pkt.psn;
+        self.ack_through(now, psn.sub(1));
+        let pmtu = self.req.pmtu;
+        let Some(front) = self.req.sq.front() else {
+            return;
+        };
+        if !matches!(front.wqe.op, SendOp::Read { .. }) || !front.contains(psn) {
+            self.counters.dropped += 1;
+            return;
+        }
+        if psn != self.req.una {
+            // A gap inside the READ response: re-request from what we miss.
+            let una = self.req.una;
+            if psn.diff(una) > 0 && self.req.gap_retried != Some(una) {
+                self.req.gap_retried = Some(una);
+                self.retry_from(now, una);
+            }
+            return;
+        }
+        let index = psn.distance_from(front.first_psn);
+        let offset = u64::from(index) * pmtu;
+        // A re-requested READ restarts its response stream with FIRST (or
+        // ONLY) mid-message, so only "ends here or not" is checked.
+        let is_last = index + 1 >= front.npkts;
+        let expected_len = (front.len - offset).min(pmtu);
+        if info.pos.ends() != is_last || pkt.payload.len() as u64 != expected_len {
+            self.fail_front(WcStatus::BadRespErr);
+            return;
+        }
+        let sges = front.wqe.sges.clone();
+        if scatter(mem, &sges, offset, pkt.payload).is_err() {
+            self.fail_front(WcStatus::LocProtErr);
+            return;
+        }
+        self.req.una = psn.next();
+        self.req.retry_left = self.cfg.retry_cnt;
+        self.req.rto_deadline = None;
+        if info.pos.ends() {
+            self.complete_front();
+        }
+        if self.req.outstanding() {
+            self.arm_rto(now);
+        }
+    }
+
+    pub(crate) fn requester_timeout(&mut self, now: Instant) {
+        let Some(deadline) = self.req.rto_deadline else {
+            return;
+        };
+        if now < deadline {
+            return;
+        }
+        self.req.rto_deadline = None;
+        if !self.req.outstanding() {
+            return;
+        }
+        self.counters.timeouts += 1;
+        self.req.gap_retried = None;
+        let una = self.req.una;
+        self.retry_from(now, una);
+    }
+}

@@ -1,0 +1,699 @@
+//! Responder (IBA 9.7.5.2, 9.7.6, 9.8): PSN checking, duplicate handling,
+//! receive WQE consumption and RNR, remote access checks, READ responses,
+//! atomics with a replay cache, ACK coalescing and NAKs.
+
+use crate::mem::{scatter, Memory, MemoryError, RemoteAccess};
+use crate::op::{self, OpInfo, OpKind, Position};
+use crate::packet::{Aeth, NakCode, Packet};
+use crate::qp::{Mode, Qp, QpConfig};
+use crate::tables::credit_count_encode;
+use crate::wqe::{Completion, RecvWqe};
+use rdma_types::{Instant, Psn, QpType, Rkey, WcOpcode, WcStatus};
+use std::collections::VecDeque;
+
+/// A response waiting to be sent, in PSN order.
+#[derive(Debug, Clone)]
+enum Response {
+    /// ACK (coalesced: a later ACK replaces an earlier one at the tail).
+    Ack { psn: Psn, msn: u32 },
+    /// NAK or RNR NAK; `then` moves the QP to error once it is sent.
+    Nak {
+        psn: Psn,
+        aeth: Aeth,
+        then: Option<WcStatus>,
+    },
+    /// READ response packets still to send.
+    Read(ReadJob),
+    /// Atomic acknowledge with the original value.
+    Atomic { psn: Psn, orig: u64, msn: u32 },
+}
+
+#[derive(Debug, Clone)]
+struct ReadJob {
+    psn: Psn,
+    va: u64,
+    rkey: Rkey,
+    len: u64,
+    done: u64,
+    msn: u32,
+}
+
+/// A READ or atomic remembered for duplicate requests (responder resources).
+#[derive(Debug, Clone)]
+enum Resource {
+    Read { first: Psn, npkts: u32 },
+    Atomic { psn: Psn, orig: u64 },
+}
+
+#[derive(Debug)]
+struct WriteState {
+    va: u64,
+    rkey: Rkey,
+    len: u64,
+    done: u64,
+}
+
+#[derive(Debug)]
+pub(crate) struct Responder {
+    epsn: Psn,
+    msn: u32,
+    rq: VecDeque<RecvWqe>,
+    /// SEND in progress: its WQE and bytes placed so far.
+    cur_recv: Option<(RecvWqe, u64)>,
+    cur_write: Option<WriteState>,
+    in_progress: Option<OpKind>,
+    nak_seq_sent: bool,
+    /// UC: drop packets until the next first/only.
+    discarding: bool,
+    /// A fatal NAK is queued: drop further requests.
+    dead: bool,
+    queue: VecDeque<Response>,
+    resources: VecDeque<Resource>,
+    pmtu: u64,
+    pub(crate) comm_pending: bool,
+}
+
+impl Responder {
+    pub(crate) fn new(cfg: &QpConfig) -> Responder {
+        Responder {
+            epsn: cfg.rq_psn,
+            msn: 0,
+            rq: VecDeque::new(),
+            cur_recv: None,
+            cur_write: None,
+            in_progress: None,
+            nak_seq_sent: false,
+            discarding: false,
+            dead: false,
+            queue: VecDeque::new(),
+            resources: VecDeque::new(),
+            pmtu: cfg.pmtu.bytes() as u64,
+            comm_pending: true,
+        }
+    }
+
+    pub(crate) fn rq_len(&self) -> usize {
+        self.rq.len()
+    }
+
+    pub(crate) fn post_recv(&mut self, wqe: RecvWqe) {
+        self.rq.push_back(wqe);
+    }
+
+    pub(crate) fn flush(&mut self, out: &mut VecDeque<Completion>) {
+        let cur = self.cur_recv.take().map(|(w, _)| w);
+        for w in cur.into_iter().chain(self.rq.drain(..)) {
+            out.push_back(Completion::recv(
+                w.wr_id,
+                WcStatus::WrFlushErr,
+                WcOpcode::Recv,
+                0,
+            ));
+        }
+        self.queue.clear();
+    }
+
+    fn push_ack(&mut self, psn: Psn) {
+        let msn = self.msn;
+        if let Some(Response::Ack { psn: p, msn: m }) = self.queue.back_mut() {
+            *p = psn;
+            *m = msn;
+        } else {
+            self.queue.push_back(Response::Ack { psn, msn });
+        }
+    }
+
+    fn remember(&mut self, r: Resource, cap: u8) {
+        if self.resources.len() >= usize::from(cap.max(1)) {
+            self.resources.pop_front();
+        }
+        self.resources.push_back(r);
+    }
+}
+
+/// Outcome of processing one in-sequence request.
+enum Step {
+    /// Accepted: advance the expected PSN by this many.
+    Advance(u32),
+    /// Receiver not ready: RNR NAK, PSN unchanged.
+    Rnr,
+    /// Fatal for the QP: NAK with this code, then error with this status.
+    Fatal(NakCode, WcStatus),
+}
+
+impl Qp {
+    fn nak(&mut self, psn: Psn, code: NakCode, then: Option<WcStatus>) {
+        self.counters.naks_sent += 1;
+        let aeth = Aeth::nak(code, self.resp.msn);
+        self.resp.queue.push_back(Response::Nak { psn, aeth, then });
+    }
+
+    fn take_recv_wqe(&mut self, mem: &mut impl Memory) -> Option<RecvWqe> {
+        if self.cfg.srq {
+            mem.srq_pop()
+        } else {
+            self.resp.rq.pop_front()
+        }
+    }
+
+    pub(crate) fn handle_request(
+        &mut self,
+        now: Instant,
+        pkt: &Packet<&[u8]>,
+        info: OpInfo,
+        mem: &mut impl Memory,
+    ) {
+        let _ = now;
+        if self.resp.dead {
+            self.counters.dropped += 1;
+            return;
+        }
+        match self.cfg.qp_type {
+            QpType::Rc => self.rc_request(pkt, info, mem),
+            QpType::Uc => self.uc_request(pkt, info, mem),
+            _ => self.ud_request(pkt, info, mem),
+        }
+    }
+
+    fn rc_request(&mut self, pkt: &Packet<&[u8]>, info: OpInfo, mem: &mut impl Memory) {
+        let d = pkt.psn.diff(self.resp.epsn);
+        if d > 0 {
+            // IBA 9.7.5.2.2: one NAK per gap, until the expected PSN arrives.
+            self.counters.out_of_sequence += 1;
+            if !self.resp.nak_seq_sent {
+                self.resp.nak_seq_sent = true;
+                let epsn = self.resp.epsn;
+                self.nak(epsn, NakCode::PsnSequence, None);
+            }
+            return;
+        }
+        if d < 0 {
+            self.counters.duplicates += 1;
+            self.duplicate_request(pkt, info);
+            return;
+        }
+        self.resp.nak_seq_sent = false;
+        self.counters.rx_packets += 1;
+        match self.in_sequence(pkt, info, mem) {
+            Step::Advance(n) => {
+                self.resp.epsn = self.resp.epsn.add(n);
+                if pkt.ack_req && matches!(info.kind, OpKind::Send | OpKind::Write) {
+                    self.resp.push_ack(pkt.psn);
+                }
+            }
+            Step::Rnr => {
+                self.counters.rnr_naks_sent += 1;
+                self.counters.naks_sent += 1;
+                let aeth = Aeth::rnr(self.cfg.min_rnr_timer, self.resp.msn);
+                self.resp.queue.push_back(Response::Nak {
+                    psn: pkt.psn,
+                    aeth,
+                    then: None,
+                });
+            }
+            Step::Fatal(code, status) => {
+                self.resp.dead = true;
+                self.nak(pkt.psn, code, Some(status));
+            }
+        }
+    }
+
+    /// IBA 9.7.5.2.3 / 9.7.6: re-ACK SEND/WRITE, re-execute READ, replay atomics.
+    fn duplicate_request(&mut self, pkt: &Packet<&[u8]>, info: OpInfo) {
+        match info.kind {
+            OpKind::Send | OpKind::Write if pkt.ack_req => {
+                let last = self.resp.epsn.sub(1);
+                self.resp.push_ack(last);
+            }
+            OpKind::ReadRequest => {
+                let known = self.resp.resources.iter().any(|r| match r {
+                    Resource::Read { first, npkts } => {
+                        pkt.psn.diff(*first) >= 0 && pkt.psn.diff(first.add(*npkts)) < 0
+                    }
+                    Resource::Atomic { .. } => false,
+                });
+                if let (true, Some(reth)) = (known, pkt.reth) {
+                    let msn = self.resp.msn;
+                    self.resp.queue.push_back(Response::Read(ReadJob {
+                        psn: pkt.psn,
+                        va: reth.va,
+                        rkey: reth.rkey,
+                        len: u64::from(reth.len),
+                        done: 0,
+                        msn,
+                    }));
+                }
+            }
+            OpKind::CmpSwap | OpKind::FetchAdd => {
+                let cached = self.resp.resources.iter().find_map(|r| match r {
+                    Resource::Atomic { psn, orig } if *psn == pkt.psn => Some(*orig),
+                    _ => None,
+                });
+                if let Some(orig) = cached {
+                    let msn = self.resp.msn;
+                    self.resp.queue.push_back(Response::Atomic {
+                        psn: pkt.psn,
+                        orig,
+                        msn,
+                    });
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Checks that `pos` may follow what is in progress (IBA 9.7.5.2.4).
+    fn sequence_ok(&self, kind: OpKind, pos: Position) -> bool {
+        match self.resp.in_progress {
+            Some(k) => k == kind && !pos.starts(),
+            None => pos.starts(),
+        }
+    }
+
+    fn in_sequence(&mut self, pkt: &Packet<&[u8]>, info: OpInfo, mem: &mut impl Memory) -> Step {
+        let pmtu = self.resp.pmtu;
+        let plen = pkt.payload.len() as u64;
+        match info.kind {
+            OpKind::Send | OpKind::Write => {
+                let full = matches!(info.pos, Position::First | Position::Middle);
+                if !self.sequence_ok(info.kind, info.pos) || (full && plen != pmtu) || plen > pmtu {
+                    return Step::Fatal(NakCode::InvalidRequest, WcStatus::RemInvReqErr);
+                }
+                if info.kind == OpKind::Send {
+                    self.rc_send(pkt, info, mem)
+                } else {
+                    self.rc_write(pkt, info, mem)
+                }
+            }
+            OpKind::ReadRequest => {
+                if self.resp.in_progress.is_some() {
+                    return Step::Fatal(NakCode::InvalidRequest, WcStatus::RemInvReqErr);
+                }
+                let Some(reth) = pkt.reth else {
+                    return Step::Fatal(NakCode::InvalidRequest, WcStatus::RemInvReqErr);
+                };
+                let len = u64::from(reth.len);
+                let pending_reads = self
+                    .resp
+                    .queue
+                    .iter()
+                    .filter(|r| matches!(r, Response::Read(_)))
+                    .count();
+                if pending_reads >= usize::from(self.cfg.max_dest_rd_atomic.max(1)) {
+                    return Step::Fatal(NakCode::InvalidRequest, WcStatus::RemInvReqErr);
+                }
+                if len > 0
+                    && mem
+                        .remote_check(reth.rkey, reth.va, len, RemoteAccess::Read)
+                        .is_err()
+                {
+                    return Step::Fatal(NakCode::RemoteAccess, WcStatus::LocAccessErr);
+                }
+                let npkts = len.div_ceil(pmtu).max(1) as u32;
+                self.resp.msn = (self.resp.msn + 1) & 0xFF_FFFF;
+                let msn = self.resp.msn;
+                let cap = self.cfg.max_dest_rd_atomic;
+                self.resp.remember(
+                    Resource::Read {
+                        first: pkt.psn,
+                        npkts,
+                    },
+                    cap,
+                );
+                self.resp.queue.push_back(Response::Read(ReadJob {
+                    psn: pkt.psn,
+                    va: reth.va,
+                    rkey: reth.rkey,
+                    len,
+                    done: 0,
+                    msn,
+                }));
+                Step::Advance(npkts)
+            }
+            OpKind::CmpSwap | OpKind::FetchAdd => {
+                let Some(a) = pkt.atomic.filter(|_| self.resp.in_progress.is_none()) else {
+                    return Step::Fatal(NakCode::InvalidRequest, WcStatus::RemInvReqErr);
+                };
+                if !a.va.is_multiple_of(8) {
+                    return Step::Fatal(NakCode::InvalidRequest, WcStatus::RemInvReqErr);
+                }
+                let compare = (info.kind == OpKind::CmpSwap).then_some(a.compare);
+                let orig = match mem.remote_atomic(a.rkey, a.va, compare, a.swap_add) {
+                    Ok(v) => v,
+                    Err(MemoryError::Misaligned) => {
+                        return Step::Fatal(NakCode::InvalidRequest, WcStatus::RemInvReqErr)
+                    }
+                    Err(_) => return Step::Fatal(NakCode::RemoteAccess, WcStatus::LocAccessErr),
+                };
+                self.resp.msn = (self.resp.msn + 1) & 0xFF_FFFF;
+                let msn = self.resp.msn;
+                let cap = self.cfg.max_dest_rd_atomic;
+                self.resp
+                    .remember(Resource::Atomic { psn: pkt.psn, orig }, cap);
+                self.resp.queue.push_back(Response::Atomic {
+                    psn: pkt.psn,
+                    orig,
+                    msn,
+                });
+                Step::Advance(1)
+            }
+            _ => Step::Fatal(NakCode::InvalidRequest, WcStatus::RemInvReqErr),
+        }
+    }
+
+    fn rc_send(&mut self, pkt: &Packet<&[u8]>, info: OpInfo, mem: &mut impl Memory) -> Step {
+        if info.pos.starts() {
+            match self.take_recv_wqe(mem) {
+                Some(w) => self.resp.cur_recv = Some((w, 0)),
+                None => return Step::Rnr,
+            }
+        }
+        let Some((wqe, offset)) = self.resp.cur_recv.take() else {
+            return Step::Fatal(NakCode::InvalidRequest, WcStatus::RemInvReqErr);
+        };
+        if let Err(e) = scatter(mem, &wqe.sges, offset, pkt.payload) {
+            let status = if e == MemoryError::OutOfRange {
+                WcStatus::LocLenErr
+            } else {
+                WcStatus::LocProtErr
+            };
+            self.completions
+                .push_back(Completion::recv(wqe.wr_id, status, WcOpcode::Recv, 0));
+            let code = if e == MemoryError::OutOfRange {
+                NakCode::InvalidRequest
+            } else {
+                NakCode::RemoteOperational
+            };
+            return Step::Fatal(code, status);
+        }
+        let placed = offset + pkt.payload.len() as u64;
+        if info.pos.ends() {
+            let mut wc =
+                Completion::recv(wqe.wr_id, WcStatus::Success, WcOpcode::Recv, placed as u32);
+            wc.imm = pkt.imm;
+            wc.solicited = pkt.solicited;
+            if let Some(rkey) = pkt.ieth {
+                if mem.invalidate(rkey).is_err() {
+                    wc.status = WcStatus::LocProtErr;
+                    self.completions.push_back(wc);
+                    return Step::Fatal(NakCode::InvalidRequest, WcStatus::LocProtErr);
+                }
+                wc.invalidated = Some(rkey);
+            }
+            self.completions.push_back(wc);
+            self.resp.msn = (self.resp.msn + 1) & 0xFF_FFFF;
+            self.resp.in_progress = None;
+        } else {
+            self.resp.cur_recv = Some((wqe, placed));
+            self.resp.in_progress = Some(OpKind::Send);
+        }
+        Step::Advance(1)
+    }
+
+    fn rc_write(&mut self, pkt: &Packet<&[u8]>, info: OpInfo, mem: &mut impl Memory) -> Step {
+        if info.pos.starts() {
+            let Some(reth) = pkt.reth else {
+                return Step::Fatal(NakCode::InvalidRequest, WcStatus::RemInvReqErr);
+            };
+            let len = u64::from(reth.len);
+            if len > 0
+                && mem
+                    .remote_check(reth.rkey, reth.va, len, RemoteAccess::Write)
+                    .is_err()
+            {
+                return Step::Fatal(NakCode::RemoteAccess, WcStatus::LocAccessErr);
+            }
+            self.resp.cur_write = Some(WriteState {
+                va: reth.va,
+                rkey: reth.rkey,
+                len,
+                done: 0,
+            });
+        }
+        let Some((w_va, w_rkey, w_len, w_done)) = self
+            .resp
+            .cur_write
+            .as_ref()
+            .map(|w| (w.va, w.rkey, w.len, w.done))
+        else {
+            return Step::Fatal(NakCode::InvalidRequest, WcStatus::RemInvReqErr);
+        };
+        let plen = pkt.payload.len() as u64;
+        let total_after = w_done + plen;
+        if total_after > w_len || (info.pos.ends() && total_after != w_len) {
+            return Step::Fatal(NakCode::InvalidRequest, WcStatus::RemInvReqErr);
+        }
+        // WRITE with immediate consumes a receive WQE at its last packet;
+        // check before touching memory so an RNR retry starts clean.
+        let recv = if info.imm {
+            match self.take_recv_wqe(mem) {
+                Some(wqe) => Some(wqe),
+                None => return Step::Rnr,
+            }
+        } else {
+            None
+        };
+        if plen > 0
+            && mem
+                .remote_write(w_rkey, w_va.wrapping_add(w_done), pkt.payload)
+                .is_err()
+        {
+            return Step::Fatal(NakCode::RemoteAccess, WcStatus::LocAccessErr);
+        }
+        let total = w_len;
+        if info.pos.ends() {
+            if let Some(wqe) = recv {
+                let mut wc = Completion::recv(
+                    wqe.wr_id,
+                    WcStatus::Success,
+                    WcOpcode::RecvRdmaWithImm,
+                    total as u32,
+                );
+                wc.imm = pkt.imm;
+                wc.solicited = pkt.solicited;
+                self.completions.push_back(wc);
+            }
+            self.resp.msn = (self.resp.msn + 1) & 0xFF_FFFF;
+            self.resp.cur_write = None;
+            self.resp.in_progress = None;
+        } else {
+            if let Some(w) = self.resp.cur_write.as_mut() {
+                w.done = total_after;
+            }
+            self.resp.in_progress = Some(OpKind::Write);
+        }
+        Step::Advance(1)
+    }
+
+    /// UC (IBA 9.8.3): no ACKs; a lost packet discards the rest of its
+    /// message, and the receive WQE is reused for the next one.
+    fn uc_request(&mut self, pkt: &Packet<&[u8]>, info: OpInfo, mem: &mut impl Memory) {
+        if pkt.psn != self.resp.epsn {
+            self.counters.out_of_sequence += 1;
+            if let Some((wqe, _)) = self.resp.cur_recv.take() {
+                self.resp.rq.push_front(wqe);
+            }
+            self.resp.cur_write = None;
+            self.resp.in_progress = None;
+            self.resp.discarding = true;
+        }
+        if self.resp.discarding {
+            if !info.pos.starts() {
+                self.counters.dropped += 1;
+                self.resp.epsn = pkt.psn.next();
+                return;
+            }
+            self.resp.discarding = false;
+        }
+        self.resp.epsn = pkt.psn;
+        self.counters.rx_packets += 1;
+        let step = match info.kind {
+            OpKind::Send | OpKind::Write if !self.sequence_ok(info.kind, info.pos) => {
+                Step::Fatal(NakCode::InvalidRequest, WcStatus::RemInvReqErr)
+            }
+            OpKind::Send => self.rc_send(pkt, info, mem),
+            OpKind::Write => self.rc_write(pkt, info, mem),
+            _ => Step::Fatal(NakCode::InvalidRequest, WcStatus::RemInvReqErr),
+        };
+        match step {
+            Step::Advance(n) => self.resp.epsn = pkt.psn.add(n),
+            // No receive WQE or a bad message: drop it silently.
+            Step::Rnr | Step::Fatal(..) => {
+                self.counters.dropped += 1;
+                self.resp.cur_write = None;
+                self.resp.in_progress = None;
+                self.resp.discarding = true;
+                self.resp.epsn = pkt.psn.next();
+            }
+        }
+    }
+
+    /// UD, GSI, SMI (IBA 9.6.2, 10.2.4): Q_Key check, one packet per message,
+    /// GRH in the first 40 bytes of the buffer, silent drop without a WQE.
+    fn ud_request(&mut self, pkt: &Packet<&[u8]>, info: OpInfo, mem: &mut impl Memory) {
+        let Some(deth) = pkt.deth else {
+            self.counters.dropped += 1;
+            return;
+        };
+        if info.kind != OpKind::Send
+            || info.pos != Position::Only
+            || pkt.payload.len() as u64 > self.resp.pmtu
+        {
+            self.counters.dropped += 1;
+            return;
+        }
+        if self.cfg.qp_type != QpType::Smi && deth.qkey != self.cfg.qkey {
+            self.counters.qkey_violations += 1;
+            return;
+        }
+        if self.cfg.qp_type == QpType::Ud && !pkt.pkey.matches(self.cfg.pkey) {
+            self.counters.pkey_violations += 1;
+            return;
+        }
+        let Some(wqe) = self.take_recv_wqe(mem) else {
+            self.counters.ud_no_wqe_drops += 1;
+            return;
+        };
+        self.counters.rx_packets += 1;
+        let grh = pkt.grh.unwrap_or([0; 40]);
+        let placed =
+            scatter(mem, &wqe.sges, 0, &grh).and_then(|_| scatter(mem, &wqe.sges, 40, pkt.payload));
+        let mut wc = Completion::recv(
+            wqe.wr_id,
+            WcStatus::Success,
+            WcOpcode::Recv,
+            40 + pkt.payload.len() as u32,
+        );
+        wc.src_qp = Some(deth.src_qp);
+        wc.grh = true;
+        wc.imm = pkt.imm;
+        wc.solicited = pkt.solicited;
+        if let Err(e) = placed {
+            wc.status = if e == MemoryError::OutOfRange {
+                WcStatus::LocLenErr
+            } else {
+                WcStatus::LocProtErr
+            };
+            wc.byte_len = 0;
+        }
+        self.completions.push_back(wc);
+    }
+
+    /// The next response packet (ACK, NAK, READ response, atomic ACK).
+    pub(crate) fn poll_response(
+        &mut self,
+        _now: Instant,
+        mem: &mut impl Memory,
+    ) -> Option<Packet<Vec<u8>>> {
+        if self.cfg.qp_type != QpType::Rc {
+            return None;
+        }
+        let pkey = self.cfg.pkey;
+        let dest = self.cfg.dest_qpn;
+        let credits = if self.cfg.srq {
+            credit_count_encode(None)
+        } else {
+            credit_count_encode(Some(self.resp.rq.len() as u32))
+        };
+        let pmtu = self.resp.pmtu;
+        let front = self.resp.queue.front_mut()?;
+        let pkt = match front {
+            Response::Ack { psn, msn } => {
+                let mut p = Packet::new(
+                    op::encode(QpType::Rc, OpKind::Ack, Position::Only, false, false),
+                    pkey,
+                    dest,
+                    *psn,
+                );
+                p.aeth = Some(Aeth::ack(credits, *msn));
+                self.resp.queue.pop_front();
+                p
+            }
+            Response::Nak { psn, aeth, then } => {
+                let mut p = Packet::new(
+                    op::encode(QpType::Rc, OpKind::Ack, Position::Only, false, false),
+                    pkey,
+                    dest,
+                    *psn,
+                );
+                p.aeth = Some(*aeth);
+                let then = *then;
+                self.resp.queue.pop_front();
+                if let Some(status) = then {
+                    // Send the NAK first, then stop: the error state drops
+                    // every later packet (IBA 9.9.2).
+                    self.set_error_after_send(status);
+                }
+                p
+            }
+            Response::Atomic { psn, orig, msn } => {
+                let mut p = Packet::new(
+                    op::encode(QpType::Rc, OpKind::AtomicAck, Position::Only, false, false),
+                    pkey,
+                    dest,
+                    *psn,
+                );
+                p.aeth = Some(Aeth::ack(credits, *msn));
+                p.atomic_ack = Some(*orig);
+                self.resp.queue.pop_front();
+                p
+            }
+            Response::Read(job) => {
+                let npkts = job.len.div_ceil(pmtu).max(1) as u32;
+                let index = (job.done / pmtu) as u32;
+                let pos = Position::of(index, npkts);
+                let len = (job.len - job.done).min(pmtu) as usize;
+                let mut payload = vec![0u8; len];
+                let psn = job.psn.add(index);
+                let read = if len > 0 {
+                    mem.remote_read(job.rkey, job.va.wrapping_add(job.done), &mut payload)
+                } else {
+                    Ok(())
+                };
+                if read.is_err() {
+                    let first = job.psn;
+                    self.resp.queue.pop_front();
+                    self.resp.dead = true;
+                    self.counters.naks_sent += 1;
+                    let mut p = Packet::new(
+                        op::encode(QpType::Rc, OpKind::Ack, Position::Only, false, false),
+                        pkey,
+                        dest,
+                        first,
+                    );
+                    p.aeth = Some(Aeth::nak(NakCode::RemoteAccess, self.resp.msn));
+                    self.set_error_after_send(WcStatus::LocAccessErr);
+                    return Some(p);
+                }
+                let mut p = Packet::new(
+                    op::encode(QpType::Rc, OpKind::ReadResponse, pos, false, false),
+                    pkey,
+                    dest,
+                    psn,
+                );
+                if pos != Position::Middle {
+                    p.aeth = Some(Aeth::ack(credits, job.msn));
+                }
+                p.pad = ((4 - len % 4) % 4) as u8;
+                p.payload = payload;
+                job.done += len as u64;
+                if pos.ends() {
+                    self.resp.queue.pop_front();
+                }
+                p
+            }
+        };
+        Some(pkt)
+    }
+
+    fn set_error_after_send(&mut self, status: WcStatus) {
+        // The packet being returned is already built; entering the error
+        // state now flushes the queues without dropping it.
+        self.set_error(status);
+    }
+
+    /// Whether the QP may still transmit (used by tests).
+    pub fn is_active(&self) -> bool {
+        matches!(self.mode, Mode::Active | Mode::Draining)
+    }
+}

@@ -1,0 +1,1134 @@
+//! Engine tests on a virtual clock: two QPs joined by seeded faulty links.
+//! Packets cross as decoded `Packet`s (byte formats are tested in
+//! `rdma-wire`); a "corrupted" packet is dropped, as a bad ICRC would be.
+
+use crate::*;
+use rdma_sim::{FaultConfig, FaultInjector, Payload};
+use rdma_types::{
+    AccessFlags, Duration, Instant, Lkey, Mtu, Pkey, Psn, Qkey, QpType, Qpn, Rkey, WcOpcode,
+    WcStatus,
+};
+use std::collections::VecDeque;
+
+// ---------------------------------------------------------------- memory
+
+struct Region {
+    key: u32,
+    base: u64,
+    data: Vec<u8>,
+    access: AccessFlags,
+    valid: bool,
+}
+
+#[derive(Default)]
+struct TestMem {
+    regions: Vec<Region>,
+    srq: VecDeque<RecvWqe>,
+    use_srq: bool,
+}
+
+impl TestMem {
+    /// Registers `len` bytes at `base` filled with `fill`; key = base >> 16.
+    fn reg(
+        &mut self,
+        base: u64,
+        len: usize,
+        access: AccessFlags,
+        fill: impl Fn(usize) -> u8,
+    ) -> u32 {
+        let key = (base >> 16) as u32;
+        self.regions.push(Region {
+            key,
+            base,
+            data: (0..len).map(fill).collect(),
+            access,
+            valid: true,
+        });
+        key
+    }
+
+    fn region(&self, key: u32) -> &Region {
+        self.regions.iter().find(|r| r.key == key).unwrap()
+    }
+
+    fn find(
+        &mut self,
+        key: u32,
+        addr: u64,
+        len: usize,
+        need: AccessFlags,
+    ) -> Result<&mut [u8], MemoryError> {
+        let r = self
+            .regions
+            .iter_mut()
+            .find(|r| r.key == key && r.valid)
+            .ok_or(MemoryError::BadKey)?;
+        if !r.access.contains(need) {
+            return Err(MemoryError::NoPermission);
+        }
+        let start = addr.checked_sub(r.base).ok_or(MemoryError::OutOfRange)? as usize;
+        let end = start.checked_add(len).ok_or(MemoryError::OutOfRange)?;
+        r.data.get_mut(start..end).ok_or(MemoryError::OutOfRange)
+    }
+}
+
+impl Memory for TestMem {
+    fn read_local(&mut self, lkey: Lkey, addr: u64, out: &mut [u8]) -> Result<(), MemoryError> {
+        let len = out.len();
+        out.copy_from_slice(self.find(lkey.0, addr, len, AccessFlags::NONE)?);
+        Ok(())
+    }
+    fn write_local(&mut self, lkey: Lkey, addr: u64, data: &[u8]) -> Result<(), MemoryError> {
+        self.find(lkey.0, addr, data.len(), AccessFlags::LOCAL_WRITE)?
+            .copy_from_slice(data);
+        Ok(())
+    }
+    fn remote_check(
+        &mut self,
+        rkey: Rkey,
+        addr: u64,
+        len: u64,
+        access: RemoteAccess,
+    ) -> Result<(), MemoryError> {
+        self.find(rkey.0, addr, len as usize, access.flag())
+            .map(|_| ())
+    }
+    fn remote_write(&mut self, rkey: Rkey, addr: u64, data: &[u8]) -> Result<(), MemoryError> {
+        self.find(rkey.0, addr, data.len(), AccessFlags::REMOTE_WRITE)?
+            .copy_from_slice(data);
+        Ok(())
+    }
+    fn remote_read(&mut self, rkey: Rkey, addr: u64, out: &mut [u8]) -> Result<(), MemoryError> {
+        let len = out.len();
+        out.copy_from_slice(self.find(rkey.0, addr, len, AccessFlags::REMOTE_READ)?);
+        Ok(())
+    }
+    fn remote_atomic(
+        &mut self,
+        rkey: Rkey,
+        addr: u64,
+        compare: Option<u64>,
+        operand: u64,
+    ) -> Result<u64, MemoryError> {
+        if !addr.is_multiple_of(8) {
+            return Err(MemoryError::Misaligned);
+        }
+        let cell = self.find(rkey.0, addr, 8, AccessFlags::REMOTE_ATOMIC)?;
+        let orig = u64::from_ne_bytes(cell.try_into().unwrap());
+        let new = match compare {
+            Some(c) if c == orig => operand,
+            Some(_) => orig,
+            None => orig.wrapping_add(operand),
+        };
+        cell.copy_from_slice(&new.to_ne_bytes());
+        Ok(orig)
+    }
+    fn invalidate(&mut self, rkey: Rkey) -> Result<(), MemoryError> {
+        let r = self
+            .regions
+            .iter_mut()
+            .find(|r| r.key == rkey.0)
+            .ok_or(MemoryError::BadKey)?;
+        r.valid = false;
+        Ok(())
+    }
+    fn srq_pop(&mut self) -> Option<RecvWqe> {
+        if self.use_srq {
+            self.srq.pop_front()
+        } else {
+            None
+        }
+    }
+}
+
+// ---------------------------------------------------------------- network
+
+#[derive(Clone)]
+struct Wire {
+    pkt: Packet<Vec<u8>>,
+    corrupted: bool,
+}
+
+impl Payload for Wire {
+    fn bit_len(&self) -> u64 {
+        1
+    }
+    fn flip_bit(&mut self, _bit: u64) {
+        self.corrupted = true;
+    }
+}
+
+struct Side {
+    qp: Qp,
+    mem: TestMem,
+    wcs: Vec<Completion>,
+    events: Vec<QpEvent>,
+    sent: Vec<Packet<Vec<u8>>>,
+}
+
+struct Net {
+    now: Instant,
+    a: Side,
+    b: Side,
+    ab: FaultInjector<Wire>,
+    ba: FaultInjector<Wire>,
+    record: bool,
+}
+
+const A_BUF: u64 = 0x1_0000;
+const B_BUF: u64 = 0x2_0000;
+const LEN: usize = 64 * 1024;
+const ALL: AccessFlags = AccessFlags::ALL;
+
+fn pattern(seed: u8) -> impl Fn(usize) -> u8 {
+    move |i| (i as u8).wrapping_mul(31).wrapping_add(seed)
+}
+
+impl Net {
+    fn new(qp_type: QpType, tweak: impl Fn(&mut QpConfig)) -> Net {
+        let mut ca = QpConfig::rc(Qpn::new(0x11).unwrap(), Qpn::new(0x22).unwrap());
+        ca.qp_type = qp_type;
+        ca.qkey = Qkey(0x1234);
+        tweak(&mut ca);
+        let mut cb = ca.clone();
+        cb.qpn = ca.dest_qpn;
+        cb.dest_qpn = ca.qpn;
+        std::mem::swap(&mut cb.sq_psn, &mut cb.rq_psn);
+        let side = |cfg: QpConfig, base: u64, seed: u8| {
+            let mut mem = TestMem::default();
+            mem.reg(base, LEN, ALL, pattern(seed));
+            let mut qp = Qp::new(cfg);
+            qp.set_rts();
+            Side {
+                qp,
+                mem,
+                wcs: vec![],
+                events: vec![],
+                sent: vec![],
+            }
+        };
+        Net {
+            now: Instant::ZERO,
+            a: side(ca, A_BUF, 1),
+            b: side(cb, B_BUF, 2),
+            ab: FaultInjector::new(FaultConfig::default()),
+            ba: FaultInjector::new(FaultConfig::default()),
+            record: false,
+        }
+    }
+
+    fn faults(&mut self, cfg: FaultConfig) {
+        self.ab = FaultInjector::new(cfg.clone());
+        self.ba = FaultInjector::new(FaultConfig {
+            seed: cfg.seed ^ 0xABCD,
+            ..cfg
+        });
+    }
+
+    fn link(&mut self, up: bool) {
+        self.ab.set_link_up(up);
+        self.ba.set_link_up(up);
+    }
+
+    /// One round at `now`; returns whether anything happened.
+    fn round(&mut self) -> bool {
+        let mut busy = false;
+        let now = self.now;
+        for (side, link) in [(&mut self.a, &mut self.ab), (&mut self.b, &mut self.ba)] {
+            while let Some(p) = side.qp.poll_transmit(now, &mut side.mem) {
+                busy = true;
+                if self.record {
+                    side.sent.push(p.clone());
+                }
+                link.push(
+                    now,
+                    Wire {
+                        pkt: p,
+                        corrupted: false,
+                    },
+                );
+            }
+        }
+        for (link, side) in [(&mut self.ab, &mut self.b), (&mut self.ba, &mut self.a)] {
+            while let Some(w) = link.pop_ready(now) {
+                busy = true;
+                if !w.corrupted {
+                    side.qp
+                        .handle_packet(now, &w.pkt.as_received(), &mut side.mem);
+                }
+            }
+        }
+        for side in [&mut self.a, &mut self.b] {
+            if side.qp.poll_timeout().is_some_and(|t| t <= now) {
+                busy = true;
+                side.qp.handle_timeout(now);
+            }
+            while let Some(c) = side.qp.poll_completion() {
+                side.wcs.push(c);
+            }
+            while let Some(e) = side.qp.poll_event() {
+                side.events.push(e);
+            }
+        }
+        busy
+    }
+
+    /// Runs until `done` or nothing is left or `limit` of virtual time passes.
+    fn run(&mut self, limit: Duration, done: impl Fn(&Net) -> bool) -> bool {
+        let deadline = self.now + limit;
+        for _ in 0..10_000_000 {
+            if done(self) {
+                return true;
+            }
+            if self.round() {
+                continue;
+            }
+            let next = [
+                self.ab.next_release(),
+                self.ba.next_release(),
+                self.a.qp.poll_timeout(),
+                self.b.qp.poll_timeout(),
+            ]
+            .into_iter()
+            .flatten()
+            .min();
+            match next {
+                Some(t) if t <= deadline => self.now = self.now.max(t),
+                _ => return done(self),
+            }
+        }
+        panic!("step budget exhausted: livelock");
+    }
+
+    fn settle(&mut self) {
+        self.run(Duration::from_secs(60), |_| false);
+    }
+}
+
+fn sge(base: u64, off: u64, len: u32) -> Vec<Sge> {
+    vec![Sge {
+        addr: base + off,
+        len,
+        lkey: Lkey((base >> 16) as u32),
+    }]
+}
+
+fn rkey_of(base: u64) -> Rkey {
+    Rkey((base >> 16) as u32)
+}
+
+fn a_bytes(n: &Net, off: usize, len: usize) -> Vec<u8> {
+    n.a.mem.region((A_BUF >> 16) as u32).data[off..off + len].to_vec()
+}
+
+fn b_bytes(n: &Net, off: usize, len: usize) -> Vec<u8> {
+    n.b.mem.region((B_BUF >> 16) as u32).data[off..off + len].to_vec()
+}
+
+// ---------------------------------------------------------------- basics
+
+#[test]
+fn rc_send_segments_and_delivers() {
+    let mut n = Net::new(QpType::Rc, |_| {});
+    n.record = true;
+    n.b.qp.post_recv(RecvWqe {
+        wr_id: 7,
+        sges: sge(B_BUF, 0, 8192),
+    });
+    n.a.qp.post_send(SendWqe::new(
+        1,
+        SendOp::SendImm(0xAABB),
+        sge(A_BUF, 100, 3000),
+    ));
+    n.settle();
+    assert_eq!(
+        n.a.wcs,
+        vec![Completion {
+            byte_len: 3000,
+            ..Completion::send(1, SendOp::Send, WcStatus::Success, 3000)
+        }]
+    );
+    let r = &n.b.wcs[0];
+    assert_eq!(
+        (r.wr_id, r.status, r.opcode, r.byte_len, r.imm),
+        (7, WcStatus::Success, WcOpcode::Recv, 3000, Some(0xAABB))
+    );
+    assert_eq!(b_bytes(&n, 0, 3000), a_bytes(&n, 100, 3000));
+    // 3000 bytes at MTU 1024: FIRST, MIDDLE, LAST_WITH_IMM; AckReq only on the last.
+    let ops: Vec<(u8, bool, u32)> =
+        n.a.sent
+            .iter()
+            .map(|p| (p.opcode, p.ack_req, p.psn.value()))
+            .collect();
+    assert_eq!(
+        ops,
+        vec![(0x00, false, 0), (0x01, false, 1), (0x03, true, 2)]
+    );
+    // One coalesced ACK for PSN 2 with MSN 1.
+    assert_eq!(n.b.sent.len(), 1);
+    assert_eq!(n.b.sent[0].psn, Psn::new(2));
+    assert_eq!(n.b.sent[0].aeth.unwrap().msn, 1);
+    assert_eq!(n.b.events, vec![]);
+}
+
+#[test]
+fn ack_req_at_least_every_n_packets() {
+    let mut n = Net::new(QpType::Rc, |c| {
+        c.ack_req_every = 4;
+        c.pmtu = Mtu::Mtu256;
+    });
+    n.record = true;
+    n.a.qp.post_send(SendWqe::new(
+        1,
+        SendOp::Write {
+            raddr: B_BUF,
+            rkey: rkey_of(B_BUF),
+        },
+        sge(A_BUF, 0, 256 * 10),
+    ));
+    n.settle();
+    let acks: Vec<bool> = n.a.sent.iter().map(|p| p.ack_req).collect();
+    assert_eq!(
+        acks,
+        vec![false, false, false, true, false, false, false, true, false, true]
+    );
+    assert_eq!(n.a.wcs.len(), 1);
+    assert_eq!(b_bytes(&n, 0, 2560), a_bytes(&n, 0, 2560));
+}
+
+#[test]
+fn rc_write_read_and_atomics() {
+    let mut n = Net::new(QpType::Rc, |_| {});
+    n.b.mem.regions[0].data[4096..4104].copy_from_slice(&5u64.to_ne_bytes());
+    n.a.qp.post_send(SendWqe::new(
+        1,
+        SendOp::Write {
+            raddr: B_BUF + 10_000,
+            rkey: rkey_of(B_BUF),
+        },
+        sge(A_BUF, 0, 5000),
+    ));
+    n.a.qp.post_send(SendWqe::new(
+        2,
+        SendOp::Read {
+            raddr: B_BUF + 20_000,
+            rkey: rkey_of(B_BUF),
+        },
+        sge(A_BUF, 30_000, 7000),
+    ));
+    n.a.qp.post_send(SendWqe::new(
+        3,
+        SendOp::CmpSwap {
+            raddr: B_BUF + 4096,
+            rkey: rkey_of(B_BUF),
+            compare: 5,
+            swap: 9,
+        },
+        sge(A_BUF, 50_000, 8),
+    ));
+    n.a.qp.post_send(SendWqe::new(
+        4,
+        SendOp::FetchAdd {
+            raddr: B_BUF + 4096,
+            rkey: rkey_of(B_BUF),
+            add: 3,
+        },
+        sge(A_BUF, 50_008, 8),
+    ));
+    n.a.qp.post_send(SendWqe::new(
+        5,
+        SendOp::WriteImm {
+            raddr: B_BUF,
+            rkey: rkey_of(B_BUF),
+            imm: 77,
+        },
+        sge(A_BUF, 0, 0),
+    ));
+    n.b.qp.post_recv(RecvWqe {
+        wr_id: 50,
+        sges: vec![],
+    });
+    n.settle();
+    let ids: Vec<(u64, WcStatus, WcOpcode)> =
+        n.a.wcs
+            .iter()
+            .map(|c| (c.wr_id, c.status, c.opcode))
+            .collect();
+    assert_eq!(
+        ids,
+        vec![
+            (1, WcStatus::Success, WcOpcode::RdmaWrite),
+            (2, WcStatus::Success, WcOpcode::RdmaRead),
+            (3, WcStatus::Success, WcOpcode::CompSwap),
+            (4, WcStatus::Success, WcOpcode::FetchAdd),
+            (5, WcStatus::Success, WcOpcode::RdmaWrite),
+        ]
+    );
+    assert_eq!(b_bytes(&n, 10_000, 5000), a_bytes(&n, 0, 5000));
+    assert_eq!(a_bytes(&n, 30_000, 7000), b_bytes(&n, 20_000, 7000));
+    assert_eq!(
+        a_bytes(&n, 50_000, 8),
+        5u64.to_ne_bytes(),
+        "CAS returns the original"
+    );
+    assert_eq!(
+        a_bytes(&n, 50_008, 8),
+        9u64.to_ne_bytes(),
+        "FAA sees the swapped value"
+    );
+    assert_eq!(b_bytes(&n, 4096, 8), 12u64.to_ne_bytes());
+    let imm = &n.b.wcs[0];
+    assert_eq!(
+        (imm.wr_id, imm.opcode, imm.imm, imm.byte_len),
+        (50, WcOpcode::RecvRdmaWithImm, Some(77), 0)
+    );
+    let c = n.a.qp.counters();
+    assert_eq!(
+        (c.retransmits, c.timeouts, c.dropped),
+        (0, 0, 0),
+        "a clean link needs no recovery: {c:?}"
+    );
+    assert_eq!(n.now, Instant::ZERO, "no timer fired");
+}
+
+#[test]
+fn psn_wraps_around_the_24_bit_space() {
+    let mut n = Net::new(QpType::Rc, |c| c.sq_psn = Psn::new(0xFF_FFFE));
+    n.b.qp.post_recv(RecvWqe {
+        wr_id: 1,
+        sges: sge(B_BUF, 0, 8192),
+    });
+    n.a.qp
+        .post_send(SendWqe::new(1, SendOp::Send, sge(A_BUF, 0, 5000)));
+    n.a.qp.post_send(SendWqe::new(
+        2,
+        SendOp::Read {
+            raddr: B_BUF + 9000,
+            rkey: rkey_of(B_BUF),
+        },
+        sge(A_BUF, 9000, 3000),
+    ));
+    n.settle();
+    assert_eq!(
+        n.a.wcs.iter().map(|c| c.status).collect::<Vec<_>>(),
+        vec![WcStatus::Success; 2]
+    );
+    assert_eq!(b_bytes(&n, 0, 5000), a_bytes(&n, 0, 5000));
+    assert_eq!(a_bytes(&n, 9000, 3000), b_bytes(&n, 9000, 3000));
+}
+
+// ---------------------------------------------------------------- loss
+
+/// Compares two images, reporting the first difference instead of both.
+fn same_bytes(got: &[u8], want: &[u8], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    if let Some(i) = got.iter().zip(want).position(|(a, b)| a != b) {
+        panic!(
+            "{what}: first difference at byte {i}: {} != {}",
+            got[i], want[i]
+        );
+    }
+}
+
+/// A random mix of operations; returns the expected final images.
+fn random_workload(n: &mut Net, seed: u64, count: u64) {
+    let mut rng = rdma_sim::Rng::new(seed);
+    for i in 0..count {
+        let off = rng.below(8) * 4096;
+        let len = 1 + rng.below(4000) as u32;
+        let op = match rng.below(5) {
+            0 => {
+                n.b.qp.post_recv(RecvWqe {
+                    wr_id: 1000 + i,
+                    sges: sge(B_BUF, 32_768 + off % (4 * 4096), 4096),
+                });
+                SendOp::Send
+            }
+            1 | 2 => SendOp::Write {
+                raddr: B_BUF + off,
+                rkey: rkey_of(B_BUF),
+            },
+            // READ sources nothing writes: a re-executed READ (IBA 9.7.5.2.3)
+            // returns memory as it is at re-execution time.
+            3 => SendOp::Read {
+                raddr: B_BUF + 49_152 + off % (2 * 4096),
+                rkey: rkey_of(B_BUF),
+            },
+            _ => SendOp::FetchAdd {
+                raddr: B_BUF + 60_000,
+                rkey: rkey_of(B_BUF),
+                add: 1,
+            },
+        };
+        // READ results land where no later WRITE/SEND takes its data from:
+        // without a fence, a WRITE may gather before an earlier READ lands.
+        let sges = match op {
+            SendOp::FetchAdd { .. } => sge(A_BUF, 60_000 + (i % 8) * 8, 8),
+            SendOp::Read { .. } => sge(A_BUF, 32_768 + (off / 4096 % 6) * 4096, len),
+            _ => sge(A_BUF, off, len),
+        };
+        n.a.qp.post_send(SendWqe::new(i, op, sges));
+    }
+}
+
+/// Seeds per run; raise locally for a soak (300 seeds pass).
+const SEEDS: u64 = 60;
+
+#[test]
+fn lossy_reordering_duplicating_link_completes_everything_exactly_once_in_order() {
+    for seed in 0..SEEDS {
+        let loss = (seed % 11) as f64 / 100.0; // 0..10 %
+                                               // Reference run on a perfect link, then the same workload with faults.
+        let pmtu = [Mtu::Mtu256, Mtu::Mtu1024, Mtu::Mtu4096][(seed % 3) as usize];
+        let mut clean = Net::new(QpType::Rc, |c| c.pmtu = pmtu);
+        random_workload(&mut clean, seed, 150);
+        clean.settle();
+        let mut n = Net::new(QpType::Rc, |c| {
+            c.timeout = 8;
+            c.pmtu = pmtu;
+            c.ack_req_every = 1 + (seed % 7) as u32 * 10;
+        });
+        n.faults(FaultConfig {
+            seed,
+            loss,
+            duplicate: 0.02,
+            reorder: 0.05,
+            reorder_delay: Duration::from_micros(300),
+            corrupt: 0.01,
+            latency: Duration::from_micros(5),
+        });
+        random_workload(&mut n, seed, 150);
+        n.run(Duration::from_secs(600), |n| n.a.wcs.len() == 150);
+        n.settle();
+        let ids: Vec<u64> = n.a.wcs.iter().map(|c| c.wr_id).collect();
+        assert_eq!(
+            ids,
+            (0..150).collect::<Vec<_>>(),
+            "seed {seed}: each WR completes once, in order"
+        );
+        assert!(
+            n.a.wcs.iter().all(|c| c.status == WcStatus::Success),
+            "seed {seed}: {:?}",
+            n.a.wcs.iter().find(|c| c.status != WcStatus::Success)
+        );
+        // Atomics executed exactly once: the counter matches the clean run.
+        assert_eq!(
+            b_bytes(&n, 60_000, 8),
+            b_bytes(&clean, 60_000, 8),
+            "seed {seed}"
+        );
+        same_bytes(
+            &n.b.mem.regions[0].data,
+            &clean.b.mem.regions[0].data,
+            &format!("seed {seed}: responder memory"),
+        );
+        same_bytes(
+            &n.a.mem.regions[0].data,
+            &clean.a.mem.regions[0].data,
+            &format!("seed {seed}: requester memory"),
+        );
+        let recvs: Vec<u64> = n.b.wcs.iter().map(|c| c.wr_id).collect();
+        let clean_recvs: Vec<u64> = clean.b.wcs.iter().map(|c| c.wr_id).collect();
+        assert_eq!(
+            recvs, clean_recvs,
+            "seed {seed}: receives once each, in order"
+        );
+        if loss > 0.0 {
+            assert!(
+                n.a.qp.counters().retransmits > 0,
+                "seed {seed}: loss forced retransmissions"
+            );
+        }
+    }
+}
+
+#[test]
+fn dead_link_exhausts_retries_then_flushes() {
+    let mut n = Net::new(QpType::Rc, |c| {
+        c.retry_cnt = 3;
+        c.timeout = 10; // 4.19 ms
+    });
+    n.link(false);
+    for i in 0..5 {
+        n.a.qp.post_send(SendWqe::new(
+            i,
+            SendOp::Write {
+                raddr: B_BUF,
+                rkey: rkey_of(B_BUF),
+            },
+            sge(A_BUF, 0, 100),
+        ));
+    }
+    n.settle();
+    let st: Vec<(u64, WcStatus)> = n.a.wcs.iter().map(|c| (c.wr_id, c.status)).collect();
+    assert_eq!(
+        st,
+        vec![
+            (0, WcStatus::RetryExcErr),
+            (1, WcStatus::WrFlushErr),
+            (2, WcStatus::WrFlushErr),
+            (3, WcStatus::WrFlushErr),
+            (4, WcStatus::WrFlushErr),
+        ]
+    );
+    assert!(n.a.qp.is_error());
+    assert_eq!(n.a.events, vec![QpEvent::Error(WcStatus::RetryExcErr)]);
+    assert_eq!(n.a.qp.counters().timeouts, 4, "initial try + 3 retries");
+    // 4 timeouts of 4.19 ms each, on virtual time.
+    assert!(n.now >= Instant::from_micros(4 * 4194), "{}", n.now);
+    n.a.qp.post_send(SendWqe::new(9, SendOp::Send, vec![]));
+    assert_eq!(
+        n.a.qp.poll_completion().map(|c| c.status),
+        Some(WcStatus::WrFlushErr)
+    );
+}
+
+#[test]
+fn link_restored_within_budget_recovers() {
+    let mut n = Net::new(QpType::Rc, |c| c.timeout = 10);
+    n.link(false);
+    n.a.qp.post_send(SendWqe::new(
+        1,
+        SendOp::Write {
+            raddr: B_BUF,
+            rkey: rkey_of(B_BUF),
+        },
+        sge(A_BUF, 0, 100),
+    ));
+    n.run(Duration::from_millis(10), |_| false);
+    assert!(n.a.wcs.is_empty());
+    n.link(true);
+    n.settle();
+    assert_eq!(
+        n.a.wcs.iter().map(|c| c.status).collect::<Vec<_>>(),
+        vec![WcStatus::Success]
+    );
+}
+
+// ---------------------------------------------------------------- RNR
+
+#[test]
+fn rnr_retry_succeeds_once_a_receive_is_posted() {
+    let mut n = Net::new(QpType::Rc, |c| c.min_rnr_timer = 14);
+    n.a.qp
+        .post_send(SendWqe::new(1, SendOp::Send, sge(A_BUF, 0, 10)));
+    n.run(Duration::from_millis(5), |_| false);
+    assert!(n.a.wcs.is_empty());
+    assert!(
+        n.b.qp.counters().rnr_naks_sent >= 2,
+        "RNR NAKs repeat every 1.28 ms"
+    );
+    n.b.qp.post_recv(RecvWqe {
+        wr_id: 5,
+        sges: sge(B_BUF, 0, 64),
+    });
+    n.settle();
+    assert_eq!(n.a.wcs[0].status, WcStatus::Success);
+    assert_eq!(n.b.wcs[0].byte_len, 10);
+}
+
+#[test]
+fn rnr_retry_count_runs_out() {
+    for rnr_retry in [0u8, 1, 3] {
+        let mut n = Net::new(QpType::Rc, |c| {
+            c.rnr_retry = rnr_retry;
+            c.min_rnr_timer = 1;
+        });
+        n.a.qp
+            .post_send(SendWqe::new(1, SendOp::Send, sge(A_BUF, 0, 10)));
+        n.a.qp
+            .post_send(SendWqe::new(2, SendOp::Send, sge(A_BUF, 0, 10)));
+        n.settle();
+        let st: Vec<WcStatus> = n.a.wcs.iter().map(|c| c.status).collect();
+        assert_eq!(
+            st,
+            vec![WcStatus::RnrRetryExcErr, WcStatus::WrFlushErr],
+            "rnr_retry {rnr_retry}"
+        );
+        assert_eq!(
+            n.a.qp.counters().rnr_naks_received,
+            u64::from(rnr_retry) + 1
+        );
+    }
+}
+
+// ---------------------------------------------------------------- errors
+
+#[test]
+fn bad_rkey_and_out_of_range_are_remote_access_errors_touching_nothing() {
+    let cases = [
+        SendOp::Write {
+            raddr: B_BUF,
+            rkey: Rkey(0xdead),
+        },
+        SendOp::Write {
+            raddr: B_BUF + LEN as u64 - 10,
+            rkey: rkey_of(B_BUF),
+        },
+        SendOp::Read {
+            raddr: B_BUF - 1,
+            rkey: rkey_of(B_BUF),
+        },
+        SendOp::FetchAdd {
+            raddr: B_BUF + LEN as u64,
+            rkey: rkey_of(B_BUF),
+            add: 1,
+        },
+    ];
+    for op in cases {
+        let mut n = Net::new(QpType::Rc, |_| {});
+        let before_b = n.b.mem.regions[0].data.clone();
+        let before_a = n.a.mem.regions[0].data.clone();
+        let len = if op.is_atomic() { 8 } else { 100 };
+        n.a.qp.post_send(SendWqe::new(1, op, sge(A_BUF, 0, len)));
+        n.settle();
+        assert_eq!(
+            n.a.wcs.iter().map(|c| c.status).collect::<Vec<_>>(),
+            vec![WcStatus::RemAccessErr],
+            "{op:?}"
+        );
+        assert_eq!(
+            n.b.mem.regions[0].data, before_b,
+            "{op:?}: responder memory untouched"
+        );
+        assert_eq!(
+            n.a.mem.regions[0].data, before_a,
+            "{op:?}: requester memory untouched"
+        );
+        assert!(
+            n.b.qp.is_error(),
+            "responder QP goes to error (IBA class C)"
+        );
+    }
+}
+
+#[test]
+fn misaligned_atomic_is_an_invalid_request() {
+    let mut n = Net::new(QpType::Rc, |_| {});
+    n.a.qp.post_send(SendWqe::new(
+        1,
+        SendOp::FetchAdd {
+            raddr: B_BUF + 4,
+            rkey: rkey_of(B_BUF),
+            add: 1,
+        },
+        sge(A_BUF, 0, 8),
+    ));
+    n.settle();
+    assert_eq!(n.a.wcs[0].status, WcStatus::RemInvReqErr);
+}
+
+#[test]
+fn receive_too_small_is_a_length_error_on_both_sides() {
+    let mut n = Net::new(QpType::Rc, |_| {});
+    n.b.qp.post_recv(RecvWqe {
+        wr_id: 3,
+        sges: sge(B_BUF, 0, 100),
+    });
+    n.a.qp
+        .post_send(SendWqe::new(1, SendOp::Send, sge(A_BUF, 0, 200)));
+    n.settle();
+    assert_eq!(n.b.wcs[0].status, WcStatus::LocLenErr);
+    assert_eq!(n.a.wcs[0].status, WcStatus::RemInvReqErr);
+}
+
+#[test]
+fn local_protection_error_on_bad_lkey() {
+    let mut n = Net::new(QpType::Rc, |_| {});
+    n.a.qp.post_send(SendWqe::new(
+        1,
+        SendOp::Send,
+        vec![Sge {
+            addr: A_BUF,
+            len: 10,
+            lkey: Lkey(99),
+        }],
+    ));
+    n.a.qp
+        .post_send(SendWqe::new(2, SendOp::Send, sge(A_BUF, 0, 10)));
+    n.settle();
+    let st: Vec<WcStatus> = n.a.wcs.iter().map(|c| c.status).collect();
+    assert_eq!(st, vec![WcStatus::LocProtErr, WcStatus::WrFlushErr]);
+}
+
+#[test]
+fn pkey_mismatch_is_dropped_silently() {
+    let mut n = Net::new(QpType::Rc, |c| c.timeout = 0);
+    n.b.qp.update_config(|c| c.pkey = Pkey(0x8001));
+    n.b.qp.post_recv(RecvWqe {
+        wr_id: 1,
+        sges: sge(B_BUF, 0, 64),
+    });
+    n.a.qp
+        .post_send(SendWqe::new(1, SendOp::Send, sge(A_BUF, 0, 10)));
+    n.settle();
+    assert!(n.b.wcs.is_empty());
+    assert_eq!(n.b.qp.counters().pkey_violations, 1);
+}
+
+#[test]
+fn signaled_only_completions_and_unsignaled_errors() {
+    let mut n = Net::new(QpType::Rc, |_| {});
+    let mut w = SendWqe::new(
+        1,
+        SendOp::Write {
+            raddr: B_BUF,
+            rkey: rkey_of(B_BUF),
+        },
+        sge(A_BUF, 0, 10),
+    );
+    w.signaled = false;
+    n.a.qp.post_send(w);
+    n.a.qp.post_send(SendWqe::new(
+        2,
+        SendOp::Write {
+            raddr: B_BUF,
+            rkey: rkey_of(B_BUF),
+        },
+        sge(A_BUF, 0, 10),
+    ));
+    let mut bad = SendWqe::new(
+        3,
+        SendOp::Write {
+            raddr: B_BUF,
+            rkey: Rkey(5),
+        },
+        sge(A_BUF, 0, 10),
+    );
+    bad.signaled = false;
+    n.a.qp.post_send(bad);
+    n.settle();
+    let st: Vec<(u64, WcStatus)> = n.a.wcs.iter().map(|c| (c.wr_id, c.status)).collect();
+    assert_eq!(
+        st,
+        vec![(2, WcStatus::Success), (3, WcStatus::RemAccessErr)]
+    );
+}
+
+#[test]
+fn send_with_invalidate_invalidates_the_rkey() {
+    let mut n = Net::new(QpType::Rc, |_| {});
+    let k = n.b.mem.reg(0x9_0000, 4096, ALL, |_| 0);
+    n.b.qp.post_recv(RecvWqe {
+        wr_id: 1,
+        sges: sge(B_BUF, 0, 64),
+    });
+    n.a.qp
+        .post_send(SendWqe::new(1, SendOp::SendInv(Rkey(k)), sge(A_BUF, 0, 8)));
+    n.a.qp.post_send(SendWqe::new(
+        2,
+        SendOp::Write {
+            raddr: 0x9_0000,
+            rkey: Rkey(k),
+        },
+        sge(A_BUF, 0, 8),
+    ));
+    n.settle();
+    assert_eq!(n.b.wcs[0].invalidated, Some(Rkey(k)));
+    assert_eq!(
+        n.a.wcs.iter().map(|c| c.status).collect::<Vec<_>>(),
+        vec![WcStatus::Success, WcStatus::RemAccessErr]
+    );
+}
+
+#[test]
+fn initiator_depth_limits_outstanding_reads() {
+    let mut n = Net::new(QpType::Rc, |c| c.max_rd_atomic = 2);
+    n.record = true;
+    // Hold B's responses: cut only B->A.
+    n.ba.set_link_up(false);
+    for i in 0..5 {
+        n.a.qp.post_send(SendWqe::new(
+            i,
+            SendOp::Read {
+                raddr: B_BUF,
+                rkey: rkey_of(B_BUF),
+            },
+            sge(A_BUF, i * 100, 100),
+        ));
+    }
+    n.round();
+    assert_eq!(n.a.sent.len(), 2, "only max_rd_atomic READs go out");
+    n.ba.set_link_up(true);
+    n.settle();
+    assert_eq!(n.a.wcs.len(), 5);
+}
+
+// ---------------------------------------------------------------- UC, UD
+
+#[test]
+fn uc_drops_a_message_with_a_lost_packet_and_carries_on() {
+    let mut n = Net::new(QpType::Uc, |_| {});
+    n.b.qp.post_recv(RecvWqe {
+        wr_id: 1,
+        sges: sge(B_BUF, 0, 8192),
+    });
+    n.b.qp.post_recv(RecvWqe {
+        wr_id: 2,
+        sges: sge(B_BUF, 8192, 8192),
+    });
+    n.record = true;
+    n.a.qp
+        .post_send(SendWqe::new(1, SendOp::Send, sge(A_BUF, 0, 3000)));
+    // Drop the MIDDLE packet by hand.
+    let first = n.a.qp.poll_transmit(n.now, &mut n.a.mem).unwrap();
+    let _middle = n.a.qp.poll_transmit(n.now, &mut n.a.mem).unwrap();
+    let last = n.a.qp.poll_transmit(n.now, &mut n.a.mem).unwrap();
+    n.b.qp
+        .handle_packet(n.now, &first.as_received(), &mut n.b.mem);
+    n.b.qp
+        .handle_packet(n.now, &last.as_received(), &mut n.b.mem);
+    n.a.qp
+        .post_send(SendWqe::new(2, SendOp::Send, sge(A_BUF, 0, 1500)));
+    n.settle();
+    while let Some(c) = n.a.qp.poll_completion() {
+        n.a.wcs.push(c);
+    }
+    assert_eq!(
+        n.a.wcs.iter().map(|c| c.wr_id).collect::<Vec<_>>(),
+        vec![1, 2],
+        "UC completes at send"
+    );
+    // The second message lands in the first WQE, which was reused.
+    assert_eq!(
+        n.b.wcs
+            .iter()
+            .map(|c| (c.wr_id, c.byte_len))
+            .collect::<Vec<_>>(),
+        vec![(1, 1500)]
+    );
+    assert_eq!(b_bytes(&n, 0, 1500), a_bytes(&n, 0, 1500));
+}
+
+#[test]
+fn ud_delivers_with_grh_and_checks_the_qkey() {
+    let mut n = Net::new(QpType::Ud, |_| {});
+    n.b.qp.post_recv(RecvWqe {
+        wr_id: 1,
+        sges: sge(B_BUF, 0, 1024),
+    });
+    let dest = UdDest {
+        qpn: Qpn::new(0x22).unwrap(),
+        qkey: Qkey(0x1234),
+        ah: 0,
+    };
+    let mut w = SendWqe::new(1, SendOp::SendImm(3), sge(A_BUF, 0, 500));
+    w.ud = Some(dest);
+    n.a.qp.post_send(w);
+    let mut bad = SendWqe::new(2, SendOp::Send, sge(A_BUF, 0, 500));
+    bad.ud = Some(UdDest {
+        qkey: Qkey(0x9999),
+        ..dest
+    });
+    n.a.qp.post_send(bad);
+    let mut big = SendWqe::new(3, SendOp::Send, sge(A_BUF, 0, 2000));
+    big.ud = Some(dest);
+    n.a.qp.post_send(big);
+    n.settle();
+    let r = &n.b.wcs[0];
+    assert_eq!(
+        (r.wr_id, r.byte_len, r.src_qp, r.grh, r.imm),
+        (1, 540, Some(Qpn::new(0x11).unwrap()), true, Some(3))
+    );
+    assert_eq!(b_bytes(&n, 40, 500), a_bytes(&n, 0, 500));
+    assert_eq!(n.b.wcs.len(), 1);
+    assert_eq!(n.b.qp.counters().qkey_violations, 1);
+    let st: Vec<WcStatus> = n.a.wcs.iter().map(|c| c.status).collect();
+    assert_eq!(
+        st,
+        vec![WcStatus::Success, WcStatus::Success, WcStatus::LocLenErr],
+        "UD message larger than the MTU"
+    );
+}
+
+#[test]
+fn ud_without_receive_wqe_drops_and_counts() {
+    let mut n = Net::new(QpType::Ud, |_| {});
+    let mut w = SendWqe::new(1, SendOp::Send, sge(A_BUF, 0, 10));
+    w.ud = Some(UdDest {
+        qpn: Qpn::new(0x22).unwrap(),
+        qkey: Qkey(0x1234),
+        ah: 0,
+    });
+    n.a.qp.post_send(w);
+    n.settle();
+    assert_eq!(n.b.qp.counters().ud_no_wqe_drops, 1);
+    assert!(n.b.wcs.is_empty());
+}
+
+#[test]
+fn srq_supplies_receive_wqes() {
+    let mut n = Net::new(QpType::Rc, |c| c.srq = true);
+    n.b.mem.use_srq = true;
+    n.b.mem.srq.push_back(RecvWqe {
+        wr_id: 42,
+        sges: sge(B_BUF, 0, 64),
+    });
+    n.a.qp
+        .post_send(SendWqe::new(1, SendOp::Send, sge(A_BUF, 0, 10)));
+    n.settle();
+    assert_eq!(n.b.wcs[0].wr_id, 42);
+}
+
+#[test]
+fn comm_established_fires_on_first_packet_in_rtr() {
+    let mut n = Net::new(QpType::Rc, |_| {});
+    let cfg = n.b.qp.config().clone();
+    n.b.qp = Qp::new(cfg); // back to RTR
+    n.b.qp.post_recv(RecvWqe {
+        wr_id: 1,
+        sges: sge(B_BUF, 0, 64),
+    });
+    n.a.qp
+        .post_send(SendWqe::new(1, SendOp::Send, sge(A_BUF, 0, 10)));
+    n.a.qp.post_send(SendWqe::new(
+        2,
+        SendOp::Write {
+            raddr: B_BUF,
+            rkey: rkey_of(B_BUF),
+        },
+        sge(A_BUF, 0, 10),
+    ));
+    n.settle();
+    assert_eq!(n.b.events, vec![QpEvent::CommEstablished]);
+    assert_eq!(n.a.wcs.len(), 2, "an RTR responder answers");
+}
+
+#[test]
+fn sqd_finishes_outstanding_work_and_starts_nothing_new() {
+    let mut n = Net::new(QpType::Rc, |_| {});
+    n.a.qp.post_send(SendWqe::new(
+        1,
+        SendOp::Write {
+            raddr: B_BUF,
+            rkey: rkey_of(B_BUF),
+        },
+        sge(A_BUF, 0, 3000),
+    ));
+    // Put the first packet on the wire, then drain.
+    let first = n.a.qp.poll_transmit(n.now, &mut n.a.mem).unwrap();
+    n.b.qp
+        .handle_packet(n.now, &first.as_received(), &mut n.b.mem);
+    n.a.qp.set_sqd();
+    n.a.qp.post_send(SendWqe::new(
+        2,
+        SendOp::Write {
+            raddr: B_BUF,
+            rkey: rkey_of(B_BUF),
+        },
+        sge(A_BUF, 0, 10),
+    ));
+    n.settle();
+    assert_eq!(
+        n.a.wcs.iter().map(|c| c.wr_id).collect::<Vec<_>>(),
+        vec![1],
+        "the started WQE finishes"
+    );
+    assert_eq!(n.a.events, vec![QpEvent::SqDrained]);
+    n.a.qp.set_rts();
+    n.settle();
+    assert_eq!(
+        n.a.wcs.iter().map(|c| c.wr_id).collect::<Vec<_>>(),
+        vec![1, 2]
+    );
+}
