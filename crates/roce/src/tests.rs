@@ -1167,7 +1167,7 @@ fn random_packet(rng: &mut rdma_sim::Rng, n: &Net) -> Packet<Vec<u8>> {
     p.solicited = rng.chance(0.1);
     let near = B_BUF + rng.below(LEN as u64 + 16);
     let va = pick(rng, near);
-    let rkey = Rkey(pick(rng, (B_BUF >> 16) as u64) as u32);
+    let rkey = Rkey(pick(rng, B_BUF >> 16) as u32);
     let near = rng.below(9000);
     let len = pick(rng, near) as u32;
     if rng.chance(0.5) {
