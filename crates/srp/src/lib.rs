@@ -1,0 +1,23 @@
+//! The SCSI RDMA Protocol (SRP): information units on the wire, and (later)
+//! sans-IO initiator and target sessions built on them.
+//!
+//! SRP (T10 SRP r16a, plus the immediate-data extension of SRP2 as Linux
+//! uses it) carries SCSI commands over a reliable RDMA channel: the login
+//! travels in connection-manager private data, every other information unit
+//! (IU) is one RC SEND, and the data moves by RDMA READ/WRITE against memory
+//! descriptors that the SRP_CMD carries.
+//!
+//! [`wire`] has a view (`*Packet<T>`) and a `Repr` for every IU: views read
+//! and write fields in place over any byte buffer; reprs hold validated values
+//! and emit exactly the bytes Linux `ib_srp`/`ib_srpt` put on the wire for the
+//! same fields (reserved bytes zero). Open code spaces (IU types, login
+//! reject reasons, task-management functions, task attributes) parse to an
+//! `Unknown(n)` variant instead of failing.
+//!
+//! Contract: every parser takes untrusted bytes and bounds-checks every length
+//! and count against the IU length; bad input gives a [`wire::Error`], never a
+//! panic or a read out of bounds. What this crate refuses to do: interpret
+//! LUNs or CDBs (that is the SCSI core's job), touch memory that descriptors
+//! point at, or do any I/O.
+
+pub mod wire;
