@@ -114,6 +114,9 @@ def main():
         f.write("# SRP IUs extracted by testdata/srp/extract.py from\n")
         f.write("# shared/captures/linux-ib_srp-to-lio-srpt-over-rxe.pcapng\n")
         f.write("# (Linux ib_srp -> LIO ib_srpt over rxe, RDMA CM port 5555).\n")
+        f.write("# Checked against tshark 4.x: each send equals data.data of its frame,\n")
+        f.write("# login_req_rdma equals infiniband.cm.req.ip_cm.private, cm_rep equals\n")
+        f.write("# infiniband.cm.rep.private.\n")
         f.write("# Format: <kind> <capture frame number> <hex bytes>\n")
         for kind, num, b in lines:
             f.write(f"{kind} {num} {b.hex()}\n")
