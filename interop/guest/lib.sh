@@ -1,0 +1,120 @@
+# shellcheck shell=bash
+# Helpers for guest-side scenario code (sourced in the VM).
+
+# step MSG: progress line with seconds since the guest reached user space.
+step() {
+  local now
+  now=$(cut -d' ' -f1 /proc/uptime)
+  echo "[guest $INTEROP_VM ${now}s] $*"
+}
+
+# fail MSG: record the reason for the FAIL marker and stop the scenario.
+fail() {
+  echo "$*" >/tmp/fail-reason
+  echo "[guest $INTEROP_VM] FAIL: $*" >&2
+  exit 1
+}
+
+# host_ip NAME: address of a VM (or "host") from interop.hosts.
+host_ip() {
+  local kv
+  for kv in ${INTEROP_HOSTS//,/ }; do
+    [ "${kv%%=*}" = "$1" ] && { echo "${kv#*=}"; return 0; }
+  done
+  return 1
+}
+
+my_ip() { echo "${INTEROP_IP%/*}"; }
+
+# wait_until SECONDS DESC CMD...: poll CMD once a second until it succeeds.
+wait_until() {
+  local t=$1 desc=$2 end
+  shift 2
+  end=$(( SECONDS + t ))
+  until "$@" >/dev/null 2>&1; do
+    [ $SECONDS -lt $end ] || fail "timeout after ${t}s waiting for $desc"
+    sleep 1
+  done
+}
+
+# retry SECONDS DESC CMD...: run CMD (showing its output) until it exits 0.
+retry() {
+  local t=$1 desc=$2 end n=0
+  shift 2
+  end=$(( SECONDS + t ))
+  while :; do
+    n=$(( n + 1 ))
+    "$@" && { step "$desc: ok after $n attempt(s)"; return 0; }
+    [ $SECONDS -lt $end ] || fail "$desc failed $n times in ${t}s"
+    sleep 2
+  done
+}
+
+# msg_recv PORT SECONDS: accept one TCP connection, print the line it sends.
+msg_recv() {
+  python3 - "$1" "$2" <<'PY' || fail "no message on port $1 within $2 s"
+import socket, sys
+port, t = int(sys.argv[1]), float(sys.argv[2])
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", port)); s.listen(1); s.settimeout(t)
+c, _ = s.accept(); c.settimeout(t)
+data = b""
+while not data.endswith(b"\n"):
+    chunk = c.recv(4096)
+    if not chunk:
+        break
+    data += chunk
+print(data.decode().strip())
+PY
+}
+
+# msg_send HOST_IP PORT SECONDS TEXT: deliver one line, retrying until the
+# peer listens.
+msg_send() {
+  python3 - "$@" <<'PY' || fail "could not send '$4' to $1:$2 within $3 s"
+import socket, sys, time
+host, port, t, text = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
+end = time.monotonic() + t
+while True:
+    try:
+        with socket.create_connection((host, port), timeout=5) as c:
+            c.sendall(text.encode() + b"\n")
+        break
+    except OSError:
+        if time.monotonic() > end:
+            sys.exit(1)
+        time.sleep(1)
+PY
+}
+
+rxe_active() { grep -q ACTIVE /sys/class/infiniband/rxe0/ports/1/state; }
+gid1_set() {
+  local g
+  g=$(cat /sys/class/infiniband/rxe0/ports/1/gids/1 2>/dev/null) || return 1
+  [ -n "$g" ] && [ "$g" != "0000:0000:0000:0000:0000:0000:0000:0000" ]
+}
+
+# Network and rxe; runs in a subshell from /init.
+guest_setup() {
+  set -e
+  modprobe virtio_pci 2>/dev/null || true
+  modprobe virtio_net 2>/dev/null || true
+  modprobe configfs 2>/dev/null || true
+  mountpoint -q /sys/kernel/config || mount -t configfs configfs /sys/kernel/config
+  wait_until 30 "eth0" test -e /sys/class/net/eth0
+  ip link set lo up
+  ip addr add "$INTEROP_IP" dev eth0
+  ip link set eth0 up
+  # rxe computes the ICRC with the crypto API's crc32.
+  modprobe crc32_generic
+  modprobe rdma_rxe
+  modprobe ib_uverbs
+  modprobe rdma_ucm
+  modprobe ib_umad
+  rdma link add rxe0 type rxe netdev eth0
+  wait_until 60 "rxe0 port ACTIVE" rxe_active
+  wait_until 60 "rxe0 GID index 1" gid1_set
+  step "rxe0 GID1 $(cat /sys/class/infiniband/rxe0/ports/1/gids/1)"
+  touch /tmp/setup-ok
+}

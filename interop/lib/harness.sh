@@ -1,0 +1,308 @@
+# shellcheck shell=bash
+# Scenario runner: network namespace with a bridge and taps, qemu VMs under
+# TCG, a dumpcap capture on the bridge, verdicts from console markers.
+# Sourced by ../run.
+#
+# Teardown does not depend on variables of the (sub)shell that created
+# things: every namespace this run creates is named rdma-interop-<pid>-<n>,
+# and every process we start (qemu, dumpcap, host-side tools) lives in one of
+# them, so killing `ip netns pids` and deleting the namespace removes it all,
+# taps and bridge included.
+
+NS_PREFIX=rdma-interop-$$-
+NET=10.77.0
+HOST_IP=$NET.1
+VM_MEM=${INTEROP_VM_MEM:-1536}
+BRIDGE=br0
+
+scenario_list() {
+  local f
+  for f in "$INTEROP_DIR"/scenarios/*.sh; do
+    f=${f##*/}
+    case $f in _*) continue ;; esac
+    echo "${f%.sh}"
+  done
+}
+
+# Scaled timeout in seconds.
+tmo() { echo $(( $1 * INTEROP_TIMEOUT_SCALE )); }
+
+# --- namespace -----------------------------------------------------------
+
+ns_kill_all() {
+  local ns=$1 pids i
+  for i in 1 2 3 4 5 6 7 8 9 10; do
+    pids=$(ip netns pids "$ns" 2>/dev/null || true)
+    [ -z "$pids" ] && return 0
+    if [ "$i" -lt 8 ]; then
+      # shellcheck disable=SC2086
+      kill -TERM $pids 2>/dev/null || true
+    else
+      # shellcheck disable=SC2086
+      kill -KILL $pids 2>/dev/null || true
+    fi
+    sleep 1
+  done
+}
+
+harness_teardown() {
+  local ns
+  for ns in $(ip netns list 2>/dev/null | awk '{print $1}'); do
+    case $ns in "$NS_PREFIX"*) ;; *) continue ;; esac
+    ns_kill_all "$ns"
+    ip netns del "$ns" 2>/dev/null || log "warning: could not delete namespace $ns"
+  done
+  [ -n "${RUN_DIR:-}" ] && rm -f "$RUN_DIR/initrd.cpio"
+  return 0
+}
+
+ns_create() {
+  NS=$NS_PREFIX$1
+  ip netns add "$NS"
+  nsx ip link set lo up
+  nsx ip link add "$BRIDGE" type bridge stp_state 0 forward_delay 0
+  nsx ip addr add "$HOST_IP/24" dev "$BRIDGE"
+  nsx ip link set "$BRIDGE" up
+}
+
+# Run a command inside the namespace (no timeout; use ns_run for bounded runs).
+nsx() { ip netns exec "$NS" "$@"; }
+
+# ns_run SECONDS CMD...: run a host-side command in the namespace, bounded.
+ns_run() {
+  local t=$1
+  shift
+  ip netns exec "$NS" timeout -k 5 "$(tmo "$t")" "$@"
+}
+
+# ns_bg NAME SECONDS CMD...: start a host-side process in the namespace in
+# the background, output to $RUN_DIR/host-NAME.log; its pid goes to
+# HOST_PID_<NAME>. It is killed at teardown at the latest.
+ns_bg() {
+  local name=$1 t=$2
+  shift 2
+  ip netns exec "$NS" timeout -k 5 "$(tmo "$t")" "$@" >"$RUN_DIR/host-$name.log" 2>&1 &
+  printf -v "HOST_PID_$name" '%s' $!
+}
+
+# ns_add_ip ADDR: give a host-side stack its own address on the bridge.
+ns_add_ip() { nsx ip addr add "$1/24" dev "$BRIDGE"; }
+
+# --- capture -------------------------------------------------------------
+
+capture_start() {
+  CAP=$RUN_DIR/cap.pcapng
+  nsx dumpcap -q -i "$BRIDGE" -w "$CAP" >"$RUN_DIR/dumpcap.log" 2>&1 &
+  CAP_PID=$!
+  local i
+  for i in $(seq 1 $(( $(tmo 30) * 5 ))); do
+    [ -s "$CAP" ] && return 0
+    kill -0 "$CAP_PID" 2>/dev/null || break
+    sleep 0.2
+  done
+  cat "$RUN_DIR/dumpcap.log" >&2
+  die "dumpcap did not start"
+}
+
+capture_stop() {
+  [ -n "${CAP_PID:-}" ] || return 0
+  # SIGTERM: background jobs of a script ignore SIGINT.
+  kill -TERM "$CAP_PID" 2>/dev/null || true
+  local i
+  for i in $(seq 1 100); do
+    kill -0 "$CAP_PID" 2>/dev/null || break
+    sleep 0.2
+  done
+  kill -KILL "$CAP_PID" 2>/dev/null || true
+  wait "$CAP_PID" 2>/dev/null || true
+  CAP_PID=
+}
+
+# Checks the capture decodes cleanly; sets CAP_PROBLEM on failure and writes
+# $RUN_DIR/capture-summary.txt.
+capture_check() {
+  local out=$RUN_DIR/capture-summary.txt n malformed experr
+  CAP_PROBLEM=
+  n=$(timeout 600 tshark -r "$CAP" -T fields -e frame.number 2>/dev/null | wc -l)
+  malformed=$(timeout 600 tshark -r "$CAP" -Y _ws.malformed -T fields -e frame.number 2>/dev/null | wc -l)
+  # 0x00800000 is PI_ERROR in epan/proto.h.
+  experr=$(timeout 600 tshark -r "$CAP" -Y '_ws.expert.severity >= 0x00800000' \
+    -T fields -e frame.number -e _ws.expert.message 2>/dev/null)
+  {
+    echo "frames: $n"
+    echo "malformed: $malformed"
+    echo "expert errors: $(printf '%s' "$experr" | grep -c . || true)"
+    printf '%s\n' "$experr" | head -20
+    echo "--- RoCEv2 packets by transport + opcode ---"
+    timeout 600 tshark -r "$CAP" -Y infiniband -T fields -e _ws.col.Info 2>/dev/null |
+      sed -E 's/ *QP=.*//; s/, *$//' | sort | uniq -c | sort -rn | head -30
+    echo "--- protocol hierarchy ---"
+    timeout 600 tshark -r "$CAP" -q -z io,phs 2>/dev/null | sed -n '/^eth/,/^====/p'
+  } >"$out"
+  [ "$n" -gt 0 ] || CAP_PROBLEM="capture is empty"
+  [ "$malformed" -eq 0 ] || CAP_PROBLEM="$malformed malformed frames"
+  [ -z "$experr" ] || CAP_PROBLEM="${CAP_PROBLEM:+$CAP_PROBLEM; }expert errors in capture"
+  # A scenario may require protocols (e.g. infiniband) to appear.
+  local p
+  for p in ${SCENARIO_EXPECT_PROTOCOLS:-}; do
+    [ "$(timeout 600 tshark -r "$CAP" -Y "$p" -T fields -e frame.number 2>/dev/null | wc -l)" -gt 0 ] ||
+      CAP_PROBLEM="${CAP_PROBLEM:+$CAP_PROBLEM; }no '$p' frames captured"
+  done
+}
+
+# --- VMs -----------------------------------------------------------------
+
+# vm_start NAME LAST_OCTET ROLE: boot one VM on the bridge.
+vm_start() {
+  local name=$1 octet=$2 role=$3 tap mac
+  tap=tap-$name
+  mac=$(printf '52:54:00:77:00:%02x' "$octet")
+  nsx ip tuntap add dev "$tap" mode tap
+  nsx ip link set "$tap" master "$BRIDGE" up
+  local append="console=ttyS0 quiet loglevel=4 panic=-1 rdinit=/init"
+  append+=" interop.scenario=$SCENARIO interop.vm=$name interop.role=$role"
+  append+=" interop.ip=$NET.$octet/24 interop.hosts=$HOSTS_ARG"
+  append+=" interop.timeout=$(tmo "$SCENARIO_GUEST_TIMEOUT")"
+  # The host-side bound covers boot, the guest's own bound and poweroff.
+  ip netns exec "$NS" timeout -k 10 "$(tmo $(( SCENARIO_GUEST_TIMEOUT + 300 )))" \
+    qemu-system-x86_64 -accel tcg -m "$VM_MEM" -smp 1 \
+    -nodefaults -no-user-config -display none -monitor none -no-reboot \
+    -serial "file:$RUN_DIR/console-$name.log" \
+    -kernel "$IMAGE_DIR/vmlinuz" -initrd "$RUN_DIR/initrd.cpio" -append "$append" \
+    -netdev "tap,id=n0,ifname=$tap,script=no,downscript=no" \
+    -device "virtio-net-pci,netdev=n0,mac=$mac" \
+    >"$RUN_DIR/qemu-$name.log" 2>&1 &
+  VM_PIDS[$name]=$!
+  log "  vm $name ($role) $NET.$octet started"
+}
+
+# True while at least one VM of the scenario still runs (for host-side loops).
+vms_alive() {
+  local name
+  for name in "${!VM_PIDS[@]}"; do
+    kill -0 "${VM_PIDS[$name]}" 2>/dev/null && return 0
+  done
+  return 1
+}
+
+# Wait until every VM has exited (guests power off after their marker).
+vm_wait_all() {
+  local name rc
+  for name in "${!VM_PIDS[@]}"; do
+    rc=0
+    wait "${VM_PIDS[$name]}" || rc=$?
+    VM_RC[$name]=$rc
+    log "  vm $name exited (qemu status $rc) after $(( $(date +%s) - T_START )) s"
+  done
+}
+
+# --- guest overlay -------------------------------------------------------
+
+# The cached rootfs plus a second cpio archive with the harness' guest files
+# (the kernel unpacks concatenated archives in order), so editing a scenario
+# never rebuilds the image.
+make_initrd() {
+  local ov=$RUN_DIR/overlay
+  rm -rf "$ov"
+  mkdir -p "$ov/interop/scenarios"
+  install -m 0755 "$INTEROP_DIR/guest/init" "$ov/init"
+  install -m 0644 "$INTEROP_DIR/guest/lib.sh" "$ov/interop/lib.sh"
+  install -m 0644 "$INTEROP_DIR"/scenarios/*.sh "$ov/interop/scenarios/"
+  (cd "$ov" && find . -print0 | cpio --null -o -H newc --quiet -R 0:0) >"$RUN_DIR/overlay.cpio"
+  cat "$IMAGE_DIR/rootfs.cpio" "$RUN_DIR/overlay.cpio" >"$RUN_DIR/initrd.cpio"
+  rm -rf "$ov"
+}
+
+# --- one scenario --------------------------------------------------------
+
+# Runs in a subshell; prints the verdict line; exit status 0 on pass.
+scenario_run() {
+  local name=$1 f=$INTEROP_DIR/scenarios/$1.sh
+  [ -f "$f" ] || die "no scenario $name ($f)"
+  SCENARIO=$name
+  SCENARIO_VMS=()
+  SCENARIO_GUEST_TIMEOUT=600
+  SCENARIO_EXPECT_PROTOCOLS=
+  # shellcheck disable=SC1090
+  . "$f"
+  RUN_DIR=$INTEROP_RESULTS/$name-$(date -u +%Y%m%dT%H%M%SZ)
+  mkdir -p "$RUN_DIR"
+  declare -gA VM_PIDS=() VM_RC=()
+  T_START=$(date +%s)
+  log "scenario $name: results in $RUN_DIR"
+
+  local v vname voct vrole
+  HOSTS_ARG=host=$HOST_IP
+  for v in "${SCENARIO_VMS[@]}"; do
+    read -r vname voct vrole <<<"$v"
+    HOSTS_ARG+=",$vname=$NET.$voct"
+  done
+
+  make_initrd
+  ns_create "$SCENARIO_SEQ"
+  capture_start
+  for v in "${SCENARIO_VMS[@]}"; do
+    read -r vname voct vrole <<<"$v"
+    vm_start "$vname" "$voct" "$vrole"
+  done
+
+  local host_rc=0 reason=
+  if declare -F host_main >/dev/null; then
+    host_main >"$RUN_DIR/host.log" 2>&1 || host_rc=$?
+    [ "$host_rc" -eq 0 ] || reason="host side failed (status $host_rc, see host.log)"
+  fi
+  vm_wait_all
+  capture_stop
+  T_VMS=$(( $(date +%s) - T_START ))
+
+  # Verdict: every VM must print its PASS marker.
+  for v in "${SCENARIO_VMS[@]}"; do
+    read -r vname voct vrole <<<"$v"
+    local con=$RUN_DIR/console-$vname.log line
+    line=$(grep -a -m1 -E "^INTEROP-(PASS|FAIL) $name " "$con" 2>/dev/null | tr -d '\r' || true)
+    case $line in
+      "INTEROP-PASS $name "*) ;;
+      "INTEROP-FAIL $name "*) reason="${reason:+$reason; }vm $vname: ${line#*: }" ;;
+      *) reason="${reason:+$reason; }vm $vname: no marker (qemu status ${VM_RC[$vname]:-?}; timeout or crash)" ;;
+    esac
+    grep -a -E '^\[guest [^]]*\] timing' "$con" 2>/dev/null | tr -d '\r' | sed "s/^/  /" >&2 || true
+  done
+  capture_check
+  [ -z "$CAP_PROBLEM" ] || reason="${reason:+$reason; }capture: $CAP_PROBLEM"
+  if declare -F host_check >/dev/null && [ -z "$reason" ]; then
+    host_check >>"$RUN_DIR/host.log" 2>&1 || reason="host_check failed (see host.log)"
+  fi
+
+  sed 's/^/  /' "$RUN_DIR/capture-summary.txt" | head -45 >&2
+  log "scenario $name took $(( $(date +%s) - T_START )) s (VMs $T_VMS s)"
+  if [ -z "$reason" ]; then
+    echo "INTEROP-PASS $name"
+    if [ "${INTEROP_KEEP:-0}" = 1 ]; then
+      rm -f "$RUN_DIR/initrd.cpio" "$RUN_DIR/overlay.cpio"
+      log "kept: $RUN_DIR"
+    else
+      rm -rf "$RUN_DIR"
+    fi
+    return 0
+  fi
+  rm -f "$RUN_DIR/initrd.cpio" "$RUN_DIR/overlay.cpio"
+  echo "INTEROP-FAIL $name: $reason"
+  log "logs and capture kept in $RUN_DIR"
+  return 1
+}
+
+run_scenarios() {
+  local name rc pass=0 fail=0 failed=() seq=0
+  for name in "$@"; do
+    seq=$(( seq + 1 ))
+    rc=0
+    (
+      SCENARIO_SEQ=$seq
+      trap harness_teardown EXIT
+      scenario_run "$name"
+    ) || rc=$?
+    if [ "$rc" -eq 0 ]; then pass=$(( pass + 1 )); else fail=$(( fail + 1 )); failed+=("$name"); fi
+  done
+  echo "interop: $pass passed, $fail failed${failed:+ (${failed[*]})}"
+  [ "$fail" -eq 0 ]
+}

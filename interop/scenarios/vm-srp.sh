@@ -1,0 +1,111 @@
+# shellcheck shell=bash
+# vm-srp: SRP over RoCEv2 between two Linux VMs. VM a runs LIO with ib_srpt
+# (fileio backstore of 16 MiB, an ACL for b's initiator port ID, RDMA CM
+# port 5555); VM b logs in with ib_srp (add_target ... dest=a:5555), writes
+# a random pattern to the new disk with dd (O_DIRECT), reads it back and
+# compares; then a short fio verify job; then logs out.
+#
+# The two guests coordinate over tiny TCP messages (guest/lib.sh msg_*):
+#   b -> a:7001  "<b's port GUID>"     a creates the ACL
+#   a -> b:7002  "ready <a's node GUID>"
+#   b -> a:7001  "done"                a may power off
+
+SCENARIO_VMS=("a 11 target" "b 12 initiator")
+SCENARIO_GUEST_TIMEOUT=1200
+# Must appear in the capture: RDMA WRITE (opcodes 6-10: the target moving
+# read data), RDMA READ Request (12: the target fetching write data), SEND
+# Only (4: SRP IUs), CM MADs (login via RDMA CM).
+SCENARIO_EXPECT_PROTOCOLS="infiniband.bth.opcode>=6&&infiniband.bth.opcode<=10 infiniband.bth.opcode==12 infiniband.bth.opcode==4 infiniband.mad"
+
+SRP_PORT=5555
+
+guest_target() {
+  local tpg guid_b node_guid gid0 wwn acl
+  mkdir -p /run/dbus
+  dbus-daemon --system --fork || fail "dbus-daemon did not start"
+  modprobe target_core_mod
+  modprobe target_core_file
+  modprobe ib_srpt
+  guid_b=$(msg_recv 7001 600)
+  [[ $guid_b =~ ^[0-9a-f]{16}$ ]] || fail "bad initiator GUID message '$guid_b'"
+  step "initiator port GUID $guid_b"
+
+  gid0=$(cat /sys/class/infiniband/rxe0/ports/1/gids/0)
+  wwn=ib.${gid0//:/}
+  node_guid=$(tr -d : </sys/class/infiniband/rxe0/node_guid)
+  cd /tmp
+  targetcli /backstores/fileio create f0 /tmp/f0.img 16M
+  targetcli /srpt create "$wwn"
+  targetcli "/srpt/$wwn/luns" create /backstores/fileio/f0
+  tpg=/sys/kernel/config/target/srpt/$wwn/tpgt_1
+  [ -d "$tpg/lun/lun_0" ] || fail "LUN 0 missing under $tpg"
+  acl=$tpg/acls/0x0000000000000000$guid_b
+  mkdir "$acl"
+  mkdir "$acl/lun_0"
+  ln -s "$tpg/lun/lun_0" "$acl/lun_0/map0"
+  echo $SRP_PORT >/sys/kernel/config/target/srpt/discovery_auth/rdma_cm_port
+  [ "$(cat "$tpg/enable")" = 1 ] || echo 1 >"$tpg/enable"
+  targetcli ls / 2>&1 | sed 's/^/  /'
+  msg_send "$(host_ip b)" 7002 300 "ready $node_guid"
+  step "target ready, waiting for the initiator"
+  local done_msg
+  done_msg=$(msg_recv 7001 900)
+  [ "$done_msg" = done ] || fail "initiator reported '$done_msg'"
+  dmesg | grep -i srpt | tail -5
+}
+
+# Prints the sdX whose SCSI vendor is LIO-ORG.
+lio_disk() {
+  local d
+  for d in /sys/block/sd*; do
+    [ -e "$d/device/vendor" ] || continue
+    grep -q LIO-ORG "$d/device/vendor" && { echo "${d##*/}"; return 0; }
+  done
+  return 1
+}
+
+guest_initiator() {
+  local guid ready tgt_guid dev a
+  a=$(host_ip a)
+  modprobe ib_srp
+  modprobe sd_mod 2>/dev/null || true
+  modprobe sg 2>/dev/null || true
+  # The port GUID is the interface ID of GID 0 (fe80::/64 + GUID).
+  guid=$(cut -d: -f5- </sys/class/infiniband/rxe0/ports/1/gids/0 | tr -d :)
+  msg_send "$a" 7001 600 "$guid"
+  ready=$(msg_recv 7002 600)
+  tgt_guid=${ready#ready }
+  [[ $tgt_guid =~ ^[0-9a-f]{16}$ ]] || fail "bad ready message '$ready'"
+  local add=/sys/class/infiniband_srp/srp-rxe0-1/add_target
+  [ -e $add ] || fail "$add missing"
+  step "add_target id_ext=$tgt_guid,ioc_guid=$tgt_guid,dest=$a:$SRP_PORT"
+  retry 120 "SRP login" sh -c "echo id_ext=$tgt_guid,ioc_guid=$tgt_guid,dest=$a:$SRP_PORT >$add"
+  wait_until 120 "LIO-ORG disk" lio_disk
+  dev=/dev/$(lio_disk)
+  wait_until 30 "$dev node" test -b "$dev"
+  step "disk $dev: $(cat /sys/block/${dev#/dev/}/size) sectors"
+  sg_inq "$dev" | sed 's/^/  /'
+  sg_readcap "$dev" | sed 's/^/  /'
+  [ "$(cat /sys/block/${dev#/dev/}/size)" -eq 32768 ] || fail "disk is not 16 MiB"
+
+  # dd: random pattern, O_DIRECT both ways, compare.
+  head -c 4194304 /dev/urandom >/tmp/pattern
+  dd if=/tmp/pattern of="$dev" bs=64k oflag=direct conv=fsync 2>&1 | tail -1
+  dd if="$dev" of=/tmp/readback bs=64k count=64 iflag=direct 2>&1 | tail -1
+  cmp /tmp/pattern /tmp/readback || fail "read-back data differs from the written pattern"
+  step "dd: 4 MiB pattern written and read back identical"
+
+  # fio: random writes with crc32c verification on another region.
+  fio --name=srpverify --filename="$dev" --direct=1 --rw=randwrite --bs=4k \
+    --offset=8m --size=4m --ioengine=psync --verify=crc32c --do_verify=1 \
+    --output-format=terse --minimal >/tmp/fio.out 2>&1 || { cat /tmp/fio.out; fail "fio verify failed"; }
+  step "fio randwrite+verify ok (terse: $(cut -d';' -f1-8 /tmp/fio.out | head -1))"
+
+  # Log out so the target sees a clean DREQ.
+  local p
+  for p in /sys/class/srp_remote_ports/port-*; do
+    [ -e "$p/delete" ] && echo 1 >"$p/delete"
+  done
+  wait_until 60 "disk removal" sh -c '! ls /sys/block | grep -q "^sd"'
+  msg_send "$a" 7001 120 done
+}
