@@ -6,8 +6,8 @@
 //! against tshark; see the header of the data file.
 
 use srp::wire::{
-    BufFormats, DataDesc, DescFormat, Iu, IuType, LoginReq, MultiChannelAction,
-    MultiChannelResult, Tag, TaskAttr, LINUX_IMM_DATA_OFFSET,
+    BufFormats, DataDesc, DescFormat, Iu, IuType, LoginReq, MultiChannelAction, MultiChannelResult,
+    Tag, TaskAttr, LINUX_IMM_DATA_OFFSET,
 };
 use std::collections::BTreeMap;
 
@@ -43,8 +43,8 @@ fn every_captured_iu_decodes_and_reemits_identically() {
     for (kind, frame, bytes) in &recs {
         match kind.as_str() {
             "login_req_rdma" => {
-                let req = LoginReq::parse_rdma(bytes)
-                    .unwrap_or_else(|e| panic!("frame {frame}: {e}"));
+                let req =
+                    LoginReq::parse_rdma(bytes).unwrap_or_else(|e| panic!("frame {frame}: {e}"));
                 let mut out = [0u8; 56];
                 req.emit_rdma(&mut out).unwrap();
                 assert_eq!(&out[..], &bytes[..], "frame {frame}: login re-emit");
@@ -67,7 +67,10 @@ fn every_captured_iu_decodes_and_reemits_identically() {
                 assert_eq!(bytes.len(), 196);
                 let iu = Iu::parse(bytes, None).unwrap_or_else(|e| panic!("frame {frame}: {e}"));
                 let Iu::LoginRsp(rsp) = iu else {
-                    panic!("frame {frame}: expected SRP_LOGIN_RSP, got {}", iu.iu_type())
+                    panic!(
+                        "frame {frame}: expected SRP_LOGIN_RSP, got {}",
+                        iu.iu_type()
+                    )
                 };
                 let out = iu.to_vec().unwrap();
                 assert_eq!(out.len(), 52);

@@ -48,7 +48,7 @@ fn sizes_match_srp_h() {
     assert_eq!(INDIRECT_BUF_HEADER_LEN, 20); // packed srp_indirect_buf
     assert_eq!(IMM_BUF_LEN, 4); // srp_imm_buf
     assert_eq!(LINUX_IMM_DATA_OFFSET, 68); // ib_srp SRP_IMM_DATA_OFFSET
-    // The one IU table agrees with the constants above.
+                                           // The one IU table agrees with the constants above.
     for (t, len) in [
         (IuType::LoginReq, LOGIN_REQ_LEN),
         (IuType::LoginRsp, LOGIN_RSP_LEN),
@@ -302,7 +302,13 @@ fn rsp_and_small_ius() {
     );
 
     let small: [(Iu, &str, u8, u8, u64); 5] = [
-        (Iu::ILogout(ILogout { tag: TAG }), "srp_i_logout", 0x03, 0, 0),
+        (
+            Iu::ILogout(ILogout { tag: TAG }),
+            "srp_i_logout",
+            0x03,
+            0,
+            0,
+        ),
         (
             Iu::TLogout(TLogout {
                 sol_not: 1,
@@ -325,7 +331,13 @@ fn rsp_and_small_ius() {
             1,
             0x0102_0304,
         ),
-        (Iu::CredRsp(CredRsp { tag: TAG }), "srp_cred_rsp", 0x41, 0, 0),
+        (
+            Iu::CredRsp(CredRsp { tag: TAG }),
+            "srp_cred_rsp",
+            0x41,
+            0,
+            0,
+        ),
         (Iu::AerRsp(AerRsp { tag: TAG }), "srp_aer_rsp", 0x42, 0, 0),
     ];
     for (iu, name, op, sol, word) in small {

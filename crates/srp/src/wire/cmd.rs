@@ -557,13 +557,13 @@ mod tests {
     const CAPTURED_INQUIRY: [u8; 64] = [
         0x02, // opcode SRP_CMD
         0x00, // sol_not
-        0, 0, 0, // reserved
+        0, 0, 0,    // reserved
         0x01, // buf_fmt: data-out none, data-in direct
         0x00, // data_out_desc_cnt
         0x00, // data_in_desc_cnt (Linux leaves 0 for direct)
         0x28, 0, 0, 0, 0, 0, 0, 0, // tag 0x28 (little-endian u64)
         0, 0, 0, 0, // reserved
-        0, 0, 0, 0, 0, 0, 0, 0, // LUN 0
+        0, 0, 0, 0, 0, 0, 0, 0,    // LUN 0
         0,    // reserved
         0x00, // task attribute SIMPLE
         0,    // reserved
@@ -757,7 +757,10 @@ mod tests {
         // More descriptors in the IU than the table length covers.
         v.extend_from_slice(&[0; 16]);
         v[63] = 0x10;
-        assert!(matches!(Cmd::parse(&v, None), Err(Error::TableCount { .. })));
+        assert!(matches!(
+            Cmd::parse(&v, None),
+            Err(Error::TableCount { .. })
+        ));
         // A table length that is not whole descriptors.
         v[63] = 0x41;
         assert_eq!(Cmd::parse(&v, None), Err(Error::TableLen(0x41)));
@@ -765,13 +768,19 @@ mod tests {
         v[5] = 0x05;
         assert!(matches!(
             Cmd::parse(&v, None),
-            Err(Error::DescFormat { dir: "data-in", format: 5 })
+            Err(Error::DescFormat {
+                dir: "data-in",
+                format: 5
+            })
         ));
         // Immediate data-in is not a thing.
         v[5] = 0x03;
         assert!(matches!(
             Cmd::parse(&v, Some(68)),
-            Err(Error::DescFormat { dir: "data-in", format: 3 })
+            Err(Error::DescFormat {
+                dir: "data-in",
+                format: 3
+            })
         ));
     }
 

@@ -523,7 +523,7 @@ mod tests {
             0, 0, 0, 0, // reserved
             0x00, 0x06, // req_buf_fmt
             0x80, // req_flags
-            0, // reserved
+            0,    // reserved
             0x00, 0x44, // imm_data_offset 68
             0, 0, // reserved
             0, 0, 0, 0, 0, 0, 0, 0, // initiator id_ext
@@ -538,7 +538,10 @@ mod tests {
         // The RDMA form's opcode sits at byte 11; the IB parser must not accept it.
         let mut bad = expected;
         bad[0] = 0xc0;
-        assert!(matches!(LoginReq::parse(&bad), Err(Error::WrongOpcode { .. })));
+        assert!(matches!(
+            LoginReq::parse(&bad),
+            Err(Error::WrongOpcode { .. })
+        ));
     }
 
     #[test]
@@ -560,7 +563,9 @@ mod tests {
         assert_eq!(r.req_lim_delta, 128);
         assert_eq!(r.max_it_iu_len, 8276);
         assert_eq!(r.max_ti_iu_len, 8260);
-        assert!(r.buf_fmt.contains(BufFormats::DIRECT | BufFormats::INDIRECT));
+        assert!(r
+            .buf_fmt
+            .contains(BufFormats::DIRECT | BufFormats::INDIRECT));
         assert!(r.flags.immediate_supported());
         assert_eq!(r.flags.multichannel(), MultiChannelResult::NoExisting);
         let mut out = [0xaa; 52];
@@ -604,7 +609,11 @@ mod tests {
     fn short_buffers_are_errors() {
         assert!(matches!(
             LoginReq::parse_rdma(&CAPTURED_LOGIN_REQ_RDMA[..55]),
-            Err(Error::Truncated { need: 56, got: 55, .. })
+            Err(Error::Truncated {
+                need: 56,
+                got: 55,
+                ..
+            })
         ));
         assert!(matches!(
             captured_req().emit(&mut [0u8; 63]),

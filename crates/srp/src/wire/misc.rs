@@ -164,7 +164,12 @@ macro_rules! small_iu {
     };
 }
 
-small_iu!(ILogout, IuType::ILogout, |p| ILogout { tag: p.tag() }, |s| (0, 0));
+small_iu!(
+    ILogout,
+    IuType::ILogout,
+    |p| ILogout { tag: p.tag() },
+    |s| (0, 0)
+);
 small_iu!(
     TLogout,
     IuType::TLogout,
@@ -185,8 +190,15 @@ small_iu!(
     },
     |s| (s.sol_not, s.req_lim_delta as u32)
 );
-small_iu!(CredRsp, IuType::CredRsp, |p| CredRsp { tag: p.tag() }, |s| (0, 0));
-small_iu!(AerRsp, IuType::AerRsp, |p| AerRsp { tag: p.tag() }, |s| (0, 0));
+small_iu!(
+    CredRsp,
+    IuType::CredRsp,
+    |p| CredRsp { tag: p.tag() },
+    |s| (0, 0)
+);
+small_iu!(AerRsp, IuType::AerRsp, |p| AerRsp { tag: p.tag() }, |s| (
+    0, 0
+));
 
 /// SRP_AER_REQ (SRP r16a 6.12): an asynchronous event for a LUN, as sense data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -270,7 +282,10 @@ mod tests {
         ];
         let t = TLogout::parse(&t_logout).unwrap();
         assert_eq!(t.reason, TLogoutReason::Inactive);
-        assert_eq!(t.reason.to_string(), "inactive RDMA channel (reclaiming resources)");
+        assert_eq!(
+            t.reason.to_string(),
+            "inactive RDMA channel (reclaiming resources)"
+        );
         let mut out = [0xaa; 16];
         t.emit(&mut out).unwrap();
         assert_eq!(out, t_logout);
@@ -332,6 +347,9 @@ mod tests {
         assert_eq!(&v[..36], &head);
         assert_eq!(&v[36..], &sense);
         assert_eq!(AerReq::parse(&v), Ok(a));
-        assert!(matches!(AerReq::parse(&v[..49]), Err(Error::Truncated { .. })));
+        assert!(matches!(
+            AerReq::parse(&v[..49]),
+            Err(Error::Truncated { .. })
+        ));
     }
 }

@@ -23,14 +23,13 @@ pub use cmd::{
     MAX_ADD_CDB_LEN,
 };
 pub use login::{
-    BufFormats, LoginRej, LoginRejPacket, LoginRejReason, LoginReq, LoginReqFlags,
-    LoginReqPacket, LoginReqRdmaPacket, LoginRsp, LoginRspFlags, LoginRspPacket,
-    MultiChannelAction, MultiChannelResult, LOGIN_REJ_LEN, LOGIN_REQ_LEN, LOGIN_REQ_RDMA_LEN,
-    LOGIN_RSP_LEN,
+    BufFormats, LoginRej, LoginRejPacket, LoginRejReason, LoginReq, LoginReqFlags, LoginReqPacket,
+    LoginReqRdmaPacket, LoginRsp, LoginRspFlags, LoginRspPacket, MultiChannelAction,
+    MultiChannelResult, LOGIN_REJ_LEN, LOGIN_REQ_LEN, LOGIN_REQ_RDMA_LEN, LOGIN_RSP_LEN,
 };
 pub use misc::{
-    AerReq, AerReqPacket, AerRsp, CredReq, CredRsp, ILogout, SmallPacket, TLogout,
-    TLogoutReason, AER_REQ_FIXED_LEN, SMALL_IU_LEN,
+    AerReq, AerReqPacket, AerRsp, CredReq, CredRsp, ILogout, SmallPacket, TLogout, TLogoutReason,
+    AER_REQ_FIXED_LEN, SMALL_IU_LEN,
 };
 pub use rsp::{Rsp, RspFlags, RspPacket, RSP_FIXED_LEN};
 pub use tsk_mgmt::{TmFunc, TskMgmt, TskMgmtPacket, TSK_MGMT_LEN};
@@ -406,7 +405,10 @@ mod tests {
 
     #[test]
     fn iu_dispatch_rejects_unknown_and_empty() {
-        assert_eq!(Iu::parse(&[0x55; 64], None), Err(Error::UnknownOpcode(0x55)));
+        assert_eq!(
+            Iu::parse(&[0x55; 64], None),
+            Err(Error::UnknownOpcode(0x55))
+        );
         assert!(matches!(Iu::parse(&[], None), Err(Error::Truncated { .. })));
     }
 
