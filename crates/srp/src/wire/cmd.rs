@@ -21,7 +21,7 @@ pub const MAX_ADD_CDB_LEN: usize = 63 * 4;
 pub const LINUX_IMM_DATA_OFFSET: u16 = (CMD_FIXED_LEN + 16 + IMM_BUF_LEN) as u16;
 
 code_enum! {
-    /// A data buffer descriptor format nibble of SRP_CMD (SRP r16a table 23;
+    /// A data buffer descriptor format nibble of SRP_CMD (SRP r16a;
     /// 3 is the SRP2 immediate data descriptor, `SRP_DATA_DESC_*`).
     DescFormat(u8), "descriptor format" {
         /// No data buffer descriptor.
@@ -36,7 +36,8 @@ code_enum! {
 }
 
 code_enum! {
-    /// TASK ATTRIBUTE of SRP_CMD (SRP r16a table 22, SAM task attributes).
+    /// TASK ATTRIBUTE of SRP_CMD (SRP r16a table 21, Linux `ib_srpt.h`
+    /// `SRP_CMD_*_Q`; iPXE's header gives ACA as 0x08, Linux 0x04).
     TaskAttr(u8), "task attribute" {
         /// SIMPLE.
         Simple = 0, "simple";
@@ -239,7 +240,7 @@ impl DataDesc<'_> {
 
 mod field {
     use core::ops::Range;
-    // struct srp_cmd, SRP r16a 6.8 table 21.
+    // struct srp_cmd, SRP r16a 6.8.
     pub const OPCODE: Range<usize> = 0..1;
     pub const SOL_NOT: Range<usize> = 1..2;
     pub const BUF_FMT: Range<usize> = 5..6;
@@ -321,7 +322,9 @@ impl<'a> Cmd<'a> {
     /// the offset agreed at login when immediate data was negotiated.
     /// Descriptor counts of direct descriptors are not kept (Linux sends 0);
     /// bytes after the last descriptor (or after the immediate data) are
-    /// ignored.
+    /// ignored, and so are the bytes between the immediate data descriptor
+    /// and the immediate data offset (Linux ib_srp leaves whatever an earlier
+    /// command put there; [`Cmd::emit`] writes zeros).
     ///
     /// # Errors
     /// [`Error::Truncated`] when a descriptor or the CDB runs past the IU,

@@ -16,7 +16,7 @@ pub const LOGIN_RSP_LEN: usize = 52;
 pub const LOGIN_REJ_LEN: usize = 32;
 
 /// Data buffer descriptor formats an initiator asks for or a target supports
-/// (REQUIRED/SUPPORTED BUFFER FORMATS, SRP r16a 6.2 table 11).
+/// (REQUIRED/SUPPORTED BUFFER FORMATS, SRP r16a 6.2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct BufFormats(pub u16);
 
@@ -109,7 +109,7 @@ impl LoginRspFlags {
 }
 
 code_enum! {
-    /// REASON of SRP_LOGIN_REJ (SRP r16a 6.4 table 14, `SRP_LOGIN_REJ_*`).
+    /// REASON of SRP_LOGIN_REJ (SRP r16a 6.4, `SRP_LOGIN_REJ_*`).
     LoginRejReason(u32), "unknown login reject reason" {
         /// Unable to establish the RDMA channel, no reason given.
         UnableEstablishChannel = 0x0001_0000, "unable to establish RDMA channel, no reason specified";
@@ -130,7 +130,7 @@ code_enum! {
 
 mod field {
     use core::ops::Range;
-    // struct srp_login_req (IB CM form), SRP r16a 6.2 table 10.
+    // struct srp_login_req (IB CM form), SRP r16a 6.2.
     pub const OPCODE: Range<usize> = 0..1;
     pub const TAG: Range<usize> = 8..16;
     pub const REQ_IT_IU_LEN: Range<usize> = 16..20;
@@ -151,14 +151,14 @@ mod field {
     pub const R_TARGET_PORT_ID: Range<usize> = 32..48;
     pub const R_IMM_DATA_OFFSET: Range<usize> = 48..50;
 
-    // struct srp_login_rsp, SRP r16a 6.3 table 12.
+    // struct srp_login_rsp, SRP r16a 6.3.
     pub const REQ_LIM_DELTA: Range<usize> = 4..8;
     pub const MAX_IT_IU_LEN: Range<usize> = 16..20;
     pub const MAX_TI_IU_LEN: Range<usize> = 20..24;
     pub const BUF_FMT: Range<usize> = 24..26;
     pub const RSP_FLAGS: Range<usize> = 26..27;
 
-    // struct srp_login_rej, SRP r16a 6.4 table 13.
+    // struct srp_login_rej, SRP r16a 6.4.
     pub const REASON: Range<usize> = 4..8;
 }
 

@@ -9,7 +9,7 @@ pub const SMALL_IU_LEN: usize = 16;
 pub const AER_REQ_FIXED_LEN: usize = 36;
 
 code_enum! {
-    /// REASON of SRP_T_LOGOUT (SRP r16a 6.6 table 18).
+    /// REASON of SRP_T_LOGOUT (SRP r16a 6.6).
     TLogoutReason(u32), "unknown target logout reason" {
         /// No reason specified.
         NoReason = 0, "no reason specified";

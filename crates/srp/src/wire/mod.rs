@@ -5,7 +5,7 @@
 //! values with `parse`, `buffer_len` and `emit`). [`Iu`] dispatches on the
 //! opcode byte through the one table in [`IuType`].
 //!
-//! Multi-byte fields are big-endian (SRP r16a 4.x), except the tag, which is
+//! Multi-byte fields are big-endian, except the tag, which is
 //! opaque to the receiver; see [`Tag`].
 
 #[macro_use]
@@ -31,10 +31,21 @@ pub use misc::{
     AerReq, AerReqPacket, AerRsp, CredReq, CredRsp, ILogout, SmallPacket, TLogout, TLogoutReason,
     AER_REQ_FIXED_LEN, SMALL_IU_LEN,
 };
-pub use rsp::{Rsp, RspFlags, RspPacket, RSP_FIXED_LEN};
+pub use rsp::{Rsp, RspCode, RspFlags, RspPacket, RSP_FIXED_LEN};
 pub use tsk_mgmt::{TmFunc, TskMgmt, TskMgmtPacket, TSK_MGMT_LEN};
 
 use core::fmt;
+
+/// Solicited notification bits of byte 1 (Linux `ib_srpt.h`, SRP r16a tables 16 and 22).
+pub mod sol_not {
+    /// SRP_RSP, SRP_T_LOGOUT, SRP_CRED_REQ, SRP_AER_REQ: the initiator asked
+    /// for solicited notification of this IU.
+    pub const SOLNT: u8 = 0x01;
+    /// SRP_CMD, SRP_TSK_MGMT: notify solicitedly on successful completion.
+    pub const SCSOLNT: u8 = 0x02;
+    /// SRP_CMD, SRP_TSK_MGMT: notify solicitedly on unsuccessful completion.
+    pub const UCSOLNT: u8 = 0x04;
+}
 
 /// Why an IU could not be parsed or emitted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -58,11 +69,11 @@ pub enum Error {
         /// The opcode byte found.
         got: u8,
     },
-    /// An opcode outside SRP r16a table 9 (only [`Iu::parse`] reports it).
+    /// An opcode outside SRP r16a (only [`Iu::parse`] reports it).
     #[error("unknown SRP IU opcode {0:#04x}")]
     UnknownOpcode(u8),
     /// A data buffer descriptor format this crate cannot locate fields past
-    /// (SRP r16a table 23 defines 0..=2, SRP2 adds 3 for data-out).
+    /// (SRP r16a defines 0..=2, SRP2 adds 3 for data-out).
     #[error("SRP_CMD {dir} buffer descriptor format {format} not supported")]
     DescFormat {
         /// "data-out" or "data-in".
@@ -144,7 +155,7 @@ pub(crate) fn get_u64(b: &[u8], r: core::ops::Range<usize>) -> u64 {
 }
 
 /// The tag of an IU: chosen by the sender of a request, echoed in the
-/// response, opaque to the receiver (SRP r16a 5.x). The 8 bytes are read
+/// response, opaque to the receiver (SRP r16a). The 8 bytes are read
 /// little-endian, as Linux on x86/ARM stores its `u64` tag, so values print
 /// the same as in Linux logs; the bytes on the wire are never altered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
@@ -173,6 +184,10 @@ impl fmt::Display for Tag {
 pub struct Lun(pub [u8; 8]);
 
 impl Lun {
+    /// The LUN field from one big-endian number.
+    pub const fn from_u64(v: u64) -> Lun {
+        Lun(v.to_be_bytes())
+    }
     /// The LUN as one big-endian number (handy for logs and single-level LUNs).
     pub const fn to_u64(self) -> u64 {
         u64::from_be_bytes(self.0)
@@ -185,7 +200,7 @@ impl fmt::Display for Lun {
     }
 }
 
-/// A 128-bit SRP initiator or target port identifier (SRP r16a 5.x; for IB
+/// A 128-bit SRP initiator or target port identifier (SRP r16a; for IB
 /// the identifier extension followed by the port or IOC GUID).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct PortId(pub [u8; 16]);
@@ -208,7 +223,7 @@ impl fmt::Display for PortId {
 }
 
 iu_types! {
-    /// SRP IU type codes (SRP r16a table 9, Linux `include/scsi/srp.h`), with
+    /// SRP IU type codes (SRP r16a, Linux `include/scsi/srp.h`), with
     /// the fixed length of each IU in bytes (the part before any variable
     /// data; the IB form for SRP_LOGIN_REQ).
     IuType {

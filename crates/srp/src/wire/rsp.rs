@@ -5,7 +5,7 @@ use super::{check_emit, check_len, check_opcode, IuType, Result, Tag};
 /// Length of SRP_RSP before response and sense data (`struct srp_rsp`).
 pub const RSP_FIXED_LEN: usize = 36;
 
-/// The flags byte of SRP_RSP (SRP r16a 6.9 table 25, `SRP_RSP_FLAG_*`).
+/// The flags byte of SRP_RSP (SRP r16a 6.9, `SRP_RSP_FLAG_*`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct RspFlags(pub u8);
 
@@ -30,9 +30,31 @@ impl RspFlags {
     }
 }
 
+code_enum! {
+    /// RESPONSE CODE, byte 3 of the 4-byte response data of an SRP_RSP that
+    /// answers SRP_TSK_MGMT (SRP r16a table 24; Linux `SRP_TSK_MGMT_*`).
+    RspCode(u8), "unknown SRP response code" {
+        /// No failure, or the task management function completed.
+        Complete = 0x00, "task management function complete";
+        /// Fields of the request were invalid.
+        RequestFieldsInvalid = 0x02, "request fields invalid";
+        /// The function is not supported.
+        NotSupported = 0x04, "task management function not supported";
+        /// The function failed.
+        Failed = 0x05, "task management function failed";
+    }
+}
+
+impl RspCode {
+    /// The 4-byte response data carrying this code, as LIO ib_srpt sends it.
+    pub fn to_response_data(self) -> [u8; 4] {
+        [0, 0, 0, u8::from(self)]
+    }
+}
+
 mod field {
     use core::ops::Range;
-    // struct srp_rsp, SRP r16a 6.9 table 24.
+    // struct srp_rsp, SRP r16a 6.9.
     pub const OPCODE: Range<usize> = 0..1;
     pub const SOL_NOT: Range<usize> = 1..2;
     pub const REQ_LIM_DELTA: Range<usize> = 4..8;
@@ -143,6 +165,14 @@ impl<'a> Rsp<'a> {
         })
     }
 
+    /// The response code in the response data, when it holds at least 4
+    /// bytes (how Linux ib_srp reads task management results).
+    pub fn response_code(&self) -> Option<RspCode> {
+        self.response_data
+            .and_then(|d| d.get(3))
+            .map(|&c| RspCode::from(c))
+    }
+
     /// Bytes [`Rsp::emit`] writes.
     pub fn buffer_len(&self) -> usize {
         RSP_FIXED_LEN
@@ -221,7 +251,7 @@ mod tests {
 
     #[test]
     fn underflow_response_data_and_sense() {
-        let resp = [0, 0, 0, 0x05]; // TMF: function succeeded
+        let resp = [0, 0, 0, 0x05]; // response code: TMF failed
         let sense = [0x70, 0, 0x05, 0, 0, 0, 0, 0x0a, 0, 0, 0, 0, 0x20, 0x00];
         let r = Rsp {
             sol_not: 1,
@@ -253,6 +283,12 @@ mod tests {
         assert_eq!(&v[36..40], &resp);
         assert_eq!(&v[40..], &sense);
         assert_eq!(Rsp::parse(&v), Ok(r));
+        assert_eq!(r.response_code(), Some(RspCode::Failed));
+        assert_eq!(RspCode::NotSupported.to_response_data(), [0, 0, 0, 4]);
+        assert_eq!(
+            RspCode::Failed.to_string(),
+            "task management function failed"
+        );
         // Lengths beyond the IU are errors, including ones that overflow.
         let mut bad = v.clone();
         bad[28..32].copy_from_slice(&u32::MAX.to_be_bytes());

@@ -6,7 +6,7 @@ use super::{check_emit, check_opcode, IuType, Lun, Result, Tag};
 pub const TSK_MGMT_LEN: usize = 48;
 
 code_enum! {
-    /// TASK MANAGEMENT FUNCTION (SRP r16a 6.7 table 20, `SRP_TSK_*`).
+    /// TASK MANAGEMENT FUNCTION (SRP r16a 6.7, `SRP_TSK_*`).
     TmFunc(u8), "unknown task management function" {
         /// ABORT TASK (the task named by the task tag).
         AbortTask = 0x01, "ABORT TASK";
@@ -23,7 +23,7 @@ code_enum! {
 
 mod field {
     use core::ops::Range;
-    // struct srp_tsk_mgmt, SRP r16a 6.7 table 19.
+    // struct srp_tsk_mgmt, SRP r16a 6.7.
     pub const OPCODE: Range<usize> = 0..1;
     pub const SOL_NOT: Range<usize> = 1..2;
     pub const TAG: Range<usize> = 8..16;
