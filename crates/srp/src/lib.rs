@@ -14,6 +14,32 @@
 //! reject reasons, task-management functions, task attributes) parse to an
 //! `Unknown(n)` variant instead of failing.
 //!
+//! ```
+//! use srp::wire::{Iu, Rsp, RspCode, RspFlags, Tag};
+//!
+//! // A target answers a task management request...
+//! let code = RspCode::Complete.to_response_data();
+//! let rsp = Rsp {
+//!     sol_not: 0,
+//!     req_lim_delta: 1,
+//!     tag: Tag(0x8000_0000),
+//!     flags: RspFlags::default(),
+//!     status: 0,
+//!     data_out_res_cnt: 0,
+//!     data_in_res_cnt: 0,
+//!     response_data: Some(&code),
+//!     sense_data: None,
+//! };
+//! let bytes = Iu::Rsp(rsp).to_vec().unwrap();
+//! assert_eq!(bytes.len(), 40);
+//!
+//! // ...and the initiator decodes whatever arrives, by opcode.
+//! match Iu::parse(&bytes, None).unwrap() {
+//!     Iu::Rsp(r) => assert_eq!(r.response_code(), Some(RspCode::Complete)),
+//!     other => panic!("unexpected {}", other.iu_type()),
+//! }
+//! ```
+//!
 //! Contract: every parser takes untrusted bytes and bounds-checks every length
 //! and count against the IU length; bad input gives a [`wire::Error`], never a
 //! panic or a read out of bounds. What this crate refuses to do: interpret
