@@ -89,7 +89,8 @@ impl DirectBuf {
 }
 
 /// A list of direct descriptors kept as validated wire bytes (a multiple of
-/// 16, at most 255 entries) so parsing does not allocate.
+/// 16) so parsing does not allocate. Also parses an external descriptor
+/// table fetched from the initiator by RDMA READ.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct DescList<'a>(&'a [u8]);
 
@@ -97,10 +98,9 @@ impl<'a> DescList<'a> {
     /// Wrap wire bytes holding whole descriptors.
     ///
     /// # Errors
-    /// [`Error::TableLen`] if the length is not a multiple of 16 or holds
-    /// more than 255 descriptors (the SRP_CMD count field is one byte).
+    /// [`Error::TableLen`] if the length is not a multiple of 16.
     pub fn new(bytes: &'a [u8]) -> Result<DescList<'a>> {
-        if bytes.len() % DIRECT_BUF_LEN != 0 || bytes.len() / DIRECT_BUF_LEN > 255 {
+        if bytes.len() % DIRECT_BUF_LEN != 0 {
             return Err(Error::TableLen(
                 u32::try_from(bytes.len()).unwrap_or(u32::MAX),
             ));
@@ -429,7 +429,8 @@ impl<'a> Cmd<'a> {
     /// descriptor counts zero except for indirect descriptors.
     ///
     /// # Errors
-    /// [`Error::BufferTooShort`], [`Error::CdbLen`], [`Error::DescFormat`]
+    /// [`Error::BufferTooShort`], [`Error::CdbLen`],
+    /// [`Error::TooManyDescriptors`] (more than 255 in the IU), [`Error::DescFormat`]
     /// for immediate data-in, [`Error::ImmediateBounds`] when the immediate
     /// data offset lies inside the descriptors or the length overflows 32 bits.
     pub fn emit(&self, buf: &mut [u8]) -> Result<usize> {
@@ -439,6 +440,13 @@ impl<'a> Cmd<'a> {
                 dir: "data-in",
                 format: DescFormat::Immediate.into(),
             });
+        }
+        for d in [&self.data_out, &self.data_in] {
+            if let DataDesc::Indirect(i) = d {
+                if i.descs.len() > usize::from(u8::MAX) {
+                    return Err(Error::TooManyDescriptors(i.descs.len()));
+                }
+            }
         }
         let desc_end = self.desc_end();
         if let DataDesc::Immediate { offset, data } = self.data_out {
@@ -803,5 +811,20 @@ mod tests {
             data_in: DataDesc::None,
         };
         assert_eq!(c.emit(&mut [0u8; 600]), Err(Error::CdbLen(269)));
+        // 256 descriptors do not fit the one-byte count.
+        let table = vec![0u8; 256 * DIRECT_BUF_LEN];
+        let c = Cmd {
+            cdb: &[0x28],
+            data_in: DataDesc::Indirect(IndirectBuf {
+                table: DirectBuf::default(),
+                total_len: 0,
+                descs: DescList::new(&table).unwrap(),
+            }),
+            ..c
+        };
+        assert_eq!(
+            c.emit(&mut vec![0u8; c.buffer_len()]),
+            Err(Error::TooManyDescriptors(256))
+        );
     }
 }

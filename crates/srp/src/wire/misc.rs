@@ -111,6 +111,12 @@ pub struct TLogout {
     pub tag: Tag,
 }
 
+impl core::fmt::Display for TLogout {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "SRP target logout: {}", self.reason)
+    }
+}
+
 /// SRP_CRED_REQ (SRP r16a 6.10): the target grants credits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CredReq {
@@ -283,8 +289,8 @@ mod tests {
         let t = TLogout::parse(&t_logout).unwrap();
         assert_eq!(t.reason, TLogoutReason::Inactive);
         assert_eq!(
-            t.reason.to_string(),
-            "inactive RDMA channel (reclaiming resources)"
+            t.to_string(),
+            "SRP target logout: inactive RDMA channel (reclaiming resources)"
         );
         let mut out = [0xaa; 16];
         t.emit(&mut out).unwrap();

@@ -92,6 +92,9 @@ pub enum Error {
         /// Table descriptor length in bytes.
         table_len: u32,
     },
+    /// More descriptors in the IU than the one-byte count field can say.
+    #[error("{0} descriptors do not fit SRP_CMD (max 255 in the IU)")]
+    TooManyDescriptors(usize),
     /// Immediate data in an IU whose login did not negotiate it.
     #[error("SRP_CMD carries immediate data but none was negotiated")]
     ImmediateNotNegotiated,
