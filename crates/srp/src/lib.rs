@@ -46,4 +46,6 @@
 //! LUNs or CDBs (that is the SCSI core's job), touch memory that descriptors
 //! point at, or do any I/O.
 
+pub mod initiator;
+pub mod target;
 pub mod wire;

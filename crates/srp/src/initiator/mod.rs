@@ -1,0 +1,1 @@
+//! Sans-IO SRP initiator channel (work in progress).

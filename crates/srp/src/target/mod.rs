@@ -1,0 +1,1 @@
+//! Sans-IO SRP target channel (work in progress).
