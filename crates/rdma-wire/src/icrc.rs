@@ -1,0 +1,277 @@
+//! Invariant CRC of RoCEv2 packets (IBA Annex A17.8, on top of 7.8.1).
+//!
+//! CRC-32 (IEEE 802.3, reflected, the one `crc32fast` computes) over:
+//! 8 bytes of 0xFF standing in for the masked LRH; the IP header with the
+//! fields routers may change set to 1s (IPv4: TOS, TTL, header checksum;
+//! IPv6: traffic class, flow label, hop limit); the UDP header with its
+//! checksum set to 1s; the BTH with byte 4 (FECN, BECN, reserved) set to
+//! 1s; then everything after the BTH up to, not including, the ICRC. The
+//! IPv4 identification and lengths are covered, not masked. The result is
+//! stored least significant byte first, i.e. little-endian.
+//!
+//! Nothing here allocates: the masked headers are copied to a 68-byte
+//! stack buffer, the rest is hashed in place.
+
+use crate::bth::HEADER_LEN as BTH_LEN;
+use crate::ip::{IpRepr, UdpRepr, IPV4_HEADER_LEN, IPV6_HEADER_LEN, UDP_HEADER_LEN};
+use crate::{ParseError, ICRC_LEN};
+
+/// 8 (LRH) + 40 (IPv6) + 8 (UDP) + 12 (BTH).
+const PREFIX_MAX: usize = 8 + IPV6_HEADER_LEN + UDP_HEADER_LEN + BTH_LEN;
+
+/// Builds the masked prefix from IP+UDP headers and the BTH; returns its
+/// length. `ip_udp` is 28 (IPv4) or 48 (IPv6) bytes, `bth` at least 12.
+fn masked_prefix(ip_udp: &[u8], bth: &[u8], out: &mut [u8; PREFIX_MAX]) -> usize {
+    out[..8].fill(0xFF);
+    let n = ip_udp.len();
+    out[8..8 + n].copy_from_slice(ip_udp);
+    let ip = &mut out[8..8 + n];
+    if ip[0] >> 4 == 4 {
+        ip[1] = 0xFF; // TOS
+        ip[8] = 0xFF; // TTL
+        ip[10] = 0xFF; // header checksum
+        ip[11] = 0xFF;
+    } else {
+        // Traffic class and flow label: all of bytes 0-3 but the version.
+        ip[0] |= 0x0F;
+        ip[1] = 0xFF;
+        ip[2] = 0xFF;
+        ip[3] = 0xFF;
+        ip[7] = 0xFF; // hop limit
+    }
+    let udp_csum = n - UDP_HEADER_LEN + 6;
+    ip[udp_csum] = 0xFF;
+    ip[udp_csum + 1] = 0xFF;
+    let b = 8 + n;
+    out[b..b + BTH_LEN].copy_from_slice(&bth[..BTH_LEN]);
+    out[b + 4] = 0xFF; // BTH byte 4: FECN, BECN, resv6 (A17.8.1)
+    b + BTH_LEN
+}
+
+fn prefix_hasher(ip_udp: &[u8], bth: &[u8]) -> crc32fast::Hasher {
+    let mut buf = [0u8; PREFIX_MAX];
+    let n = masked_prefix(ip_udp, bth, &mut buf);
+    let mut h = crc32fast::Hasher::new();
+    h.update(&buf[..n]);
+    h
+}
+
+/// ICRC from the raw IP and UDP headers (`ip_udp`: 28 bytes for IPv4,
+/// 48 for IPv6, version taken from the first nibble) and the IB part
+/// without its ICRC (`ib`: BTH, extension headers, payload, pad).
+///
+/// # Errors
+/// [`ParseError::Truncated`]/[`ParseError::Malformed`] if the lengths do
+/// not fit the version or `ib` is shorter than a BTH.
+pub fn compute_raw(ip_udp: &[u8], ib: &[u8]) -> Result<u32, ParseError> {
+    check_lengths(ip_udp, ib)?;
+    let mut h = prefix_hasher(ip_udp, ib);
+    h.update(&ib[BTH_LEN..]);
+    Ok(h.finalize())
+}
+
+fn check_lengths(ip_udp: &[u8], ib: &[u8]) -> Result<(), ParseError> {
+    let want = match ip_udp.first().map(|b| b >> 4) {
+        Some(4) => IPV4_HEADER_LEN + UDP_HEADER_LEN,
+        Some(6) => IPV6_HEADER_LEN + UDP_HEADER_LEN,
+        _ => return Err(ParseError::Malformed { what: "ICRC", reason: "IP version is neither 4 nor 6" }),
+    };
+    if ip_udp.len() != want {
+        return Err(ParseError::Malformed { what: "ICRC", reason: "IP+UDP header length does not match the version" });
+    }
+    if ib.len() < BTH_LEN {
+        return Err(ParseError::Truncated { what: "ICRC", need: BTH_LEN, have: ib.len() });
+    }
+    Ok(())
+}
+
+/// ICRC of a whole IP packet (IP header through the 4-byte ICRC trailer,
+/// which is excluded from the computation). The header lengths are taken
+/// from the version; IPv4 options are refused.
+///
+/// # Errors
+/// If the packet is too short for IP, UDP, BTH and ICRC, or has options.
+pub fn compute_ip_packet(ip_packet: &[u8]) -> Result<u32, ParseError> {
+    let hdr = match ip_packet.first().map(|b| *b) {
+        Some(0x45) => IPV4_HEADER_LEN + UDP_HEADER_LEN,
+        Some(b) if b >> 4 == 6 => IPV6_HEADER_LEN + UDP_HEADER_LEN,
+        _ => return Err(ParseError::Malformed { what: "ICRC", reason: "not IPv4 without options or IPv6" }),
+    };
+    let end = ip_packet.len().checked_sub(ICRC_LEN).filter(|&e| e >= hdr + BTH_LEN);
+    let Some(end) = end else {
+        return Err(ParseError::Truncated { what: "ICRC", need: hdr + BTH_LEN + ICRC_LEN, have: ip_packet.len() });
+    };
+    compute_raw(&ip_packet[..hdr], &ip_packet[hdr..end])
+}
+
+/// The ICRC trailer of a UDP payload, read least significant byte first.
+pub fn trailer(udp_payload: &[u8]) -> Option<u32> {
+    let n = udp_payload.len().checked_sub(ICRC_LEN)?;
+    let t = &udp_payload[n..];
+    Some(u32::from_le_bytes([t[0], t[1], t[2], t[3]]))
+}
+
+/// Writes `icrc` as the trailer (the last 4 bytes of `udp_payload`).
+///
+/// # Panics
+/// If `udp_payload` is shorter than 4 bytes.
+pub fn write_trailer(udp_payload: &mut [u8], icrc: u32) {
+    let n = udp_payload.len() - ICRC_LEN;
+    udp_payload[n..].copy_from_slice(&icrc.to_le_bytes());
+}
+
+/// Writes the IP and UDP headers a packet with these reprs would carry
+/// (for the IB part `ib_len` bytes long, ICRC excluded) into `out`;
+/// returns their length. Masked fields are left as the repr has them.
+fn synth_headers(ip: &IpRepr, udp: &UdpRepr, ib_len: usize, out: &mut [u8; IPV6_HEADER_LEN + UDP_HEADER_LEN]) -> usize {
+    let udp_len = UDP_HEADER_LEN + ib_len + ICRC_LEN;
+    let mut ip = *ip;
+    ip.set_payload_len(udp_len);
+    let n = ip.buffer_len();
+    ip.emit(&mut out[..n]);
+    let u = &mut out[n..n + UDP_HEADER_LEN];
+    u[0..2].copy_from_slice(&udp.src_port.to_be_bytes());
+    u[2..4].copy_from_slice(&udp.dst_port.to_be_bytes());
+    u[4..6].copy_from_slice(&(udp_len as u16).to_be_bytes());
+    u[6..8].fill(0xFF); // masked anyway
+    n + UDP_HEADER_LEN
+}
+
+/// ICRC for an IB part (`ib`: BTH through pad, no ICRC) sent or received
+/// with these IP and UDP headers. This is what a NIC that only sees the
+/// UDP payload (a UDP socket) uses: the IP fields that are not masked
+/// (addresses, identification, DF, protocol, lengths) come from `ip`.
+///
+/// # Errors
+/// If `ib` is shorter than a BTH or the datagram exceeds the IP length
+/// fields.
+pub fn compute(ip: &IpRepr, udp: &UdpRepr, ib: &[u8]) -> Result<u32, ParseError> {
+    if UDP_HEADER_LEN + ib.len() + ICRC_LEN > ip.max_payload_len() {
+        return Err(ParseError::Malformed { what: "ICRC", reason: "datagram longer than the IP length field allows" });
+    }
+    let mut hdr = [0u8; IPV6_HEADER_LEN + UDP_HEADER_LEN];
+    let n = synth_headers(ip, udp, ib.len(), &mut hdr);
+    compute_raw(&hdr[..n], ib)
+}
+
+/// Finds the IPv4 identification under which `icrc` is the ICRC of `ib`
+/// with these headers (`ip.ident` is ignored). Linux rxe sends IDs from a
+/// per-destination counter that a UDP socket cannot see (INTEROP.md); the
+/// CRC is affine in the ID bits, so 17 CRCs of the 68-byte prefix and one
+/// pass over the rest decide it, and exactly one ID can match.
+///
+/// Returns `None` if no ID matches (a corrupted packet), or for IPv6.
+pub fn recover_ipv4_ident(ip: &IpRepr, udp: &UdpRepr, ib: &[u8], icrc: u32) -> Option<u16> {
+    let IpRepr::V4(v4) = ip else { return None };
+    if ib.len() < BTH_LEN || UDP_HEADER_LEN + ib.len() + ICRC_LEN > ip.max_payload_len() {
+        return None;
+    }
+    let mut rest = crc32fast::Hasher::new();
+    rest.update(&ib[BTH_LEN..]);
+    let crc_with = |ident: u16| {
+        let mut r = *v4;
+        r.ident = ident;
+        let mut hdr = [0u8; IPV6_HEADER_LEN + UDP_HEADER_LEN];
+        let n = synth_headers(&IpRepr::V4(r), udp, ib.len(), &mut hdr);
+        let mut h = prefix_hasher(&hdr[..n], ib);
+        h.combine(&rest);
+        h.finalize()
+    };
+    let base = crc_with(0);
+    let mut delta = [0u32; 16];
+    for (i, d) in delta.iter_mut().enumerate() {
+        *d = crc_with(1 << i) ^ base;
+    }
+    // Walk all IDs in Gray-code order: one XOR per step.
+    let target = icrc ^ base;
+    let mut acc = 0u32;
+    for step in 0u32..65536 {
+        let gray = step ^ (step >> 1);
+        if step > 0 {
+            acc ^= delta[step.trailing_zeros() as usize];
+        }
+        if acc == target {
+            return Some(gray as u16);
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ip::Ipv4Repr;
+    use core::net::Ipv4Addr;
+
+    /// Frame 5 of linux-ib_srp-to-lio-srpt-over-rxe.pcapng without its
+    /// Ethernet header: an rxe RC ACK whose ICRC is 0xF4248C79.
+    const ACK: [u8; 48] = [
+        0x45, 0x00, 0x00, 0x30, // IPv4, TOS 0 (masked), total length 48
+        0x23, 0x27, 0x40, 0x00, // ID 0x2327 (covered), DF
+        0x40, 0x11, 0x02, 0xcc, // TTL 64 (masked), UDP, checksum (masked)
+        0x0a, 0x63, 0x00, 0x03, // 10.99.0.3
+        0x0a, 0x63, 0x00, 0x02, // 10.99.0.2
+        0xec, 0x4d, 0x12, 0xb7, // UDP ports 0xEC4D -> 4791
+        0x00, 0x1c, 0x00, 0x00, // UDP length 28, checksum 0 (masked)
+        0x11, 0x00, 0xff, 0xff, // BTH: Acknowledge, flags 0, P_Key 0xFFFF
+        0x00, 0x00, 0x00, 0x11, // byte 4 (masked), DestQP 0x11
+        0x00, 0x2d, 0x75, 0x46, // AckReq 0, PSN 0x2D7546
+        0x1f, 0x00, 0x00, 0x01, // AETH: ACK unlimited credits, MSN 1
+        0x79, 0x8c, 0x24, 0xf4, // ICRC, least significant byte first
+    ];
+
+    #[test]
+    fn capture_vector() {
+        assert_eq!(compute_ip_packet(&ACK), Ok(0xF424_8C79));
+        assert_eq!(trailer(&ACK), Some(0xF424_8C79));
+    }
+
+    #[test]
+    fn masked_fields_do_not_change_the_icrc_covered_ones_do() {
+        let base = compute_ip_packet(&ACK).unwrap();
+        // Masked: TOS, TTL, IP checksum, UDP checksum, BTH byte 4.
+        for i in [1, 8, 10, 11, 26, 27, 32] {
+            let mut v = ACK;
+            v[i] ^= 0x5A;
+            assert_eq!(compute_ip_packet(&v), Ok(base), "byte {i} must be masked");
+        }
+        // Covered: everything else before the ICRC.
+        for i in (0..44).filter(|i| ![0, 1, 8, 10, 11, 26, 27, 32].contains(i)) {
+            let mut v = ACK;
+            v[i] ^= 0x01;
+            assert_ne!(compute_ip_packet(&v), Ok(base), "byte {i} must be covered");
+        }
+    }
+
+    #[test]
+    fn recovers_the_ipv4_id_rxe_used() {
+        let ip = IpRepr::V4(Ipv4Repr {
+            src: Ipv4Addr::new(10, 99, 0, 3),
+            dst: Ipv4Addr::new(10, 99, 0, 2),
+            tos: 0,
+            ident: 0, // unknown to a UDP socket
+            dont_frag: true,
+            ttl: 64,
+            protocol: 17,
+            payload_len: 0,
+        });
+        let udp = UdpRepr { src_port: 0xEC4D, dst_port: 4791, checksum: false };
+        let ib = &ACK[28..44];
+        assert_eq!(recover_ipv4_ident(&ip, &udp, ib, 0xF424_8C79), Some(0x2327));
+        let IpRepr::V4(mut known) = ip else { unreachable!() };
+        known.ident = 0x2327;
+        assert_eq!(compute(&IpRepr::V4(known), &udp, ib), Ok(0xF424_8C79));
+        // A one-bit error in the ICRC matches no ID.
+        assert_eq!(recover_ipv4_ident(&ip, &udp, ib, 0xF424_8C78), None);
+    }
+
+    #[test]
+    fn refuses_bad_lengths() {
+        assert!(compute_ip_packet(&ACK[..43]).is_err());
+        assert!(compute_raw(&ACK[..27], &ACK[28..44]).is_err());
+        assert!(compute_raw(&ACK[..28], &ACK[28..39]).is_err());
+        let mut v = ACK;
+        v[0] = 0x46;
+        assert!(compute_ip_packet(&v).is_err());
+    }
+}

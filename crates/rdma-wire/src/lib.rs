@@ -1,0 +1,66 @@
+//! RoCEv2 wire formats: the bytes of InfiniBand transport packets carried
+//! over UDP/IP (IBA Volume 1 chapter 9 and Annex A17 "RoCEv2").
+//!
+//! This layer turns untrusted bytes into validated values and back. Every
+//! header comes as a *view* (`…Packet<T: AsRef<[u8]>>`, getters on any
+//! buffer, setters on a mutable one, `new_checked` for untrusted input) and
+//! a *repr* (`…Repr`, only validated values, with `parse`, `buffer_len` and
+//! `emit`). Above the fixed headers, [`IbRepr`] ties a BTH, the extension
+//! headers its opcode calls for, the payload and the pad together, and
+//! [`RoceRepr`] adds the IPv4/IPv6 and UDP headers and the ICRC, so a soft
+//! NIC can build and check whole datagrams in both directions.
+//!
+//! Contract:
+//! - [`Opcode`] is backed by ONE table (IBA 9.2 table 38 plus the RoCEv2
+//!   CNP): which extension headers follow the BTH and in what order, the
+//!   payload rule, position in the message, request or response, what
+//!   acknowledgement a request elicits, whether it takes a receive WQE.
+//!   Everything in this crate that needs such a fact asks the table; other
+//!   crates should too.
+//! - Parsing never panics and never allocates; reprs borrow the payload.
+//! - Emitting what was parsed gives back the same bytes (reserved fields are
+//!   emitted as zero, which is what senders must put there).
+//! - [`icrc`] computes the invariant CRC exactly as Annex A17.8 masks it, in
+//!   one pass, without allocating.
+//!
+//! What it refuses: IPv4 options and fragments, IPv6 extension headers,
+//! transport header versions other than 0, opcodes outside RC/UC/UD/CNP
+//! (they still parse as [`Opcode::Unknown`] in a BTH, but a packet whose
+//! headers cannot be known is an error). Management datagram payloads are
+//! not decoded here (see `rdma-mad`); the payload slice is handed up as is.
+//!
+//! Checksum and ICRC verification are skipped under `cfg(fuzzing)` so a
+//! fuzzer can reach the code behind them.
+
+mod bytes;
+mod error;
+
+pub mod bth;
+pub mod ethernet;
+pub mod ext;
+pub mod icrc;
+pub mod ip;
+pub mod opcode;
+pub mod packet;
+pub mod pcap;
+
+#[doc(hidden)]
+pub mod fuzz;
+
+pub use bth::{BthPacket, BthRepr};
+pub use error::{EmitError, ParseError};
+pub use ethernet::{EthernetPacket, EthernetRepr, EtherType};
+pub use ext::{
+    AethPacket, AethRepr, AtomicAckEthPacket, AtomicAckEthRepr, AtomicEthPacket, AtomicEthRepr,
+    CreditCount, DethPacket, DethRepr, IethPacket, IethRepr, ImmDtPacket, ImmDtRepr, NakCode,
+    RethPacket, RethRepr, RnrTimer, Syndrome,
+};
+pub use ip::{IpRepr, Ipv4Packet, Ipv4Repr, Ipv6Packet, Ipv6Repr, UdpPacket, UdpRepr};
+pub use opcode::{AckClass, ExtHeader, Kind, OpInfo, Opcode, PayloadRule, Position, Transport};
+pub use packet::{ExtHeaders, IbRepr, RoceFrame, RoceRepr};
+
+/// UDP destination port of RoCEv2 (IBA Annex A17.2.1).
+pub const ROCEV2_UDP_PORT: u16 = 4791;
+
+/// Length of the ICRC trailer.
+pub const ICRC_LEN: usize = 4;

@@ -1,0 +1,422 @@
+//! Whole packets: [`IbRepr`] (BTH, extension headers, payload, pad: the
+//! UDP payload minus the ICRC), [`RoceRepr`] (IP + UDP + IB + ICRC) and
+//! [`RoceFrame`] (Ethernet around a RoceRepr). The opcode table decides
+//! which extension headers are parsed and emitted, in which order, and
+//! what payload is allowed.
+
+use crate::bth::{self, BthPacket, BthRepr};
+use crate::ethernet::{self, EtherType, EthernetPacket, EthernetRepr};
+use crate::ext::*;
+use crate::icrc;
+use crate::ip::{IpRepr, UdpPacket, UdpRepr, PROTOCOL_UDP, UDP_HEADER_LEN};
+use crate::opcode::{ExtHeader, OpInfo};
+use crate::{EmitError, ParseError, ICRC_LEN};
+
+/// The extension headers of one packet; exactly those the opcode table
+/// lists for the BTH opcode are `Some`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ExtHeaders {
+    /// DETH.
+    pub deth: Option<DethRepr>,
+    /// RETH.
+    pub reth: Option<RethRepr>,
+    /// AtomicETH.
+    pub atomic_eth: Option<AtomicEthRepr>,
+    /// AETH.
+    pub aeth: Option<AethRepr>,
+    /// AtomicAckETH.
+    pub atomic_ack_eth: Option<AtomicAckEthRepr>,
+    /// ImmDt.
+    pub imm_dt: Option<ImmDtRepr>,
+    /// IETH.
+    pub ieth: Option<IethRepr>,
+}
+
+impl ExtHeaders {
+    /// Whether `h` is present.
+    pub fn has(&self, h: ExtHeader) -> bool {
+        match h {
+            ExtHeader::Deth => self.deth.is_some(),
+            ExtHeader::Reth => self.reth.is_some(),
+            ExtHeader::AtomicEth => self.atomic_eth.is_some(),
+            ExtHeader::Aeth => self.aeth.is_some(),
+            ExtHeader::AtomicAckEth => self.atomic_ack_eth.is_some(),
+            ExtHeader::ImmDt => self.imm_dt.is_some(),
+            ExtHeader::Ieth => self.ieth.is_some(),
+        }
+    }
+
+    const KINDS: [ExtHeader; 7] = [
+        ExtHeader::Deth,
+        ExtHeader::Reth,
+        ExtHeader::AtomicEth,
+        ExtHeader::Aeth,
+        ExtHeader::AtomicAckEth,
+        ExtHeader::ImmDt,
+        ExtHeader::Ieth,
+    ];
+
+    /// Parses header `h` from the start of `b` into `self`.
+    fn parse_one(&mut self, h: ExtHeader, b: &[u8]) -> Result<(), ParseError> {
+        match h {
+            ExtHeader::Deth => self.deth = Some(DethRepr::parse(&DethPacket::new_checked(b)?)),
+            ExtHeader::Reth => self.reth = Some(RethRepr::parse(&RethPacket::new_checked(b)?)),
+            ExtHeader::AtomicEth => {
+                self.atomic_eth = Some(AtomicEthRepr::parse(&AtomicEthPacket::new_checked(b)?))
+            }
+            ExtHeader::Aeth => self.aeth = Some(AethRepr::parse(&AethPacket::new_checked(b)?)),
+            ExtHeader::AtomicAckEth => {
+                self.atomic_ack_eth = Some(AtomicAckEthRepr::parse(&AtomicAckEthPacket::new_checked(b)?))
+            }
+            ExtHeader::ImmDt => self.imm_dt = Some(ImmDtRepr::parse(&ImmDtPacket::new_checked(b)?)),
+            ExtHeader::Ieth => self.ieth = Some(IethRepr::parse(&IethPacket::new_checked(b)?)),
+        }
+        Ok(())
+    }
+
+    /// Emits header `h` (present, checked by the caller) at the start of `b`.
+    fn emit_one(&self, h: ExtHeader, b: &mut [u8]) {
+        match h {
+            ExtHeader::Deth => {
+                if let Some(r) = &self.deth {
+                    r.emit(&mut DethPacket::new_unchecked(b))
+                }
+            }
+            ExtHeader::Reth => {
+                if let Some(r) = &self.reth {
+                    r.emit(&mut RethPacket::new_unchecked(b))
+                }
+            }
+            ExtHeader::AtomicEth => {
+                if let Some(r) = &self.atomic_eth {
+                    r.emit(&mut AtomicEthPacket::new_unchecked(b))
+                }
+            }
+            ExtHeader::Aeth => {
+                if let Some(r) = &self.aeth {
+                    r.emit(&mut AethPacket::new_unchecked(b))
+                }
+            }
+            ExtHeader::AtomicAckEth => {
+                if let Some(r) = &self.atomic_ack_eth {
+                    r.emit(&mut AtomicAckEthPacket::new_unchecked(b))
+                }
+            }
+            ExtHeader::ImmDt => {
+                if let Some(r) = &self.imm_dt {
+                    r.emit(&mut ImmDtPacket::new_unchecked(b))
+                }
+            }
+            ExtHeader::Ieth => {
+                if let Some(r) = &self.ieth {
+                    r.emit(&mut IethPacket::new_unchecked(b))
+                }
+            }
+        }
+    }
+}
+
+/// The InfiniBand part of a RoCEv2 datagram: BTH, extension headers,
+/// payload and pad. On the wire the ICRC follows; [`IbRepr::buffer_len`]
+/// counts it and [`IbRepr::emit`] leaves room for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IbRepr<'a> {
+    /// The BTH; `pad_count` must be the one the payload length calls for.
+    pub bth: BthRepr,
+    /// Extension headers, as the opcode table lists them.
+    pub ext: ExtHeaders,
+    /// Payload without pad.
+    pub payload: &'a [u8],
+}
+
+/// Pad bytes that align `payload_len` to 4 (IBA 9.2.2).
+pub const fn pad_for(payload_len: usize) -> u8 {
+    ((4 - payload_len % 4) % 4) as u8
+}
+
+impl<'a> IbRepr<'a> {
+    /// A packet whose BTH pad count is set from the payload length.
+    pub fn new(mut bth: BthRepr, ext: ExtHeaders, payload: &'a [u8]) -> IbRepr<'a> {
+        bth.pad_count = pad_for(payload.len());
+        IbRepr { bth, ext, payload }
+    }
+
+    /// Parses a UDP payload: BTH, the extension headers the opcode table
+    /// lists, payload, pad and the 4-byte ICRC (whose value is not checked
+    /// here: it needs the IP header, see [`RoceRepr::parse`] and
+    /// [`icrc::compute`]).
+    ///
+    /// # Errors
+    /// Truncation, an unknown opcode, a transport version other than 0, or
+    /// a payload/pad that breaks the opcode's payload rule (the path MTU is
+    /// not known here; check it with [`OpInfo::payload_rule`]).
+    pub fn parse(udp_payload: &'a [u8]) -> Result<IbRepr<'a>, ParseError> {
+        let bthp = BthPacket::new_checked(udp_payload)?;
+        let bth = BthRepr::parse(&bthp)?;
+        let info = bth.opcode.info().ok_or(ParseError::UnknownOpcode(bth.opcode.code()))?;
+        let hdr = info.header_len();
+        crate::bytes::need("IB packet", hdr + ICRC_LEN, udp_payload.len())?;
+        let mut ext = ExtHeaders::default();
+        let mut off = bth::HEADER_LEN;
+        for &h in info.headers {
+            ext.parse_one(h, &udp_payload[off..])?;
+            off += h.len();
+        }
+        let rest = &udp_payload[hdr..udp_payload.len() - ICRC_LEN];
+        let pad = bth.pad_count;
+        let payload_len = rest.len().checked_sub(usize::from(pad)).ok_or(ParseError::Payload {
+            opcode: bth.opcode,
+            reason: "pad count exceeds the bytes after the headers",
+            payload: 0,
+            pad,
+        })?;
+        info.payload_rule().check(payload_len, pad, None).map_err(|reason| ParseError::Payload {
+            opcode: bth.opcode,
+            reason,
+            payload: payload_len,
+            pad,
+        })?;
+        Ok(IbRepr { bth, ext, payload: &rest[..payload_len] })
+    }
+
+    /// The opcode's table row.
+    pub fn info(&self) -> Option<&'static OpInfo> {
+        self.bth.opcode.info()
+    }
+
+    /// Bytes on the wire: headers, payload, pad and ICRC.
+    pub fn buffer_len(&self) -> usize {
+        let hdr = match self.info() {
+            Some(i) => i.header_len(),
+            None => bth::HEADER_LEN,
+        };
+        hdr + self.payload.len() + usize::from(self.bth.pad_count & 3) + ICRC_LEN
+    }
+
+    /// Checks the repr against the opcode table: headers, payload rule,
+    /// pad count.
+    ///
+    /// # Errors
+    /// What is inconsistent.
+    pub fn check(&self) -> Result<&'static OpInfo, EmitError> {
+        let op = self.bth.opcode;
+        let info = op.info().ok_or(EmitError::UnknownOpcode(op.code()))?;
+        for h in ExtHeaders::KINDS {
+            match (info.has(h), self.ext.has(h)) {
+                (true, false) => return Err(EmitError::Headers { opcode: op, header: h.name(), state: "missing" }),
+                (false, true) => {
+                    return Err(EmitError::Headers { opcode: op, header: h.name(), state: "not allowed" })
+                }
+                _ => {}
+            }
+        }
+        let (len, pad) = (self.payload.len(), self.bth.pad_count);
+        let bad = |reason| EmitError::Payload { opcode: op, reason, payload: len, pad };
+        info.payload_rule().check(len, pad, None).map_err(bad)?;
+        if pad != pad_for(len) {
+            return Err(bad("pad count is not the one the payload length calls for"));
+        }
+        Ok(info)
+    }
+
+    /// Writes headers, payload and zero pad at the start of `buf`, and
+    /// zeroes the 4 ICRC bytes (fill them with [`icrc::write_trailer`] or
+    /// use [`RoceRepr::emit`]). Returns [`IbRepr::buffer_len`].
+    ///
+    /// # Errors
+    /// [`IbRepr::check`] failures, or a short buffer.
+    pub fn emit(&self, buf: &mut [u8]) -> Result<usize, EmitError> {
+        let info = self.check()?;
+        let total = self.buffer_len();
+        if buf.len() < total {
+            return Err(EmitError::BufferTooSmall { need: total, have: buf.len() });
+        }
+        self.bth.emit(&mut BthPacket::new_unchecked(&mut buf[..bth::HEADER_LEN]));
+        let mut off = bth::HEADER_LEN;
+        for &h in info.headers {
+            self.ext.emit_one(h, &mut buf[off..off + h.len()]);
+            off += h.len();
+        }
+        buf[off..off + self.payload.len()].copy_from_slice(self.payload);
+        off += self.payload.len();
+        buf[off..total].fill(0); // pad and ICRC placeholder
+        Ok(total)
+    }
+}
+
+/// A whole RoCEv2 datagram: IP, UDP, the IB part; the ICRC is checked on
+/// parse and computed on emit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RoceRepr<'a> {
+    /// IPv4 or IPv6 header; its payload length is recomputed on emit.
+    pub ip: IpRepr,
+    /// UDP header.
+    pub udp: UdpRepr,
+    /// BTH and what follows.
+    pub ib: IbRepr<'a>,
+}
+
+impl<'a> RoceRepr<'a> {
+    /// Parses an IP packet (header first; bytes past the IP length, e.g.
+    /// Ethernet padding, are ignored) and verifies the UDP checksum if one
+    /// is carried and the ICRC (not under `fuzzing`). The UDP port is not
+    /// checked (tests use other ports); compare it with
+    /// [`crate::ROCEV2_UDP_PORT`] if that matters.
+    ///
+    /// # Errors
+    /// Any header's error, a non-UDP protocol, or [`ParseError::Icrc`].
+    pub fn parse(ip_packet: &'a [u8]) -> Result<RoceRepr<'a>, ParseError> {
+        let (ip, ip_payload) = IpRepr::parse(ip_packet)?;
+        if ip.protocol() != PROTOCOL_UDP {
+            return Err(ParseError::Malformed {
+                what: "IP",
+                reason: "next protocol is not UDP (IPv6 extension headers are not supported)",
+            });
+        }
+        let udpp = UdpPacket::new_checked(ip_payload)?;
+        let udp = UdpRepr::parse(&udpp, ip.src_addr(), ip.dst_addr())?;
+        let udp_payload = &ip_payload[UDP_HEADER_LEN..usize::from(udpp.len())];
+        Self::parse_datagram(ip, udp, udp_payload)
+    }
+
+    /// Parses and ICRC-checks a UDP payload received with these IP and UDP
+    /// headers, as a UDP socket delivers it (for IPv4 the identification
+    /// must be known: see [`icrc::recover_ipv4_ident`]).
+    ///
+    /// # Errors
+    /// As [`IbRepr::parse`], or [`ParseError::Icrc`].
+    pub fn parse_datagram(mut ip: IpRepr, udp: UdpRepr, udp_payload: &'a [u8]) -> Result<RoceRepr<'a>, ParseError> {
+        let ib = IbRepr::parse(udp_payload)?;
+        let body = &udp_payload[..udp_payload.len() - ICRC_LEN];
+        let carried = icrc::trailer(udp_payload).unwrap_or(0);
+        ip.set_payload_len(UDP_HEADER_LEN + udp_payload.len());
+        let computed = icrc::compute(&ip, &udp, body)?;
+        if !cfg!(fuzzing) && computed != carried {
+            return Err(ParseError::Icrc { carried, computed });
+        }
+        Ok(RoceRepr { ip, udp, ib })
+    }
+
+    /// Bytes of the UDP payload (IB part with ICRC).
+    pub fn udp_payload_len(&self) -> usize {
+        self.ib.buffer_len()
+    }
+
+    /// Bytes of the whole IP packet.
+    pub fn buffer_len(&self) -> usize {
+        self.ip.buffer_len() + UDP_HEADER_LEN + self.ib.buffer_len()
+    }
+
+    /// Writes the UDP payload only (IB part and ICRC), with the ICRC
+    /// computed for the IP/UDP headers of this repr: what a NIC hands to a
+    /// UDP socket. Returns its length.
+    ///
+    /// # Errors
+    /// As [`IbRepr::emit`], or [`EmitError::TooLong`].
+    pub fn emit_udp_payload(&self, buf: &mut [u8]) -> Result<usize, EmitError> {
+        let n = self.ib.emit(buf)?;
+        self.too_long()?;
+        let computed = icrc::compute(&self.ip, &self.udp, &buf[..n - ICRC_LEN])
+            .map_err(|_| EmitError::TooLong { len: self.buffer_len() })?;
+        icrc::write_trailer(&mut buf[..n], computed);
+        Ok(n)
+    }
+
+    fn too_long(&self) -> Result<(), EmitError> {
+        let udp_len = UDP_HEADER_LEN + self.ib.buffer_len();
+        if udp_len > self.ip.max_payload_len() {
+            return Err(EmitError::TooLong { len: self.buffer_len() });
+        }
+        Ok(())
+    }
+
+    /// Writes the whole IP packet: IP header (payload length and IPv4
+    /// checksum computed), UDP header (checksum computed if
+    /// `udp.checksum`), IB part, ICRC. Returns [`RoceRepr::buffer_len`].
+    ///
+    /// # Errors
+    /// As [`IbRepr::emit`], a short buffer, or [`EmitError::TooLong`].
+    pub fn emit(&self, buf: &mut [u8]) -> Result<usize, EmitError> {
+        self.too_long()?;
+        let total = self.buffer_len();
+        if buf.len() < total {
+            return Err(EmitError::BufferTooSmall { need: total, have: buf.len() });
+        }
+        let buf = &mut buf[..total];
+        let mut ip = self.ip;
+        let udp_len = UDP_HEADER_LEN + self.ib.buffer_len();
+        ip.set_payload_len(udp_len);
+        let iph = ip.buffer_len();
+        let n = self.ib.emit(&mut buf[iph + UDP_HEADER_LEN..])?;
+        ip.emit(&mut buf[..iph]);
+        self.udp
+            .emit(&mut UdpPacket::new_unchecked(&mut buf[iph..]), ip.src_addr(), ip.dst_addr(), n);
+        // The UDP checksum is masked in the ICRC, but covers the ICRC: ICRC
+        // first, then the checksum again.
+        let hdr = iph + UDP_HEADER_LEN;
+        let (headers, ib) = buf.split_at_mut(hdr);
+        let c = icrc::compute_raw(headers, &ib[..n - ICRC_LEN])
+            .map_err(|_| EmitError::TooLong { len: total })?;
+        icrc::write_trailer(ib, c);
+        if self.udp.checksum {
+            UdpPacket::new_unchecked(&mut buf[iph..]).fill_checksum(ip.src_addr(), ip.dst_addr());
+        }
+        Ok(total)
+    }
+}
+
+/// A RoCEv2 datagram in an Ethernet frame, as captures hold them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RoceFrame<'a> {
+    /// Ethernet header (EtherType IPv4 or IPv6).
+    pub eth: EthernetRepr,
+    /// The datagram.
+    pub roce: RoceRepr<'a>,
+    /// Bytes after the IP packet (Ethernet padding of short frames).
+    pub trailer: &'a [u8],
+}
+
+impl<'a> RoceFrame<'a> {
+    /// Parses an Ethernet frame without FCS.
+    ///
+    /// # Errors
+    /// An EtherType other than IPv4/IPv6, or any [`RoceRepr::parse`] error.
+    pub fn parse(frame: &'a [u8]) -> Result<RoceFrame<'a>, ParseError> {
+        let p = EthernetPacket::new_checked(frame)?;
+        let eth = EthernetRepr::parse(&p);
+        if !matches!(eth.ethertype, EtherType::Ipv4 | EtherType::Ipv6) {
+            return Err(ParseError::Malformed { what: "Ethernet", reason: "EtherType is neither IPv4 nor IPv6" });
+        }
+        let ip_bytes = &frame[ethernet::HEADER_LEN..];
+        let roce = RoceRepr::parse(ip_bytes)?;
+        let version_ok = matches!(
+            (eth.ethertype, roce.ip),
+            (EtherType::Ipv4, IpRepr::V4(_)) | (EtherType::Ipv6, IpRepr::V6(_))
+        );
+        if !version_ok {
+            return Err(ParseError::Malformed { what: "Ethernet", reason: "EtherType and IP version disagree" });
+        }
+        let ip_len = roce.ip.buffer_len() + roce.ip.payload_len();
+        Ok(RoceFrame { eth, roce, trailer: &ip_bytes[ip_len..] })
+    }
+
+    /// Bytes of the frame.
+    pub fn buffer_len(&self) -> usize {
+        ethernet::HEADER_LEN + self.roce.buffer_len() + self.trailer.len()
+    }
+
+    /// Writes the frame. Returns [`RoceFrame::buffer_len`].
+    ///
+    /// # Errors
+    /// As [`RoceRepr::emit`].
+    pub fn emit(&self, buf: &mut [u8]) -> Result<usize, EmitError> {
+        let total = self.buffer_len();
+        if buf.len() < total {
+            return Err(EmitError::BufferTooSmall { need: total, have: buf.len() });
+        }
+        self.eth.emit(&mut EthernetPacket::new_unchecked(&mut buf[..ethernet::HEADER_LEN]));
+        let n = self.roce.emit(&mut buf[ethernet::HEADER_LEN..total])?;
+        buf[ethernet::HEADER_LEN + n..total].copy_from_slice(self.trailer);
+        Ok(total)
+    }
+}
