@@ -255,7 +255,7 @@ mod tests {
             protocol: 17,
             payload_len: 0,
         });
-        let udp = UdpRepr { src_port: 0xEC4D, dst_port: 4791, checksum: false };
+        let udp = UdpRepr { src_port: 0xEC4D, dst_port: 4791, checksum: crate::ip::UdpChecksum::None };
         let ib = &ACK[28..44];
         assert_eq!(recover_ipv4_ident(&ip, &udp, ib, 0xF424_8C79), Some(0x2327));
         let IpRepr::V4(mut known) = ip else { unreachable!() };

@@ -636,32 +636,46 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> UdpPacket<T> {
     }
 }
 
-/// A validated UDP header.
+/// What a UDP header's checksum field says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UdpChecksum {
+    /// Zero: no checksum. What rxe sends; RoCEv2 relies on the ICRC.
+    None,
+    /// Correct on parse; computed on emit.
+    Valid,
+    /// Carried but wrong. A capture taken before checksum offload fills
+    /// the field shows such values (the user-space frames of
+    /// userspace-cm-req-to-linux-rxe.pcapng do); the ICRC, not this field,
+    /// protects RoCEv2, so the value is kept and re-emitted as it was.
+    Invalid(u16),
+}
+
+/// A parsed UDP header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct UdpRepr {
     /// Source port (rxe: 0xC000 | hash of the QPN; receivers ignore it).
     pub src_port: u16,
     /// Destination port ([`crate::ROCEV2_UDP_PORT`] for RoCEv2).
     pub dst_port: u16,
-    /// Whether a checksum is carried (and was verified); rxe sends none.
-    pub checksum: bool,
+    /// The checksum field.
+    pub checksum: UdpChecksum,
 }
 
 impl UdpRepr {
-    /// Parses a checked view, verifying a non-zero checksum against the
-    /// IP addresses (not under `fuzzing`).
-    ///
-    /// # Errors
-    /// [`ParseError::Checksum`] for a wrong checksum.
-    pub fn parse<T: AsRef<[u8]>>(p: &UdpPacket<T>, src: IpAddr, dst: IpAddr) -> Result<UdpRepr, ParseError> {
+    /// Parses a checked view, checking a non-zero checksum against the IP
+    /// addresses. A wrong checksum is reported in
+    /// [`UdpRepr::checksum`], not refused: callers that must drop such
+    /// datagrams test for [`UdpChecksum::Invalid`].
+    pub fn parse<T: AsRef<[u8]>>(p: &UdpPacket<T>, src: IpAddr, dst: IpAddr) -> UdpRepr {
         let carried = p.checksum();
-        if carried != 0 {
-            let computed = p.compute_checksum(src, dst);
-            if !cfg!(fuzzing) && computed != carried {
-                return Err(ParseError::Checksum { what: "UDP", carried, computed });
-            }
-        }
-        Ok(UdpRepr { src_port: p.src_port(), dst_port: p.dst_port(), checksum: carried != 0 })
+        let checksum = if carried == 0 {
+            UdpChecksum::None
+        } else if p.compute_checksum(src, dst) == carried {
+            UdpChecksum::Valid
+        } else {
+            UdpChecksum::Invalid(carried)
+        };
+        UdpRepr { src_port: p.src_port(), dst_port: p.dst_port(), checksum }
     }
 
     /// Header length (8).
@@ -670,7 +684,8 @@ impl UdpRepr {
     }
 
     /// Writes the header for a payload of `payload_len` bytes that is
-    /// already in place after it; fills the checksum if `self.checksum`.
+    /// already in place after it; computes the checksum for
+    /// [`UdpChecksum::Valid`].
     ///
     /// # Panics
     /// If the buffer is shorter than 8 + `payload_len` or the length does
@@ -681,9 +696,13 @@ impl UdpRepr {
         put16(&mut b[udp::SRC_PORT], self.src_port);
         put16(&mut b[udp::DST_PORT], self.dst_port);
         put16(&mut b[udp::LENGTH], len);
-        put16(&mut b[udp::CHECKSUM], 0);
-        if self.checksum {
-            p.fill_checksum(src, dst);
+        match self.checksum {
+            UdpChecksum::None => put16(&mut b[udp::CHECKSUM], 0),
+            UdpChecksum::Invalid(v) => put16(&mut b[udp::CHECKSUM], v),
+            UdpChecksum::Valid => {
+                put16(&mut b[udp::CHECKSUM], 0);
+                p.fill_checksum(src, dst);
+            }
         }
     }
 }
@@ -769,8 +788,8 @@ mod tests {
         buf[..28].copy_from_slice(&V4_UDP);
         let (ip, payload) = IpRepr::parse(&buf).unwrap();
         let p = UdpPacket::new_checked(payload).unwrap();
-        let r = UdpRepr::parse(&p, ip.src_addr(), ip.dst_addr()).unwrap();
-        assert_eq!(r, UdpRepr { src_port: 0xEC4D, dst_port: 4791, checksum: false });
+        let r = UdpRepr::parse(&p, ip.src_addr(), ip.dst_addr());
+        assert_eq!(r, UdpRepr { src_port: 0xEC4D, dst_port: 4791, checksum: UdpChecksum::None });
         assert_eq!(p.payload().len(), 20);
         let mut out = [0u8; 28];
         r.emit(&mut UdpPacket::new_unchecked(&mut out[..]), ip.src_addr(), ip.dst_addr(), 20);
@@ -792,9 +811,14 @@ mod tests {
         let mut out = [0u8; 40];
         ip.emit(&mut out);
         assert_eq!(out, V6_UDP[..40]);
-        // All-zero IB bytes give a different checksum than the real ones.
+        // With all-zero IB bytes the carried checksum is wrong; it is kept
+        // and emitted as it was.
         let p = UdpPacket::new_checked(payload).unwrap();
-        assert!(matches!(UdpRepr::parse(&p, ip.src_addr(), ip.dst_addr()), Err(ParseError::Checksum { .. })));
+        let r = UdpRepr::parse(&p, ip.src_addr(), ip.dst_addr());
+        assert_eq!(r.checksum, UdpChecksum::Invalid(0xFC23));
+        let mut out = buf[40..].to_vec();
+        r.emit(&mut UdpPacket::new_unchecked(&mut out[..]), ip.src_addr(), ip.dst_addr(), 280);
+        assert_eq!(out[..8], V6_UDP[40..]);
     }
 
     #[test]
@@ -803,12 +827,12 @@ mod tests {
         let dst: IpAddr = "fd77::2".parse().unwrap();
         let mut buf = [0u8; 8 + 5];
         buf[8..].copy_from_slice(b"hello"); // odd length exercises the pad byte
-        let r = UdpRepr { src_port: 1, dst_port: 4791, checksum: true };
+        let r = UdpRepr { src_port: 1, dst_port: 4791, checksum: UdpChecksum::Valid };
         r.emit(&mut UdpPacket::new_unchecked(&mut buf[..]), src, dst, 5);
         let p = UdpPacket::new_checked(&buf[..]).unwrap();
         assert_ne!(p.checksum(), 0);
-        assert_eq!(UdpRepr::parse(&p, src, dst).unwrap(), r);
+        assert_eq!(UdpRepr::parse(&p, src, dst), r);
         let other: IpAddr = "fd77::3".parse().unwrap();
-        assert!(UdpRepr::parse(&p, src, other).is_err());
+        assert_eq!(UdpRepr::parse(&p, src, other).checksum, UdpChecksum::Invalid(p.checksum()));
     }
 }

@@ -55,7 +55,7 @@ pub use ext::{
     CreditCount, DethPacket, DethRepr, IethPacket, IethRepr, ImmDtPacket, ImmDtRepr, NakCode,
     RethPacket, RethRepr, RnrTimer, Syndrome,
 };
-pub use ip::{IpRepr, Ipv4Packet, Ipv4Repr, Ipv6Packet, Ipv6Repr, UdpPacket, UdpRepr};
+pub use ip::{IpRepr, Ipv4Packet, Ipv4Repr, Ipv6Packet, Ipv6Repr, UdpChecksum, UdpPacket, UdpRepr};
 pub use opcode::{AckClass, ExtHeader, Kind, OpInfo, Opcode, PayloadRule, Position, Transport};
 pub use packet::{ExtHeaders, IbRepr, RoceFrame, RoceRepr};
 

@@ -8,7 +8,7 @@ use crate::bth::{self, BthPacket, BthRepr};
 use crate::ethernet::{self, EtherType, EthernetPacket, EthernetRepr};
 use crate::ext::*;
 use crate::icrc;
-use crate::ip::{IpRepr, UdpPacket, UdpRepr, PROTOCOL_UDP, UDP_HEADER_LEN};
+use crate::ip::{IpRepr, UdpChecksum, UdpPacket, UdpRepr, PROTOCOL_UDP, UDP_HEADER_LEN};
 use crate::opcode::{ExtHeader, OpInfo};
 use crate::{EmitError, ParseError, ICRC_LEN};
 
@@ -258,8 +258,9 @@ pub struct RoceRepr<'a> {
 
 impl<'a> RoceRepr<'a> {
     /// Parses an IP packet (header first; bytes past the IP length, e.g.
-    /// Ethernet padding, are ignored) and verifies the UDP checksum if one
-    /// is carried and the ICRC (not under `fuzzing`). The UDP port is not
+    /// Ethernet padding, are ignored) and verifies the ICRC (not under
+    /// `fuzzing`). A wrong UDP checksum is reported in `udp.checksum`, not
+    /// refused: the ICRC is what protects RoCEv2. The UDP port is not
     /// checked (tests use other ports); compare it with
     /// [`crate::ROCEV2_UDP_PORT`] if that matters.
     ///
@@ -274,7 +275,7 @@ impl<'a> RoceRepr<'a> {
             });
         }
         let udpp = UdpPacket::new_checked(ip_payload)?;
-        let udp = UdpRepr::parse(&udpp, ip.src_addr(), ip.dst_addr())?;
+        let udp = UdpRepr::parse(&udpp, ip.src_addr(), ip.dst_addr());
         let udp_payload = &ip_payload[UDP_HEADER_LEN..usize::from(udpp.len())];
         Self::parse_datagram(ip, udp, udp_payload)
     }
@@ -331,8 +332,8 @@ impl<'a> RoceRepr<'a> {
     }
 
     /// Writes the whole IP packet: IP header (payload length and IPv4
-    /// checksum computed), UDP header (checksum computed if
-    /// `udp.checksum`), IB part, ICRC. Returns [`RoceRepr::buffer_len`].
+    /// checksum computed), UDP header (checksum computed for
+    /// [`UdpChecksum::Valid`]), IB part, ICRC. Returns [`RoceRepr::buffer_len`].
     ///
     /// # Errors
     /// As [`IbRepr::emit`], a short buffer, or [`EmitError::TooLong`].
@@ -358,7 +359,7 @@ impl<'a> RoceRepr<'a> {
         let c = icrc::compute_raw(headers, &ib[..n - ICRC_LEN])
             .map_err(|_| EmitError::TooLong { len: total })?;
         icrc::write_trailer(ib, c);
-        if self.udp.checksum {
+        if self.udp.checksum == UdpChecksum::Valid {
             UdpPacket::new_unchecked(&mut buf[iph..]).fill_checksum(ip.src_addr(), ip.dst_addr());
         }
         Ok(total)
