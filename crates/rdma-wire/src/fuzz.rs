@@ -1,21 +1,24 @@
 //! Bodies of the fuzz targets in `fuzz/fuzz_targets/`, here so the plain
 //! `#[test]` in `tests/fuzz_smoke.rs` runs them without nightly. Each
 //! parses untrusted bytes; whatever parses must re-emit and re-parse to
-//! the same repr. Any panic is a bug.
+//! the same repr. Any panic is a bug. Each returns whether `data` parsed,
+//! so the smoke test can show it reached the round trip.
 
 use crate::*;
 
 /// BTH view and repr.
-pub fn bth(data: &[u8]) {
-    let Ok(p) = BthPacket::new_checked(data) else { return };
-    let Ok(r) = BthRepr::parse(&p) else { return };
+pub fn bth(data: &[u8]) -> bool {
+    let Ok(p) = BthPacket::new_checked(data) else { return false };
+    let Ok(r) = BthRepr::parse(&p) else { return false };
     let mut out = [0u8; bth::HEADER_LEN];
     r.emit(&mut BthPacket::new_unchecked(&mut out[..]));
     assert_eq!(BthRepr::parse(&BthPacket::new_unchecked(&out[..])), Ok(r));
+    true
 }
 
 /// Every extension header, each from the start of `data`.
-pub fn ext(data: &[u8]) {
+pub fn ext(data: &[u8]) -> bool {
+    let mut any = false;
     macro_rules! one {
         ($view:ident, $repr:ident, $len:expr) => {
             if let Ok(p) = $view::new_checked(data) {
@@ -23,6 +26,7 @@ pub fn ext(data: &[u8]) {
                 let mut out = [0u8; $len];
                 r.emit(&mut $view::new_unchecked(&mut out[..]));
                 assert_eq!($repr::parse(&$view::new_unchecked(&out[..])), r);
+                any = true;
             }
         };
     }
@@ -33,39 +37,54 @@ pub fn ext(data: &[u8]) {
     one!(DethPacket, DethRepr, ext::DETH_LEN);
     one!(ImmDtPacket, ImmDtRepr, ext::IMM_DT_LEN);
     one!(IethPacket, IethRepr, ext::IETH_LEN);
+    any
 }
 
 /// IPv4/IPv6 and UDP headers.
-pub fn ip_udp(data: &[u8]) {
-    let Ok((ip, payload)) = IpRepr::parse(data) else { return };
+pub fn ip_udp(data: &[u8]) -> bool {
+    let Ok((ip, payload)) = IpRepr::parse(data) else { return false };
     let mut out = std::vec![0u8; ip.buffer_len() + payload.len()];
     ip.emit(&mut out);
     out[ip.buffer_len()..].copy_from_slice(payload);
     let (again, _) = IpRepr::parse(&out).expect("an emitted IP header parses");
     assert_eq!(again, ip);
-    let Ok(u) = UdpPacket::new_checked(payload) else { return };
+    let Ok(u) = UdpPacket::new_checked(payload) else { return true };
     let r = UdpRepr::parse(&u, ip.src_addr(), ip.dst_addr());
     let mut out = payload[..usize::from(u.len())].to_vec();
     r.emit(&mut UdpPacket::new_unchecked(&mut out[..]), ip.src_addr(), ip.dst_addr(), u.payload().len());
     let u2 = UdpPacket::new_checked(&out[..]).expect("an emitted UDP header parses");
     assert_eq!(UdpRepr::parse(&u2, ip.src_addr(), ip.dst_addr()), r);
+    true
 }
 
 /// IB part of a UDP payload.
-pub fn ib_packet(data: &[u8]) {
-    let Ok(r) = IbRepr::parse(data) else { return };
+pub fn ib_packet(data: &[u8]) -> bool {
+    let Ok(r) = IbRepr::parse(data) else { return false };
     let mut out = std::vec![0u8; r.buffer_len()];
     let n = r.emit(&mut out).expect("a parsed repr emits");
     assert_eq!(n, r.buffer_len());
     assert_eq!(IbRepr::parse(&out), Ok(r));
+    true
+}
+
+/// ICRC over an IP packet, both entry points.
+pub fn icrc(data: &[u8]) -> bool {
+    let whole = icrc::compute_ip_packet(data).is_ok();
+    let split = data.len().min(48);
+    let _ = icrc::compute_raw(&data[..split], &data[split..]);
+    let _ = icrc::trailer(data);
+    whole
 }
 
 /// Whole Ethernet frame with IP, UDP, IB and ICRC.
-pub fn roce_frame(data: &[u8]) {
-    let Ok(f) = RoceFrame::parse(data) else { return };
+pub fn roce_frame(data: &[u8]) -> bool {
+    let Ok(f) = RoceFrame::parse(data) else { return false };
     let mut out = std::vec![0u8; f.buffer_len()];
     let n = f.emit(&mut out).expect("a parsed frame emits");
     assert_eq!(n, f.buffer_len());
     let again = RoceFrame::parse(&out).expect("an emitted frame parses");
     assert_eq!(again.roce.ib, f.roce.ib);
+    assert_eq!(again.roce.udp.src_port, f.roce.udp.src_port);
+    assert_eq!(again.roce.ip.src_addr(), f.roce.ip.src_addr());
+    true
 }
