@@ -137,8 +137,10 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> BthPacket<T> {
 
     /// Sets SE, M, PadCnt (low 2 bits) and TVer (low 4 bits) at once.
     pub fn set_flags(&mut self, solicited: bool, mig_req: bool, pad_count: u8, tver: u8) {
-        self.m()[field::FLAGS] =
-            (u8::from(solicited) << 7) | (u8::from(mig_req) << 6) | ((pad_count & 3) << 4) | (tver & 0xF);
+        self.m()[field::FLAGS] = (u8::from(solicited) << 7)
+            | (u8::from(mig_req) << 6)
+            | ((pad_count & 3) << 4)
+            | (tver & 0xF);
     }
 
     /// Sets P_Key.
@@ -201,7 +203,10 @@ impl BthRepr {
     /// (IBA C9-1: such packets are dropped).
     pub fn parse<T: AsRef<[u8]>>(p: &BthPacket<T>) -> Result<BthRepr, ParseError> {
         if p.tver() != 0 {
-            return Err(ParseError::Malformed { what: "BTH", reason: "transport header version is not 0" });
+            return Err(ParseError::Malformed {
+                what: "BTH",
+                reason: "transport header version is not 0",
+            });
         }
         Ok(BthRepr {
             opcode: p.opcode(),
@@ -293,7 +298,11 @@ mod tests {
     fn refuses_short_and_versioned() {
         assert_eq!(
             BthPacket::new_checked(&SEND_LAST[..11]).unwrap_err(),
-            ParseError::Truncated { what: "BTH", need: 12, have: 11 }
+            ParseError::Truncated {
+                what: "BTH",
+                need: 12,
+                have: 11
+            }
         );
         let mut v = SEND_LAST;
         v[1] = 0x01; // TVer 1

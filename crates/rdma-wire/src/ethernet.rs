@@ -107,7 +107,11 @@ pub struct EthernetRepr {
 impl EthernetRepr {
     /// Reads a checked view.
     pub fn parse<T: AsRef<[u8]>>(p: &EthernetPacket<T>) -> EthernetRepr {
-        EthernetRepr { dst: p.dst(), src: p.src(), ethertype: p.ethertype() }
+        EthernetRepr {
+            dst: p.dst(),
+            src: p.src(),
+            ethertype: p.ethertype(),
+        }
     }
     /// Header length (14).
     pub const fn buffer_len(&self) -> usize {

@@ -118,7 +118,11 @@ pub struct RethRepr {
 impl RethRepr {
     /// Reads a checked view.
     pub fn parse<T: AsRef<[u8]>>(p: &RethPacket<T>) -> RethRepr {
-        RethRepr { va: p.va(), rkey: p.rkey(), dma_len: p.dma_len() }
+        RethRepr {
+            va: p.va(),
+            rkey: p.rkey(),
+            dma_len: p.dma_len(),
+        }
     }
     /// [`RETH_LEN`].
     pub const fn buffer_len(&self) -> usize {
@@ -187,7 +191,10 @@ impl AethRepr {
     /// Reads a checked view. Every syndrome byte parses (reserved ones as
     /// [`Syndrome::Reserved`]); the transport decides what to do with them.
     pub fn parse<T: AsRef<[u8]>>(p: &AethPacket<T>) -> AethRepr {
-        AethRepr { syndrome: p.syndrome(), msn: p.msn() }
+        AethRepr {
+            syndrome: p.syndrome(),
+            msn: p.msn(),
+        }
     }
     /// [`AETH_LEN`].
     pub const fn buffer_len(&self) -> usize {
@@ -249,7 +256,9 @@ impl fmt::Display for Syndrome {
                 Some(n) => write!(f, "ACK, {n} credits"),
                 None => f.write_str("ACK, credits not limited"),
             },
-            Syndrome::RnrNak(t) => write!(f, "RNR NAK, retry after {} us", t.duration().total_micros()),
+            Syndrome::RnrNak(t) => {
+                write!(f, "RNR NAK, retry after {} us", t.duration().total_micros())
+            }
             Syndrome::Nak(n) => write!(f, "NAK: {n}"),
             Syndrome::Reserved(b) => write!(f, "reserved syndrome {b:#04x}"),
         }
@@ -263,8 +272,8 @@ pub struct CreditCount(pub u8);
 
 /// Receive WQEs for codes 0..=30 (IBA table 44).
 const CREDITS: [u32; 31] = [
-    0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048,
-    3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768,
+    0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536,
+    2048, 3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768,
 ];
 
 impl CreditCount {
@@ -294,8 +303,8 @@ pub struct RnrTimer(pub u8);
 /// Microseconds per code (IBA table 45).
 const RNR_MICROS: [u64; 32] = [
     655_360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1_280, 1_920, 2_560, 3_840,
-    5_120, 7_680, 10_240, 15_360, 20_480, 30_720, 40_960, 61_440, 81_920, 122_880, 163_840, 245_760,
-    327_680, 491_520,
+    5_120, 7_680, 10_240, 15_360, 20_480, 30_720, 40_960, 61_440, 81_920, 122_880, 163_840,
+    245_760, 327_680, 491_520,
 ];
 
 impl RnrTimer {
@@ -439,7 +448,12 @@ pub struct AtomicEthRepr {
 impl AtomicEthRepr {
     /// Reads a checked view.
     pub fn parse<T: AsRef<[u8]>>(p: &AtomicEthPacket<T>) -> AtomicEthRepr {
-        AtomicEthRepr { va: p.va(), rkey: p.rkey(), swap_add: p.swap_add(), compare: p.compare() }
+        AtomicEthRepr {
+            va: p.va(),
+            rkey: p.rkey(),
+            swap_add: p.swap_add(),
+            compare: p.compare(),
+        }
     }
     /// [`ATOMIC_ETH_LEN`].
     pub const fn buffer_len(&self) -> usize {
@@ -493,7 +507,9 @@ pub struct AtomicAckEthRepr {
 impl AtomicAckEthRepr {
     /// Reads a checked view.
     pub fn parse<T: AsRef<[u8]>>(p: &AtomicAckEthPacket<T>) -> AtomicAckEthRepr {
-        AtomicAckEthRepr { orig_data: p.orig_data() }
+        AtomicAckEthRepr {
+            orig_data: p.orig_data(),
+        }
     }
     /// [`ATOMIC_ACK_ETH_LEN`].
     pub const fn buffer_len(&self) -> usize {
@@ -561,7 +577,10 @@ pub struct DethRepr {
 impl DethRepr {
     /// Reads a checked view (the reserved byte is ignored).
     pub fn parse<T: AsRef<[u8]>>(p: &DethPacket<T>) -> DethRepr {
-        DethRepr { qkey: p.qkey(), src_qp: p.src_qp() }
+        DethRepr {
+            qkey: p.qkey(),
+            src_qp: p.src_qp(),
+        }
     }
     /// [`DETH_LEN`].
     pub const fn buffer_len(&self) -> usize {
@@ -737,7 +756,14 @@ mod tests {
     #[test]
     fn reth() {
         let r = RethRepr::parse(&RethPacket::new_checked(&RETH[..]).unwrap());
-        assert_eq!(r, RethRepr { va: 0x5560_740C_15C0, rkey: Rkey(0x84A), dma_len: 64 });
+        assert_eq!(
+            r,
+            RethRepr {
+                va: 0x5560_740C_15C0,
+                rkey: Rkey(0x84A),
+                dma_len: 64
+            }
+        );
         let mut out = [0u8; 16];
         r.emit(&mut RethPacket::new_unchecked(&mut out[..]));
         assert_eq!(out, RETH);
@@ -748,7 +774,11 @@ mod tests {
     fn aeth_ack_nak_rnr() {
         for (bytes, syn, msn) in [
             (AETH_ACK, Syndrome::Ack(CreditCount::UNLIMITED), 1),
-            (AETH_NAK, Syndrome::Nak(NakCode::RemoteAccessError), 0x12_3456),
+            (
+                AETH_NAK,
+                Syndrome::Nak(NakCode::RemoteAccessError),
+                0x12_3456,
+            ),
             (AETH_RNR, Syndrome::RnrNak(RnrTimer(14)), 7),
         ] {
             let r = AethRepr::parse(&AethPacket::new_checked(&bytes[..]).unwrap());
@@ -757,9 +787,18 @@ mod tests {
             r.emit(&mut AethPacket::new_unchecked(&mut out[..]));
             assert_eq!(out, bytes);
         }
-        assert_eq!(Syndrome::from_byte(0x1f).to_string(), "ACK, credits not limited");
-        assert_eq!(Syndrome::from_byte(0x62).to_string(), "NAK: remote access error");
-        assert_eq!(Syndrome::from_byte(0x2e).to_string(), "RNR NAK, retry after 1280 us");
+        assert_eq!(
+            Syndrome::from_byte(0x1f).to_string(),
+            "ACK, credits not limited"
+        );
+        assert_eq!(
+            Syndrome::from_byte(0x62).to_string(),
+            "NAK: remote access error"
+        );
+        assert_eq!(
+            Syndrome::from_byte(0x2e).to_string(),
+            "RNR NAK, retry after 1280 us"
+        );
         assert_eq!(Syndrome::from_byte(0x05).to_string(), "ACK, 6 credits");
     }
 
@@ -771,7 +810,10 @@ mod tests {
             let reserved = b & 0x80 != 0 || (b >> 5) & 3 == 2;
             assert_eq!(matches!(s, Syndrome::Reserved(_)), reserved, "{b:#04x}");
         }
-        assert_eq!(Syndrome::from_byte(0x65), Syndrome::Nak(NakCode::Unknown(5)));
+        assert_eq!(
+            Syndrome::from_byte(0x65),
+            Syndrome::Nak(NakCode::Unknown(5))
+        );
         assert_eq!(NakCode::Unknown(5).to_string(), "reserved NAK code 5");
     }
 
@@ -781,15 +823,25 @@ mod tests {
         assert_eq!(CreditCount(5).credits(), Some(6));
         assert_eq!(CreditCount(30).credits(), Some(32768));
         assert_eq!(CreditCount::UNLIMITED.credits(), None);
-        assert_eq!(CreditCount::for_available(Some(5)), CreditCount(4), "rounds down");
+        assert_eq!(
+            CreditCount::for_available(Some(5)),
+            CreditCount(4),
+            "rounds down"
+        );
         assert_eq!(CreditCount::for_available(Some(1_000_000)), CreditCount(30));
         for c in 0..=31u8 {
-            assert_eq!(CreditCount::for_available(CreditCount(c).credits()), CreditCount(c));
+            assert_eq!(
+                CreditCount::for_available(CreditCount(c).credits()),
+                CreditCount(c)
+            );
         }
         assert_eq!(RnrTimer(0).duration(), Duration::from_micros(655_360));
         assert_eq!(RnrTimer(1).duration(), Duration::from_micros(10));
         assert_eq!(RnrTimer(31).duration(), Duration::from_micros(491_520));
-        assert_eq!(RnrTimer::at_least(Duration::from_micros(1_000)), RnrTimer(14));
+        assert_eq!(
+            RnrTimer::at_least(Duration::from_micros(1_000)),
+            RnrTimer(14)
+        );
         assert_eq!(RnrTimer::at_least(Duration::from_millis(600)), RnrTimer(0));
         for c in 0..=31u8 {
             assert_eq!(RnrTimer::at_least(RnrTimer(c).duration()), RnrTimer(c));
@@ -799,7 +851,13 @@ mod tests {
     #[test]
     fn deth() {
         let r = DethRepr::parse(&DethPacket::new_checked(&DETH[..]).unwrap());
-        assert_eq!(r, DethRepr { qkey: Qkey::GSI, src_qp: Qpn::GSI });
+        assert_eq!(
+            r,
+            DethRepr {
+                qkey: Qkey::GSI,
+                src_qp: Qpn::GSI
+            }
+        );
         let mut out = [0xffu8; 8];
         r.emit(&mut DethPacket::new_unchecked(&mut out[..]));
         assert_eq!(out, DETH);

@@ -8,8 +8,12 @@ use crate::*;
 
 /// BTH view and repr.
 pub fn bth(data: &[u8]) -> bool {
-    let Ok(p) = BthPacket::new_checked(data) else { return false };
-    let Ok(r) = BthRepr::parse(&p) else { return false };
+    let Ok(p) = BthPacket::new_checked(data) else {
+        return false;
+    };
+    let Ok(r) = BthRepr::parse(&p) else {
+        return false;
+    };
     let mut out = [0u8; bth::HEADER_LEN];
     r.emit(&mut BthPacket::new_unchecked(&mut out[..]));
     assert_eq!(BthRepr::parse(&BthPacket::new_unchecked(&out[..])), Ok(r));
@@ -33,7 +37,11 @@ pub fn ext(data: &[u8]) -> bool {
     one!(RethPacket, RethRepr, ext::RETH_LEN);
     one!(AethPacket, AethRepr, ext::AETH_LEN);
     one!(AtomicEthPacket, AtomicEthRepr, ext::ATOMIC_ETH_LEN);
-    one!(AtomicAckEthPacket, AtomicAckEthRepr, ext::ATOMIC_ACK_ETH_LEN);
+    one!(
+        AtomicAckEthPacket,
+        AtomicAckEthRepr,
+        ext::ATOMIC_ACK_ETH_LEN
+    );
     one!(DethPacket, DethRepr, ext::DETH_LEN);
     one!(ImmDtPacket, ImmDtRepr, ext::IMM_DT_LEN);
     one!(IethPacket, IethRepr, ext::IETH_LEN);
@@ -42,16 +50,25 @@ pub fn ext(data: &[u8]) -> bool {
 
 /// IPv4/IPv6 and UDP headers.
 pub fn ip_udp(data: &[u8]) -> bool {
-    let Ok((ip, payload)) = IpRepr::parse(data) else { return false };
+    let Ok((ip, payload)) = IpRepr::parse(data) else {
+        return false;
+    };
     let mut out = std::vec![0u8; ip.buffer_len() + payload.len()];
     ip.emit(&mut out);
     out[ip.buffer_len()..].copy_from_slice(payload);
     let (again, _) = IpRepr::parse(&out).expect("an emitted IP header parses");
     assert_eq!(again, ip);
-    let Ok(u) = UdpPacket::new_checked(payload) else { return true };
+    let Ok(u) = UdpPacket::new_checked(payload) else {
+        return true;
+    };
     let r = UdpRepr::parse(&u, ip.src_addr(), ip.dst_addr());
     let mut out = payload[..usize::from(u.len())].to_vec();
-    r.emit(&mut UdpPacket::new_unchecked(&mut out[..]), ip.src_addr(), ip.dst_addr(), u.payload().len());
+    r.emit(
+        &mut UdpPacket::new_unchecked(&mut out[..]),
+        ip.src_addr(),
+        ip.dst_addr(),
+        u.payload().len(),
+    );
     let u2 = UdpPacket::new_checked(&out[..]).expect("an emitted UDP header parses");
     assert_eq!(UdpRepr::parse(&u2, ip.src_addr(), ip.dst_addr()), r);
     true
@@ -59,7 +76,9 @@ pub fn ip_udp(data: &[u8]) -> bool {
 
 /// IB part of a UDP payload.
 pub fn ib_packet(data: &[u8]) -> bool {
-    let Ok(r) = IbRepr::parse(data) else { return false };
+    let Ok(r) = IbRepr::parse(data) else {
+        return false;
+    };
     let mut out = std::vec![0u8; r.buffer_len()];
     let n = r.emit(&mut out).expect("a parsed repr emits");
     assert_eq!(n, r.buffer_len());
@@ -78,7 +97,9 @@ pub fn icrc(data: &[u8]) -> bool {
 
 /// Whole Ethernet frame with IP, UDP, IB and ICRC.
 pub fn roce_frame(data: &[u8]) -> bool {
-    let Ok(f) = RoceFrame::parse(data) else { return false };
+    let Ok(f) = RoceFrame::parse(data) else {
+        return false;
+    };
     let mut out = std::vec![0u8; f.buffer_len()];
     let n = f.emit(&mut out).expect("a parsed frame emits");
     assert_eq!(n, f.buffer_len());

@@ -74,13 +74,25 @@ fn check_lengths(ip_udp: &[u8], ib: &[u8]) -> Result<(), ParseError> {
     let want = match ip_udp.first().map(|b| b >> 4) {
         Some(4) => IPV4_HEADER_LEN + UDP_HEADER_LEN,
         Some(6) => IPV6_HEADER_LEN + UDP_HEADER_LEN,
-        _ => return Err(ParseError::Malformed { what: "ICRC", reason: "IP version is neither 4 nor 6" }),
+        _ => {
+            return Err(ParseError::Malformed {
+                what: "ICRC",
+                reason: "IP version is neither 4 nor 6",
+            })
+        }
     };
     if ip_udp.len() != want {
-        return Err(ParseError::Malformed { what: "ICRC", reason: "IP+UDP header length does not match the version" });
+        return Err(ParseError::Malformed {
+            what: "ICRC",
+            reason: "IP+UDP header length does not match the version",
+        });
     }
     if ib.len() < BTH_LEN {
-        return Err(ParseError::Truncated { what: "ICRC", need: BTH_LEN, have: ib.len() });
+        return Err(ParseError::Truncated {
+            what: "ICRC",
+            need: BTH_LEN,
+            have: ib.len(),
+        });
     }
     Ok(())
 }
@@ -92,14 +104,26 @@ fn check_lengths(ip_udp: &[u8], ib: &[u8]) -> Result<(), ParseError> {
 /// # Errors
 /// If the packet is too short for IP, UDP, BTH and ICRC, or has options.
 pub fn compute_ip_packet(ip_packet: &[u8]) -> Result<u32, ParseError> {
-    let hdr = match ip_packet.first().map(|b| *b) {
+    let hdr = match ip_packet.first().copied() {
         Some(0x45) => IPV4_HEADER_LEN + UDP_HEADER_LEN,
         Some(b) if b >> 4 == 6 => IPV6_HEADER_LEN + UDP_HEADER_LEN,
-        _ => return Err(ParseError::Malformed { what: "ICRC", reason: "not IPv4 without options or IPv6" }),
+        _ => {
+            return Err(ParseError::Malformed {
+                what: "ICRC",
+                reason: "not IPv4 without options or IPv6",
+            })
+        }
     };
-    let end = ip_packet.len().checked_sub(ICRC_LEN).filter(|&e| e >= hdr + BTH_LEN);
+    let end = ip_packet
+        .len()
+        .checked_sub(ICRC_LEN)
+        .filter(|&e| e >= hdr + BTH_LEN);
     let Some(end) = end else {
-        return Err(ParseError::Truncated { what: "ICRC", need: hdr + BTH_LEN + ICRC_LEN, have: ip_packet.len() });
+        return Err(ParseError::Truncated {
+            what: "ICRC",
+            need: hdr + BTH_LEN + ICRC_LEN,
+            have: ip_packet.len(),
+        });
     };
     compute_raw(&ip_packet[..hdr], &ip_packet[hdr..end])
 }
@@ -123,7 +147,12 @@ pub fn write_trailer(udp_payload: &mut [u8], icrc: u32) {
 /// Writes the IP and UDP headers a packet with these reprs would carry
 /// (for the IB part `ib_len` bytes long, ICRC excluded) into `out`;
 /// returns their length. Masked fields are left as the repr has them.
-fn synth_headers(ip: &IpRepr, udp: &UdpRepr, ib_len: usize, out: &mut [u8; IPV6_HEADER_LEN + UDP_HEADER_LEN]) -> usize {
+fn synth_headers(
+    ip: &IpRepr,
+    udp: &UdpRepr,
+    ib_len: usize,
+    out: &mut [u8; IPV6_HEADER_LEN + UDP_HEADER_LEN],
+) -> usize {
     let udp_len = UDP_HEADER_LEN + ib_len + ICRC_LEN;
     let mut ip = *ip;
     ip.set_payload_len(udp_len);
@@ -147,7 +176,10 @@ fn synth_headers(ip: &IpRepr, udp: &UdpRepr, ib_len: usize, out: &mut [u8; IPV6_
 /// fields.
 pub fn compute(ip: &IpRepr, udp: &UdpRepr, ib: &[u8]) -> Result<u32, ParseError> {
     if UDP_HEADER_LEN + ib.len() + ICRC_LEN > ip.max_payload_len() {
-        return Err(ParseError::Malformed { what: "ICRC", reason: "datagram longer than the IP length field allows" });
+        return Err(ParseError::Malformed {
+            what: "ICRC",
+            reason: "datagram longer than the IP length field allows",
+        });
     }
     let mut hdr = [0u8; IPV6_HEADER_LEN + UDP_HEADER_LEN];
     let n = synth_headers(ip, udp, ib.len(), &mut hdr);
@@ -255,10 +287,16 @@ mod tests {
             protocol: 17,
             payload_len: 0,
         });
-        let udp = UdpRepr { src_port: 0xEC4D, dst_port: 4791, checksum: crate::ip::UdpChecksum::None };
+        let udp = UdpRepr {
+            src_port: 0xEC4D,
+            dst_port: 4791,
+            checksum: crate::ip::UdpChecksum::None,
+        };
         let ib = &ACK[28..44];
         assert_eq!(recover_ipv4_ident(&ip, &udp, ib, 0xF424_8C79), Some(0x2327));
-        let IpRepr::V4(mut known) = ip else { unreachable!() };
+        let IpRepr::V4(mut known) = ip else {
+            unreachable!()
+        };
         known.ident = 0x2327;
         assert_eq!(compute(&IpRepr::V4(known), &udp, ib), Ok(0xF424_8C79));
         // A one-bit error in the ICRC matches no ID.

@@ -75,10 +75,16 @@ impl<T: AsRef<[u8]>> Ipv4Packet<T> {
         need("IPv4", IPV4_HEADER_LEN, b.len())?;
         let p = Ipv4Packet { buffer };
         if p.version() != 4 {
-            return Err(ParseError::Malformed { what: "IPv4", reason: "version is not 4" });
+            return Err(ParseError::Malformed {
+                what: "IPv4",
+                reason: "version is not 4",
+            });
         }
         if p.ihl() < 5 {
-            return Err(ParseError::Malformed { what: "IPv4", reason: "IHL below 5" });
+            return Err(ParseError::Malformed {
+                what: "IPv4",
+                reason: "IHL below 5",
+            });
         }
         if p.ihl() > 5 {
             return Err(ParseError::Malformed {
@@ -88,7 +94,10 @@ impl<T: AsRef<[u8]>> Ipv4Packet<T> {
         }
         let total = usize::from(p.total_len());
         if total < IPV4_HEADER_LEN {
-            return Err(ParseError::Malformed { what: "IPv4", reason: "total length below header length" });
+            return Err(ParseError::Malformed {
+                what: "IPv4",
+                reason: "total length below header length",
+            });
         }
         need("IPv4", total, p.buffer.as_ref().len())?;
         Ok(p)
@@ -155,7 +164,10 @@ impl<T: AsRef<[u8]>> Ipv4Packet<T> {
     /// checksum field counted as zero.
     pub fn compute_checksum(&self) -> u16 {
         let h = &self.b()[..IPV4_HEADER_LEN];
-        let acc = sum_words(sum_words(0, &h[..v4::CHECKSUM.start]), &h[v4::CHECKSUM.end..]);
+        let acc = sum_words(
+            sum_words(0, &h[..v4::CHECKSUM.start]),
+            &h[v4::CHECKSUM.end..],
+        );
         fold(acc)
     }
     /// Bytes after the header up to the total length.
@@ -218,7 +230,11 @@ impl Ipv4Repr {
         }
         let computed = p.compute_checksum();
         if !cfg!(fuzzing) && computed != p.checksum() {
-            return Err(ParseError::Checksum { what: "IPv4 header", carried: p.checksum(), computed });
+            return Err(ParseError::Checksum {
+                what: "IPv4 header",
+                carried: p.checksum(),
+                computed,
+            });
         }
         Ok(Ipv4Repr {
             src: p.src_addr(),
@@ -291,9 +307,16 @@ impl<T: AsRef<[u8]>> Ipv6Packet<T> {
         need("IPv6", IPV6_HEADER_LEN, buffer.as_ref().len())?;
         let p = Ipv6Packet { buffer };
         if p.version() != 6 {
-            return Err(ParseError::Malformed { what: "IPv6", reason: "version is not 6" });
+            return Err(ParseError::Malformed {
+                what: "IPv6",
+                reason: "version is not 6",
+            });
         }
-        need("IPv6", IPV6_HEADER_LEN + usize::from(p.payload_len()), p.buffer.as_ref().len())?;
+        need(
+            "IPv6",
+            IPV6_HEADER_LEN + usize::from(p.payload_len()),
+            p.buffer.as_ref().len(),
+        )?;
         Ok(p)
     }
 
@@ -406,7 +429,8 @@ impl Ipv6Repr {
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, p: &mut Ipv6Packet<T>) {
         let len = u16::try_from(self.payload_len).expect("IPv6 payload length");
         let b = p.buffer.as_mut();
-        let w0 = (6u32 << 28) | (u32::from(self.traffic_class) << 20) | (self.flow_label & 0xF_FFFF);
+        let w0 =
+            (6u32 << 28) | (u32::from(self.traffic_class) << 20) | (self.flow_label & 0xF_FFFF);
         put32(&mut b[v6::VER_TC_FLOW], w0);
         put16(&mut b[v6::PAYLOAD_LEN], len);
         b[v6::NEXT_HEADER] = self.next_header;
@@ -446,9 +470,15 @@ impl IpRepr {
             6 => {
                 let p = Ipv6Packet::new_checked(bytes)?;
                 let r = Ipv6Repr::parse(&p);
-                Ok((IpRepr::V6(r), &bytes[IPV6_HEADER_LEN..IPV6_HEADER_LEN + r.payload_len]))
+                Ok((
+                    IpRepr::V6(r),
+                    &bytes[IPV6_HEADER_LEN..IPV6_HEADER_LEN + r.payload_len],
+                ))
             }
-            _ => Err(ParseError::Malformed { what: "IP", reason: "version is neither 4 nor 6" }),
+            _ => Err(ParseError::Malformed {
+                what: "IP",
+                reason: "version is neither 4 nor 6",
+            }),
         }
     }
 
@@ -553,7 +583,10 @@ impl<T: AsRef<[u8]>> UdpPacket<T> {
         let p = UdpPacket { buffer };
         let len = usize::from(p.len());
         if len < UDP_HEADER_LEN {
-            return Err(ParseError::Malformed { what: "UDP", reason: "length below header length" });
+            return Err(ParseError::Malformed {
+                what: "UDP",
+                reason: "length below header length",
+            });
         }
         need("UDP", len, p.buffer.as_ref().len())?;
         Ok(p)
@@ -599,7 +632,9 @@ impl<T: AsRef<[u8]>> UdpPacket<T> {
         let len = usize::from(self.len()).clamp(UDP_HEADER_LEN, self.b().len());
         let mut acc = match (src, dst) {
             (IpAddr::V4(s), IpAddr::V4(d)) => {
-                sum_words(sum_words(0, &s.octets()), &d.octets()) + u32::from(PROTOCOL_UDP) + len as u32
+                sum_words(sum_words(0, &s.octets()), &d.octets())
+                    + u32::from(PROTOCOL_UDP)
+                    + len as u32
             }
             (s, d) => {
                 let s = match s {
@@ -610,7 +645,9 @@ impl<T: AsRef<[u8]>> UdpPacket<T> {
                     IpAddr::V4(a) => a.to_ipv6_mapped(),
                     IpAddr::V6(a) => a,
                 };
-                sum_words(sum_words(0, &s.octets()), &d.octets()) + u32::from(PROTOCOL_UDP) + len as u32
+                sum_words(sum_words(0, &s.octets()), &d.octets())
+                    + u32::from(PROTOCOL_UDP)
+                    + len as u32
             }
         };
         let b = &self.b()[..len];
@@ -675,7 +712,11 @@ impl UdpRepr {
         } else {
             UdpChecksum::Invalid(carried)
         };
-        UdpRepr { src_port: p.src_port(), dst_port: p.dst_port(), checksum }
+        UdpRepr {
+            src_port: p.src_port(),
+            dst_port: p.dst_port(),
+            checksum,
+        }
     }
 
     /// Header length (8).
@@ -690,7 +731,13 @@ impl UdpRepr {
     /// # Panics
     /// If the buffer is shorter than 8 + `payload_len` or the length does
     /// not fit 16 bits.
-    pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, p: &mut UdpPacket<T>, src: IpAddr, dst: IpAddr, payload_len: usize) {
+    pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(
+        &self,
+        p: &mut UdpPacket<T>,
+        src: IpAddr,
+        dst: IpAddr,
+        payload_len: usize,
+    ) {
         let len = u16::try_from(payload_len + UDP_HEADER_LEN).expect("UDP length");
         let b = p.buffer.as_mut();
         put16(&mut b[udp::SRC_PORT], self.src_port);
@@ -767,19 +814,31 @@ mod tests {
         buf[..28].copy_from_slice(&V4_UDP);
         let mut bad = buf;
         bad[11] ^= 1;
-        assert!(matches!(IpRepr::parse(&bad), Err(ParseError::Checksum { .. })));
+        assert!(matches!(
+            IpRepr::parse(&bad),
+            Err(ParseError::Checksum { .. })
+        ));
         let mut opt = buf;
         opt[0] = 0x46;
         assert_eq!(
             IpRepr::parse(&opt).unwrap_err(),
-            ParseError::Malformed { what: "IPv4", reason: "options (IHL > 5) are not supported on RoCEv2" }
+            ParseError::Malformed {
+                what: "IPv4",
+                reason: "options (IHL > 5) are not supported on RoCEv2"
+            }
         );
         let mut frag = buf;
         frag[6] = 0x20; // MF
         let mut p = Ipv4Packet::new_unchecked(&mut frag[..]);
         p.fill_checksum();
-        assert!(matches!(IpRepr::parse(&frag), Err(ParseError::Malformed { .. })));
-        assert!(matches!(IpRepr::parse(&buf[..47]), Err(ParseError::Truncated { .. })));
+        assert!(matches!(
+            IpRepr::parse(&frag),
+            Err(ParseError::Malformed { .. })
+        ));
+        assert!(matches!(
+            IpRepr::parse(&buf[..47]),
+            Err(ParseError::Truncated { .. })
+        ));
     }
 
     #[test]
@@ -789,10 +848,22 @@ mod tests {
         let (ip, payload) = IpRepr::parse(&buf).unwrap();
         let p = UdpPacket::new_checked(payload).unwrap();
         let r = UdpRepr::parse(&p, ip.src_addr(), ip.dst_addr());
-        assert_eq!(r, UdpRepr { src_port: 0xEC4D, dst_port: 4791, checksum: UdpChecksum::None });
+        assert_eq!(
+            r,
+            UdpRepr {
+                src_port: 0xEC4D,
+                dst_port: 4791,
+                checksum: UdpChecksum::None
+            }
+        );
         assert_eq!(p.payload().len(), 20);
         let mut out = [0u8; 28];
-        r.emit(&mut UdpPacket::new_unchecked(&mut out[..]), ip.src_addr(), ip.dst_addr(), 20);
+        r.emit(
+            &mut UdpPacket::new_unchecked(&mut out[..]),
+            ip.src_addr(),
+            ip.dst_addr(),
+            20,
+        );
         assert_eq!(out[..8], V4_UDP[20..28]);
     }
 
@@ -806,7 +877,10 @@ mod tests {
         let (ip, payload) = IpRepr::parse(&buf).unwrap();
         let IpRepr::V6(r) = ip else { panic!("not v6") };
         assert_eq!(r.flow_label, 0xCCDC4);
-        assert_eq!((r.traffic_class, r.hop_limit, r.next_header, r.payload_len), (0, 64, 17, 288));
+        assert_eq!(
+            (r.traffic_class, r.hop_limit, r.next_header, r.payload_len),
+            (0, 64, 17, 288)
+        );
         assert_eq!(payload.len(), 288);
         let mut out = [0u8; 40];
         ip.emit(&mut out);
@@ -817,7 +891,12 @@ mod tests {
         let r = UdpRepr::parse(&p, ip.src_addr(), ip.dst_addr());
         assert_eq!(r.checksum, UdpChecksum::Invalid(0xFC23));
         let mut out = buf[40..].to_vec();
-        r.emit(&mut UdpPacket::new_unchecked(&mut out[..]), ip.src_addr(), ip.dst_addr(), 280);
+        r.emit(
+            &mut UdpPacket::new_unchecked(&mut out[..]),
+            ip.src_addr(),
+            ip.dst_addr(),
+            280,
+        );
         assert_eq!(out[..8], V6_UDP[40..]);
     }
 
@@ -827,12 +906,19 @@ mod tests {
         let dst: IpAddr = "fd77::2".parse().unwrap();
         let mut buf = [0u8; 8 + 5];
         buf[8..].copy_from_slice(b"hello"); // odd length exercises the pad byte
-        let r = UdpRepr { src_port: 1, dst_port: 4791, checksum: UdpChecksum::Valid };
+        let r = UdpRepr {
+            src_port: 1,
+            dst_port: 4791,
+            checksum: UdpChecksum::Valid,
+        };
         r.emit(&mut UdpPacket::new_unchecked(&mut buf[..]), src, dst, 5);
         let p = UdpPacket::new_checked(&buf[..]).unwrap();
         assert_ne!(p.checksum(), 0);
         assert_eq!(UdpRepr::parse(&p, src, dst), r);
         let other: IpAddr = "fd77::3".parse().unwrap();
-        assert_eq!(UdpRepr::parse(&p, src, other).checksum, UdpChecksum::Invalid(p.checksum()));
+        assert_eq!(
+            UdpRepr::parse(&p, src, other).checksum,
+            UdpChecksum::Invalid(p.checksum())
+        );
     }
 }

@@ -49,7 +49,7 @@ pub mod fuzz;
 
 pub use bth::{BthPacket, BthRepr};
 pub use error::{EmitError, ParseError};
-pub use ethernet::{EthernetPacket, EthernetRepr, EtherType};
+pub use ethernet::{EtherType, EthernetPacket, EthernetRepr};
 pub use ext::{
     AethPacket, AethRepr, AtomicAckEthPacket, AtomicAckEthRepr, AtomicEthPacket, AtomicEthRepr,
     CreditCount, DethPacket, DethRepr, IethPacket, IethRepr, ImmDtPacket, ImmDtRepr, NakCode,

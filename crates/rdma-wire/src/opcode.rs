@@ -115,7 +115,7 @@ pub enum ExtHeader {
 
 impl ExtHeader {
     /// Length on the wire.
-    pub const fn len(self) -> usize {
+    pub const fn wire_len(self) -> usize {
         match self {
             ExtHeader::Deth => ext::DETH_LEN,
             ExtHeader::Reth => ext::RETH_LEN,
@@ -164,10 +164,15 @@ impl PayloadRule {
     ///
     /// # Errors
     /// A short reason, used in [`ParseError::Payload`](crate::ParseError).
-    pub const fn check(self, payload: usize, pad: u8, mtu: Option<usize>) -> Result<(), &'static str> {
+    pub const fn check(
+        self,
+        payload: usize,
+        pad: u8,
+        mtu: Option<usize>,
+    ) -> Result<(), &'static str> {
         // IBA 9.2.2: the pad aligns payload plus pad to 4 bytes; every header
         // length is a multiple of 4, so the pad count is fixed by the payload.
-        if (payload + pad as usize) % 4 != 0 {
+        if (payload + pad as usize) & 3 != 0 {
             return Err("pad count does not align the payload to 4 bytes");
         }
         if pad > 3 || (pad > 0 && payload == 0) {
@@ -191,7 +196,9 @@ impl PayloadRule {
                 Err("payload longer than the path MTU")
             }
             PayloadRule::UpToMtuNonEmpty | PayloadRule::UpToMtu => Ok(()),
-            PayloadRule::Fixed(n) if payload != n => Err("payload length differs from the fixed length"),
+            PayloadRule::Fixed(n) if payload != n => {
+                Err("payload length differs from the fixed length")
+            }
             PayloadRule::Fixed(_) => Ok(()),
         }
     }
@@ -238,7 +245,7 @@ impl OpInfo {
     pub fn header_len(&self) -> usize {
         let mut n = crate::bth::HEADER_LEN;
         for h in self.headers {
-            n += h.len();
+            n += h.wire_len();
         }
         n
     }
@@ -257,7 +264,11 @@ impl OpInfo {
     pub const fn is_request(&self) -> bool {
         matches!(
             self.kind,
-            Kind::Send | Kind::RdmaWrite | Kind::RdmaReadRequest | Kind::CompareSwap | Kind::FetchAdd
+            Kind::Send
+                | Kind::RdmaWrite
+                | Kind::RdmaReadRequest
+                | Kind::CompareSwap
+                | Kind::FetchAdd
         )
     }
 
@@ -277,9 +288,10 @@ impl OpInfo {
     /// Payload rule (IBA 9.7.1; A17.9.3 for CNP).
     pub const fn payload_rule(&self) -> PayloadRule {
         match (self.kind, self.position) {
-            (Kind::Send | Kind::RdmaWrite | Kind::RdmaReadResponse, Position::First | Position::Middle) => {
-                PayloadRule::FullMtu
-            }
+            (
+                Kind::Send | Kind::RdmaWrite | Kind::RdmaReadResponse,
+                Position::First | Position::Middle,
+            ) => PayloadRule::FullMtu,
             (Kind::Send | Kind::RdmaWrite | Kind::RdmaReadResponse, Position::Last) => {
                 PayloadRule::UpToMtuNonEmpty
             }
@@ -426,7 +438,13 @@ opcodes! {
 impl Opcode {
     /// The opcode with these properties, found in the table; `None` if the
     /// IBA defines no such opcode (e.g. a UD RDMA WRITE).
-    pub fn find(transport: Transport, kind: Kind, position: Position, immediate: bool, invalidate: bool) -> Option<Opcode> {
+    pub fn find(
+        transport: Transport,
+        kind: Kind,
+        position: Position,
+        immediate: bool,
+        invalidate: bool,
+    ) -> Option<Opcode> {
         Opcode::ALL.iter().copied().find(|op| match op.info() {
             Some(i) => {
                 i.transport == transport
@@ -515,18 +533,37 @@ mod tests {
     fn header_column_obeys_iba_rules() {
         for op in Opcode::ALL {
             let i = op.info().unwrap();
-            let reth = (i.kind == Kind::RdmaWrite && i.position.starts()) || i.kind == Kind::RdmaReadRequest;
+            let reth = (i.kind == Kind::RdmaWrite && i.position.starts())
+                || i.kind == Kind::RdmaReadRequest;
             assert_eq!(i.has(ExtHeader::Reth), reth, "{op} RETH");
-            let aeth = i.is_response() && !(i.kind == Kind::RdmaReadResponse && i.position == Position::Middle);
+            let aeth = i.is_response()
+                && !(i.kind == Kind::RdmaReadResponse && i.position == Position::Middle);
             assert_eq!(i.has(ExtHeader::Aeth), aeth, "{op} AETH");
-            assert_eq!(i.has(ExtHeader::Deth), i.transport == Transport::Ud, "{op} DETH");
+            assert_eq!(
+                i.has(ExtHeader::Deth),
+                i.transport == Transport::Ud,
+                "{op} DETH"
+            );
             assert_eq!(i.has(ExtHeader::AtomicEth), i.is_atomic(), "{op} AtomicETH");
-            assert_eq!(i.has(ExtHeader::AtomicAckEth), i.kind == Kind::AtomicAcknowledge);
+            assert_eq!(
+                i.has(ExtHeader::AtomicAckEth),
+                i.kind == Kind::AtomicAcknowledge
+            );
             assert_eq!(i.has_immediate(), i.name.contains("with Immediate"), "{op}");
-            assert_eq!(i.has_invalidate(), i.name.contains("with Invalidate"), "{op}");
+            assert_eq!(
+                i.has_invalidate(),
+                i.name.contains("with Invalidate"),
+                "{op}"
+            );
             if i.has_immediate() || i.has_invalidate() {
-                assert!(i.position.ends(), "{op}: ImmDt/IETH only on the last packet");
-                assert!(matches!(i.headers.last(), Some(ExtHeader::ImmDt | ExtHeader::Ieth)));
+                assert!(
+                    i.position.ends(),
+                    "{op}: ImmDt/IETH only on the last packet"
+                );
+                assert!(matches!(
+                    i.headers.last(),
+                    Some(ExtHeader::ImmDt | ExtHeader::Ieth)
+                ));
             }
         }
     }
@@ -536,12 +573,24 @@ mod tests {
         for op in Opcode::ALL {
             let i = op.info().unwrap();
             assert_eq!(
-                Opcode::find(i.transport, i.kind, i.position, i.has_immediate(), i.has_invalidate()),
+                Opcode::find(
+                    i.transport,
+                    i.kind,
+                    i.position,
+                    i.has_immediate(),
+                    i.has_invalidate()
+                ),
                 Some(*op)
             );
         }
-        assert_eq!(Opcode::find(Transport::Ud, Kind::RdmaWrite, Position::Only, false, false), None);
-        assert_eq!(Opcode::find(Transport::Uc, Kind::Send, Position::Only, false, true), None);
+        assert_eq!(
+            Opcode::find(Transport::Ud, Kind::RdmaWrite, Position::Only, false, false),
+            None
+        );
+        assert_eq!(
+            Opcode::find(Transport::Uc, Kind::Send, Position::Only, false, true),
+            None
+        );
     }
 
     #[test]
@@ -555,12 +604,30 @@ mod tests {
         assert!(!i.consumes_rwqe() && !i.completes_rwqe());
         assert!(Opcode::RcSendFirst.info().unwrap().consumes_rwqe());
         assert!(!Opcode::RcWriteFirst.info().unwrap().consumes_rwqe());
-        assert_eq!(Opcode::RcReadRequest.info().unwrap().ack_class(), AckClass::ReadResponse);
-        assert_eq!(Opcode::RcFetchAdd.info().unwrap().ack_class(), AckClass::AtomicAck);
-        assert_eq!(Opcode::UcSendOnly.info().unwrap().ack_class(), AckClass::None);
-        assert_eq!(Opcode::RcAtomicAcknowledge.info().unwrap().header_len(), 12 + 4 + 8);
-        assert_eq!(Opcode::UdSendOnlyImm.info().unwrap().header_len(), 12 + 8 + 4);
-        assert_eq!(Opcode::Cnp.info().unwrap().payload_rule(), PayloadRule::Fixed(16));
+        assert_eq!(
+            Opcode::RcReadRequest.info().unwrap().ack_class(),
+            AckClass::ReadResponse
+        );
+        assert_eq!(
+            Opcode::RcFetchAdd.info().unwrap().ack_class(),
+            AckClass::AtomicAck
+        );
+        assert_eq!(
+            Opcode::UcSendOnly.info().unwrap().ack_class(),
+            AckClass::None
+        );
+        assert_eq!(
+            Opcode::RcAtomicAcknowledge.info().unwrap().header_len(),
+            12 + 4 + 8
+        );
+        assert_eq!(
+            Opcode::UdSendOnlyImm.info().unwrap().header_len(),
+            12 + 8 + 4
+        );
+        assert_eq!(
+            Opcode::Cnp.info().unwrap().payload_rule(),
+            PayloadRule::Fixed(16)
+        );
         assert_eq!(Opcode::RcAcknowledge.to_string(), "RC Acknowledge");
         assert_eq!(Opcode::from(0x15).to_string(), "opcode 0x15 (unknown)");
     }
@@ -574,7 +641,10 @@ mod tests {
         assert!(PayloadRule::FullMtu.check(1023, 1, None).is_err());
         assert!(PayloadRule::UpToMtuNonEmpty.check(0, 0, None).is_err());
         assert_eq!(PayloadRule::UpToMtuNonEmpty.check(1, 3, Some(256)), Ok(()));
-        assert!(PayloadRule::UpToMtu.check(1, 2, None).is_err(), "misaligned");
+        assert!(
+            PayloadRule::UpToMtu.check(1, 2, None).is_err(),
+            "misaligned"
+        );
         assert!(PayloadRule::UpToMtu.check(0, 4, None).is_err());
         assert!(PayloadRule::UpToMtu.check(260, 0, Some(256)).is_err());
         assert_eq!(PayloadRule::UpToMtu.check(0, 0, Some(256)), Ok(()));

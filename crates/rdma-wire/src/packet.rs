@@ -66,7 +66,9 @@ impl ExtHeaders {
             }
             ExtHeader::Aeth => self.aeth = Some(AethRepr::parse(&AethPacket::new_checked(b)?)),
             ExtHeader::AtomicAckEth => {
-                self.atomic_ack_eth = Some(AtomicAckEthRepr::parse(&AtomicAckEthPacket::new_checked(b)?))
+                self.atomic_ack_eth = Some(AtomicAckEthRepr::parse(
+                    &AtomicAckEthPacket::new_checked(b)?,
+                ))
             }
             ExtHeader::ImmDt => self.imm_dt = Some(ImmDtRepr::parse(&ImmDtPacket::new_checked(b)?)),
             ExtHeader::Ieth => self.ieth = Some(IethRepr::parse(&IethPacket::new_checked(b)?)),
@@ -153,30 +155,42 @@ impl<'a> IbRepr<'a> {
     pub fn parse(udp_payload: &'a [u8]) -> Result<IbRepr<'a>, ParseError> {
         let bthp = BthPacket::new_checked(udp_payload)?;
         let bth = BthRepr::parse(&bthp)?;
-        let info = bth.opcode.info().ok_or(ParseError::UnknownOpcode(bth.opcode.code()))?;
+        let info = bth
+            .opcode
+            .info()
+            .ok_or(ParseError::UnknownOpcode(bth.opcode.code()))?;
         let hdr = info.header_len();
         crate::bytes::need("IB packet", hdr + ICRC_LEN, udp_payload.len())?;
         let mut ext = ExtHeaders::default();
         let mut off = bth::HEADER_LEN;
         for &h in info.headers {
             ext.parse_one(h, &udp_payload[off..])?;
-            off += h.len();
+            off += h.wire_len();
         }
         let rest = &udp_payload[hdr..udp_payload.len() - ICRC_LEN];
         let pad = bth.pad_count;
-        let payload_len = rest.len().checked_sub(usize::from(pad)).ok_or(ParseError::Payload {
-            opcode: bth.opcode,
-            reason: "pad count exceeds the bytes after the headers",
-            payload: 0,
-            pad,
-        })?;
-        info.payload_rule().check(payload_len, pad, None).map_err(|reason| ParseError::Payload {
-            opcode: bth.opcode,
-            reason,
-            payload: payload_len,
-            pad,
-        })?;
-        Ok(IbRepr { bth, ext, payload: &rest[..payload_len] })
+        let payload_len = rest
+            .len()
+            .checked_sub(usize::from(pad))
+            .ok_or(ParseError::Payload {
+                opcode: bth.opcode,
+                reason: "pad count exceeds the bytes after the headers",
+                payload: 0,
+                pad,
+            })?;
+        info.payload_rule()
+            .check(payload_len, pad, None)
+            .map_err(|reason| ParseError::Payload {
+                opcode: bth.opcode,
+                reason,
+                payload: payload_len,
+                pad,
+            })?;
+        Ok(IbRepr {
+            bth,
+            ext,
+            payload: &rest[..payload_len],
+        })
     }
 
     /// The opcode's table row.
@@ -203,15 +217,30 @@ impl<'a> IbRepr<'a> {
         let info = op.info().ok_or(EmitError::UnknownOpcode(op.code()))?;
         for h in ExtHeaders::KINDS {
             match (info.has(h), self.ext.has(h)) {
-                (true, false) => return Err(EmitError::Headers { opcode: op, header: h.name(), state: "missing" }),
+                (true, false) => {
+                    return Err(EmitError::Headers {
+                        opcode: op,
+                        header: h.name(),
+                        state: "missing",
+                    })
+                }
                 (false, true) => {
-                    return Err(EmitError::Headers { opcode: op, header: h.name(), state: "not allowed" })
+                    return Err(EmitError::Headers {
+                        opcode: op,
+                        header: h.name(),
+                        state: "not allowed",
+                    })
                 }
                 _ => {}
             }
         }
         let (len, pad) = (self.payload.len(), self.bth.pad_count);
-        let bad = |reason| EmitError::Payload { opcode: op, reason, payload: len, pad };
+        let bad = |reason| EmitError::Payload {
+            opcode: op,
+            reason,
+            payload: len,
+            pad,
+        };
         info.payload_rule().check(len, pad, None).map_err(bad)?;
         if pad != pad_for(len) {
             return Err(bad("pad count is not the one the payload length calls for"));
@@ -229,13 +258,17 @@ impl<'a> IbRepr<'a> {
         let info = self.check()?;
         let total = self.buffer_len();
         if buf.len() < total {
-            return Err(EmitError::BufferTooSmall { need: total, have: buf.len() });
+            return Err(EmitError::BufferTooSmall {
+                need: total,
+                have: buf.len(),
+            });
         }
-        self.bth.emit(&mut BthPacket::new_unchecked(&mut buf[..bth::HEADER_LEN]));
+        self.bth
+            .emit(&mut BthPacket::new_unchecked(&mut buf[..bth::HEADER_LEN]));
         let mut off = bth::HEADER_LEN;
         for &h in info.headers {
-            self.ext.emit_one(h, &mut buf[off..off + h.len()]);
-            off += h.len();
+            self.ext.emit_one(h, &mut buf[off..off + h.wire_len()]);
+            off += h.wire_len();
         }
         buf[off..off + self.payload.len()].copy_from_slice(self.payload);
         off += self.payload.len();
@@ -286,7 +319,11 @@ impl<'a> RoceRepr<'a> {
     ///
     /// # Errors
     /// As [`IbRepr::parse`], or [`ParseError::Icrc`].
-    pub fn parse_datagram(mut ip: IpRepr, udp: UdpRepr, udp_payload: &'a [u8]) -> Result<RoceRepr<'a>, ParseError> {
+    pub fn parse_datagram(
+        mut ip: IpRepr,
+        udp: UdpRepr,
+        udp_payload: &'a [u8],
+    ) -> Result<RoceRepr<'a>, ParseError> {
         let ib = IbRepr::parse(udp_payload)?;
         let body = &udp_payload[..udp_payload.len() - ICRC_LEN];
         let carried = icrc::trailer(udp_payload).unwrap_or(0);
@@ -317,8 +354,11 @@ impl<'a> RoceRepr<'a> {
     pub fn emit_udp_payload(&self, buf: &mut [u8]) -> Result<usize, EmitError> {
         let n = self.ib.emit(buf)?;
         self.too_long()?;
-        let computed = icrc::compute(&self.ip, &self.udp, &buf[..n - ICRC_LEN])
-            .map_err(|_| EmitError::TooLong { len: self.buffer_len() })?;
+        let computed = icrc::compute(&self.ip, &self.udp, &buf[..n - ICRC_LEN]).map_err(|_| {
+            EmitError::TooLong {
+                len: self.buffer_len(),
+            }
+        })?;
         icrc::write_trailer(&mut buf[..n], computed);
         Ok(n)
     }
@@ -326,7 +366,9 @@ impl<'a> RoceRepr<'a> {
     fn too_long(&self) -> Result<(), EmitError> {
         let udp_len = UDP_HEADER_LEN + self.ib.buffer_len();
         if udp_len > self.ip.max_payload_len() {
-            return Err(EmitError::TooLong { len: self.buffer_len() });
+            return Err(EmitError::TooLong {
+                len: self.buffer_len(),
+            });
         }
         Ok(())
     }
@@ -341,7 +383,10 @@ impl<'a> RoceRepr<'a> {
         self.too_long()?;
         let total = self.buffer_len();
         if buf.len() < total {
-            return Err(EmitError::BufferTooSmall { need: total, have: buf.len() });
+            return Err(EmitError::BufferTooSmall {
+                need: total,
+                have: buf.len(),
+            });
         }
         let buf = &mut buf[..total];
         let mut ip = self.ip;
@@ -350,8 +395,12 @@ impl<'a> RoceRepr<'a> {
         let iph = ip.buffer_len();
         let n = self.ib.emit(&mut buf[iph + UDP_HEADER_LEN..])?;
         ip.emit(&mut buf[..iph]);
-        self.udp
-            .emit(&mut UdpPacket::new_unchecked(&mut buf[iph..]), ip.src_addr(), ip.dst_addr(), n);
+        self.udp.emit(
+            &mut UdpPacket::new_unchecked(&mut buf[iph..]),
+            ip.src_addr(),
+            ip.dst_addr(),
+            n,
+        );
         // The UDP checksum is masked in the ICRC, but covers the ICRC: ICRC
         // first, then the checksum again.
         let hdr = iph + UDP_HEADER_LEN;
@@ -386,7 +435,10 @@ impl<'a> RoceFrame<'a> {
         let p = EthernetPacket::new_checked(frame)?;
         let eth = EthernetRepr::parse(&p);
         if !matches!(eth.ethertype, EtherType::Ipv4 | EtherType::Ipv6) {
-            return Err(ParseError::Malformed { what: "Ethernet", reason: "EtherType is neither IPv4 nor IPv6" });
+            return Err(ParseError::Malformed {
+                what: "Ethernet",
+                reason: "EtherType is neither IPv4 nor IPv6",
+            });
         }
         let ip_bytes = &frame[ethernet::HEADER_LEN..];
         let roce = RoceRepr::parse(ip_bytes)?;
@@ -395,10 +447,17 @@ impl<'a> RoceFrame<'a> {
             (EtherType::Ipv4, IpRepr::V4(_)) | (EtherType::Ipv6, IpRepr::V6(_))
         );
         if !version_ok {
-            return Err(ParseError::Malformed { what: "Ethernet", reason: "EtherType and IP version disagree" });
+            return Err(ParseError::Malformed {
+                what: "Ethernet",
+                reason: "EtherType and IP version disagree",
+            });
         }
         let ip_len = roce.ip.buffer_len() + roce.ip.payload_len();
-        Ok(RoceFrame { eth, roce, trailer: &ip_bytes[ip_len..] })
+        Ok(RoceFrame {
+            eth,
+            roce,
+            trailer: &ip_bytes[ip_len..],
+        })
     }
 
     /// Bytes of the frame.
@@ -413,9 +472,14 @@ impl<'a> RoceFrame<'a> {
     pub fn emit(&self, buf: &mut [u8]) -> Result<usize, EmitError> {
         let total = self.buffer_len();
         if buf.len() < total {
-            return Err(EmitError::BufferTooSmall { need: total, have: buf.len() });
+            return Err(EmitError::BufferTooSmall {
+                need: total,
+                have: buf.len(),
+            });
         }
-        self.eth.emit(&mut EthernetPacket::new_unchecked(&mut buf[..ethernet::HEADER_LEN]));
+        self.eth.emit(&mut EthernetPacket::new_unchecked(
+            &mut buf[..ethernet::HEADER_LEN],
+        ));
         let n = self.roce.emit(&mut buf[ethernet::HEADER_LEN..total])?;
         buf[ethernet::HEADER_LEN + n..total].copy_from_slice(self.trailer);
         Ok(total)

@@ -97,10 +97,18 @@ mod tests {
         let mut off = 24;
         let mut out = Vec::new();
         while off < b.len() {
-            let (sec, usec, incl, orig) = (u32_at(off), u32_at(off + 4), u32_at(off + 8), u32_at(off + 12));
+            let (sec, usec, incl, orig) = (
+                u32_at(off),
+                u32_at(off + 4),
+                u32_at(off + 8),
+                u32_at(off + 12),
+            );
             assert_eq!(incl, orig);
             off += 16;
-            out.push((u64::from(sec) * 1_000_000 + u64::from(usec), b[off..off + incl as usize].to_vec()));
+            out.push((
+                u64::from(sec) * 1_000_000 + u64::from(usec),
+                b[off..off + incl as usize].to_vec(),
+            ));
             off += incl as usize;
         }
         (link, out)
@@ -109,11 +117,16 @@ mod tests {
     #[test]
     fn writes_records_that_read_back() {
         let mut w = PcapWriter::new(Vec::new(), LinkType::Raw).unwrap();
-        w.write_packet(Instant::from_micros(1_500_000), b"abc").unwrap();
-        w.write_packet(Instant::from_micros(2_000_001), &[7u8; 100]).unwrap();
+        w.write_packet(Instant::from_micros(1_500_000), b"abc")
+            .unwrap();
+        w.write_packet(Instant::from_micros(2_000_001), &[7u8; 100])
+            .unwrap();
         let bytes = w.into_inner().unwrap();
         let (link, recs) = read_back(&bytes);
         assert_eq!(link, 101);
-        assert_eq!(recs, vec![(1_500_000, b"abc".to_vec()), (2_000_001, vec![7u8; 100])]);
+        assert_eq!(
+            recs,
+            vec![(1_500_000, b"abc".to_vec()), (2_000_001, vec![7u8; 100])]
+        );
     }
 }

@@ -36,19 +36,28 @@ fn check_file(name: &str, expected_frames: usize) -> (BTreeMap<u8, usize>, usize
         assert_eq!(f.roce.udp.dst_port, ROCEV2_UDP_PORT, "{name} frame {n}");
         // Re-emit from the reprs alone.
         let mut out = vec![0u8; f.buffer_len()];
-        let len = f.emit(&mut out).unwrap_or_else(|e| panic!("{name} frame {n}: emit: {e}"));
+        let len = f
+            .emit(&mut out)
+            .unwrap_or_else(|e| panic!("{name} frame {n}: emit: {e}"));
         assert_eq!(len, bytes.len(), "{name} frame {n}: length");
         assert_eq!(&out, bytes, "{name} frame {n}: re-emitted bytes differ");
         // Our ICRC over the captured bytes equals the captured trailer.
         let ip_len = f.roce.buffer_len();
         let ip = &bytes[14..14 + ip_len];
         let carried = icrc::trailer(ip).unwrap();
-        assert_eq!(icrc::compute_ip_packet(ip), Ok(carried), "{name} frame {n}: ICRC");
+        assert_eq!(
+            icrc::compute_ip_packet(ip),
+            Ok(carried),
+            "{name} frame {n}: ICRC"
+        );
         // The payload slice is where the opcode table says it is.
         let info = f.roce.ib.info().unwrap();
         let udp_payload = &ip[f.roce.ip.buffer_len() + 8..];
         let start = info.header_len();
-        assert_eq!(f.roce.ib.payload, &udp_payload[start..start + f.roce.ib.payload.len()]);
+        assert_eq!(
+            f.roce.ib.payload,
+            &udp_payload[start..start + f.roce.ib.payload.len()]
+        );
         if let IpRepr::V6(_) = f.roce.ip {
             v6 += 1;
         }
@@ -63,10 +72,19 @@ fn rc_pingpong_and_rping() {
     assert_eq!(v6, 0);
     // As tshark counts them: SEND first/middle/last/only, WRITE only, READ
     // request, READ response only, ACK, UD SEND only (CM).
-    let expect: BTreeMap<u8, usize> =
-        [(0x00, 20), (0x01, 40), (0x02, 20), (0x04, 12), (0x0A, 3), (0x0C, 3), (0x10, 3), (0x11, 35), (0x64, 5)]
-            .into_iter()
-            .collect();
+    let expect: BTreeMap<u8, usize> = [
+        (0x00, 20),
+        (0x01, 40),
+        (0x02, 20),
+        (0x04, 12),
+        (0x0A, 3),
+        (0x0C, 3),
+        (0x10, 3),
+        (0x11, 35),
+        (0x64, 5),
+    ]
+    .into_iter()
+    .collect();
     assert_eq!(ops, expect);
 }
 
@@ -74,10 +92,17 @@ fn rc_pingpong_and_rping() {
 fn ib_srp_to_lio_srpt() {
     let (ops, v6) = check_file("linux-ib_srp-to-lio-srpt-over-rxe.hex", 600);
     assert_eq!(v6, 0);
-    let expect: BTreeMap<u8, usize> =
-        [(0x04, 125), (0x06, 11), (0x07, 256), (0x08, 10), (0x0A, 31), (0x11, 164), (0x64, 3)]
-            .into_iter()
-            .collect();
+    let expect: BTreeMap<u8, usize> = [
+        (0x04, 125),
+        (0x06, 11),
+        (0x07, 256),
+        (0x08, 10),
+        (0x0A, 31),
+        (0x11, 164),
+        (0x64, 3),
+    ]
+    .into_iter()
+    .collect();
     assert_eq!(ops, expect);
 }
 
@@ -85,7 +110,10 @@ fn ib_srp_to_lio_srpt() {
 fn userspace_cm_req() {
     let (ops, v6) = check_file("userspace-cm-req-to-linux-rxe.hex", 17);
     assert_eq!(v6, 7, "IPv6 ULA and link-local CM exchanges");
-    assert_eq!(ops.into_iter().collect::<Vec<_>>(), vec![(Opcode::UdSendOnly.code(), 17)]);
+    assert_eq!(
+        ops.into_iter().collect::<Vec<_>>(),
+        vec![(Opcode::UdSendOnly.code(), 17)]
+    );
     // rxe sends no UDP checksum; the user-space sender's checksums were
     // captured before offload filled them in (tshark also calls them bad):
     // kept as they are, the ICRC still matches.
@@ -114,7 +142,9 @@ fn ipv4_ident_recovered_from_icrc() {
     ] {
         for (n, bytes) in frames(name) {
             let f = RoceFrame::parse(&bytes).unwrap();
-            let IpRepr::V4(mut v4) = f.roce.ip else { continue };
+            let IpRepr::V4(mut v4) = f.roce.ip else {
+                continue;
+            };
             let ident = v4.ident;
             v4.ident = 0;
             let ip_len = f.roce.buffer_len();

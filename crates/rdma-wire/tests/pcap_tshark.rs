@@ -31,43 +31,125 @@ fn bth(opcode: Opcode, psn: u32) -> BthRepr {
 
 /// One packet of every header combination the opcode table has.
 fn packets(payload: &[u8]) -> Vec<IbRepr<'_>> {
-    let reth = Some(RethRepr { va: 0x1000, rkey: Rkey(0x1234), dma_len: 300 });
-    let ack = |s: u8| Some(AethRepr { syndrome: Syndrome::from_byte(s), msn: 5 });
-    let atomic = Some(AtomicEthRepr { va: 0x2000, rkey: Rkey(7), swap_add: 1, compare: 2 });
+    let reth = Some(RethRepr {
+        va: 0x1000,
+        rkey: Rkey(0x1234),
+        dma_len: 300,
+    });
+    let ack = |s: u8| {
+        Some(AethRepr {
+            syndrome: Syndrome::from_byte(s),
+            msn: 5,
+        })
+    };
+    let atomic = Some(AtomicEthRepr {
+        va: 0x2000,
+        rkey: Rkey(7),
+        swap_add: 1,
+        compare: 2,
+    });
     let none = ExtHeaders::default();
     let mut v = vec![
         IbRepr::new(bth(Opcode::RcSendOnly, 1), none, &payload[..13]),
         IbRepr::new(bth(Opcode::RcSendFirst, 2), none, &payload[..256]),
-        IbRepr::new(bth(Opcode::RcWriteFirst, 3), ExtHeaders { reth, ..none }, &payload[..256]),
+        IbRepr::new(
+            bth(Opcode::RcWriteFirst, 3),
+            ExtHeaders { reth, ..none },
+            &payload[..256],
+        ),
         IbRepr::new(bth(Opcode::RcWriteMiddle, 4), none, &payload[..256]),
         IbRepr::new(
             bth(Opcode::RcWriteOnlyImm, 5),
-            ExtHeaders { reth, imm_dt: Some(ImmDtRepr { imm: 0xABCD }), ..none },
+            ExtHeaders {
+                reth,
+                imm_dt: Some(ImmDtRepr { imm: 0xABCD }),
+                ..none
+            },
             &payload[..44],
         ),
-        IbRepr::new(bth(Opcode::RcReadRequest, 6), ExtHeaders { reth, ..none }, &[]),
-        IbRepr::new(bth(Opcode::RcReadResponseOnly, 6), ExtHeaders { aeth: ack(0x1f), ..none }, &payload[..7]),
+        IbRepr::new(
+            bth(Opcode::RcReadRequest, 6),
+            ExtHeaders { reth, ..none },
+            &[],
+        ),
+        IbRepr::new(
+            bth(Opcode::RcReadResponseOnly, 6),
+            ExtHeaders {
+                aeth: ack(0x1f),
+                ..none
+            },
+            &payload[..7],
+        ),
         IbRepr::new(bth(Opcode::RcReadResponseMiddle, 7), none, &payload[..256]),
-        IbRepr::new(bth(Opcode::RcAcknowledge, 7), ExtHeaders { aeth: ack(0x1f), ..none }, &[]),
-        IbRepr::new(bth(Opcode::RcAcknowledge, 8), ExtHeaders { aeth: ack(0x60), ..none }, &[]),
-        IbRepr::new(bth(Opcode::RcAcknowledge, 9), ExtHeaders { aeth: ack(0x2e), ..none }, &[]),
-        IbRepr::new(bth(Opcode::RcCompareSwap, 10), ExtHeaders { atomic_eth: atomic, ..none }, &[]),
-        IbRepr::new(bth(Opcode::RcFetchAdd, 11), ExtHeaders { atomic_eth: atomic, ..none }, &[]),
+        IbRepr::new(
+            bth(Opcode::RcAcknowledge, 7),
+            ExtHeaders {
+                aeth: ack(0x1f),
+                ..none
+            },
+            &[],
+        ),
+        IbRepr::new(
+            bth(Opcode::RcAcknowledge, 8),
+            ExtHeaders {
+                aeth: ack(0x60),
+                ..none
+            },
+            &[],
+        ),
+        IbRepr::new(
+            bth(Opcode::RcAcknowledge, 9),
+            ExtHeaders {
+                aeth: ack(0x2e),
+                ..none
+            },
+            &[],
+        ),
+        IbRepr::new(
+            bth(Opcode::RcCompareSwap, 10),
+            ExtHeaders {
+                atomic_eth: atomic,
+                ..none
+            },
+            &[],
+        ),
+        IbRepr::new(
+            bth(Opcode::RcFetchAdd, 11),
+            ExtHeaders {
+                atomic_eth: atomic,
+                ..none
+            },
+            &[],
+        ),
         IbRepr::new(
             bth(Opcode::RcAtomicAcknowledge, 11),
-            ExtHeaders { aeth: ack(0x1f), atomic_ack_eth: Some(AtomicAckEthRepr { orig_data: 9 }), ..none },
+            ExtHeaders {
+                aeth: ack(0x1f),
+                atomic_ack_eth: Some(AtomicAckEthRepr { orig_data: 9 }),
+                ..none
+            },
             &[],
         ),
         IbRepr::new(
             bth(Opcode::RcSendLastInv, 12),
-            ExtHeaders { ieth: Some(IethRepr { rkey: Rkey(0x77) }), ..none },
+            ExtHeaders {
+                ieth: Some(IethRepr { rkey: Rkey(0x77) }),
+                ..none
+            },
             &payload[..3],
         ),
-        IbRepr::new(bth(Opcode::UcWriteOnly, 13), ExtHeaders { reth, ..none }, &payload[..300]),
+        IbRepr::new(
+            bth(Opcode::UcWriteOnly, 13),
+            ExtHeaders { reth, ..none },
+            &payload[..300],
+        ),
         IbRepr::new(
             bth(Opcode::UdSendOnlyImm, 14),
             ExtHeaders {
-                deth: Some(DethRepr { qkey: Qkey(0x1111_1111), src_qp: Qpn::new(0x99).unwrap() }),
+                deth: Some(DethRepr {
+                    qkey: Qkey(0x1111_1111),
+                    src_qp: Qpn::new(0x99).unwrap(),
+                }),
                 imm_dt: Some(ImmDtRepr { imm: 1 }),
                 ..none
             },
@@ -114,7 +196,11 @@ fn write_capture(link: LinkType) -> (PathBuf, Vec<(u8, u32)>) {
     let mut t = 0;
     for ip in [v4, v6] {
         for ib in packets(&payload) {
-            let udp = UdpRepr { src_port: 0xC012, dst_port: ROCEV2_UDP_PORT, checksum: UdpChecksum::None };
+            let udp = UdpRepr {
+                src_port: 0xC012,
+                dst_port: ROCEV2_UDP_PORT,
+                checksum: UdpChecksum::None,
+            };
             let roce = RoceRepr { ip, udp, ib };
             let mut buf = vec![0u8; 14 + roce.buffer_len()];
             let n = match link {
@@ -123,9 +209,19 @@ fn write_capture(link: LinkType) -> (PathBuf, Vec<(u8, u32)>) {
                     let eth = EthernetRepr {
                         dst: [2, 0, 0, 0, 0, 2],
                         src: [2, 0, 0, 0, 0, 1],
-                        ethertype: if matches!(ip, IpRepr::V4(_)) { EtherType::Ipv4 } else { EtherType::Ipv6 },
+                        ethertype: if matches!(ip, IpRepr::V4(_)) {
+                            EtherType::Ipv4
+                        } else {
+                            EtherType::Ipv6
+                        },
                     };
-                    RoceFrame { eth, roce, trailer: &[] }.emit(&mut buf).unwrap()
+                    RoceFrame {
+                        eth,
+                        roce,
+                        trailer: &[],
+                    }
+                    .emit(&mut buf)
+                    .unwrap()
                 }
             };
             t += 1000;
@@ -143,11 +239,20 @@ fn write_capture(link: LinkType) -> (PathBuf, Vec<(u8, u32)>) {
 /// is also in that list but is needed for the Ethernet records.
 fn payload_heuristics() -> Vec<String> {
     let list = |what: &str| {
-        let out = Command::new(TSHARK).args(["-G", what]).output().expect("run tshark -G");
-        String::from_utf8_lossy(&out.stdout).lines().map(str::to_owned).collect::<Vec<_>>()
+        let out = Command::new(TSHARK)
+            .args(["-G", what])
+            .output()
+            .expect("run tshark -G");
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
     };
-    let protocols: std::collections::HashSet<String> =
-        list("protocols").iter().filter_map(|l| l.split('\t').nth(2)).map(str::to_owned).collect();
+    let protocols: std::collections::HashSet<String> = list("protocols")
+        .iter()
+        .filter_map(|l| l.split('\t').nth(2))
+        .map(str::to_owned)
+        .collect();
     list("heuristic-decodes")
         .iter()
         .filter_map(|l| l.strip_prefix("infiniband.payload\t"))
@@ -159,7 +264,9 @@ fn payload_heuristics() -> Vec<String> {
 
 fn tshark(path: &PathBuf, fields: &[&str]) -> Vec<Vec<String>> {
     let mut cmd = Command::new(TSHARK);
-    cmd.arg("-r").arg(path).args(["-T", "fields", "-E", "separator=/t"]);
+    cmd.arg("-r")
+        .arg(path)
+        .args(["-T", "fields", "-E", "separator=/t"]);
     for h in payload_heuristics() {
         cmd.args(["--disable-protocol", &h]);
     }
@@ -167,7 +274,11 @@ fn tshark(path: &PathBuf, fields: &[&str]) -> Vec<Vec<String>> {
         cmd.args(["-e", f]);
     }
     let out = cmd.output().expect("run tshark");
-    assert!(out.status.success(), "tshark failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "tshark failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8(out.stdout)
         .unwrap()
         .lines()
@@ -183,13 +294,38 @@ fn tshark_decodes_our_captures_as_infiniband() {
     }
     for link in [LinkType::Ethernet, LinkType::Raw] {
         let (path, ops) = write_capture(link);
-        let rows = tshark(&path, &["infiniband.bth.opcode", "_ws.malformed", "infiniband.bth.psn"]);
+        let rows = tshark(
+            &path,
+            &[
+                "infiniband.bth.opcode",
+                "_ws.malformed",
+                "infiniband.bth.psn",
+            ],
+        );
         std::fs::remove_file(&path).ok();
-        assert_eq!(rows.len(), ops.len(), "{link:?}: one decoded row per record");
+        assert_eq!(
+            rows.len(),
+            ops.len(),
+            "{link:?}: one decoded row per record"
+        );
         for (i, (row, (op, psn))) in rows.iter().zip(&ops).enumerate() {
-            assert_eq!(row[0], op.to_string(), "{link:?} record {}: BTH opcode as tshark reads it", i + 1);
-            assert_eq!(row[2], psn.to_string(), "{link:?} record {}: PSN as tshark reads it", i + 1);
-            assert!(row[1].is_empty(), "{link:?} record {}: tshark says malformed: {row:?}", i + 1);
+            assert_eq!(
+                row[0],
+                op.to_string(),
+                "{link:?} record {}: BTH opcode as tshark reads it",
+                i + 1
+            );
+            assert_eq!(
+                row[2],
+                psn.to_string(),
+                "{link:?} record {}: PSN as tshark reads it",
+                i + 1
+            );
+            assert!(
+                row[1].is_empty(),
+                "{link:?} record {}: tshark says malformed: {row:?}",
+                i + 1
+            );
         }
     }
 }
