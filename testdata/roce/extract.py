@@ -4,7 +4,7 @@
 Usage: extract.py CAPTURE.pcapng OUT.hex
 
 A RoCEv2 frame here is an Ethernet frame carrying IPv4 or IPv6 whose
-next protocol is UDP with destination port 4791 (IBA Annex A17.2). ICMP
+next protocol is UDP with destination port 4791 (IBA Annex A17). ICMP
 errors that quote a RoCEv2 datagram, ARP, neighbour discovery and other
 UDP traffic are not RoCEv2 frames and are left out; the header of the
 output says how many frames of each kind were skipped.

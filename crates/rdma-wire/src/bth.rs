@@ -1,5 +1,5 @@
-//! Base transport header, 12 bytes (IBA 9.2; byte 4 per A17.9.2 / 9.2 as
-//! of release 1.2.1: FECN, BECN, 6 reserved bits).
+//! Base transport header, 12 bytes (IBA 9.2). Byte 4 holds FECN, BECN and
+//! 6 reserved bits (the resv8a of older releases, masked in the ICRC).
 
 use rdma_types::{Pkey, Psn, Qpn};
 
@@ -200,7 +200,7 @@ impl BthRepr {
     ///
     /// # Errors
     /// [`ParseError::Malformed`] for a transport version other than 0
-    /// (IBA C9-1: such packets are dropped).
+    /// (IBA 9.2: such packets are dropped).
     pub fn parse<T: AsRef<[u8]>>(p: &BthPacket<T>) -> Result<BthRepr, ParseError> {
         if p.tver() != 0 {
             return Err(ParseError::Malformed {

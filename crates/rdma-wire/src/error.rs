@@ -34,7 +34,7 @@ pub enum ParseError {
         /// Value computed over the packet.
         computed: u16,
     },
-    /// The invariant CRC does not match (IBA A17.8): the packet must be
+    /// The invariant CRC does not match (IBA Annex A17, RoCEv2): the packet must be
     /// dropped silently.
     #[error("ICRC mismatch: carried {carried:#010x}, computed {computed:#010x}")]
     Icrc {

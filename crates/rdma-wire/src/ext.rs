@@ -210,8 +210,8 @@ impl AethRepr {
     }
 }
 
-/// AETH syndrome (IBA 9.7.5.2.8, table 42): bit 7 reserved, bits 6-5 the
-/// kind, bits 4-0 its value.
+/// AETH syndrome (IBA 9.3.5): bit 7 reserved, bits 6-5 the kind, bits 4-0
+/// its value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Syndrome {
     /// 0b00: ACK with an end-to-end credit count.
@@ -265,12 +265,12 @@ impl fmt::Display for Syndrome {
     }
 }
 
-/// End-to-end credit count of an ACK (IBA 9.7.7.2.5, table 44): a 5-bit
+/// End-to-end credit count of an ACK (IBA 9.7.7.2.5): a 5-bit
 /// code; 31 means "invalid", i.e. the responder does not limit requests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct CreditCount(pub u8);
 
-/// Receive WQEs for codes 0..=30 (IBA table 44).
+/// Receive WQEs for codes 0..=30 (IBA 9.7.7.2.5).
 const CREDITS: [u32; 31] = [
     0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536,
     2048, 3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768,
@@ -286,7 +286,8 @@ impl CreditCount {
     }
 
     /// The largest code not exceeding `available` WQEs (rounding down is
-    /// what C9-148 requires); `None` gives [`CreditCount::UNLIMITED`].
+    /// a responder must never advertise more than it has); `None` gives
+    /// [`CreditCount::UNLIMITED`].
     pub fn for_available(available: Option<u32>) -> CreditCount {
         match available {
             None => CreditCount::UNLIMITED,
@@ -295,12 +296,12 @@ impl CreditCount {
     }
 }
 
-/// RNR NAK timer field (IBA 9.7.5.2.8, table 45): 5-bit code of the
+/// RNR NAK timer field (IBA 9.7.5.2.8, table 45 of release 1.2): 5-bit code of the
 /// minimum wait before retrying; code 0 is the longest, 655.36 ms.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct RnrTimer(pub u8);
 
-/// Microseconds per code (IBA table 45).
+/// Microseconds per code (IBA 9.7.5.2.8).
 const RNR_MICROS: [u64; 32] = [
     655_360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1_280, 1_920, 2_560, 3_840,
     5_120, 7_680, 10_240, 15_360, 20_480, 30_720, 40_960, 61_440, 81_920, 122_880, 163_840,
@@ -326,7 +327,7 @@ impl RnrTimer {
 
 macro_rules! nak_codes {
     ($( $code:literal $var:ident $text:literal; )+) => {
-        /// NAK code of an AETH syndrome (IBA 9.7.5.2.8, table 43). Codes
+        /// NAK code of an AETH syndrome (IBA 9.3.5). Codes
         /// the table does not list are [`NakCode::Unknown`].
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
         pub enum NakCode {
@@ -716,13 +717,13 @@ mod tests {
         0x00, 0x00, 0x01, // MSN 1
     ];
 
-    /// Hand-built NAK: remote access error, MSN 0x123456 (IBA table 42/43).
+    /// Hand-built NAK: remote access error, MSN 0x123456 (IBA 9.3.5).
     const AETH_NAK: [u8; 4] = [
         0x62, // syndrome: NAK (11), code 2 remote access error
         0x12, 0x34, 0x56, // MSN
     ];
 
-    /// Hand-built RNR NAK, timer code 14 = 1.28 ms (IBA table 45).
+    /// Hand-built RNR NAK, timer code 14 = 1.28 ms (IBA 9.7.5.2.8).
     const AETH_RNR: [u8; 4] = [
         0x2e, // syndrome: RNR NAK (01), timer 14
         0x00, 0x00, 0x07, // MSN 7

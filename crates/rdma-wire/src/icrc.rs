@@ -1,4 +1,5 @@
-//! Invariant CRC of RoCEv2 packets (IBA Annex A17.8, on top of 7.8.1).
+//! Invariant CRC of RoCEv2 packets (IBA Annex A17, RoCEv2, on top of the
+//! ICRC of IBA 7.8).
 //!
 //! CRC-32 (IEEE 802.3, reflected, the one `crc32fast` computes) over:
 //! 8 bytes of 0xFF standing in for the masked LRH; the IP header with the
@@ -44,7 +45,7 @@ fn masked_prefix(ip_udp: &[u8], bth: &[u8], out: &mut [u8; PREFIX_MAX]) -> usize
     ip[udp_csum + 1] = 0xFF;
     let b = 8 + n;
     out[b..b + BTH_LEN].copy_from_slice(&bth[..BTH_LEN]);
-    out[b + 4] = 0xFF; // BTH byte 4: FECN, BECN, resv6 (A17.8.1)
+    out[b + 4] = 0xFF; // BTH byte 4: FECN, BECN, resv6 (Annex A17)
     b + BTH_LEN
 }
 

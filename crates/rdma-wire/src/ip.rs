@@ -1,4 +1,4 @@
-//! IPv4, IPv6 and UDP, only as far as RoCEv2 needs them (IBA Annex A17.4):
+//! IPv4, IPv6 and UDP, only as far as RoCEv2 needs them (IBA Annex A17):
 //! one IPv4 header without options and unfragmented, or one IPv6 header
 //! without extension headers, then UDP.
 

@@ -20,7 +20,7 @@
 //! - Parsing never panics and never allocates; reprs borrow the payload.
 //! - Emitting what was parsed gives back the same bytes (reserved fields are
 //!   emitted as zero, which is what senders must put there).
-//! - [`icrc`] computes the invariant CRC exactly as Annex A17.8 masks it, in
+//! - [`icrc`] computes the invariant CRC exactly as Annex A17 masks it, in
 //!   one pass, without allocating.
 //!
 //! What it refuses: IPv4 options and fragments, IPv6 extension headers,
@@ -59,7 +59,7 @@ pub use ip::{IpRepr, Ipv4Packet, Ipv4Repr, Ipv6Packet, Ipv6Repr, UdpChecksum, Ud
 pub use opcode::{AckClass, ExtHeader, Kind, OpInfo, Opcode, PayloadRule, Position, Transport};
 pub use packet::{ExtHeaders, IbRepr, RoceFrame, RoceRepr};
 
-/// UDP destination port of RoCEv2 (IBA Annex A17.2.1).
+/// UDP destination port of RoCEv2 (IBA Annex A17).
 pub const ROCEV2_UDP_PORT: u16 = 4791;
 
 /// Length of the ICRC trailer.

@@ -1,6 +1,6 @@
 //! THE opcode table: BTH opcodes of RC, UC and UD (IBA 9.2 table 38, header
-//! order from 9.3 / table 39-40) and the RoCEv2 congestion notification
-//! packet (IBA Annex A17.9.3). Every fact about an opcode is either a
+//! order from 9.3) and the RoCEv2 congestion notification packet (IBA
+//! Annex A17). Every fact about an opcode is either a
 //! column of [`opcodes!`] below or derived from its columns in exactly one
 //! function of [`OpInfo`]; nothing else in the project should spell them
 //! again.
@@ -141,8 +141,8 @@ impl ExtHeader {
     }
 }
 
-/// How many payload bytes a packet of an opcode may carry (IBA 9.7.1 and
-/// C9-21..C9-27 on packet lengths; A17.9.3 for CNPs). The path MTU is not
+/// How many payload bytes a packet of an opcode may carry (IBA 9.7, packet
+/// length checks; Annex A17 for CNPs; Linux rxe's responder checks the same). The path MTU is not
 /// known to a parser, so [`PayloadRule::check`] takes it as an option.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum PayloadRule {
@@ -285,7 +285,7 @@ impl OpInfo {
         matches!(self.kind, Kind::CompareSwap | Kind::FetchAdd)
     }
 
-    /// Payload rule (IBA 9.7.1; A17.9.3 for CNP).
+    /// Payload rule (IBA 9.7; Annex A17 for CNP).
     pub const fn payload_rule(&self) -> PayloadRule {
         match (self.kind, self.position) {
             (
@@ -308,7 +308,7 @@ impl OpInfo {
         !matches!(self.payload_rule(), PayloadRule::None)
     }
 
-    /// What a request elicits from the responder (IBA 9.7.5.1); only RC
+    /// What a request elicits from the responder (IBA 9.7.5); only RC
     /// is acknowledged.
     pub const fn ack_class(&self) -> AckClass {
         match (self.transport, self.kind) {
@@ -319,8 +319,8 @@ impl OpInfo {
         }
     }
 
-    /// Whether the responder takes a receive WQE at this packet (IBA
-    /// 9.7.3.1.2 / 9.4.1.1.2 for SEND, 9.4.3 for RDMA WRITE with immediate):
+    /// Whether the responder takes a receive WQE at this packet (IBA 9.4;
+    /// the same packets as Linux rxe's RWR mask):
     /// the first packet of a SEND, the immediate-carrying packet of a WRITE.
     pub fn consumes_rwqe(&self) -> bool {
         match self.kind {
@@ -341,7 +341,7 @@ impl OpInfo {
     }
 }
 
-/// Reserved payload of a CNP (IBA A17.9.3).
+/// Reserved payload of a CNP (IBA Annex A17).
 pub const CNP_PAYLOAD_LEN: usize = 16;
 
 macro_rules! opcodes {
@@ -501,7 +501,7 @@ mod tests {
     }
 
     /// The transport column agrees with the top three bits of the code
-    /// (IBA 9.2 table 38: 000 RC, 001 UC, 011 UD; A17.9.3: 100 CNP).
+    /// (IBA 9.2 table 38: 000 RC, 001 UC, 011 UD; Annex A17: 100 CNP).
     #[test]
     fn transport_column_matches_code_bits() {
         for op in Opcode::ALL {
