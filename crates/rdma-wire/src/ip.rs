@@ -482,6 +482,41 @@ impl IpRepr {
         }
     }
 
+    /// The IP header of a RoCEv2 datagram as Linux sends it from an
+    /// unconnected UDP socket with `IP_PMTUDISC_DO` (INTEROP.md): IPv4 ID
+    /// 0 and DF (both inside the ICRC), TTL or hop limit 64, TOS, traffic
+    /// class and flow label 0 (masked in the ICRC, so any value verifies).
+    /// IPv4-mapped IPv6 addresses count as IPv4. `None` if the two
+    /// addresses are of different families.
+    pub fn rocev2(src: IpAddr, dst: IpAddr, payload_len: usize) -> Option<IpRepr> {
+        let canon = |a: IpAddr| match a {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(a, IpAddr::V4),
+            v4 => v4,
+        };
+        match (canon(src), canon(dst)) {
+            (IpAddr::V4(src), IpAddr::V4(dst)) => Some(IpRepr::V4(Ipv4Repr {
+                src,
+                dst,
+                tos: 0,
+                ident: 0,
+                dont_frag: true,
+                ttl: 64,
+                protocol: PROTOCOL_UDP,
+                payload_len,
+            })),
+            (IpAddr::V6(src), IpAddr::V6(dst)) => Some(IpRepr::V6(Ipv6Repr {
+                src,
+                dst,
+                traffic_class: 0,
+                flow_label: 0,
+                next_header: PROTOCOL_UDP,
+                hop_limit: 64,
+                payload_len,
+            })),
+            _ => None,
+        }
+    }
+
     /// Source address.
     pub fn src_addr(&self) -> IpAddr {
         match self {
@@ -754,6 +789,39 @@ impl UdpRepr {
     }
 }
 
+// ---------------------------------------------------------------- source port
+
+/// Lowest UDP source port RoCEv2 senders use (IBA Annex A17: the source
+/// port carries flow entropy; receivers ignore it).
+pub const ROCEV2_SOURCE_PORT_MIN: u16 = 0xC000;
+
+/// The UDP source port for a flow label, folded the way Linux does it
+/// (`rdma_flow_label_to_udp_sport`): low 14 bits XOR the high 6, in
+/// 0xC000..=0xFFFF. Checked against the rxe captures, where the flow label
+/// comes from the CM REQ's primary path.
+pub const fn source_port_for_flow_label(flow_label: u32) -> u16 {
+    let fl = flow_label & 0xF_FFFF;
+    let low = (fl & 0x3FFF) ^ ((fl & 0xF_C000) >> 14);
+    ROCEV2_SOURCE_PORT_MIN | low as u16
+}
+
+/// The flow label Linux derives from the two QP numbers of a connection
+/// when none was given (`rdma_calc_flow_label`).
+pub const fn flow_label_for_qps(local: rdma_types::Qpn, remote: rdma_types::Qpn) -> u32 {
+    let mut v = local.value() as u64 * remote.value() as u64;
+    v ^= v >> 20;
+    v ^= v >> 40;
+    (v & 0xF_FFFF) as u32
+}
+
+/// The source port Linux rxe gives a QP at creation, before any path is
+/// known (what its UD QPs and QP1 keep): 0xC000 | 14-bit multiplicative
+/// hash of the QPN.
+pub const fn rxe_default_source_port(qpn: rdma_types::Qpn) -> u16 {
+    let h = qpn.value().wrapping_mul(0x61C8_8647) >> (32 - 14);
+    ROCEV2_SOURCE_PORT_MIN | (h & 0x3FFF) as u16
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -920,5 +988,19 @@ mod tests {
             UdpRepr::parse(&p, src, other).checksum,
             UdpChecksum::Invalid(p.checksum())
         );
+    }
+
+    /// Source ports of the rxe captures: QP1 MADs (hash of QPN 1), an
+    /// ibv_rc_pingpong QP pair 0x11/0x11 (no flow label: derived from the
+    /// QPNs), rping and ib_srp (flow labels 0x6066B and 0xC2C7D from their
+    /// CM REQs).
+    #[test]
+    fn source_ports_match_rxe() {
+        use rdma_types::Qpn;
+        assert_eq!(rxe_default_source_port(Qpn::GSI), 0xD872);
+        let q = Qpn::new(0x11).unwrap();
+        assert_eq!(source_port_for_flow_label(flow_label_for_qps(q, q)), 0xC121);
+        assert_eq!(source_port_for_flow_label(0x6066B), 0xC673);
+        assert_eq!(source_port_for_flow_label(0xC2C7D), 0xEC4D);
     }
 }

@@ -55,7 +55,10 @@ pub use ext::{
     CreditCount, DethPacket, DethRepr, IethPacket, IethRepr, ImmDtPacket, ImmDtRepr, NakCode,
     RethPacket, RethRepr, RnrTimer, Syndrome,
 };
-pub use ip::{IpRepr, Ipv4Packet, Ipv4Repr, Ipv6Packet, Ipv6Repr, UdpChecksum, UdpPacket, UdpRepr};
+pub use ip::{
+    flow_label_for_qps, rxe_default_source_port, source_port_for_flow_label, IpRepr, Ipv4Packet,
+    Ipv4Repr, Ipv6Packet, Ipv6Repr, UdpChecksum, UdpPacket, UdpRepr,
+};
 pub use opcode::{AckClass, ExtHeader, Kind, OpInfo, Opcode, PayloadRule, Position, Transport};
 pub use packet::{ExtHeaders, IbRepr, RoceFrame, RoceRepr};
 
