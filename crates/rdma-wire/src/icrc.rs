@@ -10,51 +10,137 @@
 //! IPv4 identification and lengths are covered, not masked. The result is
 //! stored least significant byte first, i.e. little-endian.
 //!
-//! Nothing here allocates: the masked headers are copied to a 68-byte
-//! stack buffer, the rest is hashed in place.
+//! Nothing here allocates or copies: the CRC runs over the bytes in place
+//! and the masking is applied as a precomputed correction (see `Masks`).
 
 use crate::bth::HEADER_LEN as BTH_LEN;
 use crate::ip::{IpRepr, UdpRepr, IPV4_HEADER_LEN, IPV6_HEADER_LEN, UDP_HEADER_LEN};
 use crate::{ParseError, ICRC_LEN};
 
-/// 8 (LRH) + 40 (IPv6) + 8 (UDP) + 12 (BTH).
-const PREFIX_MAX: usize = 8 + IPV6_HEADER_LEN + UDP_HEADER_LEN + BTH_LEN;
+/// CRC-32 of the 8 bytes of 0xFF that stand in for the masked LRH; the
+/// hash starts from it (Linux rxe's seed 0xDEBB20E3 is the same state
+/// before the final inversion).
+const LRH_ONES_CRC: u32 = 0x2144_DF1C;
 
-/// Builds the masked prefix from IP+UDP headers and the BTH; returns its
-/// length. `ip_udp` is 28 (IPv4) or 48 (IPv6) bytes, `bth` at least 12.
-fn masked_prefix(ip_udp: &[u8], bth: &[u8], out: &mut [u8; PREFIX_MAX]) -> usize {
-    out[..8].fill(0xFF);
-    let n = ip_udp.len();
-    out[8..8 + n].copy_from_slice(ip_udp);
-    let ip = &mut out[8..8 + n];
-    if ip[0] >> 4 == 4 {
-        ip[1] = 0xFF; // TOS
-        ip[8] = 0xFF; // TTL
-        ip[10] = 0xFF; // header checksum
-        ip[11] = 0xFF;
-    } else {
-        // Traffic class and flow label: all of bytes 0-3 but the version.
-        ip[0] |= 0x0F;
-        ip[1] = 0xFF;
-        ip[2] = 0xFF;
-        ip[3] = 0xFF;
-        ip[7] = 0xFF; // hop limit
+/// Reflected CRC-32 polynomial (IEEE 802.3).
+const POLY: u32 = 0xEDB8_8320;
+
+/// How the masked prefix (IP + UDP + BTH) differs from the bytes as they
+/// are: at each listed position the variant bits (`mask`) become 1s.
+/// Rather than copying the prefix and setting bits (the CRC then reads
+/// freshly stored bytes back, which stalls the pipeline and cost more than
+/// the CRC itself on small packets), the CRC runs over the bytes in place
+/// and a correction is XORed in: CRC-32 is affine, so for messages of one
+/// length crc(a ^ d) = crc(a) ^ L(d), with L linear. `tables[i][v]` is
+/// L of a prefix that is zero except for `v` at `pos[i]`.
+struct Masks {
+    pos: [usize; 8],
+    mask: [u8; 8],
+    count: usize,
+    tables: [[u32; 256]; 8],
+}
+
+impl Masks {
+    /// `fields` are (position, variant bits) in a prefix of `len` bytes.
+    const fn new(fields: &[(usize, u8)], len: usize) -> Masks {
+        let mut m = Masks {
+            pos: [0; 8],
+            mask: [0; 8],
+            count: fields.len(),
+            tables: [[0; 256]; 8],
+        };
+        let mut i = 0;
+        while i < fields.len() {
+            let (pos, mask) = fields[i];
+            m.pos[i] = pos;
+            m.mask[i] = mask;
+            // L of a single set bit: that bit, then 8 register steps per
+            // byte from the field to the end of the prefix.
+            let mut bits = [0u32; 8];
+            let mut b = 0;
+            while b < 8 {
+                let mut r: u32 = 1 << b;
+                let mut steps = 8 * (len - pos);
+                while steps > 0 {
+                    r = if r & 1 != 0 { (r >> 1) ^ POLY } else { r >> 1 };
+                    steps -= 1;
+                }
+                bits[b] = r;
+                b += 1;
+            }
+            let mut v = 0;
+            while v < 256 {
+                let mut acc = 0;
+                let mut b = 0;
+                while b < 8 {
+                    if v & (1 << b) != 0 {
+                        acc ^= bits[b];
+                    }
+                    b += 1;
+                }
+                m.tables[i][v] = acc;
+                v += 1;
+            }
+            i += 1;
+        }
+        m
     }
-    let udp_csum = n - UDP_HEADER_LEN + 6;
-    ip[udp_csum] = 0xFF;
-    ip[udp_csum + 1] = 0xFF;
-    let b = 8 + n;
-    out[b..b + BTH_LEN].copy_from_slice(&bth[..BTH_LEN]);
-    out[b + 4] = 0xFF; // BTH byte 4: FECN, BECN, resv6 (Annex A17)
-    b + BTH_LEN
+}
+
+/// IPv4 (20) + UDP (8) + BTH (12): TOS, TTL, header checksum, UDP
+/// checksum, BTH byte 4 (FECN, BECN, reserved).
+static MASKS_V4: Masks = Masks::new(
+    &[
+        (1, 0xFF),
+        (8, 0xFF),
+        (10, 0xFF),
+        (11, 0xFF),
+        (26, 0xFF),
+        (27, 0xFF),
+        (28 + 4, 0xFF),
+    ],
+    IPV4_HEADER_LEN + UDP_HEADER_LEN + BTH_LEN,
+);
+
+/// IPv6 (40) + UDP (8) + BTH (12): traffic class and flow label (low
+/// nibble of byte 0, bytes 1-3), hop limit, UDP checksum, BTH byte 4.
+static MASKS_V6: Masks = Masks::new(
+    &[
+        (0, 0x0F),
+        (1, 0xFF),
+        (2, 0xFF),
+        (3, 0xFF),
+        (7, 0xFF),
+        (46, 0xFF),
+        (47, 0xFF),
+        (48 + 4, 0xFF),
+    ],
+    IPV6_HEADER_LEN + UDP_HEADER_LEN + BTH_LEN,
+);
+
+/// CRC of the 8 bytes of 1s and the masked IP + UDP + BTH prefix, read in
+/// place. `ip_udp` is 28 (IPv4) or 48 (IPv6) bytes, `bth` at least 12.
+fn prefix_crc(ip_udp: &[u8], bth: &[u8]) -> u32 {
+    let n = ip_udp.len();
+    let m = if n == IPV4_HEADER_LEN + UDP_HEADER_LEN {
+        &MASKS_V4
+    } else {
+        &MASKS_V6
+    };
+    let mut fix = 0;
+    for i in 0..m.count {
+        let p = m.pos[i];
+        let orig = if p < n { ip_udp[p] } else { bth[p - n] };
+        fix ^= m.tables[i][usize::from(!orig & m.mask[i])];
+    }
+    let mut h = crc32fast::Hasher::new_with_initial(LRH_ONES_CRC);
+    h.update(ip_udp);
+    h.update(&bth[..BTH_LEN]);
+    h.finalize() ^ fix
 }
 
 fn prefix_hasher(ip_udp: &[u8], bth: &[u8]) -> crc32fast::Hasher {
-    let mut buf = [0u8; PREFIX_MAX];
-    let n = masked_prefix(ip_udp, bth, &mut buf);
-    let mut h = crc32fast::Hasher::new();
-    h.update(&buf[..n]);
-    h
+    crc32fast::Hasher::new_with_initial(prefix_crc(ip_udp, bth))
 }
 
 /// ICRC from the raw IP and UDP headers (`ip_udp`: 28 bytes for IPv4,
@@ -190,7 +276,7 @@ pub fn compute(ip: &IpRepr, udp: &UdpRepr, ib: &[u8]) -> Result<u32, ParseError>
 /// Finds the IPv4 identification under which `icrc` is the ICRC of `ib`
 /// with these headers (`ip.ident` is ignored). Linux rxe sends IDs from a
 /// per-destination counter that a UDP socket cannot see (INTEROP.md); the
-/// CRC is affine in the ID bits, so 17 CRCs of the 68-byte prefix and one
+/// CRC is affine in the ID bits, so 17 CRCs of the 40- or 60-byte prefix and one
 /// pass over the rest decide it, and exactly one ID can match.
 ///
 /// Returns `None` if no ID matches (a corrupted packet), or for IPv6.
@@ -252,6 +338,55 @@ mod tests {
         0x1f, 0x00, 0x00, 0x01, // AETH: ACK unlimited credits, MSN 1
         0x79, 0x8c, 0x24, 0xf4, // ICRC, least significant byte first
     ];
+
+    /// The annex's recipe written out the slow way: copy, set the variant
+    /// fields to 1s, CRC the lot.
+    fn reference(ip_udp: &[u8], ib: &[u8]) -> u32 {
+        let mut m = vec![0xFFu8; 8];
+        m.extend_from_slice(ip_udp);
+        m.extend_from_slice(ib);
+        let ones: &[usize] = if ip_udp[0] >> 4 == 4 {
+            &[1, 8, 10, 11, 26, 27, 32]
+        } else {
+            &[1, 2, 3, 7, 46, 47, 52]
+        };
+        for &p in ones {
+            m[8 + p] = 0xFF;
+        }
+        if ip_udp[0] >> 4 == 6 {
+            m[8] |= 0x0F;
+        }
+        crc32fast::hash(&m)
+    }
+
+    #[test]
+    fn in_place_correction_equals_the_masked_copy() {
+        let mut x: u64 = 0x1234_5678_9ABC_DEF1;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        };
+        for round in 0..500 {
+            let v6 = round % 2 == 1;
+            let hdr = if v6 { 48 } else { 28 };
+            let len = hdr + 12 + (round % 70);
+            let mut b: Vec<u8> = (0..len).map(|_| next()).collect();
+            b[0] = (b[0] & 0x0F) | if v6 { 0x60 } else { 0x40 };
+            let (ip_udp, ib) = b.split_at(hdr);
+            assert_eq!(
+                compute_raw(ip_udp, ib),
+                Ok(reference(ip_udp, ib)),
+                "round {round}"
+            );
+        }
+    }
+
+    #[test]
+    fn lrh_seed_is_the_crc_of_eight_ones_bytes() {
+        assert_eq!(crc32fast::hash(&[0xFF; 8]), LRH_ONES_CRC);
+    }
 
     #[test]
     fn capture_vector() {
