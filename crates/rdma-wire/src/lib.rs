@@ -31,6 +31,42 @@
 //!
 //! Checksum and ICRC verification are skipped under `cfg(fuzzing)` so a
 //! fuzzer can reach the code behind them.
+//!
+//! # Example
+//!
+//! ```
+//! use rdma_types::{Pkey, Psn, Qpn};
+//! use rdma_wire::*;
+//!
+//! // An RC SEND Only of 5 bytes from 10.0.0.1 to 10.0.0.2, as a NIC behind
+//! // a UDP socket sends it (IPv4 ID 0, DF: see `IpRepr::rocev2`).
+//! let (src, dst) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
+//! let bth = BthRepr {
+//!     opcode: Opcode::RcSendOnly,
+//!     solicited: false,
+//!     mig_req: true,
+//!     pad_count: 0, // IbRepr::new sets it from the payload length
+//!     pkey: Pkey::DEFAULT,
+//!     fecn: false,
+//!     becn: false,
+//!     dest_qp: Qpn::new(0x11).unwrap(),
+//!     ack_req: true,
+//!     psn: Psn::new(100),
+//! };
+//! let roce = RoceRepr {
+//!     ip: IpRepr::rocev2(src, dst, 0).unwrap(),
+//!     udp: UdpRepr { src_port: 0xC011, dst_port: ROCEV2_UDP_PORT, checksum: UdpChecksum::None },
+//!     ib: IbRepr::new(bth, ExtHeaders::default(), b"hello"),
+//! };
+//! // What goes into the socket: BTH, payload, 3 pad bytes, ICRC.
+//! let mut dgram = [0u8; 64];
+//! let n = roce.emit_udp_payload(&mut dgram).unwrap();
+//! assert_eq!(n, 12 + 5 + 3 + 4);
+//! // What the peer does with it: parse and check the ICRC.
+//! let back = RoceRepr::parse_datagram(roce.ip, roce.udp, &dgram[..n]).unwrap();
+//! assert_eq!(back.ib.payload, b"hello");
+//! assert_eq!(back.ib.info().unwrap().ack_class(), AckClass::Ack);
+//! ```
 
 mod bytes;
 mod error;

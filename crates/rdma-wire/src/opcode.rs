@@ -1,7 +1,7 @@
 //! THE opcode table: BTH opcodes of RC, UC and UD (IBA 9.2 table 38, header
 //! order from 9.3) and the RoCEv2 congestion notification packet (IBA
 //! Annex A17). Every fact about an opcode is either a
-//! column of [`opcodes!`] below or derived from its columns in exactly one
+//! column of the `opcodes!` table below or derived from its columns in exactly one
 //! function of [`OpInfo`]; nothing else in the project should spell them
 //! again.
 
