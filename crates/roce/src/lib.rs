@@ -20,25 +20,22 @@
 //! same code the other providers use. A failed check never touches memory.
 //!
 //! What it refuses to do: parse bytes (the driver hands in a decoded
-//! [`Packet`]), choose addresses (UD destinations arrive resolved), or
+//! [`Packet`] built on `rdma-wire`'s reprs; the opcode table and AETH codes
+//! are `rdma-wire`'s), choose addresses (UD destinations arrive resolved), or
 //! decide policy such as which QP a packet belongs to.
 //!
 //! [`Instant`]: rdma_types::Instant
 
 mod mem;
-mod op;
 mod packet;
 mod qp;
 mod req;
 mod resp;
-mod tables;
 mod wqe;
 
 pub use mem::{Memory, MemoryError, RemoteAccess};
-pub use op::{OpKind, Position};
-pub use packet::{Aeth, AethKind, AtomicEth, Deth, NakCode, Packet, Reth};
+pub use packet::Packet;
 pub use qp::{Qp, QpConfig, QpCounters, QpEvent};
-pub use tables::{credit_count_decode, credit_count_encode, rnr_timer_decode};
 pub use wqe::{Completion, RecvWqe, SendOp, SendWqe, Sge, UdDest};
 
 #[cfg(test)]

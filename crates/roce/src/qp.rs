@@ -2,12 +2,12 @@
 //! completer and responder.
 
 use crate::mem::Memory;
-use crate::op;
-use crate::packet::Packet;
+use crate::packet::{transport_of, Packet};
 use crate::req::Requester;
 use crate::resp::Responder;
 use crate::wqe::{Completion, RecvWqe, SendWqe};
 use rdma_types::{Duration, Instant, Mtu, Pkey, Psn, Qkey, QpType, Qpn, WcStatus};
+use rdma_wire::Kind;
 use std::collections::VecDeque;
 
 /// Transport attributes of a QP, as set by modify-QP (IBA 11.2.4.2).
@@ -260,25 +260,20 @@ impl Qp {
             return;
         }
         // IBA 9.6.1.3 / 10.9.3: P_Key check; mismatch drops silently.
-        if !self.cfg.qp_type.is_datagram() && !pkt.pkey.matches(self.cfg.pkey) {
+        if !self.cfg.qp_type.is_datagram() && !pkt.bth.pkey.matches(self.cfg.pkey) {
             self.counters.pkey_violations += 1;
             return;
         }
-        let Some(info) = op::info(pkt.opcode) else {
+        let Some(info) = pkt.bth.opcode.info() else {
             self.counters.dropped += 1;
             return;
         };
-        let own_transport = match self.cfg.qp_type {
-            QpType::Smi | QpType::Gsi => QpType::Ud,
-            t => t,
-        };
-        if info.transport != own_transport {
+        if info.transport != transport_of(self.cfg.qp_type) {
             self.counters.dropped += 1;
             return;
         }
-        use crate::op::OpKind::*;
         match info.kind {
-            Ack | AtomicAck | ReadResponse => {
+            Kind::Acknowledge | Kind::AtomicAcknowledge | Kind::RdmaReadResponse => {
                 if self.mode == Mode::ReceiveOnly {
                     self.counters.dropped += 1;
                     return;

@@ -3,11 +3,14 @@
 //! retransmission on timeout and go-back-N, completion in order.
 
 use crate::mem::{gather, scatter, Memory};
-use crate::op::{self, OpInfo, OpKind, Position};
-use crate::packet::{AethKind, AtomicEth, Deth, NakCode, Packet, Reth};
+use crate::packet::{opcode, transport_of, Packet};
 use crate::qp::{Mode, Qp, QpConfig};
 use crate::wqe::{Completion, SendOp, SendWqe};
 use rdma_types::{Instant, Psn, QpType, WcStatus};
+use rdma_wire::{
+    AtomicEthRepr, DethRepr, IethRepr, ImmDtRepr, Kind, NakCode, OpInfo, Position, RethRepr,
+    Syndrome,
+};
 use std::collections::VecDeque;
 
 #[derive(Debug)]
@@ -259,7 +262,7 @@ impl Qp {
         }
         match self.build_request(idx, mem) {
             Ok(pkt) => {
-                let psn = pkt.psn;
+                let psn = pkt.bth.psn;
                 if psn.diff(self.req.max_sent) < 0 {
                     self.counters.retransmits += 1;
                 }
@@ -299,23 +302,20 @@ impl Qp {
         let entry = &self.req.sq[idx];
         let op = entry.wqe.op;
         let psn = entry.first_psn.add(pkt_idx);
-        let transport = if qp_type.is_datagram() {
-            QpType::Ud
-        } else {
-            qp_type
-        };
+        let transport = transport_of(qp_type);
         let dest = entry.wqe.ud.map(|u| u.qpn).unwrap_or(self.cfg.dest_qpn);
-        let mut pkt: Packet<Vec<u8>> = Packet::new(0, self.cfg.pkey, dest, psn);
+        let mut pkt: Packet<Vec<u8>> =
+            Packet::new(rdma_wire::Opcode::Unknown(0xFF), self.cfg.pkey, dest, psn);
 
         let (kind, pos, next_pkt) = match op {
             SendOp::Read { raddr, rkey } => {
                 let offset = u64::from(pkt_idx) * pmtu;
-                pkt.reth = Some(Reth {
+                pkt.ext.reth = Some(RethRepr {
                     va: raddr.wrapping_add(offset),
                     rkey,
-                    len: (entry.len - offset.min(entry.len)) as u32,
+                    dma_len: (entry.len - offset.min(entry.len)) as u32,
                 });
-                (OpKind::ReadRequest, Position::Only, entry.npkts)
+                (Kind::RdmaReadRequest, Position::Only, entry.npkts)
             }
             SendOp::CmpSwap {
                 raddr,
@@ -323,22 +323,22 @@ impl Qp {
                 compare,
                 swap,
             } => {
-                pkt.atomic = Some(AtomicEth {
+                pkt.ext.atomic_eth = Some(AtomicEthRepr {
                     va: raddr,
                     rkey,
                     swap_add: swap,
                     compare,
                 });
-                (OpKind::CmpSwap, Position::Only, 1)
+                (Kind::CompareSwap, Position::Only, 1)
             }
             SendOp::FetchAdd { raddr, rkey, add } => {
-                pkt.atomic = Some(AtomicEth {
+                pkt.ext.atomic_eth = Some(AtomicEthRepr {
                     va: raddr,
                     rkey,
                     swap_add: add,
                     compare: 0,
                 });
-                (OpKind::FetchAdd, Position::Only, 1)
+                (Kind::FetchAdd, Position::Only, 1)
             }
             SendOp::Send
             | SendOp::SendImm(_)
@@ -363,34 +363,43 @@ impl Qp {
                     SendOp::Write { raddr, rkey } | SendOp::WriteImm { raddr, rkey, .. },
                 ) = (pos.starts(), op)
                 {
-                    pkt.reth = Some(Reth {
+                    pkt.ext.reth = Some(RethRepr {
                         va: raddr,
                         rkey,
-                        len: entry.len as u32,
+                        dma_len: entry.len as u32,
                     });
                 }
                 if pos.ends() {
                     match op {
-                        SendOp::SendImm(imm) | SendOp::WriteImm { imm, .. } => pkt.imm = Some(imm),
-                        SendOp::SendInv(rkey) => pkt.ieth = Some(rkey),
+                        SendOp::SendImm(imm) | SendOp::WriteImm { imm, .. } => {
+                            pkt.ext.imm_dt = Some(ImmDtRepr { imm })
+                        }
+                        SendOp::SendInv(rkey) => pkt.ext.ieth = Some(IethRepr { rkey }),
                         _ => {}
                     }
-                    pkt.solicited = entry.wqe.solicited && (!is_write || pkt.imm.is_some());
+                    pkt.bth.solicited =
+                        entry.wqe.solicited && (!is_write || pkt.ext.imm_dt.is_some());
                 }
                 (
                     if is_write {
-                        OpKind::Write
+                        Kind::RdmaWrite
                     } else {
-                        OpKind::Send
+                        Kind::Send
                     },
                     pos,
                     pkt_idx + 1,
                 )
             }
         };
-        pkt.opcode = op::encode(transport, kind, pos, pkt.imm.is_some(), pkt.ieth.is_some());
+        pkt.bth.opcode = opcode(
+            transport,
+            kind,
+            pos,
+            pkt.ext.imm_dt.is_some(),
+            pkt.ext.ieth.is_some(),
+        );
         if let Some(ud) = entry.wqe.ud.filter(|_| qp_type.is_datagram()) {
-            pkt.deth = Some(Deth {
+            pkt.ext.deth = Some(DethRepr {
                 qkey: ud.qkey,
                 src_qp: self.cfg.qpn,
             });
@@ -398,14 +407,14 @@ impl Qp {
         }
         if qp_type == QpType::Rc {
             let every = self.req.pkts_since_ack_req + 1 >= ack_every;
-            pkt.ack_req = pos.ends() || every || kind != OpKind::Send && kind != OpKind::Write;
-            self.req.pkts_since_ack_req = if pkt.ack_req {
+            pkt.bth.ack_req = pos.ends() || every || kind != Kind::Send && kind != Kind::RdmaWrite;
+            self.req.pkts_since_ack_req = if pkt.bth.ack_req {
                 0
             } else {
                 self.req.pkts_since_ack_req + 1
             };
         }
-        pkt.pad = ((4 - pkt.payload.len() % 4) % 4) as u8;
+        pkt.bth.pad_count = ((4 - pkt.payload.len() % 4) % 4) as u8;
 
         let npkts = entry.npkts;
         let e = &mut self.req.sq[idx];
@@ -468,13 +477,13 @@ impl Qp {
         &mut self,
         now: Instant,
         pkt: &Packet<&[u8]>,
-        info: OpInfo,
+        info: &OpInfo,
         mem: &mut impl Memory,
     ) {
-        let psn = pkt.psn;
+        let psn = pkt.bth.psn;
         // Only PSNs in flight mean anything; older ones are duplicates.
         if psn.diff(self.req.una) < 0 || psn.diff(self.req.max_sent) >= 0 {
-            if info.kind == OpKind::Ack && psn.diff(self.req.una) < 0 {
+            if info.kind == Kind::Acknowledge && psn.diff(self.req.una) < 0 {
                 self.counters.duplicates += 1;
             } else {
                 self.counters.dropped += 1;
@@ -482,14 +491,14 @@ impl Qp {
             return;
         }
         match info.kind {
-            OpKind::Ack => {
-                let Some(aeth) = pkt.aeth else {
+            Kind::Acknowledge => {
+                let Some(aeth) = pkt.ext.aeth else {
                     self.counters.dropped += 1;
                     return;
                 };
-                match aeth.kind() {
-                    AethKind::Ack { .. } => self.ack_through(now, psn),
-                    AethKind::Rnr { .. } => {
+                match aeth.syndrome {
+                    Syndrome::Ack(_) => self.ack_through(now, psn),
+                    Syndrome::RnrNak(timer) => {
                         self.counters.rnr_naks_received += 1;
                         self.ack_through(now, psn.sub(1));
                         if self.req.rnr_left == 0 {
@@ -499,12 +508,12 @@ impl Qp {
                         if self.cfg.rnr_retry != 7 {
                             self.req.rnr_left -= 1;
                         }
-                        self.req.rnr_until = aeth.rnr_wait().map(|d| now + d);
+                        self.req.rnr_until = Some(now + timer.duration());
                         self.req.rto_deadline = None;
                         let una = self.req.una;
                         self.req.rewind(una);
                     }
-                    AethKind::Nak(NakCode::PsnSequence) => {
+                    Syndrome::Nak(NakCode::PsnSequenceError) => {
                         self.counters.seq_naks_received += 1;
                         self.ack_through(now, psn.sub(1));
                         // From the oldest unacknowledged PSN: an earlier READ
@@ -515,22 +524,22 @@ impl Qp {
                             self.retry_from(now, una);
                         }
                     }
-                    AethKind::Nak(code) => {
+                    Syndrome::Nak(code) => {
                         self.ack_through(now, psn.sub(1));
                         let status = match code {
                             NakCode::InvalidRequest => WcStatus::RemInvReqErr,
-                            NakCode::RemoteAccess => WcStatus::RemAccessErr,
-                            NakCode::RemoteOperational => WcStatus::RemOpErr,
+                            NakCode::RemoteAccessError => WcStatus::RemAccessErr,
+                            NakCode::RemoteOperationalError => WcStatus::RemOpErr,
                             NakCode::InvalidRdRequest => WcStatus::RemInvRdReqErr,
                             _ => WcStatus::BadRespErr,
                         };
                         self.fail_front(status);
                     }
-                    AethKind::Reserved(_) => self.fail_front(WcStatus::BadRespErr),
+                    Syndrome::Reserved(_) => self.fail_front(WcStatus::BadRespErr),
                 }
             }
-            OpKind::ReadResponse => self.handle_read_response(now, pkt, info, mem),
-            OpKind::AtomicAck => {
+            Kind::RdmaReadResponse => self.handle_read_response(now, pkt, info, mem),
+            Kind::AtomicAcknowledge => {
                 self.ack_through(now, psn.sub(1));
                 let Some(front) = self.req.sq.front() else {
                     return;
@@ -539,7 +548,7 @@ impl Qp {
                     self.counters.dropped += 1;
                     return;
                 }
-                let Some(orig) = pkt.atomic_ack else {
+                let Some(orig) = pkt.ext.atomic_ack_eth.map(|a| a.orig_data) else {
                     self.counters.dropped += 1;
                     return;
                 };
@@ -573,10 +582,10 @@ impl Qp {
         &mut self,
         now: Instant,
         pkt: &Packet<&[u8]>,
-        info: OpInfo,
+        info: &OpInfo,
         mem: &mut impl Memory,
     ) {
-        let psn = pkt.psn;
+        let psn = pkt.bth.psn;
         self.ack_through(now, psn.sub(1));
         let pmtu = self.req.pmtu;
         let Some(front) = self.req.sq.front() else {
@@ -601,7 +610,7 @@ impl Qp {
         // ONLY) mid-message, so only "ends here or not" is checked.
         let is_last = index + 1 >= front.npkts;
         let expected_len = (front.len - offset).min(pmtu);
-        if info.pos.ends() != is_last || pkt.payload.len() as u64 != expected_len {
+        if info.position.ends() != is_last || pkt.payload.len() as u64 != expected_len {
             self.fail_front(WcStatus::BadRespErr);
             return;
         }
@@ -613,7 +622,7 @@ impl Qp {
         self.req.una = psn.next();
         self.req.retry_left = self.cfg.retry_cnt;
         self.req.rto_deadline = None;
-        if info.pos.ends() {
+        if info.position.ends() {
             self.complete_front();
         }
         if self.req.outstanding() {

@@ -3,12 +3,13 @@
 //! atomics with a replay cache, ACK coalescing and NAKs.
 
 use crate::mem::{scatter, Memory, MemoryError, RemoteAccess};
-use crate::op::{self, OpInfo, OpKind, Position};
-use crate::packet::{Aeth, NakCode, Packet};
+use crate::packet::{ack, nak, opcode, rnr_nak, Packet};
 use crate::qp::{Mode, Qp, QpConfig};
-use crate::tables::credit_count_encode;
 use crate::wqe::{Completion, RecvWqe};
 use rdma_types::{Instant, Psn, QpType, Rkey, WcOpcode, WcStatus};
+use rdma_wire::{
+    AethRepr, AtomicAckEthRepr, CreditCount, Kind, NakCode, OpInfo, Position, Transport,
+};
 use std::collections::VecDeque;
 
 /// A response waiting to be sent, in PSN order.
@@ -19,7 +20,7 @@ enum Response {
     /// NAK or RNR NAK; `then` moves the QP to error once it is sent.
     Nak {
         psn: Psn,
-        aeth: Aeth,
+        aeth: AethRepr,
         then: Option<WcStatus>,
     },
     /// READ response packets still to send.
@@ -61,7 +62,7 @@ pub(crate) struct Responder {
     /// SEND in progress: its WQE and bytes placed so far.
     cur_recv: Option<(RecvWqe, u64)>,
     cur_write: Option<WriteState>,
-    in_progress: Option<OpKind>,
+    in_progress: Option<Kind>,
     nak_seq_sent: bool,
     /// UC: drop packets until the next first/only.
     discarding: bool,
@@ -144,7 +145,7 @@ enum Step {
 impl Qp {
     fn nak(&mut self, psn: Psn, code: NakCode, then: Option<WcStatus>) {
         self.counters.naks_sent += 1;
-        let aeth = Aeth::nak(code, self.resp.msn);
+        let aeth = nak(code, self.resp.msn);
         self.resp.queue.push_back(Response::Nak { psn, aeth, then });
     }
 
@@ -160,7 +161,7 @@ impl Qp {
         &mut self,
         now: Instant,
         pkt: &Packet<&[u8]>,
-        info: OpInfo,
+        info: &OpInfo,
         mem: &mut impl Memory,
     ) {
         let _ = now;
@@ -175,15 +176,15 @@ impl Qp {
         }
     }
 
-    fn rc_request(&mut self, pkt: &Packet<&[u8]>, info: OpInfo, mem: &mut impl Memory) {
-        let d = pkt.psn.diff(self.resp.epsn);
+    fn rc_request(&mut self, pkt: &Packet<&[u8]>, info: &OpInfo, mem: &mut impl Memory) {
+        let d = pkt.bth.psn.diff(self.resp.epsn);
         if d > 0 {
             // IBA 9.7.5.2.2: one NAK per gap, until the expected PSN arrives.
             self.counters.out_of_sequence += 1;
             if !self.resp.nak_seq_sent {
                 self.resp.nak_seq_sent = true;
                 let epsn = self.resp.epsn;
-                self.nak(epsn, NakCode::PsnSequence, None);
+                self.nak(epsn, NakCode::PsnSequenceError, None);
             }
             return;
         }
@@ -197,62 +198,62 @@ impl Qp {
         match self.in_sequence(pkt, info, mem) {
             Step::Advance(n) => {
                 self.resp.epsn = self.resp.epsn.add(n);
-                if pkt.ack_req && matches!(info.kind, OpKind::Send | OpKind::Write) {
-                    self.resp.push_ack(pkt.psn);
+                if pkt.bth.ack_req && matches!(info.kind, Kind::Send | Kind::RdmaWrite) {
+                    self.resp.push_ack(pkt.bth.psn);
                 }
             }
             Step::Rnr => {
                 self.counters.rnr_naks_sent += 1;
                 self.counters.naks_sent += 1;
-                let aeth = Aeth::rnr(self.cfg.min_rnr_timer, self.resp.msn);
+                let aeth = rnr_nak(self.cfg.min_rnr_timer, self.resp.msn);
                 self.resp.queue.push_back(Response::Nak {
-                    psn: pkt.psn,
+                    psn: pkt.bth.psn,
                     aeth,
                     then: None,
                 });
             }
             Step::Fatal(code, status) => {
                 self.resp.dead = true;
-                self.nak(pkt.psn, code, Some(status));
+                self.nak(pkt.bth.psn, code, Some(status));
             }
         }
     }
 
     /// IBA 9.7.5.2.3 / 9.7.6: re-ACK SEND/WRITE, re-execute READ, replay atomics.
-    fn duplicate_request(&mut self, pkt: &Packet<&[u8]>, info: OpInfo) {
+    fn duplicate_request(&mut self, pkt: &Packet<&[u8]>, info: &OpInfo) {
         match info.kind {
-            OpKind::Send | OpKind::Write if pkt.ack_req => {
+            Kind::Send | Kind::RdmaWrite if pkt.bth.ack_req => {
                 let last = self.resp.epsn.sub(1);
                 self.resp.push_ack(last);
             }
-            OpKind::ReadRequest => {
+            Kind::RdmaReadRequest => {
                 let known = self.resp.resources.iter().any(|r| match r {
                     Resource::Read { first, npkts } => {
-                        pkt.psn.diff(*first) >= 0 && pkt.psn.diff(first.add(*npkts)) < 0
+                        pkt.bth.psn.diff(*first) >= 0 && pkt.bth.psn.diff(first.add(*npkts)) < 0
                     }
                     Resource::Atomic { .. } => false,
                 });
-                if let (true, Some(reth)) = (known, pkt.reth) {
+                if let (true, Some(reth)) = (known, pkt.ext.reth) {
                     let msn = self.resp.msn;
                     self.resp.queue.push_back(Response::Read(ReadJob {
-                        psn: pkt.psn,
+                        psn: pkt.bth.psn,
                         va: reth.va,
                         rkey: reth.rkey,
-                        len: u64::from(reth.len),
+                        len: u64::from(reth.dma_len),
                         done: 0,
                         msn,
                     }));
                 }
             }
-            OpKind::CmpSwap | OpKind::FetchAdd => {
+            Kind::CompareSwap | Kind::FetchAdd => {
                 let cached = self.resp.resources.iter().find_map(|r| match r {
-                    Resource::Atomic { psn, orig } if *psn == pkt.psn => Some(*orig),
+                    Resource::Atomic { psn, orig } if *psn == pkt.bth.psn => Some(*orig),
                     _ => None,
                 });
                 if let Some(orig) = cached {
                     let msn = self.resp.msn;
                     self.resp.queue.push_back(Response::Atomic {
-                        psn: pkt.psn,
+                        psn: pkt.bth.psn,
                         orig,
                         msn,
                     });
@@ -263,36 +264,39 @@ impl Qp {
     }
 
     /// Checks that `pos` may follow what is in progress (IBA 9.7.5.2.4).
-    fn sequence_ok(&self, kind: OpKind, pos: Position) -> bool {
+    fn sequence_ok(&self, kind: Kind, pos: Position) -> bool {
         match self.resp.in_progress {
             Some(k) => k == kind && !pos.starts(),
             None => pos.starts(),
         }
     }
 
-    fn in_sequence(&mut self, pkt: &Packet<&[u8]>, info: OpInfo, mem: &mut impl Memory) -> Step {
+    fn in_sequence(&mut self, pkt: &Packet<&[u8]>, info: &OpInfo, mem: &mut impl Memory) -> Step {
         let pmtu = self.resp.pmtu;
         let plen = pkt.payload.len() as u64;
         match info.kind {
-            OpKind::Send | OpKind::Write => {
-                let full = matches!(info.pos, Position::First | Position::Middle);
-                if !self.sequence_ok(info.kind, info.pos) || (full && plen != pmtu) || plen > pmtu {
+            Kind::Send | Kind::RdmaWrite => {
+                let full = matches!(info.position, Position::First | Position::Middle);
+                if !self.sequence_ok(info.kind, info.position)
+                    || (full && plen != pmtu)
+                    || plen > pmtu
+                {
                     return Step::Fatal(NakCode::InvalidRequest, WcStatus::RemInvReqErr);
                 }
-                if info.kind == OpKind::Send {
+                if info.kind == Kind::Send {
                     self.rc_send(pkt, info, mem)
                 } else {
                     self.rc_write(pkt, info, mem)
                 }
             }
-            OpKind::ReadRequest => {
+            Kind::RdmaReadRequest => {
                 if self.resp.in_progress.is_some() {
                     return Step::Fatal(NakCode::InvalidRequest, WcStatus::RemInvReqErr);
                 }
-                let Some(reth) = pkt.reth else {
+                let Some(reth) = pkt.ext.reth else {
                     return Step::Fatal(NakCode::InvalidRequest, WcStatus::RemInvReqErr);
                 };
-                let len = u64::from(reth.len);
+                let len = u64::from(reth.dma_len);
                 let pending_reads = self
                     .resp
                     .queue
@@ -307,7 +311,7 @@ impl Qp {
                         .remote_check(reth.rkey, reth.va, len, RemoteAccess::Read)
                         .is_err()
                 {
-                    return Step::Fatal(NakCode::RemoteAccess, WcStatus::LocAccessErr);
+                    return Step::Fatal(NakCode::RemoteAccessError, WcStatus::LocAccessErr);
                 }
                 let npkts = len.div_ceil(pmtu).max(1) as u32;
                 self.resp.msn = (self.resp.msn + 1) & 0xFF_FFFF;
@@ -315,13 +319,13 @@ impl Qp {
                 let cap = self.cfg.max_dest_rd_atomic;
                 self.resp.remember(
                     Resource::Read {
-                        first: pkt.psn,
+                        first: pkt.bth.psn,
                         npkts,
                     },
                     cap,
                 );
                 self.resp.queue.push_back(Response::Read(ReadJob {
-                    psn: pkt.psn,
+                    psn: pkt.bth.psn,
                     va: reth.va,
                     rkey: reth.rkey,
                     len,
@@ -330,28 +334,39 @@ impl Qp {
                 }));
                 Step::Advance(npkts)
             }
-            OpKind::CmpSwap | OpKind::FetchAdd => {
-                let Some(a) = pkt.atomic.filter(|_| self.resp.in_progress.is_none()) else {
+            Kind::CompareSwap | Kind::FetchAdd => {
+                let Some(a) = pkt
+                    .ext
+                    .atomic_eth
+                    .filter(|_| self.resp.in_progress.is_none())
+                else {
                     return Step::Fatal(NakCode::InvalidRequest, WcStatus::RemInvReqErr);
                 };
                 if !a.va.is_multiple_of(8) {
                     return Step::Fatal(NakCode::InvalidRequest, WcStatus::RemInvReqErr);
                 }
-                let compare = (info.kind == OpKind::CmpSwap).then_some(a.compare);
+                let compare = (info.kind == Kind::CompareSwap).then_some(a.compare);
                 let orig = match mem.remote_atomic(a.rkey, a.va, compare, a.swap_add) {
                     Ok(v) => v,
                     Err(MemoryError::Misaligned) => {
                         return Step::Fatal(NakCode::InvalidRequest, WcStatus::RemInvReqErr)
                     }
-                    Err(_) => return Step::Fatal(NakCode::RemoteAccess, WcStatus::LocAccessErr),
+                    Err(_) => {
+                        return Step::Fatal(NakCode::RemoteAccessError, WcStatus::LocAccessErr)
+                    }
                 };
                 self.resp.msn = (self.resp.msn + 1) & 0xFF_FFFF;
                 let msn = self.resp.msn;
                 let cap = self.cfg.max_dest_rd_atomic;
-                self.resp
-                    .remember(Resource::Atomic { psn: pkt.psn, orig }, cap);
+                self.resp.remember(
+                    Resource::Atomic {
+                        psn: pkt.bth.psn,
+                        orig,
+                    },
+                    cap,
+                );
                 self.resp.queue.push_back(Response::Atomic {
-                    psn: pkt.psn,
+                    psn: pkt.bth.psn,
                     orig,
                     msn,
                 });
@@ -361,8 +376,8 @@ impl Qp {
         }
     }
 
-    fn rc_send(&mut self, pkt: &Packet<&[u8]>, info: OpInfo, mem: &mut impl Memory) -> Step {
-        if info.pos.starts() {
+    fn rc_send(&mut self, pkt: &Packet<&[u8]>, info: &OpInfo, mem: &mut impl Memory) -> Step {
+        if info.position.starts() {
             match self.take_recv_wqe(mem) {
                 Some(w) => self.resp.cur_recv = Some((w, 0)),
                 None => return Step::Rnr,
@@ -382,17 +397,17 @@ impl Qp {
             let code = if e == MemoryError::OutOfRange {
                 NakCode::InvalidRequest
             } else {
-                NakCode::RemoteOperational
+                NakCode::RemoteOperationalError
             };
             return Step::Fatal(code, status);
         }
         let placed = offset + pkt.payload.len() as u64;
-        if info.pos.ends() {
+        if info.position.ends() {
             let mut wc =
                 Completion::recv(wqe.wr_id, WcStatus::Success, WcOpcode::Recv, placed as u32);
-            wc.imm = pkt.imm;
-            wc.solicited = pkt.solicited;
-            if let Some(rkey) = pkt.ieth {
+            wc.imm = pkt.ext.imm_dt.map(|i| i.imm);
+            wc.solicited = pkt.bth.solicited;
+            if let Some(rkey) = pkt.ext.ieth.map(|i| i.rkey) {
                 if mem.invalidate(rkey).is_err() {
                     wc.status = WcStatus::LocProtErr;
                     self.completions.push_back(wc);
@@ -405,23 +420,23 @@ impl Qp {
             self.resp.in_progress = None;
         } else {
             self.resp.cur_recv = Some((wqe, placed));
-            self.resp.in_progress = Some(OpKind::Send);
+            self.resp.in_progress = Some(Kind::Send);
         }
         Step::Advance(1)
     }
 
-    fn rc_write(&mut self, pkt: &Packet<&[u8]>, info: OpInfo, mem: &mut impl Memory) -> Step {
-        if info.pos.starts() {
-            let Some(reth) = pkt.reth else {
+    fn rc_write(&mut self, pkt: &Packet<&[u8]>, info: &OpInfo, mem: &mut impl Memory) -> Step {
+        if info.position.starts() {
+            let Some(reth) = pkt.ext.reth else {
                 return Step::Fatal(NakCode::InvalidRequest, WcStatus::RemInvReqErr);
             };
-            let len = u64::from(reth.len);
+            let len = u64::from(reth.dma_len);
             if len > 0
                 && mem
                     .remote_check(reth.rkey, reth.va, len, RemoteAccess::Write)
                     .is_err()
             {
-                return Step::Fatal(NakCode::RemoteAccess, WcStatus::LocAccessErr);
+                return Step::Fatal(NakCode::RemoteAccessError, WcStatus::LocAccessErr);
             }
             self.resp.cur_write = Some(WriteState {
                 va: reth.va,
@@ -440,12 +455,12 @@ impl Qp {
         };
         let plen = pkt.payload.len() as u64;
         let total_after = w_done + plen;
-        if total_after > w_len || (info.pos.ends() && total_after != w_len) {
+        if total_after > w_len || (info.position.ends() && total_after != w_len) {
             return Step::Fatal(NakCode::InvalidRequest, WcStatus::RemInvReqErr);
         }
         // WRITE with immediate consumes a receive WQE at its last packet;
         // check before touching memory so an RNR retry starts clean.
-        let recv = if info.imm {
+        let recv = if info.has_immediate() {
             match self.take_recv_wqe(mem) {
                 Some(wqe) => Some(wqe),
                 None => return Step::Rnr,
@@ -458,10 +473,10 @@ impl Qp {
                 .remote_write(w_rkey, w_va.wrapping_add(w_done), pkt.payload)
                 .is_err()
         {
-            return Step::Fatal(NakCode::RemoteAccess, WcStatus::LocAccessErr);
+            return Step::Fatal(NakCode::RemoteAccessError, WcStatus::LocAccessErr);
         }
         let total = w_len;
-        if info.pos.ends() {
+        if info.position.ends() {
             if let Some(wqe) = recv {
                 let mut wc = Completion::recv(
                     wqe.wr_id,
@@ -469,8 +484,8 @@ impl Qp {
                     WcOpcode::RecvRdmaWithImm,
                     total as u32,
                 );
-                wc.imm = pkt.imm;
-                wc.solicited = pkt.solicited;
+                wc.imm = pkt.ext.imm_dt.map(|i| i.imm);
+                wc.solicited = pkt.bth.solicited;
                 self.completions.push_back(wc);
             }
             self.resp.msn = (self.resp.msn + 1) & 0xFF_FFFF;
@@ -480,15 +495,15 @@ impl Qp {
             if let Some(w) = self.resp.cur_write.as_mut() {
                 w.done = total_after;
             }
-            self.resp.in_progress = Some(OpKind::Write);
+            self.resp.in_progress = Some(Kind::RdmaWrite);
         }
         Step::Advance(1)
     }
 
     /// UC (IBA 9.8.3): no ACKs; a lost packet discards the rest of its
     /// message, and the receive WQE is reused for the next one.
-    fn uc_request(&mut self, pkt: &Packet<&[u8]>, info: OpInfo, mem: &mut impl Memory) {
-        if pkt.psn != self.resp.epsn {
+    fn uc_request(&mut self, pkt: &Packet<&[u8]>, info: &OpInfo, mem: &mut impl Memory) {
+        if pkt.bth.psn != self.resp.epsn {
             self.counters.out_of_sequence += 1;
             if let Some((wqe, _)) = self.resp.cur_recv.take() {
                 self.resp.rq.push_front(wqe);
@@ -498,45 +513,45 @@ impl Qp {
             self.resp.discarding = true;
         }
         if self.resp.discarding {
-            if !info.pos.starts() {
+            if !info.position.starts() {
                 self.counters.dropped += 1;
-                self.resp.epsn = pkt.psn.next();
+                self.resp.epsn = pkt.bth.psn.next();
                 return;
             }
             self.resp.discarding = false;
         }
-        self.resp.epsn = pkt.psn;
+        self.resp.epsn = pkt.bth.psn;
         self.counters.rx_packets += 1;
         let step = match info.kind {
-            OpKind::Send | OpKind::Write if !self.sequence_ok(info.kind, info.pos) => {
+            Kind::Send | Kind::RdmaWrite if !self.sequence_ok(info.kind, info.position) => {
                 Step::Fatal(NakCode::InvalidRequest, WcStatus::RemInvReqErr)
             }
-            OpKind::Send => self.rc_send(pkt, info, mem),
-            OpKind::Write => self.rc_write(pkt, info, mem),
+            Kind::Send => self.rc_send(pkt, info, mem),
+            Kind::RdmaWrite => self.rc_write(pkt, info, mem),
             _ => Step::Fatal(NakCode::InvalidRequest, WcStatus::RemInvReqErr),
         };
         match step {
-            Step::Advance(n) => self.resp.epsn = pkt.psn.add(n),
+            Step::Advance(n) => self.resp.epsn = pkt.bth.psn.add(n),
             // No receive WQE or a bad message: drop it silently.
             Step::Rnr | Step::Fatal(..) => {
                 self.counters.dropped += 1;
                 self.resp.cur_write = None;
                 self.resp.in_progress = None;
                 self.resp.discarding = true;
-                self.resp.epsn = pkt.psn.next();
+                self.resp.epsn = pkt.bth.psn.next();
             }
         }
     }
 
     /// UD, GSI, SMI (IBA 9.6.2, 10.2.4): Q_Key check, one packet per message,
     /// GRH in the first 40 bytes of the buffer, silent drop without a WQE.
-    fn ud_request(&mut self, pkt: &Packet<&[u8]>, info: OpInfo, mem: &mut impl Memory) {
-        let Some(deth) = pkt.deth else {
+    fn ud_request(&mut self, pkt: &Packet<&[u8]>, info: &OpInfo, mem: &mut impl Memory) {
+        let Some(deth) = pkt.ext.deth else {
             self.counters.dropped += 1;
             return;
         };
-        if info.kind != OpKind::Send
-            || info.pos != Position::Only
+        if info.kind != Kind::Send
+            || info.position != Position::Only
             || pkt.payload.len() as u64 > self.resp.pmtu
         {
             self.counters.dropped += 1;
@@ -546,7 +561,7 @@ impl Qp {
             self.counters.qkey_violations += 1;
             return;
         }
-        if self.cfg.qp_type == QpType::Ud && !pkt.pkey.matches(self.cfg.pkey) {
+        if self.cfg.qp_type == QpType::Ud && !pkt.bth.pkey.matches(self.cfg.pkey) {
             self.counters.pkey_violations += 1;
             return;
         }
@@ -566,8 +581,8 @@ impl Qp {
         );
         wc.src_qp = Some(deth.src_qp);
         wc.grh = true;
-        wc.imm = pkt.imm;
-        wc.solicited = pkt.solicited;
+        wc.imm = pkt.ext.imm_dt.map(|i| i.imm);
+        wc.solicited = pkt.bth.solicited;
         if let Err(e) = placed {
             wc.status = if e == MemoryError::OutOfRange {
                 WcStatus::LocLenErr
@@ -591,32 +606,44 @@ impl Qp {
         let pkey = self.cfg.pkey;
         let dest = self.cfg.dest_qpn;
         let credits = if self.cfg.srq {
-            credit_count_encode(None)
+            CreditCount::for_available(None)
         } else {
-            credit_count_encode(Some(self.resp.rq.len() as u32))
+            CreditCount::for_available(Some(self.resp.rq.len() as u32))
         };
         let pmtu = self.resp.pmtu;
         let front = self.resp.queue.front_mut()?;
         let pkt = match front {
             Response::Ack { psn, msn } => {
                 let mut p = Packet::new(
-                    op::encode(QpType::Rc, OpKind::Ack, Position::Only, false, false),
+                    opcode(
+                        Transport::Rc,
+                        Kind::Acknowledge,
+                        Position::Only,
+                        false,
+                        false,
+                    ),
                     pkey,
                     dest,
                     *psn,
                 );
-                p.aeth = Some(Aeth::ack(credits, *msn));
+                p.ext.aeth = Some(ack(credits, *msn));
                 self.resp.queue.pop_front();
                 p
             }
             Response::Nak { psn, aeth, then } => {
                 let mut p = Packet::new(
-                    op::encode(QpType::Rc, OpKind::Ack, Position::Only, false, false),
+                    opcode(
+                        Transport::Rc,
+                        Kind::Acknowledge,
+                        Position::Only,
+                        false,
+                        false,
+                    ),
                     pkey,
                     dest,
                     *psn,
                 );
-                p.aeth = Some(*aeth);
+                p.ext.aeth = Some(*aeth);
                 let then = *then;
                 self.resp.queue.pop_front();
                 if let Some(status) = then {
@@ -628,13 +655,19 @@ impl Qp {
             }
             Response::Atomic { psn, orig, msn } => {
                 let mut p = Packet::new(
-                    op::encode(QpType::Rc, OpKind::AtomicAck, Position::Only, false, false),
+                    opcode(
+                        Transport::Rc,
+                        Kind::AtomicAcknowledge,
+                        Position::Only,
+                        false,
+                        false,
+                    ),
                     pkey,
                     dest,
                     *psn,
                 );
-                p.aeth = Some(Aeth::ack(credits, *msn));
-                p.atomic_ack = Some(*orig);
+                p.ext.aeth = Some(ack(credits, *msn));
+                p.ext.atomic_ack_eth = Some(AtomicAckEthRepr { orig_data: *orig });
                 self.resp.queue.pop_front();
                 p
             }
@@ -656,25 +689,31 @@ impl Qp {
                     self.resp.dead = true;
                     self.counters.naks_sent += 1;
                     let mut p = Packet::new(
-                        op::encode(QpType::Rc, OpKind::Ack, Position::Only, false, false),
+                        opcode(
+                            Transport::Rc,
+                            Kind::Acknowledge,
+                            Position::Only,
+                            false,
+                            false,
+                        ),
                         pkey,
                         dest,
                         first,
                     );
-                    p.aeth = Some(Aeth::nak(NakCode::RemoteAccess, self.resp.msn));
+                    p.ext.aeth = Some(nak(NakCode::RemoteAccessError, self.resp.msn));
                     self.set_error_after_send(WcStatus::LocAccessErr);
                     return Some(p);
                 }
                 let mut p = Packet::new(
-                    op::encode(QpType::Rc, OpKind::ReadResponse, pos, false, false),
+                    opcode(Transport::Rc, Kind::RdmaReadResponse, pos, false, false),
                     pkey,
                     dest,
                     psn,
                 );
                 if pos != Position::Middle {
-                    p.aeth = Some(Aeth::ack(credits, job.msn));
+                    p.ext.aeth = Some(ack(credits, job.msn));
                 }
-                p.pad = ((4 - len % 4) % 4) as u8;
+                p.bth.pad_count = ((4 - len % 4) % 4) as u8;
                 p.payload = payload;
                 job.done += len as u64;
                 if pos.ends() {

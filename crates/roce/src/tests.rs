@@ -8,6 +8,10 @@ use rdma_types::{
     AccessFlags, Duration, Instant, Lkey, Mtu, Pkey, Psn, Qkey, QpType, Qpn, Rkey, WcOpcode,
     WcStatus,
 };
+use rdma_wire::{
+    AethRepr, AtomicAckEthRepr, AtomicEthRepr, DethRepr, IethRepr, ImmDtRepr, Opcode, RethRepr,
+    Syndrome,
+};
 use std::collections::VecDeque;
 
 // ---------------------------------------------------------------- memory
@@ -358,7 +362,7 @@ fn rc_send_segments_and_delivers() {
     let ops: Vec<(u8, bool, u32)> =
         n.a.sent
             .iter()
-            .map(|p| (p.opcode, p.ack_req, p.psn.value()))
+            .map(|p| (p.bth.opcode.code(), p.bth.ack_req, p.bth.psn.value()))
             .collect();
     assert_eq!(
         ops,
@@ -366,8 +370,8 @@ fn rc_send_segments_and_delivers() {
     );
     // One coalesced ACK for PSN 2 with MSN 1.
     assert_eq!(n.b.sent.len(), 1);
-    assert_eq!(n.b.sent[0].psn, Psn::new(2));
-    assert_eq!(n.b.sent[0].aeth.unwrap().msn, 1);
+    assert_eq!(n.b.sent[0].bth.psn, Psn::new(2));
+    assert_eq!(n.b.sent[0].ext.aeth.unwrap().msn, 1);
     assert_eq!(n.b.events, vec![]);
 }
 
@@ -387,7 +391,7 @@ fn ack_req_at_least_every_n_packets() {
         sge(A_BUF, 0, 256 * 10),
     ));
     n.settle();
-    let acks: Vec<bool> = n.a.sent.iter().map(|p| p.ack_req).collect();
+    let acks: Vec<bool> = n.a.sent.iter().map(|p| p.bth.ack_req).collect();
     assert_eq!(
         acks,
         vec![false, false, false, true, false, false, false, true, false, true]
@@ -1154,7 +1158,7 @@ fn random_packet(rng: &mut rdma_sim::Rng, n: &Net) -> Packet<Vec<u8>> {
     let near = rng.below(64);
     let psn = Psn::new(pick(rng, near) as u32);
     let mut p: Packet<Vec<u8>> = Packet::new(
-        opcode,
+        Opcode::from_code(opcode),
         Pkey(if rng.chance(0.9) {
             0xFFFF
         } else {
@@ -1163,18 +1167,22 @@ fn random_packet(rng: &mut rdma_sim::Rng, n: &Net) -> Packet<Vec<u8>> {
         Qpn::new(0x22).unwrap(),
         psn,
     );
-    p.ack_req = rng.chance(0.5);
-    p.solicited = rng.chance(0.1);
+    p.bth.ack_req = rng.chance(0.5);
+    p.bth.solicited = rng.chance(0.1);
     let near = B_BUF + rng.below(LEN as u64 + 16);
     let va = pick(rng, near);
     let rkey = Rkey(pick(rng, B_BUF >> 16) as u32);
     let near = rng.below(9000);
     let len = pick(rng, near) as u32;
     if rng.chance(0.5) {
-        p.reth = Some(Reth { va, rkey, len });
+        p.ext.reth = Some(RethRepr {
+            va,
+            rkey,
+            dma_len: len,
+        });
     }
     if rng.chance(0.3) {
-        p.atomic = Some(AtomicEth {
+        p.ext.atomic_eth = Some(AtomicEthRepr {
             va,
             rkey,
             swap_add: rng.next_u64(),
@@ -1182,25 +1190,29 @@ fn random_packet(rng: &mut rdma_sim::Rng, n: &Net) -> Packet<Vec<u8>> {
         });
     }
     if rng.chance(0.3) {
-        p.aeth = Some(Aeth {
-            syndrome: rng.next_u64() as u8,
+        p.ext.aeth = Some(AethRepr {
+            syndrome: Syndrome::from_byte(rng.next_u64() as u8),
             msn: rng.next_u64() as u32 & 0xFF_FFFF,
         });
     }
     if rng.chance(0.2) {
-        p.atomic_ack = Some(rng.next_u64());
+        p.ext.atomic_ack_eth = Some(AtomicAckEthRepr {
+            orig_data: rng.next_u64(),
+        });
     }
     if rng.chance(0.3) {
-        p.deth = Some(Deth {
+        p.ext.deth = Some(DethRepr {
             qkey: Qkey(pick(rng, 0x1234) as u32),
             src_qp: Qpn::from_bits(rng.next_u64() as u32),
         });
     }
     if rng.chance(0.2) {
-        p.imm = Some(rng.next_u64() as u32);
+        p.ext.imm_dt = Some(ImmDtRepr {
+            imm: rng.next_u64() as u32,
+        });
     }
     if rng.chance(0.1) {
-        p.ieth = Some(rkey);
+        p.ext.ieth = Some(IethRepr { rkey });
     }
     let plen = [0, 1, 255, 256, 1023, 1024, 1025, 4096, 5000][rng.below(9) as usize];
     p.payload = vec![0xEE; plen];
@@ -1232,9 +1244,9 @@ fn random_packets_never_panic_or_touch_unregistered_memory() {
                 // Responses stay well-formed whatever came in.
                 assert!(out.payload.len() <= 1024, "response within the MTU");
                 assert!(
-                    crate::op::info(out.opcode).is_some(),
-                    "valid opcode {:#x}",
-                    out.opcode
+                    out.bth.opcode.info().is_some(),
+                    "valid opcode {}",
+                    out.bth.opcode
                 );
             }
             n.now += Duration::from_micros(100);
@@ -1256,10 +1268,11 @@ fn random_responses_never_panic_the_requester() {
     for _ in 0..20_000 {
         while n.a.qp.poll_transmit(n.now, &mut n.a.mem).is_some() {}
         let mut p = random_packet(&mut rng, &n);
-        p.opcode = [0x0d, 0x0e, 0x0f, 0x10, 0x11, 0x12][rng.below(6) as usize];
+        p.bth.opcode =
+            Opcode::from_code([0x0d, 0x0e, 0x0f, 0x10, 0x11, 0x12][rng.below(6) as usize]);
         if rng.chance(0.7) {
-            p.aeth = Some(Aeth {
-                syndrome: rng.next_u64() as u8,
+            p.ext.aeth = Some(AethRepr {
+                syndrome: Syndrome::from_byte(rng.next_u64() as u8),
                 msn: 0,
             });
         }
