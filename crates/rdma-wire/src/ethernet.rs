@@ -93,6 +93,21 @@ impl<T: AsRef<[u8]>> EthernetPacket<T> {
     }
 }
 
+impl<T: AsRef<[u8]> + AsMut<[u8]>> EthernetPacket<T> {
+    /// Sets the destination MAC.
+    pub fn set_dst(&mut self, a: [u8; 6]) {
+        self.buffer.as_mut()[field::DST].copy_from_slice(&a);
+    }
+    /// Sets the source MAC.
+    pub fn set_src(&mut self, a: [u8; 6]) {
+        self.buffer.as_mut()[field::SRC].copy_from_slice(&a);
+    }
+    /// Sets the EtherType.
+    pub fn set_ethertype(&mut self, t: EtherType) {
+        put16(&mut self.buffer.as_mut()[field::ETHERTYPE], t.into());
+    }
+}
+
 /// A parsed Ethernet header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EthernetRepr {
@@ -122,10 +137,9 @@ impl EthernetRepr {
     /// # Panics
     /// If the buffer is shorter than 14 bytes.
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, p: &mut EthernetPacket<T>) {
-        let b = p.buffer.as_mut();
-        b[field::DST].copy_from_slice(&self.dst);
-        b[field::SRC].copy_from_slice(&self.src);
-        put16(&mut b[field::ETHERTYPE], self.ethertype.into());
+        p.set_dst(self.dst);
+        p.set_src(self.src);
+        p.set_ethertype(self.ethertype);
     }
 }
 

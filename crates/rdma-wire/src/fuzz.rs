@@ -109,3 +109,47 @@ pub fn roce_frame(data: &[u8]) -> bool {
     assert_eq!(again.roce.ip.src_addr(), f.roce.ip.src_addr());
     true
 }
+
+/// A UDP payload as a socket delivers it: the first byte picks IPv4 or
+/// IPv6 addresses, the rest is BTH through ICRC.
+pub fn datagram(data: &[u8]) -> bool {
+    let Some((&sel, payload)) = data.split_first() else {
+        return false;
+    };
+    let (ip, udp) = datagram_headers(sel);
+    let Ok(r) = RoceRepr::parse_datagram(ip, udp, payload) else {
+        return false;
+    };
+    let mut out = std::vec![0u8; r.udp_payload_len()];
+    let n = r
+        .emit_udp_payload(&mut out)
+        .expect("a parsed datagram emits");
+    let again = RoceRepr::parse_datagram(ip, udp, &out[..n]).expect("an emitted datagram parses");
+    assert_eq!(again.ib, r.ib);
+    true
+}
+
+/// The IP and UDP headers [`datagram`] assumes for selector byte `sel`.
+pub fn datagram_headers(sel: u8) -> (IpRepr, UdpRepr) {
+    use core::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+    let (src, dst) = if sel & 1 == 0 {
+        (
+            IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1)),
+            IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2)),
+        )
+    } else {
+        (
+            IpAddr::V6(Ipv6Addr::LOCALHOST),
+            IpAddr::V6(Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 2)),
+        )
+    };
+    let ip = IpRepr::rocev2(src, dst, 0).expect("same family");
+    (
+        ip,
+        UdpRepr {
+            src_port: 0xC000,
+            dst_port: ROCEV2_UDP_PORT,
+            checksum: UdpChecksum::None,
+        },
+    )
+}

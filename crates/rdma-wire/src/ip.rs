@@ -186,6 +186,42 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Ipv4Packet<T> {
         let end = usize::from(self.total_len()).clamp(IPV4_HEADER_LEN, self.b().len());
         &mut self.m()[IPV4_HEADER_LEN..end]
     }
+    /// Sets version 4 and IHL 5 (no options).
+    pub fn set_version_ihl(&mut self) {
+        self.m()[v4::VER_IHL] = 0x45;
+    }
+    /// Sets the type of service byte.
+    pub fn set_tos(&mut self, v: u8) {
+        self.m()[v4::TOS] = v;
+    }
+    /// Sets the total length.
+    pub fn set_total_len(&mut self, v: u16) {
+        put16(&mut self.m()[v4::LENGTH], v);
+    }
+    /// Sets the identification.
+    pub fn set_ident(&mut self, v: u16) {
+        put16(&mut self.m()[v4::IDENT], v);
+    }
+    /// Sets the flags to DF or nothing, fragment offset 0.
+    pub fn set_dont_frag(&mut self, df: bool) {
+        put16(&mut self.m()[v4::FLG_OFF], if df { 0x4000 } else { 0 });
+    }
+    /// Sets the time to live.
+    pub fn set_ttl(&mut self, v: u8) {
+        self.m()[v4::TTL] = v;
+    }
+    /// Sets the protocol.
+    pub fn set_protocol(&mut self, v: u8) {
+        self.m()[v4::PROTOCOL] = v;
+    }
+    /// Sets the source address.
+    pub fn set_src_addr(&mut self, a: Ipv4Addr) {
+        put32(&mut self.m()[v4::SRC], u32::from(a));
+    }
+    /// Sets the destination address.
+    pub fn set_dst_addr(&mut self, a: Ipv4Addr) {
+        put32(&mut self.m()[v4::DST], u32::from(a));
+    }
     /// Recomputes and stores the header checksum.
     pub fn fill_checksum(&mut self) {
         put16(&mut self.m()[v4::CHECKSUM], 0);
@@ -260,16 +296,15 @@ impl Ipv4Repr {
     /// not fit 16 bits (callers check with [`crate::EmitError::TooLong`]).
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, p: &mut Ipv4Packet<T>) {
         let total = u16::try_from(self.payload_len + IPV4_HEADER_LEN).expect("IPv4 total length");
-        let b = p.m();
-        b[v4::VER_IHL] = 0x45;
-        b[v4::TOS] = self.tos;
-        put16(&mut b[v4::LENGTH], total);
-        put16(&mut b[v4::IDENT], self.ident);
-        put16(&mut b[v4::FLG_OFF], if self.dont_frag { 0x4000 } else { 0 });
-        b[v4::TTL] = self.ttl;
-        b[v4::PROTOCOL] = self.protocol;
-        put32(&mut b[v4::SRC], u32::from(self.src));
-        put32(&mut b[v4::DST], u32::from(self.dst));
+        p.set_version_ihl();
+        p.set_tos(self.tos);
+        p.set_total_len(total);
+        p.set_ident(self.ident);
+        p.set_dont_frag(self.dont_frag);
+        p.set_ttl(self.ttl);
+        p.set_protocol(self.protocol);
+        p.set_src_addr(self.src);
+        p.set_dst_addr(self.dst);
         p.fill_checksum();
     }
 }
@@ -376,6 +411,31 @@ impl<T: AsRef<[u8]>> Ipv6Packet<T> {
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Ipv6Packet<T> {
+    /// Sets version 6, the traffic class and the flow label (low 20 bits).
+    pub fn set_version_class_flow(&mut self, traffic_class: u8, flow_label: u32) {
+        let w0 = (6u32 << 28) | (u32::from(traffic_class) << 20) | (flow_label & 0xF_FFFF);
+        put32(&mut self.buffer.as_mut()[v6::VER_TC_FLOW], w0);
+    }
+    /// Sets the payload length.
+    pub fn set_payload_len(&mut self, v: u16) {
+        put16(&mut self.buffer.as_mut()[v6::PAYLOAD_LEN], v);
+    }
+    /// Sets the next header.
+    pub fn set_next_header(&mut self, v: u8) {
+        self.buffer.as_mut()[v6::NEXT_HEADER] = v;
+    }
+    /// Sets the hop limit.
+    pub fn set_hop_limit(&mut self, v: u8) {
+        self.buffer.as_mut()[v6::HOP_LIMIT] = v;
+    }
+    /// Sets the source address.
+    pub fn set_src_addr(&mut self, a: Ipv6Addr) {
+        self.buffer.as_mut()[v6::SRC].copy_from_slice(&a.octets());
+    }
+    /// Sets the destination address.
+    pub fn set_dst_addr(&mut self, a: Ipv6Addr) {
+        self.buffer.as_mut()[v6::DST].copy_from_slice(&a.octets());
+    }
     /// Mutable payload.
     pub fn payload_mut(&mut self) -> &mut [u8] {
         let end = (IPV6_HEADER_LEN + usize::from(self.payload_len())).min(self.b().len());
@@ -428,15 +488,12 @@ impl Ipv6Repr {
     /// not fit 16 bits.
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, p: &mut Ipv6Packet<T>) {
         let len = u16::try_from(self.payload_len).expect("IPv6 payload length");
-        let b = p.buffer.as_mut();
-        let w0 =
-            (6u32 << 28) | (u32::from(self.traffic_class) << 20) | (self.flow_label & 0xF_FFFF);
-        put32(&mut b[v6::VER_TC_FLOW], w0);
-        put16(&mut b[v6::PAYLOAD_LEN], len);
-        b[v6::NEXT_HEADER] = self.next_header;
-        b[v6::HOP_LIMIT] = self.hop_limit;
-        b[v6::SRC].copy_from_slice(&self.src.octets());
-        b[v6::DST].copy_from_slice(&self.dst.octets());
+        p.set_version_class_flow(self.traffic_class, self.flow_label);
+        p.set_payload_len(len);
+        p.set_next_header(self.next_header);
+        p.set_hop_limit(self.hop_limit);
+        p.set_src_addr(self.src);
+        p.set_dst_addr(self.dst);
     }
 }
 
@@ -696,6 +753,22 @@ impl<T: AsRef<[u8]>> UdpPacket<T> {
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> UdpPacket<T> {
+    /// Sets the source port.
+    pub fn set_src_port(&mut self, v: u16) {
+        put16(&mut self.buffer.as_mut()[udp::SRC_PORT], v);
+    }
+    /// Sets the destination port.
+    pub fn set_dst_port(&mut self, v: u16) {
+        put16(&mut self.buffer.as_mut()[udp::DST_PORT], v);
+    }
+    /// Sets the length (header and payload).
+    pub fn set_len(&mut self, v: u16) {
+        put16(&mut self.buffer.as_mut()[udp::LENGTH], v);
+    }
+    /// Sets the checksum field as given.
+    pub fn set_checksum(&mut self, v: u16) {
+        put16(&mut self.buffer.as_mut()[udp::CHECKSUM], v);
+    }
     /// Mutable payload.
     pub fn payload_mut(&mut self) -> &mut [u8] {
         let end = usize::from(self.len()).clamp(UDP_HEADER_LEN, self.b().len());
@@ -704,7 +777,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> UdpPacket<T> {
     /// Computes and stores the checksum over the payload now in place.
     pub fn fill_checksum(&mut self, src: IpAddr, dst: IpAddr) {
         let c = self.compute_checksum(src, dst);
-        put16(&mut self.buffer.as_mut()[udp::CHECKSUM], c);
+        self.set_checksum(c);
     }
 }
 
@@ -774,15 +847,14 @@ impl UdpRepr {
         payload_len: usize,
     ) {
         let len = u16::try_from(payload_len + UDP_HEADER_LEN).expect("UDP length");
-        let b = p.buffer.as_mut();
-        put16(&mut b[udp::SRC_PORT], self.src_port);
-        put16(&mut b[udp::DST_PORT], self.dst_port);
-        put16(&mut b[udp::LENGTH], len);
+        p.set_src_port(self.src_port);
+        p.set_dst_port(self.dst_port);
+        p.set_len(len);
         match self.checksum {
-            UdpChecksum::None => put16(&mut b[udp::CHECKSUM], 0),
-            UdpChecksum::Invalid(v) => put16(&mut b[udp::CHECKSUM], v),
+            UdpChecksum::None => p.set_checksum(0),
+            UdpChecksum::Invalid(v) => p.set_checksum(v),
             UdpChecksum::Valid => {
-                put16(&mut b[udp::CHECKSUM], 0);
+                p.set_checksum(0);
                 p.fill_checksum(src, dst);
             }
         }
