@@ -574,6 +574,21 @@ impl IpRepr {
         }
     }
 
+    /// The 40-byte GRH area a UD receive completion hands up on RoCEv2
+    /// (Linux `union rdma_network_hdr`): the IPv6 header as it is, or 20
+    /// zero bytes then the IPv4 header.
+    ///
+    /// # Panics
+    /// If the payload length does not fit the header's length field.
+    pub fn grh_area(&self) -> [u8; 40] {
+        let mut g = [0u8; 40];
+        match self {
+            IpRepr::V4(r) => r.emit(&mut Ipv4Packet::new_unchecked(&mut g[20..])),
+            IpRepr::V6(r) => r.emit(&mut Ipv6Packet::new_unchecked(&mut g[..])),
+        }
+        g
+    }
+
     /// Source address.
     pub fn src_addr(&self) -> IpAddr {
         match self {
@@ -979,6 +994,20 @@ mod tests {
             IpRepr::parse(&buf[..47]),
             Err(ParseError::Truncated { .. })
         ));
+    }
+
+    #[test]
+    fn grh_area_layout() {
+        let mut buf = [0u8; 48];
+        buf[..28].copy_from_slice(&V4_UDP);
+        let (ip, _) = IpRepr::parse(&buf).unwrap();
+        let g = ip.grh_area();
+        assert_eq!(g[..20], [0u8; 20]);
+        assert_eq!(g[20..], V4_UDP[..20]);
+        let mut buf = vec![0u8; 48 + 280];
+        buf[..48].copy_from_slice(&V6_UDP);
+        let (ip, _) = IpRepr::parse(&buf).unwrap();
+        assert_eq!(ip.grh_area(), V6_UDP[..40]);
     }
 
     #[test]
