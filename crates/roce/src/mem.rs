@@ -109,7 +109,7 @@ pub(crate) fn walk_sges(
 
 /// Gathers message bytes `[offset, offset+out.len())` from local SGEs.
 pub(crate) fn gather(
-    mem: &mut impl Memory,
+    mem: &mut (impl Memory + ?Sized),
     sges: &[Sge],
     offset: u64,
     out: &mut [u8],
@@ -133,7 +133,7 @@ pub(crate) fn gather(
 
 /// Scatters `data` into local SGEs at message byte `offset`.
 pub(crate) fn scatter(
-    mem: &mut impl Memory,
+    mem: &mut (impl Memory + ?Sized),
     sges: &[Sge],
     offset: u64,
     data: &[u8],

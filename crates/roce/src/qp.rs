@@ -254,7 +254,12 @@ impl Qp {
     }
 
     /// A packet addressed to this QP arrived.
-    pub fn handle_packet(&mut self, now: Instant, pkt: &Packet<&[u8]>, mem: &mut impl Memory) {
+    pub fn handle_packet(
+        &mut self,
+        now: Instant,
+        pkt: &Packet<&[u8]>,
+        mem: &mut (impl Memory + ?Sized),
+    ) {
         if self.mode == Mode::Error {
             self.counters.dropped += 1;
             return;
@@ -296,7 +301,7 @@ impl Qp {
     pub fn poll_transmit(
         &mut self,
         now: Instant,
-        mem: &mut impl Memory,
+        mem: &mut (impl Memory + ?Sized),
     ) -> Option<Packet<Vec<u8>>> {
         if self.mode == Mode::Error {
             return None;

@@ -220,7 +220,7 @@ impl Qp {
     pub(crate) fn poll_request(
         &mut self,
         now: Instant,
-        mem: &mut impl Memory,
+        mem: &mut (impl Memory + ?Sized),
     ) -> Option<Packet<Vec<u8>>> {
         if !matches!(self.mode, Mode::Active | Mode::Draining) {
             return None;
@@ -293,7 +293,7 @@ impl Qp {
     fn build_request(
         &mut self,
         idx: usize,
-        mem: &mut impl Memory,
+        mem: &mut (impl Memory + ?Sized),
     ) -> Result<Packet<Vec<u8>>, WcStatus> {
         let qp_type = self.cfg.qp_type;
         let pmtu = self.req.pmtu;
@@ -478,7 +478,7 @@ impl Qp {
         now: Instant,
         pkt: &Packet<&[u8]>,
         info: &OpInfo,
-        mem: &mut impl Memory,
+        mem: &mut (impl Memory + ?Sized),
     ) {
         let psn = pkt.bth.psn;
         // Only PSNs in flight mean anything; older ones are duplicates.
@@ -583,7 +583,7 @@ impl Qp {
         now: Instant,
         pkt: &Packet<&[u8]>,
         info: &OpInfo,
-        mem: &mut impl Memory,
+        mem: &mut (impl Memory + ?Sized),
     ) {
         let psn = pkt.bth.psn;
         self.ack_through(now, psn.sub(1));

@@ -149,7 +149,7 @@ impl Qp {
         self.resp.queue.push_back(Response::Nak { psn, aeth, then });
     }
 
-    fn take_recv_wqe(&mut self, mem: &mut impl Memory) -> Option<RecvWqe> {
+    fn take_recv_wqe(&mut self, mem: &mut (impl Memory + ?Sized)) -> Option<RecvWqe> {
         if self.cfg.srq {
             mem.srq_pop()
         } else {
@@ -162,7 +162,7 @@ impl Qp {
         now: Instant,
         pkt: &Packet<&[u8]>,
         info: &OpInfo,
-        mem: &mut impl Memory,
+        mem: &mut (impl Memory + ?Sized),
     ) {
         let _ = now;
         if self.resp.dead {
@@ -176,7 +176,7 @@ impl Qp {
         }
     }
 
-    fn rc_request(&mut self, pkt: &Packet<&[u8]>, info: &OpInfo, mem: &mut impl Memory) {
+    fn rc_request(&mut self, pkt: &Packet<&[u8]>, info: &OpInfo, mem: &mut (impl Memory + ?Sized)) {
         let d = pkt.bth.psn.diff(self.resp.epsn);
         if d > 0 {
             // IBA 9.7.5.2.2: one NAK per gap, until the expected PSN arrives.
@@ -271,7 +271,12 @@ impl Qp {
         }
     }
 
-    fn in_sequence(&mut self, pkt: &Packet<&[u8]>, info: &OpInfo, mem: &mut impl Memory) -> Step {
+    fn in_sequence(
+        &mut self,
+        pkt: &Packet<&[u8]>,
+        info: &OpInfo,
+        mem: &mut (impl Memory + ?Sized),
+    ) -> Step {
         let pmtu = self.resp.pmtu;
         let plen = pkt.payload.len() as u64;
         match info.kind {
@@ -376,7 +381,12 @@ impl Qp {
         }
     }
 
-    fn rc_send(&mut self, pkt: &Packet<&[u8]>, info: &OpInfo, mem: &mut impl Memory) -> Step {
+    fn rc_send(
+        &mut self,
+        pkt: &Packet<&[u8]>,
+        info: &OpInfo,
+        mem: &mut (impl Memory + ?Sized),
+    ) -> Step {
         if info.position.starts() {
             match self.take_recv_wqe(mem) {
                 Some(w) => self.resp.cur_recv = Some((w, 0)),
@@ -425,7 +435,12 @@ impl Qp {
         Step::Advance(1)
     }
 
-    fn rc_write(&mut self, pkt: &Packet<&[u8]>, info: &OpInfo, mem: &mut impl Memory) -> Step {
+    fn rc_write(
+        &mut self,
+        pkt: &Packet<&[u8]>,
+        info: &OpInfo,
+        mem: &mut (impl Memory + ?Sized),
+    ) -> Step {
         if info.position.starts() {
             let Some(reth) = pkt.ext.reth else {
                 return Step::Fatal(NakCode::InvalidRequest, WcStatus::RemInvReqErr);
@@ -502,7 +517,7 @@ impl Qp {
 
     /// UC (IBA 9.8.3): no ACKs; a lost packet discards the rest of its
     /// message, and the receive WQE is reused for the next one.
-    fn uc_request(&mut self, pkt: &Packet<&[u8]>, info: &OpInfo, mem: &mut impl Memory) {
+    fn uc_request(&mut self, pkt: &Packet<&[u8]>, info: &OpInfo, mem: &mut (impl Memory + ?Sized)) {
         if pkt.bth.psn != self.resp.epsn {
             self.counters.out_of_sequence += 1;
             if let Some((wqe, _)) = self.resp.cur_recv.take() {
@@ -545,7 +560,7 @@ impl Qp {
 
     /// UD, GSI, SMI (IBA 9.6.2, 10.2.4): Q_Key check, one packet per message,
     /// GRH in the first 40 bytes of the buffer, silent drop without a WQE.
-    fn ud_request(&mut self, pkt: &Packet<&[u8]>, info: &OpInfo, mem: &mut impl Memory) {
+    fn ud_request(&mut self, pkt: &Packet<&[u8]>, info: &OpInfo, mem: &mut (impl Memory + ?Sized)) {
         let Some(deth) = pkt.ext.deth else {
             self.counters.dropped += 1;
             return;
@@ -598,7 +613,7 @@ impl Qp {
     pub(crate) fn poll_response(
         &mut self,
         _now: Instant,
-        mem: &mut impl Memory,
+        mem: &mut (impl Memory + ?Sized),
     ) -> Option<Packet<Vec<u8>>> {
         if self.cfg.qp_type != QpType::Rc {
             return None;

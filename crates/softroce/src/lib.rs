@@ -1,0 +1,27 @@
+//! The data plane of the soft RoCE NIC: every QP engine of one node behind
+//! one UDP socket.
+//!
+//! A [`Node`] owns a [`roce_udp::RoceSocket`] bound to the node's address
+//! and a table of [`roce::Qp`] engines. [`Node::poll`] does a bounded round
+//! of work: receive a batch of datagrams, check each ICRC (recovering the
+//! IPv4 Identification a Linux sender chose, see `INTEROP.md`), hand the
+//! packet to the QP its BTH names; then drain each QP's packets into RoCEv2
+//! datagrams (ICRC computed for IPv4 ID 0, which our socket options make
+//! the kernel send) and send them in one batch; then fire due timers.
+//!
+//! It is still a library piece, not a verbs provider: memory is reached
+//! through the [`roce::Memory`] object each QP is created with, completions
+//! and events are drained per QP, and the caller decides threads and
+//! clocks. The verbs provider (`rnic`) wraps a node in a driver thread.
+//!
+//! Optional per node: a pcap file of every packet sent and received (with
+//! IP and UDP headers, as Wireshark wants), and a seeded fault injector on
+//! the send path (loss, duplication, reordering, corruption, link down).
+//!
+//! What it refuses: packets whose ICRC does not verify (dropped and
+//! counted), packets for QPs it does not have (dropped and counted), and
+//! blocking: nothing here sleeps except [`Node::wait`].
+
+mod node;
+
+pub use node::{AhId, Node, NodeConfig, NodeStats, QpHandle};

@@ -1,0 +1,460 @@
+//! One soft RoCE node: socket, QP table, address handles, capture, faults.
+
+use rdma_sim::{FaultConfig, FaultInjector, Payload};
+use rdma_types::{Instant, Qpn};
+use rdma_wire::pcap::{LinkType, PcapWriter};
+use rdma_wire::{icrc, IbRepr, IpRepr, ParseError, RoceRepr, UdpChecksum, UdpRepr};
+use roce::{Completion, Memory, Packet, Qp, QpConfig, QpEvent};
+use roce_udp::{RoceSocket, Waker};
+use std::collections::{BTreeMap, VecDeque};
+use std::fs::File;
+use std::io;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// How to set up a node.
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    /// Local address to bind (port 4791 for interop; tests use others).
+    pub bind: SocketAddr,
+    /// Write every packet sent and received to this pcap file.
+    pub capture: Option<PathBuf>,
+    /// Inject faults on the send path.
+    pub faults: Option<FaultConfig>,
+}
+
+impl NodeConfig {
+    /// A node on `bind` with no capture and no faults.
+    pub fn new(bind: SocketAddr) -> NodeConfig {
+        NodeConfig {
+            bind,
+            capture: None,
+            faults: None,
+        }
+    }
+}
+
+/// Counters of a node.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NodeStats {
+    /// Datagrams received.
+    pub rx_datagrams: u64,
+    /// Packets handed to a QP.
+    pub rx_delivered: u64,
+    /// Dropped: the ICRC did not verify.
+    pub rx_bad_icrc: u64,
+    /// Dropped: headers did not parse.
+    pub rx_malformed: u64,
+    /// Dropped: no such QP.
+    pub rx_unknown_qp: u64,
+    /// Of the delivered IPv4 packets, those whose sender used a non-zero
+    /// IPv4 Identification (Linux rxe does), recovered from the ICRC.
+    pub rx_ipv4_id_recovered: u64,
+    /// Packets sent to the socket.
+    pub tx_packets: u64,
+    /// Packets the engine produced that could not be framed (too long).
+    pub tx_frame_errors: u64,
+}
+
+/// A QP of the node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct QpHandle(pub Qpn);
+
+/// An address handle: where UD packets go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct AhId(pub u32);
+
+struct Slot {
+    qp: Qp,
+    mem: Box<dyn Memory + Send>,
+    /// RC/UC: the peer's UDP address.
+    remote: Option<SocketAddr>,
+    completions: VecDeque<Completion>,
+    events: VecDeque<QpEvent>,
+}
+
+/// A datagram waiting in the fault injector.
+#[derive(Clone)]
+struct OutDatagram {
+    dst: SocketAddr,
+    data: Vec<u8>,
+}
+
+impl Payload for OutDatagram {
+    fn bit_len(&self) -> u64 {
+        self.data.bit_len()
+    }
+    fn flip_bit(&mut self, bit: u64) {
+        self.data.flip_bit(bit);
+    }
+}
+
+/// One soft RoCE node. Not thread-safe by itself: wrap it in a lock and
+/// drive it from one thread.
+pub struct Node {
+    sock: RoceSocket,
+    local: SocketAddr,
+    qps: BTreeMap<u32, Slot>,
+    next_qpn: u32,
+    ahs: Vec<SocketAddr>,
+    waker: Arc<Waker>,
+    /// Unbuffered, so a capture is complete on disk at any moment.
+    pcap: Option<PcapWriter<File>>,
+    faults: Option<FaultInjector<OutDatagram>>,
+    out: Vec<(SocketAddr, Vec<u8>)>,
+    stats: NodeStats,
+    /// Round-robin start for fairness between QPs.
+    rr: u32,
+}
+
+/// Packets a QP may emit per poll: bounded work, fair between QPs.
+const TX_BUDGET_PER_QP: usize = 64;
+/// Datagrams received per poll.
+const RX_BUDGET: usize = 64;
+
+impl Node {
+    /// Binds the node's socket and opens its capture file.
+    ///
+    /// # Errors
+    /// The address cannot be bound, or the capture file cannot be created.
+    pub fn bind(cfg: NodeConfig) -> io::Result<Node> {
+        let sock = RoceSocket::bind(cfg.bind)?;
+        let local = sock.local_addr();
+        let pcap = match &cfg.capture {
+            Some(path) => Some(PcapWriter::new(File::create(path)?, LinkType::Raw)?),
+            None => None,
+        };
+        Ok(Node {
+            sock,
+            local,
+            qps: BTreeMap::new(),
+            next_qpn: 0x11,
+            ahs: Vec::new(),
+            waker: Arc::new(Waker::new()?),
+            pcap,
+            faults: cfg.faults.map(FaultInjector::new),
+            out: Vec::new(),
+            stats: NodeStats::default(),
+            rr: 0,
+        })
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> NodeStats {
+        self.stats
+    }
+
+    /// A waker other threads use to interrupt [`Node::wait`].
+    pub fn waker(&self) -> Arc<Waker> {
+        self.waker.clone()
+    }
+
+    /// Creates a QP with the next free number (QP0 and QP1 are created with
+    /// [`Node::create_special_qp`]). `cfg.qpn` is overwritten.
+    pub fn create_qp(&mut self, mut cfg: QpConfig, mem: Box<dyn Memory + Send>) -> QpHandle {
+        while self.qps.contains_key(&self.next_qpn) || self.next_qpn < 2 {
+            self.next_qpn = (self.next_qpn + 1) & Qpn::MASK;
+        }
+        let qpn = Qpn::from_bits(self.next_qpn);
+        self.next_qpn = (self.next_qpn + 1) & Qpn::MASK;
+        cfg.qpn = qpn;
+        self.insert(cfg, mem)
+    }
+
+    /// Creates QP0 or QP1 (`cfg.qpn` says which).
+    ///
+    /// # Errors
+    /// It exists already, or `cfg.qpn` is not 0 or 1.
+    pub fn create_special_qp(
+        &mut self,
+        cfg: QpConfig,
+        mem: Box<dyn Memory + Send>,
+    ) -> io::Result<QpHandle> {
+        let n = cfg.qpn.value();
+        if n > 1 || self.qps.contains_key(&n) {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!("QP{n} exists or is not special"),
+            ));
+        }
+        Ok(self.insert(cfg, mem))
+    }
+
+    fn insert(&mut self, cfg: QpConfig, mem: Box<dyn Memory + Send>) -> QpHandle {
+        let qpn = cfg.qpn;
+        self.qps.insert(
+            qpn.value(),
+            Slot {
+                qp: Qp::new(cfg),
+                mem,
+                remote: None,
+                completions: VecDeque::new(),
+                events: VecDeque::new(),
+            },
+        );
+        QpHandle(qpn)
+    }
+
+    /// Sets where an RC/UC QP's packets go (its peer node's address).
+    pub fn set_remote(&mut self, qp: QpHandle, remote: SocketAddr) {
+        if let Some(s) = self.qps.get_mut(&qp.0.value()) {
+            s.remote = Some(remote);
+        }
+    }
+
+    /// Destroys a QP; packets for it are dropped from now on.
+    pub fn destroy_qp(&mut self, qp: QpHandle) -> bool {
+        self.qps.remove(&qp.0.value()).is_some()
+    }
+
+    /// The engine of a QP (to post work, change state, read counters).
+    pub fn qp_mut(&mut self, qp: QpHandle) -> Option<&mut Qp> {
+        self.qps.get_mut(&qp.0.value()).map(|s| &mut s.qp)
+    }
+
+    /// Creates an address handle for UD sends.
+    pub fn create_ah(&mut self, dst: SocketAddr) -> AhId {
+        self.ahs.push(dst);
+        AhId(self.ahs.len() as u32 - 1)
+    }
+
+    /// The next completion of a QP.
+    pub fn poll_completion(&mut self, qp: QpHandle) -> Option<Completion> {
+        let s = self.qps.get_mut(&qp.0.value())?;
+        s.completions.pop_front().or_else(|| s.qp.poll_completion())
+    }
+
+    /// The next asynchronous event of a QP.
+    pub fn poll_event(&mut self, qp: QpHandle) -> Option<QpEvent> {
+        let s = self.qps.get_mut(&qp.0.value())?;
+        s.events.pop_front().or_else(|| s.qp.poll_event())
+    }
+
+    /// The earliest deadline among QP timers and held (delayed) datagrams.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        let timers = self.qps.values().filter_map(|s| s.qp.poll_timeout());
+        let held = self.faults.as_ref().and_then(|f| f.next_release());
+        timers.chain(held).min()
+    }
+
+    /// Sleeps until a datagram arrives, the waker fires, or `timeout`.
+    ///
+    /// # Errors
+    /// `poll(2)` failed.
+    pub fn wait(&self, timeout: std::time::Duration) -> io::Result<bool> {
+        self.sock.wait(Some(&self.waker), timeout)
+    }
+
+    /// Cuts or restores the link (fault injection; needs `faults` set).
+    pub fn set_link_up(&mut self, up: bool) {
+        if let Some(f) = self.faults.as_mut() {
+            f.set_link_up(up);
+        }
+    }
+
+    /// One bounded round of work at `now`: receive, transmit, timers.
+    /// Returns whether anything happened.
+    pub fn poll(&mut self, now: Instant) -> bool {
+        let mut busy = self.receive(now);
+        for s in self.qps.values_mut() {
+            if s.qp.poll_timeout().is_some_and(|t| t <= now) {
+                s.qp.handle_timeout(now);
+                busy = true;
+            }
+        }
+        busy |= self.transmit(now);
+        for s in self.qps.values_mut() {
+            while let Some(c) = s.qp.poll_completion() {
+                s.completions.push_back(c);
+            }
+            while let Some(e) = s.qp.poll_event() {
+                s.events.push_back(e);
+            }
+        }
+        busy
+    }
+
+    fn receive(&mut self, now: Instant) -> bool {
+        let local = self.local;
+        let mut got: Vec<(SocketAddr, Vec<u8>)> = Vec::new();
+        self.sock
+            .recv_batch(RX_BUDGET, |r, data| got.push((r.src, data.to_vec())));
+        for (src, data) in &got {
+            self.stats.rx_datagrams += 1;
+            self.deliver(now, *src, local, data);
+        }
+        !got.is_empty()
+    }
+
+    /// Parses, ICRC-checks and dispatches one datagram.
+    fn deliver(&mut self, now: Instant, src: SocketAddr, local: SocketAddr, data: &[u8]) {
+        let Some(mut ip) = IpRepr::rocev2(src.ip(), local.ip(), 8 + data.len()) else {
+            self.stats.rx_malformed += 1;
+            return;
+        };
+        let udp = UdpRepr {
+            src_port: src.port(),
+            dst_port: local.port(),
+            checksum: UdpChecksum::None,
+        };
+        let roce = match RoceRepr::parse_datagram(ip, udp, data) {
+            Ok(r) => r,
+            Err(ParseError::Icrc { carried, .. }) => {
+                // A Linux sender picks a non-zero IPv4 ID that the socket
+                // does not show; solve for it (exactly one can match).
+                let body = &data[..data.len().saturating_sub(rdma_wire::ICRC_LEN)];
+                let Some(id) = icrc::recover_ipv4_ident(&ip, &udp, body, carried) else {
+                    self.stats.rx_bad_icrc += 1;
+                    return;
+                };
+                if let IpRepr::V4(v4) = &mut ip {
+                    v4.ident = id;
+                }
+                match RoceRepr::parse_datagram(ip, udp, data) {
+                    Ok(r) => {
+                        self.stats.rx_ipv4_id_recovered += 1;
+                        r
+                    }
+                    Err(_) => {
+                        self.stats.rx_bad_icrc += 1;
+                        return;
+                    }
+                }
+            }
+            Err(_) => {
+                self.stats.rx_malformed += 1;
+                return;
+            }
+        };
+        if let Some(p) = self.pcap.as_mut() {
+            let mut buf = vec![0u8; roce.buffer_len()];
+            if let Ok(n) = roce.emit(&mut buf) {
+                let _ = p.write_packet(now, &buf[..n]);
+            }
+        }
+        let grh = grh_of(&roce.ip);
+        let pkt = Packet::from_ib(&roce.ib, Some(grh));
+        let Some(slot) = self.qps.get_mut(&roce.ib.bth.dest_qp.value()) else {
+            self.stats.rx_unknown_qp += 1;
+            return;
+        };
+        self.stats.rx_delivered += 1;
+        slot.qp.handle_packet(now, &pkt, &mut *slot.mem);
+    }
+
+    fn transmit(&mut self, now: Instant) -> bool {
+        let local = self.local;
+        let keys: Vec<u32> = self.qps.keys().copied().collect();
+        if keys.is_empty() {
+            return false;
+        }
+        let start = (self.rr as usize) % keys.len();
+        self.rr = self.rr.wrapping_add(1);
+        let mut produced = false;
+        for k in keys[start..].iter().chain(&keys[..start]) {
+            let Some(slot) = self.qps.get_mut(k) else {
+                continue;
+            };
+            for _ in 0..TX_BUDGET_PER_QP {
+                let Some(pkt) = slot.qp.poll_transmit(now, &mut *slot.mem) else {
+                    break;
+                };
+                produced = true;
+                let dst = match pkt.ud_dest {
+                    Some(ud) => self.ahs.get(ud.ah as usize).copied(),
+                    None => slot.remote,
+                };
+                let Some(dst) = dst else {
+                    self.stats.tx_frame_errors += 1;
+                    continue;
+                };
+                match frame(local, dst, &pkt) {
+                    Some((ip_packet, udp_payload_at)) => {
+                        if let Some(p) = self.pcap.as_mut() {
+                            let _ = p.write_packet(now, &ip_packet);
+                        }
+                        self.out.push((dst, ip_packet[udp_payload_at..].to_vec()));
+                    }
+                    None => self.stats.tx_frame_errors += 1,
+                }
+            }
+        }
+        self.flush_out(now);
+        produced
+    }
+
+    fn flush_out(&mut self, now: Instant) {
+        let mut batch = std::mem::take(&mut self.out);
+        if let Some(f) = self.faults.as_mut() {
+            for (dst, data) in batch.drain(..) {
+                f.push(now, OutDatagram { dst, data });
+            }
+            while let Some(d) = f.pop_ready(now) {
+                batch.push((d.dst, d.data));
+            }
+        }
+        if batch.is_empty() {
+            return;
+        }
+        let refs: Vec<(SocketAddr, &[u8])> =
+            batch.iter().map(|(a, d)| (*a, d.as_slice())).collect();
+        let mut sent = 0;
+        // A full socket buffer: retry a bounded number of times, then drop
+        // the rest like a congested wire; retransmission recovers RC.
+        for _ in 0..64 {
+            sent += self.sock.send_batch(&refs[sent..]);
+            if sent == refs.len() {
+                break;
+            }
+            let _ = self.sock.wait(None, std::time::Duration::from_micros(100));
+        }
+        self.stats.tx_packets += sent as u64;
+    }
+}
+
+/// Builds the IP packet of an outgoing engine packet (for capture) and says
+/// where its UDP payload starts (for the socket).
+fn frame(local: SocketAddr, dst: SocketAddr, pkt: &Packet<Vec<u8>>) -> Option<(Vec<u8>, usize)> {
+    let ib: IbRepr<'_> = pkt.ib_repr();
+    let ip = IpRepr::rocev2(local.ip(), dst.ip(), 0)?;
+    let udp = UdpRepr {
+        // The ICRC covers the source port: it must be the one the socket
+        // really sends from (rxe varies it per QP; we have one socket).
+        src_port: local.port(),
+        dst_port: dst.port(),
+        checksum: UdpChecksum::None,
+    };
+    let roce = RoceRepr { ip, udp, ib };
+    let mut buf = vec![0u8; roce.buffer_len()];
+    let n = roce.emit(&mut buf).ok()?;
+    buf.truncate(n);
+    let at = n - roce.udp_payload_len();
+    Some((buf, at))
+}
+
+/// The 40-byte GRH area of a UD receive (RoCEv2: for IPv4, 20 zero bytes
+/// then the IPv4 header; for IPv6, the IPv6 header).
+fn grh_of(ip: &IpRepr) -> [u8; 40] {
+    let mut grh = [0u8; 40];
+    let mut hdr = [0u8; 40];
+    let n = ip.buffer_len().min(40);
+    ip.emit(&mut hdr[..n]);
+    grh[40 - n..].copy_from_slice(&hdr[..n]);
+    grh
+}
+
+impl std::fmt::Debug for Node {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Node")
+            .field("local", &self.local)
+            .field("qps", &self.qps.len())
+            .field("stats", &self.stats)
+            .finish()
+    }
+}
