@@ -338,7 +338,7 @@ impl Node {
                 let _ = p.write_packet(now, &buf[..n]);
             }
         }
-        let grh = grh_of(&roce.ip);
+        let grh = roce.ip.grh_area();
         let pkt = Packet::from_ib(&roce.ib, Some(grh));
         let Some(slot) = self.qps.get_mut(&roce.ib.bth.dest_qp.value()) else {
             self.stats.rx_unknown_qp += 1;
@@ -436,17 +436,6 @@ fn frame(local: SocketAddr, dst: SocketAddr, pkt: &Packet<Vec<u8>>) -> Option<(V
     buf.truncate(n);
     let at = n - roce.udp_payload_len();
     Some((buf, at))
-}
-
-/// The 40-byte GRH area of a UD receive (RoCEv2: for IPv4, 20 zero bytes
-/// then the IPv4 header; for IPv6, the IPv6 header).
-fn grh_of(ip: &IpRepr) -> [u8; 40] {
-    let mut grh = [0u8; 40];
-    let mut hdr = [0u8; 40];
-    let n = ip.buffer_len().min(40);
-    ip.emit(&mut hdr[..n]);
-    grh[40 - n..].copy_from_slice(&hdr[..n]);
-    grh
 }
 
 impl std::fmt::Debug for Node {
