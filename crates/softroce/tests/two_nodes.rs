@@ -5,84 +5,21 @@
 
 use rdma_sim::FaultConfig;
 use rdma_types::{Instant, Lkey, Mtu, Qpn, Rkey, WcStatus};
-use roce::{Memory, MemoryError, QpConfig, RecvWqe, RemoteAccess, SendOp, SendWqe, Sge};
-use softroce::{Node, NodeConfig, QpHandle};
-use std::sync::{Arc, Mutex};
+use roce::{QpConfig, RecvWqe, SendOp, SendWqe, Sge};
+use softroce::{FlatMemory, Node, NodeConfig, QpHandle};
 use std::time::{Duration, Instant as StdInstant};
-
-/// One registered region shared between the test and the node (key 7).
-#[derive(Clone)]
-struct Region(Arc<Mutex<Vec<u8>>>);
 
 const KEY: u32 = 7;
 
-impl Region {
-    fn new(len: usize, fill: impl Fn(usize) -> u8) -> Region {
-        Region(Arc::new(Mutex::new((0..len).map(fill).collect())))
-    }
-    fn with<R>(
-        &self,
-        key: u32,
-        addr: u64,
-        len: usize,
-        f: impl FnOnce(&mut [u8]) -> R,
-    ) -> Result<R, MemoryError> {
-        if key != KEY {
-            return Err(MemoryError::BadKey);
-        }
-        let mut g = self.0.lock().unwrap();
-        let start = usize::try_from(addr).map_err(|_| MemoryError::OutOfRange)?;
-        let end = start.checked_add(len).ok_or(MemoryError::OutOfRange)?;
-        g.get_mut(start..end).map(f).ok_or(MemoryError::OutOfRange)
-    }
-    fn bytes(&self, off: usize, len: usize) -> Vec<u8> {
-        self.0.lock().unwrap()[off..off + len].to_vec()
-    }
+/// A region under key 7, filled by `fill`.
+fn region(len: usize, fill: impl Fn(usize) -> u8) -> FlatMemory {
+    let m = FlatMemory::new(KEY, len);
+    m.with(|b| b.iter_mut().enumerate().for_each(|(i, x)| *x = fill(i)));
+    m
 }
 
-impl Memory for Region {
-    fn read_local(&mut self, lkey: Lkey, addr: u64, out: &mut [u8]) -> Result<(), MemoryError> {
-        self.with(lkey.0, addr, out.len(), |m| out.copy_from_slice(m))
-    }
-    fn write_local(&mut self, lkey: Lkey, addr: u64, data: &[u8]) -> Result<(), MemoryError> {
-        self.with(lkey.0, addr, data.len(), |m| m.copy_from_slice(data))
-    }
-    fn remote_check(
-        &mut self,
-        rkey: Rkey,
-        addr: u64,
-        len: u64,
-        _: RemoteAccess,
-    ) -> Result<(), MemoryError> {
-        self.with(rkey.0, addr, len as usize, |_| ())
-    }
-    fn remote_write(&mut self, rkey: Rkey, addr: u64, data: &[u8]) -> Result<(), MemoryError> {
-        self.with(rkey.0, addr, data.len(), |m| m.copy_from_slice(data))
-    }
-    fn remote_read(&mut self, rkey: Rkey, addr: u64, out: &mut [u8]) -> Result<(), MemoryError> {
-        self.with(rkey.0, addr, out.len(), |m| out.copy_from_slice(m))
-    }
-    fn remote_atomic(
-        &mut self,
-        rkey: Rkey,
-        addr: u64,
-        compare: Option<u64>,
-        operand: u64,
-    ) -> Result<u64, MemoryError> {
-        self.with(rkey.0, addr, 8, |m| {
-            let orig = u64::from_ne_bytes(m[..8].try_into().unwrap());
-            let new = match compare {
-                Some(c) if c == orig => operand,
-                Some(_) => orig,
-                None => orig.wrapping_add(operand),
-            };
-            m.copy_from_slice(&new.to_ne_bytes());
-            orig
-        })
-    }
-    fn invalidate(&mut self, _: Rkey) -> Result<(), MemoryError> {
-        Ok(())
-    }
+fn bytes(m: &FlatMemory, off: usize, len: usize) -> Vec<u8> {
+    m.with(|b| b[off..off + len].to_vec())
 }
 
 const LEN: usize = 4 << 20;
@@ -92,8 +29,8 @@ struct Pair {
     b: Node,
     qa: QpHandle,
     qb: QpHandle,
-    ma: Region,
-    mb: Region,
+    ma: FlatMemory,
+    mb: FlatMemory,
     epoch: StdInstant,
 }
 
@@ -112,8 +49,8 @@ fn pair(
         ..f
     });
     let (mut a, mut b) = (Node::bind(ca).unwrap(), Node::bind(cb).unwrap());
-    let ma = Region::new(LEN, |i| (i * 7 % 251) as u8);
-    let mb = Region::new(LEN, |_| 0);
+    let ma = region(LEN, |i| (i * 7 % 251) as u8);
+    let mb = region(LEN, |_| 0);
     let mut cfg = QpConfig::rc(Qpn::new(0).unwrap(), Qpn::new(0).unwrap());
     cfg.pmtu = Mtu::Mtu1024;
     cfg.timeout = 8; // 1 ms: loss recovers quickly on loopback
@@ -203,14 +140,14 @@ fn write_read_send_roundtrip(p: &mut Pair, chunk: u32, rounds: u64) {
     assert_eq!(ids, (0..posted as u64).collect::<Vec<_>>(), "in order");
     for i in 0..rounds {
         let off = ((i * u64::from(chunk)) % (LEN as u64 / 2)) as usize;
-        let sent = p.ma.bytes(off, chunk as usize);
+        let sent = bytes(&p.ma, off, chunk as usize);
         assert_eq!(
-            p.mb.bytes(off, chunk as usize),
+            bytes(&p.mb, off, chunk as usize),
             sent,
             "WRITE landed at {off}"
         );
         assert_eq!(
-            p.ma.bytes(LEN / 2 + off, chunk as usize),
+            bytes(&p.ma, LEN / 2 + off, chunk as usize),
             sent,
             "READ brought it back for {off}"
         );
@@ -285,7 +222,7 @@ fn send_recv_and_garbage_do_not_disturb_a_live_qp() {
     }
     let r = recv.expect("receive completion");
     assert_eq!((r.wr_id, r.byte_len), (9, 3000));
-    assert_eq!(p.mb.bytes(0, 3000), p.ma.bytes(100, 3000));
+    assert_eq!(bytes(&p.mb, 0, 3000), bytes(&p.ma, 100, 3000));
     let s = p.b.stats();
     assert!(
         s.rx_malformed + s.rx_bad_icrc >= 3,

@@ -1,0 +1,144 @@
+//! A single registered region as a [`roce::Memory`]: what tools and tests
+//! use when they run the data plane without the verbs layer's key tables.
+
+use rdma_types::{Lkey, Rkey};
+use roce::{Memory, MemoryError, RemoteAccess};
+use std::sync::{Arc, Mutex};
+
+/// One buffer registered under one key for local and remote access.
+/// Clones share the buffer.
+#[derive(Debug, Clone)]
+pub struct FlatMemory {
+    key: u32,
+    buf: Arc<Mutex<Vec<u8>>>,
+}
+
+impl FlatMemory {
+    /// A zeroed region of `len` bytes at virtual address 0 under `key`.
+    pub fn new(key: u32, len: usize) -> FlatMemory {
+        FlatMemory {
+            key,
+            buf: Arc::new(Mutex::new(vec![0u8; len])),
+        }
+    }
+
+    /// The key the region answers to (as L_Key and R_Key).
+    pub fn key(&self) -> u32 {
+        self.key
+    }
+
+    /// Region length.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Whether the region is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<u8>> {
+        // A panic elsewhere while holding the lock leaves bytes, not
+        // invariants: keep going with the data as it is.
+        self.buf.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Runs `f` on the whole buffer (to fill it or check it).
+    pub fn with<R>(&self, f: impl FnOnce(&mut [u8]) -> R) -> R {
+        f(&mut self.lock())
+    }
+
+    fn range<R>(
+        &self,
+        key: u32,
+        addr: u64,
+        len: usize,
+        f: impl FnOnce(&mut [u8]) -> R,
+    ) -> Result<R, MemoryError> {
+        if key != self.key {
+            return Err(MemoryError::BadKey);
+        }
+        let mut g = self.lock();
+        let start = usize::try_from(addr).map_err(|_| MemoryError::OutOfRange)?;
+        let end = start.checked_add(len).ok_or(MemoryError::OutOfRange)?;
+        g.get_mut(start..end).map(f).ok_or(MemoryError::OutOfRange)
+    }
+}
+
+impl Memory for FlatMemory {
+    fn read_local(&mut self, lkey: Lkey, addr: u64, out: &mut [u8]) -> Result<(), MemoryError> {
+        self.range(lkey.0, addr, out.len(), |m| out.copy_from_slice(m))
+    }
+    fn write_local(&mut self, lkey: Lkey, addr: u64, data: &[u8]) -> Result<(), MemoryError> {
+        self.range(lkey.0, addr, data.len(), |m| m.copy_from_slice(data))
+    }
+    fn remote_check(
+        &mut self,
+        rkey: Rkey,
+        addr: u64,
+        len: u64,
+        _: RemoteAccess,
+    ) -> Result<(), MemoryError> {
+        let len = usize::try_from(len).map_err(|_| MemoryError::OutOfRange)?;
+        self.range(rkey.0, addr, len, |_| ())
+    }
+    fn remote_write(&mut self, rkey: Rkey, addr: u64, data: &[u8]) -> Result<(), MemoryError> {
+        self.range(rkey.0, addr, data.len(), |m| m.copy_from_slice(data))
+    }
+    fn remote_read(&mut self, rkey: Rkey, addr: u64, out: &mut [u8]) -> Result<(), MemoryError> {
+        self.range(rkey.0, addr, out.len(), |m| out.copy_from_slice(m))
+    }
+    fn remote_atomic(
+        &mut self,
+        rkey: Rkey,
+        addr: u64,
+        compare: Option<u64>,
+        operand: u64,
+    ) -> Result<u64, MemoryError> {
+        if !addr.is_multiple_of(8) {
+            return Err(MemoryError::Misaligned);
+        }
+        self.range(rkey.0, addr, 8, |m| {
+            let orig = u64::from_ne_bytes(m[..8].try_into().expect("8 bytes"));
+            let new = match compare {
+                Some(c) if c == orig => operand,
+                Some(_) => orig,
+                None => orig.wrapping_add(operand),
+            };
+            m.copy_from_slice(&new.to_ne_bytes());
+            orig
+        })
+    }
+    fn invalidate(&mut self, _: Rkey) -> Result<(), MemoryError> {
+        Err(MemoryError::NoPermission)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_bounds_and_alignment_are_checked() {
+        let mut m = FlatMemory::new(5, 64);
+        let mut out = [0u8; 8];
+        assert_eq!(m.read_local(Lkey(6), 0, &mut out), Err(MemoryError::BadKey));
+        assert_eq!(
+            m.read_local(Lkey(5), 60, &mut out),
+            Err(MemoryError::OutOfRange)
+        );
+        assert_eq!(
+            m.read_local(Lkey(5), u64::MAX, &mut out),
+            Err(MemoryError::OutOfRange)
+        );
+        assert_eq!(
+            m.remote_atomic(Rkey(5), 4, None, 1),
+            Err(MemoryError::Misaligned)
+        );
+        m.write_local(Lkey(5), 8, &7u64.to_ne_bytes()).unwrap();
+        assert_eq!(m.remote_atomic(Rkey(5), 8, Some(7), 9), Ok(7));
+        assert_eq!(m.remote_atomic(Rkey(5), 8, None, 1), Ok(9));
+        m.read_local(Lkey(5), 8, &mut out).unwrap();
+        assert_eq!(u64::from_ne_bytes(out), 10);
+    }
+}
