@@ -167,6 +167,29 @@ fn summary() {
         );
     }
     let pkt = packet_of_len(1024);
+    let r = RoceRepr::parse(&pkt).unwrap();
+    let ib = &pkt[28..pkt.len() - 4];
+    let carried = icrc::trailer(&pkt).unwrap();
+    let socket = ns_per(
+        || {
+            let _ = black_box(icrc::compute(black_box(&r.ip), &r.udp, black_box(ib)));
+        },
+        200_000,
+    );
+    let recover = ns_per(
+        || {
+            black_box(icrc::recover_ipv4_ident(
+                black_box(&r.ip),
+                &r.udp,
+                black_box(ib),
+                carried,
+            ));
+        },
+        20_000,
+    );
+    println!(
+        "  1024 B, socket path: icrc::compute {socket:.1} ns; recover_ipv4_ident {recover:.1} ns"
+    );
     let parse = ns_per(
         || {
             let _ = black_box(IbRepr::parse(black_box(&pkt[28..])));

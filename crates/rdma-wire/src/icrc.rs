@@ -273,11 +273,32 @@ pub fn compute(ip: &IpRepr, udp: &UdpRepr, ib: &[u8]) -> Result<u32, ParseError>
     compute_raw(&hdr[..n], ib)
 }
 
+/// What flipping each bit of the IPv4 identification does to the ICRC,
+/// given what flipping bit 7 does. The CRC takes input bits least
+/// significant first within each byte, so of the ID bytes (high, then low)
+/// bit 7 enters last; any other ID bit entered `k` bit times earlier and
+/// went through `k` more zero-input register steps (multiplications by x).
+fn ident_bit_deltas(bit7: u32) -> [u32; 16] {
+    let step = |r: u32| if r & 1 != 0 { (r >> 1) ^ POLY } else { r >> 1 };
+    let mut delta = [0u32; 16];
+    for (j, d) in delta.iter_mut().enumerate() {
+        // Position in input order: high byte bits 8..=15 first, then 0..=7.
+        let order = if j < 8 { 8 + j } else { j - 8 };
+        let mut r = bit7;
+        for _ in order..15 {
+            r = step(r);
+        }
+        *d = r;
+    }
+    delta
+}
+
 /// Finds the IPv4 identification under which `icrc` is the ICRC of `ib`
 /// with these headers (`ip.ident` is ignored). Linux rxe sends IDs from a
 /// per-destination counter that a UDP socket cannot see (INTEROP.md); the
-/// CRC is affine in the ID bits, so 17 CRCs of the 40- or 60-byte prefix and one
-/// pass over the rest decide it, and exactly one ID can match.
+/// CRC is affine in the ID bits, so two CRCs of the packet (ID 0 and ID
+/// 0x0080), register steps for the other bits and a 16-unknown linear
+/// solve decide it; at most one ID can match.
 ///
 /// Returns `None` if no ID matches (a corrupted packet), or for IPv6.
 pub fn recover_ipv4_ident(ip: &IpRepr, udp: &UdpRepr, ib: &[u8], icrc: u32) -> Option<u16> {
@@ -285,35 +306,43 @@ pub fn recover_ipv4_ident(ip: &IpRepr, udp: &UdpRepr, ib: &[u8], icrc: u32) -> O
     if ib.len() < BTH_LEN || UDP_HEADER_LEN + ib.len() + ICRC_LEN > ip.max_payload_len() {
         return None;
     }
-    let mut rest = crc32fast::Hasher::new();
-    rest.update(&ib[BTH_LEN..]);
     let crc_with = |ident: u16| {
         let mut r = *v4;
         r.ident = ident;
         let mut hdr = [0u8; IPV6_HEADER_LEN + UDP_HEADER_LEN];
         let n = synth_headers(&IpRepr::V4(r), udp, ib.len(), &mut hdr);
         let mut h = prefix_hasher(&hdr[..n], ib);
-        h.combine(&rest);
+        h.update(&ib[BTH_LEN..]);
         h.finalize()
     };
     let base = crc_with(0);
-    let mut delta = [0u32; 16];
-    for (i, d) in delta.iter_mut().enumerate() {
-        *d = crc_with(1 << i) ^ base;
-    }
-    // Walk all IDs in Gray-code order: one XOR per step.
-    let target = icrc ^ base;
-    let mut acc = 0u32;
-    for step in 0u32..65536 {
-        let gray = step ^ (step >> 1);
-        if step > 0 {
-            acc ^= delta[step.trailing_zeros() as usize];
+    let delta = ident_bit_deltas(crc_with(0x0080) ^ base);
+    // Solve sum(x_i * delta_i) = icrc ^ base over GF(2) by elimination.
+    // CRC-32 detects every burst of up to 32 bits, so the 16 deltas are
+    // independent and a solution, if any, is unique.
+    let mut basis = [(0u32, 0u16); 32]; // by leading bit: (vector, which IDs bits)
+    for (i, &d) in delta.iter().enumerate() {
+        let (mut v, mut c) = (d, 1u16 << i);
+        while v != 0 {
+            let top = 31 - v.leading_zeros() as usize;
+            if basis[top].0 == 0 {
+                basis[top] = (v, c);
+                break;
+            }
+            v ^= basis[top].0;
+            c ^= basis[top].1;
         }
-        if acc == target {
-            return Some(gray as u16);
-        }
     }
-    None
+    let (mut t, mut ident) = (icrc ^ base, 0u16);
+    while t != 0 {
+        let top = 31 - t.leading_zeros() as usize;
+        if basis[top].0 == 0 {
+            return None;
+        }
+        t ^= basis[top].0;
+        ident ^= basis[top].1;
+    }
+    Some(ident)
 }
 
 #[cfg(test)]
@@ -437,6 +466,21 @@ mod tests {
         assert_eq!(compute(&IpRepr::V4(known), &udp, ib), Ok(0xF424_8C79));
         // A one-bit error in the ICRC matches no ID.
         assert_eq!(recover_ipv4_ident(&ip, &udp, ib, 0xF424_8C78), None);
+    }
+
+    #[test]
+    fn ident_deltas_match_direct_computation() {
+        let ib = &ACK[28..44];
+        let with = |ident: u16| {
+            let mut v = ACK;
+            v[4..6].copy_from_slice(&ident.to_be_bytes());
+            compute_raw(&v[..28], ib).unwrap()
+        };
+        let base = with(0);
+        let delta = ident_bit_deltas(with(0x80) ^ base);
+        for (j, d) in delta.iter().enumerate() {
+            assert_eq!(*d, with(1 << j) ^ base, "ID bit {j}");
+        }
     }
 
     #[test]
