@@ -24,18 +24,14 @@ fn roce(payload: &[u8], opcode: Opcode) -> RoceRepr<'_> {
         },
         _ => ExtHeaders::default(),
     };
-    let bth = BthRepr {
+    let mut bth = BthRepr::new(
         opcode,
-        solicited: false,
-        mig_req: true,
-        pad_count: 0,
-        pkey: Pkey::DEFAULT,
-        fecn: false,
-        becn: false,
-        dest_qp: Qpn::new(0x11).unwrap(),
-        ack_req: true,
-        psn: Psn::new(0xF7_4835),
-    };
+        Pkey::DEFAULT,
+        Qpn::new(0x11).unwrap(),
+        Psn::new(0xF7_4835),
+    );
+    bth.mig_req = true;
+    bth.ack_req = true;
     RoceRepr {
         ip: IpRepr::V4(Ipv4Repr {
             src: Ipv4Addr::new(10, 99, 0, 3),

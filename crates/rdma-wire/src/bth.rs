@@ -195,6 +195,23 @@ pub struct BthRepr {
 }
 
 impl BthRepr {
+    /// A BTH with every flag clear and pad count 0 ([`crate::IbRepr::new`]
+    /// sets the pad count from the payload).
+    pub const fn new(opcode: Opcode, pkey: Pkey, dest_qp: Qpn, psn: Psn) -> BthRepr {
+        BthRepr {
+            opcode,
+            solicited: false,
+            mig_req: false,
+            pad_count: 0,
+            pkey,
+            fecn: false,
+            becn: false,
+            dest_qp,
+            ack_req: false,
+            psn,
+        }
+    }
+
     /// Parses a checked view. Reserved bits are ignored (IBA 9.2: "ignored
     /// by the receiver").
     ///

@@ -41,18 +41,9 @@
 //! // An RC SEND Only of 5 bytes from 10.0.0.1 to 10.0.0.2, as a NIC behind
 //! // a UDP socket sends it (IPv4 ID 0, DF: see `IpRepr::rocev2`).
 //! let (src, dst) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
-//! let bth = BthRepr {
-//!     opcode: Opcode::RcSendOnly,
-//!     solicited: false,
-//!     mig_req: true,
-//!     pad_count: 0, // IbRepr::new sets it from the payload length
-//!     pkey: Pkey::DEFAULT,
-//!     fecn: false,
-//!     becn: false,
-//!     dest_qp: Qpn::new(0x11).unwrap(),
-//!     ack_req: true,
-//!     psn: Psn::new(100),
-//! };
+//! let qpn = Qpn::new(0x11).unwrap();
+//! let mut bth = BthRepr::new(Opcode::RcSendOnly, Pkey::DEFAULT, qpn, Psn::new(100));
+//! bth.ack_req = true;
 //! let roce = RoceRepr {
 //!     ip: IpRepr::rocev2(src, dst, 0).unwrap(),
 //!     udp: UdpRepr { src_port: 0xC011, dst_port: ROCEV2_UDP_PORT, checksum: UdpChecksum::None },

@@ -516,18 +516,7 @@ mod tests {
     ];
 
     fn bth(opcode: Opcode) -> BthRepr {
-        BthRepr {
-            opcode,
-            solicited: false,
-            mig_req: false,
-            pad_count: 0,
-            pkey: Pkey::DEFAULT,
-            fecn: false,
-            becn: false,
-            dest_qp: Qpn::new(0x42).unwrap(),
-            ack_req: false,
-            psn: Psn::new(1),
-        }
+        BthRepr::new(opcode, Pkey::DEFAULT, Qpn::new(0x42).unwrap(), Psn::new(1))
     }
 
     #[test]

@@ -5,24 +5,11 @@
 
 use std::collections::BTreeMap;
 
+mod common;
+use common::{all_frames, frames};
+
 use rdma_wire::icrc;
 use rdma_wire::{IpRepr, Opcode, RoceFrame, RoceRepr, UdpChecksum, ROCEV2_UDP_PORT};
-
-fn frames(name: &str) -> Vec<(u32, Vec<u8>)> {
-    let path = format!("{}/../../testdata/roce/{name}", env!("CARGO_MANIFEST_DIR"));
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
-    text.lines()
-        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
-        .map(|l| {
-            let (n, hex) = l.split_once(' ').expect("<frame> <hex>");
-            let bytes = (0..hex.len())
-                .step_by(2)
-                .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("hex"))
-                .collect();
-            (n.parse().expect("frame number"), bytes)
-        })
-        .collect()
-}
 
 /// Checks every frame of a file; returns opcode counts and how many frames
 /// were IPv6.
@@ -135,71 +122,54 @@ fn userspace_cm_req() {
 #[test]
 fn ipv4_ident_recovered_from_icrc() {
     let mut checked = 0;
-    for name in [
-        "linux-rxe-rc-pingpong-and-rping.hex",
-        "linux-ib_srp-to-lio-srpt-over-rxe.hex",
-        "userspace-cm-req-to-linux-rxe.hex",
-    ] {
-        for (n, bytes) in frames(name) {
-            let f = RoceFrame::parse(&bytes).unwrap();
-            let IpRepr::V4(mut v4) = f.roce.ip else {
-                continue;
-            };
-            let ident = v4.ident;
-            v4.ident = 0;
-            let ip_len = f.roce.buffer_len();
-            let udp_payload = &bytes[14 + 28..14 + ip_len];
-            let ib = &udp_payload[..udp_payload.len() - 4];
-            let carried = icrc::trailer(udp_payload).unwrap();
-            assert_eq!(
-                icrc::recover_ipv4_ident(&IpRepr::V4(v4), &f.roce.udp, ib, carried),
-                Some(ident),
-                "{name} frame {n}"
-            );
-            checked += 1;
-        }
+    for (name, n, bytes) in all_frames() {
+        let f = RoceFrame::parse(&bytes).unwrap();
+        let IpRepr::V4(mut v4) = f.roce.ip else {
+            continue;
+        };
+        let ident = v4.ident;
+        v4.ident = 0;
+        let udp_payload = &bytes[14 + 28..14 + f.roce.buffer_len()];
+        let ib = &udp_payload[..udp_payload.len() - 4];
+        let carried = icrc::trailer(udp_payload).unwrap();
+        assert_eq!(
+            icrc::recover_ipv4_ident(&IpRepr::V4(v4), &f.roce.udp, ib, carried),
+            Some(ident),
+            "{name} frame {n}"
+        );
+        checked += 1;
     }
     assert_eq!(checked, 141 + 600 + 10);
 }
 
 /// The receive path of a NIC behind a UDP socket: it sees addresses,
 /// ports and the UDP payload, not the IP header. Rebuilt with
-/// `IpRepr::rocev2` (and, for rxe's IPv4 frames, the ID recovered from the
-/// ICRC), every frame's ICRC verifies; some frames carry exactly the
-/// header `IpRepr::rocev2` describes.
+/// `IpRepr::rocev2` (and, for IPv4, the ID recovered from the ICRC), every
+/// frame's ICRC verifies; some frames carry exactly the header
+/// `IpRepr::rocev2` describes.
 #[test]
 fn socket_view_verifies_every_frame() {
     let mut checked = 0;
     let mut exact = Vec::new();
-    for name in [
-        "linux-rxe-rc-pingpong-and-rping.hex",
-        "linux-ib_srp-to-lio-srpt-over-rxe.hex",
-        "userspace-cm-req-to-linux-rxe.hex",
-    ] {
-        for (n, bytes) in frames(name) {
-            let f = RoceFrame::parse(&bytes).unwrap();
-            let (src, dst) = (f.roce.ip.src_addr(), f.roce.ip.dst_addr());
-            let iph = f.roce.ip.buffer_len();
-            let udp_payload = &bytes[14 + iph + 8..14 + f.roce.buffer_len()];
-            let mut ip = IpRepr::rocev2(src, dst, 8 + udp_payload.len()).unwrap();
-            if ip == f.roce.ip {
-                exact.push((name, n));
-            }
-            if let IpRepr::V4(v4) = &mut ip {
-                let ib = &udp_payload[..udp_payload.len() - 4];
-                v4.ident = icrc::recover_ipv4_ident(
-                    &IpRepr::V4(*v4),
-                    &f.roce.udp,
-                    ib,
-                    icrc::trailer(udp_payload).unwrap(),
-                )
-                .unwrap();
-            }
-            let r = RoceRepr::parse_datagram(ip, f.roce.udp, udp_payload)
-                .unwrap_or_else(|e| panic!("{name} frame {n}: {e}"));
-            assert_eq!(r.ib, f.roce.ib);
-            checked += 1;
+    for (name, n, bytes) in all_frames() {
+        let f = RoceFrame::parse(&bytes).unwrap();
+        let (src, dst) = (f.roce.ip.src_addr(), f.roce.ip.dst_addr());
+        let iph = f.roce.ip.buffer_len();
+        let udp_payload = &bytes[14 + iph + 8..14 + f.roce.buffer_len()];
+        let mut ip = IpRepr::rocev2(src, dst, 8 + udp_payload.len()).unwrap();
+        if ip == f.roce.ip {
+            exact.push((name, n));
         }
+        if let IpRepr::V4(v4) = &mut ip {
+            let ib = &udp_payload[..udp_payload.len() - 4];
+            let carried = icrc::trailer(udp_payload).unwrap();
+            v4.ident =
+                icrc::recover_ipv4_ident(&IpRepr::V4(*v4), &f.roce.udp, ib, carried).unwrap();
+        }
+        let r = RoceRepr::parse_datagram(ip, f.roce.udp, udp_payload)
+            .unwrap_or_else(|e| panic!("{name} frame {n}: {e}"));
+        assert_eq!(r.ib, f.roce.ib);
+        checked += 1;
     }
     assert_eq!(checked, 758);
     // IPv4 frames 58 and 60 of the user-space sender (unconnected socket),

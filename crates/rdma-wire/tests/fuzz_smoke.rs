@@ -6,6 +6,8 @@
 
 use rdma_wire::{fuzz, icrc};
 
+mod common;
+
 /// splitmix64: small, seeded, good enough to pick mutations.
 struct Rng(u64);
 
@@ -22,29 +24,14 @@ impl Rng {
     }
 }
 
+/// One capture frame per opcode and IP version keeps the run short.
 fn seeds() -> Vec<Vec<u8>> {
-    let mut out = Vec::new();
-    for name in [
-        "linux-rxe-rc-pingpong-and-rping.hex",
-        "linux-ib_srp-to-lio-srpt-over-rxe.hex",
-        "userspace-cm-req-to-linux-rxe.hex",
-    ] {
-        let path = format!("{}/../../testdata/roce/{name}", env!("CARGO_MANIFEST_DIR"));
-        let text = std::fs::read_to_string(&path).unwrap();
-        let mut seen = std::collections::HashSet::new();
-        for l in text.lines().filter(|l| !l.starts_with('#')) {
-            let hex = l.split_once(' ').unwrap().1;
-            let b: Vec<u8> = (0..hex.len())
-                .step_by(2)
-                .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
-                .collect();
-            // One seed per opcode and IP version keeps the run short.
-            if seen.insert((b[12], b[if b[12] == 0x08 { 42 } else { 62 }])) {
-                out.push(b);
-            }
-        }
-    }
-    out
+    let mut seen = std::collections::HashSet::new();
+    common::all_frames()
+        .into_iter()
+        .map(|(_, _, b)| b)
+        .filter(|b| seen.insert((b[12], b[if b[12] == 0x08 { 42 } else { 62 }])))
+        .collect()
 }
 
 fn mutate(rng: &mut Rng, seed: &[u8]) -> Vec<u8> {

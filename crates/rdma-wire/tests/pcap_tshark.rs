@@ -15,18 +15,15 @@ use rdma_wire::*;
 const TSHARK: &str = "/usr/bin/tshark";
 
 fn bth(opcode: Opcode, psn: u32) -> BthRepr {
-    BthRepr {
+    let mut b = BthRepr::new(
         opcode,
-        solicited: false,
-        mig_req: true,
-        pad_count: 0,
-        pkey: Pkey::DEFAULT,
-        fecn: false,
-        becn: false,
-        dest_qp: Qpn::new(0x12).unwrap(),
-        ack_req: true,
-        psn: Psn::new(psn),
-    }
+        Pkey::DEFAULT,
+        Qpn::new(0x12).unwrap(),
+        Psn::new(psn),
+    );
+    b.mig_req = true;
+    b.ack_req = true;
+    b
 }
 
 /// One packet of every header combination the opcode table has.

@@ -12,6 +12,8 @@ use rdma_wire::icrc;
 use rdma_wire::pcap::{LinkType, PcapWriter};
 use rdma_wire::RoceFrame;
 
+mod common;
+
 const TSHARK: &str = "/usr/bin/tshark";
 
 const FIELDS: [&str; 16] = [
@@ -33,31 +35,6 @@ const FIELDS: [&str; 16] = [
     "infiniband.invariant.crc",
 ];
 
-fn frames() -> Vec<Vec<u8>> {
-    let mut out = Vec::new();
-    for name in [
-        "linux-rxe-rc-pingpong-and-rping.hex",
-        "linux-ib_srp-to-lio-srpt-over-rxe.hex",
-        "userspace-cm-req-to-linux-rxe.hex",
-    ] {
-        let path = format!("{}/../../testdata/roce/{name}", env!("CARGO_MANIFEST_DIR"));
-        for l in std::fs::read_to_string(&path)
-            .unwrap()
-            .lines()
-            .filter(|l| !l.starts_with('#'))
-        {
-            let hex = l.split_once(' ').unwrap().1;
-            out.push(
-                (0..hex.len())
-                    .step_by(2)
-                    .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
-                    .collect(),
-            );
-        }
-    }
-    out
-}
-
 /// A tshark field as a number: empty is `None`, `0x..` is hex.
 fn num(s: &str) -> Option<u64> {
     if s.is_empty() {
@@ -77,7 +54,10 @@ fn tshark_and_we_read_every_capture_frame_the_same() {
         );
         return;
     }
-    let frames = frames();
+    let frames: Vec<Vec<u8>> = common::all_frames()
+        .into_iter()
+        .map(|(_, _, b)| b)
+        .collect();
     assert_eq!(frames.len(), 141 + 600 + 17);
     let path =
         std::env::temp_dir().join(format!("rdma-wire-{}-crosscheck.pcap", std::process::id()));
