@@ -308,6 +308,12 @@ impl<'a> RoceRepr<'a> {
             });
         }
         let udpp = UdpPacket::new_checked(ip_payload)?;
+        if usize::from(udpp.len()) != ip_payload.len() {
+            return Err(ParseError::Malformed {
+                what: "UDP",
+                reason: "length differs from the IP payload length",
+            });
+        }
         let udp = UdpRepr::parse(&udpp, ip.src_addr(), ip.dst_addr());
         let udp_payload = &ip_payload[UDP_HEADER_LEN..usize::from(udpp.len())];
         Self::parse_datagram(ip, udp, udp_payload)
@@ -574,6 +580,19 @@ mod tests {
         v[46] = 0xC0; // BTH byte 4 (FECN/BECN): masked, still valid
         let f = RoceFrame::parse(&v).unwrap();
         assert!(f.roce.ib.bth.fecn && f.roce.ib.bth.becn);
+    }
+
+    #[test]
+    fn udp_length_must_fill_the_ip_payload() {
+        let mut v = READ_REQUEST;
+        v[14 + 20 + 5] -= 4; // UDP length 36 inside an IP payload of 40
+        assert_eq!(
+            RoceFrame::parse(&v).unwrap_err(),
+            ParseError::Malformed {
+                what: "UDP",
+                reason: "length differs from the IP payload length"
+            }
+        );
     }
 
     #[test]
