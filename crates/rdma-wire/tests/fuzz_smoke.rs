@@ -2,11 +2,20 @@
 //! the capture frames, flipped, overwritten, truncated and extended, with
 //! and without their checksums repaired (so mutations also get past the
 //! IPv4 checksum and ICRC and reach the round trip), plus random bytes.
-//! Errors are fine; a panic fails the test.
+//! Errors are fine; a panic fails the test. `RDMA_WIRE_FUZZ_RUNS=N`
+//! scales every loop to N inputs for a longer local run.
 
 use rdma_wire::{fuzz, icrc};
 
 mod common;
+
+/// Inputs per loop: the default, or `RDMA_WIRE_FUZZ_RUNS`.
+fn runs(default: usize) -> usize {
+    std::env::var("RDMA_WIRE_FUZZ_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
 
 /// splitmix64: small, seeded, good enough to pick mutations.
 struct Rng(u64);
@@ -112,7 +121,7 @@ fn mutated_capture_frames_never_panic() {
     assert!(seeds.len() >= 10, "one seed per opcode and IP version");
     let mut rng = Rng(0x005E_ED0F_D00D);
     let mut parsed = [0usize; 6];
-    let runs = 6000;
+    let runs = runs(6000);
     for i in 0..runs {
         let seed = &seeds[rng.below(seeds.len())];
         let mut b = mutate(&mut rng, seed);
@@ -139,7 +148,7 @@ fn mutated_capture_frames_never_panic() {
 #[test]
 fn random_bytes_never_panic() {
     let mut rng = Rng(42);
-    for _ in 0..4000 {
+    for _ in 0..runs(4000) {
         let len = rng.below(200);
         let mut b: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
         // Half the time, look like IPv4 or IPv6 in Ethernet so parsers get further.
@@ -163,7 +172,7 @@ fn mutated_datagrams_never_panic() {
         .collect();
     let mut rng = Rng(7);
     let mut parsed = 0;
-    let runs = 4000;
+    let runs = runs(4000);
     for i in 0..runs {
         let mut b = vec![rng.next() as u8];
         let seed = &seeds[rng.below(seeds.len())];
