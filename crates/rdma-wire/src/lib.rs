@@ -20,8 +20,8 @@
 //! - Parsing never panics and never allocates; reprs borrow the payload.
 //! - Emitting what was parsed gives back the same bytes (reserved fields are
 //!   emitted as zero, which is what senders must put there).
-//! - [`icrc`] computes the invariant CRC exactly as Annex A17 masks it, in
-//!   one pass, without allocating.
+//! - [`icrc`] computes the invariant CRC exactly as Annex A17 masks it,
+//!   over the bytes in place, without allocating.
 //!
 //! What it refuses: IPv4 options and fragments, IPv6 extension headers,
 //! transport header versions other than 0, opcodes outside RC/UC/UD/CNP
