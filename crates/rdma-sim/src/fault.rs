@@ -26,6 +26,9 @@ pub struct FaultConfig {
     pub corrupt: f64,
     /// Fixed one-way latency added to every datagram.
     pub latency: Duration,
+    /// Link rate: datagrams queue behind each other for their serialization
+    /// time (`None`: infinitely fast).
+    pub bytes_per_sec: Option<u64>,
 }
 
 impl Default for FaultConfig {
@@ -39,6 +42,7 @@ impl Default for FaultConfig {
             reorder_delay: Duration::from_micros(200),
             corrupt: 0.0,
             latency: Duration::ZERO,
+            bytes_per_sec: None,
         }
     }
 }
@@ -191,6 +195,8 @@ pub struct FaultInjector<T = Vec<u8>> {
     seq: u64,
     held: BinaryHeap<Held<T>>,
     stats: FaultStats,
+    /// When the (rate-limited) link finishes sending what it has.
+    busy_until: Instant,
 }
 
 impl<T: Payload> FaultInjector<T> {
@@ -203,6 +209,7 @@ impl<T: Payload> FaultInjector<T> {
             seq: 0,
             held: BinaryHeap::new(),
             stats: FaultStats::default(),
+            busy_until: Instant::ZERO,
         }
     }
 
@@ -255,6 +262,12 @@ impl<T: Payload> FaultInjector<T> {
             verdict = Verdict::Corrupted;
         }
         let mut release = now + self.cfg.latency;
+        if let Some(rate) = self.cfg.bytes_per_sec.filter(|&r| r > 0) {
+            let bytes = data.bit_len() / 8;
+            let start = self.busy_until.max(now);
+            self.busy_until = start + Duration::from_micros(bytes.saturating_mul(1_000_000) / rate);
+            release = self.busy_until + self.cfg.latency;
+        }
         if self.rng.chance(self.cfg.reorder) {
             release += self.cfg.reorder_delay;
             self.stats.reordered += 1;
@@ -386,6 +399,35 @@ mod tests {
         f.set_link_up(true);
         assert_eq!(f.push(Instant::ZERO, vec![3]), Verdict::Delivered);
         assert_eq!(f.pop_ready(Instant::from_micros(10)), Some(vec![3]));
+    }
+
+    #[test]
+    fn rate_limit_serializes_datagrams() {
+        let cfg = FaultConfig {
+            bytes_per_sec: Some(1_000_000), // 1 byte per microsecond
+            ..FaultConfig::default()
+        };
+        let mut f = FaultInjector::new(cfg);
+        f.push(Instant::ZERO, vec![0u8; 100]);
+        f.push(Instant::ZERO, vec![1u8; 50]);
+        assert_eq!(f.next_release(), Some(Instant::from_micros(100)));
+        assert_eq!(f.pop_ready(Instant::from_micros(99)), None);
+        assert_eq!(
+            f.pop_ready(Instant::from_micros(100)).map(|d| d.len()),
+            Some(100)
+        );
+        assert_eq!(
+            f.next_release(),
+            Some(Instant::from_micros(150)),
+            "queued behind the first"
+        );
+        // An idle link starts afresh.
+        f.push(Instant::from_micros(1000), vec![0u8; 10]);
+        assert_eq!(
+            f.pop_ready(Instant::from_micros(150)).map(|d| d.len()),
+            Some(50)
+        );
+        assert_eq!(f.next_release(), Some(Instant::from_micros(1010)));
     }
 
     #[test]

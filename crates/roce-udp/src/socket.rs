@@ -81,9 +81,16 @@ impl RoceSocket {
                 set_int(fd, libc::IPPROTO_UDP, UDP_NO_CHECK6_RX, 1)?;
             }
         }
-        // Room for bursts of full-MTU packets; the kernel may clamp it.
-        let _ = sock.set_recv_buffer_size(8 << 20);
-        let _ = sock.set_send_buffer_size(8 << 20);
+        // Room for bursts of full-MTU packets. The kernel clamps the plain
+        // option to net.core.rmem_max (often 208 KiB, a few dozen 4 KiB
+        // packets); with CAP_NET_ADMIN the FORCE variants lift the clamp.
+        const BUF: libc::c_int = 8 << 20;
+        if set_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, BUF).is_err() {
+            let _ = sock.set_recv_buffer_size(BUF as usize);
+        }
+        if set_int(fd, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, BUF).is_err() {
+            let _ = sock.set_send_buffer_size(BUF as usize);
+        }
         sock.bind(&SockAddr::from(addr))?;
         let local = sock
             .local_addr()?

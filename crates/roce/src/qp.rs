@@ -116,6 +116,9 @@ pub struct QpCounters {
     pub ud_no_wqe_drops: u64,
     /// Packets dropped as malformed or unexpected.
     pub dropped: u64,
+    /// Queued READ responses dropped because a new READ found the
+    /// responder resources full (the ring overwrote the oldest).
+    pub read_jobs_evicted: u64,
 }
 
 /// Which parts of the QP run, from the verbs state (IBA 10.3.1).
@@ -145,6 +148,8 @@ pub struct Qp {
     pub(crate) turn: bool,
     /// SQD: the drained event has been delivered.
     pub(crate) drain_reported: bool,
+    /// Why the responder last refused a request (diagnostics).
+    pub(crate) last_error: Option<&'static str>,
 }
 
 impl Qp {
@@ -160,6 +165,7 @@ impl Qp {
             counters: QpCounters::default(),
             turn: false,
             drain_reported: false,
+            last_error: None,
         }
     }
 
@@ -193,6 +199,11 @@ impl Qp {
     pub fn update_config(&mut self, f: impl FnOnce(&mut QpConfig)) {
         f(&mut self.cfg);
         self.req.reconfigure(&self.cfg);
+    }
+
+    /// Why the responder last refused a request with a NAK, in words.
+    pub fn last_error(&self) -> Option<&'static str> {
+        self.last_error
     }
 
     /// Whether the QP is in the error state.

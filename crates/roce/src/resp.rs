@@ -37,6 +37,8 @@ struct ReadJob {
     len: u64,
     done: u64,
     msn: u32,
+    /// Re-executed for a duplicate request.
+    duplicate: bool,
 }
 
 /// A READ or atomic remembered for duplicate requests (responder resources).
@@ -138,8 +140,9 @@ enum Step {
     Advance(u32),
     /// Receiver not ready: RNR NAK, PSN unchanged.
     Rnr,
-    /// Fatal for the QP: NAK with this code, then error with this status.
-    Fatal(NakCode, WcStatus),
+    /// Fatal for the QP: NAK with this code, then error with this status;
+    /// the words say why (kept for diagnostics).
+    Fatal(NakCode, WcStatus, &'static str),
 }
 
 impl Qp {
@@ -212,7 +215,8 @@ impl Qp {
                     then: None,
                 });
             }
-            Step::Fatal(code, status) => {
+            Step::Fatal(code, status, why) => {
+                self.last_error = Some(why);
                 self.resp.dead = true;
                 self.nak(pkt.bth.psn, code, Some(status));
             }
@@ -234,6 +238,20 @@ impl Qp {
                     Resource::Atomic { .. } => false,
                 });
                 if let (true, Some(reth)) = (known, pkt.ext.reth) {
+                    // The requester goes back to this PSN and re-sends what
+                    // follows: responses still queued from here on would be
+                    // sent twice and hold responder resources.
+                    let from = pkt.bth.psn;
+                    let pmtu = self.resp.pmtu;
+                    self.resp.queue.retain(|r| match r {
+                        // Keep only jobs that end before the PSN asked for;
+                        // one that covers it is replaced by the new job.
+                        Response::Read(job) => {
+                            job.psn.add(job.len.div_ceil(pmtu).max(1) as u32).diff(from) <= 0
+                        }
+                        Response::Atomic { psn, .. } => psn.diff(from) < 0,
+                        _ => true,
+                    });
                     let msn = self.resp.msn;
                     self.resp.queue.push_back(Response::Read(ReadJob {
                         psn: pkt.bth.psn,
@@ -242,6 +260,7 @@ impl Qp {
                         len: u64::from(reth.dma_len),
                         done: 0,
                         msn,
+                        duplicate: true,
                     }));
                 }
             }
@@ -286,7 +305,11 @@ impl Qp {
                     || (full && plen != pmtu)
                     || plen > pmtu
                 {
-                    return Step::Fatal(NakCode::InvalidRequest, WcStatus::RemInvReqErr);
+                    return Step::Fatal(
+                        NakCode::InvalidRequest,
+                        WcStatus::RemInvReqErr,
+                        "SEND/WRITE packet out of order or with a bad length",
+                    );
                 }
                 if info.kind == Kind::Send {
                     self.rc_send(pkt, info, mem)
@@ -296,27 +319,63 @@ impl Qp {
             }
             Kind::RdmaReadRequest => {
                 if self.resp.in_progress.is_some() {
-                    return Step::Fatal(NakCode::InvalidRequest, WcStatus::RemInvReqErr);
+                    return Step::Fatal(
+                        NakCode::InvalidRequest,
+                        WcStatus::RemInvReqErr,
+                        "READ request inside a SEND/WRITE message",
+                    );
                 }
                 let Some(reth) = pkt.ext.reth else {
-                    return Step::Fatal(NakCode::InvalidRequest, WcStatus::RemInvReqErr);
+                    return Step::Fatal(
+                        NakCode::InvalidRequest,
+                        WcStatus::RemInvReqErr,
+                        "READ request without RETH",
+                    );
                 };
                 let len = u64::from(reth.dma_len);
-                let pending_reads = self
+                // Responder resources are a ring (as in Linux rxe): a
+                // requester keeps at most max_dest_rd_atomic READs in flight,
+                // so when a new one finds the ring full, the oldest queued
+                // job -- a re-execution first -- belongs to a READ the
+                // requester has finished or will ask for again.
+                let cap = usize::from(self.cfg.max_dest_rd_atomic.max(1));
+                while self
                     .resp
                     .queue
                     .iter()
                     .filter(|r| matches!(r, Response::Read(_)))
-                    .count();
-                if pending_reads >= usize::from(self.cfg.max_dest_rd_atomic.max(1)) {
-                    return Step::Fatal(NakCode::InvalidRequest, WcStatus::RemInvReqErr);
+                    .count()
+                    >= cap
+                {
+                    let victim = self
+                        .resp
+                        .queue
+                        .iter()
+                        .position(|r| matches!(r, Response::Read(j) if j.duplicate))
+                        .or_else(|| {
+                            self.resp
+                                .queue
+                                .iter()
+                                .position(|r| matches!(r, Response::Read(_)))
+                        });
+                    match victim {
+                        Some(i) => {
+                            self.resp.queue.remove(i);
+                            self.counters.read_jobs_evicted += 1;
+                        }
+                        None => break,
+                    }
                 }
                 if len > 0
                     && mem
                         .remote_check(reth.rkey, reth.va, len, RemoteAccess::Read)
                         .is_err()
                 {
-                    return Step::Fatal(NakCode::RemoteAccessError, WcStatus::LocAccessErr);
+                    return Step::Fatal(
+                        NakCode::RemoteAccessError,
+                        WcStatus::LocAccessErr,
+                        "READ outside the region or without remote read access",
+                    );
                 }
                 let npkts = len.div_ceil(pmtu).max(1) as u32;
                 self.resp.msn = (self.resp.msn + 1) & 0xFF_FFFF;
@@ -336,6 +395,7 @@ impl Qp {
                     len,
                     done: 0,
                     msn,
+                    duplicate: false,
                 }));
                 Step::Advance(npkts)
             }
@@ -345,19 +405,35 @@ impl Qp {
                     .atomic_eth
                     .filter(|_| self.resp.in_progress.is_none())
                 else {
-                    return Step::Fatal(NakCode::InvalidRequest, WcStatus::RemInvReqErr);
+                    return Step::Fatal(
+                        NakCode::InvalidRequest,
+                        WcStatus::RemInvReqErr,
+                        "atomic without AtomicETH or inside a message",
+                    );
                 };
                 if !a.va.is_multiple_of(8) {
-                    return Step::Fatal(NakCode::InvalidRequest, WcStatus::RemInvReqErr);
+                    return Step::Fatal(
+                        NakCode::InvalidRequest,
+                        WcStatus::RemInvReqErr,
+                        "atomic target not 8-byte aligned",
+                    );
                 }
                 let compare = (info.kind == Kind::CompareSwap).then_some(a.compare);
                 let orig = match mem.remote_atomic(a.rkey, a.va, compare, a.swap_add) {
                     Ok(v) => v,
                     Err(MemoryError::Misaligned) => {
-                        return Step::Fatal(NakCode::InvalidRequest, WcStatus::RemInvReqErr)
+                        return Step::Fatal(
+                            NakCode::InvalidRequest,
+                            WcStatus::RemInvReqErr,
+                            "atomic target not 8-byte aligned",
+                        )
                     }
                     Err(_) => {
-                        return Step::Fatal(NakCode::RemoteAccessError, WcStatus::LocAccessErr)
+                        return Step::Fatal(
+                            NakCode::RemoteAccessError,
+                            WcStatus::LocAccessErr,
+                            "atomic outside the region or without remote atomic access",
+                        )
                     }
                 };
                 self.resp.msn = (self.resp.msn + 1) & 0xFF_FFFF;
@@ -377,7 +453,11 @@ impl Qp {
                 });
                 Step::Advance(1)
             }
-            _ => Step::Fatal(NakCode::InvalidRequest, WcStatus::RemInvReqErr),
+            _ => Step::Fatal(
+                NakCode::InvalidRequest,
+                WcStatus::RemInvReqErr,
+                "opcode not served by an RC responder",
+            ),
         }
     }
 
@@ -394,7 +474,11 @@ impl Qp {
             }
         }
         let Some((wqe, offset)) = self.resp.cur_recv.take() else {
-            return Step::Fatal(NakCode::InvalidRequest, WcStatus::RemInvReqErr);
+            return Step::Fatal(
+                NakCode::InvalidRequest,
+                WcStatus::RemInvReqErr,
+                "SEND continuation without a message in progress",
+            );
         };
         if let Err(e) = scatter(mem, &wqe.sges, offset, pkt.payload) {
             let status = if e == MemoryError::OutOfRange {
@@ -409,7 +493,7 @@ impl Qp {
             } else {
                 NakCode::RemoteOperationalError
             };
-            return Step::Fatal(code, status);
+            return Step::Fatal(code, status, "receive buffer too small or not writable");
         }
         let placed = offset + pkt.payload.len() as u64;
         if info.position.ends() {
@@ -421,7 +505,11 @@ impl Qp {
                 if mem.invalidate(rkey).is_err() {
                     wc.status = WcStatus::LocProtErr;
                     self.completions.push_back(wc);
-                    return Step::Fatal(NakCode::InvalidRequest, WcStatus::LocProtErr);
+                    return Step::Fatal(
+                        NakCode::InvalidRequest,
+                        WcStatus::LocProtErr,
+                        "SEND with invalidate of an unknown R_Key",
+                    );
                 }
                 wc.invalidated = Some(rkey);
             }
@@ -443,7 +531,11 @@ impl Qp {
     ) -> Step {
         if info.position.starts() {
             let Some(reth) = pkt.ext.reth else {
-                return Step::Fatal(NakCode::InvalidRequest, WcStatus::RemInvReqErr);
+                return Step::Fatal(
+                    NakCode::InvalidRequest,
+                    WcStatus::RemInvReqErr,
+                    "WRITE first packet without RETH",
+                );
             };
             let len = u64::from(reth.dma_len);
             if len > 0
@@ -451,7 +543,11 @@ impl Qp {
                     .remote_check(reth.rkey, reth.va, len, RemoteAccess::Write)
                     .is_err()
             {
-                return Step::Fatal(NakCode::RemoteAccessError, WcStatus::LocAccessErr);
+                return Step::Fatal(
+                    NakCode::RemoteAccessError,
+                    WcStatus::LocAccessErr,
+                    "WRITE outside the region or without remote write access",
+                );
             }
             self.resp.cur_write = Some(WriteState {
                 va: reth.va,
@@ -466,12 +562,20 @@ impl Qp {
             .as_ref()
             .map(|w| (w.va, w.rkey, w.len, w.done))
         else {
-            return Step::Fatal(NakCode::InvalidRequest, WcStatus::RemInvReqErr);
+            return Step::Fatal(
+                NakCode::InvalidRequest,
+                WcStatus::RemInvReqErr,
+                "WRITE continuation without a message in progress",
+            );
         };
         let plen = pkt.payload.len() as u64;
         let total_after = w_done + plen;
         if total_after > w_len || (info.position.ends() && total_after != w_len) {
-            return Step::Fatal(NakCode::InvalidRequest, WcStatus::RemInvReqErr);
+            return Step::Fatal(
+                NakCode::InvalidRequest,
+                WcStatus::RemInvReqErr,
+                "WRITE payload longer or shorter than its RETH length",
+            );
         }
         // WRITE with immediate consumes a receive WQE at its last packet;
         // check before touching memory so an RNR retry starts clean.
@@ -488,7 +592,11 @@ impl Qp {
                 .remote_write(w_rkey, w_va.wrapping_add(w_done), pkt.payload)
                 .is_err()
         {
-            return Step::Fatal(NakCode::RemoteAccessError, WcStatus::LocAccessErr);
+            return Step::Fatal(
+                NakCode::RemoteAccessError,
+                WcStatus::LocAccessErr,
+                "WRITE outside the region or without remote write access",
+            );
         }
         let total = w_len;
         if info.position.ends() {
@@ -539,11 +647,19 @@ impl Qp {
         self.counters.rx_packets += 1;
         let step = match info.kind {
             Kind::Send | Kind::RdmaWrite if !self.sequence_ok(info.kind, info.position) => {
-                Step::Fatal(NakCode::InvalidRequest, WcStatus::RemInvReqErr)
+                Step::Fatal(
+                    NakCode::InvalidRequest,
+                    WcStatus::RemInvReqErr,
+                    "UC packet out of order",
+                )
             }
             Kind::Send => self.rc_send(pkt, info, mem),
             Kind::RdmaWrite => self.rc_write(pkt, info, mem),
-            _ => Step::Fatal(NakCode::InvalidRequest, WcStatus::RemInvReqErr),
+            _ => Step::Fatal(
+                NakCode::InvalidRequest,
+                WcStatus::RemInvReqErr,
+                "opcode not served by a UC responder",
+            ),
         };
         match step {
             Step::Advance(n) => self.resp.epsn = pkt.bth.psn.add(n),

@@ -600,6 +600,8 @@ fn lossy_reordering_duplicating_link_completes_everything_exactly_once_in_order(
             reorder_delay: Duration::from_micros(300),
             corrupt: 0.01,
             latency: Duration::from_micros(5),
+            // A 10 Gb/s link: packets queue, so timers and data race.
+            bytes_per_sec: Some(1_250_000_000),
         });
         random_workload(&mut n, seed, 150);
         n.run(Duration::from_secs(600), |n| n.a.wcs.len() == 150);
@@ -1288,4 +1290,139 @@ fn random_responses_never_panic_the_requester() {
     ids.sort_unstable();
     ids.dedup();
     assert_eq!(ids.len(), n.a.wcs.len(), "no WQE completed twice");
+}
+
+#[test]
+fn read_heavy_lossy_link_with_few_responder_resources() {
+    for seed in 0..40u64 {
+        let mut n = Net::new(QpType::Rc, |c| {
+            c.timeout = 8;
+            c.max_rd_atomic = 4;
+            c.max_dest_rd_atomic = 4;
+        });
+        n.faults(FaultConfig {
+            seed,
+            loss: 0.05,
+            duplicate: 0.02,
+            reorder: 0.05,
+            ..FaultConfig::default()
+        });
+        for i in 0..100u64 {
+            let off = (i % 8) * 4096;
+            n.a.qp.post_send(SendWqe::new(
+                i,
+                SendOp::Read {
+                    raddr: B_BUF + off,
+                    rkey: rkey_of(B_BUF),
+                },
+                sge(A_BUF, 32_768 + off, 4096),
+            ));
+        }
+        n.run(Duration::from_secs(600), |n| n.a.wcs.len() == 100);
+        let bad = n.a.wcs.iter().find(|c| c.status != WcStatus::Success);
+        assert!(bad.is_none(), "seed {seed}: {bad:?}");
+        assert_eq!(n.a.wcs.len(), 100, "seed {seed}");
+        for off in (0..8).map(|k| k * 4096) {
+            assert_eq!(
+                a_bytes(&n, 32_768 + off, 3000),
+                b_bytes(&n, off, 3000),
+                "seed {seed}"
+            );
+        }
+    }
+}
+
+#[test]
+fn stale_read_re_executions_do_not_exhaust_responder_resources() {
+    // Many multi-packet READs in flight on a lossy link: go-back-N re-sends
+    // READ requests whose first responses are already on the way, the
+    // responder re-executes them, and new READs then find the ring full.
+    for seed in 0..30u64 {
+        let mut n = Net::new(QpType::Rc, |c| {
+            c.timeout = 5; // 131 us: shorter than draining the pipeline
+            c.pmtu = Mtu::Mtu4096;
+            c.max_rd_atomic = 8;
+            c.max_dest_rd_atomic = 8;
+        });
+        n.faults(FaultConfig {
+            seed,
+            loss: 0.01,
+            latency: Duration::from_micros(20),
+            bytes_per_sec: Some(400_000_000),
+            ..FaultConfig::default()
+        });
+        for i in 0..64u64 {
+            let off = (i % 4) * 16384;
+            n.a.qp.post_send(SendWqe::new(
+                i,
+                SendOp::Read {
+                    raddr: B_BUF + off,
+                    rkey: rkey_of(B_BUF),
+                },
+                sge(A_BUF, off, 16384),
+            ));
+        }
+        n.run(Duration::from_secs(600), |n| n.a.wcs.len() == 64);
+        let bad = n.a.wcs.iter().find(|c| c.status != WcStatus::Success);
+        assert!(
+            bad.is_none(),
+            "seed {seed}: {bad:?} (responder: {:?})",
+            n.b.qp.last_error()
+        );
+        assert_eq!(n.a.wcs.len(), 64, "seed {seed}");
+        same_bytes(
+            &a_bytes(&n, 0, LEN),
+            &b_bytes(&n, 0, LEN),
+            &format!("seed {seed}"),
+        );
+    }
+}
+
+#[test]
+fn a_new_read_overwrites_the_oldest_queued_response_instead_of_nak() {
+    // IBA 9.7.5.2.2 / Linux rxe: responder resources form a ring. Queue
+    // max_dest_rd_atomic READs without sending their responses, re-execute
+    // one (a duplicate), then a new READ arrives: no NAK, oldest job goes.
+    let mut n = Net::new(QpType::Rc, |c| c.max_dest_rd_atomic = 4);
+    let read = |psn: u32| {
+        let mut p: Packet<Vec<u8>> = Packet::new(
+            Opcode::RcReadRequest,
+            Pkey::DEFAULT,
+            Qpn::new(0x22).unwrap(),
+            Psn::new(psn),
+        );
+        p.bth.ack_req = true;
+        p.ext.reth = Some(RethRepr {
+            va: B_BUF + u64::from(psn) * 64,
+            rkey: rkey_of(B_BUF),
+            dma_len: 64,
+        });
+        p
+    };
+    for psn in 0..4 {
+        n.b.qp
+            .handle_packet(n.now, &read(psn).as_received(), &mut n.b.mem);
+    }
+    n.b.qp
+        .handle_packet(n.now, &read(3).as_received(), &mut n.b.mem); // duplicate of the last
+    n.b.qp
+        .handle_packet(n.now, &read(4).as_received(), &mut n.b.mem); // new, ring full
+    let mut out = Vec::new();
+    while let Some(p) = n.b.qp.poll_transmit(n.now, &mut n.b.mem) {
+        out.push((p.bth.opcode, p.bth.psn.value()));
+    }
+    assert!(
+        !n.b.qp.is_error(),
+        "no fatal NAK: {:?}",
+        n.b.qp.last_error()
+    );
+    assert!(
+        out.iter().all(|(op, _)| *op == Opcode::RcReadResponseOnly),
+        "{out:?}"
+    );
+    assert_eq!(n.b.qp.counters().read_jobs_evicted, 1);
+    // The re-execution of READ 3 replaced its original and was the first to
+    // go when the ring filled; the others and the new READ went out.
+    let psns: Vec<u32> = out.iter().map(|o| o.1).collect();
+    assert_eq!(psns, vec![0, 1, 2, 4]);
 }

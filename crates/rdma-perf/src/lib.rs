@@ -1,0 +1,644 @@
+//! `rperf`: bandwidth, message rate and latency of the soft RoCE NIC between
+//! two processes, in the spirit of perftest's `ib_write_bw`, `ib_read_bw`,
+//! `ib_send_bw` and `ib_send_lat`.
+//!
+//! The server and the client each own a soft RoCE [`softroce::Node`]. They
+//! meet over a TCP connection (the out-of-band exchange, one JSON line each
+//! way: RoCE address, QPN, first PSN, R_Key and buffer size), connect an RC
+//! QP pair, and the client drives the test while the server's node answers.
+//! At the end the client asks for a digest of the server's buffer, so a
+//! `--verify` run proves every written byte landed.
+//!
+//! `--baseline` measures plain UDP between the same two addresses in the
+//! same run (the client blasts datagrams of the path MTU, the server counts
+//! them) and reports our/baseline ratios.
+
+use rdma_sim::FaultConfig;
+use rdma_types::{Duration, Instant, Lkey, Mtu, Psn, Qpn, Rkey, WcStatus};
+use roce::{QpConfig, RecvWqe, SendOp, SendWqe, Sge};
+use serde::{Deserialize, Serialize};
+use softroce::{FlatMemory, Node, NodeConfig, QpHandle};
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::path::PathBuf;
+use std::time::Instant as StdInstant;
+
+/// The operation measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Op {
+    /// RDMA WRITE (ib_write_bw).
+    Write,
+    /// RDMA READ (ib_read_bw).
+    Read,
+    /// SEND/RECV (ib_send_bw; with `--qd 1`, ib_send_lat).
+    Send,
+}
+
+/// The memory key both sides register their buffer under.
+const KEY: u32 = 0x5151;
+
+/// What each side tells the other over TCP.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Hello {
+    roce: SocketAddr,
+    qpn: u32,
+    psn: u32,
+    rkey: u32,
+    len: usize,
+    /// Path MTU this side wants; both use the smaller.
+    mtu: usize,
+    /// Client only: what the server must do (post receives for SEND).
+    op: Option<Op>,
+    /// Client only: how many SENDs to expect.
+    sends: Option<u64>,
+}
+
+/// Messages after the hello.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+enum Control {
+    /// Client: the test is over; tell me your buffer digest.
+    Done,
+    /// Server: FNV-1a 64 of the buffer, and its receive count.
+    Digest { fnv: u64, received: u64 },
+    /// Client: baseline starting, count datagrams on this UDP port.
+    Baseline { port: u16 },
+    /// Server: datagrams and bytes of the baseline received.
+    BaselineResult { datagrams: u64, bytes: u64 },
+}
+
+/// Settings shared by both roles.
+#[derive(Debug, Clone)]
+pub struct Common {
+    /// RoCE address of this node.
+    pub bind: SocketAddr,
+    /// Path MTU.
+    pub mtu: Mtu,
+    /// Faults injected on this node's send path.
+    pub faults: Option<FaultConfig>,
+    /// pcap capture of this node's traffic.
+    pub capture: Option<PathBuf>,
+    /// Buffer size in bytes.
+    pub buffer: usize,
+}
+
+/// Client settings.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// Shared settings.
+    pub common: Common,
+    /// The server's TCP address.
+    pub server: SocketAddr,
+    /// Operation.
+    pub op: Op,
+    /// Message size.
+    pub size: usize,
+    /// Work requests in flight.
+    pub qd: usize,
+    /// Messages to move.
+    pub iters: u64,
+    /// Check every byte.
+    pub verify: bool,
+    /// Also measure plain UDP between the same addresses.
+    pub baseline: bool,
+}
+
+/// Results of a run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// Operation.
+    pub op: Op,
+    /// Message size in bytes.
+    pub size: usize,
+    /// Queue depth.
+    pub qd: usize,
+    /// Messages moved.
+    pub iters: u64,
+    /// Wall time of the transfer, seconds.
+    pub seconds: f64,
+    /// Goodput, Gbit/s.
+    pub gbit_per_s: f64,
+    /// Messages per second.
+    pub msg_per_s: f64,
+    /// Post-to-completion latency percentiles, microseconds.
+    pub lat_us_p50: f64,
+    /// 99th percentile.
+    pub lat_us_p99: f64,
+    /// 99.9th percentile.
+    pub lat_us_p999: f64,
+    /// Packets retransmitted by the client's QP.
+    pub retransmits: u64,
+    /// Retransmission timeouts at the client's QP.
+    pub timeouts: u64,
+    /// Whether `--verify` checked the data (and it matched).
+    pub verified: bool,
+    /// Plain-UDP goodput between the same addresses, Gbit/s.
+    pub baseline_gbit_per_s: Option<f64>,
+    /// Plain-UDP datagram rate.
+    pub baseline_pkt_per_s: Option<f64>,
+    /// Our goodput over the baseline's.
+    pub ratio_to_baseline: Option<f64>,
+}
+
+/// What went wrong; each says what to check.
+#[derive(Debug)]
+pub enum PerfError {
+    /// Socket, TCP or file trouble.
+    Io(std::io::Error),
+    /// The peer broke the exchange protocol.
+    Protocol(String),
+    /// A work request failed.
+    Completion(String),
+    /// `--verify` found different bytes.
+    Verify(String),
+}
+
+impl std::fmt::Display for PerfError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PerfError::Io(e) => write!(f, "I/O error: {e}"),
+            PerfError::Protocol(s) => write!(f, "exchange with the peer failed: {s}"),
+            PerfError::Completion(s) => write!(f, "work request failed: {s}"),
+            PerfError::Verify(s) => write!(f, "data verification failed: {s}"),
+        }
+    }
+}
+
+impl std::error::Error for PerfError {}
+
+impl From<std::io::Error> for PerfError {
+    fn from(e: std::io::Error) -> Self {
+        PerfError::Io(e)
+    }
+}
+
+fn send_line<T: Serialize>(s: &mut TcpStream, v: &T) -> Result<(), PerfError> {
+    let mut line = serde_json::to_string(v).map_err(|e| PerfError::Protocol(e.to_string()))?;
+    line.push('\n');
+    s.write_all(line.as_bytes())?;
+    Ok(())
+}
+
+fn read_line<T: for<'de> Deserialize<'de>>(r: &mut BufReader<TcpStream>) -> Result<T, PerfError> {
+    let mut line = String::new();
+    if r.read_line(&mut line)? == 0 {
+        return Err(PerfError::Protocol("peer closed the connection".into()));
+    }
+    serde_json::from_str(&line)
+        .map_err(|e| PerfError::Protocol(format!("bad message {line:?}: {e}")))
+}
+
+/// The deterministic content of byte `i` of a buffer.
+fn pattern(i: usize) -> u8 {
+    (i.wrapping_mul(131) % 251) as u8
+}
+
+/// FNV-1a 64 of `data`.
+fn fnv(data: &[u8]) -> u64 {
+    data.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+struct Side {
+    node: Node,
+    qp: QpHandle,
+    mem: FlatMemory,
+    epoch: StdInstant,
+}
+
+impl Side {
+    fn new(common: &Common, psn: u32) -> Result<Side, PerfError> {
+        let mut cfg = NodeConfig::new(common.bind);
+        cfg.faults = common.faults.clone();
+        cfg.capture = common.capture.clone();
+        let mut node = Node::bind(cfg)?;
+        let mem = FlatMemory::new(KEY, common.buffer);
+        let mut qcfg = QpConfig::rc(Qpn::from_bits(0), Qpn::from_bits(0));
+        qcfg.pmtu = common.mtu;
+        qcfg.sq_psn = Psn::new(psn);
+        qcfg.timeout = 10; // 4 ms, loopback-scale
+        let qp = node.create_qp(qcfg, Box::new(mem.clone()));
+        Ok(Side {
+            node,
+            qp,
+            mem,
+            epoch: StdInstant::now(),
+        })
+    }
+
+    fn hello(&mut self, psn: u32) -> Hello {
+        Hello {
+            roce: self.node.local_addr(),
+            qpn: self.qp.0.value(),
+            psn,
+            rkey: KEY,
+            len: self.mem.len(),
+            mtu: self
+                .node
+                .qp_mut(self.qp)
+                .map_or(1024, |q| q.config().pmtu.bytes()),
+            op: None,
+            sends: None,
+        }
+    }
+
+    fn connect(&mut self, peer: &Hello) {
+        let qp = self.node.qp_mut(self.qp).expect("own QP");
+        qp.update_config(|c| {
+            c.dest_qpn = Qpn::from_bits(peer.qpn);
+            c.rq_psn = Psn::new(peer.psn);
+            if let Ok(m) = Mtu::from_bytes(peer.mtu) {
+                c.pmtu = c.pmtu.min(m);
+            }
+        });
+        // The responder was built at creation; rebuild so it expects the
+        // peer's first PSN.
+        let cfg = qp.config().clone();
+        *qp = roce::Qp::new(cfg);
+        qp.set_rts();
+        self.node.set_remote(self.qp, peer.roce);
+    }
+
+    fn now(&self) -> Instant {
+        Instant::from_std(self.epoch, StdInstant::now())
+    }
+
+    /// One round of work; sleeps briefly in the kernel when idle.
+    fn turn(&mut self) {
+        let now = self.now();
+        if !self.node.poll(now) {
+            let wait = self
+                .node
+                .next_deadline()
+                .map_or(std::time::Duration::from_millis(1), |d| {
+                    std::time::Duration::from_micros(
+                        d.saturating_since(now).total_micros().clamp(1, 1000),
+                    )
+                });
+            let _ = self.node.wait(wait);
+        }
+    }
+}
+
+/// Serves one client; returns when it is done.
+///
+/// # Errors
+/// Socket trouble or a broken exchange.
+pub fn run_server(common: &Common, listener: &TcpListener) -> Result<(), PerfError> {
+    let (stream, _) = listener.accept()?;
+    let mut side = Side::new(common, 0x1000)?;
+    let mut reader = BufReader::new(stream.try_clone()?);
+    let mut writer = stream;
+    let peer: Hello = read_line(&mut reader)?;
+    // READ tests read a known pattern; WRITE tests start from zeros so a
+    // write that never landed shows in the digest.
+    if peer.op == Some(Op::Read) {
+        side.mem
+            .with(|b| b.iter_mut().enumerate().for_each(|(i, x)| *x = pattern(i)));
+    }
+    send_line(&mut writer, &side.hello(0x1000))?;
+    side.connect(&peer);
+    let mut received = 0u64;
+    let mut posted = 0u64;
+    let want = peer.sends.unwrap_or(0);
+    let slots = (side.mem.len() / peer.len.max(1)).max(1) as u64;
+    let post_recv = |side: &mut Side, n: u64| {
+        let size = peer.len as u64;
+        let qp = side.node.qp_mut(side.qp).expect("own QP");
+        let off = (n % slots) * size;
+        qp.post_recv(RecvWqe {
+            wr_id: n,
+            sges: vec![Sge {
+                addr: off,
+                len: size as u32,
+                lkey: Lkey(KEY),
+            }],
+        });
+    };
+    if peer.op == Some(Op::Send) {
+        while posted < want.min(512) {
+            post_recv(&mut side, posted);
+            posted += 1;
+        }
+    }
+    writer.set_nonblocking(false)?;
+    reader.get_mut().set_nonblocking(true)?;
+    loop {
+        side.turn();
+        while let Some(c) = side.node.poll_completion(side.qp) {
+            if c.is_recv && c.status == WcStatus::Success {
+                received += 1;
+                if posted < want {
+                    post_recv(&mut side, posted);
+                    posted += 1;
+                }
+            }
+        }
+        let mut line = String::new();
+        match reader.read_line(&mut line) {
+            Ok(0) => {
+                if let Some(why) = side.node.qp_mut(side.qp).and_then(|q| q.last_error()) {
+                    eprintln!("rperf server: the QP refused a request: {why}");
+                }
+                return Ok(());
+            }
+            Ok(_) => match serde_json::from_str::<Control>(&line) {
+                Ok(Control::Done) => {
+                    let digest = side.mem.with(|b| fnv(b));
+                    send_line(
+                        &mut writer,
+                        &Control::Digest {
+                            fnv: digest,
+                            received,
+                        },
+                    )?;
+                }
+                Ok(Control::Baseline { port }) => {
+                    let r = baseline_sink(SocketAddr::new(common.bind.ip(), port), &mut reader)?;
+                    send_line(&mut writer, &r)?;
+                    return Ok(());
+                }
+                Ok(other) => return Err(PerfError::Protocol(format!("unexpected {other:?}"))),
+                Err(e) => return Err(PerfError::Protocol(format!("bad message {line:?}: {e}"))),
+            },
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Counts datagrams until the client's TCP line says stop.
+fn baseline_sink(
+    addr: SocketAddr,
+    reader: &mut BufReader<TcpStream>,
+) -> Result<Control, PerfError> {
+    let sock = UdpSocket::bind(addr)?;
+    sock.set_read_timeout(Some(std::time::Duration::from_millis(5)))?;
+    let mut buf = vec![0u8; 65536];
+    let (mut datagrams, mut bytes) = (0u64, 0u64);
+    let start = StdInstant::now();
+    loop {
+        if let Ok(n) = sock.recv(&mut buf) {
+            datagrams += 1;
+            bytes += n as u64;
+        }
+        let mut line = String::new();
+        match reader.read_line(&mut line) {
+            Ok(n) if n > 0 => break,
+            Ok(_) => return Err(PerfError::Protocol("peer left during the baseline".into())),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e.into()),
+        }
+        if start.elapsed() > std::time::Duration::from_secs(60) {
+            return Err(PerfError::Protocol("baseline never ended".into()));
+        }
+    }
+    Ok(Control::BaselineResult { datagrams, bytes })
+}
+
+/// Runs the client side and returns the report.
+///
+/// # Errors
+/// Socket trouble, a failed work request, or different bytes under `--verify`.
+pub fn run_client(cfg: &ClientConfig) -> Result<Report, PerfError> {
+    let slots = cfg.qd.max(1);
+    let mut common = cfg.common.clone();
+    common.buffer = common.buffer.max(cfg.size * slots * 2);
+    let mut side = Side::new(&common, 0x2000)?;
+    side.mem
+        .with(|b| b.iter_mut().enumerate().for_each(|(i, x)| *x = pattern(i)));
+    let stream = TcpStream::connect(cfg.server)?;
+    let mut reader = BufReader::new(stream.try_clone()?);
+    let mut writer = stream;
+    let mut hello = side.hello(0x2000);
+    hello.len = cfg.size;
+    hello.op = Some(cfg.op);
+    hello.sends = Some(if cfg.op == Op::Send { cfg.iters } else { 0 });
+    send_line(&mut writer, &hello)?;
+    let peer: Hello = read_line(&mut reader)?;
+    if cfg.op != Op::Send && peer.len < cfg.size * slots {
+        return Err(PerfError::Protocol(format!(
+            "server buffer of {} bytes is smaller than size x qd = {}",
+            peer.len,
+            cfg.size * slots
+        )));
+    }
+    side.connect(&peer);
+
+    let mut hist =
+        hdrhistogram::Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("valid bounds");
+    let mut posted_at: Vec<StdInstant> = vec![StdInstant::now(); slots];
+    let (mut posted, mut done) = (0u64, 0u64);
+    let start = StdInstant::now();
+    let size = cfg.size as u64;
+    let deadline = start + std::time::Duration::from_secs(600);
+    while done < cfg.iters {
+        while posted < cfg.iters && posted - done < slots as u64 {
+            let slot = (posted % slots as u64) as usize;
+            let local = slot as u64 * size;
+            let remote = slot as u64 * size;
+            let op = match cfg.op {
+                Op::Write => SendOp::Write {
+                    raddr: remote,
+                    rkey: Rkey(peer.rkey),
+                },
+                // READ lands in the upper half, away from the write sources.
+                Op::Read => SendOp::Read {
+                    raddr: remote,
+                    rkey: Rkey(peer.rkey),
+                },
+                Op::Send => SendOp::Send,
+            };
+            let local = if cfg.op == Op::Read {
+                local + slots as u64 * size
+            } else {
+                local
+            };
+            let wqe = SendWqe::new(
+                posted,
+                op,
+                vec![Sge {
+                    addr: local,
+                    len: cfg.size as u32,
+                    lkey: Lkey(KEY),
+                }],
+            );
+            side.node.qp_mut(side.qp).expect("own QP").post_send(wqe);
+            posted_at[slot] = StdInstant::now();
+            posted += 1;
+        }
+        side.turn();
+        while let Some(c) = side.node.poll_completion(side.qp) {
+            if c.status != WcStatus::Success {
+                return Err(PerfError::Completion(format!(
+                    "WR {} ({}): {}",
+                    c.wr_id, c.opcode, c.status
+                )));
+            }
+            let slot = (c.wr_id % slots as u64) as usize;
+            let us = posted_at[slot].elapsed().as_micros().max(1) as u64;
+            let _ = hist.record(us);
+            if cfg.verify && cfg.op == Op::Read {
+                let base = (slots + slot) * cfg.size;
+                let remote = slot * cfg.size;
+                let ok = side.mem.with(|b| {
+                    b[base..base + cfg.size]
+                        .iter()
+                        .enumerate()
+                        .all(|(i, &x)| x == pattern(remote + i))
+                });
+                if !ok {
+                    return Err(PerfError::Verify(format!(
+                        "READ {} brought back different bytes",
+                        c.wr_id
+                    )));
+                }
+                side.mem.with(|b| b[base..base + cfg.size].fill(0));
+            }
+            done += 1;
+        }
+        if StdInstant::now() > deadline {
+            return Err(PerfError::Completion(format!(
+                "timed out with {done} of {} done",
+                cfg.iters
+            )));
+        }
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    let counters = side.node.qp_mut(side.qp).expect("own QP").counters();
+
+    send_line(&mut writer, &Control::Done)?;
+    reader.get_mut().set_nonblocking(false)?;
+    let (digest, received) = match read_line::<Control>(&mut reader)? {
+        Control::Digest { fnv, received } => (fnv, received),
+        other => {
+            return Err(PerfError::Protocol(format!(
+                "expected a digest, got {other:?}"
+            )))
+        }
+    };
+    let mut verified = false;
+    if cfg.verify {
+        match cfg.op {
+            Op::Write => {
+                // The server's buffer started zeroed; each slot written at
+                // least once now holds our pattern for that slot.
+                let written = (slots as u64).min(cfg.iters) as usize * cfg.size;
+                let expect = side.mem.with(|b| {
+                    let mut img = vec![0u8; peer.len];
+                    img[..written].copy_from_slice(&b[..written]);
+                    fnv(&img)
+                });
+                if expect != digest {
+                    return Err(PerfError::Verify(
+                        "the server's buffer differs from what was written".into(),
+                    ));
+                }
+            }
+            Op::Send => {
+                if received != cfg.iters {
+                    return Err(PerfError::Verify(format!(
+                        "server received {received} of {} SENDs",
+                        cfg.iters
+                    )));
+                }
+            }
+            Op::Read => {}
+        }
+        verified = true;
+    }
+
+    let mut report = Report {
+        op: cfg.op,
+        size: cfg.size,
+        qd: slots,
+        iters: cfg.iters,
+        seconds,
+        gbit_per_s: (cfg.iters * size) as f64 * 8.0 / seconds / 1e9,
+        msg_per_s: cfg.iters as f64 / seconds,
+        lat_us_p50: hist.value_at_quantile(0.5) as f64,
+        lat_us_p99: hist.value_at_quantile(0.99) as f64,
+        lat_us_p999: hist.value_at_quantile(0.999) as f64,
+        retransmits: counters.retransmits,
+        timeouts: counters.timeouts,
+        verified,
+        baseline_gbit_per_s: None,
+        baseline_pkt_per_s: None,
+        ratio_to_baseline: None,
+    };
+    if cfg.baseline {
+        let port = peer.roce.port().wrapping_add(1000);
+        send_line(&mut writer, &Control::Baseline { port })?;
+        let dst = SocketAddr::new(peer.roce.ip(), port);
+        let sock = UdpSocket::bind(SocketAddr::new(common.bind.ip(), 0))?;
+        let payload = vec![0x5au8; common.mtu.bytes()];
+        let t0 = StdInstant::now();
+        while t0.elapsed() < std::time::Duration::from_secs(2) {
+            // Refusals while the sink binds are simply not counted.
+            let _ = sock.send_to(&payload, dst);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        send_line(&mut writer, &Control::Done)?;
+        reader.get_mut().set_nonblocking(false)?;
+        match read_line::<Control>(&mut reader)? {
+            Control::BaselineResult { datagrams, bytes } => {
+                let secs = 2.0;
+                let gbps = bytes as f64 * 8.0 / secs / 1e9;
+                report.baseline_gbit_per_s = Some(gbps);
+                report.baseline_pkt_per_s = Some(datagrams as f64 / secs);
+                report.ratio_to_baseline = (gbps > 0.0).then(|| report.gbit_per_s / gbps);
+            }
+            other => {
+                return Err(PerfError::Protocol(format!(
+                    "expected baseline result, got {other:?}"
+                )))
+            }
+        }
+    }
+    Ok(report)
+}
+
+impl Report {
+    /// A perftest-like table.
+    pub fn table(&self) -> String {
+        let mut s = String::new();
+        s += " op     #bytes   qd  #iterations  BW[Gb/s]  MsgRate[Mpps]  lat p50[us]  p99[us]  p99.9[us]  retrans  timeouts  verified\n";
+        s += &format!(
+            " {:<6} {:<8} {:<3} {:<12} {:<9.3} {:<14.4} {:<12.1} {:<8.1} {:<10.1} {:<8} {:<9} {}\n",
+            format!("{:?}", self.op).to_lowercase(),
+            self.size,
+            self.qd,
+            self.iters,
+            self.gbit_per_s,
+            self.msg_per_s / 1e6,
+            self.lat_us_p50,
+            self.lat_us_p99,
+            self.lat_us_p999,
+            self.retransmits,
+            self.timeouts,
+            if self.verified { "yes" } else { "no" }
+        );
+        if let (Some(b), Some(p), Some(r)) = (
+            self.baseline_gbit_per_s,
+            self.baseline_pkt_per_s,
+            self.ratio_to_baseline,
+        ) {
+            s += &format!(
+                " baseline plain UDP: {b:.3} Gb/s, {:.0} datagrams/s; ours/baseline = {r:.2}\n",
+                p
+            );
+        }
+        s
+    }
+}
+
+/// Parses a `--loss`-style fault spec into a config (re-exported for the CLI).
+pub fn parse_faults(spec: &str) -> Result<FaultConfig, String> {
+    FaultConfig::parse(spec)
+}
+
+/// A duration helper for the CLI.
+pub fn secs(s: u64) -> Duration {
+    Duration::from_secs(s)
+}

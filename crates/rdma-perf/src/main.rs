@@ -1,0 +1,160 @@
+//! `rperf`: see the library docs (`rdma_perf`).
+
+use clap::{Parser, Subcommand};
+use rdma_perf::{parse_faults, run_client, run_server, ClientConfig, Common, Op};
+use rdma_types::Mtu;
+use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Bandwidth and latency of the soft RoCE NIC between two processes.
+#[derive(Parser)]
+#[command(name = "rperf", version)]
+struct Cli {
+    #[command(subcommand)]
+    role: Role,
+}
+
+#[derive(clap::Args, Clone)]
+struct CommonArgs {
+    /// RoCE address of this node (ip:port; port 4791 for interop).
+    #[arg(long, default_value = "127.0.0.1:4791")]
+    bind: SocketAddr,
+    /// Path MTU in bytes: 256, 512, 1024, 2048 or 4096.
+    #[arg(long, default_value_t = 4096, value_parser = parse_mtu)]
+    mtu: usize,
+    /// Faults on this node's send path, e.g. "loss=0.01,reorder=0.01,seed=7".
+    #[arg(long)]
+    faults: Option<String>,
+    /// Write this node's packets to a pcap file.
+    #[arg(long)]
+    capture: Option<PathBuf>,
+    /// Registered buffer size in bytes.
+    #[arg(long, default_value_t = 64 << 20)]
+    buffer: usize,
+}
+
+#[derive(Subcommand)]
+enum Role {
+    /// Wait for a client on a TCP address and answer its test.
+    Server {
+        #[command(flatten)]
+        common: CommonArgs,
+        /// TCP address for the out-of-band exchange.
+        #[arg(long, default_value = "127.0.0.1:18515")]
+        oob: SocketAddr,
+        /// Serve this many clients, then exit.
+        #[arg(long, default_value_t = 1)]
+        clients: u32,
+    },
+    /// Connect to a server and run a test.
+    Client {
+        #[command(flatten)]
+        common: CommonArgs,
+        /// The server's TCP address.
+        #[arg(long, default_value = "127.0.0.1:18515")]
+        server: SocketAddr,
+        /// Operation to measure.
+        #[arg(long, value_enum, default_value_t = Op::Write)]
+        op: Op,
+        /// Message size in bytes.
+        #[arg(long, default_value_t = 65536)]
+        size: usize,
+        /// Work requests in flight.
+        #[arg(long, default_value_t = 16)]
+        qd: usize,
+        /// Messages to move.
+        #[arg(long, default_value_t = 1000)]
+        iters: u64,
+        /// Check every byte moved.
+        #[arg(long)]
+        verify: bool,
+        /// Also measure plain UDP between the same addresses.
+        #[arg(long)]
+        baseline: bool,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn parse_mtu(s: &str) -> Result<usize, String> {
+    let n: usize = s.parse().map_err(|_| format!("'{s}' is not a number"))?;
+    Mtu::from_bytes(n)
+        .map(|m| m.bytes())
+        .map_err(|_| format!("MTU must be 256, 512, 1024, 2048 or 4096, not {n}"))
+}
+
+fn common(a: &CommonArgs) -> Result<Common, String> {
+    Ok(Common {
+        bind: a.bind,
+        mtu: Mtu::from_bytes(a.mtu).map_err(|e| e.to_string())?,
+        faults: a.faults.as_deref().map(parse_faults).transpose()?,
+        capture: a.capture.clone(),
+        buffer: a.buffer,
+    })
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result: Result<(), String> = match cli.role {
+        Role::Server {
+            common: c,
+            oob,
+            clients,
+        } => (|| {
+            let c = common(&c)?;
+            let listener =
+                TcpListener::bind(oob).map_err(|e| format!("cannot listen on {oob}: {e}"))?;
+            // Scripts wait for this line before starting a client.
+            println!("rperf server: listening on {oob}");
+            let _ = std::io::Write::flush(&mut std::io::stdout());
+            for _ in 0..clients {
+                run_server(&c, &listener).map_err(|e| e.to_string())?;
+            }
+            Ok(())
+        })(),
+        Role::Client {
+            common: c,
+            server,
+            op,
+            size,
+            qd,
+            iters,
+            verify,
+            baseline,
+            json,
+        } => (|| {
+            if size == 0 || size > (1 << 30) {
+                return Err(format!("--size must be 1..=1 GiB, not {size}"));
+            }
+            let cfg = ClientConfig {
+                common: common(&c)?,
+                server,
+                op,
+                size,
+                qd,
+                iters,
+                verify,
+                baseline,
+            };
+            let report = run_client(&cfg).map_err(|e| e.to_string())?;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?
+                );
+            } else {
+                print!("{}", report.table());
+            }
+            Ok(())
+        })(),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("rperf: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,270 @@
+//! rperf as two real processes on loopback addresses: data verified with
+//! and without injected loss, and a capture of the client's traffic that
+//! our parser and tshark decode packet by packet.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn rperf() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_rperf"))
+}
+
+/// Starts a server and waits (bounded) for the line saying it listens.
+fn server(ip: &str, oob: u16, extra: &[&str]) -> Child {
+    let mut child = rperf()
+        .args([
+            "server",
+            "--bind",
+            &format!("{ip}:4791"),
+            "--oob",
+            &format!("{ip}:{oob}"),
+        ])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn rperf server");
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line);
+        let _ = tx.send(line);
+    });
+    let line = rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("rperf server never said it listens");
+    assert!(
+        line.contains("listening"),
+        "unexpected server output: {line}"
+    );
+    child
+}
+
+/// Runs a client to completion (bounded) and returns its JSON report.
+fn client(ip: &str, server_ip: &str, oob: u16, args: &[&str]) -> serde_json::Value {
+    let mut child = rperf()
+        .args([
+            "client",
+            "--bind",
+            &format!("{ip}:4791"),
+            "--server",
+            &format!("{server_ip}:{oob}"),
+            "--json",
+            "--verify",
+        ])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn rperf client");
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            let out = child.wait_with_output().unwrap();
+            assert!(
+                status.success(),
+                "rperf client failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            return serde_json::from_slice(&out.stdout).expect("JSON report");
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("rperf client did not finish in time");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn run(pair: u8, op: &str, mib: u64, faults: Option<&str>) -> serde_json::Value {
+    let (cip, sip) = (format!("127.0.{pair}.1"), format!("127.0.{pair}.2"));
+    let oob = 18500 + u16::from(pair);
+    let mut sargs: Vec<&str> = vec![];
+    let mut cargs: Vec<String> = vec![
+        "--op".into(),
+        op.into(),
+        "--size".into(),
+        "65536".into(),
+        "--qd".into(),
+        "16".into(),
+        "--iters".into(),
+        (mib * 16).to_string(),
+    ];
+    let sf;
+    if let Some(f) = faults {
+        sf = format!("{f},seed=11");
+        sargs.extend(["--faults", &sf]);
+        cargs.extend(["--faults".into(), format!("{f},seed=12")]);
+    }
+    let mut s = server(&sip, oob, &sargs);
+    let cargs: Vec<&str> = cargs.iter().map(String::as_str).collect();
+    let report = client(&cip, &sip, oob, &cargs);
+    let _ = s.wait();
+    report
+}
+
+#[test]
+fn write_and_read_verified_on_a_clean_link() {
+    for (i, op) in ["write", "read", "send"].into_iter().enumerate() {
+        let r = run(10 + i as u8, op, 16, None);
+        assert_eq!(r["verified"], true, "{op}: {r}");
+        assert_eq!(r["iters"], 256);
+        assert!(r["gbit_per_s"].as_f64().unwrap() > 0.0);
+    }
+}
+
+#[test]
+fn write_and_read_verified_through_one_percent_loss() {
+    for (i, op) in ["write", "read"].into_iter().enumerate() {
+        let r = run(20 + i as u8, op, 16, Some("loss=0.01"));
+        assert_eq!(r["verified"], true, "{op}: {r}");
+        assert!(
+            r["retransmits"].as_u64().unwrap() > 0,
+            "{op}: loss caused retransmissions: {r}"
+        );
+    }
+}
+
+#[test]
+#[ignore = "1 GiB each way; run with --release -- --ignored (takes ~10 s in release)"]
+fn one_gib_of_writes_and_reads_with_and_without_loss() {
+    for (i, (op, faults)) in [
+        ("write", None),
+        ("read", None),
+        ("write", Some("loss=0.01")),
+        ("read", Some("loss=0.01")),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let r = run(30 + i as u8, op, 1024, faults);
+        assert_eq!(r["verified"], true, "{op} {faults:?}: {r}");
+        eprintln!(
+            "{op} {faults:?}: {:.3} Gb/s, {} retransmits",
+            r["gbit_per_s"].as_f64().unwrap(),
+            r["retransmits"]
+        );
+    }
+}
+
+#[test]
+fn capture_of_the_client_decodes_in_tshark_with_our_icrcs() {
+    let dir = std::env::temp_dir().join(format!("rperf-cap-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cap = dir.join("client.pcap");
+    let (cip, sip, oob) = ("127.0.40.1", "127.0.40.2", 18540);
+    let mut s = server(sip, oob, &[]);
+    let cap_s = cap.to_str().unwrap();
+    let r = client(
+        cip,
+        sip,
+        oob,
+        &[
+            "--op",
+            "write",
+            "--size",
+            "6000",
+            "--qd",
+            "2",
+            "--iters",
+            "20",
+            "--mtu",
+            "1024",
+            "--capture",
+            cap_s,
+        ],
+    );
+    let _ = s.wait();
+    assert_eq!(r["verified"], true);
+    let bytes = std::fs::read(&cap).unwrap();
+    // Our reading: every record an IPv4 RoCEv2 packet whose ICRC we compute.
+    let mut off = 24;
+    let mut ops = Vec::new();
+    while off + 16 <= bytes.len() {
+        let len = u32::from_ne_bytes(bytes[off + 8..off + 12].try_into().unwrap()) as usize;
+        let rec = &bytes[off + 16..off + 16 + len];
+        let roce = rdma_wire_parse(rec);
+        ops.push(roce);
+        off += 16 + len;
+    }
+    // 20 WRITEs of 6000 B at MTU 1024: FIRST, 4 MIDDLE, LAST each = 120
+    // request packets, PSNs consecutive; the rest are ACKs.
+    let writes: Vec<&(u8, u32, bool)> = ops
+        .iter()
+        .filter(|o| (0x06..=0x08).contains(&o.0))
+        .collect();
+    assert_eq!(writes.len(), 120);
+    for w in writes.windows(2) {
+        assert_eq!(w[1].1, (w[0].1 + 1) & 0xFF_FFFF, "PSNs follow each other");
+    }
+    let pattern: Vec<u8> = writes.iter().take(6).map(|w| w.0).collect();
+    assert_eq!(pattern, vec![0x06, 0x07, 0x07, 0x07, 0x07, 0x08]);
+    assert!(
+        writes.iter().filter(|w| w.2).count() >= 20,
+        "AckReq on every LAST"
+    );
+    let acks = ops.iter().filter(|o| o.0 == 0x11).count();
+    assert!((1..=20).contains(&acks), "coalesced ACKs: {acks}");
+    let tshark = std::path::Path::new("/usr/bin/tshark");
+    if !tshark.exists() {
+        eprintln!("SKIPPED tshark half of capture test: /usr/bin/tshark not installed");
+        return;
+    }
+    let out = Command::new(tshark)
+        .args([
+            "-r",
+            cap_s,
+            "-T",
+            "fields",
+            "-e",
+            "infiniband.bth.opcode",
+            "-e",
+            "infiniband.bth.psn",
+            "-e",
+            "infiniband.aeth.syndrome",
+            "-e",
+            "_ws.malformed",
+            "-e",
+            "_ws.expert.severity",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), ops.len(), "tshark saw every packet");
+    for (line, op) in lines.iter().zip(&ops) {
+        let cols: Vec<&str> = line.split('\t').collect();
+        assert_eq!(cols[0], op.0.to_string(), "opcode: {line}");
+        assert_eq!(cols[1], op.1.to_string(), "PSN: {line}");
+        if op.0 == 0x11 {
+            assert!(!cols[2].is_empty(), "ACK has an AETH: {line}");
+        }
+        assert!(
+            cols.get(3).is_none_or(|c| c.is_empty()),
+            "malformed: {line}"
+        );
+        let worst = cols.get(4).map_or(0, |c| {
+            c.split(',')
+                .filter_map(|v| v.parse::<u32>().ok())
+                .max()
+                .unwrap_or(0)
+        });
+        assert!(worst < 0x60_0000, "expert warning or error: {line}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Parses one captured IP packet (checking its ICRC) into (opcode, PSN, AckReq).
+fn rdma_wire_parse(ip_packet: &[u8]) -> (u8, u32, bool) {
+    let r = rdma_wire::RoceRepr::parse(ip_packet).expect("parses with a good ICRC");
+    (
+        r.ib.bth.opcode.code(),
+        r.ib.bth.psn.value(),
+        r.ib.bth.ack_req,
+    )
+}
