@@ -13,6 +13,8 @@
 //! same run (the client blasts datagrams of the path MTU, the server counts
 //! them) and reports our/baseline ratios.
 
+pub mod pingpong;
+
 use rdma_sim::FaultConfig;
 use rdma_types::{Duration, Instant, Lkey, Mtu, Psn, Qpn, Rkey, WcStatus};
 use roce::{QpConfig, RecvWqe, SendOp, SendWqe, Sge};

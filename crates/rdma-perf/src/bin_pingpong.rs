@@ -1,0 +1,70 @@
+//! `rpingpong`: see `rdma_perf::pingpong`.
+
+use clap::Parser;
+use rdma_perf::pingpong::{run, PingPongConfig};
+use rdma_types::Mtu;
+use std::net::{IpAddr, SocketAddr};
+use std::process::ExitCode;
+
+/// RC ping-pong compatible with ibv_rc_pingpong's out-of-band exchange.
+#[derive(Parser)]
+#[command(name = "rpingpong", version)]
+struct Cli {
+    /// Server to connect to; without it, wait for a client.
+    server: Option<IpAddr>,
+    /// Our RoCE address (the GID we announce is its IPv4-mapped form).
+    #[arg(long)]
+    bind: IpAddr,
+    /// TCP port of the exchange.
+    #[arg(short = 'p', long, default_value_t = 18515)]
+    port: u16,
+    /// UDP port of RoCEv2 (4791 everywhere but in tests).
+    #[arg(long, default_value_t = 4791)]
+    roce_port: u16,
+    /// Message size.
+    #[arg(short = 's', long, default_value_t = 4096)]
+    size: usize,
+    /// Exchanges.
+    #[arg(short = 'n', long, default_value_t = 1000)]
+    iters: u64,
+    /// Path MTU: 256, 512, 1024, 2048 or 4096.
+    #[arg(short = 'm', long, default_value_t = 1024)]
+    mtu: usize,
+    /// GID index to announce (rxe: 1 is the RoCEv2 IPv4 GID).
+    #[arg(short = 'g', long)]
+    gid_idx: Option<u32>,
+    /// Receives kept posted.
+    #[arg(short = 'r', long, default_value_t = 500)]
+    rx_depth: u64,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let mtu = match Mtu::from_bytes(cli.mtu) {
+        Ok(m) => m,
+        Err(_) => {
+            eprintln!(
+                "rpingpong: MTU must be 256, 512, 1024, 2048 or 4096, not {}",
+                cli.mtu
+            );
+            return ExitCode::FAILURE;
+        }
+    };
+    let cfg = PingPongConfig {
+        bind: SocketAddr::new(cli.bind, cli.roce_port),
+        tcp: SocketAddr::new(cli.server.unwrap_or(cli.bind), cli.port),
+        client: cli.server.is_some(),
+        size: cli.size,
+        iters: cli.iters,
+        mtu,
+        gid_index: cli.gid_idx,
+        rx_depth: cli.rx_depth,
+    };
+    match run(&cfg) {
+        Ok(_) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("rpingpong: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

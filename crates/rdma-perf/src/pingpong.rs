@@ -1,0 +1,339 @@
+//! An RC ping-pong that speaks `ibv_rc_pingpong`'s out-of-band exchange, so
+//! rdma-core's own tool can be the peer (client or server).
+//!
+//! The exchange (rdma-core `libibverbs/examples/rc_pingpong.c`, TCP port
+//! 18515 by default): the client sends `"LLLL:QQQQQQ:PPPPPP:GGGG...G"` --
+//! LID, QPN and PSN in hex, and the GID as 32 hex digits in wire order --
+//! as 52 bytes including the terminating NUL; the server answers the same
+//! way; the client then sends `"done"` with its NUL (5 bytes). Then both
+//! sides ping-pong SENDs of `size` bytes, `iters` times, the client first.
+//! On RoCE the LID is 0 and the GID is the IPv4-mapped address of the port,
+//! which `-g 1` selects on Linux rxe; our node's address is that GID's IP
+//! with UDP port 4791.
+
+use rdma_types::{Gid, Instant, Lkey, Mtu, Psn, Qpn, WcStatus};
+use roce::{QpConfig, RecvWqe, SendOp, SendWqe, Sge};
+use softroce::{FlatMemory, Node, NodeConfig};
+use std::io::{Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::time::{Duration, Instant as StdInstant};
+
+/// Bytes of the exchange message, NUL included.
+pub const MSG_LEN: usize = 52;
+
+/// One side's address as the exchange carries it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dest {
+    /// LID (0 on RoCE).
+    pub lid: u16,
+    /// QP number.
+    pub qpn: u32,
+    /// First PSN.
+    pub psn: u32,
+    /// Port GID.
+    pub gid: Gid,
+}
+
+impl Dest {
+    /// The 52-byte message, NUL-terminated.
+    pub fn to_msg(self) -> [u8; MSG_LEN] {
+        let hex: String = self.gid.0.iter().map(|b| format!("{b:02x}")).collect();
+        let text = format!(
+            "{:04x}:{:06x}:{:06x}:{hex}",
+            self.lid,
+            self.qpn & 0xFF_FFFF,
+            self.psn & 0xFF_FFFF
+        );
+        let mut out = [0u8; MSG_LEN];
+        out[..text.len()].copy_from_slice(text.as_bytes());
+        out
+    }
+
+    /// Parses a peer's message.
+    ///
+    /// # Errors
+    /// Says which field is wrong.
+    pub fn from_msg(msg: &[u8]) -> Result<Dest, String> {
+        let end = msg.iter().position(|&b| b == 0).unwrap_or(msg.len());
+        let text = std::str::from_utf8(&msg[..end])
+            .map_err(|_| "exchange message is not text".to_string())?;
+        let parts: Vec<&str> = text.split(':').collect();
+        if parts.len() != 4 {
+            return Err(format!("exchange message {text:?} is not LID:QPN:PSN:GID"));
+        }
+        let hex = |s: &str, what: &str| {
+            u32::from_str_radix(s, 16).map_err(|_| format!("bad {what} {s:?} in {text:?}"))
+        };
+        Ok(Dest {
+            lid: hex(parts[0], "LID")? as u16,
+            qpn: hex(parts[1], "QPN")? & 0xFF_FFFF,
+            psn: hex(parts[2], "PSN")? & 0xFF_FFFF,
+            gid: Gid::parse_hex(parts[3])
+                .ok_or_else(|| format!("bad GID {:?} in {text:?}", parts[3]))?,
+        })
+    }
+}
+
+/// Settings of a run.
+#[derive(Debug, Clone)]
+pub struct PingPongConfig {
+    /// Local RoCE address (ip:4791).
+    pub bind: SocketAddr,
+    /// Peer TCP address to connect to (client) or local one to listen on.
+    pub tcp: SocketAddr,
+    /// Whether this side connects (client) or listens (server).
+    pub client: bool,
+    /// Message size.
+    pub size: usize,
+    /// Exchanges.
+    pub iters: u64,
+    /// Path MTU.
+    pub mtu: Mtu,
+    /// GID index: 1 (or any >= 1) puts our IPv4-mapped GID in the message;
+    /// `None` sends a zero GID like rc_pingpong without `-g`.
+    pub gid_index: Option<u32>,
+    /// Receives kept posted.
+    pub rx_depth: u64,
+}
+
+/// What a run measured.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PingPongResult {
+    /// Bytes moved both ways.
+    pub bytes: u64,
+    /// Seconds.
+    pub seconds: f64,
+    /// The peer's address as exchanged.
+    pub remote: Dest,
+}
+
+fn exchange(cfg: &PingPongConfig, mine: Dest) -> Result<Dest, String> {
+    let io = |e: std::io::Error| format!("out-of-band exchange on {}: {e}", cfg.tcp);
+    if cfg.client {
+        let mut s = TcpStream::connect_timeout(&cfg.tcp, Duration::from_secs(30)).map_err(io)?;
+        s.set_read_timeout(Some(Duration::from_secs(60)))
+            .map_err(io)?;
+        s.write_all(&mine.to_msg()).map_err(io)?;
+        let mut msg = [0u8; MSG_LEN];
+        s.read_exact(&mut msg).map_err(io)?;
+        s.write_all(b"done\0").map_err(io)?;
+        Dest::from_msg(&msg)
+    } else {
+        let l = TcpListener::bind(cfg.tcp).map_err(io)?;
+        println!("rpingpong: waiting on {}", cfg.tcp);
+        let _ = std::io::stdout().flush();
+        let (mut s, _) = l.accept().map_err(io)?;
+        s.set_read_timeout(Some(Duration::from_secs(60)))
+            .map_err(io)?;
+        let mut msg = [0u8; MSG_LEN];
+        s.read_exact(&mut msg).map_err(io)?;
+        let peer = Dest::from_msg(&msg)?;
+        s.write_all(&mine.to_msg()).map_err(io)?;
+        let mut done = [0u8; 5];
+        s.read_exact(&mut done).map_err(io)?;
+        Ok(peer)
+    }
+}
+
+/// Runs one side of the ping-pong.
+///
+/// # Errors
+/// Exchange trouble, a failed work request, or a peer that stops answering.
+pub fn run(cfg: &PingPongConfig) -> Result<PingPongResult, String> {
+    if cfg.size > cfg.mtu.bytes() * 1024 {
+        return Err(format!("size {} is too large", cfg.size));
+    }
+    let mut node = Node::bind(NodeConfig::new(cfg.bind))
+        .map_err(|e| format!("cannot bind {}: {e}", cfg.bind))?;
+    let mem = FlatMemory::new(1, cfg.size.max(1) * 2);
+    let mut qcfg = QpConfig::rc(Qpn::from_bits(0), Qpn::from_bits(0));
+    qcfg.pmtu = cfg.mtu;
+    qcfg.timeout = 14;
+    qcfg.retry_cnt = 7;
+    qcfg.rnr_retry = 7;
+    qcfg.min_rnr_timer = 12;
+    let psn = (std::process::id().wrapping_mul(2_654_435_761) ^ 0x5a5a5a) & 0xFF_FFFF;
+    qcfg.sq_psn = Psn::new(psn);
+    let qp = node.create_qp(qcfg, Box::new(mem.clone()));
+    let gid = match cfg.gid_index {
+        Some(_) => Gid::from_ip(cfg.bind.ip()),
+        None => Gid::ZERO,
+    };
+    let mine = Dest {
+        lid: 0,
+        qpn: qp.0.value(),
+        psn,
+        gid,
+    };
+    println!(
+        "  local address:  LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}: GID {}",
+        mine.lid, mine.qpn, mine.psn, mine.gid
+    );
+    let remote = exchange(cfg, mine)?;
+    println!(
+        "  remote address: LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}, GID {}",
+        remote.lid, remote.qpn, remote.psn, remote.gid
+    );
+    if remote.gid == Gid::ZERO {
+        return Err(
+            "the peer sent a zero GID: on RoCE run it with -g <RoCEv2 GID index> (1 on Linux rxe)"
+                .into(),
+        );
+    }
+    let peer_ip: IpAddr = remote.gid.to_ip();
+    {
+        let q = node.qp_mut(qp).ok_or("own QP vanished")?;
+        q.update_config(|c| {
+            c.dest_qpn = Qpn::from_bits(remote.qpn);
+            c.rq_psn = Psn::new(remote.psn);
+        });
+        let c = q.config().clone();
+        *q = roce::Qp::new(c);
+        q.set_rts();
+    }
+    node.set_remote(qp, SocketAddr::new(peer_ip, cfg.bind.port()));
+
+    let size = cfg.size as u32;
+    let recv = |n: u64| RecvWqe {
+        wr_id: 1 << 32 | n,
+        sges: vec![Sge {
+            addr: u64::from(size),
+            len: size,
+            lkey: Lkey(1),
+        }],
+    };
+    let mut routs = 0;
+    while routs < cfg.rx_depth {
+        node.qp_mut(qp)
+            .ok_or("own QP vanished")?
+            .post_recv(recv(routs));
+        routs += 1;
+    }
+    let send = |n: u64| {
+        SendWqe::new(
+            n,
+            SendOp::Send,
+            vec![Sge {
+                addr: 0,
+                len: size,
+                lkey: Lkey(1),
+            }],
+        )
+    };
+    let epoch = StdInstant::now();
+    let (mut scnt, mut rcnt) = (0u64, 0u64);
+    // rc_pingpong's rule: the client sends first; each side sends its next
+    // message once its previous send and the peer's message both completed.
+    let mut send_pending = false;
+    let mut recv_pending = true;
+    if cfg.client {
+        node.qp_mut(qp).ok_or("own QP vanished")?.post_send(send(0));
+        send_pending = true;
+    }
+    let start = StdInstant::now();
+    let mut last_progress = StdInstant::now();
+    while scnt < cfg.iters || rcnt < cfg.iters {
+        let now = Instant::from_std(epoch, StdInstant::now());
+        if !node.poll(now) {
+            let _ = node.wait(Duration::from_micros(500));
+        }
+        while let Some(c) = node.poll_completion(qp) {
+            if c.status != WcStatus::Success {
+                return Err(format!(
+                    "Failed status {} ({}) for wr_id {}",
+                    c.status, c.status as u32, c.wr_id
+                ));
+            }
+            last_progress = StdInstant::now();
+            if c.is_recv {
+                rcnt += 1;
+                recv_pending = false;
+                node.qp_mut(qp)
+                    .ok_or("own QP vanished")?
+                    .post_recv(recv(routs));
+                routs += 1;
+            } else {
+                scnt += 1;
+                send_pending = false;
+            }
+            if scnt < cfg.iters && !send_pending && !recv_pending {
+                node.qp_mut(qp)
+                    .ok_or("own QP vanished")?
+                    .post_send(send(scnt));
+                send_pending = true;
+                recv_pending = true;
+            }
+        }
+        if last_progress.elapsed() > Duration::from_secs(30) {
+            return Err(format!(
+                "no progress for 30 s ({scnt} sent, {rcnt} received of {})",
+                cfg.iters
+            ));
+        }
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    // Let the last ACKs go out before the socket closes.
+    let linger = StdInstant::now();
+    while linger.elapsed() < Duration::from_millis(50) {
+        let now = Instant::from_std(epoch, StdInstant::now());
+        if !node.poll(now) {
+            let _ = node.wait(Duration::from_millis(5));
+        }
+    }
+    let bytes = cfg.size as u64 * cfg.iters * 2;
+    println!(
+        "{bytes} bytes in {seconds:.2} seconds = {:.2} Mbit/sec",
+        bytes as f64 * 8.0 / seconds / 1e6
+    );
+    println!(
+        "{} iters in {seconds:.2} seconds = {:.2} usec/iter",
+        cfg.iters,
+        seconds * 1e6 / cfg.iters as f64
+    );
+    Ok(PingPongResult {
+        bytes,
+        seconds,
+        remote,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn message_format_matches_rc_pingpong() {
+        let d = Dest {
+            lid: 0,
+            qpn: 0x11,
+            psn: 0xabcdef,
+            gid: Gid::from_ip("10.77.0.11".parse().unwrap()),
+        };
+        let m = d.to_msg();
+        assert_eq!(m.len(), 52);
+        assert_eq!(
+            &m[..51],
+            b"0000:000011:abcdef:00000000000000000000ffff0a4d000b"
+        );
+        assert_eq!(m[51], 0);
+        assert_eq!(Dest::from_msg(&m), Ok(d));
+    }
+
+    #[test]
+    fn bad_messages_name_the_field() {
+        assert!(Dest::from_msg(b"zz")
+            .unwrap_err()
+            .contains("LID:QPN:PSN:GID"));
+        assert!(
+            Dest::from_msg(b"0000:xyz:000000:00000000000000000000ffff0a4d000b")
+                .unwrap_err()
+                .contains("bad QPN")
+        );
+        assert!(Dest::from_msg(b"0000:000001:000000:0000")
+            .unwrap_err()
+            .contains("bad GID"));
+        assert!(Dest::from_msg(&[0xff; 52])
+            .unwrap_err()
+            .contains("not text"));
+    }
+}
