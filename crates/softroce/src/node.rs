@@ -3,7 +3,7 @@
 use rdma_sim::{FaultConfig, FaultInjector, Payload};
 use rdma_types::{Instant, Qpn};
 use rdma_wire::pcap::{LinkType, PcapWriter};
-use rdma_wire::{icrc, IbRepr, IpRepr, ParseError, RoceRepr, UdpChecksum, UdpRepr};
+use rdma_wire::{icrc, IpRepr, ParseError, RoceRepr, UdpChecksum, UdpRepr};
 use roce::{Completion, Memory, Packet, Qp, QpConfig, QpEvent};
 use roce_udp::{RoceSocket, Waker};
 use std::collections::{BTreeMap, VecDeque};
@@ -282,70 +282,19 @@ impl Node {
 
     fn receive(&mut self, now: Instant) -> bool {
         let local = self.local;
-        let mut got: Vec<(SocketAddr, Vec<u8>)> = Vec::new();
-        self.sock
-            .recv_batch(RX_BUDGET, |r, data| got.push((r.src, data.to_vec())));
-        for (src, data) in &got {
-            self.stats.rx_datagrams += 1;
-            self.deliver(now, *src, local, data);
-        }
-        !got.is_empty()
-    }
-
-    /// Parses, ICRC-checks and dispatches one datagram.
-    fn deliver(&mut self, now: Instant, src: SocketAddr, local: SocketAddr, data: &[u8]) {
-        let Some(mut ip) = IpRepr::rocev2(src.ip(), local.ip(), 8 + data.len()) else {
-            self.stats.rx_malformed += 1;
-            return;
-        };
-        let udp = UdpRepr {
-            src_port: src.port(),
-            dst_port: local.port(),
-            checksum: UdpChecksum::None,
-        };
-        let roce = match RoceRepr::parse_datagram(ip, udp, data) {
-            Ok(r) => r,
-            Err(ParseError::Icrc { carried, .. }) => {
-                // A Linux sender picks a non-zero IPv4 ID that the socket
-                // does not show; solve for it (exactly one can match).
-                let body = &data[..data.len().saturating_sub(rdma_wire::ICRC_LEN)];
-                let Some(id) = icrc::recover_ipv4_ident(&ip, &udp, body, carried) else {
-                    self.stats.rx_bad_icrc += 1;
-                    return;
-                };
-                if let IpRepr::V4(v4) = &mut ip {
-                    v4.ident = id;
-                }
-                match RoceRepr::parse_datagram(ip, udp, data) {
-                    Ok(r) => {
-                        self.stats.rx_ipv4_id_recovered += 1;
-                        r
-                    }
-                    Err(_) => {
-                        self.stats.rx_bad_icrc += 1;
-                        return;
-                    }
-                }
-            }
-            Err(_) => {
-                self.stats.rx_malformed += 1;
-                return;
-            }
-        };
-        if let Some(p) = self.pcap.as_mut() {
-            let mut buf = vec![0u8; roce.buffer_len()];
-            if let Ok(n) = roce.emit(&mut buf) {
-                let _ = p.write_packet(now, &buf[..n]);
-            }
-        }
-        let grh = roce.ip.grh_area();
-        let pkt = Packet::from_ib(&roce.ib, Some(grh));
-        let Some(slot) = self.qps.get_mut(&roce.ib.bth.dest_qp.value()) else {
-            self.stats.rx_unknown_qp += 1;
-            return;
-        };
-        self.stats.rx_delivered += 1;
-        slot.qp.handle_packet(now, &pkt, &mut *slot.mem);
+        let Node {
+            sock,
+            qps,
+            stats,
+            pcap,
+            ..
+        } = self;
+        // Each datagram is handled in the socket's own buffer: no copy.
+        let n = sock.recv_batch(RX_BUDGET, |r, data| {
+            stats.rx_datagrams += 1;
+            deliver(now, r.src, local, data, qps, stats, pcap.as_mut());
+        });
+        n > 0
     }
 
     fn transmit(&mut self, now: Instant) -> bool {
@@ -374,14 +323,24 @@ impl Node {
                     self.stats.tx_frame_errors += 1;
                     continue;
                 };
-                match frame(local, dst, &pkt) {
-                    Some((ip_packet, udp_payload_at)) => {
-                        if let Some(p) = self.pcap.as_mut() {
-                            let _ = p.write_packet(now, &ip_packet);
-                        }
-                        self.out.push((dst, ip_packet[udp_payload_at..].to_vec()));
+                let Some(roce) = framing(local, dst, &pkt) else {
+                    self.stats.tx_frame_errors += 1;
+                    continue;
+                };
+                if let Some(p) = self.pcap.as_mut() {
+                    let mut ip_packet = vec![0u8; roce.buffer_len()];
+                    if let Ok(n) = roce.emit(&mut ip_packet) {
+                        let _ = p.write_packet(now, &ip_packet[..n]);
                     }
-                    None => self.stats.tx_frame_errors += 1,
+                }
+                // What the socket sends: BTH onward plus ICRC, one copy.
+                let mut dgram = vec![0u8; roce.udp_payload_len()];
+                match roce.emit_udp_payload(&mut dgram) {
+                    Ok(n) => {
+                        dgram.truncate(n);
+                        self.out.push((dst, dgram));
+                    }
+                    Err(_) => self.stats.tx_frame_errors += 1,
                 }
             }
         }
@@ -418,24 +377,87 @@ impl Node {
     }
 }
 
-/// Builds the IP packet of an outgoing engine packet (for capture) and says
-/// where its UDP payload starts (for the socket).
-fn frame(local: SocketAddr, dst: SocketAddr, pkt: &Packet<Vec<u8>>) -> Option<(Vec<u8>, usize)> {
-    let ib: IbRepr<'_> = pkt.ib_repr();
-    let ip = IpRepr::rocev2(local.ip(), dst.ip(), 0)?;
+/// Parses, ICRC-checks and dispatches one datagram.
+fn deliver(
+    now: Instant,
+    src: SocketAddr,
+    local: SocketAddr,
+    data: &[u8],
+    qps: &mut BTreeMap<u32, Slot>,
+    stats: &mut NodeStats,
+    pcap: Option<&mut PcapWriter<File>>,
+) {
+    let Some(mut ip) = IpRepr::rocev2(src.ip(), local.ip(), 8 + data.len()) else {
+        stats.rx_malformed += 1;
+        return;
+    };
     let udp = UdpRepr {
-        // The ICRC covers the source port: it must be the one the socket
-        // really sends from (rxe varies it per QP; we have one socket).
-        src_port: local.port(),
-        dst_port: dst.port(),
+        src_port: src.port(),
+        dst_port: local.port(),
         checksum: UdpChecksum::None,
     };
-    let roce = RoceRepr { ip, udp, ib };
-    let mut buf = vec![0u8; roce.buffer_len()];
-    let n = roce.emit(&mut buf).ok()?;
-    buf.truncate(n);
-    let at = n - roce.udp_payload_len();
-    Some((buf, at))
+    let roce = match RoceRepr::parse_datagram(ip, udp, data) {
+        Ok(r) => r,
+        Err(ParseError::Icrc { carried, .. }) => {
+            // A Linux sender picks a non-zero IPv4 ID that the socket
+            // does not show; solve for it (exactly one can match).
+            let body = &data[..data.len().saturating_sub(rdma_wire::ICRC_LEN)];
+            let Some(id) = icrc::recover_ipv4_ident(&ip, &udp, body, carried) else {
+                stats.rx_bad_icrc += 1;
+                return;
+            };
+            if let IpRepr::V4(v4) = &mut ip {
+                v4.ident = id;
+            }
+            match RoceRepr::parse_datagram(ip, udp, data) {
+                Ok(r) => {
+                    stats.rx_ipv4_id_recovered += 1;
+                    r
+                }
+                Err(_) => {
+                    stats.rx_bad_icrc += 1;
+                    return;
+                }
+            }
+        }
+        Err(_) => {
+            stats.rx_malformed += 1;
+            return;
+        }
+    };
+    if let Some(p) = pcap {
+        let mut buf = vec![0u8; roce.buffer_len()];
+        if let Ok(n) = roce.emit(&mut buf) {
+            let _ = p.write_packet(now, &buf[..n]);
+        }
+    }
+    let grh = roce.ip.grh_area();
+    let pkt = Packet::from_ib(&roce.ib, Some(grh));
+    let Some(slot) = qps.get_mut(&roce.ib.bth.dest_qp.value()) else {
+        stats.rx_unknown_qp += 1;
+        return;
+    };
+    stats.rx_delivered += 1;
+    slot.qp.handle_packet(now, &pkt, &mut *slot.mem);
+}
+
+/// The RoCEv2 framing of an outgoing engine packet from our socket.
+fn framing<'a>(
+    local: SocketAddr,
+    dst: SocketAddr,
+    pkt: &'a Packet<Vec<u8>>,
+) -> Option<RoceRepr<'a>> {
+    Some(RoceRepr {
+        ip: IpRepr::rocev2(local.ip(), dst.ip(), 0)?,
+        udp: UdpRepr {
+            // The ICRC covers the source port: it must be the one the socket
+            // really sends from (rxe varies it per QP; we have one socket).
+            src_port: local.port(),
+            dst_port: dst.port(),
+            checksum: UdpChecksum::None,
+        },
+        ib: pkt.ib_repr(),
+    })
 }
 
 impl std::fmt::Debug for Node {
