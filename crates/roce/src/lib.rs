@@ -38,5 +38,8 @@ pub use packet::Packet;
 pub use qp::{Qp, QpConfig, QpCounters, QpEvent};
 pub use wqe::{Completion, RecvWqe, SendOp, SendWqe, Sge, UdDest};
 
+#[doc(hidden)]
+pub mod fuzz;
+
 #[cfg(test)]
 mod tests;
