@@ -13,7 +13,8 @@ use rdma_wire::{
 /// One InfiniBand transport packet, decoded.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Packet<P> {
-    /// Base transport header. The engine fills `pad_count` for output.
+    /// Base transport header; `pad_count` is set from the payload when the
+    /// packet is framed (`Packet::ib_repr`).
     pub bth: BthRepr,
     /// Extension headers, as the opcode table lists them.
     pub ext: ExtHeaders,
@@ -30,18 +31,7 @@ impl<P: Default> Packet<P> {
     /// A packet with every extension header absent.
     pub fn new(opcode: Opcode, pkey: Pkey, dest_qp: Qpn, psn: Psn) -> Self {
         Packet {
-            bth: BthRepr {
-                opcode,
-                solicited: false,
-                mig_req: false,
-                pad_count: 0,
-                pkey,
-                fecn: false,
-                becn: false,
-                dest_qp,
-                ack_req: false,
-                psn,
-            },
+            bth: BthRepr::new(opcode, pkey, dest_qp, psn),
             ext: ExtHeaders::default(),
             payload: P::default(),
             grh: None,

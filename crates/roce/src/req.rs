@@ -414,7 +414,6 @@ impl Qp {
                 self.req.pkts_since_ack_req + 1
             };
         }
-        pkt.bth.pad_count = ((4 - pkt.payload.len() % 4) % 4) as u8;
 
         let npkts = entry.npkts;
         let e = &mut self.req.sq[idx];

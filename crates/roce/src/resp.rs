@@ -6,9 +6,9 @@ use crate::mem::{scatter, Memory, MemoryError, RemoteAccess};
 use crate::packet::{ack, nak, opcode, rnr_nak, Packet};
 use crate::qp::{Mode, Qp, QpConfig};
 use crate::wqe::{Completion, RecvWqe};
-use rdma_types::{Instant, Psn, QpType, Rkey, WcOpcode, WcStatus};
+use rdma_types::{Instant, Pkey, Psn, QpType, Qpn, Rkey, WcOpcode, WcStatus};
 use rdma_wire::{
-    AethRepr, AtomicAckEthRepr, CreditCount, Kind, NakCode, OpInfo, Position, Transport,
+    AethRepr, AtomicAckEthRepr, CreditCount, Kind, NakCode, OpInfo, Opcode, Position, Transport,
 };
 use std::collections::VecDeque;
 
@@ -745,36 +745,12 @@ impl Qp {
         let front = self.resp.queue.front_mut()?;
         let pkt = match front {
             Response::Ack { psn, msn } => {
-                let mut p = Packet::new(
-                    opcode(
-                        Transport::Rc,
-                        Kind::Acknowledge,
-                        Position::Only,
-                        false,
-                        false,
-                    ),
-                    pkey,
-                    dest,
-                    *psn,
-                );
-                p.ext.aeth = Some(ack(credits, *msn));
+                let p = acknowledge(pkey, dest, *psn, ack(credits, *msn));
                 self.resp.queue.pop_front();
                 p
             }
             Response::Nak { psn, aeth, then } => {
-                let mut p = Packet::new(
-                    opcode(
-                        Transport::Rc,
-                        Kind::Acknowledge,
-                        Position::Only,
-                        false,
-                        false,
-                    ),
-                    pkey,
-                    dest,
-                    *psn,
-                );
-                p.ext.aeth = Some(*aeth);
+                let p = acknowledge(pkey, dest, *psn, *aeth);
                 let then = *then;
                 self.resp.queue.pop_front();
                 if let Some(status) = then {
@@ -785,18 +761,7 @@ impl Qp {
                 p
             }
             Response::Atomic { psn, orig, msn } => {
-                let mut p = Packet::new(
-                    opcode(
-                        Transport::Rc,
-                        Kind::AtomicAcknowledge,
-                        Position::Only,
-                        false,
-                        false,
-                    ),
-                    pkey,
-                    dest,
-                    *psn,
-                );
+                let mut p = Packet::new(Opcode::RcAtomicAcknowledge, pkey, dest, *psn);
                 p.ext.aeth = Some(ack(credits, *msn));
                 p.ext.atomic_ack_eth = Some(AtomicAckEthRepr { orig_data: *orig });
                 self.resp.queue.pop_front();
@@ -819,19 +784,12 @@ impl Qp {
                     self.resp.queue.pop_front();
                     self.resp.dead = true;
                     self.counters.naks_sent += 1;
-                    let mut p = Packet::new(
-                        opcode(
-                            Transport::Rc,
-                            Kind::Acknowledge,
-                            Position::Only,
-                            false,
-                            false,
-                        ),
+                    let p = acknowledge(
                         pkey,
                         dest,
                         first,
+                        nak(NakCode::RemoteAccessError, self.resp.msn),
                     );
-                    p.ext.aeth = Some(nak(NakCode::RemoteAccessError, self.resp.msn));
                     self.set_error_after_send(WcStatus::LocAccessErr);
                     return Some(p);
                 }
@@ -844,7 +802,6 @@ impl Qp {
                 if pos != Position::Middle {
                     p.ext.aeth = Some(ack(credits, job.msn));
                 }
-                p.bth.pad_count = ((4 - len % 4) % 4) as u8;
                 p.payload = payload;
                 job.done += len as u64;
                 if pos.ends() {
@@ -866,4 +823,11 @@ impl Qp {
     pub fn is_active(&self) -> bool {
         matches!(self.mode, Mode::Active | Mode::Draining)
     }
+}
+
+/// An RC Acknowledge packet (ACK, NAK or RNR NAK, as `aeth` says).
+fn acknowledge(pkey: Pkey, dest: Qpn, psn: Psn, aeth: AethRepr) -> Packet<Vec<u8>> {
+    let mut p = Packet::new(Opcode::RcAcknowledge, pkey, dest, psn);
+    p.ext.aeth = Some(aeth);
+    p
 }
