@@ -4,64 +4,10 @@
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use rdma_types::{Lkey, Mtu, Qpn, Rkey};
-use roce::{Memory, MemoryError, Qp, QpConfig, RemoteAccess, SendOp, SendWqe, Sge};
+use roce::{FlatMemory, Qp, QpConfig, SendOp, SendWqe, Sge};
 use std::hint::black_box;
 
-/// One flat region per side; key 1, base 0; no permission model needed here.
-struct Flat(Vec<u8>);
-
-impl Flat {
-    fn range(&mut self, addr: u64, len: usize) -> Result<&mut [u8], MemoryError> {
-        let start = addr as usize;
-        self.0
-            .get_mut(start..start + len)
-            .ok_or(MemoryError::OutOfRange)
-    }
-}
-
-impl Memory for Flat {
-    fn read_local(&mut self, _: Lkey, addr: u64, out: &mut [u8]) -> Result<(), MemoryError> {
-        let len = out.len();
-        out.copy_from_slice(self.range(addr, len)?);
-        Ok(())
-    }
-    fn write_local(&mut self, _: Lkey, addr: u64, data: &[u8]) -> Result<(), MemoryError> {
-        self.range(addr, data.len())?.copy_from_slice(data);
-        Ok(())
-    }
-    fn remote_check(
-        &mut self,
-        _: Rkey,
-        addr: u64,
-        len: u64,
-        _: RemoteAccess,
-    ) -> Result<(), MemoryError> {
-        self.range(addr, len as usize).map(|_| ())
-    }
-    fn remote_write(&mut self, _: Rkey, addr: u64, data: &[u8]) -> Result<(), MemoryError> {
-        self.range(addr, data.len())?.copy_from_slice(data);
-        Ok(())
-    }
-    fn remote_read(&mut self, _: Rkey, addr: u64, out: &mut [u8]) -> Result<(), MemoryError> {
-        let len = out.len();
-        out.copy_from_slice(self.range(addr, len)?);
-        Ok(())
-    }
-    fn remote_atomic(
-        &mut self,
-        _: Rkey,
-        _: u64,
-        _: Option<u64>,
-        _: u64,
-    ) -> Result<u64, MemoryError> {
-        Err(MemoryError::NoPermission)
-    }
-    fn invalidate(&mut self, _: Rkey) -> Result<(), MemoryError> {
-        Ok(())
-    }
-}
-
-fn write_through(len: usize, mtu: Mtu, ma: &mut Flat, mb: &mut Flat) {
+fn write_through(len: usize, mtu: Mtu, ma: &mut FlatMemory, mb: &mut FlatMemory) {
     let mut ca = QpConfig::rc(Qpn::new(1).unwrap(), Qpn::new(2).unwrap());
     ca.pmtu = mtu;
     let mut cb = ca.clone();
@@ -94,7 +40,7 @@ fn write_through(len: usize, mtu: Mtu, ma: &mut Flat, mb: &mut Flat) {
             break;
         }
     }
-    black_box(&mb.0);
+    black_box(&*mb);
 }
 
 fn bench(c: &mut Criterion) {
@@ -103,7 +49,8 @@ fn bench(c: &mut Criterion) {
         g.throughput(Throughput::Bytes(len as u64));
         // Memory is allocated once: fresh pages per iteration would measure
         // page faults, not the engine.
-        let (mut ma, mut mb) = (Flat(vec![7u8; len]), Flat(vec![0u8; len]));
+        let (mut ma, mut mb) = (FlatMemory::new(1, len), FlatMemory::new(1, len));
+        ma.with(|m| m.fill(7));
         for mtu in [Mtu::Mtu4096, Mtu::Mtu1024] {
             let id = BenchmarkId::new(format!("engine_mtu{}", mtu.bytes()), len);
             g.bench_with_input(id, &len, |bch, &len| {

@@ -2,82 +2,12 @@
 //! so CI runs it without a nightly toolchain. It decodes the input as a
 //! script: which QP type, then a sequence of packets (every field from the
 //! bytes), posts and time steps; the engine must never panic, must only
-//! touch memory through [`Memory`], and must keep completing WQEs once.
+//! touch memory through [`crate::Memory`] (a [`crate::FlatMemory`] that
+//! refuses anything outside its 64 KiB), and must complete each WQE once.
 
-use crate::{
-    Memory, MemoryError, Packet, Qp, QpConfig, RecvWqe, RemoteAccess, SendOp, SendWqe, Sge,
-};
+use crate::{Packet, Qp, QpConfig, RecvWqe, SendOp, SendWqe, Sge};
 use rdma_types::{Duration, Instant, Lkey, Pkey, Psn, Qkey, QpType, Qpn, Rkey};
 use rdma_wire::{AethRepr, AtomicEthRepr, DethRepr, Opcode, RethRepr, Syndrome};
-
-/// 64 KiB at address 0 under key 1; anything else is refused.
-struct Region(Vec<u8>);
-
-impl Region {
-    fn range(&mut self, key: u32, addr: u64, len: usize) -> Result<&mut [u8], MemoryError> {
-        if key != 1 {
-            return Err(MemoryError::BadKey);
-        }
-        let start = usize::try_from(addr).map_err(|_| MemoryError::OutOfRange)?;
-        let end = start.checked_add(len).ok_or(MemoryError::OutOfRange)?;
-        self.0.get_mut(start..end).ok_or(MemoryError::OutOfRange)
-    }
-}
-
-impl Memory for Region {
-    fn read_local(&mut self, lkey: Lkey, addr: u64, out: &mut [u8]) -> Result<(), MemoryError> {
-        let n = out.len();
-        out.copy_from_slice(self.range(lkey.0, addr, n)?);
-        Ok(())
-    }
-    fn write_local(&mut self, lkey: Lkey, addr: u64, data: &[u8]) -> Result<(), MemoryError> {
-        self.range(lkey.0, addr, data.len())?.copy_from_slice(data);
-        Ok(())
-    }
-    fn remote_check(
-        &mut self,
-        rkey: Rkey,
-        addr: u64,
-        len: u64,
-        _: RemoteAccess,
-    ) -> Result<(), MemoryError> {
-        self.range(
-            rkey.0,
-            addr,
-            usize::try_from(len).map_err(|_| MemoryError::OutOfRange)?,
-        )
-        .map(|_| ())
-    }
-    fn remote_write(&mut self, rkey: Rkey, addr: u64, data: &[u8]) -> Result<(), MemoryError> {
-        self.range(rkey.0, addr, data.len())?.copy_from_slice(data);
-        Ok(())
-    }
-    fn remote_read(&mut self, rkey: Rkey, addr: u64, out: &mut [u8]) -> Result<(), MemoryError> {
-        let n = out.len();
-        out.copy_from_slice(self.range(rkey.0, addr, n)?);
-        Ok(())
-    }
-    fn remote_atomic(
-        &mut self,
-        rkey: Rkey,
-        addr: u64,
-        compare: Option<u64>,
-        operand: u64,
-    ) -> Result<u64, MemoryError> {
-        let cell = self.range(rkey.0, addr, 8)?;
-        let orig = u64::from_ne_bytes(cell[..8].try_into().map_err(|_| MemoryError::OutOfRange)?);
-        let new = match compare {
-            Some(c) if c == orig => operand,
-            Some(_) => orig,
-            None => orig.wrapping_add(operand),
-        };
-        cell.copy_from_slice(&new.to_ne_bytes());
-        Ok(orig)
-    }
-    fn invalidate(&mut self, _: Rkey) -> Result<(), MemoryError> {
-        Ok(())
-    }
-}
 
 /// A cursor over the fuzz input; reads past the end give zeros.
 struct Input<'a>(&'a [u8]);
@@ -114,7 +44,7 @@ pub fn qp_input(data: &[u8]) -> usize {
     cfg.max_dest_rd_atomic = 1 + inp.u8() % 8;
     let mut qp = Qp::new(cfg);
     qp.set_rts();
-    let mut mem = Region(vec![0u8; 65536]);
+    let mut mem = crate::FlatMemory::new(1, 65536);
     let mut now = Instant::ZERO;
     let mut posted = 0u64;
     let mut recvs = 0u64;

@@ -26,6 +26,7 @@
 //!
 //! [`Instant`]: rdma_types::Instant
 
+mod flat;
 mod mem;
 mod packet;
 mod qp;
@@ -33,6 +34,7 @@ mod req;
 mod resp;
 mod wqe;
 
+pub use flat::FlatMemory;
 pub use mem::{Memory, MemoryError, RemoteAccess};
 pub use packet::Packet;
 pub use qp::{Qp, QpConfig, QpCounters, QpEvent};

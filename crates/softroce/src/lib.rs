@@ -22,8 +22,7 @@
 //! counted), packets for QPs it does not have (dropped and counted), and
 //! blocking: nothing here sleeps except [`Node::wait`].
 
-mod flat;
 mod node;
 
-pub use flat::FlatMemory;
 pub use node::{AhId, Node, NodeConfig, NodeStats, QpHandle};
+pub use roce::FlatMemory;

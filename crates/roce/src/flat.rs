@@ -1,8 +1,9 @@
-//! A single registered region as a [`roce::Memory`]: what tools and tests
-//! use when they run the data plane without the verbs layer's key tables.
+//! A single registered region as a [`Memory`]: what tools, benches, fuzz
+//! targets and tests use when they run the engine without the verbs
+//! layer's key tables.
 
+use crate::{Memory, MemoryError, RemoteAccess};
 use rdma_types::{Lkey, Rkey};
-use roce::{Memory, MemoryError, RemoteAccess};
 use std::sync::{Arc, Mutex};
 
 /// One buffer registered under one key for local and remote access.
