@@ -1,6 +1,7 @@
 //! Classic pcap writer (the libpcap file format: a 24-byte global header,
 //! then a 16-byte record header before each packet), so the soft NIC can
-//! write captures that tshark/Wireshark decode as RoCEv2. Writer only.
+//! write captures that tshark/Wireshark decode as RoCEv2, and a reader of
+//! the same format for tests that check what a node captured.
 
 use std::io::{self, Write};
 
@@ -83,6 +84,62 @@ impl<W: Write> PcapWriter<W> {
     }
 }
 
+/// One record of a classic pcap file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record<'a> {
+    /// Timestamp in microseconds.
+    pub ts_micros: u64,
+    /// The captured bytes (at most the snap length).
+    pub data: &'a [u8],
+}
+
+/// Reads a classic microsecond pcap file (either byte order): its link
+/// type code and its records.
+///
+/// # Errors
+/// A bad magic number or a record running past the end of the file.
+pub fn read(bytes: &[u8]) -> Result<(u32, Vec<Record<'_>>), &'static str> {
+    if bytes.len() < 24 {
+        return Err("shorter than a pcap global header");
+    }
+    let magic = [bytes[0], bytes[1], bytes[2], bytes[3]];
+    let swap = if magic == MAGIC.to_ne_bytes() {
+        false
+    } else if magic == MAGIC.swap_bytes().to_ne_bytes() {
+        true
+    } else {
+        return Err("not a microsecond pcap file (bad magic)");
+    };
+    let u32_at = |o: usize| {
+        let v = u32::from_ne_bytes([bytes[o], bytes[o + 1], bytes[o + 2], bytes[o + 3]]);
+        if swap {
+            v.swap_bytes()
+        } else {
+            v
+        }
+    };
+    let link = u32_at(20);
+    let mut out = Vec::new();
+    let mut off = 24;
+    while off < bytes.len() {
+        if off + 16 > bytes.len() {
+            return Err("truncated record header");
+        }
+        let ts = u64::from(u32_at(off)) * 1_000_000 + u64::from(u32_at(off + 4));
+        let incl = u32_at(off + 8) as usize;
+        off += 16;
+        let data = bytes
+            .get(off..off + incl)
+            .ok_or("record runs past the end of the file")?;
+        out.push(Record {
+            ts_micros: ts,
+            data,
+        });
+        off += incl;
+    }
+    Ok((link, out))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -128,5 +185,15 @@ mod tests {
             recs,
             vec![(1_500_000, b"abc".to_vec()), (2_000_001, vec![7u8; 100])]
         );
+        // The public reader agrees, and refuses what is not pcap.
+        let (link2, recs2) = read(&bytes).unwrap();
+        assert_eq!(link2, 101);
+        assert_eq!(recs2.len(), 2);
+        assert_eq!(
+            (recs2[1].ts_micros, recs2[1].data),
+            (2_000_001, &[7u8; 100][..])
+        );
+        assert!(read(b"not a pcap file at all, really").is_err());
+        assert!(read(&bytes[..bytes.len() - 1]).is_err());
     }
 }

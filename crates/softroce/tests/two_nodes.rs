@@ -264,15 +264,15 @@ fn capture_decodes_and_every_icrc_is_ours() {
     drop(p);
     let bytes = std::fs::read(&cap).unwrap();
     // Our own reading: every record is an IPv4 RoCEv2 packet with a valid ICRC.
-    let mut off = 24;
-    let mut ops = Vec::new();
-    while off + 16 <= bytes.len() {
-        let len = u32::from_ne_bytes(bytes[off + 8..off + 12].try_into().unwrap()) as usize;
-        let rec = &bytes[off + 16..off + 16 + len];
-        let r = rdma_wire::RoceRepr::parse(rec).expect("captured packet parses with a good ICRC");
-        ops.push((r.ib.bth.opcode.code(), r.ib.bth.psn.value()));
-        off += 16 + len;
-    }
+    let (_, records) = rdma_wire::pcap::read(&bytes).unwrap();
+    let ops: Vec<(u8, u32)> = records
+        .iter()
+        .map(|r| {
+            let r = rdma_wire::RoceRepr::parse(r.data)
+                .expect("captured packet parses with a good ICRC");
+            (r.ib.bth.opcode.code(), r.ib.bth.psn.value())
+        })
+        .collect();
     // A: SEND First/Middle/Last (3 pkts), WRITE First/Last (2), READ req (1);
     // B: ACKs for the SEND and WRITE (coalesced or not), READ resp First/Last (2).
     let sent: Vec<u8> = ops.iter().map(|o| o.0).filter(|&c| c <= 0x0c).collect();
@@ -286,61 +286,17 @@ fn capture_decodes_and_every_icrc_is_ours() {
         "READ response first/last"
     );
     assert!(ops.iter().any(|o| o.0 == 0x11), "an ACK");
-    // tshark, when installed: decodes as InfiniBand, nothing malformed.
-    let tshark = std::path::Path::new("/usr/bin/tshark");
-    if !tshark.exists() {
-        eprintln!("SKIPPED tshark half of capture_decodes_and_every_icrc_is_ours: /usr/bin/tshark not installed");
-        return;
-    }
-    let mut args: Vec<String> = vec!["-r".into(), cap.to_str().unwrap().into()];
-    for port in ports {
-        args.push("-d".into());
-        args.push(format!("udp.port=={port},infiniband"));
-    }
-    args.extend(
-        [
-            "-T",
-            "fields",
-            "-e",
-            "infiniband.bth.opcode",
-            "-e",
-            "_ws.malformed",
-            "-e",
-            "_ws.expert.severity",
-        ]
-        .map(String::from),
-    );
-    let out = std::process::Command::new(tshark)
-        .args(&args)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "tshark failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let lines: Vec<&str> = text.lines().collect();
-    assert_eq!(lines.len(), ops.len(), "tshark saw every packet: {text}");
-    for (line, op) in lines.iter().zip(&ops) {
-        let cols: Vec<&str> = line.split('\t').collect();
-        assert_eq!(
-            cols[0],
-            op.0.to_string(),
-            "tshark decodes the BTH opcode: {line}"
-        );
-        assert!(
-            cols.get(1).is_none_or(|c| c.is_empty()),
-            "malformed: {line}"
-        );
-        // Expert info of warning (0x600000) or error (0x800000) severity.
-        let worst = cols.get(2).map_or(0, |c| {
-            c.split(',')
-                .filter_map(|v| v.parse::<u32>().ok())
-                .max()
-                .unwrap_or(0)
-        });
-        assert!(worst < 0x60_0000, "expert warning or error: {line}");
+    // tshark, when installed: decodes every packet as InfiniBand with our
+    // opcode, nothing malformed, no expert warnings.
+    if let Some(rows) = rdma_testkit::tshark_fields(
+        "capture_decodes_and_every_icrc_is_ours",
+        &cap,
+        &ports,
+        &["infiniband.bth.opcode"],
+    ) {
+        let opcodes: Vec<String> = rows.iter().map(|r| r[0].clone()).collect();
+        let ours: Vec<String> = ops.iter().map(|o| o.0.to_string()).collect();
+        assert_eq!(opcodes, ours, "tshark decodes every BTH opcode as we do");
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
