@@ -36,6 +36,9 @@ struct Cli {
     /// Receives kept posted.
     #[arg(short = 'r', long, default_value_t = 500)]
     rx_depth: u64,
+    /// UD instead of RC, compatible with ibv_ud_pingpong.
+    #[arg(long)]
+    ud: bool,
 }
 
 fn main() -> ExitCode {
@@ -59,6 +62,7 @@ fn main() -> ExitCode {
         mtu,
         gid_index: cli.gid_idx,
         rx_depth: cli.rx_depth,
+        ud: cli.ud,
     };
     match run(&cfg) {
         Ok(_) => ExitCode::SUCCESS,

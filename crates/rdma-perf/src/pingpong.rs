@@ -94,7 +94,13 @@ pub struct PingPongConfig {
     pub gid_index: Option<u32>,
     /// Receives kept posted.
     pub rx_depth: u64,
+    /// UD instead of RC, like `ibv_ud_pingpong` (Q_Key 0x11111111; each
+    /// receive buffer has 40 bytes of GRH in front of the message).
+    pub ud: bool,
 }
+
+/// The Q_Key `ibv_ud_pingpong` uses.
+pub const UD_PINGPONG_QKEY: u32 = 0x1111_1111;
 
 /// What a run measured.
 #[derive(Debug, Clone, PartialEq)]
@@ -145,8 +151,20 @@ pub fn run(cfg: &PingPongConfig) -> Result<PingPongResult, String> {
     }
     let mut node = Node::bind(NodeConfig::new(cfg.bind))
         .map_err(|e| format!("cannot bind {}: {e}", cfg.bind))?;
-    let mem = FlatMemory::new(1, cfg.size.max(1) * 2);
+    if cfg.ud && cfg.size > cfg.mtu.bytes() {
+        return Err(format!(
+            "UD messages must fit the MTU ({}), not {}",
+            cfg.mtu.bytes(),
+            cfg.size
+        ));
+    }
+    // [send buffer | receive buffer with room for the GRH]
+    let mem = FlatMemory::new(1, cfg.size.max(1) * 2 + 40);
     let mut qcfg = QpConfig::rc(Qpn::from_bits(0), Qpn::from_bits(0));
+    if cfg.ud {
+        qcfg.qp_type = rdma_types::QpType::Ud;
+        qcfg.qkey = rdma_types::Qkey(UD_PINGPONG_QKEY);
+    }
     qcfg.pmtu = cfg.mtu;
     qcfg.timeout = 14;
     qcfg.retry_cnt = 7;
@@ -191,14 +209,22 @@ pub fn run(cfg: &PingPongConfig) -> Result<PingPongResult, String> {
         *q = roce::Qp::new(c);
         q.set_rts();
     }
-    node.set_remote(qp, SocketAddr::new(peer_ip, cfg.bind.port()));
+    let peer_addr = SocketAddr::new(peer_ip, cfg.bind.port());
+    node.set_remote(qp, peer_addr);
+    let ah = node.create_ah(peer_addr);
+    let ud = cfg.ud.then_some(roce::UdDest {
+        qpn: Qpn::from_bits(remote.qpn),
+        qkey: rdma_types::Qkey(UD_PINGPONG_QKEY),
+        ah: ah.0,
+    });
 
     let size = cfg.size as u32;
+    let grh = if cfg.ud { 40 } else { 0 };
     let recv = |n: u64| RecvWqe {
         wr_id: 1 << 32 | n,
         sges: vec![Sge {
             addr: u64::from(size),
-            len: size,
+            len: size + grh,
             lkey: Lkey(1),
         }],
     };
@@ -210,7 +236,7 @@ pub fn run(cfg: &PingPongConfig) -> Result<PingPongResult, String> {
         routs += 1;
     }
     let send = |n: u64| {
-        SendWqe::new(
+        let mut w = SendWqe::new(
             n,
             SendOp::Send,
             vec![Sge {
@@ -218,7 +244,9 @@ pub fn run(cfg: &PingPongConfig) -> Result<PingPongResult, String> {
                 len: size,
                 lkey: Lkey(1),
             }],
-        )
+        );
+        w.ud = ud;
+        w
     };
     let epoch = StdInstant::now();
     let (mut scnt, mut rcnt) = (0u64, 0u64);
