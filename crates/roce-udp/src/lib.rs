@@ -20,5 +20,5 @@
 mod socket;
 mod waker;
 
-pub use socket::{Received, RoceSocket, SocketStats, ROCE_PORT};
+pub use socket::{wait_readable, Received, RoceSocket, SocketStats, ROCE_PORT};
 pub use waker::Waker;

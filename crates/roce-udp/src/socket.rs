@@ -236,36 +236,61 @@ impl RoceSocket {
     /// # Errors
     /// `poll(2)` failed for a reason other than a signal.
     pub fn wait(&self, waker: Option<&Waker>, timeout: Duration) -> io::Result<bool> {
-        let mut fds = [
-            libc::pollfd {
-                fd: self.sock.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: waker.map_or(-1, |w| w.as_raw_fd()),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-        ];
-        let ms = timeout.as_millis().min(i32::MAX as u128) as libc::c_int;
-        // SAFETY: fds is a valid array of two pollfd; a negative fd is ignored.
-        let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
-        if r < 0 {
-            let e = io::Error::last_os_error();
-            return if e.kind() == io::ErrorKind::Interrupted {
-                Ok(false)
-            } else {
-                Err(e)
-            };
-        }
-        if let Some(w) = waker {
-            if fds[1].revents != 0 {
-                w.drain();
-            }
-        }
-        Ok(fds[0].revents & libc::POLLIN != 0)
+        wait_readable(self.sock.as_raw_fd(), waker, timeout)
     }
+}
+
+impl AsRawFd for RoceSocket {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.sock.as_raw_fd()
+    }
+}
+
+/// Sleeps until `fd` is readable, `waker` fires, or `timeout` passes (with
+/// microsecond resolution, so short timer deadlines do not turn into a
+/// spin). Returns whether `fd` is readable. Lets a driver thread wait on a
+/// node's socket without holding the lock that guards the node.
+///
+/// # Errors
+/// `ppoll(2)` failed for a reason other than a signal.
+pub fn wait_readable(
+    fd: std::os::fd::RawFd,
+    waker: Option<&Waker>,
+    timeout: Duration,
+) -> io::Result<bool> {
+    let mut fds = [
+        libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        },
+        libc::pollfd {
+            fd: waker.map_or(-1, |w| w.as_raw_fd()),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+    ];
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs().min(i32::MAX as u64) as libc::time_t,
+        tv_nsec: libc::c_long::from(timeout.subsec_nanos() as i32),
+    };
+    // SAFETY: fds is a valid array of two pollfd (a negative fd is
+    // ignored), ts a valid timespec, and no signal mask is passed.
+    let r = unsafe { libc::ppoll(fds.as_mut_ptr(), 2, &ts, std::ptr::null()) };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        return if e.kind() == io::ErrorKind::Interrupted {
+            Ok(false)
+        } else {
+            Err(e)
+        };
+    }
+    if let Some(w) = waker {
+        if fds[1].revents != 0 {
+            w.drain();
+        }
+    }
+    Ok(fds[0].revents & libc::POLLIN != 0)
 }
 
 fn set_int(

@@ -20,9 +20,13 @@
 //!
 //! What it refuses: packets whose ICRC does not verify (dropped and
 //! counted), packets for QPs it does not have (dropped and counted), and
-//! blocking: nothing here sleeps except [`Node::wait`].
+//! blocking: nothing here sleeps except [`Node::wait`] and the [`Driver`]
+//! thread, which runs a node's event loop for a consumer that wants CQ
+//! callbacks and blocking waits.
 
+mod driver;
 mod node;
 
+pub use driver::{CompletionCallback, Driver};
 pub use node::{AhId, Node, NodeConfig, NodeStats, QpHandle};
 pub use roce::FlatMemory;

@@ -106,6 +106,8 @@ pub struct Node {
     stats: NodeStats,
     /// Round-robin start for fairness between QPs.
     rr: u32,
+    /// QPs that got completions since the last `take_ready`.
+    ready: Vec<QpHandle>,
 }
 
 /// Packets a QP may emit per poll: bounded work, fair between QPs.
@@ -137,6 +139,7 @@ impl Node {
             out: Vec::new(),
             stats: NodeStats::default(),
             rr: 0,
+            ready: Vec::new(),
         })
     }
 
@@ -148,6 +151,17 @@ impl Node {
     /// Counters so far.
     pub fn stats(&self) -> NodeStats {
         self.stats
+    }
+
+    /// QPs that got completions since the last call (for CQ callbacks).
+    pub fn take_ready(&mut self) -> Vec<QpHandle> {
+        std::mem::take(&mut self.ready)
+    }
+
+    /// The socket's descriptor, for a driver thread that waits on it with
+    /// [`roce_udp::wait_readable`] without holding the node's lock.
+    pub fn raw_fd(&self) -> std::os::fd::RawFd {
+        std::os::fd::AsRawFd::as_raw_fd(&self.sock)
     }
 
     /// A waker other threads use to interrupt [`Node::wait`].
@@ -269,9 +283,16 @@ impl Node {
             }
         }
         busy |= self.transmit(now);
-        for s in self.qps.values_mut() {
+        for (qpn, s) in self.qps.iter_mut() {
+            let before = s.completions.len();
             while let Some(c) = s.qp.poll_completion() {
                 s.completions.push_back(c);
+            }
+            if s.completions.len() > before {
+                let h = QpHandle(Qpn::from_bits(*qpn));
+                if !self.ready.contains(&h) {
+                    self.ready.push(h);
+                }
             }
             while let Some(e) = s.qp.poll_event() {
                 s.events.push_back(e);

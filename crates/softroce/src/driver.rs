@@ -1,0 +1,146 @@
+//! A node on its own thread: the event loop of the soft RoCE NIC.
+//!
+//! The thread polls the node (bounded rounds), hands completion
+//! notifications to a callback and to blocked waiters, and sleeps in the
+//! kernel on the socket and a waker until traffic, a timer deadline, or a
+//! consumer's post arrives: an idle NIC costs no CPU.
+
+use crate::node::{Node, QpHandle};
+use rdma_types::Instant;
+use roce::Completion;
+use roce_udp::{wait_readable, Waker};
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant as StdInstant};
+
+/// Called on the driver thread, without locks held, for each QP that got
+/// completions.
+pub type CompletionCallback = Box<dyn Fn(QpHandle) + Send + Sync>;
+
+struct Shared {
+    node: Mutex<Node>,
+    ready: Condvar,
+    waker: Arc<Waker>,
+    fd: RawFd,
+    stop: AtomicBool,
+    loops: AtomicU64,
+    epoch: StdInstant,
+    callback: Option<CompletionCallback>,
+}
+
+/// A [`Node`] driven by its own thread. Dropping it stops the thread.
+pub struct Driver {
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// Longest sleep with nothing to do, so a stop request is never missed for
+/// long even if a wake-up were lost.
+const IDLE_SLEEP: Duration = Duration::from_millis(100);
+/// Poll rounds per wake-up before sleeping again (bounded work).
+const ROUNDS: usize = 16;
+
+impl Driver {
+    /// Starts the thread.
+    ///
+    /// # Errors
+    /// The thread could not be spawned.
+    pub fn start(node: Node, callback: Option<CompletionCallback>) -> std::io::Result<Driver> {
+        let shared = Arc::new(Shared {
+            waker: node.waker(),
+            fd: node.raw_fd(),
+            node: Mutex::new(node),
+            ready: Condvar::new(),
+            stop: AtomicBool::new(false),
+            loops: AtomicU64::new(0),
+            epoch: StdInstant::now(),
+            callback,
+        });
+        let s = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("softroce".into())
+            .spawn(move || run(&s))?;
+        Ok(Driver {
+            shared,
+            thread: Some(thread),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Node> {
+        self.shared.node.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Runs `f` on the node (to post work, create QPs, read counters) and
+    /// wakes the thread so new work goes out at once.
+    pub fn with_node<R>(&self, f: impl FnOnce(&mut Node) -> R) -> R {
+        let r = f(&mut self.lock());
+        self.shared.waker.wake();
+        r
+    }
+
+    /// The next completion of `qp`, waiting up to `timeout` for one.
+    pub fn wait_completion(&self, qp: QpHandle, timeout: Duration) -> Option<Completion> {
+        let deadline = StdInstant::now() + timeout;
+        let mut node = self.lock();
+        loop {
+            if let Some(c) = node.poll_completion(qp) {
+                return Some(c);
+            }
+            let left = deadline.checked_duration_since(StdInstant::now())?;
+            node = self
+                .shared
+                .ready
+                .wait_timeout(node, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    /// Loop iterations so far (how often the thread woke up).
+    pub fn loops(&self) -> u64 {
+        self.shared.loops.load(Ordering::Relaxed)
+    }
+}
+
+fn run(s: &Shared) {
+    while !s.stop.load(Ordering::Acquire) {
+        s.loops.fetch_add(1, Ordering::Relaxed);
+        let (ready, deadline, now) = {
+            let mut node = s.node.lock().unwrap_or_else(|e| e.into_inner());
+            let mut now = Instant::from_std(s.epoch, StdInstant::now());
+            for _ in 0..ROUNDS {
+                if !node.poll(now) {
+                    break;
+                }
+                now = Instant::from_std(s.epoch, StdInstant::now());
+            }
+            (node.take_ready(), node.next_deadline(), now)
+        };
+        if !ready.is_empty() {
+            s.ready.notify_all();
+            if let Some(cb) = &s.callback {
+                for qp in &ready {
+                    cb(*qp);
+                }
+            }
+        }
+        let sleep = deadline.map_or(IDLE_SLEEP, |d| {
+            d.saturating_since(now).to_std().min(IDLE_SLEEP)
+        });
+        if !sleep.is_zero() {
+            let _ = wait_readable(s.fd, Some(&s.waker), sleep);
+        }
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        self.shared.waker.wake();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
