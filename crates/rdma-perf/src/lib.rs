@@ -54,6 +54,18 @@ struct Hello {
     op: Option<Op>,
     /// Client only: how many SENDs to expect.
     sends: Option<u64>,
+    /// Client only: the server writes back as much at the same time.
+    #[serde(default)]
+    bidir: Option<Bidir>,
+}
+
+/// What a bidirectional WRITE test asks the server to send back.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+struct Bidir {
+    qd: usize,
+    iters: u64,
+    /// Offset in the client's buffer the server writes to.
+    remote_base: u64,
 }
 
 /// Messages after the hello.
@@ -61,8 +73,14 @@ struct Hello {
 enum Control {
     /// Client: the test is over; tell me your buffer digest.
     Done,
-    /// Server: FNV-1a 64 of the buffer, and its receive count.
-    Digest { fnv: u64, received: u64 },
+    /// Server: FNV-1a 64 of the buffer, its receive count, and for a
+    /// bidirectional test how long its own writes took.
+    Digest {
+        fnv: u64,
+        received: u64,
+        #[serde(default)]
+        reverse_seconds: Option<f64>,
+    },
     /// Client: baseline starting, count datagrams on this UDP port.
     Baseline { port: u16 },
     /// Server: datagrams and bytes of the baseline received.
@@ -103,6 +121,8 @@ pub struct ClientConfig {
     pub verify: bool,
     /// Also measure plain UDP between the same addresses.
     pub baseline: bool,
+    /// WRITE only: the server writes back as much at the same time.
+    pub bidir: bool,
 }
 
 /// Results of a run.
@@ -134,6 +154,8 @@ pub struct Report {
     pub timeouts: u64,
     /// Whether `--verify` checked the data (and it matched).
     pub verified: bool,
+    /// Bidirectional WRITE: the server's goodput toward us, Gbit/s.
+    pub reverse_gbit_per_s: Option<f64>,
     /// Plain-UDP goodput between the same addresses, Gbit/s.
     pub baseline_gbit_per_s: Option<f64>,
     /// Plain-UDP datagram rate.
@@ -242,6 +264,7 @@ impl Side {
                 .map_or(1024, |q| q.config().pmtu.bytes()),
             op: None,
             sends: None,
+            bidir: None,
         }
     }
 
@@ -280,6 +303,130 @@ impl Side {
                 });
             let _ = self.node.wait(wait);
         }
+    }
+}
+
+/// Keeps up to `slots` work requests of one operation in flight until
+/// `iters` completed; both the client and (bidirectional) the server use it.
+struct Mover {
+    op: Op,
+    size: usize,
+    slots: usize,
+    iters: u64,
+    /// Local buffer offset of the sources (WRITE/SEND) or destinations (READ).
+    local_base: u64,
+    /// Remote buffer offset of the targets.
+    remote_base: u64,
+    rkey: u32,
+    verify_read: bool,
+    posted: u64,
+    done: u64,
+    posted_at: Vec<StdInstant>,
+    hist: hdrhistogram::Histogram<u64>,
+    start: StdInstant,
+    seconds: Option<f64>,
+}
+
+impl Mover {
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        op: Op,
+        size: usize,
+        slots: usize,
+        iters: u64,
+        local_base: u64,
+        remote_base: u64,
+        rkey: u32,
+        verify_read: bool,
+    ) -> Mover {
+        Mover {
+            op,
+            size,
+            slots,
+            iters,
+            local_base,
+            remote_base,
+            rkey,
+            verify_read,
+            posted: 0,
+            done: 0,
+            posted_at: vec![StdInstant::now(); slots],
+            hist: hdrhistogram::Histogram::new_with_bounds(1, 60_000_000, 3).expect("valid bounds"),
+            start: StdInstant::now(),
+            seconds: (iters == 0).then_some(0.0),
+        }
+    }
+
+    fn finished(&self) -> bool {
+        self.done >= self.iters
+    }
+
+    /// Posts what the queue depth allows.
+    fn post(&mut self, side: &mut Side) {
+        let size = self.size as u64;
+        while self.posted < self.iters && self.posted - self.done < self.slots as u64 {
+            let slot = (self.posted % self.slots as u64) as usize;
+            let remote = self.remote_base + slot as u64 * size;
+            let op = match self.op {
+                Op::Write => SendOp::Write {
+                    raddr: remote,
+                    rkey: Rkey(self.rkey),
+                },
+                Op::Read => SendOp::Read {
+                    raddr: remote,
+                    rkey: Rkey(self.rkey),
+                },
+                Op::Send => SendOp::Send,
+            };
+            let sge = Sge {
+                addr: self.local_base + slot as u64 * size,
+                len: self.size as u32,
+                lkey: Lkey(KEY),
+            };
+            side.node
+                .qp_mut(side.qp)
+                .expect("own QP")
+                .post_send(SendWqe::new(self.posted, op, vec![sge]));
+            self.posted_at[slot] = StdInstant::now();
+            self.posted += 1;
+        }
+    }
+
+    /// Accounts one send-queue completion.
+    fn complete(&mut self, side: &Side, c: &roce::Completion) -> Result<(), PerfError> {
+        if c.status != WcStatus::Success {
+            return Err(PerfError::Completion(format!(
+                "WR {} ({}): {}",
+                c.wr_id, c.opcode, c.status
+            )));
+        }
+        let slot = (c.wr_id % self.slots as u64) as usize;
+        let _ = self
+            .hist
+            .record(self.posted_at[slot].elapsed().as_micros().max(1) as u64);
+        if self.verify_read && self.op == Op::Read {
+            let base = self.local_base as usize + slot * self.size;
+            let remote = self.remote_base as usize + slot * self.size;
+            let n = self.size;
+            let ok = side.mem.with(|b| {
+                b[base..base + n]
+                    .iter()
+                    .enumerate()
+                    .all(|(i, &x)| x == pattern(remote + i))
+            });
+            if !ok {
+                return Err(PerfError::Verify(format!(
+                    "READ {} brought back different bytes",
+                    c.wr_id
+                )));
+            }
+            side.mem.with(|b| b[base..base + n].fill(0));
+        }
+        self.done += 1;
+        if self.finished() && self.seconds.is_none() {
+            self.seconds = Some(self.start.elapsed().as_secs_f64());
+        }
+        Ok(())
     }
 }
 
@@ -324,18 +471,55 @@ pub fn run_server(common: &Common, listener: &TcpListener) -> Result<(), PerfErr
             posted += 1;
         }
     }
+    // Bidirectional WRITE: write back from our upper region into the
+    // client's third region while the client writes to us.
+    let mut reverse = peer.bidir.filter(|_| peer.op == Some(Op::Write)).map(|b| {
+        let local_base = (side.mem.len() / 2) as u64;
+        Mover::new(
+            Op::Write,
+            peer.len,
+            b.qd.max(1),
+            b.iters,
+            local_base,
+            b.remote_base,
+            peer.rkey,
+            false,
+        )
+    });
+    let mut done_asked = false;
     writer.set_nonblocking(false)?;
     reader.get_mut().set_nonblocking(true)?;
     loop {
+        if let Some(m) = reverse.as_mut() {
+            m.post(&mut side);
+        }
         side.turn();
         while let Some(c) = side.node.poll_completion(side.qp) {
-            if c.is_recv && c.status == WcStatus::Success {
-                received += 1;
+            if c.is_recv {
+                if c.status == WcStatus::Success {
+                    received += 1;
+                }
                 if posted < want {
                     post_recv(&mut side, posted);
                     posted += 1;
                 }
+            } else if let Some(m) = reverse.as_mut() {
+                m.complete(&side, &c)?;
             }
+        }
+        // The digest goes out once our own writes (if any) are done too.
+        if done_asked && reverse.as_ref().is_none_or(Mover::finished) {
+            done_asked = false;
+            let digest = side.mem.with(|b| fnv(&b[..b.len() / 2]));
+            let reverse_seconds = reverse.as_ref().and_then(|m| m.seconds);
+            send_line(
+                &mut writer,
+                &Control::Digest {
+                    fnv: digest,
+                    received,
+                    reverse_seconds,
+                },
+            )?;
         }
         let mut line = String::new();
         match reader.read_line(&mut line) {
@@ -346,16 +530,7 @@ pub fn run_server(common: &Common, listener: &TcpListener) -> Result<(), PerfErr
                 return Ok(());
             }
             Ok(_) => match serde_json::from_str::<Control>(&line) {
-                Ok(Control::Done) => {
-                    let digest = side.mem.with(|b| fnv(b));
-                    send_line(
-                        &mut writer,
-                        &Control::Digest {
-                            fnv: digest,
-                            received,
-                        },
-                    )?;
-                }
+                Ok(Control::Done) => done_asked = true,
                 Ok(Control::Baseline { port }) => {
                     let r = baseline_sink(SocketAddr::new(common.bind.ip(), port), &mut reader)?;
                     send_line(&mut writer, &r)?;
@@ -406,7 +581,7 @@ fn baseline_sink(
 pub fn run_client(cfg: &ClientConfig) -> Result<Report, PerfError> {
     let slots = cfg.qd.max(1);
     let mut common = cfg.common.clone();
-    common.buffer = common.buffer.max(cfg.size * slots * 2);
+    common.buffer = common.buffer.max(cfg.size * slots * 3);
     let mut side = Side::new(&common, 0x2000)?;
     side.mem
         .with(|b| b.iter_mut().enumerate().for_each(|(i, x)| *x = pattern(i)));
@@ -417,109 +592,82 @@ pub fn run_client(cfg: &ClientConfig) -> Result<Report, PerfError> {
     hello.len = cfg.size;
     hello.op = Some(cfg.op);
     hello.sends = Some(if cfg.op == Op::Send { cfg.iters } else { 0 });
+    hello.bidir = cfg.bidir.then_some(Bidir {
+        qd: slots,
+        iters: cfg.iters,
+        remote_base: (2 * slots * cfg.size) as u64,
+    });
     send_line(&mut writer, &hello)?;
     let peer: Hello = read_line(&mut reader)?;
-    if cfg.op != Op::Send && peer.len < cfg.size * slots {
+    if cfg.op != Op::Send && peer.len / 2 < cfg.size * slots {
         return Err(PerfError::Protocol(format!(
-            "server buffer of {} bytes is smaller than size x qd = {}",
-            peer.len,
+            "half the server buffer ({} bytes) is smaller than size x qd = {}",
+            peer.len / 2,
             cfg.size * slots
         )));
     }
     side.connect(&peer);
 
-    let mut hist =
-        hdrhistogram::Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("valid bounds");
-    let mut posted_at: Vec<StdInstant> = vec![StdInstant::now(); slots];
-    let (mut posted, mut done) = (0u64, 0u64);
-    let start = StdInstant::now();
+    // Our buffer: [write/send sources | READ destinations | what the server
+    // writes back in a bidirectional test].
+    let local_base = if cfg.op == Op::Read {
+        (slots * cfg.size) as u64
+    } else {
+        0
+    };
+    let mut mover = Mover::new(
+        cfg.op, cfg.size, slots, cfg.iters, local_base, 0, peer.rkey, cfg.verify,
+    );
     let size = cfg.size as u64;
-    let deadline = start + std::time::Duration::from_secs(600);
-    while done < cfg.iters {
-        while posted < cfg.iters && posted - done < slots as u64 {
-            let slot = (posted % slots as u64) as usize;
-            let local = slot as u64 * size;
-            let remote = slot as u64 * size;
-            let op = match cfg.op {
-                Op::Write => SendOp::Write {
-                    raddr: remote,
-                    rkey: Rkey(peer.rkey),
-                },
-                // READ lands in the upper half, away from the write sources.
-                Op::Read => SendOp::Read {
-                    raddr: remote,
-                    rkey: Rkey(peer.rkey),
-                },
-                Op::Send => SendOp::Send,
-            };
-            let local = if cfg.op == Op::Read {
-                local + slots as u64 * size
-            } else {
-                local
-            };
-            let wqe = SendWqe::new(
-                posted,
-                op,
-                vec![Sge {
-                    addr: local,
-                    len: cfg.size as u32,
-                    lkey: Lkey(KEY),
-                }],
-            );
-            side.node.qp_mut(side.qp).expect("own QP").post_send(wqe);
-            posted_at[slot] = StdInstant::now();
-            posted += 1;
-        }
+    let deadline = StdInstant::now() + std::time::Duration::from_secs(600);
+    while !mover.finished() {
+        mover.post(&mut side);
         side.turn();
         while let Some(c) = side.node.poll_completion(side.qp) {
-            if c.status != WcStatus::Success {
-                return Err(PerfError::Completion(format!(
-                    "WR {} ({}): {}",
-                    c.wr_id, c.opcode, c.status
-                )));
-            }
-            let slot = (c.wr_id % slots as u64) as usize;
-            let us = posted_at[slot].elapsed().as_micros().max(1) as u64;
-            let _ = hist.record(us);
-            if cfg.verify && cfg.op == Op::Read {
-                let base = (slots + slot) * cfg.size;
-                let remote = slot * cfg.size;
-                let ok = side.mem.with(|b| {
-                    b[base..base + cfg.size]
-                        .iter()
-                        .enumerate()
-                        .all(|(i, &x)| x == pattern(remote + i))
-                });
-                if !ok {
-                    return Err(PerfError::Verify(format!(
-                        "READ {} brought back different bytes",
-                        c.wr_id
-                    )));
-                }
-                side.mem.with(|b| b[base..base + cfg.size].fill(0));
-            }
-            done += 1;
+            mover.complete(&side, &c)?;
         }
         if StdInstant::now() > deadline {
             return Err(PerfError::Completion(format!(
-                "timed out with {done} of {} done",
-                cfg.iters
+                "timed out with {} of {} done",
+                mover.done, cfg.iters
             )));
         }
     }
-    let seconds = start.elapsed().as_secs_f64();
+    let seconds = mover.seconds.unwrap_or_default();
+    let hist = mover.hist;
     let counters = side.node.qp_mut(side.qp).expect("own QP").counters();
 
     send_line(&mut writer, &Control::Done)?;
-    reader.get_mut().set_nonblocking(false)?;
-    let (digest, received) = match read_line::<Control>(&mut reader)? {
-        Control::Digest { fnv, received } => (fnv, received),
-        other => {
-            return Err(PerfError::Protocol(format!(
-                "expected a digest, got {other:?}"
-            )))
+    // Keep our node answering (a bidirectional server may still be
+    // writing to us) while waiting for the digest.
+    reader.get_mut().set_nonblocking(true)?;
+    let (digest, received, reverse_seconds) = loop {
+        side.turn();
+        while side.node.poll_completion(side.qp).is_some() {}
+        let mut line = String::new();
+        match reader.read_line(&mut line) {
+            Ok(0) => return Err(PerfError::Protocol("peer closed the connection".into())),
+            Ok(_) => match serde_json::from_str::<Control>(&line) {
+                Ok(Control::Digest {
+                    fnv,
+                    received,
+                    reverse_seconds,
+                }) => break (fnv, received, reverse_seconds),
+                Ok(other) => {
+                    return Err(PerfError::Protocol(format!(
+                        "expected a digest, got {other:?}"
+                    )))
+                }
+                Err(e) => return Err(PerfError::Protocol(format!("bad message {line:?}: {e}"))),
+            },
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e.into()),
+        }
+        if StdInstant::now() > deadline {
+            return Err(PerfError::Protocol("no digest from the server".into()));
         }
     };
+    reader.get_mut().set_nonblocking(false)?;
     let mut verified = false;
     if cfg.verify {
         match cfg.op {
@@ -527,8 +675,10 @@ pub fn run_client(cfg: &ClientConfig) -> Result<Report, PerfError> {
                 // The server's buffer started zeroed; each slot written at
                 // least once now holds our pattern for that slot.
                 let written = (slots as u64).min(cfg.iters) as usize * cfg.size;
+                // The server hashes the lower half of its buffer (the
+                // upper half is where a bidirectional test writes from).
                 let expect = side.mem.with(|b| {
-                    let mut img = vec![0u8; peer.len];
+                    let mut img = vec![0u8; peer.len / 2];
                     img[..written].copy_from_slice(&b[..written]);
                     fnv(&img)
                 });
@@ -565,6 +715,9 @@ pub fn run_client(cfg: &ClientConfig) -> Result<Report, PerfError> {
         retransmits: counters.retransmits,
         timeouts: counters.timeouts,
         verified,
+        reverse_gbit_per_s: reverse_seconds
+            .filter(|&t| t > 0.0)
+            .map(|t| (cfg.iters * size) as f64 * 8.0 / t / 1e9),
         baseline_gbit_per_s: None,
         baseline_pkt_per_s: None,
         ratio_to_baseline: None,
@@ -621,6 +774,9 @@ impl Report {
             self.timeouts,
             if self.verified { "yes" } else { "no" }
         );
+        if let Some(g) = self.reverse_gbit_per_s {
+            s += &format!(" reverse direction (server to client, at the same time): {g:.3} Gb/s; both: {:.3} Gb/s\n", g + self.gbit_per_s);
+        }
         if let (Some(b), Some(p), Some(r)) = (
             self.baseline_gbit_per_s,
             self.baseline_pkt_per_s,

@@ -79,6 +79,9 @@ enum Role {
         /// Also measure plain UDP between the same addresses.
         #[arg(long)]
         baseline: bool,
+        /// WRITE only: the server writes back as much at the same time.
+        #[arg(long)]
+        bidir: bool,
         /// Print the report as JSON.
         #[arg(long)]
         json: bool,
@@ -134,6 +137,7 @@ fn demo(iters: u64) -> Result<(), String> {
             iters,
             verify: true,
             baseline,
+            bidir: false,
         };
         let report = run_client(&cfg).map_err(|e| e.to_string())?;
         print!("{}", report.table());
@@ -169,6 +173,7 @@ fn main() -> ExitCode {
             common: c,
             server,
             op,
+            bidir,
             size,
             qd,
             iters,
@@ -188,7 +193,11 @@ fn main() -> ExitCode {
                 iters,
                 verify,
                 baseline,
+                bidir,
             };
+            if bidir && op != Op::Write {
+                return Err("--bidir works with --op write".into());
+            }
             let report = run_client(&cfg).map_err(|e| e.to_string())?;
             if json {
                 println!(

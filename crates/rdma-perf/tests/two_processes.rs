@@ -230,3 +230,23 @@ fn rdma_wire_parse(ip_packet: &[u8]) -> (u8, u32, bool) {
         r.ib.bth.ack_req,
     )
 }
+
+#[test]
+fn bidirectional_writes_verified() {
+    let (cip, sip, oob) = ("127.0.45.1", "127.0.45.2", 18545);
+    let mut s = server(sip, oob, &[]);
+    let r = client(
+        cip,
+        sip,
+        oob,
+        &[
+            "--op", "write", "--size", "65536", "--qd", "8", "--iters", "128", "--bidir",
+        ],
+    );
+    let _ = s.wait();
+    assert_eq!(r["verified"], true, "{r}");
+    assert!(
+        r["reverse_gbit_per_s"].as_f64().unwrap() > 0.0,
+        "the server wrote back: {r}"
+    );
+}
