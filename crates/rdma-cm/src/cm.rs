@@ -1,0 +1,760 @@
+//! Connection state machines of one CM endpoint.
+
+use rdma_types::{Duration, Instant, Psn, Qpn};
+use std::collections::{BTreeMap, VecDeque};
+
+/// A REJ reason code (IBA 12.6.7.2, table 112). The words for every code
+/// belong to the MAD layer's table; the state machines only need these.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RejReason(pub u16);
+
+impl RejReason {
+    /// The peer gave up waiting (sent by the side whose retries ran out).
+    pub const TIMEOUT: RejReason = RejReason(4);
+    /// A message named a comm ID this endpoint does not know.
+    pub const INVALID_COMM_ID: RejReason = RejReason(6);
+    /// Nobody listens on the service ID.
+    pub const INVALID_SERVICE_ID: RejReason = RejReason(8);
+    /// A REQ for a QP that is still connected under another comm ID.
+    pub const STALE_CONN: RejReason = RejReason(10);
+    /// The consumer refused; its private data says why (SRP logins do).
+    pub const CONSUMER_DEFINED: RejReason = RejReason(28);
+}
+
+/// Which message a MRA or REJ answers (IBA 12.6.6 / 12.6.7).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MsgKind {
+    /// A REQ.
+    Req,
+    /// A REP.
+    Rep,
+    /// Something else (LAP).
+    Other,
+}
+
+/// The CM messages, as the state machines see them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CmMsg {
+    /// Connection request.
+    Req {
+        /// Sender's comm ID.
+        local_comm_id: u32,
+        /// Service asked for.
+        service_id: u64,
+        /// Sender's QP.
+        qpn: Qpn,
+        /// Sender's first PSN.
+        psn: Psn,
+        /// Consumer data (an SRP login request, an RDMA CM header...).
+        private_data: Vec<u8>,
+    },
+    /// Message receipt acknowledgement: "I need longer to answer".
+    Mra {
+        /// Sender's comm ID.
+        local_comm_id: u32,
+        /// Receiver's comm ID.
+        remote_comm_id: u32,
+        /// What is being delayed.
+        msg: MsgKind,
+        /// How long to wait now, as a CM timeout exponent.
+        service_timeout: u8,
+    },
+    /// Reject.
+    Rej {
+        /// Sender's comm ID.
+        local_comm_id: u32,
+        /// Receiver's comm ID (0 if unknown).
+        remote_comm_id: u32,
+        /// What is rejected.
+        msg: MsgKind,
+        /// Why.
+        reason: RejReason,
+        /// Consumer data.
+        private_data: Vec<u8>,
+    },
+    /// Reply to a REQ.
+    Rep {
+        /// Sender's comm ID.
+        local_comm_id: u32,
+        /// Receiver's comm ID.
+        remote_comm_id: u32,
+        /// Sender's QP.
+        qpn: Qpn,
+        /// Sender's first PSN.
+        psn: Psn,
+        /// Consumer data (an SRP login response...).
+        private_data: Vec<u8>,
+    },
+    /// Ready to use.
+    Rtu {
+        /// Sender's comm ID.
+        local_comm_id: u32,
+        /// Receiver's comm ID.
+        remote_comm_id: u32,
+    },
+    /// Disconnect request.
+    Dreq {
+        /// Sender's comm ID.
+        local_comm_id: u32,
+        /// Receiver's comm ID.
+        remote_comm_id: u32,
+    },
+    /// Disconnect reply.
+    Drep {
+        /// Sender's comm ID.
+        local_comm_id: u32,
+        /// Receiver's comm ID.
+        remote_comm_id: u32,
+    },
+}
+
+/// Timing of the protocol.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CmConfig {
+    /// How long to wait for an answer before sending again, as a CM timeout
+    /// exponent (4.096 us * 2^n; IBA 12.7.27).
+    pub response_timeout: u8,
+    /// Times a REQ, REP or DREQ is sent again before giving up (0..=15).
+    pub max_retries: u8,
+    /// How long a closed connection's IDs stay reserved (timewait).
+    pub timewait: Duration,
+}
+
+impl Default for CmConfig {
+    /// Linux ib_cm's flavour: 2^20 * 4.096 us (about 4.3 s), 15 retries.
+    fn default() -> Self {
+        CmConfig {
+            response_timeout: 20,
+            max_retries: 15,
+            timewait: Duration::from_secs(4),
+        }
+    }
+}
+
+/// A connection handle of this endpoint (its local comm ID).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ConnId(pub u32);
+
+/// Connection states (IBA 12.9.6, simplified to what a consumer can see).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConnState {
+    /// Active: REQ sent, waiting for REP/MRA/REJ.
+    ReqSent,
+    /// Passive: REQ received, waiting for the consumer.
+    ReqRcvd,
+    /// Passive: REP sent, waiting for RTU.
+    RepSent,
+    /// Both ends ready.
+    Established,
+    /// DREQ sent, waiting for DREP.
+    DreqSent,
+    /// Disconnected; IDs held until timewait ends.
+    Timewait,
+    /// Gone (rejected, timed out, or timewait over).
+    Closed,
+}
+
+/// What the REQ said, for the consumer deciding to accept.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReqInfo {
+    /// Service asked for.
+    pub service_id: u64,
+    /// The requester's QP.
+    pub qpn: Qpn,
+    /// The requester's first PSN.
+    pub psn: Psn,
+    /// Consumer data of the REQ.
+    pub private_data: Vec<u8>,
+}
+
+/// What the consumer must know or do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CmEvent<P> {
+    /// Passive: a REQ for a service we listen on; call accept or reject.
+    Request {
+        /// The new connection.
+        conn: ConnId,
+        /// Who asks.
+        peer: P,
+        /// What the REQ carried.
+        req: ReqInfo,
+    },
+    /// Active: the REP arrived (and the RTU went out); move the QP to RTS
+    /// with these values. Passive: the RTU arrived.
+    Established {
+        /// The connection.
+        conn: ConnId,
+        /// The peer's QP.
+        remote_qpn: Qpn,
+        /// The peer's first PSN.
+        remote_psn: Psn,
+        /// Consumer data of the REP (active side) or empty (passive).
+        private_data: Vec<u8>,
+    },
+    /// The peer rejected the connection.
+    Rejected {
+        /// The connection.
+        conn: ConnId,
+        /// Why.
+        reason: RejReason,
+        /// Consumer data of the REJ.
+        private_data: Vec<u8>,
+    },
+    /// No answer after every retry on every path.
+    TimedOut {
+        /// The connection.
+        conn: ConnId,
+    },
+    /// The peer asked to disconnect (a DREP went out): stop using the QP.
+    DisconnectRequested {
+        /// The connection.
+        conn: ConnId,
+    },
+    /// The connection entered timewait.
+    Disconnected {
+        /// The connection.
+        conn: ConnId,
+    },
+    /// Timewait is over; the connection's resources may be reused.
+    TimewaitExit {
+        /// The connection.
+        conn: ConnId,
+    },
+}
+
+#[derive(Debug)]
+struct Conn<P> {
+    state: ConnState,
+    /// Paths still to try (active side); the current one is `paths[path]`.
+    paths: Vec<P>,
+    path: usize,
+    remote_comm_id: u32,
+    service_id: u64,
+    qpn: Qpn,
+    psn: Psn,
+    remote_qpn: Qpn,
+    remote_psn: Psn,
+    /// The message we are waiting on an answer for, to send again.
+    pending: Option<CmMsg>,
+    retries_left: u8,
+    deadline: Option<Instant>,
+}
+
+/// One CM endpoint; `P` names a peer (an IP address or GID on RoCE).
+#[derive(Debug)]
+pub struct Cm<P> {
+    cfg: CmConfig,
+    next_id: u32,
+    conns: BTreeMap<u32, Conn<P>>,
+    listening: Vec<u64>,
+    out: VecDeque<(P, CmMsg)>,
+    events: VecDeque<CmEvent<P>>,
+}
+
+impl<P: Copy + Eq + core::fmt::Debug> Cm<P> {
+    /// An endpoint whose comm IDs start at `first_comm_id` (seed it per run:
+    /// reusing IDs of a previous incarnation looks stale to peers).
+    pub fn new(cfg: CmConfig, first_comm_id: u32) -> Cm<P> {
+        Cm {
+            cfg,
+            next_id: first_comm_id.max(1),
+            conns: BTreeMap::new(),
+            listening: Vec::new(),
+            out: VecDeque::new(),
+            events: VecDeque::new(),
+        }
+    }
+
+    fn response_timeout(&self) -> Duration {
+        // CM timeouts use the same 4.096 us * 2^n encoding as QP timeouts.
+        Duration::from_ack_timeout_exp(self.cfg.response_timeout.max(1))
+            .unwrap_or(Duration::from_secs(4))
+    }
+
+    fn alloc_id(&mut self) -> u32 {
+        loop {
+            let id = self.next_id;
+            self.next_id = self.next_id.wrapping_add(1).max(1);
+            if !self.conns.contains_key(&id) {
+                return id;
+            }
+        }
+    }
+
+    /// Accepts REQs for `service_id` from now on.
+    pub fn listen(&mut self, service_id: u64) {
+        if !self.listening.contains(&service_id) {
+            self.listening.push(service_id);
+        }
+    }
+
+    /// State of a connection (`Closed` once forgotten).
+    pub fn state(&self, conn: ConnId) -> ConnState {
+        self.conns
+            .get(&conn.0)
+            .map_or(ConnState::Closed, |c| c.state)
+    }
+
+    /// Active side: sends a REQ over the first of `paths`, trying the next
+    /// ones when a path's retries run out.
+    ///
+    /// # Panics
+    /// If `paths` is empty (a caller bug: there is nowhere to send).
+    pub fn connect(
+        &mut self,
+        now: Instant,
+        paths: Vec<P>,
+        service_id: u64,
+        qpn: Qpn,
+        psn: Psn,
+        private_data: Vec<u8>,
+    ) -> ConnId {
+        assert!(!paths.is_empty(), "connect needs at least one path");
+        let id = self.alloc_id();
+        let req = CmMsg::Req {
+            local_comm_id: id,
+            service_id,
+            qpn,
+            psn,
+            private_data,
+        };
+        let conn = Conn {
+            state: ConnState::ReqSent,
+            paths,
+            path: 0,
+            remote_comm_id: 0,
+            service_id,
+            qpn,
+            psn,
+            remote_qpn: Qpn::from_bits(0),
+            remote_psn: Psn::new(0),
+            pending: None,
+            retries_left: 0,
+            deadline: None,
+        };
+        self.conns.insert(id, conn);
+        self.send_and_wait(now, id, req);
+        ConnId(id)
+    }
+
+    /// Sends `msg` on the connection's current path and arms the retry timer.
+    fn send_and_wait(&mut self, now: Instant, id: u32, msg: CmMsg) {
+        let timeout = self.response_timeout();
+        let retries = self.cfg.max_retries;
+        if let Some(c) = self.conns.get_mut(&id) {
+            let peer = c.paths[c.path];
+            self.out.push_back((peer, msg.clone()));
+            c.pending = Some(msg);
+            c.retries_left = retries;
+            c.deadline = Some(now + timeout);
+        }
+    }
+
+    fn send_once(&mut self, id: u32, msg: CmMsg) {
+        if let Some(c) = self.conns.get(&id) {
+            self.out.push_back((c.paths[c.path], msg));
+        }
+    }
+
+    /// Passive side: answers a REQ with a REP.
+    pub fn accept(
+        &mut self,
+        now: Instant,
+        conn: ConnId,
+        qpn: Qpn,
+        psn: Psn,
+        private_data: Vec<u8>,
+    ) -> bool {
+        let Some(c) = self.conns.get_mut(&conn.0) else {
+            return false;
+        };
+        if c.state != ConnState::ReqRcvd {
+            return false;
+        }
+        c.state = ConnState::RepSent;
+        c.qpn = qpn;
+        c.psn = psn;
+        let rep = CmMsg::Rep {
+            local_comm_id: conn.0,
+            remote_comm_id: c.remote_comm_id,
+            qpn,
+            psn,
+            private_data,
+        };
+        self.send_and_wait(now, conn.0, rep);
+        true
+    }
+
+    /// Passive side: refuses a REQ.
+    pub fn reject(&mut self, conn: ConnId, reason: RejReason, private_data: Vec<u8>) -> bool {
+        let Some(c) = self.conns.get(&conn.0) else {
+            return false;
+        };
+        if c.state != ConnState::ReqRcvd {
+            return false;
+        }
+        let rej = CmMsg::Rej {
+            local_comm_id: conn.0,
+            remote_comm_id: c.remote_comm_id,
+            msg: MsgKind::Req,
+            reason,
+            private_data,
+        };
+        self.send_once(conn.0, rej);
+        self.conns.remove(&conn.0);
+        true
+    }
+
+    /// Either side: starts a disconnect (DREQ).
+    pub fn disconnect(&mut self, now: Instant, conn: ConnId) -> bool {
+        let Some(c) = self.conns.get_mut(&conn.0) else {
+            return false;
+        };
+        if c.state != ConnState::Established {
+            return false;
+        }
+        c.state = ConnState::DreqSent;
+        let dreq = CmMsg::Dreq {
+            local_comm_id: conn.0,
+            remote_comm_id: c.remote_comm_id,
+        };
+        self.send_and_wait(now, conn.0, dreq);
+        true
+    }
+
+    fn enter_timewait(&mut self, now: Instant, id: u32) {
+        let tw = self.cfg.timewait;
+        if let Some(c) = self.conns.get_mut(&id) {
+            c.state = ConnState::Timewait;
+            c.pending = None;
+            c.deadline = Some(now + tw);
+            self.events
+                .push_back(CmEvent::Disconnected { conn: ConnId(id) });
+        }
+    }
+
+    /// A CM MAD arrived from `peer`.
+    pub fn handle_msg(&mut self, now: Instant, peer: P, msg: CmMsg) {
+        match msg {
+            CmMsg::Req {
+                local_comm_id,
+                service_id,
+                qpn,
+                psn,
+                private_data,
+            } => self.on_req(now, peer, local_comm_id, service_id, qpn, psn, private_data),
+            CmMsg::Mra {
+                remote_comm_id,
+                service_timeout,
+                ..
+            } => {
+                // Wait the longer time the peer asked for, once more.
+                let extra = Duration::from_ack_timeout_exp(service_timeout.max(1))
+                    .unwrap_or(Duration::ZERO);
+                let base = self.response_timeout();
+                if let Some(c) = self.conns.get_mut(&remote_comm_id) {
+                    if matches!(c.state, ConnState::ReqSent | ConnState::RepSent) {
+                        c.deadline = Some(now + base + extra);
+                    }
+                }
+            }
+            CmMsg::Rej {
+                remote_comm_id,
+                reason,
+                private_data,
+                ..
+            } => {
+                let Some(c) = self.conns.get(&remote_comm_id) else {
+                    return;
+                };
+                if matches!(c.state, ConnState::ReqSent | ConnState::RepSent) {
+                    self.conns.remove(&remote_comm_id);
+                    self.events.push_back(CmEvent::Rejected {
+                        conn: ConnId(remote_comm_id),
+                        reason,
+                        private_data,
+                    });
+                }
+            }
+            CmMsg::Rep {
+                local_comm_id,
+                remote_comm_id,
+                qpn,
+                psn,
+                private_data,
+            } => {
+                let Some(c) = self.conns.get_mut(&remote_comm_id) else {
+                    // A REP for nothing we know: tell the sender (IBA 12.6.7).
+                    self.out.push_back((
+                        peer,
+                        CmMsg::Rej {
+                            local_comm_id: 0,
+                            remote_comm_id: local_comm_id,
+                            msg: MsgKind::Rep,
+                            reason: RejReason::INVALID_COMM_ID,
+                            private_data: Vec::new(),
+                        },
+                    ));
+                    return;
+                };
+                let rtu = CmMsg::Rtu {
+                    local_comm_id: remote_comm_id,
+                    remote_comm_id: local_comm_id,
+                };
+                match c.state {
+                    ConnState::ReqSent => {
+                        c.state = ConnState::Established;
+                        c.remote_comm_id = local_comm_id;
+                        c.remote_qpn = qpn;
+                        c.remote_psn = psn;
+                        c.pending = None;
+                        c.deadline = None;
+                        self.out.push_back((peer, rtu));
+                        self.events.push_back(CmEvent::Established {
+                            conn: ConnId(remote_comm_id),
+                            remote_qpn: qpn,
+                            remote_psn: psn,
+                            private_data,
+                        });
+                    }
+                    // Our RTU was lost and the peer sent the REP again.
+                    ConnState::Established if c.remote_comm_id == local_comm_id => {
+                        self.out.push_back((peer, rtu))
+                    }
+                    _ => {}
+                }
+            }
+            CmMsg::Rtu { remote_comm_id, .. } => {
+                let Some(c) = self.conns.get_mut(&remote_comm_id) else {
+                    return;
+                };
+                if c.state == ConnState::RepSent {
+                    c.state = ConnState::Established;
+                    c.pending = None;
+                    c.deadline = None;
+                    let (remote_qpn, remote_psn) = (c.remote_qpn, c.remote_psn);
+                    self.events.push_back(CmEvent::Established {
+                        conn: ConnId(remote_comm_id),
+                        remote_qpn,
+                        remote_psn,
+                        private_data: Vec::new(),
+                    });
+                }
+            }
+            CmMsg::Dreq {
+                local_comm_id,
+                remote_comm_id,
+            } => {
+                let drep = CmMsg::Drep {
+                    local_comm_id: remote_comm_id,
+                    remote_comm_id: local_comm_id,
+                };
+                // IBA 12.6.10: always answer a DREQ, even for a connection
+                // already in timewait (our DREP may have been lost).
+                self.out.push_back((peer, drep));
+                let Some(c) = self.conns.get(&remote_comm_id) else {
+                    return;
+                };
+                match c.state {
+                    ConnState::Established | ConnState::RepSent => {
+                        self.events.push_back(CmEvent::DisconnectRequested {
+                            conn: ConnId(remote_comm_id),
+                        });
+                        self.enter_timewait(now, remote_comm_id);
+                    }
+                    // Simultaneous disconnect: both sent DREQ.
+                    ConnState::DreqSent => self.enter_timewait(now, remote_comm_id),
+                    _ => {}
+                }
+            }
+            CmMsg::Drep { remote_comm_id, .. } => {
+                if self
+                    .conns
+                    .get(&remote_comm_id)
+                    .is_some_and(|c| c.state == ConnState::DreqSent)
+                {
+                    self.enter_timewait(now, remote_comm_id);
+                }
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn on_req(
+        &mut self,
+        now: Instant,
+        peer: P,
+        remote_comm_id: u32,
+        service_id: u64,
+        qpn: Qpn,
+        psn: Psn,
+        private_data: Vec<u8>,
+    ) {
+        // A duplicate of a REQ we already have: answer again, do not fork.
+        let existing = self
+            .conns
+            .iter()
+            .find(|(_, c)| {
+                c.remote_comm_id == remote_comm_id
+                    && c.paths[c.path] == peer
+                    && c.service_id == service_id
+            })
+            .map(|(id, c)| (*id, c.state));
+        if let Some((id, state)) = existing {
+            match state {
+                ConnState::ReqRcvd => self.send_once(
+                    id,
+                    CmMsg::Mra {
+                        local_comm_id: id,
+                        remote_comm_id,
+                        msg: MsgKind::Req,
+                        service_timeout: self.cfg.response_timeout,
+                    },
+                ),
+                ConnState::RepSent => {
+                    if let Some(rep) = self.conns.get(&id).and_then(|c| c.pending.clone()) {
+                        self.send_once(id, rep);
+                    }
+                }
+                _ => {}
+            }
+            return;
+        }
+        let rej = |reason| CmMsg::Rej {
+            local_comm_id: 0,
+            remote_comm_id,
+            msg: MsgKind::Req,
+            reason,
+            private_data: Vec::new(),
+        };
+        if !self.listening.contains(&service_id) {
+            self.out
+                .push_back((peer, rej(RejReason::INVALID_SERVICE_ID)));
+            return;
+        }
+        // IBA 12.4.1.3: a REQ for a QP still connected under another comm ID
+        // is stale: refuse it and drop the old connection.
+        let stale = self
+            .conns
+            .iter()
+            .find(|(_, c)| {
+                c.paths[c.path] == peer && c.remote_qpn == qpn && c.state == ConnState::Established
+            })
+            .map(|(id, _)| *id);
+        if let Some(old) = stale {
+            self.out.push_back((peer, rej(RejReason::STALE_CONN)));
+            self.events
+                .push_back(CmEvent::DisconnectRequested { conn: ConnId(old) });
+            self.enter_timewait(now, old);
+            return;
+        }
+        let id = self.alloc_id();
+        self.conns.insert(
+            id,
+            Conn {
+                state: ConnState::ReqRcvd,
+                paths: vec![peer],
+                path: 0,
+                remote_comm_id,
+                service_id,
+                qpn: Qpn::from_bits(0),
+                psn: Psn::new(0),
+                remote_qpn: qpn,
+                remote_psn: psn,
+                pending: None,
+                retries_left: 0,
+                deadline: None,
+            },
+        );
+        self.events.push_back(CmEvent::Request {
+            conn: ConnId(id),
+            peer,
+            req: ReqInfo {
+                service_id,
+                qpn,
+                psn,
+                private_data,
+            },
+        });
+    }
+
+    /// The next CM message to send, with its destination.
+    pub fn poll_transmit(&mut self) -> Option<(P, CmMsg)> {
+        self.out.pop_front()
+    }
+
+    /// The next event for the consumer.
+    pub fn poll_event(&mut self) -> Option<CmEvent<P>> {
+        self.events.pop_front()
+    }
+
+    /// The earliest timer deadline.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.conns.values().filter_map(|c| c.deadline).min()
+    }
+
+    /// Fires the timers that are due.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        let due: Vec<u32> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.deadline.is_some_and(|d| d <= now))
+            .map(|(id, _)| *id)
+            .collect();
+        let timeout = self.response_timeout();
+        for id in due {
+            let Some(c) = self.conns.get_mut(&id) else {
+                continue;
+            };
+            c.deadline = None;
+            if c.state == ConnState::Timewait {
+                self.conns.remove(&id);
+                self.events
+                    .push_back(CmEvent::TimewaitExit { conn: ConnId(id) });
+                continue;
+            }
+            let Some(msg) = c.pending.clone() else {
+                continue;
+            };
+            if c.retries_left > 0 {
+                c.retries_left -= 1;
+                c.deadline = Some(now + timeout);
+                let peer = c.paths[c.path];
+                self.out.push_back((peer, msg));
+                continue;
+            }
+            match c.state {
+                // Next path, fresh retries (IBA 12.9.8.3 leaves the policy to
+                // the consumer; SRP's seed asks for exactly this).
+                ConnState::ReqSent if c.path + 1 < c.paths.len() => {
+                    c.path += 1;
+                    let retries = self.cfg.max_retries;
+                    c.retries_left = retries;
+                    c.deadline = Some(now + timeout);
+                    let peer = c.paths[c.path];
+                    self.out.push_back((peer, msg));
+                }
+                ConnState::ReqSent | ConnState::RepSent => {
+                    let peer = c.paths[c.path];
+                    let remote = c.remote_comm_id;
+                    self.conns.remove(&id);
+                    self.out.push_back((
+                        peer,
+                        CmMsg::Rej {
+                            local_comm_id: id,
+                            remote_comm_id: remote,
+                            msg: MsgKind::Other,
+                            reason: RejReason::TIMEOUT,
+                            private_data: Vec::new(),
+                        },
+                    ));
+                    self.events
+                        .push_back(CmEvent::TimedOut { conn: ConnId(id) });
+                }
+                // No DREP after every retry: disconnect anyway.
+                ConnState::DreqSent => self.enter_timewait(now, id),
+                _ => {}
+            }
+        }
+    }
+}
