@@ -2,8 +2,9 @@
 //! `srp_daemon` do, as a library.
 //!
 //! Today this crate holds the parts that need no transport: the parser of
-//! Linux-compatible login strings ([`login`]) and the remote port state
-//! machine with its timers ([`rport`]). Both are sans-IO: time comes in as
+//! Linux-compatible login strings ([`login`]), `srp_daemon`-style rules
+//! files ([`rules`]) and the remote port state machine with its timers
+//! ([`rport`]). Both are sans-IO: time comes in as
 //! [`rdma_types::Instant`], actions go out as values.
 //!
 //! What it refuses to do: guess a missing mandatory login key, accept a key
@@ -11,3 +12,4 @@
 
 pub mod login;
 pub mod rport;
+pub mod rules;
