@@ -21,5 +21,7 @@
 //! clock, or pick comm IDs from global randomness (the caller seeds them).
 
 mod cm;
+#[doc(hidden)]
+pub mod fuzz;
 
 pub use cm::{Cm, CmConfig, CmEvent, CmMsg, ConnId, ConnState, MsgKind, RejReason, ReqInfo};

@@ -10,6 +10,8 @@
 //! What it refuses to do: guess a missing mandatory login key, accept a key
 //! Linux would not accept, or read a clock.
 
+#[doc(hidden)]
+pub mod fuzz;
 pub mod login;
 pub mod rport;
 pub mod rules;
