@@ -100,14 +100,7 @@ impl Memory for FlatMemory {
             return Err(MemoryError::Misaligned);
         }
         self.range(rkey.0, addr, 8, |m| {
-            let orig = u64::from_ne_bytes(m[..8].try_into().expect("8 bytes"));
-            let new = match compare {
-                Some(c) if c == orig => operand,
-                Some(_) => orig,
-                None => orig.wrapping_add(operand),
-            };
-            m.copy_from_slice(&new.to_ne_bytes());
-            orig
+            crate::mem::apply_atomic(m, compare, operand)
         })
     }
     fn invalidate(&mut self, _: Rkey) -> Result<(), MemoryError> {

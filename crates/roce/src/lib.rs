@@ -35,7 +35,7 @@ mod resp;
 mod wqe;
 
 pub use flat::FlatMemory;
-pub use mem::{Memory, MemoryError, RemoteAccess};
+pub use mem::{apply_atomic, Memory, MemoryError, RemoteAccess};
 pub use packet::Packet;
 pub use qp::{Qp, QpConfig, QpCounters, QpEvent};
 pub use wqe::{Completion, RecvWqe, SendOp, SendWqe, Sge, UdDest};

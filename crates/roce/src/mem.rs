@@ -77,15 +77,34 @@ pub trait Memory {
     }
 }
 
-/// Walks `sges` from message byte `offset`, calling `f(sge, addr, range)`
-/// for each piece of `len` bytes. Returns `false` when the SGEs are shorter
-/// than `offset + len`.
-pub(crate) fn walk_sges(
+/// Applies an atomic to the 8 bytes of `cell` (host byte order, as the
+/// responder's memory holds them): compare-and-swap when `compare` is
+/// `Some`, fetch-and-add otherwise. Returns the original value. Memory
+/// implementations call it under whatever makes them atomic.
+///
+/// # Panics
+/// If `cell` is not 8 bytes long (callers pass exactly the checked range).
+pub fn apply_atomic(cell: &mut [u8], compare: Option<u64>, operand: u64) -> u64 {
+    let orig = u64::from_ne_bytes(cell[..8].try_into().expect("an 8-byte cell"));
+    let new = match compare {
+        Some(c) if c == orig => operand,
+        Some(_) => orig,
+        None => orig.wrapping_add(operand),
+    };
+    cell.copy_from_slice(&new.to_ne_bytes());
+    orig
+}
+
+/// Walks `sges` from message byte `offset` over `len` bytes, calling
+/// `f(sge, addr, range)` for each piece (`range` indexes the caller's
+/// buffer). Stops at the first error; SGEs shorter than `offset + len` are
+/// [`MemoryError::OutOfRange`].
+fn walk_sges(
     sges: &[Sge],
     offset: u64,
     len: usize,
-    mut f: impl FnMut(&Sge, u64, std::ops::Range<usize>) -> bool,
-) -> bool {
+    mut f: impl FnMut(&Sge, u64, std::ops::Range<usize>) -> Result<(), MemoryError>,
+) -> Result<(), MemoryError> {
     let mut skip = offset;
     let mut done = 0usize;
     for sge in sges {
@@ -98,13 +117,15 @@ pub(crate) fn walk_sges(
             continue;
         }
         let take = ((sl - skip) as usize).min(len - done);
-        if !f(sge, sge.addr + skip, done..done + take) {
-            return false;
-        }
+        f(sge, sge.addr + skip, done..done + take)?;
         done += take;
         skip = 0;
     }
-    done == len
+    if done == len {
+        Ok(())
+    } else {
+        Err(MemoryError::OutOfRange)
+    }
 }
 
 /// Gathers message bytes `[offset, offset+out.len())` from local SGEs.
@@ -114,21 +135,9 @@ pub(crate) fn gather(
     offset: u64,
     out: &mut [u8],
 ) -> Result<(), MemoryError> {
-    let mut err = None;
-    let complete = walk_sges(sges, offset, out.len(), |sge, addr, r| {
-        match mem.read_local(sge.lkey, addr, &mut out[r]) {
-            Ok(()) => true,
-            Err(e) => {
-                err = Some(e);
-                false
-            }
-        }
-    });
-    match (err, complete) {
-        (Some(e), _) => Err(e),
-        (None, false) => Err(MemoryError::OutOfRange),
-        (None, true) => Ok(()),
-    }
+    walk_sges(sges, offset, out.len(), |sge, addr, r| {
+        mem.read_local(sge.lkey, addr, &mut out[r])
+    })
 }
 
 /// Scatters `data` into local SGEs at message byte `offset`.
@@ -138,19 +147,7 @@ pub(crate) fn scatter(
     offset: u64,
     data: &[u8],
 ) -> Result<(), MemoryError> {
-    let mut err = None;
-    let complete = walk_sges(sges, offset, data.len(), |sge, addr, r| {
-        match mem.write_local(sge.lkey, addr, &data[r]) {
-            Ok(()) => true,
-            Err(e) => {
-                err = Some(e);
-                false
-            }
-        }
-    });
-    match (err, complete) {
-        (Some(e), _) => Err(e),
-        (None, false) => Err(MemoryError::OutOfRange),
-        (None, true) => Ok(()),
-    }
+    walk_sges(sges, offset, data.len(), |sge, addr, r| {
+        mem.write_local(sge.lkey, addr, &data[r])
+    })
 }

@@ -118,14 +118,7 @@ impl Memory for TestMem {
             return Err(MemoryError::Misaligned);
         }
         let cell = self.find(rkey.0, addr, 8, AccessFlags::REMOTE_ATOMIC)?;
-        let orig = u64::from_ne_bytes(cell.try_into().unwrap());
-        let new = match compare {
-            Some(c) if c == orig => operand,
-            Some(_) => orig,
-            None => orig.wrapping_add(operand),
-        };
-        cell.copy_from_slice(&new.to_ne_bytes());
-        Ok(orig)
+        Ok(crate::mem::apply_atomic(cell, compare, operand))
     }
     fn invalidate(&mut self, rkey: Rkey) -> Result<(), MemoryError> {
         let r = self
