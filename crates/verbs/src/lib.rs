@@ -1,0 +1,54 @@
+//! The verbs provider interface.
+//!
+//! One object-safe trait, [`Provider`], is the contract between RDMA
+//! consumers (access layer, SRP, tools) and whatever moves the bytes (the
+//! in-process loopback fabric in `rnic`, the soft RoCE NIC). Its methods are
+//! grouped and sorted: CA, port, PD, CQ, SRQ, QP, AH, MR, MW, post/poll.
+//! Every method has a default body returning [`VerbsError::NotSupported`],
+//! so a provider that lacks a feature says so clearly instead of panicking.
+//!
+//! Deviations from the IBA verbs (chapter 11), taken from the HCA driver kit
+//! seed and kept on purpose:
+//! - a CA is opened by its GUID ([`Provider::open_ca`]);
+//! - a PD implies its CA, a CQ is created in a PD;
+//! - callbacks hand back the consumer's [`Context`] cookie, never a handle;
+//! - post and poll take batches; post reports the index of the first bad WR;
+//! - destroy is asynchronous: the handle is dead at once, and
+//!   [`EventHandler::on_destroyed`] is delivered once no callback for the
+//!   object is running or pending, so destroying from inside a callback
+//!   neither blocks nor deadlocks. Providers never call a handler while
+//!   holding an internal lock.
+//!
+//! Handles are small `Copy` values (index + generation) so a stale handle is
+//! detected ([`VerbsError::InvalidHandle`]) instead of aliasing a new object.
+//!
+//! Memory is a [`MemBuf`]: an owned, page-aligned allocation shared through
+//! `Arc`, whose address is the virtual address used in SGEs and R_Key
+//! ranges. Providers never touch memory outside registered ranges.
+//!
+//! [`kit`] holds the pieces every provider must implement identically: the
+//! QP state-transition table with per-transition attribute rules (IBA
+//! 10.3.1, table like Linux `ib_modify_qp_is_ok`), the key table with
+//! bounds/access checks for MRs and MWs (IBA 10.6), and the CQ ring with
+//! overflow detection and arm/notify.
+//!
+//! What this crate refuses: I/O, threads, wire formats. It depends only on
+//! `rdma-types`.
+
+mod error;
+mod handles;
+pub mod kit;
+mod mem;
+mod provider;
+mod types;
+
+pub use error::VerbsError;
+pub use handles::{
+    AhHandle, CaHandle, CqHandle, Handle, MrHandle, MwHandle, PdHandle, QpHandle, SrqHandle,
+};
+pub use mem::MemBuf;
+pub use provider::{Context, EventHandler, Provider};
+pub use types::*;
+
+/// Result of every verb.
+pub type Result<T> = core::result::Result<T, VerbsError>;

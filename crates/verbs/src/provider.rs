@@ -1,0 +1,222 @@
+//! The provider trait and the consumer's event handler.
+
+use crate::handles::*;
+use crate::mem::MemBuf;
+use crate::types::*;
+use crate::{Result, VerbsError};
+use rdma_types::{AccessFlags, Guid, Pkey, PortNum};
+use std::sync::Arc;
+
+/// Consumer cookie handed back in every callback instead of a handle.
+pub type Context = u64;
+
+/// The owner's callbacks. Providers call these from their own threads (or
+/// from inside a verb), never while holding an internal lock, so a handler
+/// may call any verb, including `destroy_*` on the object it is called for.
+pub trait EventHandler: Send + Sync {
+    /// A CQ armed with [`Provider::req_notify_cq`] has a new completion.
+    fn on_completion(&self, cq_ctx: Context);
+    /// An asynchronous event.
+    fn on_async_event(&self, event: AsyncEvent);
+    /// The object is gone and no callback for it will follow.
+    fn on_destroyed(&self, kind: ResourceKind, ctx: Context) {
+        let _ = (kind, ctx);
+    }
+}
+
+macro_rules! unsupported {
+    ($what:literal) => {
+        Err(VerbsError::NotSupported($what))
+    };
+}
+
+/// A verbs provider. Methods are grouped by object and sorted; every one
+/// defaults to `NotSupported`.
+#[allow(unused_variables)]
+pub trait Provider: Send + Sync {
+    /// Short name ("loopback", "softroce").
+    fn name(&self) -> &'static str;
+
+    // ---- CA ----
+    /// GUIDs of the CAs this provider can open.
+    fn list_cas(&self) -> Vec<Guid> {
+        Vec::new()
+    }
+    /// Opens a CA by GUID; `handler` receives every callback of every object
+    /// created under it.
+    fn open_ca(
+        &self,
+        guid: Guid,
+        ctx: Context,
+        handler: Arc<dyn EventHandler>,
+    ) -> Result<CaHandle> {
+        unsupported!("open_ca")
+    }
+    /// CA capabilities.
+    fn query_ca(&self, ca: CaHandle) -> Result<CaAttr> {
+        unsupported!("query_ca")
+    }
+    /// Closes the CA (asynchronous, like every destroy).
+    fn close_ca(&self, ca: CaHandle) -> Result<()> {
+        unsupported!("close_ca")
+    }
+
+    // ---- port ----
+    /// Port attributes (GIDs, LID, state, MTU, P_Key table).
+    fn query_port(&self, ca: CaHandle, port: PortNum) -> Result<PortAttr> {
+        unsupported!("query_port")
+    }
+    /// Index of `pkey` in the port's table.
+    fn find_pkey(&self, ca: CaHandle, port: PortNum, pkey: Pkey) -> Result<u16> {
+        let attr = self.query_port(ca, port)?;
+        attr.pkeys
+            .iter()
+            .position(|p| p.0 == pkey.0)
+            .map(|i| i as u16)
+            .ok_or_else(|| {
+                VerbsError::InvalidArgument(format!("P_Key {:#06x} not in table", pkey.0))
+            })
+    }
+
+    // ---- PD ----
+    /// Allocates a protection domain on the CA.
+    fn alloc_pd(&self, ca: CaHandle, ctx: Context) -> Result<PdHandle> {
+        unsupported!("alloc_pd")
+    }
+    /// Frees a PD; refused with `Busy` while objects live in it.
+    fn dealloc_pd(&self, pd: PdHandle) -> Result<()> {
+        unsupported!("dealloc_pd")
+    }
+
+    // ---- CQ ----
+    /// Creates a CQ in a PD (seed deviation: CQs belong to a PD).
+    fn create_cq(&self, pd: PdHandle, init: &CqInit, ctx: Context) -> Result<CqHandle> {
+        unsupported!("create_cq")
+    }
+    /// Destroys a CQ; refused with `Busy` while a QP uses it.
+    fn destroy_cq(&self, cq: CqHandle) -> Result<()> {
+        unsupported!("destroy_cq")
+    }
+    /// Polls up to `out.len()` completions; returns how many were written.
+    fn poll_cq(&self, cq: CqHandle, out: &mut [WorkCompletion]) -> Result<usize> {
+        unsupported!("poll_cq")
+    }
+    /// Arms the CQ: the next (solicited only, if `solicited_only`) completion
+    /// calls `on_completion` once.
+    fn req_notify_cq(&self, cq: CqHandle, solicited_only: bool) -> Result<()> {
+        unsupported!("req_notify_cq")
+    }
+    /// Blocks until the CQ is non-empty or `timeout` passes (`Timeout`).
+    fn wait_cq(&self, cq: CqHandle, timeout: std::time::Duration) -> Result<()> {
+        unsupported!("wait_cq")
+    }
+
+    // ---- SRQ ----
+    /// Creates a shared receive queue.
+    fn create_srq(&self, pd: PdHandle, attr: &SrqAttr, ctx: Context) -> Result<SrqHandle> {
+        unsupported!("create_srq")
+    }
+    /// Sets the SRQ limit (re-arms the limit event).
+    fn modify_srq(&self, srq: SrqHandle, limit: u32) -> Result<()> {
+        unsupported!("modify_srq")
+    }
+    /// Current SRQ attributes.
+    fn query_srq(&self, srq: SrqHandle) -> Result<SrqAttr> {
+        unsupported!("query_srq")
+    }
+    /// Destroys an SRQ.
+    fn destroy_srq(&self, srq: SrqHandle) -> Result<()> {
+        unsupported!("destroy_srq")
+    }
+
+    // ---- QP ----
+    /// Creates a QP in RESET.
+    fn create_qp(&self, pd: PdHandle, init: &QpInit, ctx: Context) -> Result<QpHandle> {
+        unsupported!("create_qp")
+    }
+    /// The QP number.
+    fn qp_num(&self, qp: QpHandle) -> Result<rdma_types::Qpn> {
+        unsupported!("qp_num")
+    }
+    /// Modifies the QP; `attr.state` selects the transition, whose required
+    /// and optional attributes are checked by [`crate::kit::qp_table`].
+    fn modify_qp(&self, qp: QpHandle, attr: &QpAttr) -> Result<()> {
+        unsupported!("modify_qp")
+    }
+    /// Current attributes (state always set).
+    fn query_qp(&self, qp: QpHandle) -> Result<QpAttr> {
+        unsupported!("query_qp")
+    }
+    /// Destroys a QP (asynchronous).
+    fn destroy_qp(&self, qp: QpHandle) -> Result<()> {
+        unsupported!("destroy_qp")
+    }
+
+    // ---- AH ----
+    /// Creates an address handle.
+    fn create_ah(&self, pd: PdHandle, attr: &AhAttr) -> Result<AhHandle> {
+        unsupported!("create_ah")
+    }
+    /// Destroys an address handle.
+    fn destroy_ah(&self, ah: AhHandle) -> Result<()> {
+        unsupported!("destroy_ah")
+    }
+
+    // ---- MR ----
+    /// Registers `[addr, addr+len)` inside `buf`.
+    fn reg_mr(
+        &self,
+        pd: PdHandle,
+        buf: &MemBuf,
+        addr: u64,
+        len: u64,
+        access: AccessFlags,
+        ctx: Context,
+    ) -> Result<MrInfo> {
+        unsupported!("reg_mr")
+    }
+    /// Re-registers: new range/access, new keys, same handle.
+    fn rereg_mr(
+        &self,
+        mr: MrHandle,
+        buf: &MemBuf,
+        addr: u64,
+        len: u64,
+        access: AccessFlags,
+    ) -> Result<MrInfo> {
+        unsupported!("rereg_mr")
+    }
+    /// Deregisters; refused with `Busy` while a window is bound.
+    fn dereg_mr(&self, mr: MrHandle) -> Result<()> {
+        unsupported!("dereg_mr")
+    }
+
+    // ---- MW ----
+    /// Allocates a memory window.
+    fn alloc_mw(&self, pd: PdHandle, kind: MwType, ctx: Context) -> Result<MwHandle> {
+        unsupported!("alloc_mw")
+    }
+    /// Binds a type 1 window (synchronous form; returns the new R_Key).
+    fn bind_mw(&self, qp: QpHandle, bind: &MwBind) -> Result<rdma_types::Rkey> {
+        unsupported!("bind_mw")
+    }
+    /// Deallocates a window.
+    fn dealloc_mw(&self, mw: MwHandle) -> Result<()> {
+        unsupported!("dealloc_mw")
+    }
+
+    // ---- post/poll ----
+    /// Posts send WRs in order; on failure `BadWr{index}` says which WR was
+    /// refused (those before it were posted).
+    fn post_send(&self, qp: QpHandle, wrs: &[SendWr]) -> Result<()> {
+        unsupported!("post_send")
+    }
+    /// Posts receive WRs.
+    fn post_recv(&self, qp: QpHandle, wrs: &[RecvWr]) -> Result<()> {
+        unsupported!("post_recv")
+    }
+    /// Posts receive WRs to an SRQ.
+    fn post_srq_recv(&self, srq: SrqHandle, wrs: &[RecvWr]) -> Result<()> {
+        unsupported!("post_srq_recv")
+    }
+}
