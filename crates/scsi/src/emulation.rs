@@ -1,0 +1,281 @@
+//! SPC-4 / SBC-3 command emulation for one logical unit.
+
+use crate::backend::Backend;
+use crate::cdb::Command;
+use crate::sense::{Asc, Sense, SenseKey};
+use std::sync::Arc;
+
+/// Device attributes (SCST device handler parameters).
+#[derive(Debug, Clone)]
+pub struct DeviceConfig {
+    pub vendor: String,
+    pub product: String,
+    pub revision: String,
+    pub serial: String,
+    /// NAA IEEE Registered identifier (NAA 5): top nibble forced to 5.
+    pub naa: u64,
+    /// 512 or 4096.
+    pub block_size: u32,
+    pub read_only: bool,
+    /// Report the write cache as enabled (caching page WCE).
+    pub write_cache: bool,
+}
+
+impl Default for DeviceConfig {
+    fn default() -> Self {
+        DeviceConfig {
+            vendor: "RUSTSCST".into(),
+            product: "VDISK".into(),
+            revision: "0001".into(),
+            serial: "0".into(),
+            naa: 0x5001_4050_0000_0000,
+            block_size: 512,
+            read_only: false,
+            write_cache: true,
+        }
+    }
+}
+
+/// Largest transfer accepted in one command, in blocks (VPD B0h).
+pub const MAX_TRANSFER_BLOCKS: u32 = 8192;
+
+/// A logical unit: attributes plus storage.
+pub struct Device {
+    pub config: DeviceConfig,
+    backend: Arc<dyn Backend>,
+}
+
+fn pad(s: &str, n: usize) -> Vec<u8> {
+    let mut v: Vec<u8> = s.bytes().filter(|b| b.is_ascii_graphic() || *b == b' ').take(n).collect();
+    v.resize(n, b' ');
+    v
+}
+
+impl Device {
+    /// Refuses block sizes other than 512 and 4096 and stores whose size is
+    /// not a multiple of the block size.
+    pub fn new(config: DeviceConfig, backend: Arc<dyn Backend>) -> Result<Device, String> {
+        if config.block_size != 512 && config.block_size != 4096 {
+            return Err(format!("block size {} unsupported (512 or 4096)", config.block_size));
+        }
+        if backend.size() % config.block_size as u64 != 0 || backend.size() == 0 {
+            return Err(format!("store size {} is not a positive multiple of {}", backend.size(), config.block_size));
+        }
+        Ok(Device { config, backend })
+    }
+
+    pub fn block_size(&self) -> u32 {
+        self.config.block_size
+    }
+
+    pub fn blocks(&self) -> u64 {
+        self.backend.size() / self.config.block_size as u64
+    }
+
+    fn check_range(&self, lba: u64, blocks: u32) -> Result<(), Sense> {
+        let end = lba.checked_add(blocks as u64);
+        if end.is_none_or(|e| e > self.blocks()) {
+            let mut s = Sense::new(SenseKey::IllegalRequest, Asc::LBA_OUT_OF_RANGE);
+            s.information = Some(lba);
+            return Err(s);
+        }
+        Ok(())
+    }
+
+    /// Runs a parsed command (REPORT LUNS and REQUEST SENSE are the
+    /// target's). Returns data-in, or the sense of a CHECK CONDITION.
+    pub fn execute(&self, cmd: &Command, cdb: &[u8], data_out: &[u8]) -> Result<Vec<u8>, Sense> {
+        let bs = self.config.block_size as u64;
+        match *cmd {
+            Command::TestUnitReady | Command::StartStopUnit | Command::PreventAllow => Ok(Vec::new()),
+            Command::Inquiry { evpd, page, .. } => self.inquiry(evpd, page),
+            Command::ModeSense { ten, dbd, pc, page, subpage, .. } => self.mode_sense(ten, dbd, pc, page, subpage),
+            Command::ReadCapacity10 => {
+                let last = (self.blocks() - 1).min(0xffff_ffff) as u32;
+                let mut d = last.to_be_bytes().to_vec();
+                d.extend_from_slice(&self.config.block_size.to_be_bytes());
+                Ok(d)
+            }
+            Command::ReadCapacity16 { .. } => {
+                let mut d = vec![0u8; 32];
+                d[0..8].copy_from_slice(&(self.blocks() - 1).to_be_bytes());
+                d[8..12].copy_from_slice(&self.config.block_size.to_be_bytes());
+                Ok(d)
+            }
+            Command::Read { lba, blocks, .. } => {
+                self.check_range(lba, blocks)?;
+                if blocks > MAX_TRANSFER_BLOCKS {
+                    return Err(Sense::invalid_field(length_field(cdb), None));
+                }
+                let mut buf = vec![0u8; (blocks as u64 * bs) as usize];
+                self.backend
+                    .read(lba * bs, &mut buf)
+                    .map_err(|_| Sense::new(SenseKey::MediumError, Asc::UNRECOVERED_READ_ERROR))?;
+                Ok(buf)
+            }
+            Command::Write { lba, blocks, fua } => {
+                if self.config.read_only {
+                    return Err(Sense::new(SenseKey::DataProtect, Asc::WRITE_PROTECTED));
+                }
+                self.check_range(lba, blocks)?;
+                if blocks > MAX_TRANSFER_BLOCKS {
+                    return Err(Sense::invalid_field(length_field(cdb), None));
+                }
+                let len = (blocks as u64 * bs) as usize;
+                // The transport sends what plan() asked for; fewer bytes is a
+                // transport fault we refuse rather than write garbage.
+                let Some(data) = data_out.get(..len) else {
+                    return Err(Sense::new(SenseKey::AbortedCommand, Asc::NO_ADDITIONAL));
+                };
+                self.backend
+                    .write(lba * bs, data, fua)
+                    .map_err(|_| Sense::new(SenseKey::MediumError, Asc::WRITE_ERROR))?;
+                Ok(Vec::new())
+            }
+            Command::SyncCache { lba, blocks } => {
+                self.check_range(lba, blocks)?;
+                self.backend.flush().map_err(|_| Sense::new(SenseKey::MediumError, Asc::WRITE_ERROR))?;
+                Ok(Vec::new())
+            }
+            Command::RequestSense { .. } | Command::ReportLuns { .. } => {
+                unreachable!("handled by the target before reaching a device")
+            }
+        }
+    }
+
+    fn inquiry(&self, evpd: bool, page: u8) -> Result<Vec<u8>, Sense> {
+        let c = &self.config;
+        if !evpd {
+            // SPC-4 6.6.2 standard INQUIRY data, 36 bytes + version descriptors.
+            let mut d = vec![0u8; 36];
+            d[0] = 0x00; // connected, direct-access block device
+            d[2] = 0x06; // SPC-4
+            d[3] = 0x02; // response data format 2
+            d[7] = 0x02; // CMDQUE
+            d[8..16].copy_from_slice(&pad(&c.vendor, 8));
+            d[16..32].copy_from_slice(&pad(&c.product, 16));
+            d[32..36].copy_from_slice(&pad(&c.revision, 4));
+            d[4] = (d.len() - 5) as u8;
+            return Ok(d);
+        }
+        let body: Vec<u8> = match page {
+            0x00 => VPD_PAGES.to_vec(),
+            0x80 => pad(&c.serial, c.serial.len().min(250)),
+            0x83 => {
+                // SPC-4 7.8.6: NAA designator (binary) and T10 vendor id (ASCII).
+                let naa = (c.naa & 0x0fff_ffff_ffff_ffff) | 0x5000_0000_0000_0000;
+                let mut b = vec![0x01, 0x03, 0x00, 0x08];
+                b.extend_from_slice(&naa.to_be_bytes());
+                let mut t10 = pad(&c.vendor, 8);
+                t10.extend_from_slice(c.serial.as_bytes());
+                t10.truncate(200);
+                b.extend_from_slice(&[0x02, 0x01, 0x00, t10.len() as u8]);
+                b.extend_from_slice(&t10);
+                b
+            }
+            0xb0 => {
+                // SBC-3 6.5.3 block limits.
+                let mut b = vec![0u8; 0x3c];
+                b[4..8].copy_from_slice(&MAX_TRANSFER_BLOCKS.to_be_bytes());
+                b[8..12].copy_from_slice(&(65536 / c.block_size).to_be_bytes()); // optimal
+                b
+            }
+            0xb1 => {
+                // SBC-3 6.5.2 block device characteristics: non-rotating.
+                let mut b = vec![0u8; 0x3c];
+                b[0..2].copy_from_slice(&1u16.to_be_bytes());
+                b
+            }
+            0xb2 => vec![0u8; 4], // SBC-3 6.5.4: no provisioning (thin not supported yet)
+            _ => return Err(Sense::invalid_field(2, None)),
+        };
+        let mut d = vec![0x00, page];
+        d.extend_from_slice(&(body.len() as u16).to_be_bytes());
+        d.extend_from_slice(&body);
+        Ok(d)
+    }
+
+    fn mode_page(&self, page: u8, pc: u8) -> Vec<u8> {
+        // pc: 0 current, 1 changeable, 2 default, 3 saved (SPC-4 6.11).
+        let changeable = pc == 1;
+        match page {
+            0x08 => {
+                // SBC-3 6.4.5 caching: WCE (byte 2 bit 2).
+                let mut p = vec![0u8; 20];
+                p[0] = 0x08;
+                p[1] = 18;
+                if !changeable && self.config.write_cache {
+                    p[2] = 0x04;
+                }
+                p
+            }
+            0x0a => {
+                // SPC-4 7.5.8 control: D_SENSE unchangeable, QERR 0.
+                let mut p = vec![0u8; 12];
+                p[0] = 0x0a;
+                p[1] = 10;
+                p
+            }
+            _ => {
+                // SPC-4 7.5.10 informational exceptions control: all off.
+                let mut p = vec![0u8; 12];
+                p[0] = 0x1c;
+                p[1] = 10;
+                p
+            }
+        }
+    }
+
+    fn mode_sense(&self, ten: bool, dbd: bool, pc: u8, page: u8, subpage: u8) -> Result<Vec<u8>, Sense> {
+        if pc == 3 {
+            return Err(Sense::new(SenseKey::IllegalRequest, Asc::SAVING_PARAMETERS_NOT_SUPPORTED));
+        }
+        if subpage != 0 && subpage != 0xff {
+            return Err(Sense::invalid_field(3, None));
+        }
+        let pages: &[u8] = match page {
+            0x08 => &[0x08],
+            0x0a => &[0x0a],
+            0x1c => &[0x1c],
+            0x3f => &[0x08, 0x0a, 0x1c],
+            _ => return Err(Sense::invalid_field(2, Some(5))),
+        };
+        let wp = if self.config.read_only { 0x80 } else { 0 };
+        let mut bd = Vec::new();
+        if !dbd {
+            // SBC-3 6.4.2 short block descriptor.
+            bd.extend_from_slice(&(self.blocks().min(0xffff_ffff) as u32).to_be_bytes());
+            bd.extend_from_slice(&self.config.block_size.to_be_bytes());
+        }
+        let body: Vec<u8> = pages.iter().flat_map(|&p| self.mode_page(p, pc)).collect();
+        let mut d = if ten {
+            let mut h = vec![0u8; 8];
+            h[3] = wp;
+            h[6..8].copy_from_slice(&(bd.len() as u16).to_be_bytes());
+            h
+        } else {
+            vec![0, 0, wp, bd.len() as u8]
+        };
+        d.extend_from_slice(&bd);
+        d.extend_from_slice(&body);
+        let mdl = d.len() - if ten { 2 } else { 1 };
+        if ten {
+            d[0..2].copy_from_slice(&(mdl as u16).to_be_bytes());
+        } else {
+            d[0] = mdl as u8;
+        }
+        Ok(d)
+    }
+}
+
+const VPD_PAGES: [u8; 6] = [0x00, 0x80, 0x83, 0xb0, 0xb1, 0xb2];
+
+/// Byte of the TRANSFER LENGTH field for a read/write CDB.
+fn length_field(cdb: &[u8]) -> u16 {
+    let op = crate::opcode::Opcode::from(cdb.first().copied().unwrap_or(0));
+    match op.cdb_len().unwrap_or(16) {
+        10 => 7,
+        12 => 6,
+        _ => 10,
+    }
+}

@@ -1,0 +1,43 @@
+//! A transport-agnostic SCSI target core: what SCST's core and device
+//! handlers are for an SRP target.
+//!
+//! A front end (SRP today, others later) hands the core a CDB for a
+//! `(nexus, LUN)`. [`Target::plan`] tells it, before execution, the data
+//! direction and length the CDB implies (so SRP can fetch data-out with an
+//! RDMA READ first); [`Target::execute`] then runs the command against the
+//! LUN's [`Device`] and returns a [`ScsiResponse`]. Protocol outcomes are
+//! data: a CHECK CONDITION is an `Ok` response carrying [`Sense`].
+//!
+//! Contract:
+//! - One opcode table ([`opcode`]) drives parsing, names and the list of
+//!   supported commands; anything not in it is ILLEGAL REQUEST / INVALID
+//!   COMMAND OPERATION CODE (SPC-4 4.5.6).
+//! - Unit attentions are kept per I_T nexus and LUN and reported once each,
+//!   oldest first (SAM-5 5.14, SPC-4 5.13).
+//! - LUN masking follows SCST: a target's default LUN set, replaced per
+//!   initiator name by a group's set.
+//!
+//! What it refuses: it knows nothing of RDMA or SRP; it does no I/O
+//! scheduling of its own (execution is synchronous on the caller's thread);
+//! it never panics on a malformed CDB.
+//!
+//! Not yet here (see the crate's report): task attributes and task
+//! management, persistent reservations, UNMAP/WRITE SAME/COMPARE AND WRITE,
+//! MODE SELECT, blockio.
+
+pub mod backend;
+pub mod cdb;
+pub mod emulation;
+pub mod lun;
+pub mod opcode;
+pub mod sense;
+pub mod target;
+pub mod ua;
+
+pub use backend::{Backend, FileIo, NullIo, Ram};
+pub use cdb::{Command, DataDir, Plan};
+pub use emulation::{Device, DeviceConfig};
+pub use lun::Lun;
+pub use opcode::Opcode;
+pub use sense::{Asc, Sense, SenseKey};
+pub use target::{Nexus, Residual, ScsiResponse, Status, Target};

@@ -1,0 +1,102 @@
+//! THE opcode table (SPC-4 / SBC-3 operation codes this core implements).
+//!
+//! Parsing ([`crate::cdb`]), `Display` and the supported-command list all
+//! derive from this one table; a test cross-checks the parser against it.
+
+use crate::cdb::DataDir;
+
+macro_rules! opcodes {
+    ($( $variant:ident = $value:expr, $name:expr, $len:expr, $dir:ident; )*) => {
+        /// A SCSI operation code; codes not in the table are `Unknown`.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum Opcode {
+            $( $variant, )*
+            Unknown(u8),
+        }
+
+        impl From<u8> for Opcode {
+            fn from(v: u8) -> Self {
+                match v {
+                    $( $value => Opcode::$variant, )*
+                    other => Opcode::Unknown(other),
+                }
+            }
+        }
+
+        impl From<Opcode> for u8 {
+            fn from(op: Opcode) -> u8 {
+                match op {
+                    $( Opcode::$variant => $value, )*
+                    Opcode::Unknown(v) => v,
+                }
+            }
+        }
+
+        impl Opcode {
+            /// Every implemented opcode, in table order.
+            pub const ALL: &'static [Opcode] = &[$( Opcode::$variant, )*];
+
+            /// Name as the standard spells it.
+            pub fn name(self) -> Option<&'static str> {
+                match self { $( Opcode::$variant => Some($name), )* Opcode::Unknown(_) => None }
+            }
+
+            /// CDB length in bytes.
+            pub fn cdb_len(self) -> Option<usize> {
+                match self { $( Opcode::$variant => Some($len), )* Opcode::Unknown(_) => None }
+            }
+
+            /// Data direction when the command transfers data.
+            pub fn direction(self) -> Option<DataDir> {
+                match self { $( Opcode::$variant => Some(DataDir::$dir), )* Opcode::Unknown(_) => None }
+            }
+        }
+    };
+}
+
+opcodes! {
+    TestUnitReady = 0x00, "TEST UNIT READY", 6, None;
+    RequestSense = 0x03, "REQUEST SENSE", 6, In;
+    Read6 = 0x08, "READ(6)", 6, In;
+    Write6 = 0x0a, "WRITE(6)", 6, Out;
+    Inquiry = 0x12, "INQUIRY", 6, In;
+    ModeSense6 = 0x1a, "MODE SENSE(6)", 6, In;
+    StartStopUnit = 0x1b, "START STOP UNIT", 6, None;
+    PreventAllowMediumRemoval = 0x1e, "PREVENT ALLOW MEDIUM REMOVAL", 6, None;
+    ReadCapacity10 = 0x25, "READ CAPACITY(10)", 10, In;
+    Read10 = 0x28, "READ(10)", 10, In;
+    Write10 = 0x2a, "WRITE(10)", 10, Out;
+    SynchronizeCache10 = 0x35, "SYNCHRONIZE CACHE(10)", 10, None;
+    ModeSense10 = 0x5a, "MODE SENSE(10)", 10, In;
+    Read16 = 0x88, "READ(16)", 16, In;
+    Write16 = 0x8a, "WRITE(16)", 16, Out;
+    SynchronizeCache16 = 0x91, "SYNCHRONIZE CACHE(16)", 16, None;
+    ServiceActionIn16 = 0x9e, "SERVICE ACTION IN(16)", 16, In;
+    ReportLuns = 0xa0, "REPORT LUNS", 12, In;
+    Read12 = 0xa8, "READ(12)", 12, In;
+    Write12 = 0xaa, "WRITE(12)", 12, Out;
+}
+
+impl core::fmt::Display for Opcode {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self.name() {
+            Some(n) => f.write_str(n),
+            None => write!(f, "unknown opcode 0x{:02x}", u8::from(*self)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_every_byte() {
+        for v in 0..=255u8 {
+            assert_eq!(u8::from(Opcode::from(v)), v);
+        }
+        assert_eq!(Opcode::from(0x35), Opcode::SynchronizeCache10);
+        assert_eq!(Opcode::from(0x91).to_string(), "SYNCHRONIZE CACHE(16)");
+        assert_eq!(Opcode::from(0xff).to_string(), "unknown opcode 0xff");
+    }
+}

@@ -1,0 +1,211 @@
+//! Sense data (SPC-4 4.5): sense keys, additional sense codes and the fixed
+//! (4.5.3) and descriptor (4.5.2) formats, with the sense-key-specific field
+//! pointer for ILLEGAL REQUEST (4.5.2.4.2).
+
+macro_rules! sense_keys {
+    ($( $variant:ident = $value:expr, $name:expr; )*) => {
+        /// Sense key (SPC-4 table 27).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub enum SenseKey { $( $variant, )* Unknown(u8) }
+        impl From<u8> for SenseKey {
+            fn from(v: u8) -> Self { match v { $( $value => SenseKey::$variant, )* o => SenseKey::Unknown(o) } }
+        }
+        impl From<SenseKey> for u8 {
+            fn from(k: SenseKey) -> u8 { match k { $( SenseKey::$variant => $value, )* SenseKey::Unknown(v) => v } }
+        }
+        impl core::fmt::Display for SenseKey {
+            fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+                match self { $( SenseKey::$variant => f.write_str($name), )* SenseKey::Unknown(v) => write!(f, "sense key 0x{v:x}") }
+            }
+        }
+    };
+}
+
+sense_keys! {
+    NoSense = 0x0, "NO SENSE";
+    NotReady = 0x2, "NOT READY";
+    MediumError = 0x3, "MEDIUM ERROR";
+    HardwareError = 0x4, "HARDWARE ERROR";
+    IllegalRequest = 0x5, "ILLEGAL REQUEST";
+    UnitAttention = 0x6, "UNIT ATTENTION";
+    DataProtect = 0x7, "DATA PROTECT";
+    AbortedCommand = 0xb, "ABORTED COMMAND";
+    Miscompare = 0xe, "MISCOMPARE";
+}
+
+macro_rules! ascs {
+    ($( $const:ident = ($asc:expr, $ascq:expr), $name:expr; )*) => {
+        /// Additional sense code and qualifier (SPC-4 table D.1).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub struct Asc(pub u8, pub u8);
+        impl Asc {
+            $( pub const $const: Asc = Asc($asc, $ascq); )*
+            pub fn name(self) -> Option<&'static str> {
+                match (self.0, self.1) { $( ($asc, $ascq) => Some($name), )* _ => None }
+            }
+        }
+    };
+}
+
+ascs! {
+    NO_ADDITIONAL = (0x00, 0x00), "NO ADDITIONAL SENSE INFORMATION";
+    WRITE_ERROR = (0x0c, 0x00), "WRITE ERROR";
+    UNRECOVERED_READ_ERROR = (0x11, 0x00), "UNRECOVERED READ ERROR";
+    PARAMETER_LIST_LENGTH_ERROR = (0x1a, 0x00), "PARAMETER LIST LENGTH ERROR";
+    INVALID_COMMAND_OPERATION_CODE = (0x20, 0x00), "INVALID COMMAND OPERATION CODE";
+    LBA_OUT_OF_RANGE = (0x21, 0x00), "LOGICAL BLOCK ADDRESS OUT OF RANGE";
+    INVALID_FIELD_IN_CDB = (0x24, 0x00), "INVALID FIELD IN CDB";
+    LOGICAL_UNIT_NOT_SUPPORTED = (0x25, 0x00), "LOGICAL UNIT NOT SUPPORTED";
+    WRITE_PROTECTED = (0x27, 0x00), "WRITE PROTECTED";
+    POWER_ON_RESET = (0x29, 0x00), "POWER ON, RESET, OR BUS DEVICE RESET OCCURRED";
+    MODE_PARAMETERS_CHANGED = (0x2a, 0x01), "MODE PARAMETERS CHANGED";
+    CAPACITY_DATA_CHANGED = (0x2a, 0x09), "CAPACITY DATA HAS CHANGED";
+    REPORTED_LUNS_DATA_CHANGED = (0x3f, 0x0e), "REPORTED LUNS DATA HAS CHANGED";
+    SAVING_PARAMETERS_NOT_SUPPORTED = (0x39, 0x00), "SAVING PARAMETERS NOT SUPPORTED";
+}
+
+impl core::fmt::Display for Asc {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self.name() {
+            Some(n) => f.write_str(n),
+            None => write!(f, "ASC/ASCQ {:02x}/{:02x}", self.0, self.1),
+        }
+    }
+}
+
+/// Where in the CDB (or parameter list) a bad field sits (SPC-4 4.5.2.4.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FieldPointer {
+    /// true: the field is in the CDB; false: in the parameter data.
+    pub in_cdb: bool,
+    pub byte: u16,
+    /// Bit of the byte, or `None` for the whole byte.
+    pub bit: Option<u8>,
+}
+
+/// Sense data of one CHECK CONDITION.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sense {
+    pub key: SenseKey,
+    pub asc: Asc,
+    pub field: Option<FieldPointer>,
+    /// INFORMATION field (e.g. the first bad LBA), if valid.
+    pub information: Option<u64>,
+}
+
+impl Sense {
+    pub fn new(key: SenseKey, asc: Asc) -> Sense {
+        Sense { key, asc, field: None, information: None }
+    }
+
+    pub fn invalid_field(byte: u16, bit: Option<u8>) -> Sense {
+        Sense {
+            key: SenseKey::IllegalRequest,
+            asc: Asc::INVALID_FIELD_IN_CDB,
+            field: Some(FieldPointer { in_cdb: true, byte, bit }),
+            information: None,
+        }
+    }
+
+    fn sks(&self) -> Option<[u8; 3]> {
+        self.field.map(|p| {
+            let mut b0 = 0x80; // SKSV
+            if p.in_cdb {
+                b0 |= 0x40; // C/D
+            }
+            if let Some(bit) = p.bit {
+                b0 |= 0x08 | (bit & 7); // BPV + bit pointer
+            }
+            let [hi, lo] = p.byte.to_be_bytes();
+            [b0, hi, lo]
+        })
+    }
+
+    /// Fixed format (SPC-4 4.5.3), 18 bytes, current error.
+    pub fn to_fixed(&self) -> Vec<u8> {
+        let mut b = vec![0u8; 18];
+        b[0] = 0x70;
+        b[2] = u8::from(self.key) & 0x0f;
+        if let Some(info) = self.information {
+            b[0] |= 0x80; // VALID
+            b[3..7].copy_from_slice(&(info as u32).to_be_bytes());
+        }
+        b[7] = 10; // additional sense length
+        b[12] = self.asc.0;
+        b[13] = self.asc.1;
+        if let Some(s) = self.sks() {
+            b[15..18].copy_from_slice(&s);
+        }
+        b
+    }
+
+    /// Descriptor format (SPC-4 4.5.2): information and sense-key-specific
+    /// descriptors when present.
+    pub fn to_descriptor(&self) -> Vec<u8> {
+        let mut b = vec![0x72, u8::from(self.key) & 0x0f, self.asc.0, self.asc.1, 0, 0, 0, 0];
+        if let Some(info) = self.information {
+            b.extend_from_slice(&[0x00, 0x0a, 0x80, 0]);
+            b.extend_from_slice(&info.to_be_bytes());
+        }
+        if let Some(s) = self.sks() {
+            b.extend_from_slice(&[0x02, 0x06, 0, 0, s[0], s[1], s[2], 0]);
+        }
+        b[7] = (b.len() - 8) as u8;
+        b
+    }
+}
+
+impl core::fmt::Display for Sense {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "{}: {}", self.key, self.asc)?;
+        if let Some(p) = self.field {
+            write!(f, " (byte {}", p.byte)?;
+            if let Some(bit) = p.bit {
+                write!(f, " bit {bit}")?;
+            }
+            f.write_str(")")?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fixed_with_field_pointer() {
+        let s = Sense::invalid_field(1, Some(3));
+        let b = s.to_fixed();
+        assert_eq!(
+            b,
+            [
+                0x70, // current error, fixed, VALID clear
+                0x00, 0x05, // obsolete, ILLEGAL REQUEST
+                0, 0, 0, 0, // information
+                10,   // additional length
+                0, 0, 0, 0, // command-specific
+                0x24, 0x00, // INVALID FIELD IN CDB
+                0x00, // FRU
+                0xc8, 0x00, 0x01, // SKSV|C/D|BPV|bit 3, field byte 1
+            ]
+        );
+        assert_eq!(s.to_string(), "ILLEGAL REQUEST: INVALID FIELD IN CDB (byte 1 bit 3)");
+    }
+
+    #[test]
+    fn descriptor_with_information() {
+        let mut s = Sense::new(SenseKey::IllegalRequest, Asc::LBA_OUT_OF_RANGE);
+        s.information = Some(0x1_0000_0000);
+        let b = s.to_descriptor();
+        assert_eq!(
+            b,
+            [
+                0x72, 0x05, 0x21, 0x00, // descriptor format, key, ASC/ASCQ
+                0, 0, 0, 12, // reserved, additional length 12
+                0x00, 0x0a, 0x80, 0, // information descriptor, VALID
+                0, 0, 0, 1, 0, 0, 0, 0, // information = 0x1_0000_0000
+            ]
+        );
+    }
+}

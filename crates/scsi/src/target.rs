@@ -1,0 +1,272 @@
+//! The target: LUN maps (SCST masking model), I_T nexuses, unit attentions,
+//! and the entry points a transport calls.
+
+use crate::cdb::{Command, Plan};
+use crate::emulation::Device;
+use crate::lun::Lun;
+use crate::sense::{Asc, Sense, SenseKey};
+use crate::ua::UaQueue;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// An I_T nexus: initiator port name and target port name.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Nexus {
+    pub initiator: String,
+    pub target_port: String,
+}
+
+impl Nexus {
+    pub fn new(initiator: &str, target_port: &str) -> Nexus {
+        Nexus { initiator: initiator.into(), target_port: target_port.into() }
+    }
+}
+
+/// SCSI status (SAM-5 5.3.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    Good,
+    CheckCondition,
+}
+
+impl From<Status> for u8 {
+    fn from(s: Status) -> u8 {
+        match s {
+            Status::Good => 0x00,
+            Status::CheckCondition => 0x02,
+        }
+    }
+}
+
+/// Residual against the transport's expected transfer length (SAM-5 5.4.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Residual {
+    None,
+    /// Fewer bytes moved than expected.
+    Under(u64),
+    /// The command wanted more bytes than expected.
+    Over(u64),
+}
+
+impl Residual {
+    fn of(expected: u64, wanted: u64, moved: u64) -> Residual {
+        if wanted > expected {
+            Residual::Over(wanted - expected)
+        } else if moved < expected {
+            Residual::Under(expected - moved)
+        } else {
+            Residual::None
+        }
+    }
+}
+
+/// Outcome of one command; CHECK CONDITION is data, not an error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScsiResponse {
+    pub status: Status,
+    pub sense: Option<Sense>,
+    pub data_in: Vec<u8>,
+    pub residual: Residual,
+}
+
+impl ScsiResponse {
+    fn check(sense: Sense, expected: u64) -> ScsiResponse {
+        ScsiResponse {
+            status: Status::CheckCondition,
+            sense: Some(sense),
+            data_in: Vec::new(),
+            residual: if expected > 0 { Residual::Under(expected) } else { Residual::None },
+        }
+    }
+}
+
+type LunSet = BTreeMap<Lun, Arc<Device>>;
+
+#[derive(Default)]
+struct State {
+    /// The target's default LUN set.
+    default: LunSet,
+    /// Per-initiator-name groups, replacing the default set (SCST model).
+    groups: HashMap<String, LunSet>,
+    ua: HashMap<(Nexus, Lun), UaQueue>,
+    /// (nexus, LUN) pairs that have seen their power-on unit attention.
+    known: HashSet<(Nexus, Lun)>,
+}
+
+impl State {
+    fn set_for(&self, initiator: &str) -> &LunSet {
+        self.groups.get(initiator).unwrap_or(&self.default)
+    }
+
+    fn ua_mut(&mut self, nexus: &Nexus, lun: Lun) -> &mut UaQueue {
+        if self.known.insert((nexus.clone(), lun)) {
+            self.ua.entry((nexus.clone(), lun)).or_default().push(Asc::POWER_ON_RESET);
+        }
+        self.ua.entry((nexus.clone(), lun)).or_default()
+    }
+
+    /// Raises REPORTED LUNS DATA HAS CHANGED on every known nexus of the
+    /// initiators whose visible set changed (`None`: those using the default).
+    fn luns_changed(&mut self, group: Option<&str>) {
+        let affected: Vec<(Nexus, Lun)> = self
+            .known
+            .iter()
+            .filter(|(n, _)| match group {
+                Some(g) => n.initiator == g,
+                None => !self.groups.contains_key(&n.initiator),
+            })
+            .cloned()
+            .collect();
+        for key in affected {
+            self.ua.entry(key).or_default().push(Asc::REPORTED_LUNS_DATA_CHANGED);
+        }
+    }
+}
+
+/// A SCSI target: LUN maps plus per-nexus state. Shared by reference
+/// between transport threads.
+#[derive(Default)]
+pub struct Target {
+    state: Mutex<State>,
+}
+
+impl Target {
+    pub fn new() -> Target {
+        Target::default()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Maps `dev` at `lun` in the default set (`group: None`) or in the
+    /// group of initiator name `group`; returns the device it replaced.
+    pub fn add_lun(&self, group: Option<&str>, lun: Lun, dev: Arc<Device>) -> Option<Arc<Device>> {
+        let mut st = self.lock();
+        let old = match group {
+            Some(g) => st.groups.entry(g.to_string()).or_default().insert(lun, dev),
+            None => st.default.insert(lun, dev),
+        };
+        st.luns_changed(group);
+        old
+    }
+
+    pub fn remove_lun(&self, group: Option<&str>, lun: Lun) -> Option<Arc<Device>> {
+        let mut st = self.lock();
+        let old = match group {
+            Some(g) => st.groups.get_mut(g).and_then(|s| s.remove(&lun)),
+            None => st.default.remove(&lun),
+        };
+        if old.is_some() {
+            st.luns_changed(group);
+        }
+        old
+    }
+
+    /// Direction and length a CDB implies for this nexus and LUN, before
+    /// execution. A CDB that will fail gives its CHECK CONDITION now.
+    pub fn plan(&self, nexus: &Nexus, lun: Lun, cdb: &[u8]) -> Result<Plan, Sense> {
+        let (_, cmd) = Command::parse(cdb)?;
+        let bs = self.lock().set_for(&nexus.initiator).get(&lun).map_or(512, |d| d.block_size());
+        Ok(cmd.plan(bs))
+    }
+
+    /// Executes one command. `expected` is the transport's expected
+    /// transfer length (data-in buffer or data-out bytes), for residuals.
+    pub fn execute(&self, nexus: &Nexus, lun: Lun, cdb: &[u8], data_out: &[u8], expected: u64) -> ScsiResponse {
+        let cmd = match Command::parse(cdb) {
+            Ok((_, c)) => c,
+            Err(s) => return ScsiResponse::check(s, expected),
+        };
+        let mut st = self.lock();
+        let dev = st.set_for(&nexus.initiator).get(&lun).cloned();
+        let result = match (&cmd, dev) {
+            (Command::ReportLuns { select, .. }, _) => {
+                let luns: Vec<Lun> = st.set_for(&nexus.initiator).keys().copied().collect();
+                if dev_known(&st, nexus, lun) {
+                    st.ua_mut(nexus, lun).clear(Asc::REPORTED_LUNS_DATA_CHANGED);
+                }
+                report_luns(*select, &luns)
+            }
+            (Command::RequestSense { desc, .. }, dev) => {
+                // SPC-4 6.29: a pending unit attention is reported (and
+                // cleared) as the parameter data.
+                let sense = match dev {
+                    None => Sense::new(SenseKey::IllegalRequest, Asc::LOGICAL_UNIT_NOT_SUPPORTED),
+                    Some(_) => match st.ua_mut(nexus, lun).pop() {
+                        Some(asc) => Sense::new(SenseKey::UnitAttention, asc),
+                        None => Sense::new(SenseKey::NoSense, Asc::NO_ADDITIONAL),
+                    },
+                };
+                Ok(if *desc { sense.to_descriptor() } else { sense.to_fixed() })
+            }
+            (Command::Inquiry { evpd: false, .. }, None) => {
+                // SPC-4 6.6.2: peripheral qualifier 011b, type 1Fh for a LUN
+                // that is not mapped.
+                let mut d = vec![0u8; 36];
+                d[0] = 0x7f;
+                d[2] = 0x06;
+                d[3] = 0x02;
+                d[4] = 31;
+                Ok(d)
+            }
+            (_, None) => Err(Sense::new(SenseKey::IllegalRequest, Asc::LOGICAL_UNIT_NOT_SUPPORTED)),
+            (cmd, Some(dev)) => {
+                let ua = st.ua_mut(nexus, lun);
+                // INQUIRY is never blocked by a unit attention (SAM-5 5.14).
+                let blocked = !matches!(cmd, Command::Inquiry { .. });
+                match if blocked { ua.pop() } else { None } {
+                    Some(asc) => Err(Sense::new(SenseKey::UnitAttention, asc)),
+                    None => {
+                        drop(st);
+                        dev.execute(cmd, cdb, data_out)
+                    }
+                }
+            }
+        };
+        match result {
+            Err(s) => ScsiResponse::check(s, expected),
+            Ok(mut data) => {
+                let plan = cmd.plan(512);
+                let wanted = plan.len;
+                let moved = match plan.dir {
+                    crate::cdb::DataDir::In => {
+                        data.truncate(plan.len.min(expected) as usize);
+                        data.len() as u64
+                    }
+                    crate::cdb::DataDir::Out => wanted.min(expected),
+                    crate::cdb::DataDir::None => 0,
+                };
+                let wanted = if plan.dir == crate::cdb::DataDir::In { wanted } else { out_len(&cmd, data_out) };
+                ScsiResponse { status: Status::Good, sense: None, data_in: data, residual: Residual::of(expected, wanted, moved) }
+            }
+        }
+    }
+}
+
+fn out_len(cmd: &Command, data_out: &[u8]) -> u64 {
+    match cmd {
+        Command::Write { .. } => data_out.len() as u64,
+        _ => 0,
+    }
+}
+
+fn dev_known(st: &State, nexus: &Nexus, lun: Lun) -> bool {
+    st.set_for(&nexus.initiator).contains_key(&lun)
+}
+
+/// SPC-4 6.33 REPORT LUNS parameter data. SELECT REPORT 0, 1 (well-known:
+/// none here, so empty) and 2 are accepted.
+fn report_luns(select: u8, luns: &[Lun]) -> Result<Vec<u8>, Sense> {
+    let list: &[Lun] = match select {
+        0 | 2 => luns,
+        1 => &[],
+        _ => return Err(Sense::invalid_field(2, None)),
+    };
+    let mut d = ((list.len() * 8) as u32).to_be_bytes().to_vec();
+    d.extend_from_slice(&[0; 4]);
+    for l in list {
+        d.extend_from_slice(&l.encode());
+    }
+    Ok(d)
+}
