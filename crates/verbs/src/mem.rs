@@ -132,7 +132,7 @@ impl MemBuf {
     pub fn atomic_u64(&self, off: usize, f: impl Fn(u64) -> u64) -> u64 {
         self.check(off, 8);
         assert!(
-            (self.addr() as usize + off) % 8 == 0,
+            (self.addr() as usize + off) & 7 == 0,
             "atomic on unaligned address"
         );
         // SAFETY: in bounds and aligned; AtomicU64 has u64 layout.
