@@ -26,7 +26,9 @@ pub struct Ram {
 
 impl Ram {
     pub fn new(size: u64) -> Ram {
-        Ram { data: RwLock::new(vec![0; size as usize]) }
+        Ram {
+            data: RwLock::new(vec![0; size as usize]),
+        }
     }
 }
 
@@ -36,13 +38,17 @@ impl Backend for Ram {
     }
     fn read(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         let d = self.data.read().unwrap_or_else(|e| e.into_inner());
-        let src = d.get(offset as usize..offset as usize + buf.len()).ok_or(io::ErrorKind::UnexpectedEof)?;
+        let src = d
+            .get(offset as usize..offset as usize + buf.len())
+            .ok_or(io::ErrorKind::UnexpectedEof)?;
         buf.copy_from_slice(src);
         Ok(())
     }
     fn write(&self, offset: u64, data: &[u8], _fua: bool) -> io::Result<()> {
         let mut d = self.data.write().unwrap_or_else(|e| e.into_inner());
-        let dst = d.get_mut(offset as usize..offset as usize + data.len()).ok_or(io::ErrorKind::UnexpectedEof)?;
+        let dst = d
+            .get_mut(offset as usize..offset as usize + data.len())
+            .ok_or(io::ErrorKind::UnexpectedEof)?;
         dst.copy_from_slice(data);
         Ok(())
     }
@@ -89,7 +95,11 @@ impl FileIo {
     /// Opens `file` as the store; its current length is the capacity.
     pub fn new(file: File, write_through: bool) -> io::Result<FileIo> {
         let size = file.metadata()?.len();
-        Ok(FileIo { file, size, write_through })
+        Ok(FileIo {
+            file,
+            size,
+            write_through,
+        })
     }
 }
 

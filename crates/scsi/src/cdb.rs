@@ -27,17 +27,47 @@ pub struct Plan {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Command {
     TestUnitReady,
-    RequestSense { desc: bool, alloc: u32 },
-    Inquiry { evpd: bool, page: u8, alloc: u32 },
-    ModeSense { ten: bool, dbd: bool, pc: u8, page: u8, subpage: u8, alloc: u32 },
+    RequestSense {
+        desc: bool,
+        alloc: u32,
+    },
+    Inquiry {
+        evpd: bool,
+        page: u8,
+        alloc: u32,
+    },
+    ModeSense {
+        ten: bool,
+        dbd: bool,
+        pc: u8,
+        page: u8,
+        subpage: u8,
+        alloc: u32,
+    },
     StartStopUnit,
     PreventAllow,
     ReadCapacity10,
-    ReadCapacity16 { alloc: u32 },
-    Read { lba: u64, blocks: u32, fua: bool },
-    Write { lba: u64, blocks: u32, fua: bool },
-    SyncCache { lba: u64, blocks: u32 },
-    ReportLuns { select: u8, alloc: u32 },
+    ReadCapacity16 {
+        alloc: u32,
+    },
+    Read {
+        lba: u64,
+        blocks: u32,
+        fua: bool,
+    },
+    Write {
+        lba: u64,
+        blocks: u32,
+        fua: bool,
+    },
+    SyncCache {
+        lba: u64,
+        blocks: u32,
+    },
+    ReportLuns {
+        select: u8,
+        alloc: u32,
+    },
 }
 
 fn be(b: &[u8]) -> u64 {
@@ -70,7 +100,10 @@ impl Command {
         }
         let cmd = match op {
             Opcode::TestUnitReady => Command::TestUnitReady,
-            Opcode::RequestSense => Command::RequestSense { desc: c[1] & 1 != 0, alloc: c[4] as u32 },
+            Opcode::RequestSense => Command::RequestSense {
+                desc: c[1] & 1 != 0,
+                alloc: c[4] as u32,
+            },
             Opcode::Inquiry => {
                 let evpd = c[1] & 1 != 0;
                 if c[1] & 0xfe != 0 {
@@ -79,12 +112,23 @@ impl Command {
                 if !evpd && c[2] != 0 {
                     return Err(Sense::invalid_field(2, None));
                 }
-                Command::Inquiry { evpd, page: c[2], alloc: be(&c[3..5]) as u32 }
+                Command::Inquiry {
+                    evpd,
+                    page: c[2],
+                    alloc: be(&c[3..5]) as u32,
+                }
             }
             Opcode::ModeSense6 | Opcode::ModeSense10 => {
                 let ten = op == Opcode::ModeSense10;
                 let alloc = if ten { be(&c[7..9]) } else { c[4] as u64 } as u32;
-                Command::ModeSense { ten, dbd: c[1] & 0x08 != 0, pc: c[2] >> 6, page: c[2] & 0x3f, subpage: c[3], alloc }
+                Command::ModeSense {
+                    ten,
+                    dbd: c[1] & 0x08 != 0,
+                    pc: c[2] >> 6,
+                    page: c[2] & 0x3f,
+                    subpage: c[3],
+                    alloc,
+                }
             }
             Opcode::StartStopUnit => Command::StartStopUnit,
             Opcode::PreventAllowMediumRemoval => Command::PreventAllow,
@@ -95,7 +139,9 @@ impl Command {
                 Command::ReadCapacity10
             }
             Opcode::ServiceActionIn16 => match c[1] & 0x1f {
-                0x10 => Command::ReadCapacity16 { alloc: be(&c[10..14]) as u32 },
+                0x10 => Command::ReadCapacity16 {
+                    alloc: be(&c[10..14]) as u32,
+                },
                 _ => return Err(Sense::invalid_field(1, Some(4))),
             },
             Opcode::Read6 | Opcode::Write6 => {
@@ -103,12 +149,25 @@ impl Command {
                 // SBC-3 5.16: transfer length 0 means 256 blocks.
                 let blocks = if c[4] == 0 { 256 } else { c[4] as u32 };
                 if op == Opcode::Read6 {
-                    Command::Read { lba, blocks, fua: false }
+                    Command::Read {
+                        lba,
+                        blocks,
+                        fua: false,
+                    }
                 } else {
-                    Command::Write { lba, blocks, fua: false }
+                    Command::Write {
+                        lba,
+                        blocks,
+                        fua: false,
+                    }
                 }
             }
-            Opcode::Read10 | Opcode::Write10 | Opcode::Read12 | Opcode::Write12 | Opcode::Read16 | Opcode::Write16 => {
+            Opcode::Read10
+            | Opcode::Write10
+            | Opcode::Read12
+            | Opcode::Write12
+            | Opcode::Read16
+            | Opcode::Write16 => {
                 // RDPROTECT/WRPROTECT (bits 7..5): no protection information.
                 if c[1] & 0xe0 != 0 {
                     return Err(Sense::invalid_field(1, Some(7)));
@@ -121,13 +180,24 @@ impl Command {
                 };
                 let blocks = blocks as u32;
                 match op {
-                    Opcode::Read10 | Opcode::Read12 | Opcode::Read16 => Command::Read { lba, blocks, fua },
+                    Opcode::Read10 | Opcode::Read12 | Opcode::Read16 => {
+                        Command::Read { lba, blocks, fua }
+                    }
                     _ => Command::Write { lba, blocks, fua },
                 }
             }
-            Opcode::SynchronizeCache10 => Command::SyncCache { lba: be(&c[2..6]), blocks: be(&c[7..9]) as u32 },
-            Opcode::SynchronizeCache16 => Command::SyncCache { lba: be(&c[2..10]), blocks: be(&c[10..14]) as u32 },
-            Opcode::ReportLuns => Command::ReportLuns { select: c[2], alloc: be(&c[6..10]) as u32 },
+            Opcode::SynchronizeCache10 => Command::SyncCache {
+                lba: be(&c[2..6]),
+                blocks: be(&c[7..9]) as u32,
+            },
+            Opcode::SynchronizeCache16 => Command::SyncCache {
+                lba: be(&c[2..10]),
+                blocks: be(&c[10..14]) as u32,
+            },
+            Opcode::ReportLuns => Command::ReportLuns {
+                select: c[2],
+                alloc: be(&c[6..10]) as u32,
+            },
             Opcode::Unknown(_) => return Err(ilrq(Asc::INVALID_COMMAND_OPERATION_CODE)),
         };
         Ok((op, cmd))
@@ -141,13 +211,29 @@ impl Command {
             | Command::Inquiry { alloc, .. }
             | Command::ModeSense { alloc, .. }
             | Command::ReadCapacity16 { alloc }
-            | Command::ReportLuns { alloc, .. } => Plan { dir: DataDir::In, len: alloc as u64 },
-            Command::ReadCapacity10 => Plan { dir: DataDir::In, len: 8 },
-            Command::Read { blocks, .. } => Plan { dir: DataDir::In, len: bytes(blocks) },
-            Command::Write { blocks, .. } => Plan { dir: DataDir::Out, len: bytes(blocks) },
-            Command::TestUnitReady | Command::StartStopUnit | Command::PreventAllow | Command::SyncCache { .. } => {
-                Plan { dir: DataDir::None, len: 0 }
-            }
+            | Command::ReportLuns { alloc, .. } => Plan {
+                dir: DataDir::In,
+                len: alloc as u64,
+            },
+            Command::ReadCapacity10 => Plan {
+                dir: DataDir::In,
+                len: 8,
+            },
+            Command::Read { blocks, .. } => Plan {
+                dir: DataDir::In,
+                len: bytes(blocks),
+            },
+            Command::Write { blocks, .. } => Plan {
+                dir: DataDir::Out,
+                len: bytes(blocks),
+            },
+            Command::TestUnitReady
+            | Command::StartStopUnit
+            | Command::PreventAllow
+            | Command::SyncCache { .. } => Plan {
+                dir: DataDir::None,
+                len: 0,
+            },
         }
     }
 }
@@ -195,12 +281,31 @@ mod tests {
         // READ(10): opcode, FUA, LBA 0x01020304, group, length 8, control.
         let cdb = [0x28, 0x08, 1, 2, 3, 4, 0, 0, 8, 0];
         let (_, c) = Command::parse(&cdb).unwrap();
-        assert_eq!(c, Command::Read { lba: 0x0102_0304, blocks: 8, fua: true });
-        assert_eq!(c.plan(4096), Plan { dir: DataDir::In, len: 32768 });
+        assert_eq!(
+            c,
+            Command::Read {
+                lba: 0x0102_0304,
+                blocks: 8,
+                fua: true
+            }
+        );
+        assert_eq!(
+            c.plan(4096),
+            Plan {
+                dir: DataDir::In,
+                len: 32768
+            }
+        );
         // Truncated CDB and RDPROTECT set.
-        assert_eq!(Command::parse(&cdb[..9]).unwrap_err(), Sense::invalid_field(0, None));
+        assert_eq!(
+            Command::parse(&cdb[..9]).unwrap_err(),
+            Sense::invalid_field(0, None)
+        );
         let mut bad = cdb;
         bad[1] = 0x20;
-        assert_eq!(Command::parse(&bad).unwrap_err(), Sense::invalid_field(1, Some(7)));
+        assert_eq!(
+            Command::parse(&bad).unwrap_err(),
+            Sense::invalid_field(1, Some(7))
+        );
     }
 }

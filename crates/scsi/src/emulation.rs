@@ -46,7 +46,11 @@ pub struct Device {
 }
 
 fn pad(s: &str, n: usize) -> Vec<u8> {
-    let mut v: Vec<u8> = s.bytes().filter(|b| b.is_ascii_graphic() || *b == b' ').take(n).collect();
+    let mut v: Vec<u8> = s
+        .bytes()
+        .filter(|b| b.is_ascii_graphic() || *b == b' ')
+        .take(n)
+        .collect();
     v.resize(n, b' ');
     v
 }
@@ -56,10 +60,17 @@ impl Device {
     /// not a multiple of the block size.
     pub fn new(config: DeviceConfig, backend: Arc<dyn Backend>) -> Result<Device, String> {
         if config.block_size != 512 && config.block_size != 4096 {
-            return Err(format!("block size {} unsupported (512 or 4096)", config.block_size));
+            return Err(format!(
+                "block size {} unsupported (512 or 4096)",
+                config.block_size
+            ));
         }
         if backend.size() % config.block_size as u64 != 0 || backend.size() == 0 {
-            return Err(format!("store size {} is not a positive multiple of {}", backend.size(), config.block_size));
+            return Err(format!(
+                "store size {} is not a positive multiple of {}",
+                backend.size(),
+                config.block_size
+            ));
         }
         Ok(Device { config, backend })
     }
@@ -87,9 +98,18 @@ impl Device {
     pub fn execute(&self, cmd: &Command, cdb: &[u8], data_out: &[u8]) -> Result<Vec<u8>, Sense> {
         let bs = self.config.block_size as u64;
         match *cmd {
-            Command::TestUnitReady | Command::StartStopUnit | Command::PreventAllow => Ok(Vec::new()),
+            Command::TestUnitReady | Command::StartStopUnit | Command::PreventAllow => {
+                Ok(Vec::new())
+            }
             Command::Inquiry { evpd, page, .. } => self.inquiry(evpd, page),
-            Command::ModeSense { ten, dbd, pc, page, subpage, .. } => self.mode_sense(ten, dbd, pc, page, subpage),
+            Command::ModeSense {
+                ten,
+                dbd,
+                pc,
+                page,
+                subpage,
+                ..
+            } => self.mode_sense(ten, dbd, pc, page, subpage),
             Command::ReadCapacity10 => {
                 let last = (self.blocks() - 1).min(0xffff_ffff) as u32;
                 let mut d = last.to_be_bytes().to_vec();
@@ -134,7 +154,9 @@ impl Device {
             }
             Command::SyncCache { lba, blocks } => {
                 self.check_range(lba, blocks)?;
-                self.backend.flush().map_err(|_| Sense::new(SenseKey::MediumError, Asc::WRITE_ERROR))?;
+                self.backend
+                    .flush()
+                    .map_err(|_| Sense::new(SenseKey::MediumError, Asc::WRITE_ERROR))?;
                 Ok(Vec::new())
             }
             Command::RequestSense { .. } | Command::ReportLuns { .. } => {
@@ -226,9 +248,19 @@ impl Device {
         }
     }
 
-    fn mode_sense(&self, ten: bool, dbd: bool, pc: u8, page: u8, subpage: u8) -> Result<Vec<u8>, Sense> {
+    fn mode_sense(
+        &self,
+        ten: bool,
+        dbd: bool,
+        pc: u8,
+        page: u8,
+        subpage: u8,
+    ) -> Result<Vec<u8>, Sense> {
         if pc == 3 {
-            return Err(Sense::new(SenseKey::IllegalRequest, Asc::SAVING_PARAMETERS_NOT_SUPPORTED));
+            return Err(Sense::new(
+                SenseKey::IllegalRequest,
+                Asc::SAVING_PARAMETERS_NOT_SUPPORTED,
+            ));
         }
         if subpage != 0 && subpage != 0xff {
             return Err(Sense::invalid_field(3, None));

@@ -69,7 +69,10 @@ mod tests {
         // Peripheral: byte 0 = 00b method, bus 0; byte 1 = LUN 5.
         assert_eq!(Lun::new(5).unwrap().encode(), [0, 5, 0, 0, 0, 0, 0, 0]);
         // Flat: byte 0 = 01b method | high 6 bits (0x01); byte 1 = 0x2c -> 300.
-        assert_eq!(Lun::new(300).unwrap().encode(), [0x41, 0x2c, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(
+            Lun::new(300).unwrap().encode(),
+            [0x41, 0x2c, 0, 0, 0, 0, 0, 0]
+        );
         for v in [0u32, 1, 255, 256, 1000, 16383] {
             let l = Lun::new(v).unwrap();
             assert_eq!(Lun::decode(l.encode()), Ok(l));

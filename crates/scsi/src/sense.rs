@@ -95,14 +95,23 @@ pub struct Sense {
 
 impl Sense {
     pub fn new(key: SenseKey, asc: Asc) -> Sense {
-        Sense { key, asc, field: None, information: None }
+        Sense {
+            key,
+            asc,
+            field: None,
+            information: None,
+        }
     }
 
     pub fn invalid_field(byte: u16, bit: Option<u8>) -> Sense {
         Sense {
             key: SenseKey::IllegalRequest,
             asc: Asc::INVALID_FIELD_IN_CDB,
-            field: Some(FieldPointer { in_cdb: true, byte, bit }),
+            field: Some(FieldPointer {
+                in_cdb: true,
+                byte,
+                bit,
+            }),
             information: None,
         }
     }
@@ -142,7 +151,16 @@ impl Sense {
     /// Descriptor format (SPC-4 4.5.2): information and sense-key-specific
     /// descriptors when present.
     pub fn to_descriptor(&self) -> Vec<u8> {
-        let mut b = vec![0x72, u8::from(self.key) & 0x0f, self.asc.0, self.asc.1, 0, 0, 0, 0];
+        let mut b = vec![
+            0x72,
+            u8::from(self.key) & 0x0f,
+            self.asc.0,
+            self.asc.1,
+            0,
+            0,
+            0,
+            0,
+        ];
         if let Some(info) = self.information {
             b.extend_from_slice(&[0x00, 0x0a, 0x80, 0]);
             b.extend_from_slice(&info.to_be_bytes());
@@ -182,15 +200,18 @@ mod tests {
             [
                 0x70, // current error, fixed, VALID clear
                 0x00, 0x05, // obsolete, ILLEGAL REQUEST
-                0, 0, 0, 0, // information
-                10,   // additional length
+                0, 0, 0, 0,  // information
+                10, // additional length
                 0, 0, 0, 0, // command-specific
                 0x24, 0x00, // INVALID FIELD IN CDB
                 0x00, // FRU
-                0xc8, 0x00, 0x01, // SKSV|C/D|BPV|bit 3, field byte 1
+                0xcb, 0x00, 0x01, // SKSV|C/D|BPV|bit 3, field byte 1
             ]
         );
-        assert_eq!(s.to_string(), "ILLEGAL REQUEST: INVALID FIELD IN CDB (byte 1 bit 3)");
+        assert_eq!(
+            s.to_string(),
+            "ILLEGAL REQUEST: INVALID FIELD IN CDB (byte 1 bit 3)"
+        );
     }
 
     #[test]

@@ -18,7 +18,10 @@ pub struct Nexus {
 
 impl Nexus {
     pub fn new(initiator: &str, target_port: &str) -> Nexus {
-        Nexus { initiator: initiator.into(), target_port: target_port.into() }
+        Nexus {
+            initiator: initiator.into(),
+            target_port: target_port.into(),
+        }
     }
 }
 
@@ -75,7 +78,11 @@ impl ScsiResponse {
             status: Status::CheckCondition,
             sense: Some(sense),
             data_in: Vec::new(),
-            residual: if expected > 0 { Residual::Under(expected) } else { Residual::None },
+            residual: if expected > 0 {
+                Residual::Under(expected)
+            } else {
+                Residual::None
+            },
         }
     }
 }
@@ -100,7 +107,10 @@ impl State {
 
     fn ua_mut(&mut self, nexus: &Nexus, lun: Lun) -> &mut UaQueue {
         if self.known.insert((nexus.clone(), lun)) {
-            self.ua.entry((nexus.clone(), lun)).or_default().push(Asc::POWER_ON_RESET);
+            self.ua
+                .entry((nexus.clone(), lun))
+                .or_default()
+                .push(Asc::POWER_ON_RESET);
         }
         self.ua.entry((nexus.clone(), lun)).or_default()
     }
@@ -118,7 +128,10 @@ impl State {
             .cloned()
             .collect();
         for key in affected {
-            self.ua.entry(key).or_default().push(Asc::REPORTED_LUNS_DATA_CHANGED);
+            self.ua
+                .entry(key)
+                .or_default()
+                .push(Asc::REPORTED_LUNS_DATA_CHANGED);
         }
     }
 }
@@ -167,13 +180,24 @@ impl Target {
     /// execution. A CDB that will fail gives its CHECK CONDITION now.
     pub fn plan(&self, nexus: &Nexus, lun: Lun, cdb: &[u8]) -> Result<Plan, Sense> {
         let (_, cmd) = Command::parse(cdb)?;
-        let bs = self.lock().set_for(&nexus.initiator).get(&lun).map_or(512, |d| d.block_size());
+        let bs = self
+            .lock()
+            .set_for(&nexus.initiator)
+            .get(&lun)
+            .map_or(512, |d| d.block_size());
         Ok(cmd.plan(bs))
     }
 
     /// Executes one command. `expected` is the transport's expected
     /// transfer length (data-in buffer or data-out bytes), for residuals.
-    pub fn execute(&self, nexus: &Nexus, lun: Lun, cdb: &[u8], data_out: &[u8], expected: u64) -> ScsiResponse {
+    pub fn execute(
+        &self,
+        nexus: &Nexus,
+        lun: Lun,
+        cdb: &[u8],
+        data_out: &[u8],
+        expected: u64,
+    ) -> ScsiResponse {
         let cmd = match Command::parse(cdb) {
             Ok((_, c)) => c,
             Err(s) => return ScsiResponse::check(s, expected),
@@ -198,7 +222,11 @@ impl Target {
                         None => Sense::new(SenseKey::NoSense, Asc::NO_ADDITIONAL),
                     },
                 };
-                Ok(if *desc { sense.to_descriptor() } else { sense.to_fixed() })
+                Ok(if *desc {
+                    sense.to_descriptor()
+                } else {
+                    sense.to_fixed()
+                })
             }
             (Command::Inquiry { evpd: false, .. }, None) => {
                 // SPC-4 6.6.2: peripheral qualifier 011b, type 1Fh for a LUN
@@ -210,7 +238,10 @@ impl Target {
                 d[4] = 31;
                 Ok(d)
             }
-            (_, None) => Err(Sense::new(SenseKey::IllegalRequest, Asc::LOGICAL_UNIT_NOT_SUPPORTED)),
+            (_, None) => Err(Sense::new(
+                SenseKey::IllegalRequest,
+                Asc::LOGICAL_UNIT_NOT_SUPPORTED,
+            )),
             (cmd, Some(dev)) => {
                 let ua = st.ua_mut(nexus, lun);
                 // INQUIRY is never blocked by a unit attention (SAM-5 5.14).
@@ -237,8 +268,17 @@ impl Target {
                     crate::cdb::DataDir::Out => wanted.min(expected),
                     crate::cdb::DataDir::None => 0,
                 };
-                let wanted = if plan.dir == crate::cdb::DataDir::In { wanted } else { out_len(&cmd, data_out) };
-                ScsiResponse { status: Status::Good, sense: None, data_in: data, residual: Residual::of(expected, wanted, moved) }
+                let wanted = if plan.dir == crate::cdb::DataDir::In {
+                    wanted
+                } else {
+                    out_len(&cmd, data_out)
+                };
+                ScsiResponse {
+                    status: Status::Good,
+                    sense: None,
+                    data_in: data,
+                    residual: Residual::of(expected, wanted, moved),
+                }
             }
         }
     }
