@@ -3,7 +3,8 @@
 use crate::backend::Backend;
 use crate::cdb::Command;
 use crate::sense::{Asc, Sense, SenseKey};
-use std::sync::Arc;
+use crate::opcode::Opcode;
+use std::sync::{Arc, RwLock};
 
 /// Device attributes (SCST device handler parameters).
 #[derive(Debug, Clone)]
@@ -19,6 +20,9 @@ pub struct DeviceConfig {
     pub read_only: bool,
     /// Report the write cache as enabled (caching page WCE).
     pub write_cache: bool,
+    /// Thin provisioning: UNMAP and WRITE SAME with UNMAP accepted
+    /// (unmapped blocks read as zeroes, LBPRZ).
+    pub thin: bool,
 }
 
 impl Default for DeviceConfig {
@@ -32,6 +36,7 @@ impl Default for DeviceConfig {
             block_size: 512,
             read_only: false,
             write_cache: true,
+            thin: false,
         }
     }
 }
@@ -39,10 +44,18 @@ impl Default for DeviceConfig {
 /// Largest transfer accepted in one command, in blocks (VPD B0h).
 pub const MAX_TRANSFER_BLOCKS: u32 = 8192;
 
+/// Largest COMPARE AND WRITE, in blocks (VPD B0h).
+pub const MAX_CAW_BLOCKS: u32 = 16;
+/// Most UNMAP block descriptors accepted in one command (VPD B0h).
+pub const MAX_UNMAP_DESCRIPTORS: u32 = 256;
+
 /// A logical unit: attributes plus storage.
 pub struct Device {
     pub config: DeviceConfig,
     backend: Arc<dyn Backend>,
+    /// Writers share it; COMPARE AND WRITE holds it alone, so it is atomic
+    /// against every other writer of this device (SBC-3 5.2).
+    io_lock: RwLock<()>,
 }
 
 fn pad(s: &str, n: usize) -> Vec<u8> {
@@ -72,7 +85,7 @@ impl Device {
                 config.block_size
             ));
         }
-        Ok(Device { config, backend })
+        Ok(Device { config, backend, io_lock: RwLock::new(()) })
     }
 
     pub fn block_size(&self) -> u32 {
@@ -134,9 +147,7 @@ impl Device {
                 Ok(buf)
             }
             Command::Write { lba, blocks, fua } => {
-                if self.config.read_only {
-                    return Err(Sense::new(SenseKey::DataProtect, Asc::WRITE_PROTECTED));
-                }
+                self.writable()?;
                 self.check_range(lba, blocks)?;
                 if blocks > MAX_TRANSFER_BLOCKS {
                     return Err(Sense::invalid_field(length_field(cdb), None));
@@ -147,6 +158,7 @@ impl Device {
                 let Some(data) = data_out.get(..len) else {
                     return Err(Sense::new(SenseKey::AbortedCommand, Asc::NO_ADDITIONAL));
                 };
+                let _shared = self.io_lock.read().unwrap_or_else(|e| e.into_inner());
                 self.backend
                     .write(lba * bs, data, fua)
                     .map_err(|_| Sense::new(SenseKey::MediumError, Asc::WRITE_ERROR))?;
@@ -159,10 +171,127 @@ impl Device {
                     .map_err(|_| Sense::new(SenseKey::MediumError, Asc::WRITE_ERROR))?;
                 Ok(Vec::new())
             }
+            Command::Verify { lba, blocks } => {
+                // BYTCHK 0: a medium check, i.e. the blocks can be read.
+                self.check_range(lba, blocks)?;
+                let mut buf = vec![0u8; bs as usize];
+                for b in 0..blocks as u64 {
+                    self.backend
+                        .read((lba + b) * bs, &mut buf)
+                        .map_err(|_| Sense::new(SenseKey::MediumError, Asc::UNRECOVERED_READ_ERROR))?;
+                }
+                Ok(Vec::new())
+            }
+            Command::WriteSame { lba, blocks, unmap } => {
+                self.writable()?;
+                if unmap && !self.config.thin {
+                    return Err(Sense::invalid_field(1, Some(3)));
+                }
+                self.check_range(lba, blocks)?;
+                if blocks > MAX_TRANSFER_BLOCKS {
+                    return Err(Sense::invalid_field(length_field(cdb), None));
+                }
+                let Some(block) = data_out.get(..bs as usize) else {
+                    return Err(Sense::new(SenseKey::AbortedCommand, Asc::NO_ADDITIONAL));
+                };
+                self.fill(lba, blocks as u64, block)?;
+                Ok(Vec::new())
+            }
+            Command::Unmap { param_len } => {
+                self.writable()?;
+                if !self.config.thin {
+                    return Err(Sense::new(SenseKey::IllegalRequest, Asc::INVALID_COMMAND_OPERATION_CODE));
+                }
+                self.unmap(data_out.get(..param_len as usize).unwrap_or(data_out))?;
+                Ok(Vec::new())
+            }
+            Command::CompareAndWrite { lba, blocks, fua } => {
+                self.writable()?;
+                self.check_range(lba, blocks)?;
+                if blocks > MAX_CAW_BLOCKS {
+                    return Err(Sense::invalid_field(13, None));
+                }
+                let len = (blocks as u64 * bs) as usize;
+                let Some(data) = data_out.get(..2 * len) else {
+                    return Err(Sense::new(SenseKey::AbortedCommand, Asc::NO_ADDITIONAL));
+                };
+                let _excl = self.io_lock.write().unwrap_or_else(|e| e.into_inner());
+                let mut cur = vec![0u8; len];
+                self.backend
+                    .read(lba * bs, &mut cur)
+                    .map_err(|_| Sense::new(SenseKey::MediumError, Asc::UNRECOVERED_READ_ERROR))?;
+                if let Some(off) = cur.iter().zip(&data[..len]).position(|(a, b)| a != b) {
+                    // SBC-3 5.2: INFORMATION = offset of the first differing byte.
+                    let mut s = Sense::new(SenseKey::Miscompare, Asc::MISCOMPARE_DURING_VERIFY);
+                    s.information = Some(off as u64);
+                    return Err(s);
+                }
+                self.backend
+                    .write(lba * bs, &data[len..], fua)
+                    .map_err(|_| Sense::new(SenseKey::MediumError, Asc::WRITE_ERROR))?;
+                Ok(Vec::new())
+            }
+            Command::ReportOpcodes { options, opcode, .. } => report_opcodes(options, opcode),
             Command::RequestSense { .. } | Command::ReportLuns { .. } => {
                 unreachable!("handled by the target before reaching a device")
             }
         }
+    }
+
+    fn writable(&self) -> Result<(), Sense> {
+        if self.config.read_only {
+            return Err(Sense::new(SenseKey::DataProtect, Asc::WRITE_PROTECTED));
+        }
+        Ok(())
+    }
+
+    /// Writes `block` to every block of the range, up to 1 MiB per backend call.
+    fn fill(&self, lba: u64, blocks: u64, block: &[u8]) -> Result<(), Sense> {
+        let bs = block.len() as u64;
+        let per = (1 << 20) / bs;
+        let chunk: Vec<u8> = block.iter().copied().cycle().take((per.min(blocks) * bs) as usize).collect();
+        let _shared = self.io_lock.read().unwrap_or_else(|e| e.into_inner());
+        let mut done = 0;
+        while done < blocks {
+            let n = per.min(blocks - done);
+            self.backend
+                .write((lba + done) * bs, &chunk[..(n * bs) as usize], false)
+                .map_err(|_| Sense::new(SenseKey::MediumError, Asc::WRITE_ERROR))?;
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// SBC-3 5.28 UNMAP parameter list: 8-byte header, 16-byte descriptors.
+    /// All descriptors are checked before any block is unmapped.
+    fn unmap(&self, p: &[u8]) -> Result<(), Sense> {
+        if p.is_empty() {
+            return Ok(());
+        }
+        let bad_len = || Sense::new(SenseKey::IllegalRequest, Asc::PARAMETER_LIST_LENGTH_ERROR);
+        if p.len() < 8 {
+            return Err(bad_len());
+        }
+        let desc_len = u16::from_be_bytes([p[2], p[3]]) as usize;
+        let descs = p.get(8..8 + desc_len).ok_or_else(bad_len)?;
+        if descs.len() % 16 != 0 {
+            return Err(bad_len());
+        }
+        if descs.len() / 16 > MAX_UNMAP_DESCRIPTORS as usize {
+            return Err(Sense::new(SenseKey::IllegalRequest, Asc::INVALID_FIELD_IN_PARAMETER_LIST));
+        }
+        let ranges: Vec<(u64, u32)> = descs
+            .chunks(16)
+            .map(|d| (u64::from_be_bytes(d[0..8].try_into().unwrap_or([0; 8])), u32::from_be_bytes(d[8..12].try_into().unwrap_or([0; 4]))))
+            .collect();
+        for &(lba, n) in &ranges {
+            self.check_range(lba, n)?;
+        }
+        let zero = vec![0u8; self.config.block_size as usize];
+        for (lba, n) in ranges {
+            self.fill(lba, n as u64, &zero)?;
+        }
+        Ok(())
     }
 
     fn inquiry(&self, evpd: bool, page: u8) -> Result<Vec<u8>, Sense> {
@@ -198,8 +327,15 @@ impl Device {
             0xb0 => {
                 // SBC-3 6.5.3 block limits.
                 let mut b = vec![0u8; 0x3c];
+                b[0] = 0x01; // WSNZ
+                b[1] = MAX_CAW_BLOCKS as u8;
                 b[4..8].copy_from_slice(&MAX_TRANSFER_BLOCKS.to_be_bytes());
                 b[8..12].copy_from_slice(&(65536 / c.block_size).to_be_bytes()); // optimal
+                if c.thin {
+                    b[16..20].copy_from_slice(&MAX_TRANSFER_BLOCKS.to_be_bytes()); // max unmap LBAs
+                    b[20..24].copy_from_slice(&MAX_UNMAP_DESCRIPTORS.to_be_bytes());
+                }
+                b[32..40].copy_from_slice(&(MAX_TRANSFER_BLOCKS as u64).to_be_bytes()); // max write same
                 b
             }
             0xb1 => {
@@ -208,7 +344,14 @@ impl Device {
                 b[0..2].copy_from_slice(&1u16.to_be_bytes());
                 b
             }
-            0xb2 => vec![0u8; 4], // SBC-3 6.5.4: no provisioning (thin not supported yet)
+            0xb2 => {
+                // SBC-3 6.5.4: LBPU, LBPWS, LBPWS10, LBPRZ; thin provisioned.
+                if c.thin {
+                    vec![0, 0xe4, 0x02, 0] // threshold, LBPU|LBPWS|LBPWS10|LBPRZ, thin
+                } else {
+                    vec![0u8; 4]
+                }
+            }
             _ => return Err(Sense::invalid_field(2, None)),
         };
         let mut d = vec![0x00, page];
@@ -297,6 +440,41 @@ impl Device {
             d[0] = mdl as u8;
         }
         Ok(d)
+    }
+}
+
+/// SPC-4 6.35 REPORT SUPPORTED OPERATION CODES, from the opcode table.
+fn report_opcodes(options: u8, opcode: u8) -> Result<Vec<u8>, Sense> {
+    if options == 0 {
+        let mut d = vec![0u8; 4];
+        for &op in Opcode::ALL {
+            let len = op.cdb_len().unwrap_or(0) as u16;
+            let sas = op.service_actions();
+            let entries: Vec<(u16, u8)> = if sas.is_empty() { vec![(0, 0)] } else { sas.iter().map(|&sa| (sa, 1)).collect() };
+            for (sa, servactv) in entries {
+                let [s0, s1] = sa.to_be_bytes();
+                let [l0, l1] = len.to_be_bytes();
+                d.extend_from_slice(&[u8::from(op), 0, s0, s1, 0, servactv, l0, l1]);
+            }
+        }
+        let n = (d.len() - 4) as u32;
+        d[0..4].copy_from_slice(&n.to_be_bytes());
+        return Ok(d);
+    }
+    // Options 1: one opcode without service action.
+    let op = Opcode::from(opcode);
+    if !op.service_actions().is_empty() {
+        return Err(Sense::invalid_field(2, None));
+    }
+    match op.cdb_len() {
+        None => Ok(vec![0, 0x01, 0, 0]), // not supported
+        Some(len) => {
+            // CDB usage map: opcode, then every bit usable (coarse).
+            let mut d = vec![0, 0x03, 0, len as u8, opcode];
+            d.extend(std::iter::repeat_n(0xff, len - 2));
+            d.push(0x07);
+            Ok(d)
+        }
     }
 }
 

@@ -6,7 +6,7 @@
 use crate::cdb::DataDir;
 
 macro_rules! opcodes {
-    ($( $variant:ident = $value:expr, $name:expr, $len:expr, $dir:ident; )*) => {
+    ($( $variant:ident = $value:expr, $name:expr, $len:expr, $dir:ident, [$($sa:expr),*]; )*) => {
         /// A SCSI operation code; codes not in the table are `Unknown`.
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
         pub enum Opcode {
@@ -46,6 +46,11 @@ macro_rules! opcodes {
                 match self { $( Opcode::$variant => Some($len), )* Opcode::Unknown(_) => None }
             }
 
+            /// Service actions implemented (empty: the opcode has none).
+            pub fn service_actions(self) -> &'static [u16] {
+                match self { $( Opcode::$variant => &[$($sa),*], )* Opcode::Unknown(_) => &[] }
+            }
+
             /// Data direction when the command transfers data.
             pub fn direction(self) -> Option<DataDir> {
                 match self { $( Opcode::$variant => Some(DataDir::$dir), )* Opcode::Unknown(_) => None }
@@ -55,26 +60,35 @@ macro_rules! opcodes {
 }
 
 opcodes! {
-    TestUnitReady = 0x00, "TEST UNIT READY", 6, None;
-    RequestSense = 0x03, "REQUEST SENSE", 6, In;
-    Read6 = 0x08, "READ(6)", 6, In;
-    Write6 = 0x0a, "WRITE(6)", 6, Out;
-    Inquiry = 0x12, "INQUIRY", 6, In;
-    ModeSense6 = 0x1a, "MODE SENSE(6)", 6, In;
-    StartStopUnit = 0x1b, "START STOP UNIT", 6, None;
-    PreventAllowMediumRemoval = 0x1e, "PREVENT ALLOW MEDIUM REMOVAL", 6, None;
-    ReadCapacity10 = 0x25, "READ CAPACITY(10)", 10, In;
-    Read10 = 0x28, "READ(10)", 10, In;
-    Write10 = 0x2a, "WRITE(10)", 10, Out;
-    SynchronizeCache10 = 0x35, "SYNCHRONIZE CACHE(10)", 10, None;
-    ModeSense10 = 0x5a, "MODE SENSE(10)", 10, In;
-    Read16 = 0x88, "READ(16)", 16, In;
-    Write16 = 0x8a, "WRITE(16)", 16, Out;
-    SynchronizeCache16 = 0x91, "SYNCHRONIZE CACHE(16)", 16, None;
-    ServiceActionIn16 = 0x9e, "SERVICE ACTION IN(16)", 16, In;
-    ReportLuns = 0xa0, "REPORT LUNS", 12, In;
-    Read12 = 0xa8, "READ(12)", 12, In;
-    Write12 = 0xaa, "WRITE(12)", 12, Out;
+    TestUnitReady = 0x00, "TEST UNIT READY", 6, None, [];
+    RequestSense = 0x03, "REQUEST SENSE", 6, In, [];
+    Read6 = 0x08, "READ(6)", 6, In, [];
+    Write6 = 0x0a, "WRITE(6)", 6, Out, [];
+    Inquiry = 0x12, "INQUIRY", 6, In, [];
+    ModeSense6 = 0x1a, "MODE SENSE(6)", 6, In, [];
+    StartStopUnit = 0x1b, "START STOP UNIT", 6, None, [];
+    PreventAllowMediumRemoval = 0x1e, "PREVENT ALLOW MEDIUM REMOVAL", 6, None, [];
+    ReadCapacity10 = 0x25, "READ CAPACITY(10)", 10, In, [];
+    Read10 = 0x28, "READ(10)", 10, In, [];
+    Write10 = 0x2a, "WRITE(10)", 10, Out, [];
+    WriteAndVerify10 = 0x2e, "WRITE AND VERIFY(10)", 10, Out, [];
+    Verify10 = 0x2f, "VERIFY(10)", 10, None, [];
+    SynchronizeCache10 = 0x35, "SYNCHRONIZE CACHE(10)", 10, None, [];
+    WriteSame10 = 0x41, "WRITE SAME(10)", 10, Out, [];
+    Unmap = 0x42, "UNMAP", 10, Out, [];
+    ModeSense10 = 0x5a, "MODE SENSE(10)", 10, In, [];
+    Read16 = 0x88, "READ(16)", 16, In, [];
+    CompareAndWrite = 0x89, "COMPARE AND WRITE", 16, Out, [];
+    Write16 = 0x8a, "WRITE(16)", 16, Out, [];
+    WriteAndVerify16 = 0x8e, "WRITE AND VERIFY(16)", 16, Out, [];
+    Verify16 = 0x8f, "VERIFY(16)", 16, None, [];
+    SynchronizeCache16 = 0x91, "SYNCHRONIZE CACHE(16)", 16, None, [];
+    WriteSame16 = 0x93, "WRITE SAME(16)", 16, Out, [];
+    ServiceActionIn16 = 0x9e, "SERVICE ACTION IN(16)", 16, In, [0x10];
+    ReportLuns = 0xa0, "REPORT LUNS", 12, In, [];
+    MaintenanceIn = 0xa3, "MAINTENANCE IN", 12, In, [0x0c];
+    Read12 = 0xa8, "READ(12)", 12, In, [];
+    Write12 = 0xaa, "WRITE(12)", 12, Out, [];
 }
 
 impl core::fmt::Display for Opcode {
