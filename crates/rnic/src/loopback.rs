@@ -379,7 +379,13 @@ impl State {
                     return Exec::Done(Err(WcStatus::MwBindErr));
                 };
                 let (mwk, mrk) = (*mwk, *mrk);
-                let r = self.devices[dev].keys.bind_mw(pd as u32, mwk, mrk, b.addr, b.len, b.access, b.rkey.0 as u8, qpn);
+                if b.rkey.0 >> 8 != mwk >> 8 {
+                    return Exec::Done(Err(WcStatus::MwBindErr));
+                }
+                let r = self.devices[dev].keys.bind_mw(pd as u32, mwk >> 8, mrk >> 8, b.addr, b.len, b.access, b.rkey.0 as u8, qpn);
+                if let (Ok(k), Obj::Mw { key, .. }) = (r, self.obj_mut(mwi)) {
+                    *key = k;
+                }
                 return Exec::Done(r.map(|_| 0));
             }
             _ => {}
@@ -1147,14 +1153,14 @@ impl Provider for Fabric {
         self.destroy_simple(mr.0, ResourceKind::Mr)
     }
 
-    fn alloc_mw(&self, pd: PdHandle, kind: MwType, ctx: Context) -> verbs::Result<MwHandle> {
+    fn alloc_mw(&self, pd: PdHandle, kind: MwType, ctx: Context) -> verbs::Result<(MwHandle, Rkey)> {
         let mut st = self.lock();
         let p = st.pd(pd)?;
         let ca = st.pd_ca(p);
         let dev = st.ca_dev(ca);
         let (_, key) = st.devices[dev].keys.alloc_mw(p as u32, kind);
         st.adjust_children(p, 1);
-        Ok(MwHandle(st.alloc(Obj::Mw { ca, pd: p, key, kind, ctx })))
+        Ok((MwHandle(st.alloc(Obj::Mw { ca, pd: p, key, kind, ctx })), Rkey(key)))
     }
 
     fn bind_mw(&self, qp: QpHandle, bind: &MwBind) -> verbs::Result<Rkey> {

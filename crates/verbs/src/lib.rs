@@ -35,6 +35,7 @@
 //! What this crate refuses: I/O, threads, wire formats. It depends only on
 //! `rdma-types`.
 
+pub mod conformance;
 mod error;
 mod handles;
 pub mod kit;

@@ -192,8 +192,9 @@ pub trait Provider: Send + Sync {
     }
 
     // ---- MW ----
-    /// Allocates a memory window.
-    fn alloc_mw(&self, pd: PdHandle, kind: MwType, ctx: Context) -> Result<MwHandle> {
+    /// Allocates a memory window; returns it with its initial R_Key (a
+    /// type 2 bind WR gives this key with a new low byte, IBA 10.6.7.2.1).
+    fn alloc_mw(&self, pd: PdHandle, kind: MwType, ctx: Context) -> Result<(MwHandle, rdma_types::Rkey)> {
         unsupported!("alloc_mw")
     }
     /// Binds a type 1 window (synchronous form; returns the new R_Key).
