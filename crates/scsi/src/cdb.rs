@@ -26,14 +26,31 @@ pub struct Plan {
 /// A parsed command with validated fields.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Command {
-    Verify { lba: u64, blocks: u32 },
+    Verify {
+        lba: u64,
+        blocks: u32,
+    },
     /// WRITE SAME: one block of data-out repeated over the range.
-    WriteSame { lba: u64, blocks: u32, unmap: bool },
-    Unmap { param_len: u32 },
+    WriteSame {
+        lba: u64,
+        blocks: u32,
+        unmap: bool,
+    },
+    Unmap {
+        param_len: u32,
+    },
     /// COMPARE AND WRITE: 2 x blocks of data-out (verify, then write).
-    CompareAndWrite { lba: u64, blocks: u32, fua: bool },
+    CompareAndWrite {
+        lba: u64,
+        blocks: u32,
+        fua: bool,
+    },
     /// REPORT SUPPORTED OPERATION CODES (SPC-4 6.35).
-    ReportOpcodes { options: u8, opcode: u8, alloc: u32 },
+    ReportOpcodes {
+        options: u8,
+        opcode: u8,
+        alloc: u32,
+    },
     TestUnitReady,
     RequestSense {
         desc: bool,
@@ -194,18 +211,29 @@ impl Command {
                     _ => Command::Write { lba, blocks, fua },
                 }
             }
-            Opcode::WriteAndVerify10 | Opcode::WriteAndVerify16 | Opcode::Verify10 | Opcode::Verify16 => {
+            Opcode::WriteAndVerify10
+            | Opcode::WriteAndVerify16
+            | Opcode::Verify10
+            | Opcode::Verify16 => {
                 // BYTCHK (bits 2..1) and protection bits: only 0 supported.
                 if c[1] & 0xe6 != 0 {
                     return Err(Sense::invalid_field(1, None));
                 }
-                let (lba, blocks) = if len == 10 { (be(&c[2..6]), be(&c[7..9])) } else { (be(&c[2..10]), be(&c[10..14])) };
+                let (lba, blocks) = if len == 10 {
+                    (be(&c[2..6]), be(&c[7..9]))
+                } else {
+                    (be(&c[2..10]), be(&c[10..14]))
+                };
                 let blocks = blocks as u32;
                 if matches!(op, Opcode::Verify10 | Opcode::Verify16) {
                     Command::Verify { lba, blocks }
                 } else {
                     // The write must reach the medium before it is verified.
-                    Command::Write { lba, blocks, fua: true }
+                    Command::Write {
+                        lba,
+                        blocks,
+                        fua: true,
+                    }
                 }
             }
             Opcode::WriteSame10 | Opcode::WriteSame16 => {
@@ -213,24 +241,38 @@ impl Command {
                 if c[1] & 0xf7 != 0 {
                     return Err(Sense::invalid_field(1, None));
                 }
-                let (lba, blocks) = if len == 10 { (be(&c[2..6]), be(&c[7..9])) } else { (be(&c[2..10]), be(&c[10..14])) };
+                let (lba, blocks) = if len == 10 {
+                    (be(&c[2..6]), be(&c[7..9]))
+                } else {
+                    (be(&c[2..10]), be(&c[10..14]))
+                };
                 if blocks == 0 {
                     // WSNZ=1 in the block limits page (SBC-3 6.5.3).
                     return Err(Sense::invalid_field(if len == 10 { 7 } else { 10 }, None));
                 }
-                Command::WriteSame { lba, blocks: blocks as u32, unmap: c[1] & 0x08 != 0 }
+                Command::WriteSame {
+                    lba,
+                    blocks: blocks as u32,
+                    unmap: c[1] & 0x08 != 0,
+                }
             }
             Opcode::Unmap => {
                 if c[1] & 0x01 != 0 {
                     return Err(Sense::invalid_field(1, Some(0))); // ANCHOR
                 }
-                Command::Unmap { param_len: be(&c[7..9]) as u32 }
+                Command::Unmap {
+                    param_len: be(&c[7..9]) as u32,
+                }
             }
             Opcode::CompareAndWrite => {
                 if c[1] & 0xe0 != 0 {
                     return Err(Sense::invalid_field(1, Some(7)));
                 }
-                Command::CompareAndWrite { lba: be(&c[2..10]), blocks: c[13] as u32, fua: c[1] & 0x08 != 0 }
+                Command::CompareAndWrite {
+                    lba: be(&c[2..10]),
+                    blocks: c[13] as u32,
+                    fua: c[1] & 0x08 != 0,
+                }
             }
             Opcode::MaintenanceIn => match c[1] & 0x1f {
                 0x0c => {
@@ -238,7 +280,11 @@ impl Command {
                     if options > 1 || c[2] & 0x80 != 0 {
                         return Err(Sense::invalid_field(2, None));
                     }
-                    Command::ReportOpcodes { options, opcode: c[3], alloc: be(&c[6..10]) as u32 }
+                    Command::ReportOpcodes {
+                        options,
+                        opcode: c[3],
+                        alloc: be(&c[6..10]) as u32,
+                    }
                 }
                 _ => return Err(Sense::invalid_field(1, Some(4))),
             },
@@ -284,9 +330,18 @@ impl Command {
                 dir: DataDir::Out,
                 len: bytes(blocks),
             },
-            Command::WriteSame { .. } => Plan { dir: DataDir::Out, len: block_size as u64 },
-            Command::Unmap { param_len } => Plan { dir: DataDir::Out, len: param_len as u64 },
-            Command::CompareAndWrite { blocks, .. } => Plan { dir: DataDir::Out, len: 2 * bytes(blocks) },
+            Command::WriteSame { .. } => Plan {
+                dir: DataDir::Out,
+                len: block_size as u64,
+            },
+            Command::Unmap { param_len } => Plan {
+                dir: DataDir::Out,
+                len: param_len as u64,
+            },
+            Command::CompareAndWrite { blocks, .. } => Plan {
+                dir: DataDir::Out,
+                len: 2 * bytes(blocks),
+            },
             Command::TestUnitReady
             | Command::StartStopUnit
             | Command::PreventAllow

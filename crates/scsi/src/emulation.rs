@@ -2,8 +2,8 @@
 
 use crate::backend::Backend;
 use crate::cdb::Command;
-use crate::sense::{Asc, Sense, SenseKey};
 use crate::opcode::Opcode;
+use crate::sense::{Asc, Sense, SenseKey};
 use std::sync::{Arc, RwLock};
 
 /// Device attributes (SCST device handler parameters).
@@ -85,7 +85,11 @@ impl Device {
                 config.block_size
             ));
         }
-        Ok(Device { config, backend, io_lock: RwLock::new(()) })
+        Ok(Device {
+            config,
+            backend,
+            io_lock: RwLock::new(()),
+        })
     }
 
     pub fn block_size(&self) -> u32 {
@@ -176,9 +180,9 @@ impl Device {
                 self.check_range(lba, blocks)?;
                 let mut buf = vec![0u8; bs as usize];
                 for b in 0..blocks as u64 {
-                    self.backend
-                        .read((lba + b) * bs, &mut buf)
-                        .map_err(|_| Sense::new(SenseKey::MediumError, Asc::UNRECOVERED_READ_ERROR))?;
+                    self.backend.read((lba + b) * bs, &mut buf).map_err(|_| {
+                        Sense::new(SenseKey::MediumError, Asc::UNRECOVERED_READ_ERROR)
+                    })?;
                 }
                 Ok(Vec::new())
             }
@@ -200,7 +204,10 @@ impl Device {
             Command::Unmap { param_len } => {
                 self.writable()?;
                 if !self.config.thin {
-                    return Err(Sense::new(SenseKey::IllegalRequest, Asc::INVALID_COMMAND_OPERATION_CODE));
+                    return Err(Sense::new(
+                        SenseKey::IllegalRequest,
+                        Asc::INVALID_COMMAND_OPERATION_CODE,
+                    ));
                 }
                 self.unmap(data_out.get(..param_len as usize).unwrap_or(data_out))?;
                 Ok(Vec::new())
@@ -231,7 +238,9 @@ impl Device {
                     .map_err(|_| Sense::new(SenseKey::MediumError, Asc::WRITE_ERROR))?;
                 Ok(Vec::new())
             }
-            Command::ReportOpcodes { options, opcode, .. } => report_opcodes(options, opcode),
+            Command::ReportOpcodes {
+                options, opcode, ..
+            } => report_opcodes(options, opcode),
             Command::RequestSense { .. } | Command::ReportLuns { .. } => {
                 unreachable!("handled by the target before reaching a device")
             }
@@ -249,7 +258,12 @@ impl Device {
     fn fill(&self, lba: u64, blocks: u64, block: &[u8]) -> Result<(), Sense> {
         let bs = block.len() as u64;
         let per = (1 << 20) / bs;
-        let chunk: Vec<u8> = block.iter().copied().cycle().take((per.min(blocks) * bs) as usize).collect();
+        let chunk: Vec<u8> = block
+            .iter()
+            .copied()
+            .cycle()
+            .take((per.min(blocks) * bs) as usize)
+            .collect();
         let _shared = self.io_lock.read().unwrap_or_else(|e| e.into_inner());
         let mut done = 0;
         while done < blocks {
@@ -278,11 +292,19 @@ impl Device {
             return Err(bad_len());
         }
         if descs.len() / 16 > MAX_UNMAP_DESCRIPTORS as usize {
-            return Err(Sense::new(SenseKey::IllegalRequest, Asc::INVALID_FIELD_IN_PARAMETER_LIST));
+            return Err(Sense::new(
+                SenseKey::IllegalRequest,
+                Asc::INVALID_FIELD_IN_PARAMETER_LIST,
+            ));
         }
         let ranges: Vec<(u64, u32)> = descs
             .chunks(16)
-            .map(|d| (u64::from_be_bytes(d[0..8].try_into().unwrap_or([0; 8])), u32::from_be_bytes(d[8..12].try_into().unwrap_or([0; 4]))))
+            .map(|d| {
+                (
+                    u64::from_be_bytes(d[0..8].try_into().unwrap_or([0; 8])),
+                    u32::from_be_bytes(d[8..12].try_into().unwrap_or([0; 4])),
+                )
+            })
             .collect();
         for &(lba, n) in &ranges {
             self.check_range(lba, n)?;
@@ -450,7 +472,11 @@ fn report_opcodes(options: u8, opcode: u8) -> Result<Vec<u8>, Sense> {
         for &op in Opcode::ALL {
             let len = op.cdb_len().unwrap_or(0) as u16;
             let sas = op.service_actions();
-            let entries: Vec<(u16, u8)> = if sas.is_empty() { vec![(0, 0)] } else { sas.iter().map(|&sa| (sa, 1)).collect() };
+            let entries: Vec<(u16, u8)> = if sas.is_empty() {
+                vec![(0, 0)]
+            } else {
+                sas.iter().map(|&sa| (sa, 1)).collect()
+            };
             for (sa, servactv) in entries {
                 let [s0, s1] = sa.to_be_bytes();
                 let [l0, l1] = len.to_be_bytes();
