@@ -221,3 +221,26 @@ pub trait Provider: Send + Sync {
         unsupported!("post_srq_recv")
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Bare;
+    impl Provider for Bare {
+        fn name(&self) -> &'static str {
+            "bare"
+        }
+    }
+
+    #[test]
+    fn unimplemented_verbs_say_not_supported() {
+        let p: &dyn Provider = &Bare;
+        let h = crate::Handle { index: 0, generation: 0 };
+        assert_eq!(p.alloc_pd(CaHandle(h), 0), Err(VerbsError::NotSupported("alloc_pd")));
+        assert_eq!(p.post_send(QpHandle(h), &[]), Err(VerbsError::NotSupported("post_send")));
+        assert_eq!(p.alloc_mw(PdHandle(h), MwType::Type2, 0), Err(VerbsError::NotSupported("alloc_mw")));
+        assert!(p.list_cas().is_empty());
+        assert_eq!(VerbsError::NotSupported("alloc_mw").to_string(), "not supported by this provider: alloc_mw");
+    }
+}
