@@ -34,7 +34,7 @@ pub mod sense;
 pub mod target;
 pub mod ua;
 
-pub use backend::{Backend, FileIo, NullIo, Ram};
+pub use backend::{Backend, BlockIo, FileIo, NullIo, Ram};
 pub use cdb::{Command, DataDir, Plan};
 pub use emulation::{Device, DeviceConfig};
 pub use lun::Lun;

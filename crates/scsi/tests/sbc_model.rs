@@ -1,7 +1,7 @@
 //! WRITE SAME, UNMAP, COMPARE AND WRITE, REPORT SUPPORTED OPERATION CODES,
 //! and a model check: random interleavings of WRITE, WRITE SAME, UNMAP,
-//! COMPARE AND WRITE and READ agree with a plain in-memory model on the ram
-//! and fileio backends (deterministic xorshift; proptest is not vendored).
+//! COMPARE AND WRITE and READ agree with a plain in-memory model on the ram,
+//! fileio and blockio (O_DIRECT) backends (deterministic xorshift; proptest is not vendored).
 
 use scsi::*;
 use std::sync::Arc;
@@ -292,7 +292,7 @@ fn run_model(dev: Arc<Device>, seed: u64) {
 }
 
 #[test]
-fn model_agrees_ram_and_fileio() {
+fn model_agrees_ram_fileio_blockio() {
     for seed in 1..=20u64 {
         run_model(
             thin(Arc::new(Ram::new(BLOCKS * BS as u64))),
@@ -309,6 +309,17 @@ fn model_agrees_ram_and_fileio() {
         f.set_len(BLOCKS * BS as u64).unwrap();
         run_model(
             thin(Arc::new(FileIo::new(f, seed % 2 == 0).unwrap())),
+            seed * 0x9e37_79b9,
+        );
+        std::fs::remove_file(&path).unwrap();
+        // blockio: the same file layout opened O_DIRECT.
+        let path =
+            std::env::temp_dir().join(format!("scsi-model-bio-{}-{seed}", std::process::id()));
+        let f = std::fs::File::create(&path).unwrap();
+        f.set_len(BLOCKS * BS as u64).unwrap();
+        drop(f);
+        run_model(
+            thin(Arc::new(BlockIo::open(&path, false, BS).unwrap())),
             seed * 0x9e37_79b9,
         );
         std::fs::remove_file(&path).unwrap();

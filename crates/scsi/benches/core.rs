@@ -1,0 +1,95 @@
+//! The core's own ceiling: READ(16)/WRITE(16) through `Target::execute` on
+//! nullio and ram, 4 KiB and 1 MiB, 1 and 4 threads. Criterion's elem/s is
+//! IOPS. Baseline in the same run: a plain memcpy of the same size, so the
+//! core's overhead shows as a ratio.
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use scsi::*;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn cdb16(op: u8, lba: u64, n: u32) -> Vec<u8> {
+    let mut c = vec![op, 0];
+    c.extend_from_slice(&lba.to_be_bytes());
+    c.extend_from_slice(&n.to_be_bytes());
+    c.extend_from_slice(&[0, 0]);
+    c
+}
+
+fn setup(ram: bool) -> (Arc<Target>, Nexus) {
+    let size = 64 << 20;
+    let backend: Arc<dyn Backend> = if ram {
+        Arc::new(Ram::new(size))
+    } else {
+        Arc::new(NullIo::new(size))
+    };
+    let cfg = DeviceConfig {
+        block_size: 4096,
+        ..Default::default()
+    };
+    let t = Target::new();
+    let lun = Lun::new(0).unwrap();
+    t.add_lun(None, lun, Arc::new(Device::new(cfg, backend).unwrap()));
+    let n = Nexus::new("bench", "p");
+    t.execute(&n, lun, &[0; 6], &[], 0);
+    (Arc::new(t), n)
+}
+
+fn run(t: &Arc<Target>, n: &Nexus, threads: u64, iters: u64, size: usize, write: bool) -> Duration {
+    let blocks = (size / 4096) as u32;
+    let per = iters.div_ceil(threads);
+    let start = Instant::now();
+    std::thread::scope(|s| {
+        for k in 0..threads {
+            let t = t.clone();
+            let n = n.clone();
+            s.spawn(move || {
+                let data = vec![0x5a; size];
+                let lun = Lun::new(0).unwrap();
+                for i in 0..per {
+                    let lba = ((k * 977 + i * blocks as u64) % (16384 - blocks as u64)) as u64;
+                    let r = if write {
+                        t.execute(&n, lun, &cdb16(0x8a, lba, blocks), &data, size as u64)
+                    } else {
+                        t.execute(&n, lun, &cdb16(0x88, lba, blocks), &[], size as u64)
+                    };
+                    assert_eq!(r.status, Status::Good);
+                    std::hint::black_box(r);
+                }
+            });
+        }
+    });
+    start.elapsed()
+}
+
+fn bench(c: &mut Criterion) {
+    for size in [4096usize, 1 << 20] {
+        let mut g = c.benchmark_group(format!("core_{}k", size / 1024));
+        g.throughput(Throughput::Elements(1));
+        if size > 4096 {
+            g.sample_size(10);
+        }
+        let src = vec![1u8; size];
+        g.bench_function("baseline_memcpy", |b| {
+            b.iter(|| {
+                let v = src.clone();
+                std::hint::black_box(v)
+            })
+        });
+        for (name, ram) in [("nullio", false), ("ram", true)] {
+            let (t, n) = setup(ram);
+            for threads in [1u64, 4] {
+                for write in [false, true] {
+                    let id = format!("{name}_{}_{threads}t", if write { "write" } else { "read" });
+                    g.bench_with_input(BenchmarkId::from_parameter(id), &threads, |b, &th| {
+                        b.iter_custom(|iters| run(&t, &n, th, iters, size, write))
+                    });
+                }
+            }
+        }
+        g.finish();
+    }
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
