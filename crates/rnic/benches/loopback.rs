@@ -38,26 +38,60 @@ fn main() {
     fab.add_ca(CaConfig::simple(1, 1)).unwrap();
     fab.add_ca(CaConfig::simple(2, 2)).unwrap();
     let f = F(fab);
-    let (a, b) = (Node::open(&f, rdma_types::Guid(1), 4096), Node::open(&f, rdma_types::Guid(2), 4096));
+    let (a, b) = (
+        Node::open(&f, rdma_types::Guid(1), 4096),
+        Node::open(&f, rdma_types::Guid(2), 4096),
+    );
     let (qa, qb) = (a.qp(QpType::Rc, None, 1), b.qp(QpType::Rc, None, 2));
     connect(&a, qa, &b, qb, QpType::Rc, 7);
     let size = 1 << 20;
     let src = MemBuf::new(size);
     let dst = MemBuf::new(size);
     src.fill(0xab);
-    let smr = a.p.reg_mr(a.pd, &src, src.addr(), size as u64, AccessFlags::LOCAL_WRITE, 0).unwrap();
-    let dmr = b.p.reg_mr(b.pd, &dst, dst.addr(), size as u64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE, 0).unwrap();
-    println!("{:<22} {:>12} {:>12} {:>7}", "case", "loopback", "memcpy", "ratio");
+    let smr =
+        a.p.reg_mr(
+            a.pd,
+            &src,
+            src.addr(),
+            size as u64,
+            AccessFlags::LOCAL_WRITE,
+            0,
+        )
+        .unwrap();
+    let dmr =
+        b.p.reg_mr(
+            b.pd,
+            &dst,
+            dst.addr(),
+            size as u64,
+            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+            0,
+        )
+        .unwrap();
+    println!(
+        "{:<22} {:>12} {:>12} {:>7}",
+        "case", "loopback", "memcpy", "ratio"
+    );
     for len in [64usize << 10, 1 << 20] {
         let iters = (4usize << 30) / len / 4;
-        let mut wcs = [WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0); 16];
         let run_write = || {
             let t = Instant::now();
             for i in 0..iters {
-                let mut w = SendWr::new(i as u64, SendOpcode::RdmaWrite, vec![Sge { addr: src.addr(), length: len as u32, lkey: smr.lkey }]);
-                w.remote = RemoteAddr { addr: dst.addr(), rkey: dmr.rkey };
+                let mut w = SendWr::new(
+                    i as u64,
+                    SendOpcode::RdmaWrite,
+                    vec![Sge {
+                        addr: src.addr(),
+                        length: len as u32,
+                        lkey: smr.lkey,
+                    }],
+                );
+                w.remote = RemoteAddr {
+                    addr: dst.addr(),
+                    rkey: dmr.rkey,
+                };
                 a.p.post_send(qa, &[w]).unwrap();
-                let mut wcs = wcs;
+                let mut wcs = [WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0); 4];
                 assert_eq!(a.p.poll_cq(a.cq, &mut wcs).unwrap(), 1);
             }
             (iters * len) as f64 / t.elapsed().as_secs_f64()
@@ -76,16 +110,44 @@ fn main() {
             w = w.max(run_write());
             m = m.max(run_memcpy());
         }
-        wcs[0].wr_id = 0;
-        println!("{:<22} {:>9.2} GB/s {:>7.2} GB/s {:>7.2}", format!("RDMA WRITE {} KiB", len >> 10), w / 1e9, m / 1e9, w / m);
+        println!(
+            "{:<22} {:>9.2} GB/s {:>7.2} GB/s {:>7.2}",
+            format!("RDMA WRITE {} KiB", len >> 10),
+            w / 1e9,
+            m / 1e9,
+            w / m
+        );
     }
     // SEND 8 B latency: post a receive, post the send, poll both.
     let n = 200_000;
     let t = Instant::now();
     let mut wcs = [WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0); 4];
     for i in 0..n {
-        b.p.post_recv(qb, &[RecvWr { wr_id: i, sges: vec![Sge { addr: dst.addr(), length: 8, lkey: dmr.lkey }] }]).unwrap();
-        a.p.post_send(qa, &[SendWr::new(i, SendOpcode::Send, vec![Sge { addr: src.addr(), length: 8, lkey: smr.lkey }])]).unwrap();
+        b.p.post_recv(
+            qb,
+            &[RecvWr {
+                wr_id: i,
+                sges: vec![Sge {
+                    addr: dst.addr(),
+                    length: 8,
+                    lkey: dmr.lkey,
+                }],
+            }],
+        )
+        .unwrap();
+        a.p.post_send(
+            qa,
+            &[SendWr::new(
+                i,
+                SendOpcode::Send,
+                vec![Sge {
+                    addr: src.addr(),
+                    length: 8,
+                    lkey: smr.lkey,
+                }],
+            )],
+        )
+        .unwrap();
         assert_eq!(b.p.poll_cq(b.cq, &mut wcs).unwrap(), 1);
         assert_eq!(a.p.poll_cq(a.cq, &mut wcs).unwrap(), 1);
     }
@@ -97,5 +159,11 @@ fn main() {
         dst.write_at(0, black_box(&tmp));
     }
     let mlat = t.elapsed().as_secs_f64() / n as f64;
-    println!("{:<22} {:>9.0} ns   {:>7.0} ns   {:>7.1}", "SEND 8 B latency", lat * 1e9, mlat * 1e9, lat / mlat.max(1e-12));
+    println!(
+        "{:<22} {:>9.0} ns   {:>7.0} ns   {:>7.1}",
+        "SEND 8 B latency",
+        lat * 1e9,
+        mlat * 1e9,
+        lat / mlat.max(1e-12)
+    );
 }

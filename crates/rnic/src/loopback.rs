@@ -1,14 +1,17 @@
 //! The in-process loopback fabric: CAs attached to one [`Fabric`], which
 //! implements [`verbs::Provider`] for all of them.
 
-use rdma_types::{AccessFlags, Gid, Guid, Lid, Mtu, Pkey, PortNum, Qkey, QpState, QpType, Qpn, Rkey, WcOpcode, WcStatus};
+use core::result::Result;
+use rdma_types::{
+    AccessFlags, Gid, Guid, Lid, Mtu, Pkey, PortNum, Qkey, QpState, QpType, Qpn, Rkey, WcOpcode,
+    WcStatus,
+};
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use verbs::kit::cq::Cq;
 use verbs::kit::keys::{KeyTable, Target};
 use verbs::kit::qp_table;
 use verbs::kit::rq::RecvQueue;
-use core::result::Result;
 use verbs::*;
 
 /// Size of the GRH placed before UD payloads in receive buffers (IBA 8.3).
@@ -84,14 +87,49 @@ struct Qp {
 }
 
 enum Obj {
-    Ca { dev: usize, handler: Arc<dyn EventHandler>, ctx: u64, children: u32 },
-    Pd { ca: usize, ctx: u64, children: u32 },
-    Cq { ca: usize, pd: usize, ctx: u64, cq: Arc<Cq>, users: u32 },
-    Srq { ca: usize, pd: usize, ctx: u64, rq: RecvQueue, users: u32 },
+    Ca {
+        dev: usize,
+        handler: Arc<dyn EventHandler>,
+        ctx: u64,
+        children: u32,
+    },
+    Pd {
+        ca: usize,
+        ctx: u64,
+        children: u32,
+    },
+    Cq {
+        ca: usize,
+        pd: usize,
+        ctx: u64,
+        cq: Arc<Cq>,
+        users: u32,
+    },
+    Srq {
+        ca: usize,
+        pd: usize,
+        ctx: u64,
+        rq: RecvQueue,
+        users: u32,
+    },
     Qp(Box<Qp>),
-    Ah { pd: usize, attr: AhAttr },
-    Mr { ca: usize, pd: usize, key: u32, ctx: u64 },
-    Mw { ca: usize, pd: usize, key: u32, kind: MwType, ctx: u64 },
+    Ah {
+        pd: usize,
+        attr: AhAttr,
+    },
+    Mr {
+        ca: usize,
+        pd: usize,
+        key: u32,
+        ctx: u64,
+    },
+    Mw {
+        ca: usize,
+        pd: usize,
+        key: u32,
+        kind: MwType,
+        ctx: u64,
+    },
 }
 
 struct Slot {
@@ -128,10 +166,19 @@ impl State {
             let s = &mut self.slots[i];
             s.gen = s.gen.wrapping_add(1);
             s.obj = Some(obj);
-            Handle { index: i as u32, generation: s.gen }
+            Handle {
+                index: i as u32,
+                generation: s.gen,
+            }
         } else {
-            self.slots.push(Slot { gen: 1, obj: Some(obj) });
-            Handle { index: (self.slots.len() - 1) as u32, generation: 1 }
+            self.slots.push(Slot {
+                gen: 1,
+                obj: Some(obj),
+            });
+            Handle {
+                index: (self.slots.len() - 1) as u32,
+                generation: 1,
+            }
         }
     }
 
@@ -195,8 +242,12 @@ impl State {
 
     fn adjust_children(&mut self, i: usize, delta: i32) {
         match self.obj_mut(i) {
-            Obj::Ca { children, .. } | Obj::Pd { children, .. } => *children = children.wrapping_add_signed(delta),
-            Obj::Cq { users, .. } | Obj::Srq { users, .. } => *users = users.wrapping_add_signed(delta),
+            Obj::Ca { children, .. } | Obj::Pd { children, .. } => {
+                *children = children.wrapping_add_signed(delta)
+            }
+            Obj::Cq { users, .. } | Obj::Srq { users, .. } => {
+                *users = users.wrapping_add_signed(delta)
+            }
             _ => {}
         }
     }
@@ -239,7 +290,14 @@ impl State {
         }
     }
 
-    fn event(&self, ca: usize, kind: AsyncEventKind, ctx: u64, port: Option<PortNum>, out: &mut Vec<Cb>) {
+    fn event(
+        &self,
+        ca: usize,
+        kind: AsyncEventKind,
+        ctx: u64,
+        port: Option<PortNum>,
+        out: &mut Vec<Cb>,
+    ) {
         out.push(Cb::Async(self.handler(ca), AsyncEvent { kind, ctx, port }));
     }
 
@@ -262,7 +320,11 @@ impl State {
                 continue;
             }
             for p in &dev.ports {
-                let hit = if av.grh { p.gids.first() == Some(&av.dgid) } else { p.lid == av.dlid };
+                let hit = if av.grh {
+                    p.gids.first() == Some(&av.dgid)
+                } else {
+                    p.lid == av.dlid
+                };
                 if hit {
                     return Some((d, p.port));
                 }
@@ -272,7 +334,10 @@ impl State {
     }
 
     fn port_active(&self, dev: usize, port: PortNum) -> bool {
-        self.devices[dev].ports.get((port.0 as usize).wrapping_sub(1)).is_some_and(|p| p.state == PortState::Active)
+        self.devices[dev]
+            .ports
+            .get((port.0 as usize).wrapping_sub(1))
+            .is_some_and(|p| p.state == PortState::Active)
     }
 
     fn qp_port(&self, q: &Qp) -> PortNum {
@@ -280,16 +345,25 @@ impl State {
     }
 
     /// Gathers/scatters: checks every SGE with `needs`.
-    fn sg(&self, dev: usize, pd: usize, sges: &[Sge], needs: AccessFlags) -> Result<Vec<(Target, usize)>, WcStatus> {
+    fn sg(
+        &self,
+        dev: usize,
+        pd: usize,
+        sges: &[Sge],
+        needs: AccessFlags,
+    ) -> Result<Vec<(Target, usize)>, WcStatus> {
         let keys = &self.devices[dev].keys;
         sges.iter()
             .filter(|s| s.length > 0)
-            .map(|s| keys.local(pd as u32, s.lkey, s.addr, s.length as u64, needs).map(|t| (t, s.length as usize)))
+            .map(|s| {
+                keys.local(pd as u32, s.lkey, s.addr, s.length as u64, needs)
+                    .map(|t| (t, s.length as usize))
+            })
             .collect()
     }
 
     /// Moves a QP to ERR, flushing its send and receive queues.
-    fn to_error(&mut self, qi: usize, out: &mut Vec<Cb>) {
+    fn enter_error(&mut self, qi: usize, out: &mut Vec<Cb>) {
         let q = self.qp(qi);
         if q.state == QpState::Err {
             return;
@@ -299,10 +373,20 @@ impl State {
         let recvs = q.rq.drain();
         let (scq, rcq, ctx) = (q.send_cq, q.recv_cq, q.ctx);
         for wr in pending {
-            self.complete(scq, WorkCompletion::new(wr.wr_id, WcStatus::WrFlushErr, wc_opcode(wr.opcode), ctx), false, out);
+            self.complete(
+                scq,
+                WorkCompletion::new(wr.wr_id, WcStatus::WrFlushErr, wc_opcode(wr.opcode), ctx),
+                false,
+                out,
+            );
         }
         for wr in recvs {
-            self.complete(rcq, WorkCompletion::new(wr.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, ctx), false, out);
+            self.complete(
+                rcq,
+                WorkCompletion::new(wr.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, ctx),
+                false,
+                out,
+            );
         }
     }
 
@@ -325,42 +409,56 @@ impl State {
     }
 
     /// Runs the send queue of `qi` as far as it goes.
+    /// Runs the send queue of `qi` as far as it goes.
     fn progress(&mut self, qi: usize, out: &mut Vec<Cb>) {
         loop {
-            let q = self.qpr(qi);
+            let q = self.qp(qi);
             if q.state != QpState::Rts {
                 return;
             }
-            let Some(wr) = q.pending.front().cloned() else { return };
-            let sig = q.init.sq_sig_all || wr.flags.contains(SendFlags::SIGNALED);
-            let (scq, ctx) = (q.send_cq, q.ctx);
-            let rnr_retry = q.attr.rnr_retry.unwrap_or(0);
-            let status = match self.execute(qi, &wr, out) {
-                Exec::Rnr if rnr_retry == 0 => Err(WcStatus::RnrRetryExcErr),
-                Exec::Rnr => return,
-                Exec::Done(r) => r,
+            let Some(wr) = q.pending.pop_front() else {
+                return;
             };
-            self.qp(qi).pending.pop_front();
-            match status {
-                Ok(byte_len) => {
-                    if sig {
-                        let mut wc = WorkCompletion::new(wr.wr_id, WcStatus::Success, wc_opcode(wr.opcode), ctx);
-                        wc.byte_len = byte_len;
-                        self.complete(scq, wc, false, out);
-                    }
-                }
-                Err(st) => {
-                    self.complete(scq, WorkCompletion::new(wr.wr_id, st, wc_opcode(wr.opcode), ctx), false, out);
-                    let qt = self.qpr(qi).init.qp_type;
-                    if qt.is_datagram() || qt == QpType::Uc {
-                        // Unreliable service: local errors move to SQE... except
-                        // we keep IBA's simpler rule for the loopback: ERR.
-                    }
-                    self.to_error(qi, out);
-                    return;
-                }
+            if !self.run_one(qi, &wr, out) {
+                self.qp(qi).pending.push_front(wr);
+                return;
             }
         }
+    }
+
+    /// Executes one WR and completes it; false if it must wait (RNR).
+    fn run_one(&mut self, qi: usize, wr: &SendWr, out: &mut Vec<Cb>) -> bool {
+        let q = self.qpr(qi);
+        let sig = q.init.sq_sig_all || wr.flags.contains(SendFlags::SIGNALED);
+        let (scq, ctx) = (q.send_cq, q.ctx);
+        let rnr_retry = q.attr.rnr_retry.unwrap_or(0);
+        let status = match self.execute(qi, wr, out) {
+            Exec::Rnr if rnr_retry == 0 => Err(WcStatus::RnrRetryExcErr),
+            Exec::Rnr => return false,
+            Exec::Done(r) => r,
+        };
+        match status {
+            Ok(byte_len) => {
+                if sig {
+                    let mut wc =
+                        WorkCompletion::new(wr.wr_id, WcStatus::Success, wc_opcode(wr.opcode), ctx);
+                    wc.byte_len = byte_len;
+                    self.complete(scq, wc, false, out);
+                }
+            }
+            Err(st) => {
+                // Every error completion moves the QP to ERR and flushes
+                // (IBA 10.8.3; the loopback does not use SQE for UC/UD).
+                self.complete(
+                    scq,
+                    WorkCompletion::new(wr.wr_id, st, wc_opcode(wr.opcode), ctx),
+                    false,
+                    out,
+                );
+                self.enter_error(qi, out);
+            }
+        }
+        true
     }
 
     fn execute(&mut self, qi: usize, wr: &SendWr, out: &mut Vec<Cb>) -> Exec {
@@ -370,19 +468,46 @@ impl State {
         // Local-only operations.
         match wr.opcode {
             SendOpcode::LocalInv => {
-                return Exec::Done(self.devices[dev].keys.invalidate(pd as u32, wr.invalidate_rkey).map(|_| 0).map_err(|_| WcStatus::MwBindErr))
+                return Exec::Done(
+                    self.devices[dev]
+                        .keys
+                        .invalidate(pd as u32, wr.invalidate_rkey)
+                        .map(|_| 0)
+                        .map_err(|_| WcStatus::MwBindErr),
+                )
             }
             SendOpcode::BindMw => {
-                let Some(b) = wr.bind_mw else { return Exec::Done(Err(WcStatus::MwBindErr)) };
-                let (Ok(mwi), Ok(mri)) = (self.slot(b.mw.0), self.slot(b.mr.0)) else { return Exec::Done(Err(WcStatus::MwBindErr)) };
-                let (Obj::Mw { key: mwk, kind: MwType::Type2, .. }, Obj::Mr { key: mrk, .. }) = (self.obj(mwi), self.obj(mri)) else {
+                let Some(b) = wr.bind_mw else {
+                    return Exec::Done(Err(WcStatus::MwBindErr));
+                };
+                let (Ok(mwi), Ok(mri)) = (self.slot(b.mw.0), self.slot(b.mr.0)) else {
+                    return Exec::Done(Err(WcStatus::MwBindErr));
+                };
+                let (
+                    Obj::Mw {
+                        key: mwk,
+                        kind: MwType::Type2,
+                        ..
+                    },
+                    Obj::Mr { key: mrk, .. },
+                ) = (self.obj(mwi), self.obj(mri))
+                else {
                     return Exec::Done(Err(WcStatus::MwBindErr));
                 };
                 let (mwk, mrk) = (*mwk, *mrk);
                 if b.rkey.0 >> 8 != mwk >> 8 {
                     return Exec::Done(Err(WcStatus::MwBindErr));
                 }
-                let r = self.devices[dev].keys.bind_mw(pd as u32, mwk >> 8, mrk >> 8, b.addr, b.len, b.access, b.rkey.0 as u8, qpn);
+                let r = self.devices[dev].keys.bind_mw(
+                    pd as u32,
+                    mwk >> 8,
+                    mrk >> 8,
+                    b.addr,
+                    b.len,
+                    b.access,
+                    b.rkey.0 as u8,
+                    qpn,
+                );
                 if let (Ok(k), Obj::Mw { key, .. }) = (r, self.obj_mut(mwi)) {
                     *key = k;
                 }
@@ -391,7 +516,9 @@ impl State {
             _ => {}
         }
         let needs_local = match wr.opcode {
-            SendOpcode::RdmaRead | SendOpcode::AtomicCmpSwp | SendOpcode::AtomicFetchAdd => AccessFlags::LOCAL_WRITE,
+            SendOpcode::RdmaRead | SendOpcode::AtomicCmpSwp | SendOpcode::AtomicFetchAdd => {
+                AccessFlags::LOCAL_WRITE
+            }
             _ => AccessFlags::NONE,
         };
         let local = match self.sg(dev, pd, &wr.sges, needs_local) {
@@ -400,30 +527,48 @@ impl State {
         };
         let port = self.qp_port(self.qpr(qi));
         if !self.port_active(dev, port) {
-            return Exec::Done(if qt == QpType::Rc { Err(WcStatus::RetryExcErr) } else { Ok(len as u32) });
+            return Exec::Done(if qt == QpType::Rc {
+                Err(WcStatus::RetryExcErr)
+            } else {
+                Ok(len as u32)
+            });
         }
         if qt.is_datagram() {
             return Exec::Done(self.ud_send(qi, wr, &local, out));
         }
         // Connected: find the peer.
         let q = self.qpr(qi);
-        let (Some(av), Some(dq)) = (q.attr.av, q.attr.dest_qpn) else { return Exec::Done(Err(WcStatus::RetryExcErr)) };
+        let (Some(av), Some(dq)) = (q.attr.av, q.attr.dest_qpn) else {
+            return Exec::Done(Err(WcStatus::RetryExcErr));
+        };
         let peer = self
             .device_of_port(&av)
             .filter(|(d, p)| self.port_active(*d, *p))
             .and_then(|(d, _)| self.devices[d].qpns.get(&dq.value()).copied())
             .filter(|&pi| {
                 let p = self.qpr(pi);
-                matches!(p.state, QpState::Rtr | QpState::Rts | QpState::Sqd) && p.attr.dest_qpn.map(|x| x.value()) == Some(qpn) && p.init.qp_type == qt
+                matches!(p.state, QpState::Rtr | QpState::Rts | QpState::Sqd)
+                    && p.attr.dest_qpn.map(|x| x.value()) == Some(qpn)
+                    && p.init.qp_type == qt
             });
         let Some(pi) = peer else {
-            return Exec::Done(if qt == QpType::Rc { Err(WcStatus::RetryExcErr) } else { Ok(len as u32) });
+            return Exec::Done(if qt == QpType::Rc {
+                Err(WcStatus::RetryExcErr)
+            } else {
+                Ok(len as u32)
+            });
         };
         let mtu_ok = self.qpr(qi).attr.path_mtu.is_some();
         debug_assert!(mtu_ok);
         let (pdev, ppd, pctx, prcq, paccess) = {
             let p = self.qpr(pi);
-            (p.dev, p.pd, p.ctx, p.recv_cq, p.attr.access.unwrap_or(AccessFlags::NONE))
+            (
+                p.dev,
+                p.pd,
+                p.ctx,
+                p.recv_cq,
+                p.attr.access.unwrap_or(AccessFlags::NONE),
+            )
         };
         if self.qpr(pi).state == QpState::Rtr && !self.qpr(pi).established {
             self.qp(pi).established = true;
@@ -434,7 +579,14 @@ impl State {
             if !paccess.contains(needs) {
                 return Err(WcStatus::RemAccessErr);
             }
-            st.devices[pdev].keys.remote(ppd as u32, wr.remote.rkey, wr.remote.addr, l, needs, dq.value())
+            st.devices[pdev].keys.remote(
+                ppd as u32,
+                wr.remote.rkey,
+                wr.remote.addr,
+                l,
+                needs,
+                dq.value(),
+            )
         };
         let rc = qt == QpType::Rc;
         match wr.opcode {
@@ -474,7 +626,10 @@ impl State {
                     Err(e) => Exec::Done(Err(e)),
                 }
             }
-            SendOpcode::RdmaWriteWithImm | SendOpcode::Send | SendOpcode::SendWithImm | SendOpcode::SendWithInv => {
+            SendOpcode::RdmaWriteWithImm
+            | SendOpcode::Send
+            | SendOpcode::SendWithImm
+            | SendOpcode::SendWithInv => {
                 let target = if wr.opcode == SendOpcode::RdmaWriteWithImm {
                     match remote(self, AccessFlags::REMOTE_WRITE, len) {
                         Ok(t) => Some(t),
@@ -486,9 +641,14 @@ impl State {
                 };
                 let Some(rwr) = self.take_recv(pi, out) else {
                     // RC: RNR NAK (IBA 9.7.5.2.8); UC: message dropped.
-                    return if rc { Exec::Rnr } else { Exec::Done(Ok(len as u32)) };
+                    return if rc {
+                        Exec::Rnr
+                    } else {
+                        Exec::Done(Ok(len as u32))
+                    };
                 };
-                let mut wc = WorkCompletion::new(rwr.wr_id, WcStatus::Success, WcOpcode::Recv, pctx);
+                let mut wc =
+                    WorkCompletion::new(rwr.wr_id, WcStatus::Success, WcOpcode::Recv, pctx);
                 wc.byte_len = len as u32;
                 wc.src_qp = Qpn::from_bits(qpn);
                 let mut fail = None;
@@ -497,17 +657,25 @@ impl State {
                     wc.opcode = WcOpcode::RecvRdmaWithImm;
                 } else {
                     match self.sg(pdev, ppd, &rwr.sges, AccessFlags::LOCAL_WRITE) {
-                        Ok(dst) if dst.iter().map(|d| d.1 as u64).sum::<u64>() >= len => copy_sg(&local, &dst),
+                        Ok(dst) if dst.iter().map(|d| d.1 as u64).sum::<u64>() >= len => {
+                            copy_sg(&local, &dst)
+                        }
                         Ok(_) => fail = Some((WcStatus::LocLenErr, WcStatus::RemInvReqErr)),
                         Err(e) => fail = Some((e, WcStatus::RemOpErr)),
                     }
                 }
-                if matches!(wr.opcode, SendOpcode::SendWithImm | SendOpcode::RdmaWriteWithImm) {
+                if matches!(
+                    wr.opcode,
+                    SendOpcode::SendWithImm | SendOpcode::RdmaWriteWithImm
+                ) {
                     wc.imm = wr.imm;
                     wc.wc_flags = wc.wc_flags | WcFlags::WITH_IMM;
                 }
                 if fail.is_none() && wr.opcode == SendOpcode::SendWithInv {
-                    match self.devices[pdev].keys.invalidate(ppd as u32, wr.invalidate_rkey) {
+                    match self.devices[pdev]
+                        .keys
+                        .invalidate(ppd as u32, wr.invalidate_rkey)
+                    {
                         Ok(()) => {
                             wc.invalidated_rkey = wr.invalidate_rkey;
                             wc.wc_flags = wc.wc_flags | WcFlags::WITH_INV;
@@ -518,7 +686,7 @@ impl State {
                 if let Some((resp, req)) = fail {
                     wc.status = resp;
                     self.complete(prcq, wc, true, out);
-                    self.to_error(pi, out);
+                    self.enter_error(pi, out);
                     return Exec::Done(Err(req));
                 }
                 self.complete(prcq, wc, wr.flags.contains(SendFlags::SOLICITED), out);
@@ -528,11 +696,24 @@ impl State {
         }
     }
 
-    fn ud_send(&mut self, qi: usize, wr: &SendWr, local: &[(Target, usize)], out: &mut Vec<Cb>) -> Result<u32, WcStatus> {
+    fn ud_send(
+        &mut self,
+        qi: usize,
+        wr: &SendWr,
+        local: &[(Target, usize)],
+        out: &mut Vec<Cb>,
+    ) -> Result<u32, WcStatus> {
         let len = wr.total_len();
         let q = self.qpr(qi);
-        let (dev, qpn, own_qkey, port) = (q.dev, q.qpn, q.attr.qkey.unwrap_or(Qkey(0)), self.qp_port(q));
-        let Some(ud) = wr.ud else { return Err(WcStatus::LocQpOpErr) };
+        let (dev, qpn, own_qkey, port) = (
+            q.dev,
+            q.qpn,
+            q.attr.qkey.unwrap_or(Qkey(0)),
+            self.qp_port(q),
+        );
+        let Some(ud) = wr.ud else {
+            return Err(WcStatus::LocQpOpErr);
+        };
         let av = match self.slot(ud.ah.0).map(|i| self.obj(i)) {
             Ok(Obj::Ah { attr, .. }) => *attr,
             _ => return Err(WcStatus::LocQpOpErr),
@@ -543,17 +724,37 @@ impl State {
         }
         let sport = &self.devices[dev].ports[port.0 as usize - 1];
         let (sgid, slid) = (sport.gids[0], sport.lid);
-        let Some((pdev, pport)) = self.device_of_port(&av).filter(|(d, p)| self.port_active(*d, *p)) else { return Ok(len as u32) };
-        let key = if ud.remote_qpn.value() <= 1 { (pport.0 as u32) << 24 | ud.remote_qpn.value() } else { ud.remote_qpn.value() };
-        let Some(&pi) = self.devices[pdev].qpns.get(&key) else { return Ok(len as u32) };
+        let Some((pdev, pport)) = self
+            .device_of_port(&av)
+            .filter(|(d, p)| self.port_active(*d, *p))
+        else {
+            return Ok(len as u32);
+        };
+        let key = if ud.remote_qpn.value() <= 1 {
+            (pport.0 as u32) << 24 | ud.remote_qpn.value()
+        } else {
+            ud.remote_qpn.value()
+        };
+        let Some(&pi) = self.devices[pdev].qpns.get(&key) else {
+            return Ok(len as u32);
+        };
         let p = self.qpr(pi);
-        let qkey = if ud.remote_qkey.0 & 0x8000_0000 != 0 { own_qkey } else { ud.remote_qkey };
-        if !p.init.qp_type.is_datagram() || !matches!(p.state, QpState::Rtr | QpState::Rts | QpState::Sqd) || p.attr.qkey != Some(qkey) {
+        let qkey = if ud.remote_qkey.0 & 0x8000_0000 != 0 {
+            own_qkey
+        } else {
+            ud.remote_qkey
+        };
+        if !p.init.qp_type.is_datagram()
+            || !matches!(p.state, QpState::Rtr | QpState::Rts | QpState::Sqd)
+            || p.attr.qkey != Some(qkey)
+        {
             return Ok(len as u32); // silently dropped (IBA 10.2.4: Q_Key violation)
         }
         let (ppd, pctx, prcq, ppkey) = (p.pd, p.ctx, p.recv_cq, p.attr.pkey_index.unwrap_or(0));
         let dgid = self.devices[pdev].ports[pport.0 as usize - 1].gids[0];
-        let Some(rwr) = self.take_recv(pi, out) else { return Ok(len as u32) };
+        let Some(rwr) = self.take_recv(pi, out) else {
+            return Ok(len as u32);
+        };
         let mut wc = WorkCompletion::new(rwr.wr_id, WcStatus::Success, WcOpcode::Recv, pctx);
         match self.sg(pdev, ppd, &rwr.sges, AccessFlags::LOCAL_WRITE) {
             Ok(dst) if dst.iter().map(|d| d.1).sum::<usize>() >= GRH_LEN + len as usize => {
@@ -645,7 +846,10 @@ const MAX_CQE: u32 = 1 << 20;
 impl Fabric {
     /// An empty fabric.
     pub fn new() -> Arc<Fabric> {
-        Arc::new(Fabric { state: Mutex::new(State::default()), cbq: Mutex::new((VecDeque::new(), false)) })
+        Arc::new(Fabric {
+            state: Mutex::new(State::default()),
+            cbq: Mutex::new((VecDeque::new(), false)),
+        })
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -673,7 +877,10 @@ impl Fabric {
         q.1 = false;
     }
 
-    fn with<T>(&self, f: impl FnOnce(&mut State, &mut Vec<Cb>) -> Result<T, VerbsError>) -> Result<T, VerbsError> {
+    fn with<T>(
+        &self,
+        f: impl FnOnce(&mut State, &mut Vec<Cb>) -> Result<T, VerbsError>,
+    ) -> Result<T, VerbsError> {
         let mut out = Vec::new();
         let r = {
             let mut st = self.lock();
@@ -695,7 +902,11 @@ impl Fabric {
             .enumerate()
             .map(|(i, p)| PortAttr {
                 port: PortNum(i as u8 + 1),
-                state: if p.active { PortState::Active } else { PortState::Down },
+                state: if p.active {
+                    PortState::Active
+                } else {
+                    PortState::Down
+                },
                 max_mtu: Mtu::Mtu4096,
                 active_mtu: p.mtu,
                 lid: p.lid,
@@ -704,14 +915,34 @@ impl Fabric {
                 pkeys: p.pkeys.clone(),
             })
             .collect();
-        st.devices.push(Device { guid: cfg.guid, ports, keys: KeyTable::new(), qpns: HashMap::new(), next_qpn: 2, opens: vec![], removed: false });
+        st.devices.push(Device {
+            guid: cfg.guid,
+            ports,
+            keys: KeyTable::new(),
+            qpns: HashMap::new(),
+            next_qpn: 2,
+            opens: vec![],
+            removed: false,
+        });
         Ok(())
     }
 
-    fn port_event(&self, guid: Guid, port: PortNum, f: impl FnOnce(&mut PortAttr) -> Option<AsyncEventKind>) -> Result<(), VerbsError> {
+    fn port_event(
+        &self,
+        guid: Guid,
+        port: PortNum,
+        f: impl FnOnce(&mut PortAttr) -> Option<AsyncEventKind>,
+    ) -> Result<(), VerbsError> {
         self.with(|st, out| {
-            let d = st.devices.iter().position(|d| d.guid == guid && !d.removed).ok_or(VerbsError::NoSuchCa)?;
-            let p = st.devices[d].ports.get_mut((port.0 as usize).wrapping_sub(1)).ok_or_else(|| bad("no such port"))?;
+            let d = st
+                .devices
+                .iter()
+                .position(|d| d.guid == guid && !d.removed)
+                .ok_or(VerbsError::NoSuchCa)?;
+            let p = st.devices[d]
+                .ports
+                .get_mut((port.0 as usize).wrapping_sub(1))
+                .ok_or_else(|| bad("no such port"))?;
             if let Some(kind) = f(p) {
                 for ca in st.devices[d].opens.clone() {
                     st.event(ca, kind, 0, Some(port), out);
@@ -723,9 +954,18 @@ impl Fabric {
     }
 
     /// Brings a port up or down (raises PortActive / PortDown).
-    pub fn set_port_active(&self, guid: Guid, port: PortNum, active: bool) -> Result<(), VerbsError> {
+    pub fn set_port_active(
+        &self,
+        guid: Guid,
+        port: PortNum,
+        active: bool,
+    ) -> Result<(), VerbsError> {
         self.port_event(guid, port, |p| {
-            let new = if active { PortState::Active } else { PortState::Down };
+            let new = if active {
+                PortState::Active
+            } else {
+                PortState::Down
+            };
             (p.state != new).then(|| {
                 p.state = new;
                 if active {
@@ -757,7 +997,11 @@ impl Fabric {
     /// again).
     pub fn remove_ca(&self, guid: Guid) -> Result<(), VerbsError> {
         self.with(|st, out| {
-            let d = st.devices.iter().position(|d| d.guid == guid && !d.removed).ok_or(VerbsError::NoSuchCa)?;
+            let d = st
+                .devices
+                .iter()
+                .position(|d| d.guid == guid && !d.removed)
+                .ok_or(VerbsError::NoSuchCa)?;
             st.devices[d].removed = true;
             for ca in st.devices[d].opens.clone() {
                 let ctx = match st.obj(ca) {
@@ -816,7 +1060,12 @@ impl Fabric {
                 _ => return Err(VerbsError::InvalidHandle),
             };
             let ctx = match st.obj(i) {
-                Obj::Ca { ctx, .. } | Obj::Pd { ctx, .. } | Obj::Cq { ctx, .. } | Obj::Srq { ctx, .. } | Obj::Mr { ctx, .. } | Obj::Mw { ctx, .. } => *ctx,
+                Obj::Ca { ctx, .. }
+                | Obj::Pd { ctx, .. }
+                | Obj::Cq { ctx, .. }
+                | Obj::Srq { ctx, .. }
+                | Obj::Mr { ctx, .. }
+                | Obj::Mw { ctx, .. } => *ctx,
                 _ => 0,
             };
             let h = st.handler(ca);
@@ -836,13 +1085,32 @@ impl Provider for Fabric {
     }
 
     fn list_cas(&self) -> Vec<Guid> {
-        self.lock().devices.iter().filter(|d| !d.removed).map(|d| d.guid).collect()
+        self.lock()
+            .devices
+            .iter()
+            .filter(|d| !d.removed)
+            .map(|d| d.guid)
+            .collect()
     }
 
-    fn open_ca(&self, guid: Guid, ctx: Context, handler: Arc<dyn EventHandler>) -> verbs::Result<CaHandle> {
+    fn open_ca(
+        &self,
+        guid: Guid,
+        ctx: Context,
+        handler: Arc<dyn EventHandler>,
+    ) -> verbs::Result<CaHandle> {
         let mut st = self.lock();
-        let d = st.devices.iter().position(|d| d.guid == guid && !d.removed).ok_or(VerbsError::NoSuchCa)?;
-        let h = st.alloc(Obj::Ca { dev: d, handler, ctx, children: 0 });
+        let d = st
+            .devices
+            .iter()
+            .position(|d| d.guid == guid && !d.removed)
+            .ok_or(VerbsError::NoSuchCa)?;
+        let h = st.alloc(Obj::Ca {
+            dev: d,
+            handler,
+            ctx,
+            children: 0,
+        });
         st.devices[d].opens.push(h.index as usize);
         Ok(CaHandle(h))
     }
@@ -874,14 +1142,21 @@ impl Provider for Fabric {
     fn query_port(&self, ca: CaHandle, port: PortNum) -> verbs::Result<PortAttr> {
         let st = self.lock();
         let dev = &st.devices[st.ca_dev(st.ca(ca)?)];
-        dev.ports.get((port.0 as usize).wrapping_sub(1)).cloned().ok_or_else(|| bad(format!("no port {}", port.0)))
+        dev.ports
+            .get((port.0 as usize).wrapping_sub(1))
+            .cloned()
+            .ok_or_else(|| bad(format!("no port {}", port.0)))
     }
 
     fn alloc_pd(&self, ca: CaHandle, ctx: Context) -> verbs::Result<PdHandle> {
         let mut st = self.lock();
         let c = st.ca(ca)?;
         st.adjust_children(c, 1);
-        Ok(PdHandle(st.alloc(Obj::Pd { ca: c, ctx, children: 0 })))
+        Ok(PdHandle(st.alloc(Obj::Pd {
+            ca: c,
+            ctx,
+            children: 0,
+        })))
     }
 
     fn dealloc_pd(&self, pd: PdHandle) -> verbs::Result<()> {
@@ -896,7 +1171,13 @@ impl Provider for Fabric {
         let p = st.pd(pd)?;
         let ca = st.pd_ca(p);
         st.adjust_children(p, 1);
-        Ok(CqHandle(st.alloc(Obj::Cq { ca, pd: p, ctx, cq: Arc::new(Cq::new(init.cqe as usize)), users: 0 })))
+        Ok(CqHandle(st.alloc(Obj::Cq {
+            ca,
+            pd: p,
+            ctx,
+            cq: Arc::new(Cq::new(init.cqe as usize)),
+            users: 0,
+        })))
     }
 
     fn destroy_cq(&self, cq: CqHandle) -> verbs::Result<()> {
@@ -931,7 +1212,13 @@ impl Provider for Fabric {
         let p = st.pd(pd)?;
         let ca = st.pd_ca(p);
         st.adjust_children(p, 1);
-        Ok(SrqHandle(st.alloc(Obj::Srq { ca, pd: p, ctx, rq, users: 0 })))
+        Ok(SrqHandle(st.alloc(Obj::Srq {
+            ca,
+            pd: p,
+            ctx,
+            rq,
+            users: 0,
+        })))
     }
 
     fn modify_srq(&self, srq: SrqHandle, limit: u32) -> verbs::Result<()> {
@@ -946,7 +1233,11 @@ impl Provider for Fabric {
     fn query_srq(&self, srq: SrqHandle) -> verbs::Result<SrqAttr> {
         let st = self.lock();
         match st.obj(st.srq_idx(srq)?) {
-            Obj::Srq { rq, .. } => Ok(SrqAttr { max_wr: rq.max_wr(), max_sge: rq.max_sge(), limit: rq.limit() }),
+            Obj::Srq { rq, .. } => Ok(SrqAttr {
+                max_wr: rq.max_wr(),
+                max_sge: rq.max_sge(),
+                limit: rq.limit(),
+            }),
             _ => unreachable!(),
         }
     }
@@ -957,8 +1248,14 @@ impl Provider for Fabric {
 
     fn create_qp(&self, pd: PdHandle, init: &QpInit, ctx: Context) -> verbs::Result<QpHandle> {
         let c = init.caps;
-        if c.max_send_wr > MAX_QP_WR || c.max_recv_wr > MAX_QP_WR || c.max_send_sge > MAX_SGE || c.max_recv_sge > MAX_SGE {
-            return Err(VerbsError::OutOfResources("QP capabilities exceed the CA's limits"));
+        if c.max_send_wr > MAX_QP_WR
+            || c.max_recv_wr > MAX_QP_WR
+            || c.max_send_sge > MAX_SGE
+            || c.max_recv_sge > MAX_SGE
+        {
+            return Err(VerbsError::OutOfResources(
+                "QP capabilities exceed the CA's limits",
+            ));
         }
         let mut st = self.lock();
         let p = st.pd(pd)?;
@@ -1051,10 +1348,16 @@ impl Provider for Fabric {
                     return Err(bad("path_mtu above the port's MTU"));
                 }
             }
-            if attr.rnr_retry.is_some_and(|r| r > 7) || attr.retry_cnt.is_some_and(|r| r > 7) || attr.timeout.is_some_and(|t| t > 31) || attr.min_rnr_timer.is_some_and(|t| t > 31) {
+            if attr.rnr_retry.is_some_and(|r| r > 7)
+                || attr.retry_cnt.is_some_and(|r| r > 7)
+                || attr.timeout.is_some_and(|t| t > 31)
+                || attr.min_rnr_timer.is_some_and(|t| t > 31)
+            {
                 return Err(bad("retry/timer field out of range"));
             }
-            if attr.access.is_some_and(|a| a.contains(AccessFlags::MW_BIND) || a.contains(AccessFlags::ZERO_BASED)) {
+            if attr.access.is_some_and(|a| {
+                a.contains(AccessFlags::MW_BIND) || a.contains(AccessFlags::ZERO_BASED)
+            }) {
                 return Err(bad("QP access takes only remote rights"));
             }
             let from = q.state;
@@ -1070,7 +1373,7 @@ impl Provider for Fabric {
                     qm.attr = QpAttr::default();
                     qm.established = false;
                 }
-                QpState::Err => st.to_error(i, out),
+                QpState::Err => st.enter_error(i, out),
                 _ => {
                     qm.state = to;
                     if to == QpState::Sqd && from != QpState::Sqd && notify {
@@ -1097,8 +1400,13 @@ impl Provider for Fabric {
         self.with(|st, out| {
             let i = st.qp_idx(qp)?;
             let q = st.qpr(i);
-            let key = if q.qpn <= 1 { (st.qp_port(q).0 as u32) << 24 | q.qpn } else { q.qpn };
-            let (dev, pd, scq, rcq, srq, ca, ctx) = (q.dev, q.pd, q.send_cq, q.recv_cq, q.srq, q.ca, q.ctx);
+            let key = if q.qpn <= 1 {
+                (st.qp_port(q).0 as u32) << 24 | q.qpn
+            } else {
+                q.qpn
+            };
+            let (dev, pd, scq, rcq, srq, ca, ctx) =
+                (q.dev, q.pd, q.send_cq, q.recv_cq, q.srq, q.ca, q.ctx);
             st.devices[dev].qpns.remove(&key);
             for p in [pd, scq, rcq].into_iter().chain(srq) {
                 st.adjust_children(p, -1);
@@ -1125,42 +1433,94 @@ impl Provider for Fabric {
         self.destroy_simple(ah.0, ResourceKind::Ah)
     }
 
-    fn reg_mr(&self, pd: PdHandle, buf: &MemBuf, addr: u64, len: u64, access: AccessFlags, ctx: Context) -> verbs::Result<MrInfo> {
+    fn reg_mr(
+        &self,
+        pd: PdHandle,
+        buf: &MemBuf,
+        addr: u64,
+        len: u64,
+        access: AccessFlags,
+        ctx: Context,
+    ) -> verbs::Result<MrInfo> {
         let mut st = self.lock();
         let p = st.pd(pd)?;
         let ca = st.pd_ca(p);
         let dev = st.ca_dev(ca);
-        let (_, key) = st.devices[dev].keys.reg_mr(p as u32, buf, addr, len, access)?;
+        let (_, key) = st.devices[dev]
+            .keys
+            .reg_mr(p as u32, buf, addr, len, access)?;
         st.adjust_children(p, 1);
-        let h = st.alloc(Obj::Mr { ca, pd: p, key, ctx });
-        Ok(MrInfo { handle: MrHandle(h), lkey: rdma_types::Lkey(key), rkey: Rkey(key), addr, len })
+        let h = st.alloc(Obj::Mr {
+            ca,
+            pd: p,
+            key,
+            ctx,
+        });
+        Ok(MrInfo {
+            handle: MrHandle(h),
+            lkey: rdma_types::Lkey(key),
+            rkey: Rkey(key),
+            addr,
+            len,
+        })
     }
 
-    fn rereg_mr(&self, mr: MrHandle, buf: &MemBuf, addr: u64, len: u64, access: AccessFlags) -> verbs::Result<MrInfo> {
+    fn rereg_mr(
+        &self,
+        mr: MrHandle,
+        buf: &MemBuf,
+        addr: u64,
+        len: u64,
+        access: AccessFlags,
+    ) -> verbs::Result<MrInfo> {
         let mut st = self.lock();
         let i = st.slot(mr.0)?;
-        let Obj::Mr { ca, key, .. } = st.obj(i) else { return Err(VerbsError::InvalidHandle) };
+        let Obj::Mr { ca, key, .. } = st.obj(i) else {
+            return Err(VerbsError::InvalidHandle);
+        };
         let (ca, old) = (*ca, *key);
         let dev = st.ca_dev(ca);
-        let new = st.devices[dev].keys.rereg_mr(old >> 8, buf, addr, len, access)?;
+        let new = st.devices[dev]
+            .keys
+            .rereg_mr(old >> 8, buf, addr, len, access)?;
         if let Obj::Mr { key, .. } = st.obj_mut(i) {
             *key = new;
         }
-        Ok(MrInfo { handle: mr, lkey: rdma_types::Lkey(new), rkey: Rkey(new), addr, len })
+        Ok(MrInfo {
+            handle: mr,
+            lkey: rdma_types::Lkey(new),
+            rkey: Rkey(new),
+            addr,
+            len,
+        })
     }
 
     fn dereg_mr(&self, mr: MrHandle) -> verbs::Result<()> {
         self.destroy_simple(mr.0, ResourceKind::Mr)
     }
 
-    fn alloc_mw(&self, pd: PdHandle, kind: MwType, ctx: Context) -> verbs::Result<(MwHandle, Rkey)> {
+    fn alloc_mw(
+        &self,
+        pd: PdHandle,
+        kind: MwType,
+        ctx: Context,
+    ) -> verbs::Result<(MwHandle, Rkey)> {
         let mut st = self.lock();
         let p = st.pd(pd)?;
         let ca = st.pd_ca(p);
         let dev = st.ca_dev(ca);
         let (_, key) = st.devices[dev].keys.alloc_mw(p as u32, kind);
         st.adjust_children(p, 1);
-        Ok((MwHandle(st.alloc(Obj::Mw { ca, pd: p, key, kind, ctx })), Rkey(key)))
+        Ok((
+            MwHandle(st.alloc(Obj::Mw {
+                ca,
+                pd: p,
+                key,
+                kind,
+                ctx,
+            })),
+            Rkey(key),
+        ))
     }
 
     fn bind_mw(&self, qp: QpHandle, bind: &MwBind) -> verbs::Result<Rkey> {
@@ -1175,12 +1535,27 @@ impl Provider for Fabric {
         }
         let mwi = st.slot(bind.mw.0)?;
         let mri = st.slot(bind.mr.0)?;
-        let (Obj::Mw { key: mwk, kind, .. }, Obj::Mr { key: mrk, .. }) = (st.obj(mwi), st.obj(mri)) else { return Err(VerbsError::InvalidHandle) };
+        let (Obj::Mw { key: mwk, kind, .. }, Obj::Mr { key: mrk, .. }) = (st.obj(mwi), st.obj(mri))
+        else {
+            return Err(VerbsError::InvalidHandle);
+        };
         if *kind != MwType::Type1 {
             return Err(bad("type 2 windows are bound with a BindMw work request"));
         }
         let (mwk, mrk) = (*mwk, *mrk);
-        let k = st.devices[dev].keys.bind_mw(pd as u32, mwk >> 8, mrk >> 8, bind.addr, bind.len, bind.access, 0, qpn).map_err(|s| bad(format!("bind refused: {s}")))?;
+        let k = st.devices[dev]
+            .keys
+            .bind_mw(
+                pd as u32,
+                mwk >> 8,
+                mrk >> 8,
+                bind.addr,
+                bind.len,
+                bind.access,
+                0,
+                qpn,
+            )
+            .map_err(|s| bad(format!("bind refused: {s}")))?;
         if let Obj::Mw { key, .. } = st.obj_mut(mwi) {
             *key = k;
         }
@@ -1200,29 +1575,69 @@ impl Provider for Fabric {
                 let cause = if matches!(q.state, QpState::Reset | QpState::Init | QpState::Rtr) {
                     Some(VerbsError::InvalidState(q.state))
                 } else if wr.sges.len() > q.init.caps.max_send_sge as usize {
-                    Some(VerbsError::InvalidArgument(format!("{} SGEs > max_send_sge", wr.sges.len())))
+                    Some(VerbsError::InvalidArgument(format!(
+                        "{} SGEs > max_send_sge",
+                        wr.sges.len()
+                    )))
                 } else if q.pending.len() >= q.init.caps.max_send_wr as usize {
                     Some(VerbsError::QueueFull)
-                } else if qt.is_datagram() && !matches!(wr.opcode, SendOpcode::Send | SendOpcode::SendWithImm) {
-                    Some(VerbsError::InvalidArgument(format!("{:?} on a datagram QP", wr.opcode)))
-                } else if qt == QpType::Uc && matches!(wr.opcode, SendOpcode::RdmaRead | SendOpcode::AtomicCmpSwp | SendOpcode::AtomicFetchAdd) {
-                    Some(VerbsError::InvalidArgument(format!("{:?} on a UC QP", wr.opcode)))
+                } else if qt.is_datagram()
+                    && !matches!(wr.opcode, SendOpcode::Send | SendOpcode::SendWithImm)
+                {
+                    Some(VerbsError::InvalidArgument(format!(
+                        "{:?} on a datagram QP",
+                        wr.opcode
+                    )))
+                } else if qt == QpType::Uc
+                    && matches!(
+                        wr.opcode,
+                        SendOpcode::RdmaRead
+                            | SendOpcode::AtomicCmpSwp
+                            | SendOpcode::AtomicFetchAdd
+                    )
+                {
+                    Some(VerbsError::InvalidArgument(format!(
+                        "{:?} on a UC QP",
+                        wr.opcode
+                    )))
                 } else if qt.is_datagram() && wr.ud.is_none() {
-                    Some(VerbsError::InvalidArgument("datagram WR without destination".into()))
+                    Some(VerbsError::InvalidArgument(
+                        "datagram WR without destination".into(),
+                    ))
                 } else {
                     None
                 };
                 if let Some(c) = cause {
-                    return Err(VerbsError::BadWr { index, cause: Box::new(c) });
+                    return Err(VerbsError::BadWr {
+                        index,
+                        cause: Box::new(c),
+                    });
                 }
                 let q = st.qp(i);
                 if matches!(q.state, QpState::Err | QpState::Sqe) {
                     let (scq, ctx) = (q.send_cq, q.ctx);
-                    st.complete(scq, WorkCompletion::new(wr.wr_id, WcStatus::WrFlushErr, wc_opcode(wr.opcode), ctx), false, out);
+                    st.complete(
+                        scq,
+                        WorkCompletion::new(
+                            wr.wr_id,
+                            WcStatus::WrFlushErr,
+                            wc_opcode(wr.opcode),
+                            ctx,
+                        ),
+                        false,
+                        out,
+                    );
                     continue;
                 }
-                q.pending.push_back(wr.clone());
-                st.progress(i, out);
+                if q.pending.is_empty() && q.state == QpState::Rts {
+                    // Fast path: nothing queued ahead, run without copying the WR.
+                    if !st.run_one(i, wr, out) {
+                        st.qp(i).pending.push_back(wr.clone());
+                    }
+                } else {
+                    q.pending.push_back(wr.clone());
+                    st.progress(i, out);
+                }
             }
             Ok(())
         })
@@ -1236,11 +1651,14 @@ impl Provider for Fabric {
                 return Err(bad("QP uses an SRQ"));
             }
             if q.state == QpState::Reset {
-                return Err(VerbsError::BadWr { index: 0, cause: Box::new(VerbsError::InvalidState(q.state)) });
+                return Err(VerbsError::BadWr {
+                    index: 0,
+                    cause: Box::new(VerbsError::InvalidState(q.state)),
+                });
             }
             q.rq.post(wrs)?;
             if q.state == QpState::Err {
-                st.to_error_flush_rq(i, out);
+                st.flush_rq(i, out);
             }
             st.progress_all(out);
             Ok(())
@@ -1261,12 +1679,17 @@ impl Provider for Fabric {
 }
 
 impl State {
-    fn to_error_flush_rq(&mut self, qi: usize, out: &mut Vec<Cb>) {
+    fn flush_rq(&mut self, qi: usize, out: &mut Vec<Cb>) {
         let q = self.qp(qi);
         let recvs = q.rq.drain();
         let (rcq, ctx) = (q.recv_cq, q.ctx);
         for wr in recvs {
-            self.complete(rcq, WorkCompletion::new(wr.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, ctx), false, out);
+            self.complete(
+                rcq,
+                WorkCompletion::new(wr.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, ctx),
+                false,
+                out,
+            );
         }
     }
 }
@@ -1285,5 +1708,22 @@ fn merge(dst: &mut QpAttr, a: &QpAttr) {
     macro_rules! m {
         ($($f:ident),*) => {$( if a.$f.is_some() { dst.$f = a.$f; } )*};
     }
-    m!(port, pkey_index, qkey, access, path_mtu, dest_qpn, rq_psn, sq_psn, av, max_dest_rd_atomic, max_rd_atomic, min_rnr_timer, timeout, retry_cnt, rnr_retry, en_sqd_async_notify);
+    m!(
+        port,
+        pkey_index,
+        qkey,
+        access,
+        path_mtu,
+        dest_qpn,
+        rq_psn,
+        sq_psn,
+        av,
+        max_dest_rd_atomic,
+        max_rd_atomic,
+        min_rnr_timer,
+        timeout,
+        retry_cnt,
+        rnr_retry,
+        en_sqd_async_notify
+    );
 }

@@ -11,7 +11,9 @@
 //! never by sleeping, so asynchronous providers run the same cases.
 
 use crate::*;
-use rdma_types::{AccessFlags, Gid, Guid, Lid, Mtu, PortNum, Psn, Qkey, QpState, QpType, Rkey, WcOpcode, WcStatus};
+use rdma_types::{
+    AccessFlags, Gid, Guid, Lid, Mtu, PortNum, Psn, Qkey, QpState, QpType, Rkey, WcOpcode, WcStatus,
+};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
@@ -63,7 +65,10 @@ pub enum Outcome {
 pub fn run(name: &str, f: &dyn Fixture, case: fn(&dyn Fixture) -> Outcome) {
     if let Outcome::Skipped(feat) = case(f) {
         println!("SKIPPED {name}: provider lacks {feat:?}");
-        assert!(f.lacks().contains(&feat), "{name} skipped for {feat:?}, which the fixture does not declare missing");
+        assert!(
+            f.lacks().contains(&feat),
+            "{name} skipped for {feat:?}, which the fixture does not declare missing"
+        );
     }
 }
 
@@ -78,13 +83,16 @@ pub enum Ev {
     Destroyed(ResourceKind, u64),
 }
 
+/// A callback run inside `on_completion`.
+pub type Hook = Box<dyn FnMut(u64) + Send>;
+
 /// An event handler that records everything.
 #[derive(Default)]
 pub struct Recorder {
     events: Mutex<Vec<Ev>>,
     cond: Condvar,
     /// Called from `on_completion` (used to destroy from a callback).
-    pub hook: Mutex<Option<Box<dyn FnMut(u64) + Send>>>,
+    pub hook: Mutex<Option<Hook>>,
 }
 
 impl Recorder {
@@ -99,7 +107,10 @@ impl Recorder {
     /// Waits until `pred` holds for some recorded event.
     pub fn wait_for(&self, pred: impl Fn(&Ev) -> bool) -> bool {
         let g = self.events.lock().unwrap();
-        let (g, _) = self.cond.wait_timeout_while(g, Duration::from_secs(10), |v| !v.iter().any(&pred)).unwrap();
+        let (g, _) = self
+            .cond
+            .wait_timeout_while(g, Duration::from_secs(10), |v| !v.iter().any(&pred))
+            .unwrap();
         g.iter().any(pred)
     }
 }
@@ -142,7 +153,11 @@ pub struct Node {
 
 /// Every MR right.
 pub fn all_access() -> AccessFlags {
-    AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC | AccessFlags::MW_BIND
+    AccessFlags::LOCAL_WRITE
+        | AccessFlags::REMOTE_WRITE
+        | AccessFlags::REMOTE_READ
+        | AccessFlags::REMOTE_ATOMIC
+        | AccessFlags::MW_BIND
 }
 
 impl Node {
@@ -155,30 +170,66 @@ impl Node {
         let cq = p.create_cq(pd, &CqInit { cqe }, 100).unwrap();
         let port = p.query_port(ca, PortNum(1)).unwrap();
         let buf = MemBuf::new(65536);
-        let mr = p.reg_mr(pd, &buf, buf.addr(), 65536, all_access(), 3).unwrap();
-        Node { p, ca, pd, cq, rec, port, buf, mr }
+        let mr = p
+            .reg_mr(pd, &buf, buf.addr(), 65536, all_access(), 3)
+            .unwrap();
+        Node {
+            p,
+            ca,
+            pd,
+            cq,
+            rec,
+            port,
+            buf,
+            mr,
+        }
     }
 
     /// SGE over `[off, off+len)` of the node buffer.
     pub fn sge(&self, off: u64, len: u32) -> Sge {
-        Sge { addr: self.buf.addr() + off, length: len, lkey: self.mr.lkey }
+        Sge {
+            addr: self.buf.addr() + off,
+            length: len,
+            lkey: self.mr.lkey,
+        }
     }
 
     /// Address vector to this node's port 1.
     pub fn av(&self) -> AhAttr {
-        AhAttr { dlid: self.port.lid, port: PortNum(1), grh: true, dgid: self.port.gids[0], sgid_index: 0, sl: 0, hop_limit: 64 }
+        AhAttr {
+            dlid: self.port.lid,
+            port: PortNum(1),
+            grh: true,
+            dgid: self.port.gids[0],
+            sgid_index: 0,
+            sl: 0,
+            hop_limit: 64,
+        }
     }
 
     /// A QP of `t` on the node CQ.
     pub fn qp(&self, t: QpType, srq: Option<SrqHandle>, ctx: u64) -> QpHandle {
         let port = matches!(t, QpType::Smi | QpType::Gsi).then_some(PortNum(1));
-        let init = QpInit { qp_type: t, send_cq: self.cq, recv_cq: self.cq, srq, caps: QpCaps::default(), sq_sig_all: false, port };
+        let init = QpInit {
+            qp_type: t,
+            send_cq: self.cq,
+            recv_cq: self.cq,
+            srq,
+            caps: QpCaps::default(),
+            sq_sig_all: false,
+            port,
+        };
         self.p.create_qp(self.pd, &init, ctx).unwrap()
     }
 
     /// Next completion (waits up to 10 s).
     pub fn wc(&self) -> WorkCompletion {
-        let mut out = [WorkCompletion::new(0, WcStatus::GeneralErr, WcOpcode::Send, 0)];
+        let mut out = [WorkCompletion::new(
+            0,
+            WcStatus::GeneralErr,
+            WcOpcode::Send,
+            0,
+        )];
         for _ in 0..100 {
             if self.p.poll_cq(self.cq, &mut out).unwrap() == 1 {
                 return out[0];
@@ -190,17 +241,33 @@ impl Node {
 
     /// Asserts the CQ is empty.
     pub fn no_wc(&self) {
-        let mut out = [WorkCompletion::new(0, WcStatus::GeneralErr, WcOpcode::Send, 0)];
-        assert_eq!(self.p.poll_cq(self.cq, &mut out).unwrap(), 0, "unexpected completion {:?}", out[0]);
+        let mut out = [WorkCompletion::new(
+            0,
+            WcStatus::GeneralErr,
+            WcOpcode::Send,
+            0,
+        )];
+        assert_eq!(
+            self.p.poll_cq(self.cq, &mut out).unwrap(),
+            0,
+            "unexpected completion {:?}",
+            out[0]
+        );
     }
 }
 
 fn to_init(n: &Node, qp: QpHandle, t: QpType) {
-    let mut a = QpAttr { state: Some(QpState::Init), pkey_index: Some(0), ..Default::default() };
+    let mut a = QpAttr {
+        state: Some(QpState::Init),
+        pkey_index: Some(0),
+        ..Default::default()
+    };
     match t {
         QpType::Rc | QpType::Uc => {
             a.port = Some(PortNum(1));
-            a.access = Some(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC);
+            a.access = Some(
+                AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC,
+            );
         }
         QpType::Ud => {
             a.port = Some(PortNum(1));
@@ -217,7 +284,15 @@ pub fn connect(a: &Node, qa: QpHandle, b: &Node, qb: QpHandle, t: QpType, rnr_re
 }
 
 /// Like [`connect`]; `b_rts: false` leaves `qb` in RTR.
-pub fn connect_opts(a: &Node, qa: QpHandle, b: &Node, qb: QpHandle, t: QpType, rnr_retry: u8, b_rts: bool) {
+pub fn connect_opts(
+    a: &Node,
+    qa: QpHandle,
+    b: &Node,
+    qb: QpHandle,
+    t: QpType,
+    rnr_retry: u8,
+    b_rts: bool,
+) {
     for (n, q, peer, pq) in [(a, qa, b, qb), (b, qb, a, qa)] {
         to_init(n, q, t);
         let rc = t == QpType::Rc;
@@ -233,7 +308,10 @@ pub fn connect_opts(a: &Node, qa: QpHandle, b: &Node, qb: QpHandle, t: QpType, r
         };
         n.p.modify_qp(q, &rtr).unwrap();
     }
-    for (n, q) in [(a, qa), (b, qb)].into_iter().take(if b_rts { 2 } else { 1 }) {
+    for (n, q) in [(a, qa), (b, qb)]
+        .into_iter()
+        .take(if b_rts { 2 } else { 1 })
+    {
         let rc = t == QpType::Rc;
         let rts = QpAttr {
             state: Some(QpState::Rts),
@@ -272,7 +350,10 @@ fn recv(wr_id: u64, sges: Vec<Sge>) -> RecvWr {
 }
 
 fn unsupported<T: core::fmt::Debug>(r: Result<T>) {
-    assert!(matches!(r, Err(VerbsError::NotSupported(_))), "lacking provider must answer NotSupported, got {r:?}");
+    assert!(
+        matches!(r, Err(VerbsError::NotSupported(_))),
+        "lacking provider must answer NotSupported, got {r:?}"
+    );
 }
 
 /// The cases, one function each.
@@ -290,10 +371,17 @@ pub mod cases {
         assert_eq!(n.port.state, PortState::Active);
         assert!(n.port.lid.is_unicast() && n.port.lid != Lid(0));
         assert!(!n.port.gids.is_empty() && n.port.gids[0] != Gid::ZERO);
-        assert_eq!(n.p.find_pkey(n.ca, PortNum(1), rdma_types::Pkey::DEFAULT).unwrap(), 0);
+        assert_eq!(
+            n.p.find_pkey(n.ca, PortNum(1), rdma_types::Pkey::DEFAULT)
+                .unwrap(),
+            0
+        );
         assert!(n.port.active_mtu.bytes() <= n.port.max_mtu.bytes());
         assert!(n.p.query_port(n.ca, PortNum(99)).is_err());
-        assert!(n.p.open_ca(Guid(0xdead_beef_0bad), 0, n.rec.clone()).is_err());
+        assert!(n
+            .p
+            .open_ca(Guid(0xdead_beef_0bad), 0, n.rec.clone())
+            .is_err());
         Outcome::Passed
     }
 
@@ -302,14 +390,22 @@ pub mod cases {
         let n = Node::open(f, f.guids().0, 16);
         let pd = n.p.alloc_pd(n.ca, 77).unwrap();
         n.p.dealloc_pd(pd).unwrap();
-        assert!(n.rec.wait_for(|e| *e == Ev::Destroyed(ResourceKind::Pd, 77)));
+        assert!(n
+            .rec
+            .wait_for(|e| *e == Ev::Destroyed(ResourceKind::Pd, 77)));
         assert_eq!(n.p.dealloc_pd(pd), Err(VerbsError::InvalidHandle));
-        assert_eq!(n.p.create_cq(pd, &CqInit { cqe: 4 }, 0), Err(VerbsError::InvalidHandle));
+        assert_eq!(
+            n.p.create_cq(pd, &CqInit { cqe: 4 }, 0),
+            Err(VerbsError::InvalidHandle)
+        );
         // A fresh object in the same slot does not revive the old handle.
         let _pd2 = n.p.alloc_pd(n.ca, 78).unwrap();
         assert_eq!(n.p.dealloc_pd(pd), Err(VerbsError::InvalidHandle));
         // Wrong handle kind.
-        assert_eq!(n.p.poll_cq(CqHandle(n.pd.0), &mut []), Err(VerbsError::InvalidHandle));
+        assert_eq!(
+            n.p.poll_cq(CqHandle(n.pd.0), &mut []),
+            Err(VerbsError::InvalidHandle)
+        );
         Outcome::Passed
     }
 
@@ -322,7 +418,9 @@ pub mod cases {
         n.p.destroy_qp(qp).unwrap();
         assert!(n.rec.wait_for(|e| *e == Ev::Destroyed(ResourceKind::Qp, 5)));
         n.p.destroy_cq(n.cq).unwrap();
-        assert!(n.rec.wait_for(|e| *e == Ev::Destroyed(ResourceKind::Cq, 100)));
+        assert!(n
+            .rec
+            .wait_for(|e| *e == Ev::Destroyed(ResourceKind::Cq, 100)));
         Outcome::Passed
     }
 
@@ -331,26 +429,88 @@ pub mod cases {
         let n = Node::open(f, f.guids().0, 16);
         let qp = n.qp(QpType::Rc, None, 5);
         assert_eq!(n.p.query_qp(qp).unwrap().state, Some(QpState::Reset));
-        let st = |s| QpAttr { state: Some(s), ..Default::default() };
-        assert_eq!(n.p.modify_qp(qp, &st(QpState::Rts)), Err(VerbsError::InvalidTransition { from: QpState::Reset, to: QpState::Rts }));
-        assert!(matches!(n.p.modify_qp(qp, &st(QpState::Init)), Err(VerbsError::MissingAttribute { .. })));
-        let bad_pkey = QpAttr { state: Some(QpState::Init), port: Some(PortNum(1)), pkey_index: Some(999), access: Some(AccessFlags::NONE), ..Default::default() };
-        assert!(matches!(n.p.modify_qp(qp, &bad_pkey), Err(VerbsError::InvalidArgument(_))));
-        assert_eq!(n.p.query_qp(qp).unwrap().state, Some(QpState::Reset), "refused modify changes nothing");
+        let st = |s| QpAttr {
+            state: Some(s),
+            ..Default::default()
+        };
+        assert_eq!(
+            n.p.modify_qp(qp, &st(QpState::Rts)),
+            Err(VerbsError::InvalidTransition {
+                from: QpState::Reset,
+                to: QpState::Rts
+            })
+        );
+        assert!(matches!(
+            n.p.modify_qp(qp, &st(QpState::Init)),
+            Err(VerbsError::MissingAttribute { .. })
+        ));
+        let bad_pkey = QpAttr {
+            state: Some(QpState::Init),
+            port: Some(PortNum(1)),
+            pkey_index: Some(999),
+            access: Some(AccessFlags::NONE),
+            ..Default::default()
+        };
+        assert!(matches!(
+            n.p.modify_qp(qp, &bad_pkey),
+            Err(VerbsError::InvalidArgument(_))
+        ));
+        assert_eq!(
+            n.p.query_qp(qp).unwrap().state,
+            Some(QpState::Reset),
+            "refused modify changes nothing"
+        );
         to_init(&n, qp, QpType::Rc);
         assert_eq!(n.p.query_qp(qp).unwrap().state, Some(QpState::Init));
-        let e = n.p.post_send(qp, &[send(1, SendOpcode::Send, vec![])]).unwrap_err();
-        assert_eq!(e, VerbsError::BadWr { index: 0, cause: Box::new(VerbsError::InvalidState(QpState::Init)) });
-        assert!(matches!(n.p.modify_qp(qp, &st(QpState::Rtr)), Err(VerbsError::MissingAttribute { .. })));
+        let e =
+            n.p.post_send(qp, &[send(1, SendOpcode::Send, vec![])])
+                .unwrap_err();
+        assert_eq!(
+            e,
+            VerbsError::BadWr {
+                index: 0,
+                cause: Box::new(VerbsError::InvalidState(QpState::Init))
+            }
+        );
+        assert!(matches!(
+            n.p.modify_qp(qp, &st(QpState::Rtr)),
+            Err(VerbsError::MissingAttribute { .. })
+        ));
         n.p.modify_qp(qp, &st(QpState::Err)).unwrap();
         assert_eq!(n.p.query_qp(qp).unwrap().state, Some(QpState::Err));
-        assert!(matches!(n.p.modify_qp(qp, &st(QpState::Rts)), Err(VerbsError::InvalidTransition { .. })));
+        assert!(matches!(
+            n.p.modify_qp(qp, &st(QpState::Rts)),
+            Err(VerbsError::InvalidTransition { .. })
+        ));
         n.p.modify_qp(qp, &st(QpState::Reset)).unwrap();
         // Full RC path incl. SQD and back.
         let (a, qa, _b, _qb) = rc_pair(f);
-        a.p.modify_qp(qa, &QpAttr { state: Some(QpState::Sqd), en_sqd_async_notify: Some(true), ..Default::default() }).unwrap();
-        assert!(a.rec.wait_for(|e| matches!(e, Ev::Async(AsyncEvent { kind: AsyncEventKind::SqDrained, ctx: 10, .. }))));
-        a.p.modify_qp(qa, &QpAttr { state: Some(QpState::Sqd), timeout: Some(10), ..Default::default() }).unwrap();
+        a.p.modify_qp(
+            qa,
+            &QpAttr {
+                state: Some(QpState::Sqd),
+                en_sqd_async_notify: Some(true),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert!(a.rec.wait_for(|e| matches!(
+            e,
+            Ev::Async(AsyncEvent {
+                kind: AsyncEventKind::SqDrained,
+                ctx: 10,
+                ..
+            })
+        )));
+        a.p.modify_qp(
+            qa,
+            &QpAttr {
+                state: Some(QpState::Sqd),
+                timeout: Some(10),
+                ..Default::default()
+            },
+        )
+        .unwrap();
         a.p.modify_qp(qa, &st(QpState::Rts)).unwrap();
         assert_eq!(a.p.query_qp(qa).unwrap().timeout, Some(10));
         Outcome::Passed
@@ -361,18 +521,34 @@ pub mod cases {
         let (a, qa, b, qb) = rc_pair(f);
         a.buf.write_at(0, b"hello, ");
         a.buf.write_at(100, b"world");
-        b.p.post_recv(qb, &[recv(7, vec![b.sge(1000, 4), b.sge(2000, 100)])]).unwrap();
+        b.p.post_recv(qb, &[recv(7, vec![b.sge(1000, 4), b.sge(2000, 100)])])
+            .unwrap();
         let mut w = send(1, SendOpcode::SendWithImm, vec![a.sge(0, 7), a.sge(100, 5)]);
         w.imm = 0xabcd;
         a.p.post_send(qa, &[w]).unwrap();
         let wc = a.wc();
-        assert_eq!((wc.wr_id, wc.status, wc.opcode, wc.qp_ctx), (1, WcStatus::Success, WcOpcode::Send, 10));
+        assert_eq!(
+            (wc.wr_id, wc.status, wc.opcode, wc.qp_ctx),
+            (1, WcStatus::Success, WcOpcode::Send, 10)
+        );
         let r = b.wc();
-        assert_eq!((r.wr_id, r.status, r.opcode, r.byte_len, r.imm, r.qp_ctx), (7, WcStatus::Success, WcOpcode::Recv, 12, 0xabcd, 20));
+        assert_eq!(
+            (r.wr_id, r.status, r.opcode, r.byte_len, r.imm, r.qp_ctx),
+            (7, WcStatus::Success, WcOpcode::Recv, 12, 0xabcd, 20)
+        );
         assert!(r.wc_flags.contains(WcFlags::WITH_IMM));
         assert_eq!(b.buf.to_vec(1000, 4), b"hell");
         assert_eq!(b.buf.to_vec(2000, 8), b"o, world");
-        assert!(!b.rec.events().iter().any(|e| matches!(e, Ev::Async(AsyncEvent { kind: AsyncEventKind::CommEstablished, .. }))), "RTS peer: no event");
+        assert!(
+            !b.rec.events().iter().any(|e| matches!(
+                e,
+                Ev::Async(AsyncEvent {
+                    kind: AsyncEventKind::CommEstablished,
+                    ..
+                })
+            )),
+            "RTS peer: no event"
+        );
         // Unsignaled SEND: no requester completion, receive still completes.
         b.p.post_recv(qb, &[recv(8, vec![b.sge(0, 64)])]).unwrap();
         let mut w = send(2, SendOpcode::Send, vec![a.sge(0, 5)]);
@@ -386,9 +562,17 @@ pub mod cases {
         let (qa, qb) = (a.qp(QpType::Rc, None, 1), b.qp(QpType::Rc, None, 33));
         connect_opts(&a, qa, &b, qb, QpType::Rc, 0, false);
         b.p.post_recv(qb, &[recv(1, vec![])]).unwrap();
-        a.p.post_send(qa, &[send(1, SendOpcode::Send, vec![])]).unwrap();
+        a.p.post_send(qa, &[send(1, SendOpcode::Send, vec![])])
+            .unwrap();
         assert_eq!(b.wc().status, WcStatus::Success);
-        assert!(b.rec.wait_for(|e| matches!(e, Ev::Async(AsyncEvent { kind: AsyncEventKind::CommEstablished, ctx: 33, .. }))));
+        assert!(b.rec.wait_for(|e| matches!(
+            e,
+            Ev::Async(AsyncEvent {
+                kind: AsyncEventKind::CommEstablished,
+                ctx: 33,
+                ..
+            })
+        )));
         Outcome::Passed
     }
 
@@ -396,20 +580,42 @@ pub mod cases {
     pub fn rc_write(f: &dyn Fixture) -> Outcome {
         let (a, qa, b, qb) = rc_pair(f);
         a.buf.write_at(0, &[0x5a; 4096]);
-        a.p.post_send(qa, &[rdma(1, SendOpcode::RdmaWrite, vec![a.sge(0, 4096)], b.buf.addr() + 8192, b.mr.rkey)]).unwrap();
+        a.p.post_send(
+            qa,
+            &[rdma(
+                1,
+                SendOpcode::RdmaWrite,
+                vec![a.sge(0, 4096)],
+                b.buf.addr() + 8192,
+                b.mr.rkey,
+            )],
+        )
+        .unwrap();
         let wc = a.wc();
-        assert_eq!((wc.status, wc.opcode), (WcStatus::Success, WcOpcode::RdmaWrite));
+        assert_eq!(
+            (wc.status, wc.opcode),
+            (WcStatus::Success, WcOpcode::RdmaWrite)
+        );
         assert_eq!(b.buf.to_vec(8192, 4096), vec![0x5a; 4096]);
         assert_eq!(b.buf.to_vec(8191, 1), [0]);
         assert_eq!(b.buf.to_vec(8192 + 4096, 1), [0]);
         b.no_wc();
         b.p.post_recv(qb, &[recv(9, vec![])]).unwrap();
-        let mut w = rdma(2, SendOpcode::RdmaWriteWithImm, vec![a.sge(0, 16)], b.buf.addr(), b.mr.rkey);
+        let mut w = rdma(
+            2,
+            SendOpcode::RdmaWriteWithImm,
+            vec![a.sge(0, 16)],
+            b.buf.addr(),
+            b.mr.rkey,
+        );
         w.imm = 42;
         a.p.post_send(qa, &[w]).unwrap();
         assert_eq!(a.wc().status, WcStatus::Success);
         let r = b.wc();
-        assert_eq!((r.wr_id, r.opcode, r.imm, r.byte_len), (9, WcOpcode::RecvRdmaWithImm, 42, 16));
+        assert_eq!(
+            (r.wr_id, r.opcode, r.imm, r.byte_len),
+            (9, WcOpcode::RecvRdmaWithImm, 42, 16)
+        );
         assert_eq!(b.buf.to_vec(0, 16), vec![0x5a; 16]);
         Outcome::Passed
     }
@@ -418,9 +624,22 @@ pub mod cases {
     pub fn rc_read(f: &dyn Fixture) -> Outcome {
         let (a, qa, b, _qb) = rc_pair(f);
         b.buf.write_at(300, b"remote bytes");
-        a.p.post_send(qa, &[rdma(1, SendOpcode::RdmaRead, vec![a.sge(50, 6), a.sge(500, 6)], b.buf.addr() + 300, b.mr.rkey)]).unwrap();
+        a.p.post_send(
+            qa,
+            &[rdma(
+                1,
+                SendOpcode::RdmaRead,
+                vec![a.sge(50, 6), a.sge(500, 6)],
+                b.buf.addr() + 300,
+                b.mr.rkey,
+            )],
+        )
+        .unwrap();
         let wc = a.wc();
-        assert_eq!((wc.status, wc.opcode, wc.byte_len), (WcStatus::Success, WcOpcode::RdmaRead, 12));
+        assert_eq!(
+            (wc.status, wc.opcode, wc.byte_len),
+            (WcStatus::Success, WcOpcode::RdmaRead, 12)
+        );
         assert_eq!(a.buf.to_vec(50, 6), b"remote");
         assert_eq!(a.buf.to_vec(500, 6), b" bytes");
         Outcome::Passed
@@ -430,7 +649,13 @@ pub mod cases {
     pub fn rc_atomics(f: &dyn Fixture) -> Outcome {
         let (a, qa, b, _qb) = rc_pair(f);
         if f.lacks().contains(&Feature::Atomics) {
-            let mut w = rdma(1, SendOpcode::AtomicFetchAdd, vec![a.sge(0, 8)], b.buf.addr(), b.mr.rkey);
+            let mut w = rdma(
+                1,
+                SendOpcode::AtomicFetchAdd,
+                vec![a.sge(0, 8)],
+                b.buf.addr(),
+                b.mr.rkey,
+            );
             w.compare_add = 1;
             unsupported(a.p.post_send(qa, &[w]));
             return Outcome::Skipped(Feature::Atomics);
@@ -442,14 +667,27 @@ pub mod cases {
             w.swap = swap;
             w
         };
-        a.p.post_send(qa, &[at(1, SendOpcode::AtomicCmpSwp, 5, 9)]).unwrap();
-        assert_eq!((a.wc().opcode, a.buf.to_vec(0, 8)), (WcOpcode::CompSwap, 5u64.to_ne_bytes().to_vec()));
+        a.p.post_send(qa, &[at(1, SendOpcode::AtomicCmpSwp, 5, 9)])
+            .unwrap();
+        assert_eq!(
+            (a.wc().opcode, a.buf.to_vec(0, 8)),
+            (WcOpcode::CompSwap, 5u64.to_ne_bytes().to_vec())
+        );
         assert_eq!(b.buf.to_vec(64, 8), 9u64.to_ne_bytes());
-        a.p.post_send(qa, &[at(2, SendOpcode::AtomicCmpSwp, 5, 1)]).unwrap();
+        a.p.post_send(qa, &[at(2, SendOpcode::AtomicCmpSwp, 5, 1)])
+            .unwrap();
         assert_eq!(a.wc().status, WcStatus::Success);
-        assert_eq!(b.buf.to_vec(64, 8), 9u64.to_ne_bytes(), "compare failed: no swap");
-        a.p.post_send(qa, &[at(3, SendOpcode::AtomicFetchAdd, 100, 0)]).unwrap();
-        assert_eq!((a.wc().opcode, a.buf.to_vec(0, 8)), (WcOpcode::FetchAdd, 9u64.to_ne_bytes().to_vec()));
+        assert_eq!(
+            b.buf.to_vec(64, 8),
+            9u64.to_ne_bytes(),
+            "compare failed: no swap"
+        );
+        a.p.post_send(qa, &[at(3, SendOpcode::AtomicFetchAdd, 100, 0)])
+            .unwrap();
+        assert_eq!(
+            (a.wc().opcode, a.buf.to_vec(0, 8)),
+            (WcOpcode::FetchAdd, 9u64.to_ne_bytes().to_vec())
+        );
         assert_eq!(b.buf.to_vec(64, 8), 109u64.to_ne_bytes());
         let mut w = at(4, SendOpcode::AtomicFetchAdd, 1, 0);
         w.remote.addr += 4;
@@ -466,24 +704,48 @@ pub mod cases {
             let (a, qa, b, _qb) = rc_pair(f);
             a.buf.write_at(0, &[0xee; 64]);
             let (addr, rkey, op) = match case {
-                0 => (b.buf.addr(), Rkey(b.mr.rkey.0 ^ 0x80), SendOpcode::RdmaWrite),
+                0 => (
+                    b.buf.addr(),
+                    Rkey(b.mr.rkey.0 ^ 0x80),
+                    SendOpcode::RdmaWrite,
+                ),
                 1 => (b.buf.addr() + 65536 - 32, b.mr.rkey, SendOpcode::RdmaWrite),
                 2 => (b.buf.addr() - 64, b.mr.rkey, SendOpcode::RdmaRead),
                 _ => {
-                    let m2 = b.p.reg_mr(b.pd, &b.buf, b.buf.addr(), 4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ, 0).unwrap();
+                    let m2 =
+                        b.p.reg_mr(
+                            b.pd,
+                            &b.buf,
+                            b.buf.addr(),
+                            4096,
+                            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ,
+                            0,
+                        )
+                        .unwrap();
                     (b.buf.addr(), m2.rkey, SendOpcode::RdmaWrite)
                 }
             };
-            a.p.post_recv(qa, &[recv(50, vec![a.sge(1024, 8)])]).unwrap();
-            a.p.post_send(qa, &[rdma(1, op, vec![a.sge(0, 64)], addr, rkey)]).unwrap();
+            a.p.post_recv(qa, &[recv(50, vec![a.sge(1024, 8)])])
+                .unwrap();
+            a.p.post_send(qa, &[rdma(1, op, vec![a.sge(0, 64)], addr, rkey)])
+                .unwrap();
             let wc = a.wc();
-            assert_eq!((wc.wr_id, wc.status), (1, WcStatus::RemAccessErr), "case {case}");
-            assert_eq!(b.buf.to_vec(0, 65536), vec![0; 65536], "case {case}: remote memory touched");
+            assert_eq!(
+                (wc.wr_id, wc.status),
+                (1, WcStatus::RemAccessErr),
+                "case {case}"
+            );
+            assert_eq!(
+                b.buf.to_vec(0, 65536),
+                vec![0; 65536],
+                "case {case}: remote memory touched"
+            );
             assert_eq!(a.buf.to_vec(64, 8), vec![0; 8]);
             assert_eq!(a.p.query_qp(qa).unwrap().state, Some(QpState::Err));
             let r = a.wc();
             assert_eq!((r.wr_id, r.status), (50, WcStatus::WrFlushErr));
-            a.p.post_send(qa, &[send(2, SendOpcode::Send, vec![])]).unwrap();
+            a.p.post_send(qa, &[send(2, SendOpcode::Send, vec![])])
+                .unwrap();
             let w = a.wc();
             assert_eq!((w.wr_id, w.status), (2, WcStatus::WrFlushErr));
         }
@@ -496,14 +758,31 @@ pub mod cases {
         b.p.post_recv(qb, &[recv(1, vec![b.sge(0, 64)])]).unwrap();
         let mut s = a.sge(0, 8);
         s.lkey = rdma_types::Lkey(s.lkey.0 ^ 0x40);
-        a.p.post_send(qa, &[send(1, SendOpcode::Send, vec![s])]).unwrap();
+        a.p.post_send(qa, &[send(1, SendOpcode::Send, vec![s])])
+            .unwrap();
         assert_eq!(a.wc().status, WcStatus::LocProtErr);
         b.no_wc();
         // RDMA READ into a buffer registered without LOCAL_WRITE.
         let (a, qa, b, _) = rc_pair(f);
-        let ro = a.p.reg_mr(a.pd, &a.buf, a.buf.addr(), 4096, AccessFlags::NONE, 0).unwrap();
-        let s = Sge { addr: a.buf.addr(), length: 8, lkey: ro.lkey };
-        a.p.post_send(qa, &[rdma(2, SendOpcode::RdmaRead, vec![s], b.buf.addr(), b.mr.rkey)]).unwrap();
+        let ro =
+            a.p.reg_mr(a.pd, &a.buf, a.buf.addr(), 4096, AccessFlags::NONE, 0)
+                .unwrap();
+        let s = Sge {
+            addr: a.buf.addr(),
+            length: 8,
+            lkey: ro.lkey,
+        };
+        a.p.post_send(
+            qa,
+            &[rdma(
+                2,
+                SendOpcode::RdmaRead,
+                vec![s],
+                b.buf.addr(),
+                b.mr.rkey,
+            )],
+        )
+        .unwrap();
         assert_eq!(a.wc().status, WcStatus::LocProtErr);
         Outcome::Passed
     }
@@ -512,7 +791,8 @@ pub mod cases {
     pub fn receive_too_small(f: &dyn Fixture) -> Outcome {
         let (a, qa, b, qb) = rc_pair(f);
         b.p.post_recv(qb, &[recv(1, vec![b.sge(0, 4)])]).unwrap();
-        a.p.post_send(qa, &[send(2, SendOpcode::Send, vec![a.sge(0, 8)])]).unwrap();
+        a.p.post_send(qa, &[send(2, SendOpcode::Send, vec![a.sge(0, 8)])])
+            .unwrap();
         assert_eq!(b.wc().status, WcStatus::LocLenErr);
         assert_eq!(a.wc().status, WcStatus::RemInvReqErr);
         Outcome::Passed
@@ -521,14 +801,22 @@ pub mod cases {
     /// RNR: rnr_retry 0 fails at once; 7 waits for a receive.
     pub fn rnr(f: &dyn Fixture) -> Outcome {
         let (a, qa, _b, _qb) = rc_pair(f);
-        a.p.post_send(qa, &[send(1, SendOpcode::Send, vec![a.sge(0, 8)])]).unwrap();
+        a.p.post_send(qa, &[send(1, SendOpcode::Send, vec![a.sge(0, 8)])])
+            .unwrap();
         assert_eq!(a.wc().status, WcStatus::RnrRetryExcErr);
         let (g1, g2) = f.guids();
         let (a, b) = (Node::open(f, g1, 64), Node::open(f, g2, 64));
         let (qa, qb) = (a.qp(QpType::Rc, None, 1), b.qp(QpType::Rc, None, 2));
         connect(&a, qa, &b, qb, QpType::Rc, 7);
         a.buf.write_at(0, b"late");
-        a.p.post_send(qa, &[send(1, SendOpcode::Send, vec![a.sge(0, 4)]), send(2, SendOpcode::Send, vec![a.sge(0, 4)])]).unwrap();
+        a.p.post_send(
+            qa,
+            &[
+                send(1, SendOpcode::Send, vec![a.sge(0, 4)]),
+                send(2, SendOpcode::Send, vec![a.sge(0, 4)]),
+            ],
+        )
+        .unwrap();
         a.no_wc();
         b.p.post_recv(qb, &[recv(5, vec![b.sge(0, 16)])]).unwrap();
         assert_eq!((b.wc().wr_id, b.buf.to_vec(0, 4)), (5, b"late".to_vec()));
@@ -544,9 +832,20 @@ pub mod cases {
     pub fn batch_post_reports_index(f: &dyn Fixture) -> Outcome {
         let (a, qa, b, _) = rc_pair(f);
         let too_many = vec![a.sge(0, 1); 64];
-        let e = a
-            .p
-            .post_send(qa, &[rdma(1, SendOpcode::RdmaWrite, vec![a.sge(0, 1)], b.buf.addr(), b.mr.rkey), send(2, SendOpcode::Send, too_many)])
+        let e =
+            a.p.post_send(
+                qa,
+                &[
+                    rdma(
+                        1,
+                        SendOpcode::RdmaWrite,
+                        vec![a.sge(0, 1)],
+                        b.buf.addr(),
+                        b.mr.rkey,
+                    ),
+                    send(2, SendOpcode::Send, too_many),
+                ],
+            )
             .unwrap_err();
         assert!(matches!(e, VerbsError::BadWr { index: 1, .. }), "{e:?}");
         assert_eq!(a.wc().wr_id, 1);
@@ -557,12 +856,20 @@ pub mod cases {
     /// CQ: arm/notify, solicited-only, blocking wait timeout, overflow event.
     pub fn cq_notify_wait_overflow(f: &dyn Fixture) -> Outcome {
         let (a, qa, b, qb) = rc_pair(f);
-        assert_eq!(a.p.wait_cq(a.cq, Duration::from_millis(5)), Err(VerbsError::Timeout));
+        assert_eq!(
+            a.p.wait_cq(a.cq, Duration::from_millis(5)),
+            Err(VerbsError::Timeout)
+        );
         b.p.req_notify_cq(b.cq, true).unwrap();
-        b.p.post_recv(qb, &[recv(1, vec![]), recv(2, vec![])]).unwrap();
-        a.p.post_send(qa, &[send(1, SendOpcode::Send, vec![])]).unwrap();
+        b.p.post_recv(qb, &[recv(1, vec![]), recv(2, vec![])])
+            .unwrap();
+        a.p.post_send(qa, &[send(1, SendOpcode::Send, vec![])])
+            .unwrap();
         b.wc();
-        assert!(!b.rec.events().contains(&Ev::Completion(100)), "solicited-only arm fired on unsolicited");
+        assert!(
+            !b.rec.events().contains(&Ev::Completion(100)),
+            "solicited-only arm fired on unsolicited"
+        );
         let mut w = send(2, SendOpcode::Send, vec![]);
         w.flags = SendFlags::SIGNALED | SendFlags::SOLICITED;
         a.p.post_send(qa, &[w]).unwrap();
@@ -573,23 +880,70 @@ pub mod cases {
         let (qa, qb) = (a.qp(QpType::Rc, None, 1), b.qp(QpType::Rc, None, 2));
         connect(&a, qa, &b, qb, QpType::Rc, 0);
         for i in 0..3 {
-            a.p.post_send(qa, &[rdma(i, SendOpcode::RdmaWrite, vec![a.sge(0, 8)], b.buf.addr(), b.mr.rkey)]).unwrap();
+            a.p.post_send(
+                qa,
+                &[rdma(
+                    i,
+                    SendOpcode::RdmaWrite,
+                    vec![a.sge(0, 8)],
+                    b.buf.addr(),
+                    b.mr.rkey,
+                )],
+            )
+            .unwrap();
         }
-        assert!(a.rec.wait_for(|e| matches!(e, Ev::Async(AsyncEvent { kind: AsyncEventKind::CqError, ctx: 100, .. }))));
+        assert!(a.rec.wait_for(|e| matches!(
+            e,
+            Ev::Async(AsyncEvent {
+                kind: AsyncEventKind::CqError,
+                ctx: 100,
+                ..
+            })
+        )));
         Outcome::Passed
     }
 
     /// Re-registration changes keys; deregistration with a bound window is refused.
     pub fn mr_rereg_dereg(f: &dyn Fixture) -> Outcome {
         let (a, qa, b, _) = rc_pair(f);
-        let m = b.p.reg_mr(b.pd, &b.buf, b.buf.addr(), 4096, all_access(), 9).unwrap();
-        assert!(matches!(b.p.reg_mr(b.pd, &b.buf, b.buf.addr(), 10, AccessFlags::REMOTE_WRITE, 0), Err(VerbsError::InvalidArgument(_))));
-        assert!(matches!(b.p.reg_mr(b.pd, &b.buf, b.buf.addr() + 1, 65536, AccessFlags::NONE, 0), Err(VerbsError::InvalidArgument(_))));
-        let m2 = b.p.rereg_mr(m.handle, &b.buf, b.buf.addr() + 4096, 4096, all_access()).unwrap();
+        let m =
+            b.p.reg_mr(b.pd, &b.buf, b.buf.addr(), 4096, all_access(), 9)
+                .unwrap();
+        assert!(matches!(
+            b.p.reg_mr(b.pd, &b.buf, b.buf.addr(), 10, AccessFlags::REMOTE_WRITE, 0),
+            Err(VerbsError::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            b.p.reg_mr(b.pd, &b.buf, b.buf.addr() + 1, 65536, AccessFlags::NONE, 0),
+            Err(VerbsError::InvalidArgument(_))
+        ));
+        let m2 =
+            b.p.rereg_mr(m.handle, &b.buf, b.buf.addr() + 4096, 4096, all_access())
+                .unwrap();
         assert_ne!(m.rkey, m2.rkey);
-        a.p.post_send(qa, &[rdma(1, SendOpcode::RdmaWrite, vec![a.sge(0, 8)], b.buf.addr() + 4096, m2.rkey)]).unwrap();
+        a.p.post_send(
+            qa,
+            &[rdma(
+                1,
+                SendOpcode::RdmaWrite,
+                vec![a.sge(0, 8)],
+                b.buf.addr() + 4096,
+                m2.rkey,
+            )],
+        )
+        .unwrap();
         assert_eq!(a.wc().status, WcStatus::Success);
-        a.p.post_send(qa, &[rdma(2, SendOpcode::RdmaWrite, vec![a.sge(0, 8)], b.buf.addr(), m.rkey)]).unwrap();
+        a.p.post_send(
+            qa,
+            &[rdma(
+                2,
+                SendOpcode::RdmaWrite,
+                vec![a.sge(0, 8)],
+                b.buf.addr(),
+                m.rkey,
+            )],
+        )
+        .unwrap();
         assert_eq!(a.wc().status, WcStatus::RemAccessErr, "old key must die");
         if f.lacks().contains(&Feature::Mw) {
             unsupported(b.p.alloc_mw(b.pd, MwType::Type1, 0));
@@ -597,8 +951,22 @@ pub mod cases {
         }
         let (c, qc, d, _qd) = rc_pair(f);
         let (mw, _) = c.p.alloc_mw(c.pd, MwType::Type1, 4).unwrap();
-        c.p.bind_mw(qc, &MwBind { mw, rkey: Rkey(0), mr: c.mr.handle, addr: c.buf.addr(), len: 64, access: AccessFlags::REMOTE_READ }).unwrap();
-        assert!(matches!(c.p.dereg_mr(c.mr.handle), Err(VerbsError::Busy(_))));
+        c.p.bind_mw(
+            qc,
+            &MwBind {
+                mw,
+                rkey: Rkey(0),
+                mr: c.mr.handle,
+                addr: c.buf.addr(),
+                len: 64,
+                access: AccessFlags::REMOTE_READ,
+            },
+        )
+        .unwrap();
+        assert!(matches!(
+            c.p.dereg_mr(c.mr.handle),
+            Err(VerbsError::Busy(_))
+        ));
         c.p.dealloc_mw(mw).unwrap();
         c.p.dereg_mr(c.mr.handle).unwrap();
         assert!(c.rec.wait_for(|e| *e == Ev::Destroyed(ResourceKind::Mr, 3)));
@@ -614,17 +982,75 @@ pub mod cases {
             return Outcome::Skipped(Feature::Mw);
         }
         let (mw, _) = b.p.alloc_mw(b.pd, MwType::Type1, 4).unwrap();
-        let rkey = b.p.bind_mw(qb, &MwBind { mw, rkey: Rkey(0), mr: b.mr.handle, addr: b.buf.addr() + 4096, len: 128, access: AccessFlags::REMOTE_WRITE }).unwrap();
+        let rkey =
+            b.p.bind_mw(
+                qb,
+                &MwBind {
+                    mw,
+                    rkey: Rkey(0),
+                    mr: b.mr.handle,
+                    addr: b.buf.addr() + 4096,
+                    len: 128,
+                    access: AccessFlags::REMOTE_WRITE,
+                },
+            )
+            .unwrap();
         a.buf.write_at(0, &[7; 128]);
-        a.p.post_send(qa, &[rdma(1, SendOpcode::RdmaWrite, vec![a.sge(0, 128)], b.buf.addr() + 4096, rkey)]).unwrap();
+        a.p.post_send(
+            qa,
+            &[rdma(
+                1,
+                SendOpcode::RdmaWrite,
+                vec![a.sge(0, 128)],
+                b.buf.addr() + 4096,
+                rkey,
+            )],
+        )
+        .unwrap();
         assert_eq!(a.wc().status, WcStatus::Success);
         assert_eq!(b.buf.to_vec(4096, 128), vec![7; 128]);
-        a.p.post_send(qa, &[rdma(2, SendOpcode::RdmaRead, vec![a.sge(0, 8)], b.buf.addr() + 4096, rkey)]).unwrap();
-        assert_eq!(a.wc().status, WcStatus::RemAccessErr, "window has no read right");
+        a.p.post_send(
+            qa,
+            &[rdma(
+                2,
+                SendOpcode::RdmaRead,
+                vec![a.sge(0, 8)],
+                b.buf.addr() + 4096,
+                rkey,
+            )],
+        )
+        .unwrap();
+        assert_eq!(
+            a.wc().status,
+            WcStatus::RemAccessErr,
+            "window has no read right"
+        );
         let (a, qa, b, qb) = rc_pair(f);
         let (mw, _) = b.p.alloc_mw(b.pd, MwType::Type1, 4).unwrap();
-        let rkey = b.p.bind_mw(qb, &MwBind { mw, rkey: Rkey(0), mr: b.mr.handle, addr: b.buf.addr(), len: 128, access: AccessFlags::REMOTE_WRITE }).unwrap();
-        a.p.post_send(qa, &[rdma(3, SendOpcode::RdmaWrite, vec![a.sge(0, 8)], b.buf.addr() + 124, rkey)]).unwrap();
+        let rkey =
+            b.p.bind_mw(
+                qb,
+                &MwBind {
+                    mw,
+                    rkey: Rkey(0),
+                    mr: b.mr.handle,
+                    addr: b.buf.addr(),
+                    len: 128,
+                    access: AccessFlags::REMOTE_WRITE,
+                },
+            )
+            .unwrap();
+        a.p.post_send(
+            qa,
+            &[rdma(
+                3,
+                SendOpcode::RdmaWrite,
+                vec![a.sge(0, 8)],
+                b.buf.addr() + 124,
+                rkey,
+            )],
+        )
+        .unwrap();
         assert_eq!(a.wc().status, WcStatus::RemAccessErr, "beyond the window");
         assert_eq!(b.buf.to_vec(0, 256), vec![0; 256]);
         Outcome::Passed
@@ -640,13 +1066,34 @@ pub mod cases {
         let (mw, k0) = b.p.alloc_mw(b.pd, MwType::Type2, 4).unwrap();
         let rkey = with_tag(k0, 0x33);
         let mut bw = send(1, SendOpcode::BindMw, vec![]);
-        bw.bind_mw = Some(MwBind { mw, rkey, mr: b.mr.handle, addr: b.buf.addr(), len: 256, access: AccessFlags::REMOTE_WRITE });
+        bw.bind_mw = Some(MwBind {
+            mw,
+            rkey,
+            mr: b.mr.handle,
+            addr: b.buf.addr(),
+            len: 256,
+            access: AccessFlags::REMOTE_WRITE,
+        });
         b.p.post_send(qb, &[bw.clone()]).unwrap();
         let wc = b.wc();
-        assert_eq!((wc.status, wc.opcode), (WcStatus::Success, WcOpcode::BindMw));
-        a.p.post_send(qa, &[rdma(2, SendOpcode::RdmaWrite, vec![a.sge(0, 8)], b.buf.addr(), rkey)]).unwrap();
+        assert_eq!(
+            (wc.status, wc.opcode),
+            (WcStatus::Success, WcOpcode::BindMw)
+        );
+        a.p.post_send(
+            qa,
+            &[rdma(
+                2,
+                SendOpcode::RdmaWrite,
+                vec![a.sge(0, 8)],
+                b.buf.addr(),
+                rkey,
+            )],
+        )
+        .unwrap();
         assert_eq!(a.wc().status, WcStatus::Success);
-        b.p.post_recv(qb, &[recv(3, vec![b.sge(1024, 16)])]).unwrap();
+        b.p.post_recv(qb, &[recv(3, vec![b.sge(1024, 16)])])
+            .unwrap();
         let mut inv = send(4, SendOpcode::SendWithInv, vec![]);
         inv.invalidate_rkey = rkey;
         a.p.post_send(qa, &[inv]).unwrap();
@@ -654,24 +1101,48 @@ pub mod cases {
         let r = b.wc();
         assert!(r.wc_flags.contains(WcFlags::WITH_INV));
         assert_eq!(r.invalidated_rkey, rkey);
-        a.p.post_send(qa, &[rdma(5, SendOpcode::RdmaWrite, vec![a.sge(0, 8)], b.buf.addr(), rkey)]).unwrap();
+        a.p.post_send(
+            qa,
+            &[rdma(
+                5,
+                SendOpcode::RdmaWrite,
+                vec![a.sge(0, 8)],
+                b.buf.addr(),
+                rkey,
+            )],
+        )
+        .unwrap();
         assert_eq!(a.wc().status, WcStatus::RemAccessErr, "invalidated window");
         // Local invalidate on a fresh pair.
         let (_a, _qa, b, qb) = rc_pair(f);
         let (mw, k0) = b.p.alloc_mw(b.pd, MwType::Type2, 4).unwrap();
         let rkey = with_tag(k0, 0x44);
         let mut bw = send(1, SendOpcode::BindMw, vec![]);
-        bw.bind_mw = Some(MwBind { mw, rkey, mr: b.mr.handle, addr: b.buf.addr(), len: 256, access: AccessFlags::REMOTE_READ });
+        bw.bind_mw = Some(MwBind {
+            mw,
+            rkey,
+            mr: b.mr.handle,
+            addr: b.buf.addr(),
+            len: 256,
+            access: AccessFlags::REMOTE_READ,
+        });
         b.p.post_send(qb, &[bw]).unwrap();
         assert_eq!(b.wc().status, WcStatus::Success);
         let mut li = send(2, SendOpcode::LocalInv, vec![]);
         li.invalidate_rkey = rkey;
         b.p.post_send(qb, &[li.clone()]).unwrap();
         let w = b.wc();
-        assert_eq!((w.opcode, w.status), (WcOpcode::LocalInv, WcStatus::Success));
+        assert_eq!(
+            (w.opcode, w.status),
+            (WcOpcode::LocalInv, WcStatus::Success)
+        );
         li.wr_id = 3;
         b.p.post_send(qb, &[li]).unwrap();
-        assert_eq!(b.wc().status, WcStatus::MwBindErr, "second invalidate fails");
+        assert_eq!(
+            b.wc().status,
+            WcStatus::MwBindErr,
+            "second invalidate fails"
+        );
         Outcome::Passed
     }
 
@@ -686,18 +1157,40 @@ pub mod cases {
         let (qa, qb) = (a.qp(QpType::Ud, None, 1), b.qp(QpType::Ud, None, 2));
         for (n, q) in [(&a, qa), (&b, qb)] {
             to_init(n, q, QpType::Ud);
-            n.p.modify_qp(q, &QpAttr { state: Some(QpState::Rtr), ..Default::default() }).unwrap();
-            n.p.modify_qp(q, &QpAttr { state: Some(QpState::Rts), sq_psn: Some(Psn::new(0)), ..Default::default() }).unwrap();
+            n.p.modify_qp(
+                q,
+                &QpAttr {
+                    state: Some(QpState::Rtr),
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+            n.p.modify_qp(
+                q,
+                &QpAttr {
+                    state: Some(QpState::Rts),
+                    sq_psn: Some(Psn::new(0)),
+                    ..Default::default()
+                },
+            )
+            .unwrap();
         }
         let ah = a.p.create_ah(a.pd, &b.av()).unwrap();
         b.p.post_recv(qb, &[recv(1, vec![b.sge(0, 200)])]).unwrap();
         a.buf.write_at(0, &[9; 100]);
         let mut w = send(1, SendOpcode::Send, vec![a.sge(0, 100)]);
-        w.ud = Some(UdDest { ah, remote_qpn: b.p.qp_num(qb).unwrap(), remote_qkey: Qkey(0x1111) });
+        w.ud = Some(UdDest {
+            ah,
+            remote_qpn: b.p.qp_num(qb).unwrap(),
+            remote_qkey: Qkey(0x1111),
+        });
         a.p.post_send(qa, &[w.clone()]).unwrap();
         assert_eq!(a.wc().status, WcStatus::Success);
         let r = b.wc();
-        assert_eq!((r.status, r.byte_len, r.src_qp), (WcStatus::Success, 140, a.p.qp_num(qa).unwrap()));
+        assert_eq!(
+            (r.status, r.byte_len, r.src_qp),
+            (WcStatus::Success, 140, a.p.qp_num(qa).unwrap())
+        );
         assert!(r.wc_flags.contains(WcFlags::GRH));
         assert_eq!(b.buf.to_vec(40, 100), vec![9; 100]);
         assert_eq!(b.buf.to_vec(8, 16), a.port.gids[0].0, "GRH source GID");
@@ -708,7 +1201,10 @@ pub mod cases {
         assert_eq!(a.wc().status, WcStatus::Success);
         b.no_wc();
         // RDMA on UD is refused at post.
-        assert!(matches!(a.p.post_send(qa, &[rdma(3, SendOpcode::RdmaWrite, vec![], 0, Rkey(0))]), Err(VerbsError::BadWr { index: 0, .. })));
+        assert!(matches!(
+            a.p.post_send(qa, &[rdma(3, SendOpcode::RdmaWrite, vec![], 0, Rkey(0))]),
+            Err(VerbsError::BadWr { index: 0, .. })
+        ));
         Outcome::Passed
     }
 
@@ -717,25 +1213,63 @@ pub mod cases {
         let (g1, g2) = f.guids();
         let (a, b) = (Node::open(f, g1, 64), Node::open(f, g2, 64));
         if f.lacks().contains(&Feature::SpecialQp) {
-            let init = QpInit { qp_type: QpType::Gsi, send_cq: a.cq, recv_cq: a.cq, srq: None, caps: QpCaps::default(), sq_sig_all: true, port: Some(PortNum(1)) };
+            let init = QpInit {
+                qp_type: QpType::Gsi,
+                send_cq: a.cq,
+                recv_cq: a.cq,
+                srq: None,
+                caps: QpCaps::default(),
+                sq_sig_all: true,
+                port: Some(PortNum(1)),
+            };
             unsupported(a.p.create_qp(a.pd, &init, 0));
             return Outcome::Skipped(Feature::SpecialQp);
         }
         let (qa, qb) = (a.qp(QpType::Gsi, None, 1), b.qp(QpType::Gsi, None, 2));
         assert_eq!(a.p.qp_num(qa).unwrap().value(), 1);
-        let init = QpInit { qp_type: QpType::Gsi, send_cq: a.cq, recv_cq: a.cq, srq: None, caps: QpCaps::default(), sq_sig_all: true, port: Some(PortNum(1)) };
-        assert!(matches!(a.p.create_qp(a.pd, &init, 0), Err(VerbsError::Busy(_))));
+        let init = QpInit {
+            qp_type: QpType::Gsi,
+            send_cq: a.cq,
+            recv_cq: a.cq,
+            srq: None,
+            caps: QpCaps::default(),
+            sq_sig_all: true,
+            port: Some(PortNum(1)),
+        };
+        assert!(matches!(
+            a.p.create_qp(a.pd, &init, 0),
+            Err(VerbsError::Busy(_))
+        ));
         let smi = a.qp(QpType::Smi, None, 3);
         assert_eq!(a.p.qp_num(smi).unwrap().value(), 0);
         for (n, q) in [(&a, qa), (&b, qb)] {
             to_init(n, q, QpType::Gsi);
-            n.p.modify_qp(q, &QpAttr { state: Some(QpState::Rtr), ..Default::default() }).unwrap();
-            n.p.modify_qp(q, &QpAttr { state: Some(QpState::Rts), sq_psn: Some(Psn::new(0)), ..Default::default() }).unwrap();
+            n.p.modify_qp(
+                q,
+                &QpAttr {
+                    state: Some(QpState::Rtr),
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+            n.p.modify_qp(
+                q,
+                &QpAttr {
+                    state: Some(QpState::Rts),
+                    sq_psn: Some(Psn::new(0)),
+                    ..Default::default()
+                },
+            )
+            .unwrap();
         }
         let ah = a.p.create_ah(a.pd, &b.av()).unwrap();
         b.p.post_recv(qb, &[recv(1, vec![b.sge(0, 296)])]).unwrap();
         let mut w = send(1, SendOpcode::Send, vec![a.sge(0, 256)]);
-        w.ud = Some(UdDest { ah, remote_qpn: rdma_types::Qpn::GSI, remote_qkey: Qkey::GSI });
+        w.ud = Some(UdDest {
+            ah,
+            remote_qpn: rdma_types::Qpn::GSI,
+            remote_qkey: Qkey::GSI,
+        });
         a.p.post_send(qa, &[w]).unwrap();
         assert_eq!(a.wc().status, WcStatus::Success);
         let r = b.wc();
@@ -748,24 +1282,75 @@ pub mod cases {
         let (g1, g2) = f.guids();
         let (a, b) = (Node::open(f, g1, 64), Node::open(f, g2, 64));
         if f.lacks().contains(&Feature::Srq) {
-            unsupported(b.p.create_srq(b.pd, &SrqAttr { max_wr: 8, max_sge: 1, limit: 0 }, 0));
+            unsupported(b.p.create_srq(
+                b.pd,
+                &SrqAttr {
+                    max_wr: 8,
+                    max_sge: 1,
+                    limit: 0,
+                },
+                0,
+            ));
             return Outcome::Skipped(Feature::Srq);
         }
-        let srq = b.p.create_srq(b.pd, &SrqAttr { max_wr: 8, max_sge: 1, limit: 0 }, 55).unwrap();
+        let srq =
+            b.p.create_srq(
+                b.pd,
+                &SrqAttr {
+                    max_wr: 8,
+                    max_sge: 1,
+                    limit: 0,
+                },
+                55,
+            )
+            .unwrap();
         let (qa, qb) = (a.qp(QpType::Rc, None, 1), b.qp(QpType::Rc, Some(srq), 2));
         connect(&a, qa, &b, qb, QpType::Rc, 0);
-        assert!(b.p.post_recv(qb, &[recv(0, vec![])]).is_err(), "QP with SRQ takes no own receives");
-        b.p.post_srq_recv(srq, &(0..4).map(|i| recv(i, vec![b.sge(i * 64, 64)])).collect::<Vec<_>>()).unwrap();
+        assert!(
+            b.p.post_recv(qb, &[recv(0, vec![])]).is_err(),
+            "QP with SRQ takes no own receives"
+        );
+        b.p.post_srq_recv(
+            srq,
+            &(0..4)
+                .map(|i| recv(i, vec![b.sge(i * 64, 64)]))
+                .collect::<Vec<_>>(),
+        )
+        .unwrap();
         assert!(b.p.modify_srq(srq, 9).is_err());
         b.p.modify_srq(srq, 3).unwrap();
         assert_eq!(b.p.query_srq(srq).unwrap().limit, 3);
-        let lim = |b: &Node| b.rec.events().iter().filter(|e| matches!(e, Ev::Async(AsyncEvent { kind: AsyncEventKind::SrqLimitReached, ctx: 55, .. }))).count();
-        a.p.post_send(qa, &[send(1, SendOpcode::Send, vec![a.sge(0, 8)])]).unwrap();
+        let lim = |b: &Node| {
+            b.rec
+                .events()
+                .iter()
+                .filter(|e| {
+                    matches!(
+                        e,
+                        Ev::Async(AsyncEvent {
+                            kind: AsyncEventKind::SrqLimitReached,
+                            ctx: 55,
+                            ..
+                        })
+                    )
+                })
+                .count()
+        };
+        a.p.post_send(qa, &[send(1, SendOpcode::Send, vec![a.sge(0, 8)])])
+            .unwrap();
         assert_eq!((b.wc().wr_id, lim(&b)), (0, 0));
-        a.p.post_send(qa, &[send(2, SendOpcode::Send, vec![a.sge(0, 8)])]).unwrap();
+        a.p.post_send(qa, &[send(2, SendOpcode::Send, vec![a.sge(0, 8)])])
+            .unwrap();
         assert_eq!(b.wc().wr_id, 1);
-        assert!(b.rec.wait_for(|e| matches!(e, Ev::Async(AsyncEvent { kind: AsyncEventKind::SrqLimitReached, .. }))));
-        a.p.post_send(qa, &[send(3, SendOpcode::Send, vec![a.sge(0, 8)])]).unwrap();
+        assert!(b.rec.wait_for(|e| matches!(
+            e,
+            Ev::Async(AsyncEvent {
+                kind: AsyncEventKind::SrqLimitReached,
+                ..
+            })
+        )));
+        a.p.post_send(qa, &[send(3, SendOpcode::Send, vec![a.sge(0, 8)])])
+            .unwrap();
         b.wc();
         assert_eq!(lim(&b), 1, "limit event is one-shot");
         assert!(matches!(b.p.destroy_srq(srq), Err(VerbsError::Busy(_))));
@@ -777,18 +1362,40 @@ pub mod cases {
         let (g1, g2) = f.guids();
         let (a, b) = (Node::open(f, g1, 64), Node::open(f, g2, 64));
         if f.lacks().contains(&Feature::Uc) {
-            let init = QpInit { qp_type: QpType::Uc, send_cq: a.cq, recv_cq: a.cq, srq: None, caps: QpCaps::default(), sq_sig_all: true, port: None };
+            let init = QpInit {
+                qp_type: QpType::Uc,
+                send_cq: a.cq,
+                recv_cq: a.cq,
+                srq: None,
+                caps: QpCaps::default(),
+                sq_sig_all: true,
+                port: None,
+            };
             unsupported(a.p.create_qp(a.pd, &init, 0));
             return Outcome::Skipped(Feature::Uc);
         }
         let (qa, qb) = (a.qp(QpType::Uc, None, 1), b.qp(QpType::Uc, None, 2));
         connect(&a, qa, &b, qb, QpType::Uc, 0);
         a.buf.write_at(0, b"uc!");
-        a.p.post_send(qa, &[rdma(1, SendOpcode::RdmaWrite, vec![a.sge(0, 3)], b.buf.addr(), b.mr.rkey)]).unwrap();
+        a.p.post_send(
+            qa,
+            &[rdma(
+                1,
+                SendOpcode::RdmaWrite,
+                vec![a.sge(0, 3)],
+                b.buf.addr(),
+                b.mr.rkey,
+            )],
+        )
+        .unwrap();
         assert_eq!(a.wc().status, WcStatus::Success);
         assert_eq!(b.buf.to_vec(0, 3), b"uc!");
-        assert!(matches!(a.p.post_send(qa, &[rdma(2, SendOpcode::RdmaRead, vec![], 0, Rkey(0))]), Err(VerbsError::BadWr { .. })));
-        a.p.post_send(qa, &[send(3, SendOpcode::Send, vec![a.sge(0, 3)])]).unwrap();
+        assert!(matches!(
+            a.p.post_send(qa, &[rdma(2, SendOpcode::RdmaRead, vec![], 0, Rkey(0))]),
+            Err(VerbsError::BadWr { .. })
+        ));
+        a.p.post_send(qa, &[send(3, SendOpcode::Send, vec![a.sge(0, 3)])])
+            .unwrap();
         assert_eq!(a.wc().status, WcStatus::Success);
         b.no_wc();
         Outcome::Passed
@@ -803,17 +1410,56 @@ pub mod cases {
             return Outcome::Skipped(Feature::PortControl);
         }
         f.set_port_active(g2, false).unwrap();
-        assert!(b.rec.wait_for(|e| matches!(e, Ev::Async(AsyncEvent { kind: AsyncEventKind::PortDown, port: Some(PortNum(1)), .. }))));
-        assert_eq!(b.p.query_port(b.ca, PortNum(1)).unwrap().state, PortState::Down);
-        a.p.post_send(qa, &[rdma(1, SendOpcode::RdmaWrite, vec![a.sge(0, 8)], b.buf.addr(), b.mr.rkey)]).unwrap();
+        assert!(b.rec.wait_for(|e| matches!(
+            e,
+            Ev::Async(AsyncEvent {
+                kind: AsyncEventKind::PortDown,
+                port: Some(PortNum(1)),
+                ..
+            })
+        )));
+        assert_eq!(
+            b.p.query_port(b.ca, PortNum(1)).unwrap().state,
+            PortState::Down
+        );
+        a.p.post_send(
+            qa,
+            &[rdma(
+                1,
+                SendOpcode::RdmaWrite,
+                vec![a.sge(0, 8)],
+                b.buf.addr(),
+                b.mr.rkey,
+            )],
+        )
+        .unwrap();
         assert_eq!(a.wc().status, WcStatus::RetryExcErr);
         f.set_port_active(g2, true).unwrap();
-        assert!(b.rec.wait_for(|e| matches!(e, Ev::Async(AsyncEvent { kind: AsyncEventKind::PortActive, .. }))));
+        assert!(b.rec.wait_for(|e| matches!(
+            e,
+            Ev::Async(AsyncEvent {
+                kind: AsyncEventKind::PortActive,
+                ..
+            })
+        )));
         f.set_lid(g2, Lid(0x77)).unwrap();
-        assert!(b.rec.wait_for(|e| matches!(e, Ev::Async(AsyncEvent { kind: AsyncEventKind::LidChange, .. }))));
+        assert!(b.rec.wait_for(|e| matches!(
+            e,
+            Ev::Async(AsyncEvent {
+                kind: AsyncEventKind::LidChange,
+                ..
+            })
+        )));
         assert_eq!(b.p.query_port(b.ca, PortNum(1)).unwrap().lid, Lid(0x77));
         f.remove_ca(g2).unwrap();
-        assert!(b.rec.wait_for(|e| matches!(e, Ev::Async(AsyncEvent { kind: AsyncEventKind::CaRemoval, ctx: 1, .. }))));
+        assert!(b.rec.wait_for(|e| matches!(
+            e,
+            Ev::Async(AsyncEvent {
+                kind: AsyncEventKind::CaRemoval,
+                ctx: 1,
+                ..
+            })
+        )));
         assert!(b.p.open_ca(g2, 0, b.rec.clone()).is_err());
         Outcome::Passed
     }
@@ -827,11 +1473,26 @@ pub mod cases {
             p.destroy_qp(qa).unwrap();
         }));
         a.p.req_notify_cq(a.cq, false).unwrap();
-        a.p.post_send(qa, &[rdma(1, SendOpcode::RdmaWrite, vec![a.sge(0, 8)], b.buf.addr(), b.mr.rkey)]).unwrap();
-        assert!(a.rec.wait_for(|e| *e == Ev::Destroyed(ResourceKind::Qp, 10)));
+        a.p.post_send(
+            qa,
+            &[rdma(
+                1,
+                SendOpcode::RdmaWrite,
+                vec![a.sge(0, 8)],
+                b.buf.addr(),
+                b.mr.rkey,
+            )],
+        )
+        .unwrap();
+        assert!(a
+            .rec
+            .wait_for(|e| *e == Ev::Destroyed(ResourceKind::Qp, 10)));
         let ev = a.rec.events();
         let c = ev.iter().position(|e| *e == Ev::Completion(100)).unwrap();
-        let d = ev.iter().position(|e| *e == Ev::Destroyed(ResourceKind::Qp, 10)).unwrap();
+        let d = ev
+            .iter()
+            .position(|e| *e == Ev::Destroyed(ResourceKind::Qp, 10))
+            .unwrap();
         assert!(c < d);
         assert_eq!(a.p.query_qp(qa), Err(VerbsError::InvalidHandle));
         Outcome::Passed

@@ -194,7 +194,12 @@ pub trait Provider: Send + Sync {
     // ---- MW ----
     /// Allocates a memory window; returns it with its initial R_Key (a
     /// type 2 bind WR gives this key with a new low byte, IBA 10.6.7.2.1).
-    fn alloc_mw(&self, pd: PdHandle, kind: MwType, ctx: Context) -> Result<(MwHandle, rdma_types::Rkey)> {
+    fn alloc_mw(
+        &self,
+        pd: PdHandle,
+        kind: MwType,
+        ctx: Context,
+    ) -> Result<(MwHandle, rdma_types::Rkey)> {
         unsupported!("alloc_mw")
     }
     /// Binds a type 1 window (synchronous form; returns the new R_Key).
@@ -236,11 +241,26 @@ mod tests {
     #[test]
     fn unimplemented_verbs_say_not_supported() {
         let p: &dyn Provider = &Bare;
-        let h = crate::Handle { index: 0, generation: 0 };
-        assert_eq!(p.alloc_pd(CaHandle(h), 0), Err(VerbsError::NotSupported("alloc_pd")));
-        assert_eq!(p.post_send(QpHandle(h), &[]), Err(VerbsError::NotSupported("post_send")));
-        assert_eq!(p.alloc_mw(PdHandle(h), MwType::Type2, 0), Err(VerbsError::NotSupported("alloc_mw")));
+        let h = crate::Handle {
+            index: 0,
+            generation: 0,
+        };
+        assert_eq!(
+            p.alloc_pd(CaHandle(h), 0),
+            Err(VerbsError::NotSupported("alloc_pd"))
+        );
+        assert_eq!(
+            p.post_send(QpHandle(h), &[]),
+            Err(VerbsError::NotSupported("post_send"))
+        );
+        assert_eq!(
+            p.alloc_mw(PdHandle(h), MwType::Type2, 0),
+            Err(VerbsError::NotSupported("alloc_mw"))
+        );
         assert!(p.list_cas().is_empty());
-        assert_eq!(VerbsError::NotSupported("alloc_mw").to_string(), "not supported by this provider: alloc_mw");
+        assert_eq!(
+            VerbsError::NotSupported("alloc_mw").to_string(),
+            "not supported by this provider: alloc_mw"
+        );
     }
 }
