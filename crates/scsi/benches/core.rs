@@ -47,7 +47,7 @@ fn run(t: &Arc<Target>, n: &Nexus, threads: u64, iters: u64, size: usize, write:
                 let data = vec![0x5a; size];
                 let lun = Lun::new(0).unwrap();
                 for i in 0..per {
-                    let lba = ((k * 977 + i * blocks as u64) % (16384 - blocks as u64)) as u64;
+                    let lba = (k * 977 + i * blocks as u64) % (16384 - blocks as u64);
                     let r = if write {
                         t.execute(&n, lun, &cdb16(0x8a, lba, blocks), &data, size as u64)
                     } else {

@@ -497,7 +497,7 @@ fn report_opcodes(options: u8, opcode: u8) -> Result<Vec<u8>, Sense> {
         Some(len) => {
             // CDB usage map: opcode, then every bit usable (coarse).
             let mut d = vec![0, 0x03, 0, len as u8, opcode];
-            d.extend(std::iter::repeat_n(0xff, len - 2));
+            d.resize(d.len() + len - 2, 0xff);
             d.push(0x07);
             Ok(d)
         }

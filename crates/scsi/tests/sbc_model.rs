@@ -261,7 +261,7 @@ fn run_model(dev: Arc<Device>, seed: u64) {
                 if corrupt {
                     data[0] ^= 1;
                 }
-                data.extend(std::iter::repeat_n(fill, cnt as usize * BS));
+                data.resize(data.len() + cnt as usize * BS, fill);
                 let r = t.execute(&n, l0(), &caw(lba, cnt as u8), &data, data.len() as u64);
                 if in_range && !corrupt {
                     model[range].fill(fill);
