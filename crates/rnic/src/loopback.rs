@@ -154,6 +154,7 @@ struct State {
 pub struct Fabric {
     state: Mutex<State>,
     cbq: Mutex<(VecDeque<Cb>, bool)>,
+    lacks: Vec<verbs::conformance::Feature>,
 }
 
 fn bad(msg: impl Into<String>) -> VerbsError {
@@ -846,10 +847,22 @@ const MAX_CQE: u32 = 1 << 20;
 impl Fabric {
     /// An empty fabric.
     pub fn new() -> Arc<Fabric> {
+        Fabric::without(&[])
+    }
+
+    /// A fabric whose CAs lack `features` (memory windows, SRQ, atomics are
+    /// honoured), answering `NotSupported` for them: models a smaller HCA
+    /// and exercises the conformance suite's skip path.
+    pub fn without(features: &[verbs::conformance::Feature]) -> Arc<Fabric> {
         Arc::new(Fabric {
             state: Mutex::new(State::default()),
             cbq: Mutex::new((VecDeque::new(), false)),
+            lacks: features.to_vec(),
         })
+    }
+
+    fn lacks(&self, f: verbs::conformance::Feature) -> bool {
+        self.lacks.contains(&f)
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -1131,7 +1144,7 @@ impl Provider for Fabric {
             max_qp_rd_atom: 16,
             max_srq: 1 << 16,
             max_mw: 1 << 16,
-            atomics: true,
+            atomics: !self.lacks(verbs::conformance::Feature::Atomics),
         })
     }
 
@@ -1203,6 +1216,9 @@ impl Provider for Fabric {
     }
 
     fn create_srq(&self, pd: PdHandle, attr: &SrqAttr, ctx: Context) -> verbs::Result<SrqHandle> {
+        if self.lacks(verbs::conformance::Feature::Srq) {
+            return Err(VerbsError::NotSupported("create_srq"));
+        }
         if attr.max_wr == 0 || attr.max_wr > MAX_QP_WR || attr.max_sge > MAX_SGE {
             return Err(bad("SRQ max_wr/max_sge out of range"));
         }
@@ -1505,6 +1521,9 @@ impl Provider for Fabric {
         kind: MwType,
         ctx: Context,
     ) -> verbs::Result<(MwHandle, Rkey)> {
+        if self.lacks(verbs::conformance::Feature::Mw) {
+            return Err(VerbsError::NotSupported("alloc_mw"));
+        }
         let mut st = self.lock();
         let p = st.pd(pd)?;
         let ca = st.pd_ca(p);
@@ -1600,6 +1619,13 @@ impl Provider for Fabric {
                         "{:?} on a UC QP",
                         wr.opcode
                     )))
+                } else if self.lacks(verbs::conformance::Feature::Atomics)
+                    && matches!(
+                        wr.opcode,
+                        SendOpcode::AtomicCmpSwp | SendOpcode::AtomicFetchAdd
+                    )
+                {
+                    Some(VerbsError::NotSupported("atomics"))
                 } else if qt.is_datagram() && wr.ud.is_none() {
                     Some(VerbsError::InvalidArgument(
                         "datagram WR without destination".into(),
