@@ -16,6 +16,8 @@ struct Inner {
     /// `Some(solicited_only)` when armed.
     armed: Option<bool>,
     overflowed: bool,
+    /// Threads blocked in `wait` (notify only then: a futex wake is a syscall).
+    waiters: u32,
 }
 
 /// What the provider must do after a push.
@@ -61,8 +63,11 @@ impl Cq {
         if g.ring.len() >= self.cap {
             g.overflowed = true;
             out.overflow = true;
+            let wake = g.waiters > 0;
             drop(g);
-            self.cond.notify_all();
+            if wake {
+                self.cond.notify_all();
+            }
             return out;
         }
         g.ring.push_back(wc);
@@ -74,8 +79,11 @@ impl Cq {
             g.armed = None;
             out.notify = true;
         }
+        let wake = g.waiters > 0;
         drop(g);
-        self.cond.notify_all();
+        if wake {
+            self.cond.notify_all();
+        }
         out
     }
 
@@ -120,11 +128,13 @@ impl Cq {
 
     /// Blocks until the ring is non-empty (or overflowed); false on timeout.
     pub fn wait(&self, timeout: Duration) -> bool {
-        let g = self.inner.lock().unwrap();
-        let (g, _) = self
+        let mut g = self.inner.lock().unwrap();
+        g.waiters += 1;
+        let (mut g, _) = self
             .cond
             .wait_timeout_while(g, timeout, |i| i.ring.is_empty() && !i.overflowed)
             .unwrap();
+        g.waiters -= 1;
         !g.ring.is_empty() || g.overflowed
     }
 }
