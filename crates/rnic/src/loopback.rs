@@ -872,6 +872,10 @@ impl Fabric {
     /// Delivers callbacks in order without holding the state lock. A
     /// callback that calls back into the provider only queues.
     fn dispatch(&self, cbs: Vec<Cb>) {
+        if cbs.is_empty() {
+            // Nothing new: any queued callback has a running dispatcher.
+            return;
+        }
         let mut q = self.cbq.lock().unwrap_or_else(|e| e.into_inner());
         q.0.extend(cbs);
         if q.1 {

@@ -32,6 +32,12 @@
 //! bounds/access checks for MRs and MWs (IBA 10.6), and the CQ ring with
 //! overflow detection and arm/notify.
 //!
+//! [`conformance`] is the provider-generic test suite: a provider crate
+//! implements [`conformance::Fixture`] and expands
+//! `verbs::conformance_tests!(ctor)` to get one `#[test]` per case; cases
+//! for features the fixture declares missing check for `NotSupported` and
+//! print `SKIPPED <case>: <reason>`.
+//!
 //! What this crate refuses: I/O, threads, wire formats. It depends only on
 //! `rdma-types`.
 
