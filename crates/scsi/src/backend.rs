@@ -17,6 +17,10 @@ pub trait Backend: Send + Sync {
     /// `fua`: data must be on stable storage before returning.
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> io::Result<()>;
     fn flush(&self) -> io::Result<()>;
+    /// Changes the capacity (SCST resize); not every store can.
+    fn resize(&self, _new_size: u64) -> io::Result<()> {
+        Err(io::ErrorKind::Unsupported.into())
+    }
 }
 
 /// In-memory store.
@@ -42,6 +46,13 @@ impl Backend for Ram {
             .get(offset as usize..offset as usize + buf.len())
             .ok_or(io::ErrorKind::UnexpectedEof)?;
         buf.copy_from_slice(src);
+        Ok(())
+    }
+    fn resize(&self, new_size: u64) -> io::Result<()> {
+        self.data
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .resize(new_size as usize, 0);
         Ok(())
     }
     fn write(&self, offset: u64, data: &[u8], _fua: bool) -> io::Result<()> {

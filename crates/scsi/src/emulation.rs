@@ -92,6 +92,16 @@ impl Device {
         })
     }
 
+    /// Changes the capacity to `blocks`; the target raises CAPACITY DATA
+    /// HAS CHANGED (use [`crate::Target::resize`]).
+    pub(crate) fn resize(&self, blocks: u64) -> std::io::Result<()> {
+        if blocks == 0 {
+            return Err(std::io::ErrorKind::InvalidInput.into());
+        }
+        let _excl = self.io_lock.write().unwrap_or_else(|e| e.into_inner());
+        self.backend.resize(blocks * self.config.block_size as u64)
+    }
+
     pub fn block_size(&self) -> u32 {
         self.config.block_size
     }

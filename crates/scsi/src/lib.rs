@@ -21,13 +21,18 @@
 //! scheduling of its own (execution is synchronous on the caller's thread);
 //! it never panics on a malformed CDB.
 //!
-//! Not yet here (see the crate's report): task attributes and task
-//! management, persistent reservations, UNMAP/WRITE SAME/COMPARE AND WRITE,
-//! MODE SELECT, blockio.
+//! Device handlers: [`Ram`], [`NullIo`], [`FileIo`] (pread/pwrite,
+//! write-through, fdatasync for SYNCHRONIZE CACHE and FUA) and [`BlockIo`]
+//! (O_DIRECT with aligned bounce buffers).
+//!
+//! Not yet here: task attributes and task management (execution is
+//! synchronous; nothing can be aborted), persistent reservations, MODE
+//! SELECT (so MODE PARAMETERS CHANGED is never raised), a worker pool.
 
 pub mod backend;
 pub mod cdb;
 pub mod emulation;
+pub mod fuzz;
 pub mod lun;
 pub mod opcode;
 pub mod sense;

@@ -176,6 +176,39 @@ impl Target {
         old
     }
 
+    /// Resizes the device mapped at `lun` (in `group` or the default set) to
+    /// `blocks` and raises CAPACITY DATA HAS CHANGED on every known nexus
+    /// that reaches that device through any LUN (SBC-3 4.6).
+    pub fn resize(&self, group: Option<&str>, lun: Lun, blocks: u64) -> std::io::Result<()> {
+        let mut st = self.lock();
+        let set = match group {
+            Some(g) => st.groups.get(g),
+            None => Some(&st.default),
+        };
+        let dev = set
+            .and_then(|s| s.get(&lun))
+            .cloned()
+            .ok_or(std::io::ErrorKind::NotFound)?;
+        dev.resize(blocks)?;
+        let affected: Vec<(Nexus, Lun)> = st
+            .known
+            .iter()
+            .filter(|(n, l)| {
+                st.set_for(&n.initiator)
+                    .get(l)
+                    .is_some_and(|d| Arc::ptr_eq(d, &dev))
+            })
+            .cloned()
+            .collect();
+        for key in affected {
+            st.ua
+                .entry(key)
+                .or_default()
+                .push(Asc::CAPACITY_DATA_CHANGED);
+        }
+        Ok(())
+    }
+
     /// Direction and length a CDB implies for this nexus and LUN, before
     /// execution. A CDB that will fail gives its CHECK CONDITION now.
     pub fn plan(&self, nexus: &Nexus, lun: Lun, cdb: &[u8]) -> Result<Plan, Sense> {

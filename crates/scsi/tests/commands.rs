@@ -536,3 +536,31 @@ fn random_cdbs_never_panic() {
         }
     }
 }
+
+#[test]
+fn resize_raises_capacity_changed_to_every_path() {
+    let t = Target::new();
+    let dev = ram_device(512, false);
+    t.add_lun(None, lun(0), dev.clone());
+    t.add_lun(Some("g"), lun(5), dev);
+    let a = Nexus::new("a", "p");
+    let g = Nexus::new("g", "p");
+    t.execute(&a, lun(0), &[0; 6], &[], 0);
+    t.execute(&g, lun(5), &[0; 6], &[], 0);
+    t.resize(None, lun(0), 128).unwrap();
+    for (n, l) in [(&a, lun(0)), (&g, lun(5))] {
+        check(
+            &t.execute(n, l, &[0; 6], &[], 0),
+            SenseKey::UnitAttention,
+            Asc::CAPACITY_DATA_CHANGED,
+        );
+        let r = t.execute(n, l, &[0x25, 0, 0, 0, 0, 0, 0, 0, 0, 0], &[], 8);
+        assert_eq!(&r.data_in[..4], &[0, 0, 0, 127]);
+    }
+    // The old data survives growth; new blocks read zero and are addressable.
+    let r = t.execute(&a, lun(0), &rw10(0x28, 63, 2, 0), &[], 1024);
+    assert_sectors(&r.data_in[..512], 63, 512);
+    assert!(r.data_in[512..].iter().all(|&b| b == 0));
+    assert!(t.resize(None, lun(0), 0).is_err());
+    assert!(t.resize(None, lun(9), 10).is_err());
+}
