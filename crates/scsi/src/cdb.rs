@@ -26,6 +26,11 @@ pub struct Plan {
 /// A parsed command with validated fields.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Command {
+    /// MODE SELECT(6/10) with its parameter list length.
+    ModeSelect {
+        ten: bool,
+        param_len: u32,
+    },
     Verify {
         lba: u64,
         blocks: u32,
@@ -154,6 +159,21 @@ impl Command {
                     subpage: c[3],
                     alloc,
                 }
+            }
+            Opcode::ModeSelect6 | Opcode::ModeSelect10 => {
+                // PF must be 1; SP (save pages) unsupported.
+                if c[1] & 0x01 != 0 {
+                    return Err(Sense::new(
+                        SenseKey::IllegalRequest,
+                        Asc::SAVING_PARAMETERS_NOT_SUPPORTED,
+                    ));
+                }
+                if c[1] & 0x10 == 0 {
+                    return Err(Sense::invalid_field(1, Some(4)));
+                }
+                let ten = op == Opcode::ModeSelect10;
+                let param_len = if ten { be(&c[7..9]) } else { c[4] as u64 } as u32;
+                Command::ModeSelect { ten, param_len }
             }
             Opcode::StartStopUnit => Command::StartStopUnit,
             Opcode::PreventAllowMediumRemoval => Command::PreventAllow,
@@ -333,6 +353,10 @@ impl Command {
             Command::WriteSame { .. } => Plan {
                 dir: DataDir::Out,
                 len: block_size as u64,
+            },
+            Command::ModeSelect { param_len, .. } => Plan {
+                dir: DataDir::Out,
+                len: param_len as u64,
             },
             Command::Unmap { param_len } => Plan {
                 dir: DataDir::Out,

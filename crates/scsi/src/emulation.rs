@@ -56,6 +56,16 @@ pub struct Device {
     /// Writers share it; COMPARE AND WRITE holds it alone, so it is atomic
     /// against every other writer of this device (SBC-3 5.2).
     io_lock: RwLock<()>,
+    mode: std::sync::Mutex<ModeState>,
+}
+
+/// The changeable mode parameters (current values).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ModeState {
+    /// Caching page WCE.
+    pub wce: bool,
+    /// Control page D_SENSE: report sense in descriptor format.
+    pub d_sense: bool,
 }
 
 fn pad(s: &str, n: usize) -> Vec<u8> {
@@ -72,6 +82,7 @@ impl Device {
     /// Refuses block sizes other than 512 and 4096 and stores whose size is
     /// not a multiple of the block size.
     pub fn new(config: DeviceConfig, backend: Arc<dyn Backend>) -> Result<Device, String> {
+        let wce = config.write_cache;
         if config.block_size != 512 && config.block_size != 4096 {
             return Err(format!(
                 "block size {} unsupported (512 or 4096)",
@@ -89,6 +100,10 @@ impl Device {
             config,
             backend,
             io_lock: RwLock::new(()),
+            mode: std::sync::Mutex::new(ModeState {
+                wce,
+                d_sense: false,
+            }),
         })
     }
 
@@ -251,6 +266,10 @@ impl Device {
             Command::ReportOpcodes {
                 options, opcode, ..
             } => report_opcodes(options, opcode),
+            Command::ModeSelect { ten, param_len } => {
+                self.mode_select(ten, data_out.get(..param_len as usize).unwrap_or(data_out))?;
+                Ok(Vec::new())
+            }
             Command::RequestSense { .. } | Command::ReportLuns { .. } => {
                 unreachable!("handled by the target before reaching a device")
             }
@@ -392,25 +411,43 @@ impl Device {
         Ok(d)
     }
 
+    /// Current mode parameters.
+    pub fn mode_state(&self) -> ModeState {
+        *self.mode.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn mode_page(&self, page: u8, pc: u8) -> Vec<u8> {
         // pc: 0 current, 1 changeable, 2 default, 3 saved (SPC-4 6.11).
-        let changeable = pc == 1;
+        let st = match pc {
+            0 => self.mode_state(),
+            1 => ModeState {
+                wce: true,
+                d_sense: true,
+            }, // changeable mask
+            _ => ModeState {
+                wce: self.config.write_cache,
+                d_sense: false,
+            },
+        };
         match page {
             0x08 => {
                 // SBC-3 6.4.5 caching: WCE (byte 2 bit 2).
                 let mut p = vec![0u8; 20];
                 p[0] = 0x08;
                 p[1] = 18;
-                if !changeable && self.config.write_cache {
+                if st.wce {
                     p[2] = 0x04;
                 }
                 p
             }
             0x0a => {
-                // SPC-4 7.5.8 control: D_SENSE unchangeable, QERR 0.
+                // SPC-4 7.5.8 control: D_SENSE (byte 2 bit 2), QERR 0.
                 let mut p = vec![0u8; 12];
                 p[0] = 0x0a;
                 p[1] = 10;
+                if st.d_sense {
+                    p[2] = 0x04;
+                }
                 p
             }
             _ => {
@@ -421,6 +458,84 @@ impl Device {
                 p
             }
         }
+    }
+
+    /// SPC-4 6.9/6.10 MODE SELECT: only WCE and D_SENSE may change; every
+    /// other byte of a page must equal its current value.
+    fn mode_select(&self, ten: bool, p: &[u8]) -> Result<(), Sense> {
+        let bad = |byte: usize| Sense {
+            key: SenseKey::IllegalRequest,
+            asc: Asc::INVALID_FIELD_IN_PARAMETER_LIST,
+            field: Some(crate::sense::FieldPointer {
+                in_cdb: false,
+                byte: byte.min(0xffff) as u16,
+                bit: None,
+            }),
+            information: None,
+        };
+        if p.is_empty() {
+            return Ok(());
+        }
+        let hdr = if ten { 8 } else { 4 };
+        if p.len() < hdr {
+            return Err(Sense::new(
+                SenseKey::IllegalRequest,
+                Asc::PARAMETER_LIST_LENGTH_ERROR,
+            ));
+        }
+        let bdl = if ten {
+            u16::from_be_bytes([p[6], p[7]]) as usize
+        } else {
+            p[3] as usize
+        };
+        if bdl != 0 && bdl != 8 {
+            return Err(bad(if ten { 6 } else { 3 }));
+        }
+        if bdl == 8 {
+            let bd = p.get(hdr..hdr + 8).ok_or(Sense::new(
+                SenseKey::IllegalRequest,
+                Asc::PARAMETER_LIST_LENGTH_ERROR,
+            ))?;
+            if u32::from_be_bytes([bd[4], bd[5], bd[6], bd[7]]) != self.config.block_size {
+                return Err(bad(hdr + 5));
+            }
+        }
+        let mut new = self.mode_state();
+        let mut off = hdr + bdl;
+        while off < p.len() {
+            let Some(&[code, len]) = p.get(off..off + 2).map(|s| [s[0], s[1]]).as_ref() else {
+                return Err(Sense::new(
+                    SenseKey::IllegalRequest,
+                    Asc::PARAMETER_LIST_LENGTH_ERROR,
+                ));
+            };
+            let page = code & 0x3f;
+            if code & 0x40 != 0 || !matches!(page, 0x08 | 0x0a | 0x1c) {
+                return Err(bad(off));
+            }
+            let cur = self.mode_page(page, 0);
+            let got = p.get(off..off + 2 + len as usize).ok_or(Sense::new(
+                SenseKey::IllegalRequest,
+                Asc::PARAMETER_LIST_LENGTH_ERROR,
+            ))?;
+            if got.len() != cur.len() {
+                return Err(bad(off + 1));
+            }
+            let mask = self.mode_page(page, 1);
+            for i in 2..cur.len() {
+                if (got[i] ^ cur[i]) & !mask[i] != 0 {
+                    return Err(bad(off + i));
+                }
+            }
+            match page {
+                0x08 => new.wce = got[2] & 0x04 != 0,
+                0x0a => new.d_sense = got[2] & 0x04 != 0,
+                _ => {}
+            }
+            off += cur.len();
+        }
+        *self.mode.lock().unwrap_or_else(|e| e.into_inner()) = new;
+        Ok(())
     }
 
     fn mode_sense(

@@ -26,8 +26,8 @@
 //! (O_DIRECT with aligned bounce buffers).
 //!
 //! Not yet here: task attributes and task management (execution is
-//! synchronous; nothing can be aborted), persistent reservations, MODE
-//! SELECT (so MODE PARAMETERS CHANGED is never raised), a worker pool.
+//! synchronous on the caller's thread; nothing can be aborted), persistent
+//! reservations, a worker pool.
 
 pub mod backend;
 pub mod cdb;

@@ -65,6 +65,7 @@ opcodes! {
     Read6 = 0x08, "READ(6)", 6, In, [];
     Write6 = 0x0a, "WRITE(6)", 6, Out, [];
     Inquiry = 0x12, "INQUIRY", 6, In, [];
+    ModeSelect6 = 0x15, "MODE SELECT(6)", 6, Out, [];
     ModeSense6 = 0x1a, "MODE SENSE(6)", 6, In, [];
     StartStopUnit = 0x1b, "START STOP UNIT", 6, None, [];
     PreventAllowMediumRemoval = 0x1e, "PREVENT ALLOW MEDIUM REMOVAL", 6, None, [];
@@ -76,6 +77,7 @@ opcodes! {
     SynchronizeCache10 = 0x35, "SYNCHRONIZE CACHE(10)", 10, None, [];
     WriteSame10 = 0x41, "WRITE SAME(10)", 10, Out, [];
     Unmap = 0x42, "UNMAP", 10, Out, [];
+    ModeSelect10 = 0x55, "MODE SELECT(10)", 10, Out, [];
     ModeSense10 = 0x5a, "MODE SENSE(10)", 10, In, [];
     Read16 = 0x88, "READ(16)", 16, In, [];
     CompareAndWrite = 0x89, "COMPARE AND WRITE", 16, Out, [];

@@ -1,7 +1,7 @@
 //! The target: LUN maps (SCST masking model), I_T nexuses, unit attentions,
 //! and the entry points a transport calls.
 
-use crate::cdb::{Command, Plan};
+use crate::cdb::{Command, DataDir, Plan};
 use crate::emulation::Device;
 use crate::lun::Lun;
 use crate::sense::{Asc, Sense, SenseKey};
@@ -70,9 +70,22 @@ pub struct ScsiResponse {
     pub sense: Option<Sense>,
     pub data_in: Vec<u8>,
     pub residual: Residual,
+    /// The LU's control page D_SENSE: transports send descriptor sense.
+    pub descriptor_sense: bool,
 }
 
 impl ScsiResponse {
+    /// Sense bytes in the format the LU's control page selects (SPC-4 7.5.8).
+    pub fn sense_bytes(&self) -> Option<Vec<u8>> {
+        self.sense.map(|s| {
+            if self.descriptor_sense {
+                s.to_descriptor()
+            } else {
+                s.to_fixed()
+            }
+        })
+    }
+
     fn check(sense: Sense, expected: u64) -> ScsiResponse {
         ScsiResponse {
             status: Status::CheckCondition,
@@ -83,6 +96,7 @@ impl ScsiResponse {
             } else {
                 Residual::None
             },
+            descriptor_sense: false,
         }
     }
 }
@@ -180,7 +194,7 @@ impl Target {
     /// `blocks` and raises CAPACITY DATA HAS CHANGED on every known nexus
     /// that reaches that device through any LUN (SBC-3 4.6).
     pub fn resize(&self, group: Option<&str>, lun: Lun, blocks: u64) -> std::io::Result<()> {
-        let mut st = self.lock();
+        let st = self.lock();
         let set = match group {
             Some(g) => st.groups.get(g),
             None => Some(&st.default),
@@ -190,23 +204,30 @@ impl Target {
             .cloned()
             .ok_or(std::io::ErrorKind::NotFound)?;
         dev.resize(blocks)?;
+        drop(st);
+        self.raise_on_device(&dev, None, Asc::CAPACITY_DATA_CHANGED);
+        Ok(())
+    }
+
+    /// Queues `asc` for every known nexus reaching `dev` through any LUN,
+    /// except `skip`.
+    fn raise_on_device(&self, dev: &Arc<Device>, skip: Option<&Nexus>, asc: Asc) {
+        let st = &mut *self.lock();
         let affected: Vec<(Nexus, Lun)> = st
             .known
             .iter()
             .filter(|(n, l)| {
-                st.set_for(&n.initiator)
-                    .get(l)
-                    .is_some_and(|d| Arc::ptr_eq(d, &dev))
+                Some(n) != skip
+                    && st
+                        .set_for(&n.initiator)
+                        .get(l)
+                        .is_some_and(|d| Arc::ptr_eq(d, dev))
             })
             .cloned()
             .collect();
         for key in affected {
-            st.ua
-                .entry(key)
-                .or_default()
-                .push(Asc::CAPACITY_DATA_CHANGED);
+            st.ua.entry(key).or_default().push(asc);
         }
-        Ok(())
     }
 
     /// Direction and length a CDB implies for this nexus and LUN, before
@@ -237,6 +258,8 @@ impl Target {
         };
         let mut st = self.lock();
         let dev = st.set_for(&nexus.initiator).get(&lun).cloned();
+        let bs = dev.as_ref().map_or(512, |d| d.block_size());
+        let d_sense = dev.as_ref().is_some_and(|d| d.mode_state().d_sense);
         let result = match (&cmd, dev) {
             (Command::ReportLuns { select, .. }, _) => {
                 let luns: Vec<Lun> = st.set_for(&nexus.initiator).keys().copied().collect();
@@ -283,44 +306,41 @@ impl Target {
                     Some(asc) => Err(Sense::new(SenseKey::UnitAttention, asc)),
                     None => {
                         drop(st);
-                        dev.execute(cmd, cdb, data_out)
+                        let before = dev.mode_state();
+                        let r = dev.execute(cmd, cdb, data_out);
+                        if dev.mode_state() != before {
+                            // SPC-4 6.9: other nexuses learn of the change.
+                            self.raise_on_device(&dev, Some(nexus), Asc::MODE_PARAMETERS_CHANGED);
+                        }
+                        r
                     }
                 }
             }
         };
         match result {
-            Err(s) => ScsiResponse::check(s, expected),
+            Err(s) => ScsiResponse {
+                descriptor_sense: d_sense,
+                ..ScsiResponse::check(s, expected)
+            },
             Ok(mut data) => {
-                let plan = cmd.plan(512);
-                let wanted = plan.len;
+                let plan = cmd.plan(bs);
                 let moved = match plan.dir {
-                    crate::cdb::DataDir::In => {
+                    DataDir::In => {
                         data.truncate(plan.len.min(expected) as usize);
                         data.len() as u64
                     }
-                    crate::cdb::DataDir::Out => wanted.min(expected),
-                    crate::cdb::DataDir::None => 0,
-                };
-                let wanted = if plan.dir == crate::cdb::DataDir::In {
-                    wanted
-                } else {
-                    out_len(&cmd, data_out)
+                    DataDir::Out => plan.len.min(expected).min(data_out.len() as u64),
+                    DataDir::None => 0,
                 };
                 ScsiResponse {
                     status: Status::Good,
                     sense: None,
                     data_in: data,
-                    residual: Residual::of(expected, wanted, moved),
+                    residual: Residual::of(expected, plan.len, moved),
+                    descriptor_sense: d_sense,
                 }
             }
         }
-    }
-}
-
-fn out_len(cmd: &Command, data_out: &[u8]) -> u64 {
-    match cmd {
-        Command::Write { .. } => data_out.len() as u64,
-        _ => 0,
     }
 }
 

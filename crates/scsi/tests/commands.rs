@@ -266,7 +266,8 @@ fn write_to_read_only() {
         SenseKey::DataProtect,
         Asc::WRITE_PROTECTED,
     );
-    let r = t.execute(&n, lun(0), &rw10(0x28, 1, 1, 0), &[], 4096);
+    let r = t.execute(&n, lun(0), &rw10(0x28, 1, 2, 0), &[], 8192);
+    assert_eq!((r.data_in.len(), r.residual), (8192, Residual::None));
     assert_sectors(&r.data_in, 1, 4096);
     // MODE SENSE(6) shows WP.
     let r = t.execute(&n, lun(0), &[0x1a, 0, 0x3f, 0, 255, 0], &[], 255);
@@ -326,7 +327,7 @@ fn mode_sense_pages() {
     assert_eq!(r.data_in.len(), 32);
     assert_eq!(r.data_in[0], 31);
     assert_eq!(&r.data_in[12..15], &[0x08, 18, 0x04]);
-    // Changeable values: nothing changeable (no MODE SELECT yet).
+    // Changeable values: WCE is the one changeable bit of the caching page.
     let r = t.execute(
         &n,
         lun(0),
@@ -334,7 +335,8 @@ fn mode_sense_pages() {
         &[],
         255,
     );
-    assert_eq!(&r.data_in[8..11], &[0x08, 18, 0x00]);
+    assert_eq!(&r.data_in[8..11], &[0x08, 18, 0x04]);
+    assert!(r.data_in[11..28].iter().all(|&b| b == 0));
     check(
         &t.execute(&n, lun(0), &[0x1a, 0, 0xc8, 0, 255, 0], &[], 255),
         SenseKey::IllegalRequest,
@@ -563,4 +565,76 @@ fn resize_raises_capacity_changed_to_every_path() {
     assert!(r.data_in[512..].iter().all(|&b| b == 0));
     assert!(t.resize(None, lun(0), 0).is_err());
     assert!(t.resize(None, lun(9), 10).is_err());
+}
+
+#[test]
+fn mode_select_wce_and_d_sense() {
+    let (t, n) = setup();
+    let other = Nexus::new("other", "p");
+    t.execute(&other, lun(0), &[0; 6], &[], 0);
+    // Current caching page via MODE SENSE(6) with DBD, then clear WCE.
+    let r = t.execute(&n, lun(0), &[0x1a, 8, 0x08, 0, 255, 0], &[], 255);
+    let mut params = vec![0, 0, 0, 0];
+    params.extend_from_slice(&r.data_in[4..]);
+    params[6] &= !0x04;
+    let sel = [0x15, 0x10, 0, 0, params.len() as u8, 0];
+    assert_eq!(
+        t.plan(&n, lun(0), &sel).unwrap(),
+        Plan {
+            dir: DataDir::Out,
+            len: 24
+        }
+    );
+    good(&t.execute(&n, lun(0), &sel, &params, 24));
+    let r = t.execute(&n, lun(0), &[0x1a, 8, 0x08, 0, 255, 0], &[], 255);
+    assert_eq!(r.data_in[6] & 0x04, 0);
+    // The other nexus hears of it once; the changer does not.
+    check(
+        &t.execute(&other, lun(0), &[0; 6], &[], 0),
+        SenseKey::UnitAttention,
+        Asc::MODE_PARAMETERS_CHANGED,
+    );
+    good(&t.execute(&other, lun(0), &[0; 6], &[], 0));
+    good(&t.execute(&n, lun(0), &[0; 6], &[], 0));
+    // A non-changeable bit (caching page byte 3) is refused with a pointer
+    // into the parameter list.
+    params[7] = 0xff;
+    let s = check(
+        &t.execute(&n, lun(0), &sel, &params, 24),
+        SenseKey::IllegalRequest,
+        Asc::INVALID_FIELD_IN_PARAMETER_LIST,
+    );
+    assert_eq!(
+        s.field.unwrap(),
+        FieldPointer {
+            in_cdb: false,
+            byte: 7,
+            bit: None
+        }
+    );
+    // SP=1 and PF=0 refused.
+    check(
+        &t.execute(&n, lun(0), &[0x15, 0x11, 0, 0, 24, 0], &params, 24),
+        SenseKey::IllegalRequest,
+        Asc::SAVING_PARAMETERS_NOT_SUPPORTED,
+    );
+    check(
+        &t.execute(&n, lun(0), &[0x15, 0, 0, 0, 24, 0], &params, 24),
+        SenseKey::IllegalRequest,
+        Asc::INVALID_FIELD_IN_CDB,
+    );
+    // D_SENSE via MODE SELECT(10): sense then comes in descriptor format.
+    let ctl = [
+        0, 0, 0, 0, 0, 0, 0, 0, 0x0a, 10, 0x04, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    ];
+    good(&t.execute(&n, lun(0), &[0x55, 0x10, 0, 0, 0, 0, 0, 0, 20, 0], &ctl, 20));
+    let r = t.execute(&n, lun(0), &rw10(0x28, 64, 1, 0), &[], 512);
+    assert_eq!(r.sense_bytes().unwrap()[0], 0x72);
+    check(
+        &t.execute(&other, lun(0), &[0; 6], &[], 0),
+        SenseKey::UnitAttention,
+        Asc::MODE_PARAMETERS_CHANGED,
+    );
+    let r = t.execute(&other, lun(0), &rw10(0x28, 64, 1, 0), &[], 512);
+    assert_eq!(r.sense_bytes().unwrap()[0], 0x72);
 }
