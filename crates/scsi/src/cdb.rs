@@ -26,6 +26,15 @@ pub struct Plan {
 /// A parsed command with validated fields.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Command {
+    PrIn {
+        sa: u8,
+        alloc: u32,
+    },
+    PrOut {
+        sa: u8,
+        type_byte: u8,
+        param_len: u32,
+    },
     /// MODE SELECT(6/10) with its parameter list length.
     ModeSelect {
         ten: bool,
@@ -174,6 +183,27 @@ impl Command {
                 let ten = op == Opcode::ModeSelect10;
                 let param_len = if ten { be(&c[7..9]) } else { c[4] as u64 } as u32;
                 Command::ModeSelect { ten, param_len }
+            }
+            Opcode::PersistentReserveIn => match c[1] & 0x1f {
+                sa @ (0 | 1) => Command::PrIn {
+                    sa,
+                    alloc: be(&c[7..9]) as u32,
+                },
+                _ => return Err(Sense::invalid_field(1, Some(4))),
+            },
+            Opcode::PersistentReserveOut => {
+                let sa = c[1] & 0x1f;
+                if sa > 6 {
+                    return Err(Sense::invalid_field(1, Some(4)));
+                }
+                if c[2] >> 4 != 0 {
+                    return Err(Sense::invalid_field(2, Some(7))); // scope: LU only
+                }
+                Command::PrOut {
+                    sa,
+                    type_byte: c[2],
+                    param_len: be(&c[5..9]) as u32,
+                }
             }
             Opcode::StartStopUnit => Command::StartStopUnit,
             Opcode::PreventAllowMediumRemoval => Command::PreventAllow,
@@ -353,6 +383,14 @@ impl Command {
             Command::WriteSame { .. } => Plan {
                 dir: DataDir::Out,
                 len: block_size as u64,
+            },
+            Command::PrIn { alloc, .. } => Plan {
+                dir: DataDir::In,
+                len: alloc as u64,
+            },
+            Command::PrOut { param_len, .. } => Plan {
+                dir: DataDir::Out,
+                len: param_len as u64,
             },
             Command::ModeSelect { param_len, .. } => Plan {
                 dir: DataDir::Out,

@@ -57,6 +57,8 @@ pub struct Device {
     /// against every other writer of this device (SBC-3 5.2).
     io_lock: RwLock<()>,
     mode: std::sync::Mutex<ModeState>,
+    /// Persistent reservations of this logical unit.
+    pub(crate) pr: std::sync::Mutex<crate::pr::PrState>,
 }
 
 /// The changeable mode parameters (current values).
@@ -104,6 +106,7 @@ impl Device {
                 wce,
                 d_sense: false,
             }),
+            pr: Default::default(),
         })
     }
 
@@ -270,8 +273,15 @@ impl Device {
                 self.mode_select(ten, data_out.get(..param_len as usize).unwrap_or(data_out))?;
                 Ok(Vec::new())
             }
-            Command::RequestSense { .. } | Command::ReportLuns { .. } => {
-                unreachable!("handled by the target before reaching a device")
+            Command::RequestSense { .. }
+            | Command::ReportLuns { .. }
+            | Command::PrIn { .. }
+            | Command::PrOut { .. } => {
+                // Target-level commands: they need the nexus and LUN map.
+                Err(Sense::new(
+                    SenseKey::IllegalRequest,
+                    Asc::INVALID_COMMAND_OPERATION_CODE,
+                ))
             }
         }
     }

@@ -25,9 +25,13 @@
 //! write-through, fdatasync for SYNCHRONIZE CACHE and FUA) and [`BlockIo`]
 //! (O_DIRECT with aligned bounce buffers).
 //!
+//! Persistent reservations ([`pr`]): REGISTER (and IGNORE), RESERVE,
+//! RELEASE, CLEAR, PREEMPT for all six types, enforced per I_T nexus.
+//!
 //! Not yet here: task attributes and task management (execution is
-//! synchronous on the caller's thread; nothing can be aborted), persistent
-//! reservations, a worker pool.
+//! synchronous on the caller's thread; nothing can be aborted, so PREEMPT
+//! AND ABORT aborts nothing), APTPL persistence, REGISTER AND MOVE, a
+//! worker pool.
 
 pub mod backend;
 pub mod cdb;
@@ -35,6 +39,7 @@ pub mod emulation;
 pub mod fuzz;
 pub mod lun;
 pub mod opcode;
+pub mod pr;
 pub mod sense;
 pub mod target;
 pub mod ua;

@@ -4,13 +4,14 @@
 use crate::cdb::{Command, DataDir, Plan};
 use crate::emulation::Device;
 use crate::lun::Lun;
+use crate::pr::PrError;
 use crate::sense::{Asc, Sense, SenseKey};
 use crate::ua::UaQueue;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// An I_T nexus: initiator port name and target port name.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Nexus {
     pub initiator: String,
     pub target_port: String,
@@ -30,6 +31,7 @@ impl Nexus {
 pub enum Status {
     Good,
     CheckCondition,
+    ReservationConflict,
 }
 
 impl From<Status> for u8 {
@@ -37,6 +39,7 @@ impl From<Status> for u8 {
         match s {
             Status::Good => 0x00,
             Status::CheckCondition => 0x02,
+            Status::ReservationConflict => 0x18,
         }
     }
 }
@@ -205,19 +208,19 @@ impl Target {
             .ok_or(std::io::ErrorKind::NotFound)?;
         dev.resize(blocks)?;
         drop(st);
-        self.raise_on_device(&dev, None, Asc::CAPACITY_DATA_CHANGED);
+        self.raise_where(&dev, Asc::CAPACITY_DATA_CHANGED, |_| true);
         Ok(())
     }
 
-    /// Queues `asc` for every known nexus reaching `dev` through any LUN,
-    /// except `skip`.
-    fn raise_on_device(&self, dev: &Arc<Device>, skip: Option<&Nexus>, asc: Asc) {
+    /// Queues `asc` for every known nexus accepted by `which` that reaches
+    /// `dev` through any LUN.
+    fn raise_where(&self, dev: &Arc<Device>, asc: Asc, which: impl Fn(&Nexus) -> bool) {
         let st = &mut *self.lock();
         let affected: Vec<(Nexus, Lun)> = st
             .known
             .iter()
             .filter(|(n, l)| {
-                Some(n) != skip
+                which(n)
                     && st
                         .set_for(&n.initiator)
                         .get(l)
@@ -306,13 +309,63 @@ impl Target {
                     Some(asc) => Err(Sense::new(SenseKey::UnitAttention, asc)),
                     None => {
                         drop(st);
-                        let before = dev.mode_state();
-                        let r = dev.execute(cmd, cdb, data_out);
-                        if dev.mode_state() != before {
-                            // SPC-4 6.9: other nexuses learn of the change.
-                            self.raise_on_device(&dev, Some(nexus), Asc::MODE_PARAMETERS_CHANGED);
+                        let conflict = ScsiResponse {
+                            status: Status::ReservationConflict,
+                            sense: None,
+                            data_in: Vec::new(),
+                            residual: if expected > 0 {
+                                Residual::Under(expected)
+                            } else {
+                                Residual::None
+                            },
+                            descriptor_sense: d_sense,
+                        };
+                        match cmd {
+                            Command::PrIn { sa, .. } => {
+                                dev.pr.lock().unwrap_or_else(|e| e.into_inner()).pr_in(*sa)
+                            }
+                            Command::PrOut {
+                                sa,
+                                type_byte,
+                                param_len,
+                            } => {
+                                let p = data_out.get(..*param_len as usize).unwrap_or(data_out);
+                                let r = dev
+                                    .pr
+                                    .lock()
+                                    .unwrap_or_else(|e| e.into_inner())
+                                    .pr_out(nexus, *sa, *type_byte, p);
+                                match r {
+                                    Ok(notices) => {
+                                        for (n, asc) in notices {
+                                            self.raise_where(&dev, asc, |x| *x == n);
+                                        }
+                                        Ok(Vec::new())
+                                    }
+                                    Err(PrError::Conflict) => return conflict,
+                                    Err(PrError::Check(s)) => Err(s),
+                                }
+                            }
+                            _ => {
+                                if dev
+                                    .pr
+                                    .lock()
+                                    .unwrap_or_else(|e| e.into_inner())
+                                    .conflicts(nexus, cmd)
+                                {
+                                    return conflict;
+                                }
+                                let before = dev.mode_state();
+                                let r = dev.execute(cmd, cdb, data_out);
+                                if dev.mode_state() != before {
+                                    // SPC-4 6.9: other nexuses learn of the change.
+                                    self.raise_where(&dev, Asc::MODE_PARAMETERS_CHANGED, |x| {
+                                        x != nexus
+                                    });
+                                }
+                                r
+                            }
                         }
-                        r
                     }
                 }
             }
