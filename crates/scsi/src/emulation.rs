@@ -23,6 +23,9 @@ pub struct DeviceConfig {
     /// Thin provisioning: UNMAP and WRITE SAME with UNMAP accepted
     /// (unmapped blocks read as zeroes, LBPRZ).
     pub thin: bool,
+    /// Where persistent reservations with APTPL are kept (SCST keeps them
+    /// next to the device); `None`: APTPL is accepted but not persisted.
+    pub pr_file: Option<std::path::PathBuf>,
 }
 
 impl Default for DeviceConfig {
@@ -37,6 +40,7 @@ impl Default for DeviceConfig {
             read_only: false,
             write_cache: true,
             thin: false,
+            pr_file: None,
         }
     }
 }
@@ -85,6 +89,15 @@ impl Device {
     /// not a multiple of the block size.
     pub fn new(config: DeviceConfig, backend: Arc<dyn Backend>) -> Result<Device, String> {
         let wce = config.write_cache;
+        let pr = match &config.pr_file {
+            Some(path) if path.exists() => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| format!("{}: {e}", path.display()))?;
+                crate::pr::PrState::from_text(&text)
+                    .ok_or_else(|| format!("{}: malformed PR state", path.display()))?
+            }
+            _ => Default::default(),
+        };
         if config.block_size != 512 && config.block_size != 4096 {
             return Err(format!(
                 "block size {} unsupported (512 or 4096)",
@@ -106,7 +119,7 @@ impl Device {
                 wce,
                 d_sense: false,
             }),
-            pr: Default::default(),
+            pr: std::sync::Mutex::new(pr),
         })
     }
 
@@ -419,6 +432,23 @@ impl Device {
         d.extend_from_slice(&(body.len() as u16).to_be_bytes());
         d.extend_from_slice(&body);
         Ok(d)
+    }
+
+    /// Writes (APTPL set) or removes (APTPL clear) the PR state file.
+    pub(crate) fn persist_pr(&self, st: &crate::pr::PrState) -> std::io::Result<()> {
+        let Some(path) = &self.config.pr_file else {
+            return Ok(());
+        };
+        if st.aptpl() {
+            let tmp = path.with_extension("tmp");
+            std::fs::write(&tmp, st.to_text())?;
+            std::fs::rename(&tmp, path)
+        } else {
+            match std::fs::remove_file(path) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+                _ => Ok(()),
+            }
+        }
     }
 
     /// Current mode parameters.

@@ -26,11 +26,12 @@
 //! (O_DIRECT with aligned bounce buffers).
 //!
 //! Persistent reservations ([`pr`]): REGISTER (and IGNORE), RESERVE,
-//! RELEASE, CLEAR, PREEMPT for all six types, enforced per I_T nexus.
+//! RELEASE, CLEAR, PREEMPT for all six types, enforced per I_T nexus;
+//! APTPL state kept in `DeviceConfig::pr_file` and restored on start.
 //!
 //! Not yet here: task attributes and task management (execution is
 //! synchronous on the caller's thread; nothing can be aborted, so PREEMPT
-//! AND ABORT aborts nothing), APTPL persistence, REGISTER AND MOVE, a
+//! AND ABORT aborts nothing), REGISTER AND MOVE, a
 //! worker pool.
 
 pub mod backend;

@@ -55,6 +55,8 @@ pub struct PrState {
     keys: BTreeMap<Nexus, u64>,
     /// Holder (ignored for all-registrants types) and type.
     reservation: Option<(Nexus, PrType)>,
+    /// Activate persist through power loss (SPC-4 5.9.5), set by REGISTER.
+    aptpl: bool,
 }
 
 /// Unit attentions a PR OUT leaves for other nexuses.
@@ -157,6 +159,7 @@ impl PrState {
                 if sa == 0 && mine.unwrap_or(0) != key {
                     return Err(conflict());
                 }
+                self.aptpl = p[20] & 0x01 != 0;
                 if sa_key == 0 {
                     if mine.is_some() {
                         self.unregister(n, &mut notices);
@@ -268,5 +271,75 @@ impl PrState {
                 .filter(|k| *k != n)
                 .map(|k| (k.clone(), asc)),
         );
+    }
+}
+
+fn hex(s: &str) -> String {
+    s.bytes().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Option<String> {
+    if s.len() % 2 != 0 {
+        return None;
+    }
+    let bytes: Option<Vec<u8>> = (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+        .collect();
+    String::from_utf8(bytes?).ok()
+}
+
+impl PrState {
+    /// Whether the state must be kept across restarts.
+    pub fn aptpl(&self) -> bool {
+        self.aptpl
+    }
+
+    /// Text form for the APTPL file: one line per fact, names hex-encoded.
+    pub fn to_text(&self) -> String {
+        let mut out = format!("generation {}\n", self.generation);
+        for (n, k) in &self.keys {
+            out += &format!(
+                "key {} {} {k:016x}\n",
+                hex(&n.initiator),
+                hex(&n.target_port)
+            );
+        }
+        if let Some((n, t)) = &self.reservation {
+            out += &format!(
+                "reservation {} {} {}\n",
+                hex(&n.initiator),
+                hex(&n.target_port),
+                *t as u8
+            );
+        }
+        out
+    }
+
+    /// Parses [`PrState::to_text`]; `None` on any malformed line.
+    pub fn from_text(text: &str) -> Option<PrState> {
+        let mut st = PrState {
+            aptpl: true,
+            ..Default::default()
+        };
+        for line in text.lines() {
+            let w: Vec<&str> = line.split(' ').collect();
+            match w.as_slice() {
+                ["generation", g] => st.generation = g.parse().ok()?,
+                ["key", i, p, k] => {
+                    st.keys.insert(
+                        Nexus::new(&unhex(i)?, &unhex(p)?),
+                        u64::from_str_radix(k, 16).ok()?,
+                    );
+                }
+                ["reservation", i, p, t] => {
+                    let t = PrType::from_u8(t.parse().ok()?)?;
+                    st.reservation = Some((Nexus::new(&unhex(i)?, &unhex(p)?), t));
+                }
+                [""] => {}
+                _ => return None,
+            }
+        }
+        Some(st)
     }
 }

@@ -330,11 +330,16 @@ impl Target {
                                 param_len,
                             } => {
                                 let p = data_out.get(..*param_len as usize).unwrap_or(data_out);
-                                let r = dev
-                                    .pr
-                                    .lock()
-                                    .unwrap_or_else(|e| e.into_inner())
-                                    .pr_out(nexus, *sa, *type_byte, p);
+                                let mut pr = dev.pr.lock().unwrap_or_else(|e| e.into_inner());
+                                let r = pr.pr_out(nexus, *sa, *type_byte, p);
+                                if r.is_ok() && dev.persist_pr(&pr).is_err() {
+                                    // SPC-4 5.9.5: the state could not be kept; say so.
+                                    return ScsiResponse::check(
+                                        Sense::new(SenseKey::HardwareError, Asc::WRITE_ERROR),
+                                        expected,
+                                    );
+                                }
+                                drop(pr);
                                 match r {
                                     Ok(notices) => {
                                         for (n, asc) in notices {

@@ -179,3 +179,59 @@ fn unit_attention_comes_before_reservation_conflict() {
     assert_eq!(read(&t, &late), RC);
     assert_eq!(read(&t, &b), RC);
 }
+
+#[test]
+fn aptpl_state_survives_restart() {
+    let dir = std::env::temp_dir().join(format!("scsi-pr-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("lun0.pr");
+    let _ = std::fs::remove_file(&file);
+    let store: Arc<dyn Backend> = Arc::new(Ram::new(64 * 512));
+    let cfg = DeviceConfig {
+        pr_file: Some(file.clone()),
+        ..Default::default()
+    };
+    let boot = |cfg: &DeviceConfig| {
+        let t = Target::new();
+        t.add_lun(
+            None,
+            l0(),
+            Arc::new(Device::new(cfg.clone(), store.clone()).unwrap()),
+        );
+        t
+    };
+    let a = Nexus::new("iqn.a with space", "p");
+    let b = Nexus::new("b", "p");
+    let t = boot(&cfg);
+    for n in [&a, &b] {
+        t.execute(n, l0(), &[0; 6], &[], 0);
+    }
+    // REGISTER with APTPL (parameter byte 20 bit 0), then reserve EA.
+    let mut p = vec![0u8; 24];
+    p[8..16].copy_from_slice(&0x1234u64.to_be_bytes());
+    p[20] = 1;
+    assert_eq!(
+        t.execute(&a, l0(), &[0x5f, 0, 0, 0, 0, 0, 0, 0, 24, 0], &p, 24)
+            .status,
+        OK
+    );
+    assert_eq!(pr_out(&t, &a, 1, 3, 0x1234, 0), OK);
+    assert!(file.exists());
+    drop(t);
+    // Restart: the registration and reservation are back.
+    let t = boot(&cfg);
+    for n in [&a, &b] {
+        assert_eq!(pending_ua(&t, n), Some(Asc::POWER_ON_RESET));
+    }
+    assert_eq!((read(&t, &b), read(&t, &a)), (RC, OK));
+    // Without a file path the state does not survive.
+    let t2 = boot(&DeviceConfig::default());
+    t2.execute(&b, l0(), &[0; 6], &[], 0);
+    assert_eq!(read(&t2, &b), OK);
+    // Re-registering without APTPL removes the file; a corrupt file is refused.
+    assert_eq!(pr_out(&t, &a, 0, 0, 0x1234, 0x1234), OK);
+    assert!(!file.exists());
+    std::fs::write(&file, "key zz\n").unwrap();
+    assert!(Device::new(cfg.clone(), store.clone()).is_err());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
