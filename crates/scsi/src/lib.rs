@@ -29,10 +29,13 @@
 //! RELEASE, CLEAR, PREEMPT for all six types, enforced per I_T nexus;
 //! APTPL state kept in `DeviceConfig::pr_file` and restored on start.
 //!
-//! Not yet here: task attributes and task management (execution is
-//! synchronous on the caller's thread; nothing can be aborted, so PREEMPT
-//! AND ABORT aborts nothing), REGISTER AND MOVE, a
-//! worker pool.
+//! Task management ([`task`]): ABORT TASK, ABORT TASK SET, CLEAR TASK
+//! SET, LOGICAL UNIT RESET, I_T NEXUS RESET mark commands submitted with
+//! [`Target::submit`] aborted; they complete as TASK ABORTED.
+//!
+//! Not yet here: task attributes (SIMPLE/ORDERED/HEAD OF QUEUE; execution
+//! is synchronous on the caller's thread, there is no queue), CLEAR ACA,
+//! PREEMPT AND ABORT aborting tasks, REGISTER AND MOVE, a worker pool.
 
 pub mod backend;
 pub mod cdb;
@@ -43,6 +46,7 @@ pub mod opcode;
 pub mod pr;
 pub mod sense;
 pub mod target;
+pub mod task;
 pub mod ua;
 
 pub use backend::{Backend, BlockIo, FileIo, NullIo, Ram};
@@ -52,3 +56,4 @@ pub use lun::Lun;
 pub use opcode::Opcode;
 pub use sense::{Asc, Sense, SenseKey};
 pub use target::{Nexus, Residual, ScsiResponse, Status, Target};
+pub use task::{Tmf, TmfResponse};

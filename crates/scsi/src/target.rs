@@ -6,6 +6,7 @@ use crate::emulation::Device;
 use crate::lun::Lun;
 use crate::pr::PrError;
 use crate::sense::{Asc, Sense, SenseKey};
+use crate::task::{Tmf, TmfResponse};
 use crate::ua::UaQueue;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -32,6 +33,7 @@ pub enum Status {
     Good,
     CheckCondition,
     ReservationConflict,
+    TaskAborted,
 }
 
 impl From<Status> for u8 {
@@ -40,6 +42,7 @@ impl From<Status> for u8 {
             Status::Good => 0x00,
             Status::CheckCondition => 0x02,
             Status::ReservationConflict => 0x18,
+            Status::TaskAborted => 0x40,
         }
     }
 }
@@ -158,6 +161,7 @@ impl State {
 #[derive(Default)]
 pub struct Target {
     state: Mutex<State>,
+    tasks: Mutex<crate::task::Tasks>,
 }
 
 impl Target {
@@ -231,6 +235,100 @@ impl Target {
         for key in affected {
             st.ua.entry(key).or_default().push(asc);
         }
+    }
+
+    /// Executes a tagged command that task management can abort. Call it
+    /// on a transport worker thread; a TMF from another thread marks it.
+    pub fn submit(
+        &self,
+        nexus: &Nexus,
+        lun: Lun,
+        tag: u64,
+        cdb: &[u8],
+        data_out: &[u8],
+        expected: u64,
+    ) -> ScsiResponse {
+        let flag = self
+            .tasks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .start(nexus, lun, tag);
+        let Some(flag) = flag else {
+            return ScsiResponse::check(
+                Sense::new(SenseKey::AbortedCommand, Asc::OVERLAPPED_COMMANDS),
+                expected,
+            );
+        };
+        let aborted = || flag.load(std::sync::atomic::Ordering::SeqCst);
+        let r = if aborted() {
+            None
+        } else {
+            Some(self.execute(nexus, lun, cdb, data_out, expected))
+        };
+        self.tasks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .finish(nexus, lun, tag);
+        match r {
+            Some(r) if !aborted() => r,
+            _ => ScsiResponse {
+                status: Status::TaskAborted,
+                sense: None,
+                data_in: Vec::new(),
+                residual: if expected > 0 {
+                    Residual::Under(expected)
+                } else {
+                    Residual::None
+                },
+                descriptor_sense: false,
+            },
+        }
+    }
+
+    /// A task management function from `nexus` for `lun` (SAM-5 7).
+    pub fn task_management(&self, nexus: &Nexus, lun: Lun, tmf: Tmf) -> TmfResponse {
+        let dev = self.lock().set_for(&nexus.initiator).get(&lun).cloned();
+        let Some(dev) = dev else {
+            return TmfResponse::IncorrectLun;
+        };
+        let mut tasks = self.tasks.lock().unwrap_or_else(|e| e.into_inner());
+        match tmf {
+            Tmf::AbortTask(tag) => {
+                tasks.abort(|n, l, t| n == nexus && l == lun && t == tag);
+            }
+            Tmf::AbortTaskSet => {
+                tasks.abort(|n, l, _| n == nexus && l == lun);
+            }
+            Tmf::ClearTaskSet => {
+                // Every nexus's tasks on the LU; the others are told (SAM-5 7.4).
+                let hit = tasks.abort(|_, l, _| l == lun);
+                drop(tasks);
+                self.raise_where(&dev, Asc::COMMANDS_CLEARED_BY_ANOTHER, |n| {
+                    n != nexus && hit.contains(n)
+                });
+            }
+            Tmf::LogicalUnitReset => {
+                tasks.abort(|_, l, _| l == lun);
+                drop(tasks);
+                // SAM-5 7.7: a unit attention for every nexus, including this one.
+                self.raise_where(&dev, Asc::BUS_DEVICE_RESET, |_| true);
+            }
+            Tmf::ItNexusReset => {
+                tasks.abort(|n, _, _| n == nexus);
+                drop(tasks);
+                let st = &mut *self.lock();
+                let keys: Vec<(Nexus, Lun)> = st
+                    .known
+                    .iter()
+                    .filter(|(n, _)| n == nexus)
+                    .cloned()
+                    .collect();
+                for key in keys {
+                    st.ua.entry(key).or_default().push(Asc::I_T_NEXUS_LOSS);
+                }
+            }
+        }
+        TmfResponse::FunctionComplete
     }
 
     /// Direction and length a CDB implies for this nexus and LUN, before

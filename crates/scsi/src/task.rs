@@ -1,0 +1,67 @@
+//! Task management (SAM-5 7): commands in flight are tracked per (nexus,
+//! LUN, tag); a task management function marks them aborted, and an aborted
+//! command completes as TASK ABORTED, never GOOD, even if its I/O finished.
+//!
+//! Execution stays on the caller's thread (`Target::submit`); the TMF is
+//! called from any other thread. Task attributes (SIMPLE/ORDERED/HEAD OF
+//! QUEUE) are not enforced: there is no queue in the core yet.
+
+use crate::lun::Lun;
+use crate::target::Nexus;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+/// A task management function (SAM-5 7.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tmf {
+    AbortTask(u64),
+    AbortTaskSet,
+    ClearTaskSet,
+    LogicalUnitReset,
+    ItNexusReset,
+}
+
+/// Service response of a TMF (SAM-5 7.11).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TmfResponse {
+    FunctionComplete,
+    IncorrectLun,
+}
+
+#[derive(Default)]
+pub(crate) struct Tasks {
+    live: HashMap<(Nexus, Lun, u64), Arc<AtomicBool>>,
+}
+
+impl Tasks {
+    /// Registers a task; `None` if the tag is already in use on the nexus
+    /// (OVERLAPPED COMMANDS ATTEMPTED, SAM-5 5.8.3).
+    pub(crate) fn start(&mut self, n: &Nexus, lun: Lun, tag: u64) -> Option<Arc<AtomicBool>> {
+        let key = (n.clone(), lun, tag);
+        if self.live.contains_key(&key) {
+            return None;
+        }
+        let flag = Arc::new(AtomicBool::new(false));
+        self.live.insert(key, flag.clone());
+        Some(flag)
+    }
+
+    pub(crate) fn finish(&mut self, n: &Nexus, lun: Lun, tag: u64) {
+        self.live.remove(&(n.clone(), lun, tag));
+    }
+
+    /// Marks matching tasks aborted; returns the nexuses that lost tasks.
+    pub(crate) fn abort(&mut self, which: impl Fn(&Nexus, Lun, u64) -> bool) -> Vec<Nexus> {
+        let mut hit = Vec::new();
+        for ((n, l, t), f) in &self.live {
+            if which(n, *l, *t) {
+                f.store(true, Ordering::SeqCst);
+                hit.push(n.clone());
+            }
+        }
+        hit.sort();
+        hit.dedup();
+        hit
+    }
+}

@@ -1,0 +1,149 @@
+//! Task management with commands in flight on a slow (gated) backend.
+
+use scsi::*;
+use std::io;
+use std::sync::mpsc;
+use std::sync::{Arc, Condvar, Mutex};
+
+/// A ram store whose reads stop at a gate until the test opens it, and
+/// report on a channel that they have arrived there.
+struct Gated {
+    ram: Ram,
+    open: Mutex<bool>,
+    cv: Condvar,
+    arrived: Mutex<mpsc::Sender<()>>,
+}
+
+impl Backend for Gated {
+    fn size(&self) -> u64 {
+        self.ram.size()
+    }
+    fn read(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        let _ = self.arrived.lock().unwrap().send(());
+        let mut open = self.open.lock().unwrap();
+        while !*open {
+            open = self.cv.wait(open).unwrap();
+        }
+        self.ram.read(offset, buf)
+    }
+    fn write(&self, offset: u64, data: &[u8], fua: bool) -> io::Result<()> {
+        self.ram.write(offset, data, fua)
+    }
+    fn flush(&self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+fn l0() -> Lun {
+    Lun::new(0).unwrap()
+}
+
+const READ1: [u8; 10] = [0x28, 0, 0, 0, 0, 0, 0, 0, 1, 0];
+
+fn setup() -> (Arc<Target>, Arc<Gated>, mpsc::Receiver<()>, Nexus, Nexus) {
+    let (tx, rx) = mpsc::channel();
+    let g = Arc::new(Gated {
+        ram: Ram::new(64 * 512),
+        open: Mutex::new(false),
+        cv: Condvar::new(),
+        arrived: Mutex::new(tx),
+    });
+    let t = Target::new();
+    t.add_lun(
+        None,
+        l0(),
+        Arc::new(Device::new(DeviceConfig::default(), g.clone()).unwrap()),
+    );
+    let a = Nexus::new("a", "p");
+    let b = Nexus::new("b", "p");
+    for n in [&a, &b] {
+        t.execute(n, l0(), &[0; 6], &[], 0);
+    }
+    (Arc::new(t), g, rx, a, b)
+}
+
+fn open(g: &Gated) {
+    *g.open.lock().unwrap() = true;
+    g.cv.notify_all();
+}
+
+fn spawn_read(t: &Arc<Target>, n: &Nexus, tag: u64) -> std::thread::JoinHandle<ScsiResponse> {
+    let (t, n) = (t.clone(), n.clone());
+    std::thread::spawn(move || t.submit(&n, l0(), tag, &READ1, &[], 512))
+}
+
+fn ua(t: &Target, n: &Nexus) -> Option<Asc> {
+    t.execute(n, l0(), &[0; 6], &[], 0).sense.map(|s| s.asc)
+}
+
+#[test]
+fn abort_task_hits_only_its_tag() {
+    let (t, g, rx, a, _) = setup();
+    let h1 = spawn_read(&t, &a, 1);
+    let h2 = spawn_read(&t, &a, 2);
+    rx.recv().unwrap();
+    rx.recv().unwrap();
+    // Both are inside the backend. A reused tag is refused meanwhile.
+    let r = t.submit(&a, l0(), 1, &[0; 6], &[], 0);
+    assert_eq!(r.sense.unwrap().asc, Asc::OVERLAPPED_COMMANDS);
+    assert_eq!(
+        t.task_management(&a, l0(), Tmf::AbortTask(1)),
+        TmfResponse::FunctionComplete
+    );
+    open(&g);
+    let (r1, r2) = (h1.join().unwrap(), h2.join().unwrap());
+    assert_eq!((r1.status, r1.data_in.len()), (Status::TaskAborted, 0));
+    assert_eq!((r2.status, r2.data_in.len()), (Status::Good, 512));
+    // Tag 1 is free again, and no unit attention was left by ABORT TASK.
+    assert_eq!(t.submit(&a, l0(), 1, &[0; 6], &[], 0).status, Status::Good);
+    assert_eq!(
+        t.task_management(&a, Lun::new(9).unwrap(), Tmf::AbortTaskSet),
+        TmfResponse::IncorrectLun
+    );
+}
+
+#[test]
+fn abort_task_set_is_per_nexus_clear_task_set_is_not() {
+    let (t, g, rx, a, b) = setup();
+    let ha = spawn_read(&t, &a, 7);
+    let hb = spawn_read(&t, &b, 7);
+    rx.recv().unwrap();
+    rx.recv().unwrap();
+    t.task_management(&a, l0(), Tmf::AbortTaskSet);
+    open(&g);
+    assert_eq!(ha.join().unwrap().status, Status::TaskAborted);
+    assert_eq!(hb.join().unwrap().status, Status::Good);
+    assert_eq!(ua(&t, &b), None);
+
+    *g.open.lock().unwrap() = false;
+    let ha = spawn_read(&t, &a, 8);
+    let hb = spawn_read(&t, &b, 8);
+    rx.recv().unwrap();
+    rx.recv().unwrap();
+    t.task_management(&a, l0(), Tmf::ClearTaskSet);
+    open(&g);
+    assert_eq!(ha.join().unwrap().status, Status::TaskAborted);
+    assert_eq!(hb.join().unwrap().status, Status::TaskAborted);
+    assert_eq!(ua(&t, &b), Some(Asc::COMMANDS_CLEARED_BY_ANOTHER));
+    assert_eq!(ua(&t, &a), None);
+}
+
+#[test]
+fn lu_reset_and_nexus_reset_leave_unit_attentions() {
+    let (t, g, rx, a, b) = setup();
+    let ha = spawn_read(&t, &a, 1);
+    let hb = spawn_read(&t, &b, 1);
+    rx.recv().unwrap();
+    rx.recv().unwrap();
+    t.task_management(&a, l0(), Tmf::LogicalUnitReset);
+    open(&g);
+    assert_eq!(ha.join().unwrap().status, Status::TaskAborted);
+    assert_eq!(hb.join().unwrap().status, Status::TaskAborted);
+    for n in [&a, &b] {
+        assert_eq!(ua(&t, n), Some(Asc::BUS_DEVICE_RESET));
+        assert_eq!(ua(&t, n), None);
+    }
+    t.task_management(&b, l0(), Tmf::ItNexusReset);
+    assert_eq!(ua(&t, &b), Some(Asc::I_T_NEXUS_LOSS));
+    assert_eq!(ua(&t, &a), None);
+}
