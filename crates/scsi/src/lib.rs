@@ -35,7 +35,7 @@
 //!
 //! Not yet here: task attributes (SIMPLE/ORDERED/HEAD OF QUEUE; execution
 //! is synchronous on the caller's thread, there is no queue), CLEAR ACA,
-//! PREEMPT AND ABORT aborting tasks, REGISTER AND MOVE, a worker pool.
+//! REGISTER AND MOVE, a worker pool.
 
 pub mod backend;
 pub mod cdb;

@@ -440,6 +440,16 @@ impl Target {
                                 drop(pr);
                                 match r {
                                     Ok(notices) => {
+                                        if *sa == 5 {
+                                            // PREEMPT AND ABORT: the preempted nexuses'
+                                            // tasks on this LU are aborted (SPC-4 5.9.11.5).
+                                            let victims: Vec<&Nexus> =
+                                                notices.iter().map(|(n, _)| n).collect();
+                                            self.tasks
+                                                .lock()
+                                                .unwrap_or_else(|e| e.into_inner())
+                                                .abort(|n, l, _| l == lun && victims.contains(&n));
+                                        }
                                         for (n, asc) in notices {
                                             self.raise_where(&dev, asc, |x| *x == n);
                                         }

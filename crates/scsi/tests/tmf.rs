@@ -147,3 +147,34 @@ fn lu_reset_and_nexus_reset_leave_unit_attentions() {
     assert_eq!(ua(&t, &b), Some(Asc::I_T_NEXUS_LOSS));
     assert_eq!(ua(&t, &a), None);
 }
+
+#[test]
+fn preempt_and_abort_aborts_the_victims_tasks() {
+    let (t, g, rx, a, b) = setup();
+    let reg = |n: &Nexus, key: u64| {
+        let mut p = vec![0u8; 24];
+        p[8..16].copy_from_slice(&key.to_be_bytes());
+        assert_eq!(
+            t.execute(n, l0(), &[0x5f, 0, 0, 0, 0, 0, 0, 0, 24, 0], &p, 24)
+                .status,
+            Status::Good
+        );
+    };
+    reg(&a, 1);
+    reg(&b, 2);
+    let ha = spawn_read(&t, &a, 3);
+    rx.recv().unwrap();
+    // b preempts a's key (1) and aborts a's tasks. No reservation existed,
+    // so none is created (SPC-4 5.9.11.4.3): only the registration goes.
+    let mut p = 2u64.to_be_bytes().to_vec();
+    p.extend_from_slice(&1u64.to_be_bytes());
+    p.resize(24, 0);
+    let r = t.submit(&b, l0(), 9, &[0x5f, 5, 3, 0, 0, 0, 0, 0, 24, 0], &p, 24);
+    assert_eq!(r.status, Status::Good);
+    open(&g);
+    assert_eq!(ha.join().unwrap().status, Status::TaskAborted);
+    assert_eq!(ua(&t, &a), Some(Asc::REGISTRATIONS_PREEMPTED));
+    let r = t.execute(&a, l0(), &[0x5e, 0, 0, 0, 0, 0, 0, 1, 0, 0], &[], 256);
+    assert_eq!(&r.data_in[4..16], &[0, 0, 0, 8, 0, 0, 0, 0, 0, 0, 0, 2]);
+    assert_eq!(t.execute(&a, l0(), &READ1, &[], 512).status, Status::Good);
+}
