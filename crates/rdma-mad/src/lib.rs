@@ -80,11 +80,11 @@ macro_rules! open_enum {
 
 mod bytes;
 pub mod cm;
-// pub mod dm;
+pub mod dm;
 pub mod mad;
-// pub mod rmpp;
-// pub mod sa;
-// pub mod smp;
+pub mod rmpp;
+pub mod sa;
+pub mod smp;
 
 #[cfg(test)]
 mod fuzz_tests {}
