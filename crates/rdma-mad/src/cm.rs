@@ -211,8 +211,19 @@ impl CmPath {
         put_bits(b, off + 43, 3, 5, self.local_ack_timeout);
     }
 
-    fn is_empty(b: &[u8], off: usize) -> bool {
-        b[off..off + 44].iter().all(|&x| x == 0)
+    /// True when every field is zero (no alternate path).
+    fn is_empty(&self) -> bool {
+        self.local_lid == 0
+            && self.remote_lid == 0
+            && self.local_gid.0 == [0; 16]
+            && self.remote_gid.0 == [0; 16]
+            && self.flow_label == 0
+            && self.packet_rate == 0
+            && self.traffic_class == 0
+            && self.hop_limit == 0
+            && self.sl == 0
+            && !self.subnet_local
+            && self.local_ack_timeout == 0
     }
 }
 
@@ -289,7 +300,7 @@ pub struct ReqRepr {
     pub extended_transport_type: u8,
     /// Primary path.
     pub primary_path: CmPath,
-    /// Alternate path, absent when all its bytes are zero.
+    /// Alternate path, absent when all its fields are zero.
     pub alternate_path: Option<CmPath>,
     /// Private data.
     pub private_data: [u8; private_len::REQ],
@@ -323,11 +334,7 @@ impl ReqRepr {
             srq: bits(b, 51, 3, 1) != 0,
             extended_transport_type: bits(b, 51, 0, 3),
             primary_path: CmPath::parse(b, 52),
-            alternate_path: if CmPath::is_empty(b, 96) {
-                None
-            } else {
-                Some(CmPath::parse(b, 96))
-            },
+            alternate_path: Some(CmPath::parse(b, 96)).filter(|p| !p.is_empty()),
             private_data: b[140..232].try_into().unwrap(),
         })
     }

@@ -86,8 +86,10 @@ pub mod rmpp;
 pub mod sa;
 pub mod smp;
 
+#[doc(hidden)]
+pub mod fuzz;
 #[cfg(test)]
-mod fuzz_tests {}
+mod fuzz_tests;
 
 pub use mad::{Mad, MadHeaderRepr, MadRepr, MadStatus, Method, MgmtClass, MAD_SIZE};
 
