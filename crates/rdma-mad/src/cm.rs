@@ -6,7 +6,7 @@
 //! significant bit of each byte, as in IBA 12.6 tables 99-110.
 
 use crate::bytes::*;
-use crate::mad::{Mad, MadHeaderRepr, MgmtClass, Method, DATA_LEN, MAD_SIZE};
+use crate::mad::{Mad, MadHeaderRepr, Method, MgmtClass, DATA_LEN, MAD_SIZE};
 use crate::{check_len, Error, Result};
 use rdma_types::{Gid, Guid, Pkey, Psn, Qkey, Qpn};
 
@@ -351,7 +351,11 @@ impl ReqRepr {
         put_u64(b, 8, self.service_id);
         put_u64(b, 16, self.local_ca_guid.0);
         put_u32(b, 28, self.local_qkey.0);
-        put_u32(b, 32, (self.local_qpn.value() << 8) | self.responder_resources as u32);
+        put_u32(
+            b,
+            32,
+            (self.local_qpn.value() << 8) | self.responder_resources as u32,
+        );
         put_u32(b, 36, (self.local_eecn << 8) | self.initiator_depth as u32);
         put_u24(b, 40, self.remote_eecn);
         put_bits(b, 43, 3, 5, self.remote_cm_response_timeout);
@@ -781,7 +785,13 @@ impl CmMadRepr {
 
     /// A header for a CM Send MAD of the given attribute.
     pub fn header_for(attr: CmAttr, tid: u64) -> MadHeaderRepr {
-        MadHeaderRepr::new(MgmtClass::Cm, CM_CLASS_VERSION, Method::Send, tid, attr.into())
+        MadHeaderRepr::new(
+            MgmtClass::Cm,
+            CM_CLASS_VERSION,
+            Method::Send,
+            tid,
+            attr.into(),
+        )
     }
 
     /// Always 256.
@@ -928,8 +938,14 @@ mod tests {
     #[test]
     fn service_ids() {
         // rping's default port 7174 in the TCP port space.
-        assert_eq!(rdma_cm_service_id(port_space::TCP, 7174), 0x0000_0000_0106_1c06);
-        assert_eq!(parse_rdma_cm_service_id(0x0000_0000_0106_1c06), Some((6, 7174)));
+        assert_eq!(
+            rdma_cm_service_id(port_space::TCP, 7174),
+            0x0000_0000_0106_1c06
+        );
+        assert_eq!(
+            parse_rdma_cm_service_id(0x0000_0000_0106_1c06),
+            Some((6, 7174))
+        );
         assert_eq!(parse_rdma_cm_service_id(0x0002_c903_0000_0001), None);
     }
 

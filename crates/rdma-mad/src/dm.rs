@@ -79,7 +79,7 @@ impl IoUnitInfo {
         }
         let i = (slot - 1) as usize;
         let byte = self.controller_list[i / 2];
-        Some(if i % 2 == 0 { byte >> 4 } else { byte & 0xf })
+        Some(if i & 1 == 0 { byte >> 4 } else { byte & 0xf })
     }
 }
 
@@ -311,7 +311,11 @@ impl ClassPortInfo {
         b[0] = self.base_version;
         b[1] = self.class_version;
         put_u16(b, 2, self.capability_mask);
-        put_u32(b, 4, self.capability_mask2 << 5 | (self.resp_time_value & 0x1f) as u32);
+        put_u32(
+            b,
+            4,
+            self.capability_mask2 << 5 | (self.resp_time_value & 0x1f) as u32,
+        );
         b[8..24].copy_from_slice(&self.redirect_gid.0);
         put_u32(b, 24, self.redirect_tc_sl_fl);
         put_u16(b, 28, self.redirect_lid);
@@ -365,7 +369,10 @@ mod tests {
         assert_eq!(e.name_str(), "SRP.T10:0002C90300010203");
         let mut b = [0u8; 192];
         emit_service_entries(std::slice::from_ref(&e), &mut b);
-        assert_eq!(&b[40..48], &[0x00, 0x02, 0xc9, 0x03, 0x00, 0x01, 0x02, 0x03]);
+        assert_eq!(
+            &b[40..48],
+            &[0x00, 0x02, 0xc9, 0x03, 0x00, 0x01, 0x02, 0x03]
+        );
         assert_eq!(parse_service_entries(&b, 1).unwrap(), vec![e]);
         let mut iou = [0u8; 132];
         iou[2] = 2; // 2 slots

@@ -30,7 +30,8 @@ pub fn parse_all(data: &[u8]) {
         }
     }
     let _ = rmpp::RmppHeader::parse(data);
-    let _ = sa::SaHeader::parse(data).map(|h| sa::records(&data[sa::SA_HDR_LEN.min(data.len())..], h.attr_offset).count());
+    let _ = sa::SaHeader::parse(data)
+        .map(|h| sa::records(&data[sa::SA_HDR_LEN.min(data.len())..], h.attr_offset).count());
     let _ = sa::PathRecord::parse(data);
     let _ = sa::ServiceRecord::parse(data).map(|r| r.name());
     let _ = sa::InformInfo::parse(data);

@@ -19,7 +19,11 @@ fn seeds() -> Vec<Vec<u8>> {
         .lines()
         .filter(|l| !l.starts_with('#'))
         .filter_map(|l| l.split_whitespace().nth(3))
-        .map(|h| (0..h.len() / 2).map(|i| u8::from_str_radix(&h[2 * i..2 * i + 2], 16).unwrap()).collect())
+        .map(|h| {
+            (0..h.len() / 2)
+                .map(|i| u8::from_str_radix(&h[2 * i..2 * i + 2], 16).unwrap())
+                .collect()
+        })
         .collect();
     let mut smp = vec![0u8; 256];
     smp[0] = 1;
@@ -56,7 +60,9 @@ fn fuzz_rmpp_deterministic() {
     for i in 0..2000 {
         let len = (rng.next() % 1200) as usize;
         let data: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
-        let mut segs = crate::rmpp::segment(&[0u8; 56], 56, &data, 0).unwrap().concat();
+        let mut segs = crate::rmpp::segment(&[0u8; 56], 56, &data, 0)
+            .unwrap()
+            .concat();
         if i % 2 == 0 {
             let pos = (rng.next() % segs.len() as u64) as usize;
             segs[pos] = rng.next() as u8;

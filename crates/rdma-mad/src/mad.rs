@@ -294,7 +294,13 @@ pub struct MadHeaderRepr {
 
 impl MadHeaderRepr {
     /// A header for a new request with base version 1 and status 0.
-    pub fn new(mgmt_class: MgmtClass, class_version: u8, method: Method, tid: u64, attr_id: u16) -> Self {
+    pub fn new(
+        mgmt_class: MgmtClass,
+        class_version: u8,
+        method: Method,
+        tid: u64,
+        attr_id: u16,
+    ) -> Self {
         MadHeaderRepr {
             base_version: 1,
             mgmt_class,

@@ -104,7 +104,12 @@ impl RmppHeader {
 /// copied into every segment. Each segment carries `256 - hdr_len` data
 /// bytes. Payload length counts from the end of the RMPP header: the first
 /// segment gives the total, the last its own length, middle ones 0.
-pub fn segment(template: &[u8], hdr_len: usize, data: &[u8], resp_time: u8) -> Result<Vec<[u8; MAD_SIZE]>> {
+pub fn segment(
+    template: &[u8],
+    hdr_len: usize,
+    data: &[u8],
+    resp_time: u8,
+) -> Result<Vec<[u8; MAD_SIZE]>> {
     if !(RMPP_OFFSET + RMPP_HDR_LEN..MAD_SIZE).contains(&hdr_len) {
         return Err(Error::Malformed {
             what: "RMPP header length",

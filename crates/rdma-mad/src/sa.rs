@@ -100,7 +100,8 @@ impl SaHeader {
 /// Splits GetTable response data into records of `attr_offset * 8` bytes.
 pub fn records(data: &[u8], attr_offset: u16) -> impl Iterator<Item = &[u8]> {
     let len = (attr_offset as usize * 8).max(1);
-    data.chunks_exact(len).take(if attr_offset == 0 { 0 } else { usize::MAX })
+    data.chunks_exact(len)
+        .take(if attr_offset == 0 { 0 } else { usize::MAX })
 }
 
 /// PathRecord, 64 bytes (IBA 15.2.5.16).
@@ -199,12 +200,18 @@ impl PathRecord {
         put_u32(
             b,
             44,
-            (self.raw_traffic as u32) << 31 | (self.flow_label & 0xF_FFFF) << 8 | self.hop_limit as u32,
+            (self.raw_traffic as u32) << 31
+                | (self.flow_label & 0xF_FFFF) << 8
+                | self.hop_limit as u32,
         );
         b[48] = self.tclass;
         b[49] = (self.reversible as u8) << 7 | (self.numb_path & 0x7f);
         put_u16(b, 50, self.pkey.0);
-        put_u16(b, 52, (self.qos_class & 0xfff) << 4 | (self.sl & 0xf) as u16);
+        put_u16(
+            b,
+            52,
+            (self.qos_class & 0xfff) << 4 | (self.sl & 0xf) as u16,
+        );
         b[54] = self.mtu_selector << 6 | (self.mtu & 0x3f);
         b[55] = self.rate_selector << 6 | (self.rate & 0x3f);
         b[56] = self.packet_life_selector << 6 | (self.packet_life & 0x3f);
@@ -334,7 +341,11 @@ impl InformInfo {
         b[23] = self.subscribe;
         put_u16(b, 24, self.trap_type);
         put_u16(b, 26, self.trap_number);
-        put_u32(b, 28, self.qpn.value() << 8 | (self.resp_time_value & 0x1f) as u32);
+        put_u32(
+            b,
+            28,
+            self.qpn.value() << 8 | (self.resp_time_value & 0x1f) as u32,
+        );
         put_u32(b, 32, self.producer_type & 0xFF_FFFF);
     }
 }

@@ -235,7 +235,11 @@ impl NodeInfo {
         put_u16(b, 28, self.partition_cap);
         put_u16(b, 30, self.device_id);
         put_u32(b, 32, self.revision);
-        put_u32(b, 36, (self.local_port_num as u32) << 24 | (self.vendor_id & 0xFF_FFFF));
+        put_u32(
+            b,
+            36,
+            (self.local_port_num as u32) << 24 | (self.vendor_id & 0xFF_FFFF),
+        );
     }
 }
 
@@ -300,7 +304,11 @@ cap_bits! {
 
 /// Names of the capability bits set in `mask`.
 pub fn cap_names(mask: u32) -> Vec<&'static str> {
-    cap::NAMES.iter().filter(|(b, _)| mask & b != 0).map(|(_, n)| *n).collect()
+    cap::NAMES
+        .iter()
+        .filter(|(b, _)| mask & b != 0)
+        .map(|(_, n)| *n)
+        .collect()
 }
 
 /// A view of PortInfo, 64 bytes (IBA 14.2.5.6); every byte is kept.
@@ -475,7 +483,9 @@ impl Notice {
         put_u32(
             b,
             0,
-            (self.is_generic as u32) << 31 | ((self.notice_type & 0x7f) as u32) << 24 | (self.producer_type & 0xFF_FFFF),
+            (self.is_generic as u32) << 31
+                | ((self.notice_type & 0x7f) as u32) << 24
+                | (self.producer_type & 0xFF_FFFF),
         );
         put_u16(b, 4, self.trap_number);
         put_u16(b, 6, self.issuer_lid);
@@ -487,7 +497,10 @@ impl Notice {
     /// For generic traps 64/65, the GID that came or went (data details bytes 6..22).
     pub fn trap_gid(&self) -> Option<Gid> {
         if self.is_generic
-            && matches!(self.trap_number, Self::TRAP_GID_IN_SERVICE | Self::TRAP_GID_OUT_OF_SERVICE)
+            && matches!(
+                self.trap_number,
+                Self::TRAP_GID_IN_SERVICE | Self::TRAP_GID_OUT_OF_SERVICE
+            )
         {
             Some(Gid(self.data_details[6..22].try_into().unwrap()))
         } else {
@@ -587,13 +600,23 @@ mod tests {
         assert_eq!(p.mtu_cap(), 5);
         assert_eq!(
             cap_names(p.capability_mask()),
-            ["IsSM", "IsTrapSupported", "IsCommunicationManagementSupported", "IsDeviceManagementSupported"]
+            [
+                "IsSM",
+                "IsTrapSupported",
+                "IsCommunicationManagementSupported",
+                "IsDeviceManagementSupported"
+            ]
         );
         let mut c = [0u8; 64];
         let mut v = PortInfo::new_checked(&mut c[..]).unwrap();
         v.set_lid(7);
         v.set_sm_lid(1);
-        v.set_capability_mask(cap::IS_SM | cap::IS_TRAP_SUPPORTED | cap::IS_CM_SUPPORTED | cap::IS_DEVICE_MGMT_SUPPORTED);
+        v.set_capability_mask(
+            cap::IS_SM
+                | cap::IS_TRAP_SUPPORTED
+                | cap::IS_CM_SUPPORTED
+                | cap::IS_DEVICE_MGMT_SUPPORTED,
+        );
         v.set_link_speed_supported(1);
         v.set_port_state(4);
         v.set_phys_state(5);
@@ -612,12 +635,17 @@ mod tests {
         b[4..6].copy_from_slice(&[0x00, 0x40]); // trap 64
         b[6..8].copy_from_slice(&[0x00, 0x01]); // issuer LID 1
         b[8..10].copy_from_slice(&[0x80, 0x02]); // toggle, count 2
-        b[16..32].copy_from_slice(&[0xfe, 0x80, 0, 0, 0, 0, 0, 0, 2, 0x11, 0x22, 0xff, 0xfe, 0x33, 0x44, 0x55]); // GID
+        b[16..32].copy_from_slice(&[
+            0xfe, 0x80, 0, 0, 0, 0, 0, 0, 2, 0x11, 0x22, 0xff, 0xfe, 0x33, 0x44, 0x55,
+        ]); // GID
         let n = Notice::parse(&b).unwrap();
         assert_eq!(n.trap_number, 64);
         assert_eq!(n.producer_type, 4);
         assert_eq!(n.count, 2);
-        assert_eq!(n.trap_gid().unwrap().to_string(), Gid(b[16..32].try_into().unwrap()).to_string());
+        assert_eq!(
+            n.trap_gid().unwrap().to_string(),
+            Gid(b[16..32].try_into().unwrap()).to_string()
+        );
         let mut out = [0u8; 80];
         n.emit(&mut out);
         assert_eq!(out, b);
