@@ -37,7 +37,8 @@ guest_target() {
   targetcli /backstores/fileio create f0 /tmp/f0.img 16M
   targetcli /srpt create "$wwn"
   targetcli "/srpt/$wwn/luns" create /backstores/fileio/f0
-  tpg=/sys/kernel/config/target/srpt/$wwn/tpgt_1
+  # rtslib names the configfs directory in its own spelling of the WWN.
+  tpg=$(ls -d /sys/kernel/config/target/srpt/*/tpgt_1 | head -1)
   [ -d "$tpg/lun/lun_0" ] || fail "LUN 0 missing under $tpg"
   acl=$tpg/acls/0x0000000000000000$guid_b
   mkdir "$acl"
