@@ -1,0 +1,1312 @@
+//! One SRP target RDMA channel: credits, command flow, task management,
+//! asynchronous events and logout. See the module documentation of
+//! [`crate::target`] for the call order.
+
+use super::plan::{plan_rdma, Segment};
+use super::{sense, RESERVED_RECV};
+use crate::wire::AerRsp;
+use crate::wire::{
+    sol_not, AerReq, BufFormats, Cmd, CmdPacket, CredReq, CredRsp, DataDesc, DescList, DirectBuf,
+    Error as WireError, ILogout, Iu, IuType, Lun, PortId, Rsp, RspCode, RspFlags, TLogout,
+    TLogoutReason, Tag, TaskAttr, TmFunc, TskMgmt, AER_REQ_FIXED_LEN, RSP_FIXED_LEN,
+};
+use rdma_types::Rkey;
+use std::collections::{BTreeMap, VecDeque};
+
+/// Handle of one SRP_CMD or SRP_TSK_MGMT inside its channel; names the
+/// command's data buffers in every output. Never reused by a channel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CmdId(pub u64);
+
+/// Handle of one RDMA work request; echoed in its completion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct OpId(pub u64);
+
+/// Where the local side of an RDMA op lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Local {
+    /// Bytes `offset..offset + len` of the command's data-out buffer
+    /// (RDMA READ destination).
+    DataOut {
+        /// Offset in the buffer.
+        offset: u64,
+    },
+    /// Bytes `offset..offset + len` of the command's data-in buffer (RDMA
+    /// WRITE source).
+    DataIn {
+        /// Offset in the buffer.
+        offset: u64,
+    },
+    /// A scratch buffer for an external indirect descriptor table; hand the
+    /// bytes back with [`Channel::handle_table_read`].
+    Table {
+        /// The table of the data-in descriptor (else data-out).
+        data_in: bool,
+    },
+}
+
+/// An RDMA READ or WRITE to post.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RdmaOp {
+    /// Echo in the completion.
+    pub id: OpId,
+    /// The command whose buffer is the local side.
+    pub cmd: CmdId,
+    /// Initiator virtual address.
+    pub remote_va: u64,
+    /// Initiator memory key.
+    pub rkey: Rkey,
+    /// Bytes, at most `srp_max_rdma_size`.
+    pub len: u32,
+    /// Local side.
+    pub local: Local,
+}
+
+/// The data-out bytes of a SCSI command.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DataOut {
+    /// No data-out.
+    None,
+    /// SRP2 immediate data copied from the IU.
+    Immediate(Vec<u8>),
+    /// `len` bytes already fetched into the command's data-out buffer.
+    InBuffer {
+        /// Bytes.
+        len: u32,
+    },
+}
+
+/// A SCSI command for the SCSI core.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScsiRequest {
+    /// Answer with [`Channel::handle_scsi_done`] naming this.
+    pub cmd: CmdId,
+    /// SRP tag (the SCSI task tag).
+    pub tag: Tag,
+    /// LUN field.
+    pub lun: Lun,
+    /// CDB (16 bytes or more).
+    pub cdb: Vec<u8>,
+    /// Task attribute.
+    pub attr: TaskAttr,
+    /// Data-out.
+    pub data_out: DataOut,
+    /// Bytes the data-in descriptors can take; the core writes at most this
+    /// many into the command's data-in buffer.
+    pub data_in_len: u32,
+}
+
+/// The SCSI core's answer to a [`ScsiRequest`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScsiDone {
+    /// The command.
+    pub cmd: CmdId,
+    /// SCSI status (SAM-5 5.3).
+    pub status: u8,
+    /// Sense data (empty for none); cut to fit `srp_max_rsp_size`.
+    pub sense: Vec<u8>,
+    /// Data-in bytes the core put in the data-in buffer.
+    pub data_in_len: u32,
+    /// Data-in length the CDB asked for, when it differs from what was
+    /// produced (a larger value gives DIOVER); `None`: `data_in_len`.
+    pub wanted_in: Option<u32>,
+    /// Data-out length the CDB asked for; `None`: all data-out was used.
+    pub wanted_out: Option<u32>,
+    /// The task was aborted (task management or [`Output::Abort`]): no
+    /// response is sent (SAM-5, TAS = 0).
+    pub aborted: bool,
+}
+
+impl ScsiDone {
+    /// GOOD status with `data_in_len` bytes of data-in.
+    pub fn good(cmd: CmdId, data_in_len: u32) -> ScsiDone {
+        ScsiDone {
+            cmd,
+            status: sense::GOOD,
+            sense: Vec::new(),
+            data_in_len,
+            wanted_in: None,
+            wanted_out: None,
+            aborted: false,
+        }
+    }
+}
+
+/// A task management function for the SCSI core.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TmfRequest {
+    /// Answer with [`Channel::handle_tmf_done`] naming this.
+    pub cmd: CmdId,
+    /// Tag of the SRP_TSK_MGMT.
+    pub tag: Tag,
+    /// LUN.
+    pub lun: Lun,
+    /// Function.
+    pub func: TmFunc,
+    /// TASK TAG (ABORT TASK).
+    pub task_tag: Tag,
+    /// The channel's handle of that task when it is with the core.
+    pub task: Option<CmdId>,
+}
+
+/// What the channel asks of its driver.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Output {
+    /// Post a SEND of `bytes` (solicited event bit as given); report its
+    /// completion with [`Channel::handle_send_done`].
+    Send {
+        /// The IU.
+        bytes: Vec<u8>,
+        /// Set the solicited event bit (the initiator asked, SRP r16a 6.9).
+        solicited: bool,
+    },
+    /// Post an RDMA READ; report with [`Channel::handle_rdma_done`] (or
+    /// [`Channel::handle_table_read`] for a `Local::Table` op).
+    RdmaRead(RdmaOp),
+    /// Post an RDMA WRITE; report with [`Channel::handle_rdma_done`].
+    RdmaWrite(RdmaOp),
+    /// Give a command to the SCSI core.
+    Scsi(ScsiRequest),
+    /// Give a task management function to the SCSI core.
+    Tmf(TmfRequest),
+    /// Tell the SCSI core to drop a command or TMF it holds (the channel is
+    /// going away); its later completion is ignored.
+    Abort(CmdId),
+    /// No output will name this command's buffers again: free them.
+    Release(CmdId),
+    /// Close the connection (after every earlier work request completed).
+    Disconnect,
+}
+
+/// Channel life cycle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChannelState {
+    /// Accepting IUs.
+    Live,
+    /// Logging out: waiting for posted work requests to complete.
+    Closing,
+    /// Disconnect emitted or connection lost.
+    Closed,
+}
+
+/// Counters, for logs and tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ChannelStats {
+    /// SRP_CMDs accepted within the credit window.
+    pub cmds: u64,
+    /// SRP_TSK_MGMTs accepted within the credit window.
+    pub tmfs: u64,
+    /// IUs beyond the credit window (answered TASK SET FULL / FAILED).
+    pub over_limit: u64,
+    /// Malformed SRP_CMDs answered with CHECK CONDITION.
+    pub bad_cmds: u64,
+    /// SRP_CRED_REQs sent.
+    pub cred_reqs: u64,
+    /// SRP_AER_REQs sent.
+    pub aers_sent: u64,
+    /// AERs dropped because the backlog was full.
+    pub aers_dropped: u64,
+    /// Why the target logged the channel out, if it did.
+    pub logout_reason: Option<TLogoutReason>,
+}
+
+/// AERs waiting while one is unanswered.
+const AER_BACKLOG: usize = 8;
+
+/// What a login fixed for the channel.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Params {
+    pub max_it_iu_len: u32,
+    pub max_ti_iu_len: u32,
+    pub max_rdma_size: u32,
+    pub sq_size: u32,
+    pub imm_data_offset: Option<u16>,
+    pub buf_formats: BufFormats,
+    pub max_data_len: u32,
+    pub max_table_len: u32,
+    pub window: u32,
+    pub wanted_window: u32,
+    pub nexus: (PortId, PortId),
+}
+
+/// One direction's descriptors.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Xfer {
+    None,
+    Descs(Vec<DirectBuf>),
+    /// Table still to fetch.
+    External(DirectBuf),
+}
+
+#[derive(Debug, Clone)]
+struct RspPlan {
+    tag: Tag,
+    solicited: bool,
+    status: u8,
+    flags: u8,
+    do_res: u32,
+    di_res: u32,
+    resp: Option<RspCode>,
+    sense: Vec<u8>,
+}
+
+#[derive(Debug, Clone)]
+enum Phase {
+    /// Fetching external descriptor tables.
+    Table { left: u8 },
+    /// Fetching data-out.
+    Fetch { left: u32 },
+    /// With the SCSI core.
+    Core,
+    /// Writing data-in; then the response.
+    Write { left: u32, rsp: RspPlan },
+    /// A TMF with the SCSI core.
+    Tmf,
+}
+
+#[derive(Debug, Clone)]
+struct Task {
+    tag: Tag,
+    lun: Lun,
+    sol: u8,
+    cdb: Vec<u8>,
+    attr: TaskAttr,
+    out: Xfer,
+    out_total: u32,
+    inn: Xfer,
+    in_total: u32,
+    immediate: Option<Vec<u8>>,
+    phase: Phase,
+    /// RDMA ops posted and not completed.
+    ops: u32,
+    /// Dropped: no response; released once `ops` is zero.
+    aborted: bool,
+}
+
+/// A work request waiting for a send queue slot.
+#[derive(Debug, Clone)]
+enum Wr {
+    Rsp(RspPlan),
+    CredReq,
+    Aer { lun: Lun, sense: Vec<u8> },
+    TLogout(TLogoutReason),
+    Rdma { op: OpId, read: bool },
+}
+
+/// One RDMA channel of an I_T nexus (one accepted login).
+#[derive(Debug)]
+pub struct Channel {
+    p: Params,
+    state: ChannelState,
+    tasks: BTreeMap<CmdId, Task>,
+    tags: BTreeMap<Tag, CmdId>,
+    ops: BTreeMap<OpId, RdmaOp>,
+    next_cmd: u64,
+    next_op: u64,
+    next_tag: u64,
+    events: VecDeque<Output>,
+    wrs: VecDeque<Wr>,
+    /// Work requests handed out and not completed.
+    wr_out: u32,
+    /// Of which SENDs.
+    sends_out: u32,
+    window: u32,
+    /// Requests holding a credit.
+    in_flight: u32,
+    /// Credits freed and not yet returned in a REQUEST LIMIT DELTA.
+    owed: u32,
+    /// Over-limit IUs since credits were last returned.
+    over_streak: u32,
+    cred_req_queued: bool,
+    cred_req_out: Option<Tag>,
+    aer_queued: bool,
+    aer_out: Option<Tag>,
+    aer_backlog: VecDeque<(Lun, Vec<u8>)>,
+    stats: ChannelStats,
+}
+
+impl Channel {
+    pub(crate) fn new(p: Params) -> Channel {
+        Channel {
+            window: p.window,
+            p,
+            state: ChannelState::Live,
+            tasks: BTreeMap::new(),
+            tags: BTreeMap::new(),
+            ops: BTreeMap::new(),
+            next_cmd: 1,
+            next_op: 1,
+            next_tag: 1,
+            events: VecDeque::new(),
+            wrs: VecDeque::new(),
+            wr_out: 0,
+            sends_out: 0,
+            in_flight: 0,
+            owed: 0,
+            over_streak: 0,
+            cred_req_queued: false,
+            cred_req_out: None,
+            aer_queued: false,
+            aer_out: None,
+            aer_backlog: VecDeque::new(),
+            stats: ChannelStats::default(),
+        }
+    }
+
+    /// (initiator port, target port).
+    pub fn nexus(&self) -> (PortId, PortId) {
+        self.p.nexus
+    }
+
+    /// Life cycle state.
+    pub fn state(&self) -> ChannelState {
+        self.state
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> ChannelStats {
+        self.stats
+    }
+
+    /// Credits granted so far (login plus growth).
+    pub fn window(&self) -> u32 {
+        self.window
+    }
+
+    /// Credits the initiator holds, as it should count them: the window
+    /// minus requests in flight minus credits not yet returned.
+    pub fn initiator_credits(&self) -> u32 {
+        self.window - self.in_flight - self.owed
+    }
+
+    /// Credits freed and not yet returned.
+    pub fn owed(&self) -> u32 {
+        self.owed
+    }
+
+    /// Requests (commands and TMFs) holding a credit.
+    pub fn in_flight(&self) -> u32 {
+        self.in_flight
+    }
+
+    /// Immediate data offset agreed at login.
+    pub fn imm_data_offset(&self) -> Option<u16> {
+        self.p.imm_data_offset
+    }
+
+    /// Work requests handed out and not yet completed.
+    pub fn outstanding_wrs(&self) -> u32 {
+        self.wr_out
+    }
+
+    pub(crate) fn held_back(&self) -> u32 {
+        if self.state == ChannelState::Live {
+            self.p.wanted_window.saturating_sub(self.window)
+        } else {
+            0
+        }
+    }
+
+    /// Grow the window by `n` (SRQ room freed); the growth is owed.
+    pub(crate) fn grant(&mut self, n: u32) -> bool {
+        if self.state != ChannelState::Live || n == 0 {
+            return false;
+        }
+        self.window += n;
+        self.owed += n;
+        self.maybe_cred_req();
+        true
+    }
+
+    // ---- inputs ---------------------------------------------------------
+
+    /// Bytes of one received SEND.
+    pub fn handle_recv(&mut self, iu: &[u8]) {
+        if self.state != ChannelState::Live {
+            return;
+        }
+        if iu.is_empty() || iu.len() as u64 > u64::from(self.p.max_it_iu_len) {
+            return self.fail(Some(TLogoutReason::InvalidIuLength));
+        }
+        match IuType::from(iu[0]) {
+            IuType::Cmd => self.recv_cmd(iu),
+            IuType::TskMgmt => self.recv_tmf(iu),
+            IuType::ILogout => match ILogout::parse(iu) {
+                Ok(_) => self.fail(None),
+                Err(_) => self.fail(Some(TLogoutReason::InvalidIuLength)),
+            },
+            IuType::CredRsp => match CredRsp::parse(iu) {
+                Ok(r) if self.cred_req_out == Some(r.tag) => self.cred_req_out = None,
+                Ok(_) => self.fail(Some(TLogoutReason::SpuriousResponse)),
+                Err(_) => self.fail(Some(TLogoutReason::InvalidIuLength)),
+            },
+            IuType::AerRsp => match AerRsp::parse(iu) {
+                Ok(r) if self.aer_out == Some(r.tag) => {
+                    self.aer_out = None;
+                    if let Some((lun, sense)) = self.aer_backlog.pop_front() {
+                        self.aer_queued = true;
+                        self.wrs.push_back(Wr::Aer { lun, sense });
+                    }
+                }
+                Ok(_) => self.fail(Some(TLogoutReason::SpuriousResponse)),
+                Err(_) => self.fail(Some(TLogoutReason::InvalidIuLength)),
+            },
+            // Unknown codes and IUs only a target (or the CM) sends.
+            _ => self.fail(Some(TLogoutReason::InvalidIuType)),
+        }
+        self.maybe_cred_req();
+    }
+
+    /// A SEND completed (in order; `ok` false if it failed or was flushed).
+    pub fn handle_send_done(&mut self, ok: bool) {
+        if self.sends_out == 0 {
+            return;
+        }
+        self.sends_out -= 1;
+        self.wr_out = self.wr_out.saturating_sub(1);
+        if !ok {
+            // A failed work request leaves an RC QP in error.
+            self.fail(None);
+        }
+        self.maybe_cred_req();
+    }
+
+    /// An RDMA READ or WRITE completed. For a `Local::Table` READ use
+    /// [`Channel::handle_table_read`]; a table op reported here counts as a
+    /// table of zero bytes (the command is refused).
+    pub fn handle_rdma_done(&mut self, op: OpId, ok: bool) {
+        self.op_done(op, ok, Some(&[]));
+    }
+
+    /// An RDMA READ of an external descriptor table completed with `bytes`
+    /// (`None`: the READ failed).
+    pub fn handle_table_read(&mut self, op: OpId, bytes: Option<&[u8]>) {
+        self.op_done(op, bytes.is_some(), bytes);
+    }
+
+    /// The SCSI core finished a command. Returns false if the channel does
+    /// not (or no longer) know it.
+    pub fn handle_scsi_done(&mut self, done: ScsiDone) -> bool {
+        let id = done.cmd;
+        match self.tasks.get(&id) {
+            Some(t) if matches!(t.phase, Phase::Core) && !t.aborted => {}
+            _ => return false,
+        }
+        if done.aborted {
+            self.drop_task(id);
+            self.maybe_cred_req();
+            return true;
+        }
+        let Some(t) = self.tasks.get_mut(&id) else {
+            return false;
+        };
+        let n = done.data_in_len.min(t.in_total);
+        let (fi, di_res) = residual(
+            t.in_total,
+            done.wanted_in.unwrap_or(done.data_in_len),
+            RspFlags::DIOVER,
+            RspFlags::DIUNDER,
+        );
+        let (fo, do_res) = residual(
+            t.out_total,
+            done.wanted_out.unwrap_or(t.out_total),
+            RspFlags::DOOVER,
+            RspFlags::DOUNDER,
+        );
+        let good = done.status == sense::GOOD;
+        let rsp = RspPlan {
+            tag: t.tag,
+            solicited: t.sol
+                & if good {
+                    sol_not::SCSOLNT
+                } else {
+                    sol_not::UCSOLNT
+                }
+                != 0,
+            status: done.status,
+            flags: fi | fo,
+            do_res,
+            di_res,
+            resp: None,
+            sense: done.sense,
+        };
+        let segs = match &t.inn {
+            Xfer::Descs(d) => plan_rdma(d, u64::from(n), self.p.max_rdma_size),
+            _ => Vec::new(),
+        };
+        if segs.is_empty() {
+            self.respond(id, rsp);
+        } else {
+            t.phase = Phase::Write {
+                left: segs.len() as u32,
+                rsp,
+            };
+            self.post_segments(id, &segs, false, |o| Local::DataIn { offset: o });
+        }
+        self.maybe_cred_req();
+        true
+    }
+
+    /// The SCSI core finished a task management function. Returns false if
+    /// the channel does not know it.
+    pub fn handle_tmf_done(&mut self, cmd: CmdId, code: RspCode) -> bool {
+        let Some(t) = self.tasks.get(&cmd) else {
+            return false;
+        };
+        if !matches!(t.phase, Phase::Tmf) || t.aborted {
+            return false;
+        }
+        let ok = code == RspCode::Complete;
+        let rsp = RspPlan {
+            tag: t.tag,
+            solicited: t.sol
+                & if ok {
+                    sol_not::SCSOLNT
+                } else {
+                    sol_not::UCSOLNT
+                }
+                != 0,
+            status: sense::GOOD,
+            flags: 0,
+            do_res: 0,
+            di_res: 0,
+            resp: Some(code),
+            sense: Vec::new(),
+        };
+        self.respond(cmd, rsp);
+        self.maybe_cred_req();
+        true
+    }
+
+    /// Queue an SRP_AER_REQ (SRP r16a 6.12) for `lun` with `sense`. One is
+    /// outstanding at a time; up to 8 more wait (duplicates merged), later
+    /// ones are dropped and counted. Returns false if the channel is not live.
+    pub fn send_aer(&mut self, lun: Lun, sense: &[u8]) -> bool {
+        if self.state != ChannelState::Live {
+            return false;
+        }
+        let room = (self.p.max_ti_iu_len as usize).saturating_sub(AER_REQ_FIXED_LEN);
+        let sense = sense[..sense.len().min(room)].to_vec();
+        if self.aer_queued || self.aer_out.is_some() {
+            if self
+                .aer_backlog
+                .iter()
+                .any(|(l, s)| *l == lun && *s == sense)
+            {
+                return true;
+            }
+            if self.aer_backlog.len() >= AER_BACKLOG {
+                self.stats.aers_dropped += 1;
+            } else {
+                self.aer_backlog.push_back((lun, sense));
+            }
+            return true;
+        }
+        self.aer_queued = true;
+        self.wrs.push_back(Wr::Aer { lun, sense });
+        true
+    }
+
+    /// Log the channel out (SRP_T_LOGOUT with `reason`, then Disconnect).
+    pub fn logout(&mut self, reason: TLogoutReason) {
+        self.fail(Some(reason));
+    }
+
+    /// The connection is gone and its QP drained: every command is
+    /// released (those with the SCSI core are aborted first). No more
+    /// work requests or Disconnect are emitted.
+    pub fn disconnected(&mut self) {
+        self.fail(None);
+        self.state = ChannelState::Closed;
+        self.wrs.clear();
+        self.ops.clear();
+        self.wr_out = 0;
+        self.sends_out = 0;
+        for id in std::mem::take(&mut self.tasks).into_keys() {
+            self.events.push_back(Output::Release(id));
+        }
+    }
+
+    // ---- output ---------------------------------------------------------
+
+    /// Next thing for the driver to do, or `None`. Work requests are handed
+    /// out only while fewer than `srpt_sq_size` are outstanding.
+    pub fn poll_output(&mut self) -> Option<Output> {
+        loop {
+            if let Some(e) = self.events.pop_front() {
+                return Some(e);
+            }
+            if self.state == ChannelState::Closing && self.wrs.is_empty() && self.wr_out == 0 {
+                self.state = ChannelState::Closed;
+                return Some(Output::Disconnect);
+            }
+            if self.state == ChannelState::Closed || self.wr_out >= self.p.sq_size {
+                return None;
+            }
+            let wr = self.wrs.pop_front()?;
+            if let Some(out) = self.emit(wr) {
+                self.wr_out += 1;
+                if matches!(out, Output::Send { .. }) {
+                    self.sends_out += 1;
+                }
+                return Some(out);
+            }
+        }
+    }
+
+    fn emit(&mut self, wr: Wr) -> Option<Output> {
+        match wr {
+            Wr::Rdma { op, read } => {
+                let op = *self.ops.get(&op)?;
+                Some(if read {
+                    Output::RdmaRead(op)
+                } else {
+                    Output::RdmaWrite(op)
+                })
+            }
+            Wr::Rsp(r) => {
+                let delta = self.take_owed();
+                let resp = r.resp.map(RspCode::to_response_data);
+                let resp_len = resp.map_or(0, |r| r.len());
+                let room = (self.p.max_ti_iu_len as usize).saturating_sub(RSP_FIXED_LEN + resp_len);
+                let sense = &r.sense[..r.sense.len().min(room)];
+                let mut flags = r.flags;
+                if resp.is_some() {
+                    flags |= RspFlags::RSPVALID;
+                }
+                if !sense.is_empty() {
+                    flags |= RspFlags::SNSVALID;
+                }
+                let rsp = Rsp {
+                    sol_not: if r.solicited { sol_not::SOLNT } else { 0 },
+                    req_lim_delta: delta as i32,
+                    tag: r.tag,
+                    flags: RspFlags(flags),
+                    status: r.status,
+                    data_out_res_cnt: r.do_res,
+                    data_in_res_cnt: r.di_res,
+                    response_data: resp.as_ref().map(|r| &r[..]),
+                    sense_data: (!sense.is_empty()).then_some(sense),
+                };
+                Some(send(Iu::Rsp(rsp), r.solicited))
+            }
+            Wr::CredReq => {
+                self.cred_req_queued = false;
+                if self.owed == 0 || self.state != ChannelState::Live {
+                    return None;
+                }
+                let tag = self.new_tag();
+                let delta = self.take_owed();
+                self.cred_req_out = Some(tag);
+                self.stats.cred_reqs += 1;
+                let iu = CredReq {
+                    sol_not: 0,
+                    req_lim_delta: delta as i32,
+                    tag,
+                };
+                Some(send(Iu::CredReq(iu), false))
+            }
+            Wr::Aer { lun, sense } => {
+                self.aer_queued = false;
+                if self.state != ChannelState::Live {
+                    return None;
+                }
+                let tag = self.new_tag();
+                self.aer_out = Some(tag);
+                self.stats.aers_sent += 1;
+                // REQUEST LIMIT DELTA stays 0: an initiator that ignores
+                // AERs must not lose credits.
+                let iu = AerReq {
+                    sol_not: 0,
+                    req_lim_delta: 0,
+                    tag,
+                    lun,
+                    sense_data: &sense,
+                };
+                Some(send(Iu::AerReq(iu), false))
+            }
+            Wr::TLogout(reason) => {
+                let tag = self.new_tag();
+                let iu = TLogout {
+                    sol_not: 0,
+                    reason,
+                    tag,
+                };
+                Some(send(Iu::TLogout(iu), false))
+            }
+        }
+    }
+
+    // ---- internals ------------------------------------------------------
+
+    fn new_tag(&mut self) -> Tag {
+        let t = Tag(self.next_tag);
+        self.next_tag += 1;
+        t
+    }
+
+    fn take_owed(&mut self) -> u32 {
+        let d = std::mem::take(&mut self.owed);
+        if d > 0 {
+            self.over_streak = 0;
+        }
+        d
+    }
+
+    fn take_credit(&mut self) -> bool {
+        if self.in_flight + self.owed < self.window {
+            self.in_flight += 1;
+            true
+        } else {
+            false
+        }
+    }
+
+    fn free_credit(&mut self) {
+        if self.in_flight > 0 {
+            self.in_flight -= 1;
+            self.owed += 1;
+        }
+    }
+
+    /// CRED_REQ rule: credits owed, none queued or unanswered, and no
+    /// response queued that would carry them; and either nothing in flight
+    /// or at least half the window owed.
+    fn maybe_cred_req(&mut self) {
+        if self.state != ChannelState::Live
+            || self.owed == 0
+            || self.cred_req_queued
+            || self.cred_req_out.is_some()
+            || self.wrs.iter().any(|w| matches!(w, Wr::Rsp(_)))
+        {
+            return;
+        }
+        if self.in_flight == 0 || self.owed * 2 >= self.window {
+            self.cred_req_queued = true;
+            self.wrs.push_back(Wr::CredReq);
+        }
+    }
+
+    /// Close the channel: `Some(reason)` sends T_LOGOUT first. Work not yet
+    /// posted is dropped; tasks with the core are aborted; Disconnect
+    /// follows once posted work requests completed.
+    fn fail(&mut self, reason: Option<TLogoutReason>) {
+        if self.state != ChannelState::Live {
+            return;
+        }
+        self.state = ChannelState::Closing;
+        self.stats.logout_reason = reason;
+        for wr in std::mem::take(&mut self.wrs) {
+            if let Wr::Rdma { op, .. } = wr {
+                self.unpost(op);
+            }
+        }
+        if let Some(r) = reason {
+            self.wrs.push_back(Wr::TLogout(r));
+        }
+        self.cred_req_queued = false;
+        self.aer_queued = false;
+        self.aer_backlog.clear();
+        self.tags.clear();
+        let ids: Vec<CmdId> = self.tasks.keys().copied().collect();
+        for id in ids {
+            if let Some(t) = self.tasks.get_mut(&id) {
+                if matches!(t.phase, Phase::Core | Phase::Tmf) && !t.aborted {
+                    self.events.push_back(Output::Abort(id));
+                }
+                t.aborted = true;
+                if t.ops == 0 {
+                    self.tasks.remove(&id);
+                    self.events.push_back(Output::Release(id));
+                }
+            }
+        }
+    }
+
+    /// Forget an op that was queued but never handed out.
+    fn unpost(&mut self, op: OpId) {
+        if let Some(o) = self.ops.remove(&op) {
+            if let Some(t) = self.tasks.get_mut(&o.cmd) {
+                t.ops = t.ops.saturating_sub(1);
+            }
+        }
+    }
+
+    /// End a task without a response: its credit is owed; its buffers are
+    /// released once no posted op names them.
+    fn drop_task(&mut self, id: CmdId) {
+        let queued: Vec<OpId> = self
+            .wrs
+            .iter()
+            .filter_map(|w| match w {
+                Wr::Rdma { op, .. } if self.ops.get(op).is_some_and(|o| o.cmd == id) => Some(*op),
+                _ => None,
+            })
+            .collect();
+        self.wrs
+            .retain(|w| !matches!(w, Wr::Rdma { op, .. } if queued.contains(op)));
+        for op in queued {
+            self.unpost(op);
+        }
+        let Some(t) = self.tasks.get_mut(&id) else {
+            return;
+        };
+        if !t.aborted {
+            t.aborted = true;
+            let tag = t.tag;
+            if self.tags.get(&tag) == Some(&id) {
+                self.tags.remove(&tag);
+            }
+            self.free_credit();
+        }
+        self.reap(id);
+    }
+
+    /// Release an aborted task once no posted op names it.
+    fn reap(&mut self, id: CmdId) {
+        if self.tasks.get(&id).is_some_and(|t| t.aborted && t.ops == 0) {
+            self.tasks.remove(&id);
+            self.events.push_back(Output::Release(id));
+        }
+    }
+
+    /// Finish a task with a response.
+    fn respond(&mut self, id: CmdId, rsp: RspPlan) {
+        if let Some(t) = self.tasks.remove(&id) {
+            if self.tags.get(&t.tag) == Some(&id) {
+                self.tags.remove(&t.tag);
+            }
+            self.free_credit();
+            self.wrs.push_back(Wr::Rsp(rsp));
+            self.events.push_back(Output::Release(id));
+        }
+    }
+
+    fn post_segments(
+        &mut self,
+        id: CmdId,
+        segs: &[Segment],
+        read: bool,
+        local: impl Fn(u64) -> Local,
+    ) {
+        for s in segs {
+            let op = OpId(self.next_op);
+            self.next_op += 1;
+            self.ops.insert(
+                op,
+                RdmaOp {
+                    id: op,
+                    cmd: id,
+                    remote_va: s.remote_va,
+                    rkey: s.rkey,
+                    len: s.len,
+                    local: local(s.local_offset),
+                },
+            );
+            self.wrs.push_back(Wr::Rdma { op, read });
+        }
+        if let Some(t) = self.tasks.get_mut(&id) {
+            t.ops += segs.len() as u32;
+        }
+    }
+
+    fn op_done(&mut self, op: OpId, ok: bool, table: Option<&[u8]>) {
+        let Some(o) = self.ops.remove(&op) else {
+            return;
+        };
+        self.wr_out = self.wr_out.saturating_sub(1);
+        let id = o.cmd;
+        if let Some(t) = self.tasks.get_mut(&id) {
+            t.ops = t.ops.saturating_sub(1);
+        }
+        if !ok {
+            // RC: the QP is in error now; everything else will flush.
+            self.fail(None);
+            self.reap(id);
+            self.maybe_cred_req();
+            return;
+        }
+        let Some(t) = self.tasks.get_mut(&id) else {
+            return;
+        };
+        if t.aborted {
+            self.reap(id);
+            self.maybe_cred_req();
+            return;
+        }
+        match (&mut t.phase, o.local) {
+            (Phase::Table { left }, Local::Table { data_in }) => {
+                let total = if data_in { t.in_total } else { t.out_total };
+                let want = match if data_in { &t.inn } else { &t.out } {
+                    Xfer::External(d) => d.len as usize,
+                    _ => usize::MAX,
+                };
+                let bytes = table.unwrap_or(&[]);
+                let descs = (bytes.len() == want)
+                    .then(|| DescList::new(bytes).ok())
+                    .flatten()
+                    .map(|l| l.iter().collect::<Vec<_>>())
+                    .filter(|d| sum_len(d) == u64::from(total));
+                *left -= 1;
+                let left = *left;
+                match descs {
+                    Some(d) => {
+                        if data_in {
+                            t.inn = Xfer::Descs(d);
+                        } else {
+                            t.out = Xfer::Descs(d);
+                        }
+                        if left == 0 {
+                            self.start_data_out(id);
+                        }
+                    }
+                    None => self.refuse_task(id),
+                }
+            }
+            (Phase::Fetch { left }, Local::DataOut { .. }) => {
+                *left -= 1;
+                if *left == 0 {
+                    self.submit(id);
+                }
+            }
+            (Phase::Write { left, rsp }, Local::DataIn { .. }) => {
+                *left -= 1;
+                if *left == 0 {
+                    let rsp = rsp.clone();
+                    self.respond(id, rsp);
+                }
+            }
+            _ => {}
+        }
+        self.maybe_cred_req();
+    }
+
+    /// A command found bad after it was accepted (bad external table):
+    /// CHECK CONDITION once its posted ops completed.
+    fn refuse_task(&mut self, id: CmdId) {
+        let Some(t) = self.tasks.get(&id) else {
+            return;
+        };
+        let rsp = check_condition(t.tag, t.sol, &sense::invalid_cmd_iu());
+        self.stats.bad_cmds += 1;
+        if t.ops == 0 {
+            self.respond(id, rsp);
+        } else {
+            // The other table read is still posted: answer when it lands.
+            if let Some(t) = self.tasks.get_mut(&id) {
+                t.phase = Phase::Write { left: t.ops, rsp };
+            }
+        }
+    }
+
+    fn recv_cmd(&mut self, iu: &[u8]) {
+        let Ok(p) = CmdPacket::new_checked(iu) else {
+            return self.fail(Some(TLogoutReason::InvalidIuLength));
+        };
+        let (tag, sol) = (p.tag(), p.sol_not());
+        if !self.take_credit() {
+            return self.over_limit(tag, sol, false);
+        }
+        self.stats.cmds += 1;
+        let cmd = match Cmd::parse(iu, self.p.imm_data_offset) {
+            Ok(c) => c,
+            Err(WireError::DescFormat { dir, .. }) => {
+                return self.fail(Some(if dir == "data-in" {
+                    TLogoutReason::UnsupportedDataInFormat
+                } else {
+                    TLogoutReason::UnsupportedDataOutFormat
+                }))
+            }
+            Err(WireError::ImmediateNotNegotiated) => {
+                return self.fail(Some(TLogoutReason::UnsupportedDataOutFormat))
+            }
+            Err(_) => return self.refuse(tag, sol, sense::invalid_cmd_iu()),
+        };
+        for (d, reason) in [
+            (&cmd.data_out, TLogoutReason::UnsupportedDataOutFormat),
+            (&cmd.data_in, TLogoutReason::UnsupportedDataInFormat),
+        ] {
+            let ok = match d {
+                DataDesc::Direct(_) => self.p.buf_formats.contains(BufFormats::DIRECT),
+                DataDesc::Indirect(_) => self.p.buf_formats.contains(BufFormats::INDIRECT),
+                _ => true,
+            };
+            if !ok {
+                return self.fail(Some(reason));
+            }
+        }
+        if self.tags.contains_key(&tag) {
+            return self.refuse(tag, sol, sense::overlapped());
+        }
+        let (Some((out, out_total)), Some((inn, in_total))) =
+            (self.xfer(&cmd.data_out), self.xfer(&cmd.data_in))
+        else {
+            return self.refuse(tag, sol, sense::invalid_cmd_iu());
+        };
+        let immediate = match cmd.data_out {
+            DataDesc::Immediate { data, .. } => Some(data.to_vec()),
+            _ => None,
+        };
+        let id = CmdId(self.next_cmd);
+        self.next_cmd += 1;
+        let tables = [&out, &inn]
+            .iter()
+            .filter(|x| matches!(x, Xfer::External(_)))
+            .count() as u8;
+        let mut t = Task {
+            tag,
+            lun: cmd.lun,
+            sol,
+            cdb: cmd.cdb.to_vec(),
+            attr: cmd.task_attr,
+            out,
+            out_total,
+            inn,
+            in_total,
+            immediate,
+            phase: Phase::Table { left: tables },
+            ops: 0,
+            aborted: false,
+        };
+        let mut table_ops = Vec::new();
+        for (x, data_in) in [(&t.out, false), (&t.inn, true)] {
+            if let Xfer::External(d) = x {
+                table_ops.push((*d, data_in));
+            }
+        }
+        if tables == 0 {
+            t.phase = Phase::Core;
+        }
+        self.tasks.insert(id, t);
+        self.tags.insert(tag, id);
+        if tables == 0 {
+            self.start_data_out(id);
+            return;
+        }
+        for (d, data_in) in table_ops {
+            let seg = [Segment {
+                remote_va: d.va,
+                rkey: d.key,
+                len: d.len,
+                local_offset: 0,
+            }];
+            self.post_segments(id, &seg, true, |_| Local::Table { data_in });
+        }
+    }
+
+    /// Descriptors and total length of one direction; `None` for lengths
+    /// past the limits or descriptors that do not add up to TOTAL LENGTH.
+    fn xfer(&self, d: &DataDesc<'_>) -> Option<(Xfer, u32)> {
+        let max = self.p.max_data_len;
+        match d {
+            DataDesc::None => Some((Xfer::None, 0)),
+            DataDesc::Immediate { data, .. } => Some((Xfer::None, u32::try_from(data.len()).ok()?)),
+            DataDesc::Direct(b) => (b.len <= max).then(|| (Xfer::Descs(vec![*b]), b.len)),
+            DataDesc::Indirect(i) => {
+                if i.total_len > max {
+                    return None;
+                }
+                if i.is_external() {
+                    let lim = self.p.max_table_len.min(self.p.max_rdma_size);
+                    return (i.table.len <= lim).then_some((Xfer::External(i.table), i.total_len));
+                }
+                let v: Vec<DirectBuf> = i.descs.iter().collect();
+                (sum_len(&v) == u64::from(i.total_len)).then_some((Xfer::Descs(v), i.total_len))
+            }
+        }
+    }
+
+    /// Post the data-out READs, or go straight to the core.
+    fn start_data_out(&mut self, id: CmdId) {
+        let Some(t) = self.tasks.get_mut(&id) else {
+            return;
+        };
+        let segs = match &t.out {
+            Xfer::Descs(d) if t.immediate.is_none() => {
+                plan_rdma(d, u64::from(t.out_total), self.p.max_rdma_size)
+            }
+            _ => Vec::new(),
+        };
+        if segs.is_empty() {
+            self.submit(id);
+        } else {
+            t.phase = Phase::Fetch {
+                left: segs.len() as u32,
+            };
+            self.post_segments(id, &segs, true, |o| Local::DataOut { offset: o });
+        }
+    }
+
+    fn submit(&mut self, id: CmdId) {
+        let Some(t) = self.tasks.get_mut(&id) else {
+            return;
+        };
+        t.phase = Phase::Core;
+        let data_out = match (&t.immediate, t.out_total) {
+            (Some(d), _) => DataOut::Immediate(d.clone()),
+            (None, 0) => DataOut::None,
+            (None, len) => DataOut::InBuffer { len },
+        };
+        self.events.push_back(Output::Scsi(ScsiRequest {
+            cmd: id,
+            tag: t.tag,
+            lun: t.lun,
+            cdb: std::mem::take(&mut t.cdb),
+            attr: t.attr,
+            data_out,
+            data_in_len: t.in_total,
+        }));
+    }
+
+    /// Answer a malformed command (its credit taken) with CHECK CONDITION.
+    fn refuse(&mut self, tag: Tag, sol: u8, sense: [u8; 18]) {
+        self.stats.bad_cmds += 1;
+        self.free_credit();
+        self.wrs
+            .push_back(Wr::Rsp(check_condition(tag, sol, &sense)));
+    }
+
+    /// An IU beyond the credit window.
+    fn over_limit(&mut self, tag: Tag, sol: u8, tmf: bool) {
+        self.stats.over_limit += 1;
+        self.over_streak += 1;
+        if self.over_streak > RESERVED_RECV {
+            return self.fail(Some(TLogoutReason::NoReason));
+        }
+        let rsp = RspPlan {
+            tag,
+            solicited: sol & sol_not::UCSOLNT != 0,
+            status: if tmf {
+                sense::GOOD
+            } else {
+                sense::TASK_SET_FULL
+            },
+            flags: 0,
+            do_res: 0,
+            di_res: 0,
+            resp: tmf.then_some(RspCode::Failed),
+            sense: Vec::new(),
+        };
+        self.wrs.push_back(Wr::Rsp(rsp));
+    }
+
+    fn recv_tmf(&mut self, iu: &[u8]) {
+        let Ok(tm) = TskMgmt::parse(iu) else {
+            return self.fail(Some(TLogoutReason::InvalidIuLength));
+        };
+        if !self.take_credit() {
+            return self.over_limit(tm.tag, tm.sol_not, true);
+        }
+        self.stats.tmfs += 1;
+        let id = CmdId(self.next_cmd);
+        self.next_cmd += 1;
+        let task = self.tags.get(&tm.task_tag).copied();
+        let mut t = Task {
+            tag: tm.tag,
+            lun: tm.lun,
+            sol: tm.sol_not,
+            cdb: Vec::new(),
+            attr: TaskAttr::Simple,
+            out: Xfer::None,
+            out_total: 0,
+            inn: Xfer::None,
+            in_total: 0,
+            immediate: None,
+            phase: Phase::Tmf,
+            ops: 0,
+            aborted: false,
+        };
+        let code = if self.tags.contains_key(&tm.tag) {
+            Some(RspCode::RequestFieldsInvalid)
+        } else if matches!(tm.func, TmFunc::Unknown(_)) {
+            Some(RspCode::NotSupported)
+        } else {
+            None
+        };
+        if let Some(code) = code {
+            t.phase = Phase::Core;
+            self.tasks.insert(id, t);
+            let rsp = RspPlan {
+                tag: tm.tag,
+                solicited: tm.sol_not & sol_not::UCSOLNT != 0,
+                status: sense::GOOD,
+                flags: 0,
+                do_res: 0,
+                di_res: 0,
+                resp: Some(code),
+                sense: Vec::new(),
+            };
+            return self.respond(id, rsp);
+        }
+        // Tasks the core has not seen yet (fetching tables or data-out)
+        // are aborted here; the core aborts the ones it holds.
+        let local: Vec<CmdId> = self
+            .tasks
+            .iter()
+            .filter(|(_, x)| {
+                !x.aborted && matches!(x.phase, Phase::Table { .. } | Phase::Fetch { .. })
+            })
+            .filter(|(_, x)| match tm.func {
+                TmFunc::AbortTask => x.tag == tm.task_tag,
+                TmFunc::AbortTaskSet | TmFunc::ClearTaskSet | TmFunc::LogicalUnitReset => {
+                    x.lun == tm.lun
+                }
+                _ => false,
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        for v in local {
+            self.drop_task(v);
+        }
+        let task = task.filter(|c| {
+            self.tasks
+                .get(c)
+                .is_some_and(|x| !x.aborted && matches!(x.phase, Phase::Core))
+        });
+        t.phase = Phase::Tmf;
+        self.tasks.insert(id, t);
+        self.tags.insert(tm.tag, id);
+        self.events.push_back(Output::Tmf(TmfRequest {
+            cmd: id,
+            tag: tm.tag,
+            lun: tm.lun,
+            func: tm.func,
+            task_tag: tm.task_tag,
+            task,
+        }));
+    }
+}
+
+fn send(iu: Iu<'_>, solicited: bool) -> Output {
+    // Emitting into a vector of buffer_len() bytes cannot fail.
+    Output::Send {
+        bytes: iu.to_vec().unwrap_or_default(),
+        solicited,
+    }
+}
+
+fn sum_len(d: &[DirectBuf]) -> u64 {
+    d.iter().map(|b| u64::from(b.len)).sum()
+}
+
+/// Residual flag and count: over when more was wanted than described.
+fn residual(described: u32, wanted: u32, over: u8, under: u8) -> (u8, u32) {
+    match wanted.cmp(&described) {
+        core::cmp::Ordering::Greater => (over, wanted - described),
+        core::cmp::Ordering::Less => (under, described - wanted),
+        core::cmp::Ordering::Equal => (0, 0),
+    }
+}
+
+fn check_condition(tag: Tag, sol: u8, sense: &[u8]) -> RspPlan {
+    RspPlan {
+        tag,
+        solicited: sol & sol_not::UCSOLNT != 0,
+        status: sense::CHECK_CONDITION,
+        flags: 0,
+        do_res: 0,
+        di_res: 0,
+        resp: None,
+        sense: sense.to_vec(),
+    }
+}
