@@ -6,9 +6,9 @@ use super::plan::{plan_rdma, Segment};
 use super::{sense, RESERVED_RECV};
 use crate::wire::AerRsp;
 use crate::wire::{
-    sol_not, AerReq, BufFormats, Cmd, CmdPacket, CredReq, CredRsp, DataDesc, DescList, DirectBuf,
-    Error as WireError, ILogout, Iu, IuType, Lun, PortId, Rsp, RspCode, RspFlags, TLogout,
-    TLogoutReason, Tag, TaskAttr, TmFunc, TskMgmt, AER_REQ_FIXED_LEN, RSP_FIXED_LEN,
+    sol_not, AerReq, BufFormats, Cmd, CmdPacket, CredReq, CredRsp, DataDesc, DescFormat, DescList,
+    DirectBuf, Error as WireError, ILogout, Iu, IuType, Lun, PortId, Rsp, RspCode, RspFlags,
+    TLogout, TLogoutReason, Tag, TaskAttr, TmFunc, TskMgmt, AER_REQ_FIXED_LEN, RSP_FIXED_LEN,
 };
 use rdma_types::Rkey;
 use std::collections::{BTreeMap, VecDeque};
@@ -670,18 +670,12 @@ impl Channel {
                 let resp_len = resp.map_or(0, |r| r.len());
                 let room = (self.p.max_ti_iu_len as usize).saturating_sub(RSP_FIXED_LEN + resp_len);
                 let sense = &r.sense[..r.sense.len().min(room)];
-                let mut flags = r.flags;
-                if resp.is_some() {
-                    flags |= RspFlags::RSPVALID;
-                }
-                if !sense.is_empty() {
-                    flags |= RspFlags::SNSVALID;
-                }
                 let rsp = Rsp {
                     sol_not: if r.solicited { sol_not::SOLNT } else { 0 },
                     req_lim_delta: delta as i32,
                     tag: r.tag,
-                    flags: RspFlags(flags),
+                    // RSPVALID/SNSVALID follow from the data given.
+                    flags: RspFlags(r.flags),
                     status: r.status,
                     data_out_res_cnt: r.do_res,
                     data_in_res_cnt: r.di_res,
@@ -1008,6 +1002,22 @@ impl Channel {
             return self.over_limit(tag, sol, false);
         }
         self.stats.cmds += 1;
+        // Formats first: a format the channel cannot take closes it even when
+        // the IU is also too short for the descriptor (SRP r16a 6.6 reasons 5, 6).
+        let out_ok = match p.data_out_format() {
+            DescFormat::Unknown(_) => false,
+            DescFormat::Immediate => self.p.imm_data_offset.is_some(),
+            _ => true,
+        };
+        if !out_ok {
+            return self.fail(Some(TLogoutReason::UnsupportedDataOutFormat));
+        }
+        if matches!(
+            p.data_in_format(),
+            DescFormat::Unknown(_) | DescFormat::Immediate
+        ) {
+            return self.fail(Some(TLogoutReason::UnsupportedDataInFormat));
+        }
         let cmd = match Cmd::parse(iu, self.p.imm_data_offset) {
             Ok(c) => c,
             Err(WireError::DescFormat { dir, .. }) => {
