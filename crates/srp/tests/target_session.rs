@@ -466,14 +466,15 @@ fn credits_are_returned_on_every_response_and_over_limit_is_refused() {
     assert_eq!(ch.stats().over_limit, 1);
 
     // One completion at a time: each response returns one credit.
-    for r in drv.scsi[..2].to_vec() {
-        assert!(ch.handle_scsi_done(ScsiDone::good(r.cmd, 0)));
+    let cmds: Vec<CmdId> = drv.scsi.iter().map(|r| r.cmd).collect();
+    for &c in &cmds[..2] {
+        assert!(ch.handle_scsi_done(ScsiDone::good(c, 0)));
         drv.run(ch);
     }
     // Two before the driver polls: the first response carries both (the
     // delta is taken when the IU is built), the second none.
-    for r in drv.scsi[2..].to_vec() {
-        assert!(ch.handle_scsi_done(ScsiDone::good(r.cmd, 0)));
+    for &c in &cmds[2..] {
+        assert!(ch.handle_scsi_done(ScsiDone::good(c, 0)));
     }
     drv.run(ch);
     let deltas: Vec<i32> = drv.ius()[1..]
