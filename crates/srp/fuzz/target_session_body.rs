@@ -124,6 +124,15 @@ fn run_target_session(data: &[u8]) -> Reached {
         }
     }
 
+    // Built from wire bytes so the fuzz crate needs no rdma-types dependency.
+    fn db(va: u64, key: u32, len: u32) -> DirectBuf {
+        let mut b = [0u8; DIRECT_BUF_LEN];
+        b[..8].copy_from_slice(&va.to_be_bytes());
+        b[8..12].copy_from_slice(&key.to_be_bytes());
+        b[12..].copy_from_slice(&len.to_be_bytes());
+        DirectBuf::parse(&b).expect("16 bytes")
+    }
+
     let mut cur = Cur(data);
     let mut cfg = TargetConfig::new(PortId([7; 16]), "fuzz");
     cfg.max_credits = 1 + u32::from(cur.u8() % 8);
@@ -163,11 +172,7 @@ fn run_target_session(data: &[u8]) -> Reached {
         task_attr: TaskAttr::Simple,
         cdb: &[0x28; 16],
         data_out: DataDesc::None,
-        data_in: DataDesc::Direct(DirectBuf {
-            va: 0x1000,
-            key: rdma_types::Rkey(1),
-            len: 100,
-        }),
+        data_in: DataDesc::Direct(db(0x1000, 1, 100)),
     })
     .to_vec()
     .expect("emit");
@@ -192,25 +197,13 @@ fn run_target_session(data: &[u8]) -> Reached {
                 let sel = cur.u8();
                 let tag = u64::from(cur.u8() % 8);
                 let len = cur.u32() % 70_000;
-                let d0 = DirectBuf {
-                    va: u64::from(cur.u32()),
-                    key: rdma_types::Rkey(2),
-                    len,
-                };
-                let d1 = DirectBuf {
-                    va: 0x2000,
-                    key: rdma_types::Rkey(3),
-                    len: len / 3,
-                };
+                let d0 = db(u64::from(cur.u32()), 2, len);
+                let d1 = db(0x2000, 3, len / 3);
                 let mut list = Vec::new();
                 DescList::encode(&[d0, d1], &mut list);
                 let table_entries = 2 + u32::from(sel >> 6);
                 let ind = DataDesc::Indirect(IndirectBuf {
-                    table: DirectBuf {
-                        va: 0x9000,
-                        key: rdma_types::Rkey(4),
-                        len: 16 * table_entries,
-                    },
+                    table: db(0x9000, 4, 16 * table_entries),
                     total_len: len + len / 3 + u32::from(sel & 0x20 != 0),
                     descs: DescList::new(&list[..16 * usize::from(1 + (sel & 1))]).expect("list"),
                 });
