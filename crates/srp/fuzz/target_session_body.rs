@@ -137,7 +137,7 @@ fn run_target_session(data: &[u8]) -> Reached {
     let mut cfg = TargetConfig::new(PortId([7; 16]), "fuzz");
     cfg.max_credits = 1 + u32::from(cur.u8() % 8);
     cfg.sq_size = 1 + u32::from(cur.u8() % 4);
-    cfg.max_rdma_size = 1 + u32::from(cur.u8()) * 64;
+    cfg.max_rdma_size = 64 * (1 + u32::from(cur.u8()));
     cfg.srq_size = 2 * (cfg.max_credits + RESERVED_RECV) + u32::from(cur.u8() % 4);
     cfg.max_data_len = 1 << 16;
     let (sq, max_rsp, max_rdma) = (cfg.sq_size, cfg.max_rsp_size, cfg.max_rdma_size);
@@ -208,11 +208,12 @@ fn run_target_session(data: &[u8]) -> Reached {
                     descs: DescList::new(&list[..16 * usize::from(1 + (sel & 1))]).expect("list"),
                 });
                 let imm_data = cur.bytes(usize::from(sel & 0x1f) * 8);
-                let (out, inn) = match sel % 5 {
+                let (out, inn) = match sel % 6 {
                     0 => (DataDesc::Direct(d0), DataDesc::None),
                     1 => (DataDesc::None, DataDesc::Direct(d0)),
                     2 => (ind, DataDesc::None),
                     3 => (DataDesc::Direct(d1), ind),
+                    4 => (ind, ind),
                     _ => (
                         DataDesc::Immediate {
                             offset: LINUX_IMM_DATA_OFFSET,
@@ -320,6 +321,38 @@ fn run_target_session(data: &[u8]) -> Reached {
         }
         assert!(t.srq_used() <= srq, "SRQ over-promised");
         assert_eq!(t.channel(b).map(|c| c.state()), Some(ChannelState::Live));
+    }
+
+    // Liveness: if A is still live, a well-behaved driver and core finish
+    // everything, after which no request holds a credit.
+    if let Some(ch) = t.channel_mut(a) {
+        if ch.state() == ChannelState::Live {
+            let mut rounds = 0;
+            loop {
+                rounds += 1;
+                assert!(rounds < 500_000, "no progress");
+                drain(ch, &mut sa, sq, max_rsp, max_rdma);
+                if let Some(p) = sa.pend.pop_front() {
+                    match p {
+                        Pend::Send => ch.handle_send_done(true),
+                        Pend::Rdma(id) => ch.handle_rdma_done(id, true),
+                        Pend::Table(id, len) => {
+                            ch.handle_table_read(id, Some(&vec![0; len as usize]))
+                        }
+                    }
+                } else if let Some(c) = sa.scsi.pop() {
+                    ch.handle_scsi_done(ScsiDone::good(c, 0));
+                } else if let Some(c) = sa.tmfs.pop() {
+                    ch.handle_tmf_done(c, RspCode::Complete);
+                } else {
+                    break;
+                }
+            }
+            if ch.state() == ChannelState::Live {
+                assert_eq!(ch.in_flight(), 0, "a request was never answered");
+                assert_eq!(ch.outstanding_wrs(), 0);
+            }
+        }
     }
 
     // Tear A down: every command it ever named is released exactly once.

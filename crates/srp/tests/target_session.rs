@@ -777,6 +777,40 @@ fn external_indirect_table_is_fetched_by_rdma_read() {
 }
 
 #[test]
+fn a_bad_first_table_is_answered_after_the_second_table_read_lands() {
+    let (mut t, id) = setup(cfg());
+    let ch = t.channel_mut(id).unwrap();
+    let mut drv = Driver {
+        defer: true,
+        ..Driver::default()
+    };
+    let mut table = Vec::new();
+    DescList::encode(&[d(base(2), 2, 10), d(base(2) + 10, 2, 10)], &mut table);
+    drv.remote.insert(2, vec![0; 100]);
+    drv.remote.insert(8, table.clone());
+    let ind = DataDesc::Indirect(IndirectBuf {
+        table: d(base(8), 8, 32),
+        total_len: 20,
+        descs: DescList::new(&table[..16]).unwrap(),
+    });
+    ch.handle_recv(&cmd(6, ind, ind));
+    drv.run(ch);
+    assert_eq!(drv.rdma_log.len(), 2, "both tables requested");
+    // The data-out table comes back short; the data-in READ is still posted.
+    drv.pending.pop_front();
+    let (_, first) = drv.rdma_log[0];
+    ch.handle_table_read(first.id, Some(&table[..16]));
+    drv.run(ch);
+    assert!(drv.sends.is_empty() && drv.released.is_empty());
+    assert!(drv.complete_one(ch));
+    let r = rsp(&drv.last_iu());
+    assert_eq!((r.tag, r.status), (Tag(6), 2));
+    assert_eq!(drv.released.len(), 1);
+    assert!(drv.scsi.is_empty());
+    assert_eq!(ch.in_flight(), 0);
+}
+
+#[test]
 fn immediate_data_when_negotiated_and_a_logout_when_not() {
     let (mut t, id) = setup(cfg());
     let ch = t.channel_mut(id).unwrap();

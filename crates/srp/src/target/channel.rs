@@ -963,7 +963,8 @@ impl Channel {
                     self.submit(id);
                 }
             }
-            (Phase::Write { left, rsp }, Local::DataIn { .. }) => {
+            // Data-in WRITEs, or the other table READ of a refused command.
+            (Phase::Write { left, rsp }, _) => {
                 *left -= 1;
                 if *left == 0 {
                     let rsp = rsp.clone();
