@@ -202,7 +202,10 @@ fn login_accept_negotiates() {
     assert_eq!(neg.max_ti_iu_len, 4148);
     assert_eq!(neg.imm_data_offset, Some(68));
     assert_eq!(neg.multichannel, MultiChannelResult::NoExisting);
-    assert_eq!(neg.can_queue, 4, "credits minus the task management reserve");
+    assert_eq!(
+        neg.can_queue, 4,
+        "credits minus the task management reserve"
+    );
     assert_eq!(ch.immediate_capacity(), Some(4096 - 68));
     assert!(ch.is_logged_in());
     assert_eq!(ch.credits(), 5);
@@ -463,7 +466,8 @@ fn credit_exhaustion_keeps_one_for_task_management() {
     let first = T0 + Duration::from_millis(1);
     let a = ch.submit(first, &read(0, 1)).unwrap();
     for _ in 0..6 {
-        ch.submit(T0 + Duration::from_millis(2), &read(0, 1)).unwrap();
+        ch.submit(T0 + Duration::from_millis(2), &read(0, 1))
+            .unwrap();
     }
     assert_eq!(ch.credits(), 1);
     assert_eq!(ch.submit(T0, &read(0, 1)), Err(SubmitError::NoCredit));
@@ -480,7 +484,10 @@ fn credit_exhaustion_keeps_one_for_task_management() {
     ch.handle_recv(at, &rsp(a, 3, 0));
     assert_eq!(ch.credits(), 3);
     assert_eq!(
-        completions(&mut ch).iter().map(|c| c.tag).collect::<Vec<_>>(),
+        completions(&mut ch)
+            .iter()
+            .map(|c| c.tag)
+            .collect::<Vec<_>>(),
         vec![a]
     );
     assert!(ch.submit(at, &read(0, 1)).is_ok());
@@ -498,7 +505,10 @@ fn queue_full_before_credits() {
 #[test]
 fn cred_req_and_aer_req_are_answered() {
     let mut ch = logged_in(1);
-    assert_eq!(ch.submit(T0, &read(0, 1)).unwrap_err(), SubmitError::NoCredit);
+    assert_eq!(
+        ch.submit(T0, &read(0, 1)).unwrap_err(),
+        SubmitError::NoCredit
+    );
     let req = Iu::CredReq(CredReq {
         sol_not: 0,
         req_lim_delta: 5,
@@ -556,7 +566,11 @@ fn response_before_send_completion() {
     let done = completions(&mut ch);
     assert_eq!(done.len(), 1, "the result is not held back");
     assert_eq!((done[0].tag, done[0].status), (tag, Status::Scsi(0)));
-    assert_eq!(ch.outstanding(), 1, "the context lives until the send completes");
+    assert_eq!(
+        ch.outstanding(),
+        1,
+        "the context lives until the send completes"
+    );
     // A duplicate answer is dropped, never a second completion.
     ch.handle_recv(T0, &rsp(tag, 0, 0));
     assert!(completions(&mut ch).is_empty());
@@ -626,7 +640,9 @@ fn device_error_passed_up_with_sense_unretried() {
 #[test]
 fn ordering_requests_in_submit_order_completions_in_arrival_order() {
     let mut ch = logged_in(16);
-    let tags: Vec<Tag> = (0..5).map(|i| ch.submit(T0, &read(i, 1)).unwrap()).collect();
+    let tags: Vec<Tag> = (0..5)
+        .map(|i| ch.submit(T0, &read(i, 1)).unwrap())
+        .collect();
     let sent: Vec<Tag> = sends(&mut ch).iter().map(|t| t.tag).collect();
     assert_eq!(sent, tags);
     for &t in [tags[3], tags[0], tags[4], tags[1], tags[2]].iter() {
@@ -654,7 +670,10 @@ fn unexpected_and_malformed_ius_are_reported_and_dropped() {
     ch.handle_recv(T0, &[0xc1, 0, 0]);
     ch.handle_recv(T0, &[0x55; 40]);
     let ev = events(&mut ch);
-    assert_eq!(ev[0], Event::Protocol(ProtocolError::Unexpected(IuType::Cmd)));
+    assert_eq!(
+        ev[0],
+        Event::Protocol(ProtocolError::Unexpected(IuType::Cmd))
+    );
     assert!(matches!(
         ev[1],
         Event::Protocol(ProtocolError::Malformed(Error::Truncated { .. }))
@@ -753,14 +772,17 @@ fn successful_abort_completes_once_and_late_response_is_dropped() {
     let tm = parse_tmf(&one_send(&mut ch));
     ch.handle_recv(deadline, &tmf_rsp(tm.tag, RspCode::Complete));
     let c = completions(&mut ch);
-    assert_eq!(c, vec![Completion {
-        tag,
-        status: Status::Aborted,
-        sense: vec![],
-        response_code: None,
-        data_in_residual: None,
-        data_out_residual: None
-    }]);
+    assert_eq!(
+        c,
+        vec![Completion {
+            tag,
+            status: Status::Aborted,
+            sense: vec![],
+            response_code: None,
+            data_in_residual: None,
+            data_out_residual: None
+        }]
+    );
     assert_eq!(ch.outstanding(), 0);
     let credits = ch.credits();
     // The target's answer to the aborted command comes late.
@@ -819,7 +841,10 @@ fn lun_reset_success_ends_that_lun_only() {
         c.iter().map(|c| (c.tag, c.status)).collect::<Vec<_>>(),
         vec![(a, Status::Reset), (b, Status::Reset)]
     );
-    assert!(ch.is_logged_in(), "a LUN reset does not take the channel down");
+    assert!(
+        ch.is_logged_in(),
+        "a LUN reset does not take the channel down"
+    );
     ch.handle_recv(t, &rsp(other_lun, 1, 0));
     assert_eq!(completions(&mut ch)[0].tag, other_lun);
     // The late answer to the abort is dropped.
@@ -852,14 +877,17 @@ fn no_credit_for_task_management_escalates_at_once() {
         result: Err(TmfFailure::NoCredit)
     }));
     ch.disconnected(false);
-    assert_eq!(completions(&mut ch)[0], Completion {
-        tag,
-        status: Status::Reset,
-        sense: vec![],
-        response_code: None,
-        data_in_residual: None,
-        data_out_residual: None
-    });
+    assert_eq!(
+        completions(&mut ch)[0],
+        Completion {
+            tag,
+            status: Status::Reset,
+            sense: vec![],
+            response_code: None,
+            data_in_residual: None,
+            data_out_residual: None
+        }
+    );
 }
 
 // ----------------------------------------------------- logout, disconnect
@@ -901,7 +929,10 @@ fn disconnect_with_hold_keeps_commands_until_relogin_or_fail() {
     ch.disconnected(true);
     assert!(completions(&mut ch).is_empty(), "held");
     assert_eq!(ch.outstanding(), 1, "the answered command is freed");
-    assert!(!ch.handle_send_done(sent[1].id), "sends of the old QP are gone");
+    assert!(
+        !ch.handle_send_done(sent[1].id),
+        "sends of the old QP are gone"
+    );
     // Relogin ends the held command with DID_RESET so it is retried.
     ch.login_request().unwrap();
     let c = completions(&mut ch);
@@ -924,7 +955,9 @@ fn completions_fit_can_queue_and_counts_balance() {
     // books: no leaked slot, no lost credit.
     let mut ch = logged_in(9);
     for round in 0..50u64 {
-        let tags: Vec<Tag> = (0..8).map(|_| ch.submit(T0, &read(round, 1)).unwrap()).collect();
+        let tags: Vec<Tag> = (0..8)
+            .map(|_| ch.submit(T0, &read(round, 1)).unwrap())
+            .collect();
         let sent = sends(&mut ch);
         for (i, t) in tags.iter().enumerate() {
             if i % 2 == 0 {

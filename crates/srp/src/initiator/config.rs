@@ -184,6 +184,8 @@ pub enum ConfigError {
     #[error("command and task management timeouts must be non-zero")]
     Timeout,
     /// `max_it_iu_size` below what one SRP_CMD needs.
-    #[error("max_it_iu_size {0} is below the {MIN_IT_IU_LEN} bytes of an SRP_CMD with one descriptor")]
+    #[error(
+        "max_it_iu_size {0} is below the {MIN_IT_IU_LEN} bytes of an SRP_CMD with one descriptor"
+    )]
     MaxItIuSize(u32),
 }

@@ -93,8 +93,8 @@ pub use config::{
     MIN_IT_IU_LEN, TSK_MGMT_RESERVE,
 };
 pub use types::{
-    Command, Completion, Data, Event, LoginError, LoginFailure, Negotiated, Output,
-    ProtocolError, Residual, SendId, Segment, Status, SubmitError, TmfFailure, Transmit,
+    Command, Completion, Data, Event, LoginError, LoginFailure, Negotiated, Output, ProtocolError,
+    Residual, Segment, SendId, Status, SubmitError, TmfFailure, Transmit,
 };
 
 use crate::wire::{
@@ -462,10 +462,8 @@ impl Channel {
         }
         let max = self.cfg.cmd_sg_entries;
         let table_bytes = n * DIRECT_BUF_LEN;
-        let table_len = u32::try_from(table_bytes).map_err(|_| SubmitError::TooManySegments {
-            segments: n,
-            max,
-        })?;
+        let table_len = u32::try_from(table_bytes)
+            .map_err(|_| SubmitError::TooManySegments { segments: n, max })?;
         let in_iu = if n > usize::from(max) {
             if !self.cfg.allow_ext_sg {
                 return Err(SubmitError::TooManySegments { segments: n, max });
@@ -575,7 +573,9 @@ impl Channel {
             State::Idle | State::LoginSent | State::Disconnected
         ) {
             // No connection this channel knows of: nothing can match.
-            let t = bytes.first().map_or(IuType::Unknown(0), |&b| IuType::from(b));
+            let t = bytes
+                .first()
+                .map_or(IuType::Unknown(0), |&b| IuType::from(b));
             self.events
                 .push_back(Event::Protocol(ProtocolError::Unexpected(t)));
             return;
@@ -812,7 +812,11 @@ impl Channel {
         match (t.func, result) {
             (TmFunc::AbortTask, Ok(())) => {
                 if let Some(slot) = self.lookup(t.task) {
-                    if self.slots[slot as usize].ctx.as_ref().is_some_and(|c| !c.done) {
+                    if self.slots[slot as usize]
+                        .ctx
+                        .as_ref()
+                        .is_some_and(|c| !c.done)
+                    {
                         self.finish(slot, Completion::ended(t.task, Status::Aborted));
                     }
                 }

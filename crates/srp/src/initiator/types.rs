@@ -2,8 +2,8 @@
 //! and events out, and the errors of each operation.
 
 use crate::wire::{
-    self, BufFormats, DirectBuf, IuType, LoginRejReason, Lun, MultiChannelResult, RspCode, Tag,
-    TLogoutReason, TaskAttr, TmFunc,
+    self, BufFormats, DirectBuf, IuType, LoginRejReason, Lun, MultiChannelResult, RspCode,
+    TLogoutReason, Tag, TaskAttr, TmFunc,
 };
 use rdma_types::Duration;
 
