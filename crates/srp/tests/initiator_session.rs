@@ -835,6 +835,8 @@ fn lun_reset_success_ends_that_lun_only() {
     ch.handle_timeout(t);
     let reset = parse_tmf(&one_send(&mut ch));
     assert_eq!(reset.func, TmFunc::LogicalUnitReset);
+    // New commands wait while the LUN reset runs.
+    assert_eq!(ch.submit(t, &read(1, 1)), Err(SubmitError::Recovering));
     ch.handle_recv(t, &tmf_rsp(reset.tag, RspCode::Complete));
     let c = completions(&mut ch);
     assert_eq!(
@@ -850,6 +852,7 @@ fn lun_reset_success_ends_that_lun_only() {
     // The late answer to the abort is dropped.
     ch.handle_recv(t, &tmf_rsp(abort.tag, RspCode::Complete));
     assert!(completions(&mut ch).is_empty());
+    assert!(ch.submit(t, &read(1, 1)).is_ok(), "commands flow again");
 }
 
 #[test]

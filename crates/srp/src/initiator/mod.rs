@@ -76,8 +76,10 @@
 //! that fails, [`Output::Reconnect`] (host reset). A successful abort
 //! completes the command with [`Status::Aborted`], a successful LUN reset
 //! completes every outstanding command of the LUN with [`Status::Reset`].
-//! One task management request is outstanding at a time; timers stop while
-//! the channel is not logged in. What the channel does not decide: whether
+//! One task management request is outstanding at a time; while a LUN reset
+//! is, `submit` answers [`SubmitError::Recovering`]; timers stop while the
+//! channel is not logged in. The "Abort output" is an
+//! [`Output::Send`] of an SRP_TSK_MGMT plus [`Event::TaskMgmtSent`]. What the channel does not decide: whether
 //! the path is offlined. A host reset that reconnects leaves the rport
 //! running (the `srp-initiator` rport FSM owns that policy).
 //!
@@ -104,7 +106,8 @@ use crate::wire::{
 use rdma_types::{Instant, Rkey};
 use std::collections::{HashMap, VecDeque};
 
-/// Bit 63 marks task management tags (ib_srp `SRP_TAG_TSK_MGMT`).
+/// Bit 63 marks task management tags (ib_srp's `SRP_TAG_TSK_MGMT` is bit
+/// 31 of its 32-bit blk-mq tags; command tags here use 63 bits).
 const TAG_TSK_MGMT: u64 = 1 << 63;
 /// Generations use bits 62..32 of a command tag.
 const GEN_MASK: u32 = 0x7fff_ffff;
@@ -349,6 +352,11 @@ impl Channel {
             (State::Live, Some(n)) => n,
             _ => return Err(SubmitError::NotLoggedIn),
         };
+        if self.tmf.is_some_and(|t| t.func != TmFunc::AbortTask) {
+            // The SCSI error handler holds new commands while it resets a
+            // LUN; one sent now would be ended by the reset's success.
+            return Err(SubmitError::Recovering);
+        }
         if self.live >= neg.can_queue {
             return Err(SubmitError::QueueFull(self.live));
         }

@@ -299,6 +299,10 @@ pub enum SubmitError {
     /// Not logged in (or logged out, or resetting): hold the command.
     #[error("SRP channel not logged in")]
     NotLoggedIn,
+    /// A LUN reset is in progress (the SCSI error handler holds the host):
+    /// retry after its [`Event::TaskMgmtDone`].
+    #[error("SRP channel is resetting a logical unit")]
+    Recovering,
     /// No credit (the last one is kept for task management): retry after
     /// a response or SRP_CRED_REQ.
     #[error("no SRP credit left for a command")]
