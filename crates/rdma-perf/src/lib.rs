@@ -245,7 +245,9 @@ impl Side {
         let mut qcfg = QpConfig::rc(Qpn::from_bits(0), Qpn::from_bits(0));
         qcfg.pmtu = common.mtu;
         qcfg.sq_psn = Psn::new(psn);
-        qcfg.timeout = 10; // 4 ms, loopback-scale
+        // 4.096 us << 14 = 67 ms: short enough for loopback, long enough that a
+        // process descheduled on a busy 2-core CI box does not burn its retries.
+        qcfg.timeout = 14;
         let qp = node.create_qp(qcfg, Box::new(mem.clone()));
         Ok(Side {
             node,
