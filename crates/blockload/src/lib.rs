@@ -1,0 +1,648 @@
+//! Verified block workloads, in the spirit of fio.
+//!
+//! `blockload` drives any [`BlockDevice`] (an SRP LUN, a file, RAM) with a
+//! [`Workload`]: sequential or random reads, writes or a mix, a block size,
+//! a number of jobs (threads, each with one I/O in flight, like fio's sync
+//! engine with `numjobs`), bounded by a byte count and a runtime, whichever
+//! ends first. It reports IOPS, bandwidth and latency percentiles per
+//! direction ([`Report`], printable as a table or JSON).
+//!
+//! With `verify` on, every 512-byte unit a job writes carries a stamp: a
+//! magic, the unit's own byte offset, the write's generation, the job seed
+//! and a CRC32 over the unit. Each job owns a disjoint slice of the device,
+//! so it knows exactly which generation every unit it wrote must hold, and
+//! a read tells apart corrupt data (CRC), misplaced data (a unit stamped for
+//! another offset), and lost or stale writes (an older generation). Units a
+//! job never wrote are not checked; [`Report::verified_bytes`] says how much
+//! was.
+//!
+//! What it refuses: block sizes that are not a multiple of 512 bytes or of
+//! the device's block size, regions outside the device, unbounded runs.
+
+mod stamp;
+
+pub use stamp::{check_unit, fill_unit, Mismatch, UNIT};
+
+use serde::Serialize;
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+/// A device addressed in logical blocks. Calls may come from several
+/// threads at once.
+pub trait BlockDevice: Send + Sync {
+    /// Logical block size in bytes.
+    fn block_size(&self) -> u32;
+    /// Number of logical blocks.
+    fn num_blocks(&self) -> u64;
+    /// Reads `buf.len()` bytes (a whole number of blocks) from `lba`.
+    fn read_at(&self, lba: u64, buf: &mut [u8]) -> io::Result<()>;
+    /// Writes `buf` (a whole number of blocks) at `lba`.
+    fn write_at(&self, lba: u64, buf: &[u8]) -> io::Result<()>;
+    /// Makes completed writes durable.
+    fn flush(&self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The access pattern.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Pattern {
+    /// Sequential reads.
+    Read,
+    /// Sequential writes.
+    Write,
+    /// Random reads.
+    RandRead,
+    /// Random writes.
+    RandWrite,
+    /// Random mix; `read_pct` percent of the I/Os are reads.
+    RandRw {
+        /// Share of reads, 0..=100.
+        read_pct: u8,
+    },
+}
+
+impl std::str::FromStr for Pattern {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Pattern, String> {
+        Ok(match s {
+            "read" => Pattern::Read,
+            "write" => Pattern::Write,
+            "randread" => Pattern::RandRead,
+            "randwrite" => Pattern::RandWrite,
+            "randrw" | "mixed" => Pattern::RandRw { read_pct: 50 },
+            _ => {
+                return Err(format!(
+                    "unknown pattern `{s}` (read, write, randread, randwrite, randrw)"
+                ))
+            }
+        })
+    }
+}
+
+impl std::fmt::Display for Pattern {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Pattern::Read => f.write_str("read"),
+            Pattern::Write => f.write_str("write"),
+            Pattern::RandRead => f.write_str("randread"),
+            Pattern::RandWrite => f.write_str("randwrite"),
+            Pattern::RandRw { read_pct } => write!(f, "randrw({read_pct}% read)"),
+        }
+    }
+}
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct Workload {
+    /// Access pattern.
+    pub pattern: Pattern,
+    /// Bytes per I/O; a multiple of 512 and of the device block size.
+    pub bs: u32,
+    /// Concurrent jobs (threads, one I/O in flight each).
+    pub jobs: u32,
+    /// Stop after this many bytes in all (`None`: once over the region for
+    /// sequential patterns, the region's size for random ones).
+    pub size: Option<u64>,
+    /// Stop after this long.
+    pub runtime: Duration,
+    /// Stamp writes and check reads.
+    pub verify: bool,
+    /// Seed for offsets and stamps.
+    pub seed: u64,
+    /// Bytes of the device to use from offset 0 (`None`: all of it).
+    pub region: Option<u64>,
+}
+
+impl Workload {
+    /// A workload with fio-like defaults: 4 KiB, 1 job, 10 s, verify off.
+    pub fn new(pattern: Pattern) -> Workload {
+        Workload {
+            pattern,
+            bs: 4096,
+            jobs: 1,
+            size: None,
+            runtime: Duration::from_secs(10),
+            verify: false,
+            seed: 0x5eed,
+            region: None,
+        }
+    }
+}
+
+/// A workload that cannot run on this device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError(pub String);
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+impl std::error::Error for ConfigError {}
+
+/// Progress of a running workload, for a progress bar.
+#[derive(Debug, Clone, Copy)]
+pub struct Progress {
+    /// Bytes moved so far.
+    pub bytes: u64,
+    /// Byte budget of the run.
+    pub total_bytes: u64,
+    /// Time since the start.
+    pub elapsed: Duration,
+    /// Time budget of the run.
+    pub runtime: Duration,
+}
+
+/// Latency and throughput of one direction.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct DirStats {
+    /// Completed I/Os.
+    pub ios: u64,
+    /// Bytes moved.
+    pub bytes: u64,
+    /// I/Os per second.
+    pub iops: f64,
+    /// MiB per second.
+    pub mib_per_s: f64,
+    /// Median latency, microseconds.
+    pub lat_p50_us: f64,
+    /// 99th percentile latency, microseconds.
+    pub lat_p99_us: f64,
+    /// 99.9th percentile latency, microseconds.
+    pub lat_p999_us: f64,
+    /// Largest latency, microseconds.
+    pub lat_max_us: f64,
+}
+
+/// One verification failure.
+#[derive(Debug, Clone, Serialize)]
+pub struct VerifyError {
+    /// Byte offset of the 512-byte unit on the device.
+    pub offset: u64,
+    /// What was wrong.
+    pub what: String,
+}
+
+/// The outcome of a run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// Pattern run.
+    pub pattern: String,
+    /// Bytes per I/O.
+    pub bs: u32,
+    /// Jobs.
+    pub jobs: u32,
+    /// Wall time, seconds.
+    pub seconds: f64,
+    /// Reads.
+    pub read: DirStats,
+    /// Writes.
+    pub write: DirStats,
+    /// Bytes whose content was checked against what was written.
+    pub verified_bytes: u64,
+    /// Verification failures (all of them counted, the first 16 kept).
+    pub verify_failures: u64,
+    /// The first verification failures.
+    pub verify_errors: Vec<VerifyError>,
+    /// I/O errors returned by the device.
+    pub io_errors: u64,
+    /// The first I/O error's text.
+    pub first_io_error: Option<String>,
+}
+
+impl Report {
+    /// True when no I/O failed and every check passed.
+    pub fn ok(&self) -> bool {
+        self.io_errors == 0 && self.verify_failures == 0
+    }
+
+    /// A human-readable table.
+    pub fn table(&self) -> String {
+        let mut s = format!(
+            "{:<9} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}\n",
+            "dir", "IOPS", "MiB/s", "p50 us", "p99 us", "p99.9 us", "max us"
+        );
+        for (name, d) in [("read", &self.read), ("write", &self.write)] {
+            if d.ios == 0 {
+                continue;
+            }
+            s += &format!(
+                "{:<9} {:>10.0} {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>10.1}\n",
+                name, d.iops, d.mib_per_s, d.lat_p50_us, d.lat_p99_us, d.lat_p999_us, d.lat_max_us
+            );
+        }
+        s += &format!(
+            "{} bs={} jobs={} in {:.2} s; verified {} bytes, {} verify failures, {} I/O errors\n",
+            self.pattern,
+            self.bs,
+            self.jobs,
+            self.seconds,
+            self.verified_bytes,
+            self.verify_failures,
+            self.io_errors
+        );
+        for e in &self.verify_errors {
+            s += &format!("  verify: offset {:#x}: {}\n", e.offset, e.what);
+        }
+        if let Some(e) = &self.first_io_error {
+            s += &format!("  first I/O error: {e}\n");
+        }
+        s
+    }
+}
+
+/// Generations written per I/O block, shared by the jobs (each job only
+/// touches its own slice).
+struct GenTable(Vec<AtomicU32>);
+
+const KEEP_ERRORS: usize = 16;
+
+struct Shared {
+    gens: GenTable,
+    bytes: AtomicU64,
+    stop: AtomicBool,
+}
+
+struct JobResult {
+    read: hdrhistogram::Histogram<u64>,
+    write: hdrhistogram::Histogram<u64>,
+    read_bytes: u64,
+    write_bytes: u64,
+    verified: u64,
+    failures: u64,
+    errors: Vec<VerifyError>,
+    io_errors: u64,
+    first_io_error: Option<String>,
+}
+
+/// Runs `w` on `dev`, calling `progress` about five times a second.
+pub fn run(
+    dev: Arc<dyn BlockDevice>,
+    w: &Workload,
+    mut progress: impl FnMut(Progress),
+) -> Result<Report, ConfigError> {
+    let geo = Geometry::new(dev.as_ref(), w)?;
+    let total_bytes = w.size.unwrap_or(geo.io_blocks * w.bs as u64);
+    let shared = Arc::new(Shared {
+        gens: GenTable((0..geo.io_blocks).map(|_| AtomicU32::new(0)).collect()),
+        bytes: AtomicU64::new(0),
+        stop: AtomicBool::new(false),
+    });
+    let start = Instant::now();
+    let deadline = start + w.runtime;
+    let (tx, rx) = mpsc::channel();
+    let per_job_bytes = total_bytes.div_ceil(w.jobs as u64);
+    for job in 0..w.jobs {
+        let (dev, shared, tx, w) = (dev.clone(), shared.clone(), tx.clone(), w.clone());
+        let slice = geo.slice(job);
+        std::thread::spawn(move || {
+            let r = run_job(
+                dev.as_ref(),
+                &w,
+                job,
+                slice,
+                per_job_bytes,
+                deadline,
+                &shared,
+            );
+            let _ = tx.send(r);
+        });
+    }
+    drop(tx);
+    let mut results = Vec::new();
+    while results.len() < w.jobs as usize {
+        match rx.recv_timeout(Duration::from_millis(200)) {
+            Ok(r) => results.push(r),
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        }
+        progress(Progress {
+            bytes: shared.bytes.load(Ordering::Relaxed),
+            total_bytes,
+            elapsed: start.elapsed(),
+            runtime: w.runtime,
+        });
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    Ok(merge(w, results, seconds))
+}
+
+/// Device geometry as the workload sees it: I/O blocks of `bs` bytes.
+struct Geometry {
+    io_blocks: u64,
+    jobs: u64,
+    lbas_per_io: u64,
+}
+
+impl Geometry {
+    fn new(dev: &dyn BlockDevice, w: &Workload) -> Result<Geometry, ConfigError> {
+        let lbs = dev.block_size() as u64;
+        if lbs == 0 || lbs % UNIT as u64 != 0 {
+            return Err(ConfigError(format!(
+                "device block size {lbs} is not a multiple of {UNIT}"
+            )));
+        }
+        let bs = w.bs as u64;
+        if bs == 0 || bs % lbs != 0 {
+            return Err(ConfigError(format!(
+                "block size {bs} is not a multiple of the device block size {lbs}"
+            )));
+        }
+        if w.jobs == 0 {
+            return Err(ConfigError("jobs must be at least 1".into()));
+        }
+        if w.runtime.is_zero() {
+            return Err(ConfigError("runtime must be above zero".into()));
+        }
+        if let Pattern::RandRw { read_pct } = w.pattern {
+            if read_pct > 100 {
+                return Err(ConfigError(format!("read share {read_pct}% is above 100%")));
+            }
+        }
+        let dev_bytes = dev.num_blocks().saturating_mul(lbs);
+        let region = w.region.unwrap_or(dev_bytes);
+        if region > dev_bytes {
+            return Err(ConfigError(format!(
+                "region of {region} bytes is larger than the device ({dev_bytes} bytes)"
+            )));
+        }
+        let io_blocks = region / bs;
+        if io_blocks < w.jobs as u64 {
+            return Err(ConfigError(format!(
+                "region holds {io_blocks} blocks of {bs} bytes, fewer than {} jobs",
+                w.jobs
+            )));
+        }
+        Ok(Geometry {
+            io_blocks,
+            jobs: w.jobs as u64,
+            lbas_per_io: bs / lbs,
+        })
+    }
+
+    /// The contiguous range of I/O blocks job `j` owns.
+    fn slice(&self, j: u32) -> Slice {
+        let per = self.io_blocks / self.jobs;
+        let first = per * j as u64;
+        let count = if j as u64 == self.jobs - 1 {
+            self.io_blocks - first
+        } else {
+            per
+        };
+        Slice {
+            first,
+            count,
+            lbas_per_io: self.lbas_per_io,
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Slice {
+    first: u64,
+    count: u64,
+    lbas_per_io: u64,
+}
+
+/// xorshift64*: small, seedable, good enough for offsets and fill.
+pub(crate) struct Rng(u64);
+
+impl Rng {
+    pub(crate) fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
+    }
+    pub(crate) fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
+}
+
+fn run_job(
+    dev: &dyn BlockDevice,
+    w: &Workload,
+    job: u32,
+    slice: Slice,
+    budget: u64,
+    deadline: Instant,
+    shared: &Shared,
+) -> JobResult {
+    let hist = || hdrhistogram::Histogram::<u64>::new_with_bounds(1, 600_000_000_000, 3).unwrap();
+    let mut r = JobResult {
+        read: hist(),
+        write: hist(),
+        read_bytes: 0,
+        write_bytes: 0,
+        verified: 0,
+        failures: 0,
+        errors: Vec::new(),
+        io_errors: 0,
+        first_io_error: None,
+    };
+    let bs = w.bs as usize;
+    let mut buf = vec![0u8; bs];
+    let mut rng = Rng::new(w.seed ^ (job as u64).wrapping_mul(0x1000_0001));
+    let job_seed = (w.seed as u32) ^ job;
+    let mut next_seq = 0u64;
+    let mut moved = 0u64;
+    while moved < budget && !shared.stop.load(Ordering::Relaxed) && Instant::now() < deadline {
+        let (index, is_read) = match w.pattern {
+            Pattern::Read | Pattern::Write => {
+                let i = next_seq % slice.count;
+                next_seq += 1;
+                (i, w.pattern == Pattern::Read)
+            }
+            Pattern::RandRead => (rng.below(slice.count), true),
+            Pattern::RandWrite => (rng.below(slice.count), false),
+            Pattern::RandRw { read_pct } => {
+                (rng.below(slice.count), rng.below(100) < read_pct as u64)
+            }
+        };
+        let block = slice.first + index;
+        let lba = block * slice.lbas_per_io;
+        let offset = block * bs as u64;
+        let t0 = Instant::now();
+        let res = if is_read {
+            dev.read_at(lba, &mut buf)
+        } else {
+            let gen = shared.gens.0[block as usize].load(Ordering::Relaxed) + 1;
+            if w.verify {
+                for (u, unit) in buf.chunks_exact_mut(UNIT).enumerate() {
+                    fill_unit(unit, offset + (u * UNIT) as u64, gen, job_seed);
+                }
+            } else if gen == 1 {
+                buf.iter_mut()
+                    .for_each(|b| *b = (rng.next_u64() >> 7) as u8);
+            }
+            let res = dev.write_at(lba, &buf);
+            if res.is_ok() {
+                shared.gens.0[block as usize].store(gen, Ordering::Relaxed);
+            }
+            res
+        };
+        let ns = t0.elapsed().as_nanos().max(1) as u64;
+        match res {
+            Ok(()) => {
+                if is_read {
+                    r.read.saturating_record(ns);
+                    r.read_bytes += bs as u64;
+                    if w.verify {
+                        verify_read(&buf, offset, shared, block, job_seed, &mut r);
+                    }
+                } else {
+                    r.write.saturating_record(ns);
+                    r.write_bytes += bs as u64;
+                }
+            }
+            Err(e) => {
+                r.io_errors += 1;
+                if r.first_io_error.is_none() {
+                    r.first_io_error = Some(format!(
+                        "{} at byte offset {offset:#x}: {e}",
+                        if is_read { "read" } else { "write" }
+                    ));
+                }
+                // A device that fails once will likely fail again: stop this
+                // job rather than spin through the budget.
+                break;
+            }
+        }
+        moved += bs as u64;
+        shared.bytes.fetch_add(bs as u64, Ordering::Relaxed);
+    }
+    r
+}
+
+fn verify_read(buf: &[u8], offset: u64, shared: &Shared, block: u64, seed: u32, r: &mut JobResult) {
+    let gen = shared.gens.0[block as usize].load(Ordering::Relaxed);
+    if gen == 0 {
+        return; // never written by this run
+    }
+    for (u, unit) in buf.chunks_exact(UNIT).enumerate() {
+        let at = offset + (u * UNIT) as u64;
+        match check_unit(unit, at, gen, seed) {
+            Ok(()) => r.verified += UNIT as u64,
+            Err(m) => {
+                r.failures += 1;
+                if r.errors.len() < KEEP_ERRORS {
+                    r.errors.push(VerifyError {
+                        offset: at,
+                        what: m.to_string(),
+                    });
+                }
+            }
+        }
+    }
+}
+
+fn stats(h: &hdrhistogram::Histogram<u64>, bytes: u64, seconds: f64) -> DirStats {
+    let ios = h.len();
+    if ios == 0 {
+        return DirStats::default();
+    }
+    let us = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
+    DirStats {
+        ios,
+        bytes,
+        iops: ios as f64 / seconds,
+        mib_per_s: bytes as f64 / seconds / (1024.0 * 1024.0),
+        lat_p50_us: us(0.5),
+        lat_p99_us: us(0.99),
+        lat_p999_us: us(0.999),
+        lat_max_us: h.max() as f64 / 1000.0,
+    }
+}
+
+fn merge(w: &Workload, results: Vec<JobResult>, seconds: f64) -> Report {
+    let mut read = hdrhistogram::Histogram::<u64>::new(3).unwrap();
+    let mut write = read.clone();
+    let (mut rb, mut wb, mut verified, mut failures, mut io_errors) = (0, 0, 0, 0, 0);
+    let mut errors = Vec::new();
+    let mut first_io_error = None;
+    for r in results {
+        read.add(&r.read)
+            .expect("histograms with auto-resize merge");
+        write
+            .add(&r.write)
+            .expect("histograms with auto-resize merge");
+        rb += r.read_bytes;
+        wb += r.write_bytes;
+        verified += r.verified;
+        failures += r.failures;
+        io_errors += r.io_errors;
+        errors.extend(r.errors);
+        first_io_error = first_io_error.or(r.first_io_error);
+    }
+    errors.truncate(KEEP_ERRORS);
+    let seconds = seconds.max(1e-9);
+    Report {
+        pattern: w.pattern.to_string(),
+        bs: w.bs,
+        jobs: w.jobs,
+        seconds,
+        read: stats(&read, rb, seconds),
+        write: stats(&write, wb, seconds),
+        verified_bytes: verified,
+        verify_failures: failures,
+        verify_errors: errors,
+        io_errors,
+        first_io_error,
+    }
+}
+
+/// A RAM-backed device, for tests and as a baseline.
+pub struct RamDevice {
+    block_size: u32,
+    data: std::sync::RwLock<Vec<u8>>,
+}
+
+impl RamDevice {
+    /// A zeroed device of `blocks` blocks.
+    pub fn new(block_size: u32, blocks: u64) -> RamDevice {
+        RamDevice {
+            block_size,
+            data: std::sync::RwLock::new(vec![0; (block_size as u64 * blocks) as usize]),
+        }
+    }
+    fn range(&self, lba: u64, len: usize) -> io::Result<std::ops::Range<usize>> {
+        let start = lba
+            .checked_mul(self.block_size as u64)
+            .and_then(|s| usize::try_from(s).ok())
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "LBA out of range"))?;
+        let end = start + len;
+        if len % self.block_size as usize != 0 || end > self.data.read().unwrap().len() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("I/O of {len} bytes at LBA {lba} is outside the device"),
+            ));
+        }
+        Ok(start..end)
+    }
+}
+
+impl BlockDevice for RamDevice {
+    fn block_size(&self) -> u32 {
+        self.block_size
+    }
+    fn num_blocks(&self) -> u64 {
+        self.data.read().unwrap().len() as u64 / self.block_size as u64
+    }
+    fn read_at(&self, lba: u64, buf: &mut [u8]) -> io::Result<()> {
+        let r = self.range(lba, buf.len())?;
+        buf.copy_from_slice(&self.data.read().unwrap()[r]);
+        Ok(())
+    }
+    fn write_at(&self, lba: u64, buf: &[u8]) -> io::Result<()> {
+        let r = self.range(lba, buf.len())?;
+        self.data.write().unwrap()[r].copy_from_slice(buf);
+        Ok(())
+    }
+}

@@ -1,0 +1,250 @@
+//! Workloads over RAM devices, some of them deliberately broken: the
+//! verifier must catch every kind of damage and a healthy device must pass.
+
+use blockload::{run, BlockDevice, Pattern, RamDevice, Workload};
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+fn workload(pattern: Pattern, jobs: u32, size: u64) -> Workload {
+    let mut w = Workload::new(pattern);
+    w.jobs = jobs;
+    w.size = Some(size);
+    w.runtime = Duration::from_secs(60);
+    w.verify = true;
+    w
+}
+
+/// Writes the region once, then runs `pattern` verified on the same device.
+fn fill_then(dev: Arc<dyn BlockDevice>, pattern: Pattern, jobs: u32) -> blockload::Report {
+    let region = dev.num_blocks() * dev.block_size() as u64;
+    // One run keeps one generation table, so fill and check in one workload:
+    // a random mix over a small region writes and re-reads every block many times.
+    let mut w = workload(pattern, jobs, region * 8);
+    w.region = Some(region);
+    run(dev, &w, |_| {}).unwrap()
+}
+
+#[test]
+fn a_healthy_device_passes_and_reads_are_checked() {
+    let dev = Arc::new(RamDevice::new(512, 2048));
+    let r = fill_then(dev, Pattern::RandRw { read_pct: 50 }, 4);
+    assert!(r.ok(), "{}", r.table());
+    assert!(r.read.ios > 0 && r.write.ios > 0);
+    assert!(
+        r.verified_bytes > 512 * 1024,
+        "most reads hit written blocks: {}",
+        r.table()
+    );
+    assert!(r.read.lat_p50_us > 0.0 && r.read.lat_p99_us >= r.read.lat_p50_us);
+    let json = serde_json::to_value(&r).unwrap();
+    assert_eq!(json["verify_failures"], 0);
+    assert_eq!(json["bs"], 4096);
+}
+
+/// Acknowledges every `nth` write without storing it.
+struct LosesWrites {
+    inner: RamDevice,
+    nth: u64,
+    count: AtomicU64,
+}
+
+/// Stores every `nth` write one I/O block further on.
+struct MisdirectsWrites {
+    inner: RamDevice,
+    nth: u64,
+    count: AtomicU64,
+}
+
+/// Flips a bit in every `nth` read.
+struct CorruptsReads {
+    inner: RamDevice,
+    nth: u64,
+    count: AtomicU64,
+}
+
+/// Fails every I/O after the first `ok` ones.
+struct FailsAfter {
+    inner: RamDevice,
+    ok: u64,
+    count: AtomicU64,
+}
+
+macro_rules! delegate_geometry {
+    () => {
+        fn block_size(&self) -> u32 {
+            self.inner.block_size()
+        }
+        fn num_blocks(&self) -> u64 {
+            self.inner.num_blocks()
+        }
+    };
+}
+
+impl BlockDevice for LosesWrites {
+    delegate_geometry!();
+    fn read_at(&self, lba: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.inner.read_at(lba, buf)
+    }
+    fn write_at(&self, lba: u64, buf: &[u8]) -> io::Result<()> {
+        if self.count.fetch_add(1, Ordering::Relaxed) % self.nth == self.nth - 1 {
+            return Ok(());
+        }
+        self.inner.write_at(lba, buf)
+    }
+}
+
+impl BlockDevice for MisdirectsWrites {
+    delegate_geometry!();
+    fn read_at(&self, lba: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.inner.read_at(lba, buf)
+    }
+    fn write_at(&self, lba: u64, buf: &[u8]) -> io::Result<()> {
+        let blocks = (buf.len() / 512) as u64;
+        if self.count.fetch_add(1, Ordering::Relaxed) % self.nth == self.nth - 1
+            && lba + 2 * blocks <= self.num_blocks()
+        {
+            return self.inner.write_at(lba + blocks, buf);
+        }
+        self.inner.write_at(lba, buf)
+    }
+}
+
+impl BlockDevice for CorruptsReads {
+    delegate_geometry!();
+    fn read_at(&self, lba: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.inner.read_at(lba, buf)?;
+        if self.count.fetch_add(1, Ordering::Relaxed) % self.nth == self.nth - 1 {
+            buf[100] ^= 0x01;
+        }
+        Ok(())
+    }
+    fn write_at(&self, lba: u64, buf: &[u8]) -> io::Result<()> {
+        self.inner.write_at(lba, buf)
+    }
+}
+
+impl BlockDevice for FailsAfter {
+    delegate_geometry!();
+    fn read_at(&self, lba: u64, buf: &mut [u8]) -> io::Result<()> {
+        if self.count.fetch_add(1, Ordering::Relaxed) >= self.ok {
+            return Err(io::Error::other("medium error"));
+        }
+        self.inner.read_at(lba, buf)
+    }
+    fn write_at(&self, lba: u64, buf: &[u8]) -> io::Result<()> {
+        if self.count.fetch_add(1, Ordering::Relaxed) >= self.ok {
+            return Err(io::Error::other("medium error"));
+        }
+        self.inner.write_at(lba, buf)
+    }
+}
+
+#[test]
+fn lost_writes_are_caught() {
+    let dev = Arc::new(LosesWrites {
+        inner: RamDevice::new(512, 1024),
+        nth: 37,
+        count: AtomicU64::new(0),
+    });
+    let r = fill_then(dev, Pattern::RandRw { read_pct: 50 }, 2);
+    assert!(r.verify_failures > 0, "{}", r.table());
+    assert!(
+        r.verify_errors
+            .iter()
+            .all(|e| e.what.starts_with("stale data") || e.what.starts_with("zeros")),
+        "{:?}",
+        r.verify_errors
+    );
+}
+
+#[test]
+fn misplaced_writes_are_caught() {
+    let dev = Arc::new(MisdirectsWrites {
+        inner: RamDevice::new(512, 1024),
+        nth: 41,
+        count: AtomicU64::new(0),
+    });
+    let r = fill_then(dev, Pattern::RandRw { read_pct: 50 }, 1);
+    assert!(
+        r.verify_errors
+            .iter()
+            .any(|e| e.what.starts_with("misplaced data")),
+        "{}",
+        r.table()
+    );
+}
+
+#[test]
+fn corrupt_reads_are_caught() {
+    let dev = Arc::new(CorruptsReads {
+        inner: RamDevice::new(512, 1024),
+        nth: 13,
+        count: AtomicU64::new(0),
+    });
+    let r = fill_then(dev, Pattern::RandRw { read_pct: 70 }, 2);
+    assert!(r.verify_failures > 0);
+    assert!(r
+        .verify_errors
+        .iter()
+        .all(|e| e.what.starts_with("corrupt data")));
+}
+
+#[test]
+fn io_errors_stop_the_job_and_are_reported() {
+    let dev = Arc::new(FailsAfter {
+        inner: RamDevice::new(4096, 256),
+        ok: 10,
+        count: AtomicU64::new(0),
+    });
+    let r = run(dev, &workload(Pattern::Write, 1, 1 << 20), |_| {}).unwrap();
+    assert_eq!(r.io_errors, 1);
+    assert_eq!(r.write.ios, 10);
+    let e = r.first_io_error.as_deref().unwrap();
+    assert!(
+        e.contains("write at byte offset 0xa000") && e.contains("medium error"),
+        "{e}"
+    );
+    assert!(!r.ok());
+}
+
+#[test]
+fn sequential_patterns_cover_the_region_and_progress_is_reported() {
+    let dev = Arc::new(RamDevice::new(4096, 512));
+    let mut seen = Vec::new();
+    let w = workload(Pattern::Write, 2, 2 << 20);
+    let r = run(dev.clone(), &w, |p| seen.push(p.bytes)).unwrap();
+    assert_eq!(r.write.bytes, 2 << 20);
+    assert!(seen.windows(2).all(|w| w[0] <= w[1]), "{seen:?}");
+    assert_eq!(*seen.last().unwrap(), 2 << 20);
+    // Every block was written: no zero block is left.
+    let mut buf = vec![0u8; 4096];
+    for lba in 0..512 {
+        dev.read_at(lba, &mut buf).unwrap();
+        assert!(buf.iter().any(|&b| b != 0), "block {lba} never written");
+    }
+}
+
+#[test]
+fn workloads_the_device_cannot_run_are_refused() {
+    let dev: Arc<dyn BlockDevice> = Arc::new(RamDevice::new(4096, 16));
+    let mut w = workload(Pattern::Read, 1, 4096);
+    w.bs = 512;
+    let e = run(dev.clone(), &w, |_| {}).unwrap_err();
+    assert!(
+        e.0.contains("not a multiple of the device block size 4096"),
+        "{e}"
+    );
+    let mut w = workload(Pattern::Read, 1, 4096);
+    w.region = Some(1 << 30);
+    let e = run(dev.clone(), &w, |_| {}).unwrap_err();
+    assert!(e.0.contains("larger than the device"), "{e}");
+    let w = workload(Pattern::Read, 17, 4096);
+    let e = run(dev, &w, |_| {}).unwrap_err();
+    assert!(e.0.contains("fewer than 17 jobs"), "{e}");
+    assert!("bogus"
+        .parse::<Pattern>()
+        .unwrap_err()
+        .contains("unknown pattern `bogus`"));
+}
