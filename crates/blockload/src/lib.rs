@@ -341,13 +341,13 @@ struct Geometry {
 impl Geometry {
     fn new(dev: &dyn BlockDevice, w: &Workload) -> Result<Geometry, ConfigError> {
         let lbs = dev.block_size() as u64;
-        if lbs == 0 || lbs % UNIT as u64 != 0 {
+        if lbs == 0 || !lbs.is_multiple_of(UNIT as u64) {
             return Err(ConfigError(format!(
                 "device block size {lbs} is not a multiple of {UNIT}"
             )));
         }
         let bs = w.bs as u64;
-        if bs == 0 || bs % lbs != 0 {
+        if bs == 0 || !bs.is_multiple_of(lbs) {
             return Err(ConfigError(format!(
                 "block size {bs} is not a multiple of the device block size {lbs}"
             )));
@@ -618,7 +618,7 @@ impl RamDevice {
             .and_then(|s| usize::try_from(s).ok())
             .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "LBA out of range"))?;
         let end = start + len;
-        if len % self.block_size as usize != 0 || end > self.data.read().unwrap().len() {
+        if !len.is_multiple_of(self.block_size as usize) || end > self.data.read().unwrap().len() {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!("I/O of {len} bytes at LBA {lba} is outside the device"),
