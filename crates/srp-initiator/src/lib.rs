@@ -1,7 +1,12 @@
 //! The SRP initiator: what Linux `ib_srp`, `scsi_transport_srp` and
 //! `srp_daemon` do, as a library.
 //!
-//! Today this crate holds the parts that need no transport: the parser of
+//! [`session`] runs one SRP channel over a verbs provider (login through a
+//! [`session::Connector`], commands with data in a registered pool, the
+//! channel's timers and error handling), and [`disk`] makes a LUN behind it
+//! a block device.
+//!
+//! The sans-IO parts: the parser of
 //! Linux-compatible login strings ([`login`]), `srp_daemon`-style rules
 //! files ([`rules`]) and the remote port state machine with its timers
 //! ([`rport`]). Both are sans-IO: time comes in as
@@ -10,8 +15,10 @@
 //! What it refuses to do: guess a missing mandatory login key, accept a key
 //! Linux would not accept, or read a clock.
 
+pub mod disk;
 #[doc(hidden)]
 pub mod fuzz;
 pub mod login;
 pub mod rport;
 pub mod rules;
+pub mod session;

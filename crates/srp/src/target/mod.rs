@@ -93,8 +93,11 @@ pub const MIN_IT_IU_LEN: u32 = 64;
 /// their defaults (SCST srpt README).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TargetConfig {
-    /// `srp_max_req_size`: largest initiator-to-target IU accepted (4148 =
-    /// 68 + 16 * 255 descriptors).
+    /// `srp_max_req_size`: largest initiator-to-target IU accepted. SCST's
+    /// README gives 4148 (68 + 16 * 255 descriptors); the default here is
+    /// 8260 (68 + 8 KiB of immediate data) because that is what Linux
+    /// ib_srp asks for by default (the captured ib_srp login requests 8260
+    /// and LIO accepts it); with 4148 every default Linux login is rejected.
     pub max_req_size: u32,
     /// `srp_max_rsp_size`: largest target-to-initiator IU sent (256; sense
     /// data beyond 256 - 36 bytes is cut).
@@ -133,7 +136,7 @@ impl TargetConfig {
     /// The ib_srpt defaults for a target port.
     pub fn new(target_port_id: PortId, name: impl Into<String>) -> TargetConfig {
         TargetConfig {
-            max_req_size: 4148,
+            max_req_size: 8260,
             max_rsp_size: 256,
             max_rdma_size: 65536,
             srq_size: 4095,

@@ -1,0 +1,328 @@
+//! A logical unit behind an SRP session as a block device.
+//!
+//! [`Disk::open`] clears the unit attentions a new nexus sees (TEST UNIT
+//! READY until GOOD, as the SCSI midlayer's scan does), reads the standard
+//! INQUIRY data, the capacity (READ CAPACITY(16)) and the device
+//! identification VPD page (0x83), which names the LU across paths and
+//! reconnects. Reads and writes are READ(16)/WRITE(16) split at the
+//! transfer size; errors carry the decoded sense.
+
+use crate::session::{CmdResult, Session, SessionError, Xfer};
+use srp::initiator::Status;
+use srp::wire::Lun;
+use std::io;
+use std::sync::Arc;
+
+/// What INQUIRY and READ CAPACITY said.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiskInfo {
+    /// T10 vendor identification.
+    pub vendor: String,
+    /// Product identification.
+    pub product: String,
+    /// Product revision.
+    pub revision: String,
+    /// Logical block size.
+    pub block_size: u32,
+    /// Number of logical blocks.
+    pub blocks: u64,
+    /// The NAA designator of VPD page 0x83, if any (hex).
+    pub naa: Option<String>,
+}
+
+/// A LUN as a block device.
+pub struct Disk {
+    session: Arc<Session>,
+    lun: Lun,
+    info: DiskInfo,
+    max_transfer: usize,
+}
+
+/// A SCSI command that did not end GOOD, in words.
+pub fn describe(r: &CmdResult) -> String {
+    match r.status {
+        Status::Scsi(0x02) if r.sense.len() >= 14 => {
+            let (key, asc, ascq) = sense_triple(&r.sense);
+            format!("CHECK CONDITION, sense key {key:#x}, ASC/ASCQ {asc:#04x}/{ascq:#04x}")
+        }
+        Status::Scsi(0x02) => "CHECK CONDITION without sense data".into(),
+        Status::Scsi(0x08) => "BUSY".into(),
+        Status::Scsi(0x18) => "RESERVATION CONFLICT".into(),
+        Status::Scsi(0x28) => "TASK SET FULL".into(),
+        Status::Scsi(0x40) => "TASK ABORTED".into(),
+        Status::Scsi(s) => format!("SCSI status {s:#04x}"),
+        Status::Aborted => "aborted by the error handler".into(),
+        Status::Reset => "ended by a reset".into(),
+        Status::TransportFailed => "transport failed".into(),
+    }
+}
+
+/// Sense key, ASC, ASCQ of fixed or descriptor sense data.
+pub fn sense_triple(s: &[u8]) -> (u8, u8, u8) {
+    match s.first().map(|b| b & 0x7f) {
+        Some(0x72) | Some(0x73) if s.len() >= 4 => (s[1] & 0x0f, s[2], s[3]),
+        Some(_) if s.len() >= 14 => (s[2] & 0x0f, s[12], s[13]),
+        _ => (0, 0, 0),
+    }
+}
+
+fn io_err(what: &str, e: SessionError) -> io::Error {
+    io::Error::other(format!("{what}: {e}"))
+}
+
+impl Disk {
+    /// Opens LUN `lun` (single-level, as REPORT LUNS numbers it).
+    pub fn open(session: Arc<Session>, lun: u16) -> io::Result<Disk> {
+        let lun = Lun::from_u64((lun as u64) << 48);
+        // A new nexus gets POWER ON / LUNS CHANGED unit attentions; clear them.
+        let mut ready = false;
+        for _ in 0..8 {
+            let r = session
+                .execute(lun, &[0u8; 6], Xfer::None)
+                .map_err(|e| io_err("TEST UNIT READY", e))?;
+            if r.good() {
+                ready = true;
+                break;
+            }
+            let (key, ..) = sense_triple(&r.sense);
+            if key != 0x6 {
+                return Err(io::Error::other(format!(
+                    "LUN {} not ready: {}",
+                    lun.to_u64() >> 48,
+                    describe(&r)
+                )));
+            }
+        }
+        if !ready {
+            return Err(io::Error::other("unit attentions do not clear"));
+        }
+        let inq = Self::cmd(
+            &session,
+            lun,
+            &[0x12, 0, 0, 0, 96, 0],
+            Xfer::In(96),
+            "INQUIRY",
+        )?;
+        let text = |r: std::ops::Range<usize>| {
+            String::from_utf8_lossy(inq.data.get(r).unwrap_or(&[]))
+                .trim()
+                .to_string()
+        };
+        let mut cdb = [0u8; 16];
+        cdb[0] = 0x9e;
+        cdb[1] = 0x10;
+        cdb[13] = 32;
+        let cap = Self::cmd(&session, lun, &cdb, Xfer::In(32), "READ CAPACITY(16)")?;
+        if cap.data.len() < 12 {
+            return Err(io::Error::other(
+                "READ CAPACITY(16) returned too little data",
+            ));
+        }
+        let last = u64::from_be_bytes(cap.data[0..8].try_into().expect("8 bytes"));
+        let block_size = u32::from_be_bytes(cap.data[8..12].try_into().expect("4 bytes"));
+        if block_size == 0 || !block_size.is_multiple_of(512) {
+            return Err(io::Error::other(format!(
+                "unusable block size {block_size}"
+            )));
+        }
+        let vpd = Self::cmd(
+            &session,
+            lun,
+            &[0x12, 1, 0x83, 1, 0, 0],
+            Xfer::In(256),
+            "INQUIRY VPD 0x83",
+        )
+        .ok();
+        let naa = vpd.and_then(|v| naa_of(&v.data));
+        // Like sd: the block limits page's MAXIMUM TRANSFER LENGTH caps one
+        // command, and so does what the descriptors of one SRP_CMD can
+        // describe (sg_tablesize = cmd_sg_entries without external tables).
+        let mut max_transfer = 1usize << 20;
+        if let Ok(b0) = Self::cmd(
+            &session,
+            lun,
+            &[0x12, 1, 0xb0, 0, 64, 0],
+            Xfer::In(64),
+            "VPD B0",
+        ) {
+            if b0.data.len() >= 12 {
+                let blocks = u32::from_be_bytes(b0.data[8..12].try_into().expect("4 bytes"));
+                if blocks > 0 {
+                    max_transfer = blocks as usize * block_size as usize;
+                }
+            }
+        }
+        if let Some(cap) = session.max_transfer_by_segments() {
+            max_transfer = max_transfer.min(cap);
+        }
+        Ok(Disk {
+            info: DiskInfo {
+                vendor: text(8..16),
+                product: text(16..32),
+                revision: text(32..36),
+                block_size,
+                blocks: last + 1,
+                naa,
+            },
+            session,
+            lun,
+            max_transfer,
+        })
+    }
+
+    fn cmd(
+        session: &Session,
+        lun: Lun,
+        cdb: &[u8],
+        xfer: Xfer<'_>,
+        what: &str,
+    ) -> io::Result<CmdResult> {
+        let r = session
+            .execute(lun, cdb, xfer)
+            .map_err(|e| io_err(what, e))?;
+        if !r.good() {
+            return Err(io::Error::other(format!("{what}: {}", describe(&r))));
+        }
+        Ok(r)
+    }
+
+    /// INQUIRY and capacity.
+    pub fn info(&self) -> &DiskInfo {
+        &self.info
+    }
+
+    /// The session underneath.
+    pub fn session(&self) -> &Arc<Session> {
+        &self.session
+    }
+
+    /// Largest single READ/WRITE, in bytes (rounded down to blocks).
+    pub fn max_transfer(&self) -> usize {
+        self.max_transfer
+    }
+
+    /// Lowers the largest single READ/WRITE (the `max_sect` login key).
+    pub fn limit_transfer(&mut self, bytes: usize) {
+        let bs = self.info.block_size as usize;
+        self.max_transfer = (self.max_transfer.min(bytes) / bs).max(1) * bs;
+    }
+
+    fn rw16(&self, write: bool, lba: u64, blocks: u32) -> [u8; 16] {
+        let mut cdb = [0u8; 16];
+        cdb[0] = if write { 0x8a } else { 0x88 };
+        cdb[2..10].copy_from_slice(&lba.to_be_bytes());
+        cdb[10..14].copy_from_slice(&blocks.to_be_bytes());
+        cdb
+    }
+
+    fn check_range(&self, lba: u64, len: usize) -> io::Result<u32> {
+        let bs = self.info.block_size as usize;
+        if !len.is_multiple_of(bs) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{len} bytes is not a whole number of {bs}-byte blocks"),
+            ));
+        }
+        let blocks = (len / bs) as u64;
+        if lba
+            .checked_add(blocks)
+            .is_none_or(|end| end > self.info.blocks)
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "blocks {lba}+{blocks} are beyond the end ({})",
+                    self.info.blocks
+                ),
+            ));
+        }
+        Ok(blocks as u32)
+    }
+
+    /// Reads `buf.len()` bytes from block `lba`.
+    pub fn read(&self, lba: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.check_range(lba, buf.len())?;
+        let bs = self.info.block_size as usize;
+        let step = (self.max_transfer / bs).max(1) * bs;
+        for (i, chunk) in buf.chunks_mut(step).enumerate() {
+            let at = lba + (i * step / bs) as u64;
+            let cdb = self.rw16(false, at, (chunk.len() / bs) as u32);
+            let r = Self::cmd(
+                &self.session,
+                self.lun,
+                &cdb,
+                Xfer::In(chunk.len()),
+                "READ(16)",
+            )?;
+            if r.data.len() != chunk.len() {
+                return Err(io::Error::other(format!(
+                    "READ(16) returned {} of {} bytes",
+                    r.data.len(),
+                    chunk.len()
+                )));
+            }
+            chunk.copy_from_slice(&r.data);
+        }
+        Ok(())
+    }
+
+    /// Writes `data` at block `lba`.
+    pub fn write(&self, lba: u64, data: &[u8]) -> io::Result<()> {
+        self.check_range(lba, data.len())?;
+        let bs = self.info.block_size as usize;
+        let step = (self.max_transfer / bs).max(1) * bs;
+        for (i, chunk) in data.chunks(step).enumerate() {
+            let at = lba + (i * step / bs) as u64;
+            let cdb = self.rw16(true, at, (chunk.len() / bs) as u32);
+            Self::cmd(&self.session, self.lun, &cdb, Xfer::Out(chunk), "WRITE(16)")?;
+        }
+        Ok(())
+    }
+
+    /// SYNCHRONIZE CACHE(10) over the whole LU.
+    pub fn flush(&self) -> io::Result<()> {
+        Self::cmd(
+            &self.session,
+            self.lun,
+            &[0x35, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+            Xfer::None,
+            "SYNCHRONIZE CACHE",
+        )
+        .map(|_| ())
+    }
+}
+
+/// The first NAA designator of a device identification VPD page, in hex.
+fn naa_of(page: &[u8]) -> Option<String> {
+    let len = u16::from_be_bytes([*page.get(2)?, *page.get(3)?]) as usize;
+    let body = page.get(4..(4 + len).min(page.len()))?;
+    let mut at = 0;
+    while at + 4 <= body.len() {
+        let dlen = body[at + 3] as usize;
+        let kind = body[at + 1] & 0x0f;
+        let d = body.get(at + 4..at + 4 + dlen)?;
+        if kind == 3 {
+            return Some(d.iter().map(|b| format!("{b:02x}")).collect());
+        }
+        at += 4 + dlen;
+    }
+    None
+}
+
+impl blockload::BlockDevice for Disk {
+    fn block_size(&self) -> u32 {
+        self.info.block_size
+    }
+    fn num_blocks(&self) -> u64 {
+        self.info.blocks
+    }
+    fn read_at(&self, lba: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.read(lba, buf)
+    }
+    fn write_at(&self, lba: u64, buf: &[u8]) -> io::Result<()> {
+        self.write(lba, buf)
+    }
+    fn flush(&self) -> io::Result<()> {
+        Disk::flush(self)
+    }
+}

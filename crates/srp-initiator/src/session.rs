@@ -1,0 +1,1009 @@
+//! One SRP channel over a verbs provider: the I/O path of the initiator.
+//!
+//! [`Session`] runs an `srp::initiator::Channel` on an RC QP: it registers
+//! receive and send IU rings and a data pool, connects through a
+//! [`Connector`] (RDMA CM, IB CM, or a direct call in tests), and turns
+//! [`Session::execute`] calls into SRP_CMDs whose data descriptors point
+//! into the pool. One poller thread owns the CQ and the channel's timers;
+//! callers block on their own command only.
+//!
+//! The data pool is one memory region registered for remote read and write
+//! (the "pre-registered pool" mode of the issue): every command's buffer is
+//! a run of pool pages, so a target sees only pages lent to it, but its
+//! R_Key covers the whole pool. Per-command registration (FRWR, as ib_srp
+//! does) is not implemented yet.
+
+use rdma_types::{AccessFlags, Gid, Guid, Lid, Mtu, PortNum, Psn, QpState, QpType, Qpn};
+use rdma_types::{WcOpcode, WcStatus};
+use srp::initiator::{
+    Channel, ChannelConfig, Command, Completion, Data, Event, Negotiated, Output, SendId, Status,
+};
+use srp::wire::{DirectBuf, Lun, Tag, TaskAttr};
+use std::collections::{HashMap, VecDeque};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use verbs::{
+    AhAttr, CaHandle, CqHandle, CqInit, EventHandler, MemBuf, MrInfo, PdHandle, Provider, QpAttr,
+    QpCaps, QpHandle, QpInit, RecvWr, SendOpcode, SendWr, Sge, WorkCompletion,
+};
+
+/// This side's QP, for the CM REQ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpInfo {
+    /// QP number.
+    pub qpn: Qpn,
+    /// First PSN this side sends.
+    pub psn: Psn,
+    /// Port GID.
+    pub gid: Gid,
+    /// Port LID (0 on RoCE).
+    pub lid: Lid,
+    /// Path MTU.
+    pub mtu: Mtu,
+}
+
+/// What the CM brought back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Connected {
+    /// The target's QP.
+    pub peer: QpInfo,
+    /// REP private data (SRP_LOGIN_RSP).
+    pub private_data: Vec<u8>,
+    /// The connector's handle of the connection, for `disconnect`.
+    pub handle: u64,
+}
+
+/// Why a connection attempt failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConnectError {
+    /// The target answered with a REJ carrying this private data
+    /// (SRP_LOGIN_REJ for a consumer-defined reject).
+    #[error("connection rejected")]
+    Rejected(Vec<u8>),
+    /// No answer, no route, or a CM-level reject; in words.
+    #[error("connection failed: {0}")]
+    Failed(String),
+}
+
+/// A connection manager as the session needs it: send a REQ with the login
+/// and this QP, and get the REP (or REJ) back.
+pub trait Connector: Send + Sync {
+    /// Connects; `login` is the REQ private data.
+    fn connect(&self, login: &[u8], local: QpInfo) -> Result<Connected, ConnectError>;
+    /// Tears the connection down (DREQ); idempotent.
+    fn disconnect(&self, handle: u64);
+    /// Which private-data layout the login uses.
+    fn form(&self) -> LoginForm {
+        LoginForm::RdmaCm
+    }
+}
+
+/// Login private data layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LoginForm {
+    /// 64-byte SRP_LOGIN_REQ (IB CM).
+    IbCm,
+    /// 56-byte SRP_LOGIN_REQ after the RDMA CM header.
+    RdmaCm,
+}
+
+/// Session settings.
+#[derive(Debug, Clone)]
+pub struct SessionConfig {
+    /// SRP channel settings (port IDs, cmd_sg_entries, queue, timeouts).
+    pub channel: ChannelConfig,
+    /// Port of the CA.
+    pub port: PortNum,
+    /// GID index of the source address.
+    pub sgid_index: u8,
+    /// Bytes in the registered data pool (the largest transfer must fit).
+    pub pool_bytes: usize,
+    /// Split every data buffer into segments of at most this many bytes,
+    /// placed apart in the pool (0: one segment). Exercises indirect
+    /// descriptors the way a scattered page cache does.
+    pub max_segment: u32,
+}
+
+impl SessionConfig {
+    /// Defaults: port 1, GID 0, 64 MiB pool, one segment per command.
+    pub fn new(channel: ChannelConfig) -> SessionConfig {
+        SessionConfig {
+            channel,
+            port: PortNum(1),
+            sgid_index: 0,
+            pool_bytes: 64 << 20,
+            max_segment: 0,
+        }
+    }
+}
+
+/// Errors of a session.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    /// A verb failed.
+    #[error("{what}: {err}")]
+    Verbs {
+        /// What was being done.
+        what: &'static str,
+        /// The provider's answer.
+        err: verbs::VerbsError,
+    },
+    /// The channel settings are invalid.
+    #[error("{0}")]
+    Config(#[from] srp::initiator::ConfigError),
+    /// The CM could not connect.
+    #[error("{0}")]
+    Connect(#[from] ConnectError),
+    /// The target refused the login, or answered nonsense.
+    #[error("{0}")]
+    Login(#[from] srp::initiator::LoginFailure),
+    /// The command was not sent.
+    #[error("{0}")]
+    Submit(#[from] srp::initiator::SubmitError),
+    /// The data does not fit the pool.
+    #[error("transfer of {0} bytes does not fit the {1}-byte data pool")]
+    TooLarge(usize, usize),
+    /// The session is closed.
+    #[error("session closed")]
+    Closed,
+    /// A thread could not be started.
+    #[error("cannot start a thread: {0}")]
+    Thread(#[from] std::io::Error),
+}
+
+fn verbs_err(what: &'static str) -> impl FnOnce(verbs::VerbsError) -> SessionError {
+    move |err| SessionError::Verbs { what, err }
+}
+
+/// The outcome of one SCSI command.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CmdResult {
+    /// How it ended.
+    pub status: Status,
+    /// Sense data (CHECK CONDITION).
+    pub sense: Vec<u8>,
+    /// Data-in bytes (reads).
+    pub data: Vec<u8>,
+    /// Data-in residual.
+    pub residual: Option<srp::initiator::Residual>,
+}
+
+impl CmdResult {
+    /// GOOD status.
+    pub fn good(&self) -> bool {
+        self.status == Status::Scsi(0)
+    }
+}
+
+/// Direction and data of a command.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Xfer<'a> {
+    /// No data.
+    None,
+    /// Read this many bytes.
+    In(usize),
+    /// Write these bytes.
+    Out(&'a [u8]),
+}
+
+/// Counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SessionStats {
+    /// Commands completed.
+    pub completed: u64,
+    /// Commands that timed out (error handler started).
+    pub timeouts: u64,
+    /// Task management functions sent.
+    pub tmfs: u64,
+    /// AERs received.
+    pub aers: u64,
+    /// Protocol errors seen.
+    pub protocol_errors: u64,
+}
+
+/// One logged-in SRP channel.
+pub struct Session {
+    inner: Arc<Inner>,
+    poller: Option<JoinHandle<()>>,
+}
+
+struct Inner {
+    provider: Arc<dyn Provider>,
+    connector: Arc<dyn Connector>,
+    ca: CaHandle,
+    pd: PdHandle,
+    cq: CqHandle,
+    qp: QpHandle,
+    recv_buf: MemBuf,
+    recv_mr: MrInfo,
+    recv_size: u32,
+    send_buf: MemBuf,
+    send_mr: MrInfo,
+    slot_size: u32,
+    pool: MemBuf,
+    pool_mr: MrInfo,
+    page: usize,
+    max_segment: u32,
+    cmd_sg_entries: u8,
+    negotiated: Negotiated,
+    handle: u64,
+    epoch: std::time::Instant,
+    st: Mutex<State>,
+    cv: Condvar,
+    events: Mutex<Sender<Ev>>,
+}
+
+enum Ev {
+    Cq,
+    Kick,
+    Stop,
+}
+
+struct State {
+    channel: Channel,
+    /// Free send slots.
+    free_slots: Vec<u32>,
+    /// Send slot of each SendId in flight.
+    slot_of: HashMap<SendId, u32>,
+    /// Results of finished commands, by tag, until their caller takes them.
+    done: HashMap<Tag, Completion>,
+    /// Pool pages in use.
+    pages: Vec<bool>,
+    events: VecDeque<Event>,
+    stats: SessionStats,
+    closed: bool,
+}
+
+struct Wake(Mutex<Sender<Ev>>);
+
+impl EventHandler for Wake {
+    fn on_completion(&self, _cq_ctx: u64) {
+        let _ = self.0.lock().map(|tx| tx.send(Ev::Cq));
+    }
+    fn on_async_event(&self, _event: verbs::AsyncEvent) {}
+}
+
+const KIND_RECV: u64 = 1 << 56;
+const KIND_SEND: u64 = 2 << 56;
+const KIND_MASK: u64 = 0xff << 56;
+const PAGE: usize = 4096;
+
+impl Session {
+    /// Opens CA `guid` on `provider`, connects through `connector` and logs
+    /// in. Blocks until the login is answered.
+    pub fn connect(
+        provider: Arc<dyn Provider>,
+        guid: Guid,
+        connector: Arc<dyn Connector>,
+        cfg: SessionConfig,
+    ) -> Result<Session, SessionError> {
+        let mut channel = Channel::new(cfg.channel.clone())?;
+        let (tx, rx) = mpsc::channel();
+        let p = &provider;
+        let ca = p
+            .open_ca(guid, 0, Arc::new(Wake(Mutex::new(tx.clone()))))
+            .map_err(verbs_err("open CA"))?;
+        let port = p
+            .query_port(ca, cfg.port)
+            .map_err(verbs_err("query port"))?;
+        let gid = *port
+            .gids
+            .get(cfg.sgid_index as usize)
+            .ok_or(SessionError::Verbs {
+                what: "port GID",
+                err: verbs::VerbsError::InvalidArgument("no GID at that index".into()),
+            })?;
+        let pd = p.alloc_pd(ca, 0).map_err(verbs_err("allocate PD"))?;
+        let queue = u32::from(cfg.channel.can_queue) + 2;
+        // Receives: every command's answer plus target requests (CRED_REQ,
+        // AER_REQ, T_LOGOUT) in flight at once.
+        let recv_count = queue + 8;
+        let cq = p
+            .create_cq(
+                pd,
+                &CqInit {
+                    cqe: recv_count + queue + 1,
+                },
+                0,
+            )
+            .map_err(verbs_err("create CQ"))?;
+        let qp = p
+            .create_qp(
+                pd,
+                &QpInit {
+                    qp_type: QpType::Rc,
+                    send_cq: cq,
+                    recv_cq: cq,
+                    srq: None,
+                    caps: QpCaps {
+                        max_send_wr: queue,
+                        max_recv_wr: recv_count,
+                        max_send_sge: 1,
+                        max_recv_sge: 1,
+                        max_inline: 0,
+                    },
+                    sq_sig_all: true,
+                    port: None,
+                },
+                0,
+            )
+            .map_err(verbs_err("create QP"))?;
+        let psn = Psn::new(0x2b_0000 ^ (std::process::id() & 0xffff));
+        let mtu = port.active_mtu;
+        p.modify_qp(
+            qp,
+            &QpAttr {
+                state: Some(QpState::Init),
+                port: Some(cfg.port),
+                pkey_index: Some(0),
+                // The target moves data with RDMA READ and WRITE into our pool.
+                access: Some(AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE),
+                ..Default::default()
+            },
+        )
+        .map_err(verbs_err("QP to INIT"))?;
+
+        let req = channel
+            .login_request()
+            .map_err(|e| SessionError::Connect(ConnectError::Failed(e.to_string())))?;
+        let form = connector.form();
+        let mut login = vec![0u8; 64];
+        let n = match form {
+            LoginForm::IbCm => req.emit(&mut login),
+            LoginForm::RdmaCm => req.emit_rdma(&mut login),
+        }
+        .map_err(|e| SessionError::Connect(ConnectError::Failed(e.to_string())))?;
+        login.truncate(n);
+
+        // Receive buffers must be posted before the REP can be answered
+        // with traffic; size them for the largest target IU we accept.
+        let recv_size = 4096u32.max(cfg.channel.max_it_iu_len(true));
+        let recv_buf = MemBuf::new((recv_size * recv_count) as usize);
+        let recv_mr = p
+            .reg_mr(
+                pd,
+                &recv_buf,
+                recv_buf.addr(),
+                recv_buf.len() as u64,
+                AccessFlags::LOCAL_WRITE,
+                0,
+            )
+            .map_err(verbs_err("register receive ring"))?;
+        let recvs: Vec<RecvWr> = (0..recv_count)
+            .map(|i| recv_wr(&recv_buf, &recv_mr, recv_size, i))
+            .collect();
+        p.post_recv(qp, &recvs)
+            .map_err(verbs_err("post receives"))?;
+
+        let local = QpInfo {
+            qpn: p.qp_num(qp).map_err(verbs_err("QP number"))?,
+            psn,
+            gid,
+            lid: port.lid,
+            mtu,
+        };
+        let connected = match connector.connect(&login, local) {
+            Ok(c) => c,
+            Err(ConnectError::Rejected(data)) => {
+                let err = channel
+                    .handle_login_response(rdma_types::Instant::ZERO, &data)
+                    .err()
+                    .map(SessionError::Login)
+                    .unwrap_or(SessionError::Connect(ConnectError::Rejected(data)));
+                teardown(p, ca, pd, cq, qp, &[recv_mr.handle]);
+                return Err(err);
+            }
+            Err(e) => {
+                teardown(p, ca, pd, cq, qp, &[recv_mr.handle]);
+                return Err(e.into());
+            }
+        };
+        let epoch = std::time::Instant::now();
+        let negotiated = match channel
+            .handle_login_response(rdma_types::Instant::ZERO, &connected.private_data)
+        {
+            Ok(n) => n,
+            Err(e) => {
+                connector.disconnect(connected.handle);
+                teardown(p, ca, pd, cq, qp, &[recv_mr.handle]);
+                return Err(e.into());
+            }
+        };
+        let peer = connected.peer;
+        let to_rtr = QpAttr {
+            state: Some(QpState::Rtr),
+            av: Some(AhAttr {
+                dlid: peer.lid,
+                port: cfg.port,
+                grh: true,
+                dgid: peer.gid,
+                sgid_index: cfg.sgid_index,
+                sl: 0,
+                hop_limit: 64,
+            }),
+            path_mtu: Some(if peer.mtu.bytes() < mtu.bytes() {
+                peer.mtu
+            } else {
+                mtu
+            }),
+            dest_qpn: Some(peer.qpn),
+            rq_psn: Some(peer.psn),
+            max_dest_rd_atomic: Some(0),
+            min_rnr_timer: Some(12),
+            ..Default::default()
+        };
+        let to_rts = QpAttr {
+            state: Some(QpState::Rts),
+            sq_psn: Some(psn),
+            timeout: Some(14),
+            retry_cnt: Some(7),
+            rnr_retry: Some(7),
+            max_rd_atomic: Some(0),
+            ..Default::default()
+        };
+        if let Err(e) = p
+            .modify_qp(qp, &to_rtr)
+            .and_then(|_| p.modify_qp(qp, &to_rts))
+        {
+            connector.disconnect(connected.handle);
+            teardown(p, ca, pd, cq, qp, &[recv_mr.handle]);
+            return Err(SessionError::Verbs {
+                what: "connect QP",
+                err: e,
+            });
+        }
+
+        let slot_size = negotiated.max_it_iu_len.max(64);
+        let slots = queue;
+        let send_buf = MemBuf::new((slot_size * slots) as usize);
+        let send_mr = p
+            .reg_mr(
+                pd,
+                &send_buf,
+                send_buf.addr(),
+                send_buf.len() as u64,
+                AccessFlags::NONE,
+                0,
+            )
+            .map_err(verbs_err("register send ring"))?;
+        let pool = MemBuf::new(cfg.pool_bytes.max(PAGE).div_ceil(PAGE) * PAGE);
+        let pool_mr = p
+            .reg_mr(
+                pd,
+                &pool,
+                pool.addr(),
+                pool.len() as u64,
+                AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE,
+                0,
+            )
+            .map_err(verbs_err("register data pool"))?;
+        p.req_notify_cq(cq, false).map_err(verbs_err("arm CQ"))?;
+        let pages = pool.len() / PAGE;
+        let inner = Arc::new(Inner {
+            provider: provider.clone(),
+            connector,
+            ca,
+            pd,
+            cq,
+            qp,
+            recv_buf,
+            recv_mr,
+            recv_size,
+            send_buf,
+            send_mr,
+            slot_size,
+            pool,
+            pool_mr,
+            page: PAGE,
+            max_segment: cfg.max_segment,
+            cmd_sg_entries: cfg.channel.cmd_sg_entries,
+            negotiated,
+            handle: connected.handle,
+            epoch,
+            st: Mutex::new(State {
+                channel,
+                free_slots: (0..slots).rev().collect(),
+                slot_of: HashMap::new(),
+                done: HashMap::new(),
+                pages: vec![false; pages],
+                events: VecDeque::new(),
+                stats: SessionStats::default(),
+                closed: false,
+            }),
+            cv: Condvar::new(),
+            events: Mutex::new(tx),
+        });
+        let poller = inner.clone();
+        let handle = std::thread::Builder::new()
+            .name("srp-poll".into())
+            .spawn(move || poller.poll_loop(rx))?;
+        Ok(Session {
+            inner,
+            poller: Some(handle),
+        })
+    }
+
+    /// What the login negotiated.
+    pub fn negotiated(&self) -> Negotiated {
+        self.inner.negotiated
+    }
+
+    /// Largest transfer one SRP_CMD can describe when buffers are split
+    /// into segments (`max_segment` times `cmd_sg_entries`); `None` when
+    /// every buffer is one segment.
+    pub fn max_transfer_by_segments(&self) -> Option<usize> {
+        let inner = &self.inner;
+        (inner.max_segment > 0).then(|| {
+            let seg = (inner.max_segment as usize).div_ceil(inner.page) * inner.page;
+            seg * usize::from(inner.cmd_sg_entries)
+        })
+    }
+
+    /// Credits the initiator holds.
+    pub fn credits(&self) -> i64 {
+        self.inner.lock().channel.credits()
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> SessionStats {
+        self.inner.lock().stats
+    }
+
+    /// Events the channel reported (AERs, logouts, task management), oldest
+    /// first.
+    pub fn take_events(&self) -> Vec<Event> {
+        self.inner.lock().events.drain(..).collect()
+    }
+
+    /// Whether the connection is gone.
+    pub fn is_closed(&self) -> bool {
+        self.inner.lock().closed
+    }
+
+    /// Runs one SCSI command and waits for its answer.
+    pub fn execute(&self, lun: Lun, cdb: &[u8], xfer: Xfer<'_>) -> Result<CmdResult, SessionError> {
+        self.execute_attr(lun, cdb, xfer, TaskAttr::Simple)
+    }
+
+    /// [`Session::execute`] with a task attribute.
+    pub fn execute_attr(
+        &self,
+        lun: Lun,
+        cdb: &[u8],
+        xfer: Xfer<'_>,
+        attr: TaskAttr,
+    ) -> Result<CmdResult, SessionError> {
+        let inner = &self.inner;
+        let len = match xfer {
+            Xfer::None => 0,
+            Xfer::In(n) => n,
+            Xfer::Out(d) => d.len(),
+        };
+        if len > inner.pool.len() {
+            return Err(SessionError::TooLarge(len, inner.pool.len()));
+        }
+        let mut st = inner.lock();
+        // Wait for pool pages (other commands may hold them).
+        let pages = len.div_ceil(inner.page);
+        let runs = loop {
+            if st.closed {
+                return Err(SessionError::Closed);
+            }
+            if let Some(runs) = inner.alloc(&mut st, pages) {
+                break runs;
+            }
+            st = inner.cv.wait(st).unwrap_or_else(|e| e.into_inner());
+        };
+        let segs = inner.segments(&runs, len);
+        if let Xfer::Out(data) = xfer {
+            let mut at = 0;
+            for s in &segs {
+                inner.pool.write_at(
+                    (s.va - inner.pool.addr()) as usize,
+                    &data[at..at + s.len as usize],
+                );
+                at += s.len as usize;
+            }
+        }
+        let data = match xfer {
+            Xfer::None => Data::None,
+            Xfer::In(_) => Data::In(segs.clone()),
+            Xfer::Out(d) => match st.channel.immediate_capacity() {
+                Some(cap) if (d.len() as u32) <= cap && !d.is_empty() => {
+                    Data::Immediate(d.to_vec())
+                }
+                _ => Data::Out(segs.clone()),
+            },
+        };
+        let mut cmd = Command::new(lun, cdb, data);
+        cmd.attr = attr;
+        // Queue full or no credit: wait for a completion and try again.
+        let tag = loop {
+            let now = inner.now();
+            match st.channel.submit(now, &cmd) {
+                Ok(tag) => break tag,
+                Err(
+                    srp::initiator::SubmitError::NoCredit
+                    | srp::initiator::SubmitError::QueueFull(_)
+                    | srp::initiator::SubmitError::Recovering,
+                ) if !st.closed => {
+                    st = inner.cv.wait(st).unwrap_or_else(|e| e.into_inner());
+                }
+                Err(e) => {
+                    inner.free(&mut st, &runs);
+                    inner.cv.notify_all();
+                    return Err(if st.closed {
+                        SessionError::Closed
+                    } else {
+                        e.into()
+                    });
+                }
+            }
+        };
+        inner.flush_outputs(&mut st);
+        let _ = inner.events.lock().map(|tx| tx.send(Ev::Kick));
+        let completion = loop {
+            if let Some(c) = st.done.remove(&tag) {
+                break c;
+            }
+            st = inner.cv.wait(st).unwrap_or_else(|e| e.into_inner());
+        };
+        let mut out = Vec::new();
+        if matches!(xfer, Xfer::In(_)) && completion.status == Status::Scsi(0) {
+            let got = match completion.data_in_residual {
+                Some(srp::initiator::Residual::Under(n)) => len.saturating_sub(n as usize),
+                _ => len,
+            };
+            out = vec![0u8; got];
+            let mut at = 0;
+            for s in &segs {
+                if at >= got {
+                    break;
+                }
+                let n = (s.len as usize).min(got - at);
+                inner
+                    .pool
+                    .read_at((s.va - inner.pool.addr()) as usize, &mut out[at..at + n]);
+                at += n;
+            }
+        }
+        inner.free(&mut st, &runs);
+        inner.cv.notify_all();
+        Ok(CmdResult {
+            status: completion.status,
+            sense: completion.sense,
+            data: out,
+            residual: completion.data_in_residual,
+        })
+    }
+
+    /// Logs out: disconnects (ib_srp sends no SRP_I_LOGOUT either) and
+    /// fails whatever is still outstanding.
+    pub fn close(mut self) {
+        self.shutdown();
+    }
+
+    fn shutdown(&mut self) {
+        let inner = &self.inner;
+        inner.connector.disconnect(inner.handle);
+        {
+            let mut st = inner.lock();
+            let _ = inner.provider.modify_qp(
+                inner.qp,
+                &QpAttr {
+                    state: Some(QpState::Err),
+                    ..Default::default()
+                },
+            );
+            st.channel.disconnected(false);
+            inner.drain_channel(&mut st);
+            st.closed = true;
+        }
+        inner.cv.notify_all();
+        let _ = inner.events.lock().map(|tx| tx.send(Ev::Stop));
+        if let Some(h) = self.poller.take() {
+            let _ = h.join();
+        }
+        let p = &inner.provider;
+        teardown(
+            p,
+            inner.ca,
+            inner.pd,
+            inner.cq,
+            inner.qp,
+            &[
+                inner.recv_mr.handle,
+                inner.send_mr.handle,
+                inner.pool_mr.handle,
+            ],
+        );
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        if self.poller.is_some() {
+            self.shutdown();
+        }
+    }
+}
+
+fn recv_wr(buf: &MemBuf, mr: &MrInfo, size: u32, i: u32) -> RecvWr {
+    RecvWr {
+        wr_id: KIND_RECV | i as u64,
+        sges: vec![Sge {
+            addr: buf.addr() + (i * size) as u64,
+            length: size,
+            lkey: mr.lkey,
+        }],
+    }
+}
+
+fn teardown(
+    p: &Arc<dyn Provider>,
+    ca: CaHandle,
+    pd: PdHandle,
+    cq: CqHandle,
+    qp: QpHandle,
+    mrs: &[verbs::MrHandle],
+) {
+    let _ = p.destroy_qp(qp);
+    for &m in mrs {
+        let _ = p.dereg_mr(m);
+    }
+    let _ = p.destroy_cq(cq);
+    let _ = p.dealloc_pd(pd);
+    let _ = p.close_ca(ca);
+}
+
+impl Inner {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.st.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn now(&self) -> rdma_types::Instant {
+        rdma_types::Instant::from_std(self.epoch, std::time::Instant::now())
+    }
+
+    /// First-fit runs of free pages; split into runs of `max_segment` placed
+    /// one page apart when segments are asked for.
+    fn alloc(&self, st: &mut State, pages: usize) -> Option<Vec<(usize, usize)>> {
+        if pages == 0 {
+            return Some(Vec::new());
+        }
+        let seg_pages = if self.max_segment == 0 {
+            pages
+        } else {
+            (self.max_segment as usize).div_ceil(self.page).max(1)
+        };
+        let mut runs = Vec::new();
+        let mut left = pages;
+        let mut from = 0;
+        while left > 0 {
+            let want = left.min(seg_pages);
+            let Some(start) = find_free(&st.pages, from, want) else {
+                self.free(st, &runs);
+                return None;
+            };
+            for p in &mut st.pages[start..start + want] {
+                *p = true;
+            }
+            runs.push((start, want));
+            left -= want;
+            // Leave a gap so consecutive segments are not contiguous.
+            from = start + want + usize::from(self.max_segment != 0);
+        }
+        Some(runs)
+    }
+
+    fn free(&self, st: &mut State, runs: &[(usize, usize)]) {
+        for &(start, n) in runs {
+            for p in &mut st.pages[start..start + n] {
+                *p = false;
+            }
+        }
+    }
+
+    fn segments(&self, runs: &[(usize, usize)], len: usize) -> Vec<DirectBuf> {
+        let mut left = len;
+        let mut segs = Vec::new();
+        for &(start, n) in runs {
+            let bytes = (n * self.page).min(left);
+            segs.push(DirectBuf {
+                va: self.pool.addr() + (start * self.page) as u64,
+                key: self.pool_mr.rkey,
+                len: bytes as u32,
+            });
+            left -= bytes;
+        }
+        segs
+    }
+
+    fn poll_loop(&self, rx: Receiver<Ev>) {
+        loop {
+            let wait = {
+                let st = self.lock();
+                st.channel
+                    .poll_timeout()
+                    .map(|t| t.saturating_since(self.now()).to_std())
+            };
+            let ev = match wait {
+                Some(d) => rx.recv_timeout(d.max(std::time::Duration::from_millis(1))),
+                None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+            };
+            match ev {
+                Ok(Ev::Stop) | Err(RecvTimeoutError::Disconnected) => return,
+                Ok(Ev::Cq) => self.drain_cq(),
+                Ok(Ev::Kick) => {
+                    let mut st = self.lock();
+                    self.drain_channel(&mut st);
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    let mut st = self.lock();
+                    let now = self.now();
+                    st.channel.handle_timeout(now);
+                    self.drain_channel(&mut st);
+                }
+            }
+        }
+    }
+
+    fn drain_cq(&self) {
+        let mut st = self.lock();
+        let mut wcs = [WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0); 32];
+        let mut armed = false;
+        while let Ok(n) = self.provider.poll_cq(self.cq, &mut wcs) {
+            for wc in &wcs[..n] {
+                self.on_wc(&mut st, wc);
+            }
+            if n == 0 {
+                if armed || self.provider.req_notify_cq(self.cq, false).is_err() {
+                    break;
+                }
+                armed = true;
+            }
+        }
+        self.drain_channel(&mut st);
+    }
+
+    fn on_wc(&self, st: &mut State, wc: &WorkCompletion) {
+        let ok = wc.status == WcStatus::Success;
+        match wc.wr_id & KIND_MASK {
+            KIND_RECV => {
+                let i = (wc.wr_id & !KIND_MASK) as u32;
+                if ok {
+                    let len = (wc.byte_len).min(self.recv_size) as usize;
+                    let bytes = self.recv_buf.to_vec((i * self.recv_size) as usize, len);
+                    let now = self.now();
+                    st.channel.handle_recv(now, &bytes);
+                    let _ = self.provider.post_recv(
+                        self.qp,
+                        &[recv_wr(&self.recv_buf, &self.recv_mr, self.recv_size, i)],
+                    );
+                } else {
+                    self.lost(st);
+                }
+            }
+            KIND_SEND => {
+                let id = SendId(wc.wr_id & !KIND_MASK);
+                if let Some(slot) = st.slot_of.remove(&id) {
+                    st.free_slots.push(slot);
+                }
+                st.channel.handle_send_done(id);
+                if !ok {
+                    self.lost(st);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The connection failed under us: every outstanding command fails.
+    fn lost(&self, st: &mut State) {
+        if !st.closed {
+            st.closed = true;
+            st.channel.disconnected(false);
+        }
+    }
+
+    fn flush_outputs(&self, st: &mut State) {
+        while let Some(out) = st.channel.poll_output() {
+            match out {
+                Output::Send(t) => {
+                    let Some(slot) = st.free_slots.pop() else {
+                        // More sends than slots: the queue is sized
+                        // can_queue + 2, so this is a bug; fail the link.
+                        self.lost(st);
+                        return;
+                    };
+                    if let (Some(table), Some(desc)) = (&t.ext_table, self.ext_table_slot(&t)) {
+                        self.pool
+                            .write_at((desc - self.pool.addr()) as usize, table);
+                    }
+                    let off = slot as usize * self.slot_size as usize;
+                    let n = t.bytes.len().min(self.slot_size as usize);
+                    self.send_buf.write_at(off, &t.bytes[..n]);
+                    let wr = SendWr::new(
+                        KIND_SEND | t.id.0,
+                        SendOpcode::Send,
+                        vec![Sge {
+                            addr: self.send_buf.addr() + off as u64,
+                            length: n as u32,
+                            lkey: self.send_mr.lkey,
+                        }],
+                    );
+                    st.slot_of.insert(t.id, slot);
+                    if self.provider.post_send(self.qp, &[wr]).is_err() {
+                        st.slot_of.remove(&t.id);
+                        st.free_slots.push(slot);
+                        self.lost(st);
+                    }
+                }
+                Output::Reconnect => {
+                    // Host reset: this session gives up; the caller (rport
+                    // FSM) logs in again.
+                    self.lost(st);
+                }
+            }
+        }
+    }
+
+    fn ext_table_slot(&self, _t: &srp::initiator::Transmit) -> Option<u64> {
+        // External tables are not used: allow_ext_sg needs a registered
+        // desc_table per command, which this pool does not hand out yet.
+        None
+    }
+
+    fn drain_channel(&self, st: &mut State) {
+        self.flush_outputs(st);
+        while let Some(c) = st.channel.poll_completion() {
+            st.stats.completed += 1;
+            st.done.insert(c.tag, c);
+        }
+        while let Some(e) = st.channel.poll_event() {
+            match &e {
+                Event::TimedOut { .. } => st.stats.timeouts += 1,
+                Event::TaskMgmtSent { .. } => st.stats.tmfs += 1,
+                Event::Aer { .. } => st.stats.aers += 1,
+                Event::Protocol(_) => st.stats.protocol_errors += 1,
+                Event::TargetLogout(_) => {
+                    let _ = self.provider.modify_qp(
+                        self.qp,
+                        &QpAttr {
+                            state: Some(QpState::Err),
+                            ..Default::default()
+                        },
+                    );
+                    self.lost(st);
+                }
+                _ => {}
+            }
+            if st.events.len() < 1024 {
+                st.events.push_back(e);
+            }
+        }
+        self.flush_outputs(st);
+        // Completions may have freed credits or slots for waiting callers.
+        self.cv.notify_all();
+    }
+}
+
+fn find_free(pages: &[bool], from: usize, want: usize) -> Option<usize> {
+    let mut run = 0;
+    let start_at = if from + want <= pages.len() { from } else { 0 };
+    for (i, &used) in pages.iter().enumerate().skip(start_at) {
+        if used {
+            run = 0;
+        } else {
+            run += 1;
+            if run == want {
+                return Some(i + 1 - want);
+            }
+        }
+    }
+    if start_at > 0 {
+        return find_free(pages, 0, want);
+    }
+    None
+}

@@ -1,0 +1,45 @@
+//! The SRP target over a verbs provider: what SCST's and LIO's ib_srpt do.
+//!
+//! [`TargetPort`] binds one port of one CA. It owns a protection domain, a
+//! shared receive queue of `srpt_srq_size` buffers of `srp_max_req_size`
+//! bytes, a pool of registered chunks of `srp_max_rdma_size` bytes for RDMA
+//! READ and WRITE, and per channel an RC QP with a send CQ and
+//! `srpt_sq_size` send slots. The protocol itself is `srp::target`, sans-IO:
+//! this crate turns its outputs into work requests and SCSI calls, and
+//! completions back into its inputs.
+//!
+//! # Connections
+//!
+//! The port does not speak a connection manager. A CM (IB CM or RDMA CM)
+//! hands it the login: [`TargetPort::login`] takes the REQ private data and
+//! the initiator's QP (number, PSN, GID, MTU), creates and connects the
+//! target QP, and answers the REP private data (SRP_LOGIN_RSP) and the
+//! target QP, or the REJ private data (SRP_LOGIN_REJ). When the connection
+//! is gone the CM calls [`TargetPort::disconnected`]; when the target wants
+//! a channel gone (logout, protocol violation) it calls the hook set with
+//! [`TargetPort::on_disconnect`] so the CM sends a DREQ. Tests connect
+//! directly, calling `login` with their own QP.
+//!
+//! # Threads
+//!
+//! One poller thread owns every completion: CQs are armed, and the
+//! provider's completion callback only queues a wake-up for it. SCSI
+//! commands run on a small worker pool (the SCSI core is synchronous);
+//! results come back to the poller through the same queue. A single lock
+//! guards the port's state; provider callbacks never take it.
+//!
+//! # Memory
+//!
+//! Data moves through fixed chunks of `srp_max_rdma_size` bytes: an RDMA
+//! READ lands in a chunk and is gathered into the SCSI command's data-out
+//! buffer, data-in is copied into chunks that RDMA WRITE sends. When the
+//! pool is empty, RDMA operations wait for a chunk. The initiator's memory
+//! is only ever touched through its R_Keys by the provider, which checks them.
+
+mod names;
+mod port;
+
+pub use names::{initiator_name, target_name};
+pub use port::{
+    ConnId, LocalQp, LoginOutcome, PeerQp, PortError, PortOptions, SessionInfo, TargetPort,
+};

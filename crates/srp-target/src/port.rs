@@ -1,0 +1,1224 @@
+//! One SRP target port over a verbs provider. See the crate documentation.
+
+use crate::names::{initiator_name, target_name};
+use rdma_types::{AccessFlags, Gid, Guid, Lid, Mtu, PortNum, Psn, QpState, QpType, Qpn, WcStatus};
+use srp::target::{
+    ChannelId, CmdId, DataOut, Local, Login, LoginForm, OpId, Output, RdmaOp, ScsiDone,
+    ScsiRequest, Target, TargetConfig, TmfRequest,
+};
+use srp::wire::{LoginRej, LoginRejReason, RspCode, TLogoutReason, TmFunc};
+use std::collections::{HashMap, VecDeque};
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use verbs::{
+    AhAttr, CaHandle, CqHandle, CqInit, EventHandler, MemBuf, MrInfo, PdHandle, Provider, QpAttr,
+    QpCaps, QpHandle, QpInit, RecvWr, RemoteAddr, SendFlags, SendOpcode, SendWr, Sge, SrqAttr,
+    SrqHandle, WorkCompletion,
+};
+
+/// A connection (one SRP channel) of this port; never reused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ConnId(pub u64);
+
+/// The initiator's end of a connection, from the CM REQ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerQp {
+    /// Initiator QP number.
+    pub qpn: Qpn,
+    /// First PSN the initiator sends.
+    pub psn: Psn,
+    /// Initiator port GID.
+    pub gid: Gid,
+    /// Initiator port LID (0 on RoCE).
+    pub lid: Lid,
+    /// Path MTU.
+    pub mtu: Mtu,
+}
+
+/// The target's end of an accepted connection, for the CM REP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LocalQp {
+    /// Target QP number.
+    pub qpn: Qpn,
+    /// First PSN the target sends.
+    pub psn: Psn,
+}
+
+/// What to answer a login with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LoginOutcome {
+    /// Send `rsp` (SRP_LOGIN_RSP) as REP private data with `local`.
+    Accepted {
+        /// The connection, for [`TargetPort::disconnected`].
+        conn: ConnId,
+        /// The target QP, already in RTS.
+        local: LocalQp,
+        /// SRP_LOGIN_RSP bytes.
+        rsp: Vec<u8>,
+    },
+    /// Send `rej` (SRP_LOGIN_REJ) as REJ private data.
+    Rejected {
+        /// SRP_LOGIN_REJ bytes.
+        rej: Vec<u8>,
+        /// The reason in words, for logs.
+        reason: String,
+    },
+}
+
+/// Port construction errors.
+#[derive(Debug, thiserror::Error)]
+pub enum PortError {
+    /// The SRP settings are out of range.
+    #[error("{0}")]
+    Config(#[from] srp::target::ConfigError),
+    /// A verb failed while setting the port up.
+    #[error("{what}: {err}")]
+    Verbs {
+        /// What was being done.
+        what: &'static str,
+        /// The provider's answer.
+        err: verbs::VerbsError,
+    },
+    /// A thread could not be started.
+    #[error("cannot start a thread: {0}")]
+    Thread(#[from] std::io::Error),
+}
+
+fn verbs_err(what: &'static str) -> impl FnOnce(verbs::VerbsError) -> PortError {
+    move |err| PortError::Verbs { what, err }
+}
+
+/// Port settings beyond the SRP ones.
+#[derive(Debug, Clone)]
+pub struct PortOptions {
+    /// Port number on the CA.
+    pub port: PortNum,
+    /// GID table index of the port address.
+    pub sgid_index: u8,
+    /// SCSI worker threads.
+    pub workers: usize,
+    /// Registered chunks of `srp_max_rdma_size` bytes for RDMA.
+    pub chunks: usize,
+}
+
+impl Default for PortOptions {
+    fn default() -> Self {
+        PortOptions {
+            port: PortNum(1),
+            sgid_index: 0,
+            workers: 4,
+            chunks: 256,
+        }
+    }
+}
+
+/// A session as the admin tool shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionInfo {
+    /// Connection.
+    pub conn: ConnId,
+    /// Initiator name (`0x` + port identifier).
+    pub initiator: String,
+    /// Credit window granted.
+    pub window: u32,
+    /// Credits the initiator holds.
+    pub credits: u32,
+    /// Commands in flight.
+    pub in_flight: u32,
+    /// SRP_CMDs accepted so far.
+    pub cmds: u64,
+    /// Whether the channel is closing.
+    pub closing: bool,
+}
+
+type DisconnectHook = Box<dyn Fn(ConnId) + Send + Sync>;
+
+/// One SRP target port; dropping it stops its threads (call
+/// [`TargetPort::shutdown`] first to log initiators out cleanly).
+pub struct TargetPort {
+    inner: Arc<Inner>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+struct Inner {
+    provider: Arc<dyn Provider>,
+    scsi: Arc<scsi::Target>,
+    name: String,
+    gid: Gid,
+    opts: PortOptions,
+    ca: CaHandle,
+    pd: PdHandle,
+    recv_cq: CqHandle,
+    srq: SrqHandle,
+    srq_buf: MemBuf,
+    srq_mr: MrInfo,
+    chunk_buf: MemBuf,
+    chunk_mr: MrInfo,
+    req_size: u32,
+    chunk_size: u32,
+    st: Mutex<State>,
+    events: Mutex<Sender<Event>>,
+    hook: Mutex<Option<DisconnectHook>>,
+}
+
+enum Event {
+    /// A CQ (context) has completions.
+    Cq(u64),
+    /// A SCSI command finished.
+    Done {
+        conn: ConnId,
+        done: ScsiDone,
+        data_in: Vec<u8>,
+    },
+    Stop,
+}
+
+struct Job {
+    conn: ConnId,
+    nexus: scsi::Nexus,
+    req: ScsiRequest,
+    data_out: Vec<u8>,
+}
+
+/// Where an RDMA op's local side lives.
+#[derive(Debug, Clone, Copy)]
+struct OpInfo {
+    chunk: usize,
+    cmd: CmdId,
+    local: Local,
+    len: u32,
+}
+
+struct Conn {
+    channel: ChannelId,
+    qp: QpHandle,
+    send_cq: CqHandle,
+    send_buf: MemBuf,
+    send_mr: MrInfo,
+    slot_size: u32,
+    free_slots: Vec<u32>,
+    outstanding: u32,
+    closing: bool,
+    initiator: String,
+    nexus: scsi::Nexus,
+    ops: HashMap<OpId, OpInfo>,
+    /// Data-out chunks fetched so far per command: (offset, chunk, len).
+    fetched: HashMap<CmdId, Vec<(u64, usize, u32)>>,
+    data_in: HashMap<CmdId, Vec<u8>>,
+}
+
+struct State {
+    target: Target,
+    conns: HashMap<ConnId, Conn>,
+    by_channel: HashMap<ChannelId, ConnId>,
+    free_chunks: Vec<usize>,
+    /// RDMA ops waiting for a chunk.
+    waiting: VecDeque<(ConnId, Output)>,
+    next_conn: u64,
+    jobs: Sender<Job>,
+}
+
+const RECV_CQ_CTX: u64 = u64::MAX;
+const KIND_SEND: u64 = 1 << 56;
+const KIND_RDMA: u64 = 2 << 56;
+const KIND_MASK: u64 = 0xff << 56;
+
+struct Wake(Mutex<Sender<Event>>);
+
+impl EventHandler for Wake {
+    fn on_completion(&self, cq_ctx: u64) {
+        let _ = self.0.lock().map(|tx| tx.send(Event::Cq(cq_ctx)));
+    }
+    fn on_async_event(&self, _event: verbs::AsyncEvent) {
+        // QP errors surface as flushed completions, which the poller handles.
+    }
+}
+
+impl TargetPort {
+    /// Opens CA `guid` on `provider` and starts a target port with the SRP
+    /// settings `config` and the LUNs of `scsi`.
+    pub fn start(
+        provider: Arc<dyn Provider>,
+        guid: Guid,
+        config: TargetConfig,
+        scsi: Arc<scsi::Target>,
+        opts: PortOptions,
+    ) -> Result<TargetPort, PortError> {
+        config.validate()?;
+        let (tx, rx) = mpsc::channel();
+        let handler = Arc::new(Wake(Mutex::new(tx.clone())));
+        let p = &provider;
+        let ca = p.open_ca(guid, 0, handler).map_err(verbs_err("open CA"))?;
+        let attr = p
+            .query_port(ca, opts.port)
+            .map_err(verbs_err("query port"))?;
+        let gid = *attr
+            .gids
+            .get(opts.sgid_index as usize)
+            .ok_or(PortError::Verbs {
+                what: "port GID",
+                err: verbs::VerbsError::InvalidArgument("no GID at that index".into()),
+            })?;
+        let pd = p.alloc_pd(ca, 0).map_err(verbs_err("allocate PD"))?;
+        let srq_len = config.srq_size;
+        let recv_cq = p
+            .create_cq(pd, &CqInit { cqe: srq_len + 1 }, RECV_CQ_CTX)
+            .map_err(verbs_err("create receive CQ"))?;
+        let srq = p
+            .create_srq(
+                pd,
+                &SrqAttr {
+                    max_wr: srq_len,
+                    max_sge: 1,
+                    limit: 0,
+                },
+                0,
+            )
+            .map_err(verbs_err("create SRQ"))?;
+        let req_size = config.max_req_size;
+        let srq_buf = MemBuf::new((srq_len * req_size) as usize);
+        let srq_mr = p
+            .reg_mr(
+                pd,
+                &srq_buf,
+                srq_buf.addr(),
+                srq_buf.len() as u64,
+                AccessFlags::LOCAL_WRITE,
+                0,
+            )
+            .map_err(verbs_err("register receive buffers"))?;
+        let chunk_size = config.max_rdma_size.max(config.max_table_len);
+        let chunk_buf = MemBuf::new(chunk_size as usize * opts.chunks);
+        let chunk_mr = p
+            .reg_mr(
+                pd,
+                &chunk_buf,
+                chunk_buf.addr(),
+                chunk_buf.len() as u64,
+                AccessFlags::LOCAL_WRITE,
+                0,
+            )
+            .map_err(verbs_err("register RDMA chunks"))?;
+        let (jobs_tx, jobs_rx) = mpsc::channel::<Job>();
+        let name = target_name(gid);
+        let target = Target::new(config)?;
+        let inner = Arc::new(Inner {
+            provider: provider.clone(),
+            scsi,
+            name,
+            gid,
+            ca,
+            pd,
+            recv_cq,
+            srq,
+            srq_buf,
+            srq_mr,
+            chunk_buf,
+            chunk_mr,
+            req_size,
+            chunk_size,
+            st: Mutex::new(State {
+                target,
+                conns: HashMap::new(),
+                by_channel: HashMap::new(),
+                free_chunks: (0..opts.chunks).rev().collect(),
+                waiting: VecDeque::new(),
+                next_conn: 1,
+                jobs: jobs_tx,
+            }),
+            events: Mutex::new(tx),
+            hook: Mutex::new(None),
+            opts,
+        });
+        let recvs: Vec<RecvWr> = (0..srq_len).map(|i| inner.recv_wr(i)).collect();
+        p.post_srq_recv(srq, &recvs)
+            .map_err(verbs_err("post receive buffers"))?;
+        p.req_notify_cq(recv_cq, false)
+            .map_err(verbs_err("arm receive CQ"))?;
+
+        let mut threads = Vec::new();
+        let poller = inner.clone();
+        threads.push(
+            std::thread::Builder::new()
+                .name("srpt-poll".into())
+                .spawn(move || poller.poll_loop(rx))?,
+        );
+        let jobs_rx = Arc::new(Mutex::new(jobs_rx));
+        for i in 0..inner.opts.workers.max(1) {
+            let (w, rx) = (inner.clone(), jobs_rx.clone());
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("srpt-scsi-{i}"))
+                    .spawn(move || w.worker_loop(rx))?,
+            );
+        }
+        Ok(TargetPort { inner, threads })
+    }
+
+    /// Target name (port GID with a colon after every fourth digit).
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The port GID logins arrive on.
+    pub fn gid(&self) -> Gid {
+        self.inner.gid
+    }
+
+    /// Called when the target closes a connection by itself (logout,
+    /// protocol violation): the CM should send a DREQ.
+    pub fn on_disconnect(&self, hook: impl Fn(ConnId) + Send + Sync + 'static) {
+        *self.inner.hook.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(hook));
+    }
+
+    /// A login from a CM REQ: creates the channel and its QP (in RTS) or
+    /// says why not.
+    pub fn login(&self, private_data: &[u8], form: LoginForm, peer: PeerQp) -> LoginOutcome {
+        self.inner.login(private_data, form, peer)
+    }
+
+    /// The connection is gone (CM DREQ/DREP, REJ after REP, or a QP error):
+    /// flush the QP and release the channel once its work requests drained.
+    pub fn disconnected(&self, conn: ConnId) {
+        let mut st = self.inner.lock();
+        self.inner.close(&mut st, conn);
+    }
+
+    /// Tells logged-in initiators the LUN inventory or a capacity changed
+    /// (SRP_AER_REQ); returns how many channels were told.
+    pub fn notify(&self, event: srp::target::AerEvent) -> usize {
+        let mut st = self.inner.lock();
+        let n = st.target.notify(event);
+        let conns: Vec<ConnId> = st.conns.keys().copied().collect();
+        for c in conns {
+            self.inner.pump(&mut st, c);
+        }
+        n
+    }
+
+    /// Logs every initiator out (SRP_T_LOGOUT) and disconnects them.
+    pub fn logout_all(&self, reason: TLogoutReason) {
+        let mut st = self.inner.lock();
+        st.target.shutdown(reason);
+        let conns: Vec<ConnId> = st.conns.keys().copied().collect();
+        for c in conns {
+            self.inner.pump(&mut st, c);
+        }
+    }
+
+    /// Live sessions.
+    pub fn sessions(&self) -> Vec<SessionInfo> {
+        let st = self.inner.lock();
+        let mut v: Vec<SessionInfo> = st
+            .conns
+            .iter()
+            .filter_map(|(id, c)| {
+                let ch = st.target.channel(c.channel)?;
+                Some(SessionInfo {
+                    conn: *id,
+                    initiator: c.initiator.clone(),
+                    window: ch.window(),
+                    credits: ch.initiator_credits(),
+                    in_flight: ch.in_flight(),
+                    cmds: ch.stats().cmds,
+                    closing: c.closing,
+                })
+            })
+            .collect();
+        v.sort_by_key(|s| s.conn);
+        v
+    }
+
+    /// Registered RDMA chunks not in use (all of them when idle).
+    pub fn free_chunks(&self) -> usize {
+        self.inner.lock().free_chunks.len()
+    }
+}
+
+impl Drop for TargetPort {
+    fn drop(&mut self) {
+        {
+            let mut st = self.inner.lock();
+            let conns: Vec<ConnId> = st.conns.keys().copied().collect();
+            for c in conns {
+                self.inner.close(&mut st, c);
+            }
+            // Workers leave when the job queue closes.
+            let (dead, _) = mpsc::channel();
+            st.jobs = dead;
+        }
+        let _ = self.inner.events.lock().map(|tx| tx.send(Event::Stop));
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        let p = &self.inner.provider;
+        let _ = p.destroy_srq(self.inner.srq);
+        let _ = p.dereg_mr(self.inner.srq_mr.handle);
+        let _ = p.dereg_mr(self.inner.chunk_mr.handle);
+        let _ = p.destroy_cq(self.inner.recv_cq);
+        let _ = p.dealloc_pd(self.inner.pd);
+        let _ = p.close_ca(self.inner.ca);
+    }
+}
+
+fn rej_bytes(rej: &LoginRej) -> Vec<u8> {
+    let mut b = vec![0u8; rej.buffer_len()];
+    let n = rej.emit(&mut b).expect("buffer sized by buffer_len");
+    b.truncate(n);
+    b
+}
+
+impl Inner {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.st.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn recv_wr(&self, index: u32) -> RecvWr {
+        RecvWr {
+            wr_id: index as u64,
+            sges: vec![Sge {
+                addr: self.srq_buf.addr() + (index * self.req_size) as u64,
+                length: self.req_size,
+                lkey: self.srq_mr.lkey,
+            }],
+        }
+    }
+
+    fn login(&self, data: &[u8], form: LoginForm, peer: PeerQp) -> LoginOutcome {
+        let mut st = self.lock();
+        let conn = ConnId(st.next_conn);
+        st.next_conn += 1;
+        let (channel, rsp, terminated) = match st.target.login_private_data(data, form) {
+            Login::Accepted {
+                channel,
+                rsp,
+                terminated,
+            } => (channel, rsp, terminated),
+            Login::Rejected(rej) => {
+                return LoginOutcome::Rejected {
+                    reason: rej.reason.to_string(),
+                    rej: rej_bytes(&rej),
+                };
+            }
+        };
+        let (initiator, sq) = {
+            let ch = st.target.channel(channel).expect("channel just created");
+            (initiator_name(&ch.nexus().0), st.target.config().sq_size)
+        };
+        let slot_size = st.target.config().max_rsp_size;
+        match self.create_conn(conn, peer, sq, slot_size, &initiator) {
+            Ok((mut c, local)) => {
+                c.channel = channel;
+                st.by_channel.insert(channel, conn);
+                st.conns.insert(conn, c);
+                for t in terminated {
+                    if let Some(&tc) = st.by_channel.get(&t) {
+                        self.pump(&mut st, tc);
+                    }
+                }
+                let mut b = vec![0u8; rsp.buffer_len()];
+                let n = rsp.emit(&mut b).expect("buffer sized by buffer_len");
+                b.truncate(n);
+                LoginOutcome::Accepted {
+                    conn,
+                    local,
+                    rsp: b,
+                }
+            }
+            Err(e) => {
+                st.target.remove(channel);
+                let rej = LoginRej {
+                    reason: LoginRejReason::UnableEstablishChannel,
+                    tag: rsp.tag,
+                    buf_fmt: rsp.buf_fmt,
+                };
+                LoginOutcome::Rejected {
+                    reason: format!("cannot set up the RDMA channel: {e}"),
+                    rej: rej_bytes(&rej),
+                }
+            }
+        }
+    }
+
+    /// Creates the QP, its send CQ and send slots, and connects the QP.
+    fn create_conn(
+        &self,
+        conn: ConnId,
+        peer: PeerQp,
+        sq: u32,
+        slot_size: u32,
+        initiator: &str,
+    ) -> Result<(Conn, LocalQp), PortError> {
+        let p = &self.provider;
+        let send_cq = p
+            .create_cq(self.pd, &CqInit { cqe: sq + 1 }, conn.0)
+            .map_err(verbs_err("create send CQ"))?;
+        let qp = match p.create_qp(
+            self.pd,
+            &QpInit {
+                qp_type: QpType::Rc,
+                send_cq,
+                recv_cq: self.recv_cq,
+                srq: Some(self.srq),
+                caps: QpCaps {
+                    max_send_wr: sq,
+                    max_recv_wr: 0,
+                    max_send_sge: 1,
+                    max_recv_sge: 1,
+                    max_inline: 0,
+                },
+                sq_sig_all: true,
+                port: None,
+            },
+            conn.0,
+        ) {
+            Ok(qp) => qp,
+            Err(e) => {
+                let _ = p.destroy_cq(send_cq);
+                return Err(PortError::Verbs {
+                    what: "create QP",
+                    err: e,
+                });
+            }
+        };
+        let send_buf = MemBuf::new((sq * slot_size) as usize);
+        let cleanup = |p: &Arc<dyn Provider>| {
+            let _ = p.destroy_qp(qp);
+            let _ = p.destroy_cq(send_cq);
+        };
+        let send_mr = match p.reg_mr(
+            self.pd,
+            &send_buf,
+            send_buf.addr(),
+            send_buf.len() as u64,
+            AccessFlags::LOCAL_WRITE,
+            0,
+        ) {
+            Ok(m) => m,
+            Err(e) => {
+                cleanup(p);
+                return Err(PortError::Verbs {
+                    what: "register send slots",
+                    err: e,
+                });
+            }
+        };
+        let psn = Psn::new((conn.0 as u32).wrapping_mul(0x9e37_79b9) >> 8);
+        if let Err(e) = self.connect_qp(qp, peer, psn) {
+            let _ = p.dereg_mr(send_mr.handle);
+            cleanup(p);
+            return Err(e);
+        }
+        if let Err(e) = p.req_notify_cq(send_cq, false) {
+            let _ = p.dereg_mr(send_mr.handle);
+            cleanup(p);
+            return Err(PortError::Verbs {
+                what: "arm send CQ",
+                err: e,
+            });
+        }
+        let qpn = p.qp_num(qp).map_err(verbs_err("QP number"))?;
+        let nexus = scsi::Nexus::new(initiator, &self.name);
+        Ok((
+            Conn {
+                channel: ChannelId(0),
+                qp,
+                send_cq,
+                send_buf,
+                send_mr,
+                slot_size,
+                free_slots: (0..sq).rev().collect(),
+                outstanding: 0,
+                closing: false,
+                initiator: initiator.to_string(),
+                nexus,
+                ops: HashMap::new(),
+                fetched: HashMap::new(),
+                data_in: HashMap::new(),
+            },
+            LocalQp { qpn, psn },
+        ))
+    }
+
+    fn connect_qp(&self, qp: QpHandle, peer: PeerQp, psn: Psn) -> Result<(), PortError> {
+        let p = &self.provider;
+        let port = self.opts.port;
+        p.modify_qp(
+            qp,
+            &QpAttr {
+                state: Some(QpState::Init),
+                port: Some(port),
+                pkey_index: Some(0),
+                access: Some(AccessFlags::NONE),
+                ..Default::default()
+            },
+        )
+        .map_err(verbs_err("QP to INIT"))?;
+        p.modify_qp(
+            qp,
+            &QpAttr {
+                state: Some(QpState::Rtr),
+                av: Some(AhAttr {
+                    dlid: peer.lid,
+                    port,
+                    grh: true,
+                    dgid: peer.gid,
+                    sgid_index: self.opts.sgid_index,
+                    sl: 0,
+                    hop_limit: 64,
+                }),
+                path_mtu: Some(peer.mtu),
+                dest_qpn: Some(peer.qpn),
+                rq_psn: Some(peer.psn),
+                max_dest_rd_atomic: Some(0),
+                min_rnr_timer: Some(12),
+                ..Default::default()
+            },
+        )
+        .map_err(verbs_err("QP to RTR"))?;
+        p.modify_qp(
+            qp,
+            &QpAttr {
+                state: Some(QpState::Rts),
+                sq_psn: Some(psn),
+                timeout: Some(14),
+                retry_cnt: Some(7),
+                rnr_retry: Some(7),
+                max_rd_atomic: Some(16),
+                ..Default::default()
+            },
+        )
+        .map_err(verbs_err("QP to RTS"))?;
+        Ok(())
+    }
+
+    fn poll_loop(&self, rx: Receiver<Event>) {
+        while let Ok(ev) = rx.recv() {
+            match ev {
+                Event::Stop => return,
+                Event::Cq(ctx) => self.drain_cq(ctx),
+                Event::Done {
+                    conn,
+                    done,
+                    data_in,
+                } => {
+                    let mut st = self.lock();
+                    let Some(c) = st.conns.get_mut(&conn) else {
+                        continue;
+                    };
+                    let (cmd, channel) = (done.cmd, c.channel);
+                    c.data_in.insert(cmd, data_in);
+                    if let Some(ch) = st.target.channel_mut(channel) {
+                        ch.handle_scsi_done(done);
+                    }
+                    self.pump(&mut st, conn);
+                }
+            }
+        }
+    }
+
+    fn drain_cq(&self, ctx: u64) {
+        let mut st = self.lock();
+        let cq = if ctx == RECV_CQ_CTX {
+            self.recv_cq
+        } else {
+            match st.conns.get(&ConnId(ctx)) {
+                Some(c) => c.send_cq,
+                None => return,
+            }
+        };
+        let mut wcs =
+            [WorkCompletion::new(0, WcStatus::Success, rdma_types::WcOpcode::Send, 0); 32];
+        let mut armed = false;
+        loop {
+            let n = match self.provider.poll_cq(cq, &mut wcs) {
+                Ok(n) => n,
+                Err(_) => return,
+            };
+            for wc in &wcs[..n] {
+                if ctx == RECV_CQ_CTX {
+                    self.on_recv(&mut st, wc);
+                } else {
+                    self.on_send_wc(&mut st, ConnId(ctx), wc);
+                }
+            }
+            if n == 0 {
+                if armed {
+                    break;
+                }
+                // Arm, then look once more: a completion that landed
+                // between the last poll and the arm is not lost.
+                if self.provider.req_notify_cq(cq, false).is_err() {
+                    break;
+                }
+                armed = true;
+            }
+        }
+        self.retry_waiting(&mut st);
+    }
+
+    fn on_recv(&self, st: &mut State, wc: &WorkCompletion) {
+        let index = wc.wr_id as u32;
+        let conn = ConnId(wc.qp_ctx);
+        if wc.status == WcStatus::Success {
+            if let Some(c) = st.conns.get(&conn) {
+                let channel = c.channel;
+                let off = (index * self.req_size) as usize;
+                let len = (wc.byte_len as usize).min(self.req_size as usize);
+                let bytes = self.srq_buf.to_vec(off, len);
+                if let Some(ch) = st.target.channel_mut(channel) {
+                    ch.handle_recv(&bytes);
+                }
+                self.pump(st, conn);
+            }
+        }
+        // The channel copied what it keeps: the buffer goes straight back.
+        let _ = self
+            .provider
+            .post_srq_recv(self.srq, &[self.recv_wr(index)]);
+    }
+
+    fn on_send_wc(&self, st: &mut State, conn: ConnId, wc: &WorkCompletion) {
+        let ok = wc.status == WcStatus::Success;
+        let Some(c) = st.conns.get_mut(&conn) else {
+            return;
+        };
+        c.outstanding = c.outstanding.saturating_sub(1);
+        let channel = c.channel;
+        match wc.wr_id & KIND_MASK {
+            KIND_SEND => {
+                c.free_slots.push((wc.wr_id & !KIND_MASK) as u32);
+                if let Some(ch) = st.target.channel_mut(channel) {
+                    ch.handle_send_done(ok);
+                }
+            }
+            KIND_RDMA => {
+                let op = OpId(wc.wr_id & !KIND_MASK);
+                let Some(info) = c.ops.remove(&op) else {
+                    return;
+                };
+                match info.local {
+                    Local::Table { .. } => {
+                        let bytes = ok.then(|| {
+                            self.chunk_buf
+                                .to_vec(info.chunk * self.chunk_size as usize, info.len as usize)
+                        });
+                        st.free_chunks.push(info.chunk);
+                        if let Some(ch) = st.target.channel_mut(channel) {
+                            ch.handle_table_read(op, bytes.as_deref());
+                        }
+                    }
+                    Local::DataOut { offset } => {
+                        if ok {
+                            c.fetched
+                                .entry(info.cmd)
+                                .or_default()
+                                .push((offset, info.chunk, info.len));
+                        } else {
+                            st.free_chunks.push(info.chunk);
+                        }
+                        if let Some(ch) = st.target.channel_mut(channel) {
+                            ch.handle_rdma_done(op, ok);
+                        }
+                    }
+                    Local::DataIn { .. } => {
+                        st.free_chunks.push(info.chunk);
+                        if let Some(ch) = st.target.channel_mut(channel) {
+                            ch.handle_rdma_done(op, ok);
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+        self.pump(st, conn);
+    }
+
+    /// Carries out every output the channel has.
+    fn pump(&self, st: &mut State, conn: ConnId) {
+        loop {
+            let Some(c) = st.conns.get(&conn) else {
+                return;
+            };
+            let channel = c.channel;
+            let Some(out) = st
+                .target
+                .channel_mut(channel)
+                .and_then(|ch| ch.poll_output())
+            else {
+                break;
+            };
+            self.carry_out(st, conn, out);
+        }
+        self.maybe_finish(st, conn);
+    }
+
+    fn carry_out(&self, st: &mut State, conn: ConnId, out: Output) {
+        match out {
+            Output::Send { bytes, solicited } => self.post_send_iu(st, conn, &bytes, solicited),
+            Output::RdmaRead(op) | Output::RdmaWrite(op) => {
+                if !self.post_rdma(st, conn, &out, op) {
+                    st.waiting.push_back((conn, out));
+                }
+            }
+            Output::Scsi(req) => self.submit_scsi(st, conn, req),
+            Output::Tmf(req) => self.run_tmf(st, conn, req),
+            Output::Abort(_) => {
+                // The core's later completion is ignored by the channel; a
+                // running backend I/O is not interrupted.
+            }
+            Output::Release(cmd) => {
+                if let Some(c) = st.conns.get_mut(&conn) {
+                    c.data_in.remove(&cmd);
+                    if let Some(chunks) = c.fetched.remove(&cmd) {
+                        st.free_chunks
+                            .extend(chunks.into_iter().map(|(_, ch, _)| ch));
+                    }
+                }
+            }
+            Output::Disconnect => {
+                self.close(st, conn);
+                let hook = self.hook.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some(h) = hook.as_ref() {
+                    h(conn);
+                }
+            }
+        }
+    }
+
+    fn post_send_iu(&self, st: &mut State, conn: ConnId, bytes: &[u8], solicited: bool) {
+        let Some(c) = st.conns.get_mut(&conn) else {
+            return;
+        };
+        let channel = c.channel;
+        let slot = match c.free_slots.pop() {
+            Some(s) if bytes.len() <= c.slot_size as usize => s,
+            other => {
+                // The channel never has more than srpt_sq_size work requests
+                // out and never builds an IU above srp_max_rsp_size, so this
+                // is a bug: fail the send rather than corrupt a slot.
+                if let Some(s) = other {
+                    c.free_slots.push(s);
+                }
+                if let Some(ch) = st.target.channel_mut(channel) {
+                    ch.handle_send_done(false);
+                }
+                return;
+            }
+        };
+        let off = slot as usize * c.slot_size as usize;
+        c.send_buf.write_at(off, bytes);
+        let mut wr = SendWr::new(
+            KIND_SEND | slot as u64,
+            SendOpcode::Send,
+            vec![Sge {
+                addr: c.send_buf.addr() + off as u64,
+                length: bytes.len() as u32,
+                lkey: c.send_mr.lkey,
+            }],
+        );
+        if solicited {
+            wr.flags = SendFlags::SIGNALED | SendFlags::SOLICITED;
+        }
+        match self.provider.post_send(c.qp, &[wr]) {
+            Ok(()) => c.outstanding += 1,
+            Err(_) => {
+                c.free_slots.push(slot);
+                if let Some(ch) = st.target.channel_mut(channel) {
+                    ch.handle_send_done(false);
+                }
+            }
+        }
+    }
+
+    /// Posts an RDMA op; false when no chunk is free (the op waits).
+    fn post_rdma(&self, st: &mut State, conn: ConnId, out: &Output, op: RdmaOp) -> bool {
+        let read = matches!(out, Output::RdmaRead(_));
+        if op.len > self.chunk_size {
+            // Larger than any chunk: the channel splits at srp_max_rdma_size
+            // and tables are bounded by max_table_len, so only a table over
+            // the chunk size lands here.
+            self.fail_rdma(st, conn, op);
+            return true;
+        }
+        let Some(chunk) = st.free_chunks.pop() else {
+            return false;
+        };
+        let Some(c) = st.conns.get_mut(&conn) else {
+            st.free_chunks.push(chunk);
+            return true;
+        };
+        let chunk_off = chunk * self.chunk_size as usize;
+        if let Local::DataIn { offset } = op.local {
+            let data = c.data_in.get(&op.cmd).map(Vec::as_slice).unwrap_or(&[]);
+            let start = (offset as usize).min(data.len());
+            let end = (offset as usize + op.len as usize).min(data.len());
+            self.chunk_buf.write_at(chunk_off, &data[start..end]);
+            if end - start < op.len as usize {
+                let zeros = vec![0u8; op.len as usize - (end - start)];
+                self.chunk_buf.write_at(chunk_off + (end - start), &zeros);
+            }
+        }
+        let mut wr = SendWr::new(
+            KIND_RDMA | op.id.0,
+            if read {
+                SendOpcode::RdmaRead
+            } else {
+                SendOpcode::RdmaWrite
+            },
+            vec![Sge {
+                addr: self.chunk_buf.addr() + chunk_off as u64,
+                length: op.len,
+                lkey: self.chunk_mr.lkey,
+            }],
+        );
+        wr.remote = RemoteAddr {
+            addr: op.remote_va,
+            rkey: op.rkey,
+        };
+        match self.provider.post_send(c.qp, &[wr]) {
+            Ok(()) => {
+                c.outstanding += 1;
+                c.ops.insert(
+                    op.id,
+                    OpInfo {
+                        chunk,
+                        cmd: op.cmd,
+                        local: op.local,
+                        len: op.len,
+                    },
+                );
+            }
+            Err(_) => {
+                st.free_chunks.push(chunk);
+                self.fail_rdma(st, conn, op);
+            }
+        }
+        true
+    }
+
+    fn fail_rdma(&self, st: &mut State, conn: ConnId, op: RdmaOp) {
+        let Some(channel) = st.conns.get(&conn).map(|c| c.channel) else {
+            return;
+        };
+        if let Some(ch) = st.target.channel_mut(channel) {
+            match op.local {
+                Local::Table { .. } => ch.handle_table_read(op.id, None),
+                _ => ch.handle_rdma_done(op.id, false),
+            }
+        }
+    }
+
+    fn retry_waiting(&self, st: &mut State) {
+        while let Some((conn, out)) = st.waiting.pop_front() {
+            let op = match &out {
+                Output::RdmaRead(op) | Output::RdmaWrite(op) => *op,
+                _ => continue,
+            };
+            if !st.conns.contains_key(&conn) {
+                continue;
+            }
+            if !self.post_rdma(st, conn, &out, op) {
+                st.waiting.push_front((conn, out));
+                break;
+            }
+            self.pump(st, conn);
+        }
+    }
+
+    fn submit_scsi(&self, st: &mut State, conn: ConnId, req: ScsiRequest) {
+        let Some(c) = st.conns.get_mut(&conn) else {
+            return;
+        };
+        let data_out = match &req.data_out {
+            DataOut::None => Vec::new(),
+            DataOut::Immediate(v) => v.clone(),
+            DataOut::InBuffer { len } => {
+                let mut v = vec![0u8; *len as usize];
+                if let Some(mut parts) = c.fetched.remove(&req.cmd) {
+                    parts.sort_by_key(|p| p.0);
+                    for (offset, chunk, plen) in parts {
+                        let start = (offset as usize).min(v.len());
+                        let end = (offset as usize + plen as usize).min(v.len());
+                        self.chunk_buf
+                            .read_at(chunk * self.chunk_size as usize, &mut v[start..end]);
+                        st.free_chunks.push(chunk);
+                    }
+                }
+                v
+            }
+        };
+        let job = Job {
+            conn,
+            nexus: c.nexus.clone(),
+            req,
+            data_out,
+        };
+        if let Err(mpsc::SendError(job)) = st.jobs.send(job) {
+            // Shutting down: answer BUSY so the initiator retries elsewhere.
+            let done = ScsiDone {
+                status: 0x08,
+                ..ScsiDone::good(job.req.cmd, 0)
+            };
+            if let Some(ch) = st.target.channel_mut(st.conns[&conn].channel) {
+                ch.handle_scsi_done(done);
+            }
+        }
+    }
+
+    fn run_tmf(&self, st: &mut State, conn: ConnId, req: TmfRequest) {
+        let Some(c) = st.conns.get(&conn) else {
+            return;
+        };
+        let channel = c.channel;
+        let tmf = match req.func {
+            TmFunc::AbortTask => Some(scsi::Tmf::AbortTask(req.task_tag.0)),
+            TmFunc::AbortTaskSet => Some(scsi::Tmf::AbortTaskSet),
+            TmFunc::ClearTaskSet => Some(scsi::Tmf::ClearTaskSet),
+            TmFunc::LogicalUnitReset => Some(scsi::Tmf::LogicalUnitReset),
+            _ => None,
+        };
+        let code = match (tmf, scsi::Lun::decode(req.lun.0)) {
+            (None, _) => RspCode::NotSupported,
+            (Some(_), Err(_)) => RspCode::Failed,
+            (Some(t), Ok(lun)) => match self.scsi.task_management(&c.nexus, lun, t) {
+                scsi::TmfResponse::FunctionComplete => RspCode::Complete,
+                scsi::TmfResponse::IncorrectLun => RspCode::Failed,
+            },
+        };
+        if let Some(ch) = st.target.channel_mut(channel) {
+            ch.handle_tmf_done(req.cmd, code);
+        }
+    }
+
+    /// Moves the QP to ERROR so every posted work request flushes; the
+    /// channel is released once they have.
+    fn close(&self, st: &mut State, conn: ConnId) {
+        let Some(c) = st.conns.get_mut(&conn) else {
+            return;
+        };
+        if !c.closing {
+            c.closing = true;
+            let _ = self.provider.modify_qp(
+                c.qp,
+                &QpAttr {
+                    state: Some(QpState::Err),
+                    ..Default::default()
+                },
+            );
+        }
+        self.maybe_finish(st, conn);
+    }
+
+    fn maybe_finish(&self, st: &mut State, conn: ConnId) {
+        let Some(c) = st.conns.get(&conn) else {
+            return;
+        };
+        if !c.closing || c.outstanding > 0 {
+            return;
+        }
+        let channel = c.channel;
+        if let Some(ch) = st.target.channel_mut(channel) {
+            ch.disconnected();
+        }
+        // Last outputs: aborts and releases.
+        while let Some(out) = st
+            .target
+            .channel_mut(channel)
+            .and_then(|ch| ch.poll_output())
+        {
+            if let Output::Release(cmd) = out {
+                if let Some(c) = st.conns.get_mut(&conn) {
+                    c.data_in.remove(&cmd);
+                    if let Some(chunks) = c.fetched.remove(&cmd) {
+                        st.free_chunks
+                            .extend(chunks.into_iter().map(|(_, ch, _)| ch));
+                    }
+                }
+            }
+        }
+        st.target.remove(channel);
+        st.by_channel.remove(&channel);
+        let c = st.conns.remove(&conn).expect("checked above");
+        st.free_chunks.extend(c.ops.values().map(|o| o.chunk));
+        st.free_chunks.extend(
+            c.fetched
+                .values()
+                .flat_map(|v| v.iter().map(|&(_, ch, _)| ch)),
+        );
+        st.waiting.retain(|(w, _)| *w != conn);
+        let p = &self.provider;
+        let _ = p.destroy_qp(c.qp);
+        let _ = p.dereg_mr(c.send_mr.handle);
+        let _ = p.destroy_cq(c.send_cq);
+    }
+
+    fn worker_loop(&self, jobs: Arc<Mutex<Receiver<Job>>>) {
+        loop {
+            let job = {
+                let rx = jobs.lock().unwrap_or_else(|e| e.into_inner());
+                match rx.recv() {
+                    Ok(j) => j,
+                    Err(_) => return,
+                }
+            };
+            let (done, data_in) = self.execute(&job);
+            let ev = Event::Done {
+                conn: job.conn,
+                done,
+                data_in,
+            };
+            if self.events.lock().map(|tx| tx.send(ev)).is_err() {
+                return;
+            }
+        }
+    }
+
+    fn execute(&self, job: &Job) -> (ScsiDone, Vec<u8>) {
+        let req = &job.req;
+        let Ok(lun) = scsi::Lun::decode(req.lun.0) else {
+            // SPC-4: LOGICAL UNIT NOT SUPPORTED for an address we cannot decode.
+            let mut done = ScsiDone::good(req.cmd, 0);
+            done.status = 0x02;
+            done.sense = vec![
+                0x70, 0, 0x05, 0, 0, 0, 0, 10, 0, 0, 0, 0, 0x25, 0, 0, 0, 0, 0,
+            ];
+            return (done, Vec::new());
+        };
+        let data_out_dir = !matches!(req.data_out, DataOut::None);
+        let expected = if data_out_dir {
+            job.data_out.len() as u64
+        } else {
+            req.data_in_len as u64
+        };
+        let r = self.scsi.submit(
+            &job.nexus,
+            lun,
+            req.tag.0,
+            &req.cdb,
+            &job.data_out,
+            expected,
+        );
+        let sense = r.sense_bytes().unwrap_or_default();
+        let mut data_in = r.data_in;
+        data_in.truncate(req.data_in_len as usize);
+        let mut done = ScsiDone::good(req.cmd, data_in.len() as u32);
+        done.status = u8::from(r.status);
+        done.sense = sense;
+        done.aborted = r.status == scsi::Status::TaskAborted;
+        match r.residual {
+            scsi::Residual::Over(n) if data_out_dir => {
+                done.wanted_out = Some((expected + n).min(u32::MAX as u64) as u32)
+            }
+            scsi::Residual::Over(n) => {
+                done.wanted_in = Some((expected + n).min(u32::MAX as u64) as u32)
+            }
+            scsi::Residual::Under(n) if data_out_dir => {
+                done.wanted_out = Some(expected.saturating_sub(n) as u32)
+            }
+            _ => {}
+        }
+        (done, data_in)
+    }
+}
