@@ -1,0 +1,254 @@
+//! The whole stack in one process: an SRP target port exporting a LUN and
+//! an SRP initiator session using it, on one RDMA provider.
+//!
+//! [`Stack::start`] builds the fabric (today the in-process loopback
+//! provider, two CAs), a SCSI target with one LUN (fileio on a temporary
+//! file, ram, or nullio), an SRP target port, and an initiator session that
+//! logs in through [`Direct`], a connector that hands the login to the
+//! target port the way a CM delivers a REQ. The LUN comes back as an
+//! `srp_initiator::disk::Disk`, a `blockload::BlockDevice`.
+//!
+//! This is what `srpstack quickstart` and `srpstack bench` run. It refuses
+//! nothing a user can type: every error is reported with what was being
+//! done.
+
+use rdma_types::{Guid, Lid};
+use rnic::loopback::{CaConfig, Fabric};
+use srp::initiator::ChannelConfig;
+use srp::target::{LoginForm as TargetForm, TargetConfig};
+use srp_initiator::disk::Disk;
+use srp_initiator::session::{
+    ConnectError, Connected, Connector, LoginForm, QpInfo, Session, SessionConfig,
+};
+use srp_target::{LoginOutcome, PeerQp, PortOptions, TargetPort};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// GUID of the target CA.
+pub const TARGET_GUID: u64 = 0x0002_c903_00a0_0001;
+/// GUID of the initiator CA.
+pub const INITIATOR_GUID: u64 = 0x0002_c903_00b0_0001;
+
+/// Where the LUN keeps its blocks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Backing {
+    /// A temporary file (fileio), removed when the stack stops.
+    TempFile,
+    /// RAM.
+    Ram,
+    /// Nothing: writes are dropped, reads return zeros (nullio).
+    Null,
+}
+
+/// What to build.
+#[derive(Debug, Clone)]
+pub struct StackConfig {
+    /// LUN size in bytes.
+    pub size: u64,
+    /// Backing store.
+    pub backing: Backing,
+    /// Logical block size (512 or 4096).
+    pub block_size: u32,
+    /// Commands the initiator may have outstanding (`queue_size`).
+    pub queue: u16,
+}
+
+impl Default for StackConfig {
+    fn default() -> Self {
+        StackConfig {
+            size: 256 << 20,
+            backing: Backing::TempFile,
+            block_size: 512,
+            queue: 62,
+        }
+    }
+}
+
+/// A running target + initiator pair.
+pub struct Stack {
+    /// The target port.
+    pub port: Arc<TargetPort>,
+    /// The initiator session.
+    pub session: Arc<Session>,
+    /// LUN 0 as a block device.
+    pub disk: Arc<Disk>,
+    /// The provider's name.
+    pub provider: &'static str,
+    /// What backs the LUN, in words.
+    pub backing: String,
+    temp: Option<PathBuf>,
+}
+
+/// Connects by handing the login to a target port in the same process, as
+/// a CM would hand it the REQ private data and the initiator's QP.
+pub struct Direct {
+    /// The target port.
+    pub port: Arc<TargetPort>,
+    /// LID of the target port (0 on RoCE).
+    pub lid: Lid,
+}
+
+impl Connector for Direct {
+    fn connect(&self, login: &[u8], local: QpInfo) -> Result<Connected, ConnectError> {
+        let peer = PeerQp {
+            qpn: local.qpn,
+            psn: local.psn,
+            gid: local.gid,
+            lid: local.lid,
+            mtu: local.mtu,
+        };
+        match self.port.login(login, TargetForm::RdmaCm, peer) {
+            LoginOutcome::Accepted {
+                conn,
+                local: t,
+                rsp,
+            } => Ok(Connected {
+                peer: QpInfo {
+                    qpn: t.qpn,
+                    psn: t.psn,
+                    gid: self.port.gid(),
+                    lid: self.lid,
+                    mtu: local.mtu,
+                },
+                private_data: rsp,
+                handle: conn.0,
+            }),
+            LoginOutcome::Rejected { rej, .. } => Err(ConnectError::Rejected(rej)),
+        }
+    }
+
+    fn disconnect(&self, handle: u64) {
+        self.port.disconnected(srp_target::ConnId(handle));
+    }
+
+    fn form(&self) -> LoginForm {
+        LoginForm::RdmaCm
+    }
+}
+
+fn err(what: &str, e: impl std::fmt::Display) -> String {
+    format!("{what}: {e}")
+}
+
+impl Stack {
+    /// Builds the fabric, the target with LUN 0, and logs in.
+    pub fn start(cfg: &StackConfig) -> Result<Stack, String> {
+        if cfg.block_size != 512 && cfg.block_size != 4096 {
+            return Err(format!("block size {} is not 512 or 4096", cfg.block_size));
+        }
+        if cfg.size < 1 << 20 || !cfg.size.is_multiple_of(cfg.block_size as u64) {
+            return Err(format!(
+                "LUN size {} must be at least 1 MiB and a multiple of the block size",
+                cfg.size
+            ));
+        }
+        let fabric = Fabric::new();
+        fabric
+            .add_ca(CaConfig::simple(TARGET_GUID, 1))
+            .map_err(|e| err("add target CA", e))?;
+        fabric
+            .add_ca(CaConfig::simple(INITIATOR_GUID, 2))
+            .map_err(|e| err("add initiator CA", e))?;
+
+        let (backend, backing, temp): (Arc<dyn scsi::Backend>, String, Option<PathBuf>) =
+            match cfg.backing {
+                Backing::Ram => (Arc::new(scsi::Ram::new(cfg.size)), "ram".into(), None),
+                Backing::Null => (Arc::new(scsi::NullIo::new(cfg.size)), "nullio".into(), None),
+                Backing::TempFile => {
+                    let path = std::env::temp_dir()
+                        .join(format!("srpstack-lun0-{}.img", std::process::id()));
+                    let file = std::fs::OpenOptions::new()
+                        .read(true)
+                        .write(true)
+                        .create_new(true)
+                        .open(&path)
+                        .map_err(|e| err(&format!("create {}", path.display()), e))?;
+                    file.set_len(cfg.size)
+                        .map_err(|e| err(&format!("size {}", path.display()), e))?;
+                    let b = scsi::FileIo::new(file, false)
+                        .map_err(|e| err(&format!("open {}", path.display()), e))?;
+                    (
+                        Arc::new(b),
+                        format!("fileio {}", path.display()),
+                        Some(path),
+                    )
+                }
+            };
+        let remove_temp = |p: &Option<PathBuf>| {
+            if let Some(p) = p {
+                let _ = std::fs::remove_file(p);
+            }
+        };
+        let dev_cfg = scsi::DeviceConfig {
+            block_size: cfg.block_size,
+            serial: format!("{:016x}", TARGET_GUID),
+            ..Default::default()
+        };
+        let dev = match scsi::Device::new(dev_cfg, backend) {
+            Ok(d) => d,
+            Err(e) => {
+                remove_temp(&temp);
+                return Err(err("create the SCSI device", e));
+            }
+        };
+        let scsi = Arc::new(scsi::Target::new());
+        scsi.add_lun(None, scsi::Lun::new(0).expect("LUN 0"), Arc::new(dev));
+
+        let mut chan =
+            ChannelConfig::new(0x1, Guid(INITIATOR_GUID), TARGET_GUID, Guid(TARGET_GUID));
+        chan.can_queue = cfg.queue;
+        let tcfg = TargetConfig::new(chan.target_port_id(), "srpstack");
+        let port = match TargetPort::start(
+            fabric.clone(),
+            Guid(TARGET_GUID),
+            tcfg,
+            scsi,
+            PortOptions::default(),
+        ) {
+            Ok(p) => Arc::new(p),
+            Err(e) => {
+                remove_temp(&temp);
+                return Err(err("start the target port", e));
+            }
+        };
+        let direct = Arc::new(Direct {
+            port: port.clone(),
+            lid: Lid(1),
+        });
+        let session = match Session::connect(
+            fabric.clone(),
+            Guid(INITIATOR_GUID),
+            direct,
+            SessionConfig::new(chan),
+        ) {
+            Ok(s) => Arc::new(s),
+            Err(e) => {
+                remove_temp(&temp);
+                return Err(err("log in", e));
+            }
+        };
+        let disk = match Disk::open(session.clone(), 0) {
+            Ok(d) => Arc::new(d),
+            Err(e) => {
+                remove_temp(&temp);
+                return Err(err("open LUN 0", e));
+            }
+        };
+        Ok(Stack {
+            port,
+            session,
+            disk,
+            provider: "loopback",
+            backing,
+            temp,
+        })
+    }
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        if let Some(p) = self.temp.take() {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}

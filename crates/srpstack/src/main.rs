@@ -1,0 +1,317 @@
+//! `srpstack`: the SRP stack in one command.
+//!
+//! `srpstack quickstart` exports a LUN over SRP and uses it: no
+//! configuration, cleans up after itself. `srpstack bench` runs a fio-like
+//! workload against a LUN exported the same way.
+
+use blockload::{Pattern, Progress, Report, Workload};
+use clap::{Parser, Subcommand};
+use srpstack::{Backing, Stack, StackConfig};
+use std::io::{IsTerminal, Write};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(Parser)]
+#[command(
+    name = "srpstack",
+    about = "An RDMA storage stack: SRP target and initiator"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Export a LUN over SRP, log in, run a short verified workload, clean up.
+    Quickstart {
+        /// Back the LUN with nullio (writes dropped; no data verification).
+        #[arg(long)]
+        nullio: bool,
+        /// LUN size (bytes; K, M, G suffixes).
+        #[arg(long, default_value = "256M", value_parser = parse_size)]
+        size: u64,
+        /// Seconds of random I/O after the first write pass.
+        #[arg(long, default_value_t = 5)]
+        runtime: u64,
+    },
+    /// fio-like benchmark against a LUN exported over SRP in this process.
+    Bench {
+        /// RDMA provider carrying SRP.
+        #[arg(long, default_value = "loopback")]
+        provider: String,
+        /// RAM-backed LUN of this size (bytes; K, M, G suffixes).
+        #[arg(long, default_value = "1G", value_parser = parse_size)]
+        ram: u64,
+        /// read, write, randread, randwrite, randrw.
+        #[arg(long, default_value = "randread")]
+        rw: Pattern,
+        /// Bytes per I/O (K, M suffixes).
+        #[arg(long, default_value = "4K", value_parser = parse_size)]
+        bs: u64,
+        /// I/Os in flight (one job each).
+        #[arg(long, default_value_t = 1)]
+        iodepth: u32,
+        /// Seconds to run.
+        #[arg(long, default_value_t = 10)]
+        runtime: u64,
+        /// Stamp writes and check reads.
+        #[arg(long)]
+        verify: bool,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Parses `4096`, `4K`, `1M`, `1G` (powers of 1024).
+fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (num, mult) = match s.chars().last() {
+        Some('k' | 'K') => (&s[..s.len() - 1], 1u64 << 10),
+        Some('m' | 'M') => (&s[..s.len() - 1], 1 << 20),
+        Some('g' | 'G') => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    num.parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .filter(|&n| n > 0)
+        .ok_or_else(|| format!("`{s}` is not a size (examples: 4096, 4K, 256M, 1G)"))
+}
+
+fn bar(p: &Progress, label: &str) {
+    if !std::io::stderr().is_terminal() {
+        return;
+    }
+    let frac = (p.bytes as f64 / p.total_bytes.max(1) as f64)
+        .max(p.elapsed.as_secs_f64() / p.runtime.as_secs_f64().max(1e-9))
+        .min(1.0);
+    let width = 30;
+    let done = (frac * width as f64) as usize;
+    let mib_s = p.bytes as f64 / p.elapsed.as_secs_f64().max(1e-9) / (1 << 20) as f64;
+    eprint!(
+        "\r  {label:<22} [{}{}] {:>3.0}%  {:>8.1} MiB/s ",
+        "#".repeat(done),
+        " ".repeat(width - done),
+        frac * 100.0,
+        mib_s
+    );
+    let _ = std::io::stderr().flush();
+}
+
+fn end_bar() {
+    if std::io::stderr().is_terminal() {
+        eprintln!();
+    }
+}
+
+fn quickstart(nullio: bool, size: u64, runtime: u64) -> Result<(), String> {
+    println!("srpstack quickstart: an SRP target and initiator in one process\n");
+    let cfg = StackConfig {
+        size,
+        backing: if nullio {
+            Backing::Null
+        } else {
+            Backing::TempFile
+        },
+        ..Default::default()
+    };
+    let t0 = std::time::Instant::now();
+    let stack = Stack::start(&cfg)?;
+    let info = stack.disk.info().clone();
+    let sessions = stack.port.sessions();
+    let session = sessions
+        .first()
+        .ok_or("the target shows no session after login")?;
+    let neg = stack.session.negotiated();
+    println!(
+        "  provider     {} (in-process RDMA fabric, two CAs)",
+        stack.provider
+    );
+    println!("  target       {}", stack.port.name());
+    println!(
+        "  session      {} (credits {}, max IU {} B, immediate data {})",
+        session.initiator,
+        neg.req_lim,
+        neg.max_it_iu_len,
+        if neg.imm_data_offset.is_some() {
+            "on"
+        } else {
+            "off"
+        }
+    );
+    println!(
+        "  LUN 0        {} {} rev {}, {} blocks of {} B ({} MiB), {}",
+        info.vendor,
+        info.product,
+        info.revision,
+        info.blocks,
+        info.block_size,
+        (info.blocks * info.block_size as u64) >> 20,
+        stack.backing
+    );
+    if let Some(naa) = &info.naa {
+        println!("  device id    naa.{naa}");
+    }
+    println!(
+        "  logged in in {:.1} ms\n",
+        t0.elapsed().as_secs_f64() * 1e3
+    );
+
+    let dev: Arc<dyn blockload::BlockDevice> = stack.disk.clone();
+    let region = size.min(64 << 20);
+    let verify = !nullio;
+    let mut reports: Vec<(String, Report)> = Vec::new();
+    // One workload, two phases in one generation table: a sequential fill
+    // so reads have something to check, then a random mix.
+    let mut fill = Workload::new(Pattern::Write);
+    fill.bs = 1 << 20;
+    fill.jobs = 4;
+    fill.region = Some(region);
+    fill.size = Some(region);
+    fill.verify = verify;
+    fill.runtime = Duration::from_secs(60);
+    let r = blockload::run(dev.clone(), &fill, |p| bar(&p, "sequential write 1M"))
+        .map_err(|e| e.to_string())?;
+    end_bar();
+    reports.push(("sequential write, 1 MiB, 4 jobs".into(), r));
+    let mut mix = Workload::new(Pattern::RandRw { read_pct: 70 });
+    mix.bs = 4096;
+    mix.jobs = 8;
+    mix.region = Some(region);
+    mix.verify = verify;
+    mix.runtime = Duration::from_secs(runtime.max(1));
+    mix.size = Some(region * 4);
+    let r = blockload::run(dev.clone(), &mix, |p| bar(&p, "random 70/30 r/w 4K"))
+        .map_err(|e| e.to_string())?;
+    end_bar();
+    reports.push(("random 70% read / 30% write, 4 KiB, 8 jobs".into(), r));
+    stack
+        .disk
+        .flush()
+        .map_err(|e| format!("SYNCHRONIZE CACHE: {e}"))?;
+
+    let mut ok = true;
+    for (what, r) in &reports {
+        println!("{what}:");
+        for line in r.table().lines() {
+            println!("  {line}");
+        }
+        ok &= r.ok();
+    }
+    let stats = stack.session.stats();
+    println!(
+        "\n  {} SCSI commands completed, {} timeouts, {} protocol errors",
+        stats.completed, stats.timeouts, stats.protocol_errors
+    );
+    if verify {
+        let verified: u64 = reports.iter().map(|(_, r)| r.verified_bytes).sum();
+        println!(
+            "  {} MiB read back and verified against what was written",
+            verified >> 20
+        );
+    } else {
+        println!("  nullio drops writes, so nothing was verified");
+    }
+    let temp = matches!(cfg.backing, Backing::TempFile);
+    drop(stack);
+    println!(
+        "  logged out, target stopped{}\n",
+        if temp {
+            ", temporary LUN file removed"
+        } else {
+            ""
+        }
+    );
+    println!("Next:");
+    println!("  cargo run --release -p srpstack -- bench --rw randread --bs 4K --iodepth 32");
+    println!("  cargo run --release -p srpstack -- quickstart --nullio --runtime 10");
+    println!("  cargo run --release -p rdma-perf --bin rperf -- demo    # the soft RoCE NIC alone");
+    if ok {
+        Ok(())
+    } else {
+        Err("the workload reported errors (see above)".into())
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn bench(
+    provider: &str,
+    ram: u64,
+    rw: Pattern,
+    bs: u64,
+    iodepth: u32,
+    runtime: u64,
+    verify: bool,
+    json: bool,
+) -> Result<bool, String> {
+    if provider != "loopback" {
+        return Err(format!(
+            "provider `{provider}` is not available yet (loopback is); the soft RoCE verbs provider is in progress"
+        ));
+    }
+    if iodepth == 0 || iodepth > 256 {
+        return Err(format!("iodepth {iodepth} must be 1..=256"));
+    }
+    let stack = Stack::start(&StackConfig {
+        size: ram,
+        backing: Backing::Ram,
+        queue: (iodepth + 2).clamp(16, 254) as u16,
+        ..Default::default()
+    })?;
+    let dev: Arc<dyn blockload::BlockDevice> = stack.disk.clone();
+    let mut w = Workload::new(rw);
+    w.bs = u32::try_from(bs).map_err(|_| format!("block size {bs} is too large"))?;
+    w.jobs = iodepth;
+    w.runtime = Duration::from_secs(runtime.max(1));
+    w.size = Some(u64::MAX / 2);
+    w.verify = verify;
+    let r = blockload::run(dev, &w, |p| {
+        if !json {
+            bar(&p, &format!("{rw} {bs}B qd{iodepth}"));
+        }
+    })
+    .map_err(|e| e.to_string())?;
+    if !json {
+        end_bar();
+    }
+    if json {
+        let mut v = serde_json::to_value(&r).map_err(|e| e.to_string())?;
+        v["provider"] = serde_json::Value::from(provider);
+        println!("{v}");
+    } else {
+        print!("{}", r.table());
+    }
+    Ok(r.ok())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.cmd {
+        Cmd::Quickstart {
+            nullio,
+            size,
+            runtime,
+        } => quickstart(nullio, size, runtime).map(|_| true),
+        Cmd::Bench {
+            provider,
+            ram,
+            rw,
+            bs,
+            iodepth,
+            runtime,
+            verify,
+            json,
+        } => bench(&provider, ram, rw, bs, iodepth, runtime, verify, json),
+    };
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("srpstack: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

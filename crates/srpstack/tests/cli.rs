@@ -1,0 +1,96 @@
+//! The `srpstack` binary as a user runs it.
+
+use std::process::Command;
+
+fn srpstack(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_srpstack"))
+        .args(args)
+        .output()
+        .expect("run srpstack")
+}
+
+#[test]
+fn quickstart_exports_a_lun_verifies_io_and_cleans_up() {
+    let out = srpstack(&["quickstart", "--size", "16M", "--runtime", "1"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("target       fe80:0000:0000:0000:0002:c903:00a0:0001"),
+        "{text}"
+    );
+    assert!(text.contains("32768 blocks of 512 B (16 MiB)"), "{text}");
+    assert!(text.contains(" 0 verify failures, 0 I/O errors"), "{text}");
+    // The fill pass writes all 16 MiB; reads verify part of it again.
+    let verified: u64 = text
+        .lines()
+        .find_map(|l| {
+            l.trim()
+                .strip_suffix(" MiB read back and verified against what was written")
+        })
+        .and_then(|n| n.trim().parse().ok())
+        .expect("a verified-bytes line");
+    assert!(verified >= 1, "{text}");
+    // The temporary fileio image is gone.
+    let path = text
+        .split_whitespace()
+        .find(|w| w.contains("srpstack-lun0-"))
+        .expect("the LUN file is named");
+    assert!(
+        !std::path::Path::new(path.trim_end_matches(',')).exists(),
+        "{path} left behind"
+    );
+}
+
+#[test]
+fn bad_arguments_get_clear_errors() {
+    let out = srpstack(&["quickstart", "--size", "3x"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("`3x` is not a size"), "{err}");
+
+    let out = srpstack(&["quickstart", "--size", "1000"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("must be at least 1 MiB"), "{err}");
+
+    let out = srpstack(&["bench", "--provider", "bogus", "--runtime", "1"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("provider `bogus` is not available"), "{err}");
+}
+
+#[test]
+fn bench_reports_json_with_latency_percentiles() {
+    let out = srpstack(&[
+        "bench",
+        "--ram",
+        "8M",
+        "--rw",
+        "randrw",
+        "--bs",
+        "4K",
+        "--iodepth",
+        "4",
+        "--runtime",
+        "1",
+        "--verify",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON report");
+    assert_eq!(v["provider"], "loopback");
+    assert_eq!(v["verify_failures"], 0);
+    assert!(v["read"]["ios"].as_u64().unwrap() > 0);
+    assert!(v["write"]["ios"].as_u64().unwrap() > 0);
+    let p50 = v["read"]["lat_p50_us"].as_f64().unwrap();
+    let p99 = v["read"]["lat_p99_us"].as_f64().unwrap();
+    assert!(p50 > 0.0 && p99 >= p50, "{v}");
+}
