@@ -14,8 +14,12 @@
 //! `on_destroyed` is queued behind every callback already queued for the
 //! object, so it is the last one the consumer sees.
 //!
-//! What it refuses: zero-based MRs, RNR retry counts 1..=6 are treated as
+//! [`softroce`]: the soft RoCE NIC (RoCEv2 over UDP, `softroce` crate)
+//! behind the same trait; CAs are IP addresses, peers are reached by GID.
+//!
+//! What the loopback refuses: zero-based MRs, RNR retry counts 1..=6 are treated as
 //! "wait for a receive" (there is no RNR timer), alternate paths / path
 //! migration (`NotSupported` where asked), UC READ/atomics (`InvalidArgument`).
 
 pub mod loopback;
+pub mod softroce;

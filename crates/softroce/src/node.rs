@@ -96,6 +96,8 @@ pub struct Node {
     sock: RoceSocket,
     local: SocketAddr,
     qps: BTreeMap<u32, Slot>,
+    /// Numbers handed out by `reserve_qpn` whose QP does not exist yet.
+    reserved: std::collections::BTreeSet<u32>,
     next_qpn: u32,
     ahs: Vec<SocketAddr>,
     waker: Arc<Waker>,
@@ -131,6 +133,7 @@ impl Node {
             sock,
             local,
             qps: BTreeMap::new(),
+            reserved: std::collections::BTreeSet::new(),
             next_qpn: 0x11,
             ahs: Vec::new(),
             waker: Arc::new(Waker::new()?),
@@ -172,13 +175,69 @@ impl Node {
     /// Creates a QP with the next free number (QP0 and QP1 are created with
     /// [`Node::create_special_qp`]). `cfg.qpn` is overwritten.
     pub fn create_qp(&mut self, mut cfg: QpConfig, mem: Box<dyn Memory + Send>) -> QpHandle {
-        while self.qps.contains_key(&self.next_qpn) || self.next_qpn < 2 {
+        while self.qps.contains_key(&self.next_qpn)
+            || self.reserved.contains(&self.next_qpn)
+            || self.next_qpn < 2
+        {
             self.next_qpn = (self.next_qpn + 1) & Qpn::MASK;
         }
         let qpn = Qpn::from_bits(self.next_qpn);
         self.next_qpn = (self.next_qpn + 1) & Qpn::MASK;
         cfg.qpn = qpn;
         self.insert(cfg, mem)
+    }
+
+    /// Reserves a QP number for a QP created later with
+    /// [`Node::create_qp_at`]: verbs create a QP (and report its number)
+    /// long before modify-QP to RTR gives what the engine is built from.
+    pub fn reserve_qpn(&mut self) -> Qpn {
+        while self.qps.contains_key(&self.next_qpn)
+            || self.reserved.contains(&self.next_qpn)
+            || self.next_qpn < 2
+        {
+            self.next_qpn = (self.next_qpn + 1) & Qpn::MASK;
+        }
+        let qpn = self.next_qpn;
+        self.next_qpn = (self.next_qpn + 1) & Qpn::MASK;
+        self.reserved.insert(qpn);
+        Qpn::from_bits(qpn)
+    }
+
+    /// Reserves `qpn` itself (a QP moved back to RESET keeps its number
+    /// while its engine is gone). False if it is in use or reserved.
+    pub fn reserve_qpn_exact(&mut self, qpn: Qpn) -> bool {
+        let n = qpn.value();
+        !self.qps.contains_key(&n) && self.reserved.insert(n)
+    }
+
+    /// Gives back a number from [`Node::reserve_qpn`] that was never used.
+    pub fn release_qpn(&mut self, qpn: Qpn) {
+        self.reserved.remove(&qpn.value());
+    }
+
+    /// Creates (or re-creates, replacing the engine) the QP numbered
+    /// `cfg.qpn`, which must be reserved, special (0 or 1), or this QP's.
+    ///
+    /// # Errors
+    /// The number belongs to nobody that may use it.
+    pub fn create_qp_at(
+        &mut self,
+        cfg: QpConfig,
+        mem: Box<dyn Memory + Send>,
+    ) -> io::Result<QpHandle> {
+        let n = cfg.qpn.value();
+        let remote = self.qps.get(&n).and_then(|s| s.remote);
+        if !(n <= 1 || self.reserved.remove(&n) || self.qps.contains_key(&n)) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("QP number {n:#x} is not reserved"),
+            ));
+        }
+        let h = self.insert(cfg, mem);
+        if let Some(r) = remote {
+            self.set_remote(h, r);
+        }
+        Ok(h)
     }
 
     /// Creates QP0 or QP1 (`cfg.qpn` says which).

@@ -371,7 +371,19 @@ pub mod cases {
         assert!(ca.num_ports >= 1 && ca.max_qp_wr >= 64 && ca.max_sge >= 4);
         assert!(n.p.list_cas().contains(&g1));
         assert_eq!(n.port.state, PortState::Active);
-        assert!(n.port.lid.is_unicast() && n.port.lid != Lid(0));
+        // IB ports have a unicast LID; RoCE ports have none (LID 0) and a
+        // GID that is an IP address (not the fe80::/64 subnet prefix).
+        let roce = n
+            .port
+            .gids
+            .first()
+            .is_some_and(|g| g.0[..2] != [0xfe, 0x80]);
+        assert!(
+            (n.port.lid.is_unicast() && n.port.lid != Lid(0)) || (roce && n.port.lid == Lid(0)),
+            "LID {:?} on a port with GID {:?}",
+            n.port.lid,
+            n.port.gids.first()
+        );
         assert!(!n.port.gids.is_empty() && n.port.gids[0] != Gid::ZERO);
         assert_eq!(
             n.p.find_pkey(n.ca, PortNum(1), rdma_types::Pkey::DEFAULT)
@@ -1195,7 +1207,15 @@ pub mod cases {
         );
         assert!(r.wc_flags.contains(WcFlags::GRH));
         assert_eq!(b.buf.to_vec(40, 100), vec![9; 100]);
-        assert_eq!(b.buf.to_vec(8, 16), a.port.gids[0].0, "GRH source GID");
+        let sgid = a.port.gids[0].0;
+        if sgid[..12] == [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff] {
+            // RoCEv2 over IPv4 (IBA A17.4.5.1): the 40-byte area holds the
+            // IPv4 header in its last 20 bytes; the source address is at 12.
+            assert_eq!(b.buf.to_vec(20, 1), vec![0x45], "IPv4 header");
+            assert_eq!(b.buf.to_vec(32, 4), sgid[12..].to_vec(), "IPv4 source");
+        } else {
+            assert_eq!(b.buf.to_vec(8, 16), sgid, "GRH source GID");
+        }
         // Wrong Q_Key: silently dropped.
         b.p.post_recv(qb, &[recv(2, vec![b.sge(0, 200)])]).unwrap();
         w.ud.as_mut().unwrap().remote_qkey = Qkey(0x2222);
@@ -1242,8 +1262,23 @@ pub mod cases {
             a.p.create_qp(a.pd, &init, 0),
             Err(VerbsError::Busy(_))
         ));
-        let smi = a.qp(QpType::Smi, None, 3);
-        assert_eq!(a.p.qp_num(smi).unwrap().value(), 0);
+        // QP0 exists on IB ports; RoCE has no subnet management (IBA
+        // A16.4.1), so a RoCE provider refuses it.
+        let roce = a
+            .port
+            .gids
+            .first()
+            .is_some_and(|g| g.0[..2] != [0xfe, 0x80]);
+        let smi_init = QpInit {
+            qp_type: QpType::Smi,
+            ..init
+        };
+        if roce {
+            unsupported(a.p.create_qp(a.pd, &smi_init, 3));
+        } else {
+            let smi = a.qp(QpType::Smi, None, 3);
+            assert_eq!(a.p.qp_num(smi).unwrap().value(), 0);
+        }
         for (n, q) in [(&a, qa), (&b, qb)] {
             to_init(n, q, QpType::Gsi);
             n.p.modify_qp(

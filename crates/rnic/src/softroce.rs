@@ -1,0 +1,1519 @@
+//! The soft RoCE NIC behind the verbs interface.
+//!
+//! Each configured CA is one `softroce::Node` (one UDP socket on the CA's
+//! address) run by its own `softroce::Driver` thread. Verbs objects live in
+//! a handle table here; QPs are `roce` engines inside the node, memory is
+//! reached through [`verbs::kit::keys::KeyTable`] with the same checks as
+//! the loopback provider, completions land in [`verbs::kit::cq::Cq`] rings.
+//!
+//! Addressing is RoCEv2: the port's GID 0 is the CA's IP address
+//! (IPv4-mapped for IPv4), a destination GID names the peer's IP address,
+//! and every CA of one provider uses the same UDP port (4791 by default,
+//! another for tests that run several fabrics at once).
+//!
+//! The engine of a QP is built at INIT->RTR, when the path, the remote QPN
+//! and the receive PSN are known; the QP number is reserved at create time.
+//! Receives posted before RTR wait here and are handed over then.
+//!
+//! What it refuses (`NotSupported`): memory windows, inline data,
+//! alternate paths, SQD, and SRQ limit events.
+
+use rdma_types::{AccessFlags, Gid, Guid, Lid, Lkey, Mtu, Pkey, PortNum, Psn, Qkey, QpState};
+use rdma_types::{QpType, Qpn, Rkey, WcOpcode, WcStatus};
+use roce::{Memory, MemoryError, QpConfig, RemoteAccess};
+use softroce::{Driver, Node, NodeConfig};
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+use verbs::kit::cq::Cq;
+use verbs::kit::keys::KeyTable;
+use verbs::kit::qp_table;
+use verbs::kit::rq::RecvQueue;
+use verbs::{
+    AhAttr, AhHandle, AsyncEvent, AsyncEventKind, CaAttr, CaHandle, Context, CqHandle, CqInit,
+    EventHandler, Handle, MemBuf, MrHandle, MrInfo, PdHandle, PortAttr, PortState, Provider,
+    QpAttr, QpHandle, QpInit, RecvWr, ResourceKind, Result, SendOpcode, SendWr, SrqAttr, SrqHandle,
+    VerbsError, WcFlags, WorkCompletion,
+};
+
+/// Default RoCEv2 UDP port.
+pub const ROCE_PORT: u16 = 4791;
+
+/// One CA of the provider: a name and an address to bind.
+#[derive(Debug, Clone)]
+pub struct SoftCa {
+    /// Node GUID (used by `open_ca`).
+    pub guid: Guid,
+    /// IP address of the CA (its GID 0).
+    pub ip: IpAddr,
+}
+
+/// The soft RoCE provider.
+pub struct SoftRoce {
+    udp_port: u16,
+    cas: Vec<SoftCa>,
+    st: Mutex<State>,
+    /// Devices with at least one open, by GUID.
+    devices: Mutex<HashMap<u64, (Arc<CaRt>, u32)>>,
+}
+
+enum Obj {
+    Ca {
+        rt: Arc<CaRt>,
+        handler: Arc<dyn EventHandler>,
+        ctx: Context,
+        children: u32,
+    },
+    Pd {
+        ca: usize,
+        ctx: Context,
+        children: u32,
+    },
+    Cq {
+        pd: usize,
+        ctx: Context,
+        cq: Arc<Cq>,
+        users: u32,
+    },
+    Srq {
+        ca: usize,
+        pd: usize,
+        ctx: Context,
+        rq: Arc<Mutex<RecvQueue>>,
+        users: u32,
+    },
+    Qp(Box<QpObj>),
+    Ah {
+        pd: usize,
+        id: softroce::AhId,
+    },
+    Mr {
+        ca: usize,
+        pd: usize,
+        key: u32,
+    },
+}
+
+struct QpObj {
+    ca: usize,
+    pd: usize,
+    init: QpInit,
+    qpn: Qpn,
+    state: QpState,
+    attr: QpAttr,
+    /// Receives posted before the engine exists (RESET/INIT).
+    early: RecvQueue,
+    access: Arc<AtomicU32>,
+    ctx: Context,
+    engine: bool,
+}
+
+struct Slot {
+    gen: u32,
+    obj: Option<Obj>,
+}
+
+#[derive(Default)]
+struct State {
+    slots: Vec<Slot>,
+    free: Vec<usize>,
+}
+
+/// Where a QP's completions go; read by the driver thread's callback.
+#[derive(Clone)]
+struct Route {
+    /// The callbacks of the CA open that created the QP.
+    handler: Arc<dyn EventHandler>,
+    send_cq: (Arc<Cq>, Context),
+    recv_cq: (Arc<Cq>, Context),
+    ctx: Context,
+    sig_all: bool,
+    /// wr_ids of unsignaled sends, whose completions are dropped.
+    unsignaled: Arc<Mutex<std::collections::HashSet<u64>>>,
+    /// The consumer asked for ERR: no QpFatal event.
+    quiet_error: bool,
+}
+
+/// A CA's device, shared by every open of it: its node, key table and
+/// completion routes.
+struct CaRt {
+    driver: OnceLock<Driver>,
+    keys: Arc<Mutex<KeyTable>>,
+    routes: Mutex<HashMap<u32, Route>>,
+    gid: Gid,
+    guid: Guid,
+}
+
+fn bad(msg: impl Into<String>) -> VerbsError {
+    VerbsError::InvalidArgument(msg.into())
+}
+
+impl CaRt {
+    fn node<R>(&self, f: impl FnOnce(&mut Node) -> R) -> R {
+        self.driver
+            .get()
+            .expect("driver started with the CA")
+            .with_node(f)
+    }
+
+    /// Moves a QP's completions from the node to its CQs and tells the
+    /// consumer; runs on the driver thread with no lock of ours held when
+    /// the handler is called.
+    fn deliver(&self, qp: softroce::QpHandle) {
+        let Some(route) = self.routes_lock().get(&qp.0.value()).cloned() else {
+            return;
+        };
+        let (completions, events) = self.node(|n| {
+            let mut c = Vec::new();
+            while let Some(x) = n.poll_completion(qp) {
+                c.push(x);
+            }
+            let mut e = Vec::new();
+            while let Some(x) = n.poll_event(qp) {
+                e.push(x);
+            }
+            (c, e)
+        });
+        let mut notify = Vec::new();
+        for c in completions {
+            if !c.is_recv && !route.sig_all && c.status == WcStatus::Success {
+                let mut uns = route.unsignaled.lock().unwrap_or_else(|e| e.into_inner());
+                if uns.remove(&c.wr_id) {
+                    continue;
+                }
+            }
+            let mut wc = WorkCompletion::new(c.wr_id, c.status, c.opcode, route.ctx);
+            wc.byte_len = c.byte_len;
+            if let Some(imm) = c.imm {
+                wc.imm = imm;
+                wc.wc_flags = wc.wc_flags | WcFlags::WITH_IMM;
+            }
+            if let Some(k) = c.invalidated {
+                wc.invalidated_rkey = k;
+                wc.wc_flags = wc.wc_flags | WcFlags::WITH_INV;
+            }
+            if let Some(src) = c.src_qp {
+                wc.src_qp = src;
+            }
+            if c.grh {
+                wc.wc_flags = wc.wc_flags | WcFlags::GRH;
+            }
+            let (cq, ctx) = if c.is_recv {
+                &route.recv_cq
+            } else {
+                &route.send_cq
+            };
+            let r = cq.push(wc, c.solicited);
+            if r.notify {
+                notify.push(*ctx);
+            }
+            if r.overflow {
+                route.handler.on_async_event(AsyncEvent {
+                    kind: AsyncEventKind::CqError,
+                    ctx: *ctx,
+                    port: None,
+                });
+            }
+        }
+        for ctx in notify {
+            route.handler.on_completion(ctx);
+        }
+        for e in events {
+            let kind = match e {
+                roce::QpEvent::CommEstablished => AsyncEventKind::CommEstablished,
+                roce::QpEvent::Error(_) if route.quiet_error => continue,
+                roce::QpEvent::Error(_) => AsyncEventKind::QpFatal,
+                roce::QpEvent::SqDrained => AsyncEventKind::SqDrained,
+                roce::QpEvent::LastWqeReached => continue,
+            };
+            route.handler.on_async_event(AsyncEvent {
+                kind,
+                ctx: route.ctx,
+                port: None,
+            });
+        }
+    }
+
+    fn routes_lock(&self) -> MutexGuard<'_, HashMap<u32, Route>> {
+        self.routes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A QP's door to memory: its PD's keys, its remote rights, its SRQ.
+struct PdMem {
+    pd: u32,
+    qpn: u32,
+    keys: Arc<Mutex<KeyTable>>,
+    access: Arc<AtomicU32>,
+    srq: Option<SrqRef>,
+}
+
+/// An SRQ as its QPs see it, with whom to tell when it runs low.
+#[derive(Clone)]
+struct SrqRef {
+    rq: Arc<Mutex<RecvQueue>>,
+    handler: Arc<dyn EventHandler>,
+    ctx: Context,
+}
+
+fn mem_err(s: WcStatus) -> MemoryError {
+    match s {
+        WcStatus::RemAccessErr | WcStatus::LocProtErr => MemoryError::BadKey,
+        _ => MemoryError::OutOfRange,
+    }
+}
+
+impl PdMem {
+    fn keys(&self) -> MutexGuard<'_, KeyTable> {
+        self.keys.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Memory for PdMem {
+    fn read_local(
+        &mut self,
+        lkey: Lkey,
+        addr: u64,
+        out: &mut [u8],
+    ) -> std::result::Result<(), MemoryError> {
+        let t = self
+            .keys()
+            .local(self.pd, lkey, addr, out.len() as u64, AccessFlags::NONE)
+            .map_err(mem_err)?;
+        t.buf.read_at(t.off, out);
+        Ok(())
+    }
+
+    fn write_local(
+        &mut self,
+        lkey: Lkey,
+        addr: u64,
+        data: &[u8],
+    ) -> std::result::Result<(), MemoryError> {
+        let t = self
+            .keys()
+            .local(
+                self.pd,
+                lkey,
+                addr,
+                data.len() as u64,
+                AccessFlags::LOCAL_WRITE,
+            )
+            .map_err(mem_err)?;
+        t.buf.write_at(t.off, data);
+        Ok(())
+    }
+
+    fn remote_check(
+        &mut self,
+        rkey: Rkey,
+        addr: u64,
+        len: u64,
+        access: RemoteAccess,
+    ) -> std::result::Result<(), MemoryError> {
+        let granted = AccessFlags::from_bits(self.access.load(Ordering::Relaxed))
+            .unwrap_or(AccessFlags::NONE);
+        if !granted.contains(access.flag()) {
+            return Err(MemoryError::NoPermission);
+        }
+        if access == RemoteAccess::Atomic && addr & 7 != 0 {
+            return Err(MemoryError::Misaligned);
+        }
+        self.keys()
+            .remote(self.pd, rkey, addr, len, access.flag(), self.qpn)
+            .map(|_| ())
+            .map_err(mem_err)
+    }
+
+    fn remote_write(
+        &mut self,
+        rkey: Rkey,
+        addr: u64,
+        data: &[u8],
+    ) -> std::result::Result<(), MemoryError> {
+        let t = self
+            .keys()
+            .remote(
+                self.pd,
+                rkey,
+                addr,
+                data.len() as u64,
+                AccessFlags::REMOTE_WRITE,
+                self.qpn,
+            )
+            .map_err(mem_err)?;
+        t.buf.write_at(t.off, data);
+        Ok(())
+    }
+
+    fn remote_read(
+        &mut self,
+        rkey: Rkey,
+        addr: u64,
+        out: &mut [u8],
+    ) -> std::result::Result<(), MemoryError> {
+        let t = self
+            .keys()
+            .remote(
+                self.pd,
+                rkey,
+                addr,
+                out.len() as u64,
+                AccessFlags::REMOTE_READ,
+                self.qpn,
+            )
+            .map_err(mem_err)?;
+        t.buf.read_at(t.off, out);
+        Ok(())
+    }
+
+    fn remote_atomic(
+        &mut self,
+        rkey: Rkey,
+        addr: u64,
+        compare: Option<u64>,
+        operand: u64,
+    ) -> std::result::Result<u64, MemoryError> {
+        let t = self
+            .keys()
+            .remote(self.pd, rkey, addr, 8, AccessFlags::REMOTE_ATOMIC, self.qpn)
+            .map_err(mem_err)?;
+        Ok(match compare {
+            Some(c) => t
+                .buf
+                .atomic_u64(t.off, |v| if v == c { operand } else { v }),
+            None => t.buf.atomic_u64(t.off, |v| v.wrapping_add(operand)),
+        })
+    }
+
+    fn invalidate(&mut self, rkey: Rkey) -> std::result::Result<(), MemoryError> {
+        let pd = self.pd;
+        self.keys().invalidate(pd, rkey).map_err(mem_err)
+    }
+
+    fn srq_pop(&mut self) -> Option<roce::RecvWqe> {
+        let srq = self.srq.as_ref()?;
+        let (wr, limit) = srq.rq.lock().unwrap_or_else(|e| e.into_inner()).take()?;
+        if limit {
+            // IBA 11.5.2.3: fires once, then the limit disarms. Called on the
+            // NIC thread with no lock of the provider held.
+            srq.handler.on_async_event(AsyncEvent {
+                kind: AsyncEventKind::SrqLimitReached,
+                ctx: srq.ctx,
+                port: None,
+            });
+        }
+        Some(recv_wqe(&wr))
+    }
+}
+
+fn recv_wqe(wr: &RecvWr) -> roce::RecvWqe {
+    roce::RecvWqe {
+        wr_id: wr.wr_id,
+        sges: wr
+            .sges
+            .iter()
+            .map(|s| roce::Sge {
+                addr: s.addr,
+                len: s.length,
+                lkey: s.lkey,
+            })
+            .collect(),
+    }
+}
+
+/// The peer's UDP address for a destination GID.
+fn addr_of(gid: Gid, port: u16) -> SocketAddr {
+    let v6 = std::net::Ipv6Addr::from(gid.0);
+    let ip = match v6.to_ipv4_mapped() {
+        Some(v4) => IpAddr::V4(v4),
+        None => IpAddr::V6(v6),
+    };
+    SocketAddr::new(ip, port)
+}
+
+impl SoftRoce {
+    /// A provider with these CAs; each is bound (its socket opened) when a
+    /// consumer opens it. `udp_port` is the RoCEv2 port every CA uses.
+    pub fn new(cas: Vec<SoftCa>, udp_port: u16) -> Arc<SoftRoce> {
+        Arc::new(SoftRoce {
+            udp_port,
+            cas,
+            st: Mutex::new(State::default()),
+            devices: Mutex::new(HashMap::new()),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.st.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl State {
+    fn alloc(&mut self, obj: Obj) -> Handle {
+        if let Some(i) = self.free.pop() {
+            let s = &mut self.slots[i];
+            s.gen = s.gen.wrapping_add(1);
+            s.obj = Some(obj);
+            Handle {
+                index: i as u32,
+                generation: s.gen,
+            }
+        } else {
+            self.slots.push(Slot {
+                gen: 1,
+                obj: Some(obj),
+            });
+            Handle {
+                index: (self.slots.len() - 1) as u32,
+                generation: 1,
+            }
+        }
+    }
+
+    fn release(&mut self, i: usize) -> Option<Obj> {
+        let o = self.slots[i].obj.take();
+        self.free.push(i);
+        o
+    }
+
+    fn slot(&self, h: Handle) -> Result<usize> {
+        match self.slots.get(h.index as usize) {
+            Some(s) if s.gen == h.generation && s.obj.is_some() => Ok(h.index as usize),
+            _ => Err(VerbsError::InvalidHandle),
+        }
+    }
+
+    fn obj(&self, i: usize) -> &Obj {
+        self.slots[i].obj.as_ref().expect("live slot")
+    }
+
+    fn obj_mut(&mut self, i: usize) -> &mut Obj {
+        self.slots[i].obj.as_mut().expect("live slot")
+    }
+
+    fn ca(&self, h: CaHandle) -> Result<usize> {
+        let i = self.slot(h.0)?;
+        matches!(self.obj(i), Obj::Ca { .. })
+            .then_some(i)
+            .ok_or(VerbsError::InvalidHandle)
+    }
+
+    fn pd(&self, h: PdHandle) -> Result<usize> {
+        let i = self.slot(h.0)?;
+        matches!(self.obj(i), Obj::Pd { .. })
+            .then_some(i)
+            .ok_or(VerbsError::InvalidHandle)
+    }
+
+    fn cq(&self, h: CqHandle) -> Result<usize> {
+        let i = self.slot(h.0)?;
+        matches!(self.obj(i), Obj::Cq { .. })
+            .then_some(i)
+            .ok_or(VerbsError::InvalidHandle)
+    }
+
+    fn srq(&self, h: SrqHandle) -> Result<usize> {
+        let i = self.slot(h.0)?;
+        matches!(self.obj(i), Obj::Srq { .. })
+            .then_some(i)
+            .ok_or(VerbsError::InvalidHandle)
+    }
+
+    fn qp(&self, h: QpHandle) -> Result<usize> {
+        let i = self.slot(h.0)?;
+        matches!(self.obj(i), Obj::Qp(_))
+            .then_some(i)
+            .ok_or(VerbsError::InvalidHandle)
+    }
+
+    fn qp_mut(&mut self, i: usize) -> &mut QpObj {
+        match self.obj_mut(i) {
+            Obj::Qp(q) => q,
+            _ => unreachable!("checked by State::qp"),
+        }
+    }
+
+    fn rt(&self, ca: usize) -> Arc<CaRt> {
+        match self.obj(ca) {
+            Obj::Ca { rt, .. } => rt.clone(),
+            _ => unreachable!("a CA slot"),
+        }
+    }
+
+    fn handler(&self, ca: usize) -> Arc<dyn EventHandler> {
+        match self.obj(ca) {
+            Obj::Ca { handler, .. } => handler.clone(),
+            _ => unreachable!("a CA slot"),
+        }
+    }
+
+    fn pd_ca(&self, pd: usize) -> usize {
+        match self.obj(pd) {
+            Obj::Pd { ca, .. } => *ca,
+            _ => unreachable!("a PD slot"),
+        }
+    }
+
+    fn adjust(&mut self, i: usize, delta: i32) {
+        match self.obj_mut(i) {
+            Obj::Ca { children, .. } | Obj::Pd { children, .. } => {
+                *children = children.wrapping_add_signed(delta)
+            }
+            Obj::Cq { users, .. } | Obj::Srq { users, .. } => {
+                *users = users.wrapping_add_signed(delta)
+            }
+            _ => {}
+        }
+    }
+
+    fn cq_arc(&self, i: usize) -> (Arc<Cq>, Context) {
+        match self.obj(i) {
+            Obj::Cq { cq, ctx, .. } => (cq.clone(), *ctx),
+            _ => unreachable!("a CQ slot"),
+        }
+    }
+}
+
+fn send_wqe(wr: &SendWr, sig_all: bool) -> Result<roce::SendWqe> {
+    use roce::SendOp;
+    let r = wr.remote;
+    let op = match wr.opcode {
+        SendOpcode::Send => SendOp::Send,
+        SendOpcode::SendWithImm => SendOp::SendImm(wr.imm),
+        SendOpcode::SendWithInv => SendOp::SendInv(wr.invalidate_rkey),
+        SendOpcode::RdmaWrite => SendOp::Write {
+            raddr: r.addr,
+            rkey: r.rkey,
+        },
+        SendOpcode::RdmaWriteWithImm => SendOp::WriteImm {
+            raddr: r.addr,
+            rkey: r.rkey,
+            imm: wr.imm,
+        },
+        SendOpcode::RdmaRead => SendOp::Read {
+            raddr: r.addr,
+            rkey: r.rkey,
+        },
+        SendOpcode::AtomicCmpSwp => SendOp::CmpSwap {
+            raddr: r.addr,
+            rkey: r.rkey,
+            compare: wr.compare_add,
+            swap: wr.swap,
+        },
+        SendOpcode::AtomicFetchAdd => SendOp::FetchAdd {
+            raddr: r.addr,
+            rkey: r.rkey,
+            add: wr.compare_add,
+        },
+        SendOpcode::LocalInv => return Err(VerbsError::NotSupported("local invalidate")),
+        SendOpcode::BindMw => return Err(VerbsError::NotSupported("memory windows")),
+    };
+    if wr.flags.contains(verbs::SendFlags::INLINE) {
+        return Err(VerbsError::NotSupported("inline data"));
+    }
+    let mut w = roce::SendWqe::new(
+        wr.wr_id,
+        op,
+        wr.sges
+            .iter()
+            .map(|s| roce::Sge {
+                addr: s.addr,
+                len: s.length,
+                lkey: s.lkey,
+            })
+            .collect(),
+    );
+    w.signaled = sig_all || wr.flags.contains(verbs::SendFlags::SIGNALED);
+    w.solicited = wr.flags.contains(verbs::SendFlags::SOLICITED);
+    w.fence = wr.flags.contains(verbs::SendFlags::FENCE);
+    Ok(w)
+}
+
+impl Provider for SoftRoce {
+    fn name(&self) -> &'static str {
+        "softroce"
+    }
+
+    fn list_cas(&self) -> Vec<Guid> {
+        self.cas.iter().map(|c| c.guid).collect()
+    }
+
+    fn open_ca(
+        &self,
+        guid: Guid,
+        ctx: Context,
+        handler: Arc<dyn EventHandler>,
+    ) -> Result<CaHandle> {
+        let cfg = self
+            .cas
+            .iter()
+            .find(|c| c.guid == guid)
+            .ok_or(VerbsError::NoSuchCa)?;
+        let mut devs = self.devices.lock().unwrap_or_else(|e| e.into_inner());
+        let rt = match devs.get_mut(&guid.0) {
+            Some((rt, opens)) => {
+                *opens += 1;
+                rt.clone()
+            }
+            None => {
+                let addr = SocketAddr::new(cfg.ip, self.udp_port);
+                let node = Node::bind(NodeConfig::new(addr))
+                    .map_err(|e| bad(format!("cannot bind {addr}: {e}")))?;
+                let rt = Arc::new(CaRt {
+                    driver: OnceLock::new(),
+                    keys: Arc::new(Mutex::new(KeyTable::new())),
+                    routes: Mutex::new(HashMap::new()),
+                    gid: Gid::from_ip(cfg.ip),
+                    guid,
+                });
+                let weak: Weak<CaRt> = Arc::downgrade(&rt);
+                let driver = Driver::start(
+                    node,
+                    Some(Box::new(move |qp| {
+                        if let Some(rt) = weak.upgrade() {
+                            rt.deliver(qp);
+                        }
+                    })),
+                )
+                .map_err(|e| bad(format!("cannot start the NIC thread: {e}")))?;
+                let _ = rt.driver.set(driver);
+                devs.insert(guid.0, (rt.clone(), 1));
+                rt
+            }
+        };
+        drop(devs);
+        let h = self.lock().alloc(Obj::Ca {
+            rt,
+            handler,
+            ctx,
+            children: 0,
+        });
+        Ok(CaHandle(h))
+    }
+
+    fn query_ca(&self, ca: CaHandle) -> Result<CaAttr> {
+        let st = self.lock();
+        let i = st.ca(ca)?;
+        Ok(CaAttr {
+            guid: st.rt(i).guid,
+            num_ports: 1,
+            max_qp: 1 << 16,
+            max_qp_wr: 1 << 14,
+            max_sge: 32,
+            max_cq: 1 << 16,
+            max_cqe: 1 << 20,
+            max_mr: 1 << 20,
+            max_pd: 1 << 16,
+            max_qp_rd_atom: 16,
+            max_srq: 1 << 12,
+            max_mw: 0,
+            atomics: true,
+        })
+    }
+
+    fn close_ca(&self, ca: CaHandle) -> Result<()> {
+        let (rt, handler, ctx) = {
+            let mut st = self.lock();
+            let i = st.ca(ca)?;
+            if let Obj::Ca { children, .. } = st.obj(i) {
+                if *children > 0 {
+                    return Err(VerbsError::Busy("CA has live objects"));
+                }
+            }
+            match st.release(i) {
+                Some(Obj::Ca {
+                    rt, handler, ctx, ..
+                }) => (rt, handler, ctx),
+                _ => unreachable!("checked CA"),
+            }
+        };
+        {
+            let mut devs = self.devices.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some((_, opens)) = devs.get_mut(&rt.guid.0) {
+                *opens -= 1;
+                if *opens == 0 {
+                    // The driver thread stops when the last reference goes.
+                    devs.remove(&rt.guid.0);
+                }
+            }
+        }
+        drop(rt);
+        handler.on_destroyed(ResourceKind::Ca, ctx);
+        Ok(())
+    }
+
+    fn query_port(&self, ca: CaHandle, port: PortNum) -> Result<PortAttr> {
+        let st = self.lock();
+        let i = st.ca(ca)?;
+        if port.0 != 1 {
+            return Err(bad(format!("port {} does not exist", port.0)));
+        }
+        let rt = st.rt(i);
+        Ok(PortAttr {
+            port,
+            state: PortState::Active,
+            max_mtu: Mtu::Mtu4096,
+            active_mtu: Mtu::Mtu4096,
+            lid: Lid(0),
+            sm_lid: Lid(0),
+            gids: vec![rt.gid],
+            pkeys: vec![Pkey::DEFAULT],
+        })
+    }
+
+    fn alloc_pd(&self, ca: CaHandle, ctx: Context) -> Result<PdHandle> {
+        let mut st = self.lock();
+        let i = st.ca(ca)?;
+        st.adjust(i, 1);
+        Ok(PdHandle(st.alloc(Obj::Pd {
+            ca: i,
+            ctx,
+            children: 0,
+        })))
+    }
+
+    fn dealloc_pd(&self, pd: PdHandle) -> Result<()> {
+        let (rt, ctx) = {
+            let mut st = self.lock();
+            let i = st.pd(pd)?;
+            let (ca, ctx, children) = match st.obj(i) {
+                Obj::Pd { ca, ctx, children } => (*ca, *ctx, *children),
+                _ => unreachable!("checked PD"),
+            };
+            if children > 0 {
+                return Err(VerbsError::Busy("PD has live objects"));
+            }
+            st.release(i);
+            st.adjust(ca, -1);
+            (st.handler(ca), ctx)
+        };
+        rt.on_destroyed(ResourceKind::Pd, ctx);
+        Ok(())
+    }
+
+    fn create_cq(&self, pd: PdHandle, init: &CqInit, ctx: Context) -> Result<CqHandle> {
+        let mut st = self.lock();
+        let p = st.pd(pd)?;
+        if init.cqe == 0 || init.cqe > 1 << 20 {
+            return Err(bad(format!("{} CQ entries", init.cqe)));
+        }
+        st.adjust(p, 1);
+        Ok(CqHandle(st.alloc(Obj::Cq {
+            pd: p,
+            ctx,
+            cq: Arc::new(Cq::new(init.cqe as usize)),
+            users: 0,
+        })))
+    }
+
+    fn destroy_cq(&self, cq: CqHandle) -> Result<()> {
+        let (rt, ctx) = {
+            let mut st = self.lock();
+            let i = st.cq(cq)?;
+            let (pd, ctx, users) = match st.obj(i) {
+                Obj::Cq { pd, ctx, users, .. } => (*pd, *ctx, *users),
+                _ => unreachable!("checked CQ"),
+            };
+            if users > 0 {
+                return Err(VerbsError::Busy("CQ used by a QP"));
+            }
+            st.release(i);
+            st.adjust(pd, -1);
+            let ca = st.pd_ca(pd);
+            (st.handler(ca), ctx)
+        };
+        rt.on_destroyed(ResourceKind::Cq, ctx);
+        Ok(())
+    }
+
+    fn poll_cq(&self, cq: CqHandle, out: &mut [WorkCompletion]) -> Result<usize> {
+        let c = {
+            let st = self.lock();
+            let i = st.cq(cq)?;
+            st.cq_arc(i).0
+        };
+        Ok(c.poll(out))
+    }
+
+    fn req_notify_cq(&self, cq: CqHandle, solicited_only: bool) -> Result<()> {
+        let c = {
+            let st = self.lock();
+            let i = st.cq(cq)?;
+            st.cq_arc(i).0
+        };
+        c.arm(solicited_only);
+        Ok(())
+    }
+
+    fn wait_cq(&self, cq: CqHandle, timeout: std::time::Duration) -> Result<()> {
+        let c = {
+            let st = self.lock();
+            let i = st.cq(cq)?;
+            st.cq_arc(i).0
+        };
+        if c.wait(timeout) {
+            Ok(())
+        } else {
+            Err(VerbsError::Timeout)
+        }
+    }
+
+    fn create_srq(&self, pd: PdHandle, attr: &SrqAttr, ctx: Context) -> Result<SrqHandle> {
+        let mut st = self.lock();
+        let p = st.pd(pd)?;
+        if attr.max_wr == 0 || attr.max_sge == 0 {
+            return Err(bad("SRQ needs max_wr and max_sge"));
+        }
+        let ca = st.pd_ca(p);
+        st.adjust(p, 1);
+        let mut rq = RecvQueue::new(attr.max_wr, attr.max_sge);
+        let _ = rq.set_limit(attr.limit);
+        Ok(SrqHandle(st.alloc(Obj::Srq {
+            ca,
+            pd: p,
+            ctx,
+            rq: Arc::new(Mutex::new(rq)),
+            users: 0,
+        })))
+    }
+
+    fn modify_srq(&self, srq: SrqHandle, limit: u32) -> Result<()> {
+        let st = self.lock();
+        let i = st.srq(srq)?;
+        match st.obj(i) {
+            Obj::Srq { rq, .. } => rq
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .set_limit(limit),
+            _ => unreachable!("checked SRQ"),
+        }
+    }
+
+    fn query_srq(&self, srq: SrqHandle) -> Result<SrqAttr> {
+        let st = self.lock();
+        let i = st.srq(srq)?;
+        match st.obj(i) {
+            Obj::Srq { rq, .. } => {
+                let rq = rq.lock().unwrap_or_else(|e| e.into_inner());
+                Ok(SrqAttr {
+                    max_wr: rq.max_wr(),
+                    max_sge: rq.max_sge(),
+                    limit: rq.limit(),
+                })
+            }
+            _ => unreachable!("checked SRQ"),
+        }
+    }
+
+    fn destroy_srq(&self, srq: SrqHandle) -> Result<()> {
+        let (rt, ctx) = {
+            let mut st = self.lock();
+            let i = st.srq(srq)?;
+            let (ca, pd, ctx, users) = match st.obj(i) {
+                Obj::Srq {
+                    ca, pd, ctx, users, ..
+                } => (*ca, *pd, *ctx, *users),
+                _ => unreachable!("checked SRQ"),
+            };
+            if users > 0 {
+                return Err(VerbsError::Busy("SRQ used by a QP"));
+            }
+            st.release(i);
+            st.adjust(pd, -1);
+            (st.handler(ca), ctx)
+        };
+        rt.on_destroyed(ResourceKind::Srq, ctx);
+        Ok(())
+    }
+
+    fn post_srq_recv(&self, srq: SrqHandle, wrs: &[RecvWr]) -> Result<()> {
+        let (rq, rt) = {
+            let st = self.lock();
+            let i = st.srq(srq)?;
+            match st.obj(i) {
+                Obj::Srq { rq, ca, .. } => (rq.clone(), st.rt(*ca)),
+                _ => unreachable!("checked SRQ"),
+            }
+        };
+        rq.lock().unwrap_or_else(|e| e.into_inner()).post(wrs)?;
+        // A SEND waiting on RNR retries by itself; wake the NIC thread so
+        // its next poll sees the new receives.
+        rt.node(|_| ());
+        Ok(())
+    }
+
+    fn create_qp(&self, pd: PdHandle, init: &QpInit, ctx: Context) -> Result<QpHandle> {
+        let mut st = self.lock();
+        let p = st.pd(pd)?;
+        let ca = st.pd_ca(p);
+        let scq = st.cq(init.send_cq)?;
+        let rcq = st.cq(init.recv_cq)?;
+        let srq = init.srq.map(|s| st.srq(s)).transpose()?;
+        let rt = st.rt(ca);
+        let qpn = match init.qp_type {
+            QpType::Rc | QpType::Uc | QpType::Ud => rt.node(|n| n.reserve_qpn()),
+            QpType::Gsi => Qpn::from_bits(1),
+            QpType::Smi => return Err(VerbsError::NotSupported("QP0 on RoCE")),
+        };
+        if init.qp_type == QpType::Gsi && rt.routes_lock().contains_key(&1) {
+            return Err(VerbsError::Busy("QP1 exists"));
+        }
+        let send_cq = st.cq_arc(scq);
+        let recv_cq = st.cq_arc(rcq);
+        st.adjust(p, 1);
+        st.adjust(scq, 1);
+        st.adjust(rcq, 1);
+        if let Some(s) = srq {
+            st.adjust(s, 1);
+        }
+        let handler = st.handler(ca);
+        rt.routes_lock().insert(
+            qpn.value(),
+            Route {
+                handler,
+                send_cq,
+                recv_cq,
+                ctx,
+                sig_all: init.sq_sig_all,
+                unsignaled: Arc::new(Mutex::new(Default::default())),
+                quiet_error: false,
+            },
+        );
+        let caps = init.caps;
+        Ok(QpHandle(st.alloc(Obj::Qp(Box::new(QpObj {
+            ca,
+            pd: p,
+            init: *init,
+            qpn,
+            state: QpState::Reset,
+            attr: QpAttr::default(),
+            early: RecvQueue::new(caps.max_recv_wr.max(1), caps.max_recv_sge.max(1)),
+            access: Arc::new(AtomicU32::new(0)),
+            ctx,
+            engine: false,
+        })))))
+    }
+
+    fn qp_num(&self, qp: QpHandle) -> Result<Qpn> {
+        let st = self.lock();
+        let i = st.qp(qp)?;
+        match st.obj(i) {
+            Obj::Qp(q) => Ok(q.qpn),
+            _ => unreachable!("checked QP"),
+        }
+    }
+
+    fn modify_qp(&self, qp: QpHandle, attr: &QpAttr) -> Result<()> {
+        let mut st = self.lock();
+        let i = st.qp(qp)?;
+        let (qp_type, from) = {
+            let q = st.qp_mut(i);
+            (q.init.qp_type, q.state)
+        };
+        let to = qp_table::check(qp_type, from, attr)?;
+        if attr.pkey_index.is_some_and(|i| i != 0) {
+            return Err(bad(format!(
+                "P_Key index {} outside the 1-entry table",
+                attr.pkey_index.unwrap_or(0)
+            )));
+        }
+        if attr.port.is_some_and(|p| p.0 != 1) {
+            return Err(bad("the CA has one port"));
+        }
+        if to == QpState::Sqe {
+            return Err(VerbsError::NotSupported("SQE"));
+        }
+        let (ca, pd, srq_rq) = {
+            let q = st.qp_mut(i);
+            (q.ca, q.pd, q.init.srq)
+        };
+        let srq = match srq_rq {
+            Some(h) => {
+                let si = st.srq(h)?;
+                match st.obj(si) {
+                    Obj::Srq { rq, ca, ctx, .. } => Some(SrqRef {
+                        rq: rq.clone(),
+                        handler: st.handler(*ca),
+                        ctx: *ctx,
+                    }),
+                    _ => None,
+                }
+            }
+            None => None,
+        };
+        let rt = st.rt(ca);
+        let udp_port = self.udp_port;
+        let q = st.qp_mut(i);
+        merge(&mut q.attr, attr);
+        if let Some(a) = attr.access {
+            q.access.store(a.bits(), Ordering::Relaxed);
+        }
+        let qpn = q.qpn;
+        match (from, to) {
+            (_, QpState::Err) => {
+                if let Some(r) = rt.routes_lock().get_mut(&qpn.value()) {
+                    r.quiet_error = true;
+                }
+                if q.engine {
+                    rt.node(|n| {
+                        if let Some(e) = n.qp_mut(softroce::QpHandle(qpn)) {
+                            e.set_error(WcStatus::WrFlushErr);
+                        }
+                    });
+                }
+                // Receives never handed to an engine flush here.
+                let early = q.early.drain();
+                let ctx = q.ctx;
+                q.state = QpState::Err;
+                drop(st);
+                if !early.is_empty() {
+                    if let Some(route) = rt.routes_lock().get(&qpn.value()).cloned() {
+                        let mut notify = false;
+                        for wr in early {
+                            let wc = WorkCompletion::new(
+                                wr.wr_id,
+                                WcStatus::WrFlushErr,
+                                WcOpcode::Recv,
+                                ctx,
+                            );
+                            notify |= route.recv_cq.0.push(wc, false).notify;
+                        }
+                        if notify {
+                            route.handler.on_completion(route.recv_cq.1);
+                        }
+                    }
+                }
+                // Flushed engine completions come through the driver callback.
+                rt.node(|_| ());
+                return Ok(());
+            }
+            (_, QpState::Reset) => {
+                if q.engine {
+                    rt.node(|n| {
+                        n.destroy_qp(softroce::QpHandle(qpn));
+                        // Keep the number for this QP.
+                        let r = n.reserve_qpn_exact(qpn);
+                        debug_assert!(r);
+                    });
+                    q.engine = false;
+                }
+                q.early.drain();
+                q.state = QpState::Reset;
+                q.attr = QpAttr::default();
+                if let Some(r) = rt.routes_lock().get_mut(&qpn.value()) {
+                    r.quiet_error = false;
+                }
+                return Ok(());
+            }
+            (QpState::Init, QpState::Rtr) | (QpState::Reset, QpState::Init)
+                if qp_type.is_datagram() || to == QpState::Rtr =>
+            {
+                // Build the engine now that its attributes are known (UD,
+                // GSI: at INIT already, so receives land from the start).
+                let cfg = engine_config(q, qp_type);
+                let mem = PdMem {
+                    pd: pd as u32,
+                    qpn: qpn.value(),
+                    keys: rt.keys.clone(),
+                    access: q.access.clone(),
+                    srq,
+                };
+                let remote = q
+                    .attr
+                    .av
+                    .filter(|_| !qp_type.is_datagram())
+                    .map(|av| addr_of(av.dgid, udp_port));
+                let early: Vec<RecvWr> = q.early.drain();
+                let created = rt.node(|n| -> std::io::Result<()> {
+                    let h = n.create_qp_at(cfg, Box::new(mem))?;
+                    if let Some(r) = remote {
+                        n.set_remote(h, r);
+                    }
+                    if let Some(e) = n.qp_mut(h) {
+                        for wr in &early {
+                            e.post_recv(recv_wqe(wr));
+                        }
+                    }
+                    Ok(())
+                });
+                created.map_err(|e| bad(format!("cannot create the QP engine: {e}")))?;
+                q.engine = true;
+            }
+            (QpState::Rts, QpState::Sqd) => {
+                rt.node(|n| {
+                    if let Some(e) = n.qp_mut(softroce::QpHandle(qpn)) {
+                        e.set_sqd();
+                    }
+                });
+                q.state = to;
+                drop(st);
+                // The drained event may be due at once (nothing in flight).
+                rt.deliver(softroce::QpHandle(qpn));
+                return Ok(());
+            }
+            (QpState::Rtr, QpState::Rts)
+            | (QpState::Init, QpState::Rts)
+            | (QpState::Sqd, QpState::Rts) => {
+                let a = q.attr;
+                rt.node(|n| {
+                    if let Some(e) = n.qp_mut(softroce::QpHandle(qpn)) {
+                        e.update_config(|c| {
+                            if let Some(p) = a.sq_psn {
+                                c.sq_psn = p;
+                            }
+                            c.timeout = a.timeout.unwrap_or(c.timeout);
+                            c.retry_cnt = a.retry_cnt.unwrap_or(c.retry_cnt);
+                            c.rnr_retry = a.rnr_retry.unwrap_or(c.rnr_retry);
+                            c.max_rd_atomic = a.max_rd_atomic.unwrap_or(c.max_rd_atomic).max(1);
+                        });
+                        e.set_rts();
+                    }
+                });
+            }
+            (QpState::Rts, QpState::Rts) | (QpState::Sqd, QpState::Sqd) => {
+                let a = q.attr;
+                rt.node(|n| {
+                    if let Some(e) = n.qp_mut(softroce::QpHandle(qpn)) {
+                        e.update_config(|c| {
+                            c.timeout = a.timeout.unwrap_or(c.timeout);
+                            c.retry_cnt = a.retry_cnt.unwrap_or(c.retry_cnt);
+                            c.rnr_retry = a.rnr_retry.unwrap_or(c.rnr_retry);
+                        });
+                    }
+                });
+            }
+            _ => {}
+        }
+        q.state = to;
+        Ok(())
+    }
+
+    fn query_qp(&self, qp: QpHandle) -> Result<QpAttr> {
+        let mut st = self.lock();
+        let i = st.qp(qp)?;
+        let ca = st.qp_mut(i).ca;
+        let rt = st.rt(ca);
+        let q = st.qp_mut(i);
+        // The engine moves to ERR by itself on a fatal completion.
+        let qpn = q.qpn;
+        if q.engine
+            && q.state != QpState::Err
+            && rt.node(|n| {
+                n.qp_mut(softroce::QpHandle(qpn))
+                    .is_some_and(|e| e.is_error())
+            })
+        {
+            q.state = QpState::Err;
+        }
+        let mut a = q.attr;
+        a.state = Some(q.state);
+        Ok(a)
+    }
+
+    fn destroy_qp(&self, qp: QpHandle) -> Result<()> {
+        let (rt, ctx) = {
+            let mut st = self.lock();
+            let i = st.qp(qp)?;
+            let q = match st.release(i) {
+                Some(Obj::Qp(q)) => q,
+                _ => unreachable!("checked QP"),
+            };
+            let (scq, rcq, srq) = (
+                st.cq(q.init.send_cq).ok(),
+                st.cq(q.init.recv_cq).ok(),
+                q.init.srq.and_then(|s| st.srq(s).ok()),
+            );
+            for c in [scq, rcq].into_iter().flatten() {
+                st.adjust(c, -1);
+            }
+            if let Some(s) = srq {
+                st.adjust(s, -1);
+            }
+            st.adjust(q.pd, -1);
+            let rt = st.rt(q.ca);
+            let qpn = q.qpn;
+            rt.routes_lock().remove(&qpn.value());
+            rt.node(|n| {
+                if !n.destroy_qp(softroce::QpHandle(qpn)) {
+                    n.release_qpn(qpn);
+                }
+            });
+            (st.handler(q.ca), q.ctx)
+        };
+        rt.on_destroyed(ResourceKind::Qp, ctx);
+        Ok(())
+    }
+
+    fn create_ah(&self, pd: PdHandle, attr: &AhAttr) -> Result<AhHandle> {
+        let mut st = self.lock();
+        let p = st.pd(pd)?;
+        if !attr.grh {
+            return Err(bad("RoCE address handles need a GRH (destination GID)"));
+        }
+        let ca = st.pd_ca(p);
+        let rt = st.rt(ca);
+        let dst = addr_of(attr.dgid, self.udp_port);
+        let id = rt.node(|n| n.create_ah(dst));
+        st.adjust(p, 1);
+        Ok(AhHandle(st.alloc(Obj::Ah { pd: p, id })))
+    }
+
+    fn destroy_ah(&self, ah: AhHandle) -> Result<()> {
+        let mut st = self.lock();
+        let i = st.slot(ah.0)?;
+        let pd = match st.obj(i) {
+            Obj::Ah { pd, .. } => *pd,
+            _ => return Err(VerbsError::InvalidHandle),
+        };
+        st.release(i);
+        st.adjust(pd, -1);
+        Ok(())
+    }
+
+    fn reg_mr(
+        &self,
+        pd: PdHandle,
+        buf: &MemBuf,
+        addr: u64,
+        len: u64,
+        access: AccessFlags,
+        _ctx: Context,
+    ) -> Result<MrInfo> {
+        let mut st = self.lock();
+        let p = st.pd(pd)?;
+        let ca = st.pd_ca(p);
+        let rt = st.rt(ca);
+        let (index, key) = rt
+            .keys
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .reg_mr(p as u32, buf, addr, len, access)?;
+        st.adjust(p, 1);
+        let h = st.alloc(Obj::Mr {
+            ca,
+            pd: p,
+            key: index,
+        });
+        Ok(MrInfo {
+            handle: MrHandle(h),
+            lkey: Lkey(key),
+            rkey: Rkey(key),
+            addr,
+            len,
+        })
+    }
+
+    fn rereg_mr(
+        &self,
+        mr: MrHandle,
+        buf: &MemBuf,
+        addr: u64,
+        len: u64,
+        access: AccessFlags,
+    ) -> Result<MrInfo> {
+        let st = self.lock();
+        let i = st.slot(mr.0)?;
+        let (ca, key) = match st.obj(i) {
+            Obj::Mr { ca, key, .. } => (*ca, *key),
+            _ => return Err(VerbsError::InvalidHandle),
+        };
+        let rt = st.rt(ca);
+        let k = rt
+            .keys
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .rereg_mr(key, buf, addr, len, access)?;
+        Ok(MrInfo {
+            handle: mr,
+            lkey: Lkey(k),
+            rkey: Rkey(k),
+            addr,
+            len,
+        })
+    }
+
+    fn dereg_mr(&self, mr: MrHandle) -> Result<()> {
+        let mut st = self.lock();
+        let i = st.slot(mr.0)?;
+        let (ca, pd, key) = match st.obj(i) {
+            Obj::Mr { ca, pd, key } => (*ca, *pd, *key),
+            _ => return Err(VerbsError::InvalidHandle),
+        };
+        let rt = st.rt(ca);
+        rt.keys
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .dereg_mr(key)?;
+        st.release(i);
+        st.adjust(pd, -1);
+        Ok(())
+    }
+
+    fn post_send(&self, qp: QpHandle, wrs: &[SendWr]) -> Result<()> {
+        let (rt, qpn, sig_all, state, ud, max_sge, datagram, uc) = {
+            let st = self.lock();
+            let i = st.qp(qp)?;
+            let Obj::Qp(q) = st.obj(i) else {
+                unreachable!("checked QP")
+            };
+            let mut ud = Vec::new();
+            for wr in wrs {
+                ud.push(match wr.ud {
+                    Some(d) => match st.slot(d.ah.0).map(|a| st.obj(a)) {
+                        Ok(Obj::Ah { id, .. }) => Some(roce::UdDest {
+                            qpn: d.remote_qpn,
+                            qkey: d.remote_qkey,
+                            ah: id.0,
+                        }),
+                        _ => return Err(bad("invalid address handle")),
+                    },
+                    None => None,
+                });
+            }
+            (
+                st.rt(q.ca),
+                q.qpn,
+                q.init.sq_sig_all,
+                q.state,
+                ud,
+                q.init.caps.max_send_sge,
+                q.init.qp_type.is_datagram(),
+                q.init.qp_type == QpType::Uc,
+            )
+        };
+        if !matches!(state, QpState::Rts | QpState::Err) {
+            return Err(VerbsError::BadWr {
+                index: 0,
+                cause: Box::new(VerbsError::InvalidState(state)),
+            });
+        }
+        let mut wqes = Vec::with_capacity(wrs.len());
+        let mut refused = None;
+        for (index, (wr, ud)) in wrs.iter().zip(ud).enumerate() {
+            let checked = send_wqe(wr, sig_all).and_then(|w| {
+                if wr.sges.len() > max_sge as usize {
+                    Err(bad(format!("{} SGEs > max {max_sge}", wr.sges.len())))
+                } else if datagram != ud.is_some() {
+                    Err(bad("datagram QPs need a destination, connected ones none"))
+                } else if datagram
+                    && !matches!(wr.opcode, SendOpcode::Send | SendOpcode::SendWithImm)
+                {
+                    Err(bad("only SEND on datagram QPs"))
+                } else if uc
+                    && matches!(
+                        wr.opcode,
+                        SendOpcode::RdmaRead
+                            | SendOpcode::AtomicCmpSwp
+                            | SendOpcode::AtomicFetchAdd
+                    )
+                {
+                    Err(bad("UC has no RDMA READ or atomics (IBA 9.4)"))
+                } else {
+                    Ok(w)
+                }
+            });
+            let mut w = match checked {
+                Ok(w) => w,
+                Err(cause) => {
+                    refused = Some(VerbsError::BadWr {
+                        index,
+                        cause: Box::new(cause),
+                    });
+                    break;
+                }
+            };
+            w.ud = ud;
+            if !w.signaled {
+                if let Some(r) = rt.routes_lock().get(&qpn.value()) {
+                    r.unsignaled
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(w.wr_id);
+                }
+            }
+            wqes.push(w);
+        }
+        rt.node(|n| {
+            if let Some(e) = n.qp_mut(softroce::QpHandle(qpn)) {
+                for w in wqes {
+                    e.post_send(w);
+                }
+            }
+        });
+        refused.map_or(Ok(()), Err)
+    }
+
+    fn post_recv(&self, qp: QpHandle, wrs: &[RecvWr]) -> Result<()> {
+        let mut st = self.lock();
+        let i = st.qp(qp)?;
+        let q = st.qp_mut(i);
+        if q.init.srq.is_some() {
+            return Err(bad("QP uses an SRQ; post to the SRQ"));
+        }
+        if q.state == QpState::Reset {
+            return Err(VerbsError::InvalidState(QpState::Reset));
+        }
+        if !q.engine {
+            return q.early.post(wrs);
+        }
+        let ca = q.ca;
+        let qpn = q.qpn;
+        let rt = st.rt(ca);
+        drop(st);
+        rt.node(|n| {
+            if let Some(e) = n.qp_mut(softroce::QpHandle(qpn)) {
+                for wr in wrs {
+                    e.post_recv(recv_wqe(wr));
+                }
+            }
+        });
+        Ok(())
+    }
+}
+
+/// The engine's configuration from the QP's accumulated attributes.
+fn engine_config(q: &QpObj, qp_type: QpType) -> QpConfig {
+    let a = &q.attr;
+    let mut c = QpConfig::rc(q.qpn, a.dest_qpn.unwrap_or(Qpn::from_bits(0)));
+    c.qp_type = qp_type;
+    c.pmtu = a.path_mtu.unwrap_or(Mtu::Mtu1024);
+    c.rq_psn = a.rq_psn.unwrap_or(Psn::new(0));
+    c.sq_psn = a.sq_psn.unwrap_or(Psn::new(0));
+    c.max_dest_rd_atomic = a.max_dest_rd_atomic.unwrap_or(4).max(1);
+    c.min_rnr_timer = a.min_rnr_timer.unwrap_or(12);
+    c.qkey = a.qkey.unwrap_or(if qp_type == QpType::Gsi {
+        Qkey::GSI
+    } else {
+        Qkey(0)
+    });
+    c.srq = q.init.srq.is_some();
+    c
+}
+
+/// Applies the attributes `new` gives on top of `acc`.
+fn merge(acc: &mut QpAttr, new: &QpAttr) {
+    macro_rules! take {
+        ($($f:ident),*) => { $( if new.$f.is_some() { acc.$f = new.$f; } )* };
+    }
+    take!(
+        state,
+        port,
+        pkey_index,
+        qkey,
+        access,
+        path_mtu,
+        dest_qpn,
+        rq_psn,
+        sq_psn,
+        av,
+        max_dest_rd_atomic,
+        max_rd_atomic,
+        min_rnr_timer,
+        timeout,
+        retry_cnt,
+        rnr_retry,
+        en_sqd_async_notify
+    );
+}
