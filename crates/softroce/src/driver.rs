@@ -140,7 +140,11 @@ impl Drop for Driver {
         self.shared.stop.store(true, Ordering::Release);
         self.shared.waker.wake();
         if let Some(t) = self.thread.take() {
-            let _ = t.join();
+            // The last owner may be a completion callback on the driver
+            // thread itself: it cannot join itself, and it stops anyway.
+            if t.thread().id() != std::thread::current().id() {
+                let _ = t.join();
+            }
         }
     }
 }

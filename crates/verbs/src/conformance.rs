@@ -1414,18 +1414,28 @@ pub mod cases {
         let (qa, qb) = (a.qp(QpType::Uc, None, 1), b.qp(QpType::Uc, None, 2));
         connect(&a, qa, &b, qb, QpType::Uc, 0);
         a.buf.write_at(0, b"uc!");
+        // UC completes at the sender when the packet leaves: a SEND behind
+        // the WRITE, seen by the receiver, proves the WRITE landed (one
+        // path delivers in order).
+        b.p.post_recv(qb, &[recv(9, vec![b.sge(100, 16)])]).unwrap();
         a.p.post_send(
             qa,
-            &[rdma(
-                1,
-                SendOpcode::RdmaWrite,
-                vec![a.sge(0, 3)],
-                b.buf.addr(),
-                b.mr.rkey,
-            )],
+            &[
+                rdma(
+                    1,
+                    SendOpcode::RdmaWrite,
+                    vec![a.sge(0, 3)],
+                    b.buf.addr(),
+                    b.mr.rkey,
+                ),
+                send(4, SendOpcode::Send, vec![a.sge(0, 2)]),
+            ],
         )
         .unwrap();
         assert_eq!(a.wc().status, WcStatus::Success);
+        assert_eq!(a.wc().status, WcStatus::Success);
+        let r = b.wc();
+        assert_eq!((r.wr_id, r.status, r.byte_len), (9, WcStatus::Success, 2));
         assert_eq!(b.buf.to_vec(0, 3), b"uc!");
         assert!(matches!(
             a.p.post_send(qa, &[rdma(2, SendOpcode::RdmaRead, vec![], 0, Rkey(0))]),
