@@ -1159,10 +1159,10 @@ impl Provider for SoftRoce {
                 let a = q.attr;
                 rt.node(|n| {
                     if let Some(e) = n.qp_mut(softroce::QpHandle(qpn)) {
+                        if let Some(p) = a.sq_psn {
+                            e.set_sq_psn(p);
+                        }
                         e.update_config(|c| {
-                            if let Some(p) = a.sq_psn {
-                                c.sq_psn = p;
-                            }
                             c.timeout = a.timeout.unwrap_or(c.timeout);
                             c.retry_cnt = a.retry_cnt.unwrap_or(c.retry_cnt);
                             c.rnr_retry = a.rnr_retry.unwrap_or(c.rnr_retry);

@@ -187,6 +187,16 @@ impl Qp {
         }
     }
 
+    /// Sets the requester's first PSN, as modify-QP RTR->RTS does (IBA
+    /// 11.2.4.2 `sq_psn`). Refused (false) once the requester has sent.
+    pub fn set_sq_psn(&mut self, psn: Psn) -> bool {
+        if !self.req.start_at(psn) {
+            return false;
+        }
+        self.cfg.sq_psn = psn;
+        true
+    }
+
     /// RTS -> SQD: finish what is outstanding, start nothing new.
     pub fn set_sqd(&mut self) {
         if self.mode == Mode::Active {

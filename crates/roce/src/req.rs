@@ -79,6 +79,18 @@ impl Requester {
         }
     }
 
+    /// Sets the first PSN (modify-QP RTR->RTS gives it); only before
+    /// anything was sent.
+    pub(crate) fn start_at(&mut self, psn: rdma_types::Psn) -> bool {
+        if self.sq.iter().any(|e| e.started) || self.next_psn != self.una {
+            return false;
+        }
+        self.next_psn = psn;
+        self.una = psn;
+        self.max_sent = psn;
+        true
+    }
+
     pub(crate) fn reconfigure(&mut self, cfg: &QpConfig) {
         self.retry_left = cfg.retry_cnt;
         self.rnr_left = cfg.rnr_retry;

@@ -429,7 +429,9 @@ impl Session {
             }),
             dest_qpn: Some(peer.qpn),
             rq_psn: Some(peer.psn),
-            max_dest_rd_atomic: Some(0),
+            // The target fetches data-out with RDMA READs: as many in flight
+            // as it may issue (its initiator depth, 16).
+            max_dest_rd_atomic: Some(16),
             min_rnr_timer: Some(12),
             ..Default::default()
         };
@@ -869,6 +871,12 @@ impl Inner {
 
     fn on_wc(&self, st: &mut State, wc: &WorkCompletion) {
         let ok = wc.status == WcStatus::Success;
+        if !ok && std::env::var_os("SRP_DEBUG").is_some() {
+            eprintln!(
+                "srp session: completion {:#x} failed: {:?}",
+                wc.wr_id, wc.status
+            );
+        }
         match wc.wr_id & KIND_MASK {
             KIND_RECV => {
                 let i = (wc.wr_id & !KIND_MASK) as u32;

@@ -20,6 +20,7 @@ const INIT_GUID: u64 = 0x0002_c903_0000_2222;
 /// way a CM would with the REQ's private data.
 struct Direct {
     port: Arc<TargetPort>,
+    lid: rdma_types::Lid,
 }
 
 impl Connector for Direct {
@@ -41,7 +42,7 @@ impl Connector for Direct {
                     qpn: t.qpn,
                     psn: t.psn,
                     gid: self.port.gid(),
-                    lid: rdma_types::Lid(1),
+                    lid: self.lid,
                     mtu: local.mtu,
                 },
                 private_data: rsp,
@@ -59,7 +60,7 @@ impl Connector for Direct {
 }
 
 struct Setup {
-    fabric: Arc<Fabric>,
+    fabric: Arc<dyn verbs::Provider>,
     port: Arc<TargetPort>,
     chan: ChannelConfig,
 }
@@ -68,6 +69,30 @@ fn setup(lun_bytes: u64) -> Setup {
     let fabric = Fabric::new();
     fabric.add_ca(CaConfig::simple(TARGET_GUID, 1)).unwrap();
     fabric.add_ca(CaConfig::simple(INIT_GUID, 2)).unwrap();
+    setup_on(fabric, lun_bytes)
+}
+
+/// Two soft RoCE NICs on this test's own loopback addresses.
+fn setup_soft(lun_bytes: u64, net: u8) -> Setup {
+    use rnic::softroce::{SoftCa, SoftRoce, ROCE_PORT};
+    let ip = |h: u8| std::net::IpAddr::V4(std::net::Ipv4Addr::new(127, 0, net, h));
+    let p = SoftRoce::new(
+        vec![
+            SoftCa {
+                guid: Guid(TARGET_GUID),
+                ip: ip(1),
+            },
+            SoftCa {
+                guid: Guid(INIT_GUID),
+                ip: ip(2),
+            },
+        ],
+        ROCE_PORT,
+    );
+    setup_on(p, lun_bytes)
+}
+
+fn setup_on(fabric: Arc<dyn verbs::Provider>, lun_bytes: u64) -> Setup {
     let chan = ChannelConfig::new(0x11, Guid(INIT_GUID), TARGET_GUID, Guid(TARGET_GUID));
     let scsi = Arc::new(scsi::Target::new());
     let dev = scsi::Device::new(
@@ -92,8 +117,10 @@ fn setup(lun_bytes: u64) -> Setup {
 }
 
 fn session(s: &Setup, cfg: SessionConfig) -> Arc<Session> {
+    let soft = s.fabric.name() == "softroce";
     let direct = Arc::new(Direct {
         port: s.port.clone(),
+        lid: rdma_types::Lid(if soft { 0 } else { 1 }),
     });
     Arc::new(Session::connect(s.fabric.clone(), Guid(INIT_GUID), direct, cfg).unwrap())
 }
@@ -166,4 +193,34 @@ fn small_writes_travel_as_immediate_data() {
     let mut back = vec![0u8; 4096];
     disk.read(8, &mut back).unwrap();
     assert_eq!(back, data);
+}
+
+#[test]
+fn over_soft_roce_verified_io_and_large_transfers() {
+    let s = setup_soft(16 << 20, 93);
+    let mut chan = s.chan.clone();
+    chan.cmd_sg_entries = 255;
+    let mut cfg = SessionConfig::new(chan);
+    cfg.max_segment = 16 << 10;
+    let sess = session(&s, cfg);
+    let disk = Disk::open(sess.clone(), 0).unwrap();
+    assert_eq!(disk.info().blocks, (16 << 20) / 512);
+    for mib in [4usize, 8] {
+        let len = mib << 20;
+        let data: Vec<u8> = (0..len).map(|i| (i * 13 + mib) as u8).collect();
+        disk.write(2048, &data).unwrap();
+        let mut back = vec![0u8; len];
+        disk.read(2048, &mut back).unwrap();
+        assert!(back == data, "{mib} MiB over soft RoCE");
+    }
+    let disk: Arc<dyn blockload::BlockDevice> = Arc::new(disk);
+    let mut w = blockload::Workload::new(blockload::Pattern::RandRw { read_pct: 50 });
+    w.jobs = 4;
+    w.verify = true;
+    w.region = Some(2 << 20);
+    w.size = Some(4 << 20);
+    w.runtime = std::time::Duration::from_secs(120);
+    let r = blockload::run(disk, &w, |_| {}).unwrap();
+    assert!(r.ok(), "{}", r.table());
+    assert!(r.verified_bytes > 0, "{}", r.table());
 }

@@ -1,8 +1,9 @@
 //! The whole stack in one process: an SRP target port exporting a LUN and
 //! an SRP initiator session using it, on one RDMA provider.
 //!
-//! [`Stack::start`] builds the fabric (today the in-process loopback
-//! provider, two CAs), a SCSI target with one LUN (fileio on a temporary
+//! [`Stack::start`] builds the fabric (two CAs: soft RoCE NICs on two
+//! loopback addresses by default, or the in-process loopback provider), a
+//! SCSI target with one LUN (fileio on a temporary
 //! file, ram, or nullio), an SRP target port, and an initiator session that
 //! logs in through [`Direct`], a connector that hands the login to the
 //! target port the way a CM delivers a REQ. The LUN comes back as an
@@ -40,9 +41,38 @@ pub enum Backing {
     Null,
 }
 
+/// Which RDMA provider carries SRP.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Transport {
+    /// The in-process loopback fabric (copies between registered buffers).
+    Loopback,
+    /// The soft RoCE NIC: RoCEv2 over UDP between two loopback addresses.
+    SoftRoce {
+        /// Address of the target's NIC.
+        target: std::net::IpAddr,
+        /// Address of the initiator's NIC.
+        initiator: std::net::IpAddr,
+        /// RoCEv2 UDP port both NICs use.
+        udp_port: u16,
+    },
+}
+
+impl Transport {
+    /// Soft RoCE on 127.0.0.1 (target) and 127.0.0.2 (initiator), port 4791.
+    pub fn soft_roce_default() -> Transport {
+        Transport::SoftRoce {
+            target: std::net::Ipv4Addr::new(127, 0, 0, 1).into(),
+            initiator: std::net::Ipv4Addr::new(127, 0, 0, 2).into(),
+            udp_port: rnic::softroce::ROCE_PORT,
+        }
+    }
+}
+
 /// What to build.
 #[derive(Debug, Clone)]
 pub struct StackConfig {
+    /// The provider.
+    pub transport: Transport,
     /// LUN size in bytes.
     pub size: u64,
     /// Backing store.
@@ -56,6 +86,7 @@ pub struct StackConfig {
 impl Default for StackConfig {
     fn default() -> Self {
         StackConfig {
+            transport: Transport::soft_roce_default(),
             size: 256 << 20,
             backing: Backing::TempFile,
             block_size: 512,
@@ -142,13 +173,40 @@ impl Stack {
                 cfg.size
             ));
         }
-        let fabric = Fabric::new();
-        fabric
-            .add_ca(CaConfig::simple(TARGET_GUID, 1))
-            .map_err(|e| err("add target CA", e))?;
-        fabric
-            .add_ca(CaConfig::simple(INITIATOR_GUID, 2))
-            .map_err(|e| err("add initiator CA", e))?;
+        let (fabric, provider, target_lid): (Arc<dyn verbs::Provider>, &'static str, Lid) =
+            match &cfg.transport {
+                Transport::Loopback => {
+                    let fabric = Fabric::new();
+                    fabric
+                        .add_ca(CaConfig::simple(TARGET_GUID, 1))
+                        .map_err(|e| err("add target CA", e))?;
+                    fabric
+                        .add_ca(CaConfig::simple(INITIATOR_GUID, 2))
+                        .map_err(|e| err("add initiator CA", e))?;
+                    (fabric, "loopback", Lid(1))
+                }
+                Transport::SoftRoce {
+                    target,
+                    initiator,
+                    udp_port,
+                } => (
+                    rnic::softroce::SoftRoce::new(
+                        vec![
+                            rnic::softroce::SoftCa {
+                                guid: Guid(TARGET_GUID),
+                                ip: *target,
+                            },
+                            rnic::softroce::SoftCa {
+                                guid: Guid(INITIATOR_GUID),
+                                ip: *initiator,
+                            },
+                        ],
+                        *udp_port,
+                    ),
+                    "softroce",
+                    Lid(0),
+                ),
+            };
 
         let (backend, backing, temp): (Arc<dyn scsi::Backend>, String, Option<PathBuf>) =
             match cfg.backing {
@@ -213,7 +271,7 @@ impl Stack {
         };
         let direct = Arc::new(Direct {
             port: port.clone(),
-            lid: Lid(1),
+            lid: target_lid,
         });
         let session = match Session::connect(
             fabric.clone(),
@@ -238,7 +296,7 @@ impl Stack {
             port,
             session,
             disk,
-            provider: "loopback",
+            provider,
             backing,
             temp,
         })

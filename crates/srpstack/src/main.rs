@@ -6,7 +6,7 @@
 
 use blockload::{Pattern, Progress, Report, Workload};
 use clap::{Parser, Subcommand};
-use srpstack::{Backing, Stack, StackConfig};
+use srpstack::{Backing, Stack, StackConfig, Transport};
 use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -35,12 +35,13 @@ enum Cmd {
         /// Seconds of random I/O after the first write pass.
         #[arg(long, default_value_t = 5)]
         runtime: u64,
+        #[command(flatten)]
+        net: NetArgs,
     },
     /// fio-like benchmark against a LUN exported over SRP in this process.
     Bench {
-        /// RDMA provider carrying SRP.
-        #[arg(long, default_value = "loopback")]
-        provider: String,
+        #[command(flatten)]
+        net: NetArgs,
         /// RAM-backed LUN of this size (bytes; K, M, G suffixes).
         #[arg(long, default_value = "1G", value_parser = parse_size)]
         ram: u64,
@@ -63,6 +64,45 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// Which provider carries SRP, and where.
+#[derive(clap::Args, Clone)]
+struct NetArgs {
+    /// RDMA provider: softroce (RoCEv2 over UDP on loopback addresses) or
+    /// loopback (in-process).
+    #[arg(long, default_value = "softroce")]
+    provider: String,
+    /// Soft RoCE: the target NIC's address.
+    #[arg(long, default_value = "127.0.0.1")]
+    target_ip: std::net::IpAddr,
+    /// Soft RoCE: the initiator NIC's address.
+    #[arg(long, default_value = "127.0.0.2")]
+    initiator_ip: std::net::IpAddr,
+    /// Soft RoCE: the RoCEv2 UDP port.
+    #[arg(long, default_value_t = 4791)]
+    udp_port: u16,
+}
+
+impl NetArgs {
+    fn transport(&self) -> Result<Transport, String> {
+        match self.provider.as_str() {
+            "loopback" => Ok(Transport::Loopback),
+            "softroce" => {
+                if self.target_ip == self.initiator_ip {
+                    return Err("the target and initiator NICs need different addresses".into());
+                }
+                Ok(Transport::SoftRoce {
+                    target: self.target_ip,
+                    initiator: self.initiator_ip,
+                    udp_port: self.udp_port,
+                })
+            }
+            other => Err(format!(
+                "provider `{other}` is not available (softroce or loopback)"
+            )),
+        }
+    }
 }
 
 /// Parses `4096`, `4K`, `1M`, `1G` (powers of 1024).
@@ -107,9 +147,10 @@ fn end_bar() {
     }
 }
 
-fn quickstart(nullio: bool, size: u64, runtime: u64) -> Result<(), String> {
+fn quickstart(nullio: bool, size: u64, runtime: u64, net: &NetArgs) -> Result<(), String> {
     println!("srpstack quickstart: an SRP target and initiator in one process\n");
     let cfg = StackConfig {
+        transport: net.transport()?,
         size,
         backing: if nullio {
             Backing::Null
@@ -126,10 +167,16 @@ fn quickstart(nullio: bool, size: u64, runtime: u64) -> Result<(), String> {
         .first()
         .ok_or("the target shows no session after login")?;
     let neg = stack.session.negotiated();
-    println!(
-        "  provider     {} (in-process RDMA fabric, two CAs)",
-        stack.provider
-    );
+    match &cfg.transport {
+        Transport::Loopback => println!("  provider     loopback (in-process RDMA fabric, two CAs)"),
+        Transport::SoftRoce {
+            target,
+            initiator,
+            udp_port,
+        } => println!(
+            "  provider     softroce: RoCEv2 over UDP, target NIC {target}:{udp_port}, initiator NIC {initiator}:{udp_port}"
+        ),
+    }
     println!("  target       {}", stack.port.name());
     println!(
         "  session      {} (credits {}, max IU {} B, immediate data {})",
@@ -238,7 +285,7 @@ fn quickstart(nullio: bool, size: u64, runtime: u64) -> Result<(), String> {
 
 #[allow(clippy::too_many_arguments)]
 fn bench(
-    provider: &str,
+    net: &NetArgs,
     ram: u64,
     rw: Pattern,
     bs: u64,
@@ -247,15 +294,13 @@ fn bench(
     verify: bool,
     json: bool,
 ) -> Result<bool, String> {
-    if provider != "loopback" {
-        return Err(format!(
-            "provider `{provider}` is not available yet (loopback is); the soft RoCE verbs provider is in progress"
-        ));
-    }
+    let transport = net.transport()?;
+    let provider = net.provider.as_str();
     if iodepth == 0 || iodepth > 256 {
         return Err(format!("iodepth {iodepth} must be 1..=256"));
     }
     let stack = Stack::start(&StackConfig {
+        transport,
         size: ram,
         backing: Backing::Ram,
         queue: (iodepth + 2).clamp(16, 254) as u16,
@@ -294,9 +339,10 @@ fn main() -> ExitCode {
             nullio,
             size,
             runtime,
-        } => quickstart(nullio, size, runtime).map(|_| true),
+            net,
+        } => quickstart(nullio, size, runtime, &net).map(|_| true),
         Cmd::Bench {
-            provider,
+            net,
             ram,
             rw,
             bs,
@@ -304,7 +350,7 @@ fn main() -> ExitCode {
             runtime,
             verify,
             json,
-        } => bench(&provider, ram, rw, bs, iodepth, runtime, verify, json),
+        } => bench(&net, ram, rw, bs, iodepth, runtime, verify, json),
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,

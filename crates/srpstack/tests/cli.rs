@@ -11,7 +11,18 @@ fn srpstack(args: &[&str]) -> std::process::Output {
 
 #[test]
 fn quickstart_exports_a_lun_verifies_io_and_cleans_up() {
-    let out = srpstack(&["quickstart", "--size", "16M", "--runtime", "1"]);
+    // Soft RoCE on addresses of this test's own (other tests may use 127.0.0.1/2).
+    let out = srpstack(&[
+        "quickstart",
+        "--size",
+        "16M",
+        "--runtime",
+        "1",
+        "--target-ip",
+        "127.0.91.1",
+        "--initiator-ip",
+        "127.0.91.2",
+    ]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -19,7 +30,12 @@ fn quickstart_exports_a_lun_verifies_io_and_cleans_up() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(
-        text.contains("target       fe80:0000:0000:0000:0002:c903:00a0:0001"),
+        text.contains("provider     softroce: RoCEv2 over UDP"),
+        "{text}"
+    );
+    // Target name: the port GID (IPv4-mapped 127.0.91.1) with colons.
+    assert!(
+        text.contains("target       0000:0000:0000:0000:0000:ffff:7f00:5b01"),
         "{text}"
     );
     assert!(text.contains("32768 blocks of 512 B (16 MiB)"), "{text}");
@@ -61,12 +77,25 @@ fn bad_arguments_get_clear_errors() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("provider `bogus` is not available"), "{err}");
+
+    let out = srpstack(&[
+        "quickstart",
+        "--target-ip",
+        "127.0.0.5",
+        "--initiator-ip",
+        "127.0.0.5",
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("need different addresses"), "{err}");
 }
 
 #[test]
 fn bench_reports_json_with_latency_percentiles() {
     let out = srpstack(&[
         "bench",
+        "--provider",
+        "loopback",
         "--ram",
         "8M",
         "--rw",
