@@ -1,0 +1,704 @@
+//! The CM agent of one port: GSI QP, MAD I/O, and the IB CM state machines.
+
+use crate::wire::{self, Local, ReqExtra};
+use rdma_cm::{Cm, CmConfig, CmEvent, CmMsg, ConnId, RejReason};
+use rdma_types::{AccessFlags, Gid, Guid, Instant, Mtu, PortNum, Psn, Qkey, QpState, QpType, Qpn};
+use rdma_types::{WcOpcode, WcStatus};
+use std::collections::HashMap;
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Duration as StdDuration;
+use verbs::{
+    AhAttr, AhHandle, CaHandle, CqHandle, CqInit, EventHandler, MemBuf, MrInfo, PdHandle, Provider,
+    QpAttr, QpCaps, QpHandle, QpInit, RecvWr, SendOpcode, SendWr, Sge, UdDest, WorkCompletion,
+};
+
+const MAD: usize = 256;
+const GRH: usize = 40;
+const RECVS: u32 = 64;
+const SENDS: u32 = 64;
+
+/// Errors of the agent.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CmError {
+    /// A verb failed while setting the agent up.
+    #[error("{what}: {err}")]
+    Verbs {
+        /// What was being done.
+        what: &'static str,
+        /// The provider's answer.
+        err: verbs::VerbsError,
+    },
+    /// The peer rejected the connection.
+    #[error("connection rejected: {reason}")]
+    Rejected {
+        /// The reason in words (IBA 12.6.7.2).
+        reason: String,
+        /// The REJ reason code.
+        code: u16,
+        /// REJ private data (an SRP_LOGIN_REJ for consumer-defined rejects).
+        private_data: Vec<u8>,
+    },
+    /// No answer after every retry.
+    #[error("connection timed out: no answer from the peer")]
+    TimedOut,
+    /// The agent is stopped.
+    #[error("CM agent stopped")]
+    Stopped,
+}
+
+fn verbs_err(what: &'static str) -> impl FnOnce(verbs::VerbsError) -> CmError {
+    move |err| CmError::Verbs { what, err }
+}
+
+/// The answer to a connect.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Established {
+    /// The connection, for [`CmAgent::disconnect`].
+    pub conn: ConnId,
+    /// The peer's QP.
+    pub remote_qpn: Qpn,
+    /// The peer's first PSN.
+    pub remote_psn: Psn,
+    /// REP private data.
+    pub private_data: Vec<u8>,
+}
+
+/// A connection request for a service this agent listens on.
+pub struct Incoming {
+    /// The connection.
+    pub conn: ConnId,
+    /// The requester's port GID.
+    pub peer: Gid,
+    /// The requester's QP.
+    pub remote_qpn: Qpn,
+    /// The requester's first PSN.
+    pub remote_psn: Psn,
+    /// Path MTU the REQ asks for.
+    pub mtu: Mtu,
+    /// Service ID.
+    pub service_id: u64,
+    /// REQ private data (92 bytes, zero padded).
+    pub private_data: Vec<u8>,
+    agent: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Incoming {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Incoming")
+            .field("conn", &self.conn)
+            .field("peer", &self.peer)
+            .field("remote_qpn", &self.remote_qpn)
+            .field("service_id", &format_args!("{:#x}", self.service_id))
+            .finish()
+    }
+}
+
+impl Incoming {
+    /// Answers with a REP naming `qpn`/`psn` (the consumer's QP, at least
+    /// in RTR) and `private_data`.
+    pub fn accept(&self, qpn: Qpn, psn: Psn, private_data: Vec<u8>) -> bool {
+        let mut st = self.agent.lock();
+        let now = self.agent.now();
+        let ok = st.cm.accept(now, self.conn, qpn, psn, private_data);
+        if ok {
+            if let Some(m) = st.meta.get_mut(&self.conn) {
+                m.local_qpn = qpn;
+            }
+        }
+        self.agent.flush(&mut st);
+        ok
+    }
+
+    /// Answers with a REJ, consumer defined (IBA reason 28), carrying
+    /// `private_data`.
+    pub fn reject(&self, private_data: Vec<u8>) -> bool {
+        let mut st = self.agent.lock();
+        let ok = st
+            .cm
+            .reject(self.conn, RejReason::CONSUMER_DEFINED, private_data);
+        self.agent.flush(&mut st);
+        ok
+    }
+}
+
+type Hook = Arc<dyn Fn(ConnId) + Send + Sync>;
+
+struct Meta {
+    remote_qpn: Qpn,
+    local_qpn: Qpn,
+}
+
+struct State {
+    cm: Cm<Gid>,
+    listeners: HashMap<u64, Sender<Incoming>>,
+    waiting: HashMap<ConnId, Sender<Result<Established, CmError>>>,
+    meta: HashMap<ConnId, Meta>,
+    ahs: HashMap<Gid, AhHandle>,
+    free_sends: Vec<u32>,
+    /// MADs waiting for a free send slot.
+    backlog: std::collections::VecDeque<(Gid, [u8; MAD])>,
+    next_tid: u64,
+    on_disconnect: Option<Hook>,
+    stopped: bool,
+}
+
+/// The CM agent of port 1 of one CA. Cloning the `Arc` shares it.
+pub struct CmAgent {
+    inner: Arc<Inner>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+pub(crate) struct Inner {
+    provider: Arc<dyn Provider>,
+    ca: CaHandle,
+    pd: PdHandle,
+    cq: CqHandle,
+    qp: QpHandle,
+    recv_buf: MemBuf,
+    recv_mr: MrInfo,
+    send_buf: MemBuf,
+    send_mr: MrInfo,
+    local: Local,
+    epoch: std::time::Instant,
+    st: Mutex<State>,
+    events: Mutex<Sender<Ev>>,
+    me: std::sync::Weak<Inner>,
+}
+
+enum Ev {
+    Cq,
+    Kick,
+    Stop,
+}
+
+struct Wake(Mutex<Sender<Ev>>);
+
+impl EventHandler for Wake {
+    fn on_completion(&self, _cq_ctx: u64) {
+        let _ = self.0.lock().map(|tx| tx.send(Ev::Cq));
+    }
+    fn on_async_event(&self, _event: verbs::AsyncEvent) {}
+}
+
+const KIND_SEND: u64 = 1 << 56;
+
+impl CmAgent {
+    /// Opens CA `guid` on `provider`, creates its GSI QP and starts the
+    /// agent's thread. `first_comm_id` seeds the comm IDs (vary it per run).
+    pub fn start(
+        provider: Arc<dyn Provider>,
+        guid: Guid,
+        first_comm_id: u32,
+    ) -> Result<Arc<CmAgent>, CmError> {
+        let (tx, rx) = mpsc::channel();
+        let p = &provider;
+        let ca = p
+            .open_ca(guid, 0, Arc::new(Wake(Mutex::new(tx.clone()))))
+            .map_err(verbs_err("open CA"))?;
+        let port = p
+            .query_port(ca, PortNum(1))
+            .map_err(verbs_err("query port"))?;
+        let gid = port.gids.first().copied().ok_or(CmError::Verbs {
+            what: "port GID",
+            err: verbs::VerbsError::InvalidArgument("no GID".into()),
+        })?;
+        let pd = p.alloc_pd(ca, 0).map_err(verbs_err("allocate PD"))?;
+        let cq = p
+            .create_cq(
+                pd,
+                &CqInit {
+                    cqe: RECVS + SENDS + 1,
+                },
+                0,
+            )
+            .map_err(verbs_err("create CQ"))?;
+        let qp = p
+            .create_qp(
+                pd,
+                &QpInit {
+                    qp_type: QpType::Gsi,
+                    send_cq: cq,
+                    recv_cq: cq,
+                    srq: None,
+                    caps: QpCaps {
+                        max_send_wr: SENDS,
+                        max_recv_wr: RECVS,
+                        max_send_sge: 1,
+                        max_recv_sge: 1,
+                        max_inline: 0,
+                    },
+                    sq_sig_all: true,
+                    port: Some(PortNum(1)),
+                },
+                0,
+            )
+            .map_err(verbs_err("create GSI QP"))?;
+        for attr in [
+            QpAttr {
+                state: Some(QpState::Init),
+                pkey_index: Some(0),
+                qkey: Some(Qkey::GSI),
+                ..Default::default()
+            },
+            QpAttr {
+                state: Some(QpState::Rtr),
+                ..Default::default()
+            },
+            QpAttr {
+                state: Some(QpState::Rts),
+                sq_psn: Some(Psn::new(0)),
+                ..Default::default()
+            },
+        ] {
+            p.modify_qp(qp, &attr).map_err(verbs_err("GSI QP to RTS"))?;
+        }
+        let recv_buf = MemBuf::new((GRH + MAD) * RECVS as usize);
+        let recv_mr = p
+            .reg_mr(
+                pd,
+                &recv_buf,
+                recv_buf.addr(),
+                recv_buf.len() as u64,
+                AccessFlags::LOCAL_WRITE,
+                0,
+            )
+            .map_err(verbs_err("register MAD receive buffers"))?;
+        let send_buf = MemBuf::new(MAD * SENDS as usize);
+        let send_mr = p
+            .reg_mr(
+                pd,
+                &send_buf,
+                send_buf.addr(),
+                send_buf.len() as u64,
+                AccessFlags::NONE,
+                0,
+            )
+            .map_err(verbs_err("register MAD send buffers"))?;
+        let recvs: Vec<RecvWr> = (0..RECVS)
+            .map(|i| recv_wr(&recv_buf, &recv_mr, i))
+            .collect();
+        p.post_recv(qp, &recvs)
+            .map_err(verbs_err("post MAD receives"))?;
+        p.req_notify_cq(cq, false).map_err(verbs_err("arm CQ"))?;
+        let inner = Arc::new_cyclic(|me| Inner {
+            me: me.clone(),
+            provider: provider.clone(),
+            ca,
+            pd,
+            cq,
+            qp,
+            recv_buf,
+            recv_mr,
+            send_buf,
+            send_mr,
+            local: Local {
+                guid,
+                gid,
+                mtu: port.active_mtu,
+            },
+            epoch: std::time::Instant::now(),
+            st: Mutex::new(State {
+                cm: Cm::new(CmConfig::default(), first_comm_id),
+                listeners: HashMap::new(),
+                waiting: HashMap::new(),
+                meta: HashMap::new(),
+                ahs: HashMap::new(),
+                free_sends: (0..SENDS).rev().collect(),
+                backlog: Default::default(),
+                next_tid: (first_comm_id as u64) << 32,
+                on_disconnect: None,
+                stopped: false,
+            }),
+            events: Mutex::new(tx),
+        });
+        let w = inner.clone();
+        let thread = std::thread::Builder::new()
+            .name("cm-agent".into())
+            .spawn(move || w.run(rx))
+            .map_err(|e| CmError::Verbs {
+                what: "start the CM thread",
+                err: verbs::VerbsError::InvalidArgument(e.to_string()),
+            })?;
+        Ok(Arc::new(CmAgent {
+            inner,
+            thread: Mutex::new(Some(thread)),
+        }))
+    }
+
+    /// The port GID the agent answers on.
+    pub fn gid(&self) -> Gid {
+        self.inner.local.gid
+    }
+
+    /// The port's active MTU.
+    pub fn mtu(&self) -> Mtu {
+        self.inner.local.mtu
+    }
+
+    /// Listens on `service_id`: connection requests arrive on the returned
+    /// channel.
+    pub fn listen(&self, service_id: u64) -> Receiver<Incoming> {
+        let (tx, rx) = mpsc::channel();
+        let mut st = self.inner.lock();
+        st.cm.listen(service_id);
+        st.listeners.insert(service_id, tx);
+        rx
+    }
+
+    /// Called with the connection when the peer disconnects (DREQ) or the
+    /// connection's state machine gives up on it.
+    pub fn on_disconnect(&self, hook: impl Fn(ConnId) + Send + Sync + 'static) {
+        self.inner.lock().on_disconnect = Some(Arc::new(hook));
+    }
+
+    /// Connects to `service_id` at the port with GID `peer`, offering QP
+    /// `qpn` starting at `psn`; blocks until the REP (or REJ, or the last
+    /// retry) and sends the RTU.
+    pub fn connect(
+        &self,
+        peer: Gid,
+        service_id: u64,
+        qpn: Qpn,
+        psn: Psn,
+        private_data: Vec<u8>,
+        timeout: StdDuration,
+    ) -> Result<Established, CmError> {
+        let (tx, rx) = mpsc::channel();
+        {
+            let mut st = self.inner.lock();
+            if st.stopped {
+                return Err(CmError::Stopped);
+            }
+            let now = self.inner.now();
+            let conn = st
+                .cm
+                .connect(now, vec![peer], service_id, qpn, psn, private_data);
+            st.waiting.insert(conn, tx);
+            st.meta.insert(
+                conn,
+                Meta {
+                    remote_qpn: Qpn::from_bits(0),
+                    local_qpn: qpn,
+                },
+            );
+            self.inner.flush(&mut st);
+        }
+        self.inner.kick();
+        rx.recv_timeout(timeout).unwrap_or(Err(CmError::TimedOut))
+    }
+
+    /// Starts a disconnect (DREQ); idempotent.
+    pub fn disconnect(&self, conn: ConnId) {
+        let mut st = self.inner.lock();
+        let now = self.inner.now();
+        st.cm.disconnect(now, conn);
+        self.inner.flush(&mut st);
+        drop(st);
+        self.inner.kick();
+    }
+
+    /// The state of a connection.
+    pub fn state(&self, conn: ConnId) -> rdma_cm::ConnState {
+        self.inner.lock().cm.state(conn)
+    }
+}
+
+impl Drop for CmAgent {
+    fn drop(&mut self) {
+        self.inner.lock().stopped = true;
+        let _ = self.inner.events.lock().map(|tx| tx.send(Ev::Stop));
+        if let Some(t) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = t.join();
+        }
+        let i = &self.inner;
+        let p = &i.provider;
+        let ahs: Vec<AhHandle> = i.lock().ahs.drain().map(|(_, a)| a).collect();
+        for a in ahs {
+            let _ = p.destroy_ah(a);
+        }
+        let _ = p.destroy_qp(i.qp);
+        let _ = p.dereg_mr(i.recv_mr.handle);
+        let _ = p.dereg_mr(i.send_mr.handle);
+        let _ = p.destroy_cq(i.cq);
+        let _ = p.dealloc_pd(i.pd);
+        let _ = p.close_ca(i.ca);
+    }
+}
+
+fn recv_wr(buf: &MemBuf, mr: &MrInfo, i: u32) -> RecvWr {
+    RecvWr {
+        wr_id: i as u64,
+        sges: vec![Sge {
+            addr: buf.addr() + (i as usize * (GRH + MAD)) as u64,
+            length: (GRH + MAD) as u32,
+            lkey: mr.lkey,
+        }],
+    }
+}
+
+/// The sender's GID from the 40-byte area in front of a UD receive: an IB
+/// GRH (source GID at 8), or on RoCEv2 over IPv4 an IPv4 header in the last
+/// 20 bytes (source address at 32).
+fn source_gid(grh: &[u8]) -> Gid {
+    if grh[20] == 0x45 {
+        let ip = std::net::Ipv4Addr::new(grh[32], grh[33], grh[34], grh[35]);
+        Gid::from_ip(ip.into())
+    } else {
+        Gid(grh[8..24].try_into().expect("16 bytes"))
+    }
+}
+
+impl Inner {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.st.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn now(&self) -> Instant {
+        Instant::from_std(self.epoch, std::time::Instant::now())
+    }
+
+    fn kick(&self) {
+        let _ = self.events.lock().map(|tx| tx.send(Ev::Kick));
+    }
+
+    fn run(&self, rx: Receiver<Ev>) {
+        loop {
+            let wait = {
+                let st = self.lock();
+                st.cm
+                    .poll_timeout()
+                    .map(|t| t.saturating_since(self.now()).to_std())
+            };
+            let ev = match wait {
+                Some(d) => rx.recv_timeout(d.max(StdDuration::from_millis(1))),
+                None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+            };
+            match ev {
+                Ok(Ev::Stop) | Err(RecvTimeoutError::Disconnected) => return,
+                Ok(Ev::Cq) => self.drain_cq(),
+                Ok(Ev::Kick) => {}
+                Err(RecvTimeoutError::Timeout) => {}
+            }
+            let mut st = self.lock();
+            let now = self.now();
+            if st.cm.poll_timeout().is_some_and(|t| t <= now) {
+                st.cm.handle_timeout(now);
+            }
+            let calls = self.take_events(&mut st, None);
+            self.call_hooks(st, calls);
+        }
+    }
+
+    fn call_hooks(&self, st: MutexGuard<'_, State>, calls: Vec<ConnId>) {
+        let hook = st.on_disconnect.clone();
+        drop(st);
+        if let Some(h) = hook {
+            for c in calls {
+                h(c);
+            }
+        }
+    }
+
+    fn drain_cq(&self) {
+        let mut wcs = [WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0); 16];
+        let mut armed = false;
+        loop {
+            let n = match self.provider.poll_cq(self.cq, &mut wcs) {
+                Ok(n) => n,
+                Err(_) => return,
+            };
+            for wc in &wcs[..n] {
+                self.on_wc(wc);
+            }
+            if n == 0 {
+                if armed || self.provider.req_notify_cq(self.cq, false).is_err() {
+                    return;
+                }
+                armed = true;
+            }
+        }
+    }
+
+    fn on_wc(&self, wc: &WorkCompletion) {
+        let mut st = self.lock();
+        if wc.wr_id & KIND_SEND != 0 {
+            st.free_sends.push((wc.wr_id & !KIND_SEND) as u32);
+            self.flush(&mut st);
+            return;
+        }
+        let i = wc.wr_id as u32;
+        if wc.status == WcStatus::Success && wc.byte_len as usize >= GRH + 24 {
+            let off = i as usize * (GRH + MAD);
+            let bytes = self.recv_buf.to_vec(off, GRH + MAD);
+            let peer = source_gid(&bytes[..GRH]);
+            let _ = self
+                .provider
+                .post_recv(self.qp, &[recv_wr(&self.recv_buf, &self.recv_mr, i)]);
+            if let Some((msg, extra)) = wire::decode(&bytes[GRH..]) {
+                let now = self.now();
+                st.cm.handle_msg(now, peer, msg);
+                // A REQ's Request event comes out of this very input.
+                let calls = self.take_events(&mut st, extra);
+                self.call_hooks(st, calls);
+                return;
+            }
+        } else {
+            let _ = self
+                .provider
+                .post_recv(self.qp, &[recv_wr(&self.recv_buf, &self.recv_mr, i)]);
+        }
+        self.flush(&mut st);
+    }
+
+    /// Sends what the state machines queued.
+    fn flush(&self, st: &mut State) {
+        let local = self.local;
+        while let Some((peer, msg)) = st.cm.poll_transmit() {
+            st.next_tid += 1;
+            let tid = st.next_tid;
+            let peer_qpn = match &msg {
+                CmMsg::Dreq { local_comm_id, .. } => st
+                    .meta
+                    .get(&ConnId(*local_comm_id))
+                    .map_or(Qpn::from_bits(0), |m| m.remote_qpn),
+                _ => Qpn::from_bits(0),
+            };
+            let mad = wire::encode(&msg, tid, &local, peer, peer_qpn);
+            st.backlog.push_back((peer, mad));
+        }
+        while let Some(slot) = st.free_sends.last().copied() {
+            let Some((peer, mad)) = st.backlog.pop_front() else {
+                break;
+            };
+            let ah = match st.ahs.get(&peer) {
+                Some(a) => *a,
+                None => {
+                    let attr = AhAttr {
+                        dlid: rdma_types::Lid(0),
+                        port: PortNum(1),
+                        grh: true,
+                        dgid: peer,
+                        sgid_index: 0,
+                        sl: 0,
+                        hop_limit: 64,
+                    };
+                    match self.provider.create_ah(self.pd, &attr) {
+                        Ok(a) => {
+                            st.ahs.insert(peer, a);
+                            a
+                        }
+                        Err(_) => continue,
+                    }
+                }
+            };
+            st.free_sends.pop();
+            let off = slot as usize * MAD;
+            self.send_buf.write_at(off, &mad);
+            let mut wr = SendWr::new(
+                KIND_SEND | slot as u64,
+                SendOpcode::Send,
+                vec![Sge {
+                    addr: self.send_buf.addr() + off as u64,
+                    length: MAD as u32,
+                    lkey: self.send_mr.lkey,
+                }],
+            );
+            wr.ud = Some(UdDest {
+                ah,
+                remote_qpn: Qpn::GSI,
+                remote_qkey: Qkey::GSI,
+            });
+            if self.provider.post_send(self.qp, &[wr]).is_err() {
+                st.free_sends.push(slot);
+            }
+        }
+    }
+
+    /// Routes state machine events and sends what they queued; returns the
+    /// connections whose disconnect hook must run (without the lock).
+    fn take_events(&self, st: &mut State, extra: Option<ReqExtra>) -> Vec<ConnId> {
+        let mut calls: Vec<ConnId> = Vec::new();
+        while let Some(ev) = st.cm.poll_event() {
+            match ev {
+                CmEvent::Request { conn, peer, req } => {
+                    let Some(agent) = self.me.upgrade() else {
+                        continue;
+                    };
+                    st.meta.insert(
+                        conn,
+                        Meta {
+                            remote_qpn: req.qpn,
+                            local_qpn: Qpn::from_bits(0),
+                        },
+                    );
+                    let incoming = Incoming {
+                        conn,
+                        peer,
+                        remote_qpn: req.qpn,
+                        remote_psn: req.psn,
+                        mtu: extra.map_or(self.local.mtu, |x| x.mtu),
+                        service_id: req.service_id,
+                        private_data: req.private_data,
+                        agent,
+                    };
+                    let delivered = st
+                        .listeners
+                        .get(&req.service_id)
+                        .is_some_and(|tx| tx.send(incoming).is_ok());
+                    if !delivered {
+                        st.cm
+                            .reject(conn, RejReason::INVALID_SERVICE_ID, Vec::new());
+                    }
+                }
+                CmEvent::Established {
+                    conn,
+                    remote_qpn,
+                    remote_psn,
+                    private_data,
+                } => {
+                    if let Some(m) = st.meta.get_mut(&conn) {
+                        m.remote_qpn = remote_qpn;
+                    }
+                    if let Some(tx) = st.waiting.remove(&conn) {
+                        let _ = tx.send(Ok(Established {
+                            conn,
+                            remote_qpn,
+                            remote_psn,
+                            private_data,
+                        }));
+                    }
+                }
+                CmEvent::Rejected {
+                    conn,
+                    reason,
+                    private_data,
+                } => {
+                    if let Some(tx) = st.waiting.remove(&conn) {
+                        let _ = tx.send(Err(CmError::Rejected {
+                            reason: rdma_mad::cm::RejReason::from(reason.0).to_string(),
+                            code: reason.0,
+                            private_data,
+                        }));
+                    }
+                    st.meta.remove(&conn);
+                }
+                CmEvent::TimedOut { conn } => {
+                    if let Some(tx) = st.waiting.remove(&conn) {
+                        let _ = tx.send(Err(CmError::TimedOut));
+                    } else {
+                        calls.push(conn);
+                    }
+                }
+                CmEvent::DisconnectRequested { conn } => calls.push(conn),
+                CmEvent::Disconnected { .. } => {}
+                CmEvent::TimewaitExit { conn } => {
+                    st.meta.remove(&conn);
+                }
+            }
+        }
+        self.flush(st);
+        calls
+    }
+}

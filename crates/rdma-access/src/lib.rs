@@ -1,0 +1,28 @@
+//! The access layer's connection services over a verbs provider.
+//!
+//! [`CmAgent`] is the IB connection manager of one port: it owns the port's
+//! GSI QP (QP1), sends and receives CM MADs (the `rdma-mad` formats), and
+//! runs the `rdma-cm` state machines with a real clock (response timeouts,
+//! retries, timewait). Consumers listen on a service ID and get
+//! [`Incoming`] requests to accept (with their QP and REP private data) or
+//! reject (consumer defined, with private data), or connect to a service
+//! at a peer GID and block until the REP, REJ or the last retry.
+//!
+//! [`rdmacm`] puts IP addressing on top, as Linux `rdma_cm` lays it out:
+//! the service ID of TCP port `p` is `0x0000000001060000 | p`, and the REQ
+//! private data starts with the 36-byte `cma_hdr` (version, IP version,
+//! source port, source and destination addresses) before the consumer's.
+//! On RoCE an IP address is a GID, so no SA path query is needed.
+//!
+//! What it leaves to the consumer: QP state transitions (the consumer has
+//! its QP in RTR before it accepts, and moves it to RTS on the answer), and
+//! which port to use (one agent per port). What it refuses: MADs that do
+//! not parse (dropped), requests for services nobody listens on (REJ,
+//! invalid service ID).
+
+mod agent;
+pub mod rdmacm;
+mod wire;
+
+pub use agent::{CmAgent, CmError, Established, Incoming};
+pub use rdma_cm::ConnId;
