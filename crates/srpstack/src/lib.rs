@@ -310,3 +310,133 @@ impl Drop for Stack {
         }
     }
 }
+
+/// Connects through RDMA CM: the SRP login travels in the REQ after the
+/// `cma_hdr`, as Linux ib_srp does with `dest=ip:port`.
+pub struct RdmaCmConnector {
+    /// This port's CM agent.
+    pub agent: Arc<rdma_access::CmAgent>,
+    /// This NIC's address.
+    pub src: std::net::IpAddr,
+    /// The target's address and RDMA CM port.
+    pub dst: std::net::SocketAddr,
+    /// How long to wait for the REP.
+    pub timeout: std::time::Duration,
+}
+
+impl Connector for RdmaCmConnector {
+    fn connect(&self, login: &[u8], local: QpInfo) -> Result<Connected, ConnectError> {
+        match rdma_access::rdmacm::connect(
+            &self.agent,
+            self.src,
+            self.dst.ip(),
+            self.dst.port(),
+            local.qpn,
+            local.psn,
+            login,
+            self.timeout,
+        ) {
+            Ok(e) => Ok(Connected {
+                peer: QpInfo {
+                    qpn: e.remote_qpn,
+                    psn: e.remote_psn,
+                    gid: rdma_types::Gid::from_ip(self.dst.ip()),
+                    lid: Lid(0),
+                    mtu: local.mtu,
+                },
+                private_data: e.private_data,
+                handle: e.conn.0 as u64,
+            }),
+            Err(rdma_access::CmError::Rejected {
+                code: 28,
+                private_data,
+                ..
+            }) => Err(ConnectError::Rejected(private_data)),
+            Err(e) => Err(ConnectError::Failed(e.to_string())),
+        }
+    }
+
+    fn disconnect(&self, handle: u64) {
+        self.agent.disconnect(rdma_access::ConnId(handle as u32));
+    }
+
+    fn form(&self) -> LoginForm {
+        LoginForm::RdmaCm
+    }
+}
+
+/// Serves SRP logins arriving by RDMA CM on `port` for `target` until the
+/// agent stops: each REQ's login goes to the target port; the REP carries
+/// the SRP_LOGIN_RSP, the REJ the SRP_LOGIN_REJ. Disconnects travel both
+/// ways (DREQ from the initiator closes the channel; a target logout sends
+/// a DREQ).
+pub fn serve_rdma_cm(
+    agent: Arc<rdma_access::CmAgent>,
+    target: Arc<TargetPort>,
+    port: u16,
+    mut log: impl FnMut(String) + Send + 'static,
+) -> std::thread::JoinHandle<()> {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+    let requests = rdma_access::rdmacm::listen(&agent, port);
+    // CM connection <-> target connection, both ways.
+    let map: Arc<Mutex<HashMap<u32, u64>>> = Arc::new(Mutex::new(HashMap::new()));
+    {
+        let (map, target) = (map.clone(), target.clone());
+        agent.on_disconnect(move |cm| {
+            let conn = map.lock().unwrap_or_else(|e| e.into_inner()).remove(&cm.0);
+            if let Some(c) = conn {
+                target.disconnected(srp_target::ConnId(c));
+            }
+        });
+    }
+    {
+        let (map, agent2) = (map.clone(), agent.clone());
+        target.on_disconnect(move |conn| {
+            let cm = map
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .iter()
+                .find(|(_, c)| **c == conn.0)
+                .map(|(cm, _)| *cm);
+            if let Some(cm) = cm {
+                agent2.disconnect(rdma_access::ConnId(cm));
+            }
+        });
+    }
+    std::thread::spawn(move || {
+        while let Ok(inc) = requests.recv() {
+            let req = match rdma_access::rdmacm::decode(inc) {
+                Ok(r) => r,
+                Err((inc, e)) => {
+                    log(format!("refused a request: {e}"));
+                    inc.reject(Vec::new());
+                    continue;
+                }
+            };
+            let peer = PeerQp {
+                qpn: req.incoming.remote_qpn,
+                psn: req.incoming.remote_psn,
+                gid: req.incoming.peer,
+                lid: Lid(0),
+                mtu: req.incoming.mtu,
+            };
+            match target.login(&req.private_data, TargetForm::RdmaCm, peer) {
+                LoginOutcome::Accepted { conn, local, rsp } => {
+                    map.lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(req.incoming.conn.0, conn.0);
+                    req.incoming.accept(local.qpn, local.psn, rsp);
+                    log(format!(
+                        "login from {} accepted (channel {})",
+                        req.src, conn.0
+                    ));
+                }
+                LoginOutcome::Rejected { rej, reason } => {
+                    req.incoming.reject(rej);
+                    log(format!("login from {} rejected: {reason}", req.src));
+                }
+            }
+        }
+    })
+}
