@@ -33,7 +33,8 @@ use verbs::{
 pub struct QpInfo {
     /// QP number.
     pub qpn: Qpn,
-    /// First PSN this side sends.
+    /// Starting PSN in the CM message: the first PSN this side expects to
+    /// receive; the peer sends from it (IBA 12.7.25, as Linux ib_cm does).
     pub psn: Psn,
     /// Port GID.
     pub gid: Gid,
@@ -428,7 +429,7 @@ impl Session {
                 mtu
             }),
             dest_qpn: Some(peer.qpn),
-            rq_psn: Some(peer.psn),
+            rq_psn: Some(psn),
             // The target fetches data-out with RDMA READs: as many in flight
             // as it may issue (its initiator depth, 16).
             max_dest_rd_atomic: Some(16),
@@ -437,7 +438,7 @@ impl Session {
         };
         let to_rts = QpAttr {
             state: Some(QpState::Rts),
-            sq_psn: Some(psn),
+            sq_psn: Some(peer.psn),
             timeout: Some(14),
             retry_cnt: Some(7),
             rnr_retry: Some(7),

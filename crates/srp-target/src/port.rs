@@ -26,7 +26,9 @@ pub struct ConnId(pub u64);
 pub struct PeerQp {
     /// Initiator QP number.
     pub qpn: Qpn,
-    /// First PSN the initiator sends.
+    /// The REQ's starting PSN: the first PSN the initiator expects to
+    /// receive, so the target's send PSN (IBA 12.7.25; Linux ib_cm sets
+    /// the passive side's sq_psn from it, as the captured rping shows).
     pub psn: Psn,
     /// Initiator port GID.
     pub gid: Gid,
@@ -41,7 +43,8 @@ pub struct PeerQp {
 pub struct LocalQp {
     /// Target QP number.
     pub qpn: Qpn,
-    /// First PSN the target sends.
+    /// The REP's starting PSN: the first PSN the target expects to receive
+    /// (the initiator sends from it).
     pub psn: Psn,
 }
 
@@ -670,7 +673,7 @@ impl Inner {
                 }),
                 path_mtu: Some(peer.mtu),
                 dest_qpn: Some(peer.qpn),
-                rq_psn: Some(peer.psn),
+                rq_psn: Some(psn),
                 max_dest_rd_atomic: Some(0),
                 min_rnr_timer: Some(12),
                 ..Default::default()
@@ -681,7 +684,7 @@ impl Inner {
             qp,
             &QpAttr {
                 state: Some(QpState::Rts),
-                sq_psn: Some(psn),
+                sq_psn: Some(peer.psn),
                 timeout: Some(14),
                 retry_cnt: Some(7),
                 rnr_retry: Some(7),
