@@ -52,6 +52,7 @@ pub struct SoftCa {
 /// The soft RoCE provider.
 pub struct SoftRoce {
     udp_port: u16,
+    mtu: Mtu,
     cas: Vec<SoftCa>,
     st: Mutex<State>,
     /// Devices with at least one open, by GUID.
@@ -437,8 +438,15 @@ impl SoftRoce {
     /// A provider with these CAs; each is bound (its socket opened) when a
     /// consumer opens it. `udp_port` is the RoCEv2 port every CA uses.
     pub fn new(cas: Vec<SoftCa>, udp_port: u16) -> Arc<SoftRoce> {
+        SoftRoce::with_mtu(cas, udp_port, Mtu::Mtu4096)
+    }
+
+    /// Like [`SoftRoce::new`], with ports whose active MTU is `mtu` (rxe
+    /// reports 1024 on a 1500-byte Ethernet link; loopback fits 4096).
+    pub fn with_mtu(cas: Vec<SoftCa>, udp_port: u16, mtu: Mtu) -> Arc<SoftRoce> {
         Arc::new(SoftRoce {
             udp_port,
+            mtu,
             cas,
             st: Mutex::new(State::default()),
             devices: Mutex::new(HashMap::new()),
@@ -755,7 +763,7 @@ impl Provider for SoftRoce {
             port,
             state: PortState::Active,
             max_mtu: Mtu::Mtu4096,
-            active_mtu: Mtu::Mtu4096,
+            active_mtu: self.mtu,
             lid: Lid(0),
             sm_lid: Lid(0),
             gids: vec![rt.gid],

@@ -49,7 +49,24 @@ enum Cmd {
         /// Print the report as JSON.
         #[arg(long)]
         json: bool,
+        /// Target port identifier extension (hex; ib_srp's id_ext).
+        #[arg(long, value_parser = hex64, default_value = "0002c90300a00001")]
+        id_ext: u64,
+        /// Target I/O controller GUID (hex; ib_srp's ioc_guid).
+        #[arg(long, value_parser = hex64, default_value = "0002c90300a00001")]
+        ioc_guid: u64,
+        /// This initiator's identifier extension (hex; initiator_ext).
+        #[arg(long, value_parser = hex64, default_value = "1")]
+        initiator_ext: u64,
+        /// Active MTU of this NIC (1024 on a 1500-byte Ethernet link).
+        #[arg(long, default_value_t = 4096)]
+        mtu: usize,
     },
+}
+
+fn hex64(s: &str) -> Result<u64, String> {
+    u64::from_str_radix(s.trim_start_matches("0x"), 16)
+        .map_err(|_| format!("`{s}` is not a 64-bit hex number"))
 }
 
 fn main() -> ExitCode {
@@ -64,12 +81,21 @@ fn main() -> ExitCode {
         size,
         no_verify,
         json,
+        id_ext,
+        ioc_guid,
+        initiator_ext,
+        mtu,
     } = Cli::parse().cmd;
     let run = || -> Result<bool, String> {
         use rdma_types::Guid;
         let guid = Guid(srpstack::INITIATOR_GUID);
-        let provider =
-            rnic::softroce::SoftRoce::new(vec![rnic::softroce::SoftCa { guid, ip }], udp_port);
+        let mtu = rdma_types::Mtu::from_bytes(mtu)
+            .map_err(|_| format!("MTU {mtu} is not 256, 512, 1024, 2048 or 4096"))?;
+        let provider = rnic::softroce::SoftRoce::with_mtu(
+            vec![rnic::softroce::SoftCa { guid, ip }],
+            udp_port,
+            mtu,
+        );
         let agent = rdma_access::CmAgent::start(provider.clone(), guid, std::process::id() << 8)
             .map_err(|e| format!("start the CM agent on {ip}: {e}"))?;
         let connector = Arc::new(srpstack::RdmaCmConnector {
@@ -78,10 +104,7 @@ fn main() -> ExitCode {
             dst: dest,
             timeout: Duration::from_secs(10),
         });
-        // The target's port ID: its CA GUID as id_ext and ioc_guid, as
-        // srp_daemon reports for ib_srpt.
-        let t = Guid(srpstack::TARGET_GUID);
-        let chan = srp::initiator::ChannelConfig::new(1, guid, t.0, t);
+        let chan = srp::initiator::ChannelConfig::new(initiator_ext, guid, id_ext, Guid(ioc_guid));
         let session = Arc::new(
             srp_initiator::session::Session::connect(
                 provider,

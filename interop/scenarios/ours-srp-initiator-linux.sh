@@ -1,0 +1,78 @@
+# shellcheck shell=bash
+# ours-srp-initiator-linux: our SRP initiator (`srp io` on the host side at
+# 10.77.0.2, soft RoCE NIC with MTU 1024) logs in by RDMA CM to Linux LIO
+# ib_srpt (fileio backstore of 16 MiB, rdma_cm_port 5555) in VM a, runs
+# 8 MiB of verified random 4 KiB reads and writes on LUN 0 (writes as SRP
+# immediate data), then 8 MiB at 64 KiB (writes fetched by RDMA READ), and
+# logs out after each.
+# Needs the binary: cargo build --release -p srpstack (SRP_CLI overrides).
+
+SCENARIO_VMS=("a 11 target")
+SCENARIO_GUEST_TIMEOUT=900
+SCENARIO_EXPECT_PROTOCOLS="infiniband.bth.opcode>=6&&infiniband.bth.opcode<=10 infiniband.bth.opcode==12 infiniband.bth.opcode==4 infiniband.mad"
+
+SRP_CLI=${SRP_CLI:-${CARGO_TARGET_DIR:-$INTEROP_DIR/../target}/release/srp}
+SRP_PORT=5555
+# rxe's node GUID is the EUI-64 of the VM's MAC 52:54:00:77:00:0b.
+LIO_GUID=505400fffe77000b
+# Our initiator port ID: initiator_ext 1, then our CA GUID.
+OUR_PORT_ID=00000000000000010002c90300b00001
+
+host_main() {
+  [ -x "$SRP_CLI" ] || { echo "missing $SRP_CLI: run cargo build --release -p srpstack"; return 1; }
+  ns_add_ip 10.77.0.2
+  local i ok=0
+  # Retry while the VM boots and configures LIO.
+  for i in $(seq 1 "$(tmo 100)"); do
+    vms_alive || break
+    if ns_run 120 "$SRP_CLI" io --dest 10.77.0.11:$SRP_PORT --ip 10.77.0.2 --mtu 1024 \
+        --id-ext $LIO_GUID --ioc-guid $LIO_GUID --size 8388608 --region 4194304; then
+      ok=1
+      break
+    fi
+    sleep 3
+  done
+  # Writes above the 8 KiB of immediate data make LIO fetch them by RDMA READ.
+  if [ $ok = 1 ]; then
+    ns_run 120 "$SRP_CLI" io --dest 10.77.0.11:$SRP_PORT --ip 10.77.0.2 --mtu 1024 \
+      --id-ext $LIO_GUID --ioc-guid $LIO_GUID --bs 65536 --size 8388608 --region 4194304 || ok=0
+  fi
+  # Tell the VM we are done either way, so it powers off.
+  ns_run 60 python3 -c 'import socket,time
+for _ in range(50):
+    try:
+        socket.create_connection(("10.77.0.11", 7001), timeout=2).sendall(b"done\n"); break
+    except OSError: time.sleep(1)'
+  [ $ok = 1 ] || { echo "our srp io never completed against LIO"; return 1; }
+  echo "our initiator: verified I/O against LIO ib_srpt"
+}
+
+guest_target() {
+  local tpg gid0 wwn acl
+  mkdir -p /run/dbus
+  dbus-daemon --system --fork || fail "dbus-daemon did not start"
+  modprobe target_core_mod
+  modprobe target_core_file
+  modprobe ib_srpt
+  [ "$(tr -d : </sys/class/infiniband/rxe0/node_guid)" = $LIO_GUID ] ||
+    fail "rxe0 node GUID $(cat /sys/class/infiniband/rxe0/node_guid) is not $LIO_GUID"
+  gid0=$(cat /sys/class/infiniband/rxe0/ports/1/gids/0)
+  wwn=ib.${gid0//:/}
+  cd /tmp
+  targetcli /backstores/fileio create f0 /tmp/f0.img 16M
+  targetcli /srpt create "$wwn"
+  targetcli "/srpt/$wwn/luns" create /backstores/fileio/f0
+  tpg=$(ls -d /sys/kernel/config/target/srpt/*/tpgt_1 | head -1)
+  [ -d "$tpg/lun/lun_0" ] || fail "LUN 0 missing under $tpg"
+  acl=$tpg/acls/0x$OUR_PORT_ID
+  mkdir "$acl"
+  mkdir "$acl/lun_0"
+  ln -s "$tpg/lun/lun_0" "$acl/lun_0/map0"
+  echo $SRP_PORT >/sys/kernel/config/target/srpt/discovery_auth/rdma_cm_port
+  [ "$(cat "$tpg/enable")" = 1 ] || echo 1 >"$tpg/enable"
+  step "LIO ready, waiting for our initiator"
+  local done_msg
+  done_msg=$(msg_recv 7001 800)
+  [ "$done_msg" = done ] || fail "host reported '$done_msg'"
+  dmesg | grep -i srpt | tail -8
+}
