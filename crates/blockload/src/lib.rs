@@ -44,6 +44,12 @@ pub trait BlockDevice: Send + Sync {
     fn flush(&self) -> io::Result<()> {
         Ok(())
     }
+    /// Deallocates `blocks` blocks from `lba`; later reads of them return
+    /// zeroes. Devices without thin provisioning answer `Unsupported`.
+    fn unmap(&self, lba: u64, blocks: u64) -> io::Result<()> {
+        let _ = (lba, blocks);
+        Err(io::Error::new(io::ErrorKind::Unsupported, "unmap not supported"))
+    }
 }
 
 /// The access pattern.
@@ -617,7 +623,7 @@ impl RamDevice {
             .checked_mul(self.block_size as u64)
             .and_then(|s| usize::try_from(s).ok())
             .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "LBA out of range"))?;
-        let end = start + len;
+        let end = start.saturating_add(len);
         if !len.is_multiple_of(self.block_size as usize) || end > self.data.read().unwrap().len() {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -643,6 +649,13 @@ impl BlockDevice for RamDevice {
     fn write_at(&self, lba: u64, buf: &[u8]) -> io::Result<()> {
         let r = self.range(lba, buf.len())?;
         self.data.write().unwrap()[r].copy_from_slice(buf);
+        Ok(())
+    }
+    fn unmap(&self, lba: u64, blocks: u64) -> io::Result<()> {
+        let len = usize::try_from(blocks.saturating_mul(self.block_size as u64))
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "unmap range too large"))?;
+        let r = self.range(lba, len)?;
+        self.data.write().unwrap()[r].fill(0);
         Ok(())
     }
 }
