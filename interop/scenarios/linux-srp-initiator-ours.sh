@@ -2,8 +2,11 @@
 # linux-srp-initiator-ours: Linux's own SRP initiator (ib_srp over rxe, in
 # VM a) logs in to our SRP target (srptd on the host side at 10.77.0.2,
 # soft RoCE NIC, logins by RDMA CM on port 5555), writes a random pattern
-# with dd (O_DIRECT), reads it back and compares, runs a short fio verify
-# job, and logs out.
+# with dd (O_DIRECT), reads it back and compares, runs fio verify jobs,
+# makes an ext4 file system and checks it, measures sequential read
+# bandwidth, moves 4 and 8 MiB direct I/Os with cmd_sg_entries=1 and 255,
+# and logs out and in again under verification. ch_count=2 (two RDMA
+# channels, SINGLE then MULTI) and immediate data are used.
 # Needs the binary: cargo build --release -p srpstack (SRPTD overrides).
 
 SCENARIO_VMS=("a 11 initiator")
@@ -19,7 +22,7 @@ OUR_TARGET_GUID=0002c90300a00001
 host_main() {
   [ -x "$SRPTD" ] || { echo "missing $SRPTD: run cargo build --release -p srpstack"; return 1; }
   ns_add_ip 10.77.0.2
-  ns_bg srptd 900 "$SRPTD" --ip 10.77.0.2 --ram-mib 16 --rdma-cm-port 5555
+  ns_bg srptd 900 "$SRPTD" --ip 10.77.0.2 --ram-mib 32 --rdma-cm-port 5555
   local i
   for i in $(seq 1 100); do
     grep -q "listening on" "$RUN_DIR/host-srptd.log" 2>/dev/null && break
@@ -39,37 +42,97 @@ our_disk() {
   return 1
 }
 
-guest_initiator() {
-  local dev add=/sys/class/infiniband_srp/srp-rxe0-1/add_target
-  modprobe ib_srp
-  modprobe sd_mod 2>/dev/null || true
-  modprobe sg 2>/dev/null || true
+LOGIN_BASE="id_ext=$OUR_TARGET_GUID,ioc_guid=$OUR_TARGET_GUID,dest=10.77.0.2:5555"
+
+# login EXTRA: add_target with extra options; sets DEV.
+login() {
+  local add=/sys/class/infiniband_srp/srp-rxe0-1/add_target
   [ -e $add ] || fail "$add missing"
-  step "add_target id_ext=$OUR_TARGET_GUID,ioc_guid=$OUR_TARGET_GUID,dest=10.77.0.2:5555"
-  retry 120 "SRP login" sh -c "echo id_ext=$OUR_TARGET_GUID,ioc_guid=$OUR_TARGET_GUID,dest=10.77.0.2:5555 >$add"
+  retry 120 "SRP login ($1)" sh -c "echo $LOGIN_BASE${1:+,$1} >$add"
   wait_until 120 "our disk" our_disk
-  dev=/dev/$(our_disk)
-  wait_until 30 "$dev node" test -b "$dev"
-  step "disk $dev: $(cat /sys/block/${dev#/dev/}/size) sectors"
-  sg_inq "$dev" | sed 's/^/  /'
-  sg_readcap "$dev" | sed 's/^/  /'
-  [ "$(cat /sys/block/${dev#/dev/}/size)" -eq 32768 ] || fail "disk is not 16 MiB"
+  DEV=/dev/$(our_disk)
+  wait_until 30 "$DEV node" test -b "$DEV"
+}
 
-  head -c 4194304 /dev/urandom >/tmp/pattern
-  dd if=/tmp/pattern of="$dev" bs=64k oflag=direct conv=fsync 2>&1 | tail -1
-  dd if="$dev" of=/tmp/readback bs=64k count=64 iflag=direct 2>&1 | tail -1
-  cmp /tmp/pattern /tmp/readback || fail "read-back data differs from the written pattern"
-  step "dd: 4 MiB pattern written and read back identical"
-
-  fio --name=srpverify --filename="$dev" --direct=1 --rw=randwrite --bs=4k \
-    --offset=8m --size=4m --ioengine=psync --verify=crc32c --do_verify=1 \
-    --output-format=terse --minimal >/tmp/fio.out 2>&1 || { cat /tmp/fio.out; fail "fio verify failed"; }
-  step "fio randwrite+verify ok (terse: $(cut -d';' -f1-8 /tmp/fio.out | head -1))"
-
+logout() {
   local p
   for p in /sys/class/srp_remote_ports/port-*; do
     [ -e "$p/delete" ] && echo 1 >"$p/delete"
   done
   wait_until 60 "disk removal" sh -c '! ls /sys/block | grep -q "^sd"'
+}
+
+# big_io MIB: one O_DIRECT write and read of MIB MiB in a single request, compared.
+big_io() {
+  head -c $(( $1 * 1048576 )) /dev/urandom >/tmp/big
+  dd if=/tmp/big of="$DEV" bs=${1}M count=1 oflag=direct conv=fsync 2>/dev/null || fail "dd write ${1} MiB"
+  dd if="$DEV" of=/tmp/big.back bs=${1}M count=1 iflag=direct 2>/dev/null || fail "dd read ${1} MiB"
+  cmp /tmp/big /tmp/big.back || fail "${1} MiB read back differs"
+}
+
+guest_initiator() {
+  modprobe ib_srp
+  modprobe sd_mod 2>/dev/null || true
+  modprobe sg 2>/dev/null || true
+
+  step "login with ch_count=2"
+  login "ch_count=2"
+  step "disk $DEV: $(cat /sys/block/${DEV#/dev/}/size) sectors"
+  [ "$(cat /sys/block/${DEV#/dev/}/size)" -eq 65536 ] || fail "disk is not 32 MiB"
+  wait_until 20 "ib_srp to use immediate data" sh -c 'dmesg | grep -q "using immediate data"'
+  step "ib_srp messages: $(dmesg | grep -i 'scsi host' | grep -i srp | tail -3 | tr '\n' '|')"
+  sg_inq "$DEV" | sed 's/^/  /'
+  sg_inq "$DEV" | grep -q "Vendor identification: RUSTSCST" || fail "vendor is not RUSTSCST"
+  sg_vpd -p di "$DEV" | sed 's/^/  /'
+  sg_vpd -p di "$DEV" | grep -qi "naa" || fail "no NAA designator in VPD 0x83"
+
+  head -c 4194304 /dev/urandom >/tmp/pattern
+  dd if=/tmp/pattern of="$DEV" bs=64k oflag=direct conv=fsync 2>&1 | tail -1
+  dd if="$DEV" of=/tmp/readback bs=64k count=64 iflag=direct 2>&1 | tail -1
+  cmp /tmp/pattern /tmp/readback || fail "read-back data differs from the written pattern"
+  step "dd: 4 MiB pattern written and read back identical"
+
+  fio --name=srpverify --filename="$DEV" --direct=1 --rw=randrw --bs=4k --iodepth=8 \
+    --ioengine=libaio --offset=8m --size=8m --verify=crc32c --do_verify=1 \
+    --output-format=terse --minimal >/tmp/fio.out 2>&1 || { cat /tmp/fio.out; fail "fio verify failed"; }
+  step "fio randrw crc32c verify ok"
+
+  fio --name=seqread --filename="$DEV" --direct=1 --rw=read --bs=1m --iodepth=8 \
+    --ioengine=libaio --size=16m --loops=8 --output-format=terse --minimal >/tmp/bw.out 2>&1 ||
+    { cat /tmp/bw.out; fail "fio seq read failed"; }
+  # terse v3: field 7 is read bandwidth in KiB/s.
+  step "THROUGHPUT seq-read-1m-qd8 $(cut -d';' -f7 /tmp/bw.out) KiB/s"
+
+  mkfs.ext4 -q -F "$DEV" || fail "mkfs.ext4"
+  mkdir -p /mnt/srp
+  mount "$DEV" /mnt/srp || fail "mount"
+  for i in 1 2 3 4; do head -c 1048576 /dev/urandom >/mnt/srp/file$i; done
+  sha1sum /mnt/srp/file* >/tmp/sums
+  umount /mnt/srp
+  mount "$DEV" /mnt/srp || fail "mount again"
+  (cd / && sha1sum -c /tmp/sums >/dev/null) || fail "files changed across a remount"
+  umount /mnt/srp
+  fsck.ext4 -fn "$DEV" >/tmp/fsck.out 2>&1 || { cat /tmp/fsck.out; fail "fsck found errors"; }
+  step "ext4: mkfs, 4 files written and read back after a remount, fsck -fn clean"
+  logout
+
+  local sg
+  for sg in 1 255; do
+    login "cmd_sg_entries=$sg"
+    big_io 4
+    big_io 8
+    step "cmd_sg_entries=$sg: 4 MiB and 8 MiB direct I/O verified"
+    logout
+  done
+
+  local n
+  for n in 1 2 3 4 5; do
+    login ""
+    dd if=/tmp/pattern of="$DEV" bs=64k oflag=direct 2>/dev/null
+    dd if="$DEV" of=/tmp/readback bs=64k count=64 iflag=direct 2>/dev/null
+    cmp /tmp/pattern /tmp/readback || fail "login $n: data differs"
+    logout
+  done
+  step "5 more logins and logouts, data verified each time"
   dmesg | grep -i srp | tail -8
 }

@@ -103,6 +103,13 @@ guest_initiator() {
     --output-format=terse --minimal >/tmp/fio.out 2>&1 || { cat /tmp/fio.out; fail "fio verify failed"; }
   step "fio randwrite+verify ok (terse: $(cut -d';' -f1-8 /tmp/fio.out | head -1))"
 
+  # The same sequential read job linux-srp-initiator-ours runs against our
+  # target, for the throughput ratio (both under the same TCG conditions).
+  fio --name=seqread --filename="$dev" --direct=1 --rw=read --bs=1m --iodepth=8 \
+    --ioengine=libaio --size=16m --loops=8 --output-format=terse --minimal >/tmp/bw.out 2>&1 ||
+    { cat /tmp/bw.out; fail "fio seq read failed"; }
+  step "THROUGHPUT seq-read-1m-qd8 $(cut -d';' -f7 /tmp/bw.out) KiB/s"
+
   # Log out so the target sees a clean DREQ.
   local p
   for p in /sys/class/srp_remote_ports/port-*; do

@@ -13,6 +13,10 @@ use rdma_wire::{
 };
 use std::collections::VecDeque;
 
+/// Packets an RC requester may have beyond the oldest unacknowledged PSN
+/// (Linux rxe: `RXE_MAX_UNACKED_PSNS`).
+pub(crate) const MAX_UNACKED_PSNS: u32 = 128;
+
 #[derive(Debug)]
 pub(crate) struct Entry {
     wqe: SendWqe,
@@ -245,6 +249,17 @@ impl Qp {
         }
         let idx = self.req.cursor;
         let entry = self.req.sq.get(idx)?;
+        // RC: at most MAX_UNACKED_PSNS beyond the oldest unacknowledged PSN
+        // (Linux rxe's window), so a slow receiver is not buried under a
+        // burst it can only drop.
+        // READ requests are exempt: the peer paces its responses.
+        if self.cfg.qp_type == QpType::Rc
+            && !matches!(entry.wqe.op, SendOp::Read { .. })
+            && entry.first_psn.add(self.req.cursor_pkt).diff(self.req.una)
+                >= MAX_UNACKED_PSNS as i32
+        {
+            return None;
+        }
         if !entry.started {
             if self.mode == Mode::Draining {
                 return None;
