@@ -55,5 +55,5 @@ pub use emulation::{Device, DeviceConfig};
 pub use lun::Lun;
 pub use opcode::Opcode;
 pub use sense::{Asc, Sense, SenseKey};
-pub use target::{Nexus, Residual, ScsiResponse, Status, Target};
+pub use target::{GroupMap, LunMaps, Nexus, Residual, ScsiResponse, Status, Target};
 pub use task::{Tmf, TmfResponse};

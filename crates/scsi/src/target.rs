@@ -109,20 +109,80 @@ impl ScsiResponse {
 
 type LunSet = BTreeMap<Lun, Arc<Device>>;
 
+/// One group of [`LunMaps`].
+#[derive(Clone)]
+pub struct GroupMap {
+    pub name: String,
+    /// Initiator name patterns that belong to the group.
+    pub initiators: Vec<String>,
+    pub luns: Vec<(Lun, Arc<Device>)>,
+}
+
+/// What [`Target::lun_maps`] returns.
+#[derive(Clone)]
+pub struct LunMaps {
+    pub default: Vec<(Lun, Arc<Device>)>,
+    pub groups: Vec<GroupMap>,
+}
+
+/// Initiator name matching: exact, or by prefix when `pattern` ends in `*`
+/// (SCST accepts wildcards in group initiator names).
+fn initiator_matches(pattern: &str, initiator: &str) -> bool {
+    match pattern.strip_suffix('*') {
+        Some(prefix) => initiator.starts_with(prefix),
+        None => pattern == initiator,
+    }
+}
+
 #[derive(Default)]
 struct State {
     /// The target's default LUN set.
     default: LunSet,
-    /// Per-initiator-name groups, replacing the default set (SCST model).
+    /// Named groups, each replacing the default set for its initiators
+    /// (SCST security groups). A group named after an initiator with no
+    /// explicit membership applies to that initiator.
     groups: HashMap<String, LunSet>,
+    /// Initiator name patterns -> group name, in the order added; the
+    /// first match wins. A pattern ending in `*` matches by prefix.
+    members: Vec<(String, String)>,
     ua: HashMap<(Nexus, Lun), UaQueue>,
     /// (nexus, LUN) pairs that have seen their power-on unit attention.
     known: HashSet<(Nexus, Lun)>,
 }
 
 impl State {
+    /// The group `initiator` belongs to, if any.
+    fn group_of<'a>(&'a self, initiator: &'a str) -> Option<&'a str> {
+        self.members
+            .iter()
+            .find(|(pat, _)| initiator_matches(pat, initiator))
+            .map(|(_, g)| g.as_str())
+            .or_else(|| self.groups.contains_key(initiator).then_some(initiator))
+    }
+
     fn set_for(&self, initiator: &str) -> &LunSet {
-        self.groups.get(initiator).unwrap_or(&self.default)
+        static EMPTY: LunSet = BTreeMap::new();
+        match self.group_of(initiator) {
+            Some(g) => self.groups.get(g).unwrap_or(&EMPTY),
+            None => &self.default,
+        }
+    }
+
+    /// Raises REPORTED LUNS DATA HAS CHANGED on every known nexus of the
+    /// initiators `which` accepts.
+    fn luns_changed_for(&mut self, which: impl Fn(&str) -> bool) {
+        let affected: Vec<(Nexus, Lun)> = self
+            .known
+            .iter()
+            .filter(|(n, _)| which(&n.initiator))
+            .cloned()
+            .collect();
+        for key in affected {
+            self.ua
+                .entry(key)
+                .or_default()
+                .push(Asc::REPORTED_LUNS_DATA_CHANGED);
+        }
     }
 
     fn ua_mut(&mut self, nexus: &Nexus, lun: Lun) -> &mut UaQueue {
@@ -141,10 +201,7 @@ impl State {
         let affected: Vec<(Nexus, Lun)> = self
             .known
             .iter()
-            .filter(|(n, _)| match group {
-                Some(g) => n.initiator == g,
-                None => !self.groups.contains_key(&n.initiator),
-            })
+            .filter(|(n, _)| self.group_of(&n.initiator) == group)
             .cloned()
             .collect();
         for key in affected {
@@ -195,6 +252,86 @@ impl Target {
             st.luns_changed(group);
         }
         old
+    }
+
+    /// Creates an empty LUN group (no effect if it exists).
+    pub fn add_group(&self, group: &str) {
+        self.lock().groups.entry(group.to_string()).or_default();
+    }
+
+    /// Removes a group with its LUNs and memberships; its initiators fall
+    /// back to the default set. Returns false if there was no such group.
+    pub fn remove_group(&self, group: &str) -> bool {
+        let mut st = self.lock();
+        let existed = st.groups.remove(group).is_some();
+        let before = st.members.len();
+        let patterns: Vec<String> = st
+            .members
+            .iter()
+            .filter(|(_, g)| g == group)
+            .map(|(p, _)| p.clone())
+            .collect();
+        st.members.retain(|(_, g)| g != group);
+        let removed_members = st.members.len() != before;
+        if existed || removed_members {
+            st.luns_changed_for(|i| i == group || patterns.iter().any(|p| initiator_matches(p, i)));
+        }
+        existed || removed_members
+    }
+
+    /// Adds initiator name `pattern` (a trailing `*` matches by prefix) to
+    /// `group`, creating the group if needed. An initiator matching
+    /// patterns of several groups belongs to the first added.
+    pub fn add_initiator(&self, group: &str, pattern: &str) {
+        let mut st = self.lock();
+        st.groups.entry(group.to_string()).or_default();
+        if !st.members.iter().any(|(p, g)| p == pattern && g == group) {
+            st.members.push((pattern.to_string(), group.to_string()));
+        }
+        st.luns_changed_for(|i| initiator_matches(pattern, i));
+    }
+
+    /// Removes initiator `pattern` from `group`; false if it was not there.
+    pub fn remove_initiator(&self, group: &str, pattern: &str) -> bool {
+        let mut st = self.lock();
+        let before = st.members.len();
+        st.members.retain(|(p, g)| !(p == pattern && g == group));
+        let removed = st.members.len() != before;
+        if removed {
+            st.luns_changed_for(|i| initiator_matches(pattern, i));
+        }
+        removed
+    }
+
+    /// A snapshot of the LUN maps: the default set, then each group with
+    /// its initiator patterns.
+    pub fn lun_maps(&self) -> LunMaps {
+        let st = self.lock();
+        let luns = |set: &LunSet| set.iter().map(|(l, d)| (*l, d.clone())).collect();
+        let mut groups: Vec<GroupMap> = st
+            .groups
+            .iter()
+            .map(|(name, set)| GroupMap {
+                name: name.clone(),
+                initiators: st
+                    .members
+                    .iter()
+                    .filter(|(_, g)| g == name)
+                    .map(|(p, _)| p.clone())
+                    .collect(),
+                luns: luns(set),
+            })
+            .collect();
+        groups.sort_by(|a, b| a.name.cmp(&b.name));
+        LunMaps {
+            default: luns(&st.default),
+            groups,
+        }
+    }
+
+    /// The LUNs `initiator` sees, as REPORT LUNS would list them.
+    pub fn visible_luns(&self, initiator: &str) -> Vec<Lun> {
+        self.lock().set_for(initiator).keys().copied().collect()
     }
 
     /// Resizes the device mapped at `lun` (in `group` or the default set) to

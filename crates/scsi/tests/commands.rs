@@ -385,6 +385,57 @@ fn lun_maps_masking_and_report_luns() {
 }
 
 #[test]
+fn named_groups_with_initiator_patterns() {
+    let t = Target::new();
+    t.add_lun(None, lun(0), ram_device(512, false));
+    t.add_lun(Some("hosts-a"), lun(1), ram_device(512, false));
+    t.add_lun(Some("hosts-a"), lun(2), ram_device(512, false));
+    t.add_initiator("hosts-a", "0xaa01");
+    t.add_initiator("hosts-a", "0xaa02");
+    t.add_initiator("hosts-b", "0xbb*");
+    assert_eq!(t.visible_luns("0xaa01"), vec![lun(1), lun(2)]);
+    assert_eq!(t.visible_luns("0xaa02"), vec![lun(1), lun(2)]);
+    // In a group without LUNs: sees nothing, not the default set.
+    assert!(t.visible_luns("0xbb77").is_empty());
+    // Outside every group: the default LUNs.
+    assert_eq!(t.visible_luns("0xcc00"), vec![lun(0)]);
+    let maps = t.lun_maps();
+    assert_eq!(maps.default.len(), 1);
+    let names: Vec<&str> = maps.groups.iter().map(|g| g.name.as_str()).collect();
+    assert_eq!(names, ["hosts-a", "hosts-b"]);
+    assert_eq!(maps.groups[0].initiators, ["0xaa01", "0xaa02"]);
+
+    // Leaving a group is a LUN inventory change for that initiator only.
+    let a1 = Nexus::new("0xaa01", "p");
+    let a2 = Nexus::new("0xaa02", "p");
+    for n in [&a1, &a2] {
+        check(
+            &t.execute(n, lun(1), &[0; 6], &[], 0),
+            SenseKey::UnitAttention,
+            Asc::POWER_ON_RESET,
+        );
+    }
+    assert!(t.remove_initiator("hosts-a", "0xaa01"));
+    assert!(!t.remove_initiator("hosts-a", "0xaa01"));
+    assert_eq!(t.visible_luns("0xaa01"), vec![lun(0)]);
+    good(&t.execute(&a2, lun(1), &[0; 6], &[], 0));
+    check(
+        &t.execute(&a1, lun(0), &[0; 6], &[], 0),
+        SenseKey::UnitAttention,
+        Asc::POWER_ON_RESET,
+    );
+    // LUN 1 is gone for it.
+    check(
+        &t.execute(&a1, lun(1), &[0; 6], &[], 0),
+        SenseKey::IllegalRequest,
+        Asc::LOGICAL_UNIT_NOT_SUPPORTED,
+    );
+    assert!(t.remove_group("hosts-a"));
+    assert!(!t.remove_group("hosts-a"));
+    assert_eq!(t.visible_luns("0xaa02"), vec![lun(0)]);
+}
+
+#[test]
 fn dynamic_lun_add_raises_ua_for_affected_nexuses_only() {
     let t = Target::new();
     t.add_lun(None, lun(0), ram_device(512, false));
