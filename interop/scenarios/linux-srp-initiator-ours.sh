@@ -22,7 +22,7 @@ OUR_TARGET_GUID=0002c90300a00001
 host_main() {
   [ -x "$SRPTD" ] || { echo "missing $SRPTD: run cargo build --release -p srpstack"; return 1; }
   ns_add_ip 10.77.0.2
-  ns_bg srptd 900 "$SRPTD" --ip 10.77.0.2 --ram-mib 32 --rdma-cm-port 5555
+  ns_bg srptd 900 "$SRPTD" --ip 10.77.0.2 --ram-mib 32 --rdma-cm-port 5555 --control-socket "$RUN_DIR/srptd.sock"
   local i
   for i in $(seq 1 100); do
     grep -q "listening on" "$RUN_DIR/host-srptd.log" 2>/dev/null && break

@@ -48,7 +48,10 @@ pub trait BlockDevice: Send + Sync {
     /// zeroes. Devices without thin provisioning answer `Unsupported`.
     fn unmap(&self, lba: u64, blocks: u64) -> io::Result<()> {
         let _ = (lba, blocks);
-        Err(io::Error::new(io::ErrorKind::Unsupported, "unmap not supported"))
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "unmap not supported",
+        ))
     }
 }
 

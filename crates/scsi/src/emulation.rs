@@ -4,6 +4,7 @@ use crate::backend::Backend;
 use crate::cdb::Command;
 use crate::opcode::Opcode;
 use crate::sense::{Asc, Sense, SenseKey};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, RwLock};
 
 /// Device attributes (SCST device handler parameters).
@@ -63,6 +64,34 @@ pub struct Device {
     mode: std::sync::Mutex<ModeState>,
     /// Persistent reservations of this logical unit.
     pub(crate) pr: std::sync::Mutex<crate::pr::PrState>,
+    stats: Counters,
+}
+
+#[derive(Default)]
+struct Counters {
+    commands: AtomicU64,
+    reads: AtomicU64,
+    writes: AtomicU64,
+    read_bytes: AtomicU64,
+    write_bytes: AtomicU64,
+    errors: AtomicU64,
+}
+
+/// Per-device counters (what `srptadm stats` and the metrics endpoint show).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DeviceStats {
+    /// Commands the device executed.
+    pub commands: u64,
+    /// READ commands.
+    pub reads: u64,
+    /// WRITE commands.
+    pub writes: u64,
+    /// Bytes read by READ commands.
+    pub read_bytes: u64,
+    /// Bytes written by WRITE commands.
+    pub write_bytes: u64,
+    /// Commands that ended in CHECK CONDITION.
+    pub errors: u64,
 }
 
 /// The changeable mode parameters (current values).
@@ -120,7 +149,21 @@ impl Device {
                 d_sense: false,
             }),
             pr: std::sync::Mutex::new(pr),
+            stats: Counters::default(),
         })
+    }
+
+    /// Counters since the device was created.
+    pub fn stats(&self) -> DeviceStats {
+        let c = &self.stats;
+        DeviceStats {
+            commands: c.commands.load(Relaxed),
+            reads: c.reads.load(Relaxed),
+            writes: c.writes.load(Relaxed),
+            read_bytes: c.read_bytes.load(Relaxed),
+            write_bytes: c.write_bytes.load(Relaxed),
+            errors: c.errors.load(Relaxed),
+        }
     }
 
     /// Changes the capacity to `blocks`; the target raises CAPACITY DATA
@@ -154,6 +197,29 @@ impl Device {
     /// Runs a parsed command (REPORT LUNS and REQUEST SENSE are the
     /// target's). Returns data-in, or the sense of a CHECK CONDITION.
     pub fn execute(&self, cmd: &Command, cdb: &[u8], data_out: &[u8]) -> Result<Vec<u8>, Sense> {
+        let r = self.execute_inner(cmd, cdb, data_out);
+        let c = &self.stats;
+        c.commands.fetch_add(1, Relaxed);
+        match (cmd, &r) {
+            (_, Err(_)) => {
+                c.errors.fetch_add(1, Relaxed);
+            }
+            (Command::Read { blocks, .. }, Ok(_)) => {
+                c.reads.fetch_add(1, Relaxed);
+                c.read_bytes
+                    .fetch_add(*blocks as u64 * self.config.block_size as u64, Relaxed);
+            }
+            (Command::Write { blocks, .. }, Ok(_)) => {
+                c.writes.fetch_add(1, Relaxed);
+                c.write_bytes
+                    .fetch_add(*blocks as u64 * self.config.block_size as u64, Relaxed);
+            }
+            _ => {}
+        }
+        r
+    }
+
+    fn execute_inner(&self, cmd: &Command, cdb: &[u8], data_out: &[u8]) -> Result<Vec<u8>, Sense> {
         let bs = self.config.block_size as u64;
         match *cmd {
             Command::TestUnitReady | Command::StartStopUnit | Command::PreventAllow => {

@@ -51,7 +51,7 @@ pub mod ua;
 
 pub use backend::{Backend, BlockIo, FileIo, NullIo, Ram};
 pub use cdb::{Command, DataDir, Plan};
-pub use emulation::{Device, DeviceConfig};
+pub use emulation::{Device, DeviceConfig, DeviceStats};
 pub use lun::Lun;
 pub use opcode::Opcode;
 pub use sense::{Asc, Sense, SenseKey};

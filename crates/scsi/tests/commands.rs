@@ -385,6 +385,31 @@ fn lun_maps_masking_and_report_luns() {
 }
 
 #[test]
+fn device_counters() {
+    let t = Target::new();
+    let dev = ram_device(512, false);
+    t.add_lun(None, lun(0), dev.clone());
+    let n = Nexus::new("i", "p");
+    t.execute(&n, lun(0), &[0; 6], &[], 0);
+    let data = vec![7u8; 1024];
+    good(&t.execute(&n, lun(0), &rw10(0x2a, 5, 2, 0), &data, 1024));
+    for _ in 0..3 {
+        good(&t.execute(&n, lun(0), &rw10(0x28, 0, 4, 0), &[], 2048));
+    }
+    let beyond = BLOCKS as u32;
+    check(
+        &t.execute(&n, lun(0), &rw10(0x28, beyond, 1, 0), &[], 512),
+        SenseKey::IllegalRequest,
+        Asc::LBA_OUT_OF_RANGE,
+    );
+    let s = dev.stats();
+    assert_eq!((s.writes, s.write_bytes), (1, 1024));
+    assert_eq!((s.reads, s.read_bytes), (3, 3 * 2048));
+    assert_eq!(s.errors, 1);
+    assert!(s.commands >= 5, "{s:?}");
+}
+
+#[test]
 fn named_groups_with_initiator_patterns() {
     let t = Target::new();
     t.add_lun(None, lun(0), ram_device(512, false));

@@ -279,6 +279,47 @@ impl Disk {
         Ok(())
     }
 
+    /// UNMAP of `blocks` blocks from `lba` (SBC-3 5.28), split into
+    /// descriptors of at most 2^32-1 blocks. A target without thin
+    /// provisioning refuses it with ILLEGAL REQUEST, reported as
+    /// `Unsupported`.
+    pub fn unmap(&self, lba: u64, blocks: u64) -> io::Result<()> {
+        if blocks == 0 {
+            return Ok(());
+        }
+        let end = lba
+            .checked_add(blocks)
+            .filter(|e| *e <= self.info.blocks)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "UNMAP beyond the end"))?;
+        let mut at = lba;
+        while at < end {
+            // One descriptor per command keeps within any target's
+            // MAXIMUM UNMAP BLOCK DESCRIPTOR COUNT.
+            let n = (end - at).min(u32::MAX as u64 >> 1);
+            let mut list = [0u8; 24];
+            list[0..2].copy_from_slice(&22u16.to_be_bytes());
+            list[2..4].copy_from_slice(&16u16.to_be_bytes());
+            list[8..16].copy_from_slice(&at.to_be_bytes());
+            list[16..20].copy_from_slice(&(n as u32).to_be_bytes());
+            let cdb = [0x42, 0, 0, 0, 0, 0, 0, 0, 24, 0];
+            let r = self
+                .session
+                .execute(self.lun, &cdb, Xfer::Out(&list))
+                .map_err(|e| io_err("UNMAP", e))?;
+            if !r.good() {
+                let (key, ..) = sense_triple(&r.sense);
+                let kind = if key == 0x5 {
+                    io::ErrorKind::Unsupported
+                } else {
+                    io::ErrorKind::Other
+                };
+                return Err(io::Error::new(kind, format!("UNMAP: {}", describe(&r))));
+            }
+            at += n;
+        }
+        Ok(())
+    }
+
     /// SYNCHRONIZE CACHE(10) over the whole LU.
     pub fn flush(&self) -> io::Result<()> {
         Self::cmd(
@@ -325,4 +366,43 @@ impl blockload::BlockDevice for Disk {
     fn flush(&self) -> io::Result<()> {
         Disk::flush(self)
     }
+    fn unmap(&self, lba: u64, blocks: u64) -> io::Result<()> {
+        Disk::unmap(self, lba, blocks)
+    }
+}
+
+/// REPORT LUNS (SPC-4 6.33) through LUN 0: the LUN numbers the session's
+/// initiator may see (single-level peripheral or flat addressing).
+pub fn report_luns(session: &Session) -> io::Result<Vec<u16>> {
+    let lun0 = Lun::from_u64(0);
+    let mut alloc: u32 = 16 + 8 * 256;
+    for _ in 0..3 {
+        let mut cdb = [0u8; 12];
+        cdb[0] = 0xa0;
+        cdb[6..10].copy_from_slice(&alloc.to_be_bytes());
+        let r = session
+            .execute(lun0, &cdb, Xfer::In(alloc as usize))
+            .map_err(|e| io_err("REPORT LUNS", e))?;
+        if !r.good() {
+            let (key, ..) = sense_triple(&r.sense);
+            if key == 0x6 {
+                continue; // a unit attention first; REPORT LUNS again
+            }
+            return Err(io::Error::other(format!("REPORT LUNS: {}", describe(&r))));
+        }
+        if r.data.len() < 8 {
+            return Err(io::Error::other("REPORT LUNS returned too little data"));
+        }
+        let len = u32::from_be_bytes(r.data[0..4].try_into().expect("4 bytes"));
+        if len + 8 > alloc {
+            alloc = len.saturating_add(8);
+            continue;
+        }
+        let list = r.data.get(8..8 + len as usize).unwrap_or(&r.data[8..]);
+        return Ok(list
+            .chunks_exact(8)
+            .map(|e| u16::from_be_bytes([e[0] & 0x3f, e[1]]))
+            .collect());
+    }
+    Err(io::Error::other("REPORT LUNS: the list keeps changing"))
 }

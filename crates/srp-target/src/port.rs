@@ -400,6 +400,21 @@ impl TargetPort {
         n
     }
 
+    /// Enables or disables the port (SCST's `enabled`): a disabled port
+    /// rejects logins and logs its initiators out.
+    pub fn set_enabled(&self, enabled: bool) {
+        if enabled {
+            self.inner.lock().target.set_enabled(true);
+        } else {
+            self.logout_all(TLogoutReason::NoReason);
+        }
+    }
+
+    /// Whether logins are accepted.
+    pub fn enabled(&self) -> bool {
+        self.inner.lock().target.config().enabled
+    }
+
     /// Logs every initiator out (SRP_T_LOGOUT) and disconnects them.
     pub fn logout_all(&self, reason: TLogoutReason) {
         let mut st = self.inner.lock();

@@ -1,8 +1,9 @@
-//! `srp`: the SRP initiator's command line. `srp io` logs in to a target by
-//! RDMA CM over the soft RoCE NIC and reads/writes/verifies LUN 0.
+//! `srp`: the SRP initiator's command line. Every subcommand logs in to a
+//! target by RDMA CM over the soft RoCE NIC: `srp io` reads, writes and
+//! verifies a LUN, `srp luns` lists what the target shows this initiator.
 
 use blockload::{Pattern, Workload};
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 use std::net::{IpAddr, SocketAddr};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -15,52 +16,72 @@ struct Cli {
     cmd: Cmd,
 }
 
+/// Where and as whom to log in.
+#[derive(Args, Clone)]
+struct Login {
+    /// Target's RDMA CM address (ib_srp's dest=ip:port).
+    #[arg(long)]
+    dest: SocketAddr,
+    /// Address of our soft RoCE NIC.
+    #[arg(long, default_value = "127.0.0.2")]
+    ip: IpAddr,
+    /// RoCEv2 UDP port.
+    #[arg(long, default_value_t = 4791)]
+    udp_port: u16,
+    /// Target's id_ext (hex).
+    #[arg(long, value_parser = hex64, default_value = "0002c90300a00001")]
+    id_ext: u64,
+    /// Target's ioc_guid (hex).
+    #[arg(long, value_parser = hex64, default_value = "0002c90300a00001")]
+    ioc_guid: u64,
+    /// Our initiator_ext (hex): the first half of our initiator port ID,
+    /// the name LUN masking matches.
+    #[arg(long, value_parser = hex64, default_value = "1")]
+    initiator_ext: u64,
+    /// Path MTU in bytes (1024 on a 1500-byte Ethernet link).
+    #[arg(long, default_value_t = 4096)]
+    mtu: usize,
+}
+
 #[derive(Subcommand)]
 enum Cmd {
-    /// Log in, run I/O on LUN 0 (verified by default), log out.
+    /// Read, write and verify a LUN (fio-like).
     Io {
-        /// Target address and RDMA CM port (ib_srp's dest=).
-        #[arg(long)]
-        dest: SocketAddr,
-        /// Address of this host's NIC.
-        #[arg(long, default_value = "127.0.0.2")]
-        ip: IpAddr,
-        /// RoCEv2 UDP port.
-        #[arg(long, default_value_t = 4791)]
-        udp_port: u16,
-        /// read, write, randread, randwrite, randrw.
+        #[command(flatten)]
+        login: Login,
+        /// LUN to use.
+        #[arg(long, default_value_t = 0)]
+        lun: u16,
+        /// Pattern: read, write, randread, randwrite, randrw.
         #[arg(long, default_value = "randrw")]
         rw: Pattern,
-        /// Bytes per I/O.
+        /// Block size in bytes.
         #[arg(long, default_value_t = 4096)]
         bs: u32,
-        /// I/Os in flight.
+        /// I/Os in flight (jobs).
         #[arg(long, default_value_t = 4)]
         iodepth: u32,
-        /// Bytes of the LUN to use (from block 0).
+        /// Bytes of the LUN to use, from LBA 0.
         #[arg(long, default_value_t = 8 << 20)]
         region: u64,
-        /// Bytes to move.
+        /// Bytes to move in all.
         #[arg(long, default_value_t = 32 << 20)]
         size: u64,
         /// Do not stamp and check data.
         #[arg(long)]
         no_verify: bool,
-        /// Print the report as JSON.
+        /// JSON report.
         #[arg(long)]
         json: bool,
-        /// Target port identifier extension (hex; ib_srp's id_ext).
-        #[arg(long, value_parser = hex64, default_value = "0002c90300a00001")]
-        id_ext: u64,
-        /// Target I/O controller GUID (hex; ib_srp's ioc_guid).
-        #[arg(long, value_parser = hex64, default_value = "0002c90300a00001")]
-        ioc_guid: u64,
-        /// This initiator's identifier extension (hex; initiator_ext).
-        #[arg(long, value_parser = hex64, default_value = "1")]
-        initiator_ext: u64,
-        /// Active MTU of this NIC (1024 on a 1500-byte Ethernet link).
-        #[arg(long, default_value_t = 4096)]
-        mtu: usize,
+    },
+    /// List the LUNs the target shows this initiator (REPORT LUNS, then
+    /// INQUIRY and READ CAPACITY of each).
+    Luns {
+        #[command(flatten)]
+        login: Login,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -69,81 +90,112 @@ fn hex64(s: &str) -> Result<u64, String> {
         .map_err(|_| format!("`{s}` is not a 64-bit hex number"))
 }
 
-fn main() -> ExitCode {
-    let Cmd::Io {
-        dest,
-        ip,
-        udp_port,
-        rw,
-        bs,
-        iodepth,
-        region,
-        size,
-        no_verify,
-        json,
-        id_ext,
-        ioc_guid,
-        initiator_ext,
+fn login(l: &Login) -> Result<Arc<srp_initiator::session::Session>, String> {
+    use rdma_types::Guid;
+    let guid = Guid(srpstack::INITIATOR_GUID);
+    let mtu = rdma_types::Mtu::from_bytes(l.mtu)
+        .map_err(|_| format!("MTU {} is not 256, 512, 1024, 2048 or 4096", l.mtu))?;
+    let provider = rnic::softroce::SoftRoce::with_mtu(
+        vec![rnic::softroce::SoftCa { guid, ip: l.ip }],
+        l.udp_port,
         mtu,
-    } = Cli::parse().cmd;
-    let run = || -> Result<bool, String> {
-        use rdma_types::Guid;
-        let guid = Guid(srpstack::INITIATOR_GUID);
-        let mtu = rdma_types::Mtu::from_bytes(mtu)
-            .map_err(|_| format!("MTU {mtu} is not 256, 512, 1024, 2048 or 4096"))?;
-        let provider = rnic::softroce::SoftRoce::with_mtu(
-            vec![rnic::softroce::SoftCa { guid, ip }],
-            udp_port,
-            mtu,
-        );
-        let agent = rdma_access::CmAgent::start(provider.clone(), guid, std::process::id() << 8)
-            .map_err(|e| format!("start the CM agent on {ip}: {e}"))?;
-        let connector = Arc::new(srpstack::RdmaCmConnector {
-            agent,
-            src: ip,
-            dst: dest,
-            timeout: Duration::from_secs(10),
-        });
-        let chan = srp::initiator::ChannelConfig::new(initiator_ext, guid, id_ext, Guid(ioc_guid));
-        let session = Arc::new(
-            srp_initiator::session::Session::connect(
-                provider,
-                guid,
-                connector,
-                srp_initiator::session::SessionConfig::new(chan),
-            )
-            .map_err(|e| format!("login to {dest}: {e}"))?,
-        );
-        let disk = Arc::new(
-            srp_initiator::disk::Disk::open(session.clone(), 0)
-                .map_err(|e| format!("open LUN 0: {e}"))?,
-        );
-        let info = disk.info().clone();
-        if !json {
-            println!(
-                "srp: logged in to {dest}; LUN 0 {} {}, {} blocks of {} B",
-                info.vendor, info.product, info.blocks, info.block_size
+    );
+    let agent = rdma_access::CmAgent::start(provider.clone(), guid, std::process::id() << 8)
+        .map_err(|e| format!("start the CM agent on {}: {e}", l.ip))?;
+    let connector = Arc::new(srpstack::RdmaCmConnector {
+        agent,
+        src: l.ip,
+        dst: l.dest,
+        timeout: Duration::from_secs(10),
+    });
+    let chan =
+        srp::initiator::ChannelConfig::new(l.initiator_ext, guid, l.id_ext, Guid(l.ioc_guid));
+    srp_initiator::session::Session::connect(
+        provider,
+        guid,
+        connector,
+        srp_initiator::session::SessionConfig::new(chan),
+    )
+    .map(Arc::new)
+    .map_err(|e| format!("login to {}: {e}", l.dest))
+}
+
+fn run(cmd: Cmd) -> Result<bool, String> {
+    match cmd {
+        Cmd::Io {
+            login: l,
+            lun,
+            rw,
+            bs,
+            iodepth,
+            region,
+            size,
+            no_verify,
+            json,
+        } => {
+            let session = login(&l)?;
+            let disk = Arc::new(
+                srp_initiator::disk::Disk::open(session, lun)
+                    .map_err(|e| format!("open LUN {lun}: {e}"))?,
             );
+            let info = disk.info().clone();
+            if !json {
+                println!(
+                    "srp: logged in to {}; LUN {lun} {} {}, {} blocks of {} B",
+                    l.dest, info.vendor, info.product, info.blocks, info.block_size
+                );
+            }
+            let mut w = Workload::new(rw);
+            w.bs = bs;
+            w.jobs = iodepth;
+            w.region = Some(region);
+            w.size = Some(size);
+            w.verify = !no_verify;
+            w.runtime = Duration::from_secs(300);
+            let dev: Arc<dyn blockload::BlockDevice> = disk.clone();
+            let r = blockload::run(dev, &w, |_| {}).map_err(|e| e.to_string())?;
+            disk.flush()
+                .map_err(|e| format!("SYNCHRONIZE CACHE: {e}"))?;
+            if json {
+                println!("{}", serde_json::to_string(&r).map_err(|e| e.to_string())?);
+            } else {
+                print!("{}", r.table());
+            }
+            Ok(r.ok())
         }
-        let mut w = Workload::new(rw);
-        w.bs = bs;
-        w.jobs = iodepth;
-        w.region = Some(region);
-        w.size = Some(size);
-        w.verify = !no_verify;
-        w.runtime = Duration::from_secs(300);
-        let dev: Arc<dyn blockload::BlockDevice> = disk.clone();
-        let r = blockload::run(dev, &w, |_| {}).map_err(|e| e.to_string())?;
-        disk.flush()
-            .map_err(|e| format!("SYNCHRONIZE CACHE: {e}"))?;
-        if json {
-            println!("{}", serde_json::to_string(&r).map_err(|e| e.to_string())?);
-        } else {
-            print!("{}", r.table());
+        Cmd::Luns { login: l, json } => {
+            let session = login(&l)?;
+            let luns = srp_initiator::disk::report_luns(&session).map_err(|e| e.to_string())?;
+            let mut rows = Vec::new();
+            for n in luns {
+                let d = srp_initiator::disk::Disk::open(session.clone(), n)
+                    .map_err(|e| format!("LUN {n}: {e}"))?;
+                let i = d.info();
+                rows.push(serde_json::json!({
+                    "lun": n, "vendor": i.vendor, "product": i.product,
+                    "blocks": i.blocks, "block_size": i.block_size, "naa": i.naa,
+                }));
+                if !json {
+                    println!(
+                        "LUN {n:<5} {:<8} {:<16} {:>12} blocks of {:>4} B  naa {}",
+                        i.vendor,
+                        i.product,
+                        i.blocks,
+                        i.block_size,
+                        i.naa.as_deref().unwrap_or("-")
+                    );
+                }
+            }
+            if json {
+                println!("{}", serde_json::Value::Array(rows));
+            }
+            Ok(true)
         }
-        Ok(r.ok())
-    };
-    match run() {
+    }
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse().cmd) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(e) => {

@@ -1,26 +1,43 @@
 //! `srptd`: an SRP target on a soft RoCE NIC, serving logins by RDMA CM
-//! (what LIO/SCST ib_srpt with `rdma_cm_port` do).
+//! (what LIO/SCST ib_srpt with `rdma_cm_port` do), configured by a TOML
+//! file (`--config`, see `srpstack::config`) or, without one, exporting a
+//! RAM disk as LUN 0. `srptadm` talks to it over the control socket.
 
 use clap::Parser;
+use srpstack::config::{Config, DeviceSection, Handler, LunEntry};
+use srpstack::daemon::{bind_control, serve_control, serve_metrics, Daemon};
 use std::net::IpAddr;
+use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
+use toml::Spanned;
 
 #[derive(Parser)]
 #[command(name = "srptd", about = "SRP target over the soft RoCE NIC")]
 struct Args {
-    /// Address of the target's NIC.
-    #[arg(long, default_value = "127.0.0.1")]
-    ip: IpAddr,
-    /// RoCEv2 UDP port.
-    #[arg(long, default_value_t = 4791)]
-    udp_port: u16,
-    /// RDMA CM port logins arrive on (ib_srpt's rdma_cm_port).
-    #[arg(long, default_value_t = 5555)]
-    rdma_cm_port: u16,
-    /// LUN 0: a RAM disk of this many MiB.
-    #[arg(long, default_value_t = 64)]
+    /// Configuration file (TOML); without it, LUN 0 is a RAM disk.
+    #[arg(long, short = 'c')]
+    config: Option<PathBuf>,
+    /// Validate the configuration and exit.
+    #[arg(long, requires = "config")]
+    check: bool,
+    /// Address of the target's NIC (overrides the file).
+    #[arg(long)]
+    ip: Option<IpAddr>,
+    /// RoCEv2 UDP port (overrides the file).
+    #[arg(long)]
+    udp_port: Option<u16>,
+    /// RDMA CM port logins arrive on, ib_srpt's rdma_cm_port (overrides the file).
+    #[arg(long)]
+    rdma_cm_port: Option<u16>,
+    /// Without --config: LUN 0 is a RAM disk of this many MiB.
+    #[arg(long, default_value_t = 64, conflicts_with = "config")]
     ram_mib: u64,
+    /// Control socket for srptadm (overrides the file).
+    #[arg(long)]
+    control_socket: Option<PathBuf>,
+    /// Serve Prometheus metrics on this address (overrides the file).
+    #[arg(long)]
+    metrics: Option<std::net::SocketAddr>,
 }
 
 fn main() -> ExitCode {
@@ -34,50 +51,129 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(a: &Args) -> Result<(), String> {
-    use rdma_types::Guid;
+fn default_config(a: &Args) -> Result<Config, String> {
     if a.ram_mib == 0 {
         return Err("--ram-mib must be at least 1".into());
     }
-    let guid = Guid(srpstack::TARGET_GUID);
-    let provider =
-        rnic::softroce::SoftRoce::new(vec![rnic::softroce::SoftCa { guid, ip: a.ip }], a.udp_port);
-    let scsi = Arc::new(scsi::Target::new());
-    let dev = scsi::Device::new(
-        scsi::DeviceConfig::default(),
-        Arc::new(scsi::Ram::new(a.ram_mib << 20)),
-    )
-    .map_err(|e| format!("LUN 0: {e}"))?;
-    scsi.add_lun(None, scsi::Lun::new(0).expect("LUN 0"), Arc::new(dev));
-    // Target port ID = id_ext then ioc_guid, both the CA GUID (ib_srpt).
-    let chan = srp::initiator::ChannelConfig::new(0, guid, guid.0, guid);
-    let tcfg = srp::target::TargetConfig::new(chan.target_port_id(), "srptd");
-    let port = Arc::new(
-        srp_target::TargetPort::start(
-            provider.clone(),
-            guid,
-            tcfg,
-            scsi,
-            srp_target::PortOptions::default(),
-        )
-        .map_err(|e| format!("start the target port: {e}"))?,
-    );
-    let agent = rdma_access::CmAgent::start(provider, guid, std::process::id() << 8)
-        .map_err(|e| format!("start the CM agent on {}: {e}", a.ip))?;
-    let t = srpstack::serve_rdma_cm(agent, port.clone(), a.rdma_cm_port, |line| {
-        println!("srptd: {line}");
+    let s = |v| Spanned::new(0..0, v);
+    let mut c = Config::default();
+    c.devices.push(DeviceSection {
+        name: s("ram0".to_string()),
+        handler: Spanned::new(0..0, Handler::Ram),
+        filename: None,
+        size: Some(s(format!("{}M", a.ram_mib))),
+        block_size: Spanned::new(0..0, 512),
+        read_only: false,
+        thin: false,
+        t10_vendor_id: None,
+        t10_product_id: None,
+        usn: None,
     });
+    c.luns.push(LunEntry {
+        lun: Spanned::new(0..0, 0),
+        device: s("ram0".to_string()),
+    });
+    Ok(c)
+}
+
+fn run(a: &Args) -> Result<(), String> {
+    let mut cfg = match &a.config {
+        Some(p) => Config::load(p).map_err(|e| e.to_string())?,
+        None => default_config(a)?,
+    };
+    if a.check {
+        println!(
+            "srptd: {}: valid ({} devices, {} default LUNs, {} groups)",
+            a.config.as_ref().expect("required").display(),
+            cfg.devices.len(),
+            cfg.luns.len(),
+            cfg.groups.len()
+        );
+        return Ok(());
+    }
+    let t = &mut cfg.target;
+    if let Some(ip) = a.ip {
+        t.ip = Spanned::new(0..0, ip);
+    }
+    if let Some(p) = a.udp_port {
+        t.udp_port = p;
+    }
+    if let Some(p) = a.rdma_cm_port {
+        t.rdma_cm_port = p;
+    }
+    if let Some(p) = &a.control_socket {
+        t.control_socket = p.clone();
+    }
+    if let Some(m) = a.metrics {
+        t.metrics = Some(Spanned::new(0..0, m));
+    }
+    let (ip, cm_port, sock) = (*t.ip.get_ref(), t.rdma_cm_port, t.control_socket.clone());
+    let metrics = t.metrics.as_ref().map(|m| *m.get_ref());
+
+    // SIGTERM/SIGINT are taken by sigwait below, in this thread only: block
+    // them before any thread starts so every thread inherits the mask.
+    let signals = block_signals();
+    let control =
+        bind_control(&sock).map_err(|e| format!("control socket {}: {e}", sock.display()))?;
+    let daemon = Daemon::start(cfg.clone(), a.config.clone(), |line| {
+        println!("srptd: {line}");
+    })?;
+    serve_control(daemon.clone(), control);
+    let metrics = match metrics {
+        Some(addr) => Some(
+            serve_metrics(daemon.clone(), addr)
+                .map_err(|e| format!("metrics on {addr}: {e}"))?
+                .0,
+        ),
+        None => None,
+    };
+    let lun0 = cfg.luns.iter().find(|l| *l.lun.get_ref() == 0);
     // Scripts wait for this line.
     println!(
-        "srptd: target {} listening on {}:{} (RDMA CM), LUN 0 ram {} MiB, id_ext {:016x} ioc_guid {:016x}",
-        port.name(),
-        a.ip,
-        a.rdma_cm_port,
-        a.ram_mib,
-        guid.0,
-        guid.0
+        "srptd: target {} listening on {}:{} (RDMA CM), {} devices, {} default LUNs{}, {} groups, id_ext {:016x} ioc_guid {:016x}, control {}",
+        daemon.port().name(),
+        ip,
+        cm_port,
+        cfg.devices.len(),
+        cfg.luns.len(),
+        lun0.map(|l| format!(" (LUN 0 {})", l.device.get_ref())).unwrap_or_default(),
+        cfg.groups.len(),
+        srpstack::TARGET_GUID,
+        srpstack::TARGET_GUID,
+        sock.display(),
     );
+    if let Some(local) = metrics {
+        println!("srptd: metrics on http://{local}/metrics");
+    }
     let _ = std::io::Write::flush(&mut std::io::stdout());
-    let _ = t.join();
+    let sig = wait_signal(&signals);
+    println!("srptd: signal {sig}: logging initiators out");
+    let left = daemon.shutdown(std::time::Duration::from_secs(10));
+    let _ = std::fs::remove_file(&sock);
+    if left > 0 {
+        println!("srptd: {left} channels still closing at exit");
+    } else {
+        println!("srptd: stopped cleanly");
+    }
     Ok(())
+}
+
+fn block_signals() -> libc::sigset_t {
+    // SAFETY: the set is initialised by sigemptyset before use; the mask
+    // change affects this thread and threads created afterwards.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        set
+    }
+}
+
+fn wait_signal(set: &libc::sigset_t) -> i32 {
+    let mut sig = 0;
+    // SAFETY: set was initialised by block_signals; sig is a valid out pointer.
+    unsafe { libc::sigwait(set, &mut sig) };
+    sig
 }

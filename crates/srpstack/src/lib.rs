@@ -13,6 +13,9 @@
 //! nothing a user can type: every error is reported with what was being
 //! done.
 
+pub mod config;
+pub mod daemon;
+
 use rdma_types::{Guid, Lid};
 use rnic::loopback::{CaConfig, Fabric};
 use srp::initiator::ChannelConfig;

@@ -15,7 +15,8 @@ impl Drop for Daemon {
 
 fn srptd(ip: &str) -> Daemon {
     let mut child = Command::new(env!("CARGO_BIN_EXE_srptd"))
-        .args(["--ip", ip, "--ram-mib", "16"])
+        .args(["--ip", ip, "--ram-mib", "16", "--control-socket"])
+        .arg(std::env::temp_dir().join(format!("srptd-two-{}.sock", std::process::id())))
         .stdout(Stdio::piped())
         .spawn()
         .expect("start srptd");

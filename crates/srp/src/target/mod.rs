@@ -527,6 +527,12 @@ impl Target {
         ids.len()
     }
 
+    /// Accept logins again after [`Target::shutdown`] or
+    /// [`Target::set_enabled`]`(false)`; disabling logs nobody out.
+    pub fn set_enabled(&mut self, enabled: bool) {
+        self.config.enabled = enabled;
+    }
+
     /// Log out every channel (target shutdown) and stop accepting logins.
     pub fn shutdown(&mut self, reason: TLogoutReason) {
         self.config.enabled = false;

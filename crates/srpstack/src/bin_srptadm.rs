@@ -1,0 +1,236 @@
+//! `srptadm`: administers a running `srptd` over its control socket (what
+//! `scstadmin` does for SCST): list targets, sessions, devices and LUN
+//! maps; add and remove devices, LUNs, groups and initiators at runtime;
+//! enable or disable the target; save the running configuration.
+
+use clap::{Parser, Subcommand};
+use serde_json::Value;
+use srpstack::daemon::{request, Request};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(name = "srptadm", about = "Administer a running srptd")]
+struct Cli {
+    /// srptd's control socket.
+    #[arg(long, short = 's', default_value_os_t = srpstack::config::default_control_socket())]
+    socket: PathBuf,
+    /// Print the daemon's JSON answer instead of text.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Target name, address, SRP parameters.
+    Show,
+    /// Logged-in channels: initiator, credits, commands in flight.
+    Sessions,
+    /// Devices with handler, size, IDs and counters.
+    Devices,
+    /// Default LUNs and groups.
+    Luns,
+    /// Add a device.
+    AddDevice {
+        name: String,
+        /// vdisk_fileio, vdisk_blockio, vdisk_nullio or ram.
+        #[arg(long)]
+        handler: String,
+        #[arg(long)]
+        filename: Option<PathBuf>,
+        /// Size, e.g. 64M (ram, nullio; creates a missing fileio file).
+        #[arg(long)]
+        size: Option<String>,
+        #[arg(long, default_value_t = 512)]
+        block_size: u32,
+        #[arg(long)]
+        read_only: bool,
+    },
+    /// Remove a device that no LUN maps.
+    RemoveDevice {
+        name: String,
+    },
+    /// Map a device at a LUN (of a group, or the default LUNs).
+    AddLun {
+        lun: u32,
+        device: String,
+        #[arg(long)]
+        group: Option<String>,
+    },
+    /// Unmap a LUN.
+    RemoveLun {
+        lun: u32,
+        #[arg(long)]
+        group: Option<String>,
+    },
+    /// Create a LUN group.
+    AddGroup {
+        name: String,
+    },
+    /// Remove a group; its initiators see the default LUNs again.
+    RemoveGroup {
+        name: String,
+    },
+    /// Add an initiator name (0x + 32 hex digits, or a prefix ending in *).
+    AddInitiator {
+        group: String,
+        initiator: String,
+    },
+    RemoveInitiator {
+        group: String,
+        initiator: String,
+    },
+    /// Accept logins.
+    Enable,
+    /// Refuse logins and log every initiator out.
+    Disable,
+    /// Save the running configuration (to the file srptd was started from
+    /// when no path is given).
+    WriteConfig {
+        path: Option<PathBuf>,
+    },
+}
+
+fn toml_str(s: &str) -> String {
+    Value::String(s.to_string()).to_string()
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let req = match cli.cmd {
+        Cmd::Show => Request::Show,
+        Cmd::Sessions => Request::Sessions,
+        Cmd::Devices => Request::Devices,
+        Cmd::Luns => Request::Luns,
+        Cmd::AddDevice {
+            name,
+            handler,
+            filename,
+            size,
+            block_size,
+            read_only,
+        } => {
+            // JSON strings are valid TOML basic strings.
+            let mut t = format!(
+                "name = {}\nhandler = {}\nblock_size = {block_size}\nread_only = {read_only}\n",
+                toml_str(&name),
+                toml_str(&handler)
+            );
+            if let Some(f) = filename {
+                t += &format!("filename = {}\n", toml_str(&f.to_string_lossy()));
+            }
+            if let Some(s) = size {
+                t += &format!("size = {}\n", toml_str(&s));
+            }
+            Request::AddDevice { toml: t }
+        }
+        Cmd::RemoveDevice { name } => Request::RemoveDevice { name },
+        Cmd::AddLun { lun, device, group } => Request::AddLun { group, lun, device },
+        Cmd::RemoveLun { lun, group } => Request::RemoveLun { group, lun },
+        Cmd::AddGroup { name } => Request::AddGroup { name },
+        Cmd::RemoveGroup { name } => Request::RemoveGroup { name },
+        Cmd::AddInitiator { group, initiator } => Request::AddInitiator { group, initiator },
+        Cmd::RemoveInitiator { group, initiator } => Request::RemoveInitiator { group, initiator },
+        Cmd::Enable => Request::Enable,
+        Cmd::Disable => Request::Disable,
+        Cmd::WriteConfig { path } => Request::WriteConfig { path },
+    };
+    match request(&cli.socket, &req) {
+        Ok(v) => {
+            if cli.json {
+                println!("{v}");
+            } else {
+                print!("{}", human(&req, &v));
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("srptadm: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn s(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Null => "-".into(),
+        other => other.to_string(),
+    }
+}
+
+/// The answer as text for a person.
+fn human(req: &Request, v: &Value) -> String {
+    let mut out = String::new();
+    match req {
+        Request::Show => {
+            if let Value::Object(m) = v {
+                for (k, val) in m {
+                    out += &format!("{k:<18} {}\n", s(val));
+                }
+            }
+        }
+        Request::Sessions => {
+            out += &format!(
+                "{:<6} {:<36} {:>6} {:>7} {:>9} {:>10}  luns\n",
+                "conn", "initiator", "window", "credits", "in_flight", "commands"
+            );
+            for r in v.as_array().into_iter().flatten() {
+                out += &format!(
+                    "{:<6} {:<36} {:>6} {:>7} {:>9} {:>10}  {}{}\n",
+                    s(&r["conn"]),
+                    s(&r["initiator"]),
+                    s(&r["window"]),
+                    s(&r["credits"]),
+                    s(&r["in_flight"]),
+                    s(&r["commands"]),
+                    s(&r["luns"]),
+                    if r["closing"] == Value::Bool(true) {
+                        " (closing)"
+                    } else {
+                        ""
+                    }
+                );
+            }
+        }
+        Request::Devices => {
+            out += &format!(
+                "{:<12} {:<14} {:>14} {:>5} {:<18} {:>10} {:>10} {:>7}  file\n",
+                "name", "handler", "size", "bs", "naa", "reads", "writes", "errors"
+            );
+            for r in v.as_array().into_iter().flatten() {
+                out += &format!(
+                    "{:<12} {:<14} {:>14} {:>5} {:<18} {:>10} {:>10} {:>7}  {}\n",
+                    s(&r["name"]),
+                    s(&r["handler"]),
+                    s(&r["size"]),
+                    s(&r["block_size"]),
+                    s(&r["naa"]),
+                    s(&r["stats"]["reads"]),
+                    s(&r["stats"]["writes"]),
+                    s(&r["stats"]["errors"]),
+                    s(&r["filename"]),
+                );
+            }
+        }
+        Request::Luns => {
+            out += "default LUNs:\n";
+            for l in v["default"].as_array().into_iter().flatten() {
+                out += &format!("  LUN {:<5} {}\n", s(&l["lun"]), s(&l["device"]));
+            }
+            for g in v["groups"].as_array().into_iter().flatten() {
+                out += &format!("group {}:\n", s(&g["name"]));
+                for i in g["initiators"].as_array().into_iter().flatten() {
+                    out += &format!("  initiator {}\n", s(i));
+                }
+                for l in g["luns"].as_array().into_iter().flatten() {
+                    out += &format!("  LUN {:<5} {}\n", s(&l["lun"]), s(&l["device"]));
+                }
+            }
+        }
+        _ => out += &format!("ok: {v}\n"),
+    }
+    out
+}

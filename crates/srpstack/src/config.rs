@@ -1,0 +1,605 @@
+//! `srptd`'s configuration file: what `scst.conf` says for ib_srpt, in TOML.
+//!
+//! ```toml
+//! [target]
+//! ip = "127.0.0.1"          # address of the soft RoCE NIC
+//! rdma_cm_port = 5555       # ib_srpt's rdma_cm_port
+//! enabled = true
+//! rel_tgt_id = 1
+//!
+//! [[device]]
+//! name = "disk0"
+//! handler = "vdisk_fileio"  # vdisk_fileio | vdisk_blockio | vdisk_nullio | ram
+//! filename = "/var/lib/srptd/disk0.img"
+//!
+//! [[lun]]                   # the default LUNs (SCST's target LUNs)
+//! lun = 0
+//! device = "disk0"
+//!
+//! [[group]]                 # LUN masking: these initiators see these LUNs
+//! name = "db-hosts"
+//! initiators = ["0x0000000000000000000000000000aa01", "0x00000000000000000002c903*"]
+//! lun = [{ lun = 0, device = "disk1" }]
+//! ```
+//!
+//! Initiator names are session names as `srptadm list sessions` shows them:
+//! `0x` and the 16-byte initiator port identifier; a trailing `*` matches
+//! by prefix. Every error names the file, the line and the key.
+
+use serde::{Deserialize, Serialize};
+use std::collections::HashSet;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use toml::Spanned;
+
+/// The whole file.
+#[derive(Debug, Clone, Deserialize, Serialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub target: TargetSection,
+    #[serde(default, rename = "device", skip_serializing_if = "Vec::is_empty")]
+    pub devices: Vec<DeviceSection>,
+    #[serde(default, rename = "lun", skip_serializing_if = "Vec::is_empty")]
+    pub luns: Vec<LunEntry>,
+    #[serde(default, rename = "group", skip_serializing_if = "Vec::is_empty")]
+    pub groups: Vec<GroupSection>,
+}
+
+/// `[target]`: the SRP target port and the daemon around it. The SRP
+/// parameters carry ib_srpt's names and defaults (SCST srpt README).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TargetSection {
+    pub ip: Spanned<IpAddr>,
+    pub udp_port: u16,
+    pub rdma_cm_port: u16,
+    pub enabled: bool,
+    pub rel_tgt_id: Spanned<u16>,
+    /// Partition key; the soft RoCE NIC has only the default partition.
+    pub pkey: Spanned<u16>,
+    pub srp_max_req_size: Spanned<u32>,
+    pub srp_max_rsp_size: Spanned<u32>,
+    pub srp_max_rdma_size: Spanned<u32>,
+    pub srpt_srq_size: Spanned<u32>,
+    pub srpt_sq_size: Spanned<u32>,
+    /// Control socket for `srptadm` (mode 0600).
+    pub control_socket: PathBuf,
+    /// Prometheus endpoint, off when absent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metrics: Option<Spanned<std::net::SocketAddr>>,
+}
+
+impl Default for TargetSection {
+    fn default() -> Self {
+        let s = |v| Spanned::new(0..0, v);
+        TargetSection {
+            ip: Spanned::new(0..0, IpAddr::from([127, 0, 0, 1])),
+            udp_port: 4791,
+            rdma_cm_port: 5555,
+            enabled: true,
+            rel_tgt_id: Spanned::new(0..0, 1),
+            pkey: Spanned::new(0..0, 0xffff),
+            srp_max_req_size: s(8260),
+            srp_max_rsp_size: s(256),
+            srp_max_rdma_size: s(65536),
+            srpt_srq_size: s(4095),
+            srpt_sq_size: s(4096),
+            control_socket: default_control_socket(),
+            metrics: None,
+        }
+    }
+}
+
+/// `/run/srptd.sock` for root, `$TMPDIR/srptd-<uid>.sock` for others.
+pub fn default_control_socket() -> PathBuf {
+    // SAFETY: geteuid has no preconditions.
+    match unsafe { libc::geteuid() } {
+        0 => PathBuf::from("/run/srptd.sock"),
+        uid => std::env::temp_dir().join(format!("srptd-{uid}.sock")),
+    }
+}
+
+/// The device handlers (SCST's `vdisk_*` names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+pub enum Handler {
+    #[serde(rename = "vdisk_fileio")]
+    FileIo,
+    #[serde(rename = "vdisk_blockio")]
+    BlockIo,
+    #[serde(rename = "vdisk_nullio")]
+    NullIo,
+    #[serde(rename = "ram")]
+    Ram,
+}
+
+impl Handler {
+    pub fn name(self) -> &'static str {
+        match self {
+            Handler::FileIo => "vdisk_fileio",
+            Handler::BlockIo => "vdisk_blockio",
+            Handler::NullIo => "vdisk_nullio",
+            Handler::Ram => "ram",
+        }
+    }
+}
+
+/// `[[device]]`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceSection {
+    pub name: Spanned<String>,
+    pub handler: Spanned<Handler>,
+    /// File or block device (fileio, blockio).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub filename: Option<Spanned<PathBuf>>,
+    /// Size with an optional K/M/G/T suffix (ram, nullio; fileio creates a
+    /// missing file of this size).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub size: Option<Spanned<String>>,
+    #[serde(default = "default_block_size")]
+    pub block_size: Spanned<u32>,
+    #[serde(default)]
+    pub read_only: bool,
+    /// Thin provisioning (UNMAP, WRITE SAME with UNMAP).
+    #[serde(default)]
+    pub thin: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub t10_vendor_id: Option<Spanned<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub t10_product_id: Option<Spanned<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usn: Option<Spanned<String>>,
+}
+
+fn default_block_size() -> Spanned<u32> {
+    Spanned::new(0..0, 512)
+}
+
+/// One LUN mapping.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct LunEntry {
+    pub lun: Spanned<u32>,
+    pub device: Spanned<String>,
+}
+
+/// `[[group]]`: a security group (LUN masking).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct GroupSection {
+    pub name: Spanned<String>,
+    #[serde(default)]
+    pub initiators: Vec<Spanned<String>>,
+    #[serde(default, rename = "lun")]
+    pub luns: Vec<LunEntry>,
+}
+
+/// A configuration error: where and what.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    pub file: PathBuf,
+    /// 1-based; 0 when the problem has no place in the file.
+    pub line: usize,
+    /// Dotted key path, e.g. `device[2].handler`.
+    pub key: String,
+    pub message: String,
+}
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.file.display())?;
+        if self.line > 0 {
+            write!(f, ":{}", self.line)?;
+        }
+        if !self.key.is_empty() {
+            write!(f, ": {}", self.key)?;
+        }
+        write!(f, ": {}", self.message)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// Parses a size like `512`, `64M`, `1G`, `2TiB`.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    if digits == 0 {
+        return Err(format!("size `{s}` does not start with a number"));
+    }
+    let n: u64 = t[..digits]
+        .parse()
+        .map_err(|_| format!("size `{s}` is too large"))?;
+    let shift = match t[digits..].trim().to_ascii_uppercase().as_str() {
+        "" | "B" => 0,
+        "K" | "KB" | "KIB" => 10,
+        "M" | "MB" | "MIB" => 20,
+        "G" | "GB" | "GIB" => 30,
+        "T" | "TB" | "TIB" => 40,
+        other => return Err(format!("size `{s}` has an unknown unit `{other}`")),
+    };
+    n.checked_mul(1 << shift)
+        .ok_or_else(|| format!("size `{s}` is too large"))
+}
+
+impl Config {
+    /// Reads and validates `path`.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            file: path.into(),
+            line: 0,
+            key: String::new(),
+            message: format!("cannot read: {e}"),
+        })?;
+        Config::parse(&text, path)
+    }
+
+    /// Parses and validates `text`, naming `path` in errors.
+    pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
+        let line_of = |span: std::ops::Range<usize>| -> usize {
+            if span.is_empty() && span.start == 0 {
+                return 0;
+            }
+            text.get(..span.start)
+                .map_or(0, |p| p.bytes().filter(|b| *b == b'\n').count() + 1)
+        };
+        let cfg: Config = toml::from_str(text).map_err(|e| {
+            let line = e.span().map_or(0, line_of);
+            ConfigError {
+                file: path.into(),
+                line,
+                key: String::new(),
+                message: e.message().trim().to_string(),
+            }
+        })?;
+        cfg.validate().map_err(|(span, key, message)| ConfigError {
+            file: path.into(),
+            line: line_of(span),
+            key,
+            message,
+        })?;
+        Ok(cfg)
+    }
+
+    /// Validates a configuration built or changed in memory (errors carry
+    /// no line).
+    pub fn check(&self) -> Result<(), ConfigError> {
+        self.validate().map_err(|(_, key, message)| ConfigError {
+            file: PathBuf::new(),
+            line: 0,
+            key,
+            message,
+        })
+    }
+
+    /// Checks what TOML types cannot: names exist and are unique, sizes
+    /// make sense, SRP parameters are in range.
+    fn validate(&self) -> Result<(), (std::ops::Range<usize>, String, String)> {
+        type E = (std::ops::Range<usize>, String, String);
+        fn bad<T>(s: &Spanned<T>, key: String, msg: impl Into<String>) -> E {
+            (s.span(), key, msg.into())
+        }
+        let t = &self.target;
+        let range = |v: &Spanned<u32>, key: &str, lo: u32, hi: u32| -> Result<(), E> {
+            if (lo..=hi).contains(v.get_ref()) {
+                Ok(())
+            } else {
+                Err(bad(
+                    v,
+                    format!("target.{key}"),
+                    format!("{} is outside {lo}..={hi}", v.get_ref()),
+                ))
+            }
+        };
+        range(&t.srp_max_req_size, "srp_max_req_size", 64, 65536)?;
+        range(&t.srp_max_rsp_size, "srp_max_rsp_size", 36, 65536)?;
+        range(&t.srp_max_rdma_size, "srp_max_rdma_size", 4096, 1 << 24)?;
+        range(&t.srpt_srq_size, "srpt_srq_size", 16, 65535)?;
+        range(&t.srpt_sq_size, "srpt_sq_size", 16, 65535)?;
+        if *t.rel_tgt_id.get_ref() == 0 {
+            return Err(bad(
+                &t.rel_tgt_id,
+                "target.rel_tgt_id".into(),
+                "must not be 0",
+            ));
+        }
+        if *t.pkey.get_ref() & 0x7fff != 0x7fff {
+            return Err(bad(
+                &t.pkey,
+                "target.pkey".into(),
+                format!(
+                    "partition {:#06x} is not available: the soft RoCE NIC has only the default partition 0xffff",
+                    t.pkey.get_ref()
+                ),
+            ));
+        }
+        let mut names = HashSet::new();
+        for (i, d) in self.devices.iter().enumerate() {
+            let key = |k: &str| format!("device[{i}].{k}");
+            let name = d.name.get_ref();
+            if name.is_empty()
+                || !name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+            {
+                return Err(bad(
+                    &d.name,
+                    key("name"),
+                    format!("`{name}` is not a device name (letters, digits, - _ .)"),
+                ));
+            }
+            if !names.insert(name.clone()) {
+                return Err(bad(
+                    &d.name,
+                    key("name"),
+                    format!("device `{name}` is defined twice"),
+                ));
+            }
+            let bs = *d.block_size.get_ref();
+            if bs != 512 && bs != 4096 {
+                return Err(bad(
+                    &d.block_size,
+                    key("block_size"),
+                    format!("{bs} is not 512 or 4096"),
+                ));
+            }
+            let handler = *d.handler.get_ref();
+            match handler {
+                Handler::FileIo | Handler::BlockIo if d.filename.is_none() => {
+                    return Err(bad(
+                        &d.handler,
+                        key("filename"),
+                        format!("handler {} needs a filename", handler.name()),
+                    ));
+                }
+                Handler::Ram | Handler::NullIo if d.size.is_none() => {
+                    return Err(bad(
+                        &d.handler,
+                        key("size"),
+                        format!("handler {} needs a size", handler.name()),
+                    ));
+                }
+                Handler::Ram | Handler::NullIo if d.filename.is_some() => {
+                    let f = d.filename.as_ref().expect("checked");
+                    return Err(bad(
+                        f,
+                        key("filename"),
+                        format!("handler {} takes no filename", handler.name()),
+                    ));
+                }
+                _ => {}
+            }
+            if let Some(size) = &d.size {
+                let n = parse_size(size.get_ref()).map_err(|m| bad(size, key("size"), m))?;
+                if n < bs as u64 || n % bs as u64 != 0 {
+                    return Err(bad(
+                        size,
+                        key("size"),
+                        format!("{n} bytes is not a positive multiple of the block size {bs}"),
+                    ));
+                }
+            }
+            for (k, v, max) in [
+                ("t10_vendor_id", &d.t10_vendor_id, 8),
+                ("t10_product_id", &d.t10_product_id, 16),
+                ("usn", &d.usn, 20),
+            ] {
+                if let Some(v) = v {
+                    let s = v.get_ref();
+                    if s.is_empty()
+                        || s.len() > max
+                        || !s.bytes().all(|b| (0x20..0x7f).contains(&b))
+                    {
+                        return Err(bad(
+                            v,
+                            key(k),
+                            format!("`{s}` must be 1..={max} printable ASCII characters"),
+                        ));
+                    }
+                }
+            }
+        }
+        let check_luns = |luns: &[LunEntry], at: &str| -> Result<(), E> {
+            let mut seen = HashSet::new();
+            for (j, l) in luns.iter().enumerate() {
+                let n = *l.lun.get_ref();
+                if n > 16383 {
+                    return Err(bad(
+                        &l.lun,
+                        format!("{at}lun[{j}].lun"),
+                        format!("LUN {n} is beyond 16383 (flat addressing)"),
+                    ));
+                }
+                if !seen.insert(n) {
+                    return Err(bad(
+                        &l.lun,
+                        format!("{at}lun[{j}].lun"),
+                        format!("LUN {n} is mapped twice"),
+                    ));
+                }
+                if !names.contains(l.device.get_ref()) {
+                    return Err(bad(
+                        &l.device,
+                        format!("{at}lun[{j}].device"),
+                        format!("no device named `{}`", l.device.get_ref()),
+                    ));
+                }
+            }
+            Ok(())
+        };
+        check_luns(&self.luns, "")?;
+        let mut groups = HashSet::new();
+        for (i, g) in self.groups.iter().enumerate() {
+            let at = format!("group[{i}].");
+            if g.name.get_ref().is_empty() || !groups.insert(g.name.get_ref().clone()) {
+                return Err(bad(
+                    &g.name,
+                    format!("{at}name"),
+                    format!("group name `{}` is empty or used twice", g.name.get_ref()),
+                ));
+            }
+            for (j, init) in g.initiators.iter().enumerate() {
+                check_initiator(init.get_ref())
+                    .map_err(|m| bad(init, format!("{at}initiators[{j}]"), m))?;
+            }
+            check_luns(&g.luns, &at)?;
+        }
+        Ok(())
+    }
+
+    /// The file as `srptadm write-config` saves it.
+    pub fn to_toml(&self) -> String {
+        let body = toml::to_string(self).unwrap_or_else(|e| format!("# cannot serialise: {e}\n"));
+        format!("# srptd configuration, written by srptd\n{body}")
+    }
+}
+
+/// Checks an initiator name pattern: `0x` and up to 32 hex digits, with an
+/// optional trailing `*`.
+pub fn check_initiator(s: &str) -> Result<(), String> {
+    let body = s.strip_suffix('*').unwrap_or(s);
+    let hex = body.strip_prefix("0x").ok_or_else(|| {
+        format!("initiator `{s}` must start with 0x (the initiator port identifier)")
+    })?;
+    if hex.len() > 32 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(format!(
+            "initiator `{s}`: expected up to 32 hex digits after 0x"
+        ));
+    }
+    if !s.ends_with('*') && hex.len() != 32 {
+        return Err(format!(
+            "initiator `{s}`: a full port identifier has 32 hex digits (end with * to match a prefix)"
+        ));
+    }
+    if hex.bytes().any(|b| b.is_ascii_uppercase()) {
+        return Err(format!(
+            "initiator `{s}`: write hex digits in lower case, as sessions are named"
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(s: &str) -> Result<Config, ConfigError> {
+        Config::parse(s, Path::new("t.toml"))
+    }
+
+    const GOOD: &str = r#"
+[target]
+ip = "127.0.0.3"
+rdma_cm_port = 5556
+
+[[device]]
+name = "disk0"
+handler = "ram"
+size = "16M"
+
+[[device]]
+name = "disk1"
+handler = "vdisk_nullio"
+size = "1G"
+block_size = 4096
+
+[[lun]]
+lun = 0
+device = "disk0"
+
+[[group]]
+name = "hosts"
+initiators = ["0x0000000000000000000000000000aa01", "0xbb*"]
+lun = [{ lun = 3, device = "disk1" }]
+"#;
+
+    #[test]
+    fn good_file_parses_and_round_trips() {
+        let c = parse(GOOD).unwrap();
+        assert_eq!(*c.target.ip.get_ref(), IpAddr::from([127, 0, 0, 3]));
+        assert_eq!(*c.target.srp_max_req_size.get_ref(), 8260);
+        assert_eq!(c.devices.len(), 2);
+        assert_eq!(*c.devices[1].handler.get_ref(), Handler::NullIo);
+        assert_eq!(c.groups[0].initiators.len(), 2);
+        let again = parse(&c.to_toml()).unwrap();
+        assert_eq!(again.to_toml(), c.to_toml());
+        assert_eq!(*again.groups[0].luns[0].lun.get_ref(), 3);
+    }
+
+    fn err_of(s: &str) -> ConfigError {
+        parse(s).expect_err("must be refused")
+    }
+
+    #[test]
+    fn errors_name_line_and_key() {
+        let e = err_of(&GOOD.replace("device = \"disk0\"", "device = \"disk9\""));
+        assert_eq!((e.line, e.key.as_str()), (19, "lun[0].device"));
+        assert!(e.message.contains("no device named `disk9`"), "{e}");
+        assert!(
+            e.to_string().starts_with("t.toml:19: lun[0].device: "),
+            "{e}"
+        );
+
+        let e = err_of(&GOOD.replace("\"ram\"", "\"vdisk_tape\""));
+        assert_eq!(e.line, 8, "{e}");
+        assert!(e.message.contains("vdisk_tape"), "{e}");
+
+        let e = err_of(&GOOD.replace("size = \"16M\"", "size = \"16Q\""));
+        assert_eq!((e.line, e.key.as_str()), (9, "device[0].size"));
+
+        let e = err_of(&GOOD.replace("\"0xbb*\"", "\"bb\""));
+        assert_eq!(e.key, "group[0].initiators[1]");
+        assert_eq!(e.line, 23);
+
+        let e = err_of(&GOOD.replace("rdma_cm_port = 5556", "rdma_cm_prot = 5556"));
+        assert_eq!(e.line, 4);
+        assert!(e.message.contains("rdma_cm_prot"), "{e}");
+
+        let e = err_of(&GOOD.replace("block_size = 4096", "block_size = 1000"));
+        assert_eq!((e.line, e.key.as_str()), (15, "device[1].block_size"));
+
+        let e = err_of(&GOOD.replace("lun = 3,", "lun = 99999,"));
+        assert!(e.message.contains("16383"), "{e}");
+
+        let e = err_of(&format!(
+            "{GOOD}\n[[device]]\nname = \"disk0\"\nhandler = \"ram\"\nsize = \"1M\"\n"
+        ));
+        assert!(e.message.contains("defined twice"), "{e}");
+
+        let e = err_of("[target]\npkey = 0x8001\n");
+        assert_eq!((e.line, e.key.as_str()), (2, "target.pkey"));
+
+        let e = err_of("[target]\nsrpt_sq_size = 1\n");
+        assert!(e.message.contains("outside"), "{e}");
+
+        let e = err_of("[[device]]\nname = \"f\"\nhandler = \"vdisk_fileio\"\n");
+        assert!(e.message.contains("needs a filename"), "{e}");
+
+        let e = err_of("[target\n");
+        assert_eq!(e.line, 1, "{e}");
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("512").unwrap(), 512);
+        assert_eq!(parse_size("64M").unwrap(), 64 << 20);
+        assert_eq!(parse_size("2GiB").unwrap(), 2 << 30);
+        assert!(parse_size("M").is_err());
+        assert!(parse_size("99999999999999999999").is_err());
+        assert!(parse_size("20000000T").is_err());
+    }
+
+    #[test]
+    fn initiator_patterns() {
+        assert!(check_initiator("0x0000000000000000000000000000aa01").is_ok());
+        assert!(check_initiator("0xaa*").is_ok());
+        assert!(check_initiator("0x*").is_ok());
+        assert!(check_initiator("0xaa")
+            .unwrap_err()
+            .contains("32 hex digits"));
+        assert!(check_initiator("aa*").unwrap_err().contains("0x"));
+        assert!(check_initiator("0xZZ*").is_err());
+        assert!(check_initiator("0xAA*").unwrap_err().contains("lower case"));
+    }
+}

@@ -1,0 +1,770 @@
+//! The SRP target daemon: a [`Config`] brought to life on a soft RoCE NIC,
+//! a control socket for `srptadm`, and a metrics endpoint.
+//!
+//! [`Daemon::start`] builds the devices, the LUN maps (default set and
+//! security groups) and the SRP target port, and serves logins by RDMA CM.
+//! [`Daemon::handle`] executes one admin [`Request`]; every change goes to
+//! the running configuration too, so `write-config` saves what runs (as
+//! `scstadmin -write_config` does). LUN map changes raise REPORTED LUNS
+//! DATA HAS CHANGED on the affected nexuses and send SRP_AER_REQ to every
+//! channel.
+//!
+//! The control socket is created mode 0600 and also checks the peer's
+//! credentials: only the daemon's own user may use it.
+
+use crate::config::{check_initiator, Config, DeviceSection, GroupSection, Handler, LunEntry};
+use rdma_types::Guid;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use srp_target::TargetPort;
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use toml::Spanned;
+
+/// One admin request, as JSON on the control socket (`{"cmd": "..."}`).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(tag = "cmd", rename_all = "kebab-case")]
+pub enum Request {
+    /// Target name, address, parameters, state.
+    Show,
+    /// Channels with credits and commands in flight.
+    Sessions,
+    /// Devices with handler, size and counters.
+    Devices,
+    /// The default LUNs and the groups.
+    Luns,
+    /// Adds a device given as a `[[device]]` table body in TOML.
+    AddDevice {
+        toml: String,
+    },
+    RemoveDevice {
+        name: String,
+    },
+    /// Maps a device; `group` absent means the default LUNs.
+    AddLun {
+        group: Option<String>,
+        lun: u32,
+        device: String,
+    },
+    RemoveLun {
+        group: Option<String>,
+        lun: u32,
+    },
+    AddGroup {
+        name: String,
+    },
+    RemoveGroup {
+        name: String,
+    },
+    AddInitiator {
+        group: String,
+        initiator: String,
+    },
+    RemoveInitiator {
+        group: String,
+        initiator: String,
+    },
+    Enable,
+    Disable,
+    /// Saves the running configuration (to the file it was loaded from
+    /// when `path` is absent).
+    WriteConfig {
+        path: Option<PathBuf>,
+    },
+}
+
+/// The running daemon.
+pub struct Daemon {
+    cfg: Mutex<Config>,
+    cfg_path: Option<PathBuf>,
+    scsi: Arc<scsi::Target>,
+    port: Arc<TargetPort>,
+    devices: Mutex<BTreeMap<String, Arc<scsi::Device>>>,
+    guid: Guid,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn fnv(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// Opens a device's store per its handler.
+pub fn build_device(d: &DeviceSection) -> Result<Arc<scsi::Device>, String> {
+    let name = d.name.get_ref();
+    let bs = *d.block_size.get_ref();
+    let size = d
+        .size
+        .as_ref()
+        .map(|s| crate::config::parse_size(s.get_ref()))
+        .transpose()?;
+    let file = d.filename.as_ref().map(|f| f.get_ref().clone());
+    let backend: Arc<dyn scsi::Backend> = match *d.handler.get_ref() {
+        Handler::Ram => Arc::new(scsi::Ram::new(size.unwrap_or(0))),
+        Handler::NullIo => Arc::new(scsi::NullIo::new(size.unwrap_or(0))),
+        Handler::FileIo => {
+            let path = file.ok_or("vdisk_fileio needs a filename")?;
+            let f = std::fs::OpenOptions::new()
+                .read(true)
+                .write(!d.read_only)
+                .create(!d.read_only && size.is_some())
+                .truncate(false)
+                .open(&path)
+                .map_err(|e| format!("device {name}: open {}: {e}", path.display()))?;
+            if let Some(size) = size {
+                let len = f.metadata().map_err(|e| e.to_string())?.len();
+                if len < size && !d.read_only {
+                    f.set_len(size)
+                        .map_err(|e| format!("device {name}: size {}: {e}", path.display()))?;
+                }
+            }
+            Arc::new(
+                scsi::FileIo::new(f, false)
+                    .map_err(|e| format!("device {name}: {}: {e}", path.display()))?,
+            )
+        }
+        Handler::BlockIo => {
+            let path = file.ok_or("vdisk_blockio needs a filename")?;
+            Arc::new(
+                scsi::BlockIo::open(&path, d.read_only, 4096)
+                    .map_err(|e| format!("device {name}: open {}: {e}", path.display()))?,
+            )
+        }
+    };
+    let mut cfg = scsi::DeviceConfig {
+        block_size: bs,
+        read_only: d.read_only,
+        thin: d.thin,
+        // Stable across restarts: derived from the device name, as SCST
+        // derives t10_dev_id and the serial from it.
+        serial: d
+            .usn
+            .as_ref()
+            .map(|u| u.get_ref().clone())
+            .unwrap_or_else(|| format!("{:08x}", fnv(name) as u32)),
+        naa: 0x5001_4050_0000_0000 | (fnv(name) & 0xf_ffff_ffff),
+        ..Default::default()
+    };
+    if let Some(v) = &d.t10_vendor_id {
+        cfg.vendor = v.get_ref().clone();
+    }
+    if let Some(p) = &d.t10_product_id {
+        cfg.product = p.get_ref().clone();
+    }
+    scsi::Device::new(cfg, backend)
+        .map(Arc::new)
+        .map_err(|e| format!("device {name}: {e}"))
+}
+
+fn lun(n: u32) -> Result<scsi::Lun, String> {
+    scsi::Lun::new(n).map_err(|e| format!("LUN {n}: {e}"))
+}
+
+fn spanned<T>(v: T) -> Spanned<T> {
+    Spanned::new(0..0, v)
+}
+
+impl Daemon {
+    /// Builds everything `cfg` describes and starts serving logins.
+    /// `log` receives one line per event.
+    pub fn start(
+        cfg: Config,
+        cfg_path: Option<PathBuf>,
+        log: impl FnMut(String) + Send + 'static,
+    ) -> Result<Arc<Daemon>, String> {
+        let t = &cfg.target;
+        let guid = Guid(crate::TARGET_GUID);
+        let provider = rnic::softroce::SoftRoce::new(
+            vec![rnic::softroce::SoftCa {
+                guid,
+                ip: *t.ip.get_ref(),
+            }],
+            t.udp_port,
+        );
+        let scsi = Arc::new(scsi::Target::new());
+        let mut devices = BTreeMap::new();
+        for d in &cfg.devices {
+            devices.insert(d.name.get_ref().clone(), build_device(d)?);
+        }
+        for l in &cfg.luns {
+            scsi.add_lun(
+                None,
+                lun(*l.lun.get_ref())?,
+                devices[l.device.get_ref()].clone(),
+            );
+        }
+        for g in &cfg.groups {
+            let name = g.name.get_ref();
+            scsi.add_group(name);
+            for i in &g.initiators {
+                scsi.add_initiator(name, i.get_ref());
+            }
+            for l in &g.luns {
+                scsi.add_lun(
+                    Some(name),
+                    lun(*l.lun.get_ref())?,
+                    devices[l.device.get_ref()].clone(),
+                );
+            }
+        }
+        // Target port ID = id_ext then ioc_guid, both the CA GUID (ib_srpt).
+        let chan = srp::initiator::ChannelConfig::new(0, guid, guid.0, guid);
+        let mut tcfg = srp::target::TargetConfig::new(chan.target_port_id(), "srptd");
+        tcfg.max_req_size = *t.srp_max_req_size.get_ref();
+        tcfg.max_rsp_size = *t.srp_max_rsp_size.get_ref();
+        tcfg.max_rdma_size = *t.srp_max_rdma_size.get_ref();
+        tcfg.srq_size = *t.srpt_srq_size.get_ref();
+        tcfg.sq_size = *t.srpt_sq_size.get_ref();
+        tcfg.enabled = t.enabled;
+        let port = Arc::new(
+            TargetPort::start(
+                provider.clone(),
+                guid,
+                tcfg,
+                scsi.clone(),
+                srp_target::PortOptions::default(),
+            )
+            .map_err(|e| format!("start the target port: {e}"))?,
+        );
+        let agent = rdma_access::CmAgent::start(provider, guid, std::process::id() << 8)
+            .map_err(|e| format!("start the CM agent on {}: {e}", t.ip.get_ref()))?;
+        crate::serve_rdma_cm(agent, port.clone(), t.rdma_cm_port, log);
+        Ok(Arc::new(Daemon {
+            cfg: Mutex::new(cfg),
+            cfg_path,
+            scsi,
+            port,
+            devices: Mutex::new(devices),
+            guid,
+        }))
+    }
+
+    /// The target port.
+    pub fn port(&self) -> &Arc<TargetPort> {
+        &self.port
+    }
+
+    /// The running configuration.
+    pub fn config(&self) -> Config {
+        lock(&self.cfg).clone()
+    }
+
+    /// Executes one admin request; `Err` is the message for the user.
+    pub fn handle(&self, req: Request) -> Result<Value, String> {
+        match req {
+            Request::Show => Ok(self.show()),
+            Request::Sessions => Ok(self.sessions()),
+            Request::Devices => Ok(self.devices()),
+            Request::Luns => Ok(self.luns()),
+            Request::AddDevice { toml } => self.add_device(&toml),
+            Request::RemoveDevice { name } => self.remove_device(&name),
+            Request::AddLun { group, lun, device } => self.add_lun(group, lun, device),
+            Request::RemoveLun { group, lun } => self.remove_lun(group, lun),
+            Request::AddGroup { name } => self.edit(|c| {
+                if c.groups.iter().any(|g| g.name.get_ref() == &name) {
+                    return Err(format!("group `{name}` exists"));
+                }
+                c.groups.push(GroupSection {
+                    name: spanned(name.clone()),
+                    initiators: Vec::new(),
+                    luns: Vec::new(),
+                });
+                self.scsi.add_group(&name);
+                Ok(json!({ "added": name }))
+            }),
+            Request::RemoveGroup { name } => self.edit(|c| {
+                let i = c
+                    .groups
+                    .iter()
+                    .position(|g| g.name.get_ref() == &name)
+                    .ok_or_else(|| format!("no group `{name}`"))?;
+                c.groups.remove(i);
+                self.scsi.remove_group(&name);
+                self.port.notify(srp::target::AerEvent::LunsChanged);
+                Ok(json!({ "removed": name }))
+            }),
+            Request::AddInitiator { group, initiator } => self.edit(|c| {
+                check_initiator(&initiator)?;
+                let g = group_mut(c, &group)?;
+                if g.initiators.iter().any(|i| i.get_ref() == &initiator) {
+                    return Err(format!("`{initiator}` is already in group `{group}`"));
+                }
+                g.initiators.push(spanned(initiator.clone()));
+                self.scsi.add_initiator(&group, &initiator);
+                self.port.notify(srp::target::AerEvent::LunsChanged);
+                Ok(json!({ "group": group, "added": initiator }))
+            }),
+            Request::RemoveInitiator { group, initiator } => self.edit(|c| {
+                let g = group_mut(c, &group)?;
+                let i = g
+                    .initiators
+                    .iter()
+                    .position(|i| i.get_ref() == &initiator)
+                    .ok_or_else(|| format!("`{initiator}` is not in group `{group}`"))?;
+                g.initiators.remove(i);
+                self.scsi.remove_initiator(&group, &initiator);
+                self.port.notify(srp::target::AerEvent::LunsChanged);
+                Ok(json!({ "group": group, "removed": initiator }))
+            }),
+            Request::Enable | Request::Disable => {
+                let on = matches!(req, Request::Enable);
+                self.port.set_enabled(on);
+                lock(&self.cfg).target.enabled = on;
+                Ok(json!({ "enabled": on }))
+            }
+            Request::WriteConfig { path } => {
+                let path = path
+                    .or_else(|| self.cfg_path.clone())
+                    .ok_or("no file given and srptd was not started from one")?;
+                let text = lock(&self.cfg).to_toml();
+                let tmp = path.with_extension("tmp-srptd");
+                std::fs::write(&tmp, &text)
+                    .and_then(|()| std::fs::rename(&tmp, &path))
+                    .map_err(|e| format!("write {}: {e}", path.display()))?;
+                Ok(json!({ "written": path }))
+            }
+        }
+    }
+
+    /// Runs `f` on a copy of the configuration; keeps the copy if `f`
+    /// succeeds (it applies the change to the running target itself).
+    fn edit(&self, f: impl FnOnce(&mut Config) -> Result<Value, String>) -> Result<Value, String> {
+        let mut cfg = lock(&self.cfg);
+        let mut next = cfg.clone();
+        let v = f(&mut next)?;
+        *cfg = next;
+        Ok(v)
+    }
+
+    fn show(&self) -> Value {
+        let c = lock(&self.cfg);
+        let t = &c.target;
+        json!({
+            "target": self.port.name(),
+            "id_ext": format!("{:016x}", self.guid.0),
+            "ioc_guid": format!("{:016x}", self.guid.0),
+            "ip": t.ip.get_ref().to_string(),
+            "udp_port": t.udp_port,
+            "rdma_cm_port": t.rdma_cm_port,
+            "enabled": self.port.enabled(),
+            "rel_tgt_id": t.rel_tgt_id.get_ref(),
+            "srp_max_req_size": t.srp_max_req_size.get_ref(),
+            "srp_max_rsp_size": t.srp_max_rsp_size.get_ref(),
+            "srp_max_rdma_size": t.srp_max_rdma_size.get_ref(),
+            "srpt_srq_size": t.srpt_srq_size.get_ref(),
+            "srpt_sq_size": t.srpt_sq_size.get_ref(),
+            "sessions": self.port.sessions().len(),
+        })
+    }
+
+    fn sessions(&self) -> Value {
+        let v: Vec<Value> = self
+            .port
+            .sessions()
+            .into_iter()
+            .map(|s| {
+                json!({
+                    "conn": s.conn.0,
+                    "initiator": s.initiator,
+                    "luns": self.scsi.visible_luns(&s.initiator).iter().map(|l| l.value()).collect::<Vec<_>>(),
+                    "window": s.window,
+                    "credits": s.credits,
+                    "in_flight": s.in_flight,
+                    "commands": s.cmds,
+                    "closing": s.closing,
+                })
+            })
+            .collect();
+        Value::Array(v)
+    }
+
+    fn devices(&self) -> Value {
+        let cfg = lock(&self.cfg);
+        let devs = lock(&self.devices);
+        let v: Vec<Value> = cfg
+            .devices
+            .iter()
+            .filter_map(|d| {
+                let dev = devs.get(d.name.get_ref())?;
+                let s = dev.stats();
+                Some(json!({
+                    "name": d.name.get_ref(),
+                    "handler": d.handler.get_ref().name(),
+                    "filename": d.filename.as_ref().map(|f| f.get_ref().display().to_string()),
+                    "size": dev.blocks() * dev.block_size() as u64,
+                    "block_size": dev.block_size(),
+                    "read_only": d.read_only,
+                    "serial": dev.config.serial,
+                    "naa": format!("{:016x}", dev.config.naa),
+                    "stats": {
+                        "commands": s.commands, "reads": s.reads, "writes": s.writes,
+                        "read_bytes": s.read_bytes, "write_bytes": s.write_bytes,
+                        "errors": s.errors,
+                    },
+                }))
+            })
+            .collect();
+        Value::Array(v)
+    }
+
+    fn luns(&self) -> Value {
+        let cfg = lock(&self.cfg);
+        let map = |ls: &[LunEntry]| -> Vec<Value> {
+            ls.iter()
+                .map(|l| json!({ "lun": l.lun.get_ref(), "device": l.device.get_ref() }))
+                .collect()
+        };
+        json!({
+            "default": map(&cfg.luns),
+            "groups": cfg.groups.iter().map(|g| json!({
+                "name": g.name.get_ref(),
+                "initiators": g.initiators.iter().map(|i| i.get_ref().clone()).collect::<Vec<_>>(),
+                "luns": map(&g.luns),
+            })).collect::<Vec<_>>(),
+        })
+    }
+
+    fn add_device(&self, text: &str) -> Result<Value, String> {
+        let d: DeviceSection =
+            toml::from_str(text).map_err(|e| format!("device: {}", e.message().trim()))?;
+        let name = d.name.get_ref().clone();
+        let mut cfg = lock(&self.cfg);
+        let mut next = cfg.clone();
+        next.devices.push(d.clone());
+        next.check()
+            .map_err(|e| format!("{}: {}", e.key, e.message))?;
+        let dev = build_device(&d)?;
+        lock(&self.devices).insert(name.clone(), dev);
+        *cfg = next;
+        Ok(json!({ "added": name }))
+    }
+
+    fn remove_device(&self, name: &str) -> Result<Value, String> {
+        self.edit(|c| {
+            let i = c
+                .devices
+                .iter()
+                .position(|d| d.name.get_ref() == name)
+                .ok_or_else(|| format!("no device `{name}`"))?;
+            let used = |ls: &[LunEntry]| {
+                ls.iter()
+                    .find(|l| l.device.get_ref() == name)
+                    .map(|l| *l.lun.get_ref())
+            };
+            if let Some(l) = used(&c.luns) {
+                return Err(format!(
+                    "device `{name}` is mapped at default LUN {l}; remove the LUN first"
+                ));
+            }
+            for g in &c.groups {
+                if let Some(l) = used(&g.luns) {
+                    return Err(format!(
+                        "device `{name}` is mapped at LUN {l} of group `{}`; remove the LUN first",
+                        g.name.get_ref()
+                    ));
+                }
+            }
+            c.devices.remove(i);
+            lock(&self.devices).remove(name);
+            Ok(json!({ "removed": name }))
+        })
+    }
+
+    fn add_lun(&self, group: Option<String>, n: u32, device: String) -> Result<Value, String> {
+        self.edit(|c| {
+            let l = lun(n)?;
+            let entry = LunEntry {
+                lun: spanned(n),
+                device: spanned(device.clone()),
+            };
+            match &group {
+                Some(g) => group_mut(c, g)?.luns.push(entry),
+                None => c.luns.push(entry),
+            }
+            c.check().map_err(|e| format!("{}: {}", e.key, e.message))?;
+            let dev = lock(&self.devices)
+                .get(&device)
+                .cloned()
+                .ok_or_else(|| format!("no device `{device}`"))?;
+            self.scsi.add_lun(group.as_deref(), l, dev);
+            let told = self.port.notify(srp::target::AerEvent::LunsChanged);
+            Ok(json!({ "group": group, "lun": n, "device": device, "aer_sent": told }))
+        })
+    }
+
+    fn remove_lun(&self, group: Option<String>, n: u32) -> Result<Value, String> {
+        self.edit(|c| {
+            let l = lun(n)?;
+            let luns = match &group {
+                Some(g) => &mut group_mut(c, g)?.luns,
+                None => &mut c.luns,
+            };
+            let i =
+                luns.iter()
+                    .position(|e| *e.lun.get_ref() == n)
+                    .ok_or_else(|| match &group {
+                        Some(g) => format!("group `{g}` has no LUN {n}"),
+                        None => format!("no default LUN {n}"),
+                    })?;
+            luns.remove(i);
+            self.scsi.remove_lun(group.as_deref(), l);
+            let told = self.port.notify(srp::target::AerEvent::LunsChanged);
+            Ok(json!({ "group": group, "removed_lun": n, "aer_sent": told }))
+        })
+    }
+
+    /// Prometheus text exposition of the counters.
+    pub fn metrics(&self) -> String {
+        let mut out = String::new();
+        let mut metric = |name: &str, help: &str, kind: &str, rows: Vec<(String, u64)>| {
+            out += &format!("# HELP {name} {help}\n# TYPE {name} {kind}\n");
+            for (labels, v) in rows {
+                out += &format!("{name}{labels} {v}\n");
+            }
+        };
+        let sessions = self.port.sessions();
+        metric(
+            "srptd_target_enabled",
+            "Whether the target accepts logins.",
+            "gauge",
+            vec![(String::new(), self.port.enabled() as u64)],
+        );
+        metric(
+            "srptd_channels",
+            "Logged-in SRP channels.",
+            "gauge",
+            vec![(String::new(), sessions.len() as u64)],
+        );
+        let per = |f: fn(&srp_target::SessionInfo) -> u64| {
+            sessions
+                .iter()
+                .map(|s| {
+                    (
+                        format!("{{initiator=\"{}\",conn=\"{}\"}}", s.initiator, s.conn.0),
+                        f(s),
+                    )
+                })
+                .collect::<Vec<_>>()
+        };
+        metric(
+            "srptd_channel_commands_total",
+            "SRP_CMDs accepted.",
+            "counter",
+            per(|s| s.cmds),
+        );
+        metric(
+            "srptd_channel_credits",
+            "Credits the initiator holds.",
+            "gauge",
+            per(|s| s.credits as u64),
+        );
+        metric(
+            "srptd_channel_in_flight",
+            "Commands in flight.",
+            "gauge",
+            per(|s| s.in_flight as u64),
+        );
+        let devs: Vec<(String, scsi::DeviceStats)> = lock(&self.devices)
+            .iter()
+            .map(|(n, d)| (format!("{{device=\"{n}\"}}"), d.stats()))
+            .collect();
+        let col = |f: fn(&scsi::DeviceStats) -> u64| {
+            devs.iter().map(|(l, s)| (l.clone(), f(s))).collect()
+        };
+        metric(
+            "srptd_device_commands_total",
+            "Commands a device executed.",
+            "counter",
+            col(|s| s.commands),
+        );
+        metric(
+            "srptd_device_read_bytes_total",
+            "Bytes read.",
+            "counter",
+            col(|s| s.read_bytes),
+        );
+        metric(
+            "srptd_device_write_bytes_total",
+            "Bytes written.",
+            "counter",
+            col(|s| s.write_bytes),
+        );
+        metric(
+            "srptd_device_errors_total",
+            "Commands ended in CHECK CONDITION.",
+            "counter",
+            col(|s| s.errors),
+        );
+        out
+    }
+
+    /// Logs every initiator out and waits (bounded) until the channels
+    /// are gone: every command the target acknowledged has completed.
+    pub fn shutdown(&self, within: std::time::Duration) -> usize {
+        self.port.logout_all(srp::wire::TLogoutReason::NoReason);
+        let end = std::time::Instant::now() + within;
+        loop {
+            let left = self.port.sessions().len();
+            if left == 0 || std::time::Instant::now() >= end {
+                return left;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+}
+
+fn group_mut<'a>(c: &'a mut Config, name: &str) -> Result<&'a mut GroupSection, String> {
+    c.groups
+        .iter_mut()
+        .find(|g| g.name.get_ref() == name)
+        .ok_or_else(|| format!("no group `{name}`"))
+}
+
+/// The effective user ID of a socket's peer.
+fn peer_uid(s: &UnixStream) -> Option<u32> {
+    use std::os::fd::AsRawFd;
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: cred and len are valid for writes of the sizes given.
+    let r = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    (r == 0).then_some(cred.uid)
+}
+
+/// Binds the control socket at `path` with mode 0600, replacing a stale
+/// socket file (one nobody listens on) but nothing else.
+pub fn bind_control(path: &Path) -> std::io::Result<UnixListener> {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    if let Ok(m) = std::fs::symlink_metadata(path) {
+        if !m.file_type().is_socket() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                format!("{} exists and is not a socket", path.display()),
+            ));
+        }
+        if UnixStream::connect(path).is_ok() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::AddrInUse,
+                format!("{}: another srptd is listening", path.display()),
+            ));
+        }
+        std::fs::remove_file(path)?;
+    }
+    // SAFETY: umask only changes this process's file creation mask.
+    let old = unsafe { libc::umask(0o177) };
+    let l = UnixListener::bind(path);
+    // SAFETY: as above, restoring the previous mask.
+    unsafe { libc::umask(old) };
+    let l = l?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(l)
+}
+
+/// Serves the control socket: one JSON request per line, one JSON answer
+/// per line (`{"ok": true, "data": ...}` or `{"ok": false, "error": ...}`).
+pub fn serve_control(daemon: Arc<Daemon>, listener: UnixListener) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        // SAFETY: geteuid has no preconditions.
+        let me = unsafe { libc::geteuid() };
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            if peer_uid(&conn) != Some(me) {
+                let _ = writeln!(
+                    conn,
+                    "{}",
+                    json!({"ok": false, "error": "permission denied: not the owner of srptd"})
+                );
+                continue;
+            }
+            let d = daemon.clone();
+            std::thread::spawn(move || {
+                let Ok(read) = conn.try_clone() else { return };
+                for line in BufReader::new(read).lines().take(10_000) {
+                    let Ok(line) = line else { return };
+                    let answer = match serde_json::from_str::<Request>(&line) {
+                        Ok(req) => match d.handle(req) {
+                            Ok(data) => json!({ "ok": true, "data": data }),
+                            Err(e) => json!({ "ok": false, "error": e }),
+                        },
+                        Err(e) => json!({ "ok": false, "error": format!("bad request: {e}") }),
+                    };
+                    if writeln!(conn, "{answer}").is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    })
+}
+
+/// Serves `GET /metrics` in the Prometheus text format on `addr`.
+pub fn serve_metrics(
+    daemon: Arc<Daemon>,
+    addr: std::net::SocketAddr,
+) -> std::io::Result<(std::net::SocketAddr, std::thread::JoinHandle<()>)> {
+    use std::io::Read;
+    let l = std::net::TcpListener::bind(addr)?;
+    let local = l.local_addr()?;
+    let t = std::thread::spawn(move || {
+        for conn in l.incoming() {
+            let Ok(mut c) = conn else { continue };
+            let _ = c.set_read_timeout(Some(std::time::Duration::from_secs(2)));
+            let mut buf = [0u8; 2048];
+            let n = c.read(&mut buf).unwrap_or(0);
+            let req = String::from_utf8_lossy(&buf[..n]);
+            let (status, body) = if req.starts_with("GET /metrics ") {
+                ("200 OK", daemon.metrics())
+            } else {
+                ("404 Not Found", "try /metrics\n".to_string())
+            };
+            let _ = write!(
+                c,
+                "HTTP/1.0 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    Ok((local, t))
+}
+
+/// A client of the control socket (what `srptadm` uses).
+pub fn request(path: &Path, req: &Request) -> Result<Value, String> {
+    let mut s =
+        UnixStream::connect(path).map_err(|e| format!("connect to {}: {e}", path.display()))?;
+    s.set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .map_err(|e| e.to_string())?;
+    let line = serde_json::to_string(req).map_err(|e| e.to_string())?;
+    writeln!(s, "{line}").map_err(|e| format!("send to {}: {e}", path.display()))?;
+    let mut answer = String::new();
+    BufReader::new(&s)
+        .read_line(&mut answer)
+        .map_err(|e| format!("read from {}: {e}", path.display()))?;
+    let v: Value =
+        serde_json::from_str(&answer).map_err(|e| format!("bad answer from srptd: {e}"))?;
+    if v["ok"] == json!(true) {
+        Ok(v["data"].clone())
+    } else {
+        Err(v["error"]
+            .as_str()
+            .unwrap_or("srptd refused without a reason")
+            .to_string())
+    }
+}
