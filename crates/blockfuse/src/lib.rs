@@ -1,0 +1,303 @@
+//! Block devices as files, through FUSE.
+//!
+//! `blockfuse` mounts a directory in which every [`BlockDevice`] handed to
+//! [`mount`] appears as one regular file (`<mnt>/lun0`, …) of fixed size
+//! `num_blocks * block_size`. It is the user-space counterpart of the
+//! `/dev/sdX` that Linux `ib_srp` creates: fio, dd (`conv=notrunc`) and
+//! `losetup` + `mkfs` work on the file, and every byte they move becomes a
+//! block read or write on the device (for our SRP initiator, a SCSI command
+//! to a remote LUN).
+//!
+//! How FUSE operations map to block operations:
+//! - `read` reads the blocks covering the range and returns the bytes asked
+//!   for; short at the end of the device, empty past it.
+//! - `write` of whole blocks is passed through; a write that starts or ends
+//!   inside a block does read-modify-write of those edge blocks while
+//!   holding the device's lock exclusively (whole-block writes hold it
+//!   shared), so concurrent unaligned writes to one block are not lost.
+//!   Large transfers are split at [`Options::max_io`].
+//! - `fsync` always, and `flush` (each `close`) of a descriptor opened for
+//!   writing, call [`BlockDevice::flush`] (SYNCHRONIZE CACHE).
+//! - `fallocate(PUNCH_HOLE|KEEP_SIZE)` unmaps the whole blocks of the range
+//!   ([`BlockDevice::unmap`]) and zeroes the partial ones; `ZERO_RANGE`
+//!   writes zeroes; plain allocation inside the file succeeds doing nothing.
+//! - `open` with `O_DIRECT`, and by default every open
+//!   ([`DirectIo::Always`]), gets `FOPEN_DIRECT_IO`: no page cache sits
+//!   between the caller and the device, so what fio measures and what
+//!   `fsync` flushes is the device itself.
+//! - Device errors become `EIO`.
+//!
+//! What it refuses: growing or shrinking a file (`truncate` to any other
+//! size is `EINVAL`, writes starting at or past the end are `ENOSPC`,
+//! `fallocate` past the end without `KEEP_SIZE` is `ENOSPC`), creating,
+//! removing or renaming entries, changing mode or owner (`EPERM`), writes
+//! on a read-only mount (`EROFS`), punching holes in devices without unmap
+//! (`EOPNOTSUPP`), device names that are not plain file names or repeat.
+//! Access is limited to the mounting user unless [`Options::allow_other`]
+//! or [`Options::allow_root`] is set.
+//!
+//! The session runs on background threads; [`Mount::unmount`] (or drop)
+//! unmounts, detaching lazily and then aborting the FUSE connection if the
+//! files stay busy, and joins within a bounded time.
+
+mod fs;
+mod lun;
+
+use blockload::BlockDevice;
+use fuser::{Config, MountOption, SessionACL, SessionUnmounter};
+use std::ffi::CString;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// When opens bypass the page cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DirectIo {
+    /// Every open is direct I/O (the default): the device sees exactly
+    /// the I/O the application issues.
+    Always,
+    /// Only `O_DIRECT` opens; others go through the page cache.
+    WhenRequested,
+}
+
+/// Mount settings.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Files are 0444 and every write is `EROFS`.
+    pub read_only: bool,
+    /// Let every user reach the files (FUSE `allow_other`).
+    pub allow_other: bool,
+    /// Let root reach the files besides the mounting user.
+    pub allow_root: bool,
+    /// Page cache policy.
+    pub direct_io: DirectIo,
+    /// Threads serving FUSE requests (I/Os in flight at once).
+    pub threads: usize,
+    /// Largest single device call in bytes (rounded down to whole blocks,
+    /// at least one block).
+    pub max_io: usize,
+    /// How long [`Mount::unmount`] waits at each step (after unmounting,
+    /// after aborting the connection).
+    pub unmount_timeout: Duration,
+    /// Source name shown in `/proc/mounts`.
+    pub fsname: String,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options {
+            read_only: false,
+            allow_other: false,
+            allow_root: false,
+            direct_io: DirectIo::Always,
+            threads: 4,
+            max_io: 1 << 20,
+            unmount_timeout: Duration::from_secs(10),
+            fsname: "blockfuse".into(),
+        }
+    }
+}
+
+/// A mounted blockfuse directory; unmounted by [`Mount::unmount`] or drop.
+pub struct Mount {
+    mountpoint: PathBuf,
+    names: Vec<String>,
+    unmounter: Option<SessionUnmounter>,
+    done: Option<mpsc::Receiver<io::Result<()>>>,
+    thread: Option<JoinHandle<()>>,
+    /// The connection's name under /sys/fs/fuse/connections.
+    conn: Option<u64>,
+    timeout: Duration,
+}
+
+impl std::fmt::Debug for Mount {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mount")
+            .field("mountpoint", &self.mountpoint)
+            .field("names", &self.names)
+            .field("mounted", &self.done.is_some())
+            .finish()
+    }
+}
+
+fn invalid(msg: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, msg)
+}
+
+/// Mounts `devices` as files named by their strings in the existing
+/// directory `mountpoint` and serves them on background threads.
+///
+/// # Errors
+/// `InvalidInput` for a name that is empty, `.`, `..`, longer than 255
+/// bytes, contains `/` or NUL, or repeats, and for a device of block size 0;
+/// otherwise whatever mounting returns (no `/dev/fuse`, no permission, the
+/// mount point is not a directory).
+pub fn mount(
+    mountpoint: impl AsRef<Path>,
+    devices: Vec<(String, Arc<dyn BlockDevice>)>,
+    options: Options,
+) -> io::Result<Mount> {
+    let mountpoint = mountpoint.as_ref().canonicalize()?;
+    let mut luns = Vec::with_capacity(devices.len());
+    for (name, dev) in devices {
+        if name.is_empty()
+            || name == "."
+            || name == ".."
+            || name.len() > 255
+            || name.contains(['/', '\0'])
+        {
+            return Err(invalid(format!("`{name}` is not usable as a file name")));
+        }
+        if luns.iter().any(|l: &lun::Lun| l.name == name) {
+            return Err(invalid(format!("device name `{name}` given twice")));
+        }
+        luns.push(lun::Lun::new(name, dev, options.max_io)?);
+    }
+    let names = luns.iter().map(|l| l.name.clone()).collect();
+    let fs = fs::BlockFs::new(luns, &options);
+
+    let mut config = Config::default();
+    config.mount_options = vec![
+        MountOption::FSName(options.fsname.clone()),
+        MountOption::Subtype("blockfuse".into()),
+        MountOption::DefaultPermissions,
+        MountOption::NoDev,
+        MountOption::NoSuid,
+        MountOption::NoExec,
+        if options.read_only { MountOption::RO } else { MountOption::RW },
+    ];
+    config.acl = if options.allow_other {
+        SessionACL::All
+    } else if options.allow_root {
+        SessionACL::RootAndOwner
+    } else {
+        SessionACL::Owner
+    };
+    config.n_threads = Some(options.threads.max(1));
+    config.clone_fd = true;
+
+    let mut session = fuser::Session::new(fs, &mountpoint, &config)?;
+    let unmounter = session.unmount_callable();
+    let conn = std::fs::metadata(&mountpoint).ok().map(|m| {
+        use std::os::unix::fs::MetadataExt;
+        // fusectl names a connection by the kernel's dev_t (major << 20 | minor).
+        let dev = m.dev();
+        (u64::from(libc::major(dev)) << 20) | u64::from(libc::minor(dev))
+    });
+    let (tx, rx) = mpsc::channel();
+    let thread = std::thread::Builder::new()
+        .name("blockfuse".into())
+        .spawn(move || {
+            let _ = tx.send(session.run());
+        })?;
+    Ok(Mount {
+        mountpoint,
+        names,
+        unmounter: Some(unmounter),
+        done: Some(rx),
+        thread: Some(thread),
+        conn,
+        timeout: options.unmount_timeout,
+    })
+}
+
+impl Mount {
+    /// The mount directory (canonical).
+    pub fn mountpoint(&self) -> &Path {
+        &self.mountpoint
+    }
+
+    /// The path of the file for device `name`, if there is one.
+    pub fn path_of(&self, name: &str) -> Option<PathBuf> {
+        self.names.iter().any(|n| n == name).then(|| self.mountpoint.join(name))
+    }
+
+    /// Unmounts and waits for the session to end.
+    ///
+    /// If the files are busy (open, or a loop device over them), the mount
+    /// is detached lazily; if the session has not ended within the timeout
+    /// the FUSE connection is aborted (pending and later I/O on the files
+    /// fails with `ENOTCONN`).
+    ///
+    /// # Errors
+    /// The session's own error, `TimedOut` if even the abort did not end
+    /// it within the timeout (its thread is then left behind), or `Other`
+    /// saying the connection had to be aborted.
+    pub fn unmount(mut self) -> io::Result<()> {
+        self.shutdown()
+    }
+
+    fn shutdown(&mut self) -> io::Result<()> {
+        let Some(done) = self.done.take() else {
+            return Ok(());
+        };
+        if let Some(mut u) = self.unmounter.take() {
+            if u.unmount().is_err() {
+                // Busy: take it out of the namespace now; the session ends
+                // when the last user lets go (or we abort below).
+                lazy_detach(&self.mountpoint);
+            }
+        }
+        let mut aborted = false;
+        let result = match done.recv_timeout(self.timeout) {
+            Ok(r) => r,
+            Err(_) => {
+                aborted = self.conn.is_some_and(abort_connection);
+                match done.recv_timeout(self.timeout) {
+                    Ok(r) => r,
+                    Err(_) => {
+                        return Err(io::Error::new(
+                            io::ErrorKind::TimedOut,
+                            format!("FUSE session on {} did not end", self.mountpoint.display()),
+                        ))
+                    }
+                }
+            }
+        };
+        if let Some(t) = self.thread.take() {
+            // It has sent its result, so it is returning.
+            let _ = t.join();
+        }
+        if aborted && result.is_ok() {
+            return Err(io::Error::other(format!(
+                "{} stayed busy; the FUSE connection was aborted",
+                self.mountpoint.display()
+            )));
+        }
+        result
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let _ = self.shutdown();
+    }
+}
+
+fn lazy_detach(path: &Path) {
+    if let Ok(c) = CString::new(path.as_os_str().as_bytes()) {
+        // SAFETY: `c` is a valid NUL-terminated path for the call's duration.
+        unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+    }
+}
+
+/// Writes to /sys/fs/fuse/connections/<conn>/abort, mounting fusectl there
+/// first if needed. True if the write succeeded.
+fn abort_connection(conn: u64) -> bool {
+    let dir = Path::new("/sys/fs/fuse/connections");
+    let abort = dir.join(conn.to_string()).join("abort");
+    if !abort.exists() {
+        let fstype = c"fusectl";
+        if let Ok(target) = CString::new(dir.as_os_str().as_bytes()) {
+            // SAFETY: all pointers are valid NUL-terminated strings or null.
+            unsafe {
+                libc::mount(fstype.as_ptr(), target.as_ptr(), fstype.as_ptr(), 0, std::ptr::null())
+            };
+        }
+    }
+    std::fs::write(abort, b"1").is_ok()
+}
