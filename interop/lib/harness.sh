@@ -122,11 +122,15 @@ capture_stop() {
 # $RUN_DIR/capture-summary.txt.
 capture_check() {
   local out=$RUN_DIR/capture-summary.txt n malformed experr
+  # A scenario may pass tshark options, e.g. to turn off a heuristic
+  # dissector that mistakes its payloads for another protocol.
+  local -a ta=()
+  [ -z "${SCENARIO_TSHARK_ARGS:-}" ] || read -ra ta <<<"$SCENARIO_TSHARK_ARGS"
   CAP_PROBLEM=
-  n=$(timeout 600 tshark -r "$CAP" -T fields -e frame.number 2>/dev/null | wc -l)
-  malformed=$(timeout 600 tshark -r "$CAP" -Y _ws.malformed -T fields -e frame.number 2>/dev/null | wc -l)
+  n=$(timeout 600 tshark "${ta[@]}" -r "$CAP" -T fields -e frame.number 2>/dev/null | wc -l)
+  malformed=$(timeout 600 tshark "${ta[@]}" -r "$CAP" -Y _ws.malformed -T fields -e frame.number 2>/dev/null | wc -l)
   # 0x00800000 is PI_ERROR in epan/proto.h.
-  experr=$(timeout 600 tshark -r "$CAP" -Y '_ws.expert.severity >= 0x00800000' \
+  experr=$(timeout 600 tshark "${ta[@]}" -r "$CAP" -Y '_ws.expert.severity >= 0x00800000' \
     -T fields -e frame.number -e _ws.expert.message 2>/dev/null)
   {
     echo "frames: $n"
@@ -134,10 +138,10 @@ capture_check() {
     echo "expert errors: $(printf '%s' "$experr" | grep -c . || true)"
     printf '%s\n' "$experr" | head -20
     echo "--- RoCEv2 packets by transport + opcode ---"
-    timeout 600 tshark -r "$CAP" -Y infiniband -T fields -e _ws.col.Info 2>/dev/null |
+    timeout 600 tshark "${ta[@]}" -r "$CAP" -Y infiniband -T fields -e _ws.col.Info 2>/dev/null |
       sed -E 's/ *QP=.*//; s/, *$//' | sort | uniq -c | sort -rn | head -30
     echo "--- protocol hierarchy ---"
-    timeout 600 tshark -r "$CAP" -q -z io,phs 2>/dev/null | sed -n '/^eth/,/^====/p'
+    timeout 600 tshark "${ta[@]}" -r "$CAP" -q -z io,phs 2>/dev/null | sed -n '/^eth/,/^====/p'
   } >"$out"
   [ "$n" -gt 0 ] || CAP_PROBLEM="capture is empty"
   [ "$malformed" -eq 0 ] || CAP_PROBLEM="$malformed malformed frames"
@@ -145,7 +149,7 @@ capture_check() {
   # A scenario may require protocols (e.g. infiniband) to appear.
   local p
   for p in ${SCENARIO_EXPECT_PROTOCOLS:-}; do
-    [ "$(timeout 600 tshark -r "$CAP" -Y "$p" -T fields -e frame.number 2>/dev/null | wc -l)" -gt 0 ] ||
+    [ "$(timeout 600 tshark "${ta[@]}" -r "$CAP" -Y "$p" -T fields -e frame.number 2>/dev/null | wc -l)" -gt 0 ] ||
       CAP_PROBLEM="${CAP_PROBLEM:+$CAP_PROBLEM; }no '$p' frames captured"
   done
 }
@@ -223,6 +227,7 @@ scenario_run() {
   SCENARIO_VMS=()
   SCENARIO_GUEST_TIMEOUT=600
   SCENARIO_EXPECT_PROTOCOLS=
+  SCENARIO_TSHARK_ARGS=
   # shellcheck disable=SC1090
   . "$f"
   RUN_DIR=$INTEROP_RESULTS/$name-$(date -u +%Y%m%dT%H%M%SZ)

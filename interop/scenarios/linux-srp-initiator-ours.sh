@@ -5,7 +5,9 @@
 # with dd (O_DIRECT), reads it back and compares, runs fio verify jobs,
 # makes an ext4 file system and checks it, measures sequential read
 # bandwidth, moves 4 and 8 MiB direct I/Os with cmd_sg_entries=1 and 255,
-# and logs out and in again under verification. ch_count=2 (two RDMA
+# adds and removes a LUN on our side (srptadm, through a host relay) while
+# fio verifies LUN 0, resets the LU with sg_reset during I/O, and logs out
+# and in again 20 times under verification. ch_count=2 (two RDMA
 # channels, SINGLE then MULTI) and immediate data are used.
 # Needs the binary: cargo build --release -p srpstack (SRPTD overrides).
 
@@ -13,14 +15,20 @@ SCENARIO_VMS=("a 11 initiator")
 SCENARIO_GUEST_TIMEOUT=900
 # RDMA WRITE (our target moving read data), RDMA READ request (fetching
 # write data), SEND (SRP IUs), CM MADs (the RDMA CM login).
+# SRP payloads are not RPC-over-RDMA: tshark's rpcordma heuristic takes an
+# SRP_RSP whose REQ_LIM_DELTA is 1 for an RPC-over-RDMA v1 header and then
+# reports it malformed.
+SCENARIO_TSHARK_ARGS="--disable-heuristic rpcrdma_infiniband"
 SCENARIO_EXPECT_PROTOCOLS="infiniband.bth.opcode>=6&&infiniband.bth.opcode<=10 infiniband.bth.opcode==12 infiniband.bth.opcode==4 infiniband.mad"
 
 SRPTD=${SRPTD:-${CARGO_TARGET_DIR:-$INTEROP_DIR/../target}/release/srptd}
+SRPTADM=${SRPTADM:-$(dirname "$SRPTD")/srptadm}
 # srptd's target port: id_ext and ioc_guid are its CA GUID.
 OUR_TARGET_GUID=0002c90300a00001
 
 host_main() {
   [ -x "$SRPTD" ] || { echo "missing $SRPTD: run cargo build --release -p srpstack"; return 1; }
+  [ -x "$SRPTADM" ] || { echo "missing $SRPTADM: run cargo build --release -p srpstack"; return 1; }
   ns_add_ip 10.77.0.2
   ns_bg srptd 900 "$SRPTD" --ip 10.77.0.2 --ram-mib 32 --rdma-cm-port 5555 --control-socket "$RUN_DIR/srptd.sock"
   local i
@@ -30,6 +38,52 @@ host_main() {
   done
   grep -q "listening on" "$RUN_DIR/host-srptd.log" || { cat "$RUN_DIR/host-srptd.log"; return 1; }
   cat "$RUN_DIR/host-srptd.log"
+  # The guest changes our LUN maps through this relay (srptadm on the host).
+  ns_bg relay 900 python3 "$INTEROP_DIR/lib/adm_relay.py" 10.77.0.1 7000 "$SRPTADM" "$RUN_DIR/srptd.sock"
+  for i in $(seq 1 100); do
+    grep -q "relay listening" "$RUN_DIR/host-relay.log" 2>/dev/null && break
+    sleep 0.1
+  done
+  grep -q "relay listening" "$RUN_DIR/host-relay.log" || { cat "$RUN_DIR/host-relay.log"; return 1; }
+}
+
+# adm ARGS...: srptadm ARGS on the host, through the relay.
+adm() {
+  python3 - "$@" <<'PY'
+import socket, sys
+s = socket.create_connection(("10.77.0.1", 7000), timeout=30)
+s.sendall((" ".join(sys.argv[1:]) + "\n").encode())
+data = b""
+while True:
+    b = s.recv(4096)
+    if not b:
+        break
+    data += b
+out = data.decode()
+print(out, end="")
+sys.exit(0 if out.startswith("OK") else 1)
+PY
+}
+
+# The H:C:T of our disk's SCSI address (DEV must be set).
+disk_htc() {
+  local a
+  a=$(ls /sys/block/${DEV#/dev/}/device/scsi_device/)
+  echo "${a%:*}"
+}
+
+# fio_bg NAME: verified random I/O on DEV's 8..16 MiB in the background; sets FIO_PID.
+fio_bg() {
+  fio --name="$1" --filename="$DEV" --direct=1 --rw=randrw --bs=4k --iodepth=4 \
+    --ioengine=libaio --offset=8m --size=8m --loops=6 --verify=crc32c --do_verify=1 \
+    --output-format=terse --minimal >/tmp/$1.out 2>&1 &
+  FIO_PID=$!
+}
+
+fio_wait() {
+  wait "$FIO_PID" || { cat /tmp/$1.out; fail "$1: fio failed"; }
+  # terse v3: field 5 is the job's error count.
+  [ "$(cut -d';' -f5 /tmp/$1.out | head -1)" = 0 ] || { cat /tmp/$1.out; fail "$1: fio errors"; }
 }
 
 # Prints the sdX whose SCSI vendor is ours.
@@ -60,6 +114,9 @@ logout() {
     [ -e "$p/delete" ] && echo 1 >"$p/delete"
   done
   wait_until 60 "disk removal" sh -c '! ls /sys/block | grep -q "^sd"'
+  # ib_srp removes the remote port after the disk; a login before that
+  # fails with EIO.
+  wait_until 60 "remote port removal" sh -c '! ls /sys/class/srp_remote_ports | grep -q port'
 }
 
 # big_io MIB: one O_DIRECT write and read of MIB MiB in a single request, compared.
@@ -97,6 +154,37 @@ guest_initiator() {
     --output-format=terse --minimal >/tmp/fio.out 2>&1 || { cat /tmp/fio.out; fail "fio verify failed"; }
   step "fio randrw crc32c verify ok"
 
+  step "LUN 1 added and removed on our target while fio verifies LUN 0"
+  fio_bg lunchange
+  adm add-device extra --handler ram --size 16M >/dev/null || fail "srptadm add-device"
+  adm add-lun 1 extra >/dev/null || fail "srptadm add-lun"
+  local htc lun1
+  htc=$(disk_htc)
+  echo "- - -" >/sys/class/scsi_host/host${htc%%:*}/scan
+  wait_until 30 "LUN 1 to appear" test -d "/sys/class/scsi_device/$htc:1/device/block"
+  lun1=/dev/$(ls "/sys/class/scsi_device/$htc:1/device/block/")
+  wait_until 30 "$lun1 node" test -b "$lun1"
+  [ "$(cat /sys/block/${lun1#/dev/}/size)" -eq 32768 ] || fail "LUN 1 is not 16 MiB"
+  head -c 2097152 /dev/urandom >/tmp/l1
+  dd if=/tmp/l1 of="$lun1" bs=64k oflag=direct 2>/dev/null || fail "write LUN 1"
+  dd if="$lun1" of=/tmp/l1.back bs=64k count=32 iflag=direct 2>/dev/null || fail "read LUN 1"
+  cmp /tmp/l1 /tmp/l1.back || fail "LUN 1 data differs"
+  adm remove-lun 1 >/dev/null || fail "srptadm remove-lun"
+  if dd if="$lun1" of=/dev/null bs=4k count=1 iflag=direct 2>/dev/null; then
+    fail "LUN 1 still readable after removal"
+  fi
+  echo 1 >"/sys/class/scsi_device/$htc:1/device/delete"
+  adm remove-device extra >/dev/null || fail "srptadm remove-device"
+  fio_wait lunchange
+  step "LUN 1: appeared on rescan, 2 MiB verified, refused after removal; fio on LUN 0 verified with no errors"
+
+  step "sg_reset --device during verified I/O"
+  fio_bg reset
+  sg_reset --device "$DEV" || fail "sg_reset --device"
+  fio_wait reset
+  dmesg | grep -i "reset" | tail -3
+  step "LOGICAL UNIT RESET during I/O: fio verified with no errors"
+
   fio --name=seqread --filename="$DEV" --direct=1 --rw=read --bs=1m --iodepth=8 \
     --ioengine=libaio --size=16m --loops=8 --output-format=terse --minimal >/tmp/bw.out 2>&1 ||
     { cat /tmp/bw.out; fail "fio seq read failed"; }
@@ -126,13 +214,13 @@ guest_initiator() {
   done
 
   local n
-  for n in 1 2 3 4 5; do
+  for n in $(seq 1 20); do
     login ""
     dd if=/tmp/pattern of="$DEV" bs=64k oflag=direct 2>/dev/null
     dd if="$DEV" of=/tmp/readback bs=64k count=64 iflag=direct 2>/dev/null
     cmp /tmp/pattern /tmp/readback || fail "login $n: data differs"
     logout
   done
-  step "5 more logins and logouts, data verified each time"
+  step "20 more logins and logouts, 4 MiB verified in each"
   dmesg | grep -i srp | tail -8
 }

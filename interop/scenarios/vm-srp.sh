@@ -15,6 +15,10 @@ SCENARIO_GUEST_TIMEOUT=1200
 # Must appear in the capture: RDMA WRITE (opcodes 6-10: the target moving
 # read data), RDMA READ Request (12: the target fetching write data), SEND
 # Only (4: SRP IUs), CM MADs (login via RDMA CM).
+# SRP payloads are not RPC-over-RDMA: tshark's rpcordma heuristic takes an
+# SRP_RSP whose REQ_LIM_DELTA is 1 for an RPC-over-RDMA v1 header and then
+# reports it malformed.
+SCENARIO_TSHARK_ARGS="--disable-heuristic rpcrdma_infiniband"
 SCENARIO_EXPECT_PROTOCOLS="infiniband.bth.opcode>=6&&infiniband.bth.opcode<=10 infiniband.bth.opcode==12 infiniband.bth.opcode==4 infiniband.mad"
 
 SRP_PORT=5555

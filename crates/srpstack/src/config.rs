@@ -581,6 +581,13 @@ lun = [{ lun = 3, device = "disk1" }]
     }
 
     #[test]
+    fn shipped_example_is_valid() {
+        let c = parse(include_str!("../../../etc/srptd.toml")).unwrap();
+        assert_eq!(c.devices.len(), 2);
+        assert_eq!(c.groups[0].luns.len(), 2);
+    }
+
+    #[test]
     fn sizes() {
         assert_eq!(parse_size("512").unwrap(), 512);
         assert_eq!(parse_size("64M").unwrap(), 64 << 20);
