@@ -5,7 +5,8 @@ use crate::handshake::{ExportInfo, Handshake, Step};
 use crate::transmission::{Outcome, Transmission};
 use crate::volume::Volume;
 use crate::wire::{
-    BlockSizes, GoRepr, InfoRepr, OptionReply, OptionReplyRepr, Request, RequestRepr, SimpleReply, SimpleReplyRepr,
+    BlockSizes, GoRepr, InfoRepr, OptionReply, OptionReplyRepr, Request, RequestRepr, SimpleReply,
+    SimpleReplyRepr,
 };
 use blockload::RamDevice;
 use std::sync::Arc;
@@ -19,7 +20,9 @@ pub fn requests(data: &[u8]) {
     let mut out = Vec::new();
     // Each round consumes at least a 28-byte header.
     while let Ok(view) = Request::new_checked(rest) {
-        let Ok(req) = RequestRepr::parse(&view) else { return };
+        let Ok(req) = RequestRepr::parse(&view) else {
+            return;
+        };
         let mut emitted = [0u8; 28];
         req.emit(&mut Request::new_unchecked(&mut emitted[..]));
         assert_eq!(&emitted[..], &rest[..28], "request re-emits identically");
@@ -34,8 +37,9 @@ pub fn requests(data: &[u8]) {
             assert!(out.is_empty());
             return;
         }
-        let reply = SimpleReplyRepr::parse(&SimpleReply::new_checked(&out[..]).expect("reply header"))
-            .expect("reply magic");
+        let reply =
+            SimpleReplyRepr::parse(&SimpleReply::new_checked(&out[..]).expect("reply header"))
+                .expect("reply magic");
         assert_eq!(reply.cookie, req.cookie);
         let data_len = out.len() - 16;
         if reply.error.is_some() || req.command != crate::wire::Command::Read {
@@ -53,7 +57,11 @@ pub fn handshake(data: &[u8]) {
         name: "lun".into(),
         size: 1 << 20,
         flags: 0x016d,
-        block_sizes: BlockSizes { minimum: 1, preferred: 512, maximum: 32 << 20 },
+        block_sizes: BlockSizes {
+            minimum: 1,
+            preferred: 512,
+            maximum: 32 << 20,
+        },
     };
     let mut out = Vec::new();
     let mut hs = Handshake::new(info, &mut out);
@@ -74,7 +82,9 @@ pub fn handshake(data: &[u8]) {
     }
     let mut replies = &out[18..];
     while !replies.is_empty() {
-        let parsed = OptionReply::new_checked(replies).ok().and_then(|v| OptionReplyRepr::parse(&v).ok());
+        let parsed = OptionReply::new_checked(replies)
+            .ok()
+            .and_then(|v| OptionReplyRepr::parse(&v).ok());
         let Some(reply) = parsed else {
             // Only the NBD_OPT_EXPORT_NAME reply (10 bytes, or 134 with
             // zeroes) is not an option reply, and it comes last.

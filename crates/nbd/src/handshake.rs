@@ -8,8 +8,8 @@
 //! [`Step`] says whether to continue, enter transmission, or hang up.
 
 use crate::wire::{
-    client_flags, handshake_flags, BlockSizes, ExportNameReplyRepr, GoRepr, InfoRepr, InfoType, OptionCode,
-    OptionHeader, OptionHeaderRepr, OptionReplyRepr, ReplyType, MAX_STRING,
+    client_flags, handshake_flags, BlockSizes, ExportNameReplyRepr, GoRepr, InfoRepr, InfoType,
+    OptionCode, OptionHeader, OptionHeaderRepr, OptionReplyRepr, ReplyType, MAX_STRING,
 };
 use crate::Hangup;
 
@@ -74,7 +74,12 @@ impl Handshake {
         out.extend_from_slice(&crate::wire::NBDMAGIC.to_be_bytes());
         out.extend_from_slice(&crate::wire::IHAVEOPT.to_be_bytes());
         out.extend_from_slice(&flags.to_be_bytes());
-        Handshake { export, state: State::ClientFlags, no_zeroes: false, options: 0 }
+        Handshake {
+            export,
+            state: State::ClientFlags,
+            no_zeroes: false,
+            options: 0,
+        }
     }
 
     /// Bytes [`Handshake::handle`] needs next; `None` once finished.
@@ -145,9 +150,14 @@ impl Handshake {
                     && std::str::from_utf8(data).is_ok_and(|n| self.export.answers_to(n));
                 if !ok {
                     // No error path exists for this option: hang up (proto.md).
-                    return Step::Close(Hangup::UnknownExport(String::from_utf8_lossy(data).into_owned()));
+                    return Step::Close(Hangup::UnknownExport(
+                        String::from_utf8_lossy(data).into_owned(),
+                    ));
                 }
-                let reply = ExportNameReplyRepr { size: self.export.size, flags: self.export.flags };
+                let reply = ExportNameReplyRepr {
+                    size: self.export.size,
+                    flags: self.export.flags,
+                };
                 reply.emit(self.no_zeroes, out);
                 Step::Transmission
             }
@@ -157,7 +167,12 @@ impl Handshake {
             }
             OptionCode::List => {
                 if !data.is_empty() {
-                    reply(option, ReplyType::ErrInvalid, b"NBD_OPT_LIST takes no data", out);
+                    reply(
+                        option,
+                        ReplyType::ErrInvalid,
+                        b"NBD_OPT_LIST takes no data",
+                        out,
+                    );
                     return Step::Continue;
                 }
                 let mut entry = Vec::with_capacity(4 + self.export.name.len());
@@ -189,8 +204,13 @@ impl Handshake {
             reply(option, ReplyType::ErrUnknown, msg.as_bytes(), out);
             return Step::Continue;
         }
-        let mut items =
-            vec![InfoRepr::Export { size: self.export.size, flags: self.export.flags }, InfoRepr::BlockSize(self.export.block_sizes)];
+        let mut items = vec![
+            InfoRepr::Export {
+                size: self.export.size,
+                flags: self.export.flags,
+            },
+            InfoRepr::BlockSize(self.export.block_sizes),
+        ];
         if go.requests.contains(&InfoType::Name) {
             items.push(InfoRepr::Name(self.export.name.clone()));
         }
@@ -210,7 +230,12 @@ impl Handshake {
 }
 
 fn reply(option: OptionCode, reply_type: ReplyType, data: &[u8], out: &mut Vec<u8>) {
-    OptionReplyRepr { option, reply_type, length: data.len() as u32 }.push(data, out);
+    OptionReplyRepr {
+        option,
+        reply_type,
+        length: data.len() as u32,
+    }
+    .push(data, out);
 }
 
 #[cfg(test)]
@@ -223,7 +248,11 @@ mod tests {
             name: "lun0".into(),
             size: 1 << 20,
             flags: 0x016d,
-            block_sizes: BlockSizes { minimum: 1, preferred: 4096, maximum: 32 << 20 },
+            block_sizes: BlockSizes {
+                minimum: 1,
+                preferred: 4096,
+                maximum: 32 << 20,
+            },
         }
     }
 
@@ -284,16 +313,31 @@ mod tests {
     #[test]
     fn go_with_block_size_request() {
         let mut input = vec![0, 0, 0, 3]; // C_FIXED_NEWSTYLE | C_NO_ZEROES
-        input.extend(option(7, &[0, 0, 0, 4, b'l', b'u', b'n', b'0', 0, 2, 0, 3, 0, 1]));
+        input.extend(option(
+            7,
+            &[0, 0, 0, 4, b'l', b'u', b'n', b'0', 0, 2, 0, 3, 0, 1],
+        ));
         let (step, out) = run(&input);
         assert_eq!(step, Step::Transmission);
         let r = replies(&out[18..]);
         assert_eq!(r.len(), 4);
         assert!(r.iter().all(|(h, _)| h.option == OptionCode::Go));
         assert_eq!(r[0].0.reply_type, ReplyType::Info);
-        assert_eq!(InfoRepr::parse(&r[0].1).unwrap(), InfoRepr::Export { size: 1 << 20, flags: 0x016d });
-        assert_eq!(InfoRepr::parse(&r[1].1).unwrap(), InfoRepr::BlockSize(export().block_sizes));
-        assert_eq!(InfoRepr::parse(&r[2].1).unwrap(), InfoRepr::Name("lun0".into()));
+        assert_eq!(
+            InfoRepr::parse(&r[0].1).unwrap(),
+            InfoRepr::Export {
+                size: 1 << 20,
+                flags: 0x016d
+            }
+        );
+        assert_eq!(
+            InfoRepr::parse(&r[1].1).unwrap(),
+            InfoRepr::BlockSize(export().block_sizes)
+        );
+        assert_eq!(
+            InfoRepr::parse(&r[2].1).unwrap(),
+            InfoRepr::Name("lun0".into())
+        );
         assert_eq!((r[3].0.reply_type, r[3].1.len()), (ReplyType::Ack, 0));
     }
 
@@ -309,7 +353,13 @@ mod tests {
         let (step, out) = run(&input);
         assert_eq!(step, Step::Transmission);
         let tail = &out[out.len() - 134..];
-        assert_eq!(ExportNameReplyRepr::parse(tail).unwrap(), ExportNameReplyRepr { size: 1 << 20, flags: 0x016d });
+        assert_eq!(
+            ExportNameReplyRepr::parse(tail).unwrap(),
+            ExportNameReplyRepr {
+                size: 1 << 20,
+                flags: 0x016d
+            }
+        );
         assert!(tail[10..].iter().all(|&b| b == 0));
         let r = replies(&out[18..out.len() - 134]);
         let types: Vec<_> = r.iter().map(|(h, _)| (h.option, h.reply_type)).collect();
@@ -338,8 +388,19 @@ mod tests {
         input.extend(option(2, &[])); // ABORT
         let (step, out) = run(&input);
         assert_eq!(step, Step::Close(Hangup::Aborted));
-        let types: Vec<_> = replies(&out[18..]).iter().map(|(h, _)| h.reply_type).collect();
-        assert_eq!(types, [ReplyType::ErrUnknown, ReplyType::ErrInvalid, ReplyType::ErrInvalid, ReplyType::Ack]);
+        let types: Vec<_> = replies(&out[18..])
+            .iter()
+            .map(|(h, _)| h.reply_type)
+            .collect();
+        assert_eq!(
+            types,
+            [
+                ReplyType::ErrUnknown,
+                ReplyType::ErrInvalid,
+                ReplyType::ErrInvalid,
+                ReplyType::Ack
+            ]
+        );
     }
 
     #[test]
@@ -353,7 +414,10 @@ mod tests {
         assert_eq!(run(&huge).0, Step::Close(Hangup::OptionTooLong(u32::MAX)));
         let mut unknown = vec![0, 0, 0, 1];
         unknown.extend(option(1, b"nope"));
-        assert_eq!(run(&unknown).0, Step::Close(Hangup::UnknownExport("nope".into())));
+        assert_eq!(
+            run(&unknown).0,
+            Step::Close(Hangup::UnknownExport("nope".into()))
+        );
         let mut many = vec![0, 0, 0, 1];
         for _ in 0..=MAX_OPTIONS {
             many.extend(option(8, &[]));

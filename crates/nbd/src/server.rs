@@ -45,7 +45,11 @@ pub struct Export {
 impl Export {
     /// A writable export.
     pub fn new(name: impl Into<String>, device: Arc<dyn BlockDevice>) -> Export {
-        Export { name: name.into(), device, read_only: false }
+        Export {
+            name: name.into(),
+            device,
+            read_only: false,
+        }
     }
 }
 
@@ -189,7 +193,10 @@ impl Server {
 
     fn new(listener: Listener, addr: ListenAddr, export: Export) -> io::Result<Server> {
         if export.name.len() > crate::wire::MAX_STRING || export.name.contains('\0') {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, "export name over 4096 bytes or with NUL"));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "export name over 4096 bytes or with NUL",
+            ));
         }
         let volume = Arc::new(Volume::new(export.device)?);
         let transmission = Transmission::new(volume.clone(), export.read_only);
@@ -208,7 +215,11 @@ impl Server {
             sessions: AtomicU64::new(0),
             protocol_errors: AtomicU64::new(0),
         });
-        Ok(Server { listener, addr, shared })
+        Ok(Server {
+            listener,
+            addr,
+            shared,
+        })
     }
 
     /// Where the server listens (the real port when bound to port 0).
@@ -229,12 +240,22 @@ impl Server {
     /// # Errors
     /// Thread creation failure.
     pub fn spawn(self) -> io::Result<ServerHandle> {
-        let Server { listener, addr, shared } = self;
+        let Server {
+            listener,
+            addr,
+            shared,
+        } = self;
         let s = shared.clone();
-        let acceptor = std::thread::Builder::new().name("nbd-accept".into()).spawn(move || {
-            let _ = accept_loop(&listener, &s);
-        })?;
-        Ok(ServerHandle { addr, shared, acceptor: Some(acceptor) })
+        let acceptor = std::thread::Builder::new()
+            .name("nbd-accept".into())
+            .spawn(move || {
+                let _ = accept_loop(&listener, &s);
+            })?;
+        Ok(ServerHandle {
+            addr,
+            shared,
+            acceptor: Some(acceptor),
+        })
     }
 }
 
@@ -257,7 +278,10 @@ impl ServerHandle {
         let name = percent_encode(&self.shared.info.name);
         match &self.addr {
             ListenAddr::Tcp(a) => format!("nbd://{a}/{name}"),
-            ListenAddr::Unix(p) => format!("nbd+unix:///{name}?socket={}", percent_encode(&p.to_string_lossy())),
+            ListenAddr::Unix(p) => format!(
+                "nbd+unix:///{name}?socket={}",
+                percent_encode(&p.to_string_lossy())
+            ),
         }
     }
 
@@ -278,14 +302,20 @@ impl ServerHandle {
     }
 
     fn stop(&mut self) {
-        let Some(acceptor) = self.acceptor.take() else { return };
+        let Some(acceptor) = self.acceptor.take() else {
+            return;
+        };
         self.shared.stop.store(true, Ordering::SeqCst);
         // Wake the blocked accept(); it sees `stop` and returns.
         let _ = match &self.addr {
             ListenAddr::Tcp(a) => {
                 let mut a = *a;
                 if a.ip().is_unspecified() {
-                    a.set_ip(if a.is_ipv4() { [127, 0, 0, 1].into() } else { std::net::Ipv6Addr::LOCALHOST.into() });
+                    a.set_ip(if a.is_ipv4() {
+                        [127, 0, 0, 1].into()
+                    } else {
+                        std::net::Ipv6Addr::LOCALHOST.into()
+                    });
                 }
                 TcpStream::connect(a).map(drop)
             }
@@ -351,18 +381,22 @@ fn accept_loop(listener: &Listener, shared: &Arc<Shared>) -> io::Result<()> {
         if conns.open.len() >= MAX_CONNECTIONS {
             continue; // dropping `stream` closes it
         }
-        let Ok(registered) = stream.try_clone() else { continue };
+        let Ok(registered) = stream.try_clone() else {
+            continue;
+        };
         let id = conns.next;
         conns.next += 1;
         conns.open.insert(id, registered);
         let s = shared.clone();
-        let spawned = std::thread::Builder::new().name(format!("nbd-conn-{id}")).spawn(move || {
-            let end = serve_connection(stream, &s);
-            if matches!(end, Ok(Some(ref h)) if !h.is_clean()) {
-                s.protocol_errors.fetch_add(1, Ordering::Relaxed);
-            }
-            s.conns().open.remove(&id);
-        });
+        let spawned = std::thread::Builder::new()
+            .name(format!("nbd-conn-{id}"))
+            .spawn(move || {
+                let end = serve_connection(stream, &s);
+                if matches!(end, Ok(Some(ref h)) if !h.is_clean()) {
+                    s.protocol_errors.fetch_add(1, Ordering::Relaxed);
+                }
+                s.conns().open.remove(&id);
+            });
         match spawned {
             Ok(t) => conns.threads.push(t),
             Err(_) => {
@@ -374,12 +408,17 @@ fn accept_loop(listener: &Listener, shared: &Arc<Shared>) -> io::Result<()> {
 }
 
 fn is_transient(e: &io::Error) -> bool {
-    matches!(e.kind(), io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted | io::ErrorKind::WouldBlock)
+    matches!(
+        e.kind(),
+        io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted | io::ErrorKind::WouldBlock
+    )
 }
 
 /// Joins finished connection threads so the list stays short.
 fn reap(conns: &mut Conns) {
-    let (done, running): (Vec<_>, Vec<_>) = std::mem::take(&mut conns.threads).into_iter().partition(|t| t.is_finished());
+    let (done, running): (Vec<_>, Vec<_>) = std::mem::take(&mut conns.threads)
+        .into_iter()
+        .partition(|t| t.is_finished());
     conns.threads = running;
     for t in done {
         let _ = t.join();

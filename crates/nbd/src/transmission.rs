@@ -8,7 +8,9 @@
 //! side effect; sockets stay outside.
 
 use crate::volume::Volume;
-use crate::wire::{command_flags, transmission_flags, BlockSizes, Command, Errno, RequestRepr, SimpleReplyRepr};
+use crate::wire::{
+    command_flags, transmission_flags, BlockSizes, Command, Errno, RequestRepr, SimpleReplyRepr,
+};
 use crate::Hangup;
 use std::sync::Arc;
 
@@ -50,7 +52,11 @@ impl Transmission {
     /// The size constraints advertised: the protocol defaults, with the
     /// device block size as the preferred size (no read-modify-write).
     pub fn block_sizes(&self) -> BlockSizes {
-        BlockSizes { minimum: 1, preferred: self.volume.block_size().max(512), maximum: MAX_PAYLOAD }
+        BlockSizes {
+            minimum: 1,
+            preferred: self.volume.block_size().max(512),
+            maximum: MAX_PAYLOAD,
+        }
     }
 
     /// Bytes of payload that follow `req` on the wire.
@@ -75,33 +81,51 @@ impl Transmission {
             return Outcome::Replied;
         }
         let error = self.command(req, payload).err();
-        SimpleReplyRepr { error, cookie: req.cookie }.push(out);
+        SimpleReplyRepr {
+            error,
+            cookie: req.cookie,
+        }
+        .push(out);
         Outcome::Replied
     }
 
     fn read(&self, req: &RequestRepr, out: &mut Vec<u8>) {
         let header = out.len();
-        let reply = SimpleReplyRepr { error: None, cookie: req.cookie };
+        let reply = SimpleReplyRepr {
+            error: None,
+            cookie: req.cookie,
+        };
         reply.push(out);
-        let result = self.check(req, command_flags::FUA, Errno::Inval).and_then(|()| {
-            if req.length > MAX_PAYLOAD {
-                return Err(Errno::Inval);
-            }
-            let at = out.len();
-            out.resize(at + req.length as usize, 0);
-            self.volume.read(req.offset, &mut out[at..]).map_err(|_| Errno::Io)
-        });
+        let result = self
+            .check(req, command_flags::FUA, Errno::Inval)
+            .and_then(|()| {
+                if req.length > MAX_PAYLOAD {
+                    return Err(Errno::Inval);
+                }
+                let at = out.len();
+                out.resize(at + req.length as usize, 0);
+                self.volume
+                    .read(req.offset, &mut out[at..])
+                    .map_err(|_| Errno::Io)
+            });
         if let Err(e) = result {
             // A simple reply carries no data after an error.
             out.truncate(header);
-            SimpleReplyRepr { error: Some(e), ..reply }.push(out);
+            SimpleReplyRepr {
+                error: Some(e),
+                ..reply
+            }
+            .push(out);
         }
     }
 
     fn command(&self, req: &RequestRepr, payload: &[u8]) -> Result<(), Errno> {
         use command_flags::{FUA, NO_HOLE};
         let len = u64::from(req.length);
-        let writes = matches!(req.command, Command::Write | Command::Trim | Command::WriteZeroes);
+        let writes = matches!(
+            req.command,
+            Command::Write | Command::Trim | Command::WriteZeroes
+        );
         if writes && self.read_only {
             return Err(Errno::Perm);
         }
@@ -111,7 +135,9 @@ impl Transmission {
                 if payload.len() != req.length as usize {
                     return Err(Errno::Inval);
                 }
-                self.volume.write(req.offset, payload).map_err(|_| Errno::Io)?;
+                self.volume
+                    .write(req.offset, payload)
+                    .map_err(|_| Errno::Io)?;
             }
             Command::Flush => {
                 self.flags_ok(req, FUA)?;
@@ -124,7 +150,9 @@ impl Transmission {
             Command::WriteZeroes => {
                 self.check(req, FUA | NO_HOLE, Errno::NoSpc)?;
                 let may_unmap = req.flags & NO_HOLE == 0;
-                self.volume.write_zeroes(req.offset, len, may_unmap).map_err(|_| Errno::Io)?;
+                self.volume
+                    .write_zeroes(req.offset, len, may_unmap)
+                    .map_err(|_| Errno::Io)?;
             }
             // CACHE, BLOCK_STATUS, RESIZE are not advertised; unknown
             // commands get EINVAL (proto.md "Error values").
@@ -164,11 +192,20 @@ mod tests {
     use std::io;
 
     fn tx(bs: u32, blocks: u64, read_only: bool) -> Transmission {
-        Transmission::new(Arc::new(Volume::new(Arc::new(RamDevice::new(bs, blocks))).unwrap()), read_only)
+        Transmission::new(
+            Arc::new(Volume::new(Arc::new(RamDevice::new(bs, blocks))).unwrap()),
+            read_only,
+        )
     }
 
     fn req(command: Command, flags: u16, offset: u64, length: u32) -> RequestRepr {
-        RequestRepr { flags, command, cookie: 7, offset, length }
+        RequestRepr {
+            flags,
+            command,
+            cookie: 7,
+            offset,
+            length,
+        }
     }
 
     /// Runs one request; returns the reply error and the data after it.
@@ -184,10 +221,28 @@ mod tests {
     fn write_read_trim_zero_flush() {
         let t = tx(512, 64, false);
         let data = pattern(1000, 5000);
-        assert_eq!(run(&t, req(Command::Write, command_flags::FUA, 1000, 5000), &data), (None, vec![]));
-        assert_eq!(run(&t, req(Command::Read, 0, 1000, 5000), &[]), (None, data.clone()));
+        assert_eq!(
+            run(
+                &t,
+                req(Command::Write, command_flags::FUA, 1000, 5000),
+                &data
+            ),
+            (None, vec![])
+        );
+        assert_eq!(
+            run(&t, req(Command::Read, 0, 1000, 5000), &[]),
+            (None, data.clone())
+        );
         assert_eq!(run(&t, req(Command::Flush, 0, 0, 0), &[]).0, None);
-        assert_eq!(run(&t, req(Command::WriteZeroes, command_flags::NO_HOLE, 2000, 100), &[]).0, None);
+        assert_eq!(
+            run(
+                &t,
+                req(Command::WriteZeroes, command_flags::NO_HOLE, 2000, 100),
+                &[]
+            )
+            .0,
+            None
+        );
         let (_, got) = run(&t, req(Command::Read, 0, 1000, 5000), &[]);
         assert_eq!(got[..1000], data[..1000]);
         assert!(got[1000..1100].iter().all(|&b| b == 0));
@@ -202,22 +257,58 @@ mod tests {
         let t = tx(512, 8, false); // 4096 bytes
         let e = |r, p: &[u8]| run(&t, r, p).0;
         assert_eq!(e(req(Command::Read, 0, 4000, 97), &[]), Some(Errno::Inval));
-        assert_eq!(run(&t, req(Command::Read, 0, 4000, 97), &[]).1, Vec::<u8>::new());
-        assert_eq!(e(req(Command::Read, 0, u64::MAX, 1), &[]), Some(Errno::Inval));
-        assert_eq!(e(req(Command::Read, 0, 0, MAX_PAYLOAD + 1), &[]), Some(Errno::Inval));
+        assert_eq!(
+            run(&t, req(Command::Read, 0, 4000, 97), &[]).1,
+            Vec::<u8>::new()
+        );
+        assert_eq!(
+            e(req(Command::Read, 0, u64::MAX, 1), &[]),
+            Some(Errno::Inval)
+        );
+        assert_eq!(
+            e(req(Command::Read, 0, 0, MAX_PAYLOAD + 1), &[]),
+            Some(Errno::Inval)
+        );
         assert_eq!(e(req(Command::Write, 0, 4096, 1), &[1]), Some(Errno::NoSpc));
-        assert_eq!(e(req(Command::WriteZeroes, 0, 0, 4097), &[]), Some(Errno::NoSpc));
+        assert_eq!(
+            e(req(Command::WriteZeroes, 0, 0, 4097), &[]),
+            Some(Errno::NoSpc)
+        );
         assert_eq!(e(req(Command::Trim, 0, 4095, 2), &[]), Some(Errno::Inval));
-        assert_eq!(e(req(Command::Read, command_flags::DF, 0, 1), &[]), Some(Errno::Inval));
-        assert_eq!(e(req(Command::WriteZeroes, command_flags::FAST_ZERO, 0, 1), &[]), Some(Errno::Inval));
+        assert_eq!(
+            e(req(Command::Read, command_flags::DF, 0, 1), &[]),
+            Some(Errno::Inval)
+        );
+        assert_eq!(
+            e(
+                req(Command::WriteZeroes, command_flags::FAST_ZERO, 0, 1),
+                &[]
+            ),
+            Some(Errno::Inval)
+        );
         assert_eq!(e(req(Command::Cache, 0, 0, 512), &[]), Some(Errno::Inval));
-        assert_eq!(e(req(Command::BlockStatus, 0, 0, 512), &[]), Some(Errno::Inval));
-        assert_eq!(e(req(Command::Unknown(77), 0, 0, 512), &[]), Some(Errno::Inval));
+        assert_eq!(
+            e(req(Command::BlockStatus, 0, 0, 512), &[]),
+            Some(Errno::Inval)
+        );
+        assert_eq!(
+            e(req(Command::Unknown(77), 0, 0, 512), &[]),
+            Some(Errno::Inval)
+        );
         let mut out = Vec::new();
-        assert_eq!(t.execute(&req(Command::Disc, 0, 0, 0), &[], &mut out), Outcome::Disconnect);
+        assert_eq!(
+            t.execute(&req(Command::Disc, 0, 0, 0), &[], &mut out),
+            Outcome::Disconnect
+        );
         assert!(out.is_empty());
-        assert_eq!(t.payload_len(&req(Command::Write, 0, 0, MAX_PAYLOAD)), Ok(MAX_PAYLOAD as usize));
-        assert_eq!(t.payload_len(&req(Command::Write, 0, 0, MAX_PAYLOAD + 1)), Err(Hangup::PayloadTooLong(MAX_PAYLOAD + 1)));
+        assert_eq!(
+            t.payload_len(&req(Command::Write, 0, 0, MAX_PAYLOAD)),
+            Ok(MAX_PAYLOAD as usize)
+        );
+        assert_eq!(
+            t.payload_len(&req(Command::Write, 0, 0, MAX_PAYLOAD + 1)),
+            Err(Hangup::PayloadTooLong(MAX_PAYLOAD + 1))
+        );
         assert_eq!(t.payload_len(&req(Command::Read, 0, 0, u32::MAX)), Ok(0));
     }
 
@@ -257,11 +348,26 @@ mod tests {
     #[test]
     fn device_errors_are_eio() {
         let t = Transmission::new(Arc::new(Volume::new(Arc::new(Failing)).unwrap()), false);
-        assert_eq!(run(&t, req(Command::Read, 0, 0, 512), &[]), (Some(Errno::Io), vec![]));
-        assert_eq!(run(&t, req(Command::Write, 0, 0, 1), &[1]).0, Some(Errno::Io));
-        assert_eq!(run(&t, req(Command::Flush, 0, 0, 0), &[]).0, Some(Errno::Io));
-        assert_eq!(run(&t, req(Command::Trim, 0, 0, 4096), &[]).0, Some(Errno::Io));
-        assert_eq!(run(&t, req(Command::WriteZeroes, 0, 0, 4096), &[]).0, Some(Errno::Io));
+        assert_eq!(
+            run(&t, req(Command::Read, 0, 0, 512), &[]),
+            (Some(Errno::Io), vec![])
+        );
+        assert_eq!(
+            run(&t, req(Command::Write, 0, 0, 1), &[1]).0,
+            Some(Errno::Io)
+        );
+        assert_eq!(
+            run(&t, req(Command::Flush, 0, 0, 0), &[]).0,
+            Some(Errno::Io)
+        );
+        assert_eq!(
+            run(&t, req(Command::Trim, 0, 0, 4096), &[]).0,
+            Some(Errno::Io)
+        );
+        assert_eq!(
+            run(&t, req(Command::WriteZeroes, 0, 0, 4096), &[]).0,
+            Some(Errno::Io)
+        );
     }
 
     #[test]
@@ -270,7 +376,7 @@ mod tests {
             let b = tx(bs, 8, false).block_sizes();
             assert!(b.minimum.is_power_of_two() && b.minimum <= 65536);
             assert!(b.preferred.is_power_of_two() && b.preferred >= b.minimum.max(512));
-            assert!(b.maximum >= b.preferred && b.maximum % b.minimum == 0);
+            assert!(b.maximum >= b.preferred && b.maximum.is_multiple_of(b.minimum));
             assert_eq!(b.preferred, bs);
         }
     }

@@ -48,11 +48,15 @@ impl Volume {
                 format!("block size {bs} is not a power of two"),
             ));
         }
-        let size = dev
-            .num_blocks()
-            .checked_mul(bs)
-            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "device larger than 2^64 bytes"))?;
-        Ok(Volume { dev, bs, size, rmw: RwLock::new(()) })
+        let size = dev.num_blocks().checked_mul(bs).ok_or_else(|| {
+            io::Error::new(io::ErrorKind::InvalidInput, "device larger than 2^64 bytes")
+        })?;
+        Ok(Volume {
+            dev,
+            bs,
+            size,
+            rmw: RwLock::new(()),
+        })
     }
 
     /// Size in bytes.
@@ -83,13 +87,14 @@ impl Volume {
         let end = offset + len;
         let mut head = None;
         let mut first_whole = offset.div_ceil(bs);
-        if offset % bs != 0 {
+        if !offset.is_multiple_of(bs) {
             let n = (bs - offset % bs).min(len) as usize;
             head = Some((offset / bs, (offset % bs) as usize, n));
             first_whole = offset / bs + 1;
         }
         let last_whole = end / bs; // exclusive
-        let tail = (end % bs != 0 && last_whole >= first_whole).then(|| (last_whole, (end % bs) as usize));
+        let tail = (!end.is_multiple_of(bs) && last_whole >= first_whole)
+            .then(|| (last_whole, (end % bs) as usize));
         let middle = (last_whole > first_whole).then(|| (first_whole, last_whole - first_whole));
         Split { head, middle, tail }
     }
@@ -110,7 +115,9 @@ impl Volume {
         }
         if let Some((first, blocks)) = split.middle {
             let bytes = (blocks * self.bs) as usize;
-            self.chunked(first, &mut buf[at..at + bytes], |lba, chunk| self.dev.read_at(lba, chunk))?;
+            self.chunked(first, &mut buf[at..at + bytes], |lba, chunk| {
+                self.dev.read_at(lba, chunk)
+            })?;
             at += bytes;
         }
         if let Some((lba, n)) = split.tail {
@@ -253,27 +260,84 @@ pub(crate) mod tests {
     /// Every byte's value is a function of its offset, so a misplaced byte
     /// shows.
     pub(crate) fn pattern(offset: u64, len: usize) -> Vec<u8> {
-        (0..len as u64).map(|i| ((offset + i) * 7 % 251) as u8 + 1).collect()
+        (0..len as u64)
+            .map(|i| ((offset + i) * 7 % 251) as u8 + 1)
+            .collect()
     }
 
     #[test]
     fn split_cases() {
         let v = vol(512, 16);
         let s = |o, n| v.split(o, n);
-        assert_eq!(s(0, 1024), Split { head: None, middle: Some((0, 2)), tail: None });
-        assert_eq!(s(10, 5), Split { head: Some((0, 10, 5)), middle: None, tail: None });
-        assert_eq!(s(0, 5), Split { head: None, middle: None, tail: Some((0, 5)) });
-        assert_eq!(s(500, 1100), Split { head: Some((0, 500, 12)), middle: Some((1, 2)), tail: Some((3, 64)) });
-        assert_eq!(s(500, 12), Split { head: Some((0, 500, 12)), middle: None, tail: None });
-        assert_eq!(s(500, 13), Split { head: Some((0, 500, 12)), middle: None, tail: Some((1, 1)) });
-        assert_eq!(s(512, 0), Split { head: None, middle: None, tail: None });
+        assert_eq!(
+            s(0, 1024),
+            Split {
+                head: None,
+                middle: Some((0, 2)),
+                tail: None
+            }
+        );
+        assert_eq!(
+            s(10, 5),
+            Split {
+                head: Some((0, 10, 5)),
+                middle: None,
+                tail: None
+            }
+        );
+        assert_eq!(
+            s(0, 5),
+            Split {
+                head: None,
+                middle: None,
+                tail: Some((0, 5))
+            }
+        );
+        assert_eq!(
+            s(500, 1100),
+            Split {
+                head: Some((0, 500, 12)),
+                middle: Some((1, 2)),
+                tail: Some((3, 64))
+            }
+        );
+        assert_eq!(
+            s(500, 12),
+            Split {
+                head: Some((0, 500, 12)),
+                middle: None,
+                tail: None
+            }
+        );
+        assert_eq!(
+            s(500, 13),
+            Split {
+                head: Some((0, 500, 12)),
+                middle: None,
+                tail: Some((1, 1))
+            }
+        );
+        assert_eq!(
+            s(512, 0),
+            Split {
+                head: None,
+                middle: None,
+                tail: None
+            }
+        );
     }
 
     #[test]
     fn unaligned_io_reads_back_and_spares_neighbours() {
         let v = vol(4096, 8);
         let mut shadow = vec![0u8; v.size() as usize];
-        for (off, len) in [(1u64, 3usize), (4095, 2), (700, 9000), (12288, 4096), (30000, 2768)] {
+        for (off, len) in [
+            (1u64, 3usize),
+            (4095, 2),
+            (700, 9000),
+            (12288, 4096),
+            (30000, 2768),
+        ] {
             let data = pattern(off, len);
             v.write(off, &data).unwrap();
             shadow[off as usize..off as usize + len].copy_from_slice(&data);

@@ -398,10 +398,16 @@ impl GreetingRepr {
     /// Truncation or either magic wrong.
     pub fn parse<T: AsRef<[u8]>>(p: &Greeting<T>) -> Result<GreetingRepr, Error> {
         if p.nbdmagic() != NBDMAGIC {
-            return Err(Error::BadMagic { what: "NBDMAGIC", value: p.nbdmagic() });
+            return Err(Error::BadMagic {
+                what: "NBDMAGIC",
+                value: p.nbdmagic(),
+            });
         }
         if p.ihaveopt() != IHAVEOPT {
-            return Err(Error::BadMagic { what: "IHAVEOPT", value: p.ihaveopt() });
+            return Err(Error::BadMagic {
+                what: "IHAVEOPT",
+                value: p.ihaveopt(),
+            });
         }
         Ok(GreetingRepr { flags: p.flags() })
     }
@@ -435,9 +441,15 @@ impl OptionHeaderRepr {
     /// [`Error::BadMagic`] unless the magic is `IHAVEOPT`.
     pub fn parse<T: AsRef<[u8]>>(p: &OptionHeader<T>) -> Result<OptionHeaderRepr, Error> {
         if p.magic() != IHAVEOPT {
-            return Err(Error::BadMagic { what: "option", value: p.magic() });
+            return Err(Error::BadMagic {
+                what: "option",
+                value: p.magic(),
+            });
         }
-        Ok(OptionHeaderRepr { option: p.option().into(), length: p.length() })
+        Ok(OptionHeaderRepr {
+            option: p.option().into(),
+            length: p.length(),
+        })
     }
 
     /// Bytes emitted.
@@ -471,7 +483,10 @@ impl OptionReplyRepr {
     /// [`Error::BadMagic`] on a wrong magic.
     pub fn parse<T: AsRef<[u8]>>(p: &OptionReply<T>) -> Result<OptionReplyRepr, Error> {
         if p.magic() != OPTION_REPLY_MAGIC {
-            return Err(Error::BadMagic { what: "option reply", value: p.magic() });
+            return Err(Error::BadMagic {
+                what: "option reply",
+                value: p.magic(),
+            });
         }
         Ok(OptionReplyRepr {
             option: p.option().into(),
@@ -509,13 +524,21 @@ pub const MAX_STRING: usize = 4096;
 
 fn string(what: &'static str, bytes: &[u8]) -> Result<String, Error> {
     if bytes.len() > MAX_STRING {
-        return Err(Error::Malformed { what, detail: format!("{} bytes, over {MAX_STRING}", bytes.len()) });
+        return Err(Error::Malformed {
+            what,
+            detail: format!("{} bytes, over {MAX_STRING}", bytes.len()),
+        });
     }
     if bytes.contains(&0) {
-        return Err(Error::Malformed { what, detail: "contains NUL".into() });
+        return Err(Error::Malformed {
+            what,
+            detail: "contains NUL".into(),
+        });
     }
-    String::from_utf8(bytes.to_vec())
-        .map_err(|_| Error::Malformed { what, detail: "not UTF-8".into() })
+    String::from_utf8(bytes.to_vec()).map_err(|_| Error::Malformed {
+        what,
+        detail: "not UTF-8".into(),
+    })
 }
 
 /// The data of `NBD_OPT_INFO` and `NBD_OPT_GO` (proto.md "Option types"):
@@ -552,7 +575,10 @@ impl GoRepr {
                 detail: format!("{count} requests in {} bytes", rest.len() - 2),
             });
         }
-        let requests = rest[2..].chunks_exact(2).map(|c| InfoType::from(be16(c, 0..2))).collect();
+        let requests = rest[2..]
+            .chunks_exact(2)
+            .map(|c| InfoType::from(be16(c, 0..2)))
+            .collect();
         Ok(GoRepr { name, requests })
     }
 
@@ -614,13 +640,19 @@ impl InfoRepr {
             if body.len() == n {
                 Ok(())
             } else {
-                Err(Error::Malformed { what: "NBD_REP_INFO length", detail: format!("{ty} with {} bytes", data.len()) })
+                Err(Error::Malformed {
+                    what: "NBD_REP_INFO length",
+                    detail: format!("{ty} with {} bytes", data.len()),
+                })
             }
         };
         Ok(match ty {
             InfoType::Export => {
                 exact(10)?;
-                InfoRepr::Export { size: be64(body, 0..8), flags: be16(body, 8..10) }
+                InfoRepr::Export {
+                    size: be64(body, 0..8),
+                    flags: be16(body, 8..10),
+                }
             }
             InfoType::Name => InfoRepr::Name(string("NBD_INFO_NAME", body)?),
             InfoType::BlockSize => {
@@ -690,7 +722,10 @@ impl ExportNameReplyRepr {
     /// Truncation.
     pub fn parse(data: &[u8]) -> Result<ExportNameReplyRepr, Error> {
         check_len(data.len(), 10)?;
-        Ok(ExportNameReplyRepr { size: be64(data, 0..8), flags: be16(data, 8..10) })
+        Ok(ExportNameReplyRepr {
+            size: be64(data, 0..8),
+            flags: be16(data, 8..10),
+        })
     }
 
     /// Bytes emitted.
@@ -730,7 +765,10 @@ impl RequestRepr {
     /// [`Error::BadMagic`] unless the magic is `NBD_REQUEST_MAGIC`.
     pub fn parse<T: AsRef<[u8]>>(p: &Request<T>) -> Result<RequestRepr, Error> {
         if p.magic() != REQUEST_MAGIC {
-            return Err(Error::BadMagic { what: "request", value: u64::from(p.magic()) });
+            return Err(Error::BadMagic {
+                what: "request",
+                value: u64::from(p.magic()),
+            });
         }
         Ok(RequestRepr {
             flags: p.flags(),
@@ -782,13 +820,19 @@ impl SimpleReplyRepr {
     /// [`Error::BadMagic`] on a wrong magic.
     pub fn parse<T: AsRef<[u8]>>(p: &SimpleReply<T>) -> Result<SimpleReplyRepr, Error> {
         if p.magic() != SIMPLE_REPLY_MAGIC {
-            return Err(Error::BadMagic { what: "simple reply", value: u64::from(p.magic()) });
+            return Err(Error::BadMagic {
+                what: "simple reply",
+                value: u64::from(p.magic()),
+            });
         }
         let error = match p.error() {
             0 => None,
             e => Some(Errno::from(e)),
         };
-        Ok(SimpleReplyRepr { error, cookie: p.cookie() })
+        Ok(SimpleReplyRepr {
+            error,
+            cookie: p.cookie(),
+        })
     }
 
     /// Bytes emitted (the header only).
@@ -823,7 +867,10 @@ mod tests {
             0x00, 0x03, // FIXED_NEWSTYLE | NO_ZEROES
         ];
         let repr = GreetingRepr::parse(&Greeting::new_checked(&bytes[..]).unwrap()).unwrap();
-        assert_eq!(repr.flags, handshake_flags::FIXED_NEWSTYLE | handshake_flags::NO_ZEROES);
+        assert_eq!(
+            repr.flags,
+            handshake_flags::FIXED_NEWSTYLE | handshake_flags::NO_ZEROES
+        );
         let mut out = [0u8; 18];
         repr.emit(&mut Greeting::new_unchecked(&mut out[..]));
         assert_eq!(out, bytes);
@@ -831,7 +878,10 @@ mod tests {
         bad[0] = b'X';
         assert!(matches!(
             GreetingRepr::parse(&Greeting::new_unchecked(&bad[..])),
-            Err(Error::BadMagic { what: "NBDMAGIC", .. })
+            Err(Error::BadMagic {
+                what: "NBDMAGIC",
+                ..
+            })
         ));
         assert!(Greeting::new_checked(&bytes[..17]).is_err());
     }
@@ -843,8 +893,15 @@ mod tests {
             0x00, 0x00, 0x00, 0x07, // NBD_OPT_GO
             0x00, 0x00, 0x00, 0x0a, // 10 bytes of data
         ];
-        let repr = OptionHeaderRepr::parse(&OptionHeader::new_checked(&bytes[..]).unwrap()).unwrap();
-        assert_eq!(repr, OptionHeaderRepr { option: OptionCode::Go, length: 10 });
+        let repr =
+            OptionHeaderRepr::parse(&OptionHeader::new_checked(&bytes[..]).unwrap()).unwrap();
+        assert_eq!(
+            repr,
+            OptionHeaderRepr {
+                option: OptionCode::Go,
+                length: 10
+            }
+        );
         let mut out = [0u8; 16];
         repr.emit(&mut OptionHeader::new_unchecked(&mut out[..]));
         assert_eq!(out, bytes);
@@ -880,7 +937,10 @@ mod tests {
         ];
         let repr = GoRepr::parse(&bytes).unwrap();
         assert_eq!(repr.name, "lun");
-        assert_eq!(repr.requests, vec![InfoType::BlockSize, InfoType::Unknown(9)]);
+        assert_eq!(
+            repr.requests,
+            vec![InfoType::BlockSize, InfoType::Unknown(9)]
+        );
         let mut out = Vec::new();
         repr.emit(&mut out);
         assert_eq!(out, bytes);
@@ -896,7 +956,13 @@ mod tests {
         assert!(GoRepr::parse(&trailing).is_err());
         assert!(GoRepr::parse(&[0, 0, 0, 0, 0]).is_err());
         assert!(GoRepr::parse(&[0xff, 0xff, 0xff, 0xff, 0, 0]).is_err());
-        assert_eq!(GoRepr::parse(&[0, 0, 0, 0, 0, 0]).unwrap(), GoRepr { name: String::new(), requests: vec![] });
+        assert_eq!(
+            GoRepr::parse(&[0, 0, 0, 0, 0, 0]).unwrap(),
+            GoRepr {
+                name: String::new(),
+                requests: vec![]
+            }
+        );
     }
 
     #[test]
@@ -904,10 +970,17 @@ mod tests {
         let export: [u8; 12] = [
             0x00, 0x00, // NBD_INFO_EXPORT
             0x00, 0x00, 0x00, 0x00, 0x00, 0x10, 0x00, 0x00, // size 1 MiB
-            0x01, 0x6d, // HAS_FLAGS|SEND_FLUSH|SEND_FUA|SEND_TRIM|SEND_WRITE_ZEROES|CAN_MULTI_CONN
+            0x01,
+            0x6d, // HAS_FLAGS|SEND_FLUSH|SEND_FUA|SEND_TRIM|SEND_WRITE_ZEROES|CAN_MULTI_CONN
         ];
         let repr = InfoRepr::parse(&export).unwrap();
-        assert_eq!(repr, InfoRepr::Export { size: 1 << 20, flags: 0x016d });
+        assert_eq!(
+            repr,
+            InfoRepr::Export {
+                size: 1 << 20,
+                flags: 0x016d
+            }
+        );
         let mut out = Vec::new();
         repr.emit(&mut out);
         assert_eq!(out, export);
@@ -918,7 +991,14 @@ mod tests {
             0x02, 0x00, 0x00, 0x00, // maximum 32 MiB
         ];
         let repr = InfoRepr::parse(&block).unwrap();
-        assert_eq!(repr, InfoRepr::BlockSize(BlockSizes { minimum: 1, preferred: 4096, maximum: 32 << 20 }));
+        assert_eq!(
+            repr,
+            InfoRepr::BlockSize(BlockSizes {
+                minimum: 1,
+                preferred: 4096,
+                maximum: 32 << 20
+            })
+        );
         assert_eq!(repr.buffer_len(), 14);
         let mut out = Vec::new();
         repr.emit(&mut out);
@@ -929,7 +1009,10 @@ mod tests {
 
     #[test]
     fn export_name_reply_bytes() {
-        let r = ExportNameReplyRepr { size: 0x0102_0304_0506_0708, flags: 0x0103 };
+        let r = ExportNameReplyRepr {
+            size: 0x0102_0304_0506_0708,
+            flags: 0x0103,
+        };
         let mut out = Vec::new();
         r.emit(true, &mut out);
         assert_eq!(
@@ -976,9 +1059,19 @@ mod tests {
         bad[3] = 0x14;
         assert!(matches!(
             RequestRepr::parse(&Request::new_unchecked(&bad[..])),
-            Err(Error::BadMagic { what: "request", value: 0x2560_9514 })
+            Err(Error::BadMagic {
+                what: "request",
+                value: 0x2560_9514
+            })
         ));
-        assert_eq!(RequestRepr { command: Command::Read, ..repr }.payload_len(), 0);
+        assert_eq!(
+            RequestRepr {
+                command: Command::Read,
+                ..repr
+            }
+            .payload_len(),
+            0
+        );
     }
 
     #[test]
@@ -989,15 +1082,27 @@ mod tests {
             0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x2a, // cookie 42
         ];
         let repr = SimpleReplyRepr::parse(&SimpleReply::new_checked(&bytes[..]).unwrap()).unwrap();
-        assert_eq!(repr, SimpleReplyRepr { error: Some(Errno::NoSpc), cookie: 42 });
+        assert_eq!(
+            repr,
+            SimpleReplyRepr {
+                error: Some(Errno::NoSpc),
+                cookie: 42
+            }
+        );
         let mut out = Vec::new();
         repr.push(&mut out);
         assert_eq!(out, bytes);
-        let ok = SimpleReplyRepr { error: None, cookie: 42 };
+        let ok = SimpleReplyRepr {
+            error: None,
+            cookie: 42,
+        };
         out.clear();
         ok.push(&mut out);
         assert_eq!(&out[4..8], &[0, 0, 0, 0]);
-        assert_eq!(SimpleReplyRepr::parse(&SimpleReply::new_unchecked(&out[..])).unwrap(), ok);
+        assert_eq!(
+            SimpleReplyRepr::parse(&SimpleReply::new_unchecked(&out[..])).unwrap(),
+            ok
+        );
     }
 
     /// Each table round-trips through its integer and names itself.

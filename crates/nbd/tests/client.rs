@@ -14,7 +14,10 @@ const MIB: u64 = 1 << 20;
 
 fn serve(bs: u32, bytes: u64, name: &str) -> (nbd::ServerHandle, Arc<RamDevice>) {
     let dev = Arc::new(RamDevice::new(bs, bytes / u64::from(bs)));
-    let h = Server::bind_tcp("127.0.0.1:0", Export::new(name, dev.clone())).unwrap().spawn().unwrap();
+    let h = Server::bind_tcp("127.0.0.1:0", Export::new(name, dev.clone()))
+        .unwrap()
+        .spawn()
+        .unwrap();
     (h, dev)
 }
 
@@ -23,7 +26,12 @@ fn go_then_write_read_flush_trim_zeroes_and_range_errors() {
     let (h, dev) = serve(4096, 4 * MIB, "lun0");
     let mut c = Client::go(tcp(h.local_addr()), "lun0");
     assert_eq!(c.info.size, 4 * MIB);
-    let want = tf::HAS_FLAGS | tf::SEND_FLUSH | tf::SEND_FUA | tf::SEND_TRIM | tf::SEND_WRITE_ZEROES | tf::CAN_MULTI_CONN;
+    let want = tf::HAS_FLAGS
+        | tf::SEND_FLUSH
+        | tf::SEND_FUA
+        | tf::SEND_TRIM
+        | tf::SEND_WRITE_ZEROES
+        | tf::CAN_MULTI_CONN;
     assert_eq!(c.info.flags, want);
     let b = c.info.block_sizes.expect("NBD_INFO_BLOCK_SIZE");
     assert_eq!((b.minimum, b.preferred, b.maximum), (1, 4096, 32 << 20));
@@ -33,7 +41,8 @@ fn go_then_write_read_flush_trim_zeroes_and_range_errors() {
     let a = pattern(1, 8192, 65536);
     c.write(8192, &a).unwrap();
     let u = pattern(2, 100_001, 9999);
-    c.call(Command::Write, command_flags::FUA, 100_001, 9999, &u).unwrap();
+    c.call(Command::Write, command_flags::FUA, 100_001, 9999, &u)
+        .unwrap();
     assert_eq!(c.read(8192, 65536).unwrap(), a);
     assert_eq!(c.read(100_001, 9999).unwrap(), u);
     let mut direct = vec![0u8; 4096];
@@ -42,21 +51,40 @@ fn go_then_write_read_flush_trim_zeroes_and_range_errors() {
     c.call(Command::Flush, 0, 0, 0, &[]).unwrap();
 
     // WRITE_ZEROES in the middle of the aligned data, TRIM of it all.
-    c.call(Command::WriteZeroes, command_flags::NO_HOLE, 10_000, 3000, &[]).unwrap();
+    c.call(
+        Command::WriteZeroes,
+        command_flags::NO_HOLE,
+        10_000,
+        3000,
+        &[],
+    )
+    .unwrap();
     let got = c.read(8192, 65536).unwrap();
     assert_eq!(got[..1808], a[..1808]);
     assert!(got[1808..4808].iter().all(|&x| x == 0));
     assert_eq!(got[4808..], a[4808..]);
     c.call(Command::Trim, 0, 8192, 65536, &[]).unwrap();
-    assert!(c.read(8192, 65536).unwrap().iter().all(|&x| x == 0), "RamDevice unmap zeroes");
+    assert!(
+        c.read(8192, 65536).unwrap().iter().all(|&x| x == 0),
+        "RamDevice unmap zeroes"
+    );
 
     // Out of range, over the payload limit, unknown command.
     assert_eq!(c.read(4 * MIB - 10, 11), Err(Errno::Inval));
     assert_eq!(c.write(4 * MIB, &[1]), Err(Errno::NoSpc));
-    assert_eq!(c.call(Command::WriteZeroes, 0, u64::MAX - 5, 10, &[]), Err(Errno::NoSpc));
-    assert_eq!(c.call(Command::Trim, 0, 4 * MIB, 4096, &[]), Err(Errno::Inval));
+    assert_eq!(
+        c.call(Command::WriteZeroes, 0, u64::MAX - 5, 10, &[]),
+        Err(Errno::NoSpc)
+    );
+    assert_eq!(
+        c.call(Command::Trim, 0, 4 * MIB, 4096, &[]),
+        Err(Errno::Inval)
+    );
     assert_eq!(c.read(0, (32 << 20) + 1), Err(Errno::Inval));
-    assert_eq!(c.call(Command::Unknown(200), 0, 0, 0, &[]), Err(Errno::Inval));
+    assert_eq!(
+        c.call(Command::Unknown(200), 0, 0, 0, &[]),
+        Err(Errno::Inval)
+    );
     // The session still works after the errors.
     assert_eq!(c.read(100_001, 9999).unwrap(), u);
     c.disconnect();
@@ -80,18 +108,35 @@ fn export_name_with_and_without_zeroes_and_default_name() {
     common::greeting(&mut s);
     std::io::Write::write_all(&mut s, &1u32.to_be_bytes()).unwrap();
     common::send_option(&mut s, OptionCode::Go, &[0, 0, 0, 1, b'x', 0, 0]);
-    assert_eq!(common::read_option_reply(&mut s).0.reply_type, ReplyType::ErrUnknown);
+    assert_eq!(
+        common::read_option_reply(&mut s).0.reply_type,
+        ReplyType::ErrUnknown
+    );
     common::send_option(&mut s, OptionCode::Abort, &[]);
-    assert_eq!(common::read_option_reply(&mut s).0.reply_type, ReplyType::Ack);
-    assert_eq!(s.read(&mut [0u8; 1]).unwrap(), 0, "closed after NBD_OPT_ABORT");
+    assert_eq!(
+        common::read_option_reply(&mut s).0.reply_type,
+        ReplyType::Ack
+    );
+    assert_eq!(
+        s.read(&mut [0u8; 1]).unwrap(),
+        0,
+        "closed after NBD_OPT_ABORT"
+    );
 }
 
 #[test]
 fn read_only_export() {
     let dev = Arc::new(RamDevice::new(512, 64));
     dev.write_at(0, &[7u8; 512]).unwrap();
-    let export = Export { name: "ro".into(), device: dev, read_only: true };
-    let h = Server::bind_tcp("127.0.0.1:0", export).unwrap().spawn().unwrap();
+    let export = Export {
+        name: "ro".into(),
+        device: dev,
+        read_only: true,
+    };
+    let h = Server::bind_tcp("127.0.0.1:0", export)
+        .unwrap()
+        .spawn()
+        .unwrap();
     let mut c = Client::go(tcp(h.local_addr()), "ro");
     assert_ne!(c.info.flags & tf::READ_ONLY, 0);
     assert_eq!(c.write(0, &[1]), Err(Errno::Perm));
@@ -106,7 +151,13 @@ fn pipelined_requests() {
     let mut c = Client::go(tcp(h.local_addr()), "");
     let mut cookies = Vec::new();
     for i in 0..64u64 {
-        cookies.push(c.send(Command::Write, 0, i * 4096 + 3, 4096, &pattern(3, i * 4096 + 3, 4096)));
+        cookies.push(c.send(
+            Command::Write,
+            0,
+            i * 4096 + 3,
+            4096,
+            &pattern(3, i * 4096 + 3, 4096),
+        ));
     }
     for &cookie in &cookies {
         assert_eq!(c.recv(0).unwrap(), (cookie, None, vec![]));
@@ -117,7 +168,10 @@ fn pipelined_requests() {
     }
     for (i, &cookie) in cookies.iter().enumerate() {
         let i = i as u64;
-        assert_eq!(c.recv(4096).unwrap(), (cookie, None, pattern(3, i * 4096 + 3, 4096)));
+        assert_eq!(
+            c.recv(4096).unwrap(),
+            (cookie, None, pattern(3, i * 4096 + 3, 4096))
+        );
     }
 }
 
@@ -140,7 +194,8 @@ fn multi_conn_interleaved_unaligned_writes() {
                     order.swap(i, rng.below(i as u64 + 1) as usize);
                 }
                 for s in order {
-                    c.write(s * STRIPE, &pattern(9, s * STRIPE, STRIPE as usize)).unwrap();
+                    c.write(s * STRIPE, &pattern(9, s * STRIPE, STRIPE as usize))
+                        .unwrap();
                 }
                 c.call(Command::Flush, 0, 0, 0, &[]).unwrap();
                 c
@@ -160,7 +215,10 @@ fn unix_socket() {
     let dir = TempDir::new("unix");
     let path = dir.path("nbd.sock");
     let dev = Arc::new(RamDevice::new(512, 2048));
-    let h = Server::bind_unix(&path, Export::new("u", dev)).unwrap().spawn().unwrap();
+    let h = Server::bind_unix(&path, Export::new("u", dev))
+        .unwrap()
+        .spawn()
+        .unwrap();
     assert_eq!(h.local_addr(), &ListenAddr::Unix(path.clone()));
     assert!(h.uri().starts_with("nbd+unix:///u?socket="));
     let s = UnixStream::connect(&path).unwrap();
@@ -178,7 +236,9 @@ fn unix_socket() {
 #[test]
 fn shutdown_closes_connections() {
     let (h, _dev) = serve(512, MIB, "");
-    let ListenAddr::Tcp(addr) = h.local_addr().clone() else { unreachable!() };
+    let ListenAddr::Tcp(addr) = h.local_addr().clone() else {
+        unreachable!()
+    };
     let mut session = Client::go(tcp(h.local_addr()), "");
     session.write(0, &[1]).unwrap();
     let mut stuck = tcp(h.local_addr());
@@ -186,5 +246,8 @@ fn shutdown_closes_connections() {
     h.shutdown();
     assert_eq!(stuck.read(&mut [0u8; 1]).unwrap_or(0), 0);
     assert!(session.recv(0).is_err() || session.s.read(&mut [0u8; 1]).unwrap_or(0) == 0);
-    assert!(std::net::TcpStream::connect(addr).is_err(), "listener closed");
+    assert!(
+        std::net::TcpStream::connect(addr).is_err(),
+        "listener closed"
+    );
 }

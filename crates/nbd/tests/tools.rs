@@ -14,7 +14,10 @@ const MIB: u64 = 1 << 20;
 
 fn serve(bs: u32, bytes: u64, name: &str) -> (ServerHandle, Arc<RamDevice>) {
     let dev = Arc::new(RamDevice::new(bs, bytes / u64::from(bs)));
-    let h = Server::bind_tcp("127.0.0.1:0", Export::new(name, dev.clone())).unwrap().spawn().unwrap();
+    let h = Server::bind_tcp("127.0.0.1:0", Export::new(name, dev.clone()))
+        .unwrap()
+        .spawn()
+        .unwrap();
     (h, dev)
 }
 
@@ -49,17 +52,56 @@ fn qemu_img_info_convert_compare() {
     data[12345..23456].fill(0);
     write_file(&src, &data);
     // -n: the target exists; the file is written over our export.
-    run("qemu-img", &["convert", "-n", "-f", "raw", "-O", "raw", src.to_str().unwrap(), &uri]);
-    assert!(device_bytes(&dev) == data, "device content differs from the source file");
-    let cmp = run("qemu-img", &["compare", "-f", "raw", "-F", "raw", src.to_str().unwrap(), &uri]);
+    run(
+        "qemu-img",
+        &[
+            "convert",
+            "-n",
+            "-f",
+            "raw",
+            "-O",
+            "raw",
+            src.to_str().unwrap(),
+            &uri,
+        ],
+    );
+    assert!(
+        device_bytes(&dev) == data,
+        "device content differs from the source file"
+    );
+    let cmp = run(
+        "qemu-img",
+        &[
+            "compare",
+            "-f",
+            "raw",
+            "-F",
+            "raw",
+            src.to_str().unwrap(),
+            &uri,
+        ],
+    );
     assert!(cmp.contains("Images are identical"), "{cmp}");
     // A change on the device shows up as a difference.
     dev.write_at(100, &[0xee; 4096]).unwrap();
     let out = Process::new("qemu-img")
-        .args(["compare", "-f", "raw", "-F", "raw", src.to_str().unwrap(), &uri])
+        .args([
+            "compare",
+            "-f",
+            "raw",
+            "-F",
+            "raw",
+            src.to_str().unwrap(),
+            &uri,
+        ])
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stdout));
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
     assert_eq!(h.stats().protocol_errors, 0);
 }
 
@@ -91,7 +133,10 @@ fn nbdinfo_and_nbdcopy() {
     write_file(&src, &data);
     // nbdcopy opens several connections because CAN_MULTI_CONN is set.
     run("nbdcopy", &["--flush", src.to_str().unwrap(), &uri]);
-    assert!(device_bytes(&dev) == data, "device content differs after nbdcopy");
+    assert!(
+        device_bytes(&dev) == data,
+        "device content differs after nbdcopy"
+    );
     run("nbdcopy", &[&uri, back.to_str().unwrap()]);
     assert!(std::fs::read(&back).unwrap() == data, "copy back differs");
     assert!(h.stats().accepted >= 3, "{:?}", h.stats());
@@ -104,7 +149,10 @@ fn fio_nbd_engine_randrw_verify() {
         return;
     }
     let help = Process::new("fio").arg("--enghelp").output().unwrap();
-    if !String::from_utf8_lossy(&help.stdout).lines().any(|l| l.trim() == "nbd") {
+    if !String::from_utf8_lossy(&help.stdout)
+        .lines()
+        .any(|l| l.trim() == "nbd")
+    {
         println!("SKIPPED: fio without the nbd engine");
         return;
     }
@@ -134,14 +182,28 @@ fn fio_nbd_engine_randrw_verify() {
             None => serde_json::Value::Null,
         };
         let job = json["jobs"][0].clone();
-        let (r, w) = (job["read"]["io_bytes"].as_u64().unwrap_or(0), job["write"]["io_bytes"].as_u64().unwrap_or(0));
-        println!("fio {extra:?}: exit {}, error {}, read {r}, wrote {w}", out.status, job["error"]);
-        (out.status.success() && job["error"] == 0, r, w, String::from_utf8_lossy(&out.stderr).into_owned())
+        let (r, w) = (
+            job["read"]["io_bytes"].as_u64().unwrap_or(0),
+            job["write"]["io_bytes"].as_u64().unwrap_or(0),
+        );
+        println!(
+            "fio {extra:?}: exit {}, error {}, read {r}, wrote {w}",
+            out.status, job["error"]
+        );
+        (
+            out.status.success() && job["error"] == 0,
+            r,
+            w,
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
     };
     // The workload of the brief: random mixed I/O, then verification.
     let (ok, read, written, err) = fio(&["--rw=randrw", "--do_verify=1"]);
     assert!(ok, "{err}");
-    assert!(written > 0 && read > written, "read {read}, wrote {written}");
+    assert!(
+        written > 0 && read > written,
+        "read {read}, wrote {written}"
+    );
     // Random writes then verify: every read is a verification read, so
     // exactly the written bytes were read back and checked.
     let (ok, read, written, err) = fio(&["--rw=randwrite", "--do_verify=1"]);

@@ -3,9 +3,9 @@
 #![allow(dead_code)]
 
 use nbd::wire::{
-    client_flags, BlockSizes, Command, Errno, ExportNameReplyRepr, Greeting, GreetingRepr, GoRepr, InfoRepr, InfoType,
-    OptionCode, OptionHeader, OptionHeaderRepr, OptionReply, OptionReplyRepr, ReplyType, Request, RequestRepr,
-    SimpleReply, SimpleReplyRepr,
+    client_flags, BlockSizes, Command, Errno, ExportNameReplyRepr, GoRepr, Greeting, GreetingRepr,
+    InfoRepr, InfoType, OptionCode, OptionHeader, OptionHeaderRepr, OptionReply, OptionReplyRepr,
+    ReplyType, Request, RequestRepr, SimpleReply, SimpleReplyRepr,
 };
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
@@ -17,9 +17,14 @@ use std::time::Duration;
 pub const IO_TIMEOUT: Duration = Duration::from_secs(20);
 
 pub fn tcp(addr: &nbd::ListenAddr) -> TcpStream {
-    let nbd::ListenAddr::Tcp(a) = addr else { panic!("not TCP") };
+    let nbd::ListenAddr::Tcp(a) = addr else {
+        panic!("not TCP")
+    };
     let s = TcpStream::connect(a).unwrap();
     s.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+    // Header and payload go out in two writes; without this, Nagle holds
+    // the second until the server's delayed ACK.
+    s.set_nodelay(true).unwrap();
     s
 }
 
@@ -27,12 +32,18 @@ pub fn tcp(addr: &nbd::ListenAddr) -> TcpStream {
 pub fn greeting(s: &mut impl Read) -> u16 {
     let mut g = [0u8; 18];
     s.read_exact(&mut g).unwrap();
-    GreetingRepr::parse(&Greeting::new_checked(&g[..]).unwrap()).unwrap().flags
+    GreetingRepr::parse(&Greeting::new_checked(&g[..]).unwrap())
+        .unwrap()
+        .flags
 }
 
 pub fn send_option(s: &mut impl Write, option: OptionCode, data: &[u8]) {
     let mut h = [0u8; 16];
-    OptionHeaderRepr { option, length: data.len() as u32 }.emit(&mut OptionHeader::new_unchecked(&mut h[..]));
+    OptionHeaderRepr {
+        option,
+        length: data.len() as u32,
+    }
+    .emit(&mut OptionHeader::new_unchecked(&mut h[..]));
     s.write_all(&h).unwrap();
     s.write_all(data).unwrap();
 }
@@ -64,22 +75,41 @@ impl<S: Read + Write> Client<S> {
     /// Handshake with NBD_OPT_GO; panics on any failure.
     pub fn go(mut s: S, name: &str) -> Client<S> {
         greeting(&mut s);
-        s.write_all(&(client_flags::FIXED_NEWSTYLE | client_flags::NO_ZEROES).to_be_bytes()).unwrap();
+        s.write_all(&(client_flags::FIXED_NEWSTYLE | client_flags::NO_ZEROES).to_be_bytes())
+            .unwrap();
+        Client::resume_go(s, name)
+    }
+
+    /// NBD_OPT_GO on a stream already past the client flags.
+    pub fn resume_go(mut s: S, name: &str) -> Client<S> {
         let mut data = Vec::new();
-        GoRepr { name: name.into(), requests: vec![InfoType::BlockSize] }.emit(&mut data);
+        GoRepr {
+            name: name.into(),
+            requests: vec![InfoType::BlockSize],
+        }
+        .emit(&mut data);
         send_option(&mut s, OptionCode::Go, &data);
         let mut info = Negotiated::default();
         for _ in 0..8 {
             let (r, data) = read_option_reply(&mut s);
             assert_eq!(r.option, OptionCode::Go);
             match r.reply_type {
-                ReplyType::Ack => return Client { s, info, next_cookie: 1 },
+                ReplyType::Ack => {
+                    return Client {
+                        s,
+                        info,
+                        next_cookie: 1,
+                    }
+                }
                 ReplyType::Info => match InfoRepr::parse(&data).unwrap() {
                     InfoRepr::Export { size, flags } => (info.size, info.flags) = (size, flags),
                     InfoRepr::BlockSize(b) => info.block_sizes = Some(b),
                     _ => {}
                 },
-                other => panic!("NBD_OPT_GO failed: {other}: {}", String::from_utf8_lossy(&data)),
+                other => panic!(
+                    "NBD_OPT_GO failed: {other}: {}",
+                    String::from_utf8_lossy(&data)
+                ),
             }
         }
         panic!("too many replies to NBD_OPT_GO");
@@ -97,15 +127,37 @@ impl<S: Read + Write> Client<S> {
         let mut reply = vec![0u8; if no_zeroes { 10 } else { 134 }];
         s.read_exact(&mut reply).unwrap();
         let r = ExportNameReplyRepr::parse(&reply).unwrap();
-        Client { s, info: Negotiated { size: r.size, flags: r.flags, block_sizes: None }, next_cookie: 1 }
+        Client {
+            s,
+            info: Negotiated {
+                size: r.size,
+                flags: r.flags,
+                block_sizes: None,
+            },
+            next_cookie: 1,
+        }
     }
 
     /// Sends one request; returns its cookie.
-    pub fn send(&mut self, command: Command, flags: u16, offset: u64, length: u32, payload: &[u8]) -> u64 {
+    pub fn send(
+        &mut self,
+        command: Command,
+        flags: u16,
+        offset: u64,
+        length: u32,
+        payload: &[u8],
+    ) -> u64 {
         let cookie = self.next_cookie;
         self.next_cookie += 1;
         let mut h = [0u8; 28];
-        RequestRepr { flags, command, cookie, offset, length }.emit(&mut Request::new_unchecked(&mut h[..]));
+        RequestRepr {
+            flags,
+            command,
+            cookie,
+            offset,
+            length,
+        }
+        .emit(&mut Request::new_unchecked(&mut h[..]));
         self.s.write_all(&h).unwrap();
         self.s.write_all(payload).unwrap();
         cookie
@@ -125,9 +177,20 @@ impl<S: Read + Write> Client<S> {
     }
 
     /// One request and its reply.
-    pub fn call(&mut self, command: Command, flags: u16, offset: u64, length: u32, payload: &[u8]) -> Result<Vec<u8>, Errno> {
+    pub fn call(
+        &mut self,
+        command: Command,
+        flags: u16,
+        offset: u64,
+        length: u32,
+        payload: &[u8],
+    ) -> Result<Vec<u8>, Errno> {
         let cookie = self.send(command, flags, offset, length, payload);
-        let data_len = if command == Command::Read { length as usize } else { 0 };
+        let data_len = if command == Command::Read {
+            length as usize
+        } else {
+            0
+        };
         let (c, error, data) = self.recv(data_len).unwrap();
         assert_eq!(c, cookie);
         match error {
@@ -141,7 +204,8 @@ impl<S: Read + Write> Client<S> {
     }
 
     pub fn write(&mut self, offset: u64, data: &[u8]) -> Result<(), Errno> {
-        self.call(Command::Write, 0, offset, data.len() as u32, data).map(drop)
+        self.call(Command::Write, 0, offset, data.len() as u32, data)
+            .map(drop)
     }
 
     /// Sends NBD_CMD_DISC and checks the server closes.
@@ -203,7 +267,10 @@ impl Drop for TempDir {
 
 /// True if `tool` runs; otherwise prints the SKIPPED line.
 pub fn have(tool: &str) -> bool {
-    let ok = Process::new(tool).arg("--version").output().is_ok_and(|o| o.status.success());
+    let ok = Process::new(tool)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
     if !ok {
         println!("SKIPPED: {tool} missing");
     }
@@ -212,7 +279,10 @@ pub fn have(tool: &str) -> bool {
 
 /// Runs a tool; panics with its output unless it succeeds.
 pub fn run(tool: &str, args: &[&str]) -> String {
-    let out = Process::new(tool).args(args).output().unwrap_or_else(|e| panic!("{tool}: {e}"));
+    let out = Process::new(tool)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("{tool}: {e}"));
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),
