@@ -34,8 +34,10 @@
 //! What it refuses (proto.md gives each as allowed):
 //! - TLS, structured replies, extended headers, metadata contexts and
 //!   block status: `NBD_REP_ERR_UNSUP`, so clients fall back to simple
-//!   replies. Oldstyle and non-fixed newstyle clients: the connection is
-//!   closed after the client flags.
+//!   replies. Oldstyle negotiation is not offered; a client that does not
+//!   set `NBD_FLAG_C_FIXED_NEWSTYLE` is answered as if it had (proto.md
+//!   "Client flags" allows it).
+//! - More than one export: the server has one, under its name and `""`.
 //! - `NBD_CMD_CACHE`, `NBD_CMD_BLOCK_STATUS`, `NBD_CMD_RESIZE`, unknown
 //!   commands and flags not valid for a command: `NBD_EINVAL`.
 //! - A READ longer than 32 MiB: `NBD_EINVAL`; a WRITE longer than 32 MiB,

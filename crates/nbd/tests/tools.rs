@@ -141,6 +141,21 @@ fn nbdinfo_and_nbdcopy() {
     assert!(std::fs::read(&back).unwrap() == data, "copy back differs");
     assert!(h.stats().accepted >= 3, "{:?}", h.stats());
     assert_eq!(h.stats().protocol_errors, 0);
+    h.shutdown();
+
+    // The same over a Unix socket, through the URI the handle gives.
+    let sock = dir.path("nbd.sock");
+    let h = Server::bind_unix(&sock, Export::new("u", dev))
+        .unwrap()
+        .spawn()
+        .unwrap();
+    let size = run("nbdinfo", &["--size", &h.uri()]);
+    assert_eq!(size.trim(), (8 * MIB).to_string());
+    run("nbdcopy", &[&h.uri(), back.to_str().unwrap()]);
+    assert!(
+        std::fs::read(&back).unwrap() == data,
+        "copy over the Unix socket differs"
+    );
 }
 
 #[test]
