@@ -30,6 +30,8 @@ pub const MAX_CONNECTIONS: usize = 256;
 /// A client must finish the handshake within this time.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
 const BUFFER: usize = 256 * 1024;
+/// Largest request or reply buffer kept between requests.
+const KEEP: usize = 8 << 20;
 
 /// The one export a server offers.
 #[derive(Clone)]
@@ -497,11 +499,11 @@ fn serve_connection(stream: Stream, shared: &Shared) -> io::Result<Option<Hangup
             return Ok(Some(Hangup::Disconnected));
         }
         w.write_all(&out)?;
-        // Do not keep a 32 MiB buffer per idle connection.
-        if out.capacity() > 4 * BUFFER {
+        // Keep buffers for common sizes, not a 32 MiB one per connection.
+        if out.capacity() > KEEP {
             out = Vec::new();
         }
-        if input.capacity() > 4 * BUFFER {
+        if input.capacity() > KEEP {
             input = Vec::new();
         }
     }

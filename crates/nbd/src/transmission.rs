@@ -370,6 +370,53 @@ mod tests {
         );
     }
 
+    /// Counts flushes, to see FUA and FLUSH reach the device.
+    struct Counting(RamDevice, std::sync::atomic::AtomicU32);
+    impl BlockDevice for Counting {
+        fn block_size(&self) -> u32 {
+            self.0.block_size()
+        }
+        fn num_blocks(&self) -> u64 {
+            self.0.num_blocks()
+        }
+        fn read_at(&self, lba: u64, buf: &mut [u8]) -> io::Result<()> {
+            self.0.read_at(lba, buf)
+        }
+        fn write_at(&self, lba: u64, buf: &[u8]) -> io::Result<()> {
+            self.0.write_at(lba, buf)
+        }
+        fn flush(&self) -> io::Result<()> {
+            self.1.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn fua_and_flush_reach_the_device() {
+        let dev = Arc::new(Counting(RamDevice::new(512, 8), Default::default()));
+        let t = Transmission::new(Arc::new(Volume::new(dev.clone()).unwrap()), false);
+        let flushes = || dev.1.load(std::sync::atomic::Ordering::SeqCst);
+        run(&t, req(Command::Write, 0, 0, 1), &[1]);
+        assert_eq!(flushes(), 0);
+        run(&t, req(Command::Write, command_flags::FUA, 0, 1), &[1]);
+        assert_eq!(flushes(), 1);
+        run(
+            &t,
+            req(Command::WriteZeroes, command_flags::FUA, 0, 512),
+            &[],
+        );
+        assert_eq!(flushes(), 2);
+        // No unmap on this device: zeroes are written, and TRIM is a no-op.
+        assert_eq!(
+            run(&t, req(Command::Trim, command_flags::FUA, 0, 4096), &[]).0,
+            None
+        );
+        assert_eq!(flushes(), 3);
+        run(&t, req(Command::Flush, 0, 0, 0), &[]);
+        assert_eq!(flushes(), 4);
+        assert_eq!(run(&t, req(Command::Read, 0, 0, 2), &[]).1, [0, 0]);
+    }
+
     #[test]
     fn advertised_sizes_follow_the_spec_rules() {
         for bs in [512u32, 4096] {
