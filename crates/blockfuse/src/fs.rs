@@ -5,7 +5,7 @@ use crate::lun::Lun;
 use crate::{DirectIo, Options};
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
-    KernelConfig, LockOwner, OpenAccMode, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory,
+    KernelConfig, LockOwner, OpenAccMode, OpenFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
     ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow, WriteFlags,
 };
 use std::ffi::OsStr;
@@ -158,6 +158,41 @@ impl Filesystem for BlockFs {
             return reply.error(Errno::EINVAL);
         }
         reply.attr(&TTL, &attr)
+    }
+
+    // The directory is fixed: one file per device, nothing else.
+
+    fn mknod(&self, _r: &Request, _p: INodeNo, _n: &OsStr, _m: u32, _u: u32, _d: u32, reply: ReplyEntry) {
+        reply.error(Errno::EPERM)
+    }
+
+    fn mkdir(&self, _r: &Request, _p: INodeNo, _n: &OsStr, _m: u32, _u: u32, reply: ReplyEntry) {
+        reply.error(Errno::EPERM)
+    }
+
+    fn create(&self, _r: &Request, _p: INodeNo, _n: &OsStr, _m: u32, _u: u32, _f: i32, reply: ReplyCreate) {
+        reply.error(Errno::EPERM)
+    }
+
+    fn unlink(&self, _r: &Request, _p: INodeNo, _n: &OsStr, reply: ReplyEmpty) {
+        reply.error(Errno::EPERM)
+    }
+
+    fn rmdir(&self, _r: &Request, _p: INodeNo, _n: &OsStr, reply: ReplyEmpty) {
+        reply.error(Errno::EPERM)
+    }
+
+    fn rename(
+        &self,
+        _r: &Request,
+        _p: INodeNo,
+        _n: &OsStr,
+        _np: INodeNo,
+        _nn: &OsStr,
+        _f: fuser::RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(Errno::EPERM)
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {

@@ -182,18 +182,20 @@ pub fn mount(
 
     let mut session = fuser::Session::new(fs, &mountpoint, &config)?;
     let unmounter = session.unmount_callable();
-    let conn = std::fs::metadata(&mountpoint).ok().map(|m| {
-        use std::os::unix::fs::MetadataExt;
-        // fusectl names a connection by the kernel's dev_t (major << 20 | minor).
-        let dev = m.dev();
-        (u64::from(libc::major(dev)) << 20) | u64::from(libc::minor(dev))
-    });
     let (tx, rx) = mpsc::channel();
     let thread = std::thread::Builder::new()
         .name("blockfuse".into())
         .spawn(move || {
             let _ = tx.send(session.run());
         })?;
+    // Only now: stat on the mount point is a FUSE request the session
+    // must be running to answer.
+    let conn = std::fs::metadata(&mountpoint).ok().map(|m| {
+        use std::os::unix::fs::MetadataExt;
+        // fusectl names a connection by the kernel's dev_t (major << 20 | minor).
+        let dev = m.dev();
+        (u64::from(libc::major(dev)) << 20) | u64::from(libc::minor(dev))
+    });
     Ok(Mount {
         mountpoint,
         names,
