@@ -5,8 +5,9 @@ use crate::lun::Lun;
 use crate::{DirectIo, Options};
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
-    KernelConfig, LockOwner, OpenAccMode, OpenFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
-    ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow, WriteFlags,
+    KernelConfig, LockOwner, OpenAccMode, OpenFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow,
+    WriteFlags,
 };
 use std::ffi::OsStr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -79,7 +80,15 @@ impl BlockFs {
         Ok(self.lun_attr((ino.0 - FIRST_LUN_INO) as usize))
     }
 
-    fn attr(&self, ino: INodeNo, kind: FileType, perm: u16, size: u64, blksize: u32, nlink: u32) -> FileAttr {
+    fn attr(
+        &self,
+        ino: INodeNo,
+        kind: FileType,
+        perm: u16,
+        size: u64,
+        blksize: u32,
+        nlink: u32,
+    ) -> FileAttr {
         FileAttr {
             ino,
             size,
@@ -162,7 +171,16 @@ impl Filesystem for BlockFs {
 
     // The directory is fixed: one file per device, nothing else.
 
-    fn mknod(&self, _r: &Request, _p: INodeNo, _n: &OsStr, _m: u32, _u: u32, _d: u32, reply: ReplyEntry) {
+    fn mknod(
+        &self,
+        _r: &Request,
+        _p: INodeNo,
+        _n: &OsStr,
+        _m: u32,
+        _u: u32,
+        _d: u32,
+        reply: ReplyEntry,
+    ) {
         reply.error(Errno::EPERM)
     }
 
@@ -170,7 +188,16 @@ impl Filesystem for BlockFs {
         reply.error(Errno::EPERM)
     }
 
-    fn create(&self, _r: &Request, _p: INodeNo, _n: &OsStr, _m: u32, _u: u32, _f: i32, reply: ReplyCreate) {
+    fn create(
+        &self,
+        _r: &Request,
+        _p: INodeNo,
+        _n: &OsStr,
+        _m: u32,
+        _u: u32,
+        _f: i32,
+        reply: ReplyCreate,
+    ) {
         reply.error(Errno::EPERM)
     }
 
@@ -259,7 +286,14 @@ impl Filesystem for BlockFs {
 
     /// close(2) of a descriptor that could write: SYNCHRONIZE CACHE, so
     /// write errors surface at close as they would on a local disk.
-    fn flush(&self, _req: &Request, ino: INodeNo, fh: FileHandle, _lo: LockOwner, reply: ReplyEmpty) {
+    fn flush(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        _lo: LockOwner,
+        reply: ReplyEmpty,
+    ) {
         let lun = match self.lun(ino) {
             Ok(l) => l,
             Err(e) => return reply.error(e),
@@ -273,7 +307,14 @@ impl Filesystem for BlockFs {
         }
     }
 
-    fn fsync(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+    fn fsync(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
         match self.lun(ino).map(Lun::flush) {
             Ok(Ok(())) => reply.ok(),
             Ok(Err(e)) => reply.error(errno(e.errno())),
@@ -301,16 +342,30 @@ impl Filesystem for BlockFs {
         reply.opened(FileHandle(0), FopenFlags::empty())
     }
 
-    fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
         if ino != INodeNo::ROOT {
             return reply.error(Errno::ENOTDIR);
         }
         // Entry k is followed by offset k + 1.
-        let entries = [(INodeNo::ROOT, FileType::Directory, "."), (INodeNo::ROOT, FileType::Directory, "..")]
-            .into_iter()
-            .chain(self.luns.iter().enumerate().map(|(i, l)| {
-                (INodeNo(FIRST_LUN_INO + i as u64), FileType::RegularFile, l.name.as_str())
-            }));
+        let entries = [
+            (INodeNo::ROOT, FileType::Directory, "."),
+            (INodeNo::ROOT, FileType::Directory, ".."),
+        ]
+        .into_iter()
+        .chain(self.luns.iter().enumerate().map(|(i, l)| {
+            (
+                INodeNo(FIRST_LUN_INO + i as u64),
+                FileType::RegularFile,
+                l.name.as_str(),
+            )
+        }));
         for (k, (ino, kind, name)) in entries.enumerate().skip(offset as usize) {
             if reply.add(ino, k as u64 + 1, kind, name) {
                 break;

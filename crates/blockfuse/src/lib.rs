@@ -168,7 +168,11 @@ pub fn mount(
         MountOption::NoDev,
         MountOption::NoSuid,
         MountOption::NoExec,
-        if options.read_only { MountOption::RO } else { MountOption::RW },
+        if options.read_only {
+            MountOption::RO
+        } else {
+            MountOption::RW
+        },
     ];
     config.acl = if options.allow_other {
         SessionACL::All
@@ -215,7 +219,10 @@ impl Mount {
 
     /// The path of the file for device `name`, if there is one.
     pub fn path_of(&self, name: &str) -> Option<PathBuf> {
-        self.names.iter().any(|n| n == name).then(|| self.mountpoint.join(name))
+        self.names
+            .iter()
+            .any(|n| n == name)
+            .then(|| self.mountpoint.join(name))
     }
 
     /// Unmounts and waits for the session to end.
@@ -297,7 +304,13 @@ fn abort_connection(conn: u64) -> bool {
         if let Ok(target) = CString::new(dir.as_os_str().as_bytes()) {
             // SAFETY: all pointers are valid NUL-terminated strings or null.
             unsafe {
-                libc::mount(fstype.as_ptr(), target.as_ptr(), fstype.as_ptr(), 0, std::ptr::null())
+                libc::mount(
+                    fstype.as_ptr(),
+                    target.as_ptr(),
+                    fstype.as_ptr(),
+                    0,
+                    std::ptr::null(),
+                )
             };
         }
     }

@@ -120,14 +120,14 @@ impl Lun {
         let mut tail = None;
         let mut first_whole = offset.div_ceil(bs);
         let last_whole = end / bs; // exclusive
-        if offset % bs != 0 {
+        if !offset.is_multiple_of(bs) {
             let lba = offset / bs;
             let in_block = (offset % bs) as usize;
             let n = (bs - offset % bs).min(len) as usize;
             head = Some((lba, in_block, n));
             first_whole = lba + 1;
         }
-        if end % bs != 0 && end / bs >= first_whole {
+        if !end.is_multiple_of(bs) && end / bs >= first_whole {
             tail = Some((end / bs, (end % bs) as usize));
         }
         let middle = (last_whole > first_whole).then(|| (first_whole, last_whole - first_whole));
@@ -210,9 +210,15 @@ impl Lun {
         let split = self.split(offset, len);
         let partial = split.head.is_some() || split.tail.is_some();
         let _guard = if partial {
-            (None, Some(self.rmw.write().unwrap_or_else(|p| p.into_inner())))
+            (
+                None,
+                Some(self.rmw.write().unwrap_or_else(|p| p.into_inner())),
+            )
         } else {
-            (Some(self.rmw.read().unwrap_or_else(|p| p.into_inner())), None)
+            (
+                Some(self.rmw.read().unwrap_or_else(|p| p.into_inner())),
+                None,
+            )
         };
         let mut at = 0usize;
         if let Some((lba, in_block, n)) = split.head {
@@ -242,7 +248,9 @@ impl Lun {
     /// holds `rmw` exclusively.
     fn rmw_block(&self, lba: u64, at: usize, n: usize, fill: impl FnOnce(&mut [u8])) -> Result<()> {
         let mut block = vec![0u8; self.bs as usize];
-        self.dev.read_at(lba, &mut block).map_err(LunError::Device)?;
+        self.dev
+            .read_at(lba, &mut block)
+            .map_err(LunError::Device)?;
         fill(&mut block[at..at + n]);
         self.dev.write_at(lba, &block).map_err(LunError::Device)
     }
@@ -261,21 +269,62 @@ mod tests {
     fn split_cases() {
         let l = lun(512, 16, 4096);
         let s = |o, n| l.split(o, n);
-        assert_eq!(s(0, 1024), Split { head: None, middle: Some((0, 2)), tail: None });
-        assert_eq!(s(10, 5), Split { head: Some((0, 10, 5)), middle: None, tail: None });
-        assert_eq!(s(0, 5), Split { head: None, middle: None, tail: Some((0, 5)) });
+        assert_eq!(
+            s(0, 1024),
+            Split {
+                head: None,
+                middle: Some((0, 2)),
+                tail: None
+            }
+        );
+        assert_eq!(
+            s(10, 5),
+            Split {
+                head: Some((0, 10, 5)),
+                middle: None,
+                tail: None
+            }
+        );
+        assert_eq!(
+            s(0, 5),
+            Split {
+                head: None,
+                middle: None,
+                tail: Some((0, 5))
+            }
+        );
         assert_eq!(
             s(500, 1100),
-            Split { head: Some((0, 500, 12)), middle: Some((1, 2)), tail: Some((3, 64)) }
+            Split {
+                head: Some((0, 500, 12)),
+                middle: Some((1, 2)),
+                tail: Some((3, 64))
+            }
         );
-        assert_eq!(s(500, 12), Split { head: Some((0, 500, 12)), middle: None, tail: None });
-        assert_eq!(s(500, 13), Split { head: Some((0, 500, 12)), middle: None, tail: Some((1, 1)) });
+        assert_eq!(
+            s(500, 12),
+            Split {
+                head: Some((0, 500, 12)),
+                middle: None,
+                tail: None
+            }
+        );
+        assert_eq!(
+            s(500, 13),
+            Split {
+                head: Some((0, 500, 12)),
+                middle: None,
+                tail: Some((1, 1))
+            }
+        );
     }
 
     /// Every byte's value is a function of its offset, so any misplaced
     /// byte shows.
     fn pattern(offset: u64, len: usize) -> Vec<u8> {
-        (0..len as u64).map(|i| ((offset + i) * 7 % 251) as u8 + 1).collect()
+        (0..len as u64)
+            .map(|i| ((offset + i) * 7 % 251) as u8 + 1)
+            .collect()
     }
 
     #[test]
@@ -283,7 +332,13 @@ mod tests {
         // max_io of one block forces the chunk loop.
         let l = lun(512, 32, 512);
         let mut shadow = vec![0u8; l.size() as usize];
-        for (off, len) in [(1u64, 3usize), (511, 2), (700, 3000), (4096, 512), (8000, 192)] {
+        for (off, len) in [
+            (1u64, 3usize),
+            (511, 2),
+            (700, 3000),
+            (4096, 512),
+            (8000, 192),
+        ] {
             let data = pattern(off, len);
             assert_eq!(l.write(off, &data).unwrap(), len);
             shadow[off as usize..off as usize + len].copy_from_slice(&data);

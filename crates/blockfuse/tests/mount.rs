@@ -116,7 +116,9 @@ fn mount_one(dir: &TempDir, dev: Arc<dyn BlockDevice>, options: Options) -> Moun
 
 /// Bytes that say where they belong.
 fn pattern(offset: u64, len: usize) -> Vec<u8> {
-    (0..len as u64).map(|i| ((offset + i) * 13 % 251) as u8 + 1).collect()
+    (0..len as u64)
+        .map(|i| ((offset + i) * 13 % 251) as u8 + 1)
+        .collect()
 }
 
 /// Runs `cmd`, killing it if it has not finished in `limit`.
@@ -157,8 +159,12 @@ fn bad_names_are_refused_before_mounting() {
         assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{bad:?}");
     }
     let a: Arc<dyn BlockDevice> = Arc::new(RamDevice::new(512, 8));
-    let e = mount(&dir.0, vec![("x".into(), a.clone()), ("x".into(), a)], Options::default())
-        .unwrap_err();
+    let e = mount(
+        &dir.0,
+        vec![("x".into(), a.clone()), ("x".into(), a)],
+        Options::default(),
+    )
+    .unwrap_err();
     assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
 }
 
@@ -170,7 +176,10 @@ fn std_fs_unaligned_io_size_and_limits() {
     let big = Arc::new(RamDevice::new(4096, 512)); // 2 MiB, 4 KiB blocks
     let m = mount(
         &dir.0,
-        vec![("lun0".into(), small.clone() as Arc<dyn BlockDevice>), ("lun1".into(), big.clone())],
+        vec![
+            ("lun0".into(), small.clone() as Arc<dyn BlockDevice>),
+            ("lun1".into(), big.clone()),
+        ],
         Options::default(),
     )
     .unwrap();
@@ -189,9 +198,19 @@ fn std_fs_unaligned_io_size_and_limits() {
         assert_eq!(md.len(), size);
         assert_eq!(md.permissions().mode() & 0o777, 0o644);
 
-        let f = OpenOptions::new().read(true).write(true).open(&path).unwrap();
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .unwrap();
         let mut shadow = vec![0u8; size as usize];
-        for (off, len) in [(1u64, 3usize), (511, 2), (4095, 4098), (100_000, 70_001), (size - 7, 7)] {
+        for (off, len) in [
+            (1u64, 3usize),
+            (511, 2),
+            (4095, 4098),
+            (100_000, 70_001),
+            (size - 7, 7),
+        ] {
             let data = pattern(off, len);
             f.write_all_at(&data, off).unwrap();
             shadow[off as usize..off as usize + len].copy_from_slice(&data);
@@ -216,13 +235,29 @@ fn std_fs_unaligned_io_size_and_limits() {
     let new = m.mountpoint().join("new");
     assert_eq!(errno_of(File::create(&new)), Some(libc::EPERM));
     assert_eq!(errno_of(std::fs::create_dir(&new)), Some(libc::EPERM));
-    assert_eq!(errno_of(std::fs::remove_file(m.path_of("lun0").unwrap())), Some(libc::EPERM));
-    assert_eq!(errno_of(std::fs::rename(m.path_of("lun0").unwrap(), &new)), Some(libc::EPERM));
+    assert_eq!(
+        errno_of(std::fs::remove_file(m.path_of("lun0").unwrap())),
+        Some(libc::EPERM)
+    );
+    assert_eq!(
+        errno_of(std::fs::rename(m.path_of("lun0").unwrap(), &new)),
+        Some(libc::EPERM)
+    );
     // O_TRUNC would shrink the file: refused.
-    assert_eq!(errno_of(File::create(m.path_of("lun0").unwrap())), Some(libc::EINVAL));
-    assert_eq!(std::fs::read_dir(m.mountpoint()).unwrap().count(), 2, "no entry was created");
+    assert_eq!(
+        errno_of(File::create(m.path_of("lun0").unwrap())),
+        Some(libc::EINVAL)
+    );
+    assert_eq!(
+        std::fs::read_dir(m.mountpoint()).unwrap().count(),
+        2,
+        "no entry was created"
+    );
     m.unmount().unwrap();
-    assert!(std::fs::read_dir(&dir.0).unwrap().next().is_none(), "mount point empty again");
+    assert!(
+        std::fs::read_dir(&dir.0).unwrap().next().is_none(),
+        "mount point empty again"
+    );
 }
 
 #[test]
@@ -231,12 +266,28 @@ fn read_only_mount() {
     let dir = TempDir::new("ro");
     let dev = Arc::new(RamDevice::new(512, 64));
     dev.write_at(0, &[0x5a; 512]).unwrap();
-    let m = mount_one(&dir, dev, Options { read_only: true, ..Options::default() });
+    let m = mount_one(
+        &dir,
+        dev,
+        Options {
+            read_only: true,
+            ..Options::default()
+        },
+    );
     let path = m.path_of("lun0").unwrap();
-    assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o444);
-    assert_eq!(errno_of(OpenOptions::new().write(true).open(&path)), Some(libc::EROFS));
+    assert_eq!(
+        std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+        0o444
+    );
+    assert_eq!(
+        errno_of(OpenOptions::new().write(true).open(&path)),
+        Some(libc::EROFS)
+    );
     let mut b = [0u8; 4];
-    File::open(&path).unwrap().read_exact_at(&mut b, 508).unwrap();
+    File::open(&path)
+        .unwrap()
+        .read_exact_at(&mut b, 508)
+        .unwrap();
     assert_eq!(b, [0x5a; 4]);
     m.unmount().unwrap();
 }
@@ -256,10 +307,18 @@ fn fsync_and_close_reach_device_flush() {
     let after_fsync = dev.flushes.load(Ordering::SeqCst);
     assert_eq!(after_fsync, before + 1, "fsync -> one flush");
     f.sync_data().unwrap();
-    assert_eq!(dev.flushes.load(Ordering::SeqCst), after_fsync + 1, "fdatasync -> one flush");
+    assert_eq!(
+        dev.flushes.load(Ordering::SeqCst),
+        after_fsync + 1,
+        "fdatasync -> one flush"
+    );
     drop(f);
     let after_close = dev.flushes.load(Ordering::SeqCst);
-    assert_eq!(after_close, after_fsync + 2, "close of a writer -> one flush");
+    assert_eq!(
+        after_close,
+        after_fsync + 2,
+        "close of a writer -> one flush"
+    );
 
     // A reader's close does not flush.
     drop(File::open(&path).unwrap());
@@ -284,7 +343,11 @@ fn punch_hole_unmaps_and_reads_zeroes() {
     let dev = Counting::new(512, 256); // 128 KiB
     let m = mount_one(&dir, dev.clone(), Options::default());
     let path = m.path_of("lun0").unwrap();
-    let f = OpenOptions::new().read(true).write(true).open(&path).unwrap();
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .unwrap();
     f.write_all_at(&[0xaa; 65536], 0).unwrap();
 
     let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
@@ -308,7 +371,10 @@ fn punch_hole_unmaps_and_reads_zeroes() {
     assert_eq!(dev.unmaps.load(Ordering::SeqCst), 1);
 
     // Growing through fallocate is refused; allocating inside is a no-op.
-    assert_eq!(errno_of(fallocate(&f, 0, 128 << 10, 4096)), Some(libc::ENOSPC));
+    assert_eq!(
+        errno_of(fallocate(&f, 0, 128 << 10, 4096)),
+        Some(libc::ENOSPC)
+    );
     fallocate(&f, 0, 0, 4096).unwrap();
     drop(f);
     m.unmount().unwrap();
@@ -322,8 +388,14 @@ fn punch_hole_unmaps_and_reads_zeroes() {
         can_unmap: false,
     });
     let m = mount_one(&dir2, plain, Options::default());
-    let f = OpenOptions::new().write(true).open(m.path_of("lun0").unwrap()).unwrap();
-    assert_eq!(errno_of(fallocate(&f, punch, 0, 4096)), Some(libc::EOPNOTSUPP));
+    let f = OpenOptions::new()
+        .write(true)
+        .open(m.path_of("lun0").unwrap())
+        .unwrap();
+    assert_eq!(
+        errno_of(fallocate(&f, punch, 0, 4096)),
+        Some(libc::EOPNOTSUPP)
+    );
     drop(f);
     m.unmount().unwrap();
 }
@@ -336,10 +408,17 @@ fn page_cache_mode_for_plain_opens_still_reaches_device() {
     let m = mount_one(
         &dir,
         dev.clone(),
-        Options { direct_io: DirectIo::WhenRequested, ..Options::default() },
+        Options {
+            direct_io: DirectIo::WhenRequested,
+            ..Options::default()
+        },
     );
     let path = m.path_of("lun0").unwrap();
-    let f = OpenOptions::new().read(true).write(true).open(&path).unwrap();
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .unwrap();
     f.write_all_at(&pattern(1000, 3000), 1000).unwrap();
     f.sync_all().unwrap();
     let mut raw = vec![0u8; 4096];
@@ -390,20 +469,29 @@ fn unmount_of_a_busy_mount_is_bounded() {
     let m = mount_one(
         &dir,
         dev,
-        Options { unmount_timeout: Duration::from_secs(2), ..Options::default() },
+        Options {
+            unmount_timeout: Duration::from_secs(2),
+            ..Options::default()
+        },
     );
     let f = File::open(m.path_of("lun0").unwrap()).unwrap();
     let r = m.unmount();
     let e = r.expect_err("busy unmount must say it aborted");
     assert!(e.to_string().contains("aborted"), "{e}");
-    assert!(f.read_at(&mut [0u8; 16], 0).is_err(), "I/O after abort fails");
+    assert!(
+        f.read_at(&mut [0u8; 16], 0).is_err(),
+        "I/O after abort fails"
+    );
 }
 
 fn fio_json(out: &Output) -> serde_json::Value {
     let text = String::from_utf8_lossy(&out.stdout);
     // fio may print notes before the JSON object.
     let start = text.find('{').unwrap_or_else(|| {
-        panic!("no JSON from fio: {text}\n{}", String::from_utf8_lossy(&out.stderr))
+        panic!(
+            "no JSON from fio: {text}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        )
     });
     serde_json::from_str(&text[start..]).unwrap_or_else(|e| panic!("fio JSON: {e}\n{text}"))
 }
@@ -432,7 +520,9 @@ fn run_fio(path: &Path, engine: &str, depth: u32) -> serde_json::Value {
 #[test]
 fn fio_randrw_verify_psync_and_libaio() {
     require!(fuse_missing());
-    require!(which("fio").is_none().then_some("fio is missing (apt-get install fio)"));
+    require!(which("fio")
+        .is_none()
+        .then_some("fio is missing (apt-get install fio)"));
     let dir = TempDir::new("fio");
     let dev = Arc::new(RamDevice::new(512, 65536)); // 32 MiB
     let m = mount_one(&dir, dev, Options::default());
@@ -459,13 +549,25 @@ impl LoopGuard {
     fn umount_fs(&mut self) {
         if let Some(p) = self.fs_mount.take() {
             let out = run_bounded(Command::new("umount").arg(&p), Duration::from_secs(60));
-            assert!(out.status.success(), "umount {}: {}", p.display(), String::from_utf8_lossy(&out.stderr));
+            assert!(
+                out.status.success(),
+                "umount {}: {}",
+                p.display(),
+                String::from_utf8_lossy(&out.stderr)
+            );
         }
     }
     fn detach(&mut self) {
         if let Some(d) = self.loopdev.take() {
-            let out = run_bounded(Command::new("losetup").args(["-d", &d]), Duration::from_secs(60));
-            assert!(out.status.success(), "losetup -d {d}: {}", String::from_utf8_lossy(&out.stderr));
+            let out = run_bounded(
+                Command::new("losetup").args(["-d", &d]),
+                Duration::from_secs(60),
+            );
+            assert!(
+                out.status.success(),
+                "losetup -d {d}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
         }
     }
 }
@@ -503,18 +605,27 @@ fn ext4_on_a_loop_device_over_the_file() {
     let dev = Counting::new(4096, 16384); // 64 MiB
     let m = mount_one(&dir, dev.clone(), Options::default());
     let path = m.path_of("lun0").unwrap();
-    let mut guard = LoopGuard { loopdev: None, fs_mount: None };
+    let mut guard = LoopGuard {
+        loopdev: None,
+        fs_mount: None,
+    };
 
     let out = run_bounded(
-        Command::new("losetup").args(["--find", "--show"]).arg(&path),
+        Command::new("losetup")
+            .args(["--find", "--show"])
+            .arg(&path),
         Duration::from_secs(60),
     );
     if !out.status.success() {
-        println!("SKIPPED: losetup cannot attach here: {}", String::from_utf8_lossy(&out.stderr).trim());
+        println!(
+            "SKIPPED: losetup cannot attach here: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
         return;
     }
     let loopdev = String::from_utf8(out.stdout).unwrap().trim().to_string();
     guard.loopdev = Some(loopdev.clone());
+    println!("{} attached as {loopdev}", path.display());
 
     sh(Command::new("mkfs.ext4").args(["-q", "-F", &loopdev]));
     // The superblock reached the device: ext4 magic 0xEF53 at byte 1080.
@@ -522,7 +633,9 @@ fn ext4_on_a_loop_device_over_the_file() {
     dev.read_at(0, &mut sb).unwrap();
     assert_eq!(&sb[1080..1082], &[0x53, 0xef], "ext4 magic on the device");
 
-    sh(Command::new("mount").args(["-t", "ext4", &loopdev]).arg(&fsdir.0));
+    sh(Command::new("mount")
+        .args(["-t", "ext4", &loopdev])
+        .arg(&fsdir.0));
     guard.fs_mount = Some(fsdir.0.clone());
     let files: Vec<(String, Vec<u8>)> = [(1usize, 7u64), (4096, 1), (100_000, 2), (3 << 20, 3)]
         .iter()
@@ -536,9 +649,15 @@ fn ext4_on_a_loop_device_over_the_file() {
     guard.umount_fs();
     // ext4 issues cache flushes at unmount (journal commit), which the
     // loop driver turns into fsync on the file.
-    assert!(dev.flushes.load(Ordering::SeqCst) > flushes_before, "unmount flushed the device");
+    assert!(
+        dev.flushes.load(Ordering::SeqCst) > flushes_before,
+        "unmount flushed the device"
+    );
 
-    let fsck = run_bounded(Command::new("fsck.ext4").args(["-fn", &loopdev]), Duration::from_secs(120));
+    let fsck = run_bounded(
+        Command::new("fsck.ext4").args(["-fn", &loopdev]),
+        Duration::from_secs(120),
+    );
     assert_eq!(
         fsck.status.code(),
         Some(0),
@@ -547,7 +666,13 @@ fn ext4_on_a_loop_device_over_the_file() {
         String::from_utf8_lossy(&fsck.stderr)
     );
 
-    sh(Command::new("mount").args(["-t", "ext4", &loopdev]).arg(&fsdir.0));
+    println!(
+        "fsck.ext4 -fn: {}",
+        String::from_utf8_lossy(&fsck.stdout).trim()
+    );
+    sh(Command::new("mount")
+        .args(["-t", "ext4", &loopdev])
+        .arg(&fsdir.0));
     guard.fs_mount = Some(fsdir.0.clone());
     for (name, data) in &files {
         let back = std::fs::read(fsdir.0.join("sub").join(name)).unwrap();
@@ -556,5 +681,104 @@ fn ext4_on_a_loop_device_over_the_file() {
     guard.umount_fs();
     guard.detach();
     drop(guard);
+    m.unmount().unwrap();
+}
+
+/// Threads writing single bytes into the same blocks through the mount
+/// (direct I/O, parallel writes allowed) lose none of them.
+#[test]
+fn concurrent_unaligned_writes_through_the_mount() {
+    require!(fuse_missing());
+    let dir = TempDir::new("race");
+    let dev = Arc::new(RamDevice::new(4096, 16));
+    let m = mount_one(
+        &dir,
+        dev.clone(),
+        Options {
+            threads: 8,
+            ..Options::default()
+        },
+    );
+    let path = m.path_of("lun0").unwrap();
+    let writers: Vec<_> = (0..8u64)
+        .map(|t| {
+            let f = OpenOptions::new().write(true).open(&path).unwrap();
+            std::thread::spawn(move || {
+                for i in 0..256u64 {
+                    f.write_all_at(&[(t + 1) as u8], 4000 + i * 8 + t).unwrap();
+                }
+            })
+        })
+        .collect();
+    for w in writers {
+        w.join().unwrap();
+    }
+    let mut raw = vec![0u8; 8192];
+    dev.read_at(0, &mut raw).unwrap();
+    for i in 0..2048usize {
+        assert_eq!(raw[4000 + i], (i % 8) as u8 + 1, "byte {} lost", 4000 + i);
+    }
+    m.unmount().unwrap();
+}
+
+/// A device whose I/O fails after a point.
+struct Broken {
+    ram: RamDevice,
+    fail: std::sync::atomic::AtomicBool,
+}
+
+impl BlockDevice for Broken {
+    fn block_size(&self) -> u32 {
+        self.ram.block_size()
+    }
+    fn num_blocks(&self) -> u64 {
+        self.ram.num_blocks()
+    }
+    fn read_at(&self, lba: u64, buf: &mut [u8]) -> io::Result<()> {
+        if self.fail.load(Ordering::SeqCst) {
+            return Err(io::Error::other("medium error"));
+        }
+        self.ram.read_at(lba, buf)
+    }
+    fn write_at(&self, lba: u64, buf: &[u8]) -> io::Result<()> {
+        if self.fail.load(Ordering::SeqCst) {
+            return Err(io::Error::other("medium error"));
+        }
+        self.ram.write_at(lba, buf)
+    }
+    fn flush(&self) -> io::Result<()> {
+        if self.fail.load(Ordering::SeqCst) {
+            return Err(io::Error::other("cache lost"));
+        }
+        Ok(())
+    }
+}
+
+#[test]
+fn device_errors_are_eio() {
+    require!(fuse_missing());
+    let dir = TempDir::new("eio");
+    let dev = Arc::new(Broken {
+        ram: RamDevice::new(512, 64),
+        fail: std::sync::atomic::AtomicBool::new(false),
+    });
+    let m = mount_one(&dir, dev.clone(), Options::default());
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(m.path_of("lun0").unwrap())
+        .unwrap();
+    f.write_all_at(&[1u8; 512], 0).unwrap();
+    dev.fail.store(true, Ordering::SeqCst);
+    assert_eq!(errno_of(f.read_at(&mut [0u8; 512], 0)), Some(libc::EIO));
+    assert_eq!(errno_of(f.write_at(&[2u8; 512], 0)), Some(libc::EIO));
+    assert_eq!(
+        errno_of(f.write_at(&[2u8; 3], 1)),
+        Some(libc::EIO),
+        "RMW read fails"
+    );
+    assert_eq!(errno_of(f.sync_all()), Some(libc::EIO));
+    dev.fail.store(false, Ordering::SeqCst);
+    drop(f);
     m.unmount().unwrap();
 }
