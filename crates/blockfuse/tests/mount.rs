@@ -191,6 +191,14 @@ fn std_fs_unaligned_io_size_and_limits() {
     names.sort();
     assert_eq!(names, ["lun0", "lun1"]);
 
+    // statfs: the capacity of all devices, nothing free to allocate.
+    let c = std::ffi::CString::new(m.mountpoint().as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid path and a zeroed out-struct the call fills in.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0);
+    assert_eq!(st.f_blocks * st.f_frsize, 3 << 20);
+    assert_eq!(st.f_bfree, 0);
+
     for (name, dev, size) in [("lun0", &small, 1u64 << 20), ("lun1", &big, 2 << 20)] {
         let path = m.path_of(name).unwrap();
         let md = std::fs::metadata(&path).unwrap();
