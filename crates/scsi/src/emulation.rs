@@ -186,7 +186,7 @@ impl Device {
 
     fn check_range(&self, lba: u64, blocks: u32) -> Result<(), Sense> {
         let end = lba.checked_add(blocks as u64);
-        if end.map_or(true, |e| e > self.blocks()) {
+        if end.is_none_or(|e| e > self.blocks()) {
             let mut s = Sense::new(SenseKey::IllegalRequest, Asc::LBA_OUT_OF_RANGE);
             s.information = Some(lba);
             return Err(s);

@@ -74,6 +74,46 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Serve the target's LUNs as files `lun<N>` in a FUSE mount until
+    /// SIGTERM or SIGINT (fio, dd, losetup and mkfs use them).
+    Fuse {
+        #[command(flatten)]
+        login: Login,
+        /// Existing directory to mount on.
+        #[arg(long)]
+        mountpoint: std::path::PathBuf,
+        /// Only this LUN (default: every LUN REPORT LUNS lists).
+        #[arg(long)]
+        lun: Option<u16>,
+        /// Let other users reach the files (FUSE allow_other).
+        #[arg(long)]
+        allow_other: bool,
+        /// Use the page cache unless a file is opened O_DIRECT (default:
+        /// every open is direct I/O).
+        #[arg(long)]
+        cached: bool,
+    },
+    /// Serve a LUN over NBD (newstyle, with TRIM and FLUSH) until SIGTERM
+    /// or SIGINT, for qemu-img, nbdcopy and fio's nbd engine.
+    Nbd {
+        #[command(flatten)]
+        login: Login,
+        /// LUN to export.
+        #[arg(long, default_value_t = 0)]
+        lun: u16,
+        /// TCP address to listen on (loopback by default).
+        #[arg(long, default_value = "127.0.0.1:10809", conflicts_with = "socket")]
+        listen: SocketAddr,
+        /// Listen on this Unix socket instead.
+        #[arg(long)]
+        socket: Option<std::path::PathBuf>,
+        /// Export name (the export also answers to "").
+        #[arg(long, default_value = "")]
+        name: String,
+        /// Refuse writes.
+        #[arg(long)]
+        read_only: bool,
+    },
     /// List the LUNs the target shows this initiator (REPORT LUNS, then
     /// INQUIRY and READ CAPACITY of each).
     Luns {
@@ -162,6 +202,82 @@ fn run(cmd: Cmd) -> Result<bool, String> {
                 print!("{}", r.table());
             }
             Ok(r.ok())
+        }
+        Cmd::Fuse {
+            login: l,
+            mountpoint,
+            lun,
+            allow_other,
+            cached,
+        } => {
+            // Before any thread starts, so all of them inherit the mask.
+            let signals = srpstack::signals::block_term();
+            let session = login(&l)?;
+            let luns = match lun {
+                Some(n) => vec![n],
+                None => srp_initiator::disk::report_luns(&session).map_err(|e| e.to_string())?,
+            };
+            let mut devices: Vec<(String, Arc<dyn blockload::BlockDevice>)> = Vec::new();
+            for n in &luns {
+                let d = srp_initiator::disk::Disk::open(session.clone(), *n)
+                    .map_err(|e| format!("open LUN {n}: {e}"))?;
+                devices.push((format!("lun{n}"), Arc::new(d)));
+            }
+            let opts = blockfuse::Options {
+                allow_other,
+                direct_io: if cached {
+                    blockfuse::DirectIo::WhenRequested
+                } else {
+                    blockfuse::DirectIo::Always
+                },
+                fsname: format!("srp:{}", l.dest),
+                ..Default::default()
+            };
+            let m = blockfuse::mount(&mountpoint, devices, opts)
+                .map_err(|e| format!("mount {}: {e}", mountpoint.display()))?;
+            // Scripts wait for this line.
+            println!(
+                "srp: mounted {} LUNs of {} on {}",
+                luns.len(),
+                l.dest,
+                m.mountpoint().display()
+            );
+            let _ = std::io::Write::flush(&mut std::io::stdout());
+            let sig = signals.wait();
+            println!("srp: signal {sig}: unmounting");
+            m.unmount()
+                .map_err(|e| format!("unmount {}: {e}", mountpoint.display()))?;
+            println!("srp: unmounted");
+            Ok(true)
+        }
+        Cmd::Nbd {
+            login: l,
+            lun,
+            listen,
+            socket,
+            name,
+            read_only,
+        } => {
+            let signals = srpstack::signals::block_term();
+            let session = login(&l)?;
+            let disk = srp_initiator::disk::Disk::open(session, lun)
+                .map_err(|e| format!("open LUN {lun}: {e}"))?;
+            let mut export = nbd::Export::new(name, Arc::new(disk));
+            export.read_only = read_only;
+            let server = match &socket {
+                Some(p) => nbd::Server::bind_unix(p, export),
+                None => nbd::Server::bind_tcp(listen, export),
+            }
+            .map_err(|e| format!("listen for NBD: {e}"))?;
+            let handle = server.spawn().map_err(|e| format!("serve NBD: {e}"))?;
+            // Scripts wait for this line.
+            println!("srp: LUN {lun} of {} served at {}", l.dest, handle.uri());
+            let _ = std::io::Write::flush(&mut std::io::stdout());
+            let sig = signals.wait();
+            let st = handle.stats();
+            handle.shutdown();
+            println!("srp: signal {sig}: NBD stopped after {st:?}");
+            Ok(true)
         }
         Cmd::Luns { login: l, json } => {
             let session = login(&l)?;

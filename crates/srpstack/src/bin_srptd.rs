@@ -112,7 +112,7 @@ fn run(a: &Args) -> Result<(), String> {
 
     // SIGTERM/SIGINT are taken by sigwait below, in this thread only: block
     // them before any thread starts so every thread inherits the mask.
-    let signals = block_signals();
+    let signals = srpstack::signals::block_term();
     let control =
         bind_control(&sock).map_err(|e| format!("control socket {}: {e}", sock.display()))?;
     let daemon = Daemon::start(cfg.clone(), a.config.clone(), |line| {
@@ -146,7 +146,7 @@ fn run(a: &Args) -> Result<(), String> {
         println!("srptd: metrics on http://{local}/metrics");
     }
     let _ = std::io::Write::flush(&mut std::io::stdout());
-    let sig = wait_signal(&signals);
+    let sig = signals.wait();
     println!("srptd: signal {sig}: logging initiators out");
     let left = daemon.shutdown(std::time::Duration::from_secs(10));
     let _ = std::fs::remove_file(&sock);
@@ -156,24 +156,4 @@ fn run(a: &Args) -> Result<(), String> {
         println!("srptd: stopped cleanly");
     }
     Ok(())
-}
-
-fn block_signals() -> libc::sigset_t {
-    // SAFETY: the set is initialised by sigemptyset before use; the mask
-    // change affects this thread and threads created afterwards.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGTERM);
-        libc::sigaddset(&mut set, libc::SIGINT);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-        set
-    }
-}
-
-fn wait_signal(set: &libc::sigset_t) -> i32 {
-    let mut sig = 0;
-    // SAFETY: set was initialised by block_signals; sig is a valid out pointer.
-    unsafe { libc::sigwait(set, &mut sig) };
-    sig
 }

@@ -865,7 +865,7 @@ impl Channel {
             .iter()
             .enumerate()
             .filter_map(|(i, s)| s.ctx.as_ref().map(|c| (i, c)))
-            .filter(|(_, c)| !c.done && lun.map_or(true, |l| l == c.lun))
+            .filter(|(_, c)| !c.done && lun.is_none_or(|l| l == c.lun))
             .map(|(i, c)| (c.seq, i as u32, c.tag))
             .collect();
         open.sort_unstable();
