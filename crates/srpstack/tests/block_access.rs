@@ -111,6 +111,7 @@ fn fio_verify(file: &Path) {
         "--numjobs=1",
         "--verify=crc32c",
         "--do_verify=1",
+        "--verify_state_save=0",
         "--output-format=json",
     ]));
     ok(&out, "fio");
@@ -299,6 +300,7 @@ fn fio_nbd_engine_and_qemu_img_on_a_remote_lun() {
         "--iodepth=8",
         "--verify=crc32c",
         "--do_verify=1",
+        "--verify_state_save=0",
         "--output-format=json",
     ]));
     ok(&out, "fio nbd");
