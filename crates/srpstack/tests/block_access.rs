@@ -5,57 +5,11 @@
 //! Prints "SKIPPED: ..." and passes when the machine lacks FUSE, fio or
 //! loop devices; `.ci/run` installs them.
 
-use std::io::{BufRead, BufReader};
+mod common;
+
+use common::Proc;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
-
-struct Proc {
-    child: Child,
-    lines: mpsc::Receiver<String>,
-    name: &'static str,
-}
-
-impl Proc {
-    fn start(name: &'static str, cmd: &mut Command) -> Proc {
-        let mut child = cmd.stdout(Stdio::piped()).spawn().expect("spawn");
-        let out = child.stdout.take().expect("piped");
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for l in BufReader::new(out).lines().map_while(Result::ok) {
-                if tx.send(l).is_err() {
-                    return;
-                }
-            }
-        });
-        Proc { child, lines, name }
-    }
-    fn wait_line(&self, what: &str, secs: u64) -> String {
-        let end = Instant::now() + Duration::from_secs(secs);
-        loop {
-            match self
-                .lines
-                .recv_timeout(end.saturating_duration_since(Instant::now()))
-            {
-                Ok(l) if l.contains(what) => return l,
-                Ok(_) => {}
-                Err(e) => panic!("{} never said `{what}`: {e}", self.name),
-            }
-        }
-    }
-    fn term(&mut self) {
-        // SAFETY: kill with our child's pid and a valid signal.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use std::process::{Command, Output};
 
 fn which(tool: &str) -> bool {
     std::env::var_os("PATH")
@@ -99,22 +53,15 @@ fn fio_json(stdout: &[u8]) -> serde_json::Value {
     serde_json::from_str(&text[at..]).unwrap_or_else(|e| panic!("fio JSON: {e}\n{text}"))
 }
 
-fn fio_verify(file: &Path) {
-    let out = run(Command::new("fio").args([
-        "--name=srpfuse",
-        &format!("--filename={}", file.display()),
-        "--rw=randrw",
-        "--bs=4k",
-        "--size=16m",
-        "--direct=1",
-        "--ioengine=psync",
-        "--numjobs=1",
-        "--verify=crc32c",
-        "--do_verify=1",
-        "--verify_state_save=0",
-        "--output-format=json",
-    ]));
-    ok(&out, "fio");
+/// fio randrw over 16 MiB with crc32c verification, the target given by
+/// `target` (file or engine options); asserts no errors and all bytes moved.
+fn fio_verify(what: &str, target: &[&str]) {
+    let out = run(Command::new("fio")
+        .args(["--name=srp", "--rw=randrw", "--bs=4k", "--size=16m"])
+        .args(target)
+        .args(["--verify=crc32c", "--do_verify=1", "--verify_state_save=0"])
+        .arg("--output-format=json"));
+    ok(&out, what);
     let v = fio_json(&out.stdout);
     let job = &v["jobs"][0];
     assert_eq!(job["error"], 0, "{job}");
@@ -172,7 +119,11 @@ fn fio_and_ext4_on_a_remote_lun_through_fuse() {
     let file = mnt.join("lun0");
     assert_eq!(std::fs::metadata(&file).unwrap().len(), 64 << 20);
 
-    fio_verify(&file);
+    let filename = format!("--filename={}", file.display());
+    fio_verify(
+        "fio on the FUSE file",
+        &[&filename, "--direct=1", "--ioengine=psync"],
+    );
 
     let mut clean = Cleanup {
         loopdev: None,
@@ -290,26 +241,11 @@ fn fio_nbd_engine_and_qemu_img_on_a_remote_lun() {
     let line = srv.wait_line("served at nbd://", 30);
     let uri = line.split(" served at ").nth(1).unwrap().trim().to_string();
 
-    let out = run(Command::new("fio").args([
-        "--name=srpnbd",
-        "--ioengine=nbd",
-        &format!("--uri={uri}"),
-        "--rw=randrw",
-        "--bs=4k",
-        "--size=16m",
-        "--iodepth=8",
-        "--verify=crc32c",
-        "--do_verify=1",
-        "--verify_state_save=0",
-        "--output-format=json",
-    ]));
-    ok(&out, "fio nbd");
-    let v = fio_json(&out.stdout);
-    let job = &v["jobs"][0];
-    assert_eq!(job["error"], 0, "{job}");
-    let bytes =
-        job["read"]["io_bytes"].as_u64().unwrap() + job["write"]["io_bytes"].as_u64().unwrap();
-    assert!(bytes >= 16 << 20, "fio moved {bytes} bytes");
+    let uri_opt = format!("--uri={uri}");
+    fio_verify(
+        "fio nbd engine",
+        &["--ioengine=nbd", &uri_opt, "--iodepth=8"],
+    );
 
     if which("qemu-img") {
         // A file copied into the LUN compares equal, one byte changed does not.

@@ -3,41 +3,34 @@
 //! runtime; initiators in other processes (`srp luns`) and in this one see
 //! the result; SIGTERM logs everyone out.
 
+mod common;
+
+use common::Proc;
 use rdma_types::Guid;
 use serde_json::Value;
 use srp_initiator::session::{Session, SessionConfig, Xfer};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::{mpsc, Arc};
+use std::process::Command;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 struct Daemon {
-    child: Child,
-    lines: mpsc::Receiver<String>,
+    proc: Proc,
     dir: PathBuf,
 }
 
 impl Drop for Daemon {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        let _ = self.proc.child.kill();
+        let _ = self.proc.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
 impl Daemon {
-    /// Waits (bounded) for a log line containing `what`.
     fn wait_line(&self, what: &str) -> String {
-        let end = Instant::now() + Duration::from_secs(20);
-        loop {
-            let left = end.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(l) if l.contains(what) => return l,
-                Ok(_) => {}
-                Err(e) => panic!("srptd never said `{what}`: {e}"),
-            }
-        }
+        self.proc.wait_line(what, 20)
     }
     fn sock(&self) -> PathBuf {
         self.dir.join("ctl.sock")
@@ -56,6 +49,15 @@ impl Daemon {
             Err(String::from_utf8_lossy(&out.stderr).into_owned())
         }
     }
+}
+
+/// `srptd --check --config path`.
+fn check(path: &Path) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_srptd"))
+        .args(["--check", "--config"])
+        .arg(path)
+        .output()
+        .expect("run srptd --check")
 }
 
 fn tempdir(tag: &str) -> PathBuf {
@@ -106,22 +108,13 @@ fn start(tag: &str, ip: &str) -> Daemon {
     let dir = tempdir(tag);
     let cfg = dir.join("srptd.toml");
     std::fs::write(&cfg, config(&dir, ip)).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_srptd"))
-        .arg("--config")
-        .arg(&cfg)
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("start srptd");
-    let out = child.stdout.take().expect("piped");
-    let (tx, lines) = mpsc::channel();
-    std::thread::spawn(move || {
-        for l in BufReader::new(out).lines().map_while(Result::ok) {
-            if tx.send(l).is_err() {
-                return;
-            }
-        }
-    });
-    let d = Daemon { child, lines, dir };
+    let proc = Proc::start(
+        "srptd",
+        Command::new(env!("CARGO_BIN_EXE_srptd"))
+            .arg("--config")
+            .arg(&cfg),
+    );
+    let d = Daemon { proc, dir };
     d.wait_line("listening on");
     d
 }
@@ -167,12 +160,7 @@ fn check_reports_file_line_and_key() {
     let cfg = dir.join("bad.toml");
     let text = config(&dir, "127.0.0.1").replace("device = \"secret\"", "device = \"nosuch\"");
     std::fs::write(&cfg, &text).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_srptd"))
-        .arg("--check")
-        .arg("--config")
-        .arg(&cfg)
-        .output()
-        .unwrap();
+    let out = check(&cfg);
     assert!(!out.status.success());
     let line = text.lines().position(|l| l.contains("nosuch")).unwrap() + 1;
     let err = String::from_utf8_lossy(&out.stderr);
@@ -183,12 +171,7 @@ fn check_reports_file_line_and_key() {
         "{err}"
     );
     std::fs::write(&cfg, config(&dir, "127.0.0.1")).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_srptd"))
-        .arg("--check")
-        .arg("--config")
-        .arg(&cfg)
-        .output()
-        .unwrap();
+    let out = check(&cfg);
     assert!(
         out.status.success(),
         "{}",
@@ -328,11 +311,7 @@ fn lun_masking_runtime_changes_aer_and_graceful_stop() {
         text.contains("name = \"web\"") && text.contains(&bname),
         "{text}"
     );
-    let out = Command::new(env!("CARGO_BIN_EXE_srptd"))
-        .args(["--check", "--config"])
-        .arg(&saved)
-        .output()
-        .unwrap();
+    let out = check(&saved);
     assert!(
         out.status.success(),
         "{}",
@@ -364,7 +343,7 @@ fn lun_masking_runtime_changes_aer_and_graceful_stop() {
 
     // SIGTERM: the initiator is logged out, the daemon stops cleanly.
     // SAFETY: kill with a child's pid and a valid signal.
-    unsafe { libc::kill(d.child.id() as i32, libc::SIGTERM) };
+    unsafe { libc::kill(d.proc.child.id() as i32, libc::SIGTERM) };
     d.wait_line("stopped cleanly");
     let end = Instant::now() + Duration::from_secs(10);
     while !session.is_closed() {
