@@ -4,7 +4,8 @@
 # ib_srpt (fileio backstore of 16 MiB, rdma_cm_port 5555) in VM a, runs
 # 8 MiB of verified random 4 KiB reads and writes on LUN 0 (writes as SRP
 # immediate data), then 8 MiB at 64 KiB (writes fetched by RDMA READ), and
-# logs out after each.
+# logs out after each; then 4 MiB and 8 MiB transfers verified, `srp luns`
+# shows LIO's LUN, and `srp fuse` serves it as a file that fio verifies.
 # Needs the binary: cargo build --release -p srpstack (SRP_CLI overrides).
 
 SCENARIO_VMS=("a 11 target")
@@ -40,6 +41,44 @@ host_main() {
   if [ $ok = 1 ]; then
     ns_run 120 "$SRP_CLI" io --dest 10.77.0.11:$SRP_PORT --ip 10.77.0.2 --mtu 1024 \
       --id-ext $LIO_GUID --ioc-guid $LIO_GUID --bs 65536 --size 8388608 --region 4194304 || ok=0
+  fi
+  # Large transfers in one SRP_CMD each (descriptor lists, RDMA at MTU 1024).
+  if [ $ok = 1 ]; then
+    local bs
+    for bs in 4194304 8388608; do
+      # 16 random 4/8 MiB I/Os over 2-4 slots: reads hit written data.
+      ns_run 120 "$SRP_CLI" io --dest 10.77.0.11:$SRP_PORT --ip 10.77.0.2 --mtu 1024 \
+        --id-ext $LIO_GUID --ioc-guid $LIO_GUID --bs $bs --iodepth 1 --rw randrw \
+        --size $((bs * 16)) --region 16777216 | tee "$RUN_DIR/big-$bs.txt" ||
+        { ok=0; echo "srp io --bs $bs failed"; }
+      grep -q "verified [1-9][0-9]* bytes" "$RUN_DIR/big-$bs.txt" ||
+        { ok=0; echo "srp io --bs $bs verified nothing"; }
+    done
+  fi
+  if [ $ok = 1 ]; then
+    ns_run 60 "$SRP_CLI" luns --dest 10.77.0.11:$SRP_PORT --ip 10.77.0.2 --mtu 1024 \
+      --id-ext $LIO_GUID --ioc-guid $LIO_GUID | tee "$RUN_DIR/luns.txt"
+    grep -q "LUN 0 .*LIO-ORG" "$RUN_DIR/luns.txt" || { ok=0; echo "srp luns did not show LIO's LUN 0"; }
+  fi
+  # The FUSE mount lives in the namespace's own mount namespace, so fio
+  # runs in the same `ip netns exec`.
+  if [ $ok = 1 ] && [ -e /dev/fuse ] && command -v fio >/dev/null; then
+    mkdir -p "$RUN_DIR/mnt"
+    ns_run 180 bash -c '
+      "$1" fuse --dest 10.77.0.11:'$SRP_PORT' --ip 10.77.0.2 --mtu 1024 \
+        --id-ext '$LIO_GUID' --ioc-guid '$LIO_GUID' --mountpoint "$2" >"$3/fuse.log" 2>&1 &
+      pid=$!
+      for i in $(seq 1 300); do grep -q "srp: mounted" "$3/fuse.log" && break; sleep 0.1; done
+      grep -q "srp: mounted" "$3/fuse.log" || { cat "$3/fuse.log"; kill $pid; exit 1; }
+      fio --name=fuse --filename="$2/lun0" --rw=randrw --bs=4k --size=8m --direct=1 \
+        --ioengine=psync --verify=crc32c --do_verify=1 --verify_state_save=0 \
+        --output-format=terse --minimal >"$3/fio-fuse.out" 2>&1
+      rc=$?
+      kill -TERM $pid; wait $pid
+      cat "$3/fuse.log"
+      [ $rc = 0 ] && [ "$(cut -d";" -f5 "$3/fio-fuse.out")" = 0 ] || { cat "$3/fio-fuse.out"; exit 1; }
+    ' _ "$SRP_CLI" "$RUN_DIR/mnt" "$RUN_DIR" || { ok=0; echo "fio through srp fuse failed"; }
+    [ $ok = 1 ] && echo "our initiator: fio crc32c verify through srp fuse against LIO passed"
   fi
   # Tell the VM we are done either way, so it powers off.
   ns_run 60 python3 -c 'import socket,time
