@@ -15,6 +15,12 @@
 //! and the receive PSN are known; the QP number is reserved at create time.
 //! Receives posted before RTR wait here and are handed over then.
 //!
+//! Fault injection for tests: [`SoftRoce::set_faults`] gives a CA's send
+//! path a seeded [`FaultConfig`] (loss, duplication, reordering,
+//! corruption, latency) before the CA is first opened;
+//! [`SoftRoce::counters`] reports what the node and its QPs counted
+//! (retransmissions among them).
+//!
 //! What it refuses (`NotSupported`): memory windows, inline data,
 //! alternate paths, SQD, and SRQ limit events.
 
@@ -37,6 +43,8 @@ use verbs::{
     VerbsError, WcFlags, WorkCompletion,
 };
 
+pub use rdma_sim::FaultConfig;
+
 /// Default RoCEv2 UDP port.
 pub const ROCE_PORT: u16 = 4791;
 
@@ -57,6 +65,30 @@ pub struct SoftRoce {
     st: Mutex<State>,
     /// Devices with at least one open, by GUID.
     devices: Mutex<HashMap<u64, (Arc<CaRt>, u32)>>,
+    /// Faults for a CA's node, applied when the node is bound.
+    faults: Mutex<HashMap<u64, FaultConfig>>,
+}
+
+/// What an open CA counted: its node's datagrams and the sum over its live
+/// QPs (a destroyed QP's counts leave with it).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SoftCaCounters {
+    /// Datagrams handed to the socket (after fault injection).
+    pub tx_packets: u64,
+    /// Datagrams received.
+    pub rx_datagrams: u64,
+    /// Received datagrams dropped for a bad ICRC (corruption).
+    pub rx_bad_icrc: u64,
+    /// Packets the QPs retransmitted.
+    pub retransmits: u64,
+    /// Retransmission timeouts of the QPs.
+    pub timeouts: u64,
+    /// Duplicate requests the QPs' responders saw.
+    pub duplicates: u64,
+    /// Out-of-sequence requests the QPs' responders saw.
+    pub out_of_sequence: u64,
+    /// Sequence-error NAKs the QPs received.
+    pub seq_naks_received: u64,
 }
 
 enum Obj {
@@ -450,7 +482,61 @@ impl SoftRoce {
             cas,
             st: Mutex::new(State::default()),
             devices: Mutex::new(HashMap::new()),
+            faults: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// Injects `faults` on the send path of CA `guid` (`None`: a clean
+    /// link). The node takes its faults when it binds, at the first open of
+    /// the CA, so this must come before that.
+    ///
+    /// # Errors
+    /// `NoSuchCa` for an unknown GUID; `Busy` when the CA is already open.
+    pub fn set_faults(&self, guid: Guid, faults: Option<FaultConfig>) -> Result<()> {
+        if !self.cas.iter().any(|c| c.guid == guid) {
+            return Err(VerbsError::NoSuchCa);
+        }
+        let devs = self.devices.lock().unwrap_or_else(|e| e.into_inner());
+        if devs.contains_key(&guid.0) {
+            return Err(VerbsError::Busy("the CA is open; set faults before"));
+        }
+        let mut f = self.faults.lock().unwrap_or_else(|e| e.into_inner());
+        match faults {
+            Some(cfg) => f.insert(guid.0, cfg),
+            None => f.remove(&guid.0),
+        };
+        Ok(())
+    }
+
+    /// Counters of CA `guid` while it is open (`None` when it is not).
+    pub fn counters(&self, guid: Guid) -> Option<SoftCaCounters> {
+        let rt = self
+            .devices
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&guid.0)
+            .map(|(rt, _)| rt.clone())?;
+        let qpns: Vec<u32> = rt.routes_lock().keys().copied().collect();
+        Some(rt.node(|n| {
+            let s = n.stats();
+            let mut c = SoftCaCounters {
+                tx_packets: s.tx_packets,
+                rx_datagrams: s.rx_datagrams,
+                rx_bad_icrc: s.rx_bad_icrc,
+                ..Default::default()
+            };
+            for q in qpns {
+                if let Some(qp) = n.qp_mut(softroce::QpHandle(Qpn::from_bits(q))) {
+                    let k = qp.counters();
+                    c.retransmits += k.retransmits;
+                    c.timeouts += k.timeouts;
+                    c.duplicates += k.duplicates;
+                    c.out_of_sequence += k.out_of_sequence;
+                    c.seq_naks_received += k.seq_naks_received;
+                }
+            }
+            c
+        }))
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -667,8 +753,14 @@ impl Provider for SoftRoce {
             }
             None => {
                 let addr = SocketAddr::new(cfg.ip, self.udp_port);
-                let node = Node::bind(NodeConfig::new(addr))
-                    .map_err(|e| bad(format!("cannot bind {addr}: {e}")))?;
+                let mut ncfg = NodeConfig::new(addr);
+                ncfg.faults = self
+                    .faults
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get(&guid.0)
+                    .cloned();
+                let node = Node::bind(ncfg).map_err(|e| bad(format!("cannot bind {addr}: {e}")))?;
                 let rt = Arc::new(CaRt {
                     driver: OnceLock::new(),
                     keys: Arc::new(Mutex::new(KeyTable::new())),
@@ -1524,4 +1616,99 @@ fn merge(acc: &mut QpAttr, new: &QpAttr) {
         rnr_retry,
         en_sqd_async_notify
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use verbs::conformance::{connect, Feature, Fixture, Node as TNode};
+
+    struct Two(Arc<SoftRoce>);
+
+    impl Fixture for Two {
+        fn provider(&self) -> Arc<dyn Provider> {
+            self.0.clone()
+        }
+        fn guids(&self) -> (Guid, Guid) {
+            (Guid(0xa1), Guid(0xb2))
+        }
+        fn set_port_active(&self, _: Guid, _: bool) -> Result<()> {
+            Err(VerbsError::NotSupported("port control"))
+        }
+        fn set_lid(&self, _: Guid, _: Lid) -> Result<()> {
+            Err(VerbsError::NotSupported("port control"))
+        }
+        fn remove_ca(&self, _: Guid) -> Result<()> {
+            Err(VerbsError::NotSupported("port control"))
+        }
+        fn lacks(&self) -> Vec<Feature> {
+            Vec::new()
+        }
+    }
+
+    /// A lossy sender still delivers every SEND in order, by retransmitting;
+    /// the counters show it. Faults are refused once the CA is open.
+    #[test]
+    fn seeded_loss_is_recovered_and_counted() {
+        let ca = |g: u64, last: u8| SoftCa {
+            guid: Guid(g),
+            ip: IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 91, last)),
+        };
+        let p = SoftRoce::new(vec![ca(0xa1, 201), ca(0xb2, 202)], ROCE_PORT);
+        assert!(matches!(
+            p.set_faults(Guid(0x99), None),
+            Err(VerbsError::NoSuchCa)
+        ));
+        p.set_faults(Guid(0xa1), Some(FaultConfig::lossy(7, 0.2)))
+            .unwrap();
+        assert_eq!(p.counters(Guid(0xa1)), None, "not open yet");
+        let f = Two(p.clone());
+        let (a, b) = (
+            TNode::open(&f, Guid(0xa1), 512),
+            TNode::open(&f, Guid(0xb2), 512),
+        );
+        assert!(matches!(
+            p.set_faults(Guid(0xa1), None),
+            Err(VerbsError::Busy(_))
+        ));
+        let (qa, qb) = (a.qp(QpType::Rc, None, 1), b.qp(QpType::Rc, None, 2));
+        connect(&a, qa, &b, qb, QpType::Rc, 7);
+        const N: u64 = 60;
+        const LEN: u32 = 1000;
+        let recvs: Vec<RecvWr> = (0..N)
+            .map(|i| RecvWr {
+                wr_id: i,
+                sges: vec![b.sge(i * LEN as u64, LEN)],
+            })
+            .collect();
+        b.p.post_recv(qb, &recvs).unwrap();
+        for i in 0..N {
+            let at = (i * LEN as u64) as usize;
+            a.buf.write_at(at, &vec![i as u8 ^ 0x5a; LEN as usize]);
+            let mut w = SendWr::new(i, SendOpcode::Send, vec![a.sge(at as u64, LEN)]);
+            w.flags = verbs::SendFlags::SIGNALED;
+            a.p.post_send(qa, &[w]).unwrap();
+        }
+        for i in 0..N {
+            let wc = b.wc();
+            assert_eq!(
+                (wc.wr_id, wc.status, wc.byte_len),
+                (i, WcStatus::Success, LEN)
+            );
+            let got = b.buf.to_vec((i * LEN as u64) as usize, LEN as usize);
+            assert!(got.iter().all(|&x| x == i as u8 ^ 0x5a), "message {i}");
+        }
+        for i in 0..N {
+            let wc = a.wc();
+            assert_eq!((wc.wr_id, wc.status), (i, WcStatus::Success));
+        }
+        let c = p.counters(Guid(0xa1)).unwrap();
+        assert!(c.retransmits > 0, "{c:?}");
+        assert!(c.tx_packets > N, "{c:?}");
+        let r = p.counters(Guid(0xb2)).unwrap();
+        assert!(
+            r.out_of_sequence + r.duplicates > 0 || c.timeouts > 0,
+            "{r:?} {c:?}"
+        );
+    }
 }
