@@ -5,7 +5,8 @@
 # 8 MiB of verified random 4 KiB reads and writes on LUN 0 (writes as SRP
 # immediate data), then 8 MiB at 64 KiB (writes fetched by RDMA READ), and
 # logs out after each; then 4 MiB and 8 MiB transfers verified, `srp luns`
-# shows LIO's LUN, and `srp fuse` serves it as a file that fio verifies.
+# shows LIO's LUN, LIO accepts our LOGICAL UNIT RESET, and `srp fuse`
+# serves the LUN as a file that fio verifies.
 # Needs the binary: cargo build --release -p srpstack (SRP_CLI overrides).
 
 SCENARIO_VMS=("a 11 target")
@@ -59,6 +60,10 @@ host_main() {
     ns_run 60 "$SRP_CLI" luns --dest 10.77.0.11:$SRP_PORT --ip 10.77.0.2 --mtu 1024 \
       --id-ext $LIO_GUID --ioc-guid $LIO_GUID | tee "$RUN_DIR/luns.txt"
     grep -q "LUN 0 .*LIO-ORG" "$RUN_DIR/luns.txt" || { ok=0; echo "srp luns did not show LIO's LUN 0"; }
+  fi
+  if [ $ok = 1 ]; then
+    ns_run 60 "$SRP_CLI" reset --dest 10.77.0.11:$SRP_PORT --ip 10.77.0.2 --mtu 1024 \
+      --id-ext $LIO_GUID --ioc-guid $LIO_GUID --lun 0 || { ok=0; echo "LIO refused our LUN reset"; }
   fi
   # The FUSE mount lives in the namespace's own mount namespace, so fio
   # runs in the same `ip netns exec`.

@@ -177,13 +177,27 @@ impl Disk {
         xfer: Xfer<'_>,
         what: &str,
     ) -> io::Result<CmdResult> {
-        let r = session
-            .execute(lun, cdb, xfer)
-            .map_err(|e| io_err(what, e))?;
-        if !r.good() {
-            return Err(io::Error::other(format!("{what}: {}", describe(&r))));
+        // As the SCSI midlayer does: a command ended by a reset, or
+        // refused with a unit attention (the reset's, a LUN inventory or
+        // capacity change), is sent again, a bounded number of times.
+        let mut tries = 0;
+        loop {
+            let r = session
+                .execute(lun, cdb, xfer.clone())
+                .map_err(|e| io_err(what, e))?;
+            if r.good() {
+                return Ok(r);
+            }
+            let retry = match r.status {
+                Status::Reset => true,
+                Status::Scsi(0x02) => sense_triple(&r.sense).0 == 0x6,
+                _ => false,
+            };
+            tries += 1;
+            if !retry || tries > 5 {
+                return Err(io::Error::other(format!("{what}: {}", describe(&r))));
+            }
         }
-        Ok(r)
     }
 
     /// INQUIRY and capacity.

@@ -18,7 +18,7 @@ use rdma_types::{WcOpcode, WcStatus};
 use srp::initiator::{
     Channel, ChannelConfig, Command, Completion, Data, Event, Negotiated, Output, SendId, Status,
 };
-use srp::wire::{DirectBuf, Lun, Tag, TaskAttr};
+use srp::wire::{DirectBuf, Lun, Tag, TaskAttr, TmFunc};
 use std::collections::{HashMap, VecDeque};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -148,6 +148,9 @@ pub enum SessionError {
     /// The session is closed.
     #[error("session closed")]
     Closed,
+    /// A task management request failed.
+    #[error("task management: {0}")]
+    TaskMgmt(srp::initiator::TmfFailure),
     /// A thread could not be started.
     #[error("cannot start a thread: {0}")]
     Thread(#[from] std::io::Error),
@@ -201,6 +204,8 @@ pub struct SessionStats {
     pub aers: u64,
     /// Protocol errors seen.
     pub protocol_errors: u64,
+    /// Commands ended by a LUN reset or reconnect (`Status::Reset`).
+    pub reset_ended: u64,
 }
 
 /// One logged-in SRP channel.
@@ -252,6 +257,9 @@ struct State {
     /// Pool pages in use.
     pages: Vec<bool>,
     events: VecDeque<Event>,
+    /// Task management requests finished, and the last one's outcome.
+    tmfs_done: u64,
+    last_tmf: Option<(TmFunc, Result<(), srp::initiator::TmfFailure>)>,
     stats: SessionStats,
     closed: bool,
 }
@@ -511,6 +519,8 @@ impl Session {
                 done: HashMap::new(),
                 pages: vec![false; pages],
                 events: VecDeque::new(),
+                tmfs_done: 0,
+                last_tmf: None,
                 stats: SessionStats::default(),
                 closed: false,
             }),
@@ -679,6 +689,42 @@ impl Session {
             data: out,
             residual: completion.data_in_residual,
         })
+    }
+
+    /// LOGICAL UNIT RESET of `lun` (what `sg_reset --device` asks of
+    /// ib_srp); waits for the target's answer. Commands of the LUN still
+    /// outstanding end with `Status::Reset` (callers such as
+    /// [`crate::disk::Disk`] retry them).
+    pub fn reset_lun(&self, lun: Lun) -> Result<(), SessionError> {
+        let inner = &self.inner;
+        let mut st = inner.lock();
+        let before = loop {
+            if st.closed {
+                return Err(SessionError::Closed);
+            }
+            let seen = st.tmfs_done;
+            let now = inner.now();
+            match st.channel.reset_lun(now, lun) {
+                Ok(()) => break seen,
+                Err(srp::initiator::SubmitError::Recovering) => {
+                    st = inner.cv.wait(st).unwrap_or_else(|e| e.into_inner());
+                }
+                Err(e) => return Err(e.into()),
+            }
+        };
+        inner.flush_outputs(&mut st);
+        let _ = inner.events.lock().map(|tx| tx.send(Ev::Kick));
+        loop {
+            if st.tmfs_done > before {
+                if let Some((TmFunc::LogicalUnitReset, result)) = st.last_tmf {
+                    return result.map_err(SessionError::TaskMgmt);
+                }
+            }
+            if st.closed {
+                return Err(SessionError::Closed);
+            }
+            st = inner.cv.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
     }
 
     /// Logs out: disconnects (ib_srp sends no SRP_I_LOGOUT either) and
@@ -968,12 +1014,19 @@ impl Inner {
         self.flush_outputs(st);
         while let Some(c) = st.channel.poll_completion() {
             st.stats.completed += 1;
+            if c.status == Status::Reset {
+                st.stats.reset_ended += 1;
+            }
             st.done.insert(c.tag, c);
         }
         while let Some(e) = st.channel.poll_event() {
             match &e {
                 Event::TimedOut { .. } => st.stats.timeouts += 1,
                 Event::TaskMgmtSent { .. } => st.stats.tmfs += 1,
+                Event::TaskMgmtDone { func, result, .. } => {
+                    st.tmfs_done += 1;
+                    st.last_tmf = Some((*func, *result));
+                }
                 Event::Aer { .. } => st.stats.aers += 1,
                 Event::Protocol(_) => st.stats.protocol_errors += 1,
                 Event::TargetLogout(_) => {
@@ -986,7 +1039,6 @@ impl Inner {
                     );
                     self.lost(st);
                 }
-                _ => {}
             }
             if st.events.len() < 1024 {
                 st.events.push_back(e);

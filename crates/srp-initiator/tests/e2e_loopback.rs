@@ -224,3 +224,46 @@ fn over_soft_roce_verified_io_and_large_transfers() {
     assert!(r.ok(), "{}", r.table());
     assert!(r.verified_bytes > 0, "{}", r.table());
 }
+
+/// LOGICAL UNIT RESET while a verified workload runs (what `sg_reset
+/// --device` does under fio): the target aborts the LUN's commands, the
+/// disk sends them again, and no data is lost or misplaced.
+#[test]
+fn lun_reset_during_verified_io() {
+    let s = setup(32 << 20);
+    let sess = session(&s, SessionConfig::new(s.chan.clone()));
+    let disk: Arc<dyn blockload::BlockDevice> = Arc::new(Disk::open(sess.clone(), 0).unwrap());
+    let mut w = blockload::Workload::new(blockload::Pattern::RandRw { read_pct: 50 });
+    w.jobs = 8;
+    w.verify = true;
+    w.region = Some(8 << 20);
+    w.size = Some(48 << 20);
+    w.runtime = std::time::Duration::from_secs(120);
+    let run = std::thread::spawn(move || blockload::run(disk, &w, |_| {}).unwrap());
+    let lun = srp::wire::Lun::from_u64(0);
+    let mut resets = 0;
+    while !run.is_finished() && resets < 10 {
+        // Each reset after more commands have completed, so it lands in
+        // the middle of the workload rather than in a burst.
+        let done = sess.stats().completed;
+        while sess.stats().completed < done + 200 && !run.is_finished() {
+            std::thread::yield_now();
+        }
+        if run.is_finished() {
+            break;
+        }
+        sess.reset_lun(lun).expect("LUN reset");
+        resets += 1;
+    }
+    let r = run.join().unwrap();
+    assert!(r.ok(), "{}", r.table());
+    assert!(r.verified_bytes > 4 << 20, "{}", r.table());
+    assert!(
+        resets >= 3,
+        "only {resets} resets landed during the workload"
+    );
+    let st = sess.stats();
+    assert!(st.tmfs >= resets, "{st:?}");
+    // The resets did cut commands short, and the disk sent them again.
+    assert!(st.reset_ended > 0, "{st:?}");
+}

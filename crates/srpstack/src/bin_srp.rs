@@ -114,6 +114,13 @@ enum Cmd {
         #[arg(long)]
         read_only: bool,
     },
+    /// Send LOGICAL UNIT RESET to a LUN and report the target's answer.
+    Reset {
+        #[command(flatten)]
+        login: Login,
+        #[arg(long, default_value_t = 0)]
+        lun: u16,
+    },
     /// List the LUNs the target shows this initiator (REPORT LUNS, then
     /// INQUIRY and READ CAPACITY of each).
     Luns {
@@ -277,6 +284,20 @@ fn run(cmd: Cmd) -> Result<bool, String> {
             let st = handle.stats();
             handle.shutdown();
             println!("srp: signal {sig}: NBD stopped after {st:?}");
+            Ok(true)
+        }
+        Cmd::Reset { login: l, lun } => {
+            let session = login(&l)?;
+            // Past the new nexus's unit attentions first, as a real user is.
+            srp_initiator::disk::Disk::open(session.clone(), lun)
+                .map_err(|e| format!("open LUN {lun}: {e}"))?;
+            session
+                .reset_lun(srp::wire::Lun::from_u64((lun as u64) << 48))
+                .map_err(|e| format!("LOGICAL UNIT RESET of LUN {lun}: {e}"))?;
+            println!(
+                "srp: LOGICAL UNIT RESET of LUN {lun} at {}: function complete",
+                l.dest
+            );
             Ok(true)
         }
         Cmd::Luns { login: l, json } => {

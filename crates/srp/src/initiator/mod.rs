@@ -343,6 +343,26 @@ impl Channel {
         })
     }
 
+    /// Sends LOGICAL UNIT RESET for `lun` at the user's request (what
+    /// `sg_reset --device` makes ib_srp do). On success every unanswered
+    /// command of the LUN ends with [`Status::Reset`]; on failure the
+    /// channel escalates to a reconnect, as after a failed reset of the
+    /// error handler. The result arrives as [`Event::TaskMgmtDone`].
+    ///
+    /// # Errors
+    /// [`SubmitError::NotLoggedIn`], or [`SubmitError::Recovering`] while
+    /// another task management request is in flight.
+    pub fn reset_lun(&mut self, now: Instant, lun: Lun) -> Result<(), SubmitError> {
+        if self.state != State::Live {
+            return Err(SubmitError::NotLoggedIn);
+        }
+        if self.tmf.is_some() {
+            return Err(SubmitError::Recovering);
+        }
+        self.start_tmf(now, TmFunc::LogicalUnitReset, lun, Tag(0));
+        Ok(())
+    }
+
     /// Queue one SCSI command; returns its tag.
     ///
     /// # Errors
