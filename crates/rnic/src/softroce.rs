@@ -753,7 +753,7 @@ impl Provider for SoftRoce {
             }
             None => {
                 let addr = SocketAddr::new(cfg.ip, self.udp_port);
-                let mut ncfg = NodeConfig::new(addr);
+                let mut ncfg = NodeConfig::new(addr).with_random_first_qpn();
                 ncfg.faults = self
                     .faults
                     .lock()

@@ -22,6 +22,8 @@ pub struct NodeConfig {
     pub capture: Option<PathBuf>,
     /// Inject faults on the send path.
     pub faults: Option<FaultConfig>,
+    /// The first QP number handed out (after QP0/QP1).
+    pub first_qpn: u32,
 }
 
 impl NodeConfig {
@@ -31,7 +33,22 @@ impl NodeConfig {
             bind,
             capture: None,
             faults: None,
+            first_qpn: 0x11,
         }
+    }
+
+    /// Starts QP numbers at a place that differs from process to process.
+    /// A peer's IB CM remembers (CA GUID, QPN) of connections in timewait
+    /// and rejects a REQ that repeats one as a stale connection (IBA
+    /// 12.9.8.3.1); a restarted process that numbered its QPs from 0x11
+    /// again would be refused for the whole timewait.
+    pub fn with_random_first_qpn(mut self) -> NodeConfig {
+        use std::hash::{BuildHasher, Hasher};
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u32(std::process::id());
+        // 0x100..0x800000: room to count up without wrapping soon.
+        self.first_qpn = 0x100 + (h.finish() % 0x7f_ff00) as u32;
+        self
     }
 }
 
@@ -134,7 +151,7 @@ impl Node {
             local,
             qps: BTreeMap::new(),
             reserved: std::collections::BTreeSet::new(),
-            next_qpn: 0x11,
+            next_qpn: (cfg.first_qpn & Qpn::MASK).max(2),
             ahs: Vec::new(),
             waker: Arc::new(Waker::new()?),
             pcap,

@@ -324,3 +324,25 @@ fn rc_traffic_over_ipv6() {
     assert_eq!(sa.rx_bad_icrc + sb.rx_bad_icrc + sa.rx_ipv4_id_recovered, 0);
     assert!(sb.rx_delivered > 8, "{sb:?}");
 }
+
+#[test]
+fn qp_numbers_start_where_the_config_says() {
+    let addr = "127.0.0.1:0".parse().unwrap();
+    let mut n = Node::bind(NodeConfig::new(addr)).unwrap();
+    assert_eq!(n.reserve_qpn().value(), 0x11);
+    let cfg = NodeConfig::new(addr).with_random_first_qpn();
+    assert!(
+        (0x100..0x80_0000).contains(&cfg.first_qpn),
+        "{:#x}",
+        cfg.first_qpn
+    );
+    let first = cfg.first_qpn;
+    let mut n = Node::bind(cfg).unwrap();
+    assert_eq!(n.reserve_qpn().value(), first);
+    assert_eq!(n.reserve_qpn().value(), first + 1);
+    // Two processes (here: two draws) rarely start at the same number.
+    let draws: std::collections::HashSet<u32> = (0..8)
+        .map(|_| NodeConfig::new(addr).with_random_first_qpn().first_qpn)
+        .collect();
+    assert!(draws.len() > 1, "{draws:?}");
+}
