@@ -15,7 +15,8 @@
 //!   inside a block does read-modify-write of those edge blocks while
 //!   holding the device's lock exclusively (whole-block writes hold it
 //!   shared), so concurrent unaligned writes to one block are not lost.
-//!   Large transfers are split at [`Options::max_io`].
+//!   Large transfers are split at [`Options::max_io`]. The mechanics are
+//!   [`blockload::bytes::ByteView`], shared with the NBD server.
 //! - `fsync` always, and `flush` (each `close`) of a descriptor opened for
 //!   writing, call [`BlockDevice::flush`] (SYNCHRONIZE CACHE).
 //! - `fallocate(PUNCH_HOLE|KEEP_SIZE)` unmaps the whole blocks of the range

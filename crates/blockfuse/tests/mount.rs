@@ -512,7 +512,12 @@ fn run_fio(path: &Path, engine: &str, depth: u32) -> serde_json::Value {
             .args(["--rw=randrw", "--bs=4k", "--size=16m", "--direct=1"])
             .arg(format!("--ioengine={engine}"))
             .arg(format!("--iodepth={depth}"))
-            .args(["--verify=crc32c", "--do_verify=1", "--verify_fatal=1", "--verify_state_save=0"])
+            .args([
+                "--verify=crc32c",
+                "--do_verify=1",
+                "--verify_fatal=1",
+                "--verify_state_save=0",
+            ])
             .args(["--randrepeat=1", "--output-format=json"]),
         Duration::from_secs(300),
     );

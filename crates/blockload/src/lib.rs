@@ -16,9 +16,14 @@
 //! job never wrote are not checked; [`Report::verified_bytes`] says how much
 //! was.
 //!
+//! [`bytes::ByteView`] shows a device as bytes: unaligned ranges become
+//! read-modify-write of the edge blocks, safe under concurrent writers.
+//! The NBD server and the FUSE file system both sit on it.
+//!
 //! What it refuses: block sizes that are not a multiple of 512 bytes or of
 //! the device's block size, regions outside the device, unbounded runs.
 
+pub mod bytes;
 mod stamp;
 
 pub use stamp::{check_unit, fill_unit, Mismatch, UNIT};
@@ -611,6 +616,9 @@ fn merge(w: &Workload, results: Vec<JobResult>, seconds: f64) -> Report {
 pub struct RamDevice {
     block_size: u32,
     data: std::sync::RwLock<Vec<u8>>,
+    can_unmap: bool,
+    yield_after_read: bool,
+    flushes: AtomicU64,
 }
 
 impl RamDevice {
@@ -619,7 +627,34 @@ impl RamDevice {
         RamDevice {
             block_size,
             data: std::sync::RwLock::new(vec![0; (block_size as u64 * blocks) as usize]),
+            can_unmap: true,
+            yield_after_read: false,
+            flushes: AtomicU64::new(0),
         }
+    }
+
+    /// The same device answering `unmap` with `Unsupported`, like a disk
+    /// without thin provisioning.
+    pub fn without_unmap(self) -> RamDevice {
+        RamDevice {
+            can_unmap: false,
+            ..self
+        }
+    }
+
+    /// The same device giving up the CPU after each read, so that a
+    /// read-modify-write racing another write loses it in tests rather
+    /// than once in a blue moon.
+    pub fn yielding_reads(self) -> RamDevice {
+        RamDevice {
+            yield_after_read: true,
+            ..self
+        }
+    }
+
+    /// How many times `flush` was called.
+    pub fn flushes(&self) -> u64 {
+        self.flushes.load(Ordering::SeqCst)
     }
     fn range(&self, lba: u64, len: usize) -> io::Result<std::ops::Range<usize>> {
         let start = lba
@@ -647,6 +682,9 @@ impl BlockDevice for RamDevice {
     fn read_at(&self, lba: u64, buf: &mut [u8]) -> io::Result<()> {
         let r = self.range(lba, buf.len())?;
         buf.copy_from_slice(&self.data.read().unwrap()[r]);
+        if self.yield_after_read {
+            std::thread::yield_now();
+        }
         Ok(())
     }
     fn write_at(&self, lba: u64, buf: &[u8]) -> io::Result<()> {
@@ -654,7 +692,17 @@ impl BlockDevice for RamDevice {
         self.data.write().unwrap()[r].copy_from_slice(buf);
         Ok(())
     }
+    fn flush(&self) -> io::Result<()> {
+        self.flushes.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
     fn unmap(&self, lba: u64, blocks: u64) -> io::Result<()> {
+        if !self.can_unmap {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "unmap not supported",
+            ));
+        }
         let len = usize::try_from(blocks.saturating_mul(self.block_size as u64))
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "unmap range too large"))?;
         let r = self.range(lba, len)?;

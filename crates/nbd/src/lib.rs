@@ -15,7 +15,8 @@
 //!   machine: feed it exactly [`handshake::Handshake::want`] bytes, write
 //!   out what it appends, stop when it says so.
 //! - [`transmission`]: one request in, one simple reply out, against a
-//!   byte-addressed [`volume::Volume`] that turns unaligned requests into
+//!   byte-addressed [`volume::Volume`] (NBD's policies over
+//!   [`blockload::bytes::ByteView`]) that turns unaligned requests into
 //!   read-modify-write of the edge blocks.
 //! - [`server`]: sockets and threads. One thread per connection, replies
 //!   in request order; pipelined requests are read from a buffer and their
