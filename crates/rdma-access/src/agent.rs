@@ -399,6 +399,24 @@ impl CmAgent {
         self.inner.kick();
     }
 
+    /// Disconnects and waits, at most `within`, for the DREP (or the DREQ
+    /// to time out): a process about to exit has then really told the
+    /// peer, which otherwise keeps the connection and rejects the next
+    /// login from the same CA as stale. True if the DREP came.
+    pub fn disconnect_wait(&self, conn: ConnId, within: std::time::Duration) -> bool {
+        self.disconnect(conn);
+        let end = std::time::Instant::now() + within;
+        loop {
+            if self.state(conn) != rdma_cm::ConnState::DreqSent {
+                return true;
+            }
+            if std::time::Instant::now() >= end {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+    }
+
     /// The state of a connection.
     pub fn state(&self, conn: ConnId) -> rdma_cm::ConnState {
         self.inner.lock().cm.state(conn)

@@ -361,7 +361,12 @@ impl Connector for RdmaCmConnector {
     }
 
     fn disconnect(&self, handle: u64) {
-        self.agent.disconnect(rdma_access::ConnId(handle as u32));
+        // Wait for the DREP: `srp` exits right after, and a peer that
+        // never heard the DREQ rejects the next login as stale.
+        self.agent.disconnect_wait(
+            rdma_access::ConnId(handle as u32),
+            std::time::Duration::from_secs(2),
+        );
     }
 
     fn form(&self) -> LoginForm {
