@@ -41,6 +41,10 @@ struct Login {
     /// Path MTU in bytes (1024 on a 1500-byte Ethernet link).
     #[arg(long, default_value_t = 4096)]
     mtu: usize,
+    /// Log in by IB CM to this service ID (hex; ib_srpt listens on its
+    /// ioc_guid) at dest's address, instead of by RDMA CM to dest's port.
+    #[arg(long, value_parser = hex64)]
+    service_id: Option<u64>,
 }
 
 #[derive(Subcommand)]
@@ -149,12 +153,21 @@ fn login(l: &Login) -> Result<Arc<srp_initiator::session::Session>, String> {
     );
     let agent = rdma_access::CmAgent::start(provider.clone(), guid, std::process::id() << 8)
         .map_err(|e| format!("start the CM agent on {}: {e}", l.ip))?;
-    let connector = Arc::new(srpstack::RdmaCmConnector {
-        agent,
-        src: l.ip,
-        dst: l.dest,
-        timeout: Duration::from_secs(10),
-    });
+    let timeout = Duration::from_secs(10);
+    let connector: Arc<dyn srp_initiator::session::Connector> = match l.service_id {
+        Some(service_id) => Arc::new(srpstack::IbCmConnector {
+            agent,
+            dgid: rdma_types::Gid::from_ip(l.dest.ip()),
+            service_id,
+            timeout,
+        }),
+        None => Arc::new(srpstack::RdmaCmConnector {
+            agent,
+            src: l.ip,
+            dst: l.dest,
+            timeout,
+        }),
+    };
     let chan =
         srp::initiator::ChannelConfig::new(l.initiator_ext, guid, l.id_ext, Guid(l.ioc_guid));
     srp_initiator::session::Session::connect(

@@ -130,10 +130,15 @@ fn run(a: &Args) -> Result<(), String> {
     let lun0 = cfg.luns.iter().find(|l| *l.lun.get_ref() == 0);
     // Scripts wait for this line.
     println!(
-        "srptd: target {} listening on {}:{} (RDMA CM), {} devices, {} default LUNs{}, {} groups, id_ext {:016x} ioc_guid {:016x}, control {}",
+        "srptd: target {} listening on {}:{} (RDMA CM){}, {} devices, {} default LUNs{}, {} groups, id_ext {:016x} ioc_guid {:016x}, control {}",
         daemon.port().name(),
         ip,
         cm_port,
+        if cfg.target.ib_cm {
+            format!(" and IB CM service ID {:016x}", srpstack::TARGET_GUID)
+        } else {
+            String::new()
+        },
         cfg.devices.len(),
         cfg.luns.len(),
         lun0.map(|l| format!(" (LUN 0 {})", l.device.get_ref())).unwrap_or_default(),

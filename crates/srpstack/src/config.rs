@@ -54,6 +54,8 @@ pub struct TargetSection {
     pub ip: Spanned<IpAddr>,
     pub udp_port: u16,
     pub rdma_cm_port: u16,
+    /// Also take logins by IB CM on the service ID = ioc_guid (ib_srpt).
+    pub ib_cm: bool,
     pub enabled: bool,
     pub rel_tgt_id: Spanned<u16>,
     /// Partition key; the soft RoCE NIC has only the default partition.
@@ -77,6 +79,7 @@ impl Default for TargetSection {
             ip: Spanned::new(0..0, IpAddr::from([127, 0, 0, 1])),
             udp_port: 4791,
             rdma_cm_port: 5555,
+            ib_cm: true,
             enabled: true,
             rel_tgt_id: Spanned::new(0..0, 1),
             pkey: Spanned::new(0..0, 0xffff),

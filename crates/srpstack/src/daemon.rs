@@ -177,7 +177,7 @@ impl Daemon {
     pub fn start(
         cfg: Config,
         cfg_path: Option<PathBuf>,
-        log: impl FnMut(String) + Send + 'static,
+        log: impl Fn(String) + Send + Sync + 'static,
     ) -> Result<Arc<Daemon>, String> {
         let t = &cfg.target;
         let guid = Guid(crate::TARGET_GUID);
@@ -235,7 +235,12 @@ impl Daemon {
         );
         let agent = rdma_access::CmAgent::start(provider, guid, std::process::id() << 8)
             .map_err(|e| format!("start the CM agent on {}: {e}", t.ip.get_ref()))?;
-        crate::serve_rdma_cm(agent, port.clone(), t.rdma_cm_port, log);
+        let listen = crate::Listen {
+            rdma_cm_port: Some(t.rdma_cm_port),
+            // ib_srpt listens on the ioc_guid.
+            ib_service_id: t.ib_cm.then_some(guid.0),
+        };
+        crate::serve_cm(agent, port.clone(), listen, Arc::new(log));
         Ok(Arc::new(Daemon {
             cfg: Mutex::new(cfg),
             cfg_path,
@@ -353,6 +358,7 @@ impl Daemon {
             "ip": t.ip.get_ref().to_string(),
             "udp_port": t.udp_port,
             "rdma_cm_port": t.rdma_cm_port,
+            "ib_cm_service_id": t.ib_cm.then(|| format!("{:016x}", self.guid.0)),
             "enabled": self.port.enabled(),
             "rel_tgt_id": t.rel_tgt_id.get_ref(),
             "srp_max_req_size": t.srp_max_req_size.get_ref(),

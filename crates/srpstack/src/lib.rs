@@ -374,20 +374,89 @@ impl Connector for RdmaCmConnector {
     }
 }
 
-/// Serves SRP logins arriving by RDMA CM on `port` for `target` until the
-/// agent stops: each REQ's login goes to the target port; the REP carries
-/// the SRP_LOGIN_RSP, the REJ the SRP_LOGIN_REJ. Disconnects travel both
-/// ways (DREQ from the initiator closes the channel; a target logout sends
-/// a DREQ).
-pub fn serve_rdma_cm(
+/// Connects through the IB CM to a service ID (ib_srp's `service_id=`;
+/// ib_srpt listens on its ioc_guid): the 64-byte SRP_LOGIN_REQ is the
+/// REQ's private data. On RoCE the port is reached at the GID of its IP
+/// address.
+pub struct IbCmConnector {
+    /// This port's CM agent.
+    pub agent: Arc<rdma_access::CmAgent>,
+    /// The target port's GID.
+    pub dgid: rdma_types::Gid,
+    /// The service ID.
+    pub service_id: u64,
+    /// How long to wait for the REP.
+    pub timeout: std::time::Duration,
+}
+
+impl Connector for IbCmConnector {
+    fn connect(&self, login: &[u8], local: QpInfo) -> Result<Connected, ConnectError> {
+        match self.agent.connect(
+            self.dgid,
+            self.service_id,
+            local.qpn,
+            local.psn,
+            login.to_vec(),
+            self.timeout,
+        ) {
+            Ok(e) => Ok(Connected {
+                peer: QpInfo {
+                    qpn: e.remote_qpn,
+                    psn: e.remote_psn,
+                    gid: self.dgid,
+                    lid: Lid(0),
+                    mtu: local.mtu,
+                },
+                private_data: e.private_data,
+                handle: e.conn.0 as u64,
+            }),
+            Err(rdma_access::CmError::Rejected {
+                code: 28,
+                private_data,
+                ..
+            }) => Err(ConnectError::Rejected(private_data)),
+            Err(e) => Err(ConnectError::Failed(e.to_string())),
+        }
+    }
+
+    fn disconnect(&self, handle: u64) {
+        self.agent.disconnect_wait(
+            rdma_access::ConnId(handle as u32),
+            std::time::Duration::from_secs(2),
+        );
+    }
+
+    fn form(&self) -> LoginForm {
+        LoginForm::IbCm
+    }
+}
+
+/// Where a target takes logins.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Listen {
+    /// RDMA CM port (ib_srpt's `rdma_cm_port`); the login follows the
+    /// `cma_hdr` in the REQ (Linux ib_srp `dest=ip:port`).
+    pub rdma_cm_port: Option<u16>,
+    /// IB CM service ID (ib_srpt listens on its ioc_guid); the 64-byte
+    /// login is the REQ private data (ib_srp `service_id=`).
+    pub ib_service_id: Option<u64>,
+}
+
+/// A log line sink shared by the CM threads.
+pub type Log = Arc<dyn Fn(String) + Send + Sync>;
+
+/// Serves SRP logins for `target` until the agent stops: each REQ's login
+/// goes to the target port; the REP carries the SRP_LOGIN_RSP, the REJ the
+/// SRP_LOGIN_REJ. Disconnects travel both ways (a DREQ from the initiator
+/// closes the channel; a target logout sends a DREQ).
+pub fn serve_cm(
     agent: Arc<rdma_access::CmAgent>,
     target: Arc<TargetPort>,
-    port: u16,
-    mut log: impl FnMut(String) + Send + 'static,
-) -> std::thread::JoinHandle<()> {
+    listen: Listen,
+    log: Log,
+) -> Vec<std::thread::JoinHandle<()>> {
     use std::collections::HashMap;
     use std::sync::Mutex;
-    let requests = rdma_access::rdmacm::listen(&agent, port);
     // CM connection <-> target connection, both ways.
     let map: Arc<Mutex<HashMap<u32, u64>>> = Arc::new(Mutex::new(HashMap::new()));
     {
@@ -413,39 +482,60 @@ pub fn serve_rdma_cm(
             }
         });
     }
-    std::thread::spawn(move || {
-        while let Ok(inc) = requests.recv() {
-            let req = match rdma_access::rdmacm::decode(inc) {
-                Ok(r) => r,
-                Err((inc, e)) => {
-                    log(format!("refused a request: {e}"));
-                    inc.reject(Vec::new());
-                    continue;
-                }
-            };
-            let peer = PeerQp {
-                qpn: req.incoming.remote_qpn,
-                psn: req.incoming.remote_psn,
-                gid: req.incoming.peer,
-                lid: Lid(0),
-                mtu: req.incoming.mtu,
-            };
-            match target.login(&req.private_data, TargetForm::RdmaCm, peer) {
-                LoginOutcome::Accepted { conn, local, rsp } => {
-                    map.lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .insert(req.incoming.conn.0, conn.0);
-                    req.incoming.accept(local.qpn, local.psn, rsp);
-                    log(format!(
-                        "login from {} accepted (channel {})",
-                        req.src, conn.0
-                    ));
-                }
-                LoginOutcome::Rejected { rej, reason } => {
-                    req.incoming.reject(rej);
-                    log(format!("login from {} rejected: {reason}", req.src));
+    let mut threads = Vec::new();
+    let mut serve = |requests: std::sync::mpsc::Receiver<rdma_access::Incoming>,
+                     form: TargetForm| {
+        let (map, target, log) = (map.clone(), target.clone(), log.clone());
+        threads.push(std::thread::spawn(move || {
+            while let Ok(inc) = requests.recv() {
+                // RDMA CM: the login follows the cma_hdr; IB CM: it is the
+                // private data itself.
+                let (inc, data, src) = match form {
+                    TargetForm::RdmaCm => match rdma_access::rdmacm::decode(inc) {
+                        Ok(r) => (r.incoming, r.private_data, r.src.to_string()),
+                        Err((inc, e)) => {
+                            log(format!("refused a request: {e}"));
+                            inc.reject(Vec::new());
+                            continue;
+                        }
+                    },
+                    TargetForm::IbCm => {
+                        let data = inc.private_data.clone();
+                        let src = format!("GID {} (IB CM)", inc.peer);
+                        (inc, data, src)
+                    }
+                };
+                let peer = PeerQp {
+                    qpn: inc.remote_qpn,
+                    psn: inc.remote_psn,
+                    gid: inc.peer,
+                    lid: Lid(0),
+                    mtu: inc.mtu,
+                };
+                match target.login(&data, form, peer) {
+                    LoginOutcome::Accepted { conn, local, rsp } => {
+                        map.lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .insert(inc.conn.0, conn.0);
+                        inc.accept(local.qpn, local.psn, rsp);
+                        log(format!("login from {src} accepted (channel {})", conn.0));
+                    }
+                    LoginOutcome::Rejected { rej, reason } => {
+                        inc.reject(rej);
+                        log(format!("login from {src} rejected: {reason}"));
+                    }
                 }
             }
-        }
-    })
+        }));
+    };
+    if let Some(port) = listen.rdma_cm_port {
+        serve(
+            rdma_access::rdmacm::listen(&agent, port),
+            TargetForm::RdmaCm,
+        );
+    }
+    if let Some(sid) = listen.ib_service_id {
+        serve(agent.listen(sid), TargetForm::IbCm);
+    }
+    threads
 }

@@ -19,9 +19,9 @@ fn quickstart_exports_a_lun_verifies_io_and_cleans_up() {
         "--runtime",
         "1",
         "--target-ip",
-        "127.0.91.1",
+        "127.0.90.1",
         "--initiator-ip",
-        "127.0.91.2",
+        "127.0.90.2",
     ]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
@@ -33,9 +33,9 @@ fn quickstart_exports_a_lun_verifies_io_and_cleans_up() {
         text.contains("provider     softroce: RoCEv2 over UDP"),
         "{text}"
     );
-    // Target name: the port GID (IPv4-mapped 127.0.91.1) with colons.
+    // Target name: the port GID (IPv4-mapped 127.0.90.1) with colons.
     assert!(
-        text.contains("target       0000:0000:0000:0000:0000:ffff:7f00:5b01"),
+        text.contains("target       0000:0000:0000:0000:0000:ffff:7f00:5a01"),
         "{text}"
     );
     assert!(text.contains("32768 blocks of 512 B (16 MiB)"), "{text}");

@@ -73,4 +73,38 @@ fn login_by_rdma_cm_and_verified_io_between_processes() {
         err.contains("login to 127.0.99.1:5556") && err.contains("invalid service ID"),
         "{err}"
     );
+
+    // The same target by IB CM: service ID = ioc_guid, the 64-byte login
+    // as the REQ private data (ib_srp's service_id=).
+    let out = Command::new(env!("CARGO_BIN_EXE_srp"))
+        .args(["io", "--dest", "127.0.99.1:5555", "--ip", "127.0.99.4"])
+        .args([
+            "--service-id",
+            "0002c90300a00001",
+            "--size",
+            "4194304",
+            "--json",
+        ])
+        .output()
+        .expect("run srp");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON report");
+    assert_eq!(
+        (r["verify_failures"].as_u64(), r["io_errors"].as_u64()),
+        (Some(0), Some(0)),
+        "{r}"
+    );
+    assert!(r["verified_bytes"].as_u64().unwrap() > 0, "{r}");
+    let out = Command::new(env!("CARGO_BIN_EXE_srp"))
+        .args(["io", "--dest", "127.0.99.1:5555", "--ip", "127.0.99.5"])
+        .args(["--service-id", "1234"])
+        .output()
+        .expect("run srp");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("invalid service ID"), "{err}");
 }
