@@ -13,6 +13,8 @@
 //! Large transfers (4 and 8 MiB, cmd_sg_entries 1 and 255, discontiguous
 //! buffers) are covered by `srp-initiator/tests/e2e_loopback.rs`.
 
+mod common;
+
 use blockload::BlockDevice;
 use rdma_types::{AccessFlags, Guid, Lid, PortNum, Psn, QpState, QpType, WcOpcode, WcStatus};
 use rnic::softroce::{FaultConfig, SoftCa, SoftRoce, ROCE_PORT};
@@ -716,7 +718,12 @@ fn rogue_initiator_garbage_next_to_verified_io() {
         ),
         (
             "SRP_LOGIN_REQ on the channel",
-            login_bytes(&valid),
+            {
+                let mut b = vec![0u8; 64];
+                valid.emit(&mut b).unwrap();
+                assert_eq!(b[0], 0x00, "SRP_LOGIN_REQ opcode");
+                b
+            },
             Expect::Logout(Some(TLogoutReason::InvalidIuType)),
         ),
         ("empty IU", Vec::new(), Expect::Logout(None)),
@@ -977,4 +984,94 @@ fn lun_1_added_and_removed_under_verified_io() {
         good.stats().aers - aers
     );
     assert!(!good.is_closed());
+}
+
+/// `srptd` in its own process gets absurd logins through RDMA CM (wrong
+/// sizes, garbage, wrong target), refuses each with a REJ, and then serves
+/// a verified `srp io` from another process.
+#[test]
+fn srptd_refuses_absurd_cm_logins_then_serves_verified_io() {
+    let sock = std::env::temp_dir().join(format!("srptd-rel-{}.sock", std::process::id()));
+    let d = common::Proc::start(
+        "srptd",
+        std::process::Command::new(env!("CARGO_BIN_EXE_srptd"))
+            .args([
+                "--ip",
+                "127.0.92.101",
+                "--ram-mib",
+                "16",
+                "--control-socket",
+            ])
+            .arg(&sock),
+    );
+    d.wait_line("listening on", 20);
+    let ip: std::net::IpAddr = "127.0.92.102".parse().unwrap();
+    let guid = Guid(0x0002_c903_00b0_0992);
+    let p = SoftRoce::new(vec![SoftCa { guid, ip }], ROCE_PORT);
+    let agent = rdma_access::CmAgent::start(p.clone(), guid, 0x9200).unwrap();
+    let cm = srpstack::RdmaCmConnector {
+        agent,
+        src: ip,
+        dst: "127.0.92.101:5555".parse().unwrap(),
+        timeout: Duration::from_secs(5),
+    };
+    let me = srp_initiator::session::QpInfo {
+        qpn: rdma_types::Qpn::from_bits(0x123),
+        psn: Psn::new(0x42),
+        gid: rdma_types::Gid::from_ip(ip),
+        lid: Lid(0),
+        mtu: rdma_types::Mtu::Mtu1024,
+    };
+    // A login for another target port (srptd's ID is not known here); the
+    // CM pads the private data, so short ones arrive zero-filled.
+    let valid = {
+        let mut c = ChannelConfig::new(0x92, guid, 0x1, Guid(0x2));
+        c.can_queue = 16;
+        srp::initiator::Channel::new(c)
+            .unwrap()
+            .login_request()
+            .unwrap()
+    };
+    let mut logins: Vec<(&str, Vec<u8>)> = vec![
+        ("empty", Vec::new()),
+        ("one byte", vec![0]),
+        ("all ones", vec![0xff; 56]),
+        ("truncated", login_bytes(&valid)[..24].to_vec()),
+        ("another target's port", login_bytes(&valid)),
+    ];
+    for len in [0u32, 1, u32::MAX] {
+        let mut l = valid;
+        l.req_it_iu_len = len;
+        logins.push(("absurd IU length", login_bytes(&l)));
+    }
+    for (what, bytes) in &logins {
+        use srp_initiator::session::{ConnectError, Connector};
+        match cm.connect(bytes, me) {
+            Err(ConnectError::Rejected(rej)) => {
+                let parsed = srp::wire::LoginRej::parse(&rej);
+                println!("{what}: REJ {parsed:?}");
+                assert!(parsed.is_ok(), "{what}: REJ without an SRP_LOGIN_REJ");
+            }
+            Err(ConnectError::Failed(e)) => panic!("{what}: {e}"),
+            Ok(c) => panic!("{what}: accepted {c:?}"),
+        }
+    }
+    drop(cm);
+    // Still up, and serving: verified I/O from another process.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_srp"))
+        .args(["io", "--dest", "127.0.92.101:5555", "--ip", "127.0.92.103"])
+        .args(["--size", "8388608", "--region", "2097152", "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["verify_failures"], 0, "{r}");
+    assert_eq!(r["io_errors"], 0, "{r}");
+    assert!(r["verified_bytes"].as_u64().unwrap() > 0, "{r}");
+    drop(d);
+    let _ = std::fs::remove_file(&sock);
 }
