@@ -1075,3 +1075,90 @@ fn srptd_refuses_absurd_cm_logins_then_serves_verified_io() {
     drop(d);
     let _ = std::fs::remove_file(&sock);
 }
+
+fn srptd_on(ip: &str, sock: &std::path::Path) -> common::Proc {
+    let d = common::Proc::start(
+        "srptd",
+        std::process::Command::new(env!("CARGO_BIN_EXE_srptd"))
+            .args(["--ip", ip, "--ram-mib", "16", "--control-socket"])
+            .arg(sock),
+    );
+    d.wait_line("listening on", 20);
+    d
+}
+
+/// Commands the target has accepted from all its sessions (`srptadm`).
+fn target_commands(sock: &std::path::Path) -> u64 {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_srptadm"))
+        .arg("--socket")
+        .arg(sock)
+        .args(["--json", "sessions"])
+        .output()
+        .unwrap();
+    if !out.status.success() {
+        return 0;
+    }
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    v.as_array()
+        .map(|a| a.iter().filter_map(|s| s["commands"].as_u64()).sum())
+        .unwrap_or(0)
+}
+
+/// `srptd` killed (SIGKILL) under a running `srp io`: the initiator
+/// reports the failure in bounded time instead of success or a hang; a
+/// restarted `srptd` on the same address serves verified I/O. (The
+/// session does not reconnect by itself; a new login is needed.)
+#[test]
+fn srptd_killed_under_io_initiator_fails_cleanly_and_restart_serves() {
+    let sock = std::env::temp_dir().join(format!("srptd-kill-{}.sock", std::process::id()));
+    let mut d = srptd_on("127.0.93.101", &sock);
+    let io = |ip: &str, size: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_srp"))
+            .args(["io", "--dest", "127.0.93.101:5555", "--ip", ip])
+            .args(["--size", size, "--region", "2097152", "--json"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    // Far more than it can move before the kill.
+    let mut victim = io("127.0.93.102", "68719476736");
+    wait_until(30, "I/O under way", || target_commands(&sock) > 300);
+    d.child.kill().unwrap();
+    d.child.wait().unwrap();
+    let end = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(s) = victim.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < end, "srp io hangs after the target died");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let out = victim.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    println!("srp io after SIGKILL: {status}: {err}");
+    assert!(
+        !status.success(),
+        "srp io reported success after the target died"
+    );
+    // If it printed a report, it must show the errors and no bad data.
+    if let Ok(r) = serde_json::from_slice::<serde_json::Value>(&out.stdout) {
+        assert_eq!(r["verify_failures"], 0, "{r}");
+        assert!(r["io_errors"].as_u64().unwrap() > 0, "{r}");
+    }
+    drop(d);
+    let _ = std::fs::remove_file(&sock);
+
+    let _d = srptd_on("127.0.93.101", &sock);
+    let out = io("127.0.93.103", "8388608").wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["verify_failures"], 0, "{r}");
+    assert_eq!(r["io_errors"], 0, "{r}");
+    assert!(r["verified_bytes"].as_u64().unwrap() > 0, "{r}");
+    let _ = std::fs::remove_file(&sock);
+}
