@@ -55,5 +55,5 @@ pub use emulation::{Device, DeviceConfig, DeviceStats};
 pub use lun::Lun;
 pub use opcode::Opcode;
 pub use sense::{Asc, Sense, SenseKey};
-pub use target::{GroupMap, LunMaps, Nexus, Residual, ScsiResponse, Status, Target};
+pub use target::{GroupMap, LunMaps, Nexus, Residual, ScsiResponse, Status, Target, TaskAttr};
 pub use task::{Tmf, TmfResponse};

@@ -219,6 +219,45 @@ impl State {
 pub struct Target {
     state: Mutex<State>,
     tasks: Mutex<crate::task::Tasks>,
+    /// Task sets by logical unit (device identity), for task attributes.
+    order: Mutex<HashMap<usize, TaskSet>>,
+    order_cv: std::sync::Condvar,
+}
+
+/// Task attributes (SAM-5 8.6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TaskAttr {
+    /// May run in any order relative to other SIMPLE tasks.
+    #[default]
+    Simple,
+    /// Runs after every older task and before every newer one.
+    Ordered,
+    /// Runs at once, ahead of the enabled tasks.
+    HeadOfQueue,
+    /// Treated as SIMPLE (ACA is not supported: NACA=0 everywhere).
+    Aca,
+}
+
+/// The tasks of one logical unit that entered the task set and have not
+/// ended, by arrival number.
+#[derive(Default)]
+struct TaskSet {
+    next: u64,
+    active: BTreeMap<u64, TaskAttr>,
+}
+
+impl TaskSet {
+    /// Whether task `seq` may start: an ORDERED task waits for every older
+    /// task, any task waits for an older ORDERED one, HEAD OF QUEUE waits
+    /// for nothing (SAM-5 8.6).
+    fn may_start(&self, seq: u64, attr: TaskAttr) -> bool {
+        let mut older = self.active.range(..seq).map(|(_, a)| *a);
+        match attr {
+            TaskAttr::HeadOfQueue => true,
+            TaskAttr::Ordered => older.all(|a| a == TaskAttr::HeadOfQueue),
+            TaskAttr::Simple | TaskAttr::Aca => older.all(|a| a != TaskAttr::Ordered),
+        }
+    }
 }
 
 impl Target {
@@ -385,6 +424,78 @@ impl Target {
         data_out: &[u8],
         expected: u64,
     ) -> ScsiResponse {
+        self.submit_attr(nexus, lun, tag, TaskAttr::Simple, cdb, data_out, expected)
+    }
+
+    /// Tasks in the task set of the logical unit `nexus` reaches at `lun`
+    /// (waiting or running, from every nexus).
+    pub fn task_set_len(&self, nexus: &Nexus, lun: Lun) -> usize {
+        let key = self
+            .lock()
+            .set_for(&nexus.initiator)
+            .get(&lun)
+            .map(|d| Arc::as_ptr(d) as usize);
+        let order = self.order.lock().unwrap_or_else(|e| e.into_inner());
+        key.and_then(|k| order.get(&k))
+            .map_or(0, |s| s.active.len())
+    }
+
+    /// [`Target::submit`] with a task attribute: the command enters the
+    /// logical unit's task set now and starts only when its attribute
+    /// allows (an ORDERED task after every older task, any task after an
+    /// older ORDERED one, HEAD OF QUEUE at once). A task aborted while it
+    /// waits ends with TASK ABORTED without running.
+    #[allow(clippy::too_many_arguments)]
+    pub fn submit_attr(
+        &self,
+        nexus: &Nexus,
+        lun: Lun,
+        tag: u64,
+        attr: TaskAttr,
+        cdb: &[u8],
+        data_out: &[u8],
+        expected: u64,
+    ) -> ScsiResponse {
+        let key = self
+            .lock()
+            .set_for(&nexus.initiator)
+            .get(&lun)
+            .map(|d| Arc::as_ptr(d) as usize);
+        let seq = key.map(|k| {
+            let mut order = self.order.lock().unwrap_or_else(|e| e.into_inner());
+            let set = order.entry(k).or_default();
+            let seq = set.next;
+            set.next += 1;
+            set.active.insert(seq, attr);
+            seq
+        });
+        let r = self.run_in_order(key.zip(seq), attr, nexus, lun, tag, cdb, data_out, expected);
+        if let (Some(k), Some(seq)) = (key, seq) {
+            let mut order = self.order.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(set) = order.get_mut(&k) {
+                set.active.remove(&seq);
+                if set.active.is_empty() {
+                    order.remove(&k);
+                }
+            }
+            drop(order);
+            self.order_cv.notify_all();
+        }
+        r
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn run_in_order(
+        &self,
+        entry: Option<(usize, u64)>,
+        attr: TaskAttr,
+        nexus: &Nexus,
+        lun: Lun,
+        tag: u64,
+        cdb: &[u8],
+        data_out: &[u8],
+        expected: u64,
+    ) -> ScsiResponse {
         let flag = self
             .tasks
             .lock()
@@ -397,6 +508,12 @@ impl Target {
             );
         };
         let aborted = || flag.load(std::sync::atomic::Ordering::SeqCst);
+        if let Some((k, seq)) = entry {
+            let mut order = self.order.lock().unwrap_or_else(|e| e.into_inner());
+            while !aborted() && !order.get(&k).is_none_or(|s| s.may_start(seq, attr)) {
+                order = self.order_cv.wait(order).unwrap_or_else(|e| e.into_inner());
+            }
+        }
         let r = if aborted() {
             None
         } else {
@@ -424,6 +541,14 @@ impl Target {
 
     /// A task management function from `nexus` for `lun` (SAM-5 7).
     pub fn task_management(&self, nexus: &Nexus, lun: Lun, tmf: Tmf) -> TmfResponse {
+        let r = self.task_management_inner(nexus, lun, tmf);
+        // Tasks waiting for their turn in a task set see their abort.
+        let _order = self.order.lock().unwrap_or_else(|e| e.into_inner());
+        self.order_cv.notify_all();
+        r
+    }
+
+    fn task_management_inner(&self, nexus: &Nexus, lun: Lun, tmf: Tmf) -> TmfResponse {
         let dev = self.lock().set_for(&nexus.initiator).get(&lun).cloned();
         let Some(dev) = dev else {
             return TmfResponse::IncorrectLun;

@@ -178,3 +178,82 @@ fn preempt_and_abort_aborts_the_victims_tasks() {
     assert_eq!(&r.data_in[4..16], &[0, 0, 0, 8, 0, 0, 0, 0, 0, 0, 0, 2]);
     assert_eq!(t.execute(&a, l0(), &READ1, &[], 512).status, Status::Good);
 }
+
+fn spawn_attr(
+    t: &Arc<Target>,
+    n: &Nexus,
+    tag: u64,
+    attr: TaskAttr,
+    cdb: Vec<u8>,
+    data: Vec<u8>,
+) -> std::thread::JoinHandle<ScsiResponse> {
+    let (t, n) = (t.clone(), n.clone());
+    let expected = if data.is_empty() {
+        512
+    } else {
+        data.len() as u64
+    };
+    std::thread::spawn(move || t.submit_attr(&n, l0(), tag, attr, &cdb, &data, expected))
+}
+
+/// Waits until `n` tasks are in LUN 0's task set (they entered in the
+/// order the test submitted them).
+fn wait_entered(t: &Target, nx: &Nexus, n: usize) {
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while t.task_set_len(nx, l0()) < n {
+        assert!(
+            std::time::Instant::now() < end,
+            "tasks never entered the task set"
+        );
+        std::thread::yield_now();
+    }
+}
+
+#[test]
+fn ordered_waits_for_older_tasks_and_newer_ones_wait_for_it() {
+    let (t, g, rx, a, b) = setup();
+    let write5 = vec![0x2a, 0, 0, 0, 0, 5, 0, 0, 1, 0];
+    let read5 = vec![0x28, 0, 0, 0, 0, 5, 0, 0, 1, 0];
+    // A SIMPLE read held in the backend.
+    let h1 = spawn_read(&t, &a, 1);
+    rx.recv().unwrap();
+    // Behind it: an ORDERED write of LBA 5, then a SIMPLE read of LBA 5
+    // from another nexus (the task set is the LU's, not the nexus's).
+    let h2 = spawn_attr(&t, &a, 2, TaskAttr::Ordered, write5, vec![0xab; 512]);
+    wait_entered(&t, &a, 2);
+    let h3 = spawn_attr(&t, &b, 3, TaskAttr::Simple, read5, Vec::new());
+    wait_entered(&t, &a, 3);
+    // HEAD OF QUEUE passes them all while the first read is still held.
+    let r = t.submit_attr(&a, l0(), 4, TaskAttr::HeadOfQueue, &[0; 6], &[], 0);
+    assert_eq!(r.status, Status::Good);
+    assert!(!h2.is_finished() && !h3.is_finished());
+    assert_eq!(t.task_set_len(&a, l0()), 3);
+    open(&g);
+    assert_eq!(h1.join().unwrap().status, Status::Good);
+    assert_eq!(h2.join().unwrap().status, Status::Good);
+    // The newer SIMPLE read ran after the ORDERED write: it sees its data.
+    let r3 = h3.join().unwrap();
+    assert_eq!(r3.status, Status::Good);
+    assert_eq!(r3.data_in, vec![0xab; 512]);
+    assert_eq!(t.task_set_len(&a, l0()), 0);
+}
+
+#[test]
+fn a_task_aborted_while_waiting_its_turn_never_runs() {
+    let (t, g, rx, a, _) = setup();
+    let h1 = spawn_read(&t, &a, 1);
+    rx.recv().unwrap();
+    let write7 = vec![0x2a, 0, 0, 0, 0, 7, 0, 0, 1, 0];
+    let h2 = spawn_attr(&t, &a, 2, TaskAttr::Ordered, write7, vec![0xcd; 512]);
+    wait_entered(&t, &a, 2);
+    assert_eq!(
+        t.task_management(&a, l0(), Tmf::AbortTask(2)),
+        TmfResponse::FunctionComplete
+    );
+    // It ends while the older read is still held, without writing.
+    assert_eq!(h2.join().unwrap().status, Status::TaskAborted);
+    open(&g);
+    assert_eq!(h1.join().unwrap().status, Status::Good);
+    let r = t.execute(&a, l0(), &[0x28, 0, 0, 0, 0, 7, 0, 0, 1, 0], &[], 512);
+    assert_ne!(r.data_in, vec![0xcd; 512]);
+}

@@ -1210,10 +1210,19 @@ impl Inner {
         } else {
             req.data_in_len as u64
         };
-        let r = self.scsi.submit(
+        // SRP_CMD TASK ATTRIBUTE (r16a table 24) to SAM-5; unknown values
+        // were refused when the IU was parsed, reserved ones run SIMPLE.
+        let attr = match req.attr {
+            srp::wire::TaskAttr::Ordered => scsi::TaskAttr::Ordered,
+            srp::wire::TaskAttr::HeadOfQueue => scsi::TaskAttr::HeadOfQueue,
+            srp::wire::TaskAttr::Aca => scsi::TaskAttr::Aca,
+            _ => scsi::TaskAttr::Simple,
+        };
+        let r = self.scsi.submit_attr(
             &job.nexus,
             lun,
             req.tag.0,
+            attr,
             &req.cdb,
             &job.data_out,
             expected,
