@@ -35,3 +35,64 @@ impl core::fmt::Display for OutOfRange {
 }
 
 impl std::error::Error for OutOfRange {}
+
+/// Defines an open code space (opcodes, classes, reasons, status codes): an
+/// enum with `Unknown(n)`, conversions both ways, `ALL`, `text()` and
+/// `Display`, all from one table. Used by the wire crates.
+#[macro_export]
+macro_rules! open_enum {
+    (
+        $(#[$meta:meta])*
+        pub enum $name:ident($ty:ty) {
+            $( $(#[$vmeta:meta])* $variant:ident = $value:expr => $text:expr, )*
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum $name {
+            $( $(#[$vmeta])* $variant, )*
+            /// A value this table does not name.
+            Unknown($ty),
+        }
+
+        impl $name {
+            /// Every named value, in table order.
+            pub const ALL: &'static [$name] = &[$($name::$variant),*];
+
+            /// The name in words, or `None` for `Unknown`.
+            pub fn text(self) -> Option<&'static str> {
+                match self {
+                    $( $name::$variant => Some($text), )*
+                    $name::Unknown(_) => None,
+                }
+            }
+        }
+
+        impl From<$ty> for $name {
+            fn from(value: $ty) -> Self {
+                match value {
+                    $( $value => $name::$variant, )*
+                    other => $name::Unknown(other),
+                }
+            }
+        }
+
+        impl From<$name> for $ty {
+            fn from(value: $name) -> Self {
+                match value {
+                    $( $name::$variant => $value, )*
+                    $name::Unknown(other) => other,
+                }
+            }
+        }
+
+        impl core::fmt::Display for $name {
+            fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+                match self.text() {
+                    Some(t) => f.write_str(t),
+                    None => write!(f, "unknown ({:#x})", <$ty>::from(*self)),
+                }
+            }
+        }
+    };
+}

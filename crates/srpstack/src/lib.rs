@@ -315,6 +315,43 @@ impl Drop for Stack {
     }
 }
 
+/// The CM's REP as the session wants it: the target's QP at `gid`.
+fn connected(e: rdma_access::Established, gid: rdma_types::Gid, mtu: rdma_types::Mtu) -> Connected {
+    Connected {
+        peer: QpInfo {
+            qpn: e.remote_qpn,
+            psn: e.remote_psn,
+            gid,
+            lid: Lid(0),
+            mtu,
+        },
+        private_data: e.private_data,
+        handle: e.conn.0 as u64,
+    }
+}
+
+/// A consumer-defined REJ (code 28) carries the SRP_LOGIN_REJ; anything
+/// else is a CM failure, in words.
+fn connect_error(e: rdma_access::CmError) -> ConnectError {
+    match e {
+        rdma_access::CmError::Rejected {
+            code: 28,
+            private_data,
+            ..
+        } => ConnectError::Rejected(private_data),
+        e => ConnectError::Failed(e.to_string()),
+    }
+}
+
+/// Disconnects and waits for the DREP: `srp` exits right after, and a
+/// peer that never heard the DREQ rejects the next login as stale.
+fn disconnect_and_wait(agent: &rdma_access::CmAgent, handle: u64) {
+    agent.disconnect_wait(
+        rdma_access::ConnId(handle as u32),
+        std::time::Duration::from_secs(2),
+    );
+}
+
 /// Connects through RDMA CM: the SRP login travels in the REQ after the
 /// `cma_hdr`, as Linux ib_srp does with `dest=ip:port`.
 pub struct RdmaCmConnector {
@@ -340,33 +377,17 @@ impl Connector for RdmaCmConnector {
             login,
             self.timeout,
         ) {
-            Ok(e) => Ok(Connected {
-                peer: QpInfo {
-                    qpn: e.remote_qpn,
-                    psn: e.remote_psn,
-                    gid: rdma_types::Gid::from_ip(self.dst.ip()),
-                    lid: Lid(0),
-                    mtu: local.mtu,
-                },
-                private_data: e.private_data,
-                handle: e.conn.0 as u64,
-            }),
-            Err(rdma_access::CmError::Rejected {
-                code: 28,
-                private_data,
-                ..
-            }) => Err(ConnectError::Rejected(private_data)),
-            Err(e) => Err(ConnectError::Failed(e.to_string())),
+            Ok(e) => Ok(connected(
+                e,
+                rdma_types::Gid::from_ip(self.dst.ip()),
+                local.mtu,
+            )),
+            Err(e) => Err(connect_error(e)),
         }
     }
 
     fn disconnect(&self, handle: u64) {
-        // Wait for the DREP: `srp` exits right after, and a peer that
-        // never heard the DREQ rejects the next login as stale.
-        self.agent.disconnect_wait(
-            rdma_access::ConnId(handle as u32),
-            std::time::Duration::from_secs(2),
-        );
+        disconnect_and_wait(&self.agent, handle);
     }
 
     fn form(&self) -> LoginForm {
@@ -399,31 +420,13 @@ impl Connector for IbCmConnector {
             login.to_vec(),
             self.timeout,
         ) {
-            Ok(e) => Ok(Connected {
-                peer: QpInfo {
-                    qpn: e.remote_qpn,
-                    psn: e.remote_psn,
-                    gid: self.dgid,
-                    lid: Lid(0),
-                    mtu: local.mtu,
-                },
-                private_data: e.private_data,
-                handle: e.conn.0 as u64,
-            }),
-            Err(rdma_access::CmError::Rejected {
-                code: 28,
-                private_data,
-                ..
-            }) => Err(ConnectError::Rejected(private_data)),
-            Err(e) => Err(ConnectError::Failed(e.to_string())),
+            Ok(e) => Ok(connected(e, self.dgid, local.mtu)),
+            Err(e) => Err(connect_error(e)),
         }
     }
 
     fn disconnect(&self, handle: u64) {
-        self.agent.disconnect_wait(
-            rdma_access::ConnId(handle as u32),
-            std::time::Duration::from_secs(2),
-        );
+        disconnect_and_wait(&self.agent, handle);
     }
 
     fn form(&self) -> LoginForm {
