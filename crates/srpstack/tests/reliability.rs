@@ -3,11 +3,13 @@
 //! addresses (127.0.91.x to 127.0.94.x), every data check a verification
 //! (blockload stamps or an explicit compare).
 //!
-//! - 1 % packet loss on both NICs under verified random I/O;
+//! - 1 % packet loss on both NICs under verified random I/O, and loss with
+//!   duplication, reordering and bit flips;
 //! - a rogue initiator sending malformed IUs and absurd logins next to a
-//!   good one doing verified I/O;
+//!   good one doing verified I/O; absurd RDMA CM logins to `srptd`;
 //! - LOGICAL UNIT RESET from another initiator while verified I/O runs;
-//! - LUN 1 added and removed repeatedly while verified I/O runs on LUN 0.
+//! - LUN 1 added and removed repeatedly while verified I/O runs on LUN 0;
+//! - `srptd` SIGKILLed under I/O, then restarted.
 //!
 //! Short by default (CI); `SRP_RELIABILITY_LONG=1` runs longer and bigger.
 //! Large transfers (4 and 8 MiB, cmd_sg_entries 1 and 255, discontiguous
@@ -68,9 +70,14 @@ fn chan(guid: u64, ext: u64) -> ChannelConfig {
 }
 
 fn rig(net: u8, lun0: u64, faults: &[(u64, FaultConfig)]) -> Rig {
+    rig_at(net, 0, lun0, faults)
+}
+
+/// [`rig`] with the CAs on 127.0.`net`.(`base` + 1..=4).
+fn rig_at(net: u8, base: u8, lun0: u64, faults: &[(u64, FaultConfig)]) -> Rig {
     let ca = |guid: u64, last: u8| SoftCa {
         guid: Guid(guid),
-        ip: std::net::Ipv4Addr::new(127, 0, net, last).into(),
+        ip: std::net::Ipv4Addr::new(127, 0, net, base + last).into(),
     };
     let p = SoftRoce::new(
         vec![ca(TGT, 1), ca(GOOD, 2), ca(ROGUE, 3), ca(THIRD, 4)],
@@ -310,6 +317,53 @@ fn one_percent_loss_on_both_nics_verified_randrw() {
         t.retransmits + i.retransmits > 0,
         "1% loss must have cost retransmissions: {t:?} {i:?}"
     );
+    assert!(!s.is_closed());
+}
+
+/// Duplicated, reordered and corrupted datagrams on top of loss, on both
+/// NICs: the ICRC drops the corrupted ones, RC sequencing the rest; the
+/// data stays right.
+#[test]
+fn duplicates_reordering_and_corruption_verified_randrw() {
+    let faults = |seed| FaultConfig {
+        seed,
+        loss: 0.005,
+        duplicate: 0.01,
+        reorder: 0.01,
+        reorder_delay: rdma_types::Duration::from_micros(300),
+        corrupt: 0.005,
+        ..Default::default()
+    };
+    let rig = rig_at(91, 10, 32 * MIB, &[(TGT, faults(7)), (GOOD, faults(8))]);
+    let s = rig.session(GOOD, 1);
+    let disk = Arc::new(Disk::open(s.clone(), 0).unwrap());
+    let size = if long() { 1024 * MIB } else { 64 * MIB };
+    let r = blockload::run(
+        disk.clone(),
+        &randrw(16 * MIB, size, 64 << 10, 4, 0xd0b),
+        |_| {},
+    )
+    .unwrap();
+    println!("{}", r.table());
+    assert_eq!(r.verify_failures, 0, "{}", r.table());
+    assert_eq!(r.io_errors, 0, "{}", r.table());
+    assert_eq!(r.read.bytes + r.write.bytes, size, "{}", r.table());
+    assert!(r.verified_bytes >= MIB, "{}", r.table());
+    let data = pattern(8 << 20, 0xc0);
+    disk.write(40960, &data).unwrap();
+    let mut back = vec![0u8; data.len()];
+    disk.read(40960, &mut back).unwrap();
+    assert!(back == data, "8 MiB read back differs");
+    let (t, i) = (
+        rig.p.counters(Guid(TGT)).unwrap(),
+        rig.p.counters(Guid(GOOD)).unwrap(),
+    );
+    println!("target NIC: {t:?}\ninitiator NIC: {i:?}");
+    assert!(
+        t.rx_bad_icrc + i.rx_bad_icrc > 0,
+        "corruption unseen: {t:?} {i:?}"
+    );
+    assert!(t.duplicates + i.duplicates > 0, "{t:?} {i:?}");
     assert!(!s.is_closed());
 }
 
