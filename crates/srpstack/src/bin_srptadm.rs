@@ -86,6 +86,8 @@ enum Cmd {
     Enable,
     /// Refuse logins and log every initiator out.
     Disable,
+    /// Re-read srptd's configuration file and apply it (as SIGHUP does).
+    Reload,
     /// Save the running configuration (to the file srptd was started from
     /// when no path is given).
     WriteConfig {
@@ -136,6 +138,7 @@ fn main() -> ExitCode {
         Cmd::Enable => Request::Enable,
         Cmd::Disable => Request::Disable,
         Cmd::WriteConfig { path } => Request::WriteConfig { path },
+        Cmd::Reload => Request::Reload,
     };
     match request(&cli.socket, &req) {
         Ok(v) => {

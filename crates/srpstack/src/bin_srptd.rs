@@ -151,7 +151,18 @@ fn run(a: &Args) -> Result<(), String> {
         println!("srptd: metrics on http://{local}/metrics");
     }
     let _ = std::io::Write::flush(&mut std::io::stdout());
-    let sig = signals.wait();
+    // SIGHUP reloads the configuration (sessions stay); SIGTERM/SIGINT stop.
+    let sig = loop {
+        let sig = signals.wait();
+        if sig != libc::SIGHUP {
+            break sig;
+        }
+        match daemon.handle(srpstack::daemon::Request::Reload) {
+            Ok(v) => println!("srptd: reloaded: {v}"),
+            Err(e) => println!("srptd: reload refused, configuration unchanged: {e}"),
+        }
+        let _ = std::io::Write::flush(&mut std::io::stdout());
+    };
     println!("srptd: signal {sig}: logging initiators out");
     let left = daemon.shutdown(std::time::Duration::from_secs(10));
     let _ = std::fs::remove_file(&sock);

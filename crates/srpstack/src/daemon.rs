@@ -74,6 +74,9 @@ pub enum Request {
     WriteConfig {
         path: Option<PathBuf>,
     },
+    /// Re-reads the configuration file and applies what changed in
+    /// devices, LUN maps, groups and `enabled`, without dropping sessions.
+    Reload,
 }
 
 /// The running daemon.
@@ -324,6 +327,14 @@ impl Daemon {
                 lock(&self.cfg).target.enabled = on;
                 Ok(json!({ "enabled": on }))
             }
+            Request::Reload => {
+                let path = self
+                    .cfg_path
+                    .clone()
+                    .ok_or("srptd was not started from a configuration file")?;
+                let next = Config::load(&path).map_err(|e| e.to_string())?;
+                self.reload(next)
+            }
             Request::WriteConfig { path } => {
                 let path = path
                     .or_else(|| self.cfg_path.clone())
@@ -336,6 +347,158 @@ impl Daemon {
                 Ok(json!({ "written": path }))
             }
         }
+    }
+
+    /// Applies `next` to the running target: new devices are opened, LUN
+    /// maps, groups and their initiators change to what `next` says (unit
+    /// attentions and SRP_AER_REQ as for `srptadm` changes), `enabled` is
+    /// followed. Sessions stay up. Refused as a whole, with nothing
+    /// changed, when a device that stays mapped changed its definition;
+    /// target parameters that need a restart are kept and named.
+    pub fn reload(&self, next: Config) -> Result<Value, String> {
+        use std::collections::{BTreeMap, BTreeSet};
+        let mut cfg = lock(&self.cfg);
+        let text = |d: &DeviceSection| toml::to_string(d).unwrap_or_default();
+        let old_devs: BTreeMap<String, String> = cfg
+            .devices
+            .iter()
+            .map(|d| (d.name.get_ref().clone(), text(d)))
+            .collect();
+        let maps = |c: &Config| -> BTreeMap<Option<String>, BTreeMap<u32, String>> {
+            let set = |ls: &[LunEntry]| {
+                ls.iter()
+                    .map(|l| (*l.lun.get_ref(), l.device.get_ref().clone()))
+                    .collect::<BTreeMap<_, _>>()
+            };
+            let mut m = BTreeMap::new();
+            m.insert(None, set(&c.luns));
+            for g in &c.groups {
+                m.insert(Some(g.name.get_ref().clone()), set(&g.luns));
+            }
+            m
+        };
+        let (old_maps, new_maps) = (maps(&cfg), maps(&next));
+        // A changed device must not be mapped before or after.
+        let mut changed = Vec::new();
+        for d in &next.devices {
+            let name = d.name.get_ref();
+            if old_devs.get(name).is_some_and(|t| *t != text(d)) {
+                changed.push(name.clone());
+            }
+        }
+        let mapped = |m: &BTreeMap<Option<String>, BTreeMap<u32, String>>, dev: &str| {
+            m.values().any(|s| s.values().any(|d| d == dev))
+        };
+        if let Some(d) = changed
+            .iter()
+            .find(|d| mapped(&old_maps, d) || mapped(&new_maps, d))
+        {
+            return Err(format!(
+                "reload refused: device `{d}` changed while mapped; unmap it first or restart srptd"
+            ));
+        }
+        // Open new and changed devices before touching any map.
+        let mut opened = BTreeMap::new();
+        for d in &next.devices {
+            let name = d.name.get_ref();
+            if !old_devs.contains_key(name) || changed.contains(name) {
+                opened.insert(name.clone(), build_device(d)?);
+            }
+        }
+        let mut devices = lock(&self.devices);
+        devices.extend(opened);
+        let mut lun_changes = 0;
+        // Unmap what goes or changes, then map what comes.
+        for (group, old) in &old_maps {
+            let new = new_maps.get(group);
+            for (n, dev) in old {
+                if new.and_then(|m| m.get(n)) != Some(dev) {
+                    self.scsi.remove_lun(group.as_deref(), lun(*n)?);
+                    lun_changes += 1;
+                }
+            }
+        }
+        let old_groups: BTreeSet<&String> = cfg.groups.iter().map(|g| g.name.get_ref()).collect();
+        let new_groups: BTreeSet<&String> = next.groups.iter().map(|g| g.name.get_ref()).collect();
+        for g in old_groups.difference(&new_groups) {
+            self.scsi.remove_group(g);
+            lun_changes += 1;
+        }
+        for g in &next.groups {
+            let name = g.name.get_ref();
+            self.scsi.add_group(name);
+            let old_inits: Vec<String> = cfg
+                .groups
+                .iter()
+                .find(|o| o.name.get_ref() == name)
+                .map(|o| o.initiators.iter().map(|i| i.get_ref().clone()).collect())
+                .unwrap_or_default();
+            let new_inits: Vec<String> = g.initiators.iter().map(|i| i.get_ref().clone()).collect();
+            for i in old_inits.iter().filter(|i| !new_inits.contains(i)) {
+                self.scsi.remove_initiator(name, i);
+                lun_changes += 1;
+            }
+            for i in new_inits.iter().filter(|i| !old_inits.contains(i)) {
+                self.scsi.add_initiator(name, i);
+                lun_changes += 1;
+            }
+        }
+        for (group, new) in &new_maps {
+            let old = old_maps.get(group);
+            for (n, dev) in new {
+                if old.and_then(|m| m.get(n)) != Some(dev) {
+                    let d = devices
+                        .get(dev)
+                        .cloned()
+                        .ok_or_else(|| format!("no device `{dev}`"))?;
+                    self.scsi.add_lun(group.as_deref(), lun(*n)?, d);
+                    lun_changes += 1;
+                }
+            }
+        }
+        let kept: BTreeSet<String> = next
+            .devices
+            .iter()
+            .map(|d| d.name.get_ref().clone())
+            .collect();
+        devices.retain(|name, _| kept.contains(name));
+        drop(devices);
+        // Target parameters: only `enabled` changes live.
+        let t = (&cfg.target, &next.target);
+        let mut restart = Vec::new();
+        let key = |s: &crate::config::TargetSection| {
+            toml::to_string(&{
+                let mut s = s.clone();
+                s.enabled = true;
+                s
+            })
+            .unwrap_or_default()
+        };
+        if key(t.0) != key(t.1) {
+            restart.push("target parameters other than enabled".to_string());
+        }
+        let enabled = next.target.enabled;
+        if enabled != self.port.enabled() {
+            self.port.set_enabled(enabled);
+        }
+        let mut applied = next;
+        applied.target = crate::config::TargetSection {
+            enabled,
+            ..cfg.target.clone()
+        };
+        *cfg = applied;
+        drop(cfg);
+        let told = if lun_changes > 0 {
+            self.port.notify(srp::target::AerEvent::LunsChanged)
+        } else {
+            0
+        };
+        Ok(json!({
+            "lun_map_changes": lun_changes,
+            "aer_sent": told,
+            "enabled": enabled,
+            "needs_restart": restart,
+        }))
     }
 
     /// Runs `f` on a copy of the configuration; keeps the copy if `f`

@@ -1,11 +1,11 @@
-//! SIGTERM and SIGINT for the daemons, taken synchronously: block them in
+//! SIGTERM, SIGINT and SIGHUP for the daemons, taken synchronously: block them in
 //! every thread, then wait for one in the main thread (no handler runs in
 //! signal context).
 
 /// The blocked termination signals.
 pub struct TermSignals(libc::sigset_t);
 
-/// Blocks SIGTERM and SIGINT in this thread and in every thread it creates
+/// Blocks SIGTERM, SIGINT and SIGHUP in this thread and in every thread it creates
 /// afterwards: call it before starting threads.
 pub fn block_term() -> TermSignals {
     // SAFETY: the set is initialised by sigemptyset before use; the mask
@@ -15,13 +15,14 @@ pub fn block_term() -> TermSignals {
         libc::sigemptyset(&mut set);
         libc::sigaddset(&mut set, libc::SIGTERM);
         libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGHUP);
         libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
         TermSignals(set)
     }
 }
 
 impl TermSignals {
-    /// Waits for SIGTERM or SIGINT; returns its number.
+    /// Waits for SIGTERM, SIGINT or SIGHUP; returns its number.
     pub fn wait(&self) -> i32 {
         let mut sig = 0;
         // SAFETY: the set was initialised by block_term; sig is a valid out

@@ -352,3 +352,83 @@ fn lun_masking_runtime_changes_aer_and_graceful_stop() {
     }
     assert!(!d.sock().exists());
 }
+
+#[test]
+fn sighup_reloads_lun_maps_without_dropping_sessions() {
+    let d = start("reload", "127.0.98.1");
+    let dest = "127.0.98.1:5555";
+    let cfg_path = d.dir.join("srptd.toml");
+    let base = config(&d.dir, "127.0.98.1");
+    let hup = |d: &Daemon| {
+        // SAFETY: kill with a child's pid and a valid signal.
+        unsafe { libc::kill(d.proc.child.id() as i32, libc::SIGHUP) };
+    };
+
+    // A session outside every group: the default LUN 0 only.
+    let guid = Guid(srpstack::INITIATOR_GUID);
+    let ip: std::net::IpAddr = "127.0.98.2".parse().unwrap();
+    let provider = rnic::softroce::SoftRoce::new(vec![rnic::softroce::SoftCa { guid, ip }], 4791);
+    let agent = rdma_access::CmAgent::start(provider.clone(), guid, 0x7800).unwrap();
+    let conn = Arc::new(srpstack::RdmaCmConnector {
+        agent,
+        src: ip,
+        dst: dest.parse().unwrap(),
+        timeout: Duration::from_secs(10),
+    });
+    let chan = srp::initiator::ChannelConfig::new(
+        INIT_B,
+        guid,
+        srpstack::TARGET_GUID,
+        Guid(srpstack::TARGET_GUID),
+    );
+    let session =
+        Arc::new(Session::connect(provider, guid, conn, SessionConfig::new(chan)).unwrap());
+    srp_initiator::disk::Disk::open(session.clone(), 0).unwrap();
+    assert_eq!(srp_initiator::disk::report_luns(&session).unwrap(), [0]);
+
+    // The file gains default LUN 1; SIGHUP applies it under the session.
+    let aers = session.stats().aers;
+    std::fs::write(
+        &cfg_path,
+        format!("{base}\n[[lun]]\nlun = 1\ndevice = \"secret\"\n"),
+    )
+    .unwrap();
+    hup(&d);
+    let line = d.wait_line("srptd: reload");
+    assert!(
+        line.contains("reloaded") && line.contains("\"lun_map_changes\":1"),
+        "{line}"
+    );
+    assert_eq!(srp_initiator::disk::report_luns(&session).unwrap(), [0, 1]);
+    assert!(!session.is_closed());
+    let end = Instant::now() + Duration::from_secs(10);
+    while session.stats().aers == aers {
+        assert!(Instant::now() < end, "no SRP_AER_REQ after the reload");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+
+    // A broken file changes nothing and says where it is broken.
+    std::fs::write(
+        &cfg_path,
+        format!("{base}\n[[lun]]\nlun = 1\ndevice = \"nosuch\"\n"),
+    )
+    .unwrap();
+    hup(&d);
+    let line = d.wait_line("srptd: reload");
+    assert!(
+        line.contains("refused") && line.contains("no device named `nosuch`"),
+        "{line}"
+    );
+    // A device that stays mapped may not change under its initiators.
+    std::fs::write(
+        &cfg_path,
+        format!("{base}\n[[lun]]\nlun = 1\ndevice = \"secret\"\n")
+            .replace("size = \"4M\"", "size = \"8M\""),
+    )
+    .unwrap();
+    let e = d.adm(&["reload"]).unwrap_err();
+    assert!(e.contains("device `shared` changed while mapped"), "{e}");
+    assert_eq!(srp_initiator::disk::report_luns(&session).unwrap(), [0, 1]);
+    let luns = d.adm(&["luns"]).unwrap();
+    assert_eq!(luns["default"].as_array().unwrap().len(), 2, "{luns}");
+}
