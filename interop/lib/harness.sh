@@ -212,6 +212,15 @@ make_initrd() {
   install -m 0755 "$INTEROP_DIR/guest/init" "$ov/init"
   install -m 0644 "$INTEROP_DIR/guest/lib.sh" "$ov/interop/lib.sh"
   install -m 0644 "$INTEROP_DIR"/scenarios/*.sh "$ov/interop/scenarios/"
+  # Host binaries a scenario runs inside a guest (same Debian release, so
+  # the same libc), without their debug info.
+  local b
+  for b in ${SCENARIO_GUEST_BINS:-}; do
+    mkdir -p "$ov/interop/bin"
+    objcopy --strip-debug "$b" "$ov/interop/bin/$(basename "$b")" ||
+      die "cannot copy $b into the guest"
+    chmod 0755 "$ov/interop/bin/$(basename "$b")"
+  done
   (cd "$ov" && find . -print0 | cpio --null -o -H newc --quiet -R 0:0) >"$RUN_DIR/overlay.cpio"
   cat "$IMAGE_DIR/rootfs.cpio" "$RUN_DIR/overlay.cpio" >"$RUN_DIR/initrd.cpio"
   rm -rf "$ov"
@@ -228,6 +237,7 @@ scenario_run() {
   SCENARIO_GUEST_TIMEOUT=600
   SCENARIO_EXPECT_PROTOCOLS=
   SCENARIO_TSHARK_ARGS=
+  SCENARIO_GUEST_BINS=
   # shellcheck disable=SC1090
   . "$f"
   RUN_DIR=$INTEROP_RESULTS/$name-$(date -u +%Y%m%dT%H%M%SZ)

@@ -60,12 +60,15 @@ guest_target() {
   dmesg | grep -i srpt | tail -5
 }
 
-# Prints the sdX whose SCSI vendor is LIO-ORG.
+# The target's SCSI vendor (vm-srp-ours reuses this initiator for ours).
+DISK_VENDOR=${DISK_VENDOR:-LIO-ORG}
+
+# Prints the sdX whose SCSI vendor is DISK_VENDOR.
 lio_disk() {
   local d
   for d in /sys/block/sd*; do
     [ -e "$d/device/vendor" ] || continue
-    grep -q LIO-ORG "$d/device/vendor" && { echo "${d##*/}"; return 0; }
+    grep -q "$DISK_VENDOR" "$d/device/vendor" && { echo "${d##*/}"; return 0; }
   done
   return 1
 }
@@ -86,7 +89,7 @@ guest_initiator() {
   [ -e $add ] || fail "$add missing"
   step "add_target id_ext=$tgt_guid,ioc_guid=$tgt_guid,dest=$a:$SRP_PORT"
   retry 120 "SRP login" sh -c "echo id_ext=$tgt_guid,ioc_guid=$tgt_guid,dest=$a:$SRP_PORT >$add"
-  wait_until 120 "LIO-ORG disk" lio_disk
+  wait_until 120 "$DISK_VENDOR disk" lio_disk
   dev=/dev/$(lio_disk)
   wait_until 30 "$dev node" test -b "$dev"
   step "disk $dev: $(cat /sys/block/${dev#/dev/}/size) sectors"

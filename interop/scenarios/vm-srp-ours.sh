@@ -1,0 +1,40 @@
+# shellcheck shell=bash
+# vm-srp-ours: vm-srp with our target in place of LIO. VM a runs srptd
+# (our SRP target on our soft RoCE NIC, its rxe removed so srptd owns UDP
+# 4791; a 16 MiB RAM LUN, logins by RDMA CM on 5555); VM b runs exactly
+# vm-srp's initiator part (ib_srp add_target, dd compare, fio verify, the
+# THROUGHPUT job, logout). Both targets then run under the same TCG
+# conditions, so the two THROUGHPUT lines give the ratio issue 9 asks for.
+# Needs the binary: cargo build --release -p srpstack (SRPTD overrides).
+
+# shellcheck source=vm-srp.sh
+. "$(dirname "${BASH_SOURCE[0]}")/vm-srp.sh"
+
+DISK_VENDOR=RUSTSCST
+SRPTD=${SRPTD:-${CARGO_TARGET_DIR:-${INTEROP_DIR:-.}/../target}/release/srptd}
+SCENARIO_GUEST_BINS="$SRPTD"
+OUR_TARGET_GUID=0002c90300a00001
+
+host_main() {
+  [ -x "$SRPTD" ] || { echo "missing $SRPTD: run cargo build --release -p srpstack"; return 1; }
+}
+
+guest_target() {
+  local a guid_b
+  a=$(host_ip a)
+  # Our NIC takes the RoCE port: take rxe away first.
+  rdma link delete rxe0 2>/dev/null || true
+  modprobe -r rdma_rxe 2>/dev/null || true
+  /interop/bin/srptd --ip "$a" --ram-mib 16 --rdma-cm-port $SRP_PORT \
+    --control-socket /tmp/srptd.sock >/tmp/srptd.log 2>&1 &
+  wait_until 30 "srptd to listen" grep -q "listening on" /tmp/srptd.log
+  step "$(head -1 /tmp/srptd.log)"
+  guid_b=$(msg_recv 7001 600)
+  [[ $guid_b =~ ^[0-9a-f]{16}$ ]] || fail "bad initiator GUID message '$guid_b'"
+  msg_send "$(host_ip b)" 7002 300 "ready $OUR_TARGET_GUID"
+  step "srptd ready, waiting for the initiator"
+  local done_msg
+  done_msg=$(msg_recv 7001 900)
+  [ "$done_msg" = done ] || fail "initiator reported '$done_msg'"
+  tail -5 /tmp/srptd.log
+}
