@@ -66,8 +66,16 @@ pub fn sense_triple(s: &[u8]) -> (u8, u8, u8) {
     }
 }
 
+/// Session errors as I/O errors; a lost connection is `ConnectionAborted`
+/// (what [`crate::remote::RemoteDisk`] reconnects on).
 fn io_err(what: &str, e: SessionError) -> io::Error {
-    io::Error::other(format!("{what}: {e}"))
+    let kind = match e {
+        SessionError::Closed | SessionError::Submit(srp::initiator::SubmitError::NotLoggedIn) => {
+            io::ErrorKind::ConnectionAborted
+        }
+        _ => io::ErrorKind::Other,
+    };
+    io::Error::new(kind, format!("{what}: {e}"))
 }
 
 impl Disk {
@@ -195,7 +203,12 @@ impl Disk {
             };
             tries += 1;
             if !retry || tries > 5 {
-                return Err(io::Error::other(format!("{what}: {}", describe(&r))));
+                let kind = if r.status == Status::TransportFailed {
+                    io::ErrorKind::ConnectionAborted
+                } else {
+                    io::ErrorKind::Other
+                };
+                return Err(io::Error::new(kind, format!("{what}: {}", describe(&r))));
             }
         }
     }

@@ -1,0 +1,273 @@
+//! A LUN that survives its connection: [`RemoteDisk`] runs the remote port
+//! state machine ([`crate::rport`]) over a [`Disk`], as Linux
+//! `scsi_transport_srp` does over ib_srp.
+//!
+//! When the transport fails (the QP errors, the target logs out or goes
+//! away), commands are held, a background thread logs in again at once and
+//! then every `reconnect_delay`, and held commands are sent again on the
+//! new session. After `fast_io_fail_tmo` they fail instead of waiting;
+//! after `dev_loss_tmo` the port is given up. The device keeps its
+//! identity: a reconnect that reaches a LUN with another NAA designator is
+//! treated as a failed attempt, never as the same disk.
+//!
+//! Only transport failures are retried. A SCSI error (sense data) is the
+//! caller's, unretried, as the seed asks.
+
+use crate::disk::{Disk, DiskInfo};
+use crate::rport::{IoVerdict, Rport, RportAction, RportConfig, RportState};
+use std::io;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+
+/// Logs in and opens the LUN; called again for every reconnect.
+pub type Open = Box<dyn Fn() -> io::Result<Disk> + Send + Sync>;
+
+/// Counters and state, for `srp list`-like reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RemoteStats {
+    /// The port state now.
+    pub state: RportState,
+    /// Transport failures seen.
+    pub failures: u64,
+    /// Successful reconnects.
+    pub reconnects: u64,
+    /// Longest time from a failure to I/O flowing again.
+    pub longest_outage: std::time::Duration,
+}
+
+struct State {
+    disk: Option<Arc<Disk>>,
+    /// Bumped on every new session, so one failure is counted once.
+    generation: u64,
+    rport: Rport,
+    failed_at: Option<std::time::Instant>,
+    longest_outage: std::time::Duration,
+    stop: bool,
+}
+
+struct Shared {
+    open: Open,
+    st: Mutex<State>,
+    cv: Condvar,
+    epoch: std::time::Instant,
+    info: DiskInfo,
+}
+
+/// A LUN whose connection is restored behind the caller's back.
+pub struct RemoteDisk {
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+fn is_transport(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::ConnectionAborted
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.st.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn now(&self) -> rdma_types::Instant {
+        rdma_types::Instant::from_micros(self.epoch.elapsed().as_micros() as u64)
+    }
+
+    /// The current disk, waiting while the port is blocked.
+    fn current(&self) -> io::Result<(Arc<Disk>, u64)> {
+        let mut st = self.lock();
+        loop {
+            match st.rport.io_verdict() {
+                IoVerdict::Send => {
+                    if let Some(d) = &st.disk {
+                        return Ok((d.clone(), st.generation));
+                    }
+                }
+                IoVerdict::Hold => {}
+                IoVerdict::FailFast => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::ConnectionAborted,
+                        "SRP remote port failed (fast_io_fail_tmo passed); reconnecting",
+                    ))
+                }
+                IoVerdict::Gone => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::NotConnected,
+                        "SRP remote port lost (dev_loss_tmo passed)",
+                    ))
+                }
+            }
+            st = self.cv.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// The session of `generation` failed.
+    fn failed(&self, generation: u64) {
+        let mut st = self.lock();
+        if st.generation != generation || st.rport.state() != RportState::Running {
+            return;
+        }
+        let now = self.now();
+        st.rport.transport_failed(now);
+        st.failed_at = Some(std::time::Instant::now());
+        st.disk = None;
+        self.cv.notify_all();
+    }
+
+    /// The background thread: timers and reconnect attempts.
+    fn run(&self) {
+        let mut st = self.lock();
+        while !st.stop {
+            while let Some(action) = st.rport.poll_action() {
+                match action {
+                    RportAction::Reconnect => {
+                        drop(st);
+                        let attempt = (self.open)().and_then(|d| {
+                            // Same LUN or nothing: the device keeps its identity.
+                            if d.info().naa != self.info.naa {
+                                return Err(io::Error::other(format!(
+                                    "reconnected to another LU (NAA {:?}, expected {:?})",
+                                    d.info().naa,
+                                    self.info.naa
+                                )));
+                            }
+                            Ok(d)
+                        });
+                        st = self.lock();
+                        let ok = attempt.is_ok();
+                        if let Ok(d) = attempt {
+                            st.disk = Some(Arc::new(d));
+                            st.generation += 1;
+                        }
+                        let now = self.now();
+                        st.rport.reconnect_done(now, ok);
+                    }
+                    RportAction::ResumeIo => {
+                        if let Some(at) = st.failed_at.take() {
+                            st.longest_outage = st.longest_outage.max(at.elapsed());
+                        }
+                    }
+                    RportAction::BlockIo | RportAction::FailIo | RportAction::Remove => {}
+                }
+                self.cv.notify_all();
+            }
+            if st.stop {
+                break;
+            }
+            st = match st.rport.poll_timeout() {
+                Some(at) => {
+                    let now = self.now();
+                    let wait = std::time::Duration::from_micros(
+                        at.total_micros().saturating_sub(now.total_micros()),
+                    );
+                    let (mut st, _) = self
+                        .cv
+                        .wait_timeout(st, wait)
+                        .unwrap_or_else(|e| e.into_inner());
+                    let now = self.now();
+                    st.rport.handle_timeout(now);
+                    st
+                }
+                None => self.cv.wait(st).unwrap_or_else(|e| e.into_inner()),
+            };
+        }
+    }
+}
+
+impl RemoteDisk {
+    /// Opens the LUN with `open` and keeps it open under `cfg`'s timers.
+    ///
+    /// # Errors
+    /// The first `open` failing, or timers Linux would refuse.
+    pub fn open(open: Open, cfg: RportConfig) -> io::Result<RemoteDisk> {
+        let rport = Rport::new(cfg).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        let disk = open()?;
+        let info = disk.info().clone();
+        let shared = Arc::new(Shared {
+            open,
+            st: Mutex::new(State {
+                disk: Some(Arc::new(disk)),
+                generation: 0,
+                rport,
+                failed_at: None,
+                longest_outage: std::time::Duration::ZERO,
+                stop: false,
+            }),
+            cv: Condvar::new(),
+            epoch: std::time::Instant::now(),
+            info,
+        });
+        let s = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("srp-rport".into())
+            .spawn(move || s.run())?;
+        Ok(RemoteDisk {
+            shared,
+            thread: Some(thread),
+        })
+    }
+
+    /// What the LUN said when first opened.
+    pub fn info(&self) -> &DiskInfo {
+        &self.shared.info
+    }
+
+    /// State and counters.
+    pub fn stats(&self) -> RemoteStats {
+        let st = self.shared.lock();
+        RemoteStats {
+            state: st.rport.state(),
+            failures: st.rport.failures(),
+            reconnects: st.rport.reconnects(),
+            longest_outage: st.longest_outage,
+        }
+    }
+
+    /// Runs `f` on the current session's disk; on a transport failure,
+    /// waits for the reconnect and runs it again.
+    fn io<T>(&self, f: impl Fn(&Disk) -> io::Result<T>) -> io::Result<T> {
+        loop {
+            let (disk, generation) = self.shared.current()?;
+            match f(&disk) {
+                Err(e) if is_transport(&e) => self.shared.failed(generation),
+                other => return other,
+            }
+        }
+    }
+}
+
+impl Drop for RemoteDisk {
+    fn drop(&mut self) {
+        self.shared.lock().stop = true;
+        self.shared.cv.notify_all();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl blockload::BlockDevice for RemoteDisk {
+    fn block_size(&self) -> u32 {
+        self.shared.info.block_size
+    }
+    fn num_blocks(&self) -> u64 {
+        self.shared.info.blocks
+    }
+    fn read_at(&self, lba: u64, buf: &mut [u8]) -> io::Result<()> {
+        // One buffer across attempts: a failed attempt may have filled
+        // part of it; the retry overwrites all of it.
+        let cell = std::sync::Mutex::new(buf);
+        self.io(|d| {
+            let mut b = cell.lock().unwrap_or_else(|e| e.into_inner());
+            d.read(lba, &mut b)
+        })
+    }
+    fn write_at(&self, lba: u64, buf: &[u8]) -> io::Result<()> {
+        self.io(|d| d.write(lba, buf))
+    }
+    fn flush(&self) -> io::Result<()> {
+        self.io(|d| d.flush())
+    }
+    fn unmap(&self, lba: u64, blocks: u64) -> io::Result<()> {
+        self.io(|d| d.unmap(lba, blocks))
+    }
+}
