@@ -13,8 +13,10 @@
 //! so it knows exactly which generation every unit it wrote must hold, and
 //! a read tells apart corrupt data (CRC), misplaced data (a unit stamped for
 //! another offset), and lost or stale writes (an older generation). Units a
-//! job never wrote are not checked; [`Report::verified_bytes`] says how much
-//! was.
+//! job never wrote are not checked. Like fio's `verify`, once the timed part
+//! is over each job reads back every block it wrote and checks it too (not
+//! counted in IOPS or latency); [`Report::verified_bytes`] says how much was
+//! checked in all.
 //!
 //! [`bytes::ByteView`] shows a device as bytes: unaligned ranges become
 //! read-modify-write of the edge blocks, safe under concurrent writers.
@@ -291,6 +293,8 @@ struct JobResult {
     errors: Vec<VerifyError>,
     io_errors: u64,
     first_io_error: Option<String>,
+    /// When the timed part ended (before the read-back).
+    timed_end: Instant,
 }
 
 /// Runs `w` on `dev`, calling `progress` about five times a second.
@@ -341,7 +345,12 @@ pub fn run(
             runtime: w.runtime,
         });
     }
-    let seconds = start.elapsed().as_secs_f64();
+    let seconds = results
+        .iter()
+        .map(|r| r.timed_end.saturating_duration_since(start))
+        .max()
+        .unwrap_or_else(|| start.elapsed())
+        .as_secs_f64();
     Ok(merge(w, results, seconds))
 }
 
@@ -460,6 +469,7 @@ fn run_job(
         errors: Vec::new(),
         io_errors: 0,
         first_io_error: None,
+        timed_end: deadline,
     };
     let bs = w.bs as usize;
     let mut buf = vec![0u8; bs];
@@ -532,7 +542,40 @@ fn run_job(
         moved += bs as u64;
         shared.bytes.fetch_add(bs as u64, Ordering::Relaxed);
     }
+    r.timed_end = Instant::now();
+    if w.verify && r.io_errors == 0 {
+        read_back(dev, slice, bs, shared, job_seed, &mut buf, &mut r);
+    }
     r
+}
+
+/// Reads back every block of `slice` this run wrote and checks it: the
+/// last acknowledged write of each block must be on the device.
+fn read_back(
+    dev: &dyn BlockDevice,
+    slice: Slice,
+    bs: usize,
+    shared: &Shared,
+    job_seed: u32,
+    buf: &mut [u8],
+    r: &mut JobResult,
+) {
+    for block in slice.first..slice.first + slice.count {
+        if shared.stop.load(Ordering::Relaxed) {
+            return;
+        }
+        if shared.gens.0[block as usize].load(Ordering::Relaxed) == 0 {
+            continue;
+        }
+        let offset = block * bs as u64;
+        if let Err(e) = dev.read_at(block * slice.lbas_per_io, buf) {
+            r.io_errors += 1;
+            r.first_io_error
+                .get_or_insert_with(|| format!("read-back at byte offset {offset:#x}: {e}"));
+            return;
+        }
+        verify_read(buf, offset, shared, block, job_seed, r);
+    }
 }
 
 fn verify_read(buf: &[u8], offset: u64, shared: &Shared, block: u64, seed: u32, r: &mut JobResult) {

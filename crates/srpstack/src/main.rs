@@ -211,8 +211,8 @@ fn quickstart(nullio: bool, size: u64, runtime: u64, net: &NetArgs) -> Result<()
     let region = size.min(64 << 20);
     let verify = !nullio;
     let mut reports: Vec<(String, Report)> = Vec::new();
-    // One workload, two phases in one generation table: a sequential fill
-    // so reads have something to check, then a random mix.
+    // Two phases: a sequential fill of the region, then a random mix. Each
+    // ends by reading back and checking every block it wrote.
     let mut fill = Workload::new(Pattern::Write);
     fill.bs = 1 << 20;
     fill.jobs = 4;
@@ -256,8 +256,8 @@ fn quickstart(nullio: bool, size: u64, runtime: u64, net: &NetArgs) -> Result<()
     if verify {
         let verified: u64 = reports.iter().map(|(_, r)| r.verified_bytes).sum();
         println!(
-            "  {} MiB read back and verified against what was written",
-            verified >> 20
+            "  {:.1} MiB read back and verified against what was written",
+            verified as f64 / (1u64 << 20) as f64
         );
     } else {
         println!("  nullio drops writes, so nothing was verified");
