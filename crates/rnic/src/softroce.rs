@@ -65,6 +65,8 @@ pub struct SoftRoce {
     st: Mutex<State>,
     /// Devices with at least one open, by GUID.
     devices: Mutex<HashMap<u64, (Arc<CaRt>, u32)>>,
+    /// CAs detached by `remove_ca`; they cannot be opened again.
+    removed: Mutex<std::collections::HashSet<u64>>,
     /// Faults for a CA's node, applied when the node is bound.
     faults: Mutex<HashMap<u64, FaultConfig>>,
 }
@@ -176,6 +178,26 @@ struct CaRt {
     routes: Mutex<HashMap<u32, Route>>,
     gid: Gid,
     guid: Guid,
+    /// Port 1 as `query_port` reports it (changed by port control).
+    port: Mutex<PortStatus>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct PortStatus {
+    state: PortState,
+    lid: Lid,
+}
+
+/// An unaffiliated event of port 1 to every open of a CA (no provider
+/// lock held).
+fn port_event(opens: &[(Arc<dyn EventHandler>, Context)], kind: AsyncEventKind) {
+    for (h, _) in opens {
+        h.on_async_event(AsyncEvent {
+            kind,
+            ctx: 0,
+            port: Some(PortNum(1)),
+        });
+    }
 }
 
 fn bad(msg: impl Into<String>) -> VerbsError {
@@ -483,7 +505,98 @@ impl SoftRoce {
             st: Mutex::new(State::default()),
             devices: Mutex::new(HashMap::new()),
             faults: Mutex::new(HashMap::new()),
+            removed: Mutex::new(std::collections::HashSet::new()),
         })
+    }
+
+    /// The open device of CA `guid` and the handlers of every open of it.
+    fn opens(&self, guid: Guid) -> Result<(Arc<CaRt>, Vec<(Arc<dyn EventHandler>, Context)>)> {
+        let rt = self
+            .devices
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&guid.0)
+            .map(|(rt, _)| rt.clone())
+            .ok_or(VerbsError::NoSuchCa)?;
+        let st = self.lock();
+        let opens = st
+            .slots
+            .iter()
+            .filter_map(|s| match &s.obj {
+                Some(Obj::Ca {
+                    rt: r,
+                    handler,
+                    ctx,
+                    ..
+                }) if Arc::ptr_eq(r, &rt) => Some((handler.clone(), *ctx)),
+                _ => None,
+            })
+            .collect();
+        Ok((rt, opens))
+    }
+
+    /// Takes port 1 of open CA `guid` down (its link drops every datagram
+    /// both ways, like a pulled cable) or brings it back, raising
+    /// `PortDown` / `PortActive` to every open of the CA.
+    ///
+    /// # Errors
+    /// `NoSuchCa` when the CA is not open.
+    pub fn set_port_active(&self, guid: Guid, active: bool) -> Result<()> {
+        let (rt, opens) = self.opens(guid)?;
+        let new = if active {
+            PortState::Active
+        } else {
+            PortState::Down
+        };
+        let changed = {
+            let mut p = rt.port.lock().unwrap_or_else(|e| e.into_inner());
+            std::mem::replace(&mut p.state, new) != new
+        };
+        rt.node(|n| n.set_link_up(active));
+        if changed {
+            let kind = if active {
+                AsyncEventKind::PortActive
+            } else {
+                AsyncEventKind::PortDown
+            };
+            port_event(&opens, kind);
+        }
+        Ok(())
+    }
+
+    /// Gives port 1 of open CA `guid` a LID (raises `LidChange`).
+    ///
+    /// # Errors
+    /// `NoSuchCa` when the CA is not open.
+    pub fn set_lid(&self, guid: Guid, lid: Lid) -> Result<()> {
+        let (rt, opens) = self.opens(guid)?;
+        rt.port.lock().unwrap_or_else(|e| e.into_inner()).lid = lid;
+        port_event(&opens, AsyncEventKind::LidChange);
+        Ok(())
+    }
+
+    /// Detaches open CA `guid`, as a hot-unplugged NIC: its link goes down,
+    /// every open gets `CaRemoval` (with its context) and the CA cannot be
+    /// opened again. Owners destroy their resources as after any removal.
+    ///
+    /// # Errors
+    /// `NoSuchCa` when the CA is not open.
+    pub fn remove_ca(&self, guid: Guid) -> Result<()> {
+        let (rt, opens) = self.opens(guid)?;
+        self.removed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(guid.0);
+        rt.port.lock().unwrap_or_else(|e| e.into_inner()).state = PortState::Down;
+        rt.node(|n| n.set_link_up(false));
+        for (h, ctx) in opens {
+            h.on_async_event(AsyncEvent {
+                kind: AsyncEventKind::CaRemoval,
+                ctx,
+                port: None,
+            });
+        }
+        Ok(())
     }
 
     /// Injects `faults` on the send path of CA `guid` (`None`: a clean
@@ -745,6 +858,14 @@ impl Provider for SoftRoce {
             .iter()
             .find(|c| c.guid == guid)
             .ok_or(VerbsError::NoSuchCa)?;
+        if self
+            .removed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&guid.0)
+        {
+            return Err(VerbsError::NoSuchCa);
+        }
         let mut devs = self.devices.lock().unwrap_or_else(|e| e.into_inner());
         let rt = match devs.get_mut(&guid.0) {
             Some((rt, opens)) => {
@@ -767,6 +888,10 @@ impl Provider for SoftRoce {
                     routes: Mutex::new(HashMap::new()),
                     gid: Gid::from_ip(cfg.ip),
                     guid,
+                    port: Mutex::new(PortStatus {
+                        state: PortState::Active,
+                        lid: Lid(0),
+                    }),
                 });
                 let weak: Weak<CaRt> = Arc::downgrade(&rt);
                 let driver = Driver::start(
@@ -851,12 +976,13 @@ impl Provider for SoftRoce {
             return Err(bad(format!("port {} does not exist", port.0)));
         }
         let rt = st.rt(i);
+        let ps = *rt.port.lock().unwrap_or_else(|e| e.into_inner());
         Ok(PortAttr {
             port,
-            state: PortState::Active,
+            state: ps.state,
             max_mtu: Mtu::Mtu4096,
             active_mtu: self.mtu,
-            lid: Lid(0),
+            lid: ps.lid,
             sm_lid: Lid(0),
             gids: vec![rt.gid],
             pkeys: vec![Pkey::DEFAULT],

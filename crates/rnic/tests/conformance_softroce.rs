@@ -7,7 +7,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use verbs::conformance::{Feature, Fixture};
-use verbs::{Provider, Result, VerbsError};
+use verbs::{Provider, Result};
 
 struct Soft {
     provider: Arc<SoftRoce>,
@@ -52,17 +52,17 @@ impl Fixture for Soft {
     fn guids(&self) -> (Guid, Guid) {
         (Guid(0x1111), Guid(0x2222))
     }
-    fn set_port_active(&self, _guid: Guid, _active: bool) -> Result<()> {
-        Err(VerbsError::NotSupported("port control"))
+    fn set_port_active(&self, guid: Guid, active: bool) -> Result<()> {
+        self.provider.set_port_active(guid, active)
     }
-    fn set_lid(&self, _guid: Guid, _lid: Lid) -> Result<()> {
-        Err(VerbsError::NotSupported("port control"))
+    fn set_lid(&self, guid: Guid, lid: Lid) -> Result<()> {
+        self.provider.set_lid(guid, lid)
     }
-    fn remove_ca(&self, _guid: Guid) -> Result<()> {
-        Err(VerbsError::NotSupported("port control"))
+    fn remove_ca(&self, guid: Guid) -> Result<()> {
+        self.provider.remove_ca(guid)
     }
     fn lacks(&self) -> Vec<Feature> {
-        vec![Feature::Mw, Feature::PortControl]
+        vec![Feature::Mw]
     }
 }
 

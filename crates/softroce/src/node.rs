@@ -72,6 +72,8 @@ pub struct NodeStats {
     pub tx_packets: u64,
     /// Packets the engine produced that could not be framed (too long).
     pub tx_frame_errors: u64,
+    /// Datagrams dropped (sent or received) while the link was down.
+    pub link_down_drops: u64,
 }
 
 /// A QP of the node.
@@ -121,6 +123,8 @@ pub struct Node {
     /// Unbuffered, so a capture is complete on disk at any moment.
     pcap: Option<PcapWriter<File>>,
     faults: Option<FaultInjector<OutDatagram>>,
+    /// False while the link is cut: nothing goes out or comes in.
+    link_up: bool,
     out: Vec<(SocketAddr, Vec<u8>)>,
     stats: NodeStats,
     /// Round-robin start for fairness between QPs.
@@ -156,6 +160,7 @@ impl Node {
             waker: Arc::new(Waker::new()?),
             pcap,
             faults: cfg.faults.map(FaultInjector::new),
+            link_up: true,
             out: Vec::new(),
             stats: NodeStats::default(),
             rr: 0,
@@ -341,8 +346,11 @@ impl Node {
         self.sock.wait(Some(&self.waker), timeout)
     }
 
-    /// Cuts or restores the link (fault injection; needs `faults` set).
+    /// Cuts or restores the link: while it is down every datagram offered
+    /// or received is dropped (and counted), and datagrams the fault
+    /// injector held back are lost, as on a pulled cable.
     pub fn set_link_up(&mut self, up: bool) {
+        self.link_up = up;
         if let Some(f) = self.faults.as_mut() {
             f.set_link_up(up);
         }
@@ -379,6 +387,7 @@ impl Node {
 
     fn receive(&mut self, now: Instant) -> bool {
         let local = self.local;
+        let up = self.link_up;
         let Node {
             sock,
             qps,
@@ -389,7 +398,11 @@ impl Node {
         // Each datagram is handled in the socket's own buffer: no copy.
         let n = sock.recv_batch(RX_BUDGET, |r, data| {
             stats.rx_datagrams += 1;
-            deliver(now, r.src, local, data, qps, stats, pcap.as_mut());
+            if up {
+                deliver(now, r.src, local, data, qps, stats, pcap.as_mut());
+            } else {
+                stats.link_down_drops += 1;
+            }
         });
         n > 0
     }
@@ -447,6 +460,10 @@ impl Node {
 
     fn flush_out(&mut self, now: Instant) {
         let mut batch = std::mem::take(&mut self.out);
+        if !self.link_up {
+            self.stats.link_down_drops += batch.len() as u64;
+            return;
+        }
         if let Some(f) = self.faults.as_mut() {
             for (dst, data) in batch.drain(..) {
                 f.push(now, OutDatagram { dst, data });
