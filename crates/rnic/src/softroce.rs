@@ -188,9 +188,12 @@ struct PortStatus {
     lid: Lid,
 }
 
+/// One open of a CA: its handler and context.
+type CaOpen = (Arc<dyn EventHandler>, Context);
+
 /// An unaffiliated event of port 1 to every open of a CA (no provider
 /// lock held).
-fn port_event(opens: &[(Arc<dyn EventHandler>, Context)], kind: AsyncEventKind) {
+fn port_event(opens: &[CaOpen], kind: AsyncEventKind) {
     for (h, _) in opens {
         h.on_async_event(AsyncEvent {
             kind,
@@ -510,7 +513,7 @@ impl SoftRoce {
     }
 
     /// The open device of CA `guid` and the handlers of every open of it.
-    fn opens(&self, guid: Guid) -> Result<(Arc<CaRt>, Vec<(Arc<dyn EventHandler>, Context)>)> {
+    fn opens(&self, guid: Guid) -> Result<(Arc<CaRt>, Vec<CaOpen>)> {
         let rt = self
             .devices
             .lock()
