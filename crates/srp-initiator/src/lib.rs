@@ -19,6 +19,7 @@ pub mod disk;
 #[doc(hidden)]
 pub mod fuzz;
 pub mod login;
+pub mod multipath;
 pub mod remote;
 pub mod rport;
 pub mod rules;

@@ -76,6 +76,13 @@ impl Shared {
     fn current(&self) -> io::Result<(Arc<Disk>, u64)> {
         let mut st = self.lock();
         loop {
+            // The background thread may be busy in a reconnect attempt:
+            // feed due timers here too, so `fast_io_fail_tmo` is on time.
+            let now = self.now();
+            if st.rport.poll_timeout().is_some_and(|t| t <= now) {
+                st.rport.handle_timeout(now);
+                self.cv.notify_all();
+            }
             match st.rport.io_verdict() {
                 IoVerdict::Send => {
                     if let Some(d) = &st.disk {
@@ -96,7 +103,20 @@ impl Shared {
                     ))
                 }
             }
-            st = self.cv.wait(st).unwrap_or_else(|e| e.into_inner());
+            st = match st.rport.poll_timeout() {
+                Some(at) => {
+                    let wait = std::time::Duration::from_micros(
+                        at.total_micros()
+                            .saturating_sub(self.now().total_micros())
+                            .max(1),
+                    );
+                    self.cv
+                        .wait_timeout(st, wait)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0
+                }
+                None => self.cv.wait(st).unwrap_or_else(|e| e.into_inner()),
+            };
         }
     }
 
@@ -219,6 +239,27 @@ impl RemoteDisk {
             failures: st.rport.failures(),
             reconnects: st.rport.reconnects(),
             longest_outage: st.longest_outage,
+        }
+    }
+
+    /// Waits up to `timeout` for the port to be running (I/O flowing).
+    pub fn wait_running(&self, timeout: std::time::Duration) -> bool {
+        let deadline = std::time::Instant::now() + timeout;
+        let mut st = self.shared.lock();
+        loop {
+            if st.rport.state() == RportState::Running && st.disk.is_some() {
+                return true;
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            st = self
+                .shared
+                .cv
+                .wait_timeout(st, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
         }
     }
 

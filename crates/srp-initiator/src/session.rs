@@ -206,6 +206,9 @@ pub struct SessionStats {
     pub protocol_errors: u64,
     /// Commands ended by a LUN reset or reconnect (`Status::Reset`).
     pub reset_ended: u64,
+    /// Times the session ended because its port went down or its CA was
+    /// removed (fast path-failure detection from port events).
+    pub port_failures: u64,
 }
 
 /// One logged-in SRP channel.
@@ -244,6 +247,9 @@ enum Ev {
     Cq,
     Kick,
     Stop,
+    /// Our port went down or the CA is going away: the path is dead now,
+    /// not after the transport's retries run out.
+    PortGone,
 }
 
 struct State {
@@ -270,7 +276,12 @@ impl EventHandler for Wake {
     fn on_completion(&self, _cq_ctx: u64) {
         let _ = self.0.lock().map(|tx| tx.send(Ev::Cq));
     }
-    fn on_async_event(&self, _event: verbs::AsyncEvent) {}
+    fn on_async_event(&self, event: verbs::AsyncEvent) {
+        use verbs::AsyncEventKind::{CaRemoval, PortDown};
+        if matches!(event.kind, PortDown | CaRemoval) {
+            let _ = self.0.lock().map(|tx| tx.send(Ev::PortGone));
+        }
+    }
 }
 
 const KIND_RECV: u64 = 1 << 56;
@@ -884,6 +895,12 @@ impl Inner {
             match ev {
                 Ok(Ev::Stop) | Err(RecvTimeoutError::Disconnected) => return,
                 Ok(Ev::Cq) => self.drain_cq(),
+                Ok(Ev::PortGone) => {
+                    let mut st = self.lock();
+                    st.stats.port_failures += 1;
+                    self.lost(&mut st);
+                    self.drain_channel(&mut st);
+                }
                 Ok(Ev::Kick) => {
                     let mut st = self.lock();
                     self.drain_channel(&mut st);

@@ -1,0 +1,576 @@
+//! Several paths to one logical unit as one block device, as dm-multipath
+//! does over Linux SRP.
+//!
+//! A path is anything that reaches the LU and can say whether it is up
+//! ([`PathDevice`]); in practice a [`RemoteDisk`] whose remote port fails
+//! I/O fast (`fast_io_fail_tmo` 0) and reconnects in the background. Paths
+//! are grouped by the LU's device identifier (the NAA designator of VPD
+//! page 0x83): [`Multipath::new`] refuses paths to different LUs or of a
+//! different size.
+//!
+//! Policies: [`Policy::Failover`] sends everything down the first path that
+//! is up, in the order given (a priority list); [`Policy::RoundRobin`]
+//! rotates over the paths that are up. An I/O that fails on a path with a
+//! transport error (`ConnectionAborted`, `NotConnected`) is sent again on
+//! another path without the caller seeing the error; when no path is up it
+//! waits for one to come back (dm-multipath's `queue_if_no_path`) for at
+//! most `no_path_timeout`. A SCSI error (sense data, any other error kind)
+//! is the caller's, unretried.
+//!
+//! A retried write is the same write again, so sending it twice is
+//! harmless as long as nothing else writes that block meanwhile: the
+//! contract of any block device whose caller has not seen the write
+//! complete.
+
+use crate::remote::RemoteDisk;
+use crate::rport::RportState;
+use blockload::BlockDevice;
+use std::io;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// One way to reach a logical unit.
+pub trait PathDevice: BlockDevice {
+    /// The LU's device identifier (NAA designator), if it reported one.
+    fn device_id(&self) -> Option<String>;
+    /// Whether I/O sent now would go out (the path is connected).
+    fn is_up(&self) -> bool;
+    /// Waits up to `timeout` for the path to come up.
+    fn wait_up(&self, timeout: Duration) -> bool;
+}
+
+impl PathDevice for RemoteDisk {
+    fn device_id(&self) -> Option<String> {
+        self.info().naa.clone()
+    }
+    fn is_up(&self) -> bool {
+        self.stats().state == RportState::Running
+    }
+    fn wait_up(&self, timeout: Duration) -> bool {
+        self.wait_running(timeout)
+    }
+}
+
+/// How I/O is spread over the paths that are up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Policy {
+    /// Everything on the first path that is up (priority order).
+    Failover,
+    /// Each I/O on the next path that is up.
+    RoundRobin,
+}
+
+impl std::str::FromStr for Policy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Policy, String> {
+        match s {
+            "failover" => Ok(Policy::Failover),
+            "round-robin" | "rr" => Ok(Policy::RoundRobin),
+            _ => Err(format!(
+                "path policy `{s}` is not one of failover, round-robin"
+            )),
+        }
+    }
+}
+
+/// A path's counters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PathStats {
+    /// The name the path was given.
+    pub name: String,
+    /// Up now.
+    pub up: bool,
+    /// I/Os completed on it.
+    pub ios: u64,
+    /// I/Os that failed on it with a transport error (and went elsewhere).
+    pub failures: u64,
+}
+
+/// A failed-over I/O: it failed on one path and completed on another.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failover {
+    /// The path it first failed on.
+    pub from: String,
+    /// The path it completed on.
+    pub to: String,
+    /// When it first failed.
+    pub failed_at: Instant,
+    /// When it completed.
+    pub done_at: Instant,
+}
+
+/// Failovers kept for [`Multipath::failovers`].
+const KEEP_FAILOVERS: usize = 64;
+
+struct Slot {
+    name: String,
+    dev: Arc<dyn PathDevice>,
+    ios: AtomicU64,
+    failures: AtomicU64,
+}
+
+/// One LU reached over several paths.
+pub struct Multipath {
+    paths: Vec<Slot>,
+    policy: Policy,
+    no_path_timeout: Duration,
+    next: AtomicUsize,
+    id: String,
+    block_size: u32,
+    blocks: u64,
+    failovers: Mutex<Vec<Failover>>,
+}
+
+/// Transport errors: the path failed, not the command.
+fn is_path_error(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::ConnectionAborted | io::ErrorKind::NotConnected
+    )
+}
+
+impl Multipath {
+    /// Groups `paths` (name, device) into one device.
+    ///
+    /// # Errors
+    /// No paths, a path without a device identifier, or paths that reach
+    /// different LUs (identifier, block size or capacity differ).
+    pub fn new(
+        paths: Vec<NamedPath>,
+        policy: Policy,
+        no_path_timeout: Duration,
+    ) -> io::Result<Multipath> {
+        let invalid = |m: String| io::Error::new(io::ErrorKind::InvalidInput, m);
+        let (first_name, first) = paths
+            .first()
+            .ok_or_else(|| invalid("a multipath device needs at least one path".into()))?;
+        let id = first.device_id().ok_or_else(|| {
+            invalid(format!(
+                "path {first_name}: the LU reports no NAA device identifier (VPD 0x83), so paths cannot be grouped"
+            ))
+        })?;
+        let (block_size, blocks) = (first.block_size(), first.num_blocks());
+        for (name, dev) in &paths[1..] {
+            match dev.device_id() {
+                Some(other) if other == id => {}
+                other => {
+                    return Err(invalid(format!(
+                        "path {name} reaches LU {}, not {id} like path {first_name}",
+                        other.as_deref().unwrap_or("(no identifier)")
+                    )))
+                }
+            }
+            if (dev.block_size(), dev.num_blocks()) != (block_size, blocks) {
+                return Err(invalid(format!(
+                    "path {name} sees {} blocks of {} B, path {first_name} {blocks} of {block_size} B",
+                    dev.num_blocks(),
+                    dev.block_size()
+                )));
+            }
+        }
+        Ok(Multipath {
+            paths: paths
+                .into_iter()
+                .map(|(name, dev)| Slot {
+                    name,
+                    dev,
+                    ios: AtomicU64::new(0),
+                    failures: AtomicU64::new(0),
+                })
+                .collect(),
+            policy,
+            no_path_timeout,
+            next: AtomicUsize::new(0),
+            id,
+            block_size,
+            blocks,
+            failovers: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// The LU's device identifier.
+    pub fn device_id(&self) -> &str {
+        &self.id
+    }
+
+    /// Per-path counters, in path order.
+    pub fn path_stats(&self) -> Vec<PathStats> {
+        self.paths
+            .iter()
+            .map(|p| PathStats {
+                name: p.name.clone(),
+                up: p.dev.is_up(),
+                ios: p.ios.load(Ordering::Relaxed),
+                failures: p.failures.load(Ordering::Relaxed),
+            })
+            .collect()
+    }
+
+    /// The first failed-over I/Os (at most 64).
+    pub fn failovers(&self) -> Vec<Failover> {
+        self.failovers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Path indices in the order this I/O should try them.
+    fn order(&self) -> impl Iterator<Item = usize> + '_ {
+        let n = self.paths.len();
+        let start = match self.policy {
+            Policy::Failover => 0,
+            Policy::RoundRobin => self.next.fetch_add(1, Ordering::Relaxed) % n,
+        };
+        (0..n).map(move |k| (start + k) % n)
+    }
+
+    fn io<T>(&self, f: impl Fn(&dyn PathDevice) -> io::Result<T>) -> io::Result<T> {
+        let start = Instant::now();
+        let mut first_failure: Option<(usize, Instant)> = None;
+        let mut last_error = None;
+        loop {
+            for i in self.order() {
+                let p = &self.paths[i];
+                if !p.dev.is_up() {
+                    continue;
+                }
+                match f(p.dev.as_ref()) {
+                    Ok(v) => {
+                        p.ios.fetch_add(1, Ordering::Relaxed);
+                        if let Some((from, failed_at)) = first_failure {
+                            let mut log = self.failovers.lock().unwrap_or_else(|e| e.into_inner());
+                            if log.len() < KEEP_FAILOVERS {
+                                log.push(Failover {
+                                    from: self.paths[from].name.clone(),
+                                    to: p.name.clone(),
+                                    failed_at,
+                                    done_at: Instant::now(),
+                                });
+                            }
+                        }
+                        return Ok(v);
+                    }
+                    Err(e) if is_path_error(&e) => {
+                        p.failures.fetch_add(1, Ordering::Relaxed);
+                        first_failure.get_or_insert((i, Instant::now()));
+                        last_error = Some(e);
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            // No path took it: wait for one to come back.
+            let mut woke = false;
+            while !woke {
+                let left = self.no_path_timeout.saturating_sub(start.elapsed());
+                if left.is_zero() {
+                    return Err(io::Error::new(
+                        io::ErrorKind::NotConnected,
+                        format!(
+                            "no path to LU {} for {:?}{}",
+                            self.id,
+                            self.no_path_timeout,
+                            last_error
+                                .as_ref()
+                                .map(|e| format!(" (last error: {e})"))
+                                .unwrap_or_default()
+                        ),
+                    ));
+                }
+                let slice = left.min(Duration::from_millis(20));
+                woke = self.paths.iter().any(|p| p.dev.wait_up(slice));
+            }
+        }
+    }
+}
+
+impl BlockDevice for Multipath {
+    fn block_size(&self) -> u32 {
+        self.block_size
+    }
+    fn num_blocks(&self) -> u64 {
+        self.blocks
+    }
+    fn read_at(&self, lba: u64, buf: &mut [u8]) -> io::Result<()> {
+        // One buffer across attempts; a failed attempt may have filled part
+        // of it, the retry overwrites all of it.
+        let cell = Mutex::new(buf);
+        self.io(|d| {
+            let mut b = cell.lock().unwrap_or_else(|e| e.into_inner());
+            d.read_at(lba, &mut b)
+        })
+    }
+    fn write_at(&self, lba: u64, buf: &[u8]) -> io::Result<()> {
+        self.io(|d| d.write_at(lba, buf))
+    }
+    fn flush(&self) -> io::Result<()> {
+        self.io(|d| d.flush())
+    }
+    fn unmap(&self, lba: u64, blocks: u64) -> io::Result<()> {
+        self.io(|d| d.unmap(lba, blocks))
+    }
+}
+
+/// A path with its name.
+pub type NamedPath = (String, Arc<dyn PathDevice>);
+
+/// Groups paths by the LU they reach (device identifier), keeping the
+/// order in which each LU was first seen; the names of paths without an
+/// identifier are returned apart.
+pub fn group_by_device(paths: Vec<NamedPath>) -> (Vec<Vec<NamedPath>>, Vec<String>) {
+    let mut groups: Vec<(String, Vec<NamedPath>)> = Vec::new();
+    let mut loose = Vec::new();
+    for (name, dev) in paths {
+        match dev.device_id() {
+            Some(id) => match groups.iter_mut().find(|(g, _)| *g == id) {
+                Some((_, v)) => v.push((name, dev)),
+                None => groups.push((id, vec![(name, dev)])),
+            },
+            None => loose.push(name),
+        }
+    }
+    (groups.into_iter().map(|(_, v)| v).collect(), loose)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use blockload::RamDevice;
+    use std::sync::atomic::AtomicBool;
+
+    /// A path over a shared RAM LU that can be cut: while down, I/O fails
+    /// with `ConnectionAborted`.
+    struct TestPath {
+        lu: Arc<RamDevice>,
+        id: Option<String>,
+        up: AtomicBool,
+        /// Fail this many more I/Os with a medium error.
+        medium_errors: AtomicU64,
+    }
+
+    impl TestPath {
+        fn new(lu: &Arc<RamDevice>, id: &str) -> Arc<TestPath> {
+            Arc::new(TestPath {
+                lu: lu.clone(),
+                id: Some(id.into()),
+                up: AtomicBool::new(true),
+                medium_errors: AtomicU64::new(0),
+            })
+        }
+        fn check(&self) -> io::Result<()> {
+            if !self.up.load(Ordering::SeqCst) {
+                return Err(io::Error::new(io::ErrorKind::ConnectionAborted, "cut"));
+            }
+            if self
+                .medium_errors
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok()
+            {
+                return Err(io::Error::other("MEDIUM ERROR"));
+            }
+            Ok(())
+        }
+    }
+
+    impl BlockDevice for TestPath {
+        fn block_size(&self) -> u32 {
+            self.lu.block_size()
+        }
+        fn num_blocks(&self) -> u64 {
+            self.lu.num_blocks()
+        }
+        fn read_at(&self, lba: u64, buf: &mut [u8]) -> io::Result<()> {
+            self.check()?;
+            self.lu.read_at(lba, buf)
+        }
+        fn write_at(&self, lba: u64, buf: &[u8]) -> io::Result<()> {
+            self.check()?;
+            self.lu.write_at(lba, buf)
+        }
+    }
+
+    impl PathDevice for TestPath {
+        fn device_id(&self) -> Option<String> {
+            self.id.clone()
+        }
+        fn is_up(&self) -> bool {
+            self.up.load(Ordering::SeqCst)
+        }
+        fn wait_up(&self, timeout: Duration) -> bool {
+            // Tests flip `up` from the same thread before waiting; no
+            // other thread brings a path back here.
+            let _ = timeout;
+            self.is_up()
+        }
+    }
+
+    fn mp(paths: &[&Arc<TestPath>], policy: Policy) -> Multipath {
+        Multipath::new(
+            paths
+                .iter()
+                .enumerate()
+                .map(|(i, p)| (format!("p{i}"), (*p).clone() as Arc<dyn PathDevice>))
+                .collect(),
+            policy,
+            Duration::from_millis(100),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn round_robin_spreads_and_a_cut_path_is_skipped_without_errors() {
+        let lu = Arc::new(RamDevice::new(512, 64));
+        let (a, b) = (TestPath::new(&lu, "naa1"), TestPath::new(&lu, "naa1"));
+        let m = mp(&[&a, &b], Policy::RoundRobin);
+        for i in 0..10u8 {
+            m.write_at(i as u64, &[i; 512]).unwrap();
+        }
+        let s = m.path_stats();
+        assert_eq!((s[0].ios, s[1].ios), (5, 5), "{s:?}");
+        a.up.store(false, Ordering::SeqCst);
+        let mut buf = [0u8; 512];
+        for i in 0..10u8 {
+            m.read_at(i as u64, &mut buf).unwrap();
+            assert_eq!(buf, [i; 512]);
+        }
+        let s = m.path_stats();
+        assert_eq!(s[1].ios, 15, "{s:?}");
+        assert_eq!(s[0].ios, 5, "a cut path gets nothing: {s:?}");
+    }
+
+    #[test]
+    fn an_io_failing_on_its_path_completes_on_another_and_is_logged() {
+        let lu = Arc::new(RamDevice::new(512, 64));
+        let (a, b) = (TestPath::new(&lu, "naa1"), TestPath::new(&lu, "naa1"));
+        // `is_up` is read before the I/O: make the path fail under it.
+        struct Flaky(Arc<TestPath>, AtomicBool);
+        impl BlockDevice for Flaky {
+            fn block_size(&self) -> u32 {
+                512
+            }
+            fn num_blocks(&self) -> u64 {
+                64
+            }
+            fn read_at(&self, lba: u64, buf: &mut [u8]) -> io::Result<()> {
+                self.0.read_at(lba, buf)
+            }
+            fn write_at(&self, lba: u64, buf: &[u8]) -> io::Result<()> {
+                if self.1.swap(false, Ordering::SeqCst) {
+                    return Err(io::Error::new(io::ErrorKind::ConnectionAborted, "QP error"));
+                }
+                self.0.write_at(lba, buf)
+            }
+        }
+        impl PathDevice for Flaky {
+            fn device_id(&self) -> Option<String> {
+                self.0.device_id()
+            }
+            fn is_up(&self) -> bool {
+                true
+            }
+            fn wait_up(&self, _: Duration) -> bool {
+                true
+            }
+        }
+        let flaky = Arc::new(Flaky(a, AtomicBool::new(true)));
+        let m = Multipath::new(
+            vec![
+                ("flaky".into(), flaky as Arc<dyn PathDevice>),
+                ("b".into(), b as Arc<dyn PathDevice>),
+            ],
+            Policy::Failover,
+            Duration::from_millis(100),
+        )
+        .unwrap();
+        m.write_at(3, &[7; 512]).unwrap();
+        let mut buf = [0u8; 512];
+        lu.read_at(3, &mut buf).unwrap();
+        assert_eq!(buf, [7; 512]);
+        let f = m.failovers();
+        assert_eq!(f.len(), 1);
+        assert_eq!((f[0].from.as_str(), f[0].to.as_str()), ("flaky", "b"));
+        let s = m.path_stats();
+        assert_eq!((s[0].failures, s[1].ios), (1, 1), "{s:?}");
+        // Failover policy: back on the first path once it works.
+        m.write_at(4, &[8; 512]).unwrap();
+        assert_eq!(m.path_stats()[0].ios, 1);
+    }
+
+    #[test]
+    fn scsi_errors_are_not_retried_and_no_path_times_out() {
+        let lu = Arc::new(RamDevice::new(512, 64));
+        let (a, b) = (TestPath::new(&lu, "naa1"), TestPath::new(&lu, "naa1"));
+        let m = mp(&[&a, &b], Policy::Failover);
+        a.medium_errors.store(1, Ordering::SeqCst);
+        let e = m.write_at(0, &[1; 512]).unwrap_err();
+        assert_eq!(e.to_string(), "MEDIUM ERROR");
+        assert_eq!(m.path_stats()[1].ios, 0, "not sent again elsewhere");
+
+        a.up.store(false, Ordering::SeqCst);
+        b.up.store(false, Ordering::SeqCst);
+        let e = m.write_at(0, &[1; 512]).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::NotConnected);
+        assert!(e.to_string().starts_with("no path to LU naa1"), "{e}");
+    }
+
+    #[test]
+    fn paths_to_different_lus_are_refused_and_grouped_apart() {
+        let lu = Arc::new(RamDevice::new(512, 64));
+        let other = Arc::new(RamDevice::new(512, 128));
+        let (a, b, c) = (
+            TestPath::new(&lu, "naa1"),
+            TestPath::new(&lu, "naa2"),
+            TestPath::new(&other, "naa1"),
+        );
+        let err = |paths: &[&Arc<TestPath>]| {
+            Multipath::new(
+                paths
+                    .iter()
+                    .enumerate()
+                    .map(|(i, p)| (format!("p{i}"), (*p).clone() as Arc<dyn PathDevice>))
+                    .collect(),
+                Policy::Failover,
+                Duration::from_secs(1),
+            )
+            .err()
+            .unwrap()
+            .to_string()
+        };
+        assert_eq!(
+            err(&[&a, &b]),
+            "path p1 reaches LU naa2, not naa1 like path p0"
+        );
+        assert_eq!(
+            err(&[&a, &c]),
+            "path p1 sees 128 blocks of 512 B, path p0 64 of 512 B"
+        );
+        let none = Arc::new(TestPath {
+            lu: lu.clone(),
+            id: None,
+            up: AtomicBool::new(true),
+            medium_errors: AtomicU64::new(0),
+        });
+        assert!(err(&[&none]).contains("no NAA device identifier"));
+        assert_eq!(
+            Multipath::new(vec![], Policy::Failover, Duration::from_secs(1))
+                .err()
+                .unwrap()
+                .to_string(),
+            "a multipath device needs at least one path"
+        );
+        let (groups, loose) = group_by_device(vec![
+            ("a".into(), a as Arc<dyn PathDevice>),
+            ("b".into(), b as Arc<dyn PathDevice>),
+            ("c".into(), c as Arc<dyn PathDevice>),
+            ("none".into(), none as Arc<dyn PathDevice>),
+        ]);
+        let names: Vec<Vec<&str>> = groups
+            .iter()
+            .map(|g| g.iter().map(|(n, _)| n.as_str()).collect())
+            .collect();
+        assert_eq!(names, vec![vec!["a", "c"], vec!["b"]]);
+        assert_eq!(loose, vec!["none".to_string()]);
+        assert_eq!("rr".parse::<Policy>().unwrap(), Policy::RoundRobin);
+        assert!("best".parse::<Policy>().unwrap_err().contains("`best`"));
+    }
+}

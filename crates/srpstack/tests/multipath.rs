@@ -1,0 +1,188 @@
+//! Path failover (issue 8 item 6): one LU exported on two target ports,
+//! reached over two paths (two initiator CAs, two target CAs, soft RoCE on
+//! 127.0.86.x), grouped into one round-robin multipath device. Under a
+//! verified random read/write workload, first the initiator's port of path
+//! A goes down (a local port event), comes back, then the target's port of
+//! path B goes down (a remote failure only the transport's retries can
+//! see) and comes back. The workload must see no error and no bad data;
+//! the time from each cut to I/O completing on the other path is printed.
+
+use rdma_types::{Guid, Lid};
+use rnic::softroce::{SoftCa, SoftRoce, ROCE_PORT};
+use srp::initiator::ChannelConfig;
+use srp::target::TargetConfig;
+use srp_initiator::disk::Disk;
+use srp_initiator::multipath::{Multipath, PathDevice, Policy};
+use srp_initiator::remote::RemoteDisk;
+use srp_initiator::rport::RportConfig;
+use srp_initiator::session::{Session, SessionConfig};
+use srp_target::{PortOptions, TargetPort};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const TGT_A: u64 = 0x0002_c903_00c0_0001;
+const TGT_B: u64 = 0x0002_c903_00c0_0002;
+const INI_A: u64 = 0x0002_c903_00d0_0001;
+const INI_B: u64 = 0x0002_c903_00d0_0002;
+
+fn ca(guid: u64, last: u8) -> SoftCa {
+    SoftCa {
+        guid: Guid(guid),
+        ip: std::net::Ipv4Addr::new(127, 0, 86, last).into(),
+    }
+}
+
+/// A path: initiator CA `ini` logging in to `port`, kept up by a remote
+/// port that fails I/O at once (the multipath layer retries elsewhere) and
+/// reconnects every 100 ms.
+fn path(p: &Arc<SoftRoce>, ini: u64, port: &Arc<TargetPort>) -> Arc<RemoteDisk> {
+    let (p, port) = (p.clone(), port.clone());
+    let open = Box::new(move || {
+        let mut sc = SessionConfig::new(ChannelConfig::new(1, Guid(ini), TGT_A, Guid(TGT_A)));
+        // A login over a dead link gives up in seconds, not the default 30.
+        sc.channel.cmd_timeout = rdma_types::Duration::from_secs(2);
+        let direct = Arc::new(srpstack::Direct {
+            port: port.clone(),
+            lid: Lid(0),
+        });
+        let s =
+            Session::connect(p.clone(), Guid(ini), direct, sc).map_err(std::io::Error::other)?;
+        Disk::open(Arc::new(s), 0)
+    });
+    let cfg = RportConfig {
+        reconnect_delay: Some(rdma_types::Duration::from_millis(100)),
+        fast_io_fail_tmo: Some(rdma_types::Duration::ZERO),
+        dev_loss_tmo: Some(rdma_types::Duration::from_secs(120)),
+    };
+    Arc::new(RemoteDisk::open(open, cfg).expect("first login"))
+}
+
+/// Waits (bounded) until the workload has moved `bytes`.
+fn wait_moved(moved: &AtomicU64, bytes: u64, run: &std::thread::JoinHandle<blockload::Report>) {
+    let end = Instant::now() + Duration::from_secs(90);
+    while moved.load(Ordering::SeqCst) < bytes {
+        assert!(
+            Instant::now() < end && !run.is_finished(),
+            "the workload stopped short of {bytes} bytes"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// From `cut` to the first and the last failed-over I/O that failed after it.
+fn failover_times(m: &Multipath, cut: Instant, until: Instant) -> (Duration, Duration, usize) {
+    let f: Vec<_> = m
+        .failovers()
+        .into_iter()
+        .filter(|f| f.failed_at >= cut && f.failed_at < until)
+        .collect();
+    let first = f.iter().map(|f| f.done_at - cut).min().unwrap_or_default();
+    let last = f.iter().map(|f| f.done_at - cut).max().unwrap_or_default();
+    (first, last, f.len())
+}
+
+#[test]
+fn two_paths_round_robin_survive_a_local_and_a_remote_cut_without_errors() {
+    let p = SoftRoce::new(
+        vec![ca(TGT_A, 1), ca(INI_A, 2), ca(TGT_B, 3), ca(INI_B, 4)],
+        ROCE_PORT,
+    );
+    let scsi = Arc::new(scsi::Target::new());
+    let dev = scsi::Device::new(
+        scsi::DeviceConfig {
+            serial: "mpath0".into(),
+            ..Default::default()
+        },
+        Arc::new(scsi::Ram::new(32 << 20)),
+    )
+    .unwrap();
+    scsi.add_lun(None, scsi::Lun::new(0).unwrap(), Arc::new(dev));
+    let port_id = ChannelConfig::new(1, Guid(INI_A), TGT_A, Guid(TGT_A)).target_port_id();
+    let start = |guid: u64, name: &str| {
+        Arc::new(
+            TargetPort::start(
+                p.clone(),
+                Guid(guid),
+                TargetConfig::new(port_id, name),
+                scsi.clone(),
+                PortOptions::default(),
+            )
+            .unwrap(),
+        )
+    };
+    let (port_a, port_b) = (start(TGT_A, "mpath-a"), start(TGT_B, "mpath-b"));
+    let (a, b) = (path(&p, INI_A, &port_a), path(&p, INI_B, &port_b));
+    let m = Arc::new(
+        Multipath::new(
+            vec![
+                ("A".into(), a.clone() as Arc<dyn PathDevice>),
+                ("B".into(), b.clone() as Arc<dyn PathDevice>),
+            ],
+            Policy::RoundRobin,
+            Duration::from_secs(30),
+        )
+        .expect("both paths reach the same LU"),
+    );
+
+    let moved = Arc::new(AtomicU64::new(0));
+    let run = {
+        let (m, moved) = (m.clone(), moved.clone());
+        std::thread::spawn(move || {
+            let mut w = blockload::Workload::new(blockload::Pattern::RandRw { read_pct: 50 });
+            w.jobs = 4;
+            w.verify = true;
+            w.region = Some(8 << 20);
+            w.size = Some(40 << 20);
+            w.runtime = Duration::from_secs(120);
+            let dev: Arc<dyn blockload::BlockDevice> = m;
+            blockload::run(dev, &w, |p| moved.store(p.bytes, Ordering::SeqCst)).unwrap()
+        })
+    };
+
+    // Cut 1: the initiator's port of path A goes down.
+    wait_moved(&moved, 6 << 20, &run);
+    let cut1 = Instant::now();
+    p.set_port_active(Guid(INI_A), false).unwrap();
+    wait_moved(&moved, 12 << 20, &run);
+    p.set_port_active(Guid(INI_A), true).unwrap();
+    let back1 = Instant::now();
+    assert!(a.wait_running(Duration::from_secs(20)), "path A came back");
+    let a_before = m.path_stats()[0].ios;
+
+    // Cut 2: the target's port of path B goes down; the initiator's port
+    // stays up, so only the transport's retries find out.
+    wait_moved(&moved, 20 << 20, &run);
+    assert!(
+        m.path_stats()[0].ios > a_before,
+        "round robin uses path A again once it is back"
+    );
+    let cut2 = Instant::now();
+    p.set_port_active(Guid(TGT_B), false).unwrap();
+    wait_moved(&moved, 28 << 20, &run);
+    p.set_port_active(Guid(TGT_B), true).unwrap();
+    let back2 = Instant::now();
+    assert!(b.wait_running(Duration::from_secs(20)), "path B came back");
+
+    let r = run.join().unwrap();
+    let stats = m.path_stats();
+    let (l_first, l_last, l_n) = failover_times(&m, cut1, back1);
+    let (r_first, r_last, r_n) = failover_times(&m, cut2, back2);
+    println!("{}", r.table());
+    println!("paths: {stats:?}");
+    println!(
+        "local port down: {l_n} I/Os failed over, first done {l_first:?} after the cut, last {l_last:?}"
+    );
+    println!(
+        "remote port down: {r_n} I/Os failed over, first done {r_first:?} after the cut, last {r_last:?}"
+    );
+    println!("path A {:?}\npath B {:?}", a.stats(), b.stats());
+    assert!(r.ok(), "{}", r.table());
+    assert!(r.verified_bytes >= 8 << 20, "{}", r.table());
+    assert!(l_n >= 1 && r_n >= 1, "both cuts caught I/O in flight");
+    assert!(stats.iter().all(|s| s.up && s.ios > 0), "{stats:?}");
+    assert!(a.stats().failures >= 1 && b.stats().failures >= 1);
+    assert!(a.stats().reconnects >= 1 && b.stats().reconnects >= 1);
+    // Bounds against a hang, not speed goals (those are printed above).
+    assert!(l_last < Duration::from_secs(10) && r_last < Duration::from_secs(10));
+}
