@@ -187,11 +187,31 @@ impl Shared {
                     st.rport.handle_timeout(now);
                     st
                 }
-                None => self.cv.wait(st).unwrap_or_else(|e| e.into_inner()),
+                None => {
+                    // Path checker: an idle session can end (the target
+                    // logged it out, the port went down) with no I/O to
+                    // notice; look every CHECK_INTERVAL.
+                    let (mut st, _) = self
+                        .cv
+                        .wait_timeout(st, CHECK_INTERVAL)
+                        .unwrap_or_else(|e| e.into_inner());
+                    let dead = st.rport.state() == RportState::Running
+                        && st.disk.as_ref().is_some_and(|d| d.session().is_closed());
+                    if dead {
+                        let generation = st.generation;
+                        drop(st);
+                        self.failed(generation);
+                        st = self.lock();
+                    }
+                    st
+                }
             };
         }
     }
 }
+
+/// How often a running port's session is checked for having ended.
+const CHECK_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
 
 impl RemoteDisk {
     /// Opens the LUN with `open` and keeps it open under `cfg`'s timers.

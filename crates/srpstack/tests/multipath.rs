@@ -6,11 +6,17 @@
 //! path B goes down (a remote failure only the transport's retries can
 //! see) and comes back. The workload must see no error and no bad data;
 //! the time from each cut to I/O completing on the other path is printed.
+//!
+//! Second, the blktests-style case: the target logs path B out again and
+//! again while path A carries the I/O, then path A's RDMA device is
+//! hot-unplugged and B is logged out again, so I/O queues until B is back
+//! (dm-multipath's queue_if_no_path). Again no error and no bad data.
 
 use rdma_types::{Guid, Lid};
 use rnic::softroce::{SoftCa, SoftRoce, ROCE_PORT};
 use srp::initiator::ChannelConfig;
 use srp::target::TargetConfig;
+use srp::wire::TLogoutReason;
 use srp_initiator::disk::Disk;
 use srp_initiator::multipath::{Multipath, PathDevice, Policy};
 use srp_initiator::remote::RemoteDisk;
@@ -31,6 +37,65 @@ fn ca(guid: u64, last: u8) -> SoftCa {
         guid: Guid(guid),
         ip: std::net::Ipv4Addr::new(127, 0, 86, last).into(),
     }
+}
+
+/// One LU (RAM, NAA from the default config) behind two target ports on
+/// CAs `TGT_A` and `TGT_B`, with initiator CAs `INI_A`, `INI_B`; the CAs
+/// on 127.0.86.(`base` + 1..=4).
+fn fabric(base: u8) -> (Arc<SoftRoce>, Arc<TargetPort>, Arc<TargetPort>) {
+    let p = SoftRoce::new(
+        vec![
+            ca(TGT_A, base + 1),
+            ca(INI_A, base + 2),
+            ca(TGT_B, base + 3),
+            ca(INI_B, base + 4),
+        ],
+        ROCE_PORT,
+    );
+    let scsi = Arc::new(scsi::Target::new());
+    let dev = scsi::Device::new(
+        scsi::DeviceConfig {
+            serial: "mpath0".into(),
+            ..Default::default()
+        },
+        Arc::new(scsi::Ram::new(32 << 20)),
+    )
+    .unwrap();
+    scsi.add_lun(None, scsi::Lun::new(0).unwrap(), Arc::new(dev));
+    let port_id = ChannelConfig::new(1, Guid(INI_A), TGT_A, Guid(TGT_A)).target_port_id();
+    let start = |guid: u64, name: &str| {
+        Arc::new(
+            TargetPort::start(
+                p.clone(),
+                Guid(guid),
+                TargetConfig::new(port_id, name),
+                scsi.clone(),
+                PortOptions::default(),
+            )
+            .unwrap(),
+        )
+    };
+    let (a, b) = (start(TGT_A, "mpath-a"), start(TGT_B, "mpath-b"));
+    (p, a, b)
+}
+
+/// A verified 4-job random read/write of `size` bytes over the first
+/// 8 MiB of `dev`, on its own thread; `moved` follows its progress.
+fn workload(
+    dev: Arc<dyn blockload::BlockDevice>,
+    size: u64,
+    moved: &Arc<AtomicU64>,
+) -> std::thread::JoinHandle<blockload::Report> {
+    let moved = moved.clone();
+    std::thread::spawn(move || {
+        let mut w = blockload::Workload::new(blockload::Pattern::RandRw { read_pct: 50 });
+        w.jobs = 4;
+        w.verify = true;
+        w.region = Some(8 << 20);
+        w.size = Some(size);
+        w.runtime = Duration::from_secs(120);
+        blockload::run(dev, &w, |p| moved.store(p.bytes, Ordering::SeqCst)).unwrap()
+    })
 }
 
 /// A path: initiator CA `ini` logging in to `port`, kept up by a remote
@@ -84,34 +149,7 @@ fn failover_times(m: &Multipath, cut: Instant, until: Instant) -> (Duration, Dur
 
 #[test]
 fn two_paths_round_robin_survive_a_local_and_a_remote_cut_without_errors() {
-    let p = SoftRoce::new(
-        vec![ca(TGT_A, 1), ca(INI_A, 2), ca(TGT_B, 3), ca(INI_B, 4)],
-        ROCE_PORT,
-    );
-    let scsi = Arc::new(scsi::Target::new());
-    let dev = scsi::Device::new(
-        scsi::DeviceConfig {
-            serial: "mpath0".into(),
-            ..Default::default()
-        },
-        Arc::new(scsi::Ram::new(32 << 20)),
-    )
-    .unwrap();
-    scsi.add_lun(None, scsi::Lun::new(0).unwrap(), Arc::new(dev));
-    let port_id = ChannelConfig::new(1, Guid(INI_A), TGT_A, Guid(TGT_A)).target_port_id();
-    let start = |guid: u64, name: &str| {
-        Arc::new(
-            TargetPort::start(
-                p.clone(),
-                Guid(guid),
-                TargetConfig::new(port_id, name),
-                scsi.clone(),
-                PortOptions::default(),
-            )
-            .unwrap(),
-        )
-    };
-    let (port_a, port_b) = (start(TGT_A, "mpath-a"), start(TGT_B, "mpath-b"));
+    let (p, port_a, port_b) = fabric(0);
     let (a, b) = (path(&p, INI_A, &port_a), path(&p, INI_B, &port_b));
     let m = Arc::new(
         Multipath::new(
@@ -126,19 +164,7 @@ fn two_paths_round_robin_survive_a_local_and_a_remote_cut_without_errors() {
     );
 
     let moved = Arc::new(AtomicU64::new(0));
-    let run = {
-        let (m, moved) = (m.clone(), moved.clone());
-        std::thread::spawn(move || {
-            let mut w = blockload::Workload::new(blockload::Pattern::RandRw { read_pct: 50 });
-            w.jobs = 4;
-            w.verify = true;
-            w.region = Some(8 << 20);
-            w.size = Some(40 << 20);
-            w.runtime = Duration::from_secs(120);
-            let dev: Arc<dyn blockload::BlockDevice> = m;
-            blockload::run(dev, &w, |p| moved.store(p.bytes, Ordering::SeqCst)).unwrap()
-        })
-    };
+    let run = workload(m.clone(), 40 << 20, &moved);
 
     // Cut 1: the initiator's port of path A goes down.
     wait_moved(&moved, 6 << 20, &run);
@@ -185,4 +211,71 @@ fn two_paths_round_robin_survive_a_local_and_a_remote_cut_without_errors() {
     assert!(a.stats().reconnects >= 1 && b.stats().reconnects >= 1);
     // Bounds against a hang, not speed goals (those are printed above).
     assert!(l_last < Duration::from_secs(10) && r_last < Duration::from_secs(10));
+}
+
+#[test]
+fn repeated_logouts_and_a_hot_unplugged_device_under_multipath_io() {
+    let (p, port_a, port_b) = fabric(10);
+    let (a, b) = (path(&p, INI_A, &port_a), path(&p, INI_B, &port_b));
+    let m = Arc::new(
+        Multipath::new(
+            vec![
+                ("A".into(), a.clone() as Arc<dyn PathDevice>),
+                ("B".into(), b.clone() as Arc<dyn PathDevice>),
+            ],
+            Policy::Failover,
+            Duration::from_secs(30),
+        )
+        .unwrap(),
+    );
+    let moved = Arc::new(AtomicU64::new(0));
+    let run = workload(m.clone(), 36 << 20, &moved);
+    let logout_b = |at: u64| {
+        wait_moved(&moved, at, &run);
+        let before = b.stats().reconnects;
+        // SCST's enabled 0 then 1: every session logged out, logins
+        // accepted again.
+        port_b.logout_all(TLogoutReason::NoReason);
+        port_b.set_enabled(true);
+        let end = Instant::now() + Duration::from_secs(30);
+        while b.stats().reconnects == before {
+            assert!(
+                Instant::now() < end,
+                "path B did not log in again: {:?}; target sessions {:?}",
+                b.stats(),
+                port_b.sessions()
+            );
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    };
+    // Failover policy: A carries the I/O; B is logged out and in 3 times.
+    for k in 1..=3 {
+        logout_b(k << 20);
+    }
+    // Path A's device goes away for good; B now carries everything.
+    wait_moved(&moved, 8 << 20, &run);
+    let b_before = m.path_stats()[1].ios;
+    p.remove_ca(Guid(INI_A)).unwrap();
+    wait_moved(&moved, 14 << 20, &run);
+    assert!(m.path_stats()[1].ios > b_before, "path B took over");
+    // With A gone, each logout of B leaves no path: I/O waits for B.
+    for k in 0..3 {
+        logout_b((16 + 4 * k) << 20);
+    }
+    let r = run.join().unwrap();
+    let stats = m.path_stats();
+    println!(
+        "{}
+paths: {stats:?}
+A {:?}
+B {:?}",
+        r.table(),
+        a.stats(),
+        b.stats()
+    );
+    assert!(r.ok(), "{}", r.table());
+    assert!(r.verified_bytes >= 8 << 20, "{}", r.table());
+    assert!(!stats[0].up && stats[1].up, "{stats:?}");
+    assert!(b.stats().reconnects >= 6, "{:?}", b.stats());
+    assert!(a.stats().failures >= 1 && a.stats().reconnects == 0);
 }
