@@ -43,6 +43,8 @@ struct State {
     failed_at: Option<std::time::Instant>,
     longest_outage: std::time::Duration,
     stop: bool,
+    /// The background thread is inside `open` (a login attempt).
+    connecting: bool,
 }
 
 struct Shared {
@@ -140,6 +142,7 @@ impl Shared {
             while let Some(action) = st.rport.poll_action() {
                 match action {
                     RportAction::Reconnect => {
+                        st.connecting = true;
                         drop(st);
                         let attempt = (self.open)().and_then(|d| {
                             // Same LUN or nothing: the device keeps its identity.
@@ -153,6 +156,7 @@ impl Shared {
                             Ok(d)
                         });
                         st = self.lock();
+                        st.connecting = false;
                         let ok = attempt.is_ok();
                         if let Ok(d) = attempt {
                             st.disk = Some(Arc::new(d));
@@ -231,6 +235,7 @@ impl RemoteDisk {
                 failed_at: None,
                 longest_outage: std::time::Duration::ZERO,
                 stop: false,
+                connecting: false,
             }),
             cv: Condvar::new(),
             epoch: std::time::Instant::now(),
@@ -297,11 +302,21 @@ impl RemoteDisk {
 }
 
 impl Drop for RemoteDisk {
+    /// Stops the background thread. One inside a login attempt is not
+    /// waited for (that can take the connector's whole timeout): it ends
+    /// by itself when the attempt returns, and its new session, if any,
+    /// is closed then.
     fn drop(&mut self) {
-        self.shared.lock().stop = true;
+        let connecting = {
+            let mut st = self.shared.lock();
+            st.stop = true;
+            st.connecting
+        };
         self.shared.cv.notify_all();
         if let Some(t) = self.thread.take() {
-            let _ = t.join();
+            if !connecting {
+                let _ = t.join();
+            }
         }
     }
 }

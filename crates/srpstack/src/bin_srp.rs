@@ -1,6 +1,12 @@
 //! `srp`: the SRP initiator's command line. Every subcommand logs in to a
-//! target by RDMA CM over the soft RoCE NIC: `srp io` reads, writes and
-//! verifies a LUN, `srp luns` lists what the target shows this initiator.
+//! target by RDMA CM (or IB CM) over the soft RoCE NIC: `srp io` reads,
+//! writes and verifies a LUN, `srp luns` lists what the target shows this
+//! initiator, `srp fuse` / `srp nbd` serve LUNs to the OS.
+//!
+//! `io`, `fuse` and `nbd` keep a LUN across connection loss (the remote
+//! port reconnects, with Linux's `reconnect_delay`, `fast_io_fail_tmo` and
+//! `dev_loss_tmo`), and with `--dest` given several times (one `--ip` per
+//! path) make the paths one multipath device.
 
 use blockload::{Pattern, Workload};
 use clap::{Args, Parser, Subcommand};
@@ -19,12 +25,14 @@ struct Cli {
 /// Where and as whom to log in.
 #[derive(Args, Clone)]
 struct Login {
-    /// Target's RDMA CM address (ib_srp's dest=ip:port).
-    #[arg(long)]
-    dest: SocketAddr,
-    /// Address of our soft RoCE NIC.
+    /// Target's RDMA CM address (ib_srp's dest=ip:port). Several: one path
+    /// each, grouped into one multipath device per LUN.
+    #[arg(long, required = true)]
+    dest: Vec<SocketAddr>,
+    /// Address of our soft RoCE NIC; with several paths, one per --dest
+    /// (each path needs its own initiator port).
     #[arg(long, default_value = "127.0.0.2")]
-    ip: IpAddr,
+    ip: Vec<IpAddr>,
     /// RoCEv2 UDP port.
     #[arg(long, default_value_t = 4791)]
     udp_port: u16,
@@ -47,12 +55,51 @@ struct Login {
     service_id: Option<u64>,
 }
 
+/// How a LUN rides out connection loss (Linux scsi_transport_srp's
+/// timers, in seconds; `off` disables one) and how paths are used.
+#[derive(Args, Clone)]
+struct Keep {
+    /// Seconds between reconnect attempts.
+    #[arg(long, default_value = "10", value_parser = tmo_explicit)]
+    reconnect_delay: Tmo,
+    /// Seconds after a failure until I/O fails instead of waiting
+    /// (default 15 with one path, 0 with several, so multipath moves I/O
+    /// to another path at once).
+    #[arg(long, value_parser = tmo_explicit)]
+    fast_io_fail_tmo: Option<Tmo>,
+    /// Seconds after a failure until the LUN is given up.
+    #[arg(long, default_value = "600", value_parser = tmo_explicit)]
+    dev_loss_tmo: Tmo,
+    /// Multipath policy: failover or round-robin.
+    #[arg(long, default_value = "failover")]
+    path_policy: srp_initiator::multipath::Policy,
+}
+
+/// A timer given on the command line: seconds, or `None` for `off`.
+#[derive(Clone, Copy)]
+struct Tmo(Option<u64>);
+
+fn tmo_explicit(s: &str) -> Result<Tmo, String> {
+    tmo(s).map(Tmo)
+}
+
+fn tmo(s: &str) -> Result<Option<u64>, String> {
+    if s == "off" {
+        return Ok(None);
+    }
+    s.parse()
+        .map(Some)
+        .map_err(|_| format!("`{s}` is not a number of seconds or `off`"))
+}
+
 #[derive(Subcommand)]
 enum Cmd {
     /// Read, write and verify a LUN (fio-like).
     Io {
         #[command(flatten)]
         login: Login,
+        #[command(flatten)]
+        keep: Keep,
         /// LUN to use.
         #[arg(long, default_value_t = 0)]
         lun: u16,
@@ -83,6 +130,8 @@ enum Cmd {
     Fuse {
         #[command(flatten)]
         login: Login,
+        #[command(flatten)]
+        keep: Keep,
         /// Existing directory to mount on.
         #[arg(long)]
         mountpoint: std::path::PathBuf,
@@ -102,6 +151,8 @@ enum Cmd {
     Nbd {
         #[command(flatten)]
         login: Login,
+        #[command(flatten)]
+        keep: Keep,
         /// LUN to export.
         #[arg(long, default_value_t = 0)]
         lun: u16,
@@ -141,49 +192,110 @@ fn hex64(s: &str) -> Result<u64, String> {
         .map_err(|_| format!("`{s}` is not a 64-bit hex number"))
 }
 
-fn login(l: &Login) -> Result<Arc<srp_initiator::session::Session>, String> {
+/// One [`PathLogin`] per `--dest`, each on its own soft RoCE CA.
+fn paths(l: &Login) -> Result<Vec<Arc<srpstack::paths::PathLogin>>, String> {
     use rdma_types::Guid;
-    let guid = Guid(srpstack::INITIATOR_GUID);
     let mtu = rdma_types::Mtu::from_bytes(l.mtu)
         .map_err(|_| format!("MTU {} is not 256, 512, 1024, 2048 or 4096", l.mtu))?;
-    let provider = rnic::softroce::SoftRoce::with_mtu(
-        vec![rnic::softroce::SoftCa { guid, ip: l.ip }],
-        l.udp_port,
-        mtu,
-    );
-    let agent = rdma_access::CmAgent::start(provider.clone(), guid, std::process::id() << 8)
-        .map_err(|e| format!("start the CM agent on {}: {e}", l.ip))?;
-    let timeout = Duration::from_secs(10);
-    let connector: Arc<dyn srp_initiator::session::Connector> = match l.service_id {
-        Some(service_id) => Arc::new(srpstack::IbCmConnector {
-            agent,
-            dgid: rdma_types::Gid::from_ip(l.dest.ip()),
-            service_id,
-            timeout,
-        }),
-        None => Arc::new(srpstack::RdmaCmConnector {
-            agent,
-            src: l.ip,
-            dst: l.dest,
-            timeout,
-        }),
+    let ips: Vec<IpAddr> = match (l.ip.len(), l.dest.len()) {
+        (1, n) if n > 1 => {
+            return Err(format!(
+                "{n} paths (--dest) need {n} local addresses (--ip): each path is its own initiator port"
+            ))
+        }
+        (i, d) if i == d => l.ip.clone(),
+        (i, d) => return Err(format!("{i} --ip for {d} --dest: give one --ip per --dest")),
     };
-    let chan =
-        srp::initiator::ChannelConfig::new(l.initiator_ext, guid, l.id_ext, Guid(l.ioc_guid));
-    srp_initiator::session::Session::connect(
-        provider,
-        guid,
-        connector,
-        srp_initiator::session::SessionConfig::new(chan),
-    )
-    .map(Arc::new)
-    .map_err(|e| format!("login to {}: {e}", l.dest))
+    let cas: Vec<rnic::softroce::SoftCa> = ips
+        .iter()
+        .enumerate()
+        .map(|(k, ip)| rnic::softroce::SoftCa {
+            guid: Guid(srpstack::INITIATOR_GUID + k as u64),
+            ip: *ip,
+        })
+        .collect();
+    let provider = rnic::softroce::SoftRoce::with_mtu(cas.clone(), l.udp_port, mtu);
+    let timeout = Duration::from_secs(10);
+    let mut out = Vec::new();
+    for (k, (ca, dest)) in cas.iter().zip(&l.dest).enumerate() {
+        let agent = rdma_access::CmAgent::start(
+            provider.clone(),
+            ca.guid,
+            (std::process::id() << 8) | k as u32,
+        )
+        .map_err(|e| format!("start the CM agent on {}: {e}", ca.ip))?;
+        let connector: Arc<dyn srp_initiator::session::Connector> = match l.service_id {
+            Some(service_id) => Arc::new(srpstack::IbCmConnector {
+                agent,
+                dgid: rdma_types::Gid::from_ip(dest.ip()),
+                service_id,
+                timeout,
+            }),
+            None => Arc::new(srpstack::RdmaCmConnector {
+                agent,
+                src: ca.ip,
+                dst: *dest,
+                timeout,
+            }),
+        };
+        let chan = srp::initiator::ChannelConfig::new(
+            l.initiator_ext,
+            ca.guid,
+            l.id_ext,
+            Guid(l.ioc_guid),
+        );
+        out.push(Arc::new(srpstack::paths::PathLogin::new(
+            format!("{} -> {dest}", ca.ip),
+            provider.clone(),
+            ca.guid,
+            connector,
+            srp_initiator::session::SessionConfig::new(chan),
+        )));
+    }
+    Ok(out)
+}
+
+/// The first path's session, for one-shot commands.
+fn login(l: &Login) -> Result<Arc<srp_initiator::session::Session>, String> {
+    paths(l)?[0].session().map_err(|e| e.to_string())
+}
+
+/// LUN `lun` over every path, kept across connection loss.
+fn open_kept(
+    paths: &[Arc<srpstack::paths::PathLogin>],
+    keep: &Keep,
+    lun: u16,
+) -> Result<Arc<dyn blockload::BlockDevice>, String> {
+    let secs = |s: Option<u64>| s.map(rdma_types::Duration::from_secs);
+    let fast = keep
+        .fast_io_fail_tmo
+        .map(|t| t.0)
+        .unwrap_or(Some(if paths.len() > 1 { 0 } else { 15 }));
+    let rport = srp_initiator::rport::RportConfig {
+        reconnect_delay: secs(keep.reconnect_delay.0),
+        fast_io_fail_tmo: secs(fast),
+        dev_loss_tmo: secs(keep.dev_loss_tmo.0),
+    };
+    rport.validate().map_err(|e| e.to_string())?;
+    let no_path = Duration::from_secs(keep.dev_loss_tmo.0.unwrap_or(600));
+    srpstack::paths::open_lun(paths, lun, rport, keep.path_policy, no_path)
+        .map_err(|e| format!("open LUN {lun} {e}"))
+}
+
+/// Targets for messages.
+fn dests(l: &Login) -> String {
+    l.dest
+        .iter()
+        .map(|d| d.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn run(cmd: Cmd) -> Result<bool, String> {
     match cmd {
         Cmd::Io {
             login: l,
+            keep,
             lun,
             rw,
             bs,
@@ -193,16 +305,16 @@ fn run(cmd: Cmd) -> Result<bool, String> {
             no_verify,
             json,
         } => {
-            let session = login(&l)?;
-            let disk = Arc::new(
-                srp_initiator::disk::Disk::open(session, lun)
-                    .map_err(|e| format!("open LUN {lun}: {e}"))?,
-            );
-            let info = disk.info().clone();
+            let paths = paths(&l)?;
+            let disk = open_kept(&paths, &keep, lun)?;
             if !json {
                 println!(
-                    "srp: logged in to {}; LUN {lun} {} {}, {} blocks of {} B",
-                    l.dest, info.vendor, info.product, info.blocks, info.block_size
+                    "srp: logged in to {} ({} path{}); LUN {lun}: {} blocks of {} B",
+                    dests(&l),
+                    paths.len(),
+                    if paths.len() == 1 { "" } else { "s" },
+                    disk.num_blocks(),
+                    disk.block_size()
                 );
             }
             let mut w = Workload::new(rw);
@@ -212,8 +324,7 @@ fn run(cmd: Cmd) -> Result<bool, String> {
             w.size = Some(size);
             w.verify = !no_verify;
             w.runtime = Duration::from_secs(300);
-            let dev: Arc<dyn blockload::BlockDevice> = disk.clone();
-            let r = blockload::run(dev, &w, |_| {}).map_err(|e| e.to_string())?;
+            let r = blockload::run(disk.clone(), &w, |_| {}).map_err(|e| e.to_string())?;
             disk.flush()
                 .map_err(|e| format!("SYNCHRONIZE CACHE: {e}"))?;
             if json {
@@ -225,6 +336,7 @@ fn run(cmd: Cmd) -> Result<bool, String> {
         }
         Cmd::Fuse {
             login: l,
+            keep,
             mountpoint,
             lun,
             allow_other,
@@ -232,16 +344,17 @@ fn run(cmd: Cmd) -> Result<bool, String> {
         } => {
             // Before any thread starts, so all of them inherit the mask.
             let signals = srpstack::signals::block_term();
-            let session = login(&l)?;
+            let paths = paths(&l)?;
             let luns = match lun {
                 Some(n) => vec![n],
-                None => srp_initiator::disk::report_luns(&session).map_err(|e| e.to_string())?,
+                None => {
+                    let session = paths[0].session().map_err(|e| e.to_string())?;
+                    srp_initiator::disk::report_luns(&session).map_err(|e| e.to_string())?
+                }
             };
             let mut devices: Vec<(String, Arc<dyn blockload::BlockDevice>)> = Vec::new();
             for n in &luns {
-                let d = srp_initiator::disk::Disk::open(session.clone(), *n)
-                    .map_err(|e| format!("open LUN {n}: {e}"))?;
-                devices.push((format!("lun{n}"), Arc::new(d)));
+                devices.push((format!("lun{n}"), open_kept(&paths, &keep, *n)?));
             }
             let opts = blockfuse::Options {
                 allow_other,
@@ -250,7 +363,7 @@ fn run(cmd: Cmd) -> Result<bool, String> {
                 } else {
                     blockfuse::DirectIo::Always
                 },
-                fsname: format!("srp:{}", l.dest),
+                fsname: format!("srp:{}", l.dest[0]),
                 ..Default::default()
             };
             let m = blockfuse::mount(&mountpoint, devices, opts)
@@ -259,7 +372,7 @@ fn run(cmd: Cmd) -> Result<bool, String> {
             println!(
                 "srp: mounted {} LUNs of {} on {}",
                 luns.len(),
-                l.dest,
+                dests(&l),
                 m.mountpoint().display()
             );
             let _ = std::io::Write::flush(&mut std::io::stdout());
@@ -272,6 +385,7 @@ fn run(cmd: Cmd) -> Result<bool, String> {
         }
         Cmd::Nbd {
             login: l,
+            keep,
             lun,
             listen,
             socket,
@@ -279,10 +393,8 @@ fn run(cmd: Cmd) -> Result<bool, String> {
             read_only,
         } => {
             let signals = srpstack::signals::block_term();
-            let session = login(&l)?;
-            let disk = srp_initiator::disk::Disk::open(session, lun)
-                .map_err(|e| format!("open LUN {lun}: {e}"))?;
-            let mut export = nbd::Export::new(name, Arc::new(disk));
+            let disk = open_kept(&paths(&l)?, &keep, lun)?;
+            let mut export = nbd::Export::new(name, disk);
             export.read_only = read_only;
             let server = match &socket {
                 Some(p) => nbd::Server::bind_unix(p, export),
@@ -291,7 +403,7 @@ fn run(cmd: Cmd) -> Result<bool, String> {
             .map_err(|e| format!("listen for NBD: {e}"))?;
             let handle = server.spawn().map_err(|e| format!("serve NBD: {e}"))?;
             // Scripts wait for this line.
-            println!("srp: LUN {lun} of {} served at {}", l.dest, handle.uri());
+            println!("srp: LUN {lun} of {} served at {}", dests(&l), handle.uri());
             let _ = std::io::Write::flush(&mut std::io::stdout());
             let sig = signals.wait();
             let st = handle.stats();
@@ -309,7 +421,7 @@ fn run(cmd: Cmd) -> Result<bool, String> {
                 .map_err(|e| format!("LOGICAL UNIT RESET of LUN {lun}: {e}"))?;
             println!(
                 "srp: LOGICAL UNIT RESET of LUN {lun} at {}: function complete",
-                l.dest
+                l.dest[0]
             );
             Ok(true)
         }

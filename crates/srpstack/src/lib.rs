@@ -15,6 +15,7 @@
 
 pub mod config;
 pub mod daemon;
+pub mod paths;
 pub mod signals;
 
 use rdma_types::{Guid, Lid};

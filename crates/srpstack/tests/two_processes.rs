@@ -70,7 +70,8 @@ fn login_by_rdma_cm_and_verified_io_between_processes() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("login to 127.0.99.1:5556") && err.contains("invalid service ID"),
+        err.contains("open LUN 0 over 127.0.99.3 -> 127.0.99.1:5556: login:")
+            && err.contains("invalid service ID"),
         "{err}"
     );
 

@@ -44,6 +44,24 @@ impl Proc {
         }
     }
 
+    /// Every further line until the process closes its stdout (exits),
+    /// waiting at most `secs`.
+    #[allow(dead_code)]
+    pub fn rest(&self, secs: u64) -> Vec<String> {
+        let end = Instant::now() + Duration::from_secs(secs);
+        let mut out = Vec::new();
+        loop {
+            match self
+                .lines
+                .recv_timeout(end.saturating_duration_since(Instant::now()))
+            {
+                Ok(l) => out.push(l),
+                Err(mpsc::RecvTimeoutError::Disconnected) => return out,
+                Err(e) => panic!("{} still running after {secs} s: {e}", self.name),
+            }
+        }
+    }
+
     /// Sends SIGTERM.
     #[allow(dead_code)]
     pub fn term(&mut self) {
