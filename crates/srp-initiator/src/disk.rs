@@ -30,9 +30,13 @@ pub struct DiskInfo {
     pub naa: Option<String>,
 }
 
-/// A LUN as a block device.
+/// A LUN as a block device, over one channel or several (ib_srp's
+/// `ch_count`: channels of one I_T nexus, I/O spread round robin).
 pub struct Disk {
     session: Arc<Session>,
+    /// Every channel, `session` first.
+    channels: Vec<Arc<Session>>,
+    next: std::sync::atomic::AtomicUsize,
     lun: Lun,
     info: DiskInfo,
     max_transfer: usize,
@@ -172,6 +176,8 @@ impl Disk {
                 blocks: last + 1,
                 naa,
             },
+            channels: vec![session.clone()],
+            next: std::sync::atomic::AtomicUsize::new(0),
             session,
             lun,
             max_transfer,
@@ -218,9 +224,37 @@ impl Disk {
         &self.info
     }
 
-    /// The session underneath.
+    /// The session underneath (channel 0).
     pub fn session(&self) -> &Arc<Session> {
         &self.session
+    }
+
+    /// Adds channels of the same I_T nexus (logged in MULTI after the
+    /// first); I/O goes round robin over all of them.
+    pub fn with_channels(mut self, more: impl IntoIterator<Item = Arc<Session>>) -> Disk {
+        self.channels.extend(more);
+        self
+    }
+
+    /// Every channel, channel 0 first.
+    pub fn channels(&self) -> &[Arc<Session>] {
+        &self.channels
+    }
+
+    /// Whether any channel has closed or failed: the nexus needs a new
+    /// login (Linux reconnects all channels of a target port together).
+    pub fn any_channel_closed(&self) -> bool {
+        self.channels.iter().any(|s| s.is_closed())
+    }
+
+    /// The channel for the next command.
+    fn pick(&self) -> &Session {
+        let n = self.channels.len();
+        if n == 1 {
+            return &self.session;
+        }
+        let k = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        &self.channels[k % n]
     }
 
     /// Largest single READ/WRITE, in bytes (rounded down to blocks).
@@ -275,7 +309,7 @@ impl Disk {
             let at = lba + (i * step / bs) as u64;
             let cdb = self.rw16(false, at, (chunk.len() / bs) as u32);
             let r = Self::cmd(
-                &self.session,
+                self.pick(),
                 self.lun,
                 &cdb,
                 Xfer::In(chunk.len()),
@@ -301,7 +335,7 @@ impl Disk {
         for (i, chunk) in data.chunks(step).enumerate() {
             let at = lba + (i * step / bs) as u64;
             let cdb = self.rw16(true, at, (chunk.len() / bs) as u32);
-            Self::cmd(&self.session, self.lun, &cdb, Xfer::Out(chunk), "WRITE(16)")?;
+            Self::cmd(self.pick(), self.lun, &cdb, Xfer::Out(chunk), "WRITE(16)")?;
         }
         Ok(())
     }
@@ -330,7 +364,7 @@ impl Disk {
             list[16..20].copy_from_slice(&(n as u32).to_be_bytes());
             let cdb = [0x42, 0, 0, 0, 0, 0, 0, 0, 24, 0];
             let r = self
-                .session
+                .pick()
                 .execute(self.lun, &cdb, Xfer::Out(&list))
                 .map_err(|e| io_err("UNMAP", e))?;
             if !r.good() {

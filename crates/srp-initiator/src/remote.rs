@@ -200,7 +200,7 @@ impl Shared {
                         .wait_timeout(st, CHECK_INTERVAL)
                         .unwrap_or_else(|e| e.into_inner());
                     let dead = st.rport.state() == RportState::Running
-                        && st.disk.as_ref().is_some_and(|d| d.session().is_closed());
+                        && st.disk.as_ref().is_some_and(|d| d.any_channel_closed());
                     if dead {
                         let generation = st.generation;
                         drop(st);

@@ -978,3 +978,35 @@ fn completions_fit_can_queue_and_counts_balance() {
         assert_eq!(ch.credits(), 9);
     }
 }
+
+/// Channels of one nexus share the target's task set, so their tags must
+/// never collide (the target answers a reused tag with OVERLAPPED
+/// COMMANDS): the channel index is part of every command tag, and a
+/// channel does not take another channel's tag for its own.
+#[test]
+fn channels_of_one_nexus_use_disjoint_tags() {
+    let mut c1 = cfg();
+    c1.channel_index = 1;
+    let mut ch0 = logged_in(32);
+    let mut ch1 = logged_in_with(c1, 32, true);
+    let mut tags = std::collections::HashSet::new();
+    for _ in 0..8 {
+        let t0 = ch0.submit(T0, &read(0, 1)).unwrap();
+        let t1 = ch1.submit(T0, &read(0, 1)).unwrap();
+        assert!(tags.insert(t0) && tags.insert(t1), "{t0:?} {t1:?}");
+        assert_ne!(t0, t1);
+    }
+    sends(&mut ch0);
+    sends(&mut ch1);
+    // Channel 1's tag sent back on channel 0 is unknown there.
+    let foreign = *tags
+        .iter()
+        .find(|t| (t.0 >> 16) & 0xffff == 1)
+        .expect("a channel 1 tag");
+    ch0.handle_recv(T0, &rsp(foreign, 1, 0));
+    assert!(completions(&mut ch0).is_empty());
+    assert_eq!(
+        events(&mut ch0),
+        vec![Event::Protocol(ProtocolError::UnknownTag(foreign))]
+    );
+}

@@ -53,6 +53,10 @@ struct Login {
     /// ioc_guid) at dest's address, instead of by RDMA CM to dest's port.
     #[arg(long, value_parser = hex64)]
     service_id: Option<u64>,
+    /// RDMA channels per path (ib_srp's ch_count): channel 0 logs in
+    /// SINGLE, the others MULTI; I/O is spread over them.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+    ch_count: u16,
 }
 
 /// How a LUN rides out connection loss (Linux scsi_transport_srp's
@@ -244,13 +248,16 @@ fn paths(l: &Login) -> Result<Vec<Arc<srpstack::paths::PathLogin>>, String> {
             l.id_ext,
             Guid(l.ioc_guid),
         );
-        out.push(Arc::new(srpstack::paths::PathLogin::new(
-            format!("{} -> {dest}", ca.ip),
-            provider.clone(),
-            ca.guid,
-            connector,
-            srp_initiator::session::SessionConfig::new(chan),
-        )));
+        out.push(Arc::new(
+            srpstack::paths::PathLogin::new(
+                format!("{} -> {dest}", ca.ip),
+                provider.clone(),
+                ca.guid,
+                connector,
+                srp_initiator::session::SessionConfig::new(chan),
+            )
+            .with_ch_count(l.ch_count),
+        ));
     }
     Ok(out)
 }
@@ -309,10 +316,12 @@ fn run(cmd: Cmd) -> Result<bool, String> {
             let disk = open_kept(&paths, &keep, lun)?;
             if !json {
                 println!(
-                    "srp: logged in to {} ({} path{}); LUN {lun}: {} blocks of {} B",
+                    "srp: logged in to {} ({} path{}, {} channel{} each); LUN {lun}: {} blocks of {} B",
                     dests(&l),
                     paths.len(),
                     if paths.len() == 1 { "" } else { "s" },
+                    l.ch_count,
+                    if l.ch_count == 1 { "" } else { "s" },
                     disk.num_blocks(),
                     disk.block_size()
                 );

@@ -6,9 +6,11 @@
 //! A [`PathLogin`] is one path (a local NIC and a way to reach the target
 //! port). All LUNs opened over a path share its session, as they share an
 //! `ib_srp` SCSI host: a second login of the same initiator port would be
-//! a SINGLE-channel login that ends the first. When the session fails, the
-//! first LUN to reconnect logs in again and the others take the new
-//! session.
+//! a SINGLE-channel login that ends the first. With `ch_count` > 1 the
+//! session is several channels of the nexus (channel 0 SINGLE, the rest
+//! MULTI, as ib_srp logs in) and each LUN spreads its I/O over them. When
+//! any channel fails, the first LUN to reconnect logs all of them in again
+//! and the others take the new channels.
 
 use rdma_types::Guid;
 use srp_initiator::disk::Disk;
@@ -28,7 +30,8 @@ pub struct PathLogin {
     guid: Guid,
     connector: Arc<dyn Connector>,
     config: SessionConfig,
-    current: Mutex<Option<Arc<Session>>>,
+    ch_count: u16,
+    current: Mutex<Vec<Arc<Session>>>,
 }
 
 impl PathLogin {
@@ -46,30 +49,59 @@ impl PathLogin {
             guid,
             connector,
             config,
-            current: Mutex::new(None),
+            ch_count: 1,
+            current: Mutex::new(Vec::new()),
         }
     }
 
-    /// The live session of this path, logging in when there is none or
-    /// the last one ended.
+    /// Logs in `n` channels (at least 1) instead of one.
+    pub fn with_ch_count(mut self, n: u16) -> PathLogin {
+        self.ch_count = n.max(1);
+        self
+    }
+
+    /// The live channels of this path (channel 0 first), logging all of
+    /// them in again when there are none or any has ended.
     ///
     /// # Errors
-    /// The login failed (reason in words).
-    pub fn session(&self) -> io::Result<Arc<Session>> {
+    /// A login failed (reason in words).
+    pub fn channels(&self) -> io::Result<Vec<Arc<Session>>> {
         let mut cur = self.current.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(s) = cur.as_ref().filter(|s| !s.is_closed()) {
-            return Ok(s.clone());
+        if !cur.is_empty() && cur.iter().all(|s| !s.is_closed()) {
+            return Ok(cur.clone());
         }
-        let s = Session::connect(
-            self.provider.clone(),
-            self.guid,
-            self.connector.clone(),
-            self.config.clone(),
-        )
-        .map_err(|e| io::Error::other(format!("login: {e}")))?;
-        let s = Arc::new(s);
-        *cur = Some(s.clone());
-        Ok(s)
+        // Channel 0's SINGLE login ends whatever the target still holds of
+        // the old channels.
+        cur.clear();
+        let mut fresh = Vec::new();
+        for k in 0..self.ch_count {
+            let mut cfg = self.config.clone();
+            cfg.channel.channel_index = k;
+            let s = Session::connect(
+                self.provider.clone(),
+                self.guid,
+                self.connector.clone(),
+                cfg,
+            )
+            .map_err(|e| {
+                io::Error::other(if self.ch_count == 1 {
+                    format!("login: {e}")
+                } else {
+                    format!("login of channel {k}: {e}")
+                })
+            })?;
+            fresh.push(Arc::new(s));
+        }
+        *cur = fresh.clone();
+        Ok(fresh)
+    }
+
+    /// Channel 0 of this path (see [`PathLogin::channels`]).
+    ///
+    /// # Errors
+    /// A login failed.
+    pub fn session(&self) -> io::Result<Arc<Session>> {
+        Ok(self.channels()?.remove(0))
     }
 }
 
@@ -89,7 +121,11 @@ pub fn open_lun(
     let mut devs: Vec<(String, Arc<dyn PathDevice>)> = Vec::new();
     for path in paths {
         let p = path.clone();
-        let open = Box::new(move || Disk::open(p.session()?, lun));
+        let open = Box::new(move || {
+            let mut ch = p.channels()?;
+            let first = ch.remove(0);
+            Ok(Disk::open(first, lun)?.with_channels(ch))
+        });
         let d = RemoteDisk::open(open, rport)
             .map_err(|e| io::Error::new(e.kind(), format!("over {}: {e}", path.name)))?;
         devs.push((path.name.clone(), Arc::new(d)));

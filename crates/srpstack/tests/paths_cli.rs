@@ -4,6 +4,9 @@
 //! both (`--dest` twice, one `--ip` each). One daemon is SIGKILLed while
 //! the verified workload runs: the workload finishes on the other path
 //! with no error and no bad data.
+//!
+//! And `srp io --ch-count 4`: four channels of one I_T nexus (channel 0
+//! SINGLE, the others MULTI, as ib_srp logs in), all carrying commands.
 
 mod common;
 
@@ -35,8 +38,8 @@ fn srptd(dir: &std::path::Path, ip: &str, tag: &str) -> (Proc, std::path::PathBu
     (p, sock)
 }
 
-/// Commands `srptd` behind `sock` has accepted (`srptadm sessions`).
-fn commands(sock: &std::path::Path) -> u64 {
+/// `srptadm --json sessions` of the `srptd` behind `sock`.
+fn sessions(sock: &std::path::Path) -> Vec<serde_json::Value> {
     let out = Command::new(env!("CARGO_BIN_EXE_srptadm"))
         .arg("--socket")
         .arg(sock)
@@ -44,9 +47,15 @@ fn commands(sock: &std::path::Path) -> u64 {
         .output()
         .unwrap();
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-    v.as_array()
-        .map(|a| a.iter().filter_map(|s| s["commands"].as_u64()).sum())
-        .unwrap_or(0)
+    v.as_array().cloned().unwrap_or_default()
+}
+
+/// Commands `srptd` behind `sock` has accepted.
+fn commands(sock: &std::path::Path) -> u64 {
+    sessions(sock)
+        .iter()
+        .filter_map(|s| s["commands"].as_u64())
+        .sum()
 }
 
 #[test]
@@ -80,7 +89,7 @@ fn srp_io_over_two_paths_survives_one_target_killed() {
         ]),
     );
     let first = io.wait_line("srp: logged in", 30);
-    assert!(first.contains("(2 paths)"), "{first}");
+    assert!(first.contains("(2 paths, 1 channel each)"), "{first}");
     // Both daemons serve commands (round robin), then A dies.
     let end = Instant::now() + Duration::from_secs(60);
     while commands(&sock_a) < 500 || commands(&sock_b) < 500 {
@@ -103,6 +112,56 @@ fn srp_io_over_two_paths_survives_one_target_killed() {
         .and_then(|n| n.parse().ok())
         .expect("a verified-bytes figure");
     assert!(verified >= 4 << 20, "{rest}");
+    let mut io = io;
+    assert!(io.child.wait().unwrap().success(), "{rest}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn srp_io_spreads_over_four_channels_of_one_nexus() {
+    let dir = std::env::temp_dir().join(format!("srp-chan-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let (_d, sock) = srptd(&dir, "127.0.89.11", "c");
+    let io = Proc::start(
+        "srp io",
+        Command::new(env!("CARGO_BIN_EXE_srp")).args([
+            "io",
+            "--dest",
+            "127.0.89.11:5555",
+            "--ip",
+            "127.0.89.12",
+            "--ch-count",
+            "4",
+            "--iodepth",
+            "8",
+            "--region",
+            "4194304",
+            "--size",
+            "41943040",
+        ]),
+    );
+    let first = io.wait_line("srp: logged in", 30);
+    assert!(first.contains("4 channels each"), "{first}");
+    // While it runs: four sessions of one initiator, each with commands.
+    let end = Instant::now() + Duration::from_secs(60);
+    let seen = loop {
+        let s = sessions(&sock);
+        let busy = s
+            .iter()
+            .filter(|x| x["commands"].as_u64().unwrap_or(0) >= 100)
+            .count();
+        if busy == 4 {
+            break s;
+        }
+        assert!(Instant::now() < end, "not 4 busy channels: {s:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let names: std::collections::HashSet<_> =
+        seen.iter().map(|x| x["initiator"].to_string()).collect();
+    assert_eq!(names.len(), 1, "one I_T nexus: {seen:?}");
+    let rest = io.rest(120).join("\n");
+    assert!(rest.contains(" 0 verify failures, 0 I/O errors"), "{rest}");
     let mut io = io;
     assert!(io.child.wait().unwrap().success(), "{rest}");
     let _ = std::fs::remove_dir_all(&dir);

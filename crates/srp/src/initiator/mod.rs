@@ -382,7 +382,12 @@ impl Channel {
         }
         let slot = *self.free.front().ok_or(SubmitError::QueueFull(self.live))?;
         let gen = self.slots[slot as usize].gen;
-        let tag = Tag((u64::from(gen) << 32) | u64::from(slot));
+        // Channels of one nexus share the target's task set: the channel
+        // index keeps their tags apart (as blk-mq's unique tag does for
+        // ib_srp's hardware queues). `can_queue` is 16 bits, so is a slot.
+        let tag = Tag((u64::from(gen) << 32)
+            | (u64::from(self.cfg.channel_index) << 16)
+            | u64::from(slot));
         let (bytes, ext_table) = self.encode_cmd(&neg, tag, cmd)?;
         if self.req_lim <= TSK_MGMT_RESERVE {
             return Err(SubmitError::NoCredit);
@@ -574,7 +579,10 @@ impl Channel {
         if tag.0 & TAG_TSK_MGMT != 0 {
             return None;
         }
-        let slot = (tag.0 & 0xffff_ffff) as u32;
+        if (tag.0 >> 16) & 0xffff != u64::from(self.cfg.channel_index) {
+            return None;
+        }
+        let slot = (tag.0 & 0xffff) as u32;
         let gen = (tag.0 >> 32) as u32;
         let s = self.slots.get(slot as usize)?;
         (s.gen == gen && s.ctx.is_some()).then_some(slot)
