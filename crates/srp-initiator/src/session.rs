@@ -268,6 +268,14 @@ struct State {
     last_tmf: Option<(TmFunc, Result<(), srp::initiator::TmfFailure>)>,
     stats: SessionStats,
     closed: bool,
+    /// Callers waiting for their command's answer, woken one by one.
+    parked: HashMap<Tag, std::thread::Thread>,
+    /// Callers waiting on `cv` (pool pages, credits, task management).
+    cv_waiters: u32,
+    /// The poll thread sleeps until this timer deadline (`Some(None)`:
+    /// with no timer); `None` while it works (it looks at timers again
+    /// before it sleeps).
+    timer_sleep: Option<Option<rdma_types::Instant>>,
 }
 
 struct Wake(Mutex<Sender<Ev>>);
@@ -534,6 +542,9 @@ impl Session {
                 last_tmf: None,
                 stats: SessionStats::default(),
                 closed: false,
+                parked: HashMap::new(),
+                cv_waiters: 0,
+                timer_sleep: None,
             }),
             cv: Condvar::new(),
             events: Mutex::new(tx),
@@ -617,7 +628,7 @@ impl Session {
             if let Some(runs) = inner.alloc(&mut st, pages) {
                 break runs;
             }
-            st = inner.cv.wait(st).unwrap_or_else(|e| e.into_inner());
+            st = inner.wait_cv(st);
         };
         let segs = inner.segments(&runs, len);
         if let Xfer::Out(data) = xfer {
@@ -652,7 +663,7 @@ impl Session {
                     | srp::initiator::SubmitError::QueueFull(_)
                     | srp::initiator::SubmitError::Recovering,
                 ) if !st.closed => {
-                    st = inner.cv.wait(st).unwrap_or_else(|e| e.into_inner());
+                    st = inner.wait_cv(st);
                 }
                 Err(e) => {
                     inner.free(&mut st, &runs);
@@ -666,12 +677,19 @@ impl Session {
             }
         };
         inner.flush_outputs(&mut st);
-        let _ = inner.events.lock().map(|tx| tx.send(Ev::Kick));
+        inner.kick_if_timer_earlier(&st);
+        // Parked until the poll thread hands this tag its answer: one
+        // wake-up per command, not one per completion for every caller.
         let completion = loop {
             if let Some(c) = st.done.remove(&tag) {
+                st.parked.remove(&tag);
                 break c;
             }
-            st = inner.cv.wait(st).unwrap_or_else(|e| e.into_inner());
+            st.parked.insert(tag, std::thread::current());
+            drop(st);
+            // Bounded, so a lost wake-up costs time, never a hang.
+            std::thread::park_timeout(std::time::Duration::from_millis(200));
+            st = inner.lock();
         };
         let mut out = Vec::new();
         if matches!(xfer, Xfer::In(_)) && completion.status == Status::Scsi(0) {
@@ -693,7 +711,9 @@ impl Session {
             }
         }
         inner.free(&mut st, &runs);
-        inner.cv.notify_all();
+        if st.cv_waiters > 0 {
+            inner.cv.notify_all();
+        }
         Ok(CmdResult {
             status: completion.status,
             sense: completion.sense,
@@ -718,7 +738,7 @@ impl Session {
             match st.channel.reset_lun(now, lun) {
                 Ok(()) => break seen,
                 Err(srp::initiator::SubmitError::Recovering) => {
-                    st = inner.cv.wait(st).unwrap_or_else(|e| e.into_inner());
+                    st = inner.wait_cv(st);
                 }
                 Err(e) => return Err(e.into()),
             }
@@ -734,7 +754,7 @@ impl Session {
             if st.closed {
                 return Err(SessionError::Closed);
             }
-            st = inner.cv.wait(st).unwrap_or_else(|e| e.into_inner());
+            st = inner.wait_cv(st);
         }
     }
 
@@ -883,15 +903,16 @@ impl Inner {
     fn poll_loop(&self, rx: Receiver<Ev>) {
         loop {
             let wait = {
-                let st = self.lock();
-                st.channel
-                    .poll_timeout()
-                    .map(|t| t.saturating_since(self.now()).to_std())
+                let mut st = self.lock();
+                let next = st.channel.poll_timeout();
+                st.timer_sleep = Some(next);
+                next.map(|t| t.saturating_since(self.now()).to_std())
             };
             let ev = match wait {
                 Some(d) => rx.recv_timeout(d.max(std::time::Duration::from_millis(1))),
                 None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
             };
+            self.lock().timer_sleep = None;
             match ev {
                 Ok(Ev::Stop) | Err(RecvTimeoutError::Disconnected) => return,
                 Ok(Ev::Cq) => self.drain_cq(),
@@ -1034,6 +1055,9 @@ impl Inner {
             if c.status == Status::Reset {
                 st.stats.reset_ended += 1;
             }
+            if let Some(t) = st.parked.remove(&c.tag) {
+                t.unpark();
+            }
             st.done.insert(c.tag, c);
         }
         while let Some(e) = st.channel.poll_event() {
@@ -1063,7 +1087,31 @@ impl Inner {
         }
         self.flush_outputs(st);
         // Completions may have freed credits or slots for waiting callers.
-        self.cv.notify_all();
+        if st.cv_waiters > 0 {
+            self.cv.notify_all();
+        }
+    }
+
+    /// Waits on `cv`, counted so notifiers can skip an empty wait.
+    fn wait_cv<'a>(&self, mut st: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+        st.cv_waiters += 1;
+        let mut st = self.cv.wait(st).unwrap_or_else(|e| e.into_inner());
+        st.cv_waiters -= 1;
+        st
+    }
+
+    /// Wakes the poll thread when it sleeps past the channel's next timer
+    /// (a command sent to an idle channel arms its timeout).
+    fn kick_if_timer_earlier(&self, st: &State) {
+        let next = st.channel.poll_timeout();
+        let kick = match st.timer_sleep {
+            None => false,
+            Some(None) => next.is_some(),
+            Some(Some(at)) => next.is_some_and(|n| n < at),
+        };
+        if kick {
+            let _ = self.events.lock().map(|tx| tx.send(Ev::Kick));
+        }
     }
 }
 

@@ -168,12 +168,6 @@ struct Inner {
 enum Event {
     /// A CQ (context) has completions.
     Cq(u64),
-    /// A SCSI command finished.
-    Done {
-        conn: ConnId,
-        done: ScsiDone,
-        data_in: Vec<u8>,
-    },
     Stop,
 }
 
@@ -716,24 +710,24 @@ impl Inner {
             match ev {
                 Event::Stop => return,
                 Event::Cq(ctx) => self.drain_cq(ctx),
-                Event::Done {
-                    conn,
-                    done,
-                    data_in,
-                } => {
-                    let mut st = self.lock();
-                    let Some(c) = st.conns.get_mut(&conn) else {
-                        continue;
-                    };
-                    let (cmd, channel) = (done.cmd, c.channel);
-                    c.data_in.insert(cmd, data_in);
-                    if let Some(ch) = st.target.channel_mut(channel) {
-                        ch.handle_scsi_done(done);
-                    }
-                    self.pump(&mut st, conn);
-                }
             }
         }
+    }
+
+    /// A command came back from the SCSI core: its data-in and response
+    /// go out from the calling thread (a worker), with no hop through the
+    /// poller.
+    fn scsi_done(&self, conn: ConnId, done: ScsiDone, data_in: Vec<u8>) {
+        let mut st = self.lock();
+        let Some(c) = st.conns.get_mut(&conn) else {
+            return;
+        };
+        let (cmd, channel) = (done.cmd, c.channel);
+        c.data_in.insert(cmd, data_in);
+        if let Some(ch) = st.target.channel_mut(channel) {
+            ch.handle_scsi_done(done);
+        }
+        self.pump(&mut st, conn);
     }
 
     fn drain_cq(&self, ctx: u64) {
@@ -1182,14 +1176,7 @@ impl Inner {
                 }
             };
             let (done, data_in) = self.execute(&job);
-            let ev = Event::Done {
-                conn: job.conn,
-                done,
-                data_in,
-            };
-            if self.events.lock().map(|tx| tx.send(ev)).is_err() {
-                return;
-            }
+            self.scsi_done(job.conn, done, data_in);
         }
     }
 

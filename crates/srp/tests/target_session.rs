@@ -640,7 +640,7 @@ fn data_out_by_rdma_read_split_at_max_rdma_size_across_indirect_descriptors() {
 }
 
 #[test]
-fn data_in_by_rdma_write_and_the_response_only_after_the_writes_completed() {
+fn data_in_by_rdma_write_then_the_response_behind_them_and_the_buffer_held_until_they_complete() {
     let mut c = cfg();
     c.max_rdma_size = 1000;
     let (mut t, id) = setup(c);
@@ -664,18 +664,31 @@ fn data_in_by_rdma_write_and_the_response_only_after_the_writes_completed() {
     drv.run(ch);
     let lens: Vec<u32> = drv.rdma_log.iter().map(|(_, o)| o.len).collect();
     assert_eq!(lens, vec![1000, 1000, 500]);
-    for _ in 0..2 {
-        assert!(drv.complete_one(ch));
-        assert!(
-            drv.sends.is_empty(),
-            "no SRP_RSP before the last WRITE completed"
-        );
-    }
-    assert!(drv.complete_one(ch));
+    // The response is posted at once, behind the WRITEs on the same QP (RC
+    // executes them in order: the initiator has the data before the
+    // response), as Linux ib_srpt chains them.
+    let order: Vec<&str> = drv
+        .pending
+        .iter()
+        .map(|p| match p {
+            Pending::Send => "send",
+            _ => "rdma",
+        })
+        .collect();
+    assert_eq!(order, ["rdma", "rdma", "rdma", "send"]);
     let rsp0 = rsp(&drv.last_iu());
     assert_eq!((rsp0.status, rsp0.flags.0, rsp0.req_lim_delta), (0, 0, 1));
-    assert_eq!(&drv.remote[&5][100..2600], &data[..]);
+    // The buffer stays until every WRITE completed: a retransmitted WRITE
+    // still reads it.
+    for _ in 0..2 {
+        assert!(drv.complete_one(ch));
+        assert!(drv.released.is_empty(), "buffer released under a WRITE");
+    }
+    assert!(drv.complete_one(ch));
     assert_eq!(drv.released, vec![r.cmd]);
+    assert_eq!(&drv.remote[&5][100..2600], &data[..]);
+    assert!(drv.complete_one(ch), "the response's send completion");
+    assert_eq!(drv.sends.len(), 1);
 }
 
 #[test]

@@ -258,8 +258,14 @@ enum Phase {
     Fetch { left: u32 },
     /// With the SCSI core.
     Core,
-    /// Writing data-in; then the response.
+    /// Waiting for posted ops (the other table READ of a refused command);
+    /// then the response.
     Write { left: u32, rsp: RspPlan },
+    /// Response posted behind its data-in WRITEs (RC executes them in
+    /// order, so the initiator sees the data before the response); the
+    /// buffer is released when the WRITEs complete, since a retransmitted
+    /// WRITE still reads it.
+    Drain,
     /// A TMF with the SCSI core.
     Tmf,
 }
@@ -537,11 +543,9 @@ impl Channel {
         if segs.is_empty() {
             self.respond(id, rsp);
         } else {
-            t.phase = Phase::Write {
-                left: segs.len() as u32,
-                rsp,
-            };
+            t.phase = Phase::Drain;
             self.post_segments(id, &segs, false, |o| Local::DataIn { offset: o });
+            self.respond_draining(id, rsp);
         }
         self.maybe_cred_req();
         true
@@ -876,6 +880,19 @@ impl Channel {
         }
     }
 
+    /// Like [`Channel::respond`] for a task whose data-in WRITEs are
+    /// posted: the response goes out behind them, the task (and its buffer)
+    /// stays until they complete.
+    fn respond_draining(&mut self, id: CmdId, rsp: RspPlan) {
+        if let Some(t) = self.tasks.get(&id) {
+            if self.tags.get(&t.tag) == Some(&id) {
+                self.tags.remove(&t.tag);
+            }
+            self.free_credit();
+            self.wrs.push_back(Wr::Rsp(rsp));
+        }
+    }
+
     fn post_segments(
         &mut self,
         id: CmdId,
@@ -963,7 +980,11 @@ impl Channel {
                     self.submit(id);
                 }
             }
-            // Data-in WRITEs, or the other table READ of a refused command.
+            (Phase::Drain, _) if t.ops == 0 => {
+                self.tasks.remove(&id);
+                self.events.push_back(Output::Release(id));
+            }
+            // The other table READ of a refused command.
             (Phase::Write { left, rsp }, _) => {
                 *left -= 1;
                 if *left == 0 {
