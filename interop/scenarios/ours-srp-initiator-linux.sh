@@ -6,7 +6,13 @@
 # immediate data), then 8 MiB at 64 KiB (writes fetched by RDMA READ), and
 # logs out after each; then 4 MiB and 8 MiB transfers verified, `srp luns`
 # shows LIO's LUN, LIO accepts our LOGICAL UNIT RESET, and `srp fuse`
-# serves the LUN as a file that fio verifies.
+# serves the LUN as a file that fio verifies. Last, LIO unmaps the LUN
+# from our initiator's ACL while `srp io` runs on it: our initiator must
+# stop with a clear error (CHECK CONDITION with its sense), never report
+# success or hang. LIO then shows its small read-only virtual LUN 0 in
+# place of the unmapped one, so the first error is DATA PROTECT (07/27/00)
+# for a write or LBA OUT OF RANGE (05/21/00) for a read, not LOGICAL UNIT
+# NOT SUPPORTED (05/25/00).
 # Needs the binary: cargo build --release -p srpstack (SRP_CLI overrides).
 
 SCENARIO_VMS=("a 11 target")
@@ -85,6 +91,26 @@ host_main() {
     ' _ "$SRP_CLI" "$RUN_DIR/mnt" "$RUN_DIR" || { ok=0; echo "fio through srp fuse failed"; }
     [ $ok = 1 ] && echo "our initiator: fio crc32c verify through srp fuse against LIO passed"
   fi
+  # LIO-side LUN removal under I/O: the VM unmaps LUN 0 from our ACL.
+  if [ $ok = 1 ]; then
+    ns_run 200 bash -c '
+      "$1" io --dest 10.77.0.11:'$SRP_PORT' --ip 10.77.0.2 --mtu 1024 \
+        --id-ext '$LIO_GUID' --ioc-guid '$LIO_GUID' --size 1073741824 --region 4194304 \
+        >"$2/removal.txt" 2>&1 &
+      pid=$!
+      for i in $(seq 1 300); do grep -q "srp: logged in" "$2/removal.txt" && break; sleep 0.1; done
+      python3 -c "import socket,time
+for _ in range(30):
+    try:
+        socket.create_connection((\"10.77.0.11\", 7001), timeout=2).sendall(b\"remove-lun\\n\"); break
+    except OSError: time.sleep(1)"
+      wait $pid
+      rc=$?
+      cat "$2/removal.txt"
+      [ $rc != 0 ] && grep -q "first I/O error: .*CHECK CONDITION, sense key" "$2/removal.txt"
+    ' _ "$SRP_CLI" "$RUN_DIR" || { ok=0; echo "LUN removal on LIO did not surface as a clear SCSI error"; }
+    [ $ok = 1 ] && echo "our initiator: LIO-side LUN removal surfaced as $(grep -o "first I/O error.*" "$RUN_DIR/removal.txt")"
+  fi
   # Tell the VM we are done either way, so it powers off.
   ns_run 60 python3 -c 'import socket,time
 for _ in range(50):
@@ -121,6 +147,11 @@ guest_target() {
   step "LIO ready, waiting for our initiator"
   local done_msg
   done_msg=$(msg_recv 7001 800)
+  if [ "$done_msg" = remove-lun ]; then
+    rm "$acl/lun_0/map0" && rmdir "$acl/lun_0" || fail "could not unmap LUN 0 from $acl"
+    step "LUN 0 unmapped from our initiator's ACL"
+    done_msg=$(msg_recv 7001 300)
+  fi
   [ "$done_msg" = done ] || fail "host reported '$done_msg'"
   dmesg | grep -i srpt | tail -8
 }
