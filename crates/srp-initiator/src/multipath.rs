@@ -404,17 +404,17 @@ mod tests {
         }
     }
 
+    /// The paths named p0, p1, ...
+    fn named(paths: &[&Arc<TestPath>]) -> Vec<NamedPath> {
+        paths
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (format!("p{i}"), (*p).clone() as Arc<dyn PathDevice>))
+            .collect()
+    }
+
     fn mp(paths: &[&Arc<TestPath>], policy: Policy) -> Multipath {
-        Multipath::new(
-            paths
-                .iter()
-                .enumerate()
-                .map(|(i, p)| (format!("p{i}"), (*p).clone() as Arc<dyn PathDevice>))
-                .collect(),
-            policy,
-            Duration::from_millis(100),
-        )
-        .unwrap()
+        Multipath::new(named(paths), policy, Duration::from_millis(100)).unwrap()
     }
 
     #[test]
@@ -523,18 +523,10 @@ mod tests {
             TestPath::new(&other, "naa1"),
         );
         let err = |paths: &[&Arc<TestPath>]| {
-            Multipath::new(
-                paths
-                    .iter()
-                    .enumerate()
-                    .map(|(i, p)| (format!("p{i}"), (*p).clone() as Arc<dyn PathDevice>))
-                    .collect(),
-                Policy::Failover,
-                Duration::from_secs(1),
-            )
-            .err()
-            .unwrap()
-            .to_string()
+            Multipath::new(named(paths), Policy::Failover, Duration::from_secs(1))
+                .err()
+                .unwrap()
+                .to_string()
         };
         assert_eq!(
             err(&[&a, &b]),

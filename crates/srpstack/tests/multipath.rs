@@ -123,6 +123,27 @@ fn path(p: &Arc<SoftRoce>, ini: u64, port: &Arc<TargetPort>) -> Arc<RemoteDisk> 
     Arc::new(RemoteDisk::open(open, cfg).expect("first login"))
 }
 
+/// Paths A (`INI_A` to `port_a`) and B (`INI_B` to `port_b`) and the
+/// multipath device over them.
+fn two_paths(
+    p: &Arc<SoftRoce>,
+    port_a: &Arc<TargetPort>,
+    port_b: &Arc<TargetPort>,
+    policy: Policy,
+) -> (Arc<RemoteDisk>, Arc<RemoteDisk>, Arc<Multipath>) {
+    let (a, b) = (path(p, INI_A, port_a), path(p, INI_B, port_b));
+    let m = Multipath::new(
+        vec![
+            ("A".into(), a.clone() as Arc<dyn PathDevice>),
+            ("B".into(), b.clone() as Arc<dyn PathDevice>),
+        ],
+        policy,
+        Duration::from_secs(30),
+    )
+    .expect("both paths reach the same LU");
+    (a, b, Arc::new(m))
+}
+
 /// Waits (bounded) until the workload has moved `bytes`.
 fn wait_moved(moved: &AtomicU64, bytes: u64, run: &std::thread::JoinHandle<blockload::Report>) {
     let end = Instant::now() + Duration::from_secs(90);
@@ -150,18 +171,7 @@ fn failover_times(m: &Multipath, cut: Instant, until: Instant) -> (Duration, Dur
 #[test]
 fn two_paths_round_robin_survive_a_local_and_a_remote_cut_without_errors() {
     let (p, port_a, port_b) = fabric(0);
-    let (a, b) = (path(&p, INI_A, &port_a), path(&p, INI_B, &port_b));
-    let m = Arc::new(
-        Multipath::new(
-            vec![
-                ("A".into(), a.clone() as Arc<dyn PathDevice>),
-                ("B".into(), b.clone() as Arc<dyn PathDevice>),
-            ],
-            Policy::RoundRobin,
-            Duration::from_secs(30),
-        )
-        .expect("both paths reach the same LU"),
-    );
+    let (a, b, m) = two_paths(&p, &port_a, &port_b, Policy::RoundRobin);
 
     let moved = Arc::new(AtomicU64::new(0));
     let run = workload(m.clone(), 40 << 20, &moved);
@@ -216,18 +226,7 @@ fn two_paths_round_robin_survive_a_local_and_a_remote_cut_without_errors() {
 #[test]
 fn repeated_logouts_and_a_hot_unplugged_device_under_multipath_io() {
     let (p, port_a, port_b) = fabric(10);
-    let (a, b) = (path(&p, INI_A, &port_a), path(&p, INI_B, &port_b));
-    let m = Arc::new(
-        Multipath::new(
-            vec![
-                ("A".into(), a.clone() as Arc<dyn PathDevice>),
-                ("B".into(), b.clone() as Arc<dyn PathDevice>),
-            ],
-            Policy::Failover,
-            Duration::from_secs(30),
-        )
-        .unwrap(),
-    );
+    let (a, b, m) = two_paths(&p, &port_a, &port_b, Policy::Failover);
     let moved = Arc::new(AtomicU64::new(0));
     let run = workload(m.clone(), 36 << 20, &moved);
     let logout_b = |at: u64| {
