@@ -40,9 +40,13 @@ pub enum Command {
         ten: bool,
         param_len: u32,
     },
+    /// VERIFY: `bytchk` 0 checks the medium can be read; 1 compares the
+    /// data-out with the blocks; 3 compares one block of data-out with
+    /// every block (SBC-3 5.33).
     Verify {
         lba: u64,
         blocks: u32,
+        bytchk: u8,
     },
     /// WRITE SAME: one block of data-out repeated over the range.
     WriteSame {
@@ -265,9 +269,15 @@ impl Command {
             | Opcode::WriteAndVerify16
             | Opcode::Verify10
             | Opcode::Verify16 => {
-                // BYTCHK (bits 2..1) and protection bits: only 0 supported.
-                if c[1] & 0xe6 != 0 {
-                    return Err(Sense::invalid_field(1, None));
+                // Protection information (bits 7..5) is not supported.
+                if c[1] & 0xe0 != 0 {
+                    return Err(Sense::invalid_field(1, Some(7)));
+                }
+                let verify = matches!(op, Opcode::Verify10 | Opcode::Verify16);
+                // BYTCHK (bits 2..1): 10b is reserved; 11b only for VERIFY.
+                let bytchk = (c[1] >> 1) & 0x3;
+                if bytchk == 2 || (bytchk == 3 && !verify) {
+                    return Err(Sense::invalid_field(1, Some(2)));
                 }
                 let (lba, blocks) = if len == 10 {
                     (be(&c[2..6]), be(&c[7..9]))
@@ -275,8 +285,12 @@ impl Command {
                     (be(&c[2..10]), be(&c[10..14]))
                 };
                 let blocks = blocks as u32;
-                if matches!(op, Opcode::Verify10 | Opcode::Verify16) {
-                    Command::Verify { lba, blocks }
+                if verify {
+                    Command::Verify {
+                        lba,
+                        blocks,
+                        bytchk,
+                    }
                 } else {
                     // The write must reach the medium before it is verified.
                     Command::Write {
@@ -403,6 +417,18 @@ impl Command {
             Command::CompareAndWrite { blocks, .. } => Plan {
                 dir: DataDir::Out,
                 len: 2 * bytes(blocks),
+            },
+            Command::Verify {
+                blocks, bytchk: 1, ..
+            } => Plan {
+                dir: DataDir::Out,
+                len: bytes(blocks),
+            },
+            Command::Verify {
+                blocks, bytchk: 3, ..
+            } if blocks > 0 => Plan {
+                dir: DataDir::Out,
+                len: bytes(1),
             },
             Command::TestUnitReady
             | Command::StartStopUnit

@@ -282,14 +282,46 @@ impl Device {
                     .map_err(|_| Sense::new(SenseKey::MediumError, Asc::WRITE_ERROR))?;
                 Ok(Vec::new())
             }
-            Command::Verify { lba, blocks } => {
-                // BYTCHK 0: a medium check, i.e. the blocks can be read.
+            Command::Verify {
+                lba,
+                blocks,
+                bytchk,
+            } => {
+                // BYTCHK 0: a medium check, i.e. the blocks can be read;
+                // 1: each block equals its part of the data-out; 3: each
+                // block equals the one block of data-out.
                 self.check_range(lba, blocks)?;
-                let mut buf = vec![0u8; bs as usize];
-                for b in 0..blocks as u64 {
-                    self.backend.read((lba + b) * bs, &mut buf).map_err(|_| {
-                        Sense::new(SenseKey::MediumError, Asc::UNRECOVERED_READ_ERROR)
-                    })?;
+                let b = bs as usize;
+                let want = match bytchk {
+                    0 => None,
+                    1 => Some(blocks as usize * b),
+                    _ => Some(b),
+                };
+                if let Some(n) = want {
+                    if data_out.len() < n {
+                        return Err(Sense::new(SenseKey::AbortedCommand, Asc::NO_ADDITIONAL));
+                    }
+                }
+                let mut buf = vec![0u8; b];
+                for k in 0..blocks as usize {
+                    self.backend
+                        .read((lba + k as u64) * bs, &mut buf)
+                        .map_err(|_| {
+                            Sense::new(SenseKey::MediumError, Asc::UNRECOVERED_READ_ERROR)
+                        })?;
+                    let expect = match bytchk {
+                        0 => continue,
+                        1 => &data_out[k * b..(k + 1) * b],
+                        _ => &data_out[..b],
+                    };
+                    if let Some(off) = buf.iter().zip(expect).position(|(x, y)| x != y) {
+                        // SBC-3 5.33: INFORMATION = offset of the first
+                        // differing byte in the data-out buffer (for 11b,
+                        // counted as if the block were repeated).
+                        let mut s = Sense::new(SenseKey::Miscompare, Asc::MISCOMPARE_DURING_VERIFY);
+                        s.information = Some((k * b + off) as u64);
+                        return Err(s);
+                    }
                 }
                 Ok(Vec::new())
             }

@@ -33,9 +33,16 @@
 //! SET, LOGICAL UNIT RESET, I_T NEXUS RESET mark commands submitted with
 //! [`Target::submit`] aborted; they complete as TASK ABORTED.
 //!
-//! Not yet here: task attributes (SIMPLE/ORDERED/HEAD OF QUEUE; execution
-//! is synchronous on the caller's thread, there is no queue), CLEAR ACA,
-//! REGISTER AND MOVE, a worker pool.
+//! Task attributes: [`Target::submit_attr`] puts a command in its logical
+//! unit's task set, where an ORDERED task waits for every older one, any
+//! task waits for an older ORDERED one, and HEAD OF QUEUE starts at once.
+//! Execution runs on the caller's thread (the transport brings the
+//! threads).
+//!
+//! VERIFY compares with the data-out when BYTCHK asks (01b: block by
+//! block, 11b: one block against all), MISCOMPARE giving the offset.
+//!
+//! Not yet here: CLEAR ACA, REGISTER AND MOVE, protection information.
 
 pub mod backend;
 pub mod cdb;

@@ -714,3 +714,62 @@ fn mode_select_wce_and_d_sense() {
     let r = t.execute(&other, lun(0), &rw10(0x28, 64, 1, 0), &[], 512);
     assert_eq!(r.sense_bytes().unwrap()[0], 0x72);
 }
+
+/// VERIFY(10) with BYTCHK: 01b compares the data-out with the blocks, 11b
+/// one block of data-out with every block; a difference is MISCOMPARE with
+/// the offset of the first differing byte; 10b is reserved.
+#[test]
+fn verify_with_byte_check() {
+    let (t, n) = setup();
+    let medium = stamped(512);
+    let v = |bytchk: u8, lba: u32, blocks: u16| rw10(0x2f, lba, blocks, bytchk << 1);
+
+    // The plan asks the transport for the data-out first.
+    let p = t.plan(&n, lun(0), &v(1, 4, 3)).unwrap();
+    assert_eq!((p.dir, p.len), (DataDir::Out, 3 * 512));
+    let p = t.plan(&n, lun(0), &v(3, 4, 3)).unwrap();
+    assert_eq!((p.dir, p.len), (DataDir::Out, 512));
+    assert_eq!(t.plan(&n, lun(0), &v(0, 4, 3)).unwrap().dir, DataDir::None);
+
+    // Equal data: GOOD.
+    let same = &medium[4 * 512..7 * 512];
+    good(&t.execute(&n, lun(0), &v(1, 4, 3), same, same.len() as u64));
+    good(&t.execute(&n, lun(0), &v(0, 4, 3), &[], 0));
+
+    // One byte off in the second block: MISCOMPARE at its offset.
+    let mut off = same.to_vec();
+    off[512 + 100] ^= 0xff;
+    let r = t.execute(&n, lun(0), &v(1, 4, 3), &off, off.len() as u64);
+    let s = check(&r, SenseKey::Miscompare, Asc::MISCOMPARE_DURING_VERIFY);
+    assert_eq!(s.information, Some(512 + 100));
+
+    // 11b: block 4's content against blocks 4..7 differs at block 5, whose
+    // first word holds 5 instead of 4 (byte 7 of that block).
+    let one = &medium[4 * 512..5 * 512];
+    good(&t.execute(&n, lun(0), &v(3, 4, 1), one, 512));
+    let r = t.execute(&n, lun(0), &v(3, 4, 3), one, 512);
+    let s = check(&r, SenseKey::Miscompare, Asc::MISCOMPARE_DURING_VERIFY);
+    assert_eq!(s.information, Some(512 + 7));
+
+    // Reserved BYTCHK 10b, and 11b on WRITE AND VERIFY: bad field, bit 2.
+    let r = t.execute(&n, lun(0), &v(2, 4, 1), &[], 0);
+    let s = check(&r, SenseKey::IllegalRequest, Asc::INVALID_FIELD_IN_CDB);
+    assert_eq!(
+        s.field,
+        Some(FieldPointer {
+            in_cdb: true,
+            byte: 1,
+            bit: Some(2)
+        })
+    );
+    let r = t.execute(&n, lun(0), &rw10(0x2e, 4, 1, 3 << 1), one, 512);
+    check(&r, SenseKey::IllegalRequest, Asc::INVALID_FIELD_IN_CDB);
+    // Too little data-out for what BYTCHK 01b compares: refused, not read
+    // past the buffer.
+    let r = t.execute(&n, lun(0), &v(1, 4, 3), &same[..512], 512);
+    assert_eq!(r.status, Status::CheckCondition);
+    // Unchanged medium.
+    let r = t.execute(&n, lun(0), &rw10(0x28, 4, 3, 0), &[], 3 * 512);
+    good(&r);
+    assert_sectors(&r.data_in, 4, 512);
+}
