@@ -176,7 +176,14 @@ struct Job {
     nexus: scsi::Nexus,
     req: ScsiRequest,
     data_out: Vec<u8>,
+    /// Data-out still in RDMA chunks (offset, chunk, length), gathered into
+    /// `data_out` by the worker, outside the port lock.
+    chunks: Option<(u32, Vec<Fetched>)>,
 }
+
+/// A data-out piece in an RDMA chunk: (offset in the command's buffer,
+/// chunk, length).
+type Fetched = (u64, usize, u32);
 
 /// Where an RDMA op's local side lives.
 #[derive(Debug, Clone, Copy)]
@@ -201,7 +208,7 @@ struct Conn {
     nexus: scsi::Nexus,
     ops: HashMap<OpId, OpInfo>,
     /// Data-out chunks fetched so far per command: (offset, chunk, len).
-    fetched: HashMap<CmdId, Vec<(u64, usize, u32)>>,
+    fetched: HashMap<CmdId, Vec<Fetched>>,
     data_in: HashMap<CmdId, Vec<u8>>,
 }
 
@@ -1043,32 +1050,26 @@ impl Inner {
         let Some(c) = st.conns.get_mut(&conn) else {
             return;
         };
-        let data_out = match &req.data_out {
-            DataOut::None => Vec::new(),
-            DataOut::Immediate(v) => v.clone(),
-            DataOut::InBuffer { len } => {
-                let mut v = vec![0u8; *len as usize];
-                if let Some(mut parts) = c.fetched.remove(&req.cmd) {
-                    parts.sort_by_key(|p| p.0);
-                    for (offset, chunk, plen) in parts {
-                        let start = (offset as usize).min(v.len());
-                        let end = (offset as usize + plen as usize).min(v.len());
-                        self.chunk_buf
-                            .read_at(chunk * self.chunk_size as usize, &mut v[start..end]);
-                        st.free_chunks.push(chunk);
-                    }
-                }
-                v
-            }
+        let (data_out, chunks) = match &req.data_out {
+            DataOut::None => (Vec::new(), None),
+            DataOut::Immediate(v) => (v.clone(), None),
+            DataOut::InBuffer { len } => (
+                Vec::new(),
+                Some((*len, c.fetched.remove(&req.cmd).unwrap_or_default())),
+            ),
         };
         let job = Job {
             conn,
             nexus: c.nexus.clone(),
             req,
             data_out,
+            chunks,
         };
         if let Err(mpsc::SendError(job)) = st.jobs.send(job) {
             // Shutting down: answer BUSY so the initiator retries elsewhere.
+            if let Some((_, parts)) = &job.chunks {
+                st.free_chunks.extend(parts.iter().map(|p| p.1));
+            }
             let done = ScsiDone {
                 status: 0x08,
                 ..ScsiDone::good(job.req.cmd, 0)
@@ -1175,9 +1176,32 @@ impl Inner {
                     Err(_) => return,
                 }
             };
+            let mut job = job;
+            if let Some((len, parts)) = job.chunks.take() {
+                job.data_out = self.gather(len, parts);
+            }
             let (done, data_in) = self.execute(&job);
             self.scsi_done(job.conn, done, data_in);
         }
+    }
+
+    /// Copies data-out of `len` bytes out of its RDMA chunks and gives the
+    /// chunks back (ops waiting for one go out).
+    fn gather(&self, len: u32, mut parts: Vec<Fetched>) -> Vec<u8> {
+        let mut v = vec![0u8; len as usize];
+        parts.sort_by_key(|p| p.0);
+        for &(offset, chunk, plen) in &parts {
+            let start = (offset as usize).min(v.len());
+            let end = (offset as usize + plen as usize).min(v.len());
+            self.chunk_buf
+                .read_at(chunk * self.chunk_size as usize, &mut v[start..end]);
+        }
+        if !parts.is_empty() {
+            let mut st = self.lock();
+            st.free_chunks.extend(parts.iter().map(|p| p.1));
+            self.retry_waiting(&mut st);
+        }
+        v
     }
 
     fn execute(&self, job: &Job) -> (ScsiDone, Vec<u8>) {
