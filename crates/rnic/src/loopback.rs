@@ -1101,6 +1101,12 @@ impl Provider for Fabric {
         "loopback"
     }
 
+    /// Work completes inside `post_send`, which calls the peer's handlers
+    /// on the posting thread.
+    fn handlers_nest(&self) -> bool {
+        true
+    }
+
     fn list_cas(&self) -> Vec<Guid> {
         self.lock()
             .devices

@@ -278,16 +278,88 @@ struct State {
     timer_sleep: Option<Option<rdma_types::Instant>>,
 }
 
-struct Wake(Mutex<Sender<Ev>>);
+thread_local! {
+    /// How many session locks this thread holds: a handler that finds one
+    /// held is running inside our own call into the provider and must not
+    /// take the lock again.
+    static HOLDING: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// The session lock, counted in [`HOLDING`] while held.
+struct Locked<'a>(Option<MutexGuard<'a, State>>);
+
+impl<'a> Locked<'a> {
+    fn new(g: MutexGuard<'a, State>) -> Locked<'a> {
+        HOLDING.with(|h| h.set(h.get() + 1));
+        Locked(Some(g))
+    }
+
+    /// Gives the guard back (to wait on a condition variable).
+    #[allow(dead_code)]
+    fn into_guard(mut self) -> MutexGuard<'a, State> {
+        HOLDING.with(|h| h.set(h.get() - 1));
+        self.0.take().expect("held")
+    }
+}
+
+impl std::ops::Deref for Locked<'_> {
+    type Target = State;
+    fn deref(&self) -> &State {
+        self.0.as_ref().expect("held")
+    }
+}
+
+impl std::ops::DerefMut for Locked<'_> {
+    fn deref_mut(&mut self) -> &mut State {
+        self.0.as_mut().expect("held")
+    }
+}
+
+impl Drop for Locked<'_> {
+    fn drop(&mut self) {
+        if self.0.take().is_some() {
+            HOLDING.with(|h| h.set(h.get() - 1));
+        }
+    }
+}
+
+/// Whether a handler on this thread may take the session lock now.
+fn may_lock_here() -> bool {
+    HOLDING.with(|h| h.get() == 0)
+}
+
+/// The CA's callbacks. Completions are handled right on the provider's
+/// thread once the session exists (one thread hand-off less per answer);
+/// before that, and for everything else, the poll thread is told.
+struct Wake {
+    tx: Mutex<Sender<Ev>>,
+    inner: std::sync::OnceLock<std::sync::Weak<Inner>>,
+    /// The provider never calls handlers from inside its own calls.
+    inline: bool,
+}
 
 impl EventHandler for Wake {
     fn on_completion(&self, _cq_ctx: u64) {
-        let _ = self.0.lock().map(|tx| tx.send(Ev::Cq));
+        match self.inner.get().and_then(std::sync::Weak::upgrade) {
+            Some(inner) if self.inline && may_lock_here() => {
+                inner.drain_cq();
+                // Never drop the last reference here: the session's
+                // teardown may stop the very thread running this callback.
+                if Arc::strong_count(&inner) == 1 {
+                    let _ = std::thread::Builder::new()
+                        .name("srp-reap".into())
+                        .spawn(move || drop(inner));
+                }
+            }
+            _ => {
+                let _ = self.tx.lock().map(|tx| tx.send(Ev::Cq));
+            }
+        }
     }
     fn on_async_event(&self, event: verbs::AsyncEvent) {
         use verbs::AsyncEventKind::{CaRemoval, PortDown};
         if matches!(event.kind, PortDown | CaRemoval) {
-            let _ = self.0.lock().map(|tx| tx.send(Ev::PortGone));
+            let _ = self.tx.lock().map(|tx| tx.send(Ev::PortGone));
         }
     }
 }
@@ -308,9 +380,14 @@ impl Session {
     ) -> Result<Session, SessionError> {
         let mut channel = Channel::new(cfg.channel.clone())?;
         let (tx, rx) = mpsc::channel();
+        let wake = Arc::new(Wake {
+            tx: Mutex::new(tx.clone()),
+            inner: std::sync::OnceLock::new(),
+            inline: !provider.handlers_nest(),
+        });
         let p = &provider;
         let ca = p
-            .open_ca(guid, 0, Arc::new(Wake(Mutex::new(tx.clone()))))
+            .open_ca(guid, 0, wake.clone())
             .map_err(verbs_err("open CA"))?;
         let port = p
             .query_port(ca, cfg.port)
@@ -549,6 +626,9 @@ impl Session {
             cv: Condvar::new(),
             events: Mutex::new(tx),
         });
+        let _ = wake.inner.set(Arc::downgrade(&inner));
+        // Completions that came before now go through the poll thread.
+        let _ = inner.events.lock().map(|tx| tx.send(Ev::Cq));
         let poller = inner.clone();
         let handle = std::thread::Builder::new()
             .name("srp-poll".into())
@@ -838,8 +918,8 @@ fn teardown(
 }
 
 impl Inner {
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.st.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> Locked<'_> {
+        Locked::new(self.st.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
     fn now(&self) -> rdma_types::Instant {
@@ -938,11 +1018,15 @@ impl Inner {
 
     fn drain_cq(&self) {
         let mut st = self.lock();
+        self.drain_cq_locked(&mut st);
+    }
+
+    fn drain_cq_locked(&self, st: &mut State) {
         let mut wcs = [WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0); 32];
         let mut armed = false;
         while let Ok(n) = self.provider.poll_cq(self.cq, &mut wcs) {
             for wc in &wcs[..n] {
-                self.on_wc(&mut st, wc);
+                self.on_wc(st, wc);
             }
             if n == 0 {
                 if armed || self.provider.req_notify_cq(self.cq, false).is_err() {
@@ -951,7 +1035,7 @@ impl Inner {
                 armed = true;
             }
         }
-        self.drain_channel(&mut st);
+        self.drain_channel(st);
     }
 
     fn on_wc(&self, st: &mut State, wc: &WorkCompletion) {
@@ -1093,9 +1177,13 @@ impl Inner {
     }
 
     /// Waits on `cv`, counted so notifiers can skip an empty wait.
-    fn wait_cv<'a>(&self, mut st: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+    fn wait_cv<'a>(&self, mut st: Locked<'a>) -> Locked<'a> {
         st.cv_waiters += 1;
-        let mut st = self.cv.wait(st).unwrap_or_else(|e| e.into_inner());
+        let g = self
+            .cv
+            .wait(st.into_guard())
+            .unwrap_or_else(|e| e.into_inner());
+        let mut st = Locked::new(g);
         st.cv_waiters -= 1;
         st
     }

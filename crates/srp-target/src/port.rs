@@ -228,11 +228,83 @@ const KIND_SEND: u64 = 1 << 56;
 const KIND_RDMA: u64 = 2 << 56;
 const KIND_MASK: u64 = 0xff << 56;
 
-struct Wake(Mutex<Sender<Event>>);
+thread_local! {
+    /// How many port locks this thread holds: a handler that finds one
+    /// held is running inside our own call into the provider and must not
+    /// take the lock again.
+    static HOLDING: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// The port lock, counted in [`HOLDING`] while held.
+struct Locked<'a>(Option<MutexGuard<'a, State>>);
+
+impl<'a> Locked<'a> {
+    fn new(g: MutexGuard<'a, State>) -> Locked<'a> {
+        HOLDING.with(|h| h.set(h.get() + 1));
+        Locked(Some(g))
+    }
+
+    /// Gives the guard back (to wait on a condition variable).
+    #[allow(dead_code)]
+    fn into_guard(mut self) -> MutexGuard<'a, State> {
+        HOLDING.with(|h| h.set(h.get() - 1));
+        self.0.take().expect("held")
+    }
+}
+
+impl std::ops::Deref for Locked<'_> {
+    type Target = State;
+    fn deref(&self) -> &State {
+        self.0.as_ref().expect("held")
+    }
+}
+
+impl std::ops::DerefMut for Locked<'_> {
+    fn deref_mut(&mut self) -> &mut State {
+        self.0.as_mut().expect("held")
+    }
+}
+
+impl Drop for Locked<'_> {
+    fn drop(&mut self) {
+        if self.0.take().is_some() {
+            HOLDING.with(|h| h.set(h.get() - 1));
+        }
+    }
+}
+
+/// Whether a handler on this thread may take the port lock now.
+fn may_lock_here() -> bool {
+    HOLDING.with(|h| h.get() == 0)
+}
+
+/// The CA's callbacks: completions are handled right on the provider's
+/// thread once the port is up (one thread hand-off less per IU); before
+/// that they go to the poll thread.
+struct Wake {
+    tx: Mutex<Sender<Event>>,
+    inner: std::sync::OnceLock<std::sync::Weak<Inner>>,
+    /// The provider never calls handlers from inside its own calls.
+    inline: bool,
+}
 
 impl EventHandler for Wake {
     fn on_completion(&self, cq_ctx: u64) {
-        let _ = self.0.lock().map(|tx| tx.send(Event::Cq(cq_ctx)));
+        match self.inner.get().and_then(std::sync::Weak::upgrade) {
+            Some(inner) if self.inline && may_lock_here() => {
+                inner.drain_cq(cq_ctx);
+                // Never drop the last reference here: the port's
+                // teardown may stop the very thread running this callback.
+                if Arc::strong_count(&inner) == 1 {
+                    let _ = std::thread::Builder::new()
+                        .name("srpt-reap".into())
+                        .spawn(move || drop(inner));
+                }
+            }
+            _ => {
+                let _ = self.tx.lock().map(|tx| tx.send(Event::Cq(cq_ctx)));
+            }
+        }
     }
     fn on_async_event(&self, _event: verbs::AsyncEvent) {
         // QP errors surface as flushed completions, which the poller handles.
@@ -251,9 +323,15 @@ impl TargetPort {
     ) -> Result<TargetPort, PortError> {
         config.validate()?;
         let (tx, rx) = mpsc::channel();
-        let handler = Arc::new(Wake(Mutex::new(tx.clone())));
+        let handler = Arc::new(Wake {
+            tx: Mutex::new(tx.clone()),
+            inner: std::sync::OnceLock::new(),
+            inline: !provider.handlers_nest(),
+        });
         let p = &provider;
-        let ca = p.open_ca(guid, 0, handler).map_err(verbs_err("open CA"))?;
+        let ca = p
+            .open_ca(guid, 0, handler.clone())
+            .map_err(verbs_err("open CA"))?;
         let attr = p
             .query_port(ca, opts.port)
             .map_err(verbs_err("query port"))?;
@@ -341,6 +419,12 @@ impl TargetPort {
         p.req_notify_cq(recv_cq, false)
             .map_err(verbs_err("arm receive CQ"))?;
 
+        let _ = handler.inner.set(Arc::downgrade(&inner));
+        // Completions that came before now go through the poll thread.
+        let _ = inner
+            .events
+            .lock()
+            .map(|tx| tx.send(Event::Cq(RECV_CQ_CTX)));
         let mut threads = Vec::new();
         let poller = inner.clone();
         threads.push(
@@ -489,8 +573,8 @@ fn rej_bytes(rej: &LoginRej) -> Vec<u8> {
 }
 
 impl Inner {
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.st.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> Locked<'_> {
+        Locked::new(self.st.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
     fn recv_wr(&self, index: u32) -> RecvWr {
@@ -739,6 +823,10 @@ impl Inner {
 
     fn drain_cq(&self, ctx: u64) {
         let mut st = self.lock();
+        self.drain_cq_locked(&mut st, ctx);
+    }
+
+    fn drain_cq_locked(&self, st: &mut State, ctx: u64) {
         let cq = if ctx == RECV_CQ_CTX {
             self.recv_cq
         } else {
@@ -757,9 +845,9 @@ impl Inner {
             };
             for wc in &wcs[..n] {
                 if ctx == RECV_CQ_CTX {
-                    self.on_recv(&mut st, wc);
+                    self.on_recv(st, wc);
                 } else {
-                    self.on_send_wc(&mut st, ConnId(ctx), wc);
+                    self.on_send_wc(st, ConnId(ctx), wc);
                 }
             }
             if n == 0 {
@@ -774,7 +862,7 @@ impl Inner {
                 armed = true;
             }
         }
-        self.retry_waiting(&mut st);
+        self.retry_waiting(st);
     }
 
     fn on_recv(&self, st: &mut State, wc: &WorkCompletion) {

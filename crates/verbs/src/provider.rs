@@ -37,6 +37,15 @@ pub trait Provider: Send + Sync {
     /// Short name ("loopback", "softroce").
     fn name(&self) -> &'static str;
 
+    /// Whether handlers may run on a consumer's thread inside one of this
+    /// provider's calls (the loopback provider completes work, and calls
+    /// the peer's handlers, inside `post_send`). When false, handlers run
+    /// on the provider's own threads only, so a handler may block on a
+    /// lock its consumer holds while posting; when true it must not.
+    fn handlers_nest(&self) -> bool {
+        false
+    }
+
     // ---- CA ----
     /// GUIDs of the CAs this provider can open.
     fn list_cas(&self) -> Vec<Guid> {
