@@ -21,8 +21,9 @@ use srp::initiator::{
 use srp::wire::{DirectBuf, Lun, Tag, TaskAttr, TmFunc};
 use std::collections::{HashMap, VecDeque};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
+use verbs::nested::Counted;
 use verbs::{
     AhAttr, CaHandle, CqHandle, CqInit, EventHandler, MemBuf, MrInfo, PdHandle, Provider, QpAttr,
     QpCaps, QpHandle, QpInit, RecvWr, SendOpcode, SendWr, Sge, WorkCompletion,
@@ -278,55 +279,9 @@ struct State {
     timer_sleep: Option<Option<rdma_types::Instant>>,
 }
 
-thread_local! {
-    /// How many session locks this thread holds: a handler that finds one
-    /// held is running inside our own call into the provider and must not
-    /// take the lock again.
-    static HOLDING: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
-}
-
-/// The session lock, counted in [`HOLDING`] while held.
-struct Locked<'a>(Option<MutexGuard<'a, State>>);
-
-impl<'a> Locked<'a> {
-    fn new(g: MutexGuard<'a, State>) -> Locked<'a> {
-        HOLDING.with(|h| h.set(h.get() + 1));
-        Locked(Some(g))
-    }
-
-    /// Gives the guard back (to wait on a condition variable).
-    #[allow(dead_code)]
-    fn into_guard(mut self) -> MutexGuard<'a, State> {
-        HOLDING.with(|h| h.set(h.get() - 1));
-        self.0.take().expect("held")
-    }
-}
-
-impl std::ops::Deref for Locked<'_> {
-    type Target = State;
-    fn deref(&self) -> &State {
-        self.0.as_ref().expect("held")
-    }
-}
-
-impl std::ops::DerefMut for Locked<'_> {
-    fn deref_mut(&mut self) -> &mut State {
-        self.0.as_mut().expect("held")
-    }
-}
-
-impl Drop for Locked<'_> {
-    fn drop(&mut self) {
-        if self.0.take().is_some() {
-            HOLDING.with(|h| h.set(h.get() - 1));
-        }
-    }
-}
-
-/// Whether a handler on this thread may take the session lock now.
-fn may_lock_here() -> bool {
-    HOLDING.with(|h| h.get() == 0)
-}
+/// The session lock, counted so a completion callback on this thread
+/// knows not to take it again.
+type Locked<'a> = Counted<'a, State>;
 
 /// The CA's callbacks. Completions are handled right on the provider's
 /// thread once the session exists (one thread hand-off less per answer);
@@ -341,7 +296,7 @@ struct Wake {
 impl EventHandler for Wake {
     fn on_completion(&self, _cq_ctx: u64) {
         match self.inner.get().and_then(std::sync::Weak::upgrade) {
-            Some(inner) if self.inline && may_lock_here() => {
+            Some(inner) if self.inline && verbs::nested::may_lock_here() => {
                 inner.drain_cq();
                 // Never drop the last reference here: the session's
                 // teardown may stop the very thread running this callback.
@@ -919,7 +874,7 @@ fn teardown(
 
 impl Inner {
     fn lock(&self) -> Locked<'_> {
-        Locked::new(self.st.lock().unwrap_or_else(|e| e.into_inner()))
+        Counted::lock(&self.st)
     }
 
     fn now(&self) -> rdma_types::Instant {
@@ -1183,7 +1138,7 @@ impl Inner {
             .cv
             .wait(st.into_guard())
             .unwrap_or_else(|e| e.into_inner());
-        let mut st = Locked::new(g);
+        let mut st = Counted::from_guard(g);
         st.cv_waiters -= 1;
         st
     }

@@ -9,8 +9,9 @@ use srp::target::{
 use srp::wire::{LoginRej, LoginRejReason, RspCode, TLogoutReason, TmFunc};
 use std::collections::{HashMap, VecDeque};
 use std::sync::mpsc::{self, Receiver, Sender};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use verbs::nested::Counted;
 use verbs::{
     AhAttr, CaHandle, CqHandle, CqInit, EventHandler, MemBuf, MrInfo, PdHandle, Provider, QpAttr,
     QpCaps, QpHandle, QpInit, RecvWr, RemoteAddr, SendFlags, SendOpcode, SendWr, Sge, SrqAttr,
@@ -228,55 +229,9 @@ const KIND_SEND: u64 = 1 << 56;
 const KIND_RDMA: u64 = 2 << 56;
 const KIND_MASK: u64 = 0xff << 56;
 
-thread_local! {
-    /// How many port locks this thread holds: a handler that finds one
-    /// held is running inside our own call into the provider and must not
-    /// take the lock again.
-    static HOLDING: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
-}
-
-/// The port lock, counted in [`HOLDING`] while held.
-struct Locked<'a>(Option<MutexGuard<'a, State>>);
-
-impl<'a> Locked<'a> {
-    fn new(g: MutexGuard<'a, State>) -> Locked<'a> {
-        HOLDING.with(|h| h.set(h.get() + 1));
-        Locked(Some(g))
-    }
-
-    /// Gives the guard back (to wait on a condition variable).
-    #[allow(dead_code)]
-    fn into_guard(mut self) -> MutexGuard<'a, State> {
-        HOLDING.with(|h| h.set(h.get() - 1));
-        self.0.take().expect("held")
-    }
-}
-
-impl std::ops::Deref for Locked<'_> {
-    type Target = State;
-    fn deref(&self) -> &State {
-        self.0.as_ref().expect("held")
-    }
-}
-
-impl std::ops::DerefMut for Locked<'_> {
-    fn deref_mut(&mut self) -> &mut State {
-        self.0.as_mut().expect("held")
-    }
-}
-
-impl Drop for Locked<'_> {
-    fn drop(&mut self) {
-        if self.0.take().is_some() {
-            HOLDING.with(|h| h.set(h.get() - 1));
-        }
-    }
-}
-
-/// Whether a handler on this thread may take the port lock now.
-fn may_lock_here() -> bool {
-    HOLDING.with(|h| h.get() == 0)
-}
+/// The port lock, counted so a completion callback on this thread
+/// knows not to take it again.
+type Locked<'a> = Counted<'a, State>;
 
 /// The CA's callbacks: completions are handled right on the provider's
 /// thread once the port is up (one thread hand-off less per IU); before
@@ -291,7 +246,7 @@ struct Wake {
 impl EventHandler for Wake {
     fn on_completion(&self, cq_ctx: u64) {
         match self.inner.get().and_then(std::sync::Weak::upgrade) {
-            Some(inner) if self.inline && may_lock_here() => {
+            Some(inner) if self.inline && verbs::nested::may_lock_here() => {
                 inner.drain_cq(cq_ctx);
                 // Never drop the last reference here: the port's
                 // teardown may stop the very thread running this callback.
@@ -574,7 +529,7 @@ fn rej_bytes(rej: &LoginRej) -> Vec<u8> {
 
 impl Inner {
     fn lock(&self) -> Locked<'_> {
-        Locked::new(self.st.lock().unwrap_or_else(|e| e.into_inner()))
+        Counted::lock(&self.st)
     }
 
     fn recv_wr(&self, index: u32) -> RecvWr {

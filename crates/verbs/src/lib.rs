@@ -46,6 +46,7 @@ mod error;
 mod handles;
 pub mod kit;
 mod mem;
+pub mod nested;
 mod provider;
 mod types;
 
