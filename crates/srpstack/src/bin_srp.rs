@@ -10,6 +10,7 @@
 
 use blockload::{Pattern, Workload};
 use clap::{Args, Parser, Subcommand};
+use srpstack::initd::InitRequest;
 use std::net::{IpAddr, SocketAddr};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -179,6 +180,37 @@ enum Cmd {
         login: Login,
         #[arg(long, default_value_t = 0)]
         lun: u16,
+    },
+    /// Ask the resident initiator (`srpd`) to log in with a Linux ib_srp
+    /// login string (`id_ext=..,ioc_guid=..,dest=ip:port`, as written to
+    /// ib_srp's add_target); the LUNs appear as files under its mount root.
+    Login {
+        /// The login string.
+        target: String,
+        /// Name of the login (default: srpd picks t<N>).
+        #[arg(long)]
+        name: Option<String>,
+        /// srpd's control socket.
+        #[arg(long)]
+        control_socket: Option<std::path::PathBuf>,
+    },
+    /// Ask `srpd` to end a login: its LUN files go away, the channels log out.
+    Logout {
+        /// The login's name (see `srp list`).
+        name: String,
+        /// srpd's control socket.
+        #[arg(long)]
+        control_socket: Option<std::path::PathBuf>,
+    },
+    /// The logins `srpd` holds: target, path, channels with credits, LUNs
+    /// with their files and remote port state.
+    List {
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+        /// srpd's control socket.
+        #[arg(long)]
+        control_socket: Option<std::path::PathBuf>,
     },
     /// List the LUNs the target shows this initiator (REPORT LUNS, then
     /// INQUIRY and READ CAPACITY of each).
@@ -434,6 +466,42 @@ fn run(cmd: Cmd) -> Result<bool, String> {
             );
             Ok(true)
         }
+        Cmd::Login {
+            target,
+            name,
+            control_socket,
+        } => {
+            let v = srpd(&control_socket, &InitRequest::Login { target, name })?;
+            println!("srp: logged in as {}", v["name"].as_str().unwrap_or("?"));
+            print_login(&v);
+            Ok(true)
+        }
+        Cmd::Logout {
+            name,
+            control_socket,
+        } => {
+            srpd(&control_socket, &InitRequest::Logout { name: name.clone() })?;
+            println!("srp: logged out of {name}");
+            Ok(true)
+        }
+        Cmd::List {
+            json,
+            control_socket,
+        } => {
+            let v = srpd(&control_socket, &InitRequest::List)?;
+            if json {
+                println!("{v}");
+            } else {
+                let all = v.as_array().cloned().unwrap_or_default();
+                if all.is_empty() {
+                    println!("srp: no logins");
+                }
+                for l in &all {
+                    print_login(l);
+                }
+            }
+            Ok(true)
+        }
         Cmd::Luns { login: l, json } => {
             let session = login(&l)?;
             let luns = srp_initiator::disk::report_luns(&session).map_err(|e| e.to_string())?;
@@ -462,6 +530,58 @@ fn run(cmd: Cmd) -> Result<bool, String> {
             }
             Ok(true)
         }
+    }
+}
+
+/// One request to `srpd`.
+fn srpd(sock: &Option<std::path::PathBuf>, req: &InitRequest) -> Result<serde_json::Value, String> {
+    let path = sock
+        .clone()
+        .unwrap_or_else(|| srpstack::config::control_socket_of("srpd"));
+    srpstack::daemon::request_to(&path, "srpd", req)
+}
+
+/// A login as `srp list` prints it.
+fn print_login(l: &serde_json::Value) {
+    let s = |v: &serde_json::Value| v.as_str().unwrap_or("?").to_string();
+    println!(
+        "{}  {}  ({})",
+        s(&l["name"]),
+        s(&l["path"]),
+        s(&l["target"])
+    );
+    for c in l["channels"].as_array().into_iter().flatten() {
+        println!(
+            "  channel {}: {}, credits {} of {}, {} commands done{}",
+            c["channel"],
+            if c["closed"] == serde_json::json!(true) {
+                "closed"
+            } else {
+                "live"
+            },
+            c["credits"],
+            c["req_lim"],
+            c["completed"],
+            if c["immediate_data"] == serde_json::json!(true) {
+                ", immediate data"
+            } else {
+                ""
+            }
+        );
+    }
+    for u in l["luns"].as_array().into_iter().flatten() {
+        println!(
+            "  LUN {:<3} {:<8} {:<16} {} blocks of {} B  {}  state {}, {} failures, {} reconnects",
+            u["lun"],
+            s(&u["vendor"]),
+            s(&u["product"]),
+            u["blocks"],
+            u["block_size"],
+            s(&u["file"]),
+            s(&u["state"]),
+            u["failures"],
+            u["reconnects"]
+        );
     }
 }
 

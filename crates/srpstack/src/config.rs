@@ -96,10 +96,16 @@ impl Default for TargetSection {
 
 /// `/run/srptd.sock` for root, `$TMPDIR/srptd-<uid>.sock` for others.
 pub fn default_control_socket() -> PathBuf {
+    control_socket_of("srptd")
+}
+
+/// The control socket of daemon `name`: `/run/<name>.sock` for root,
+/// `$TMPDIR/<name>-<uid>.sock` for others.
+pub fn control_socket_of(name: &str) -> PathBuf {
     // SAFETY: geteuid has no preconditions.
     match unsafe { libc::geteuid() } {
-        0 => PathBuf::from("/run/srptd.sock"),
-        uid => std::env::temp_dir().join(format!("srptd-{uid}.sock")),
+        0 => PathBuf::from(format!("/run/{name}.sock")),
+        uid => std::env::temp_dir().join(format!("{name}-{uid}.sock")),
     }
 }
 

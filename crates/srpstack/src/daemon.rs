@@ -832,7 +832,7 @@ pub fn bind_control(path: &Path) -> std::io::Result<UnixListener> {
         if UnixStream::connect(path).is_ok() {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::AddrInUse,
-                format!("{}: another srptd is listening", path.display()),
+                format!("{}: another daemon is listening", path.display()),
             ));
         }
         std::fs::remove_file(path)?;
@@ -850,6 +850,26 @@ pub fn bind_control(path: &Path) -> std::io::Result<UnixListener> {
 /// Serves the control socket: one JSON request per line, one JSON answer
 /// per line (`{"ok": true, "data": ...}` or `{"ok": false, "error": ...}`).
 pub fn serve_control(daemon: Arc<Daemon>, listener: UnixListener) -> std::thread::JoinHandle<()> {
+    serve_lines(listener, "srptd", move |line| {
+        match serde_json::from_str::<Request>(line) {
+            Ok(req) => match daemon.handle(req) {
+                Ok(data) => json!({ "ok": true, "data": data }),
+                Err(e) => json!({ "ok": false, "error": e }),
+            },
+            Err(e) => json!({ "ok": false, "error": format!("bad request: {e}") }),
+        }
+    })
+}
+
+/// Serves a control socket whose requests and answers are lines of JSON:
+/// `answer` turns each request line into its answer. Only the daemon's own
+/// user may connect (`who` names the daemon in the refusal).
+pub fn serve_lines(
+    listener: UnixListener,
+    who: &'static str,
+    answer: impl Fn(&str) -> Value + Send + Sync + 'static,
+) -> std::thread::JoinHandle<()> {
+    let answer = Arc::new(answer);
     std::thread::spawn(move || {
         // SAFETY: geteuid has no preconditions.
         let me = unsafe { libc::geteuid() };
@@ -859,23 +879,16 @@ pub fn serve_control(daemon: Arc<Daemon>, listener: UnixListener) -> std::thread
                 let _ = writeln!(
                     conn,
                     "{}",
-                    json!({"ok": false, "error": "permission denied: not the owner of srptd"})
+                    json!({"ok": false, "error": format!("permission denied: not the owner of {who}")})
                 );
                 continue;
             }
-            let d = daemon.clone();
+            let answer = answer.clone();
             std::thread::spawn(move || {
                 let Ok(read) = conn.try_clone() else { return };
                 for line in BufReader::new(read).lines().take(10_000) {
                     let Ok(line) = line else { return };
-                    let answer = match serde_json::from_str::<Request>(&line) {
-                        Ok(req) => match d.handle(req) {
-                            Ok(data) => json!({ "ok": true, "data": data }),
-                            Err(e) => json!({ "ok": false, "error": e }),
-                        },
-                        Err(e) => json!({ "ok": false, "error": format!("bad request: {e}") }),
-                    };
-                    if writeln!(conn, "{answer}").is_err() {
+                    if writeln!(conn, "{}", answer(&line)).is_err() {
                         return;
                     }
                 }
@@ -916,9 +929,15 @@ pub fn serve_metrics(
 
 /// A client of the control socket (what `srptadm` uses).
 pub fn request(path: &Path, req: &Request) -> Result<Value, String> {
+    request_to(path, "srptd", req)
+}
+
+/// Sends one request line to the control socket of daemon `who` at `path`
+/// and returns its answer's data (or its error).
+pub fn request_to(path: &Path, who: &str, req: &impl Serialize) -> Result<Value, String> {
     let mut s =
         UnixStream::connect(path).map_err(|e| format!("connect to {}: {e}", path.display()))?;
-    s.set_read_timeout(Some(std::time::Duration::from_secs(30)))
+    s.set_read_timeout(Some(std::time::Duration::from_secs(120)))
         .map_err(|e| e.to_string())?;
     let line = serde_json::to_string(req).map_err(|e| e.to_string())?;
     writeln!(s, "{line}").map_err(|e| format!("send to {}: {e}", path.display()))?;
@@ -927,13 +946,13 @@ pub fn request(path: &Path, req: &Request) -> Result<Value, String> {
         .read_line(&mut answer)
         .map_err(|e| format!("read from {}: {e}", path.display()))?;
     let v: Value =
-        serde_json::from_str(&answer).map_err(|e| format!("bad answer from srptd: {e}"))?;
+        serde_json::from_str(&answer).map_err(|e| format!("bad answer from {who}: {e}"))?;
     if v["ok"] == json!(true) {
         Ok(v["data"].clone())
     } else {
         Err(v["error"]
             .as_str()
-            .unwrap_or("srptd refused without a reason")
-            .to_string())
+            .map(str::to_string)
+            .unwrap_or_else(|| format!("{who} refused without a reason")))
     }
 }

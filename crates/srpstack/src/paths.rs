@@ -96,6 +96,15 @@ impl PathLogin {
         Ok(fresh)
     }
 
+    /// The channels of the current login, as they are (none before the
+    /// first login; some may have ended), without logging in.
+    pub fn live_channels(&self) -> Vec<Arc<Session>> {
+        self.current
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
     /// Channel 0 of this path (see [`PathLogin::channels`]).
     ///
     /// # Errors

@@ -1,0 +1,122 @@
+//! `srpd`: the resident SRP initiator (see `srpstack::initd`). It keeps
+//! logins made with `srp login` (Linux `ib_srp` login strings) and shows
+//! each LUN as a file under `--mount-root/<login name>/`, until SIGTERM or
+//! SIGINT, when it logs every target out.
+
+use clap::Parser;
+use srpstack::daemon::bind_control;
+use srpstack::initd::{serve_control, InitRequest, Initd, InitdConfig};
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+#[derive(Parser)]
+#[command(
+    name = "srpd",
+    about = "Resident SRP initiator: logins by login string, LUNs as files"
+)]
+struct Args {
+    /// Address of a local soft RoCE NIC (several: one CA each; a login's
+    /// `src=` picks one, the first is the default).
+    #[arg(long, default_value = "127.0.0.2")]
+    ip: Vec<IpAddr>,
+    /// RoCEv2 UDP port.
+    #[arg(long, default_value_t = 4791)]
+    udp_port: u16,
+    /// Path MTU in bytes (1024 on a 1500-byte Ethernet link).
+    #[arg(long, default_value_t = 4096)]
+    mtu: usize,
+    /// Directory under which each login's LUN files are mounted.
+    #[arg(long)]
+    mount_root: PathBuf,
+    /// Control socket for `srp login/logout/list` (default
+    /// /run/srpd.sock for root, $TMPDIR/srpd-<uid>.sock otherwise).
+    #[arg(long)]
+    control_socket: Option<PathBuf>,
+    /// Seconds between reconnect attempts, or `off`.
+    #[arg(long, default_value = "10")]
+    reconnect_delay: String,
+    /// Seconds after a failure until I/O fails instead of waiting, or `off`.
+    #[arg(long, default_value = "15")]
+    fast_io_fail_tmo: String,
+    /// Seconds after a failure until a LUN is given up, or `off`.
+    #[arg(long, default_value = "600")]
+    dev_loss_tmo: String,
+    /// Let other users reach the LUN files (FUSE allow_other).
+    #[arg(long)]
+    allow_other: bool,
+    /// Log in with this login string at start (repeatable).
+    #[arg(long)]
+    login: Vec<String>,
+}
+
+fn secs(what: &str, s: &str) -> Result<Option<rdma_types::Duration>, String> {
+    if s == "off" {
+        return Ok(None);
+    }
+    s.parse::<u64>()
+        .map(|n| Some(rdma_types::Duration::from_secs(n)))
+        .map_err(|_| format!("--{what}: `{s}` is not a number of seconds or `off`"))
+}
+
+fn run(a: Args) -> Result<(), String> {
+    let mtu = rdma_types::Mtu::from_bytes(a.mtu)
+        .map_err(|_| format!("MTU {} is not 256, 512, 1024, 2048 or 4096", a.mtu))?;
+    let rport = srp_initiator::rport::RportConfig {
+        reconnect_delay: secs("reconnect-delay", &a.reconnect_delay)?,
+        fast_io_fail_tmo: secs("fast-io-fail-tmo", &a.fast_io_fail_tmo)?,
+        dev_loss_tmo: secs("dev-loss-tmo", &a.dev_loss_tmo)?,
+    };
+    let sock = a
+        .control_socket
+        .clone()
+        .unwrap_or_else(|| srpstack::config::control_socket_of("srpd"));
+    let signals = srpstack::signals::block_term();
+    let control =
+        bind_control(&sock).map_err(|e| format!("control socket {}: {e}", sock.display()))?;
+    let initd = Arc::new(Initd::start(InitdConfig {
+        ips: a.ip.clone(),
+        udp_port: a.udp_port,
+        mtu,
+        mount_root: a.mount_root.clone(),
+        rport,
+        login_timeout: std::time::Duration::from_secs(10),
+        allow_other: a.allow_other,
+    })?);
+    for s in &a.login {
+        let v = initd.handle(InitRequest::Login {
+            target: s.clone(),
+            name: None,
+        })?;
+        println!("srpd: logged in: {v}");
+    }
+    serve_control(initd.clone(), control);
+    // Scripts wait for this line.
+    println!(
+        "srpd: ready on {}, NICs {}, LUN files under {}",
+        sock.display(),
+        a.ip.iter()
+            .map(|i| i.to_string())
+            .collect::<Vec<_>>()
+            .join(", "),
+        a.mount_root.display()
+    );
+    let _ = std::io::Write::flush(&mut std::io::stdout());
+    let sig = signals.wait();
+    println!("srpd: signal {sig}: logging out");
+    let n = initd.shutdown();
+    let _ = std::fs::remove_file(&sock);
+    println!("srpd: {n} logins ended; stopped");
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    match run(Args::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("srpd: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,460 @@
+//! `srpd`: the resident SRP initiator, what Linux's `ib_srp` is to its
+//! `add_target` file.
+//!
+//! The daemon owns a soft RoCE NIC (one CA per local address) and a CM
+//! agent per CA, and keeps logins for as long as it runs. A login is a
+//! Linux `ib_srp` login string (`id_ext=…,ioc_guid=…,dest=ip:port` or
+//! `…,dgid=…,pkey=…,service_id=…`), written to the control socket by
+//! `srp login`. Each login gets a name (given, or `t<N>`) and a directory
+//! `<mount root>/<name>` in which every LUN the target shows this initiator
+//! appears as a file `lun<N>` (a FUSE mount, see `blockfuse`): the
+//! counterpart of the `/dev/sdX` nodes a kernel login creates. Each LUN
+//! rides out connection loss with the remote port state machine
+//! (`reconnect_delay`, `fast_io_fail_tmo`, `dev_loss_tmo`), and keeps its
+//! file across reconnects. `srp logout <name>` unmounts the directory and
+//! ends the session; `srp list` shows logins with their channels, credits,
+//! port state and LUNs.
+//!
+//! Login-string keys and what they do here: `id_ext`, `ioc_guid`, `dest`
+//! (`src` picks the local CA), `dgid`/`pkey`/`service_id` (IB CM),
+//! `initiator_ext`, `queue_size` (commands per channel), `ch_count`,
+//! `cmd_sg_entries`, `max_it_iu_size`, `io_class` and `max_sect` (the
+//! largest transfer) are applied. `max_cmd_per_lun`, `sg_tablesize`,
+//! `comp_vector`, `tl_retry_count` and `target_can_queue` are accepted for
+//! compatibility and have no effect; `allow_ext_sg=1` is accepted, but the
+//! session never needs an external descriptor table (each transfer is one
+//! registered buffer).
+
+use crate::paths::PathLogin;
+use rdma_types::Guid;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use srp_initiator::login::{LoginOptions, TargetAddress};
+use srp_initiator::remote::RemoteDisk;
+use srp_initiator::rport::RportConfig;
+use srp_initiator::session::{Connector, SessionConfig};
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+use verbs::Provider;
+
+/// One request on `srpd`'s control socket (`{"cmd": "..."}`, a line of
+/// JSON; the answer is one line, `{"ok": true, "data": ...}` or
+/// `{"ok": false, "error": ...}`).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(tag = "cmd", rename_all = "kebab-case")]
+pub enum InitRequest {
+    /// Logs in with a Linux `ib_srp` login string.
+    Login {
+        /// The login string.
+        target: String,
+        /// Name of the login (default `t<N>`).
+        name: Option<String>,
+    },
+    /// Ends a login: unmounts its LUN files and logs out.
+    Logout {
+        /// The login's name.
+        name: String,
+    },
+    /// The logins, with channels, credits, port state and LUNs.
+    List,
+}
+
+/// How `srpd` runs.
+#[derive(Debug, Clone)]
+pub struct InitdConfig {
+    /// Local addresses, one soft RoCE CA each (the first is the default).
+    pub ips: Vec<IpAddr>,
+    /// RoCEv2 UDP port.
+    pub udp_port: u16,
+    /// Path MTU.
+    pub mtu: rdma_types::Mtu,
+    /// Directory under which each login's LUN files are mounted.
+    pub mount_root: PathBuf,
+    /// Remote port timers of every LUN.
+    pub rport: RportConfig,
+    /// How long a login waits for the target's answer.
+    pub login_timeout: Duration,
+    /// Let other users reach the LUN files.
+    pub allow_other: bool,
+}
+
+struct Login {
+    string: String,
+    path: Arc<PathLogin>,
+    luns: Vec<(u16, Arc<RemoteDisk>)>,
+    mount: Option<blockfuse::Mount>,
+    dir: PathBuf,
+}
+
+struct LocalCa {
+    ip: IpAddr,
+    guid: Guid,
+    agent: Arc<rdma_access::CmAgent>,
+}
+
+/// The running initiator daemon.
+pub struct Initd {
+    cfg: InitdConfig,
+    provider: Arc<dyn Provider>,
+    cas: Vec<LocalCa>,
+    logins: Mutex<BTreeMap<String, Login>>,
+    /// Logins in progress, by name, so two requests cannot take one name.
+    pending: Mutex<Vec<String>>,
+    next: Mutex<u32>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A login name: a plain file name of letters, digits, `-`, `_` and `.`.
+fn check_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && !name.starts_with('.')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.');
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "login name `{name}`: use 1 to 64 letters, digits, `-`, `_` or `.`, not starting with `.`"
+        ))
+    }
+}
+
+impl Initd {
+    /// Starts the NIC and a CM agent on every local address.
+    ///
+    /// # Errors
+    /// No address, a NIC or CM agent that cannot start, or a mount root
+    /// that is not a directory.
+    pub fn start(cfg: InitdConfig) -> Result<Initd, String> {
+        if cfg.ips.is_empty() {
+            return Err("srpd needs at least one local address (--ip)".into());
+        }
+        if !cfg.mount_root.is_dir() {
+            return Err(format!(
+                "mount root {} is not a directory",
+                cfg.mount_root.display()
+            ));
+        }
+        cfg.rport.validate().map_err(|e| e.to_string())?;
+        let soft: Vec<rnic::softroce::SoftCa> = cfg
+            .ips
+            .iter()
+            .enumerate()
+            .map(|(k, ip)| rnic::softroce::SoftCa {
+                guid: Guid(crate::INITIATOR_GUID + k as u64),
+                ip: *ip,
+            })
+            .collect();
+        let provider = rnic::softroce::SoftRoce::with_mtu(soft.clone(), cfg.udp_port, cfg.mtu);
+        let mut cas = Vec::new();
+        for (k, ca) in soft.iter().enumerate() {
+            let agent = rdma_access::CmAgent::start(
+                provider.clone(),
+                ca.guid,
+                (std::process::id() << 8) | k as u32,
+            )
+            .map_err(|e| format!("start the CM agent on {}: {e}", ca.ip))?;
+            cas.push(LocalCa {
+                ip: ca.ip,
+                guid: ca.guid,
+                agent,
+            });
+        }
+        Ok(Initd {
+            cfg,
+            provider,
+            cas,
+            logins: Mutex::new(BTreeMap::new()),
+            pending: Mutex::new(Vec::new()),
+            next: Mutex::new(0),
+        })
+    }
+
+    /// Answers one control request.
+    ///
+    /// # Errors
+    /// The request failed; the reason in words.
+    pub fn handle(&self, req: InitRequest) -> Result<Value, String> {
+        match req {
+            InitRequest::Login { target, name } => self.login(&target, name),
+            InitRequest::Logout { name } => self.logout(&name),
+            InitRequest::List => Ok(self.list()),
+        }
+    }
+
+    fn pick_name(&self, name: Option<String>) -> Result<String, String> {
+        let logins = lock(&self.logins);
+        let mut pending = lock(&self.pending);
+        let name = match name {
+            Some(n) => {
+                check_name(&n)?;
+                if logins.contains_key(&n) || pending.contains(&n) {
+                    return Err(format!("a login named `{n}` exists"));
+                }
+                n
+            }
+            None => {
+                let mut next = lock(&self.next);
+                loop {
+                    let n = format!("t{}", *next);
+                    *next += 1;
+                    if !logins.contains_key(&n) && !pending.contains(&n) {
+                        break n;
+                    }
+                }
+            }
+        };
+        pending.push(name.clone());
+        Ok(name)
+    }
+
+    fn login(&self, target: &str, name: Option<String>) -> Result<Value, String> {
+        let opts = LoginOptions::parse(target).map_err(|e| format!("login string: {e}"))?;
+        let name = self.pick_name(name)?;
+        let result = self.login_named(&name, target, &opts);
+        lock(&self.pending).retain(|n| n != &name);
+        let login = result?;
+        let answer = login_json(&name, &login);
+        lock(&self.logins).insert(name, login);
+        Ok(answer)
+    }
+
+    fn login_named(&self, name: &str, target: &str, o: &LoginOptions) -> Result<Login, String> {
+        let (ca, connector): (&LocalCa, Arc<dyn Connector>) = match &o.address {
+            TargetAddress::RdmaCm { dest, src } => {
+                let ca =
+                    match src {
+                        Some(ip) => self.cas.iter().find(|c| c.ip == *ip).ok_or_else(|| {
+                            format!("src={ip}: srpd has no NIC with that address")
+                        })?,
+                        None => &self.cas[0],
+                    };
+                let conn = Arc::new(crate::RdmaCmConnector {
+                    agent: ca.agent.clone(),
+                    src: ca.ip,
+                    dst: *dest,
+                    timeout: self.cfg.login_timeout,
+                });
+                (ca, conn)
+            }
+            TargetAddress::IbCm {
+                dgid, service_id, ..
+            } => {
+                let ca = &self.cas[0];
+                let conn = Arc::new(crate::IbCmConnector {
+                    agent: ca.agent.clone(),
+                    dgid: *dgid,
+                    service_id: *service_id,
+                    timeout: self.cfg.login_timeout,
+                });
+                (ca, conn)
+            }
+        };
+        let mut chan = srp::initiator::ChannelConfig::new(
+            o.initiator_ext,
+            ca.guid,
+            o.id_ext,
+            Guid(o.ioc_guid),
+        );
+        chan.io_class_rev10 = o.io_class == srp_initiator::login::IO_CLASS_REV10;
+        chan.cmd_sg_entries = o.cmd_sg_entries.clamp(1, 255) as u8;
+        chan.max_it_iu_size = o.max_it_iu_size;
+        chan.can_queue = o.queue_size.clamp(2, u16::MAX as u32) as u16;
+        let mut scfg = SessionConfig::new(chan);
+        // The largest transfer (max_sect sectors) fits the data pool twice
+        // over, with at least the default pool.
+        scfg.pool_bytes = scfg.pool_bytes.max(o.max_sect as usize * 512 * 2);
+        let ch_count = o.ch_count.unwrap_or(1).clamp(1, 64) as u16;
+        let path = Arc::new(
+            PathLogin::new(
+                format!("{} -> {}", ca.ip, address_text(&o.address)),
+                self.provider.clone(),
+                ca.guid,
+                connector,
+                scfg,
+            )
+            .with_ch_count(ch_count),
+        );
+        let session = path.session().map_err(|e| e.to_string())?;
+        let lun_ids =
+            srp_initiator::disk::report_luns(&session).map_err(|e| format!("REPORT LUNS: {e}"))?;
+        let mut luns = Vec::new();
+        for n in lun_ids {
+            let p = path.clone();
+            let open = Box::new(move || {
+                let mut ch = p.channels()?;
+                let first = ch.remove(0);
+                Ok(srp_initiator::disk::Disk::open(first, n)?.with_channels(ch))
+            });
+            let d =
+                RemoteDisk::open(open, self.cfg.rport).map_err(|e| format!("open LUN {n}: {e}"))?;
+            luns.push((n, Arc::new(d)));
+        }
+        let dir = self.cfg.mount_root.join(name);
+        match std::fs::create_dir(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && is_empty_dir(&dir) => {}
+            Err(e) => return Err(format!("create {}: {e}", dir.display())),
+        }
+        let devices: Vec<(String, Arc<dyn blockload::BlockDevice>)> = luns
+            .iter()
+            .map(|(n, d)| {
+                (
+                    format!("lun{n}"),
+                    d.clone() as Arc<dyn blockload::BlockDevice>,
+                )
+            })
+            .collect();
+        let mount = if devices.is_empty() {
+            None
+        } else {
+            let opts = blockfuse::Options {
+                allow_other: self.cfg.allow_other,
+                fsname: format!("srp:{name}"),
+                ..Default::default()
+            };
+            match blockfuse::mount(&dir, devices, opts) {
+                Ok(m) => Some(m),
+                Err(e) => {
+                    let _ = std::fs::remove_dir(&dir);
+                    return Err(format!("mount {}: {e}", dir.display()));
+                }
+            }
+        };
+        Ok(Login {
+            string: target.to_string(),
+            path,
+            luns,
+            mount,
+            dir,
+        })
+    }
+
+    fn logout(&self, name: &str) -> Result<Value, String> {
+        let login = lock(&self.logins)
+            .remove(name)
+            .ok_or_else(|| format!("no login named `{name}`"))?;
+        let dir = login.dir.clone();
+        end_login(login)?;
+        Ok(json!({ "name": name, "unmounted": dir }))
+    }
+
+    fn list(&self) -> Value {
+        let logins = lock(&self.logins);
+        Value::Array(logins.iter().map(|(name, l)| login_json(name, l)).collect())
+    }
+
+    /// Logs every login out (at exit); returns how many there were.
+    pub fn shutdown(&self) -> usize {
+        let all: Vec<Login> = std::mem::take(&mut *lock(&self.logins))
+            .into_values()
+            .collect();
+        let n = all.len();
+        for l in all {
+            if let Err(e) = end_login(l) {
+                eprintln!("srpd: {e}");
+            }
+        }
+        n
+    }
+}
+
+fn is_empty_dir(p: &Path) -> bool {
+    std::fs::read_dir(p).is_ok_and(|mut d| d.next().is_none())
+}
+
+fn address_text(a: &TargetAddress) -> String {
+    match a {
+        TargetAddress::RdmaCm { dest, .. } => dest.to_string(),
+        TargetAddress::IbCm {
+            dgid, service_id, ..
+        } => format!("{dgid} service {service_id:016x}"),
+    }
+}
+
+fn end_login(l: Login) -> Result<(), String> {
+    let dir = l.dir.clone();
+    if let Some(m) = l.mount {
+        m.unmount()
+            .map_err(|e| format!("unmount {}: {e}", dir.display()))?;
+    }
+    let _ = std::fs::remove_dir(&dir);
+    // Dropping the disks and the path ends the channels (DREQ).
+    drop(l.luns);
+    drop(l.path);
+    Ok(())
+}
+
+fn login_json(name: &str, l: &Login) -> Value {
+    let channels: Vec<Value> = l
+        .path
+        .live_channels()
+        .iter()
+        .enumerate()
+        .map(|(k, s)| {
+            let n = s.negotiated();
+            json!({
+                "channel": k,
+                "closed": s.is_closed(),
+                "credits": s.credits(),
+                "req_lim": n.req_lim,
+                "max_it_iu_len": n.max_it_iu_len,
+                "immediate_data": n.imm_data_offset.is_some(),
+                "completed": s.stats().completed,
+            })
+        })
+        .collect();
+    let luns: Vec<Value> = l
+        .luns
+        .iter()
+        .map(|(n, d)| {
+            let i = d.info();
+            let st = d.stats();
+            json!({
+                "lun": n,
+                "file": l.dir.join(format!("lun{n}")),
+                "vendor": i.vendor,
+                "product": i.product,
+                "blocks": i.blocks,
+                "block_size": i.block_size,
+                "naa": i.naa,
+                "state": format!("{:?}", st.state).to_lowercase(),
+                "failures": st.failures,
+                "reconnects": st.reconnects,
+            })
+        })
+        .collect();
+    json!({
+        "name": name,
+        "target": l.string,
+        "path": l.path.name,
+        "dir": l.dir,
+        "channels": channels,
+        "luns": luns,
+    })
+}
+
+/// Serves `srpd`'s control socket: one JSON request per line, one answer
+/// per line; only the daemon's own user may connect.
+pub fn serve_control(
+    initd: Arc<Initd>,
+    listener: std::os::unix::net::UnixListener,
+) -> std::thread::JoinHandle<()> {
+    crate::daemon::serve_lines(listener, "srpd", move |line| {
+        match serde_json::from_str::<InitRequest>(line) {
+            Ok(req) => match initd.handle(req) {
+                Ok(data) => json!({ "ok": true, "data": data }),
+                Err(e) => json!({ "ok": false, "error": e }),
+            },
+            Err(e) => json!({ "ok": false, "error": format!("bad request: {e}") }),
+        }
+    })
+}

@@ -1,0 +1,212 @@
+//! The resident initiator as an operator uses it: `srptd` exports two
+//! LUNs on 127.0.94.1, `srpd` runs on 127.0.94.2, and `srp login` hands it
+//! a Linux ib_srp login string. The LUNs appear as files under srpd's
+//! mount root; data written through them reads back; `srp list` shows the
+//! channel's credits and the LUNs' state; bad requests are refused with
+//! reasons; `srp logout` removes the files and the target sees the
+//! session end; login and logout repeat; SIGTERM logs out what is left.
+//!
+//! Prints "SKIPPED: ..." and passes when the machine lacks FUSE.
+
+mod common;
+
+use common::Proc;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+const TARGET: &str = "id_ext=0002c90300a00001,ioc_guid=0002c90300a00001,dest=127.0.94.1:5555";
+
+fn srp(sock: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_srp"))
+        .args(args)
+        .arg("--control-socket")
+        .arg(sock)
+        .output()
+        .unwrap()
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// Channels `srptd` behind `sock` holds.
+fn target_sessions(sock: &Path) -> usize {
+    let out = Command::new(env!("CARGO_BIN_EXE_srptadm"))
+        .arg("--socket")
+        .arg(sock)
+        .args(["--json", "sessions"])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    v.as_array().map_or(0, |a| a.len())
+}
+
+fn wait_for(what: &str, secs: u64, mut cond: impl FnMut() -> bool) {
+    let end = Instant::now() + Duration::from_secs(secs);
+    while !cond() {
+        assert!(Instant::now() < end, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn srpd_logs_in_by_login_string_and_shows_luns_as_files() {
+    if !Path::new("/dev/fuse").exists() {
+        println!("SKIPPED: no /dev/fuse (apt-get install fuse3)");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("srpd-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let root = dir.join("mnt");
+    std::fs::create_dir_all(&root).unwrap();
+    let tsock = dir.join("srptd.sock");
+    let cfg = dir.join("srptd.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[target]\nip = \"127.0.94.1\"\ncontrol_socket = \"{}\"\n\n\
+             [[device]]\nname = \"ram0\"\nhandler = \"vdisk_nullio\"\nsize = \"16M\"\n\n\
+             [[device]]\nname = \"ram1\"\nhandler = \"vdisk_fileio\"\nfilename = \"{}\"\nsize = \"8M\"\n\n\
+             [[lun]]\nlun = 0\ndevice = \"ram0\"\n\n[[lun]]\nlun = 3\ndevice = \"ram1\"\n",
+            tsock.display(),
+            dir.join("lun3.img").display()
+        ),
+    )
+    .unwrap();
+    let _target = Proc::start(
+        "srptd",
+        Command::new(env!("CARGO_BIN_EXE_srptd"))
+            .arg("--config")
+            .arg(&cfg),
+    );
+    _target.wait_line("listening on", 20);
+
+    let sock = dir.join("srpd.sock");
+    let mut srpd = Proc::start(
+        "srpd",
+        Command::new(env!("CARGO_BIN_EXE_srpd"))
+            .args(["--ip", "127.0.94.2", "--reconnect-delay", "1"])
+            .arg("--mount-root")
+            .arg(&root)
+            .arg("--control-socket")
+            .arg(&sock),
+    );
+    srpd.wait_line("srpd: ready on", 20);
+
+    // Refusals, each with its reason.
+    let bad = srp(
+        &sock,
+        &["login", "id_ext=1,ioc_guid=1,bogus=2,dest=127.0.94.1:5555"],
+    );
+    assert!(!bad.status.success());
+    assert!(text(&bad).contains("bogus"), "{}", text(&bad));
+    let nobody = srp(
+        &sock,
+        &[
+            "login",
+            "id_ext=1,ioc_guid=1,dest=127.0.94.1:5556",
+            "--name",
+            "x",
+        ],
+    );
+    assert!(!nobody.status.success(), "{}", text(&nobody));
+    assert!(text(&nobody).contains("login"), "{}", text(&nobody));
+    let name = srp(&sock, &["login", TARGET, "--name", "../etc"]);
+    assert!(text(&name).contains("login name"), "{}", text(&name));
+    assert!(
+        !root.join("x").exists(),
+        "a failed login left its directory"
+    );
+
+    for round in 0..3 {
+        let login = srp(&sock, &["login", TARGET, "--name", "tgt"]);
+        assert!(login.status.success(), "{}", text(&login));
+        assert!(
+            text(&login).contains("logged in as tgt"),
+            "{}",
+            text(&login)
+        );
+        let again = srp(&sock, &["login", TARGET, "--name", "tgt"]);
+        assert!(text(&again).contains("exists"), "{}", text(&again));
+
+        let lun0 = root.join("tgt/lun0");
+        let lun3 = root.join("tgt/lun3");
+        assert_eq!(std::fs::metadata(&lun0).unwrap().len(), 16 << 20);
+        assert_eq!(std::fs::metadata(&lun3).unwrap().len(), 8 << 20);
+
+        // Data through the file reaches the fileio image and reads back.
+        let pattern: Vec<u8> = (0..65536u32)
+            .map(|i| (i.wrapping_mul(31) ^ (round * 7)) as u8)
+            .collect();
+        let mut f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&lun3)
+            .unwrap();
+        f.seek(SeekFrom::Start(1 << 20)).unwrap();
+        f.write_all(&pattern).unwrap();
+        f.sync_all().unwrap();
+        let mut back = vec![0u8; pattern.len()];
+        f.seek(SeekFrom::Start(1 << 20)).unwrap();
+        f.read_exact(&mut back).unwrap();
+        assert!(back == pattern, "read back differs");
+        drop(f);
+        let mut img = std::fs::File::open(dir.join("lun3.img")).unwrap();
+        img.seek(SeekFrom::Start(1 << 20)).unwrap();
+        img.read_exact(&mut back).unwrap();
+        assert!(back == pattern, "the target's image does not hold the data");
+
+        let list = srp(&sock, &["list", "--json"]);
+        assert!(list.status.success(), "{}", text(&list));
+        let v: serde_json::Value = serde_json::from_slice(&list.stdout).unwrap();
+        let l = &v[0];
+        assert_eq!(l["name"], "tgt", "{v}");
+        assert_eq!(l["channels"][0]["closed"], false, "{v}");
+        assert!(l["channels"][0]["credits"].as_i64().unwrap() > 0, "{v}");
+        assert!(l["channels"][0]["completed"].as_u64().unwrap() > 0, "{v}");
+        let luns: Vec<u64> = l["luns"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|u| u["lun"].as_u64().unwrap())
+            .collect();
+        assert_eq!(luns, vec![0, 3], "{v}");
+        assert_eq!(l["luns"][1]["state"], "running", "{v}");
+        let human = text(&srp(&sock, &["list"]));
+        assert!(
+            human.contains("credits") && human.contains("lun3"),
+            "{human}"
+        );
+        assert_eq!(target_sessions(&tsock), 1);
+
+        let out = srp(&sock, &["logout", "tgt"]);
+        assert!(out.status.success(), "{}", text(&out));
+        assert!(!lun0.exists() && !root.join("tgt").exists());
+        wait_for("the target to see the logout", 10, || {
+            target_sessions(&tsock) == 0
+        });
+        let none = srp(&sock, &["list"]);
+        assert!(text(&none).contains("no logins"), "{}", text(&none));
+    }
+    let gone = srp(&sock, &["logout", "tgt"]);
+    assert!(text(&gone).contains("no login named"), "{}", text(&gone));
+
+    // SIGTERM with a login held: srpd logs it out and unmounts.
+    let login = srp(&sock, &["login", TARGET]);
+    assert!(text(&login).contains("logged in as t0"), "{}", text(&login));
+    assert!(root.join("t0/lun0").exists());
+    srpd.term();
+    let rest = srpd.rest(30).join("\n");
+    assert!(rest.contains("1 logins ended"), "{rest}");
+    assert!(!root.join("t0").exists(), "{rest}");
+    wait_for("the target to see srpd leave", 10, || {
+        target_sessions(&tsock) == 0
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+}
