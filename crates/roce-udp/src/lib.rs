@@ -11,6 +11,17 @@
 //! - IPv6 sockets set `UDP_NO_CHECK6_RX`, because rxe sends UDP checksum 0,
 //!   which IPv6 otherwise forbids and the kernel drops.
 //!
+//! Where the kernel has them, it uses the UDP offloads: a run of
+//! equal-size datagrams to one peer leaves as one segmented send
+//! (`UDP_SEGMENT`, see [`RoceSocket::gso_runs`]), and the kernel may hand
+//! received datagrams over coalesced (`UDP_GRO`), which [`RoceSocket::recv_batch`]
+//! splits again. A 1 MiB RDMA transfer is then ~17 kernel sends instead of
+//! 256. The catch for RoCEv2: the kernel numbers the IPv4 Identification of
+//! a run's segments 0, 1, 2, … and the ICRC covers it, so the caller
+//! patches the ICRC of segment `k` for Identification `k` (the soft RoCE
+//! node does, with `rdma_wire::icrc::Ipv4IdentDelta`); a receiver learns
+//! each datagram's place in a coalesced buffer from [`Received::segment`].
+//!
 //! [`Waker`] lets another thread interrupt [`RoceSocket::wait`], so a driver
 //! loop can sleep in the kernel when idle instead of spinning a core.
 //!

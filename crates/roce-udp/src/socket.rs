@@ -16,6 +16,18 @@ const MAX_DATAGRAM: usize = 4096 + 256;
 
 /// `UDP_NO_CHECK6_RX` from `linux/udp.h` (not in every libc).
 const UDP_NO_CHECK6_RX: libc::c_int = 102;
+/// `UDP_SEGMENT` (send-side segmentation offload) from `linux/udp.h`.
+const UDP_SEGMENT: libc::c_int = 103;
+/// `UDP_GRO` (receive coalescing) from `linux/udp.h`.
+const UDP_GRO: libc::c_int = 104;
+/// Most segments one GSO send may carry (the kernel's `UDP_MAX_SEGMENTS`).
+const GSO_MAX_SEGMENTS: usize = 64;
+/// Most bytes one GSO send may carry (below the 64 KiB IP length limit).
+const GSO_MAX_BYTES: usize = 65_000;
+/// Receive buffer size when the kernel may hand us coalesced segments.
+const GRO_BUFFER: usize = 65_536;
+/// Room for one control message holding an int, 8-byte aligned.
+const CMSG_ROOM: usize = 32;
 
 /// Counters of the socket.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -31,6 +43,10 @@ pub struct SocketStats {
     pub send_calls: u64,
     /// `recvmmsg` calls that returned data.
     pub recv_calls: u64,
+    /// Sends that carried several datagrams as one segmented (GSO) buffer.
+    pub gso_sends: u64,
+    /// Received buffers the kernel had coalesced from several datagrams.
+    pub gro_buffers: u64,
 }
 
 /// One received datagram, in a buffer of the batch.
@@ -40,6 +56,12 @@ pub struct Received {
     pub src: SocketAddr,
     /// Bytes in the buffer.
     pub len: usize,
+    /// Place of this datagram in a buffer the kernel coalesced (GRO): 0
+    /// for the first or only one. Segments of one GSO send get IPv4
+    /// Identifications 0, 1, 2, ... from an unconnected DF socket, so this
+    /// is the Identification the sender's kernel gave the datagram when the
+    /// whole send arrived as one buffer.
+    pub segment: u16,
 }
 
 /// A UDP socket bound to one node address.
@@ -50,6 +72,10 @@ pub struct RoceSocket {
     stats: SocketStats,
     /// Receive buffers reused across batches.
     bufs: Vec<Vec<u8>>,
+    /// The kernel segments our sends (`UDP_SEGMENT`) and we use it.
+    gso: bool,
+    /// The kernel may coalesce received datagrams (`UDP_GRO` is on).
+    gro: bool,
 }
 
 impl RoceSocket {
@@ -92,6 +118,10 @@ impl RoceSocket {
             let _ = sock.set_send_buffer_size(BUF as usize);
         }
         sock.bind(&SockAddr::from(addr))?;
+        // Offloads are optional: a kernel without them (before 4.18 / 5.0)
+        // refuses the options and we send and receive one datagram at a time.
+        let gso = set_int(fd, libc::IPPROTO_UDP, UDP_SEGMENT, 0).is_ok();
+        let gro = set_int(fd, libc::IPPROTO_UDP, UDP_GRO, 1).is_ok();
         let local = sock
             .local_addr()?
             .as_socket()
@@ -101,48 +131,132 @@ impl RoceSocket {
             local,
             stats: SocketStats::default(),
             bufs: Vec::new(),
+            gso,
+            gro,
         })
     }
 
-    /// The bound address (with the real port when 0 was asked for).
-    pub fn local_addr(&self) -> SocketAddr {
-        self.local
+    /// Whether sends are grouped into segmented (GSO) sends.
+    pub fn gso(&self) -> bool {
+        self.gso
     }
 
-    /// Counters so far.
-    pub fn stats(&self) -> SocketStats {
-        self.stats
+    /// Turns grouping of sends into GSO sends on or off (off sends every
+    /// datagram on its own; on needs kernel support, see [`RoceSocket::gso`]).
+    pub fn set_gso(&mut self, on: bool) {
+        self.gso = on && set_int(self.sock.as_raw_fd(), libc::IPPROTO_UDP, UDP_SEGMENT, 0).is_ok();
     }
 
-    /// Sends a batch of datagrams with as few system calls as possible.
-    /// Returns how many the kernel took; a full socket buffer stops the batch
-    /// early (the caller keeps the rest), other errors count the datagram as
-    /// lost and go on.
-    pub fn send_batch(&mut self, batch: &[(SocketAddr, &[u8])]) -> usize {
+    /// Turns receive coalescing (`UDP_GRO`) on or off; returns whether it
+    /// is on now.
+    pub fn set_gro(&mut self, on: bool) -> bool {
+        let ok = set_int(
+            self.sock.as_raw_fd(),
+            libc::IPPROTO_UDP,
+            UDP_GRO,
+            i32::from(on),
+        )
+        .is_ok();
+        self.gro = on && ok;
+        self.gro
+    }
+
+    /// How [`RoceSocket::send_runs`] will group `batch`: runs of
+    /// consecutive datagrams to one destination, all of one size except a
+    /// shorter last one, at most 64 datagrams and 65,000 bytes, sent as one
+    /// segmented buffer. Without GSO every run is one datagram.
+    ///
+    /// The kernel gives the segments of one run IPv4 Identifications 0, 1,
+    /// 2, … (an unconnected socket with DF set), where a lone datagram gets
+    /// 0. A sender whose datagrams carry a checksum over the
+    /// Identification (the RoCEv2 ICRC) must compute datagram `k` of a run
+    /// with Identification `k`.
+    pub fn gso_runs(&self, batch: &[(SocketAddr, &[u8])]) -> Vec<std::ops::Range<usize>> {
+        let mut runs = Vec::new();
+        let mut i = 0;
+        while i < batch.len() {
+            let (dst, first) = batch[i];
+            let size = first.len();
+            let mut j = i + 1;
+            let mut bytes = size;
+            if self.gso && size > 0 {
+                while j < batch.len()
+                    && j - i < GSO_MAX_SEGMENTS
+                    && batch[j].0 == dst
+                    && batch[j].1.len() <= size
+                    && bytes + batch[j].1.len() <= GSO_MAX_BYTES
+                    && !batch[j].1.is_empty()
+                {
+                    bytes += batch[j].1.len();
+                    j += 1;
+                    if batch[j - 1].1.len() < size {
+                        break; // a shorter datagram ends the run
+                    }
+                }
+            }
+            runs.push(i..j);
+            i = j;
+        }
+        runs
+    }
+
+    /// Sends `batch` grouped as `runs` (from [`RoceSocket::gso_runs`] on the
+    /// same batch). Returns how many runs the kernel took, from the first; a
+    /// full socket buffer stops early (the caller sends the remaining runs
+    /// later, grouped the same way), a run the kernel refuses for another
+    /// reason is counted as lost. A kernel that refuses segmentation itself
+    /// turns GSO off for later batches.
+    pub fn send_runs(
+        &mut self,
+        batch: &[(SocketAddr, &[u8])],
+        runs: &[std::ops::Range<usize>],
+    ) -> usize {
         let mut done = 0;
-        while done < batch.len() {
-            let chunk = &batch[done..batch.len().min(done + 64)];
-            let addrs: Vec<SockAddr> = chunk.iter().map(|(a, _)| SockAddr::from(*a)).collect();
+        while done < runs.len() {
+            let chunk = &runs[done..runs.len().min(done + 64)];
+            let addrs: Vec<SockAddr> = chunk
+                .iter()
+                .map(|r| SockAddr::from(batch[r.start].0))
+                .collect();
             let mut iovs: Vec<libc::iovec> = chunk
                 .iter()
+                .flat_map(|r| batch[r.clone()].iter())
                 .map(|(_, d)| libc::iovec {
                     iov_base: d.as_ptr() as *mut libc::c_void,
                     iov_len: d.len(),
                 })
                 .collect();
-            let mut msgs: Vec<libc::mmsghdr> = (0..chunk.len())
-                .map(|i| {
-                    // SAFETY: all-zero is a valid mmsghdr.
-                    let mut m: libc::mmsghdr = unsafe { std::mem::zeroed() };
-                    m.msg_hdr.msg_name = addrs[i].as_ptr() as *mut libc::c_void;
-                    m.msg_hdr.msg_namelen = addrs[i].len();
-                    m.msg_hdr.msg_iov = &mut iovs[i];
-                    m.msg_hdr.msg_iovlen = 1;
-                    m
-                })
-                .collect();
-            // SAFETY: every pointer in msgs refers to addrs/iovs/batch, which
-            // outlive the call; the count matches the vector length.
+            let mut cmsgs = vec![[0u64; CMSG_ROOM / 8]; chunk.len()];
+            let mut msgs: Vec<libc::mmsghdr> = Vec::with_capacity(chunk.len());
+            let mut iov_at = 0;
+            for (k, r) in chunk.iter().enumerate() {
+                // SAFETY: all-zero is a valid mmsghdr.
+                let mut m: libc::mmsghdr = unsafe { std::mem::zeroed() };
+                m.msg_hdr.msg_name = addrs[k].as_ptr() as *mut libc::c_void;
+                m.msg_hdr.msg_namelen = addrs[k].len();
+                m.msg_hdr.msg_iov = &mut iovs[iov_at];
+                m.msg_hdr.msg_iovlen = r.len() as _;
+                iov_at += r.len();
+                if r.len() > 1 {
+                    let seg = batch[r.start].1.len() as u16;
+                    let room = &mut cmsgs[k];
+                    m.msg_hdr.msg_control = room.as_mut_ptr().cast();
+                    // SAFETY: CMSG_SPACE of a u16 fits CMSG_ROOM bytes.
+                    m.msg_hdr.msg_controllen = unsafe { libc::CMSG_SPACE(2) } as _;
+                    // SAFETY: msg_control points at CMSG_ROOM aligned bytes
+                    // that hold one header and its u16 payload.
+                    unsafe {
+                        let c = libc::CMSG_FIRSTHDR(&m.msg_hdr);
+                        (*c).cmsg_level = libc::IPPROTO_UDP;
+                        (*c).cmsg_type = UDP_SEGMENT;
+                        (*c).cmsg_len = libc::CMSG_LEN(2) as _;
+                        std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), seg);
+                    }
+                }
+                msgs.push(m);
+            }
+            // SAFETY: every pointer in msgs refers to addrs/iovs/cmsgs/batch,
+            // which outlive the call; the count matches the vector length.
             let n = unsafe {
                 libc::sendmmsg(
                     self.sock.as_raw_fd(),
@@ -157,32 +271,61 @@ impl RoceSocket {
                 if err.kind() == io::ErrorKind::WouldBlock {
                     return done;
                 }
-                // The first datagram of the chunk failed (unreachable, too
-                // big): drop it like the wire would and carry on.
-                self.stats.send_errors += 1;
+                let r = &chunk[0];
+                if r.len() > 1
+                    && matches!(
+                        err.raw_os_error(),
+                        Some(libc::EINVAL | libc::EIO | libc::EOPNOTSUPP | libc::ENOPROTOOPT)
+                    )
+                {
+                    self.gso = false;
+                }
+                self.stats.send_errors += r.len() as u64;
                 done += 1;
                 continue;
             }
             let n = n as usize;
-            self.stats.sent += n as u64;
-            done += n;
-            if n < chunk.len() {
-                // Partial: the next one errored or would block; retry it in
-                // the next loop round, which classifies the error.
-                continue;
+            for r in &chunk[..n] {
+                self.stats.sent += r.len() as u64;
+                if r.len() > 1 {
+                    self.stats.gso_sends += 1;
+                }
             }
+            done += n;
         }
         done
     }
 
+    /// The bound address (with the real port when 0 was asked for).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> SocketStats {
+        self.stats
+    }
+
+    /// Sends a batch of datagrams with as few system calls as possible,
+    /// each on its own (no segmentation offload). Returns how many the
+    /// kernel took; a full socket buffer stops the batch early (the caller
+    /// keeps the rest), other errors count the datagram as lost and go on.
+    pub fn send_batch(&mut self, batch: &[(SocketAddr, &[u8])]) -> usize {
+        let runs: Vec<std::ops::Range<usize>> = (0..batch.len()).map(|i| i..i + 1).collect();
+        self.send_runs(batch, &runs)
+    }
+
     /// Receives up to `max` datagrams without blocking and hands each to
-    /// `f(received, bytes)`. Returns how many arrived.
+    /// `f(received, bytes)` (a buffer the kernel coalesced is handed over
+    /// datagram by datagram). Returns how many system-call buffers arrived.
     pub fn recv_batch(&mut self, max: usize, mut f: impl FnMut(Received, &[u8])) -> usize {
         let max = max.clamp(1, 64);
+        let size = if self.gro { GRO_BUFFER } else { MAX_DATAGRAM };
         while self.bufs.len() < max {
-            self.bufs.push(vec![0u8; MAX_DATAGRAM]);
+            self.bufs.push(vec![0u8; size]);
         }
         let mut names: Vec<MaybeUninit<libc::sockaddr_storage>> = vec![MaybeUninit::zeroed(); max];
+        let mut cmsgs = vec![[0u64; CMSG_ROOM / 8]; max];
         let mut iovs: Vec<libc::iovec> = self.bufs[..max]
             .iter_mut()
             .map(|b| libc::iovec {
@@ -199,10 +342,15 @@ impl RoceSocket {
                     std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
                 m.msg_hdr.msg_iov = &mut iovs[i];
                 m.msg_hdr.msg_iovlen = 1;
+                if self.gro {
+                    m.msg_hdr.msg_control = cmsgs[i].as_mut_ptr().cast();
+                    m.msg_hdr.msg_controllen = CMSG_ROOM as _;
+                }
                 m
             })
             .collect();
-        // SAFETY: buffers, names and iovecs outlive the call and match `max`.
+        // SAFETY: buffers, names, control areas and iovecs outlive the call
+        // and match `max`.
         let n = unsafe {
             libc::recvmmsg(
                 self.sock.as_raw_fd(),
@@ -218,14 +366,39 @@ impl RoceSocket {
         self.stats.recv_calls += 1;
         let n = n as usize;
         for (i, m) in msgs.iter().enumerate().take(n) {
-            let len = (m.msg_len as usize).min(MAX_DATAGRAM);
+            let len = (m.msg_len as usize).min(self.bufs[i].len());
             // SAFETY: the kernel filled msg_namelen bytes of a sockaddr_storage.
             let addr = unsafe { SockAddr::new(names[i].assume_init(), m.msg_hdr.msg_namelen) };
             let Some(src) = addr.as_socket() else {
                 continue;
             };
-            self.stats.received += 1;
-            f(Received { src, len }, &self.bufs[i][..len]);
+            let seg = gro_segment_size(&m.msg_hdr).unwrap_or(len).max(1);
+            if seg < len {
+                self.stats.gro_buffers += 1;
+            }
+            let data = &self.bufs[i][..len];
+            if data.is_empty() {
+                // An empty datagram is still a datagram (junk to count).
+                self.stats.received += 1;
+                f(
+                    Received {
+                        src,
+                        len: 0,
+                        segment: 0,
+                    },
+                    data,
+                );
+                continue;
+            }
+            for (k, d) in data.chunks(seg).enumerate() {
+                self.stats.received += 1;
+                let r = Received {
+                    src,
+                    len: d.len(),
+                    segment: k.min(u16::MAX as usize) as u16,
+                };
+                f(r, d);
+            }
         }
         n
     }
@@ -293,6 +466,29 @@ pub fn wait_readable(
     Ok(fds[0].revents & libc::POLLIN != 0)
 }
 
+/// The segment size of a coalesced receive (the `UDP_GRO` control
+/// message), if the kernel attached one.
+fn gro_segment_size(h: &libc::msghdr) -> Option<usize> {
+    #[allow(clippy::unnecessary_cast)] // socklen_t on some targets
+    let controllen = h.msg_controllen as usize;
+    if h.msg_control.is_null() || controllen < std::mem::size_of::<libc::cmsghdr>() {
+        return None;
+    }
+    // SAFETY: msg_control/msg_controllen describe the control area the
+    // kernel filled; CMSG_FIRSTHDR/NXTHDR stay inside it.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(h);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::IPPROTO_UDP && (*c).cmsg_type == UDP_GRO {
+                let v = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<libc::c_int>());
+                return usize::try_from(v).ok().filter(|&v| v > 0);
+            }
+            c = libc::CMSG_NXTHDR(h, c);
+        }
+    }
+    None
+}
+
 fn set_int(
     fd: libc::c_int,
     level: libc::c_int,
@@ -358,6 +554,67 @@ mod tests {
         }
         assert!(a.stats().send_calls < 150, "batched: {:?}", a.stats());
         assert!(b.stats().recv_calls < 150, "batched: {:?}", b.stats());
+    }
+
+    #[test]
+    fn gso_runs_group_equal_sizes_to_one_peer_and_arrive_intact() {
+        let (mut a, mut b) = pair();
+        let (_c, c_addr) = {
+            let c = RoceSocket::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+            let addr = c.local_addr();
+            (c, addr)
+        };
+        let dst = b.local_addr();
+        // 40 full datagrams and a short one to b, then one to c, then 3 more
+        // to b of another size.
+        let mut payloads: Vec<(SocketAddr, Vec<u8>)> = (0..40u32)
+            .map(|i| (dst, i.to_be_bytes().repeat(1000 / 4)))
+            .collect();
+        payloads.push((dst, vec![0xAB; 17]));
+        payloads.push((c_addr, vec![0xCD; 1000]));
+        for i in 0..3u8 {
+            payloads.push((dst, vec![i; 600]));
+        }
+        let batch: Vec<(SocketAddr, &[u8])> =
+            payloads.iter().map(|(d, p)| (*d, p.as_slice())).collect();
+        let runs = a.gso_runs(&batch);
+        if a.gso() {
+            assert_eq!(runs, vec![0..41, 41..42, 42..45]);
+        } else {
+            assert_eq!(runs.len(), batch.len(), "no GSO: one run each");
+        }
+        let mut done = 0;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while done < runs.len() {
+            assert!(Instant::now() < deadline);
+            done += a.send_runs(&batch, &runs[done..]);
+        }
+        assert_eq!(a.stats().sent, 45);
+        let mut got = Vec::new();
+        let mut segments = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while got.len() < 44 && Instant::now() < deadline {
+            b.wait(None, Duration::from_millis(100)).unwrap();
+            b.recv_batch(64, |r, d| {
+                got.push(d.to_vec());
+                segments.push(r.segment);
+            });
+        }
+        let want: Vec<Vec<u8>> = payloads
+            .iter()
+            .filter(|(d, _)| *d == dst)
+            .map(|(_, p)| p.clone())
+            .collect();
+        assert_eq!(got, want, "every datagram, in order, byte for byte");
+        println!("sender {:?}\nreceiver {:?}", a.stats(), b.stats());
+        if a.gso() && b.gro && b.stats().gro_buffers > 0 {
+            // Coalesced: each datagram knows its place in its send.
+            assert_eq!(&segments[..41], &(0..41).collect::<Vec<u16>>()[..]);
+            assert_eq!(&segments[41..], &[0, 1, 2]);
+        }
+        if a.gso() {
+            assert_eq!(a.stats().gso_sends, 2, "{:?}", a.stats());
+        }
     }
 
     #[test]

@@ -24,6 +24,13 @@ pub struct NodeConfig {
     pub faults: Option<FaultConfig>,
     /// The first QP number handed out (after QP0/QP1).
     pub first_qpn: u32,
+    /// Send runs of equal-size packets to one peer as one segmented (GSO)
+    /// send, where the kernel can. Default on; the environment variable
+    /// `SOFTROCE_GSO=0` turns it and `gro` off (for A/B measurements, or a
+    /// peer path that mishandles it).
+    pub gso: bool,
+    /// Let the kernel coalesce received packets of one GSO send (GRO).
+    pub gro: bool,
 }
 
 impl NodeConfig {
@@ -34,6 +41,8 @@ impl NodeConfig {
             capture: None,
             faults: None,
             first_qpn: 0x11,
+            gso: std::env::var_os("SOFTROCE_GSO").is_none_or(|v| v != "0"),
+            gro: std::env::var_os("SOFTROCE_GSO").is_none_or(|v| v != "0"),
         }
     }
 
@@ -74,6 +83,10 @@ pub struct NodeStats {
     pub tx_frame_errors: u64,
     /// Datagrams dropped (sent or received) while the link was down.
     pub link_down_drops: u64,
+    /// Segmented (GSO) sends, each several packets to one peer.
+    pub tx_gso_sends: u64,
+    /// Received buffers the kernel had coalesced from several packets.
+    pub rx_gro_buffers: u64,
 }
 
 /// A QP of the node.
@@ -131,6 +144,9 @@ pub struct Node {
     rr: u32,
     /// QPs that got completions since the last `take_ready`.
     ready: Vec<QpHandle>,
+    /// ICRC corrections for IPv4 Identifications of GSO segments, by the
+    /// length of the IB part.
+    ident_deltas: std::collections::HashMap<usize, icrc::Ipv4IdentDelta>,
 }
 
 /// Packets a QP may emit per poll: bounded work, fair between QPs.
@@ -144,7 +160,13 @@ impl Node {
     /// # Errors
     /// The address cannot be bound, or the capture file cannot be created.
     pub fn bind(cfg: NodeConfig) -> io::Result<Node> {
-        let sock = RoceSocket::bind(cfg.bind)?;
+        let mut sock = RoceSocket::bind(cfg.bind)?;
+        if !cfg.gso {
+            sock.set_gso(false);
+        }
+        if !cfg.gro {
+            sock.set_gro(false);
+        }
         let local = sock.local_addr();
         let pcap = match &cfg.capture {
             Some(path) => Some(PcapWriter::new(File::create(path)?, LinkType::Raw)?),
@@ -165,6 +187,7 @@ impl Node {
             stats: NodeStats::default(),
             rr: 0,
             ready: Vec::new(),
+            ident_deltas: std::collections::HashMap::new(),
         })
     }
 
@@ -396,14 +419,16 @@ impl Node {
             ..
         } = self;
         // Each datagram is handled in the socket's own buffer: no copy.
+        let gro_before = sock.stats().gro_buffers;
         let n = sock.recv_batch(RX_BUDGET, |r, data| {
             stats.rx_datagrams += 1;
             if up {
-                deliver(now, r.src, local, data, qps, stats, pcap.as_mut());
+                deliver(now, r, local, data, qps, stats, pcap.as_mut());
             } else {
                 stats.link_down_drops += 1;
             }
         });
+        stats.rx_gro_buffers += sock.stats().gro_buffers - gro_before;
         n > 0
     }
 
@@ -475,36 +500,69 @@ impl Node {
         if batch.is_empty() {
             return;
         }
+        let runs = {
+            let refs: Vec<(SocketAddr, &[u8])> =
+                batch.iter().map(|(a, d)| (*a, d.as_slice())).collect();
+            self.sock.gso_runs(&refs)
+        };
+        // Segment k of a GSO send leaves with IPv4 Identification k; its
+        // ICRC was computed for 0.
+        for run in runs.iter().filter(|r| r.len() > 1) {
+            for (k, (dst, data)) in batch[run.clone()].iter_mut().enumerate().skip(1) {
+                if !dst.is_ipv4() {
+                    break;
+                }
+                let ib_len = data.len().saturating_sub(rdma_wire::ICRC_LEN);
+                let delta = match self.ident_deltas.get(&ib_len) {
+                    Some(d) => *d,
+                    None => match icrc::Ipv4IdentDelta::for_ib_len(ib_len) {
+                        Some(d) => *self.ident_deltas.entry(ib_len).or_insert(d),
+                        None => continue,
+                    },
+                };
+                if let Some(t) = icrc::trailer(data) {
+                    icrc::write_trailer(data, t ^ delta.delta(k as u16));
+                }
+            }
+        }
         let refs: Vec<(SocketAddr, &[u8])> =
             batch.iter().map(|(a, d)| (*a, d.as_slice())).collect();
-        let mut sent = 0;
+        let gso_before = self.sock.stats().gso_sends;
+        let mut done = 0;
         // A full socket buffer: retry a bounded number of times, then drop
         // the rest like a congested wire; retransmission recovers RC.
         for _ in 0..64 {
-            sent += self.sock.send_batch(&refs[sent..]);
-            if sent == refs.len() {
+            done += self.sock.send_runs(&refs, &runs[done..]);
+            if done == runs.len() {
                 break;
             }
             let _ = self.sock.wait(None, std::time::Duration::from_micros(100));
         }
-        self.stats.tx_packets += sent as u64;
+        self.stats.tx_packets += runs[..done].iter().map(|r| r.len() as u64).sum::<u64>();
+        self.stats.tx_gso_sends += self.sock.stats().gso_sends - gso_before;
     }
 }
 
 /// Parses, ICRC-checks and dispatches one datagram.
 fn deliver(
     now: Instant,
-    src: SocketAddr,
+    r: roce_udp::Received,
     local: SocketAddr,
     data: &[u8],
     qps: &mut BTreeMap<u32, Slot>,
     stats: &mut NodeStats,
     pcap: Option<&mut PcapWriter<File>>,
 ) {
+    let src = r.src;
     let Some(mut ip) = IpRepr::rocev2(src.ip(), local.ip(), 8 + data.len()) else {
         stats.rx_malformed += 1;
         return;
     };
+    // Segment k of a buffer the kernel coalesced left its sender (one of
+    // ours, sending with GSO) with IPv4 Identification k.
+    if let IpRepr::V4(v4) = &mut ip {
+        v4.ident = r.segment;
+    }
     let udp = UdpRepr {
         src_port: src.port(),
         dst_port: local.port(),

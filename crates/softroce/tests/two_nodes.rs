@@ -175,6 +175,39 @@ fn rc_traffic_over_real_udp_sockets() {
     );
 }
 
+/// The segments of a GSO send leave with IPv4 Identifications 0, 1, 2, …
+/// and the sender patches each ICRC to match. A receiver that gets them
+/// coalesced (GRO) knows each one's place and checks it at once; one that
+/// gets them one by one (GRO off, as Linux rxe does) sees the real
+/// Identifications, which only the ICRC reveals: recovering them proves the
+/// patched ICRCs are the ones the wire needs.
+#[test]
+fn gso_segments_carry_the_icrc_of_their_ipv4_identification() {
+    for gro in [true, false] {
+        let mut ca = NodeConfig::new("127.0.0.1:0".parse().unwrap());
+        ca.gso = true;
+        let mut cb = NodeConfig::new("127.0.0.1:0".parse().unwrap());
+        cb.gro = gro;
+        let mut p = Pair::from_nodes(Node::bind(ca).unwrap(), Node::bind(cb).unwrap());
+        write_read_send_roundtrip(&mut p, 65536, 8);
+        let (sa, sb) = (p.a.stats(), p.b.stats());
+        println!("gro {gro}: sender {sa:?}\nreceiver {sb:?}");
+        assert_eq!(sb.rx_bad_icrc + sa.rx_bad_icrc, 0);
+        if sa.tx_gso_sends == 0 {
+            println!("SKIPPED: this kernel has no UDP GSO");
+            return;
+        }
+        if gro && sb.rx_gro_buffers > 0 {
+            assert_eq!(sb.rx_ipv4_id_recovered, 0, "{sb:?}");
+        }
+        if !gro {
+            assert_eq!(sb.rx_gro_buffers, 0);
+            // Every segment after the first of each send had a non-zero ID.
+            assert!(sb.rx_ipv4_id_recovered >= sa.tx_gso_sends, "{sb:?}");
+        }
+    }
+}
+
 #[test]
 fn rc_traffic_survives_one_percent_loss_and_reordering() {
     let faults = FaultConfig {
