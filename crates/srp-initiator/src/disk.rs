@@ -188,7 +188,7 @@ impl Disk {
         session: &Session,
         lun: Lun,
         cdb: &[u8],
-        xfer: Xfer<'_>,
+        mut xfer: Xfer<'_>,
         what: &str,
     ) -> io::Result<CmdResult> {
         // As the SCSI midlayer does: a command ended by a reset, or
@@ -197,7 +197,7 @@ impl Disk {
         let mut tries = 0;
         loop {
             let r = session
-                .execute(lun, cdb, xfer.clone())
+                .execute(lun, cdb, xfer.reborrow())
                 .map_err(|e| io_err(what, e))?;
             if r.good() {
                 return Ok(r);
@@ -308,21 +308,16 @@ impl Disk {
         for (i, chunk) in buf.chunks_mut(step).enumerate() {
             let at = lba + (i * step / bs) as u64;
             let cdb = self.rw16(false, at, (chunk.len() / bs) as u32);
-            let r = Self::cmd(
-                self.pick(),
-                self.lun,
-                &cdb,
-                Xfer::In(chunk.len()),
-                "READ(16)",
-            )?;
-            if r.data.len() != chunk.len() {
-                return Err(io::Error::other(format!(
-                    "READ(16) returned {} of {} bytes",
-                    r.data.len(),
-                    chunk.len()
-                )));
+            let want = chunk.len();
+            let r = Self::cmd(self.pick(), self.lun, &cdb, Xfer::InTo(chunk), "READ(16)")?;
+            if let Some(srp::initiator::Residual::Under(n)) = r.residual {
+                if n > 0 {
+                    return Err(io::Error::other(format!(
+                        "READ(16) returned {} of {want} bytes",
+                        want.saturating_sub(n as usize)
+                    )));
+                }
             }
-            chunk.copy_from_slice(&r.data);
         }
         Ok(())
     }

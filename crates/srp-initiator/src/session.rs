@@ -182,14 +182,29 @@ impl CmdResult {
 }
 
 /// Direction and data of a command.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, PartialEq, Eq)]
 pub enum Xfer<'a> {
     /// No data.
     None,
-    /// Read this many bytes.
+    /// Read this many bytes (into [`CmdResult::data`]).
     In(usize),
+    /// Read into this buffer (as many bytes as it holds; the residual says
+    /// how many came). [`CmdResult::data`] stays empty: one copy less.
+    InTo(&'a mut [u8]),
     /// Write these bytes.
     Out(&'a [u8]),
+}
+
+impl Xfer<'_> {
+    /// The same transfer for one more attempt (a retry after a reset).
+    pub fn reborrow(&mut self) -> Xfer<'_> {
+        match self {
+            Xfer::None => Xfer::None,
+            Xfer::In(n) => Xfer::In(*n),
+            Xfer::InTo(b) => Xfer::InTo(b),
+            Xfer::Out(d) => Xfer::Out(d),
+        }
+    }
 }
 
 /// Counters.
@@ -645,10 +660,11 @@ impl Session {
         attr: TaskAttr,
     ) -> Result<CmdResult, SessionError> {
         let inner = &self.inner;
-        let len = match xfer {
-            Xfer::None => 0,
-            Xfer::In(n) => n,
-            Xfer::Out(d) => d.len(),
+        let (len, reading) = match &xfer {
+            Xfer::None => (0, false),
+            Xfer::In(n) => (*n, true),
+            Xfer::InTo(b) => (b.len(), true),
+            Xfer::Out(d) => (d.len(), false),
         };
         if len > inner.pool.len() {
             return Err(SessionError::TooLarge(len, inner.pool.len()));
@@ -666,25 +682,34 @@ impl Session {
             st = inner.wait_cv(st);
         };
         let segs = inner.segments(&runs, len);
-        if let Xfer::Out(data) = xfer {
-            let mut at = 0;
-            for s in &segs {
-                inner.pool.write_at(
-                    (s.va - inner.pool.addr()) as usize,
-                    &data[at..at + s.len as usize],
-                );
-                at += s.len as usize;
+        let immediate = match &xfer {
+            Xfer::Out(d) => st
+                .channel
+                .immediate_capacity()
+                .is_some_and(|cap| (d.len() as u32) <= cap && !d.is_empty()),
+            _ => false,
+        };
+        if let Xfer::Out(data) = &xfer {
+            if !immediate {
+                // The pages are ours until freed: fill them without holding
+                // the lock every completion takes.
+                drop(st);
+                let mut at = 0;
+                for s in &segs {
+                    inner.pool.write_at(
+                        (s.va - inner.pool.addr()) as usize,
+                        &data[at..at + s.len as usize],
+                    );
+                    at += s.len as usize;
+                }
+                st = inner.lock();
             }
         }
-        let data = match xfer {
+        let data = match &xfer {
             Xfer::None => Data::None,
-            Xfer::In(_) => Data::In(segs.clone()),
-            Xfer::Out(d) => match st.channel.immediate_capacity() {
-                Some(cap) if (d.len() as u32) <= cap && !d.is_empty() => {
-                    Data::Immediate(d.to_vec())
-                }
-                _ => Data::Out(segs.clone()),
-            },
+            Xfer::In(_) | Xfer::InTo(_) => Data::In(segs.clone()),
+            Xfer::Out(d) if immediate => Data::Immediate(d.to_vec()),
+            Xfer::Out(_) => Data::Out(segs.clone()),
         };
         let mut cmd = Command::new(lun, cdb, data);
         cmd.attr = attr;
@@ -727,12 +752,20 @@ impl Session {
             st = inner.lock();
         };
         let mut out = Vec::new();
-        if matches!(xfer, Xfer::In(_)) && completion.status == Status::Scsi(0) {
+        if reading && completion.status == Status::Scsi(0) {
             let got = match completion.data_in_residual {
                 Some(srp::initiator::Residual::Under(n)) => len.saturating_sub(n as usize),
                 _ => len,
             };
-            out = vec![0u8; got];
+            // The pages stay ours until freed below: copy without the lock.
+            drop(st);
+            let dst: &mut [u8] = match xfer {
+                Xfer::InTo(b) => &mut b[..got],
+                _ => {
+                    out = vec![0u8; got];
+                    &mut out
+                }
+            };
             let mut at = 0;
             for s in &segs {
                 if at >= got {
@@ -741,9 +774,10 @@ impl Session {
                 let n = (s.len as usize).min(got - at);
                 inner
                     .pool
-                    .read_at((s.va - inner.pool.addr()) as usize, &mut out[at..at + n]);
+                    .read_at((s.va - inner.pool.addr()) as usize, &mut dst[at..at + n]);
                 at += n;
             }
+            st = inner.lock();
         }
         inner.free(&mut st, &runs);
         if st.cv_waiters > 0 {

@@ -147,10 +147,16 @@ struct Retries {
 /// FULL, a reset, an abort by the error handler after a timeout, or a unit
 /// attention (at most 50 times), as the SCSI midlayer does. Anything else
 /// that is not GOOD is an error.
-fn exec(s: &Session, lun: Lun, cdb: &[u8], xfer: Xfer<'_>, r: &Retries) -> io::Result<CmdResult> {
+fn exec(
+    s: &Session,
+    lun: Lun,
+    cdb: &[u8],
+    mut xfer: Xfer<'_>,
+    r: &Retries,
+) -> io::Result<CmdResult> {
     for _ in 0..50 {
         let res = s
-            .execute(lun, cdb, xfer.clone())
+            .execute(lun, cdb, xfer.reborrow())
             .map_err(|e| io::Error::other(format!("{e}")))?;
         if res.good() {
             return Ok(res);
