@@ -147,7 +147,12 @@ pub struct Node {
     /// ICRC corrections for IPv4 Identifications of GSO segments, by the
     /// length of the IB part.
     ident_deltas: std::collections::HashMap<usize, icrc::Ipv4IdentDelta>,
+    /// Datagram buffers of sent batches, for the next ones.
+    spare: Vec<Vec<u8>>,
 }
+
+/// Datagram buffers kept for reuse (a few batches' worth).
+const SPARE_BUFFERS: usize = 256;
 
 /// Packets a QP may emit per poll: bounded work, fair between QPs.
 const TX_BUDGET_PER_QP: usize = 64;
@@ -188,6 +193,7 @@ impl Node {
             rr: 0,
             ready: Vec::new(),
             ident_deltas: std::collections::HashMap::new(),
+            spare: Vec::new(),
         })
     }
 
@@ -468,8 +474,11 @@ impl Node {
                         let _ = p.write_packet(now, &ip_packet[..n]);
                     }
                 }
-                // What the socket sends: BTH onward plus ICRC, one copy.
-                let mut dgram = vec![0u8; roce.udp_payload_len()];
+                // What the socket sends: BTH onward plus ICRC, one copy,
+                // into a buffer of an earlier batch (emit writes every byte,
+                // so only growth needs filling).
+                let mut dgram = self.spare.pop().unwrap_or_default();
+                dgram.resize(roce.udp_payload_len(), 0);
                 match roce.emit_udp_payload(&mut dgram) {
                     Ok(n) => {
                         dgram.truncate(n);
@@ -540,6 +549,10 @@ impl Node {
         }
         self.stats.tx_packets += runs[..done].iter().map(|r| r.len() as u64).sum::<u64>();
         self.stats.tx_gso_sends += self.sock.stats().gso_sends - gso_before;
+        drop(refs);
+        let room = SPARE_BUFFERS.saturating_sub(self.spare.len());
+        self.spare
+            .extend(batch.into_iter().take(room).map(|(_, d)| d));
     }
 }
 
