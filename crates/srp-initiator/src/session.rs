@@ -181,6 +181,10 @@ impl CmdResult {
     }
 }
 
+/// Most descriptors one external table holds (ib_srp's largest
+/// `sg_tablesize`): 8 MiB in 4 KiB segments.
+pub const MAX_EXT_DESCRIPTORS: usize = 2048;
+
 /// Direction and data of a command.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Xfer<'a> {
@@ -251,6 +255,8 @@ struct Inner {
     page: usize,
     max_segment: u32,
     cmd_sg_entries: u8,
+    /// External descriptor tables may be used (ib_srp's allow_ext_sg).
+    allow_ext_sg: bool,
     negotiated: Negotiated,
     handle: u64,
     epoch: std::time::Instant,
@@ -278,6 +284,8 @@ struct State {
     done: HashMap<Tag, Completion>,
     /// Pool pages in use.
     pages: Vec<bool>,
+    /// Where each command's external descriptor table lives in the pool.
+    tables: HashMap<Tag, u64>,
     events: VecDeque<Event>,
     /// Task management requests finished, and the last one's outcome.
     tmfs_done: u64,
@@ -575,6 +583,7 @@ impl Session {
             page: PAGE,
             max_segment: cfg.max_segment,
             cmd_sg_entries: cfg.channel.cmd_sg_entries,
+            allow_ext_sg: cfg.channel.allow_ext_sg,
             negotiated,
             handle: connected.handle,
             epoch,
@@ -584,6 +593,7 @@ impl Session {
                 slot_of: HashMap::new(),
                 done: HashMap::new(),
                 pages: vec![false; pages],
+                tables: HashMap::new(),
                 events: VecDeque::new(),
                 tmfs_done: 0,
                 last_tmf: None,
@@ -615,13 +625,18 @@ impl Session {
     }
 
     /// Largest transfer one SRP_CMD can describe when buffers are split
-    /// into segments (`max_segment` times `cmd_sg_entries`); `None` when
-    /// every buffer is one segment.
+    /// into segments (`max_segment` times `cmd_sg_entries`, or times
+    /// [`MAX_EXT_DESCRIPTORS`] with external tables); `None` when every
+    /// buffer is one segment.
     pub fn max_transfer_by_segments(&self) -> Option<usize> {
         let inner = &self.inner;
         (inner.max_segment > 0).then(|| {
             let seg = (inner.max_segment as usize).div_ceil(inner.page) * inner.page;
-            seg * usize::from(inner.cmd_sg_entries)
+            if inner.allow_ext_sg {
+                seg * MAX_EXT_DESCRIPTORS
+            } else {
+                seg * usize::from(inner.cmd_sg_entries)
+            }
         })
     }
 
@@ -672,12 +687,36 @@ impl Session {
         let mut st = inner.lock();
         // Wait for pool pages (other commands may hold them).
         let pages = len.div_ceil(inner.page);
-        let runs = loop {
+        // Segments the buffer will have, and whether they need an external
+        // descriptor table (in the pool too, which the target fetches by
+        // RDMA READ). Data and table pages are taken together, so callers
+        // waiting for pages never hold half of what they need.
+        let seg_count = if inner.max_segment == 0 {
+            usize::from(pages > 0)
+        } else {
+            let seg_pages = (inner.max_segment as usize).div_ceil(inner.page).max(1);
+            pages.div_ceil(seg_pages)
+        };
+        let table_pages = if inner.allow_ext_sg && seg_count > usize::from(inner.cmd_sg_entries) {
+            (seg_count * srp::wire::DIRECT_BUF_LEN).div_ceil(inner.page)
+        } else {
+            0
+        };
+        let (runs, table_run) = loop {
             if st.closed {
                 return Err(SessionError::Closed);
             }
             if let Some(runs) = inner.alloc(&mut st, pages) {
-                break runs;
+                if table_pages == 0 {
+                    break (runs, None);
+                }
+                if let Some(start) = find_free(&st.pages, 0, table_pages) {
+                    for p in &mut st.pages[start..start + table_pages] {
+                        *p = true;
+                    }
+                    break (runs, Some((start, table_pages)));
+                }
+                inner.free(&mut st, &runs);
             }
             st = inner.wait_cv(st);
         };
@@ -713,11 +752,22 @@ impl Session {
         };
         let mut cmd = Command::new(lun, cdb, data);
         cmd.attr = attr;
+        cmd.desc_table = table_run.map(|(start, pages)| DirectBuf {
+            va: inner.pool.addr() + (start * inner.page) as u64,
+            key: inner.pool_mr.rkey,
+            len: (pages * inner.page) as u32,
+        });
+        let runs: Vec<(usize, usize)> = runs.into_iter().chain(table_run).collect();
         // Queue full or no credit: wait for a completion and try again.
         let tag = loop {
             let now = inner.now();
             match st.channel.submit(now, &cmd) {
-                Ok(tag) => break tag,
+                Ok(tag) => {
+                    if let Some(t) = cmd.desc_table {
+                        st.tables.insert(tag, t.va);
+                    }
+                    break tag;
+                }
                 Err(
                     srp::initiator::SubmitError::NoCredit
                     | srp::initiator::SubmitError::QueueFull(_)
@@ -743,6 +793,7 @@ impl Session {
         let completion = loop {
             if let Some(c) = st.done.remove(&tag) {
                 st.parked.remove(&tag);
+                st.tables.remove(&tag);
                 break c;
             }
             st.parked.insert(tag, std::thread::current());
@@ -1083,7 +1134,9 @@ impl Inner {
                         self.lost(st);
                         return;
                     };
-                    if let (Some(table), Some(desc)) = (&t.ext_table, self.ext_table_slot(&t)) {
+                    if let (Some(table), Some(&desc)) = (&t.ext_table, st.tables.get(&t.tag)) {
+                        // The table must be in place before the target
+                        // can see the SRP_CMD that points at it.
                         self.pool
                             .write_at((desc - self.pool.addr()) as usize, table);
                     }
@@ -1113,12 +1166,6 @@ impl Inner {
                 }
             }
         }
-    }
-
-    fn ext_table_slot(&self, _t: &srp::initiator::Transmit) -> Option<u64> {
-        // External tables are not used: allow_ext_sg needs a registered
-        // desc_table per command, which this pool does not hand out yet.
-        None
     }
 
     fn drain_channel(&self, st: &mut State) {

@@ -161,6 +161,9 @@ struct Inner {
     chunk_mr: MrInfo,
     req_size: u32,
     chunk_size: u32,
+    /// Below this many free chunks, fetched data-out is copied out of its
+    /// chunk at once instead of waiting in it for the worker.
+    spill_below: usize,
     st: Mutex<State>,
     events: Mutex<Sender<Event>>,
     hook: Mutex<Option<DisconnectHook>>,
@@ -180,6 +183,8 @@ struct Job {
     /// Data-out still in RDMA chunks (offset, chunk, length), gathered into
     /// `data_out` by the worker, outside the port lock.
     chunks: Option<(u32, Vec<Fetched>)>,
+    /// Data-out pieces copied out of their chunks early (offset, bytes).
+    spilled: Vec<(u64, Vec<u8>)>,
 }
 
 /// A data-out piece in an RDMA chunk: (offset in the command's buffer,
@@ -210,6 +215,10 @@ struct Conn {
     ops: HashMap<OpId, OpInfo>,
     /// Data-out chunks fetched so far per command: (offset, chunk, len).
     fetched: HashMap<CmdId, Vec<Fetched>>,
+    /// Data-out pieces copied out of their chunks while chunks ran short:
+    /// a command with more pieces than the pool has chunks (an external
+    /// table of a thousand small descriptors) must not hold them all.
+    spilled: HashMap<CmdId, Vec<(u64, Vec<u8>)>>,
     data_in: HashMap<CmdId, Vec<u8>>,
 }
 
@@ -355,6 +364,7 @@ impl TargetPort {
             chunk_mr,
             req_size,
             chunk_size,
+            spill_below: (opts.chunks / 4).max(2),
             st: Mutex::new(State {
                 target,
                 conns: HashMap::new(),
@@ -693,6 +703,7 @@ impl Inner {
                 nexus,
                 ops: HashMap::new(),
                 fetched: HashMap::new(),
+                spilled: HashMap::new(),
                 data_in: HashMap::new(),
             },
             LocalQp { qpn, psn },
@@ -872,7 +883,13 @@ impl Inner {
                         }
                     }
                     Local::DataOut { offset } => {
-                        if ok {
+                        if ok && st.free_chunks.len() < self.spill_below {
+                            let bytes = self
+                                .chunk_buf
+                                .to_vec(info.chunk * self.chunk_size as usize, info.len as usize);
+                            c.spilled.entry(info.cmd).or_default().push((offset, bytes));
+                            st.free_chunks.push(info.chunk);
+                        } else if ok {
                             c.fetched
                                 .entry(info.cmd)
                                 .or_default()
@@ -933,6 +950,7 @@ impl Inner {
             Output::Release(cmd) => {
                 if let Some(c) = st.conns.get_mut(&conn) {
                     c.data_in.remove(&cmd);
+                    c.spilled.remove(&cmd);
                     if let Some(chunks) = c.fetched.remove(&cmd) {
                         st.free_chunks
                             .extend(chunks.into_iter().map(|(_, ch, _)| ch));
@@ -1101,12 +1119,14 @@ impl Inner {
                 Some((*len, c.fetched.remove(&req.cmd).unwrap_or_default())),
             ),
         };
+        let spilled = c.spilled.remove(&req.cmd).unwrap_or_default();
         let job = Job {
             conn,
             nexus: c.nexus.clone(),
             req,
             data_out,
             chunks,
+            spilled,
         };
         if let Err(mpsc::SendError(job)) = st.jobs.send(job) {
             // Shutting down: answer BUSY so the initiator retries elsewhere.
@@ -1187,6 +1207,7 @@ impl Inner {
             if let Output::Release(cmd) = out {
                 if let Some(c) = st.conns.get_mut(&conn) {
                     c.data_in.remove(&cmd);
+                    c.spilled.remove(&cmd);
                     if let Some(chunks) = c.fetched.remove(&cmd) {
                         st.free_chunks
                             .extend(chunks.into_iter().map(|(_, ch, _)| ch));
@@ -1222,6 +1243,11 @@ impl Inner {
             let mut job = job;
             if let Some((len, parts)) = job.chunks.take() {
                 job.data_out = self.gather(len, parts);
+                for (offset, bytes) in std::mem::take(&mut job.spilled) {
+                    let start = (offset as usize).min(job.data_out.len());
+                    let end = (start + bytes.len()).min(job.data_out.len());
+                    job.data_out[start..end].copy_from_slice(&bytes[..end - start]);
+                }
             }
             let (done, data_in) = self.execute(&job);
             self.scsi_done(job.conn, done, data_in);

@@ -21,8 +21,8 @@
 //! `cmd_sg_entries`, `max_it_iu_size`, `io_class` and `max_sect` (the
 //! largest transfer) are applied. `max_cmd_per_lun`, `sg_tablesize`,
 //! `comp_vector`, `tl_retry_count` and `target_can_queue` are accepted for
-//! compatibility and have no effect; `allow_ext_sg=1` is accepted, but the
-//! session never needs an external descriptor table (each transfer is one
+//! compatibility and have no effect; `allow_ext_sg=1` lets the session use
+//! external descriptor tables (it seldom needs them: each transfer is one
 //! registered buffer).
 
 use crate::paths::PathLogin;
@@ -267,6 +267,7 @@ impl Initd {
         chan.io_class_rev10 = o.io_class == srp_initiator::login::IO_CLASS_REV10;
         chan.cmd_sg_entries = o.cmd_sg_entries.clamp(1, 255) as u8;
         chan.max_it_iu_size = o.max_it_iu_size;
+        chan.allow_ext_sg = o.allow_ext_sg;
         chan.can_queue = o.queue_size.clamp(2, u16::MAX as u32) as u16;
         let mut scfg = SessionConfig::new(chan);
         // The largest transfer (max_sect sectors) fits the data pool twice
