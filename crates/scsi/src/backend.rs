@@ -17,6 +17,12 @@ pub trait Backend: Send + Sync {
     /// `fua`: data must be on stable storage before returning.
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> io::Result<()>;
     fn flush(&self) -> io::Result<()>;
+    /// Whether reads and writes only touch memory and never wait (RAM,
+    /// null): a transport may then run commands on its own thread instead
+    /// of handing them to a worker.
+    fn never_blocks(&self) -> bool {
+        false
+    }
     /// Changes the capacity (SCST resize); not every store can.
     fn resize(&self, _new_size: u64) -> io::Result<()> {
         Err(io::ErrorKind::Unsupported.into())
@@ -37,6 +43,9 @@ impl Ram {
 }
 
 impl Backend for Ram {
+    fn never_blocks(&self) -> bool {
+        true
+    }
     fn size(&self) -> u64 {
         self.data.read().unwrap_or_else(|e| e.into_inner()).len() as u64
     }
@@ -80,6 +89,9 @@ impl NullIo {
 }
 
 impl Backend for NullIo {
+    fn never_blocks(&self) -> bool {
+        true
+    }
     fn size(&self) -> u64 {
         self.size
     }

@@ -114,6 +114,11 @@ fn pad(s: &str, n: usize) -> Vec<u8> {
 }
 
 impl Device {
+    /// Whether the store only touches memory (see [`Backend::never_blocks`]).
+    pub fn never_blocks(&self) -> bool {
+        self.backend.never_blocks()
+    }
+
     /// Refuses block sizes other than 512 and 4096 and stores whose size is
     /// not a multiple of the block size.
     pub fn new(config: DeviceConfig, backend: Arc<dyn Backend>) -> Result<Device, String> {

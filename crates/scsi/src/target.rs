@@ -440,6 +440,26 @@ impl Target {
             .map_or(0, |s| s.active.len())
     }
 
+    /// Whether a SIMPLE command to `lun` would start at once (no older
+    /// ORDERED or HEAD OF QUEUE task of the logical unit is active) and
+    /// only touch memory (a RAM or null store), so a transport may run it
+    /// on its own thread. A hint: a task submitted meanwhile can still make
+    /// the command wait.
+    pub fn runs_without_blocking(&self, nexus: &Nexus, lun: Lun) -> bool {
+        let dev = self.lock().set_for(&nexus.initiator).get(&lun).cloned();
+        let Some(dev) = dev else {
+            return true; // answered from the LUN map alone
+        };
+        if !dev.never_blocks() {
+            return false;
+        }
+        let key = Arc::as_ptr(&dev) as usize;
+        let order = self.order.lock().unwrap_or_else(|e| e.into_inner());
+        order
+            .get(&key)
+            .is_none_or(|s| s.active.values().all(|a| *a == TaskAttr::Simple))
+    }
+
     /// [`Target::submit`] with a task attribute: the command enters the
     /// logical unit's task set now and starts only when its attribute
     /// allows (an ORDERED task after every older task, any task after an
