@@ -1,5 +1,6 @@
 //! The CM agent of one port: GSI QP, MAD I/O, and the IB CM state machines.
 
+use crate::gsi::{AgentId, Delivery, Dispatcher, MadBytes};
 use crate::wire::{self, Local, ReqExtra};
 use rdma_cm::{Cm, CmConfig, CmEvent, CmMsg, ConnId, RejReason};
 use rdma_types::{AccessFlags, Gid, Guid, Instant, Mtu, PortNum, Psn, Qkey, QpState, QpType, Qpn};
@@ -46,6 +47,9 @@ pub enum CmError {
     /// The agent is stopped.
     #[error("CM agent stopped")]
     Stopped,
+    /// A MAD agent could not be registered.
+    #[error("MAD agent: {0}")]
+    Mad(String),
 }
 
 fn verbs_err(what: &'static str) -> impl FnOnce(verbs::VerbsError) -> CmError {
@@ -139,6 +143,12 @@ struct State {
     free_sends: Vec<u32>,
     /// MADs waiting for a free send slot.
     backlog: std::collections::VecDeque<(Gid, [u8; MAD])>,
+    /// Every other class on QP1: agents, requests, retries, status replies.
+    gsi: Dispatcher,
+    /// Where each MAD agent's unsolicited requests go.
+    mad_rx: HashMap<AgentId, Sender<(Gid, Box<MadBytes>)>>,
+    /// Callers blocked on a request, by transaction ID.
+    mad_waiters: HashMap<u64, Sender<Option<Box<MadBytes>>>>,
     next_tid: u64,
     on_disconnect: Option<Hook>,
     stopped: bool,
@@ -307,6 +317,9 @@ impl CmAgent {
                 ahs: HashMap::new(),
                 free_sends: (0..SENDS).rev().collect(),
                 backlog: Default::default(),
+                gsi: Dispatcher::new(),
+                mad_rx: HashMap::new(),
+                mad_waiters: HashMap::new(),
                 next_tid: (first_comm_id as u64) << 32,
                 on_disconnect: None,
                 stopped: false,
@@ -421,6 +434,104 @@ impl CmAgent {
     pub fn state(&self, conn: ConnId) -> rdma_cm::ConnState {
         self.inner.lock().cm.state(conn)
     }
+
+    /// Registers a MAD agent on this port's QP1 for `methods` of `class`
+    /// and `version` (no methods: it only sends requests). See
+    /// [`crate::gsi`] for the routing rules.
+    ///
+    /// # Errors
+    /// Another agent serves one of the methods.
+    pub fn mad_agent(&self, class: u8, version: u8, methods: &[u8]) -> Result<MadAgent, CmError> {
+        let mut st = self.inner.lock();
+        if st.stopped {
+            return Err(CmError::Stopped);
+        }
+        let id = st
+            .gsi
+            .register(class, version, methods)
+            .map_err(|e| CmError::Mad(e.to_string()))?;
+        let (tx, rx) = mpsc::channel();
+        st.mad_rx.insert(id, tx);
+        Ok(MadAgent {
+            port: self.inner.clone(),
+            id,
+            rx: Mutex::new(rx),
+        })
+    }
+
+    /// Counters of the port's MAD dispatcher.
+    pub fn gsi_stats(&self) -> crate::gsi::GsiStats {
+        self.inner.lock().gsi.stats()
+    }
+}
+
+/// A MAD agent on a port's QP1 (from [`CmAgent::mad_agent`]); dropping it
+/// unregisters it.
+pub struct MadAgent {
+    port: Arc<Inner>,
+    id: AgentId,
+    rx: Mutex<Receiver<(Gid, Box<MadBytes>)>>,
+}
+
+impl MadAgent {
+    /// The next unsolicited request for this agent, waiting at most
+    /// `timeout`.
+    pub fn recv(&self, timeout: StdDuration) -> Option<(Gid, Box<MadBytes>)> {
+        self.rx
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .recv_timeout(timeout)
+            .ok()
+    }
+
+    /// Sends `mad` (a response, or a request that wants none) to `peer`.
+    pub fn send(&self, peer: Gid, mad: MadBytes) {
+        let mut st = self.port.lock();
+        st.gsi.send(peer, mad);
+        self.port.flush(&mut st);
+    }
+
+    /// Sends request `mad` to `peer` (with a fresh transaction ID) and waits
+    /// for the response, resending every `timeout` up to `retries` times.
+    ///
+    /// # Errors
+    /// No response after every retry, or the port stopped.
+    pub fn request(
+        &self,
+        peer: Gid,
+        mad: MadBytes,
+        timeout: StdDuration,
+        retries: u32,
+    ) -> Result<Box<MadBytes>, CmError> {
+        let (tx, rx) = mpsc::channel();
+        {
+            let mut st = self.port.lock();
+            if st.stopped {
+                return Err(CmError::Stopped);
+            }
+            let now = self.port.now();
+            let t = rdma_types::Duration::from_micros(timeout.as_micros() as u64);
+            let tid = st.gsi.send_request(now, self.id, peer, mad, t, retries);
+            st.mad_waiters.insert(tid, tx);
+            self.port.flush(&mut st);
+        }
+        self.port.kick();
+        // The dispatcher's own timers end the wait; this bound only
+        // covers a port that stopped meanwhile.
+        let bound = timeout * (retries + 2);
+        match rx.recv_timeout(bound) {
+            Ok(Some(m)) => Ok(m),
+            Ok(None) | Err(_) => Err(CmError::TimedOut),
+        }
+    }
+}
+
+impl Drop for MadAgent {
+    fn drop(&mut self) {
+        let mut st = self.port.lock();
+        st.gsi.unregister(self.id);
+        st.mad_rx.remove(&self.id);
+    }
 }
 
 impl Drop for CmAgent {
@@ -485,9 +596,11 @@ impl Inner {
         loop {
             let wait = {
                 let st = self.lock();
-                st.cm
-                    .poll_timeout()
-                    .map(|t| t.saturating_since(self.now()).to_std())
+                let next = match (st.cm.poll_timeout(), st.gsi.poll_timeout()) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+                next.map(|t| t.saturating_since(self.now()).to_std())
             };
             let ev = match wait {
                 Some(d) => rx.recv_timeout(d.max(StdDuration::from_millis(1))),
@@ -503,6 +616,10 @@ impl Inner {
             let now = self.now();
             if st.cm.poll_timeout().is_some_and(|t| t <= now) {
                 st.cm.handle_timeout(now);
+            }
+            if st.gsi.poll_timeout().is_some_and(|t| t <= now) {
+                st.gsi.handle_timeout(now);
+                self.route_mads(&mut st);
             }
             let calls = self.take_events(&mut st, None);
             self.call_hooks(st, calls);
@@ -554,6 +671,14 @@ impl Inner {
             let _ = self
                 .provider
                 .post_recv(self.qp, &[recv_wr(&self.recv_buf, &self.recv_mr, i)]);
+            if bytes[GRH + 1] != u8::from(rdma_mad::mad::MgmtClass::Cm) {
+                // Not CM: the other agents of QP1.
+                let now = self.now();
+                st.gsi.handle_mad(now, peer, &bytes[GRH..]);
+                self.route_mads(&mut st);
+                self.flush(&mut st);
+                return;
+            }
             if let Some((msg, extra)) = wire::decode(&bytes[GRH..]) {
                 let now = self.now();
                 st.cm.handle_msg(now, peer, msg);
@@ -585,6 +710,9 @@ impl Inner {
             };
             let mad = wire::encode(&msg, tid, &local, peer, peer_qpn);
             st.backlog.push_back((peer, mad));
+        }
+        while let Some((peer, mad)) = st.gsi.poll_transmit() {
+            st.backlog.push_back((peer, *mad));
         }
         while let Some(slot) = st.free_sends.last().copied() {
             let Some((peer, mad)) = st.backlog.pop_front() else {
@@ -630,6 +758,29 @@ impl Inner {
             });
             if self.provider.post_send(self.qp, &[wr]).is_err() {
                 st.free_sends.push(slot);
+            }
+        }
+    }
+
+    /// Hands the dispatcher's deliveries to agents and blocked requesters.
+    fn route_mads(&self, st: &mut State) {
+        while let Some(d) = st.gsi.poll_delivery() {
+            match d {
+                Delivery::Request { agent, peer, mad } => {
+                    if let Some(tx) = st.mad_rx.get(&agent) {
+                        let _ = tx.send((peer, mad));
+                    }
+                }
+                Delivery::Response { tid, mad, .. } => {
+                    if let Some(tx) = st.mad_waiters.remove(&tid) {
+                        let _ = tx.send(Some(mad));
+                    }
+                }
+                Delivery::TimedOut { tid, .. } => {
+                    if let Some(tx) = st.mad_waiters.remove(&tid) {
+                        let _ = tx.send(None);
+                    }
+                }
             }
         }
     }

@@ -14,6 +14,14 @@
 //! source port, source and destination addresses) before the consumer's.
 //! On RoCE an IP address is a GID, so no SA path query is needed.
 //!
+//! Every other management class on QP1 goes through [`gsi`], the port's
+//! MAD dispatcher: agents ([`CmAgent::mad_agent`]) register a class,
+//! version and methods; requests get transaction IDs, time out and are
+//! resent; responses find their requester by transaction ID; requests
+//! nobody serves get the IBA status reply. [`dm`] is the device
+//! management agent an SRP target registers its I/O controller with, and
+//! the discovery walk (`srp_daemon`'s) an initiator runs against it.
+//!
 //! What it leaves to the consumer: QP state transitions (the consumer has
 //! its QP in RTR before it accepts, and moves it to RTS on the answer), and
 //! which port to use (one agent per port). What it refuses: MADs that do
@@ -21,8 +29,10 @@
 //! invalid service ID).
 
 mod agent;
+pub mod dm;
+pub mod gsi;
 pub mod rdmacm;
 mod wire;
 
-pub use agent::{CmAgent, CmError, Established, Incoming};
+pub use agent::{CmAgent, CmError, Established, Incoming, MadAgent};
 pub use rdma_cm::ConnId;
