@@ -212,6 +212,36 @@ enum Cmd {
         #[arg(long)]
         control_socket: Option<std::path::PathBuf>,
     },
+    /// Find SRP targets the way srp_daemon does: ask each target port's
+    /// device management agent for its I/O controllers and their service
+    /// entries, and print one ib_srp login string per SRP target port
+    /// (srp_daemon -o -c). With --login, hand the allowed ones to srpd.
+    Discover {
+        /// Address (GID) of a port to ask; repeat for several.
+        #[arg(long, required = true)]
+        target: Vec<IpAddr>,
+        /// Address of our soft RoCE NIC.
+        #[arg(long, default_value = "127.0.0.2")]
+        ip: IpAddr,
+        /// RoCEv2 UDP port.
+        #[arg(long, default_value_t = 4791)]
+        udp_port: u16,
+        /// srp_daemon rules file: allow/deny lines and per-target options.
+        #[arg(long)]
+        rules: Option<std::path::PathBuf>,
+        /// Log in to every allowed target through srpd.
+        #[arg(long)]
+        login: bool,
+        /// srpd's control socket (with --login).
+        #[arg(long)]
+        control_socket: Option<std::path::PathBuf>,
+        /// Milliseconds to wait for each answer (sent 3 more times).
+        #[arg(long, default_value_t = 500)]
+        timeout_ms: u64,
+        /// Also print each I/O controller's profile.
+        #[arg(long, short)]
+        verbose: bool,
+    },
     /// List the LUNs the target shows this initiator (REPORT LUNS, then
     /// INQUIRY and READ CAPACITY of each).
     Luns {
@@ -502,6 +532,24 @@ fn run(cmd: Cmd) -> Result<bool, String> {
             }
             Ok(true)
         }
+        Cmd::Discover {
+            target,
+            ip,
+            udp_port,
+            rules,
+            login,
+            control_socket,
+            timeout_ms,
+            verbose,
+        } => discover(
+            &target,
+            ip,
+            udp_port,
+            rules.as_deref(),
+            login.then_some(&control_socket),
+            Duration::from_millis(timeout_ms.max(1)),
+            verbose,
+        ),
         Cmd::Luns { login: l, json } => {
             let session = login(&l)?;
             let luns = srp_initiator::disk::report_luns(&session).map_err(|e| e.to_string())?;
@@ -531,6 +579,111 @@ fn run(cmd: Cmd) -> Result<bool, String> {
             Ok(true)
         }
     }
+}
+
+/// `srp discover`: the DM walk against each target port, login strings
+/// out, logins through srpd with `--login`.
+fn discover(
+    targets: &[IpAddr],
+    ip: IpAddr,
+    udp_port: u16,
+    rules: Option<&std::path::Path>,
+    login: Option<&Option<std::path::PathBuf>>,
+    timeout: Duration,
+    verbose: bool,
+) -> Result<bool, String> {
+    use srp_initiator::rules::{Rules, TargetInfo};
+    let rules = match rules {
+        Some(p) => {
+            let text = std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?;
+            Rules::parse(&text).map_err(|e| format!("{}: {e}", p.display()))?
+        }
+        None => Rules::parse("").map_err(|e| e.to_string())?,
+    };
+    let guid = rdma_types::Guid(srpstack::INITIATOR_GUID);
+    let provider =
+        rnic::softroce::SoftRoce::new(vec![rnic::softroce::SoftCa { guid, ip }], udp_port);
+    let agent = rdma_access::CmAgent::start(provider, guid, std::process::id() << 8)
+        .map_err(|e| format!("start the CM agent on {ip}: {e}"))?;
+    let mut ok = true;
+    let mut found = 0;
+    for t in targets {
+        let dgid = rdma_types::Gid::from_ip(*t);
+        let iocs = match rdma_access::dm::query_iocs(&agent, dgid, timeout, 3) {
+            Ok(i) => i,
+            Err(e) => {
+                eprintln!("srp: {t}: device management query failed: {e}");
+                ok = false;
+                continue;
+            }
+        };
+        for (slot, ioc) in iocs {
+            let p = &ioc.profile;
+            if verbose {
+                println!(
+                    "# {t} slot {slot}: IOC {:016x} \"{}\" class {:#06x} subclass {:#06x} protocol {:#06x} send {} B x {} rdma {} B",
+                    p.guid.0, p.id(), p.io_class, p.io_subclass, p.protocol,
+                    p.send_size, p.send_queue_depth, p.rdma_size
+                );
+            }
+            if p.io_class != rdma_mad::dm::IO_CLASS_SRP {
+                continue;
+            }
+            for e in &ioc.services {
+                let name = e.name_str();
+                let Some(id_ext) = name
+                    .strip_prefix("SRP.T10:")
+                    .and_then(|h| u64::from_str_radix(h, 16).ok())
+                else {
+                    continue;
+                };
+                let info = TargetInfo {
+                    id_ext,
+                    ioc_guid: p.guid.0,
+                    dgid,
+                    service_id: e.id,
+                    pkey: rdma_types::Pkey(0xffff),
+                };
+                let d = rules.decide(&info);
+                let hex: String = dgid.0.iter().map(|b| format!("{b:02x}")).collect();
+                let mut s = format!(
+                    "id_ext={id_ext:016x},ioc_guid={:016x},dgid={hex},pkey=ffff,service_id={:016x}",
+                    p.guid.0, e.id
+                );
+                if !d.options.is_empty() {
+                    s.push(',');
+                    s.push_str(&d.options);
+                }
+                found += 1;
+                if !d.allow {
+                    if verbose {
+                        println!("# denied by rules line {}: {s}", d.line.unwrap_or(0));
+                    }
+                    continue;
+                }
+                println!("{s}");
+                if let Some(sock) = login {
+                    match srpd(
+                        sock,
+                        &InitRequest::Login {
+                            target: s.clone(),
+                            name: None,
+                        },
+                    ) {
+                        Ok(v) => println!("# logged in as {}", v["name"].as_str().unwrap_or("?")),
+                        Err(e) => {
+                            eprintln!("srp: login to {t} ({id_ext:016x}): {e}");
+                            ok = false;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    if found == 0 && ok {
+        eprintln!("srp: no SRP targets found");
+    }
+    Ok(ok)
 }
 
 /// One request to `srpd`.

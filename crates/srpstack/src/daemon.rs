@@ -87,6 +87,18 @@ pub struct Daemon {
     port: Arc<TargetPort>,
     devices: Mutex<BTreeMap<String, Arc<scsi::Device>>>,
     guid: Guid,
+    /// The I/O controller offered to discovery, and the DM agent (dropped
+    /// in this order).
+    _dm: (rdma_access::dm::IocHandle, rdma_access::dm::DmService),
+}
+
+/// The limits an I/O controller profile advertises.
+fn tcfg_summary(t: &crate::config::TargetSection) -> crate::IocLimits {
+    crate::IocLimits {
+        send_queue_depth: (*t.srpt_srq_size.get_ref()).min(u16::MAX as u32) as u16,
+        send_size: *t.srp_max_req_size.get_ref(),
+        rdma_size: *t.srp_max_rdma_size.get_ref(),
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -238,6 +250,13 @@ impl Daemon {
         );
         let agent = rdma_access::CmAgent::start(provider, guid, std::process::id() << 8)
             .map_err(|e| format!("start the CM agent on {}: {e}", t.ip.get_ref()))?;
+        // Discovery: the device management agent offers the target as an
+        // SRP I/O controller, as ib_srpt does (srp_daemon, `srp discover`).
+        let dm = rdma_access::dm::DmService::start(&agent)
+            .map_err(|e| format!("start the DM agent: {e}"))?;
+        let ioc = dm
+            .register_ioc(crate::srp_ioc(guid, &tcfg_summary(t)))
+            .map_err(|e| format!("register the I/O controller: {e}"))?;
         let listen = crate::Listen {
             rdma_cm_port: Some(t.rdma_cm_port),
             // ib_srpt listens on the ioc_guid.
@@ -251,6 +270,7 @@ impl Daemon {
             port,
             devices: Mutex::new(devices),
             guid,
+            _dm: (ioc, dm),
         }))
     }
 

@@ -210,3 +210,104 @@ fn srpd_logs_in_by_login_string_and_shows_luns_as_files() {
     });
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Discovery as srp_daemon does it: `srp discover` asks srptd's device
+/// management agent for its I/O controller and prints the ib_srp login
+/// string; a rules file can deny it; `--login` hands it to srpd, which logs
+/// in by IB CM; an address with nobody behind it is reported.
+#[test]
+fn srp_discover_finds_srptd_and_logs_in_through_srpd() {
+    let dir = std::env::temp_dir().join(format!("srp-discover-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let root = dir.join("mnt");
+    std::fs::create_dir_all(&root).unwrap();
+    let tsock = dir.join("srptd.sock");
+    let _target = Proc::start(
+        "srptd",
+        Command::new(env!("CARGO_BIN_EXE_srptd"))
+            .args(["--ip", "127.0.117.1", "--ram-mib", "8"])
+            .arg("--control-socket")
+            .arg(&tsock),
+    );
+    _target.wait_line("listening on", 20);
+
+    let discover = |extra: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_srp"))
+            .args(["discover", "--target", "127.0.117.1", "--ip", "127.0.117.2"])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let out = discover(&["-v"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let t = text(&out);
+    let line = t
+        .lines()
+        .find(|l| l.starts_with("id_ext="))
+        .unwrap_or_else(|| panic!("no login string: {t}"));
+    // 127.0.117.1 as an IPv4-mapped GID; ib_srpt's service ID is the GUID.
+    assert_eq!(
+        line,
+        "id_ext=0002c90300a00001,ioc_guid=0002c90300a00001,\
+         dgid=00000000000000000000ffff7f007501,pkey=ffff,service_id=0002c90300a00001"
+    );
+    assert!(t.contains("class 0x0100"), "{t}");
+
+    // A rules file that denies this ioc_guid prints nothing to log in to.
+    let rules = dir.join("rules");
+    std::fs::write(&rules, "d ioc_guid=0002c90300a00001\na\n").unwrap();
+    let out = discover(&["--rules", rules.to_str().unwrap()]);
+    assert!(!text(&out).contains("id_ext="), "{}", text(&out));
+
+    // Nobody at .9: a clear failure.
+    let out = Command::new(env!("CARGO_BIN_EXE_srp"))
+        .args(["discover", "--target", "127.0.117.9", "--ip", "127.0.117.2"])
+        .args(["--timeout-ms", "50"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        text(&out).contains("device management query failed"),
+        "{}",
+        text(&out)
+    );
+
+    if !Path::new("/dev/fuse").exists() {
+        println!("SKIPPED (login part): no /dev/fuse (apt-get install fuse3)");
+        return;
+    }
+    let sock = dir.join("srpd.sock");
+    let _srpd = Proc::start(
+        "srpd",
+        Command::new(env!("CARGO_BIN_EXE_srpd"))
+            .args(["--ip", "127.0.117.3"])
+            .arg("--mount-root")
+            .arg(&root)
+            .arg("--control-socket")
+            .arg(&sock),
+    );
+    _srpd.wait_line("srpd: ready on", 20);
+    std::fs::write(&rules, "a ioc_guid=0002c90300a00001,queue_size=32\n").unwrap();
+    let out = discover(&[
+        "--rules",
+        rules.to_str().unwrap(),
+        "--login",
+        "--control-socket",
+        sock.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains(",queue_size=32"), "{}", text(&out));
+    assert!(text(&out).contains("logged in as t0"), "{}", text(&out));
+    assert_eq!(
+        std::fs::metadata(root.join("t0/lun0")).unwrap().len(),
+        8 << 20
+    );
+    let list = srp(&sock, &["list", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&list.stdout).unwrap();
+    assert!(
+        v[0]["target"].as_str().unwrap().contains("service_id="),
+        "{v}"
+    );
+    assert_eq!(target_sessions(&tsock), 1);
+    let _ = std::fs::remove_dir_all(&dir);
+}
