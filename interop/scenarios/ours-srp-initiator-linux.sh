@@ -5,7 +5,8 @@
 # 8 MiB of verified random 4 KiB reads and writes on LUN 0 (writes as SRP
 # immediate data), then 8 MiB at 64 KiB (writes fetched by RDMA READ), and
 # logs out after each; then 4 MiB and 8 MiB transfers verified, `srp luns`
-# shows LIO's LUN, LIO accepts our LOGICAL UNIT RESET, and `srp fuse`
+# shows LIO's LUN, `srp discover` finds LIO's I/O controller through
+# ib_srpt's device management agent, LIO accepts our LOGICAL UNIT RESET, and `srp fuse`
 # serves the LUN as a file that fio verifies. Last, LIO unmaps the LUN
 # from our initiator's ACL while `srp io` runs on it: our initiator must
 # stop with a clear error (CHECK CONDITION with its sense), never report
@@ -66,6 +67,14 @@ host_main() {
     ns_run 60 "$SRP_CLI" luns --dest 10.77.0.11:$SRP_PORT --ip 10.77.0.2 --mtu 1024 \
       --id-ext $LIO_GUID --ioc-guid $LIO_GUID | tee "$RUN_DIR/luns.txt"
     grep -q "LUN 0 .*LIO-ORG" "$RUN_DIR/luns.txt" || { ok=0; echo "srp luns did not show LIO's LUN 0"; }
+  fi
+  if [ $ok = 1 ]; then
+    # Discovery against ib_srpt's own device management agent: the login
+    # string names LIO's target port.
+    ns_run 60 "$SRP_CLI" discover --target 10.77.0.11 --ip 10.77.0.2 -v --timeout-ms 2000 \
+      | tee "$RUN_DIR/discover.txt"
+    grep -q "ioc_guid=$LIO_GUID" "$RUN_DIR/discover.txt" ||
+      { ok=0; echo "srp discover did not find LIO's I/O controller"; }
   fi
   if [ $ok = 1 ]; then
     ns_run 60 "$SRP_CLI" reset --dest 10.77.0.11:$SRP_PORT --ip 10.77.0.2 --mtu 1024 \

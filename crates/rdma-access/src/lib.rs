@@ -32,6 +32,7 @@ mod agent;
 pub mod dm;
 pub mod gsi;
 pub mod rdmacm;
+pub mod sma;
 mod wire;
 
 pub use agent::{CmAgent, CmError, Established, Incoming, MadAgent};

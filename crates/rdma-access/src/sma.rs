@@ -1,0 +1,375 @@
+//! The subnet management agent of a port, sans-IO (the seeds place it in
+//! the access layer, above the CA driver): it answers the subnet manager's
+//! SMPs about this node and port, and turns the SM's Set(PortInfo) and
+//! Set(P_KeyTable) into actions the driver applies through the provider.
+//!
+//! Answered: Get of NodeInfo, NodeDescription, PortInfo, P_KeyTable (block
+//! 0) and GUIDInfo (block 0); Set of PortInfo (LID, master SM LID, subnet
+//! timeout, port state) and P_KeyTable. Port state moves only as IBA
+//! 14.2.5.6 allows a CA port: INIT to ARMED, ARMED to ACTIVE, anything to
+//! DOWN (after which the link retrains and the port is back in INIT); a
+//! Set asking for anything else is refused with "invalid attribute value"
+//! and changes nothing. Other attributes get "method/attribute
+//! unsupported", other methods "method unsupported". Directed-route SMPs
+//! are answered when this port is their end (hop pointer equal to hop
+//! count, as for a CA); LID-routed ones always. M_Key checking is not done
+//! (M_Key 0, as an unmanaged port has).
+
+use crate::gsi::{status_reply, MadBytes};
+use rdma_mad::mad::{MadStatus, Method, StatusCode, MAD_SIZE};
+use rdma_mad::smp::{cap, NodeInfo, PortInfo, SmpAttr};
+use rdma_types::{Guid, Pkey};
+
+/// Where SMP attribute data starts.
+pub const SMP_DATA: usize = 64;
+/// Port states (PortInfo:PortState).
+pub mod state {
+    /// Down.
+    pub const DOWN: u8 = 1;
+    /// Initialize.
+    pub const INIT: u8 = 2;
+    /// Armed.
+    pub const ARMED: u8 = 3;
+    /// Active.
+    pub const ACTIVE: u8 = 4;
+}
+
+/// What the driver must do after a Set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SmaAction {
+    /// The port's LID is now this.
+    Lid(u16),
+    /// The master SM is at this LID.
+    SmLid(u16),
+    /// The port state is now this (see [`state`]).
+    State(u8),
+    /// The P_Key table changed.
+    Pkeys,
+}
+
+/// Who the node and port are.
+#[derive(Debug, Clone)]
+pub struct SmaConfig {
+    /// Node GUID.
+    pub node_guid: Guid,
+    /// Port GUID.
+    pub port_guid: Guid,
+    /// NodeDescription (up to 64 bytes).
+    pub description: String,
+    /// PortInfo:CapabilityMask (see `rdma_mad::smp::cap`).
+    pub capability_mask: u32,
+}
+
+/// The agent of one CA port.
+#[derive(Debug, Clone)]
+pub struct Sma {
+    node: NodeInfo,
+    port: [u8; 64],
+    pkeys: [u16; 32],
+    description: String,
+}
+
+impl Sma {
+    /// A port whose link is up, in INIT, with no LID, and the default
+    /// partition (full member) in P_Key slot 0.
+    pub fn new(cfg: SmaConfig) -> Sma {
+        let node = NodeInfo {
+            base_version: 1,
+            class_version: 1,
+            node_type: 1,
+            num_ports: 1,
+            system_image_guid: cfg.node_guid,
+            node_guid: cfg.node_guid,
+            port_guid: cfg.port_guid,
+            partition_cap: 32,
+            device_id: 0x1000,
+            revision: 1,
+            local_port_num: 1,
+            vendor_id: 0x0002c9,
+        };
+        let mut port = [0u8; 64];
+        {
+            let mut p = PortInfo::new_checked(&mut port[..]).expect("64 bytes");
+            p.set_gid_prefix(0xfe80_0000_0000_0000);
+            p.set_capability_mask(cfg.capability_mask);
+            p.set_local_port_num(1);
+            p.set_port_state(state::INIT);
+            p.set_phys_state(5); // LinkUp
+            p.set_mtu_cap(5); // 4096
+            p.set_guid_cap(1);
+            p.set_resp_time_value(18);
+        }
+        let mut pkeys = [0u16; 32];
+        pkeys[0] = 0xffff;
+        Sma {
+            node,
+            port,
+            pkeys,
+            description: cfg.description,
+        }
+    }
+
+    /// The port's LID (0 until the SM assigns one).
+    pub fn lid(&self) -> u16 {
+        self.port_info().lid()
+    }
+
+    /// The master SM's LID.
+    pub fn sm_lid(&self) -> u16 {
+        self.port_info().sm_lid()
+    }
+
+    /// The port state (see [`state`]).
+    pub fn port_state(&self) -> u8 {
+        self.port_info().port_state()
+    }
+
+    /// The P_Key table (block 0).
+    pub fn pkeys(&self) -> [Pkey; 32] {
+        self.pkeys.map(Pkey)
+    }
+
+    /// The port's GUID.
+    pub fn port_guid(&self) -> Guid {
+        self.node.port_guid
+    }
+
+    /// PortInfo:CapabilityMask.
+    pub fn capability_mask(&self) -> u32 {
+        self.port_info().capability_mask()
+    }
+
+    /// Changes the capability mask (a client registering a service, as the
+    /// DM agent sets IsDeviceManagementSupported).
+    pub fn set_capability_mask(&mut self, mask: u32) {
+        PortInfo::new_checked(&mut self.port[..])
+            .expect("64 bytes")
+            .set_capability_mask(mask);
+    }
+
+    /// The link went down and came back (a cable pulled, a port reset):
+    /// the port is back in INIT and keeps nothing the SM set but its LID.
+    pub fn link_retrained(&mut self) {
+        PortInfo::new_checked(&mut self.port[..])
+            .expect("64 bytes")
+            .set_port_state(state::INIT);
+    }
+
+    fn port_info(&self) -> PortInfo<&[u8]> {
+        PortInfo::new_checked(&self.port[..]).expect("64 bytes")
+    }
+
+    /// Answers SMP `smp`; `None` when there is nothing to answer (a
+    /// response, a Trap, a directed-route SMP that does not end here, or
+    /// fewer than 256 bytes).
+    pub fn handle(&mut self, smp: &[u8]) -> Option<(MadBytes, Vec<SmaAction>)> {
+        let req: &MadBytes = smp.get(..MAD_SIZE)?.try_into().ok()?;
+        if req[0] != 1 || !matches!(req[1], 0x01 | 0x81) || req[3] & 0x80 != 0 {
+            return None;
+        }
+        let directed = req[1] == 0x81;
+        if directed && req[6] != req[7] {
+            return None; // not the end of the path: we are no switch
+        }
+        let finish = |mut r: MadBytes| {
+            if directed {
+                r[4] |= 0x80; // D bit: returning
+            }
+            r
+        };
+        let status = |code| finish(status_reply(req, MadStatus::from_code(code)));
+        let method = Method::from(req[3]);
+        if !matches!(method, Method::Get | Method::Set) {
+            return Some((status(StatusCode::MethodUnsupported), Vec::new()));
+        }
+        let attr = SmpAttr::from(u16::from_be_bytes([req[16], req[17]]));
+        let modifier = u32::from_be_bytes(req[20..24].try_into().expect("4 bytes"));
+        let mut actions = Vec::new();
+        if method == Method::Set {
+            let data = &req[SMP_DATA..SMP_DATA + 64];
+            match attr {
+                SmpAttr::PortInfo => match self.set_port_info(data) {
+                    Ok(a) => actions = a,
+                    Err(()) => return Some((status(StatusCode::InvalidAttrValue), Vec::new())),
+                },
+                SmpAttr::PkeyTable if modifier == 0 => {
+                    for (i, k) in self.pkeys.iter_mut().enumerate() {
+                        *k = u16::from_be_bytes([data[2 * i], data[2 * i + 1]]);
+                    }
+                    actions.push(SmaAction::Pkeys);
+                }
+                SmpAttr::PkeyTable => {
+                    return Some((status(StatusCode::InvalidAttrValue), Vec::new()))
+                }
+                _ => return Some((status(StatusCode::MethodAttrUnsupported), Vec::new())),
+            }
+        }
+        let mut r = status_reply(req, MadStatus::OK);
+        let data = &mut r[SMP_DATA..SMP_DATA + 64];
+        match attr {
+            SmpAttr::NodeInfo => self.node.emit(data),
+            SmpAttr::NodeDescription => {
+                let d = self.description.as_bytes();
+                let n = d.len().min(64);
+                data[..n].copy_from_slice(&d[..n]);
+            }
+            SmpAttr::PortInfo => data.copy_from_slice(&self.port),
+            SmpAttr::PkeyTable if modifier == 0 => {
+                for (i, k) in self.pkeys.iter().enumerate() {
+                    data[2 * i..2 * i + 2].copy_from_slice(&k.to_be_bytes());
+                }
+            }
+            SmpAttr::GuidInfo if modifier == 0 => {
+                data[..8].copy_from_slice(&self.node.port_guid.0.to_be_bytes());
+            }
+            SmpAttr::PkeyTable | SmpAttr::GuidInfo => {
+                return Some((status(StatusCode::InvalidAttrValue), Vec::new()))
+            }
+            _ => return Some((status(StatusCode::MethodAttrUnsupported), Vec::new())),
+        }
+        Some((finish(r), actions))
+    }
+
+    fn set_port_info(&mut self, data: &[u8]) -> Result<Vec<SmaAction>, ()> {
+        let want = PortInfo::new_checked(data).map_err(|_| ())?;
+        let now = self.port_state();
+        let next = match want.port_state() {
+            0 => now,
+            state::DOWN => state::INIT, // down, then the link retrains
+            state::ARMED if now == state::INIT || now == state::ARMED => state::ARMED,
+            state::ACTIVE if now == state::ARMED || now == state::ACTIVE => state::ACTIVE,
+            _ => return Err(()),
+        };
+        let mut actions = Vec::new();
+        let mut p = PortInfo::new_checked(&mut self.port[..]).expect("64 bytes");
+        if want.lid() != 0 && want.lid() != p.lid() {
+            p.set_lid(want.lid());
+            actions.push(SmaAction::Lid(want.lid()));
+        }
+        if want.sm_lid() != p.sm_lid() {
+            p.set_sm_lid(want.sm_lid());
+            actions.push(SmaAction::SmLid(want.sm_lid()));
+        }
+        p.set_subnet_timeout(want.subnet_timeout());
+        if next != now {
+            p.set_port_state(next);
+            actions.push(SmaAction::State(next));
+        }
+        Ok(actions)
+    }
+}
+
+/// PortInfo:CapabilityMask of a plain CA port: notices, traps, CM, and
+/// device management when the node offers I/O controllers.
+pub fn ca_capability_mask(device_management: bool) -> u32 {
+    let mut m = cap::IS_TRAP_SUPPORTED | cap::IS_CM_SUPPORTED | cap::IS_SYS_IMAGE_GUID_SUPPORTED;
+    if device_management {
+        m |= cap::IS_DEVICE_MGMT_SUPPORTED;
+    }
+    m
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn smp(method: u8, attr: SmpAttr, directed: bool) -> MadBytes {
+        let mut m = [0u8; MAD_SIZE];
+        m[0] = 1;
+        m[1] = if directed { 0x81 } else { 0x01 };
+        m[2] = 1;
+        m[3] = method;
+        m[8..16].copy_from_slice(&7u64.to_be_bytes());
+        m[16..18].copy_from_slice(&u16::from(attr).to_be_bytes());
+        m
+    }
+
+    fn sma() -> Sma {
+        Sma::new(SmaConfig {
+            node_guid: Guid(0x10),
+            port_guid: Guid(0x11),
+            description: "host-a".into(),
+            capability_mask: ca_capability_mask(true),
+        })
+    }
+
+    fn status(r: &MadBytes) -> u16 {
+        u16::from_be_bytes([r[4], r[5]]) & 0x7fff
+    }
+
+    #[test]
+    fn gets_describe_the_node_and_port() {
+        let mut s = sma();
+        let (r, a) = s.handle(&smp(0x01, SmpAttr::NodeInfo, true)).unwrap();
+        assert!(a.is_empty());
+        assert_eq!(r[3], 0x81);
+        assert_eq!(r[4] & 0x80, 0x80, "directed route response has D set");
+        let n = NodeInfo::parse(&r[SMP_DATA..]).unwrap();
+        assert_eq!(
+            (n.node_guid, n.port_guid, n.node_type),
+            (Guid(0x10), Guid(0x11), 1)
+        );
+        let (r, _) = s.handle(&smp(0x01, SmpAttr::PortInfo, false)).unwrap();
+        let p = PortInfo::new_checked(&r[SMP_DATA..]).unwrap();
+        assert_eq!(p.port_state(), state::INIT);
+        assert_ne!(p.capability_mask() & cap::IS_DEVICE_MGMT_SUPPORTED, 0);
+        let (r, _) = s
+            .handle(&smp(0x01, SmpAttr::NodeDescription, false))
+            .unwrap();
+        assert_eq!(&r[SMP_DATA..SMP_DATA + 6], b"host-a");
+        let (r, _) = s.handle(&smp(0x01, SmpAttr::GuidInfo, false)).unwrap();
+        assert_eq!(&r[SMP_DATA..SMP_DATA + 8], &0x11u64.to_be_bytes());
+        // Refusals and silence.
+        let (r, _) = s.handle(&smp(0x01, SmpAttr::SwitchInfo, false)).unwrap();
+        assert_eq!(status(&r), 0x000C);
+        let (r, _) = s.handle(&smp(0x05, SmpAttr::NodeInfo, false)).unwrap();
+        assert_eq!(status(&r), 0x0008);
+        assert!(s.handle(&smp(0x81, SmpAttr::NodeInfo, false)).is_none());
+        let mut through = smp(0x01, SmpAttr::NodeInfo, true);
+        through[7] = 2; // hop count 2, pointer 0: not for us
+        assert!(s.handle(&through).is_none());
+        assert!(s.handle(&[1, 1, 1]).is_none());
+    }
+
+    #[test]
+    fn sets_assign_lid_and_walk_the_port_states() {
+        let mut s = sma();
+        let set = |lid: u16, sm: u16, st: u8| {
+            let mut m = smp(0x02, SmpAttr::PortInfo, true);
+            let mut p = PortInfo::new_checked(&mut m[SMP_DATA..SMP_DATA + 64]).unwrap();
+            p.set_lid(lid);
+            p.set_sm_lid(sm);
+            p.set_port_state(st);
+            m
+        };
+        // ACTIVE straight from INIT is refused and changes nothing.
+        let (r, a) = s.handle(&set(5, 1, state::ACTIVE)).unwrap();
+        assert_eq!(status(&r), 0x001C);
+        assert!(a.is_empty());
+        assert_eq!((s.lid(), s.port_state()), (0, state::INIT));
+        let (r, a) = s.handle(&set(5, 1, state::ARMED)).unwrap();
+        assert_eq!(status(&r), 0);
+        assert_eq!(
+            a,
+            vec![
+                SmaAction::Lid(5),
+                SmaAction::SmLid(1),
+                SmaAction::State(state::ARMED)
+            ]
+        );
+        let (_, a) = s.handle(&set(5, 1, state::ACTIVE)).unwrap();
+        assert_eq!(a, vec![SmaAction::State(state::ACTIVE)]);
+        assert_eq!((s.lid(), s.sm_lid(), s.port_state()), (5, 1, state::ACTIVE));
+        // P_Key table.
+        let mut m = smp(0x02, SmpAttr::PkeyTable, false);
+        m[SMP_DATA..SMP_DATA + 4].copy_from_slice(&[0x80, 0x01, 0x00, 0x02]);
+        let (r, a) = s.handle(&m).unwrap();
+        assert_eq!(a, vec![SmaAction::Pkeys]);
+        assert_eq!(&r[SMP_DATA..SMP_DATA + 4], &[0x80, 0x01, 0x00, 0x02]);
+        assert_eq!(s.pkeys()[1], Pkey(0x0002));
+        // DOWN: the link retrains into INIT.
+        let (_, a) = s.handle(&set(0, 1, state::DOWN)).unwrap();
+        assert_eq!(a, vec![SmaAction::State(state::INIT)]);
+        assert_eq!(s.lid(), 5, "LID 0 in a Set leaves the LID alone");
+    }
+}
