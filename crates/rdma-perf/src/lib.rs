@@ -14,6 +14,7 @@
 //! them) and reports our/baseline ratios.
 
 pub mod pingpong;
+pub mod rping;
 
 use rdma_sim::FaultConfig;
 use rdma_types::{Duration, Instant, Lkey, Mtu, Psn, Qpn, Rkey, WcStatus};

@@ -1,0 +1,115 @@
+//! `rrping`: see `rdma_perf::rping`. Options follow librdmacm's rping:
+//! `-s` serve or `-c` connect, `-a` the server's address (the address a
+//! server binds), `-I` the client's own address, `-p` port, `-C` pings,
+//! `-S` size, `-v` print data, `-V` validate.
+
+use clap::Parser;
+use rdma_perf::rping::{run, RpingConfig, MIN_SIZE, RPING_PORT};
+use std::net::IpAddr;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "rrping",
+    about = "rping over the soft RoCE NIC",
+    disable_version_flag = true
+)]
+struct Args {
+    /// Server.
+    #[arg(short = 's', conflicts_with = "client")]
+    server: bool,
+    /// Client.
+    #[arg(short = 'c')]
+    client: bool,
+    /// Server address (the address a server listens on).
+    #[arg(short = 'a')]
+    addr: IpAddr,
+    /// Client: our own address.
+    #[arg(short = 'I')]
+    source: Option<IpAddr>,
+    /// RDMA CM port.
+    #[arg(short = 'p', default_value_t = RPING_PORT)]
+    port: u16,
+    /// Pings.
+    #[arg(short = 'C', default_value_t = 10)]
+    count: u64,
+    /// Buffer size.
+    #[arg(short = 'S', default_value_t = 64)]
+    size: usize,
+    /// Print each ping's data.
+    #[arg(short = 'v')]
+    verbose: bool,
+    /// Validate the data that came back.
+    #[arg(short = 'V')]
+    validate: bool,
+    /// RoCEv2 UDP port.
+    #[arg(long, default_value_t = 4791)]
+    udp_port: u16,
+    /// Path MTU (1024 on a 1500-byte Ethernet link).
+    #[arg(long, default_value_t = 1024)]
+    mtu: usize,
+    /// Seconds to wait for the connection (and between events after it).
+    #[arg(long, default_value_t = 10)]
+    timeout: u64,
+}
+
+fn main() -> ExitCode {
+    let a = Args::parse();
+    if !a.server && !a.client {
+        eprintln!("rrping: say -s (server) or -c (client)");
+        return ExitCode::FAILURE;
+    }
+    if a.size < MIN_SIZE {
+        eprintln!("rrping: -S {} is below the minimum of {MIN_SIZE}", a.size);
+        return ExitCode::FAILURE;
+    }
+    let Ok(mtu) = rdma_types::Mtu::from_bytes(a.mtu) else {
+        eprintln!(
+            "rrping: MTU must be 256, 512, 1024, 2048 or 4096, not {}",
+            a.mtu
+        );
+        return ExitCode::FAILURE;
+    };
+    let (local, peer) = if a.server {
+        (a.addr, None)
+    } else {
+        match a.source {
+            Some(s) => (s, Some(a.addr)),
+            None => {
+                eprintln!("rrping: a client needs -I <our address> (each node binds its own)");
+                return ExitCode::FAILURE;
+            }
+        }
+    };
+    let cfg = RpingConfig {
+        server: a.server,
+        local,
+        peer,
+        port: a.port,
+        udp_port: a.udp_port,
+        count: a.count,
+        size: a.size,
+        verbose: a.verbose,
+        validate: a.validate,
+        mtu,
+        idle_timeout: std::time::Duration::from_secs(a.timeout.max(1)),
+    };
+    match run(&cfg) {
+        Ok(r) => {
+            println!(
+                "rrping: {} pings{}",
+                r.pings,
+                if a.validate {
+                    format!(", {} validated", r.validated)
+                } else {
+                    String::new()
+                }
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("rrping: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,530 @@
+//! `rrping`: librdmacm's `rping` over our stack, so Linux's own tool can be
+//! the peer in either role. The facts of the protocol (from rping.c):
+//!
+//! - RDMA CM on TCP port space port 7174 by default; one RC QP.
+//! - Each side SENDs 16-byte `rping_rdma_info` messages, `{buf: be64,
+//!   rkey: be32, size: be32}`, naming one of its registered buffers.
+//! - Per ping: the client fills its source buffer with
+//!   `"rdma-ping-<n>: "` followed by a rotating run of the letters
+//!   `A`..`z` (the run starts one letter later each ping) and a final NUL,
+//!   and advertises it; the server RDMA READs it, SENDs to say "go on",
+//!   receives the client's sink buffer, RDMA WRITEs what it read there
+//!   (`strlen + 1` bytes), and SENDs again; the client then compares sink
+//!   with source (`-V`).
+//! - The client disconnects after `-C` pings; the server ends with it.
+
+use rdma_access::{rdmacm, CmAgent};
+use rdma_types::{AccessFlags, Gid, Guid, Mtu, PortNum, Psn, QpState, QpType, Qpn, WcStatus};
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use verbs::{
+    AhAttr, CqInit, EventHandler, MemBuf, Provider, QpAttr, QpCaps, QpInit, RecvWr, RemoteAddr,
+    SendOpcode, SendWr, Sge, WorkCompletion,
+};
+
+/// rping's default port.
+pub const RPING_PORT: u16 = 7174;
+/// Smallest buffer rping accepts (`RPING_MIN_BUFSIZE`).
+pub const MIN_SIZE: usize = 16;
+
+/// How to run.
+#[derive(Debug, Clone)]
+pub struct RpingConfig {
+    /// Serve (`-s`) instead of connecting (`-c`).
+    pub server: bool,
+    /// Our NIC's address.
+    pub local: IpAddr,
+    /// The server's address (client only).
+    pub peer: Option<IpAddr>,
+    /// RDMA CM port.
+    pub port: u16,
+    /// RoCEv2 UDP port.
+    pub udp_port: u16,
+    /// Pings (`-C`); the server stops when the client leaves.
+    pub count: u64,
+    /// Buffer size (`-S`).
+    pub size: usize,
+    /// Print each ping's data (`-v`).
+    pub verbose: bool,
+    /// Compare what came back (`-V`).
+    pub validate: bool,
+    /// Path MTU.
+    pub mtu: Mtu,
+    /// Give up when nothing happens for this long.
+    pub idle_timeout: Duration,
+}
+
+/// What a run did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RpingReport {
+    /// Pings completed.
+    pub pings: u64,
+    /// Pings whose data was checked and matched.
+    pub validated: u64,
+}
+
+/// The source buffer of ping `n` (rping's pattern), `size` bytes.
+pub fn ping_pattern(n: u64, size: usize) -> Vec<u8> {
+    let mut b = format!("rdma-ping-{n}: ").into_bytes();
+    b.truncate(size);
+    let mut c = b'A' + (n % 58) as u8;
+    while b.len() < size {
+        b.push(c);
+        c = if c >= b'z' { b'A' } else { c + 1 };
+    }
+    if let Some(last) = b.last_mut() {
+        *last = 0;
+    }
+    b
+}
+
+/// An `rping_rdma_info` message.
+pub fn info(buf: u64, rkey: u32, size: u32) -> [u8; 16] {
+    let mut m = [0u8; 16];
+    m[..8].copy_from_slice(&buf.to_be_bytes());
+    m[8..12].copy_from_slice(&rkey.to_be_bytes());
+    m[12..16].copy_from_slice(&size.to_be_bytes());
+    m
+}
+
+/// Reads an `rping_rdma_info` message.
+pub fn parse_info(m: &[u8]) -> Option<(u64, u32, u32)> {
+    let m = m.get(..16)?;
+    Some((
+        u64::from_be_bytes(m[..8].try_into().ok()?),
+        u32::from_be_bytes(m[8..12].try_into().ok()?),
+        u32::from_be_bytes(m[12..16].try_into().ok()?),
+    ))
+}
+
+struct Quiet;
+impl EventHandler for Quiet {
+    fn on_completion(&self, _cq: u64) {}
+    fn on_async_event(&self, _e: verbs::AsyncEvent) {}
+}
+
+/// Offsets in the one registered buffer.
+const RECV: usize = 0;
+const SEND: usize = 64;
+const RDMA: usize = 128;
+
+struct Link {
+    p: Arc<dyn Provider>,
+    cq: verbs::CqHandle,
+    qp: verbs::QpHandle,
+    mem: MemBuf,
+    mr: verbs::MrInfo,
+    size: usize,
+    start: usize,
+    idle: Duration,
+    gone: Arc<AtomicBool>,
+}
+
+impl Link {
+    fn addr(&self, off: usize) -> u64 {
+        self.mem.addr() + off as u64
+    }
+
+    fn post_recv(&self) -> Result<(), String> {
+        self.p
+            .post_recv(
+                self.qp,
+                &[RecvWr {
+                    wr_id: 1,
+                    sges: vec![Sge {
+                        addr: self.addr(RECV),
+                        length: 16,
+                        lkey: self.mr.lkey,
+                    }],
+                }],
+            )
+            .map_err(|e| format!("post receive: {e}"))
+    }
+
+    fn post(
+        &self,
+        op: SendOpcode,
+        off: usize,
+        len: usize,
+        remote: Option<(u64, u32)>,
+    ) -> Result<(), String> {
+        let mut wr = SendWr::new(
+            2,
+            op,
+            vec![Sge {
+                addr: self.addr(off),
+                length: len as u32,
+                lkey: self.mr.lkey,
+            }],
+        );
+        if let Some((addr, rkey)) = remote {
+            wr.remote = RemoteAddr {
+                addr,
+                rkey: rdma_types::Rkey(rkey),
+            };
+        }
+        self.p
+            .post_send(self.qp, &[wr])
+            .map_err(|e| format!("post {op:?}: {e}"))
+    }
+
+    /// Waits for the next completion; `Ok(None)` when the peer left.
+    fn next(&self) -> Result<Option<WorkCompletion>, String> {
+        let mut wc = [WorkCompletion::new(
+            0,
+            WcStatus::Success,
+            rdma_types::WcOpcode::Send,
+            0,
+        )];
+        let end = Instant::now() + self.idle;
+        loop {
+            if self
+                .p
+                .poll_cq(self.cq, &mut wc)
+                .map_err(|e| e.to_string())?
+                == 1
+            {
+                if wc[0].status != WcStatus::Success {
+                    if self.gone.load(Ordering::SeqCst) {
+                        return Ok(None);
+                    }
+                    return Err(format!("completion error: {}", wc[0].status));
+                }
+                return Ok(Some(wc[0]));
+            }
+            if self.gone.load(Ordering::SeqCst) {
+                return Ok(None);
+            }
+            if Instant::now() > end {
+                return Err(format!("nothing happened for {:?}", self.idle));
+            }
+            let _ = self.p.req_notify_cq(self.cq, false);
+            let _ = self.p.wait_cq(self.cq, Duration::from_millis(20));
+        }
+    }
+
+    /// Waits for a completion of this kind (send-side ones in order).
+    fn wait(&self, recv: bool) -> Result<Option<WorkCompletion>, String> {
+        loop {
+            match self.next()? {
+                None => return Ok(None),
+                Some(wc) if (wc.wr_id == 1) == recv => return Ok(Some(wc)),
+                Some(_) => {}
+            }
+        }
+    }
+
+    fn received(&self) -> Option<(u64, u32, u32)> {
+        parse_info(&self.mem.to_vec(RECV, 16))
+    }
+}
+
+/// Runs rping as configured.
+///
+/// # Errors
+/// Setup, connection, a transfer or a data comparison failed.
+pub fn run(cfg: &RpingConfig) -> Result<RpingReport, String> {
+    if cfg.size < MIN_SIZE {
+        return Err(format!(
+            "size {} is below rping's minimum of {MIN_SIZE}",
+            cfg.size
+        ));
+    }
+    let guid = Guid(0x0002_c903_00c0_0001);
+    let provider = rnic::softroce::SoftRoce::with_mtu(
+        vec![rnic::softroce::SoftCa {
+            guid,
+            ip: cfg.local,
+        }],
+        cfg.udp_port,
+        cfg.mtu,
+    );
+    let agent = CmAgent::start(provider.clone(), guid, std::process::id() << 8)
+        .map_err(|e| format!("start the CM agent on {}: {e}", cfg.local))?;
+    let p: Arc<dyn Provider> = provider;
+    let ca = p
+        .open_ca(guid, 0, Arc::new(Quiet))
+        .map_err(|e| e.to_string())?;
+    let pd = p.alloc_pd(ca, 0).map_err(|e| e.to_string())?;
+    let cq = p
+        .create_cq(pd, &CqInit { cqe: 64 }, 0)
+        .map_err(|e| e.to_string())?;
+    let qp = p
+        .create_qp(
+            pd,
+            &QpInit {
+                qp_type: QpType::Rc,
+                send_cq: cq,
+                recv_cq: cq,
+                srq: None,
+                caps: QpCaps {
+                    max_send_wr: 16,
+                    max_recv_wr: 4,
+                    max_send_sge: 1,
+                    max_recv_sge: 1,
+                    max_inline: 0,
+                },
+                sq_sig_all: true,
+                port: Some(PortNum(1)),
+            },
+            0,
+        )
+        .map_err(|e| e.to_string())?;
+    let mem = MemBuf::new(RDMA + 2 * cfg.size);
+    let mr = p
+        .reg_mr(
+            pd,
+            &mem,
+            mem.addr(),
+            mem.len() as u64,
+            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE,
+            0,
+        )
+        .map_err(|e| e.to_string())?;
+    p.modify_qp(
+        qp,
+        &QpAttr {
+            state: Some(QpState::Init),
+            port: Some(PortNum(1)),
+            pkey_index: Some(0),
+            access: Some(AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE),
+            ..Default::default()
+        },
+    )
+    .map_err(|e| format!("QP to INIT: {e}"))?;
+    let qpn = p.qp_num(qp).map_err(|e| e.to_string())?;
+    let psn = Psn::new(std::process::id() & 0xff_ffff);
+    let gone = Arc::new(AtomicBool::new(false));
+    let link = Link {
+        p: p.clone(),
+        cq,
+        qp,
+        mem,
+        mr,
+        size: cfg.size,
+        start: RDMA + cfg.size,
+        idle: cfg.idle_timeout,
+        gone: gone.clone(),
+    };
+    link.post_recv()?;
+    let to_rtr_rts = |peer: Gid, remote_qpn: Qpn, remote_psn: Psn, mtu: Mtu| {
+        let mtu = if mtu.bytes() < cfg.mtu.bytes() {
+            mtu
+        } else {
+            cfg.mtu
+        };
+        p.modify_qp(
+            qp,
+            &QpAttr {
+                state: Some(QpState::Rtr),
+                av: Some(AhAttr {
+                    dlid: rdma_types::Lid(0),
+                    port: PortNum(1),
+                    grh: true,
+                    dgid: peer,
+                    sgid_index: 0,
+                    sl: 0,
+                    hop_limit: 64,
+                }),
+                path_mtu: Some(mtu),
+                dest_qpn: Some(remote_qpn),
+                rq_psn: Some(remote_psn),
+                max_dest_rd_atomic: Some(16),
+                min_rnr_timer: Some(12),
+                ..Default::default()
+            },
+        )
+        .and_then(|_| {
+            p.modify_qp(
+                qp,
+                &QpAttr {
+                    state: Some(QpState::Rts),
+                    sq_psn: Some(psn),
+                    timeout: Some(14),
+                    retry_cnt: Some(7),
+                    rnr_retry: Some(7),
+                    max_rd_atomic: Some(16),
+                    ..Default::default()
+                },
+            )
+        })
+        .map_err(|e| format!("connect the QP: {e}"))
+    };
+    let g = gone.clone();
+    agent.on_disconnect(move |_| g.store(true, Ordering::SeqCst));
+    let report = if cfg.server {
+        let requests = rdmacm::listen(&agent, cfg.port);
+        println!("rrping: server listening on {}:{}", cfg.local, cfg.port);
+        let inc = requests
+            .recv_timeout(cfg.idle_timeout)
+            .map_err(|_| "no client connected".to_string())?;
+        let req =
+            rdmacm::decode(inc).map_err(|(_, e)| format!("bad connection request: {}", e.0))?;
+        let i = &req.incoming;
+        to_rtr_rts(i.peer, i.remote_qpn, i.remote_psn, i.mtu)?;
+        if !i.accept(qpn, psn, Vec::new()) {
+            return Err("the connection went away before we accepted".into());
+        }
+        serve(&link, cfg)?
+    } else {
+        let peer = cfg.peer.ok_or("a client needs the server's address")?;
+        let est = rdmacm::connect(
+            &agent,
+            cfg.local,
+            peer,
+            cfg.port,
+            qpn,
+            psn,
+            &[],
+            cfg.idle_timeout,
+        )
+        .map_err(|e| format!("connect to {peer}:{}: {e}", cfg.port))?;
+        to_rtr_rts(
+            Gid::from_ip(peer),
+            est.remote_qpn,
+            est.remote_psn,
+            agent.mtu(),
+        )?;
+        let r = ping(&link, cfg);
+        agent.disconnect_wait(est.conn, Duration::from_secs(2));
+        r?
+    };
+    drop(link);
+    let _ = p.destroy_qp(qp);
+    let _ = p.dereg_mr(mr.handle);
+    let _ = p.destroy_cq(cq);
+    let _ = p.dealloc_pd(pd);
+    let _ = p.close_ca(ca);
+    Ok(report)
+}
+
+fn text(b: &[u8]) -> String {
+    let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
+    String::from_utf8_lossy(&b[..end]).into_owned()
+}
+
+fn ping(l: &Link, cfg: &RpingConfig) -> Result<RpingReport, String> {
+    let mut r = RpingReport {
+        pings: 0,
+        validated: 0,
+    };
+    let lost = || "the server left".to_string();
+    for n in 0..cfg.count {
+        let src = ping_pattern(n, l.size);
+        l.mem.write_at(l.start, &src);
+        l.mem.write_at(RDMA, &vec![0u8; l.size]);
+        l.mem
+            .write_at(SEND, &info(l.addr(l.start), l.mr.rkey.0, l.size as u32));
+        l.post(SendOpcode::Send, SEND, 16, None)?;
+        l.wait(false)?.ok_or_else(lost)?;
+        // The server read our buffer and says go on.
+        l.wait(true)?.ok_or_else(lost)?;
+        l.post_recv()?;
+        l.mem
+            .write_at(SEND, &info(l.addr(RDMA), l.mr.rkey.0, l.size as u32));
+        l.post(SendOpcode::Send, SEND, 16, None)?;
+        l.wait(false)?.ok_or_else(lost)?;
+        // The server wrote it back.
+        l.wait(true)?.ok_or_else(lost)?;
+        l.post_recv()?;
+        let back = l.mem.to_vec(RDMA, l.size);
+        if cfg.validate {
+            if back != src {
+                return Err(format!("data mismatch in ping {n}"));
+            }
+            r.validated += 1;
+        }
+        if cfg.verbose {
+            println!("ping data: {}", text(&back));
+        }
+        r.pings += 1;
+    }
+    Ok(r)
+}
+
+fn serve(l: &Link, cfg: &RpingConfig) -> Result<RpingReport, String> {
+    let mut r = RpingReport {
+        pings: 0,
+        validated: 0,
+    };
+    loop {
+        // The client's source buffer.
+        if l.wait(true)?.is_none() {
+            return Ok(r);
+        }
+        let (addr, rkey, len) = l.received().ok_or("short rping message")?;
+        l.post_recv()?;
+        let len = (len as usize).min(l.size);
+        l.post(SendOpcode::RdmaRead, RDMA, len, Some((addr, rkey)))?;
+        if l.wait(false)?.is_none() {
+            return Ok(r);
+        }
+        let got = l.mem.to_vec(RDMA, len);
+        if cfg.verbose {
+            println!("server ping data: {}", text(&got));
+        }
+        l.mem
+            .write_at(SEND, &info(l.addr(RDMA), l.mr.rkey.0, l.size as u32));
+        l.post(SendOpcode::Send, SEND, 16, None)?;
+        if l.wait(false)?.is_none() {
+            return Ok(r);
+        }
+        // The client's sink buffer.
+        if l.wait(true)?.is_none() {
+            return Ok(r);
+        }
+        let (addr, rkey, sink) = l.received().ok_or("short rping message")?;
+        l.post_recv()?;
+        let n = got
+            .iter()
+            .position(|&c| c == 0)
+            .map_or(len, |i| i + 1)
+            .min(sink as usize);
+        l.post(SendOpcode::RdmaWrite, RDMA, n, Some((addr, rkey)))?;
+        if l.wait(false)?.is_none() {
+            return Ok(r);
+        }
+        l.post(SendOpcode::Send, SEND, 16, None)?;
+        if l.wait(false)?.is_none() {
+            return Ok(r);
+        }
+        r.pings += 1;
+        if cfg.count > 0 && r.pings >= cfg.count {
+            // rping's server also ends after -C pings; wait for the DREQ.
+            let end = Instant::now() + Duration::from_secs(5);
+            while !l.gone.load(Ordering::SeqCst) && Instant::now() < end {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            return Ok(r);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pattern_and_info_match_rping() {
+        let b = ping_pattern(0, 64);
+        assert_eq!(&b[..16], b"rdma-ping-0: ABC");
+        assert_eq!(b.len(), 64);
+        assert_eq!(b[63], 0);
+        // The run starts one letter later each ping and wraps after 'z'.
+        assert_eq!(&ping_pattern(1, 20)[..14], b"rdma-ping-1: B");
+        assert_eq!(ping_pattern(57, 20)[13], b'z');
+        assert_eq!(ping_pattern(58, 20)[13], b'A');
+        let i = info(0x1122_3344_5566_7788, 0xaabb_ccdd, 64);
+        assert_eq!(
+            i,
+            [0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88, 0xaa, 0xbb, 0xcc, 0xdd, 0, 0, 0, 64]
+        );
+        assert_eq!(
+            parse_info(&i),
+            Some((0x1122_3344_5566_7788, 0xaabb_ccdd, 64))
+        );
+        assert_eq!(parse_info(&i[..15]), None);
+    }
+}
