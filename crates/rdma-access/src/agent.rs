@@ -143,12 +143,17 @@ struct State {
     free_sends: Vec<u32>,
     /// MADs waiting for a free send slot.
     backlog: std::collections::VecDeque<(Gid, [u8; MAD])>,
-    /// Every other class on QP1: agents, requests, retries, status replies.
+    /// Every class on QP1, the CM's too: agents, requests, retries, RMPP,
+    /// status replies.
     gsi: Dispatcher,
+    /// The CM's registration with `gsi`.
+    cm_agent: AgentId,
+    /// Test knob: drop this share of received MADs (seeded).
+    loss: Option<(rdma_sim::Rng, f64)>,
     /// Where each MAD agent's unsolicited requests go.
     mad_rx: HashMap<AgentId, Sender<(Gid, Box<MadBytes>)>>,
     /// Callers blocked on a request, by transaction ID.
-    mad_waiters: HashMap<u64, Sender<Option<Box<MadBytes>>>>,
+    mad_waiters: HashMap<u64, Sender<Option<Vec<u8>>>>,
     next_tid: u64,
     on_disconnect: Option<Hook>,
     stopped: bool,
@@ -292,6 +297,14 @@ impl CmAgent {
         p.post_recv(qp, &recvs)
             .map_err(verbs_err("post MAD receives"))?;
         p.req_notify_cq(cq, false).map_err(verbs_err("arm CQ"))?;
+        let mut gsi = Dispatcher::new();
+        let cm_agent = gsi
+            .register(
+                u8::from(rdma_mad::mad::MgmtClass::Cm),
+                rdma_mad::cm::CM_CLASS_VERSION,
+                &[u8::from(rdma_mad::mad::Method::Send)],
+            )
+            .map_err(|e| CmError::Mad(e.to_string()))?;
         let inner = Arc::new_cyclic(|me| Inner {
             me: me.clone(),
             provider: provider.clone(),
@@ -317,7 +330,9 @@ impl CmAgent {
                 ahs: HashMap::new(),
                 free_sends: (0..SENDS).rev().collect(),
                 backlog: Default::default(),
-                gsi: Dispatcher::new(),
+                gsi,
+                cm_agent,
+                loss: None,
                 mad_rx: HashMap::new(),
                 mad_waiters: HashMap::new(),
                 next_tid: (first_comm_id as u64) << 32,
@@ -463,6 +478,13 @@ impl CmAgent {
     pub fn gsi_stats(&self) -> crate::gsi::GsiStats {
         self.inner.lock().gsi.stats()
     }
+
+    /// Drops a seeded random share `loss` (0..1) of the MADs this port
+    /// receives, every class alike: a fault knob for tests on providers
+    /// without fault injection of their own. `None` turns it off.
+    pub fn set_receive_loss(&self, loss: Option<(u64, f64)>) {
+        self.inner.lock().loss = loss.map(|(seed, p)| (rdma_sim::Rng::new(seed), p));
+    }
 }
 
 /// A MAD agent on a port's QP1 (from [`CmAgent::mad_agent`]); dropping it
@@ -491,8 +513,36 @@ impl MadAgent {
         self.port.flush(&mut st);
     }
 
+    /// Sends a response too large for one MAD as an RMPP transfer (see
+    /// [`crate::gsi::Dispatcher::send_rmpp`]): `header` is the response's
+    /// headers (TID, method, class header), `data` the payload.
+    ///
+    /// # Errors
+    /// The header is too short for its class.
+    pub fn send_rmpp(
+        &self,
+        peer: Gid,
+        header: &[u8],
+        data: &[u8],
+        timeout: StdDuration,
+        retries: u32,
+    ) -> Result<(), CmError> {
+        let mut st = self.port.lock();
+        let now = self.port.now();
+        let t = rdma_types::Duration::from_micros(timeout.as_micros() as u64);
+        st.gsi
+            .send_rmpp(now, peer, header, data, t, retries)
+            .map_err(|e| CmError::Mad(e.to_string()))?;
+        self.port.flush(&mut st);
+        drop(st);
+        self.port.kick();
+        Ok(())
+    }
+
     /// Sends request `mad` to `peer` (with a fresh transaction ID) and waits
     /// for the response, resending every `timeout` up to `retries` times.
+    /// An RMPP response comes back cut to its first 256 bytes: see
+    /// [`MadAgent::request_long`].
     ///
     /// # Errors
     /// No response after every retry, or the port stopped.
@@ -503,6 +553,25 @@ impl MadAgent {
         timeout: StdDuration,
         retries: u32,
     ) -> Result<Box<MadBytes>, CmError> {
+        let r = self.request_long(peer, mad, timeout, retries)?;
+        let mut m = Box::new([0u8; MAD]);
+        let n = r.len().min(MAD);
+        m[..n].copy_from_slice(&r[..n]);
+        Ok(m)
+    }
+
+    /// As [`MadAgent::request`], with the whole response: one MAD, or an
+    /// RMPP transfer's first headers followed by all its data.
+    ///
+    /// # Errors
+    /// No response after every retry, or the port stopped.
+    pub fn request_long(
+        &self,
+        peer: Gid,
+        mad: MadBytes,
+        timeout: StdDuration,
+        retries: u32,
+    ) -> Result<Vec<u8>, CmError> {
         let (tx, rx) = mpsc::channel();
         {
             let mut st = self.port.lock();
@@ -516,9 +585,10 @@ impl MadAgent {
             self.port.flush(&mut st);
         }
         self.port.kick();
-        // The dispatcher's own timers end the wait; this bound only
-        // covers a port that stopped meanwhile.
-        let bound = timeout * (retries + 2);
+        // The dispatcher's own timers end the wait (an RMPP transfer
+        // resets them per segment); this bound only covers a port that
+        // stopped meanwhile.
+        let bound = timeout * (retries + 2) + StdDuration::from_secs(5);
         match rx.recv_timeout(bound) {
             Ok(Some(m)) => Ok(m),
             Ok(None) | Err(_) => Err(CmError::TimedOut),
@@ -617,11 +687,12 @@ impl Inner {
             if st.cm.poll_timeout().is_some_and(|t| t <= now) {
                 st.cm.handle_timeout(now);
             }
+            let mut calls = Vec::new();
             if st.gsi.poll_timeout().is_some_and(|t| t <= now) {
                 st.gsi.handle_timeout(now);
-                self.route_mads(&mut st);
+                calls = self.route_mads(&mut st, now);
             }
-            let calls = self.take_events(&mut st, None);
+            calls.extend(self.take_events(&mut st, None));
             self.call_hooks(st, calls);
         }
     }
@@ -671,19 +742,13 @@ impl Inner {
             let _ = self
                 .provider
                 .post_recv(self.qp, &[recv_wr(&self.recv_buf, &self.recv_mr, i)]);
-            if bytes[GRH + 1] != u8::from(rdma_mad::mad::MgmtClass::Cm) {
-                // Not CM: the other agents of QP1.
+            let lost = st.loss.as_mut().is_some_and(|(rng, p)| rng.chance(*p));
+            if !lost {
                 let now = self.now();
-                st.gsi.handle_mad(now, peer, &bytes[GRH..]);
-                self.route_mads(&mut st);
+                let len = (wc.byte_len as usize).min(GRH + MAD) - GRH;
+                st.gsi.handle_mad(now, peer, &bytes[GRH..GRH + len]);
+                let calls = self.route_mads(&mut st, now);
                 self.flush(&mut st);
-                return;
-            }
-            if let Some((msg, extra)) = wire::decode(&bytes[GRH..]) {
-                let now = self.now();
-                st.cm.handle_msg(now, peer, msg);
-                // A REQ's Request event comes out of this very input.
-                let calls = self.take_events(&mut st, extra);
                 self.call_hooks(st, calls);
                 return;
             }
@@ -709,7 +774,7 @@ impl Inner {
                 _ => Qpn::from_bits(0),
             };
             let mad = wire::encode(&msg, tid, &local, peer, peer_qpn);
-            st.backlog.push_back((peer, mad));
+            st.gsi.send(peer, mad);
         }
         while let Some((peer, mad)) = st.gsi.poll_transmit() {
             st.backlog.push_back((peer, *mad));
@@ -762,10 +827,19 @@ impl Inner {
         }
     }
 
-    /// Hands the dispatcher's deliveries to agents and blocked requesters.
-    fn route_mads(&self, st: &mut State) {
+    /// Hands the dispatcher's deliveries to the CM, agents and blocked
+    /// requesters; returns the connections whose disconnect hook must run.
+    fn route_mads(&self, st: &mut State, now: Instant) -> Vec<ConnId> {
+        let mut calls = Vec::new();
         while let Some(d) = st.gsi.poll_delivery() {
             match d {
+                Delivery::Request { agent, peer, mad } if agent == st.cm_agent => {
+                    if let Some((msg, extra)) = wire::decode(&mad[..]) {
+                        st.cm.handle_msg(now, peer, msg);
+                        // A REQ's Request event comes out of this very input.
+                        calls.extend(self.take_events(st, extra));
+                    }
+                }
                 Delivery::Request { agent, peer, mad } => {
                     if let Some(tx) = st.mad_rx.get(&agent) {
                         let _ = tx.send((peer, mad));
@@ -783,6 +857,7 @@ impl Inner {
                 }
             }
         }
+        calls
     }
 
     /// Routes state machine events and sends what they queued; returns the
