@@ -207,6 +207,17 @@ impl CmAgent {
         guid: Guid,
         first_comm_id: u32,
     ) -> Result<Arc<CmAgent>, CmError> {
+        CmAgent::start_with(provider, guid, first_comm_id, CmConfig::default())
+    }
+
+    /// As [`CmAgent::start`], with the CM's response timeout, retries and
+    /// timewait from `cm`.
+    pub fn start_with(
+        provider: Arc<dyn Provider>,
+        guid: Guid,
+        first_comm_id: u32,
+        cm: CmConfig,
+    ) -> Result<Arc<CmAgent>, CmError> {
         let (tx, rx) = mpsc::channel();
         let p = &provider;
         let ca = p
@@ -323,7 +334,7 @@ impl CmAgent {
             },
             epoch: std::time::Instant::now(),
             st: Mutex::new(State {
-                cm: Cm::new(CmConfig::default(), first_comm_id),
+                cm: Cm::new(cm, first_comm_id),
                 listeners: HashMap::new(),
                 waiting: HashMap::new(),
                 meta: HashMap::new(),

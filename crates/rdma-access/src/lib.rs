@@ -32,8 +32,9 @@ mod agent;
 pub mod dm;
 pub mod gsi;
 pub mod rdmacm;
+pub mod sa;
 pub mod sma;
 mod wire;
 
 pub use agent::{CmAgent, CmError, Established, Incoming, MadAgent};
-pub use rdma_cm::ConnId;
+pub use rdma_cm::{CmConfig, ConnId};

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 fn pair(net: u8) -> (Arc<CmAgent>, Arc<CmAgent>, IpAddr, IpAddr) {
-    let a_ip = IpAddr::V4(Ipv4Addr::new(127, 0, net, 1));
-    let b_ip = IpAddr::V4(Ipv4Addr::new(127, 0, net, 2));
+    let a_ip = IpAddr::V4(Ipv4Addr::new(127, 0, 111, net));
+    let b_ip = IpAddr::V4(Ipv4Addr::new(127, 0, 111, net + 1));
     let p = SoftRoce::new(
         vec![
             SoftCa {
@@ -34,7 +34,7 @@ const T: Duration = Duration::from_secs(10);
 
 #[test]
 fn rdma_cm_connect_accept_disconnect() {
-    let (a, b, a_ip, b_ip) = pair(95);
+    let (a, b, a_ip, b_ip) = pair(31);
     let requests = rdmacm::listen(&b, 5555);
     let server = std::thread::spawn(move || {
         let inc = requests.recv_timeout(T).expect("a request");
@@ -74,7 +74,7 @@ fn rdma_cm_connect_accept_disconnect() {
 
 #[test]
 fn rejects_carry_private_data_and_decoded_reasons() {
-    let (a, b, a_ip, b_ip) = pair(96);
+    let (a, b, a_ip, b_ip) = pair(33);
     let requests = rdmacm::listen(&b, 7000);
     let server = std::thread::spawn(move || {
         let inc = requests.recv_timeout(T).unwrap();
