@@ -330,7 +330,10 @@ pub fn run(cfg: &RpingConfig) -> Result<RpingReport, String> {
                 }),
                 path_mtu: Some(mtu),
                 dest_qpn: Some(remote_qpn),
-                rq_psn: Some(remote_psn),
+                // A CM starting PSN is the first PSN its sender expects to
+                // receive (IBA 12.7.25): ours is our receive PSN, the
+                // peer's our send PSN.
+                rq_psn: Some(psn),
                 max_dest_rd_atomic: Some(16),
                 min_rnr_timer: Some(12),
                 ..Default::default()
@@ -341,7 +344,7 @@ pub fn run(cfg: &RpingConfig) -> Result<RpingReport, String> {
                 qp,
                 &QpAttr {
                     state: Some(QpState::Rts),
-                    sq_psn: Some(psn),
+                    sq_psn: Some(remote_psn),
                     timeout: Some(14),
                     retry_cnt: Some(7),
                     rnr_retry: Some(7),
@@ -439,6 +442,7 @@ fn ping(l: &Link, cfg: &RpingConfig) -> Result<RpingReport, String> {
         if cfg.verbose {
             println!("ping data: {}", text(&back));
         }
+        let _ = std::io::Write::flush(&mut std::io::stdout());
         r.pings += 1;
     }
     Ok(r)
