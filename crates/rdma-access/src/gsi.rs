@@ -175,6 +175,9 @@ pub struct Dispatcher {
     next_tid: u32,
     pending: HashMap<u64, Pending>,
     outbound: HashMap<(Gid, u64), Outbound>,
+    /// RMPP transfers we received whole lately (sender, TID, segments):
+    /// their segments resent because the last ACK was lost are ACKed again.
+    received_whole: VecDeque<(Gid, u64, u32)>,
     tx: VecDeque<(Gid, Box<MadBytes>)>,
     deliveries: VecDeque<Delivery>,
     stats: GsiStats,
@@ -369,7 +372,14 @@ impl Dispatcher {
     /// A DATA segment of the response to our request `tid`.
     fn rmpp_data(&mut self, now: Instant, peer: Gid, tid: u64, mad: MadBytes, h: &RmppHeader) {
         let Some(p) = self.pending.get_mut(&tid) else {
-            self.stats.dropped += 1;
+            match self
+                .received_whole
+                .iter()
+                .find(|w| w.0 == peer && w.1 == tid)
+            {
+                Some(&(_, _, total)) => self.tx.push_back((peer, Box::new(rmpp_ack(&mad, total)))),
+                None => self.stats.dropped += 1,
+            }
             return;
         };
         if h.flags & FLAG_FIRST != 0 && h.seg_num == 1 {
@@ -395,6 +405,10 @@ impl Dispatcher {
         let Some(p) = self.pending.remove(&tid) else {
             return;
         };
+        if self.received_whole.len() >= 32 {
+            self.received_whole.pop_front();
+        }
+        self.received_whole.push_back((peer, tid, have));
         let class = p.segments[0][1];
         let segs: Vec<&[u8]> = p.segments.iter().map(|m| &m[..]).collect();
         match rmpp::reassemble(&segs, rmpp_hdr_len(class)) {
@@ -920,6 +934,11 @@ mod tests {
             } else {
                 assert!(b.stats().rmpp_segments_out > 10, "losses were resent");
             }
+            // The sender saw the end of the transfer it finished (a lost
+            // last ACK is sent again for the resent segment).
+            shuttle(&mut a, &mut b, &mut now, drop_every);
+            assert_eq!(b.stats().rmpp_failed, 0);
+            assert!(b.stats().rmpp_sent >= 1);
             assert_eq!(a.poll_timeout(), None);
         }
     }
