@@ -148,6 +148,9 @@ struct State {
     gsi: Dispatcher,
     /// The CM's registration with `gsi`.
     cm_agent: AgentId,
+    /// MADs that came on the wrong special QP (an SMP on QP1 or the
+    /// reverse), dropped.
+    gsi_misrouted: u64,
     /// Test knob: drop this share of received MADs (seeded).
     loss: Option<(rdma_sim::Rng, f64)>,
     /// Where each MAD agent's unsolicited requests go.
@@ -173,6 +176,7 @@ pub(crate) struct Inner {
     qp: QpHandle,
     recv_buf: MemBuf,
     recv_mr: MrInfo,
+    smi: Option<Smi>,
     send_buf: MemBuf,
     send_mr: MrInfo,
     local: Local,
@@ -198,6 +202,85 @@ impl EventHandler for Wake {
 }
 
 const KIND_SEND: u64 = 1 << 56;
+const KIND_SMI: u64 = 1 << 55;
+
+/// The port's QP0 and its receive ring.
+struct Smi {
+    qp: QpHandle,
+    recv_buf: MemBuf,
+    recv_mr: MrInfo,
+}
+
+/// A special QP (QP0 or QP1) of port 1, in RTS.
+fn special_qp(
+    p: &Arc<dyn Provider>,
+    pd: PdHandle,
+    cq: CqHandle,
+    qp_type: QpType,
+    qkey: Qkey,
+) -> Result<QpHandle, verbs::VerbsError> {
+    let qp = p.create_qp(
+        pd,
+        &QpInit {
+            qp_type,
+            send_cq: cq,
+            recv_cq: cq,
+            srq: None,
+            caps: QpCaps {
+                max_send_wr: SENDS,
+                max_recv_wr: RECVS,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline: 0,
+            },
+            sq_sig_all: true,
+            port: Some(PortNum(1)),
+        },
+        0,
+    )?;
+    for attr in [
+        QpAttr {
+            state: Some(QpState::Init),
+            pkey_index: Some(0),
+            qkey: Some(qkey),
+            ..Default::default()
+        },
+        QpAttr {
+            state: Some(QpState::Rtr),
+            ..Default::default()
+        },
+        QpAttr {
+            state: Some(QpState::Rts),
+            sq_psn: Some(Psn::new(0)),
+            ..Default::default()
+        },
+    ] {
+        if let Err(e) = p.modify_qp(qp, &attr) {
+            let _ = p.destroy_qp(qp);
+            return Err(e);
+        }
+    }
+    Ok(qp)
+}
+
+/// Receive buffers (GRH + MAD each) for one special QP.
+fn recv_ring(p: &Arc<dyn Provider>, pd: PdHandle) -> Result<(MemBuf, MrInfo), verbs::VerbsError> {
+    let buf = MemBuf::new((GRH + MAD) * RECVS as usize);
+    let mr = p.reg_mr(
+        pd,
+        &buf,
+        buf.addr(),
+        buf.len() as u64,
+        AccessFlags::LOCAL_WRITE,
+        0,
+    )?;
+    Ok((buf, mr))
+}
+
+/// SMPs (LID-routed and directed-route) travel on QP0 only.
+fn is_smp(class: u8) -> bool {
+    class == 0x01 || class == 0x81
+}
 
 impl CmAgent {
     /// Opens CA `guid` on `provider`, creates its GSI QP and starts the
@@ -235,62 +318,36 @@ impl CmAgent {
             .create_cq(
                 pd,
                 &CqInit {
-                    cqe: RECVS + SENDS + 1,
+                    cqe: 2 * RECVS + SENDS + 1,
                 },
                 0,
             )
             .map_err(verbs_err("create CQ"))?;
-        let qp = p
-            .create_qp(
-                pd,
-                &QpInit {
-                    qp_type: QpType::Gsi,
-                    send_cq: cq,
-                    recv_cq: cq,
-                    srq: None,
-                    caps: QpCaps {
-                        max_send_wr: SENDS,
-                        max_recv_wr: RECVS,
-                        max_send_sge: 1,
-                        max_recv_sge: 1,
-                        max_inline: 0,
-                    },
-                    sq_sig_all: true,
-                    port: Some(PortNum(1)),
-                },
-                0,
-            )
-            .map_err(verbs_err("create GSI QP"))?;
-        for attr in [
-            QpAttr {
-                state: Some(QpState::Init),
-                pkey_index: Some(0),
-                qkey: Some(Qkey::GSI),
-                ..Default::default()
+        let qp = special_qp(p, pd, cq, QpType::Gsi, Qkey::GSI).map_err(verbs_err("GSI QP"))?;
+        let (recv_buf, recv_mr) =
+            recv_ring(p, pd).map_err(verbs_err("register MAD receive buffers"))?;
+        // QP0 where the provider has one (soft RoCE has none: RoCE carries
+        // no SMPs).
+        let smi = match special_qp(p, pd, cq, QpType::Smi, Qkey(0)) {
+            Ok(q) => match recv_ring(p, pd) {
+                Ok((buf, mr)) => {
+                    let recvs: Vec<RecvWr> = (0..RECVS)
+                        .map(|i| recv_wr(&buf, &mr, i, KIND_SMI))
+                        .collect();
+                    let _ = p.post_recv(q, &recvs);
+                    Some(Smi {
+                        qp: q,
+                        recv_buf: buf,
+                        recv_mr: mr,
+                    })
+                }
+                Err(_) => {
+                    let _ = p.destroy_qp(q);
+                    None
+                }
             },
-            QpAttr {
-                state: Some(QpState::Rtr),
-                ..Default::default()
-            },
-            QpAttr {
-                state: Some(QpState::Rts),
-                sq_psn: Some(Psn::new(0)),
-                ..Default::default()
-            },
-        ] {
-            p.modify_qp(qp, &attr).map_err(verbs_err("GSI QP to RTS"))?;
-        }
-        let recv_buf = MemBuf::new((GRH + MAD) * RECVS as usize);
-        let recv_mr = p
-            .reg_mr(
-                pd,
-                &recv_buf,
-                recv_buf.addr(),
-                recv_buf.len() as u64,
-                AccessFlags::LOCAL_WRITE,
-                0,
-            )
-            .map_err(verbs_err("register MAD receive buffers"))?;
+            Err(_) => None,
+        };
         let send_buf = MemBuf::new(MAD * SENDS as usize);
         let send_mr = p
             .reg_mr(
@@ -303,7 +360,7 @@ impl CmAgent {
             )
             .map_err(verbs_err("register MAD send buffers"))?;
         let recvs: Vec<RecvWr> = (0..RECVS)
-            .map(|i| recv_wr(&recv_buf, &recv_mr, i))
+            .map(|i| recv_wr(&recv_buf, &recv_mr, i, 0))
             .collect();
         p.post_recv(qp, &recvs)
             .map_err(verbs_err("post MAD receives"))?;
@@ -325,6 +382,7 @@ impl CmAgent {
             qp,
             recv_buf,
             recv_mr,
+            smi,
             send_buf,
             send_mr,
             local: Local {
@@ -343,6 +401,7 @@ impl CmAgent {
                 backlog: Default::default(),
                 gsi,
                 cm_agent,
+                gsi_misrouted: 0,
                 loss: None,
                 mad_rx: HashMap::new(),
                 mad_waiters: HashMap::new(),
@@ -490,6 +549,11 @@ impl CmAgent {
         self.inner.lock().gsi.stats()
     }
 
+    /// True if the port has a QP0 (SMPs can be sent and received).
+    pub fn has_smi(&self) -> bool {
+        self.inner.smi.is_some()
+    }
+
     /// Drops a seeded random share `loss` (0..1) of the MADs this port
     /// receives, every class alike: a fault knob for tests on providers
     /// without fault injection of their own. `None` turns it off.
@@ -630,6 +694,10 @@ impl Drop for CmAgent {
         }
         let _ = p.destroy_qp(i.qp);
         let _ = p.dereg_mr(i.recv_mr.handle);
+        if let Some(s) = &i.smi {
+            let _ = p.destroy_qp(s.qp);
+            let _ = p.dereg_mr(s.recv_mr.handle);
+        }
         let _ = p.dereg_mr(i.send_mr.handle);
         let _ = p.destroy_cq(i.cq);
         let _ = p.dealloc_pd(i.pd);
@@ -637,9 +705,9 @@ impl Drop for CmAgent {
     }
 }
 
-fn recv_wr(buf: &MemBuf, mr: &MrInfo, i: u32) -> RecvWr {
+fn recv_wr(buf: &MemBuf, mr: &MrInfo, i: u32, tag: u64) -> RecvWr {
     RecvWr {
-        wr_id: i as u64,
+        wr_id: tag | i as u64,
         sges: vec![Sge {
             addr: buf.addr() + (i as usize * (GRH + MAD)) as u64,
             length: (GRH + MAD) as u32,
@@ -746,13 +814,23 @@ impl Inner {
             return;
         }
         let i = wc.wr_id as u32;
+        let (qp, buf, mr, tag) = match &self.smi {
+            Some(s) if wc.wr_id & KIND_SMI != 0 => (s.qp, &s.recv_buf, &s.recv_mr, KIND_SMI),
+            _ => (self.qp, &self.recv_buf, &self.recv_mr, 0),
+        };
+        if i >= RECVS {
+            return;
+        }
         if wc.status == WcStatus::Success && wc.byte_len as usize >= GRH + 24 {
             let off = i as usize * (GRH + MAD);
-            let bytes = self.recv_buf.to_vec(off, GRH + MAD);
+            let bytes = buf.to_vec(off, GRH + MAD);
             let peer = source_gid(&bytes[..GRH]);
-            let _ = self
-                .provider
-                .post_recv(self.qp, &[recv_wr(&self.recv_buf, &self.recv_mr, i)]);
+            let _ = self.provider.post_recv(qp, &[recv_wr(buf, mr, i, tag)]);
+            // An SMP belongs on QP0, anything else on QP1.
+            if is_smp(bytes[GRH + 1]) != (tag == KIND_SMI) {
+                st.gsi_misrouted += 1;
+                return;
+            }
             let lost = st.loss.as_mut().is_some_and(|(rng, p)| rng.chance(*p));
             if !lost {
                 let now = self.now();
@@ -764,9 +842,7 @@ impl Inner {
                 return;
             }
         } else {
-            let _ = self
-                .provider
-                .post_recv(self.qp, &[recv_wr(&self.recv_buf, &self.recv_mr, i)]);
+            let _ = self.provider.post_recv(qp, &[recv_wr(buf, mr, i, tag)]);
         }
         self.flush(&mut st);
     }
@@ -793,6 +869,12 @@ impl Inner {
         while let Some(slot) = st.free_sends.last().copied() {
             let Some((peer, mad)) = st.backlog.pop_front() else {
                 break;
+            };
+            let (qp, dest_qpn, qkey) = match (&self.smi, is_smp(mad[1])) {
+                (_, false) => (self.qp, Qpn::GSI, Qkey::GSI),
+                (Some(s), true) => (s.qp, Qpn::from_bits(0), Qkey(0)),
+                // No QP0 on this provider: SMPs cannot leave.
+                (None, true) => continue,
             };
             let ah = match st.ahs.get(&peer) {
                 Some(a) => *a,
@@ -829,10 +911,10 @@ impl Inner {
             );
             wr.ud = Some(UdDest {
                 ah,
-                remote_qpn: Qpn::GSI,
-                remote_qkey: Qkey::GSI,
+                remote_qpn: dest_qpn,
+                remote_qkey: qkey,
             });
-            if self.provider.post_send(self.qp, &[wr]).is_err() {
+            if self.provider.post_send(qp, &[wr]).is_err() {
                 st.free_sends.push(slot);
             }
         }

@@ -8,7 +8,9 @@ use mad_common::{dm_and_cm_share_qp1, dm_and_cm_under_loss, pair, Kind};
 
 #[test]
 fn dm_discovery_status_replies_timeouts_and_cm_share_qp1() {
-    dm_and_cm_share_qp1(&pair(Kind::SoftRoce, 1, 0.0));
+    let p = pair(Kind::SoftRoce, 1, 0.0);
+    assert!(!p.a.has_smi(), "RoCE has no QP0");
+    dm_and_cm_share_qp1(&p);
 }
 
 #[test]
