@@ -22,6 +22,12 @@
 //! management agent an SRP target registers its I/O controller with, and
 //! the discovery walk (`srp_daemon`'s) an initiator runs against it.
 //!
+//! [`resource`] is the layer consumers hold objects through: a tree per
+//! client (CA, PD, CQ, SRQ, QP, MR, MW, AH, and tracked upper-layer
+//! objects) torn down in dependency order when the client goes or its CA
+//! is removed, live counters to prove nothing leaks, and plug-and-play
+//! registration. [`sma`] answers a port's SMPs for the managed-subnet mode.
+//!
 //! What it leaves to the consumer: QP state transitions (the consumer has
 //! its QP in RTR before it accepts, and moves it to RTS on the answer), and
 //! which port to use (one agent per port). What it refuses: MADs that do
@@ -32,6 +38,7 @@ mod agent;
 pub mod dm;
 pub mod gsi;
 pub mod rdmacm;
+pub mod resource;
 pub mod sa;
 pub mod sma;
 mod wire;

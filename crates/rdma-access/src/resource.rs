@@ -1,0 +1,632 @@
+//! Resource tracking with hierarchical cleanup, event routing and plug and
+//! play, over any verbs provider.
+//!
+//! An [`AccessLayer`] wraps a provider. Each consumer is a [`Client`]; every
+//! object a client creates through it (CA, PD, CQ, SRQ, QP, MR, MW, AH, and
+//! upper-layer objects such as CM ids, MAD agents or SA subscriptions
+//! registered with [`Client::track`]) is a node in the client's tree, under
+//! its CA and PD. [`Client::destroy`] removes an object with everything
+//! under it; closing or dropping the client removes all of it; a CA that
+//! goes away (the provider's CA-removal event) takes its subtree with it.
+//! Teardown follows the verbs dependency order: tracked upper-layer objects
+//! first (a CM id before its QP), then QPs and MWs, then MRs, SRQs, CQs
+//! and AHs, then PDs, then the CA. Each destroy goes through the provider's
+//! asynchronous destroy path, so a completion callback still running for
+//! an object is allowed to finish; the provider promises `on_destroyed` is
+//! the last callback for it.
+//!
+//! Counters of live objects, per kind and per client and for the whole
+//! layer ([`AccessLayer::live`], [`Client::live`]), let tests prove that
+//! nothing leaks.
+//!
+//! Thread model: the client's own `EventHandler` (given at
+//! [`Client::open_ca`]) receives every completion and asynchronous event of
+//! the objects under that CA, with the context value the client gave each
+//! object, on the provider's thread and never under a provider lock, as
+//! the verbs layer promises. Work requests and polling go straight to the
+//! provider ([`Client::provider`]): the slices it takes are the batching.
+//! The layer only looks at CA-removal events on the way (to tear the tree
+//! down) and hands everything on.
+//!
+//! Plug and play: [`AccessLayer::register_pnp`] reports every CA already
+//! present, and each of its ports that is active, at once; then port
+//! events (active, down, LID change, P_Key change) and CA removal as they
+//! happen. Providers add CAs only when built, so "CA added" is only
+//! reported for those; an SM-change event needs a provider event kind that
+//! the verbs layer does not have yet.
+
+use rdma_types::{AccessFlags, Guid, PortNum, Rkey};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use verbs::{
+    AhAttr, AhHandle, AsyncEvent, AsyncEventKind, CaHandle, Context, CqHandle, CqInit,
+    EventHandler, MemBuf, MrHandle, MrInfo, MwHandle, MwType, PdHandle, PortState, Provider,
+    QpHandle, QpInit, SrqAttr, SrqHandle, VerbsError,
+};
+
+/// Kinds of tracked objects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Kind {
+    /// An upper-layer object with a close hook (CM id, MAD agent, SA
+    /// subscription, ...).
+    Tracked,
+    /// Queue pair.
+    Qp,
+    /// Memory window.
+    Mw,
+    /// Memory region.
+    Mr,
+    /// Shared receive queue.
+    Srq,
+    /// Completion queue.
+    Cq,
+    /// Address handle.
+    Ah,
+    /// Protection domain.
+    Pd,
+    /// Channel adapter (an open of it).
+    Ca,
+}
+
+const KINDS: [Kind; 9] = [
+    Kind::Tracked,
+    Kind::Qp,
+    Kind::Mw,
+    Kind::Mr,
+    Kind::Srq,
+    Kind::Cq,
+    Kind::Ah,
+    Kind::Pd,
+    Kind::Ca,
+];
+
+/// Live objects per kind.
+#[derive(Debug, Default)]
+struct Counters([AtomicI64; 9]);
+
+impl Counters {
+    fn add(&self, k: Kind, n: i64) {
+        self.0[k as usize].fetch_add(n, Ordering::SeqCst);
+    }
+    fn get(&self, k: Kind) -> i64 {
+        self.0[k as usize].load(Ordering::SeqCst)
+    }
+    fn total(&self) -> i64 {
+        KINDS.iter().map(|k| self.get(*k)).sum()
+    }
+}
+
+/// A tracked object of a client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ResId(u64);
+
+enum Handle {
+    Ca(CaHandle),
+    Pd(PdHandle),
+    Cq(CqHandle),
+    Srq(SrqHandle),
+    Qp(QpHandle),
+    Mr(MrHandle),
+    Mw(MwHandle),
+    Ah(AhHandle),
+    Tracked(Option<Box<dyn FnOnce() + Send>>),
+}
+
+impl Handle {
+    fn kind(&self) -> Kind {
+        match self {
+            Handle::Ca(_) => Kind::Ca,
+            Handle::Pd(_) => Kind::Pd,
+            Handle::Cq(_) => Kind::Cq,
+            Handle::Srq(_) => Kind::Srq,
+            Handle::Qp(_) => Kind::Qp,
+            Handle::Mr(_) => Kind::Mr,
+            Handle::Mw(_) => Kind::Mw,
+            Handle::Ah(_) => Kind::Ah,
+            Handle::Tracked(_) => Kind::Tracked,
+        }
+    }
+}
+
+struct Node {
+    handle: Handle,
+    parent: Option<ResId>,
+}
+
+#[derive(Default)]
+struct Tree {
+    next: u64,
+    nodes: BTreeMap<ResId, Node>,
+    closed: bool,
+}
+
+struct ClientInner {
+    name: String,
+    al: Arc<AlInner>,
+    live: Counters,
+    tree: Mutex<Tree>,
+}
+
+struct AlInner {
+    provider: Arc<dyn Provider>,
+    live: Counters,
+    pnp: Mutex<Pnp>,
+}
+
+#[derive(Default)]
+struct Pnp {
+    listeners: Vec<Arc<dyn Fn(PnpEvent) + Send + Sync>>,
+    opened: Vec<(Guid, CaHandle)>,
+}
+
+/// A plug-and-play event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PnpEvent {
+    /// A CA is there (reported at registration for CAs already present).
+    CaAdded(Guid),
+    /// A CA is being removed.
+    CaRemoved(Guid),
+    /// A port became active (also reported at registration).
+    PortActive(Guid, PortNum),
+    /// A port went down.
+    PortDown(Guid, PortNum),
+    /// A port's LID changed.
+    LidChange(Guid, PortNum),
+    /// A port's P_Key table changed.
+    PkeyChange(Guid, PortNum),
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The access layer over one provider.
+#[derive(Clone)]
+pub struct AccessLayer {
+    inner: Arc<AlInner>,
+}
+
+impl AccessLayer {
+    /// Wraps `provider`.
+    pub fn new(provider: Arc<dyn Provider>) -> AccessLayer {
+        AccessLayer {
+            inner: Arc::new(AlInner {
+                provider,
+                live: Counters::default(),
+                pnp: Mutex::new(Pnp::default()),
+            }),
+        }
+    }
+
+    /// A new client named `name` (for messages).
+    pub fn client(&self, name: &str) -> Client {
+        Client {
+            inner: Arc::new(ClientInner {
+                name: name.to_string(),
+                al: self.inner.clone(),
+                live: Counters::default(),
+                tree: Mutex::new(Tree::default()),
+            }),
+        }
+    }
+
+    /// Live objects of `kind` over every client.
+    pub fn live(&self, kind: Kind) -> i64 {
+        self.inner.live.get(kind)
+    }
+
+    /// Live objects of every kind over every client.
+    pub fn live_total(&self) -> i64 {
+        self.inner.live.total()
+    }
+
+    /// Registers for plug-and-play events: `f` hears at once of every CA
+    /// present and of its active ports, then of changes as they happen.
+    ///
+    /// # Errors
+    /// A CA could not be opened to watch it.
+    pub fn register_pnp(
+        &self,
+        f: impl Fn(PnpEvent) + Send + Sync + 'static,
+    ) -> Result<(), VerbsError> {
+        let f: Arc<dyn Fn(PnpEvent) + Send + Sync> = Arc::new(f);
+        let p = &self.inner.provider;
+        let mut pnp = lock(&self.inner.pnp);
+        for guid in p.list_cas() {
+            let ca = match pnp.opened.iter().find(|(g, _)| *g == guid) {
+                Some((_, ca)) => *ca,
+                None => {
+                    let watch = Arc::new(PnpWatch {
+                        guid,
+                        al: Arc::downgrade(&self.inner),
+                    });
+                    let ca = p.open_ca(guid, 0, watch)?;
+                    pnp.opened.push((guid, ca));
+                    ca
+                }
+            };
+            f(PnpEvent::CaAdded(guid));
+            let ports = p.query_ca(ca).map_or(1, |a| a.num_ports.max(1));
+            for n in 1..=ports {
+                if p.query_port(ca, PortNum(n))
+                    .is_ok_and(|a| a.state == PortState::Active)
+                {
+                    f(PnpEvent::PortActive(guid, PortNum(n)));
+                }
+            }
+        }
+        pnp.listeners.push(f);
+        Ok(())
+    }
+}
+
+impl Drop for AlInner {
+    fn drop(&mut self) {
+        let opened = std::mem::take(&mut lock(&self.pnp).opened);
+        for (_, ca) in opened {
+            let _ = self.provider.close_ca(ca);
+        }
+    }
+}
+
+struct PnpWatch {
+    guid: Guid,
+    al: Weak<AlInner>,
+}
+
+impl EventHandler for PnpWatch {
+    fn on_completion(&self, _cq: Context) {}
+    fn on_async_event(&self, e: AsyncEvent) {
+        let Some(al) = self.al.upgrade() else { return };
+        let port = e.port.unwrap_or(PortNum(1));
+        let ev = match e.kind {
+            AsyncEventKind::PortActive => PnpEvent::PortActive(self.guid, port),
+            AsyncEventKind::PortDown => PnpEvent::PortDown(self.guid, port),
+            AsyncEventKind::LidChange => PnpEvent::LidChange(self.guid, port),
+            AsyncEventKind::PkeyChange => PnpEvent::PkeyChange(self.guid, port),
+            AsyncEventKind::CaRemoval => PnpEvent::CaRemoved(self.guid),
+            _ => return,
+        };
+        let listeners = lock(&al.pnp).listeners.clone();
+        for l in listeners {
+            l(ev);
+        }
+    }
+}
+
+/// Sits between the provider and a client's handler for one CA: tears the
+/// CA's subtree down on removal, hands every event on.
+struct CaWatch {
+    client: Weak<ClientInner>,
+    ca: ResId,
+    user: Arc<dyn EventHandler>,
+}
+
+impl EventHandler for CaWatch {
+    fn on_completion(&self, cq: Context) {
+        self.user.on_completion(cq);
+    }
+    fn on_async_event(&self, e: AsyncEvent) {
+        // The consumer hears of the removal first, while its objects exist.
+        self.user.on_async_event(e);
+        if e.kind == AsyncEventKind::CaRemoval {
+            if let Some(c) = self.client.upgrade() {
+                c.destroy(self.ca);
+            }
+        }
+    }
+    fn on_destroyed(&self, kind: verbs::ResourceKind, ctx: Context) {
+        self.user.on_destroyed(kind, ctx);
+    }
+}
+
+/// A consumer of the access layer; dropping it destroys everything it made.
+pub struct Client {
+    inner: Arc<ClientInner>,
+}
+
+impl Client {
+    /// The provider, for posting work requests and polling (pass-through).
+    pub fn provider(&self) -> &Arc<dyn Provider> {
+        &self.inner.al.provider
+    }
+
+    /// The client's name.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// Live objects of `kind` of this client.
+    pub fn live(&self, kind: Kind) -> i64 {
+        self.inner.live.get(kind)
+    }
+
+    /// Live objects of every kind of this client.
+    pub fn live_total(&self) -> i64 {
+        self.inner.live.total()
+    }
+
+    /// Opens CA `guid`; `handler` gets every callback of the objects under it.
+    ///
+    /// # Errors
+    /// The provider refused.
+    pub fn open_ca(
+        &self,
+        guid: Guid,
+        ctx: Context,
+        handler: Arc<dyn EventHandler>,
+    ) -> Result<(ResId, CaHandle), VerbsError> {
+        let c = &self.inner;
+        // The id is reserved first so the watch knows which subtree is its.
+        let id = c.reserve()?;
+        let watch = Arc::new(CaWatch {
+            client: Arc::downgrade(c),
+            ca: id,
+            user: handler,
+        });
+        match c.al.provider.open_ca(guid, ctx, watch) {
+            Ok(ca) => {
+                c.insert(id, Handle::Ca(ca), None);
+                Ok((id, ca))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn handle_of<T>(&self, id: ResId, f: impl Fn(&Handle) -> Option<T>) -> Result<T, VerbsError> {
+        let t = lock(&self.inner.tree);
+        t.nodes.get(&id).and_then(|n| f(&n.handle)).ok_or_else(|| {
+            VerbsError::InvalidArgument(format!("{id:?} is not a live object of the right kind"))
+        })
+    }
+
+    /// Allocates a PD on CA `ca`.
+    ///
+    /// # Errors
+    /// `ca` is not this client's live CA, or the provider refused.
+    pub fn alloc_pd(&self, ca: ResId, ctx: Context) -> Result<(ResId, PdHandle), VerbsError> {
+        let h = self.handle_of(ca, |h| match h {
+            Handle::Ca(c) => Some(*c),
+            _ => None,
+        })?;
+        let pd = self.provider().alloc_pd(h, ctx)?;
+        Ok((self.inner.add(Handle::Pd(pd), Some(ca))?, pd))
+    }
+
+    fn pd(&self, pd: ResId) -> Result<PdHandle, VerbsError> {
+        self.handle_of(pd, |h| match h {
+            Handle::Pd(p) => Some(*p),
+            _ => None,
+        })
+    }
+
+    /// Creates a CQ under `pd`.
+    ///
+    /// # Errors
+    /// As [`Client::alloc_pd`].
+    pub fn create_cq(
+        &self,
+        pd: ResId,
+        init: &CqInit,
+        ctx: Context,
+    ) -> Result<(ResId, CqHandle), VerbsError> {
+        let cq = self.provider().create_cq(self.pd(pd)?, init, ctx)?;
+        Ok((self.inner.add(Handle::Cq(cq), Some(pd))?, cq))
+    }
+
+    /// Creates an SRQ under `pd`.
+    ///
+    /// # Errors
+    /// As [`Client::alloc_pd`].
+    pub fn create_srq(
+        &self,
+        pd: ResId,
+        attr: &SrqAttr,
+        ctx: Context,
+    ) -> Result<(ResId, SrqHandle), VerbsError> {
+        let srq = self.provider().create_srq(self.pd(pd)?, attr, ctx)?;
+        Ok((self.inner.add(Handle::Srq(srq), Some(pd))?, srq))
+    }
+
+    /// Creates a QP under `pd`.
+    ///
+    /// # Errors
+    /// As [`Client::alloc_pd`].
+    pub fn create_qp(
+        &self,
+        pd: ResId,
+        init: &QpInit,
+        ctx: Context,
+    ) -> Result<(ResId, QpHandle), VerbsError> {
+        let qp = self.provider().create_qp(self.pd(pd)?, init, ctx)?;
+        Ok((self.inner.add(Handle::Qp(qp), Some(pd))?, qp))
+    }
+
+    /// Registers `[addr, addr+len)` of `buf` under `pd`.
+    ///
+    /// # Errors
+    /// As [`Client::alloc_pd`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn reg_mr(
+        &self,
+        pd: ResId,
+        buf: &MemBuf,
+        addr: u64,
+        len: u64,
+        access: AccessFlags,
+        ctx: Context,
+    ) -> Result<(ResId, MrInfo), VerbsError> {
+        let mr = self
+            .provider()
+            .reg_mr(self.pd(pd)?, buf, addr, len, access, ctx)?;
+        Ok((self.inner.add(Handle::Mr(mr.handle), Some(pd))?, mr))
+    }
+
+    /// Allocates a memory window under `pd`.
+    ///
+    /// # Errors
+    /// As [`Client::alloc_pd`].
+    pub fn alloc_mw(
+        &self,
+        pd: ResId,
+        kind: MwType,
+        ctx: Context,
+    ) -> Result<(ResId, MwHandle, Rkey), VerbsError> {
+        let (mw, rkey) = self.provider().alloc_mw(self.pd(pd)?, kind, ctx)?;
+        Ok((self.inner.add(Handle::Mw(mw), Some(pd))?, mw, rkey))
+    }
+
+    /// Creates an address handle under `pd`.
+    ///
+    /// # Errors
+    /// As [`Client::alloc_pd`].
+    pub fn create_ah(&self, pd: ResId, attr: &AhAttr) -> Result<(ResId, AhHandle), VerbsError> {
+        let ah = self.provider().create_ah(self.pd(pd)?, attr)?;
+        Ok((self.inner.add(Handle::Ah(ah), Some(pd))?, ah))
+    }
+
+    /// Tracks an upper-layer object (a CM id, a MAD agent, an SA
+    /// subscription) under `parent`: `close` runs when it is destroyed,
+    /// before any verbs object of the client's tree goes.
+    ///
+    /// # Errors
+    /// `parent` is not live, or the client is closed.
+    pub fn track(
+        &self,
+        parent: Option<ResId>,
+        close: impl FnOnce() + Send + 'static,
+    ) -> Result<ResId, VerbsError> {
+        if let Some(p) = parent {
+            self.handle_of(p, |_| Some(()))?;
+        }
+        self.inner
+            .add(Handle::Tracked(Some(Box::new(close))), parent)
+    }
+
+    /// Destroys `id` and everything under it, in dependency order.
+    pub fn destroy(&self, id: ResId) {
+        self.inner.destroy(id);
+    }
+
+    /// Destroys everything; later creations are refused.
+    pub fn close(&self) {
+        self.inner.close();
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        self.inner.close();
+    }
+}
+
+impl ClientInner {
+    fn reserve(&self) -> Result<ResId, VerbsError> {
+        let mut t = lock(&self.tree);
+        if t.closed {
+            return Err(VerbsError::InvalidArgument(format!(
+                "client {} is closed",
+                self.name
+            )));
+        }
+        t.next += 1;
+        Ok(ResId(t.next))
+    }
+
+    fn insert(&self, id: ResId, handle: Handle, parent: Option<ResId>) {
+        let kind = handle.kind();
+        lock(&self.tree).nodes.insert(id, Node { handle, parent });
+        self.live.add(kind, 1);
+        self.al.live.add(kind, 1);
+    }
+
+    fn add(&self, handle: Handle, parent: Option<ResId>) -> Result<ResId, VerbsError> {
+        let id = match self.reserve() {
+            Ok(id) => id,
+            Err(e) => {
+                // Closed meanwhile: do not leak what was just made.
+                self.release(handle);
+                return Err(e);
+            }
+        };
+        self.insert(id, handle, parent);
+        Ok(id)
+    }
+
+    /// Gives one object back to the provider (errors ignored: a removed CA
+    /// has already taken it).
+    fn release(&self, handle: Handle) {
+        let p = &self.al.provider;
+        let _ = match handle {
+            Handle::Ca(h) => p.close_ca(h),
+            Handle::Pd(h) => p.dealloc_pd(h),
+            Handle::Cq(h) => p.destroy_cq(h),
+            Handle::Srq(h) => p.destroy_srq(h),
+            Handle::Qp(h) => p.destroy_qp(h),
+            Handle::Mr(h) => p.dereg_mr(h),
+            Handle::Mw(h) => p.dealloc_mw(h),
+            Handle::Ah(h) => p.destroy_ah(h),
+            Handle::Tracked(mut close) => {
+                if let Some(f) = close.take() {
+                    f();
+                }
+                Ok(())
+            }
+        };
+    }
+
+    /// Takes `root` and its descendants out of the tree and releases them
+    /// in dependency order, outside the lock.
+    fn destroy(&self, root: ResId) {
+        let mut taken: Vec<Node> = {
+            let mut t = lock(&self.tree);
+            if !t.nodes.contains_key(&root) {
+                return;
+            }
+            let mut ids = vec![root];
+            let mut i = 0;
+            while i < ids.len() {
+                let here = ids[i];
+                ids.extend(
+                    t.nodes
+                        .iter()
+                        .filter(|(_, n)| n.parent == Some(here))
+                        .map(|(id, _)| *id),
+                );
+                i += 1;
+            }
+            ids.iter().filter_map(|id| t.nodes.remove(id)).collect()
+        };
+        taken.sort_by_key(|n| n.handle.kind());
+        for n in taken {
+            let kind = n.handle.kind();
+            self.release(n.handle);
+            self.live.add(kind, -1);
+            self.al.live.add(kind, -1);
+        }
+    }
+
+    fn close(&self) {
+        let roots: Vec<ResId> = {
+            let mut t = lock(&self.tree);
+            t.closed = true;
+            t.nodes
+                .iter()
+                .filter(|(_, n)| n.parent.is_none())
+                .map(|(id, _)| *id)
+                .collect()
+        };
+        // Tracked roots and CAs alike; each takes its subtree.
+        let mut all: Vec<ResId> = roots;
+        all.sort_by_key(|id| {
+            lock(&self.tree)
+                .nodes
+                .get(id)
+                .map_or(Kind::Ca, |n| n.handle.kind())
+        });
+        for id in all {
+            self.destroy(id);
+        }
+    }
+}

@@ -1,0 +1,429 @@
+//! The access layer's resource tree, on the loopback provider and on the
+//! soft RoCE NIC (127.0.110.x): one of every object and nothing left after
+//! the client goes, a client dropped while work is in flight, a CA removed
+//! under a client, and plug-and-play events with their context.
+
+use rdma_access::resource::{AccessLayer, Kind, PnpEvent};
+use rdma_types::{AccessFlags, Guid, Lid, PortNum, QpType};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use verbs::{
+    AhAttr, AsyncEvent, AsyncEventKind, CqInit, EventHandler, MemBuf, MwType, Provider, QpCaps,
+    QpInit, SrqAttr, VerbsError,
+};
+
+#[derive(Default)]
+struct Seen {
+    completions: AtomicU64,
+    events: Mutex<Vec<AsyncEvent>>,
+}
+
+impl EventHandler for Seen {
+    fn on_completion(&self, _cq: u64) {
+        self.completions.fetch_add(1, Ordering::SeqCst);
+    }
+    fn on_async_event(&self, e: AsyncEvent) {
+        self.events.lock().unwrap().push(e);
+    }
+}
+
+fn loopback() -> (Arc<dyn Provider>, Guid, Guid) {
+    let f = rnic::loopback::Fabric::new();
+    f.add_ca(rnic::loopback::CaConfig::simple(0xa1, 1)).unwrap();
+    f.add_ca(rnic::loopback::CaConfig::simple(0xa2, 2)).unwrap();
+    (f, Guid(0xa1), Guid(0xa2))
+}
+
+fn soft(net: u8) -> (Arc<rnic::softroce::SoftRoce>, Guid, Guid) {
+    let p = rnic::softroce::SoftRoce::new(
+        vec![
+            rnic::softroce::SoftCa {
+                guid: Guid(0xb1),
+                ip: format!("127.0.110.{net}").parse().unwrap(),
+            },
+            rnic::softroce::SoftCa {
+                guid: Guid(0xb2),
+                ip: format!("127.0.110.{}", net + 1).parse().unwrap(),
+            },
+        ],
+        rnic::softroce::ROCE_PORT,
+    );
+    (p, Guid(0xb1), Guid(0xb2))
+}
+
+/// One of every object under one CA; returns the QP handle.
+fn one_of_each(al: &AccessLayer, c: &rdma_access::resource::Client, guid: Guid) -> verbs::QpHandle {
+    let (ca, cah) = c.open_ca(guid, 7, Arc::new(Seen::default())).unwrap();
+    let (pd, _) = c.alloc_pd(ca, 1).unwrap();
+    let (_, cq) = c.create_cq(pd, &CqInit { cqe: 16 }, 2).unwrap();
+    let (_, srq) = c
+        .create_srq(
+            pd,
+            &SrqAttr {
+                max_wr: 8,
+                max_sge: 1,
+                limit: 0,
+            },
+            3,
+        )
+        .unwrap();
+    let (_, qp) = c
+        .create_qp(
+            pd,
+            &QpInit {
+                qp_type: QpType::Rc,
+                send_cq: cq,
+                recv_cq: cq,
+                srq: Some(srq),
+                caps: QpCaps {
+                    max_send_wr: 8,
+                    max_recv_wr: 8,
+                    max_send_sge: 1,
+                    max_recv_sge: 1,
+                    max_inline: 0,
+                },
+                sq_sig_all: true,
+                port: None,
+            },
+            4,
+        )
+        .unwrap();
+    let buf = MemBuf::new(4096);
+    c.reg_mr(pd, &buf, buf.addr(), 4096, AccessFlags::LOCAL_WRITE, 5)
+        .unwrap();
+    match c.alloc_mw(pd, MwType::Type1, 6) {
+        Ok(_) | Err(VerbsError::NotSupported(_)) => {}
+        Err(e) => panic!("alloc_mw: {e}"),
+    }
+    let port = c.provider().query_port(cah, PortNum(1));
+    let dgid = port
+        .map(|p| p.gids.first().copied().unwrap_or(rdma_types::Gid::ZERO))
+        .unwrap();
+    c.create_ah(
+        pd,
+        &AhAttr {
+            dlid: Lid(1),
+            port: PortNum(1),
+            grh: true,
+            dgid,
+            sgid_index: 0,
+            sl: 0,
+            hop_limit: 64,
+        },
+    )
+    .unwrap();
+    let closed = Arc::new(AtomicU64::new(0));
+    let k = closed.clone();
+    c.track(Some(pd), move || {
+        k.fetch_add(1, Ordering::SeqCst);
+    })
+    .unwrap();
+    for kind in [
+        Kind::Ca,
+        Kind::Pd,
+        Kind::Cq,
+        Kind::Srq,
+        Kind::Qp,
+        Kind::Mr,
+        Kind::Ah,
+        Kind::Tracked,
+    ] {
+        assert_eq!(c.live(kind), 1, "{kind:?}");
+    }
+    assert!(al.live_total() >= 8);
+    qp
+}
+
+fn every_object_goes_with_its_client(p: Arc<dyn Provider>, guid: Guid) {
+    let al = AccessLayer::new(p.clone());
+    let c = al.client("test");
+    let qp = one_of_each(&al, &c, guid);
+    assert!(p.query_qp(qp).is_ok());
+    drop(c);
+    assert_eq!(al.live_total(), 0, "nothing leaks");
+    assert!(p.query_qp(qp).is_err(), "the provider's QP is gone too");
+    // A closed client refuses new objects, and the counters stay at zero.
+    let c = al.client("second");
+    c.close();
+    assert!(c.open_ca(guid, 0, Arc::new(Seen::default())).is_err());
+    assert_eq!(al.live_total(), 0);
+}
+
+#[test]
+fn nothing_leaks_on_loopback() {
+    let (p, a, _) = loopback();
+    every_object_goes_with_its_client(p, a);
+}
+
+#[test]
+fn nothing_leaks_on_soft_roce() {
+    let (p, a, _) = soft(1);
+    every_object_goes_with_its_client(p, a);
+}
+
+#[test]
+fn destroying_a_pd_takes_its_children_in_order() {
+    let (p, a, _) = loopback();
+    let al = AccessLayer::new(p);
+    let c = al.client("pd");
+    let (ca, _) = c.open_ca(a, 0, Arc::new(Seen::default())).unwrap();
+    let (pd, _) = c.alloc_pd(ca, 0).unwrap();
+    let (_, cq) = c.create_cq(pd, &CqInit { cqe: 4 }, 0).unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let o = order.clone();
+    c.track(Some(pd), move || o.lock().unwrap().push("tracked"))
+        .unwrap();
+    c.create_qp(
+        pd,
+        &QpInit {
+            qp_type: QpType::Rc,
+            send_cq: cq,
+            recv_cq: cq,
+            srq: None,
+            caps: QpCaps {
+                max_send_wr: 1,
+                max_recv_wr: 1,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline: 0,
+            },
+            sq_sig_all: true,
+            port: None,
+        },
+        0,
+    )
+    .unwrap();
+    // The provider refuses to destroy a CQ a QP still uses: the order matters.
+    c.destroy(pd);
+    assert_eq!(c.live_total(), 1, "only the CA is left");
+    assert_eq!(c.live(Kind::Ca), 1);
+    assert_eq!(*order.lock().unwrap(), vec!["tracked"]);
+    assert!(c.alloc_pd(pd, 0).is_err(), "a destroyed PD is not a CA");
+}
+
+/// Work in flight when the client goes: RDMA WRITEs posted to a peer QP,
+/// completion callbacks running; the client is dropped at once.
+#[test]
+fn a_client_dropped_with_work_in_flight_leaves_nothing() {
+    let (p, a, b) = soft(3);
+    let al = AccessLayer::new(p.clone());
+    let peer = al.client("peer");
+    let c = al.client("busy");
+    let seen = Arc::new(Seen::default());
+    let mk = |cl: &rdma_access::resource::Client, guid: Guid, h: Arc<Seen>| {
+        let (ca, cah) = cl.open_ca(guid, 0, h).unwrap();
+        let port = cl.provider().query_port(cah, PortNum(1)).unwrap();
+        let (pd, _) = cl.alloc_pd(ca, 0).unwrap();
+        let (_, cq) = cl.create_cq(pd, &CqInit { cqe: 256 }, 9).unwrap();
+        let (_, qp) = cl
+            .create_qp(
+                pd,
+                &QpInit {
+                    qp_type: QpType::Rc,
+                    send_cq: cq,
+                    recv_cq: cq,
+                    srq: None,
+                    caps: QpCaps {
+                        max_send_wr: 128,
+                        max_recv_wr: 8,
+                        max_send_sge: 1,
+                        max_recv_sge: 1,
+                        max_inline: 0,
+                    },
+                    sq_sig_all: true,
+                    port: None,
+                },
+                0,
+            )
+            .unwrap();
+        let buf = MemBuf::new(1 << 20);
+        let (_, mr) = cl
+            .reg_mr(
+                pd,
+                &buf,
+                buf.addr(),
+                1 << 20,
+                AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+                0,
+            )
+            .unwrap();
+        let _ = cl.provider().req_notify_cq(cq, false);
+        (qp, buf, mr, port)
+    };
+    let (qa, ba, ma, pa) = mk(&c, a, seen.clone());
+    let (qb, bb, mb, pb) = mk(&peer, b, Arc::new(Seen::default()));
+    for (qp, other, oq) in [(qa, &pb, qb), (qb, &pa, qa)] {
+        let prov = c.provider();
+        prov.modify_qp(
+            qp,
+            &verbs::QpAttr {
+                state: Some(rdma_types::QpState::Init),
+                port: Some(PortNum(1)),
+                pkey_index: Some(0),
+                access: Some(AccessFlags::REMOTE_WRITE),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        prov.modify_qp(
+            qp,
+            &verbs::QpAttr {
+                state: Some(rdma_types::QpState::Rtr),
+                av: Some(AhAttr {
+                    dlid: Lid(0),
+                    port: PortNum(1),
+                    grh: true,
+                    dgid: other.gids[0],
+                    sgid_index: 0,
+                    sl: 0,
+                    hop_limit: 64,
+                }),
+                path_mtu: Some(rdma_types::Mtu::Mtu1024),
+                dest_qpn: Some(prov.qp_num(oq).unwrap()),
+                rq_psn: Some(rdma_types::Psn::new(0)),
+                max_dest_rd_atomic: Some(1),
+                min_rnr_timer: Some(12),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        prov.modify_qp(
+            qp,
+            &verbs::QpAttr {
+                state: Some(rdma_types::QpState::Rts),
+                sq_psn: Some(rdma_types::Psn::new(0)),
+                timeout: Some(14),
+                retry_cnt: Some(7),
+                rnr_retry: Some(7),
+                max_rd_atomic: Some(1),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    }
+    let wrs: Vec<verbs::SendWr> = (0..100u64)
+        .map(|i| {
+            let mut w = verbs::SendWr::new(
+                i,
+                verbs::SendOpcode::RdmaWrite,
+                vec![verbs::Sge {
+                    addr: ba.addr(),
+                    length: 8192,
+                    lkey: ma.lkey,
+                }],
+            );
+            w.remote = verbs::RemoteAddr {
+                addr: bb.addr() + (i % 64) * 8192,
+                rkey: mb.rkey,
+            };
+            w
+        })
+        .collect();
+    c.provider().post_send(qa, &wrs).unwrap();
+    // Wait until completions are flowing, so callbacks run while we drop.
+    let end = std::time::Instant::now() + Duration::from_secs(10);
+    while seen.completions.load(Ordering::SeqCst) == 0 {
+        assert!(std::time::Instant::now() < end, "no completion callback");
+        std::thread::yield_now();
+    }
+    drop(c);
+    assert_eq!(al.live(Kind::Qp), 1, "only the peer's QP");
+    assert_eq!(al.live(Kind::Mr), 1);
+    drop(peer);
+    assert_eq!(al.live_total(), 0);
+}
+
+#[test]
+fn a_removed_ca_takes_its_tree_and_tells_the_client() {
+    let (p, a, _) = soft(5);
+    let al = AccessLayer::new(p.clone());
+    let c = al.client("unplug");
+    let seen = Arc::new(Seen::default());
+    let (ca, _) = c.open_ca(a, 0, seen.clone()).unwrap();
+    let (pd, _) = c.alloc_pd(ca, 0).unwrap();
+    c.create_cq(pd, &CqInit { cqe: 4 }, 0).unwrap();
+    assert_eq!(c.live_total(), 3);
+    p.remove_ca(a).unwrap();
+    let end = std::time::Instant::now() + Duration::from_secs(10);
+    while c.live_total() != 0 {
+        assert!(
+            std::time::Instant::now() < end,
+            "the tree was not torn down"
+        );
+        std::thread::yield_now();
+    }
+    assert!(seen
+        .events
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|e| e.kind == AsyncEventKind::CaRemoval));
+    assert_eq!(al.live_total(), 0);
+}
+
+fn pnp_reports_present_cas_and_port_changes(
+    p: Arc<dyn Provider>,
+    guid: Guid,
+    down: impl Fn(),
+    up: impl Fn(),
+    lid: impl Fn(),
+) {
+    let al = AccessLayer::new(p);
+    let (tx, rx) = mpsc::channel();
+    al.register_pnp(move |e| {
+        let _ = tx.send(e);
+    })
+    .unwrap();
+    let t = Duration::from_secs(10);
+    let mut first: Vec<PnpEvent> = Vec::new();
+    while let Ok(e) = rx.recv_timeout(Duration::from_millis(1)) {
+        first.push(e);
+    }
+    assert!(first.contains(&PnpEvent::CaAdded(guid)), "{first:?}");
+    assert!(
+        first.contains(&PnpEvent::PortActive(guid, PortNum(1))),
+        "{first:?}"
+    );
+    let wait_for = |want: PnpEvent| loop {
+        match rx.recv_timeout(t) {
+            Ok(e) if e == want => break,
+            Ok(_) => {}
+            Err(_) => panic!("no {want:?}"),
+        }
+    };
+    down();
+    wait_for(PnpEvent::PortDown(guid, PortNum(1)));
+    up();
+    wait_for(PnpEvent::PortActive(guid, PortNum(1)));
+    lid();
+    wait_for(PnpEvent::LidChange(guid, PortNum(1)));
+}
+
+#[test]
+fn pnp_on_loopback() {
+    let f = rnic::loopback::Fabric::new();
+    f.add_ca(rnic::loopback::CaConfig::simple(0xc1, 1)).unwrap();
+    let (d, u, l) = (f.clone(), f.clone(), f.clone());
+    pnp_reports_present_cas_and_port_changes(
+        f,
+        Guid(0xc1),
+        move || d.set_port_active(Guid(0xc1), PortNum(1), false).unwrap(),
+        move || u.set_port_active(Guid(0xc1), PortNum(1), true).unwrap(),
+        move || l.set_lid(Guid(0xc1), PortNum(1), Lid(9)).unwrap(),
+    );
+}
+
+#[test]
+fn pnp_on_soft_roce() {
+    let (p, a, _) = soft(7);
+    let (d, u, l) = (p.clone(), p.clone(), p.clone());
+    pnp_reports_present_cas_and_port_changes(
+        p,
+        a,
+        move || d.set_port_active(a, false).unwrap(),
+        move || u.set_port_active(a, true).unwrap(),
+        move || l.set_lid(a, Lid(9)).unwrap(),
+    );
+}
