@@ -1,9 +1,11 @@
 //! The access layer's connection services over a verbs provider.
 //!
-//! [`CmAgent`] is the IB connection manager of one port: it owns the port's
-//! GSI QP (QP1), sends and receives CM MADs (the `rdma-mad` formats), and
-//! runs the `rdma-cm` state machines with a real clock (response timeouts,
-//! retries, timewait). Consumers listen on a service ID and get
+//! [`CmAgent`] is a port's MAD driver and its IB connection manager: it
+//! owns the port's special QPs (QP1, and QP0 where the provider has one),
+//! their receive buffers and a thread with the clock, and runs the
+//! port's MAD dispatcher ([`gsi`]) with the CM as one agent of it (CM
+//! MADs in the `rdma-mad` formats, the `rdma-cm` state machines with
+//! response timeouts, retries, timewait). Consumers listen on a service ID and get
 //! [`Incoming`] requests to accept (with their QP and REP private data) or
 //! reject (consumer defined, with private data), or connect to a service
 //! at a peer GID and block until the REP, REJ or the last retry.
@@ -14,13 +16,16 @@
 //! source port, source and destination addresses) before the consumer's.
 //! On RoCE an IP address is a GID, so no SA path query is needed.
 //!
-//! Every other management class on QP1 goes through [`gsi`], the port's
-//! MAD dispatcher: agents ([`CmAgent::mad_agent`]) register a class,
-//! version and methods; requests get transaction IDs, time out and are
-//! resent; responses find their requester by transaction ID; requests
-//! nobody serves get the IBA status reply. [`dm`] is the device
-//! management agent an SRP target registers its I/O controller with, and
-//! the discovery walk (`srp_daemon`'s) an initiator runs against it.
+//! [`gsi`] is the dispatcher, sans-IO: agents ([`CmAgent::mad_agent`])
+//! register a class, version and methods; requests get transaction IDs
+//! (agent number in the high half), time out and are resent; responses
+//! find their requester by transaction ID; requests nobody serves get the
+//! IBA status reply; RMPP responses are reassembled and acknowledged, and
+//! large responses sent segmented. [`dm`] is the device management agent
+//! an SRP target registers its I/O controller with, and the discovery walk
+//! (`srp_daemon`'s) an initiator runs against it. [`sa`] is the subnet
+//! administration client (paths, nodes, port infos by capability mask,
+//! services, InformInfo subscriptions with their notices).
 //!
 //! [`resource`] is the layer consumers hold objects through: a tree per
 //! client (CA, PD, CQ, SRQ, QP, MR, MW, AH, and tracked upper-layer
