@@ -255,6 +255,29 @@ pub fn dm_and_cm_share_qp1(p: &Pair) {
         .unwrap();
     assert_eq!((r[3], u16::from_be_bytes([r[4], r[5]])), (0x81, 0x000c));
 
+    // A responder that takes the request and never answers: it sees the
+    // first send and two retries, the requester a timeout after them.
+    let mute = p.a.mad_agent(0x09, 1, &[0x01]).unwrap();
+    let asker = p.b.mad_agent(0x09, 1, &[]).unwrap();
+    let mut get = rdma_access::dm::get_request(rdma_mad::dm::DmAttr::ClassPortInfo, 0);
+    get[1] = 0x09;
+    let started = Instant::now();
+    assert_eq!(
+        asker.request(p.a.gid(), get, Duration::from_millis(40), 2),
+        Err(CmError::TimedOut)
+    );
+    assert!(started.elapsed() >= Duration::from_millis(120));
+    let mut copies = Vec::new();
+    while let Some((_, m)) = mute.recv(Duration::from_millis(50)) {
+        copies.push(u64::from_be_bytes(m[8..16].try_into().unwrap()));
+        assert!(copies.len() <= 3, "more than 1 + 2 retries");
+    }
+    assert_eq!(copies.len(), 3, "first send and two retries");
+    assert!(
+        copies.iter().all(|&t| t == copies[0]),
+        "one TID for the retries"
+    );
+
     // Nobody there: three retries, then a timeout.
     let start = Instant::now();
     let before = p.b.gsi_stats();
