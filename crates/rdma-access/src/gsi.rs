@@ -463,11 +463,13 @@ impl Dispatcher {
         let tid = u64::from_be_bytes(mad[8..16].try_into().expect("8 bytes"));
         if is_rmpp_class(class) {
             if let Ok(h) = RmppHeader::parse(&mad) {
-                if h.active() && h.kind() != RmppType::Data {
+                if h.active()
+                    && matches!(h.kind(), RmppType::Ack | RmppType::Stop | RmppType::Abort)
+                {
                     self.rmpp_control(now, peer, tid, &h);
                     return;
                 }
-                if h.active() && method & 0x80 != 0 {
+                if h.active() && h.kind() == RmppType::Data && method & 0x80 != 0 {
                     self.rmpp_data(now, peer, tid, mad, &h);
                     return;
                 }
@@ -660,7 +662,22 @@ pub fn fuzz_dispatch(input: &[u8]) -> FuzzOutcome {
             mad = &buf;
         }
         out.inputs += 1;
+        // What IBA 13.4.7 asks for this input: a status reply exactly when
+        // it is a whole header, a method that wants an answer, and nobody
+        // serves it (or its base version is not ours); RMPP ACK/STOP/ABORT
+        // go to the RMPP sender instead.
+        let want_status = mad.len() >= HEADER_LEN && expects_response(mad[3]) && {
+            let (base, class, version, method) = (mad[0], mad[1], mad[2], mad[3]);
+            let served = matches!((class, version, method), (6, 1, 1) | (3, 2, 6) | (7, 2, 3));
+            let mut whole = [0u8; MAD_SIZE];
+            whole[..mad.len().min(MAD_SIZE)].copy_from_slice(&mad[..mad.len().min(MAD_SIZE)]);
+            let rmpp_control = is_rmpp_class(class)
+                && RmppHeader::parse(&whole)
+                    .is_ok_and(|h| h.active() && (2..=4).contains(&h.rmpp_type));
+            base != 1 || !(served || rmpp_control)
+        };
         d.handle_mad(now, peer, mad);
+        let mut statuses = 0;
         while let Some((_, m)) = d.poll_transmit() {
             assert_eq!(m.len(), MAD_SIZE);
             if m[4..6] != [0, 0] && m[3] & 0x80 != 0 && mad.len() >= HEADER_LEN {
@@ -668,9 +685,15 @@ pub fn fuzz_dispatch(input: &[u8]) -> FuzzOutcome {
                 assert!(expects_response(asked), "status reply to method {asked:#x}");
                 assert_eq!(m[8..16], mad[8..16], "status reply TID");
                 assert_eq!(m[1], mad[1], "status reply class");
-                out.status_replies += 1;
+                statuses += 1;
             }
         }
+        assert_eq!(
+            statuses,
+            u64::from(want_status),
+            "status replies to {mad:02x?}"
+        );
+        out.status_replies += statuses;
         while d.poll_delivery().is_some() {
             out.deliveries += 1;
         }
