@@ -518,8 +518,8 @@ mod tests {
         assert_eq!(b[63], 0);
         // The run starts one letter later each ping and wraps after 'z'.
         assert_eq!(&ping_pattern(1, 20)[..14], b"rdma-ping-1: B");
-        assert_eq!(ping_pattern(57, 20)[13], b'z');
-        assert_eq!(ping_pattern(58, 20)[13], b'A');
+        assert_eq!(ping_pattern(57, 20)[14], b'z', "after \"rdma-ping-57: \"");
+        assert_eq!(ping_pattern(58, 20)[14], b'A');
         let i = info(0x1122_3344_5566_7788, 0xaabb_ccdd, 64);
         assert_eq!(
             i,
