@@ -535,57 +535,6 @@ fn the_fabric_converges_and_answers_under_five_percent_loss() {
     assert!(retries > 0, "5 % loss over three runs cost no resend");
 }
 
-/// A RoCEv2 UD frame (Ethernet/IPv4/UDP 4791/BTH/DETH/MAD/ICRC) to `qp`.
-fn roce_frame(qp: u8, mad: &MadBytes, psn: u32) -> Vec<u8> {
-    let mut f = Vec::new();
-    f.extend_from_slice(&[0x02, 0, 0, 0, 0, 2, 0x02, 0, 0, 0, 0, 1, 0x08, 0x00]);
-    let ip_len = (20 + 8 + 12 + 8 + MAD_SIZE + 4) as u16;
-    let mut ip = [
-        0x45, 0x00, 0, 0, 0, 0, 0x40, 0x00, 64, 17, 0, 0, 10, 0, 0, 1, 10, 0, 0, 2,
-    ];
-    ip[2..4].copy_from_slice(&ip_len.to_be_bytes());
-    let mut sum: u32 = ip
-        .chunks(2)
-        .map(|c| u32::from(u16::from_be_bytes([c[0], c[1]])))
-        .sum();
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    ip[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
-    f.extend_from_slice(&ip);
-    f.extend_from_slice(&[0xc0, 0x00, 0x12, 0xb7]);
-    f.extend_from_slice(&(ip_len - 20).to_be_bytes());
-    f.extend_from_slice(&[0, 0]);
-    // BTH: UD SEND ONLY, default P_Key, destination QP 0 or 1.
-    f.extend_from_slice(&[0x64, 0x00, 0xff, 0xff, 0, 0, 0, qp]);
-    f.extend_from_slice(&(psn & 0xff_ffff).to_be_bytes());
-    let qkey: [u8; 4] = if qp == 0 { [0; 4] } else { [0x80, 0x01, 0, 0] };
-    f.extend_from_slice(&qkey);
-    f.extend_from_slice(&[0, 0, 0, qp]);
-    f.extend_from_slice(mad);
-    let icrc = crc32fast::hash(&f[14..]); // tshark does not check the ICRC
-    f.extend_from_slice(&icrc.to_le_bytes());
-    f
-}
-
-fn pcap(frames: &[Vec<u8>]) -> Vec<u8> {
-    let mut p = Vec::new();
-    p.extend_from_slice(&0xa1b2_c3d4u32.to_le_bytes());
-    p.extend_from_slice(&2u16.to_le_bytes());
-    p.extend_from_slice(&4u16.to_le_bytes());
-    p.extend_from_slice(&[0; 8]);
-    p.extend_from_slice(&65535u32.to_le_bytes());
-    p.extend_from_slice(&1u32.to_le_bytes());
-    for (i, f) in frames.iter().enumerate() {
-        p.extend_from_slice(&(i as u32).to_le_bytes());
-        p.extend_from_slice(&0u32.to_le_bytes());
-        p.extend_from_slice(&(f.len() as u32).to_le_bytes());
-        p.extend_from_slice(&(f.len() as u32).to_le_bytes());
-        p.extend_from_slice(f);
-    }
-    p
-}
-
 /// Every SMP and SA MAD of a sweep, queries, a subscription and traps,
 /// as tshark sees them: no malformed packet or expert warning, and the
 /// classes and attributes are the ones we meant.
@@ -621,10 +570,10 @@ fn tshark_decodes_the_sms_smps_and_sa_mads() {
     let frames: Vec<Vec<u8>> = log
         .iter()
         .enumerate()
-        .map(|(i, (qp, m))| roce_frame(*qp, m, i as u32))
+        .map(|(i, (qp, m))| rdma_testkit::mad_frame(*qp, m, i as u32))
         .collect();
     let path = std::env::temp_dir().join(format!("ib-sm-tshark-{}.pcap", std::process::id()));
-    std::fs::write(&path, pcap(&frames)).unwrap();
+    std::fs::write(&path, rdma_testkit::pcap(&frames)).unwrap();
     let rows = rdma_testkit::tshark_fields(
         "tshark_decodes_the_sms_smps_and_sa_mads",
         &path,
@@ -634,9 +583,9 @@ fn tshark_decodes_the_sms_smps_and_sa_mads() {
     let seg_frames: Vec<Vec<u8>> = segments
         .iter()
         .enumerate()
-        .map(|(i, (qp, m))| roce_frame(*qp, m, i as u32))
+        .map(|(i, (qp, m))| rdma_testkit::mad_frame(*qp, m, i as u32))
         .collect();
-    std::fs::write(&path, pcap(&seg_frames)).unwrap();
+    std::fs::write(&path, rdma_testkit::pcap(&seg_frames)).unwrap();
     let seg_rows = std::process::Command::new(rdma_testkit::TSHARK)
         .arg("-r")
         .arg(&path)

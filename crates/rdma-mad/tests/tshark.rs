@@ -10,52 +10,9 @@ use rdma_mad::smp::{NodeInfo, PortInfo, Smp, SmpAttr};
 use rdma_mad::{rmpp, smp};
 use rdma_types::{Gid, Guid, Pkey};
 
+/// A GSI (QP1) frame of `mad`.
 fn frame(mad: &[u8; MAD_SIZE], psn: u32) -> Vec<u8> {
-    let mut f = Vec::new();
-    f.extend_from_slice(&[0x02, 0, 0, 0, 0, 2, 0x02, 0, 0, 0, 0, 1, 0x08, 0x00]); // Ethernet, IPv4
-    let ip_len = (20 + 8 + 12 + 8 + MAD_SIZE + 4) as u16;
-    let mut ip = [
-        0x45, 0x00, 0, 0, 0, 0, 0x40, 0x00, 64, 17, 0, 0, 10, 0, 0, 1, 10, 0, 0, 2,
-    ];
-    ip[2..4].copy_from_slice(&ip_len.to_be_bytes());
-    let mut sum: u32 = ip
-        .chunks(2)
-        .map(|c| u16::from_be_bytes([c[0], c[1]]) as u32)
-        .sum();
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    ip[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
-    f.extend_from_slice(&ip);
-    let udp_len = ip_len - 20;
-    f.extend_from_slice(&[0xc0, 0x00, 0x12, 0xb7]); // src port 49152, dst 4791
-    f.extend_from_slice(&udp_len.to_be_bytes());
-    f.extend_from_slice(&[0, 0]); // no UDP checksum
-    f.extend_from_slice(&[0x64, 0x00, 0xff, 0xff, 0, 0, 0, 1]); // BTH: UD SEND ONLY, P_Key, QP1
-    f.extend_from_slice(&(psn & 0xff_ffff).to_be_bytes()); // PSN
-    f.extend_from_slice(&[0x80, 0x01, 0x00, 0x00, 0, 0, 0, 1]); // DETH: GSI Q_Key, src QP1
-    f.extend_from_slice(mad);
-    let icrc = crc32fast::hash(&f[14..]); // not the real ICRC mask; tshark does not check it
-    f.extend_from_slice(&icrc.to_le_bytes());
-    f
-}
-
-fn pcap(frames: &[Vec<u8>]) -> Vec<u8> {
-    let mut p = Vec::new();
-    p.extend_from_slice(&0xa1b2c3d4u32.to_le_bytes());
-    p.extend_from_slice(&2u16.to_le_bytes());
-    p.extend_from_slice(&4u16.to_le_bytes());
-    p.extend_from_slice(&[0; 8]);
-    p.extend_from_slice(&65535u32.to_le_bytes());
-    p.extend_from_slice(&1u32.to_le_bytes()); // Ethernet
-    for (i, f) in frames.iter().enumerate() {
-        p.extend_from_slice(&(i as u32).to_le_bytes());
-        p.extend_from_slice(&0u32.to_le_bytes());
-        p.extend_from_slice(&(f.len() as u32).to_le_bytes());
-        p.extend_from_slice(&(f.len() as u32).to_le_bytes());
-        p.extend_from_slice(f);
-    }
-    p
+    rdma_testkit::mad_frame(1, mad, psn)
 }
 
 fn gid(last: u8) -> Gid {
@@ -223,7 +180,7 @@ fn tshark_decodes_our_mads() {
     cut.truncate(14 + 20 + 8 + 20 + 60);
     frames.push(cut);
     let path = std::env::temp_dir().join(format!("rdma-mad-tshark-{}.pcap", std::process::id()));
-    std::fs::write(&path, pcap(&frames)).unwrap();
+    std::fs::write(&path, rdma_testkit::pcap(&frames)).unwrap();
     let out = std::process::Command::new(tshark)
         .args([
             "-r",

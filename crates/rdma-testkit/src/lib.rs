@@ -79,3 +79,57 @@ pub fn tshark_fields(
             .collect(),
     )
 }
+
+/// A RoCEv2 UD SEND ONLY frame (Ethernet, IPv4 10.0.0.1 -> 10.0.0.2, UDP
+/// to 4791, BTH with the default P_Key and destination `qp`, DETH with
+/// the QP's well-known Q_Key) carrying a 256-byte MAD, for tshark. The
+/// trailing ICRC is a plain CRC-32 of the frame: tshark does not check it.
+pub fn mad_frame(qp: u8, mad: &[u8; 256], psn: u32) -> Vec<u8> {
+    let mut f = Vec::new();
+    f.extend_from_slice(&[0x02, 0, 0, 0, 0, 2, 0x02, 0, 0, 0, 0, 1, 0x08, 0x00]);
+    let ip_len = (20 + 8 + 12 + 8 + 256 + 4) as u16;
+    let mut ip = [
+        0x45, 0x00, 0, 0, 0, 0, 0x40, 0x00, 64, 17, 0, 0, 10, 0, 0, 1, 10, 0, 0, 2,
+    ];
+    ip[2..4].copy_from_slice(&ip_len.to_be_bytes());
+    let mut sum: u32 = ip
+        .chunks(2)
+        .map(|c| u32::from(u16::from_be_bytes([c[0], c[1]])))
+        .sum();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    ip[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+    f.extend_from_slice(&ip);
+    f.extend_from_slice(&[0xc0, 0x00, 0x12, 0xb7]); // 49152 -> 4791
+    f.extend_from_slice(&(ip_len - 20).to_be_bytes());
+    f.extend_from_slice(&[0, 0]); // no UDP checksum
+    f.extend_from_slice(&[0x64, 0x00, 0xff, 0xff, 0, 0, 0, qp]);
+    f.extend_from_slice(&(psn & 0xff_ffff).to_be_bytes());
+    let qkey: [u8; 4] = if qp == 0 { [0; 4] } else { [0x80, 0x01, 0, 0] };
+    f.extend_from_slice(&qkey);
+    f.extend_from_slice(&[0, 0, 0, qp]);
+    f.extend_from_slice(mad);
+    let icrc = crc32fast::hash(&f[14..]);
+    f.extend_from_slice(&icrc.to_le_bytes());
+    f
+}
+
+/// A classic pcap file (Ethernet link type) of `frames`.
+pub fn pcap(frames: &[Vec<u8>]) -> Vec<u8> {
+    let mut p = Vec::new();
+    p.extend_from_slice(&0xa1b2_c3d4u32.to_le_bytes());
+    p.extend_from_slice(&2u16.to_le_bytes());
+    p.extend_from_slice(&4u16.to_le_bytes());
+    p.extend_from_slice(&[0; 8]);
+    p.extend_from_slice(&65535u32.to_le_bytes());
+    p.extend_from_slice(&1u32.to_le_bytes());
+    for (i, f) in frames.iter().enumerate() {
+        p.extend_from_slice(&(i as u32).to_le_bytes());
+        p.extend_from_slice(&0u32.to_le_bytes());
+        p.extend_from_slice(&(f.len() as u32).to_le_bytes());
+        p.extend_from_slice(&(f.len() as u32).to_le_bytes());
+        p.extend_from_slice(f);
+    }
+    p
+}
