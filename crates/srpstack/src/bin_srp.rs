@@ -272,14 +272,7 @@ fn paths(l: &Login) -> Result<Vec<Arc<srpstack::paths::PathLogin>>, String> {
         (i, d) if i == d => l.ip.clone(),
         (i, d) => return Err(format!("{i} --ip for {d} --dest: give one --ip per --dest")),
     };
-    let cas: Vec<rnic::softroce::SoftCa> = ips
-        .iter()
-        .enumerate()
-        .map(|(k, ip)| rnic::softroce::SoftCa {
-            guid: Guid(srpstack::INITIATOR_GUID + k as u64),
-            ip: *ip,
-        })
-        .collect();
+    let cas = srpstack::initiator_cas(&ips);
     let provider = rnic::softroce::SoftRoce::with_mtu(cas.clone(), l.udp_port, mtu);
     let timeout = Duration::from_secs(10);
     let mut out = Vec::new();

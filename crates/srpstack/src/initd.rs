@@ -144,15 +144,7 @@ impl Initd {
             ));
         }
         cfg.rport.validate().map_err(|e| e.to_string())?;
-        let soft: Vec<rnic::softroce::SoftCa> = cfg
-            .ips
-            .iter()
-            .enumerate()
-            .map(|(k, ip)| rnic::softroce::SoftCa {
-                guid: Guid(crate::INITIATOR_GUID + k as u64),
-                ip: *ip,
-            })
-            .collect();
+        let soft = crate::initiator_cas(&cfg.ips);
         let provider = rnic::softroce::SoftRoce::with_mtu(soft.clone(), cfg.udp_port, cfg.mtu);
         let mut cas = Vec::new();
         for (k, ca) in soft.iter().enumerate() {

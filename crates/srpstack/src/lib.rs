@@ -78,6 +78,18 @@ pub fn srp_ioc(guid: Guid, limits: &IocLimits) -> rdma_access::dm::Ioc {
     }
 }
 
+/// Initiator CAs of the soft RoCE NIC, one per local address, numbered
+/// from [`INITIATOR_GUID`].
+pub fn initiator_cas(ips: &[std::net::IpAddr]) -> Vec<rnic::softroce::SoftCa> {
+    ips.iter()
+        .enumerate()
+        .map(|(k, ip)| rnic::softroce::SoftCa {
+            guid: Guid(INITIATOR_GUID + k as u64),
+            ip: *ip,
+        })
+        .collect()
+}
+
 /// GUID of the initiator CA.
 pub const INITIATOR_GUID: u64 = 0x0002_c903_00b0_0001;
 
