@@ -1,328 +1,25 @@
-//! The subnet manager over the simulator: an SM and four hosts, each host a
-//! subnet management agent (`rdma_access::sma`) plus a small SA client.
-//! MADs travel as datagrams whose first byte names the QP (0 for SMPs, 1
-//! for the SA): the simulator moves bytes, not RoCEv2 frames, since what
-//! is tested here is the management protocol, not the transport.
+//! The subnet manager over the simulator (`ib_sm::sim`): an SM and four
+//! hosts, each host a subnet management agent plus a small SA client.
 
-use ib_sm::sm::{path_comp, portinfo_comp, table_records, QP_GSI, QP_SMI, SA_ERR_NO_RECORDS};
-use ib_sm::{parse_partitions, SmConfig, SmEvent, SubnetManager};
+use ib_sm::sim::{addr, gid, host, port_guid, sm, N};
+use ib_sm::sm::{path_comp, portinfo_comp, SA_ERR_NO_RECORDS};
+use ib_sm::SmEvent;
 use rdma_access::gsi::MadBytes;
-use rdma_access::sma::{ca_capability_mask, state, Sma, SmaConfig};
-use rdma_mad::mad::MAD_SIZE;
+use rdma_access::sma::state;
 use rdma_mad::rmpp::RmppHeader;
-use rdma_mad::sa::{InformInfo, PathRecord, SaAttr, SaHeader, SA_CLASS_VERSION, SA_HDR_LEN};
-use rdma_mad::smp::{cap, NodeInfo, Notice, PortInfo};
-use rdma_sim::{Datagram, FaultConfig, SimNode, Simulator};
-use rdma_types::{Duration, Gid, Guid, Instant, Pkey, Qpn};
-use std::collections::{HashMap, VecDeque};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-
-fn addr(n: u8) -> SocketAddr {
-    SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, n)), 4791)
-}
-
-fn gid(n: u8) -> Gid {
-    Gid::from_ip(addr(n).ip())
-}
-
-fn port_guid(n: u8) -> Guid {
-    Guid(0x0002_c903_0000_0000 | u64::from(n))
-}
-
-fn frame(from: SocketAddr, to: SocketAddr, qp: u8, mad: &[u8]) -> Datagram {
-    let mut data = vec![qp];
-    data.extend_from_slice(&mad[..MAD_SIZE]);
-    Datagram {
-        src: from,
-        dst: to,
-        data,
-    }
-}
-
-/// A query in flight: the request, when to resend it, what came back.
-struct Query {
-    mad: MadBytes,
-    deadline: Instant,
-    segments: Vec<MadBytes>,
-    done: bool,
-}
-
-struct Host {
-    me: SocketAddr,
-    sm: SocketAddr,
-    sma: Sma,
-    out: VecDeque<Datagram>,
-    queries: HashMap<u64, Query>,
-    notices: Vec<Notice>,
-    next_tid: u64,
-}
-
-impl Host {
-    fn new(n: u8, dm: bool) -> Host {
-        Host {
-            me: addr(n),
-            sm: addr(1),
-            sma: Sma::new(SmaConfig {
-                node_guid: Guid(port_guid(n).0 + 0x100),
-                port_guid: port_guid(n),
-                description: format!("host-{n}"),
-                capability_mask: ca_capability_mask(dm),
-            }),
-            out: VecDeque::new(),
-            queries: HashMap::new(),
-            notices: Vec::new(),
-            next_tid: 1,
-        }
-    }
-
-    /// Sends an SA request; returns its TID.
-    fn query(
-        &mut self,
-        now: Instant,
-        method: u8,
-        attr: SaAttr,
-        comp_mask: u64,
-        data: &[u8],
-    ) -> u64 {
-        self.next_tid += 1;
-        let tid = self.next_tid;
-        let mut m = [0u8; MAD_SIZE];
-        m[0] = 1;
-        m[1] = 0x03;
-        m[2] = SA_CLASS_VERSION;
-        m[3] = method;
-        m[8..16].copy_from_slice(&tid.to_be_bytes());
-        m[16..18].copy_from_slice(&u16::from(attr).to_be_bytes());
-        SaHeader {
-            comp_mask,
-            ..Default::default()
-        }
-        .emit(&mut m);
-        m[SA_HDR_LEN..SA_HDR_LEN + data.len()].copy_from_slice(data);
-        self.out.push_back(frame(self.me, self.sm, QP_GSI, &m));
-        self.queries.insert(
-            tid,
-            Query {
-                mad: m,
-                deadline: now + Duration::from_millis(300),
-                segments: Vec::new(),
-                done: false,
-            },
-        );
-        tid
-    }
-
-    fn done(&self, tid: u64) -> bool {
-        self.queries.get(&tid).is_some_and(|q| q.done)
-    }
-}
-
-impl SimNode for Host {
-    fn addrs(&self) -> Vec<SocketAddr> {
-        vec![self.me]
-    }
-
-    fn handle_datagram(&mut self, _now: Instant, d: Datagram) {
-        let Some((&qp, mad)) = d.data.split_first() else {
-            return;
-        };
-        if qp == QP_SMI {
-            if let Some((r, _)) = self.sma.handle(mad) {
-                self.out.push_back(frame(self.me, d.src, QP_SMI, &r));
-            }
-            return;
-        }
-        if mad.len() < MAD_SIZE {
-            return;
-        }
-        let tid = u64::from_be_bytes(mad[8..16].try_into().unwrap());
-        match mad[3] {
-            0x06 => {
-                // Report: note the notice and acknowledge it.
-                if let Ok(n) = Notice::parse(&mad[SA_HDR_LEN..]) {
-                    self.notices.push(n);
-                }
-                let mut r = [0u8; MAD_SIZE];
-                r.copy_from_slice(&mad[..MAD_SIZE]);
-                r[3] = 0x86;
-                self.out.push_back(frame(self.me, d.src, QP_GSI, &r));
-            }
-            m if m & 0x80 != 0 => {
-                let Some(q) = self.queries.get_mut(&tid) else {
-                    return;
-                };
-                if q.done {
-                    return;
-                }
-                let seg: MadBytes = mad[..MAD_SIZE].try_into().unwrap();
-                let rmpp = RmppHeader::parse(&seg).ok().filter(|h| h.active());
-                match rmpp {
-                    None => {
-                        q.segments = vec![seg];
-                        q.done = true;
-                    }
-                    Some(h) => {
-                        // In order only (the SM sends them in order; a gap
-                        // is loss, and the query is sent again).
-                        if h.seg_num as usize == q.segments.len() + 1 {
-                            q.segments.push(seg);
-                            q.done = h.flags & rdma_mad::rmpp::FLAG_LAST != 0;
-                        }
-                    }
-                }
-            }
-            _ => {}
-        }
-    }
-
-    fn poll_transmit(&mut self, _now: Instant) -> Option<Datagram> {
-        self.out.pop_front()
-    }
-
-    fn poll_timeout(&mut self) -> Option<Instant> {
-        self.queries
-            .values()
-            .filter(|q| !q.done)
-            .map(|q| q.deadline)
-            .min()
-    }
-
-    fn handle_timeout(&mut self, now: Instant) {
-        for q in self
-            .queries
-            .values_mut()
-            .filter(|q| !q.done && q.deadline <= now)
-        {
-            q.segments.clear();
-            q.deadline = now + Duration::from_millis(300);
-            self.out.push_back(frame(self.me, self.sm, QP_GSI, &q.mad));
-        }
-    }
-}
-
-struct SmNode {
-    sm: SubnetManager<SocketAddr>,
-    events: Vec<SmEvent>,
-    /// Every MAD the SM sent or received: (QP, MAD), for the tshark check.
-    log: Vec<(u8, MadBytes)>,
-}
-
-impl SimNode for SmNode {
-    fn addrs(&self) -> Vec<SocketAddr> {
-        vec![addr(1)]
-    }
-    fn handle_datagram(&mut self, now: Instant, d: Datagram) {
-        if let Some((&qp, mad)) = d.data.split_first() {
-            if let Ok(m) = <MadBytes>::try_from(mad) {
-                self.log.push((qp, m));
-            }
-            self.sm.handle_mad(now, d.src, qp, mad);
-        }
-        while let Some(e) = self.sm.poll_event() {
-            self.events.push(e);
-        }
-    }
-    fn poll_transmit(&mut self, _now: Instant) -> Option<Datagram> {
-        let o = self.sm.poll_transmit()?;
-        self.log.push((o.qp, *o.mad));
-        Some(frame(addr(1), o.to, o.qp, &o.mad[..]))
-    }
-    fn poll_timeout(&mut self) -> Option<Instant> {
-        self.sm.poll_timeout()
-    }
-    fn handle_timeout(&mut self, now: Instant) {
-        self.sm.handle_timeout(now);
-        while let Some(e) = self.sm.poll_event() {
-            self.events.push(e);
-        }
-    }
-}
-
-enum N {
-    Sm(SmNode),
-    Host(Host),
-}
-
-impl SimNode for N {
-    fn addrs(&self) -> Vec<SocketAddr> {
-        match self {
-            N::Sm(s) => s.addrs(),
-            N::Host(h) => h.addrs(),
-        }
-    }
-    fn handle_datagram(&mut self, now: Instant, d: Datagram) {
-        match self {
-            N::Sm(s) => s.handle_datagram(now, d),
-            N::Host(h) => h.handle_datagram(now, d),
-        }
-    }
-    fn poll_transmit(&mut self, now: Instant) -> Option<Datagram> {
-        match self {
-            N::Sm(s) => s.poll_transmit(now),
-            N::Host(h) => h.poll_transmit(now),
-        }
-    }
-    fn poll_timeout(&mut self) -> Option<Instant> {
-        match self {
-            N::Sm(s) => s.poll_timeout(),
-            N::Host(h) => h.poll_timeout(),
-        }
-    }
-    fn handle_timeout(&mut self, now: Instant) {
-        match self {
-            N::Sm(s) => s.handle_timeout(now),
-            N::Host(h) => h.handle_timeout(now),
-        }
-    }
-}
+use rdma_mad::sa::{PathRecord, SaAttr, SaHeader, SA_HDR_LEN};
+use rdma_mad::smp::{cap, NodeInfo, PortInfo};
+use rdma_sim::Simulator;
+use rdma_types::{Duration, Guid, Pkey};
 
 const HOSTS: u8 = 4;
 
-/// An SM at 10.0.0.1 and hosts at .2 to .5; host 2 offers device
-/// management. Returns the simulator with node 0 the SM.
 fn fabric(seed: u64, loss: f64, partitions: Option<&str>) -> Simulator<N> {
-    let mut sim = Simulator::new(seed);
-    if loss > 0.0 {
-        sim.set_default_fault(FaultConfig {
-            seed,
-            loss,
-            ..Default::default()
-        });
-    }
-    let mut cfg = SmConfig::new(Guid(0xabc));
-    cfg.sweep_interval = Duration::from_secs(1);
-    if let Some(p) = partitions {
-        cfg.partitions = parse_partitions(p).unwrap();
-    }
-    let endpoints = (2..2 + HOSTS).map(|n| (addr(n), gid(n))).collect();
-    sim.add_node(N::Sm(SmNode {
-        sm: SubnetManager::new(cfg, endpoints, Instant::ZERO),
-        events: Vec::new(),
-        log: Vec::new(),
-    }));
-    for n in 2..2 + HOSTS {
-        sim.add_node(N::Host(Host::new(n, n == 2)));
-    }
-    sim
-}
-
-fn host(sim: &mut Simulator<N>, n: u8) -> &mut Host {
-    match sim.node_mut(usize::from(n - 1)) {
-        N::Host(h) => h,
-        N::Sm(_) => panic!("node {n} is the SM"),
-    }
-}
-
-fn sm(sim: &mut Simulator<N>) -> &mut SmNode {
-    match sim.node_mut(0) {
-        N::Sm(s) => s,
-        N::Host(_) => panic!(),
-    }
+    ib_sm::sim::fabric(seed, loss, partitions, HOSTS).unwrap()
 }
 
 fn all_active(sim: &mut Simulator<N>) -> bool {
-    (2..2 + HOSTS).all(|n| host(sim, n).sma.port_state() == state::ACTIVE)
-        && sm(sim).sm.active_ports().len() == usize::from(HOSTS)
+    ib_sm::sim::all_active(sim, HOSTS)
 }
 
 fn run_query(
@@ -333,22 +30,19 @@ fn run_query(
     mask: u64,
     data: &[u8],
 ) -> Vec<MadBytes> {
-    let now = sim.now();
-    let tid = host(sim, n).query(now, method, attr, mask, data);
-    let r = sim.run_until(rdma_types::Duration::from_secs(30), |s| {
-        host(s, n).done(tid)
-    });
-    assert_eq!(
-        r,
-        rdma_sim::RunOutcome::Done,
-        "query {attr:?} from {n} never finished"
-    );
-    host(sim, n).queries[&tid].segments.clone()
+    ib_sm::sim::run_query(sim, n, method, attr, mask, data)
+        .unwrap_or_else(|| panic!("query {attr:?} from {n} never finished"))
 }
 
 fn table(segs: &[MadBytes]) -> (SaHeader, Vec<Vec<u8>>) {
-    let refs: Vec<&[u8]> = segs.iter().map(|s| &s[..]).collect();
-    table_records(&refs).unwrap()
+    ib_sm::sim::table(segs).unwrap()
+}
+
+fn subscribe(sim: &mut Simulator<N>, n: u8) {
+    assert!(
+        ib_sm::sim::subscribe(sim, n),
+        "InformInfo subscription refused"
+    );
 }
 
 #[test]
@@ -425,25 +119,6 @@ fn sm_brings_ports_active_and_sa_answers_paths_and_port_records() {
     );
     let segs = run_query(&mut sim, 3, 0x01, SaAttr::from(0x0038), 0, &[]);
     assert_eq!(u16::from_be_bytes([segs[0][4], segs[0][5]]), 0x000C);
-}
-
-fn subscribe(sim: &mut Simulator<N>, n: u8) {
-    let info = InformInfo {
-        gid: Gid([0; 16]),
-        lid_range_begin: 0xffff,
-        lid_range_end: 0,
-        is_generic: 1,
-        subscribe: 1,
-        trap_type: 0xffff,
-        trap_number: 0xffff,
-        qpn: Qpn::from_bits(1),
-        resp_time_value: 18,
-        producer_type: 0xff_ffff,
-    };
-    let mut b = [0u8; 36];
-    info.emit(&mut b);
-    let segs = run_query(sim, n, 0x02, SaAttr::InformInfo, 0, &b);
-    assert_eq!(u16::from_be_bytes([segs[0][4], segs[0][5]]), 0);
 }
 
 #[test]

@@ -1,0 +1,63 @@
+//! `ibsm` as a user runs it: a simulated fabric comes up and the SA
+//! answers; a partitions file is checked, errors named by line and column.
+
+use std::process::Command;
+
+fn ibsm(args: &[&str]) -> (bool, String) {
+    let o = Command::new(env!("CARGO_BIN_EXE_ibsm"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        o.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        ),
+    )
+}
+
+#[test]
+fn simulate_brings_hosts_up_and_lists_paths() {
+    let (ok, out) = ibsm(&["simulate", "--hosts", "3", "--loss", "0.05", "--seed", "4"]);
+    assert!(ok, "{out}");
+    assert_eq!(out.matches(" ACTIVE, LID ").count(), 3, "{out}");
+    assert!(out.contains("PathRecords from host 2 (3):"), "{out}");
+    assert!(out.contains("3 hosts ACTIVE"), "{out}");
+    let (ok, out) = ibsm(&["simulate", "--loss", "0.9"]);
+    assert!(!ok && out.contains("--loss"), "{out}");
+}
+
+#[test]
+fn check_validates_partitions_files() {
+    let dir = std::env::temp_dir().join(format!("ibsm-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let good = dir.join("good.conf");
+    std::fs::write(
+        &good,
+        "Default=0x7fff : ALL=full ;\nstorage=0x10 : 0x11=full, 0x22 ;\n",
+    )
+    .unwrap();
+    let (ok, out) = ibsm(&["check", good.to_str().unwrap()]);
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("storage 0x0010: 0x0000000000000011=full, 0x0000000000000022=limited"),
+        "{out}"
+    );
+    let bad = dir.join("bad.conf");
+    std::fs::write(
+        &bad,
+        "Default=0x7fff : ALL=full ;\nx=0x10 : 0x11=sometimes ;\n",
+    )
+    .unwrap();
+    let (ok, out) = ibsm(&["check", bad.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(
+        out.contains("line 2 column 10") && out.contains("sometimes"),
+        "{out}"
+    );
+    let (ok, out) = ibsm(&["check", "/nonexistent/partitions.conf"]);
+    assert!(!ok && out.contains("/nonexistent"), "{out}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
