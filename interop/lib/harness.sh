@@ -119,39 +119,54 @@ capture_stop() {
 }
 
 # Checks the capture decodes cleanly; sets CAP_PROBLEM on failure and writes
-# $RUN_DIR/capture-summary.txt.
+# $RUN_DIR/capture-summary.txt. One tshark pass does it all (an SRP capture
+# can be a GB, and each pass costs a minute): per-frame fields, then the
+# protocol hierarchy and, with io,stat, one frame count per filter
+# (malformed, then each SCENARIO_EXPECT_PROTOCOLS filter).
 capture_check() {
-  local out=$RUN_DIR/capture-summary.txt n malformed experr
+  local out=$RUN_DIR/capture-summary.txt pass=$RUN_DIR/tshark-pass.txt
   # A scenario may pass tshark options, e.g. to turn off a heuristic
   # dissector that mistakes its payloads for another protocol.
   local -a ta=()
   [ -z "${SCENARIO_TSHARK_ARGS:-}" ] || read -ra ta <<<"$SCENARIO_TSHARK_ARGS"
   CAP_PROBLEM=
-  n=$(timeout 600 tshark "${ta[@]}" -r "$CAP" -T fields -e frame.number 2>/dev/null | wc -l)
-  malformed=$(timeout 600 tshark "${ta[@]}" -r "$CAP" -Y _ws.malformed -T fields -e frame.number 2>/dev/null | wc -l)
-  # 0x00800000 is PI_ERROR in epan/proto.h.
-  experr=$(timeout 600 tshark "${ta[@]}" -r "$CAP" -Y '_ws.expert.severity >= 0x00800000' \
-    -T fields -e frame.number -e _ws.expert.message 2>/dev/null)
+  local -a filters=(_ws.malformed)
+  local p f zstat=io,stat,0
+  for p in ${SCENARIO_EXPECT_PROTOCOLS:-}; do filters+=("$p"); done
+  for f in "${filters[@]}"; do zstat+=",$f"; done
+  timeout 900 tshark "${ta[@]}" -r "$CAP" -T fields -e frame.number -e _ws.expert.severity \
+    -e _ws.expert.message -e infiniband -e _ws.col.Info -z io,phs -z "$zstat" >"$pass" 2>/dev/null
+  local n experr row malformed
+  n=$(grep -cP '^[0-9]+\t' "$pass" || true)
+  # 0x00800000 (8388608) is PI_ERROR in epan/proto.h; a frame may carry a
+  # comma-separated list of severities.
+  experr=$(awk -F'\t' '/^[0-9]+\t/ { k = split($2, s, ","); for (i = 1; i <= k; i++) if (s[i] + 0 >= 8388608) { print $1 "\t" $3; break } }' "$pass")
+  # The io,stat row: the frame count of filter k is field 3 + 2(k-1) of '|'.
+  row=$(grep -E '^\| *[0-9.]+ <> ' "$pass" | tail -1)
+  frames_of() { printf '%s\n' "$row" | awk -F'|' -v k="$1" '{ c = $(3 + 2 * (k - 1)); gsub(/ /, "", c); print (c == "" ? -1 : c + 0) }'; }
+  malformed=$(frames_of 1)
   {
     echo "frames: $n"
     echo "malformed: $malformed"
     echo "expert errors: $(printf '%s' "$experr" | grep -c . || true)"
     printf '%s\n' "$experr" | head -20
     echo "--- RoCEv2 packets by transport + opcode ---"
-    timeout 600 tshark "${ta[@]}" -r "$CAP" -Y infiniband -T fields -e _ws.col.Info 2>/dev/null |
+    awk -F'\t' '/^[0-9]+\t/ && $4 != "" { print $5 }' "$pass" |
       sed -E 's/ *QP=.*//; s/, *$//' | sort | uniq -c | sort -rn | head -30
     echo "--- protocol hierarchy ---"
-    timeout 600 tshark "${ta[@]}" -r "$CAP" -q -z io,phs 2>/dev/null | sed -n '/^eth/,/^====/p'
+    sed -n '/^Protocol Hierarchy Statistics/,/^====/p' "$pass" | sed -n '/^ *eth/,/^====/p'
   } >"$out"
   [ "$n" -gt 0 ] || CAP_PROBLEM="capture is empty"
-  [ "$malformed" -eq 0 ] || CAP_PROBLEM="$malformed malformed frames"
+  [ -n "$row" ] || CAP_PROBLEM="${CAP_PROBLEM:+$CAP_PROBLEM; }tshark gave no statistics"
+  [ "$malformed" -eq 0 ] || CAP_PROBLEM="${CAP_PROBLEM:+$CAP_PROBLEM; }$malformed malformed frames"
   [ -z "$experr" ] || CAP_PROBLEM="${CAP_PROBLEM:+$CAP_PROBLEM; }expert errors in capture"
   # A scenario may require protocols (e.g. infiniband) to appear.
-  local p
+  local k=2
   for p in ${SCENARIO_EXPECT_PROTOCOLS:-}; do
-    [ "$(timeout 600 tshark "${ta[@]}" -r "$CAP" -Y "$p" -T fields -e frame.number 2>/dev/null | wc -l)" -gt 0 ] ||
-      CAP_PROBLEM="${CAP_PROBLEM:+$CAP_PROBLEM; }no '$p' frames captured"
+    [ "$(frames_of $k)" -gt 0 ] || CAP_PROBLEM="${CAP_PROBLEM:+$CAP_PROBLEM; }no '$p' frames captured"
+    k=$((k + 1))
   done
+  rm -f "$pass"
 }
 
 # --- VMs -----------------------------------------------------------------
