@@ -164,6 +164,12 @@ struct Inner {
     /// Below this many free chunks, fetched data-out is copied out of its
     /// chunk at once instead of waiting in it for the worker.
     spill_below: usize,
+    /// Commands up to this many bytes may run inline (0: never).
+    inline_max: u32,
+    /// Commands handed to the workers and not finished: inline execution
+    /// is for a quiet port (latency); a busy one keeps its workers
+    /// (parallelism).
+    at_workers: std::sync::atomic::AtomicUsize,
     st: Mutex<State>,
     events: Mutex<Sender<Event>>,
     hook: Mutex<Option<DisconnectHook>>,
@@ -243,7 +249,8 @@ const KIND_SEND: u64 = 1 << 56;
 const KIND_RDMA: u64 = 2 << 56;
 const KIND_MASK: u64 = 0xff << 56;
 
-/// Largest transfer a command may have to run on the thread that got it.
+/// Largest transfer a command may have to run on the thread that got it
+/// (the environment variable `SRPT_INLINE=0` turns inline execution off).
 const INLINE_MAX: u32 = 64 << 10;
 
 /// The port lock, counted so a completion callback on this thread
@@ -373,6 +380,12 @@ impl TargetPort {
             req_size,
             chunk_size,
             spill_below: (opts.chunks / 4).max(2),
+            at_workers: std::sync::atomic::AtomicUsize::new(0),
+            inline_max: if std::env::var_os("SRPT_INLINE").is_some_and(|v| v == "0") {
+                0
+            } else {
+                INLINE_MAX
+            },
             st: Mutex::new(State {
                 target,
                 conns: HashMap::new(),
@@ -1167,11 +1180,14 @@ impl Inner {
         // lock is released: two thread hand-offs less (to a worker and back
         // to the NIC) for what takes a microsecond.
         let inline = st.inline_here
+            && st.inline_jobs.is_empty()
+            && self.at_workers.load(std::sync::atomic::Ordering::Relaxed) == 0
             && req.data_in_len.max(match &req.data_out {
                 DataOut::None => 0,
                 DataOut::Immediate(v) => v.len() as u32,
                 DataOut::InBuffer { len } => *len,
-            }) <= INLINE_MAX
+            }) <= self.inline_max
+            && self.inline_max > 0
             && matches!(req.attr, srp::wire::TaskAttr::Simple)
             && scsi::Lun::decode(req.lun.0)
                 .is_ok_and(|lun| self.scsi.runs_without_blocking(&c.nexus, lun));
@@ -1187,7 +1203,11 @@ impl Inner {
             st.inline_jobs.push(job);
             return;
         }
+        self.at_workers
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if let Err(mpsc::SendError(job)) = st.jobs.send(job) {
+            self.at_workers
+                .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
             // Shutting down: answer BUSY so the initiator retries elsewhere.
             if let Some((_, parts)) = &job.chunks {
                 st.free_chunks.extend(parts.iter().map(|p| p.1));
@@ -1302,6 +1322,8 @@ impl Inner {
             let mut job = job;
             self.gather_job(&mut job);
             let (done, data_in) = self.execute(&job);
+            self.at_workers
+                .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
             self.scsi_done(job.conn, done, data_in);
         }
     }
