@@ -69,6 +69,9 @@ pub struct SoftRoce {
     removed: Mutex<std::collections::HashSet<u64>>,
     /// Faults for a CA's node, applied when the node is bound.
     faults: Mutex<HashMap<u64, FaultConfig>>,
+    /// CAs whose port was taken down (`set_port_active`): the cable stays
+    /// pulled while nobody has the CA open, and a new open finds it so.
+    down: Mutex<std::collections::HashSet<u64>>,
 }
 
 /// What an open CA counted: its node's datagrams and the sum over its live
@@ -509,6 +512,7 @@ impl SoftRoce {
             devices: Mutex::new(HashMap::new()),
             faults: Mutex::new(HashMap::new()),
             removed: Mutex::new(std::collections::HashSet::new()),
+            down: Mutex::new(std::collections::HashSet::new()),
         })
     }
 
@@ -538,14 +542,28 @@ impl SoftRoce {
         Ok((rt, opens))
     }
 
-    /// Takes port 1 of open CA `guid` down (its link drops every datagram
-    /// both ways, like a pulled cable) or brings it back, raising
-    /// `PortDown` / `PortActive` to every open of the CA.
+    /// Takes port 1 of CA `guid` down (its link drops every datagram both
+    /// ways, like a pulled cable) or brings it back, raising `PortDown` /
+    /// `PortActive` to every open of the CA. The state outlives the opens:
+    /// a CA nobody has open keeps it, and the next open finds it.
     ///
     /// # Errors
-    /// `NoSuchCa` when the CA is not open.
+    /// `NoSuchCa` for a GUID this provider does not have.
     pub fn set_port_active(&self, guid: Guid, active: bool) -> Result<()> {
-        let (rt, opens) = self.opens(guid)?;
+        if !self.cas.iter().any(|c| c.guid == guid) {
+            return Err(VerbsError::NoSuchCa);
+        }
+        {
+            let mut down = self.down.lock().unwrap_or_else(|e| e.into_inner());
+            if active {
+                down.remove(&guid.0);
+            } else {
+                down.insert(guid.0);
+            }
+        }
+        let Ok((rt, opens)) = self.opens(guid) else {
+            return Ok(()); // not open: the next open starts in this state
+        };
         let new = if active {
             PortState::Active
         } else {
@@ -884,7 +902,16 @@ impl Provider for SoftRoce {
                     .unwrap_or_else(|e| e.into_inner())
                     .get(&guid.0)
                     .cloned();
-                let node = Node::bind(ncfg).map_err(|e| bad(format!("cannot bind {addr}: {e}")))?;
+                let mut node =
+                    Node::bind(ncfg).map_err(|e| bad(format!("cannot bind {addr}: {e}")))?;
+                let pulled = self
+                    .down
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .contains(&guid.0);
+                if pulled {
+                    node.set_link_up(false);
+                }
                 let rt = Arc::new(CaRt {
                     driver: OnceLock::new(),
                     keys: Arc::new(Mutex::new(KeyTable::new())),
@@ -892,7 +919,11 @@ impl Provider for SoftRoce {
                     gid: Gid::from_ip(cfg.ip),
                     guid,
                     port: Mutex::new(PortStatus {
-                        state: PortState::Active,
+                        state: if pulled {
+                            PortState::Down
+                        } else {
+                            PortState::Active
+                        },
                         lid: Lid(0),
                     }),
                 });
