@@ -175,26 +175,7 @@ fn destroying_a_pd_takes_its_children_in_order() {
     let o = order.clone();
     c.track(Some(pd), move || o.lock().unwrap().push("tracked"))
         .unwrap();
-    c.create_qp(
-        pd,
-        &QpInit {
-            qp_type: QpType::Rc,
-            send_cq: cq,
-            recv_cq: cq,
-            srq: None,
-            caps: QpCaps {
-                max_send_wr: 1,
-                max_recv_wr: 1,
-                max_send_sge: 1,
-                max_recv_sge: 1,
-                max_inline: 0,
-            },
-            sq_sig_all: true,
-            port: None,
-        },
-        0,
-    )
-    .unwrap();
+    c.create_qp(pd, &QpInit::rc(cq, 1, 1), 0).unwrap();
     // The provider refuses to destroy a CQ a QP still uses: the order matters.
     c.destroy(pd);
     assert_eq!(c.live_total(), 1, "only the CA is left");
@@ -217,27 +198,7 @@ fn a_client_dropped_with_work_in_flight_leaves_nothing() {
         let port = cl.provider().query_port(cah, PortNum(1)).unwrap();
         let (pd, _) = cl.alloc_pd(ca, 0).unwrap();
         let (_, cq) = cl.create_cq(pd, &CqInit { cqe: 256 }, 9).unwrap();
-        let (_, qp) = cl
-            .create_qp(
-                pd,
-                &QpInit {
-                    qp_type: QpType::Rc,
-                    send_cq: cq,
-                    recv_cq: cq,
-                    srq: None,
-                    caps: QpCaps {
-                        max_send_wr: 128,
-                        max_recv_wr: 8,
-                        max_send_sge: 1,
-                        max_recv_sge: 1,
-                        max_inline: 0,
-                    },
-                    sq_sig_all: true,
-                    port: None,
-                },
-                0,
-            )
-            .unwrap();
+        let (_, qp) = cl.create_qp(pd, &QpInit::rc(cq, 128, 8), 0).unwrap();
         let buf = MemBuf::new(1 << 20);
         let (_, mr) = cl
             .reg_mr(

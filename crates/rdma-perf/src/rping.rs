@@ -14,14 +14,14 @@
 //! - The client disconnects after `-C` pings; the server ends with it.
 
 use rdma_access::{rdmacm, CmAgent};
-use rdma_types::{AccessFlags, Gid, Guid, Mtu, PortNum, Psn, QpState, QpType, Qpn, WcStatus};
+use rdma_types::{AccessFlags, Gid, Guid, Mtu, PortNum, Psn, QpState, Qpn, WcStatus};
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use verbs::{
-    AhAttr, CqInit, EventHandler, MemBuf, Provider, QpAttr, QpCaps, QpInit, RecvWr, RemoteAddr,
-    SendOpcode, SendWr, Sge, WorkCompletion,
+    AhAttr, CqInit, EventHandler, MemBuf, Provider, QpAttr, QpInit, RecvWr, RemoteAddr, SendOpcode,
+    SendWr, Sge, WorkCompletion,
 };
 
 /// rping's default port.
@@ -252,25 +252,7 @@ pub fn run(cfg: &RpingConfig) -> Result<RpingReport, String> {
         .create_cq(pd, &CqInit { cqe: 64 }, 0)
         .map_err(|e| e.to_string())?;
     let qp = p
-        .create_qp(
-            pd,
-            &QpInit {
-                qp_type: QpType::Rc,
-                send_cq: cq,
-                recv_cq: cq,
-                srq: None,
-                caps: QpCaps {
-                    max_send_wr: 16,
-                    max_recv_wr: 4,
-                    max_send_sge: 1,
-                    max_recv_sge: 1,
-                    max_inline: 0,
-                },
-                sq_sig_all: true,
-                port: Some(PortNum(1)),
-            },
-            0,
-        )
+        .create_qp(pd, &QpInit::rc(cq, 16, 4), 0)
         .map_err(|e| e.to_string())?;
     let mem = MemBuf::new(RDMA + 2 * cfg.size);
     let mr = p

@@ -13,7 +13,7 @@
 //! R_Key covers the whole pool. Per-command registration (FRWR, as ib_srp
 //! does) is not implemented yet.
 
-use rdma_types::{AccessFlags, Gid, Guid, Lid, Mtu, PortNum, Psn, QpState, QpType, Qpn};
+use rdma_types::{AccessFlags, Gid, Guid, Lid, Mtu, PortNum, Psn, QpState, Qpn};
 use rdma_types::{WcOpcode, WcStatus};
 use srp::initiator::{
     Channel, ChannelConfig, Command, Completion, Data, Event, Negotiated, Output, SendId, Status,
@@ -26,7 +26,7 @@ use std::thread::JoinHandle;
 use verbs::nested::Counted;
 use verbs::{
     AhAttr, CaHandle, CqHandle, CqInit, EventHandler, MemBuf, MrInfo, PdHandle, Provider, QpAttr,
-    QpCaps, QpHandle, QpInit, RecvWr, SendOpcode, SendWr, Sge, WorkCompletion,
+    QpHandle, QpInit, RecvWr, SendOpcode, SendWr, Sge, WorkCompletion,
 };
 
 /// This side's QP, for the CM REQ.
@@ -392,25 +392,7 @@ impl Session {
             )
             .map_err(verbs_err("create CQ"))?;
         let qp = p
-            .create_qp(
-                pd,
-                &QpInit {
-                    qp_type: QpType::Rc,
-                    send_cq: cq,
-                    recv_cq: cq,
-                    srq: None,
-                    caps: QpCaps {
-                        max_send_wr: queue,
-                        max_recv_wr: recv_count,
-                        max_send_sge: 1,
-                        max_recv_sge: 1,
-                        max_inline: 0,
-                    },
-                    sq_sig_all: true,
-                    port: None,
-                },
-                0,
-            )
+            .create_qp(pd, &QpInit::rc(cq, queue, recv_count), 0)
             .map_err(verbs_err("create QP"))?;
         let psn = Psn::new(0x2b_0000 ^ (std::process::id() & 0xffff));
         let mtu = port.active_mtu;

@@ -135,6 +135,29 @@ pub struct QpInit {
     pub port: Option<PortNum>,
 }
 
+impl QpInit {
+    /// An RC QP whose sends and receives complete on `cq`, with room for
+    /// `send_wr` and `recv_wr` work requests of one SGE each, every send
+    /// signalled, no SRQ.
+    pub fn rc(cq: CqHandle, send_wr: u32, recv_wr: u32) -> QpInit {
+        QpInit {
+            qp_type: QpType::Rc,
+            send_cq: cq,
+            recv_cq: cq,
+            srq: None,
+            caps: QpCaps {
+                max_send_wr: send_wr,
+                max_recv_wr: recv_wr,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline: 0,
+            },
+            sq_sig_all: true,
+            port: None,
+        }
+    }
+}
+
 /// Address vector (IBA 11.2.2.1; for RoCE the GRH is mandatory).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AhAttr {
