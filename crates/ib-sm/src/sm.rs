@@ -512,6 +512,12 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
             qp: QP_GSI,
             mad: Box::new(m),
         };
+        // Nothing answers a response, a Send, a Trap or a TrapRepress, not
+        // even with a status (IBA 13.4.7).
+        let m = Method::from(req[3]);
+        if m.is_response() || matches!(m, Method::Send | Method::Trap | Method::TrapRepress) {
+            return;
+        }
         if req[2] != SA_CLASS_VERSION {
             let r = status_reply(req, MadStatus::from_code(StatusCode::BadVersion));
             self.tx.push_back(reply(r));
