@@ -879,15 +879,7 @@ impl Inner {
             let ah = match st.ahs.get(&peer) {
                 Some(a) => *a,
                 None => {
-                    let attr = AhAttr {
-                        dlid: rdma_types::Lid(0),
-                        port: PortNum(1),
-                        grh: true,
-                        dgid: peer,
-                        sgid_index: 0,
-                        sl: 0,
-                        hop_limit: 64,
-                    };
+                    let attr = AhAttr::roce(peer);
                     match self.provider.create_ah(self.pd, &attr) {
                         Ok(a) => {
                             st.ahs.insert(peer, a);

@@ -232,15 +232,7 @@ fn a_client_dropped_with_work_in_flight_leaves_nothing() {
             qp,
             &verbs::QpAttr {
                 state: Some(rdma_types::QpState::Rtr),
-                av: Some(AhAttr {
-                    dlid: Lid(0),
-                    port: PortNum(1),
-                    grh: true,
-                    dgid: other.gids[0],
-                    sgid_index: 0,
-                    sl: 0,
-                    hop_limit: 64,
-                }),
+                av: Some(AhAttr::roce(other.gids[0])),
                 path_mtu: Some(rdma_types::Mtu::Mtu1024),
                 dest_qpn: Some(prov.qp_num(oq).unwrap()),
                 rq_psn: Some(rdma_types::Psn::new(0)),

@@ -20,8 +20,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use verbs::{
-    AhAttr, CqInit, EventHandler, MemBuf, Provider, QpAttr, QpInit, RecvWr, RemoteAddr, SendOpcode,
-    SendWr, Sge, WorkCompletion,
+    AhAttr, CqInit, MemBuf, Provider, QpAttr, QpInit, RecvWr, RemoteAddr, SendOpcode, SendWr, Sge,
+    WorkCompletion,
 };
 
 /// rping's default port.
@@ -97,12 +97,6 @@ pub fn parse_info(m: &[u8]) -> Option<(u64, u32, u32)> {
         u32::from_be_bytes(m[8..12].try_into().ok()?),
         u32::from_be_bytes(m[12..16].try_into().ok()?),
     ))
-}
-
-struct Quiet;
-impl EventHandler for Quiet {
-    fn on_completion(&self, _cq: u64) {}
-    fn on_async_event(&self, _e: verbs::AsyncEvent) {}
 }
 
 /// Offsets in the one registered buffer.
@@ -245,7 +239,7 @@ pub fn run(cfg: &RpingConfig) -> Result<RpingReport, String> {
         .map_err(|e| format!("start the CM agent on {}: {e}", cfg.local))?;
     let p: Arc<dyn Provider> = provider;
     let ca = p
-        .open_ca(guid, 0, Arc::new(Quiet))
+        .open_ca(guid, 0, Arc::new(verbs::IgnoreEvents))
         .map_err(|e| e.to_string())?;
     let pd = p.alloc_pd(ca, 0).map_err(|e| e.to_string())?;
     let cq = p
@@ -301,15 +295,7 @@ pub fn run(cfg: &RpingConfig) -> Result<RpingReport, String> {
             qp,
             &QpAttr {
                 state: Some(QpState::Rtr),
-                av: Some(AhAttr {
-                    dlid: rdma_types::Lid(0),
-                    port: PortNum(1),
-                    grh: true,
-                    dgid: peer,
-                    sgid_index: 0,
-                    sl: 0,
-                    hop_limit: 64,
-                }),
+                av: Some(AhAttr::roce(peer)),
                 path_mtu: Some(mtu),
                 dest_qpn: Some(remote_qpn),
                 // A CM starting PSN is the first PSN its sender expects to

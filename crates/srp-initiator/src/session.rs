@@ -673,12 +673,7 @@ impl Session {
         // descriptor table (in the pool too, which the target fetches by
         // RDMA READ). Data and table pages are taken together, so callers
         // waiting for pages never hold half of what they need.
-        let seg_count = if inner.max_segment == 0 {
-            usize::from(pages > 0)
-        } else {
-            let seg_pages = (inner.max_segment as usize).div_ceil(inner.page).max(1);
-            pages.div_ceil(seg_pages)
-        };
+        let seg_count = pages.div_ceil(inner.seg_pages(pages).max(1));
         let table_pages = if inner.allow_ext_sg && seg_count > usize::from(inner.cmd_sg_entries) {
             (seg_count * srp::wire::DIRECT_BUF_LEN).div_ceil(inner.page)
         } else {
@@ -948,17 +943,23 @@ impl Inner {
         rdma_types::Instant::from_std(self.epoch, std::time::Instant::now())
     }
 
+    /// Pages per segment of a `pages`-page buffer: all of them, or
+    /// `max_segment`'s worth when buffers are split.
+    fn seg_pages(&self, pages: usize) -> usize {
+        if self.max_segment == 0 {
+            pages
+        } else {
+            (self.max_segment as usize).div_ceil(self.page).max(1)
+        }
+    }
+
     /// First-fit runs of free pages; split into runs of `max_segment` placed
     /// one page apart when segments are asked for.
     fn alloc(&self, st: &mut State, pages: usize) -> Option<Vec<(usize, usize)>> {
         if pages == 0 {
             return Some(Vec::new());
         }
-        let seg_pages = if self.max_segment == 0 {
-            pages
-        } else {
-            (self.max_segment as usize).div_ceil(self.page).max(1)
-        };
+        let seg_pages = self.seg_pages(pages);
         let mut runs = Vec::new();
         let mut left = pages;
         let mut from = 0;

@@ -799,6 +799,13 @@ impl Inner {
     /// poller.
     fn scsi_done(&self, conn: ConnId, done: ScsiDone, data_in: Vec<u8>) {
         let mut st = self.lock();
+        self.done_locked(&mut st, conn, done, data_in);
+        self.run_inline(st);
+    }
+
+    /// Hands a finished command to its channel and sends what follows;
+    /// commands that come out small enough are kept for this thread.
+    fn done_locked(&self, st: &mut State, conn: ConnId, done: ScsiDone, data_in: Vec<u8>) {
         let Some(c) = st.conns.get_mut(&conn) else {
             return;
         };
@@ -808,8 +815,7 @@ impl Inner {
             ch.handle_scsi_done(done);
         }
         st.inline_here = true;
-        self.pump(&mut st, conn);
-        self.run_inline(st);
+        self.pump(st, conn);
     }
 
     fn drain_cq(&self, ctx: u64) {
@@ -832,17 +838,7 @@ impl Inner {
             for mut job in jobs {
                 self.gather_job(&mut job);
                 let (done, data_in) = self.execute(&job);
-                let mut st = self.lock();
-                let Some(c) = st.conns.get_mut(&job.conn) else {
-                    continue;
-                };
-                let (cmd, channel) = (done.cmd, c.channel);
-                c.data_in.insert(cmd, data_in);
-                if let Some(ch) = st.target.channel_mut(channel) {
-                    ch.handle_scsi_done(done);
-                }
-                st.inline_here = true;
-                self.pump(&mut st, job.conn);
+                self.done_locked(&mut self.lock(), job.conn, done, data_in);
             }
             st = self.lock();
         }

@@ -34,8 +34,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use verbs::{
-    AhAttr, CaHandle, CqHandle, CqInit, EventHandler, MemBuf, MrInfo, PdHandle, Provider, QpAttr,
-    QpCaps, QpHandle, QpInit, RecvWr, SendOpcode, SendWr, Sge, WorkCompletion,
+    AhAttr, CaHandle, CqHandle, CqInit, MemBuf, MrInfo, PdHandle, Provider, QpAttr, QpCaps,
+    QpHandle, QpInit, RecvWr, SendOpcode, SendWr, Sge, WorkCompletion,
 };
 
 const TGT: u64 = 0x0002_c903_00a0_0901;
@@ -389,13 +389,6 @@ struct Raw {
     next: u64,
 }
 
-struct Quiet;
-
-impl EventHandler for Quiet {
-    fn on_completion(&self, _: u64) {}
-    fn on_async_event(&self, _: verbs::AsyncEvent) {}
-}
-
 const SLOT: usize = 8192;
 const RECVS: u32 = 16;
 const SEND_AREA: usize = 96 << 10;
@@ -425,7 +418,9 @@ fn valid_login(guid: u64, ext: u64) -> LoginReq {
 impl Raw {
     fn login(rig: &Rig, guid: u64, ext: u64) -> Raw {
         let p: Arc<dyn Provider> = rig.p.clone();
-        let ca = p.open_ca(Guid(guid), 0, Arc::new(Quiet)).unwrap();
+        let ca = p
+            .open_ca(Guid(guid), 0, Arc::new(verbs::IgnoreEvents))
+            .unwrap();
         let attr = p.query_port(ca, PortNum(1)).unwrap();
         let pd = p.alloc_pd(ca, 0).unwrap();
         let cq = p.create_cq(pd, &CqInit { cqe: 256 }, 0).unwrap();
@@ -494,15 +489,7 @@ impl Raw {
         }
         let rtr = QpAttr {
             state: Some(QpState::Rtr),
-            av: Some(AhAttr {
-                dlid: Lid(0),
-                port: PortNum(1),
-                grh: true,
-                dgid: rig.port.gid(),
-                sgid_index: 0,
-                sl: 0,
-                hop_limit: 64,
-            }),
+            av: Some(AhAttr::roce(rig.port.gid())),
             path_mtu: Some(attr.active_mtu),
             dest_qpn: Some(local.qpn),
             rq_psn: Some(psn),
@@ -678,7 +665,10 @@ fn rogue_initiator_garbage_next_to_verified_io() {
     // for the last time may leave its socket bound for a moment (the
     // driver thread can hold the last reference), so a reopen right after
     // can fail with EADDRINUSE.
-    let keeper = rig.p.open_ca(Guid(ROGUE), 0, Arc::new(Quiet)).unwrap();
+    let keeper = rig
+        .p
+        .open_ca(Guid(ROGUE), 0, Arc::new(verbs::IgnoreEvents))
+        .unwrap();
     let good = rig.session(GOOD, 1);
     let r = Arc::new(Retries::default());
     let dev = retrying(&good, &r);

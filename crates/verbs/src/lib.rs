@@ -55,7 +55,7 @@ pub use handles::{
     AhHandle, CaHandle, CqHandle, Handle, MrHandle, MwHandle, PdHandle, QpHandle, SrqHandle,
 };
 pub use mem::MemBuf;
-pub use provider::{Context, EventHandler, Provider};
+pub use provider::{Context, EventHandler, IgnoreEvents, Provider};
 pub use types::*;
 
 /// Result of every verb.

@@ -24,6 +24,15 @@ pub trait EventHandler: Send + Sync {
     }
 }
 
+/// A handler for consumers that poll and ignore asynchronous events.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct IgnoreEvents;
+
+impl EventHandler for IgnoreEvents {
+    fn on_completion(&self, _cq_ctx: Context) {}
+    fn on_async_event(&self, _event: AsyncEvent) {}
+}
+
 macro_rules! unsupported {
     ($what:literal) => {
         Err(VerbsError::NotSupported($what))

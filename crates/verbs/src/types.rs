@@ -177,6 +177,22 @@ pub struct AhAttr {
     pub hop_limit: u8,
 }
 
+impl AhAttr {
+    /// The address vector of a RoCE peer at `dgid` through port 1 (no LID,
+    /// GRH with our first GID, hop limit 64).
+    pub fn roce(dgid: Gid) -> AhAttr {
+        AhAttr {
+            dlid: Lid(0),
+            port: PortNum(1),
+            grh: true,
+            dgid,
+            sgid_index: 0,
+            sl: 0,
+            hop_limit: 64,
+        }
+    }
+}
+
 /// QP attributes for modify/query. `None` = not given (the ibverbs mask).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct QpAttr {
