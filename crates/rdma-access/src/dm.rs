@@ -22,7 +22,7 @@ use rdma_mad::dm::{
     ServiceEntry, DM_CLASS_VERSION,
 };
 use rdma_mad::mad::{MadStatus, Method, MgmtClass, StatusCode, MAD_SIZE};
-use rdma_types::Gid;
+use rdma_types::{Gid, Guid};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -41,6 +41,63 @@ pub struct Ioc {
     pub profile: IocProfile,
     /// ServiceEntries.
     pub services: Vec<ServiceEntry>,
+}
+
+/// What an SRP I/O controller profile advertises of the target's limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IocLimits {
+    /// Receive queue depth (srpt_srq_size).
+    pub send_queue_depth: u16,
+    /// Largest request IU (srp_max_req_size).
+    pub send_size: u32,
+    /// Largest RDMA transfer (srp_max_rdma_size).
+    pub rdma_size: u32,
+}
+
+impl Default for IocLimits {
+    /// ib_srpt's defaults: 128 receives of 4148 bytes, 64 KiB RDMA.
+    fn default() -> IocLimits {
+        IocLimits {
+            send_queue_depth: 128,
+            send_size: 4148,
+            rdma_size: 65536,
+        }
+    }
+}
+
+impl Ioc {
+    /// The I/O controller of an SRP target port, filled in as Linux
+    /// ib_srpt fills it: the port GUID as IOC GUID and service ID, I/O
+    /// class 0x0100 (SRP r16a), subclass 0x609e, protocol 0x0108, and one
+    /// service entry `SRP.T10:<id_ext>` (id_ext = the GUID).
+    pub fn srp(guid: Guid, limits: &IocLimits, name: &str) -> Ioc {
+        let mut id_string = [0u8; 64];
+        let n = name.len().min(64);
+        id_string[..n].copy_from_slice(&name.as_bytes()[..n]);
+        Ioc {
+            profile: IocProfile {
+                guid,
+                vendor_id: 0x0002c9,
+                device_id: 0x0000_1000,
+                device_version: 1,
+                subsys_vendor_id: 0x0002c9,
+                subsys_device_id: 0x0000_1000,
+                io_class: rdma_mad::dm::IO_CLASS_SRP,
+                io_subclass: 0x609e,
+                protocol: 0x0108,
+                protocol_version: 0x0001,
+                send_queue_depth: limits.send_queue_depth,
+                rdma_read_depth: 4,
+                send_size: limits.send_size,
+                rdma_size: limits.rdma_size,
+                // Send and RDMA read/write, both directions (ib_srpt's mask).
+                cap_mask: 0x33,
+                service_entries: 1,
+                id_string,
+            },
+            services: vec![ServiceEntry::srp(guid.0, guid.0)],
+        }
+    }
 }
 
 /// The controllers of an I/O unit, by slot (sans-IO).
@@ -311,35 +368,13 @@ pub fn query_iocs(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rdma_types::Guid;
 
     fn ioc(guid: u64, services: usize) -> Ioc {
-        let mut id_string = [0u8; 64];
-        id_string[..5].copy_from_slice(b"srptd");
-        Ioc {
-            profile: IocProfile {
-                guid: Guid(guid),
-                vendor_id: 0x2c9,
-                device_id: 0,
-                device_version: 1,
-                subsys_vendor_id: 0,
-                subsys_device_id: 0,
-                io_class: rdma_mad::dm::IO_CLASS_SRP,
-                io_subclass: 0x609e,
-                protocol: 0x0108,
-                protocol_version: 1,
-                send_queue_depth: 128,
-                rdma_read_depth: 4,
-                send_size: 4148,
-                rdma_size: 65536,
-                cap_mask: 0x33,
-                service_entries: 0,
-                id_string,
-            },
-            services: (0..services)
-                .map(|k| ServiceEntry::srp(guid + k as u64, guid))
-                .collect(),
-        }
+        let mut i = Ioc::srp(Guid(guid), &IocLimits::default(), "srptd");
+        i.services = (0..services)
+            .map(|k| ServiceEntry::srp(guid + k as u64, guid))
+            .collect();
+        i
     }
 
     fn status(r: &MadBytes) -> u16 {

@@ -33,49 +33,16 @@ use std::sync::Arc;
 
 /// GUID of the target CA.
 pub const TARGET_GUID: u64 = 0x0002_c903_00a0_0001;
-/// What an SRP I/O controller profile advertises of the target's limits.
-#[derive(Debug, Clone, Copy)]
-pub struct IocLimits {
-    /// Receive queue depth (srpt_srq_size).
-    pub send_queue_depth: u16,
-    /// Largest request IU (srp_max_req_size).
-    pub send_size: u32,
-    /// Largest RDMA transfer (srp_max_rdma_size).
-    pub rdma_size: u32,
-}
+pub use rdma_access::dm::IocLimits;
 
-/// The I/O controller an SRP target port offers to discovery, filled in
-/// as Linux ib_srpt fills it: the port GUID as IOC GUID and service ID, I/O
-/// class 0x0100 (SRP r16a), subclass 0x609e, protocol 0x0108, and one
-/// service entry `SRP.T10:<id_ext>`.
+/// The I/O controller an SRP target port offers to discovery (see
+/// `rdma_access::dm::Ioc::srp`).
 pub fn srp_ioc(guid: Guid, limits: &IocLimits) -> rdma_access::dm::Ioc {
-    let mut id_string = [0u8; 64];
-    let name = format!("rdma-storage SRP target {:016x}", guid.0);
-    let n = name.len().min(64);
-    id_string[..n].copy_from_slice(&name.as_bytes()[..n]);
-    rdma_access::dm::Ioc {
-        profile: rdma_mad::dm::IocProfile {
-            guid,
-            vendor_id: 0x0002c9,
-            device_id: 0x0000_1000,
-            device_version: 1,
-            subsys_vendor_id: 0x0002c9,
-            subsys_device_id: 0x0000_1000,
-            io_class: rdma_mad::dm::IO_CLASS_SRP,
-            io_subclass: 0x609e,
-            protocol: 0x0108,
-            protocol_version: 0x0001,
-            send_queue_depth: limits.send_queue_depth,
-            rdma_read_depth: 4,
-            send_size: limits.send_size,
-            rdma_size: limits.rdma_size,
-            // Send and RDMA read/write, both directions (ib_srpt's mask).
-            cap_mask: 0x33,
-            service_entries: 1,
-            id_string,
-        },
-        services: vec![rdma_mad::dm::ServiceEntry::srp(guid.0, guid.0)],
-    }
+    rdma_access::dm::Ioc::srp(
+        guid,
+        limits,
+        &format!("rdma-storage SRP target {:016x}", guid.0),
+    )
 }
 
 /// Initiator CAs of the soft RoCE NIC, one per local address, numbered

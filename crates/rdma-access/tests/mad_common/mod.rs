@@ -3,9 +3,9 @@
 
 #![allow(dead_code)]
 
-use rdma_access::dm::{query_iocs, DmService, Ioc};
+use rdma_access::dm::{query_iocs, DmService, Ioc, IocLimits};
 use rdma_access::{CmAgent, CmConfig, CmError};
-use rdma_mad::dm::{IocProfile, ServiceEntry, IO_CLASS_SRP};
+use rdma_mad::dm::{ServiceEntry, IO_CLASS_SRP};
 use rdma_types::{Gid, Guid, Psn, Qpn};
 use rnic::loopback::{CaConfig, Fabric};
 use rnic::softroce::{SoftCa, SoftRoce, ROCE_PORT};
@@ -98,32 +98,11 @@ pub fn pair(kind: Kind, host: u8, loss: f64) -> Pair {
 
 /// An SRP I/O controller with `entries` service entries.
 pub fn srp_ioc(guid: u64, entries: u64) -> Ioc {
-    let mut id_string = [0u8; 64];
-    id_string[..9].copy_from_slice(b"test IOC ");
-    Ioc {
-        profile: IocProfile {
-            guid: Guid(guid),
-            vendor_id: 0x2c9,
-            device_id: 0x1,
-            device_version: 1,
-            subsys_vendor_id: 0,
-            subsys_device_id: 0,
-            io_class: IO_CLASS_SRP,
-            io_subclass: 0x609e,
-            protocol: 0x0108,
-            protocol_version: 1,
-            send_queue_depth: 128,
-            rdma_read_depth: 4,
-            send_size: 4148,
-            rdma_size: 65536,
-            cap_mask: 0x33,
-            service_entries: 0,
-            id_string,
-        },
-        services: (0..entries)
-            .map(|k| ServiceEntry::srp(guid + k, guid))
-            .collect(),
-    }
+    let mut i = Ioc::srp(Guid(guid), &IocLimits::default(), "test IOC");
+    i.services = (0..entries)
+        .map(|k| ServiceEntry::srp(guid + k, guid))
+        .collect();
+    i
 }
 
 static NEXT_SERVICE: AtomicU32 = AtomicU32::new(0x100);
