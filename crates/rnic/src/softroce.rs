@@ -19,7 +19,10 @@
 //! path a seeded [`FaultConfig`] (loss, duplication, reordering,
 //! corruption, latency) before the CA is first opened;
 //! [`SoftRoce::counters`] reports what the node and its QPs counted
-//! (retransmissions among them).
+//! (retransmissions among them). A CA with no faults set takes them from
+//! the environment variable `SOFTROCE_FAULTS` (the tools' spec, e.g.
+//! `loss=0.01,seed=3`), so any binary can be run over a lossy link — the
+//! interop harness does this against Linux rxe; a bad spec fails the open.
 //!
 //! What it refuses (`NotSupported`): memory windows, inline data,
 //! alternate paths, SQD, and SRQ limit events.
@@ -896,12 +899,16 @@ impl Provider for SoftRoce {
             None => {
                 let addr = SocketAddr::new(cfg.ip, self.udp_port);
                 let mut ncfg = NodeConfig::new(addr).with_random_first_qpn();
-                ncfg.faults = self
+                let set = self
                     .faults
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .get(&guid.0)
                     .cloned();
+                ncfg.faults = match set {
+                    Some(f) => Some(f),
+                    None => faults_from_env()?,
+                };
                 let mut node =
                     Node::bind(ncfg).map_err(|e| bad(format!("cannot bind {addr}: {e}")))?;
                 let pulled = self
@@ -1776,6 +1783,16 @@ fn merge(acc: &mut QpAttr, new: &QpAttr) {
         rnr_retry,
         en_sqd_async_notify
     );
+}
+
+/// The faults `SOFTROCE_FAULTS` asks for (`None` when unset or empty).
+fn faults_from_env() -> Result<Option<FaultConfig>> {
+    match std::env::var("SOFTROCE_FAULTS") {
+        Ok(spec) if !spec.trim().is_empty() => FaultConfig::parse(&spec)
+            .map(Some)
+            .map_err(|e| bad(format!("SOFTROCE_FAULTS: {e}"))),
+        _ => Ok(None),
+    }
 }
 
 #[cfg(test)]

@@ -137,6 +137,7 @@ pub struct Stack {
     pub provider: &'static str,
     /// What backs the LUN, in words.
     pub backing: String,
+    soft: Option<Arc<rnic::softroce::SoftRoce>>,
     temp: Option<PathBuf>,
 }
 
@@ -192,6 +193,25 @@ fn err(what: &str, e: impl std::fmt::Display) -> String {
 }
 
 impl Stack {
+    /// What the soft RoCE NICs of both ends counted so far, summed (`None`
+    /// on the loopback provider).
+    pub fn link_counters(&self) -> Option<rnic::softroce::SoftCaCounters> {
+        let soft = self.soft.as_ref()?;
+        let mut sum = rnic::softroce::SoftCaCounters::default();
+        for guid in [TARGET_GUID, INITIATOR_GUID] {
+            let c = soft.counters(Guid(guid))?;
+            sum.tx_packets += c.tx_packets;
+            sum.rx_datagrams += c.rx_datagrams;
+            sum.rx_bad_icrc += c.rx_bad_icrc;
+            sum.retransmits += c.retransmits;
+            sum.timeouts += c.timeouts;
+            sum.duplicates += c.duplicates;
+            sum.out_of_sequence += c.out_of_sequence;
+            sum.seq_naks_received += c.seq_naks_received;
+        }
+        Some(sum)
+    }
+
     /// Builds the fabric, the target with LUN 0, and logs in.
     pub fn start(cfg: &StackConfig) -> Result<Stack, String> {
         if cfg.block_size != 512 && cfg.block_size != 4096 {
@@ -203,6 +223,7 @@ impl Stack {
                 cfg.size
             ));
         }
+        let mut soft = None;
         let (fabric, provider, target_lid): (Arc<dyn verbs::Provider>, &'static str, Lid) =
             match &cfg.transport {
                 Transport::Loopback => {
@@ -219,8 +240,8 @@ impl Stack {
                     target,
                     initiator,
                     udp_port,
-                } => (
-                    rnic::softroce::SoftRoce::new(
+                } => {
+                    let p = rnic::softroce::SoftRoce::new(
                         vec![
                             rnic::softroce::SoftCa {
                                 guid: Guid(TARGET_GUID),
@@ -232,10 +253,10 @@ impl Stack {
                             },
                         ],
                         *udp_port,
-                    ),
-                    "softroce",
-                    Lid(0),
-                ),
+                    );
+                    soft = Some(p.clone());
+                    (p, "softroce", Lid(0))
+                }
             };
 
         let (backend, backing, temp): (Arc<dyn scsi::Backend>, String, Option<PathBuf>) =
@@ -328,6 +349,7 @@ impl Stack {
             disk,
             provider,
             backing,
+            soft,
             temp,
         })
     }

@@ -262,6 +262,18 @@ fn quickstart(nullio: bool, size: u64, runtime: u64, net: &NetArgs) -> Result<()
     } else {
         println!("  nullio drops writes, so nothing was verified");
     }
+    if let Some(c) = stack.link_counters() {
+        println!(
+            "  soft RoCE    {} packets sent, {} retransmitted, {} retransmission timeouts{}",
+            c.tx_packets,
+            c.retransmits,
+            c.timeouts,
+            match std::env::var("SOFTROCE_FAULTS") {
+                Ok(f) if !f.trim().is_empty() => format!(" (SOFTROCE_FAULTS {f})"),
+                _ => String::new(),
+            }
+        );
+    }
     let temp = matches!(cfg.backing, Backing::TempFile);
     drop(stack);
     println!(

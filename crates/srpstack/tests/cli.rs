@@ -62,6 +62,61 @@ fn quickstart_exports_a_lun_verifies_io_and_cleans_up() {
 }
 
 #[test]
+fn quickstart_over_a_lossy_link_from_the_environment() {
+    let run = |faults: &str, a: &str, b: &str| {
+        Command::new(env!("CARGO_BIN_EXE_srpstack"))
+            .args([
+                "quickstart",
+                "--size",
+                "8M",
+                "--runtime",
+                "1",
+                "--target-ip",
+                a,
+                "--initiator-ip",
+                b,
+            ])
+            .env("SOFTROCE_FAULTS", faults)
+            .output()
+            .expect("run srpstack")
+    };
+    // 2 % of datagrams dropped on both NICs: the transport retransmits and
+    // every block still reads back as written.
+    let out = run("loss=0.02,seed=11", "127.0.90.5", "127.0.90.6");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains(" 0 verify failures, 0 I/O errors"), "{text}");
+    let retransmitted: u64 = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("soft RoCE"))
+        .and_then(|l| l.split(", ").nth(1))
+        .and_then(|w| w.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .expect("a soft RoCE counters line");
+    assert!(
+        retransmitted > 0,
+        "loss injected but nothing retransmitted:\n{text}"
+    );
+    assert!(
+        text.contains("(SOFTROCE_FAULTS loss=0.02,seed=11)"),
+        "{text}"
+    );
+
+    // A spec the injector cannot take stops the run with the variable named.
+    let out = run("loss=2", "127.0.90.7", "127.0.90.8");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("SOFTROCE_FAULTS") && err.contains("'loss' must be within 0..=1"),
+        "{err}"
+    );
+}
+
+#[test]
 fn bad_arguments_get_clear_errors() {
     let out = srpstack(&["quickstart", "--size", "3x"]);
     assert_eq!(out.status.code(), Some(2));
