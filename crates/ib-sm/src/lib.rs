@@ -32,6 +32,7 @@
 //! (SMInfo polling), M_Key protection, and several paths per pair.
 
 pub mod partitions;
+pub mod port;
 pub mod sim;
 pub mod sm;
 

@@ -46,6 +46,7 @@ pub mod rdmacm;
 pub mod resource;
 pub mod sa;
 pub mod sma;
+pub mod sma_agent;
 mod wire;
 
 pub use agent::{CmAgent, CmError, Established, Incoming, MadAgent};

@@ -24,8 +24,22 @@
 //! `loss=0.01,seed=3`), so any binary can be run over a lossy link — the
 //! interop harness does this against Linux rxe; a bad spec fails the open.
 //!
+//! Two port personalities (DESIGN.md decision 2), chosen per CA with
+//! [`SoftRoce::set_personality`] before its first open. [`Personality::Roce`]
+//! (the default): the port is ACTIVE from the start, has no LID and no
+//! QP0. [`Personality::Ib`], a managed subnet: the port starts in INIT
+//! with LID 0 and has a QP0, and only a subnet manager makes it ACTIVE,
+//! through the port's SMA in the access layer (`rdma_access::sma_agent`),
+//! which applies the SM's Sets with [`SoftRoce::set_lid`],
+//! [`SoftRoce::set_sm_lid`], [`SoftRoce::set_port_state`] and
+//! [`SoftRoce::set_pkeys`]. RoCE has no QP0 and no SMPs; our convention is
+//! that SMPs travel like any other MAD, as UD SENDs to QPN 0 over UDP
+//! (Q_Key not checked, as IBA 9.6.1.1.2 has it for QP0). Addressing stays
+//! RoCEv2: GIDs are still the CAs' IP addresses, and a LID only names a
+//! port in SM and SA records.
+//!
 //! What it refuses (`NotSupported`): memory windows, inline data,
-//! alternate paths, SQD, and SRQ limit events.
+//! alternate paths, SQD, SRQ limit events, and QP0 on a `roce` port.
 
 use rdma_types::{AccessFlags, Gid, Guid, Lid, Lkey, Mtu, Pkey, PortNum, Psn, Qkey, QpState};
 use rdma_types::{QpType, Qpn, Rkey, WcOpcode, WcStatus};
@@ -51,6 +65,17 @@ pub use rdma_sim::FaultConfig;
 /// Default RoCEv2 UDP port.
 pub const ROCE_PORT: u16 = 4791;
 
+/// The personality of a CA's port (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Personality {
+    /// RoCE: no subnet manager, the port ACTIVE at once, no QP0.
+    #[default]
+    Roce,
+    /// A managed (InfiniBand-style) subnet: QP0, the port INIT until an SM
+    /// brings it ACTIVE and gives it a LID.
+    Ib,
+}
+
 /// One CA of the provider: a name and an address to bind.
 #[derive(Debug, Clone)]
 pub struct SoftCa {
@@ -75,6 +100,8 @@ pub struct SoftRoce {
     /// CAs whose port was taken down (`set_port_active`): the cable stays
     /// pulled while nobody has the CA open, and a new open finds it so.
     down: Mutex<std::collections::HashSet<u64>>,
+    /// CAs in the `ib` personality.
+    ib: Mutex<std::collections::HashSet<u64>>,
 }
 
 /// What an open CA counted: its node's datagrams and the sum over its live
@@ -186,12 +213,17 @@ struct CaRt {
     guid: Guid,
     /// Port 1 as `query_port` reports it (changed by port control).
     port: Mutex<PortStatus>,
+    /// The port's personality.
+    personality: Personality,
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct PortStatus {
     state: PortState,
     lid: Lid,
+    sm_lid: Lid,
+    /// The P_Key table an SM set (`ib`); empty: the default partition.
+    pkeys: Vec<Pkey>,
 }
 
 /// One open of a CA: its handler and context.
@@ -516,7 +548,97 @@ impl SoftRoce {
             faults: Mutex::new(HashMap::new()),
             removed: Mutex::new(std::collections::HashSet::new()),
             down: Mutex::new(std::collections::HashSet::new()),
+            ib: Mutex::new(std::collections::HashSet::new()),
         })
+    }
+
+    /// Gives CA `guid` the `personality` it has from its next first open
+    /// (the node's port starts over then, as after a reset).
+    ///
+    /// # Errors
+    /// `NoSuchCa` for an unknown GUID; `Busy` when the CA is open.
+    pub fn set_personality(&self, guid: Guid, personality: Personality) -> Result<()> {
+        if !self.cas.iter().any(|c| c.guid == guid) {
+            return Err(VerbsError::NoSuchCa);
+        }
+        let devs = self.devices.lock().unwrap_or_else(|e| e.into_inner());
+        if devs.contains_key(&guid.0) {
+            return Err(VerbsError::Busy(
+                "the CA is open; choose its personality before",
+            ));
+        }
+        let mut ib = self.ib.lock().unwrap_or_else(|e| e.into_inner());
+        match personality {
+            Personality::Ib => ib.insert(guid.0),
+            Personality::Roce => ib.remove(&guid.0),
+        };
+        Ok(())
+    }
+
+    /// The personality CA `guid` has (or will have at its next open).
+    pub fn personality(&self, guid: Guid) -> Personality {
+        if self
+            .ib
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&guid.0)
+        {
+            Personality::Ib
+        } else {
+            Personality::Roce
+        }
+    }
+
+    /// The port state the SM (through the SMA) sets on an `ib` port of
+    /// open CA `guid`: ACTIVE raises `PortActive`, leaving ACTIVE raises
+    /// `PortDown` (a port error, IBA 11.6.3). The link is not touched (see
+    /// [`SoftRoce::set_port_active`] for a pulled cable).
+    ///
+    /// # Errors
+    /// `NoSuchCa` when the CA is not open; `InvalidArgument` on a `roce`
+    /// port, whose state is the link's.
+    pub fn set_port_state(&self, guid: Guid, state: PortState) -> Result<()> {
+        let (rt, opens) = self.opens(guid)?;
+        if rt.personality != Personality::Ib {
+            return Err(bad("only an ib port's state is set by an SM"));
+        }
+        let old = {
+            let mut p = rt.port.lock().unwrap_or_else(|e| e.into_inner());
+            std::mem::replace(&mut p.state, state)
+        };
+        match (old == PortState::Active, state == PortState::Active) {
+            (false, true) => port_event(&opens, AsyncEventKind::PortActive),
+            (true, false) => port_event(&opens, AsyncEventKind::PortDown),
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Records the master SM's LID on port 1 of open CA `guid`.
+    ///
+    /// # Errors
+    /// `NoSuchCa` when the CA is not open.
+    pub fn set_sm_lid(&self, guid: Guid, lid: Lid) -> Result<()> {
+        let (rt, _) = self.opens(guid)?;
+        rt.port.lock().unwrap_or_else(|e| e.into_inner()).sm_lid = lid;
+        Ok(())
+    }
+
+    /// Replaces the P_Key table of port 1 of open CA `guid` (empty slots,
+    /// P_Key 0, are left out); raises `PkeyChange`.
+    ///
+    /// # Errors
+    /// `NoSuchCa` when the CA is not open.
+    pub fn set_pkeys(&self, guid: Guid, pkeys: &[Pkey]) -> Result<()> {
+        let (rt, opens) = self.opens(guid)?;
+        let table: Vec<Pkey> = pkeys
+            .iter()
+            .copied()
+            .filter(|k| k.0 & 0x7fff != 0)
+            .collect();
+        rt.port.lock().unwrap_or_else(|e| e.into_inner()).pkeys = table;
+        port_event(&opens, AsyncEventKind::PkeyChange);
+        Ok(())
     }
 
     /// The open device of CA `guid` and the handlers of every open of it.
@@ -567,17 +689,18 @@ impl SoftRoce {
         let Ok((rt, opens)) = self.opens(guid) else {
             return Ok(()); // not open: the next open starts in this state
         };
-        let new = if active {
-            PortState::Active
-        } else {
-            PortState::Down
+        let new = match (active, rt.personality) {
+            (false, _) => PortState::Down,
+            (true, Personality::Roce) => PortState::Active,
+            // The link trained: INIT until the SM activates it again.
+            (true, Personality::Ib) => PortState::Init,
         };
         let changed = {
             let mut p = rt.port.lock().unwrap_or_else(|e| e.into_inner());
             std::mem::replace(&mut p.state, new) != new
         };
         rt.node(|n| n.set_link_up(active));
-        if changed {
+        if changed && new != PortState::Init {
             let kind = if active {
                 AsyncEventKind::PortActive
             } else {
@@ -919,6 +1042,7 @@ impl Provider for SoftRoce {
                 if pulled {
                     node.set_link_up(false);
                 }
+                let personality = self.personality(guid);
                 let rt = Arc::new(CaRt {
                     driver: OnceLock::new(),
                     keys: Arc::new(Mutex::new(KeyTable::new())),
@@ -926,13 +1050,16 @@ impl Provider for SoftRoce {
                     gid: Gid::from_ip(cfg.ip),
                     guid,
                     port: Mutex::new(PortStatus {
-                        state: if pulled {
-                            PortState::Down
-                        } else {
-                            PortState::Active
+                        state: match (pulled, personality) {
+                            (true, _) => PortState::Down,
+                            (false, Personality::Roce) => PortState::Active,
+                            (false, Personality::Ib) => PortState::Init,
                         },
                         lid: Lid(0),
+                        sm_lid: Lid(0),
+                        pkeys: Vec::new(),
                     }),
+                    personality,
                 });
                 let weak: Weak<CaRt> = Arc::downgrade(&rt);
                 let driver = Driver::start(
@@ -1017,16 +1144,20 @@ impl Provider for SoftRoce {
             return Err(bad(format!("port {} does not exist", port.0)));
         }
         let rt = st.rt(i);
-        let ps = *rt.port.lock().unwrap_or_else(|e| e.into_inner());
+        let ps = rt.port.lock().unwrap_or_else(|e| e.into_inner()).clone();
         Ok(PortAttr {
             port,
             state: ps.state,
             max_mtu: Mtu::Mtu4096,
             active_mtu: self.mtu,
             lid: ps.lid,
-            sm_lid: Lid(0),
+            sm_lid: ps.sm_lid,
             gids: vec![rt.gid],
-            pkeys: vec![Pkey::DEFAULT],
+            pkeys: if ps.pkeys.is_empty() {
+                vec![Pkey::DEFAULT]
+            } else {
+                ps.pkeys
+            },
         })
     }
 
@@ -1222,10 +1353,13 @@ impl Provider for SoftRoce {
         let qpn = match init.qp_type {
             QpType::Rc | QpType::Uc | QpType::Ud => rt.node(|n| n.reserve_qpn()),
             QpType::Gsi => Qpn::from_bits(1),
-            QpType::Smi => return Err(VerbsError::NotSupported("QP0 on RoCE")),
+            QpType::Smi if rt.personality == Personality::Ib => Qpn::from_bits(0),
+            QpType::Smi => return Err(VerbsError::NotSupported("QP0 on a roce port")),
         };
-        if init.qp_type == QpType::Gsi && rt.routes_lock().contains_key(&1) {
-            return Err(VerbsError::Busy("QP1 exists"));
+        if matches!(init.qp_type, QpType::Gsi | QpType::Smi)
+            && rt.routes_lock().contains_key(&qpn.value())
+        {
+            return Err(VerbsError::Busy("the special QP exists"));
         }
         let send_cq = st.cq_arc(scq);
         let recv_cq = st.cq_arc(rcq);

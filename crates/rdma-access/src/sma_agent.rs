@@ -1,0 +1,195 @@
+//! The subnet management agent of a real port: [`crate::sma::Sma`] (the
+//! sans-IO answers) on the port's QP0, through the port's MAD driver
+//! ([`CmAgent`]), for the managed-subnet (`ib`) personality.
+//!
+//! [`SmaAgent::start`] registers the SMP classes (directed route and
+//! LID-routed, version 1, Get and Set) on the port's dispatcher and answers
+//! them on its own thread. What a Set changes (LID, master SM LID, port
+//! state, P_Key table) goes to the caller's `apply` before the response
+//! leaves, so when the SM reads the answer the port is already in the
+//! state it reports: the caller turns each [`SmaAction`] into the
+//! provider's port control (for soft RoCE: `set_lid`, `set_sm_lid`,
+//! `set_port_state`, `set_pkeys`).
+//!
+//! Where the SA is: SMPs come from the SM's port, and our SM serves the SA
+//! on that same port, so the source GID of the last Set is kept as
+//! [`SmaAgent::sm_gid`], the address an SA client of this port asks. (On
+//! InfiniBand a node reaches the SA through the master SM LID; over UDP a
+//! LID routes nothing, so the GID stands in for it.)
+//!
+//! What it refuses: a port without QP0 (a `roce` port): `start` fails.
+
+use crate::agent::{CmAgent, CmError, MadAgent};
+use crate::sma::{Sma, SmaAction, SmaConfig};
+use rdma_mad::mad::Method;
+use rdma_types::{Gid, Pkey};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Duration;
+
+/// Directed-route SMP class.
+const SMP_DIRECTED: u8 = 0x81;
+/// LID-routed SMP class.
+const SMP_LID_ROUTED: u8 = 0x01;
+/// How long the thread waits on one class before looking at the other and
+/// at the stop flag.
+const POLL: Duration = Duration::from_millis(20);
+
+/// Applies a Set's effect to the port; gets the SMA as it is after the Set
+/// (the new P_Key table, for [`SmaAction::Pkeys`]).
+pub type Apply = dyn Fn(SmaAction, &Sma) + Send + Sync;
+
+struct Status {
+    sma: Sma,
+    sm: Option<Gid>,
+    smps: u64,
+}
+
+struct Shared {
+    st: Mutex<Status>,
+    changed: Condvar,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Status> {
+        self.st.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The SMA of one port, answering on its own thread until dropped.
+pub struct SmaAgent {
+    shared: Arc<Shared>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl SmaAgent {
+    /// Starts the SMA of `port` (which must have a QP0) as `cfg` describes
+    /// it: link up, INIT, no LID, until an SM says otherwise.
+    ///
+    /// # Errors
+    /// The port has no QP0, another agent serves SMPs on it, or the
+    /// thread cannot start.
+    pub fn start(
+        port: &CmAgent,
+        cfg: SmaConfig,
+        apply: impl Fn(SmaAction, &Sma) + Send + Sync + 'static,
+    ) -> Result<SmaAgent, CmError> {
+        if !port.has_smi() {
+            return Err(CmError::Mad(
+                "the port has no QP0 (a roce port answers no SMPs)".into(),
+            ));
+        }
+        let methods = [u8::from(Method::Get), u8::from(Method::Set)];
+        let directed = port.mad_agent(SMP_DIRECTED, 1, &methods)?;
+        let routed = port.mad_agent(SMP_LID_ROUTED, 1, &methods)?;
+        let shared = Arc::new(Shared {
+            st: Mutex::new(Status {
+                sma: Sma::new(cfg),
+                sm: None,
+                smps: 0,
+            }),
+            changed: Condvar::new(),
+        });
+        let stop = Arc::new(AtomicBool::new(false));
+        let (sh, st) = (shared.clone(), stop.clone());
+        let apply: Box<Apply> = Box::new(apply);
+        let thread = std::thread::Builder::new()
+            .name("sma".into())
+            .spawn(move || {
+                while !st.load(Ordering::Relaxed) {
+                    for (agent, wait) in [(&directed, POLL), (&routed, Duration::ZERO)] {
+                        if let Some((peer, mad)) = agent.recv(wait) {
+                            answer(&sh, agent, &*apply, peer, &mad[..]);
+                        }
+                    }
+                }
+            })
+            .map_err(|e| CmError::Mad(format!("start the SMA thread: {e}")))?;
+        Ok(SmaAgent {
+            shared,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// The port's LID (0 until an SM gives one).
+    pub fn lid(&self) -> u16 {
+        self.shared.lock().sma.lid()
+    }
+
+    /// The port state (see [`crate::sma::state`]).
+    pub fn port_state(&self) -> u8 {
+        self.shared.lock().sma.port_state()
+    }
+
+    /// The master SM's LID.
+    pub fn sm_lid(&self) -> u16 {
+        self.shared.lock().sma.sm_lid()
+    }
+
+    /// The GID the last Set came from: the SM's port, where its SA answers
+    /// (see the module docs). `None` before any Set.
+    pub fn sm_gid(&self) -> Option<Gid> {
+        self.shared.lock().sm
+    }
+
+    /// The P_Key table (block 0).
+    pub fn pkeys(&self) -> [Pkey; 32] {
+        self.shared.lock().sma.pkeys()
+    }
+
+    /// SMPs answered so far.
+    pub fn smps(&self) -> u64 {
+        self.shared.lock().smps
+    }
+
+    /// Waits at most `within` for the port to reach `state`; true if it
+    /// did.
+    pub fn wait_state(&self, state: u8, within: Duration) -> bool {
+        let g = self.shared.lock();
+        let (g, _) = self
+            .shared
+            .changed
+            .wait_timeout_while(g, within, |s| s.sma.port_state() != state)
+            .unwrap_or_else(|e| e.into_inner());
+        g.sma.port_state() == state
+    }
+
+    /// The link went down and came back: the port is in INIT again, and an
+    /// SM's next sweep activates it.
+    pub fn link_retrained(&self) {
+        self.shared.lock().sma.link_retrained();
+        self.shared.changed.notify_all();
+    }
+}
+
+/// Answers one SMP: the Set's effects are applied first, then the
+/// response goes back to `peer`.
+fn answer(sh: &Shared, agent: &MadAgent, apply: &Apply, peer: Gid, smp: &[u8]) {
+    let (resp, actions, after) = {
+        let mut st = sh.lock();
+        let Some((resp, actions)) = st.sma.handle(smp) else {
+            return;
+        };
+        st.smps += 1;
+        if Method::from(smp[3]) == Method::Set {
+            st.sm = Some(peer);
+        }
+        (resp, actions, st.sma.clone())
+    };
+    for a in actions {
+        apply(a, &after);
+    }
+    sh.changed.notify_all();
+    agent.send(peer, resp);
+}
+
+impl Drop for SmaAgent {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
