@@ -235,6 +235,12 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
         Some(p.map_or(self.next_sweep, |p| p.min(self.next_sweep)))
     }
 
+    /// True while SMPs (or Reports) wait for their answers: a sweep is
+    /// under way, or a notice not yet acknowledged.
+    pub fn busy(&self) -> bool {
+        !self.pending.is_empty()
+    }
+
     /// The LID of the port with this GUID, once assigned.
     pub fn lid(&self, guid: Guid) -> Option<u16> {
         self.lid_of.get(&guid).copied()

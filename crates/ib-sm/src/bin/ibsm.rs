@@ -2,14 +2,21 @@
 //! partitions file; `ibsm simulate` runs the SM over a simulated fabric
 //! (`ib_sm::sim`) and prints what a sweep did: ports brought up with their
 //! LIDs, each host's P_Key table, and the PathRecords one host gets from
-//! the SA. Running the SM on a real port needs QP0, which the soft RoCE
-//! NIC does not have yet.
+//! the SA. `ibsm run` is the SM and SA on a real soft RoCE port in the
+//! `ib` personality (`ib_sm::port`): it sweeps the nodes it is given
+//! (UDP has no switches to discover them through), brings their ports
+//! ACTIVE with LIDs and P_Key tables, and answers SA queries until
+//! SIGTERM/SIGINT, or by itself after `--once` / `--sweeps N`.
 
 use clap::{Parser, Subcommand};
+use ib_sm::port::SmPort;
 use ib_sm::sim::{all_active, fabric, host, run_query, sm, table};
-use ib_sm::SmEvent;
+use ib_sm::{SmConfig, SmEvent};
 use rdma_mad::sa::{PathRecord, SaAttr};
-use rdma_types::Duration;
+use rdma_types::{Duration, Gid, Guid, Lid};
+use rnic::softroce::{Personality, SoftCa, SoftRoce};
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 #[derive(Parser)]
@@ -44,10 +51,198 @@ enum Cmd {
         #[arg(long, default_value_t = 1)]
         seed: u64,
     },
+    /// Run the SM and SA on a soft RoCE port (ib personality) for the nodes
+    /// given, until SIGTERM/SIGINT.
+    Run(RunArgs),
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// The SM's own address (its soft RoCE CA binds it).
+    #[arg(long)]
+    addr: IpAddr,
+    /// A node's address (repeat for each).
+    #[arg(long = "node")]
+    nodes: Vec<IpAddr>,
+    /// A file of node addresses, one a line ('#' starts a comment).
+    #[arg(long)]
+    nodes_file: Option<PathBuf>,
+    /// Partitions file (default: everyone a full member of 0x7fff).
+    #[arg(long)]
+    partitions: Option<PathBuf>,
+    /// The RoCEv2 UDP port of every node.
+    #[arg(long, default_value_t = rnic::softroce::ROCE_PORT)]
+    udp_port: u16,
+    /// Milliseconds between sweeps.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(10..=3_600_000))]
+    sweep_interval_ms: u64,
+    /// Milliseconds an SMP or Report waits for its answer.
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    timeout_ms: u64,
+    /// Resends before a node counts as gone.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(0..=20))]
+    retries: u32,
+    /// The SM's own LID.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=0xbfff))]
+    lid: u16,
+    /// Stop after the first sweep; fail unless every node came up.
+    #[arg(long, conflicts_with = "sweeps")]
+    once: bool,
+    /// Stop after this many sweeps.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    sweeps: Option<u64>,
+}
+
+/// The node addresses of `--node` and `--nodes-file`, in that order,
+/// without repeats.
+fn node_addrs(args: &RunArgs) -> Result<Vec<IpAddr>, String> {
+    let mut out = args.nodes.clone();
+    if let Some(f) = &args.nodes_file {
+        out.extend(read_nodes(f)?);
+    }
+    let mut seen = std::collections::HashSet::new();
+    out.retain(|a| seen.insert(*a));
+    if out.contains(&args.addr) {
+        return Err(format!("{} is the SM's own address, not a node", args.addr));
+    }
+    if out.is_empty() {
+        return Err("no nodes: give --node ADDR or --nodes-file FILE".into());
+    }
+    Ok(out)
+}
+
+fn read_nodes(f: &Path) -> Result<Vec<IpAddr>, String> {
+    let text = std::fs::read_to_string(f).map_err(|e| format!("{}: {e}", f.display()))?;
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.split('#').next().unwrap_or("").trim();
+        if line.is_empty() {
+            continue;
+        }
+        let a = line
+            .parse()
+            .map_err(|e| format!("{}:{}: {line:?}: {e}", f.display(), i + 1))?;
+        out.push(a);
+    }
+    Ok(out)
+}
+
+/// The blocked termination signals, polled between steps (no handler
+/// runs in signal context). Blocked before any thread starts, so every
+/// thread inherits the mask and the main thread alone takes them.
+struct Signals(libc::sigset_t);
+
+impl Signals {
+    fn block() -> Signals {
+        // SAFETY: the set is initialised by sigemptyset before use; the
+        // mask change is this thread's, inherited by threads made later.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, libc::SIGTERM);
+            libc::sigaddset(&mut set, libc::SIGINT);
+            libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+            Signals(set)
+        }
+    }
+
+    /// A pending SIGTERM/SIGINT, taken without waiting.
+    fn pending(&self) -> Option<i32> {
+        let zero = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: the set was initialised in block(); a null siginfo is
+        // allowed; zero is a valid timespec.
+        let s = unsafe { libc::sigtimedwait(&self.0, std::ptr::null_mut(), &zero) };
+        (s > 0).then_some(s)
+    }
+}
+
+fn run_sm(args: RunArgs) -> Result<(), String> {
+    let signals = Signals::block();
+    let nodes = node_addrs(&args)?;
+    let mut cfg = SmConfig::new(Guid(0));
+    if let Some(f) = &args.partitions {
+        let text = std::fs::read_to_string(f).map_err(|e| format!("{}: {e}", f.display()))?;
+        cfg.partitions =
+            ib_sm::parse_partitions(&text).map_err(|e| format!("{}: {e}", f.display()))?;
+    }
+    // The SM's port GUID: from its address, as the GIDs are.
+    let gid = Gid::from_ip(args.addr);
+    let guid = Guid(u64::from_be_bytes(gid.0[8..16].try_into().expect("8 bytes")) | 1 << 57);
+    cfg.guid = guid;
+    cfg.lid = args.lid;
+    cfg.sweep_interval = Duration::from_millis(args.sweep_interval_ms);
+    cfg.timeout = Duration::from_millis(args.timeout_ms);
+    cfg.retries = args.retries;
+    let nic = SoftRoce::new(
+        vec![SoftCa {
+            guid,
+            ip: args.addr,
+        }],
+        args.udp_port,
+    );
+    nic.set_personality(guid, Personality::Ib)
+        .map_err(|e| e.to_string())?;
+    let gids: Vec<Gid> = nodes.iter().map(|a| Gid::from_ip(*a)).collect();
+    let mut port = SmPort::open(nic.clone(), guid, cfg, &gids).map_err(|e| e.to_string())?;
+    // The SM configures its own port directly: it is the master here.
+    nic.set_lid(guid, Lid(args.lid))
+        .and_then(|()| nic.set_sm_lid(guid, Lid(args.lid)))
+        .and_then(|()| nic.set_port_state(guid, verbs::PortState::Active))
+        .map_err(|e| format!("own port: {e}"))?;
+    println!(
+        "ibsm: SM and SA at {} (LID {}), {} nodes, sweeps every {} ms",
+        args.addr,
+        args.lid,
+        nodes.len(),
+        args.sweep_interval_ms
+    );
+    let last_sweep = if args.once { Some(1) } else { args.sweeps };
+    loop {
+        port.step(std::time::Duration::from_millis(50));
+        while let Some(e) = port.poll_event() {
+            match e {
+                SmEvent::PortUp { guid, lid } => {
+                    println!("port {:#018x} ACTIVE, LID {lid}", guid.0)
+                }
+                SmEvent::PortDown { guid } => println!("port {:#018x} gone", guid.0),
+            }
+        }
+        if let Some(sig) = signals.pending() {
+            println!("ibsm: signal {sig}, stopping");
+            break;
+        }
+        let sm = port.sm();
+        if last_sweep.is_some_and(|n| sm.stats().sweeps >= n && !sm.busy()) {
+            break;
+        }
+    }
+    let sm = port.sm();
+    let st = sm.stats();
+    let active = sm.active_ports().len();
+    println!(
+        "ibsm: {active} of {} ports ACTIVE after {} sweeps, {} resends, {} SA requests, {} reports",
+        nodes.len(),
+        st.sweeps,
+        st.retries,
+        st.sa_requests,
+        st.reports
+    );
+    if args.once && active < nodes.len() {
+        return Err(format!(
+            "{} of {} nodes did not come up",
+            nodes.len() - active,
+            nodes.len()
+        ));
+    }
+    Ok(())
 }
 
 fn run(cmd: Cmd) -> Result<(), String> {
     match cmd {
+        Cmd::Run(args) => run_sm(args),
         Cmd::Check { file } => {
             let text =
                 std::fs::read_to_string(&file).map_err(|e| format!("{}: {e}", file.display()))?;

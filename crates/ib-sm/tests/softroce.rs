@@ -1,0 +1,440 @@
+//! `ibsm run` on a real soft RoCE port, with nodes in the `ib`
+//! personality on 127.0.131.x: the SM process sweeps them over UDP (SMPs
+//! to QP0), their SMAs (`rdma_access::sma_agent`) bring the ports ACTIVE
+//! with distinct LIDs, the SA answers their PathRecord and NodeRecord
+//! queries, an RC connection made by the IB CM with those paths carries a
+//! message, a node whose cable is pulled is reported by trap 65 to a
+//! subscriber, and SIGTERM stops the SM. `--once` gives a verdict.
+
+use ib_sm::port::{softroce_sma, softroce_sma_config};
+use rdma_access::sa::{PathQuery, SaClient, SaTiming};
+use rdma_access::sma::state;
+use rdma_access::sma_agent::SmaAgent;
+use rdma_access::CmAgent;
+use rdma_mad::sa::PathRecord;
+use rdma_types::WcStatus;
+use rdma_types::{AccessFlags, Gid, Guid, Lid, Mtu, PortNum, Psn, QpState, Qpn, WcOpcode};
+use rnic::softroce::{Personality, SoftCa, SoftRoce, ROCE_PORT};
+use std::net::{IpAddr, Ipv4Addr};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use verbs::{
+    AhAttr, CaHandle, CqHandle, CqInit, MemBuf, MrInfo, PortState, Provider, QpAttr, QpHandle,
+    QpInit, RecvWr, SendOpcode, SendWr, Sge, WorkCompletion,
+};
+
+const T: Duration = Duration::from_secs(10);
+
+fn ip(last: u8) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(127, 0, 131, last))
+}
+
+/// An `ib` node: its port's MAD driver and SMA, and a CA open for the
+/// test's own verbs.
+struct Node {
+    guid: Guid,
+    dev: CaHandle,
+    sma: SmaAgent,
+    agent: Arc<CmAgent>,
+}
+
+fn nodes(lasts: &[u8]) -> (Arc<SoftRoce>, Vec<Node>) {
+    let guid = |last: u8| Guid(0x1310_0000 | u64::from(last));
+    let p = SoftRoce::new(
+        lasts
+            .iter()
+            .map(|&l| SoftCa {
+                guid: guid(l),
+                ip: ip(l),
+            })
+            .collect(),
+        ROCE_PORT,
+    );
+    let nodes = lasts
+        .iter()
+        .map(|&l| {
+            let g = guid(l);
+            p.set_personality(g, Personality::Ib).unwrap();
+            let dev = p.open_ca(g, 0, Arc::new(verbs::IgnoreEvents)).unwrap();
+            let agent = CmAgent::start(p.clone(), g, u32::from(l) << 16).unwrap();
+            let sma = SmaAgent::start(
+                &agent,
+                softroce_sma_config(g, &format!("node-{l}"), false),
+                softroce_sma(p.clone(), g),
+            )
+            .unwrap();
+            Node {
+                guid: g,
+                dev,
+                sma,
+                agent,
+            }
+        })
+        .collect();
+    (p, nodes)
+}
+
+/// The `ibsm` process; killed if the test ends without stopping it.
+struct Ibsm {
+    child: Option<Child>,
+    out: std::path::PathBuf,
+}
+
+impl Ibsm {
+    fn start(tag: &str, args: &[&str]) -> Ibsm {
+        let out = std::env::temp_dir().join(format!("ibsm-{tag}-{}.out", std::process::id()));
+        let file = std::fs::File::create(&out).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_ibsm"))
+            .arg("run")
+            .args(args)
+            .stdout(Stdio::from(file.try_clone().unwrap()))
+            .stderr(Stdio::from(file))
+            .spawn()
+            .unwrap();
+        Ibsm {
+            child: Some(child),
+            out,
+        }
+    }
+
+    /// Waits at most `within` for the process to end; its success and
+    /// output.
+    fn wait(&mut self, within: Duration) -> (bool, String) {
+        let mut c = self.child.take().expect("running");
+        let end = Instant::now() + within;
+        let status = loop {
+            if let Some(s) = c.try_wait().unwrap() {
+                break s;
+            }
+            if Instant::now() >= end {
+                let _ = c.kill();
+                let _ = c.wait();
+                panic!("ibsm did not stop within {within:?}");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        let out = std::fs::read_to_string(&self.out).unwrap_or_default();
+        (status.success(), out)
+    }
+
+    /// Waits at most `within` for the output so far to satisfy `done`.
+    fn wait_output(&self, within: Duration, done: impl Fn(&str) -> bool) -> String {
+        let end = Instant::now() + within;
+        loop {
+            let out = std::fs::read_to_string(&self.out).unwrap_or_default();
+            if done(&out) {
+                return out;
+            }
+            assert!(Instant::now() < end, "ibsm output never got there:\n{out}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn terminate(&mut self) -> (bool, String) {
+        let pid = self.child.as_ref().expect("running").id();
+        let ok = Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill -TERM {pid}");
+        self.wait(T)
+    }
+}
+
+impl Drop for Ibsm {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = std::fs::remove_file(&self.out);
+    }
+}
+
+/// An RC QP with a registered buffer, in INIT.
+struct Rc {
+    p: Arc<SoftRoce>,
+    cq: CqHandle,
+    qp: QpHandle,
+    buf: MemBuf,
+    mr: MrInfo,
+}
+
+impl Rc {
+    fn new(p: &Arc<SoftRoce>, dev: CaHandle) -> Rc {
+        let pd = p.alloc_pd(dev, 0).unwrap();
+        let cq = p.create_cq(pd, &CqInit { cqe: 8 }, 0).unwrap();
+        let mut init = QpInit::rc(cq, 4, 4);
+        init.sq_sig_all = true;
+        let qp = p.create_qp(pd, &init, 0).unwrap();
+        p.modify_qp(
+            qp,
+            &QpAttr {
+                state: Some(QpState::Init),
+                port: Some(PortNum(1)),
+                pkey_index: Some(0),
+                access: Some(AccessFlags::LOCAL_WRITE),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let buf = MemBuf::new(4096);
+        let mr = p
+            .reg_mr(
+                pd,
+                &buf,
+                buf.addr(),
+                buf.len() as u64,
+                AccessFlags::LOCAL_WRITE,
+                0,
+            )
+            .unwrap();
+        Rc {
+            p: p.clone(),
+            cq,
+            qp,
+            buf,
+            mr,
+        }
+    }
+
+    fn qpn(&self) -> Qpn {
+        self.p.qp_num(self.qp).unwrap()
+    }
+
+    /// RTR then RTS along `path` (its DGID and DLID, its MTU).
+    fn connect(&self, path: &PathRecord, remote_qpn: Qpn, rq_psn: Psn, sq_psn: Psn) {
+        let mut av = AhAttr::roce(path.dgid);
+        av.dlid = Lid(path.dlid);
+        av.sl = path.sl;
+        let p = &self.p;
+        p.modify_qp(
+            self.qp,
+            &QpAttr {
+                state: Some(QpState::Rtr),
+                av: Some(av),
+                path_mtu: Some(Mtu::from_code(path.mtu).unwrap_or(Mtu::Mtu1024)),
+                dest_qpn: Some(remote_qpn),
+                rq_psn: Some(rq_psn),
+                max_dest_rd_atomic: Some(1),
+                min_rnr_timer: Some(12),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        p.modify_qp(
+            self.qp,
+            &QpAttr {
+                state: Some(QpState::Rts),
+                sq_psn: Some(sq_psn),
+                timeout: Some(14),
+                retry_cnt: Some(7),
+                rnr_retry: Some(7),
+                max_rd_atomic: Some(1),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    }
+
+    fn sge(&self, len: u32) -> Sge {
+        Sge {
+            addr: self.buf.addr(),
+            length: len,
+            lkey: self.mr.lkey,
+        }
+    }
+
+    fn wc(&self) -> WorkCompletion {
+        let end = Instant::now() + T;
+        let mut wc = [WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0)];
+        loop {
+            if self.p.poll_cq(self.cq, &mut wc).unwrap() == 1 {
+                return wc[0];
+            }
+            assert!(Instant::now() < end, "no completion");
+            let _ = self.p.wait_cq(self.cq, Duration::from_millis(50));
+        }
+    }
+}
+
+fn one_path(sa: &SaClient, from: Gid, to: Gid) -> PathRecord {
+    let paths = sa
+        .path_records(&PathQuery {
+            sgid: from,
+            dgid: to,
+            max_paths: 1,
+            pkey: None,
+            service_id: None,
+        })
+        .unwrap();
+    assert_eq!(paths.len(), 1, "{paths:?}");
+    paths[0]
+}
+
+#[test]
+fn ibsm_run_brings_ib_nodes_up_and_serves_paths_connections_and_traps() {
+    let (p, n) = nodes(&[2, 3]);
+    for x in &n {
+        let port = p.query_port(x.dev, PortNum(1)).unwrap();
+        assert_eq!((port.state, port.lid), (PortState::Init, Lid(0)));
+    }
+    let mut sm = Ibsm::start(
+        "run",
+        &[
+            "--addr",
+            "127.0.131.1",
+            "--node",
+            "127.0.131.2",
+            "--node",
+            "127.0.131.3",
+            "--sweep-interval-ms",
+            "300",
+            "--timeout-ms",
+            "100",
+            "--retries",
+            "2",
+        ],
+    );
+    for x in &n {
+        assert!(
+            x.sma.wait_state(state::ACTIVE, T),
+            "node {:#x} not ACTIVE",
+            x.guid.0
+        );
+    }
+    // The SA lists a port once the SM has finished with it (P_Key table
+    // set, trap 64), a few SMPs after the port went ACTIVE.
+    sm.wait_output(T, |out| out.matches(" ACTIVE, LID ").count() == 2);
+    let (a, b) = (&n[0], &n[1]);
+    let (la, lb) = (a.sma.lid(), b.sma.lid());
+    assert!(la > 1 && lb > 1 && la != lb, "LIDs {la} {lb}");
+    for x in &n {
+        let port = p.query_port(x.dev, PortNum(1)).unwrap();
+        assert_eq!(
+            (port.state, port.lid, port.sm_lid),
+            (PortState::Active, Lid(x.sma.lid()), Lid(1))
+        );
+    }
+    let sa_gid = Gid::from_ip(ip(1));
+    assert_eq!(a.sma.sm_gid(), Some(sa_gid), "the SA is where the SM is");
+
+    // The SA: paths both ways, carrying the GIDs and the LIDs.
+    let timing = SaTiming::default();
+    let sa_a = SaClient::new(&a.agent, sa_gid, timing).unwrap();
+    let sa_b = SaClient::new(&b.agent, sa_gid, timing).unwrap();
+    let ab = one_path(&sa_a, a.agent.gid(), b.agent.gid());
+    assert_eq!(
+        (ab.sgid, ab.dgid, ab.slid, ab.dlid, ab.pkey.0),
+        (a.agent.gid(), b.agent.gid(), la, lb, 0xffff)
+    );
+    let ba = one_path(&sa_b, b.agent.gid(), a.agent.gid());
+    assert_eq!((ba.dgid, ba.dlid), (a.agent.gid(), la));
+    let mut lids: Vec<u16> = sa_a
+        .node_records(None)
+        .unwrap()
+        .iter()
+        .map(|r| r.lid)
+        .collect();
+    lids.sort_unstable();
+    let mut want = vec![la, lb];
+    want.sort_unstable();
+    assert_eq!(lids, want);
+
+    // An RC connection by the IB CM along those paths.
+    const SID: u64 = 0x0131_0000_0000_0001;
+    let (qa, qb) = (Rc::new(&p, a.dev), Rc::new(&p, b.dev));
+    qb.p.post_recv(
+        qb.qp,
+        &[RecvWr {
+            wr_id: 7,
+            sges: vec![qb.sge(64)],
+        }],
+    )
+    .unwrap();
+    let requests = b.agent.listen(SID);
+    let (psn_a, psn_b) = (Psn::new(0x100), Psn::new(0x200));
+    let server = {
+        let qbn = qb.qpn();
+        std::thread::spawn(move || {
+            let inc = requests.recv_timeout(T).expect("a REQ");
+            (inc.remote_qpn, inc.remote_psn, inc, qbn)
+        })
+    };
+    let client = {
+        let agent = a.agent.clone();
+        let (dgid, qan) = (ab.dgid, qa.qpn());
+        std::thread::spawn(move || agent.connect(dgid, SID, qan, psn_a, b"ib".to_vec(), T))
+    };
+    let (rq, rpsn, inc, qbn) = server.join().unwrap();
+    assert_eq!((rq, rpsn), (qa.qpn(), psn_a));
+    qb.connect(&ba, rq, psn_b, rpsn);
+    assert!(inc.accept(qbn, psn_b, b"ok".to_vec()));
+    let est = client.join().unwrap().unwrap();
+    assert_eq!((est.remote_qpn, est.remote_psn), (qb.qpn(), psn_b));
+    qa.connect(&ab, est.remote_qpn, psn_a, est.remote_psn);
+    qa.buf.write_at(0, b"over a path from the SA");
+    let mut w = SendWr::new(1, SendOpcode::Send, vec![qa.sge(23)]);
+    w.flags = verbs::SendFlags::SIGNALED;
+    qa.p.post_send(qa.qp, &[w]).unwrap();
+    let wc = qb.wc();
+    assert_eq!(
+        (wc.wr_id, wc.status, wc.byte_len),
+        (7, WcStatus::Success, 23)
+    );
+    assert_eq!(qb.buf.to_vec(0, 23), b"over a path from the SA".to_vec());
+    assert_eq!(qa.wc().status, WcStatus::Success);
+
+    // A node whose cable is pulled: trap 65 to the subscriber.
+    sa_a.subscribe(65).unwrap();
+    let notices = sa_a.notices().unwrap();
+    p.set_port_active(b.guid, false).unwrap();
+    let (from, notice) = notices.recv_timeout(T).expect("trap 65");
+    assert_eq!((from, notice.trap_number), (sa_gid, 65));
+    assert_eq!(&notice.data_details[6..22], &b.agent.gid().0[..]);
+
+    let (ok, out) = sm.terminate();
+    assert!(ok, "{out}");
+    assert_eq!(out.matches(" ACTIVE, LID ").count(), 2, "{out}");
+    assert!(out.contains(&format!("{:#018x} gone", b.guid.0)), "{out}");
+    assert!(out.contains("signal 15, stopping"), "{out}");
+}
+
+#[test]
+fn ibsm_run_once_gives_a_verdict() {
+    let (_p, n) = nodes(&[4]);
+    let args = |extra: &'static str| {
+        let mut v = vec![
+            "--addr",
+            "127.0.131.5",
+            "--node",
+            "127.0.131.4",
+            "--timeout-ms",
+            "50",
+            "--retries",
+            "1",
+            "--once",
+        ];
+        if !extra.is_empty() {
+            v.extend(["--node", extra]);
+        }
+        v
+    };
+    // Nobody answers at .6: the sweep ends, the verdict fails.
+    let (ok, out) = Ibsm::start("once-fail", &args("127.0.131.6")).wait(T);
+    assert!(!ok, "{out}");
+    assert!(out.contains("1 of 2 nodes did not come up"), "{out}");
+    assert_eq!(n[0].sma.port_state(), state::ACTIVE, "{out}");
+    let (ok, out) = Ibsm::start("once-ok", &args("")).wait(T);
+    assert!(ok, "{out}");
+    assert!(out.contains("1 of 1 ports ACTIVE after 1 sweeps"), "{out}");
+    // Bad input is an error, not a panic.
+    let (ok, out) = Ibsm::start(
+        "once-bad",
+        &["--addr", "127.0.131.5", "--node", "127.0.131.5"],
+    )
+    .wait(T);
+    assert!(!ok && out.contains("the SM's own address"), "{out}");
+}
