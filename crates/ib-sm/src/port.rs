@@ -1,7 +1,9 @@
 //! The subnet manager on a real port: [`SmPort`] carries the sans-IO
 //! [`SubnetManager`]'s MADs over a verbs provider's QP0 (SMPs) and QP1 (SA
-//! requests, Reports), with the clock; [`softroce_sma`] is the other end,
-//! the glue that applies what a node's SMA was told to a soft RoCE port.
+//! requests, Reports), with the clock. The other end is a node's port:
+//! [`IbNode`] runs a soft RoCE CA in the `ib` personality with its SMA,
+//! and [`softroce_sma`] is the glue that applies what the SMA was told to
+//! the port.
 //!
 //! The SM owns both special QPs of its CA (no other MAD agent can run on
 //! that port); peers are named by GID, which on soft RoCE is the IP
@@ -15,6 +17,8 @@ use crate::sm::{QP_GSI, QP_SMI};
 use crate::{SmConfig, SmEvent, SubnetManager};
 use rdma_access::gsi::MadBytes;
 use rdma_access::sma::{state, Sma, SmaAction, SmaConfig};
+use rdma_access::sma_agent::SmaAgent;
+use rdma_access::CmAgent;
 use rdma_mad::mad::MAD_SIZE;
 use rdma_types::{AccessFlags, Gid, Guid, Instant, Lid, PortNum, Psn, Qkey, QpState, QpType};
 use rdma_types::{Qpn, WcOpcode, WcStatus};
@@ -459,6 +463,110 @@ impl Drop for SmPort {
         let _ = p.destroy_cq(self.cq);
         let _ = p.dealloc_pd(self.pd);
         let _ = p.close_ca(self.ca);
+    }
+}
+
+/// A node's `ib` port on soft RoCE: the port's MAD driver ([`CmAgent`],
+/// with QP0) and its SMA, wired to the provider's port control both ways:
+/// the SM's Sets reach the port ([`softroce_sma`]), and the port's own
+/// events reach the SMA (a pulled cable puts it back in INIT, so when the
+/// link returns the SM's next sweep activates it again).
+pub struct IbNode {
+    p: Arc<SoftRoce>,
+    guid: Guid,
+    dev: CaHandle,
+    agent: Option<Arc<CmAgent>>,
+    sma: Option<Arc<SmaAgent>>,
+}
+
+/// Port events of the node's CA, for its SMA.
+struct LinkWatch(std::sync::OnceLock<std::sync::Weak<SmaAgent>>);
+
+impl verbs::EventHandler for LinkWatch {
+    fn on_completion(&self, _: verbs::Context) {}
+    fn on_async_event(&self, e: verbs::AsyncEvent) {
+        if e.kind == verbs::AsyncEventKind::PortDown {
+            if let Some(sma) = self.0.get().and_then(std::sync::Weak::upgrade) {
+                sma.link_retrained();
+            }
+        }
+    }
+}
+
+impl IbNode {
+    /// Puts soft RoCE CA `guid` (not yet open) in the `ib` personality and
+    /// starts its port: CM agent (comm IDs from `first_comm_id`) and SMA
+    /// (`description`; device management offered if `dm`).
+    ///
+    /// # Errors
+    /// The CA is unknown or already open, or its port cannot start.
+    pub fn start(
+        p: Arc<SoftRoce>,
+        guid: Guid,
+        description: &str,
+        dm: bool,
+        first_comm_id: u32,
+    ) -> Result<IbNode, String> {
+        p.set_personality(guid, rnic::softroce::Personality::Ib)
+            .map_err(|e| format!("CA {:#x}: {e}", guid.0))?;
+        let watch = Arc::new(LinkWatch(std::sync::OnceLock::new()));
+        let dev = p
+            .open_ca(guid, 0, watch.clone())
+            .map_err(|e| format!("CA {:#x}: {e}", guid.0))?;
+        let started = CmAgent::start(p.clone(), guid, first_comm_id)
+            .map_err(|e| e.to_string())
+            .and_then(|agent| {
+                let cfg = softroce_sma_config(guid, description, dm);
+                SmaAgent::start(&agent, cfg, softroce_sma(p.clone(), guid))
+                    .map(|sma| (agent, Arc::new(sma)))
+                    .map_err(|e| e.to_string())
+            });
+        let (agent, sma) = match started {
+            Ok(x) => x,
+            Err(e) => {
+                let _ = p.close_ca(dev);
+                return Err(format!("CA {:#x}: {e}", guid.0));
+            }
+        };
+        let _ = watch.0.set(Arc::downgrade(&sma));
+        Ok(IbNode {
+            p,
+            guid,
+            dev,
+            agent: Some(agent),
+            sma: Some(sma),
+        })
+    }
+
+    /// The port's MAD driver: CM, MAD agents, SA clients.
+    pub fn agent(&self) -> &Arc<CmAgent> {
+        self.agent.as_ref().expect("until dropped")
+    }
+
+    /// The port's SMA.
+    pub fn sma(&self) -> &SmaAgent {
+        self.sma.as_ref().expect("until dropped")
+    }
+
+    /// The CA's GUID.
+    pub fn guid(&self) -> Guid {
+        self.guid
+    }
+
+    /// The port as the provider reports it.
+    ///
+    /// # Errors
+    /// The provider refused the query.
+    pub fn port(&self) -> Result<verbs::PortAttr, VerbsError> {
+        self.p.query_port(self.dev, PortNum(1))
+    }
+}
+
+impl Drop for IbNode {
+    fn drop(&mut self) {
+        self.sma.take();
+        self.agent.take();
+        let _ = self.p.close_ca(self.dev);
     }
 }
 

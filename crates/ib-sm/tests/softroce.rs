@@ -6,22 +6,20 @@
 //! message, a node whose cable is pulled is reported by trap 65 to a
 //! subscriber, and SIGTERM stops the SM. `--once` gives a verdict.
 
-use ib_sm::port::{softroce_sma, softroce_sma_config};
+use ib_sm::port::IbNode;
 use rdma_access::sa::{PathQuery, SaClient, SaTiming};
 use rdma_access::sma::state;
-use rdma_access::sma_agent::SmaAgent;
-use rdma_access::CmAgent;
 use rdma_mad::sa::PathRecord;
 use rdma_types::WcStatus;
 use rdma_types::{AccessFlags, Gid, Guid, Lid, Mtu, PortNum, Psn, QpState, Qpn, WcOpcode};
-use rnic::softroce::{Personality, SoftCa, SoftRoce, ROCE_PORT};
+use rnic::softroce::{SoftCa, SoftRoce, ROCE_PORT};
 use std::net::{IpAddr, Ipv4Addr};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use verbs::{
-    AhAttr, CaHandle, CqHandle, CqInit, MemBuf, MrInfo, PortState, Provider, QpAttr, QpHandle,
-    QpInit, RecvWr, SendOpcode, SendWr, Sge, WorkCompletion,
+    AhAttr, CqHandle, CqInit, MemBuf, MrInfo, PortState, Provider, QpAttr, QpHandle, QpInit,
+    RecvWr, SendOpcode, SendWr, Sge, WorkCompletion,
 };
 
 const T: Duration = Duration::from_secs(10);
@@ -30,17 +28,12 @@ fn ip(last: u8) -> IpAddr {
     IpAddr::V4(Ipv4Addr::new(127, 0, 131, last))
 }
 
-/// An `ib` node: its port's MAD driver and SMA, and a CA open for the
-/// test's own verbs.
-struct Node {
-    guid: Guid,
-    dev: CaHandle,
-    sma: SmaAgent,
-    agent: Arc<CmAgent>,
+fn guid(last: u8) -> Guid {
+    Guid(0x1310_0000 | u64::from(last))
 }
 
-fn nodes(lasts: &[u8]) -> (Arc<SoftRoce>, Vec<Node>) {
-    let guid = |last: u8| Guid(0x1310_0000 | u64::from(last));
+/// `ib` nodes at 127.0.131.`lasts`, on one provider.
+fn nodes(lasts: &[u8]) -> (Arc<SoftRoce>, Vec<IbNode>) {
     let p = SoftRoce::new(
         lasts
             .iter()
@@ -54,22 +47,14 @@ fn nodes(lasts: &[u8]) -> (Arc<SoftRoce>, Vec<Node>) {
     let nodes = lasts
         .iter()
         .map(|&l| {
-            let g = guid(l);
-            p.set_personality(g, Personality::Ib).unwrap();
-            let dev = p.open_ca(g, 0, Arc::new(verbs::IgnoreEvents)).unwrap();
-            let agent = CmAgent::start(p.clone(), g, u32::from(l) << 16).unwrap();
-            let sma = SmaAgent::start(
-                &agent,
-                softroce_sma_config(g, &format!("node-{l}"), false),
-                softroce_sma(p.clone(), g),
+            IbNode::start(
+                p.clone(),
+                guid(l),
+                &format!("node-{l}"),
+                false,
+                u32::from(l) << 16,
             )
-            .unwrap();
-            Node {
-                guid: g,
-                dev,
-                sma,
-                agent,
-            }
+            .unwrap()
         })
         .collect();
     (p, nodes)
@@ -163,7 +148,10 @@ struct Rc {
 }
 
 impl Rc {
-    fn new(p: &Arc<SoftRoce>, dev: CaHandle) -> Rc {
+    fn new(p: &Arc<SoftRoce>, node: &IbNode) -> Rc {
+        let dev = p
+            .open_ca(node.guid(), 0, Arc::new(verbs::IgnoreEvents))
+            .unwrap();
         let pd = p.alloc_pd(dev, 0).unwrap();
         let cq = p.create_cq(pd, &CqInit { cqe: 8 }, 0).unwrap();
         let mut init = QpInit::rc(cq, 4, 4);
@@ -278,7 +266,7 @@ fn one_path(sa: &SaClient, from: Gid, to: Gid) -> PathRecord {
 fn ibsm_run_brings_ib_nodes_up_and_serves_paths_connections_and_traps() {
     let (p, n) = nodes(&[2, 3]);
     for x in &n {
-        let port = p.query_port(x.dev, PortNum(1)).unwrap();
+        let port = x.port().unwrap();
         assert_eq!((port.state, port.lid), (PortState::Init, Lid(0)));
     }
     let mut sm = Ibsm::start(
@@ -300,38 +288,38 @@ fn ibsm_run_brings_ib_nodes_up_and_serves_paths_connections_and_traps() {
     );
     for x in &n {
         assert!(
-            x.sma.wait_state(state::ACTIVE, T),
+            x.sma().wait_state(state::ACTIVE, T),
             "node {:#x} not ACTIVE",
-            x.guid.0
+            x.guid().0
         );
     }
     // The SA lists a port once the SM has finished with it (P_Key table
     // set, trap 64), a few SMPs after the port went ACTIVE.
     sm.wait_output(T, |out| out.matches(" ACTIVE, LID ").count() == 2);
     let (a, b) = (&n[0], &n[1]);
-    let (la, lb) = (a.sma.lid(), b.sma.lid());
+    let (la, lb) = (a.sma().lid(), b.sma().lid());
     assert!(la > 1 && lb > 1 && la != lb, "LIDs {la} {lb}");
     for x in &n {
-        let port = p.query_port(x.dev, PortNum(1)).unwrap();
+        let port = x.port().unwrap();
         assert_eq!(
             (port.state, port.lid, port.sm_lid),
-            (PortState::Active, Lid(x.sma.lid()), Lid(1))
+            (PortState::Active, Lid(x.sma().lid()), Lid(1))
         );
     }
     let sa_gid = Gid::from_ip(ip(1));
-    assert_eq!(a.sma.sm_gid(), Some(sa_gid), "the SA is where the SM is");
+    assert_eq!(a.sma().sm_gid(), Some(sa_gid), "the SA is where the SM is");
 
     // The SA: paths both ways, carrying the GIDs and the LIDs.
     let timing = SaTiming::default();
-    let sa_a = SaClient::new(&a.agent, sa_gid, timing).unwrap();
-    let sa_b = SaClient::new(&b.agent, sa_gid, timing).unwrap();
-    let ab = one_path(&sa_a, a.agent.gid(), b.agent.gid());
+    let sa_a = SaClient::new(a.agent(), sa_gid, timing).unwrap();
+    let sa_b = SaClient::new(b.agent(), sa_gid, timing).unwrap();
+    let ab = one_path(&sa_a, a.agent().gid(), b.agent().gid());
     assert_eq!(
         (ab.sgid, ab.dgid, ab.slid, ab.dlid, ab.pkey.0),
-        (a.agent.gid(), b.agent.gid(), la, lb, 0xffff)
+        (a.agent().gid(), b.agent().gid(), la, lb, 0xffff)
     );
-    let ba = one_path(&sa_b, b.agent.gid(), a.agent.gid());
-    assert_eq!((ba.dgid, ba.dlid), (a.agent.gid(), la));
+    let ba = one_path(&sa_b, b.agent().gid(), a.agent().gid());
+    assert_eq!((ba.dgid, ba.dlid), (a.agent().gid(), la));
     let mut lids: Vec<u16> = sa_a
         .node_records(None)
         .unwrap()
@@ -345,7 +333,7 @@ fn ibsm_run_brings_ib_nodes_up_and_serves_paths_connections_and_traps() {
 
     // An RC connection by the IB CM along those paths.
     const SID: u64 = 0x0131_0000_0000_0001;
-    let (qa, qb) = (Rc::new(&p, a.dev), Rc::new(&p, b.dev));
+    let (qa, qb) = (Rc::new(&p, &a), Rc::new(&p, &b));
     qb.p.post_recv(
         qb.qp,
         &[RecvWr {
@@ -354,7 +342,7 @@ fn ibsm_run_brings_ib_nodes_up_and_serves_paths_connections_and_traps() {
         }],
     )
     .unwrap();
-    let requests = b.agent.listen(SID);
+    let requests = b.agent().listen(SID);
     let (psn_a, psn_b) = (Psn::new(0x100), Psn::new(0x200));
     let server = {
         let qbn = qb.qpn();
@@ -364,7 +352,7 @@ fn ibsm_run_brings_ib_nodes_up_and_serves_paths_connections_and_traps() {
         })
     };
     let client = {
-        let agent = a.agent.clone();
+        let agent = a.agent().clone();
         let (dgid, qan) = (ab.dgid, qa.qpn());
         std::thread::spawn(move || agent.connect(dgid, SID, qan, psn_a, b"ib".to_vec(), T))
     };
@@ -387,18 +375,35 @@ fn ibsm_run_brings_ib_nodes_up_and_serves_paths_connections_and_traps() {
     assert_eq!(qb.buf.to_vec(0, 23), b"over a path from the SA".to_vec());
     assert_eq!(qa.wc().status, WcStatus::Success);
 
-    // A node whose cable is pulled: trap 65 to the subscriber.
+    // A node whose cable is pulled: trap 65 to the subscriber; the port
+    // is down, and its SMA back in INIT.
     sa_a.subscribe(65).unwrap();
+    sa_a.subscribe(64).unwrap();
     let notices = sa_a.notices().unwrap();
-    p.set_port_active(b.guid, false).unwrap();
+    p.set_port_active(b.guid(), false).unwrap();
+    assert_eq!(b.port().unwrap().state, PortState::Down);
+    assert_eq!(b.sma().port_state(), state::INIT);
     let (from, notice) = notices.recv_timeout(T).expect("trap 65");
     assert_eq!((from, notice.trap_number), (sa_gid, 65));
-    assert_eq!(&notice.data_details[6..22], &b.agent.gid().0[..]);
+    assert_eq!(&notice.data_details[6..22], &b.agent().gid().0[..]);
+    // The cable back: INIT until the SM's next sweep makes the port
+    // ACTIVE again, with the LID it had; trap 64.
+    p.set_port_active(b.guid(), true).unwrap();
+    let (_, notice) = notices.recv_timeout(T).expect("trap 64");
+    assert_eq!(notice.trap_number, 64);
+    assert_eq!(&notice.data_details[6..22], &b.agent().gid().0[..]);
+    assert_eq!((b.sma().port_state(), b.sma().lid()), (state::ACTIVE, lb));
+    let port = b.port().unwrap();
+    assert_eq!((port.state, port.lid), (PortState::Active, Lid(lb)));
 
     let (ok, out) = sm.terminate();
     assert!(ok, "{out}");
-    assert_eq!(out.matches(" ACTIVE, LID ").count(), 2, "{out}");
-    assert!(out.contains(&format!("{:#018x} gone", b.guid.0)), "{out}");
+    assert!(out.contains(&format!("{:#018x} gone", b.guid().0)), "{out}");
+    assert_eq!(
+        out.matches(" ACTIVE, LID ").count(),
+        3,
+        "b came back: {out}"
+    );
     assert!(out.contains("signal 15, stopping"), "{out}");
 }
 
@@ -426,7 +431,7 @@ fn ibsm_run_once_gives_a_verdict() {
     let (ok, out) = Ibsm::start("once-fail", &args("127.0.131.6")).wait(T);
     assert!(!ok, "{out}");
     assert!(out.contains("1 of 2 nodes did not come up"), "{out}");
-    assert_eq!(n[0].sma.port_state(), state::ACTIVE, "{out}");
+    assert_eq!(n[0].sma().port_state(), state::ACTIVE, "{out}");
     let (ok, out) = Ibsm::start("once-ok", &args("")).wait(T);
     assert!(ok, "{out}");
     assert!(out.contains("1 of 1 ports ACTIVE after 1 sweeps"), "{out}");
