@@ -333,7 +333,7 @@ fn ibsm_run_brings_ib_nodes_up_and_serves_paths_connections_and_traps() {
 
     // An RC connection by the IB CM along those paths.
     const SID: u64 = 0x0131_0000_0000_0001;
-    let (qa, qb) = (Rc::new(&p, &a), Rc::new(&p, &b));
+    let (qa, qb) = (Rc::new(&p, a), Rc::new(&p, b));
     qb.p.post_recv(
         qb.qp,
         &[RecvWr {
