@@ -74,6 +74,14 @@ pub struct Logged {
     pub mad: Box<MadBytes>,
 }
 
+/// A verbs object made while opening, to destroy if a later step fails.
+enum Undo {
+    Pd(PdHandle),
+    Cq(CqHandle),
+    Qp(QpHandle),
+    Mr(verbs::MrHandle),
+}
+
 struct Ring {
     qp: QpHandle,
     buf: MemBuf,
@@ -215,7 +223,8 @@ impl SmPort {
         let ca = p
             .open_ca(guid, 0, Arc::new(verbs::IgnoreEvents))
             .map_err(err("open the CA"))?;
-        let mut made = Vec::new();
+        // What exists so far, undone in reverse if a later step fails.
+        let mut made: Vec<Undo> = Vec::new();
         let r = (|| {
             let port = p.query_port(ca, PortNum(1)).map_err(err("query port 1"))?;
             let gid = port.gids.first().copied().ok_or(SmPortError {
@@ -223,26 +232,16 @@ impl SmPort {
                 err: VerbsError::InvalidArgument("the port has no GID".into()),
             })?;
             let pd = p.alloc_pd(ca, 0).map_err(err("allocate a PD"))?;
-            made.push(pd);
+            made.push(Undo::Pd(pd));
+            let cqe = 2 * RECVS + SENDS + 1;
             let cq = p
-                .create_cq(
-                    pd,
-                    &CqInit {
-                        cqe: 2 * RECVS + SENDS + 1,
-                    },
-                    0,
-                )
+                .create_cq(pd, &CqInit { cqe }, 0)
                 .map_err(err("create the CQ"))?;
+            made.push(Undo::Cq(cq));
             let smi = special(p, pd, cq, QpType::Smi, Qkey(0), KIND_SMI)?;
-            let gsi = match special(p, pd, cq, QpType::Gsi, Qkey::GSI, 0) {
-                Ok(g) => g,
-                Err(e) => {
-                    let _ = p.destroy_qp(smi.qp);
-                    let _ = p.dereg_mr(smi.mr.handle);
-                    let _ = p.destroy_cq(cq);
-                    return Err(e);
-                }
-            };
+            made.extend([Undo::Qp(smi.qp), Undo::Mr(smi.mr.handle)]);
+            let gsi = special(p, pd, cq, QpType::Gsi, Qkey::GSI, 0)?;
+            made.extend([Undo::Qp(gsi.qp), Undo::Mr(gsi.mr.handle)]);
             let send_buf = MemBuf::new(MAD_SIZE * SENDS as usize);
             let send_mr = p
                 .reg_mr(
@@ -259,8 +258,13 @@ impl SmPort {
         let (gid, pd, cq, rings, send_buf, send_mr) = match r {
             Ok(x) => x,
             Err(e) => {
-                for pd in made {
-                    let _ = p.dealloc_pd(pd);
+                for u in made.into_iter().rev() {
+                    let _ = match u {
+                        Undo::Pd(h) => p.dealloc_pd(h),
+                        Undo::Cq(h) => p.destroy_cq(h),
+                        Undo::Qp(h) => p.destroy_qp(h),
+                        Undo::Mr(h) => p.dereg_mr(h),
+                    };
                 }
                 let _ = p.close_ca(ca);
                 return Err(e);
