@@ -152,7 +152,8 @@ struct Rc {
 }
 
 impl Rc {
-    fn new(p: &Arc<SoftRoce>, node: &IbNode) -> Rc {
+    /// On `node`, sending with the P_Key at `pkey_index` of its table.
+    fn new(p: &Arc<SoftRoce>, node: &IbNode, pkey_index: u16) -> Rc {
         let dev = p
             .open_ca(node.guid(), 0, Arc::new(verbs::IgnoreEvents))
             .unwrap();
@@ -166,7 +167,7 @@ impl Rc {
             &QpAttr {
                 state: Some(QpState::Init),
                 port: Some(PortNum(1)),
-                pkey_index: Some(0),
+                pkey_index: Some(pkey_index),
                 access: Some(AccessFlags::LOCAL_WRITE),
                 ..Default::default()
             },
@@ -198,6 +199,19 @@ impl Rc {
 
     /// RTR then RTS along `path` (its DGID and DLID, its MTU).
     fn connect(&self, path: &PathRecord, remote_qpn: Qpn, rq_psn: Psn, sq_psn: Psn) {
+        self.connect_with(path, remote_qpn, rq_psn, sq_psn, 14, 7);
+    }
+
+    /// As `connect`, with the local ACK timeout code and retry count.
+    fn connect_with(
+        &self,
+        path: &PathRecord,
+        remote_qpn: Qpn,
+        rq_psn: Psn,
+        sq_psn: Psn,
+        timeout: u8,
+        retry_cnt: u8,
+    ) {
         let mut av = AhAttr::roce(path.dgid);
         av.dlid = Lid(path.dlid);
         av.sl = path.sl;
@@ -221,8 +235,8 @@ impl Rc {
             &QpAttr {
                 state: Some(QpState::Rts),
                 sq_psn: Some(sq_psn),
-                timeout: Some(14),
-                retry_cnt: Some(7),
+                timeout: Some(timeout),
+                retry_cnt: Some(retry_cnt),
                 rnr_retry: Some(7),
                 max_rd_atomic: Some(1),
                 ..Default::default()
@@ -337,7 +351,7 @@ fn ibsm_run_brings_ib_nodes_up_and_serves_paths_connections_and_traps() {
 
     // An RC connection by the IB CM along those paths.
     const SID: u64 = 0x0131_0000_0000_0001;
-    let (qa, qb) = (Rc::new(&p, a), Rc::new(&p, b));
+    let (qa, qb) = (Rc::new(&p, a, 0), Rc::new(&p, b, 0));
     qb.p.post_recv(
         qb.qp,
         &[RecvWr {
@@ -535,6 +549,41 @@ fn sm_port_sets_partitions_and_its_traffic_decodes_in_tshark() {
         path(0, 2).is_empty(),
         "no shared partition with a full member"
     );
+    // The partitions on the data path: an RC pair in storage (a full and
+    // a limited member, P_Key index 1) talks; two limited members of the
+    // default partition (index 0) do not, whatever the path says.
+    let send = |from: usize, to: usize, ix: u16, path: &PathRecord| {
+        let (qa, qb) = (Rc::new(&p, &n[from], ix), Rc::new(&p, &n[to], ix));
+        let rwr = RecvWr {
+            wr_id: 9,
+            sges: vec![qb.sge(64)],
+        };
+        qb.p.post_recv(qb.qp, &[rwr]).unwrap();
+        let mut back = *path;
+        back.dgid = path.sgid;
+        back.dlid = path.slid;
+        let psn = Psn::new(1);
+        qb.connect_with(&back, qa.qpn(), psn, psn, 10, 1);
+        qa.connect_with(path, qb.qpn(), psn, psn, 10, 1);
+        let mut w = SendWr::new(1, SendOpcode::Send, vec![qa.sge(8)]);
+        w.flags = verbs::SendFlags::SIGNALED;
+        qa.p.post_send(qa.qp, &[w]).unwrap();
+        let status = qa.wc().status;
+        let got = if status == WcStatus::Success {
+            qb.wc().byte_len
+        } else {
+            let mut wc = [WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0)];
+            assert_eq!(qb.p.poll_cq(qb.cq, &mut wc).unwrap(), 0, "{:?}", wc[0]);
+            0
+        };
+        (status, got)
+    };
+    assert_eq!(send(0, 1, 1, &p01[0]), (WcStatus::Success, 8));
+    let mut p12 = p01[0];
+    (p12.sgid, p12.slid) = (g(1), p01[0].dlid);
+    p12.dgid = g(2);
+    p12.dlid = n[2].sma().lid();
+    assert_eq!(send(1, 2, 0, &p12), (WcStatus::RetryExcErr, 0));
     let pir = sa.port_info_records(None, None).unwrap();
     assert_eq!(pir.len(), 3);
     sa.subscribe(65).unwrap();

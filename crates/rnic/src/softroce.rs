@@ -36,7 +36,9 @@
 //! that SMPs travel like any other MAD, as UD SENDs to QPN 0 over UDP
 //! (Q_Key not checked, as IBA 9.6.1.1.2 has it for QP0). Addressing stays
 //! RoCEv2: GIDs are still the CAs' IP addresses, and a LID only names a
-//! port in SM and SA records.
+//! port in SM and SA records. A QP's P_Key index picks from the table the
+//! SM set (the `roce` table is the default P_Key alone), and the engine
+//! drops RC, UC and UD packets of a partition the QP is not in.
 //!
 //! What it refuses (`NotSupported`): memory windows, inline data,
 //! alternate paths, SQD, SRQ limit events, and QP0 on a `roce` port.
@@ -328,6 +330,16 @@ impl CaRt {
                 ctx: route.ctx,
                 port: None,
             });
+        }
+    }
+
+    /// Port 1's P_Key table as `query_port` reports it.
+    fn pkey_table(&self) -> Vec<Pkey> {
+        let p = self.port.lock().unwrap_or_else(|e| e.into_inner());
+        if p.pkeys.is_empty() {
+            vec![Pkey::DEFAULT]
+        } else {
+            p.pkeys.clone()
         }
     }
 
@@ -1145,6 +1157,7 @@ impl Provider for SoftRoce {
         }
         let rt = st.rt(i);
         let ps = rt.port.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let pkeys = rt.pkey_table();
         Ok(PortAttr {
             port,
             state: ps.state,
@@ -1153,11 +1166,7 @@ impl Provider for SoftRoce {
             lid: ps.lid,
             sm_lid: ps.sm_lid,
             gids: vec![rt.gid],
-            pkeys: if ps.pkeys.is_empty() {
-                vec![Pkey::DEFAULT]
-            } else {
-                ps.pkeys
-            },
+            pkeys,
         })
     }
 
@@ -1414,11 +1423,12 @@ impl Provider for SoftRoce {
             (q.init.qp_type, q.state)
         };
         let to = qp_table::check(qp_type, from, attr)?;
-        if attr.pkey_index.is_some_and(|i| i != 0) {
-            return Err(bad(format!(
-                "P_Key index {} outside the 1-entry table",
-                attr.pkey_index.unwrap_or(0)
-            )));
+        if let Some(ix) = attr.pkey_index {
+            let ca = st.qp_mut(i).ca;
+            let n = st.rt(ca).pkey_table().len();
+            if usize::from(ix) >= n {
+                return Err(bad(format!("P_Key index {ix} outside the {n}-entry table")));
+            }
         }
         if attr.port.is_some_and(|p| p.0 != 1) {
             return Err(bad("the CA has one port"));
@@ -1513,7 +1523,13 @@ impl Provider for SoftRoce {
             {
                 // Build the engine now that its attributes are known (UD,
                 // GSI: at INIT already, so receives land from the start).
-                let cfg = engine_config(q, qp_type);
+                let mut cfg = engine_config(q, qp_type);
+                // The P_Key its index names (an ib port's table comes from
+                // the SM; QP0 keeps the default: SMPs are not partitioned).
+                let ix = usize::from(q.attr.pkey_index.unwrap_or(0));
+                if let (false, Some(k)) = (qp_type == QpType::Smi, rt.pkey_table().get(ix)) {
+                    cfg.pkey = *k;
+                }
                 let mem = PdMem {
                     pd: pd as u32,
                     qpn: qpn.value(),
