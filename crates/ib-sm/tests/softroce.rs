@@ -450,9 +450,39 @@ fn ibsm_run_once_gives_a_verdict() {
     assert!(!ok, "{out}");
     assert!(out.contains("1 of 2 nodes did not come up"), "{out}");
     assert_eq!(n[0].sma().port_state(), state::ACTIVE, "{out}");
-    let (ok, out) = Ibsm::start("once-ok", &args("")).wait(T);
+    // The node from a file this time, with a comment and a repeat.
+    let dir = std::env::temp_dir().join(format!("ibsm-nodes-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let good = dir.join("good");
+    std::fs::write(
+        &good,
+        "# the fabric\n127.0.131.4  # node 4\n\n127.0.131.4\n",
+    )
+    .unwrap();
+    let mut a = args("");
+    a.retain(|x| !x.starts_with("127.0.131.4") && *x != "--node");
+    let good_s = good.display().to_string();
+    a.extend(["--nodes-file", &good_s]);
+    let (ok, out) = Ibsm::start("once-ok", &a).wait(T);
     assert!(ok, "{out}");
+    assert!(
+        out.contains("ibsm: SM and SA at 127.0.131.5 (LID 1), 1 nodes"),
+        "{out}"
+    );
     assert!(out.contains("1 of 1 ports ACTIVE after 1 sweeps"), "{out}");
+    let bad = dir.join("bad");
+    std::fs::write(&bad, "127.0.131.4\n127.0.131.x\n").unwrap();
+    let bad_s = bad.display().to_string();
+    let (ok, out) = Ibsm::start(
+        "once-badfile",
+        &["--addr", "127.0.131.5", "--nodes-file", &bad_s],
+    )
+    .wait(T);
+    assert!(
+        !ok && out.contains(&format!("{bad_s}:2: \"127.0.131.x\"")),
+        "{out}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
     // Bad input is an error, not a panic.
     let (ok, out) = Ibsm::start(
         "once-bad",
