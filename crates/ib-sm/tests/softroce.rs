@@ -304,6 +304,7 @@ fn ibsm_run_brings_ib_nodes_up_and_serves_paths_connections_and_traps() {
             "2",
         ],
     );
+    let started = Instant::now();
     for x in &n {
         assert!(
             x.sma().wait_state(state::ACTIVE, T),
@@ -314,6 +315,10 @@ fn ibsm_run_brings_ib_nodes_up_and_serves_paths_connections_and_traps() {
     // The SA lists a port once the SM has finished with it (P_Key table
     // set, trap 64), a few SMPs after the port went ACTIVE.
     sm.wait_output(T, |out| out.matches(" ACTIVE, LID ").count() == 2);
+    eprintln!(
+        "ibsm run: 2 nodes ACTIVE and in service {} ms after the SM started",
+        started.elapsed().as_millis()
+    );
     let (a, b) = (&n[0], &n[1]);
     let (la, lb) = (a.sma().lid(), b.sma().lid());
     assert!(la > 1 && lb > 1 && la != lb, "LIDs {la} {lb}");
@@ -470,6 +475,20 @@ fn ibsm_run_once_gives_a_verdict() {
         "{out}"
     );
     assert!(out.contains("1 of 1 ports ACTIVE after 1 sweeps"), "{out}");
+    let mut a = args("");
+    a.retain(|x| *x != "--once");
+    a.extend(["--sweeps", "3", "--sweep-interval-ms", "20"]);
+    let (ok, out) = Ibsm::start("sweeps", &a).wait(T);
+    assert!(ok, "{out}");
+    // It stops at the first idle moment once 3 sweeps have started (a
+    // slow machine may have started a 4th by then).
+    let sweeps: u32 = out
+        .split("1 of 1 ports ACTIVE after ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!((3..=4).contains(&sweeps), "{out}");
     let bad = dir.join("bad");
     std::fs::write(&bad, "127.0.131.4\n127.0.131.x\n").unwrap();
     let bad_s = bad.display().to_string();
