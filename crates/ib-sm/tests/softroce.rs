@@ -6,7 +6,9 @@
 //! message, a node whose cable is pulled is reported by trap 65 to a
 //! subscriber and its return by trap 64, and SIGTERM stops the SM.
 //! `--once` gives a verdict. In-process, the SM's port with a partitions
-//! file, and tshark on the MADs it carried.
+//! file (P_Key tables, paths, and partitions holding on the data path),
+//! tshark on the MADs it carried, and `srp_daemon`-style discovery
+//! through the SA.
 
 use ib_sm::port::{IbNode, SmPort};
 use ib_sm::SmConfig;
@@ -511,6 +513,21 @@ fn ibsm_run_once_gives_a_verdict() {
     assert!(!ok && out.contains("the SM's own address"), "{out}");
 }
 
+/// Steps `port` on a thread until the flag is set (or 30 s pass); the
+/// thread hands the port back.
+fn drive(mut port: SmPort) -> (Arc<AtomicBool>, std::thread::JoinHandle<SmPort>) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let s = stop.clone();
+    let t = std::thread::spawn(move || {
+        let end = Instant::now() + 3 * T;
+        while !s.load(Ordering::Relaxed) && Instant::now() < end {
+            port.step(Duration::from_millis(20));
+        }
+        port
+    });
+    (stop, t)
+}
+
 /// The SM in-process ([`SmPort`] stepped by a thread) with a partitions
 /// file: P_Key tables reach the ports, the SA gives a path only where a
 /// full member is at one end, and every MAD the SM's port carried decodes
@@ -549,17 +566,7 @@ fn sm_port_sets_partitions_and_its_traffic_decodes_in_tshark() {
     );
     let sa_gid = port.gid();
     port.keep_log();
-    let stop = Arc::new(AtomicBool::new(false));
-    let driver = {
-        let stop = stop.clone();
-        std::thread::spawn(move || {
-            let end = Instant::now() + 3 * T;
-            while !stop.load(Ordering::Relaxed) && Instant::now() < end {
-                port.step(Duration::from_millis(20));
-            }
-            port
-        })
-    };
+    let (stop, driver) = drive(port);
     // P_Key tables as the partitions say (limited members without the
     // membership bit), once the ports are ACTIVE.
     let tables = [
@@ -694,4 +701,80 @@ fn sm_port_sets_partitions_and_its_traffic_decodes_in_tshark() {
             want.1
         );
     }
+}
+
+/// Discovery as `srp_daemon` does it on a managed subnet: the SA's
+/// PortInfoRecords with IsDeviceManagementSupported name the target's
+/// LID, a PathRecord to that DLID gives its GID (over UDP the GID is what
+/// reaches it), and the DM walk there finds the SRP I/O controller.
+#[test]
+fn srp_daemon_style_discovery_through_the_sa() {
+    let (sm_guid, target, initiator) = (guid(31), guid(32), guid(33));
+    let p = SoftRoce::new(
+        [31, 32, 33]
+            .iter()
+            .map(|&l| SoftCa {
+                guid: guid(l),
+                ip: ip(l),
+            })
+            .collect(),
+        ROCE_PORT,
+    );
+    let t = IbNode::start(p.clone(), target, "target", true, 0x32 << 16).unwrap();
+    let i = IbNode::start(p.clone(), initiator, "initiator", false, 0x33 << 16).unwrap();
+    let dm = rdma_access::dm::DmService::start(t.agent()).unwrap();
+    let ioc = rdma_access::dm::Ioc::srp(target, &Default::default(), "ib-mode target");
+    let _slot = dm.register_ioc(ioc.clone()).unwrap();
+    p.set_personality(sm_guid, Personality::Ib).unwrap();
+    let gids = [Gid::from_ip(ip(32)), Gid::from_ip(ip(33))];
+    let port = SmPort::open(p.clone(), sm_guid, SmConfig::new(sm_guid), &gids).unwrap();
+    let sa_gid = port.gid();
+    let (stop, driver) = drive(port);
+    assert!(t.sma().wait_state(state::ACTIVE, T));
+    assert!(i.sma().wait_state(state::ACTIVE, T));
+    let sa = SaClient::new(i.agent(), sa_gid, SaTiming::default()).unwrap();
+    let dm_cap = rdma_mad::smp::cap::IS_DEVICE_MGMT_SUPPORTED;
+    // The SA lists ports once the SM finished with them.
+    let end = Instant::now() + T;
+    let recs = loop {
+        let r = sa.port_info_records(None, Some(dm_cap)).unwrap();
+        if !r.is_empty() {
+            break r;
+        }
+        assert!(Instant::now() < end, "no port with device management");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(recs.len(), 1, "only the target offers device management");
+    assert_eq!(recs[0].lid, t.sma().lid());
+    // PathRecord by DLID (SGID ours), as srp_daemon asks.
+    let mut q = [0u8; PathRecord::LEN];
+    let mut rec = PathRecord::parse(&q).unwrap();
+    rec.sgid = i.agent().gid();
+    rec.dlid = recs[0].lid;
+    rec.emit(&mut q);
+    let mask = rdma_access::sa::path_comp::SGID | rdma_access::sa::path_comp::DLID;
+    let req = rdma_access::sa::sa_request(
+        rdma_mad::mad::Method::Get,
+        rdma_mad::sa::SaAttr::PathRecord,
+        mask,
+        &q,
+    );
+    let asker = i
+        .agent()
+        .mad_agent(rdma_access::sa::SA_CLASS, 2, &[])
+        .unwrap();
+    let resp = asker
+        .request_long(sa_gid, req, Duration::from_millis(300), 3)
+        .unwrap();
+    let paths = rdma_access::sa::records(&resp, PathRecord::LEN).unwrap();
+    assert_eq!(paths.len(), 1);
+    let path = PathRecord::parse(&paths[0]).unwrap();
+    assert_eq!(path.dgid, t.agent().gid());
+    // The DM walk at that GID.
+    let found =
+        rdma_access::dm::query_iocs(i.agent(), path.dgid, Duration::from_millis(300), 3).unwrap();
+    assert_eq!(found.len(), 1);
+    assert_eq!(found[0].1, ioc);
+    stop.store(true, Ordering::Relaxed);
+    driver.join().unwrap();
 }
