@@ -74,6 +74,9 @@ fn an_ib_port_has_qp0_and_its_sma_applies_the_sms_sets() {
     let roce = CmAgent::start(p.clone(), ROCE, 0x3000).unwrap();
     assert!(!roce.has_smi());
     assert!(SmaAgent::start(&roce, softroce_sma_config(ROCE, "r", false), |_, _| {}).is_err());
+    // Nor does an SM's port control apply to it.
+    assert!(p.set_port_state(ROCE, PortState::Init).is_err());
+    assert!(p.set_pkeys(ROCE, &[Pkey(0x8001)]).is_err());
 
     // The node: its port starts in INIT without a LID.
     let events = Arc::new(Events::default());

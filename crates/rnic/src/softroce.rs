@@ -636,13 +636,17 @@ impl SoftRoce {
         Ok(())
     }
 
-    /// Replaces the P_Key table of port 1 of open CA `guid` (empty slots,
-    /// P_Key 0, are left out); raises `PkeyChange`.
+    /// Replaces the P_Key table of port 1 of open CA `guid`, an `ib` port
+    /// (empty slots, P_Key 0, are left out); raises `PkeyChange`.
     ///
     /// # Errors
-    /// `NoSuchCa` when the CA is not open.
+    /// `NoSuchCa` when the CA is not open; `InvalidArgument` on a `roce`
+    /// port, whose table is the default P_Key alone.
     pub fn set_pkeys(&self, guid: Guid, pkeys: &[Pkey]) -> Result<()> {
         let (rt, opens) = self.opens(guid)?;
+        if rt.personality != Personality::Ib {
+            return Err(bad("only an ib port's P_Key table is set by an SM"));
+        }
         let table: Vec<Pkey> = pkeys
             .iter()
             .copied()
