@@ -106,8 +106,8 @@ pub struct SoftRoce {
     ib: Mutex<std::collections::HashSet<u64>>,
 }
 
-/// What an open CA counted: its node's datagrams and the sum over its live
-/// QPs (a destroyed QP's counts leave with it).
+/// What an open CA counted: its node's datagrams and the sum over its QPs,
+/// destroyed ones included (totals since the CA was first opened).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SoftCaCounters {
     /// Datagrams handed to the socket (after fault injection).
@@ -795,23 +795,22 @@ impl SoftRoce {
         let qpns: Vec<u32> = rt.routes_lock().keys().copied().collect();
         Some(rt.node(|n| {
             let s = n.stats();
-            let mut c = SoftCaCounters {
+            let mut k = n.retired_qp_counters();
+            for q in qpns {
+                if let Some(qp) = n.qp_mut(softroce::QpHandle(Qpn::from_bits(q))) {
+                    k += qp.counters();
+                }
+            }
+            SoftCaCounters {
                 tx_packets: s.tx_packets,
                 rx_datagrams: s.rx_datagrams,
                 rx_bad_icrc: s.rx_bad_icrc,
-                ..Default::default()
-            };
-            for q in qpns {
-                if let Some(qp) = n.qp_mut(softroce::QpHandle(Qpn::from_bits(q))) {
-                    let k = qp.counters();
-                    c.retransmits += k.retransmits;
-                    c.timeouts += k.timeouts;
-                    c.duplicates += k.duplicates;
-                    c.out_of_sequence += k.out_of_sequence;
-                    c.seq_naks_received += k.seq_naks_received;
-                }
+                retransmits: k.retransmits,
+                timeouts: k.timeouts,
+                duplicates: k.duplicates,
+                out_of_sequence: k.out_of_sequence,
+                seq_naks_received: k.seq_naks_received,
             }
-            c
         }))
     }
 
@@ -2041,5 +2040,10 @@ mod tests {
             r.out_of_sequence + r.duplicates > 0 || c.timeouts > 0,
             "{r:?} {c:?}"
         );
+        // The totals outlive the QP that counted them.
+        a.p.destroy_qp(qa).unwrap();
+        let after = p.counters(Guid(0xa1)).unwrap();
+        assert_eq!(after.retransmits, c.retransmits, "{after:?}");
+        assert!(after.tx_packets >= c.tx_packets, "{after:?}");
     }
 }

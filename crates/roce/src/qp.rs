@@ -121,6 +121,26 @@ pub struct QpCounters {
     pub read_jobs_evicted: u64,
 }
 
+impl std::ops::AddAssign for QpCounters {
+    fn add_assign(&mut self, o: QpCounters) {
+        self.tx_packets += o.tx_packets;
+        self.rx_packets += o.rx_packets;
+        self.retransmits += o.retransmits;
+        self.timeouts += o.timeouts;
+        self.duplicates += o.duplicates;
+        self.out_of_sequence += o.out_of_sequence;
+        self.naks_sent += o.naks_sent;
+        self.rnr_naks_sent += o.rnr_naks_sent;
+        self.rnr_naks_received += o.rnr_naks_received;
+        self.seq_naks_received += o.seq_naks_received;
+        self.pkey_violations += o.pkey_violations;
+        self.qkey_violations += o.qkey_violations;
+        self.ud_no_wqe_drops += o.ud_no_wqe_drops;
+        self.dropped += o.dropped;
+        self.read_jobs_evicted += o.read_jobs_evicted;
+    }
+}
+
 /// Which parts of the QP run, from the verbs state (IBA 10.3.1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Mode {

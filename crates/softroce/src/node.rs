@@ -4,7 +4,7 @@ use rdma_sim::{FaultConfig, FaultInjector, Payload};
 use rdma_types::{Instant, Qpn};
 use rdma_wire::pcap::{LinkType, PcapWriter};
 use rdma_wire::{icrc, IpRepr, ParseError, RoceRepr, UdpChecksum, UdpRepr};
-use roce::{Completion, Memory, Packet, Qp, QpConfig, QpEvent};
+use roce::{Completion, Memory, Packet, Qp, QpConfig, QpCounters, QpEvent};
 use roce_udp::{RoceSocket, Waker};
 use std::collections::{BTreeMap, VecDeque};
 use std::fs::File;
@@ -140,6 +140,7 @@ pub struct Node {
     link_up: bool,
     out: Vec<(SocketAddr, Vec<u8>)>,
     stats: NodeStats,
+    retired: QpCounters,
     /// Round-robin start for fairness between QPs.
     rr: u32,
     /// QPs that got completions since the last `take_ready`.
@@ -190,6 +191,7 @@ impl Node {
             link_up: true,
             out: Vec::new(),
             stats: NodeStats::default(),
+            retired: QpCounters::default(),
             rr: 0,
             ready: Vec::new(),
             ident_deltas: std::collections::HashMap::new(),
@@ -334,7 +336,20 @@ impl Node {
 
     /// Destroys a QP; packets for it are dropped from now on.
     pub fn destroy_qp(&mut self, qp: QpHandle) -> bool {
-        self.qps.remove(&qp.0.value()).is_some()
+        match self.qps.remove(&qp.0.value()) {
+            Some(slot) => {
+                self.retired += slot.qp.counters();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The counters of every QP destroyed so far, summed (a live QP's are
+    /// in [`Qp::counters`]): totals that survive connections coming and
+    /// going.
+    pub fn retired_qp_counters(&self) -> QpCounters {
+        self.retired
     }
 
     /// The engine of a QP (to post work, change state, read counters).

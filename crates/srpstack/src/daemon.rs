@@ -87,6 +87,7 @@ pub struct Daemon {
     port: Arc<TargetPort>,
     devices: Mutex<BTreeMap<String, Arc<scsi::Device>>>,
     guid: Guid,
+    nic: Arc<rnic::softroce::SoftRoce>,
     /// The I/O controller offered to discovery, and the DM agent (dropped
     /// in this order).
     _dm: (rdma_access::dm::IocHandle, rdma_access::dm::DmService),
@@ -186,6 +187,20 @@ fn spanned<T>(v: T) -> Spanned<T> {
     Spanned::new(0..0, v)
 }
 
+/// The soft RoCE NIC's counters by name, for `show` and the metrics.
+fn nic_counters(c: &rnic::softroce::SoftCaCounters) -> [(&'static str, u64); 8] {
+    [
+        ("packets_sent", c.tx_packets),
+        ("datagrams_received", c.rx_datagrams),
+        ("bad_icrc", c.rx_bad_icrc),
+        ("retransmits", c.retransmits),
+        ("retransmit_timeouts", c.timeouts),
+        ("duplicate_requests", c.duplicates),
+        ("out_of_sequence", c.out_of_sequence),
+        ("sequence_naks_received", c.seq_naks_received),
+    ]
+}
+
 impl Daemon {
     /// Builds everything `cfg` describes and starts serving logins.
     /// `log` receives one line per event.
@@ -238,6 +253,7 @@ impl Daemon {
         tcfg.srq_size = *t.srpt_srq_size.get_ref();
         tcfg.sq_size = *t.srpt_sq_size.get_ref();
         tcfg.enabled = t.enabled;
+        let nic = provider.clone();
         let port = Arc::new(
             TargetPort::start(
                 provider.clone(),
@@ -270,6 +286,7 @@ impl Daemon {
             port,
             devices: Mutex::new(devices),
             guid,
+            nic,
             _dm: (ioc, dm),
         }))
     }
@@ -534,7 +551,7 @@ impl Daemon {
     fn show(&self) -> Value {
         let c = lock(&self.cfg);
         let t = &c.target;
-        json!({
+        let mut v = json!({
             "target": self.port.name(),
             "id_ext": format!("{:016x}", self.guid.0),
             "ioc_guid": format!("{:016x}", self.guid.0),
@@ -550,7 +567,13 @@ impl Daemon {
             "srpt_srq_size": t.srpt_srq_size.get_ref(),
             "srpt_sq_size": t.srpt_sq_size.get_ref(),
             "sessions": self.port.sessions().len(),
-        })
+        });
+        if let (Some(c), Value::Object(m)) = (self.nic.counters(self.guid), &mut v) {
+            for (k, n) in nic_counters(&c) {
+                m.insert(format!("nic_{k}"), json!(n));
+            }
+        }
+        v
     }
 
     fn sessions(&self) -> Value {
@@ -718,6 +741,16 @@ impl Daemon {
                 out += &format!("{name}{labels} {v}\n");
             }
         };
+        if let Some(c) = self.nic.counters(self.guid) {
+            for (k, n) in nic_counters(&c) {
+                metric(
+                    &format!("srptd_nic_{k}_total"),
+                    "What the soft RoCE NIC counted since it was opened.",
+                    "counter",
+                    vec![(String::new(), n)],
+                );
+            }
+        }
         let sessions = self.port.sessions();
         metric(
             "srptd_target_enabled",

@@ -302,6 +302,16 @@ fn lun_masking_runtime_changes_aer_and_graceful_stop() {
         body.contains("srptd_device_read_bytes_total{device=\"secret\"}"),
         "{body}"
     );
+    // The NIC's own counters: this session's traffic went through it.
+    let sent: u64 = body
+        .lines()
+        .find_map(|l| l.strip_prefix("srptd_nic_packets_sent_total "))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no NIC packet counter in\n{body}"));
+    assert!(sent > 0, "{body}");
+    let show = d.adm(&["show"]).unwrap();
+    assert!(show["nic_packets_sent"].as_u64() >= Some(sent), "{show}");
+    assert!(show["nic_retransmits"].is_u64(), "{show}");
 
     // The running configuration, saved and valid, has the runtime changes.
     let saved = d.dir.join("saved.toml");
