@@ -13,6 +13,7 @@
 //! same run (the client blasts datagrams of the path MTU, the server counts
 //! them) and reports our/baseline ratios.
 
+pub mod perftest;
 pub mod pingpong;
 pub mod rping;
 

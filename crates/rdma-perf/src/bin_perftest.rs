@@ -1,0 +1,109 @@
+//! `rperftest`: see `rdma_perf::perftest`. Options follow perftest's
+//! `ib_write_bw` / `ib_read_bw` / `ib_send_bw`; the test is the first
+//! argument, the server (client role) the last.
+
+use clap::Parser;
+use rdma_perf::perftest::{run, PerftestConfig, Verb, DEFAULT_PORT};
+use std::net::IpAddr;
+use std::process::ExitCode;
+
+/// Bandwidth tests compatible with perftest's ib_write_bw, ib_read_bw and
+/// ib_send_bw (RC over RoCEv2, perftest's TCP exchange).
+#[derive(Parser)]
+#[command(name = "rperftest", version)]
+struct Cli {
+    /// The test: write, read or send.
+    verb: Verb,
+    /// Server to connect to; without it, wait for a client.
+    server: Option<IpAddr>,
+    /// Our NIC's address (our GID is its IPv4-mapped form).
+    #[arg(long)]
+    bind: IpAddr,
+    /// TCP port of the exchange.
+    #[arg(short = 'p', long, default_value_t = DEFAULT_PORT)]
+    port: u16,
+    /// RoCEv2 UDP port (4791 everywhere but in tests).
+    #[arg(long, default_value_t = 4791)]
+    udp_port: u16,
+    /// Message size in bytes.
+    #[arg(short = 's', long, default_value_t = 65536)]
+    size: usize,
+    /// Messages (perftest: 5000 for write, 1000 otherwise).
+    #[arg(short = 'n', long)]
+    iters: Option<u64>,
+    /// Work requests in flight.
+    #[arg(short = 't', long = "tx-depth", default_value_t = 128)]
+    tx_depth: u32,
+    /// Receives kept posted (send server).
+    #[arg(short = 'r', long = "rx-depth", default_value_t = 512)]
+    rx_depth: u32,
+    /// Path MTU: 256, 512, 1024, 2048 or 4096 (the smaller side wins).
+    #[arg(short = 'm', long, default_value_t = 1024)]
+    mtu: usize,
+    /// GID index in our port's table (0 is the IPv4-mapped GID of --bind);
+    /// without it, the IPv4-mapped one, as perftest picks.
+    #[arg(short = 'x', long = "gid-index")]
+    gid_index: Option<u32>,
+    /// Device; the only one is softroce0.
+    #[arg(short = 'd', long = "ib-dev")]
+    device: Option<String>,
+    /// Accepted for perftest compatibility (our clock is not the CPU's
+    /// cycle counter, so CPU frequency does not matter).
+    #[arg(short = 'F', long = "CPU-freq")]
+    cpu_freq: bool,
+    /// Report Gb/s instead of MB/s.
+    #[arg(long = "report_gbits")]
+    report_gbits: bool,
+    /// Seconds to wait for the peer or for progress.
+    #[arg(long, default_value_t = 60)]
+    timeout: u64,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let _ = cli.cpu_freq;
+    let Ok(mtu) = rdma_types::Mtu::from_bytes(cli.mtu) else {
+        eprintln!(
+            "rperftest: MTU must be 256, 512, 1024, 2048 or 4096, not {}",
+            cli.mtu
+        );
+        return ExitCode::FAILURE;
+    };
+    let cfg = PerftestConfig {
+        verb: cli.verb,
+        bind: cli.bind,
+        server: cli.server,
+        port: cli.port,
+        udp_port: cli.udp_port,
+        size: cli.size,
+        iters: cli
+            .iters
+            .unwrap_or(if cli.verb == Verb::Write { 5000 } else { 1000 }),
+        tx_depth: cli.tx_depth,
+        rx_depth: cli.rx_depth,
+        mtu,
+        gid_index: cli.gid_index,
+        device: cli.device,
+        report_gbits: cli.report_gbits,
+        timeout: std::time::Duration::from_secs(cli.timeout.max(1)),
+    };
+    match run(&cfg) {
+        Ok(r) => {
+            for v in &r.verified {
+                println!(" verified: {v}");
+            }
+            println!(
+                "rperftest: {} done, MTU {}, peer {}{}",
+                format!("{:?}", cfg.verb).to_lowercase(),
+                r.mtu.bytes(),
+                r.peer.text,
+                if r.peer.rperftest { " (rperftest)" } else { "" }
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("rperftest: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

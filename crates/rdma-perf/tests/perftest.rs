@@ -1,0 +1,285 @@
+//! `rperftest` client against `rperftest` server, two processes over the
+//! soft RoCE NIC on 127.0.130.1 (server) and 127.0.130.2 (client), for
+//! WRITE, READ and SEND, with the data checked exactly (the two know each
+//! other from the version field's tag); and peers that break perftest's
+//! exchange (an old version, a garbage dest message, a peer that leaves),
+//! which must end in a clear error and no panic.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const SERVER: &str = "127.0.130.1";
+const CLIENT: &str = "127.0.130.2";
+
+fn rperftest() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_rperftest"))
+}
+
+/// Starts a server and waits until it listens (its banner is printed once
+/// the socket is bound).
+fn server(args: &[&str]) -> (Child, std::io::Lines<BufReader<std::process::ChildStdout>>) {
+    let mut child = rperftest()
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let l = lines
+            .next()
+            .expect("server ended before listening")
+            .unwrap();
+        if l.contains("Waiting for client") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "server never listened");
+    }
+    (child, lines)
+}
+
+/// Waits for a child with a deadline; returns its output.
+fn finish(mut child: Child, secs: u64) -> Output {
+    let end = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            return child.wait_with_output().unwrap();
+        }
+        if Instant::now() > end {
+            let _ = child.kill();
+            panic!("process did not end in {secs} s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// One op both ways: the client's result line names size and iterations,
+/// both sides say what they verified.
+fn both_ours(verb: &str, tcp: &str, udp: &str, size: &str, iters: &str, expect: &[&str]) {
+    let common = ["-p", tcp, "--udp-port", udp, "-s", size, "-n", iters];
+    let mut sargs = vec![verb, "--bind", SERVER, "--timeout", "20"];
+    sargs.extend(common);
+    let (srv, lines) = server(&sargs);
+    let mut cargs = vec![verb, SERVER, "--bind", CLIENT, "--timeout", "20", "-x", "0"];
+    cargs.extend(common);
+    cargs.extend(["-d", "softroce0", "-F", "--report_gbits", "-m", "2048"]);
+    let client = rperftest().args(&cargs).output().unwrap();
+    let out = text(&client.stdout);
+    assert!(client.status.success(), "{out}{}", text(&client.stderr));
+    assert!(out.contains("BW average[Gb/sec]"), "{out}");
+    let result = out
+        .lines()
+        .find(|l| l.split_whitespace().take(2).eq([size, iters]))
+        .unwrap_or_else(|| panic!("no result line for {size} x {iters}: {out}"));
+    let avg: f64 = result.split_whitespace().nth(3).unwrap().parse().unwrap();
+    assert!(avg > 0.0, "{result}");
+    assert!(out.contains("peer 6.06 (rperftest)"), "{out}");
+    // The server's port MTU (default 1024) is smaller than ours: it wins.
+    assert!(out.contains("MTU 1024"), "{out}");
+    assert!(
+        out.contains(&format!("verified: {iters} completions")),
+        "{out}"
+    );
+    let status = finish(srv, 30);
+    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    let all = rest.join("\n");
+    assert!(status.status.success(), "{all}{}", text(&status.stderr));
+    assert!(
+        rest.iter()
+            .any(|l| l.split_whitespace().take(2).eq([size, iters])),
+        "server printed no result: {all}"
+    );
+    for e in expect {
+        assert!(
+            out.contains(e) || all.contains(e),
+            "missing {e:?}:\n{out}\n{all}"
+        );
+    }
+}
+
+#[test]
+fn write_lands_the_clients_pattern_slot_by_slot() {
+    // 100 bytes step by 128 through the 4 KiB cycle buffer: 32 slots,
+    // wrapping 15 times.
+    both_ours(
+        "write",
+        "18531",
+        "24831",
+        "100",
+        "500",
+        &["all 32 written slots hold the client's pattern; nothing else changed"],
+    );
+}
+
+#[test]
+fn read_brings_back_the_servers_pattern() {
+    both_ours(
+        "read",
+        "18532",
+        "24832",
+        "1000",
+        "300",
+        &[
+            "every READ brought back the server's pattern (300 x 1000 bytes)",
+            "the READ source buffer was not written",
+        ],
+    );
+}
+
+#[test]
+fn send_carries_the_clients_pattern() {
+    // Larger than half the cycle buffer: every SEND from the same source,
+    // several packets each.
+    both_ours(
+        "send",
+        "18533",
+        "24833",
+        "5000",
+        "300",
+        &[
+            "300 receives, all successful with 5000 bytes each",
+            "every SEND carried the client's pattern",
+        ],
+    );
+}
+
+fn no_panic(o: &Output) -> String {
+    let err = text(&o.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(!o.status.success());
+    err
+}
+
+#[test]
+fn an_old_version_is_refused_with_the_reason() {
+    let (srv, _lines) = server(&[
+        "write",
+        "--bind",
+        SERVER,
+        "-p",
+        "18534",
+        "--udp-port",
+        "24834",
+        "--timeout",
+        "10",
+    ]);
+    let mut s = TcpStream::connect((SERVER, 18534)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut v = [0u8; 16];
+    v[..4].copy_from_slice(b"5.60");
+    s.write_all(&v).unwrap();
+    // The server answers with its own version before it judges ours.
+    let mut theirs = [0u8; 16];
+    s.read_exact(&mut theirs).unwrap();
+    assert_eq!(&theirs[..5], b"6.06\0");
+    let o = finish(srv, 20);
+    let err = no_panic(&o);
+    assert!(
+        err.contains("\"5.60\" is not a perftest version >= 5.70"),
+        "{err}"
+    );
+}
+
+/// A fake perftest server that follows the exchange up to the first dest
+/// message, then sends `dest` instead.
+fn fake_server(port: u16, dest: Vec<u8>) -> std::thread::JoinHandle<()> {
+    let l = TcpListener::bind((SERVER, port)).unwrap();
+    std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut swap = |len: usize, mine: &[u8]| {
+            let mut b = vec![0u8; len];
+            s.read_exact(&mut b).unwrap();
+            s.write_all(mine).unwrap();
+        };
+        let mut v = [0u8; 16];
+        v[..4].copy_from_slice(b"6.06");
+        swap(16, &v);
+        swap(4, &4096u32.to_be_bytes());
+        swap(4, &64u32.to_be_bytes());
+        swap(2, b"3\0");
+        if !dest.is_empty() {
+            swap(108, &dest);
+        }
+        // Leave: the client must notice the closed socket.
+    })
+}
+
+#[test]
+fn a_garbage_dest_message_is_refused_with_the_reason() {
+    let mut junk = vec![0u8; 108];
+    junk[..20].copy_from_slice(b"this is not a dest!!");
+    let fake = fake_server(18535, junk);
+    let o = rperftest()
+        .args([
+            "write",
+            SERVER,
+            "--bind",
+            CLIENT,
+            "-p",
+            "18535",
+            "--udp-port",
+            "24835",
+            "--timeout",
+            "10",
+        ])
+        .output()
+        .unwrap();
+    fake.join().unwrap();
+    let err = no_panic(&o);
+    assert!(
+        err.contains("is not LID:OUT_READS:QPN:PSN:RKEY:VADDR"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_peer_that_leaves_mid_exchange_is_named() {
+    let fake = fake_server(18536, Vec::new());
+    let o = rperftest()
+        .args([
+            "read",
+            SERVER,
+            "--bind",
+            CLIENT,
+            "-p",
+            "18536",
+            "--udp-port",
+            "24836",
+            "--timeout",
+            "10",
+        ])
+        .output()
+        .unwrap();
+    fake.join().unwrap();
+    let err = no_panic(&o);
+    assert!(
+        err.contains("peer closed the connection while swapping QP addresses"),
+        "{err}"
+    );
+}
+
+#[test]
+fn bad_options_are_refused_before_anything_starts() {
+    let o = rperftest()
+        .args(["send", "--bind", SERVER, "-d", "rxe0", "-p", "18537"])
+        .output()
+        .unwrap();
+    let err = no_panic(&o);
+    assert!(
+        err.contains("no device \"rxe0\"; the only one is softroce0"),
+        "{err}"
+    );
+    let o = rperftest()
+        .args(["send", "--bind", SERVER, "-m", "1500", "-p", "18537"])
+        .output()
+        .unwrap();
+    assert!(no_panic(&o).contains("MTU must be"));
+}
