@@ -7,56 +7,62 @@
 # Round 2: we serve and Linux's client runs it (our WRITE server checks
 # every slot was written and nothing outside; our READ server that its
 # source was not written; our SEND server that every message had -s bytes).
-# Every run must complete and print a bandwidth on both sides.
+# Every run must complete and print a bandwidth on both sides. The three
+# tests run with 64 KiB messages, then WRITE and READ again with 200-byte
+# ones, which walk the peer's buffer in 256-byte steps (16 slots,
+# wrapping), so both sides must agree on perftest's address walk: our
+# WRITE server then checks all 16 slots were written and nothing else.
 # Needs the binary: cargo build --release -p rdma-perf (RPERFTEST overrides).
 
 SCENARIO_VMS=("a 11 peer")
 SCENARIO_GUEST_TIMEOUT=900
-# RDMA WRITE First/Last, READ Request and Response First/Last, SEND
-# First/Last (64 KiB messages at MTU 1024) and ACKs.
-SCENARIO_EXPECT_PROTOCOLS="infiniband.bth.opcode==6 infiniband.bth.opcode==8 infiniband.bth.opcode==12 infiniband.bth.opcode==13 infiniband.bth.opcode==15 infiniband.bth.opcode==0 infiniband.bth.opcode==2 infiniband.bth.opcode==17"
+# RDMA WRITE First/Last/Only, READ Request and Response First/Last/Only,
+# SEND First/Last (64 KiB messages at MTU 1024) and ACKs.
+SCENARIO_EXPECT_PROTOCOLS="infiniband.bth.opcode==6 infiniband.bth.opcode==8 infiniband.bth.opcode==10 infiniband.bth.opcode==12 infiniband.bth.opcode==13 infiniband.bth.opcode==15 infiniband.bth.opcode==16 infiniband.bth.opcode==0 infiniband.bth.opcode==2 infiniband.bth.opcode==17"
 
 RPERFTEST=${RPERFTEST:-${CARGO_TARGET_DIR:-$INTEROP_DIR/../target}/release/rperftest}
-# Same size and count on both sides, as perftest wants.
-PERFTEST_ARGS="-s 65536 -n 100"
+# Runs as test:size:iterations, in this order in both rounds (perftest
+# wants the same size and count on both sides).
+PERFTEST_RUNS="write:65536:100 read:65536:100 send:65536:100 write:200:300 read:200:300"
 
-# A result line: " 65536      100   <peak>   <average>   <rate>" with a
-# non-zero average.
+# perftest_bw_line FILE SIZE ITERS: the result line, with a non-zero average.
 perftest_bw_line() {
-  awk '$1 == 65536 && $2 == 100 && $4 + 0 > 0 { found = 1; print } END { exit !found }' "$1"
+  awk -v s="$2" -v n="$3" '$1 == s && $2 == n && $4 + 0 > 0 { found = 1; print } END { exit !found }' "$1"
 }
 
 host_main() {
   [ -x "$RPERFTEST" ] || { echo "missing $RPERFTEST: run cargo build --release -p rdma-perf"; return 1; }
   ns_add_ip 10.77.0.2
-  local op i ok out
+  local run op size n i ok out
   # Round 1: Linux serves; retry while the VM boots and between its servers.
-  for op in write read send; do
+  for run in $PERFTEST_RUNS; do
+    IFS=: read -r op size n <<< "$run"
     ok=0
-    out=$RUN_DIR/ours-client-$op.txt
+    out=$RUN_DIR/ours-client-$op-$size.txt
     for i in $(seq 1 "$(tmo 200)"); do
       vms_alive || break
-      # shellcheck disable=SC2086
       if ns_run 120 "$RPERFTEST" "$op" 10.77.0.11 --bind 10.77.0.2 -x 0 -d softroce0 -F \
-          --report_gbits --timeout 60 $PERFTEST_ARGS > "$out" 2>&1; then ok=1; break; fi
-      cat "$out" >> "$RUN_DIR/ours-client-$op-attempts.txt"
+          --report_gbits --timeout 60 -s "$size" -n "$n" > "$out" 2>&1; then ok=1; break; fi
+      cat "$out" >> "$RUN_DIR/ours-client-$op-$size-attempts.txt"
       sleep 2
     done
     cat "$out"
-    [ $ok = 1 ] || { echo "our $op client never completed against Linux ib_${op}_bw"; return 1; }
-    perftest_bw_line "$out" > /dev/null || { echo "our $op client printed no bandwidth"; return 1; }
-    echo "round 1 $op passed: our client, Linux ib_${op}_bw server: $(perftest_bw_line "$out")"
+    [ $ok = 1 ] || { echo "our $op client never completed against Linux ib_${op}_bw -s $size"; return 1; }
+    perftest_bw_line "$out" "$size" "$n" > /dev/null || { echo "our $op client printed no bandwidth"; return 1; }
+    echo "round 1 $op -s $size passed: our client, Linux ib_${op}_bw server: $(perftest_bw_line "$out" "$size" "$n")"
   done
   # Round 2: we serve; the VM's clients connect (they retry until we listen).
-  for op in write read send; do
-    out=$RUN_DIR/ours-server-$op.txt
-    # shellcheck disable=SC2086
+  for run in $PERFTEST_RUNS; do
+    IFS=: read -r op size n <<< "$run"
+    out=$RUN_DIR/ours-server-$op-$size.txt
     ns_run 400 "$RPERFTEST" "$op" --bind 10.77.0.2 -x 0 -F --report_gbits --timeout 300 \
-        $PERFTEST_ARGS > "$out" 2>&1 || { cat "$out"; echo "our $op server failed"; return 1; }
+        -s "$size" -n "$n" > "$out" 2>&1 || { cat "$out"; echo "our $op server failed"; return 1; }
     cat "$out"
-    perftest_bw_line "$out" > /dev/null || { echo "our $op server printed no bandwidth"; return 1; }
-    echo "round 2 $op passed: Linux ib_${op}_bw client, our server: $(perftest_bw_line "$out")"
+    perftest_bw_line "$out" "$size" "$n" > /dev/null || { echo "our $op server printed no bandwidth"; return 1; }
+    echo "round 2 $op -s $size passed: Linux ib_${op}_bw client, our server: $(perftest_bw_line "$out" "$size" "$n")"
   done
+  grep -q "all 16 slots were written; nothing outside them changed" "$RUN_DIR/ours-server-write-200.txt" ||
+    { echo "our WRITE server did not see all 16 slots of the walk written"; return 1; }
 }
 
 # The index of rxe0's IPv4-mapped (RoCE v2) GID, as show_gids would list it.
@@ -75,26 +81,28 @@ ipv4_gid_index() {
 }
 
 guest_peer() {
-  local op idx
+  local run op size n idx
   wait_until 60 "an IPv4 RoCE v2 GID on rxe0" ipv4_gid_index
   idx=$(ipv4_gid_index)
   step "rxe0 IPv4 GID index $idx: $(cat "/sys/class/infiniband/rxe0/ports/1/gids/$idx")"
   step "perftest $(ib_write_bw --version 2>&1 | tr '\n' ' ')"
-  for op in write read send; do
-    step "ib_${op}_bw server for our client"
-    # shellcheck disable=SC2086
-    timeout 600 "ib_${op}_bw" -d rxe0 -x "$idx" -F --report_gbits $PERFTEST_ARGS \
-        > "/tmp/server-$op.txt" 2>&1 || { cat "/tmp/server-$op.txt"; fail "ib_${op}_bw server exited $?"; }
-    cat "/tmp/server-$op.txt"
-    perftest_bw_line "/tmp/server-$op.txt" > /dev/null || fail "ib_${op}_bw server printed no bandwidth"
+  for run in $PERFTEST_RUNS; do
+    IFS=: read -r op size n <<< "$run"
+    step "ib_${op}_bw -s $size server for our client"
+    timeout 600 "ib_${op}_bw" -d rxe0 -x "$idx" -F --report_gbits -s "$size" -n "$n" \
+        > "/tmp/server.txt" 2>&1 || { cat /tmp/server.txt; fail "ib_${op}_bw -s $size server exited $?"; }
+    cat /tmp/server.txt
+    perftest_bw_line /tmp/server.txt "$size" "$n" > /dev/null ||
+      fail "ib_${op}_bw -s $size server printed no bandwidth"
   done
-  for op in write read send; do
-    step "ib_${op}_bw client against our server"
-    # shellcheck disable=SC2086
-    retry 300 "ib_${op}_bw client" timeout 120 "ib_${op}_bw" -d rxe0 -x "$idx" -F --report_gbits \
-        $PERFTEST_ARGS 10.77.0.2 > "/tmp/client-$op.txt" 2>&1 ||
-      { cat "/tmp/client-$op.txt"; fail "ib_${op}_bw client failed"; }
-    cat "/tmp/client-$op.txt"
-    perftest_bw_line "/tmp/client-$op.txt" > /dev/null || fail "ib_${op}_bw client printed no bandwidth"
+  for run in $PERFTEST_RUNS; do
+    IFS=: read -r op size n <<< "$run"
+    step "ib_${op}_bw -s $size client against our server"
+    retry 300 "ib_${op}_bw -s $size client" timeout 120 "ib_${op}_bw" -d rxe0 -x "$idx" -F \
+        --report_gbits -s "$size" -n "$n" 10.77.0.2 > /tmp/client.txt 2>&1 ||
+      { cat /tmp/client.txt; fail "ib_${op}_bw -s $size client failed"; }
+    cat /tmp/client.txt
+    perftest_bw_line /tmp/client.txt "$size" "$n" > /dev/null ||
+      fail "ib_${op}_bw -s $size client printed no bandwidth"
   done
 }
