@@ -54,7 +54,8 @@ struct Cli {
     /// Report Gb/s instead of MB/s.
     #[arg(long = "report_gbits")]
     report_gbits: bool,
-    /// Seconds to wait for the peer or for progress.
+    /// Seconds to wait for a client (server), for the peer's next message,
+    /// or for the next completion.
     #[arg(long, default_value_t = 60)]
     timeout: u64,
 }
@@ -91,6 +92,12 @@ fn main() -> ExitCode {
         Ok(r) => {
             for v in &r.verified {
                 println!(" verified: {v}");
+            }
+            if let Some(c) = &r.counters {
+                println!(
+                    " NIC: {} packets sent, {} retransmitted, {} timeouts, {} sequence NAKs received",
+                    c.tx_packets, c.retransmits, c.timeouts, c.seq_naks_received
+                );
             }
             println!(
                 "rperftest: {} done, MTU {}, peer {}{}",

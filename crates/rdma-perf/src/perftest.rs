@@ -610,6 +610,8 @@ pub struct PerftestReport {
     pub peer: PeerVersion,
     /// What was verified, in words.
     pub verified: Vec<String>,
+    /// Our NIC's counters at the end (retransmissions, timeouts, ...).
+    pub counters: Option<rnic::softroce::SoftCaCounters>,
 }
 
 impl PerftestConfig {
@@ -699,6 +701,8 @@ struct Nic {
     half: usize,
     out_reads: u8,
     gid: Gid,
+    soft: Arc<rnic::softroce::SoftRoce>,
+    guid: Guid,
 }
 
 impl Nic {
@@ -713,7 +717,7 @@ impl Nic {
             cfg.udp_port,
             cfg.mtu,
         );
-        let p: Arc<dyn Provider> = provider;
+        let p: Arc<dyn Provider> = provider.clone();
         let ca = p
             .open_ca(guid, 0, Arc::new(verbs::IgnoreEvents))
             .map_err(e(&format!("open the NIC at {}", cfg.bind)))?;
@@ -784,6 +788,8 @@ impl Nic {
             half,
             out_reads,
             gid,
+            soft: provider,
+            guid,
         })
     }
 
@@ -1168,6 +1174,31 @@ fn print_dest(side: &str, d: &Dest, verb: Verb) {
     println!(" GID: {}", gid.join(":"));
 }
 
+/// Accepts one connection, giving up after `timeout` (perftest waits
+/// forever; we keep every wait bounded).
+fn accept_within(l: &TcpListener, timeout: Duration) -> std::io::Result<TcpStream> {
+    l.set_nonblocking(true)?;
+    let end = Instant::now() + timeout;
+    loop {
+        match l.accept() {
+            Ok((s, _)) => {
+                s.set_nonblocking(false)?;
+                return Ok(s);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if Instant::now() > end {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!("no client connected within {timeout:?}"),
+                    ));
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// Runs one side of a test.
 ///
 /// # Errors
@@ -1189,9 +1220,8 @@ pub fn run(cfg: &PerftestConfig) -> Result<PerftestReport, PerftestError> {
         println!("* Waiting for client to connect... *");
         println!("************************************");
         let _ = std::io::stdout().flush();
-        l.accept()
+        accept_within(&l, cfg.timeout)
             .map_err(|e| PerftestError::Io(format!("accept on {at}"), e))?
-            .0
     };
     let io = |e| PerftestError::Io("socket options".into(), e);
     stream.set_read_timeout(Some(cfg.timeout)).map_err(io)?;
@@ -1375,6 +1405,7 @@ pub fn run(cfg: &PerftestConfig) -> Result<PerftestReport, PerftestError> {
         }
         Ok(())
     })();
+    let counters = nic.as_ref().and_then(|n| n.soft.counters(n.guid));
     if let Some(n) = nic {
         n.close();
     }
@@ -1394,6 +1425,7 @@ pub fn run(cfg: &PerftestConfig) -> Result<PerftestReport, PerftestError> {
         mtu,
         peer,
         verified,
+        counters,
     })
 }
 

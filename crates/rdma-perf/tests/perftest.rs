@@ -283,3 +283,71 @@ fn bad_options_are_refused_before_anything_starts() {
         .unwrap();
     assert!(no_panic(&o).contains("MTU must be"));
 }
+
+#[test]
+fn a_lossy_link_still_delivers_every_byte() {
+    // 3 % of the client's packets dropped (SOFTROCE_FAULTS, read by the
+    // soft RoCE provider): go-back-N retransmission must still land every
+    // slot with the client's pattern.
+    let common = [
+        "-p",
+        "18538",
+        "--udp-port",
+        "24838",
+        "-s",
+        "3000",
+        "-n",
+        "200",
+        "--timeout",
+        "20",
+    ];
+    let mut sargs = vec!["write", "--bind", SERVER];
+    sargs.extend(common);
+    let (srv, lines) = server(&sargs);
+    let mut cargs = vec!["write", SERVER, "--bind", CLIENT];
+    cargs.extend(common);
+    let client = rperftest()
+        .args(&cargs)
+        .env("SOFTROCE_FAULTS", "loss=0.03,seed=7")
+        .output()
+        .unwrap();
+    let out = text(&client.stdout);
+    assert!(client.status.success(), "{out}{}", text(&client.stderr));
+    assert!(out.contains("verified: 200 completions"), "{out}");
+    let retransmitted: u64 = out
+        .lines()
+        .find_map(|l| l.strip_prefix(" NIC: "))
+        .and_then(|l| l.split(", ").nth(1))
+        .and_then(|f| f.strip_suffix(" retransmitted"))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no NIC counters: {out}"));
+    assert!(retransmitted > 0, "the loss never bit: {out}");
+    let status = finish(srv, 30);
+    let all: Vec<String> = lines.map_while(Result::ok).collect();
+    assert!(status.status.success(), "{all:?}");
+    assert!(
+        all.iter().any(|l| l.contains(
+            "verified: all 1 written slots hold the client's pattern; nothing else changed"
+        )),
+        "{all:?}"
+    );
+}
+
+#[test]
+fn a_server_without_a_client_gives_up_after_the_timeout() {
+    let o = rperftest()
+        .args([
+            "read",
+            "--bind",
+            SERVER,
+            "-p",
+            "18539",
+            "--udp-port",
+            "24839",
+            "--timeout",
+            "1",
+        ])
+        .output()
+        .unwrap();
+    assert!(no_panic(&o).contains("no client connected within 1s"));
+}
