@@ -82,6 +82,20 @@ host_main() {
   fi
   # The FUSE mount lives in the namespace's own mount namespace, so fio
   # runs in the same `ip netns exec`.
+  if [ $ok = 1 ]; then
+    # ABORT TASK on demand under verified I/O: every 100 ms the oldest
+    # outstanding command is aborted; LIO answers each, aborted commands
+    # are retried, and every block still reads back as written.
+    ns_run 180 "$SRP_CLI" io --dest 10.77.0.11:$SRP_PORT --ip 10.77.0.2 --mtu 1024 \
+      --id-ext $LIO_GUID --ioc-guid $LIO_GUID --bs 4194304 --iodepth 2 --size 67108864 --rw randrw \
+      --region 16777216 --abort-every-ms 150 | tee "$RUN_DIR/abort.txt" || { ok=0; echo "srp io with aborts failed"; }
+    local answered
+    answered=$(sed -n 's/^srp: ABORT TASK asked [0-9]* times: \([0-9]*\) function complete, \([0-9]*\) failed.*/\1 \2/p' "$RUN_DIR/abort.txt")
+    [ -n "$answered" ] && [ $((${answered% *} + ${answered#* })) -gt 0 ] ||
+      { ok=0; echo "LIO answered none of our ABORT TASKs"; }
+    grep -q " 0 verify failures, 0 I/O errors" "$RUN_DIR/abort.txt" || { ok=0; echo "I/O under aborts lost data"; }
+    [ $ok = 1 ] && echo "our initiator: $(grep "^srp: ABORT TASK" "$RUN_DIR/abort.txt") against LIO"
+  fi
   if [ $ok = 1 ] && [ -e /dev/fuse ] && command -v fio >/dev/null; then
     mkdir -p "$RUN_DIR/mnt"
     ns_run 180 bash -c '

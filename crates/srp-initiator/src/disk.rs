@@ -191,8 +191,8 @@ impl Disk {
         mut xfer: Xfer<'_>,
         what: &str,
     ) -> io::Result<CmdResult> {
-        // As the SCSI midlayer does: a command ended by a reset, or
-        // refused with a unit attention (the reset's, a LUN inventory or
+        // As the SCSI midlayer does: a command ended by a reset or an
+        // abort, or refused with a unit attention (the reset's, a LUN inventory or
         // capacity change), is sent again, a bounded number of times.
         let mut tries = 0;
         loop {
@@ -202,8 +202,10 @@ impl Disk {
             if r.good() {
                 return Ok(r);
             }
+            // An aborted command is retried too, as the midlayer retries
+            // a command its error handler aborted after a timeout.
             let retry = match r.status {
-                Status::Reset => true,
+                Status::Reset | Status::Aborted | Status::Scsi(0x40) => true,
                 Status::Scsi(0x02) => sense_triple(&r.sense).0 == 0x6,
                 _ => false,
             };

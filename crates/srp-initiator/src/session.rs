@@ -229,6 +229,13 @@ pub struct SessionStats {
     /// Times the session ended because its port went down or its CA was
     /// removed (fast path-failure detection from port events).
     pub port_failures: u64,
+    /// ABORT TASKs the target answered FUNCTION COMPLETE.
+    pub aborts_complete: u64,
+    /// ABORT TASKs that failed (refused, timed out, no credit): the
+    /// command had usually been answered already.
+    pub aborts_failed: u64,
+    /// Commands ended by an ABORT TASK (`Status::Aborted`).
+    pub aborted: u64,
 }
 
 /// One logged-in SRP channel.
@@ -855,6 +862,28 @@ impl Session {
         }
     }
 
+    /// Sends ABORT TASK for the oldest unanswered command, as the error
+    /// handler does for a timed-out one; returns `false` when nothing was
+    /// outstanding. The command then ends `Status::Aborted` if the target
+    /// aborted it, or normally if its response came first
+    /// ([`SessionStats::aborts_complete`] / `aborts_failed` count the
+    /// answers).
+    pub fn abort_oldest(&self) -> bool {
+        let inner = &self.inner;
+        let mut st = inner.lock();
+        if st.closed {
+            return false;
+        }
+        let now = inner.now();
+        let Some(tag) = st.channel.oldest_unanswered() else {
+            return false;
+        };
+        let sent = st.channel.abort(now, tag);
+        inner.flush_outputs(&mut st);
+        let _ = inner.events.lock().map(|tx| tx.send(Ev::Kick));
+        sent
+    }
+
     /// Logs out: disconnects (ib_srp sends no SRP_I_LOGOUT either) and
     /// fails whatever is still outstanding.
     pub fn close(mut self) {
@@ -1155,8 +1184,10 @@ impl Inner {
         self.flush_outputs(st);
         while let Some(c) = st.channel.poll_completion() {
             st.stats.completed += 1;
-            if c.status == Status::Reset {
-                st.stats.reset_ended += 1;
+            match c.status {
+                Status::Reset => st.stats.reset_ended += 1,
+                Status::Aborted => st.stats.aborted += 1,
+                _ => {}
             }
             if let Some(t) = st.parked.remove(&c.tag) {
                 t.unpark();
@@ -1169,6 +1200,12 @@ impl Inner {
                 Event::TaskMgmtSent { .. } => st.stats.tmfs += 1,
                 Event::TaskMgmtDone { func, result, .. } => {
                     st.tmfs_done += 1;
+                    if *func == TmFunc::AbortTask {
+                        match result {
+                            Ok(()) => st.stats.aborts_complete += 1,
+                            Err(_) => st.stats.aborts_failed += 1,
+                        }
+                    }
                     st.last_tmf = Some((*func, *result));
                 }
                 Event::Aer { .. } => st.stats.aers += 1,

@@ -820,6 +820,44 @@ fn response_during_abort_completes_normally_without_escalation() {
 }
 
 #[test]
+fn abort_on_request_goes_through_the_error_handler() {
+    let mut ch = logged_in(16);
+    let a = ch.submit(T0, &read(1, 1)).unwrap();
+    let b = ch.submit(T0, &read(1, 1)).unwrap();
+    let _ = sends(&mut ch);
+    assert_eq!(ch.oldest_unanswered(), Some(a));
+    assert!(ch.abort(T0, a));
+    let tm = parse_tmf(&one_send(&mut ch));
+    assert_eq!((tm.func, tm.task_tag), (TmFunc::AbortTask, a));
+    // A second request for b waits behind the first abort.
+    assert!(ch.abort(T0, b));
+    assert!(ch.abort(T0, b), "asking twice queues it once");
+    assert!(ch.poll_output().is_none());
+    ch.handle_recv(T0, &tmf_rsp(tm.tag, RspCode::Complete));
+    assert_eq!(
+        completions(&mut ch)
+            .iter()
+            .map(|c| (c.tag, c.status))
+            .collect::<Vec<_>>(),
+        vec![(a, Status::Aborted)]
+    );
+    let tm_b = parse_tmf(&one_send(&mut ch));
+    assert_eq!(tm_b.task_tag, b);
+    assert!(ch.poll_output().is_none(), "b is aborted once");
+    // b's response overtakes its abort: it completes normally and the
+    // failed abort escalates nothing.
+    ch.handle_recv(T0, &rsp(b, 1, 0));
+    assert_eq!(completions(&mut ch)[0].status, Status::Scsi(0));
+    ch.handle_recv(T0, &tmf_rsp(tm_b.tag, RspCode::Failed));
+    assert!(ch.poll_output().is_none());
+    assert!(ch.is_logged_in());
+    // Nothing left to abort; an answered tag is not aborted.
+    assert_eq!(ch.oldest_unanswered(), None);
+    assert!(!ch.abort(T0, a));
+    assert!(ch.poll_output().is_none());
+}
+
+#[test]
 fn lun_reset_success_ends_that_lun_only() {
     let mut ch = logged_in_with(timeout_cfg(), 16, false);
     let a = ch.submit(T0, &read(1, 1)).unwrap();

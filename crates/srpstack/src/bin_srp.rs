@@ -126,6 +126,12 @@ enum Cmd {
         /// Do not stamp and check data.
         #[arg(long)]
         no_verify: bool,
+        /// Every this many milliseconds, send ABORT TASK for the oldest
+        /// outstanding command (as the error handler does after a timeout),
+        /// to exercise the target's task management under I/O; aborted
+        /// commands are retried, and what happened is reported at the end.
+        #[arg(long)]
+        abort_every_ms: Option<u64>,
         /// JSON report.
         #[arg(long)]
         json: bool,
@@ -323,6 +329,41 @@ fn login(l: &Login) -> Result<Arc<srp_initiator::session::Session>, String> {
 }
 
 /// LUN `lun` over every path, kept across connection loss.
+/// `srp io --abort-every-ms`: until `stop`, every `ms` milliseconds ABORT
+/// TASK for the oldest outstanding command of each path's channel 0.
+/// Returns how many aborts were asked for and the task management counts
+/// of the sessions it saw (summed, each session once).
+fn abort_loop(
+    paths: &[Arc<srpstack::paths::PathLogin>],
+    ms: u64,
+    stop: &std::sync::atomic::AtomicBool,
+) -> (u64, srp_initiator::session::SessionStats) {
+    let mut asked = 0;
+    let mut seen: Vec<Arc<srp_initiator::session::Session>> = Vec::new();
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_millis(ms));
+        for p in paths {
+            for s in p.live_channels().into_iter().take(1) {
+                if s.abort_oldest() {
+                    asked += 1;
+                }
+                if !seen.iter().any(|x| Arc::ptr_eq(x, &s)) {
+                    seen.push(s);
+                }
+            }
+        }
+    }
+    let mut sum = srp_initiator::session::SessionStats::default();
+    for s in &seen {
+        let st = s.stats();
+        sum.tmfs += st.tmfs;
+        sum.aborts_complete += st.aborts_complete;
+        sum.aborts_failed += st.aborts_failed;
+        sum.aborted += st.aborted;
+    }
+    (asked, sum)
+}
+
 fn open_kept(
     paths: &[Arc<srpstack::paths::PathLogin>],
     keep: &Keep,
@@ -365,10 +406,14 @@ fn run(cmd: Cmd) -> Result<bool, String> {
             region,
             size,
             no_verify,
+            abort_every_ms,
             json,
         } => {
             let paths = paths(&l)?;
             let disk = open_kept(&paths, &keep, lun)?;
+            if abort_every_ms == Some(0) {
+                return Err("--abort-every-ms must be at least 1".into());
+            }
             if !json {
                 println!(
                     "srp: logged in to {} ({} path{}, {} channel{} each); LUN {lun}: {} blocks of {} B",
@@ -388,7 +433,29 @@ fn run(cmd: Cmd) -> Result<bool, String> {
             w.size = Some(size);
             w.verify = !no_verify;
             w.runtime = Duration::from_secs(300);
-            let r = blockload::run(disk.clone(), &w, |_| {}).map_err(|e| e.to_string())?;
+            let r = match abort_every_ms {
+                None => blockload::run(disk.clone(), &w, |_| {}),
+                Some(ms) => {
+                    let stop = std::sync::atomic::AtomicBool::new(false);
+                    std::thread::scope(|sc| {
+                        let aborter = sc.spawn(|| abort_loop(&paths, ms, &stop));
+                        let r = blockload::run(disk.clone(), &w, |_| {});
+                        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                        let (asked, stats) = aborter.join().unwrap_or_default();
+                        if !json {
+                            println!(
+                                "srp: ABORT TASK asked {asked} times: {} function complete, {} failed (answered first), {} commands aborted and retried, {} LUN resets",
+                                stats.aborts_complete,
+                                stats.aborts_failed,
+                                stats.aborted,
+                                stats.tmfs.saturating_sub(stats.aborts_complete + stats.aborts_failed),
+                            );
+                        }
+                        r
+                    })
+                }
+            }
+            .map_err(|e| e.to_string())?;
             disk.flush()
                 .map_err(|e| format!("SYNCHRONIZE CACHE: {e}"))?;
             if json {

@@ -16,7 +16,7 @@ impl Drop for Daemon {
 fn srptd(ip: &str) -> Daemon {
     let mut child = Command::new(env!("CARGO_BIN_EXE_srptd"))
         .args(["--ip", ip, "--ram-mib", "16", "--control-socket"])
-        .arg(std::env::temp_dir().join(format!("srptd-two-{}.sock", std::process::id())))
+        .arg(std::env::temp_dir().join(format!("srptd-two-{}-{ip}.sock", std::process::id())))
         .stdout(Stdio::piped())
         .spawn()
         .expect("start srptd");
@@ -108,4 +108,38 @@ fn login_by_rdma_cm_and_verified_io_between_processes() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("invalid service ID"), "{err}");
+}
+
+#[test]
+fn abort_task_under_io_is_answered_and_loses_nothing() {
+    let _d = srptd("127.0.99.21");
+    let out = Command::new(env!("CARGO_BIN_EXE_srp"))
+        .args(["io", "--dest", "127.0.99.21:5555", "--ip", "127.0.99.22"])
+        .args(["--bs", "1048576", "--iodepth", "8", "--size", "67108864"])
+        .args(["--region", "8388608", "--abort-every-ms", "20"])
+        .output()
+        .expect("run srp");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains(" 0 verify failures, 0 I/O errors"), "{text}");
+    // "srp: ABORT TASK asked N times: C function complete, F failed ..."
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("srp: ABORT TASK asked "))
+        .unwrap_or_else(|| panic!("no abort summary in\n{text}"));
+    let nums: Vec<u64> = line
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    let (asked, complete, failed, resets) = (nums[0], nums[1], nums[2], nums[4]);
+    assert!(asked > 0 && complete + failed > 0, "{line}");
+    // Our target answers ABORT TASK FUNCTION COMPLETE whether or not the
+    // command was still there (SAM-5 7.2), so no abort fails and nothing
+    // escalates to a LUN reset.
+    assert_eq!((failed, resets), (0, 0), "{line}");
+    println!("{line}");
 }

@@ -363,6 +363,38 @@ impl Channel {
         Ok(())
     }
 
+    /// ABORT TASK for an unanswered command, on request rather than after
+    /// its timeout (what an operator or a test asks for). It goes through
+    /// the error handler like a timed-out command's: one task management
+    /// request at a time, a failed abort of a command still unanswered
+    /// escalates to LOGICAL UNIT RESET, and a command whose response
+    /// arrives first completes normally. Returns whether `tag` was an
+    /// unanswered command of this channel.
+    pub fn abort(&mut self, now: Instant, tag: Tag) -> bool {
+        if self.state != State::Live {
+            return false;
+        }
+        let open = self
+            .lookup(tag)
+            .and_then(|s| self.slots[s as usize].ctx.as_ref())
+            .is_some_and(|c| !c.done);
+        if open && !self.abort_queue.contains(&tag) {
+            self.abort_queue.push_back(tag);
+            self.drive_eh(now);
+        }
+        open
+    }
+
+    /// The oldest unanswered command, by submission order.
+    pub fn oldest_unanswered(&self) -> Option<Tag> {
+        self.slots
+            .iter()
+            .filter_map(|s| s.ctx.as_ref())
+            .filter(|c| !c.done)
+            .min_by_key(|c| c.seq)
+            .map(|c| c.tag)
+    }
+
     /// Queue one SCSI command; returns its tag.
     ///
     /// # Errors
