@@ -17,8 +17,10 @@
 SRPTADM=${SRPTADM:-$(dirname "$SRPTD")/srptadm}
 SCENARIO_GUEST_BINS="$SRPTD $SRPTADM"
 LOSS_SPEC=loss=0.01,seed=7
-# One pass of the throughput job: under loss it measures recovery, not speed.
+# One short pass of the throughput job (1 MiB reads: long RDMA WRITE runs
+# under loss); here it measures recovery, not speed.
 THROUGHPUT_LOOPS=1
+THROUGHPUT_SIZE=4m
 
 host_main() {
   [ -x "$SRPTD" ] || { echo "missing $SRPTD: run cargo build --release -p srpstack"; return 1; }

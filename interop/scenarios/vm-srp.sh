@@ -113,7 +113,7 @@ guest_initiator() {
   # The same sequential read job linux-srp-initiator-ours runs against our
   # target, for the throughput ratio (both under the same TCG conditions).
   fio --name=seqread --filename="$dev" --direct=1 --rw=read --bs=1m --iodepth=8 \
-    --ioengine=libaio --size=16m --loops=${THROUGHPUT_LOOPS:-8} --output-format=terse --minimal >/tmp/bw.out 2>&1 ||
+    --ioengine=libaio --size=${THROUGHPUT_SIZE:-16m} --loops=${THROUGHPUT_LOOPS:-8} --output-format=terse --minimal >/tmp/bw.out 2>&1 ||
     { cat /tmp/bw.out; fail "fio seq read failed"; }
   step "THROUGHPUT seq-read-1m-qd8 $(cut -d';' -f7 /tmp/bw.out) KiB/s"
 
