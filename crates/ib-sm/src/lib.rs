@@ -31,6 +31,7 @@
 //! Not done: ServiceRecord registration, multicast, SM-to-SM handover
 //! (SMInfo polling), M_Key protection, and several paths per pair.
 
+pub mod fuzz;
 pub mod partitions;
 pub mod port;
 pub mod sim;

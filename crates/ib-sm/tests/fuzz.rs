@@ -160,3 +160,37 @@ fn the_sma_survives_hostile_smps() {
     // Whatever the Sets did, the port kept a coherent state.
     assert!((1..=4).contains(&h.sma.port_state()));
 }
+
+/// The `sm_input` fuzz target's body over deterministic inputs: random
+/// bytes, and inputs built from real MADs of a simulated sweep.
+#[test]
+fn sm_input_fuzz_body_runs_clean() {
+    let mut sim = fabric(22, 0.0, None, HOSTS).unwrap();
+    sim.run_until(Duration::from_secs(10), |s| all_active(s, HOSTS));
+    let real: Vec<(u8, MadBytes)> = sm(&mut sim).log.clone();
+    let mut rng = Rng::new(0xf022);
+    let (mut fed, mut answered) = (0, 0);
+    for i in 0..1500u64 {
+        let mut data = vec![0u8; 2 + rng.below(2000) as usize];
+        rng.fill(&mut data);
+        if i % 2 == 0 {
+            // Splice real MADs in where a body would start.
+            let (qp, m) = real[rng.below(real.len() as u64) as usize];
+            let at = 2.min(data.len());
+            let mut spliced = data[..at].to_vec();
+            spliced.extend_from_slice(&[1, qp, 0]);
+            spliced.extend_from_slice(&m[..]);
+            spliced.extend_from_slice(&data[at..]);
+            data = spliced;
+        }
+        let f = ib_sm::fuzz::sm_input(&data);
+        fed += f.mads;
+        answered += f.answered;
+    }
+    println!("{fed} MADs fed, {answered} SA requests answered");
+    assert!(fed > 5000, "the inputs reached the SM ({fed} MADs)");
+    assert!(
+        answered > 300,
+        "the inputs reached the SA ({answered} answers)"
+    );
+}
