@@ -611,9 +611,11 @@ impl ClientInner {
         let roots: Vec<ResId> = {
             let mut t = lock(&self.tree);
             t.closed = true;
+            // Roots, and nodes whose parent went first (a provider may let
+            // a PD go while objects under it live on).
             t.nodes
                 .iter()
-                .filter(|(_, n)| n.parent.is_none())
+                .filter(|(_, n)| n.parent.is_none_or(|p| !t.nodes.contains_key(&p)))
                 .map(|(id, _)| *id)
                 .collect()
         };
@@ -628,5 +630,247 @@ impl ClientInner {
         for id in all {
             self.destroy(id);
         }
+    }
+}
+
+/// A [`Client`] seen as a verbs provider: every call goes to the provider
+/// underneath, and every object created through it is a node of the
+/// client's tree (under its CA or PD), so consumers written against the
+/// verbs interface (the SRP target and initiator) get the access layer's
+/// tracking, hierarchical cleanup and leak counters without knowing it.
+/// Destroying an object through it is the provider's destroy of that one
+/// object (its refusals, such as `Busy`, come back unchanged); closing or
+/// dropping the client takes whatever is left.
+pub struct TrackedProvider {
+    client: Client,
+    ids: Mutex<std::collections::HashMap<(Kind, verbs::Handle), ResId>>,
+}
+
+impl Client {
+    /// This client as a verbs provider (see [`TrackedProvider`]).
+    pub fn into_provider(self) -> Arc<TrackedProvider> {
+        Arc::new(TrackedProvider {
+            client: self,
+            ids: Mutex::new(Default::default()),
+        })
+    }
+}
+
+impl TrackedProvider {
+    /// The client underneath (its counters, its `close`).
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// The node of a handle this client made; a stale or foreign handle
+    /// is `InvalidHandle`, as the provider would say.
+    fn id(&self, kind: Kind, h: verbs::Handle) -> Result<ResId, VerbsError> {
+        lock(&self.ids)
+            .get(&(kind, h))
+            .copied()
+            .ok_or(VerbsError::InvalidHandle)
+    }
+
+    fn note(&self, kind: Kind, h: verbs::Handle, id: ResId) {
+        lock(&self.ids).insert((kind, h), id);
+    }
+
+    /// Destroys one object by the provider's own call; the node leaves the
+    /// tree only when the provider agreed.
+    fn destroy_one(
+        &self,
+        kind: Kind,
+        h: verbs::Handle,
+        call: impl FnOnce(&dyn Provider) -> Result<(), VerbsError>,
+    ) -> Result<(), VerbsError> {
+        let Ok(id) = self.id(kind, h) else {
+            // Not ours (or the CA's removal already took it): the
+            // provider says what it thinks of the handle.
+            return call(self.client.provider().as_ref());
+        };
+        call(self.client.provider().as_ref())?;
+        lock(&self.ids).remove(&(kind, h));
+        let c = &self.client.inner;
+        if lock(&c.tree).nodes.remove(&id).is_some() {
+            c.live.add(kind, -1);
+            c.al.live.add(kind, -1);
+        }
+        Ok(())
+    }
+}
+
+impl Provider for TrackedProvider {
+    fn name(&self) -> &'static str {
+        self.client.provider().name()
+    }
+    fn handlers_nest(&self) -> bool {
+        self.client.provider().handlers_nest()
+    }
+    fn list_cas(&self) -> Vec<Guid> {
+        self.client.provider().list_cas()
+    }
+    fn open_ca(
+        &self,
+        guid: Guid,
+        ctx: Context,
+        handler: Arc<dyn EventHandler>,
+    ) -> Result<CaHandle, VerbsError> {
+        let (id, ca) = self.client.open_ca(guid, ctx, handler)?;
+        self.note(Kind::Ca, ca.0, id);
+        Ok(ca)
+    }
+    fn query_ca(&self, ca: CaHandle) -> Result<verbs::CaAttr, VerbsError> {
+        self.client.provider().query_ca(ca)
+    }
+    fn close_ca(&self, ca: CaHandle) -> Result<(), VerbsError> {
+        // Closing a CA takes what is still open under it, as the access
+        // layer promises.
+        match self.id(Kind::Ca, ca.0) {
+            Ok(id) => {
+                lock(&self.ids).remove(&(Kind::Ca, ca.0));
+                self.client.destroy(id);
+                Ok(())
+            }
+            Err(_) => self.client.provider().close_ca(ca),
+        }
+    }
+    fn query_port(&self, ca: CaHandle, port: PortNum) -> Result<verbs::PortAttr, VerbsError> {
+        self.client.provider().query_port(ca, port)
+    }
+    fn find_pkey(
+        &self,
+        ca: CaHandle,
+        port: PortNum,
+        pkey: rdma_types::Pkey,
+    ) -> Result<u16, VerbsError> {
+        self.client.provider().find_pkey(ca, port, pkey)
+    }
+    fn alloc_pd(&self, ca: CaHandle, ctx: Context) -> Result<PdHandle, VerbsError> {
+        let (id, pd) = self.client.alloc_pd(self.id(Kind::Ca, ca.0)?, ctx)?;
+        self.note(Kind::Pd, pd.0, id);
+        Ok(pd)
+    }
+    fn dealloc_pd(&self, pd: PdHandle) -> Result<(), VerbsError> {
+        self.destroy_one(Kind::Pd, pd.0, |p| p.dealloc_pd(pd))
+    }
+    fn create_cq(&self, pd: PdHandle, init: &CqInit, ctx: Context) -> Result<CqHandle, VerbsError> {
+        let (id, cq) = self.client.create_cq(self.id(Kind::Pd, pd.0)?, init, ctx)?;
+        self.note(Kind::Cq, cq.0, id);
+        Ok(cq)
+    }
+    fn destroy_cq(&self, cq: CqHandle) -> Result<(), VerbsError> {
+        self.destroy_one(Kind::Cq, cq.0, |p| p.destroy_cq(cq))
+    }
+    fn poll_cq(
+        &self,
+        cq: CqHandle,
+        out: &mut [verbs::WorkCompletion],
+    ) -> Result<usize, VerbsError> {
+        self.client.provider().poll_cq(cq, out)
+    }
+    fn req_notify_cq(&self, cq: CqHandle, solicited_only: bool) -> Result<(), VerbsError> {
+        self.client.provider().req_notify_cq(cq, solicited_only)
+    }
+    fn wait_cq(&self, cq: CqHandle, timeout: std::time::Duration) -> Result<(), VerbsError> {
+        self.client.provider().wait_cq(cq, timeout)
+    }
+    fn create_srq(
+        &self,
+        pd: PdHandle,
+        attr: &SrqAttr,
+        ctx: Context,
+    ) -> Result<SrqHandle, VerbsError> {
+        let (id, srq) = self
+            .client
+            .create_srq(self.id(Kind::Pd, pd.0)?, attr, ctx)?;
+        self.note(Kind::Srq, srq.0, id);
+        Ok(srq)
+    }
+    fn modify_srq(&self, srq: SrqHandle, limit: u32) -> Result<(), VerbsError> {
+        self.client.provider().modify_srq(srq, limit)
+    }
+    fn query_srq(&self, srq: SrqHandle) -> Result<SrqAttr, VerbsError> {
+        self.client.provider().query_srq(srq)
+    }
+    fn destroy_srq(&self, srq: SrqHandle) -> Result<(), VerbsError> {
+        self.destroy_one(Kind::Srq, srq.0, |p| p.destroy_srq(srq))
+    }
+    fn create_qp(&self, pd: PdHandle, init: &QpInit, ctx: Context) -> Result<QpHandle, VerbsError> {
+        let (id, qp) = self.client.create_qp(self.id(Kind::Pd, pd.0)?, init, ctx)?;
+        self.note(Kind::Qp, qp.0, id);
+        Ok(qp)
+    }
+    fn qp_num(&self, qp: QpHandle) -> Result<rdma_types::Qpn, VerbsError> {
+        self.client.provider().qp_num(qp)
+    }
+    fn modify_qp(&self, qp: QpHandle, attr: &verbs::QpAttr) -> Result<(), VerbsError> {
+        self.client.provider().modify_qp(qp, attr)
+    }
+    fn query_qp(&self, qp: QpHandle) -> Result<verbs::QpAttr, VerbsError> {
+        self.client.provider().query_qp(qp)
+    }
+    fn destroy_qp(&self, qp: QpHandle) -> Result<(), VerbsError> {
+        self.destroy_one(Kind::Qp, qp.0, |p| p.destroy_qp(qp))
+    }
+    fn create_ah(&self, pd: PdHandle, attr: &AhAttr) -> Result<AhHandle, VerbsError> {
+        let (id, ah) = self.client.create_ah(self.id(Kind::Pd, pd.0)?, attr)?;
+        self.note(Kind::Ah, ah.0, id);
+        Ok(ah)
+    }
+    fn destroy_ah(&self, ah: AhHandle) -> Result<(), VerbsError> {
+        self.destroy_one(Kind::Ah, ah.0, |p| p.destroy_ah(ah))
+    }
+    fn reg_mr(
+        &self,
+        pd: PdHandle,
+        buf: &MemBuf,
+        addr: u64,
+        len: u64,
+        access: AccessFlags,
+        ctx: Context,
+    ) -> Result<MrInfo, VerbsError> {
+        let (id, mr) = self
+            .client
+            .reg_mr(self.id(Kind::Pd, pd.0)?, buf, addr, len, access, ctx)?;
+        self.note(Kind::Mr, mr.handle.0, id);
+        Ok(mr)
+    }
+    fn rereg_mr(
+        &self,
+        mr: MrHandle,
+        buf: &MemBuf,
+        addr: u64,
+        len: u64,
+        access: AccessFlags,
+    ) -> Result<MrInfo, VerbsError> {
+        self.client.provider().rereg_mr(mr, buf, addr, len, access)
+    }
+    fn dereg_mr(&self, mr: MrHandle) -> Result<(), VerbsError> {
+        self.destroy_one(Kind::Mr, mr.0, |p| p.dereg_mr(mr))
+    }
+    fn alloc_mw(
+        &self,
+        pd: PdHandle,
+        kind: MwType,
+        ctx: Context,
+    ) -> Result<(MwHandle, Rkey), VerbsError> {
+        let (id, mw, rkey) = self.client.alloc_mw(self.id(Kind::Pd, pd.0)?, kind, ctx)?;
+        self.note(Kind::Mw, mw.0, id);
+        Ok((mw, rkey))
+    }
+    fn bind_mw(&self, qp: QpHandle, bind: &verbs::MwBind) -> Result<Rkey, VerbsError> {
+        self.client.provider().bind_mw(qp, bind)
+    }
+    fn dealloc_mw(&self, mw: MwHandle) -> Result<(), VerbsError> {
+        self.destroy_one(Kind::Mw, mw.0, |p| p.dealloc_mw(mw))
+    }
+    fn post_send(&self, qp: QpHandle, wrs: &[verbs::SendWr]) -> Result<(), VerbsError> {
+        self.client.provider().post_send(qp, wrs)
+    }
+    fn post_recv(&self, qp: QpHandle, wrs: &[verbs::RecvWr]) -> Result<(), VerbsError> {
+        self.client.provider().post_recv(qp, wrs)
+    }
+    fn post_srq_recv(&self, srq: SrqHandle, wrs: &[verbs::RecvWr]) -> Result<(), VerbsError> {
+        self.client.provider().post_srq_recv(srq, wrs)
     }
 }

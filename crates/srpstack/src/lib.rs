@@ -138,7 +138,15 @@ pub struct Stack {
     /// What backs the LUN, in words.
     pub backing: String,
     soft: Option<Arc<rnic::softroce::SoftRoce>>,
-    temp: Option<PathBuf>,
+    /// The access layer and the two clients' providers, kept so the
+    /// counters outlive the target and the initiator.
+    #[allow(clippy::type_complexity)]
+    clients: Option<(
+        rdma_access::resource::AccessLayer,
+        Arc<rdma_access::resource::TrackedProvider>,
+        Arc<rdma_access::resource::TrackedProvider>,
+    )>,
+    temp: TempFile,
 }
 
 /// Connects by handing the login to a target port in the same process, as
@@ -307,8 +315,14 @@ impl Stack {
             ChannelConfig::new(0x1, Guid(INITIATOR_GUID), TARGET_GUID, Guid(TARGET_GUID));
         chan.can_queue = cfg.queue;
         let tcfg = TargetConfig::new(chan.target_port_id(), "srpstack");
+        // The target and the initiator each reach the provider through a
+        // client of the access layer: every verbs object they make is
+        // tracked, and what they leave behind is counted.
+        let al = rdma_access::resource::AccessLayer::new(fabric);
+        let target_side = al.client("srp target").into_provider();
+        let initiator_side = al.client("srp initiator").into_provider();
         let port = match TargetPort::start(
-            fabric.clone(),
+            target_side.clone(),
             Guid(TARGET_GUID),
             tcfg,
             scsi,
@@ -325,7 +339,7 @@ impl Stack {
             lid: target_lid,
         });
         let session = match Session::connect(
-            fabric.clone(),
+            initiator_side.clone(),
             Guid(INITIATOR_GUID),
             direct,
             SessionConfig::new(chan),
@@ -350,14 +364,41 @@ impl Stack {
             provider,
             backing,
             soft,
-            temp,
+            clients: Some((al, target_side, initiator_side)),
+            temp: TempFile(temp),
         })
+    }
+
+    /// Logs out and stops the target; returns how many verbs objects the
+    /// initiator and the target left behind (the access layer's live
+    /// counters, read before their clients close what is left: 0 unless
+    /// something leaks). Clones of `disk` or `session` held elsewhere must
+    /// be dropped first, or the session is still logged in when counted.
+    pub fn shutdown(self) -> i64 {
+        let Stack {
+            port,
+            session,
+            disk,
+            clients,
+            temp,
+            ..
+        } = self;
+        // The users of the verbs objects go first: the disk, the session
+        // (logged out when its last reference goes), the target port.
+        drop(disk);
+        drop(session);
+        drop(port);
+        drop(temp);
+        clients.map_or(0, |(al, _, _)| al.live_total())
     }
 }
 
-impl Drop for Stack {
+/// A temporary LUN file, removed when dropped.
+struct TempFile(Option<PathBuf>);
+
+impl Drop for TempFile {
     fn drop(&mut self) {
-        if let Some(p) = self.temp.take() {
+        if let Some(p) = self.0.take() {
             let _ = std::fs::remove_file(p);
         }
     }

@@ -275,15 +275,21 @@ fn quickstart(nullio: bool, size: u64, runtime: u64, net: &NetArgs) -> Result<()
         );
     }
     let temp = matches!(cfg.backing, Backing::TempFile);
-    drop(stack);
+    drop(dev);
+    let left = stack.shutdown();
     println!(
-        "  logged out, target stopped{}\n",
+        "  logged out, target stopped{}; verbs objects left behind: {left}\n",
         if temp {
             ", temporary LUN file removed"
         } else {
             ""
         }
     );
+    if left != 0 {
+        return Err(format!(
+            "{left} verbs objects (QPs, CQs, MRs, ...) were not destroyed by the initiator and target"
+        ));
+    }
     println!("Next:");
     println!("  cargo run --release -p srpstack -- bench --rw randread --bs 4K --iodepth 32");
     println!("  cargo run --release -p srpstack -- quickstart --nullio --runtime 10");
@@ -334,12 +340,26 @@ fn bench(
     if !json {
         end_bar();
     }
+    let link = stack.link_counters();
+    let ios = r.read.ios + r.write.ios;
     if json {
         let mut v = serde_json::to_value(&r).map_err(|e| e.to_string())?;
         v["provider"] = serde_json::Value::from(provider);
+        if let Some(c) = link {
+            v["nic_packets_sent"] = c.tx_packets.into();
+            v["nic_retransmits"] = c.retransmits.into();
+        }
         println!("{v}");
     } else {
         print!("{}", r.table());
+        if let Some(c) = link {
+            println!(
+                "soft RoCE: {} datagrams sent by both NICs ({:.2} per I/O, incl. login and setup), {} retransmitted",
+                c.tx_packets,
+                c.tx_packets as f64 / ios.max(1) as f64,
+                c.retransmits
+            );
+        }
     }
     Ok(r.ok())
 }

@@ -50,6 +50,9 @@ fn quickstart_exports_a_lun_verifies_io_and_cleans_up() {
         .and_then(|n| n.trim().parse().ok())
         .expect("a verified-bytes line");
     assert!(verified >= 16.0, "{text}");
+    // The access layer counted every verbs object both sides made, and all
+    // were destroyed at logout.
+    assert!(text.contains("verbs objects left behind: 0"), "{text}");
     // The temporary fileio image is gone.
     let path = text
         .split_whitespace()

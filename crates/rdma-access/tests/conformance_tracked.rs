@@ -1,0 +1,79 @@
+//! The verbs conformance suite through the access layer's tracking proxy
+//! (`Client::into_provider`) over the loopback provider: a consumer written
+//! against the verbs interface sees the provider's behaviour unchanged,
+//! refusals included, while every object it makes is in the client's tree.
+
+use rdma_access::resource::{AccessLayer, Kind, TrackedProvider};
+use rdma_types::{Guid, Lid, PortNum};
+use rnic::loopback::{CaConfig, Fabric};
+use std::sync::Arc;
+use verbs::conformance::{Feature, Fixture};
+use verbs::{Provider, Result};
+
+struct Tracked {
+    fabric: Arc<Fabric>,
+    al: AccessLayer,
+    proxy: Arc<TrackedProvider>,
+}
+
+impl Tracked {
+    fn new() -> Tracked {
+        let fabric = Fabric::new();
+        fabric.add_ca(CaConfig::simple(0x1111, 1)).unwrap();
+        fabric.add_ca(CaConfig::simple(0x2222, 2)).unwrap();
+        let al = AccessLayer::new(fabric.clone());
+        let proxy = al.client("conformance").into_provider();
+        Tracked { fabric, al, proxy }
+    }
+}
+
+impl Fixture for Tracked {
+    fn provider(&self) -> Arc<dyn Provider> {
+        self.proxy.clone()
+    }
+    fn guids(&self) -> (Guid, Guid) {
+        (Guid(0x1111), Guid(0x2222))
+    }
+    fn set_port_active(&self, guid: Guid, active: bool) -> Result<()> {
+        self.fabric.set_port_active(guid, PortNum(1), active)
+    }
+    fn set_lid(&self, guid: Guid, lid: Lid) -> Result<()> {
+        self.fabric.set_lid(guid, PortNum(1), lid)
+    }
+    fn remove_ca(&self, guid: Guid) -> Result<()> {
+        self.fabric.remove_ca(guid)
+    }
+    fn lacks(&self) -> Vec<Feature> {
+        Vec::new()
+    }
+}
+
+verbs::conformance_tests!(Tracked::new());
+
+/// After a case, whatever it left open is in the tree, and closing the
+/// client takes it all: the provider's own objects go too.
+#[test]
+fn what_a_case_leaves_the_client_takes_away() {
+    for case in [
+        verbs::conformance::cases::rc_send,
+        verbs::conformance::cases::rc_read,
+        verbs::conformance::cases::mw_type1,
+        verbs::conformance::cases::srq_limit,
+    ] {
+        let f = Tracked::new();
+        let _ = case(&f);
+        let left = f.al.live_total();
+        f.proxy.client().close();
+        assert_eq!(f.al.live_total(), 0, "{left} objects were left");
+        for kind in [Kind::Qp, Kind::Cq, Kind::Mr, Kind::Pd, Kind::Ca] {
+            assert_eq!(f.proxy.client().live(kind), 0, "{kind:?}");
+        }
+        // The provider agrees: a new client can open both CAs afresh and
+        // nothing of the old one answers.
+        let again = f.al.client("again");
+        let (_, ca) = again
+            .open_ca(Guid(0x1111), 0, Arc::new(verbs::IgnoreEvents))
+            .unwrap();
+        assert!(f.fabric.query_ca(ca).is_ok());
+    }
+}
