@@ -5,7 +5,9 @@ use rdma_access::gsi::{status_reply, MadBytes};
 use rdma_access::sma::{state, SMP_DATA};
 use rdma_mad::mad::{MadStatus, Method, StatusCode, MAD_SIZE};
 use rdma_mad::rmpp::{self, RmppHeader};
-use rdma_mad::sa::{InformInfo, PathRecord, SaAttr, SaHeader, SA_CLASS_VERSION, SA_HDR_LEN};
+use rdma_mad::sa::{
+    InformInfo, PathRecord, SaAttr, SaHeader, ServiceRecord, SA_CLASS_VERSION, SA_HDR_LEN,
+};
 use rdma_mad::smp::{NodeInfo, Notice, PortInfo, SmpAttr};
 use rdma_types::{Duration, Gid, Guid, Instant, Pkey};
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -34,6 +36,18 @@ pub mod path_comp {
     pub const NUMB_PATH: u64 = 1 << 12;
     /// P_Key.
     pub const PKEY: u64 = 1 << 13;
+}
+
+/// ServiceRecord component mask bits (IBA 15.2.5.14).
+pub mod service_comp {
+    /// ServiceID.
+    pub const ID: u64 = 1 << 0;
+    /// ServiceGID.
+    pub const GID: u64 = 1 << 1;
+    /// ServiceP_Key.
+    pub const PKEY: u64 = 1 << 2;
+    /// ServiceName.
+    pub const NAME: u64 = 1 << 6;
 }
 
 /// PortInfoRecord component mask bits (opensm's numbering).
@@ -143,6 +157,12 @@ struct Subscriber<P> {
     trap: u16,
 }
 
+/// A registered service and when its lease ends (`None`: indefinite).
+struct Service {
+    rec: ServiceRecord,
+    expires: Option<Instant>,
+}
+
 /// Counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SmStats {
@@ -154,6 +174,8 @@ pub struct SmStats {
     pub sa_requests: u64,
     /// Reports (notices) sent to subscribers.
     pub reports: u64,
+    /// ServiceRecords registered now.
+    pub services: u64,
 }
 
 /// The subnet manager of a fabric whose nodes it reaches directly.
@@ -166,6 +188,7 @@ pub struct SubnetManager<P> {
     next_tid: u64,
     tx: VecDeque<Outgoing<P>>,
     subscribers: Vec<Subscriber<P>>,
+    services: Vec<Service>,
     events: VecDeque<SmEvent>,
     next_sweep: Instant,
     stats: SmStats,
@@ -180,6 +203,12 @@ fn smp(method: Method, attr: SmpAttr, modifier: u32) -> MadBytes {
     m[16..18].copy_from_slice(&u16::from(attr).to_be_bytes());
     m[20..24].copy_from_slice(&modifier.to_be_bytes());
     m
+}
+
+fn service_bytes(r: &ServiceRecord) -> Vec<u8> {
+    let mut b = vec![0u8; ServiceRecord::LEN];
+    r.emit(&mut b);
+    b
 }
 
 impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
@@ -208,6 +237,7 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
             next_tid: 1,
             tx: VecDeque::new(),
             subscribers: Vec::new(),
+            services: Vec::new(),
             events: VecDeque::new(),
             next_sweep: now,
             stats: SmStats::default(),
@@ -386,7 +416,7 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
             return;
         }
         if qp == QP_GSI && mad[1] == 0x03 {
-            self.sa_request(from, mad);
+            self.sa_request(now, from, mad);
         }
     }
 
@@ -511,7 +541,7 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
         }
     }
 
-    fn sa_request(&mut self, from: P, req: &MadBytes) {
+    fn sa_request(&mut self, now: Instant, from: P, req: &MadBytes) {
         self.stats.sa_requests += 1;
         let reply = |m: MadBytes| Outgoing {
             to: from,
@@ -565,6 +595,63 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
             (Method::Get | Method::GetTable, SaAttr::PortInfoRecord) => {
                 let recs = self.portinfo_records(&hdr, data);
                 self.answer(from, req, method, &recs, PORTINFO_RECORD_LEN);
+            }
+            (
+                Method::Set | Method::Get | Method::GetTable | Method::Delete,
+                SaAttr::ServiceRecord,
+            ) => {
+                self.services.retain(|s| s.expires.is_none_or(|t| t > now));
+                self.stats.services = self.services.len() as u64;
+                let Ok(q) = ServiceRecord::parse(data) else {
+                    self.tx
+                        .push_back(reply(status_reply(req, MadStatus(SA_ERR_REQ_INVALID))));
+                    return;
+                };
+                let mask = if method == Method::Set {
+                    service_comp::ID | service_comp::GID | service_comp::PKEY
+                } else {
+                    hdr.comp_mask
+                };
+                let matches = |r: &ServiceRecord| {
+                    (mask & service_comp::ID == 0 || r.service_id == q.service_id)
+                        && (mask & service_comp::GID == 0 || r.service_gid == q.service_gid)
+                        && (mask & service_comp::PKEY == 0 || r.service_pkey == q.service_pkey)
+                        && (mask & service_comp::NAME == 0 || r.service_name == q.service_name)
+                };
+                let recs: Vec<Vec<u8>> = match method {
+                    Method::Set => {
+                        // Registration replaces the record with the same
+                        // ID, GID and P_Key; the lease starts again.
+                        self.services.retain(|s| !matches(&s.rec));
+                        let expires = (q.service_lease != u32::MAX)
+                            .then(|| now + Duration::from_secs(u64::from(q.service_lease)));
+                        self.services.push(Service { rec: q, expires });
+                        self.stats.services = self.services.len() as u64;
+                        vec![data[..ServiceRecord::LEN].to_vec()]
+                    }
+                    Method::Delete => {
+                        let (gone, kept): (Vec<Service>, Vec<Service>) =
+                            std::mem::take(&mut self.services)
+                                .into_iter()
+                                .partition(|s| matches(&s.rec));
+                        self.services = kept;
+                        self.stats.services = self.services.len() as u64;
+                        gone.iter().map(|s| service_bytes(&s.rec)).collect()
+                    }
+                    _ => self
+                        .services
+                        .iter()
+                        .filter(|s| matches(&s.rec))
+                        .map(|s| service_bytes(&s.rec))
+                        .collect(),
+                };
+                // Set and Delete answer GetResp with the record, as Get does.
+                let as_get = if method == Method::GetTable {
+                    Method::GetTable
+                } else {
+                    Method::Get
+                };
+                self.answer(from, req, as_get, &recs, ServiceRecord::LEN);
             }
             (Method::Get | Method::GetTable | Method::Set | Method::Delete, _) => {
                 let r = status_reply(req, MadStatus::from_code(StatusCode::MethodAttrUnsupported));
