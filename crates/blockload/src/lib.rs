@@ -51,6 +51,13 @@ pub trait BlockDevice: Send + Sync {
     fn flush(&self) -> io::Result<()> {
         Ok(())
     }
+    /// A queue for keeping up to `depth` I/Os in flight from one thread
+    /// (as io_uring or libaio do); `None` when the device has none, and
+    /// the engine then runs one thread per I/O in flight.
+    fn queue(&self, depth: usize) -> Option<Box<dyn IoQueue + '_>> {
+        let _ = depth;
+        None
+    }
     /// Deallocates `blocks` blocks from `lba`; later reads of them return
     /// zeroes. Devices without thin provisioning answer `Unsupported`.
     fn unmap(&self, lba: u64, blocks: u64) -> io::Result<()> {
@@ -60,6 +67,19 @@ pub trait BlockDevice: Send + Sync {
             "unmap not supported",
         ))
     }
+}
+
+/// I/Os in flight from one thread, each in a numbered slot. A slot is
+/// free again once [`IoQueue::complete_one`] has returned it.
+pub trait IoQueue {
+    /// Starts reading `len` bytes from `lba` into slot `slot`.
+    fn start_read(&mut self, slot: usize, lba: u64, len: usize) -> io::Result<()>;
+    /// Starts writing `data` at `lba` in slot `slot`; `data` may be reused
+    /// as soon as this returns.
+    fn start_write(&mut self, slot: usize, lba: u64, data: &[u8]) -> io::Result<()>;
+    /// Waits for one started I/O to end and returns its slot and result;
+    /// a read's data is in `bufs[slot]`. `None` when nothing is in flight.
+    fn complete_one(&mut self, bufs: &mut [Vec<u8>]) -> Option<(usize, io::Result<()>)>;
 }
 
 /// The access pattern.
@@ -118,8 +138,11 @@ pub struct Workload {
     pub pattern: Pattern,
     /// Bytes per I/O; a multiple of 512 and of the device block size.
     pub bs: u32,
-    /// Concurrent jobs (threads, one I/O in flight each).
+    /// Concurrent jobs (threads).
     pub jobs: u32,
+    /// I/Os each job keeps in flight (a device without a queue gets
+    /// `jobs * iodepth` threads of one I/O each instead).
+    pub iodepth: u32,
     /// Stop after this many bytes in all (`None`: once over the region for
     /// sequential patterns, the region's size for random ones).
     pub size: Option<u64>,
@@ -140,6 +163,7 @@ impl Workload {
             pattern,
             bs: 4096,
             jobs: 1,
+            iodepth: 1,
             size: None,
             runtime: Duration::from_secs(10),
             verify: false,
@@ -303,6 +327,19 @@ pub fn run(
     w: &Workload,
     mut progress: impl FnMut(Progress),
 ) -> Result<Report, ConfigError> {
+    let queued = w.iodepth > 1 && dev.queue(1).is_some();
+    let expanded;
+    let w = if w.iodepth > 1 && !queued {
+        // No queue: the same number of I/Os in flight, one per thread.
+        expanded = Workload {
+            jobs: w.jobs.saturating_mul(w.iodepth),
+            iodepth: 1,
+            ..w.clone()
+        };
+        &expanded
+    } else {
+        w
+    };
     let geo = Geometry::new(dev.as_ref(), w)?;
     let total_bytes = w.size.unwrap_or(geo.io_blocks * w.bs as u64);
     let shared = Arc::new(Shared {
@@ -318,15 +355,27 @@ pub fn run(
         let (dev, shared, tx, w) = (dev.clone(), shared.clone(), tx.clone(), w.clone());
         let slice = geo.slice(job);
         std::thread::spawn(move || {
-            let r = run_job(
-                dev.as_ref(),
-                &w,
-                job,
-                slice,
-                per_job_bytes,
-                deadline,
-                &shared,
-            );
+            let r = if queued {
+                run_job_queued(
+                    dev.as_ref(),
+                    &w,
+                    job,
+                    slice,
+                    per_job_bytes,
+                    deadline,
+                    &shared,
+                )
+            } else {
+                run_job(
+                    dev.as_ref(),
+                    &w,
+                    job,
+                    slice,
+                    per_job_bytes,
+                    deadline,
+                    &shared,
+                )
+            };
             let _ = tx.send(r);
         });
     }
@@ -449,17 +498,9 @@ impl Rng {
     }
 }
 
-fn run_job(
-    dev: &dyn BlockDevice,
-    w: &Workload,
-    job: u32,
-    slice: Slice,
-    budget: u64,
-    deadline: Instant,
-    shared: &Shared,
-) -> JobResult {
+fn new_result(deadline: Instant) -> JobResult {
     let hist = || hdrhistogram::Histogram::<u64>::new_with_bounds(1, 600_000_000_000, 3).unwrap();
-    let mut r = JobResult {
+    JobResult {
         read: hist(),
         write: hist(),
         read_bytes: 0,
@@ -470,7 +511,95 @@ fn run_job(
         io_errors: 0,
         first_io_error: None,
         timed_end: deadline,
-    };
+    }
+}
+
+/// The next I/O of a job: block index within its slice, and read or not.
+fn next_op(w: &Workload, slice: Slice, rng: &mut Rng, next_seq: &mut u64) -> (u64, bool) {
+    match w.pattern {
+        Pattern::Read | Pattern::Write => {
+            let i = *next_seq % slice.count;
+            *next_seq += 1;
+            (i, w.pattern == Pattern::Read)
+        }
+        Pattern::RandRead => (rng.below(slice.count), true),
+        Pattern::RandWrite => (rng.below(slice.count), false),
+        Pattern::RandRw { read_pct } => (rng.below(slice.count), rng.below(100) < read_pct as u64),
+    }
+}
+
+/// Fills `buf` for a write of generation `gen` at byte `offset`.
+fn fill_write(buf: &mut [u8], w: &Workload, offset: u64, gen: u32, job_seed: u32, rng: &mut Rng) {
+    if w.verify {
+        for (u, unit) in buf.chunks_exact_mut(UNIT).enumerate() {
+            fill_unit(unit, offset + (u * UNIT) as u64, gen, job_seed);
+        }
+    } else if gen == 1 {
+        // Incompressible, and eight bytes per draw: the client's cost must
+        // not show in the device's numbers.
+        for w in buf.chunks_mut(8) {
+            let v = rng.next_u64().to_le_bytes();
+            w.copy_from_slice(&v[..w.len()]);
+        }
+    }
+}
+
+/// Counts one finished I/O; `false` when it failed (the job stops: a
+/// device that fails once will likely fail again).
+#[allow(clippy::too_many_arguments)]
+fn account(
+    r: &mut JobResult,
+    res: io::Result<()>,
+    w: &Workload,
+    shared: &Shared,
+    block: u64,
+    is_read: bool,
+    gen: u32,
+    job_seed: u32,
+    buf: &[u8],
+    ns: u64,
+) -> bool {
+    let bs = w.bs as u64;
+    let offset = block * bs;
+    match res {
+        Ok(()) => {
+            if is_read {
+                r.read.saturating_record(ns);
+                r.read_bytes += bs;
+                if w.verify {
+                    verify_read(buf, offset, shared, block, job_seed, r);
+                }
+            } else {
+                shared.gens.0[block as usize].store(gen, Ordering::Relaxed);
+                r.write.saturating_record(ns);
+                r.write_bytes += bs;
+            }
+            shared.bytes.fetch_add(bs, Ordering::Relaxed);
+            true
+        }
+        Err(e) => {
+            r.io_errors += 1;
+            if r.first_io_error.is_none() {
+                r.first_io_error = Some(format!(
+                    "{} at byte offset {offset:#x}: {e}",
+                    if is_read { "read" } else { "write" }
+                ));
+            }
+            false
+        }
+    }
+}
+
+fn run_job(
+    dev: &dyn BlockDevice,
+    w: &Workload,
+    job: u32,
+    slice: Slice,
+    budget: u64,
+    deadline: Instant,
+    shared: &Shared,
+) -> JobResult {
+    let mut r = new_result(deadline);
     let bs = w.bs as usize;
     let mut buf = vec![0u8; bs];
     let mut rng = Rng::new(w.seed ^ (job as u64).wrapping_mul(0x1000_0001));
@@ -478,76 +607,149 @@ fn run_job(
     let mut next_seq = 0u64;
     let mut moved = 0u64;
     while moved < budget && !shared.stop.load(Ordering::Relaxed) && Instant::now() < deadline {
-        let (index, is_read) = match w.pattern {
-            Pattern::Read | Pattern::Write => {
-                let i = next_seq % slice.count;
-                next_seq += 1;
-                (i, w.pattern == Pattern::Read)
-            }
-            Pattern::RandRead => (rng.below(slice.count), true),
-            Pattern::RandWrite => (rng.below(slice.count), false),
-            Pattern::RandRw { read_pct } => {
-                (rng.below(slice.count), rng.below(100) < read_pct as u64)
-            }
-        };
+        let (index, is_read) = next_op(w, slice, &mut rng, &mut next_seq);
         let block = slice.first + index;
         let lba = block * slice.lbas_per_io;
-        let offset = block * bs as u64;
         let t0 = Instant::now();
+        let mut gen = 0;
         let res = if is_read {
             dev.read_at(lba, &mut buf)
         } else {
-            let gen = shared.gens.0[block as usize].load(Ordering::Relaxed) + 1;
-            if w.verify {
-                for (u, unit) in buf.chunks_exact_mut(UNIT).enumerate() {
-                    fill_unit(unit, offset + (u * UNIT) as u64, gen, job_seed);
-                }
-            } else if gen == 1 {
-                // Incompressible, and eight bytes per draw: the client's
-                // cost must not show in the device's numbers.
-                for w in buf.chunks_mut(8) {
-                    let v = rng.next_u64().to_le_bytes();
-                    w.copy_from_slice(&v[..w.len()]);
-                }
-            }
-            let res = dev.write_at(lba, &buf);
-            if res.is_ok() {
-                shared.gens.0[block as usize].store(gen, Ordering::Relaxed);
-            }
-            res
+            gen = shared.gens.0[block as usize].load(Ordering::Relaxed) + 1;
+            fill_write(&mut buf, w, block * bs as u64, gen, job_seed, &mut rng);
+            dev.write_at(lba, &buf)
         };
         let ns = t0.elapsed().as_nanos().max(1) as u64;
-        match res {
-            Ok(()) => {
-                if is_read {
-                    r.read.saturating_record(ns);
-                    r.read_bytes += bs as u64;
-                    if w.verify {
-                        verify_read(&buf, offset, shared, block, job_seed, &mut r);
-                    }
-                } else {
-                    r.write.saturating_record(ns);
-                    r.write_bytes += bs as u64;
-                }
-            }
-            Err(e) => {
-                r.io_errors += 1;
-                if r.first_io_error.is_none() {
-                    r.first_io_error = Some(format!(
-                        "{} at byte offset {offset:#x}: {e}",
-                        if is_read { "read" } else { "write" }
-                    ));
-                }
-                // A device that fails once will likely fail again: stop this
-                // job rather than spin through the budget.
-                break;
-            }
+        if !account(
+            &mut r, res, w, shared, block, is_read, gen, job_seed, &buf, ns,
+        ) {
+            break;
         }
         moved += bs as u64;
-        shared.bytes.fetch_add(bs as u64, Ordering::Relaxed);
     }
     r.timed_end = Instant::now();
     if w.verify && r.io_errors == 0 {
+        read_back(dev, slice, bs, shared, job_seed, &mut buf, &mut r);
+    }
+    r
+}
+
+/// One job with `w.iodepth` I/Os in flight through the device's queue.
+/// Two I/Os of one job never touch the same block at once, so a read
+/// checks against the last write that completed.
+fn run_job_queued(
+    dev: &dyn BlockDevice,
+    w: &Workload,
+    job: u32,
+    slice: Slice,
+    budget: u64,
+    deadline: Instant,
+    shared: &Shared,
+) -> JobResult {
+    let mut r = new_result(deadline);
+    let bs = w.bs as usize;
+    let depth = (w.iodepth as usize).clamp(1, slice.count as usize);
+    let Some(mut q) = dev.queue(depth) else {
+        return run_job(dev, w, job, slice, budget, deadline, shared);
+    };
+    let mut bufs: Vec<Vec<u8>> = (0..depth).map(|_| vec![0u8; bs]).collect();
+    // Per slot: (block, read?, generation, start time) while in flight.
+    let mut busy: Vec<Option<(u64, bool, u32, Instant)>> = vec![None; depth];
+    let mut in_flight = std::collections::HashSet::new();
+    let mut rng = Rng::new(w.seed ^ (job as u64).wrapping_mul(0x1000_0001));
+    let job_seed = (w.seed as u32) ^ job;
+    let mut next_seq = 0u64;
+    let mut started = 0u64;
+    let mut failed = false;
+    loop {
+        // Fill every free slot while the budget and the clock allow.
+        for slot in 0..depth {
+            if failed
+                || busy[slot].is_some()
+                || started >= budget
+                || shared.stop.load(Ordering::Relaxed)
+                || Instant::now() >= deadline
+            {
+                continue;
+            }
+            let mut pick = None;
+            for _ in 0..8 {
+                let (index, is_read) = next_op(w, slice, &mut rng, &mut next_seq);
+                let block = slice.first + index;
+                if !in_flight.contains(&block) {
+                    pick = Some((block, is_read));
+                    break;
+                }
+            }
+            let Some((block, is_read)) = pick else {
+                break; // the slice is crowded: let something finish first
+            };
+            let lba = block * slice.lbas_per_io;
+            let t0 = Instant::now();
+            let (res, gen) = if is_read {
+                (q.start_read(slot, lba, bs), 0)
+            } else {
+                let gen = shared.gens.0[block as usize].load(Ordering::Relaxed) + 1;
+                fill_write(
+                    &mut bufs[slot],
+                    w,
+                    block * bs as u64,
+                    gen,
+                    job_seed,
+                    &mut rng,
+                );
+                (q.start_write(slot, lba, &bufs[slot]), gen)
+            };
+            match res {
+                Ok(()) => {
+                    busy[slot] = Some((block, is_read, gen, t0));
+                    in_flight.insert(block);
+                    started += bs as u64;
+                }
+                Err(e) => {
+                    account(
+                        &mut r,
+                        Err(e),
+                        w,
+                        shared,
+                        block,
+                        is_read,
+                        0,
+                        job_seed,
+                        &[],
+                        0,
+                    );
+                    failed = true;
+                }
+            }
+        }
+        let Some((slot, res)) = q.complete_one(&mut bufs) else {
+            break; // nothing in flight and nothing more to start
+        };
+        let Some((block, is_read, gen, t0)) = busy.get_mut(slot).and_then(Option::take) else {
+            continue;
+        };
+        in_flight.remove(&block);
+        let ns = t0.elapsed().as_nanos().max(1) as u64;
+        if !account(
+            &mut r,
+            res,
+            w,
+            shared,
+            block,
+            is_read,
+            gen,
+            job_seed,
+            &bufs[slot],
+            ns,
+        ) {
+            failed = true;
+        }
+    }
+    drop(q);
+    r.timed_end = Instant::now();
+    if w.verify && r.io_errors == 0 {
+        let mut buf = vec![0u8; bs];
         read_back(dev, slice, bs, shared, job_seed, &mut buf, &mut r);
     }
     r

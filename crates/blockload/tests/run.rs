@@ -272,3 +272,124 @@ fn a_verified_write_run_reads_back_everything_it_wrote() {
     assert_eq!(r.verify_failures, 5 * 8, "{}", r.table());
     assert_eq!(r.verified_bytes, (1 << 20) - 5 * 4096, "{}", r.table());
 }
+
+/// A RAM device with a queue whose I/Os take effect when they complete,
+/// newest first (so completions come out of order), optionally losing
+/// every `lose_nth` write; it remembers the most I/Os it had in flight.
+struct QueuedRam {
+    inner: RamDevice,
+    lose_nth: u64,
+    writes: AtomicU64,
+    max_in_flight: AtomicU64,
+}
+
+enum Op {
+    Read(u64, usize),
+    Write(u64, Vec<u8>),
+}
+
+struct Q<'a> {
+    dev: &'a QueuedRam,
+    started: Vec<(usize, Op)>,
+}
+
+impl blockload::IoQueue for Q<'_> {
+    fn start_read(&mut self, slot: usize, lba: u64, len: usize) -> io::Result<()> {
+        self.started.push((slot, Op::Read(lba, len)));
+        self.note();
+        Ok(())
+    }
+    fn start_write(&mut self, slot: usize, lba: u64, data: &[u8]) -> io::Result<()> {
+        self.started.push((slot, Op::Write(lba, data.to_vec())));
+        self.note();
+        Ok(())
+    }
+    fn complete_one(&mut self, bufs: &mut [Vec<u8>]) -> Option<(usize, io::Result<()>)> {
+        let (slot, op) = self.started.pop()?;
+        let r = match op {
+            Op::Read(lba, len) => self.dev.inner.read_at(lba, &mut bufs[slot][..len]),
+            Op::Write(lba, data) => {
+                let n = self.dev.writes.fetch_add(1, Ordering::Relaxed);
+                if self.dev.lose_nth > 0 && n % self.dev.lose_nth == self.dev.lose_nth - 1 {
+                    Ok(())
+                } else {
+                    self.dev.inner.write_at(lba, &data)
+                }
+            }
+        };
+        Some((slot, r))
+    }
+}
+
+impl Q<'_> {
+    fn note(&self) {
+        self.dev
+            .max_in_flight
+            .fetch_max(self.started.len() as u64, Ordering::Relaxed);
+    }
+}
+
+impl BlockDevice for QueuedRam {
+    delegate_geometry!();
+    fn read_at(&self, lba: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.inner.read_at(lba, buf)
+    }
+    fn write_at(&self, lba: u64, buf: &[u8]) -> io::Result<()> {
+        self.inner.write_at(lba, buf)
+    }
+    fn queue(&self, _depth: usize) -> Option<Box<dyn blockload::IoQueue + '_>> {
+        Some(Box::new(Q {
+            dev: self,
+            started: Vec::new(),
+        }))
+    }
+}
+
+fn queued(lose_nth: u64) -> Arc<QueuedRam> {
+    Arc::new(QueuedRam {
+        inner: RamDevice::new(512, 2048),
+        lose_nth,
+        writes: AtomicU64::new(0),
+        max_in_flight: AtomicU64::new(0),
+    })
+}
+
+#[test]
+fn the_queued_engine_keeps_many_in_flight_and_verifies_out_of_order_completions() {
+    let dev = queued(0);
+    let region = 2048 * 512;
+    let mut w = workload(Pattern::RandRw { read_pct: 50 }, 2, region * 8);
+    w.region = Some(region);
+    w.iodepth = 8;
+    let r = run(dev.clone(), &w, |_| {}).unwrap();
+    assert!(r.ok(), "{}", r.table());
+    assert!(r.verified_bytes > 512 * 1024, "{}", r.table());
+    assert_eq!(r.read.ios + r.write.ios, region * 8 / 4096, "{}", r.table());
+    assert_eq!(
+        dev.max_in_flight.load(Ordering::Relaxed),
+        8,
+        "one queue per job, 8 deep"
+    );
+}
+
+#[test]
+fn the_queued_engine_catches_lost_writes() {
+    let dev = queued(29);
+    let region = 2048 * 512;
+    let mut w = workload(Pattern::RandRw { read_pct: 50 }, 1, region * 8);
+    w.region = Some(region);
+    w.iodepth = 16;
+    let r = run(dev, &w, |_| {}).unwrap();
+    assert!(r.verify_failures > 0, "{}", r.table());
+}
+
+#[test]
+fn iodepth_without_a_queue_runs_a_thread_per_io() {
+    let dev = Arc::new(RamDevice::new(512, 2048));
+    let mut w = workload(Pattern::RandRw { read_pct: 50 }, 2, 1 << 20);
+    w.region = Some(1 << 20);
+    w.iodepth = 4;
+    let r = run(dev, &w, |_| {}).unwrap();
+    assert!(r.ok(), "{}", r.table());
+    assert_eq!(r.jobs, 8, "{}", r.table());
+}

@@ -427,6 +427,166 @@ impl blockload::BlockDevice for Disk {
     fn unmap(&self, lba: u64, blocks: u64) -> io::Result<()> {
         Disk::unmap(self, lba, blocks)
     }
+    fn queue(&self, depth: usize) -> Option<Box<dyn blockload::IoQueue + '_>> {
+        Some(Box::new(DiskQueue {
+            disk: self,
+            session: self.pick(),
+            slots: (0..depth).map(|_| None).collect(),
+            ready: std::collections::VecDeque::new(),
+        }))
+    }
+}
+
+/// One command of a [`DiskQueue`] slot.
+struct Queued {
+    started: crate::session::Started,
+    cdb: [u8; 16],
+    write: Option<Vec<u8>>,
+    len: usize,
+}
+
+/// Several commands in flight on one channel from one thread
+/// ([`Session::start`] / [`Session::wait_any`]): no thread per command and
+/// no wake-up per command but the caller's own.
+struct DiskQueue<'a> {
+    disk: &'a Disk,
+    session: &'a Session,
+    slots: Vec<Option<Queued>>,
+    /// Slots that ended without a command in flight (refused at start).
+    ready: std::collections::VecDeque<(usize, io::Result<()>)>,
+}
+
+impl DiskQueue<'_> {
+    fn start(
+        &mut self,
+        slot: usize,
+        write: bool,
+        lba: u64,
+        len: usize,
+        data: Option<&[u8]>,
+    ) -> io::Result<()> {
+        if self.slots.get(slot).is_none_or(|s| s.is_some()) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("slot {slot} is busy or out of range"),
+            ));
+        }
+        let blocks = self.disk.check_range(lba, len)?;
+        if len > self.disk.max_transfer {
+            // Larger than one command: the plain path splits it.
+            let r = match data {
+                Some(d) => self.disk.write(lba, d),
+                None => Err(io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    "a queued read larger than one command",
+                )),
+            };
+            self.ready.push_back((slot, r));
+            return Ok(());
+        }
+        let cdb = self.disk.rw16(write, lba, blocks);
+        let xfer = match data {
+            Some(d) => Xfer::Out(d),
+            None => Xfer::In(len),
+        };
+        let started = self
+            .session
+            .start(self.disk.lun, &cdb, &xfer, srp::wire::TaskAttr::Simple)
+            .map_err(|e| io_err(if write { "WRITE(16)" } else { "READ(16)" }, e))?;
+        self.slots[slot] = Some(Queued {
+            started,
+            cdb,
+            // Kept only for a retry after a reset or an abort.
+            write: data.map(<[u8]>::to_vec),
+            len,
+        });
+        Ok(())
+    }
+}
+
+impl blockload::IoQueue for DiskQueue<'_> {
+    fn start_read(&mut self, slot: usize, lba: u64, len: usize) -> io::Result<()> {
+        self.start(slot, false, lba, len, None)
+    }
+    fn start_write(&mut self, slot: usize, lba: u64, data: &[u8]) -> io::Result<()> {
+        self.start(slot, true, lba, data.len(), Some(data))
+    }
+    fn complete_one(&mut self, bufs: &mut [Vec<u8>]) -> Option<(usize, io::Result<()>)> {
+        if let Some(r) = self.ready.pop_front() {
+            return Some(r);
+        }
+        let live: Vec<usize> = (0..self.slots.len())
+            .filter(|&i| self.slots[i].is_some())
+            .collect();
+        if live.is_empty() {
+            return None;
+        }
+        let which = {
+            let refs: Vec<&crate::session::Started> = live
+                .iter()
+                .filter_map(|&i| self.slots[i].as_ref().map(|q| &q.started))
+                .collect();
+            self.session.wait_any(&refs)
+        };
+        let slot = live[which];
+        let q = self.slots[slot].take()?;
+        let what = if q.write.is_some() {
+            "WRITE(16)"
+        } else {
+            "READ(16)"
+        };
+        let buf = bufs.get_mut(slot).map(|b| {
+            let n = q.len.min(b.len());
+            &mut b[..n]
+        });
+        let xfer = match (&q.write, buf) {
+            (Some(_), _) => Xfer::None,
+            (None, Some(b)) => Xfer::InTo(b),
+            (None, None) => Xfer::In(q.len),
+        };
+        let r = self.session.finish(q.started, xfer);
+        if r.good() {
+            if let Some(srp::initiator::Residual::Under(n)) = r.residual {
+                if n > 0 && q.write.is_none() {
+                    return Some((
+                        slot,
+                        Err(io::Error::other(format!(
+                            "READ(16) returned {} of {} bytes",
+                            q.len.saturating_sub(n as usize),
+                            q.len
+                        ))),
+                    ));
+                }
+            }
+            return Some((slot, Ok(())));
+        }
+        // Not GOOD: the synchronous path retries what the midlayer would
+        // (a reset, an abort, a unit attention) and reports the rest.
+        let session = self.session;
+        let res = match (&q.write, bufs.get_mut(slot)) {
+            (Some(d), _) => {
+                Disk::cmd(session, self.disk.lun, &q.cdb, Xfer::Out(d), what).map(|_| ())
+            }
+            (None, Some(b)) => {
+                let n = q.len.min(b.len());
+                Disk::cmd(session, self.disk.lun, &q.cdb, Xfer::InTo(&mut b[..n]), what)
+                    .map(|_| ())
+            }
+            (None, None) => {
+                Disk::cmd(session, self.disk.lun, &q.cdb, Xfer::In(q.len), what).map(|_| ())
+            }
+        };
+        Some((slot, res))
+    }
+}
+
+impl Drop for DiskQueue<'_> {
+    fn drop(&mut self) {
+        // Every started command is finished, so its pool pages come back.
+        for q in self.slots.iter_mut().filter_map(Option::take) {
+            let _ = self.session.finish(q.started, Xfer::None);
+        }
+    }
 }
 
 /// REPORT LUNS (SPC-4 6.33) through LUN 0: the LUN numbers the session's

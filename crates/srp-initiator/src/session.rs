@@ -181,6 +181,18 @@ impl CmdResult {
     }
 }
 
+/// A command sent by [`Session::start`], to be ended by
+/// [`Session::finish`] (its pool pages are held until then).
+#[derive(Debug)]
+#[must_use = "a started command holds pool pages until finished"]
+pub struct Started {
+    tag: Tag,
+    runs: Vec<(usize, usize)>,
+    segs: Vec<DirectBuf>,
+    len: usize,
+    reading: bool,
+}
+
 /// Most descriptors one external table holds (ib_srp's largest
 /// `sg_tablesize`): 8 MiB in 4 KiB segments.
 pub const MAX_EXT_DESCRIPTORS: usize = 2048;
@@ -663,8 +675,24 @@ impl Session {
         xfer: Xfer<'_>,
         attr: TaskAttr,
     ) -> Result<CmdResult, SessionError> {
+        let c = self.start(lun, cdb, &xfer, attr)?;
+        Ok(self.finish(c, xfer))
+    }
+
+    /// Sends one SCSI command and returns at once (waiting only for pool
+    /// pages, a credit or a queue slot): the asynchronous half of
+    /// [`Session::execute_attr`]. Write data is copied out of `xfer`
+    /// before this returns; a read's destination is given to
+    /// [`Session::finish`]. Every started command must be finished.
+    pub fn start(
+        &self,
+        lun: Lun,
+        cdb: &[u8],
+        xfer: &Xfer<'_>,
+        attr: TaskAttr,
+    ) -> Result<Started, SessionError> {
         let inner = &self.inner;
-        let (len, reading) = match &xfer {
+        let (len, reading) = match xfer {
             Xfer::None => (0, false),
             Xfer::In(n) => (*n, true),
             Xfer::InTo(b) => (b.len(), true),
@@ -705,14 +733,14 @@ impl Session {
             st = inner.wait_cv(st);
         };
         let segs = inner.segments(&runs, len);
-        let immediate = match &xfer {
+        let immediate = match xfer {
             Xfer::Out(d) => st
                 .channel
                 .immediate_capacity()
                 .is_some_and(|cap| (d.len() as u32) <= cap && !d.is_empty()),
             _ => false,
         };
-        if let Xfer::Out(data) = &xfer {
+        if let Xfer::Out(data) = xfer {
             if !immediate {
                 // The pages are ours until freed: fill them without holding
                 // the lock every completion takes.
@@ -728,7 +756,7 @@ impl Session {
                 st = inner.lock();
             }
         }
-        let data = match &xfer {
+        let data = match xfer {
             Xfer::None => Data::None,
             Xfer::In(_) | Xfer::InTo(_) => Data::In(segs.clone()),
             Xfer::Out(d) if immediate => Data::Immediate(d.to_vec()),
@@ -772,6 +800,54 @@ impl Session {
         };
         inner.flush_outputs(&mut st);
         inner.kick_if_timer_earlier(&st);
+        Ok(Started {
+            tag,
+            runs,
+            segs,
+            len,
+            reading,
+        })
+    }
+
+    /// Waits until one of `cmds` has its answer; returns its index. One
+    /// thread can keep many commands in flight this way (as fio's libaio
+    /// engine does) instead of one thread per command.
+    pub fn wait_any(&self, cmds: &[&Started]) -> usize {
+        let inner = &self.inner;
+        let mut st = inner.lock();
+        loop {
+            if let Some(i) = cmds.iter().position(|c| st.done.contains_key(&c.tag)) {
+                for c in cmds {
+                    st.parked.remove(&c.tag);
+                }
+                return i;
+            }
+            if cmds.is_empty() {
+                return 0;
+            }
+            for c in cmds {
+                st.parked.insert(c.tag, std::thread::current());
+            }
+            drop(st);
+            // Bounded, so a lost wake-up costs time, never a hang.
+            std::thread::park_timeout(std::time::Duration::from_millis(200));
+            st = inner.lock();
+        }
+    }
+
+    /// Waits for `c`'s answer (at once after [`Session::wait_any`] chose
+    /// it), copies read data into `xfer`'s buffer (`Xfer::InTo`) or into
+    /// [`CmdResult::data`] (`Xfer::In`), and gives its pages back.
+    pub fn finish(&self, c: Started, xfer: Xfer<'_>) -> CmdResult {
+        let inner = &self.inner;
+        let Started {
+            tag,
+            runs,
+            segs,
+            len,
+            reading,
+        } = c;
+        let mut st = inner.lock();
         // Parked until the poll thread hands this tag its answer: one
         // wake-up per command, not one per completion for every caller.
         let completion = loop {
@@ -795,12 +871,16 @@ impl Session {
             // The pages stay ours until freed below: copy without the lock.
             drop(st);
             let dst: &mut [u8] = match xfer {
-                Xfer::InTo(b) => &mut b[..got],
+                Xfer::InTo(b) => {
+                    let got = got.min(b.len());
+                    &mut b[..got]
+                }
                 _ => {
                     out = vec![0u8; got];
                     &mut out
                 }
             };
+            let got = dst.len();
             let mut at = 0;
             for s in &segs {
                 if at >= got {
@@ -818,12 +898,12 @@ impl Session {
         if st.cv_waiters > 0 {
             inner.cv.notify_all();
         }
-        Ok(CmdResult {
+        CmdResult {
             status: completion.status,
             sense: completion.sense,
             data: out,
             residual: completion.data_in_residual,
-        })
+        }
     }
 
     /// LOGICAL UNIT RESET of `lun` (what `sg_reset --device` asks of

@@ -51,9 +51,14 @@ enum Cmd {
         /// Bytes per I/O (K, M suffixes).
         #[arg(long, default_value = "4K", value_parser = parse_size)]
         bs: u64,
-        /// I/Os in flight (one job each).
+        /// I/Os in flight.
         #[arg(long, default_value_t = 1)]
         iodepth: u32,
+        /// How they are kept in flight: `queue` (one thread starts them
+        /// and reaps their completions, as fio's libaio engine does) or
+        /// `threads` (one thread per I/O, as fio's psync with numjobs).
+        #[arg(long, default_value = "queue")]
+        engine: String,
         /// Seconds to run.
         #[arg(long, default_value_t = 10)]
         runtime: u64,
@@ -308,6 +313,7 @@ fn bench(
     rw: Pattern,
     bs: u64,
     iodepth: u32,
+    engine: &str,
     runtime: u64,
     verify: bool,
     json: bool,
@@ -327,7 +333,14 @@ fn bench(
     let dev: Arc<dyn blockload::BlockDevice> = stack.disk.clone();
     let mut w = Workload::new(rw);
     w.bs = u32::try_from(bs).map_err(|_| format!("block size {bs} is too large"))?;
-    w.jobs = iodepth;
+    match engine {
+        "queue" => {
+            w.jobs = 1;
+            w.iodepth = iodepth;
+        }
+        "threads" => w.jobs = iodepth,
+        other => return Err(format!("engine `{other}`: use queue or threads")),
+    }
     w.runtime = Duration::from_secs(runtime.max(1));
     w.size = Some(u64::MAX / 2);
     w.verify = verify;
@@ -379,10 +392,11 @@ fn main() -> ExitCode {
             rw,
             bs,
             iodepth,
+            engine,
             runtime,
             verify,
             json,
-        } => bench(&net, ram, rw, bs, iodepth, runtime, verify, json),
+        } => bench(&net, ram, rw, bs, iodepth, &engine, runtime, verify, json),
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,

@@ -181,3 +181,48 @@ fn bench_reports_json_with_latency_percentiles() {
     let p99 = v["read"]["lat_p99_us"].as_f64().unwrap();
     assert!(p50 > 0.0 && p99 >= p50, "{v}");
 }
+
+/// The queued engine (one thread, many SRP commands in flight through
+/// `Session::start` / `wait_any`) against the threaded one, both verified,
+/// over the soft RoCE NIC.
+#[test]
+fn bench_engines_both_verify_over_soft_roce() {
+    for (engine, ip) in [("queue", "127.0.90.11"), ("threads", "127.0.90.13")] {
+        let peer = ip.replace(".11", ".12").replace(".13", ".14");
+        let out = srpstack(&[
+            "bench",
+            "--target-ip",
+            ip,
+            "--initiator-ip",
+            &peer,
+            "--ram",
+            "16M",
+            "--rw",
+            "randrw",
+            "--bs",
+            "8K",
+            "--iodepth",
+            "16",
+            "--engine",
+            engine,
+            "--runtime",
+            "1",
+            "--verify",
+            "--json",
+        ]);
+        assert!(
+            out.status.success(),
+            "{engine}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON report");
+        assert_eq!(v["verify_failures"], 0, "{engine}: {v}");
+        assert_eq!(v["io_errors"], 0, "{engine}: {v}");
+        assert!(v["verified_bytes"].as_u64().unwrap() > 0, "{engine}: {v}");
+        let jobs = v["jobs"].as_u64().unwrap();
+        assert_eq!(jobs, if engine == "queue" { 1 } else { 16 }, "{v}");
+    }
+    let out = srpstack(&["bench", "--provider", "loopback", "--engine", "fibers"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("engine `fibers`"));
+}
