@@ -40,6 +40,9 @@ struct Cli {
     /// Path MTU: 256, 512, 1024, 2048 or 4096 (the smaller side wins).
     #[arg(short = 'm', long, default_value_t = 1024)]
     mtu: usize,
+    /// READs in flight (default: the device's maximum).
+    #[arg(short = 'o', long = "outs")]
+    outs: Option<u8>,
     /// GID index in our port's table (0 is the IPv4-mapped GID of --bind);
     /// without it, the IPv4-mapped one, as perftest picks.
     #[arg(short = 'x', long = "gid-index")]
@@ -83,6 +86,7 @@ fn main() -> ExitCode {
         tx_depth: cli.tx_depth,
         rx_depth: cli.rx_depth,
         mtu,
+        outs: cli.outs,
         gid_index: cli.gid_index,
         device: cli.device,
         report_gbits: cli.report_gbits,
@@ -95,8 +99,9 @@ fn main() -> ExitCode {
             }
             if let Some(c) = &r.counters {
                 println!(
-                    " NIC: {} packets sent, {} retransmitted, {} timeouts, {} sequence NAKs received",
-                    c.tx_packets, c.retransmits, c.timeouts, c.seq_naks_received
+                    " NIC: {} packets sent, {} retransmitted, {} timeouts, {} sequence NAKs received, \
+                     {} duplicate requests",
+                    c.tx_packets, c.retransmits, c.timeouts, c.seq_naks_received, c.duplicates
                 );
             }
             println!(

@@ -584,6 +584,9 @@ pub struct PerftestConfig {
     pub rx_depth: u32,
     /// Our port's MTU (`-m`).
     pub mtu: Mtu,
+    /// READs in flight (`-o`), as responder and requester; `None` is the
+    /// device's maximum. Only READ tests use more than 1.
+    pub outs: Option<u8>,
     /// GID index (`-x`); `None` takes the best (the IPv4-mapped one).
     pub gid_index: Option<u32>,
     /// Device (`-d`); must name ours if given.
@@ -772,8 +775,10 @@ impl Nic {
                 0,
             )
             .map_err(e("register the buffer"))?;
+        // perftest's ctx_set_out_reads: -o, at most the device's maximum.
+        let max = attr.max_qp_rd_atom.max(1);
         let out_reads = if cfg.verb == Verb::Read {
-            attr.max_qp_rd_atom.clamp(1, 16)
+            cfg.outs.map_or(max, |o| o.clamp(1, max))
         } else {
             1
         };
@@ -839,7 +844,8 @@ impl Nic {
                 timeout: Some(14),
                 retry_cnt: Some(7),
                 rnr_retry: Some(7),
-                max_rd_atomic: Some(peer.out_reads.clamp(1, 16) as u8),
+                // The peer's responder depth, at most ours.
+                max_rd_atomic: Some(peer.out_reads.clamp(1, u16::from(self.out_reads)) as u8),
                 ..Default::default()
             },
         )
