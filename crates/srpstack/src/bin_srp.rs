@@ -280,6 +280,12 @@ fn paths(l: &Login) -> Result<Vec<Arc<srpstack::paths::PathLogin>>, String> {
     };
     let cas = srpstack::initiator_cas(&ips);
     let provider = rnic::softroce::SoftRoce::with_mtu(cas.clone(), l.udp_port, mtu);
+    // Sessions reach the NIC through a client of the access layer, which
+    // tracks every verbs object they make.
+    let sessions: Arc<dyn verbs::Provider> =
+        rdma_access::resource::AccessLayer::new(provider.clone())
+            .client("srp initiator")
+            .into_provider();
     let timeout = Duration::from_secs(10);
     let mut out = Vec::new();
     for (k, (ca, dest)) in cas.iter().zip(&l.dest).enumerate() {
@@ -312,7 +318,7 @@ fn paths(l: &Login) -> Result<Vec<Arc<srpstack::paths::PathLogin>>, String> {
         out.push(Arc::new(
             srpstack::paths::PathLogin::new(
                 format!("{} -> {dest}", ca.ip),
-                provider.clone(),
+                sessions.clone(),
                 ca.guid,
                 connector,
                 srp_initiator::session::SessionConfig::new(chan),
