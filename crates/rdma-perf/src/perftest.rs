@@ -475,7 +475,8 @@ pub enum Step {
     PostReceives,
     /// The measured transfer (passive for a WRITE/READ server).
     Run,
-    /// Server, WRITE/READ: check the target buffer.
+    /// Server, WRITE/READ: check the target buffer (local; after the
+    /// reports, which say how many messages the client moved).
     Check,
     /// Swap the five report fields.
     Reports,
@@ -508,7 +509,7 @@ pub fn script(verb: Verb, client: bool) -> &'static [Step] {
             Version, SysData, Mtu, Dest, Connect, Dest, Dest, Run, Dest, Reports, Dest, Done,
         ],
         (_, false) => &[
-            Version, SysData, Mtu, Dest, Connect, Dest, Dest, Run, Dest, Check, Reports, Dest, Done,
+            Version, SysData, Mtu, Dest, Connect, Dest, Dest, Run, Dest, Reports, Check, Dest, Done,
         ],
     }
 }
@@ -1115,10 +1116,23 @@ fn server_check(
     nic: &Nic,
     cfg: &PerftestConfig,
     sys: SysData,
+    client: Option<BwReport>,
     peer_is_ours: bool,
     verified: &mut Vec<String>,
 ) -> Result<(), PerftestError> {
     let size = cfg.size;
+    // The client's own count (perftest wants -n equal on both sides, but
+    // the slots written follow what the client did).
+    let iters = match client {
+        Some(r) if r.size != size as u64 => {
+            return Err(PerftestError::Verify(format!(
+            "the client moved {}-byte messages, we were told -s {size}: run both with the same -s",
+            r.size
+        )))
+        }
+        Some(r) => r.iters,
+        None => cfg.iters,
+    };
     let base = nic.half;
     let region = nic.mem.to_vec(base, nic.half);
     if cfg.verb == Verb::Read {
@@ -1130,7 +1144,7 @@ fn server_check(
         verified.push("the READ source buffer was not written".into());
         return Ok(());
     }
-    let slots = (slot_count(size, sys) as u64).min(cfg.iters) as usize;
+    let slots = (slot_count(size, sys) as u64).min(iters) as usize;
     let step = slot_step(size, sys);
     let mut written = vec![false; nic.half];
     for s in 0..slots {
@@ -1377,7 +1391,7 @@ pub fn run(cfg: &PerftestConfig) -> Result<PerftestReport, PerftestError> {
                 Step::Check => {
                     let n = nic.as_ref().ok_or_else(|| bad("internal: no NIC"))?;
                     let ours = peer_version.as_ref().is_some_and(|v| v.rperftest);
-                    server_check(n, cfg, sys, ours, &mut verified)?;
+                    server_check(n, cfg, sys, remote, ours, &mut verified)?;
                 }
                 Step::Reports => {
                     let mine = local.unwrap_or(BwReport {
@@ -1634,10 +1648,10 @@ mod tests {
         let post = s.iter().position(|x| *x == PostReceives).unwrap();
         assert_eq!(s[post + 1], Dest);
         assert!(!script(Verb::Send, true).contains(&Reports));
-        // A WRITE server checks after the client's "done" swap, then reports.
+        // A WRITE server checks once the client is done and has reported.
         let w = script(Verb::Write, false);
         let check = w.iter().position(|x| *x == Check).unwrap();
-        assert_eq!((w[check - 1], w[check + 1]), (Dest, Reports));
+        assert_eq!((w[check - 2], w[check - 1]), (Dest, Reports));
         for v in [Verb::Write, Verb::Read, Verb::Send] {
             for c in [true, false] {
                 let s = script(v, c);

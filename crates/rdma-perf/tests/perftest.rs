@@ -351,3 +351,59 @@ fn a_server_without_a_client_gives_up_after_the_timeout() {
         .unwrap();
     assert!(no_panic(&o).contains("no client connected within 1s"));
 }
+
+#[test]
+fn a_server_told_another_size_says_so() {
+    // perftest wants the same -s on both sides; the client's report names
+    // its size, and our WRITE server refuses to check against another.
+    let (srv, _lines) = server(&[
+        "write",
+        "--bind",
+        SERVER,
+        "-p",
+        "18540",
+        "--udp-port",
+        "24840",
+        "-s",
+        "100",
+        "-n",
+        "50",
+        "--timeout",
+        "10",
+    ]);
+    let client = rperftest()
+        .args([
+            "write",
+            SERVER,
+            "--bind",
+            CLIENT,
+            "-p",
+            "18540",
+            "--udp-port",
+            "24840",
+            "-s",
+            "200",
+            "-n",
+            "50",
+            "--timeout",
+            "10",
+        ])
+        .output()
+        .unwrap();
+    // The client ran its part; the server gives up at the check and
+    // closes, so the client's closing swap fails (reset or closed).
+    let cerr = no_panic(&client);
+    let out = text(&client.stdout);
+    assert!(
+        out.lines()
+            .any(|l| l.split_whitespace().take(2).eq(["200", "50"])),
+        "{out}"
+    );
+    assert!(cerr.contains("swapping QP addresses"), "{cerr}");
+    let o = finish(srv, 20);
+    let err = no_panic(&o);
+    assert!(
+        err.contains("the client moved 200-byte messages, we were told -s 100"),
+        "{err}"
+    );
+}
