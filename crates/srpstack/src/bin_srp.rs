@@ -247,6 +247,12 @@ enum Cmd {
         /// Also print each I/O controller's profile.
         #[arg(long, short)]
         verbose: bool,
+        /// Keep running until SIGTERM/SIGINT and walk again every this
+        /// many seconds (srp_daemon -R): with --login, targets that
+        /// appeared since are logged in, those already logged in are left
+        /// alone.
+        #[arg(long)]
+        rescan: Option<u64>,
     },
     /// List the LUNs the target shows this initiator (REPORT LUNS, then
     /// INQUIRY and READ CAPACITY of each).
@@ -607,6 +613,7 @@ fn run(cmd: Cmd) -> Result<bool, String> {
             control_socket,
             timeout_ms,
             verbose,
+            rescan,
         } => discover(
             &target,
             ip,
@@ -615,6 +622,7 @@ fn run(cmd: Cmd) -> Result<bool, String> {
             login.then_some(&control_socket),
             Duration::from_millis(timeout_ms.max(1)),
             verbose,
+            rescan,
         ),
         Cmd::Luns { login: l, json } => {
             let session = login(&l)?;
@@ -648,7 +656,9 @@ fn run(cmd: Cmd) -> Result<bool, String> {
 }
 
 /// `srp discover`: the DM walk against each target port, login strings
-/// out, logins through srpd with `--login`.
+/// out, logins through srpd with `--login`; with `rescan`, again every so
+/// many seconds until a termination signal.
+#[allow(clippy::too_many_arguments)]
 fn discover(
     targets: &[IpAddr],
     ip: IpAddr,
@@ -657,8 +667,14 @@ fn discover(
     login: Option<&Option<std::path::PathBuf>>,
     timeout: Duration,
     verbose: bool,
+    rescan: Option<u64>,
 ) -> Result<bool, String> {
     use srp_initiator::rules::{Rules, TargetInfo};
+    if rescan == Some(0) {
+        return Err("--rescan must be at least 1 second".into());
+    }
+    // Before any thread starts, so all of them inherit the mask.
+    let signals = rescan.map(|_| srpstack::signals::block_term());
     let rules = match rules {
         Some(p) => {
             let text = std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?;
@@ -671,85 +687,119 @@ fn discover(
         rnic::softroce::SoftRoce::new(vec![rnic::softroce::SoftCa { guid, ip }], udp_port);
     let agent = rdma_access::CmAgent::start(provider, guid, std::process::id() << 8)
         .map_err(|e| format!("start the CM agent on {ip}: {e}"))?;
-    let mut ok = true;
-    let mut found = 0;
-    for t in targets {
-        let dgid = rdma_types::Gid::from_ip(*t);
-        let iocs = match rdma_access::dm::query_iocs(&agent, dgid, timeout, 3) {
-            Ok(i) => i,
-            Err(e) => {
-                eprintln!("srp: {t}: device management query failed: {e}");
-                ok = false;
-                continue;
-            }
+    let mut round = 0u64;
+    loop {
+        round += 1;
+        // Logins srpd already holds (their login strings), so a rescan
+        // does not log in twice (a second SINGLE login would end the first).
+        let held: Vec<String> = match (login, rescan) {
+            (Some(sock), Some(_)) => srpd(sock, &InitRequest::List)
+                .ok()
+                .and_then(|v| v.as_array().cloned())
+                .unwrap_or_default()
+                .iter()
+                .filter_map(|l| l["target"].as_str().map(str::to_string))
+                .collect(),
+            _ => Vec::new(),
         };
-        for (slot, ioc) in iocs {
-            let p = &ioc.profile;
-            if verbose {
-                println!(
-                    "# {t} slot {slot}: IOC {:016x} \"{}\" class {:#06x} subclass {:#06x} protocol {:#06x} send {} B x {} rdma {} B",
-                    p.guid.0, p.id(), p.io_class, p.io_subclass, p.protocol,
-                    p.send_size, p.send_queue_depth, p.rdma_size
-                );
-            }
-            if p.io_class != rdma_mad::dm::IO_CLASS_SRP {
-                continue;
-            }
-            for e in &ioc.services {
-                let name = e.name_str();
-                let Some(id_ext) = name
-                    .strip_prefix("SRP.T10:")
-                    .and_then(|h| u64::from_str_radix(h, 16).ok())
-                else {
+        if rescan.is_some() && verbose {
+            println!("# scan {round}");
+        }
+        let mut ok = true;
+        let mut found = 0;
+        for t in targets {
+            let dgid = rdma_types::Gid::from_ip(*t);
+            let iocs = match rdma_access::dm::query_iocs(&agent, dgid, timeout, 3) {
+                Ok(i) => i,
+                Err(e) => {
+                    eprintln!("srp: {t}: device management query failed: {e}");
+                    ok = false;
                     continue;
-                };
-                let info = TargetInfo {
-                    id_ext,
-                    ioc_guid: p.guid.0,
-                    dgid,
-                    service_id: e.id,
-                    pkey: rdma_types::Pkey(0xffff),
-                };
-                let d = rules.decide(&info);
-                let hex: String = dgid.0.iter().map(|b| format!("{b:02x}")).collect();
-                let mut s = format!(
-                    "id_ext={id_ext:016x},ioc_guid={:016x},dgid={hex},pkey=ffff,service_id={:016x}",
-                    p.guid.0, e.id
-                );
-                if !d.options.is_empty() {
-                    s.push(',');
-                    s.push_str(&d.options);
                 }
-                found += 1;
-                if !d.allow {
-                    if verbose {
-                        println!("# denied by rules line {}: {s}", d.line.unwrap_or(0));
+            };
+            for (slot, ioc) in iocs {
+                let p = &ioc.profile;
+                if verbose {
+                    println!(
+                        "# {t} slot {slot}: IOC {:016x} \"{}\" class {:#06x} subclass {:#06x} protocol {:#06x} send {} B x {} rdma {} B",
+                        p.guid.0, p.id(), p.io_class, p.io_subclass, p.protocol,
+                        p.send_size, p.send_queue_depth, p.rdma_size
+                    );
+                }
+                if p.io_class != rdma_mad::dm::IO_CLASS_SRP {
+                    continue;
+                }
+                for e in &ioc.services {
+                    let name = e.name_str();
+                    let Some(id_ext) = name
+                        .strip_prefix("SRP.T10:")
+                        .and_then(|h| u64::from_str_radix(h, 16).ok())
+                    else {
+                        continue;
+                    };
+                    let info = TargetInfo {
+                        id_ext,
+                        ioc_guid: p.guid.0,
+                        dgid,
+                        service_id: e.id,
+                        pkey: rdma_types::Pkey(0xffff),
+                    };
+                    let d = rules.decide(&info);
+                    let hex: String = dgid.0.iter().map(|b| format!("{b:02x}")).collect();
+                    let mut s = format!(
+                        "id_ext={id_ext:016x},ioc_guid={:016x},dgid={hex},pkey=ffff,service_id={:016x}",
+                        p.guid.0, e.id
+                    );
+                    if !d.options.is_empty() {
+                        s.push(',');
+                        s.push_str(&d.options);
                     }
-                    continue;
-                }
-                println!("{s}");
-                if let Some(sock) = login {
-                    match srpd(
-                        sock,
-                        &InitRequest::Login {
-                            target: s.clone(),
-                            name: None,
-                        },
-                    ) {
-                        Ok(v) => println!("# logged in as {}", v["name"].as_str().unwrap_or("?")),
-                        Err(e) => {
-                            eprintln!("srp: login to {t} ({id_ext:016x}): {e}");
-                            ok = false;
+                    found += 1;
+                    if !d.allow {
+                        if verbose {
+                            println!("# denied by rules line {}: {s}", d.line.unwrap_or(0));
+                        }
+                        continue;
+                    }
+                    let key = format!(
+                        "id_ext={id_ext:016x},ioc_guid={:016x},dgid={hex},",
+                        p.guid.0
+                    );
+                    if held.iter().any(|h| h.starts_with(&key)) {
+                        continue; // logged in on an earlier scan
+                    }
+                    println!("{s}");
+                    if let Some(sock) = login {
+                        match srpd(
+                            sock,
+                            &InitRequest::Login {
+                                target: s.clone(),
+                                name: None,
+                            },
+                        ) {
+                            Ok(v) => {
+                                println!("# logged in as {}", v["name"].as_str().unwrap_or("?"))
+                            }
+                            Err(e) => {
+                                eprintln!("srp: login to {t} ({id_ext:016x}): {e}");
+                                ok = false;
+                            }
                         }
                     }
                 }
             }
         }
+        let Some(sig) = &signals else {
+            if found == 0 && ok {
+                eprintln!("srp: no SRP targets found");
+            }
+            return Ok(ok);
+        };
+        if let Some(n) = sig.wait_timeout(Duration::from_secs(rescan.unwrap_or(1))) {
+            println!("# signal {n}: stopped after {round} scans");
+            return Ok(true);
+        }
     }
-    if found == 0 && ok {
-        eprintln!("srp: no SRP targets found");
-    }
-    Ok(ok)
 }
 
 /// One request to `srpd`.

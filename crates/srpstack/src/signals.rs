@@ -30,4 +30,17 @@ impl TermSignals {
         unsafe { libc::sigwait(&self.0, &mut sig) };
         sig
     }
+
+    /// Waits at most `d` for SIGTERM, SIGINT or SIGHUP; returns its number,
+    /// or `None` when the time ran out first.
+    pub fn wait_timeout(&self, d: std::time::Duration) -> Option<i32> {
+        let ts = libc::timespec {
+            tv_sec: d.as_secs() as libc::time_t,
+            tv_nsec: d.subsec_nanos() as libc::c_long,
+        };
+        // SAFETY: the set was initialised by block_term; a null info
+        // pointer is allowed; ts is a valid timespec.
+        let sig = unsafe { libc::sigtimedwait(&self.0, std::ptr::null_mut(), &ts) };
+        (sig > 0).then_some(sig)
+    }
 }
