@@ -212,28 +212,23 @@ fn fake_server(port: u16, dest: Vec<u8>) -> std::thread::JoinHandle<()> {
     })
 }
 
+/// Our client against `fake`, a fake server on `port`; returns its stderr.
+fn client_against_fake(verb: &str, port: u16, fake: std::thread::JoinHandle<()>) -> String {
+    let (tcp, udp) = (port.to_string(), (port + 6300).to_string());
+    let o = rperftest()
+        .args([verb, SERVER, "--bind", CLIENT, "-p", &tcp])
+        .args(["--udp-port", &udp, "--timeout", "10"])
+        .output()
+        .unwrap();
+    fake.join().unwrap();
+    no_panic(&o)
+}
+
 #[test]
 fn a_garbage_dest_message_is_refused_with_the_reason() {
     let mut junk = vec![0u8; 108];
     junk[..20].copy_from_slice(b"this is not a dest!!");
-    let fake = fake_server(18535, junk);
-    let o = rperftest()
-        .args([
-            "write",
-            SERVER,
-            "--bind",
-            CLIENT,
-            "-p",
-            "18535",
-            "--udp-port",
-            "24835",
-            "--timeout",
-            "10",
-        ])
-        .output()
-        .unwrap();
-    fake.join().unwrap();
-    let err = no_panic(&o);
+    let err = client_against_fake("write", 18535, fake_server(18535, junk));
     assert!(
         err.contains("is not LID:OUT_READS:QPN:PSN:RKEY:VADDR"),
         "{err}"
@@ -242,24 +237,7 @@ fn a_garbage_dest_message_is_refused_with_the_reason() {
 
 #[test]
 fn a_peer_that_leaves_mid_exchange_is_named() {
-    let fake = fake_server(18536, Vec::new());
-    let o = rperftest()
-        .args([
-            "read",
-            SERVER,
-            "--bind",
-            CLIENT,
-            "-p",
-            "18536",
-            "--udp-port",
-            "24836",
-            "--timeout",
-            "10",
-        ])
-        .output()
-        .unwrap();
-    fake.join().unwrap();
-    let err = no_panic(&o);
+    let err = client_against_fake("read", 18536, fake_server(18536, Vec::new()));
     assert!(
         err.contains("peer closed the connection while swapping QP addresses"),
         "{err}"
