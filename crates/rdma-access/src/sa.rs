@@ -80,8 +80,11 @@ pub mod service_comp {
     pub const ID: u64 = 1 << 0;
     /// ServiceGID.
     pub const GID: u64 = 1 << 1;
-    /// ServiceName (all 64 bytes).
-    pub const NAME: u64 = 0xff << 10;
+    /// ServiceP_Key.
+    pub const PKEY: u64 = 1 << 2;
+    /// ServiceName (one component for all 64 bytes; IBA 15.2.5.14, as
+    /// Linux's `IB_SA_SERVICE_REC_SERVICE_NAME`).
+    pub const NAME: u64 = 1 << 6;
 }
 
 /// NodeRecord length on the wire (LID, reserved, NodeInfo, NodeDescription).
@@ -500,6 +503,40 @@ impl SaClient {
             .iter()
             .map(|r| ServiceRecord::parse(r).map_err(|e| SaError::Malformed(e.to_string())))
             .collect()
+    }
+
+    /// Registers `rec` with the SA (Set ServiceRecord): the SA keys it by
+    /// ID, GID and P_Key, replacing an older one, and keeps it for its
+    /// lease (`u32::MAX`: indefinitely).
+    ///
+    /// # Errors
+    /// No answer or a failing status.
+    pub fn register_service(&self, rec: &ServiceRecord) -> Result<(), SaError> {
+        self.service_op(Method::Set, rec)
+    }
+
+    /// Removes the registration of `rec` (by ID, GID and P_Key).
+    ///
+    /// # Errors
+    /// No answer, or a failing status ("no records" when it was not there).
+    pub fn delete_service(&self, rec: &ServiceRecord) -> Result<(), SaError> {
+        self.service_op(Method::Delete, rec)
+    }
+
+    fn service_op(&self, method: Method, rec: &ServiceRecord) -> Result<(), SaError> {
+        let mut b = [0u8; ServiceRecord::LEN];
+        rec.emit(&mut b);
+        let mask = service_comp::ID | service_comp::GID | service_comp::PKEY;
+        let r = self.agent.request(
+            self.sa,
+            sa_request(method, SaAttr::ServiceRecord, mask, &b),
+            self.timing.timeout,
+            self.timing.retries,
+        )?;
+        match u16::from_be_bytes([r[4], r[5]]) {
+            0 => Ok(()),
+            s => Err(SaError::Status(s)),
+        }
     }
 
     fn inform(&self, trap: u16, subscribe: bool) -> Result<(), SaError> {

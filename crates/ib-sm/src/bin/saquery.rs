@@ -1,0 +1,236 @@
+//! `saquery`: ask a subnet's SA (`ibsm run`) what it knows, as
+//! infiniband-diags' saquery does: nodes, ports (LID, state, MTU,
+//! capabilities: the ibstat view of every port of the fabric), paths and
+//! services. It opens a soft RoCE NIC of its own on `--ip` (which must be
+//! free) and sends SA MADs from its QP1.
+
+use clap::{Parser, Subcommand};
+use rdma_access::sa::{PathQuery, SaClient, SaTiming};
+use rdma_access::CmAgent;
+use rdma_mad::smp::{cap_names, PortInfo};
+use rdma_types::{Gid, Guid, Pkey};
+use rnic::softroce::{SoftCa, SoftRoce};
+use std::net::IpAddr;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(name = "saquery", about = "Query the subnet administrator (ibsm run)")]
+struct Cli {
+    /// Address of the SA's port (where `ibsm run` listens).
+    #[arg(long)]
+    sa: IpAddr,
+    /// Address of our own soft RoCE NIC for the query.
+    #[arg(long, default_value = "127.0.0.9")]
+    ip: IpAddr,
+    /// RoCEv2 UDP port.
+    #[arg(long, default_value_t = 4791)]
+    udp_port: u16,
+    /// Milliseconds to wait for an answer (sent 3 more times).
+    #[arg(long, default_value_t = 500)]
+    timeout_ms: u64,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// NodeRecords: every node, or the one with `--lid`.
+    Nodes {
+        #[arg(long)]
+        lid: Option<u16>,
+    },
+    /// PortInfoRecords: LID, state, SM LID, MTU and capabilities of every
+    /// port (or `--lid`), optionally only those with device management.
+    Ports {
+        #[arg(long)]
+        lid: Option<u16>,
+        /// Only ports with IsDeviceManagementSupported (srp_daemon's query).
+        #[arg(long)]
+        dm: bool,
+    },
+    /// PathRecords from `--sgid` to `--dgid` (IP addresses or GIDs).
+    Paths {
+        #[arg(long)]
+        sgid: String,
+        #[arg(long)]
+        dgid: String,
+        /// At most this many paths.
+        #[arg(long, default_value_t = 4)]
+        max: u8,
+        /// Only paths in this partition (hex, e.g. ffff).
+        #[arg(long)]
+        pkey: Option<String>,
+    },
+    /// ServiceRecords: all, or by `--id` (hex) or `--name`.
+    Services {
+        #[arg(long)]
+        id: Option<String>,
+        #[arg(long)]
+        name: Option<String>,
+    },
+}
+
+/// An IP address (as its IPv4-mapped or IPv6 GID) or a GID written as 32
+/// hex digits with or without colons.
+fn gid(s: &str) -> Result<Gid, String> {
+    if let Ok(ip) = s.parse::<IpAddr>() {
+        return Ok(Gid::from_ip(ip));
+    }
+    let hex: String = s.chars().filter(|c| *c != ':').collect();
+    if hex.len() != 32 {
+        return Err(format!("`{s}` is neither an IP address nor a 128-bit GID"));
+    }
+    let mut g = [0u8; 16];
+    for (i, b) in g.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16)
+            .map_err(|_| format!("`{s}`: not hex"))?;
+    }
+    Ok(Gid(g))
+}
+
+fn hex(s: &str, what: &str) -> Result<u64, String> {
+    u64::from_str_radix(s.trim_start_matches("0x"), 16)
+        .map_err(|_| format!("{what} `{s}` is not a hex number"))
+}
+
+fn fmt_gid(g: Gid) -> String {
+    g.0.chunks(2)
+        .map(|c| format!("{:02x}{:02x}", c[0], c[1]))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+fn state_name(s: u8) -> &'static str {
+    match s {
+        1 => "DOWN",
+        2 => "INIT",
+        3 => "ARMED",
+        4 => "ACTIVE",
+        _ => "?",
+    }
+}
+
+fn run(cli: Cli) -> Result<(), String> {
+    let guid = Guid(0x0002_c903_00ee_0000 | u64::from(std::process::id() & 0xffff));
+    let provider = SoftRoce::new(vec![SoftCa { guid, ip: cli.ip }], cli.udp_port);
+    let agent = CmAgent::start(provider, guid, std::process::id() << 8)
+        .map_err(|e| format!("open our NIC on {}: {e}", cli.ip))?;
+    let timing = SaTiming {
+        timeout: std::time::Duration::from_millis(cli.timeout_ms.max(1)),
+        ..SaTiming::default()
+    };
+    let sa = SaClient::new(&agent, Gid::from_ip(cli.sa), timing)
+        .map_err(|e| format!("SA client: {e}"))?;
+    let q = |e: rdma_access::sa::SaError| format!("SA at {}: {e}", cli.sa);
+    match cli.cmd {
+        Cmd::Nodes { lid } => {
+            let recs = sa.node_records(lid).map_err(q)?;
+            println!(
+                "{:<6} {:<18} {:<18} {:<5} description",
+                "lid", "node guid", "port guid", "type"
+            );
+            for r in &recs {
+                println!(
+                    "{:<6} {:016x}   {:016x}   {:<5} {}",
+                    r.lid,
+                    r.info.node_guid.0,
+                    r.info.port_guid.0,
+                    match r.info.node_type {
+                        1 => "CA",
+                        2 => "SW",
+                        3 => "RTR",
+                        _ => "?",
+                    },
+                    r.description
+                );
+            }
+            println!("{} node records", recs.len());
+        }
+        Cmd::Ports { lid, dm } => {
+            let mask = dm.then_some(rdma_mad::smp::cap::IS_DEVICE_MGMT_SUPPORTED);
+            let recs = sa.port_info_records(lid, mask).map_err(q)?;
+            println!(
+                "{:<6} {:<4} {:<7} {:<6} {:<5} capabilities",
+                "lid", "port", "state", "sm lid", "mtu"
+            );
+            for r in &recs {
+                let Ok(p) = PortInfo::new_checked(&r.port_info[..]) else {
+                    continue;
+                };
+                println!(
+                    "{:<6} {:<4} {:<7} {:<6} {:<5} {}",
+                    r.lid,
+                    r.port,
+                    state_name(p.port_state()),
+                    p.sm_lid(),
+                    rdma_types::Mtu::from_code(p.mtu_active()).map_or(0, |m| m.bytes()),
+                    cap_names(p.capability_mask()).join(",")
+                );
+            }
+            println!("{} port records", recs.len());
+        }
+        Cmd::Paths {
+            sgid,
+            dgid,
+            max,
+            pkey,
+        } => {
+            let pq = PathQuery {
+                sgid: gid(&sgid)?,
+                dgid: gid(&dgid)?,
+                max_paths: max.max(1),
+                pkey: pkey
+                    .map(|p| hex(&p, "P_Key").map(|v| Pkey(v as u16)))
+                    .transpose()?,
+                service_id: None,
+            };
+            let recs = sa.path_records(&pq).map_err(q)?;
+            for r in &recs {
+                println!(
+                    "slid {} dlid {} sgid {} dgid {} pkey {:#06x} sl {} mtu {} rate {} packet life {}",
+                    r.slid,
+                    r.dlid,
+                    fmt_gid(r.sgid),
+                    fmt_gid(r.dgid),
+                    r.pkey.0,
+                    r.sl,
+                    rdma_types::Mtu::from_code(r.mtu).map_or(0, |m| m.bytes()),
+                    r.rate,
+                    r.packet_life
+                );
+            }
+            println!("{} path records", recs.len());
+        }
+        Cmd::Services { id, name } => {
+            let id = id.map(|s| hex(&s, "service ID")).transpose()?;
+            let recs = sa.service_records(id, name.as_deref()).map_err(q)?;
+            for r in &recs {
+                let end = r.service_name.iter().position(|b| *b == 0).unwrap_or(64);
+                println!(
+                    "id {:016x} gid {} pkey {:#06x} lease {} name \"{}\"",
+                    r.service_id,
+                    fmt_gid(r.service_gid),
+                    r.service_pkey.0,
+                    if r.service_lease == u32::MAX {
+                        "indefinite".to_string()
+                    } else {
+                        format!("{} s", r.service_lease)
+                    },
+                    String::from_utf8_lossy(&r.service_name[..end])
+                );
+            }
+            println!("{} service records", recs.len());
+        }
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("saquery: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
