@@ -1219,6 +1219,210 @@ fn accept_within(l: &TcpListener, timeout: Duration) -> std::io::Result<TcpStrea
     }
 }
 
+/// One test in progress: the link and what the exchange agreed so far.
+struct Session<'a> {
+    cfg: &'a PerftestConfig,
+    link: Link,
+    peer_version: Option<PeerVersion>,
+    sys: SysData,
+    mtu: Mtu,
+    nic: Option<Nic>,
+    mine: Option<Dest>,
+    peer: Option<Dest>,
+    receiver: Option<Receiver>,
+    local: Option<BwReport>,
+    remote: Option<BwReport>,
+    verified: Vec<String>,
+}
+
+/// A value an earlier step of the script provides.
+fn need<'o, T>(o: &'o Option<T>, what: &str) -> Result<&'o T, PerftestError> {
+    o.as_ref()
+        .ok_or_else(|| bad(format!("internal: a step ran before {what} existed")))
+}
+
+impl Session<'_> {
+    fn peer_is_ours(&self) -> bool {
+        self.peer_version.as_ref().is_some_and(|v| v.rperftest)
+    }
+
+    /// SEND server: distinct receive buffers, at most 32 MiB of them.
+    fn recv_bufs(&self) -> usize {
+        (self.cfg.rx_depth as usize)
+            .min(self.cfg.iters as usize)
+            .min((32 << 20) / slot_step(self.cfg.size, self.sys))
+            .max(1)
+    }
+
+    fn step(&mut self, step: Step) -> Result<(), PerftestError> {
+        let cfg = self.cfg;
+        match step {
+            Step::Version => {
+                let theirs = self.link.swap(&version_field(), VERSION_LEN, "versions")?;
+                self.peer_version = Some(parse_version(&theirs)?);
+            }
+            Step::SysData => {
+                let sys = self.sys;
+                let c = self
+                    .link
+                    .swap(&sys_field(sys.cycle_buffer), 4, "cycle buffer sizes")?;
+                let l = self
+                    .link
+                    .swap(&sys_field(sys.cache_line), 4, "cache line sizes")?;
+                let four = |v: Vec<u8>| -> [u8; 4] { v.try_into().unwrap_or([0; 4]) };
+                self.sys = agree_sys(sys, four(c), four(l))?;
+            }
+            Step::Mtu => {
+                let theirs = self.link.swap(&mtu_field(cfg.mtu), 2, "MTUs")?;
+                self.mtu = agree_mtu(cfg.mtu, [theirs[0], theirs[1]]);
+                // Resources exist from here, sized for the agreed walk.
+                self.open_nic()?;
+            }
+            Step::Dest => {
+                let m = *need(&self.mine, "our dest")?;
+                let theirs = self.link.swap(&m.to_msg(), DEST_LEN, "QP addresses")?;
+                let d = Dest::from_msg(&theirs)?;
+                if self.peer.is_none() {
+                    if d.gid.is_ipv4_mapped() != m.gid.is_ipv4_mapped() {
+                        return Err(bad(format!(
+                            "GID types differ (ours {}, the peer's {}): use an IPv4 GID on both sides (-x)",
+                            m.gid, d.gid
+                        )));
+                    }
+                    self.peer = Some(d);
+                }
+            }
+            Step::Connect => {
+                let (m, d) = (
+                    *need(&self.mine, "our dest")?,
+                    *need(&self.peer, "the peer's dest")?,
+                );
+                need(&self.nic, "the NIC")?.connect(cfg.verb, &m, &d, self.mtu)?;
+                self.print_header(&m, &d);
+            }
+            Step::PostReceives => {
+                let bufs = self.recv_bufs();
+                let n = need(&self.nic, "the NIC")?;
+                self.receiver = Some(Receiver::start(n, cfg, self.sys, bufs)?);
+            }
+            Step::Run => {
+                let ours = self.peer_is_ours();
+                let n = need(&self.nic, "the NIC")?;
+                let r = if self.link.client {
+                    let d = need(&self.peer, "the peer's dest")?;
+                    let (p, c) = client_run(n, cfg, self.sys, d, ours, &mut self.verified)?;
+                    BwReport::from_times(cfg.size as u64, &p, &c, cfg.report_gbits)
+                } else if let Some(rx) = self.receiver.as_mut() {
+                    let secs = rx.run(n, cfg, self.sys, ours, &mut self.verified)?;
+                    // perftest times a SEND server from its first receive
+                    // to its last and computes no peak.
+                    BwReport::from_span(cfg.size as u64, cfg.iters, secs, cfg.report_gbits)
+                } else {
+                    // WRITE/READ server: our NIC answers; the client times.
+                    return Ok(());
+                };
+                println!("{}", r.line());
+                self.local = Some(r);
+            }
+            Step::Check => {
+                let ours = self.peer_is_ours();
+                let n = need(&self.nic, "the NIC")?;
+                server_check(n, cfg, self.sys, self.remote, ours, &mut self.verified)?;
+            }
+            Step::Reports => {
+                let mine = self.local.unwrap_or(BwReport::from_span(
+                    cfg.size as u64,
+                    0,
+                    1.0,
+                    cfg.report_gbits,
+                ));
+                let mut got = [[0u8; 8]; 5];
+                for (g, f) in got.iter_mut().zip(mine.to_fields()) {
+                    g.copy_from_slice(&self.link.swap(&f, 8, "bandwidth reports")?);
+                }
+                if !self.link.client {
+                    let r = BwReport::from_fields(got);
+                    println!("{}", r.line());
+                    self.remote = Some(r);
+                }
+            }
+            Step::Done => {
+                println!("{RESULT_LINE}");
+                // perftest writes "done" and closes without reading; read
+                // the peer's so neither side sees a reset.
+                let _ = self.link.s.write_all(b"done\0");
+                let mut tail = [0u8; 5];
+                let _ = self.link.s.set_read_timeout(Some(Duration::from_secs(2)));
+                let _ = self.link.s.read_exact(&mut tail);
+            }
+        }
+        Ok(())
+    }
+
+    fn open_nic(&mut self) -> Result<(), PerftestError> {
+        let cfg = self.cfg;
+        let target = if cfg.verb == Verb::Send && !self.link.client {
+            self.recv_bufs() * slot_step(cfg.size, self.sys)
+        } else {
+            0
+        };
+        let n = Nic::open(cfg, self.sys, target)?;
+        // Sources carry the pattern, a READ source too; a WRITE or SEND
+        // target starts as canary.
+        n.mem.write_at(0, &pattern(0, n.half));
+        let t = n.mem.len() - n.half;
+        match cfg.verb {
+            Verb::Read => n.mem.write_at(n.half, &pattern(0, t)),
+            _ => n.mem.write_at(n.half, &vec![CANARY; t]),
+        }
+        let qpn =
+            n.p.qp_num(n.qp)
+                .map_err(|e| PerftestError::Setup(e.to_string()))?;
+        self.mine = Some(Dest {
+            lid: 0,
+            out_reads: u16::from(n.out_reads),
+            qpn: qpn.value(),
+            psn: (std::process::id().wrapping_mul(2_654_435_761) ^ 0x00c0_ffee) & 0xff_ffff,
+            rkey: n.mr.rkey.0,
+            vaddr: n.target_addr(),
+            gid: n.gid,
+            srqn: 0,
+        });
+        self.nic = Some(n);
+        Ok(())
+    }
+
+    fn print_header(&self, m: &Dest, d: &Dest) {
+        let cfg = self.cfg;
+        println!("{RESULT_LINE}");
+        println!("                    {}", cfg.verb.title());
+        println!(
+            " Connection type : RC\t\tDevice         : {DEVICE_NAME} ({})",
+            cfg.bind
+        );
+        println!(
+            " Mtu             : {}[B]\t\tTX depth       : {}",
+            self.mtu.bytes(),
+            u64::from(cfg.tx_depth).min(cfg.iters)
+        );
+        println!(
+            " Peer version    : {}{}",
+            self.peer_version.as_ref().map_or("", |v| v.text.as_str()),
+            if self.peer_is_ours() {
+                " (rperftest)"
+            } else {
+                ""
+            }
+        );
+        println!("{RESULT_LINE}");
+        print_dest("local", m, cfg.verb);
+        print_dest("remote", d, cfg.verb);
+        println!("{RESULT_LINE}");
+        println!("{}", result_header(cfg.report_gbits));
+        let _ = std::io::stdout().flush();
+    }
+}
+
 /// Runs one side of a test.
 ///
 /// # Errors
@@ -1247,204 +1451,46 @@ pub fn run(cfg: &PerftestConfig) -> Result<PerftestReport, PerftestError> {
     stream.set_read_timeout(Some(cfg.timeout)).map_err(io)?;
     stream.set_write_timeout(Some(cfg.timeout)).map_err(io)?;
     stream.set_nodelay(true).map_err(io)?;
-    let mut link = Link { s: stream, client };
-
-    let mut peer_version = None;
-    let mut sys = SysData {
-        cycle_buffer: CYCLE_BUFFER,
-        cache_line: CACHE_LINE,
+    let mut s = Session {
+        cfg,
+        link: Link { s: stream, client },
+        peer_version: None,
+        sys: SysData {
+            cycle_buffer: CYCLE_BUFFER,
+            cache_line: CACHE_LINE,
+        },
+        mtu: cfg.mtu,
+        nic: None,
+        mine: None,
+        peer: None,
+        receiver: None,
+        local: None,
+        remote: None,
+        verified: Vec::new(),
     };
-    let mut mtu = cfg.mtu;
-    let mut nic: Option<Nic> = None;
-    let mut mine: Option<Dest> = None;
-    let mut peer: Option<Dest> = None;
-    let mut local = None;
-    let mut remote = None;
-    let mut verified = Vec::new();
-    let mut receiver: Option<Receiver> = None;
-    // SEND server: distinct receive buffers, at most 32 MiB of them.
-    let recv_bufs = |sys: SysData| {
-        (cfg.rx_depth as usize)
-            .min(cfg.iters as usize)
-            .min((32 << 20) / slot_step(cfg.size, sys))
-            .max(1)
-    };
-    let result = (|| -> Result<(), PerftestError> {
-        for step in script(cfg.verb, client) {
-            match step {
-                Step::Version => {
-                    let theirs = link.swap(&version_field(), VERSION_LEN, "versions")?;
-                    peer_version = Some(parse_version(&theirs)?);
-                }
-                Step::SysData => {
-                    let c = link.swap(&sys_field(sys.cycle_buffer), 4, "cycle buffer sizes")?;
-                    let l = link.swap(&sys_field(sys.cache_line), 4, "cache line sizes")?;
-                    let four = |v: Vec<u8>| -> [u8; 4] { v.try_into().unwrap_or([0; 4]) };
-                    sys = agree_sys(sys, four(c), four(l))?;
-                }
-                Step::Mtu => {
-                    let theirs = link.swap(&mtu_field(cfg.mtu), 2, "MTUs")?;
-                    mtu = agree_mtu(cfg.mtu, [theirs[0], theirs[1]]);
-                    // Resources exist from here, sized for the agreed walk.
-                    let target = if cfg.verb == Verb::Send && !client {
-                        recv_bufs(sys) * slot_step(cfg.size, sys)
-                    } else {
-                        0
-                    };
-                    let n = Nic::open(cfg, sys, target)?;
-                    // Sources carry the pattern; a READ source too; a
-                    // WRITE target starts as canary.
-                    n.mem.write_at(0, &pattern(0, n.half));
-                    let t = n.mem.len() - n.half;
-                    match cfg.verb {
-                        Verb::Read => n.mem.write_at(n.half, &pattern(0, t)),
-                        _ => n.mem.write_at(n.half, &vec![CANARY; t]),
-                    }
-                    let qpn =
-                        n.p.qp_num(n.qp)
-                            .map_err(|e| PerftestError::Setup(e.to_string()))?;
-                    let psn =
-                        (std::process::id().wrapping_mul(2_654_435_761) ^ 0x00c0_ffee) & 0xff_ffff;
-                    mine = Some(Dest {
-                        lid: 0,
-                        out_reads: u16::from(n.out_reads),
-                        qpn: qpn.value(),
-                        psn,
-                        rkey: n.mr.rkey.0,
-                        vaddr: n.target_addr(),
-                        gid: n.gid,
-                        srqn: 0,
-                    });
-                    nic = Some(n);
-                }
-                Step::Dest => {
-                    let m = mine.ok_or_else(|| bad("internal: no dest yet"))?;
-                    let theirs = link.swap(&m.to_msg(), DEST_LEN, "QP addresses")?;
-                    let d = Dest::from_msg(&theirs)?;
-                    if peer.is_none() {
-                        if d.gid.is_ipv4_mapped() != m.gid.is_ipv4_mapped() {
-                            return Err(bad(format!(
-                                "GID types differ (ours {}, the peer's {}): use an IPv4 GID on both sides (-x)",
-                                m.gid, d.gid
-                            )));
-                        }
-                        peer = Some(d);
-                    }
-                }
-                Step::Connect => {
-                    let (n, m, d) = (
-                        nic.as_ref().ok_or_else(|| bad("internal: no NIC"))?,
-                        mine.ok_or_else(|| bad("internal: no dest"))?,
-                        peer.ok_or_else(|| bad("internal: no peer dest"))?,
-                    );
-                    n.connect(cfg.verb, &m, &d, mtu)?;
-                    println!("{RESULT_LINE}");
-                    println!("                    {}", cfg.verb.title());
-                    println!(
-                        " Connection type : RC\t\tDevice         : {DEVICE_NAME} ({})",
-                        cfg.bind
-                    );
-                    println!(
-                        " Mtu             : {}[B]\t\tTX depth       : {}",
-                        mtu.bytes(),
-                        u64::from(cfg.tx_depth).min(cfg.iters)
-                    );
-                    println!(
-                        " Peer version    : {}{}",
-                        peer_version.as_ref().map_or("", |v| v.text.as_str()),
-                        if peer_version.as_ref().is_some_and(|v| v.rperftest) {
-                            " (rperftest)"
-                        } else {
-                            ""
-                        }
-                    );
-                    println!("{RESULT_LINE}");
-                    print_dest("local", &m, cfg.verb);
-                    print_dest("remote", &d, cfg.verb);
-                    println!("{RESULT_LINE}");
-                    println!("{}", result_header(cfg.report_gbits));
-                    let _ = std::io::stdout().flush();
-                }
-                Step::PostReceives => {
-                    let n = nic.as_ref().ok_or_else(|| bad("internal: no NIC"))?;
-                    receiver = Some(Receiver::start(n, cfg, sys, recv_bufs(sys))?);
-                }
-                Step::Run => {
-                    let n = nic.as_ref().ok_or_else(|| bad("internal: no NIC"))?;
-                    let ours = peer_version.as_ref().is_some_and(|v| v.rperftest);
-                    if client {
-                        let d = peer.ok_or_else(|| bad("internal: no peer dest"))?;
-                        let (p, c) = client_run(n, cfg, sys, &d, ours, &mut verified)?;
-                        let r = BwReport::from_times(cfg.size as u64, &p, &c, cfg.report_gbits);
-                        println!("{}", r.line());
-                        local = Some(r);
-                    } else if let Some(rx) = receiver.as_mut() {
-                        let secs = rx.run(n, cfg, sys, ours, &mut verified)?;
-                        // perftest times a SEND server from its first
-                        // receive to its last and computes no peak.
-                        let r =
-                            BwReport::from_span(cfg.size as u64, cfg.iters, secs, cfg.report_gbits);
-                        println!("{}", r.line());
-                        local = Some(r);
-                    }
-                }
-                Step::Check => {
-                    let n = nic.as_ref().ok_or_else(|| bad("internal: no NIC"))?;
-                    let ours = peer_version.as_ref().is_some_and(|v| v.rperftest);
-                    server_check(n, cfg, sys, remote, ours, &mut verified)?;
-                }
-                Step::Reports => {
-                    let mine = local.unwrap_or(BwReport {
-                        size: cfg.size as u64,
-                        iters: 0,
-                        bw_peak: 0.0,
-                        bw_avg: 0.0,
-                        msg_rate: 0.0,
-                    });
-                    let mut got = [[0u8; 8]; 5];
-                    for (i, f) in mine.to_fields().iter().enumerate() {
-                        let theirs = link.swap(f, 8, "bandwidth reports")?;
-                        got[i].copy_from_slice(&theirs);
-                    }
-                    if !client {
-                        let r = BwReport::from_fields(got);
-                        println!("{}", r.line());
-                        remote = Some(r);
-                    }
-                }
-                Step::Done => {
-                    println!("{RESULT_LINE}");
-                    // perftest writes "done" and closes without reading;
-                    // read the peer's so neither side sees a reset.
-                    let _ = link.s.write_all(b"done\0");
-                    let mut tail = [0u8; 5];
-                    let _ = link.s.set_read_timeout(Some(Duration::from_secs(2)));
-                    let _ = link.s.read_exact(&mut tail);
-                }
-            }
-        }
-        Ok(())
-    })();
-    let counters = nic.as_ref().and_then(|n| n.soft.counters(n.guid));
-    if let Some(n) = nic {
+    let result = script(cfg.verb, client)
+        .iter()
+        .try_for_each(|&step| s.step(step));
+    let counters = s.nic.as_ref().and_then(|n| n.soft.counters(n.guid));
+    if let Some(n) = s.nic.take() {
         n.close();
     }
     result?;
-    let peer = peer_version.ok_or_else(|| bad("no version exchanged"))?;
-    if let Some(r) = remote {
-        if r.iters != cfg.iters || r.size != cfg.size as u64 {
-            verified.push(format!(
-                "note: the client reported {} x {} bytes, we were told -n {} -s {}",
-                r.iters, r.size, cfg.iters, cfg.size
+    let peer = s.peer_version.ok_or_else(|| bad("no version exchanged"))?;
+    if let Some(r) = s.remote {
+        if r.iters != cfg.iters {
+            s.verified.push(format!(
+                "note: the client moved {} messages, we were told -n {}",
+                r.iters, cfg.iters
             ));
         }
     }
     Ok(PerftestReport {
-        local,
-        remote,
-        mtu,
+        local: s.local,
+        remote: s.remote,
+        mtu: s.mtu,
         peer,
-        verified,
+        verified: s.verified,
         counters,
     })
 }
