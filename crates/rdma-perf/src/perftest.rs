@@ -40,7 +40,13 @@
 //! outside the written slots changed. With a Linux peer (random buffers):
 //! our WRITE server checks every slot was written and nothing outside was;
 //! our READ client checks every READ of a slot brought back the same bytes;
-//! our READ server checks its source was not written.
+//! our READ server checks its source was not written. Not checked: what our
+//! WRITE or SEND client lands at a Linux server (its QP grants no remote
+//! READ and its buffers are random).
+//!
+//! Not supported (the command line refuses them): UC/UD/XRC/DC (`-c`),
+//! several QPs (`-q`), bidirectional (`-b`), all sizes (`-a`), duration
+//! runs (`-D`), RDMA CM (`-R`), events, inline, post lists.
 //!
 //! The codec below is pure (byte vectors in, values out); [`script`] is
 //! the order of steps for a role and verb, and [`run`] drives it over a
