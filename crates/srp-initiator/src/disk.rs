@@ -569,8 +569,14 @@ impl blockload::IoQueue for DiskQueue<'_> {
             }
             (None, Some(b)) => {
                 let n = q.len.min(b.len());
-                Disk::cmd(session, self.disk.lun, &q.cdb, Xfer::InTo(&mut b[..n]), what)
-                    .map(|_| ())
+                Disk::cmd(
+                    session,
+                    self.disk.lun,
+                    &q.cdb,
+                    Xfer::InTo(&mut b[..n]),
+                    what,
+                )
+                .map(|_| ())
             }
             (None, None) => {
                 Disk::cmd(session, self.disk.lun, &q.cdb, Xfer::In(q.len), what).map(|_| ())
