@@ -467,6 +467,15 @@ impl Qp {
 
     /// Acknowledges every PSN up to and including `psn`.
     fn ack_through(&mut self, now: Instant, psn: Psn) {
+        self.ack_through_inner(now, psn, true);
+    }
+
+    /// Completes what an ACK through `psn` covers. `rewind_reads`: an ACK
+    /// past a READ/atomic without its response means the response was
+    /// lost, so ask again from its start; a READ response of a later READ
+    /// (which acknowledges what comes before that READ implicitly) leaves
+    /// the front READ to the gap rule instead.
+    fn ack_through_inner(&mut self, now: Instant, psn: Psn, rewind_reads: bool) {
         let mut progress = false;
         while let Some(front) = self.req.sq.front() {
             if !front.started || psn.diff(front.first_psn) < 0 {
@@ -474,6 +483,9 @@ impl Qp {
             }
             if psn.diff(front.last_psn()) >= 0 && front.sent {
                 if front.wqe.op.is_read_or_atomic() {
+                    if !rewind_reads {
+                        break;
+                    }
                     // An ACK beyond a READ/atomic without its response:
                     // the response was lost; ask again (IBA 9.7.5.1.5).
                     let first = front.first_psn;
@@ -615,11 +627,25 @@ impl Qp {
         mem: &mut (impl Memory + ?Sized),
     ) {
         let psn = pkt.bth.psn;
-        self.ack_through(now, psn.sub(1));
+        // A READ response acknowledges the requests before its READ.
+        self.ack_through_inner(now, psn.sub(1), false);
         let pmtu = self.req.pmtu;
         let Some(front) = self.req.sq.front() else {
             return;
         };
+        if front.wqe.op.is_read_or_atomic() && front.sent && psn.diff(front.last_psn()) > 0 {
+            // A response of a later READ: the front READ's (or atomic's)
+            // missing responses will not come. Ask again from what is
+            // missing, once per gap; the retransmission timer covers a
+            // re-request that is lost too.
+            let una = self.req.una;
+            if self.req.gap_retried != Some(una) {
+                self.req.gap_retried = Some(una);
+                self.retry_from(now, una);
+            }
+            self.counters.dropped += 1;
+            return;
+        }
         if !matches!(front.wqe.op, SendOp::Read { .. }) || !front.contains(psn) {
             self.counters.dropped += 1;
             return;
