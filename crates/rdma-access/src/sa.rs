@@ -463,6 +463,30 @@ impl SaClient {
             .collect()
     }
 
+    /// The path from `sgid` to the port with LID `dlid` (srp_daemon's
+    /// question after the SA named a port by its LID: over UDP it is the
+    /// path's DGID that reaches the port).
+    ///
+    /// # Errors
+    /// As [`SaClient::path_records`]; no path is `SaError::Status` with
+    /// the SA's "no records".
+    pub fn path_to_lid(&self, sgid: Gid, dlid: u16) -> Result<PathRecord, SaError> {
+        let mut b = [0u8; PathRecord::LEN];
+        let mut q = PathRecord::parse(&b).map_err(|e| SaError::Malformed(e.to_string()))?;
+        q.sgid = sgid;
+        q.dlid = dlid;
+        q.emit(&mut b);
+        let req = sa_request(
+            Method::Get,
+            SaAttr::PathRecord,
+            path_comp::SGID | path_comp::DLID,
+            &b,
+        );
+        let recs = self.query(req, PathRecord::LEN)?;
+        let first = recs.first().ok_or(SaError::Status(0x0300))?;
+        PathRecord::parse(first).map_err(|e| SaError::Malformed(e.to_string()))
+    }
+
     /// The NodeRecords of `lid`, or of every node.
     ///
     /// # Errors
