@@ -113,6 +113,31 @@ pub enum Command {
     },
 }
 
+/// Length of the CDB an operation code starts: the opcode table's, or for
+/// codes not in it the group code's (SPC-4 4.2.5.1; groups 3, 6 and 7 have
+/// no fixed length).
+pub fn cdb_len_of(op: u8) -> Option<usize> {
+    Opcode::from(op).cdb_len().or(match op >> 5 {
+        0 => Some(6),
+        1 | 2 => Some(10),
+        4 => Some(16),
+        5 => Some(12),
+        _ => None,
+    })
+}
+
+/// The NACA bit of the CONTROL byte (SAM-5 5.3): the last byte of the CDB
+/// as [`cdb_len_of`] finds it; false when the CDB is shorter than that.
+pub fn naca(cdb: &[u8]) -> bool {
+    control_byte(cdb).is_some_and(|(_, c)| c & 0x04 != 0)
+}
+
+/// Offset and value of the CONTROL byte, when the CDB has one.
+pub fn control_byte(cdb: &[u8]) -> Option<(usize, u8)> {
+    let len = cdb_len_of(*cdb.first()?)?;
+    cdb.get(len - 1).map(|&c| (len - 1, c))
+}
+
 fn be(b: &[u8]) -> u64 {
     b.iter().fold(0u64, |a, &x| (a << 8) | x as u64)
 }
@@ -137,10 +162,8 @@ impl Command {
             return Err(Sense::invalid_field(0, None));
         }
         let c = &cdb[..len];
-        // CONTROL byte: NACA and vendor bits unsupported (SAM-5 5.11).
-        if c[len - 1] & 0x04 != 0 {
-            return Err(Sense::invalid_field(len as u16 - 1, Some(2)));
-        }
+        // The CONTROL byte's NACA bit is the target's to judge: it depends
+        // on the logical unit's NormACA (see `naca`).
         let cmd = match op {
             Opcode::TestUnitReady => Command::TestUnitReady,
             Opcode::RequestSense => Command::RequestSense {

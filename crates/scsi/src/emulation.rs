@@ -27,6 +27,10 @@ pub struct DeviceConfig {
     /// Where persistent reservations with APTPL are kept (SCST keeps them
     /// next to the device); `None`: APTPL is accepted but not persisted.
     pub pr_file: Option<std::path::PathBuf>,
+    /// Accept NACA=1 in the CONTROL byte: a CHECK CONDITION then
+    /// establishes an ACA condition (SAM-5 5.9), and standard INQUIRY says
+    /// NormACA. Off: NACA=1 is an invalid field.
+    pub norm_aca: bool,
 }
 
 impl Default for DeviceConfig {
@@ -42,6 +46,7 @@ impl Default for DeviceConfig {
             write_cache: true,
             thin: false,
             pr_file: None,
+            norm_aca: true,
         }
     }
 }
@@ -479,6 +484,9 @@ impl Device {
             d[0] = 0x00; // connected, direct-access block device
             d[2] = 0x06; // SPC-4
             d[3] = 0x02; // response data format 2
+            if c.norm_aca {
+                d[3] |= 0x20; // NORMACA
+            }
             d[7] = 0x02; // CMDQUE
             d[8..16].copy_from_slice(&pad(&c.vendor, 8));
             d[16..32].copy_from_slice(&pad(&c.product, 16));

@@ -63,4 +63,4 @@ pub use lun::Lun;
 pub use opcode::Opcode;
 pub use sense::{Asc, Sense, SenseKey};
 pub use target::{GroupMap, LunMaps, Nexus, Residual, ScsiResponse, Status, Target, TaskAttr};
-pub use task::{Tmf, TmfResponse};
+pub use task::{ServiceResponse, Tmf, TmfResponse};

@@ -1,14 +1,15 @@
 //! The target: LUN maps (SCST masking model), I_T nexuses, unit attentions,
 //! and the entry points a transport calls.
 
-use crate::cdb::{Command, DataDir, Plan};
+use crate::cdb::{control_byte, naca, Command, DataDir, Plan};
 use crate::emulation::Device;
 use crate::lun::Lun;
 use crate::pr::PrError;
 use crate::sense::{Asc, Sense, SenseKey};
-use crate::task::{Tmf, TmfResponse};
+use crate::task::{ServiceResponse, Tmf, TmfResponse};
 use crate::ua::UaQueue;
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// An I_T nexus: initiator port name and target port name.
@@ -32,7 +33,12 @@ impl Nexus {
 pub enum Status {
     Good,
     CheckCondition,
+    /// A command from a nexus other than the faulted one, NACA=0, while an
+    /// ACA condition is in effect (SAM-5 5.9.2.3).
+    Busy,
     ReservationConflict,
+    /// A command the ACA condition does not admit (SAM-5 5.9.2).
+    AcaActive,
     TaskAborted,
 }
 
@@ -41,7 +47,9 @@ impl From<Status> for u8 {
         match s {
             Status::Good => 0x00,
             Status::CheckCondition => 0x02,
+            Status::Busy => 0x08,
             Status::ReservationConflict => 0x18,
+            Status::AcaActive => 0x30,
             Status::TaskAborted => 0x40,
         }
     }
@@ -94,8 +102,16 @@ impl ScsiResponse {
 
     fn check(sense: Sense, expected: u64) -> ScsiResponse {
         ScsiResponse {
-            status: Status::CheckCondition,
             sense: Some(sense),
+            ..ScsiResponse::status_only(Status::CheckCondition, expected)
+        }
+    }
+
+    /// A status without data or sense: nothing of `expected` moved.
+    fn status_only(status: Status, expected: u64) -> ScsiResponse {
+        ScsiResponse {
+            status,
+            sense: None,
             data_in: Vec::new(),
             residual: if expected > 0 {
                 Residual::Under(expected)
@@ -219,9 +235,12 @@ impl State {
 pub struct Target {
     state: Mutex<State>,
     tasks: Mutex<crate::task::Tasks>,
-    /// Task sets by logical unit (device identity), for task attributes.
-    order: Mutex<HashMap<usize, TaskSet>>,
+    /// Task sets and ACA conditions by logical unit (device identity).
+    order: Mutex<Order>,
     order_cv: std::sync::Condvar,
+    /// ACA conditions in effect (`order.aca.len()`), so commands with
+    /// NACA=0 skip the ACA rules without taking the lock when there are none.
+    aca_live: AtomicUsize,
 }
 
 /// Task attributes (SAM-5 8.6).
@@ -234,8 +253,145 @@ pub enum TaskAttr {
     Ordered,
     /// Runs at once, ahead of the enabled tasks.
     HeadOfQueue,
-    /// Treated as SIMPLE (ACA is not supported: NACA=0 everywhere).
+    /// The one task the faulted nexus may run while its ACA condition is
+    /// in effect (SAM-5 8.6.5); refused when there is none.
     Aca,
+}
+
+/// The key of a logical unit's task set and ACA condition.
+fn lu_key(dev: &Arc<Device>) -> usize {
+    Arc::as_ptr(dev) as usize
+}
+
+/// Task sets and ACA conditions, by logical unit ([`lu_key`]).
+#[derive(Default)]
+struct Order {
+    sets: HashMap<usize, TaskSet>,
+    aca: HashMap<usize, Aca>,
+}
+
+/// An ACA condition on one logical unit (SAM-5 5.9): a command with NACA=1
+/// ended in CHECK CONDITION. The task set is shared by every nexus (the
+/// control page's TST is 000b) and QERR is 00b: the tasks it holds are
+/// blocked, not aborted, until the condition ends.
+struct Aca {
+    /// Holds the device, so its address (the key) is not reused meanwhile.
+    _dev: Arc<Device>,
+    /// The faulted I_T nexus.
+    faulted: Nexus,
+    /// The faulted nexus's ACA task in the task set (LUN, tag); one at a time.
+    task: Option<(Lun, u64)>,
+}
+
+/// PERSISTENT RESERVE OUT with PREEMPT AND ABORT: the one command another
+/// nexus may run during ACA, since it can end the condition (SPC-4
+/// 5.12.11.2.6).
+fn preempt_and_abort(cdb: &[u8]) -> bool {
+    cdb.len() > 1 && cdb[0] == 0x5f && cdb[1] & 0x1f == 5
+}
+
+impl Order {
+    /// Whether task `seq` of logical unit `k` may start now.
+    fn may_start(&self, k: usize, seq: u64, attr: TaskAttr) -> bool {
+        let aca = self.aca.contains_key(&k);
+        self.sets
+            .get(&k)
+            .is_none_or(|s| s.may_start(seq, attr, aca))
+    }
+
+    /// The task manager's rules for a new command while an ACA condition
+    /// may be in effect (SAM-5 5.9.2). `Ok(true)`: the command is the
+    /// faulted nexus's ACA task. `Err`: the response that ends it now.
+    fn admit(
+        &mut self,
+        k: usize,
+        nexus: &Nexus,
+        task: (Lun, u64),
+        attr: TaskAttr,
+        cdb: &[u8],
+        expected: u64,
+    ) -> Result<bool, ScsiResponse> {
+        let refuse = |s| Err(ScsiResponse::status_only(s, expected));
+        let Some(aca) = self.aca.get_mut(&k) else {
+            if attr == TaskAttr::Aca {
+                // SAM-5 8.6.5: an ACA task without an ACA condition.
+                return Err(ScsiResponse::check(
+                    Sense::new(SenseKey::IllegalRequest, Asc::INVALID_MESSAGE_ERROR),
+                    expected,
+                ));
+            }
+            return Ok(false);
+        };
+        if aca.faulted == *nexus {
+            // SAM-5 5.9.2.2: the faulted nexus runs one ACA task at a time
+            // and nothing else.
+            if attr == TaskAttr::Aca && aca.task.is_none() {
+                aca.task = Some(task);
+                return Ok(true);
+            }
+            return refuse(Status::AcaActive);
+        }
+        // SAM-5 5.9.2.3, one task set for all nexuses: ACA ACTIVE to an
+        // initiator that knows ACA (ACA attribute or NACA=1), BUSY to one
+        // that may not.
+        if attr == TaskAttr::Aca {
+            return refuse(Status::AcaActive);
+        }
+        if preempt_and_abort(cdb) {
+            return Ok(false);
+        }
+        refuse(if naca(cdb) {
+            Status::AcaActive
+        } else {
+            Status::Busy
+        })
+    }
+
+    /// After a command of `nexus` ended with `status` (SAM-5 5.9.1): a
+    /// CHECK CONDITION with NACA=1 establishes ACA for the nexus; one that
+    /// ends the ACA task (or a PREEMPT AND ABORT) during ACA keeps the
+    /// condition (NACA=1, now for this nexus) or ends it (NACA=0).
+    #[allow(clippy::too_many_arguments)]
+    fn settle(
+        &mut self,
+        k: usize,
+        dev: &Arc<Device>,
+        nexus: &Nexus,
+        aca_task: Option<(Lun, u64)>,
+        cdb: &[u8],
+        status: Status,
+    ) {
+        if let Some(a) = self.aca.get_mut(&k) {
+            if aca_task.is_some() && a.task == aca_task {
+                a.task = None;
+            }
+        }
+        if status != Status::CheckCondition {
+            return;
+        }
+        let naca = naca(cdb) && dev.config.norm_aca;
+        match self.aca.get_mut(&k) {
+            None if naca => {
+                self.aca.insert(
+                    k,
+                    Aca {
+                        _dev: dev.clone(),
+                        faulted: nexus.clone(),
+                        task: None,
+                    },
+                );
+            }
+            None => {}
+            Some(a) => {
+                let owns = (aca_task.is_some() && a.faulted == *nexus) || preempt_and_abort(cdb);
+                if owns && naca {
+                    a.faulted = nexus.clone();
+                } else if owns {
+                    self.aca.remove(&k);
+                }
+            }
+        }
+    }
 }
 
 /// The tasks of one logical unit that entered the task set and have not
@@ -249,13 +405,17 @@ struct TaskSet {
 impl TaskSet {
     /// Whether task `seq` may start: an ORDERED task waits for every older
     /// task, any task waits for an older ORDERED one, HEAD OF QUEUE waits
-    /// for nothing (SAM-5 8.6).
-    fn may_start(&self, seq: u64, attr: TaskAttr) -> bool {
+    /// for nothing (SAM-5 8.6). While an ACA condition is in effect only
+    /// the ACA task may start; the others are blocked (SAM-5 5.9.2.1).
+    fn may_start(&self, seq: u64, attr: TaskAttr, aca: bool) -> bool {
+        if aca {
+            return attr == TaskAttr::Aca;
+        }
         let mut older = self.active.range(..seq).map(|(_, a)| *a);
         match attr {
-            TaskAttr::HeadOfQueue => true,
+            TaskAttr::HeadOfQueue | TaskAttr::Aca => true,
             TaskAttr::Ordered => older.all(|a| a == TaskAttr::HeadOfQueue),
-            TaskAttr::Simple | TaskAttr::Aca => older.all(|a| a != TaskAttr::Ordered),
+            TaskAttr::Simple => older.all(|a| a != TaskAttr::Ordered),
         }
     }
 }
@@ -267,6 +427,52 @@ impl Target {
 
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The device `nexus` reaches at `lun`.
+    fn device(&self, nexus: &Nexus, lun: Lun) -> Option<Arc<Device>> {
+        self.lock().set_for(&nexus.initiator).get(&lun).cloned()
+    }
+
+    /// Runs `f` on the task sets and ACA conditions; when it ends a
+    /// condition, the tasks it blocked are woken.
+    fn with_order<R>(&self, f: impl FnOnce(&mut Order) -> R) -> R {
+        let mut order = self.order.lock().unwrap_or_else(|e| e.into_inner());
+        let before = order.aca.len();
+        let r = f(&mut order);
+        let after = order.aca.len();
+        self.aca_live.store(after, SeqCst);
+        drop(order);
+        if after < before {
+            self.order_cv.notify_all();
+        }
+        r
+    }
+
+    /// Ends the ACA conditions `which` accepts (by LU key and condition),
+    /// aborting their ACA tasks when `abort_task`.
+    fn clear_aca(&self, abort_task: bool, which: impl Fn(usize, &Aca) -> bool) {
+        let ended: Vec<(Nexus, Option<(Lun, u64)>)> = self.with_order(|o| {
+            let keys: Vec<usize> = o
+                .aca
+                .iter()
+                .filter(|(k, a)| which(**k, a))
+                .map(|(k, _)| *k)
+                .collect();
+            keys.iter()
+                .filter_map(|k| o.aca.remove(k))
+                .map(|a| (a.faulted, a.task))
+                .collect()
+        });
+        if !abort_task {
+            return;
+        }
+        let mut tasks = self.tasks.lock().unwrap_or_else(|e| e.into_inner());
+        for (n, task) in ended {
+            if let Some((l, tag)) = task {
+                tasks.abort(|x, y, z| *x == n && y == l && z == tag);
+            }
+        }
     }
 
     /// Maps `dev` at `lun` in the default set (`group: None`) or in the
@@ -430,14 +636,17 @@ impl Target {
     /// Tasks in the task set of the logical unit `nexus` reaches at `lun`
     /// (waiting or running, from every nexus).
     pub fn task_set_len(&self, nexus: &Nexus, lun: Lun) -> usize {
-        let key = self
-            .lock()
-            .set_for(&nexus.initiator)
-            .get(&lun)
-            .map(|d| Arc::as_ptr(d) as usize);
+        let key = self.device(nexus, lun).map(|d| lu_key(&d));
         let order = self.order.lock().unwrap_or_else(|e| e.into_inner());
-        key.and_then(|k| order.get(&k))
+        key.and_then(|k| order.sets.get(&k))
             .map_or(0, |s| s.active.len())
+    }
+
+    /// The faulted nexus of the ACA condition in effect on the logical
+    /// unit `nexus` reaches at `lun`, if any.
+    pub fn aca_faulted(&self, nexus: &Nexus, lun: Lun) -> Option<Nexus> {
+        let k = lu_key(&self.device(nexus, lun)?);
+        self.with_order(|o| o.aca.get(&k).map(|a| a.faulted.clone()))
     }
 
     /// Whether a SIMPLE command to `lun` would start at once (no older
@@ -446,18 +655,19 @@ impl Target {
     /// on its own thread. A hint: a task submitted meanwhile can still make
     /// the command wait.
     pub fn runs_without_blocking(&self, nexus: &Nexus, lun: Lun) -> bool {
-        let dev = self.lock().set_for(&nexus.initiator).get(&lun).cloned();
-        let Some(dev) = dev else {
+        let Some(dev) = self.device(nexus, lun) else {
             return true; // answered from the LUN map alone
         };
         if !dev.never_blocks() {
             return false;
         }
-        let key = Arc::as_ptr(&dev) as usize;
+        let key = lu_key(&dev);
         let order = self.order.lock().unwrap_or_else(|e| e.into_inner());
-        order
-            .get(&key)
-            .is_none_or(|s| s.active.values().all(|a| *a == TaskAttr::Simple))
+        !order.aca.contains_key(&key)
+            && order
+                .sets
+                .get(&key)
+                .is_none_or(|s| s.active.values().all(|a| *a == TaskAttr::Simple))
     }
 
     /// [`Target::submit`] with a task attribute: the command enters the
@@ -465,6 +675,12 @@ impl Target {
     /// allows (an ORDERED task after every older task, any task after an
     /// older ORDERED one, HEAD OF QUEUE at once). A task aborted while it
     /// waits ends with TASK ABORTED without running.
+    ///
+    /// While an ACA condition is in effect on the logical unit (SAM-5 5.9)
+    /// the faulted nexus may run one ACA task; its other commands end with
+    /// ACA ACTIVE, other nexuses' with ACA ACTIVE (NACA=1 or ACA attribute)
+    /// or BUSY, and tasks already in the task set wait for the end of the
+    /// condition.
     #[allow(clippy::too_many_arguments)]
     pub fn submit_attr(
         &self,
@@ -476,31 +692,64 @@ impl Target {
         data_out: &[u8],
         expected: u64,
     ) -> ScsiResponse {
-        let key = self
-            .lock()
-            .set_for(&nexus.initiator)
-            .get(&lun)
-            .map(|d| Arc::as_ptr(d) as usize);
-        let seq = key.map(|k| {
-            let mut order = self.order.lock().unwrap_or_else(|e| e.into_inner());
-            let set = order.entry(k).or_default();
-            let seq = set.next;
-            set.next += 1;
-            set.active.insert(seq, attr);
-            seq
-        });
-        let r = self.run_in_order(key.zip(seq), attr, nexus, lun, tag, cdb, data_out, expected);
-        if let (Some(k), Some(seq)) = (key, seq) {
-            let mut order = self.order.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(set) = order.get_mut(&k) {
-                set.active.remove(&seq);
-                if set.active.is_empty() {
-                    order.remove(&k);
+        let Some(dev) = self.device(nexus, lun) else {
+            // No logical unit: no task set, nothing but an error to run.
+            return self.run_in_order(None, attr, nexus, lun, tag, cdb, data_out, expected);
+        };
+        let k = lu_key(&dev);
+        let entered =
+            self.with_order(
+                |o| match o.admit(k, nexus, (lun, tag), attr, cdb, expected) {
+                    Err(r) => {
+                        o.settle(k, &dev, nexus, None, cdb, r.status);
+                        Err(r)
+                    }
+                    Ok(aca_task) => {
+                        // A PREEMPT AND ABORT admitted during ACA runs
+                        // as the ACA task would: it is what ends the
+                        // condition (SPC-4 5.12.11.2.6).
+                        let attr = if o.aca.contains_key(&k) && preempt_and_abort(cdb) {
+                            TaskAttr::Aca
+                        } else {
+                            attr
+                        };
+                        let set = o.sets.entry(k).or_default();
+                        let seq = set.next;
+                        set.next += 1;
+                        set.active.insert(seq, attr);
+                        Ok((seq, aca_task.then_some((lun, tag)), attr))
+                    }
+                },
+            );
+        let (seq, aca_task, attr) = match entered {
+            Ok(e) => e,
+            Err(r) => {
+                return ScsiResponse {
+                    descriptor_sense: dev.mode_state().d_sense,
+                    ..r
                 }
             }
-            drop(order);
-            self.order_cv.notify_all();
-        }
+        };
+        let r = self.run_in_order(
+            Some((k, seq)),
+            attr,
+            nexus,
+            lun,
+            tag,
+            cdb,
+            data_out,
+            expected,
+        );
+        self.with_order(|o| {
+            o.settle(k, &dev, nexus, aca_task, cdb, r.status);
+            if let Some(set) = o.sets.get_mut(&k) {
+                set.active.remove(&seq);
+                if set.active.is_empty() {
+                    o.sets.remove(&k);
+                }
+            }
+        });
+        self.order_cv.notify_all();
         r
     }
 
@@ -530,14 +779,14 @@ impl Target {
         let aborted = || flag.load(std::sync::atomic::Ordering::SeqCst);
         if let Some((k, seq)) = entry {
             let mut order = self.order.lock().unwrap_or_else(|e| e.into_inner());
-            while !aborted() && !order.get(&k).is_none_or(|s| s.may_start(seq, attr)) {
+            while !aborted() && !order.may_start(k, seq, attr) {
                 order = self.order_cv.wait(order).unwrap_or_else(|e| e.into_inner());
             }
         }
         let r = if aborted() {
             None
         } else {
-            Some(self.execute(nexus, lun, cdb, data_out, expected))
+            Some(self.run(nexus, lun, cdb, data_out, expected))
         };
         self.tasks
             .lock()
@@ -545,22 +794,19 @@ impl Target {
             .finish(nexus, lun, tag);
         match r {
             Some(r) if !aborted() => r,
-            _ => ScsiResponse {
-                status: Status::TaskAborted,
-                sense: None,
-                data_in: Vec::new(),
-                residual: if expected > 0 {
-                    Residual::Under(expected)
-                } else {
-                    Residual::None
-                },
-                descriptor_sense: false,
-            },
+            _ => ScsiResponse::status_only(Status::TaskAborted, expected),
         }
     }
 
-    /// A task management function from `nexus` for `lun` (SAM-5 7).
+    /// A task management function from `nexus` for `lun` (SAM-5 7), with
+    /// the two outcomes transports written before CLEAR ACA know; see
+    /// [`Target::tmf`] for the exact service response.
     pub fn task_management(&self, nexus: &Nexus, lun: Lun, tmf: Tmf) -> TmfResponse {
+        self.tmf(nexus, lun, tmf).into()
+    }
+
+    /// A task management function from `nexus` for `lun` (SAM-5 7).
+    pub fn tmf(&self, nexus: &Nexus, lun: Lun, tmf: Tmf) -> ServiceResponse {
         let r = self.task_management_inner(nexus, lun, tmf);
         // Tasks waiting for their turn in a task set see their abort.
         let _order = self.order.lock().unwrap_or_else(|e| e.into_inner());
@@ -568,11 +814,22 @@ impl Target {
         r
     }
 
-    fn task_management_inner(&self, nexus: &Nexus, lun: Lun, tmf: Tmf) -> TmfResponse {
-        let dev = self.lock().set_for(&nexus.initiator).get(&lun).cloned();
-        let Some(dev) = dev else {
-            return TmfResponse::IncorrectLun;
+    fn task_management_inner(&self, nexus: &Nexus, lun: Lun, tmf: Tmf) -> ServiceResponse {
+        let Some(dev) = self.device(nexus, lun) else {
+            return ServiceResponse::IncorrectLun;
         };
+        let k = lu_key(&dev);
+        if tmf == Tmf::ClearAca {
+            // SAM-5 7.3: only the faulted nexus ends the condition; with
+            // none in effect there is nothing to do.
+            let faulted = self.with_order(|o| o.aca.get(&k).map(|a| a.faulted.clone()));
+            match faulted {
+                Some(f) if f != *nexus => return ServiceResponse::FunctionRejected,
+                Some(_) => self.clear_aca(true, |key, _| key == k),
+                None => {}
+            }
+            return ServiceResponse::FunctionComplete;
+        }
         let mut tasks = self.tasks.lock().unwrap_or_else(|e| e.into_inner());
         match tmf {
             Tmf::AbortTask(tag) => {
@@ -592,12 +849,16 @@ impl Target {
             Tmf::LogicalUnitReset => {
                 tasks.abort(|_, l, _| l == lun);
                 drop(tasks);
+                // A reset ends the LU's ACA condition (SAM-5 5.9.3).
+                self.clear_aca(false, |key, _| key == k);
                 // SAM-5 7.7: a unit attention for every nexus, including this one.
                 self.raise_where(&dev, Asc::BUS_DEVICE_RESET, |_| true);
             }
             Tmf::ItNexusReset => {
                 tasks.abort(|n, _, _| n == nexus);
                 drop(tasks);
+                // So does the loss of the faulted nexus (SAM-5 5.9.3).
+                self.clear_aca(false, |_, a| a.faulted == *nexus);
                 let st = &mut *self.lock();
                 let keys: Vec<(Nexus, Lun)> = st
                     .known
@@ -609,25 +870,59 @@ impl Target {
                     st.ua.entry(key).or_default().push(Asc::I_T_NEXUS_LOSS);
                 }
             }
+            Tmf::ClearAca => {}
         }
-        TmfResponse::FunctionComplete
+        ServiceResponse::FunctionComplete
     }
 
     /// Direction and length a CDB implies for this nexus and LUN, before
     /// execution. A CDB that will fail gives its CHECK CONDITION now.
     pub fn plan(&self, nexus: &Nexus, lun: Lun, cdb: &[u8]) -> Result<Plan, Sense> {
         let (_, cmd) = Command::parse(cdb)?;
-        let bs = self
-            .lock()
-            .set_for(&nexus.initiator)
-            .get(&lun)
-            .map_or(512, |d| d.block_size());
-        Ok(cmd.plan(bs))
+        let dev = self.device(nexus, lun);
+        naca_supported(dev.as_deref(), cdb)?;
+        Ok(cmd.plan(dev.map_or(512, |d| d.block_size())))
     }
 
-    /// Executes one command. `expected` is the transport's expected
-    /// transfer length (data-in buffer or data-out bytes), for residuals.
+    /// Executes one command, as an untagged SIMPLE task that does not
+    /// wait in the task set (see [`Target::submit_attr`] for the ACA
+    /// rules it follows). `expected` is the transport's expected transfer
+    /// length (data-in buffer or data-out bytes), for residuals.
     pub fn execute(
+        &self,
+        nexus: &Nexus,
+        lun: Lun,
+        cdb: &[u8],
+        data_out: &[u8],
+        expected: u64,
+    ) -> ScsiResponse {
+        if !naca(cdb) && self.aca_live.load(SeqCst) == 0 {
+            return self.run(nexus, lun, cdb, data_out, expected);
+        }
+        let Some(dev) = self.device(nexus, lun) else {
+            return self.run(nexus, lun, cdb, data_out, expected);
+        };
+        let k = lu_key(&dev);
+        let admitted = self.with_order(|o| {
+            let a = o.admit(k, nexus, (lun, 0), TaskAttr::Simple, cdb, expected);
+            if let Err(r) = &a {
+                o.settle(k, &dev, nexus, None, cdb, r.status);
+            }
+            a
+        });
+        if let Err(r) = admitted {
+            return ScsiResponse {
+                descriptor_sense: dev.mode_state().d_sense,
+                ..r
+            };
+        }
+        let r = self.run(nexus, lun, cdb, data_out, expected);
+        self.with_order(|o| o.settle(k, &dev, nexus, None, cdb, r.status));
+        r
+    }
+
+    /// Runs one command once the task manager has let it start.
+    fn run(
         &self,
         nexus: &Nexus,
         lun: Lun,
@@ -643,6 +938,12 @@ impl Target {
         let dev = st.set_for(&nexus.initiator).get(&lun).cloned();
         let bs = dev.as_ref().map_or(512, |d| d.block_size());
         let d_sense = dev.as_ref().is_some_and(|d| d.mode_state().d_sense);
+        if let Err(s) = naca_supported(dev.as_deref(), cdb) {
+            return ScsiResponse {
+                descriptor_sense: d_sense,
+                ..ScsiResponse::check(s, expected)
+            };
+        }
         let result = match (&cmd, dev) {
             (Command::ReportLuns { select, .. }, _) => {
                 let luns: Vec<Lun> = st.set_for(&nexus.initiator).keys().copied().collect();
@@ -690,15 +991,8 @@ impl Target {
                     None => {
                         drop(st);
                         let conflict = ScsiResponse {
-                            status: Status::ReservationConflict,
-                            sense: None,
-                            data_in: Vec::new(),
-                            residual: if expected > 0 {
-                                Residual::Under(expected)
-                            } else {
-                                Residual::None
-                            },
                             descriptor_sense: d_sense,
+                            ..ScsiResponse::status_only(Status::ReservationConflict, expected)
                         };
                         match cmd {
                             Command::PrIn { sa, .. } => {
@@ -731,6 +1025,12 @@ impl Target {
                                                 .lock()
                                                 .unwrap_or_else(|e| e.into_inner())
                                                 .abort(|n, l, _| l == lun && victims.contains(&n));
+                                            // ... and their ACA condition ends
+                                            // (SPC-4 5.12.11.2.6).
+                                            let k = lu_key(&dev);
+                                            self.clear_aca(false, |key, a| {
+                                                key == k && victims.contains(&&a.faulted)
+                                            });
                                         }
                                         for (n, asc) in notices {
                                             self.raise_where(&dev, asc, |x| *x == n);
@@ -789,6 +1089,17 @@ impl Target {
                 }
             }
         }
+    }
+}
+
+/// NACA=1 needs a logical unit with NormACA (SAM-5 5.3, SPC-4 6.6.2);
+/// otherwise the CONTROL byte's bit 2 is an invalid field.
+fn naca_supported(dev: Option<&Device>, cdb: &[u8]) -> Result<(), Sense> {
+    match control_byte(cdb) {
+        Some((at, c)) if c & 0x04 != 0 && !dev.is_some_and(|d| d.config.norm_aca) => {
+            Err(Sense::invalid_field(at as u16, Some(2)))
+        }
+        _ => Ok(()),
     }
 }
 

@@ -3,8 +3,8 @@
 //! command completes as TASK ABORTED, never GOOD, even if its I/O finished.
 //!
 //! Execution stays on the caller's thread (`Target::submit`); the TMF is
-//! called from any other thread. Task attributes (SIMPLE/ORDERED/HEAD OF
-//! QUEUE) are not enforced: there is no queue in the core yet.
+//! called from any other thread. Task attributes and ACA conditions are
+//! the target's (`Target::submit_attr`).
 
 use crate::lun::Lun;
 use crate::target::Nexus;
@@ -20,13 +20,40 @@ pub enum Tmf {
     ClearTaskSet,
     LogicalUnitReset,
     ItNexusReset,
+    /// Ends the ACA condition of the logical unit if this nexus is the
+    /// faulted one, aborting its ACA task (SAM-5 7.3).
+    ClearAca,
 }
 
-/// Service response of a TMF (SAM-5 7.11).
+/// Service response of a TMF (SAM-5 7.11), as [`crate::Target::tmf`]
+/// gives it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServiceResponse {
+    FunctionComplete,
+    /// The function was refused (CLEAR ACA from a nexus that is not the
+    /// faulted one).
+    FunctionRejected,
+    IncorrectLun,
+}
+
+/// The two outcomes [`crate::Target::task_management`] reports, for
+/// transports written before CLEAR ACA: a rejected function shows as
+/// `IncorrectLun` (both are a failed function to SRP, r16a table 24).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TmfResponse {
     FunctionComplete,
     IncorrectLun,
+}
+
+impl From<ServiceResponse> for TmfResponse {
+    fn from(r: ServiceResponse) -> TmfResponse {
+        match r {
+            ServiceResponse::FunctionComplete => TmfResponse::FunctionComplete,
+            ServiceResponse::FunctionRejected | ServiceResponse::IncorrectLun => {
+                TmfResponse::IncorrectLun
+            }
+        }
+    }
 }
 
 #[derive(Default)]

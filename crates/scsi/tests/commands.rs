@@ -221,14 +221,25 @@ fn bad_fields_carry_pointers() {
         Asc::INVALID_FIELD_IN_CDB,
     );
     assert_eq!(s.field.unwrap().byte, 2);
-    // Unsupported VPD page, NACA in CONTROL, over-long transfer.
+    // Unsupported VPD page, NACA in CONTROL of a LU without NormACA,
+    // over-long transfer.
     check(
         &t.execute(&n, lun(0), &[0x12, 1, 0x99, 0, 255, 0], &[], 255),
         SenseKey::IllegalRequest,
         Asc::INVALID_FIELD_IN_CDB,
     );
+    let no_aca = DeviceConfig {
+        norm_aca: false,
+        ..Default::default()
+    };
+    t.add_lun(
+        None,
+        lun(1),
+        Arc::new(Device::new(no_aca, Arc::new(Ram::new(BLOCKS * 512))).unwrap()),
+    );
+    t.execute(&n, lun(1), &[0; 6], &[], 0); // power-on unit attention
     let s = check(
-        &t.execute(&n, lun(0), &[0, 0, 0, 0, 0, 4], &[], 0),
+        &t.execute(&n, lun(1), &[0, 0, 0, 0, 0, 4], &[], 0),
         SenseKey::IllegalRequest,
         Asc::INVALID_FIELD_IN_CDB,
     );
@@ -240,6 +251,7 @@ fn bad_fields_carry_pointers() {
             bit: Some(2)
         }
     );
+    assert_eq!(t.aca_faulted(&n, lun(1)), None);
     // Unknown opcode and empty CDB.
     check(
         &t.execute(&n, lun(0), &[0xc0, 0, 0, 0, 0, 0], &[], 0),
@@ -611,6 +623,20 @@ fn random_cdbs_never_panic() {
         }
         if r.status == Status::Good {
             assert!(r.data_in.len() <= 4096);
+        }
+        // A CHECK CONDITION with NACA=1 leaves an ACA condition, nothing
+        // else does; CLEAR ACA ends it for the next CDB.
+        let aca = t.aca_faulted(&n, lun(0)).is_some();
+        assert_eq!(
+            aca,
+            r.status == Status::CheckCondition && scsi::cdb::naca(&cdb),
+            "{cdb:02x?}"
+        );
+        if aca {
+            assert_eq!(
+                t.tmf(&n, lun(0), Tmf::ClearAca),
+                ServiceResponse::FunctionComplete
+            );
         }
     }
 }

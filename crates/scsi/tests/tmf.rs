@@ -1,53 +1,16 @@
 //! Task management with commands in flight on a slow (gated) backend.
 
+mod common;
+
+use common::{l0, spawn_attr, wait_entered, Gated};
 use scsi::*;
-use std::io;
 use std::sync::mpsc;
-use std::sync::{Arc, Condvar, Mutex};
-
-/// A ram store whose reads stop at a gate until the test opens it, and
-/// report on a channel that they have arrived there.
-struct Gated {
-    ram: Ram,
-    open: Mutex<bool>,
-    cv: Condvar,
-    arrived: Mutex<mpsc::Sender<()>>,
-}
-
-impl Backend for Gated {
-    fn size(&self) -> u64 {
-        self.ram.size()
-    }
-    fn read(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-        let _ = self.arrived.lock().unwrap().send(());
-        let mut open = self.open.lock().unwrap();
-        while !*open {
-            open = self.cv.wait(open).unwrap();
-        }
-        self.ram.read(offset, buf)
-    }
-    fn write(&self, offset: u64, data: &[u8], fua: bool) -> io::Result<()> {
-        self.ram.write(offset, data, fua)
-    }
-    fn flush(&self) -> io::Result<()> {
-        Ok(())
-    }
-}
-
-fn l0() -> Lun {
-    Lun::new(0).unwrap()
-}
+use std::sync::Arc;
 
 const READ1: [u8; 10] = [0x28, 0, 0, 0, 0, 0, 0, 0, 1, 0];
 
 fn setup() -> (Arc<Target>, Arc<Gated>, mpsc::Receiver<()>, Nexus, Nexus) {
-    let (tx, rx) = mpsc::channel();
-    let g = Arc::new(Gated {
-        ram: Ram::new(64 * 512),
-        open: Mutex::new(false),
-        cv: Condvar::new(),
-        arrived: Mutex::new(tx),
-    });
+    let (g, rx) = Gated::new(64);
     let t = Target::new();
     t.add_lun(
         None,
@@ -60,11 +23,6 @@ fn setup() -> (Arc<Target>, Arc<Gated>, mpsc::Receiver<()>, Nexus, Nexus) {
         t.execute(n, l0(), &[0; 6], &[], 0);
     }
     (Arc::new(t), g, rx, a, b)
-}
-
-fn open(g: &Gated) {
-    *g.open.lock().unwrap() = true;
-    g.cv.notify_all();
 }
 
 fn spawn_read(t: &Arc<Target>, n: &Nexus, tag: u64) -> std::thread::JoinHandle<ScsiResponse> {
@@ -90,7 +48,7 @@ fn abort_task_hits_only_its_tag() {
         t.task_management(&a, l0(), Tmf::AbortTask(1)),
         TmfResponse::FunctionComplete
     );
-    open(&g);
+    g.open();
     let (r1, r2) = (h1.join().unwrap(), h2.join().unwrap());
     assert_eq!((r1.status, r1.data_in.len()), (Status::TaskAborted, 0));
     assert_eq!((r2.status, r2.data_in.len()), (Status::Good, 512));
@@ -110,18 +68,18 @@ fn abort_task_set_is_per_nexus_clear_task_set_is_not() {
     rx.recv().unwrap();
     rx.recv().unwrap();
     t.task_management(&a, l0(), Tmf::AbortTaskSet);
-    open(&g);
+    g.open();
     assert_eq!(ha.join().unwrap().status, Status::TaskAborted);
     assert_eq!(hb.join().unwrap().status, Status::Good);
     assert_eq!(ua(&t, &b), None);
 
-    *g.open.lock().unwrap() = false;
+    g.close();
     let ha = spawn_read(&t, &a, 8);
     let hb = spawn_read(&t, &b, 8);
     rx.recv().unwrap();
     rx.recv().unwrap();
     t.task_management(&a, l0(), Tmf::ClearTaskSet);
-    open(&g);
+    g.open();
     assert_eq!(ha.join().unwrap().status, Status::TaskAborted);
     assert_eq!(hb.join().unwrap().status, Status::TaskAborted);
     assert_eq!(ua(&t, &b), Some(Asc::COMMANDS_CLEARED_BY_ANOTHER));
@@ -136,7 +94,7 @@ fn lu_reset_and_nexus_reset_leave_unit_attentions() {
     rx.recv().unwrap();
     rx.recv().unwrap();
     t.task_management(&a, l0(), Tmf::LogicalUnitReset);
-    open(&g);
+    g.open();
     assert_eq!(ha.join().unwrap().status, Status::TaskAborted);
     assert_eq!(hb.join().unwrap().status, Status::TaskAborted);
     for n in [&a, &b] {
@@ -171,42 +129,12 @@ fn preempt_and_abort_aborts_the_victims_tasks() {
     p.resize(24, 0);
     let r = t.submit(&b, l0(), 9, &[0x5f, 5, 3, 0, 0, 0, 0, 0, 24, 0], &p, 24);
     assert_eq!(r.status, Status::Good);
-    open(&g);
+    g.open();
     assert_eq!(ha.join().unwrap().status, Status::TaskAborted);
     assert_eq!(ua(&t, &a), Some(Asc::REGISTRATIONS_PREEMPTED));
     let r = t.execute(&a, l0(), &[0x5e, 0, 0, 0, 0, 0, 0, 1, 0, 0], &[], 256);
     assert_eq!(&r.data_in[4..16], &[0, 0, 0, 8, 0, 0, 0, 0, 0, 0, 0, 2]);
     assert_eq!(t.execute(&a, l0(), &READ1, &[], 512).status, Status::Good);
-}
-
-fn spawn_attr(
-    t: &Arc<Target>,
-    n: &Nexus,
-    tag: u64,
-    attr: TaskAttr,
-    cdb: Vec<u8>,
-    data: Vec<u8>,
-) -> std::thread::JoinHandle<ScsiResponse> {
-    let (t, n) = (t.clone(), n.clone());
-    let expected = if data.is_empty() {
-        512
-    } else {
-        data.len() as u64
-    };
-    std::thread::spawn(move || t.submit_attr(&n, l0(), tag, attr, &cdb, &data, expected))
-}
-
-/// Waits until `n` tasks are in LUN 0's task set (they entered in the
-/// order the test submitted them).
-fn wait_entered(t: &Target, nx: &Nexus, n: usize) {
-    let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while t.task_set_len(nx, l0()) < n {
-        assert!(
-            std::time::Instant::now() < end,
-            "tasks never entered the task set"
-        );
-        std::thread::yield_now();
-    }
 }
 
 #[test]
@@ -228,7 +156,7 @@ fn ordered_waits_for_older_tasks_and_newer_ones_wait_for_it() {
     assert_eq!(r.status, Status::Good);
     assert!(!h2.is_finished() && !h3.is_finished());
     assert_eq!(t.task_set_len(&a, l0()), 3);
-    open(&g);
+    g.open();
     assert_eq!(h1.join().unwrap().status, Status::Good);
     assert_eq!(h2.join().unwrap().status, Status::Good);
     // The newer SIMPLE read ran after the ORDERED write: it sees its data.
@@ -252,7 +180,7 @@ fn a_task_aborted_while_waiting_its_turn_never_runs() {
     );
     // It ends while the older read is still held, without writing.
     assert_eq!(h2.join().unwrap().status, Status::TaskAborted);
-    open(&g);
+    g.open();
     assert_eq!(h1.join().unwrap().status, Status::Good);
     let r = t.execute(&a, l0(), &[0x28, 0, 0, 0, 0, 7, 0, 0, 1, 0], &[], 512);
     assert_ne!(r.data_in, vec![0xcd; 512]);

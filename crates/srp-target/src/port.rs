@@ -1228,14 +1228,19 @@ impl Inner {
             TmFunc::AbortTaskSet => Some(scsi::Tmf::AbortTaskSet),
             TmFunc::ClearTaskSet => Some(scsi::Tmf::ClearTaskSet),
             TmFunc::LogicalUnitReset => Some(scsi::Tmf::LogicalUnitReset),
+            TmFunc::ClearAca => Some(scsi::Tmf::ClearAca),
             _ => None,
         };
         let code = match (tmf, scsi::Lun::decode(req.lun.0)) {
             (None, _) => RspCode::NotSupported,
             (Some(_), Err(_)) => RspCode::Failed,
-            (Some(t), Ok(lun)) => match self.scsi.task_management(&c.nexus, lun, t) {
-                scsi::TmfResponse::FunctionComplete => RspCode::Complete,
-                scsi::TmfResponse::IncorrectLun => RspCode::Failed,
+            (Some(t), Ok(lun)) => match self.scsi.tmf(&c.nexus, lun, t) {
+                scsi::ServiceResponse::FunctionComplete => RspCode::Complete,
+                // r16a table 24 has no "rejected": a CLEAR ACA from a
+                // nexus other than the faulted one is a failed function.
+                scsi::ServiceResponse::FunctionRejected | scsi::ServiceResponse::IncorrectLun => {
+                    RspCode::Failed
+                }
             },
         };
         if let Some(ch) = st.target.channel_mut(channel) {

@@ -605,6 +605,20 @@ fn cmd_iu(tag: u64, cdb: &[u8], out: DataDesc<'_>, inn: DataDesc<'_>) -> Vec<u8>
     b
 }
 
+/// Status and task management response code (RSPVALID) of the SRP_RSP
+/// the target answers `tag` with.
+fn rsp(raw: &mut Raw, tag: u64) -> (u8, Option<RspCode>) {
+    match raw.answer() {
+        Reaction::Iu(b) => match Iu::parse(&b, None) {
+            Ok(Iu::Rsp(r)) if r.tag == Tag(tag) => {
+                (r.status, r.response_data.map(|d| RspCode::from(d[3])))
+            }
+            other => panic!("tag {tag}: {other:?}"),
+        },
+        other => panic!("tag {tag}: {other:?}"),
+    }
+}
+
 fn tmf_iu(tag: u64, func: TmFunc) -> Vec<u8> {
     let t = TskMgmt {
         sol_not: 0,
@@ -870,6 +884,24 @@ fn rogue_initiator_garbage_next_to_verified_io() {
         },
         other => panic!("TEST UNIT READY after TMF 0x77: {other:?}"),
     }
+
+    // Auto contingent allegiance through SRP: a command that fails with
+    // NACA=1 in its CONTROL byte holds the nexus's next command (ACA
+    // ACTIVE) until CLEAR ACA, which the target carries to the SCSI core.
+    let verify_past_end = [0x2f, 0, 0xff, 0xff, 0xff, 0x00, 0, 0, 1, 0x04];
+    raw.send(&cmd_iu(
+        13,
+        &verify_past_end,
+        DataDesc::None,
+        DataDesc::None,
+    ));
+    assert_eq!(rsp(&mut raw, 13).0, 0x02, "CHECK CONDITION");
+    raw.send(&cmd_iu(14, &[0; 6], DataDesc::None, DataDesc::None));
+    assert_eq!(rsp(&mut raw, 14).0, 0x30, "ACA ACTIVE");
+    raw.send(&tmf_iu(15, TmFunc::ClearAca));
+    assert_eq!(rsp(&mut raw, 15).1, Some(RspCode::Complete), "CLEAR ACA");
+    raw.send(&cmd_iu(16, &[0; 6], DataDesc::None, DataDesc::None));
+    assert_eq!(rsp(&mut raw, 16).0, 0x00, "GOOD after CLEAR ACA");
     drop(raw);
 
     stop.store(true, Ordering::SeqCst);

@@ -1,0 +1,96 @@
+//! Test helpers shared by the task-management and ACA tests.
+
+#![allow(dead_code)]
+
+use scsi::*;
+use std::io;
+use std::sync::mpsc;
+use std::sync::{Arc, Condvar, Mutex};
+
+/// A ram store whose reads stop at a gate until the test opens it, and
+/// report on a channel that they have arrived there.
+pub struct Gated {
+    ram: Ram,
+    open: Mutex<bool>,
+    cv: Condvar,
+    arrived: Mutex<mpsc::Sender<()>>,
+}
+
+impl Gated {
+    /// A closed gate in front of `blocks` 512-byte blocks, and the
+    /// channel that hears of each read arriving at it.
+    pub fn new(blocks: u64) -> (Arc<Gated>, mpsc::Receiver<()>) {
+        let (tx, rx) = mpsc::channel();
+        let g = Arc::new(Gated {
+            ram: Ram::new(blocks * 512),
+            open: Mutex::new(false),
+            cv: Condvar::new(),
+            arrived: Mutex::new(tx),
+        });
+        (g, rx)
+    }
+
+    pub fn open(&self) {
+        *self.open.lock().unwrap() = true;
+        self.cv.notify_all();
+    }
+
+    pub fn close(&self) {
+        *self.open.lock().unwrap() = false;
+    }
+}
+
+impl Backend for Gated {
+    fn size(&self) -> u64 {
+        self.ram.size()
+    }
+    fn read(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        let _ = self.arrived.lock().unwrap().send(());
+        let mut open = self.open.lock().unwrap();
+        while !*open {
+            open = self.cv.wait(open).unwrap();
+        }
+        self.ram.read(offset, buf)
+    }
+    fn write(&self, offset: u64, data: &[u8], fua: bool) -> io::Result<()> {
+        self.ram.write(offset, data, fua)
+    }
+    fn flush(&self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+pub fn l0() -> Lun {
+    Lun::new(0).unwrap()
+}
+
+/// Waits until `n` tasks are in LUN 0's task set (they entered in the
+/// order the test submitted them).
+pub fn wait_entered(t: &Target, nx: &Nexus, n: usize) {
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while t.task_set_len(nx, l0()) < n {
+        assert!(
+            std::time::Instant::now() < end,
+            "tasks never entered the task set"
+        );
+        std::thread::yield_now();
+    }
+}
+
+/// Submits on a thread of its own.
+pub fn spawn_attr(
+    t: &Arc<Target>,
+    n: &Nexus,
+    tag: u64,
+    attr: TaskAttr,
+    cdb: Vec<u8>,
+    data: Vec<u8>,
+) -> std::thread::JoinHandle<ScsiResponse> {
+    let (t, n) = (t.clone(), n.clone());
+    let expected = if data.is_empty() {
+        512
+    } else {
+        data.len() as u64
+    };
+    std::thread::spawn(move || t.submit_attr(&n, l0(), tag, attr, &cdb, &data, expected))
+}
