@@ -18,13 +18,11 @@
 # the data (our WRITE client, our READ server) our NIC's counters must show
 # the recovery (retransmissions, or READs asked again).
 #
-# Our READ client keeps one READ in flight (-o 1, PERFTEST_READ_OUTS): with
-# several, one READ response packet that rxe drops under TCG (seen in 2 of
-# 5 runs) makes our requester (roce::req, handle_read_response ->
-# ack_through) rewind to the start of the unfinished READ and re-send every
-# READ in flight for each later response packet, unguarded, until the
-# retry count runs out. PERFTEST_READ_OUTS=16 shows it; drop the default
-# once the requester is fixed.
+# Our READ client keeps 16 READs in flight (-o, PERFTEST_READ_OUTS), as
+# ib_read_bw does by default. Until e33eb0b this had to be 1: one READ
+# response packet rxe dropped under TCG made our requester rewind to the
+# start of the unfinished READ and re-send every READ in flight for each
+# later response packet until the retry count ran out.
 # Needs the binary: cargo build --release -p rdma-perf (RPERFTEST overrides).
 
 SCENARIO_VMS=("a 11 peer")
@@ -39,7 +37,7 @@ RPERFTEST=${RPERFTEST:-${CARGO_TARGET_DIR:-$INTEROP_DIR/../target}/release/rperf
 PERFTEST_RUNS="write:65536:100 read:65536:100 send:65536:100 write:200:300 read:200:300
   write:65536:100:lossy read:65536:100:lossy"
 LOSS_SPEC=loss=0.01,seed=11
-PERFTEST_READ_OUTS=${PERFTEST_READ_OUTS:-1}
+PERFTEST_READ_OUTS=${PERFTEST_READ_OUTS:-16}
 
 # perftest_recovered FILE: our NIC retransmitted or saw requests again.
 perftest_recovered() {
