@@ -107,7 +107,16 @@ fn run(a: Args) -> Result<(), String> {
     println!("srpd: signal {sig}: logging out");
     let n = initd.shutdown();
     let _ = std::fs::remove_file(&sock);
-    println!("srpd: {n} logins ended; stopped");
+    // The sessions' verbs objects go as their last users (mounts, channel
+    // threads) let go; a count left after a grace period is a leak.
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while initd.verbs_objects() > 0 && std::time::Instant::now() < end {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    println!(
+        "srpd: {n} logins ended; {} verbs objects left; stopped",
+        initd.verbs_objects()
+    );
     Ok(())
 }
 

@@ -88,6 +88,9 @@ pub struct Daemon {
     devices: Mutex<BTreeMap<String, Arc<scsi::Device>>>,
     guid: Guid,
     nic: Arc<rnic::softroce::SoftRoce>,
+    /// The access layer the target port reaches the NIC through: it
+    /// counts every verbs object the port holds.
+    access: rdma_access::resource::AccessLayer,
     /// The I/O controller offered to discovery, and the DM agent (dropped
     /// in this order).
     _dm: (rdma_access::dm::IocHandle, rdma_access::dm::DmService),
@@ -254,9 +257,13 @@ impl Daemon {
         tcfg.sq_size = *t.srpt_sq_size.get_ref();
         tcfg.enabled = t.enabled;
         let nic = provider.clone();
+        // The target port reaches the NIC through a client of the access
+        // layer, which tracks every verbs object it makes (the CM and DM
+        // agents are part of the access layer and use the NIC directly).
+        let access = rdma_access::resource::AccessLayer::new(provider.clone());
         let port = Arc::new(
             TargetPort::start(
-                provider.clone(),
+                access.client("srp target").into_provider(),
                 guid,
                 tcfg,
                 scsi.clone(),
@@ -287,6 +294,7 @@ impl Daemon {
             devices: Mutex::new(devices),
             guid,
             nic,
+            access,
             _dm: (ioc, dm),
         }))
     }
@@ -567,6 +575,7 @@ impl Daemon {
             "srpt_srq_size": t.srpt_srq_size.get_ref(),
             "srpt_sq_size": t.srpt_sq_size.get_ref(),
             "sessions": self.port.sessions().len(),
+            "verbs_objects": self.access.live_total(),
         });
         if let (Some(c), Value::Object(m)) = (self.nic.counters(self.guid), &mut v) {
             for (k, n) in nic_counters(&c) {
@@ -751,6 +760,12 @@ impl Daemon {
                 );
             }
         }
+        metric(
+            "srptd_verbs_objects",
+            "Verbs objects (PDs, CQs, QPs, MRs, ...) the target port holds through the access layer.",
+            "gauge",
+            vec![(String::new(), self.access.live_total().max(0) as u64)],
+        );
         let sessions = self.port.sessions();
         metric(
             "srptd_target_enabled",

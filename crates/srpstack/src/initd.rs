@@ -98,7 +98,11 @@ struct LocalCa {
 /// The running initiator daemon.
 pub struct Initd {
     cfg: InitdConfig,
+    /// What sessions reach the NIC through: a client of the access layer,
+    /// which tracks every verbs object they make (the CM agents, part of
+    /// the access layer, use the NIC directly).
     provider: Arc<dyn Provider>,
+    access: rdma_access::resource::AccessLayer,
     cas: Vec<LocalCa>,
     logins: Mutex<BTreeMap<String, Login>>,
     /// Logins in progress, by name, so two requests cannot take one name.
@@ -160,9 +164,12 @@ impl Initd {
                 agent,
             });
         }
+        let access = rdma_access::resource::AccessLayer::new(provider.clone());
+        let sessions = access.client("srp initiator").into_provider();
         Ok(Initd {
             cfg,
-            provider,
+            provider: sessions,
+            access,
             cas,
             logins: Mutex::new(BTreeMap::new()),
             pending: Mutex::new(Vec::new()),
@@ -343,6 +350,11 @@ impl Initd {
     fn list(&self) -> Value {
         let logins = lock(&self.logins);
         Value::Array(logins.iter().map(|(name, l)| login_json(name, l)).collect())
+    }
+
+    /// Verbs objects the sessions hold now (0 once every login is gone).
+    pub fn verbs_objects(&self) -> i64 {
+        self.access.live_total()
     }
 
     /// Logs every login out (at exit); returns how many there were.

@@ -219,6 +219,11 @@ fn lun_masking_runtime_changes_aer_and_graceful_stop() {
     let e = d.adm(&["add-initiator", "web", "host-b"]).unwrap_err();
     assert!(e.contains("must start with 0x"), "{e}");
 
+    // The verbs objects the target port holds through the access layer,
+    // before anyone logs in.
+    let idle = d.adm(&["show"]).unwrap()["verbs_objects"]
+        .as_i64()
+        .expect("show has verbs_objects");
     // An initiator logged in here, in group db, using LUN 0 and LUN 1.
     let guid = Guid(srpstack::INITIATOR_GUID);
     let ip: std::net::IpAddr = "127.0.97.4".parse().unwrap();
@@ -312,6 +317,12 @@ fn lun_masking_runtime_changes_aer_and_graceful_stop() {
     let show = d.adm(&["show"]).unwrap();
     assert!(show["nic_packets_sent"].as_u64() >= Some(sent), "{show}");
     assert!(show["nic_retransmits"].is_u64(), "{show}");
+    // The channel's QP, CQ and memory are counted by the access layer.
+    assert!(
+        show["verbs_objects"].as_i64() > Some(idle),
+        "{show} vs {idle}"
+    );
+    assert!(body.contains("\nsrptd_verbs_objects "), "{body}");
 
     // The running configuration, saved and valid, has the runtime changes.
     let saved = d.dir.join("saved.toml");

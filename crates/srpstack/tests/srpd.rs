@@ -204,6 +204,9 @@ fn srpd_logs_in_by_login_string_and_shows_luns_as_files() {
     srpd.term();
     let rest = srpd.rest(30).join("\n");
     assert!(rest.contains("1 logins ended"), "{rest}");
+    // Every verbs object the session made went with it (the access layer
+    // counts them).
+    assert!(rest.contains("; 0 verbs objects left;"), "{rest}");
     assert!(!root.join("t0").exists(), "{rest}");
     wait_for("the target to see srpd leave", 10, || {
         target_sessions(&tsock) == 0
