@@ -28,8 +28,34 @@
 //! answers ERR_NO_RECORDS; unknown attributes "method/attribute
 //! unsupported".
 //!
-//! Not done: ServiceRecord registration, multicast, SM-to-SM handover
-//! (SMInfo polling), M_Key protection, and several paths per pair.
+//! SM to SM (IBA 14.4): the SM's own port answers SMPs (its SMA says
+//! IsSM) and SMInfo Get/Set (GUID, SM_Key, ActCount, Priority, SMState).
+//! An SM starts DISCOVERING: its first sweep only reads, and asks SMInfo
+//! of every port that says IsSM. Then it follows a MASTER it found, or
+//! else an SM that outranks it (higher priority, then lower GUID), as
+//! STANDBY; or it is MASTER and sweeps again at once, configuring. A
+//! standby does not sweep: it polls the master's SMInfo every
+//! `poll_interval` (ActCount, the count of SMPs the master sent, shows it
+//! working); when a poll goes unanswered after the resends it takes over:
+//! MASTER, a sweep at once. A master keeps the LID a port already has
+//! when no other port holds it, so a new master keeps the old one's LIDs
+//! (read from PortInfo), and ports get the new master SM LID; new LIDs are
+//! given only once every port of the sweep has said which LID it holds. A
+//! master that finds a STANDBY SM outranking it hands over (Set SMInfo
+//! HANDOVER) and becomes its standby; of two masters, the lesser yields.
+//! SA state (InformInfo subscriptions, ServiceRecords) is not carried
+//! over: clients re-register on the port's SM change event (see
+//! `rdma_access::resource::PnpEvent::SmChange`), as Linux clients and
+//! srp_daemon do on IB_EVENT_SM_CHANGE.
+//!
+//! Traps from SMAs: trap 144 (CapabilityMask changed) is repressed
+//! (TrapRepress, also to a resend) and forwarded once as a Report to its
+//! subscribers, with the sender's GID as issuer; the SA's PortInfoRecords
+//! show the new mask at once.
+//!
+//! Not done: multicast, M_Key protection, several paths per pair, and of
+//! SM to SM: SM_Key checks beyond SMInfo Sets, the ACKNOWLEDGE answer to a
+//! handover, and polling by a master of its standbys.
 
 pub mod fuzz;
 pub mod partitions;

@@ -4,7 +4,9 @@
 //! datagrams whose first byte names the QP (0 for SMPs, 1 for the SA): the
 //! simulator moves bytes, not RoCEv2 frames, since what is exercised here
 //! is the management protocol, not the transport. The tests and `ibsm
-//! simulate` use it.
+//! simulate` use it. [`two_sms`] adds a second SM after the hosts, for
+//! election, standby polling and takeover; an SM node can be stopped
+//! (`dead`), which silences it as a killed process is.
 
 use crate::sm::{table_records, QP_GSI, QP_SMI};
 use crate::{parse_partitions, SmConfig, SmEvent, SubnetManager};
@@ -57,6 +59,12 @@ pub struct Host {
     pub queries: HashMap<u64, Query>,
     pub notices: Vec<Notice>,
     pub next_tid: u64,
+    /// When the SMA's unrepressed trap is sent again.
+    pub trap_deadline: Option<Instant>,
+    /// Traps sent (first sends and resends).
+    pub traps_sent: u64,
+    /// TrapRepresses to lose on arrival (a one-way loss for tests).
+    pub lose_represses: u32,
 }
 
 impl Host {
@@ -74,6 +82,26 @@ impl Host {
             queries: HashMap::new(),
             notices: Vec::new(),
             next_tid: 1,
+            trap_deadline: None,
+            traps_sent: 0,
+            lose_represses: 0,
+        }
+    }
+
+    /// Changes the port's CapabilityMask; the SMA's trap 144 goes to the
+    /// SM (resent every 300 ms until repressed).
+    pub fn set_capability_mask(&mut self, now: Instant, mask: u32) {
+        self.sma.set_capability_mask(mask);
+        self.send_trap(now);
+    }
+
+    fn send_trap(&mut self, now: Instant) {
+        self.trap_deadline = None;
+        if let Some(t) = self.sma.trap() {
+            let f = frame(self.me, self.sm, QP_SMI, t);
+            self.out.push_back(f);
+            self.traps_sent += 1;
+            self.trap_deadline = Some(now + Duration::from_millis(300));
         }
     }
 
@@ -129,8 +157,19 @@ impl SimNode for Host {
             return;
         };
         if qp == QP_SMI {
+            if mad.get(3) == Some(&0x07) && self.lose_represses > 0 {
+                self.lose_represses -= 1;
+                return;
+            }
             if let Some((r, _)) = self.sma.handle(mad) {
+                if mad.get(3) == Some(&0x02) {
+                    // The SM (and its SA) is where the Sets come from.
+                    self.sm = d.src;
+                }
                 self.out.push_back(frame(self.me, d.src, QP_SMI, &r));
+            }
+            if self.sma.trap().is_none() {
+                self.trap_deadline = None;
             }
             return;
         }
@@ -186,10 +225,14 @@ impl SimNode for Host {
             .values()
             .filter(|q| !q.done)
             .map(|q| q.deadline)
+            .chain(self.trap_deadline)
             .min()
     }
 
     fn handle_timeout(&mut self, now: Instant) {
+        if self.trap_deadline.is_some_and(|t| t <= now) {
+            self.send_trap(now);
+        }
         for q in self
             .queries
             .values_mut()
@@ -203,6 +246,9 @@ impl SimNode for Host {
 }
 
 pub struct SmNode {
+    pub me: SocketAddr,
+    /// A stopped SM: hears nothing, sends nothing.
+    pub dead: bool,
     pub sm: SubnetManager<SocketAddr>,
     pub events: Vec<SmEvent>,
     /// Every MAD the SM sent or received: (QP, MAD), for the tshark check.
@@ -211,9 +257,12 @@ pub struct SmNode {
 
 impl SimNode for SmNode {
     fn addrs(&self) -> Vec<SocketAddr> {
-        vec![addr(1)]
+        vec![self.me]
     }
     fn handle_datagram(&mut self, now: Instant, d: Datagram) {
+        if self.dead {
+            return;
+        }
         if let Some((&qp, mad)) = d.data.split_first() {
             if let Ok(m) = <MadBytes>::try_from(mad) {
                 self.log.push((qp, m));
@@ -225,14 +274,23 @@ impl SimNode for SmNode {
         }
     }
     fn poll_transmit(&mut self, _now: Instant) -> Option<Datagram> {
+        if self.dead {
+            return None;
+        }
         let o = self.sm.poll_transmit()?;
         self.log.push((o.qp, *o.mad));
-        Some(frame(addr(1), o.to, o.qp, &o.mad[..]))
+        Some(frame(self.me, o.to, o.qp, &o.mad[..]))
     }
     fn poll_timeout(&mut self) -> Option<Instant> {
+        if self.dead {
+            return None;
+        }
         self.sm.poll_timeout()
     }
     fn handle_timeout(&mut self, now: Instant) {
+        if self.dead {
+            return;
+        }
         self.sm.handle_timeout(now);
         while let Some(e) = self.sm.poll_event() {
             self.events.push(e);
@@ -301,6 +359,8 @@ pub fn fabric(
     }
     let endpoints = (2..2 + hosts).map(|n| (addr(n), gid(n))).collect();
     sim.add_node(N::Sm(SmNode {
+        me: addr(1),
+        dead: false,
         sm: SubnetManager::new(cfg, endpoints, Instant::ZERO),
         events: Vec::new(),
         log: Vec::new(),
@@ -309,6 +369,51 @@ pub fn fabric(
         sim.add_node(N::Host(Host::new(n, n == 2)));
     }
     Ok(sim)
+}
+
+/// Two SMs: A at 10.0.0.1 (LID 1, node 0) and B after the hosts at
+/// `addr(hosts + 2)` (LID 100, node `hosts + 1`), each listing the other
+/// among its nodes; sweeps every second, polls every 500 ms, 100 ms per
+/// SMP with 2 resends. With a `b_delay`, B starts stopped (`dead`, for
+/// the test to start) and sweeps no earlier than `b_delay`.
+pub fn two_sms(seed: u64, hosts: u8, prio_a: u8, prio_b: u8, b_delay: Duration) -> Simulator<N> {
+    let mut sim = Simulator::new(seed);
+    let b = hosts + 2;
+    let mk = |n: u8, lid: u16, prio: u8, peer: u8, start: Instant, dead: bool| {
+        let mut cfg = SmConfig::new(Guid(0xabc0 + u64::from(n)));
+        cfg.lid = lid;
+        cfg.priority = prio;
+        cfg.sweep_interval = Duration::from_secs(1);
+        cfg.poll_interval = Duration::from_millis(500);
+        cfg.timeout = Duration::from_millis(100);
+        cfg.retries = 2;
+        let mut endpoints: Vec<(SocketAddr, Gid)> =
+            (2..2 + hosts).map(|h| (addr(h), gid(h))).collect();
+        endpoints.push((addr(peer), gid(peer)));
+        N::Sm(SmNode {
+            me: addr(n),
+            dead,
+            sm: SubnetManager::new(cfg, endpoints, start),
+            events: Vec::new(),
+            log: Vec::new(),
+        })
+    };
+    sim.add_node(mk(1, 1, prio_a, b, Instant::ZERO, false));
+    for n in 2..2 + hosts {
+        sim.add_node(N::Host(Host::new(n, false)));
+    }
+    let late = b_delay > Duration::ZERO;
+    sim.add_node(mk(b, 100, prio_b, 1, Instant::ZERO + b_delay, late));
+    sim
+}
+
+/// The SM at simulator node `id` (0 for A; `hosts + 1` for B of
+/// [`two_sms`]).
+pub fn sm_node(sim: &mut Simulator<N>, id: usize) -> &mut SmNode {
+    match sim.node_mut(id) {
+        N::Sm(s) => s,
+        N::Host(_) => unreachable!("node {id} is a host"),
+    }
 }
 
 pub fn host(sim: &mut Simulator<N>, n: u8) -> &mut Host {

@@ -2,13 +2,13 @@
 
 use crate::partitions::{default_partitions, Partition};
 use rdma_access::gsi::{status_reply, MadBytes};
-use rdma_access::sma::{state, SMP_DATA};
+use rdma_access::sma::{state, Sma, SmaConfig, SMP_DATA, TRAP_CAPABILITY_MASK_CHANGE};
 use rdma_mad::mad::{MadStatus, Method, StatusCode, MAD_SIZE};
 use rdma_mad::rmpp::{self, RmppHeader};
 use rdma_mad::sa::{
     InformInfo, PathRecord, SaAttr, SaHeader, ServiceRecord, SA_CLASS_VERSION, SA_HDR_LEN,
 };
-use rdma_mad::smp::{NodeInfo, Notice, PortInfo, SmpAttr};
+use rdma_mad::smp::{cap, NodeInfo, Notice, PortInfo, SmInfo, SmpAttr};
 use rdma_types::{Duration, Gid, Guid, Instant, Pkey};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
@@ -63,6 +63,50 @@ const NODE_RECORD_LEN: usize = 108;
 /// PortInfoRecord length (LID, port, options, PortInfo).
 const PORTINFO_RECORD_LEN: usize = 68;
 
+/// SMInfo:SMState (IBA 14.4.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SmState {
+    /// Not active: neither sweeps nor polls (after a DISABLE).
+    NotActive,
+    /// Discovering: the first sweep, reading only, looking for other SMs.
+    Discovering,
+    /// Standby: polls the master's SMInfo, takes over when it goes.
+    Standby,
+    /// Master: sweeps and configures the subnet.
+    Master,
+}
+
+impl SmState {
+    /// The SMInfo:SMState code.
+    pub fn code(self) -> u8 {
+        match self {
+            SmState::NotActive => 0,
+            SmState::Discovering => 1,
+            SmState::Standby => 2,
+            SmState::Master => 3,
+        }
+    }
+}
+
+/// SMInfo Set attribute modifiers (IBA 14.4.1, table 185).
+pub mod sminfo_control {
+    /// Hand mastership to the receiver.
+    pub const HANDOVER: u32 = 1;
+    /// Acknowledge a handover.
+    pub const ACKNOWLEDGE: u32 = 2;
+    /// Stop being an SM.
+    pub const DISABLE: u32 = 3;
+    /// Become standby.
+    pub const STANDBY: u32 = 4;
+    /// Discover again.
+    pub const DISCOVER: u32 = 5;
+}
+
+/// True if SM `a` outranks SM `b`: higher priority, then lower GUID.
+pub fn outranks(a: &SmInfo, b: &SmInfo) -> bool {
+    a.priority > b.priority || (a.priority == b.priority && a.guid.0 < b.guid.0)
+}
+
 /// How the SM runs.
 #[derive(Debug, Clone)]
 pub struct SmConfig {
@@ -78,6 +122,12 @@ pub struct SmConfig {
     pub retries: u32,
     /// Partitions (default: everyone a full member of 0x7fff).
     pub partitions: Vec<Partition>,
+    /// SMInfo:Priority (0 to 15; the highest is master).
+    pub priority: u8,
+    /// SMInfo:SM_Key (a Set of SMInfo must carry it).
+    pub sm_key: u64,
+    /// Time between a standby's polls of the master's SMInfo.
+    pub poll_interval: Duration,
 }
 
 impl SmConfig {
@@ -90,6 +140,9 @@ impl SmConfig {
             timeout: Duration::from_millis(200),
             retries: 3,
             partitions: default_partitions(),
+            priority: 0,
+            sm_key: 0,
+            poll_interval: Duration::from_secs(3),
         }
     }
 }
@@ -120,6 +173,22 @@ pub enum SmEvent {
         /// Port GUID.
         guid: Guid,
     },
+    /// This SM's SMInfo:SMState changed.
+    State(SmState),
+    /// The master this standby polled stopped answering: this SM takes
+    /// over.
+    MasterLost {
+        /// The old master's GUID.
+        guid: Guid,
+    },
+    /// A port's CapabilityMask changed (trap 144, forwarded to
+    /// subscribers).
+    CapabilityChange {
+        /// Port GUID.
+        guid: Guid,
+        /// The new mask.
+        mask: u32,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -129,6 +198,26 @@ enum Want {
     PortInfo,
     SetPortInfo,
     SetPkeys,
+    /// Get(SMInfo) of a port that says IsSM, during a sweep.
+    SmInfo,
+    /// A standby's Get(SMInfo) of the master.
+    Poll,
+    /// Set(SMInfo, HANDOVER) to an SM that outranks this master.
+    Handover,
+}
+
+/// Where a node is in the current sweep.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    /// Nothing asked.
+    Idle,
+    /// NodeInfo, NodeDescription, PortInfo (and SMInfo) being read.
+    Reading,
+    /// Read, waiting for a new LID until every port has said which LID it
+    /// has (so a LID some port already holds is never given twice).
+    Parked,
+    /// Being configured (PortInfo, P_Key Sets).
+    Configuring,
 }
 
 struct Node<P> {
@@ -140,6 +229,9 @@ struct Node<P> {
     lid: u16,
     in_service: bool,
     busy: bool,
+    stage: Stage,
+    /// SMInfo of the SM behind this port, if it says IsSM.
+    sm: Option<SmInfo>,
 }
 
 struct Pending<P> {
@@ -176,6 +268,10 @@ pub struct SmStats {
     pub reports: u64,
     /// ServiceRecords registered now.
     pub services: u64,
+    /// Polls of the master's SMInfo answered (standby).
+    pub polls: u64,
+    /// Traps received from SMAs (and repressed).
+    pub traps: u64,
 }
 
 /// The subnet manager of a fabric whose nodes it reaches directly.
@@ -192,6 +288,15 @@ pub struct SubnetManager<P> {
     events: VecDeque<SmEvent>,
     next_sweep: Instant,
     stats: SmStats,
+    state: SmState,
+    act_count: u32,
+    /// The SMA of the SM's own port (answers other SMs' sweeps).
+    own: Box<Sma>,
+    /// The node whose SM this standby polls.
+    master: Option<usize>,
+    /// The last traps seen, (sender, TID), so a resent one is repressed
+    /// again but forwarded once.
+    traps_seen: VecDeque<(P, u64)>,
 }
 
 fn smp(method: Method, attr: SmpAttr, modifier: u32) -> MadBytes {
@@ -216,7 +321,19 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
     /// first sweep starts at `now`.
     pub fn new(cfg: SmConfig, endpoints: Vec<(P, Gid)>, now: Instant) -> SubnetManager<P> {
         let next_lid = cfg.lid.max(1) + 1;
+        let mut own = Box::new(Sma::new(SmaConfig {
+            node_guid: cfg.guid,
+            port_guid: cfg.guid,
+            description: "ib-sm".into(),
+            capability_mask: rdma_access::sma::ca_capability_mask(false) | cap::IS_SM,
+        }));
+        own.assume(cfg.lid, cfg.lid, state::ACTIVE);
         SubnetManager {
+            state: SmState::Discovering,
+            act_count: 0,
+            own,
+            master: None,
+            traps_seen: VecDeque::new(),
             nodes: endpoints
                 .into_iter()
                 .map(|(addr, gid)| Node {
@@ -228,6 +345,8 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
                     lid: 0,
                     in_service: false,
                     busy: false,
+                    stage: Stage::Idle,
+                    sm: None,
                 })
                 .collect(),
             cfg,
@@ -247,6 +366,43 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
     /// Counters so far.
     pub fn stats(&self) -> SmStats {
         self.stats
+    }
+
+    /// SMInfo:SMState now.
+    pub fn state(&self) -> SmState {
+        self.state
+    }
+
+    /// This SM's SMInfo (ActCount counts the SMPs it has sent).
+    pub fn sm_info(&self) -> SmInfo {
+        SmInfo {
+            guid: self.cfg.guid,
+            sm_key: self.cfg.sm_key,
+            act_count: self.act_count,
+            priority: self.cfg.priority,
+            sm_state: self.state.code(),
+        }
+    }
+
+    /// The master a standby polls, with the SMInfo of its last answer.
+    pub fn master(&self) -> Option<(P, SmInfo)> {
+        let n = &self.nodes[self.master?];
+        Some((n.addr, n.sm?))
+    }
+
+    /// The other SMs found by sweeps: address and last SMInfo.
+    pub fn peers(&self) -> Vec<(P, SmInfo)> {
+        self.nodes
+            .iter()
+            .filter_map(|n| Some((n.addr, n.sm?)))
+            .collect()
+    }
+
+    fn set_state(&mut self, st: SmState) {
+        if self.state != st {
+            self.state = st;
+            self.events.push_back(SmEvent::State(st));
+        }
     }
 
     /// The next MAD to send.
@@ -295,6 +451,9 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
         mut mad: MadBytes,
     ) {
         self.next_tid += 1;
+        if qp == QP_SMI {
+            self.act_count = self.act_count.wrapping_add(1);
+        }
         let tid = (u64::from(self.cfg.lid) << 48) | self.next_tid;
         mad[8..16].copy_from_slice(&tid.to_be_bytes());
         let mad = Box::new(mad);
@@ -347,30 +506,153 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
                 continue;
             }
             let p = self.pending.remove(&tid).expect("present");
-            if let (Some(i), Some(_)) = (p.node, p.want) {
-                self.node_lost(now, i);
+            if let (Some(i), Some(want)) = (p.node, p.want) {
+                self.node_lost(now, i, want);
             }
             // A Report nobody acknowledged is dropped (the subscriber stays).
         }
         if now >= self.next_sweep {
-            self.next_sweep = now + self.cfg.sweep_interval;
-            self.stats.sweeps += 1;
-            for i in 0..self.nodes.len() {
-                if !self.nodes[i].busy {
-                    self.ask(
-                        now,
-                        i,
-                        Want::NodeInfo,
-                        smp(Method::Get, SmpAttr::NodeInfo, 0),
-                    );
+            match self.state {
+                SmState::Master | SmState::Discovering => self.start_sweep(now),
+                SmState::Standby => {
+                    self.next_sweep = now + self.cfg.poll_interval;
+                    match self.master {
+                        Some(i) if !self.nodes[i].busy => {
+                            self.ask(now, i, Want::Poll, smp(Method::Get, SmpAttr::SmInfo, 0))
+                        }
+                        Some(_) => {}
+                        None => self.start_sweep(now),
+                    }
                 }
+                SmState::NotActive => self.next_sweep = now + self.cfg.sweep_interval,
             }
         }
     }
 
-    fn node_lost(&mut self, now: Instant, i: usize) {
+    fn start_sweep(&mut self, now: Instant) {
+        self.next_sweep = now + self.cfg.sweep_interval;
+        if self.state == SmState::Master {
+            self.stats.sweeps += 1;
+        }
+        for i in 0..self.nodes.len() {
+            if !self.nodes[i].busy {
+                self.nodes[i].stage = Stage::Reading;
+                self.ask(
+                    now,
+                    i,
+                    Want::NodeInfo,
+                    smp(Method::Get, SmpAttr::NodeInfo, 0),
+                );
+            }
+        }
+        self.sweep_progress(now);
+    }
+
+    /// After every answer or loss: a discovering SM decides once nothing
+    /// is being read; a master gives new LIDs once every port has said
+    /// which it holds.
+    fn sweep_progress(&mut self, now: Instant) {
+        if self.nodes.iter().any(|n| n.stage == Stage::Reading) {
+            return;
+        }
+        match self.state {
+            SmState::Discovering => self.decide(now),
+            SmState::Master => {
+                for i in 0..self.nodes.len() {
+                    if self.nodes[i].stage != Stage::Parked {
+                        continue;
+                    }
+                    let guid = self.nodes[i].info.map_or(Guid(0), |x| x.port_guid);
+                    if !self.lid_of.contains_key(&guid) {
+                        let l = self.fresh_lid();
+                        self.lid_of.insert(guid, l);
+                    }
+                    self.configure(now, i, true);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The end of discovery (IBA 14.4.1): a master found is followed; else
+    /// an SM that outranks this one; else this one is master.
+    fn decide(&mut self, now: Instant) {
+        let me = self.sm_info();
+        let mut best: Option<(usize, SmInfo)> = None;
+        for (i, n) in self.nodes.iter().enumerate() {
+            let Some(peer) = n.sm else { continue };
+            if peer.guid == me.guid || peer.sm_state == SmState::NotActive.code() {
+                continue;
+            }
+            let key = |x: &SmInfo| (x.sm_state == SmState::Master.code(), outranks(x, &me));
+            let better = match &best {
+                None => key(&peer) != (false, false),
+                Some((_, b)) => key(&peer) > key(b) || (key(&peer) == key(b) && outranks(&peer, b)),
+            };
+            if better {
+                best = Some((i, peer));
+            }
+        }
+        match best {
+            Some((i, _)) => self.follow(now, i),
+            None => {
+                self.set_state(SmState::Master);
+                self.own.assume(self.cfg.lid, self.cfg.lid, state::ACTIVE);
+                self.start_sweep(now);
+            }
+        }
+    }
+
+    /// Becomes standby polling the SM at node `i`.
+    fn follow(&mut self, now: Instant, i: usize) {
+        self.master = Some(i);
+        self.set_state(SmState::Standby);
+        for n in &mut self.nodes {
+            if n.stage == Stage::Parked {
+                n.stage = Stage::Idle;
+                n.busy = false;
+            }
+        }
+        self.next_sweep = now + self.cfg.poll_interval;
+    }
+
+    /// A LID no port holds or reported, nor the SM's own.
+    fn fresh_lid(&mut self) -> u16 {
+        loop {
+            let l = self.next_lid;
+            self.next_lid = if l >= 0xbfff { 1 } else { l + 1 };
+            let reported = self
+                .nodes
+                .iter()
+                .any(|n| PortInfo::new_checked(&n.port[..]).is_ok_and(|p| p.lid() == l));
+            if l != self.cfg.lid && !reported && !self.lid_of.values().any(|v| *v == l) {
+                return l;
+            }
+        }
+    }
+
+    fn node_lost(&mut self, now: Instant, i: usize, want: Want) {
+        if want == Want::Handover {
+            return; // the peer stays standby; this SM stays master
+        }
         let n = &mut self.nodes[i];
         n.busy = false;
+        n.stage = Stage::Idle;
+        if want == Want::Poll && self.master == Some(i) && self.state == SmState::Standby {
+            // The master is gone: take over (IBA 14.4.1), keeping the LIDs
+            // it gave (the sweep reads them from the ports).
+            let guid = n.sm.map_or(Guid(0), |x| x.guid);
+            n.sm = None;
+            self.master = None;
+            self.events.push_back(SmEvent::MasterLost { guid });
+            self.set_state(SmState::Master);
+            self.own.assume(self.cfg.lid, self.cfg.lid, state::ACTIVE);
+            self.start_sweep(now);
+            return;
+        }
+        n.sm = None;
+        self.sweep_progress(now);
+        let n = &mut self.nodes[i];
         if n.in_service {
             n.in_service = false;
             let gid = n.gid;
@@ -417,18 +699,182 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
         }
         if qp == QP_GSI && mad[1] == 0x03 {
             self.sa_request(now, from, mad);
+        } else if qp == QP_SMI && matches!(mad[1], 0x01 | 0x81) {
+            self.smp_request(now, from, mad);
         }
+    }
+
+    /// An SMP to the SM's own port: SMInfo from another SM, a trap from
+    /// an SMA, anything else to the port's own SMA.
+    fn smp_request(&mut self, now: Instant, from: P, req: &MadBytes) {
+        let method = Method::from(req[3]);
+        let attr = SmpAttr::from(u16::from_be_bytes([req[16], req[17]]));
+        let directed = req[1] == 0x81;
+        let out = |m: MadBytes| Outgoing {
+            to: from,
+            qp: QP_SMI,
+            mad: Box::new(m),
+        };
+        if method == Method::Trap {
+            self.sma_trap(now, from, req);
+            return;
+        }
+        if attr != SmpAttr::SmInfo || !matches!(method, Method::Get | Method::Set) {
+            if let Some((r, _)) = self.own.handle(req) {
+                self.tx.push_back(out(r));
+            }
+            return;
+        }
+        if directed && req[6] != req[7] {
+            return;
+        }
+        let peer = SmInfo::parse(&req[SMP_DATA..SMP_DATA + SmInfo::LEN]).ok();
+        let keyed = peer.is_some_and(|p| p.sm_key == self.cfg.sm_key);
+        let mut status = MadStatus::OK;
+        if method == Method::Set {
+            let modifier = u32::from_be_bytes(req[20..24].try_into().expect("4 bytes"));
+            let from_node = self.nodes.iter().position(|n| n.addr == from);
+            match modifier {
+                _ if !keyed => status = MadStatus::from_code(StatusCode::InvalidAttrValue),
+                sminfo_control::HANDOVER
+                    if matches!(self.state, SmState::Standby | SmState::Discovering) =>
+                {
+                    self.master = None;
+                    self.set_state(SmState::Master);
+                    self.own.assume(self.cfg.lid, self.cfg.lid, state::ACTIVE);
+                    self.start_sweep(now);
+                }
+                sminfo_control::ACKNOWLEDGE => {}
+                sminfo_control::DISABLE => {
+                    self.master = None;
+                    self.set_state(SmState::NotActive);
+                }
+                sminfo_control::DISCOVER => {
+                    self.master = None;
+                    self.set_state(SmState::Discovering);
+                    self.start_sweep(now);
+                }
+                sminfo_control::STANDBY if from_node.is_some() => {
+                    self.follow(now, from_node.expect("some"));
+                }
+                _ => status = MadStatus::from_code(StatusCode::InvalidAttrValue),
+            }
+        }
+        let mut r = status_reply(req, status);
+        let mut me = self.sm_info();
+        if !keyed {
+            me.sm_key = 0; // the key is shown only to who knows it
+        }
+        me.emit(&mut r[SMP_DATA..SMP_DATA + SmInfo::LEN]);
+        if directed {
+            r[4] |= 0x80;
+        }
+        self.tx.push_back(out(r));
+    }
+
+    /// A Trap from a port's SMA: repressed (always, so a resent one stops
+    /// too) and, the first time, forwarded as a Report to subscribers.
+    /// Trap 144 also updates the port's CapabilityMask the SA answers with.
+    fn sma_trap(&mut self, now: Instant, from: P, req: &MadBytes) {
+        if SmpAttr::from(u16::from_be_bytes([req[16], req[17]])) != SmpAttr::Notice {
+            return;
+        }
+        let mut r = *req;
+        r[3] = u8::from(Method::TrapRepress);
+        if req[1] == 0x81 {
+            r[4] |= 0x80;
+        }
+        self.tx.push_back(Outgoing {
+            to: from,
+            qp: QP_SMI,
+            mad: Box::new(r),
+        });
+        let tid = u64::from_be_bytes(req[8..16].try_into().expect("8 bytes"));
+        if self.traps_seen.contains(&(from, tid)) {
+            return;
+        }
+        if self.traps_seen.len() >= 64 {
+            self.traps_seen.pop_front();
+        }
+        self.traps_seen.push_back((from, tid));
+        self.stats.traps += 1;
+        let mut full = [0u8; Notice::LEN];
+        full[..64].copy_from_slice(&req[SMP_DATA..SMP_DATA + 64]);
+        let Ok(mut notice) = Notice::parse(&full) else {
+            return;
+        };
+        let node = self.nodes.iter().position(|n| n.addr == from);
+        if let Some(i) = node {
+            notice.issuer_gid = self.nodes[i].gid;
+        }
+        if notice.is_generic && notice.trap_number == TRAP_CAPABILITY_MASK_CHANGE {
+            let mask = u32::from_be_bytes(notice.data_details[6..10].try_into().expect("4"));
+            if let Some(i) = node {
+                let n = &mut self.nodes[i];
+                PortInfo::new_checked(&mut n.port[..])
+                    .expect("64 bytes")
+                    .set_capability_mask(mask);
+                let guid = n.info.map_or(Guid(0), |x| x.port_guid);
+                self.events
+                    .push_back(SmEvent::CapabilityChange { guid, mask });
+            }
+        }
+        self.report(now, &notice);
     }
 
     fn smp_answer(&mut self, now: Instant, i: usize, want: Want, mad: &MadBytes) {
         let ok = u16::from_be_bytes([mad[4], mad[5]]) & 0x7fff == 0;
         let data = &mad[SMP_DATA..SMP_DATA + 64];
+        match want {
+            Want::Poll => {
+                // Any answer shows the master alive.
+                self.nodes[i].busy = false;
+                self.stats.polls += 1;
+                if let Ok(info) = SmInfo::parse(&data[..SmInfo::LEN]) {
+                    self.nodes[i].sm = Some(info);
+                }
+                return;
+            }
+            Want::Handover => {
+                if ok && self.state == SmState::Master {
+                    self.follow(now, i);
+                }
+                return;
+            }
+            _ => {}
+        }
         if !ok {
             // The port refused: start over at the next sweep.
             self.nodes[i].busy = false;
+            self.nodes[i].stage = Stage::Idle;
+            self.sweep_progress(now);
             return;
         }
         match want {
+            Want::Poll | Want::Handover => {}
+            Want::SmInfo => {
+                let Ok(peer) = SmInfo::parse(&data[..SmInfo::LEN]) else {
+                    self.after_read(now, i);
+                    return;
+                };
+                self.nodes[i].sm = Some(peer);
+                let me = self.sm_info();
+                if self.state == SmState::Master && peer.guid != me.guid && outranks(&peer, &me) {
+                    if peer.sm_state == SmState::Master.code() {
+                        // Two masters: the lesser yields.
+                        self.follow(now, i);
+                        return;
+                    }
+                    if peer.sm_state == SmState::Standby.code() {
+                        // An SM that outranks this one joined: hand over.
+                        let mut m = smp(Method::Set, SmpAttr::SmInfo, sminfo_control::HANDOVER);
+                        me.emit(&mut m[SMP_DATA..SMP_DATA + SmInfo::LEN]);
+                        let to = self.nodes[i].addr;
+                        self.send(now, Some(i), to, QP_SMI, Some(Want::Handover), m);
+                    }
+                }
+                self.after_read(now, i);
+            }
             Want::NodeInfo => {
                 let Ok(info) = NodeInfo::parse(data) else {
                     self.nodes[i].busy = false;
@@ -451,51 +897,24 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
                     smp(Method::Get, SmpAttr::PortInfo, 0),
                 );
             }
-            Want::PortInfo | Want::SetPortInfo => {
+            Want::PortInfo => {
                 self.nodes[i].port.copy_from_slice(data);
-                let guid = self.nodes[i].info.map_or(Guid(0), |x| x.port_guid);
-                let lid = match self.lid_of.get(&guid) {
-                    Some(l) => *l,
-                    None => {
-                        let l = self.next_lid;
-                        self.next_lid += 1;
-                        self.lid_of.insert(guid, l);
-                        l
-                    }
-                };
-                self.nodes[i].lid = lid;
                 let pi = PortInfo::new_checked(data).expect("64 bytes");
-                let next = match pi.port_state() {
-                    state::INIT => Some(state::ARMED),
-                    state::ARMED => Some(state::ACTIVE),
-                    _ if pi.lid() != lid || pi.sm_lid() != self.cfg.lid => Some(0),
-                    _ => None,
-                };
-                match next {
-                    Some(st) if want == Want::PortInfo || st != 0 => {
-                        let mut m = smp(Method::Set, SmpAttr::PortInfo, 0);
-                        let mut p = PortInfo::new_checked(&mut m[SMP_DATA..SMP_DATA + 64])
-                            .expect("64 bytes");
-                        p.set_lid(lid);
-                        p.set_sm_lid(self.cfg.lid);
-                        p.set_subnet_timeout(18);
-                        p.set_port_state(st);
-                        self.ask(now, i, Want::SetPortInfo, m);
-                    }
-                    _ => {
-                        let wanted = self.pkeys_for(guid);
-                        let mut m = smp(Method::Set, SmpAttr::PkeyTable, 0);
-                        for (k, v) in wanted.iter().enumerate() {
-                            m[SMP_DATA + 2 * k..SMP_DATA + 2 * k + 2]
-                                .copy_from_slice(&v.to_be_bytes());
-                        }
-                        self.ask(now, i, Want::SetPkeys, m);
-                    }
+                if pi.capability_mask() & cap::IS_SM != 0 {
+                    self.ask(now, i, Want::SmInfo, smp(Method::Get, SmpAttr::SmInfo, 0));
+                } else {
+                    self.nodes[i].sm = None;
+                    self.after_read(now, i);
                 }
+            }
+            Want::SetPortInfo => {
+                self.nodes[i].port.copy_from_slice(data);
+                self.configure(now, i, false);
             }
             Want::SetPkeys => {
                 let n = &mut self.nodes[i];
                 n.busy = false;
+                n.stage = Stage::Idle;
                 if !n.in_service {
                     n.in_service = true;
                     let (gid, lid) = (n.gid, n.lid);
@@ -505,6 +924,72 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
                 }
             }
         }
+    }
+
+    /// Configures node `i` whose PortInfo was just read (`first`) or set:
+    /// its LID (the one it already has if no other port holds it: a new
+    /// master keeps the old one's LIDs), the master SM LID, the state walk
+    /// to ACTIVE, then the P_Key table.
+    fn configure(&mut self, now: Instant, i: usize, first: bool) {
+        let guid = self.nodes[i].info.map_or(Guid(0), |x| x.port_guid);
+        let pi = PortInfo::new_checked(&self.nodes[i].port[..]).expect("64 bytes");
+        let (reported, port_state, sm_lid) = (pi.lid(), pi.port_state(), pi.sm_lid());
+        let lid = match self.lid_of.get(&guid) {
+            Some(l) => *l,
+            None if reported != 0
+                && reported < 0xc000
+                && reported != self.cfg.lid
+                && !self.lid_of.values().any(|v| *v == reported) =>
+            {
+                self.lid_of.insert(guid, reported);
+                reported
+            }
+            None => {
+                // A new LID once every port has said which it holds.
+                self.nodes[i].stage = Stage::Parked;
+                return;
+            }
+        };
+        self.nodes[i].stage = Stage::Configuring;
+        self.nodes[i].lid = lid;
+        let next = match port_state {
+            state::INIT => Some(state::ARMED),
+            state::ARMED => Some(state::ACTIVE),
+            _ if reported != lid || sm_lid != self.cfg.lid => Some(0),
+            _ => None,
+        };
+        match next {
+            Some(st) if first || st != 0 => {
+                let mut m = smp(Method::Set, SmpAttr::PortInfo, 0);
+                let mut p =
+                    PortInfo::new_checked(&mut m[SMP_DATA..SMP_DATA + 64]).expect("64 bytes");
+                p.set_lid(lid);
+                p.set_sm_lid(self.cfg.lid);
+                p.set_subnet_timeout(18);
+                p.set_port_state(st);
+                self.ask(now, i, Want::SetPortInfo, m);
+            }
+            _ => {
+                let wanted = self.pkeys_for(guid);
+                let mut m = smp(Method::Set, SmpAttr::PkeyTable, 0);
+                for (k, v) in wanted.iter().enumerate() {
+                    m[SMP_DATA + 2 * k..SMP_DATA + 2 * k + 2].copy_from_slice(&v.to_be_bytes());
+                }
+                self.ask(now, i, Want::SetPkeys, m);
+            }
+        }
+    }
+
+    /// A node's port is read: a master configures it, a discovering or
+    /// standby SM only looks.
+    fn after_read(&mut self, now: Instant, i: usize) {
+        if self.state == SmState::Master {
+            self.configure(now, i, true);
+        } else {
+            self.nodes[i].busy = false;
+            self.nodes[i].stage = Stage::Idle;
+        }
+        self.sweep_progress(now);
     }
 
     /// Sends trap `number` about `gid` to every subscriber of it.
@@ -522,6 +1007,12 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
             data_details: details,
             issuer_gid: Gid([0; 16]),
         };
+        self.report(now, &notice);
+    }
+
+    /// Sends `notice` as a Report to every subscriber of its trap.
+    fn report(&mut self, now: Instant, notice: &Notice) {
+        let number = notice.trap_number;
         let targets: Vec<P> = self
             .subscribers
             .iter()

@@ -14,11 +14,21 @@
 //! are answered when this port is their end (hop pointer equal to hop
 //! count, as for a CA); LID-routed ones always. M_Key checking is not done
 //! (M_Key 0, as an unmanaged port has).
+//!
+//! Traps: when the port's CapabilityMask changes while an SM manages it
+//! (master SM LID set), the agent raises trap 144 (IBA 14.2.5.1: a
+//! LID-routed Trap(Notice) to the SM, producer CA, data details LID,
+//! new CapabilityMask); [`Sma::trap`] is that MAD until the SM's
+//! TrapRepress with its TID arrives, so the driver sends it and sends it
+//! again until then.
 
 use crate::gsi::{status_reply, MadBytes};
 use rdma_mad::mad::{MadStatus, Method, StatusCode, MAD_SIZE};
-use rdma_mad::smp::{cap, NodeInfo, PortInfo, SmpAttr};
+use rdma_mad::smp::{cap, NodeInfo, Notice, PortInfo, SmpAttr};
 use rdma_types::{Guid, Pkey};
+
+/// Trap 144: a port's CapabilityMask changed (IBA 14.2.5.1).
+pub const TRAP_CAPABILITY_MASK_CHANGE: u16 = 144;
 
 /// Where SMP attribute data starts.
 pub const SMP_DATA: usize = 64;
@@ -67,6 +77,8 @@ pub struct Sma {
     port: [u8; 64],
     pkeys: [u16; 32],
     description: String,
+    trap: Option<MadBytes>,
+    trap_tid: u64,
 }
 
 impl Sma {
@@ -106,6 +118,8 @@ impl Sma {
             port,
             pkeys,
             description: cfg.description,
+            trap: None,
+            trap_tid: 0,
         }
     }
 
@@ -141,10 +155,63 @@ impl Sma {
 
     /// Changes the capability mask (a client registering a service, as the
     /// DM agent sets IsDeviceManagementSupported).
+    /// If the mask changed and an SM manages the port, trap 144 is raised
+    /// (see [`Sma::trap`]); a newer change replaces an unanswered trap.
     pub fn set_capability_mask(&mut self, mask: u32) {
+        if mask == self.capability_mask() {
+            return;
+        }
         PortInfo::new_checked(&mut self.port[..])
             .expect("64 bytes")
             .set_capability_mask(mask);
+        if self.sm_lid() == 0 {
+            return; // nobody to tell: the SM reads the mask when it comes
+        }
+        self.trap_tid += 1;
+        let mut m = [0u8; MAD_SIZE];
+        m[0] = 1;
+        m[1] = 0x01; // LID-routed, to the master SM LID
+        m[2] = 1;
+        m[3] = u8::from(Method::Trap);
+        m[8..16].copy_from_slice(&(0x5411_0000_0000_0000 | self.trap_tid).to_be_bytes());
+        m[16..18].copy_from_slice(&u16::from(SmpAttr::Notice).to_be_bytes());
+        // Data details of trap 144: reserved 2, LID 2, reserved 1, flags 1,
+        // new CapabilityMask 4, reserved 2, change flags 2, CapabilityMask2.
+        let mut details = [0u8; 54];
+        details[2..4].copy_from_slice(&self.lid().to_be_bytes());
+        details[6..10].copy_from_slice(&mask.to_be_bytes());
+        let notice = Notice {
+            is_generic: true,
+            notice_type: 4,   // informational
+            producer_type: 1, // channel adapter
+            trap_number: TRAP_CAPABILITY_MASK_CHANGE,
+            issuer_lid: self.lid(),
+            toggle: false,
+            count: 0,
+            data_details: details,
+            issuer_gid: rdma_types::Gid([0; 16]),
+        };
+        // An SMP carries 64 bytes of data: the notice without its issuer
+        // GID, which the SM fills in from the sender when it forwards it.
+        let mut full = [0u8; Notice::LEN];
+        notice.emit(&mut full);
+        m[SMP_DATA..SMP_DATA + 64].copy_from_slice(&full[..64]);
+        self.trap = Some(m);
+    }
+
+    /// The trap the SM has not yet repressed: to send, and to send again
+    /// until [`Sma::handle`] sees its TrapRepress.
+    pub fn trap(&self) -> Option<&MadBytes> {
+        self.trap.as_ref()
+    }
+
+    /// Sets what the SM's own port is when the SM configures it itself
+    /// (no SMPs): its LID, the master SM LID, and the port state.
+    pub fn assume(&mut self, lid: u16, sm_lid: u16, port_state: u8) {
+        let mut p = PortInfo::new_checked(&mut self.port[..]).expect("64 bytes");
+        p.set_lid(lid);
+        p.set_sm_lid(sm_lid);
+        p.set_port_state(port_state);
     }
 
     /// The link went down and came back (a cable pulled, a port reset):
@@ -165,6 +232,14 @@ impl Sma {
     pub fn handle(&mut self, smp: &[u8]) -> Option<(MadBytes, Vec<SmaAction>)> {
         let req: &MadBytes = smp.get(..MAD_SIZE)?.try_into().ok()?;
         if req[0] != 1 || !matches!(req[1], 0x01 | 0x81) || req[3] & 0x80 != 0 {
+            return None;
+        }
+        if Method::from(req[3]) == Method::TrapRepress {
+            // The SM heard our trap: stop sending it. Nothing answers a
+            // TrapRepress (IBA 13.4.7).
+            if self.trap.as_ref().is_some_and(|t| t[8..16] == req[8..16]) {
+                self.trap = None;
+            }
             return None;
         }
         let directed = req[1] == 0x81;
@@ -371,5 +446,38 @@ mod tests {
         let (_, a) = s.handle(&set(0, 1, state::DOWN)).unwrap();
         assert_eq!(a, vec![SmaAction::State(state::INIT)]);
         assert_eq!(s.lid(), 5, "LID 0 in a Set leaves the LID alone");
+    }
+
+    #[test]
+    fn capability_change_raises_trap_144_until_repressed() {
+        let mut s = sma();
+        // No SM yet: nobody to tell.
+        s.set_capability_mask(ca_capability_mask(false));
+        assert!(s.trap().is_none());
+        s.assume(7, 1, state::ACTIVE);
+        s.set_capability_mask(ca_capability_mask(false)); // unchanged
+        assert!(s.trap().is_none());
+        s.set_capability_mask(ca_capability_mask(true));
+        let t = *s.trap().expect("trap raised");
+        assert_eq!((t[1], t[3]), (0x01, 0x05), "LID-routed Trap");
+        assert_eq!(u16::from_be_bytes([t[16], t[17]]), 0x0002, "Notice");
+        let mut full = [0u8; Notice::LEN];
+        full[..64].copy_from_slice(&t[SMP_DATA..SMP_DATA + 64]);
+        let n = Notice::parse(&full).unwrap();
+        assert_eq!((n.trap_number, n.issuer_lid, n.producer_type), (144, 7, 1));
+        assert_eq!(&n.data_details[2..4], &7u16.to_be_bytes());
+        assert_eq!(
+            u32::from_be_bytes(n.data_details[6..10].try_into().unwrap()),
+            ca_capability_mask(true)
+        );
+        // A TrapRepress with another TID leaves it; the right one clears it.
+        let mut rep = t;
+        rep[3] = 0x07;
+        rep[15] ^= 0xff;
+        assert!(s.handle(&rep).is_none());
+        assert!(s.trap().is_some());
+        rep[15] ^= 0xff;
+        assert!(s.handle(&rep).is_none(), "nothing answers a TrapRepress");
+        assert!(s.trap().is_none());
     }
 }

@@ -6,7 +6,11 @@
 //! `ib` personality (`ib_sm::port`): it sweeps the nodes it is given
 //! (UDP has no switches to discover them through), brings their ports
 //! ACTIVE with LIDs and P_Key tables, and answers SA queries until
-//! SIGTERM/SIGINT, or by itself after `--once` / `--sweeps N`.
+//! SIGTERM/SIGINT, or by itself after `--once` / `--sweeps N`. Two
+//! `ibsm run`s that list each other among their nodes elect a master
+//! (`--priority`, then the lower GUID); the other is standby, polls the
+//! master's SMInfo every `--poll-interval-ms` and takes over when it stops
+//! answering.
 
 use clap::{Parser, Subcommand};
 use ib_sm::port::SmPort;
@@ -85,6 +89,13 @@ struct RunArgs {
     /// The SM's own LID.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=0xbfff))]
     lid: u16,
+    /// SMInfo priority (0 to 15): with other SMs among the nodes, the
+    /// highest (then the lowest GUID) is master, the others standby.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=15))]
+    priority: u8,
+    /// Milliseconds between a standby's polls of the master.
+    #[arg(long, default_value_t = 3_000, value_parser = clap::value_parser!(u64).range(10..=3_600_000))]
+    poll_interval_ms: u64,
     /// Stop after the first sweep; fail unless every node came up.
     #[arg(long, conflicts_with = "sweeps")]
     once: bool,
@@ -176,6 +187,8 @@ fn run_sm(args: RunArgs) -> Result<(), String> {
     cfg.sweep_interval = Duration::from_millis(args.sweep_interval_ms);
     cfg.timeout = Duration::from_millis(args.timeout_ms);
     cfg.retries = args.retries;
+    cfg.priority = args.priority;
+    cfg.poll_interval = Duration::from_millis(args.poll_interval_ms);
     let nic = SoftRoce::new(
         vec![SoftCa {
             guid,
@@ -203,12 +216,7 @@ fn run_sm(args: RunArgs) -> Result<(), String> {
     loop {
         port.step(std::time::Duration::from_millis(50));
         while let Some(e) = port.poll_event() {
-            match e {
-                SmEvent::PortUp { guid, lid } => {
-                    println!("port {:#018x} ACTIVE, LID {lid}", guid.0)
-                }
-                SmEvent::PortDown { guid } => println!("port {:#018x} gone", guid.0),
-            }
+            println!("{}", describe(&e));
         }
         if let Some(sig) = signals.pending() {
             println!("ibsm: signal {sig}, stopping");
@@ -238,6 +246,27 @@ fn run_sm(args: RunArgs) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// One line for the log.
+fn describe(e: &SmEvent) -> String {
+    match e {
+        SmEvent::PortUp { guid, lid } => format!("port {:#018x} ACTIVE, LID {lid}", guid.0),
+        SmEvent::PortDown { guid } => format!("port {:#018x} gone", guid.0),
+        SmEvent::State(s) => format!("ibsm: SM state {}", format!("{s:?}").to_uppercase()),
+        SmEvent::MasterLost { guid } => {
+            format!(
+                "ibsm: master {:#018x} stopped answering: taking over",
+                guid.0
+            )
+        }
+        SmEvent::CapabilityChange { guid, mask } => {
+            format!(
+                "port {:#018x} capability mask {mask:#010x} (trap 144)",
+                guid.0
+            )
+        }
+    }
 }
 
 fn run(cmd: Cmd) -> Result<(), String> {
@@ -287,12 +316,7 @@ fn run(cmd: Cmd) -> Result<(), String> {
             let mut sim = fabric(seed, loss, text.as_deref(), hosts).map_err(|e| e.to_string())?;
             let r = sim.run_until(Duration::from_secs(120), |s| all_active(s, hosts));
             for e in std::mem::take(&mut sm(&mut sim).events) {
-                match e {
-                    SmEvent::PortUp { guid, lid } => {
-                        println!("port {:#018x} ACTIVE, LID {lid}", guid.0)
-                    }
-                    SmEvent::PortDown { guid } => println!("port {:#018x} gone", guid.0),
-                }
+                println!("{}", describe(&e));
             }
             if r != rdma_sim::RunOutcome::Done {
                 return Err(format!("the fabric did not come up: {r:?}"));

@@ -1,0 +1,231 @@
+//! Two subnet managers over the simulator (`ib_sm::sim::two_sms`): the
+//! election by SMInfo, a standby polling the master, the takeover when
+//! the master goes silent (keeping the LIDs it gave), the handover to an
+//! SM of higher priority joining later; and trap 144 from an SMA through
+//! the SM to a subscriber.
+
+use ib_sm::sim::{addr, gid, host, sm_node, two_sms, N};
+use ib_sm::sm::{portinfo_comp, SmState};
+use ib_sm::SmEvent;
+use rdma_access::sma::{ca_capability_mask, state};
+use rdma_mad::sa::SaAttr;
+use rdma_mad::smp::{cap, PortInfo};
+use rdma_sim::{RunOutcome, Simulator};
+use rdma_types::{Duration, Guid};
+
+const HOSTS: u8 = 3;
+/// Simulator node ids of the two SMs.
+const A: usize = 0;
+const B: usize = HOSTS as usize + 1;
+const LID_A: u16 = 1;
+const LID_B: u16 = 100;
+
+fn state(sim: &mut Simulator<N>, id: usize) -> SmState {
+    sm_node(sim, id).sm.state()
+}
+
+/// Every host ACTIVE with `sm_lid` as its master SM LID.
+fn hosts_managed_by(sim: &mut Simulator<N>, sm_lid: u16) -> bool {
+    (2..2 + HOSTS).all(|n| {
+        let s = &host(sim, n).sma;
+        s.port_state() == state::ACTIVE && s.sm_lid() == sm_lid
+    })
+}
+
+fn lids(sim: &mut Simulator<N>) -> Vec<u16> {
+    (2..2 + HOSTS).map(|n| host(sim, n).sma.lid()).collect()
+}
+
+/// Runs until `a` is master, `b` standby polling it, and the hosts follow
+/// `a`.
+fn elected(sim: &mut Simulator<N>, a: usize, b: usize, lid: u16) {
+    let r = sim.run_until(Duration::from_secs(10), |s| {
+        state(s, a) == SmState::Master
+            && state(s, b) == SmState::Standby
+            && hosts_managed_by(s, lid)
+    });
+    assert_eq!(r, RunOutcome::Done, "no election");
+}
+
+#[test]
+fn the_higher_priority_sm_is_master_and_the_other_polls_it() {
+    let mut sim = two_sms(1, HOSTS, 1, 5, Duration::ZERO);
+    elected(&mut sim, B, A, LID_B);
+    let b_guid = sm_node(&mut sim, B).sm.sm_info().guid;
+    let (at, info) = sm_node(&mut sim, A).sm.master().expect("standby follows B");
+    assert_eq!((at, info.guid), (addr(HOSTS + 2), b_guid));
+    // LIDs: unique, and neither SM's own.
+    let mut l = lids(&mut sim);
+    l.sort();
+    l.dedup();
+    assert_eq!(l.len(), usize::from(HOSTS));
+    assert!(l.iter().all(|x| *x != LID_A && *x != LID_B), "{l:?}");
+    // The standby keeps polling, and the master's ActCount advances.
+    let polls0 = sm_node(&mut sim, A).sm.stats().polls;
+    let act0 = sm_node(&mut sim, A).sm.master().unwrap().1.act_count;
+    sim.run_idle(Duration::from_secs(3));
+    let polls1 = sm_node(&mut sim, A).sm.stats().polls;
+    let act1 = sm_node(&mut sim, A).sm.master().unwrap().1.act_count;
+    assert!(polls1 >= polls0 + 4, "polls {polls0} -> {polls1}");
+    assert!(act1 > act0, "ActCount {act0} -> {act1}");
+    assert_eq!(state(&mut sim, A), SmState::Standby);
+    assert_eq!(
+        sm_node(&mut sim, A).sm.stats().sweeps,
+        0,
+        "a standby does not sweep"
+    );
+    assert!(hosts_managed_by(&mut sim, LID_B));
+}
+
+#[test]
+fn equal_priorities_elect_the_lower_guid() {
+    let mut sim = two_sms(2, HOSTS, 3, 3, Duration::ZERO);
+    let (ga, gb) = (
+        sm_node(&mut sim, A).sm.sm_info().guid,
+        sm_node(&mut sim, B).sm.sm_info().guid,
+    );
+    assert!(ga.0 < gb.0);
+    elected(&mut sim, A, B, LID_A);
+}
+
+#[test]
+fn the_standby_takes_over_a_silent_master_keeping_its_lids() {
+    let mut sim = two_sms(3, HOSTS, 5, 1, Duration::ZERO);
+    elected(&mut sim, A, B, LID_A);
+    let before = lids(&mut sim);
+    let a_guid = sm_node(&mut sim, A).sm.sm_info().guid;
+    sm_node(&mut sim, B).events.clear();
+    sm_node(&mut sim, A).dead = true;
+    let t0 = sim.now();
+    let r = sim.run_until(Duration::from_secs(10), |s| {
+        state(s, B) == SmState::Master
+            && hosts_managed_by(s, LID_B)
+            && sm_node(s, B).sm.active_ports().len() == usize::from(HOSTS)
+    });
+    assert_eq!(r, RunOutcome::Done, "no takeover");
+    let took = sim.now().saturating_since(t0);
+    // Poll interval 500 ms + 3 tries of 100 ms, then one sweep.
+    assert!(took < Duration::from_secs(2), "took {took:?}");
+    assert_eq!(lids(&mut sim), before, "the new master renumbered");
+    let ev = sm_node(&mut sim, B).events.clone();
+    assert!(ev.contains(&SmEvent::MasterLost { guid: a_guid }), "{ev:?}");
+    assert!(ev.contains(&SmEvent::State(SmState::Master)), "{ev:?}");
+    let mut active: Vec<Guid> = sm_node(&mut sim, B)
+        .sm
+        .active_ports()
+        .iter()
+        .map(|p| p.0)
+        .collect();
+    active.sort();
+    let mut want: Vec<Guid> = (2..2 + HOSTS).map(ib_sm::sim::port_guid).collect();
+    want.sort();
+    assert_eq!(active, want);
+    // The hosts' SA now answers from B.
+    let segs = ib_sm::sim::run_query(&mut sim, 2, 0x12, SaAttr::PortInfoRecord, 0, &[0; 68])
+        .expect("the new master's SA answers");
+    let (_, recs) = ib_sm::sim::table(&segs).unwrap();
+    assert_eq!(recs.len(), usize::from(HOSTS));
+}
+
+#[test]
+fn a_higher_priority_sm_joining_later_gets_a_handover() {
+    let mut sim = two_sms(4, HOSTS, 1, 9, Duration::from_secs(3));
+    let r = sim.run_until(Duration::from_secs(10), |s| {
+        state(s, A) == SmState::Master && hosts_managed_by(s, LID_A)
+    });
+    assert_eq!(r, RunOutcome::Done);
+    let before = lids(&mut sim);
+    sm_node(&mut sim, B).dead = false; // B starts: it sweeps from 3 s on
+    elected(&mut sim, B, A, LID_B);
+    assert!(sim.now() > rdma_types::Instant::ZERO + Duration::from_secs(3));
+    assert_eq!(lids(&mut sim), before, "handover renumbered");
+    let ev = &sm_node(&mut sim, A).events;
+    assert!(ev.contains(&SmEvent::State(SmState::Standby)), "{ev:?}");
+    let ev = &sm_node(&mut sim, B).events;
+    assert!(
+        !ev.iter().any(|e| matches!(e, SmEvent::MasterLost { .. })),
+        "a handover, not a takeover: {ev:?}"
+    );
+}
+
+#[test]
+fn trap_144_reaches_subscribers_and_the_sa_and_is_repressed() {
+    let mut sim = ib_sm::sim::fabric(5, 0.0, None, 4).unwrap();
+    let r = sim.run_until(Duration::from_secs(10), |s| ib_sm::sim::all_active(s, 4));
+    assert_eq!(r, RunOutcome::Done);
+    assert!(ib_sm::sim::subscribe(&mut sim, 3));
+    // Before: host 4 does not offer device management.
+    let mut q = [0u8; 68];
+    PortInfo::new_checked(&mut q[4..68])
+        .unwrap()
+        .set_capability_mask(cap::IS_DEVICE_MGMT_SUPPORTED);
+    let dm_lids = |sim: &mut Simulator<N>| -> Vec<u16> {
+        let segs = ib_sm::sim::run_query(
+            sim,
+            5,
+            0x12,
+            SaAttr::PortInfoRecord,
+            portinfo_comp::CAPMASK,
+            &q,
+        )
+        .expect("SA answers");
+        let (_, recs) = ib_sm::sim::table(&segs).unwrap();
+        recs.iter()
+            .map(|r| u16::from_be_bytes([r[0], r[1]]))
+            .collect()
+    };
+    let lid4 = host(&mut sim, 4).sma.lid();
+    assert!(!dm_lids(&mut sim).contains(&lid4));
+    // A DM agent registers on host 4: its SMA raises trap 144.
+    let now = sim.now();
+    host(&mut sim, 4).set_capability_mask(now, ca_capability_mask(true));
+    let r = sim.run_until(Duration::from_secs(5), |s| {
+        host(s, 4).sma.trap().is_none() && host(s, 3).notices.iter().any(|n| n.trap_number == 144)
+    });
+    assert_eq!(r, RunOutcome::Done, "trap not repressed or not forwarded");
+    let n = *host(&mut sim, 3)
+        .notices
+        .iter()
+        .find(|n| n.trap_number == 144)
+        .unwrap();
+    assert_eq!((n.issuer_lid, n.issuer_gid), (lid4, gid(4)));
+    assert_eq!(
+        u32::from_be_bytes(n.data_details[6..10].try_into().unwrap()),
+        ca_capability_mask(true)
+    );
+    assert_eq!(host(&mut sim, 4).traps_sent, 1, "repressed the first time");
+    let ev = &ib_sm::sim::sm(&mut sim).events;
+    assert!(ev.contains(&SmEvent::CapabilityChange {
+        guid: ib_sm::sim::port_guid(4),
+        mask: ca_capability_mask(true)
+    }));
+    // The SA's PortInfoRecords show it at once.
+    assert!(dm_lids(&mut sim).contains(&lid4));
+}
+
+#[test]
+fn a_lost_trap_144_is_sent_again_and_forwarded_once() {
+    let mut sim = ib_sm::sim::fabric(6, 0.0, None, 2).unwrap();
+    let r = sim.run_until(Duration::from_secs(10), |s| ib_sm::sim::all_active(s, 2));
+    assert_eq!(r, RunOutcome::Done);
+    assert!(ib_sm::sim::subscribe(&mut sim, 2));
+    // The first TrapRepress is lost on its way to host 3.
+    host(&mut sim, 3).lose_represses = 1;
+    let now = sim.now();
+    host(&mut sim, 3).set_capability_mask(now, ca_capability_mask(true));
+    let r = sim.run_until(Duration::from_secs(5), |s| host(s, 3).sma.trap().is_none());
+    assert_eq!(r, RunOutcome::Done);
+    assert_eq!(host(&mut sim, 3).traps_sent, 2);
+    assert_eq!(
+        ib_sm::sim::sm(&mut sim).sm.stats().traps,
+        1,
+        "one trap, sent twice"
+    );
+    sim.run_idle(Duration::from_millis(500));
+    let n = host(&mut sim, 2)
+        .notices
+        .iter()
+        .filter(|n| n.trap_number == 144)
+        .count();
+    assert_eq!(n, 1, "forwarded once");
+}
