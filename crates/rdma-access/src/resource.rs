@@ -175,6 +175,11 @@ pub enum PnpEvent {
     LidChange(Guid, PortNum),
     /// A port's P_Key table changed.
     PkeyChange(Guid, PortNum),
+    /// A port's master SM changed (a new master set its SM LID): SA
+    /// clients subscribe to traps again and re-register services, since
+    /// the new master's SA does not inherit the old one's state (as Linux
+    /// clients and srp_daemon re-register on IB_EVENT_SM_CHANGE).
+    SmChange(Guid, PortNum),
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -285,6 +290,7 @@ impl EventHandler for PnpWatch {
             AsyncEventKind::PortDown => PnpEvent::PortDown(self.guid, port),
             AsyncEventKind::LidChange => PnpEvent::LidChange(self.guid, port),
             AsyncEventKind::PkeyChange => PnpEvent::PkeyChange(self.guid, port),
+            AsyncEventKind::SmChange => PnpEvent::SmChange(self.guid, port),
             AsyncEventKind::CaRemoval => PnpEvent::CaRemoved(self.guid),
             _ => return,
         };

@@ -17,6 +17,11 @@
 //! InfiniBand a node reaches the SA through the master SM LID; over UDP a
 //! LID routes nothing, so the GID stands in for it.)
 //!
+//! Traps: [`SmaAgent::set_capability_mask`] (a DM agent registering, say)
+//! makes the SMA raise trap 144 (see [`crate::sma`]); the thread sends it
+//! to the SM (the GID of the last Set) and again every 500 ms, at most 8
+//! times, until the SM's TrapRepress arrives.
+//!
 //! What it refuses: a port without QP0 (a `roce` port): `start` fails.
 
 use crate::agent::{CmAgent, CmError, MadAgent};
@@ -34,6 +39,10 @@ const SMP_LID_ROUTED: u8 = 0x01;
 /// How long the thread waits on one class before looking at the other and
 /// at the stop flag.
 const POLL: Duration = Duration::from_millis(20);
+/// Time between sends of an unrepressed trap.
+const TRAP_RESEND: Duration = Duration::from_millis(500);
+/// Sends of one trap at most.
+const TRAP_SENDS: u32 = 8;
 
 /// Applies a Set's effect to the port; gets the SMA as it is after the Set
 /// (the new P_Key table, for [`SmaAction::Pkeys`]).
@@ -43,6 +52,9 @@ struct Status {
     sma: Sma,
     sm: Option<Gid>,
     smps: u64,
+    /// When the pending trap is next sent, and sends left.
+    trap_due: Option<(std::time::Instant, u32)>,
+    traps_sent: u64,
 }
 
 struct Shared {
@@ -82,12 +94,23 @@ impl SmaAgent {
         }
         let methods = [u8::from(Method::Get), u8::from(Method::Set)];
         let directed = port.mad_agent(SMP_DIRECTED, 1, &methods)?;
-        let routed = port.mad_agent(SMP_LID_ROUTED, 1, &methods)?;
+        // LID-routed also hears the SM's TrapRepress of our traps.
+        let routed = port.mad_agent(
+            SMP_LID_ROUTED,
+            1,
+            &[
+                u8::from(Method::Get),
+                u8::from(Method::Set),
+                u8::from(Method::TrapRepress),
+            ],
+        )?;
         let shared = Arc::new(Shared {
             st: Mutex::new(Status {
                 sma: Sma::new(cfg),
                 sm: None,
                 smps: 0,
+                trap_due: None,
+                traps_sent: 0,
             }),
             changed: Condvar::new(),
         });
@@ -103,6 +126,7 @@ impl SmaAgent {
                             answer(&sh, agent, &*apply, peer, &mad[..]);
                         }
                     }
+                    send_trap(&sh, &routed);
                 }
             })
             .map_err(|e| CmError::Mad(format!("start the SMA thread: {e}")))?;
@@ -156,6 +180,31 @@ impl SmaAgent {
         g.sma.port_state() == state
     }
 
+    /// PortInfo:CapabilityMask.
+    pub fn capability_mask(&self) -> u32 {
+        self.shared.lock().sma.capability_mask()
+    }
+
+    /// Changes PortInfo:CapabilityMask; if it changed while an SM manages
+    /// the port, trap 144 goes to the SM (see the module docs).
+    pub fn set_capability_mask(&self, mask: u32) {
+        let mut st = self.shared.lock();
+        st.sma.set_capability_mask(mask);
+        if st.sma.trap().is_some() {
+            st.trap_due = Some((std::time::Instant::now(), TRAP_SENDS));
+        }
+    }
+
+    /// True while a trap waits for the SM's TrapRepress.
+    pub fn trap_pending(&self) -> bool {
+        self.shared.lock().sma.trap().is_some()
+    }
+
+    /// Traps sent so far (resends too).
+    pub fn traps_sent(&self) -> u64 {
+        self.shared.lock().traps_sent
+    }
+
     /// The link went down and came back: the port is in INIT again, and an
     /// SM's next sweep activates it.
     pub fn link_retrained(&self) {
@@ -183,6 +232,25 @@ fn answer(sh: &Shared, agent: &MadAgent, apply: &Apply, peer: Gid, smp: &[u8]) {
     }
     sh.changed.notify_all();
     agent.send(peer, resp);
+}
+
+/// Sends the SMA's unrepressed trap to the SM when it is due.
+fn send_trap(sh: &Shared, agent: &MadAgent) {
+    let (to, mad) = {
+        let mut st = sh.lock();
+        let now = std::time::Instant::now();
+        let (Some(trap), Some(sm), Some((due, left))) = (st.sma.trap(), st.sm, st.trap_due) else {
+            return;
+        };
+        if due > now {
+            return;
+        }
+        let mad = *trap;
+        st.trap_due = (left > 1).then(|| (now + TRAP_RESEND, left - 1));
+        st.traps_sent += 1;
+        (sm, mad)
+    };
+    agent.send(to, mad);
 }
 
 impl Drop for SmaAgent {

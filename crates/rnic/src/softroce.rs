@@ -626,13 +626,20 @@ impl SoftRoce {
         Ok(())
     }
 
-    /// Records the master SM's LID on port 1 of open CA `guid`.
+    /// Records the master SM's LID on port 1 of open CA `guid` (raises
+    /// `SmChange` when it changes).
     ///
     /// # Errors
     /// `NoSuchCa` when the CA is not open.
     pub fn set_sm_lid(&self, guid: Guid, lid: Lid) -> Result<()> {
-        let (rt, _) = self.opens(guid)?;
-        rt.port.lock().unwrap_or_else(|e| e.into_inner()).sm_lid = lid;
+        let (rt, opens) = self.opens(guid)?;
+        let old = std::mem::replace(
+            &mut rt.port.lock().unwrap_or_else(|e| e.into_inner()).sm_lid,
+            lid,
+        );
+        if old != lid {
+            port_event(&opens, AsyncEventKind::SmChange);
+        }
         Ok(())
     }
 

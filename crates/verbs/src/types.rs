@@ -531,6 +531,9 @@ pub enum AsyncEventKind {
     LidChange,
     /// P_Key table changed (unaffiliated, port).
     PkeyChange,
+    /// The port's master SM changed (unaffiliated, port; Linux's
+    /// IB_EVENT_SM_CHANGE): SA clients re-register their subscriptions.
+    SmChange,
     /// The CA is being removed (unaffiliated).
     CaRemoval,
 }
