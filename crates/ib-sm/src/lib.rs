@@ -40,7 +40,11 @@
 //! MASTER, a sweep at once. A master keeps the LID a port already has
 //! when no other port holds it, so a new master keeps the old one's LIDs
 //! (read from PortInfo), and ports get the new master SM LID; new LIDs are
-//! given only once every port of the sweep has said which LID it holds. A
+//! given only once every port of the sweep has said which LID it holds.
+//! The SM's LID is its own port's: the configured one at first, or the
+//! one a master gave it while standby (a master moves a standby whose
+//! configured LID a node already holds), and it keeps that LID when it
+//! becomes master. A
 //! master that finds a STANDBY SM outranking it hands over (Set SMInfo
 //! HANDOVER) and becomes its standby; of two masters, the lesser yields.
 //! SA state (InformInfo subscriptions, ServiceRecords) is not carried

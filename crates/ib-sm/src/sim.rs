@@ -372,11 +372,18 @@ pub fn fabric(
 }
 
 /// Two SMs: A at 10.0.0.1 (LID 1, node 0) and B after the hosts at
-/// `addr(hosts + 2)` (LID 100, node `hosts + 1`), each listing the other
+/// `addr(hosts + 2)` (LID `lid_b`, node `hosts + 1`), each listing the other
 /// among its nodes; sweeps every second, polls every 500 ms, 100 ms per
 /// SMP with 2 resends. With a `b_delay`, B starts stopped (`dead`, for
 /// the test to start) and sweeps no earlier than `b_delay`.
-pub fn two_sms(seed: u64, hosts: u8, prio_a: u8, prio_b: u8, b_delay: Duration) -> Simulator<N> {
+pub fn two_sms(
+    seed: u64,
+    hosts: u8,
+    prio_a: u8,
+    prio_b: u8,
+    lid_b: u16,
+    b_delay: Duration,
+) -> Simulator<N> {
     let mut sim = Simulator::new(seed);
     let b = hosts + 2;
     let mk = |n: u8, lid: u16, prio: u8, peer: u8, start: Instant, dead: bool| {
@@ -403,7 +410,7 @@ pub fn two_sms(seed: u64, hosts: u8, prio_a: u8, prio_b: u8, b_delay: Duration) 
         sim.add_node(N::Host(Host::new(n, false)));
     }
     let late = b_delay > Duration::ZERO;
-    sim.add_node(mk(b, 100, prio_b, 1, Instant::ZERO + b_delay, late));
+    sim.add_node(mk(b, lid_b, prio_b, 1, Instant::ZERO + b_delay, late));
     sim
 }
 

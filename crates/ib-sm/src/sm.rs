@@ -398,6 +398,18 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
             .collect()
     }
 
+    /// The SM's LID now: its port's, which it set itself (the configured
+    /// one) or a master gave it while it was standby.
+    pub fn lid_now(&self) -> u16 {
+        self.own.lid()
+    }
+
+    /// The SM's port takes itself as master SM (its LID stays).
+    fn become_master(&mut self) {
+        let lid = self.own.lid();
+        self.own.assume(lid, lid, state::ACTIVE);
+    }
+
     fn set_state(&mut self, st: SmState) {
         if self.state != st {
             self.state = st;
@@ -454,7 +466,7 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
         if qp == QP_SMI {
             self.act_count = self.act_count.wrapping_add(1);
         }
-        let tid = (u64::from(self.cfg.lid) << 48) | self.next_tid;
+        let tid = (u64::from(self.lid_now()) << 48) | self.next_tid;
         mad[8..16].copy_from_slice(&tid.to_be_bytes());
         let mad = Box::new(mad);
         self.tx.push_back(Outgoing {
@@ -597,7 +609,7 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
             Some((i, _)) => self.follow(now, i),
             None => {
                 self.set_state(SmState::Master);
-                self.own.assume(self.cfg.lid, self.cfg.lid, state::ACTIVE);
+                self.become_master();
                 self.start_sweep(now);
             }
         }
@@ -625,7 +637,7 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
                 .nodes
                 .iter()
                 .any(|n| PortInfo::new_checked(&n.port[..]).is_ok_and(|p| p.lid() == l));
-            if l != self.cfg.lid && !reported && !self.lid_of.values().any(|v| *v == l) {
+            if l != self.lid_now() && !reported && !self.lid_of.values().any(|v| *v == l) {
                 return l;
             }
         }
@@ -646,7 +658,7 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
             self.master = None;
             self.events.push_back(SmEvent::MasterLost { guid });
             self.set_state(SmState::Master);
-            self.own.assume(self.cfg.lid, self.cfg.lid, state::ACTIVE);
+            self.become_master();
             self.start_sweep(now);
             return;
         }
@@ -741,7 +753,7 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
                 {
                     self.master = None;
                     self.set_state(SmState::Master);
-                    self.own.assume(self.cfg.lid, self.cfg.lid, state::ACTIVE);
+                    self.become_master();
                     self.start_sweep(now);
                 }
                 sminfo_control::ACKNOWLEDGE => {}
@@ -938,7 +950,7 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
             Some(l) => *l,
             None if reported != 0
                 && reported < 0xc000
-                && reported != self.cfg.lid
+                && reported != self.lid_now()
                 && !self.lid_of.values().any(|v| *v == reported) =>
             {
                 self.lid_of.insert(guid, reported);
@@ -955,7 +967,7 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
         let next = match port_state {
             state::INIT => Some(state::ARMED),
             state::ARMED => Some(state::ACTIVE),
-            _ if reported != lid || sm_lid != self.cfg.lid => Some(0),
+            _ if reported != lid || sm_lid != self.lid_now() => Some(0),
             _ => None,
         };
         match next {
@@ -964,7 +976,7 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
                 let mut p =
                     PortInfo::new_checked(&mut m[SMP_DATA..SMP_DATA + 64]).expect("64 bytes");
                 p.set_lid(lid);
-                p.set_sm_lid(self.cfg.lid);
+                p.set_sm_lid(self.lid_now());
                 p.set_subnet_timeout(18);
                 p.set_port_state(st);
                 self.ask(now, i, Want::SetPortInfo, m);
@@ -1001,7 +1013,7 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
             notice_type: 3,   // informational
             producer_type: 4, // class manager (the SA)
             trap_number: number,
-            issuer_lid: self.cfg.lid,
+            issuer_lid: self.lid_now(),
             toggle: false,
             count: 0,
             data_details: details,
@@ -1318,7 +1330,7 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
                 // The record shows the state the SM left the port in.
                 let mut p = PortInfo::new_checked(&mut b[4..68]).expect("64");
                 p.set_lid(n.lid);
-                p.set_sm_lid(self.cfg.lid);
+                p.set_sm_lid(self.lid_now());
                 p.set_port_state(state::ACTIVE);
                 b
             })

@@ -49,7 +49,7 @@ fn elected(sim: &mut Simulator<N>, a: usize, b: usize, lid: u16) {
 
 #[test]
 fn the_higher_priority_sm_is_master_and_the_other_polls_it() {
-    let mut sim = two_sms(1, HOSTS, 1, 5, Duration::ZERO);
+    let mut sim = two_sms(1, HOSTS, 1, 5, LID_B, Duration::ZERO);
     elected(&mut sim, B, A, LID_B);
     let b_guid = sm_node(&mut sim, B).sm.sm_info().guid;
     let (at, info) = sm_node(&mut sim, A).sm.master().expect("standby follows B");
@@ -79,7 +79,7 @@ fn the_higher_priority_sm_is_master_and_the_other_polls_it() {
 
 #[test]
 fn equal_priorities_elect_the_lower_guid() {
-    let mut sim = two_sms(2, HOSTS, 3, 3, Duration::ZERO);
+    let mut sim = two_sms(2, HOSTS, 3, 3, LID_B, Duration::ZERO);
     let (ga, gb) = (
         sm_node(&mut sim, A).sm.sm_info().guid,
         sm_node(&mut sim, B).sm.sm_info().guid,
@@ -90,7 +90,7 @@ fn equal_priorities_elect_the_lower_guid() {
 
 #[test]
 fn the_standby_takes_over_a_silent_master_keeping_its_lids() {
-    let mut sim = two_sms(3, HOSTS, 5, 1, Duration::ZERO);
+    let mut sim = two_sms(3, HOSTS, 5, 1, LID_B, Duration::ZERO);
     elected(&mut sim, A, B, LID_A);
     let before = lids(&mut sim);
     let a_guid = sm_node(&mut sim, A).sm.sm_info().guid;
@@ -129,7 +129,7 @@ fn the_standby_takes_over_a_silent_master_keeping_its_lids() {
 
 #[test]
 fn a_higher_priority_sm_joining_later_gets_a_handover() {
-    let mut sim = two_sms(4, HOSTS, 1, 9, Duration::from_secs(3));
+    let mut sim = two_sms(4, HOSTS, 1, 9, LID_B, Duration::from_secs(3));
     let r = sim.run_until(Duration::from_secs(10), |s| {
         state(s, A) == SmState::Master && hosts_managed_by(s, LID_A)
     });
@@ -228,4 +228,30 @@ fn a_lost_trap_144_is_sent_again_and_forwarded_once() {
         .filter(|n| n.trap_number == 144)
         .count();
     assert_eq!(n, 1, "forwarded once");
+}
+
+#[test]
+fn a_standby_whose_lid_was_taken_gets_another_and_masters_with_it() {
+    // B is configured with LID 2 but starts after A gave 2 to a host: A
+    // moves B's port to a free LID, and B is master with that one later.
+    let mut sim = two_sms(7, HOSTS, 5, 1, 2, Duration::from_secs(3));
+    let r = sim.run_until(Duration::from_secs(10), |s| {
+        state(s, A) == SmState::Master && hosts_managed_by(s, LID_A)
+    });
+    assert_eq!(r, RunOutcome::Done);
+    let before = lids(&mut sim);
+    assert!(before.contains(&2), "{before:?}");
+    sm_node(&mut sim, B).dead = false;
+    let r = sim.run_until(Duration::from_secs(10), |s| {
+        state(s, B) == SmState::Standby && sm_node(s, B).sm.lid_now() != 2
+    });
+    assert_eq!(r, RunOutcome::Done, "B kept a LID a host holds");
+    let lid_b = sm_node(&mut sim, B).sm.lid_now();
+    assert!(!before.contains(&lid_b) && lid_b != LID_A, "{lid_b}");
+    sm_node(&mut sim, A).dead = true;
+    let r = sim.run_until(Duration::from_secs(10), |s| {
+        state(s, B) == SmState::Master && hosts_managed_by(s, lid_b)
+    });
+    assert_eq!(r, RunOutcome::Done, "no takeover at LID {lid_b}");
+    assert_eq!(lids(&mut sim), before);
 }

@@ -216,7 +216,10 @@ fn run_sm(args: RunArgs) -> Result<(), String> {
     loop {
         port.step(std::time::Duration::from_millis(50));
         while let Some(e) = port.poll_event() {
-            println!("{}", describe(&e));
+            match e {
+                SmEvent::State(_) => println!("{} (LID {})", describe(&e), port.sm().lid_now()),
+                _ => println!("{}", describe(&e)),
+            }
         }
         if let Some(sig) = signals.pending() {
             println!("ibsm: signal {sig}, stopping");
