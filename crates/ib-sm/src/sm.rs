@@ -874,6 +874,8 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
                 if self.state == SmState::Master && peer.guid != me.guid && outranks(&peer, &me) {
                     if peer.sm_state == SmState::Master.code() {
                         // Two masters: the lesser yields.
+                        self.nodes[i].busy = false;
+                        self.nodes[i].stage = Stage::Idle;
                         self.follow(now, i);
                         return;
                     }
@@ -943,6 +945,12 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
     /// master keeps the old one's LIDs), the master SM LID, the state walk
     /// to ACTIVE, then the P_Key table.
     fn configure(&mut self, now: Instant, i: usize, first: bool) {
+        if self.state != SmState::Master {
+            // Mastership went elsewhere mid-sweep: leave the port alone.
+            self.nodes[i].busy = false;
+            self.nodes[i].stage = Stage::Idle;
+            return;
+        }
         let guid = self.nodes[i].info.map_or(Guid(0), |x| x.port_guid);
         let pi = PortInfo::new_checked(&self.nodes[i].port[..]).expect("64 bytes");
         let (reported, port_state, sm_lid) = (pi.lid(), pi.port_state(), pi.sm_lid());

@@ -255,3 +255,29 @@ fn a_standby_whose_lid_was_taken_gets_another_and_masters_with_it() {
     assert_eq!(r, RunOutcome::Done, "no takeover at LID {lid_b}");
     assert_eq!(lids(&mut sim), before);
 }
+
+#[test]
+fn of_two_masters_after_a_split_the_lesser_yields() {
+    let mut sim = two_sms(8, HOSTS, 5, 1, LID_B, Duration::ZERO);
+    let (ia, ib) = (addr(1).ip(), addr(HOSTS + 2).ip());
+    sim.set_link_up(ia, ib, false);
+    let r = sim.run_until(Duration::from_secs(10), |s| {
+        state(s, A) == SmState::Master && state(s, B) == SmState::Master
+    });
+    assert_eq!(r, RunOutcome::Done, "the split did not make two masters");
+    sim.set_link_up(ia, ib, true);
+    elected(&mut sim, A, B, LID_A);
+    let ev = &sm_node(&mut sim, B).events;
+    assert!(ev.contains(&SmEvent::State(SmState::Standby)), "{ev:?}");
+    // Stable afterwards: one master, every host on it, LIDs unique, and
+    // the standby polling it.
+    let polls = sm_node(&mut sim, B).sm.stats().polls;
+    sim.run_idle(Duration::from_secs(3));
+    assert_eq!(state(&mut sim, B), SmState::Standby);
+    assert!(sm_node(&mut sim, B).sm.stats().polls >= polls + 4);
+    assert!(hosts_managed_by(&mut sim, LID_A));
+    let mut l = lids(&mut sim);
+    l.sort();
+    l.dedup();
+    assert_eq!(l.len(), usize::from(HOSTS));
+}
