@@ -222,10 +222,29 @@ enum Cmd {
     /// device management agent for its I/O controllers and their service
     /// entries, and print one ib_srp login string per SRP target port
     /// (srp_daemon -o -c). With --login, hand the allowed ones to srpd.
+    /// The ports to ask: --target addresses, or with --sa every port the
+    /// subnet administrator lists with device management.
     Discover {
         /// Address (GID) of a port to ask; repeat for several.
-        #[arg(long, required = true)]
+        #[arg(long, required_unless_present = "sa", conflicts_with = "sa")]
         target: Vec<IpAddr>,
+        /// srp_daemon's normal mode on a managed subnet: our port (--ip)
+        /// joins it (`ibsm run --node <ip>` must list it) and waits to be
+        /// ACTIVE; the SA of its master SM names the ports with
+        /// IsDeviceManagementSupported and gives the path to each. With
+        /// --rescan, traps 64/65 (ports in and out of service) are
+        /// subscribed: a port coming up is scanned at once, and the
+        /// subscription follows the SM when another takes over.
+        #[arg(long)]
+        sa: bool,
+        /// With --sa: only paths in this partition (hex P_Key, srp_daemon
+        /// -p); our port must be a member. Default: any partition.
+        #[arg(long, value_parser = hex16, requires = "sa")]
+        pkey: Option<u16>,
+        /// With --sa: milliseconds to wait for the SM to make our port
+        /// ACTIVE.
+        #[arg(long, default_value_t = 10_000)]
+        sm_wait_ms: u64,
         /// Address of our soft RoCE NIC.
         #[arg(long, default_value = "127.0.0.2")]
         ip: IpAddr,
@@ -263,6 +282,11 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+}
+
+fn hex16(s: &str) -> Result<u16, String> {
+    u16::from_str_radix(s.trim_start_matches("0x"), 16)
+        .map_err(|_| format!("`{s}` is not a 16-bit hex P_Key"))
 }
 
 fn hex64(s: &str) -> Result<u64, String> {
@@ -606,6 +630,9 @@ fn run(cmd: Cmd) -> Result<bool, String> {
         }
         Cmd::Discover {
             target,
+            sa,
+            pkey,
+            sm_wait_ms,
             ip,
             udp_port,
             rules,
@@ -616,6 +643,10 @@ fn run(cmd: Cmd) -> Result<bool, String> {
             rescan,
         } => discover(
             &target,
+            sa.then_some(SaMode {
+                pkey: pkey.map(rdma_types::Pkey),
+                sm_wait: Duration::from_millis(sm_wait_ms),
+            }),
             ip,
             udp_port,
             rules.as_deref(),
@@ -655,12 +686,55 @@ fn run(cmd: Cmd) -> Result<bool, String> {
     }
 }
 
-/// `srp discover`: the DM walk against each target port, login strings
-/// out, logins through srpd with `--login`; with `rescan`, again every so
-/// many seconds until a termination signal.
+/// `srp discover --sa`: how the managed subnet is asked.
+struct SaMode {
+    pkey: Option<rdma_types::Pkey>,
+    sm_wait: Duration,
+}
+
+/// A port to walk: how it is named in messages, where it is, and the
+/// partition its login string carries.
+struct Probe {
+    label: String,
+    dgid: rdma_types::Gid,
+    pkey: rdma_types::Pkey,
+}
+
+/// A subscription to traps 64/65 at the SA of the master SM whose LID the
+/// port had when it was made.
+struct TrapSub {
+    _sa: Arc<rdma_access::sa::SaClient>,
+    notices: std::sync::mpsc::Receiver<(rdma_types::Gid, rdma_mad::smp::Notice)>,
+}
+
+/// Subscribes to traps 64 and 65 with a fresh SA client (a new master SM
+/// inherits no subscriptions).
+fn subscribe_traps(port: &srpstack::ib::IbPort) -> Result<TrapSub, String> {
+    port.renew_sa();
+    let sa = port.sa()?;
+    for trap in [64, 65] {
+        sa.subscribe(trap)
+            .map_err(|e| format!("subscribe to trap {trap}: {}", port.sa_error(&sa, e)))?;
+    }
+    let notices = sa.notices().ok_or("the SA client's notices were taken")?;
+    Ok(TrapSub { _sa: sa, notices })
+}
+
+/// The GID a trap 64/65 names (IBA 14.2.5.1: data details bytes 6..22).
+fn trap_gid(n: &rdma_mad::smp::Notice) -> rdma_types::Gid {
+    let mut g = [0u8; 16];
+    g.copy_from_slice(&n.data_details[6..22]);
+    rdma_types::Gid(g)
+}
+
+/// `srp discover`: the DM walk against each target port (given, or named
+/// by the SA), login strings out, logins through srpd with `--login`;
+/// with `rescan`, again every so many seconds until a termination signal,
+/// and at once when the SA reports a port coming up (trap 64).
 #[allow(clippy::too_many_arguments)]
 fn discover(
     targets: &[IpAddr],
+    sa: Option<SaMode>,
     ip: IpAddr,
     udp_port: u16,
     rules: Option<&std::path::Path>,
@@ -682,14 +756,74 @@ fn discover(
         }
         None => Rules::parse("").map_err(|e| e.to_string())?,
     };
-    let guid = rdma_types::Guid(srpstack::INITIATOR_GUID);
-    let provider =
-        rnic::softroce::SoftRoce::new(vec![rnic::softroce::SoftCa { guid, ip }], udp_port);
-    let agent = rdma_access::CmAgent::start(provider, guid, std::process::id() << 8)
-        .map_err(|e| format!("start the CM agent on {ip}: {e}"))?;
+    let (agent, ib) = match &sa {
+        Some(m) => {
+            let guid = srpstack::ib::ib_guid(ip);
+            let provider =
+                rnic::softroce::SoftRoce::new(vec![rnic::softroce::SoftCa { guid, ip }], udp_port);
+            let port = srpstack::ib::IbPort::start(
+                provider,
+                guid,
+                ip,
+                &format!("srp discover {ip}"),
+                false,
+                std::process::id() << 8,
+            )?
+            .with_timing(rdma_access::sa::SaTiming {
+                timeout,
+                retries: 3,
+            });
+            port.wait_active(m.sm_wait)?;
+            if let Some(k) = m.pkey {
+                port.check_pkey(k)?;
+            }
+            if verbose {
+                println!(
+                    "# port {ip} ACTIVE, LID {}, SM LID {}",
+                    port.lid(),
+                    port.sm_lid()
+                );
+            }
+            (port.agent().clone(), Some(port))
+        }
+        None => {
+            let guid = rdma_types::Guid(srpstack::INITIATOR_GUID);
+            let provider =
+                rnic::softroce::SoftRoce::new(vec![rnic::softroce::SoftCa { guid, ip }], udp_port);
+            let agent = rdma_access::CmAgent::start(provider, guid, std::process::id() << 8)
+                .map_err(|e| format!("start the CM agent on {ip}: {e}"))?;
+            (agent, None)
+        }
+    };
+    // Traps 64/65, with --rescan on a managed subnet: subscribed before
+    // the first scan, again whenever the port's SM LID changes.
+    let mut traps: Option<TrapSub> = None;
+    let mut traps_sm_lid: Option<u16> = None;
     let mut round = 0u64;
     loop {
         round += 1;
+        if let (Some(port), Some(_)) = (&ib, rescan) {
+            let now = port.sm_lid();
+            if traps.is_none() || traps_sm_lid != Some(now) {
+                if traps_sm_lid.is_some_and(|l| l != now) {
+                    println!(
+                        "# SM LID {} -> {now}: subscribing again",
+                        traps_sm_lid.unwrap_or(0)
+                    );
+                }
+                traps = None;
+                traps_sm_lid = Some(now);
+                match subscribe_traps(port) {
+                    Ok(t) => {
+                        if verbose {
+                            println!("# subscribed to traps 64/65 (SM LID {now})");
+                        }
+                        traps = Some(t);
+                    }
+                    Err(e) => eprintln!("srp: {e}"),
+                }
+            }
+        }
         // Logins srpd already holds (their login strings), so a rescan
         // does not log in twice (a second SINGLE login would end the first).
         let held: Vec<String> = match (login, rescan) {
@@ -707,8 +841,37 @@ fn discover(
         }
         let mut ok = true;
         let mut found = 0;
-        for t in targets {
-            let dgid = rdma_types::Gid::from_ip(*t);
+        let probes: Vec<Probe> = match (&ib, &sa) {
+            (Some(port), Some(m)) => match srpstack::ib::dm_ports(port, m.pkey) {
+                Ok(paths) => paths
+                    .iter()
+                    .map(|p| Probe {
+                        label: format!("LID {} ({})", p.dlid, p.dgid),
+                        dgid: p.dgid,
+                        pkey: p.pkey,
+                    })
+                    .collect(),
+                Err(e) => {
+                    eprintln!("srp: {e}");
+                    ok = false;
+                    Vec::new()
+                }
+            },
+            _ => targets
+                .iter()
+                .map(|t| Probe {
+                    label: t.to_string(),
+                    dgid: rdma_types::Gid::from_ip(*t),
+                    pkey: rdma_types::Pkey(0xffff),
+                })
+                .collect(),
+        };
+        for Probe {
+            label: t,
+            dgid,
+            pkey,
+        } in probes
+        {
             let iocs = match rdma_access::dm::query_iocs(&agent, dgid, timeout, 3) {
                 Ok(i) => i,
                 Err(e) => {
@@ -742,13 +905,13 @@ fn discover(
                         ioc_guid: p.guid.0,
                         dgid,
                         service_id: e.id,
-                        pkey: rdma_types::Pkey(0xffff),
+                        pkey,
                     };
                     let d = rules.decide(&info);
                     let hex: String = dgid.0.iter().map(|b| format!("{b:02x}")).collect();
                     let mut s = format!(
-                        "id_ext={id_ext:016x},ioc_guid={:016x},dgid={hex},pkey=ffff,service_id={:016x}",
-                        p.guid.0, e.id
+                        "id_ext={id_ext:016x},ioc_guid={:016x},dgid={hex},pkey={:04x},service_id={:016x}",
+                        p.guid.0, pkey.0, e.id
                     );
                     if !d.options.is_empty() {
                         s.push(',');
@@ -795,9 +958,38 @@ fn discover(
             }
             return Ok(ok);
         };
-        if let Some(n) = sig.wait_timeout(Duration::from_secs(rescan.unwrap_or(1))) {
-            println!("# signal {n}: stopped after {round} scans");
-            return Ok(true);
+        let _ = std::io::Write::flush(&mut std::io::stdout());
+        // Until the next scan: signals, and (on a managed subnet) traps
+        // and SM changes, looked at every 100 ms.
+        let next = std::time::Instant::now() + Duration::from_secs(rescan.unwrap_or(1));
+        loop {
+            let left = next.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            if let Some(n) = sig.wait_timeout(left.min(Duration::from_millis(100))) {
+                println!("# signal {n}: stopped after {round} scans");
+                return Ok(true);
+            }
+            let Some(port) = &ib else { continue };
+            if traps_sm_lid != Some(port.sm_lid()) {
+                break; // a new master SM: subscribe again and scan
+            }
+            let mut appeared = false;
+            while let Some(Ok((_, n))) = traps.as_ref().map(|t| t.notices.try_recv()) {
+                match n.trap_number {
+                    64 => {
+                        println!("# trap 64: port {} in service: scanning", trap_gid(&n));
+                        appeared = true;
+                    }
+                    65 => println!("# trap 65: port {} out of service", trap_gid(&n)),
+                    other => println!("# trap {other}"),
+                }
+            }
+            let _ = std::io::Write::flush(&mut std::io::stdout());
+            if appeared {
+                break;
+            }
         }
     }
 }

@@ -49,6 +49,15 @@ struct Args {
     /// Log in with this login string at start (repeatable).
     #[arg(long)]
     login: Vec<String>,
+    /// Who runs the ports: `roce`, no subnet manager; `ib`, a managed
+    /// subnet: each port waits for an SM (`ibsm run --node <ip>`) to make
+    /// it ACTIVE, and `dgid=` logins take their paths from the SA.
+    #[arg(long, value_enum, default_value = "roce")]
+    fabric: srpstack::ib::Fabric,
+    /// With `--fabric ib`: milliseconds to wait at start for the ports to
+    /// go ACTIVE.
+    #[arg(long, default_value_t = 30_000)]
+    sm_wait_ms: u64,
 }
 
 fn secs(what: &str, s: &str) -> Result<Option<rdma_types::Duration>, String> {
@@ -83,6 +92,8 @@ fn run(a: Args) -> Result<(), String> {
         rport,
         login_timeout: std::time::Duration::from_secs(10),
         allow_other: a.allow_other,
+        fabric: a.fabric,
+        sm_wait: std::time::Duration::from_millis(a.sm_wait_ms),
     })?);
     for s in &a.login {
         let v = initd.handle(InitRequest::Login {

@@ -2,6 +2,9 @@
 //! (what LIO/SCST ib_srpt with `rdma_cm_port` do), configured by a TOML
 //! file (`--config`, see `srpstack::config`) or, without one, exporting a
 //! RAM disk as LUN 0. `srptadm` talks to it over the control socket.
+//! `--fabric ib` puts the port on a managed subnet (`srpstack::ib`): it
+//! waits for `ibsm run` to activate it, offers device management to
+//! srp_daemon-style discovery through the SA, and takes IB CM logins.
 
 use clap::Parser;
 use srpstack::config::{Config, DeviceSection, Handler, LunEntry};
@@ -29,6 +32,16 @@ struct Args {
     /// RDMA CM port logins arrive on, ib_srpt's rdma_cm_port (overrides the file).
     #[arg(long)]
     rdma_cm_port: Option<u16>,
+    /// Who runs the port (overrides the file's `fabric`): `roce`, no
+    /// subnet manager; `ib`, a managed subnet: the port waits for an SM
+    /// (`ibsm run --node <this ip>`) to make it ACTIVE, and initiators
+    /// find the target through the SA (srp_daemon) and log in by IB CM.
+    #[arg(long, value_enum)]
+    fabric: Option<srpstack::ib::Fabric>,
+    /// With `--fabric ib`: milliseconds to wait at start for the port to go
+    /// ACTIVE (overrides the file's `sm_wait_ms`).
+    #[arg(long)]
+    sm_wait_ms: Option<u64>,
     /// Without --config: LUN 0 is a RAM disk of this many MiB.
     #[arg(long, default_value_t = 64, conflicts_with = "config")]
     ram_mib: u64,
@@ -101,6 +114,12 @@ fn run(a: &Args) -> Result<(), String> {
     if let Some(p) = a.rdma_cm_port {
         t.rdma_cm_port = p;
     }
+    if let Some(f) = a.fabric {
+        t.fabric = f;
+    }
+    if let Some(w) = a.sm_wait_ms {
+        t.sm_wait_ms = w;
+    }
     if let Some(p) = &a.control_socket {
         t.control_socket = p.clone();
     }
@@ -129,13 +148,17 @@ fn run(a: &Args) -> Result<(), String> {
     };
     let lun0 = cfg.luns.iter().find(|l| *l.lun.get_ref() == 0);
     // Scripts wait for this line.
+    let guid = daemon.guid().0;
+    if let Some(lid) = daemon.lid() {
+        println!("srptd: port {ip} ACTIVE on the managed subnet, LID {lid}");
+    }
     println!(
         "srptd: target {} listening on {}:{} (RDMA CM){}, {} devices, {} default LUNs{}, {} groups, id_ext {:016x} ioc_guid {:016x}, control {}",
         daemon.port().name(),
         ip,
         cm_port,
         if cfg.target.ib_cm {
-            format!(" and IB CM service ID {:016x}", srpstack::TARGET_GUID)
+            format!(" and IB CM service ID {guid:016x}")
         } else {
             String::new()
         },
@@ -143,8 +166,8 @@ fn run(a: &Args) -> Result<(), String> {
         cfg.luns.len(),
         lun0.map(|l| format!(" (LUN 0 {})", l.device.get_ref())).unwrap_or_default(),
         cfg.groups.len(),
-        srpstack::TARGET_GUID,
-        srpstack::TARGET_GUID,
+        guid,
+        guid,
         sock.display(),
     );
     if let Some(local) = metrics {

@@ -4,6 +4,8 @@
 //! [target]
 //! ip = "127.0.0.1"          # address of the soft RoCE NIC
 //! rdma_cm_port = 5555       # ib_srpt's rdma_cm_port
+//! fabric = "roce"           # or "ib": a subnet manager (ibsm run) runs the port
+//! sm_wait_ms = 30000        # ib: how long to wait at start for the port to go ACTIVE
 //! enabled = true
 //! rel_tgt_id = 1
 //!
@@ -53,6 +55,12 @@ pub struct Config {
 pub struct TargetSection {
     pub ip: Spanned<IpAddr>,
     pub udp_port: u16,
+    /// Who runs the port: `roce` (no SM) or `ib` (`ibsm run` configures
+    /// it; see `srpstack::ib`).
+    pub fabric: crate::ib::Fabric,
+    /// In the `ib` fabric, how long to wait at start for the SM to make the
+    /// port ACTIVE.
+    pub sm_wait_ms: u64,
     pub rdma_cm_port: u16,
     /// Also take logins by IB CM on the service ID = ioc_guid (ib_srpt).
     pub ib_cm: bool,
@@ -78,6 +86,8 @@ impl Default for TargetSection {
         TargetSection {
             ip: Spanned::new(0..0, IpAddr::from([127, 0, 0, 1])),
             udp_port: 4791,
+            fabric: crate::ib::Fabric::Roce,
+            sm_wait_ms: 30_000,
             rdma_cm_port: 5555,
             ib_cm: true,
             enabled: true,

@@ -94,6 +94,8 @@ pub struct Daemon {
     /// The I/O controller offered to discovery, and the DM agent (dropped
     /// in this order).
     _dm: (rdma_access::dm::IocHandle, rdma_access::dm::DmService),
+    /// The port's SMA and MAD driver in the `ib` fabric.
+    ib_port: Option<crate::ib::IbPort>,
 }
 
 /// The limits an I/O controller profile advertises.
@@ -213,7 +215,13 @@ impl Daemon {
         log: impl Fn(String) + Send + Sync + 'static,
     ) -> Result<Arc<Daemon>, String> {
         let t = &cfg.target;
-        let guid = Guid(crate::TARGET_GUID);
+        let ib = t.fabric == crate::ib::Fabric::Ib;
+        // On a managed subnet every port needs its own GUID (crate::ib).
+        let guid = if ib {
+            crate::ib::ib_guid(*t.ip.get_ref())
+        } else {
+            Guid(crate::TARGET_GUID)
+        };
         let provider = rnic::softroce::SoftRoce::new(
             vec![rnic::softroce::SoftCa {
                 guid,
@@ -257,6 +265,23 @@ impl Daemon {
         tcfg.sq_size = *t.srpt_sq_size.get_ref();
         tcfg.enabled = t.enabled;
         let nic = provider.clone();
+        // The ib personality is set before the CA is first opened: the
+        // port, its SMA and MAD driver start here, and the SM's sweep
+        // brings it ACTIVE (waited for at the end, once everything serves).
+        let ib_port = if ib {
+            let ip = *t.ip.get_ref();
+            let port = crate::ib::IbPort::start(
+                provider.clone(),
+                guid,
+                ip,
+                &format!("srptd {ip}"),
+                true,
+                std::process::id() << 8,
+            )?;
+            Some(port)
+        } else {
+            None
+        };
         // The target port reaches the NIC through a client of the access
         // layer, which tracks every verbs object it makes (the CM and DM
         // agents are part of the access layer and use the NIC directly).
@@ -271,8 +296,11 @@ impl Daemon {
             )
             .map_err(|e| format!("start the target port: {e}"))?,
         );
-        let agent = rdma_access::CmAgent::start(provider, guid, std::process::id() << 8)
-            .map_err(|e| format!("start the CM agent on {}: {e}", t.ip.get_ref()))?;
+        let agent = match &ib_port {
+            Some(p) => p.agent().clone(),
+            None => rdma_access::CmAgent::start(provider, guid, std::process::id() << 8)
+                .map_err(|e| format!("start the CM agent on {}: {e}", t.ip.get_ref()))?,
+        };
         // Discovery: the device management agent offers the target as an
         // SRP I/O controller, as ib_srpt does (srp_daemon, `srp discover`).
         let dm = rdma_access::dm::DmService::start(&agent)
@@ -286,6 +314,11 @@ impl Daemon {
             ib_service_id: t.ib_cm.then_some(guid.0),
         };
         crate::serve_cm(agent, port.clone(), listen, Arc::new(log));
+        // Everything serves: now the SM may bring the port up (a trap 64
+        // subscriber then finds the I/O controller at once).
+        if let Some(p) = &ib_port {
+            p.wait_active(std::time::Duration::from_millis(t.sm_wait_ms))?;
+        }
         Ok(Arc::new(Daemon {
             cfg: Mutex::new(cfg),
             cfg_path,
@@ -296,7 +329,18 @@ impl Daemon {
             nic,
             access,
             _dm: (ioc, dm),
+            ib_port,
         }))
+    }
+
+    /// The CA's GUID: the target's id_ext and ioc_guid.
+    pub fn guid(&self) -> Guid {
+        self.guid
+    }
+
+    /// The LID the SM gave the port (`ib` fabric only).
+    pub fn lid(&self) -> Option<u16> {
+        self.ib_port.as_ref().map(|p| p.lid())
     }
 
     /// The target port.
@@ -566,6 +610,8 @@ impl Daemon {
             "ip": t.ip.get_ref().to_string(),
             "udp_port": t.udp_port,
             "rdma_cm_port": t.rdma_cm_port,
+            "fabric": t.fabric,
+            "lid": self.lid(),
             "ib_cm_service_id": t.ib_cm.then(|| format!("{:016x}", self.guid.0)),
             "enabled": self.port.enabled(),
             "rel_tgt_id": t.rel_tgt_id.get_ref(),

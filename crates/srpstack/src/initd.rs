@@ -24,6 +24,13 @@
 //! compatibility and have no effect; `allow_ext_sg=1` lets the session use
 //! external descriptor tables (it seldom needs them: each transfer is one
 //! registered buffer).
+//!
+//! In the `ib` fabric (`srpd --fabric ib`) every port waits at start for
+//! the subnet manager to activate it, and a `dgid=…,pkey=…,service_id=…`
+//! login goes along the PathRecords the SA gives for that partition and
+//! service: the first path, the next on a failure, a fresh query when
+//! all failed (`crate::ib::SaPathConnector`); `pkey` must be in the port's
+//! P_Key table.
 
 use crate::paths::PathLogin;
 use rdma_types::Guid;
@@ -79,6 +86,12 @@ pub struct InitdConfig {
     pub login_timeout: Duration,
     /// Let other users reach the LUN files.
     pub allow_other: bool,
+    /// Who runs the ports: in the `ib` fabric each waits (at most
+    /// `sm_wait`) for the SM to activate it, and an IB CM login goes along
+    /// PathRecords from the SA (`crate::ib::SaPathConnector`).
+    pub fabric: crate::ib::Fabric,
+    /// How long `start` waits for the SM in the `ib` fabric.
+    pub sm_wait: Duration,
 }
 
 struct Login {
@@ -93,6 +106,8 @@ struct LocalCa {
     ip: IpAddr,
     guid: Guid,
     agent: Arc<rdma_access::CmAgent>,
+    /// The port on the managed subnet (`ib` fabric).
+    ib: Option<Arc<crate::ib::IbPort>>,
 }
 
 /// The running initiator daemon.
@@ -148,21 +163,42 @@ impl Initd {
             ));
         }
         cfg.rport.validate().map_err(|e| e.to_string())?;
-        let soft = crate::initiator_cas(&cfg.ips);
+        let ib = cfg.fabric == crate::ib::Fabric::Ib;
+        let mut soft = crate::initiator_cas(&cfg.ips);
+        if ib {
+            // Every port of a managed subnet has its own GUID.
+            for ca in &mut soft {
+                ca.guid = crate::ib::ib_guid(ca.ip);
+            }
+        }
         let provider = rnic::softroce::SoftRoce::with_mtu(soft.clone(), cfg.udp_port, cfg.mtu);
         let mut cas = Vec::new();
         for (k, ca) in soft.iter().enumerate() {
-            let agent = rdma_access::CmAgent::start(
-                provider.clone(),
-                ca.guid,
-                (std::process::id() << 8) | k as u32,
-            )
-            .map_err(|e| format!("start the CM agent on {}: {e}", ca.ip))?;
+            let first_comm_id = (std::process::id() << 8) | k as u32;
+            let (agent, port) = if ib {
+                let port = crate::ib::IbPort::start(
+                    provider.clone(),
+                    ca.guid,
+                    ca.ip,
+                    &format!("srpd {}", ca.ip),
+                    false,
+                    first_comm_id,
+                )?;
+                (port.agent().clone(), Some(Arc::new(port)))
+            } else {
+                let agent = rdma_access::CmAgent::start(provider.clone(), ca.guid, first_comm_id)
+                    .map_err(|e| format!("start the CM agent on {}: {e}", ca.ip))?;
+                (agent, None)
+            };
             cas.push(LocalCa {
                 ip: ca.ip,
                 guid: ca.guid,
                 agent,
+                ib: port,
             });
+        }
+        for p in cas.iter().filter_map(|c| c.ib.as_ref()) {
+            p.wait_active(cfg.sm_wait)?;
         }
         let access = rdma_access::resource::AccessLayer::new(provider.clone());
         let sessions = access.client("srp initiator").into_provider();
@@ -245,15 +281,32 @@ impl Initd {
                 (ca, conn)
             }
             TargetAddress::IbCm {
-                dgid, service_id, ..
+                dgid,
+                service_id,
+                pkey,
             } => {
                 let ca = &self.cas[0];
-                let conn = Arc::new(crate::IbCmConnector {
-                    agent: ca.agent.clone(),
-                    dgid: *dgid,
-                    service_id: *service_id,
-                    timeout: self.cfg.login_timeout,
-                });
+                let conn: Arc<dyn Connector> = match &ca.ib {
+                    // A managed subnet: paths from the SA, in the login's
+                    // partition.
+                    Some(port) => {
+                        port.check_pkey(*pkey)?;
+                        Arc::new(crate::ib::SaPathConnector {
+                            port: port.clone(),
+                            dgid: *dgid,
+                            pkey: *pkey,
+                            service_id: *service_id,
+                            timeout: self.cfg.login_timeout,
+                            max_paths: 4,
+                        })
+                    }
+                    None => Arc::new(crate::IbCmConnector {
+                        agent: ca.agent.clone(),
+                        dgid: *dgid,
+                        service_id: *service_id,
+                        timeout: self.cfg.login_timeout,
+                    }),
+                };
                 (ca, conn)
             }
         };

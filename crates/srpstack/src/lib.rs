@@ -15,6 +15,7 @@
 
 pub mod config;
 pub mod daemon;
+pub mod ib;
 pub mod initd;
 pub mod paths;
 pub mod signals;
