@@ -248,18 +248,20 @@ impl<'a> IbRepr<'a> {
         Ok(info)
     }
 
-    /// Writes headers, payload and zero pad at the start of `buf`, and
-    /// zeroes the 4 ICRC bytes (fill them with [`icrc::write_trailer`] or
-    /// use [`RoceRepr::emit`]). Returns [`IbRepr::buffer_len`].
+    /// Writes only the BTH and extension headers at the start of `buf`;
+    /// returns their length. For a sender that hands the payload, pad and
+    /// ICRC to the socket as separate pieces (see
+    /// [`icrc::compute_vectored`]) instead of copying them behind the
+    /// headers.
     ///
     /// # Errors
     /// [`IbRepr::check`] failures, or a short buffer.
-    pub fn emit(&self, buf: &mut [u8]) -> Result<usize, EmitError> {
+    pub fn emit_headers(&self, buf: &mut [u8]) -> Result<usize, EmitError> {
         let info = self.check()?;
-        let total = self.buffer_len();
-        if buf.len() < total {
+        let hdr = info.header_len();
+        if buf.len() < hdr {
             return Err(EmitError::BufferTooSmall {
-                need: total,
+                need: hdr,
                 have: buf.len(),
             });
         }
@@ -270,6 +272,25 @@ impl<'a> IbRepr<'a> {
             self.ext.emit_one(h, &mut buf[off..off + h.wire_len()]);
             off += h.wire_len();
         }
+        Ok(hdr)
+    }
+
+    /// Writes headers, payload and zero pad at the start of `buf`, and
+    /// zeroes the 4 ICRC bytes (fill them with [`icrc::write_trailer`] or
+    /// use [`RoceRepr::emit`]). Returns [`IbRepr::buffer_len`].
+    ///
+    /// # Errors
+    /// [`IbRepr::check`] failures, or a short buffer.
+    pub fn emit(&self, buf: &mut [u8]) -> Result<usize, EmitError> {
+        self.check()?;
+        let total = self.buffer_len();
+        if buf.len() < total {
+            return Err(EmitError::BufferTooSmall {
+                need: total,
+                have: buf.len(),
+            });
+        }
+        let mut off = self.emit_headers(buf)?;
         buf[off..off + self.payload.len()].copy_from_slice(self.payload);
         off += self.payload.len();
         buf[off..total].fill(0); // pad and ICRC placeholder

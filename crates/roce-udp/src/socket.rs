@@ -172,24 +172,31 @@ impl RoceSocket {
     /// Identification (the RoCEv2 ICRC) must compute datagram `k` of a run
     /// with Identification `k`.
     pub fn gso_runs(&self, batch: &[(SocketAddr, &[u8])]) -> Vec<std::ops::Range<usize>> {
+        let lens: Vec<(SocketAddr, usize)> = batch.iter().map(|(a, d)| (*a, d.len())).collect();
+        self.gso_runs_by_len(&lens)
+    }
+
+    /// [`RoceSocket::gso_runs`] from each datagram's destination and
+    /// length (for datagrams held in pieces, see
+    /// [`RoceSocket::send_runs_vectored`]).
+    pub fn gso_runs_by_len(&self, batch: &[(SocketAddr, usize)]) -> Vec<std::ops::Range<usize>> {
         let mut runs = Vec::new();
         let mut i = 0;
         while i < batch.len() {
-            let (dst, first) = batch[i];
-            let size = first.len();
+            let (dst, size) = batch[i];
             let mut j = i + 1;
             let mut bytes = size;
             if self.gso && size > 0 {
                 while j < batch.len()
                     && j - i < GSO_MAX_SEGMENTS
                     && batch[j].0 == dst
-                    && batch[j].1.len() <= size
-                    && bytes + batch[j].1.len() <= GSO_MAX_BYTES
-                    && !batch[j].1.is_empty()
+                    && batch[j].1 <= size
+                    && bytes + batch[j].1 <= GSO_MAX_BYTES
+                    && batch[j].1 != 0
                 {
-                    bytes += batch[j].1.len();
+                    bytes += batch[j].1;
                     j += 1;
-                    if batch[j - 1].1.len() < size {
+                    if batch[j - 1].1 < size {
                         break; // a shorter datagram ends the run
                     }
                 }
@@ -211,6 +218,27 @@ impl RoceSocket {
         batch: &[(SocketAddr, &[u8])],
         runs: &[std::ops::Range<usize>],
     ) -> usize {
+        let pieces: Vec<[&[u8]; 1]> = batch.iter().map(|(_, d)| [*d]).collect();
+        let vectored: Vec<(SocketAddr, &[&[u8]])> = batch
+            .iter()
+            .zip(&pieces)
+            .map(|((a, _), p)| (*a, &p[..]))
+            .collect();
+        self.send_runs_vectored(&vectored, runs)
+    }
+
+    /// [`RoceSocket::send_runs`] for datagrams held in pieces: datagram `i`
+    /// is the concatenation of `batch[i].1`, which the kernel gathers
+    /// (iovecs), so a sender need not copy headers and payload into one
+    /// buffer. `runs` come from [`RoceSocket::gso_runs_by_len`] over the
+    /// datagrams' total lengths; the segment size of a run is the length of
+    /// its first datagram.
+    pub fn send_runs_vectored(
+        &mut self,
+        batch: &[(SocketAddr, &[&[u8]])],
+        runs: &[std::ops::Range<usize>],
+    ) -> usize {
+        let dgram_len = |parts: &[&[u8]]| parts.iter().map(|p| p.len()).sum::<usize>();
         let mut done = 0;
         while done < runs.len() {
             let chunk = &runs[done..runs.len().min(done + 64)];
@@ -218,27 +246,36 @@ impl RoceSocket {
                 .iter()
                 .map(|r| SockAddr::from(batch[r.start].0))
                 .collect();
-            let mut iovs: Vec<libc::iovec> = chunk
-                .iter()
-                .flat_map(|r| batch[r.clone()].iter())
-                .map(|(_, d)| libc::iovec {
-                    iov_base: d.as_ptr() as *mut libc::c_void,
-                    iov_len: d.len(),
-                })
-                .collect();
+            // Per run: where its iovecs start and how many it has (empty
+            // pieces are left out).
+            let mut iovs: Vec<libc::iovec> = Vec::new();
+            let mut spans: Vec<(usize, usize)> = Vec::with_capacity(chunk.len());
+            for r in chunk {
+                let at = iovs.len();
+                for (_, parts) in &batch[r.clone()] {
+                    for p in parts.iter().filter(|p| !p.is_empty()) {
+                        iovs.push(libc::iovec {
+                            iov_base: p.as_ptr() as *mut libc::c_void,
+                            iov_len: p.len(),
+                        });
+                    }
+                }
+                spans.push((at, iovs.len() - at));
+            }
             let mut cmsgs = vec![[0u64; CMSG_ROOM / 8]; chunk.len()];
             let mut msgs: Vec<libc::mmsghdr> = Vec::with_capacity(chunk.len());
-            let mut iov_at = 0;
             for (k, r) in chunk.iter().enumerate() {
                 // SAFETY: all-zero is a valid mmsghdr.
                 let mut m: libc::mmsghdr = unsafe { std::mem::zeroed() };
                 m.msg_hdr.msg_name = addrs[k].as_ptr() as *mut libc::c_void;
                 m.msg_hdr.msg_namelen = addrs[k].len();
-                m.msg_hdr.msg_iov = &mut iovs[iov_at];
-                m.msg_hdr.msg_iovlen = r.len() as _;
-                iov_at += r.len();
+                let (at, count) = spans[k];
+                // SAFETY: `at + count <= iovs.len()`; an empty datagram has
+                // no iovec and a one-past-the-end pointer that is never read.
+                m.msg_hdr.msg_iov = unsafe { iovs.as_mut_ptr().add(at) };
+                m.msg_hdr.msg_iovlen = count as _;
                 if r.len() > 1 {
-                    let seg = batch[r.start].1.len() as u16;
+                    let seg = dgram_len(batch[r.start].1) as u16;
                     let room = &mut cmsgs[k];
                     m.msg_hdr.msg_control = room.as_mut_ptr().cast();
                     // SAFETY: CMSG_SPACE of a u16 fits CMSG_ROOM bytes.
@@ -615,6 +652,49 @@ mod tests {
         if a.gso() {
             assert_eq!(a.stats().gso_sends, 2, "{:?}", a.stats());
         }
+    }
+
+    #[test]
+    fn datagrams_in_pieces_arrive_as_their_concatenation() {
+        let mut a = RoceSocket::bind("127.0.160.1:0".parse().unwrap()).unwrap();
+        let mut b = RoceSocket::bind("127.0.160.2:0".parse().unwrap()).unwrap();
+        let dst = b.local_addr();
+        // Header, payload (empty in some), trailer: 20 equal-size datagrams
+        // (one GSO run) then a shorter one with an empty payload piece.
+        let heads: Vec<Vec<u8>> = (0..21u8).map(|i| vec![i; 12]).collect();
+        let bodies: Vec<Vec<u8>> = (0..21u32)
+            .map(|i| {
+                if i < 20 {
+                    i.to_le_bytes().repeat(256)
+                } else {
+                    Vec::new()
+                }
+            })
+            .collect();
+        let tail = [0xEEu8; 4];
+        let pieces: Vec<[&[u8]; 3]> = heads
+            .iter()
+            .zip(&bodies)
+            .map(|(h, p)| [h.as_slice(), p.as_slice(), &tail[..]])
+            .collect();
+        let batch: Vec<(SocketAddr, &[&[u8]])> = pieces.iter().map(|p| (dst, &p[..])).collect();
+        let lens: Vec<(SocketAddr, usize)> = pieces
+            .iter()
+            .map(|p| (dst, p.iter().map(|x| x.len()).sum()))
+            .collect();
+        let runs = a.gso_runs_by_len(&lens);
+        if a.gso() {
+            assert_eq!(runs, vec![0..21]);
+        }
+        let mut done = 0;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while done < runs.len() {
+            assert!(Instant::now() < deadline);
+            done += a.send_runs_vectored(&batch, &runs[done..]);
+        }
+        let got: Vec<Vec<u8>> = recv_all(&mut b, 21).into_iter().map(|(_, d)| d).collect();
+        let want: Vec<Vec<u8>> = pieces.iter().map(|p| p.concat()).collect();
+        assert_eq!(got, want, "each datagram is its pieces, in order");
     }
 
     #[test]

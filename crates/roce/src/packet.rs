@@ -71,6 +71,38 @@ impl<'a> Packet<&'a [u8]> {
     }
 }
 
+/// Payload buffers of sent packets, handed back by the driver
+/// ([`crate::Qp::recycle_payload`]) so the next packets neither allocate
+/// nor zero-fill: every byte of a taken buffer is overwritten by the
+/// gather or remote read that fills it.
+#[derive(Debug, Default)]
+pub(crate) struct PayloadPool(Vec<Vec<u8>>);
+
+impl PayloadPool {
+    /// Buffers kept at most (a few batches of full-MTU packets).
+    const MAX: usize = 128;
+    /// Smaller buffers are not worth keeping.
+    const MIN_CAPACITY: usize = 256;
+
+    /// A buffer of `len` bytes whose contents are unspecified.
+    pub(crate) fn take(&mut self, len: usize) -> Vec<u8> {
+        match self.0.pop() {
+            Some(mut b) => {
+                b.resize(len, 0); // fills only growth
+                b
+            }
+            None => vec![0; len],
+        }
+    }
+
+    /// Keeps `buf` for a later [`PayloadPool::take`].
+    pub(crate) fn give(&mut self, buf: Vec<u8>) {
+        if self.0.len() < Self::MAX && buf.capacity() >= Self::MIN_CAPACITY {
+            self.0.push(buf);
+        }
+    }
+}
+
 /// An ACK AETH granting `credits` (code 31: unlimited).
 pub(crate) fn ack(credits: CreditCount, msn: u32) -> AethRepr {
     AethRepr {

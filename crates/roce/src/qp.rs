@@ -170,6 +170,8 @@ pub struct Qp {
     pub(crate) drain_reported: bool,
     /// Why the responder last refused a request (diagnostics).
     pub(crate) last_error: Option<&'static str>,
+    /// Payload buffers to reuse.
+    pub(crate) payloads: crate::packet::PayloadPool,
 }
 
 impl Qp {
@@ -186,6 +188,7 @@ impl Qp {
             turn: false,
             drain_reported: false,
             last_error: None,
+            payloads: Default::default(),
         }
     }
 
@@ -336,6 +339,13 @@ impl Qp {
             }
         }
         self.check_drained();
+    }
+
+    /// Gives back the payload of a packet from [`Qp::poll_transmit`] once
+    /// it is sent, for later packets to reuse (optional: a driver that
+    /// drops payloads only costs an allocation per packet).
+    pub fn recycle_payload(&mut self, buf: Vec<u8>) {
+        self.payloads.give(buf);
     }
 
     /// The next packet to send, or `None`. One packet per call.

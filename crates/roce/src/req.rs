@@ -378,7 +378,7 @@ impl Qp {
                 let pos = Position::of(pkt_idx, entry.npkts);
                 let offset = u64::from(pkt_idx) * pmtu;
                 let len = (entry.len - offset).min(pmtu) as usize;
-                let mut payload = vec![0u8; len];
+                let mut payload = self.payloads.take(len);
                 match &entry.wqe.inline {
                     Some(data) => {
                         payload.copy_from_slice(&data[offset as usize..offset as usize + len])

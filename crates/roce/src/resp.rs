@@ -772,7 +772,7 @@ impl Qp {
                 let index = (job.done / pmtu) as u32;
                 let pos = Position::of(index, npkts);
                 let len = (job.len - job.done).min(pmtu) as usize;
-                let mut payload = vec![0u8; len];
+                let mut payload = self.payloads.take(len);
                 let psn = job.psn.add(index);
                 let read = if len > 0 {
                     mem.remote_read(job.rkey, job.va.wrapping_add(job.done), &mut payload)

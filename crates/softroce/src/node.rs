@@ -106,6 +106,73 @@ struct Slot {
     events: VecDeque<QpEvent>,
 }
 
+/// One datagram to send, in the pieces the socket gathers (iovecs): the
+/// BTH and extension headers, the engine's payload buffer as it came from
+/// registered memory (no second copy), then pad and ICRC.
+struct Out {
+    dst: SocketAddr,
+    /// The QP whose payload buffer this is, to give it back once sent.
+    qpn: u32,
+    head: Vec<u8>,
+    payload: Vec<u8>,
+    /// Pad (0-3 zero bytes) then the ICRC; `tail_len` bytes are used.
+    tail: [u8; 3 + rdma_wire::ICRC_LEN],
+    tail_len: usize,
+}
+
+impl Out {
+    fn len(&self) -> usize {
+        self.head.len() + self.payload.len() + self.tail_len
+    }
+
+    fn parts(&self) -> [&[u8]; 3] {
+        [&self.head, &self.payload, &self.tail[..self.tail_len]]
+    }
+
+    fn icrc(&self) -> u32 {
+        let t = &self.tail[self.tail_len - rdma_wire::ICRC_LEN..self.tail_len];
+        u32::from_le_bytes([t[0], t[1], t[2], t[3]])
+    }
+
+    fn set_icrc(&mut self, icrc: u32) {
+        let n = self.tail_len;
+        self.tail[n - rdma_wire::ICRC_LEN..n].copy_from_slice(&icrc.to_le_bytes());
+    }
+
+    /// The datagram as one buffer (for the fault injector); the payload
+    /// buffer is handed back.
+    fn flatten(mut self) -> (OutDatagram, u32, Vec<u8>) {
+        let mut data = std::mem::take(&mut self.head);
+        data.extend_from_slice(&self.payload);
+        data.extend_from_slice(&self.tail[..self.tail_len]);
+        let d = OutDatagram {
+            dst: self.dst,
+            data,
+        };
+        (d, self.qpn, self.payload)
+    }
+
+    /// A whole datagram (from the fault injector) as pieces.
+    fn from_flat(d: OutDatagram) -> Option<Out> {
+        let mut head = d.data;
+        let at = head.len().checked_sub(rdma_wire::ICRC_LEN)?;
+        let mut tail = [0u8; 3 + rdma_wire::ICRC_LEN];
+        tail[..rdma_wire::ICRC_LEN].copy_from_slice(&head[at..]);
+        head.truncate(at);
+        Some(Out {
+            dst: d.dst,
+            qpn: u32::MAX,
+            head,
+            payload: Vec::new(),
+            tail,
+            tail_len: rdma_wire::ICRC_LEN,
+        })
+    }
+}
+
+/// Room for the BTH and the longest extension-header list.
+const HEAD_ROOM: usize = 64;
+
 /// A datagram waiting in the fault injector.
 #[derive(Clone)]
 struct OutDatagram {
@@ -138,7 +205,7 @@ pub struct Node {
     faults: Option<FaultInjector<OutDatagram>>,
     /// False while the link is cut: nothing goes out or comes in.
     link_up: bool,
-    out: Vec<(SocketAddr, Vec<u8>)>,
+    out: Vec<Out>,
     stats: NodeStats,
     retired: QpCounters,
     /// Round-robin start for fairness between QPs.
@@ -148,7 +215,7 @@ pub struct Node {
     /// ICRC corrections for IPv4 Identifications of GSO segments, by the
     /// length of the IB part.
     ident_deltas: std::collections::HashMap<usize, icrc::Ipv4IdentDelta>,
-    /// Datagram buffers of sent batches, for the next ones.
+    /// Header buffers of sent batches, for the next ones.
     spare: Vec<Vec<u8>>,
 }
 
@@ -489,18 +556,32 @@ impl Node {
                         let _ = p.write_packet(now, &ip_packet[..n]);
                     }
                 }
-                // What the socket sends: BTH onward plus ICRC, one copy,
-                // into a buffer of an earlier batch (emit writes every byte,
-                // so only growth needs filling).
-                let mut dgram = self.spare.pop().unwrap_or_default();
-                dgram.resize(roce.udp_payload_len(), 0);
-                match roce.emit_udp_payload(&mut dgram) {
-                    Ok(n) => {
-                        dgram.truncate(n);
-                        self.out.push((dst, dgram));
-                    }
-                    Err(_) => self.stats.tx_frame_errors += 1,
-                }
+                // What the socket sends: BTH onward plus ICRC, gathered
+                // from a header buffer of an earlier batch, the payload
+                // buffer the engine filled and the pad + ICRC bytes.
+                let mut head = self.spare.pop().unwrap_or_default();
+                head.resize(HEAD_ROOM, 0);
+                let Ok(n) = roce.ib.emit_headers(&mut head) else {
+                    self.stats.tx_frame_errors += 1;
+                    continue;
+                };
+                head.truncate(n);
+                let pad = usize::from(roce.ib.bth.pad_count & 3);
+                let mut tail = [0u8; 3 + rdma_wire::ICRC_LEN];
+                let parts: [&[u8]; 3] = [&head, &pkt.payload, &tail[..pad]];
+                let Ok(crc) = icrc::compute_vectored(&roce.ip, &roce.udp, &parts) else {
+                    self.stats.tx_frame_errors += 1;
+                    continue;
+                };
+                tail[pad..pad + rdma_wire::ICRC_LEN].copy_from_slice(&crc.to_le_bytes());
+                self.out.push(Out {
+                    dst,
+                    qpn: *k,
+                    head,
+                    payload: pkt.payload,
+                    tail,
+                    tail_len: pad + rdma_wire::ICRC_LEN,
+                });
             }
         }
         self.flush_out(now);
@@ -511,32 +592,34 @@ impl Node {
         let mut batch = std::mem::take(&mut self.out);
         if !self.link_up {
             self.stats.link_down_drops += batch.len() as u64;
+            self.recycle(batch);
             return;
         }
         if let Some(f) = self.faults.as_mut() {
-            for (dst, data) in batch.drain(..) {
-                f.push(now, OutDatagram { dst, data });
+            for o in batch.drain(..) {
+                let (d, qpn, payload) = o.flatten();
+                f.push(now, d);
+                if let Some(s) = self.qps.get_mut(&qpn) {
+                    s.qp.recycle_payload(payload);
+                }
             }
             while let Some(d) = f.pop_ready(now) {
-                batch.push((d.dst, d.data));
+                batch.extend(Out::from_flat(d));
             }
         }
         if batch.is_empty() {
             return;
         }
-        let runs = {
-            let refs: Vec<(SocketAddr, &[u8])> =
-                batch.iter().map(|(a, d)| (*a, d.as_slice())).collect();
-            self.sock.gso_runs(&refs)
-        };
+        let lens: Vec<(SocketAddr, usize)> = batch.iter().map(|o| (o.dst, o.len())).collect();
+        let runs = self.sock.gso_runs_by_len(&lens);
         // Segment k of a GSO send leaves with IPv4 Identification k; its
         // ICRC was computed for 0.
         for run in runs.iter().filter(|r| r.len() > 1) {
-            for (k, (dst, data)) in batch[run.clone()].iter_mut().enumerate().skip(1) {
-                if !dst.is_ipv4() {
+            for (k, o) in batch[run.clone()].iter_mut().enumerate().skip(1) {
+                if !o.dst.is_ipv4() {
                     break;
                 }
-                let ib_len = data.len().saturating_sub(rdma_wire::ICRC_LEN);
+                let ib_len = o.len().saturating_sub(rdma_wire::ICRC_LEN);
                 let delta = match self.ident_deltas.get(&ib_len) {
                     Some(d) => *d,
                     None => match icrc::Ipv4IdentDelta::for_ib_len(ib_len) {
@@ -544,19 +627,21 @@ impl Node {
                         None => continue,
                     },
                 };
-                if let Some(t) = icrc::trailer(data) {
-                    icrc::write_trailer(data, t ^ delta.delta(k as u16));
-                }
+                o.set_icrc(o.icrc() ^ delta.delta(k as u16));
             }
         }
-        let refs: Vec<(SocketAddr, &[u8])> =
-            batch.iter().map(|(a, d)| (*a, d.as_slice())).collect();
+        let parts: Vec<[&[u8]; 3]> = batch.iter().map(Out::parts).collect();
+        let refs: Vec<(SocketAddr, &[&[u8]])> = batch
+            .iter()
+            .zip(&parts)
+            .map(|(o, p)| (o.dst, &p[..]))
+            .collect();
         let gso_before = self.sock.stats().gso_sends;
         let mut done = 0;
         // A full socket buffer: retry a bounded number of times, then drop
         // the rest like a congested wire; retransmission recovers RC.
         for _ in 0..64 {
-            done += self.sock.send_runs(&refs, &runs[done..]);
+            done += self.sock.send_runs_vectored(&refs, &runs[done..]);
             if done == runs.len() {
                 break;
             }
@@ -565,9 +650,21 @@ impl Node {
         self.stats.tx_packets += runs[..done].iter().map(|r| r.len() as u64).sum::<u64>();
         self.stats.tx_gso_sends += self.sock.stats().gso_sends - gso_before;
         drop(refs);
-        let room = SPARE_BUFFERS.saturating_sub(self.spare.len());
-        self.spare
-            .extend(batch.into_iter().take(room).map(|(_, d)| d));
+        drop(parts);
+        self.recycle(batch);
+    }
+
+    /// Gives sent (or dropped) datagrams' buffers back: payloads to their
+    /// QP's engine, headers to the spare list.
+    fn recycle(&mut self, batch: Vec<Out>) {
+        for o in batch {
+            if let Some(s) = self.qps.get_mut(&o.qpn) {
+                s.qp.recycle_payload(o.payload);
+            }
+            if self.spare.len() < SPARE_BUFFERS {
+                self.spare.push(o.head);
+            }
+        }
     }
 }
 
