@@ -952,6 +952,9 @@ fn discover(
                 }
             }
         }
+        if rescan.is_some() && verbose {
+            println!("# scan {round} done: {found} SRP target ports");
+        }
         let Some(sig) = &signals else {
             if found == 0 && ok {
                 eprintln!("srp: no SRP targets found");

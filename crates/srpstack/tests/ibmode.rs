@@ -1,29 +1,25 @@
-//! The IB-managed mode end to end on 127.0.140.x: a subnet manager (the
-//! `ibsm run` engine, `ib_sm::port::SmPort`, stepped by a thread of the
-//! test: Cargo builds no other package's binaries for this one) brings up
+//! The IB-managed mode end to end on 127.0.140.x: `ibsm run` brings up
 //! `srptd --fabric ib`, `srpd --fabric ib` and `srp discover --sa` ports;
 //! discovery through the SA finds the target and prints its login string;
 //! srpd logs in along SA PathRecords and data written through the LUN file
 //! reads back; a target started while the discover loop waits is found
 //! through trap 64 long before the rescan period, and its departure is
 //! noted through trap 65; a partition the target is not in, an unknown
-//! P_Key and a fabric without an SM give clear errors.
+//! P_Key and a fabric without an SM give clear errors. When the master SM
+//! dies and the standby takes over, the discover loop subscribes again at
+//! the new master, whose trap 64 then brings a new target.
 //!
 //! Prints "SKIPPED: ..." and passes when the machine lacks FUSE.
 
 mod common;
 
 use common::Proc;
-use ib_sm::port::SmPort;
-use ib_sm::SmConfig;
-use rdma_types::{Gid, Guid, Lid};
-use rnic::softroce::{Personality, SoftCa, SoftRoce, ROCE_PORT};
+use rdma_types::Gid;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::net::{IpAddr, Ipv4Addr};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 fn ip(last: u8) -> IpAddr {
@@ -38,54 +34,53 @@ fn gid_hex(last: u8) -> String {
         .collect()
 }
 
-/// The SM and SA at 127.0.140.`at`, sweeping the nodes `nodes` every
-/// 200 ms, as `ibsm run` does; stopped on drop.
-struct Sm {
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
+/// The `ibsm` binary. Cargo builds no other package's binaries for this
+/// test, so it is built here, once, into the same target directory and
+/// profile as this test (a no-op when a workspace build made it already).
+fn ibsm_bin() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let exe = std::env::current_exe().unwrap();
+        // <target>/<profile>/deps/ibmode-<hash>
+        let profile = exe.parent().unwrap().parent().unwrap();
+        let mut cmd = Command::new(env!("CARGO"));
+        cmd.args([
+            "build",
+            "-q",
+            "-p",
+            "ib-sm",
+            "--bin",
+            "ibsm",
+            "--target-dir",
+        ])
+        .arg(profile.parent().unwrap())
+        .current_dir(env!("CARGO_MANIFEST_DIR"));
+        if profile.file_name().is_some_and(|n| n == "release") {
+            cmd.arg("--release");
+        }
+        assert!(
+            cmd.status().unwrap().success(),
+            "cargo build -p ib-sm --bin ibsm"
+        );
+        profile.join("ibsm")
+    })
+    .clone()
 }
 
-impl Sm {
-    fn start(at: u8, nodes: &[u8], partitions: &str) -> Sm {
-        let guid = Guid(0x0140_0000_0000_0000 | u64::from(at));
-        let nic = SoftRoce::new(vec![SoftCa { guid, ip: ip(at) }], ROCE_PORT);
-        nic.set_personality(guid, Personality::Ib).unwrap();
-        let mut cfg = SmConfig::new(guid);
-        cfg.sweep_interval = rdma_types::Duration::from_millis(200);
-        cfg.timeout = rdma_types::Duration::from_millis(100);
-        cfg.retries = 1;
-        if !partitions.is_empty() {
-            cfg.partitions = ib_sm::parse_partitions(partitions).unwrap();
-        }
-        let gids: Vec<Gid> = nodes.iter().map(|&n| Gid::from_ip(ip(n))).collect();
-        let mut port = SmPort::open(nic.clone(), guid, cfg, &gids).unwrap();
-        nic.set_lid(guid, Lid(1)).unwrap();
-        nic.set_sm_lid(guid, Lid(1)).unwrap();
-        nic.set_port_state(guid, verbs::PortState::Active).unwrap();
-        let stop = Arc::new(AtomicBool::new(false));
-        let s = stop.clone();
-        let thread = std::thread::spawn(move || {
-            let end = Instant::now() + Duration::from_secs(120);
-            while !s.load(Ordering::Relaxed) && Instant::now() < end {
-                port.step(Duration::from_millis(20));
-                while port.poll_event().is_some() {}
-            }
-            drop(nic);
-        });
-        Sm {
-            stop,
-            thread: Some(thread),
-        }
+/// `ibsm run` at 127.0.140.`at` for the nodes `nodes`, sweeping every
+/// 200 ms; `extra` arguments after those.
+fn ibsm(at: u8, nodes: &[u8], extra: &[&str]) -> Proc {
+    let mut cmd = Command::new(ibsm_bin());
+    cmd.args(["run", "--addr", &ip(at).to_string()]);
+    for n in nodes {
+        cmd.args(["--node", &ip(*n).to_string()]);
     }
-}
-
-impl Drop for Sm {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
+    cmd.args(["--sweep-interval-ms", "200", "--timeout-ms", "100"])
+        .args(["--retries", "1"])
+        .args(extra);
+    let p = Proc::start("ibsm", &mut cmd);
+    p.wait_line("ibsm: SM and SA at", 20);
+    p
 }
 
 fn srptd(last: u8, sock: &Path) -> Proc {
@@ -132,14 +127,16 @@ fn discovery_login_and_traps_through_the_sa() {
     std::fs::create_dir_all(&root).unwrap();
     // srpd's port (.3) alone is in partition 0x0010, as a full member.
     let srpd_guid = srpstack::ib::ib_guid(ip(3));
-    let _sm = Sm::start(
-        1,
-        &[2, 3, 4, 5, 6],
-        &format!(
+    let parts = dir.join("partitions.conf");
+    std::fs::write(
+        &parts,
+        format!(
             "Default=0x7fff : ALL=full ;\nstorage=0x0010 : {:#x}=full ;\n",
             srpd_guid.0
         ),
-    );
+    )
+    .unwrap();
+    let _sm = ibsm(1, &[2, 3, 4, 5], &["--partitions", parts.to_str().unwrap()]);
     let _t1 = srptd(2, &dir.join("t1.sock"));
     let sock = dir.join("srpd.sock");
     let srpd = Proc::start(
@@ -292,7 +289,7 @@ fn without_an_sm_or_with_a_foreign_pkey_the_errors_are_clear() {
     assert!(!ok, "{out}");
     assert!(out.contains("ibsm run --node 127.0.140.21"), "{out}");
     // An SM is there, but our port is not in partition 0x1234.
-    let _sm = Sm::start(30, &[31], "");
+    let _sm = ibsm(30, &[31], &[]);
     let (ok, out) = run(srp()
         .args(["discover", "--sa", "--ip", "127.0.140.31", "--pkey", "1234"])
         .args(["--sm-wait-ms", "5000"]));
@@ -306,4 +303,67 @@ fn without_an_sm_or_with_a_foreign_pkey_the_errors_are_clear() {
     assert!(!ok && out.contains("not a 16-bit hex P_Key"), "{out}");
     let (ok, out) = run(srp().args(["discover", "--sa", "--target", "127.0.140.2"]));
     assert!(!ok && out.contains("cannot be used with"), "{out}");
+}
+
+#[test]
+fn the_discover_loop_follows_a_new_master_sm() {
+    let dir = std::env::temp_dir().join(format!("srp-ibmode-ho-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    // Two SMs listing each other: A (LID 1, priority 5) is master, B
+    // (LID 2) standby, polling A every 100 ms.
+    let sms = |me: u8, peer: u8, lid: &'static str, prio: &'static str| {
+        ibsm(
+            me,
+            &[peer, 42, 43],
+            &[
+                "--lid",
+                lid,
+                "--priority",
+                prio,
+                "--poll-interval-ms",
+                "100",
+            ],
+        )
+    };
+    let mut sm_a = sms(40, 41, "1", "5");
+    let sm_b = sms(41, 40, "2", "1");
+    sm_b.wait_line("SM state STANDBY", 20);
+    let mut discover = Proc::start(
+        "srp discover",
+        srp()
+            .args(["discover", "--sa", "--ip", &ip(42).to_string()])
+            .args(["--timeout-ms", "200", "--rescan", "60", "-v"]),
+    );
+    discover.wait_line("subscribed to traps 64/65 (SM LID 1)", 20);
+    let l = discover.wait_line("# scan 1 done", 20);
+    assert!(l.ends_with("0 SRP target ports"), "{l}");
+    // The master dies without a word; B takes over, the port's SM LID
+    // moves to 2 and the loop subscribes at B.
+    let killed = Instant::now();
+    sm_a.child.kill().unwrap();
+    sm_a.child.wait().unwrap();
+    discover.wait_line("SM LID 1 -> 2: subscribing again", 20);
+    discover.wait_line("subscribed to traps 64/65 (SM LID 2)", 20);
+    eprintln!(
+        "subscribed at the new master {} ms after the old one died",
+        killed.elapsed().as_millis()
+    );
+    // B's trap 64 for a target that comes up now: scanned at once.
+    let _t = srptd(43, &dir.join("t.sock"));
+    let l = discover.wait_line("# trap 64", 20);
+    assert!(l.contains("::ffff:127.0.140.43"), "{l}");
+    let g = srpstack::ib::ib_guid(ip(43)).0;
+    let l = discover.wait_line("id_ext=", 20);
+    assert!(
+        l.starts_with(&format!(
+            "id_ext={g:016x},ioc_guid={g:016x},dgid={}",
+            gid_hex(43)
+        )),
+        "{l}"
+    );
+    discover.term();
+    assert!(discover.child.wait().unwrap().success());
+    drop(sm_b);
+    let _ = std::fs::remove_dir_all(&dir);
 }
