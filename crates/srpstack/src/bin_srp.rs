@@ -7,6 +7,10 @@
 //! port reconnects, with Linux's `reconnect_delay`, `fast_io_fail_tmo` and
 //! `dev_loss_tmo`), and with `--dest` given several times (one `--ip` per
 //! path) make the paths one multipath device.
+//!
+//! `discover` walks the DM agents of the ports given (`--target`) or, with
+//! `--sa`, of the ports the subnet administrator of a managed subnet names
+//! (srp_daemon's normal mode; see `srpstack::ib`).
 
 use blockload::{Pattern, Workload};
 use clap::{Args, Parser, Subcommand};

@@ -607,6 +607,25 @@ lun = [{ lun = 3, device = "disk1" }]
     }
 
     #[test]
+    fn fabric_key() {
+        let c = parse("[target]\nfabric = \"ib\"\nsm_wait_ms = 500\n").unwrap();
+        assert_eq!(c.target.fabric, crate::ib::Fabric::Ib);
+        assert_eq!(c.target.sm_wait_ms, 500);
+        assert!(c.to_toml().contains("fabric = \"ib\""), "{}", c.to_toml());
+        assert_eq!(
+            parse("").unwrap().target.fabric,
+            crate::ib::Fabric::Roce,
+            "roce by default"
+        );
+        let e = err_of("[target]\nfabric = \"ethernet\"\n");
+        assert_eq!(e.line, 2, "{e}");
+        assert!(
+            e.message.contains("roce") && e.message.contains("ib"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn sizes() {
         assert_eq!(parse_size("512").unwrap(), 512);
         assert_eq!(parse_size("64M").unwrap(), 64 << 20);

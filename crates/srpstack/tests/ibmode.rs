@@ -192,6 +192,21 @@ fn discovery_login_and_traps_through_the_sa() {
         "{out}"
     );
 
+    // Along a good path, a login the target refuses: the SRP_LOGIN_REJ in
+    // words, not a path failure.
+    let (ok, out) = run(srp()
+        .args([
+            "login",
+            &want.replace(&format!("id_ext={t1_guid:016x}"), "id_ext=00000000000000ff"),
+            "--control-socket",
+        ])
+        .arg(&sock));
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains("SRP login rejected: unable to associate RDMA channel with I_T nexus"),
+        "{out}"
+    );
+
     // The discover loop with a long rescan period: the target there now is
     // logged in through srpd (paths from the SA).
     let mut discover = Proc::start(
