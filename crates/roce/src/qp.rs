@@ -378,7 +378,10 @@ impl Qp {
         if self.mode == Mode::Error {
             return None;
         }
-        self.req.next_deadline()
+        [self.req.next_deadline(), self.resp.next_deadline()]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// Handles expired deadlines.
@@ -387,6 +390,7 @@ impl Qp {
             return;
         }
         self.requester_timeout(now);
+        self.resp.handle_timeout(now);
     }
 
     /// The next completion, in the order the spec requires.

@@ -6,7 +6,7 @@ use crate::mem::{scatter, Memory, MemoryError, RemoteAccess};
 use crate::packet::{ack, nak, opcode, rnr_nak, Packet};
 use crate::qp::{Mode, Qp, QpConfig};
 use crate::wqe::{Completion, RecvWqe};
-use rdma_types::{Instant, Pkey, Psn, QpType, Qpn, Rkey, WcOpcode, WcStatus};
+use rdma_types::{Duration, Instant, Pkey, Psn, QpType, Qpn, Rkey, WcOpcode, WcStatus};
 use rdma_wire::{
     AethRepr, AtomicAckEthRepr, CreditCount, Kind, NakCode, OpInfo, Opcode, Position, Transport,
 };
@@ -74,6 +74,34 @@ pub(crate) struct Responder {
     resources: VecDeque<Resource>,
     pmtu: u64,
     pub(crate) comm_pending: bool,
+    /// Until when ACKs are sent twice: set by a duplicate SEND/WRITE, the
+    /// sign that the requester lost an ACK of ours (see [`AckRepeat`]).
+    repeat_acks_until: Option<Instant>,
+    /// The last ACK sent, to send again at the instant given when no
+    /// newer one has gone by then.
+    ack_repeat: Option<(Instant, Psn, u32)>,
+    /// The ACK at the back of the queue is such a copy.
+    copy_queued: bool,
+}
+
+/// ACK repetition after a lost ACK.
+///
+/// A requester learns of a lost ACK only from its retransmission timer,
+/// and a requester with nothing else to send (one synchronous command at
+/// a time, as fio's psync over Linux ib_srp) waits for it to fire: with
+/// rdma_cm's RoCE defaults, about 2 s per lost ACK. Once a duplicate
+/// request shows that the peer lost an ACK, every ACK of the next
+/// [`AckRepeat::WINDOW`] is sent again after [`AckRepeat::DELAY`] unless a
+/// newer ACK went out meanwhile. A requester ignores an ACK of PSNs it
+/// has already seen acknowledged (IBA 9.7.5.1.2), so the copy costs one
+/// datagram and is harmless; without a duplicate nothing is repeated.
+pub(crate) struct AckRepeat;
+
+impl AckRepeat {
+    /// How long after a duplicate request ACKs are sent twice.
+    pub(crate) const WINDOW: Duration = Duration::from_secs(10);
+    /// How long after an ACK its copy follows.
+    pub(crate) const DELAY: Duration = Duration::from_millis(2);
 }
 
 impl Responder {
@@ -92,6 +120,9 @@ impl Responder {
             resources: VecDeque::new(),
             pmtu: cfg.pmtu.bytes() as u64,
             comm_pending: true,
+            repeat_acks_until: None,
+            ack_repeat: None,
+            copy_queued: false,
         }
     }
 
@@ -114,10 +145,31 @@ impl Responder {
             ));
         }
         self.queue.clear();
+        self.ack_repeat = None;
+    }
+
+    /// When the last ACK is to be sent again.
+    pub(crate) fn next_deadline(&self) -> Option<Instant> {
+        self.ack_repeat.map(|(at, _, _)| at)
+    }
+
+    /// Sends the last ACK again if its time has come and no newer ACK
+    /// went out since.
+    pub(crate) fn handle_timeout(&mut self, now: Instant) {
+        if let Some((at, psn, msn)) = self.ack_repeat {
+            if at <= now {
+                self.ack_repeat = None;
+                if !self.queue.iter().any(|r| matches!(r, Response::Ack { .. })) {
+                    self.queue.push_back(Response::Ack { psn, msn });
+                    self.copy_queued = true;
+                }
+            }
+        }
     }
 
     fn push_ack(&mut self, psn: Psn) {
         let msn = self.msn;
+        self.copy_queued = false;
         if let Some(Response::Ack { psn: p, msn: m }) = self.queue.back_mut() {
             *p = psn;
             *m = msn;
@@ -167,19 +219,24 @@ impl Qp {
         info: &OpInfo,
         mem: &mut (impl Memory + ?Sized),
     ) {
-        let _ = now;
         if self.resp.dead {
             self.counters.dropped += 1;
             return;
         }
         match self.cfg.qp_type {
-            QpType::Rc => self.rc_request(pkt, info, mem),
+            QpType::Rc => self.rc_request(now, pkt, info, mem),
             QpType::Uc => self.uc_request(pkt, info, mem),
             _ => self.ud_request(pkt, info, mem),
         }
     }
 
-    fn rc_request(&mut self, pkt: &Packet<&[u8]>, info: &OpInfo, mem: &mut (impl Memory + ?Sized)) {
+    fn rc_request(
+        &mut self,
+        now: Instant,
+        pkt: &Packet<&[u8]>,
+        info: &OpInfo,
+        mem: &mut (impl Memory + ?Sized),
+    ) {
         let d = pkt.bth.psn.diff(self.resp.epsn);
         if d > 0 {
             // IBA 9.7.5.2.2: one NAK per gap, until the expected PSN arrives.
@@ -193,6 +250,9 @@ impl Qp {
         }
         if d < 0 {
             self.counters.duplicates += 1;
+            if matches!(info.kind, Kind::Send | Kind::RdmaWrite) {
+                self.resp.repeat_acks_until = Some(now + AckRepeat::WINDOW);
+            }
             self.duplicate_request(pkt, info);
             return;
         }
@@ -728,7 +788,7 @@ impl Qp {
     /// The next response packet (ACK, NAK, READ response, atomic ACK).
     pub(crate) fn poll_response(
         &mut self,
-        _now: Instant,
+        now: Instant,
         mem: &mut (impl Memory + ?Sized),
     ) -> Option<Packet<Vec<u8>>> {
         if self.cfg.qp_type != QpType::Rc {
@@ -746,7 +806,16 @@ impl Qp {
         let pkt = match front {
             Response::Ack { psn, msn } => {
                 let p = acknowledge(pkey, dest, *psn, ack(credits, *msn));
+                let (psn, msn) = (*psn, *msn);
                 self.resp.queue.pop_front();
+                let repeating = self.resp.repeat_acks_until.is_some_and(|t| now < t);
+                // A copy is sent once; a fresh ACK gets its copy later.
+                self.resp.ack_repeat = (repeating && !self.resp.copy_queued).then_some((
+                    now + AckRepeat::DELAY,
+                    psn,
+                    msn,
+                ));
+                self.resp.copy_queued = false;
                 p
             }
             Response::Nak { psn, aeth, then } => {

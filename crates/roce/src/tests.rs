@@ -1488,3 +1488,50 @@ fn a_lost_read_response_packet_costs_one_re_request_not_a_flood() {
     assert_eq!(n.a.qp.counters().timeouts, 0);
     assert_eq!(a_bytes(&n, 0, 4 * 16_384), b_bytes(&n, 0, 4 * 16_384));
 }
+
+#[test]
+fn after_a_duplicate_request_acks_are_sent_twice_so_one_lost_ack_costs_no_timeout() {
+    // B answers A's SENDs. A lost ACK normally costs A a retransmission
+    // timeout; once B has seen the duplicate that reveals it, B sends each
+    // ACK again shortly after, so the next lost ACK costs nothing.
+    let mut n = Net::new(QpType::Rc, |c| c.timeout = 14);
+    for id in 0..3 {
+        n.b.qp.post_recv(RecvWqe {
+            wr_id: id,
+            sges: sge(B_BUF, 0, 64),
+        });
+    }
+    // One SEND from A to B; B's answer is dropped. Returns when B's ACK
+    // was generated and lost.
+    fn send_and_lose_the_ack(n: &mut Net, id: u64) {
+        n.a.qp
+            .post_send(SendWqe::new(id, SendOp::Send, sge(A_BUF, 0, 8)));
+        let now = n.now;
+        let pkt = n.a.qp.poll_transmit(now, &mut n.a.mem).expect("the SEND");
+        n.b.qp.handle_packet(now, &pkt.as_received(), &mut n.b.mem);
+        let ack = n.b.qp.poll_transmit(now, &mut n.b.mem).expect("B's ACK");
+        assert_eq!(ack.bth.opcode, Opcode::RcAcknowledge);
+        assert!(n.a.qp.poll_transmit(now, &mut n.a.mem).is_none());
+    }
+    send_and_lose_the_ack(&mut n, 1);
+    // No duplicate seen yet: nothing is repeated, A waits for its timer.
+    assert_eq!(n.b.qp.poll_timeout(), None);
+    n.run(Duration::from_secs(5), |n| n.a.wcs.len() == 1);
+    assert_eq!(n.a.qp.counters().timeouts, 1);
+    assert_eq!(n.b.qp.counters().duplicates, 1);
+
+    // The next lost ACK: B's copy follows within milliseconds, long before
+    // A's 67 ms timer, and A completes without retransmitting.
+    send_and_lose_the_ack(&mut n, 2);
+    let copy_at = n.b.qp.poll_timeout().expect("B repeats its ACK");
+    let a_timer = n.a.qp.poll_timeout().expect("A's retransmission timer");
+    assert!(copy_at < a_timer, "{copy_at:?} vs {a_timer:?}");
+    n.run(Duration::from_secs(5), |n| n.a.wcs.len() == 2);
+    assert!(n.a.wcs.iter().all(|c| c.status == WcStatus::Success));
+    assert_eq!(n.a.qp.counters().timeouts, 1, "no second timeout");
+    assert_eq!(n.b.qp.counters().duplicates, 1, "no second duplicate");
+    // The copy was sent once, not again and again.
+    n.settle();
+    assert_eq!(n.b.qp.poll_timeout(), None);
+    assert_eq!(n.b.wcs.len(), 2);
+}
