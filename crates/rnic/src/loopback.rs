@@ -148,6 +148,12 @@ struct State {
     devices: Vec<Device>,
     slots: Vec<Slot>,
     free: Vec<usize>,
+    /// Checked gather list of the WR being executed, kept between WRs so
+    /// the data path allocates nothing; emptied after each WR (it holds
+    /// buffer references).
+    gather: Vec<(Target, usize)>,
+    /// Checked scatter list of the receive WR being filled, likewise.
+    scatter: Vec<(Target, usize)>,
 }
 
 /// The simulated fabric and its provider.
@@ -345,22 +351,44 @@ impl State {
         q.init.port.or(q.attr.port).unwrap_or(PortNum(1))
     }
 
-    /// Gathers/scatters: checks every SGE with `needs`.
+    /// Gathers/scatters: checks every SGE with `needs`, appending the
+    /// targets to `into` (left empty on failure).
     fn sg(
         &self,
         dev: usize,
         pd: usize,
         sges: &[Sge],
         needs: AccessFlags,
-    ) -> Result<Vec<(Target, usize)>, WcStatus> {
+        into: &mut Vec<(Target, usize)>,
+    ) -> Result<(), WcStatus> {
         let keys = &self.devices[dev].keys;
-        sges.iter()
-            .filter(|s| s.length > 0)
-            .map(|s| {
-                keys.local(pd as u32, s.lkey, s.addr, s.length as u64, needs)
-                    .map(|t| (t, s.length as usize))
-            })
-            .collect()
+        for s in sges.iter().filter(|s| s.length > 0) {
+            match keys.local(pd as u32, s.lkey, s.addr, s.length as u64, needs) {
+                Ok(t) => into.push((t, s.length as usize)),
+                Err(e) => {
+                    into.clear();
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs `f` with the receive WR's checked scatter list (the reused
+    /// `scatter` vector, emptied afterwards).
+    fn with_scatter<T>(
+        &mut self,
+        dev: usize,
+        pd: usize,
+        sges: &[Sge],
+        f: impl FnOnce(&mut State, Result<&[(Target, usize)], WcStatus>) -> T,
+    ) -> T {
+        let mut dst = std::mem::take(&mut self.scatter);
+        let r = self.sg(dev, pd, sges, AccessFlags::LOCAL_WRITE, &mut dst);
+        let out = f(self, r.map(|()| &dst[..]));
+        dst.clear();
+        self.scatter = dst;
+        out
     }
 
     /// Moves a QP to ERR, flushing its send and receive queues.
@@ -464,8 +492,7 @@ impl State {
 
     fn execute(&mut self, qi: usize, wr: &SendWr, out: &mut Vec<Cb>) -> Exec {
         let q = self.qpr(qi);
-        let (dev, pd, qpn, qt) = (q.dev, q.pd, q.qpn, q.init.qp_type);
-        let len: u64 = wr.total_len();
+        let (dev, pd, qpn) = (q.dev, q.pd, q.qpn);
         // Local-only operations.
         match wr.opcode {
             SendOpcode::LocalInv => {
@@ -522,10 +549,28 @@ impl State {
             }
             _ => AccessFlags::NONE,
         };
-        let local = match self.sg(dev, pd, &wr.sges, needs_local) {
-            Ok(l) => l,
-            Err(e) => return Exec::Done(Err(e)),
+        let mut local = std::mem::take(&mut self.gather);
+        let r = match self.sg(dev, pd, &wr.sges, needs_local, &mut local) {
+            Ok(()) => self.transfer(qi, wr, &local, out),
+            Err(e) => Exec::Done(Err(e)),
         };
+        local.clear();
+        self.gather = local;
+        r
+    }
+
+    /// The part of `execute` that moves data: `local` is the WR's checked
+    /// gather (or, for READ and atomics, scatter) list.
+    fn transfer(
+        &mut self,
+        qi: usize,
+        wr: &SendWr,
+        local: &[(Target, usize)],
+        out: &mut Vec<Cb>,
+    ) -> Exec {
+        let q = self.qpr(qi);
+        let (dev, qpn, qt) = (q.dev, q.qpn, q.init.qp_type);
+        let len: u64 = wr.total_len();
         let port = self.qp_port(self.qpr(qi));
         if !self.port_active(dev, port) {
             return Exec::Done(if qt == QpType::Rc {
@@ -535,7 +580,7 @@ impl State {
             });
         }
         if qt.is_datagram() {
-            return Exec::Done(self.ud_send(qi, wr, &local, out));
+            return Exec::Done(self.ud_send(qi, wr, local, out));
         }
         // Connected: find the peer.
         let q = self.qpr(qi);
@@ -593,7 +638,7 @@ impl State {
         match wr.opcode {
             SendOpcode::RdmaWrite => match remote(self, AccessFlags::REMOTE_WRITE, len) {
                 Ok(t) => {
-                    copy_sg(&local, &[(t, len as usize)]);
+                    copy_sg(local, &[(t, len as usize)]);
                     Exec::Done(Ok(len as u32))
                 }
                 Err(e) if rc => Exec::Done(Err(e)),
@@ -601,7 +646,7 @@ impl State {
             },
             SendOpcode::RdmaRead => match remote(self, AccessFlags::REMOTE_READ, len) {
                 Ok(t) => {
-                    copy_sg(&[(t, len as usize)], &local);
+                    copy_sg(&[(t, len as usize)], local);
                     Exec::Done(Ok(len as u32))
                 }
                 Err(e) => Exec::Done(Err(e)),
@@ -654,16 +699,17 @@ impl State {
                 wc.src_qp = Qpn::from_bits(qpn);
                 let mut fail = None;
                 if let Some(t) = target {
-                    copy_sg(&local, &[(t, len as usize)]);
+                    copy_sg(local, &[(t, len as usize)]);
                     wc.opcode = WcOpcode::RecvRdmaWithImm;
                 } else {
-                    match self.sg(pdev, ppd, &rwr.sges, AccessFlags::LOCAL_WRITE) {
+                    fail = self.with_scatter(pdev, ppd, &rwr.sges, |_, dst| match dst {
                         Ok(dst) if dst.iter().map(|d| d.1 as u64).sum::<u64>() >= len => {
-                            copy_sg(&local, &dst)
+                            copy_sg(local, dst);
+                            None
                         }
-                        Ok(_) => fail = Some((WcStatus::LocLenErr, WcStatus::RemInvReqErr)),
-                        Err(e) => fail = Some((e, WcStatus::RemOpErr)),
-                    }
+                        Ok(_) => Some((WcStatus::LocLenErr, WcStatus::RemInvReqErr)),
+                        Err(e) => Some((e, WcStatus::RemOpErr)),
+                    });
                 }
                 if matches!(
                     wr.opcode,
@@ -757,7 +803,7 @@ impl State {
             return Ok(len as u32);
         };
         let mut wc = WorkCompletion::new(rwr.wr_id, WcStatus::Success, WcOpcode::Recv, pctx);
-        match self.sg(pdev, ppd, &rwr.sges, AccessFlags::LOCAL_WRITE) {
+        self.with_scatter(pdev, ppd, &rwr.sges, |st, dst| match dst {
             Ok(dst) if dst.iter().map(|d| d.1).sum::<usize>() >= GRH_LEN + len as usize => {
                 let mut grh = [0u8; GRH_LEN];
                 grh[0] = 0x60; // IP version 6 (IBA 8.3.1)
@@ -770,7 +816,7 @@ impl State {
                 g.write_at(0, &grh);
                 let mut src = vec![(Target { buf: g, off: 0 }, GRH_LEN)];
                 src.extend(local.iter().cloned());
-                copy_sg(&src, &dst);
+                copy_sg(&src, dst);
                 wc.byte_len = (GRH_LEN as u64 + len) as u32;
                 wc.src_qp = Qpn::from_bits(qpn);
                 wc.slid = slid;
@@ -780,17 +826,17 @@ impl State {
                     wc.imm = wr.imm;
                     wc.wc_flags = wc.wc_flags | WcFlags::WITH_IMM;
                 }
-                self.complete(prcq, wc, wr.flags.contains(SendFlags::SOLICITED), out);
+                st.complete(prcq, wc, wr.flags.contains(SendFlags::SOLICITED), out);
             }
             Ok(_) => {
                 wc.status = WcStatus::LocLenErr;
-                self.complete(prcq, wc, true, out);
+                st.complete(prcq, wc, true, out);
             }
             Err(e) => {
                 wc.status = e;
-                self.complete(prcq, wc, true, out);
+                st.complete(prcq, wc, true, out);
             }
-        }
+        });
         Ok(len as u32)
     }
 
