@@ -19,7 +19,7 @@ use std::io::{Read, Seek, SeekFrom, Write};
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 fn ip(last: u8) -> IpAddr {
@@ -68,15 +68,17 @@ fn ibsm_bin() -> PathBuf {
 }
 
 /// `ibsm run` at 127.0.140.`at` for the nodes `nodes`, sweeping every
-/// 200 ms; `extra` arguments after those.
+/// 200 ms unless `extra` (arguments after those) says otherwise.
 fn ibsm(at: u8, nodes: &[u8], extra: &[&str]) -> Proc {
     let mut cmd = Command::new(ibsm_bin());
     cmd.args(["run", "--addr", &ip(at).to_string()]);
     for n in nodes {
         cmd.args(["--node", &ip(*n).to_string()]);
     }
-    cmd.args(["--sweep-interval-ms", "200", "--timeout-ms", "100"])
-        .args(["--retries", "1"])
+    if !extra.contains(&"--sweep-interval-ms") {
+        cmd.args(["--sweep-interval-ms", "200"]);
+    }
+    cmd.args(["--timeout-ms", "100", "--retries", "1"])
         .args(extra);
     let p = Proc::start("ibsm", &mut cmd);
     p.wait_line("ibsm: SM and SA at", 20);
@@ -381,4 +383,70 @@ fn the_discover_loop_follows_a_new_master_sm() {
     assert!(discover.child.wait().unwrap().success());
     drop(sm_b);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `SaPathConnector` on its own, in-process against `ibsm run`: while the
+/// target's port answers nothing, the path from the first query and the
+/// one from a fresh query are both tried and the error names each.
+#[test]
+fn sa_path_login_tries_a_fresh_query_when_every_path_failed() {
+    use rdma_types::{Guid, Lid, Mtu, Pkey, Psn, Qpn};
+    use srp_initiator::session::{ConnectError, Connector, QpInfo};
+    use srpstack::ib::{ib_guid, IbPort, SaPathConnector};
+    let (gi, gt) = (ib_guid(ip(51)), ib_guid(ip(52)));
+    let p = rnic::softroce::SoftRoce::new(
+        vec![
+            rnic::softroce::SoftCa {
+                guid: gi,
+                ip: ip(51),
+            },
+            rnic::softroce::SoftCa {
+                guid: gt,
+                ip: ip(52),
+            },
+        ],
+        rnic::softroce::ROCE_PORT,
+    );
+    let start = |g: Guid, at: u8, id: u32| {
+        Arc::new(IbPort::start(p.clone(), g, ip(at), "t", false, id).unwrap())
+    };
+    let (init, target) = (start(gi, 51, 0x51 << 16), start(gt, 52, 0x52 << 16));
+    // The ports are up before the SM: its first sweep takes them, the
+    // next comes in a minute, so the SA keeps the target's path while its
+    // port is mute.
+    let _sm = ibsm(50, &[51, 52], &["--sweep-interval-ms", "60000"]);
+    for x in [&init, &target] {
+        x.wait_active(Duration::from_secs(10)).unwrap();
+    }
+    const SID: u64 = 0x0140_5200_0000_0001;
+    let conn = SaPathConnector {
+        port: init.clone(),
+        dgid: Gid::from_ip(ip(52)),
+        pkey: Pkey(0xffff),
+        service_id: SID,
+        timeout: Duration::from_millis(300),
+        max_paths: 4,
+    };
+    let local = QpInfo {
+        qpn: Qpn::from_bits(0x51),
+        psn: Psn::new(1),
+        gid: Gid::from_ip(ip(51)),
+        lid: Lid(init.lid()),
+        mtu: Mtu::Mtu1024,
+    };
+    // The target's cable pulled: nothing reaches it, nothing comes back,
+    // and the SM will not notice before its next sweep.
+    p.set_port_active(gt, false).unwrap();
+    let t0 = Instant::now();
+    let Err(ConnectError::Failed(why)) = conn.connect(b"login", local) else {
+        panic!("connected to a port without a link");
+    };
+    assert!(
+        why.contains("query 1 path 1 (DLID ")
+            && why.contains("query 2 path 1 (DLID ")
+            && why.contains("timed out"),
+        "{why}"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    drop(target);
 }
