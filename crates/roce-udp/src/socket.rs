@@ -3,7 +3,6 @@
 use crate::waker::Waker;
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 use std::io;
-use std::mem::MaybeUninit;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::AsRawFd;
 use std::time::Duration;
@@ -72,6 +71,10 @@ pub struct RoceSocket {
     stats: SocketStats,
     /// Receive buffers reused across batches.
     bufs: Vec<Vec<u8>>,
+    /// Source addresses and control messages of a receive batch, reused
+    /// (zeroed once: the kernel writes what each call reads).
+    names: Vec<libc::sockaddr_storage>,
+    cmsgs: Vec<[u64; CMSG_ROOM / 8]>,
     /// The kernel segments our sends (`UDP_SEGMENT`) and we use it.
     gso: bool,
     /// The kernel may coalesce received datagrams (`UDP_GRO` is on).
@@ -131,6 +134,8 @@ impl RoceSocket {
             local,
             stats: SocketStats::default(),
             bufs: Vec::new(),
+            names: Vec::new(),
+            cmsgs: Vec::new(),
             gso,
             gro,
         })
@@ -361,8 +366,12 @@ impl RoceSocket {
         while self.bufs.len() < max {
             self.bufs.push(vec![0u8; size]);
         }
-        let mut names: Vec<MaybeUninit<libc::sockaddr_storage>> = vec![MaybeUninit::zeroed(); max];
-        let mut cmsgs = vec![[0u64; CMSG_ROOM / 8]; max];
+        if self.names.len() < max {
+            // SAFETY: all-zero is a valid sockaddr_storage.
+            self.names.resize(max, unsafe { std::mem::zeroed() });
+            self.cmsgs.resize(max, [0u64; CMSG_ROOM / 8]);
+        }
+        let (names, cmsgs) = (&mut self.names, &mut self.cmsgs);
         let mut iovs: Vec<libc::iovec> = self.bufs[..max]
             .iter_mut()
             .map(|b| libc::iovec {
@@ -374,7 +383,7 @@ impl RoceSocket {
             .map(|i| {
                 // SAFETY: all-zero is a valid mmsghdr.
                 let mut m: libc::mmsghdr = unsafe { std::mem::zeroed() };
-                m.msg_hdr.msg_name = names[i].as_mut_ptr().cast();
+                m.msg_hdr.msg_name = (&mut names[i] as *mut libc::sockaddr_storage).cast();
                 m.msg_hdr.msg_namelen =
                     std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
                 m.msg_hdr.msg_iov = &mut iovs[i];
@@ -405,7 +414,7 @@ impl RoceSocket {
         for (i, m) in msgs.iter().enumerate().take(n) {
             let len = (m.msg_len as usize).min(self.bufs[i].len());
             // SAFETY: the kernel filled msg_namelen bytes of a sockaddr_storage.
-            let addr = unsafe { SockAddr::new(names[i].assume_init(), m.msg_hdr.msg_namelen) };
+            let addr = unsafe { SockAddr::new(self.names[i], m.msg_hdr.msg_namelen) };
             let Some(src) = addr.as_socket() else {
                 continue;
             };

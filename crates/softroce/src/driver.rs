@@ -26,6 +26,11 @@ struct Shared {
     fd: RawFd,
     stop: AtomicBool,
     loops: AtomicU64,
+    /// Work was handed to the node from the driver thread itself (a
+    /// completion callback posting): poll again before sleeping. Set
+    /// instead of writing the waker, which would cost the thread two
+    /// system calls and an empty round to learn what it already knows.
+    repoll: AtomicBool,
     epoch: StdInstant,
     callback: Option<CompletionCallback>,
 }
@@ -55,6 +60,7 @@ impl Driver {
             ready: Condvar::new(),
             stop: AtomicBool::new(false),
             loops: AtomicU64::new(0),
+            repoll: AtomicBool::new(false),
             epoch: StdInstant::now(),
             callback,
         });
@@ -76,7 +82,15 @@ impl Driver {
     /// wakes the thread so new work goes out at once.
     pub fn with_node<R>(&self, f: impl FnOnce(&mut Node) -> R) -> R {
         let r = f(&mut self.lock());
-        self.shared.waker.wake();
+        let on_driver = self
+            .thread
+            .as_ref()
+            .is_some_and(|t| t.thread().id() == std::thread::current().id());
+        if on_driver {
+            self.shared.repoll.store(true, Ordering::Release);
+        } else {
+            self.shared.waker.wake();
+        }
         r
     }
 
@@ -125,6 +139,9 @@ fn run(s: &Shared) {
                     cb(*qp);
                 }
             }
+        }
+        if s.repoll.swap(false, Ordering::AcqRel) {
+            continue;
         }
         let sleep = deadline.map_or(IDLE_SLEEP, |d| {
             d.saturating_since(now).to_std().min(IDLE_SLEEP)
