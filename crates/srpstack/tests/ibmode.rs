@@ -127,14 +127,17 @@ fn discovery_login_and_traps_through_the_sa() {
     let _ = std::fs::remove_dir_all(&dir);
     let root = dir.join("mnt");
     std::fs::create_dir_all(&root).unwrap();
-    // srpd's port (.3) alone is in partition 0x0010, as a full member.
-    let srpd_guid = srpstack::ib::ib_guid(ip(3));
+    // Partitions: storage (0x0010) holds the discover port (.4, full) and
+    // the first target (.2, limited); solo (0x0020) only srpd's port (.3).
+    let g = |last| srpstack::ib::ib_guid(ip(last)).0;
     let parts = dir.join("partitions.conf");
     std::fs::write(
         &parts,
         format!(
-            "Default=0x7fff : ALL=full ;\nstorage=0x0010 : {:#x}=full ;\n",
-            srpd_guid.0
+            "Default=0x7fff : ALL=full ;\nstorage=0x0010 : {:#x}=full, {:#x} ;\nsolo=0x0020 : {:#x}=full ;\n",
+            g(4),
+            g(2),
+            g(3)
         ),
     )
     .unwrap();
@@ -170,15 +173,25 @@ fn discovery_login_and_traps_through_the_sa() {
         "{out}"
     );
     assert!(out.contains(&want), "{out}");
-
-    // srpd in partition 0x0010: the SA has no path to the target there.
-    let in_storage = want.replace("pkey=ffff", "pkey=8010");
+    // The same walk in partition 0x0010 (srp_daemon -p): the path, and so
+    // the login string, carry its P_Key.
     let (ok, out) = run(srp()
-        .args(["login", &in_storage, "--control-socket"])
+        .args(["discover", "--sa", "--ip", &ip(4).to_string()])
+        .args(["--timeout-ms", "200", "--pkey", "8010"]));
+    assert!(ok, "{out}");
+    assert!(
+        out.contains(&want.replace("pkey=ffff", "pkey=8010")),
+        "{out}"
+    );
+
+    // srpd in partition 0x0020: the SA has no path to the target there.
+    let in_solo = want.replace("pkey=ffff", "pkey=8020");
+    let (ok, out) = run(srp()
+        .args(["login", &in_solo, "--control-socket"])
         .arg(&sock));
     assert!(!ok, "{out}");
     assert!(
-        out.contains("has no path from 127.0.140.3") && out.contains("in partition 8010"),
+        out.contains("has no path from 127.0.140.3") && out.contains("in partition 8020"),
         "{out}"
     );
     // A partition srpd's port is not in at all.
