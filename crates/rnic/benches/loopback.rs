@@ -140,6 +140,34 @@ fn main() {
             pairs[pairs.len() / 2]
         );
     }
+    // WRITE 8 B: the per-WR cost (post, checks, completion, poll) that
+    // the bandwidth rows pay once per WR on top of the copy.
+    let mut w8 = SendWr::new(
+        0,
+        SendOpcode::RdmaWrite,
+        vec![Sge {
+            addr: src.addr(),
+            length: 8,
+            lkey: smr.lkey,
+        }],
+    );
+    w8.remote = RemoteAddr {
+        addr: dst.addr(),
+        rkey: dmr.rkey,
+    };
+    let n = 200_000u64;
+    let mut best = f64::MAX;
+    for _ in 0..5 {
+        let t = Instant::now();
+        for i in 0..n {
+            w8.wr_id = i;
+            a.p.post_send(qa, std::slice::from_ref(&w8)).unwrap();
+            assert_eq!(a.p.poll_cq(a.cq, &mut wcs).unwrap(), 1);
+            assert!(wcs[0].wr_id == i && wcs[0].status == WcStatus::Success);
+        }
+        best = best.min(t.elapsed().as_secs_f64() / n as f64);
+    }
+    println!("{:<22} {:>9.0} ns", "RDMA WRITE 8 B per op", best * 1e9);
     // SEND 8 B latency: post a receive, post the send, poll both.
     let n = 200_000;
     let t = Instant::now();

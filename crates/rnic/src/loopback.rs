@@ -7,6 +7,7 @@ use rdma_types::{
     WcStatus,
 };
 use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard};
 use verbs::kit::cq::Cq;
 use verbs::kit::keys::{KeyTable, Target};
@@ -63,10 +64,36 @@ struct Device {
     ports: Vec<PortAttr>,
     keys: KeyTable,
     /// QPN (special QPs: `port << 24 | qpn`) -> slot.
-    qpns: HashMap<u32, usize>,
+    qpns: HashMap<u32, usize, BuildHasherDefault<QpnHasher>>,
     next_qpn: u32,
     opens: Vec<usize>,
     removed: bool,
+}
+
+/// Hasher for the QPN table, looked up on every WR: QPNs are small
+/// integers chosen by the provider, not by a peer, so a multiplicative
+/// hash is enough (SipHash was the largest single cost of a WRITE's
+/// bookkeeping).
+#[derive(Default)]
+struct QpnHasher(u64);
+
+impl Hasher for QpnHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+    fn write_u32(&mut self, n: u32) {
+        self.write_u64(u64::from(n));
+    }
+    fn write_u64(&mut self, n: u64) {
+        // Fibonacci hashing: spreads sequential keys over the high bits,
+        // which the table uses for its control bytes.
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
 }
 
 struct Qp {
@@ -982,7 +1009,7 @@ impl Fabric {
             guid: cfg.guid,
             ports,
             keys: KeyTable::new(),
-            qpns: HashMap::new(),
+            qpns: HashMap::default(),
             next_qpn: 2,
             opens: vec![],
             removed: false,
@@ -1254,8 +1281,13 @@ impl Provider for Fabric {
     }
 
     fn poll_cq(&self, cq: CqHandle, out: &mut [WorkCompletion]) -> verbs::Result<usize> {
-        let c = self.cq_arc(cq)?;
-        Ok(c.poll(out))
+        // Polled under the state lock (state, then CQ: the order `complete`
+        // takes them in), which saves cloning the CQ's Arc on every poll.
+        let st = self.lock();
+        match st.obj(st.cq_idx(cq)?) {
+            Obj::Cq { cq, .. } => Ok(cq.poll(out)),
+            _ => unreachable!(),
+        }
     }
 
     fn req_notify_cq(&self, cq: CqHandle, solicited_only: bool) -> verbs::Result<()> {
