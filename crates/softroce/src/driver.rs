@@ -26,6 +26,10 @@ struct Shared {
     fd: RawFd,
     stop: AtomicBool,
     loops: AtomicU64,
+    /// Threads blocked in `wait_completion` (changed under the node's
+    /// lock): without any, the thread skips the condvar wake-up, a system
+    /// call per round with completions.
+    waiters: AtomicU64,
     /// Work was handed to the node from the driver thread itself (a
     /// completion callback posting): poll again before sleeping. Set
     /// instead of writing the waker, which would cost the thread two
@@ -60,6 +64,7 @@ impl Driver {
             ready: Condvar::new(),
             stop: AtomicBool::new(false),
             loops: AtomicU64::new(0),
+            waiters: AtomicU64::new(0),
             repoll: AtomicBool::new(false),
             epoch: StdInstant::now(),
             callback,
@@ -103,12 +108,14 @@ impl Driver {
                 return Some(c);
             }
             let left = deadline.checked_duration_since(StdInstant::now())?;
+            self.shared.waiters.fetch_add(1, Ordering::SeqCst);
             node = self
                 .shared
                 .ready
                 .wait_timeout(node, left)
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
+            self.shared.waiters.fetch_sub(1, Ordering::SeqCst);
         }
     }
 
@@ -133,7 +140,12 @@ fn run(s: &Shared) {
             (node.take_ready(), node.next_deadline(), now)
         };
         if !ready.is_empty() {
-            s.ready.notify_all();
+            // A waiter counted itself under the lock before this round's
+            // poll (then it is seen here) or checks for completions after
+            // it (then it finds this round's).
+            if s.waiters.load(Ordering::SeqCst) > 0 {
+                s.ready.notify_all();
+            }
             if let Some(cb) = &s.callback {
                 for qp in &ready {
                     cb(*qp);
