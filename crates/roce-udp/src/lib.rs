@@ -22,6 +22,10 @@
 //! node does, with `rdma_wire::icrc::Ipv4IdentDelta`); a receiver learns
 //! each datagram's place in a coalesced buffer from [`Received::segment`].
 //!
+//! A datagram may be handed over in pieces ([`RoceSocket::send_runs_vectored`]):
+//! the kernel gathers them (iovecs), so a sender need not copy headers and
+//! payload into one buffer first.
+//!
 //! [`Waker`] lets another thread interrupt [`RoceSocket::wait`], so a driver
 //! loop can sleep in the kernel when idle instead of spinning a core.
 //!

@@ -3,7 +3,9 @@
 //! The thread polls the node (bounded rounds), hands completion
 //! notifications to a callback and to blocked waiters, and sleeps in the
 //! kernel on the socket and a waker until traffic, a timer deadline, or a
-//! consumer's post arrives: an idle NIC costs no CPU.
+//! consumer's post arrives: an idle NIC costs no CPU. A post made from a
+//! completion callback (on the thread itself) needs no wake-up: the thread
+//! polls again before it sleeps.
 
 use crate::node::{Node, QpHandle};
 use rdma_types::Instant;

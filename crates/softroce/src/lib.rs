@@ -7,9 +7,13 @@
 //! IPv4 Identification a Linux sender chose, see `INTEROP.md`), hand the
 //! packet to the QP its BTH names; then drain each QP's packets into RoCEv2
 //! datagrams (ICRC computed for IPv4 ID 0, which our socket options make
-//! the kernel send) and send them in one batch, runs of equal-size packets
-//! to one peer as one segmented (GSO) send whose segment `k` carries the
-//! ICRC for IPv4 ID `k`, as the kernel numbers them; then fire due timers.
+//! the kernel send) and send them in one batch, each datagram as pieces the
+//! kernel gathers: headers, the payload buffer the engine filled from
+//! registered memory (the payload's only copy before the kernel's; the
+//! buffer goes back to the engine for reuse once sent), pad and ICRC;
+//! runs of equal-size packets to one peer as one segmented (GSO) send
+//! whose segment `k` carries the ICRC for IPv4 ID `k`, as the kernel
+//! numbers them; then fire due timers.
 //! A receive buffer the kernel coalesced (GRO) is checked segment by
 //! segment with that numbering first. `NodeConfig::gso`/`gro` (or
 //! `SOFTROCE_GSO=0`) turn the offloads off.
