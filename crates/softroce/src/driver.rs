@@ -32,11 +32,14 @@ struct Shared {
     /// lock): without any, the thread skips the condvar wake-up, a system
     /// call per round with completions.
     waiters: AtomicU64,
-    /// Work was handed to the node from the driver thread itself (a
-    /// completion callback posting): poll again before sleeping. Set
-    /// instead of writing the waker, which would cost the thread two
-    /// system calls and an empty round to learn what it already knows.
-    repoll: AtomicBool,
+    /// Work was handed to the node since the thread's last round began:
+    /// poll again before sleeping.
+    posted: AtomicBool,
+    /// The thread is about to sleep or sleeping in the kernel: only then
+    /// does a post write the waker (two system calls and an empty round
+    /// saved per post while the thread is awake, and for every post from a
+    /// completion callback, which runs on the thread itself).
+    sleeping: AtomicBool,
     epoch: StdInstant,
     callback: Option<CompletionCallback>,
 }
@@ -67,7 +70,8 @@ impl Driver {
             stop: AtomicBool::new(false),
             loops: AtomicU64::new(0),
             waiters: AtomicU64::new(0),
-            repoll: AtomicBool::new(false),
+            posted: AtomicBool::new(false),
+            sleeping: AtomicBool::new(false),
             epoch: StdInstant::now(),
             callback,
         });
@@ -89,13 +93,11 @@ impl Driver {
     /// wakes the thread so new work goes out at once.
     pub fn with_node<R>(&self, f: impl FnOnce(&mut Node) -> R) -> R {
         let r = f(&mut self.lock());
-        let on_driver = self
-            .thread
-            .as_ref()
-            .is_some_and(|t| t.thread().id() == std::thread::current().id());
-        if on_driver {
-            self.shared.repoll.store(true, Ordering::Release);
-        } else {
+        // Either the thread sees `posted` before it sleeps, or this sees
+        // `sleeping` and wakes it (both SeqCst: one of the two loads
+        // observes the other side's store).
+        self.shared.posted.store(true, Ordering::SeqCst);
+        if self.shared.sleeping.load(Ordering::SeqCst) {
             self.shared.waker.wake();
         }
         r
@@ -132,6 +134,9 @@ fn run(s: &Shared) {
         s.loops.fetch_add(1, Ordering::Relaxed);
         let (ready, deadline, now) = {
             let mut node = s.node.lock().unwrap_or_else(|e| e.into_inner());
+            // Posts made before this point are in the node: this round
+            // sees them.
+            s.posted.store(false, Ordering::SeqCst);
             let mut now = Instant::from_std(s.epoch, StdInstant::now());
             for _ in 0..ROUNDS {
                 if !node.poll(now) {
@@ -154,14 +159,18 @@ fn run(s: &Shared) {
                 }
             }
         }
-        if s.repoll.swap(false, Ordering::AcqRel) {
+        if s.posted.load(Ordering::SeqCst) {
             continue;
         }
         let sleep = deadline.map_or(IDLE_SLEEP, |d| {
             d.saturating_since(now).to_std().min(IDLE_SLEEP)
         });
         if !sleep.is_zero() {
-            let _ = wait_readable(s.fd, Some(&s.waker), sleep);
+            s.sleeping.store(true, Ordering::SeqCst);
+            if !s.posted.load(Ordering::SeqCst) {
+                let _ = wait_readable(s.fd, Some(&s.waker), sleep);
+            }
+            s.sleeping.store(false, Ordering::SeqCst);
         }
     }
 }
