@@ -30,11 +30,15 @@ fn write_through(len: usize, mtu: Mtu, ma: &mut FlatMemory, mb: &mut FlatMemory)
         }],
     ));
     loop {
+        // Payload buffers go back to their engine once "sent", as the
+        // soft RoCE node does.
         while let Some(p) = a.poll_transmit(now, ma) {
             b.handle_packet(now, &p.as_received(), mb);
+            a.recycle_payload(p.payload);
         }
         while let Some(p) = b.poll_transmit(now, mb) {
             a.handle_packet(now, &p.as_received(), ma);
+            b.recycle_payload(p.payload);
         }
         if a.poll_completion().is_some() {
             break;
