@@ -19,6 +19,14 @@
 //! link comes back: path A logs in again, and a further verified run is
 //! carried by path A again (failover policy: the first path that is up).
 //!
+//! How path A's failure is found: when a command of ours is still
+//! unacknowledged at the cut, the RC transport's retries run out (local
+//! ACK timeout 14, about 67 ms, 7 retries: about 0.55 s) and the session
+//! fails; when every command had already been acknowledged and only the
+//! target's answers are lost, nothing of ours is retried and the commands
+//! wait for the SRP command timeout (2 s here, 30 s by default) and the
+//! abort after it. The line printed says which it was.
+//!
 //! Without root, `ip` or network namespaces the tests print
 //! `SKIPPED: <reason>` and pass. The namespaces are deleted on every way
 //! out (a drop guard), which also ends whatever still runs inside them.
@@ -41,6 +49,9 @@ use std::time::{Duration, Instant};
 const ENV_TARGET_NS: &str = "SRP_NSFO_TARGET_NS";
 /// Set in the initiator process: which end of path A to cut (`far`/`near`).
 const ENV_SIDE: &str = "SRP_NSFO_SIDE";
+
+/// The SRP command timeout of the initiator's sessions.
+const CMD_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Target and initiator addresses of path `k` (1 or 2).
 fn addrs(k: u8) -> (IpAddr, IpAddr) {
@@ -134,6 +145,15 @@ impl Drop for Namespaces {
     }
 }
 
+/// A directory removed on drop.
+struct TempDir(std::path::PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// Why this machine cannot run the test, if it cannot.
 fn cannot_run() -> Option<String> {
     // SAFETY: geteuid has no preconditions.
@@ -188,10 +208,11 @@ fn failover_over_a_veth(side: &str) {
             return;
         }
     };
-    let dir = std::env::temp_dir().join(format!("srp-nsfo-{}-{side}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let _targets = [srptd(ns.target(), &dir, 1), srptd(ns.target(), &dir, 2)];
+    let dir = TempDir(std::env::temp_dir().join(format!("srp-nsfo-{}-{side}", std::process::id())));
+    let dir = &dir.0;
+    let _ = std::fs::remove_dir_all(dir);
+    std::fs::create_dir_all(dir).unwrap();
+    let _targets = [srptd(ns.target(), dir, 1), srptd(ns.target(), dir, 2)];
     let ini = Proc::start(
         "initiator",
         Command::new("ip")
@@ -222,7 +243,6 @@ fn failover_over_a_veth(side: &str) {
         out.iter().any(|l| l.starts_with("failover: ")),
         "no failover figures"
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -339,7 +359,7 @@ fn path(
         Guid(srpstack::TARGET_GUID),
     );
     let mut cfg = srp_initiator::session::SessionConfig::new(chan);
-    cfg.channel.cmd_timeout = rdma_types::Duration::from_secs(2);
+    cfg.channel.cmd_timeout = rdma_types::Duration::from_micros(CMD_TIMEOUT.as_micros() as u64);
     let sessions: Arc<dyn verbs::Provider> =
         rdma_access::resource::AccessLayer::new(provider.clone())
             .client("netns failover")
@@ -362,6 +382,44 @@ fn path(
     };
     let d = RemoteDisk::open(open, rport).unwrap_or_else(|e| panic!("path {k} login: {e}"));
     Arc::new(Timed::new(Arc::new(d)))
+}
+
+/// The multipath device as the workload sees it, noting every I/O that
+/// took longer than 100 ms (when it started, how long, read or write).
+struct Slow {
+    inner: Arc<Multipath>,
+    slow: Mutex<Vec<(Instant, Duration, &'static str)>>,
+}
+
+impl Slow {
+    fn note<T>(&self, start: Instant, what: &'static str, r: io::Result<T>) -> io::Result<T> {
+        let took = start.elapsed();
+        if took > Duration::from_millis(100) {
+            self.slow.lock().unwrap().push((start, took, what));
+        }
+        r
+    }
+}
+
+impl blockload::BlockDevice for Slow {
+    fn block_size(&self) -> u32 {
+        self.inner.block_size()
+    }
+    fn num_blocks(&self) -> u64 {
+        self.inner.num_blocks()
+    }
+    fn read_at(&self, lba: u64, buf: &mut [u8]) -> io::Result<()> {
+        let t = Instant::now();
+        self.note(t, "read", self.inner.read_at(lba, buf))
+    }
+    fn write_at(&self, lba: u64, buf: &[u8]) -> io::Result<()> {
+        let t = Instant::now();
+        self.note(t, "write", self.inner.write_at(lba, buf))
+    }
+    fn flush(&self) -> io::Result<()> {
+        let t = Instant::now();
+        self.note(t, "flush", self.inner.flush())
+    }
 }
 
 /// A verified random read/write over the first 4 MiB of `dev` for
@@ -426,7 +484,11 @@ fn initiator_in_namespace() {
         .expect("both paths reach the same LU"),
     );
     let start = Instant::now();
-    let run = workload(m.clone(), Duration::from_secs(4));
+    let seen = Arc::new(Slow {
+        inner: m.clone(),
+        slow: Mutex::new(Vec::new()),
+    });
+    let run = workload(seen.clone(), Duration::from_secs(4));
 
     // Path A carries the I/O (failover policy), then its link goes down.
     wait_for("I/O on path A", 20, || a.done_since(start).0 >= 200);
@@ -472,6 +534,23 @@ fn initiator_in_namespace() {
         .filter(|f| f.failed_at >= cut)
         .collect();
     println!("{}", r.table());
+    let rel = |t: Instant| {
+        if t >= cut {
+            format!("+{}", ms(t - cut))
+        } else {
+            format!("-{}", ms(cut - t))
+        }
+    };
+    // The I/Os the cut held up: how many, and the longest of them.
+    let slow = seen.slow.lock().unwrap().clone();
+    if let Some((t, took, what)) = slow.iter().max_by_key(|s| s.1) {
+        println!(
+            "{} I/Os took over 100 ms; the longest, a {what} started {} from link down, took {}",
+            slow.len(),
+            rel(*t),
+            ms(*took)
+        );
+    }
     println!(
         "link down ({side} end of path A, `ip {}` took {}): first I/O failed on A after {}, first I/O completed on B after {}; {} I/Os failed over",
         cut_args.join(" "),
@@ -481,8 +560,14 @@ fn initiator_in_namespace() {
         failed_over.len()
     );
     println!(
-        "failover: {} from link down to the first I/O completed on the other path",
-        ms(first_b - cut)
+        "failover: {} from link down to the first I/O completed on the other path ({})",
+        ms(first_b - cut),
+        match detected {
+            Some(d) if d - cut >= CMD_TIMEOUT =>
+                "found by the SRP command timeout: our commands were all acknowledged at the cut",
+            Some(_) => "found by the transport's retries",
+            None => "no I/O failed on A",
+        }
     );
     println!(
         "link up: path A logged in again after {}; {a_after} I/Os on A after that{} (workload ended {} after link up)",
