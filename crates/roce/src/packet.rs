@@ -79,8 +79,11 @@ impl<'a> Packet<&'a [u8]> {
 pub(crate) struct PayloadPool(Vec<Vec<u8>>);
 
 impl PayloadPool {
-    /// Buffers kept at most (a few batches of full-MTU packets).
-    const MAX: usize = 128;
+    /// Buffers kept at most: a driver that sends a batch of packets and
+    /// gives their buffers back needs as many as it takes from one QP per
+    /// batch (the soft RoCE node takes 64); more would only hold memory,
+    /// up to this many path MTUs per QP.
+    const MAX: usize = 64;
     /// Smaller buffers are not worth keeping.
     const MIN_CAPACITY: usize = 256;
 
