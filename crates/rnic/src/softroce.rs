@@ -126,6 +126,8 @@ pub struct SoftCaCounters {
     pub out_of_sequence: u64,
     /// Sequence-error NAKs the QPs received.
     pub seq_naks_received: u64,
+    /// Packets the QPs dropped for a P_Key outside their partition.
+    pub pkey_violations: u64,
 }
 
 enum Obj {
@@ -817,6 +819,7 @@ impl SoftRoce {
                 duplicates: k.duplicates,
                 out_of_sequence: k.out_of_sequence,
                 seq_naks_received: k.seq_naks_received,
+                pkey_violations: k.pkey_violations,
             }
         }))
     }

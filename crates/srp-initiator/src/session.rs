@@ -13,7 +13,7 @@
 //! R_Key covers the whole pool. Per-command registration (FRWR, as ib_srp
 //! does) is not implemented yet.
 
-use rdma_types::{AccessFlags, Gid, Guid, Lid, Mtu, PortNum, Psn, QpState, Qpn};
+use rdma_types::{AccessFlags, Gid, Guid, Lid, Mtu, Pkey, PortNum, Psn, QpState, Qpn};
 use rdma_types::{WcOpcode, WcStatus};
 use srp::initiator::{
     Channel, ChannelConfig, Command, Completion, Data, Event, Negotiated, Output, SendId, Status,
@@ -105,6 +105,24 @@ pub struct SessionConfig {
     /// placed apart in the pool (0: one segment). Exercises indirect
     /// descriptors the way a scattered page cache does.
     pub max_segment: u32,
+    /// The partition of the login (the path's P_Key, login string
+    /// `pkey=`): the QP uses the index of the local port's P_Key table
+    /// that holds this partition (full or limited member, IBA 10.9).
+    /// `None`: index 0, the port's first (default) P_Key.
+    pub pkey: Option<Pkey>,
+}
+
+/// The index of `pkey`'s partition in `table`: an entry with the same
+/// P_Key first, else one of the same partition with the other membership
+/// bit (the path's P_Key is what the SA gave; our port may hold the
+/// partition as a full or a limited member). Invalid entries never match.
+pub fn pkey_index(table: &[Pkey], pkey: Pkey) -> Option<u16> {
+    let same = |k: &Pkey| k.0 & 0x7fff != 0 && k.0 & 0x7fff == pkey.0 & 0x7fff;
+    table
+        .iter()
+        .position(|k| *k == pkey && same(k))
+        .or_else(|| table.iter().position(same))
+        .and_then(|i| u16::try_from(i).ok())
 }
 
 impl SessionConfig {
@@ -116,6 +134,7 @@ impl SessionConfig {
             sgid_index: 0,
             pool_bytes: 64 << 20,
             max_segment: 0,
+            pkey: None,
         }
     }
 }
@@ -155,6 +174,14 @@ pub enum SessionError {
     /// A thread could not be started.
     #[error("cannot start a thread: {0}")]
     Thread(#[from] std::io::Error),
+    /// The login's partition is not in the local port's P_Key table.
+    #[error("P_Key {pkey:04x}: the local port is not a member of that partition (its P_Key table: {table})")]
+    NoSuchPkey {
+        /// The login's P_Key.
+        pkey: u16,
+        /// The port's valid P_Keys, in words.
+        table: String,
+    },
 }
 
 fn verbs_err(what: &'static str) -> impl FnOnce(verbs::VerbsError) -> SessionError {
@@ -396,6 +423,25 @@ impl Session {
                 what: "port GID",
                 err: verbs::VerbsError::InvalidArgument("no GID at that index".into()),
             })?;
+        let pkey_ix = match cfg.pkey {
+            None => 0,
+            Some(k) => match pkey_index(&port.pkeys, k) {
+                Some(i) => i,
+                None => {
+                    let _ = p.close_ca(ca);
+                    let table: Vec<String> = port
+                        .pkeys
+                        .iter()
+                        .filter(|k| k.0 & 0x7fff != 0)
+                        .map(|k| format!("{:04x}", k.0))
+                        .collect();
+                    return Err(SessionError::NoSuchPkey {
+                        pkey: k.0,
+                        table: table.join(", "),
+                    });
+                }
+            },
+        };
         let pd = p.alloc_pd(ca, 0).map_err(verbs_err("allocate PD"))?;
         let queue = u32::from(cfg.channel.can_queue) + 2;
         // Receives: every command's answer plus target requests (CRED_REQ,
@@ -420,7 +466,7 @@ impl Session {
             &QpAttr {
                 state: Some(QpState::Init),
                 port: Some(cfg.port),
-                pkey_index: Some(0),
+                pkey_index: Some(pkey_ix),
                 // The target moves data with RDMA READ and WRITE into our pool.
                 access: Some(AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE),
                 ..Default::default()
@@ -1356,4 +1402,26 @@ fn find_free(pages: &[bool], from: usize, want: usize) -> Option<usize> {
         return find_free(pages, 0, want);
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_partition_picks_its_table_index() {
+        let t = [Pkey(0xffff), Pkey(0x0010), Pkey(0x0000), Pkey(0x8020)];
+        // The same P_Key, or the partition with the other membership bit.
+        assert_eq!(pkey_index(&t, Pkey(0xffff)), Some(0));
+        assert_eq!(pkey_index(&t, Pkey(0x8010)), Some(1));
+        assert_eq!(pkey_index(&t, Pkey(0x0020)), Some(3));
+        // An exact entry wins over one of the other membership.
+        let both = [Pkey(0x0010), Pkey(0x8010)];
+        assert_eq!(pkey_index(&both, Pkey(0x8010)), Some(1));
+        assert_eq!(pkey_index(&both, Pkey(0x0010)), Some(0));
+        // Absent partitions and invalid keys find nothing.
+        assert_eq!(pkey_index(&t, Pkey(0x8030)), None);
+        assert_eq!(pkey_index(&t, Pkey(0x8000)), None);
+        assert_eq!(pkey_index(&t, Pkey(0x0000)), None);
+    }
 }

@@ -8,6 +8,8 @@
 //! sm_wait_ms = 30000        # ib: how long to wait at start for the port to go ACTIVE
 //! enabled = true
 //! rel_tgt_id = 1
+//! pkey = "all"              # partitions served: "all" of the port's P_Key table,
+//!                           # or one P_Key (0x8010) or a list ([0x8010, 0xffff])
 //!
 //! [[device]]
 //! name = "disk0"
@@ -66,8 +68,14 @@ pub struct TargetSection {
     pub ib_cm: bool,
     pub enabled: bool,
     pub rel_tgt_id: Spanned<u16>,
-    /// Partition key; the soft RoCE NIC has only the default partition.
-    pub pkey: Spanned<u16>,
+    /// The partitions the target serves (ib_srpt serves every P_Key of
+    /// its port's table): `"all"` (the default), one P_Key or a list. A
+    /// login gets a QP with the index of the port's P_Key table holding
+    /// its partition. Our IB CM does not carry the REQ's partition key to
+    /// the target yet, so a login uses the first listed partition the
+    /// table holds (index 0 with `"all"`): list the one partition whose
+    /// initiators should reach the target.
+    pub pkey: Spanned<PkeySetting>,
     pub srp_max_req_size: Spanned<u32>,
     pub srp_max_rsp_size: Spanned<u32>,
     pub srp_max_rdma_size: Spanned<u32>,
@@ -78,6 +86,48 @@ pub struct TargetSection {
     /// Prometheus endpoint, off when absent.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub metrics: Option<Spanned<std::net::SocketAddr>>,
+}
+
+/// `target.pkey`: `"all"`, one P_Key or a list of them.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(untagged)]
+pub enum PkeySetting {
+    /// One partition.
+    One(u16),
+    /// Several partitions.
+    List(Vec<u16>),
+    /// `"all"`: every P_Key of the port's table.
+    Word(String),
+}
+
+impl PkeySetting {
+    /// The partitions listed (empty for `"all"`), or why the setting is
+    /// not valid.
+    ///
+    /// # Errors
+    /// A word other than `all`, an empty list, or a P_Key without a
+    /// partition number (0x0000 and 0x8000 are invalid, IBA 10.9.1.2).
+    pub fn pkeys(&self) -> Result<Vec<rdma_types::Pkey>, String> {
+        let list = match self {
+            PkeySetting::One(k) => vec![*k],
+            PkeySetting::List(l) if l.is_empty() => {
+                return Err("an empty list serves no partition (use \"all\")".into())
+            }
+            PkeySetting::List(l) => l.clone(),
+            PkeySetting::Word(w) if w == "all" => return Ok(Vec::new()),
+            PkeySetting::Word(w) => {
+                return Err(format!(
+                    "{w:?}: expected \"all\", a P_Key (0x8010) or a list of P_Keys"
+                ))
+            }
+        };
+        match list.iter().find(|k| **k & 0x7fff == 0) {
+            Some(k) => Err(format!(
+                "P_Key {k:#06x} is invalid: its partition number is 0"
+            )),
+            None => Ok(list.into_iter().map(rdma_types::Pkey).collect()),
+        }
+    }
 }
 
 impl Default for TargetSection {
@@ -92,7 +142,7 @@ impl Default for TargetSection {
             ib_cm: true,
             enabled: true,
             rel_tgt_id: Spanned::new(0..0, 1),
-            pkey: Spanned::new(0..0, 0xffff),
+            pkey: Spanned::new(0..0, PkeySetting::Word("all".into())),
             srp_max_req_size: s(8260),
             srp_max_rsp_size: s(256),
             srp_max_rdma_size: s(65536),
@@ -323,15 +373,8 @@ impl Config {
                 "must not be 0",
             ));
         }
-        if *t.pkey.get_ref() & 0x7fff != 0x7fff {
-            return Err(bad(
-                &t.pkey,
-                "target.pkey".into(),
-                format!(
-                    "partition {:#06x} is not available: the soft RoCE NIC has only the default partition 0xffff",
-                    t.pkey.get_ref()
-                ),
-            ));
+        if let Err(e) = t.pkey.get_ref().pkeys() {
+            return Err(bad(&t.pkey, "target.pkey".into(), e));
         }
         let mut names = HashSet::new();
         for (i, d) in self.devices.iter().enumerate() {
@@ -546,6 +589,30 @@ lun = [{ lun = 3, device = "disk1" }]
         assert_eq!(*again.groups[0].luns[0].lun.get_ref(), 3);
     }
 
+    #[test]
+    fn pkey_lists_the_partitions_served() {
+        let served = |v: &str| {
+            parse(&format!("[target]\npkey = {v}\n"))
+                .unwrap()
+                .target
+                .pkey
+                .get_ref()
+                .pkeys()
+                .unwrap()
+        };
+        assert_eq!(served("\"all\""), vec![]);
+        assert_eq!(served("0x8010"), vec![rdma_types::Pkey(0x8010)]);
+        let two = vec![rdma_types::Pkey(0x0010), rdma_types::Pkey(0xffff)];
+        assert_eq!(served("[0x0010, 0xffff]"), two);
+        assert_eq!(
+            parse("").unwrap().target.pkey.get_ref().pkeys().unwrap(),
+            vec![]
+        );
+        let c = parse("[target]\npkey = [0x0010, 0xffff]\n").unwrap();
+        let again = parse(&c.to_toml()).unwrap();
+        assert_eq!(again.target.pkey.get_ref().pkeys().unwrap(), two);
+    }
+
     fn err_of(s: &str) -> ConfigError {
         parse(s).expect_err("must be refused")
     }
@@ -586,8 +653,13 @@ lun = [{ lun = 3, device = "disk1" }]
         ));
         assert!(e.message.contains("defined twice"), "{e}");
 
-        let e = err_of("[target]\npkey = 0x8001\n");
+        let e = err_of("[target]\npkey = 0x8000\n");
         assert_eq!((e.line, e.key.as_str()), (2, "target.pkey"));
+        assert!(e.message.contains("0x8000"), "{e}");
+        let e = err_of("[target]\npkey = \"some\"\n");
+        assert_eq!((e.line, e.key.as_str()), (2, "target.pkey"));
+        let e = err_of("[target]\npkey = []\n");
+        assert!(e.message.contains("empty"), "{e}");
 
         let e = err_of("[target]\nsrpt_sq_size = 1\n");
         assert!(e.message.contains("outside"), "{e}");

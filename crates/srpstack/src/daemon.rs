@@ -193,7 +193,7 @@ fn spanned<T>(v: T) -> Spanned<T> {
 }
 
 /// The soft RoCE NIC's counters by name, for `show` and the metrics.
-fn nic_counters(c: &rnic::softroce::SoftCaCounters) -> [(&'static str, u64); 8] {
+fn nic_counters(c: &rnic::softroce::SoftCaCounters) -> [(&'static str, u64); 9] {
     [
         ("packets_sent", c.tx_packets),
         ("datagrams_received", c.rx_datagrams),
@@ -203,6 +203,7 @@ fn nic_counters(c: &rnic::softroce::SoftCaCounters) -> [(&'static str, u64); 8] 
         ("duplicate_requests", c.duplicates),
         ("out_of_sequence", c.out_of_sequence),
         ("sequence_naks_received", c.seq_naks_received),
+        ("pkey_violations", c.pkey_violations),
     ]
 }
 
@@ -292,7 +293,11 @@ impl Daemon {
                 guid,
                 tcfg,
                 scsi.clone(),
-                srp_target::PortOptions::default(),
+                srp_target::PortOptions {
+                    // Checked when the file was read.
+                    pkeys: t.pkey.get_ref().pkeys()?,
+                    ..Default::default()
+                },
             )
             .map_err(|e| format!("start the target port: {e}"))?,
         );
@@ -620,6 +625,7 @@ impl Daemon {
             "srp_max_rdma_size": t.srp_max_rdma_size.get_ref(),
             "srpt_srq_size": t.srpt_srq_size.get_ref(),
             "srpt_sq_size": t.srpt_sq_size.get_ref(),
+            "pkey": t.pkey.get_ref(),
             "sessions": self.port.sessions().len(),
             "verbs_objects": self.access.live_total(),
         });

@@ -322,6 +322,11 @@ impl Initd {
         chan.allow_ext_sg = o.allow_ext_sg;
         chan.can_queue = o.queue_size.clamp(2, u16::MAX as u32) as u16;
         let mut scfg = SessionConfig::new(chan);
+        // An IB CM login's partition: the session's QP uses the index of
+        // the local port's P_Key table holding it.
+        if let TargetAddress::IbCm { pkey, .. } = &o.address {
+            scfg.pkey = Some(*pkey);
+        }
         // The largest transfer (max_sect sectors) fits the data pool twice
         // over, with at least the default pool.
         scfg.pool_bytes = scfg.pool_bytes.max(o.max_sect as usize * 512 * 2);

@@ -1,0 +1,237 @@
+//! Partitions on the SRP data path, on 127.0.145.x: `ibsm run` with a
+//! partitions file puts the target (.2, limited) and initiator A (.3,
+//! full) in partition 0x0010; initiator B (.4) is only in the default
+//! partition. srptd serves 0x0010 alone (`pkey = 0x0010`), so its QPs use
+//! the index of its P_Key table holding 0x0010.
+//!
+//! - A's login with `pkey=8010` works and data written through the LUN
+//!   file reads back: A's QP uses the 0x8010 entry of its table (the
+//!   target's QP drops anything else) and the target's QP the 0x0010 one;
+//! - A's login with `pkey=ffff` (the default partition, both ports full
+//!   members) reaches the target by CM, but its SRP traffic is dropped by
+//!   the target's QP for its P_Key, so the login fails: the partition
+//!   isolates;
+//! - B's login with `pkey=8010` fails at once, naming the P_Key its port
+//!   lacks.
+//!
+//! Prints "SKIPPED: ..." and passes when the machine lacks FUSE.
+
+mod common;
+
+use common::Proc;
+use rdma_types::Gid;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::Instant;
+
+fn ip(last: u8) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(127, 0, 145, last))
+}
+
+fn gid_hex(last: u8) -> String {
+    Gid::from_ip(ip(last))
+        .0
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// The `ibsm` binary, built once into this test's target directory and
+/// profile (Cargo builds no other package's binaries for this test).
+fn ibsm_bin() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let profile = exe.parent().unwrap().parent().unwrap();
+    let mut cmd = Command::new(env!("CARGO"));
+    cmd.args([
+        "build",
+        "-q",
+        "-p",
+        "ib-sm",
+        "--bin",
+        "ibsm",
+        "--target-dir",
+    ])
+    .arg(profile.parent().unwrap())
+    .current_dir(env!("CARGO_MANIFEST_DIR"));
+    if profile.file_name().is_some_and(|n| n == "release") {
+        cmd.arg("--release");
+    }
+    assert!(
+        cmd.status().unwrap().success(),
+        "cargo build -p ib-sm --bin ibsm"
+    );
+    profile.join("ibsm")
+}
+
+fn run(cmd: &mut Command) -> (bool, String) {
+    let o: Output = cmd.output().unwrap();
+    (
+        o.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        ),
+    )
+}
+
+fn srpd(last: u8, root: &Path, sock: &Path) -> Proc {
+    let p = Proc::start(
+        "srpd",
+        Command::new(env!("CARGO_BIN_EXE_srpd"))
+            .args(["--fabric", "ib", "--sm-wait-ms", "10000"])
+            .args(["--ip", &ip(last).to_string()])
+            .arg("--mount-root")
+            .arg(root)
+            .arg("--control-socket")
+            .arg(sock),
+    );
+    p.wait_line("srpd: ready on", 20);
+    p
+}
+
+/// `srptadm show` of the target, as JSON.
+fn show(sock: &Path) -> serde_json::Value {
+    let (ok, out) = run(Command::new(env!("CARGO_BIN_EXE_srptadm"))
+        .arg("--socket")
+        .arg(sock)
+        .args(["--json", "show"]));
+    assert!(ok, "{out}");
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
+}
+
+fn pkey_violations(sock: &Path) -> u64 {
+    let v = show(sock);
+    v["nic_pkey_violations"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no nic_pkey_violations in {v}"))
+}
+
+fn login(sock: &Path, target: &str, name: &str) -> (bool, String) {
+    run(Command::new(env!("CARGO_BIN_EXE_srp"))
+        .args(["login", target, "--name", name, "--control-socket"])
+        .arg(sock))
+}
+
+#[test]
+fn the_login_partition_isolates_the_data_path() {
+    if !Path::new("/dev/fuse").exists() {
+        println!("SKIPPED: no /dev/fuse (apt-get install fuse3)");
+        return;
+    }
+    let started = Instant::now();
+    let dir = std::env::temp_dir().join(format!("srp-partitions-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let (root_a, root_b) = (dir.join("a"), dir.join("b"));
+    std::fs::create_dir_all(&root_a).unwrap();
+    std::fs::create_dir_all(&root_b).unwrap();
+    let g = |last| srpstack::ib::ib_guid(ip(last)).0;
+    let parts = dir.join("partitions.conf");
+    std::fs::write(
+        &parts,
+        format!(
+            "Default=0x7fff : ALL=full ;\nstorage=0x0010 : {:#x}=full, {:#x} ;\n",
+            g(3),
+            g(2)
+        ),
+    )
+    .unwrap();
+    let tsock = dir.join("t.sock");
+    let conf = dir.join("srptd.toml");
+    std::fs::write(
+        &conf,
+        format!(
+            "[target]\nip = \"{}\"\nfabric = \"ib\"\nsm_wait_ms = 10000\npkey = 0x0010\n\
+             control_socket = \"{}\"\n\n[[device]]\nname = \"disk0\"\nhandler = \"ram\"\n\
+             size = \"8M\"\n\n[[lun]]\nlun = 0\ndevice = \"disk0\"\n",
+            ip(2),
+            tsock.display()
+        ),
+    )
+    .unwrap();
+
+    let mut sm = Command::new(ibsm_bin());
+    sm.args(["run", "--addr", &ip(1).to_string()]);
+    for n in [2, 3, 4] {
+        sm.args(["--node", &ip(n).to_string()]);
+    }
+    sm.args(["--sweep-interval-ms", "200", "--timeout-ms", "100"])
+        .args(["--retries", "1", "--partitions"])
+        .arg(&parts);
+    let sm = Proc::start("ibsm", &mut sm);
+    sm.wait_line("ibsm: SM and SA at", 20);
+    let target = Proc::start(
+        "srptd",
+        Command::new(env!("CARGO_BIN_EXE_srptd"))
+            .arg("--config")
+            .arg(&conf),
+    );
+    target.wait_line("ACTIVE on the managed subnet", 20);
+    target.wait_line("listening on", 20);
+    let (sock_a, sock_b) = (dir.join("a.sock"), dir.join("b.sock"));
+    let a = srpd(3, &root_a, &sock_a);
+    let b = srpd(4, &root_b, &sock_b);
+
+    let t = g(2);
+    let string = |pkey: &str| {
+        format!(
+            "id_ext={t:016x},ioc_guid={t:016x},dgid={},pkey={pkey},service_id={t:016x}",
+            gid_hex(2)
+        )
+    };
+
+    // A in partition 0x0010: login, then data through the LUN file.
+    let (ok, out) = login(&sock_a, &string("8010"), "part");
+    assert!(ok, "{out}");
+    let file = root_a.join("part").join("lun0");
+    let block: Vec<u8> = (0..8192u32).map(|i| (i * 13 + 5) as u8).collect();
+    {
+        let mut f = std::fs::OpenOptions::new().write(true).open(&file).unwrap();
+        f.seek(SeekFrom::Start(1 << 20)).unwrap();
+        f.write_all(&block).unwrap();
+        f.sync_all().unwrap();
+    }
+    let mut back = vec![0u8; block.len()];
+    let mut f = std::fs::File::open(&file).unwrap();
+    f.seek(SeekFrom::Start(1 << 20)).unwrap();
+    f.read_exact(&mut back).unwrap();
+    assert!(back == block, "data read back differs");
+    drop(f);
+    // Nothing of A's was dropped for its P_Key: A's QP sends with the
+    // 0x0010 partition's key (0xffff would not pass the target's QP).
+    let t_show = show(&tsock);
+    assert_eq!(t_show["pkey"], serde_json::json!(0x0010), "{t_show}");
+    assert_eq!(
+        t_show["nic_pkey_violations"],
+        serde_json::json!(0),
+        "{t_show}"
+    );
+
+    // A in the default partition: the CM exchange (QP1) goes through, but
+    // the target's QP is in 0x0010 and drops A's 0xffff packets.
+    let t0 = Instant::now();
+    let (ok, out) = login(&sock_a, &string("ffff"), "dflt");
+    assert!(!ok, "a login outside the target's partition worked: {out}");
+    // The target's NIC dropped A's packets for their P_Key.
+    let dropped = pkey_violations(&tsock);
+    assert!(dropped > 0, "no P_Key violation counted");
+    eprintln!(
+        "default-partition login failed after {} ms ({dropped} packets dropped for their P_Key): {}",
+        t0.elapsed().as_millis(),
+        out.trim()
+    );
+
+    // B is not in 0x0010 at all: refused before anything is sent.
+    let (ok, out) = login(&sock_b, &string("8010"), "part");
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains("P_Key 8010") && out.contains("not a member"),
+        "{out}"
+    );
+
+    drop((a, b, target, sm));
+    let _ = std::fs::remove_dir_all(&dir);
+    eprintln!("partitions test: {} ms", started.elapsed().as_millis());
+}
