@@ -20,10 +20,15 @@ mod common;
 
 use common::Proc;
 use rdma_types::Gid;
+use srp::initiator::ChannelConfig;
+use srp_initiator::session::{
+    ConnectError, Connected, Connector, LoginForm, QpInfo, Session, SessionConfig,
+};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::sync::Arc;
 use std::time::Instant;
 
 fn ip(last: u8) -> IpAddr {
@@ -234,4 +239,151 @@ fn the_login_partition_isolates_the_data_path() {
     drop((a, b, target, sm));
     let _ = std::fs::remove_dir_all(&dir);
     eprintln!("partitions test: {} ms", started.elapsed().as_millis());
+}
+
+/// Connects by calling the target port's login entry point directly with
+/// the partition key a CM REQ would carry; keeps the target's reason.
+struct InPartition {
+    port: Arc<srp_target::TargetPort>,
+    pkey: rdma_types::Pkey,
+    reason: std::sync::Mutex<String>,
+}
+
+impl Connector for InPartition {
+    fn connect(&self, login: &[u8], local: QpInfo) -> Result<Connected, ConnectError> {
+        let peer = srp_target::PeerQp {
+            qpn: local.qpn,
+            psn: local.psn,
+            gid: local.gid,
+            lid: local.lid,
+            mtu: local.mtu,
+        };
+        match self
+            .port
+            .login_in_partition(login, srp::target::LoginForm::RdmaCm, peer, self.pkey)
+        {
+            srp_target::LoginOutcome::Accepted {
+                conn,
+                local: t,
+                rsp,
+            } => Ok(Connected {
+                peer: QpInfo {
+                    qpn: t.qpn,
+                    psn: t.psn,
+                    gid: self.port.gid(),
+                    lid: rdma_types::Lid(1),
+                    mtu: local.mtu,
+                },
+                private_data: rsp,
+                handle: conn.0,
+            }),
+            srp_target::LoginOutcome::Rejected { rej, reason } => {
+                *self.reason.lock().unwrap() = reason;
+                Err(ConnectError::Rejected(rej))
+            }
+        }
+    }
+    fn disconnect(&self, handle: u64) {
+        self.port.disconnected(srp_target::ConnId(handle));
+    }
+    fn form(&self) -> LoginForm {
+        LoginForm::RdmaCm
+    }
+}
+
+/// In process, on the loopback provider: the initiator's table index
+/// follows the login's partition, and the target port refuses a REQ in a
+/// partition it does not serve or its table lacks, naming the P_Key.
+#[test]
+fn partition_choice_and_refusals_in_process() {
+    use rdma_types::{Guid, Pkey, PortNum};
+    use rnic::loopback::{CaConfig, Fabric};
+    const T: u64 = 0x0002_c903_0000_7101;
+    const I: u64 = 0x0002_c903_0000_7102;
+    let fabric = Fabric::new();
+    fabric.add_ca(CaConfig::simple(T, 1)).unwrap();
+    fabric.add_ca(CaConfig::simple(I, 2)).unwrap();
+    let full = |k: u16| Pkey(k | 0x8000);
+    fabric
+        .set_pkeys(
+            Guid(T),
+            PortNum(1),
+            vec![Pkey(0xffff), Pkey(0x0010), full(0x30)],
+        )
+        .unwrap();
+    fabric
+        .set_pkeys(
+            Guid(I),
+            PortNum(1),
+            vec![Pkey(0xffff), full(0x10), full(0x20), full(0x30), full(0x40)],
+        )
+        .unwrap();
+    let start = |served: Vec<Pkey>| {
+        let chan = ChannelConfig::new(0x11, Guid(I), T, Guid(T));
+        let scsi = Arc::new(scsi::Target::new());
+        let dev = scsi::Device::new(
+            scsi::DeviceConfig::default(),
+            Arc::new(scsi::Ram::new(1 << 20)),
+        )
+        .unwrap();
+        scsi.add_lun(None, scsi::Lun::new(0).unwrap(), Arc::new(dev));
+        let opts = srp_target::PortOptions {
+            pkeys: served,
+            ..Default::default()
+        };
+        let port = srp_target::TargetPort::start(
+            fabric.clone(),
+            Guid(T),
+            srp::target::TargetConfig::new(chan.target_port_id(), "parts"),
+            scsi,
+            opts,
+        )
+        .unwrap();
+        (Arc::new(port), chan)
+    };
+    let login = |port: &Arc<srp_target::TargetPort>, chan: &ChannelConfig, k: u16| {
+        let conn = Arc::new(InPartition {
+            port: port.clone(),
+            pkey: Pkey(k),
+            reason: Default::default(),
+        });
+        let mut cfg = SessionConfig::new(chan.clone());
+        cfg.pkey = Some(Pkey(k));
+        let r = Session::connect(fabric.clone(), Guid(I), conn.clone(), cfg);
+        let reason = conn.reason.lock().unwrap().clone();
+        (r, reason)
+    };
+
+    // The target serves 0x0010 and 0x0030.
+    let (port, chan) = start(vec![Pkey(0x0010), full(0x30)]);
+    let (r, _) = login(&port, &chan, 0x8010);
+    let sess = r.expect("a login in a served partition");
+    assert_eq!(port.sessions().len(), 1);
+    drop(sess);
+    // The initiator's port lacks 0x0050: refused before any REQ.
+    let (r, reason) = login(&port, &chan, 0x8050);
+    let e = r.err().expect("no such P_Key").to_string();
+    assert!(
+        e.contains("P_Key 8050") && e.contains("not a member"),
+        "{e}"
+    );
+    assert!(reason.is_empty(), "the target was asked: {reason}");
+    // 0x0020: the initiator has it, the target does not serve it.
+    let (r, reason) = login(&port, &chan, 0x8020);
+    assert!(r.is_err());
+    assert!(
+        reason.contains("P_Key 8020") && reason.contains("does not serve"),
+        "{reason}"
+    );
+
+    // Serving all of its table: 0x0040 is not in it.
+    let (port, chan) = start(Vec::new());
+    let (r, _) = login(&port, &chan, 0x8030);
+    r.expect("a login in a partition of the target's table");
+    let (r, reason) = login(&port, &chan, 0x8040);
+    assert!(r.is_err());
+    assert!(
+        reason.contains("P_Key 8040") && reason.contains("not a member"),
+        "{reason}"
+    );
 }
