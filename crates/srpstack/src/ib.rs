@@ -17,6 +17,13 @@
 //! - [`dm_ports`] is srp_daemon's query: the ports whose CapabilityMask has
 //!   IsDeviceManagementSupported, each with a path in the chosen partition.
 //!
+//! Partitions on the data path: srpd's session QP uses the index of its
+//! port's P_Key table holding the login's `pkey`; srptd's QPs use the
+//! index of the partition its config serves (`target.pkey`). Our IB CM
+//! does not carry the REQ's partition key to the target, so a target
+//! serving several partitions cannot yet tell which one a login is in
+//! (it takes the first the port holds).
+//!
 //! GUIDs: on a managed subnet every port needs its own GUID (the SM keys
 //! LIDs by it), so in this mode a CA's GUID comes from its address
 //! ([`ib_guid`]) instead of the fixed roce-mode constants; a target's

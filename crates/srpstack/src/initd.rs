@@ -30,7 +30,9 @@
 //! login goes along the PathRecords the SA gives for that partition and
 //! service: the first path, the next on a failure, a fresh query when
 //! all failed (`crate::ib::SaPathConnector`); `pkey` must be in the port's
-//! P_Key table.
+//! P_Key table, and the session's QP uses the index holding it (its
+//! packets carry that partition's key, so a target QP in another
+//! partition drops them).
 
 use crate::paths::PathLogin;
 use rdma_types::Guid;
