@@ -1,7 +1,9 @@
 //! One SRP target port over a verbs provider. See the crate documentation.
 
 use crate::names::{initiator_name, target_name};
-use rdma_types::{AccessFlags, Gid, Guid, Lid, Mtu, PortNum, Psn, QpState, QpType, Qpn, WcStatus};
+use rdma_types::{
+    AccessFlags, Gid, Guid, Lid, Mtu, Pkey, PortNum, Psn, QpState, QpType, Qpn, WcStatus,
+};
 use srp::target::{
     ChannelId, CmdId, DataOut, Local, Login, LoginForm, OpId, Output, RdmaOp, ScsiDone,
     ScsiRequest, Target, TargetConfig, TmfRequest,
@@ -87,6 +89,9 @@ pub enum PortError {
     /// A thread could not be started.
     #[error("cannot start a thread: {0}")]
     Thread(#[from] std::io::Error),
+    /// The login's partition is not one the port serves.
+    #[error("{0}")]
+    Partition(String),
 }
 
 fn verbs_err(what: &'static str) -> impl FnOnce(verbs::VerbsError) -> PortError {
@@ -104,6 +109,12 @@ pub struct PortOptions {
     pub workers: usize,
     /// Registered chunks of `srp_max_rdma_size` bytes for RDMA.
     pub chunks: usize,
+    /// The partitions the port serves (empty: every P_Key of the port's
+    /// table, as ib_srpt does). A login in a partition (see
+    /// [`Port::login_in_partition`]) gets a QP with the index of the
+    /// port's table holding it; a login whose partition is unknown gets
+    /// the first of these the table holds (index 0 when none are listed).
+    pub pkeys: Vec<Pkey>,
 }
 
 impl Default for PortOptions {
@@ -113,6 +124,7 @@ impl Default for PortOptions {
             sgid_index: 0,
             workers: 4,
             chunks: 256,
+            pkeys: Vec::new(),
         }
     }
 }
@@ -166,6 +178,8 @@ struct Inner {
     spill_below: usize,
     /// Commands up to this many bytes may run inline (0: never).
     inline_max: u32,
+    /// Inline only while no command is at the workers.
+    inline_when_quiet: bool,
     /// Commands handed to the workers and not finished: inline execution
     /// is for a quiet port (latency); a busy one keeps its workers
     /// (parallelism).
@@ -252,6 +266,21 @@ const KIND_MASK: u64 = 0xff << 56;
 /// Largest transfer a command may have to run on the thread that got it
 /// (the environment variable `SRPT_INLINE=0` turns inline execution off).
 const INLINE_MAX: u32 = 64 << 10;
+
+/// Inline execution: `(largest transfer, only while the port is quiet)`.
+/// With one CPU a worker runs nothing in parallel, it only costs two
+/// context switches per command, so every command to a store that never
+/// blocks runs inline, busy port or not (a target VM with one vCPU, where
+/// Linux's in-kernel LIO has no such switches). `SRPT_INLINE=0` turns it
+/// off, `SRPT_INLINE=all` chooses the one-CPU rule anywhere.
+fn inline_policy() -> (u32, bool) {
+    match std::env::var("SRPT_INLINE").as_deref() {
+        Ok("0") => (0, true),
+        Ok("all") => (u32::MAX, false),
+        _ if std::thread::available_parallelism().is_ok_and(|n| n.get() == 1) => (u32::MAX, false),
+        _ => (INLINE_MAX, true),
+    }
+}
 
 /// The port lock, counted so a completion callback on this thread
 /// knows not to take it again.
@@ -381,11 +410,8 @@ impl TargetPort {
             chunk_size,
             spill_below: (opts.chunks / 4).max(2),
             at_workers: std::sync::atomic::AtomicUsize::new(0),
-            inline_max: if std::env::var_os("SRPT_INLINE").is_some_and(|v| v == "0") {
-                0
-            } else {
-                INLINE_MAX
-            },
+            inline_max: inline_policy().0,
+            inline_when_quiet: inline_policy().1,
             st: Mutex::new(State {
                 target,
                 conns: HashMap::new(),
@@ -451,7 +477,21 @@ impl TargetPort {
     /// A login from a CM REQ: creates the channel and its QP (in RTS) or
     /// says why not.
     pub fn login(&self, private_data: &[u8], form: LoginForm, peer: PeerQp) -> LoginOutcome {
-        self.inner.login(private_data, form, peer)
+        self.inner.login(private_data, form, peer, None)
+    }
+
+    /// [`Port::login`] for a REQ in partition `pkey` (its partition key):
+    /// the QP uses the index of the port's P_Key table holding that
+    /// partition; a partition the port does not serve, or whose P_Key
+    /// its table lacks, is refused (SRP_LOGIN_REJ, the reason naming it).
+    pub fn login_in_partition(
+        &self,
+        private_data: &[u8],
+        form: LoginForm,
+        peer: PeerQp,
+        pkey: Pkey,
+    ) -> LoginOutcome {
+        self.inner.login(private_data, form, peer, Some(pkey))
     }
 
     /// The connection is gone (CM DREQ/DREP, REJ after REP, or a QP error):
@@ -576,7 +616,69 @@ impl Inner {
         }
     }
 
-    fn login(&self, data: &[u8], form: LoginForm, peer: PeerQp) -> LoginOutcome {
+    /// The P_Key table index for a login in `pkey` (see
+    /// [`PortOptions::pkeys`]).
+    fn pkey_index(&self, pkey: Option<Pkey>) -> Result<u16, PortError> {
+        let served = &self.opts.pkeys;
+        if pkey.is_none() && served.is_empty() {
+            return Ok(0);
+        }
+        let table = self
+            .provider
+            .query_port(self.ca, self.opts.port)
+            .map_err(verbs_err("query port"))?
+            .pkeys;
+        let same = |a: Pkey, b: Pkey| a.0 & 0x7fff != 0 && a.0 & 0x7fff == b.0 & 0x7fff;
+        let names = |t: &[Pkey]| {
+            t.iter()
+                .filter(|k| k.0 & 0x7fff != 0)
+                .map(|k| format!("{:04x}", k.0))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let want = match pkey {
+            Some(k) => {
+                if !served.is_empty() && !served.iter().any(|s| same(*s, k)) {
+                    return Err(PortError::Partition(format!(
+                        "P_Key {:04x}: the target does not serve that partition (it serves {})",
+                        k.0,
+                        names(served)
+                    )));
+                }
+                k
+            }
+            None => match served.iter().find(|s| table.iter().any(|t| same(*t, **s))) {
+                Some(s) => *s,
+                None => {
+                    return Err(PortError::Partition(format!(
+                        "the port's P_Key table ({}) holds none of the partitions served ({})",
+                        names(&table),
+                        names(served)
+                    )))
+                }
+            },
+        };
+        table
+            .iter()
+            .position(|t| *t == want && same(*t, want))
+            .or_else(|| table.iter().position(|t| same(*t, want)))
+            .and_then(|i| u16::try_from(i).ok())
+            .ok_or_else(|| {
+                PortError::Partition(format!(
+                    "P_Key {:04x}: the target port is not a member of that partition (its P_Key table: {})",
+                    want.0,
+                    names(&table)
+                ))
+            })
+    }
+
+    fn login(
+        &self,
+        data: &[u8],
+        form: LoginForm,
+        peer: PeerQp,
+        pkey: Option<Pkey>,
+    ) -> LoginOutcome {
         let mut st = self.lock();
         let conn = ConnId(st.next_conn);
         st.next_conn += 1;
@@ -598,7 +700,10 @@ impl Inner {
             (initiator_name(&ch.nexus().0), st.target.config().sq_size)
         };
         let slot_size = st.target.config().max_rsp_size;
-        match self.create_conn(conn, peer, sq, slot_size, &initiator) {
+        let created = self
+            .pkey_index(pkey)
+            .and_then(|ix| self.create_conn(conn, peer, ix, sq, slot_size, &initiator));
+        match created {
             Ok((mut c, local)) => {
                 c.channel = channel;
                 st.by_channel.insert(channel, conn);
@@ -637,6 +742,7 @@ impl Inner {
         &self,
         conn: ConnId,
         peer: PeerQp,
+        pkey_index: u16,
         sq: u32,
         slot_size: u32,
         initiator: &str,
@@ -696,7 +802,7 @@ impl Inner {
             }
         };
         let psn = Psn::new((conn.0 as u32).wrapping_mul(0x9e37_79b9) >> 8);
-        if let Err(e) = self.connect_qp(qp, peer, psn) {
+        if let Err(e) = self.connect_qp(qp, peer, pkey_index, psn) {
             let _ = p.dereg_mr(send_mr.handle);
             cleanup(p);
             return Err(e);
@@ -733,7 +839,13 @@ impl Inner {
         ))
     }
 
-    fn connect_qp(&self, qp: QpHandle, peer: PeerQp, psn: Psn) -> Result<(), PortError> {
+    fn connect_qp(
+        &self,
+        qp: QpHandle,
+        peer: PeerQp,
+        pkey_index: u16,
+        psn: Psn,
+    ) -> Result<(), PortError> {
         let p = &self.provider;
         let port = self.opts.port;
         p.modify_qp(
@@ -741,7 +853,7 @@ impl Inner {
             &QpAttr {
                 state: Some(QpState::Init),
                 port: Some(port),
-                pkey_index: Some(0),
+                pkey_index: Some(pkey_index),
                 access: Some(AccessFlags::NONE),
                 ..Default::default()
             },
@@ -1175,9 +1287,10 @@ impl Inner {
         // A small command to a memory store runs on this thread once the
         // lock is released: two thread hand-offs less (to a worker and back
         // to the NIC) for what takes a microsecond.
+        let quiet = st.inline_jobs.is_empty()
+            && self.at_workers.load(std::sync::atomic::Ordering::Relaxed) == 0;
         let inline = st.inline_here
-            && st.inline_jobs.is_empty()
-            && self.at_workers.load(std::sync::atomic::Ordering::Relaxed) == 0
+            && (quiet || !self.inline_when_quiet)
             && req.data_in_len.max(match &req.data_out {
                 DataOut::None => 0,
                 DataOut::Immediate(v) => v.len() as u32,
