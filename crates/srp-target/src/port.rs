@@ -178,8 +178,6 @@ struct Inner {
     spill_below: usize,
     /// Commands up to this many bytes may run inline (0: never).
     inline_max: u32,
-    /// Inline only while no command is at the workers.
-    inline_when_quiet: bool,
     /// Commands handed to the workers and not finished: inline execution
     /// is for a quiet port (latency); a busy one keeps its workers
     /// (parallelism).
@@ -266,21 +264,6 @@ const KIND_MASK: u64 = 0xff << 56;
 /// Largest transfer a command may have to run on the thread that got it
 /// (the environment variable `SRPT_INLINE=0` turns inline execution off).
 const INLINE_MAX: u32 = 64 << 10;
-
-/// Inline execution: `(largest transfer, only while the port is quiet)`.
-/// With one CPU a worker runs nothing in parallel, it only costs two
-/// context switches per command, so every command to a store that never
-/// blocks runs inline, busy port or not (a target VM with one vCPU, where
-/// Linux's in-kernel LIO has no such switches). `SRPT_INLINE=0` turns it
-/// off, `SRPT_INLINE=all` chooses the one-CPU rule anywhere.
-fn inline_policy() -> (u32, bool) {
-    match std::env::var("SRPT_INLINE").as_deref() {
-        Ok("0") => (0, true),
-        Ok("all") => (u32::MAX, false),
-        _ if std::thread::available_parallelism().is_ok_and(|n| n.get() == 1) => (u32::MAX, false),
-        _ => (INLINE_MAX, true),
-    }
-}
 
 /// The port lock, counted so a completion callback on this thread
 /// knows not to take it again.
@@ -410,8 +393,11 @@ impl TargetPort {
             chunk_size,
             spill_below: (opts.chunks / 4).max(2),
             at_workers: std::sync::atomic::AtomicUsize::new(0),
-            inline_max: inline_policy().0,
-            inline_when_quiet: inline_policy().1,
+            inline_max: if std::env::var_os("SRPT_INLINE").is_some_and(|v| v == "0") {
+                0
+            } else {
+                INLINE_MAX
+            },
             st: Mutex::new(State {
                 target,
                 conns: HashMap::new(),
@@ -1287,10 +1273,9 @@ impl Inner {
         // A small command to a memory store runs on this thread once the
         // lock is released: two thread hand-offs less (to a worker and back
         // to the NIC) for what takes a microsecond.
-        let quiet = st.inline_jobs.is_empty()
-            && self.at_workers.load(std::sync::atomic::Ordering::Relaxed) == 0;
         let inline = st.inline_here
-            && (quiet || !self.inline_when_quiet)
+            && st.inline_jobs.is_empty()
+            && self.at_workers.load(std::sync::atomic::Ordering::Relaxed) == 0
             && req.data_in_len.max(match &req.data_out {
                 DataOut::None => 0,
                 DataOut::Immediate(v) => v.len() as u32,
