@@ -20,15 +20,14 @@ use rdma_access::sma::{state, Sma, SmaAction, SmaConfig};
 use rdma_access::sma_agent::SmaAgent;
 use rdma_access::CmAgent;
 use rdma_mad::mad::MAD_SIZE;
-use rdma_types::{AccessFlags, Gid, Guid, Instant, Lid, PortNum, Psn, Qkey, QpState, QpType};
+use rdma_types::{AccessFlags, Gid, Guid, Instant, Lid, PortNum, Qkey, QpType};
 use rdma_types::{Qpn, WcOpcode, WcStatus};
 use rnic::softroce::SoftRoce;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use verbs::{
     AhAttr, AhHandle, CaHandle, CqHandle, CqInit, MemBuf, MrInfo, PdHandle, PortState, Provider,
-    QpAttr, QpCaps, QpHandle, QpInit, RecvWr, SendOpcode, SendWr, Sge, UdDest, VerbsError,
-    WorkCompletion,
+    QpHandle, RecvWr, SendOpcode, SendWr, Sge, UdDest, VerbsError, WorkCompletion,
 };
 
 /// The area in front of a UD receive (GRH, or on RoCEv2 the IP header).
@@ -117,53 +116,10 @@ fn special(
     qkey: Qkey,
     tag: u64,
 ) -> Result<Ring, SmPortError> {
-    let mut init = QpInit::rc(cq, SENDS, RECVS);
-    init.qp_type = qp_type;
-    init.sq_sig_all = true;
-    init.port = Some(PortNum(1));
-    init.caps = QpCaps {
-        max_send_wr: SENDS,
-        max_recv_wr: RECVS,
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        max_inline: 0,
-    };
-    let qp = p
-        .create_qp(pd, &init, 0)
-        .map_err(err("create a special QP"))?;
-    let steps = [
-        QpAttr {
-            state: Some(QpState::Init),
-            pkey_index: Some(0),
-            qkey: Some(qkey),
-            ..Default::default()
-        },
-        QpAttr {
-            state: Some(QpState::Rtr),
-            ..Default::default()
-        },
-        QpAttr {
-            state: Some(QpState::Rts),
-            sq_psn: Some(Psn::new(0)),
-            ..Default::default()
-        },
-    ];
-    for a in steps {
-        if let Err(e) = p.modify_qp(qp, &a) {
-            let _ = p.destroy_qp(qp);
-            return Err(err("bring a special QP to RTS")(e));
-        }
-    }
-    let buf = MemBuf::new((GRH + MAD_SIZE) * RECVS as usize);
-    let mr = match p.reg_mr(
-        pd,
-        &buf,
-        buf.addr(),
-        buf.len() as u64,
-        AccessFlags::LOCAL_WRITE,
-        0,
-    ) {
-        Ok(m) => m,
+    let qp = rdma_access::special_qp(p, pd, cq, qp_type, qkey)
+        .map_err(err("bring a special QP to RTS"))?;
+    let (buf, mr) = match rdma_access::recv_ring(p, pd) {
+        Ok(r) => r,
         Err(e) => {
             let _ = p.destroy_qp(qp);
             return Err(err("register receive buffers")(e));

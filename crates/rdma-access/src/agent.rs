@@ -211,8 +211,12 @@ struct Smi {
     recv_mr: MrInfo,
 }
 
-/// A special QP (QP0 or QP1) of port 1, in RTS.
-fn special_qp(
+/// A special QP (QP0 or QP1) of port 1, in RTS, with room for 64 sends
+/// and 64 receives (the CM agent's and `ib_sm`'s port use it).
+///
+/// # Errors
+/// What the provider refuses; a QP made before the refusal is destroyed.
+pub fn special_qp(
     p: &Arc<dyn Provider>,
     pd: PdHandle,
     cq: CqHandle,
@@ -263,8 +267,15 @@ fn special_qp(
     Ok(qp)
 }
 
-/// Receive buffers (GRH + MAD each) for one special QP.
-fn recv_ring(p: &Arc<dyn Provider>, pd: PdHandle) -> Result<(MemBuf, MrInfo), verbs::VerbsError> {
+/// Receive buffers for one special QP: 64 slots of GRH (40 bytes) + MAD
+/// (256), registered for local write.
+///
+/// # Errors
+/// What the provider refuses.
+pub fn recv_ring(
+    p: &Arc<dyn Provider>,
+    pd: PdHandle,
+) -> Result<(MemBuf, MrInfo), verbs::VerbsError> {
     let buf = MemBuf::new((GRH + MAD) * RECVS as usize);
     let mr = p.reg_mr(
         pd,

@@ -643,6 +643,46 @@ pub fn fuzz_answers(data: &[u8]) {
     assert_eq!(r[8..16], req[8..16]);
 }
 
+/// The PathRecord GetTable from `sgid` to the port with LID `dlid`, in
+/// partition `pkey` only when given (srp_daemon's question with its `-p`).
+pub fn path_to_lid_request(sgid: Gid, dlid: u16, pkey: Option<Pkey>) -> MadBytes {
+    let mut rec = PathRecord::parse(&[0u8; PathRecord::LEN]).expect("64 bytes");
+    rec.sgid = sgid;
+    rec.dlid = dlid;
+    let mut mask = path_comp::SGID | path_comp::DLID;
+    if let Some(p) = pkey {
+        rec.pkey = p;
+        mask |= path_comp::PKEY;
+    }
+    let mut b = [0u8; PathRecord::LEN];
+    rec.emit(&mut b);
+    sa_request(Method::GetTable, SaAttr::PathRecord, mask, &b)
+}
+
+impl SaClient {
+    /// Every path from `sgid` to the port with LID `dlid`, in partition
+    /// `pkey` when given; none is an empty list.
+    ///
+    /// # Errors
+    /// As [`SaClient::path_records`].
+    pub fn paths_to_lid(
+        &self,
+        sgid: Gid,
+        dlid: u16,
+        pkey: Option<Pkey>,
+    ) -> Result<Vec<PathRecord>, SaError> {
+        self.query(path_to_lid_request(sgid, dlid, pkey), PathRecord::LEN)?
+            .iter()
+            .map(|r| PathRecord::parse(r).map_err(|e| SaError::Malformed(e.to_string())))
+            .collect()
+    }
+
+    /// The SA this client asks.
+    pub fn sa_gid(&self) -> Gid {
+        self.sa
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -759,45 +799,5 @@ mod tests {
         let mut short = r;
         short[44..46].copy_from_slice(&2u16.to_be_bytes());
         assert!(matches!(records(&short, 68), Err(SaError::Malformed(_))));
-    }
-}
-
-/// The PathRecord GetTable from `sgid` to the port with LID `dlid`, in
-/// partition `pkey` only when given (srp_daemon's question with its `-p`).
-pub fn path_to_lid_request(sgid: Gid, dlid: u16, pkey: Option<Pkey>) -> MadBytes {
-    let mut rec = PathRecord::parse(&[0u8; PathRecord::LEN]).expect("64 bytes");
-    rec.sgid = sgid;
-    rec.dlid = dlid;
-    let mut mask = path_comp::SGID | path_comp::DLID;
-    if let Some(p) = pkey {
-        rec.pkey = p;
-        mask |= path_comp::PKEY;
-    }
-    let mut b = [0u8; PathRecord::LEN];
-    rec.emit(&mut b);
-    sa_request(Method::GetTable, SaAttr::PathRecord, mask, &b)
-}
-
-impl SaClient {
-    /// Every path from `sgid` to the port with LID `dlid`, in partition
-    /// `pkey` when given; none is an empty list.
-    ///
-    /// # Errors
-    /// As [`SaClient::path_records`].
-    pub fn paths_to_lid(
-        &self,
-        sgid: Gid,
-        dlid: u16,
-        pkey: Option<Pkey>,
-    ) -> Result<Vec<PathRecord>, SaError> {
-        self.query(path_to_lid_request(sgid, dlid, pkey), PathRecord::LEN)?
-            .iter()
-            .map(|r| PathRecord::parse(r).map_err(|e| SaError::Malformed(e.to_string())))
-            .collect()
-    }
-
-    /// The SA this client asks.
-    pub fn sa_gid(&self) -> Gid {
-        self.sa
     }
 }
