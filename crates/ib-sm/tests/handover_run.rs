@@ -6,13 +6,15 @@
 //! `SmChange` PnP event. Then the node's CapabilityMask changes and its
 //! trap 144 reaches the new master, which represses it.
 
+mod common;
+
+use common::Ibsm;
 use ib_sm::port::IbNode;
 use rdma_access::resource::{AccessLayer, PnpEvent};
 use rdma_access::sma::state;
 use rdma_types::{Gid, Guid, PortNum};
 use rnic::softroce::{SoftCa, SoftRoce, ROCE_PORT};
 use std::net::{IpAddr, Ipv4Addr};
-use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -20,39 +22,6 @@ const T: Duration = Duration::from_secs(10);
 
 fn ip(last: u8) -> IpAddr {
     IpAddr::V4(Ipv4Addr::new(127, 0, 150, last))
-}
-
-/// The `ibsm` process; killed if the test ends without stopping it.
-struct Ibsm {
-    child: Child,
-    out: std::path::PathBuf,
-}
-
-impl Ibsm {
-    fn start(tag: &str, args: &[&str]) -> Ibsm {
-        let out = std::env::temp_dir().join(format!("ibsm-ho-{tag}-{}.out", std::process::id()));
-        let file = std::fs::File::create(&out).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_ibsm"))
-            .arg("run")
-            .args(args)
-            .stdout(Stdio::from(file.try_clone().unwrap()))
-            .stderr(Stdio::from(file))
-            .spawn()
-            .unwrap();
-        Ibsm { child, out }
-    }
-
-    fn output(&self) -> String {
-        std::fs::read_to_string(&self.out).unwrap_or_default()
-    }
-}
-
-impl Drop for Ibsm {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_file(&self.out);
-    }
 }
 
 /// Polls `done` until it holds or `within` passes; panics with `what`
@@ -138,8 +107,7 @@ fn the_standby_ibsm_takes_over_a_killed_master() {
     let before = changes();
 
     // SIGKILL: no goodbye. The standby notices and takes over.
-    sm_a.child.kill().unwrap();
-    sm_a.child.wait().unwrap();
+    sm_a.kill();
     let t0 = Instant::now();
     wait_for(T, "takeover", &[&sm_b], || {
         node.sma().sm_lid() == 2 && changes() > before

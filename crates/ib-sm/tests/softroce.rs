@@ -10,6 +10,9 @@
 //! tshark on the MADs it carried, and `srp_daemon`-style discovery
 //! through the SA.
 
+mod common;
+
+use common::Ibsm;
 use ib_sm::port::{IbNode, SmPort};
 use ib_sm::SmConfig;
 use rdma_access::sa::{PathQuery, SaClient, SaTiming};
@@ -19,7 +22,6 @@ use rdma_types::WcStatus;
 use rdma_types::{AccessFlags, Gid, Guid, Lid, Mtu, Pkey, PortNum, Psn, QpState, Qpn, WcOpcode};
 use rnic::softroce::{Personality, SoftCa, SoftRoce, ROCE_PORT};
 use std::net::{IpAddr, Ipv4Addr};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -64,84 +66,6 @@ fn nodes(lasts: &[u8]) -> (Arc<SoftRoce>, Vec<IbNode>) {
         })
         .collect();
     (p, nodes)
-}
-
-/// The `ibsm` process; killed if the test ends without stopping it.
-struct Ibsm {
-    child: Option<Child>,
-    out: std::path::PathBuf,
-}
-
-impl Ibsm {
-    fn start(tag: &str, args: &[&str]) -> Ibsm {
-        let out = std::env::temp_dir().join(format!("ibsm-{tag}-{}.out", std::process::id()));
-        let file = std::fs::File::create(&out).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_ibsm"))
-            .arg("run")
-            .args(args)
-            .stdout(Stdio::from(file.try_clone().unwrap()))
-            .stderr(Stdio::from(file))
-            .spawn()
-            .unwrap();
-        Ibsm {
-            child: Some(child),
-            out,
-        }
-    }
-
-    /// Waits at most `within` for the process to end; its success and
-    /// output.
-    fn wait(&mut self, within: Duration) -> (bool, String) {
-        let mut c = self.child.take().expect("running");
-        let end = Instant::now() + within;
-        let status = loop {
-            if let Some(s) = c.try_wait().unwrap() {
-                break s;
-            }
-            if Instant::now() >= end {
-                let _ = c.kill();
-                let _ = c.wait();
-                panic!("ibsm did not stop within {within:?}");
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        };
-        let out = std::fs::read_to_string(&self.out).unwrap_or_default();
-        (status.success(), out)
-    }
-
-    /// Waits at most `within` for the output so far to satisfy `done`.
-    fn wait_output(&self, within: Duration, done: impl Fn(&str) -> bool) -> String {
-        let end = Instant::now() + within;
-        loop {
-            let out = std::fs::read_to_string(&self.out).unwrap_or_default();
-            if done(&out) {
-                return out;
-            }
-            assert!(Instant::now() < end, "ibsm output never got there:\n{out}");
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    fn terminate(&mut self) -> (bool, String) {
-        let pid = self.child.as_ref().expect("running").id();
-        let ok = Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "kill -TERM {pid}");
-        self.wait(T)
-    }
-}
-
-impl Drop for Ibsm {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        let _ = std::fs::remove_file(&self.out);
-    }
 }
 
 /// An RC QP with a registered buffer, in INIT.
@@ -421,7 +345,7 @@ fn ibsm_run_brings_ib_nodes_up_and_serves_paths_connections_and_traps() {
     let port = b.port().unwrap();
     assert_eq!((port.state, port.lid), (PortState::Active, Lid(lb)));
 
-    let (ok, out) = sm.terminate();
+    let (ok, out) = sm.terminate(T);
     assert!(ok, "{out}");
     assert!(out.contains(&format!("{:#018x} gone", b.guid().0)), "{out}");
     assert_eq!(
