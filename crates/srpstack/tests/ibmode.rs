@@ -13,58 +13,21 @@
 
 mod common;
 
-use common::Proc;
+use common::{gid_hex as gid_of, ibsm_bin, run, Proc};
 use rdma_types::Gid;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::net::{IpAddr, Ipv4Addr};
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-use std::sync::{Arc, OnceLock};
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+fn gid_hex(last: u8) -> String {
+    gid_of(ip(last))
+}
 
 fn ip(last: u8) -> IpAddr {
     IpAddr::V4(Ipv4Addr::new(127, 0, 140, last))
-}
-
-fn gid_hex(last: u8) -> String {
-    Gid::from_ip(ip(last))
-        .0
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
-/// The `ibsm` binary. Cargo builds no other package's binaries for this
-/// test, so it is built here, once, into the same target directory and
-/// profile as this test (a no-op when a workspace build made it already).
-fn ibsm_bin() -> PathBuf {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        let exe = std::env::current_exe().unwrap();
-        // <target>/<profile>/deps/ibmode-<hash>
-        let profile = exe.parent().unwrap().parent().unwrap();
-        let mut cmd = Command::new(env!("CARGO"));
-        cmd.args([
-            "build",
-            "-q",
-            "-p",
-            "ib-sm",
-            "--bin",
-            "ibsm",
-            "--target-dir",
-        ])
-        .arg(profile.parent().unwrap())
-        .current_dir(env!("CARGO_MANIFEST_DIR"));
-        if profile.file_name().is_some_and(|n| n == "release") {
-            cmd.arg("--release");
-        }
-        assert!(
-            cmd.status().unwrap().success(),
-            "cargo build -p ib-sm --bin ibsm"
-        );
-        profile.join("ibsm")
-    })
-    .clone()
 }
 
 /// `ibsm run` at 127.0.140.`at` for the nodes `nodes`, sweeping every
@@ -98,18 +61,6 @@ fn srptd(last: u8, sock: &Path) -> Proc {
     assert!(l.contains("LID "), "{l}");
     p.wait_line("listening on", 20);
     p
-}
-
-fn run(cmd: &mut Command) -> (bool, String) {
-    let o: Output = cmd.output().unwrap();
-    (
-        o.status.success(),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        ),
-    )
 }
 
 fn srp() -> Command {

@@ -18,68 +18,24 @@
 
 mod common;
 
-use common::Proc;
-use rdma_types::Gid;
+use common::{gid_hex as gid_of, ibsm_bin, run, Proc};
 use srp::initiator::ChannelConfig;
 use srp_initiator::session::{
     ConnectError, Connected, Connector, LoginForm, QpInfo, Session, SessionConfig,
 };
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::net::{IpAddr, Ipv4Addr};
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::Path;
+use std::process::Command;
 use std::sync::Arc;
 use std::time::Instant;
 
+fn gid_hex(last: u8) -> String {
+    gid_of(ip(last))
+}
+
 fn ip(last: u8) -> IpAddr {
     IpAddr::V4(Ipv4Addr::new(127, 0, 145, last))
-}
-
-fn gid_hex(last: u8) -> String {
-    Gid::from_ip(ip(last))
-        .0
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
-/// The `ibsm` binary, built once into this test's target directory and
-/// profile (Cargo builds no other package's binaries for this test).
-fn ibsm_bin() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let profile = exe.parent().unwrap().parent().unwrap();
-    let mut cmd = Command::new(env!("CARGO"));
-    cmd.args([
-        "build",
-        "-q",
-        "-p",
-        "ib-sm",
-        "--bin",
-        "ibsm",
-        "--target-dir",
-    ])
-    .arg(profile.parent().unwrap())
-    .current_dir(env!("CARGO_MANIFEST_DIR"));
-    if profile.file_name().is_some_and(|n| n == "release") {
-        cmd.arg("--release");
-    }
-    assert!(
-        cmd.status().unwrap().success(),
-        "cargo build -p ib-sm --bin ibsm"
-    );
-    profile.join("ibsm")
-}
-
-fn run(cmd: &mut Command) -> (bool, String) {
-    let o: Output = cmd.output().unwrap();
-    (
-        o.status.success(),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        ),
-    )
 }
 
 fn srpd(last: u8, root: &Path, sock: &Path) -> Proc {

@@ -76,3 +76,62 @@ impl Drop for Proc {
         let _ = self.child.wait();
     }
 }
+
+/// The `ibsm` binary (crates/ib-sm). Cargo builds no other package's
+/// binaries for these tests, so it is built here, once per test process,
+/// into the same target directory and profile as the test (a no-op when a
+/// workspace build made it already).
+#[allow(dead_code)]
+pub fn ibsm_bin() -> std::path::PathBuf {
+    static BIN: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    BIN.get_or_init(|| {
+        let exe = std::env::current_exe().unwrap();
+        // <target>/<profile>/deps/<test>-<hash>
+        let profile = exe.parent().unwrap().parent().unwrap();
+        let mut cmd = Command::new(env!("CARGO"));
+        cmd.args([
+            "build",
+            "-q",
+            "-p",
+            "ib-sm",
+            "--bin",
+            "ibsm",
+            "--target-dir",
+        ])
+        .arg(profile.parent().unwrap())
+        .current_dir(env!("CARGO_MANIFEST_DIR"));
+        if profile.file_name().is_some_and(|n| n == "release") {
+            cmd.arg("--release");
+        }
+        assert!(
+            cmd.status().unwrap().success(),
+            "cargo build -p ib-sm --bin ibsm"
+        );
+        profile.join("ibsm")
+    })
+    .clone()
+}
+
+/// The GID of an IP address in hex, as login strings write `dgid=`.
+#[allow(dead_code)]
+pub fn gid_hex(ip: std::net::IpAddr) -> String {
+    rdma_types::Gid::from_ip(ip)
+        .0
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Runs `cmd` to its end: success, and stdout then stderr.
+#[allow(dead_code)]
+pub fn run(cmd: &mut Command) -> (bool, String) {
+    let o = cmd.output().unwrap();
+    (
+        o.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        ),
+    )
+}
