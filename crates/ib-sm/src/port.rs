@@ -20,7 +20,7 @@ use rdma_access::sma::{state, Sma, SmaAction, SmaConfig};
 use rdma_access::sma_agent::SmaAgent;
 use rdma_access::CmAgent;
 use rdma_mad::mad::MAD_SIZE;
-use rdma_types::{AccessFlags, Gid, Guid, Instant, Lid, PortNum, Qkey, QpType};
+use rdma_types::{Gid, Guid, Instant, Lid, PortNum, Qkey, QpType};
 use rdma_types::{Qpn, WcOpcode, WcStatus};
 use rnic::softroce::SoftRoce;
 use std::collections::{HashMap, VecDeque};
@@ -137,27 +137,7 @@ fn special(
 
 impl Ring {
     fn recv_wr(&self, i: u32, tag: u64) -> RecvWr {
-        RecvWr {
-            wr_id: tag | u64::from(i),
-            sges: vec![Sge {
-                addr: self.buf.addr() + (i as usize * (GRH + MAD_SIZE)) as u64,
-                length: (GRH + MAD_SIZE) as u32,
-                lkey: self.mr.lkey,
-            }],
-        }
-    }
-}
-
-/// The sender's GID from the area in front of a UD receive: on RoCEv2 over
-/// IPv4 an IPv4 header in its last 20 bytes, else a GRH (source GID at 8).
-fn source_gid(grh: &[u8]) -> Gid {
-    if grh[20] == 0x45 {
-        let ip = std::net::Ipv4Addr::new(grh[32], grh[33], grh[34], grh[35]);
-        Gid::from_ip(ip.into())
-    } else {
-        let mut g = [0u8; 16];
-        g.copy_from_slice(&grh[8..24]);
-        Gid(g)
+        rdma_access::recv_wr(&self.buf, &self.mr, i, tag)
     }
 }
 
@@ -198,17 +178,8 @@ impl SmPort {
             made.extend([Undo::Qp(smi.qp), Undo::Mr(smi.mr.handle)]);
             let gsi = special(p, pd, cq, QpType::Gsi, Qkey::GSI, 0)?;
             made.extend([Undo::Qp(gsi.qp), Undo::Mr(gsi.mr.handle)]);
-            let send_buf = MemBuf::new(MAD_SIZE * SENDS as usize);
-            let send_mr = p
-                .reg_mr(
-                    pd,
-                    &send_buf,
-                    send_buf.addr(),
-                    send_buf.len() as u64,
-                    AccessFlags::NONE,
-                    0,
-                )
-                .map_err(err("register send buffers"))?;
+            let (send_buf, send_mr) =
+                rdma_access::send_ring(p, pd).map_err(err("register send buffers"))?;
             Ok((gid, pd, cq, [smi, gsi], send_buf, send_mr))
         })();
         let (gid, pd, cq, rings, send_buf, send_mr) = match r {
@@ -351,7 +322,8 @@ impl SmPort {
             });
         }
         let now = self.now();
-        self.sm.handle_mad(now, source_gid(&bytes[..GRH]), qp, mad);
+        self.sm
+            .handle_mad(now, rdma_access::source_gid(&bytes[..GRH]), qp, mad);
     }
 
     /// Sends what the SM queued, as send slots allow (the rest waits).

@@ -288,6 +288,19 @@ pub fn recv_ring(
     Ok((buf, mr))
 }
 
+/// Send buffers for a special QP's MADs: 64 slots of 256 bytes.
+///
+/// # Errors
+/// What the provider refuses.
+pub fn send_ring(
+    p: &Arc<dyn Provider>,
+    pd: PdHandle,
+) -> Result<(MemBuf, MrInfo), verbs::VerbsError> {
+    let buf = MemBuf::new(MAD * SENDS as usize);
+    let mr = p.reg_mr(pd, &buf, buf.addr(), buf.len() as u64, AccessFlags::NONE, 0)?;
+    Ok((buf, mr))
+}
+
 /// SMPs (LID-routed and directed-route) travel on QP0 only.
 fn is_smp(class: u8) -> bool {
     class == 0x01 || class == 0x81
@@ -359,17 +372,8 @@ impl CmAgent {
             },
             Err(_) => None,
         };
-        let send_buf = MemBuf::new(MAD * SENDS as usize);
-        let send_mr = p
-            .reg_mr(
-                pd,
-                &send_buf,
-                send_buf.addr(),
-                send_buf.len() as u64,
-                AccessFlags::NONE,
-                0,
-            )
-            .map_err(verbs_err("register MAD send buffers"))?;
+        let (send_buf, send_mr) =
+            send_ring(p, pd).map_err(verbs_err("register MAD send buffers"))?;
         let recvs: Vec<RecvWr> = (0..RECVS)
             .map(|i| recv_wr(&recv_buf, &recv_mr, i, 0))
             .collect();
@@ -716,7 +720,9 @@ impl Drop for CmAgent {
     }
 }
 
-fn recv_wr(buf: &MemBuf, mr: &MrInfo, i: u32, tag: u64) -> RecvWr {
+/// The receive of slot `i` of a [`recv_ring`], its work-request ID `tag`
+/// with the slot number in the low bits.
+pub fn recv_wr(buf: &MemBuf, mr: &MrInfo, i: u32, tag: u64) -> RecvWr {
     RecvWr {
         wr_id: tag | i as u64,
         sges: vec![Sge {
@@ -729,8 +735,8 @@ fn recv_wr(buf: &MemBuf, mr: &MrInfo, i: u32, tag: u64) -> RecvWr {
 
 /// The sender's GID from the 40-byte area in front of a UD receive: an IB
 /// GRH (source GID at 8), or on RoCEv2 over IPv4 an IPv4 header in the last
-/// 20 bytes (source address at 32).
-fn source_gid(grh: &[u8]) -> Gid {
+/// 20 bytes (source address at 32). `grh` is at least 40 bytes.
+pub fn source_gid(grh: &[u8]) -> Gid {
     if grh[20] == 0x45 {
         let ip = std::net::Ipv4Addr::new(grh[32], grh[33], grh[34], grh[35]);
         Gid::from_ip(ip.into())

@@ -49,5 +49,8 @@ pub mod sma;
 pub mod sma_agent;
 mod wire;
 
-pub use agent::{recv_ring, special_qp, CmAgent, CmError, Established, Incoming, MadAgent};
+pub use agent::{
+    recv_ring, recv_wr, send_ring, source_gid, special_qp, CmAgent, CmError, Established, Incoming,
+    MadAgent,
+};
 pub use rdma_cm::{CmConfig, ConnId};
