@@ -15,7 +15,6 @@ mod common;
 
 use common::{gid_hex as gid_of, ibsm_bin, run, Proc};
 use rdma_types::Gid;
-use std::io::{Read, Seek, SeekFrom, Write};
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::Path;
 use std::process::Command;
@@ -194,19 +193,7 @@ fn discovery_login_and_traps_through_the_sa() {
 
     // Verified write then read through the LUN file.
     let file = root.join(&first).join("lun0");
-    let block: Vec<u8> = (0..8192u32).map(|i| (i * 7 + 3) as u8).collect();
-    {
-        let mut f = std::fs::OpenOptions::new().write(true).open(&file).unwrap();
-        f.seek(SeekFrom::Start(1 << 20)).unwrap();
-        f.write_all(&block).unwrap();
-        f.sync_all().unwrap();
-    }
-    let mut back = vec![0u8; block.len()];
-    let mut f = std::fs::File::open(&file).unwrap();
-    f.seek(SeekFrom::Start(1 << 20)).unwrap();
-    f.read_exact(&mut back).unwrap();
-    assert!(back == block, "data read back differs");
-    drop(f);
+    common::write_read_back(&file, 7);
 
     // A second target comes up while the loop waits out its 60 s: trap
     // 64 has it scanned and logged in at once.

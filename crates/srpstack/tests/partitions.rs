@@ -23,7 +23,6 @@ use srp::initiator::ChannelConfig;
 use srp_initiator::session::{
     ConnectError, Connected, Connector, LoginForm, QpInfo, Session, SessionConfig,
 };
-use std::io::{Read, Seek, SeekFrom, Write};
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::Path;
 use std::process::Command;
@@ -147,19 +146,7 @@ fn the_login_partition_isolates_the_data_path() {
     let (ok, out) = login(&sock_a, &string("8010"), "part");
     assert!(ok, "{out}");
     let file = root_a.join("part").join("lun0");
-    let block: Vec<u8> = (0..8192u32).map(|i| (i * 13 + 5) as u8).collect();
-    {
-        let mut f = std::fs::OpenOptions::new().write(true).open(&file).unwrap();
-        f.seek(SeekFrom::Start(1 << 20)).unwrap();
-        f.write_all(&block).unwrap();
-        f.sync_all().unwrap();
-    }
-    let mut back = vec![0u8; block.len()];
-    let mut f = std::fs::File::open(&file).unwrap();
-    f.seek(SeekFrom::Start(1 << 20)).unwrap();
-    f.read_exact(&mut back).unwrap();
-    assert!(back == block, "data read back differs");
-    drop(f);
+    common::write_read_back(&file, 13);
     // Nothing of A's was dropped for its P_Key: A's QP sends with the
     // 0x0010 partition's key (0xffff would not pass the target's QP).
     let t_show = show(&tsock);

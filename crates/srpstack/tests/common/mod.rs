@@ -135,3 +135,26 @@ pub fn run(cmd: &mut Command) -> (bool, String) {
         ),
     )
 }
+
+/// Writes 8 KiB of a pattern (`seed` varies it) at 1 MiB into the LUN
+/// file `file`, syncs, reads it back and checks it.
+#[allow(dead_code)]
+pub fn write_read_back(file: &std::path::Path, seed: u32) {
+    use std::io::{Read, Seek, SeekFrom, Write};
+    let block: Vec<u8> = (0..8192u32).map(|i| (i * seed + 3) as u8).collect();
+    {
+        let mut f = std::fs::OpenOptions::new().write(true).open(file).unwrap();
+        f.seek(SeekFrom::Start(1 << 20)).unwrap();
+        f.write_all(&block).unwrap();
+        f.sync_all().unwrap();
+    }
+    let mut back = vec![0u8; block.len()];
+    let mut f = std::fs::File::open(file).unwrap();
+    f.seek(SeekFrom::Start(1 << 20)).unwrap();
+    f.read_exact(&mut back).unwrap();
+    assert!(
+        back == block,
+        "data read back from {} differs",
+        file.display()
+    );
+}
