@@ -8,12 +8,14 @@
 //! What it refuses to do: I/O, allocation-heavy work, anything with state.
 
 mod flags;
+pub mod idmap;
 mod ids;
 mod psn;
 mod time;
 mod wc;
 
 pub use flags::AccessFlags;
+pub use idmap::{IdMap, IdSet};
 pub use ids::{Gid, Guid, Lid, Lkey, Mtu, Pkey, PortNum, Qkey, QpState, QpType, Qpn, Rkey};
 pub use psn::Psn;
 pub use time::{Duration, Instant};

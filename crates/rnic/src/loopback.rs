@@ -3,11 +3,10 @@
 
 use core::result::Result;
 use rdma_types::{
-    AccessFlags, Gid, Guid, Lid, Mtu, Pkey, PortNum, Qkey, QpState, QpType, Qpn, Rkey, WcOpcode,
-    WcStatus,
+    AccessFlags, Gid, Guid, IdMap, Lid, Mtu, Pkey, PortNum, Qkey, QpState, QpType, Qpn, Rkey,
+    WcOpcode, WcStatus,
 };
-use std::collections::{HashMap, VecDeque};
-use std::hash::{BuildHasherDefault, Hasher};
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
 use verbs::kit::cq::Cq;
 use verbs::kit::keys::{KeyTable, Target};
@@ -64,36 +63,10 @@ struct Device {
     ports: Vec<PortAttr>,
     keys: KeyTable,
     /// QPN (special QPs: `port << 24 | qpn`) -> slot.
-    qpns: HashMap<u32, usize, BuildHasherDefault<QpnHasher>>,
+    qpns: IdMap<u32, usize>,
     next_qpn: u32,
     opens: Vec<usize>,
     removed: bool,
-}
-
-/// Hasher for the QPN table, looked up on every WR: QPNs are small
-/// integers chosen by the provider, not by a peer, so a multiplicative
-/// hash is enough (SipHash was the largest single cost of a WRITE's
-/// bookkeeping).
-#[derive(Default)]
-struct QpnHasher(u64);
-
-impl Hasher for QpnHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(u64::from(b));
-        }
-    }
-    fn write_u32(&mut self, n: u32) {
-        self.write_u64(u64::from(n));
-    }
-    fn write_u64(&mut self, n: u64) {
-        // Fibonacci hashing: spreads sequential keys over the high bits,
-        // which the table uses for its control bytes.
-        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
 }
 
 struct Qp {
@@ -1009,7 +982,7 @@ impl Fabric {
             guid: cfg.guid,
             ports,
             keys: KeyTable::new(),
-            qpns: HashMap::default(),
+            qpns: IdMap::default(),
             next_qpn: 2,
             opens: vec![],
             removed: false,

@@ -515,20 +515,12 @@ impl blockload::IoQueue for DiskQueue<'_> {
         if let Some(r) = self.ready.pop_front() {
             return Some(r);
         }
-        let live: Vec<usize> = (0..self.slots.len())
-            .filter(|&i| self.slots[i].is_some())
-            .collect();
-        if live.is_empty() {
-            return None;
-        }
-        let which = {
-            let refs: Vec<&crate::session::Started> = live
+        let slot = self.session.wait_any_of(
+            self.slots
                 .iter()
-                .filter_map(|&i| self.slots[i].as_ref().map(|q| &q.started))
-                .collect();
-            self.session.wait_any(&refs)
-        };
-        let slot = live[which];
+                .enumerate()
+                .filter_map(|(i, s)| s.as_ref().map(|q| (i, &q.started))),
+        )?;
         let q = self.slots[slot].take()?;
         let what = if q.write.is_some() {
             "WRITE(16)"

@@ -14,12 +14,12 @@
 //! does) is not implemented yet.
 
 use rdma_types::{AccessFlags, Gid, Guid, Lid, Mtu, Pkey, PortNum, Psn, QpState, Qpn};
-use rdma_types::{WcOpcode, WcStatus};
+use rdma_types::{IdMap, WcOpcode, WcStatus};
 use srp::initiator::{
     Channel, ChannelConfig, Command, Completion, Data, Event, Negotiated, Output, SendId, Status,
 };
 use srp::wire::{DirectBuf, Lun, Tag, TaskAttr, TmFunc};
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
@@ -325,13 +325,13 @@ struct State {
     /// Free send slots.
     free_slots: Vec<u32>,
     /// Send slot of each SendId in flight.
-    slot_of: HashMap<SendId, u32>,
+    slot_of: IdMap<SendId, u32>,
     /// Results of finished commands, by tag, until their caller takes them.
-    done: HashMap<Tag, Completion>,
+    done: IdMap<Tag, Completion>,
     /// Pool pages in use.
     pages: Vec<bool>,
     /// Where each command's external descriptor table lives in the pool.
-    tables: HashMap<Tag, u64>,
+    tables: IdMap<Tag, u64>,
     events: VecDeque<Event>,
     /// Task management requests finished, and the last one's outcome.
     tmfs_done: u64,
@@ -339,7 +339,7 @@ struct State {
     stats: SessionStats,
     closed: bool,
     /// Callers waiting for their command's answer, woken one by one.
-    parked: HashMap<Tag, std::thread::Thread>,
+    parked: IdMap<Tag, std::thread::Thread>,
     /// Callers waiting on `cv` (pool pages, credits, task management).
     cv_waiters: u32,
     /// The poll thread sleeps until this timer deadline (`Some(None)`:
@@ -637,16 +637,16 @@ impl Session {
             st: Mutex::new(State {
                 channel,
                 free_slots: (0..slots).rev().collect(),
-                slot_of: HashMap::new(),
-                done: HashMap::new(),
+                slot_of: IdMap::default(),
+                done: IdMap::default(),
                 pages: vec![false; pages],
-                tables: HashMap::new(),
+                tables: IdMap::default(),
                 events: VecDeque::new(),
                 tmfs_done: 0,
                 last_tmf: None,
                 stats: SessionStats::default(),
                 closed: false,
-                parked: HashMap::new(),
+                parked: IdMap::default(),
                 cv_waiters: 0,
                 timer_sleep: None,
             }),
@@ -859,20 +859,46 @@ impl Session {
     /// thread can keep many commands in flight this way (as fio's libaio
     /// engine does) instead of one thread per command.
     pub fn wait_any(&self, cmds: &[&Started]) -> usize {
+        self.wait_any_of(cmds.iter().copied().enumerate())
+            .unwrap_or(0)
+    }
+
+    /// [`Session::wait_any`] over `(key, command)` pairs, without a slice:
+    /// returns the key of a command that has its answer, or `None` when
+    /// `cmds` is empty. The iterator is walked once per wake-up.
+    pub fn wait_any_of<'a, K, I>(&self, cmds: I) -> Option<K>
+    where
+        I: Iterator<Item = (K, &'a Started)> + Clone,
+    {
         let inner = &self.inner;
         let mut st = inner.lock();
+        let mut registered = false;
         loop {
-            if let Some(i) = cmds.iter().position(|c| st.done.contains_key(&c.tag)) {
-                for c in cmds {
-                    st.parked.remove(&c.tag);
+            let mut any = false;
+            let mut found = None;
+            for (k, c) in cmds.clone() {
+                any = true;
+                if st.done.contains_key(&c.tag) {
+                    found = Some(k);
+                    break;
                 }
-                return i;
             }
-            if cmds.is_empty() {
-                return 0;
+            if found.is_some() || !any {
+                if registered {
+                    for (_, c) in cmds.clone() {
+                        st.parked.remove(&c.tag);
+                    }
+                }
+                return found;
             }
-            for c in cmds {
-                st.parked.insert(c.tag, std::thread::current());
+            // Once: the poll thread takes a tag's entry only when that tag
+            // is answered, which ends the wait above.
+            if !registered {
+                let me = std::thread::current();
+                for (_, c) in cmds.clone() {
+                    st.parked.insert(c.tag, me.clone());
+                }
+                registered = true;
             }
             drop(st);
             // Bounded, so a lost wake-up costs time, never a hang.

@@ -2,14 +2,14 @@
 
 use crate::names::{initiator_name, target_name};
 use rdma_types::{
-    AccessFlags, Gid, Guid, Lid, Mtu, Pkey, PortNum, Psn, QpState, QpType, Qpn, WcStatus,
+    AccessFlags, Gid, Guid, IdMap, Lid, Mtu, Pkey, PortNum, Psn, QpState, QpType, Qpn, WcStatus,
 };
 use srp::target::{
     ChannelId, CmdId, DataOut, Local, Login, LoginForm, OpId, Output, RdmaOp, ScsiDone,
     ScsiRequest, Target, TargetConfig, TmfRequest,
 };
 use srp::wire::{LoginRej, LoginRejReason, RspCode, TLogoutReason, TmFunc};
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -230,14 +230,14 @@ struct Conn {
     closing: bool,
     initiator: String,
     nexus: scsi::Nexus,
-    ops: HashMap<OpId, OpInfo>,
+    ops: IdMap<OpId, OpInfo>,
     /// Data-out chunks fetched so far per command: (offset, chunk, len).
-    fetched: HashMap<CmdId, Vec<Fetched>>,
+    fetched: IdMap<CmdId, Vec<Fetched>>,
     /// Data-out pieces copied out of their chunks while chunks ran short:
     /// a command with more pieces than the pool has chunks (an external
     /// table of a thousand small descriptors) must not hold them all.
-    spilled: HashMap<CmdId, Vec<(u64, Vec<u8>)>>,
-    data_in: HashMap<CmdId, Vec<u8>>,
+    spilled: IdMap<CmdId, Vec<(u64, Vec<u8>)>>,
+    data_in: IdMap<CmdId, Vec<u8>>,
 }
 
 struct State {
@@ -247,8 +247,8 @@ struct State {
     /// The thread holding the lock will run `inline_jobs` afterwards.
     inline_here: bool,
     target: Target,
-    conns: HashMap<ConnId, Conn>,
-    by_channel: HashMap<ChannelId, ConnId>,
+    conns: IdMap<ConnId, Conn>,
+    by_channel: IdMap<ChannelId, ConnId>,
     free_chunks: Vec<usize>,
     /// RDMA ops waiting for a chunk.
     waiting: VecDeque<(ConnId, Output)>,
@@ -400,8 +400,8 @@ impl TargetPort {
             },
             st: Mutex::new(State {
                 target,
-                conns: HashMap::new(),
-                by_channel: HashMap::new(),
+                conns: IdMap::default(),
+                by_channel: IdMap::default(),
                 free_chunks: (0..opts.chunks).rev().collect(),
                 waiting: VecDeque::new(),
                 inline_jobs: Vec::new(),
@@ -816,10 +816,10 @@ impl Inner {
                 closing: false,
                 initiator: initiator.to_string(),
                 nexus,
-                ops: HashMap::new(),
-                fetched: HashMap::new(),
-                spilled: HashMap::new(),
-                data_in: HashMap::new(),
+                ops: IdMap::default(),
+                fetched: IdMap::default(),
+                spilled: IdMap::default(),
+                data_in: IdMap::default(),
             },
             LocalQp { qpn, psn },
         ))

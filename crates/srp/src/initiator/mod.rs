@@ -104,7 +104,7 @@ use crate::wire::{
     LoginRsp, Lun, Rsp, RspCode, RspFlags, Tag, TmFunc, TskMgmt, DIRECT_BUF_LEN,
 };
 use rdma_types::{Instant, Rkey};
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 
 /// Bit 63 marks task management tags (ib_srp's `SRP_TAG_TSK_MGMT` is bit
 /// 31 of its 32-bit blk-mq tags; command tags here use 63 bits).
@@ -193,7 +193,7 @@ pub struct Channel {
     live: u32,
     next_send: u64,
     next_seq: u64,
-    sends: HashMap<SendId, SendWhat>,
+    sends: rdma_types::IdMap<SendId, SendWhat>,
     /// Answers waiting for a send slot.
     deferred: VecDeque<Transmit>,
     tmf: Option<Tmf>,
@@ -222,7 +222,7 @@ impl Channel {
             live: 0,
             next_send: 0,
             next_seq: 0,
-            sends: HashMap::new(),
+            sends: rdma_types::IdMap::default(),
             deferred: VecDeque::new(),
             tmf: None,
             tmf_seq: 0,
