@@ -212,7 +212,7 @@ impl Command {
                 Command::ModeSelect { ten, param_len }
             }
             Opcode::PersistentReserveIn => match c[1] & 0x1f {
-                sa @ (0 | 1) => Command::PrIn {
+                sa @ 0..=3 => Command::PrIn {
                     sa,
                     alloc: be(&c[7..9]) as u32,
                 },
@@ -220,7 +220,7 @@ impl Command {
             },
             Opcode::PersistentReserveOut => {
                 let sa = c[1] & 0x1f;
-                if sa > 6 {
+                if sa > 7 {
                     return Err(Sense::invalid_field(1, Some(4)));
                 }
                 if c[2] >> 4 != 0 {

@@ -26,8 +26,13 @@
 //! (O_DIRECT with aligned bounce buffers).
 //!
 //! Persistent reservations ([`pr`]): REGISTER (and IGNORE), RESERVE,
-//! RELEASE, CLEAR, PREEMPT for all six types, enforced per I_T nexus;
-//! APTPL state kept in `DeviceConfig::pr_file` and restored on start.
+//! RELEASE, CLEAR, PREEMPT for all six types, REGISTER AND MOVE, enforced
+//! per I_T nexus; READ KEYS, READ RESERVATION, REPORT CAPABILITIES and
+//! READ FULL STATUS; APTPL state kept in `DeviceConfig::pr_file` and
+//! restored on start. Initiators are named by strings; [`TransportId`]
+//! maps SRP, FC and iSCSI TransportIDs to those names and back, and
+//! target ports get relative target port identifiers from 1 in the order
+//! they are first seen ([`Target::relative_port_id`], reported in VPD 83h).
 //!
 //! Task management ([`task`]): ABORT TASK, ABORT TASK SET, CLEAR TASK
 //! SET, LOGICAL UNIT RESET, I_T NEXUS RESET mark commands submitted with
@@ -42,7 +47,7 @@
 //! VERIFY compares with the data-out when BYTCHK asks (01b: block by
 //! block, 11b: one block against all), MISCOMPARE giving the offset.
 //!
-//! Not yet here: CLEAR ACA, REGISTER AND MOVE, protection information.
+//! Not yet here: protection information.
 
 pub mod backend;
 pub mod cdb;
@@ -54,6 +59,7 @@ pub mod pr;
 pub mod sense;
 pub mod target;
 pub mod task;
+pub mod transport_id;
 pub mod ua;
 
 pub use backend::{Backend, BlockIo, FileIo, NullIo, Ram};
@@ -64,3 +70,4 @@ pub use opcode::Opcode;
 pub use sense::{Asc, Sense, SenseKey};
 pub use target::{GroupMap, LunMaps, Nexus, Residual, ScsiResponse, Status, Target, TaskAttr};
 pub use task::{ServiceResponse, Tmf, TmfResponse};
+pub use transport_id::{ProtocolId, TransportId};

@@ -78,8 +78,8 @@ opcodes! {
     WriteSame10 = 0x41, "WRITE SAME(10)", 10, Out, [];
     Unmap = 0x42, "UNMAP", 10, Out, [];
     ModeSelect10 = 0x55, "MODE SELECT(10)", 10, Out, [];
-    PersistentReserveIn = 0x5e, "PERSISTENT RESERVE IN", 10, In, [0, 1];
-    PersistentReserveOut = 0x5f, "PERSISTENT RESERVE OUT", 10, Out, [0, 1, 2, 3, 4, 5, 6];
+    PersistentReserveIn = 0x5e, "PERSISTENT RESERVE IN", 10, In, [0, 1, 2, 3];
+    PersistentReserveOut = 0x5f, "PERSISTENT RESERVE OUT", 10, Out, [0, 1, 2, 3, 4, 5, 6, 7];
     ModeSense10 = 0x5a, "MODE SENSE(10)", 10, In, [];
     Read16 = 0x88, "READ(16)", 16, In, [];
     CompareAndWrite = 0x89, "COMPARE AND WRITE", 16, Out, [];

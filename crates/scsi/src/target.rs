@@ -164,9 +164,23 @@ struct State {
     ua: HashMap<(Nexus, Lun), UaQueue>,
     /// (nexus, LUN) pairs that have seen their power-on unit attention.
     known: HashSet<(Nexus, Lun)>,
+    /// Relative target port identifiers (SPC-4 3.1.120) by target port
+    /// name, numbered from 1 as ports are first seen.
+    ports: BTreeMap<String, u16>,
 }
 
 impl State {
+    /// The relative target port identifier of `port`, assigned now if new.
+    fn port_id(&mut self, port: &str) -> u16 {
+        if let Some(&id) = self.ports.get(port) {
+            return id;
+        }
+        // 0 is reserved; the last identifier is reused past 65535 ports.
+        let id = (self.ports.len() + 1).min(0xffff) as u16;
+        self.ports.insert(port.to_string(), id);
+        id
+    }
+
     /// The group `initiator` belongs to, if any.
     fn group_of<'a>(&'a self, initiator: &'a str) -> Option<&'a str> {
         self.members
@@ -574,6 +588,14 @@ impl Target {
         }
     }
 
+    /// The relative target port identifier of target port `name` (SPC-4
+    /// 3.1.120): what PERSISTENT RESERVE OUT REGISTER AND MOVE names a
+    /// port by and READ FULL STATUS reports. Assigned from 1 in the order
+    /// ports are first seen (by a command or by this call).
+    pub fn relative_port_id(&self, name: &str) -> u16 {
+        self.lock().port_id(name)
+    }
+
     /// The LUNs `initiator` sees, as REPORT LUNS would list them.
     pub fn visible_luns(&self, initiator: &str) -> Vec<Lun> {
         self.lock().set_for(initiator).keys().copied().collect()
@@ -935,6 +957,7 @@ impl Target {
             Err(s) => return ScsiResponse::check(s, expected),
         };
         let mut st = self.lock();
+        let rtpi = st.port_id(&nexus.target_port);
         let dev = st.set_for(&nexus.initiator).get(&lun).cloned();
         let bs = dev.as_ref().map_or(512, |d| d.block_size());
         let d_sense = dev.as_ref().is_some_and(|d| d.mode_state().d_sense);
@@ -989,15 +1012,25 @@ impl Target {
                 match if blocked { ua.pop() } else { None } {
                     Some(asc) => Err(Sense::new(SenseKey::UnitAttention, asc)),
                     None => {
+                        let ports = match cmd {
+                            Command::PrIn { .. } | Command::PrOut { .. } => st.ports.clone(),
+                            _ => BTreeMap::new(),
+                        };
                         drop(st);
+                        let env = crate::pr::PrEnv {
+                            ports: &ports,
+                            ptpl_capable: dev.config.pr_file.is_some(),
+                        };
                         let conflict = ScsiResponse {
                             descriptor_sense: d_sense,
                             ..ScsiResponse::status_only(Status::ReservationConflict, expected)
                         };
                         match cmd {
-                            Command::PrIn { sa, .. } => {
-                                dev.pr.lock().unwrap_or_else(|e| e.into_inner()).pr_in(*sa)
-                            }
+                            Command::PrIn { sa, .. } => dev
+                                .pr
+                                .lock()
+                                .unwrap_or_else(|e| e.into_inner())
+                                .pr_in(*sa, env),
                             Command::PrOut {
                                 sa,
                                 type_byte,
@@ -1005,7 +1038,7 @@ impl Target {
                             } => {
                                 let p = data_out.get(..*param_len as usize).unwrap_or(data_out);
                                 let mut pr = dev.pr.lock().unwrap_or_else(|e| e.into_inner());
-                                let r = pr.pr_out(nexus, *sa, *type_byte, p);
+                                let r = pr.pr_out(nexus, *sa, *type_byte, p, env);
                                 if r.is_ok() && dev.persist_pr(&pr).is_err() {
                                     // SPC-4 5.9.5: the state could not be kept; say so.
                                     return ScsiResponse::check(
@@ -1051,7 +1084,18 @@ impl Target {
                                     return conflict;
                                 }
                                 let before = dev.mode_state();
-                                let r = dev.execute(cmd, cdb, data_out);
+                                let mut r = dev.execute(cmd, cdb, data_out);
+                                if let (
+                                    Command::Inquiry {
+                                        page: 0x83,
+                                        evpd: true,
+                                        ..
+                                    },
+                                    Ok(d),
+                                ) = (cmd, &mut r)
+                                {
+                                    add_relative_port(d, rtpi);
+                                }
                                 if dev.mode_state() != before {
                                     // SPC-4 6.9: other nexuses learn of the change.
                                     self.raise_where(&dev, Asc::MODE_PARAMETERS_CHANGED, |x| {
@@ -1100,6 +1144,19 @@ fn naca_supported(dev: Option<&Device>, cdb: &[u8]) -> Result<(), Sense> {
             Err(Sense::invalid_field(at as u16, Some(2)))
         }
         _ => Ok(()),
+    }
+}
+
+/// Appends the relative target port designator of the nexus's port to
+/// device identification VPD data (SPC-4 7.8.6.6: association 01b target
+/// port, type 4, PIV 0), so an initiator learns the identifier REGISTER AND
+/// MOVE takes.
+fn add_relative_port(page: &mut Vec<u8>, rtpi: u16) {
+    page.extend_from_slice(&[0x01, 0x14, 0x00, 0x04, 0, 0]);
+    page.extend_from_slice(&rtpi.to_be_bytes());
+    let len = (page.len().saturating_sub(4)).min(0xffff) as u16;
+    if let Some(h) = page.get_mut(2..4) {
+        h.copy_from_slice(&len.to_be_bytes());
     }
 }
 
