@@ -3,6 +3,7 @@
 use crate::backend::Backend;
 use crate::cdb::Command;
 use crate::opcode::Opcode;
+use crate::pi::{Checks, PiType, Tuple, PI_LEN};
 use crate::sense::{Asc, Sense, SenseKey};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, RwLock};
@@ -31,6 +32,13 @@ pub struct DeviceConfig {
     /// establishes an ACA condition (SAM-5 5.9), and standard INQUIRY says
     /// NormACA. Off: NACA=1 is an invalid field.
     pub norm_aca: bool,
+    /// Formatted with protection information of this type (SBC-3 4.22):
+    /// the store must keep 8 bytes per block ([`Ram::with_pi`],
+    /// [`crate::FileIo::with_pi`]). `None`: no PI; RDPROTECT/WRPROTECT
+    /// other than 0 are refused.
+    ///
+    /// [`Ram::with_pi`]: crate::Ram::with_pi
+    pub protection: Option<PiType>,
 }
 
 impl Default for DeviceConfig {
@@ -47,6 +55,7 @@ impl Default for DeviceConfig {
             thin: false,
             pr_file: None,
             norm_aca: true,
+            protection: None,
         }
     }
 }
@@ -66,6 +75,10 @@ pub struct Device {
     /// Writers share it; COMPARE AND WRITE holds it alone, so it is atomic
     /// against every other writer of this device (SBC-3 5.2).
     io_lock: RwLock<()>,
+    /// On a device with protection information, a block's data and its
+    /// tuple change together: writers hold this alone, readers share it,
+    /// so a read never pairs new data with an old guard.
+    pi_lock: RwLock<()>,
     mode: std::sync::Mutex<ModeState>,
     /// Persistent reservations of this logical unit.
     pub(crate) pr: std::sync::Mutex<crate::pr::PrState>,
@@ -150,10 +163,18 @@ impl Device {
                 config.block_size
             ));
         }
+        let want_pi = backend.size() / config.block_size as u64 * PI_LEN as u64;
+        if config.protection.is_some() && backend.pi_size() != want_pi {
+            return Err(format!(
+                "protection information needs {want_pi} bytes of PI space in the store, it has {}",
+                backend.pi_size()
+            ));
+        }
         Ok(Device {
             config,
             backend,
             io_lock: RwLock::new(()),
+            pi_lock: RwLock::new(()),
             mode: std::sync::Mutex::new(ModeState {
                 wce,
                 d_sense: false,
@@ -188,6 +209,45 @@ impl Device {
 
     pub fn block_size(&self) -> u32 {
         self.config.block_size
+    }
+
+    /// RDPROTECT/WRPROTECT other than 0 need a logical unit formatted with
+    /// protection information (SBC-3 5.16): else INVALID FIELD IN CDB.
+    pub fn protect_supported(&self, cmd: &Command) -> Result<(), Sense> {
+        if cmd.protect() != 0 && self.config.protection.is_none() {
+            return Err(Sense::invalid_field(1, Some(7)));
+        }
+        Ok(())
+    }
+
+    /// Reads the tuples of `blocks` blocks from `lba`.
+    fn read_tuples(&self, lba: u64, blocks: u64) -> Result<Vec<u8>, Sense> {
+        let mut pi = vec![0u8; blocks as usize * PI_LEN];
+        self.backend
+            .read_pi(lba * PI_LEN as u64, &mut pi)
+            .map_err(|_| Sense::new(SenseKey::MediumError, Asc::UNRECOVERED_READ_ERROR))?;
+        Ok(pi)
+    }
+
+    fn write_tuples(&self, lba: u64, pi: &[u8], fua: bool) -> Result<(), Sense> {
+        self.backend
+            .write_pi(lba * PI_LEN as u64, pi, fua)
+            .map_err(|_| Sense::new(SenseKey::MediumError, Asc::WRITE_ERROR))
+    }
+
+    /// The tuples the target generates for `data` (whole blocks) at `lba`.
+    fn generate(&self, ty: PiType, lba: u64, data: &[u8]) -> Vec<u8> {
+        data.chunks(self.config.block_size as usize)
+            .enumerate()
+            .flat_map(|(k, b)| Tuple::generate(ty, b, lba + k as u64).emit())
+            .collect()
+    }
+
+    /// Holds off readers of a protected device while data and PI change.
+    fn pi_write_guard(&self) -> Option<std::sync::RwLockWriteGuard<'_, ()>> {
+        self.config
+            .protection
+            .map(|_| self.pi_lock.write().unwrap_or_else(|e| e.into_inner()))
     }
 
     pub fn blocks(&self) -> u64 {
@@ -254,35 +314,109 @@ impl Device {
                 let mut d = vec![0u8; 32];
                 d[0..8].copy_from_slice(&(self.blocks() - 1).to_be_bytes());
                 d[8..12].copy_from_slice(&self.config.block_size.to_be_bytes());
+                if let Some(ty) = self.config.protection {
+                    d[12] = (ty.p_type() << 1) | 0x01; // P_TYPE, PROT_EN
+                }
                 Ok(d)
             }
-            Command::Read { lba, blocks, .. } => {
+            Command::Read {
+                lba,
+                blocks,
+                protect,
+                ..
+            } => {
+                self.protect_supported(cmd)?;
                 self.check_range(lba, blocks)?;
                 if blocks > MAX_TRANSFER_BLOCKS {
                     return Err(Sense::invalid_field(length_field(cdb), None));
                 }
                 let mut buf = vec![0u8; (blocks as u64 * bs) as usize];
-                self.backend
-                    .read(lba * bs, &mut buf)
-                    .map_err(|_| Sense::new(SenseKey::MediumError, Asc::UNRECOVERED_READ_ERROR))?;
-                Ok(buf)
+                let Some(ty) = self.config.protection else {
+                    self.backend.read(lba * bs, &mut buf).map_err(|_| {
+                        Sense::new(SenseKey::MediumError, Asc::UNRECOVERED_READ_ERROR)
+                    })?;
+                    return Ok(buf);
+                };
+                let pi = {
+                    let _pi = self.pi_lock.read().unwrap_or_else(|e| e.into_inner());
+                    self.backend.read(lba * bs, &mut buf).map_err(|_| {
+                        Sense::new(SenseKey::MediumError, Asc::UNRECOVERED_READ_ERROR)
+                    })?;
+                    self.read_tuples(lba, blocks as u64)?
+                };
+                // SBC-3 table 95: checked even with RDPROTECT 000b.
+                let checks = Checks::of(protect).unwrap_or(Checks {
+                    guard: true,
+                    reference: true,
+                });
+                for (k, (b, t)) in buf.chunks(bs as usize).zip(pi.chunks(PI_LEN)).enumerate() {
+                    Tuple::parse(t).check(ty, checks, b, lba + k as u64)?;
+                }
+                if protect == 0 {
+                    return Ok(buf);
+                }
+                let mut out = Vec::with_capacity(buf.len() + pi.len());
+                for (b, t) in buf.chunks(bs as usize).zip(pi.chunks(PI_LEN)) {
+                    out.extend_from_slice(b);
+                    out.extend_from_slice(t);
+                }
+                Ok(out)
             }
-            Command::Write { lba, blocks, fua } => {
+            Command::Write {
+                lba,
+                blocks,
+                fua,
+                protect,
+            } => {
+                self.protect_supported(cmd)?;
                 self.writable()?;
                 self.check_range(lba, blocks)?;
                 if blocks > MAX_TRANSFER_BLOCKS {
                     return Err(Sense::invalid_field(length_field(cdb), None));
                 }
                 let len = (blocks as u64 * bs) as usize;
+                let wire = if protect != 0 {
+                    len + blocks as usize * PI_LEN
+                } else {
+                    len
+                };
                 // The transport sends what plan() asked for; fewer bytes is a
                 // transport fault we refuse rather than write garbage.
-                let Some(data) = data_out.get(..len) else {
+                let Some(data) = data_out.get(..wire) else {
                     return Err(Sense::new(SenseKey::AbortedCommand, Asc::NO_ADDITIONAL));
                 };
+                let Some(ty) = self.config.protection else {
+                    let _shared = self.io_lock.read().unwrap_or_else(|e| e.into_inner());
+                    self.backend
+                        .write(lba * bs, data, fua)
+                        .map_err(|_| Sense::new(SenseKey::MediumError, Asc::WRITE_ERROR))?;
+                    return Ok(Vec::new());
+                };
+                let (data, pi) = if protect == 0 {
+                    (data.to_vec(), self.generate(ty, lba, data))
+                } else {
+                    // Split the interleaved data-out, checking each tuple
+                    // before anything is written (SBC-3 table 101).
+                    let checks = Checks::of(protect).unwrap_or(Checks {
+                        guard: true,
+                        reference: true,
+                    });
+                    let mut d = Vec::with_capacity(len);
+                    let mut p = Vec::with_capacity(blocks as usize * PI_LEN);
+                    for (k, c) in data.chunks(bs as usize + PI_LEN).enumerate() {
+                        let (b, t) = c.split_at(bs as usize);
+                        Tuple::parse(t).check(ty, checks, b, lba + k as u64)?;
+                        d.extend_from_slice(b);
+                        p.extend_from_slice(t);
+                    }
+                    (d, p)
+                };
                 let _shared = self.io_lock.read().unwrap_or_else(|e| e.into_inner());
+                let _pi = self.pi_write_guard();
                 self.backend
-                    .write(lba * bs, data, fua)
+                    .write(lba * bs, &data, fua)
                     .map_err(|_| Sense::new(SenseKey::MediumError, Asc::WRITE_ERROR))?;
+                self.write_tuples(lba, &pi, fua)?;
                 Ok(Vec::new())
             }
             Command::SyncCache { lba, blocks } => {
@@ -314,11 +448,21 @@ impl Device {
                 }
                 let mut buf = vec![0u8; b];
                 for k in 0..blocks as usize {
-                    self.backend
-                        .read((lba + k as u64) * bs, &mut buf)
-                        .map_err(|_| {
-                            Sense::new(SenseKey::MediumError, Asc::UNRECOVERED_READ_ERROR)
-                        })?;
+                    let at = lba + k as u64;
+                    let _pi = self.pi_lock.read().unwrap_or_else(|e| e.into_inner());
+                    self.backend.read(at * bs, &mut buf).map_err(|_| {
+                        Sense::new(SenseKey::MediumError, Asc::UNRECOVERED_READ_ERROR)
+                    })?;
+                    if let Some(ty) = self.config.protection {
+                        // VRPROTECT 000b on a protected LU: guard and
+                        // reference tag are checked (SBC-3 5.33).
+                        let t = self.read_tuples(at, 1)?;
+                        let all = Checks {
+                            guard: true,
+                            reference: true,
+                        };
+                        Tuple::parse(&t).check(ty, all, &buf, at)?;
+                    }
                     let expect = match bytchk {
                         0 => continue,
                         1 => &data_out[k * b..(k + 1) * b],
@@ -347,7 +491,7 @@ impl Device {
                 let Some(block) = data_out.get(..bs as usize) else {
                     return Err(Sense::new(SenseKey::AbortedCommand, Asc::NO_ADDITIONAL));
                 };
-                self.fill(lba, blocks as u64, block)?;
+                self.fill(lba, blocks as u64, block, false)?;
                 Ok(Vec::new())
             }
             Command::Unmap { param_len } => {
@@ -372,6 +516,7 @@ impl Device {
                     return Err(Sense::new(SenseKey::AbortedCommand, Asc::NO_ADDITIONAL));
                 };
                 let _excl = self.io_lock.write().unwrap_or_else(|e| e.into_inner());
+                let _pi = self.pi_write_guard();
                 let mut cur = vec![0u8; len];
                 self.backend
                     .read(lba * bs, &mut cur)
@@ -385,6 +530,9 @@ impl Device {
                 self.backend
                     .write(lba * bs, &data[len..], fua)
                     .map_err(|_| Sense::new(SenseKey::MediumError, Asc::WRITE_ERROR))?;
+                if let Some(ty) = self.config.protection {
+                    self.write_tuples(lba, &self.generate(ty, lba, &data[len..]), fua)?;
+                }
                 Ok(Vec::new())
             }
             Command::ReportOpcodes {
@@ -414,8 +562,10 @@ impl Device {
         Ok(())
     }
 
-    /// Writes `block` to every block of the range, up to 1 MiB per backend call.
-    fn fill(&self, lba: u64, blocks: u64, block: &[u8]) -> Result<(), Sense> {
+    /// Writes `block` to every block of the range, up to 1 MiB per backend
+    /// call. On a protected device each block gets its generated tuple, or
+    /// all-ones PI when `unmapped` (SBC-3 4.7.4.5, LBPRZ).
+    fn fill(&self, lba: u64, blocks: u64, block: &[u8], unmapped: bool) -> Result<(), Sense> {
         let bs = block.len() as u64;
         let per = (1 << 20) / bs;
         let chunk: Vec<u8> = block
@@ -428,9 +578,19 @@ impl Device {
         let mut done = 0;
         while done < blocks {
             let n = per.min(blocks - done);
+            let at = lba + done;
+            let _pi = self.pi_write_guard();
             self.backend
-                .write((lba + done) * bs, &chunk[..(n * bs) as usize], false)
+                .write(at * bs, &chunk[..(n * bs) as usize], false)
                 .map_err(|_| Sense::new(SenseKey::MediumError, Asc::WRITE_ERROR))?;
+            if let Some(ty) = self.config.protection {
+                let pi = if unmapped {
+                    vec![0xff; n as usize * PI_LEN]
+                } else {
+                    self.generate(ty, at, &chunk[..(n * bs) as usize])
+                };
+                self.write_tuples(at, &pi, false)?;
+            }
             done += n;
         }
         Ok(())
@@ -471,7 +631,7 @@ impl Device {
         }
         let zero = vec![0u8; self.config.block_size as usize];
         for (lba, n) in ranges {
-            self.fill(lba, n as u64, &zero)?;
+            self.fill(lba, n as u64, &zero, true)?;
         }
         Ok(())
     }
@@ -486,6 +646,9 @@ impl Device {
             d[3] = 0x02; // response data format 2
             if c.norm_aca {
                 d[3] |= 0x20; // NORMACA
+            }
+            if c.protection.is_some() {
+                d[5] |= 0x01; // PROTECT
             }
             d[7] = 0x02; // CMDQUE
             d[8..16].copy_from_slice(&pad(&c.vendor, 8));
@@ -507,6 +670,18 @@ impl Device {
                 t10.truncate(200);
                 b.extend_from_slice(&[0x02, 0x01, 0x00, t10.len() as u8]);
                 b.extend_from_slice(&t10);
+                b
+            }
+            0x86 => {
+                // SPC-4 7.8.7 Extended INQUIRY Data.
+                let mut b = vec![0u8; 0x3c];
+                if let Some(ty) = c.protection {
+                    b[0] = ty.spt() << 3 | 0x04; // SPT, GRD_CHK
+                    if ty == PiType::Type1 {
+                        b[0] |= 0x01; // REF_CHK (APP_CHK 0: never checked)
+                    }
+                }
+                b[1] = 0x07; // HEADSUP, ORDSUP, SIMPSUP
                 b
             }
             0xb0 => {
@@ -598,6 +773,11 @@ impl Device {
                 p[1] = 10;
                 if st.d_sense {
                     p[2] = 0x04;
+                }
+                // ATO: the application tag is the client's; the target
+                // never modifies it (not changeable).
+                if self.config.protection.is_some() && pc != 1 {
+                    p[5] |= 0x80;
                 }
                 p
             }
@@ -780,7 +960,7 @@ fn report_opcodes(options: u8, opcode: u8) -> Result<Vec<u8>, Sense> {
     }
 }
 
-const VPD_PAGES: [u8; 6] = [0x00, 0x80, 0x83, 0xb0, 0xb1, 0xb2];
+const VPD_PAGES: [u8; 7] = [0x00, 0x80, 0x83, 0x86, 0xb0, 0xb1, 0xb2];
 
 /// Byte of the TRANSFER LENGTH field for a read/write CDB.
 fn length_field(cdb: &[u8]) -> u16 {

@@ -903,6 +903,9 @@ impl Target {
         let (_, cmd) = Command::parse(cdb)?;
         let dev = self.device(nexus, lun);
         naca_supported(dev.as_deref(), cdb)?;
+        if let Some(d) = &dev {
+            d.protect_supported(&cmd)?;
+        }
         Ok(cmd.plan(dev.map_or(512, |d| d.block_size())))
     }
 
