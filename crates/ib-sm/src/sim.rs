@@ -152,7 +152,7 @@ impl SimNode for Host {
         vec![self.me]
     }
 
-    fn handle_datagram(&mut self, _now: Instant, d: Datagram) {
+    fn handle_datagram(&mut self, now: Instant, d: Datagram) {
         let Some((&qp, mad)) = d.data.split_first() else {
             return;
         };
@@ -161,7 +161,7 @@ impl SimNode for Host {
                 self.lose_represses -= 1;
                 return;
             }
-            if let Some((r, _)) = self.sma.handle(mad) {
+            if let Some((r, _)) = self.sma.handle(now, mad) {
                 if mad.get(3) == Some(&0x02) {
                     // The SM (and its SA) is where the Sets come from.
                     self.sm = d.src;

@@ -732,7 +732,7 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
             return;
         }
         if attr != SmpAttr::SmInfo || !matches!(method, Method::Get | Method::Set) {
-            if let Some((r, _)) = self.own.handle(req) {
+            if let Some((r, _)) = self.own.handle(now, req) {
                 self.tx.push_back(out(r));
             }
             return;
