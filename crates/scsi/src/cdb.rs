@@ -23,6 +23,19 @@ pub struct Plan {
     pub len: u64,
 }
 
+/// What a 32-byte READ or WRITE tells the device server to expect in the
+/// protection information (SBC-3 5.18, 5.38).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Expected {
+    /// EXPECTED INITIAL LOGICAL BLOCK REFERENCE TAG: the first block's,
+    /// incremented per block.
+    pub reference: u32,
+    /// EXPECTED LOGICAL BLOCK APPLICATION TAG, compared under `app_mask`.
+    pub app: u16,
+    /// LOGICAL BLOCK APPLICATION TAG MASK: bits compared; 0 checks none.
+    pub app_mask: u16,
+}
+
 /// A parsed command with validated fields.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Command {
@@ -93,12 +106,14 @@ pub enum Command {
     ReadCapacity16 {
         alloc: u32,
     },
-    /// READ(6/10/12/16); `protect` is RDPROTECT (0 for READ(6)).
+    /// READ(6/10/12/16/32); `protect` is RDPROTECT (0 for READ(6));
+    /// `expect` is READ(32)'s (only 32-byte CDBs carry it).
     Read {
         lba: u64,
         blocks: u32,
         fua: bool,
         protect: u8,
+        expect: Option<Expected>,
     },
     /// WRITE(6/10/12/16) and WRITE AND VERIFY; `protect` is WRPROTECT:
     /// non-zero, the data-out carries 8 bytes of protection information
@@ -108,6 +123,7 @@ pub enum Command {
         blocks: u32,
         fua: bool,
         protect: u8,
+        expect: Option<Expected>,
     },
     SyncCache {
         lba: u64,
@@ -262,6 +278,7 @@ impl Command {
                         blocks,
                         fua: false,
                         protect: 0,
+                        expect: None,
                     }
                 } else {
                     Command::Write {
@@ -269,6 +286,7 @@ impl Command {
                         blocks,
                         fua: false,
                         protect: 0,
+                        expect: None,
                     }
                 }
             }
@@ -298,13 +316,55 @@ impl Command {
                         blocks,
                         fua,
                         protect,
+                        expect: None,
                     },
                     _ => Command::Write {
                         lba,
                         blocks,
                         fua,
                         protect,
+                        expect: None,
                     },
+                }
+            }
+            Opcode::VariableLength => {
+                // SPC-4 4.2.3: byte 7 ADDITIONAL CDB LENGTH (18h for the
+                // 32-byte READ and WRITE), bytes 8-9 SERVICE ACTION.
+                if c[7] != 0x18 {
+                    return Err(Sense::invalid_field(7, None));
+                }
+                let sa = be(&c[8..10]);
+                if sa != 0x0009 && sa != 0x000b {
+                    return Err(Sense::invalid_field(8, None));
+                }
+                let protect = c[10] >> 5;
+                if protect >= 6 {
+                    return Err(Sense::invalid_field(10, Some(7)));
+                }
+                let lba = be(&c[12..20]);
+                let blocks = be(&c[28..32]) as u32;
+                let fua = c[10] & 0x08 != 0;
+                let expect = Some(Expected {
+                    reference: be(&c[20..24]) as u32,
+                    app: be(&c[24..26]) as u16,
+                    app_mask: be(&c[26..28]) as u16,
+                });
+                if sa == 0x0009 {
+                    Command::Read {
+                        lba,
+                        blocks,
+                        fua,
+                        protect,
+                        expect,
+                    }
+                } else {
+                    Command::Write {
+                        lba,
+                        blocks,
+                        fua,
+                        protect,
+                        expect,
+                    }
                 }
             }
             Opcode::WriteAndVerify10
@@ -340,6 +400,7 @@ impl Command {
                         blocks,
                         fua: true,
                         protect: 0,
+                        expect: None,
                     }
                 }
             }
@@ -559,7 +620,8 @@ mod tests {
                 lba: 0x0102_0304,
                 blocks: 8,
                 fua: true,
-                protect: 0
+                protect: 0,
+                expect: None
             }
         );
         assert_eq!(

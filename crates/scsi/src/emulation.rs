@@ -2,8 +2,9 @@
 
 use crate::backend::Backend;
 use crate::cdb::Command;
+use crate::cdb::Expected;
 use crate::opcode::Opcode;
-use crate::pi::{Checks, PiType, Tuple, PI_LEN};
+use crate::pi::{Checks, PiType, Tuple, Want, PI_LEN};
 use crate::sense::{Asc, Sense, SenseKey};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, RwLock};
@@ -211,11 +212,54 @@ impl Device {
         self.config.block_size
     }
 
-    /// RDPROTECT/WRPROTECT other than 0 need a logical unit formatted with
-    /// protection information (SBC-3 5.16): else INVALID FIELD IN CDB.
+    /// Whether the unit takes the command's protection fields (SBC-3
+    /// 5.16, 5.18): READ(32)/WRITE(32) only on type 2 (else INVALID COMMAND
+    /// OPERATION CODE); RDPROTECT/WRPROTECT other than 0 need PI, and on
+    /// type 2 a 32-byte CDB (else INVALID FIELD IN CDB, as LIO answers).
     pub fn protect_supported(&self, cmd: &Command) -> Result<(), Sense> {
-        if cmd.protect() != 0 && self.config.protection.is_none() {
-            return Err(Sense::invalid_field(1, Some(7)));
+        let (Command::Read {
+            protect, expect, ..
+        }
+        | Command::Write {
+            protect, expect, ..
+        }) = *cmd
+        else {
+            return Ok(());
+        };
+        let ty = self.config.protection;
+        if expect.is_some() && ty != Some(PiType::Type2) {
+            return Err(Sense::new(
+                SenseKey::IllegalRequest,
+                Asc::INVALID_COMMAND_OPERATION_CODE,
+            ));
+        }
+        let refused = match ty {
+            None => protect != 0,
+            Some(PiType::Type2) => protect != 0 && expect.is_none(),
+            Some(_) => false,
+        };
+        if refused {
+            let byte = if expect.is_some() { 10 } else { 1 };
+            return Err(Sense::invalid_field(byte, Some(7)));
+        }
+        Ok(())
+    }
+
+    /// Checks the tuples of `blocks` (data and PI side by side) of a
+    /// command starting at `lba`.
+    fn check_tuples(
+        &self,
+        ty: PiType,
+        checks: Checks,
+        expect: Option<Expected>,
+        lba: u64,
+        data: &[u8],
+        pi: &[u8],
+    ) -> Result<(), Sense> {
+        let bs = self.config.block_size as usize;
+        for (k, (b, t)) in data.chunks(bs).zip(pi.chunks(PI_LEN)).enumerate() {
+            let want = Want::of(ty, expect, lba, k as u64);
+            Tuple::parse(t).check(ty, checks, want, b, lba + k as u64)?;
         }
         Ok(())
     }
@@ -236,10 +280,13 @@ impl Device {
     }
 
     /// The tuples the target generates for `data` (whole blocks) at `lba`.
-    fn generate(&self, ty: PiType, lba: u64, data: &[u8]) -> Vec<u8> {
+    fn generate(&self, ty: PiType, expect: Option<Expected>, lba: u64, data: &[u8]) -> Vec<u8> {
         data.chunks(self.config.block_size as usize)
             .enumerate()
-            .flat_map(|(k, b)| Tuple::generate(ty, b, lba + k as u64).emit())
+            .flat_map(|(k, b)| {
+                let r = Want::generated_reference(ty, expect, lba, k as u64);
+                Tuple::generate(b, r).emit()
+            })
             .collect()
     }
 
@@ -323,6 +370,7 @@ impl Device {
                 lba,
                 blocks,
                 protect,
+                expect,
                 ..
             } => {
                 self.protect_supported(cmd)?;
@@ -345,13 +393,8 @@ impl Device {
                     self.read_tuples(lba, blocks as u64)?
                 };
                 // SBC-3 table 95: checked even with RDPROTECT 000b.
-                let checks = Checks::of(protect).unwrap_or(Checks {
-                    guard: true,
-                    reference: true,
-                });
-                for (k, (b, t)) in buf.chunks(bs as usize).zip(pi.chunks(PI_LEN)).enumerate() {
-                    Tuple::parse(t).check(ty, checks, b, lba + k as u64)?;
-                }
+                let checks = Checks::of(protect).unwrap_or(Checks::ALL);
+                self.check_tuples(ty, checks, expect, lba, &buf, &pi)?;
                 if protect == 0 {
                     return Ok(buf);
                 }
@@ -367,6 +410,7 @@ impl Device {
                 blocks,
                 fua,
                 protect,
+                expect,
             } => {
                 self.protect_supported(cmd)?;
                 self.writable()?;
@@ -393,22 +437,19 @@ impl Device {
                     return Ok(Vec::new());
                 };
                 let (data, pi) = if protect == 0 {
-                    (data.to_vec(), self.generate(ty, lba, data))
+                    (data.to_vec(), self.generate(ty, expect, lba, data))
                 } else {
                     // Split the interleaved data-out, checking each tuple
                     // before anything is written (SBC-3 table 101).
-                    let checks = Checks::of(protect).unwrap_or(Checks {
-                        guard: true,
-                        reference: true,
-                    });
                     let mut d = Vec::with_capacity(len);
                     let mut p = Vec::with_capacity(blocks as usize * PI_LEN);
-                    for (k, c) in data.chunks(bs as usize + PI_LEN).enumerate() {
+                    for c in data.chunks(bs as usize + PI_LEN) {
                         let (b, t) = c.split_at(bs as usize);
-                        Tuple::parse(t).check(ty, checks, b, lba + k as u64)?;
                         d.extend_from_slice(b);
                         p.extend_from_slice(t);
                     }
+                    let checks = Checks::of(protect).unwrap_or(Checks::ALL);
+                    self.check_tuples(ty, checks, expect, lba, &d, &p)?;
                     (d, p)
                 };
                 let _shared = self.io_lock.read().unwrap_or_else(|e| e.into_inner());
@@ -457,11 +498,7 @@ impl Device {
                         // VRPROTECT 000b on a protected LU: guard and
                         // reference tag are checked (SBC-3 5.33).
                         let t = self.read_tuples(at, 1)?;
-                        let all = Checks {
-                            guard: true,
-                            reference: true,
-                        };
-                        Tuple::parse(&t).check(ty, all, &buf, at)?;
+                        self.check_tuples(ty, Checks::ALL, None, at, &buf, &t)?;
                     }
                     let expect = match bytchk {
                         0 => continue,
@@ -531,7 +568,7 @@ impl Device {
                     .write(lba * bs, &data[len..], fua)
                     .map_err(|_| Sense::new(SenseKey::MediumError, Asc::WRITE_ERROR))?;
                 if let Some(ty) = self.config.protection {
-                    self.write_tuples(lba, &self.generate(ty, lba, &data[len..]), fua)?;
+                    self.write_tuples(lba, &self.generate(ty, None, lba, &data[len..]), fua)?;
                 }
                 Ok(Vec::new())
             }
@@ -587,7 +624,7 @@ impl Device {
                 let pi = if unmapped {
                     vec![0xff; n as usize * PI_LEN]
                 } else {
-                    self.generate(ty, at, &chunk[..(n * bs) as usize])
+                    self.generate(ty, None, at, &chunk[..(n * bs) as usize])
                 };
                 self.write_tuples(at, &pi, false)?;
             }
@@ -677,8 +714,11 @@ impl Device {
                 let mut b = vec![0u8; 0x3c];
                 if let Some(ty) = c.protection {
                     b[0] = ty.spt() << 3 | 0x04; // SPT, GRD_CHK
-                    if ty == PiType::Type1 {
-                        b[0] |= 0x01; // REF_CHK (APP_CHK 0: never checked)
+                    match ty {
+                        PiType::Type1 => b[0] |= 0x01, // REF_CHK
+                        // APP_CHK and REF_CHK: 32-byte CDBs carry both.
+                        PiType::Type2 => b[0] |= 0x03,
+                        PiType::Type3 => {}
                     }
                 }
                 b[1] = 0x07; // HEADSUP, ORDSUP, SIMPSUP
@@ -968,6 +1008,7 @@ fn length_field(cdb: &[u8]) -> u16 {
     match op.cdb_len().unwrap_or(16) {
         10 => 7,
         12 => 6,
+        32 => 28,
         _ => 10,
     }
 }

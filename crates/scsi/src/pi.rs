@@ -9,12 +9,17 @@
 //! followed by its 8 bytes; with RDPROTECT/WRPROTECT 0 the target strips
 //! the tuples on reads (after checking them) and generates them on writes.
 //!
+//! Types 1, 2 and 3. Type 2 carries PI only in READ(32)/WRITE(32), whose
+//! CDBs name the expected initial reference tag and an expected
+//! application tag with a mask; those are the only commands whose
+//! application tag is checked (READ/WRITE(10/12/16) carry no expected
+//! value and there is no application tag mode page). The tag is stored as
+//! sent and never modified (the control page says ATO=1).
+//!
 //! Escapes (SBC-3 4.22.4): an application tag of FFFFh turns checking off
-//! for the block (type 1), or, with a reference tag of FFFF_FFFFh, type 3.
-//! A block never written since the store was formatted holds all-ones PI.
-//! The application tag is never checked here: READ/WRITE(10/12/16) carry
-//! no expected value and there is no application tag mode page; the tag is
-//! stored as sent and never modified (the control page says ATO=1).
+//! for the block (types 1 and 2), or, with a reference tag of FFFF_FFFFh,
+//! type 3. A block never written since the store was formatted holds
+//! all-ones PI.
 
 use crate::sense::{Asc, Sense, SenseKey};
 
@@ -26,6 +31,10 @@ pub const PI_LEN: usize = 8;
 pub enum PiType {
     /// The reference tag is the low 32 bits of the LBA and is checked.
     Type1,
+    /// The reference tag of the first block is the one a 32-byte CDB
+    /// names (EXPECTED INITIAL LOGICAL BLOCK REFERENCE TAG), incremented
+    /// per block; READ/WRITE(10/12/16) may not carry PI.
+    Type2,
     /// The reference tag belongs to the application client; not checked.
     Type3,
 }
@@ -35,6 +44,7 @@ impl PiType {
     pub fn p_type(self) -> u8 {
         match self {
             PiType::Type1 => 0,
+            PiType::Type2 => 1,
             PiType::Type3 => 2,
         }
     }
@@ -44,6 +54,7 @@ impl PiType {
     pub fn spt(self) -> u8 {
         match self {
             PiType::Type1 => 0b000,
+            PiType::Type2 => 0b010,
             PiType::Type3 => 0b100,
         }
     }
@@ -115,31 +126,36 @@ impl Tuple {
         a
     }
 
-    /// The tuple the target generates for `data` at `lba` when the
-    /// initiator sends none: application tag 0, reference tag the LBA's
-    /// low 32 bits for type 1 and 0 for type 3.
-    pub fn generate(ty: PiType, data: &[u8], lba: u64) -> Tuple {
+    /// The tuple the target generates for `data` when the initiator sends
+    /// none: application tag 0, the given reference tag (see
+    /// [`Want::generated_reference`]).
+    pub fn generate(data: &[u8], reference: u32) -> Tuple {
         Tuple {
             guard: crc16_t10dif(data),
             app: 0,
-            reference: match ty {
-                PiType::Type1 => lba as u32,
-                PiType::Type3 => 0,
-            },
+            reference,
         }
     }
 
     /// Checking is off for this block (SBC-3 4.22.4).
     fn escaped(&self, ty: PiType) -> bool {
         match ty {
-            PiType::Type1 => self.app == 0xffff,
+            PiType::Type1 | PiType::Type2 => self.app == 0xffff,
             PiType::Type3 => self.app == 0xffff && self.reference == 0xffff_ffff,
         }
     }
 
-    /// Checks the tuple of block `data` at `lba`; the sense of the first
-    /// failed check (ABORTED COMMAND, INFORMATION = the LBA).
-    pub fn check(&self, ty: PiType, checks: Checks, data: &[u8], lba: u64) -> Result<(), Sense> {
+    /// Checks the tuple of block `data` at `lba` against what the command
+    /// expects; the sense of the first failed check (ABORTED COMMAND,
+    /// INFORMATION = the LBA).
+    pub fn check(
+        &self,
+        ty: PiType,
+        checks: Checks,
+        want: Want,
+        data: &[u8],
+        lba: u64,
+    ) -> Result<(), Sense> {
         if self.escaped(ty) {
             return Ok(());
         }
@@ -151,10 +167,63 @@ impl Tuple {
         if checks.guard && self.guard != crc16_t10dif(data) {
             return fail(Asc::GUARD_CHECK_FAILED);
         }
-        if checks.reference && ty == PiType::Type1 && self.reference != lba as u32 {
-            return fail(Asc::REF_TAG_CHECK_FAILED);
+        if let Some((app, mask)) = want.app {
+            if checks.app && (self.app ^ app) & mask != 0 {
+                return fail(Asc::APP_TAG_CHECK_FAILED);
+            }
+        }
+        if let Some(r) = want.reference {
+            if checks.reference && self.reference != r {
+                return fail(Asc::REF_TAG_CHECK_FAILED);
+            }
         }
         Ok(())
+    }
+}
+
+/// What one block's tuple should hold, as far as the command says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Want {
+    /// Expected reference tag; `None`: not checked.
+    pub reference: Option<u32>,
+    /// Expected application tag and the mask of bits compared.
+    pub app: Option<(u16, u16)>,
+}
+
+impl Want {
+    /// Block `k` of a command starting at `lba`: type 1 expects the LBA's
+    /// low 32 bits, type 2 the 32-byte CDB's initial tag plus `k` (nothing
+    /// without one), type 3 nothing; the application tag only where a
+    /// 32-byte CDB gives a value and mask.
+    pub fn of(ty: PiType, expect: Option<crate::cdb::Expected>, lba: u64, k: u64) -> Want {
+        let reference = match (ty, expect) {
+            (PiType::Type1, _) => Some((lba + k) as u32),
+            (PiType::Type2, Some(e)) => Some(e.reference.wrapping_add(k as u32)),
+            _ => None,
+        };
+        Want {
+            reference,
+            app: expect
+                .filter(|e| e.app_mask != 0)
+                .map(|e| (e.app, e.app_mask)),
+        }
+    }
+
+    /// The reference tag the target writes when it generates the tuple of
+    /// block `k`: the expected one, else the LBA's low 32 bits (type 1,
+    /// and type 2 written by a 10/12/16-byte CDB), else FFFF_FFFFh (type
+    /// 3, as LIO seeds it; the application tag 0 keeps it checked).
+    pub fn generated_reference(
+        ty: PiType,
+        expect: Option<crate::cdb::Expected>,
+        lba: u64,
+        k: u64,
+    ) -> u32 {
+        match (ty, Want::of(ty, expect, lba, k).reference) {
+            (_, Some(r)) => r,
+            (PiType::Type3, None) => 0xffff_ffff,
+            _ => (lba + k) as u32,
+        }
     }
 }
 
@@ -162,23 +231,35 @@ impl Tuple {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Checks {
     pub guard: bool,
+    pub app: bool,
     pub reference: bool,
 }
 
 impl Checks {
+    /// Every field.
+    pub const ALL: Checks = Checks {
+        guard: true,
+        app: true,
+        reference: true,
+    };
+
     /// SBC-3 tables 95 and 101 (RDPROTECT, WRPROTECT; VRPROTECT alike):
-    /// 000b on a protected LU and 001b/101b check guard and reference tag,
-    /// 010b the reference tag, 011b nothing, 100b the guard. 110b/111b are
-    /// reserved (`None`).
+    /// 000b on a protected LU and 001b/101b check every field, 010b the
+    /// application and reference tags, 011b nothing, 100b the guard.
+    /// 110b/111b are reserved (`None`).
     pub fn of(protect: u8) -> Option<Checks> {
-        let (guard, reference) = match protect {
+        let (guard, tags) = match protect {
             0 | 1 | 5 => (true, true),
             2 => (false, true),
             3 => (false, false),
             4 => (true, false),
             _ => return None,
         };
-        Some(Checks { guard, reference })
+        Some(Checks {
+            guard,
+            app: tags,
+            reference: tags,
+        })
     }
 }
 
@@ -216,25 +297,75 @@ mod tests {
         );
         assert_eq!(t.emit(), b);
         let all = Checks::of(1).unwrap();
+        assert_eq!(all, Checks::ALL);
         let data = [0xff; 512];
-        assert_eq!(t.check(PiType::Type1, all, &data, 7), Ok(()));
-        let e = t.check(PiType::Type1, all, &data, 8).unwrap_err();
+        let chk =
+            |t: &Tuple, ty, c, d: &[u8], lba| t.check(ty, c, Want::of(ty, None, lba, 0), d, lba);
+        assert_eq!(chk(&t, PiType::Type1, all, &data, 7), Ok(()));
+        let e = chk(&t, PiType::Type1, all, &data, 8).unwrap_err();
         assert_eq!((e.asc, e.information), (Asc::REF_TAG_CHECK_FAILED, Some(8)));
         // Type 3 never checks the reference tag; 010b skips the guard.
-        assert_eq!(t.check(PiType::Type3, all, &data, 8), Ok(()));
-        let e = t.check(PiType::Type3, all, &[0; 512], 8).unwrap_err();
+        assert_eq!(chk(&t, PiType::Type3, all, &data, 8), Ok(()));
+        let e = chk(&t, PiType::Type3, all, &[0; 512], 8).unwrap_err();
         assert_eq!(e.asc, Asc::GUARD_CHECK_FAILED);
         assert_eq!(
-            t.check(PiType::Type1, Checks::of(2).unwrap(), &[0; 512], 7),
+            chk(&t, PiType::Type1, Checks::of(2).unwrap(), &[0; 512], 7),
             Ok(())
         );
-        // Escapes: app tag FFFFh (type 1); plus ref FFFF_FFFFh (type 3).
+        // Escapes: app tag FFFFh (types 1, 2); plus ref FFFF_FFFFh (type 3).
         let esc = Tuple { app: 0xffff, ..t };
-        assert_eq!(esc.check(PiType::Type1, all, &[0; 512], 9), Ok(()));
-        assert!(esc.check(PiType::Type3, all, &[0; 512], 9).is_err());
+        assert_eq!(chk(&esc, PiType::Type1, all, &[0; 512], 9), Ok(()));
+        assert!(chk(&esc, PiType::Type3, all, &[0; 512], 9).is_err());
         assert_eq!(
-            Tuple::FORMATTED.check(PiType::Type3, all, &[1; 512], 9),
+            chk(&Tuple::FORMATTED, PiType::Type3, all, &[1; 512], 9),
             Ok(())
+        );
+        // Type 2 with a 32-byte CDB's expectations: initial reference tag 5
+        // (block 2 of the command expects 7), application tag 0x01xx under
+        // mask FF00h.
+        let e = crate::cdb::Expected {
+            reference: 5,
+            app: 0x01ff,
+            app_mask: 0xff00,
+        };
+        assert_eq!(
+            t.check(
+                PiType::Type2,
+                all,
+                Want::of(PiType::Type2, Some(e), 100, 2),
+                &data,
+                102
+            ),
+            Ok(())
+        );
+        let bad_app = crate::cdb::Expected { app: 0x0202, ..e };
+        let err = t
+            .check(
+                PiType::Type2,
+                all,
+                Want::of(PiType::Type2, Some(bad_app), 100, 2),
+                &data,
+                102,
+            )
+            .unwrap_err();
+        assert_eq!(err.asc, Asc::APP_TAG_CHECK_FAILED);
+        let err = t
+            .check(
+                PiType::Type2,
+                all,
+                Want::of(PiType::Type2, Some(e), 100, 3),
+                &data,
+                103,
+            )
+            .unwrap_err();
+        assert_eq!(err.asc, Asc::REF_TAG_CHECK_FAILED);
+        // Without a 32-byte CDB type 2 expects no reference tag.
+        assert_eq!(Want::of(PiType::Type2, None, 100, 3), Want::default());
+        assert_eq!(Want::generated_reference(PiType::Type2, None, 100, 3), 103);
+        assert_eq!(Want::generated_reference(PiType::Type2, Some(e), 100, 3), 8);
+        assert_eq!(
+            Want::generated_reference(PiType::Type3, None, 100, 3),
+            0xffff_ffff
         );
         assert_eq!(Checks::of(6), None);
         assert_eq!(Checks::of(7), None);

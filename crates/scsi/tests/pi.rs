@@ -453,3 +453,136 @@ fn fileio_keeps_pi_in_a_side_file() {
     assert!(Device::new(cfg, Arc::new(Ram::new(BLOCKS * BS as u64))).is_err());
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// READ(32)/WRITE(32) (variable-length CDB 7Fh, SBC-3 5.18/5.38): service
+/// action 0009h/000Bh, protect field in byte 10, LBA, expected initial
+/// reference tag, expected application tag and mask, transfer length.
+fn cdb32(
+    write: bool,
+    protect: u8,
+    lba: u64,
+    n: u32,
+    reference: u32,
+    app: u16,
+    mask: u16,
+) -> Vec<u8> {
+    let mut c = vec![
+        0x7f,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0x18,
+        0,
+        if write { 0x0b } else { 0x09 },
+        protect << 5,
+        0,
+    ];
+    c.extend_from_slice(&lba.to_be_bytes());
+    c.extend_from_slice(&reference.to_be_bytes());
+    c.extend_from_slice(&app.to_be_bytes());
+    c.extend_from_slice(&mask.to_be_bytes());
+    c.extend_from_slice(&n.to_be_bytes());
+    c
+}
+
+#[test]
+fn type2_takes_pi_in_32_byte_cdbs() {
+    let (t, n, _) = ram_pi(PiType::Type2);
+    let r = t.execute(
+        &n,
+        l0(),
+        &[0x9e, 0x10, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 32, 0, 0],
+        &[],
+        32,
+    );
+    assert_eq!(r.data_in[12], (1 << 1) | 1); // P_TYPE 001b
+    let r = t.execute(&n, l0(), &[0x12, 1, 0x86, 0, 64, 0], &[], 64);
+    assert_eq!(r.data_in[4], (0b010 << 3) | 0x07); // SPT 010b, GRD/APP/REF_CHK
+                                                   // PI in a 10-byte CDB on type 2: INVALID FIELD IN CDB.
+    let r = t.execute(&n, l0(), &cdb10(0x28, 1, 0, 1), &[], 520);
+    assert_eq!(r.sense, Some(Sense::invalid_field(1, Some(7))));
+    // WRITE(32) of blocks 4..6 whose reference tags start at 1000 (the
+    // application's numbering, not the LBA) and application tag 0x5a01.
+    let blocks: Vec<(Vec<u8>, Tuple)> = (0..2u32)
+        .map(|k| {
+            let b = block(4 + k as u64, 8);
+            let tu = Tuple {
+                guard: crc16_t10dif(&b),
+                app: 0x5a01,
+                reference: 1000 + k,
+            };
+            (b, tu)
+        })
+        .collect();
+    let out = interleave(&blocks);
+    let w = cdb32(true, 1, 4, 2, 1000, 0x5a00, 0xff00);
+    assert_eq!(t.plan(&n, l0(), &w).unwrap().len, 1040);
+    let r = t.execute(&n, l0(), &w, &out, 1040);
+    assert_eq!((r.status, r.sense), (Status::Good, None));
+    // Read back with the same expectations: data and PI as written.
+    let r = t.execute(
+        &n,
+        l0(),
+        &cdb32(false, 1, 4, 2, 1000, 0x5a00, 0xff00),
+        &[],
+        1040,
+    );
+    assert_eq!(r.data_in, out);
+    // An expected application tag that differs under the mask: 10/02.
+    let r = t.execute(
+        &n,
+        l0(),
+        &cdb32(false, 1, 4, 2, 1000, 0x6600, 0xff00),
+        &[],
+        1040,
+    );
+    assert_eq!(
+        sense(&r),
+        (SenseKey::AbortedCommand, Asc::APP_TAG_CHECK_FAILED, Some(4))
+    );
+    // ... but not outside it; a wrong initial reference tag: 10/03 on
+    // the first block.
+    let r = t.execute(
+        &n,
+        l0(),
+        &cdb32(false, 1, 4, 2, 1000, 0x5aff, 0xff00),
+        &[],
+        1040,
+    );
+    assert_eq!(r.status, Status::Good);
+    let r = t.execute(&n, l0(), &cdb32(false, 1, 4, 2, 1001, 0, 0), &[], 1040);
+    assert_eq!(
+        sense(&r),
+        (SenseKey::AbortedCommand, Asc::REF_TAG_CHECK_FAILED, Some(4))
+    );
+    // WRITE(32) checks the same way before writing.
+    let w = cdb32(true, 1, 4, 2, 1000, 0x7700, 0xff00);
+    assert_eq!(
+        sense(&t.execute(&n, l0(), &w, &out, 1040)).1,
+        Asc::APP_TAG_CHECK_FAILED
+    );
+    // RDPROTECT 0 on READ(32): checked against the CDB, stripped.
+    let r = t.execute(&n, l0(), &cdb32(false, 0, 4, 2, 1000, 0, 0), &[], 1024);
+    assert_eq!(r.data_in.len(), 1024);
+    assert_eq!(&r.data_in[..512], &blocks[0].0[..]);
+    // READ(32) on a type 1 unit, or a unit without PI: not a command there.
+    let (t1, n1, _) = ram_pi(PiType::Type1);
+    let r = t1.execute(&n1, l0(), &cdb32(false, 0, 0, 1, 0, 0, 0), &[], 512);
+    assert_eq!(sense(&r).1, Asc::INVALID_COMMAND_OPERATION_CODE);
+    // A bad ADDITIONAL CDB LENGTH or service action: INVALID FIELD IN CDB.
+    let mut bad = cdb32(false, 0, 0, 1, 0, 0, 0);
+    bad[7] = 0x10;
+    assert_eq!(
+        t.execute(&n, l0(), &bad, &[], 512).sense,
+        Some(Sense::invalid_field(7, None))
+    );
+    let mut bad = cdb32(false, 0, 0, 1, 0, 0, 0);
+    bad[9] = 0x0a;
+    assert_eq!(
+        t.execute(&n, l0(), &bad, &[], 512).sense,
+        Some(Sense::invalid_field(8, None))
+    );
+}
