@@ -1227,6 +1227,7 @@ impl Provider for Fabric {
             max_qp_rd_atom: 16,
             max_srq: 1 << 16,
             max_mw: 1 << 16,
+            max_inline_data: 0,
             atomics: !self.lacks(verbs::conformance::Feature::Atomics),
         })
     }

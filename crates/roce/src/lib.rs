@@ -38,7 +38,7 @@ pub use flat::FlatMemory;
 pub use mem::{apply_atomic, Memory, MemoryError, RemoteAccess};
 pub use packet::Packet;
 pub use qp::{Qp, QpConfig, QpCounters, QpEvent};
-pub use wqe::{Completion, RecvWqe, SendOp, SendWqe, Sge, UdDest};
+pub use wqe::{Completion, MwBindOp, RecvWqe, SendOp, SendWqe, Sge, UdDest};
 
 #[doc(hidden)]
 pub mod fuzz;

@@ -35,8 +35,10 @@ pub(crate) struct Entry {
 }
 
 impl Entry {
+    /// The entry's last PSN; for a local operation (no PSNs) the one
+    /// before its first, so it contains no PSN.
     fn last_psn(&self) -> Psn {
-        self.first_psn.add(self.npkts - 1)
+        self.first_psn.add(self.npkts).sub(1)
     }
 
     fn contains(&self, psn: Psn) -> bool {
@@ -121,9 +123,11 @@ impl Requester {
     }
 
     pub(crate) fn post(&mut self, wqe: SendWqe, cfg: &QpConfig) {
-        let len = wqe.len();
+        let local = wqe.op.is_local();
+        let len = if local { 0 } else { wqe.len() };
         let mut error = None;
         let npkts = match wqe.op {
+            _ if local => 0,
             SendOp::CmpSwap { .. } | SendOp::FetchAdd { .. } => {
                 if len != 8 {
                     error = Some(WcStatus::LocLenErr);
@@ -135,7 +139,10 @@ impl Requester {
         if len > u64::from(u32::MAX >> 1) {
             error = Some(WcStatus::LocLenErr);
         }
-        if cfg.qp_type.is_datagram()
+        if local && cfg.qp_type.is_datagram() {
+            // Windows are bound on connected QPs only (IBA 10.6.7.2.2).
+            error = Some(WcStatus::LocQpOpErr);
+        } else if cfg.qp_type.is_datagram()
             && (npkts > 1
                 || wqe.ud.is_none()
                 || !matches!(wqe.op, SendOp::Send | SendOp::SendImm(_)))
@@ -145,7 +152,9 @@ impl Requester {
         if cfg.qp_type == QpType::Uc && wqe.op.is_read_or_atomic() {
             error = Some(WcStatus::LocQpOpErr);
         }
-        let npkts = if error.is_some() {
+        let npkts = if local {
+            0
+        } else if error.is_some() {
             1
         } else {
             npkts.min(u64::from(u32::MAX)) as u32
@@ -210,7 +219,21 @@ impl Qp {
         self.set_error(status);
     }
 
+    /// Completes the front entry, then the local operations behind it that
+    /// already ran (they complete in order, IBA 10.8.3).
     fn complete_front(&mut self) {
+        self.pop_front_completed();
+        while self
+            .req
+            .sq
+            .front()
+            .is_some_and(|e| e.wqe.op.is_local() && e.sent && e.error.is_none())
+        {
+            self.pop_front_completed();
+        }
+    }
+
+    fn pop_front_completed(&mut self) {
         let Some(e) = self.req.sq.pop_front() else {
             return;
         };
@@ -224,6 +247,8 @@ impl Qp {
         if e.wqe.signaled {
             let byte_len = if e.wqe.op.is_atomic() {
                 8
+            } else if e.wqe.op.is_local() {
+                0
             } else {
                 e.len as u32
             };
@@ -249,6 +274,9 @@ impl Qp {
                 return None;
             }
             self.req.rnr_until = None;
+        }
+        if !self.run_local_ops(mem) {
+            return None;
         }
         let idx = self.req.cursor;
         let entry = self.req.sq.get(idx)?;
@@ -319,6 +347,68 @@ impl Qp {
         }
     }
 
+    /// Runs the local operations (window binds, local invalidates) at the
+    /// cursor. Each runs once every entry before it has been sent, as Linux
+    /// rxe does, so later entries of the queue see its effect; it completes
+    /// once the entries before it have. A failed one completes in error
+    /// (`MwBindErr`) when it reaches the front, and the QP goes to error.
+    /// Returns whether the cursor may go on to an entry that sends.
+    /// Bounded: each turn moves the cursor or returns.
+    fn run_local_ops(&mut self, mem: &mut (impl Memory + ?Sized)) -> bool {
+        while let Some(e) = self.req.sq.get(self.req.cursor) {
+            let idx = self.req.cursor;
+            if !e.wqe.op.is_local() {
+                return true;
+            }
+            if e.sent {
+                // Ran already: the cursor went back over it (go-back-N).
+                self.req.cursor += 1;
+                self.req.cursor_pkt = 0;
+                continue;
+            }
+            if let Some(status) = e.error {
+                if idx == 0 {
+                    self.fail_front(status);
+                }
+                return false;
+            }
+            if self.mode == Mode::Draining {
+                return false;
+            }
+            if e.wqe.fence
+                && self
+                    .req
+                    .sq
+                    .iter()
+                    .take(idx)
+                    .any(|x| x.wqe.op.is_read_or_atomic())
+            {
+                return false;
+            }
+            let done = match e.wqe.op {
+                SendOp::BindMw(b) => mem.bind_mw(&b),
+                SendOp::LocalInv(rkey) => mem.invalidate(rkey),
+                _ => Ok(()),
+            };
+            let e = &mut self.req.sq[idx];
+            if done.is_err() {
+                e.error = Some(WcStatus::MwBindErr);
+                if idx == 0 {
+                    self.fail_front(WcStatus::MwBindErr);
+                }
+                return false;
+            }
+            e.started = true;
+            e.sent = true;
+            self.req.cursor = idx + 1;
+            self.req.cursor_pkt = 0;
+            if idx == 0 {
+                self.complete_front();
+            }
+        }
+        true
+    }
+
     /// Builds the packet at the cursor and advances it.
     fn build_request(
         &mut self,
@@ -370,6 +460,8 @@ impl Qp {
                 });
                 (Kind::FetchAdd, Position::Only, 1)
             }
+            // Run by `run_local_ops`, never sent.
+            SendOp::BindMw(_) | SendOp::LocalInv(_) => return Err(WcStatus::LocQpOpErr),
             SendOp::Send
             | SendOp::SendImm(_)
             | SendOp::SendInv(_)
