@@ -47,7 +47,20 @@
 //! VERIFY compares with the data-out when BYTCHK asks (01b: block by
 //! block, 11b: one block against all), MISCOMPARE giving the offset.
 //!
-//! Not yet here: protection information.
+//! Protection information ([`pi`], SBC-3 4.22): `DeviceConfig::protection`
+//! formats a unit with T10 DIF type 1, 2 or 3; the store keeps 8 bytes
+//! per block ([`Ram::with_pi`]; [`FileIo::with_pi`] in a side file).
+//! READ/WRITE(10/12/16) with RDPROTECT/WRPROTECT (type 2: READ(32)/
+//! WRITE(32), with expected reference and application tags) move data and
+//! PI interleaved, 520 bytes per 512-byte block, which [`Target::plan`]
+//! counts; the guard and tags are checked as SBC-3 tables 95 and 101 say,
+//! failures are ABORTED COMMAND 10/01, 10/02 or 10/03 with the LBA, and
+//! with RDPROTECT/WRPROTECT 0 the target generates, checks and strips PI
+//! itself. Units without PI refuse the protect fields (INVALID FIELD IN
+//! CDB). Not here: FORMAT UNIT (the type is chosen at creation), PI in
+//! WRITE SAME/VERIFY/COMPARE AND WRITE CDBs (refused; those commands keep
+//! PI current), protection interval exponents, the application tag mode
+//! page, and PI on nullio and blockio stores.
 
 pub mod backend;
 pub mod cdb;

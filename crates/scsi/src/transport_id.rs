@@ -99,6 +99,9 @@ fn name_field_len(name: &str) -> usize {
     (name.len() + 1).div_ceil(4).max(5) * 4
 }
 
+/// Longest name field an ADDITIONAL LENGTH (16 bits) can carry.
+const MAX_NAME_FIELD: usize = 0xfffc;
+
 impl TransportId {
     /// Parses the TransportID at the start of `b`; returns it and the
     /// bytes it occupies.
@@ -138,7 +141,7 @@ impl TransportId {
                     .position(|&c| c == 0)
                     .ok_or(TransportIdError::BadName)?;
                 let s = std::str::from_utf8(&text[..end]).map_err(|_| TransportIdError::BadName)?;
-                if s.is_empty() {
+                if s.is_empty() || name_field_len(s) > MAX_NAME_FIELD {
                     return Err(TransportIdError::BadName);
                 }
                 let id = match (proto, format) {
@@ -222,7 +225,7 @@ impl TransportId {
     /// [`TransportId::Name`]. `None` only for a name too long for a
     /// TransportID (or empty, or holding a null).
     pub fn from_initiator_name(name: &str) -> Option<TransportId> {
-        if name.is_empty() || name.contains('\0') || name_field_len(name) > 0xffff - 4 {
+        if name.is_empty() || name.contains('\0') || name_field_len(name) > MAX_NAME_FIELD {
             return None;
         }
         if let Some(id) = name.strip_prefix("0x").and_then(unhex::<16>) {
@@ -355,5 +358,15 @@ mod tests {
             assert_eq!(TransportId::parse(&b).unwrap().0.initiator_name(), name);
         }
         assert_eq!(TransportId::from_initiator_name(""), None);
+        // The longest name an ADDITIONAL LENGTH can carry, and one more.
+        let long = "n".repeat(0xfffc - 1);
+        let b = TransportId::from_initiator_name(&long).unwrap().emit();
+        assert_eq!(b.len(), 4 + 0xfffc);
+        assert_eq!(TransportId::parse(&b).unwrap().0.initiator_name(), long);
+        assert_eq!(TransportId::from_initiator_name(&format!("{long}n")), None);
+        let mut over = vec![0x0f, 0, 0xff, 0xff];
+        over.extend(std::iter::repeat_n(b'n', 0xfffe));
+        over.push(0);
+        assert_eq!(TransportId::parse(&over), Err(TransportIdError::BadName));
     }
 }
