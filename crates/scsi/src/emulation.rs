@@ -574,7 +574,11 @@ impl Device {
             }
             Command::ReportOpcodes {
                 options, opcode, ..
-            } => report_opcodes(options, opcode),
+            } => report_opcodes(
+                options,
+                opcode,
+                self.config.protection == Some(PiType::Type2),
+            ),
             Command::ModeSelect { ten, param_len } => {
                 self.mode_select(ten, data_out.get(..param_len as usize).unwrap_or(data_out))?;
                 Ok(Vec::new())
@@ -961,11 +965,16 @@ impl Device {
     }
 }
 
-/// SPC-4 6.35 REPORT SUPPORTED OPERATION CODES, from the opcode table.
-fn report_opcodes(options: u8, opcode: u8) -> Result<Vec<u8>, Sense> {
+/// SPC-4 6.35 REPORT SUPPORTED OPERATION CODES, from the opcode table;
+/// READ(32)/WRITE(32) only on a type 2 unit (`variable`), the one kind
+/// that accepts them.
+fn report_opcodes(options: u8, opcode: u8, variable: bool) -> Result<Vec<u8>, Sense> {
     if options == 0 {
         let mut d = vec![0u8; 4];
         for &op in Opcode::ALL {
+            if op == Opcode::VariableLength && !variable {
+                continue;
+            }
             let len = op.cdb_len().unwrap_or(0) as u16;
             let sas = op.service_actions();
             let entries: Vec<(u16, u8)> = if sas.is_empty() {
