@@ -22,6 +22,9 @@ pub struct PrEnv<'a> {
     pub ports: &'a BTreeMap<String, u16>,
     /// APTPL state survives a restart (the device has a PR file): PTPL_C.
     pub ptpl_capable: bool,
+    /// REGISTER AND MOVE: the initiator the TransportID names has this
+    /// logical unit in its LUN map (the target knows; true when moot).
+    pub move_dest_sees_lu: bool,
 }
 
 /// Reservation type (SPC-4 table 202).
@@ -363,8 +366,9 @@ impl PrState {
             Ok((t, used)) if used == tid.len() => Nexus::new(&t.initiator_name(), &port),
             _ => return Err(Sense::invalid_param(24, None).into()),
         };
-        // The TransportID may not name the issuer's own initiator port.
-        if dest.initiator == n.initiator {
+        // The TransportID may not name the issuer's own initiator port,
+        // nor one that cannot reach this logical unit.
+        if dest.initiator == n.initiator || !env.move_dest_sees_lu {
             return Err(Sense::invalid_param(24, None).into());
         }
         match &self.reservation {

@@ -1019,10 +1019,24 @@ impl Target {
                             Command::PrIn { .. } | Command::PrOut { .. } => st.ports.clone(),
                             _ => BTreeMap::new(),
                         };
+                        // REGISTER AND MOVE: whether the initiator its
+                        // TransportID names reaches this LU at all.
+                        let move_dest_sees_lu = match cmd {
+                            Command::PrOut { sa: 7, .. } => data_out
+                                .get(24..)
+                                .and_then(|b| crate::TransportId::parse(b).ok())
+                                .is_none_or(|(id, _)| {
+                                    st.set_for(&id.initiator_name())
+                                        .values()
+                                        .any(|d| Arc::ptr_eq(d, &dev))
+                                }),
+                            _ => true,
+                        };
                         drop(st);
                         let env = crate::pr::PrEnv {
                             ports: &ports,
                             ptpl_capable: dev.config.pr_file.is_some(),
+                            move_dest_sees_lu,
                         };
                         let conflict = ScsiResponse {
                             descriptor_sense: d_sense,

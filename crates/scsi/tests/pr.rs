@@ -335,6 +335,11 @@ fn register_and_move_to_an_srp_initiator() {
         check(&register_and_move(&t, &a, &short)).1,
         Asc::PARAMETER_LIST_LENGTH_ERROR
     );
+    // An initiator whose LUN map (a group without this LU) hides it.
+    t.add_group("masked");
+    t.add_initiator("masked", &srp_name(3));
+    let hidden = move_params(0xa, 0xb, 0, rtpi_b, &srp_tid(3));
+    assert_eq!(bad_param(&register_and_move(&t, &a, &hidden)), Some(24));
     // Wrong reservation key: conflict. Nothing moved so far.
     let wrong = move_params(0xbad, 0xb, 0, rtpi_b, &srp_tid(2));
     assert_eq!(register_and_move(&t, &a, &wrong).status, RC);
