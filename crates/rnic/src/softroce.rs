@@ -130,6 +130,8 @@ pub struct SoftRoce {
     down: Mutex<std::collections::HashSet<u64>>,
     /// CAs in the `ib` personality.
     ib: Mutex<std::collections::HashSet<u64>>,
+    /// pcap files a CA's node writes every packet to, set before its open.
+    captures: Mutex<HashMap<u64, std::path::PathBuf>>,
 }
 
 /// What an open CA counted: its node's datagrams and the sum over its QPs,
@@ -614,6 +616,7 @@ impl SoftRoce {
             removed: Mutex::new(std::collections::HashSet::new()),
             down: Mutex::new(std::collections::HashSet::new()),
             ib: Mutex::new(std::collections::HashSet::new()),
+            captures: Mutex::new(HashMap::new()),
         })
     }
 
@@ -844,6 +847,28 @@ impl SoftRoce {
         Ok(())
     }
 
+    /// Writes every packet CA `guid` sends and receives to the pcap file
+    /// `path` (`None`: no capture). Like faults, taken when the node binds
+    /// at the first open of the CA.
+    ///
+    /// # Errors
+    /// `NoSuchCa` for an unknown GUID; `Busy` when the CA is already open.
+    pub fn set_capture(&self, guid: Guid, path: Option<std::path::PathBuf>) -> Result<()> {
+        if !self.cas.iter().any(|c| c.guid == guid) {
+            return Err(VerbsError::NoSuchCa);
+        }
+        let devs = self.devices.lock().unwrap_or_else(|e| e.into_inner());
+        if devs.contains_key(&guid.0) {
+            return Err(VerbsError::Busy("the CA is open; set the capture before"));
+        }
+        let mut c = self.captures.lock().unwrap_or_else(|e| e.into_inner());
+        match path {
+            Some(p) => c.insert(guid.0, p),
+            None => c.remove(&guid.0),
+        };
+        Ok(())
+    }
+
     /// Counters of CA `guid` while it is open (`None` when it is not).
     pub fn counters(&self, guid: Guid) -> Option<SoftCaCounters> {
         let rt = self
@@ -1016,14 +1041,19 @@ impl State {
                 index,
                 kind: MwType::Type2,
                 ..
-            }) if *c == ca => *index,
+            }) if self.same_device(*c, ca) => *index,
             _ => NO_INDEX,
         };
         let mr = match self.slot(b.mr.0).map(|i| self.obj(i)) {
-            Ok(Obj::Mr { ca: c, key, .. }) if *c == ca => *key,
+            Ok(Obj::Mr { ca: c, key, .. }) if self.same_device(*c, ca) => *key,
             _ => NO_INDEX,
         };
         (mw, mr)
+    }
+
+    /// Whether two CA opens are of one device (one key table).
+    fn same_device(&self, a: usize, b: usize) -> bool {
+        a == b || Arc::ptr_eq(&self.rt(a), &self.rt(b))
     }
 
     /// Copies the gather list of an inline WR (IBV_SEND_INLINE): at most
@@ -1062,7 +1092,7 @@ impl State {
                     self.slots.iter().find_map(|s| match &s.obj {
                         Some(Obj::Mr {
                             ca: c, pd, lkey, ..
-                        }) if *c == ca => keys
+                        }) if self.same_device(*c, ca) => keys
                             .local(*pd as u32, Lkey(*lkey), addr, n, AccessFlags::NONE)
                             .ok(),
                         _ => None,
@@ -1189,6 +1219,12 @@ impl Provider for SoftRoce {
                     Some(f) => Some(f),
                     None => faults_from_env()?,
                 };
+                ncfg.capture = self
+                    .captures
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get(&guid.0)
+                    .cloned();
                 let mut node =
                     Node::bind(ncfg).map_err(|e| bad(format!("cannot bind {addr}: {e}")))?;
                 let pulled = self
@@ -1968,7 +2004,7 @@ impl Provider for SoftRoce {
         let mw = match st.obj(st.slot(bind.mw.0)?) {
             Obj::Mw {
                 ca: c, index, kind, ..
-            } if *c == ca => {
+            } if st.same_device(*c, ca) => {
                 if *kind != MwType::Type1 {
                     return Err(bad("type 2 windows are bound with a BindMw work request"));
                 }
@@ -1977,7 +2013,7 @@ impl Provider for SoftRoce {
             _ => return Err(VerbsError::InvalidHandle),
         };
         let mr = match st.obj(st.slot(bind.mr.0)?) {
-            Obj::Mr { ca: c, key, .. } if *c == ca => *key,
+            Obj::Mr { ca: c, key, .. } if st.same_device(*c, ca) => *key,
             _ => return Err(VerbsError::InvalidHandle),
         };
         let rt = st.rt(ca);
