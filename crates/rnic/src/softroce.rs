@@ -2059,7 +2059,7 @@ impl Provider for SoftRoce {
     }
 
     fn post_send(&self, qp: QpHandle, wrs: &[SendWr]) -> Result<()> {
-        let (rt, qpn, sig_all, state, ud, max_sge, datagram, uc, local) = {
+        let (rt, qpn, sig_all, state, ud, max_sge, datagram, uc, mut local) = {
             let st = self.lock();
             let i = st.qp(qp)?;
             let Obj::Qp(q) = st.obj(i) else {
@@ -2068,8 +2068,12 @@ impl Provider for SoftRoce {
             // What needs the handle table: the window and region of a
             // bind, and inline data (copied now, so the buffer may be
             // reused as soon as the post returns).
-            let mut local = Vec::with_capacity(wrs.len());
-            for wr in wrs {
+            // Empty (no allocation) when no WR needs it, the usual case.
+            let mut local = Vec::new();
+            let needs_table = wrs.iter().any(|wr| {
+                wr.opcode == SendOpcode::BindMw || wr.flags.contains(verbs::SendFlags::INLINE)
+            });
+            for wr in wrs.iter().filter(|_| needs_table) {
                 let bind = wr
                     .bind_mw
                     .filter(|_| wr.opcode == SendOpcode::BindMw)
@@ -2114,7 +2118,8 @@ impl Provider for SoftRoce {
         }
         let mut wqes = Vec::with_capacity(wrs.len());
         let mut refused = None;
-        for (index, ((wr, ud), (bind, inline))) in wrs.iter().zip(ud).zip(local).enumerate() {
+        for (index, (wr, ud)) in wrs.iter().zip(ud).enumerate() {
+            let (bind, inline) = local.get_mut(index).map(std::mem::take).unwrap_or_default();
             let checked = send_wqe(wr, sig_all).and_then(|mut w| {
                 if let (roce::SendOp::BindMw(b), Some((mw, mr))) = (&mut w.op, bind) {
                     (b.mw, b.mr) = (mw, mr);
