@@ -2,7 +2,9 @@
 
 use crate::partitions::{default_partitions, Partition};
 use rdma_access::gsi::{status_reply, MadBytes};
-use rdma_access::sma::{state, Sma, SmaConfig, SMP_DATA, TRAP_CAPABILITY_MASK_CHANGE};
+use rdma_access::sma::{
+    state, Sma, SmaConfig, SMP_DATA, TRAP_BAD_MKEY, TRAP_CAPABILITY_MASK_CHANGE,
+};
 use rdma_mad::mad::{MadStatus, Method, StatusCode, MAD_SIZE};
 use rdma_mad::rmpp::{self, RmppHeader};
 use rdma_mad::sa::{
@@ -126,8 +128,16 @@ pub struct SmConfig {
     pub priority: u8,
     /// SMInfo:SM_Key (a Set of SMInfo must carry it).
     pub sm_key: u64,
-    /// Time between a standby's polls of the master's SMInfo.
+    /// Time between a standby's polls of the master's SMInfo, and a
+    /// master's of its standbys'.
     pub poll_interval: Duration,
+    /// The M_Key the SM gives every port it configures and sends in every
+    /// SMP (0: none, the ports stay unprotected).
+    pub mkey: u64,
+    /// PortInfo:M_KeyProtectBits it gives them (0 to 3, IBA 14.2.4.1).
+    pub mkey_protect: u8,
+    /// PortInfo:M_KeyLeasePeriod it gives them, seconds (0: forever).
+    pub mkey_lease: u16,
 }
 
 impl SmConfig {
@@ -143,6 +153,9 @@ impl SmConfig {
             priority: 0,
             sm_key: 0,
             poll_interval: Duration::from_secs(3),
+            mkey: 0,
+            mkey_protect: 0,
+            mkey_lease: 0,
         }
     }
 }
@@ -189,6 +202,46 @@ pub enum SmEvent {
         /// The new mask.
         mask: u32,
     },
+    /// A port refused an SMP for its M_Key (trap 256 from its SMA,
+    /// forwarded to subscribers).
+    BadMkey {
+        /// Port GUID.
+        guid: Guid,
+        /// The requester's LID, if the SMP said (directed route).
+        requester: u16,
+        /// The refused SMP's method and attribute.
+        method: u8,
+        /// Attribute ID.
+        attr: u16,
+    },
+    /// A port will not be configured by this SM: its PortInfo hid the
+    /// M_Key from this SM's key (protect level 1), or it answered Gets
+    /// but dropped the Sets (a wrong key at level 0). It is left alone
+    /// until its key is shown (the lease ran out) or this SM's key fits.
+    MkeyRefused {
+        /// Port GUID.
+        guid: Guid,
+    },
+    /// A port's PortInfo showed an M_Key other than this SM's (level 0,
+    /// or its lease ran out): this SM uses it for that port until its
+    /// Set(PortInfo) gives the port this SM's key.
+    MkeyLearned {
+        /// Port GUID.
+        guid: Guid,
+    },
+    /// The master found a standby SM (by a sweep, or when the standby
+    /// asked for the master's SMInfo).
+    StandbyFound {
+        /// Its GUID.
+        guid: Guid,
+        /// Its priority.
+        priority: u8,
+    },
+    /// A standby this master polled stopped answering (or its port went).
+    StandbyLost {
+        /// Its GUID.
+        guid: Guid,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -202,6 +255,8 @@ enum Want {
     SmInfo,
     /// A standby's Get(SMInfo) of the master.
     Poll,
+    /// A master's Get(SMInfo) of a standby (IBA 14.4.1).
+    PeerPoll,
     /// Set(SMInfo, HANDOVER) to an SM that outranks this master.
     Handover,
 }
@@ -232,6 +287,14 @@ struct Node<P> {
     stage: Stage,
     /// SMInfo of the SM behind this port, if it says IsSM.
     sm: Option<SmInfo>,
+    /// The M_Key this SM's SMPs to the port carry: the configured one,
+    /// or one the port showed (see [`SmEvent::MkeyLearned`]).
+    mkey: u64,
+    /// A master's poll of this standby is out.
+    polling: bool,
+    /// This master logged the standby SM behind this port (found, not
+    /// lost since).
+    standby_logged: bool,
 }
 
 struct Pending<P> {
@@ -272,6 +335,14 @@ pub struct SmStats {
     pub polls: u64,
     /// Traps received from SMAs (and repressed).
     pub traps: u64,
+    /// Trap 256s (bad M_Key) among them.
+    pub bad_mkey_traps: u64,
+    /// Ports found refusing this SM's M_Key (see [`SmEvent::MkeyRefused`]).
+    pub mkey_refused: u64,
+    /// Polls of standbys' SMInfo answered (master).
+    pub standby_polls: u64,
+    /// SA MADs ignored because this SM is not master (as opensm does).
+    pub sa_ignored: u64,
 }
 
 /// The subnet manager of a fabric whose nodes it reaches directly.
@@ -297,6 +368,8 @@ pub struct SubnetManager<P> {
     /// The last traps seen, (sender, TID), so a resent one is repressed
     /// again but forwarded once.
     traps_seen: VecDeque<(P, u64)>,
+    /// When a master next polls its standbys.
+    next_peer_poll: Instant,
 }
 
 fn smp(method: Method, attr: SmpAttr, modifier: u32) -> MadBytes {
@@ -334,6 +407,7 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
             own,
             master: None,
             traps_seen: VecDeque::new(),
+            next_peer_poll: now,
             nodes: endpoints
                 .into_iter()
                 .map(|(addr, gid)| Node {
@@ -347,6 +421,9 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
                     busy: false,
                     stage: Stage::Idle,
                     sm: None,
+                    mkey: cfg.mkey,
+                    polling: false,
+                    standby_logged: false,
                 })
                 .collect(),
             cfg,
@@ -429,8 +506,14 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
 
     /// When [`SubnetManager::handle_timeout`] is next due.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        let p = self.pending.values().map(|p| p.deadline).min();
-        Some(p.map_or(self.next_sweep, |p| p.min(self.next_sweep)))
+        let mut t = self.next_sweep;
+        if let Some(p) = self.pending.values().map(|p| p.deadline).min() {
+            t = t.min(p);
+        }
+        if self.state == SmState::Master && self.nodes.iter().any(|n| n.sm.is_some()) {
+            t = t.min(self.next_peer_poll);
+        }
+        Some(t)
     }
 
     /// True while SMPs (or Reports) wait for their answers: a sweep is
@@ -468,6 +551,9 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
         }
         let tid = (u64::from(self.lid_now()) << 48) | self.next_tid;
         mad[8..16].copy_from_slice(&tid.to_be_bytes());
+        if let (QP_SMI, Some(i)) = (qp, node) {
+            mad[24..32].copy_from_slice(&self.nodes[i].mkey.to_be_bytes());
+        }
         let mad = Box::new(mad);
         self.tx.push_back(Outgoing {
             to,
@@ -523,6 +609,17 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
             }
             // A Report nobody acknowledged is dropped (the subscriber stays).
         }
+        if self.state == SmState::Master && now >= self.next_peer_poll {
+            self.next_peer_poll = now + self.cfg.poll_interval;
+            for i in 0..self.nodes.len() {
+                let standby = self.nodes[i]
+                    .sm
+                    .is_some_and(|s| s.sm_state == SmState::Standby.code());
+                if standby {
+                    self.poll_peer(now, i);
+                }
+            }
+        }
         if now >= self.next_sweep {
             match self.state {
                 SmState::Master | SmState::Discovering => self.start_sweep(now),
@@ -537,6 +634,49 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
                     }
                 }
                 SmState::NotActive => self.next_sweep = now + self.cfg.sweep_interval,
+            }
+        }
+    }
+
+    /// A master's Get(SMInfo) of the SM at node `i` (IBA 14.4.1), beside
+    /// any sweep of the node.
+    fn poll_peer(&mut self, now: Instant, i: usize) {
+        if self.nodes[i].polling {
+            return;
+        }
+        self.nodes[i].polling = true;
+        let to = self.nodes[i].addr;
+        let m = smp(Method::Get, SmpAttr::SmInfo, 0);
+        self.send(now, Some(i), to, QP_SMI, Some(Want::PeerPoll), m);
+    }
+
+    /// Records what the SM at node `i` said of itself; a master logs a
+    /// standby it did not know.
+    fn peer_seen(&mut self, i: usize, info: SmInfo) {
+        let n = &mut self.nodes[i];
+        if n.sm.is_some_and(|s| s.guid != info.guid) {
+            n.standby_logged = false;
+        }
+        n.sm = Some(info);
+        if !n.standby_logged
+            && self.state == SmState::Master
+            && info.guid != self.cfg.guid
+            && info.sm_state == SmState::Standby.code()
+        {
+            n.standby_logged = true;
+            self.events.push_back(SmEvent::StandbyFound {
+                guid: info.guid,
+                priority: info.priority,
+            });
+        }
+    }
+
+    /// Node `i` has no SM (any more); a master logs a standby gone.
+    fn peer_gone(&mut self, i: usize) {
+        let logged = std::mem::take(&mut self.nodes[i].standby_logged);
+        if let Some(s) = self.nodes[i].sm.take() {
+            if logged && self.state == SmState::Master {
+                self.events.push_back(SmEvent::StandbyLost { guid: s.guid });
             }
         }
     }
@@ -618,6 +758,9 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
     /// Becomes standby polling the SM at node `i`.
     fn follow(&mut self, now: Instant, i: usize) {
         self.master = Some(i);
+        for n in &mut self.nodes {
+            n.standby_logged = false;
+        }
         self.set_state(SmState::Standby);
         for n in &mut self.nodes {
             if n.stage == Stage::Parked {
@@ -647,6 +790,17 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
         if want == Want::Handover {
             return; // the peer stays standby; this SM stays master
         }
+        if want == Want::PeerPoll {
+            self.nodes[i].polling = false;
+            self.peer_gone(i);
+            return;
+        }
+        if matches!(want, Want::SetPortInfo | Want::SetPkeys) {
+            // It answered the sweep's Gets but drops our Sets: a wrong
+            // M_Key at protect level 0 (IBA 14.2.4.1). Alive, not ours.
+            self.mkey_refused(now, i);
+            return;
+        }
         let n = &mut self.nodes[i];
         n.busy = false;
         n.stage = Stage::Idle;
@@ -662,7 +816,7 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
             self.start_sweep(now);
             return;
         }
-        n.sm = None;
+        self.peer_gone(i);
         self.sweep_progress(now);
         let n = &mut self.nodes[i];
         if n.in_service {
@@ -672,6 +826,18 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
             self.events.push_back(SmEvent::PortDown { guid });
             self.trap(now, Notice::TRAP_GID_OUT_OF_SERVICE, gid);
         }
+    }
+
+    /// Node `i` will not take this SM's Sets for its M_Key: logged, and
+    /// left alone until the next sweep.
+    fn mkey_refused(&mut self, now: Instant, i: usize) {
+        let n = &mut self.nodes[i];
+        n.busy = false;
+        n.stage = Stage::Idle;
+        let guid = n.info.map_or(Guid(0), |x| x.port_guid);
+        self.stats.mkey_refused += 1;
+        self.events.push_back(SmEvent::MkeyRefused { guid });
+        self.sweep_progress(now);
     }
 
     /// The P_Key table this port should have.
@@ -710,6 +876,12 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
             return;
         }
         if qp == QP_GSI && mad[1] == 0x03 {
+            if self.state != SmState::Master {
+                // The SA runs on the master only; like opensm, a standby
+                // (or discovering) SM drops SA MADs unanswered.
+                self.stats.sa_ignored += 1;
+                return;
+            }
             self.sa_request(now, from, mad);
         } else if qp == QP_SMI && matches!(mad[1], 0x01 | 0x81) {
             self.smp_request(now, from, mad);
@@ -739,6 +911,15 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
         }
         if directed && req[6] != req[7] {
             return;
+        }
+        if method == Method::Get && self.state == SmState::Master {
+            // An SM asking for ours: if we do not know it, ask for its
+            // (a new standby shows at once, not at the next sweep).
+            if let Some(i) = self.nodes.iter().position(|n| n.addr == from) {
+                if self.nodes[i].sm.is_none() {
+                    self.poll_peer(now, i);
+                }
+            }
         }
         let peer = SmInfo::parse(&req[SMP_DATA..SMP_DATA + SmInfo::LEN]).ok();
         let keyed = peer.is_some_and(|p| p.sm_key == self.cfg.sm_key);
@@ -819,6 +1000,19 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
         if let Some(i) = node {
             notice.issuer_gid = self.nodes[i].gid;
         }
+        if notice.is_generic && notice.trap_number == TRAP_BAD_MKEY {
+            self.stats.bad_mkey_traps += 1;
+            let d = &notice.data_details;
+            let guid = node
+                .and_then(|i| self.nodes[i].info)
+                .map_or(Guid(0), |x| x.port_guid);
+            self.events.push_back(SmEvent::BadMkey {
+                guid,
+                requester: u16::from_be_bytes([d[2], d[3]]),
+                method: d[5],
+                attr: u16::from_be_bytes([d[6], d[7]]),
+            });
+        }
         if notice.is_generic && notice.trap_number == TRAP_CAPABILITY_MASK_CHANGE {
             let mask = u32::from_be_bytes(notice.data_details[6..10].try_into().expect("4"));
             if let Some(i) = node {
@@ -853,6 +1047,14 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
                 }
                 return;
             }
+            Want::PeerPoll => {
+                self.nodes[i].polling = false;
+                if let Ok(info) = SmInfo::parse(&data[..SmInfo::LEN]) {
+                    self.stats.standby_polls += 1;
+                    self.peer_seen(i, info);
+                }
+                return;
+            }
             _ => {}
         }
         if !ok {
@@ -863,13 +1065,13 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
             return;
         }
         match want {
-            Want::Poll | Want::Handover => {}
+            Want::Poll | Want::Handover | Want::PeerPoll => {}
             Want::SmInfo => {
                 let Ok(peer) = SmInfo::parse(&data[..SmInfo::LEN]) else {
                     self.after_read(now, i);
                     return;
                 };
-                self.nodes[i].sm = Some(peer);
+                self.peer_seen(i, peer);
                 let me = self.sm_info();
                 if self.state == SmState::Master && peer.guid != me.guid && outranks(&peer, &me) {
                     if peer.sm_state == SmState::Master.code() {
@@ -914,15 +1116,29 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
             Want::PortInfo => {
                 self.nodes[i].port.copy_from_slice(data);
                 let pi = PortInfo::new_checked(data).expect("64 bytes");
+                let guid = self.nodes[i].info.map_or(Guid(0), |x| x.port_guid);
+                if pi.mkey() != 0 && pi.mkey() != self.nodes[i].mkey {
+                    // Shown (level 0, or the lease ran out): use it until
+                    // our Set gives the port our key.
+                    self.nodes[i].mkey = pi.mkey();
+                    self.events.push_back(SmEvent::MkeyLearned { guid });
+                } else if pi.mkey() == 0 && pi.mkey_protect() == 1 && self.nodes[i].mkey != 0 {
+                    // Hidden from our key (level 1): a Set would only
+                    // count against us.
+                    self.mkey_refused(now, i);
+                    return;
+                }
                 if pi.capability_mask() & cap::IS_SM != 0 {
                     self.ask(now, i, Want::SmInfo, smp(Method::Get, SmpAttr::SmInfo, 0));
                 } else {
-                    self.nodes[i].sm = None;
+                    self.peer_gone(i);
                     self.after_read(now, i);
                 }
             }
             Want::SetPortInfo => {
                 self.nodes[i].port.copy_from_slice(data);
+                // The port holds our key now.
+                self.nodes[i].mkey = self.cfg.mkey;
                 self.configure(now, i, false);
             }
             Want::SetPkeys => {
@@ -954,6 +1170,10 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
         let guid = self.nodes[i].info.map_or(Guid(0), |x| x.port_guid);
         let pi = PortInfo::new_checked(&self.nodes[i].port[..]).expect("64 bytes");
         let (reported, port_state, sm_lid) = (pi.lid(), pi.port_state(), pi.sm_lid());
+        let violations = pi.mkey_violations();
+        let keyed = pi.mkey() == self.cfg.mkey
+            && pi.mkey_protect() == self.cfg.mkey_protect
+            && pi.mkey_lease_period() == self.cfg.mkey_lease;
         let lid = match self.lid_of.get(&guid) {
             Some(l) => *l,
             None if reported != 0
@@ -975,7 +1195,7 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
         let next = match port_state {
             state::INIT => Some(state::ARMED),
             state::ARMED => Some(state::ACTIVE),
-            _ if reported != lid || sm_lid != self.lid_now() => Some(0),
+            _ if reported != lid || sm_lid != self.lid_now() || !keyed => Some(0),
             _ => None,
         };
         match next {
@@ -987,6 +1207,11 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
                 p.set_sm_lid(self.lid_now());
                 p.set_subnet_timeout(18);
                 p.set_port_state(st);
+                p.set_mkey(self.cfg.mkey);
+                p.set_mkey_protect(self.cfg.mkey_protect);
+                p.set_mkey_lease_period(self.cfg.mkey_lease);
+                // M_KeyViolations is writable: keep the port's count.
+                p.set_mkey_violations(violations);
                 self.ask(now, i, Want::SetPortInfo, m);
             }
             _ => {

@@ -10,7 +10,11 @@
 //! `ibsm run`s that list each other among their nodes elect a master
 //! (`--priority`, then the lower GUID); the other is standby, polls the
 //! master's SMInfo every `--poll-interval-ms` and takes over when it stops
-//! answering.
+//! answering; the master polls its standbys as often and logs one that
+//! comes or goes. `--mkey HEX` gives every port an M_Key (used in every
+//! SMP), `--mkey-protect N` its protection level and `--mkey-lease-secs`
+//! its lease; a port that refuses the SM's key, or reports a bad key
+//! (trap 256), is logged.
 
 use clap::{Parser, Subcommand};
 use ib_sm::port::SmPort;
@@ -96,12 +100,32 @@ struct RunArgs {
     /// Milliseconds between a standby's polls of the master.
     #[arg(long, default_value_t = 3_000, value_parser = clap::value_parser!(u64).range(10..=3_600_000))]
     poll_interval_ms: u64,
+    /// M_Key for every port, hex (0: none; IBA 14.2.4).
+    #[arg(long, default_value = "0", value_parser = parse_hex_u64)]
+    mkey: u64,
+    /// M_KeyProtectBits: 0 Gets show the key, 1 Gets hide it from a wrong
+    /// key, 2 and 3 Gets need the key (Sets always do).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=3))]
+    mkey_protect: u8,
+    /// M_KeyLeasePeriod, seconds: protection lapses this long after a
+    /// refused SMP unless the right key comes (0: never).
+    #[arg(long, default_value_t = 0)]
+    mkey_lease_secs: u16,
     /// Stop after the first sweep; fail unless every node came up.
     #[arg(long, conflicts_with = "sweeps")]
     once: bool,
     /// Stop after this many sweeps.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     sweeps: Option<u64>,
+}
+
+/// A 64-bit hex number, with or without `0x`.
+fn parse_hex_u64(s: &str) -> Result<u64, String> {
+    let t = s
+        .strip_prefix("0x")
+        .or_else(|| s.strip_prefix("0X"))
+        .unwrap_or(s);
+    u64::from_str_radix(t, 16).map_err(|e| format!("{s:?}: not a 64-bit hex number: {e}"))
 }
 
 /// The node addresses of `--node` and `--nodes-file`, in that order,
@@ -189,6 +213,9 @@ fn run_sm(args: RunArgs) -> Result<(), String> {
     cfg.retries = args.retries;
     cfg.priority = args.priority;
     cfg.poll_interval = Duration::from_millis(args.poll_interval_ms);
+    cfg.mkey = args.mkey;
+    cfg.mkey_protect = args.mkey_protect;
+    cfg.mkey_lease = args.mkey_lease_secs;
     let nic = SoftRoce::new(
         vec![SoftCa {
             guid,
@@ -234,12 +261,16 @@ fn run_sm(args: RunArgs) -> Result<(), String> {
     let st = sm.stats();
     let active = sm.active_ports().len();
     println!(
-        "ibsm: {active} of {} ports ACTIVE after {} sweeps, {} resends, {} SA requests, {} reports",
+        "ibsm: {active} of {} ports ACTIVE after {} sweeps, {} resends, {} SA requests, {} reports, \
+         {} bad M_Key traps, {} ports refusing our M_Key, {} SA MADs ignored (not master)",
         nodes.len(),
         st.sweeps,
         st.retries,
         st.sa_requests,
-        st.reports
+        st.reports,
+        st.bad_mkey_traps,
+        st.mkey_refused,
+        st.sa_ignored
     );
     if args.once && active < nodes.len() {
         return Err(format!(
@@ -268,6 +299,28 @@ fn describe(e: &SmEvent) -> String {
                 "port {:#018x} capability mask {mask:#010x} (trap 144)",
                 guid.0
             )
+        }
+        SmEvent::BadMkey {
+            guid,
+            requester,
+            method,
+            attr,
+        } => format!(
+            "port {:#018x} refused an SMP with a bad M_Key (trap 256): method {method:#04x} \
+             attribute {attr:#06x} from LID {requester}",
+            guid.0
+        ),
+        SmEvent::MkeyRefused { guid } => {
+            format!("port {:#018x} refuses our M_Key: left unconfigured", guid.0)
+        }
+        SmEvent::MkeyLearned { guid } => {
+            format!("port {:#018x} showed another M_Key: using it", guid.0)
+        }
+        SmEvent::StandbyFound { guid, priority } => {
+            format!("ibsm: standby SM {:#018x} (priority {priority})", guid.0)
+        }
+        SmEvent::StandbyLost { guid } => {
+            format!("ibsm: standby SM {:#018x} stopped answering", guid.0)
         }
     }
 }
