@@ -26,7 +26,23 @@
 //! sender without windowing (all segments at once; a lost one costs the
 //! requester a timeout and a new query). A Get with nothing to return
 //! answers ERR_NO_RECORDS; unknown attributes "method/attribute
-//! unsupported".
+//! unsupported". The SA runs on the master only: a standby or
+//! discovering SM drops SA MADs unanswered (counted), as opensm does, so
+//! clients keep asking until they find the master.
+//!
+//! M_Key (IBA 14.2.4): with `SmConfig::mkey` set, every Set(PortInfo)
+//! gives the port that key, `mkey_protect` and `mkey_lease` (keeping the
+//! port's M_KeyViolations), and every SMP to a port carries the key the SM
+//! holds for it: its own, or one the port's PortInfo showed (protect level
+//! 0, or after the lease ran out: a new SM takes over a fabric whose old
+//! master died holding another key; `SmEvent::MkeyLearned`). A port whose
+//! PortInfo hides the key from ours (level 1), or that answers our Gets
+//! and drops our Sets, is logged (`SmEvent::MkeyRefused`) and left alone;
+//! at level 2 a wrong key gets no answer at all, so such a port just
+//! never comes up. Trap 256 from a port's SMA (someone tried a wrong key)
+//! is repressed, logged (`SmEvent::BadMkey`) and forwarded to
+//! subscribers. The SM never keys its own port (a master it stands by
+//! for may).
 //!
 //! SM to SM (IBA 14.4): the SM's own port answers SMPs (its SMA says
 //! IsSM) and SMInfo Get/Set (GUID, SM_Key, ActCount, Priority, SMState).
@@ -44,9 +60,12 @@
 //! The SM's LID is its own port's: the configured one at first, or the
 //! one a master gave it while standby (a master moves a standby whose
 //! configured LID a node already holds), and it keeps that LID when it
-//! becomes master. A
-//! master that finds a STANDBY SM outranking it hands over (Set SMInfo
-//! HANDOVER) and becomes its standby; of two masters, the lesser yields.
+//! becomes master. A master that finds a STANDBY SM outranking it hands
+//! over (Set SMInfo HANDOVER) and becomes its standby; of two masters, the
+//! lesser yields. A master polls each standby's SMInfo every
+//! `poll_interval` (IBA 14.4.1) and logs one that stops answering
+//! (`SmEvent::StandbyLost`) or appears (`SmEvent::StandbyFound`: found by
+//! a sweep, or at once when an SM it does not know asks for its SMInfo).
 //! SA state (InformInfo subscriptions, ServiceRecords) is not carried
 //! over: clients re-register on the port's SM change event (see
 //! `rdma_access::resource::PnpEvent::SmChange`), as Linux clients and
@@ -57,9 +76,9 @@
 //! subscribers, with the sender's GID as issuer; the SA's PortInfoRecords
 //! show the new mask at once.
 //!
-//! Not done: multicast, M_Key protection, several paths per pair, and of
-//! SM to SM: SM_Key checks beyond SMInfo Sets, the ACKNOWLEDGE answer to a
-//! handover, and polling by a master of its standbys.
+//! Not done: multicast, several paths per pair, M_Key on the SM's own
+//! port, and of SM to SM: SM_Key checks beyond SMInfo Sets and the
+//! ACKNOWLEDGE answer to a handover.
 
 pub mod fuzz;
 pub mod partitions;
