@@ -1327,8 +1327,18 @@ impl Inner {
     }
 
     /// The connection failed under us: every outstanding command fails.
+    /// The QP goes to the error state first (it may still be up after a
+    /// port event or a target logout), so the target can no longer fetch
+    /// the data of a command that is now retried elsewhere.
     fn lost(&self, st: &mut State) {
         if !st.closed {
+            let _ = self.provider.modify_qp(
+                self.qp,
+                &QpAttr {
+                    state: Some(QpState::Err),
+                    ..Default::default()
+                },
+            );
             st.closed = true;
             st.channel.disconnected(false);
         }
@@ -1419,16 +1429,7 @@ impl Inner {
                 }
                 Event::Aer { .. } => st.stats.aers += 1,
                 Event::Protocol(_) => st.stats.protocol_errors += 1,
-                Event::TargetLogout(_) => {
-                    let _ = self.provider.modify_qp(
-                        self.qp,
-                        &QpAttr {
-                            state: Some(QpState::Err),
-                            ..Default::default()
-                        },
-                    );
-                    self.lost(st);
-                }
+                Event::TargetLogout(_) => self.lost(st),
             }
             if st.events.len() < 1024 {
                 st.events.push_back(e);
