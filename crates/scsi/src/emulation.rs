@@ -436,8 +436,8 @@ impl Device {
                         .map_err(|_| Sense::new(SenseKey::MediumError, Asc::WRITE_ERROR))?;
                     return Ok(Vec::new());
                 };
-                let (data, pi) = if protect == 0 {
-                    (data.to_vec(), self.generate(ty, expect, lba, data))
+                let (data, pi): (std::borrow::Cow<'_, [u8]>, Vec<u8>) = if protect == 0 {
+                    (data.into(), self.generate(ty, expect, lba, data))
                 } else {
                     // Split the interleaved data-out, checking each tuple
                     // before anything is written (SBC-3 table 101).
@@ -450,7 +450,7 @@ impl Device {
                     }
                     let checks = Checks::of(protect).unwrap_or(Checks::ALL);
                     self.check_tuples(ty, checks, expect, lba, &d, &p)?;
-                    (d, p)
+                    (d.into(), p)
                 };
                 let _shared = self.io_lock.read().unwrap_or_else(|e| e.into_inner());
                 let _pi = self.pi_write_guard();
