@@ -1471,9 +1471,10 @@ impl Inner {
     }
 
     /// Sends the liveness probe if it is due: a zero-length RDMA WRITE,
-    /// which needs no memory of the target's (no R_Key is checked for a
-    /// zero-length transfer) but is acknowledged or retried like any
-    /// request. A failed probe is a failed connection.
+    /// which needs no memory of the target's (a zero-length RDMA operation
+    /// carries no valid address or R_Key, IBA C9-88; Linux rxe and our
+    /// soft RoCE accept it, and ib_srpt's QPs allow remote writes) but is
+    /// acknowledged or retried like any request. A failed probe is a failed connection.
     fn probe_if_due(&self, st: &mut State, now: rdma_types::Instant) {
         if self.probe_due(st).is_none_or(|at| at > now) {
             return;

@@ -22,7 +22,8 @@
 //! Path A's failure is found by the RC transport: its retries run out
 //! (local ACK timeout 14, about 67 ms, 7 retries: about 0.55 s) and the
 //! session fails. The sessions keep the default SRP command timeout
-//! (30 s), as `srp io` does (`SRP_NSFO_CMD_TIMEOUT_MS` sets another).
+//! (30 s), as `srp io` does (`SRP_NSFO_CMD_TIMEOUT_MS` sets another,
+//! `SRP_NSFO_PROBE_MS` the probe interval, 0 for none).
 //! When the target had acknowledged every command of ours at the cut, the
 //! session's liveness probe (a zero-length RDMA WRITE after 250 ms of
 //! silence while commands wait) gives the transport something to retry.
@@ -364,6 +365,13 @@ fn path(
         .and_then(|v| v.parse::<u64>().ok())
     {
         cfg.channel.cmd_timeout = rdma_types::Duration::from_millis(ms);
+    }
+    // The liveness probe's interval (0: no probes), to compare.
+    if let Some(ms) = std::env::var("SRP_NSFO_PROBE_MS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        cfg.probe_interval = (ms > 0).then(|| rdma_types::Duration::from_millis(ms));
     }
     let sessions: Arc<dyn verbs::Provider> =
         rdma_access::resource::AccessLayer::new(provider.clone())
