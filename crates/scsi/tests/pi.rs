@@ -2,6 +2,9 @@
 //! reports, READ/WRITE with RDPROTECT/WRPROTECT and their checks, PI the
 //! target generates and strips, and the ram and fileio PI stores.
 
+mod common;
+
+use common::TempDir;
 use scsi::pi::{crc16_t10dif, Tuple};
 use scsi::*;
 use std::sync::Arc;
@@ -85,6 +88,12 @@ fn good(lba: u64, salt: u8, app: u16) -> (Vec<u8>, Tuple) {
         reference: lba as u32,
     };
     (b, t)
+}
+
+/// WRITE(10) of one block at `lba` with its tuple and WRPROTECT `protect`.
+fn put(t: &Target, n: &Nexus, protect: u8, lba: u32, b: &[u8], tu: Tuple) -> ScsiResponse {
+    let out = interleave(&[(b.to_vec(), tu)]);
+    t.execute(n, l0(), &cdb10(0x2a, protect, lba, 1), &out, 520)
 }
 
 fn sense(r: &ScsiResponse) -> (SenseKey, Asc, Option<u64>) {
@@ -239,25 +248,13 @@ fn wrprotect_data_out_is_checked_and_stored() {
     // A reference tag that is not the LBA (type 1): 10/03.
     let (b, mut tu) = good(4, 1, 0);
     tu.reference = 99;
-    let r = t.execute(
-        &n,
-        l0(),
-        &cdb10(0x2a, 1, 4, 1),
-        &interleave(&[(b.clone(), tu)]),
-        520,
-    );
+    let r = put(&t, &n, 1, 4, &b, tu);
     assert_eq!(
         sense(&r),
         (SenseKey::AbortedCommand, Asc::REF_TAG_CHECK_FAILED, Some(4))
     );
     // WRPROTECT 100b checks only the guard: the odd reference tag passes...
-    let r = t.execute(
-        &n,
-        l0(),
-        &cdb10(0x2a, 4, 4, 1),
-        &interleave(&[(b.clone(), tu)]),
-        520,
-    );
+    let r = put(&t, &n, 4, 4, &b, tu);
     assert_eq!(r.status, Status::Good);
     // ...and a later READ with RDPROTECT 0 (guard and reference checked)
     // reports it; RDPROTECT 100b (guard only) does not.
@@ -271,13 +268,7 @@ fn wrprotect_data_out_is_checked_and_stored() {
     // WRPROTECT 011b checks nothing; 010b checks the reference tag only.
     let (b, mut tu) = good(6, 1, 0);
     tu.guard ^= 0xffff;
-    let r = t.execute(
-        &n,
-        l0(),
-        &cdb10(0x2a, 2, 6, 1),
-        &interleave(&[(b.clone(), tu)]),
-        520,
-    );
+    let r = put(&t, &n, 2, 6, &b, tu);
     assert_eq!(r.status, Status::Good);
     let r = t.execute(&n, l0(), &cdb10(0x28, 1, 6, 1), &[], 520);
     assert_eq!(
@@ -291,13 +282,7 @@ fn wrprotect_data_out_is_checked_and_stored() {
     let (b, mut tu) = good(7, 1, 0xffff);
     tu.guard ^= 1;
     tu.reference = 0;
-    let r = t.execute(
-        &n,
-        l0(),
-        &cdb10(0x2a, 1, 7, 1),
-        &interleave(&[(b, tu)]),
-        520,
-    );
+    let r = put(&t, &n, 1, 7, &b, tu);
     assert_eq!(r.status, Status::Good);
     assert_eq!(
         t.execute(&n, l0(), &cdb10(0x28, 1, 7, 1), &[], 520).status,
@@ -313,25 +298,13 @@ fn type3_leaves_the_reference_tag_to_the_client() {
     let (t, n, _) = ram_pi(PiType::Type3);
     let (b, mut tu) = good(1, 3, 0x55);
     tu.reference = 0xdead_beef;
-    let r = t.execute(
-        &n,
-        l0(),
-        &cdb10(0x2a, 1, 1, 1),
-        &interleave(&[(b.clone(), tu)]),
-        520,
-    );
+    let r = put(&t, &n, 1, 1, &b, tu);
     assert_eq!(r.status, Status::Good);
     let r = t.execute(&n, l0(), &cdb10(0x28, 1, 1, 1), &[], 520);
     assert_eq!(Tuple::parse(&r.data_in[512..]), tu);
     // The guard is still checked.
     tu.guard ^= 2;
-    let r = t.execute(
-        &n,
-        l0(),
-        &cdb10(0x2a, 5, 1, 1),
-        &interleave(&[(b, tu)]),
-        520,
-    );
+    let r = put(&t, &n, 5, 1, &b, tu);
     assert_eq!(sense(&r).1, Asc::GUARD_CHECK_FAILED);
 }
 
@@ -408,23 +381,14 @@ fn write_same_unmap_and_compare_and_write_keep_pi() {
 
 #[test]
 fn fileio_keeps_pi_in_a_side_file() {
-    let dir = std::env::temp_dir().join(format!("scsi-pi-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let open = |name: &str| {
-        std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(dir.join(name))
-            .unwrap()
-    };
+    let dir = TempDir::new("pi");
+    let open = |name: &str| dir.open(name);
     let data_file = open("lun.img");
     data_file.set_len(BLOCKS * BS as u64).unwrap();
     let store = FileIo::with_pi(data_file, open("lun.pi"), BS as u32, false).unwrap();
     // Formatted: 8 bytes of all-ones per block.
     assert_eq!(
-        std::fs::read(dir.join("lun.pi")).unwrap(),
+        std::fs::read(dir.path("lun.pi")).unwrap(),
         vec![0xff; BLOCKS as usize * 8]
     );
     let (t, n) = target_with(pi_device(PiType::Type1, Arc::new(store)));
@@ -435,7 +399,7 @@ fn fileio_keeps_pi_in_a_side_file() {
     );
     drop(t);
     // The side file holds block 5's tuple at offset 40, in wire order.
-    let side = std::fs::read(dir.join("lun.pi")).unwrap();
+    let side = std::fs::read(dir.path("lun.pi")).unwrap();
     assert_eq!(&side[40..48], &out[512..]);
     // Reopened, the PI is still there and still checked.
     let store = FileIo::with_pi(open("lun.img"), open("lun.pi"), BS as u32, false).unwrap();
@@ -444,14 +408,13 @@ fn fileio_keeps_pi_in_a_side_file() {
     assert_eq!(r.data_in, out);
     // A side file of the wrong length is refused; so is PI on a store
     // without PI space.
-    std::fs::write(dir.join("short.pi"), [0xff; 8]).unwrap();
+    std::fs::write(dir.path("short.pi"), [0xff; 8]).unwrap();
     assert!(FileIo::with_pi(open("lun.img"), open("short.pi"), BS as u32, false).is_err());
     let cfg = DeviceConfig {
         protection: Some(PiType::Type1),
         ..Default::default()
     };
     assert!(Device::new(cfg, Arc::new(Ram::new(BLOCKS * BS as u64))).is_err());
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// READ(32)/WRITE(32) (variable-length CDB 7Fh, SBC-3 5.18/5.38): service

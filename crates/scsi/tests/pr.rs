@@ -1,6 +1,8 @@
 //! Persistent reservations: registration, reservation types, conflicts per
 //! I_T nexus, release/clear/preempt and the unit attentions they leave.
 
+mod common;
+
 use scsi::*;
 use std::sync::Arc;
 
@@ -180,26 +182,45 @@ fn unit_attention_comes_before_reservation_conflict() {
     assert_eq!(read(&t, &b), RC);
 }
 
+/// A ram LU whose APTPL state lives in a file of its own directory;
+/// `boot` is a restart: a new target over the same store and file.
+struct Persisted {
+    dir: common::TempDir,
+    store: Arc<dyn Backend>,
+    cfg: DeviceConfig,
+}
+
+impl Persisted {
+    fn new(tag: &str) -> Persisted {
+        let dir = common::TempDir::new(tag);
+        let cfg = DeviceConfig {
+            pr_file: Some(dir.path("lun0.pr")),
+            ..Default::default()
+        };
+        Persisted {
+            dir,
+            store: Arc::new(Ram::new(64 * 512)),
+            cfg,
+        }
+    }
+
+    fn boot_with(&self, cfg: &DeviceConfig) -> Target {
+        let t = Target::new();
+        let dev = Device::new(cfg.clone(), self.store.clone()).unwrap();
+        t.add_lun(None, l0(), Arc::new(dev));
+        t
+    }
+
+    fn boot(&self) -> Target {
+        self.boot_with(&self.cfg)
+    }
+}
+
 #[test]
 fn aptpl_state_survives_restart() {
-    let dir = std::env::temp_dir().join(format!("scsi-pr-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join("lun0.pr");
-    let _ = std::fs::remove_file(&file);
-    let store: Arc<dyn Backend> = Arc::new(Ram::new(64 * 512));
-    let cfg = DeviceConfig {
-        pr_file: Some(file.clone()),
-        ..Default::default()
-    };
-    let boot = |cfg: &DeviceConfig| {
-        let t = Target::new();
-        t.add_lun(
-            None,
-            l0(),
-            Arc::new(Device::new(cfg.clone(), store.clone()).unwrap()),
-        );
-        t
-    };
+    let lu = Persisted::new("pr");
+    let (file, cfg, store) = (lu.dir.path("lun0.pr"), lu.cfg.clone(), lu.store.clone());
+    let boot = |cfg: &DeviceConfig| lu.boot_with(cfg);
     let a = Nexus::new("iqn.a with space", "p");
     let b = Nexus::new("b", "p");
     let t = boot(&cfg);
@@ -233,7 +254,6 @@ fn aptpl_state_survives_restart() {
     assert!(!file.exists());
     std::fs::write(&file, "key zz\n").unwrap();
     assert!(Device::new(cfg.clone(), store.clone()).is_err());
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// REGISTER AND MOVE parameter list (SPC-4 6.16.4): keys, UNREG/APTPL in
@@ -426,21 +446,9 @@ fn report_capabilities_is_honest() {
 
 #[test]
 fn aptpl_keeps_a_moved_registration() {
-    let dir = std::env::temp_dir().join(format!("scsi-pr-move-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join("lun0.pr");
-    let _ = std::fs::remove_file(&file);
-    let store: Arc<dyn Backend> = Arc::new(Ram::new(64 * 512));
-    let cfg = DeviceConfig {
-        pr_file: Some(file.clone()),
-        ..Default::default()
-    };
-    let boot = || {
-        let t = Target::new();
-        let dev = Device::new(cfg.clone(), store.clone()).unwrap();
-        t.add_lun(None, l0(), Arc::new(dev));
-        t
-    };
+    let lu = Persisted::new("pr-move");
+    let file = lu.dir.path("lun0.pr");
+    let boot = || lu.boot();
     let a = Nexus::new(&srp_name(1), "p");
     let b = Nexus::new(&srp_name(2), "q");
     let t = boot();
@@ -465,5 +473,4 @@ fn aptpl_keeps_a_moved_registration() {
     assert_eq!((write(&t, &a), write(&t, &b)), (RC, OK));
     let r = t.execute(&a, l0(), &[0x5e, 1, 0, 0, 0, 0, 0, 1, 0, 0], &[], 256);
     assert_eq!(&r.data_in[8..16], &0xbu64.to_be_bytes());
-    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -3,6 +3,8 @@
 //! COMPARE AND WRITE and READ agree with a plain in-memory model on the ram,
 //! fileio and blockio (O_DIRECT) backends (deterministic xorshift; proptest is not vendored).
 
+mod common;
+
 use scsi::*;
 use std::sync::Arc;
 
@@ -436,22 +438,11 @@ fn model_agrees_with_pi_ram_fileio() {
             seed * 0x51_7cc1,
             true,
         );
-        let dir = std::env::temp_dir().join(format!("scsi-model-pi-{}-{seed}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let open = |name: &str| {
-            std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .open(dir.join(name))
-                .unwrap()
-        };
-        let f = open("lun.img");
+        let dir = common::TempDir::new(&format!("model-pi-{seed}"));
+        let f = dir.open("lun.img");
         f.set_len(BLOCKS * BS as u64).unwrap();
-        let store = FileIo::with_pi(f, open("lun.pi"), BS as u32, false).unwrap();
+        let store = FileIo::with_pi(f, dir.open("lun.pi"), BS as u32, false).unwrap();
         run_model(thin_pi(Arc::new(store)), seed * 0x51_7cc1, true);
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
 
