@@ -295,6 +295,8 @@ struct Node<P> {
     /// This master logged the standby SM behind this port (found, not
     /// lost since).
     standby_logged: bool,
+    /// The port's refusal of our M_Key is logged (until it takes a Set).
+    refused_logged: bool,
 }
 
 struct Pending<P> {
@@ -424,6 +426,7 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
                     mkey: cfg.mkey,
                     polling: false,
                     standby_logged: false,
+                    refused_logged: false,
                 })
                 .collect(),
             cfg,
@@ -828,15 +831,18 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
         }
     }
 
-    /// Node `i` will not take this SM's Sets for its M_Key: logged, and
-    /// left alone until the next sweep.
+    /// Node `i` will not take this SM's Sets for its M_Key: logged (once
+    /// until it takes one), and left alone until the next sweep.
     fn mkey_refused(&mut self, now: Instant, i: usize) {
         let n = &mut self.nodes[i];
         n.busy = false;
         n.stage = Stage::Idle;
-        let guid = n.info.map_or(Guid(0), |x| x.port_guid);
-        self.stats.mkey_refused += 1;
-        self.events.push_back(SmEvent::MkeyRefused { guid });
+        if !n.refused_logged {
+            n.refused_logged = true;
+            let guid = n.info.map_or(Guid(0), |x| x.port_guid);
+            self.stats.mkey_refused += 1;
+            self.events.push_back(SmEvent::MkeyRefused { guid });
+        }
         self.sweep_progress(now);
     }
 
@@ -1139,6 +1145,7 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
                 self.nodes[i].port.copy_from_slice(data);
                 // The port holds our key now.
                 self.nodes[i].mkey = self.cfg.mkey;
+                self.nodes[i].refused_logged = false;
                 self.configure(now, i, false);
             }
             Want::SetPkeys => {

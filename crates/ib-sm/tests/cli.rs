@@ -61,3 +61,29 @@ fn check_validates_partitions_files() {
     assert!(!ok && out.contains("/nonexistent"), "{out}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn run_refuses_bad_mkey_options_before_touching_the_network() {
+    // 127.0.152.30: never bound, since the options fail first.
+    let base = ["run", "--addr", "127.0.152.30", "--node", "127.0.152.29"];
+    for (extra, want) in [
+        (&["--mkey", "0xzz"][..], "not a 64-bit hex number"),
+        (
+            &["--mkey", "1_0000_0000_0000_0000"][..],
+            "not a 64-bit hex number",
+        ),
+        (
+            &["--mkey", "0x10000000000000000"][..],
+            "not a 64-bit hex number",
+        ),
+        (&["--mkey-protect", "4"][..], "--mkey-protect"),
+        (&["--mkey-lease-secs", "70000"][..], "--mkey-lease-secs"),
+    ] {
+        let mut args = base.to_vec();
+        args.extend_from_slice(extra);
+        let (ok, out) = ibsm(&args);
+        assert!(!ok, "{extra:?} accepted: {out}");
+        assert!(out.contains(want), "{extra:?}: {out}");
+        assert!(!out.contains("panicked"), "{out}");
+    }
+}
