@@ -168,9 +168,7 @@ impl PrState {
                     e.extend_from_slice(&[0; 4]);
                     let rtpi = env.ports.get(&n.target_port).copied().unwrap_or(0);
                     e.extend_from_slice(&rtpi.to_be_bytes());
-                    let tid = TransportId::from_initiator_name(&n.initiator)
-                        .map(|t| t.emit())
-                        .unwrap_or_default();
+                    let tid = n.transport_id().map(|t| t.emit()).unwrap_or_default();
                     e.extend_from_slice(&(tid.len() as u32).to_be_bytes());
                     e.extend_from_slice(&tid);
                     body.extend_from_slice(&e);
@@ -363,7 +361,7 @@ impl PrState {
             return Err(Sense::invalid_param(18, None).into());
         };
         let dest = match TransportId::parse(tid) {
-            Ok((t, used)) if used == tid.len() => Nexus::new(&t.initiator_name(), &port),
+            Ok((t, used)) if used == tid.len() => Nexus::from_transport_id(&t, &port),
             _ => return Err(Sense::invalid_param(24, None).into()),
         };
         // The TransportID may not name the issuer's own initiator port,

@@ -7,6 +7,7 @@ use crate::lun::Lun;
 use crate::pr::PrError;
 use crate::sense::{Asc, Sense, SenseKey};
 use crate::task::{ServiceResponse, Tmf, TmfResponse};
+use crate::transport_id::TransportId;
 use crate::ua::UaQueue;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
@@ -25,6 +26,20 @@ impl Nexus {
             initiator: initiator.into(),
             target_port: target_port.into(),
         }
+    }
+
+    /// The nexus of the initiator port a TransportID names, on
+    /// `target_port` (the initiator named as [`TransportId::initiator_name`]
+    /// says: an SRP port is `0x` and its 32 hex digits, as srp-target names
+    /// sessions).
+    pub fn from_transport_id(id: &TransportId, target_port: &str) -> Nexus {
+        Nexus::new(&id.initiator_name(), target_port)
+    }
+
+    /// The TransportID of this nexus's initiator port (`None` only for a
+    /// name no TransportID can hold).
+    pub fn transport_id(&self) -> Option<TransportId> {
+        TransportId::from_initiator_name(&self.initiator)
     }
 }
 
@@ -1024,7 +1039,7 @@ impl Target {
                         let move_dest_sees_lu = match cmd {
                             Command::PrOut { sa: 7, .. } => data_out
                                 .get(24..)
-                                .and_then(|b| crate::TransportId::parse(b).ok())
+                                .and_then(|b| TransportId::parse(b).ok())
                                 .is_none_or(|(id, _)| {
                                     st.set_for(&id.initiator_name())
                                         .values()

@@ -295,7 +295,8 @@ fn register_and_move_to_an_srp_initiator() {
     let t = Target::new();
     let dev = Device::new(DeviceConfig::default(), Arc::new(Ram::new(64 * 512))).unwrap();
     t.add_lun(None, l0(), Arc::new(dev));
-    let a = Nexus::new(&srp_name(1), "port-a");
+    let a = Nexus::from_transport_id(&TransportId::parse(&srp_tid(1)).unwrap().0, "port-a");
+    assert_eq!(a.initiator, srp_name(1));
     let b = Nexus::new(&srp_name(2), "port-b");
     for n in [&a, &b] {
         t.execute(n, l0(), &[0; 6], &[], 0);
@@ -416,9 +417,7 @@ fn register_and_move_refuses_all_registrants_reservations() {
     assert_eq!(pr_out(&t, &a, 0, 0, 0, 0xa), OK);
     for ty in [7, 8] {
         assert_eq!(pr_out(&t, &a, 1, ty, 0xa, 0), OK);
-        let tid = TransportId::from_initiator_name(&b.initiator)
-            .unwrap()
-            .emit();
+        let tid = b.transport_id().unwrap().emit();
         let p = move_params(0xa, 0xb, 0, rtpi, &tid);
         // SPC-4 5.12.8: RESERVATION CONFLICT for WEAR and EAAR.
         assert_eq!(register_and_move(&t, &a, &p).status, RC);
