@@ -2,7 +2,8 @@
 //! gives an `ib` node's port its M_Key, and a second `ibsm` with the
 //! wrong key is refused by the node's SMA (counted, trap 256 to the
 //! first SM, which logs it) and gets no port; and a master `ibsm` logs
-//! its standby, polls it, and logs it gone after SIGKILL.
+//! its standby, polls it, and logs it gone after SIGKILL, while only the
+//! master's SA answers `saquery`.
 
 mod common;
 
@@ -108,6 +109,24 @@ fn the_master_ibsm_logs_its_standby_found_and_gone() {
     wait_for(T, "standby found", &[&sm_a, &sm_b], || {
         line(&sm_a.output(), "(priority 1)") && sm_b.output().contains("SM state STANDBY")
     });
+    // The SA answers on the master only.
+    let sa = |at: &str| {
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_saquery"))
+            .args(["--sa", at, "--ip", &ip(9), "--timeout-ms", "100", "ports"])
+            .output()
+            .unwrap();
+        let out = format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        (o.status.success(), out)
+    };
+    let (ok, out) = sa(&b);
+    assert!(!ok, "the standby's SA answered: {out}");
+    assert!(out.contains("no answer"), "{out}");
+    let (ok, out) = sa(&a);
+    assert!(ok && out.contains("1 port records"), "{out}");
     sm_b.kill();
     let t0 = Instant::now();
     wait_for(T, "standby lost", &[&sm_a], || {
