@@ -67,6 +67,9 @@ pub(crate) struct Requester {
     /// the same gap are ignored until progress (the timeout still covers).
     gap_retried: Option<Psn>,
     pmtu: u64,
+    /// Local operations (binds, local invalidates) in `sq`: while there
+    /// are none, the send path does not look for them.
+    locals: usize,
 }
 
 impl Requester {
@@ -85,6 +88,7 @@ impl Requester {
             rnr_until: None,
             gap_retried: None,
             pmtu: cfg.pmtu.bytes() as u64,
+            locals: 0,
         }
     }
 
@@ -161,6 +165,7 @@ impl Requester {
         };
         let first_psn = self.next_psn;
         self.next_psn = first_psn.add(npkts);
+        self.locals += usize::from(local);
         self.sq.push_back(Entry {
             wqe,
             len,
@@ -182,6 +187,7 @@ impl Requester {
         self.cursor_pkt = 0;
         self.rto_deadline = None;
         self.rnr_until = None;
+        self.locals = 0;
     }
 
     fn outstanding_rd_atomic(&self) -> usize {
@@ -223,11 +229,12 @@ impl Qp {
     /// already ran (they complete in order, IBA 10.8.3).
     fn complete_front(&mut self) {
         self.pop_front_completed();
-        while self
-            .req
-            .sq
-            .front()
-            .is_some_and(|e| e.wqe.op.is_local() && e.sent && e.error.is_none())
+        while self.req.locals > 0
+            && self
+                .req
+                .sq
+                .front()
+                .is_some_and(|e| e.wqe.op.is_local() && e.sent && e.error.is_none())
         {
             self.pop_front_completed();
         }
@@ -237,6 +244,9 @@ impl Qp {
         let Some(e) = self.req.sq.pop_front() else {
             return;
         };
+        if e.wqe.op.is_local() {
+            self.req.locals -= 1;
+        }
         if self.req.cursor == 0 {
             // The cursor was retransmitting the entry just acknowledged:
             // move on to the start of the next one.
@@ -355,6 +365,9 @@ impl Qp {
     /// Returns whether the cursor may go on to an entry that sends.
     /// Bounded: each turn moves the cursor or returns.
     fn run_local_ops(&mut self, mem: &mut (impl Memory + ?Sized)) -> bool {
+        if self.req.locals == 0 {
+            return true;
+        }
         while let Some(e) = self.req.sq.get(self.req.cursor) {
             let idx = self.req.cursor;
             if !e.wqe.op.is_local() {
