@@ -798,9 +798,12 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
             self.peer_gone(i);
             return;
         }
-        if matches!(want, Want::SetPortInfo | Want::SetPkeys) {
-            // It answered the sweep's Gets but drops our Sets: a wrong
-            // M_Key at protect level 0 (IBA 14.2.4.1). Alive, not ours.
+        let keyed = PortInfo::new_checked(&self.nodes[i].port[..])
+            .is_ok_and(|p| p.mkey() != 0 || p.mkey_protect() != 0);
+        if keyed && matches!(want, Want::SetPortInfo | Want::SetPkeys) {
+            // A keyed port answered the sweep's Gets but drops our Sets: a
+            // wrong M_Key (IBA 14.2.4.1). Alive, not ours. (An unkeyed one
+            // cannot refuse: it is gone.)
             self.mkey_refused(now, i);
             return;
         }
