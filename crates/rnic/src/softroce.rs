@@ -50,7 +50,8 @@
 //! received SEND with invalidate (IETH) invalidates a bound type 2 window
 //! of the QP's PD; any other key (an MR's, a type 1 window's, another
 //! PD's) completes the receive with a remote invalid request error and
-//! NAKs the sender, as Linux rxe treats it.
+//! moves the QP to error, as Linux rxe does (its "class J"); where rxe
+//! still ACKs the SEND, we NAK it (Invalid Request) so the sender knows.
 //!
 //! Inline data (`SendFlags::INLINE`, up to [`MAX_INLINE_DATA`] and the
 //! QP's `max_inline`, SEND and RDMA WRITE): the bytes are copied at post
@@ -58,8 +59,9 @@
 //! provider can only read memory it knows, so each piece must lie in some
 //! region registered on the CA (any PD, any key).
 //!
-//! What it refuses (`NotSupported`): alternate paths, SQD, SRQ limit
-//! events, and QP0 on a `roce` port.
+//! What it refuses (`NotSupported`): alternate paths, moving a QP to
+//! SQE, and QP0 on a `roce` port. (SQD and SRQ limit events, once on this
+//! list, are served.)
 
 use rdma_types::{AccessFlags, Gid, Guid, Lid, Lkey, Mtu, Pkey, PortNum, Psn, Qkey, QpState};
 use rdma_types::{QpType, Qpn, Rkey, WcOpcode, WcStatus};
