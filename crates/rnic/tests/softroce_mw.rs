@@ -511,9 +511,10 @@ fn bad_binds_and_local_invalidates_complete_with_bind_errors() {
 }
 
 /// The wire: a SEND with invalidate goes out as RC SEND Only with
-/// Invalidate (0x17) carrying the window's R_Key in its IETH, and one of
-/// an MR's key draws an Invalid Request NAK; our parser (with the ICRC)
-/// and tshark read the capture alike, nothing malformed.
+/// Invalidate (0x17) carrying the window's R_Key in its IETH; a WRITE
+/// with the invalidated key draws a Remote Access Error NAK, a SEND with
+/// invalidate of an MR's key an Invalid Request NAK; our parser (with the
+/// ICRC) and tshark read the capture alike, nothing malformed.
 #[test]
 fn send_with_invalidate_on_the_wire() {
     let f = Soft::new();
@@ -531,6 +532,15 @@ fn send_with_invalidate_on_the_wire() {
     let r = b.wc();
     assert!(r.wc_flags.contains(WcFlags::WITH_INV));
     assert_eq!(r.invalidated_rkey, k);
+    // The invalidated key: a Remote Access Error NAK.
+    a.p.post_send(
+        qa,
+        &[rdma(3, SendOpcode::RdmaWrite, a.sge(0, 8), b.buf.addr(), k)],
+    )
+    .unwrap();
+    assert_eq!(a.wc().status, WcStatus::RemAccessErr);
+    // An MR's key in the IETH, on a fresh pair: an Invalid Request NAK.
+    let (a, qa, b, qb) = rc_pair(&f);
     recv(&b, qb, 3, 1024, 64);
     a.p.post_send(qa, &[send_inv(4, a.sge(0, 8), b.mr.rkey)])
         .unwrap();
@@ -554,10 +564,18 @@ fn send_with_invalidate_on_the_wire() {
         .filter_map(|r| r.1)
         .collect();
     assert_eq!(invs, vec![k, mr_key], "two SEND Only with Invalidate");
-    assert!(
-        rows.iter()
-            .any(|r| r.2 == Some(Syndrome::Nak(NakCode::InvalidRequest))),
-        "an Invalid Request NAK: {rows:?}"
+    let naks: Vec<Syndrome> = rows
+        .iter()
+        .filter_map(|r| r.2)
+        .filter(|s| matches!(s, Syndrome::Nak(_)))
+        .collect();
+    assert_eq!(
+        naks,
+        vec![
+            Syndrome::Nak(NakCode::RemoteAccessError),
+            Syndrome::Nak(NakCode::InvalidRequest)
+        ],
+        "{rows:?}"
     );
     if let Some(t) = rdma_testkit::tshark_fields_without(
         "send_with_invalidate_on_the_wire",
@@ -588,10 +606,12 @@ fn send_with_invalidate_on_the_wire() {
                 "tshark's IETH R_Key"
             );
         }
-        assert!(
-            t.iter().any(|r| r[2] == "97"),
-            "tshark sees the NAK (0x61): {t:?}"
-        );
+        let naks: Vec<&str> = t
+            .iter()
+            .map(|r| r[2].as_str())
+            .filter(|s| *s == "97" || *s == "98")
+            .collect();
+        assert_eq!(naks, ["98", "97"], "tshark's NAK syndromes (0x62, 0x61)");
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
