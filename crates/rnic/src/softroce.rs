@@ -2146,6 +2146,8 @@ impl Provider for SoftRoce {
                     )
                 {
                     Err(bad("UC has no RDMA READ or atomics (IBA 9.4)"))
+                } else if uc && wr.opcode == SendOpcode::SendWithInv {
+                    Err(bad("UC has no SEND with invalidate (IBA 9.2)"))
                 } else {
                     Ok(w)
                 }

@@ -26,7 +26,7 @@ struct Soft {
     provider: Arc<SoftRoce>,
 }
 
-/// The next free pair of 127.0.150.x addresses (10 pairs).
+/// The next free pair of 127.0.150.x addresses (10 pairs, 7 used).
 static NEXT: AtomicU8 = AtomicU8::new(0);
 
 impl Soft {
@@ -614,4 +614,27 @@ fn send_with_invalidate_on_the_wire() {
         assert_eq!(naks, ["98", "97"], "tshark's NAK syndromes (0x62, 0x61)");
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// SEND with invalidate exists for RC only: on UC the post is refused
+/// (the engine would have had no opcode for it).
+#[test]
+fn uc_refuses_send_with_invalidate() {
+    let f = Soft::new();
+    let a = Node::open(&f, Guid(0x1111), 16);
+    let b = Node::open(&f, Guid(0x2222), 16);
+    let (qa, qb) = (a.qp(QpType::Uc, None, 1), b.qp(QpType::Uc, None, 2));
+    connect(&a, qa, &b, qb, QpType::Uc, 0);
+    match a.p.post_send(qa, &[send_inv(1, a.sge(0, 8), b.mr.rkey)]) {
+        Err(VerbsError::BadWr { index: 0, cause }) => {
+            assert!(matches!(*cause, VerbsError::InvalidArgument(_)), "{cause}")
+        }
+        other => panic!("{other:?}"),
+    }
+    // The QP still sends.
+    recv(&b, qb, 2, 0, 64);
+    a.p.post_send(qa, &[SendWr::new(3, SendOpcode::Send, vec![a.sge(0, 8)])])
+        .unwrap();
+    assert_eq!(a.wc().status, WcStatus::Success);
+    assert_eq!(b.wc().status, WcStatus::Success);
 }

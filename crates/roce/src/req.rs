@@ -153,7 +153,11 @@ impl Requester {
         {
             error = Some(WcStatus::LocLenErr);
         }
-        if cfg.qp_type == QpType::Uc && wqe.op.is_read_or_atomic() {
+        if cfg.qp_type == QpType::Uc
+            && (wqe.op.is_read_or_atomic() || matches!(wqe.op, SendOp::SendInv(_)))
+        {
+            // UC has no READ, atomics or SEND with invalidate (IBA 9.2,
+            // the opcode table has none for it).
             error = Some(WcStatus::LocQpOpErr);
         }
         let npkts = if local {

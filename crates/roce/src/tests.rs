@@ -1700,3 +1700,17 @@ fn send_with_invalidate_of_a_bad_key_is_an_invalid_request() {
     assert_eq!(n.a.wcs[0].status, WcStatus::RemInvReqErr);
     assert!(n.b.qp.is_error());
 }
+
+/// UC has no SEND with invalidate opcode: the WR completes with a local
+/// QP operation error and nothing goes out (it used to reach the opcode
+/// table's `expect`).
+#[test]
+fn uc_send_with_invalidate_is_refused_locally() {
+    let mut n = Net::new(QpType::Uc, |_| {});
+    n.record = true;
+    n.a.qp
+        .post_send(SendWqe::new(1, SendOp::SendInv(Rkey(3)), sge(A_BUF, 0, 8)));
+    n.settle();
+    assert_eq!(n.a.wcs[0].status, WcStatus::LocQpOpErr);
+    assert!(n.a.sent.is_empty());
+}
