@@ -70,11 +70,9 @@ pub struct TargetSection {
     pub rel_tgt_id: Spanned<u16>,
     /// The partitions the target serves (ib_srpt serves every P_Key of
     /// its port's table): `"all"` (the default), one P_Key or a list. A
-    /// login gets a QP with the index of the port's P_Key table holding
-    /// its partition. Our IB CM does not carry the REQ's partition key to
-    /// the target yet, so a login uses the first listed partition the
-    /// table holds (index 0 with `"all"`): list the one partition whose
-    /// initiators should reach the target.
+    /// login gets a QP with the index of the port's P_Key table entry
+    /// matching its CM REQ's partition key; a login in a partition not
+    /// listed is refused.
     pub pkey: Spanned<PkeySetting>,
     pub srp_max_req_size: Spanned<u32>,
     pub srp_max_rsp_size: Spanned<u32>,

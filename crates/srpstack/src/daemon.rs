@@ -652,6 +652,7 @@ impl Daemon {
                     "in_flight": s.in_flight,
                     "commands": s.cmds,
                     "closing": s.closing,
+                    "pkey": s.pkey.0,
                 })
             })
             .collect();
