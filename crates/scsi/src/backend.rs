@@ -2,7 +2,9 @@
 //!
 //! `Ram` keeps blocks in memory, `NullIo` reads zeroes and discards writes,
 //! `FileIo` uses pread/pwrite on a file (fdatasync for SYNCHRONIZE CACHE and
-//! FUA, or after every write when write-through).
+//! FUA, or after every write when write-through; buffered or O_DIRECT;
+//! UNMAP punches holes), `BlockIo` uses O_DIRECT on a block device (its
+//! logical block size from BLKSSZGET; UNMAP deallocates with zeroes).
 
 use std::fs::File;
 use std::io;
@@ -22,6 +24,18 @@ pub trait Backend: Send + Sync {
     /// of handing them to a worker.
     fn never_blocks(&self) -> bool {
         false
+    }
+    /// The smallest unit the store can read or write (a block device's
+    /// logical block size under O_DIRECT); [`crate::Device::new`] refuses a
+    /// logical block size that is not a multiple of it.
+    fn min_block_size(&self) -> u32 {
+        1
+    }
+    /// Deallocates `len` bytes at `offset` so that they read back as
+    /// zeroes (UNMAP, WRITE SAME with UNMAP). `Unsupported`: the core
+    /// writes zeroes instead.
+    fn unmap(&self, _offset: u64, _len: u64) -> io::Result<()> {
+        Err(io::ErrorKind::Unsupported.into())
     }
     /// Changes the capacity (SCST resize); not every store can.
     fn resize(&self, _new_size: u64) -> io::Result<()> {
@@ -173,7 +187,8 @@ impl Backend for NullIo {
     }
 }
 
-/// A regular file accessed with pread/pwrite.
+/// A regular file accessed with pread/pwrite, buffered ([`FileIo::new`])
+/// or with O_DIRECT ([`FileIo::direct`]).
 ///
 /// With protection information ([`FileIo::with_pi`]) the tuples live in a
 /// side file, not interleaved with the data, so the data file stays a
@@ -187,20 +202,127 @@ pub struct FileIo {
     file: File,
     size: u64,
     write_through: bool,
+    /// O_DIRECT: the alignment every offset and length keeps, and which
+    /// the bounce buffers are aligned to. `None`: buffered.
+    direct: Option<usize>,
     /// The PI side file and its length.
     pi: Option<(File, u64)>,
 }
 
+/// Sets or clears O_DIRECT on an open file.
+fn set_direct(file: &File, on: bool) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let fd = file.as_raw_fd();
+    // SAFETY: fcntl on a descriptor we own; no pointers involved.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if flags < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let want = if on {
+        flags | libc::O_DIRECT
+    } else {
+        flags & !libc::O_DIRECT
+    };
+    // SAFETY: as above.
+    if unsafe { libc::fcntl(fd, libc::F_SETFL, want) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Deallocates a byte range of a file or block device, keeping its size:
+/// the range reads back as zeroes afterwards (for a block device the
+/// kernel refuses with EOPNOTSUPP unless it can guarantee that).
+fn punch_hole(file: &File, offset: u64, len: u64) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let (Ok(off), Ok(n)) = (libc::off_t::try_from(offset), libc::off_t::try_from(len)) else {
+        return Err(io::ErrorKind::InvalidInput.into());
+    };
+    // SAFETY: fallocate on a descriptor we own; no pointers involved.
+    let r = unsafe {
+        libc::fallocate(
+            file.as_raw_fd(),
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            off,
+            n,
+        )
+    };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        return Err(match e.raw_os_error() {
+            Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) => io::ErrorKind::Unsupported.into(),
+            _ => e,
+        });
+    }
+    Ok(())
+}
+
+/// Reads through an aligned bounce buffer (O_DIRECT).
+fn read_direct(file: &File, align: usize, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+    check_aligned(align, offset, buf.len())?;
+    let mut b = Aligned::new(buf.len(), align)?;
+    file.read_exact_at(b.as_mut(buf.len()), offset)?;
+    buf.copy_from_slice(b.as_mut(buf.len()));
+    Ok(())
+}
+
+/// Writes through an aligned bounce buffer (O_DIRECT).
+fn write_direct(file: &File, align: usize, offset: u64, data: &[u8]) -> io::Result<()> {
+    check_aligned(align, offset, data.len())?;
+    let mut b = Aligned::new(data.len(), align)?;
+    b.as_mut(data.len()).copy_from_slice(data);
+    file.write_all_at(b.as_mut(data.len()), offset)
+}
+
+fn check_aligned(align: usize, offset: u64, len: usize) -> io::Result<()> {
+    if offset % align as u64 != 0 || len % align != 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "unaligned O_DIRECT I/O",
+        ));
+    }
+    Ok(())
+}
+
 impl FileIo {
-    /// Opens `file` as the store; its current length is the capacity.
+    /// Opens `file` as the store, buffered; its current length is the
+    /// capacity. `write_through`: every write is made durable before it
+    /// completes (as FUA).
     pub fn new(file: File, write_through: bool) -> io::Result<FileIo> {
         let size = file.metadata()?.len();
         Ok(FileIo {
             file,
             size,
             write_through,
+            direct: None,
             pi: None,
         })
+    }
+
+    /// Like [`FileIo::new`] but with O_DIRECT (set on `file` here): reads
+    /// and writes bypass the page cache through bounce buffers aligned to
+    /// `block_size`, which must be the LU's logical block size and a
+    /// multiple of the file system's direct I/O alignment (512 suits most
+    /// file systems on 512-byte-sector disks, 4096 all). The file's length
+    /// must be a multiple of `block_size`. A file system without O_DIRECT
+    /// (older tmpfs) refuses here with the kernel's error.
+    pub fn direct(file: File, write_through: bool, block_size: u32) -> io::Result<FileIo> {
+        let align = block_size as usize;
+        if !align.is_power_of_two() || align < 512 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("O_DIRECT block size {block_size} (a power of two, at least 512)"),
+            ));
+        }
+        set_direct(&file, true)?;
+        let mut f = FileIo::new(file, write_through)?;
+        f.direct = Some(align);
+        Ok(f)
+    }
+
+    /// Whether I/O goes around the page cache (O_DIRECT).
+    pub fn is_direct(&self) -> bool {
+        self.direct.is_some()
     }
 
     /// `file` as the store with `pi_file` as its PI side file for logical
@@ -240,11 +362,22 @@ impl Backend for FileIo {
     fn size(&self) -> u64 {
         self.size
     }
+    fn min_block_size(&self) -> u32 {
+        self.direct.map_or(1, |a| a as u32)
+    }
     fn read(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-        self.file.read_exact_at(buf, offset)
+        match self.direct {
+            Some(align) => read_direct(&self.file, align, offset, buf),
+            None => self.file.read_exact_at(buf, offset),
+        }
     }
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> io::Result<()> {
-        self.file.write_all_at(data, offset)?;
+        match self.direct {
+            Some(align) => write_direct(&self.file, align, offset, data)?,
+            None => self.file.write_all_at(data, offset)?,
+        }
+        // O_DIRECT data may still sit in the disk's cache: FUA needs the
+        // flush either way.
         if fua || self.write_through {
             self.file.sync_data()?;
         }
@@ -255,6 +388,13 @@ impl Backend for FileIo {
             pi.sync_data()?;
         }
         self.file.sync_data()
+    }
+    fn unmap(&self, offset: u64, len: u64) -> io::Result<()> {
+        punch_hole(&self.file, offset, len)?;
+        if self.write_through {
+            self.file.sync_data()?;
+        }
+        Ok(())
     }
     fn pi_size(&self) -> u64 {
         self.pi.as_ref().map_or(0, |(_, len)| *len)
@@ -273,12 +413,14 @@ impl Backend for FileIo {
     }
 }
 
-/// A block device or file opened with O_DIRECT: I/O bypasses the page
-/// cache through a bounce buffer aligned to the alignment unit.
+/// A block device (or a file) opened with O_DIRECT: I/O bypasses the page
+/// cache through a bounce buffer aligned to the logical block size, which
+/// for a block device is the device's own (BLKSSZGET).
 pub struct BlockIo {
     file: File,
     size: u64,
     align: usize,
+    is_device: bool,
 }
 
 /// A heap buffer aligned for O_DIRECT.
@@ -312,30 +454,71 @@ impl Drop for Aligned {
     }
 }
 
+/// A block device's logical block size (BLKSSZGET).
+fn device_block_size(file: &File) -> io::Result<u32> {
+    use std::os::fd::AsRawFd;
+    let mut bs: libc::c_int = 0;
+    // SAFETY: BLKSSZGET writes one int through the pointer, which is valid.
+    if unsafe {
+        libc::ioctl(
+            file.as_raw_fd(),
+            libc::BLKSSZGET,
+            &mut bs as *mut libc::c_int,
+        )
+    } < 0
+    {
+        return Err(io::Error::last_os_error());
+    }
+    u32::try_from(bs)
+        .ok()
+        .filter(|b| b.is_power_of_two() && *b >= 512)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, format!("BLKSSZGET {bs}")))
+}
+
 impl BlockIo {
-    /// Opens `path` with O_DIRECT; `align` (512 or 4096) must divide every
-    /// offset and length the core passes, i.e. the device's block size.
-    pub fn open(path: &std::path::Path, read_only: bool, align: usize) -> io::Result<BlockIo> {
+    /// Opens `path` with O_DIRECT. For a block device the size and the
+    /// logical block size come from the device (BLKSSZGET); for a regular
+    /// file the length is the size and `block_size` (512 or 4096) the
+    /// logical block size. Every offset and length the core passes is a
+    /// multiple of [`BlockIo::block_size`], so the LU's `block_size` must
+    /// be a multiple of it ([`crate::Device::new`] checks).
+    pub fn open(path: &std::path::Path, read_only: bool, block_size: usize) -> io::Result<BlockIo> {
         use std::io::{Seek, SeekFrom};
-        use std::os::unix::fs::OpenOptionsExt;
+        use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
         let mut file = std::fs::OpenOptions::new()
             .read(true)
             .write(!read_only)
             .custom_flags(libc::O_DIRECT)
             .open(path)?;
-        // Block devices report length 0 in metadata; seeking to the end works for both.
-        let size = file.seek(SeekFrom::End(0))?;
-        Ok(BlockIo { file, size, align })
-    }
-
-    fn check(&self, offset: u64, len: usize) -> io::Result<()> {
-        if offset % self.align as u64 != 0 || len % self.align != 0 {
+        let is_device = file.metadata()?.file_type().is_block_device();
+        let align = if is_device {
+            device_block_size(&file)? as usize
+        } else if block_size.is_power_of_two() && block_size >= 512 {
+            block_size
+        } else {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
-                "unaligned O_DIRECT I/O",
+                format!("block size {block_size} (a power of two, at least 512)"),
             ));
-        }
-        Ok(())
+        };
+        // Block devices report length 0 in metadata; seeking to the end works for both.
+        let size = file.seek(SeekFrom::End(0))?;
+        Ok(BlockIo {
+            file,
+            size,
+            align,
+            is_device,
+        })
+    }
+
+    /// The logical block size: the device's, or the one given for a file.
+    pub fn block_size(&self) -> u32 {
+        self.align as u32
+    }
+
+    /// Whether the store is a block device (not a regular file).
+    pub fn is_block_device(&self) -> bool {
+        self.is_device
     }
 }
 
@@ -343,18 +526,14 @@ impl Backend for BlockIo {
     fn size(&self) -> u64 {
         self.size
     }
+    fn min_block_size(&self) -> u32 {
+        self.align as u32
+    }
     fn read(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-        self.check(offset, buf.len())?;
-        let mut b = Aligned::new(buf.len(), self.align)?;
-        self.file.read_exact_at(b.as_mut(buf.len()), offset)?;
-        buf.copy_from_slice(b.as_mut(buf.len()));
-        Ok(())
+        read_direct(&self.file, self.align, offset, buf)
     }
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> io::Result<()> {
-        self.check(offset, data.len())?;
-        let mut b = Aligned::new(data.len(), self.align)?;
-        b.as_mut(data.len()).copy_from_slice(data);
-        self.file.write_all_at(b.as_mut(data.len()), offset)?;
+        write_direct(&self.file, self.align, offset, data)?;
         if fua {
             self.file.sync_data()?;
         }
@@ -362,5 +541,12 @@ impl Backend for BlockIo {
     }
     fn flush(&self) -> io::Result<()> {
         self.file.sync_data()
+    }
+    fn unmap(&self, offset: u64, len: u64) -> io::Result<()> {
+        // A block device deallocates with a guarantee of zeroes (the
+        // kernel's write-zeroes-with-unmap or discard-zeroes) or refuses;
+        // a bare BLKDISCARD promises no zeroes, which LBPRZ needs.
+        check_aligned(self.align, offset, len as usize)?;
+        punch_hole(&self.file, offset, len)
     }
 }

@@ -40,6 +40,16 @@ pub struct DeviceConfig {
     ///
     /// [`Ram::with_pi`]: crate::Ram::with_pi
     pub protection: Option<PiType>,
+    /// A rotating medium. VPD B1h MEDIUM ROTATION RATE (SBC-3 6.5.2)
+    /// says 0001h (non-rotating: an initiator may skip seek-avoiding
+    /// scheduling) when false, and 0000h (rate not reported, which Linux
+    /// treats as rotational) when true: the target does not know a real
+    /// disk's rate, so it reports none rather than invent one.
+    pub rotational: bool,
+    /// Most commands of this logical unit in the task set at once (all
+    /// initiators together); one more gets TASK SET FULL without running
+    /// (SAM-5 5.3.1). At least 1.
+    pub queue_depth: u32,
 }
 
 impl Default for DeviceConfig {
@@ -57,9 +67,14 @@ impl Default for DeviceConfig {
             pr_file: None,
             norm_aca: true,
             protection: None,
+            rotational: false,
+            queue_depth: DEFAULT_QUEUE_DEPTH,
         }
     }
 }
+
+/// [`DeviceConfig::queue_depth`] unless configured.
+pub const DEFAULT_QUEUE_DEPTH: u32 = 128;
 
 /// Largest transfer accepted in one command, in blocks (VPD B0h).
 pub const MAX_TRANSFER_BLOCKS: u32 = 8192;
@@ -163,6 +178,16 @@ impl Device {
                 backend.size(),
                 config.block_size
             ));
+        }
+        let min = backend.min_block_size().max(1);
+        if config.block_size % min != 0 {
+            return Err(format!(
+                "block size {} is not a multiple of the store's {min}-byte I/O unit",
+                config.block_size
+            ));
+        }
+        if config.queue_depth == 0 {
+            return Err("queue depth 0 (at least 1)".into());
         }
         let want_pi = backend.size() / config.block_size as u64 * PI_LEN as u64;
         if config.protection.is_some() && backend.pi_size() != want_pi {
@@ -743,9 +768,11 @@ impl Device {
                 b
             }
             0xb1 => {
-                // SBC-3 6.5.2 block device characteristics: non-rotating.
+                // SBC-3 6.5.2 block device characteristics: MEDIUM
+                // ROTATION RATE 0001h non-rotating, 0000h not reported.
                 let mut b = vec![0u8; 0x3c];
-                b[0..2].copy_from_slice(&1u16.to_be_bytes());
+                let rate: u16 = if c.rotational { 0 } else { 1 };
+                b[0..2].copy_from_slice(&rate.to_be_bytes());
                 b
             }
             0xb2 => {

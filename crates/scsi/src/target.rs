@@ -611,6 +611,17 @@ impl Target {
         self.lock().port_id(name)
     }
 
+    /// Gives target port `name` relative port identifier `id` (SCST's
+    /// `rel_tgt_id`; 0 is reserved and refused), before its first command.
+    /// Identifiers numbered later do not avoid it: set every port's or none.
+    pub fn set_relative_port_id(&self, name: &str, id: u16) -> Result<(), &'static str> {
+        if id == 0 {
+            return Err("relative port identifier 0 is reserved");
+        }
+        self.lock().ports.insert(name.to_string(), id);
+        Ok(())
+    }
+
     /// The LUNs `initiator` sees, as REPORT LUNS would list them.
     pub fn visible_luns(&self, initiator: &str) -> Vec<Lun> {
         self.lock().set_for(initiator).keys().copied().collect()
