@@ -389,6 +389,11 @@ impl Device {
                 if let Some(ty) = self.config.protection {
                     d[12] = (ty.p_type() << 1) | 0x01; // P_TYPE, PROT_EN
                 }
+                if self.config.thin {
+                    // SBC-3 5.16.2: LBPME (an initiator may UNMAP), LBPRZ
+                    // (unmapped blocks read as zeroes).
+                    d[14] = 0xc0;
+                }
                 Ok(d)
             }
             Command::Read {
@@ -437,6 +442,7 @@ impl Device {
                 protect,
                 expect,
             } => {
+                let fua = self.durable(fua);
                 self.protect_supported(cmd)?;
                 self.writable()?;
                 self.check_range(lba, blocks)?;
@@ -553,7 +559,10 @@ impl Device {
                 let Some(block) = data_out.get(..bs as usize) else {
                     return Err(Sense::new(SenseKey::AbortedCommand, Asc::NO_ADDITIONAL));
                 };
-                self.fill(lba, blocks as u64, block, false)?;
+                // SBC-3 5.45: with UNMAP the blocks may be deallocated
+                // when that reads back as this data, i.e. zeroes (LBPRZ).
+                let dealloc = unmap && block.iter().all(|&b| b == 0);
+                self.fill(lba, blocks as u64, block, dealloc)?;
                 Ok(Vec::new())
             }
             Command::Unmap { param_len } => {
@@ -568,6 +577,7 @@ impl Device {
                 Ok(Vec::new())
             }
             Command::CompareAndWrite { lba, blocks, fua } => {
+                let fua = self.durable(fua);
                 self.writable()?;
                 self.check_range(lba, blocks)?;
                 if blocks > MAX_CAW_BLOCKS {
@@ -621,6 +631,14 @@ impl Device {
         }
     }
 
+    /// Whether a write must be on stable storage before it completes:
+    /// FUA asked, or the write cache is off (caching page WCE=0, by
+    /// configuration or MODE SELECT), which makes every write
+    /// write-through (SBC-3 6.4.5).
+    fn durable(&self, fua: bool) -> bool {
+        fua || !self.mode_state().wce
+    }
+
     fn writable(&self) -> Result<(), Sense> {
         if self.config.read_only {
             return Err(Sense::new(SenseKey::DataProtect, Asc::WRITE_PROTECTED));
@@ -631,8 +649,36 @@ impl Device {
     /// Writes `block` to every block of the range, up to 1 MiB per backend
     /// call. On a protected device each block gets its generated tuple, or
     /// all-ones PI when `unmapped` (SBC-3 4.7.4.5, LBPRZ).
+    /// With `unmapped` (and a zero `block`) the store is first asked to
+    /// deallocate the range ([`Backend::unmap`]); one that cannot gets
+    /// zeroes written.
     fn fill(&self, lba: u64, blocks: u64, block: &[u8], unmapped: bool) -> Result<(), Sense> {
         let bs = block.len() as u64;
+        if unmapped && blocks > 0 {
+            let _shared = self.io_lock.read().unwrap_or_else(|e| e.into_inner());
+            let _pi = self.pi_write_guard();
+            match self.backend.unmap(lba * bs, blocks * bs) {
+                Ok(()) => {
+                    if self.config.protection.is_some() {
+                        let mut done = 0;
+                        while done < blocks {
+                            let n = (1 << 17).min(blocks - done);
+                            let ones = vec![0xff; n as usize * PI_LEN];
+                            self.write_tuples(lba + done, &ones, false)?;
+                            done += n;
+                        }
+                    }
+                    if self.durable(false) {
+                        self.backend
+                            .flush()
+                            .map_err(|_| Sense::new(SenseKey::MediumError, Asc::WRITE_ERROR))?;
+                    }
+                    return Ok(());
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Unsupported => {}
+                Err(_) => return Err(Sense::new(SenseKey::MediumError, Asc::WRITE_ERROR)),
+            }
+        }
         let per = (1 << 20) / bs;
         let chunk: Vec<u8> = block
             .iter()
@@ -640,6 +686,7 @@ impl Device {
             .cycle()
             .take((per.min(blocks) * bs) as usize)
             .collect();
+        let fua = self.durable(false);
         let _shared = self.io_lock.read().unwrap_or_else(|e| e.into_inner());
         let mut done = 0;
         while done < blocks {
@@ -647,7 +694,7 @@ impl Device {
             let at = lba + done;
             let _pi = self.pi_write_guard();
             self.backend
-                .write(at * bs, &chunk[..(n * bs) as usize], false)
+                .write(at * bs, &chunk[..(n * bs) as usize], fua)
                 .map_err(|_| Sense::new(SenseKey::MediumError, Asc::WRITE_ERROR))?;
             if let Some(ty) = self.config.protection {
                 let pi = if unmapped {
@@ -655,7 +702,7 @@ impl Device {
                 } else {
                     self.generate(ty, None, at, &chunk[..(n * bs) as usize])
                 };
-                self.write_tuples(at, &pi, false)?;
+                self.write_tuples(at, &pi, fua)?;
             }
             done += n;
         }

@@ -55,6 +55,9 @@ pub enum Status {
     /// A command the ACA condition does not admit (SAM-5 5.9.2).
     AcaActive,
     TaskAborted,
+    /// The logical unit's task set already holds its queue depth
+    /// (`DeviceConfig::queue_depth`); the command did not run.
+    TaskSetFull,
 }
 
 impl From<Status> for u8 {
@@ -65,6 +68,7 @@ impl From<Status> for u8 {
             Status::Busy => 0x08,
             Status::ReservationConflict => 0x18,
             Status::AcaActive => 0x30,
+            Status::TaskSetFull => 0x28,
             Status::TaskAborted => 0x40,
         }
     }
@@ -745,30 +749,34 @@ impl Target {
             return self.run_in_order(None, attr, nexus, lun, tag, cdb, data_out, expected);
         };
         let k = lu_key(&dev);
-        let entered =
-            self.with_order(
-                |o| match o.admit(k, nexus, (lun, tag), attr, cdb, expected) {
-                    Err(r) => {
-                        o.settle(k, &dev, nexus, None, cdb, r.status);
-                        Err(r)
-                    }
-                    Ok(aca_task) => {
-                        // A PREEMPT AND ABORT admitted during ACA runs
-                        // as the ACA task would: it is what ends the
-                        // condition (SPC-4 5.12.11.2.6).
-                        let attr = if o.aca.contains_key(&k) && preempt_and_abort(cdb) {
-                            TaskAttr::Aca
-                        } else {
-                            attr
-                        };
-                        let set = o.sets.entry(k).or_default();
-                        let seq = set.next;
-                        set.next += 1;
-                        set.active.insert(seq, attr);
-                        Ok((seq, aca_task.then_some((lun, tag)), attr))
-                    }
-                },
-            );
+        let depth = dev.config.queue_depth.max(1) as usize;
+        let entered = self.with_order(|o| {
+            // SAM-5 5.3.1: no room in the task set; nothing runs.
+            if o.sets.get(&k).map_or(0, |s| s.active.len()) >= depth {
+                return Err(ScsiResponse::status_only(Status::TaskSetFull, expected));
+            }
+            match o.admit(k, nexus, (lun, tag), attr, cdb, expected) {
+                Err(r) => {
+                    o.settle(k, &dev, nexus, None, cdb, r.status);
+                    Err(r)
+                }
+                Ok(aca_task) => {
+                    // A PREEMPT AND ABORT admitted during ACA runs
+                    // as the ACA task would: it is what ends the
+                    // condition (SPC-4 5.12.11.2.6).
+                    let attr = if o.aca.contains_key(&k) && preempt_and_abort(cdb) {
+                        TaskAttr::Aca
+                    } else {
+                        attr
+                    };
+                    let set = o.sets.entry(k).or_default();
+                    let seq = set.next;
+                    set.next += 1;
+                    set.active.insert(seq, attr);
+                    Ok((seq, aca_task.then_some((lun, tag)), attr))
+                }
+            }
+        });
         let (seq, aca_task, attr) = match entered {
             Ok(e) => e,
             Err(r) => {

@@ -473,3 +473,30 @@ fn aptpl_keeps_a_moved_registration() {
     let r = t.execute(&a, l0(), &[0x5e, 1, 0, 0, 0, 0, 0, 1, 0, 0], &[], 256);
     assert_eq!(&r.data_in[8..16], &0xbu64.to_be_bytes());
 }
+
+#[test]
+fn registrants_only_and_all_registrants_types_conflict_per_spc4_table() {
+    // SPC-4 table 196: type 6 (EXCLUSIVE ACCESS - REGISTRANTS ONLY) keeps
+    // non-registrants from reading and writing; type 7 (WRITE EXCLUSIVE -
+    // ALL REGISTRANTS) only from writing. Registrants do both.
+    for (ty, c_reads) in [(6u8, RC), (7, OK)] {
+        let (t, [a, b, c]) = setup();
+        assert_eq!(pr_out(&t, &a, 0, 0, 0, 0xaa), OK);
+        assert_eq!(pr_out(&t, &b, 0, 0, 0, 0xbb), OK);
+        assert_eq!(pr_out(&t, &a, 1, ty, 0xaa, 0), OK);
+        assert_eq!((read(&t, &a), write(&t, &a)), (OK, OK), "type {ty}");
+        assert_eq!((read(&t, &b), write(&t, &b)), (OK, OK), "type {ty}");
+        assert_eq!((read(&t, &c), write(&t, &c)), (c_reads, RC), "type {ty}");
+        // Another type is a conflict for the other registrant too.
+        assert_eq!(pr_out(&t, &b, 1, 1, 0xbb, 0), RC);
+        // READ RESERVATION shows the type.
+        let r = t.execute(&c, l0(), &[0x5e, 1, 0, 0, 0, 0, 0, 1, 0, 0], &[], 256);
+        assert_eq!(r.data_in[21] & 0x0f, ty);
+        // Once c registers it may do what registrants do.
+        assert_eq!(pr_out(&t, &c, 0, 0, 0, 0xcc), OK);
+        assert_eq!((read(&t, &c), write(&t, &c)), (OK, OK), "type {ty}");
+        // A registrant unregistering loses access again.
+        assert_eq!(pr_out(&t, &c, 0, 0, 0xcc, 0), OK);
+        assert_eq!(write(&t, &c), RC, "type {ty}");
+    }
+}
