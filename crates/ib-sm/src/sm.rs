@@ -60,6 +60,11 @@ pub mod portinfo_comp {
     pub const CAPMASK: u64 = 1 << 7;
 }
 
+/// Paths per port pair a GetTable without NumbPath gets at most: with LMC
+/// 4 that is every pair of LIDs; above it the first 256 in opensm's order
+/// (its SA would list all 2^(2 LMC), up to 16384 per pair).
+pub const MAX_PATHS_PER_PAIR: usize = 256;
+
 /// NodeRecord length on the wire (LID, reserved, NodeInfo, NodeDescription).
 const NODE_RECORD_LEN: usize = 108;
 /// PortInfoRecord length (LID, port, options, PortInfo).
@@ -138,6 +143,11 @@ pub struct SmConfig {
     pub mkey_protect: u8,
     /// PortInfo:M_KeyLeasePeriod it gives them, seconds (0: forever).
     pub mkey_lease: u16,
+    /// PortInfo:LMC it gives every port it configures (0 to 7; more is
+    /// taken as 7): each port gets `2^lmc` LIDs from a base LID aligned
+    /// to `2^lmc`, as opensm's `lmc` option does. The SM's own port keeps
+    /// its single LID.
+    pub lmc: u8,
 }
 
 impl SmConfig {
@@ -156,6 +166,7 @@ impl SmConfig {
             mkey: 0,
             mkey_protect: 0,
             mkey_lease: 0,
+            lmc: 0,
         }
     }
 }
@@ -719,7 +730,13 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
                     }
                     let guid = self.nodes[i].info.map_or(Guid(0), |x| x.port_guid);
                     if !self.lid_of.contains_key(&guid) {
-                        let l = self.fresh_lid();
+                        let Some(l) = self.fresh_lid() else {
+                            // No LIDs left: the port waits for a sweep
+                            // after one frees.
+                            self.nodes[i].stage = Stage::Idle;
+                            self.nodes[i].busy = false;
+                            continue;
+                        };
                         self.lid_of.insert(guid, l);
                     }
                     self.configure(now, i, true);
@@ -774,19 +791,66 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
         self.next_sweep = now + self.cfg.poll_interval;
     }
 
-    /// A LID no port holds or reported, nor the SM's own.
-    fn fresh_lid(&mut self) -> u16 {
-        loop {
-            let l = self.next_lid;
-            self.next_lid = if l >= 0xbfff { 1 } else { l + 1 };
-            let reported = self
-                .nodes
+    /// LIDs per port: `2^lmc`.
+    fn span(&self) -> u16 {
+        1 << self.cfg.lmc.min(7)
+    }
+
+    /// The LID range of the port with this GUID (base LID and the
+    /// `2^lmc - 1` above it), once assigned.
+    pub fn lids(&self, guid: Guid) -> Option<std::ops::RangeInclusive<u16>> {
+        let base = self.lid(guid)?;
+        Some(base..=base + (self.span() - 1))
+    }
+
+    /// PortInfo:LMC of the ports this SM configures.
+    pub fn lmc(&self) -> u8 {
+        self.cfg.lmc.min(7)
+    }
+
+    /// True if the range of `2^lmc` LIDs from `base` is free: unicast,
+    /// aligned, clear of the SM's own LID and of every range assigned.
+    /// For the port `owner` keeping the LID it reported, that is all; a
+    /// fresh range (`owner` `None`) must also miss every LID a port
+    /// reported (it may keep it yet).
+    fn range_free(&self, base: u16, owner: Option<Guid>) -> bool {
+        let span = self.span();
+        let end = u32::from(base) + u32::from(span); // exclusive
+        let hits =
+            |b: u16, n: u16| u32::from(b) < end && u32::from(base) < u32::from(b) + u32::from(n);
+        base != 0
+            && base.is_multiple_of(span)
+            && end <= 0xc000
+            && !hits(self.lid_now(), 1)
+            && !self
+                .lid_of
                 .iter()
-                .any(|n| PortInfo::new_checked(&n.port[..]).is_ok_and(|p| p.lid() == l));
-            if l != self.lid_now() && !reported && !self.lid_of.values().any(|v| *v == l) {
-                return l;
+                .any(|(g, b)| Some(*g) != owner && hits(*b, span))
+            && (owner.is_some()
+                || !self.nodes.iter().any(|n| {
+                    PortInfo::new_checked(&n.port[..])
+                        .is_ok_and(|p| p.lid() != 0 && hits(p.lid(), 1 << p.lmc()))
+                }))
+    }
+
+    /// The base of a LID range no port holds or reported, nor holding the
+    /// SM's own LID (aligned to `2^lmc`, IBA 7.11.1); `None` when the
+    /// unicast LIDs are used up.
+    fn fresh_lid(&mut self) -> Option<u16> {
+        let span = self.span();
+        for _ in 0..=0xc000 / u32::from(span) {
+            let l = self.next_lid.div_ceil(span) * span;
+            let l = if l == 0 || u32::from(l) + u32::from(span) > 0xc000 {
+                span
+            } else {
+                l
+            };
+            self.next_lid = l.wrapping_add(span);
+            if self.range_free(l, None) {
+                return Some(l);
             }
         }
+        None
     }
 
     fn node_lost(&mut self, now: Instant, i: usize, want: Want) {
@@ -1181,16 +1245,16 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
         let pi = PortInfo::new_checked(&self.nodes[i].port[..]).expect("64 bytes");
         let (reported, port_state, sm_lid) = (pi.lid(), pi.port_state(), pi.sm_lid());
         let violations = pi.mkey_violations();
+        let port_lmc = pi.lmc();
         let keyed = pi.mkey() == self.cfg.mkey
             && pi.mkey_protect() == self.cfg.mkey_protect
             && pi.mkey_lease_period() == self.cfg.mkey_lease;
+        let lmc = self.lmc();
         let lid = match self.lid_of.get(&guid) {
             Some(l) => *l,
-            None if reported != 0
-                && reported < 0xc000
-                && reported != self.lid_now()
-                && !self.lid_of.values().any(|v| *v == reported) =>
-            {
+            // The port's own LID is kept if its range (with our LMC) is
+            // aligned and free, as opensm keeps a discovered LID.
+            None if self.range_free(reported, Some(guid)) => {
                 self.lid_of.insert(guid, reported);
                 reported
             }
@@ -1205,7 +1269,9 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
         let next = match port_state {
             state::INIT => Some(state::ARMED),
             state::ARMED => Some(state::ACTIVE),
-            _ if reported != lid || sm_lid != self.lid_now() || !keyed => Some(0),
+            _ if reported != lid || port_lmc != lmc || sm_lid != self.lid_now() || !keyed => {
+                Some(0)
+            }
             _ => None,
         };
         match next {
@@ -1214,6 +1280,7 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
                 let mut p =
                     PortInfo::new_checked(&mut m[SMP_DATA..SMP_DATA + 64]).expect("64 bytes");
                 p.set_lid(lid);
+                p.set_lmc(lmc);
                 p.set_sm_lid(self.lid_now());
                 p.set_subnet_timeout(18);
                 p.set_port_state(st);
@@ -1331,7 +1398,7 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
                 self.tx.push_back(reply(r));
             }
             (Method::Get | Method::GetTable, SaAttr::PathRecord) => {
-                let recs = self.path_records(from, &hdr, data);
+                let recs = self.path_records(from, method, &hdr, data);
                 self.answer(from, req, method, &recs, PathRecord::LEN);
             }
             (Method::Get | Method::GetTable, SaAttr::NodeRecord) => {
@@ -1465,11 +1532,47 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
         })
     }
 
-    fn path_records(&self, from: P, hdr: &SaHeader, data: &[u8]) -> Vec<Vec<u8>> {
+    /// True if `lid` is one of node `n`'s (its base and the `2^lmc - 1`
+    /// above: the SA's LID-to-port map, as opensm's covers the range).
+    fn holds(&self, n: &Node<P>, lid: u16) -> bool {
+        n.lid != 0 && lid >= n.lid && lid - n.lid < self.span()
+    }
+
+    /// The (SLID, DLID, preference) of the paths from a port with LIDs
+    /// `s` to one with `d`, in opensm's order: first the pairs at the same
+    /// offset from each base (base to base, base+1 to base+1, ...:
+    /// preference 0, the most redundant with each other), then every
+    /// other pair, source-major (preference 2); at most `limit`.
+    fn lid_pairs(s: (u16, u16), d: (u16, u16), limit: usize) -> Vec<(u16, u16, u8)> {
+        let mut out = Vec::new();
+        let (ns, nd) = (s.1 - s.0 + 1, d.1 - d.0 + 1);
+        for k in 0..ns.min(nd) {
+            out.push((s.0 + k, d.0 + k, 0));
+        }
+        for i in 0..ns {
+            for j in (0..nd).filter(|j| *j != i) {
+                out.push((s.0 + i, d.0 + j, 2));
+            }
+        }
+        out.truncate(limit);
+        out
+    }
+
+    fn path_records(&self, from: P, method: Method, hdr: &SaHeader, data: &[u8]) -> Vec<Vec<u8>> {
         let Ok(q) = PathRecord::parse(data) else {
             return Vec::new();
         };
         let m = hdr.comp_mask;
+        // Paths per pair: one for a Get (IBA 1.2 erratum, as opensm);
+        // NumbPath when the mask has it; else every LID pair, at most
+        // MAX_PATHS_PER_PAIR.
+        let limit = if method == Method::Get {
+            1
+        } else if m & path_comp::NUMB_PATH != 0 {
+            usize::from(q.numb_path)
+        } else {
+            MAX_PATHS_PER_PAIR
+        };
         let srcs: Vec<&Node<P>> = self
             .nodes
             .iter()
@@ -1479,7 +1582,7 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
                     n.addr == from
                 } else {
                     (m & path_comp::SGID == 0 || n.gid == q.sgid)
-                        && (m & path_comp::SLID == 0 || n.lid == q.slid)
+                        && (m & path_comp::SLID == 0 || self.holds(n, q.slid))
                 }
             })
             .collect();
@@ -1487,7 +1590,7 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
         for s in &srcs {
             for d in self.nodes.iter().filter(|n| n.in_service) {
                 if (m & path_comp::DGID != 0 && d.gid != q.dgid)
-                    || (m & path_comp::DLID != 0 && d.lid != q.dlid)
+                    || (m & path_comp::DLID != 0 && !self.holds(d, q.dlid))
                 {
                     continue;
                 }
@@ -1498,32 +1601,46 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
                 let Some(pkey) = self.shares_partition(si.port_guid, di.port_guid, only) else {
                     continue;
                 };
-                let rec = PathRecord {
-                    service_id: q.service_id,
-                    dgid: d.gid,
-                    sgid: s.gid,
-                    dlid: d.lid,
-                    slid: s.lid,
-                    raw_traffic: false,
-                    flow_label: 0,
-                    hop_limit: 0,
-                    tclass: 0,
-                    reversible: true,
-                    numb_path: 1,
-                    pkey: Pkey(pkey),
-                    qos_class: 0,
-                    sl: 0,
-                    mtu_selector: 2,
-                    mtu: 5,
-                    rate_selector: 2,
-                    rate: 3,
-                    packet_life_selector: 2,
-                    packet_life: 16,
-                    preference: 0,
+                // The client's SLID or DLID narrows its end to that LID.
+                let top = self.span() - 1;
+                let srange = if m & path_comp::SLID != 0 {
+                    (q.slid, q.slid)
+                } else {
+                    (s.lid, s.lid + top)
                 };
-                let mut b = vec![0u8; PathRecord::LEN];
-                rec.emit(&mut b);
-                out.push(b);
+                let drange = if m & path_comp::DLID != 0 {
+                    (q.dlid, q.dlid)
+                } else {
+                    (d.lid, d.lid + top)
+                };
+                for (slid, dlid, preference) in Self::lid_pairs(srange, drange, limit) {
+                    let rec = PathRecord {
+                        service_id: q.service_id,
+                        dgid: d.gid,
+                        sgid: s.gid,
+                        dlid,
+                        slid,
+                        raw_traffic: false,
+                        flow_label: 0,
+                        hop_limit: 0,
+                        tclass: 0,
+                        reversible: true,
+                        numb_path: 1,
+                        pkey: Pkey(pkey),
+                        qos_class: 0,
+                        sl: 0,
+                        mtu_selector: 2,
+                        mtu: 5,
+                        rate_selector: 2,
+                        rate: 3,
+                        packet_life_selector: 2,
+                        packet_life: 16,
+                        preference,
+                    };
+                    let mut b = vec![0u8; PathRecord::LEN];
+                    rec.emit(&mut b);
+                    out.push(b);
+                }
             }
         }
         out
@@ -1533,7 +1650,7 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
         let want_lid = u16::from_be_bytes([data[0], data[1]]);
         self.nodes
             .iter()
-            .filter(|n| n.in_service && (hdr.comp_mask & 1 == 0 || n.lid == want_lid))
+            .filter(|n| n.in_service && (hdr.comp_mask & 1 == 0 || self.holds(n, want_lid)))
             .filter_map(|n| {
                 let mut b = vec![0u8; NODE_RECORD_LEN];
                 b[0..2].copy_from_slice(&n.lid.to_be_bytes());
@@ -1558,7 +1675,7 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
             .collect();
         by_lid
             .values()
-            .filter(|n| m & portinfo_comp::LID == 0 || n.lid == want_lid)
+            .filter(|n| m & portinfo_comp::LID == 0 || self.holds(n, want_lid))
             .filter(|n| {
                 let caps = PortInfo::new_checked(&n.port[..])
                     .expect("64")
@@ -1573,6 +1690,7 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
                 // The record shows the state the SM left the port in.
                 let mut p = PortInfo::new_checked(&mut b[4..68]).expect("64");
                 p.set_lid(n.lid);
+                p.set_lmc(self.lmc());
                 p.set_sm_lid(self.lid_now());
                 p.set_port_state(state::ACTIVE);
                 b

@@ -4,8 +4,11 @@
 //! Set(P_KeyTable) into actions the driver applies through the provider.
 //!
 //! Answered: Get of NodeInfo, NodeDescription, PortInfo, P_KeyTable (block
-//! 0) and GUIDInfo (block 0); Set of PortInfo (LID, master SM LID, subnet
-//! timeout, port state, the M_Key fields) and P_KeyTable. Port state moves
+//! 0) and GUIDInfo (block 0); Set of PortInfo (LID, LMC, master SM LID,
+//! subnet timeout, port state, the M_Key fields) and P_KeyTable. The LMC
+//! (IBA 7.11.1: the port answers to its base LID and the 2^LMC - 1 LIDs
+//! above it) is kept in PortInfo only: soft RoCE reaches a port by GID,
+//! so no provider is told; the SM and SA use the range in their records. Port state moves
 //! only as IBA 14.2.5.6 allows a CA port: INIT to ARMED, ARMED to ACTIVE,
 //! anything to DOWN (after which the link retrains and the port is back in
 //! INIT); a Set asking for anything else is refused with "invalid
@@ -150,6 +153,12 @@ impl Sma {
     /// The port's LID (0 until the SM assigns one).
     pub fn lid(&self) -> u16 {
         self.port_info().lid()
+    }
+
+    /// PortInfo:LMC: the port's LIDs are [`Sma::lid`] and the
+    /// `2^lmc - 1` above it.
+    pub fn lmc(&self) -> u8 {
+        self.port_info().lmc()
     }
 
     /// The master SM's LID.
@@ -453,6 +462,9 @@ impl Sma {
             p.set_lid(want.lid());
             actions.push(SmaAction::Lid(want.lid()));
         }
+        // LMC is read-write on a CA port (IBA 14.2.5.6); a Set always
+        // carries it, so an SM without LMC puts it back to 0.
+        p.set_lmc(want.lmc());
         if want.sm_lid() != p.sm_lid() {
             p.set_sm_lid(want.sm_lid());
             actions.push(SmaAction::SmLid(want.sm_lid()));
@@ -599,6 +611,31 @@ mod tests {
         let (_, a) = s.handle(Instant::ZERO, &set(0, 1, state::DOWN)).unwrap();
         assert_eq!(a, vec![SmaAction::State(state::INIT)]);
         assert_eq!(s.lid(), 5, "LID 0 in a Set leaves the LID alone");
+    }
+
+    #[test]
+    fn set_port_info_takes_the_lmc_and_get_shows_it() {
+        let mut s = sma();
+        assert_eq!(s.lmc(), 0);
+        let mut m = smp(0x02, SmpAttr::PortInfo, true);
+        let mut p = PortInfo::new_checked(&mut m[SMP_DATA..SMP_DATA + 64]).unwrap();
+        p.set_lid(8);
+        p.set_lmc(3);
+        p.set_sm_lid(1);
+        let (r, _) = s.handle(Instant::ZERO, &m).unwrap();
+        assert_eq!(status(&r), 0);
+        assert_eq!((s.lid(), s.lmc()), (8, 3));
+        assert_eq!(PortInfo::new_checked(&r[SMP_DATA..]).unwrap().lmc(), 3);
+        let (r, _) = s
+            .handle(Instant::ZERO, &smp(0x01, SmpAttr::PortInfo, false))
+            .unwrap();
+        assert_eq!(PortInfo::new_checked(&r[SMP_DATA..]).unwrap().lmc(), 3);
+        // A Set without LMC (an SM that uses none) puts it back to 0.
+        PortInfo::new_checked(&mut m[SMP_DATA..SMP_DATA + 64])
+            .unwrap()
+            .set_lmc(0);
+        s.handle(Instant::ZERO, &m).unwrap();
+        assert_eq!(s.lmc(), 0);
     }
 
     #[test]

@@ -14,7 +14,8 @@
 //! comes or goes. `--mkey HEX` gives every port an M_Key (used in every
 //! SMP), `--mkey-protect N` its protection level and `--mkey-lease-secs`
 //! its lease; a port that refuses the SM's key, or reports a bad key
-//! (trap 256), is logged.
+//! (trap 256), is logged. `--lmc N` gives every node's port 2^N LIDs
+//! (base aligned) and the SA a path per LID pair.
 
 use clap::{Parser, Subcommand};
 use ib_sm::port::SmPort;
@@ -111,6 +112,11 @@ struct RunArgs {
     /// refused SMP unless the right key comes (0: never).
     #[arg(long, default_value_t = 0)]
     mkey_lease_secs: u16,
+    /// LID Mask Control (0 to 7), as opensm's `lmc`: every node's port
+    /// gets 2^LMC LIDs from a base aligned to 2^LMC, and the SA lists a
+    /// path for each (SLID, DLID) pair, best first.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=7))]
+    lmc: u8,
     /// Stop after the first sweep; fail unless every node came up.
     #[arg(long, conflicts_with = "sweeps")]
     once: bool,
@@ -216,6 +222,7 @@ fn run_sm(args: RunArgs) -> Result<(), String> {
     cfg.mkey = args.mkey;
     cfg.mkey_protect = args.mkey_protect;
     cfg.mkey_lease = args.mkey_lease_secs;
+    cfg.lmc = args.lmc;
     let nic = SoftRoce::new(
         vec![SoftCa {
             guid,
@@ -233,11 +240,12 @@ fn run_sm(args: RunArgs) -> Result<(), String> {
         .and_then(|()| nic.set_port_state(guid, verbs::PortState::Active))
         .map_err(|e| format!("own port: {e}"))?;
     println!(
-        "ibsm: SM and SA at {} (LID {}), {} nodes, sweeps every {} ms",
+        "ibsm: SM and SA at {} (LID {}), {} nodes, sweeps every {} ms, LMC {}",
         args.addr,
         args.lid,
         nodes.len(),
-        args.sweep_interval_ms
+        args.sweep_interval_ms,
+        args.lmc
     );
     let last_sweep = if args.once { Some(1) } else { args.sweeps };
     loop {
@@ -245,6 +253,12 @@ fn run_sm(args: RunArgs) -> Result<(), String> {
         while let Some(e) = port.poll_event() {
             match e {
                 SmEvent::State(_) => println!("{} (LID {})", describe(&e), port.sm().lid_now()),
+                SmEvent::PortUp { guid, lid } if args.lmc > 0 => println!(
+                    "port {:#018x} ACTIVE, LIDs {lid}-{} (LMC {})",
+                    guid.0,
+                    lid + ((1u16 << args.lmc) - 1),
+                    args.lmc
+                ),
                 _ => println!("{}", describe(&e)),
             }
         }
