@@ -157,6 +157,12 @@ impl SmaAgent {
         self.shared.lock().sma.lid()
     }
 
+    /// PortInfo:LMC: the port's LIDs are [`SmaAgent::lid`] and the
+    /// `2^lmc - 1` above it.
+    pub fn lmc(&self) -> u8 {
+        self.shared.lock().sma.lmc()
+    }
+
     /// The port state (see [`crate::sma::state`]).
     pub fn port_state(&self) -> u8 {
         self.shared.lock().sma.port_state()
