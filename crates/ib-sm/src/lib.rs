@@ -15,10 +15,30 @@
 //! `sweep_interval`, so a port that leaves and returns is noticed both
 //! ways.
 //!
+//! LID Mask Control (`SmConfig::lmc`, `ibsm run --lmc N`, opensm's `lmc`):
+//! every port the SM configures gets PortInfo:LMC N and 2^N LIDs, its
+//! base LID aligned to 2^N (IBA 7.11.1); a LID a port already holds is
+//! kept when it is aligned and its range free, else the port gets a fresh
+//! range. Soft RoCE reaches a port by GID, so a LID only names a port in
+//! the SM's and SA's records: the SA finds a port by any LID of its range
+//! and its records show the base LID (as opensm's do). The SM's own port
+//! keeps one LID.
+//!
 //! The SA answers Get and GetTable of PathRecord (component-mask matching
 //! on SGID, DGID, SLID, DLID and P_Key; paths only inside a shared
-//! partition where one end is a full member; one path per pair, since
-//! there is one), NodeRecord and PortInfoRecord (with capability-mask
+//! partition where one end is a full member). Between two ports there is
+//! a path per (SLID, DLID) pair of their ranges, listed in opensm's
+//! order: first the pairs at the same offset from each base (base to
+//! base, base+1 to base+1, ...; Preference 0), then the others,
+//! source-major (Preference 2). A Get gets the first; NumbPath in the
+//! mask limits a GetTable to that many per pair; without it a GetTable
+//! gets every pair up to `MAX_PATHS_PER_PAIR` (256: all of them up to
+//! LMC 4); an SLID or DLID in the mask fixes that end to that LID. A
+//! client takes the paths in that order and falls back to the next when
+//! a connection fails (srpd does); over soft RoCE they all reach the
+//! port by its GID, so LMC gives the fallback's retries, not another
+//! route. It
+//! answers NodeRecord and PortInfoRecord too (with capability-mask
 //! matching: every requested bit set, as srp_daemon asks for
 //! IsDeviceManagementSupported), and Set(InformInfo) to subscribe to or
 //! unsubscribe from traps; notices go out as Report MADs, resent until a
@@ -76,7 +96,7 @@
 //! subscribers, with the sender's GID as issuer; the SA's PortInfoRecords
 //! show the new mask at once.
 //!
-//! Not done: multicast, several paths per pair, M_Key on the SM's own
+//! Not done: multicast, LMC on the SM's own port, M_Key on the SM's own
 //! port, and of SM to SM: SM_Key checks beyond SMInfo Sets and the
 //! ACKNOWLEDGE answer to a handover.
 
