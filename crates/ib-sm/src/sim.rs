@@ -359,12 +359,18 @@ pub fn fabric(
     partitions: Option<&str>,
     hosts: u8,
 ) -> Result<Simulator<N>, crate::PartitionError> {
+    Ok(fabric_with(seed, loss, sim_config(partitions)?, hosts))
+}
+
+/// The SM configuration [`fabric`] uses: sweeps every second, the
+/// partitions of `partitions` (a partitions file's text) if given.
+pub fn sim_config(partitions: Option<&str>) -> Result<SmConfig, crate::PartitionError> {
     let mut cfg = SmConfig::new(Guid(0xabc));
     cfg.sweep_interval = Duration::from_secs(1);
     if let Some(p) = partitions {
         cfg.partitions = parse_partitions(p)?;
     }
-    Ok(fabric_with(seed, loss, cfg, hosts))
+    Ok(cfg)
 }
 
 /// [`fabric`] with the SM configured as `cfg` says.

@@ -837,17 +837,17 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
     /// SM's own LID (aligned to `2^lmc`, IBA 7.11.1); `None` when the
     /// unicast LIDs are used up.
     fn fresh_lid(&mut self) -> Option<u16> {
-        let span = self.span();
-        for _ in 0..=0xc000 / u32::from(span) {
-            let l = self.next_lid.div_ceil(span) * span;
-            let l = if l == 0 || u32::from(l) + u32::from(span) > 0xc000 {
-                span
-            } else {
-                l
+        let span = u32::from(self.span());
+        for _ in 0..=0xc000 / span {
+            // The next aligned base from the cursor, wrapping to the
+            // first (LID 0 is no LID) past the unicast LIDs.
+            let l = match u32::from(self.next_lid).div_ceil(span) * span {
+                l if l == 0 || l + span > 0xc000 => span,
+                l => l,
             };
-            self.next_lid = l.wrapping_add(span);
-            if self.range_free(l, None) {
-                return Some(l);
+            self.next_lid = (l + span) as u16; // at most 0xc000
+            if self.range_free(l as u16, None) {
+                return Some(l as u16);
             }
         }
         None

@@ -87,3 +87,22 @@ fn run_refuses_bad_mkey_options_before_touching_the_network() {
         assert!(!out.contains("panicked"), "{out}");
     }
 }
+
+#[test]
+fn simulate_with_lmc_lists_a_path_per_lid_pair() {
+    let (ok, out) = ibsm(&["simulate", "--hosts", "2", "--lmc", "1"]);
+    assert!(ok, "{out}");
+    // Two hosts, two LIDs each: from host 2, 4 paths to itself and 4 to
+    // host 3.
+    assert_eq!(out.matches(" ACTIVE, LIDs ").count(), 2, "{out}");
+    assert!(out.contains("PathRecords from host 2 (8):"), "{out}");
+    assert_eq!(out.matches("preference 0").count(), 4, "{out}");
+    assert_eq!(out.matches("preference 2").count(), 4, "{out}");
+    for bad in ["8", "255", "x"] {
+        let (ok, out) = ibsm(&["simulate", "--lmc", bad]);
+        assert!(!ok && out.contains("--lmc"), "{bad}: {out}");
+        let run = ["run", "--addr", "127.0.155.30", "--node", "127.0.155.29"];
+        let (ok, out) = ibsm(&[&run[..], &["--lmc", bad]].concat());
+        assert!(!ok && out.contains("--lmc"), "{bad}: {out}");
+    }
+}

@@ -223,3 +223,34 @@ fn an_aligned_lid_a_port_holds_is_kept_and_an_unaligned_one_moved() {
     sim.run_until(Duration::from_secs(3), |s| s.now() >= t);
     assert_eq!(host(&mut sim, 3).sma.lid(), moved);
 }
+
+#[test]
+fn lmc_7_ranges_of_128_and_the_per_pair_cap() {
+    let mut sim = fabric_with(6, 0.0, cfg(7), 2);
+    let r = sim.run_until(Duration::from_secs(10), |s| ib_sm::sim::all_active(s, 2));
+    assert_eq!(r, RunOutcome::Done);
+    let (b2, b3) = (host(&mut sim, 2).sma.lid(), host(&mut sim, 3).sma.lid());
+    for b in [b2, b3] {
+        assert!(b >= 128 && b.is_multiple_of(128), "base LID {b}");
+    }
+    assert_ne!(b2, b3);
+    // 128 x 128 pairs; a GetTable without NumbPath gets the first 256 in
+    // opensm's order: the 128 at equal offsets, then from b2 to the rest.
+    let pair = path_comp::SGID | path_comp::DGID;
+    let all = paths(&query(
+        &mut sim,
+        0x12,
+        SaAttr::PathRecord,
+        pair,
+        &path_query(|_| {}),
+    ));
+    assert_eq!(all.len(), ib_sm::sm::MAX_PATHS_PER_PAIR);
+    assert!(all[..128]
+        .iter()
+        .enumerate()
+        .all(|(k, p)| (p.slid, p.dlid, p.preference) == (b2 + k as u16, b3 + k as u16, 0)));
+    assert_eq!((all[128].slid, all[128].dlid), (b2, b3 + 1));
+    // b2 to b3+1..b3+127 fill 128..=254; then b2+1 to b3.
+    assert_eq!((all[254].slid, all[254].dlid), (b2, b3 + 127));
+    assert_eq!((all[255].slid, all[255].dlid), (b2 + 1, b3));
+}

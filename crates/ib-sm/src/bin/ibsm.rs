@@ -19,7 +19,7 @@
 
 use clap::{Parser, Subcommand};
 use ib_sm::port::SmPort;
-use ib_sm::sim::{all_active, fabric, host, run_query, sm, table};
+use ib_sm::sim::{all_active, fabric_with, host, run_query, sim_config, sm, table};
 use ib_sm::{SmConfig, SmEvent};
 use rdma_mad::sa::{PathRecord, SaAttr};
 use rdma_types::{Duration, Gid, Guid, Lid};
@@ -59,6 +59,10 @@ enum Cmd {
         /// Seed of the simulation.
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        /// LID Mask Control (0 to 7): 2^LMC LIDs per port, a path per
+        /// SLID/DLID pair.
+        #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=7))]
+        lmc: u8,
     },
     /// Run the SM and SA on a soft RoCE port (ib personality) for the nodes
     /// given, until SIGTERM/SIGINT.
@@ -252,14 +256,10 @@ fn run_sm(args: RunArgs) -> Result<(), String> {
         port.step(std::time::Duration::from_millis(50));
         while let Some(e) = port.poll_event() {
             match e {
-                SmEvent::State(_) => println!("{} (LID {})", describe(&e), port.sm().lid_now()),
-                SmEvent::PortUp { guid, lid } if args.lmc > 0 => println!(
-                    "port {:#018x} ACTIVE, LIDs {lid}-{} (LMC {})",
-                    guid.0,
-                    lid + ((1u16 << args.lmc) - 1),
-                    args.lmc
-                ),
-                _ => println!("{}", describe(&e)),
+                SmEvent::State(_) => {
+                    println!("{} (LID {})", describe(&e, args.lmc), port.sm().lid_now())
+                }
+                _ => println!("{}", describe(&e, args.lmc)),
             }
         }
         if let Some(sig) = signals.pending() {
@@ -296,9 +296,14 @@ fn run_sm(args: RunArgs) -> Result<(), String> {
     Ok(())
 }
 
-/// One line for the log.
-fn describe(e: &SmEvent) -> String {
+/// One line for the log (`lmc`: the SM's, for a port's LID range).
+fn describe(e: &SmEvent, lmc: u8) -> String {
     match e {
+        SmEvent::PortUp { guid, lid } if lmc > 0 => format!(
+            "port {:#018x} ACTIVE, LIDs {lid}-{} (LMC {lmc})",
+            guid.0,
+            lid + ((1u16 << lmc) - 1)
+        ),
         SmEvent::PortUp { guid, lid } => format!("port {:#018x} ACTIVE, LID {lid}", guid.0),
         SmEvent::PortDown { guid } => format!("port {:#018x} gone", guid.0),
         SmEvent::State(s) => format!("ibsm: SM state {}", format!("{s:?}").to_uppercase()),
@@ -373,6 +378,7 @@ fn run(cmd: Cmd) -> Result<(), String> {
             partitions,
             loss,
             seed,
+            lmc,
         } => {
             if !(0.0..=0.5).contains(&loss) {
                 return Err(format!("--loss {loss}: use 0 to 0.5"));
@@ -383,10 +389,12 @@ fn run(cmd: Cmd) -> Result<(), String> {
                 }
                 None => None,
             };
-            let mut sim = fabric(seed, loss, text.as_deref(), hosts).map_err(|e| e.to_string())?;
+            let mut cfg = sim_config(text.as_deref()).map_err(|e| e.to_string())?;
+            cfg.lmc = lmc;
+            let mut sim = fabric_with(seed, loss, cfg, hosts);
             let r = sim.run_until(Duration::from_secs(120), |s| all_active(s, hosts));
             for e in std::mem::take(&mut sm(&mut sim).events) {
-                println!("{}", describe(&e));
+                println!("{}", describe(&e, lmc));
             }
             if r != rdma_sim::RunOutcome::Done {
                 return Err(format!("the fabric did not come up: {r:?}"));
@@ -408,8 +416,8 @@ fn run(cmd: Cmd) -> Result<(), String> {
             for r in recs {
                 let p = PathRecord::parse(&r).map_err(|e| e.to_string())?;
                 println!(
-                    "  SLID {:>3} -> DLID {:>3}  DGID {}  P_Key {:#06x}  MTU code {}",
-                    p.slid, p.dlid, p.dgid, p.pkey.0, p.mtu
+                    "  SLID {:>3} -> DLID {:>3}  DGID {}  P_Key {:#06x}  MTU code {}  preference {}",
+                    p.slid, p.dlid, p.dgid, p.pkey.0, p.mtu, p.preference
                 );
             }
             let st = sm(&mut sim).sm.stats();
