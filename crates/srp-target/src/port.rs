@@ -157,7 +157,8 @@ type DisconnectHook = Box<dyn Fn(ConnId) + Send + Sync>;
 /// [`TargetPort::shutdown`] first to log initiators out cleanly).
 pub struct TargetPort {
     inner: Arc<Inner>,
-    threads: Vec<JoinHandle<()>>,
+    /// The poll and SCSI worker threads; `None` once stopped.
+    threads: Mutex<Option<Vec<JoinHandle<()>>>>,
 }
 
 struct Inner {
@@ -446,7 +447,10 @@ impl TargetPort {
                     .spawn(move || w.worker_loop(rx))?,
             );
         }
-        Ok(TargetPort { inner, threads })
+        Ok(TargetPort {
+            inner,
+            threads: Mutex::new(Some(threads)),
+        })
     }
 
     /// Target name (port GID with a colon after every fourth digit).
@@ -561,10 +565,24 @@ impl TargetPort {
     }
 }
 
-impl Drop for TargetPort {
-    fn drop(&mut self) {
+impl TargetPort {
+    /// Stops the port now rather than when the last owner drops it: logins
+    /// are refused, every channel closes, the threads end and every verbs
+    /// object the port holds (SRQ, memory regions, CQ, PD, CA) is released,
+    /// so a daemon can count what is left before it exits. Log initiators
+    /// out first ([`TargetPort::logout_all`]). Idempotent; drop does it.
+    pub fn stop(&self) {
+        let Some(threads) = self
+            .threads
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        else {
+            return;
+        };
         {
             let mut st = self.inner.lock();
+            st.target.set_enabled(false);
             let conns: Vec<ConnId> = st.conns.keys().copied().collect();
             for c in conns {
                 self.inner.close(&mut st, c);
@@ -574,7 +592,7 @@ impl Drop for TargetPort {
             st.jobs = dead;
         }
         let _ = self.inner.events.lock().map(|tx| tx.send(Event::Stop));
-        for t in self.threads.drain(..) {
+        for t in threads {
             let _ = t.join();
         }
         let p = &self.inner.provider;
@@ -584,6 +602,12 @@ impl Drop for TargetPort {
         let _ = p.destroy_cq(self.inner.recv_cq);
         let _ = p.dealloc_pd(self.inner.pd);
         let _ = p.close_ca(self.inner.ca);
+    }
+}
+
+impl Drop for TargetPort {
+    fn drop(&mut self) {
+        self.stop();
     }
 }
 
