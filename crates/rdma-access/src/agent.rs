@@ -525,7 +525,7 @@ impl CmAgent {
         timeout: StdDuration,
     ) -> Result<Established, CmError> {
         let (tx, rx) = mpsc::channel();
-        {
+        let conn = {
             let mut st = self.inner.lock();
             if st.stopped {
                 return Err(CmError::Stopped);
@@ -549,9 +549,22 @@ impl CmAgent {
                 },
             );
             self.inner.flush(&mut st);
-        }
+            conn
+        };
         self.inner.kick();
-        rx.recv_timeout(timeout).unwrap_or(Err(CmError::TimedOut))
+        if let Ok(r) = rx.recv_timeout(timeout) {
+            return r;
+        }
+        // Given up: no REQ goes out again (a late one would log in behind
+        // the caller's back), unless the answer came meanwhile.
+        let mut st = self.inner.lock();
+        if let Ok(r) = rx.try_recv() {
+            return r;
+        }
+        st.cm.abandon(conn);
+        st.waiting.remove(&conn);
+        st.meta.remove(&conn);
+        Err(CmError::TimedOut)
     }
 
     /// Starts a disconnect (DREQ); idempotent.

@@ -438,6 +438,20 @@ impl<P: Copy + Eq + core::fmt::Debug> Cm<P> {
         true
     }
 
+    /// Active side: gives up an attempt whose REQ is still unanswered (the
+    /// consumer's own deadline passed): the REQ is not sent again, so it
+    /// cannot reach the passive side long after the consumer moved on (a
+    /// late SRP login there ends the initiator's newer channel). A REP
+    /// that still comes finds no connection. Returns whether it was
+    /// waiting.
+    pub fn abandon(&mut self, conn: ConnId) -> bool {
+        if self.state(conn) != ConnState::ReqSent {
+            return false;
+        }
+        self.conns.remove(&conn.0);
+        true
+    }
+
     /// Either side: starts a disconnect (DREQ).
     pub fn disconnect(&mut self, now: Instant, conn: ConnId) -> bool {
         let Some(c) = self.conns.get_mut(&conn.0) else {

@@ -280,6 +280,36 @@ fn unknown_service_is_rejected() {
 }
 
 #[test]
+fn an_abandoned_req_is_not_sent_again_when_the_link_comes_back() {
+    // A consumer gave up waiting (an SRP initiator's login attempt over a
+    // dead link): a REQ retried after the link is back would log in behind
+    // its back and end its newer channel.
+    let mut net = Net::new(&[1, 2], FaultConfig::default());
+    net.cm(2).listen(SVC);
+    net.down.push(2);
+    let a = net.cm(1).connect(
+        Instant::ZERO,
+        vec![2],
+        SVC,
+        Qpn::from_bits(1),
+        Psn::new(1),
+        vec![],
+    );
+    net.run(|n| n.count(1, is_req) == 2);
+    assert!(net.cm(1).abandon(a));
+    assert!(!net.cm(1).abandon(a), "already gone");
+    net.down.clear();
+    net.settle();
+    assert_eq!(net.count(1, is_req), 2, "no REQ after the abandon");
+    assert!(net.take(1).is_empty(), "no event for an abandoned attempt");
+    assert!(net.take(2).is_empty(), "the passive side saw nothing");
+    // An established connection is not abandoned.
+    let (c, _) = establish(&mut net);
+    assert!(!net.cm(1).abandon(c));
+    assert_eq!(net.cm(1).state(c), ConnState::Established);
+}
+
+#[test]
 fn dead_peer_times_out_after_every_retry() {
     let mut net = Net::new(&[1, 2], FaultConfig::default());
     net.down.push(2);
