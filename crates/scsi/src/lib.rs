@@ -22,8 +22,33 @@
 //! it never panics on a malformed CDB.
 //!
 //! Device handlers: [`Ram`], [`NullIo`], [`FileIo`] (pread/pwrite,
-//! write-through, fdatasync for SYNCHRONIZE CACHE and FUA) and [`BlockIo`]
-//! (O_DIRECT with aligned bounce buffers).
+//! buffered or O_DIRECT ([`FileIo::direct`], bounce buffers aligned to the
+//! logical block size), write-through, fdatasync for SYNCHRONIZE CACHE and
+//! FUA) and [`BlockIo`] (O_DIRECT with aligned bounce buffers; on a block
+//! device the size and logical block size are the device's, BLKSSZGET, and
+//! a LU's block size must be a multiple of it). The write cache is what
+//! the caching page's WCE says: with WCE=0 (configured, or set by MODE
+//! SELECT) every write reaches the store as FUA, so fileio and blockio
+//! make it durable before it completes.
+//!
+//! Thin provisioning (`DeviceConfig::thin`): UNMAP, and WRITE SAME with
+//! UNMAP of a zero block, ask the store to deallocate
+//! ([`Backend::unmap`]): fileio punches a hole (fallocate PUNCH_HOLE |
+//! KEEP_SIZE), blockio deallocates through the same call on the device,
+//! which the kernel turns into a discard or write-zeroes that guarantees
+//! zeroes, or refuses; a store that cannot gets zeroes written. A bare
+//! BLKDISCARD is not used: it does not promise zeroes, and the unit
+//! reports LBPRZ (VPD B2h, READ CAPACITY(16) LBPME/LBPRZ).
+//!
+//! `DeviceConfig::rotational` is VPD B1h's MEDIUM ROTATION RATE: 0001h
+//! (non-rotating) when off, 0000h (not reported, which Linux takes as
+//! rotating) when on, since a target does not know a disk's real rate.
+//!
+//! Queue limits: a logical unit's task set holds at most
+//! `DeviceConfig::queue_depth` commands (default 128, all nexuses
+//! together); [`Target::submit`] answers one more with TASK SET FULL
+//! without running it (also when the nexus has no other task, where
+//! SAM-5 would allow BUSY).
 //!
 //! Persistent reservations ([`pr`]): REGISTER (and IGNORE), RESERVE,
 //! RELEASE, CLEAR, PREEMPT for all six types, REGISTER AND MOVE, enforced
@@ -61,6 +86,10 @@
 //! WRITE SAME/VERIFY/COMPARE AND WRITE CDBs (refused; those commands keep
 //! PI current), protection interval exponents, the application tag mode
 //! page, and PI on nullio and blockio stores.
+//!
+//! Not here yet: a data API of scatter lists (data-in/data-out are whole
+//! `Vec`s and slices, one copy in and one out of the store), and an
+//! asynchronous engine (io_uring); execution stays on the caller's thread.
 
 pub mod backend;
 pub mod cdb;
