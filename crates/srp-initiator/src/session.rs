@@ -12,6 +12,16 @@
 //! a run of pool pages, so a target sees only pages lent to it, but its
 //! R_Key covers the whole pool. Per-command registration (FRWR, as ib_srp
 //! does) is not implemented yet.
+//!
+//! When the connection fails (a work request fails, the port goes down,
+//! the target logs out) the QP goes to the error state and every
+//! outstanding command ends at once with `TransportFailed`, so a
+//! multipath device can send it elsewhere that moment. Finding the
+//! failure: the RC transport's retries (about 0.55 s) for anything we
+//! sent, and a liveness probe ([`SessionConfig::probe_interval`]) for a
+//! link that dies while the target holds every command already
+//! acknowledged. Dropping a failed session returns at once; its DREQ and
+//! teardown run on a thread of their own.
 
 use rdma_types::{AccessFlags, Gid, Guid, Lid, Mtu, Pkey, PortNum, Psn, QpState, Qpn};
 use rdma_types::{WcOpcode, WcStatus};
