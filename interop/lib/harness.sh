@@ -92,7 +92,11 @@ ns_add_ip() { nsx ip addr add "$1/24" dev "$BRIDGE"; }
 
 capture_start() {
   CAP=$RUN_DIR/cap.pcapng
-  nsx dumpcap -q -i "$BRIDGE" -w "$CAP" >"$RUN_DIR/dumpcap.log" 2>&1 &
+  # A scenario that moves GBs for a measurement may capture less
+  # (SCENARIO_CAPTURE_FILTER, a BPF filter); its wire checks live elsewhere.
+  local -a filt=()
+  [ -z "${SCENARIO_CAPTURE_FILTER:-}" ] || filt=(-f "$SCENARIO_CAPTURE_FILTER")
+  nsx dumpcap -q -i "$BRIDGE" "${filt[@]}" -w "$CAP" >"$RUN_DIR/dumpcap.log" 2>&1 &
   CAP_PID=$!
   local i
   for i in $(seq 1 $(( $(tmo 30) * 5 ))); do
@@ -253,6 +257,7 @@ scenario_run() {
   SCENARIO_EXPECT_PROTOCOLS=
   SCENARIO_TSHARK_ARGS=
   SCENARIO_GUEST_BINS=
+  SCENARIO_CAPTURE_FILTER=
   # shellcheck disable=SC1090
   . "$f"
   RUN_DIR=$INTEROP_RESULTS/$name-$(date -u +%Y%m%dT%H%M%SZ)

@@ -28,21 +28,7 @@ host_main() {
 }
 
 guest_target() {
-  local a guid_b
-  a=$(host_ip a)
-  rdma link delete rxe0 2>/dev/null || true
-  modprobe -r rdma_rxe 2>/dev/null || true
-  SOFTROCE_FAULTS=$LOSS_SPEC /interop/bin/srptd --ip "$a" --ram-mib 16 --rdma-cm-port $SRP_PORT \
-    --control-socket /tmp/srptd.sock >/tmp/srptd.log 2>&1 &
-  wait_until 30 "srptd to listen" grep -q "listening on" /tmp/srptd.log
-  step "$(head -1 /tmp/srptd.log) (SOFTROCE_FAULTS=$LOSS_SPEC)"
-  guid_b=$(msg_recv 7001 600)
-  [[ $guid_b =~ ^[0-9a-f]{16}$ ]] || fail "bad initiator GUID message '$guid_b'"
-  msg_send "$(host_ip b)" 7002 300 "ready $OUR_TARGET_GUID"
-  step "srptd ready, waiting for the initiator"
-  local done_msg
-  done_msg=$(msg_recv 7001 1100)
-  [ "$done_msg" = done ] || fail "initiator reported '$done_msg'"
+  SRPTD_FAULTS=$LOSS_SPEC DONE_TIMEOUT=1100 srptd_target
   /interop/bin/srptadm --socket /tmp/srptd.sock show >/tmp/show.txt || fail "srptadm show failed"
   grep '^nic_' /tmp/show.txt | sed 's/^/  /'
   local rtx

@@ -19,22 +19,30 @@ host_main() {
   [ -x "$SRPTD" ] || { echo "missing $SRPTD: run cargo build --release -p srpstack"; return 1; }
 }
 
-guest_target() {
-  local a guid_b
-  a=$(host_ip a)
+# srptd_target: srptd on this VM's address (rxe taken away first) with a
+# 16 MiB RAM LUN; "ready" goes to b's READY_PORT (default 7002); waits
+# DONE_TIMEOUT (default 900) s for b's "done". SRPTD_FAULTS, if set, is
+# srptd's SOFTROCE_FAULTS spec.
+srptd_target() {
+  local ip guid_b
+  ip=$(my_ip)
   # Our NIC takes the RoCE port: take rxe away first.
   rdma link delete rxe0 2>/dev/null || true
   modprobe -r rdma_rxe 2>/dev/null || true
-  /interop/bin/srptd --ip "$a" --ram-mib 16 --rdma-cm-port $SRP_PORT \
+  SOFTROCE_FAULTS=${SRPTD_FAULTS:-} /interop/bin/srptd --ip "$ip" --ram-mib 16 --rdma-cm-port $SRP_PORT \
     --control-socket /tmp/srptd.sock >/tmp/srptd.log 2>&1 &
   wait_until 30 "srptd to listen" grep -q "listening on" /tmp/srptd.log
-  step "$(head -1 /tmp/srptd.log)"
+  step "$(head -1 /tmp/srptd.log)${SRPTD_FAULTS:+ (SOFTROCE_FAULTS=$SRPTD_FAULTS)}"
   guid_b=$(msg_recv 7001 600)
   [[ $guid_b =~ ^[0-9a-f]{16}$ ]] || fail "bad initiator GUID message '$guid_b'"
-  msg_send "$(host_ip b)" 7002 300 "ready $OUR_TARGET_GUID"
+  msg_send "$(host_ip b)" "${READY_PORT:-7002}" 300 "ready $OUR_TARGET_GUID"
   step "srptd ready, waiting for the initiator"
   local done_msg
-  done_msg=$(msg_recv 7001 900)
+  done_msg=$(msg_recv 7001 "${DONE_TIMEOUT:-900}")
   [ "$done_msg" = done ] || fail "initiator reported '$done_msg'"
+}
+
+guest_target() {
+  srptd_target
   tail -5 /tmp/srptd.log
 }

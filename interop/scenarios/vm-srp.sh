@@ -23,7 +23,9 @@ SCENARIO_EXPECT_PROTOCOLS="infiniband.bth.opcode>=6&&infiniband.bth.opcode<=10 i
 
 SRP_PORT=5555
 
-guest_target() {
+# lio_target: LIO ib_srpt with one fileio LUN and an ACL for the initiator
+# whose GUID arrives on 7001; "ready" goes to b's READY_PORT (default 7002).
+lio_target() {
   local tpg guid_b node_guid gid0 wwn acl
   mkdir -p /run/dbus
   dbus-daemon --system --fork || fail "dbus-daemon did not start"
@@ -52,13 +54,15 @@ guest_target() {
   [ "$(cat "$tpg/enable")" = 1 ] || echo 1 >"$tpg/enable"
   # Diagnostic only: ls also probes fabrics the image lacks (iscsi).
   targetcli ls / 2>&1 | sed 's/^/  /' || true
-  msg_send "$(host_ip b)" 7002 300 "ready $node_guid"
+  msg_send "$(host_ip b)" "${READY_PORT:-7002}" 300 "ready $node_guid"
   step "target ready, waiting for the initiator"
   local done_msg
   done_msg=$(msg_recv 7001 900)
   [ "$done_msg" = done ] || fail "initiator reported '$done_msg'"
   dmesg | grep -i srpt | tail -5
 }
+
+guest_target() { lio_target; }
 
 # The target's SCSI vendor (vm-srp-ours reuses this initiator for ours).
 DISK_VENDOR=${DISK_VENDOR:-LIO-ORG}

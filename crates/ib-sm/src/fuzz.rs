@@ -1,11 +1,12 @@
 //! Body of the `sm_input` fuzz target, shared with a deterministic test:
 //! any sequence of MADs on QP0 and QP1 from any of a few nodes, and time
-//! steps, into one subnet manager. Nothing may panic; every MAD the SA owes
-//! an answer (base version 1, class SA, a request method) gets at least
-//! one answer to its sender carrying its TID and a response method, and no
-//! other MAD on QP1 draws a QP1 answer with its TID.
+//! steps, into one subnet manager. Nothing may panic; while the SM is
+//! master, every MAD the SA owes an answer (base version 1, class SA, a
+//! request method) gets at least one answer to its sender carrying its TID
+//! and a response method (before, the SA answers nothing); no other MAD on
+//! QP1 draws a QP1 answer with its TID.
 
-use crate::sm::{SmConfig, SubnetManager, QP_GSI};
+use crate::sm::{SmConfig, SmState, SubnetManager, QP_GSI};
 use rdma_types::{Duration, Gid, Guid, Instant};
 
 struct Input<'a>(&'a [u8]);
@@ -56,8 +57,19 @@ pub fn sm_input(data: &[u8]) -> Fed {
     let mut cfg = SmConfig::new(Guid(0x5111));
     cfg.timeout = Duration::from_millis(1 + u64::from(inp.u8() % 50));
     cfg.retries = u32::from(inp.u8() % 4);
+    let step = cfg.timeout;
     let mut now = Instant::ZERO;
     let mut sm = SubnetManager::new(cfg, nodes, now);
+    // No node answers, so discovery ends with this SM master (bounded:
+    // at most 4 tries of each SMP), and its SA answers.
+    for _ in 0..16 {
+        if sm.state() == SmState::Master {
+            break;
+        }
+        sm.handle_timeout(now);
+        now += step;
+    }
+    while sm.poll_transmit().is_some() {}
     let mut fed = Fed::default();
     while !inp.0.is_empty() && fed.mads < 500 {
         match inp.u8() % 8 {
@@ -83,7 +95,7 @@ pub fn sm_input(data: &[u8]) -> Fed {
                     m[2] = 2;
                 }
                 fed.mads += 1;
-                let owes = qp == QP_GSI && sa_owes_answer(&m);
+                let owes = qp == QP_GSI && sa_owes_answer(&m) && sm.state() == SmState::Master;
                 let tid = m.get(8..16).map(<[u8]>::to_vec);
                 sm.handle_mad(now, from, qp, &m);
                 let mut answered = false;
@@ -96,7 +108,7 @@ pub fn sm_input(data: &[u8]) -> Fed {
                         && tid.as_deref() == Some(&o.mad[8..16]);
                     if reply {
                         assert!(
-                            owes,
+                            owes && sm.state() == SmState::Master,
                             "an answer to a MAD that wants none: {:02x?}",
                             &m[..len.min(24)]
                         );

@@ -15,10 +15,30 @@
 //! `sweep_interval`, so a port that leaves and returns is noticed both
 //! ways.
 //!
+//! LID Mask Control (`SmConfig::lmc`, `ibsm run --lmc N`, opensm's `lmc`):
+//! every port the SM configures gets PortInfo:LMC N and 2^N LIDs, its
+//! base LID aligned to 2^N (IBA 7.11.1); a LID a port already holds is
+//! kept when it is aligned and its range free, else the port gets a fresh
+//! range. Soft RoCE reaches a port by GID, so a LID only names a port in
+//! the SM's and SA's records: the SA finds a port by any LID of its range
+//! and its records show the base LID (as opensm's do). The SM's own port
+//! keeps one LID.
+//!
 //! The SA answers Get and GetTable of PathRecord (component-mask matching
 //! on SGID, DGID, SLID, DLID and P_Key; paths only inside a shared
-//! partition where one end is a full member; one path per pair, since
-//! there is one), NodeRecord and PortInfoRecord (with capability-mask
+//! partition where one end is a full member). Between two ports there is
+//! a path per (SLID, DLID) pair of their ranges, listed in opensm's
+//! order: first the pairs at the same offset from each base (base to
+//! base, base+1 to base+1, ...; Preference 0), then the others,
+//! source-major (Preference 2). A Get gets the first; NumbPath in the
+//! mask limits a GetTable to that many per pair; without it a GetTable
+//! gets every pair up to `MAX_PATHS_PER_PAIR` (256: all of them up to
+//! LMC 4); an SLID or DLID in the mask fixes that end to that LID. A
+//! client takes the paths in that order and falls back to the next when
+//! a connection fails (srpd does); over soft RoCE they all reach the
+//! port by its GID, so LMC gives the fallback's retries, not another
+//! route. It
+//! answers NodeRecord and PortInfoRecord too (with capability-mask
 //! matching: every requested bit set, as srp_daemon asks for
 //! IsDeviceManagementSupported), and Set(InformInfo) to subscribe to or
 //! unsubscribe from traps; notices go out as Report MADs, resent until a
@@ -26,7 +46,23 @@
 //! sender without windowing (all segments at once; a lost one costs the
 //! requester a timeout and a new query). A Get with nothing to return
 //! answers ERR_NO_RECORDS; unknown attributes "method/attribute
-//! unsupported".
+//! unsupported". The SA runs on the master only: a standby or
+//! discovering SM drops SA MADs unanswered (counted), as opensm does, so
+//! clients keep asking until they find the master.
+//!
+//! M_Key (IBA 14.2.4): with `SmConfig::mkey` set, every Set(PortInfo)
+//! gives the port that key, `mkey_protect` and `mkey_lease` (keeping the
+//! port's M_KeyViolations), and every SMP to a port carries the key the SM
+//! holds for it: its own, or one the port's PortInfo showed (protect level
+//! 0, or after the lease ran out: a new SM takes over a fabric whose old
+//! master died holding another key; `SmEvent::MkeyLearned`). A port whose
+//! PortInfo hides the key from ours (level 1), or that answers our Gets
+//! and drops our Sets, is logged (`SmEvent::MkeyRefused`) and left alone;
+//! at level 2 a wrong key gets no answer at all, so such a port just
+//! never comes up. Trap 256 from a port's SMA (someone tried a wrong key)
+//! is repressed, logged (`SmEvent::BadMkey`) and forwarded to
+//! subscribers. The SM never keys its own port (a master it stands by
+//! for may).
 //!
 //! SM to SM (IBA 14.4): the SM's own port answers SMPs (its SMA says
 //! IsSM) and SMInfo Get/Set (GUID, SM_Key, ActCount, Priority, SMState).
@@ -44,9 +80,12 @@
 //! The SM's LID is its own port's: the configured one at first, or the
 //! one a master gave it while standby (a master moves a standby whose
 //! configured LID a node already holds), and it keeps that LID when it
-//! becomes master. A
-//! master that finds a STANDBY SM outranking it hands over (Set SMInfo
-//! HANDOVER) and becomes its standby; of two masters, the lesser yields.
+//! becomes master. A master that finds a STANDBY SM outranking it hands
+//! over (Set SMInfo HANDOVER) and becomes its standby; of two masters, the
+//! lesser yields. A master polls each standby's SMInfo every
+//! `poll_interval` (IBA 14.4.1) and logs one that stops answering
+//! (`SmEvent::StandbyLost`) or appears (`SmEvent::StandbyFound`: found by
+//! a sweep, or at once when an SM it does not know asks for its SMInfo).
 //! SA state (InformInfo subscriptions, ServiceRecords) is not carried
 //! over: clients re-register on the port's SM change event (see
 //! `rdma_access::resource::PnpEvent::SmChange`), as Linux clients and
@@ -57,9 +96,9 @@
 //! subscribers, with the sender's GID as issuer; the SA's PortInfoRecords
 //! show the new mask at once.
 //!
-//! Not done: multicast, M_Key protection, several paths per pair, and of
-//! SM to SM: SM_Key checks beyond SMInfo Sets, the ACKNOWLEDGE answer to a
-//! handover, and polling by a master of its standbys.
+//! Not done: multicast, LMC on the SM's own port, M_Key on the SM's own
+//! port, and of SM to SM: SM_Key checks beyond SMInfo Sets and the
+//! ACKNOWLEDGE answer to a handover.
 
 pub mod fuzz;
 pub mod partitions;

@@ -65,6 +65,8 @@ pub struct Host {
     pub traps_sent: u64,
     /// TrapRepresses to lose on arrival (a one-way loss for tests).
     pub lose_represses: u32,
+    /// The TID of the trap last sent.
+    trap_sent: Option<u64>,
 }
 
 impl Host {
@@ -85,6 +87,7 @@ impl Host {
             trap_deadline: None,
             traps_sent: 0,
             lose_represses: 0,
+            trap_sent: None,
         }
     }
 
@@ -99,6 +102,7 @@ impl Host {
         self.trap_deadline = None;
         if let Some(t) = self.sma.trap() {
             let f = frame(self.me, self.sm, QP_SMI, t);
+            self.trap_sent = Some(u64::from_be_bytes(t[8..16].try_into().expect("8")));
             self.out.push_back(f);
             self.traps_sent += 1;
             self.trap_deadline = Some(now + Duration::from_millis(300));
@@ -152,7 +156,7 @@ impl SimNode for Host {
         vec![self.me]
     }
 
-    fn handle_datagram(&mut self, _now: Instant, d: Datagram) {
+    fn handle_datagram(&mut self, now: Instant, d: Datagram) {
         let Some((&qp, mad)) = d.data.split_first() else {
             return;
         };
@@ -161,15 +165,24 @@ impl SimNode for Host {
                 self.lose_represses -= 1;
                 return;
             }
-            if let Some((r, _)) = self.sma.handle(mad) {
+            if let Some((r, _)) = self.sma.handle(now, mad) {
                 if mad.get(3) == Some(&0x02) {
                     // The SM (and its SA) is where the Sets come from.
                     self.sm = d.src;
                 }
                 self.out.push_back(frame(self.me, d.src, QP_SMI, &r));
             }
-            if self.sma.trap().is_none() {
-                self.trap_deadline = None;
+            match self.sma.trap() {
+                None => self.trap_deadline = None,
+                // A new trap (256 for a bad M_Key, or the next queued one):
+                // send it now.
+                Some(t)
+                    if Some(u64::from_be_bytes(t[8..16].try_into().expect("8")))
+                        != self.trap_sent =>
+                {
+                    self.send_trap(now)
+                }
+                Some(_) => {}
             }
             return;
         }
@@ -226,10 +239,12 @@ impl SimNode for Host {
             .filter(|q| !q.done)
             .map(|q| q.deadline)
             .chain(self.trap_deadline)
+            .chain(self.sma.poll_timeout())
             .min()
     }
 
     fn handle_timeout(&mut self, now: Instant) {
+        self.sma.handle_timeout(now);
         if self.trap_deadline.is_some_and(|t| t <= now) {
             self.send_trap(now);
         }
@@ -344,6 +359,22 @@ pub fn fabric(
     partitions: Option<&str>,
     hosts: u8,
 ) -> Result<Simulator<N>, crate::PartitionError> {
+    Ok(fabric_with(seed, loss, sim_config(partitions)?, hosts))
+}
+
+/// The SM configuration [`fabric`] uses: sweeps every second, the
+/// partitions of `partitions` (a partitions file's text) if given.
+pub fn sim_config(partitions: Option<&str>) -> Result<SmConfig, crate::PartitionError> {
+    let mut cfg = SmConfig::new(Guid(0xabc));
+    cfg.sweep_interval = Duration::from_secs(1);
+    if let Some(p) = partitions {
+        cfg.partitions = parse_partitions(p)?;
+    }
+    Ok(cfg)
+}
+
+/// [`fabric`] with the SM configured as `cfg` says.
+pub fn fabric_with(seed: u64, loss: f64, cfg: SmConfig, hosts: u8) -> Simulator<N> {
     let mut sim = Simulator::new(seed);
     if loss > 0.0 {
         sim.set_default_fault(FaultConfig {
@@ -352,23 +383,31 @@ pub fn fabric(
             ..Default::default()
         });
     }
-    let mut cfg = SmConfig::new(Guid(0xabc));
-    cfg.sweep_interval = Duration::from_secs(1);
-    if let Some(p) = partitions {
-        cfg.partitions = parse_partitions(p)?;
-    }
     let endpoints = (2..2 + hosts).map(|n| (addr(n), gid(n))).collect();
-    sim.add_node(N::Sm(SmNode {
-        me: addr(1),
-        dead: false,
-        sm: SubnetManager::new(cfg, endpoints, Instant::ZERO),
-        events: Vec::new(),
-        log: Vec::new(),
-    }));
+    add_sm(&mut sim, 1, cfg, endpoints, Instant::ZERO, false);
     for n in 2..2 + hosts {
         sim.add_node(N::Host(Host::new(n, n == 2)));
     }
-    Ok(sim)
+    sim
+}
+
+/// Adds an SM at `addr(n)` managing `endpoints`, first sweeping at
+/// `start`; stopped (`dead`) if `dead`.
+pub fn add_sm(
+    sim: &mut Simulator<N>,
+    n: u8,
+    cfg: SmConfig,
+    endpoints: Vec<(SocketAddr, Gid)>,
+    start: Instant,
+    dead: bool,
+) {
+    sim.add_node(N::Sm(SmNode {
+        me: addr(n),
+        dead,
+        sm: SubnetManager::new(cfg, endpoints, start),
+        events: Vec::new(),
+        log: Vec::new(),
+    }));
 }
 
 /// Two SMs: A at 10.0.0.1 (LID 1, node 0) and B after the hosts at

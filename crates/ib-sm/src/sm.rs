@@ -2,7 +2,9 @@
 
 use crate::partitions::{default_partitions, Partition};
 use rdma_access::gsi::{status_reply, MadBytes};
-use rdma_access::sma::{state, Sma, SmaConfig, SMP_DATA, TRAP_CAPABILITY_MASK_CHANGE};
+use rdma_access::sma::{
+    state, Sma, SmaConfig, SMP_DATA, TRAP_BAD_MKEY, TRAP_CAPABILITY_MASK_CHANGE,
+};
 use rdma_mad::mad::{MadStatus, Method, StatusCode, MAD_SIZE};
 use rdma_mad::rmpp::{self, RmppHeader};
 use rdma_mad::sa::{
@@ -57,6 +59,11 @@ pub mod portinfo_comp {
     /// PortInfo:CapabilityMask.
     pub const CAPMASK: u64 = 1 << 7;
 }
+
+/// Paths per port pair a GetTable without NumbPath gets at most: with LMC
+/// 4 that is every pair of LIDs; above it the first 256 in opensm's order
+/// (its SA would list all 2^(2 LMC), up to 16384 per pair).
+pub const MAX_PATHS_PER_PAIR: usize = 256;
 
 /// NodeRecord length on the wire (LID, reserved, NodeInfo, NodeDescription).
 const NODE_RECORD_LEN: usize = 108;
@@ -126,8 +133,21 @@ pub struct SmConfig {
     pub priority: u8,
     /// SMInfo:SM_Key (a Set of SMInfo must carry it).
     pub sm_key: u64,
-    /// Time between a standby's polls of the master's SMInfo.
+    /// Time between a standby's polls of the master's SMInfo, and a
+    /// master's of its standbys'.
     pub poll_interval: Duration,
+    /// The M_Key the SM gives every port it configures and sends in every
+    /// SMP (0: none, the ports stay unprotected).
+    pub mkey: u64,
+    /// PortInfo:M_KeyProtectBits it gives them (0 to 3, IBA 14.2.4.1).
+    pub mkey_protect: u8,
+    /// PortInfo:M_KeyLeasePeriod it gives them, seconds (0: forever).
+    pub mkey_lease: u16,
+    /// PortInfo:LMC it gives every port it configures (0 to 7; more is
+    /// taken as 7): each port gets `2^lmc` LIDs from a base LID aligned
+    /// to `2^lmc`, as opensm's `lmc` option does. The SM's own port keeps
+    /// its single LID.
+    pub lmc: u8,
 }
 
 impl SmConfig {
@@ -143,6 +163,10 @@ impl SmConfig {
             priority: 0,
             sm_key: 0,
             poll_interval: Duration::from_secs(3),
+            mkey: 0,
+            mkey_protect: 0,
+            mkey_lease: 0,
+            lmc: 0,
         }
     }
 }
@@ -189,6 +213,46 @@ pub enum SmEvent {
         /// The new mask.
         mask: u32,
     },
+    /// A port refused an SMP for its M_Key (trap 256 from its SMA,
+    /// forwarded to subscribers).
+    BadMkey {
+        /// Port GUID.
+        guid: Guid,
+        /// The requester's LID, if the SMP said (directed route).
+        requester: u16,
+        /// The refused SMP's method and attribute.
+        method: u8,
+        /// Attribute ID.
+        attr: u16,
+    },
+    /// A port will not be configured by this SM: its PortInfo hid the
+    /// M_Key from this SM's key (protect level 1), or it answered Gets
+    /// but dropped the Sets (a wrong key at level 0). It is left alone
+    /// until its key is shown (the lease ran out) or this SM's key fits.
+    MkeyRefused {
+        /// Port GUID.
+        guid: Guid,
+    },
+    /// A port's PortInfo showed an M_Key other than this SM's (level 0,
+    /// or its lease ran out): this SM uses it for that port until its
+    /// Set(PortInfo) gives the port this SM's key.
+    MkeyLearned {
+        /// Port GUID.
+        guid: Guid,
+    },
+    /// The master found a standby SM (by a sweep, or when the standby
+    /// asked for the master's SMInfo).
+    StandbyFound {
+        /// Its GUID.
+        guid: Guid,
+        /// Its priority.
+        priority: u8,
+    },
+    /// A standby this master polled stopped answering (or its port went).
+    StandbyLost {
+        /// Its GUID.
+        guid: Guid,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -202,6 +266,8 @@ enum Want {
     SmInfo,
     /// A standby's Get(SMInfo) of the master.
     Poll,
+    /// A master's Get(SMInfo) of a standby (IBA 14.4.1).
+    PeerPoll,
     /// Set(SMInfo, HANDOVER) to an SM that outranks this master.
     Handover,
 }
@@ -232,6 +298,16 @@ struct Node<P> {
     stage: Stage,
     /// SMInfo of the SM behind this port, if it says IsSM.
     sm: Option<SmInfo>,
+    /// The M_Key this SM's SMPs to the port carry: the configured one,
+    /// or one the port showed (see [`SmEvent::MkeyLearned`]).
+    mkey: u64,
+    /// A master's poll of this standby is out.
+    polling: bool,
+    /// This master logged the standby SM behind this port (found, not
+    /// lost since).
+    standby_logged: bool,
+    /// The port's refusal of our M_Key is logged (until it takes a Set).
+    refused_logged: bool,
 }
 
 struct Pending<P> {
@@ -272,6 +348,14 @@ pub struct SmStats {
     pub polls: u64,
     /// Traps received from SMAs (and repressed).
     pub traps: u64,
+    /// Trap 256s (bad M_Key) among them.
+    pub bad_mkey_traps: u64,
+    /// Ports found refusing this SM's M_Key (see [`SmEvent::MkeyRefused`]).
+    pub mkey_refused: u64,
+    /// Polls of standbys' SMInfo answered (master).
+    pub standby_polls: u64,
+    /// SA MADs ignored because this SM is not master (as opensm does).
+    pub sa_ignored: u64,
 }
 
 /// The subnet manager of a fabric whose nodes it reaches directly.
@@ -297,6 +381,8 @@ pub struct SubnetManager<P> {
     /// The last traps seen, (sender, TID), so a resent one is repressed
     /// again but forwarded once.
     traps_seen: VecDeque<(P, u64)>,
+    /// When a master next polls its standbys.
+    next_peer_poll: Instant,
 }
 
 fn smp(method: Method, attr: SmpAttr, modifier: u32) -> MadBytes {
@@ -334,6 +420,7 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
             own,
             master: None,
             traps_seen: VecDeque::new(),
+            next_peer_poll: now,
             nodes: endpoints
                 .into_iter()
                 .map(|(addr, gid)| Node {
@@ -347,6 +434,10 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
                     busy: false,
                     stage: Stage::Idle,
                     sm: None,
+                    mkey: cfg.mkey,
+                    polling: false,
+                    standby_logged: false,
+                    refused_logged: false,
                 })
                 .collect(),
             cfg,
@@ -429,8 +520,14 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
 
     /// When [`SubnetManager::handle_timeout`] is next due.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        let p = self.pending.values().map(|p| p.deadline).min();
-        Some(p.map_or(self.next_sweep, |p| p.min(self.next_sweep)))
+        let mut t = self.next_sweep;
+        if let Some(p) = self.pending.values().map(|p| p.deadline).min() {
+            t = t.min(p);
+        }
+        if self.state == SmState::Master && self.nodes.iter().any(|n| n.sm.is_some()) {
+            t = t.min(self.next_peer_poll);
+        }
+        Some(t)
     }
 
     /// True while SMPs (or Reports) wait for their answers: a sweep is
@@ -468,6 +565,9 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
         }
         let tid = (u64::from(self.lid_now()) << 48) | self.next_tid;
         mad[8..16].copy_from_slice(&tid.to_be_bytes());
+        if let (QP_SMI, Some(i)) = (qp, node) {
+            mad[24..32].copy_from_slice(&self.nodes[i].mkey.to_be_bytes());
+        }
         let mad = Box::new(mad);
         self.tx.push_back(Outgoing {
             to,
@@ -523,6 +623,17 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
             }
             // A Report nobody acknowledged is dropped (the subscriber stays).
         }
+        if self.state == SmState::Master && now >= self.next_peer_poll {
+            self.next_peer_poll = now + self.cfg.poll_interval;
+            for i in 0..self.nodes.len() {
+                let standby = self.nodes[i]
+                    .sm
+                    .is_some_and(|s| s.sm_state == SmState::Standby.code());
+                if standby {
+                    self.poll_peer(now, i);
+                }
+            }
+        }
         if now >= self.next_sweep {
             match self.state {
                 SmState::Master | SmState::Discovering => self.start_sweep(now),
@@ -537,6 +648,49 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
                     }
                 }
                 SmState::NotActive => self.next_sweep = now + self.cfg.sweep_interval,
+            }
+        }
+    }
+
+    /// A master's Get(SMInfo) of the SM at node `i` (IBA 14.4.1), beside
+    /// any sweep of the node.
+    fn poll_peer(&mut self, now: Instant, i: usize) {
+        if self.nodes[i].polling {
+            return;
+        }
+        self.nodes[i].polling = true;
+        let to = self.nodes[i].addr;
+        let m = smp(Method::Get, SmpAttr::SmInfo, 0);
+        self.send(now, Some(i), to, QP_SMI, Some(Want::PeerPoll), m);
+    }
+
+    /// Records what the SM at node `i` said of itself; a master logs a
+    /// standby it did not know.
+    fn peer_seen(&mut self, i: usize, info: SmInfo) {
+        let n = &mut self.nodes[i];
+        if n.sm.is_some_and(|s| s.guid != info.guid) {
+            n.standby_logged = false;
+        }
+        n.sm = Some(info);
+        if !n.standby_logged
+            && self.state == SmState::Master
+            && info.guid != self.cfg.guid
+            && info.sm_state == SmState::Standby.code()
+        {
+            n.standby_logged = true;
+            self.events.push_back(SmEvent::StandbyFound {
+                guid: info.guid,
+                priority: info.priority,
+            });
+        }
+    }
+
+    /// Node `i` has no SM (any more); a master logs a standby gone.
+    fn peer_gone(&mut self, i: usize) {
+        let logged = std::mem::take(&mut self.nodes[i].standby_logged);
+        if let Some(s) = self.nodes[i].sm.take() {
+            if logged && self.state == SmState::Master {
+                self.events.push_back(SmEvent::StandbyLost { guid: s.guid });
             }
         }
     }
@@ -576,7 +730,13 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
                     }
                     let guid = self.nodes[i].info.map_or(Guid(0), |x| x.port_guid);
                     if !self.lid_of.contains_key(&guid) {
-                        let l = self.fresh_lid();
+                        let Some(l) = self.fresh_lid() else {
+                            // No LIDs left: the port waits for a sweep
+                            // after one frees.
+                            self.nodes[i].stage = Stage::Idle;
+                            self.nodes[i].busy = false;
+                            continue;
+                        };
                         self.lid_of.insert(guid, l);
                     }
                     self.configure(now, i, true);
@@ -618,6 +778,9 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
     /// Becomes standby polling the SM at node `i`.
     fn follow(&mut self, now: Instant, i: usize) {
         self.master = Some(i);
+        for n in &mut self.nodes {
+            n.standby_logged = false;
+        }
         self.set_state(SmState::Standby);
         for n in &mut self.nodes {
             if n.stage == Stage::Parked {
@@ -628,24 +791,85 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
         self.next_sweep = now + self.cfg.poll_interval;
     }
 
-    /// A LID no port holds or reported, nor the SM's own.
-    fn fresh_lid(&mut self) -> u16 {
-        loop {
-            let l = self.next_lid;
-            self.next_lid = if l >= 0xbfff { 1 } else { l + 1 };
-            let reported = self
-                .nodes
+    /// LIDs per port: `2^lmc`.
+    fn span(&self) -> u16 {
+        1 << self.cfg.lmc.min(7)
+    }
+
+    /// The LID range of the port with this GUID (base LID and the
+    /// `2^lmc - 1` above it), once assigned.
+    pub fn lids(&self, guid: Guid) -> Option<std::ops::RangeInclusive<u16>> {
+        let base = self.lid(guid)?;
+        Some(base..=base + (self.span() - 1))
+    }
+
+    /// PortInfo:LMC of the ports this SM configures.
+    pub fn lmc(&self) -> u8 {
+        self.cfg.lmc.min(7)
+    }
+
+    /// True if the range of `2^lmc` LIDs from `base` is free: unicast,
+    /// aligned, clear of the SM's own LID and of every range assigned.
+    /// For the port `owner` keeping the LID it reported, that is all; a
+    /// fresh range (`owner` `None`) must also miss every LID a port
+    /// reported (it may keep it yet).
+    fn range_free(&self, base: u16, owner: Option<Guid>) -> bool {
+        let span = self.span();
+        let end = u32::from(base) + u32::from(span); // exclusive
+        let hits =
+            |b: u16, n: u16| u32::from(b) < end && u32::from(base) < u32::from(b) + u32::from(n);
+        base != 0
+            && base.is_multiple_of(span)
+            && end <= 0xc000
+            && !hits(self.lid_now(), 1)
+            && !self
+                .lid_of
                 .iter()
-                .any(|n| PortInfo::new_checked(&n.port[..]).is_ok_and(|p| p.lid() == l));
-            if l != self.lid_now() && !reported && !self.lid_of.values().any(|v| *v == l) {
-                return l;
+                .any(|(g, b)| Some(*g) != owner && hits(*b, span))
+            && (owner.is_some()
+                || !self.nodes.iter().any(|n| {
+                    PortInfo::new_checked(&n.port[..])
+                        .is_ok_and(|p| p.lid() != 0 && hits(p.lid(), 1 << p.lmc()))
+                }))
+    }
+
+    /// The base of a LID range no port holds or reported, nor holding the
+    /// SM's own LID (aligned to `2^lmc`, IBA 7.11.1); `None` when the
+    /// unicast LIDs are used up.
+    fn fresh_lid(&mut self) -> Option<u16> {
+        let span = u32::from(self.span());
+        for _ in 0..=0xc000 / span {
+            // The next aligned base from the cursor, wrapping to the
+            // first (LID 0 is no LID) past the unicast LIDs.
+            let l = match u32::from(self.next_lid).div_ceil(span) * span {
+                l if l == 0 || l + span > 0xc000 => span,
+                l => l,
+            };
+            self.next_lid = (l + span) as u16; // at most 0xc000
+            if self.range_free(l as u16, None) {
+                return Some(l as u16);
             }
         }
+        None
     }
 
     fn node_lost(&mut self, now: Instant, i: usize, want: Want) {
         if want == Want::Handover {
             return; // the peer stays standby; this SM stays master
+        }
+        if want == Want::PeerPoll {
+            self.nodes[i].polling = false;
+            self.peer_gone(i);
+            return;
+        }
+        let keyed = PortInfo::new_checked(&self.nodes[i].port[..])
+            .is_ok_and(|p| p.mkey() != 0 || p.mkey_protect() != 0);
+        if keyed && matches!(want, Want::SetPortInfo | Want::SetPkeys) {
+            // A keyed port answered the sweep's Gets but drops our Sets: a
+            // wrong M_Key (IBA 14.2.4.1). Alive, not ours. (An unkeyed one
+            // cannot refuse: it is gone.)
+            self.mkey_refused(now, i);
+            return;
         }
         let n = &mut self.nodes[i];
         n.busy = false;
@@ -662,7 +886,7 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
             self.start_sweep(now);
             return;
         }
-        n.sm = None;
+        self.peer_gone(i);
         self.sweep_progress(now);
         let n = &mut self.nodes[i];
         if n.in_service {
@@ -672,6 +896,21 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
             self.events.push_back(SmEvent::PortDown { guid });
             self.trap(now, Notice::TRAP_GID_OUT_OF_SERVICE, gid);
         }
+    }
+
+    /// Node `i` will not take this SM's Sets for its M_Key: logged (once
+    /// until it takes one), and left alone until the next sweep.
+    fn mkey_refused(&mut self, now: Instant, i: usize) {
+        let n = &mut self.nodes[i];
+        n.busy = false;
+        n.stage = Stage::Idle;
+        if !n.refused_logged {
+            n.refused_logged = true;
+            let guid = n.info.map_or(Guid(0), |x| x.port_guid);
+            self.stats.mkey_refused += 1;
+            self.events.push_back(SmEvent::MkeyRefused { guid });
+        }
+        self.sweep_progress(now);
     }
 
     /// The P_Key table this port should have.
@@ -710,6 +949,12 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
             return;
         }
         if qp == QP_GSI && mad[1] == 0x03 {
+            if self.state != SmState::Master {
+                // The SA runs on the master only; like opensm, a standby
+                // (or discovering) SM drops SA MADs unanswered.
+                self.stats.sa_ignored += 1;
+                return;
+            }
             self.sa_request(now, from, mad);
         } else if qp == QP_SMI && matches!(mad[1], 0x01 | 0x81) {
             self.smp_request(now, from, mad);
@@ -732,13 +977,22 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
             return;
         }
         if attr != SmpAttr::SmInfo || !matches!(method, Method::Get | Method::Set) {
-            if let Some((r, _)) = self.own.handle(req) {
+            if let Some((r, _)) = self.own.handle(now, req) {
                 self.tx.push_back(out(r));
             }
             return;
         }
         if directed && req[6] != req[7] {
             return;
+        }
+        if method == Method::Get && self.state == SmState::Master {
+            // An SM asking for ours: if we do not know it, ask for its
+            // (a new standby shows at once, not at the next sweep).
+            if let Some(i) = self.nodes.iter().position(|n| n.addr == from) {
+                if self.nodes[i].sm.is_none() {
+                    self.poll_peer(now, i);
+                }
+            }
         }
         let peer = SmInfo::parse(&req[SMP_DATA..SMP_DATA + SmInfo::LEN]).ok();
         let keyed = peer.is_some_and(|p| p.sm_key == self.cfg.sm_key);
@@ -819,6 +1073,19 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
         if let Some(i) = node {
             notice.issuer_gid = self.nodes[i].gid;
         }
+        if notice.is_generic && notice.trap_number == TRAP_BAD_MKEY {
+            self.stats.bad_mkey_traps += 1;
+            let d = &notice.data_details;
+            let guid = node
+                .and_then(|i| self.nodes[i].info)
+                .map_or(Guid(0), |x| x.port_guid);
+            self.events.push_back(SmEvent::BadMkey {
+                guid,
+                requester: u16::from_be_bytes([d[2], d[3]]),
+                method: d[5],
+                attr: u16::from_be_bytes([d[6], d[7]]),
+            });
+        }
         if notice.is_generic && notice.trap_number == TRAP_CAPABILITY_MASK_CHANGE {
             let mask = u32::from_be_bytes(notice.data_details[6..10].try_into().expect("4"));
             if let Some(i) = node {
@@ -853,6 +1120,14 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
                 }
                 return;
             }
+            Want::PeerPoll => {
+                self.nodes[i].polling = false;
+                if let Ok(info) = SmInfo::parse(&data[..SmInfo::LEN]) {
+                    self.stats.standby_polls += 1;
+                    self.peer_seen(i, info);
+                }
+                return;
+            }
             _ => {}
         }
         if !ok {
@@ -863,13 +1138,13 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
             return;
         }
         match want {
-            Want::Poll | Want::Handover => {}
+            Want::Poll | Want::Handover | Want::PeerPoll => {}
             Want::SmInfo => {
                 let Ok(peer) = SmInfo::parse(&data[..SmInfo::LEN]) else {
                     self.after_read(now, i);
                     return;
                 };
-                self.nodes[i].sm = Some(peer);
+                self.peer_seen(i, peer);
                 let me = self.sm_info();
                 if self.state == SmState::Master && peer.guid != me.guid && outranks(&peer, &me) {
                     if peer.sm_state == SmState::Master.code() {
@@ -914,15 +1189,30 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
             Want::PortInfo => {
                 self.nodes[i].port.copy_from_slice(data);
                 let pi = PortInfo::new_checked(data).expect("64 bytes");
+                let guid = self.nodes[i].info.map_or(Guid(0), |x| x.port_guid);
+                if pi.mkey() != 0 && pi.mkey() != self.nodes[i].mkey {
+                    // Shown (level 0, or the lease ran out): use it until
+                    // our Set gives the port our key.
+                    self.nodes[i].mkey = pi.mkey();
+                    self.events.push_back(SmEvent::MkeyLearned { guid });
+                } else if pi.mkey() == 0 && pi.mkey_protect() == 1 && self.nodes[i].mkey != 0 {
+                    // Hidden from our key (level 1): a Set would only
+                    // count against us.
+                    self.mkey_refused(now, i);
+                    return;
+                }
                 if pi.capability_mask() & cap::IS_SM != 0 {
                     self.ask(now, i, Want::SmInfo, smp(Method::Get, SmpAttr::SmInfo, 0));
                 } else {
-                    self.nodes[i].sm = None;
+                    self.peer_gone(i);
                     self.after_read(now, i);
                 }
             }
             Want::SetPortInfo => {
                 self.nodes[i].port.copy_from_slice(data);
+                // The port holds our key now.
+                self.nodes[i].mkey = self.cfg.mkey;
+                self.nodes[i].refused_logged = false;
                 self.configure(now, i, false);
             }
             Want::SetPkeys => {
@@ -954,13 +1244,17 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
         let guid = self.nodes[i].info.map_or(Guid(0), |x| x.port_guid);
         let pi = PortInfo::new_checked(&self.nodes[i].port[..]).expect("64 bytes");
         let (reported, port_state, sm_lid) = (pi.lid(), pi.port_state(), pi.sm_lid());
+        let violations = pi.mkey_violations();
+        let port_lmc = pi.lmc();
+        let keyed = pi.mkey() == self.cfg.mkey
+            && pi.mkey_protect() == self.cfg.mkey_protect
+            && pi.mkey_lease_period() == self.cfg.mkey_lease;
+        let lmc = self.lmc();
         let lid = match self.lid_of.get(&guid) {
             Some(l) => *l,
-            None if reported != 0
-                && reported < 0xc000
-                && reported != self.lid_now()
-                && !self.lid_of.values().any(|v| *v == reported) =>
-            {
+            // The port's own LID is kept if its range (with our LMC) is
+            // aligned and free, as opensm keeps a discovered LID.
+            None if self.range_free(reported, Some(guid)) => {
                 self.lid_of.insert(guid, reported);
                 reported
             }
@@ -975,7 +1269,9 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
         let next = match port_state {
             state::INIT => Some(state::ARMED),
             state::ARMED => Some(state::ACTIVE),
-            _ if reported != lid || sm_lid != self.lid_now() => Some(0),
+            _ if reported != lid || port_lmc != lmc || sm_lid != self.lid_now() || !keyed => {
+                Some(0)
+            }
             _ => None,
         };
         match next {
@@ -984,9 +1280,15 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
                 let mut p =
                     PortInfo::new_checked(&mut m[SMP_DATA..SMP_DATA + 64]).expect("64 bytes");
                 p.set_lid(lid);
+                p.set_lmc(lmc);
                 p.set_sm_lid(self.lid_now());
                 p.set_subnet_timeout(18);
                 p.set_port_state(st);
+                p.set_mkey(self.cfg.mkey);
+                p.set_mkey_protect(self.cfg.mkey_protect);
+                p.set_mkey_lease_period(self.cfg.mkey_lease);
+                // M_KeyViolations is writable: keep the port's count.
+                p.set_mkey_violations(violations);
                 self.ask(now, i, Want::SetPortInfo, m);
             }
             _ => {
@@ -1096,7 +1398,7 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
                 self.tx.push_back(reply(r));
             }
             (Method::Get | Method::GetTable, SaAttr::PathRecord) => {
-                let recs = self.path_records(from, &hdr, data);
+                let recs = self.path_records(from, method, &hdr, data);
                 self.answer(from, req, method, &recs, PathRecord::LEN);
             }
             (Method::Get | Method::GetTable, SaAttr::NodeRecord) => {
@@ -1230,11 +1532,47 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
         })
     }
 
-    fn path_records(&self, from: P, hdr: &SaHeader, data: &[u8]) -> Vec<Vec<u8>> {
+    /// True if `lid` is one of node `n`'s (its base and the `2^lmc - 1`
+    /// above: the SA's LID-to-port map, as opensm's covers the range).
+    fn holds(&self, n: &Node<P>, lid: u16) -> bool {
+        n.lid != 0 && lid >= n.lid && lid - n.lid < self.span()
+    }
+
+    /// The (SLID, DLID, preference) of the paths from a port with LIDs
+    /// `s` to one with `d`, in opensm's order: first the pairs at the same
+    /// offset from each base (base to base, base+1 to base+1, ...:
+    /// preference 0, the most redundant with each other), then every
+    /// other pair, source-major (preference 2); at most `limit`.
+    fn lid_pairs(s: (u16, u16), d: (u16, u16), limit: usize) -> Vec<(u16, u16, u8)> {
+        let mut out = Vec::new();
+        let (ns, nd) = (s.1 - s.0 + 1, d.1 - d.0 + 1);
+        for k in 0..ns.min(nd) {
+            out.push((s.0 + k, d.0 + k, 0));
+        }
+        for i in 0..ns {
+            for j in (0..nd).filter(|j| *j != i) {
+                out.push((s.0 + i, d.0 + j, 2));
+            }
+        }
+        out.truncate(limit);
+        out
+    }
+
+    fn path_records(&self, from: P, method: Method, hdr: &SaHeader, data: &[u8]) -> Vec<Vec<u8>> {
         let Ok(q) = PathRecord::parse(data) else {
             return Vec::new();
         };
         let m = hdr.comp_mask;
+        // Paths per pair: one for a Get (IBA 1.2 erratum, as opensm);
+        // NumbPath when the mask has it; else every LID pair, at most
+        // MAX_PATHS_PER_PAIR.
+        let limit = if method == Method::Get {
+            1
+        } else if m & path_comp::NUMB_PATH != 0 {
+            usize::from(q.numb_path)
+        } else {
+            MAX_PATHS_PER_PAIR
+        };
         let srcs: Vec<&Node<P>> = self
             .nodes
             .iter()
@@ -1244,7 +1582,7 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
                     n.addr == from
                 } else {
                     (m & path_comp::SGID == 0 || n.gid == q.sgid)
-                        && (m & path_comp::SLID == 0 || n.lid == q.slid)
+                        && (m & path_comp::SLID == 0 || self.holds(n, q.slid))
                 }
             })
             .collect();
@@ -1252,7 +1590,7 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
         for s in &srcs {
             for d in self.nodes.iter().filter(|n| n.in_service) {
                 if (m & path_comp::DGID != 0 && d.gid != q.dgid)
-                    || (m & path_comp::DLID != 0 && d.lid != q.dlid)
+                    || (m & path_comp::DLID != 0 && !self.holds(d, q.dlid))
                 {
                     continue;
                 }
@@ -1263,32 +1601,46 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
                 let Some(pkey) = self.shares_partition(si.port_guid, di.port_guid, only) else {
                     continue;
                 };
-                let rec = PathRecord {
-                    service_id: q.service_id,
-                    dgid: d.gid,
-                    sgid: s.gid,
-                    dlid: d.lid,
-                    slid: s.lid,
-                    raw_traffic: false,
-                    flow_label: 0,
-                    hop_limit: 0,
-                    tclass: 0,
-                    reversible: true,
-                    numb_path: 1,
-                    pkey: Pkey(pkey),
-                    qos_class: 0,
-                    sl: 0,
-                    mtu_selector: 2,
-                    mtu: 5,
-                    rate_selector: 2,
-                    rate: 3,
-                    packet_life_selector: 2,
-                    packet_life: 16,
-                    preference: 0,
+                // The client's SLID or DLID narrows its end to that LID.
+                let top = self.span() - 1;
+                let srange = if m & path_comp::SLID != 0 {
+                    (q.slid, q.slid)
+                } else {
+                    (s.lid, s.lid + top)
                 };
-                let mut b = vec![0u8; PathRecord::LEN];
-                rec.emit(&mut b);
-                out.push(b);
+                let drange = if m & path_comp::DLID != 0 {
+                    (q.dlid, q.dlid)
+                } else {
+                    (d.lid, d.lid + top)
+                };
+                for (slid, dlid, preference) in Self::lid_pairs(srange, drange, limit) {
+                    let rec = PathRecord {
+                        service_id: q.service_id,
+                        dgid: d.gid,
+                        sgid: s.gid,
+                        dlid,
+                        slid,
+                        raw_traffic: false,
+                        flow_label: 0,
+                        hop_limit: 0,
+                        tclass: 0,
+                        reversible: true,
+                        numb_path: 1,
+                        pkey: Pkey(pkey),
+                        qos_class: 0,
+                        sl: 0,
+                        mtu_selector: 2,
+                        mtu: 5,
+                        rate_selector: 2,
+                        rate: 3,
+                        packet_life_selector: 2,
+                        packet_life: 16,
+                        preference,
+                    };
+                    let mut b = vec![0u8; PathRecord::LEN];
+                    rec.emit(&mut b);
+                    out.push(b);
+                }
             }
         }
         out
@@ -1298,7 +1650,7 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
         let want_lid = u16::from_be_bytes([data[0], data[1]]);
         self.nodes
             .iter()
-            .filter(|n| n.in_service && (hdr.comp_mask & 1 == 0 || n.lid == want_lid))
+            .filter(|n| n.in_service && (hdr.comp_mask & 1 == 0 || self.holds(n, want_lid)))
             .filter_map(|n| {
                 let mut b = vec![0u8; NODE_RECORD_LEN];
                 b[0..2].copy_from_slice(&n.lid.to_be_bytes());
@@ -1323,7 +1675,7 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
             .collect();
         by_lid
             .values()
-            .filter(|n| m & portinfo_comp::LID == 0 || n.lid == want_lid)
+            .filter(|n| m & portinfo_comp::LID == 0 || self.holds(n, want_lid))
             .filter(|n| {
                 let caps = PortInfo::new_checked(&n.port[..])
                     .expect("64")
@@ -1338,6 +1690,7 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
                 // The record shows the state the SM left the port in.
                 let mut p = PortInfo::new_checked(&mut b[4..68]).expect("64");
                 p.set_lid(n.lid);
+                p.set_lmc(self.lmc());
                 p.set_sm_lid(self.lid_now());
                 p.set_port_state(state::ACTIVE);
                 b

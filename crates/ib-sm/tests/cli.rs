@@ -61,3 +61,48 @@ fn check_validates_partitions_files() {
     assert!(!ok && out.contains("/nonexistent"), "{out}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn run_refuses_bad_mkey_options_before_touching_the_network() {
+    // 127.0.152.30: never bound, since the options fail first.
+    let base = ["run", "--addr", "127.0.152.30", "--node", "127.0.152.29"];
+    for (extra, want) in [
+        (&["--mkey", "0xzz"][..], "not a 64-bit hex number"),
+        (
+            &["--mkey", "1_0000_0000_0000_0000"][..],
+            "not a 64-bit hex number",
+        ),
+        (
+            &["--mkey", "0x10000000000000000"][..],
+            "not a 64-bit hex number",
+        ),
+        (&["--mkey-protect", "4"][..], "--mkey-protect"),
+        (&["--mkey-lease-secs", "70000"][..], "--mkey-lease-secs"),
+    ] {
+        let mut args = base.to_vec();
+        args.extend_from_slice(extra);
+        let (ok, out) = ibsm(&args);
+        assert!(!ok, "{extra:?} accepted: {out}");
+        assert!(out.contains(want), "{extra:?}: {out}");
+        assert!(!out.contains("panicked"), "{out}");
+    }
+}
+
+#[test]
+fn simulate_with_lmc_lists_a_path_per_lid_pair() {
+    let (ok, out) = ibsm(&["simulate", "--hosts", "2", "--lmc", "1"]);
+    assert!(ok, "{out}");
+    // Two hosts, two LIDs each: from host 2, 4 paths to itself and 4 to
+    // host 3.
+    assert_eq!(out.matches(" ACTIVE, LIDs ").count(), 2, "{out}");
+    assert!(out.contains("PathRecords from host 2 (8):"), "{out}");
+    assert_eq!(out.matches("preference 0").count(), 4, "{out}");
+    assert_eq!(out.matches("preference 2").count(), 4, "{out}");
+    for bad in ["8", "255", "x"] {
+        let (ok, out) = ibsm(&["simulate", "--lmc", bad]);
+        assert!(!ok && out.contains("--lmc"), "{bad}: {out}");
+        let run = ["run", "--addr", "127.0.155.30", "--node", "127.0.155.29"];
+        let (ok, out) = ibsm(&[&run[..], &["--lmc", bad]].concat());
+        assert!(!ok && out.contains("--lmc"), "{bad}: {out}");
+    }
+}

@@ -150,7 +150,8 @@ fn the_sma_survives_hostile_smps() {
                 b[bit / 8] ^= 1 << (bit % 8);
             }
         }
-        if let Some((r, _)) = h.sma.handle(&b) {
+        let t = rdma_types::Instant::ZERO + Duration::from_millis(i * 10);
+        if let Some((r, _)) = h.sma.handle(t, &b) {
             answered += 1;
             assert_ne!(r[3] & 0x80, 0, "answers are responses");
             assert_eq!(&r[8..16], &b[8..16], "same TID");

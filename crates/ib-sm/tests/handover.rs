@@ -281,3 +281,89 @@ fn of_two_masters_after_a_split_the_lesser_yields() {
     l.dedup();
     assert_eq!(l.len(), usize::from(HOSTS));
 }
+
+fn standby_events(sim: &mut Simulator<N>, guid: Guid) -> (usize, usize) {
+    let ev = &sm_node(sim, A).events;
+    let found = ev
+        .iter()
+        .filter(|e| matches!(e, SmEvent::StandbyFound { guid: g, .. } if *g == guid))
+        .count();
+    let lost = ev
+        .iter()
+        .filter(|e| matches!(e, SmEvent::StandbyLost { guid: g } if *g == guid))
+        .count();
+    (found, lost)
+}
+
+#[test]
+fn the_master_polls_its_standby_and_notices_it_go_and_come_back() {
+    let mut sim = two_sms(9, HOSTS, 5, 1, LID_B, Duration::ZERO);
+    elected(&mut sim, A, B, LID_A);
+    let b = sm_node(&mut sim, B).sm.sm_info();
+    assert_eq!(standby_events(&mut sim, b.guid), (1, 0));
+    assert!(sm_node(&mut sim, A)
+        .events
+        .contains(&SmEvent::StandbyFound {
+            guid: b.guid,
+            priority: 1
+        }));
+    // Polled every 500 ms, beside the sweeps.
+    let p0 = sm_node(&mut sim, A).sm.stats().standby_polls;
+    sim.run_idle(Duration::from_secs(3));
+    let p1 = sm_node(&mut sim, A).sm.stats().standby_polls;
+    assert!(p1 >= p0 + 5, "standby polls {p0} -> {p1}");
+    assert_eq!(standby_events(&mut sim, b.guid), (1, 0), "found once");
+
+    // The standby goes silent: noticed within a poll and its resends.
+    sm_node(&mut sim, B).dead = true;
+    let t0 = sim.now();
+    let r = sim.run_until(Duration::from_secs(5), |s| standby_events(s, b.guid).1 == 1);
+    assert_eq!(r, RunOutcome::Done, "the standby's loss went unnoticed");
+    let took = sim.now().saturating_since(t0);
+    assert!(took <= Duration::from_millis(900), "took {took:?}");
+    assert!(sm_node(&mut sim, A).sm.peers().is_empty());
+    assert_eq!(state(&mut sim, A), SmState::Master);
+
+    // It comes back (still standby): its poll of the master makes the
+    // master ask for its SMInfo at once.
+    sm_node(&mut sim, B).dead = false;
+    let t0 = sim.now();
+    let r = sim.run_until(Duration::from_secs(5), |s| standby_events(s, b.guid).0 == 2);
+    assert_eq!(r, RunOutcome::Done, "the standby's return went unnoticed");
+    let took = sim.now().saturating_since(t0);
+    assert!(took <= Duration::from_millis(700), "took {took:?}");
+    assert_eq!(state(&mut sim, B), SmState::Standby);
+}
+
+#[test]
+fn only_the_master_s_sa_answers() {
+    let mut sim = two_sms(10, HOSTS, 5, 1, LID_B, Duration::ZERO);
+    elected(&mut sim, A, B, LID_A);
+    // A NodeRecord Get from host 2, to each SM.
+    let mut q = [0u8; 256];
+    q[..4].copy_from_slice(&[1, 0x03, 2, 0x01]);
+    q[8..16].copy_from_slice(&0x77u64.to_be_bytes());
+    q[16..18].copy_from_slice(&u16::from(SaAttr::NodeRecord).to_be_bytes());
+    for (id, answers) in [(B, false), (A, true)] {
+        let now = sim.now();
+        let s = &mut sm_node(&mut sim, id).sm;
+        while s.poll_transmit().is_some() {}
+        s.handle_mad(now, addr(2), ib_sm::sm::QP_GSI, &q);
+        let mut got = false;
+        while let Some(o) = s.poll_transmit() {
+            got |= o.qp == ib_sm::sm::QP_GSI && o.to == addr(2) && o.mad[8..16] == q[8..16];
+        }
+        assert_eq!(got, answers, "SM {id}");
+    }
+    let (a, b) = (
+        sm_node(&mut sim, A).sm.stats(),
+        sm_node(&mut sim, B).sm.stats(),
+    );
+    assert_eq!(
+        (b.sa_ignored, b.sa_requests),
+        (1, 0),
+        "the standby drops it"
+    );
+    assert_eq!(a.sa_ignored, 0);
+    assert!(a.sa_requests >= 1);
+}

@@ -3,8 +3,10 @@
 //! is master, the other standby; after SIGKILL of the master the standby
 //! takes over, keeps the node's LID, and the node's SM LID (and SA
 //! address) move to it, which the node's access layer reports as a
-//! `SmChange` PnP event. Then the node's CapabilityMask changes and its
-//! trap 144 reaches the new master, which represses it.
+//! `SmChange` PnP event. Both SMs hold the same M_Key (protect level 2),
+//! so the node's port is protected throughout and the new master's SMPs
+//! pass. Then the node's CapabilityMask changes and its trap 144 reaches
+//! the new master, which represses it.
 
 mod common;
 
@@ -19,6 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 const T: Duration = Duration::from_secs(10);
+const MKEY: u64 = 0x0123_4567_89ab_cdef;
 
 fn ip(last: u8) -> IpAddr {
     IpAddr::V4(Ipv4Addr::new(127, 0, 150, last))
@@ -63,6 +66,10 @@ fn sm_args<'a>(
         "100",
         "--retries",
         "2",
+        "--mkey",
+        "0x0123456789abcdef",
+        "--mkey-protect",
+        "2",
     ]
 }
 
@@ -94,6 +101,7 @@ fn the_standby_ibsm_takes_over_a_killed_master() {
     });
     let lid = node.sma().lid();
     assert!(lid > 2, "LID {lid} collides with an SM's");
+    assert_eq!(node.sma().mkey(), (MKEY, 2), "the port is protected");
     assert_eq!(node.sma().sm_gid(), Some(Gid::from_ip(ip(1))));
     let sm_change = PnpEvent::SmChange(guid, PortNum(1));
     let changes = || {
@@ -120,6 +128,8 @@ fn the_standby_ibsm_takes_over_a_killed_master() {
     assert_eq!(node.sma().lid(), lid, "the new master kept the LID");
     assert_eq!(node.sma().port_state(), state::ACTIVE);
     assert_eq!(node.sma().sm_gid(), Some(Gid::from_ip(ip(2))));
+    assert_eq!(node.sma().mkey(), (MKEY, 2));
+    assert_eq!(node.sma().mkey_violations(), 0, "both SMs had the key");
     assert_eq!(node.port().unwrap().sm_lid.0, 2, "the provider's port too");
     // Poll 200 ms + 3 tries of 100 ms, then a sweep: well under 3 s.
     assert!(took < Duration::from_secs(3), "took {took:?}");

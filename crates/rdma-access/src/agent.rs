@@ -3,7 +3,9 @@
 use crate::gsi::{AgentId, Delivery, Dispatcher, MadBytes};
 use crate::wire::{self, Local, ReqExtra};
 use rdma_cm::{Cm, CmConfig, CmEvent, CmMsg, ConnId, RejReason};
-use rdma_types::{AccessFlags, Gid, Guid, Instant, Mtu, PortNum, Psn, Qkey, QpState, QpType, Qpn};
+use rdma_types::{
+    AccessFlags, Gid, Guid, Instant, Mtu, Pkey, PortNum, Psn, Qkey, QpState, QpType, Qpn,
+};
 use rdma_types::{WcOpcode, WcStatus};
 use std::collections::HashMap;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
@@ -81,6 +83,11 @@ pub struct Incoming {
     pub remote_psn: Psn,
     /// Path MTU the REQ asks for.
     pub mtu: Mtu,
+    /// The REQ's partition key (the P_Key of the requester's QP). The
+    /// agent only delivers REQs whose partition the port's P_Key table
+    /// holds (IBA 10.9.3: same partition, one side a full member); the
+    /// consumer's QP takes the index of the entry matching it.
+    pub pkey: Pkey,
     /// Service ID.
     pub service_id: u64,
     /// REQ private data (92 bytes, zero padded).
@@ -94,6 +101,7 @@ impl std::fmt::Debug for Incoming {
             .field("conn", &self.conn)
             .field("peer", &self.peer)
             .field("remote_qpn", &self.remote_qpn)
+            .field("pkey", &self.pkey)
             .field("service_id", &format_args!("{:#x}", self.service_id))
             .finish()
     }
@@ -132,6 +140,8 @@ type Hook = Arc<dyn Fn(ConnId) + Send + Sync>;
 struct Meta {
     remote_qpn: Qpn,
     local_qpn: Qpn,
+    /// The REQ's partition key.
+    pkey: Pkey,
 }
 
 struct State {
@@ -159,6 +169,8 @@ struct State {
     mad_waiters: HashMap<u64, Sender<Option<Vec<u8>>>>,
     next_tid: u64,
     on_disconnect: Option<Hook>,
+    /// REQs refused because the port's P_Key table lacks their partition.
+    pkey_refusals: u64,
     stopped: bool,
 }
 
@@ -422,6 +434,7 @@ impl CmAgent {
                 mad_waiters: HashMap::new(),
                 next_tid: (first_comm_id as u64) << 32,
                 on_disconnect: None,
+                pkey_refusals: 0,
                 stopped: false,
             }),
             events: Mutex::new(tx),
@@ -466,9 +479,24 @@ impl CmAgent {
         self.inner.lock().on_disconnect = Some(Arc::new(hook));
     }
 
+    /// The port's P_Key table as the provider reports it now (an SM may
+    /// change it); the default P_Key alone if the provider cannot say.
+    pub fn pkeys(&self) -> Vec<Pkey> {
+        self.inner.pkeys()
+    }
+
+    /// REQs this port refused because its P_Key table lacks their
+    /// partition.
+    pub fn pkey_refusals(&self) -> u64 {
+        self.inner.lock().pkey_refusals
+    }
+
     /// Connects to `service_id` at the port with GID `peer`, offering QP
     /// `qpn` starting at `psn`; blocks until the REP (or REJ, or the last
-    /// retry) and sends the RTU.
+    /// retry) and sends the RTU. The REQ is in the partition of index 0
+    /// of the port's P_Key table, where a QP made without a choice is (on
+    /// RoCE the default P_Key, as Linux rdma_cm sends): a QP at another
+    /// index connects with [`CmAgent::connect_in_partition`].
     pub fn connect(
         &self,
         peer: Gid,
@@ -478,28 +506,65 @@ impl CmAgent {
         private_data: Vec<u8>,
         timeout: StdDuration,
     ) -> Result<Established, CmError> {
+        let pkey = self.pkeys().first().copied().unwrap_or(Pkey::DEFAULT);
+        self.connect_in_partition(peer, pkey, service_id, qpn, psn, private_data, timeout)
+    }
+
+    /// [`CmAgent::connect`] with the REQ in partition `pkey`: the P_Key of
+    /// the table entry QP `qpn` uses (IBA 12.6.5; the passive side puts
+    /// its QP in the same partition or refuses).
+    #[allow(clippy::too_many_arguments)]
+    pub fn connect_in_partition(
+        &self,
+        peer: Gid,
+        pkey: Pkey,
+        service_id: u64,
+        qpn: Qpn,
+        psn: Psn,
+        private_data: Vec<u8>,
+        timeout: StdDuration,
+    ) -> Result<Established, CmError> {
         let (tx, rx) = mpsc::channel();
-        {
+        let conn = {
             let mut st = self.inner.lock();
             if st.stopped {
                 return Err(CmError::Stopped);
             }
             let now = self.inner.now();
-            let conn = st
-                .cm
-                .connect(now, vec![peer], service_id, qpn, psn, private_data);
+            let req = rdma_cm::ReqInfo {
+                service_id,
+                qpn,
+                psn,
+                pkey,
+                private_data,
+            };
+            let conn = st.cm.connect_req(now, vec![peer], req);
             st.waiting.insert(conn, tx);
             st.meta.insert(
                 conn,
                 Meta {
                     remote_qpn: Qpn::from_bits(0),
                     local_qpn: qpn,
+                    pkey,
                 },
             );
             self.inner.flush(&mut st);
-        }
+            conn
+        };
         self.inner.kick();
-        rx.recv_timeout(timeout).unwrap_or(Err(CmError::TimedOut))
+        if let Ok(r) = rx.recv_timeout(timeout) {
+            return r;
+        }
+        // Given up: no REQ goes out again (a late one would log in behind
+        // the caller's back), unless the answer came meanwhile.
+        let mut st = self.inner.lock();
+        if let Ok(r) = rx.try_recv() {
+            return r;
+        }
+        st.cm.abandon(conn);
+        st.waiting.remove(&conn);
+        st.meta.remove(&conn);
+        Err(CmError::TimedOut)
     }
 
     /// Starts a disconnect (DREQ); idempotent.
@@ -754,6 +819,13 @@ impl Inner {
         Instant::from_std(self.epoch, std::time::Instant::now())
     }
 
+    fn pkeys(&self) -> Vec<Pkey> {
+        match self.provider.query_port(self.ca, PortNum(1)) {
+            Ok(p) if !p.pkeys.is_empty() => p.pkeys,
+            _ => vec![Pkey::DEFAULT],
+        }
+    }
+
     fn kick(&self) {
         let _ = self.events.lock().map(|tx| tx.send(Ev::Kick));
     }
@@ -972,11 +1044,20 @@ impl Inner {
                     let Some(agent) = self.me.upgrade() else {
                         continue;
                     };
+                    // A REQ in a partition the port is not in: refused as
+                    // Linux ib_cm does when the REQ's P_Key is not in the
+                    // port's table (primary path refused, IBA reason 12).
+                    if !self.pkeys().iter().any(|k| k.matches(req.pkey)) {
+                        st.pkey_refusals += 1;
+                        st.cm.reject(conn, RejReason::INVALID_GID, Vec::new());
+                        continue;
+                    }
                     st.meta.insert(
                         conn,
                         Meta {
                             remote_qpn: req.qpn,
                             local_qpn: Qpn::from_bits(0),
+                            pkey: req.pkey,
                         },
                     );
                     let incoming = Incoming {
@@ -985,6 +1066,7 @@ impl Inner {
                         remote_qpn: req.qpn,
                         remote_psn: req.psn,
                         mtu: extra.map_or(self.local.mtu, |x| x.mtu),
+                        pkey: req.pkey,
                         service_id: req.service_id,
                         private_data: req.private_data,
                         agent,
@@ -1021,14 +1103,21 @@ impl Inner {
                     reason,
                     private_data,
                 } => {
+                    let meta = st.meta.remove(&conn);
                     if let Some(tx) = st.waiting.remove(&conn) {
+                        let mut words = rdma_mad::cm::RejReason::from(reason.0).to_string();
+                        if let (RejReason::INVALID_GID, Some(m)) = (reason, meta) {
+                            words += &format!(
+                                " (the REQ was in partition P_Key {:04x}: the peer's port may not be a member)",
+                                m.pkey.0
+                            );
+                        }
                         let _ = tx.send(Err(CmError::Rejected {
-                            reason: rdma_mad::cm::RejReason::from(reason.0).to_string(),
+                            reason: words,
                             code: reason.0,
                             private_data,
                         }));
                     }
-                    st.meta.remove(&conn);
                 }
                 CmEvent::TimedOut { conn } => {
                     if let Some(tx) = st.waiting.remove(&conn) {
@@ -1046,5 +1135,86 @@ impl Inner {
         }
         self.flush(st);
         calls
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rnic::loopback::{CaConfig, Fabric};
+
+    const T: StdDuration = StdDuration::from_secs(10);
+
+    /// Two ports on the loopback fabric with their own P_Key tables:
+    /// every REQ carries the requester's partition, the passive agent
+    /// hands it to the consumer, and refuses the REQs its table cannot
+    /// match (IBA 10.9.3: a limited member only talks to a full one).
+    #[test]
+    fn the_req_partition_reaches_the_listener_or_is_refused() {
+        let f = Fabric::new();
+        f.add_ca(CaConfig::simple(0xa, 1)).unwrap();
+        f.add_ca(CaConfig::simple(0xb, 2)).unwrap();
+        let (full, limited) = (|k: u16| Pkey(0x8000 | k), Pkey);
+        f.set_pkeys(
+            Guid(0xa),
+            PortNum(1),
+            vec![Pkey::DEFAULT, full(0x10), limited(0x20), limited(0x10)],
+        )
+        .unwrap();
+        f.set_pkeys(
+            Guid(0xb),
+            PortNum(1),
+            vec![Pkey::DEFAULT, limited(0x10), full(0x20)],
+        )
+        .unwrap();
+        let cfg = CmConfig {
+            response_timeout: 15,
+            max_retries: 3,
+            timewait: rdma_types::Duration::from_millis(100),
+        };
+        let a = CmAgent::start_with(f.clone(), Guid(0xa), 0x100, cfg).unwrap();
+        let b = CmAgent::start_with(f, Guid(0xb), 0x200, cfg).unwrap();
+        assert_eq!(b.pkeys(), vec![Pkey::DEFAULT, limited(0x10), full(0x20)]);
+        let requests = b.listen(0x77);
+        let server = std::thread::spawn(move || {
+            let mut seen = Vec::new();
+            while let Ok(inc) = requests.recv_timeout(T) {
+                seen.push(inc.pkey);
+                assert!(inc.accept(Qpn::from_bits(0x99), Psn::new(1), Vec::new()));
+                if seen.len() == 3 {
+                    break;
+                }
+            }
+            (seen, requests)
+        });
+        let next_qpn = std::cell::Cell::new(0x40);
+        let connect = |pkey: Option<Pkey>| {
+            // A QP per connection: the same one again would be stale.
+            next_qpn.set(next_qpn.get() + 1);
+            let (q, p, v) = (Qpn::from_bits(next_qpn.get()), Psn::new(1), b"hi".to_vec());
+            match pkey {
+                Some(k) => a.connect_in_partition(b.gid(), k, 0x77, q, p, v, T),
+                None => a.connect(b.gid(), 0x77, q, p, v, T),
+            }
+        };
+        // B is a limited member of 0x0010 and a full one of 0x0020.
+        connect(Some(full(0x10))).expect("full requester, limited responder");
+        connect(Some(limited(0x20))).expect("limited requester, full responder");
+        // No choice: index 0 of A's table, the default partition.
+        connect(None).expect("the default partition");
+        for (k, words) in [(limited(0x10), "P_Key 0010"), (full(0x30), "P_Key 8030")] {
+            match connect(Some(k)) {
+                Err(CmError::Rejected { code, reason, .. }) => {
+                    assert_eq!(code, RejReason::INVALID_GID.0, "{reason}");
+                    assert!(reason.contains(words), "{reason}");
+                }
+                other => panic!("REQ in {k} not refused: {other:?}"),
+            }
+        }
+        let (seen, requests) = server.join().unwrap();
+        assert_eq!(seen, vec![full(0x10), limited(0x20), Pkey::DEFAULT]);
+        assert!(requests.try_recv().is_err(), "a refused REQ was delivered");
+        assert_eq!(b.pkey_refusals(), 2);
+        assert_eq!(a.pkey_refusals(), 0);
     }
 }

@@ -8,7 +8,12 @@
 //! response timeouts, retries, timewait). Consumers listen on a service ID and get
 //! [`Incoming`] requests to accept (with their QP and REP private data) or
 //! reject (consumer defined, with private data), or connect to a service
-//! at a peer GID and block until the REP, REJ or the last retry.
+//! at a peer GID and block until the REP, REJ or the last retry. A REQ
+//! carries the partition key of the requester's QP (index 0 of the
+//! port's table unless the consumer names another); the passive agent
+//! delivers it in [`Incoming::pkey`] for the consumer's QP to take the
+//! matching index, and refuses a REQ whose partition its port's P_Key
+//! table lacks (REJ 12, as Linux ib_cm does).
 //!
 //! [`rdmacm`] puts IP addressing on top, as Linux `rdma_cm` lays it out:
 //! the service ID of TCP port `p` is `0x0000000001060000 | p`, and the REQ

@@ -4,7 +4,7 @@
 
 use crate::agent::{CmAgent, CmError, Established, Incoming};
 use rdma_mad::cm::{port_space, rdma_cm_service_id, CmaHdrRepr, CMA_HDR_LEN};
-use rdma_types::{Gid, Psn, Qpn};
+use rdma_types::{Gid, Pkey, Psn, Qpn};
 use std::net::IpAddr;
 use std::sync::mpsc::Receiver;
 use std::time::Duration;
@@ -62,10 +62,30 @@ pub fn listen(agent: &CmAgent, port: u16) -> Receiver<Incoming> {
 }
 
 /// Connects from `src` to `dst:port` with `private_data` after the
-/// `cma_hdr`; the peer is reached at the GID of `dst`.
+/// `cma_hdr`; the peer is reached at the GID of `dst`. The REQ is in the
+/// partition of index 0 of the port's P_Key table (on RoCE the default
+/// P_Key, as Linux rdma_cm sends); see [`connect_in_partition`].
 #[allow(clippy::too_many_arguments)]
 pub fn connect(
     agent: &CmAgent,
+    src: IpAddr,
+    dst: IpAddr,
+    port: u16,
+    qpn: Qpn,
+    psn: Psn,
+    private_data: &[u8],
+    timeout: Duration,
+) -> Result<Established, CmError> {
+    let pkey = agent.pkeys().first().copied().unwrap_or(Pkey::DEFAULT);
+    connect_in_partition(agent, pkey, src, dst, port, qpn, psn, private_data, timeout)
+}
+
+/// [`connect`] for a QP at another P_Key index: the REQ carries `pkey`,
+/// the P_Key of that index.
+#[allow(clippy::too_many_arguments)]
+pub fn connect_in_partition(
+    agent: &CmAgent,
+    pkey: Pkey,
     src: IpAddr,
     dst: IpAddr,
     port: u16,
@@ -85,5 +105,6 @@ pub fn connect(
     let mut pd = vec![0u8; CMA_HDR_LEN];
     hdr.emit(&mut pd);
     pd.extend_from_slice(private_data);
-    agent.connect(Gid::from_ip(dst), service_id(port), qpn, psn, pd, timeout)
+    let (peer, sid) = (Gid::from_ip(dst), service_id(port));
+    agent.connect_in_partition(peer, pkey, sid, qpn, psn, pd, timeout)
 }

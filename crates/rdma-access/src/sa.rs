@@ -180,7 +180,9 @@ pub struct PathQuery {
     pub sgid: Gid,
     /// Destination port GID.
     pub dgid: Gid,
-    /// At most this many paths (1: a Get; more: a GetTable with NumbPath).
+    /// At most this many paths (1: a Get, the SA's first path; more: a
+    /// GetTable with NumbPath; 0: a GetTable without NumbPath, every path
+    /// the SA has for the pair: with LMC, one per (SLID, DLID) pair).
     pub max_paths: u8,
     /// Only paths in this partition.
     pub pkey: Option<Pkey>,
@@ -222,12 +224,14 @@ pub fn path_request(q: &PathQuery) -> MadBytes {
         rec.service_id = s;
         mask |= path_comp::SERVICE_ID;
     }
-    let method = if q.max_paths > 1 {
-        rec.numb_path = q.max_paths.min(0x7f);
-        mask |= path_comp::NUMB_PATH;
-        Method::GetTable
-    } else {
-        Method::Get
+    let method = match q.max_paths {
+        0 => Method::GetTable,
+        1 => Method::Get,
+        n => {
+            rec.numb_path = n.min(0x7f);
+            mask |= path_comp::NUMB_PATH;
+            Method::GetTable
+        }
     };
     let mut b = [0u8; PathRecord::LEN];
     rec.emit(&mut b);
@@ -452,7 +456,11 @@ impl SaClient {
         records(&r, record_len)
     }
 
-    /// Paths from `q.sgid` to `q.dgid` (several when `q.max_paths` > 1).
+    /// Paths from `q.sgid` to `q.dgid` (several when `q.max_paths` is 0
+    /// or more than 1), in the SA's order of preference: a port with
+    /// LMC > 0 has several LIDs, and the SA lists the LID pairs best
+    /// first, so a caller logs in over the first and falls back to the
+    /// next.
     ///
     /// # Errors
     /// No answer, a failing status, or a malformed response.
@@ -677,6 +685,26 @@ impl SaClient {
             .collect()
     }
 
+    /// Every path from `sgid` to `dgid` (in partition `pkey` when given),
+    /// best first: [`SaClient::path_records`] with `max_paths` 0.
+    ///
+    /// # Errors
+    /// As [`SaClient::path_records`].
+    pub fn all_paths(
+        &self,
+        sgid: Gid,
+        dgid: Gid,
+        pkey: Option<Pkey>,
+    ) -> Result<Vec<PathRecord>, SaError> {
+        self.path_records(&PathQuery {
+            sgid,
+            dgid,
+            max_paths: 0,
+            pkey,
+            service_id: None,
+        })
+    }
+
     /// The SA this client asks.
     pub fn sa_gid(&self) -> Gid {
         self.sa
@@ -749,6 +777,19 @@ mod tests {
             }
         });
         assert_eq!(one[3], 0x01, "one path: Get");
+        let all = path_request(&PathQuery {
+            sgid: g(1),
+            dgid: g(2),
+            max_paths: 0,
+            pkey: None,
+            service_id: None,
+        });
+        assert_eq!(all[3], 0x12, "every path: GetTable");
+        assert_eq!(
+            SaHeader::parse(&all).unwrap().comp_mask & path_comp::NUMB_PATH,
+            0,
+            "without NumbPath"
+        );
         assert_ne!(
             SaHeader::parse(&one).unwrap().comp_mask & path_comp::SERVICE_ID,
             0

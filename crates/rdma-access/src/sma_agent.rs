@@ -18,9 +18,14 @@
 //! LID routes nothing, so the GID stands in for it.)
 //!
 //! Traps: [`SmaAgent::set_capability_mask`] (a DM agent registering, say)
-//! makes the SMA raise trap 144 (see [`crate::sma`]); the thread sends it
-//! to the SM (the GID of the last Set) and again every 500 ms, at most 8
-//! times, until the SM's TrapRepress arrives.
+//! makes the SMA raise trap 144, an SMP refused for its M_Key trap 256
+//! (see [`crate::sma`]); the thread sends the oldest to the SM (the GID of
+//! the last Set) and again every 500 ms until the SM's TrapRepress
+//! arrives, or gives it up after 8 sends and goes on to the next.
+//!
+//! M_Key: the SMA checks it as [`crate::sma`] says, on the real clock
+//! (the lease is in seconds); [`SmaAgent::mkey_violations`] counts the
+//! refusals.
 //!
 //! What it refuses: a port without QP0 (a `roce` port): `start` fails.
 
@@ -52,9 +57,18 @@ struct Status {
     sma: Sma,
     sm: Option<Gid>,
     smps: u64,
-    /// When the pending trap is next sent, and sends left.
-    trap_due: Option<(std::time::Instant, u32)>,
+    /// The pending trap's TID, when it is next sent, and sends left.
+    trap_due: Option<(u64, std::time::Instant, u32)>,
     traps_sent: u64,
+    /// Zero of the SMA's clock.
+    epoch: std::time::Instant,
+}
+
+impl Status {
+    /// Now on the SMA's (sans-IO) clock.
+    fn now(&self) -> rdma_types::Instant {
+        rdma_types::Instant::from_std(self.epoch, std::time::Instant::now())
+    }
 }
 
 struct Shared {
@@ -111,6 +125,7 @@ impl SmaAgent {
                 smps: 0,
                 trap_due: None,
                 traps_sent: 0,
+                epoch: std::time::Instant::now(),
             }),
             changed: Condvar::new(),
         });
@@ -140,6 +155,12 @@ impl SmaAgent {
     /// The port's LID (0 until an SM gives one).
     pub fn lid(&self) -> u16 {
         self.shared.lock().sma.lid()
+    }
+
+    /// PortInfo:LMC: the port's LIDs are [`SmaAgent::lid`] and the
+    /// `2^lmc - 1` above it.
+    pub fn lmc(&self) -> u8 {
+        self.shared.lock().sma.lmc()
     }
 
     /// The port state (see [`crate::sma::state`]).
@@ -188,14 +209,24 @@ impl SmaAgent {
     /// Changes PortInfo:CapabilityMask; if it changed while an SM manages
     /// the port, trap 144 goes to the SM (see the module docs).
     pub fn set_capability_mask(&self, mask: u32) {
-        let mut st = self.shared.lock();
-        st.sma.set_capability_mask(mask);
-        if st.sma.trap().is_some() {
-            st.trap_due = Some((std::time::Instant::now(), TRAP_SENDS));
-        }
+        self.shared.lock().sma.set_capability_mask(mask);
     }
 
-    /// True while a trap waits for the SM's TrapRepress.
+    /// PortInfo:M_KeyViolations: SMPs refused for a wrong M_Key.
+    pub fn mkey_violations(&self) -> u16 {
+        self.shared.lock().sma.mkey_violations()
+    }
+
+    /// PortInfo:M_Key and M_KeyProtectBits now (the lease applied).
+    pub fn mkey(&self) -> (u64, u8) {
+        let mut st = self.shared.lock();
+        let now = st.now();
+        st.sma.handle_timeout(now);
+        (st.sma.mkey(), st.sma.mkey_protect())
+    }
+
+    /// True while a trap waits for the SM's TrapRepress (or its last
+    /// resend).
     pub fn trap_pending(&self) -> bool {
         self.shared.lock().sma.trap().is_some()
     }
@@ -218,7 +249,8 @@ impl SmaAgent {
 fn answer(sh: &Shared, agent: &MadAgent, apply: &Apply, peer: Gid, smp: &[u8]) {
     let (resp, actions, after) = {
         let mut st = sh.lock();
-        let Some((resp, actions)) = st.sma.handle(smp) else {
+        let now = st.now();
+        let Some((resp, actions)) = st.sma.handle(now, smp) else {
             return;
         };
         st.smps += 1;
@@ -234,21 +266,33 @@ fn answer(sh: &Shared, agent: &MadAgent, apply: &Apply, peer: Gid, smp: &[u8]) {
     agent.send(peer, resp);
 }
 
-/// Sends the SMA's unrepressed trap to the SM when it is due.
+/// Sends the SMA's oldest unrepressed trap to the SM when it is due;
+/// gives it up after [`TRAP_SENDS`] sends. Also ends a due M_Key lease.
 fn send_trap(sh: &Shared, agent: &MadAgent) {
     let (to, mad) = {
         let mut st = sh.lock();
+        let sans_io_now = st.now();
+        st.sma.handle_timeout(sans_io_now);
         let now = std::time::Instant::now();
-        let (Some(trap), Some(sm), Some((due, left))) = (st.sma.trap(), st.sm, st.trap_due) else {
+        let (Some(trap), Some(sm)) = (st.sma.trap().copied(), st.sm) else {
             return;
+        };
+        let tid = u64::from_be_bytes(trap[8..16].try_into().expect("8 bytes"));
+        let (due, left) = match st.trap_due {
+            Some((t, due, left)) if t == tid => (due, left),
+            _ => (now, TRAP_SENDS),
         };
         if due > now {
             return;
         }
-        let mad = *trap;
-        st.trap_due = (left > 1).then(|| (now + TRAP_RESEND, left - 1));
+        if left == 0 {
+            st.sma.abandon_trap();
+            st.trap_due = None;
+            return;
+        }
+        st.trap_due = Some((tid, now + TRAP_RESEND, left - 1));
         st.traps_sent += 1;
-        (sm, mad)
+        (sm, trap)
     };
     agent.send(to, mad);
 }

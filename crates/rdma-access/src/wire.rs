@@ -6,7 +6,7 @@ use rdma_mad::cm::{
     RepRepr, ReqRepr,
 };
 use rdma_mad::MAD_SIZE;
-use rdma_types::{Gid, Guid, Mtu, Pkey, Qkey, Qpn};
+use rdma_types::{Gid, Guid, Mtu, Qkey, Qpn};
 
 /// What this end puts in every REQ and REP besides the state machine's
 /// values.
@@ -76,6 +76,7 @@ pub(crate) fn encode(
             service_id,
             qpn,
             psn,
+            pkey,
             private_data,
         } => (
             CmAttr::Req,
@@ -95,7 +96,7 @@ pub(crate) fn encode(
                 starting_psn: *psn,
                 local_cm_response_timeout: 20,
                 retry_count: 7,
-                pkey: Pkey::DEFAULT,
+                pkey: *pkey,
                 path_mtu: mtu_code(local.mtu),
                 rdc_exists: false,
                 rnr_retry_count: 7,
@@ -239,6 +240,7 @@ pub(crate) fn decode(mad: &[u8]) -> Option<(CmMsg, Option<ReqExtra>)> {
                 service_id: r.service_id,
                 qpn: r.local_qpn,
                 psn: r.starting_psn,
+                pkey: r.pkey,
                 private_data: r.private_data.to_vec(),
             },
             Some(ReqExtra {
@@ -303,7 +305,7 @@ pub(crate) fn decode(mad: &[u8]) -> Option<(CmMsg, Option<ReqExtra>)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rdma_types::Psn;
+    use rdma_types::{Pkey, Psn};
 
     #[test]
     fn every_message_survives_encode_and_decode() {
@@ -319,6 +321,7 @@ mod tests {
                 service_id: 0x0106_0000 | 5555 | 0x0100_0000,
                 qpn: Qpn::from_bits(0x11),
                 psn: Psn::new(0x123456),
+                pkey: Pkey(0x8010),
                 private_data: vec![0xab; 92],
             },
             CmMsg::Rep {
@@ -365,5 +368,34 @@ mod tests {
             }
         }
         assert!(decode(&[0u8; 10]).is_none(), "short MAD refused");
+    }
+
+    #[test]
+    fn the_req_partition_key_is_at_byte_48_of_the_message() {
+        let local = Local {
+            guid: Guid(0x1122),
+            gid: Gid::from_ip("127.0.0.1".parse().unwrap()),
+            mtu: Mtu::Mtu1024,
+        };
+        let req = |pkey| CmMsg::Req {
+            local_comm_id: 7,
+            service_id: 0x42,
+            qpn: Qpn::from_bits(0x11),
+            psn: Psn::new(1),
+            pkey,
+            private_data: vec![],
+        };
+        for k in [0x8010u16, 0x0020, 0xffff, 0x7fff] {
+            let peer = local.gid;
+            let bytes = encode(&req(Pkey(k)), 1, &local, peer, Qpn::from_bits(0));
+            // IBA 12.6.5: the REQ's Partition Key is bytes 48-49 of the
+            // message, after the 24-byte MAD header.
+            assert_eq!(bytes[24 + 48..24 + 50], k.to_be_bytes(), "P_Key {k:#06x}");
+            let (back, _) = decode(&bytes).expect("parses");
+            assert!(
+                matches!(back, CmMsg::Req { pkey, .. } if pkey == Pkey(k)),
+                "{back:?}"
+            );
+        }
     }
 }

@@ -85,7 +85,7 @@ impl Net {
                     if h.down {
                         continue;
                     }
-                    if let Some((r, _)) = h.sma.handle(&o.mad[..]) {
+                    if let Some((r, _)) = h.sma.handle(self.now, &o.mad[..]) {
                         self.sm.handle_mad(self.now, o.to, 0, &r);
                     }
                 } else {

@@ -1,6 +1,6 @@
 //! Connection state machines of one CM endpoint.
 
-use rdma_types::{Duration, Instant, Psn, Qpn};
+use rdma_types::{Duration, Instant, Pkey, Psn, Qpn};
 use std::collections::{BTreeMap, VecDeque};
 
 /// A REJ reason code (IBA 12.6.7.2, table 112). The words for every code
@@ -13,6 +13,9 @@ impl RejReason {
     pub const TIMEOUT: RejReason = RejReason(4);
     /// A message named a comm ID this endpoint does not know.
     pub const INVALID_COMM_ID: RejReason = RejReason(6);
+    /// The REQ's primary path is refused; Linux ib_cm also sends it for a
+    /// REQ whose partition key the passive port's P_Key table lacks.
+    pub const INVALID_GID: RejReason = RejReason(12);
     /// Nobody listens on the service ID.
     pub const INVALID_SERVICE_ID: RejReason = RejReason(8);
     /// A REQ for a QP that is still connected under another comm ID.
@@ -45,6 +48,9 @@ pub enum CmMsg {
         qpn: Qpn,
         /// Sender's first PSN.
         psn: Psn,
+        /// The partition of the connection (IBA 12.6.5: the P_Key of the
+        /// sender's QP; the passive QP must be in the same partition).
+        pkey: Pkey,
         /// Consumer data (an SRP login request, an RDMA CM header...).
         private_data: Vec<u8>,
     },
@@ -163,6 +169,8 @@ pub struct ReqInfo {
     pub qpn: Qpn,
     /// The requester's first PSN.
     pub psn: Psn,
+    /// The connection's partition (the P_Key of the requester's QP).
+    pub pkey: Pkey,
     /// Consumer data of the REQ.
     pub private_data: Vec<u8>,
 }
@@ -295,8 +303,8 @@ impl<P: Copy + Eq + core::fmt::Debug> Cm<P> {
             .map_or(ConnState::Closed, |c| c.state)
     }
 
-    /// Active side: sends a REQ over the first of `paths`, trying the next
-    /// ones when a path's retries run out.
+    /// Active side: sends a REQ in the default partition (P_Key 0xffff)
+    /// over the first of `paths`; see [`Cm::connect_req`].
     ///
     /// # Panics
     /// If `paths` is empty (a caller bug: there is nowhere to send).
@@ -309,13 +317,38 @@ impl<P: Copy + Eq + core::fmt::Debug> Cm<P> {
         psn: Psn,
         private_data: Vec<u8>,
     ) -> ConnId {
+        let req = ReqInfo {
+            service_id,
+            qpn,
+            psn,
+            pkey: Pkey::DEFAULT,
+            private_data,
+        };
+        self.connect_req(now, paths, req)
+    }
+
+    /// Active side: sends the REQ `req` over the first of `paths`, trying
+    /// the next ones when a path's retries run out. `req.pkey` is the
+    /// P_Key of the table entry the requester's QP uses.
+    ///
+    /// # Panics
+    /// If `paths` is empty (a caller bug: there is nowhere to send).
+    pub fn connect_req(&mut self, now: Instant, paths: Vec<P>, req: ReqInfo) -> ConnId {
         assert!(!paths.is_empty(), "connect needs at least one path");
         let id = self.alloc_id();
+        let ReqInfo {
+            service_id,
+            qpn,
+            psn,
+            pkey,
+            private_data,
+        } = req;
         let req = CmMsg::Req {
             local_comm_id: id,
             service_id,
             qpn,
             psn,
+            pkey,
             private_data,
         };
         let conn = Conn {
@@ -405,6 +438,20 @@ impl<P: Copy + Eq + core::fmt::Debug> Cm<P> {
         true
     }
 
+    /// Active side: gives up an attempt whose REQ is still unanswered (the
+    /// consumer's own deadline passed): the REQ is not sent again, so it
+    /// cannot reach the passive side long after the consumer moved on (a
+    /// late SRP login there ends the initiator's newer channel). A REP
+    /// that still comes finds no connection. Returns whether it was
+    /// waiting.
+    pub fn abandon(&mut self, conn: ConnId) -> bool {
+        if self.state(conn) != ConnState::ReqSent {
+            return false;
+        }
+        self.conns.remove(&conn.0);
+        true
+    }
+
     /// Either side: starts a disconnect (DREQ).
     pub fn disconnect(&mut self, now: Instant, conn: ConnId) -> bool {
         let Some(c) = self.conns.get_mut(&conn.0) else {
@@ -441,8 +488,20 @@ impl<P: Copy + Eq + core::fmt::Debug> Cm<P> {
                 service_id,
                 qpn,
                 psn,
+                pkey,
                 private_data,
-            } => self.on_req(now, peer, local_comm_id, service_id, qpn, psn, private_data),
+            } => self.on_req(
+                now,
+                peer,
+                local_comm_id,
+                ReqInfo {
+                    service_id,
+                    qpn,
+                    psn,
+                    pkey,
+                    private_data,
+                },
+            ),
             CmMsg::Mra {
                 remote_comm_id,
                 service_timeout,
@@ -579,17 +638,8 @@ impl<P: Copy + Eq + core::fmt::Debug> Cm<P> {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn on_req(
-        &mut self,
-        now: Instant,
-        peer: P,
-        remote_comm_id: u32,
-        service_id: u64,
-        qpn: Qpn,
-        psn: Psn,
-        private_data: Vec<u8>,
-    ) {
+    fn on_req(&mut self, now: Instant, peer: P, remote_comm_id: u32, req: ReqInfo) {
+        let (service_id, qpn, psn) = (req.service_id, req.qpn, req.psn);
         // A duplicate of a REQ we already have: answer again, do not fork.
         let existing = self
             .conns
@@ -669,12 +719,7 @@ impl<P: Copy + Eq + core::fmt::Debug> Cm<P> {
         self.events.push_back(CmEvent::Request {
             conn: ConnId(id),
             peer,
-            req: ReqInfo {
-                service_id,
-                qpn,
-                psn,
-                private_data,
-            },
+            req,
         });
     }
 

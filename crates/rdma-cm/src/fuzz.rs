@@ -4,7 +4,7 @@
 //! with the number of live connections bounded by what was created.
 
 use crate::{Cm, CmConfig, CmEvent, CmMsg, ConnId, MsgKind, RejReason};
-use rdma_types::{Duration, Instant, Psn, Qpn};
+use rdma_types::{Duration, Instant, Pkey, Psn, Qpn};
 
 struct Input<'a>(&'a [u8]);
 
@@ -43,6 +43,7 @@ pub fn cm_input(data: &[u8]) -> usize {
                 service_id: u64::from(inp.u8() % 9),
                 qpn: Qpn::from_bits(inp.u32()),
                 psn: Psn::new(inp.u32()),
+                pkey: Pkey(inp.u8().into()),
                 private_data: vec![0; usize::from(inp.u8())],
             },
             1 => CmMsg::Mra {
@@ -78,14 +79,14 @@ pub fn cm_input(data: &[u8]) -> usize {
                 remote_comm_id: r,
             },
             7 => {
-                known.push(cm.connect(
-                    now,
-                    vec![peer, (peer + 1) % 4],
-                    7,
-                    Qpn::from_bits(inp.u32()),
-                    Psn::new(1),
-                    vec![],
-                ));
+                let req = crate::ReqInfo {
+                    service_id: 7,
+                    qpn: Qpn::from_bits(inp.u32()),
+                    psn: Psn::new(1),
+                    pkey: Pkey(0x8000 | u16::from(inp.u8())),
+                    private_data: vec![],
+                };
+                known.push(cm.connect_req(now, vec![peer, (peer + 1) % 4], req));
                 continue;
             }
             8 => {

@@ -10,8 +10,9 @@
 //! next path of the list is tried, then the connection fails.
 //!
 //! Messages are the [`CmMsg`] values the state machines need (comm IDs,
-//! QPNs, PSNs, private data, reject reasons); turning them into MAD bytes
-//! is the wire layer's job. Call order: [`Cm::connect`] / [`Cm::listen`],
+//! QPNs, PSNs, the REQ's partition key, private data, reject reasons);
+//! turning them into MAD bytes is the wire layer's job. Call order:
+//! [`Cm::connect`] (or [`Cm::connect_req`]) / [`Cm::listen`],
 //! [`Cm::handle_msg`] for each CM MAD received, [`Cm::poll_transmit`] until
 //! `None`, [`Cm::handle_timeout`] after [`Cm::poll_timeout`], and
 //! [`Cm::poll_event`] for what the consumer must act on (accept or reject a

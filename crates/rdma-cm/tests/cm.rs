@@ -2,9 +2,9 @@
 //! links: connect, reject, timeouts, path lists, disconnects, stale
 //! connections and MAD loss.
 
-use rdma_cm::{Cm, CmConfig, CmEvent, CmMsg, ConnId, ConnState, RejReason};
+use rdma_cm::{Cm, CmConfig, CmEvent, CmMsg, ConnId, ConnState, RejReason, ReqInfo};
 use rdma_sim::{FaultConfig, FaultInjector, Payload};
-use rdma_types::{Duration, Instant, Psn, Qpn};
+use rdma_types::{Duration, Instant, Pkey, Psn, Qpn};
 use std::collections::BTreeMap;
 
 #[derive(Clone)]
@@ -280,6 +280,36 @@ fn unknown_service_is_rejected() {
 }
 
 #[test]
+fn an_abandoned_req_is_not_sent_again_when_the_link_comes_back() {
+    // A consumer gave up waiting (an SRP initiator's login attempt over a
+    // dead link): a REQ retried after the link is back would log in behind
+    // its back and end its newer channel.
+    let mut net = Net::new(&[1, 2], FaultConfig::default());
+    net.cm(2).listen(SVC);
+    net.down.push(2);
+    let a = net.cm(1).connect(
+        Instant::ZERO,
+        vec![2],
+        SVC,
+        Qpn::from_bits(1),
+        Psn::new(1),
+        vec![],
+    );
+    net.run(|n| n.count(1, is_req) == 2);
+    assert!(net.cm(1).abandon(a));
+    assert!(!net.cm(1).abandon(a), "already gone");
+    net.down.clear();
+    net.settle();
+    assert_eq!(net.count(1, is_req), 2, "no REQ after the abandon");
+    assert!(net.take(1).is_empty(), "no event for an abandoned attempt");
+    assert!(net.take(2).is_empty(), "the passive side saw nothing");
+    // An established connection is not abandoned.
+    let (c, _) = establish(&mut net);
+    assert!(!net.cm(1).abandon(c));
+    assert_eq!(net.cm(1).state(c), ConnState::Established);
+}
+
+#[test]
 fn dead_peer_times_out_after_every_retry() {
     let mut net = Net::new(&[1, 2], FaultConfig::default());
     net.down.push(2);
@@ -343,6 +373,83 @@ fn next_path_is_tried_when_one_is_dead() {
         vec![3, 3, 3, 3, 2],
         "4 tries on the dead path, then the next"
     );
+}
+
+/// The P_Keys of the REQs node 1 sent.
+fn req_pkeys(net: &Net) -> Vec<(u8, Pkey)> {
+    net.sent
+        .iter()
+        .filter_map(|(f, to, m)| match m {
+            CmMsg::Req { pkey, .. } if *f == 1 => Some((*to, *pkey)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn the_req_partition_key_reaches_the_passive_side_on_every_try() {
+    // Path 3 is dead: the REQ goes there 4 times, then to 2, always with
+    // the requester's partition.
+    let mut net = Net::new(&[1, 2, 3], FaultConfig::default());
+    net.down.push(3);
+    net.cm(2).listen(SVC);
+    let req = ReqInfo {
+        service_id: SVC,
+        qpn: Qpn::from_bits(0x31),
+        psn: Psn::new(7),
+        pkey: Pkey(0x8010),
+        private_data: b"p".to_vec(),
+    };
+    let a = net
+        .cm(1)
+        .connect_req(Instant::ZERO, vec![3, 2], req.clone());
+    let mut seen = Vec::new();
+    net.run(|n| {
+        for e in n.take(2) {
+            if let CmEvent::Request { conn, req, .. } = e {
+                let now = n.now;
+                n.cm(2)
+                    .accept(now, conn, Qpn::from_bits(2), Psn::new(2), vec![]);
+                seen.push(req);
+            }
+        }
+        n.cm(1).state(a) == ConnState::Established
+    });
+    let mut want = req;
+    want.private_data.resize(1, 0);
+    assert_eq!(seen, vec![want], "one request, with the REQ's P_Key");
+    let k = Pkey(0x8010);
+    assert_eq!(
+        req_pkeys(&net),
+        vec![(3, k), (3, k), (3, k), (3, k), (2, k)]
+    );
+
+    // `connect` is the default partition.
+    let mut net = Net::new(&[1, 2], FaultConfig::default());
+    net.cm(2).listen(SVC);
+    net.cm(1).connect(
+        Instant::ZERO,
+        vec![2],
+        SVC,
+        Qpn::from_bits(1),
+        Psn::new(1),
+        vec![],
+    );
+    net.settle();
+    // Nobody answers: the REQ is sent again, each time in the default
+    // partition.
+    let sent = req_pkeys(&net);
+    assert_eq!(sent.len(), 4, "{sent:?}");
+    assert!(sent.iter().all(|s| *s == (2, Pkey::DEFAULT)), "{sent:?}");
+    let got: Vec<Pkey> = net
+        .take(2)
+        .into_iter()
+        .filter_map(|e| match e {
+            CmEvent::Request { req, .. } => Some(req.pkey),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(got, vec![Pkey::DEFAULT]);
 }
 
 #[test]

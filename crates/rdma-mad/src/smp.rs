@@ -351,6 +351,8 @@ pi_fields! {
     sm_lid / set_sm_lid: u16 = |b: &[u8]| u16_at(b, 18), |b: &mut [u8], v| put_u16(b, 18, v);
     /// Capability mask (see [`cap`]).
     capability_mask / set_capability_mask: u32 = |b: &[u8]| u32_at(b, 20), |b: &mut [u8], v| put_u32(b, 20, v);
+    /// M_KeyLeasePeriod, seconds (0: the lease never ends; IBA 14.2.4.4).
+    mkey_lease_period / set_mkey_lease_period: u16 = |b: &[u8]| u16_at(b, 26), |b: &mut [u8], v| put_u16(b, 26, v);
     /// Local port number.
     local_port_num / set_local_port_num: u8 = |b: &[u8]| b[28], |b: &mut [u8], v| b[28] = v;
     /// Link width active.
@@ -361,6 +363,9 @@ pi_fields! {
     port_state / set_port_state: u8 = |b: &[u8]| bits(b, 32, 0, 4), |b: &mut [u8], v| put_bits(b, 32, 0, 4, v);
     /// Physical state: 2 Polling, 3 Disabled, 5 LinkUp.
     phys_state / set_phys_state: u8 = |b: &[u8]| bits(b, 33, 4, 4), |b: &mut [u8], v| put_bits(b, 33, 4, 4, v);
+    /// M_KeyProtectBits (2 bits, IBA 14.2.4.1): 0 Gets show the M_Key,
+    /// 1 Gets hide it from the wrong key, 2 and 3 Gets need the key.
+    mkey_protect / set_mkey_protect: u8 = |b: &[u8]| bits(b, 34, 6, 2), |b: &mut [u8], v| put_bits(b, 34, 6, 2, v);
     /// LMC (3 bits).
     lmc / set_lmc: u8 = |b: &[u8]| bits(b, 34, 0, 3), |b: &mut [u8], v| put_bits(b, 34, 0, 3, v);
     /// Link speed active (4 bits).
@@ -373,6 +378,8 @@ pi_fields! {
     vl_cap / set_vl_cap: u8 = |b: &[u8]| bits(b, 37, 4, 4), |b: &mut [u8], v| put_bits(b, 37, 4, 4, v);
     /// MTU cap code.
     mtu_cap / set_mtu_cap: u8 = |b: &[u8]| bits(b, 41, 0, 4), |b: &mut [u8], v| put_bits(b, 41, 0, 4, v);
+    /// M_KeyViolations: SMPs refused for a wrong M_Key (saturates).
+    mkey_violations / set_mkey_violations: u16 = |b: &[u8]| u16_at(b, 44), |b: &mut [u8], v| put_u16(b, 44, v);
     /// GUID cap.
     guid_cap / set_guid_cap: u8 = |b: &[u8]| b[50], |b: &mut [u8], v| b[50] = v;
     /// Client reregister bit.
@@ -456,6 +463,8 @@ impl Notice {
     pub const TRAP_GID_IN_SERVICE: u16 = 64;
     /// Trap 65: GID out of service.
     pub const TRAP_GID_OUT_OF_SERVICE: u16 = 65;
+    /// Trap 256: an SMP with a bad M_Key (IBA 14.2.4.3).
+    pub const TRAP_BAD_MKEY: u16 = 256;
 
     /// Parses 80 bytes.
     pub fn parse(b: &[u8]) -> Result<Self> {
@@ -624,6 +633,28 @@ mod tests {
         let mut v = PortInfo::new_checked(&mut c[..]).unwrap();
         v.set_mtu_active(5);
         v.set_mtu_cap(5);
+        assert_eq!(c, b);
+    }
+
+    #[test]
+    fn port_info_mkey_fields() {
+        let mut b = [0u8; 64];
+        b[0..8].copy_from_slice(&[0xde, 0xad, 0, 0, 0, 0, 0xbe, 0xef]); // M_Key
+        b[26..28].copy_from_slice(&[0x00, 0x3c]); // M_KeyLeasePeriod 60 s
+        b[34] = 0x83; // M_KeyProtectBits 2, reserved 0, LMC 3
+        b[44..46].copy_from_slice(&[0x01, 0x02]); // M_KeyViolations 258
+        let p = PortInfo::new_checked(&b[..]).unwrap();
+        assert_eq!(p.mkey(), 0xdead_0000_0000_beef);
+        assert_eq!(p.mkey_lease_period(), 60);
+        assert_eq!((p.mkey_protect(), p.lmc()), (2, 3));
+        assert_eq!(p.mkey_violations(), 258);
+        let mut c = [0u8; 64];
+        let mut v = PortInfo::new_checked(&mut c[..]).unwrap();
+        v.set_lmc(3);
+        v.set_mkey_protect(2);
+        v.set_mkey(0xdead_0000_0000_beef);
+        v.set_mkey_lease_period(60);
+        v.set_mkey_violations(258);
         assert_eq!(c, b);
     }
 

@@ -636,6 +636,9 @@ impl State {
         };
         let rc = qt == QpType::Rc;
         match wr.opcode {
+            // Zero length: no memory touched, no key checked (as the soft
+            // RoCE responder); SRP initiators send it as a liveness probe.
+            SendOpcode::RdmaWrite if len == 0 => Exec::Done(Ok(0)),
             SendOpcode::RdmaWrite => match remote(self, AccessFlags::REMOTE_WRITE, len) {
                 Ok(t) => {
                     copy_sg(local, &[(t, len as usize)]);
@@ -1200,6 +1203,7 @@ impl Provider for Fabric {
             max_qp_rd_atom: 16,
             max_srq: 1 << 16,
             max_mw: 1 << 16,
+            max_inline_data: 0,
             atomics: !self.lacks(verbs::conformance::Feature::Atomics),
         })
     }

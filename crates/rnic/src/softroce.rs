@@ -40,8 +40,28 @@
 //! SM set (the `roce` table is the default P_Key alone), and the engine
 //! drops RC, UC and UD packets of a partition the QP is not in.
 //!
-//! What it refuses (`NotSupported`): memory windows, inline data,
-//! alternate paths, SQD, SRQ limit events, and QP0 on a `roce` port.
+//! Memory windows live in the CA's key table beside the MRs, so the
+//! responder checks a window's range, rights and (type 2) QP the way it
+//! checks an MR. A type 1 window is bound by the bind verb at once; a
+//! type 2 window by a BindMw work request, and LocalInv invalidates one:
+//! both are local operations the engine runs in send-queue order (once
+//! every WR before them went out) and completes in order, with the
+//! BIND_MW / LOCAL_INV opcode, or `MwBindErr` and the QP in error. A
+//! received SEND with invalidate (IETH) invalidates a bound type 2 window
+//! of the QP's PD; any other key (an MR's, a type 1 window's, another
+//! PD's) completes the receive with a remote invalid request error and
+//! moves the QP to error, as Linux rxe does (its "class J"); where rxe
+//! still ACKs the SEND, we NAK it (Invalid Request) so the sender knows.
+//!
+//! Inline data (`SendFlags::INLINE`, up to [`MAX_INLINE_DATA`] and the
+//! QP's `max_inline`, SEND and RDMA WRITE): the bytes are copied at post
+//! time, so the buffer may be reused at once, and no L_Key is needed. The
+//! provider can only read memory it knows, so each piece must lie in some
+//! region registered on the CA (any PD, any key).
+//!
+//! What it refuses (`NotSupported`): alternate paths, moving a QP to
+//! SQE, and QP0 on a `roce` port. (SQD and SRQ limit events, once on this
+//! list, are served.)
 
 use rdma_types::{AccessFlags, Gid, Guid, Lid, Lkey, Mtu, Pkey, PortNum, Psn, Qkey, QpState};
 use rdma_types::{QpType, Qpn, Rkey, WcOpcode, WcStatus};
@@ -57,15 +77,23 @@ use verbs::kit::qp_table;
 use verbs::kit::rq::RecvQueue;
 use verbs::{
     AhAttr, AhHandle, AsyncEvent, AsyncEventKind, CaAttr, CaHandle, Context, CqHandle, CqInit,
-    EventHandler, Handle, MemBuf, MrHandle, MrInfo, PdHandle, PortAttr, PortState, Provider,
-    QpAttr, QpHandle, QpInit, RecvWr, ResourceKind, Result, SendOpcode, SendWr, SrqAttr, SrqHandle,
-    VerbsError, WcFlags, WorkCompletion,
+    EventHandler, Handle, MemBuf, MrHandle, MrInfo, MwBind, MwHandle, MwType, PdHandle, PortAttr,
+    PortState, Provider, QpAttr, QpHandle, QpInit, RecvWr, ResourceKind, Result, SendOpcode,
+    SendWr, SrqAttr, SrqHandle, VerbsError, WcFlags, WorkCompletion,
 };
 
 pub use rdma_sim::FaultConfig;
 
 /// Default RoCEv2 UDP port.
 pub const ROCE_PORT: u16 = 4791;
+
+/// Most inline data one send WR may carry (what Linux rxe reported before
+/// it derived the figure from its WQE size).
+pub const MAX_INLINE_DATA: u32 = 400;
+
+/// The key-table index no window or region has: a bind WR naming a
+/// handle that is not a type 2 window of this CA fails as a bind error.
+const NO_INDEX: u32 = u32::MAX;
 
 /// The personality of a CA's port (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -104,6 +132,8 @@ pub struct SoftRoce {
     down: Mutex<std::collections::HashSet<u64>>,
     /// CAs in the `ib` personality.
     ib: Mutex<std::collections::HashSet<u64>>,
+    /// pcap files a CA's node writes every packet to, set before its open.
+    captures: Mutex<HashMap<u64, std::path::PathBuf>>,
 }
 
 /// What an open CA counted: its node's datagrams and the sum over its QPs,
@@ -163,7 +193,19 @@ enum Obj {
     Mr {
         ca: usize,
         pd: usize,
+        /// Key-table index.
         key: u32,
+        /// The current L_Key (inline data is found by address in any MR).
+        lkey: u32,
+        ctx: Context,
+    },
+    Mw {
+        ca: usize,
+        pd: usize,
+        /// Key-table index.
+        index: u32,
+        kind: MwType,
+        ctx: Context,
     },
 }
 
@@ -502,6 +544,19 @@ impl Memory for PdMem {
         self.keys().invalidate(pd, rkey).map_err(mem_err)
     }
 
+    fn bind_mw(&mut self, b: &roce::MwBindOp) -> std::result::Result<(), MemoryError> {
+        // The new R_Key keeps the window's index; the consumer picks only
+        // its low 8 bits (IBA 10.6.7.2.1).
+        if b.rkey.0 >> 8 != b.mw {
+            return Err(MemoryError::BadKey);
+        }
+        let (pd, qpn) = (self.pd, self.qpn);
+        self.keys()
+            .bind_mw(pd, b.mw, b.mr, b.addr, b.len, b.access, b.rkey.0 as u8, qpn)
+            .map(|_| ())
+            .map_err(|_| MemoryError::BadKey)
+    }
+
     fn srq_pop(&mut self) -> Option<roce::RecvWqe> {
         let srq = self.srq.as_ref()?;
         let (wr, limit) = srq.rq.lock().unwrap_or_else(|e| e.into_inner()).take()?;
@@ -563,6 +618,7 @@ impl SoftRoce {
             removed: Mutex::new(std::collections::HashSet::new()),
             down: Mutex::new(std::collections::HashSet::new()),
             ib: Mutex::new(std::collections::HashSet::new()),
+            captures: Mutex::new(HashMap::new()),
         })
     }
 
@@ -793,6 +849,28 @@ impl SoftRoce {
         Ok(())
     }
 
+    /// Writes every packet CA `guid` sends and receives to the pcap file
+    /// `path` (`None`: no capture). Like faults, taken when the node binds
+    /// at the first open of the CA.
+    ///
+    /// # Errors
+    /// `NoSuchCa` for an unknown GUID; `Busy` when the CA is already open.
+    pub fn set_capture(&self, guid: Guid, path: Option<std::path::PathBuf>) -> Result<()> {
+        if !self.cas.iter().any(|c| c.guid == guid) {
+            return Err(VerbsError::NoSuchCa);
+        }
+        let devs = self.devices.lock().unwrap_or_else(|e| e.into_inner());
+        if devs.contains_key(&guid.0) {
+            return Err(VerbsError::Busy("the CA is open; set the capture before"));
+        }
+        let mut c = self.captures.lock().unwrap_or_else(|e| e.into_inner());
+        match path {
+            Some(p) => c.insert(guid.0, p),
+            None => c.remove(&guid.0),
+        };
+        Ok(())
+    }
+
     /// Counters of CA `guid` while it is open (`None` when it is not).
     pub fn counters(&self, guid: Guid) -> Option<SoftCaCounters> {
         let rt = self
@@ -953,6 +1031,85 @@ impl State {
             _ => unreachable!("a CQ slot"),
         }
     }
+
+    /// Key-table indices of a bind WR's window and region. Anything but a
+    /// type 2 window and an MR of CA `ca` gets an index nothing has, so
+    /// the bind completes with a bind error in its turn (as the loopback
+    /// provider does), not a post error.
+    fn bind_indices(&self, ca: usize, b: &MwBind) -> (u32, u32) {
+        let mw = match self.slot(b.mw.0).map(|i| self.obj(i)) {
+            Ok(Obj::Mw {
+                ca: c,
+                index,
+                kind: MwType::Type2,
+                ..
+            }) if self.same_device(*c, ca) => *index,
+            _ => NO_INDEX,
+        };
+        let mr = match self.slot(b.mr.0).map(|i| self.obj(i)) {
+            Ok(Obj::Mr { ca: c, key, .. }) if self.same_device(*c, ca) => *key,
+            _ => NO_INDEX,
+        };
+        (mw, mr)
+    }
+
+    /// Whether two CA opens are of one device (one key table).
+    fn same_device(&self, a: usize, b: usize) -> bool {
+        a == b || Arc::ptr_eq(&self.rt(a), &self.rt(b))
+    }
+
+    /// Copies the gather list of an inline WR (IBV_SEND_INLINE): at most
+    /// `max` bytes, SEND or RDMA WRITE only. The L_Key is not needed: each
+    /// piece is read from whichever region of the CA holds it (the SGE's
+    /// own key first). Memory the provider does not know cannot be read
+    /// safely, so a piece outside every registered region is refused.
+    fn gather_inline(&self, ca: usize, pd: usize, wr: &SendWr, max: u32) -> Result<Vec<u8>> {
+        let total = wr.total_len();
+        if total > u64::from(max) {
+            return Err(bad(format!(
+                "{total} bytes of inline data > the QP's max_inline {max}"
+            )));
+        }
+        if !matches!(
+            wr.opcode,
+            SendOpcode::Send
+                | SendOpcode::SendWithImm
+                | SendOpcode::SendWithInv
+                | SendOpcode::RdmaWrite
+                | SendOpcode::RdmaWriteWithImm
+        ) {
+            return Err(bad("inline data goes with SEND and RDMA WRITE only"));
+        }
+        let rt = self.rt(ca);
+        let keys = rt.keys.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out = vec![0u8; total as usize];
+        let mut at = 0usize;
+        for sge in &wr.sges {
+            let len = sge.length as usize;
+            let (addr, n) = (sge.addr, sge.length as u64);
+            let found = keys
+                .local(pd as u32, sge.lkey, addr, n, AccessFlags::NONE)
+                .ok()
+                .or_else(|| {
+                    self.slots.iter().find_map(|s| match &s.obj {
+                        Some(Obj::Mr {
+                            ca: c, pd, lkey, ..
+                        }) if self.same_device(*c, ca) => keys
+                            .local(*pd as u32, Lkey(*lkey), addr, n, AccessFlags::NONE)
+                            .ok(),
+                        _ => None,
+                    })
+                });
+            let Some(t) = found else {
+                return Err(bad(format!(
+                    "inline data at {addr:#x}+{n} is in no registered region"
+                )));
+            };
+            t.buf.read_at(t.off, &mut out[at..at + len]);
+            at += len;
+        }
+        Ok(out)
+    }
 }
 
 fn send_wqe(wr: &SendWr, sig_all: bool) -> Result<roce::SendWqe> {
@@ -986,12 +1143,19 @@ fn send_wqe(wr: &SendWr, sig_all: bool) -> Result<roce::SendWqe> {
             rkey: r.rkey,
             add: wr.compare_add,
         },
-        SendOpcode::LocalInv => return Err(VerbsError::NotSupported("local invalidate")),
-        SendOpcode::BindMw => return Err(VerbsError::NotSupported("memory windows")),
+        SendOpcode::LocalInv => SendOp::LocalInv(wr.invalidate_rkey),
+        SendOpcode::BindMw => {
+            let b = wr.bind_mw.ok_or_else(|| bad("BindMw WR without a bind"))?;
+            SendOp::BindMw(roce::MwBindOp {
+                mw: NO_INDEX,
+                mr: NO_INDEX,
+                rkey: b.rkey,
+                addr: b.addr,
+                len: b.len,
+                access: b.access,
+            })
+        }
     };
-    if wr.flags.contains(verbs::SendFlags::INLINE) {
-        return Err(VerbsError::NotSupported("inline data"));
-    }
     let mut w = roce::SendWqe::new(
         wr.wr_id,
         op,
@@ -1057,6 +1221,12 @@ impl Provider for SoftRoce {
                     Some(f) => Some(f),
                     None => faults_from_env()?,
                 };
+                ncfg.capture = self
+                    .captures
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get(&guid.0)
+                    .cloned();
                 let mut node =
                     Node::bind(ncfg).map_err(|e| bad(format!("cannot bind {addr}: {e}")))?;
                 let pulled = self
@@ -1126,7 +1296,8 @@ impl Provider for SoftRoce {
             max_pd: 1 << 16,
             max_qp_rd_atom: 16,
             max_srq: 1 << 12,
-            max_mw: 0,
+            max_mw: 1 << 16,
+            max_inline_data: MAX_INLINE_DATA,
             atomics: true,
         })
     }
@@ -1365,6 +1536,12 @@ impl Provider for SoftRoce {
     }
 
     fn create_qp(&self, pd: PdHandle, init: &QpInit, ctx: Context) -> Result<QpHandle> {
+        if init.caps.max_inline > MAX_INLINE_DATA {
+            return Err(bad(format!(
+                "max_inline {} > {MAX_INLINE_DATA}",
+                init.caps.max_inline
+            )));
+        }
         let mut st = self.lock();
         let p = st.pd(pd)?;
         let ca = st.pd_ca(p);
@@ -1709,7 +1886,7 @@ impl Provider for SoftRoce {
         addr: u64,
         len: u64,
         access: AccessFlags,
-        _ctx: Context,
+        ctx: Context,
     ) -> Result<MrInfo> {
         let mut st = self.lock();
         let p = st.pd(pd)?;
@@ -1725,6 +1902,8 @@ impl Provider for SoftRoce {
             ca,
             pd: p,
             key: index,
+            lkey: key,
+            ctx,
         });
         Ok(MrInfo {
             handle: MrHandle(h),
@@ -1743,7 +1922,7 @@ impl Provider for SoftRoce {
         len: u64,
         access: AccessFlags,
     ) -> Result<MrInfo> {
-        let st = self.lock();
+        let mut st = self.lock();
         let i = st.slot(mr.0)?;
         let (ca, key) = match st.obj(i) {
             Obj::Mr { ca, key, .. } => (*ca, *key),
@@ -1755,6 +1934,9 @@ impl Provider for SoftRoce {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .rereg_mr(key, buf, addr, len, access)?;
+        if let Obj::Mr { lkey, .. } = st.obj_mut(i) {
+            *lkey = k;
+        }
         Ok(MrInfo {
             handle: mr,
             lkey: Lkey(k),
@@ -1765,29 +1947,145 @@ impl Provider for SoftRoce {
     }
 
     fn dereg_mr(&self, mr: MrHandle) -> Result<()> {
+        let (handler, ctx) = {
+            let mut st = self.lock();
+            let i = st.slot(mr.0)?;
+            let (ca, pd, key, ctx) = match st.obj(i) {
+                Obj::Mr {
+                    ca, pd, key, ctx, ..
+                } => (*ca, *pd, *key, *ctx),
+                _ => return Err(VerbsError::InvalidHandle),
+            };
+            let rt = st.rt(ca);
+            rt.keys
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .dereg_mr(key)?;
+            st.release(i);
+            st.adjust(pd, -1);
+            (st.handler(ca), ctx)
+        };
+        handler.on_destroyed(ResourceKind::Mr, ctx);
+        Ok(())
+    }
+
+    fn alloc_mw(&self, pd: PdHandle, kind: MwType, ctx: Context) -> Result<(MwHandle, Rkey)> {
         let mut st = self.lock();
-        let i = st.slot(mr.0)?;
-        let (ca, pd, key) = match st.obj(i) {
-            Obj::Mr { ca, pd, key } => (*ca, *pd, *key),
+        let p = st.pd(pd)?;
+        let ca = st.pd_ca(p);
+        let rt = st.rt(ca);
+        let (index, key) = rt
+            .keys
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .alloc_mw(p as u32, kind);
+        st.adjust(p, 1);
+        let h = st.alloc(Obj::Mw {
+            ca,
+            pd: p,
+            index,
+            kind,
+            ctx,
+        });
+        Ok((MwHandle(h), Rkey(key)))
+    }
+
+    /// Type 1 windows only (type 2 are bound by a BindMw work request);
+    /// the bind takes effect at once and produces no completion, as the
+    /// loopback provider's does.
+    fn bind_mw(&self, qp: QpHandle, bind: &MwBind) -> Result<Rkey> {
+        let st = self.lock();
+        let qi = st.qp(qp)?;
+        let Obj::Qp(q) = st.obj(qi) else {
+            unreachable!("checked QP")
+        };
+        if q.state != QpState::Rts {
+            return Err(VerbsError::InvalidState(q.state));
+        }
+        let (ca, pd, qpn) = (q.ca, q.pd, q.qpn);
+        let mw = match st.obj(st.slot(bind.mw.0)?) {
+            Obj::Mw {
+                ca: c, index, kind, ..
+            } if st.same_device(*c, ca) => {
+                if *kind != MwType::Type1 {
+                    return Err(bad("type 2 windows are bound with a BindMw work request"));
+                }
+                *index
+            }
+            _ => return Err(VerbsError::InvalidHandle),
+        };
+        let mr = match st.obj(st.slot(bind.mr.0)?) {
+            Obj::Mr { ca: c, key, .. } if st.same_device(*c, ca) => *key,
             _ => return Err(VerbsError::InvalidHandle),
         };
         let rt = st.rt(ca);
-        rt.keys
+        let k = rt
+            .keys
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .dereg_mr(key)?;
-        st.release(i);
-        st.adjust(pd, -1);
+            .bind_mw(
+                pd as u32,
+                mw,
+                mr,
+                bind.addr,
+                bind.len,
+                bind.access,
+                0,
+                qpn.value(),
+            )
+            .map_err(|s| bad(format!("bind refused: {s}")))?;
+        Ok(Rkey(k))
+    }
+
+    fn dealloc_mw(&self, mw: MwHandle) -> Result<()> {
+        let (handler, ctx) = {
+            let mut st = self.lock();
+            let i = st.slot(mw.0)?;
+            let (ca, pd, index, ctx) = match st.obj(i) {
+                Obj::Mw {
+                    ca, pd, index, ctx, ..
+                } => (*ca, *pd, *index, *ctx),
+                _ => return Err(VerbsError::InvalidHandle),
+            };
+            st.rt(ca)
+                .keys
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .dealloc_mw(index)?;
+            st.release(i);
+            st.adjust(pd, -1);
+            (st.handler(ca), ctx)
+        };
+        handler.on_destroyed(ResourceKind::Mw, ctx);
         Ok(())
     }
 
     fn post_send(&self, qp: QpHandle, wrs: &[SendWr]) -> Result<()> {
-        let (rt, qpn, sig_all, state, ud, max_sge, datagram, uc) = {
+        let (rt, qpn, sig_all, state, ud, max_sge, datagram, uc, mut local) = {
             let st = self.lock();
             let i = st.qp(qp)?;
             let Obj::Qp(q) = st.obj(i) else {
                 unreachable!("checked QP")
             };
+            // What needs the handle table: the window and region of a
+            // bind, and inline data (copied now, so the buffer may be
+            // reused as soon as the post returns).
+            // Empty (no allocation) when no WR needs it, the usual case.
+            let mut local = Vec::new();
+            let needs_table = wrs.iter().any(|wr| {
+                wr.opcode == SendOpcode::BindMw || wr.flags.contains(verbs::SendFlags::INLINE)
+            });
+            for wr in wrs.iter().filter(|_| needs_table) {
+                let bind = wr
+                    .bind_mw
+                    .filter(|_| wr.opcode == SendOpcode::BindMw)
+                    .map(|b| st.bind_indices(q.ca, &b));
+                let inline = wr
+                    .flags
+                    .contains(verbs::SendFlags::INLINE)
+                    .then(|| st.gather_inline(q.ca, q.pd, wr, q.init.caps.max_inline));
+                local.push((bind, inline));
+            }
             let mut ud = Vec::new();
             for wr in wrs {
                 ud.push(match wr.ud {
@@ -1811,6 +2109,7 @@ impl Provider for SoftRoce {
                 q.init.caps.max_send_sge,
                 q.init.qp_type.is_datagram(),
                 q.init.qp_type == QpType::Uc,
+                local,
             )
         };
         if !matches!(state, QpState::Rts | QpState::Err) {
@@ -1822,7 +2121,14 @@ impl Provider for SoftRoce {
         let mut wqes = Vec::with_capacity(wrs.len());
         let mut refused = None;
         for (index, (wr, ud)) in wrs.iter().zip(ud).enumerate() {
-            let checked = send_wqe(wr, sig_all).and_then(|w| {
+            let (bind, inline) = local.get_mut(index).map(std::mem::take).unwrap_or_default();
+            let checked = send_wqe(wr, sig_all).and_then(|mut w| {
+                if let (roce::SendOp::BindMw(b), Some((mw, mr))) = (&mut w.op, bind) {
+                    (b.mw, b.mr) = (mw, mr);
+                }
+                if let Some(data) = inline {
+                    w.inline = Some(data?);
+                }
                 if wr.sges.len() > max_sge as usize {
                     Err(bad(format!("{} SGEs > max {max_sge}", wr.sges.len())))
                 } else if datagram != ud.is_some() {
@@ -1840,6 +2146,8 @@ impl Provider for SoftRoce {
                     )
                 {
                     Err(bad("UC has no RDMA READ or atomics (IBA 9.4)"))
+                } else if uc && wr.opcode == SendOpcode::SendWithInv {
+                    Err(bad("UC has no SEND with invalidate (IBA 9.2)"))
                 } else {
                     Ok(w)
                 }

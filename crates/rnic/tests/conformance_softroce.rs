@@ -62,7 +62,7 @@ impl Fixture for Soft {
         self.provider.remove_ca(guid)
     }
     fn lacks(&self) -> Vec<Feature> {
-        vec![Feature::Mw]
+        vec![]
     }
 }
 

@@ -54,7 +54,7 @@ pub fn qp_input(data: &[u8]) -> usize {
         steps += 1;
         match inp.u8() % 6 {
             0 => {
-                let op = match inp.u8() % 5 {
+                let op = match inp.u8() % 6 {
                     0 => SendOp::Send,
                     1 => SendOp::Write {
                         raddr: inp.u64() % 70_000,
@@ -69,6 +69,7 @@ pub fn qp_input(data: &[u8]) -> usize {
                         rkey: Rkey(1),
                         add: 1,
                     },
+                    4 => SendOp::LocalInv(Rkey(inp.u32() % 3)),
                     _ => SendOp::SendImm(inp.u32()),
                 };
                 let len = inp.u32() % 9000;

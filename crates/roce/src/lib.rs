@@ -19,6 +19,15 @@
 //! over its key tables, so every local and remote access is checked by the
 //! same code the other providers use. A failed check never touches memory.
 //!
+//! Window binds and local invalidates ([`SendOp::BindMw`],
+//! [`SendOp::LocalInv`]) are send-queue entries that never reach the wire:
+//! they take no PSN, run through [`Memory`] when the send cursor reaches
+//! them (every entry before them has been sent), are not run again when
+//! go-back-N passes over them, and complete in queue order. SEND with
+//! invalidate asks [`Memory::invalidate`] at the responder; a key it
+//! refuses completes the receive with a remote invalid request error and
+//! NAKs Invalid Request.
+//!
 //! What it refuses to do: parse bytes (the driver hands in a decoded
 //! [`Packet`] built on `rdma-wire`'s reprs; the opcode table and AETH codes
 //! are `rdma-wire`'s), choose addresses (UD destinations arrive resolved), or
@@ -38,7 +47,7 @@ pub use flat::FlatMemory;
 pub use mem::{apply_atomic, Memory, MemoryError, RemoteAccess};
 pub use packet::Packet;
 pub use qp::{Qp, QpConfig, QpCounters, QpEvent};
-pub use wqe::{Completion, RecvWqe, SendOp, SendWqe, Sge, UdDest};
+pub use wqe::{Completion, MwBindOp, RecvWqe, SendOp, SendWqe, Sge, UdDest};
 
 #[doc(hidden)]
 pub mod fuzz;

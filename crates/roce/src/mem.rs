@@ -2,7 +2,7 @@
 //! its key tables for the QP's protection domain; the engine walks SGEs and
 //! asks for single checked ranges.
 
-use crate::wqe::{RecvWqe, Sge};
+use crate::wqe::{MwBindOp, RecvWqe, Sge};
 use rdma_types::{AccessFlags, Lkey, Rkey};
 
 /// Why a memory access was refused. No memory was touched.
@@ -69,8 +69,14 @@ pub trait Memory {
         compare: Option<u64>,
         operand: u64,
     ) -> Result<u64, MemoryError>;
-    /// Invalidates `rkey` (SEND with invalidate).
+    /// Invalidates `rkey` (SEND with invalidate, and local invalidate).
     fn invalidate(&mut self, rkey: Rkey) -> Result<(), MemoryError>;
+    /// Binds a memory window for this QP (a bind work request reached by
+    /// the send queue). Memory without windows refuses.
+    fn bind_mw(&mut self, bind: &MwBindOp) -> Result<(), MemoryError> {
+        let _ = bind;
+        Err(MemoryError::NoPermission)
+    }
     /// Takes a receive WQE from the QP's shared receive queue, if it has one.
     fn srq_pop(&mut self) -> Option<RecvWqe> {
         None

@@ -35,8 +35,10 @@ pub(crate) struct Entry {
 }
 
 impl Entry {
+    /// The entry's last PSN; for a local operation (no PSNs) the one
+    /// before its first, so it contains no PSN.
     fn last_psn(&self) -> Psn {
-        self.first_psn.add(self.npkts - 1)
+        self.first_psn.add(self.npkts).sub(1)
     }
 
     fn contains(&self, psn: Psn) -> bool {
@@ -65,6 +67,9 @@ pub(crate) struct Requester {
     /// the same gap are ignored until progress (the timeout still covers).
     gap_retried: Option<Psn>,
     pmtu: u64,
+    /// Local operations (binds, local invalidates) in `sq`: while there
+    /// are none, the send path does not look for them.
+    locals: usize,
 }
 
 impl Requester {
@@ -83,6 +88,7 @@ impl Requester {
             rnr_until: None,
             gap_retried: None,
             pmtu: cfg.pmtu.bytes() as u64,
+            locals: 0,
         }
     }
 
@@ -121,9 +127,11 @@ impl Requester {
     }
 
     pub(crate) fn post(&mut self, wqe: SendWqe, cfg: &QpConfig) {
-        let len = wqe.len();
+        let local = wqe.op.is_local();
+        let len = if local { 0 } else { wqe.len() };
         let mut error = None;
         let npkts = match wqe.op {
+            _ if local => 0,
             SendOp::CmpSwap { .. } | SendOp::FetchAdd { .. } => {
                 if len != 8 {
                     error = Some(WcStatus::LocLenErr);
@@ -135,23 +143,33 @@ impl Requester {
         if len > u64::from(u32::MAX >> 1) {
             error = Some(WcStatus::LocLenErr);
         }
-        if cfg.qp_type.is_datagram()
+        if local && cfg.qp_type.is_datagram() {
+            // Windows are bound on connected QPs only (IBA 10.6.7.2.2).
+            error = Some(WcStatus::LocQpOpErr);
+        } else if cfg.qp_type.is_datagram()
             && (npkts > 1
                 || wqe.ud.is_none()
                 || !matches!(wqe.op, SendOp::Send | SendOp::SendImm(_)))
         {
             error = Some(WcStatus::LocLenErr);
         }
-        if cfg.qp_type == QpType::Uc && wqe.op.is_read_or_atomic() {
+        if cfg.qp_type == QpType::Uc
+            && (wqe.op.is_read_or_atomic() || matches!(wqe.op, SendOp::SendInv(_)))
+        {
+            // UC has no READ, atomics or SEND with invalidate (IBA 9.2,
+            // the opcode table has none for it).
             error = Some(WcStatus::LocQpOpErr);
         }
-        let npkts = if error.is_some() {
+        let npkts = if local {
+            0
+        } else if error.is_some() {
             1
         } else {
             npkts.min(u64::from(u32::MAX)) as u32
         };
         let first_psn = self.next_psn;
         self.next_psn = first_psn.add(npkts);
+        self.locals += usize::from(local);
         self.sq.push_back(Entry {
             wqe,
             len,
@@ -173,6 +191,7 @@ impl Requester {
         self.cursor_pkt = 0;
         self.rto_deadline = None;
         self.rnr_until = None;
+        self.locals = 0;
     }
 
     fn outstanding_rd_atomic(&self) -> usize {
@@ -210,10 +229,28 @@ impl Qp {
         self.set_error(status);
     }
 
+    /// Completes the front entry, then the local operations behind it that
+    /// already ran (they complete in order, IBA 10.8.3).
     fn complete_front(&mut self) {
+        self.pop_front_completed();
+        while self.req.locals > 0
+            && self
+                .req
+                .sq
+                .front()
+                .is_some_and(|e| e.wqe.op.is_local() && e.sent && e.error.is_none())
+        {
+            self.pop_front_completed();
+        }
+    }
+
+    fn pop_front_completed(&mut self) {
         let Some(e) = self.req.sq.pop_front() else {
             return;
         };
+        if e.wqe.op.is_local() {
+            self.req.locals -= 1;
+        }
         if self.req.cursor == 0 {
             // The cursor was retransmitting the entry just acknowledged:
             // move on to the start of the next one.
@@ -224,6 +261,8 @@ impl Qp {
         if e.wqe.signaled {
             let byte_len = if e.wqe.op.is_atomic() {
                 8
+            } else if e.wqe.op.is_local() {
+                0
             } else {
                 e.len as u32
             };
@@ -249,6 +288,9 @@ impl Qp {
                 return None;
             }
             self.req.rnr_until = None;
+        }
+        if !self.run_local_ops(mem) {
+            return None;
         }
         let idx = self.req.cursor;
         let entry = self.req.sq.get(idx)?;
@@ -319,6 +361,71 @@ impl Qp {
         }
     }
 
+    /// Runs the local operations (window binds, local invalidates) at the
+    /// cursor. Each runs once every entry before it has been sent, as Linux
+    /// rxe does, so later entries of the queue see its effect; it completes
+    /// once the entries before it have. A failed one completes in error
+    /// (`MwBindErr`) when it reaches the front, and the QP goes to error.
+    /// Returns whether the cursor may go on to an entry that sends.
+    /// Bounded: each turn moves the cursor or returns.
+    fn run_local_ops(&mut self, mem: &mut (impl Memory + ?Sized)) -> bool {
+        if self.req.locals == 0 {
+            return true;
+        }
+        while let Some(e) = self.req.sq.get(self.req.cursor) {
+            let idx = self.req.cursor;
+            if !e.wqe.op.is_local() {
+                return true;
+            }
+            if e.sent {
+                // Ran already: the cursor went back over it (go-back-N).
+                self.req.cursor += 1;
+                self.req.cursor_pkt = 0;
+                continue;
+            }
+            if let Some(status) = e.error {
+                if idx == 0 {
+                    self.fail_front(status);
+                }
+                return false;
+            }
+            if self.mode == Mode::Draining {
+                return false;
+            }
+            if e.wqe.fence
+                && self
+                    .req
+                    .sq
+                    .iter()
+                    .take(idx)
+                    .any(|x| x.wqe.op.is_read_or_atomic())
+            {
+                return false;
+            }
+            let done = match e.wqe.op {
+                SendOp::BindMw(b) => mem.bind_mw(&b),
+                SendOp::LocalInv(rkey) => mem.invalidate(rkey),
+                _ => Ok(()),
+            };
+            let e = &mut self.req.sq[idx];
+            if done.is_err() {
+                e.error = Some(WcStatus::MwBindErr);
+                if idx == 0 {
+                    self.fail_front(WcStatus::MwBindErr);
+                }
+                return false;
+            }
+            e.started = true;
+            e.sent = true;
+            self.req.cursor = idx + 1;
+            self.req.cursor_pkt = 0;
+            if idx == 0 {
+                self.complete_front();
+            }
+        }
+        true
+    }
+
     /// Builds the packet at the cursor and advances it.
     fn build_request(
         &mut self,
@@ -370,6 +477,8 @@ impl Qp {
                 });
                 (Kind::FetchAdd, Position::Only, 1)
             }
+            // Run by `run_local_ops`, never sent.
+            SendOp::BindMw(_) | SendOp::LocalInv(_) => return Err(WcStatus::LocQpOpErr),
             SendOp::Send
             | SendOp::SendImm(_)
             | SendOp::SendInv(_)

@@ -563,12 +563,17 @@ impl Qp {
             wc.solicited = pkt.bth.solicited;
             if let Some(rkey) = pkt.ext.ieth.map(|i| i.rkey) {
                 if mem.invalidate(rkey).is_err() {
-                    wc.status = WcStatus::LocProtErr;
+                    // Not a bound type 2 window of this PD (an MR's key, a
+                    // type 1 window, another PD's key, a stale key): the
+                    // receive completes with a remote invalid request
+                    // error and the QP goes to error, as Linux rxe has it
+                    // (its "class J"); our requester is told by a NAK.
+                    wc.status = WcStatus::RemInvReqErr;
                     self.completions.push_back(wc);
                     return Step::Fatal(
                         NakCode::InvalidRequest,
-                        WcStatus::LocProtErr,
-                        "SEND with invalidate of an unknown R_Key",
+                        WcStatus::RemInvReqErr,
+                        "SEND with invalidate of an R_Key that is not a bound type 2 window",
                     );
                 }
                 wc.invalidated = Some(rkey);

@@ -29,6 +29,9 @@ struct TestMem {
     regions: Vec<Region>,
     srq: VecDeque<RecvWqe>,
     use_srq: bool,
+    /// Window binds and invalidations executed (local operations).
+    binds: u32,
+    invalidations: u32,
 }
 
 impl TestMem {
@@ -124,9 +127,22 @@ impl Memory for TestMem {
         let r = self
             .regions
             .iter_mut()
-            .find(|r| r.key == rkey.0)
+            .find(|r| r.key == rkey.0 && r.valid)
             .ok_or(MemoryError::BadKey)?;
         r.valid = false;
+        self.invalidations += 1;
+        Ok(())
+    }
+    /// A "window" here is a region registered invalid under the bind's
+    /// R_Key; binding makes it valid.
+    fn bind_mw(&mut self, bind: &MwBindOp) -> Result<(), MemoryError> {
+        let r = self
+            .regions
+            .iter_mut()
+            .find(|r| r.key == bind.rkey.0 && !r.valid)
+            .ok_or(MemoryError::BadKey)?;
+        r.valid = true;
+        self.binds += 1;
         Ok(())
     }
     fn srq_pop(&mut self) -> Option<RecvWqe> {
@@ -1534,4 +1550,167 @@ fn after_a_duplicate_request_acks_are_sent_twice_so_one_lost_ack_costs_no_timeou
     n.settle();
     assert_eq!(n.b.qp.poll_timeout(), None);
     assert_eq!(n.b.wcs.len(), 2);
+}
+
+// ---------------------------------------------------------------- local operations
+
+fn bind_op(rkey: Rkey) -> SendOp {
+    SendOp::BindMw(MwBindOp {
+        mw: 1,
+        mr: 2,
+        rkey,
+        addr: 0,
+        len: 64,
+        access: AccessFlags::REMOTE_WRITE,
+    })
+}
+
+/// A window bind and a local invalidate between packet-sending WRs, over
+/// a lossy link: each runs exactly once (go-back-N passes over them), no
+/// PSN is spent on them, and every completion comes in posting order.
+#[test]
+fn local_operations_run_once_in_order_and_complete_in_order() {
+    for seed in 0..8 {
+        let mut n = Net::new(QpType::Rc, |c| c.pmtu = Mtu::Mtu256);
+        n.faults(FaultConfig {
+            seed,
+            loss: 0.15,
+            ..FaultConfig::default()
+        });
+        n.record = true;
+        let w = n.a.mem.reg(0x7_0000, 64, ALL, |_| 0);
+        n.a.mem.regions.last_mut().unwrap().valid = false;
+        for i in 0..2 {
+            n.b.qp.post_recv(RecvWqe {
+                wr_id: 10 + i,
+                sges: sge(B_BUF, 4096 * (i + 1), 2048),
+            });
+        }
+        let ops = [
+            SendWqe::new(
+                1,
+                SendOp::Write {
+                    raddr: B_BUF,
+                    rkey: rkey_of(B_BUF),
+                },
+                sge(A_BUF, 0, 3000),
+            ),
+            SendWqe::new(2, bind_op(Rkey(w)), vec![]),
+            SendWqe::new(3, SendOp::Send, sge(A_BUF, 0, 1000)),
+            SendWqe::new(4, SendOp::LocalInv(Rkey(w)), vec![]),
+            SendWqe::new(5, SendOp::Send, sge(A_BUF, 0, 1000)),
+        ];
+        for op in ops {
+            n.a.qp.post_send(op);
+        }
+        n.settle();
+        let got: Vec<(u64, WcOpcode, WcStatus)> =
+            n.a.wcs
+                .iter()
+                .map(|c| (c.wr_id, c.opcode, c.status))
+                .collect();
+        assert_eq!(
+            got,
+            vec![
+                (1, WcOpcode::RdmaWrite, WcStatus::Success),
+                (2, WcOpcode::BindMw, WcStatus::Success),
+                (3, WcOpcode::Send, WcStatus::Success),
+                (4, WcOpcode::LocalInv, WcStatus::Success),
+                (5, WcOpcode::Send, WcStatus::Success),
+            ],
+            "seed {seed}"
+        );
+        assert_eq!(
+            (n.a.mem.binds, n.a.mem.invalidations),
+            (1, 1),
+            "seed {seed}"
+        );
+        assert!(!n.a.mem.region(w).valid);
+        // 12 WRITE + 4 + 4 SEND packets at MTU 256: the PSNs are theirs alone.
+        let mut psns: Vec<u32> = n.a.sent.iter().map(|p| p.bth.psn.value()).collect();
+        psns.sort_unstable();
+        psns.dedup();
+        assert_eq!(psns.len(), 12 + 4 + 4, "seed {seed}");
+        assert_eq!(psns[psns.len() - 1] - psns[0], 19, "seed {seed}");
+        assert_eq!(b_bytes(&n, 0, 3000), a_bytes(&n, 0, 3000));
+    }
+}
+
+/// A bind that fails completes with a bind error in its turn, after the
+/// WR before it, and the QP goes to error (flushing what follows).
+#[test]
+fn failed_bind_completes_in_error_in_order_and_flushes_the_rest() {
+    let mut n = Net::new(QpType::Rc, |_| {});
+    n.b.qp.post_recv(RecvWqe {
+        wr_id: 10,
+        sges: sge(B_BUF, 0, 64),
+    });
+    n.a.qp
+        .post_send(SendWqe::new(1, SendOp::Send, sge(A_BUF, 0, 8)));
+    n.a.qp
+        .post_send(SendWqe::new(2, bind_op(Rkey(0xdead)), vec![]));
+    n.a.qp
+        .post_send(SendWqe::new(3, SendOp::Send, sge(A_BUF, 0, 8)));
+    n.settle();
+    let got: Vec<(u64, WcOpcode, WcStatus)> =
+        n.a.wcs
+            .iter()
+            .map(|c| (c.wr_id, c.opcode, c.status))
+            .collect();
+    assert_eq!(
+        got,
+        vec![
+            (1, WcOpcode::Send, WcStatus::Success),
+            (2, WcOpcode::BindMw, WcStatus::MwBindErr),
+            (3, WcOpcode::Send, WcStatus::WrFlushErr),
+        ]
+    );
+    assert!(n.a.qp.is_error());
+    assert_eq!(n.b.wcs.len(), 1, "the third WR never went out");
+}
+
+/// Local operations on a UD QP are refused with a local QP operation error.
+#[test]
+fn local_operations_on_ud_are_refused() {
+    let mut n = Net::new(QpType::Ud, |_| {});
+    n.a.qp
+        .post_send(SendWqe::new(1, SendOp::LocalInv(Rkey(5)), vec![]));
+    n.settle();
+    assert_eq!(n.a.wcs[0].status, WcStatus::LocQpOpErr);
+    assert_eq!(n.a.mem.invalidations, 0);
+}
+
+/// SEND with invalidate of a key the responder cannot invalidate: the
+/// receive completes with a remote invalid request error (Linux rxe's
+/// choice), the requester gets the Invalid Request NAK.
+#[test]
+fn send_with_invalidate_of_a_bad_key_is_an_invalid_request() {
+    let mut n = Net::new(QpType::Rc, |_| {});
+    n.b.qp.post_recv(RecvWqe {
+        wr_id: 1,
+        sges: sge(B_BUF, 0, 64),
+    });
+    n.a.qp.post_send(SendWqe::new(
+        1,
+        SendOp::SendInv(Rkey(0x77)),
+        sge(A_BUF, 0, 8),
+    ));
+    n.settle();
+    assert_eq!(n.b.wcs[0].status, WcStatus::RemInvReqErr);
+    assert_eq!(n.a.wcs[0].status, WcStatus::RemInvReqErr);
+    assert!(n.b.qp.is_error());
+}
+
+/// UC has no SEND with invalidate opcode: the WR completes with a local
+/// QP operation error and nothing goes out (it used to reach the opcode
+/// table's `expect`).
+#[test]
+fn uc_send_with_invalidate_is_refused_locally() {
+    let mut n = Net::new(QpType::Uc, |_| {});
+    n.record = true;
+    n.a.qp
+        .post_send(SendWqe::new(1, SendOp::SendInv(Rkey(3)), sge(A_BUF, 0, 8)));
+    n.settle();
+    assert_eq!(n.a.wcs[0].status, WcStatus::LocQpOpErr);
+    assert!(n.a.sent.is_empty());
 }

@@ -1,6 +1,6 @@
 //! Work queue entries as the engine sees them, and the completions it emits.
 
-use rdma_types::{Lkey, Qkey, Qpn, Rkey, WcOpcode, WcStatus};
+use rdma_types::{AccessFlags, Lkey, Qkey, Qpn, Rkey, WcOpcode, WcStatus};
 
 /// A scatter/gather element: a range of registered local memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,6 +23,25 @@ pub struct UdDest {
     pub qkey: Qkey,
     /// The driver's handle of the address (AH); opaque to the engine.
     pub ah: u32,
+}
+
+/// A memory window bind carried by the send queue (IBA 10.6.7.2.2): the
+/// driver's numbers for the window and the region (opaque to the engine)
+/// and what the window is to cover.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MwBindOp {
+    /// The window, as the driver numbers it.
+    pub mw: u32,
+    /// The region the window lies in, as the driver numbers it.
+    pub mr: u32,
+    /// The R_Key the window gets (its low 8 bits are the consumer's).
+    pub rkey: Rkey,
+    /// First byte of the window (inside the region).
+    pub addr: u64,
+    /// Length of the window.
+    pub len: u64,
+    /// Remote rights the window grants.
+    pub access: AccessFlags,
 }
 
 /// The operation of a send queue entry.
@@ -77,6 +96,11 @@ pub enum SendOp {
         /// Addend.
         add: u64,
     },
+    /// Bind a memory window: a local operation, executed when the send
+    /// queue reaches it, in order with the entries around it.
+    BindMw(MwBindOp),
+    /// Local invalidate of an R_Key: a local operation like `BindMw`.
+    LocalInv(Rkey),
 }
 
 impl SendOp {
@@ -88,7 +112,14 @@ impl SendOp {
             SendOp::Read { .. } => WcOpcode::RdmaRead,
             SendOp::CmpSwap { .. } => WcOpcode::CompSwap,
             SendOp::FetchAdd { .. } => WcOpcode::FetchAdd,
+            SendOp::BindMw(_) => WcOpcode::BindMw,
+            SendOp::LocalInv(_) => WcOpcode::LocalInv,
         }
+    }
+
+    /// Whether the operation stays on this node (no packets, no PSNs).
+    pub fn is_local(self) -> bool {
+        matches!(self, SendOp::BindMw(_) | SendOp::LocalInv(_))
     }
 
     /// Whether the operation needs responder resources (READ, atomics).

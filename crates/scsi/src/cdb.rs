@@ -23,6 +23,19 @@ pub struct Plan {
     pub len: u64,
 }
 
+/// What a 32-byte READ or WRITE tells the device server to expect in the
+/// protection information (SBC-3 5.18, 5.38).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Expected {
+    /// EXPECTED INITIAL LOGICAL BLOCK REFERENCE TAG: the first block's,
+    /// incremented per block.
+    pub reference: u32,
+    /// EXPECTED LOGICAL BLOCK APPLICATION TAG, compared under `app_mask`.
+    pub app: u16,
+    /// LOGICAL BLOCK APPLICATION TAG MASK: bits compared; 0 checks none.
+    pub app_mask: u16,
+}
+
 /// A parsed command with validated fields.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Command {
@@ -93,15 +106,24 @@ pub enum Command {
     ReadCapacity16 {
         alloc: u32,
     },
+    /// READ(6/10/12/16/32); `protect` is RDPROTECT (0 for READ(6));
+    /// `expect` is READ(32)'s (only 32-byte CDBs carry it).
     Read {
         lba: u64,
         blocks: u32,
         fua: bool,
+        protect: u8,
+        expect: Option<Expected>,
     },
+    /// WRITE(6/10/12/16) and WRITE AND VERIFY; `protect` is WRPROTECT:
+    /// non-zero, the data-out carries 8 bytes of protection information
+    /// after each block.
     Write {
         lba: u64,
         blocks: u32,
         fua: bool,
+        protect: u8,
+        expect: Option<Expected>,
     },
     SyncCache {
         lba: u64,
@@ -212,7 +234,7 @@ impl Command {
                 Command::ModeSelect { ten, param_len }
             }
             Opcode::PersistentReserveIn => match c[1] & 0x1f {
-                sa @ (0 | 1) => Command::PrIn {
+                sa @ 0..=3 => Command::PrIn {
                     sa,
                     alloc: be(&c[7..9]) as u32,
                 },
@@ -220,7 +242,7 @@ impl Command {
             },
             Opcode::PersistentReserveOut => {
                 let sa = c[1] & 0x1f;
-                if sa > 6 {
+                if sa > 7 {
                     return Err(Sense::invalid_field(1, Some(4)));
                 }
                 if c[2] >> 4 != 0 {
@@ -255,12 +277,16 @@ impl Command {
                         lba,
                         blocks,
                         fua: false,
+                        protect: 0,
+                        expect: None,
                     }
                 } else {
                     Command::Write {
                         lba,
                         blocks,
                         fua: false,
+                        protect: 0,
+                        expect: None,
                     }
                 }
             }
@@ -270,8 +296,11 @@ impl Command {
             | Opcode::Write12
             | Opcode::Read16
             | Opcode::Write16 => {
-                // RDPROTECT/WRPROTECT (bits 7..5): no protection information.
-                if c[1] & 0xe0 != 0 {
+                // RDPROTECT/WRPROTECT (bits 7..5): 110b and 111b are
+                // reserved (SBC-3 tables 95, 101); the others are the
+                // device's to judge (it may have no protection information).
+                let protect = c[1] >> 5;
+                if protect >= 6 {
                     return Err(Sense::invalid_field(1, Some(7)));
                 }
                 let fua = c[1] & 0x08 != 0;
@@ -282,10 +311,60 @@ impl Command {
                 };
                 let blocks = blocks as u32;
                 match op {
-                    Opcode::Read10 | Opcode::Read12 | Opcode::Read16 => {
-                        Command::Read { lba, blocks, fua }
+                    Opcode::Read10 | Opcode::Read12 | Opcode::Read16 => Command::Read {
+                        lba,
+                        blocks,
+                        fua,
+                        protect,
+                        expect: None,
+                    },
+                    _ => Command::Write {
+                        lba,
+                        blocks,
+                        fua,
+                        protect,
+                        expect: None,
+                    },
+                }
+            }
+            Opcode::VariableLength => {
+                // SPC-4 4.2.3: byte 7 ADDITIONAL CDB LENGTH (18h for the
+                // 32-byte READ and WRITE), bytes 8-9 SERVICE ACTION.
+                if c[7] != 0x18 {
+                    return Err(Sense::invalid_field(7, None));
+                }
+                let sa = be(&c[8..10]);
+                if sa != 0x0009 && sa != 0x000b {
+                    return Err(Sense::invalid_field(8, None));
+                }
+                let protect = c[10] >> 5;
+                if protect >= 6 {
+                    return Err(Sense::invalid_field(10, Some(7)));
+                }
+                let lba = be(&c[12..20]);
+                let blocks = be(&c[28..32]) as u32;
+                let fua = c[10] & 0x08 != 0;
+                let expect = Some(Expected {
+                    reference: be(&c[20..24]) as u32,
+                    app: be(&c[24..26]) as u16,
+                    app_mask: be(&c[26..28]) as u16,
+                });
+                if sa == 0x0009 {
+                    Command::Read {
+                        lba,
+                        blocks,
+                        fua,
+                        protect,
+                        expect,
                     }
-                    _ => Command::Write { lba, blocks, fua },
+                } else {
+                    Command::Write {
+                        lba,
+                        blocks,
+                        fua,
+                        protect,
+                        expect,
+                    }
                 }
             }
             Opcode::WriteAndVerify10
@@ -320,6 +399,8 @@ impl Command {
                         lba,
                         blocks,
                         fua: true,
+                        protect: 0,
+                        expect: None,
                     }
                 }
             }
@@ -392,9 +473,27 @@ impl Command {
         Ok((op, cmd))
     }
 
+    /// RDPROTECT or WRPROTECT of a READ or WRITE (0 for other commands).
+    pub fn protect(&self) -> u8 {
+        match *self {
+            Command::Read { protect, .. } | Command::Write { protect, .. } => protect,
+            _ => 0,
+        }
+    }
+
     /// Direction and length the command implies, for a LUN of `block_size`.
+    /// A READ with RDPROTECT or a WRITE with WRPROTECT moves 8 bytes of
+    /// protection information per block besides the data (SBC-3 4.22).
     pub fn plan(&self, block_size: u32) -> Plan {
         let bytes = |blocks: u32| blocks as u64 * block_size as u64;
+        let with_pi = |blocks: u32, protect: u8| {
+            bytes(blocks)
+                + if protect != 0 {
+                    blocks as u64 * crate::pi::PI_LEN as u64
+                } else {
+                    0
+                }
+        };
         match *self {
             Command::RequestSense { alloc, .. }
             | Command::Inquiry { alloc, .. }
@@ -409,13 +508,17 @@ impl Command {
                 dir: DataDir::In,
                 len: 8,
             },
-            Command::Read { blocks, .. } => Plan {
+            Command::Read {
+                blocks, protect, ..
+            } => Plan {
                 dir: DataDir::In,
-                len: bytes(blocks),
+                len: with_pi(blocks, protect),
             },
-            Command::Write { blocks, .. } => Plan {
+            Command::Write {
+                blocks, protect, ..
+            } => Plan {
                 dir: DataDir::Out,
-                len: bytes(blocks),
+                len: with_pi(blocks, protect),
             },
             Command::WriteSame { .. } => Plan {
                 dir: DataDir::Out,
@@ -516,7 +619,9 @@ mod tests {
             Command::Read {
                 lba: 0x0102_0304,
                 blocks: 8,
-                fua: true
+                fua: true,
+                protect: 0,
+                expect: None
             }
         );
         assert_eq!(
@@ -526,16 +631,32 @@ mod tests {
                 len: 32768
             }
         );
-        // Truncated CDB and RDPROTECT set.
+        // Truncated CDB and reserved RDPROTECT 110b.
         assert_eq!(
             Command::parse(&cdb[..9]).unwrap_err(),
             Sense::invalid_field(0, None)
         );
         let mut bad = cdb;
-        bad[1] = 0x20;
+        bad[1] = 0xc0;
         assert_eq!(
             Command::parse(&bad).unwrap_err(),
             Sense::invalid_field(1, Some(7))
+        );
+        // RDPROTECT 001b: 8 bytes of PI per block in the data-in.
+        let mut pi = cdb;
+        pi[1] = 0x20;
+        let (_, c) = Command::parse(&pi).unwrap();
+        assert_eq!(c.protect(), 1);
+        assert_eq!(c.plan(512).len, 8 * 520);
+        // WRITE(16) with WRPROTECT 001b: 520 bytes per 512-byte block out.
+        let w16 = [0x8a, 0x20, 0, 0, 0, 0, 0, 0, 0, 5, 0, 0, 0, 2, 0, 0];
+        let (_, c) = Command::parse(&w16).unwrap();
+        assert_eq!(
+            c.plan(512),
+            Plan {
+                dir: DataDir::Out,
+                len: 1040
+            }
         );
     }
 }

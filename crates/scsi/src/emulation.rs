@@ -2,7 +2,9 @@
 
 use crate::backend::Backend;
 use crate::cdb::Command;
+use crate::cdb::Expected;
 use crate::opcode::Opcode;
+use crate::pi::{Checks, PiType, Tuple, Want, PI_LEN};
 use crate::sense::{Asc, Sense, SenseKey};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, RwLock};
@@ -31,6 +33,23 @@ pub struct DeviceConfig {
     /// establishes an ACA condition (SAM-5 5.9), and standard INQUIRY says
     /// NormACA. Off: NACA=1 is an invalid field.
     pub norm_aca: bool,
+    /// Formatted with protection information of this type (SBC-3 4.22):
+    /// the store must keep 8 bytes per block ([`Ram::with_pi`],
+    /// [`crate::FileIo::with_pi`]). `None`: no PI; RDPROTECT/WRPROTECT
+    /// other than 0 are refused.
+    ///
+    /// [`Ram::with_pi`]: crate::Ram::with_pi
+    pub protection: Option<PiType>,
+    /// A rotating medium. VPD B1h MEDIUM ROTATION RATE (SBC-3 6.5.2)
+    /// says 0001h (non-rotating: an initiator may skip seek-avoiding
+    /// scheduling) when false, and 0000h (rate not reported, which Linux
+    /// treats as rotational) when true: the target does not know a real
+    /// disk's rate, so it reports none rather than invent one.
+    pub rotational: bool,
+    /// Most commands of this logical unit in the task set at once (all
+    /// initiators together); one more gets TASK SET FULL without running
+    /// (SAM-5 5.3.1). At least 1.
+    pub queue_depth: u32,
 }
 
 impl Default for DeviceConfig {
@@ -47,9 +66,15 @@ impl Default for DeviceConfig {
             thin: false,
             pr_file: None,
             norm_aca: true,
+            protection: None,
+            rotational: false,
+            queue_depth: DEFAULT_QUEUE_DEPTH,
         }
     }
 }
+
+/// [`DeviceConfig::queue_depth`] unless configured.
+pub const DEFAULT_QUEUE_DEPTH: u32 = 128;
 
 /// Largest transfer accepted in one command, in blocks (VPD B0h).
 pub const MAX_TRANSFER_BLOCKS: u32 = 8192;
@@ -66,6 +91,10 @@ pub struct Device {
     /// Writers share it; COMPARE AND WRITE holds it alone, so it is atomic
     /// against every other writer of this device (SBC-3 5.2).
     io_lock: RwLock<()>,
+    /// On a device with protection information, a block's data and its
+    /// tuple change together: writers hold this alone, readers share it,
+    /// so a read never pairs new data with an old guard.
+    pi_lock: RwLock<()>,
     mode: std::sync::Mutex<ModeState>,
     /// Persistent reservations of this logical unit.
     pub(crate) pr: std::sync::Mutex<crate::pr::PrState>,
@@ -150,10 +179,28 @@ impl Device {
                 config.block_size
             ));
         }
+        let min = backend.min_block_size().max(1);
+        if config.block_size % min != 0 {
+            return Err(format!(
+                "block size {} is not a multiple of the store's {min}-byte I/O unit",
+                config.block_size
+            ));
+        }
+        if config.queue_depth == 0 {
+            return Err("queue depth 0 (at least 1)".into());
+        }
+        let want_pi = backend.size() / config.block_size as u64 * PI_LEN as u64;
+        if config.protection.is_some() && backend.pi_size() != want_pi {
+            return Err(format!(
+                "protection information needs {want_pi} bytes of PI space in the store, it has {}",
+                backend.pi_size()
+            ));
+        }
         Ok(Device {
             config,
             backend,
             io_lock: RwLock::new(()),
+            pi_lock: RwLock::new(()),
             mode: std::sync::Mutex::new(ModeState {
                 wce,
                 d_sense: false,
@@ -188,6 +235,91 @@ impl Device {
 
     pub fn block_size(&self) -> u32 {
         self.config.block_size
+    }
+
+    /// Whether the unit takes the command's protection fields (SBC-3
+    /// 5.16, 5.18): READ(32)/WRITE(32) only on type 2 (else INVALID COMMAND
+    /// OPERATION CODE); RDPROTECT/WRPROTECT other than 0 need PI, and on
+    /// type 2 a 32-byte CDB (else INVALID FIELD IN CDB, as LIO answers).
+    pub fn protect_supported(&self, cmd: &Command) -> Result<(), Sense> {
+        let (Command::Read {
+            protect, expect, ..
+        }
+        | Command::Write {
+            protect, expect, ..
+        }) = *cmd
+        else {
+            return Ok(());
+        };
+        let ty = self.config.protection;
+        if expect.is_some() && ty != Some(PiType::Type2) {
+            return Err(Sense::new(
+                SenseKey::IllegalRequest,
+                Asc::INVALID_COMMAND_OPERATION_CODE,
+            ));
+        }
+        let refused = match ty {
+            None => protect != 0,
+            Some(PiType::Type2) => protect != 0 && expect.is_none(),
+            Some(_) => false,
+        };
+        if refused {
+            let byte = if expect.is_some() { 10 } else { 1 };
+            return Err(Sense::invalid_field(byte, Some(7)));
+        }
+        Ok(())
+    }
+
+    /// Checks the tuples of `blocks` (data and PI side by side) of a
+    /// command starting at `lba`.
+    fn check_tuples(
+        &self,
+        ty: PiType,
+        checks: Checks,
+        expect: Option<Expected>,
+        lba: u64,
+        data: &[u8],
+        pi: &[u8],
+    ) -> Result<(), Sense> {
+        let bs = self.config.block_size as usize;
+        for (k, (b, t)) in data.chunks(bs).zip(pi.chunks(PI_LEN)).enumerate() {
+            let want = Want::of(ty, expect, lba, k as u64);
+            Tuple::parse(t).check(ty, checks, want, b, lba + k as u64)?;
+        }
+        Ok(())
+    }
+
+    /// Reads the tuples of `blocks` blocks from `lba`.
+    fn read_tuples(&self, lba: u64, blocks: u64) -> Result<Vec<u8>, Sense> {
+        let mut pi = vec![0u8; blocks as usize * PI_LEN];
+        self.backend
+            .read_pi(lba * PI_LEN as u64, &mut pi)
+            .map_err(|_| Sense::new(SenseKey::MediumError, Asc::UNRECOVERED_READ_ERROR))?;
+        Ok(pi)
+    }
+
+    fn write_tuples(&self, lba: u64, pi: &[u8], fua: bool) -> Result<(), Sense> {
+        self.backend
+            .write_pi(lba * PI_LEN as u64, pi, fua)
+            .map_err(|_| Sense::new(SenseKey::MediumError, Asc::WRITE_ERROR))
+    }
+
+    /// The tuples the target generates for `data` (whole blocks) at `lba`.
+    fn generate(&self, ty: PiType, expect: Option<Expected>, lba: u64, data: &[u8]) -> Vec<u8> {
+        data.chunks(self.config.block_size as usize)
+            .enumerate()
+            .flat_map(|(k, b)| {
+                let r = Want::generated_reference(ty, expect, lba, k as u64);
+                Tuple::generate(b, r).emit()
+            })
+            .collect()
+    }
+
+    /// Holds off readers of a protected device while data and PI change.
+    fn pi_write_guard(&self) -> Option<std::sync::RwLockWriteGuard<'_, ()>> {
+        self.config
+            .protection
+            .map(|_| self.pi_lock.write().unwrap_or_else(|e| e.into_inner()))
     }
 
     pub fn blocks(&self) -> u64 {
@@ -254,35 +386,109 @@ impl Device {
                 let mut d = vec![0u8; 32];
                 d[0..8].copy_from_slice(&(self.blocks() - 1).to_be_bytes());
                 d[8..12].copy_from_slice(&self.config.block_size.to_be_bytes());
+                if let Some(ty) = self.config.protection {
+                    d[12] = (ty.p_type() << 1) | 0x01; // P_TYPE, PROT_EN
+                }
+                if self.config.thin {
+                    // SBC-3 5.16.2: LBPME (an initiator may UNMAP), LBPRZ
+                    // (unmapped blocks read as zeroes).
+                    d[14] = 0xc0;
+                }
                 Ok(d)
             }
-            Command::Read { lba, blocks, .. } => {
+            Command::Read {
+                lba,
+                blocks,
+                protect,
+                expect,
+                ..
+            } => {
+                self.protect_supported(cmd)?;
                 self.check_range(lba, blocks)?;
                 if blocks > MAX_TRANSFER_BLOCKS {
                     return Err(Sense::invalid_field(length_field(cdb), None));
                 }
                 let mut buf = vec![0u8; (blocks as u64 * bs) as usize];
-                self.backend
-                    .read(lba * bs, &mut buf)
-                    .map_err(|_| Sense::new(SenseKey::MediumError, Asc::UNRECOVERED_READ_ERROR))?;
-                Ok(buf)
+                let Some(ty) = self.config.protection else {
+                    self.backend.read(lba * bs, &mut buf).map_err(|_| {
+                        Sense::new(SenseKey::MediumError, Asc::UNRECOVERED_READ_ERROR)
+                    })?;
+                    return Ok(buf);
+                };
+                let pi = {
+                    let _pi = self.pi_lock.read().unwrap_or_else(|e| e.into_inner());
+                    self.backend.read(lba * bs, &mut buf).map_err(|_| {
+                        Sense::new(SenseKey::MediumError, Asc::UNRECOVERED_READ_ERROR)
+                    })?;
+                    self.read_tuples(lba, blocks as u64)?
+                };
+                // SBC-3 table 95: checked even with RDPROTECT 000b.
+                let checks = Checks::of(protect).unwrap_or(Checks::ALL);
+                self.check_tuples(ty, checks, expect, lba, &buf, &pi)?;
+                if protect == 0 {
+                    return Ok(buf);
+                }
+                let mut out = Vec::with_capacity(buf.len() + pi.len());
+                for (b, t) in buf.chunks(bs as usize).zip(pi.chunks(PI_LEN)) {
+                    out.extend_from_slice(b);
+                    out.extend_from_slice(t);
+                }
+                Ok(out)
             }
-            Command::Write { lba, blocks, fua } => {
+            Command::Write {
+                lba,
+                blocks,
+                fua,
+                protect,
+                expect,
+            } => {
+                let fua = self.durable(fua);
+                self.protect_supported(cmd)?;
                 self.writable()?;
                 self.check_range(lba, blocks)?;
                 if blocks > MAX_TRANSFER_BLOCKS {
                     return Err(Sense::invalid_field(length_field(cdb), None));
                 }
                 let len = (blocks as u64 * bs) as usize;
+                let wire = if protect != 0 {
+                    len + blocks as usize * PI_LEN
+                } else {
+                    len
+                };
                 // The transport sends what plan() asked for; fewer bytes is a
                 // transport fault we refuse rather than write garbage.
-                let Some(data) = data_out.get(..len) else {
+                let Some(data) = data_out.get(..wire) else {
                     return Err(Sense::new(SenseKey::AbortedCommand, Asc::NO_ADDITIONAL));
                 };
+                let Some(ty) = self.config.protection else {
+                    let _shared = self.io_lock.read().unwrap_or_else(|e| e.into_inner());
+                    self.backend
+                        .write(lba * bs, data, fua)
+                        .map_err(|_| Sense::new(SenseKey::MediumError, Asc::WRITE_ERROR))?;
+                    return Ok(Vec::new());
+                };
+                let (data, pi): (std::borrow::Cow<'_, [u8]>, Vec<u8>) = if protect == 0 {
+                    (data.into(), self.generate(ty, expect, lba, data))
+                } else {
+                    // Split the interleaved data-out, checking each tuple
+                    // before anything is written (SBC-3 table 101).
+                    let mut d = Vec::with_capacity(len);
+                    let mut p = Vec::with_capacity(blocks as usize * PI_LEN);
+                    for c in data.chunks(bs as usize + PI_LEN) {
+                        let (b, t) = c.split_at(bs as usize);
+                        d.extend_from_slice(b);
+                        p.extend_from_slice(t);
+                    }
+                    let checks = Checks::of(protect).unwrap_or(Checks::ALL);
+                    self.check_tuples(ty, checks, expect, lba, &d, &p)?;
+                    (d.into(), p)
+                };
                 let _shared = self.io_lock.read().unwrap_or_else(|e| e.into_inner());
+                let _pi = self.pi_write_guard();
                 self.backend
-                    .write(lba * bs, data, fua)
+                    .write(lba * bs, &data, fua)
                     .map_err(|_| Sense::new(SenseKey::MediumError, Asc::WRITE_ERROR))?;
+                self.write_tuples(lba, &pi, fua)?;
                 Ok(Vec::new())
             }
             Command::SyncCache { lba, blocks } => {
@@ -314,11 +520,17 @@ impl Device {
                 }
                 let mut buf = vec![0u8; b];
                 for k in 0..blocks as usize {
-                    self.backend
-                        .read((lba + k as u64) * bs, &mut buf)
-                        .map_err(|_| {
-                            Sense::new(SenseKey::MediumError, Asc::UNRECOVERED_READ_ERROR)
-                        })?;
+                    let at = lba + k as u64;
+                    let _pi = self.pi_lock.read().unwrap_or_else(|e| e.into_inner());
+                    self.backend.read(at * bs, &mut buf).map_err(|_| {
+                        Sense::new(SenseKey::MediumError, Asc::UNRECOVERED_READ_ERROR)
+                    })?;
+                    if let Some(ty) = self.config.protection {
+                        // VRPROTECT 000b on a protected LU: guard and
+                        // reference tag are checked (SBC-3 5.33).
+                        let t = self.read_tuples(at, 1)?;
+                        self.check_tuples(ty, Checks::ALL, None, at, &buf, &t)?;
+                    }
                     let expect = match bytchk {
                         0 => continue,
                         1 => &data_out[k * b..(k + 1) * b],
@@ -347,7 +559,10 @@ impl Device {
                 let Some(block) = data_out.get(..bs as usize) else {
                     return Err(Sense::new(SenseKey::AbortedCommand, Asc::NO_ADDITIONAL));
                 };
-                self.fill(lba, blocks as u64, block)?;
+                // SBC-3 5.45: with UNMAP the blocks may be deallocated
+                // when that reads back as this data, i.e. zeroes (LBPRZ).
+                let dealloc = unmap && block.iter().all(|&b| b == 0);
+                self.fill(lba, blocks as u64, block, dealloc)?;
                 Ok(Vec::new())
             }
             Command::Unmap { param_len } => {
@@ -362,6 +577,7 @@ impl Device {
                 Ok(Vec::new())
             }
             Command::CompareAndWrite { lba, blocks, fua } => {
+                let fua = self.durable(fua);
                 self.writable()?;
                 self.check_range(lba, blocks)?;
                 if blocks > MAX_CAW_BLOCKS {
@@ -372,6 +588,7 @@ impl Device {
                     return Err(Sense::new(SenseKey::AbortedCommand, Asc::NO_ADDITIONAL));
                 };
                 let _excl = self.io_lock.write().unwrap_or_else(|e| e.into_inner());
+                let _pi = self.pi_write_guard();
                 let mut cur = vec![0u8; len];
                 self.backend
                     .read(lba * bs, &mut cur)
@@ -385,11 +602,18 @@ impl Device {
                 self.backend
                     .write(lba * bs, &data[len..], fua)
                     .map_err(|_| Sense::new(SenseKey::MediumError, Asc::WRITE_ERROR))?;
+                if let Some(ty) = self.config.protection {
+                    self.write_tuples(lba, &self.generate(ty, None, lba, &data[len..]), fua)?;
+                }
                 Ok(Vec::new())
             }
             Command::ReportOpcodes {
                 options, opcode, ..
-            } => report_opcodes(options, opcode),
+            } => report_opcodes(
+                options,
+                opcode,
+                self.config.protection == Some(PiType::Type2),
+            ),
             Command::ModeSelect { ten, param_len } => {
                 self.mode_select(ten, data_out.get(..param_len as usize).unwrap_or(data_out))?;
                 Ok(Vec::new())
@@ -407,6 +631,14 @@ impl Device {
         }
     }
 
+    /// Whether a write must be on stable storage before it completes:
+    /// FUA asked, or the write cache is off (caching page WCE=0, by
+    /// configuration or MODE SELECT), which makes every write
+    /// write-through (SBC-3 6.4.5).
+    fn durable(&self, fua: bool) -> bool {
+        fua || !self.mode_state().wce
+    }
+
     fn writable(&self) -> Result<(), Sense> {
         if self.config.read_only {
             return Err(Sense::new(SenseKey::DataProtect, Asc::WRITE_PROTECTED));
@@ -414,9 +646,39 @@ impl Device {
         Ok(())
     }
 
-    /// Writes `block` to every block of the range, up to 1 MiB per backend call.
-    fn fill(&self, lba: u64, blocks: u64, block: &[u8]) -> Result<(), Sense> {
+    /// Writes `block` to every block of the range, up to 1 MiB per backend
+    /// call. On a protected device each block gets its generated tuple, or
+    /// all-ones PI when `unmapped` (SBC-3 4.7.4.5, LBPRZ).
+    /// With `unmapped` (and a zero `block`) the store is first asked to
+    /// deallocate the range ([`Backend::unmap`]); one that cannot gets
+    /// zeroes written.
+    fn fill(&self, lba: u64, blocks: u64, block: &[u8], unmapped: bool) -> Result<(), Sense> {
         let bs = block.len() as u64;
+        if unmapped && blocks > 0 {
+            let _shared = self.io_lock.read().unwrap_or_else(|e| e.into_inner());
+            let _pi = self.pi_write_guard();
+            match self.backend.unmap(lba * bs, blocks * bs) {
+                Ok(()) => {
+                    if self.config.protection.is_some() {
+                        let mut done = 0;
+                        while done < blocks {
+                            let n = (1 << 17).min(blocks - done);
+                            let ones = vec![0xff; n as usize * PI_LEN];
+                            self.write_tuples(lba + done, &ones, false)?;
+                            done += n;
+                        }
+                    }
+                    if self.durable(false) {
+                        self.backend
+                            .flush()
+                            .map_err(|_| Sense::new(SenseKey::MediumError, Asc::WRITE_ERROR))?;
+                    }
+                    return Ok(());
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Unsupported => {}
+                Err(_) => return Err(Sense::new(SenseKey::MediumError, Asc::WRITE_ERROR)),
+            }
+        }
         let per = (1 << 20) / bs;
         let chunk: Vec<u8> = block
             .iter()
@@ -424,13 +686,24 @@ impl Device {
             .cycle()
             .take((per.min(blocks) * bs) as usize)
             .collect();
+        let fua = self.durable(false);
         let _shared = self.io_lock.read().unwrap_or_else(|e| e.into_inner());
         let mut done = 0;
         while done < blocks {
             let n = per.min(blocks - done);
+            let at = lba + done;
+            let _pi = self.pi_write_guard();
             self.backend
-                .write((lba + done) * bs, &chunk[..(n * bs) as usize], false)
+                .write(at * bs, &chunk[..(n * bs) as usize], fua)
                 .map_err(|_| Sense::new(SenseKey::MediumError, Asc::WRITE_ERROR))?;
+            if let Some(ty) = self.config.protection {
+                let pi = if unmapped {
+                    vec![0xff; n as usize * PI_LEN]
+                } else {
+                    self.generate(ty, None, at, &chunk[..(n * bs) as usize])
+                };
+                self.write_tuples(at, &pi, fua)?;
+            }
             done += n;
         }
         Ok(())
@@ -471,7 +744,7 @@ impl Device {
         }
         let zero = vec![0u8; self.config.block_size as usize];
         for (lba, n) in ranges {
-            self.fill(lba, n as u64, &zero)?;
+            self.fill(lba, n as u64, &zero, true)?;
         }
         Ok(())
     }
@@ -486,6 +759,9 @@ impl Device {
             d[3] = 0x02; // response data format 2
             if c.norm_aca {
                 d[3] |= 0x20; // NORMACA
+            }
+            if c.protection.is_some() {
+                d[5] |= 0x01; // PROTECT
             }
             d[7] = 0x02; // CMDQUE
             d[8..16].copy_from_slice(&pad(&c.vendor, 8));
@@ -509,6 +785,21 @@ impl Device {
                 b.extend_from_slice(&t10);
                 b
             }
+            0x86 => {
+                // SPC-4 7.8.7 Extended INQUIRY Data.
+                let mut b = vec![0u8; 0x3c];
+                if let Some(ty) = c.protection {
+                    b[0] = ty.spt() << 3 | 0x04; // SPT, GRD_CHK
+                    match ty {
+                        PiType::Type1 => b[0] |= 0x01, // REF_CHK
+                        // APP_CHK and REF_CHK: 32-byte CDBs carry both.
+                        PiType::Type2 => b[0] |= 0x03,
+                        PiType::Type3 => {}
+                    }
+                }
+                b[1] = 0x07; // HEADSUP, ORDSUP, SIMPSUP
+                b
+            }
             0xb0 => {
                 // SBC-3 6.5.3 block limits.
                 let mut b = vec![0u8; 0x3c];
@@ -524,9 +815,11 @@ impl Device {
                 b
             }
             0xb1 => {
-                // SBC-3 6.5.2 block device characteristics: non-rotating.
+                // SBC-3 6.5.2 block device characteristics: MEDIUM
+                // ROTATION RATE 0001h non-rotating, 0000h not reported.
                 let mut b = vec![0u8; 0x3c];
-                b[0..2].copy_from_slice(&1u16.to_be_bytes());
+                let rate: u16 = if c.rotational { 0 } else { 1 };
+                b[0..2].copy_from_slice(&rate.to_be_bytes());
                 b
             }
             0xb2 => {
@@ -598,6 +891,11 @@ impl Device {
                 p[1] = 10;
                 if st.d_sense {
                     p[2] = 0x04;
+                }
+                // ATO: the application tag is the client's; the target
+                // never modifies it (not changeable).
+                if self.config.protection.is_some() && pc != 1 {
+                    p[5] |= 0x80;
                 }
                 p
             }
@@ -741,11 +1039,16 @@ impl Device {
     }
 }
 
-/// SPC-4 6.35 REPORT SUPPORTED OPERATION CODES, from the opcode table.
-fn report_opcodes(options: u8, opcode: u8) -> Result<Vec<u8>, Sense> {
+/// SPC-4 6.35 REPORT SUPPORTED OPERATION CODES, from the opcode table;
+/// READ(32)/WRITE(32) only on a type 2 unit (`variable`), the one kind
+/// that accepts them.
+fn report_opcodes(options: u8, opcode: u8, variable: bool) -> Result<Vec<u8>, Sense> {
     if options == 0 {
         let mut d = vec![0u8; 4];
         for &op in Opcode::ALL {
+            if op == Opcode::VariableLength && !variable {
+                continue;
+            }
             let len = op.cdb_len().unwrap_or(0) as u16;
             let sas = op.service_actions();
             let entries: Vec<(u16, u8)> = if sas.is_empty() {
@@ -780,7 +1083,7 @@ fn report_opcodes(options: u8, opcode: u8) -> Result<Vec<u8>, Sense> {
     }
 }
 
-const VPD_PAGES: [u8; 6] = [0x00, 0x80, 0x83, 0xb0, 0xb1, 0xb2];
+const VPD_PAGES: [u8; 7] = [0x00, 0x80, 0x83, 0x86, 0xb0, 0xb1, 0xb2];
 
 /// Byte of the TRANSFER LENGTH field for a read/write CDB.
 fn length_field(cdb: &[u8]) -> u16 {
@@ -788,6 +1091,7 @@ fn length_field(cdb: &[u8]) -> u16 {
     match op.cdb_len().unwrap_or(16) {
         10 => 7,
         12 => 6,
+        32 => 28,
         _ => 10,
     }
 }

@@ -4,21 +4,41 @@
 use crate::*;
 use std::sync::Arc;
 
-/// Input: byte 0 = CDB length, then the CDB, then data-out. Executes it on
-/// a small thin-provisioned ram LUN. Panics only if the core misbehaves:
+/// Input: byte 0 = CDB length (bits 5..0, modulo 33) and protection
+/// information (bits 7..6: none, type 1, type 2, type 3), then the
+/// CDB, then data-out. Executes it on a small thin-provisioned ram LUN;
+/// the data-out is also parsed as a TransportID. Panics only if the core
+/// misbehaves:
 /// a CDB with an unknown opcode or fewer bytes than its opcode's CDB length
 /// must get CHECK CONDITION, and data-in never exceeds the expected length.
 pub fn cdb_execute(data: &[u8]) {
     let Some((&n, rest)) = data.split_first() else {
         return;
     };
-    let n = (n as usize % 33).min(rest.len());
+    let protection = match n >> 6 {
+        0 => None,
+        1 => Some(PiType::Type1),
+        2 => Some(PiType::Type2),
+        _ => Some(PiType::Type3),
+    };
+    let n = ((n & 0x3f) as usize % 33).min(rest.len());
     let (cdb, out) = rest.split_at(n);
+    if let Ok((id, used)) = TransportId::parse(out) {
+        assert!(used <= out.len());
+        let name = id.initiator_name();
+        let back = TransportId::from_initiator_name(&name);
+        assert!(back.is_some_and(|b| b.initiator_name() == name), "{name}");
+    }
     let cfg = DeviceConfig {
         thin: true,
+        protection,
         ..Default::default()
     };
-    let dev = match Device::new(cfg, Arc::new(Ram::new(64 * 512))) {
+    let store = match protection {
+        Some(_) => Ram::with_pi(64 * 512, 512),
+        None => Ram::new(64 * 512),
+    };
+    let dev = match Device::new(cfg, Arc::new(store)) {
         Ok(d) => Arc::new(d),
         Err(_) => return,
     };

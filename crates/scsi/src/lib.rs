@@ -22,12 +22,42 @@
 //! it never panics on a malformed CDB.
 //!
 //! Device handlers: [`Ram`], [`NullIo`], [`FileIo`] (pread/pwrite,
-//! write-through, fdatasync for SYNCHRONIZE CACHE and FUA) and [`BlockIo`]
-//! (O_DIRECT with aligned bounce buffers).
+//! buffered or O_DIRECT ([`FileIo::direct`], bounce buffers aligned to the
+//! logical block size), write-through, fdatasync for SYNCHRONIZE CACHE and
+//! FUA) and [`BlockIo`] (O_DIRECT with aligned bounce buffers; on a block
+//! device the size and logical block size are the device's, BLKSSZGET, and
+//! a LU's block size must be a multiple of it). The write cache is what
+//! the caching page's WCE says: with WCE=0 (configured, or set by MODE
+//! SELECT) every write reaches the store as FUA, so fileio and blockio
+//! make it durable before it completes.
+//!
+//! Thin provisioning (`DeviceConfig::thin`): UNMAP, and WRITE SAME with
+//! UNMAP of a zero block, ask the store to deallocate
+//! ([`Backend::unmap`]): fileio punches a hole (fallocate PUNCH_HOLE |
+//! KEEP_SIZE), blockio deallocates through the same call on the device,
+//! which the kernel turns into a discard or write-zeroes that guarantees
+//! zeroes, or refuses; a store that cannot gets zeroes written. A bare
+//! BLKDISCARD is not used: it does not promise zeroes, and the unit
+//! reports LBPRZ (VPD B2h, READ CAPACITY(16) LBPME/LBPRZ).
+//!
+//! `DeviceConfig::rotational` is VPD B1h's MEDIUM ROTATION RATE: 0001h
+//! (non-rotating) when off, 0000h (not reported, which Linux takes as
+//! rotating) when on, since a target does not know a disk's real rate.
+//!
+//! Queue limits: a logical unit's task set holds at most
+//! `DeviceConfig::queue_depth` commands (default 128, all nexuses
+//! together); [`Target::submit`] answers one more with TASK SET FULL
+//! without running it (also when the nexus has no other task, where
+//! SAM-5 would allow BUSY).
 //!
 //! Persistent reservations ([`pr`]): REGISTER (and IGNORE), RESERVE,
-//! RELEASE, CLEAR, PREEMPT for all six types, enforced per I_T nexus;
-//! APTPL state kept in `DeviceConfig::pr_file` and restored on start.
+//! RELEASE, CLEAR, PREEMPT for all six types, REGISTER AND MOVE, enforced
+//! per I_T nexus; READ KEYS, READ RESERVATION, REPORT CAPABILITIES and
+//! READ FULL STATUS; APTPL state kept in `DeviceConfig::pr_file` and
+//! restored on start. Initiators are named by strings; [`TransportId`]
+//! maps SRP, FC and iSCSI TransportIDs to those names and back, and
+//! target ports get relative target port identifiers from 1 in the order
+//! they are first seen ([`Target::relative_port_id`], reported in VPD 83h).
 //!
 //! Task management ([`task`]): ABORT TASK, ABORT TASK SET, CLEAR TASK
 //! SET, LOGICAL UNIT RESET, I_T NEXUS RESET mark commands submitted with
@@ -42,7 +72,24 @@
 //! VERIFY compares with the data-out when BYTCHK asks (01b: block by
 //! block, 11b: one block against all), MISCOMPARE giving the offset.
 //!
-//! Not yet here: CLEAR ACA, REGISTER AND MOVE, protection information.
+//! Protection information ([`pi`], SBC-3 4.22): `DeviceConfig::protection`
+//! formats a unit with T10 DIF type 1, 2 or 3; the store keeps 8 bytes
+//! per block ([`Ram::with_pi`]; [`FileIo::with_pi`] in a side file).
+//! READ/WRITE(10/12/16) with RDPROTECT/WRPROTECT (type 2: READ(32)/
+//! WRITE(32), with expected reference and application tags) move data and
+//! PI interleaved, 520 bytes per 512-byte block, which [`Target::plan`]
+//! counts; the guard and tags are checked as SBC-3 tables 95 and 101 say,
+//! failures are ABORTED COMMAND 10/01, 10/02 or 10/03 with the LBA, and
+//! with RDPROTECT/WRPROTECT 0 the target generates, checks and strips PI
+//! itself. Units without PI refuse the protect fields (INVALID FIELD IN
+//! CDB). Not here: FORMAT UNIT (the type is chosen at creation), PI in
+//! WRITE SAME/VERIFY/COMPARE AND WRITE CDBs (refused; those commands keep
+//! PI current), protection interval exponents, the application tag mode
+//! page, and PI on nullio and blockio stores.
+//!
+//! Not here yet: a data API of scatter lists (data-in/data-out are whole
+//! `Vec`s and slices, one copy in and one out of the store), and an
+//! asynchronous engine (io_uring); execution stays on the caller's thread.
 
 pub mod backend;
 pub mod cdb;
@@ -50,10 +97,12 @@ pub mod emulation;
 pub mod fuzz;
 pub mod lun;
 pub mod opcode;
+pub mod pi;
 pub mod pr;
 pub mod sense;
 pub mod target;
 pub mod task;
+pub mod transport_id;
 pub mod ua;
 
 pub use backend::{Backend, BlockIo, FileIo, NullIo, Ram};
@@ -61,6 +110,8 @@ pub use cdb::{Command, DataDir, Plan};
 pub use emulation::{Device, DeviceConfig, DeviceStats};
 pub use lun::Lun;
 pub use opcode::Opcode;
+pub use pi::{crc16_t10dif, PiType};
 pub use sense::{Asc, Sense, SenseKey};
 pub use target::{GroupMap, LunMaps, Nexus, Residual, ScsiResponse, Status, Target, TaskAttr};
 pub use task::{ServiceResponse, Tmf, TmfResponse};
+pub use transport_id::{ProtocolId, TransportId};

@@ -5,6 +5,17 @@
 
 use crate::cdb::DataDir;
 
+/// The table's direction column: `Varies` when the service action decides
+/// (variable-length CDBs: READ(32) is data-in, WRITE(32) data-out).
+macro_rules! direction {
+    (Varies) => {
+        None
+    };
+    ($dir:ident) => {
+        Some(DataDir::$dir)
+    };
+}
+
 macro_rules! opcodes {
     ($( $variant:ident = $value:expr, $name:expr, $len:expr, $dir:ident, [$($sa:expr),*]; )*) => {
         /// A SCSI operation code; codes not in the table are `Unknown`.
@@ -51,9 +62,10 @@ macro_rules! opcodes {
                 match self { $( Opcode::$variant => &[$($sa),*], )* Opcode::Unknown(_) => &[] }
             }
 
-            /// Data direction when the command transfers data.
+            /// Data direction when the command transfers data (`None`
+            /// also when the service action decides).
             pub fn direction(self) -> Option<DataDir> {
-                match self { $( Opcode::$variant => Some(DataDir::$dir), )* Opcode::Unknown(_) => None }
+                match self { $( Opcode::$variant => direction!($dir), )* Opcode::Unknown(_) => None }
             }
         }
     };
@@ -78,8 +90,9 @@ opcodes! {
     WriteSame10 = 0x41, "WRITE SAME(10)", 10, Out, [];
     Unmap = 0x42, "UNMAP", 10, Out, [];
     ModeSelect10 = 0x55, "MODE SELECT(10)", 10, Out, [];
-    PersistentReserveIn = 0x5e, "PERSISTENT RESERVE IN", 10, In, [0, 1];
-    PersistentReserveOut = 0x5f, "PERSISTENT RESERVE OUT", 10, Out, [0, 1, 2, 3, 4, 5, 6];
+    VariableLength = 0x7f, "VARIABLE LENGTH", 32, Varies, [0x0009, 0x000b];
+    PersistentReserveIn = 0x5e, "PERSISTENT RESERVE IN", 10, In, [0, 1, 2, 3];
+    PersistentReserveOut = 0x5f, "PERSISTENT RESERVE OUT", 10, Out, [0, 1, 2, 3, 4, 5, 6, 7];
     ModeSense10 = 0x5a, "MODE SENSE(10)", 10, In, [];
     Read16 = 0x88, "READ(16)", 16, In, [];
     CompareAndWrite = 0x89, "COMPARE AND WRITE", 16, Out, [];

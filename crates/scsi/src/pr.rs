@@ -1,11 +1,31 @@
 //! Persistent reservations (SPC-4 5.9, 6.15-6.16): registrations per I_T
 //! nexus, one reservation per logical unit, conflict rules of SPC-4
 //! table 48 (simplified to read/write/other classes).
+//!
+//! PR IN: READ KEYS, READ RESERVATION, REPORT CAPABILITIES, READ FULL
+//! STATUS (with each registrant's TransportID). PR OUT: every service
+//! action including REGISTER AND MOVE (a TransportID and a relative target
+//! port identifier name the destination nexus). Not supported, and said
+//! so by REPORT CAPABILITIES: SPEC_I_PT and ALL_TG_PT (refused), RESERVE(6)
+//! compatibility (CRH 0).
 
 use crate::cdb::Command;
 use crate::sense::{Asc, Sense, SenseKey};
 use crate::target::Nexus;
+use crate::transport_id::TransportId;
 use std::collections::BTreeMap;
+
+/// What PR commands need to know of the target beyond the logical unit.
+#[derive(Debug, Clone, Copy)]
+pub struct PrEnv<'a> {
+    /// Relative target port identifiers by target port name.
+    pub ports: &'a BTreeMap<String, u16>,
+    /// APTPL state survives a restart (the device has a PR file): PTPL_C.
+    pub ptpl_capable: bool,
+    /// REGISTER AND MOVE: the initiator the TransportID names has this
+    /// logical unit in its LUN map (the target knows; true when moot).
+    pub move_dest_sees_lu: bool,
+}
 
 /// Reservation type (SPC-4 table 202).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,8 +128,12 @@ impl PrState {
         }
     }
 
-    /// PERSISTENT RESERVE IN: READ KEYS (0) or READ RESERVATION (1).
-    pub fn pr_in(&self, sa: u8) -> Result<Vec<u8>, Sense> {
+    /// PERSISTENT RESERVE IN: READ KEYS (0), READ RESERVATION (1), REPORT
+    /// CAPABILITIES (2), READ FULL STATUS (3).
+    pub fn pr_in(&self, sa: u8, env: PrEnv<'_>) -> Result<Vec<u8>, Sense> {
+        if sa == 2 {
+            return Ok(self.capabilities(env));
+        }
         let mut d = self.generation.to_be_bytes().to_vec();
         match sa {
             0 => {
@@ -131,9 +155,48 @@ impl PrState {
                     d.extend_from_slice(&[0, 0, 0, 0, 0, *t as u8, 0, 0]);
                 }
             },
+            3 => {
+                // SPC-4 6.15.5: one descriptor per registered I_T nexus.
+                let mut body = Vec::new();
+                for (n, k) in &self.keys {
+                    let mut e = k.to_be_bytes().to_vec();
+                    e.extend_from_slice(&[0; 4]);
+                    match &self.reservation {
+                        Some((_, t)) if self.holds(n) => e.extend_from_slice(&[0x01, *t as u8]),
+                        _ => e.extend_from_slice(&[0, 0]),
+                    }
+                    e.extend_from_slice(&[0; 4]);
+                    let rtpi = env.ports.get(&n.target_port).copied().unwrap_or(0);
+                    e.extend_from_slice(&rtpi.to_be_bytes());
+                    let tid = n.transport_id().map(|t| t.emit()).unwrap_or_default();
+                    e.extend_from_slice(&(tid.len() as u32).to_be_bytes());
+                    e.extend_from_slice(&tid);
+                    body.extend_from_slice(&e);
+                }
+                d.extend_from_slice(&(body.len() as u32).to_be_bytes());
+                d.extend_from_slice(&body);
+            }
             _ => return Err(Sense::invalid_field(1, Some(4))),
         }
         Ok(d)
+    }
+
+    /// SPC-4 6.15.4 REPORT CAPABILITIES: what this core really does.
+    fn capabilities(&self, env: PrEnv<'_>) -> Vec<u8> {
+        let mut d = vec![0u8; 8];
+        d[1] = 8; // LENGTH
+                  // RLR_C 0, CRH 0 (no RESERVE(6)/(10)), SIP_C 0, ATP_C 0.
+        if env.ptpl_capable {
+            d[2] |= 0x01; // PTPL_C
+        }
+        d[3] = 0x80; // TMV: the type mask is valid; ALLOW COMMANDS 000b
+        if self.aptpl {
+            d[3] |= 0x01; // PTPL_A
+        }
+        // WR_EX_AR, EX_AC_RO, WR_EX_RO, EX_AC, WR_EX; EX_AC_AR.
+        d[4] = 0x80 | 0x40 | 0x20 | 0x08 | 0x02;
+        d[5] = 0x01;
+        d
     }
 
     /// PERSISTENT RESERVE OUT. Returns the unit attentions to raise.
@@ -143,6 +206,7 @@ impl PrState {
         sa: u8,
         type_byte: u8,
         p: &[u8],
+        env: PrEnv<'_>,
     ) -> Result<Notices, PrError> {
         if p.len() < 24 {
             return Err(
@@ -158,6 +222,14 @@ impl PrState {
                 // REGISTER / REGISTER AND IGNORE EXISTING KEY.
                 if sa == 0 && mine.unwrap_or(0) != key {
                     return Err(conflict());
+                }
+                // SPEC_I_PT (bit 3) and ALL_TG_PT (bit 2): SIP_C and ATP_C
+                // are 0 (SPC-4 6.16.3).
+                if p[20] & 0x08 != 0 {
+                    return Err(Sense::invalid_param(20, Some(3)).into());
+                }
+                if p[20] & 0x04 != 0 {
+                    return Err(Sense::invalid_param(20, Some(2)).into());
                 }
                 self.aptpl = p[20] & 0x01 != 0;
                 if sa_key == 0 {
@@ -246,9 +318,73 @@ impl PrState {
                 }
                 self.generation = self.generation.wrapping_add(1);
             }
+            7 => self.register_and_move(n, key, sa_key, p, env)?,
             _ => return Err(Sense::invalid_field(1, Some(4)).into()),
         }
         Ok(notices)
+    }
+
+    /// REGISTER AND MOVE (SPC-4 5.12.8, 6.16.4): registers the nexus the
+    /// TransportID and relative target port identifier name with the
+    /// service action key, moves the issuer's reservation to it (same
+    /// type; the CDB's TYPE is ignored) and, with UNREG, unregisters the
+    /// issuer.
+    fn register_and_move(
+        &mut self,
+        n: &Nexus,
+        key: u64,
+        sa_key: u64,
+        p: &[u8],
+        env: PrEnv<'_>,
+    ) -> Result<(), PrError> {
+        if self.keys.get(n) != Some(&key) {
+            return Err(conflict());
+        }
+        if sa_key == 0 {
+            return Err(Sense::invalid_param(8, None).into());
+        }
+        let unreg = p[17] & 0x02 != 0;
+        let aptpl = p[17] & 0x01 != 0;
+        let rtpi = u16::from_be_bytes([p[18], p[19]]);
+        let tid_len = u32::from_be_bytes([p[20], p[21], p[22], p[23]]) as usize;
+        let Some(tid) = p.get(24..24usize.saturating_add(tid_len)) else {
+            return Err(
+                Sense::new(SenseKey::IllegalRequest, Asc::PARAMETER_LIST_LENGTH_ERROR).into(),
+            );
+        };
+        let Some(port) = env
+            .ports
+            .iter()
+            .find(|(_, &id)| id == rtpi)
+            .map(|(name, _)| name.clone())
+        else {
+            return Err(Sense::invalid_param(18, None).into());
+        };
+        let dest = match TransportId::parse(tid) {
+            Ok((t, used)) if used == tid.len() => Nexus::from_transport_id(&t, &port),
+            _ => return Err(Sense::invalid_param(24, None).into()),
+        };
+        // The TransportID may not name the issuer's own initiator port,
+        // nor one that cannot reach this logical unit.
+        if dest.initiator == n.initiator || !env.move_dest_sees_lu {
+            return Err(Sense::invalid_param(24, None).into());
+        }
+        match &self.reservation {
+            // As LIO does: nothing to move is a bad request, not a conflict.
+            None => return Err(Sense::invalid_field(1, Some(4)).into()),
+            Some((_, t)) if t.all_registrants() => return Err(conflict()),
+            Some((h, _)) if h != n => return Err(conflict()),
+            Some(_) => {}
+        }
+        let t = self.reservation.as_ref().map(|(_, t)| *t);
+        self.keys.insert(dest.clone(), sa_key);
+        self.reservation = t.map(|t| (dest, t));
+        if unreg {
+            self.keys.remove(n);
+        }
+        self.aptpl = aptpl;
+        self.generation = self.generation.wrapping_add(1);
+        Ok(())
     }
 
     fn unregister(&mut self, n: &Nexus, notices: &mut Notices) {

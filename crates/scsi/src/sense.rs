@@ -73,6 +73,9 @@ ascs! {
     REPORTED_LUNS_DATA_CHANGED = (0x3f, 0x0e), "REPORTED LUNS DATA HAS CHANGED";
     SAVING_PARAMETERS_NOT_SUPPORTED = (0x39, 0x00), "SAVING PARAMETERS NOT SUPPORTED";
     INVALID_MESSAGE_ERROR = (0x49, 0x00), "INVALID MESSAGE ERROR";
+    GUARD_CHECK_FAILED = (0x10, 0x01), "LOGICAL BLOCK GUARD CHECK FAILED";
+    APP_TAG_CHECK_FAILED = (0x10, 0x02), "LOGICAL BLOCK APPLICATION TAG CHECK FAILED";
+    REF_TAG_CHECK_FAILED = (0x10, 0x03), "LOGICAL BLOCK REFERENCE TAG CHECK FAILED";
 }
 
 impl core::fmt::Display for Asc {
@@ -120,6 +123,21 @@ impl Sense {
             asc: Asc::INVALID_FIELD_IN_CDB,
             field: Some(FieldPointer {
                 in_cdb: true,
+                byte,
+                bit,
+            }),
+            information: None,
+        }
+    }
+
+    /// INVALID FIELD IN PARAMETER LIST pointing at `byte` (and `bit`) of
+    /// the parameter data.
+    pub fn invalid_param(byte: u16, bit: Option<u8>) -> Sense {
+        Sense {
+            key: SenseKey::IllegalRequest,
+            asc: Asc::INVALID_FIELD_IN_PARAMETER_LIST,
+            field: Some(FieldPointer {
+                in_cdb: false,
                 byte,
                 bit,
             }),

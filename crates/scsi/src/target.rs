@@ -7,6 +7,7 @@ use crate::lun::Lun;
 use crate::pr::PrError;
 use crate::sense::{Asc, Sense, SenseKey};
 use crate::task::{ServiceResponse, Tmf, TmfResponse};
+use crate::transport_id::TransportId;
 use crate::ua::UaQueue;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
@@ -26,6 +27,20 @@ impl Nexus {
             target_port: target_port.into(),
         }
     }
+
+    /// The nexus of the initiator port a TransportID names, on
+    /// `target_port` (the initiator named as [`TransportId::initiator_name`]
+    /// says: an SRP port is `0x` and its 32 hex digits, as srp-target names
+    /// sessions).
+    pub fn from_transport_id(id: &TransportId, target_port: &str) -> Nexus {
+        Nexus::new(&id.initiator_name(), target_port)
+    }
+
+    /// The TransportID of this nexus's initiator port (`None` only for a
+    /// name no TransportID can hold).
+    pub fn transport_id(&self) -> Option<TransportId> {
+        TransportId::from_initiator_name(&self.initiator)
+    }
 }
 
 /// SCSI status (SAM-5 5.3.1).
@@ -40,6 +55,9 @@ pub enum Status {
     /// A command the ACA condition does not admit (SAM-5 5.9.2).
     AcaActive,
     TaskAborted,
+    /// The logical unit's task set already holds its queue depth
+    /// (`DeviceConfig::queue_depth`); the command did not run.
+    TaskSetFull,
 }
 
 impl From<Status> for u8 {
@@ -50,6 +68,7 @@ impl From<Status> for u8 {
             Status::Busy => 0x08,
             Status::ReservationConflict => 0x18,
             Status::AcaActive => 0x30,
+            Status::TaskSetFull => 0x28,
             Status::TaskAborted => 0x40,
         }
     }
@@ -164,9 +183,23 @@ struct State {
     ua: HashMap<(Nexus, Lun), UaQueue>,
     /// (nexus, LUN) pairs that have seen their power-on unit attention.
     known: HashSet<(Nexus, Lun)>,
+    /// Relative target port identifiers (SPC-4 3.1.120) by target port
+    /// name, numbered from 1 as ports are first seen.
+    ports: BTreeMap<String, u16>,
 }
 
 impl State {
+    /// The relative target port identifier of `port`, assigned now if new.
+    fn port_id(&mut self, port: &str) -> u16 {
+        if let Some(&id) = self.ports.get(port) {
+            return id;
+        }
+        // 0 is reserved; the last identifier is reused past 65535 ports.
+        let id = (self.ports.len() + 1).min(0xffff) as u16;
+        self.ports.insert(port.to_string(), id);
+        id
+    }
+
     /// The group `initiator` belongs to, if any.
     fn group_of<'a>(&'a self, initiator: &'a str) -> Option<&'a str> {
         self.members
@@ -574,6 +607,25 @@ impl Target {
         }
     }
 
+    /// The relative target port identifier of target port `name` (SPC-4
+    /// 3.1.120): what PERSISTENT RESERVE OUT REGISTER AND MOVE names a
+    /// port by and READ FULL STATUS reports. Assigned from 1 in the order
+    /// ports are first seen (by a command or by this call).
+    pub fn relative_port_id(&self, name: &str) -> u16 {
+        self.lock().port_id(name)
+    }
+
+    /// Gives target port `name` relative port identifier `id` (SCST's
+    /// `rel_tgt_id`; 0 is reserved and refused), before its first command.
+    /// Identifiers numbered later do not avoid it: set every port's or none.
+    pub fn set_relative_port_id(&self, name: &str, id: u16) -> Result<(), &'static str> {
+        if id == 0 {
+            return Err("relative port identifier 0 is reserved");
+        }
+        self.lock().ports.insert(name.to_string(), id);
+        Ok(())
+    }
+
     /// The LUNs `initiator` sees, as REPORT LUNS would list them.
     pub fn visible_luns(&self, initiator: &str) -> Vec<Lun> {
         self.lock().set_for(initiator).keys().copied().collect()
@@ -697,30 +749,34 @@ impl Target {
             return self.run_in_order(None, attr, nexus, lun, tag, cdb, data_out, expected);
         };
         let k = lu_key(&dev);
-        let entered =
-            self.with_order(
-                |o| match o.admit(k, nexus, (lun, tag), attr, cdb, expected) {
-                    Err(r) => {
-                        o.settle(k, &dev, nexus, None, cdb, r.status);
-                        Err(r)
-                    }
-                    Ok(aca_task) => {
-                        // A PREEMPT AND ABORT admitted during ACA runs
-                        // as the ACA task would: it is what ends the
-                        // condition (SPC-4 5.12.11.2.6).
-                        let attr = if o.aca.contains_key(&k) && preempt_and_abort(cdb) {
-                            TaskAttr::Aca
-                        } else {
-                            attr
-                        };
-                        let set = o.sets.entry(k).or_default();
-                        let seq = set.next;
-                        set.next += 1;
-                        set.active.insert(seq, attr);
-                        Ok((seq, aca_task.then_some((lun, tag)), attr))
-                    }
-                },
-            );
+        let depth = dev.config.queue_depth.max(1) as usize;
+        let entered = self.with_order(|o| {
+            // SAM-5 5.3.1: no room in the task set; nothing runs.
+            if o.sets.get(&k).map_or(0, |s| s.active.len()) >= depth {
+                return Err(ScsiResponse::status_only(Status::TaskSetFull, expected));
+            }
+            match o.admit(k, nexus, (lun, tag), attr, cdb, expected) {
+                Err(r) => {
+                    o.settle(k, &dev, nexus, None, cdb, r.status);
+                    Err(r)
+                }
+                Ok(aca_task) => {
+                    // A PREEMPT AND ABORT admitted during ACA runs
+                    // as the ACA task would: it is what ends the
+                    // condition (SPC-4 5.12.11.2.6).
+                    let attr = if o.aca.contains_key(&k) && preempt_and_abort(cdb) {
+                        TaskAttr::Aca
+                    } else {
+                        attr
+                    };
+                    let set = o.sets.entry(k).or_default();
+                    let seq = set.next;
+                    set.next += 1;
+                    set.active.insert(seq, attr);
+                    Ok((seq, aca_task.then_some((lun, tag)), attr))
+                }
+            }
+        });
         let (seq, aca_task, attr) = match entered {
             Ok(e) => e,
             Err(r) => {
@@ -881,6 +937,9 @@ impl Target {
         let (_, cmd) = Command::parse(cdb)?;
         let dev = self.device(nexus, lun);
         naca_supported(dev.as_deref(), cdb)?;
+        if let Some(d) = &dev {
+            d.protect_supported(&cmd)?;
+        }
         Ok(cmd.plan(dev.map_or(512, |d| d.block_size())))
     }
 
@@ -935,6 +994,7 @@ impl Target {
             Err(s) => return ScsiResponse::check(s, expected),
         };
         let mut st = self.lock();
+        let rtpi = st.port_id(&nexus.target_port);
         let dev = st.set_for(&nexus.initiator).get(&lun).cloned();
         let bs = dev.as_ref().map_or(512, |d| d.block_size());
         let d_sense = dev.as_ref().is_some_and(|d| d.mode_state().d_sense);
@@ -989,15 +1049,39 @@ impl Target {
                 match if blocked { ua.pop() } else { None } {
                     Some(asc) => Err(Sense::new(SenseKey::UnitAttention, asc)),
                     None => {
+                        let ports = match cmd {
+                            Command::PrIn { .. } | Command::PrOut { .. } => st.ports.clone(),
+                            _ => BTreeMap::new(),
+                        };
+                        // REGISTER AND MOVE: whether the initiator its
+                        // TransportID names reaches this LU at all.
+                        let move_dest_sees_lu = match cmd {
+                            Command::PrOut { sa: 7, .. } => data_out
+                                .get(24..)
+                                .and_then(|b| TransportId::parse(b).ok())
+                                .is_none_or(|(id, _)| {
+                                    st.set_for(&id.initiator_name())
+                                        .values()
+                                        .any(|d| Arc::ptr_eq(d, &dev))
+                                }),
+                            _ => true,
+                        };
                         drop(st);
+                        let env = crate::pr::PrEnv {
+                            ports: &ports,
+                            ptpl_capable: dev.config.pr_file.is_some(),
+                            move_dest_sees_lu,
+                        };
                         let conflict = ScsiResponse {
                             descriptor_sense: d_sense,
                             ..ScsiResponse::status_only(Status::ReservationConflict, expected)
                         };
                         match cmd {
-                            Command::PrIn { sa, .. } => {
-                                dev.pr.lock().unwrap_or_else(|e| e.into_inner()).pr_in(*sa)
-                            }
+                            Command::PrIn { sa, .. } => dev
+                                .pr
+                                .lock()
+                                .unwrap_or_else(|e| e.into_inner())
+                                .pr_in(*sa, env),
                             Command::PrOut {
                                 sa,
                                 type_byte,
@@ -1005,7 +1089,7 @@ impl Target {
                             } => {
                                 let p = data_out.get(..*param_len as usize).unwrap_or(data_out);
                                 let mut pr = dev.pr.lock().unwrap_or_else(|e| e.into_inner());
-                                let r = pr.pr_out(nexus, *sa, *type_byte, p);
+                                let r = pr.pr_out(nexus, *sa, *type_byte, p, env);
                                 if r.is_ok() && dev.persist_pr(&pr).is_err() {
                                     // SPC-4 5.9.5: the state could not be kept; say so.
                                     return ScsiResponse::check(
@@ -1051,7 +1135,18 @@ impl Target {
                                     return conflict;
                                 }
                                 let before = dev.mode_state();
-                                let r = dev.execute(cmd, cdb, data_out);
+                                let mut r = dev.execute(cmd, cdb, data_out);
+                                if let (
+                                    Command::Inquiry {
+                                        page: 0x83,
+                                        evpd: true,
+                                        ..
+                                    },
+                                    Ok(d),
+                                ) = (cmd, &mut r)
+                                {
+                                    add_relative_port(d, rtpi);
+                                }
                                 if dev.mode_state() != before {
                                     // SPC-4 6.9: other nexuses learn of the change.
                                     self.raise_where(&dev, Asc::MODE_PARAMETERS_CHANGED, |x| {
@@ -1100,6 +1195,19 @@ fn naca_supported(dev: Option<&Device>, cdb: &[u8]) -> Result<(), Sense> {
             Err(Sense::invalid_field(at as u16, Some(2)))
         }
         _ => Ok(()),
+    }
+}
+
+/// Appends the relative target port designator of the nexus's port to
+/// device identification VPD data (SPC-4 7.8.6.6: association 01b target
+/// port, type 4, PIV 0), so an initiator learns the identifier REGISTER AND
+/// MOVE takes.
+fn add_relative_port(page: &mut Vec<u8>, rtpi: u16) {
+    page.extend_from_slice(&[0x01, 0x14, 0x00, 0x04, 0, 0]);
+    page.extend_from_slice(&rtpi.to_be_bytes());
+    let len = (page.len().saturating_sub(4)).min(0xffff) as u16;
+    if let Some(h) = page.get_mut(2..4) {
+        h.copy_from_slice(&len.to_be_bytes());
     }
 }
 

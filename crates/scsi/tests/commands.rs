@@ -315,7 +315,10 @@ fn inquiry_standard_and_vpd() {
     assert_eq!(&r.data_in[8..16], b"RUSTSCST");
     assert_eq!(r.residual, Residual::Under(96 - 36));
     let r = t.execute(&n, lun(0), &[0x12, 1, 0, 0, 255, 0], &[], 255);
-    assert_eq!(r.data_in, [0, 0, 0, 6, 0x00, 0x80, 0x83, 0xb0, 0xb1, 0xb2]);
+    assert_eq!(
+        r.data_in,
+        [0, 0, 0, 7, 0x00, 0x80, 0x83, 0x86, 0xb0, 0xb1, 0xb2]
+    );
     let r = t.execute(&n, lun(0), &[0x12, 1, 0x80, 0, 255, 0], &[], 255);
     assert_eq!(&r.data_in[4..], b"SN123");
     let r = t.execute(&n, lun(0), &[0x12, 1, 0x83, 0, 255, 0], &[], 255);

@@ -10,12 +10,71 @@ fn xorshift(x: &mut u64) -> u64 {
 
 #[test]
 fn cdb_execute_body() {
-    let seeds: [&[u8]; 5] = [
+    let seeds: [&[u8]; 9] = [
         &[10, 0x28, 0, 0, 0, 0, 1, 0, 0, 2, 0],
         &[10, 0x2a, 0x08, 0, 0, 0, 0, 0, 0, 1, 0],
         &[16, 0x89, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0],
         &[10, 0x42, 0, 0, 0, 0, 0, 0, 0, 24, 0],
         &[12, 0xa3, 0x0c, 1, 0x28, 0, 0, 0, 0, 0, 64, 0, 0],
+        // Type 1 PI: WRITE(10) WRPROTECT 1, READ(16) RDPROTECT 1.
+        &[0x40 | 10, 0x2a, 0x20, 0, 0, 0, 1, 0, 0, 2, 0],
+        &[
+            0x40 | 16,
+            0x88,
+            0x20,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            3,
+            0,
+            0,
+            0,
+            2,
+            0,
+            0,
+        ],
+        // Type 2 PI: WRITE(32) WRPROTECT 1, one block.
+        &[
+            0x80 | 32,
+            0x7f,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0x18,
+            0,
+            0x0b,
+            0x20,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            4,
+            0,
+            0,
+            0,
+            4,
+            0x12,
+            0x34,
+            0xff,
+            0xff,
+            0,
+            0,
+            0,
+            1,
+        ],
+        // PR OUT REGISTER AND MOVE (its parameter list is fuzzed too).
+        &[10, 0x5f, 7, 0, 0, 0, 0, 0, 0, 48, 0],
     ];
     let mut x = 0x2545_f491_4f6c_dd1d;
     for i in 0..4000 {
@@ -24,7 +83,7 @@ fn cdb_execute_body() {
                 .map(|_| xorshift(&mut x) as u8)
                 .collect()
         } else {
-            let mut v = seeds[(xorshift(&mut x) % 5) as usize].to_vec();
+            let mut v = seeds[(xorshift(&mut x) % seeds.len() as u64) as usize].to_vec();
             v.extend((0..(xorshift(&mut x) % 1100)).map(|_| xorshift(&mut x) as u8));
             v
         };

@@ -3,6 +3,8 @@
 //! COMPARE AND WRITE and READ agree with a plain in-memory model on the ram,
 //! fileio and blockio (O_DIRECT) backends (deterministic xorshift; proptest is not vendored).
 
+mod common;
+
 use scsi::*;
 use std::sync::Arc;
 
@@ -175,7 +177,34 @@ fn report_supported_opcodes_matches_table() {
         seen.push(op);
     }
     seen.dedup();
-    assert_eq!(seen, Opcode::ALL);
+    // Every opcode of the table but READ(32)/WRITE(32), which only a type
+    // 2 PI unit accepts; it lists them too.
+    let all_but_32: Vec<Opcode> = Opcode::ALL
+        .iter()
+        .copied()
+        .filter(|&o| o != Opcode::VariableLength)
+        .collect();
+    assert_eq!(seen, all_but_32);
+    let cfg = DeviceConfig {
+        protection: Some(PiType::Type2),
+        ..Default::default()
+    };
+    let type2 = Device::new(cfg, Arc::new(Ram::with_pi(BLOCKS * 512, 512))).unwrap();
+    let (t2, n2) = target_with(Arc::new(type2));
+    let r = t2.execute(
+        &n2,
+        l0(),
+        &[0xa3, 0x0c, 0, 0, 0, 0, 0, 0, 0x10, 0, 0, 0],
+        &[],
+        4096,
+    );
+    let sas: Vec<(u8, u16)> = r.data_in[4..]
+        .chunks(8)
+        .filter(|e| e[0] == 0x7f)
+        .map(|e| (e[5], u16::from_be_bytes([e[6], e[7]])))
+        .collect();
+    assert_eq!(sas, [(1, 32), (1, 32)]); // SERVACTV, CDB length 32
+    assert_eq!(r.data_in.len(), d.len() + 16);
     // One command: READ(10) supported, 0xc0 not.
     let r = t.execute(
         &n,
@@ -208,30 +237,73 @@ impl Rng {
     }
 }
 
-fn run_model(dev: Arc<Device>, seed: u64) {
+/// The PI a block of a type 1 unit should hold: `None` all ones (never
+/// written, or unmapped), else the application tag it was written with
+/// (the guard and reference tag follow from the data and the LBA).
+type PiModel = Vec<Option<u16>>;
+
+fn expect_tuple(model: &[u8], pi: &PiModel, lba: usize) -> [u8; 8] {
+    match pi[lba] {
+        None => [0xff; 8],
+        Some(app) => scsi::pi::Tuple {
+            guard: crc16_t10dif(&model[lba * BS..(lba + 1) * BS]),
+            app,
+            reference: lba as u32,
+        }
+        .emit(),
+    }
+}
+
+/// `pi`: the device is formatted with type 1 PI; writes then carry PI
+/// half the time (WRPROTECT 1, an application tag of their own) and reads
+/// return it half the time (RDPROTECT 1), checked against the model.
+fn run_model(dev: Arc<Device>, seed: u64, pi: bool) {
     let (t, n) = target_with(dev);
     let mut model = vec![0u8; BLOCKS as usize * BS];
+    let mut pi_model: PiModel = vec![None; BLOCKS as usize];
     let mut rng = Rng(seed);
     for _ in 0..300 {
         let lba = rng.below(BLOCKS + 2);
         let cnt = 1 + rng.below(4) as u32;
         let in_range = lba + cnt as u64 <= BLOCKS;
         let range = lba as usize * BS..(lba as usize + cnt as usize) * BS;
+        let blocks = lba as usize..(lba as usize + cnt as usize).min(BLOCKS as usize);
         let fill = rng.next() as u8;
+        let with_pi = pi && rng.below(2) == 0;
         let r = match rng.below(5) {
             0 => {
                 let data: Vec<u8> = (0..cnt as usize * BS)
                     .map(|i| fill.wrapping_add(i as u8))
                     .collect();
+                let app = fill as u16 * 3;
+                let out: Vec<u8> = if with_pi {
+                    data.chunks(BS)
+                        .enumerate()
+                        .flat_map(|(k, b)| {
+                            let t = scsi::pi::Tuple {
+                                guard: crc16_t10dif(b),
+                                app,
+                                reference: (lba + k as u64) as u32,
+                            };
+                            b.iter().copied().chain(t.emit())
+                        })
+                        .collect()
+                } else {
+                    data.clone()
+                };
+                let flags = if with_pi { 0x20 } else { 0 };
                 let r = t.execute(
                     &n,
                     l0(),
-                    &cdb16(0x8a, 0, lba, cnt),
-                    &data,
-                    data.len() as u64,
+                    &cdb16(0x8a, flags, lba, cnt),
+                    &out,
+                    out.len() as u64,
                 );
                 if in_range {
                     model[range].copy_from_slice(&data);
+                    for b in blocks {
+                        pi_model[b] = Some(if with_pi { app } else { 0 });
+                    }
                 }
                 r
             }
@@ -239,6 +311,9 @@ fn run_model(dev: Arc<Device>, seed: u64) {
                 let r = t.execute(&n, l0(), &cdb16(0x93, 0, lba, cnt), &[fill; BS], 512);
                 if in_range {
                     model[range].fill(fill);
+                    for b in blocks {
+                        pi_model[b] = Some(0);
+                    }
                 }
                 r
             }
@@ -247,6 +322,9 @@ fn run_model(dev: Arc<Device>, seed: u64) {
                 let r = t.execute(&n, l0(), &unmap_cdb(p.len()), &p, p.len() as u64);
                 if in_range {
                     model[range].fill(0);
+                    for b in blocks {
+                        pi_model[b] = None;
+                    }
                 }
                 r
             }
@@ -265,20 +343,32 @@ fn run_model(dev: Arc<Device>, seed: u64) {
                 let r = t.execute(&n, l0(), &caw(lba, cnt as u8), &data, data.len() as u64);
                 if in_range && !corrupt {
                     model[range].fill(fill);
+                    for b in blocks {
+                        pi_model[b] = Some(0);
+                    }
                 } else if in_range {
                     assert_eq!(r.sense.unwrap().key, SenseKey::Miscompare);
                 }
                 r
             }
             _ => {
+                let per = if with_pi { BS + 8 } else { BS };
+                let flags = if with_pi { 0x20 } else { 0 };
                 let r = t.execute(
                     &n,
                     l0(),
-                    &cdb16(0x88, 0, lba, cnt),
+                    &cdb16(0x88, flags, lba, cnt),
                     &[],
-                    cnt as u64 * BS as u64,
+                    cnt as u64 * per as u64,
                 );
-                if in_range {
+                if in_range && with_pi {
+                    for (k, c) in r.data_in.chunks(per).enumerate() {
+                        let b = lba as usize + k;
+                        assert_eq!(&c[..BS], &model[b * BS..(b + 1) * BS]);
+                        assert_eq!(c[BS..], expect_tuple(&model, &pi_model, b), "LBA {b}");
+                    }
+                    assert_eq!(r.data_in.len(), cnt as usize * per);
+                } else if in_range {
                     assert_eq!(r.data_in, model[range]);
                 }
                 r
@@ -297,6 +387,7 @@ fn model_agrees_ram_fileio_blockio() {
         run_model(
             thin(Arc::new(Ram::new(BLOCKS * BS as u64))),
             seed * 0x9e37_79b9,
+            false,
         );
         let path = std::env::temp_dir().join(format!("scsi-model-{}-{seed}", std::process::id()));
         let f = std::fs::OpenOptions::new()
@@ -310,6 +401,7 @@ fn model_agrees_ram_fileio_blockio() {
         run_model(
             thin(Arc::new(FileIo::new(f, seed % 2 == 0).unwrap())),
             seed * 0x9e37_79b9,
+            false,
         );
         std::fs::remove_file(&path).unwrap();
         // blockio: the same file layout opened O_DIRECT.
@@ -321,8 +413,36 @@ fn model_agrees_ram_fileio_blockio() {
         run_model(
             thin(Arc::new(BlockIo::open(&path, false, BS).unwrap())),
             seed * 0x9e37_79b9,
+            false,
         );
         std::fs::remove_file(&path).unwrap();
+    }
+}
+
+fn thin_pi(backend: Arc<dyn Backend>) -> Arc<Device> {
+    let cfg = DeviceConfig {
+        thin: true,
+        protection: Some(PiType::Type1),
+        ..Default::default()
+    };
+    Arc::new(Device::new(cfg, backend).unwrap())
+}
+
+/// The same model on type 1 PI units (ram, and fileio with its PI side
+/// file): data and every block's tuple agree with the model.
+#[test]
+fn model_agrees_with_pi_ram_fileio() {
+    for seed in 1..=8u64 {
+        run_model(
+            thin_pi(Arc::new(Ram::with_pi(BLOCKS * BS as u64, BS as u32))),
+            seed * 0x51_7cc1,
+            true,
+        );
+        let dir = common::TempDir::new(&format!("model-pi-{seed}"));
+        let f = dir.open("lun.img");
+        f.set_len(BLOCKS * BS as u64).unwrap();
+        let store = FileIo::with_pi(f, dir.open("lun.pi"), BS as u32, false).unwrap();
+        run_model(thin_pi(Arc::new(store)), seed * 0x51_7cc1, true);
     }
 }
 

@@ -185,3 +185,71 @@ fn a_task_aborted_while_waiting_its_turn_never_runs() {
     let r = t.execute(&a, l0(), &[0x28, 0, 0, 0, 0, 7, 0, 0, 1, 0], &[], 512);
     assert_ne!(r.data_in, vec![0xcd; 512]);
 }
+
+#[test]
+fn it_nexus_reset_aborts_the_nexus_commands_held_in_the_backend() {
+    let (t, g, rx, a, b) = setup();
+    let ha = spawn_read(&t, &a, 1);
+    let hb = spawn_read(&t, &b, 1);
+    rx.recv().unwrap();
+    rx.recv().unwrap();
+    // Both are inside the (gated) backend when a's nexus is reset.
+    assert_eq!(
+        t.task_management(&a, l0(), Tmf::ItNexusReset),
+        TmfResponse::FunctionComplete
+    );
+    g.open();
+    let (ra, rb) = (ha.join().unwrap(), hb.join().unwrap());
+    assert_eq!((ra.status, ra.data_in.len()), (Status::TaskAborted, 0));
+    assert_eq!((rb.status, rb.data_in.len()), (Status::Good, 512));
+    assert_eq!(ua(&t, &a), Some(Asc::I_T_NEXUS_LOSS));
+    assert_eq!(ua(&t, &a), None);
+    assert_eq!(ua(&t, &b), None, "the other nexus keeps its state");
+    assert_eq!(t.submit(&a, l0(), 1, &READ1, &[], 512).status, Status::Good);
+}
+
+#[test]
+fn a_command_beyond_the_queue_depth_gets_task_set_full_without_running() {
+    let (g, rx) = Gated::new(64);
+    let t = Arc::new(Target::new());
+    let cfg = DeviceConfig {
+        queue_depth: 2,
+        ..Default::default()
+    };
+    t.add_lun(None, l0(), Arc::new(Device::new(cfg, g.clone()).unwrap()));
+    let (a, b) = (Nexus::new("a", "p"), Nexus::new("b", "p"));
+    for n in [&a, &b] {
+        t.execute(n, l0(), &[0; 6], &[], 0);
+    }
+    let h1 = spawn_read(&t, &a, 1);
+    let h2 = spawn_read(&t, &b, 1);
+    rx.recv().unwrap();
+    rx.recv().unwrap();
+    assert_eq!(t.task_set_len(&a, l0()), 2);
+    // A third command (a WRITE, which the gate does not hold) from either
+    // nexus finds the task set full and does not run.
+    let w = [0x2a, 0, 0, 0, 0, 9, 0, 0, 1, 0];
+    for (n, tag) in [(&a, 2), (&b, 2)] {
+        let r = t.submit(n, l0(), tag, &w, &[0x5a; 512], 512);
+        assert_eq!((r.status, u8::from(r.status)), (Status::TaskSetFull, 0x28));
+        assert!(r.sense.is_none());
+    }
+    assert_eq!(t.task_set_len(&a, l0()), 2);
+    g.open();
+    assert_eq!(h1.join().unwrap().status, Status::Good);
+    assert_eq!(h2.join().unwrap().status, Status::Good);
+    // The refused write left block 9 as it was; with room again, it runs.
+    let r = t.submit(&a, l0(), 3, &[0x28, 0, 0, 0, 0, 9, 0, 0, 1, 0], &[], 512);
+    assert!(r.data_in.iter().all(|&x| x == 0));
+    assert_eq!(
+        t.submit(&a, l0(), 4, &w, &[0x5a; 512], 512).status,
+        Status::Good
+    );
+    let r = t.submit(&a, l0(), 5, &[0x28, 0, 0, 0, 0, 9, 0, 0, 1, 0], &[], 512);
+    assert!(r.data_in.iter().all(|&x| x == 0x5a));
+    let zero = DeviceConfig {
+        queue_depth: 0,
+        ..Default::default()
+    };
+    assert!(Device::new(zero, Arc::new(Ram::new(4096))).is_err());
+}

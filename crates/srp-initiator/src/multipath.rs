@@ -21,6 +21,21 @@
 //! harmless as long as nothing else writes that block meanwhile: the
 //! contract of any block device whose caller has not seen the write
 //! complete.
+//!
+//! When a path fails, every I/O on it is sent elsewhere at once, as
+//! dm-multipath's fail_path and requeue: the session fails all its
+//! outstanding commands (`TransportFailed`) the moment its QP errors or
+//! its port goes down, and tears the dead connection down on a thread of
+//! its own, so no I/O waits for a DREQ over a dead link. What keeps the
+//! retry from reordering writes: a command fails only once our QP is in
+//! the error state, and from then on the old target can no longer fetch
+//! the write's data (its RDMA READs of our memory go unanswered) nor
+//! deliver anything; the caller sees the write complete only from the
+//! other path, and only then may it write the block again. What stays
+//! open, as with dm-multipath over any SCSI transport: a target that had
+//! the data in hand (immediate data, or fetched before the cut) and
+//! commits it after the failover was noticed (about 0.55 s later) could
+//! land the old copy over a newer one.
 
 use crate::remote::RemoteDisk;
 use crate::rport::RportState;

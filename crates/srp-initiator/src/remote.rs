@@ -131,8 +131,12 @@ impl Shared {
         let now = self.now();
         st.rport.transport_failed(now);
         st.failed_at = Some(std::time::Instant::now());
-        st.disk = None;
+        let old = st.disk.take();
         self.cv.notify_all();
+        // The old session goes (if this was its last user) outside the
+        // lock: `is_up` and new commands must not wait on its teardown.
+        drop(st);
+        drop(old);
     }
 
     /// The background thread: timers and reconnect attempts.

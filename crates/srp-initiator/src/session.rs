@@ -12,6 +12,16 @@
 //! a run of pool pages, so a target sees only pages lent to it, but its
 //! R_Key covers the whole pool. Per-command registration (FRWR, as ib_srp
 //! does) is not implemented yet.
+//!
+//! When the connection fails (a work request fails, the port goes down,
+//! the target logs out) the QP goes to the error state and every
+//! outstanding command ends at once with `TransportFailed`, so a
+//! multipath device can send it elsewhere that moment. Finding the
+//! failure: the RC transport's retries (about 0.55 s) for anything we
+//! sent, and a liveness probe ([`SessionConfig::probe_interval`]) for a
+//! link that dies while the target holds every command already
+//! acknowledged. Dropping a failed session returns at once; its DREQ and
+//! teardown run on a thread of their own.
 
 use rdma_types::{AccessFlags, Gid, Guid, Lid, Mtu, Pkey, PortNum, Psn, QpState, Qpn};
 use rdma_types::{IdMap, WcOpcode, WcStatus};
@@ -110,7 +120,23 @@ pub struct SessionConfig {
     /// that holds this partition (full or limited member, IBA 10.9).
     /// `None`: index 0, the port's first (default) P_Key.
     pub pkey: Option<Pkey>,
+    /// Liveness probe (the seed's option 4 of fast path-failure
+    /// detection): when commands wait and nothing has come from the
+    /// target for this long, a zero-length RDMA WRITE goes out. On a live
+    /// link it is acknowledged; on a dead one the transport's retries run
+    /// out and the session fails as it would for a command. Without it, a
+    /// link that dies after the target acknowledged every command of ours
+    /// (so nothing of ours is being retried) is found only by the command
+    /// timeout, and then by the retries of the ABORT TASK that follows:
+    /// 2.55 s with a 2 s timeout, 30.55 s with the default. `None`: no
+    /// probes (a target whose QP refuses zero-length RDMA WRITEs would
+    /// fail the session).
+    pub probe_interval: Option<rdma_types::Duration>,
 }
+
+/// [`SessionConfig::probe_interval`] by default: with the transport's
+/// retry budget (about 0.55 s) a dead link is found within about 0.8 s.
+pub const DEFAULT_PROBE_INTERVAL: rdma_types::Duration = rdma_types::Duration::from_millis(250);
 
 /// The index of `pkey`'s partition in `table`: an entry with the same
 /// P_Key first, else one of the same partition with the other membership
@@ -135,6 +161,7 @@ impl SessionConfig {
             pool_bytes: 64 << 20,
             max_segment: 0,
             pkey: None,
+            probe_interval: Some(DEFAULT_PROBE_INTERVAL),
         }
     }
 }
@@ -275,6 +302,9 @@ pub struct SessionStats {
     pub aborts_failed: u64,
     /// Commands ended by an ABORT TASK (`Status::Aborted`).
     pub aborted: u64,
+    /// Liveness probes the target acknowledged
+    /// ([`SessionConfig::probe_interval`]).
+    pub probes: u64,
 }
 
 /// One logged-in SRP channel.
@@ -304,6 +334,7 @@ struct Inner {
     /// External descriptor tables may be used (ib_srp's allow_ext_sg).
     allow_ext_sg: bool,
     negotiated: Negotiated,
+    probe_interval: Option<rdma_types::Duration>,
     handle: u64,
     epoch: std::time::Instant,
     st: Mutex<State>,
@@ -346,6 +377,12 @@ struct State {
     /// with no timer); `None` while it works (it looks at timers again
     /// before it sleeps).
     timer_sleep: Option<Option<rdma_types::Instant>>,
+    /// Since when the target has been silent while commands wait: the
+    /// last thing received, probe acknowledged, or command sent to an
+    /// idle channel.
+    quiet_since: rdma_types::Instant,
+    /// A liveness probe is in flight.
+    probe_out: bool,
 }
 
 /// The session lock, counted so a completion callback on this thread
@@ -390,6 +427,7 @@ impl EventHandler for Wake {
 
 const KIND_RECV: u64 = 1 << 56;
 const KIND_SEND: u64 = 2 << 56;
+const KIND_PROBE: u64 = 3 << 56;
 const KIND_MASK: u64 = 0xff << 56;
 const PAGE: usize = 4096;
 
@@ -451,13 +489,14 @@ impl Session {
             .create_cq(
                 pd,
                 &CqInit {
-                    cqe: recv_count + queue + 1,
+                    cqe: recv_count + queue + 2,
                 },
                 0,
             )
             .map_err(verbs_err("create CQ"))?;
         let qp = p
-            .create_qp(pd, &QpInit::rc(cq, queue, recv_count), 0)
+            // One send more than commands and answers need: the probe.
+            .create_qp(pd, &QpInit::rc(cq, queue + 1, recv_count), 0)
             .map_err(verbs_err("create QP"))?;
         let psn = Psn::new(0x2b_0000 ^ (std::process::id() & 0xffff));
         let mtu = port.active_mtu;
@@ -632,6 +671,7 @@ impl Session {
             cmd_sg_entries: cfg.channel.cmd_sg_entries,
             allow_ext_sg: cfg.channel.allow_ext_sg,
             negotiated,
+            probe_interval: cfg.probe_interval,
             handle: connected.handle,
             epoch,
             st: Mutex::new(State {
@@ -649,6 +689,8 @@ impl Session {
                 parked: IdMap::default(),
                 cv_waiters: 0,
                 timer_sleep: None,
+                quiet_since: rdma_types::Instant::ZERO,
+                probe_out: false,
             }),
             cv: Condvar::new(),
             events: Mutex::new(tx),
@@ -819,6 +861,10 @@ impl Session {
         // Queue full or no credit: wait for a completion and try again.
         let tag = loop {
             let now = inner.now();
+            if st.channel.outstanding() == 0 {
+                // The target has had nothing to answer until now.
+                st.quiet_since = now;
+            }
             match st.channel.submit(now, &cmd) {
                 Ok(tag) => {
                     if let Some(t) = cmd.desc_table {
@@ -844,7 +890,7 @@ impl Session {
                 }
             }
         };
-        inner.flush_outputs(&mut st);
+        inner.flush_outputs_here(&mut st);
         inner.kick_if_timer_earlier(&st);
         Ok(Started {
             tag,
@@ -999,7 +1045,7 @@ impl Session {
                 Err(e) => return Err(e.into()),
             }
         };
-        inner.flush_outputs(&mut st);
+        inner.flush_outputs_here(&mut st);
         let _ = inner.events.lock().map(|tx| tx.send(Ev::Kick));
         loop {
             if st.tmfs_done > before {
@@ -1031,7 +1077,7 @@ impl Session {
             return false;
         };
         let sent = st.channel.abort(now, tag);
-        inner.flush_outputs(&mut st);
+        inner.flush_outputs_here(&mut st);
         let _ = inner.events.lock().map(|tx| tx.send(Ev::Kick));
         sent
     }
@@ -1043,46 +1089,71 @@ impl Session {
     }
 
     fn shutdown(&mut self) {
-        let inner = &self.inner;
-        inner.connector.disconnect(inner.handle);
-        {
-            let mut st = inner.lock();
-            let _ = inner.provider.modify_qp(
-                inner.qp,
-                &QpAttr {
-                    state: Some(QpState::Err),
-                    ..Default::default()
-                },
-            );
-            st.channel.disconnected(false);
-            inner.drain_channel(&mut st);
-            st.closed = true;
-        }
-        inner.cv.notify_all();
-        let _ = inner.events.lock().map(|tx| tx.send(Ev::Stop));
-        if let Some(h) = self.poller.take() {
-            let _ = h.join();
-        }
-        let p = &inner.provider;
-        teardown(
-            p,
-            inner.ca,
-            inner.pd,
-            inner.cq,
-            inner.qp,
-            &[
-                inner.recv_mr.handle,
-                inner.send_mr.handle,
-                inner.pool_mr.handle,
-            ],
-        );
+        shutdown(&self.inner, self.poller.take());
     }
 }
 
+/// Logs a session out and frees its verbs objects: disconnect (a DREQ,
+/// which over a dead link waits for the CM's retries to run out), fail
+/// what is still outstanding, stop and join the poll thread, destroy.
+fn shutdown(inner: &Inner, poller: Option<JoinHandle<()>>) {
+    inner.connector.disconnect(inner.handle);
+    {
+        let mut st = inner.lock();
+        let _ = inner.provider.modify_qp(
+            inner.qp,
+            &QpAttr {
+                state: Some(QpState::Err),
+                ..Default::default()
+            },
+        );
+        st.channel.disconnected(false);
+        inner.drain_channel(&mut st);
+        st.closed = true;
+    }
+    inner.cv.notify_all();
+    let _ = inner.events.lock().map(|tx| tx.send(Ev::Stop));
+    if let Some(h) = poller {
+        let _ = h.join();
+    }
+    teardown(
+        &inner.provider,
+        inner.ca,
+        inner.pd,
+        inner.cq,
+        inner.qp,
+        &[
+            inner.recv_mr.handle,
+            inner.send_mr.handle,
+            inner.pool_mr.handle,
+        ],
+    );
+}
+
 impl Drop for Session {
+    /// A live session is logged out before this returns. A session whose
+    /// connection already failed is torn down on a thread of its own: its
+    /// commands have all ended (`TransportFailed`), and the DREQ over a
+    /// dead link can take the CM's whole retry budget (seconds). Whoever
+    /// drops the last reference (often an I/O thread on its way to retry
+    /// a failed command on another path, or the remote port's reconnect
+    /// thread) must not wait for that.
     fn drop(&mut self) {
-        if self.poller.is_some() {
-            self.shutdown();
+        let Some(poller) = self.poller.take() else {
+            return;
+        };
+        if !self.inner.lock().closed {
+            shutdown(&self.inner, Some(poller));
+            return;
+        }
+        let inner = self.inner.clone();
+        let spawned = std::thread::Builder::new()
+            .name("srp-teardown".into())
+            .spawn(move || shutdown(&inner, Some(poller)));
+        if spawned.is_err() {
+            // No thread to hand it to: tear down here (the poll thread,
+            // whose handle went with the closure, is stopped, not joined).
+            shutdown(&self.inner, None);
         }
     }
 }
@@ -1188,7 +1259,7 @@ impl Inner {
         loop {
             let wait = {
                 let mut st = self.lock();
-                let next = st.channel.poll_timeout();
+                let next = self.next_timer(&st);
                 st.timer_sleep = Some(next);
                 next.map(|t| t.saturating_since(self.now()).to_std())
             };
@@ -1214,6 +1285,7 @@ impl Inner {
                     let mut st = self.lock();
                     let now = self.now();
                     st.channel.handle_timeout(now);
+                    self.probe_if_due(&mut st, now);
                     self.drain_channel(&mut st);
                 }
             }
@@ -1254,6 +1326,7 @@ impl Inner {
             KIND_RECV => {
                 let i = (wc.wr_id & !KIND_MASK) as u32;
                 if ok {
+                    st.quiet_since = self.now();
                     let len = (wc.byte_len).min(self.recv_size) as usize;
                     let bytes = self.recv_buf.to_vec((i * self.recv_size) as usize, len);
                     let now = self.now();
@@ -1262,6 +1335,15 @@ impl Inner {
                         self.qp,
                         &[recv_wr(&self.recv_buf, &self.recv_mr, self.recv_size, i)],
                     );
+                } else {
+                    self.lost(st);
+                }
+            }
+            KIND_PROBE => {
+                st.probe_out = false;
+                if ok {
+                    st.stats.probes += 1;
+                    st.quiet_since = self.now();
                 } else {
                     self.lost(st);
                 }
@@ -1281,8 +1363,18 @@ impl Inner {
     }
 
     /// The connection failed under us: every outstanding command fails.
+    /// The QP goes to the error state first (it may still be up after a
+    /// port event or a target logout), so the target can no longer fetch
+    /// the data of a command that is now retried elsewhere.
     fn lost(&self, st: &mut State) {
         if !st.closed {
+            let _ = self.provider.modify_qp(
+                self.qp,
+                &QpAttr {
+                    state: Some(QpState::Err),
+                    ..Default::default()
+                },
+            );
             st.closed = true;
             st.channel.disconnected(false);
         }
@@ -1332,6 +1424,17 @@ impl Inner {
         }
     }
 
+    /// [`Inner::flush_outputs`] from a caller's thread: when a post failed
+    /// and the connection is lost, the commands it ended (the caller's own
+    /// among them) are handed to their waiters now, not whenever the poll
+    /// thread next wakes.
+    fn flush_outputs_here(&self, st: &mut State) {
+        self.flush_outputs(st);
+        if st.closed {
+            self.drain_channel(st);
+        }
+    }
+
     fn drain_channel(&self, st: &mut State) {
         self.flush_outputs(st);
         while let Some(c) = st.channel.poll_completion() {
@@ -1362,16 +1465,7 @@ impl Inner {
                 }
                 Event::Aer { .. } => st.stats.aers += 1,
                 Event::Protocol(_) => st.stats.protocol_errors += 1,
-                Event::TargetLogout(_) => {
-                    let _ = self.provider.modify_qp(
-                        self.qp,
-                        &QpAttr {
-                            state: Some(QpState::Err),
-                            ..Default::default()
-                        },
-                    );
-                    self.lost(st);
-                }
+                Event::TargetLogout(_) => self.lost(st),
             }
             if st.events.len() < 1024 {
                 st.events.push_back(e);
@@ -1396,10 +1490,43 @@ impl Inner {
         st
     }
 
+    /// When the liveness probe is due: commands wait, none is in flight,
+    /// and the target has been quiet for the probe interval.
+    fn probe_due(&self, st: &State) -> Option<rdma_types::Instant> {
+        let every = self.probe_interval?;
+        let waiting = !st.closed && !st.probe_out && st.channel.outstanding() > 0;
+        waiting.then(|| st.quiet_since + every)
+    }
+
+    /// The poll thread's next deadline: the channel's timers or the probe.
+    fn next_timer(&self, st: &State) -> Option<rdma_types::Instant> {
+        match (st.channel.poll_timeout(), self.probe_due(st)) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Sends the liveness probe if it is due: a zero-length RDMA WRITE,
+    /// which needs no memory of the target's (a zero-length RDMA operation
+    /// carries no valid address or R_Key, IBA C9-88; Linux rxe and our
+    /// soft RoCE accept it, and ib_srpt's QPs allow remote writes) but is
+    /// acknowledged or retried like any request. A failed probe is a failed connection.
+    fn probe_if_due(&self, st: &mut State, now: rdma_types::Instant) {
+        if self.probe_due(st).is_none_or(|at| at > now) {
+            return;
+        }
+        let wr = SendWr::new(KIND_PROBE, SendOpcode::RdmaWrite, Vec::new());
+        st.probe_out = true;
+        if self.provider.post_send(self.qp, &[wr]).is_err() {
+            st.probe_out = false;
+            self.lost(st);
+        }
+    }
+
     /// Wakes the poll thread when it sleeps past the channel's next timer
     /// (a command sent to an idle channel arms its timeout).
     fn kick_if_timer_earlier(&self, st: &State) {
-        let next = st.channel.poll_timeout();
+        let next = self.next_timer(st);
         let kick = match st.timer_sleep {
             None => false,
             Some(None) => next.is_some(),

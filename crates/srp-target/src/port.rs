@@ -111,7 +111,7 @@ pub struct PortOptions {
     pub chunks: usize,
     /// The partitions the port serves (empty: every P_Key of the port's
     /// table, as ib_srpt does). A login in a partition (see
-    /// [`Port::login_in_partition`]) gets a QP with the index of the
+    /// [`TargetPort::login_in_partition`]) gets a QP with the index of the
     /// port's table holding it; a login whose partition is unknown gets
     /// the first of these the table holds (index 0 when none are listed).
     pub pkeys: Vec<Pkey>,
@@ -146,6 +146,9 @@ pub struct SessionInfo {
     pub cmds: u64,
     /// Whether the channel is closing.
     pub closing: bool,
+    /// The session's partition: the P_Key at its QP's index of the
+    /// port's table.
+    pub pkey: Pkey,
 }
 
 type DisconnectHook = Box<dyn Fn(ConnId) + Send + Sync>;
@@ -154,7 +157,8 @@ type DisconnectHook = Box<dyn Fn(ConnId) + Send + Sync>;
 /// [`TargetPort::shutdown`] first to log initiators out cleanly).
 pub struct TargetPort {
     inner: Arc<Inner>,
-    threads: Vec<JoinHandle<()>>,
+    /// The poll and SCSI worker threads; `None` once stopped.
+    threads: Mutex<Option<Vec<JoinHandle<()>>>>,
 }
 
 struct Inner {
@@ -229,6 +233,8 @@ struct Conn {
     outstanding: u32,
     closing: bool,
     initiator: String,
+    /// The P_Key at the QP's index: the session's partition.
+    pkey: Pkey,
     nexus: scsi::Nexus,
     ops: IdMap<OpId, OpInfo>,
     /// Data-out chunks fetched so far per command: (offset, chunk, len).
@@ -441,7 +447,10 @@ impl TargetPort {
                     .spawn(move || w.worker_loop(rx))?,
             );
         }
-        Ok(TargetPort { inner, threads })
+        Ok(TargetPort {
+            inner,
+            threads: Mutex::new(Some(threads)),
+        })
     }
 
     /// Target name (port GID with a colon after every fourth digit).
@@ -466,10 +475,12 @@ impl TargetPort {
         self.inner.login(private_data, form, peer, None)
     }
 
-    /// [`Port::login`] for a REQ in partition `pkey` (its partition key):
-    /// the QP uses the index of the port's P_Key table holding that
-    /// partition; a partition the port does not serve, or whose P_Key
-    /// its table lacks, is refused (SRP_LOGIN_REJ, the reason naming it).
+    /// [`TargetPort::login`] for a REQ in partition `pkey` (the REQ's partition
+    /// key): the QP uses the index of the port's P_Key table entry that
+    /// matches it (IBA 10.9.3: same partition, one side a full member; a
+    /// full-member entry first); a partition the port does not serve, or
+    /// that no entry of its table matches, is refused (SRP_LOGIN_REJ, the
+    /// reason naming the P_Key).
     pub fn login_in_partition(
         &self,
         private_data: &[u8],
@@ -540,6 +551,7 @@ impl TargetPort {
                     in_flight: ch.in_flight(),
                     cmds: ch.stats().cmds,
                     closing: c.closing,
+                    pkey: c.pkey,
                 })
             })
             .collect();
@@ -553,10 +565,24 @@ impl TargetPort {
     }
 }
 
-impl Drop for TargetPort {
-    fn drop(&mut self) {
+impl TargetPort {
+    /// Stops the port now rather than when the last owner drops it: logins
+    /// are refused, every channel closes, the threads end and every verbs
+    /// object the port holds (SRQ, memory regions, CQ, PD, CA) is released,
+    /// so a daemon can count what is left before it exits. Log initiators
+    /// out first ([`TargetPort::logout_all`]). Idempotent; drop does it.
+    pub fn stop(&self) {
+        let Some(threads) = self
+            .threads
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        else {
+            return;
+        };
         {
             let mut st = self.inner.lock();
+            st.target.set_enabled(false);
             let conns: Vec<ConnId> = st.conns.keys().copied().collect();
             for c in conns {
                 self.inner.close(&mut st, c);
@@ -566,7 +592,7 @@ impl Drop for TargetPort {
             st.jobs = dead;
         }
         let _ = self.inner.events.lock().map(|tx| tx.send(Event::Stop));
-        for t in self.threads.drain(..) {
+        for t in threads {
             let _ = t.join();
         }
         let p = &self.inner.provider;
@@ -576,6 +602,12 @@ impl Drop for TargetPort {
         let _ = p.destroy_cq(self.inner.recv_cq);
         let _ = p.dealloc_pd(self.inner.pd);
         let _ = p.close_ca(self.inner.ca);
+    }
+}
+
+impl Drop for TargetPort {
+    fn drop(&mut self) {
+        self.stop();
     }
 }
 
@@ -602,60 +634,75 @@ impl Inner {
         }
     }
 
-    /// The P_Key table index for a login in `pkey` (see
-    /// [`PortOptions::pkeys`]).
-    fn pkey_index(&self, pkey: Option<Pkey>) -> Result<u16, PortError> {
+    /// The P_Key table index for a login in `pkey`, and the P_Key there
+    /// (see [`PortOptions::pkeys`]).
+    fn pkey_index(&self, pkey: Option<Pkey>) -> Result<(u16, Pkey), PortError> {
         let served = &self.opts.pkeys;
+        let table = match self.provider.query_port(self.ca, self.opts.port) {
+            Ok(p) => p.pkeys,
+            // Nothing to choose from: index 0, as before partitions.
+            Err(_) if pkey.is_none() && served.is_empty() => Vec::new(),
+            Err(e) => return Err(verbs_err("query port")(e)),
+        };
         if pkey.is_none() && served.is_empty() {
-            return Ok(0);
+            return Ok((0, table.first().copied().unwrap_or(Pkey::DEFAULT)));
         }
-        let table = self
-            .provider
-            .query_port(self.ca, self.opts.port)
-            .map_err(verbs_err("query port"))?
-            .pkeys;
-        let same = |a: Pkey, b: Pkey| a.0 & 0x7fff != 0 && a.0 & 0x7fff == b.0 & 0x7fff;
+        let same = |a: Pkey, b: Pkey| a.is_valid() && a.base() == b.base();
         let names = |t: &[Pkey]| {
             t.iter()
-                .filter(|k| k.0 & 0x7fff != 0)
+                .filter(|k| k.is_valid())
                 .map(|k| format!("{:04x}", k.0))
                 .collect::<Vec<_>>()
                 .join(", ")
         };
-        let want = match pkey {
-            Some(k) => {
-                if !served.is_empty() && !served.iter().any(|s| same(*s, k)) {
-                    return Err(PortError::Partition(format!(
-                        "P_Key {:04x}: the target does not serve that partition (it serves {})",
-                        k.0,
-                        names(served)
-                    )));
-                }
-                k
-            }
-            None => match served.iter().find(|s| table.iter().any(|t| same(*t, **s))) {
-                Some(s) => *s,
-                None => {
-                    return Err(PortError::Partition(format!(
-                        "the port's P_Key table ({}) holds none of the partitions served ({})",
-                        names(&table),
-                        names(served)
-                    )))
-                }
-            },
+        let at = |i: usize| u16::try_from(i).ok().map(|ix| (ix, table[i]));
+        let Some(k) = pkey else {
+            // No partition named: the first served one the table holds.
+            let Some(s) = served.iter().find(|s| table.iter().any(|t| same(*t, **s))) else {
+                return Err(PortError::Partition(format!(
+                    "the port's P_Key table ({}) holds none of the partitions served ({})",
+                    names(&table),
+                    names(served)
+                )));
+            };
+            let i = table
+                .iter()
+                .position(|t| t == s)
+                .or_else(|| table.iter().position(|t| same(*t, *s)));
+            return i
+                .and_then(at)
+                .ok_or_else(|| PortError::Partition(format!("P_Key {:04x} left the table", s.0)));
         };
-        table
+        if !served.is_empty() && !served.iter().any(|s| same(*s, k)) {
+            return Err(PortError::Partition(format!(
+                "P_Key {:04x}: the target does not serve that partition (it serves {})",
+                k.0,
+                names(served)
+            )));
+        }
+        // IBA 10.9.3: the entry must match the REQ's key (same partition,
+        // one side a full member); a full entry matches every member, so
+        // it goes first (as Linux ib_find_cached_pkey prefers it).
+        let i = table
             .iter()
-            .position(|t| *t == want && same(*t, want))
-            .or_else(|| table.iter().position(|t| same(*t, want)))
-            .and_then(|i| u16::try_from(i).ok())
-            .ok_or_else(|| {
-                PortError::Partition(format!(
-                    "P_Key {:04x}: the target port is not a member of that partition (its P_Key table: {})",
-                    want.0,
+            .position(|t| t.is_full() && t.matches(k))
+            .or_else(|| table.iter().position(|t| t.matches(k)));
+        if let Some(r) = i.and_then(at) {
+            return Ok(r);
+        }
+        Err(PortError::Partition(if table.iter().any(|t| same(*t, k)) {
+            format!(
+                    "P_Key {:04x}: the initiator and the target port are both limited members of that partition (its P_Key table: {})",
+                    k.0,
                     names(&table)
-                ))
-            })
+                )
+        } else {
+            format!(
+                    "P_Key {:04x}: the target port is not a member of that partition (its P_Key table: {})",
+                    k.0,
+                    names(&table)
+                )
+        }))
     }
 
     fn login(
@@ -686,12 +733,14 @@ impl Inner {
             (initiator_name(&ch.nexus().0), st.target.config().sq_size)
         };
         let slot_size = st.target.config().max_rsp_size;
-        let created = self
-            .pkey_index(pkey)
-            .and_then(|ix| self.create_conn(conn, peer, ix, sq, slot_size, &initiator));
+        let created = self.pkey_index(pkey).and_then(|(ix, key)| {
+            self.create_conn(conn, peer, ix, sq, slot_size, &initiator)
+                .map(|(c, local)| (c, local, key))
+        });
         match created {
-            Ok((mut c, local)) => {
+            Ok((mut c, local, key)) => {
                 c.channel = channel;
+                c.pkey = key;
                 st.by_channel.insert(channel, conn);
                 st.conns.insert(conn, c);
                 for t in terminated {
@@ -815,6 +864,7 @@ impl Inner {
                 outstanding: 0,
                 closing: false,
                 initiator: initiator.to_string(),
+                pkey: Pkey::DEFAULT,
                 nexus,
                 ops: IdMap::default(),
                 fetched: IdMap::default(),

@@ -47,6 +47,15 @@ enum Cmd {
         block_size: u32,
         #[arg(long)]
         read_only: bool,
+        /// Report a rotating medium (VPD B1h).
+        #[arg(long)]
+        rotational: bool,
+        /// vdisk_fileio: writes durable before they complete.
+        #[arg(long)]
+        write_through: bool,
+        /// vdisk_fileio: bypass the page cache (O_DIRECT).
+        #[arg(long)]
+        o_direct: bool,
     },
     /// Remove a device that no LUN maps.
     RemoveDevice {
@@ -113,10 +122,14 @@ fn main() -> ExitCode {
             size,
             block_size,
             read_only,
+            rotational,
+            write_through,
+            o_direct,
         } => {
             // JSON strings are valid TOML basic strings.
             let mut t = format!(
-                "name = {}\nhandler = {}\nblock_size = {block_size}\nread_only = {read_only}\n",
+                "name = {}\nhandler = {}\nblock_size = {block_size}\nread_only = {read_only}\n\
+                 rotational = {rotational}\nwrite_through = {write_through}\no_direct = {o_direct}\n",
                 toml_str(&name),
                 toml_str(&handler)
             );

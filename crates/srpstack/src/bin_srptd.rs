@@ -29,7 +29,8 @@ struct Args {
     /// RoCEv2 UDP port (overrides the file).
     #[arg(long)]
     udp_port: Option<u16>,
-    /// RDMA CM port logins arrive on, ib_srpt's rdma_cm_port (overrides the file).
+    /// RDMA CM port logins arrive on, ib_srpt's rdma_cm_port; 0 turns
+    /// RDMA CM off (overrides the file).
     #[arg(long)]
     rdma_cm_port: Option<u16>,
     /// Who runs the port (overrides the file's `fabric`): `roce`, no
@@ -78,6 +79,9 @@ fn default_config(a: &Args) -> Result<Config, String> {
         block_size: Spanned::new(0..0, 512),
         read_only: false,
         thin: false,
+        rotational: false,
+        write_through: false,
+        o_direct: false,
         t10_vendor_id: None,
         t10_product_id: None,
         usn: None,
@@ -126,6 +130,9 @@ fn run(a: &Args) -> Result<(), String> {
     if let Some(m) = a.metrics {
         t.metrics = Some(Spanned::new(0..0, m));
     }
+    // The options may have changed what the file said.
+    cfg.check().map_err(|e| e.to_string())?;
+    let t = &cfg.target;
     let (ip, cm_port, sock) = (*t.ip.get_ref(), t.rdma_cm_port, t.control_socket.clone());
     let metrics = t.metrics.as_ref().map(|m| *m.get_ref());
 
@@ -153,10 +160,12 @@ fn run(a: &Args) -> Result<(), String> {
         println!("srptd: port {ip} ACTIVE on the managed subnet, LID {lid}");
     }
     println!(
-        "srptd: target {} listening on {}:{} (RDMA CM){}, {} devices, {} default LUNs{}, {} groups, id_ext {:016x} ioc_guid {:016x}, control {}",
+        "srptd: target {} listening on {}{}, {} devices, {} default LUNs{}, {} groups, id_ext {:016x} ioc_guid {:016x}, control {}",
         daemon.port().name(),
-        ip,
-        cm_port,
+        match cm_port {
+            0 => format!("{ip} (RDMA CM off)"),
+            p => format!("{ip}:{p} (RDMA CM)"),
+        },
         if cfg.target.ib_cm {
             format!(" and IB CM service ID {guid:016x}")
         } else {
@@ -187,12 +196,12 @@ fn run(a: &Args) -> Result<(), String> {
         let _ = std::io::Write::flush(&mut std::io::stdout());
     };
     println!("srptd: signal {sig}: logging initiators out");
-    let left = daemon.shutdown(std::time::Duration::from_secs(10));
+    let (left, objects) = daemon.shutdown(std::time::Duration::from_secs(10));
     let _ = std::fs::remove_file(&sock);
-    if left > 0 {
-        println!("srptd: {left} channels still closing at exit");
+    if left > 0 || objects != 0 {
+        println!("srptd: {left} channels still closing at exit, {objects} verbs objects left");
     } else {
-        println!("srptd: stopped cleanly");
+        println!("srptd: stopped cleanly, 0 verbs objects left");
     }
     Ok(())
 }

@@ -15,6 +15,9 @@
 //! name = "disk0"
 //! handler = "vdisk_fileio"  # vdisk_fileio | vdisk_blockio | vdisk_nullio | ram
 //! filename = "/var/lib/srptd/disk0.img"
+//! write_through = false     # fileio: durable before completion
+//! o_direct = false          # fileio: bypass the page cache
+//! rotational = false        # report a rotating medium (VPD B1h)
 //!
 //! [[lun]]                   # the default LUNs (SCST's target LUNs)
 //! lun = 0
@@ -63,6 +66,10 @@ pub struct TargetSection {
     /// In the `ib` fabric, how long to wait at start for the SM to make the
     /// port ACTIVE.
     pub sm_wait_ms: u64,
+    /// ib_srpt's `rdma_cm_port`: the port RDMA CM logins (Linux ib_srp
+    /// `dest=ip:port`) arrive on; 0 turns RDMA CM off, as in SCST. Our
+    /// default is 5555, not SCST's 0: on a RoCE port RDMA CM is how Linux
+    /// initiators log in.
     pub rdma_cm_port: u16,
     /// Also take logins by IB CM on the service ID = ioc_guid (ib_srpt).
     pub ib_cm: bool,
@@ -70,16 +77,26 @@ pub struct TargetSection {
     pub rel_tgt_id: Spanned<u16>,
     /// The partitions the target serves (ib_srpt serves every P_Key of
     /// its port's table): `"all"` (the default), one P_Key or a list. A
-    /// login gets a QP with the index of the port's P_Key table holding
-    /// its partition. Our IB CM does not carry the REQ's partition key to
-    /// the target yet, so a login uses the first listed partition the
-    /// table holds (index 0 with `"all"`): list the one partition whose
-    /// initiators should reach the target.
+    /// login gets a QP with the index of the port's P_Key table entry
+    /// matching its CM REQ's partition key; a login in a partition not
+    /// listed is refused.
     pub pkey: Spanned<PkeySetting>,
+    /// Largest IU an initiator may send (login, SRP_CMD with its
+    /// descriptors or immediate data). 8260, not SCST's 4148: Linux
+    /// ib_srp asks for 68 + 8 KiB of immediate data, which 4148 refuses.
     pub srp_max_req_size: Spanned<u32>,
+    /// Largest IU the target sends (SRP_RSP with sense): 256, as SCST.
     pub srp_max_rsp_size: Spanned<u32>,
+    /// Most bytes one RDMA READ or WRITE moves: 65536, as SCST.
     pub srp_max_rdma_size: Spanned<u32>,
+    /// Receive buffers of the one shared receive queue: 4095, as SCST.
+    /// The target always uses an SRQ (Linux's in-tree ib_srpt has a
+    /// `use_srq` switch, off there; SCST's has none).
     pub srpt_srq_size: Spanned<u32>,
+    /// Send queue entries per channel. 4096, as Linux's in-tree ib_srpt,
+    /// not SCST's 256: a channel with many large commands in flight posts
+    /// one RDMA WRITE per `srp_max_rdma_size` bytes, and a full send
+    /// queue makes the rest wait inside the target.
     pub srpt_sq_size: Spanned<u32>,
     /// Control socket for `srptadm` (mode 0600).
     pub control_socket: PathBuf,
@@ -213,6 +230,18 @@ pub struct DeviceSection {
     /// Thin provisioning (UNMAP, WRITE SAME with UNMAP).
     #[serde(default)]
     pub thin: bool,
+    /// Report a rotating medium (VPD B1h rate "not reported", which Linux
+    /// takes as rotational); off: non-rotating (SCST vdisk `rotational`).
+    #[serde(default)]
+    pub rotational: bool,
+    /// vdisk_fileio: every write is durable before it completes (SCST
+    /// `write_through`).
+    #[serde(default)]
+    pub write_through: bool,
+    /// vdisk_fileio: I/O bypasses the page cache (O_DIRECT, aligned to
+    /// `block_size`; SCST `o_direct`).
+    #[serde(default)]
+    pub o_direct: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub t10_vendor_id: Option<Spanned<String>>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -366,6 +395,13 @@ impl Config {
         range(&t.srp_max_rdma_size, "srp_max_rdma_size", 4096, 1 << 24)?;
         range(&t.srpt_srq_size, "srpt_srq_size", 16, 65535)?;
         range(&t.srpt_sq_size, "srpt_sq_size", 16, 65535)?;
+        if t.rdma_cm_port == 0 && !t.ib_cm {
+            return Err((
+                0..0,
+                "target.rdma_cm_port".into(),
+                "0 turns RDMA CM off, and ib_cm = false leaves no way to log in".into(),
+            ));
+        }
         if *t.rel_tgt_id.get_ref() == 0 {
             return Err(bad(
                 &t.rel_tgt_id,
@@ -407,6 +443,15 @@ impl Config {
                 ));
             }
             let handler = *d.handler.get_ref();
+            for (on, k) in [(d.write_through, "write_through"), (d.o_direct, "o_direct")] {
+                if on && handler != Handler::FileIo {
+                    return Err(bad(
+                        &d.handler,
+                        key(k),
+                        format!("{k} is a vdisk_fileio option, not {}", handler.name()),
+                    ));
+                }
+            }
             match handler {
                 Handler::FileIo | Handler::BlockIo if d.filename.is_none() => {
                     return Err(bad(
@@ -676,6 +721,83 @@ lun = [{ lun = 3, device = "disk1" }]
         let c = parse(include_str!("../../../etc/srptd.toml")).unwrap();
         assert_eq!(c.devices.len(), 2);
         assert_eq!(c.groups[0].luns.len(), 2);
+        // The example spells out the defaults, so it documents them.
+        let (t, d) = (&c.target, TargetSection::default());
+        let params = |t: &TargetSection| {
+            [
+                &t.srp_max_req_size,
+                &t.srp_max_rsp_size,
+                &t.srp_max_rdma_size,
+                &t.srpt_srq_size,
+                &t.srpt_sq_size,
+            ]
+            .map(|v| *v.get_ref())
+        };
+        assert_eq!(params(t), params(&d));
+        assert_eq!(t.rdma_cm_port, d.rdma_cm_port);
+    }
+
+    #[test]
+    fn fileio_options_belong_to_fileio() {
+        let dev = |handler: &str, more: &str| {
+            format!("[[device]]\nname = \"d\"\nhandler = \"{handler}\"\nfilename = \"/x\"\nsize = \"1M\"\n{more}")
+        };
+        let c = parse(&dev(
+            "vdisk_fileio",
+            "o_direct = true\nwrite_through = true\nrotational = true\n",
+        ))
+        .unwrap();
+        let d = &c.devices[0];
+        assert!(d.o_direct && d.write_through && d.rotational);
+        let again = parse(&c.to_toml()).unwrap();
+        assert!(again.devices[0].o_direct && again.devices[0].write_through);
+        let d = &parse(&dev("vdisk_fileio", "")).unwrap().devices[0];
+        assert!(
+            !d.o_direct && !d.write_through && !d.rotational,
+            "all off by default"
+        );
+        // rotational suits every handler; the others are fileio's.
+        let ram = "[[device]]\nname = \"r\"\nhandler = \"ram\"\nsize = \"1M\"\nrotational = true\n";
+        assert!(parse(ram).unwrap().devices[0].rotational);
+        for k in ["o_direct", "write_through"] {
+            let e = err_of(&dev("vdisk_blockio", &format!("{k} = true\n")));
+            assert_eq!(e.key, format!("device[0].{k}"), "{e}");
+            assert!(e.message.contains("not vdisk_blockio"), "{e}");
+        }
+    }
+
+    #[test]
+    fn srp_parameters_default_to_scst_or_a_documented_choice() {
+        let t = parse("").unwrap().target;
+        // As the SCST srpt README says.
+        assert_eq!(*t.srp_max_rsp_size.get_ref(), 256);
+        assert_eq!(*t.srp_max_rdma_size.get_ref(), 65536);
+        assert_eq!(*t.srpt_srq_size.get_ref(), 4095);
+        // Ours on purpose (field docs, README compatibility notes):
+        // immediate data from Linux ib_srp, Linux's in-tree SQ size, and
+        // RDMA CM on, which a RoCE port needs.
+        assert_eq!(*t.srp_max_req_size.get_ref(), 8260);
+        assert_eq!(*t.srpt_sq_size.get_ref(), 4096);
+        assert_eq!(t.rdma_cm_port, 5555);
+        // rdma_cm_port = 0 turns RDMA CM off, which is fine while IB CM
+        // takes logins, and refused when nothing would.
+        assert_eq!(
+            parse("[target]\nrdma_cm_port = 0\n")
+                .unwrap()
+                .target
+                .rdma_cm_port,
+            0
+        );
+        let e = err_of("[target]\nrdma_cm_port = 0\nib_cm = false\n");
+        assert_eq!(e.key, "target.rdma_cm_port", "{e}");
+        assert!(e.message.contains("no way to log in"), "{e}");
+        // Below the SRP login request itself.
+        let e = err_of("[target]\nsrp_max_req_size = 63\n");
+        assert_eq!(
+            (e.line, e.key.as_str()),
+            (2, "target.srp_max_req_size"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -146,15 +146,20 @@ pub fn build_device(d: &DeviceSection) -> Result<Arc<scsi::Device>, String> {
                         .map_err(|e| format!("device {name}: size {}: {e}", path.display()))?;
                 }
             }
-            Arc::new(
-                scsi::FileIo::new(f, false)
-                    .map_err(|e| format!("device {name}: {}: {e}", path.display()))?,
-            )
+            let io = if d.o_direct {
+                scsi::FileIo::direct(f, d.write_through, bs)
+            } else {
+                scsi::FileIo::new(f, d.write_through)
+            };
+            Arc::new(io.map_err(|e| format!("device {name}: {}: {e}", path.display()))?)
         }
         Handler::BlockIo => {
             let path = file.ok_or("vdisk_blockio needs a filename")?;
+            // A regular file is aligned to the LU's block size; a block
+            // device to its own logical block size, which the LU's must be
+            // a multiple of (checked by scsi::Device::new).
             Arc::new(
-                scsi::BlockIo::open(&path, d.read_only, 4096)
+                scsi::BlockIo::open(&path, d.read_only, bs as usize)
                     .map_err(|e| format!("device {name}: open {}: {e}", path.display()))?,
             )
         }
@@ -163,6 +168,7 @@ pub fn build_device(d: &DeviceSection) -> Result<Arc<scsi::Device>, String> {
         block_size: bs,
         read_only: d.read_only,
         thin: d.thin,
+        rotational: d.rotational,
         // Stable across restarts: derived from the device name, as SCST
         // derives t10_dev_id and the serial from it.
         serial: d
@@ -301,6 +307,10 @@ impl Daemon {
             )
             .map_err(|e| format!("start the target port: {e}"))?,
         );
+        // SCST's rel_tgt_id: the port's relative port identifier (VPD 83h,
+        // PR READ FULL STATUS), fixed before any command numbers it.
+        scsi.set_relative_port_id(port.name(), *t.rel_tgt_id.get_ref())
+            .map_err(|e| format!("target.rel_tgt_id: {e}"))?;
         let agent = match &ib_port {
             Some(p) => p.agent().clone(),
             None => rdma_access::CmAgent::start(provider, guid, std::process::id() << 8)
@@ -314,7 +324,8 @@ impl Daemon {
             .register_ioc(crate::srp_ioc(guid, &tcfg_summary(t)))
             .map_err(|e| format!("register the I/O controller: {e}"))?;
         let listen = crate::Listen {
-            rdma_cm_port: Some(t.rdma_cm_port),
+            // 0 turns RDMA CM off (ib_srpt), it does not mean port 0.
+            rdma_cm_port: (t.rdma_cm_port != 0).then_some(t.rdma_cm_port),
             // ib_srpt listens on the ioc_guid.
             ib_service_id: t.ib_cm.then_some(guid.0),
         };
@@ -652,6 +663,7 @@ impl Daemon {
                     "in_flight": s.in_flight,
                     "commands": s.cmds,
                     "closing": s.closing,
+                    "pkey": s.pkey.0,
                 })
             })
             .collect();
@@ -674,6 +686,9 @@ impl Daemon {
                     "size": dev.blocks() * dev.block_size() as u64,
                     "block_size": dev.block_size(),
                     "read_only": d.read_only,
+                    "rotational": d.rotational,
+                    "write_through": d.write_through,
+                    "o_direct": d.o_direct,
                     "serial": dev.config.serial,
                     "naa": format!("{:016x}", dev.config.naa),
                     "stats": {
@@ -895,17 +910,22 @@ impl Daemon {
     }
 
     /// Logs every initiator out and waits (bounded) until the channels
-    /// are gone: every command the target acknowledged has completed.
-    pub fn shutdown(&self, within: std::time::Duration) -> usize {
+    /// are gone: every command the target acknowledged has completed. Then
+    /// stops the target port, releasing its verbs objects. Returns the
+    /// channels still open at the deadline and the verbs objects left
+    /// (both 0 after a clean stop).
+    pub fn shutdown(&self, within: std::time::Duration) -> (usize, i64) {
         self.port.logout_all(srp::wire::TLogoutReason::NoReason);
         let end = std::time::Instant::now() + within;
-        loop {
+        let left = loop {
             let left = self.port.sessions().len();
             if left == 0 || std::time::Instant::now() >= end {
-                return left;
+                break left;
             }
             std::thread::sleep(std::time::Duration::from_millis(20));
-        }
+        };
+        self.port.stop();
+        (left, self.access.live_total())
     }
 }
 

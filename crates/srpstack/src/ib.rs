@@ -19,10 +19,9 @@
 //!
 //! Partitions on the data path: srpd's session QP uses the index of its
 //! port's P_Key table holding the login's `pkey`; srptd's QPs use the
-//! index of the partition its config serves (`target.pkey`). Our IB CM
-//! does not carry the REQ's partition key to the target, so a target
-//! serving several partitions cannot yet tell which one a login is in
-//! (it takes the first the port holds).
+//! index of its table entry matching the REQ's partition key, which
+//! carries the P_Key of the session QP's entry; a partition the config
+//! does not serve (`target.pkey`) is refused.
 //!
 //! GUIDs: on a managed subnet every port needs its own GUID (the SM keys
 //! LIDs by it), so in this mode a CA's GUID comes from its address
@@ -328,11 +327,17 @@ impl Connector for SaPathConnector {
                     continue;
                 }
             };
+            // The REQ carries the P_Key of the session QP's table entry
+            // (chosen from the login's pkey the same way).
+            let table = self.port.agent().pkeys();
+            let key = srp_initiator::session::pkey_index(&table, self.pkey)
+                .map_or(self.pkey, |i| table[usize::from(i)]);
             let r = connect_along(&paths, |p| {
                 self.port
                     .agent()
-                    .connect(
+                    .connect_in_partition(
                         p.dgid,
+                        key,
                         self.service_id,
                         local.qpn,
                         local.psn,

@@ -539,7 +539,9 @@ pub struct Listen {
 pub type Log = Arc<dyn Fn(String) + Send + Sync>;
 
 /// Serves SRP logins for `target` until the agent stops: each REQ's login
-/// goes to the target port; the REP carries the SRP_LOGIN_RSP, the REJ the
+/// goes to the target port in the REQ's partition (its P_Key picks the
+/// target QP's P_Key index; a partition the target does not serve is
+/// refused); the REP carries the SRP_LOGIN_RSP, the REJ the
 /// SRP_LOGIN_REJ. Disconnects travel both ways (a DREQ from the initiator
 /// closes the channel; a target logout sends a DREQ).
 pub fn serve_cm(
@@ -605,17 +607,26 @@ pub fn serve_cm(
                     lid: Lid(0),
                     mtu: inc.mtu,
                 };
-                match target.login(&data, form, peer) {
+                // The session is in the REQ's partition (the CM agent only
+                // delivers REQs its port's P_Key table matches).
+                let pkey = inc.pkey;
+                match target.login_in_partition(&data, form, peer, pkey) {
                     LoginOutcome::Accepted { conn, local, rsp } => {
                         map.lock()
                             .unwrap_or_else(|e| e.into_inner())
                             .insert(inc.conn.0, conn.0);
                         inc.accept(local.qpn, local.psn, rsp);
-                        log(format!("login from {src} accepted (channel {})", conn.0));
+                        log(format!(
+                            "login from {src} in P_Key {:04x} accepted (channel {})",
+                            pkey.0, conn.0
+                        ));
                     }
                     LoginOutcome::Rejected { rej, reason } => {
                         inc.reject(rej);
-                        log(format!("login from {src} rejected: {reason}"));
+                        log(format!(
+                            "login from {src} in P_Key {:04x} rejected: {reason}",
+                            pkey.0
+                        ));
                     }
                 }
             }

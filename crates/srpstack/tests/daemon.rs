@@ -105,9 +105,14 @@ lun = [{{ lun = 0, device = "secret" }}, {{ lun = 1, device = "shared" }}]
 }
 
 fn start(tag: &str, ip: &str) -> Daemon {
+    start_with(tag, |dir| config(dir, ip))
+}
+
+/// Starts `srptd` on the configuration `text(dir)` and waits until it serves.
+fn start_with(tag: &str, text: impl FnOnce(&Path) -> String) -> Daemon {
     let dir = tempdir(tag);
     let cfg = dir.join("srptd.toml");
-    std::fs::write(&cfg, config(&dir, ip)).unwrap();
+    std::fs::write(&cfg, text(&dir)).unwrap();
     let proc = Proc::start(
         "srptd",
         Command::new(env!("CARGO_BIN_EXE_srptd"))
@@ -117,6 +122,51 @@ fn start(tag: &str, ip: &str) -> Daemon {
     let d = Daemon { proc, dir };
     d.wait_line("listening on");
     d
+}
+
+/// How a test initiator reaches the target: RDMA CM to an address and
+/// port, or IB CM to a GID and service ID.
+enum Via {
+    RdmaCm(&'static str),
+    IbCm(&'static str, u64),
+}
+
+/// An initiator session from this process (initiator port ID `ext` and
+/// `srpstack::INITIATOR_GUID`, NIC on `ip`) to the target, or why not.
+fn try_login(ip: &str, via: Via, ext: u64, tid_base: u32) -> Result<Arc<Session>, String> {
+    let guid = Guid(srpstack::INITIATOR_GUID);
+    let ip: std::net::IpAddr = ip.parse().unwrap();
+    let provider = rnic::softroce::SoftRoce::new(vec![rnic::softroce::SoftCa { guid, ip }], 4791);
+    let agent = rdma_access::CmAgent::start(provider.clone(), guid, tid_base).unwrap();
+    let timeout = Duration::from_secs(10);
+    let conn: Arc<dyn srp_initiator::session::Connector> = match via {
+        Via::RdmaCm(dest) => Arc::new(srpstack::RdmaCmConnector {
+            agent,
+            src: ip,
+            dst: dest.parse().unwrap(),
+            timeout,
+        }),
+        Via::IbCm(target, service_id) => Arc::new(srpstack::IbCmConnector {
+            agent,
+            dgid: rdma_types::Gid::from_ip(target.parse().unwrap()),
+            service_id,
+            timeout,
+        }),
+    };
+    let chan = srp::initiator::ChannelConfig::new(
+        ext,
+        guid,
+        srpstack::TARGET_GUID,
+        Guid(srpstack::TARGET_GUID),
+    );
+    Session::connect(provider, guid, conn, SessionConfig::new(chan))
+        .map(Arc::new)
+        .map_err(|e| e.to_string())
+}
+
+/// An RDMA CM session to `dest` (see [`try_login`]).
+fn login(ip: &str, dest: &'static str, ext: u64, tid_base: u32) -> Arc<Session> {
+    try_login(ip, Via::RdmaCm(dest), ext, tid_base).unwrap()
 }
 
 /// `srp luns` from another process: the LUN numbers and device IDs shown.
@@ -225,24 +275,7 @@ fn lun_masking_runtime_changes_aer_and_graceful_stop() {
         .as_i64()
         .expect("show has verbs_objects");
     // An initiator logged in here, in group db, using LUN 0 and LUN 1.
-    let guid = Guid(srpstack::INITIATOR_GUID);
-    let ip: std::net::IpAddr = "127.0.97.4".parse().unwrap();
-    let provider = rnic::softroce::SoftRoce::new(vec![rnic::softroce::SoftCa { guid, ip }], 4791);
-    let agent = rdma_access::CmAgent::start(provider.clone(), guid, 0x7700).unwrap();
-    let conn = Arc::new(srpstack::RdmaCmConnector {
-        agent,
-        src: ip,
-        dst: dest.parse().unwrap(),
-        timeout: Duration::from_secs(10),
-    });
-    let chan = srp::initiator::ChannelConfig::new(
-        INIT_A,
-        guid,
-        srpstack::TARGET_GUID,
-        Guid(srpstack::TARGET_GUID),
-    );
-    let session =
-        Arc::new(Session::connect(provider, guid, conn, SessionConfig::new(chan)).unwrap());
+    let session = login("127.0.97.4", dest, INIT_A, 0x7700);
     let lun0 = srp_initiator::disk::Disk::open(session.clone(), 0).unwrap();
     let _lun1 = srp_initiator::disk::Disk::open(session.clone(), 1).unwrap();
     assert_eq!(lun0.info().naa.as_deref(), Some(secret.as_str()));
@@ -386,24 +419,7 @@ fn sighup_reloads_lun_maps_without_dropping_sessions() {
     };
 
     // A session outside every group: the default LUN 0 only.
-    let guid = Guid(srpstack::INITIATOR_GUID);
-    let ip: std::net::IpAddr = "127.0.98.2".parse().unwrap();
-    let provider = rnic::softroce::SoftRoce::new(vec![rnic::softroce::SoftCa { guid, ip }], 4791);
-    let agent = rdma_access::CmAgent::start(provider.clone(), guid, 0x7800).unwrap();
-    let conn = Arc::new(srpstack::RdmaCmConnector {
-        agent,
-        src: ip,
-        dst: dest.parse().unwrap(),
-        timeout: Duration::from_secs(10),
-    });
-    let chan = srp::initiator::ChannelConfig::new(
-        INIT_B,
-        guid,
-        srpstack::TARGET_GUID,
-        Guid(srpstack::TARGET_GUID),
-    );
-    let session =
-        Arc::new(Session::connect(provider, guid, conn, SessionConfig::new(chan)).unwrap());
+    let session = login("127.0.98.2", dest, INIT_B, 0x7800);
     srp_initiator::disk::Disk::open(session.clone(), 0).unwrap();
     assert_eq!(srp_initiator::disk::report_luns(&session).unwrap(), [0]);
 
@@ -452,4 +468,446 @@ fn sighup_reloads_lun_maps_without_dropping_sessions() {
     assert_eq!(srp_initiator::disk::report_luns(&session).unwrap(), [0, 1]);
     let luns = d.adm(&["luns"]).unwrap();
     assert_eq!(luns["default"].as_array().unwrap().len(), 2, "{luns}");
+}
+
+/// A `[target]` section on `ip` (RDMA CM port 5555) with the control
+/// socket in `dir`, metrics off.
+fn target_section(dir: &Path, ip: &str) -> String {
+    format!(
+        "[target]\nip = \"{ip}\"\nrdma_cm_port = 5555\ncontrol_socket = \"{}\"\n",
+        dir.join("ctl.sock").display()
+    )
+}
+
+impl Daemon {
+    /// `srptadm` without `--json`: the text a person reads.
+    fn adm_text(&self, args: &[&str]) -> String {
+        let out = Command::new(env!("CARGO_BIN_EXE_srptadm"))
+            .arg("--socket")
+            .arg(self.sock())
+            .args(args)
+            .output()
+            .expect("run srptadm");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).expect("UTF-8")
+    }
+}
+
+/// The relative target port designator (type 4, association: target
+/// port) of LUN 0's VPD page 83h (SPC-4 7.8.6), as the initiator reads it.
+fn relative_port_id(s: &Session) -> Option<u16> {
+    let mut page = vec![0u8; 255];
+    let r = s
+        .execute(
+            srp::wire::Lun::from_u64(0),
+            &[0x12, 0x01, 0x83, 0x00, 0xff, 0x00],
+            Xfer::InTo(&mut page),
+        )
+        .unwrap();
+    assert!(
+        r.good(),
+        "INQUIRY VPD 83h: {}",
+        srp_initiator::disk::describe(&r)
+    );
+    let end = (4 + u16::from_be_bytes([page[2], page[3]]) as usize).min(page.len());
+    let mut at = 4;
+    while at + 4 <= end {
+        let (kind, len) = (page[at + 1], page[at + 3] as usize);
+        if kind & 0x3f == 0x14 && len == 4 && at + 8 <= end {
+            return Some(u16::from_be_bytes([page[at + 6], page[at + 7]]));
+        }
+        at += 4 + len;
+    }
+    None
+}
+
+/// The SCST target name of the port on `ip`: its GID with a colon after
+/// every fourth hex digit.
+fn target_name(ip: &str) -> String {
+    let gid = rdma_types::Gid::from_ip(ip.parse().unwrap());
+    gid.0
+        .chunks(2)
+        .map(|c| format!("{:02x}{:02x}", c[0], c[1]))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+#[test]
+fn admin_names_enable_disable_groups_and_text_output() {
+    let d = start_with("admin", |dir| {
+        format!(
+            "{}[[device]]\nname = \"d0\"\nhandler = \"ram\"\nsize = \"1M\"\n\
+             [[device]]\nname = \"d1\"\nhandler = \"ram\"\nsize = \"1M\"\n\
+             [[lun]]\nlun = 0\ndevice = \"d0\"\n\
+             [[group]]\nname = \"db\"\ninitiators = [\"0x000000000000{INIT_A:04x}*\"]\n\
+             lun = [{{ lun = 0, device = \"d1\" }}, {{ lun = 5, device = \"d0\" }}]\n",
+            target_section(dir, "127.0.154.3") + "rel_tgt_id = 7\n"
+        )
+    });
+    let dest = "127.0.154.3:5555";
+    let name = target_name("127.0.154.3");
+    assert_eq!(name.len(), 39, "{name}");
+    let show = d.adm(&["show"]).unwrap();
+    assert_eq!(show["target"], name.as_str(), "{show}");
+    assert_eq!(show["enabled"], true, "{show}");
+    // The human form: one `key value` line per field, same values.
+    let text = d.adm_text(&["show"]);
+    let field = |k: &str| {
+        text.lines()
+            .find_map(|l| {
+                let (key, v) = l.split_once(' ')?;
+                (key == k).then(|| v.trim().to_string())
+            })
+            .unwrap_or_else(|| panic!("no `{k}` line in\n{text}"))
+    };
+    assert_eq!(field("target"), name);
+    assert_eq!(field("rdma_cm_port"), "5555");
+    assert_eq!(
+        field("srp_max_req_size"),
+        show["srp_max_req_size"].to_string()
+    );
+
+    // A group member sees the group's LUNs; the session is listed by its
+    // initiator port ID in the text table too.
+    let s = login("127.0.154.4", dest, INIT_A, 0x15410);
+    assert_eq!(srp_initiator::disk::report_luns(&s).unwrap(), [0, 5]);
+    // rel_tgt_id is the relative target port identifier of VPD 83h.
+    assert_eq!(relative_port_id(&s), Some(7));
+    let me = format!("0x{INIT_A:016x}{:016x}", srpstack::INITIATOR_GUID);
+    let table = d.adm_text(&["sessions"]);
+    let row = table
+        .lines()
+        .skip(1)
+        .find(|l| l.split_whitespace().nth(1) == Some(me.as_str()))
+        .unwrap_or_else(|| panic!("no row for {me} in\n{table}"));
+    assert!(row.trim_end().ends_with("[0,5]"), "{row}");
+
+    // remove-initiator: the default LUNs; add it back; remove-group: the
+    // default LUNs again, and the group is gone from the maps.
+    let pattern = format!("0x000000000000{INIT_A:04x}*");
+    let e = d.adm(&["remove-initiator", "db", "0xnobody*"]).unwrap_err();
+    assert!(e.contains("is not in group `db`"), "{e}");
+    d.adm(&["remove-initiator", "db", &pattern]).unwrap();
+    assert_eq!(srp_initiator::disk::report_luns(&s).unwrap(), [0]);
+    d.adm(&["add-initiator", "db", &pattern]).unwrap();
+    assert_eq!(srp_initiator::disk::report_luns(&s).unwrap(), [0, 5]);
+    d.adm(&["remove-group", "db"]).unwrap();
+    assert_eq!(srp_initiator::disk::report_luns(&s).unwrap(), [0]);
+    assert_eq!(d.adm(&["luns"]).unwrap()["groups"], serde_json::json!([]));
+    let e = d.adm(&["remove-group", "db"]).unwrap_err();
+    assert!(e.contains("no group `db`"), "{e}");
+
+    // disable: the session is logged out and logins are refused; enable:
+    // logins work again.
+    assert_eq!(d.adm(&["disable"]).unwrap()["enabled"], false);
+    let end = Instant::now() + Duration::from_secs(10);
+    while !s.is_closed() {
+        assert!(Instant::now() < end, "disable left the session open");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(d.adm(&["show"]).unwrap()["enabled"], false);
+    let refused = try_login("127.0.154.5", Via::RdmaCm(dest), INIT_B, 0x15420);
+    assert!(refused.is_err(), "a disabled target took a login");
+    d.adm(&["enable"]).unwrap();
+    let s2 = try_login("127.0.154.6", Via::RdmaCm(dest), INIT_B, 0x15430).unwrap();
+    assert_eq!(srp_initiator::disk::report_luns(&s2).unwrap(), [0]);
+    assert_eq!(d.adm(&["show"]).unwrap()["enabled"], true);
+
+    // Metrics are off unless configured: no endpoint was announced.
+    let mut d = d;
+    d.proc.term();
+    let lines = d.proc.rest(15);
+    assert!(
+        lines.iter().any(|l| l.contains("stopped cleanly")),
+        "{lines:?}"
+    );
+    assert!(!lines.iter().any(|l| l.contains("metrics")), "{lines:?}");
+}
+
+#[test]
+fn rdma_cm_port_zero_turns_rdma_cm_off() {
+    let d = start_with("cmoff", |dir| {
+        format!(
+            "{}[[device]]\nname = \"d0\"\nhandler = \"ram\"\nsize = \"1M\"\n\
+             [[lun]]\nlun = 0\ndevice = \"d0\"\n",
+            target_section(dir, "127.0.154.7").replace("rdma_cm_port = 5555", "rdma_cm_port = 0")
+        )
+    });
+    assert_eq!(d.adm(&["show"]).unwrap()["rdma_cm_port"], 0);
+    // Neither the usual port nor port 0 takes an RDMA CM login...
+    for (ip, dest) in [
+        ("127.0.154.8", "127.0.154.7:5555"),
+        ("127.0.154.10", "127.0.154.7:0"),
+    ] {
+        let r = try_login(ip, Via::RdmaCm(dest), INIT_A, 0x15440);
+        assert!(r.is_err(), "RDMA CM login to {dest} accepted");
+    }
+    // ... while IB CM on the ioc_guid does.
+    let s = try_login(
+        "127.0.154.9",
+        Via::IbCm("127.0.154.7", srpstack::TARGET_GUID),
+        INIT_A,
+        0x15450,
+    )
+    .unwrap();
+    assert_eq!(srp_initiator::disk::report_luns(&s).unwrap(), [0]);
+}
+
+/// The byte a verified write puts at absolute byte `off` in pass `seed`:
+/// every 512-byte sector differs from its neighbours and from other passes.
+fn stamp(seed: u8, off: u64) -> u8 {
+    ((off >> 9) as u8).wrapping_mul(13) ^ (off as u8).wrapping_mul(31) ^ seed
+}
+
+/// Writes stamped data through `disk` at a few places and sizes (one
+/// block, eight blocks, and 300 KiB, which spans several RDMA chunks),
+/// reads each back through the target, and checks that `backing` holds
+/// it at the same offset once the write was acknowledged.
+fn verified_io(disk: &srp_initiator::disk::Disk, backing: &Path, seed: u8) {
+    use std::os::unix::fs::FileExt;
+    let bs = disk.info().block_size as u64;
+    let file = std::fs::File::open(backing).unwrap();
+    for (lba, bytes) in [(0, bs), (7, 8 * bs), (100, 300 * 1024 / bs * bs)] {
+        let at = lba * bs;
+        let data: Vec<u8> = (at..at + bytes).map(|o| stamp(seed, o)).collect();
+        disk.write(lba, &data)
+            .unwrap_or_else(|e| panic!("WRITE {bytes} bytes at LBA {lba} (bs {bs}): {e}"));
+        let mut back = vec![0; data.len()];
+        disk.read(lba, &mut back)
+            .unwrap_or_else(|e| panic!("READ {bytes} bytes at LBA {lba} (bs {bs}): {e}"));
+        assert!(back == data, "read back differs at LBA {lba} (bs {bs})");
+        let mut on_disk = vec![0; data.len()];
+        file.read_exact_at(&mut on_disk, at).unwrap();
+        assert!(
+            on_disk == data,
+            "{} does not hold the acknowledged write at LBA {lba}",
+            backing.display()
+        );
+    }
+}
+
+/// MEDIUM ROTATION RATE of `lun`'s VPD page B1h (SBC-3 6.5.2).
+fn rotation_rate(s: &Session, lun: u64) -> u16 {
+    let mut page = vec![0u8; 64];
+    let r = s
+        .execute(
+            srp::wire::Lun::from_u64(lun << 48),
+            &[0x12, 0x01, 0xb1, 0x00, 64, 0x00],
+            Xfer::InTo(&mut page),
+        )
+        .unwrap();
+    assert!(
+        r.good(),
+        "INQUIRY VPD B1h: {}",
+        srp_initiator::disk::describe(&r)
+    );
+    assert_eq!(page[1], 0xb1);
+    u16::from_be_bytes([page[4], page[5]])
+}
+
+/// A loop device over a file, detached on drop.
+struct LoopDev(String);
+
+impl LoopDev {
+    /// `losetup --find --show file`, or why not.
+    fn attach(file: &Path) -> Result<LoopDev, String> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return Err("needs root".into());
+        }
+        let out = Command::new("losetup")
+            .args(["--find", "--show"])
+            .arg(file)
+            .output()
+            .map_err(|e| format!("losetup: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "losetup: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        Ok(LoopDev(
+            String::from_utf8_lossy(&out.stdout).trim().to_string(),
+        ))
+    }
+}
+
+impl Drop for LoopDev {
+    fn drop(&mut self) {
+        let _ = Command::new("losetup").args(["-d", &self.0]).status();
+    }
+}
+
+#[test]
+fn blockio_lun_over_a_file_and_a_loop_device() {
+    let make = |dir: &Path, name: &str| {
+        let p = dir.join(name);
+        std::fs::File::create(&p).unwrap().set_len(8 << 20).unwrap();
+        p
+    };
+    let mut backing = Vec::new();
+    let mut loopdev = None;
+    let d = start_with("blockio", |dir| {
+        let (f512, f4k) = (make(dir, "b512.img"), make(dir, "b4k.img"));
+        let mut t = target_section(dir, "127.0.154.1");
+        for (i, (name, path, bs)) in [("b512", &f512, 512), ("b4k", &f4k, 4096)]
+            .into_iter()
+            .enumerate()
+        {
+            t += &format!(
+                "[[device]]\nname = \"{name}\"\nhandler = \"vdisk_blockio\"\n\
+                 filename = \"{}\"\nblock_size = {bs}\n[[lun]]\nlun = {i}\ndevice = \"{name}\"\n",
+                path.display()
+            );
+        }
+        // And fileio with the page cache bypassed, every write durable
+        // before it completes, reported as a rotating disk.
+        let fdirect = make(dir, "fdirect.img");
+        t += &format!(
+            "[[device]]\nname = \"fdirect\"\nhandler = \"vdisk_fileio\"\n\
+             filename = \"{}\"\no_direct = true\nwrite_through = true\nrotational = true\n\
+             [[lun]]\nlun = 2\ndevice = \"fdirect\"\n",
+            fdirect.display()
+        );
+        backing = vec![f512, f4k, fdirect];
+        let img = make(dir, "loop.img");
+        match LoopDev::attach(&img) {
+            Ok(l) => {
+                t += &format!(
+                    "[[device]]\nname = \"loop\"\nhandler = \"vdisk_blockio\"\n\
+                     filename = \"{}\"\n[[lun]]\nlun = 3\ndevice = \"loop\"\n",
+                    l.0
+                );
+                backing.push(img);
+                loopdev = Some(l);
+            }
+            Err(why) => println!("SKIPPED the loop device LUN: {why}"),
+        }
+        t
+    });
+    let session = login("127.0.154.2", "127.0.154.1:5555", INIT_A, 0x15400);
+    for (lun, file) in backing.iter().enumerate() {
+        let disk = srp_initiator::disk::Disk::open(session.clone(), lun as u16).unwrap();
+        assert_eq!(disk.info().blocks * disk.info().block_size as u64, 8 << 20);
+        verified_io(&disk, file, 0x5a ^ lun as u8);
+    }
+    // VPD B1h MEDIUM ROTATION RATE: 0000h (not reported) for the
+    // rotational device, 0001h (non-rotating) for the others.
+    assert_eq!(rotation_rate(&session, 2), 0);
+    assert_eq!(rotation_rate(&session, 0), 1);
+    let devs = d.adm(&["devices"]).unwrap();
+    let fd = devs
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["name"] == "fdirect")
+        .unwrap();
+    assert_eq!(
+        (&fd["o_direct"], &fd["write_through"]),
+        (&Value::Bool(true), &Value::Bool(true))
+    );
+    // Nothing failed on the target's side either.
+    let devs = d.adm(&["devices"]).unwrap();
+    for dev in devs.as_array().unwrap() {
+        assert_eq!(dev["stats"]["errors"], 0, "{dev}");
+        assert!(dev["stats"]["writes"].as_u64() >= Some(3), "{dev}");
+    }
+    drop(d);
+    drop(loopdev);
+}
+
+#[test]
+fn sigterm_under_verified_writes_loses_nothing_acknowledged() {
+    use std::os::unix::fs::FileExt;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Mutex;
+    let mut d = start_with("sigterm", |dir| {
+        format!(
+            "{}[[device]]\nname = \"disk\"\nhandler = \"vdisk_fileio\"\nfilename = \"{}\"\n\
+             size = \"256M\"\n[[lun]]\nlun = 0\ndevice = \"disk\"\n",
+            target_section(dir, "127.0.154.11"),
+            dir.join("disk.img").display()
+        )
+    });
+    let img = d.dir.join("disk.img");
+    let s = login("127.0.154.12", "127.0.154.11:5555", INIT_A, 0x15460);
+    let disk = Arc::new(srp_initiator::disk::Disk::open(s.clone(), 0).unwrap());
+    let bs = disk.info().block_size as u64;
+    // Four writers, each on its own LBA range, never writing a block twice:
+    // a write is acknowledged (recorded) only when WRITE returned GOOD, and
+    // then read back and compared while the target still serves.
+    const WRITERS: u64 = 4;
+    const BLOCKS: u64 = 32; // 16 KiB per write
+    let per_writer = disk.info().blocks / WRITERS / BLOCKS;
+    let acked: Arc<Mutex<Vec<(u64, u8)>>> = Arc::default();
+    let failed = Arc::new(AtomicUsize::new(0));
+    let threads: Vec<_> = (0..WRITERS)
+        .map(|w| {
+            let (disk, acked, failed) = (disk.clone(), acked.clone(), failed.clone());
+            std::thread::spawn(move || {
+                for i in 0..per_writer {
+                    let lba = (w * per_writer + i) * BLOCKS;
+                    let seed = (w * 64 + i) as u8;
+                    let at = lba * bs;
+                    let data: Vec<u8> = (at..at + BLOCKS * bs).map(|o| stamp(seed, o)).collect();
+                    if disk.write(lba, &data).is_err() {
+                        failed.fetch_add(1, Ordering::Relaxed);
+                        return;
+                    }
+                    acked.lock().unwrap().push((lba, seed));
+                    let mut back = vec![0; data.len()];
+                    match disk.read(lba, &mut back) {
+                        Ok(()) => assert!(back == data, "LBA {lba} read back differs"),
+                        Err(_) => return,
+                    }
+                }
+            })
+        })
+        .collect();
+    // Stop the daemon in the middle of the run.
+    let end = Instant::now() + Duration::from_secs(20);
+    while acked.lock().unwrap().len() < 200 {
+        assert!(Instant::now() < end, "the writers made no progress");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    d.proc.term();
+    let lines = d.proc.rest(20);
+    let status = d.proc.child.wait().unwrap();
+    for t in threads {
+        t.join().expect("writer");
+    }
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("stopped cleanly, 0 verbs objects left")),
+        "{lines:?}"
+    );
+    assert!(status.success(), "srptd exited {status}");
+    assert!(s.is_closed());
+    // Every acknowledged write is in the file.
+    let acked = acked.lock().unwrap();
+    let file = std::fs::File::open(&img).unwrap();
+    let mut buf = vec![0; (BLOCKS * bs) as usize];
+    for &(lba, seed) in acked.iter() {
+        file.read_exact_at(&mut buf, lba * bs).unwrap();
+        let at = lba * bs;
+        assert!(
+            buf.iter().zip(at..).all(|(b, o)| *b == stamp(seed, o)),
+            "acknowledged write at LBA {lba} is not in {}",
+            img.display()
+        );
+    }
+    let failed = failed.load(Ordering::Relaxed);
+    println!(
+        "{} writes acknowledged and found in the file; {failed} writers stopped on an error",
+        acked.len()
+    );
+    assert!(
+        acked.len() < (WRITERS * per_writer) as usize,
+        "SIGTERM came after the run"
+    );
 }

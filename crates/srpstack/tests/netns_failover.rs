@@ -22,7 +22,14 @@
 //! Path A's failure is found by the RC transport: its retries run out
 //! (local ACK timeout 14, about 67 ms, 7 retries: about 0.55 s) and the
 //! session fails. The sessions keep the default SRP command timeout
-//! (30 s), as `srp io` does.
+//! (30 s), as `srp io` does (`SRP_NSFO_CMD_TIMEOUT_MS` sets another,
+//! `SRP_NSFO_PROBE_MS` the probe interval, 0 for none).
+//! When the target had acknowledged every command of ours at the cut, the
+//! session's liveness probe (a zero-length RDMA WRITE after 250 ms of
+//! silence while commands wait) gives the transport something to retry.
+//! The longest I/O across the cut is printed: with the dead session torn
+//! down off the I/O path it is the failover time, not that plus the DREQ's
+//! wait.
 //!
 //! Without root, `ip` or network namespaces the tests print
 //! `SKIPPED: <reason>` and pass. The namespaces are deleted on every way
@@ -352,7 +359,20 @@ fn path(
         srpstack::TARGET_GUID,
         Guid(srpstack::TARGET_GUID),
     );
-    let cfg = srp_initiator::session::SessionConfig::new(chan);
+    let mut cfg = srp_initiator::session::SessionConfig::new(chan);
+    if let Some(ms) = std::env::var("SRP_NSFO_CMD_TIMEOUT_MS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        cfg.channel.cmd_timeout = rdma_types::Duration::from_millis(ms);
+    }
+    // The liveness probe's interval (0: no probes), to compare.
+    if let Some(ms) = std::env::var("SRP_NSFO_PROBE_MS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        cfg.probe_interval = (ms > 0).then(|| rdma_types::Duration::from_millis(ms));
+    }
     let sessions: Arc<dyn verbs::Provider> =
         rdma_access::resource::AccessLayer::new(provider.clone())
             .client("netns failover")
@@ -555,6 +575,18 @@ fn initiator_in_namespace() {
     println!(
         "failover: {} from link down to the first I/O completed on the other path",
         ms(first_b - cut)
+    );
+    // Every I/O running at the cut took at least until then.
+    let longest = slow
+        .iter()
+        .filter(|s| s.0 + s.1 >= cut)
+        .map(|s| s.1)
+        .max()
+        .unwrap_or_default();
+    println!(
+        "max I/O latency across the cut: {} ({} I/Os over 100 ms)",
+        ms(longest),
+        slow.len()
     );
     println!(
         "link up: path A logged in again after {}; {a_after} I/Os on A after that{} (workload ended {} after link up)",

@@ -1,187 +1,326 @@
-//! Partitions on the SRP data path, on 127.0.145.x: `ibsm run` with a
-//! partitions file puts the target (.2, limited) and initiator A (.3,
-//! full) in partition 0x0010; initiator B (.4) is only in the default
-//! partition. srptd serves 0x0010 alone (`pkey = 0x0010`), so its QPs use
-//! the index of its P_Key table holding 0x0010.
+//! Partitions on the SRP data path, with `ibsm run` and a partitions
+//! file, srptd and srpd processes on a managed subnet.
 //!
+//! `the_login_partition_isolates_the_data_path` (127.0.145.x): the
+//! target (.2, limited) and initiator A (.3, full) are in partition
+//! 0x0010; initiator B (.4) is only in the default partition. srptd
+//! serves 0x0010 alone (`pkey = 0x0010`).
 //! - A's login with `pkey=8010` works and data written through the LUN
-//!   file reads back: A's QP uses the 0x8010 entry of its table (the
-//!   target's QP drops anything else) and the target's QP the 0x0010 one;
+//!   file reads back: A's QP uses the 0x8010 entry of its table, the REQ
+//!   carries that key, and the target's QP takes its 0x0010 entry;
 //! - A's login with `pkey=ffff` (the default partition, both ports full
-//!   members) reaches the target by CM, but its SRP traffic is dropped by
-//!   the target's QP for its P_Key, so the login fails: the partition
-//!   isolates;
+//!   members) reaches the target by CM in P_Key ffff, which srptd does
+//!   not serve: refused, srptd's log naming the key, and nothing reaches
+//!   the data path (no P_Key violation at the target's NIC);
 //! - B's login with `pkey=8010` fails at once, naming the P_Key its port
 //!   lacks.
 //!
-//! Prints "SKIPPED: ..." and passes when the machine lacks FUSE.
+//! `one_target_serves_two_partitions` (127.0.151.x): srptd serves
+//! 0x0010 (full member) and 0x0020 (limited member); A is in 0x0010, B in
+//! 0x0020, both full. Each login's session is in its own partition
+//! (`srptadm sessions` shows the P_Key of each session's QP) and moves
+//! data; A's login in 0x0030, which the target's port holds but srptd
+//! does not serve, is refused naming P_Key 8030.
+//!
+//! Each prints "SKIPPED: ..." and passes when the machine lacks FUSE.
 
 mod common;
 
-use common::{gid_hex as gid_of, ibsm_bin, run, Proc};
+use common::{gid_hex, ibsm_bin, run, Proc};
 use srp::initiator::ChannelConfig;
 use srp_initiator::session::{
     ConnectError, Connected, Connector, LoginForm, QpInfo, Session, SessionConfig,
 };
 use std::net::{IpAddr, Ipv4Addr};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 use std::time::Instant;
 
-fn gid_hex(last: u8) -> String {
-    gid_of(ip(last))
+/// A managed subnet on 127.0.`net`.x: `ibsm run` on .1, srptd on .2,
+/// srpd on .3, .4, ... Dropped in that order backwards.
+struct Subnet {
+    net: u8,
+    dir: PathBuf,
+    /// srpd processes with their mount roots and control sockets.
+    initiators: Vec<(Proc, PathBuf, PathBuf)>,
+    target: Proc,
+    /// srptd's control socket.
+    tsock: PathBuf,
+    _sm: Proc,
 }
 
-fn ip(last: u8) -> IpAddr {
-    IpAddr::V4(Ipv4Addr::new(127, 0, 145, last))
-}
+impl Subnet {
+    fn ip(net: u8, last: u8) -> IpAddr {
+        IpAddr::V4(Ipv4Addr::new(127, 0, net, last))
+    }
 
-fn srpd(last: u8, root: &Path, sock: &Path) -> Proc {
-    let p = Proc::start(
-        "srpd",
-        Command::new(env!("CARGO_BIN_EXE_srpd"))
-            .args(["--fabric", "ib", "--sm-wait-ms", "10000"])
-            .args(["--ip", &ip(last).to_string()])
-            .arg("--mount-root")
-            .arg(root)
+    /// The port GUID of host `last` (the SM keys partitions by it).
+    fn guid(net: u8, last: u8) -> u64 {
+        srpstack::ib::ib_guid(Self::ip(net, last)).0
+    }
+
+    /// Starts the SM with the partitions file `partitions`, srptd with
+    /// `target.pkey = <pkey>` and `initiators` srpd processes.
+    fn start(net: u8, partitions: &str, pkey: &str, initiators: u8) -> Subnet {
+        let ip = |last| Self::ip(net, last);
+        let dir = std::env::temp_dir().join(format!("srp-partitions-{net}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let parts = dir.join("partitions.conf");
+        std::fs::write(&parts, partitions).unwrap();
+        let tsock = dir.join("t.sock");
+        let conf = dir.join("srptd.toml");
+        std::fs::write(
+            &conf,
+            format!(
+                "[target]\nip = \"{}\"\nfabric = \"ib\"\nsm_wait_ms = 10000\npkey = {pkey}\n\
+                 control_socket = \"{}\"\n\n[[device]]\nname = \"disk0\"\nhandler = \"ram\"\n\
+                 size = \"8M\"\n\n[[lun]]\nlun = 0\ndevice = \"disk0\"\n",
+                ip(2),
+                tsock.display()
+            ),
+        )
+        .unwrap();
+        let mut sm = Command::new(ibsm_bin());
+        sm.args(["run", "--addr", &ip(1).to_string()]);
+        for n in 2..3 + initiators {
+            sm.args(["--node", &ip(n).to_string()]);
+        }
+        sm.args(["--sweep-interval-ms", "200", "--timeout-ms", "100"])
+            .args(["--retries", "1", "--partitions"])
+            .arg(&parts);
+        let sm = Proc::start("ibsm", &mut sm);
+        sm.wait_line("ibsm: SM and SA at", 20);
+        let target = Proc::start(
+            "srptd",
+            Command::new(env!("CARGO_BIN_EXE_srptd"))
+                .arg("--config")
+                .arg(&conf),
+        );
+        target.wait_line("ACTIVE on the managed subnet", 20);
+        target.wait_line("listening on", 20);
+        let initiators = (3..3 + initiators)
+            .map(|n| {
+                let (root, sock) = (dir.join(format!("i{n}")), dir.join(format!("i{n}.sock")));
+                std::fs::create_dir_all(&root).unwrap();
+                let p = Proc::start(
+                    "srpd",
+                    Command::new(env!("CARGO_BIN_EXE_srpd"))
+                        .args(["--fabric", "ib", "--sm-wait-ms", "10000"])
+                        .args(["--ip", &ip(n).to_string()])
+                        .arg("--mount-root")
+                        .arg(&root)
+                        .arg("--control-socket")
+                        .arg(&sock),
+                );
+                p.wait_line("srpd: ready on", 20);
+                (p, root, sock)
+            })
+            .collect();
+        Subnet {
+            net,
+            dir,
+            initiators,
+            target,
+            tsock,
+            _sm: sm,
+        }
+    }
+
+    /// The login string of the target in partition `pkey` (hex digits).
+    fn login_string(&self, pkey: &str) -> String {
+        let t = Self::guid(self.net, 2);
+        format!(
+            "id_ext={t:016x},ioc_guid={t:016x},dgid={},pkey={pkey},service_id={t:016x}",
+            gid_hex(Self::ip(self.net, 2))
+        )
+    }
+
+    /// Initiator `last` (3, 4, ...) logs in as `name` in `pkey`.
+    fn login(&self, last: u8, pkey: &str, name: &str) -> (bool, String) {
+        let sock = &self.initiators[usize::from(last - 3)].2;
+        run(Command::new(env!("CARGO_BIN_EXE_srp"))
+            .args(["login", &self.login_string(pkey), "--name", name])
             .arg("--control-socket")
-            .arg(sock),
-    );
-    p.wait_line("srpd: ready on", 20);
-    p
+            .arg(sock))
+    }
+
+    /// The LUN 0 file of login `name` of initiator `last`.
+    fn lun0(&self, last: u8, name: &str) -> PathBuf {
+        self.initiators[usize::from(last - 3)]
+            .1
+            .join(name)
+            .join("lun0")
+    }
+
+    /// `srptadm --json <what>` of the target.
+    fn admin(&self, what: &str) -> serde_json::Value {
+        let (ok, out) = run(Command::new(env!("CARGO_BIN_EXE_srptadm"))
+            .arg("--socket")
+            .arg(&self.tsock)
+            .args(["--json", what]));
+        assert!(ok, "{out}");
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
+    }
+
+    fn pkey_violations(&self) -> u64 {
+        let v = self.admin("show");
+        v["nic_pkey_violations"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no nic_pkey_violations in {v}"))
+    }
 }
 
-/// `srptadm show` of the target, as JSON.
-fn show(sock: &Path) -> serde_json::Value {
-    let (ok, out) = run(Command::new(env!("CARGO_BIN_EXE_srptadm"))
-        .arg("--socket")
-        .arg(sock)
-        .args(["--json", "show"]));
-    assert!(ok, "{out}");
-    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
+impl Drop for Subnet {
+    fn drop(&mut self) {
+        self.initiators.clear();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }
 
-fn pkey_violations(sock: &Path) -> u64 {
-    let v = show(sock);
-    v["nic_pkey_violations"]
-        .as_u64()
-        .unwrap_or_else(|| panic!("no nic_pkey_violations in {v}"))
-}
-
-fn login(sock: &Path, target: &str, name: &str) -> (bool, String) {
-    run(Command::new(env!("CARGO_BIN_EXE_srp"))
-        .args(["login", target, "--name", name, "--control-socket"])
-        .arg(sock))
+fn no_fuse() -> bool {
+    let missing = !Path::new("/dev/fuse").exists();
+    if missing {
+        println!("SKIPPED: no /dev/fuse (apt-get install fuse3)");
+    }
+    missing
 }
 
 #[test]
 fn the_login_partition_isolates_the_data_path() {
-    if !Path::new("/dev/fuse").exists() {
-        println!("SKIPPED: no /dev/fuse (apt-get install fuse3)");
+    if no_fuse() {
         return;
     }
     let started = Instant::now();
-    let dir = std::env::temp_dir().join(format!("srp-partitions-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let (root_a, root_b) = (dir.join("a"), dir.join("b"));
-    std::fs::create_dir_all(&root_a).unwrap();
-    std::fs::create_dir_all(&root_b).unwrap();
-    let g = |last| srpstack::ib::ib_guid(ip(last)).0;
-    let parts = dir.join("partitions.conf");
-    std::fs::write(
-        &parts,
-        format!(
+    let g = |last| Subnet::guid(145, last);
+    let net = Subnet::start(
+        145,
+        &format!(
             "Default=0x7fff : ALL=full ;\nstorage=0x0010 : {:#x}=full, {:#x} ;\n",
             g(3),
             g(2)
         ),
-    )
-    .unwrap();
-    let tsock = dir.join("t.sock");
-    let conf = dir.join("srptd.toml");
-    std::fs::write(
-        &conf,
-        format!(
-            "[target]\nip = \"{}\"\nfabric = \"ib\"\nsm_wait_ms = 10000\npkey = 0x0010\n\
-             control_socket = \"{}\"\n\n[[device]]\nname = \"disk0\"\nhandler = \"ram\"\n\
-             size = \"8M\"\n\n[[lun]]\nlun = 0\ndevice = \"disk0\"\n",
-            ip(2),
-            tsock.display()
-        ),
-    )
-    .unwrap();
-
-    let mut sm = Command::new(ibsm_bin());
-    sm.args(["run", "--addr", &ip(1).to_string()]);
-    for n in [2, 3, 4] {
-        sm.args(["--node", &ip(n).to_string()]);
-    }
-    sm.args(["--sweep-interval-ms", "200", "--timeout-ms", "100"])
-        .args(["--retries", "1", "--partitions"])
-        .arg(&parts);
-    let sm = Proc::start("ibsm", &mut sm);
-    sm.wait_line("ibsm: SM and SA at", 20);
-    let target = Proc::start(
-        "srptd",
-        Command::new(env!("CARGO_BIN_EXE_srptd"))
-            .arg("--config")
-            .arg(&conf),
+        "0x0010",
+        2,
     );
-    target.wait_line("ACTIVE on the managed subnet", 20);
-    target.wait_line("listening on", 20);
-    let (sock_a, sock_b) = (dir.join("a.sock"), dir.join("b.sock"));
-    let a = srpd(3, &root_a, &sock_a);
-    let b = srpd(4, &root_b, &sock_b);
-
-    let t = g(2);
-    let string = |pkey: &str| {
-        format!(
-            "id_ext={t:016x},ioc_guid={t:016x},dgid={},pkey={pkey},service_id={t:016x}",
-            gid_hex(2)
-        )
-    };
 
     // A in partition 0x0010: login, then data through the LUN file.
-    let (ok, out) = login(&sock_a, &string("8010"), "part");
+    let (ok, out) = net.login(3, "8010", "part");
     assert!(ok, "{out}");
-    let file = root_a.join("part").join("lun0");
-    common::write_read_back(&file, 13);
+    let line = net.target.wait_line("accepted", 10);
+    assert!(line.contains("in P_Key 8010"), "{line}");
+    common::write_read_back(&net.lun0(3, "part"), 13);
     // Nothing of A's was dropped for its P_Key: A's QP sends with the
     // 0x0010 partition's key (0xffff would not pass the target's QP).
-    let t_show = show(&tsock);
+    let t_show = net.admin("show");
     assert_eq!(t_show["pkey"], serde_json::json!(0x0010), "{t_show}");
     assert_eq!(
         t_show["nic_pkey_violations"],
         serde_json::json!(0),
         "{t_show}"
     );
+    let sessions = net.admin("sessions");
+    assert_eq!(sessions[0]["pkey"], serde_json::json!(0x0010), "{sessions}");
 
-    // A in the default partition: the CM exchange (QP1) goes through, but
-    // the target's QP is in 0x0010 and drops A's 0xffff packets.
+    // A in the default partition: the REQ says so, and srptd, serving
+    // 0x0010 alone, refuses it before any QP of the partition exists.
     let t0 = Instant::now();
-    let (ok, out) = login(&sock_a, &string("ffff"), "dflt");
+    let (ok, out) = net.login(3, "ffff", "dflt");
     assert!(!ok, "a login outside the target's partition worked: {out}");
-    // The target's NIC dropped A's packets for their P_Key.
-    let dropped = pkey_violations(&tsock);
-    assert!(dropped > 0, "no P_Key violation counted");
+    let line = net.target.wait_line("rejected", 10);
+    assert!(
+        line.contains("P_Key ffff") && line.contains("does not serve"),
+        "{line}"
+    );
+    assert_eq!(
+        net.pkey_violations(),
+        0,
+        "the refused login reached the data path"
+    );
     eprintln!(
-        "default-partition login failed after {} ms ({dropped} packets dropped for their P_Key): {}",
+        "default-partition login refused after {} ms: {}",
         t0.elapsed().as_millis(),
-        out.trim()
+        line.trim()
     );
 
     // B is not in 0x0010 at all: refused before anything is sent.
-    let (ok, out) = login(&sock_b, &string("8010"), "part");
+    let (ok, out) = net.login(4, "8010", "part");
     assert!(!ok, "{out}");
     assert!(
         out.contains("P_Key 8010") && out.contains("not a member"),
         "{out}"
     );
 
-    drop((a, b, target, sm));
-    let _ = std::fs::remove_dir_all(&dir);
+    drop(net);
     eprintln!("partitions test: {} ms", started.elapsed().as_millis());
+}
+
+#[test]
+fn one_target_serves_two_partitions() {
+    if no_fuse() {
+        return;
+    }
+    let started = Instant::now();
+    let g = |last| Subnet::guid(151, last);
+    let (t, a, b) = (g(2), g(3), g(4));
+    // The target is a full member of 0x0010 and 0x0030 and a limited one
+    // of 0x0020; A is in 0x0010 and 0x0030, B in 0x0020.
+    let net = Subnet::start(
+        151,
+        &format!(
+            "Default=0x7fff : ALL=full ;\nblue=0x0010 : {t:#x}=full, {a:#x}=full ;\n\
+             green=0x0020 : {t:#x}, {b:#x}=full ;\ngrey=0x0030 : {t:#x}=full, {a:#x}=full ;\n"
+        ),
+        "[0x0010, 0x0020]",
+        2,
+    );
+
+    let (ok, out) = net.login(3, "8010", "blue");
+    assert!(ok, "{out}");
+    let (ok, out) = net.login(4, "8020", "green");
+    assert!(ok, "{out}");
+    common::write_read_back(&net.lun0(3, "blue"), 17);
+    common::write_read_back(&net.lun0(4, "green"), 19);
+
+    // Each session's QP is in its initiator's partition: A's at the
+    // target's full 0x8010 entry, B's at its limited 0x0020 one (B is
+    // the full member there).
+    let sessions = net.admin("sessions");
+    let pkey_of = |guid: u64| {
+        let s: Vec<&serde_json::Value> = sessions
+            .as_array()
+            .expect("a list")
+            .iter()
+            .filter(|s| {
+                s["initiator"]
+                    .as_str()
+                    .is_some_and(|n| n.ends_with(&format!("{guid:016x}")))
+            })
+            .collect();
+        assert_eq!(s.len(), 1, "one session of {guid:#x}: {sessions}");
+        s[0]["pkey"].clone()
+    };
+    assert_eq!(pkey_of(a), serde_json::json!(0x8010), "{sessions}");
+    assert_eq!(pkey_of(b), serde_json::json!(0x0020), "{sessions}");
+    assert_eq!(net.pkey_violations(), 0);
+
+    // 0x0030: the SA has a path (both ports are members) and the target's
+    // port holds the key, but srptd does not serve it.
+    let (ok, out) = net.login(3, "8030", "grey");
+    assert!(
+        !ok,
+        "a login in a partition the target does not serve: {out}"
+    );
+    let line = net.target.wait_line("rejected", 10);
+    assert!(
+        line.contains("P_Key 8030") && line.contains("does not serve"),
+        "{line}"
+    );
+    assert_eq!(net.admin("sessions").as_array().map(Vec::len), Some(2));
+
+    drop(net);
+    eprintln!("two-partition test: {} ms", started.elapsed().as_millis());
 }
 
 /// Connects by calling the target port's login entry point directly with

@@ -1160,6 +1160,71 @@ pub mod cases {
         Outcome::Passed
     }
 
+    /// SEND with invalidate of a key that is not a bound type 2 window (an
+    /// MR's, a type 1 window's) completes in error at both ends (rxe's
+    /// class J: remote invalid request); a deallocated window's key is
+    /// refused and writes nothing.
+    pub fn mw_refusals(f: &dyn Fixture) -> Outcome {
+        let (a, qa, b, qb) = rc_pair(f);
+        if f.lacks().contains(&Feature::Mw) {
+            unsupported(b.p.alloc_mw(b.pd, MwType::Type1, 0));
+            return Outcome::Skipped(Feature::Mw);
+        }
+        let bind1 = |b: &Node, qb: QpHandle| {
+            let (mw, _) = b.p.alloc_mw(b.pd, MwType::Type1, 4).unwrap();
+            let rkey =
+                b.p.bind_mw(
+                    qb,
+                    &MwBind {
+                        mw,
+                        rkey: Rkey(0),
+                        mr: b.mr.handle,
+                        addr: b.buf.addr(),
+                        len: 64,
+                        access: AccessFlags::REMOTE_WRITE,
+                    },
+                )
+                .unwrap();
+            (mw, rkey)
+        };
+        for what in ["an MR's key", "a type 1 window"] {
+            let (a, qa, b, qb) = rc_pair(f);
+            let key = if what == "an MR's key" {
+                b.mr.rkey
+            } else {
+                bind1(&b, qb).1
+            };
+            b.p.post_recv(qb, &[recv(1, vec![b.sge(0, 16)])]).unwrap();
+            let mut inv = send(2, SendOpcode::SendWithInv, vec![a.sge(0, 8)]);
+            inv.invalidate_rkey = key;
+            a.p.post_send(qa, &[inv]).unwrap();
+            assert_eq!(a.wc().status, WcStatus::RemInvReqErr, "{what}");
+            let r = b.wc();
+            assert_eq!((r.wr_id, r.status), (1, WcStatus::RemInvReqErr), "{what}");
+            assert!(!r.wc_flags.contains(WcFlags::WITH_INV), "{what}");
+        }
+        let (mw, rkey) = bind1(&b, qb);
+        a.buf.write_at(0, &[5; 8]);
+        let write = |id| {
+            rdma(
+                id,
+                SendOpcode::RdmaWrite,
+                vec![a.sge(0, 8)],
+                b.buf.addr(),
+                rkey,
+            )
+        };
+        a.p.post_send(qa, &[write(3)]).unwrap();
+        assert_eq!(a.wc().status, WcStatus::Success);
+        assert_eq!(b.buf.to_vec(0, 8), vec![5; 8]);
+        b.p.dealloc_mw(mw).unwrap();
+        b.buf.write_at(0, &[0; 8]);
+        a.p.post_send(qa, &[write(4)]).unwrap();
+        assert_eq!(a.wc().status, WcStatus::RemAccessErr, "deallocated window");
+        assert_eq!(b.buf.to_vec(0, 8), vec![0; 8]);
+        Outcome::Passed
+    }
+
     /// UD SEND with the 40-byte GRH in the receive buffer; Q_Key mismatch drops.
     pub fn ud_send_grh(f: &dyn Fixture) -> Outcome {
         let (g1, g2) = f.guids();
@@ -1559,7 +1624,7 @@ macro_rules! conformance_tests {
         $crate::conformance_tests!(@cases $ctor;
             query_ca_port, stale_handles_and_destroy, busy_resources, qp_state_machine, rc_send, rc_write, rc_read,
             rc_atomics, remote_access_errors_and_flush, local_protection_error, receive_too_small, rnr,
-            batch_post_reports_index, cq_notify_wait_overflow, mr_rereg_dereg, mw_type1, mw_type2_and_invalidate,
+            batch_post_reports_index, cq_notify_wait_overflow, mr_rereg_dereg, mw_type1, mw_type2_and_invalidate, mw_refusals,
             ud_send_grh, special_qps, srq_limit, uc_basics, port_and_ca_events, destroy_from_callback);
     };
     (@cases $ctor:expr; $($name:ident),*) => {

@@ -34,6 +34,8 @@ pub struct CaAttr {
     pub max_srq: u32,
     /// Maximum memory windows (0: none).
     pub max_mw: u32,
+    /// Most inline data bytes a send WR may carry (0: no inline sends).
+    pub max_inline_data: u32,
     /// Atomics supported.
     pub atomics: bool,
 }

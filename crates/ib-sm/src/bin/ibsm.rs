@@ -10,11 +10,16 @@
 //! `ibsm run`s that list each other among their nodes elect a master
 //! (`--priority`, then the lower GUID); the other is standby, polls the
 //! master's SMInfo every `--poll-interval-ms` and takes over when it stops
-//! answering.
+//! answering; the master polls its standbys as often and logs one that
+//! comes or goes. `--mkey HEX` gives every port an M_Key (used in every
+//! SMP), `--mkey-protect N` its protection level and `--mkey-lease-secs`
+//! its lease; a port that refuses the SM's key, or reports a bad key
+//! (trap 256), is logged. `--lmc N` gives every node's port 2^N LIDs
+//! (base aligned) and the SA a path per LID pair.
 
 use clap::{Parser, Subcommand};
 use ib_sm::port::SmPort;
-use ib_sm::sim::{all_active, fabric, host, run_query, sm, table};
+use ib_sm::sim::{all_active, fabric_with, host, run_query, sim_config, sm, table};
 use ib_sm::{SmConfig, SmEvent};
 use rdma_mad::sa::{PathRecord, SaAttr};
 use rdma_types::{Duration, Gid, Guid, Lid};
@@ -54,6 +59,10 @@ enum Cmd {
         /// Seed of the simulation.
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        /// LID Mask Control (0 to 7): 2^LMC LIDs per port, a path per
+        /// SLID/DLID pair.
+        #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=7))]
+        lmc: u8,
     },
     /// Run the SM and SA on a soft RoCE port (ib personality) for the nodes
     /// given, until SIGTERM/SIGINT.
@@ -96,12 +105,37 @@ struct RunArgs {
     /// Milliseconds between a standby's polls of the master.
     #[arg(long, default_value_t = 3_000, value_parser = clap::value_parser!(u64).range(10..=3_600_000))]
     poll_interval_ms: u64,
+    /// M_Key for every port, hex (0: none; IBA 14.2.4).
+    #[arg(long, default_value = "0", value_parser = parse_hex_u64)]
+    mkey: u64,
+    /// M_KeyProtectBits: 0 Gets show the key, 1 Gets hide it from a wrong
+    /// key, 2 and 3 Gets need the key (Sets always do).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=3))]
+    mkey_protect: u8,
+    /// M_KeyLeasePeriod, seconds: protection lapses this long after a
+    /// refused SMP unless the right key comes (0: never).
+    #[arg(long, default_value_t = 0)]
+    mkey_lease_secs: u16,
+    /// LID Mask Control (0 to 7), as opensm's `lmc`: every node's port
+    /// gets 2^LMC LIDs from a base aligned to 2^LMC, and the SA lists a
+    /// path for each (SLID, DLID) pair, best first.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=7))]
+    lmc: u8,
     /// Stop after the first sweep; fail unless every node came up.
     #[arg(long, conflicts_with = "sweeps")]
     once: bool,
     /// Stop after this many sweeps.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     sweeps: Option<u64>,
+}
+
+/// A 64-bit hex number, with or without `0x`.
+fn parse_hex_u64(s: &str) -> Result<u64, String> {
+    let t = s
+        .strip_prefix("0x")
+        .or_else(|| s.strip_prefix("0X"))
+        .unwrap_or(s);
+    u64::from_str_radix(t, 16).map_err(|e| format!("{s:?}: not a 64-bit hex number: {e}"))
 }
 
 /// The node addresses of `--node` and `--nodes-file`, in that order,
@@ -189,6 +223,10 @@ fn run_sm(args: RunArgs) -> Result<(), String> {
     cfg.retries = args.retries;
     cfg.priority = args.priority;
     cfg.poll_interval = Duration::from_millis(args.poll_interval_ms);
+    cfg.mkey = args.mkey;
+    cfg.mkey_protect = args.mkey_protect;
+    cfg.mkey_lease = args.mkey_lease_secs;
+    cfg.lmc = args.lmc;
     let nic = SoftRoce::new(
         vec![SoftCa {
             guid,
@@ -206,19 +244,22 @@ fn run_sm(args: RunArgs) -> Result<(), String> {
         .and_then(|()| nic.set_port_state(guid, verbs::PortState::Active))
         .map_err(|e| format!("own port: {e}"))?;
     println!(
-        "ibsm: SM and SA at {} (LID {}), {} nodes, sweeps every {} ms",
+        "ibsm: SM and SA at {} (LID {}), {} nodes, sweeps every {} ms, LMC {}",
         args.addr,
         args.lid,
         nodes.len(),
-        args.sweep_interval_ms
+        args.sweep_interval_ms,
+        args.lmc
     );
     let last_sweep = if args.once { Some(1) } else { args.sweeps };
     loop {
         port.step(std::time::Duration::from_millis(50));
         while let Some(e) = port.poll_event() {
             match e {
-                SmEvent::State(_) => println!("{} (LID {})", describe(&e), port.sm().lid_now()),
-                _ => println!("{}", describe(&e)),
+                SmEvent::State(_) => {
+                    println!("{} (LID {})", describe(&e, args.lmc), port.sm().lid_now())
+                }
+                _ => println!("{}", describe(&e, args.lmc)),
             }
         }
         if let Some(sig) = signals.pending() {
@@ -234,12 +275,16 @@ fn run_sm(args: RunArgs) -> Result<(), String> {
     let st = sm.stats();
     let active = sm.active_ports().len();
     println!(
-        "ibsm: {active} of {} ports ACTIVE after {} sweeps, {} resends, {} SA requests, {} reports",
+        "ibsm: {active} of {} ports ACTIVE after {} sweeps, {} resends, {} SA requests, {} reports, \
+         {} bad M_Key traps, {} ports refusing our M_Key, {} SA MADs ignored (not master)",
         nodes.len(),
         st.sweeps,
         st.retries,
         st.sa_requests,
-        st.reports
+        st.reports,
+        st.bad_mkey_traps,
+        st.mkey_refused,
+        st.sa_ignored
     );
     if args.once && active < nodes.len() {
         return Err(format!(
@@ -251,9 +296,14 @@ fn run_sm(args: RunArgs) -> Result<(), String> {
     Ok(())
 }
 
-/// One line for the log.
-fn describe(e: &SmEvent) -> String {
+/// One line for the log (`lmc`: the SM's, for a port's LID range).
+fn describe(e: &SmEvent, lmc: u8) -> String {
     match e {
+        SmEvent::PortUp { guid, lid } if lmc > 0 => format!(
+            "port {:#018x} ACTIVE, LIDs {lid}-{} (LMC {lmc})",
+            guid.0,
+            lid + ((1u16 << lmc) - 1)
+        ),
         SmEvent::PortUp { guid, lid } => format!("port {:#018x} ACTIVE, LID {lid}", guid.0),
         SmEvent::PortDown { guid } => format!("port {:#018x} gone", guid.0),
         SmEvent::State(s) => format!("ibsm: SM state {}", format!("{s:?}").to_uppercase()),
@@ -268,6 +318,28 @@ fn describe(e: &SmEvent) -> String {
                 "port {:#018x} capability mask {mask:#010x} (trap 144)",
                 guid.0
             )
+        }
+        SmEvent::BadMkey {
+            guid,
+            requester,
+            method,
+            attr,
+        } => format!(
+            "port {:#018x} refused an SMP with a bad M_Key (trap 256): method {method:#04x} \
+             attribute {attr:#06x} from LID {requester}",
+            guid.0
+        ),
+        SmEvent::MkeyRefused { guid } => {
+            format!("port {:#018x} refuses our M_Key: left unconfigured", guid.0)
+        }
+        SmEvent::MkeyLearned { guid } => {
+            format!("port {:#018x} showed another M_Key: using it", guid.0)
+        }
+        SmEvent::StandbyFound { guid, priority } => {
+            format!("ibsm: standby SM {:#018x} (priority {priority})", guid.0)
+        }
+        SmEvent::StandbyLost { guid } => {
+            format!("ibsm: standby SM {:#018x} stopped answering", guid.0)
         }
     }
 }
@@ -306,6 +378,7 @@ fn run(cmd: Cmd) -> Result<(), String> {
             partitions,
             loss,
             seed,
+            lmc,
         } => {
             if !(0.0..=0.5).contains(&loss) {
                 return Err(format!("--loss {loss}: use 0 to 0.5"));
@@ -316,10 +389,12 @@ fn run(cmd: Cmd) -> Result<(), String> {
                 }
                 None => None,
             };
-            let mut sim = fabric(seed, loss, text.as_deref(), hosts).map_err(|e| e.to_string())?;
+            let mut cfg = sim_config(text.as_deref()).map_err(|e| e.to_string())?;
+            cfg.lmc = lmc;
+            let mut sim = fabric_with(seed, loss, cfg, hosts);
             let r = sim.run_until(Duration::from_secs(120), |s| all_active(s, hosts));
             for e in std::mem::take(&mut sm(&mut sim).events) {
-                println!("{}", describe(&e));
+                println!("{}", describe(&e, lmc));
             }
             if r != rdma_sim::RunOutcome::Done {
                 return Err(format!("the fabric did not come up: {r:?}"));
@@ -341,8 +416,8 @@ fn run(cmd: Cmd) -> Result<(), String> {
             for r in recs {
                 let p = PathRecord::parse(&r).map_err(|e| e.to_string())?;
                 println!(
-                    "  SLID {:>3} -> DLID {:>3}  DGID {}  P_Key {:#06x}  MTU code {}",
-                    p.slid, p.dlid, p.dgid, p.pkey.0, p.mtu
+                    "  SLID {:>3} -> DLID {:>3}  DGID {}  P_Key {:#06x}  MTU code {}  preference {}",
+                    p.slid, p.dlid, p.dgid, p.pkey.0, p.mtu, p.preference
                 );
             }
             let st = sm(&mut sim).sm.stats();

@@ -54,7 +54,8 @@ enum Cmd {
         sgid: String,
         #[arg(long)]
         dgid: String,
-        /// At most this many paths.
+        /// At most this many paths (1: the SA's first, by a Get; 0: every
+        /// path it has: with LMC > 0, one per SLID/DLID pair).
         #[arg(long, default_value_t = 4)]
         max: u8,
         /// Only paths in this partition (hex, e.g. ffff).
@@ -178,7 +179,7 @@ fn run(cli: Cli) -> Result<(), String> {
             let pq = PathQuery {
                 sgid: gid(&sgid)?,
                 dgid: gid(&dgid)?,
-                max_paths: max.max(1),
+                max_paths: max,
                 pkey: pkey
                     .map(|p| hex(&p, "P_Key").map(|v| Pkey(v as u16)))
                     .transpose()?,
@@ -187,7 +188,7 @@ fn run(cli: Cli) -> Result<(), String> {
             let recs = sa.path_records(&pq).map_err(q)?;
             for r in &recs {
                 println!(
-                    "slid {} dlid {} sgid {} dgid {} pkey {:#06x} sl {} mtu {} rate {} packet life {}",
+                    "slid {} dlid {} sgid {} dgid {} pkey {:#06x} sl {} mtu {} rate {} packet life {} preference {}",
                     r.slid,
                     r.dlid,
                     fmt_gid(r.sgid),
@@ -196,7 +197,8 @@ fn run(cli: Cli) -> Result<(), String> {
                     r.sl,
                     rdma_types::Mtu::from_code(r.mtu).map_or(0, |m| m.bytes()),
                     r.rate,
-                    r.packet_life
+                    r.packet_life,
+                    r.preference
                 );
             }
             println!("{} path records", recs.len());

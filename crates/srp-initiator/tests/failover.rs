@@ -1,0 +1,350 @@
+//! Path failure, in process (loopback provider, the real target port):
+//! how soon a dead path is found, and what happens to its I/O then.
+//!
+//! A link that dies after the target acknowledged every command of ours
+//! leaves the transport nothing to retry: only the session's liveness
+//! probe (a zero-length RDMA WRITE when commands wait on a quiet target)
+//! finds it before the command timeout (the netns test saw 4 of 14
+//! far-end cuts fail over at 2.6 s with a 2 s timeout).
+//!
+//! Two initiator ports reach one LU through one target port; each is a
+//! reconnecting remote port (`fast_io_fail_tmo` 0) and a failover
+//! multipath device sits over both. Path A's port goes down while writers
+//! run. The disconnect of A's dead session (a DREQ over a dead link, which
+//! waits for the CM's retries: seconds) is held by the test until every
+//! writer has gone on over path B, so an I/O that waits for that teardown
+//! cannot go unnoticed: before the teardown of failed sessions left the
+//! caller's thread, the writer dropping the last reference to A's session
+//! sat in it (the netns test saw one I/O of 16 take 2.55 s instead of
+//! 0.55 s).
+
+use rdma_types::{Duration, Guid, PortNum};
+use rnic::loopback::{CaConfig, Fabric};
+use srp::initiator::ChannelConfig;
+use srp::target::{LoginForm as TargetForm, TargetConfig};
+use srp_initiator::disk::Disk;
+use srp_initiator::multipath::{Multipath, PathDevice, Policy};
+use srp_initiator::remote::RemoteDisk;
+use srp_initiator::rport::RportConfig;
+use srp_initiator::session::{
+    ConnectError, Connected, Connector, LoginForm, QpInfo, Session, SessionConfig,
+};
+use srp_target::{LoginOutcome, PeerQp, PortOptions, TargetPort};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+
+const TARGET_GUID: u64 = 0x0002_c903_0000_3111;
+const INIT_A: u64 = 0x0002_c903_0000_3222;
+const INIT_B: u64 = 0x0002_c903_0000_3333;
+
+/// Holds disconnects while closed, as a DREQ over a dead link is held by
+/// the CM's retries (bounded, so a failing test never hangs).
+#[derive(Default)]
+struct Gate {
+    closed: Mutex<bool>,
+    cv: Condvar,
+    /// Disconnects that found the gate closed.
+    held: AtomicU64,
+}
+
+impl Gate {
+    fn set(&self, closed: bool) {
+        *self.closed.lock().unwrap() = closed;
+        self.cv.notify_all();
+    }
+
+    fn pass(&self) {
+        let mut c = self.closed.lock().unwrap();
+        if *c {
+            self.held.fetch_add(1, Ordering::SeqCst);
+        }
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while *c {
+            let left = end.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            c = self.cv.wait_timeout(c, left).unwrap().0;
+        }
+    }
+}
+
+/// Logs in by calling the target port's entry point directly, as a CM
+/// would with the REQ's private data; disconnects pass the gate.
+struct Direct {
+    port: Arc<TargetPort>,
+    gate: Arc<Gate>,
+}
+
+impl Connector for Direct {
+    fn connect(&self, login: &[u8], local: QpInfo) -> Result<Connected, ConnectError> {
+        let peer = PeerQp {
+            qpn: local.qpn,
+            psn: local.psn,
+            gid: local.gid,
+            lid: local.lid,
+            mtu: local.mtu,
+        };
+        match self.port.login(login, TargetForm::RdmaCm, peer) {
+            LoginOutcome::Accepted {
+                conn,
+                local: t,
+                rsp,
+            } => Ok(Connected {
+                peer: QpInfo {
+                    qpn: t.qpn,
+                    psn: t.psn,
+                    gid: self.port.gid(),
+                    lid: rdma_types::Lid(1),
+                    mtu: local.mtu,
+                },
+                private_data: rsp,
+                handle: conn.0,
+            }),
+            LoginOutcome::Rejected { rej, .. } => Err(ConnectError::Rejected(rej)),
+        }
+    }
+    fn disconnect(&self, handle: u64) {
+        self.port.disconnected(srp_target::ConnId(handle));
+        self.gate.pass();
+    }
+    fn form(&self) -> LoginForm {
+        LoginForm::RdmaCm
+    }
+}
+
+/// Waits (bounded) until `cond` holds.
+fn wait_for(what: &str, secs: u64, mut cond: impl FnMut() -> bool) {
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while !cond() {
+        assert!(
+            std::time::Instant::now() < end,
+            "{what}: not within {secs} s"
+        );
+        std::thread::yield_now();
+    }
+}
+
+/// A RAM LU whose writes wait while the gate is closed: the target has
+/// the command (acknowledged by the transport) but does not answer.
+struct HeldRam {
+    ram: scsi::Ram,
+    gate: Arc<Gate>,
+}
+
+impl scsi::Backend for HeldRam {
+    fn size(&self) -> u64 {
+        self.ram.size()
+    }
+    fn read(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        self.ram.read(offset, buf)
+    }
+    fn write(&self, offset: u64, data: &[u8], fua: bool) -> std::io::Result<()> {
+        self.gate.pass();
+        self.ram.write(offset, data, fua)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        self.ram.flush()
+    }
+}
+
+/// A target port on `fabric` with one LU over `backend`.
+fn target(provider: &Arc<dyn verbs::Provider>, backend: Arc<dyn scsi::Backend>) -> Arc<TargetPort> {
+    let scsi = Arc::new(scsi::Target::new());
+    let dev = scsi::Device::new(scsi::DeviceConfig::default(), backend).unwrap();
+    scsi.add_lun(None, scsi::Lun::new(0).unwrap(), Arc::new(dev));
+    let id = ChannelConfig::new(0, Guid(INIT_A), TARGET_GUID, Guid(TARGET_GUID));
+    Arc::new(
+        TargetPort::start(
+            provider.clone(),
+            Guid(TARGET_GUID),
+            TargetConfig::new(id.target_port_id(), "failover"),
+            scsi,
+            PortOptions::default(),
+        )
+        .unwrap(),
+    )
+}
+
+#[test]
+fn a_link_dying_after_every_command_was_acknowledged_is_found_by_the_probe() {
+    let fabric = Fabric::new();
+    fabric.add_ca(CaConfig::simple(TARGET_GUID, 1)).unwrap();
+    fabric.add_ca(CaConfig::simple(INIT_A, 2)).unwrap();
+    let provider: Arc<dyn verbs::Provider> = fabric.clone();
+    let held = Arc::new(Gate::default());
+    let port = target(
+        &provider,
+        Arc::new(HeldRam {
+            ram: scsi::Ram::new(1 << 20),
+            gate: held.clone(),
+        }),
+    );
+    let chan = ChannelConfig::new(1, Guid(INIT_A), TARGET_GUID, Guid(TARGET_GUID));
+    let mut cfg = SessionConfig::new(chan);
+    cfg.pool_bytes = 1 << 20;
+    // The command timeout is far beyond the test's bounded waits: only the
+    // probe can end the write below in time.
+    cfg.channel.cmd_timeout = Duration::from_secs(60);
+    cfg.probe_interval = Some(Duration::from_millis(50));
+    let direct = Arc::new(Direct {
+        port: port.clone(),
+        gate: Arc::new(Gate::default()),
+    });
+    let sess = Arc::new(Session::connect(provider.clone(), Guid(INIT_A), direct, cfg).unwrap());
+    let disk = Arc::new(Disk::open(sess.clone(), 0).unwrap());
+
+    // A write the target holds: acknowledged, unanswered.
+    held.set(true);
+    let d = disk.clone();
+    let write = std::thread::spawn(move || d.write(0, &[7u8; 512]));
+    wait_for("the write held at the target", 5, || {
+        held.held.load(Ordering::SeqCst) >= 1
+    });
+    // A live target acknowledges the probes; the session stays up and the
+    // write waits.
+    wait_for("probes acknowledged", 5, || sess.stats().probes >= 3);
+    assert!(!sess.is_closed());
+    assert!(!write.is_finished());
+
+    // The target's port goes down: the initiator gets no event and has
+    // nothing unacknowledged, but its next probe is not answered.
+    fabric
+        .set_port_active(Guid(TARGET_GUID), PortNum(1), false)
+        .unwrap();
+    wait_for("the write ended by the dead link", 5, || {
+        write.is_finished()
+    });
+    let e = write.join().unwrap().unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::ConnectionAborted, "{e}");
+    assert!(sess.is_closed());
+    held.set(false);
+}
+
+#[test]
+fn io_on_a_failed_path_goes_on_over_the_other_without_waiting_for_its_teardown() {
+    let fabric = Fabric::new();
+    fabric.add_ca(CaConfig::simple(TARGET_GUID, 1)).unwrap();
+    fabric.add_ca(CaConfig::simple(INIT_A, 2)).unwrap();
+    fabric.add_ca(CaConfig::simple(INIT_B, 3)).unwrap();
+    let provider: Arc<dyn verbs::Provider> = fabric.clone();
+    let scsi = Arc::new(scsi::Target::new());
+    let dev = scsi::Device::new(
+        scsi::DeviceConfig::default(),
+        Arc::new(scsi::Ram::new(4 << 20)),
+    )
+    .unwrap();
+    scsi.add_lun(None, scsi::Lun::new(0).unwrap(), Arc::new(dev));
+    let target_id = ChannelConfig::new(0, Guid(INIT_A), TARGET_GUID, Guid(TARGET_GUID));
+    let port = Arc::new(
+        TargetPort::start(
+            provider.clone(),
+            Guid(TARGET_GUID),
+            TargetConfig::new(target_id.target_port_id(), "failover"),
+            scsi,
+            PortOptions::default(),
+        )
+        .unwrap(),
+    );
+    let gate = Arc::new(Gate::default());
+    let path = |guid: u64| -> Arc<RemoteDisk> {
+        let (provider, port, gate) = (provider.clone(), port.clone(), gate.clone());
+        let open = Box::new(move || {
+            let chan = ChannelConfig::new(1, Guid(guid), TARGET_GUID, Guid(TARGET_GUID));
+            let mut cfg = SessionConfig::new(chan);
+            cfg.pool_bytes = 1 << 20;
+            let direct = Arc::new(Direct {
+                port: port.clone(),
+                gate: gate.clone(),
+            });
+            let s = Session::connect(provider.clone(), Guid(guid), direct, cfg)
+                .map_err(std::io::Error::other)?;
+            Disk::open(Arc::new(s), 0)
+        });
+        let rport = RportConfig {
+            reconnect_delay: Some(Duration::from_millis(250)),
+            fast_io_fail_tmo: Some(Duration::ZERO),
+            dev_loss_tmo: Some(Duration::from_secs(120)),
+        };
+        Arc::new(RemoteDisk::open(open, rport).unwrap())
+    };
+    let (a, b) = (path(INIT_A), path(INIT_B));
+    let m = Arc::new(
+        Multipath::new(
+            vec![
+                ("A".into(), a.clone() as Arc<dyn PathDevice>),
+                ("B".into(), b.clone() as Arc<dyn PathDevice>),
+            ],
+            Policy::Failover,
+            std::time::Duration::from_secs(30),
+        )
+        .unwrap(),
+    );
+
+    // Writers, each on its own blocks, each write a new generation.
+    const WRITERS: u64 = 8;
+    let stop = Arc::new(AtomicBool::new(false));
+    let counts: Arc<Vec<AtomicU64>> = Arc::new((0..WRITERS).map(|_| AtomicU64::new(0)).collect());
+    let writers: Vec<_> = (0..WRITERS)
+        .map(|w| {
+            let (m, stop, counts) = (m.clone(), stop.clone(), counts.clone());
+            std::thread::spawn(move || {
+                let mut gen = 0u64;
+                while !stop.load(Ordering::SeqCst) && gen < 1_000_000 {
+                    gen += 1;
+                    let mut block = [0u8; 512];
+                    block[..8].copy_from_slice(&w.to_le_bytes());
+                    block[8..16].copy_from_slice(&gen.to_le_bytes());
+                    blockload::BlockDevice::write_at(m.as_ref(), w * 8 + gen % 8, &block)
+                        .expect("no write error reaches the caller");
+                    counts[w as usize].store(gen, Ordering::SeqCst);
+                }
+                gen
+            })
+        })
+        .collect();
+    let snapshot = || -> Vec<u64> { counts.iter().map(|c| c.load(Ordering::SeqCst)).collect() };
+    wait_for("writes on path A", 10, || {
+        snapshot().iter().all(|&n| n >= 20)
+    });
+    assert_eq!(
+        m.path_stats()[1].ios,
+        0,
+        "failover policy: B idle while A is up"
+    );
+
+    // Path A's port goes down; its session's disconnect will be held.
+    gate.set(true);
+    fabric
+        .set_port_active(Guid(INIT_A), PortNum(1), false)
+        .unwrap();
+    let at_cut = snapshot();
+    // Every writer goes on over B while A's teardown is still held.
+    wait_for("every writer going on over path B", 5, || {
+        snapshot().iter().zip(&at_cut).all(|(n, c)| *n >= c + 20)
+    });
+    wait_for("A's dead session being torn down", 5, || {
+        gate.held.load(Ordering::SeqCst) >= 1
+    });
+    let s = m.path_stats();
+    assert!(s[1].ios >= 20 * WRITERS, "{s:?}");
+    assert!(!a.is_up(), "path A is not up with its port down");
+    assert!(a.stats().failures >= 1, "{:?}", a.stats());
+
+    gate.set(false);
+    stop.store(true, Ordering::SeqCst);
+    let last: Vec<u64> = writers.into_iter().map(|t| t.join().unwrap()).collect();
+    // Every block holds the last generation written to it.
+    for (w, &n) in last.iter().enumerate() {
+        for g in n.saturating_sub(7)..=n {
+            let mut block = [0u8; 512];
+            blockload::BlockDevice::read_at(m.as_ref(), w as u64 * 8 + g % 8, &mut block).unwrap();
+            assert_eq!(
+                u64::from_le_bytes(block[8..16].try_into().unwrap()),
+                g,
+                "writer {w}, block {}",
+                g % 8
+            );
+        }
+    }
+}
