@@ -46,9 +46,9 @@
 //!
 //! Queue limits: a logical unit's task set holds at most
 //! `DeviceConfig::queue_depth` commands (default 128, all nexuses
-//! together); [`Target::submit`] answers one more with TASK SET FULL
-//! without running it (also when the nexus has no other task, where
-//! SAM-5 would allow BUSY).
+//! together); [`Target::submit`] answers one more without running it:
+//! TASK SET FULL when the nexus has tasks of its own in the set, BUSY
+//! when it has none (SAM-5 5.3.1).
 //!
 //! Persistent reservations ([`pr`]): REGISTER (and IGNORE), RESERVE,
 //! RELEASE, CLEAR, PREEMPT for all six types, REGISTER AND MOVE, enforced

@@ -56,7 +56,8 @@ pub enum Status {
     AcaActive,
     TaskAborted,
     /// The logical unit's task set already holds its queue depth
-    /// (`DeviceConfig::queue_depth`); the command did not run.
+    /// (`DeviceConfig::queue_depth`), some of it this nexus's tasks; the
+    /// command did not run. (A nexus with no task there gets `Busy`.)
     TaskSetFull,
 }
 
@@ -433,6 +434,8 @@ impl Order {
 struct TaskSet {
     next: u64,
     active: BTreeMap<u64, TaskAttr>,
+    /// Tasks in `active` per nexus (for TASK SET FULL against BUSY).
+    per_nexus: HashMap<Nexus, usize>,
 }
 
 impl TaskSet {
@@ -751,9 +754,16 @@ impl Target {
         let k = lu_key(&dev);
         let depth = dev.config.queue_depth.max(1) as usize;
         let entered = self.with_order(|o| {
-            // SAM-5 5.3.1: no room in the task set; nothing runs.
-            if o.sets.get(&k).map_or(0, |s| s.active.len()) >= depth {
-                return Err(ScsiResponse::status_only(Status::TaskSetFull, expected));
+            // SAM-5 5.3.1: no room in the task set, nothing runs; TASK
+            // SET FULL to a nexus with tasks of its own there (it will
+            // get room as they end), BUSY to one without.
+            if let Some(set) = o.sets.get(&k).filter(|s| s.active.len() >= depth) {
+                let status = if set.per_nexus.get(nexus).is_some_and(|&n| n > 0) {
+                    Status::TaskSetFull
+                } else {
+                    Status::Busy
+                };
+                return Err(ScsiResponse::status_only(status, expected));
             }
             match o.admit(k, nexus, (lun, tag), attr, cdb, expected) {
                 Err(r) => {
@@ -773,6 +783,7 @@ impl Target {
                     let seq = set.next;
                     set.next += 1;
                     set.active.insert(seq, attr);
+                    *set.per_nexus.entry(nexus.clone()).or_default() += 1;
                     Ok((seq, aca_task.then_some((lun, tag)), attr))
                 }
             }
@@ -800,6 +811,12 @@ impl Target {
             o.settle(k, &dev, nexus, aca_task, cdb, r.status);
             if let Some(set) = o.sets.get_mut(&k) {
                 set.active.remove(&seq);
+                if let Some(n) = set.per_nexus.get_mut(nexus) {
+                    *n -= 1;
+                    if *n == 0 {
+                        set.per_nexus.remove(nexus);
+                    }
+                }
                 if set.active.is_empty() {
                     o.sets.remove(&k);
                 }

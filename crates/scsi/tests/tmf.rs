@@ -217,8 +217,12 @@ fn a_command_beyond_the_queue_depth_gets_task_set_full_without_running() {
         ..Default::default()
     };
     t.add_lun(None, l0(), Arc::new(Device::new(cfg, g.clone()).unwrap()));
-    let (a, b) = (Nexus::new("a", "p"), Nexus::new("b", "p"));
-    for n in [&a, &b] {
+    let (a, b, c) = (
+        Nexus::new("a", "p"),
+        Nexus::new("b", "p"),
+        Nexus::new("c", "p"),
+    );
+    for n in [&a, &b, &c] {
         t.execute(n, l0(), &[0; 6], &[], 0);
     }
     let h1 = spawn_read(&t, &a, 1);
@@ -226,14 +230,20 @@ fn a_command_beyond_the_queue_depth_gets_task_set_full_without_running() {
     rx.recv().unwrap();
     rx.recv().unwrap();
     assert_eq!(t.task_set_len(&a, l0()), 2);
-    // A third command (a WRITE, which the gate does not hold) from either
-    // nexus finds the task set full and does not run.
+    // A third command (a WRITE, which the gate does not hold) finds the
+    // task set full and does not run: TASK SET FULL to a nexus with a
+    // task there, BUSY to one without (SAM-5 5.3.1).
     let w = [0x2a, 0, 0, 0, 0, 9, 0, 0, 1, 0];
-    for (n, tag) in [(&a, 2), (&b, 2)] {
+    for (n, tag, want) in [
+        (&a, 2, Status::TaskSetFull),
+        (&b, 2, Status::TaskSetFull),
+        (&c, 1, Status::Busy),
+    ] {
         let r = t.submit(n, l0(), tag, &w, &[0x5a; 512], 512);
-        assert_eq!((r.status, u8::from(r.status)), (Status::TaskSetFull, 0x28));
+        assert_eq!(r.status, want);
         assert!(r.sense.is_none());
     }
+    assert_eq!(u8::from(Status::TaskSetFull), 0x28);
     assert_eq!(t.task_set_len(&a, l0()), 2);
     g.open();
     assert_eq!(h1.join().unwrap().status, Status::Good);

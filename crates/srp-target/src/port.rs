@@ -153,8 +153,9 @@ pub struct SessionInfo {
 
 type DisconnectHook = Box<dyn Fn(ConnId) + Send + Sync>;
 
-/// One SRP target port; dropping it stops its threads (call
-/// [`TargetPort::shutdown`] first to log initiators out cleanly).
+/// One SRP target port; [`TargetPort::stop`] or dropping it stops its
+/// threads and releases its verbs objects (call [`TargetPort::logout_all`]
+/// first to log initiators out cleanly).
 pub struct TargetPort {
     inner: Arc<Inner>,
     /// The poll and SCSI worker threads; `None` once stopped.
