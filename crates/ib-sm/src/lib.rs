@@ -8,8 +8,10 @@
 //! of hop count 0 (our nodes reach each other directly over UDP: there
 //! are no switches to route through): NodeInfo, NodeDescription and
 //! PortInfo, then Set(PortInfo) with the node's LID (kept per port GUID
-//! across sweeps) and master SM LID, moving the port INIT -> ARMED ->
-//! ACTIVE, then Set(P_KeyTable) from the partitions. A port that finishes
+//! across sweeps) and master SM LID, moving the port INIT -> ARMED, then
+//! Set(P_KeyTable) from the partitions, then ACTIVE (as opensm, so a port
+//! is never ACTIVE without its partitions; an ACTIVE port gets its table
+//! again each sweep). A port that finishes
 //! comes into service (trap 64 to subscribers); one that stops answering
 //! after the resends goes out of service (trap 65). Sweeps repeat every
 //! `sweep_interval`, so a port that leaves and returns is noticed both

@@ -308,6 +308,8 @@ struct Node<P> {
     standby_logged: bool,
     /// The port's refusal of our M_Key is logged (until it takes a Set).
     refused_logged: bool,
+    /// This configuration pass has set the port's P_Key table.
+    pkeys_done: bool,
 }
 
 struct Pending<P> {
@@ -438,6 +440,7 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
                     polling: false,
                     standby_logged: false,
                     refused_logged: false,
+                    pkeys_done: false,
                 })
                 .collect(),
             cfg,
@@ -1216,15 +1219,13 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
                 self.configure(now, i, false);
             }
             Want::SetPkeys => {
-                let n = &mut self.nodes[i];
-                n.busy = false;
-                n.stage = Stage::Idle;
-                if !n.in_service {
-                    n.in_service = true;
-                    let (gid, lid) = (n.gid, n.lid);
-                    let guid = n.info.map_or(Guid(0), |x| x.port_guid);
-                    self.events.push_back(SmEvent::PortUp { guid, lid });
-                    self.trap(now, Notice::TRAP_GID_IN_SERVICE, gid);
+                self.nodes[i].pkeys_done = true;
+                let armed = PortInfo::new_checked(&self.nodes[i].port[..])
+                    .is_ok_and(|p| p.port_state() == state::ARMED);
+                if armed {
+                    self.configure(now, i, false);
+                } else {
+                    self.in_service(now, i);
                 }
             }
         }
@@ -1233,7 +1234,10 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
     /// Configures node `i` whose PortInfo was just read (`first`) or set:
     /// its LID (the one it already has if no other port holds it: a new
     /// master keeps the old one's LIDs), the master SM LID, the state walk
-    /// to ACTIVE, then the P_Key table.
+    /// to ACTIVE with the P_Key table set while the port is ARMED (as
+    /// opensm sets partitions before activating, so a port is never
+    /// ACTIVE with a table the SM has not given it); an ACTIVE port gets
+    /// its table again (partitions may have changed).
     fn configure(&mut self, now: Instant, i: usize, first: bool) {
         if self.state != SmState::Master {
             // Mastership went elsewhere mid-sweep: leave the port alone.
@@ -1264,10 +1268,15 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
                 return;
             }
         };
+        if first {
+            self.nodes[i].pkeys_done = false;
+        }
+        let pkeys_done = self.nodes[i].pkeys_done;
         self.nodes[i].stage = Stage::Configuring;
         self.nodes[i].lid = lid;
         let next = match port_state {
             state::INIT => Some(state::ARMED),
+            state::ARMED if !pkeys_done => None,
             state::ARMED => Some(state::ACTIVE),
             _ if reported != lid || port_lmc != lmc || sm_lid != self.lid_now() || !keyed => {
                 Some(0)
@@ -1291,6 +1300,7 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
                 p.set_mkey_violations(violations);
                 self.ask(now, i, Want::SetPortInfo, m);
             }
+            _ if pkeys_done => self.in_service(now, i),
             _ => {
                 let wanted = self.pkeys_for(guid);
                 let mut m = smp(Method::Set, SmpAttr::PkeyTable, 0);
@@ -1299,6 +1309,21 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
                 }
                 self.ask(now, i, Want::SetPkeys, m);
             }
+        }
+    }
+
+    /// Node `i` is configured: the sweep is done with it; a port new to
+    /// service is logged and trap 64 goes to subscribers.
+    fn in_service(&mut self, now: Instant, i: usize) {
+        let n = &mut self.nodes[i];
+        n.busy = false;
+        n.stage = Stage::Idle;
+        if !n.in_service {
+            n.in_service = true;
+            let (gid, lid) = (n.gid, n.lid);
+            let guid = n.info.map_or(Guid(0), |x| x.port_guid);
+            self.events.push_back(SmEvent::PortUp { guid, lid });
+            self.trap(now, Notice::TRAP_GID_IN_SERVICE, gid);
         }
     }
 

@@ -309,3 +309,30 @@ fn tshark_decodes_the_sms_smps_and_sa_mads() {
         );
     }
 }
+
+#[test]
+fn no_port_is_active_before_it_has_its_pkey_table() {
+    // The SM sets the P_Key table while the port is ARMED, then activates
+    // it (as opensm does), so a client that waits for ACTIVE finds its
+    // partitions there. Checked after every simulator round, with loss.
+    let parts = "Default=0x7fff : ALL=full ;\nstorage=0x10 : ALL=full ;\n";
+    let mut sim = fabric(8, 0.05, Some(parts));
+    let mut early = Vec::new();
+    let r = sim.run_until(Duration::from_secs(20), |s| {
+        for n in 2..2 + HOSTS {
+            let h = host(s, n);
+            if h.sma.port_state() == state::ACTIVE && !h.sma.pkeys().contains(&Pkey(0x8010)) {
+                early.push(n);
+            }
+        }
+        all_active(s)
+    });
+    assert_eq!(r, rdma_sim::RunOutcome::Done);
+    assert!(
+        early.is_empty(),
+        "ACTIVE without the table: hosts {early:?}"
+    );
+    assert!(
+        (2..2 + HOSTS).all(|n| host(&mut sim, n).sma.pkeys()[..2] == [Pkey(0xffff), Pkey(0x8010)])
+    );
+}
