@@ -19,6 +19,15 @@ pub trait Backend: Send + Sync {
     /// `fua`: data must be on stable storage before returning.
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> io::Result<()>;
     fn flush(&self) -> io::Result<()>;
+    /// Reads `len` bytes at `offset` into a new vector. The default zeroes
+    /// the vector and then [`Backend::read`]s into it; a memory store
+    /// copies straight in (zeroing a 4 KiB buffer was a tenth of a read's
+    /// instructions).
+    fn read_vec(&self, offset: u64, len: usize) -> io::Result<Vec<u8>> {
+        let mut buf = vec![0u8; len];
+        self.read(offset, &mut buf)?;
+        Ok(buf)
+    }
     /// Whether reads and writes only touch memory and never wait (RAM,
     /// null): a transport may then run commands on its own thread instead
     /// of handing them to a worker.
@@ -114,6 +123,14 @@ impl Backend for Ram {
             .ok_or(io::ErrorKind::UnexpectedEof)?;
         buf.copy_from_slice(src);
         Ok(())
+    }
+    fn read_vec(&self, offset: u64, len: usize) -> io::Result<Vec<u8>> {
+        let d = self.data.read().unwrap_or_else(|e| e.into_inner());
+        let src = usize::try_from(offset)
+            .ok()
+            .and_then(|o| d.get(o..o.checked_add(len)?))
+            .ok_or(io::ErrorKind::UnexpectedEof)?;
+        Ok(src.to_vec())
     }
     fn resize(&self, new_size: u64) -> io::Result<()> {
         self.data

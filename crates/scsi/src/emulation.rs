@@ -408,13 +408,15 @@ impl Device {
                 if blocks > MAX_TRANSFER_BLOCKS {
                     return Err(Sense::invalid_field(length_field(cdb), None));
                 }
-                let mut buf = vec![0u8; (blocks as u64 * bs) as usize];
                 let Some(ty) = self.config.protection else {
-                    self.backend.read(lba * bs, &mut buf).map_err(|_| {
-                        Sense::new(SenseKey::MediumError, Asc::UNRECOVERED_READ_ERROR)
-                    })?;
-                    return Ok(buf);
+                    return self
+                        .backend
+                        .read_vec(lba * bs, (blocks as u64 * bs) as usize)
+                        .map_err(|_| {
+                            Sense::new(SenseKey::MediumError, Asc::UNRECOVERED_READ_ERROR)
+                        });
                 };
+                let mut buf = vec![0u8; (blocks as u64 * bs) as usize];
                 let pi = {
                     let _pi = self.pi_lock.read().unwrap_or_else(|e| e.into_inner());
                     self.backend.read(lba * bs, &mut buf).map_err(|_| {

@@ -296,3 +296,31 @@ fn blockio_takes_size_and_block_size_from_loop_devices() {
         drop(lo);
     }
 }
+
+#[test]
+fn read_vec_agrees_with_read_and_refuses_past_the_end() {
+    let ram = scsi::backend::Ram::new(64 * 1024);
+    let data: Vec<u8> = (0..8192u32).map(|i| (i * 7 + 3) as u8).collect();
+    ram.write(4096, &data, false).unwrap();
+    let mut by_read = vec![0u8; 8192];
+    ram.read(4096, &mut by_read).unwrap();
+    assert_eq!(ram.read_vec(4096, 8192).unwrap(), by_read);
+    assert_eq!(by_read, data);
+    // The default (zero, then read) gives the same bytes.
+    let dir = TempDir::new("stores-read-vec");
+    let path = full_file(&dir, "img", 64 * 1024);
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .unwrap();
+    let fio = scsi::backend::FileIo::new(file, false).unwrap();
+    fio.write(4096, &data, false).unwrap();
+    assert_eq!(fio.read_vec(4096, 8192).unwrap(), data);
+    for (off, len) in [(60 * 1024, 8192), (u64::MAX - 1, 2), (0, usize::MAX)] {
+        assert!(
+            ram.read_vec(off, len).is_err(),
+            "read_vec({off}, {len}) past the end"
+        );
+    }
+}
