@@ -300,7 +300,8 @@ scenario_run() {
       "INTEROP-FAIL $name "*) reason="${reason:+$reason; }vm $vname: ${line#*: }" ;;
       *) reason="${reason:+$reason; }vm $vname: no marker (qemu status ${VM_RC[$vname]:-?}; timeout or crash)" ;;
     esac
-    grep -a -E '^\[guest [^]]*\] timing' "$con" 2>/dev/null | tr -d '\r' | sed "s/^/  /" >&2 || true
+    # Timings, and measurements (THROUGHPUT lines) kept in the run's log.
+    grep -a -E '^\[guest [^]]*\] (timing|THROUGHPUT)' "$con" 2>/dev/null | tr -d '\r' | sed "s/^/  /" >&2 || true
   done
   capture_check
   [ -z "$CAP_PROBLEM" ] || reason="${reason:+$reason; }capture: $CAP_PROBLEM"
