@@ -5,7 +5,13 @@
 //!
 //! Answered: Get of NodeInfo, NodeDescription, PortInfo, P_KeyTable (block
 //! 0) and GUIDInfo (block 0); Set of PortInfo (LID, LMC, master SM LID,
-//! subnet timeout, port state, the M_Key fields) and P_KeyTable. The LMC
+//! subnet timeout, port state, the M_Key fields), P_KeyTable and GUIDInfo.
+//! The port's GUID table has [`GUID_CAP`] entries (PortInfo:GUIDCap), one
+//! block: IBA 14.2.5.5 lets the SM assign entries 1 and up (alias GUIDs),
+//! while entry 0 is the port GUID and read-only, so a Set's entry 0 is
+//! ignored and the response shows the table as it now is. Soft RoCE
+//! addresses a port by GID, so the aliases are kept for the SM to read
+//! back ([`Sma::guids`]) and no provider is told. The LMC
 //! (IBA 7.11.1: the port answers to its base LID and the 2^LMC - 1 LIDs
 //! above it) is kept in PortInfo only: soft RoCE reaches a port by GID,
 //! so no provider is told; the SM and SA use the range in their records. Port state moves
@@ -53,6 +59,9 @@ pub const TRAP_BAD_MKEY: u16 = Notice::TRAP_BAD_MKEY;
 /// Where an SMP's M_Key is.
 const SMP_MKEY: std::ops::Range<usize> = 24..32;
 
+/// Entries of the port's GUID table (PortInfo:GUIDCap): one GUIDInfo block.
+pub const GUID_CAP: usize = 8;
+
 /// Where SMP attribute data starts.
 pub const SMP_DATA: usize = 64;
 /// Port states (PortInfo:PortState).
@@ -99,6 +108,8 @@ pub struct Sma {
     node: NodeInfo,
     port: [u8; 64],
     pkeys: [u16; 32],
+    /// GUIDInfo block 0: entry 0 is the port GUID, the rest the SM's.
+    guids: [u64; GUID_CAP],
     description: String,
     /// Unrepressed traps, oldest first, one per trap number at most.
     traps: VecDeque<MadBytes>,
@@ -134,15 +145,18 @@ impl Sma {
             p.set_port_state(state::INIT);
             p.set_phys_state(5); // LinkUp
             p.set_mtu_cap(5); // 4096
-            p.set_guid_cap(1);
+            p.set_guid_cap(GUID_CAP as u8);
             p.set_resp_time_value(18);
         }
         let mut pkeys = [0u16; 32];
         pkeys[0] = 0xffff;
+        let mut guids = [0u64; GUID_CAP];
+        guids[0] = cfg.port_guid.0;
         Sma {
             node,
             port,
             pkeys,
+            guids,
             description: cfg.description,
             traps: VecDeque::new(),
             trap_tid: 0,
@@ -179,6 +193,12 @@ impl Sma {
     /// The port's GUID.
     pub fn port_guid(&self) -> Guid {
         self.node.port_guid
+    }
+
+    /// The GUID table (GUIDInfo block 0): entry 0 is the port GUID, the
+    /// others what the SM assigned (0: unassigned).
+    pub fn guids(&self) -> [Guid; GUID_CAP] {
+        self.guids.map(Guid)
     }
 
     /// PortInfo:CapabilityMask.
@@ -409,7 +429,13 @@ impl Sma {
                     }
                     actions.push(SmaAction::Pkeys);
                 }
-                SmpAttr::PkeyTable => {
+                SmpAttr::GuidInfo if modifier == 0 => {
+                    // Entry 0 is the port GUID: read-only (IBA 14.2.5.5).
+                    for (i, g) in self.guids.iter_mut().enumerate().skip(1) {
+                        *g = u64::from_be_bytes(data[8 * i..8 * i + 8].try_into().expect("8"));
+                    }
+                }
+                SmpAttr::PkeyTable | SmpAttr::GuidInfo => {
                     return Some((status(StatusCode::InvalidAttrValue), Vec::new()))
                 }
                 _ => return Some((status(StatusCode::MethodAttrUnsupported), Vec::new())),
@@ -436,7 +462,9 @@ impl Sma {
                 }
             }
             SmpAttr::GuidInfo if modifier == 0 => {
-                data[..8].copy_from_slice(&self.node.port_guid.0.to_be_bytes());
+                for (i, g) in self.guids.iter().enumerate() {
+                    data[8 * i..8 * i + 8].copy_from_slice(&g.to_be_bytes());
+                }
             }
             SmpAttr::PkeyTable | SmpAttr::GuidInfo => {
                 return Some((status(StatusCode::InvalidAttrValue), Vec::new()))
@@ -569,6 +597,62 @@ mod tests {
         through[7] = 2; // hop count 2, pointer 0: not for us
         assert!(s.handle(Instant::ZERO, &through).is_none());
         assert!(s.handle(Instant::ZERO, &[1, 1, 1]).is_none());
+    }
+
+    #[test]
+    fn set_guid_info_assigns_aliases_and_keeps_entry_0() {
+        let mut s = sma();
+        let (r, _) = s
+            .handle(Instant::ZERO, &smp(0x01, SmpAttr::PortInfo, false))
+            .unwrap();
+        let p = PortInfo::new_checked(&r[SMP_DATA..]).unwrap();
+        assert_eq!(usize::from(p.guid_cap()), GUID_CAP);
+        // The SM tries to overwrite entry 0 and assigns entries 1 and 7.
+        let mut m = smp(0x02, SmpAttr::GuidInfo, true);
+        m[SMP_DATA..SMP_DATA + 8].copy_from_slice(&0xdeadu64.to_be_bytes());
+        m[SMP_DATA + 8..SMP_DATA + 16].copy_from_slice(&0x0002_c903_0000_0a01u64.to_be_bytes());
+        m[SMP_DATA + 56..SMP_DATA + 64].copy_from_slice(&0x0002_c903_0000_0a07u64.to_be_bytes());
+        let (r, a) = s.handle(Instant::ZERO, &m).unwrap();
+        assert_eq!(status(&r), 0);
+        assert_eq!(r[3], 0x81, "GetResp to a Set");
+        assert!(a.is_empty(), "nothing for the provider to do");
+        assert_eq!(&r[SMP_DATA..SMP_DATA + 8], &0x11u64.to_be_bytes());
+        assert_eq!(
+            &r[SMP_DATA + 8..SMP_DATA + 16],
+            &0x0002_c903_0000_0a01u64.to_be_bytes()
+        );
+        let g = s.guids();
+        assert_eq!(
+            (g[0], g[1], g[2], g[7]),
+            (
+                Guid(0x11),
+                Guid(0x0002_c903_0000_0a01),
+                Guid(0),
+                Guid(0x0002_c903_0000_0a07)
+            )
+        );
+        assert_eq!(s.port_guid(), Guid(0x11));
+        // A later Get shows the table as set.
+        let (r, _) = s
+            .handle(Instant::ZERO, &smp(0x01, SmpAttr::GuidInfo, false))
+            .unwrap();
+        assert_eq!(
+            &r[SMP_DATA + 56..SMP_DATA + 64],
+            &0x0002_c903_0000_0a07u64.to_be_bytes()
+        );
+        // A block past the table is refused and changes nothing.
+        let mut m = smp(0x02, SmpAttr::GuidInfo, false);
+        m[20..24].copy_from_slice(&1u32.to_be_bytes());
+        m[SMP_DATA + 8..SMP_DATA + 16].copy_from_slice(&5u64.to_be_bytes());
+        let (r, _) = s.handle(Instant::ZERO, &m).unwrap();
+        assert_eq!(status(&r), 0x001C, "invalid attribute value");
+        assert_eq!(s.guids(), g);
+        // A Set with a wrong M_Key is refused like any other Set.
+        s.handle(Instant::ZERO, &set_mkey(0, 0x42, 1, 0)).unwrap();
+        let mut m = with_key(0x02, SmpAttr::GuidInfo, 0x43);
+        m[SMP_DATA + 8..SMP_DATA + 16].copy_from_slice(&6u64.to_be_bytes());
+        assert!(s.handle(Instant::ZERO, &m).is_none());
+        assert_eq!(s.guids(), g);
     }
 
     #[test]
