@@ -804,6 +804,10 @@ fn discover(
     let mut traps: Option<TrapSub> = None;
     let mut traps_sm_lid: Option<u16> = None;
     let mut round = 0u64;
+    // After a scan with failures (a port that came up before its device
+    // management agent was registered answers "bad version"), the next
+    // scan comes sooner: 0.5 s, doubling up to the rescan period.
+    let mut retry_in = Duration::from_millis(500);
     loop {
         round += 1;
         if let (Some(port), Some(_)) = (&ib, rescan) {
@@ -968,7 +972,22 @@ fn discover(
         let _ = std::io::Write::flush(&mut std::io::stdout());
         // Until the next scan: signals, and (on a managed subnet) traps
         // and SM changes, looked at every 100 ms.
-        let next = std::time::Instant::now() + Duration::from_secs(rescan.unwrap_or(1));
+        let period = Duration::from_secs(rescan.unwrap_or(1));
+        let wait = if ok {
+            retry_in = Duration::from_millis(500);
+            period
+        } else {
+            let w = retry_in.min(period);
+            retry_in = (retry_in * 2).min(period);
+            if verbose {
+                println!(
+                    "# scan {round} had failures: next scan in {} ms",
+                    w.as_millis()
+                );
+            }
+            w
+        };
+        let next = std::time::Instant::now() + wait;
         loop {
             let left = next.saturating_duration_since(std::time::Instant::now());
             if left.is_zero() {
