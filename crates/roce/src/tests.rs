@@ -177,6 +177,9 @@ struct Side {
     wcs: Vec<Completion>,
     events: Vec<QpEvent>,
     sent: Vec<Packet<Vec<u8>>>,
+    /// When each packet of `sent` left (virtual clock) and its place in
+    /// the order of all packets both sides sent.
+    sent_at: Vec<(Instant, u64)>,
 }
 
 struct Net {
@@ -186,6 +189,8 @@ struct Net {
     ab: FaultInjector<Wire>,
     ba: FaultInjector<Wire>,
     record: bool,
+    /// Packets sent so far by both sides while recording.
+    sent_seq: u64,
 }
 
 const A_BUF: u64 = 0x1_0000;
@@ -218,6 +223,7 @@ impl Net {
                 wcs: vec![],
                 events: vec![],
                 sent: vec![],
+                sent_at: vec![],
             }
         };
         Net {
@@ -227,6 +233,7 @@ impl Net {
             ab: FaultInjector::new(FaultConfig::default()),
             ba: FaultInjector::new(FaultConfig::default()),
             record: false,
+            sent_seq: 0,
         }
     }
 
@@ -247,11 +254,14 @@ impl Net {
     fn round(&mut self) -> bool {
         let mut busy = false;
         let now = self.now;
+        let sent_seq = &mut self.sent_seq;
         for (side, link) in [(&mut self.a, &mut self.ab), (&mut self.b, &mut self.ba)] {
             while let Some(p) = side.qp.poll_transmit(now, &mut side.mem) {
                 busy = true;
                 if self.record {
                     side.sent.push(p.clone());
+                    side.sent_at.push((now, *sent_seq));
+                    *sent_seq += 1;
                 }
                 link.push(
                     now,
@@ -1713,4 +1723,324 @@ fn uc_send_with_invalidate_is_refused_locally() {
     n.settle();
     assert_eq!(n.a.wcs[0].status, WcStatus::LocQpOpErr);
     assert!(n.a.sent.is_empty());
+}
+
+// ---------------------------------------------------------------- audit gaps (issue 3)
+
+/// The AETH syndrome of every ACK/NAK `side` sent, in order.
+fn aeth_syndromes(side: &Side) -> Vec<(Psn, Syndrome)> {
+    side.sent
+        .iter()
+        .filter(|p| p.bth.opcode == Opcode::RcAcknowledge)
+        .map(|p| {
+            (
+                p.bth.psn,
+                p.ext.aeth.expect("an ACK carries an AETH").syndrome,
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn acks_carry_the_credit_code_of_the_receives_left() {
+    // IBA 9.7.7.2.5: the credit field is the largest code whose WQE count
+    // does not exceed the receive WQEs still posted. Codes written out from
+    // the spec's table (0,1,2,3,4,6,8,12,16,24,32,48,64,96,...), not
+    // computed with the code under test.
+    let mut n = Net::new(QpType::Rc, |_| {});
+    n.record = true;
+    for id in 0..10 {
+        n.b.qp.post_recv(RecvWqe {
+            wr_id: id,
+            sges: sge(B_BUF, 0, 64),
+        });
+    }
+    for id in 0..10 {
+        n.a.qp
+            .post_send(SendWqe::new(id, SendOp::Send, sge(A_BUF, 0, 8)));
+        n.settle();
+    }
+    let credits: Vec<u8> = aeth_syndromes(&n.b)
+        .into_iter()
+        .map(|(_, s)| match s {
+            Syndrome::Ack(c) => c.0,
+            other => panic!("not an ACK: {other:?}"),
+        })
+        .collect();
+    // Receives left after each SEND: 9, 8, ..., 0.
+    assert_eq!(credits, vec![6, 6, 5, 5, 4, 4, 3, 2, 1, 0]);
+    assert!(n.a.wcs.iter().all(|c| c.status == WcStatus::Success));
+
+    // 100 posted, one consumed: 99 left -> code 13 (96 WQEs).
+    let mut n = Net::new(QpType::Rc, |_| {});
+    n.record = true;
+    for id in 0..100 {
+        n.b.qp.post_recv(RecvWqe {
+            wr_id: id,
+            sges: sge(B_BUF, 0, 64),
+        });
+    }
+    n.a.qp
+        .post_send(SendWqe::new(1, SendOp::Send, sge(A_BUF, 0, 8)));
+    n.settle();
+    assert_eq!(
+        aeth_syndromes(&n.b),
+        vec![(Psn::new(0), Syndrome::Ack(rdma_wire::CreditCount(13)))]
+    );
+
+    // On an SRQ the responder cannot promise anything: code 31 (invalid).
+    let mut n = Net::new(QpType::Rc, |c| c.srq = true);
+    n.record = true;
+    n.b.mem.use_srq = true;
+    n.b.mem.srq.push_back(RecvWqe {
+        wr_id: 1,
+        sges: sge(B_BUF, 0, 64),
+    });
+    n.a.qp
+        .post_send(SendWqe::new(1, SendOp::Send, sge(A_BUF, 0, 8)));
+    n.settle();
+    assert_eq!(
+        aeth_syndromes(&n.b),
+        vec![(Psn::new(0), Syndrome::Ack(rdma_wire::CreditCount(31)))]
+    );
+}
+
+#[test]
+fn rnr_nak_carries_min_rnr_timer_and_the_requester_waits_that_long() {
+    for timer in [1u8, 14, 31] {
+        let mut n = Net::new(QpType::Rc, |c| c.min_rnr_timer = timer);
+        n.record = true;
+        n.a.qp
+            .post_send(SendWqe::new(1, SendOp::Send, sge(A_BUF, 0, 10)));
+        n.run(Duration::from_secs(10), |n| {
+            n.b.qp.counters().rnr_naks_sent >= 3
+        });
+        n.round(); // the third NAK goes out
+        let naks: Vec<(usize, u8)> =
+            n.b.sent
+                .iter()
+                .enumerate()
+                .filter_map(|(i, p)| match p.ext.aeth?.syndrome {
+                    Syndrome::RnrNak(t) => Some((i, t.0)),
+                    _ => None,
+                })
+                .collect();
+        assert!(naks.len() >= 3, "timer {timer}: {} RNR NAKs", naks.len());
+        let wait = rdma_wire::RnrTimer(timer).duration();
+        for (i, code) in &naks {
+            assert_eq!(*code, timer, "the NAK advertises min_rnr_timer");
+            let (naked_at, seq) = n.b.sent_at[*i];
+            // A's next SEND after this NAK waits at least the timer.
+            if let Some(&(t, _)) = n.a.sent_at.iter().find(|&&(_, s)| s > seq) {
+                assert!(
+                    t >= naked_at + wait,
+                    "timer {timer}: retried after {:?}, wanted {wait:?}",
+                    t - naked_at
+                );
+            }
+        }
+        assert!(n.a.wcs.is_empty());
+    }
+}
+
+#[test]
+fn rnr_retry_7_is_infinite() {
+    let mut n = Net::new(QpType::Rc, |c| {
+        c.rnr_retry = 7;
+        c.min_rnr_timer = 1; // 0.01 ms
+    });
+    n.a.qp
+        .post_send(SendWqe::new(1, SendOp::Send, sge(A_BUF, 0, 10)));
+    n.run(Duration::from_secs(10), |n| {
+        n.a.qp.counters().rnr_naks_received >= 30
+    });
+    assert!(n.a.qp.counters().rnr_naks_received >= 30);
+    assert!(n.a.wcs.is_empty(), "no RNR retry exceeded: {:?}", n.a.wcs);
+    assert!(n.a.events.is_empty(), "{:?}", n.a.events);
+    n.b.qp.post_recv(RecvWqe {
+        wr_id: 5,
+        sges: sge(B_BUF, 0, 64),
+    });
+    n.settle();
+    assert_eq!(
+        n.a.wcs.iter().map(|c| c.status).collect::<Vec<_>>(),
+        vec![WcStatus::Success]
+    );
+    assert_eq!(n.b.wcs.len(), 1);
+    assert_eq!(n.b.wcs[0].byte_len, 10);
+    assert_eq!(b_bytes(&n, 0, 10), a_bytes(&n, 0, 10));
+}
+
+#[test]
+fn a_gap_draws_one_sequence_nak_and_go_back_n_from_the_missing_psn() {
+    let mut n = Net::new(QpType::Rc, |c| c.sq_psn = Psn::new(100));
+    // Net::new swaps sq/rq PSNs for B; make B expect 100 too.
+    n.b.qp = {
+        let mut cfg = n.b.qp.config().clone();
+        cfg.rq_psn = Psn::new(100);
+        let mut qp = Qp::new(cfg);
+        qp.set_rts();
+        qp
+    };
+    n.a.qp.post_send(SendWqe::new(
+        1,
+        SendOp::Write {
+            raddr: B_BUF + 1000,
+            rkey: rkey_of(B_BUF),
+        },
+        sge(A_BUF, 0, 5000),
+    ));
+    let now = n.now;
+    let mut first = Vec::new();
+    while let Some(p) = n.a.qp.poll_transmit(now, &mut n.a.mem) {
+        first.push(p);
+    }
+    let psns: Vec<u32> = first.iter().map(|p| p.bth.psn.value()).collect();
+    assert_eq!(psns, vec![100, 101, 102, 103, 104]);
+    // PSN 101 is lost.
+    for (i, p) in first.iter().enumerate() {
+        if i != 1 {
+            n.b.qp.handle_packet(now, &p.as_received(), &mut n.b.mem);
+        }
+    }
+    let mut answers = Vec::new();
+    while let Some(p) = n.b.qp.poll_transmit(now, &mut n.b.mem) {
+        answers.push(p);
+    }
+    assert_eq!(answers.len(), 1, "exactly one NAK for the gap: {answers:?}");
+    assert_eq!(answers[0].bth.opcode, Opcode::RcAcknowledge);
+    assert_eq!(
+        answers[0].bth.psn,
+        Psn::new(101),
+        "NAK names the missing PSN"
+    );
+    assert_eq!(
+        answers[0].ext.aeth.map(|a| a.syndrome),
+        Some(Syndrome::Nak(rdma_wire::NakCode::PsnSequenceError))
+    );
+    let b = n.b.qp.counters();
+    assert_eq!((b.out_of_sequence, b.naks_sent), (3, 1));
+
+    n.a.qp
+        .handle_packet(now, &answers[0].as_received(), &mut n.a.mem);
+    let mut again = Vec::new();
+    while let Some(p) = n.a.qp.poll_transmit(now, &mut n.a.mem) {
+        again.push(p);
+    }
+    let psns: Vec<u32> = again.iter().map(|p| p.bth.psn.value()).collect();
+    assert_eq!(psns, vec![101, 102, 103, 104], "go back to the missing PSN");
+    assert_eq!(again[0].bth.opcode, Opcode::RcWriteMiddle);
+    assert_eq!(again[3].bth.opcode, Opcode::RcWriteLast);
+    assert!(again[3].bth.ack_req);
+    let a = n.a.qp.counters();
+    assert_eq!((a.seq_naks_received, a.retransmits, a.timeouts), (1, 4, 0));
+    for p in &again {
+        n.b.qp.handle_packet(now, &p.as_received(), &mut n.b.mem);
+    }
+    let ack = n.b.qp.poll_transmit(now, &mut n.b.mem).expect("the ACK");
+    assert_eq!(ack.bth.psn, Psn::new(104));
+    assert!(matches!(ack.ext.aeth.unwrap().syndrome, Syndrome::Ack(_)));
+    assert!(n.b.qp.poll_transmit(now, &mut n.b.mem).is_none());
+    n.a.qp.handle_packet(now, &ack.as_received(), &mut n.a.mem);
+    n.round();
+    assert_eq!(
+        n.a.wcs.iter().map(|c| c.status).collect::<Vec<_>>(),
+        vec![WcStatus::Success]
+    );
+    assert_eq!(b_bytes(&n, 1000, 5000), a_bytes(&n, 0, 5000));
+    assert_eq!(n.b.qp.counters().naks_sent, 1, "no second NAK");
+}
+
+#[test]
+fn atomics_beyond_the_initiator_depth_wait_and_all_return_the_right_values() {
+    for depth in [1u8, 3] {
+        let mut n = Net::new(QpType::Rc, |c| {
+            c.max_rd_atomic = depth;
+            c.max_dest_rd_atomic = depth;
+        });
+        const SLOT: usize = 8192;
+        n.b.mem.regions[0].data[SLOT..SLOT + 8].copy_from_slice(&1000u64.to_ne_bytes());
+        const ADDS: u64 = 8;
+        for i in 0..ADDS {
+            n.a.qp.post_send(SendWqe::new(
+                i,
+                SendOp::FetchAdd {
+                    raddr: B_BUF + SLOT as u64,
+                    rkey: rkey_of(B_BUF),
+                    add: 1 << i,
+                },
+                sge(A_BUF, i * 8, 8),
+            ));
+        }
+        // 1000 + 255 after the adds: one swap that matches, one that does not.
+        for (i, compare) in [(ADDS, 1255u64), (ADDS + 1, 1)] {
+            n.a.qp.post_send(SendWqe::new(
+                i,
+                SendOp::CmpSwap {
+                    raddr: B_BUF + SLOT as u64,
+                    rkey: rkey_of(B_BUF),
+                    compare,
+                    swap: 7,
+                },
+                sge(A_BUF, i * 8, 8),
+            ));
+        }
+        let total = ADDS as usize + 2;
+        // Pump packets by hand; an atomic is outstanding from the moment A
+        // sends it until its ATOMIC Acknowledge reaches A.
+        let mut in_flight = std::collections::BTreeSet::new();
+        let mut most = 0;
+        let now = n.now;
+        for _ in 0..1000 {
+            if n.a.wcs.len() == total {
+                break;
+            }
+            let mut to_b = Vec::new();
+            while let Some(p) = n.a.qp.poll_transmit(now, &mut n.a.mem) {
+                if matches!(p.bth.opcode, Opcode::RcFetchAdd | Opcode::RcCompareSwap) {
+                    in_flight.insert(p.bth.psn.value());
+                    most = most.max(in_flight.len());
+                    assert!(
+                        in_flight.len() <= depth as usize,
+                        "depth {depth}: {in_flight:?} outstanding"
+                    );
+                }
+                to_b.push(p);
+            }
+            for p in &to_b {
+                n.b.qp.handle_packet(now, &p.as_received(), &mut n.b.mem);
+            }
+            let mut to_a = Vec::new();
+            while let Some(p) = n.b.qp.poll_transmit(now, &mut n.b.mem) {
+                to_a.push(p);
+            }
+            for p in &to_a {
+                if p.bth.opcode == Opcode::RcAtomicAcknowledge {
+                    in_flight.remove(&p.bth.psn.value());
+                }
+                n.a.qp.handle_packet(now, &p.as_received(), &mut n.a.mem);
+            }
+            while let Some(c) = n.a.qp.poll_completion() {
+                n.a.wcs.push(c);
+            }
+        }
+        assert_eq!(most, depth as usize, "the limit was reached, not exceeded");
+        let got: Vec<(u64, WcStatus)> = n.a.wcs.iter().map(|c| (c.wr_id, c.status)).collect();
+        let want: Vec<(u64, WcStatus)> =
+            (0..total as u64).map(|i| (i, WcStatus::Success)).collect();
+        assert_eq!(got, want);
+        let orig = |i: usize| u64::from_ne_bytes(a_bytes(&n, i * 8, 8).try_into().unwrap());
+        let mut expect = 1000u64;
+        for i in 0..ADDS as usize {
+            assert_eq!(orig(i), expect, "depth {depth}: fetch-add {i}");
+            expect += 1 << i;
+        }
+        assert_eq!(orig(ADDS as usize), 1255, "swap that matched");
+        assert_eq!(orig(ADDS as usize + 1), 7, "swap that did not match");
+        assert_eq!(
+            u64::from_ne_bytes(b_bytes(&n, SLOT, 8).try_into().unwrap()),
+            7
+        );
+        assert_eq!(n.a.qp.counters().retransmits, 0);
+    }
 }
