@@ -1,0 +1,163 @@
+//! Link down/up at the driver level: two nodes on 127.0.156.x exchange RC
+//! traffic through real UDP sockets (ephemeral ports) while one node's link
+//! is cut with `Node::set_link_up`.
+
+use rdma_types::{Instant, Lkey, Mtu, Qpn, Rkey, WcStatus};
+use roce::{Completion, QpConfig, QpEvent, SendOp, SendWqe, Sge};
+use softroce::{FlatMemory, Node, NodeConfig, QpHandle};
+use std::time::{Duration, Instant as StdInstant};
+
+const KEY: u32 = 7;
+const LEN: usize = 64 * 1024;
+
+struct Pair {
+    a: Node,
+    b: Node,
+    qa: QpHandle,
+    ma: FlatMemory,
+    mb: FlatMemory,
+    epoch: StdInstant,
+}
+
+/// An RC QP on 127.0.156.`a_host` connected to one on 127.0.156.`b_host`,
+/// with ACK timeout exponent `timeout` and `retry_cnt` retries.
+fn pair(a_host: u8, b_host: u8, timeout: u8, retry_cnt: u8) -> Pair {
+    let mut a = Node::bind(NodeConfig::new(
+        format!("127.0.156.{a_host}:0").parse().unwrap(),
+    ))
+    .unwrap();
+    let mut b = Node::bind(NodeConfig::new(
+        format!("127.0.156.{b_host}:0").parse().unwrap(),
+    ))
+    .unwrap();
+    let ma = FlatMemory::new(KEY, LEN);
+    ma.with(|m| {
+        m.iter_mut()
+            .enumerate()
+            .for_each(|(i, x)| *x = (i * 13 % 251) as u8)
+    });
+    let mb = FlatMemory::new(KEY, LEN);
+    let mut cfg = QpConfig::rc(Qpn::new(0).unwrap(), Qpn::new(0).unwrap());
+    cfg.pmtu = Mtu::Mtu1024;
+    cfg.timeout = timeout;
+    cfg.retry_cnt = retry_cnt;
+    let qa = a.create_qp(cfg.clone(), Box::new(ma.clone()));
+    let qb = b.create_qp(cfg, Box::new(mb.clone()));
+    a.qp_mut(qa).unwrap().update_config(|c| c.dest_qpn = qb.0);
+    b.qp_mut(qb).unwrap().update_config(|c| c.dest_qpn = qa.0);
+    a.set_remote(qa, b.local_addr());
+    b.set_remote(qb, a.local_addr());
+    a.qp_mut(qa).unwrap().set_rts();
+    b.qp_mut(qb).unwrap().set_rts();
+    Pair {
+        a,
+        b,
+        qa,
+        ma,
+        mb,
+        epoch: StdInstant::now(),
+    }
+}
+
+impl Pair {
+    /// Drives both nodes until `done` holds for A's completions or `limit`
+    /// of real time passes; returns the completions.
+    fn run(&mut self, limit: Duration, done: impl Fn(&[Completion]) -> bool) -> Vec<Completion> {
+        let mut wcs = Vec::new();
+        let deadline = StdInstant::now() + limit;
+        while !done(&wcs) && StdInstant::now() < deadline {
+            let now = Instant::from_std(self.epoch, StdInstant::now());
+            let busy = self.a.poll(now) | self.b.poll(now);
+            while let Some(c) = self.a.poll_completion(self.qa) {
+                wcs.push(c);
+            }
+            if !busy {
+                // Idle: block in the kernel until traffic or 200 us.
+                let _ = self.a.wait(Duration::from_micros(200));
+            }
+        }
+        wcs
+    }
+
+    fn write(&mut self, id: u64, off: u64, len: u32) {
+        self.a.qp_mut(self.qa).unwrap().post_send(SendWqe::new(
+            id,
+            SendOp::Write {
+                raddr: off,
+                rkey: Rkey(KEY),
+            },
+            vec![Sge {
+                addr: off,
+                len,
+                lkey: Lkey(KEY),
+            }],
+        ));
+    }
+}
+
+fn bytes(m: &FlatMemory, off: usize, len: usize) -> Vec<u8> {
+    m.with(|b| b[off..off + len].to_vec())
+}
+
+#[test]
+fn traffic_stops_while_the_link_is_down_and_recovers_within_the_retry_budget() {
+    // Timeout 2^12 * 4.096 us = 16.8 ms, 7 retries: a budget of ~134 ms;
+    // the link stays down ~30 ms of it.
+    let mut p = pair(1, 2, 12, 7);
+    // First a WRITE on a good link.
+    p.write(1, 0, 3000);
+    let wcs = p.run(Duration::from_secs(10), |w| !w.is_empty());
+    assert_eq!(wcs.len(), 1);
+    assert_eq!(wcs[0].status, WcStatus::Success);
+
+    p.a.set_link_up(false);
+    let b_rx = p.b.stats().rx_datagrams;
+    p.write(2, 8192, 5000);
+    let down_until = StdInstant::now() + Duration::from_millis(30);
+    let wcs = p.run(Duration::from_secs(1), |_| StdInstant::now() >= down_until);
+    assert!(wcs.is_empty(), "nothing completes while down: {wcs:?}");
+    assert_eq!(p.b.stats().rx_datagrams, b_rx, "nothing reached B");
+    assert!(p.a.stats().link_down_drops >= 5, "{:?}", p.a.stats());
+    assert_eq!(bytes(&p.mb, 8192, 5000), vec![0; 5000], "B untouched");
+
+    p.a.set_link_up(true);
+    let wcs = p.run(Duration::from_secs(10), |w| !w.is_empty());
+    assert_eq!(
+        wcs.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
+        vec![(2, WcStatus::Success)]
+    );
+    assert_eq!(bytes(&p.mb, 8192, 5000), bytes(&p.ma, 8192, 5000));
+    assert!(p.b.stats().rx_datagrams > b_rx);
+    let c = p.a.qp_mut(p.qa).unwrap().counters();
+    assert!(c.timeouts >= 1, "the requester retried: {c:?}");
+    assert!(p.a.poll_event(p.qa).is_none(), "the QP did not go to error");
+}
+
+#[test]
+fn link_down_longer_than_the_retry_budget_is_retry_exceeded() {
+    // Timeout 2^10 * 4.096 us = 4.2 ms, 2 retries: gives up after ~13 ms.
+    let mut p = pair(3, 4, 10, 2);
+    p.a.set_link_up(false);
+    p.write(1, 0, 3000);
+    p.write(2, 4096, 3000);
+    let started = StdInstant::now();
+    let wcs = p.run(Duration::from_secs(10), |w| w.len() == 2);
+    assert_eq!(
+        wcs.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
+        vec![(1, WcStatus::RetryExcErr), (2, WcStatus::WrFlushErr)]
+    );
+    // Not before the budget: three timeouts of 4.2 ms each.
+    assert!(started.elapsed() >= Duration::from_millis(12));
+    assert_eq!(
+        p.a.poll_event(p.qa),
+        Some(QpEvent::Error(WcStatus::RetryExcErr))
+    );
+    assert_eq!(p.a.qp_mut(p.qa).unwrap().counters().timeouts, 3);
+    // Restoring the link does not revive an errored QP.
+    p.a.set_link_up(true);
+    p.write(3, 0, 100);
+    let wcs = p.run(Duration::from_secs(10), |w| !w.is_empty());
+    assert_eq!(wcs.len(), 1);
+    assert_eq!(wcs[0].status, WcStatus::WrFlushErr);
+    assert_eq!(bytes(&p.mb, 0, 3000), vec![0; 3000]);
+}
