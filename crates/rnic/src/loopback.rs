@@ -419,6 +419,33 @@ impl State {
         }
     }
 
+    /// Moves a UC/UD QP to SQE, flushing its send queue only.
+    fn enter_sqe(&mut self, qi: usize, out: &mut Vec<Cb>) {
+        let q = self.qp(qi);
+        q.state = QpState::Sqe;
+        q.attr.state = Some(QpState::Sqe);
+        let pending: Vec<SendWr> = q.pending.drain(..).collect();
+        let (scq, ctx) = (q.send_cq, q.ctx);
+        for wr in pending {
+            self.complete(
+                scq,
+                WorkCompletion::new(wr.wr_id, WcStatus::WrFlushErr, wc_opcode(wr.opcode), ctx),
+                false,
+                out,
+            );
+        }
+    }
+
+    /// A responder error no receive completion reports (a bad RDMA or
+    /// atomic request): the responder's QP goes to ERR and its owner gets
+    /// an affiliated QpFatal (IBA 9.9.3.1: local access violation /
+    /// invalid request work queue errors).
+    fn responder_fatal(&mut self, pi: usize, out: &mut Vec<Cb>) {
+        let (ca, ctx) = (self.qpr(pi).ca, self.qpr(pi).ctx);
+        self.enter_error(pi, out);
+        self.event(ca, AsyncEventKind::QpFatal, ctx, None, out);
+    }
+
     fn take_recv(&mut self, qi: usize, out: &mut Vec<Cb>) -> Option<RecvWr> {
         match self.qpr(qi).srq {
             Some(si) => {
@@ -476,15 +503,20 @@ impl State {
                 }
             }
             Err(st) => {
-                // Every error completion moves the QP to ERR and flushes
-                // (IBA 10.8.3; the loopback does not use SQE for UC/UD).
+                // An error completion moves an RC QP to ERR (IBA 10.8.3),
+                // a UC/UD QP to SQE (IBA 10.3.1.6); both flush the sends
+                // behind it. In SQE the receive queue keeps working.
                 self.complete(
                     scq,
                     WorkCompletion::new(wr.wr_id, st, wc_opcode(wr.opcode), ctx),
                     false,
                     out,
                 );
-                self.enter_error(qi, out);
+                if self.qpr(qi).init.qp_type == QpType::Rc {
+                    self.enter_error(qi, out);
+                } else {
+                    self.enter_sqe(qi, out);
+                }
             }
         }
         true
@@ -593,8 +625,10 @@ impl State {
             .and_then(|(d, _)| self.devices[d].qpns.get(&dq.value()).copied())
             .filter(|&pi| {
                 let p = self.qpr(pi);
-                matches!(p.state, QpState::Rtr | QpState::Rts | QpState::Sqd)
-                    && p.attr.dest_qpn.map(|x| x.value()) == Some(qpn)
+                matches!(
+                    p.state,
+                    QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
+                ) && p.attr.dest_qpn.map(|x| x.value()) == Some(qpn)
                     && p.init.qp_type == qt
             });
         let Some(pi) = peer else {
@@ -644,7 +678,10 @@ impl State {
                     copy_sg(local, &[(t, len as usize)]);
                     Exec::Done(Ok(len as u32))
                 }
-                Err(e) if rc => Exec::Done(Err(e)),
+                Err(e) if rc => {
+                    self.responder_fatal(pi, out);
+                    Exec::Done(Err(e))
+                }
                 Err(_) => Exec::Done(Ok(len as u32)),
             },
             SendOpcode::RdmaRead => match remote(self, AccessFlags::REMOTE_READ, len) {
@@ -652,13 +689,17 @@ impl State {
                     copy_sg(&[(t, len as usize)], local);
                     Exec::Done(Ok(len as u32))
                 }
-                Err(e) => Exec::Done(Err(e)),
+                Err(e) => {
+                    self.responder_fatal(pi, out);
+                    Exec::Done(Err(e))
+                }
             },
             SendOpcode::AtomicCmpSwp | SendOpcode::AtomicFetchAdd => {
                 if len != 8 || local.len() != 1 {
                     return Exec::Done(Err(WcStatus::LocLenErr));
                 }
                 if wr.remote.addr & 7 != 0 {
+                    self.responder_fatal(pi, out);
                     return Exec::Done(Err(WcStatus::RemInvReqErr));
                 }
                 match remote(self, AccessFlags::REMOTE_ATOMIC, 8) {
@@ -672,7 +713,10 @@ impl State {
                         local[0].0.buf.write_at(local[0].0.off, &old.to_ne_bytes());
                         Exec::Done(Ok(8))
                     }
-                    Err(e) => Exec::Done(Err(e)),
+                    Err(e) => {
+                        self.responder_fatal(pi, out);
+                        Exec::Done(Err(e))
+                    }
                 }
             }
             SendOpcode::RdmaWriteWithImm
@@ -682,7 +726,10 @@ impl State {
                 let target = if wr.opcode == SendOpcode::RdmaWriteWithImm {
                     match remote(self, AccessFlags::REMOTE_WRITE, len) {
                         Ok(t) => Some(t),
-                        Err(e) if rc => return Exec::Done(Err(e)),
+                        Err(e) if rc => {
+                            self.responder_fatal(pi, out);
+                            return Exec::Done(Err(e));
+                        }
                         Err(_) => return Exec::Done(Ok(len as u32)),
                     }
                 } else {
@@ -795,7 +842,10 @@ impl State {
             ud.remote_qkey
         };
         if !p.init.qp_type.is_datagram()
-            || !matches!(p.state, QpState::Rtr | QpState::Rts | QpState::Sqd)
+            || !matches!(
+                p.state,
+                QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
+            )
             || p.attr.qkey != Some(qkey)
         {
             return Ok(len as u32); // silently dropped (IBA 10.2.4: Q_Key violation)

@@ -1,6 +1,6 @@
 //! The verbs conformance suite against the loopback provider.
 
-use rdma_types::{Guid, Lid, PortNum};
+use rdma_types::{Guid, Lid, Pkey, PortNum};
 use rnic::loopback::{CaConfig, Fabric};
 use std::sync::Arc;
 use verbs::conformance::{Feature, Fixture};
@@ -42,6 +42,9 @@ impl Fixture for Loop {
     }
     fn remove_ca(&self, guid: Guid) -> Result<()> {
         self.fabric.remove_ca(guid)
+    }
+    fn set_pkeys(&self, guid: Guid, pkeys: &[Pkey]) -> Result<()> {
+        self.fabric.set_pkeys(guid, PortNum(1), pkeys.to_vec())
     }
     fn lacks(&self) -> Vec<Feature> {
         self.lacks.clone()

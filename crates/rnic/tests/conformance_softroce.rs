@@ -1,7 +1,7 @@
 //! The verbs conformance suite against the soft RoCE provider: two CAs on
 //! their own loopback addresses, every packet through real UDP sockets.
 
-use rdma_types::{Guid, Lid};
+use rdma_types::{Guid, Lid, Pkey};
 use rnic::softroce::{SoftCa, SoftRoce, ROCE_PORT};
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -61,8 +61,16 @@ impl Fixture for Soft {
     fn remove_ca(&self, guid: Guid) -> Result<()> {
         self.provider.remove_ca(guid)
     }
+    /// A `roce` port's P_Key table is fixed (no SM): the provider refuses,
+    /// so this fixture answers NotSupported and `pkey_change` says
+    /// SKIPPED here; `softroce_pkeys.rs` runs it on `ib` ports.
+    fn set_pkeys(&self, _: Guid, _: &[Pkey]) -> Result<()> {
+        Err(verbs::VerbsError::NotSupported("a roce port's P_Key table"))
+    }
+    /// The engine takes a UC/UD QP with a send error to ERR; SQE would
+    /// need it to stop the send queue only (`roce`, not this provider).
     fn lacks(&self) -> Vec<Feature> {
-        vec![]
+        vec![Feature::Sqe]
     }
 }
 
