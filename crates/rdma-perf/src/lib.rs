@@ -11,7 +11,14 @@
 //!
 //! `--baseline` measures plain UDP between the same two addresses in the
 //! same run (the client blasts datagrams of the path MTU, the server counts
-//! them) and reports our/baseline ratios.
+//! them) and reports our/baseline ratios. Both ends of the baseline use the
+//! node's own socket layer (`roce_udp`: `sendmmsg` batches, GSO runs,
+//! `recvmmsg` with GRO, the same buffer sizes), so the ratio compares our
+//! transport with the best plain UDP the same I/O can do.
+//!
+//! `--duration SECS` runs for a time instead of a count (with `--iters`
+//! too, whichever ends first): posting stops when it has passed, and the
+//! report counts the messages that completed.
 
 pub mod perftest;
 pub mod pingpong;
@@ -23,7 +30,7 @@ use roce::{QpConfig, RecvWqe, SendOp, SendWqe, Sge};
 use serde::{Deserialize, Serialize};
 use softroce::{FlatMemory, Node, NodeConfig, QpHandle};
 use std::io::{BufRead, BufReader, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::time::Instant as StdInstant;
 
@@ -117,8 +124,11 @@ pub struct ClientConfig {
     pub size: usize,
     /// Work requests in flight.
     pub qd: usize,
-    /// Messages to move.
+    /// Messages to move (at most, with `duration`).
     pub iters: u64,
+    /// Move messages for this long instead of a count: posting stops once
+    /// it has passed, and the report counts what completed.
+    pub duration: Option<std::time::Duration>,
     /// Check every byte.
     pub verify: bool,
     /// Also measure plain UDP between the same addresses.
@@ -343,6 +353,8 @@ struct Mover {
     hist: hdrhistogram::Histogram<u64>,
     start: StdInstant,
     seconds: Option<f64>,
+    /// No new work requests after this (a timed run).
+    stop_posting: Option<StdInstant>,
 }
 
 impl Mover {
@@ -372,16 +384,30 @@ impl Mover {
             hist: hdrhistogram::Histogram::new_with_bounds(1, 60_000_000, 3).expect("valid bounds"),
             start: StdInstant::now(),
             seconds: (iters == 0).then_some(0.0),
+            stop_posting: None,
         }
     }
 
+    /// A timed run: posts until `d` has passed (or `iters` were posted).
+    fn for_duration(mut self, d: std::time::Duration) -> Mover {
+        self.stop_posting = Some(self.start + d);
+        self
+    }
+
+    fn posting_over(&self) -> bool {
+        self.stop_posting.is_some_and(|t| StdInstant::now() >= t)
+    }
+
     fn finished(&self) -> bool {
-        self.done >= self.iters
+        self.done >= self.iters || (self.done == self.posted && self.posting_over())
     }
 
     /// Posts what the queue depth allows.
     fn post(&mut self, side: &mut Side) {
         let size = self.size as u64;
+        if self.posting_over() {
+            return;
+        }
         while self.posted < self.iters && self.posted - self.done < self.slots as u64 {
             let slot = (self.posted % self.slots as u64) as usize;
             let remote = self.remote_base + slot as u64 * size;
@@ -563,20 +589,36 @@ pub fn run_server(common: &Common, listener: &TcpListener) -> Result<(), PerfErr
     }
 }
 
-/// Counts datagrams until the client's TCP line says stop.
+/// How long the plain-UDP baseline blasts.
+const BASELINE_SECS: f64 = 2.0;
+/// Datagrams the baseline offers the kernel per `sendmmsg`.
+const BASELINE_BATCH: usize = 64;
+
+/// Counts datagrams until the client's TCP line says stop. It receives as
+/// our node does (the same socket options, `recvmmsg` batches, GRO), so the
+/// baseline is plain UDP with the same tools, not a slower reader.
 fn baseline_sink(
     addr: SocketAddr,
     reader: &mut BufReader<TcpStream>,
 ) -> Result<Control, PerfError> {
-    let sock = UdpSocket::bind(addr)?;
-    sock.set_read_timeout(Some(std::time::Duration::from_millis(5)))?;
-    let mut buf = vec![0u8; 65536];
+    let mut sock = roce_udp::RoceSocket::bind(addr)?;
     let (mut datagrams, mut bytes) = (0u64, 0u64);
     let start = StdInstant::now();
     loop {
-        if let Ok(n) = sock.recv(&mut buf) {
-            datagrams += 1;
-            bytes += n as u64;
+        let mut calls = 0;
+        for _ in 0..64 {
+            let n = sock.recv_batch(64, |_, d| {
+                datagrams += 1;
+                bytes += d.len() as u64;
+            });
+            if n == 0 {
+                break;
+            }
+            calls += n;
+        }
+        if calls == 0 {
+            // Idle: block until a datagram or 5 ms pass, then look at TCP.
+            let _ = sock.wait(None, std::time::Duration::from_millis(5));
         }
         let mut line = String::new();
         match reader.read_line(&mut line) {
@@ -598,6 +640,11 @@ fn baseline_sink(
 /// Socket trouble, a failed work request, or different bytes under `--verify`.
 pub fn run_client(cfg: &ClientConfig) -> Result<Report, PerfError> {
     let slots = cfg.qd.max(1);
+    if cfg.bidir && cfg.duration.is_some() {
+        return Err(PerfError::Protocol(
+            "a bidirectional test counts messages; it cannot run for a duration".into(),
+        ));
+    }
     let mut common = cfg.common.clone();
     common.buffer = common.buffer.max(cfg.size * slots * 3);
     let mut side = Side::new(&common, 0x2000)?;
@@ -636,8 +683,12 @@ pub fn run_client(cfg: &ClientConfig) -> Result<Report, PerfError> {
     let mut mover = Mover::new(
         cfg.op, cfg.size, slots, cfg.iters, local_base, 0, peer.rkey, cfg.verify,
     );
+    if let Some(d) = cfg.duration {
+        mover = mover.for_duration(d);
+    }
     let size = cfg.size as u64;
-    let deadline = StdInstant::now() + std::time::Duration::from_secs(600);
+    let deadline =
+        StdInstant::now() + std::time::Duration::from_secs(600) + cfg.duration.unwrap_or_default();
     while !mover.finished() {
         mover.post(&mut side);
         side.turn();
@@ -651,7 +702,11 @@ pub fn run_client(cfg: &ClientConfig) -> Result<Report, PerfError> {
             )));
         }
     }
-    let seconds = mover.seconds.unwrap_or_default();
+    let seconds = mover
+        .seconds
+        .unwrap_or_else(|| mover.start.elapsed().as_secs_f64());
+    // Messages moved: all asked for, or what a timed run completed.
+    let iters = mover.done;
     let hist = mover.hist;
     let counters = side.node.qp_mut(side.qp).expect("own QP").counters();
 
@@ -692,7 +747,7 @@ pub fn run_client(cfg: &ClientConfig) -> Result<Report, PerfError> {
             Op::Write => {
                 // The server's buffer started zeroed; each slot written at
                 // least once now holds our pattern for that slot.
-                let written = (slots as u64).min(cfg.iters) as usize * cfg.size;
+                let written = (slots as u64).min(iters) as usize * cfg.size;
                 // The server hashes the lower half of its buffer (the
                 // upper half is where a bidirectional test writes from).
                 let expect = side.mem.with(|b| {
@@ -707,10 +762,9 @@ pub fn run_client(cfg: &ClientConfig) -> Result<Report, PerfError> {
                 }
             }
             Op::Send => {
-                if received != cfg.iters {
+                if received != iters {
                     return Err(PerfError::Verify(format!(
-                        "server received {received} of {} SENDs",
-                        cfg.iters
+                        "server received {received} of {iters} SENDs"
                     )));
                 }
             }
@@ -723,10 +777,10 @@ pub fn run_client(cfg: &ClientConfig) -> Result<Report, PerfError> {
         op: cfg.op,
         size: cfg.size,
         qd: slots,
-        iters: cfg.iters,
+        iters,
         seconds,
-        gbit_per_s: (cfg.iters * size) as f64 * 8.0 / seconds / 1e9,
-        msg_per_s: cfg.iters as f64 / seconds,
+        gbit_per_s: (iters * size) as f64 * 8.0 / seconds / 1e9,
+        msg_per_s: iters as f64 / seconds,
         lat_us_p50: hist.value_at_quantile(0.5) as f64,
         lat_us_p99: hist.value_at_quantile(0.99) as f64,
         lat_us_p999: hist.value_at_quantile(0.999) as f64,
@@ -735,7 +789,7 @@ pub fn run_client(cfg: &ClientConfig) -> Result<Report, PerfError> {
         verified,
         reverse_gbit_per_s: reverse_seconds
             .filter(|&t| t > 0.0)
-            .map(|t| (cfg.iters * size) as f64 * 8.0 / t / 1e9),
+            .map(|t| (iters * size) as f64 * 8.0 / t / 1e9),
         baseline_gbit_per_s: None,
         baseline_pkt_per_s: None,
         ratio_to_baseline: None,
@@ -744,19 +798,26 @@ pub fn run_client(cfg: &ClientConfig) -> Result<Report, PerfError> {
         let port = peer.roce.port().wrapping_add(1000);
         send_line(&mut writer, &Control::Baseline { port })?;
         let dst = SocketAddr::new(peer.roce.ip(), port);
-        let sock = UdpSocket::bind(SocketAddr::new(common.bind.ip(), 0))?;
+        // Sent as our node sends: batches through sendmmsg, runs of equal
+        // datagrams as one segmented (GSO) send where the kernel can.
+        let mut sock = roce_udp::RoceSocket::bind(SocketAddr::new(common.bind.ip(), 0))?;
         let payload = vec![0x5au8; common.mtu.bytes()];
+        let batch: Vec<(SocketAddr, &[u8])> =
+            (0..BASELINE_BATCH).map(|_| (dst, &payload[..])).collect();
+        let runs = sock.gso_runs(&batch);
         let t0 = StdInstant::now();
-        while t0.elapsed() < std::time::Duration::from_secs(2) {
-            // Refusals while the sink binds are simply not counted.
-            let _ = sock.send_to(&payload, dst);
+        let blast = std::time::Duration::from_secs_f64(BASELINE_SECS);
+        while t0.elapsed() < blast {
+            // A full socket buffer takes part of the batch; refusals while
+            // the sink binds are simply not counted.
+            let _ = sock.send_runs(&batch, &runs);
         }
         std::thread::sleep(std::time::Duration::from_millis(50));
         send_line(&mut writer, &Control::Done)?;
         reader.get_mut().set_nonblocking(false)?;
         match read_line::<Control>(&mut reader)? {
             Control::BaselineResult { datagrams, bytes } => {
-                let secs = 2.0;
+                let secs = BASELINE_SECS;
                 let gbps = bytes as f64 * 8.0 / secs / 1e9;
                 report.baseline_gbit_per_s = Some(gbps);
                 report.baseline_pkt_per_s = Some(datagrams as f64 / secs);

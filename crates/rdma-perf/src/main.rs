@@ -70,9 +70,12 @@ enum Role {
         /// Work requests in flight.
         #[arg(long, default_value_t = 16)]
         qd: usize,
-        /// Messages to move.
-        #[arg(long, default_value_t = 1000)]
-        iters: u64,
+        /// Messages to move (default 1000, or unlimited with --duration).
+        #[arg(long)]
+        iters: Option<u64>,
+        /// Run for this many seconds (with --iters too: whichever ends first).
+        #[arg(long, value_name = "SECS")]
+        duration: Option<f64>,
         /// Check every byte moved.
         #[arg(long)]
         verify: bool,
@@ -135,6 +138,7 @@ fn demo(iters: u64) -> Result<(), String> {
             size: 65536,
             qd: 16,
             iters,
+            duration: None,
             verify: true,
             baseline,
             bidir: false,
@@ -177,6 +181,7 @@ fn main() -> ExitCode {
             size,
             qd,
             iters,
+            duration,
             verify,
             baseline,
             json,
@@ -184,6 +189,21 @@ fn main() -> ExitCode {
             if size == 0 || size > (1 << 30) {
                 return Err(format!("--size must be 1..=1 GiB, not {size}"));
             }
+            let duration = match duration {
+                None => None,
+                Some(d) if d.is_finite() && d > 0.0 && d <= 86_400.0 => {
+                    Some(std::time::Duration::from_secs_f64(d))
+                }
+                Some(d) => {
+                    return Err(format!(
+                        "--duration must be more than 0 and at most 86400 seconds, not {d}"
+                    ))
+                }
+            };
+            if bidir && duration.is_some() {
+                return Err("--bidir counts messages; use --iters, not --duration".into());
+            }
+            let iters = iters.unwrap_or(if duration.is_some() { u64::MAX } else { 1000 });
             let cfg = ClientConfig {
                 common: common(&c)?,
                 server,
@@ -191,6 +211,7 @@ fn main() -> ExitCode {
                 size,
                 qd,
                 iters,
+                duration,
                 verify,
                 baseline,
                 bidir,

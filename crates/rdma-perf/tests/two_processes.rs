@@ -250,3 +250,118 @@ fn bidirectional_writes_verified() {
         "the server wrote back: {r}"
     );
 }
+
+#[test]
+fn a_timed_run_stops_posting_after_its_duration_and_reports_what_completed() {
+    let (cip, sip, oob) = ("127.0.156.11", "127.0.156.12", 18756);
+    let mut s = server(sip, oob, &[]);
+    let started = Instant::now();
+    // A count the link cannot reach in 0.5 s: the duration ends the run.
+    let r = client(
+        cip,
+        sip,
+        oob,
+        &[
+            "--op",
+            "write",
+            "--size",
+            "4096",
+            "--qd",
+            "16",
+            "--iters",
+            "100000000",
+            "--duration",
+            "0.5",
+        ],
+    );
+    let _ = s.wait();
+    let iters = r["iters"].as_u64().unwrap();
+    let secs = r["seconds"].as_f64().unwrap();
+    assert!(iters > 0 && iters < 100_000_000, "{r}");
+    assert!((0.5..10.0).contains(&secs), "ran {secs} s: {r}");
+    assert!(started.elapsed() >= Duration::from_millis(500));
+    assert_eq!(r["verified"], true, "{r}");
+    let rate = r["msg_per_s"].as_f64().unwrap();
+    let expect = iters as f64 / secs;
+    assert!((rate - expect).abs() <= expect * 1e-6, "{r}");
+}
+
+#[test]
+fn bad_durations_are_refused() {
+    for d in ["0", "-1", "nan", "1e9"] {
+        let out = rperf()
+            .args([
+                "client",
+                "--bind",
+                "127.0.156.13:4791",
+                "--server",
+                "127.0.156.14:18757",
+                &format!("--duration={d}"),
+            ])
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "--duration {d} accepted");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("--duration"), "--duration {d}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}
+
+#[test]
+fn baseline_runs_plain_udp_and_prints_the_ratio() {
+    let (cip, sip, oob) = ("127.0.156.15", "127.0.156.16", 18758);
+    let mut s = server(sip, oob, &[]);
+    let out = rperf()
+        .args([
+            "client",
+            "--bind",
+            &format!("{cip}:4791"),
+            "--server",
+            &format!("{sip}:{oob}"),
+            "--op",
+            "write",
+            "--size",
+            "65536",
+            "--qd",
+            "16",
+            "--iters",
+            "512",
+            "--baseline",
+        ])
+        .output()
+        .expect("run rperf client");
+    let _ = s.wait();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = text
+        .lines()
+        .find(|l| l.contains("baseline plain UDP"))
+        .unwrap_or_else(|| panic!("no baseline line in {text}"));
+    // " baseline plain UDP: G Gb/s, D datagrams/s; ours/baseline = R"
+    let num = |after: &str| -> f64 {
+        let rest = &line[line.find(after).unwrap() + after.len()..];
+        rest.split([' ', ','])
+            .find(|w| !w.is_empty())
+            .unwrap()
+            .parse()
+            .unwrap_or_else(|e| panic!("{line}: {e}"))
+    };
+    let base_gbps = num("baseline plain UDP:");
+    let ratio = num("ours/baseline =");
+    assert!(base_gbps > 0.0, "the baseline moved data: {line}");
+    // Our goodput from the table row, divided by the baseline, is the ratio.
+    let row = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("write"))
+        .unwrap();
+    let ours: f64 = row.split_whitespace().nth(4).unwrap().parse().unwrap();
+    assert!(
+        (ours / base_gbps - ratio).abs() <= 0.02 + ratio * 0.01,
+        "{row} / {line}"
+    );
+    eprintln!("measured: {row}\n          {line}");
+}
