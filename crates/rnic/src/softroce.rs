@@ -59,9 +59,10 @@
 //! provider can only read memory it knows, so each piece must lie in some
 //! region registered on the CA (any PD, any key).
 //!
-//! What it refuses (`NotSupported`): alternate paths, moving a QP to
-//! SQE, and QP0 on a `roce` port. (SQD and SRQ limit events, once on this
-//! list, are served.)
+//! What it refuses (`NotSupported`): alternate paths and QP0 on a `roce`
+//! port. No SQE state: a UC/UD send error takes the QP to ERR, as the
+//! engine does for RC (the conformance case `sqe_and_resume` is declared
+//! skipped). (SQD and SRQ limit events, once on this list, are served.)
 
 use rdma_types::{AccessFlags, Gid, Guid, Lid, Lkey, Mtu, Pkey, PortNum, Psn, Qkey, QpState};
 use rdma_types::{QpType, Qpn, Rkey, WcOpcode, WcStatus};

@@ -64,3 +64,61 @@ mod limited {
         Feature::Atomics
     ]));
 }
+
+/// What the generic `local_qp_operation_error` case lets a provider choose,
+/// pinned for the loopback: a UD SEND through a destroyed address handle
+/// is accepted at post and completes with LocQpOpErr; the QP goes to SQE
+/// (IBA 10.3.1.6), the WR behind it flushes, and SQE->RTS sends again.
+#[test]
+fn ud_stale_address_handle_is_loc_qp_op_err_then_sqe() {
+    use rdma_types::{Qkey, QpState, QpType, WcStatus};
+    use verbs::conformance::{ud_rts, Node};
+    use verbs::{QpAttr, RecvWr, SendOpcode, SendWr, UdDest};
+    let f = Loop::new();
+    let (g1, g2) = f.guids();
+    let (a, b) = (Node::open(&f, g1, 64), Node::open(&f, g2, 64));
+    let (qa, qb) = (a.qp(QpType::Ud, None, 1), b.qp(QpType::Ud, None, 2));
+    ud_rts(&a, qa);
+    ud_rts(&b, qb);
+    let stale = a.p.create_ah(a.pd, &b.av()).unwrap();
+    a.p.destroy_ah(stale).unwrap();
+    let good = a.p.create_ah(a.pd, &b.av()).unwrap();
+    let wr = |id, ah| {
+        let mut w = SendWr::new(id, SendOpcode::Send, vec![a.sge(0, 8)]);
+        w.ud = Some(UdDest {
+            ah,
+            remote_qpn: b.p.qp_num(qb).unwrap(),
+            remote_qkey: Qkey(0x1111),
+        });
+        w
+    };
+    b.p.post_recv(
+        qb,
+        &[RecvWr {
+            wr_id: 9,
+            sges: vec![b.sge(0, 100)],
+        }],
+    )
+    .unwrap();
+    a.p.post_send(qa, &[wr(1, stale), wr(2, good)]).unwrap();
+    let w = a.wc();
+    assert_eq!((w.wr_id, w.status), (1, WcStatus::LocQpOpErr));
+    let w = a.wc();
+    assert_eq!((w.wr_id, w.status), (2, WcStatus::WrFlushErr));
+    assert_eq!(a.p.query_qp(qa).unwrap().state, Some(QpState::Sqe));
+    b.no_wc();
+    a.p.modify_qp(
+        qa,
+        &QpAttr {
+            state: Some(QpState::Rts),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    a.buf.write_at(0, b"after sq");
+    a.p.post_send(qa, &[wr(3, good)]).unwrap();
+    assert_eq!(a.wc().status, WcStatus::Success);
+    let r = b.wc();
+    assert_eq!((r.wr_id, r.status), (9, WcStatus::Success));
+    assert_eq!(b.buf.to_vec(40, 8), b"after sq");
+}

@@ -38,6 +38,12 @@
 //! for features the fixture declares missing check for `NotSupported` and
 //! print `SKIPPED <case>: <reason>`.
 //!
+//! Deliberate gap: no automatic path migration (APM). [`QpAttr`] has no
+//! alternate path, no provider migrates, and so
+//! [`AsyncEventKind::PathMigrated`] is declared but never raised; the
+//! conformance suite's module doc lists it with the other events and
+//! statuses no case can produce.
+//!
 //! What this crate refuses: I/O, threads, wire formats. It depends only on
 //! `rdma-types`.
 
