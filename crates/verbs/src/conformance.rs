@@ -5,7 +5,11 @@
 //! that yields one `#[test]` per case. A case for a feature the fixture
 //! declares missing asserts the provider answers `NotSupported`, prints
 //! `SKIPPED <case>: <reason>` and passes; the `skip_list_matches_gaps` test
-//! checks the skipped set equals the declared gaps.
+//! checks the skipped set equals the declared gaps. Two refinements: a
+//! provider lacking [`Feature::Sqe`] must take the QP to ERR instead
+//! (checked), and `pkey_change` prints `SKIPPED` without failing when the
+//! fixture, not the provider, cannot set a P_Key table
+//! ([`Fixture::set_pkeys`] answers `NotSupported`, e.g. a RoCE port).
 //!
 //! Completions are awaited with `wait_cq` (bounded by a generous timeout),
 //! never by sleeping, so asynchronous providers run the same cases.
