@@ -1,8 +1,9 @@
 //! The CM agent of one port: GSI QP, MAD I/O, and the IB CM state machines.
 
 use crate::gsi::{AgentId, Delivery, Dispatcher, MadBytes};
+use crate::resource::{Client, Kind, ResId, Tracker};
 use crate::wire::{self, Local, ReqExtra};
-use rdma_cm::{Cm, CmConfig, CmEvent, CmMsg, ConnId, RejReason};
+use rdma_cm::{Cm, CmConfig, CmEvent, CmMsg, ConnId, ConnState, RejReason};
 use rdma_types::{
     AccessFlags, Gid, Guid, Instant, Mtu, Pkey, PortNum, Psn, Qkey, QpState, QpType, Qpn,
 };
@@ -130,6 +131,9 @@ impl Incoming {
         let ok = st
             .cm
             .reject(self.conn, RejReason::CONSUMER_DEFINED, private_data);
+        if ok {
+            self.agent.untrack(&mut st, TrackKey::Conn(self.conn));
+        }
         self.agent.flush(&mut st);
         ok
     }
@@ -172,6 +176,35 @@ struct State {
     /// REQs refused because the port's P_Key table lacks their partition.
     pkey_refusals: u64,
     stopped: bool,
+    /// The client whose tree holds this agent's objects
+    /// ([`CmAgent::track_in`]), and each object's node there.
+    tracker: Option<Tracker>,
+    tracked: HashMap<TrackKey, ResId>,
+}
+
+/// An object of the agent that a tracking client's tree holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum TrackKey {
+    /// The agent itself (its CM class registration and thread).
+    Port,
+    /// A connection, from its REQ to the end of timewait.
+    Conn(ConnId),
+    /// A listen on a service ID.
+    Listen(u64),
+    /// A MAD agent.
+    Agent(AgentId),
+    /// An InformInfo subscription with the SA at this GID to this trap.
+    Sub(Gid, u16),
+}
+
+impl TrackKey {
+    fn kind(self) -> Kind {
+        match self {
+            TrackKey::Port | TrackKey::Agent(_) => Kind::MadAgent,
+            TrackKey::Conn(_) | TrackKey::Listen(_) => Kind::CmId,
+            TrackKey::Sub(..) => Kind::SaSubscription,
+        }
+    }
 }
 
 /// The CM agent of port 1 of one CA. Cloning the `Arc` shares it.
@@ -436,6 +469,8 @@ impl CmAgent {
                 on_disconnect: None,
                 pkey_refusals: 0,
                 stopped: false,
+                tracker: None,
+                tracked: HashMap::new(),
             }),
             events: Mutex::new(tx),
         });
@@ -465,12 +500,52 @@ impl CmAgent {
 
     /// Listens on `service_id`: connection requests arrive on the returned
     /// channel.
+    /// On a tracked agent ([`CmAgent::track_in`]) the listen is a CM id
+    /// of the client, ended when it closes; a closed client's agent
+    /// listens no more (the channel is disconnected at once).
     pub fn listen(&self, service_id: u64) -> Receiver<Incoming> {
         let (tx, rx) = mpsc::channel();
         let mut st = self.inner.lock();
-        st.cm.listen(service_id);
-        st.listeners.insert(service_id, tx);
+        if self
+            .inner
+            .track(&mut st, TrackKey::Listen(service_id))
+            .is_ok()
+        {
+            st.cm.listen(service_id);
+            st.listeners.insert(service_id, tx);
+        }
         rx
+    }
+
+    /// Puts this agent and, from now on, every connection (from its REQ
+    /// to the end of its timewait), listen, MAD agent and SA subscription
+    /// of it in `client`'s resource tree (see [`crate::resource`]): they
+    /// show in its counters, and closing or dropping the client
+    /// disconnects the connections (a REQ still unanswered is abandoned
+    /// and its `connect` returns [`CmError::Stopped`]; a REQ not yet
+    /// answered by the consumer is rejected), ends the listens, deletes
+    /// the subscriptions at the SA (one Set(InformInfo) each, not waited
+    /// for), unregisters the MAD agents and stops the agent, in that
+    /// order, before the client's QPs go. Start the agent over
+    /// `client`'s own provider ([`Client::into_provider`]) for its QPs
+    /// and buffers to be in the tree too.
+    ///
+    /// # Errors
+    /// The agent is already tracked, or `client` is closed.
+    pub fn track_in(&self, client: &Client) -> Result<(), CmError> {
+        let mut st = self.inner.lock();
+        if st.tracker.is_some() {
+            return Err(CmError::Verbs {
+                what: "track the CM agent",
+                err: verbs::VerbsError::InvalidArgument("already in a client's tree".into()),
+            });
+        }
+        st.tracker = Some(client.tracker());
+        let r = self.inner.track(&mut st, TrackKey::Port);
+        if r.is_err() {
+            st.tracker = None;
+        }
+        r
     }
 
     /// Called with the connection when the peer disconnects (DREQ) or the
@@ -527,7 +602,7 @@ impl CmAgent {
         let (tx, rx) = mpsc::channel();
         let conn = {
             let mut st = self.inner.lock();
-            if st.stopped {
+            if st.stopped || st.tracker.as_ref().is_some_and(|t| !t.is_open()) {
                 return Err(CmError::Stopped);
             }
             let now = self.inner.now();
@@ -539,6 +614,11 @@ impl CmAgent {
                 private_data,
             };
             let conn = st.cm.connect_req(now, vec![peer], req);
+            if let Err(e) = self.inner.track(&mut st, TrackKey::Conn(conn)) {
+                // Closed just now: the REQ is not sent again.
+                st.cm.abandon(conn);
+                return Err(e);
+            }
             st.waiting.insert(conn, tx);
             st.meta.insert(
                 conn,
@@ -564,6 +644,7 @@ impl CmAgent {
         st.cm.abandon(conn);
         st.waiting.remove(&conn);
         st.meta.remove(&conn);
+        self.inner.untrack(&mut st, TrackKey::Conn(conn));
         Err(CmError::TimedOut)
     }
 
@@ -615,6 +696,10 @@ impl CmAgent {
             .gsi
             .register(class, version, methods)
             .map_err(|e| CmError::Mad(e.to_string()))?;
+        if let Err(e) = self.inner.track(&mut st, TrackKey::Agent(id)) {
+            st.gsi.unregister(id);
+            return Err(e);
+        }
         let (tx, rx) = mpsc::channel();
         st.mad_rx.insert(id, tx);
         Ok(MadAgent {
@@ -751,11 +836,27 @@ impl MadAgent {
     }
 }
 
+impl MadAgent {
+    /// Puts a subscription to `trap` with the SA at `sa` in the tracking
+    /// client's tree (if the port has one).
+    pub(crate) fn track_subscription(&self, sa: Gid, trap: u16) -> Result<(), CmError> {
+        let mut st = self.port.lock();
+        self.port.track(&mut st, TrackKey::Sub(sa, trap))
+    }
+
+    /// The subscription ended (or never began).
+    pub(crate) fn untrack_subscription(&self, sa: Gid, trap: u16) {
+        let mut st = self.port.lock();
+        self.port.untrack(&mut st, TrackKey::Sub(sa, trap));
+    }
+}
+
 impl Drop for MadAgent {
     fn drop(&mut self) {
         let mut st = self.port.lock();
         st.gsi.unregister(self.id);
         st.mad_rx.remove(&self.id);
+        self.port.untrack(&mut st, TrackKey::Agent(self.id));
     }
 }
 
@@ -767,6 +868,14 @@ impl Drop for CmAgent {
             let _ = t.join();
         }
         let i = &self.inner;
+        // What a tracking client's tree still holds of the agent ends here.
+        {
+            let mut st = i.lock();
+            let keys: Vec<TrackKey> = st.tracked.keys().copied().collect();
+            for k in keys {
+                i.untrack(&mut st, k);
+            }
+        }
         let p = &i.provider;
         let ahs: Vec<AhHandle> = i.lock().ahs.drain().map(|(_, a)| a).collect();
         for a in ahs {
@@ -813,6 +922,101 @@ pub fn source_gid(grh: &[u8]) -> Gid {
 impl Inner {
     fn lock(&self) -> MutexGuard<'_, State> {
         self.st.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Puts `key` in the tracking client's tree, if the agent has one;
+    /// its node's hook ends the object ([`Inner::close_tracked`]).
+    ///
+    /// # Errors
+    /// The tracking client is closed: the object must not be made.
+    fn track(&self, st: &mut State, key: TrackKey) -> Result<(), CmError> {
+        let Some(t) = st.tracker.clone() else {
+            return Ok(());
+        };
+        if st.tracked.contains_key(&key) {
+            return Ok(());
+        }
+        let me = self.me.clone();
+        let id = t
+            .track(key.kind(), move || {
+                if let Some(i) = me.upgrade() {
+                    i.close_tracked(key);
+                }
+            })
+            .map_err(|_| CmError::Stopped)?;
+        st.tracked.insert(key, id);
+        Ok(())
+    }
+
+    /// `key` ended by itself: its node leaves the client's tree.
+    fn untrack(&self, st: &mut State, key: TrackKey) {
+        if let (Some(id), Some(t)) = (st.tracked.remove(&key), &st.tracker) {
+            t.untrack(id);
+        }
+    }
+
+    /// The tracking client is closing: ends the object `key` is. Runs
+    /// outside the client's lock, on the closing thread.
+    fn close_tracked(&self, key: TrackKey) {
+        let mut st = self.lock();
+        st.tracked.remove(&key);
+        match key {
+            TrackKey::Port => {
+                st.stopped = true;
+                drop(st);
+                // The DREQs and InformInfo deletes just posted leave
+                // before the client's teardown reaches QP1: wait (a
+                // bounded while) for every send to complete.
+                let end = std::time::Instant::now() + StdDuration::from_millis(250);
+                loop {
+                    self.drain_cq();
+                    let idle = {
+                        let st = self.lock();
+                        st.backlog.is_empty() && st.free_sends.len() == SENDS as usize
+                    };
+                    if idle || std::time::Instant::now() >= end {
+                        break;
+                    }
+                    std::thread::sleep(StdDuration::from_millis(1));
+                }
+                let _ = self.events.lock().map(|tx| tx.send(Ev::Stop));
+                return;
+            }
+            TrackKey::Conn(conn) => match st.cm.state(conn) {
+                ConnState::ReqSent => {
+                    st.cm.abandon(conn);
+                    st.meta.remove(&conn);
+                    if let Some(tx) = st.waiting.remove(&conn) {
+                        let _ = tx.send(Err(CmError::Stopped));
+                    }
+                }
+                ConnState::ReqRcvd => {
+                    st.cm.reject(conn, RejReason::CONSUMER_DEFINED, Vec::new());
+                }
+                _ => {
+                    let now = self.now();
+                    st.cm.disconnect(now, conn);
+                }
+            },
+            TrackKey::Listen(service_id) => {
+                st.listeners.remove(&service_id);
+            }
+            TrackKey::Agent(id) => {
+                st.gsi.unregister(id);
+                st.mad_rx.remove(&id);
+                // Its callers waiting on a response hear at once.
+                st.mad_waiters.retain(|tid, _| (tid >> 32) as u32 != id.0);
+            }
+            TrackKey::Sub(sa, trap) => {
+                let mut mad = crate::sa::inform_info_request(self.local.gid, trap, false);
+                st.next_tid += 1;
+                mad[8..16].copy_from_slice(&st.next_tid.to_be_bytes());
+                st.gsi.send(sa, mad);
+            }
+        }
+        self.flush(&mut st);
+        drop(st);
+        self.kick();
     }
 
     fn now(&self) -> Instant {
@@ -1071,11 +1275,14 @@ impl Inner {
                         private_data: req.private_data,
                         agent,
                     };
-                    let delivered = st
-                        .listeners
-                        .get(&req.service_id)
-                        .is_some_and(|tx| tx.send(incoming).is_ok());
+                    let delivered = st.listeners.contains_key(&req.service_id)
+                        && self.track(st, TrackKey::Conn(conn)).is_ok()
+                        && st
+                            .listeners
+                            .get(&req.service_id)
+                            .is_some_and(|tx| tx.send(incoming).is_ok());
                     if !delivered {
+                        self.untrack(st, TrackKey::Conn(conn));
                         st.cm
                             .reject(conn, RejReason::INVALID_SERVICE_ID, Vec::new());
                     }
@@ -1104,6 +1311,7 @@ impl Inner {
                     private_data,
                 } => {
                     let meta = st.meta.remove(&conn);
+                    self.untrack(st, TrackKey::Conn(conn));
                     if let Some(tx) = st.waiting.remove(&conn) {
                         let mut words = rdma_mad::cm::RejReason::from(reason.0).to_string();
                         if let (RejReason::INVALID_GID, Some(m)) = (reason, meta) {
@@ -1120,6 +1328,7 @@ impl Inner {
                     }
                 }
                 CmEvent::TimedOut { conn } => {
+                    self.untrack(st, TrackKey::Conn(conn));
                     if let Some(tx) = st.waiting.remove(&conn) {
                         let _ = tx.send(Err(CmError::TimedOut));
                     } else {
@@ -1130,6 +1339,7 @@ impl Inner {
                 CmEvent::Disconnected { .. } => {}
                 CmEvent::TimewaitExit { conn } => {
                     st.meta.remove(&conn);
+                    self.untrack(st, TrackKey::Conn(conn));
                 }
             }
         }

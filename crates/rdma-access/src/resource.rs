@@ -9,8 +9,15 @@
 //! under it; closing or dropping the client removes all of it; a CA that
 //! goes away (the provider's CA-removal event) takes its subtree with it.
 //! Teardown follows the verbs dependency order: tracked upper-layer objects
-//! first (a CM id before its QP), then QPs and MWs, then MRs, SRQs, CQs
-//! and AHs, then PDs, then the CA. Each destroy goes through the provider's
+//! first, then CM ids (a connection is disconnected, a REQ in flight
+//! abandoned, a listen ended, before its QP goes), then SA subscriptions
+//! (their InformInfo deleted while the port can still send), then MAD
+//! agents (unregistered from the port's QP1), then QPs and MWs, then MRs,
+//! SRQs, CQs and AHs, then PDs, then the CA. A CM agent joins a client's
+//! tree with [`crate::CmAgent::track_in`]: its CM ids, MAD agents and SA
+//! subscriptions are then counted under [`Kind::CmId`], [`Kind::MadAgent`]
+//! and [`Kind::SaSubscription`], and leave the tree by themselves when
+//! they end (timewait over, REJ, timeout, agent dropped, unsubscribed). Each destroy goes through the provider's
 //! asynchronous destroy path, so a completion callback still running for
 //! an object is allowed to finish; the provider promises `on_destroyed` is
 //! the last callback for it.
@@ -48,9 +55,16 @@ use verbs::{
 /// Kinds of tracked objects.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Kind {
-    /// An upper-layer object with a close hook (CM id, MAD agent, SA
-    /// subscription, ...).
+    /// An upper-layer object with a close hook ([`Client::track`]).
     Tracked,
+    /// A CM id: a connection (from its REQ to the end of timewait) or a
+    /// listen, of a tracked CM agent.
+    CmId,
+    /// An InformInfo subscription with the SA.
+    SaSubscription,
+    /// A MAD agent registered on a port's QP1 (the CM agent's own CM
+    /// class registration is one).
+    MadAgent,
     /// Queue pair.
     Qp,
     /// Memory window.
@@ -69,8 +83,11 @@ pub enum Kind {
     Ca,
 }
 
-const KINDS: [Kind; 9] = [
+const KINDS: [Kind; 12] = [
     Kind::Tracked,
+    Kind::CmId,
+    Kind::SaSubscription,
+    Kind::MadAgent,
     Kind::Qp,
     Kind::Mw,
     Kind::Mr,
@@ -83,7 +100,7 @@ const KINDS: [Kind; 9] = [
 
 /// Live objects per kind.
 #[derive(Debug, Default)]
-struct Counters([AtomicI64; 9]);
+struct Counters([AtomicI64; 12]);
 
 impl Counters {
     fn add(&self, k: Kind, n: i64) {
@@ -110,7 +127,8 @@ enum Handle {
     Mr(MrHandle),
     Mw(MwHandle),
     Ah(AhHandle),
-    Tracked(Option<Box<dyn FnOnce() + Send>>),
+    /// An upper-layer object of the given kind and its close hook.
+    Tracked(Kind, Option<Box<dyn FnOnce() + Send>>),
 }
 
 impl Handle {
@@ -124,7 +142,7 @@ impl Handle {
             Handle::Mr(_) => Kind::Mr,
             Handle::Mw(_) => Kind::Mw,
             Handle::Ah(_) => Kind::Ah,
-            Handle::Tracked(_) => Kind::Tracked,
+            Handle::Tracked(k, _) => *k,
         }
     }
 }
@@ -371,12 +389,14 @@ impl Client {
             ca: id,
             user: handler,
         });
-        match c.al.provider.open_ca(guid, ctx, watch) {
-            Ok(ca) => {
-                c.insert(id, Handle::Ca(ca), None);
-                Ok((id, ca))
+        let ca = c.al.provider.open_ca(guid, ctx, watch)?;
+        match c.insert(id, Handle::Ca(ca), None) {
+            Ok(()) => Ok((id, ca)),
+            Err(h) => {
+                // Closed meanwhile: do not leak what was just made.
+                c.release(h);
+                Err(c.closed_error())
             }
-            Err(e) => Err(e),
         }
     }
 
@@ -506,8 +526,16 @@ impl Client {
         if let Some(p) = parent {
             self.handle_of(p, |_| Some(()))?;
         }
-        self.inner
-            .add(Handle::Tracked(Some(Box::new(close))), parent)
+        self.inner.add(
+            Handle::Tracked(Kind::Tracked, Some(Box::new(close))),
+            parent,
+        )
+    }
+
+    /// A handle on this client's tree for the access layer's own
+    /// upper-layer objects; it does not keep the client alive.
+    pub(crate) fn tracker(&self) -> Tracker {
+        Tracker(Arc::downgrade(&self.inner))
     }
 
     /// Destroys `id` and everything under it, in dependency order.
@@ -527,37 +555,88 @@ impl Drop for Client {
     }
 }
 
+/// Where the CM agent puts its CM ids, MAD agents and SA subscriptions:
+/// a client's tree, held weakly (a client that is gone tracks nothing).
+#[derive(Clone)]
+pub(crate) struct Tracker(Weak<ClientInner>);
+
+impl Tracker {
+    /// A root node of `kind` whose `close` runs when the client closes.
+    ///
+    /// # Errors
+    /// The client is closed or gone.
+    pub(crate) fn track(
+        &self,
+        kind: Kind,
+        close: impl FnOnce() + Send + 'static,
+    ) -> Result<ResId, VerbsError> {
+        let c = self
+            .0
+            .upgrade()
+            .ok_or_else(|| VerbsError::InvalidArgument("the client is gone".into()))?;
+        let id = c.reserve()?;
+        // Refused (closed meanwhile): the hook is dropped, not run; the
+        // caller still owns the object and ends it itself.
+        c.insert(id, Handle::Tracked(kind, Some(Box::new(close))), None)
+            .map_err(|_| c.closed_error())?;
+        Ok(id)
+    }
+
+    /// False once the client is closed or gone.
+    pub(crate) fn is_open(&self) -> bool {
+        self.0.upgrade().is_some_and(|c| !lock(&c.tree).closed)
+    }
+
+    /// The object ended by itself: its node leaves without its hook.
+    pub(crate) fn untrack(&self, id: ResId) {
+        let Some(c) = self.0.upgrade() else { return };
+        let gone = lock(&c.tree).nodes.remove(&id);
+        if let Some(n) = gone {
+            let kind = n.handle.kind();
+            c.live.add(kind, -1);
+            c.al.live.add(kind, -1);
+        }
+    }
+}
+
 impl ClientInner {
+    fn closed_error(&self) -> VerbsError {
+        VerbsError::InvalidArgument(format!("client {} is closed", self.name))
+    }
+
     fn reserve(&self) -> Result<ResId, VerbsError> {
         let mut t = lock(&self.tree);
         if t.closed {
-            return Err(VerbsError::InvalidArgument(format!(
-                "client {} is closed",
-                self.name
-            )));
+            return Err(self.closed_error());
         }
         t.next += 1;
         Ok(ResId(t.next))
     }
 
-    fn insert(&self, id: ResId, handle: Handle, parent: Option<ResId>) {
+    /// Puts a node in the tree; a client closed since the id was reserved
+    /// gives the handle back (its close already collected the tree).
+    fn insert(&self, id: ResId, handle: Handle, parent: Option<ResId>) -> Result<(), Handle> {
         let kind = handle.kind();
-        lock(&self.tree).nodes.insert(id, Node { handle, parent });
+        let mut t = lock(&self.tree);
+        if t.closed {
+            return Err(handle);
+        }
+        t.nodes.insert(id, Node { handle, parent });
         self.live.add(kind, 1);
         self.al.live.add(kind, 1);
+        Ok(())
     }
 
     fn add(&self, handle: Handle, parent: Option<ResId>) -> Result<ResId, VerbsError> {
-        let id = match self.reserve() {
-            Ok(id) => id,
-            Err(e) => {
-                // Closed meanwhile: do not leak what was just made.
-                self.release(handle);
-                return Err(e);
-            }
+        let placed = match self.reserve() {
+            Ok(id) => self.insert(id, handle, parent).map(|()| id),
+            Err(_) => Err(handle),
         };
-        self.insert(id, handle, parent);
-        Ok(id)
+        placed.map_err(|h| {
+            // Closed meanwhile: do not leak what was just made.
+            self.release(h);
+            self.closed_error()
+        })
     }
 
     /// Gives one object back to the provider (errors ignored: a removed CA
@@ -573,7 +652,7 @@ impl ClientInner {
             Handle::Mr(h) => p.dereg_mr(h),
             Handle::Mw(h) => p.dealloc_mw(h),
             Handle::Ah(h) => p.destroy_ah(h),
-            Handle::Tracked(mut close) => {
+            Handle::Tracked(_, mut close) => {
                 if let Some(f) = close.take() {
                     f();
                 }

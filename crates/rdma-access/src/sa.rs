@@ -589,8 +589,16 @@ impl SaClient {
     ///
     /// # Errors
     /// No answer or a failing status.
+    /// On a tracked port ([`CmAgent::track_in`]) the subscription is a
+    /// node of the client's tree until [`SaClient::unsubscribe`]; the
+    /// client's close deletes it at the SA.
     pub fn subscribe(&self, trap: u16) -> Result<(), SaError> {
-        self.inform(trap, true)
+        self.agent.track_subscription(self.sa, trap)?;
+        let r = self.inform(trap, true);
+        if r.is_err() {
+            self.agent.untrack_subscription(self.sa, trap);
+        }
+        r
     }
 
     /// Ends a subscription.
@@ -598,6 +606,7 @@ impl SaClient {
     /// # Errors
     /// No answer or a failing status.
     pub fn unsubscribe(&self, trap: u16) -> Result<(), SaError> {
+        self.agent.untrack_subscription(self.sa, trap);
         self.inform(trap, false)
     }
 

@@ -1,11 +1,18 @@
 //! The access layer's resource tree, on the loopback provider and on the
-//! soft RoCE NIC (127.0.110.x): one of every object and nothing left after
-//! the client goes, a client dropped while work is in flight, a CA removed
-//! under a client, and plug-and-play events with their context.
+//! soft RoCE NIC (127.0.110.x): one of every object (verbs objects, and a
+//! tracked CM agent's connection, listen, MAD agent and SA subscription)
+//! and nothing left after the client goes, a client dropped while work is
+//! in flight, a CA removed under a client, and plug-and-play events with
+//! their context.
 
-use rdma_access::resource::{AccessLayer, Kind, PnpEvent};
-use rdma_types::{AccessFlags, Guid, Lid, PortNum, QpType};
-use std::sync::atomic::{AtomicU64, Ordering};
+use rdma_access::gsi::status_reply;
+use rdma_access::resource::{AccessLayer, Client, Kind, PnpEvent};
+use rdma_access::sa::{SaClient, SaTiming};
+use rdma_access::{CmAgent, CmConfig, CmError};
+use rdma_mad::mad::{MadStatus, Method};
+use rdma_mad::sa::{InformInfo, SaAttr, SA_HDR_LEN};
+use rdma_types::{AccessFlags, Guid, Lid, PortNum, Psn, QpType, Qpn};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -136,14 +143,194 @@ fn one_of_each(al: &AccessLayer, c: &rdma_access::resource::Client, guid: Guid) 
     qp
 }
 
-fn every_object_goes_with_its_client(p: Arc<dyn Provider>, guid: Guid) {
+const SERVICE: u64 = 0x0000_0000_0106_1f90;
+
+fn cm_config() -> CmConfig {
+    CmConfig {
+        response_timeout: 15,
+        max_retries: 15,
+        timewait: rdma_types::Duration::from_millis(200),
+    }
+}
+
+fn first_comm_id(salt: u32) -> u32 {
+    (std::process::id() << 8) ^ (salt << 24)
+}
+
+/// The far end of a tracked client's CM objects: an agent that accepts
+/// every REQ for [`SERVICE`] and answers SA Sets as an SA (GetResp,
+/// status 0), counting the InformInfo deletes and the DREQs it hears.
+struct Far {
+    agent: Arc<CmAgent>,
+    stop: Arc<AtomicBool>,
+    deletes: Arc<AtomicU64>,
+    dreqs: Arc<AtomicU64>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Far {
+    fn start(agent: Arc<CmAgent>) -> Far {
+        let stop = Arc::new(AtomicBool::new(false));
+        let deletes = Arc::new(AtomicU64::new(0));
+        let dreqs = Arc::new(AtomicU64::new(0));
+        let d = dreqs.clone();
+        agent.on_disconnect(move |_| {
+            d.fetch_add(1, Ordering::SeqCst);
+        });
+        let incoming = agent.listen(SERVICE);
+        let s = stop.clone();
+        let acceptor = std::thread::spawn(move || {
+            while !s.load(Ordering::SeqCst) {
+                if let Ok(inc) = incoming.recv_timeout(Duration::from_millis(20)) {
+                    inc.accept(Qpn::from_bits(0x99), Psn::new(0), Vec::new());
+                }
+            }
+        });
+        let sa = agent.mad_agent(0x03, 2, &[u8::from(Method::Set)]).unwrap();
+        let (s, del) = (stop.clone(), deletes.clone());
+        let sa = std::thread::spawn(move || {
+            while !s.load(Ordering::SeqCst) {
+                let Some((peer, req)) = sa.recv(Duration::from_millis(20)) else {
+                    continue;
+                };
+                let attr = SaAttr::from(u16::from_be_bytes([req[16], req[17]]));
+                if attr == SaAttr::InformInfo
+                    && InformInfo::parse(&req[SA_HDR_LEN..]).is_ok_and(|i| i.subscribe == 0)
+                {
+                    del.fetch_add(1, Ordering::SeqCst);
+                }
+                sa.send(peer, status_reply(&req, MadStatus::OK));
+            }
+        });
+        Far {
+            agent,
+            stop,
+            deletes,
+            dreqs,
+            threads: vec![acceptor, sa],
+        }
+    }
+}
+
+impl Drop for Far {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A CM agent of `c` on `guid` (started over `provider`), with one of
+/// each upper-layer object: a connection to `far`, a MAD agent, an SA
+/// client subscribed to trap 64 at `far`. The counters show them.
+fn cm_objects(
+    c: &Client,
+    provider: Arc<dyn Provider>,
+    guid: Guid,
+    far: &Far,
+    salt: u32,
+) -> (Arc<CmAgent>, rdma_access::MadAgent, SaClient) {
+    let agent = CmAgent::start_with(provider, guid, first_comm_id(salt), cm_config()).unwrap();
+    agent.track_in(c).unwrap();
+    assert!(agent.track_in(c).is_err(), "one tree per agent");
+    let before = c.live(Kind::CmId);
+    let est = agent
+        .connect(
+            far.agent.gid(),
+            SERVICE,
+            Qpn::from_bits(0x55),
+            Psn::new(1),
+            Vec::new(),
+            Duration::from_secs(10),
+        )
+        .unwrap();
+    assert_eq!(est.remote_qpn, Qpn::from_bits(0x99));
+    assert_eq!(c.live(Kind::CmId), before + 1, "the connection is a CM id");
+    let mad = agent.mad_agent(0x04, 1, &[]).unwrap();
+    let sa = SaClient::new(
+        &agent,
+        far.agent.gid(),
+        SaTiming {
+            timeout: Duration::from_millis(300),
+            retries: 10,
+        },
+    )
+    .unwrap();
+    sa.subscribe(64).unwrap();
+    // The agent's own CM registration, the MAD agent, the SA client's.
+    assert_eq!(c.live(Kind::MadAgent), 3);
+    assert_eq!(c.live(Kind::SaSubscription), 1);
+    // An object that ends by itself leaves the tree.
+    sa.subscribe(65).unwrap();
+    assert_eq!(c.live(Kind::SaSubscription), 2);
+    sa.unsubscribe(65).unwrap();
+    assert_eq!(c.live(Kind::SaSubscription), 1);
+    let m2 = agent.mad_agent(0x05, 1, &[]).unwrap();
+    assert_eq!(c.live(Kind::MadAgent), 4);
+    drop(m2);
+    assert_eq!(c.live(Kind::MadAgent), 3);
+    (agent, mad, sa)
+}
+
+/// Waits (at most 10 s) until `f` holds.
+fn eventually(what: &str, f: impl Fn() -> bool) {
+    let end = std::time::Instant::now() + Duration::from_secs(10);
+    while !f() {
+        assert!(std::time::Instant::now() < end, "{what}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+fn every_object_goes_with_its_client(p: Arc<dyn Provider>, guid: Guid, peer: Guid) {
     let al = AccessLayer::new(p.clone());
-    let c = al.client("test");
-    let qp = one_of_each(&al, &c, guid);
+    let far =
+        Far::start(CmAgent::start_with(p.clone(), peer, first_comm_id(1), cm_config()).unwrap());
+    // The client's CM agent reaches the NIC through the client itself, so
+    // its QP1 and buffers are in the tree too.
+    let tp = al.client("test").into_provider();
+    let c = tp.client();
+    let qp = one_of_each(&al, c, guid);
+    let (agent, mad, sa) = cm_objects(c, tp.clone(), guid, &far, 2);
+    assert!(
+        c.live(Kind::Qp) >= 2,
+        "the consumer's QP and the agent's QP1"
+    );
     assert!(p.query_qp(qp).is_ok());
-    drop(c);
+    c.close();
+    for kind in [
+        Kind::CmId,
+        Kind::SaSubscription,
+        Kind::MadAgent,
+        Kind::Qp,
+        Kind::Ca,
+    ] {
+        assert_eq!(al.live(kind), 0, "{kind:?}");
+    }
     assert_eq!(al.live_total(), 0, "nothing leaks");
     assert!(p.query_qp(qp).is_err(), "the provider's QP is gone too");
+    // The connection was disconnected and the subscription deleted before
+    // the agent's QP1 went: the far end heard both.
+    eventually("no DREQ reached the far end", || {
+        far.dreqs.load(Ordering::SeqCst) == 1
+    });
+    eventually("no InformInfo delete reached the SA", || {
+        far.deletes.load(Ordering::SeqCst) == 2 // trap 65 by hand, 64 by the close
+    });
+    // What is left of the client's agent refuses work.
+    let again = agent.connect(
+        far.agent.gid(),
+        SERVICE,
+        Qpn::from_bits(0x56),
+        Psn::new(1),
+        Vec::new(),
+        Duration::from_secs(1),
+    );
+    assert_eq!(again, Err(CmError::Stopped));
+    assert!(agent.mad_agent(0x06, 1, &[]).is_err());
+    drop((sa, mad, agent));
+    assert_eq!(al.live_total(), 0);
+    drop(tp);
     // A closed client refuses new objects, and the counters stay at zero.
     let c = al.client("second");
     c.close();
@@ -153,14 +340,14 @@ fn every_object_goes_with_its_client(p: Arc<dyn Provider>, guid: Guid) {
 
 #[test]
 fn nothing_leaks_on_loopback() {
-    let (p, a, _) = loopback();
-    every_object_goes_with_its_client(p, a);
+    let (p, a, b) = loopback();
+    every_object_goes_with_its_client(p, a, b);
 }
 
 #[test]
 fn nothing_leaks_on_soft_roce() {
-    let (p, a, _) = soft(1);
-    every_object_goes_with_its_client(p, a);
+    let (p, a, b) = soft(1);
+    every_object_goes_with_its_client(p, a, b);
 }
 
 #[test]
@@ -215,6 +402,15 @@ fn a_client_dropped_with_work_in_flight_leaves_nothing() {
     };
     let (qa, ba, ma, pa) = mk(&c, a, seen.clone());
     let (qb, bb, mb, pb) = mk(&peer, b, Arc::new(Seen::default()));
+    // The CM objects: the peer's agent is tracked by the peer client (its
+    // listen and its side of the connection are CM ids there).
+    let far_agent = CmAgent::start_with(p.clone(), b, first_comm_id(3), cm_config()).unwrap();
+    far_agent.track_in(&peer).unwrap();
+    let far = Far::start(far_agent);
+    assert_eq!(peer.live(Kind::CmId), 1, "the far end's listen");
+    let p_dyn: Arc<dyn Provider> = p.clone();
+    let (agent, mad, sa) = cm_objects(&c, p_dyn, a, &far, 4);
+    assert_eq!(peer.live(Kind::CmId), 2, "its listen and its connection");
     for (qp, other, oq) in [(qa, &pb, qb), (qb, &pa, qa)] {
         let prov = c.provider();
         prov.modify_qp(
@@ -281,9 +477,40 @@ fn a_client_dropped_with_work_in_flight_leaves_nothing() {
         assert!(std::time::Instant::now() < end, "no completion callback");
         std::thread::yield_now();
     }
+    // A request in flight from the MAD agent when the client goes.
+    // Resent every 50 ms, it would wait some 55 s for its last answer.
+    let asker = std::thread::spawn(move || {
+        let mut q = [0u8; 256];
+        q[..4].copy_from_slice(&[1, 0x04, 1, 0x01]);
+        let nobody = rdma_types::Gid::from_ip("127.0.110.60".parse().unwrap());
+        let r = mad.request(nobody, q, Duration::from_millis(50), 1000);
+        (r, mad)
+    });
+    eventually("the request was never resent", || {
+        agent.gsi_stats().retries > 0
+    });
     drop(c);
     assert_eq!(al.live(Kind::Qp), 1, "only the peer's QP");
     assert_eq!(al.live(Kind::Mr), 1);
+    assert_eq!(al.live(Kind::SaSubscription), 0);
+    assert_eq!(al.live(Kind::MadAgent), 2, "the far end's agent and SA");
+    let t0 = std::time::Instant::now();
+    let (r, mad) = asker.join().unwrap();
+    assert!(r.is_err());
+    assert!(
+        t0.elapsed() < Duration::from_secs(20),
+        "the waiting request ended with its agent, not with its timeout"
+    );
+    // The far end heard the DREQ: its connection went through timewait
+    // and left the peer's tree; the subscription was deleted.
+    eventually("the far end's connection is still live", || {
+        al.live(Kind::CmId) == 1
+    });
+    assert_eq!(far.dreqs.load(Ordering::SeqCst), 1);
+    eventually("no InformInfo delete reached the SA", || {
+        far.deletes.load(Ordering::SeqCst) == 2
+    });
+    drop((sa, mad, agent, far));
     drop(peer);
     assert_eq!(al.live_total(), 0);
 }
