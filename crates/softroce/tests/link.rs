@@ -1,7 +1,10 @@
-//! Link down/up at the driver level: two nodes on 127.0.156.x exchange RC
-//! traffic through real UDP sockets (ephemeral ports) while one node's link
-//! is cut with `Node::set_link_up`.
+//! Link down/up and loss at the driver level: two nodes on 127.0.156.x
+//! exchange RC traffic through real UDP sockets (ephemeral ports) while one
+//! node's link is cut with `Node::set_link_up`, or while its fault injector
+//! drops a packet (the capture then shows the NAK and go-back-N, checked
+//! with our parser and tshark).
 
+use rdma_sim::FaultConfig;
 use rdma_types::{Instant, Lkey, Mtu, Qpn, Rkey, WcStatus};
 use roce::{Completion, QpConfig, QpEvent, SendOp, SendWqe, Sge};
 use softroce::{FlatMemory, Node, NodeConfig, QpHandle};
@@ -22,14 +25,18 @@ struct Pair {
 /// An RC QP on 127.0.156.`a_host` connected to one on 127.0.156.`b_host`,
 /// with ACK timeout exponent `timeout` and `retry_cnt` retries.
 fn pair(a_host: u8, b_host: u8, timeout: u8, retry_cnt: u8) -> Pair {
-    let mut a = Node::bind(NodeConfig::new(
-        format!("127.0.156.{a_host}:0").parse().unwrap(),
-    ))
-    .unwrap();
-    let mut b = Node::bind(NodeConfig::new(
-        format!("127.0.156.{b_host}:0").parse().unwrap(),
-    ))
-    .unwrap();
+    pair_of(
+        NodeConfig::new(format!("127.0.156.{a_host}:0").parse().unwrap()),
+        NodeConfig::new(format!("127.0.156.{b_host}:0").parse().unwrap()),
+        timeout,
+        retry_cnt,
+    )
+}
+
+/// [`pair`] with the nodes' configurations given.
+fn pair_of(ca: NodeConfig, cb: NodeConfig, timeout: u8, retry_cnt: u8) -> Pair {
+    let mut a = Node::bind(ca).unwrap();
+    let mut b = Node::bind(cb).unwrap();
     let ma = FlatMemory::new(KEY, LEN);
     ma.with(|m| {
         m.iter_mut()
@@ -160,4 +167,113 @@ fn link_down_longer_than_the_retry_budget_is_retry_exceeded() {
     assert_eq!(wcs.len(), 1);
     assert_eq!(wcs[0].status, WcStatus::WrFlushErr);
     assert_eq!(bytes(&p.mb, 0, 3000), vec![0; 3000]);
+}
+
+/// Seed of A's 10 % loss: the first pass of a 16-packet WRITE loses exactly
+/// one packet and the go-back-N pass loses none (the decisions follow the
+/// order A offers datagrams, which a NAK-driven retransmission keeps).
+const LOSS_SEED: u64 = 7;
+
+#[test]
+fn a_captured_loss_shows_one_sequence_nak_and_go_back_n_in_order() {
+    let dir = std::env::temp_dir().join(format!("softroce-loss-cap-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cap = dir.join("b.pcap");
+    let mut ca = NodeConfig::new("127.0.156.5:0".parse().unwrap());
+    ca.faults = Some(FaultConfig::lossy(LOSS_SEED, 0.1));
+    // B records what it received and what it answered.
+    let mut cb = NodeConfig::new("127.0.156.6:0".parse().unwrap());
+    cb.capture = Some(cap.clone());
+    // 67 ms timeout: the NAK, not the timer, must drive the retransmission.
+    let mut p = pair_of(ca, cb, 14, 7);
+    const PKTS: u32 = 16;
+    p.write(1, 0, PKTS * 1024);
+    let wcs = p.run(Duration::from_secs(20), |w| !w.is_empty());
+    assert_eq!(
+        wcs.iter().map(|c| c.status).collect::<Vec<_>>(),
+        vec![WcStatus::Success]
+    );
+    assert_eq!(
+        bytes(&p.mb, 0, PKTS as usize * 1024),
+        bytes(&p.ma, 0, PKTS as usize * 1024)
+    );
+    let c = p.a.qp_mut(p.qa).unwrap().counters();
+    assert_eq!((c.seq_naks_received, c.timeouts), (1, 0), "{c:?}");
+    let ports = [p.a.local_addr().port(), p.b.local_addr().port()];
+    drop(p);
+
+    // Our parser: every record decodes with a good ICRC.
+    let raw = std::fs::read(&cap).unwrap();
+    let (_, records) = rdma_wire::pcap::read(&raw).unwrap();
+    let pkts: Vec<(u8, u32, Option<u8>)> = records
+        .iter()
+        .map(|r| {
+            let r = rdma_wire::RoceRepr::parse(r.data).expect("a good ICRC");
+            let syndrome = r.ib.ext.aeth.map(|a| a.syndrome.to_byte());
+            (r.ib.bth.opcode.code(), r.ib.bth.psn.value(), syndrome)
+        })
+        .collect();
+    let requests: Vec<u32> = pkts
+        .iter()
+        .filter(|p| (0x06..=0x08).contains(&p.0))
+        .map(|p| p.1)
+        .collect();
+    let responses: Vec<(u32, u8)> = pkts
+        .iter()
+        .filter(|p| p.0 == 0x11)
+        .map(|p| (p.1, p.2.expect("AETH")))
+        .collect();
+    // The one PSN missing from the first pass.
+    let missing = (0..PKTS)
+        .position(|i| requests.get(i as usize) != Some(&i))
+        .expect("a packet was lost") as u32;
+    let mut want: Vec<u32> = (0..PKTS).filter(|&i| i != missing).collect();
+    want.extend(missing..PKTS);
+    assert_eq!(
+        requests, want,
+        "first pass without {missing}, then go-back-N from it"
+    );
+    // One NAK (PSN sequence error: syndrome 011 00000) naming the missing
+    // PSN, then the ACK of the last PSN (credit code 0: no receives posted).
+    assert_eq!(responses, vec![(missing, 0x60), (PKTS - 1, 0x00)]);
+    // The NAK comes before any retransmission in B's capture.
+    let nak_at = pkts.iter().position(|p| p.0 == 0x11).unwrap();
+    let first_pass_end = want.len() - (PKTS - missing) as usize;
+    let requests_before_nak = pkts[..nak_at]
+        .iter()
+        .filter(|p| (0x06..=0x08).contains(&p.0))
+        .count();
+    assert!(requests_before_nak <= first_pass_end);
+
+    if let Some(rows) = rdma_testkit::tshark_fields(
+        "a_captured_loss_shows_one_sequence_nak_and_go_back_n_in_order",
+        &cap,
+        &ports,
+        &[
+            "infiniband.bth.opcode",
+            "infiniband.bth.psn",
+            "infiniband.aeth.syndrome",
+        ],
+    ) {
+        let num = |s: &str| -> u32 {
+            s.strip_prefix("0x")
+                .map_or_else(|| s.parse(), |h| u32::from_str_radix(h, 16))
+                .unwrap_or_else(|e| panic!("{s}: {e}"))
+        };
+        let theirs: Vec<(u8, u32, Option<u8>)> = rows
+            .iter()
+            .map(|r| {
+                (
+                    num(&r[0]) as u8,
+                    num(&r[1]),
+                    (!r[2].is_empty()).then(|| num(&r[2]) as u8),
+                )
+            })
+            .collect();
+        assert_eq!(
+            theirs, pkts,
+            "tshark reads opcodes, PSNs and AETH syndromes as we do"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }
