@@ -29,6 +29,36 @@ pub struct FaultConfig {
     /// Link rate: datagrams queue behind each other for their serialization
     /// time (`None`: infinitely fast).
     pub bytes_per_sec: Option<u64>,
+    /// Scheduled link outages: datagrams offered during one are dropped as
+    /// by a down link (`None`: the link is only down when told).
+    pub outages: Option<Outages>,
+}
+
+/// When a link goes down by itself, counted from the first datagram the
+/// injector is offered (the tools' `link_down_ms` / `link_flap_ms` keys).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Outages {
+    /// From the first datagram to the start of the first outage.
+    pub first_after: Duration,
+    /// How long each outage lasts.
+    pub down: Duration,
+    /// From the start of one outage to the next (`None`: one outage).
+    pub period: Option<Duration>,
+}
+
+impl Outages {
+    /// Whether the link is down `since` the first datagram.
+    pub fn is_down(&self, since: Duration) -> bool {
+        let (t, first) = (since.total_micros(), self.first_after.total_micros());
+        if t < first {
+            return false;
+        }
+        let into = match self.period.map(Duration::total_micros) {
+            Some(p) if p > 0 => (t - first) % p,
+            _ => t - first,
+        };
+        into < self.down.total_micros()
+    }
 }
 
 impl Default for FaultConfig {
@@ -43,6 +73,7 @@ impl Default for FaultConfig {
             corrupt: 0.0,
             latency: Duration::ZERO,
             bytes_per_sec: None,
+            outages: None,
         }
     }
 }
@@ -58,12 +89,16 @@ impl FaultConfig {
     }
 
     /// Parses a compact spec such as `loss=0.01,dup=0.001,reorder=0.01,corrupt=0,seed=7,latency_us=50`,
-    /// the form the tools accept on their command line.
+    /// the form the tools accept on their command line. Link outages:
+    /// `link_down_ms=N` takes the link down once for N ms, `link_flap_ms=D/P`
+    /// for D ms out of every P ms; the first outage starts `link_down_at_ms`
+    /// (default 1000) after the first datagram.
     ///
     /// # Errors
     /// Names the offending key or value.
     pub fn parse(spec: &str) -> Result<FaultConfig, String> {
         let mut cfg = FaultConfig::default();
+        let mut down_at: Option<Duration> = None;
         for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
             let (key, value) = item
                 .split_once('=')
@@ -95,8 +130,57 @@ impl FaultConfig {
                 "corrupt" => cfg.corrupt = prob(value)?,
                 "reorder_us" => cfg.reorder_delay = micros(value)?,
                 "latency_us" => cfg.latency = micros(value)?,
-                other => return Err(format!("fault spec: unknown key '{other}' (known: seed, loss, dup, reorder, corrupt, reorder_us, latency_us)")),
+                "link_down_ms" | "link_flap_ms" | "link_down_at_ms" => {
+                    let ms = |v: &str| -> Result<Duration, String> {
+                        match v.parse::<u64>() {
+                            Ok(n) if n <= 86_400_000 => Ok(Duration::from_millis(n)),
+                            _ => Err(format!(
+                                "fault spec: '{key}' wants milliseconds (at most a day), got '{v}'"
+                            )),
+                        }
+                    };
+                    match key {
+                        "link_down_at_ms" => down_at = Some(ms(value)?),
+                        "link_down_ms" => {
+                            let down = ms(value)?;
+                            if down == Duration::ZERO {
+                                return Err("fault spec: 'link_down_ms' must be above 0".into());
+                            }
+                            cfg.outages = Some(Outages {
+                                first_after: Duration::ZERO,
+                                down,
+                                period: None,
+                            });
+                        }
+                        _ => {
+                            let (d, p) = value.split_once('/').ok_or_else(|| {
+                                format!("fault spec: 'link_flap_ms' wants DOWN/PERIOD, got '{value}'")
+                            })?;
+                            let (down, period) = (ms(d)?, ms(p)?);
+                            if down == Duration::ZERO || down >= period {
+                                return Err(format!(
+                                    "fault spec: 'link_flap_ms' wants 0 < DOWN < PERIOD, got '{value}'"
+                                ));
+                            }
+                            cfg.outages = Some(Outages {
+                                first_after: Duration::ZERO,
+                                down,
+                                period: Some(period),
+                            });
+                        }
+                    }
+                }
+                other => return Err(format!("fault spec: unknown key '{other}' (known: seed, loss, dup, reorder, corrupt, reorder_us, latency_us, link_down_ms, link_flap_ms, link_down_at_ms)")),
             }
+        }
+        match (cfg.outages.as_mut(), down_at) {
+            (Some(o), at) => o.first_after = at.unwrap_or(Duration::from_secs(1)),
+            (None, Some(_)) => {
+                return Err(
+                    "fault spec: 'link_down_at_ms' needs 'link_down_ms' or 'link_flap_ms'".into(),
+                )
+            }
+            (None, None) => {}
         }
         Ok(cfg)
     }
@@ -197,6 +281,8 @@ pub struct FaultInjector<T = Vec<u8>> {
     stats: FaultStats,
     /// When the (rate-limited) link finishes sending what it has.
     busy_until: Instant,
+    /// When the first datagram was offered (scheduled outages count from it).
+    origin: Option<Instant>,
 }
 
 impl<T: Payload> FaultInjector<T> {
@@ -210,6 +296,7 @@ impl<T: Payload> FaultInjector<T> {
             held: BinaryHeap::new(),
             stats: FaultStats::default(),
             busy_until: Instant::ZERO,
+            origin: None,
         }
     }
 
@@ -246,7 +333,12 @@ impl<T: Payload> FaultInjector<T> {
     /// Offers a datagram to the link at `now` and says what happened to it.
     pub fn push(&mut self, now: Instant, mut data: T) -> Verdict {
         self.stats.offered += 1;
-        if !self.up {
+        let origin = *self.origin.get_or_insert(now);
+        let scheduled_down = self
+            .cfg
+            .outages
+            .is_some_and(|o| o.is_down(now.saturating_since(origin)));
+        if !self.up || scheduled_down {
             self.stats.link_down += 1;
             return Verdict::LinkDown;
         }
@@ -463,5 +555,68 @@ mod tests {
             .unwrap_err()
             .contains("key=value"));
         assert!(FaultConfig::parse("seed=x").unwrap_err().contains("'seed'"));
+    }
+
+    #[test]
+    fn link_outage_keys_parse_and_refuse_nonsense() {
+        let c = FaultConfig::parse("link_down_ms=300,link_down_at_ms=50").unwrap();
+        assert_eq!(
+            c.outages,
+            Some(Outages {
+                first_after: Duration::from_millis(50),
+                down: Duration::from_millis(300),
+                period: None,
+            })
+        );
+        let c = FaultConfig::parse("loss=0.01,link_flap_ms=20/100").unwrap();
+        assert_eq!(
+            c.outages,
+            Some(Outages {
+                first_after: Duration::from_secs(1),
+                down: Duration::from_millis(20),
+                period: Some(Duration::from_millis(100)),
+            })
+        );
+        for (bad, says) in [
+            ("link_down_ms=0", "above 0"),
+            ("link_down_ms=x", "milliseconds"),
+            ("link_down_ms=-5", "milliseconds"),
+            ("link_flap_ms=20", "DOWN/PERIOD"),
+            ("link_flap_ms=100/100", "0 < DOWN < PERIOD"),
+            ("link_flap_ms=0/100", "0 < DOWN < PERIOD"),
+            ("link_flap_ms=5/99999999999", "at most a day"),
+            ("link_down_at_ms=5", "needs"),
+        ] {
+            let e = FaultConfig::parse(bad).unwrap_err();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn scheduled_outages_drop_what_is_offered_during_them() {
+        let t = |ms: u64| Instant::ZERO + Duration::from_millis(ms);
+        // One outage 10..40 ms after the first datagram (offered at 5 ms).
+        let mut f = FaultInjector::<Vec<u8>>::new(
+            FaultConfig::parse("link_down_ms=30,link_down_at_ms=10").unwrap(),
+        );
+        let got: Vec<Verdict> = [5, 14, 15, 30, 44, 45, 100]
+            .into_iter()
+            .map(|ms| f.push(t(ms), vec![1]))
+            .collect();
+        use Verdict::*;
+        assert_eq!(
+            got,
+            [Delivered, Delivered, LinkDown, LinkDown, LinkDown, Delivered, Delivered]
+        );
+        assert_eq!(f.stats().link_down, 3);
+        // Flapping: down 2 ms of every 10, from 0 ms after the first datagram.
+        let mut f = FaultInjector::<Vec<u8>>::new(
+            FaultConfig::parse("link_flap_ms=2/10,link_down_at_ms=0").unwrap(),
+        );
+        let down: Vec<u64> = (0..40)
+            .filter(|&ms| f.push(t(ms), vec![1]) == LinkDown)
+            .collect();
+        assert_eq!(down, vec![0, 1, 10, 11, 20, 21, 30, 31]);
+        assert!(f.is_link_up(), "scheduled outages leave set_link_up alone");
     }
 }

@@ -277,3 +277,38 @@ fn a_captured_loss_shows_one_sequence_nak_and_go_back_n_in_order() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_scheduled_outage_from_the_fault_spec_is_survived_or_exceeds_the_budget() {
+    // `link_down_ms` as the tools take it (SOFTROCE_FAULTS, rperf --faults):
+    // the link goes down with the first datagram, for 40 ms; a 134 ms
+    // retry budget rides it out.
+    let mut ca = NodeConfig::new("127.0.156.7:0".parse().unwrap());
+    ca.faults = Some(FaultConfig::parse("link_down_ms=40,link_down_at_ms=0").unwrap());
+    let cb = NodeConfig::new("127.0.156.8:0".parse().unwrap());
+    let mut p = pair_of(ca, cb, 12, 7);
+    let started = StdInstant::now();
+    p.write(1, 0, 3000);
+    let wcs = p.run(Duration::from_secs(10), |w| !w.is_empty());
+    assert_eq!(
+        wcs.iter().map(|c| c.status).collect::<Vec<_>>(),
+        vec![WcStatus::Success]
+    );
+    assert!(started.elapsed() >= Duration::from_millis(40));
+    assert_eq!(bytes(&p.mb, 0, 3000), bytes(&p.ma, 0, 3000));
+    let c = p.a.qp_mut(p.qa).unwrap().counters();
+    assert!(c.timeouts >= 2, "retried through the outage: {c:?}");
+
+    // The same outage against a 2 x 4.2 ms budget: retry exceeded.
+    let mut ca = NodeConfig::new("127.0.156.9:0".parse().unwrap());
+    ca.faults = Some(FaultConfig::parse("link_down_ms=200,link_down_at_ms=0").unwrap());
+    let cb = NodeConfig::new("127.0.156.10:0".parse().unwrap());
+    let mut p = pair_of(ca, cb, 10, 1);
+    p.write(1, 0, 3000);
+    let wcs = p.run(Duration::from_secs(10), |w| !w.is_empty());
+    assert_eq!(
+        wcs.iter().map(|c| c.status).collect::<Vec<_>>(),
+        vec![WcStatus::RetryExcErr]
+    );
+    assert_eq!(bytes(&p.mb, 0, 3000), vec![0; 3000]);
+}
