@@ -28,9 +28,14 @@ struct Cli {
     /// Message size in bytes.
     #[arg(short = 's', long, default_value_t = 65536)]
     size: usize,
-    /// Messages (perftest: 5000 for write, 1000 otherwise).
+    /// Messages (perftest: 5000 for write, 1000 otherwise; with -D, no
+    /// limit but the time).
     #[arg(short = 'n', long)]
     iters: Option<u64>,
+    /// Client, write and read: post for this many seconds, then report
+    /// what completed.
+    #[arg(short = 'D', long, value_name = "SECS")]
+    duration: Option<u64>,
     /// Work requests in flight.
     #[arg(short = 't', long = "tx-depth", default_value_t = 128)]
     tx_depth: u32,
@@ -80,9 +85,12 @@ fn main() -> ExitCode {
         port: cli.port,
         udp_port: cli.udp_port,
         size: cli.size,
-        iters: cli
-            .iters
-            .unwrap_or(if cli.verb == Verb::Write { 5000 } else { 1000 }),
+        iters: cli.iters.unwrap_or(match (cli.duration, cli.verb) {
+            (Some(_), _) => 1 << 32,
+            (None, Verb::Write) => 5000,
+            (None, _) => 1000,
+        }),
+        duration: cli.duration.map(std::time::Duration::from_secs),
         tx_depth: cli.tx_depth,
         rx_depth: cli.rx_depth,
         mtu,

@@ -44,9 +44,14 @@
 //! WRITE or SEND client lands at a Linux server (its QP grants no remote
 //! READ and its buffers are random).
 //!
+//! Duration runs (`-D SECS`, WRITE and READ clients): the client posts
+//! until the time has passed (or `-n` were posted) and reports the count it
+//! completed, which the server's checks follow; perftest's server needs no
+//! `-D` for that. SEND refuses `-D` (the server counts `-n` receives).
+//!
 //! Not supported (the command line refuses them): UC/UD/XRC/DC (`-c`),
-//! several QPs (`-q`), bidirectional (`-b`), all sizes (`-a`), duration
-//! runs (`-D`), RDMA CM (`-R`), events, inline, post lists.
+//! several QPs (`-q`), bidirectional (`-b`), all sizes (`-a`), RDMA CM
+//! (`-R`), events, inline, post lists.
 //!
 //! The codec below is pure (byte vectors in, values out); [`script`] is
 //! the order of steps for a role and verb, and [`run`] drives it over a
@@ -583,8 +588,10 @@ pub struct PerftestConfig {
     pub udp_port: u16,
     /// Message size (`-s`).
     pub size: usize,
-    /// Messages (`-n`).
+    /// Messages (`-n`; at most, with `duration`).
     pub iters: u64,
+    /// Client: post for this long (`-D`), then finish what is in flight.
+    pub duration: Option<Duration>,
     /// Work requests in flight (`-t`).
     pub tx_depth: u32,
     /// Receives kept posted (`-r`, SEND server).
@@ -641,6 +648,18 @@ impl PerftestConfig {
                 "iterations {} not in 1..=2^32",
                 self.iters
             )));
+        }
+        if let Some(d) = self.duration {
+            if self.verb == Verb::Send {
+                return Err(PerftestError::Usage(
+                    "-D works with write and read; a send server counts -n receives".into(),
+                ));
+            }
+            if d.is_zero() || d > Duration::from_secs(86_400) {
+                return Err(PerftestError::Usage(format!(
+                    "duration {d:?} not in 1 s..=1 day"
+                )));
+            }
         }
         if self.tx_depth == 0 || self.tx_depth > 4096 {
             return Err(PerftestError::Usage(format!(
@@ -916,8 +935,10 @@ fn client_run(
     let size = cfg.size;
     let depth = u64::from(cfg.tx_depth).min(n);
     let epoch = Instant::now();
-    let mut posted_at = Vec::with_capacity(n as usize);
-    let mut done_at = Vec::with_capacity(n as usize);
+    let stop_posting = cfg.duration.map(|d| epoch + d);
+    let room = (n as usize).min(1 << 20);
+    let mut posted_at = Vec::with_capacity(room);
+    let mut done_at = Vec::with_capacity(room);
     // READ with a Linux peer: the first bytes seen per slot.
     let mut seen: Vec<Option<Vec<u8>>> = vec![None; slot_count(size, sys)];
     let (mut posted, mut done) = (0u64, 0u64);
@@ -929,9 +950,13 @@ fn client_run(
         Verb::Read => SendOpcode::RdmaRead,
         Verb::Send => SendOpcode::Send,
     };
-    while done < n {
+    loop {
+        let over = stop_posting.is_some_and(|t| Instant::now() >= t);
+        if done >= n || (over && done == posted) {
+            break;
+        }
         let mut batch = Vec::new();
-        while posted < n && posted - done < depth {
+        while !over && posted < n && posted - done < depth {
             let off = slot_offset(posted, size, sys);
             let mut wr = SendWr::new(
                 posted,
@@ -1000,6 +1025,7 @@ fn client_run(
             )));
         }
     }
+    let n = done;
     verified.push(format!("{n} completions, all successful and in order"));
     if cfg.verb == Verb::Read {
         verified.push(if peer_is_ours {

@@ -385,3 +385,92 @@ fn a_server_told_another_size_says_so() {
         "{err}"
     );
 }
+
+#[test]
+fn a_duration_run_reports_what_completed_and_the_server_checks_that() {
+    let (srv_ip, cli_ip, tcp, udp) = ("127.0.156.22", "127.0.156.23", "18759", "24859");
+    let (srv, lines) = server(&[
+        "write",
+        "--bind",
+        srv_ip,
+        "-p",
+        tcp,
+        "--udp-port",
+        udp,
+        "-s",
+        "100",
+        "--timeout",
+        "20",
+    ]);
+    let started = Instant::now();
+    let client = rperftest()
+        .args([
+            "write",
+            srv_ip,
+            "--bind",
+            cli_ip,
+            "-p",
+            tcp,
+            "--udp-port",
+            udp,
+        ])
+        .args(["-s", "100", "-D", "1", "--timeout", "20"])
+        .output()
+        .unwrap();
+    let out = text(&client.stdout);
+    assert!(client.status.success(), "{out}{}", text(&client.stderr));
+    assert!(started.elapsed() >= Duration::from_secs(1));
+    let result = out
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some("100"))
+        .unwrap_or_else(|| panic!("no result line: {out}"));
+    let iters: u64 = result.split_whitespace().nth(1).unwrap().parse().unwrap();
+    assert!(iters > 0 && iters < 1 << 32, "{result}");
+    assert!(
+        out.contains(&format!("verified: {iters} completions")),
+        "{out}"
+    );
+    let status = finish(srv, 30);
+    let all: Vec<String> = lines.map_while(Result::ok).collect();
+    let all = all.join("\n");
+    assert!(status.status.success(), "{all}{}", text(&status.stderr));
+    assert!(
+        all.contains(&format!(
+            "the client moved {iters} messages, we were told -n 5000"
+        )),
+        "{all}"
+    );
+    let slots = iters.min(32);
+    assert!(
+        all.contains(&format!(
+            "all {slots} written slots hold the client's pattern; nothing else changed"
+        )),
+        "{all}"
+    );
+}
+
+#[test]
+fn duration_is_refused_for_send_and_when_zero() {
+    for (verb, d, says) in [
+        ("send", "1", "-D works with write and read"),
+        ("write", "0", "duration"),
+    ] {
+        let out = rperftest()
+            .args([
+                verb,
+                "127.0.156.22",
+                "--bind",
+                "127.0.156.23",
+                "-p",
+                "18760",
+                "-D",
+                d,
+            ])
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let err = text(&out.stderr);
+        assert!(err.contains(says), "{verb} -D {d}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}
