@@ -37,6 +37,7 @@
 //! objects) torn down in dependency order when the client goes or its CA
 //! is removed, live counters to prove nothing leaks, and plug-and-play
 //! registration. [`sma`] answers a port's SMPs for the managed-subnet mode.
+//! [`devinfo`] is what `ibstat` lists of a CA and its ports.
 //!
 //! What it leaves to the consumer: QP state transitions (the consumer has
 //! its QP in RTR before it accepts, and moves it to RTS on the answer), and
@@ -45,6 +46,7 @@
 //! invalid service ID).
 
 mod agent;
+pub mod devinfo;
 pub mod dm;
 pub mod gsi;
 pub mod rdmacm;

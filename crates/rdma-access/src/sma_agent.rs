@@ -184,6 +184,11 @@ impl SmaAgent {
         self.shared.lock().sma.pkeys()
     }
 
+    /// The port's GUID table (GUIDInfo block 0; see [`crate::sma::Sma::guids`]).
+    pub fn guids(&self) -> [rdma_types::Guid; crate::sma::GUID_CAP] {
+        self.shared.lock().sma.guids()
+    }
+
     /// SMPs answered so far.
     pub fn smps(&self) -> u64 {
         self.shared.lock().smps

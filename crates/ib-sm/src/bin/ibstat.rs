@@ -1,0 +1,153 @@
+//! `ibstat`: list soft RoCE CAs and their ports as infiniband-diags'
+//! `ibstat` and `ibv_devinfo` do (node and port GUIDs, limits, state,
+//! LID, SM LID, LMC, capability mask, MTUs, GIDs, P_Keys, alias GUIDs),
+//! as text or `--json`. A soft RoCE CA lives in the process that opens
+//! it, so the tool opens one CA per `--ip` (the address must be free). In
+//! the `ib` personality the CA's SMA answers an SM (`ibsm run --node
+//! ADDR`) while the tool waits `--wait-active-ms` for it to activate the
+//! port; what the SM set (LID, SM LID, P_Keys, ARMED/ACTIVE, GUIDInfo) is
+//! then listed.
+
+use clap::{Parser, ValueEnum};
+use ib_sm::port::IbNode;
+use rdma_access::devinfo::{self, CaInfo};
+use rdma_access::sma::state;
+use rdma_mad::smp::cap;
+use rdma_types::Guid;
+use rnic::softroce::{SoftCa, SoftRoce};
+use std::net::IpAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+use verbs::Provider;
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Fabric {
+    /// RoCE: GIDs from the addresses, no SM, ports active at once.
+    Roce,
+    /// Managed subnet: the port waits in INIT for an SM (`ibsm run`).
+    Ib,
+}
+
+#[derive(Parser)]
+#[command(
+    name = "ibstat",
+    about = "List soft RoCE CAs and ports (ibstat / ibv_devinfo)"
+)]
+struct Cli {
+    /// Address of a CA to open and list (repeat for several).
+    #[arg(long, required = true)]
+    ip: Vec<IpAddr>,
+    /// Port personality.
+    #[arg(long, value_enum, default_value = "roce")]
+    fabric: Fabric,
+    /// ib: wait at most this long for an SM to make the port ACTIVE.
+    #[arg(long, default_value_t = 0)]
+    wait_active_ms: u64,
+    /// RoCEv2 UDP port.
+    #[arg(long, default_value_t = 4791)]
+    udp_port: u16,
+    /// JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+/// The GUID of the CA at `ip`: the Mellanox-style prefix 0002c903 and the
+/// address's last 32 bits (the scheme `srpd`/`srptd` use in `ib` mode).
+fn guid_of(ip: IpAddr) -> Guid {
+    let low = match ip {
+        IpAddr::V4(a) => u32::from(a),
+        IpAddr::V6(a) => {
+            let o = a.octets();
+            u32::from_be_bytes([o[12], o[13], o[14], o[15]])
+        }
+    };
+    Guid(0x0002_c903_0000_0000 | u64::from(low))
+}
+
+struct Quiet;
+
+impl verbs::EventHandler for Quiet {
+    fn on_completion(&self, _: u64) {}
+    fn on_async_event(&self, _: verbs::AsyncEvent) {}
+}
+
+fn run(cli: &Cli) -> Result<Vec<CaInfo>, String> {
+    for (i, a) in cli.ip.iter().enumerate() {
+        if cli.ip[..i].contains(a) {
+            return Err(format!("--ip {a} is given twice"));
+        }
+    }
+    let cas: Vec<SoftCa> = cli
+        .ip
+        .iter()
+        .map(|&ip| SoftCa {
+            guid: guid_of(ip),
+            ip,
+        })
+        .collect();
+    let p = SoftRoce::new(cas.clone(), cli.udp_port);
+    let mut out = Vec::new();
+    match cli.fabric {
+        Fabric::Roce => {
+            for ca in &cas {
+                let dev = p
+                    .open_ca(ca.guid, 0, Arc::new(Quiet))
+                    .map_err(|e| format!("open the CA on {}: {e}", ca.ip))?;
+                let name = format!("roce {}", ca.ip);
+                // No SMA on a RoCE port: the CM (QP1) is what it offers.
+                let info = devinfo::query(p.as_ref(), dev, &name, "Ethernet", cap::IS_CM_SUPPORTED);
+                let _ = p.close_ca(dev);
+                out.push(info.map_err(|e| format!("query the CA on {}: {e}", ca.ip))?);
+            }
+        }
+        Fabric::Ib => {
+            let nodes = cas
+                .iter()
+                .map(|ca| {
+                    let desc = format!("ibstat {}", ca.ip);
+                    IbNode::start(p.clone(), ca.guid, &desc, false, std::process::id() << 8)
+                        .map_err(|e| format!("start the ib port on {}: {e}", ca.ip))
+                })
+                .collect::<Result<Vec<_>, String>>()?;
+            let wait = Duration::from_millis(cli.wait_active_ms);
+            for n in &nodes {
+                n.sma().wait_state(state::ACTIVE, wait);
+            }
+            for (n, ca) in nodes.iter().zip(&cas) {
+                let dev = p
+                    .open_ca(ca.guid, 0, Arc::new(Quiet))
+                    .map_err(|e| format!("open the CA on {}: {e}", ca.ip))?;
+                let name = format!("ib {}", ca.ip);
+                let info = devinfo::query(p.as_ref(), dev, &name, "InfiniBand", 0);
+                let _ = p.close_ca(dev);
+                let mut info = info.map_err(|e| format!("query the CA on {}: {e}", ca.ip))?;
+                for port in &mut info.ports {
+                    *port = port.clone().from_sma(n.sma());
+                }
+                out.push(info);
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(&cli) {
+        Ok(cas) => {
+            if cli.json {
+                println!("{}", devinfo::json(&cas));
+            } else {
+                for c in &cas {
+                    print!("{}", c.human());
+                }
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("ibstat: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
