@@ -37,10 +37,9 @@
 //!
 //! Plug and play: [`AccessLayer::register_pnp`] reports every CA already
 //! present, and each of its ports that is active, at once; then port
-//! events (active, down, LID change, P_Key change) and CA removal as they
-//! happen. Providers add CAs only when built, so "CA added" is only
-//! reported for those; an SM-change event needs a provider event kind that
-//! the verbs layer does not have yet.
+//! events (active, down, LID change, P_Key change, SM change) and CA
+//! removal as they happen. Providers add CAs only when built, so "CA
+//! added" is only reported for those.
 
 use rdma_types::{AccessFlags, Guid, PortNum, Rkey};
 use std::collections::BTreeMap;

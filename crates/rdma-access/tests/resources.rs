@@ -607,3 +607,67 @@ fn pnp_on_soft_roce() {
         move || l.set_lid(a, Lid(9)).unwrap(),
     );
 }
+
+/// A client closing mid-handshake: its REQ still unanswered is abandoned
+/// (the blocked `connect` returns `Stopped` at once, not at its
+/// deadline), and a REQ its consumer has not yet answered is rejected
+/// (the active side hears REJ 28), before anything of it is left.
+#[test]
+fn handshakes_in_flight_end_with_their_client() {
+    let (p, a, b) = loopback();
+    let al = AccessLayer::new(p.clone());
+    let c = al.client("active");
+    let agent = CmAgent::start_with(p.clone(), a, first_comm_id(5), cm_config()).unwrap();
+    agent.track_in(&c).unwrap();
+    let nobody = rdma_types::Gid::from_prefix_guid(0xfe80_0000_0000_0000, Guid(0xdead));
+    let ag = agent.clone();
+    let pending = std::thread::spawn(move || {
+        ag.connect(
+            nobody,
+            SERVICE,
+            Qpn::from_bits(0x57),
+            Psn::new(1),
+            Vec::new(),
+            Duration::from_secs(60),
+        )
+    });
+    eventually("the REQ is not a CM id", || c.live(Kind::CmId) == 1);
+    let t0 = std::time::Instant::now();
+    c.close();
+    assert_eq!(pending.join().unwrap(), Err(CmError::Stopped));
+    assert!(t0.elapsed() < Duration::from_secs(10));
+    assert_eq!(al.live_total(), 0);
+    drop(agent);
+
+    let passive = al.client("passive");
+    let pa = CmAgent::start_with(p.clone(), b, first_comm_id(6), cm_config()).unwrap();
+    pa.track_in(&passive).unwrap();
+    let incoming = pa.listen(SERVICE);
+    let active = CmAgent::start_with(p.clone(), a, first_comm_id(7), cm_config()).unwrap();
+    let to = pa.gid();
+    let asking = std::thread::spawn(move || {
+        let r = active.connect(
+            to,
+            SERVICE,
+            Qpn::from_bits(0x58),
+            Psn::new(1),
+            Vec::new(),
+            Duration::from_secs(30),
+        );
+        (r, active)
+    });
+    let inc = incoming.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert_eq!(passive.live(Kind::CmId), 2, "the listen and the REQ");
+    passive.close();
+    let (r, active) = asking.join().unwrap();
+    match r {
+        Err(CmError::Rejected { code, .. }) => assert_eq!(code, 28),
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        !inc.accept(Qpn::from_bits(0x59), Psn::new(0), Vec::new()),
+        "a rejected REQ cannot be accepted later"
+    );
+    assert_eq!(al.live_total(), 0);
+    drop((active, pa));
+}
