@@ -149,6 +149,17 @@ fn an_ib_port_has_qp0_and_its_sma_applies_the_sms_sets() {
         p.query_port(dev, PortNum(1)).unwrap().pkeys,
         vec![Pkey(0xffff), Pkey(0x8005)]
     );
+    // GUIDInfo: the SM assigns alias GUIDs; entry 0 stays the port GUID.
+    let mut guids = [0u8; 64];
+    guids[..8].copy_from_slice(&0xbadu64.to_be_bytes());
+    guids[8..16].copy_from_slice(&0x0002_c903_0013_1001u64.to_be_bytes());
+    let r = ask(smp(0x02, SmpAttr::GuidInfo, &guids));
+    assert_eq!(status(&r[..]), 0);
+    assert_eq!(&r[SMP_DATA..SMP_DATA + 8], &NODE.0.to_be_bytes());
+    assert_eq!(
+        sma.guids()[..3],
+        [NODE, Guid(0x0002_c903_0013_1001), Guid(0)]
+    );
     // The events came before the answers did (applied first).
     let seen = events.0.lock().unwrap().clone();
     for want in [
@@ -162,7 +173,7 @@ fn an_ib_port_has_qp0_and_its_sma_applies_the_sms_sets() {
         (sma.lid(), sma.port_state(), sma.sm_gid()),
         (7, state::ACTIVE, Some(sm.gid()))
     );
-    assert_eq!(sma.smps(), 5);
+    assert_eq!(sma.smps(), 6);
 
     // DOWN: the link retrains, the port is back in INIT (a port error).
     let r = ask(smp(0x02, SmpAttr::PortInfo, &port_info(0, 1, state::DOWN)));
