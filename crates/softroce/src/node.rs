@@ -479,18 +479,21 @@ impl Node {
         }
         busy |= self.transmit(now);
         for (qpn, s) in self.qps.iter_mut() {
-            let before = s.completions.len();
+            let before = (s.completions.len(), s.events.len());
             while let Some(c) = s.qp.poll_completion() {
                 s.completions.push_back(c);
             }
-            if s.completions.len() > before {
+            while let Some(e) = s.qp.poll_event() {
+                s.events.push_back(e);
+            }
+            // Ready for a new completion or a new event alike: an event
+            // with no completion (the responder's QP fatal) must not wait
+            // for some later completion to be delivered.
+            if (s.completions.len(), s.events.len()) != before {
                 let h = QpHandle(Qpn::from_bits(*qpn));
                 if !self.ready.contains(&h) {
                     self.ready.push(h);
                 }
-            }
-            while let Some(e) = s.qp.poll_event() {
-                s.events.push_back(e);
             }
         }
         busy
