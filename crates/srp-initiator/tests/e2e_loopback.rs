@@ -2,62 +2,20 @@
 //! in-process loopback provider: login, INQUIRY, capacity, verified I/O
 //! through direct and indirect descriptors and immediate data.
 
+mod common;
+
+use common::Direct;
 use rdma_types::Guid;
 use rnic::loopback::{CaConfig, Fabric};
 use srp::initiator::ChannelConfig;
-use srp::target::{LoginForm as TargetForm, TargetConfig};
+use srp::target::TargetConfig;
 use srp_initiator::disk::Disk;
-use srp_initiator::session::{
-    ConnectError, Connected, Connector, LoginForm, QpInfo, Session, SessionConfig,
-};
-use srp_target::{LoginOutcome, PeerQp, PortOptions, TargetPort};
+use srp_initiator::session::{Session, SessionConfig};
+use srp_target::{PortOptions, TargetPort};
 use std::sync::Arc;
 
 const TARGET_GUID: u64 = 0x0002_c903_0000_1111;
 const INIT_GUID: u64 = 0x0002_c903_0000_2222;
-
-/// Connects by calling the target port's login entry point directly, the
-/// way a CM would with the REQ's private data.
-struct Direct {
-    port: Arc<TargetPort>,
-    lid: rdma_types::Lid,
-}
-
-impl Connector for Direct {
-    fn connect(&self, login: &[u8], local: QpInfo) -> Result<Connected, ConnectError> {
-        let peer = PeerQp {
-            qpn: local.qpn,
-            psn: local.psn,
-            gid: local.gid,
-            lid: local.lid,
-            mtu: local.mtu,
-        };
-        match self.port.login(login, TargetForm::RdmaCm, peer) {
-            LoginOutcome::Accepted {
-                conn,
-                local: t,
-                rsp,
-            } => Ok(Connected {
-                peer: QpInfo {
-                    qpn: t.qpn,
-                    psn: t.psn,
-                    gid: self.port.gid(),
-                    lid: self.lid,
-                    mtu: local.mtu,
-                },
-                private_data: rsp,
-                handle: conn.0,
-            }),
-            LoginOutcome::Rejected { rej, .. } => Err(ConnectError::Rejected(rej)),
-        }
-    }
-    fn disconnect(&self, handle: u64) {
-        self.port.disconnected(srp_target::ConnId(handle));
-    }
-    fn form(&self) -> LoginForm {
-        LoginForm::RdmaCm
-    }
-}
 
 struct Setup {
     fabric: Arc<dyn verbs::Provider>,
@@ -121,6 +79,7 @@ fn session(s: &Setup, cfg: SessionConfig) -> Arc<Session> {
     let direct = Arc::new(Direct {
         port: s.port.clone(),
         lid: rdma_types::Lid(if soft { 0 } else { 1 }),
+        on_disconnect: None,
     });
     Arc::new(Session::connect(s.fabric.clone(), Guid(INIT_GUID), direct, cfg).unwrap())
 }

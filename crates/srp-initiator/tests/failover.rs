@@ -18,18 +18,19 @@
 //! sat in it (the netns test saw one I/O of 16 take 2.55 s instead of
 //! 0.55 s).
 
+mod common;
+
+use common::Direct;
 use rdma_types::{Duration, Guid, PortNum};
 use rnic::loopback::{CaConfig, Fabric};
 use srp::initiator::ChannelConfig;
-use srp::target::{LoginForm as TargetForm, TargetConfig};
+use srp::target::TargetConfig;
 use srp_initiator::disk::Disk;
 use srp_initiator::multipath::{Multipath, PathDevice, Policy};
 use srp_initiator::remote::RemoteDisk;
 use srp_initiator::rport::RportConfig;
-use srp_initiator::session::{
-    ConnectError, Connected, Connector, LoginForm, QpInfo, Session, SessionConfig,
-};
-use srp_target::{LoginOutcome, PeerQp, PortOptions, TargetPort};
+use srp_initiator::session::{Session, SessionConfig};
+use srp_target::{PortOptions, TargetPort};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
@@ -66,50 +67,6 @@ impl Gate {
             }
             c = self.cv.wait_timeout(c, left).unwrap().0;
         }
-    }
-}
-
-/// Logs in by calling the target port's entry point directly, as a CM
-/// would with the REQ's private data; disconnects pass the gate.
-struct Direct {
-    port: Arc<TargetPort>,
-    gate: Arc<Gate>,
-}
-
-impl Connector for Direct {
-    fn connect(&self, login: &[u8], local: QpInfo) -> Result<Connected, ConnectError> {
-        let peer = PeerQp {
-            qpn: local.qpn,
-            psn: local.psn,
-            gid: local.gid,
-            lid: local.lid,
-            mtu: local.mtu,
-        };
-        match self.port.login(login, TargetForm::RdmaCm, peer) {
-            LoginOutcome::Accepted {
-                conn,
-                local: t,
-                rsp,
-            } => Ok(Connected {
-                peer: QpInfo {
-                    qpn: t.qpn,
-                    psn: t.psn,
-                    gid: self.port.gid(),
-                    lid: rdma_types::Lid(1),
-                    mtu: local.mtu,
-                },
-                private_data: rsp,
-                handle: conn.0,
-            }),
-            LoginOutcome::Rejected { rej, .. } => Err(ConnectError::Rejected(rej)),
-        }
-    }
-    fn disconnect(&self, handle: u64) {
-        self.port.disconnected(srp_target::ConnId(handle));
-        self.gate.pass();
-    }
-    fn form(&self) -> LoginForm {
-        LoginForm::RdmaCm
     }
 }
 
@@ -189,7 +146,8 @@ fn a_link_dying_after_every_command_was_acknowledged_is_found_by_the_probe() {
     cfg.probe_interval = Some(Duration::from_millis(50));
     let direct = Arc::new(Direct {
         port: port.clone(),
-        gate: Arc::new(Gate::default()),
+        lid: rdma_types::Lid(1),
+        on_disconnect: None,
     });
     let sess = Arc::new(Session::connect(provider.clone(), Guid(INIT_A), direct, cfg).unwrap());
     let disk = Arc::new(Disk::open(sess.clone(), 0).unwrap());
@@ -253,9 +211,11 @@ fn io_on_a_failed_path_goes_on_over_the_other_without_waiting_for_its_teardown()
             let chan = ChannelConfig::new(1, Guid(guid), TARGET_GUID, Guid(TARGET_GUID));
             let mut cfg = SessionConfig::new(chan);
             cfg.pool_bytes = 1 << 20;
+            let gate = gate.clone();
             let direct = Arc::new(Direct {
                 port: port.clone(),
-                gate: gate.clone(),
+                lid: rdma_types::Lid(1),
+                on_disconnect: Some(Arc::new(move || gate.pass())),
             });
             let s = Session::connect(provider.clone(), Guid(guid), direct, cfg)
                 .map_err(std::io::Error::other)?;
