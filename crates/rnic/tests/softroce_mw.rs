@@ -8,23 +8,22 @@
 //! Every fixture is two CAs on its own pair of 127.0.150.x addresses
 //! (1-20) with RoCEv2 on UDP port 47150.
 
-use rdma_types::{AccessFlags, Guid, Lid, Lkey, QpType, Rkey, WcOpcode, WcStatus};
+mod common;
+
+use common::Soft;
+use rdma_types::{AccessFlags, Guid, Lkey, QpType, Rkey, WcOpcode, WcStatus};
 use rdma_wire::{NakCode, Syndrome};
-use rnic::softroce::{SoftCa, SoftRoce, MAX_INLINE_DATA};
+use rnic::softroce::MAX_INLINE_DATA;
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::Arc;
-use verbs::conformance::{connect, rc_pair, Feature, Fixture, Node};
+
+use verbs::conformance::{connect, rc_pair, Node};
 use verbs::{
-    MemBuf, MwBind, MwType, Provider, QpCaps, QpInit, RecvWr, Result, SendFlags, SendOpcode,
-    SendWr, Sge, VerbsError, WcFlags,
+    MemBuf, MwBind, MwType, QpCaps, QpInit, RecvWr, SendFlags, SendOpcode, SendWr, Sge, VerbsError,
+    WcFlags,
 };
 
 const PORT: u16 = 47150;
-
-struct Soft {
-    provider: Arc<SoftRoce>,
-}
 
 /// The next free pair of 127.0.150.x addresses (10 pairs, 7 used).
 static NEXT: AtomicU8 = AtomicU8::new(0);
@@ -34,42 +33,7 @@ impl Soft {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         assert!(n < 10, "only 127.0.150.1-20 are ours");
         let ip = |k: u8| IpAddr::V4(Ipv4Addr::new(127, 0, 150, 2 * n + k + 1));
-        Soft {
-            provider: SoftRoce::new(
-                vec![
-                    SoftCa {
-                        guid: Guid(0x1111),
-                        ip: ip(0),
-                    },
-                    SoftCa {
-                        guid: Guid(0x2222),
-                        ip: ip(1),
-                    },
-                ],
-                PORT,
-            ),
-        }
-    }
-}
-
-impl Fixture for Soft {
-    fn provider(&self) -> Arc<dyn Provider> {
-        self.provider.clone()
-    }
-    fn guids(&self) -> (Guid, Guid) {
-        (Guid(0x1111), Guid(0x2222))
-    }
-    fn set_port_active(&self, guid: Guid, active: bool) -> Result<()> {
-        self.provider.set_port_active(guid, active)
-    }
-    fn set_lid(&self, guid: Guid, lid: Lid) -> Result<()> {
-        self.provider.set_lid(guid, lid)
-    }
-    fn remove_ca(&self, guid: Guid) -> Result<()> {
-        self.provider.remove_ca(guid)
-    }
-    fn lacks(&self) -> Vec<Feature> {
-        vec![]
+        Soft::pair(ip(0), ip(1), PORT)
     }
 }
 
