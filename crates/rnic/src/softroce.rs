@@ -116,6 +116,9 @@ pub struct SoftCa {
     pub ip: IpAddr,
 }
 
+/// Open CAs by GUID: the runtime and how many opens hold it.
+type Devices = HashMap<u64, (Arc<CaRt>, u32)>;
+
 /// The soft RoCE provider.
 pub struct SoftRoce {
     udp_port: u16,
@@ -123,7 +126,7 @@ pub struct SoftRoce {
     cas: Vec<SoftCa>,
     st: Mutex<State>,
     /// Devices with at least one open, by GUID.
-    devices: Mutex<HashMap<u64, (Arc<CaRt>, u32)>>,
+    devices: Mutex<Devices>,
     /// CAs detached by `remove_ca`; they cannot be opened again.
     removed: Mutex<std::collections::HashSet<u64>>,
     /// Faults for a CA's node, applied when the node is bound.
@@ -835,13 +838,7 @@ impl SoftRoce {
     /// # Errors
     /// `NoSuchCa` for an unknown GUID; `Busy` when the CA is already open.
     pub fn set_faults(&self, guid: Guid, faults: Option<FaultConfig>) -> Result<()> {
-        if !self.cas.iter().any(|c| c.guid == guid) {
-            return Err(VerbsError::NoSuchCa);
-        }
-        let devs = self.devices.lock().unwrap_or_else(|e| e.into_inner());
-        if devs.contains_key(&guid.0) {
-            return Err(VerbsError::Busy("the CA is open; set faults before"));
-        }
+        let _devs = self.closed_ca(guid, "the CA is open; set faults before")?;
         let mut f = self.faults.lock().unwrap_or_else(|e| e.into_inner());
         match faults {
             Some(cfg) => f.insert(guid.0, cfg),
@@ -857,19 +854,30 @@ impl SoftRoce {
     /// # Errors
     /// `NoSuchCa` for an unknown GUID; `Busy` when the CA is already open.
     pub fn set_capture(&self, guid: Guid, path: Option<std::path::PathBuf>) -> Result<()> {
-        if !self.cas.iter().any(|c| c.guid == guid) {
-            return Err(VerbsError::NoSuchCa);
-        }
-        let devs = self.devices.lock().unwrap_or_else(|e| e.into_inner());
-        if devs.contains_key(&guid.0) {
-            return Err(VerbsError::Busy("the CA is open; set the capture before"));
-        }
+        let _devs = self.closed_ca(guid, "the CA is open; set the capture before")?;
         let mut c = self.captures.lock().unwrap_or_else(|e| e.into_inner());
         match path {
             Some(p) => c.insert(guid.0, p),
             None => c.remove(&guid.0),
         };
         Ok(())
+    }
+
+    /// The device table, locked, once `guid` is known to be a CA that is
+    /// not open yet (what a node takes at bind time may still change).
+    fn closed_ca(
+        &self,
+        guid: Guid,
+        busy: &'static str,
+    ) -> Result<std::sync::MutexGuard<'_, Devices>> {
+        if !self.cas.iter().any(|c| c.guid == guid) {
+            return Err(VerbsError::NoSuchCa);
+        }
+        let devs = self.devices.lock().unwrap_or_else(|e| e.into_inner());
+        if devs.contains_key(&guid.0) {
+            return Err(VerbsError::Busy(busy));
+        }
+        Ok(devs)
     }
 
     /// Counters of CA `guid` while it is open (`None` when it is not).
