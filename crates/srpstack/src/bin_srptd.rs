@@ -49,9 +49,10 @@ struct Args {
     /// Control socket for srptadm (overrides the file).
     #[arg(long)]
     control_socket: Option<PathBuf>,
-    /// Serve Prometheus metrics on this address (overrides the file).
+    /// Serve Prometheus metrics on this address:port, or on a bare port of
+    /// 127.0.0.1 (overrides the file).
     #[arg(long)]
-    metrics: Option<std::net::SocketAddr>,
+    metrics: Option<srpstack::config::MetricsAddr>,
 }
 
 fn main() -> ExitCode {
@@ -134,7 +135,7 @@ fn run(a: &Args) -> Result<(), String> {
     cfg.check().map_err(|e| e.to_string())?;
     let t = &cfg.target;
     let (ip, cm_port, sock) = (*t.ip.get_ref(), t.rdma_cm_port, t.control_socket.clone());
-    let metrics = t.metrics.as_ref().map(|m| *m.get_ref());
+    let metrics = t.metrics.as_ref().map(|m| m.get_ref().0);
 
     // SIGTERM/SIGINT are taken by sigwait below, in this thread only: block
     // them before any thread starts so every thread inherits the mask.

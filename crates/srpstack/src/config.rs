@@ -100,9 +100,52 @@ pub struct TargetSection {
     pub srpt_sq_size: Spanned<u32>,
     /// Control socket for `srptadm` (mode 0600).
     pub control_socket: PathBuf,
-    /// Prometheus endpoint, off when absent.
+    /// Prometheus endpoint, off when absent: `"address:port"`, or a bare
+    /// port (`9100` or `"9100"`) on the loopback address.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub metrics: Option<Spanned<std::net::SocketAddr>>,
+    pub metrics: Option<Spanned<MetricsAddr>>,
+}
+
+/// Where the metrics endpoint listens (`target.metrics`, `--metrics`): an
+/// `address:port`, or a bare port on 127.0.0.1, so turning metrics on
+/// never exposes them beyond the host unless an address says so.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "PortOrAddr", into = "String")]
+pub struct MetricsAddr(pub std::net::SocketAddr);
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum PortOrAddr {
+    Port(u16),
+    Text(String),
+}
+
+impl TryFrom<PortOrAddr> for MetricsAddr {
+    type Error = String;
+    fn try_from(v: PortOrAddr) -> Result<MetricsAddr, String> {
+        match v {
+            PortOrAddr::Port(p) => Ok(MetricsAddr((std::net::Ipv4Addr::LOCALHOST, p).into())),
+            PortOrAddr::Text(t) => t.parse(),
+        }
+    }
+}
+
+impl std::str::FromStr for MetricsAddr {
+    type Err = String;
+    fn from_str(s: &str) -> Result<MetricsAddr, String> {
+        if let Ok(p) = s.parse::<u16>() {
+            return Ok(MetricsAddr((std::net::Ipv4Addr::LOCALHOST, p).into()));
+        }
+        s.parse().map(MetricsAddr).map_err(|_| {
+            format!("metrics: '{s}' is neither a port (served on 127.0.0.1) nor address:port")
+        })
+    }
+}
+
+impl From<MetricsAddr> for String {
+    fn from(m: MetricsAddr) -> String {
+        m.0.to_string()
+    }
 }
 
 /// `target.pkey`: `"all"`, one P_Key or a list of them.
@@ -660,6 +703,36 @@ lun = [{ lun = 3, device = "disk1" }]
 
     fn err_of(s: &str) -> ConfigError {
         parse(s).expect_err("must be refused")
+    }
+
+    #[test]
+    fn metrics_is_a_port_on_loopback_or_an_address() {
+        let local: MetricsAddr = "9100".parse().unwrap();
+        assert_eq!(local.0, "127.0.0.1:9100".parse().unwrap());
+        let any: MetricsAddr = "0.0.0.0:9100".parse().unwrap();
+        assert_eq!(any.0, "0.0.0.0:9100".parse().unwrap());
+        let e = "localhost".parse::<MetricsAddr>().unwrap_err();
+        assert!(e.contains("neither a port"), "{e}");
+        for (text, want) in [
+            ("metrics = 9101", "127.0.0.1:9101"),
+            ("metrics = \"9102\"", "127.0.0.1:9102"),
+            ("metrics = \"[::1]:9103\"", "[::1]:9103"),
+        ] {
+            #[derive(Deserialize)]
+            struct T {
+                metrics: MetricsAddr,
+            }
+            let t: T = toml::from_str(text).unwrap();
+            assert_eq!(t.metrics.0, want.parse().unwrap(), "{text}");
+            assert_eq!(String::from(t.metrics), want);
+        }
+        #[derive(Deserialize, Debug)]
+        #[allow(dead_code)]
+        struct T {
+            metrics: MetricsAddr,
+        }
+        assert!(toml::from_str::<T>("metrics = 70000").is_err());
+        assert!(toml::from_str::<T>("metrics = \"nowhere\"").is_err());
     }
 
     #[test]
