@@ -91,6 +91,10 @@ pub struct Daemon {
     /// The access layer the target port reaches the NIC through: it
     /// counts every verbs object the port holds.
     access: rdma_access::resource::AccessLayer,
+    /// The access layer's client the CM agent is tracked in: its CM ids
+    /// (connections and listens), MAD agents and SA subscriptions, and
+    /// (soft RoCE fabric) its QP1 objects. Closed first at shutdown.
+    cm: Arc<rdma_access::resource::TrackedProvider>,
     /// The I/O controller offered to discovery, and the DM agent (dropped
     /// in this order).
     _dm: (rdma_access::dm::IocHandle, rdma_access::dm::DmService),
@@ -272,6 +276,11 @@ impl Daemon {
         tcfg.sq_size = *t.srpt_sq_size.get_ref();
         tcfg.enabled = t.enabled;
         let nic = provider.clone();
+        // The target port and the CM agent reach the NIC through clients
+        // of the access layer, which track every verbs object they make
+        // and, for the CM agent, its CM ids, MAD agents and subscriptions.
+        let access = rdma_access::resource::AccessLayer::new(provider.clone());
+        let cm = access.client("cm").into_provider();
         // The ib personality is set before the CA is first opened: the
         // port, its SMA and MAD driver start here, and the SM's sweep
         // brings it ACTIVE (waited for at the end, once everything serves).
@@ -289,10 +298,6 @@ impl Daemon {
         } else {
             None
         };
-        // The target port reaches the NIC through a client of the access
-        // layer, which tracks every verbs object it makes (the CM and DM
-        // agents are part of the access layer and use the NIC directly).
-        let access = rdma_access::resource::AccessLayer::new(provider.clone());
         let port = Arc::new(
             TargetPort::start(
                 access.client("srp target").into_provider(),
@@ -311,11 +316,17 @@ impl Daemon {
         // PR READ FULL STATUS), fixed before any command numbers it.
         scsi.set_relative_port_id(port.name(), *t.rel_tgt_id.get_ref())
             .map_err(|e| format!("target.rel_tgt_id: {e}"))?;
+        // On the ib fabric the port's node started the agent on the NIC
+        // (its QP1 objects are not in the tree; its CM ids, MAD agents
+        // and subscriptions are).
         let agent = match &ib_port {
             Some(p) => p.agent().clone(),
-            None => rdma_access::CmAgent::start(provider, guid, std::process::id() << 8)
+            None => rdma_access::CmAgent::start(cm.clone(), guid, std::process::id() << 8)
                 .map_err(|e| format!("start the CM agent on {}: {e}", t.ip.get_ref()))?,
         };
+        agent
+            .track_in(cm.client())
+            .map_err(|e| format!("track the CM agent: {e}"))?;
         // Discovery: the device management agent offers the target as an
         // SRP I/O controller, as ib_srpt does (srp_daemon, `srp discover`).
         let dm = rdma_access::dm::DmService::start(&agent)
@@ -344,6 +355,7 @@ impl Daemon {
             guid,
             nic,
             access,
+            cm,
             _dm: (ioc, dm),
             ib_port,
         }))
@@ -639,6 +651,9 @@ impl Daemon {
             "pkey": t.pkey.get_ref(),
             "sessions": self.port.sessions().len(),
             "verbs_objects": self.access.live_total(),
+            "cm_ids": self.access.live(rdma_access::resource::Kind::CmId),
+            "mad_agents": self.access.live(rdma_access::resource::Kind::MadAgent),
+            "sa_subscriptions": self.access.live(rdma_access::resource::Kind::SaSubscription),
         });
         if let (Some(c), Value::Object(m)) = (self.nic.counters(self.guid), &mut v) {
             for (k, n) in nic_counters(&c) {
@@ -911,9 +926,11 @@ impl Daemon {
 
     /// Logs every initiator out and waits (bounded) until the channels
     /// are gone: every command the target acknowledged has completed. Then
-    /// stops the target port, releasing its verbs objects. Returns the
-    /// channels still open at the deadline and the verbs objects left
-    /// (both 0 after a clean stop).
+    /// closes the CM agent's client (its connections disconnected, listens
+    /// ended, subscriptions deleted, MAD agents unregistered, then its QP1
+    /// objects) and stops the target port, releasing its verbs objects.
+    /// Returns the channels still open at the deadline and the objects
+    /// left (both 0 after a clean stop).
     pub fn shutdown(&self, within: std::time::Duration) -> (usize, i64) {
         self.port.logout_all(srp::wire::TLogoutReason::NoReason);
         let end = std::time::Instant::now() + within;
@@ -924,6 +941,7 @@ impl Daemon {
             }
             std::thread::sleep(std::time::Duration::from_millis(20));
         };
+        self.cm.client().close();
         self.port.stop();
         (left, self.access.live_total())
     }

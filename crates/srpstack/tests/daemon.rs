@@ -284,9 +284,20 @@ fn lun_masking_runtime_changes_aer_and_graceful_stop() {
 
     // The verbs objects the target port holds through the access layer,
     // before anyone logs in.
-    let idle = d.adm(&["show"]).unwrap()["verbs_objects"]
+    let idle_show = d.adm(&["show"]).unwrap();
+    let idle = idle_show["verbs_objects"]
         .as_i64()
         .expect("show has verbs_objects");
+    // The CM agent is tracked too: its listens (RDMA CM port and IB
+    // service ID) are CM ids, its CM class and DM registrations MAD agents.
+    let idle_cm_ids = idle_show["cm_ids"].as_i64().expect("show has cm_ids");
+    assert!(idle_cm_ids >= 1, "{idle_show}");
+    assert!(idle_show["mad_agents"].as_i64() >= Some(1), "{idle_show}");
+    assert_eq!(
+        idle_show["sa_subscriptions"].as_i64(),
+        Some(0),
+        "{idle_show}"
+    );
     // An initiator logged in here, in group db, using LUN 0 and LUN 1.
     let session = login("127.0.97.4", dest, INIT_A, 0x7700);
     let lun0 = srp_initiator::disk::Disk::open(session.clone(), 0).unwrap();
@@ -363,10 +374,26 @@ fn lun_masking_runtime_changes_aer_and_graceful_stop() {
     let show = d.adm(&["show"]).unwrap();
     assert!(show["nic_packets_sent"].as_u64() >= Some(sent), "{show}");
     assert!(show["nic_retransmits"].is_u64(), "{show}");
-    // The channel's QP, CQ and memory are counted by the access layer.
+    // The channel's QP, CQ and memory are counted by the access layer,
+    // and its connection is one more CM id.
     assert!(
         show["verbs_objects"].as_i64() > Some(idle),
         "{show} vs {idle}"
+    );
+    assert!(
+        show["cm_ids"].as_i64() > Some(idle_cm_ids),
+        "{show} vs {idle_show}"
+    );
+    let text = Command::new(env!("CARGO_BIN_EXE_srptadm"))
+        .arg("--socket")
+        .arg(d.sock())
+        .arg("show")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.lines().any(|l| l.starts_with("cm_ids ")) && text.contains("\nmad_agents "),
+        "{text}"
     );
     assert!(body.contains("\nsrptd_verbs_objects "), "{body}");
 
@@ -411,7 +438,7 @@ fn lun_masking_runtime_changes_aer_and_graceful_stop() {
     // SIGTERM: the initiator is logged out, the daemon stops cleanly.
     // SAFETY: kill with a child's pid and a valid signal.
     unsafe { libc::kill(d.proc.child.id() as i32, libc::SIGTERM) };
-    d.wait_line("stopped cleanly");
+    d.wait_line("stopped cleanly, 0 verbs objects left");
     let end = Instant::now() + Duration::from_secs(10);
     while !session.is_closed() {
         assert!(Instant::now() < end, "the session did not see the logout");
