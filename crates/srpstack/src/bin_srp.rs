@@ -315,20 +315,20 @@ fn paths(l: &Login) -> Result<Vec<Arc<srpstack::paths::PathLogin>>, String> {
     let cas = srpstack::initiator_cas(&ips);
     let provider = rnic::softroce::SoftRoce::with_mtu(cas.clone(), l.udp_port, mtu);
     // Sessions reach the NIC through a client of the access layer, which
-    // tracks every verbs object they make.
-    let sessions: Arc<dyn verbs::Provider> =
-        rdma_access::resource::AccessLayer::new(provider.clone())
-            .client("srp initiator")
-            .into_provider();
+    // tracks every verbs object they make; the CM agents through another,
+    // which tracks their CM ids and MAD agents too (each agent holds it).
+    let access = rdma_access::resource::AccessLayer::new(provider.clone());
+    let sessions: Arc<dyn verbs::Provider> = access.client("srp initiator").into_provider();
+    let cm = access.client("cm").into_provider();
     let timeout = Duration::from_secs(10);
     let mut out = Vec::new();
     for (k, (ca, dest)) in cas.iter().zip(&l.dest).enumerate() {
-        let agent = rdma_access::CmAgent::start(
-            provider.clone(),
-            ca.guid,
-            (std::process::id() << 8) | k as u32,
-        )
-        .map_err(|e| format!("start the CM agent on {}: {e}", ca.ip))?;
+        let agent =
+            rdma_access::CmAgent::start(cm.clone(), ca.guid, (std::process::id() << 8) | k as u32)
+                .map_err(|e| format!("start the CM agent on {}: {e}", ca.ip))?;
+        agent
+            .track_in(cm.client())
+            .map_err(|e| format!("track the CM agent on {}: {e}", ca.ip))?;
         let connector: Arc<dyn srp_initiator::session::Connector> = match l.service_id {
             Some(service_id) => Arc::new(srpstack::IbCmConnector {
                 agent,
@@ -794,8 +794,16 @@ fn discover(
             let guid = rdma_types::Guid(srpstack::INITIATOR_GUID);
             let provider =
                 rnic::softroce::SoftRoce::new(vec![rnic::softroce::SoftCa { guid, ip }], udp_port);
-            let agent = rdma_access::CmAgent::start(provider, guid, std::process::id() << 8)
+            // The agent over a tracked client of the access layer (the
+            // agent holds it): its QP1 objects, CM ids and MAD agents.
+            let cm = rdma_access::resource::AccessLayer::new(provider)
+                .client("cm")
+                .into_provider();
+            let agent = rdma_access::CmAgent::start(cm.clone(), guid, std::process::id() << 8)
                 .map_err(|e| format!("start the CM agent on {ip}: {e}"))?;
+            agent
+                .track_in(cm.client())
+                .map_err(|e| format!("track the CM agent on {ip}: {e}"))?;
             (agent, None)
         }
     };

@@ -116,10 +116,13 @@ struct LocalCa {
 pub struct Initd {
     cfg: InitdConfig,
     /// What sessions reach the NIC through: a client of the access layer,
-    /// which tracks every verbs object they make (the CM agents, part of
-    /// the access layer, use the NIC directly).
+    /// which tracks every verbs object they make.
     provider: Arc<dyn Provider>,
     access: rdma_access::resource::AccessLayer,
+    /// The client the CM agents are tracked in: their CM ids, MAD agents
+    /// and SA subscriptions, and (soft RoCE fabric) their QP1 objects.
+    /// Closed at shutdown, once the logins are gone.
+    cm: Arc<rdma_access::resource::TrackedProvider>,
     cas: Vec<LocalCa>,
     logins: Mutex<BTreeMap<String, Login>>,
     /// Logins in progress, by name, so two requests cannot take one name.
@@ -174,6 +177,8 @@ impl Initd {
             }
         }
         let provider = rnic::softroce::SoftRoce::with_mtu(soft.clone(), cfg.udp_port, cfg.mtu);
+        let access = rdma_access::resource::AccessLayer::new(provider.clone());
+        let cm = access.client("cm").into_provider();
         let mut cas = Vec::new();
         for (k, ca) in soft.iter().enumerate() {
             let first_comm_id = (std::process::id() << 8) | k as u32;
@@ -188,10 +193,13 @@ impl Initd {
                 )?;
                 (port.agent().clone(), Some(Arc::new(port)))
             } else {
-                let agent = rdma_access::CmAgent::start(provider.clone(), ca.guid, first_comm_id)
+                let agent = rdma_access::CmAgent::start(cm.clone(), ca.guid, first_comm_id)
                     .map_err(|e| format!("start the CM agent on {}: {e}", ca.ip))?;
                 (agent, None)
             };
+            agent
+                .track_in(cm.client())
+                .map_err(|e| format!("track the CM agent on {}: {e}", ca.ip))?;
             cas.push(LocalCa {
                 ip: ca.ip,
                 guid: ca.guid,
@@ -202,12 +210,12 @@ impl Initd {
         for p in cas.iter().filter_map(|c| c.ib.as_ref()) {
             p.wait_active(cfg.sm_wait)?;
         }
-        let access = rdma_access::resource::AccessLayer::new(provider.clone());
         let sessions = access.client("srp initiator").into_provider();
         Ok(Initd {
             cfg,
             provider: sessions,
             access,
+            cm,
             cas,
             logins: Mutex::new(BTreeMap::new()),
             pending: Mutex::new(Vec::new()),
@@ -412,12 +420,22 @@ impl Initd {
         Value::Array(logins.iter().map(|(name, l)| login_json(name, l)).collect())
     }
 
-    /// Verbs objects the sessions hold now (0 once every login is gone).
+    /// Objects the sessions and the CM agents hold now: verbs objects,
+    /// CM ids, MAD agents, SA subscriptions (0 once every login is gone
+    /// and [`Initd::shutdown`] closed the agents).
     pub fn verbs_objects(&self) -> i64 {
         self.access.live_total()
     }
 
-    /// Logs every login out (at exit); returns how many there were.
+    /// Live objects of one kind (e.g. `Kind::CmId`).
+    pub fn live(&self, kind: rdma_access::resource::Kind) -> i64 {
+        self.access.live(kind)
+    }
+
+    /// Logs every login out (at exit), then closes the CM agents' client
+    /// (connections in timewait ended, listens, subscriptions and MAD
+    /// agents gone, then their QP1 objects); returns how many logins
+    /// there were. No login can be made afterwards.
     pub fn shutdown(&self) -> usize {
         let all: Vec<Login> = std::mem::take(&mut *lock(&self.logins))
             .into_values()
@@ -428,6 +446,7 @@ impl Initd {
                 eprintln!("srpd: {e}");
             }
         }
+        self.cm.client().close();
         n
     }
 }
