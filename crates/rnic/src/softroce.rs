@@ -426,7 +426,54 @@ impl PdMem {
     }
 }
 
+/// Lends `len` bytes of a checked target to a packet: the packet holds the
+/// buffer's allocation, so a deregistration (or the consumer dropping its
+/// buffer) while the packet waits frees nothing it reads. `None` (copy
+/// instead) if the target were ever shorter than the checked range.
+fn lend(t: &verbs::kit::keys::Target, len: usize) -> Option<roce::Pinned> {
+    if t.off.checked_add(len).is_none_or(|e| e > t.buf.len()) {
+        return None;
+    }
+    // SAFETY: `[off, off+len)` is inside the buffer (checked above), whose
+    // allocation `keep_alive` keeps valid for as long as the `Pinned`
+    // lives; the key table checked the access.
+    Some(unsafe { roce::Pinned::new(t.buf.keep_alive(), t.buf.ptr_at(t.off), len) })
+}
+
 impl Memory for PdMem {
+    fn pin_local(
+        &mut self,
+        lkey: Lkey,
+        addr: u64,
+        len: usize,
+    ) -> std::result::Result<Option<roce::Pinned>, MemoryError> {
+        let t = self
+            .keys()
+            .local(self.pd, lkey, addr, len as u64, AccessFlags::NONE)
+            .map_err(mem_err)?;
+        Ok(lend(&t, len))
+    }
+
+    fn pin_remote(
+        &mut self,
+        rkey: Rkey,
+        addr: u64,
+        len: usize,
+    ) -> std::result::Result<Option<roce::Pinned>, MemoryError> {
+        let t = self
+            .keys()
+            .remote(
+                self.pd,
+                rkey,
+                addr,
+                len as u64,
+                AccessFlags::REMOTE_READ,
+                self.qpn,
+            )
+            .map_err(mem_err)?;
+        Ok(lend(&t, len))
+    }
+
     fn read_local(
         &mut self,
         lkey: Lkey,
@@ -2279,6 +2326,51 @@ fn faults_from_env() -> Result<Option<FaultConfig>> {
 mod tests {
     use super::*;
     use verbs::conformance::{connect, Feature, Fixture, Node as TNode};
+
+    /// A packet's payload lent from an MR survives the MR's deregistration
+    /// and the consumer dropping its buffer (the packet holds the
+    /// allocation); lending checks key, range and rights like a copy.
+    #[test]
+    fn lent_payload_outlives_deregistration_and_is_checked() {
+        let buf = MemBuf::new(8192);
+        for i in 0..8192 {
+            buf.write_at(i, &[(i % 251) as u8]);
+        }
+        let keys = Arc::new(Mutex::new(KeyTable::new()));
+        let (index, key) = keys
+            .lock()
+            .unwrap()
+            .reg_mr(1, &buf, buf.addr() + 4096, 4096, AccessFlags::REMOTE_READ)
+            .unwrap();
+        let mut mem = PdMem {
+            pd: 1,
+            qpn: 0x11,
+            keys: keys.clone(),
+            access: Arc::new(AtomicU32::new(AccessFlags::ALL.bits())),
+            srq: None,
+        };
+        let addr = buf.addr() + 4096 + 100;
+        let want = buf.to_vec(4196, 2000);
+        let lent = mem.pin_local(Lkey(key), addr, 2000).unwrap().unwrap();
+        let read = mem.pin_remote(Rkey(key), addr, 2000).unwrap().unwrap();
+        assert_eq!(lent.as_slice(), &want[..]);
+        assert_eq!(read.as_slice(), &want[..]);
+        // Outside the region, another PD's view, a wrong key: refused.
+        assert!(mem.pin_local(Lkey(key), addr, 4096).is_err());
+        assert!(mem.pin_local(Lkey(key), buf.addr(), 16).is_err());
+        assert!(mem.pin_remote(Rkey(key ^ 0x100), addr, 16).is_err());
+        keys.lock().unwrap().dereg_mr(index).unwrap();
+        assert_eq!(
+            mem.pin_local(Lkey(key), addr, 16).err(),
+            Some(MemoryError::BadKey)
+        );
+        drop(buf);
+        // The packets alone keep the allocation, whose bytes are unchanged.
+        assert_eq!(Arc::strong_count(lent.owner()), 2);
+        drop(read);
+        assert_eq!(Arc::strong_count(lent.owner()), 1);
+        assert_eq!(lent.as_slice(), &want[..]);
+    }
 
     struct Two(Arc<SoftRoce>);
 

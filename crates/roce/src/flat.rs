@@ -2,7 +2,7 @@
 //! targets and tests use when they run the engine without the verbs
 //! layer's key tables.
 
-use crate::{Memory, MemoryError, RemoteAccess};
+use crate::{Memory, MemoryError, Pinned, RemoteAccess};
 use rdma_types::{Lkey, Rkey};
 use std::sync::{Arc, Mutex};
 
@@ -66,7 +66,38 @@ impl FlatMemory {
     }
 }
 
+impl FlatMemory {
+    /// Lends the checked range: the packet holds the buffer (a clone of
+    /// the `Arc`), whose bytes never move -- the `Vec` is never resized;
+    /// only slices of it are handed out.
+    fn lend(&self, key: u32, addr: u64, len: usize) -> Result<Option<Pinned>, MemoryError> {
+        let ptr = self.range(key, addr, len, |m| m.as_ptr())?;
+        let keep: Arc<dyn std::any::Any + Send + Sync> = self.buf.clone();
+        // SAFETY: `[ptr, ptr+len)` was checked inside the buffer, which
+        // `keep` keeps allocated and in place. Writes to it while a lent
+        // packet is in flight (`with`, or a receive into the same bytes)
+        // are a consumer changing a buffer under an outstanding send.
+        Ok(Some(unsafe { Pinned::new(keep, ptr, len) }))
+    }
+}
+
 impl Memory for FlatMemory {
+    fn pin_local(
+        &mut self,
+        lkey: Lkey,
+        addr: u64,
+        len: usize,
+    ) -> Result<Option<Pinned>, MemoryError> {
+        self.lend(lkey.0, addr, len)
+    }
+    fn pin_remote(
+        &mut self,
+        rkey: Rkey,
+        addr: u64,
+        len: usize,
+    ) -> Result<Option<Pinned>, MemoryError> {
+        self.lend(rkey.0, addr, len)
+    }
     fn read_local(&mut self, lkey: Lkey, addr: u64, out: &mut [u8]) -> Result<(), MemoryError> {
         self.range(lkey.0, addr, out.len(), |m| out.copy_from_slice(m))
     }
@@ -134,5 +165,14 @@ mod tests {
         assert_eq!(m.remote_atomic(Rkey(5), 8, None, 1), Ok(9));
         m.read_local(Lkey(5), 8, &mut out).unwrap();
         assert_eq!(u64::from_ne_bytes(out), 10);
+        // Lending checks the same way and outlives the memory's handles.
+        assert_eq!(m.pin_local(Lkey(6), 0, 8).err(), Some(MemoryError::BadKey));
+        assert_eq!(
+            m.pin_remote(Rkey(5), 60, 8).err(),
+            Some(MemoryError::OutOfRange)
+        );
+        let lent = m.pin_local(Lkey(5), 8, 8).unwrap().unwrap();
+        drop(m);
+        assert_eq!(lent.as_slice(), &10u64.to_ne_bytes());
     }
 }

@@ -18,6 +18,11 @@
 //! Memory is reached only through the [`Memory`] trait the driver implements
 //! over its key tables, so every local and remote access is checked by the
 //! same code the other providers use. A failed check never touches memory.
+//! Payloads of at least 512 bytes that lie in one SGE (SEND, WRITE, READ
+//! responses) are lent by memory that can ([`Memory::pin_local`],
+//! [`Memory::pin_remote`], same checks) instead of copied:
+//! [`Qp::poll_transmit_lent`] returns them as [`Payload::Pinned`], which
+//! keeps the region's allocation alive until the driver drops it.
 //!
 //! Window binds and local invalidates ([`SendOp::BindMw`],
 //! [`SendOp::LocalInv`]) are send-queue entries that never reach the wire:
@@ -45,7 +50,7 @@ mod wqe;
 
 pub use flat::FlatMemory;
 pub use mem::{apply_atomic, Memory, MemoryError, RemoteAccess};
-pub use packet::Packet;
+pub use packet::{Packet, Payload, Pinned};
 pub use qp::{Qp, QpConfig, QpCounters, QpEvent};
 pub use wqe::{Completion, MwBindOp, RecvWqe, SendOp, SendWqe, Sge, UdDest};
 

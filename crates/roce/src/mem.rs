@@ -77,6 +77,29 @@ pub trait Memory {
         let _ = bind;
         Err(MemoryError::NoPermission)
     }
+    /// Like [`Memory::read_local`] (same checks, same errors) but lends the
+    /// bytes instead of copying them: `Ok(None)` when this memory cannot
+    /// lend (the engine then copies with `read_local`).
+    fn pin_local(
+        &mut self,
+        lkey: Lkey,
+        addr: u64,
+        len: usize,
+    ) -> Result<Option<crate::Pinned>, MemoryError> {
+        let _ = (lkey, addr, len);
+        Ok(None)
+    }
+    /// Like [`Memory::remote_read`] (same checks, same errors) but lends
+    /// the bytes; `Ok(None)` when this memory cannot lend.
+    fn pin_remote(
+        &mut self,
+        rkey: Rkey,
+        addr: u64,
+        len: usize,
+    ) -> Result<Option<crate::Pinned>, MemoryError> {
+        let _ = (rkey, addr, len);
+        Ok(None)
+    }
     /// Takes a receive WQE from the QP's shared receive queue, if it has one.
     fn srq_pop(&mut self) -> Option<RecvWqe> {
         None
@@ -132,6 +155,37 @@ fn walk_sges(
     } else {
         Err(MemoryError::OutOfRange)
     }
+}
+
+/// Payloads shorter than this are copied even from memory that can lend:
+/// lending costs a key lookup and a reference count, like the copy of a
+/// few hundred bytes.
+pub(crate) const PIN_MIN: usize = 512;
+
+/// Lends message bytes `[offset, offset+len)` from local SGEs when they lie
+/// in one SGE and the memory can lend; `Ok(None)` means: copy them.
+pub(crate) fn pin_gather(
+    mem: &mut (impl Memory + ?Sized),
+    sges: &[Sge],
+    offset: u64,
+    len: usize,
+) -> Result<Option<crate::Pinned>, MemoryError> {
+    if len < PIN_MIN {
+        return Ok(None);
+    }
+    let mut skip = offset;
+    for sge in sges {
+        let sl = u64::from(sge.len);
+        if skip >= sl {
+            skip -= sl;
+            continue;
+        }
+        if sl - skip < len as u64 {
+            return Ok(None); // spans SGEs
+        }
+        return mem.pin_local(sge.lkey, sge.addr + skip, len);
+    }
+    Err(MemoryError::OutOfRange)
 }
 
 /// Gathers message bytes `[offset, offset+out.len())` from local SGEs.

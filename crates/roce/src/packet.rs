@@ -40,7 +40,7 @@ impl<P: Default> Packet<P> {
     }
 }
 
-impl Packet<Vec<u8>> {
+impl<P: std::ops::Deref<Target = [u8]>> Packet<P> {
     /// Borrows an owned packet as a received one (for loopback and tests).
     pub fn as_received(&self) -> Packet<&[u8]> {
         Packet {
@@ -67,6 +67,95 @@ impl<'a> Packet<&'a [u8]> {
             payload: ib.payload,
             grh,
             ud_dest: None,
+        }
+    }
+}
+
+/// Bytes of registered memory lent to a packet instead of copied: the
+/// pointer stays valid for reads while the packet holds `keep` (the
+/// region's allocation), even if the region is deregistered meanwhile --
+/// deregistration ends the key, not the allocation, exactly as the
+/// consumer's own buffer outlives an MR on a real HCA.
+///
+/// The bytes are read when the packet is framed (ICRC) and again by the
+/// kernel when it is sent, like a NIC's DMA reads: a consumer that writes
+/// a buffer while a send from it is outstanding (which verbs leaves
+/// undefined) can make those differ, and the receiver then drops the
+/// packet for a bad ICRC.
+#[derive(Clone)]
+pub struct Pinned {
+    keep: std::sync::Arc<dyn std::any::Any + Send + Sync>,
+    ptr: *const u8,
+    len: usize,
+}
+
+// SAFETY: `Pinned` only reads through `ptr`, which `keep` keeps valid; the
+// owner of `keep` is `Send + Sync`.
+unsafe impl Send for Pinned {}
+// SAFETY: as above; `&Pinned` only reads.
+unsafe impl Sync for Pinned {}
+
+impl Pinned {
+    /// Lends `len` bytes at `ptr`.
+    ///
+    /// # Safety
+    /// `[ptr, ptr+len)` must be one allocation, valid for reads for as long
+    /// as `keep` (or a clone of it) is alive. The caller has checked the
+    /// access (key, range, rights) the bytes are lent for.
+    pub unsafe fn new(
+        keep: std::sync::Arc<dyn std::any::Any + Send + Sync>,
+        ptr: *const u8,
+        len: usize,
+    ) -> Pinned {
+        Pinned { keep, ptr, len }
+    }
+
+    /// What keeps the bytes alive (the region's allocation).
+    pub fn owner(&self) -> &std::sync::Arc<dyn std::any::Any + Send + Sync> {
+        &self.keep
+    }
+
+    /// The lent bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: `new`'s contract: valid for reads while `keep` lives,
+        // and `self` holds it.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+impl std::fmt::Debug for Pinned {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Pinned({:p}+{})", self.ptr, self.len)
+    }
+}
+
+/// The payload of a packet to send: a buffer the engine filled (inline
+/// data, UD, short payloads, memory that cannot lend) or bytes lent by
+/// registered memory ([`Memory::pin_local`] / [`Memory::pin_remote`]),
+/// which the driver hands to the kernel without copying them first.
+///
+/// [`Memory::pin_local`]: crate::Memory::pin_local
+/// [`Memory::pin_remote`]: crate::Memory::pin_remote
+#[derive(Debug, Clone)]
+pub enum Payload {
+    /// Engine buffer; give it back with [`crate::Qp::recycle_payload`].
+    Owned(Vec<u8>),
+    /// Lent registered memory.
+    Pinned(Pinned),
+}
+
+impl Default for Payload {
+    fn default() -> Self {
+        Payload::Owned(Vec::new())
+    }
+}
+
+impl std::ops::Deref for Payload {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Payload::Owned(v) => v,
+            Payload::Pinned(p) => p.as_slice(),
         }
     }
 }

@@ -2,7 +2,7 @@
 //! completer and responder.
 
 use crate::mem::Memory;
-use crate::packet::{transport_of, Packet};
+use crate::packet::{transport_of, Packet, Payload};
 use crate::req::Requester;
 use crate::resp::Responder;
 use crate::wqe::{Completion, RecvWqe, SendWqe};
@@ -348,12 +348,42 @@ impl Qp {
         self.payloads.give(buf);
     }
 
-    /// The next packet to send, or `None`. One packet per call.
+    /// The next packet to send, or `None`. One packet per call. A payload
+    /// lent by registered memory is copied into an engine buffer here; a
+    /// driver that can send lent bytes uses [`Qp::poll_transmit_lent`].
     pub fn poll_transmit(
         &mut self,
         now: Instant,
         mem: &mut (impl Memory + ?Sized),
     ) -> Option<Packet<Vec<u8>>> {
+        let p = self.poll_transmit_lent(now, mem)?;
+        let payload = match p.payload {
+            Payload::Owned(v) => v,
+            Payload::Pinned(lent) => {
+                let mut v = self.payloads.take(lent.as_slice().len());
+                v.copy_from_slice(lent.as_slice());
+                v
+            }
+        };
+        Some(Packet {
+            bth: p.bth,
+            ext: p.ext,
+            payload,
+            grh: p.grh,
+            ud_dest: p.ud_dest,
+        })
+    }
+
+    /// The next packet to send, or `None`, its payload possibly lent by
+    /// registered memory ([`Payload::Pinned`]): the packet keeps the
+    /// region's allocation alive until dropped, so sending it after the
+    /// region was deregistered reads no freed memory. Give
+    /// [`Payload::Owned`] buffers back with [`Qp::recycle_payload`].
+    pub fn poll_transmit_lent(
+        &mut self,
+        now: Instant,
+        mem: &mut (impl Memory + ?Sized),
+    ) -> Option<Packet<Payload>> {
         if self.mode == Mode::Error {
             return None;
         }

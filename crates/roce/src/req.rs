@@ -2,8 +2,8 @@
 //! assignment, AckReq, ACK/NAK/RNR processing, READ and atomic responses,
 //! retransmission on timeout and go-back-N, completion in order.
 
-use crate::mem::{gather, scatter, Memory};
-use crate::packet::{opcode, transport_of, Packet};
+use crate::mem::{gather, pin_gather, scatter, Memory};
+use crate::packet::{opcode, transport_of, Packet, Payload};
 use crate::qp::{Mode, Qp, QpConfig};
 use crate::wqe::{Completion, SendOp, SendWqe};
 use rdma_types::{Instant, Psn, QpType, WcStatus};
@@ -279,7 +279,7 @@ impl Qp {
         &mut self,
         now: Instant,
         mem: &mut (impl Memory + ?Sized),
-    ) -> Option<Packet<Vec<u8>>> {
+    ) -> Option<Packet<Payload>> {
         if !matches!(self.mode, Mode::Active | Mode::Draining) {
             return None;
         }
@@ -431,7 +431,7 @@ impl Qp {
         &mut self,
         idx: usize,
         mem: &mut (impl Memory + ?Sized),
-    ) -> Result<Packet<Vec<u8>>, WcStatus> {
+    ) -> Result<Packet<Payload>, WcStatus> {
         let qp_type = self.cfg.qp_type;
         let pmtu = self.req.pmtu;
         let pkt_idx = self.req.cursor_pkt;
@@ -441,7 +441,7 @@ impl Qp {
         let psn = entry.first_psn.add(pkt_idx);
         let transport = transport_of(qp_type);
         let dest = entry.wqe.ud.map(|u| u.qpn).unwrap_or(self.cfg.dest_qpn);
-        let mut pkt: Packet<Vec<u8>> =
+        let mut pkt: Packet<Payload> =
             Packet::new(rdma_wire::Opcode::Unknown(0xFF), self.cfg.pkey, dest, psn);
 
         let (kind, pos, next_pkt) = match op {
@@ -487,15 +487,26 @@ impl Qp {
                 let pos = Position::of(pkt_idx, entry.npkts);
                 let offset = u64::from(pkt_idx) * pmtu;
                 let len = (entry.len - offset).min(pmtu) as usize;
-                let mut payload = self.payloads.take(len);
-                match &entry.wqe.inline {
-                    Some(data) => {
-                        payload.copy_from_slice(&data[offset as usize..offset as usize + len])
-                    }
-                    None => gather(mem, &entry.wqe.sges, offset, &mut payload)
+                // Lent straight from registered memory when it can be (the
+                // driver's send is then the payload's only copy).
+                let pinned = match &entry.wqe.inline {
+                    Some(_) => None,
+                    None => pin_gather(mem, &entry.wqe.sges, offset, len)
                         .map_err(|_| WcStatus::LocProtErr)?,
-                }
-                pkt.payload = payload;
+                };
+                pkt.payload = match pinned {
+                    Some(p) => Payload::Pinned(p),
+                    None => {
+                        let mut payload = self.payloads.take(len);
+                        match &entry.wqe.inline {
+                            Some(data) => payload
+                                .copy_from_slice(&data[offset as usize..offset as usize + len]),
+                            None => gather(mem, &entry.wqe.sges, offset, &mut payload)
+                                .map_err(|_| WcStatus::LocProtErr)?,
+                        }
+                        Payload::Owned(payload)
+                    }
+                };
                 let is_write = matches!(op, SendOp::Write { .. } | SendOp::WriteImm { .. });
                 if let (
                     true,

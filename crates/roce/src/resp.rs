@@ -3,7 +3,7 @@
 //! atomics with a replay cache, ACK coalescing and NAKs.
 
 use crate::mem::{scatter, Memory, MemoryError, RemoteAccess};
-use crate::packet::{ack, nak, opcode, rnr_nak, Packet};
+use crate::packet::{ack, nak, opcode, rnr_nak, Packet, Payload};
 use crate::qp::{Mode, Qp, QpConfig};
 use crate::wqe::{Completion, RecvWqe};
 use rdma_types::{Duration, Instant, Pkey, Psn, QpType, Qpn, Rkey, WcOpcode, WcStatus};
@@ -795,7 +795,7 @@ impl Qp {
         &mut self,
         now: Instant,
         mem: &mut (impl Memory + ?Sized),
-    ) -> Option<Packet<Vec<u8>>> {
+    ) -> Option<Packet<Payload>> {
         if self.cfg.qp_type != QpType::Rc {
             return None;
         }
@@ -846,14 +846,25 @@ impl Qp {
                 let index = (job.done / pmtu) as u32;
                 let pos = Position::of(index, npkts);
                 let len = (job.len - job.done).min(pmtu) as usize;
-                let mut payload = self.payloads.take(len);
                 let psn = job.psn.add(index);
-                let read = if len > 0 {
-                    mem.remote_read(job.rkey, job.va.wrapping_add(job.done), &mut payload)
+                let va = job.va.wrapping_add(job.done);
+                // Lent straight from the region when it can be.
+                let pinned = if len < crate::mem::PIN_MIN {
+                    Ok(None)
                 } else {
-                    Ok(())
+                    mem.pin_remote(job.rkey, va, len)
                 };
-                if read.is_err() {
+                let read = pinned.and_then(|pinned| match pinned {
+                    Some(p) => Ok(Payload::Pinned(p)),
+                    None => {
+                        let mut payload = self.payloads.take(len);
+                        if len > 0 {
+                            mem.remote_read(job.rkey, va, &mut payload)?;
+                        }
+                        Ok(Payload::Owned(payload))
+                    }
+                });
+                let Ok(payload) = read else {
                     let first = job.psn;
                     self.resp.queue.pop_front();
                     self.resp.dead = true;
@@ -866,7 +877,7 @@ impl Qp {
                     );
                     self.set_error_after_send(WcStatus::LocAccessErr);
                     return Some(p);
-                }
+                };
                 let mut p = Packet::new(
                     opcode(Transport::Rc, Kind::RdmaReadResponse, pos, false, false),
                     pkey,
@@ -900,7 +911,7 @@ impl Qp {
 }
 
 /// An RC Acknowledge packet (ACK, NAK or RNR NAK, as `aeth` says).
-fn acknowledge(pkey: Pkey, dest: Qpn, psn: Psn, aeth: AethRepr) -> Packet<Vec<u8>> {
+fn acknowledge(pkey: Pkey, dest: Qpn, psn: Psn, aeth: AethRepr) -> Packet<Payload> {
     let mut p = Packet::new(Opcode::RcAcknowledge, pkey, dest, psn);
     p.ext.aeth = Some(aeth);
     p

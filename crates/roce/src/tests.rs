@@ -32,6 +32,33 @@ struct TestMem {
     /// Window binds and invalidations executed (local operations).
     binds: u32,
     invalidations: u32,
+    /// Lend payloads (`pin_local`/`pin_remote`) instead of being copied
+    /// from: `Net` sides lend, so every scenario runs the lending path.
+    lend: bool,
+    /// Payloads lent so far.
+    lent: u32,
+}
+
+impl TestMem {
+    /// Lends a snapshot of the checked range (a real region lends itself;
+    /// the engine cannot tell the difference).
+    fn lend_range(
+        &mut self,
+        key: u32,
+        addr: u64,
+        len: usize,
+        need: AccessFlags,
+    ) -> Result<Option<Pinned>, MemoryError> {
+        let bytes = self.find(key, addr, len, need)?.to_vec();
+        if !self.lend {
+            return Ok(None);
+        }
+        self.lent += 1;
+        let keep: std::sync::Arc<Vec<u8>> = std::sync::Arc::new(bytes);
+        let ptr = keep.as_ptr();
+        // SAFETY: `keep` owns the `len` bytes at `ptr` and never changes.
+        Ok(Some(unsafe { Pinned::new(keep, ptr, len) }))
+    }
 }
 
 impl TestMem {
@@ -145,6 +172,22 @@ impl Memory for TestMem {
         self.binds += 1;
         Ok(())
     }
+    fn pin_local(
+        &mut self,
+        lkey: Lkey,
+        addr: u64,
+        len: usize,
+    ) -> Result<Option<Pinned>, MemoryError> {
+        self.lend_range(lkey.0, addr, len, AccessFlags::NONE)
+    }
+    fn pin_remote(
+        &mut self,
+        rkey: Rkey,
+        addr: u64,
+        len: usize,
+    ) -> Result<Option<Pinned>, MemoryError> {
+        self.lend_range(rkey.0, addr, len, AccessFlags::REMOTE_READ)
+    }
     fn srq_pop(&mut self) -> Option<RecvWqe> {
         if self.use_srq {
             self.srq.pop_front()
@@ -213,7 +256,10 @@ impl Net {
         cb.dest_qpn = ca.qpn;
         std::mem::swap(&mut cb.sq_psn, &mut cb.rq_psn);
         let side = |cfg: QpConfig, base: u64, seed: u8| {
-            let mut mem = TestMem::default();
+            let mut mem = TestMem {
+                lend: true,
+                ..TestMem::default()
+            };
             mem.reg(base, LEN, ALL, pattern(seed));
             let mut qp = Qp::new(cfg);
             qp.set_rts();
@@ -603,9 +649,13 @@ fn lossy_reordering_duplicating_link_completes_everything_exactly_once_in_order(
         let loss = (seed % 11) as f64 / 100.0; // 0..10 %
                                                // Reference run on a perfect link, then the same workload with faults.
         let pmtu = [Mtu::Mtu256, Mtu::Mtu1024, Mtu::Mtu4096][(seed % 3) as usize];
+        // The reference copies payloads; the faulty run lends them.
         let mut clean = Net::new(QpType::Rc, |c| c.pmtu = pmtu);
+        clean.a.mem.lend = false;
+        clean.b.mem.lend = false;
         random_workload(&mut clean, seed, 150);
         clean.settle();
+        assert_eq!(clean.a.mem.lent + clean.b.mem.lent, 0);
         let mut n = Net::new(QpType::Rc, |c| {
             c.timeout = 8;
             c.pmtu = pmtu;
@@ -626,6 +676,10 @@ fn lossy_reordering_duplicating_link_completes_everything_exactly_once_in_order(
         random_workload(&mut n, seed, 150);
         n.run(Duration::from_secs(600), |n| n.a.wcs.len() == 150);
         n.settle();
+        // 256-byte packets are shorter than PIN_MIN: copied.
+        let lends = pmtu != Mtu::Mtu256;
+        assert_eq!(n.a.mem.lent > 0, lends, "seed {seed}: SEND/WRITE lent");
+        assert_eq!(n.b.mem.lent > 0, lends, "seed {seed}: READ responses lent");
         let ids: Vec<u64> = n.a.wcs.iter().map(|c| c.wr_id).collect();
         assert_eq!(
             ids,
@@ -2047,4 +2101,77 @@ fn atomics_beyond_the_initiator_depth_wait_and_all_return_the_right_values() {
         );
         assert_eq!(n.a.qp.counters().retransmits, 0);
     }
+}
+
+// ---------------------------------------------------------------- lending
+
+/// Which payloads are lent by memory and which the engine copies: one-SGE
+/// payloads of at least `PIN_MIN` bytes are lent (the packet keeps them
+/// after the region is gone); inline data, short payloads and packets
+/// spanning SGEs are copied; `poll_transmit` copies lent bytes out. A
+/// bad range is still a local protection error.
+#[test]
+fn payloads_are_lent_from_one_sge_and_copied_otherwise() {
+    let mut n = Net::new(QpType::Rc, |c| c.pmtu = Mtu::Mtu1024);
+    let w = |raddr| SendOp::Write {
+        raddr: B_BUF + raddr,
+        rkey: rkey_of(B_BUF),
+    };
+    n.a.qp
+        .post_send(SendWqe::new(1, w(0), sge(A_BUF, 100, 1500)));
+    n.a.qp.post_send(SendWqe::new(2, w(0), sge(A_BUF, 0, 100)));
+    let mut two = sge(A_BUF, 0, 700);
+    two.extend(sge(A_BUF, 5000, 700));
+    n.a.qp.post_send(SendWqe::new(3, w(0), two));
+    let mut inline = SendWqe::new(4, w(0), vec![]);
+    inline.inline = Some(vec![7; 600]);
+    n.a.qp.post_send(inline);
+    let mut got = vec![];
+    while let Some(p) = n.a.qp.poll_transmit_lent(n.now, &mut n.a.mem) {
+        got.push(p.payload);
+    }
+    let kinds: Vec<(bool, usize)> = got
+        .iter()
+        .map(|p| (matches!(p, crate::Payload::Pinned(_)), p.len()))
+        .collect();
+    // 1500 bytes: 1024 lent, the 476-byte rest is shorter than PIN_MIN;
+    // 100 bytes; 1400 bytes in two SGEs: the first packet spans them, the
+    // second is short; inline.
+    assert_eq!(
+        kinds,
+        vec![
+            (true, 1024),
+            (false, 476),
+            (false, 100),
+            (false, 1024),
+            (false, 376),
+            (false, 600)
+        ]
+    );
+    let want0 = a_bytes(&n, 100, 1024);
+    assert_eq!(&got[0][..], &want0[..]);
+    assert_eq!(&got[1][..], &a_bytes(&n, 1124, 476)[..]);
+    let mut want3 = a_bytes(&n, 0, 700);
+    want3.extend(a_bytes(&n, 5000, 324));
+    assert_eq!(&got[3][..], &want3[..]);
+    assert_eq!(&got[5][..], &[7; 600][..]);
+    // The copying `poll_transmit` hands out the same bytes.
+    n.a.qp
+        .post_send(SendWqe::new(5, w(0), sge(A_BUF, 100, 1024)));
+    let lent = n.a.mem.lent;
+    let p = n.a.qp.poll_transmit(n.now, &mut n.a.mem).unwrap();
+    assert_eq!(n.a.mem.lent, lent + 1);
+    assert_eq!(p.payload, want0);
+    // The lent bytes stay readable after the region is gone.
+    n.a.mem.regions.clear();
+    assert_eq!(&got[0][..], &want0[..]);
+
+    // A range outside the region is refused as before.
+    let mut n = Net::new(QpType::Rc, |_| {});
+    n.a.qp
+        .post_send(SendWqe::new(9, w(0), sge(A_BUF, LEN as u64 - 100, 1000)));
+    assert!(n.a.qp.poll_transmit_lent(n.now, &mut n.a.mem).is_none());
+    assert_eq!(n.a.mem.lent, 0);
+    let c = n.a.qp.poll_completion().expect("an error completion");
+    assert_eq!((c.wr_id, c.status), (9, WcStatus::LocProtErr));
 }

@@ -8,9 +8,11 @@
 //! packet to the QP its BTH names; then drain each QP's packets into RoCEv2
 //! datagrams (ICRC computed for IPv4 ID 0, which our socket options make
 //! the kernel send) and send them in one batch, each datagram as pieces the
-//! kernel gathers: headers, the payload buffer the engine filled from
-//! registered memory (the payload's only copy before the kernel's; the
-//! buffer goes back to the engine for reuse once sent), pad and ICRC;
+//! kernel gathers: headers, the payload -- the registered memory itself
+//! when the engine lent it (`roce::Payload::Pinned`: the kernel's copy is
+//! the only one; the packet holds the region's allocation until sent, so
+//! a deregistration meanwhile frees nothing it reads), else a buffer the
+//! engine filled, given back for reuse once sent -- pad and ICRC;
 //! runs of equal-size packets to one peer as one segmented (GSO) send
 //! whose segment `k` carries the ICRC for IPv4 ID `k`, as the kernel
 //! numbers them; then fire due timers.

@@ -1,10 +1,10 @@
 //! One soft RoCE node: socket, QP table, address handles, capture, faults.
 
-use rdma_sim::{FaultConfig, FaultInjector, Payload};
+use rdma_sim::{FaultConfig, FaultInjector, Payload as SimPayload};
 use rdma_types::{Instant, Qpn};
 use rdma_wire::pcap::{LinkType, PcapWriter};
 use rdma_wire::{icrc, IpRepr, ParseError, RoceRepr, UdpChecksum, UdpRepr};
-use roce::{Completion, Memory, Packet, Qp, QpConfig, QpCounters, QpEvent};
+use roce::{Completion, Memory, Packet, Payload, Qp, QpConfig, QpCounters, QpEvent};
 use roce_udp::{RoceSocket, Waker};
 use std::collections::{BTreeMap, VecDeque};
 use std::fs::File;
@@ -107,14 +107,15 @@ struct Slot {
 }
 
 /// One datagram to send, in the pieces the socket gathers (iovecs): the
-/// BTH and extension headers, the engine's payload buffer as it came from
-/// registered memory (no second copy), then pad and ICRC.
+/// BTH and extension headers, the payload -- registered memory itself when
+/// the engine lent it (kept alive by the packet until sent), else the
+/// engine's buffer -- then pad and ICRC.
 struct Out {
     dst: SocketAddr,
     /// The QP whose payload buffer this is, to give it back once sent.
     qpn: u32,
     head: Vec<u8>,
-    payload: Vec<u8>,
+    payload: Payload,
     /// Pad (0-3 zero bytes) then the ICRC; `tail_len` bytes are used.
     tail: [u8; 3 + rdma_wire::ICRC_LEN],
     tail_len: usize,
@@ -126,7 +127,7 @@ impl Out {
     }
 
     fn parts(&self) -> [&[u8]; 3] {
-        [&self.head, &self.payload, &self.tail[..self.tail_len]]
+        [&self.head, &self.payload[..], &self.tail[..self.tail_len]]
     }
 
     fn icrc(&self) -> u32 {
@@ -141,7 +142,7 @@ impl Out {
 
     /// The datagram as one buffer (for the fault injector); the payload
     /// buffer is handed back.
-    fn flatten(mut self) -> (OutDatagram, u32, Vec<u8>) {
+    fn flatten(mut self) -> (OutDatagram, u32, Payload) {
         let mut data = std::mem::take(&mut self.head);
         data.extend_from_slice(&self.payload);
         data.extend_from_slice(&self.tail[..self.tail_len]);
@@ -163,7 +164,7 @@ impl Out {
             dst: d.dst,
             qpn: u32::MAX,
             head,
-            payload: Vec::new(),
+            payload: Payload::default(),
             tail,
             tail_len: rdma_wire::ICRC_LEN,
         })
@@ -180,7 +181,7 @@ struct OutDatagram {
     data: Vec<u8>,
 }
 
-impl Payload for OutDatagram {
+impl SimPayload for OutDatagram {
     fn bit_len(&self) -> u64 {
         self.data.bit_len()
     }
@@ -537,7 +538,7 @@ impl Node {
                 continue;
             };
             for _ in 0..TX_BUDGET_PER_QP {
-                let Some(pkt) = slot.qp.poll_transmit(now, &mut *slot.mem) else {
+                let Some(pkt) = slot.qp.poll_transmit_lent(now, &mut *slot.mem) else {
                     break;
                 };
                 produced = true;
@@ -571,7 +572,7 @@ impl Node {
                 head.truncate(n);
                 let pad = usize::from(roce.ib.bth.pad_count & 3);
                 let mut tail = [0u8; 3 + rdma_wire::ICRC_LEN];
-                let parts: [&[u8]; 3] = [&head, &pkt.payload, &tail[..pad]];
+                let parts: [&[u8]; 3] = [&head, &pkt.payload[..], &tail[..pad]];
                 let Ok(crc) = icrc::compute_vectored(&roce.ip, &roce.udp, &parts) else {
                     self.stats.tx_frame_errors += 1;
                     continue;
@@ -602,8 +603,8 @@ impl Node {
             for o in batch.drain(..) {
                 let (d, qpn, payload) = o.flatten();
                 f.push(now, d);
-                if let Some(s) = self.qps.get_mut(&qpn) {
-                    s.qp.recycle_payload(payload);
+                if let (Some(s), Payload::Owned(b)) = (self.qps.get_mut(&qpn), payload) {
+                    s.qp.recycle_payload(b);
                 }
             }
             while let Some(d) = f.pop_ready(now) {
@@ -661,8 +662,9 @@ impl Node {
     /// QP's engine, headers to the spare list.
     fn recycle(&mut self, batch: Vec<Out>) {
         for o in batch {
-            if let Some(s) = self.qps.get_mut(&o.qpn) {
-                s.qp.recycle_payload(o.payload);
+            // A lent payload releases its region here.
+            if let (Some(s), Payload::Owned(b)) = (self.qps.get_mut(&o.qpn), o.payload) {
+                s.qp.recycle_payload(b);
             }
             if self.spare.len() < SPARE_BUFFERS {
                 self.spare.push(o.head);
@@ -745,7 +747,7 @@ fn deliver(
 fn framing<'a>(
     local: SocketAddr,
     dst: SocketAddr,
-    pkt: &'a Packet<Vec<u8>>,
+    pkt: &'a Packet<Payload>,
 ) -> Option<RoceRepr<'a>> {
     Some(RoceRepr {
         ip: IpRepr::rocev2(local.ip(), dst.ip(), 0)?,

@@ -109,6 +109,12 @@ impl MemBuf {
         v
     }
 
+    /// A reference that keeps the allocation alive (not any registration
+    /// of it), for bytes lent to a packet until it is sent.
+    pub fn keep_alive(&self) -> Arc<dyn std::any::Any + Send + Sync> {
+        self.0.clone()
+    }
+
     /// Raw pointer to byte `off`.
     ///
     /// # Safety
