@@ -760,11 +760,17 @@ fn discover(
         }
         None => Rules::parse("").map_err(|e| e.to_string())?,
     };
-    let (agent, ib) = match &sa {
+    // The CM agent is tracked in a client of the access layer: its CM
+    // ids, MAD agents and trap subscriptions (and, on soft RoCE, its QP1
+    // objects). `_cm`, dropped first, closes them before the port goes.
+    let (agent, ib, _cm) = match &sa {
         Some(m) => {
             let guid = srpstack::ib::ib_guid(ip);
             let provider =
                 rnic::softroce::SoftRoce::new(vec![rnic::softroce::SoftCa { guid, ip }], udp_port);
+            let cm = rdma_access::resource::AccessLayer::new(provider.clone())
+                .client("cm")
+                .into_provider();
             let port = srpstack::ib::IbPort::start(
                 provider,
                 guid,
@@ -788,14 +794,15 @@ fn discover(
                     port.sm_lid()
                 );
             }
-            (port.agent().clone(), Some(port))
+            port.agent()
+                .track_in(cm.client())
+                .map_err(|e| format!("track the CM agent on {ip}: {e}"))?;
+            (port.agent().clone(), Some(port), cm)
         }
         None => {
             let guid = rdma_types::Guid(srpstack::INITIATOR_GUID);
             let provider =
                 rnic::softroce::SoftRoce::new(vec![rnic::softroce::SoftCa { guid, ip }], udp_port);
-            // The agent over a tracked client of the access layer (the
-            // agent holds it): its QP1 objects, CM ids and MAD agents.
             let cm = rdma_access::resource::AccessLayer::new(provider)
                 .client("cm")
                 .into_provider();
@@ -804,7 +811,7 @@ fn discover(
             agent
                 .track_in(cm.client())
                 .map_err(|e| format!("track the CM agent on {ip}: {e}"))?;
-            (agent, None)
+            (agent, None, cm)
         }
     };
     // Traps 64/65, with --rescan on a managed subnet: subscribed before
