@@ -93,6 +93,17 @@ fn discovery_login_and_traps_through_the_sa() {
     .unwrap();
     let _sm = ibsm(1, &[2, 3, 4, 5], &["--partitions", parts.to_str().unwrap()]);
     let _t1 = srptd(2, &dir.join("t1.sock"));
+    // The target's CM agent (the ib port's) is tracked by its access
+    // layer: its listens are CM ids, its DM agent a MAD agent.
+    let out = Command::new(env!("CARGO_BIN_EXE_srptadm"))
+        .arg("--socket")
+        .arg(dir.join("t1.sock"))
+        .args(["--json", "show"])
+        .output()
+        .unwrap();
+    let show: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert!(show["cm_ids"].as_i64() >= Some(1), "{show}");
+    assert!(show["mad_agents"].as_i64() >= Some(1), "{show}");
     let sock = dir.join("srpd.sock");
     let srpd = Proc::start(
         "srpd",
