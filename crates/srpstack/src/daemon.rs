@@ -844,7 +844,7 @@ impl Daemon {
         }
         metric(
             "srptd_verbs_objects",
-            "Verbs objects (PDs, CQs, QPs, MRs, ...) the target port holds through the access layer.",
+            "Objects the target port (PDs, CQs, QPs, MRs, ...) and its CM agent (CM ids, MAD agents, SA subscriptions) hold through the access layer.",
             "gauge",
             vec![(String::new(), self.access.live_total().max(0) as u64)],
         );
