@@ -500,6 +500,9 @@ impl Node {
         busy
     }
 
+    // Not inlined into `poll` (one call per round, no measurable cost) so
+    // `callgrind --toggle-collect` can name each path (send_path bench).
+    #[inline(never)]
     fn receive(&mut self, now: Instant) -> bool {
         let local = self.local;
         let up = self.link_up;
@@ -524,6 +527,7 @@ impl Node {
         n > 0
     }
 
+    #[inline(never)]
     fn transmit(&mut self, now: Instant) -> bool {
         let local = self.local;
         let keys: Vec<u32> = self.qps.keys().copied().collect();
