@@ -390,7 +390,15 @@ impl Stack {
         drop(session);
         drop(port);
         drop(temp);
-        clients.map_or(0, |(al, _, _)| al.live_total())
+        let Some((al, _, _)) = clients else { return 0 };
+        // A session that failed (a lossy link's retries ran out) is torn
+        // down on a thread of its own, off the I/O path: give it a bounded
+        // moment to finish, as srpd does at exit.
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while al.live_total() > 0 && std::time::Instant::now() < end {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        al.live_total()
     }
 }
 
