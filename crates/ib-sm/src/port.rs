@@ -37,6 +37,20 @@ const SENDS: u32 = 64;
 const KIND_SEND: u64 = 1 << 56;
 const KIND_SMI: u64 = 1 << 55;
 
+/// The GUID of the CA at `ip` in the managed mode (`ibsm`, `srptd`, `srpd`,
+/// `ibstat` agree on it): the Mellanox-style prefix 0002c903 and the last
+/// 32 bits of the address.
+pub fn ip_guid(ip: std::net::IpAddr) -> Guid {
+    let low = match ip {
+        std::net::IpAddr::V4(a) => u32::from(a),
+        std::net::IpAddr::V6(a) => {
+            let o = a.octets();
+            u32::from_be_bytes([o[12], o[13], o[14], o[15]])
+        }
+    };
+    Guid(0x0002_c903_0000_0000 | u64::from(low))
+}
+
 /// Why the SM's port could not be set up.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("SM port: {what}: {err}")]

@@ -225,6 +225,21 @@ struct Side {
     sent_at: Vec<(Instant, u64)>,
 }
 
+impl Side {
+    /// The status of each completion, in order.
+    fn statuses(&self) -> Vec<WcStatus> {
+        self.wcs.iter().map(|c| c.status).collect()
+    }
+
+    /// Each completion as (wr_id, opcode, status), in order.
+    fn ops(&self) -> Vec<(u64, WcOpcode, WcStatus)> {
+        self.wcs
+            .iter()
+            .map(|c| (c.wr_id, c.opcode, c.status))
+            .collect()
+    }
+}
+
 struct Net {
     now: Instant,
     a: Side,
@@ -518,19 +533,14 @@ fn rc_write_read_and_atomics() {
         sges: vec![],
     });
     n.settle();
-    let ids: Vec<(u64, WcStatus, WcOpcode)> =
-        n.a.wcs
-            .iter()
-            .map(|c| (c.wr_id, c.status, c.opcode))
-            .collect();
     assert_eq!(
-        ids,
+        n.a.ops(),
         vec![
-            (1, WcStatus::Success, WcOpcode::RdmaWrite),
-            (2, WcStatus::Success, WcOpcode::RdmaRead),
-            (3, WcStatus::Success, WcOpcode::CompSwap),
-            (4, WcStatus::Success, WcOpcode::FetchAdd),
-            (5, WcStatus::Success, WcOpcode::RdmaWrite),
+            (1, WcOpcode::RdmaWrite, WcStatus::Success),
+            (2, WcOpcode::RdmaRead, WcStatus::Success),
+            (3, WcOpcode::CompSwap, WcStatus::Success),
+            (4, WcOpcode::FetchAdd, WcStatus::Success),
+            (5, WcOpcode::RdmaWrite, WcStatus::Success),
         ]
     );
     assert_eq!(b_bytes(&n, 10_000, 5000), a_bytes(&n, 0, 5000));
@@ -578,10 +588,7 @@ fn psn_wraps_around_the_24_bit_space() {
         sge(A_BUF, 9000, 3000),
     ));
     n.settle();
-    assert_eq!(
-        n.a.wcs.iter().map(|c| c.status).collect::<Vec<_>>(),
-        vec![WcStatus::Success; 2]
-    );
+    assert_eq!(n.a.statuses(), vec![WcStatus::Success; 2]);
     assert_eq!(b_bytes(&n, 0, 5000), a_bytes(&n, 0, 5000));
     assert_eq!(a_bytes(&n, 9000, 3000), b_bytes(&n, 9000, 3000));
 }
@@ -779,10 +786,7 @@ fn link_restored_within_budget_recovers() {
     assert!(n.a.wcs.is_empty());
     n.link(true);
     n.settle();
-    assert_eq!(
-        n.a.wcs.iter().map(|c| c.status).collect::<Vec<_>>(),
-        vec![WcStatus::Success]
-    );
+    assert_eq!(n.a.statuses(), vec![WcStatus::Success]);
 }
 
 // ---------------------------------------------------------------- RNR
@@ -819,7 +823,7 @@ fn rnr_retry_count_runs_out() {
         n.a.qp
             .post_send(SendWqe::new(2, SendOp::Send, sge(A_BUF, 0, 10)));
         n.settle();
-        let st: Vec<WcStatus> = n.a.wcs.iter().map(|c| c.status).collect();
+        let st = n.a.statuses();
         assert_eq!(
             st,
             vec![WcStatus::RnrRetryExcErr, WcStatus::WrFlushErr],
@@ -862,11 +866,7 @@ fn bad_rkey_and_out_of_range_are_remote_access_errors_touching_nothing() {
         let len = if op.is_atomic() { 8 } else { 100 };
         n.a.qp.post_send(SendWqe::new(1, op, sge(A_BUF, 0, len)));
         n.settle();
-        assert_eq!(
-            n.a.wcs.iter().map(|c| c.status).collect::<Vec<_>>(),
-            vec![WcStatus::RemAccessErr],
-            "{op:?}"
-        );
+        assert_eq!(n.a.statuses(), vec![WcStatus::RemAccessErr], "{op:?}");
         assert_eq!(
             n.b.mem.regions[0].data, before_b,
             "{op:?}: responder memory untouched"
@@ -927,7 +927,7 @@ fn local_protection_error_on_bad_lkey() {
     n.a.qp
         .post_send(SendWqe::new(2, SendOp::Send, sge(A_BUF, 0, 10)));
     n.settle();
-    let st: Vec<WcStatus> = n.a.wcs.iter().map(|c| c.status).collect();
+    let st = n.a.statuses();
     assert_eq!(st, vec![WcStatus::LocProtErr, WcStatus::WrFlushErr]);
 }
 
@@ -1006,7 +1006,7 @@ fn send_with_invalidate_invalidates_the_rkey() {
     n.settle();
     assert_eq!(n.b.wcs[0].invalidated, Some(Rkey(k)));
     assert_eq!(
-        n.a.wcs.iter().map(|c| c.status).collect::<Vec<_>>(),
+        n.a.statuses(),
         vec![WcStatus::Success, WcStatus::RemAccessErr]
     );
 }
@@ -1113,7 +1113,7 @@ fn ud_delivers_with_grh_and_checks_the_qkey() {
     assert_eq!(b_bytes(&n, 40, 500), a_bytes(&n, 0, 500));
     assert_eq!(n.b.wcs.len(), 1);
     assert_eq!(n.b.qp.counters().qkey_violations, 1);
-    let st: Vec<WcStatus> = n.a.wcs.iter().map(|c| c.status).collect();
+    let st = n.a.statuses();
     assert_eq!(
         st,
         vec![WcStatus::Success, WcStatus::Success, WcStatus::LocLenErr],
@@ -1669,11 +1669,7 @@ fn local_operations_run_once_in_order_and_complete_in_order() {
             n.a.qp.post_send(op);
         }
         n.settle();
-        let got: Vec<(u64, WcOpcode, WcStatus)> =
-            n.a.wcs
-                .iter()
-                .map(|c| (c.wr_id, c.opcode, c.status))
-                .collect();
+        let got = n.a.ops();
         assert_eq!(
             got,
             vec![
@@ -1717,11 +1713,7 @@ fn failed_bind_completes_in_error_in_order_and_flushes_the_rest() {
     n.a.qp
         .post_send(SendWqe::new(3, SendOp::Send, sge(A_BUF, 0, 8)));
     n.settle();
-    let got: Vec<(u64, WcOpcode, WcStatus)> =
-        n.a.wcs
-            .iter()
-            .map(|c| (c.wr_id, c.opcode, c.status))
-            .collect();
+    let got = n.a.ops();
     assert_eq!(
         got,
         vec![
@@ -1917,10 +1909,7 @@ fn rnr_retry_7_is_infinite() {
         sges: sge(B_BUF, 0, 64),
     });
     n.settle();
-    assert_eq!(
-        n.a.wcs.iter().map(|c| c.status).collect::<Vec<_>>(),
-        vec![WcStatus::Success]
-    );
+    assert_eq!(n.a.statuses(), vec![WcStatus::Success]);
     assert_eq!(n.b.wcs.len(), 1);
     assert_eq!(n.b.wcs[0].byte_len, 10);
     assert_eq!(b_bytes(&n, 0, 10), a_bytes(&n, 0, 10));
@@ -1998,10 +1987,7 @@ fn a_gap_draws_one_sequence_nak_and_go_back_n_from_the_missing_psn() {
     assert!(n.b.qp.poll_transmit(now, &mut n.b.mem).is_none());
     n.a.qp.handle_packet(now, &ack.as_received(), &mut n.a.mem);
     n.round();
-    assert_eq!(
-        n.a.wcs.iter().map(|c| c.status).collect::<Vec<_>>(),
-        vec![WcStatus::Success]
-    );
+    assert_eq!(n.a.statuses(), vec![WcStatus::Success]);
     assert_eq!(b_bytes(&n, 1000, 5000), a_bytes(&n, 0, 5000));
     assert_eq!(n.b.qp.counters().naks_sent, 1, "no second NAK");
 }

@@ -31,12 +31,7 @@ impl Pair {
         cfg.pmtu = Mtu::Mtu4096;
         let qa = a.create_qp(cfg.clone(), Box::new(FlatMemory::new(KEY, 2 * MIB)));
         let qb = b.create_qp(cfg, Box::new(FlatMemory::new(KEY, 2 * MIB)));
-        a.qp_mut(qa).unwrap().update_config(|c| c.dest_qpn = qb.0);
-        b.qp_mut(qb).unwrap().update_config(|c| c.dest_qpn = qa.0);
-        a.set_remote(qa, b.local_addr());
-        b.set_remote(qb, a.local_addr());
-        a.qp_mut(qa).unwrap().set_rts();
-        b.qp_mut(qb).unwrap().set_rts();
+        Node::connect_pair(&mut a, qa, &mut b, qb);
         Pair {
             a,
             b,

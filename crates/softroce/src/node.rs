@@ -402,6 +402,20 @@ impl Node {
         }
     }
 
+    /// Connects RC/UC QP `qa` of node `a` with QP `qb` of node `b` (each
+    /// the other's destination QPN and address) and moves both to RTS: two
+    /// nodes in one process, as tests, benches and tools pair them.
+    pub fn connect_pair(a: &mut Node, qa: QpHandle, b: &mut Node, qb: QpHandle) {
+        let (addr_a, addr_b) = (a.local_addr(), b.local_addr());
+        for (n, q, peer, peer_addr) in [(a, qa, qb, addr_b), (b, qb, qa, addr_a)] {
+            n.set_remote(q, peer_addr);
+            if let Some(qp) = n.qp_mut(q) {
+                qp.update_config(|c| c.dest_qpn = peer.0);
+                qp.set_rts();
+            }
+        }
+    }
+
     /// Destroys a QP; packets for it are dropped from now on.
     pub fn destroy_qp(&mut self, qp: QpHandle) -> bool {
         match self.qps.remove(&qp.0.value()) {

@@ -20,12 +20,7 @@ fn driver_pair(cb_count: Arc<AtomicU64>) -> (Driver, Driver, QpHandle, FlatMemor
     let cfg = QpConfig::rc(Qpn::from_bits(0), Qpn::from_bits(0));
     let qa = a.create_qp(cfg.clone(), Box::new(ma.clone()));
     let qb = b.create_qp(cfg, Box::new(mb.clone()));
-    a.qp_mut(qa).unwrap().update_config(|c| c.dest_qpn = qb.0);
-    b.qp_mut(qb).unwrap().update_config(|c| c.dest_qpn = qa.0);
-    a.set_remote(qa, b.local_addr());
-    b.set_remote(qb, a.local_addr());
-    a.qp_mut(qa).unwrap().set_rts();
-    b.qp_mut(qb).unwrap().set_rts();
+    Node::connect_pair(&mut a, qa, &mut b, qb);
     let cb: softroce::CompletionCallback = Box::new(move |_qp| {
         cb_count.fetch_add(1, Ordering::Relaxed);
     });
@@ -100,12 +95,7 @@ fn a_post_from_the_completion_callback_goes_out_before_the_thread_sleeps() {
     let cfg = QpConfig::rc(Qpn::from_bits(0), Qpn::from_bits(0));
     let qa = a.create_qp(cfg.clone(), Box::new(FlatMemory::new(1, 1 << 16)));
     let qb = b.create_qp(cfg, Box::new(FlatMemory::new(1, 1 << 16)));
-    a.qp_mut(qa).unwrap().update_config(|c| c.dest_qpn = qb.0);
-    b.qp_mut(qb).unwrap().update_config(|c| c.dest_qpn = qa.0);
-    a.set_remote(qa, b.local_addr());
-    b.set_remote(qb, a.local_addr());
-    a.qp_mut(qa).unwrap().set_rts();
-    b.qp_mut(qb).unwrap().set_rts();
+    Node::connect_pair(&mut a, qa, &mut b, qb);
     let write = |i: u64| {
         let op = SendOp::Write {
             raddr: 0,

@@ -82,12 +82,7 @@ fn other_qps_keep_working_while_one_is_attacked() {
     // The innocent pair: A's QP <-> B's QP, doing WRITEs.
     let qa = a.create_qp(rc_cfg(), Box::new(ma.clone()));
     let qb = b.create_qp(rc_cfg(), Box::new(mb.clone()));
-    a.qp_mut(qa).unwrap().update_config(|c| c.dest_qpn = qb.0);
-    b.qp_mut(qb).unwrap().update_config(|c| c.dest_qpn = qa.0);
-    a.set_remote(qa, b.local_addr());
-    b.set_remote(qb, a.local_addr());
-    a.qp_mut(qa).unwrap().set_rts();
-    b.qp_mut(qb).unwrap().set_rts();
+    Node::connect_pair(&mut a, qa, &mut b, qb);
 
     let dst = b.local_addr();
     let epoch = StdInstant::now();

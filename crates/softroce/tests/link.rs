@@ -50,12 +50,7 @@ fn pair_of(ca: NodeConfig, cb: NodeConfig, timeout: u8, retry_cnt: u8) -> Pair {
     cfg.retry_cnt = retry_cnt;
     let qa = a.create_qp(cfg.clone(), Box::new(ma.clone()));
     let qb = b.create_qp(cfg, Box::new(mb.clone()));
-    a.qp_mut(qa).unwrap().update_config(|c| c.dest_qpn = qb.0);
-    b.qp_mut(qb).unwrap().update_config(|c| c.dest_qpn = qa.0);
-    a.set_remote(qa, b.local_addr());
-    b.set_remote(qb, a.local_addr());
-    a.qp_mut(qa).unwrap().set_rts();
-    b.qp_mut(qb).unwrap().set_rts();
+    Node::connect_pair(&mut a, qa, &mut b, qb);
     Pair {
         a,
         b,

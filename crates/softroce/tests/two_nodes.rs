@@ -61,12 +61,7 @@ impl Pair {
         cfg.timeout = 8; // 1 ms: loss recovers quickly on loopback
         let qa = a.create_qp(cfg.clone(), Box::new(ma.clone()));
         let qb = b.create_qp(cfg, Box::new(mb.clone()));
-        a.qp_mut(qa).unwrap().update_config(|c| c.dest_qpn = qb.0);
-        b.qp_mut(qb).unwrap().update_config(|c| c.dest_qpn = qa.0);
-        a.set_remote(qa, b.local_addr());
-        b.set_remote(qb, a.local_addr());
-        a.qp_mut(qa).unwrap().set_rts();
-        b.qp_mut(qb).unwrap().set_rts();
+        Node::connect_pair(&mut a, qa, &mut b, qb);
         Pair {
             a,
             b,

@@ -52,18 +52,8 @@ pub enum Fabric {
     Ib,
 }
 
-/// The GUID of the CA at `ip` in the managed mode: the Mellanox-style
-/// prefix 0002c903 and the last 32 bits of the address.
-pub fn ib_guid(ip: IpAddr) -> Guid {
-    let low = match ip {
-        IpAddr::V4(a) => u32::from(a),
-        IpAddr::V6(a) => {
-            let o = a.octets();
-            u32::from_be_bytes([o[12], o[13], o[14], o[15]])
-        }
-    };
-    Guid(0x0002_c903_0000_0000 | u64::from(low))
-}
+/// The GUID of the CA at `ip` in the managed mode (see [`ib_sm::port::ip_guid`]).
+pub use ib_sm::port::ip_guid as ib_guid;
 
 /// A port in the `ib` personality, ACTIVE (see the module docs).
 pub struct IbPort {

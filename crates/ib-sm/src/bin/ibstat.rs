@@ -13,7 +13,6 @@ use ib_sm::port::IbNode;
 use rdma_access::devinfo::{self, CaInfo};
 use rdma_access::sma::state;
 use rdma_mad::smp::cap;
-use rdma_types::Guid;
 use rnic::softroce::{SoftCa, SoftRoce};
 use std::net::IpAddr;
 use std::process::ExitCode;
@@ -52,19 +51,6 @@ struct Cli {
     json: bool,
 }
 
-/// The GUID of the CA at `ip`: the Mellanox-style prefix 0002c903 and the
-/// address's last 32 bits (the scheme `srpd`/`srptd` use in `ib` mode).
-fn guid_of(ip: IpAddr) -> Guid {
-    let low = match ip {
-        IpAddr::V4(a) => u32::from(a),
-        IpAddr::V6(a) => {
-            let o = a.octets();
-            u32::from_be_bytes([o[12], o[13], o[14], o[15]])
-        }
-    };
-    Guid(0x0002_c903_0000_0000 | u64::from(low))
-}
-
 struct Quiet;
 
 impl verbs::EventHandler for Quiet {
@@ -82,7 +68,7 @@ fn run(cli: &Cli) -> Result<Vec<CaInfo>, String> {
         .ip
         .iter()
         .map(|&ip| SoftCa {
-            guid: guid_of(ip),
+            guid: ib_sm::port::ip_guid(ip),
             ip,
         })
         .collect();
