@@ -157,6 +157,23 @@ pub struct Direct {
     pub port: Arc<TargetPort>,
     /// LID of the target port (0 on RoCE).
     pub lid: Lid,
+    /// The REQ's partition (`None`: as [`TargetPort::login`], the port's
+    /// default; `Some`: [`TargetPort::login_in_partition`]).
+    pub pkey: Option<rdma_types::Pkey>,
+    /// Why the target refused the last login (its log line), if it did.
+    pub refused: std::sync::Mutex<String>,
+}
+
+impl Direct {
+    /// A connector to `port` in its default partition.
+    pub fn new(port: Arc<TargetPort>, lid: Lid) -> Direct {
+        Direct {
+            port,
+            lid,
+            pkey: None,
+            refused: Default::default(),
+        }
+    }
 }
 
 impl Connector for Direct {
@@ -168,7 +185,13 @@ impl Connector for Direct {
             lid: local.lid,
             mtu: local.mtu,
         };
-        match self.port.login(login, TargetForm::RdmaCm, peer) {
+        let outcome = match self.pkey {
+            None => self.port.login(login, TargetForm::RdmaCm, peer),
+            Some(k) => self
+                .port
+                .login_in_partition(login, TargetForm::RdmaCm, peer, k),
+        };
+        match outcome {
             LoginOutcome::Accepted {
                 conn,
                 local: t,
@@ -184,7 +207,10 @@ impl Connector for Direct {
                 private_data: rsp,
                 handle: conn.0,
             }),
-            LoginOutcome::Rejected { rej, .. } => Err(ConnectError::Rejected(rej)),
+            LoginOutcome::Rejected { rej, reason } => {
+                *self.refused.lock().unwrap_or_else(|e| e.into_inner()) = reason;
+                Err(ConnectError::Rejected(rej))
+            }
         }
     }
 
@@ -335,10 +361,7 @@ impl Stack {
                 return Err(err("start the target port", e));
             }
         };
-        let direct = Arc::new(Direct {
-            port: port.clone(),
-            lid: target_lid,
-        });
+        let direct = Arc::new(Direct::new(port.clone(), target_lid));
         let session = match Session::connect(
             initiator_side.clone(),
             Guid(INITIATOR_GUID),

@@ -107,10 +107,7 @@ fn path(p: &Arc<SoftRoce>, ini: u64, port: &Arc<TargetPort>) -> Arc<RemoteDisk> 
         let mut sc = SessionConfig::new(ChannelConfig::new(1, Guid(ini), TGT_A, Guid(TGT_A)));
         // A login over a dead link gives up in seconds, not the default 30.
         sc.channel.cmd_timeout = rdma_types::Duration::from_secs(2);
-        let direct = Arc::new(srpstack::Direct {
-            port: port.clone(),
-            lid: Lid(0),
-        });
+        let direct = Arc::new(srpstack::Direct::new(port.clone(), Lid(0)));
         let s =
             Session::connect(p.clone(), Guid(ini), direct, sc).map_err(std::io::Error::other)?;
         Disk::open(Arc::new(s), 0)

@@ -28,9 +28,7 @@ mod common;
 
 use common::{gid_hex, ibsm_bin, run, Proc};
 use srp::initiator::ChannelConfig;
-use srp_initiator::session::{
-    ConnectError, Connected, Connector, LoginForm, QpInfo, Session, SessionConfig,
-};
+use srp_initiator::session::{Session, SessionConfig};
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -323,56 +321,6 @@ fn one_target_serves_two_partitions() {
     eprintln!("two-partition test: {} ms", started.elapsed().as_millis());
 }
 
-/// Connects by calling the target port's login entry point directly with
-/// the partition key a CM REQ would carry; keeps the target's reason.
-struct InPartition {
-    port: Arc<srp_target::TargetPort>,
-    pkey: rdma_types::Pkey,
-    reason: std::sync::Mutex<String>,
-}
-
-impl Connector for InPartition {
-    fn connect(&self, login: &[u8], local: QpInfo) -> Result<Connected, ConnectError> {
-        let peer = srp_target::PeerQp {
-            qpn: local.qpn,
-            psn: local.psn,
-            gid: local.gid,
-            lid: local.lid,
-            mtu: local.mtu,
-        };
-        match self
-            .port
-            .login_in_partition(login, srp::target::LoginForm::RdmaCm, peer, self.pkey)
-        {
-            srp_target::LoginOutcome::Accepted {
-                conn,
-                local: t,
-                rsp,
-            } => Ok(Connected {
-                peer: QpInfo {
-                    qpn: t.qpn,
-                    psn: t.psn,
-                    gid: self.port.gid(),
-                    lid: rdma_types::Lid(1),
-                    mtu: local.mtu,
-                },
-                private_data: rsp,
-                handle: conn.0,
-            }),
-            srp_target::LoginOutcome::Rejected { rej, reason } => {
-                *self.reason.lock().unwrap() = reason;
-                Err(ConnectError::Rejected(rej))
-            }
-        }
-    }
-    fn disconnect(&self, handle: u64) {
-        self.port.disconnected(srp_target::ConnId(handle));
-    }
-    fn form(&self) -> LoginForm {
-        LoginForm::RdmaCm
-    }
-}
-
 /// In process, on the loopback provider: the initiator's table index
 /// follows the login's partition, and the target port refuses a REQ in a
 /// partition it does not serve or its table lacks, naming the P_Key.
@@ -424,15 +372,14 @@ fn partition_choice_and_refusals_in_process() {
         (Arc::new(port), chan)
     };
     let login = |port: &Arc<srp_target::TargetPort>, chan: &ChannelConfig, k: u16| {
-        let conn = Arc::new(InPartition {
-            port: port.clone(),
-            pkey: Pkey(k),
-            reason: Default::default(),
+        let conn = Arc::new(srpstack::Direct {
+            pkey: Some(Pkey(k)),
+            ..srpstack::Direct::new(port.clone(), rdma_types::Lid(1))
         });
         let mut cfg = SessionConfig::new(chan.clone());
         cfg.pkey = Some(Pkey(k));
         let r = Session::connect(fabric.clone(), Guid(I), conn.clone(), cfg);
-        let reason = conn.reason.lock().unwrap().clone();
+        let reason = conn.refused.lock().unwrap().clone();
         (r, reason)
     };
 

@@ -114,10 +114,7 @@ impl Rig {
     }
 
     fn session_with(&self, guid: u64, c: ChannelConfig) -> Arc<Session> {
-        let direct = Arc::new(srpstack::Direct {
-            port: self.port.clone(),
-            lid: Lid(0),
-        });
+        let direct = Arc::new(srpstack::Direct::new(self.port.clone(), Lid(0)));
         let s =
             Session::connect(self.p.clone(), Guid(guid), direct, SessionConfig::new(c)).unwrap();
         Arc::new(s)
