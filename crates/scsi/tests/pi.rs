@@ -4,17 +4,13 @@
 
 mod common;
 
-use common::TempDir;
+use common::{l0, TempDir};
 use scsi::pi::{crc16_t10dif, Tuple};
 use scsi::*;
 use std::sync::Arc;
 
 const BS: usize = 512;
 const BLOCKS: u64 = 16;
-
-fn l0() -> Lun {
-    Lun::new(0).unwrap()
-}
 
 fn pi_device(ty: PiType, store: Arc<dyn Backend>) -> Arc<Device> {
     let cfg = DeviceConfig {

@@ -3,12 +3,10 @@
 
 mod common;
 
+use common::l0;
+
 use scsi::*;
 use std::sync::Arc;
-
-fn l0() -> Lun {
-    Lun::new(0).unwrap()
-}
 
 fn setup() -> (Target, [Nexus; 3]) {
     let t = Target::new();

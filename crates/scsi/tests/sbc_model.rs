@@ -5,6 +5,8 @@
 
 mod common;
 
+use common::l0;
+
 use scsi::*;
 use std::sync::Arc;
 
@@ -26,10 +28,6 @@ fn target_with(dev: Arc<Device>) -> (Target, Nexus) {
     let n = Nexus::new("i", "p");
     t.execute(&n, lun, &[0; 6], &[], 0);
     (t, n)
-}
-
-fn l0() -> Lun {
-    Lun::new(0).unwrap()
 }
 
 fn cdb16(op: u8, flags: u8, lba: u64, n: u32) -> Vec<u8> {

@@ -5,6 +5,10 @@
 //! and write-through after MODE SELECT turns the write cache off (proved
 //! with a store that counts them).
 
+mod common;
+
+use common::{l0, ok, target};
+
 use scsi::*;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
@@ -61,36 +65,10 @@ impl Backend for Counting {
     }
 }
 
-fn l0() -> Lun {
-    Lun::new(0).unwrap()
-}
-
-/// A target with `dev` at LUN 0 and a nexus past its power-on attention.
-fn target(dev: Device) -> (Target, Nexus) {
-    let t = Target::new();
-    t.add_lun(None, l0(), Arc::new(dev));
-    let n = Nexus::new("a", "p");
-    let r = t.execute(&n, l0(), &[0; 6], &[], 0);
-    assert_eq!(r.sense.unwrap().asc, Asc::POWER_ON_RESET);
-    (t, n)
-}
-
 fn counting(cfg: DeviceConfig) -> (Target, Nexus, Arc<Counting>) {
     let c = Counting::new();
     let (t, n) = target(Device::new(cfg, c.clone()).unwrap());
     (t, n, c)
-}
-
-fn ok(t: &Target, n: &Nexus, cdb: &[u8], data: &[u8], expected: u64) -> Vec<u8> {
-    let r = t.execute(n, l0(), cdb, data, expected);
-    assert_eq!(
-        r.status,
-        Status::Good,
-        "{:02x?}: {:?}",
-        cdb,
-        r.sense.map(|s| s.to_string())
-    );
-    r.data_in
 }
 
 fn read10(t: &Target, n: &Nexus, lba: u32, blocks: u16) -> Vec<u8> {

@@ -5,35 +5,11 @@
 
 mod common;
 
-use common::TempDir;
+use common::{ok, target, TempDir};
 use scsi::*;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-
-fn l0() -> Lun {
-    Lun::new(0).unwrap()
-}
-
-fn target(dev: Device) -> (Target, Nexus) {
-    let t = Target::new();
-    t.add_lun(None, l0(), Arc::new(dev));
-    let n = Nexus::new("a", "p");
-    t.execute(&n, l0(), &[0; 6], &[], 0);
-    (t, n)
-}
-
-fn ok(t: &Target, n: &Nexus, cdb: &[u8], data: &[u8], expected: u64) -> Vec<u8> {
-    let r = t.execute(n, l0(), cdb, data, expected);
-    assert_eq!(
-        r.status,
-        Status::Good,
-        "{:02x?}: {:?}",
-        cdb,
-        r.sense.map(|s| s.to_string())
-    );
-    r.data_in
-}
 
 fn rw16(op: u8, lba: u64, blocks: u32, flags: u8) -> Vec<u8> {
     let mut c = vec![op, flags];

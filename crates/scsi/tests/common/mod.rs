@@ -1,4 +1,4 @@
-//! Test helpers shared by the task-management and ACA tests.
+//! Test helpers shared by the core's tests.
 
 #![allow(dead_code)]
 
@@ -62,6 +62,29 @@ impl Backend for Gated {
 
 pub fn l0() -> Lun {
     Lun::new(0).unwrap()
+}
+
+/// A target with `dev` at LUN 0 and a nexus past its power-on attention.
+pub fn target(dev: Device) -> (Target, Nexus) {
+    let t = Target::new();
+    t.add_lun(None, l0(), Arc::new(dev));
+    let n = Nexus::new("a", "p");
+    let r = t.execute(&n, l0(), &[0; 6], &[], 0);
+    assert_eq!(r.sense.unwrap().asc, Asc::POWER_ON_RESET);
+    (t, n)
+}
+
+/// Runs `cdb` on LUN 0, insists on GOOD, returns the data-in.
+pub fn ok(t: &Target, n: &Nexus, cdb: &[u8], data: &[u8], expected: u64) -> Vec<u8> {
+    let r = t.execute(n, l0(), cdb, data, expected);
+    assert_eq!(
+        r.status,
+        Status::Good,
+        "{:02x?}: {:?}",
+        cdb,
+        r.sense.map(|s| s.to_string())
+    );
+    r.data_in
 }
 
 /// Waits until `n` tasks are in LUN 0's task set (they entered in the
