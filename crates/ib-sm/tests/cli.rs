@@ -1,21 +1,12 @@
 //! `ibsm` as a user runs it: a simulated fabric comes up and the SA
 //! answers; a partitions file is checked, errors named by line and column.
 
+mod common;
+
 use std::process::Command;
 
 fn ibsm(args: &[&str]) -> (bool, String) {
-    let o = Command::new(env!("CARGO_BIN_EXE_ibsm"))
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        o.status.success(),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        ),
-    )
+    common::output_of(Command::new(env!("CARGO_BIN_EXE_ibsm")).args(args))
 }
 
 #[test]

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::Ibsm;
+use common::{saquery, Ibsm};
 use ib_sm::port::IbNode;
 use rdma_access::sa::{SaClient, SaTiming};
 use rdma_access::sma::state;
@@ -14,28 +14,10 @@ use rdma_types::{Gid, Guid};
 use rnic::softroce::{SoftCa, SoftRoce, ROCE_PORT};
 use std::collections::HashSet;
 use std::net::{IpAddr, Ipv4Addr};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 fn ip(last: u8) -> IpAddr {
     IpAddr::V4(Ipv4Addr::new(127, 0, 155, last))
-}
-
-fn saquery(args: &[&str]) -> (bool, String) {
-    let o = Command::new(env!("CARGO_BIN_EXE_saquery"))
-        .args(["--sa", "127.0.155.1", "--ip", "127.0.155.9"])
-        .args(["--timeout-ms", "200"])
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        o.status.success(),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        ),
-    )
 }
 
 /// The (slid, dlid) of each `slid A dlid B ...` line, in order.
@@ -115,7 +97,11 @@ fn saquery_lists_a_path_per_lid_pair_with_lmc_1() {
     // paths are there (bounded).
     let end = Instant::now() + Duration::from_secs(5);
     let out = loop {
-        let (ok, out) = saquery(&["paths", "--sgid", &n2, "--dgid", &n3, "--max", "0"]);
+        let (ok, out) = saquery(
+            "127.0.155.1",
+            "127.0.155.9",
+            &["paths", "--sgid", &n2, "--dgid", &n3, "--max", "0"],
+        );
         if ok && out.contains("4 path records") {
             break out;
         }
@@ -131,14 +117,22 @@ fn saquery_lists_a_path_per_lid_pair_with_lmc_1() {
     );
     assert_eq!(out.matches("preference 0").count(), 2, "{out}");
     // --max limits; the default (4) gets them all here.
-    let (ok, out) = saquery(&["paths", "--sgid", &n2, "--dgid", &n3, "--max", "2"]);
+    let (ok, out) = saquery(
+        "127.0.155.1",
+        "127.0.155.9",
+        &["paths", "--sgid", &n2, "--dgid", &n3, "--max", "2"],
+    );
     assert!(ok, "{out}");
     assert_eq!(lid_pairs(&out), vec![(b2, b3), (b2 + 1, b3 + 1)], "{out}");
-    let (ok, out) = saquery(&["paths", "--sgid", &n2, "--dgid", &n3, "--max", "1"]);
+    let (ok, out) = saquery(
+        "127.0.155.1",
+        "127.0.155.9",
+        &["paths", "--sgid", &n2, "--dgid", &n3, "--max", "1"],
+    );
     assert!(ok && out.contains("1 path records"), "{out}");
     assert_eq!(lid_pairs(&out), vec![(b2, b3)], "{out}");
     // NodeRecords name ports by their base LIDs.
-    let (ok, out) = saquery(&["nodes"]);
+    let (ok, out) = saquery("127.0.155.1", "127.0.155.9", &["nodes"]);
     assert!(ok && out.contains("2 node records"), "{out}");
     for b in &base {
         assert!(

@@ -10,7 +10,10 @@ use rdma_mad::sa::ServiceRecord;
 use rdma_types::{Gid, Guid, Pkey};
 use rnic::softroce::{SoftCa, SoftRoce, ROCE_PORT};
 use std::net::{IpAddr, Ipv4Addr};
-use std::process::{Child, Command, Output};
+mod common;
+
+use common::saquery;
+use std::process::{Child, Command};
 use std::time::Duration;
 
 fn ip(last: u8) -> IpAddr {
@@ -24,29 +27,6 @@ impl Drop for Kill {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-fn saquery(args: &[&str]) -> (bool, String) {
-    let o: Output = Command::new(env!("CARGO_BIN_EXE_saquery"))
-        .args([
-            "--sa",
-            "127.0.121.1",
-            "--ip",
-            "127.0.121.9",
-            "--timeout-ms",
-            "200",
-        ])
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        o.status.success(),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        ),
-    )
 }
 
 #[test]
@@ -104,7 +84,7 @@ fn saquery_lists_what_the_sa_knows() {
     // are there (bounded).
     let mut out = String::new();
     for _ in 0..50 {
-        let (ok, o) = saquery(&["nodes"]);
+        let (ok, o) = saquery("127.0.121.1", "127.0.121.9", &["nodes"]);
         out = o;
         if ok && out.contains("2 node records") {
             break;
@@ -118,15 +98,19 @@ fn saquery_lists_what_the_sa_knows() {
     );
     assert!(out.contains("0000000012100002"), "{out}");
 
-    let (ok, out) = saquery(&["ports"]);
+    let (ok, out) = saquery("127.0.121.1", "127.0.121.9", &["ports"]);
     assert!(ok, "{out}");
     assert_eq!(out.matches(" ACTIVE ").count(), 2, "{out}");
     // Only node 2 offers device management (srp_daemon's query).
-    let (ok, out) = saquery(&["ports", "--dm"]);
+    let (ok, out) = saquery("127.0.121.1", "127.0.121.9", &["ports", "--dm"]);
     assert!(ok && out.contains("1 port records"), "{out}");
     assert!(out.contains("IsDeviceManagementSupported"), "{out}");
 
-    let (ok, out) = saquery(&["paths", "--sgid", "127.0.121.2", "--dgid", "127.0.121.3"]);
+    let (ok, out) = saquery(
+        "127.0.121.1",
+        "127.0.121.9",
+        &["paths", "--sgid", "127.0.121.2", "--dgid", "127.0.121.3"],
+    );
     assert!(ok, "{out}");
     assert!(out.contains("1 path records"), "{out}");
     assert!(
@@ -134,18 +118,26 @@ fn saquery_lists_what_the_sa_knows() {
         "{out}"
     );
 
-    let (ok, out) = saquery(&["services", "--name", "SRP.T10:00c0ffee"]);
+    let (ok, out) = saquery(
+        "127.0.121.1",
+        "127.0.121.9",
+        &["services", "--name", "SRP.T10:00c0ffee"],
+    );
     assert!(ok, "{out}");
     assert!(
         out.contains("id 0000000000c0ffee") && out.contains("lease indefinite"),
         "{out}"
     );
     sa.delete_service(&rec).unwrap();
-    let (ok, out) = saquery(&["services"]);
+    let (ok, out) = saquery("127.0.121.1", "127.0.121.9", &["services"]);
     assert!(ok && out.contains("0 service records"), "{out}");
 
     // Bad input.
-    let (ok, out) = saquery(&["paths", "--sgid", "nonsense", "--dgid", "127.0.121.3"]);
+    let (ok, out) = saquery(
+        "127.0.121.1",
+        "127.0.121.9",
+        &["paths", "--sgid", "nonsense", "--dgid", "127.0.121.3"],
+    );
     assert!(
         !ok && out.contains("neither an IP address nor a 128-bit GID"),
         "{out}"

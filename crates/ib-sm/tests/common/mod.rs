@@ -1,9 +1,32 @@
-//! The `ibsm run` process for tests that run it (shared by the test
-//! files that need it; each uses a part).
+//! The `ibsm run` process and the tools' command lines, for the tests
+//! that run them (each test file uses a part).
 #![allow(dead_code)]
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+/// Runs a finished command: whether it succeeded, and its stdout then
+/// stderr.
+pub fn output_of(cmd: &mut Command) -> (bool, String) {
+    let o = cmd.output().unwrap();
+    (
+        o.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        ),
+    )
+}
+
+/// `saquery --sa SA --ip IP --timeout-ms 200 ARGS`.
+pub fn saquery(sa: &str, ip: &str, args: &[&str]) -> (bool, String) {
+    output_of(
+        Command::new(env!("CARGO_BIN_EXE_saquery"))
+            .args(["--sa", sa, "--ip", ip, "--timeout-ms", "200"])
+            .args(args),
+    )
+}
 
 /// The `ibsm` process; killed if the test ends without stopping it.
 pub struct Ibsm {
