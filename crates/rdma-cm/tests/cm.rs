@@ -62,6 +62,19 @@ impl Net {
         self.cms.get_mut(&n).unwrap()
     }
 
+    /// Node 1 connects at time zero over `paths` to `service` (QPN 1, PSN
+    /// 1, no private data).
+    fn connect_plain(&mut self, paths: Vec<u8>, service: u64) -> ConnId {
+        self.cm(1).connect(
+            Instant::ZERO,
+            paths,
+            service,
+            Qpn::from_bits(1),
+            Psn::new(1),
+            vec![],
+        )
+    }
+
     fn round(&mut self) -> bool {
         let mut busy = false;
         let now = self.now;
@@ -229,14 +242,7 @@ fn connect_accept_establishes_both_sides() {
 fn consumer_reject_surfaces_reason_and_private_data() {
     let mut net = Net::new(&[1, 2], FaultConfig::default());
     net.cm(2).listen(SVC);
-    let a = net.cm(1).connect(
-        Instant::ZERO,
-        vec![2],
-        SVC,
-        Qpn::from_bits(1),
-        Psn::new(1),
-        vec![],
-    );
+    let a = net.connect_plain(vec![2], SVC);
     net.run(|n| {
         for e in n.take(2) {
             if let CmEvent::Request { conn, .. } = e {
@@ -260,14 +266,7 @@ fn consumer_reject_surfaces_reason_and_private_data() {
 #[test]
 fn unknown_service_is_rejected() {
     let mut net = Net::new(&[1, 2], FaultConfig::default());
-    let a = net.cm(1).connect(
-        Instant::ZERO,
-        vec![2],
-        0xdead,
-        Qpn::from_bits(1),
-        Psn::new(1),
-        vec![],
-    );
+    let a = net.connect_plain(vec![2], 0xdead);
     net.settle();
     assert_eq!(
         net.take(1),
@@ -287,14 +286,7 @@ fn an_abandoned_req_is_not_sent_again_when_the_link_comes_back() {
     let mut net = Net::new(&[1, 2], FaultConfig::default());
     net.cm(2).listen(SVC);
     net.down.push(2);
-    let a = net.cm(1).connect(
-        Instant::ZERO,
-        vec![2],
-        SVC,
-        Qpn::from_bits(1),
-        Psn::new(1),
-        vec![],
-    );
+    let a = net.connect_plain(vec![2], SVC);
     net.run(|n| n.count(1, is_req) == 2);
     assert!(net.cm(1).abandon(a));
     assert!(!net.cm(1).abandon(a), "already gone");
@@ -313,14 +305,7 @@ fn an_abandoned_req_is_not_sent_again_when_the_link_comes_back() {
 fn dead_peer_times_out_after_every_retry() {
     let mut net = Net::new(&[1, 2], FaultConfig::default());
     net.down.push(2);
-    let a = net.cm(1).connect(
-        Instant::ZERO,
-        vec![2],
-        SVC,
-        Qpn::from_bits(1),
-        Psn::new(1),
-        vec![],
-    );
+    let a = net.connect_plain(vec![2], SVC);
     net.settle();
     assert_eq!(net.take(1), vec![CmEvent::TimedOut { conn: a }]);
     assert_eq!(net.count(1, is_req), 4, "first try + 3 retries");
@@ -344,14 +329,7 @@ fn next_path_is_tried_when_one_is_dead() {
     let mut net = Net::new(&[1, 2, 3], FaultConfig::default());
     net.down.push(3); // path 3 is dead; 2 is alive
     net.cm(2).listen(SVC);
-    let a = net.cm(1).connect(
-        Instant::ZERO,
-        vec![3, 2],
-        SVC,
-        Qpn::from_bits(1),
-        Psn::new(1),
-        vec![],
-    );
+    let a = net.connect_plain(vec![3, 2], SVC);
     net.run(|n| {
         for e in n.take(2) {
             if let CmEvent::Request { conn, .. } = e {
@@ -427,14 +405,7 @@ fn the_req_partition_key_reaches_the_passive_side_on_every_try() {
     // `connect` is the default partition.
     let mut net = Net::new(&[1, 2], FaultConfig::default());
     net.cm(2).listen(SVC);
-    net.cm(1).connect(
-        Instant::ZERO,
-        vec![2],
-        SVC,
-        Qpn::from_bits(1),
-        Psn::new(1),
-        vec![],
-    );
+    net.connect_plain(vec![2], SVC);
     net.settle();
     // Nobody answers: the REQ is sent again, each time in the default
     // partition.
@@ -543,14 +514,7 @@ fn stale_connection_is_rejected_and_the_old_one_dropped() {
 fn slow_consumer_gets_an_mra_and_the_requester_waits() {
     let mut net = Net::new(&[1, 2], FaultConfig::default());
     net.cm(2).listen(SVC);
-    let a = net.cm(1).connect(
-        Instant::ZERO,
-        vec![2],
-        SVC,
-        Qpn::from_bits(1),
-        Psn::new(1),
-        vec![],
-    );
+    let a = net.connect_plain(vec![2], SVC);
     // Hold the REQ unanswered across two response timeouts.
     let mut pending = None;
     net.run(|n| {
