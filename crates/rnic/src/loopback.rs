@@ -8,6 +8,7 @@ use rdma_types::{
 };
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
+use verbs::kit;
 use verbs::kit::cq::Cq;
 use verbs::kit::keys::{KeyTable, Target};
 use verbs::kit::qp_table;
@@ -56,6 +57,17 @@ impl CaConfig {
             }],
         }
     }
+
+    /// Like [`CaConfig::simple`] with a second port (LID `lid + 0x100`, GID
+    /// from port GUID `guid + 1`): room for an alternate path.
+    pub fn dual_port(guid: u64, lid: u16) -> CaConfig {
+        let mut c = CaConfig::simple(guid, lid);
+        let mut p2 = c.ports[0].clone();
+        p2.lid = Lid(lid.wrapping_add(0x100));
+        p2.gid = Gid::from_prefix_guid(0xfe80_0000_0000_0000, Guid(guid.wrapping_add(1)));
+        c.ports.push(p2);
+        c
+    }
 }
 
 struct Device {
@@ -84,6 +96,8 @@ struct Qp {
     pending: VecDeque<SendWr>,
     ctx: u64,
     established: bool,
+    /// Path migration state (the alternate path is `attr.alt_path`).
+    mig: MigState,
 }
 
 enum Obj {
@@ -351,6 +365,51 @@ impl State {
         q.init.port.or(q.attr.port).unwrap_or(PortNum(1))
     }
 
+    /// Whether a path from local `port` of `dev` along `av` reaches an
+    /// active port.
+    fn path_up(&self, dev: usize, port: PortNum, av: &AhAttr) -> bool {
+        self.port_active(dev, port)
+            && self
+                .device_of_port(av)
+                .is_some_and(|(d, p)| self.port_active(d, p))
+    }
+
+    /// Makes the alternate path of `qi` its primary path (IBA 17.2.8): the
+    /// QP is `Migrated` with no alternate, and its owner gets PathMigrated.
+    fn migrate(&mut self, qi: usize, out: &mut Vec<Cb>) {
+        let q = self.qp(qi);
+        let Some(alt) = q.attr.alt_path.take() else {
+            return;
+        };
+        q.attr.av = Some(alt.av);
+        q.attr.port = Some(alt.port);
+        q.attr.pkey_index = Some(alt.pkey_index);
+        if q.init.qp_type == QpType::Rc {
+            q.attr.timeout = Some(alt.timeout);
+        }
+        q.mig = MigState::Migrated;
+        q.attr.path_mig_state = Some(MigState::Migrated);
+        let (ca, ctx) = (q.ca, q.ctx);
+        self.event(ca, AsyncEventKind::PathMigrated, ctx, None, out);
+    }
+
+    /// Automatic migration of an armed QP whose primary path is down while
+    /// its alternate is up (the loopback sees both ends of a path, so a
+    /// failed path is known without waiting for retries to run out).
+    fn migrate_if_failed(&mut self, qi: usize, out: &mut Vec<Cb>) {
+        let q = self.qpr(qi);
+        if q.mig != MigState::Armed {
+            return;
+        }
+        let (Some(av), Some(alt)) = (q.attr.av, q.attr.alt_path) else {
+            return;
+        };
+        let (dev, port) = (q.dev, self.qp_port(q));
+        if !self.path_up(dev, port, &av) && self.path_up(dev, alt.port, &alt.av) {
+            self.migrate(qi, out);
+        }
+    }
+
     /// Gathers/scatters: checks every SGE with `needs`, appending the
     /// targets to `into` (left empty on failure).
     fn sg(
@@ -600,6 +659,9 @@ impl State {
         local: &[(Target, usize)],
         out: &mut Vec<Cb>,
     ) -> Exec {
+        if !self.qpr(qi).init.qp_type.is_datagram() {
+            self.migrate_if_failed(qi, out);
+        }
         let q = self.qpr(qi);
         let (dev, qpn, qt) = (q.dev, q.qpn, q.init.qp_type);
         let len: u64 = wr.total_len();
@@ -622,8 +684,8 @@ impl State {
         let peer = self
             .device_of_port(&av)
             .filter(|(d, p)| self.port_active(*d, *p))
-            .and_then(|(d, _)| self.devices[d].qpns.get(&dq.value()).copied())
-            .filter(|&pi| {
+            .and_then(|(d, p)| Some((self.devices[d].qpns.get(&dq.value()).copied()?, p)))
+            .filter(|&(pi, _)| {
                 let p = self.qpr(pi);
                 matches!(
                     p.state,
@@ -631,7 +693,19 @@ impl State {
                 ) && p.attr.dest_qpn.map(|x| x.value()) == Some(qpn)
                     && p.init.qp_type == qt
             });
-        let Some(pi) = peer else {
+        if let Some((pi, at)) = peer {
+            // MigReq (IBA 17.2.8, BTH:MigReq): a migrated requester that
+            // reaches an armed responder on the responder's alternate path
+            // makes the responder migrate too.
+            let p = self.qpr(pi);
+            let on_alt = p.attr.alt_path.is_some_and(|alt| {
+                alt.port == at && self.device_of_port(&alt.av) == Some((dev, port))
+            });
+            if self.qpr(qi).mig == MigState::Migrated && p.mig == MigState::Armed && on_alt {
+                self.migrate(pi, out);
+            }
+        }
+        let Some((pi, _)) = peer else {
             return Exec::Done(if qt == QpType::Rc {
                 Err(WcStatus::RetryExcErr)
             } else {
@@ -1063,6 +1137,19 @@ impl Fabric {
                 for ca in st.devices[d].opens.clone() {
                     st.event(ca, kind, 0, Some(port), out);
                 }
+                if kind == AsyncEventKind::PortDown {
+                    // A local port failure moves armed QPs to their
+                    // alternate path at once (after the PortDown event).
+                    let armed: Vec<usize> = (0..st.slots.len())
+                        .filter(|&i| {
+                            matches!(&st.slots[i].obj, Some(Obj::Qp(q))
+                                if q.dev == d && q.mig == MigState::Armed)
+                        })
+                        .collect();
+                    for qi in armed {
+                        st.migrate_if_failed(qi, out);
+                    }
+                }
             }
             st.progress_all(out);
             Ok(())
@@ -1440,6 +1527,7 @@ impl Provider for Fabric {
             pending: VecDeque::new(),
             ctx,
             established: false,
+            mig: MigState::Migrated,
         };
         st.adjust_children(p, 1);
         st.adjust_children(scq, 1);
@@ -1491,11 +1579,32 @@ impl Provider for Fabric {
             }) {
                 return Err(bad("QP access takes only remote rights"));
             }
+            if self.lacks(verbs::conformance::Feature::Apm)
+                && (attr.alt_path.is_some() || attr.path_mig_state.is_some())
+            {
+                return Err(VerbsError::NotSupported("alternate paths (APM)"));
+            }
+            if let Some(alt) = &attr.alt_path {
+                let p = dev
+                    .ports
+                    .get((alt.port.0 as usize).wrapping_sub(1))
+                    .ok_or_else(|| bad(format!("no port {} for the alternate path", alt.port.0)))?;
+                if alt.pkey_index as usize >= p.pkeys.len() {
+                    return Err(bad("alternate pkey_index beyond the table"));
+                }
+            }
+            let step = kit::apm::check(q.state, to, q.mig, q.attr.alt_path.is_some(), attr)?;
             let from = q.state;
             let notify = attr.en_sqd_async_notify == Some(true);
             let qm = st.qp(i);
             merge(&mut qm.attr, attr);
             qm.attr.state = Some(to);
+            qm.mig = step.state;
+            qm.attr.path_mig_state = Some(step.state);
+            if step.migrate {
+                st.migrate(i, out);
+            }
+            let qm = st.qp(i);
             match to {
                 QpState::Reset => {
                     qm.state = to;
@@ -1503,6 +1612,7 @@ impl Provider for Fabric {
                     qm.rq.drain();
                     qm.attr = QpAttr::default();
                     qm.established = false;
+                    qm.mig = MigState::Migrated;
                 }
                 QpState::Err => st.enter_error(i, out),
                 _ => {
@@ -1524,6 +1634,7 @@ impl Provider for Fabric {
         let q = st.qpr(st.qp_idx(qp)?);
         let mut a = q.attr;
         a.state = Some(q.state);
+        a.path_mig_state = (!q.init.qp_type.is_datagram()).then_some(q.mig);
         Ok(a)
     }
 
@@ -1865,6 +1976,7 @@ fn merge(dst: &mut QpAttr, a: &QpAttr) {
         timeout,
         retry_cnt,
         rnr_retry,
-        en_sqd_async_notify
+        en_sqd_async_notify,
+        alt_path
     );
 }

@@ -1669,6 +1669,9 @@ impl Provider for SoftRoce {
             (q.init.qp_type, q.state)
         };
         let to = qp_table::check(qp_type, from, attr)?;
+        if attr.alt_path.is_some() || attr.path_mig_state.is_some() {
+            return Err(VerbsError::NotSupported("alternate paths (APM)"));
+        }
         if let Some(ix) = attr.pkey_index {
             let ca = st.qp_mut(i).ca;
             let n = st.rt(ca).pkey_table().len();

@@ -18,8 +18,9 @@ impl Loop {
 
     fn without(lacks: &[Feature]) -> Loop {
         let fabric = Fabric::without(lacks);
-        fabric.add_ca(CaConfig::simple(0x1111, 1)).unwrap();
-        fabric.add_ca(CaConfig::simple(0x2222, 2)).unwrap();
+        // Port 2 carries the alternate path of the APM cases.
+        fabric.add_ca(CaConfig::dual_port(0x1111, 1)).unwrap();
+        fabric.add_ca(CaConfig::dual_port(0x2222, 2)).unwrap();
         Loop {
             fabric,
             lacks: lacks.to_vec(),
@@ -53,15 +54,16 @@ impl Fixture for Loop {
 
 verbs::conformance_tests!(Loop::new());
 
-/// The same suite against a loopback CA without memory windows, SRQs and
-/// atomics: those cases must print SKIPPED and pass only because the
-/// provider answers `NotSupported`.
+/// The same suite against a loopback CA without memory windows, SRQs,
+/// atomics and path migration: those cases must print SKIPPED and pass
+/// only because the provider answers `NotSupported`.
 mod limited {
     use super::*;
     verbs::conformance_tests!(Loop::without(&[
         Feature::Mw,
         Feature::Srq,
-        Feature::Atomics
+        Feature::Atomics,
+        Feature::Apm
     ]));
 }
 
@@ -121,4 +123,67 @@ fn ud_stale_address_handle_is_loc_qp_op_err_then_sqe() {
     let r = b.wc();
     assert_eq!((r.wr_id, r.status), (9, WcStatus::Success));
     assert_eq!(b.buf.to_vec(40, 8), b"after sq");
+}
+
+/// Automatic migration on a failure the requester only sees by sending:
+/// the peer's port 1 goes down (not ours). The loopback sees both ends,
+/// so the SEND finds the primary path dead and the alternate alive,
+/// migrates instead of completing with RetryExcErr, and the peer
+/// follows when the packet reaches its alternate port. Without an armed
+/// alternate path the same SEND fails (the control).
+#[test]
+fn apm_migrates_on_remote_port_down() {
+    use rdma_types::{QpState, QpType, WcStatus};
+    use verbs::conformance::{connect, rc_pair, Ev, Node};
+    use verbs::{AsyncEventKind, MigState, QpAttr, RecvWr, SendOpcode, SendWr};
+    let f = Loop::new();
+    let (g1, g2) = f.guids();
+    let (a, qa, b, qb) = rc_pair(&f);
+    // A second pair on the same CAs that is not armed.
+    let (a2, b2) = (Node::open(&f, g1, 64), Node::open(&f, g2, 64));
+    let (qa2, qb2) = (a2.qp(QpType::Rc, None, 11), b2.qp(QpType::Rc, None, 21));
+    connect(&a2, qa2, &b2, qb2, QpType::Rc, 0);
+    for (n, q, peer) in [(&a, qa, &b), (&b, qb, &a)] {
+        n.p.modify_qp(
+            q,
+            &QpAttr {
+                state: Some(QpState::Rts),
+                alt_path: Some(peer.alt_path_to(PortNum(2))),
+                path_mig_state: Some(MigState::Rearm),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    }
+    f.set_port_active(g2, false).unwrap();
+    // Nothing migrates until traffic finds the path dead: a's own port is up.
+    assert!(!a
+        .rec
+        .events()
+        .iter()
+        .any(|e| matches!(e, Ev::Async(ev) if ev.kind == AsyncEventKind::PathMigrated)));
+    b.p.post_recv(
+        qb,
+        &[RecvWr {
+            wr_id: 5,
+            sges: vec![b.sge(0, 64)],
+        }],
+    )
+    .unwrap();
+    a.buf.write_at(0, b"detour");
+    a.p.post_send(qa, &[SendWr::new(1, SendOpcode::Send, vec![a.sge(0, 6)])])
+        .unwrap();
+    assert_eq!(a.wc().status, WcStatus::Success);
+    let r = b.wc();
+    assert_eq!((r.wr_id, r.status, r.byte_len), (5, WcStatus::Success, 6));
+    assert_eq!(b.buf.to_vec(0, 6), b"detour");
+    for (n, q, ctx) in [(&a, qa, 10), (&b, qb, 20)] {
+        assert!(n.rec.wait_for(
+            |e| matches!(e, Ev::Async(ev) if ev.kind == AsyncEventKind::PathMigrated && ev.ctx == ctx)
+        ));
+        assert_eq!(n.p.query_qp(q).unwrap().port, Some(PortNum(2)));
+    }
+    a2.p.post_send(qa2, &[SendWr::new(2, SendOpcode::Send, vec![a2.sge(0, 6)])])
+        .unwrap();
+    assert_eq!(a2.wc().status, WcStatus::RetryExcErr);
 }

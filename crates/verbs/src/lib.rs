@@ -38,11 +38,11 @@
 //! for features the fixture declares missing check for `NotSupported` and
 //! print `SKIPPED <case>: <reason>`.
 //!
-//! Deliberate gap: no automatic path migration (APM). [`QpAttr`] has no
-//! alternate path, no provider migrates, and so
-//! [`AsyncEventKind::PathMigrated`] is declared but never raised; the
-//! conformance suite's module doc lists it with the other events and
-//! statuses no case can produce.
+//! Path migration (APM, IBA 17.2.8): [`QpAttr::alt_path`] loads an
+//! alternate path and [`QpAttr::path_mig_state`] arms it or forces a
+//! migration, under the rules of [`kit::apm`]; a provider that migrates
+//! raises [`AsyncEventKind::PathMigrated`] to the QP's owner. The loopback
+//! provider migrates; soft RoCE refuses alternate paths (`NotSupported`).
 //!
 //! What this crate refuses: I/O, threads, wire formats. It depends only on
 //! `rdma-types`.

@@ -232,6 +232,46 @@ pub struct QpAttr {
     pub rnr_retry: Option<u8>,
     /// Request the SQD "drained" async event.
     pub en_sqd_async_notify: Option<bool>,
+    /// Alternate path (RC, UC; IBA 11.2.5.2), loadable in INIT->RTR,
+    /// RTR->RTS, RTS->RTS, SQD->RTS and SQD->SQD while the path migration
+    /// state is not `Armed`. A provider without path migration refuses it
+    /// with `NotSupported`.
+    pub alt_path: Option<AltPath>,
+    /// Path migration state (RC, UC; IBA 17.2.8). The consumer asks for
+    /// `Rearm` (the provider arms once an alternate path is loaded) or,
+    /// in RTS->RTS while `Armed`, `Migrated` (a forced migration);
+    /// `query_qp` reports the state in force.
+    pub path_mig_state: Option<MigState>,
+}
+
+/// The alternate path of a connected QP (IBA 11.2.5.2: alternate address
+/// vector, port, P_Key index and local ACK timeout, loaded together as
+/// ibverbs' `IBV_QP_ALT_PATH` does). On migration it becomes the primary
+/// path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AltPath {
+    /// Address vector of the alternate path (its `port` is not used:
+    /// `port` below is the local port).
+    pub av: AhAttr,
+    /// Local port of the alternate path.
+    pub port: PortNum,
+    /// P_Key index on that port.
+    pub pkey_index: u16,
+    /// Local ACK timeout exponent on the alternate path (RC).
+    pub timeout: u8,
+}
+
+/// Path migration state of a connected QP (IBA 17.2.8).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MigState {
+    /// No armed alternate path: the QP runs on its (possibly migrated)
+    /// primary path. The state after RESET.
+    Migrated,
+    /// The consumer asked to arm the loaded alternate path.
+    Rearm,
+    /// The alternate path is ready: a failure of the primary path, or a
+    /// forced migration, switches to it and raises `PathMigrated`.
+    Armed,
 }
 
 /// Memory window type (IBA 10.6.7).

@@ -56,7 +56,8 @@ impl Fixture for Soft {
     }
     /// The engine takes a UC/UD QP with a send error to ERR; SQE would
     /// need it to stop the send queue only (`roce`, not this provider).
+    /// No alternate paths: the provider refuses them (see its module doc).
     fn lacks(&self) -> Vec<Feature> {
-        vec![Feature::Sqe]
+        vec![Feature::Sqe, Feature::Apm]
     }
 }

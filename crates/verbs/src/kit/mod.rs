@@ -8,7 +8,9 @@
 //! - [`cq`]: completion ring with overflow detection, arm/solicited notify
 //!   and a blocking wait that sleeps on a condition variable.
 //! - [`rq`]: receive queue / SRQ with the limit event (IBA 11.5.2.3).
+//! - [`apm`]: path migration states on modify-QP (IBA 17.2.8).
 
+pub mod apm;
 pub mod cq;
 pub mod keys;
 pub mod qp_table;

@@ -41,9 +41,13 @@ pub enum Attr {
     RnrRetry = 1 << 14,
     /// `en_sqd_async_notify`
     SqdNotify = 1 << 15,
+    /// `alt_path`
+    AltPath = 1 << 16,
+    /// `path_mig_state`
+    PathMigState = 1 << 17,
 }
 
-const ALL_ATTRS: [(Attr, &str); 16] = [
+const ALL_ATTRS: [(Attr, &str); 18] = [
     (Attr::Port, "port"),
     (Attr::PkeyIndex, "pkey_index"),
     (Attr::Qkey, "qkey"),
@@ -60,6 +64,8 @@ const ALL_ATTRS: [(Attr, &str); 16] = [
     (Attr::RetryCnt, "retry_cnt"),
     (Attr::RnrRetry, "rnr_retry"),
     (Attr::SqdNotify, "en_sqd_async_notify"),
+    (Attr::AltPath, "alt_path"),
+    (Attr::PathMigState, "path_mig_state"),
 ];
 
 /// Bit set of attributes present in `attr` (state excluded).
@@ -86,6 +92,8 @@ pub fn mask_of(attr: &QpAttr) -> u32 {
     set(attr.retry_cnt.is_some(), Attr::RetryCnt);
     set(attr.rnr_retry.is_some(), Attr::RnrRetry);
     set(attr.en_sqd_async_notify.is_some(), Attr::SqdNotify);
+    set(attr.alt_path.is_some(), Attr::AltPath);
+    set(attr.path_mig_state.is_some(), Attr::PathMigState);
     m
 }
 
@@ -112,7 +120,10 @@ const TABLE: &[(QpState, QpState, Rule)] = {
     const RC_INIT: u32 = m(&[PkeyIndex, Port, Access]);
     const UD_INIT: u32 = m(&[PkeyIndex, Port, Qkey]);
     const SP_INIT: u32 = m(&[PkeyIndex, Qkey]);
-    const RC_RTS_OPT: u32 = m(&[Access, MinRnrTimer]);
+    // Alternate path and migration state: connected QPs only (IBA
+    // 11.2.5.2; Linux `ib_modify_qp_is_ok` lists the same transitions).
+    const RC_RTS_OPT: u32 = m(&[Access, MinRnrTimer, AltPath, PathMigState]);
+    const UC_RTS_OPT: u32 = m(&[Access, AltPath, PathMigState]);
     &[
         (
             Reset,
@@ -140,9 +151,12 @@ const TABLE: &[(QpState, QpState, Rule)] = {
             [
                 Some((
                     m(&[Av, PathMtu, DestQpn, RqPsn, MaxDestRdAtomic, MinRnrTimer]),
-                    m(&[PkeyIndex, Access]),
+                    m(&[PkeyIndex, Access, AltPath]),
                 )),
-                Some((m(&[Av, PathMtu, DestQpn, RqPsn]), m(&[PkeyIndex, Access]))),
+                Some((
+                    m(&[Av, PathMtu, DestQpn, RqPsn]),
+                    m(&[PkeyIndex, Access, AltPath]),
+                )),
                 Some((0, m(&[PkeyIndex, Qkey]))),
                 Some((0, m(&[PkeyIndex, Qkey]))),
             ],
@@ -155,7 +169,7 @@ const TABLE: &[(QpState, QpState, Rule)] = {
                     m(&[SqPsn, Timeout, RetryCnt, RnrRetry, MaxRdAtomic]),
                     RC_RTS_OPT,
                 )),
-                Some((m(&[SqPsn]), m(&[Access]))),
+                Some((m(&[SqPsn]), UC_RTS_OPT)),
                 Some((m(&[SqPsn]), m(&[Qkey]))),
                 Some((m(&[SqPsn]), m(&[Qkey]))),
             ],
@@ -165,7 +179,7 @@ const TABLE: &[(QpState, QpState, Rule)] = {
             Rts,
             [
                 Some((0, RC_RTS_OPT)),
-                Some((0, m(&[Access]))),
+                Some((0, UC_RTS_OPT)),
                 Some((0, m(&[Qkey]))),
                 Some((0, m(&[Qkey]))),
             ],
@@ -176,7 +190,7 @@ const TABLE: &[(QpState, QpState, Rule)] = {
             Rts,
             [
                 Some((0, RC_RTS_OPT)),
-                Some((0, m(&[Access]))),
+                Some((0, UC_RTS_OPT)),
                 Some((0, m(&[Qkey]))),
                 Some((0, m(&[Qkey]))),
             ],
@@ -197,9 +211,11 @@ const TABLE: &[(QpState, QpState, Rule)] = {
                         MaxDestRdAtomic,
                         Access,
                         MinRnrTimer,
+                        AltPath,
+                        PathMigState,
                     ]),
                 )),
-                Some((0, m(&[PkeyIndex, Av, Access]))),
+                Some((0, m(&[PkeyIndex, Av, Access, AltPath, PathMigState]))),
                 Some((0, m(&[PkeyIndex, Qkey]))),
                 Some((0, m(&[PkeyIndex, Qkey]))),
             ],
@@ -364,6 +380,59 @@ mod tests {
         assert!(matches!(
             check(QpType::Gsi, Reset, &ud),
             Err(VerbsError::UnexpectedAttribute { attr: "port", .. })
+        ));
+    }
+
+    #[test]
+    fn alternate_path_only_where_the_table_allows() {
+        let alt = crate::AltPath {
+            av: crate::AhAttr::roce(rdma_types::Gid::ZERO),
+            port: PortNum(1),
+            pkey_index: 0,
+            timeout: 14,
+        };
+        let a = |s| QpAttr {
+            state: Some(s),
+            alt_path: Some(alt),
+            path_mig_state: Some(crate::MigState::Rearm),
+            ..Default::default()
+        };
+        for t in [QpType::Rc, QpType::Uc] {
+            assert_eq!(check(t, Rts, &a(Rts)), Ok(Rts));
+            assert_eq!(check(t, Sqd, &a(Rts)), Ok(Rts));
+            assert_eq!(check(t, Sqd, &a(Sqd)), Ok(Sqd));
+        }
+        // Not for datagrams, not at INIT, not out of SQE.
+        assert!(matches!(
+            check(QpType::Ud, Rts, &a(Rts)),
+            Err(VerbsError::UnexpectedAttribute {
+                attr: "alt_path",
+                ..
+            })
+        ));
+        let mut init = rc_init();
+        init.alt_path = Some(alt);
+        assert!(check(QpType::Rc, Reset, &init).is_err());
+        assert!(check(QpType::Uc, Sqe, &a(Rts)).is_err());
+        // INIT->RTR loads a path but cannot arm it yet.
+        let rtr = QpAttr {
+            state: Some(Rtr),
+            av: Some(alt.av),
+            path_mtu: Some(Mtu::Mtu1024),
+            dest_qpn: Some(Qpn::from_bits(5)),
+            rq_psn: Some(Psn::new(0)),
+            alt_path: Some(alt),
+            ..Default::default()
+        };
+        assert_eq!(check(QpType::Uc, Init, &rtr), Ok(Rtr));
+        let mut armed = rtr;
+        armed.path_mig_state = Some(crate::MigState::Rearm);
+        assert!(matches!(
+            check(QpType::Uc, Init, &armed),
+            Err(VerbsError::UnexpectedAttribute {
+                attr: "path_mig_state",
+                ..
+            })
         ));
     }
 
