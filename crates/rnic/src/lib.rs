@@ -17,9 +17,16 @@
 //! [`softroce`]: the soft RoCE NIC (RoCEv2 over UDP, `softroce` crate)
 //! behind the same trait; CAs are IP addresses, peers are reached by GID.
 //!
+//! Path migration on the loopback: an armed QP moves to its alternate path
+//! when forced (RTS->RTS with `Migrated`), when its local primary port
+//! goes down, or when a send finds the primary path dead and the
+//! alternate alive (the fabric sees both ends, so no retries are spent);
+//! an armed peer follows when a migrated QP's packet reaches it on its
+//! alternate path (BTH MigReq). Each migration raises `PathMigrated`.
+//!
 //! What the loopback refuses: zero-based MRs, RNR retry counts 1..=6 are treated as
-//! "wait for a receive" (there is no RNR timer), alternate paths / path
-//! migration (`NotSupported` where asked), UC READ/atomics (`InvalidArgument`).
+//! "wait for a receive" (there is no RNR timer), UC READ/atomics
+//! (`InvalidArgument`).
 
 pub mod loopback;
 pub mod softroce;

@@ -59,10 +59,14 @@
 //! provider can only read memory it knows, so each piece must lie in some
 //! region registered on the CA (any PD, any key).
 //!
-//! What it refuses (`NotSupported`): alternate paths and QP0 on a `roce`
-//! port. No SQE state: a UC/UD send error takes the QP to ERR, as the
-//! engine does for RC (the conformance case `sqe_and_resume` is declared
-//! skipped). (SQD and SRQ limit events, once on this list, are served.)
+//! A UC/UD send error stops only the send queue: the engine completes
+//! the failed WR with its error, flushes the rest, keeps receiving, and
+//! the QP reads SQE until modify SQE->RTS resumes it (IBA 10.3.1.6).
+//!
+//! What it refuses (`NotSupported`): alternate paths (no path migration:
+//! a CA has one address, and the engine no second destination; the APM
+//! conformance cases are declared skipped) and QP0 on a `roce` port.
+//! (SQD, SQE and SRQ limit events, once on this list, are served.)
 
 use rdma_types::{AccessFlags, Gid, Guid, Lid, Lkey, Mtu, Pkey, PortNum, Psn, Qkey, QpState};
 use rdma_types::{QpType, Qpn, Rkey, WcOpcode, WcStatus};
@@ -1664,6 +1668,8 @@ impl Provider for SoftRoce {
     fn modify_qp(&self, qp: QpHandle, attr: &QpAttr) -> Result<()> {
         let mut st = self.lock();
         let i = st.qp(qp)?;
+        let ca = st.qp_mut(i).ca;
+        engine_state(&st.rt(ca), st.qp_mut(i));
         let (qp_type, from) = {
             let q = st.qp_mut(i);
             (q.init.qp_type, q.state)
@@ -1681,9 +1687,6 @@ impl Provider for SoftRoce {
         }
         if attr.port.is_some_and(|p| p.0 != 1) {
             return Err(bad("the CA has one port"));
-        }
-        if to == QpState::Sqe {
-            return Err(VerbsError::NotSupported("SQE"));
         }
         let (ca, pd, srq_rq) = {
             let q = st.qp_mut(i);
@@ -1821,11 +1824,15 @@ impl Provider for SoftRoce {
             }
             (QpState::Rtr, QpState::Rts)
             | (QpState::Init, QpState::Rts)
-            | (QpState::Sqd, QpState::Rts) => {
+            | (QpState::Sqd, QpState::Rts)
+            | (QpState::Sqe, QpState::Rts) => {
                 let a = q.attr;
+                // Only RTR->RTS gives a send PSN; the stored one must not
+                // rewind a requester that has sent (SQD/SQE->RTS).
+                let sq_psn = attr.sq_psn;
                 rt.node(|n| {
                     if let Some(e) = n.qp_mut(softroce::QpHandle(qpn)) {
-                        if let Some(p) = a.sq_psn {
+                        if let Some(p) = sq_psn {
                             e.set_sq_psn(p);
                         }
                         e.update_config(|c| {
@@ -1862,17 +1869,7 @@ impl Provider for SoftRoce {
         let ca = st.qp_mut(i).ca;
         let rt = st.rt(ca);
         let q = st.qp_mut(i);
-        // The engine moves to ERR by itself on a fatal completion.
-        let qpn = q.qpn;
-        if q.engine
-            && q.state != QpState::Err
-            && rt.node(|n| {
-                n.qp_mut(softroce::QpHandle(qpn))
-                    .is_some_and(|e| e.is_error())
-            })
-        {
-            q.state = QpState::Err;
-        }
+        engine_state(&rt, q);
         let mut a = q.attr;
         a.state = Some(q.state);
         Ok(a)
@@ -2171,7 +2168,8 @@ impl Provider for SoftRoce {
                 local,
             )
         };
-        if !matches!(state, QpState::Rts | QpState::Err) {
+        // In ERR and SQE the engine flushes what is posted.
+        if !matches!(state, QpState::Rts | QpState::Err | QpState::Sqe) {
             return Err(VerbsError::BadWr {
                 index: 0,
                 cause: Box::new(VerbsError::InvalidState(state)),
@@ -2267,6 +2265,24 @@ impl Provider for SoftRoce {
             }
         });
         Ok(())
+    }
+}
+
+/// Catches up with the state the engine moved the QP to by itself: ERR
+/// on a fatal completion, SQE on a UC/UD send error (IBA 10.3.1.6).
+fn engine_state(rt: &CaRt, q: &mut QpObj) {
+    if !q.engine || q.state == QpState::Err {
+        return;
+    }
+    let qpn = q.qpn;
+    let (err, sqe) = rt.node(|n| {
+        n.qp_mut(softroce::QpHandle(qpn))
+            .map_or((false, false), |e| (e.is_error(), e.is_send_error()))
+    });
+    if err {
+        q.state = QpState::Err;
+    } else if sqe && matches!(q.state, QpState::Rts | QpState::Sqd) {
+        q.state = QpState::Sqe;
     }
 }
 

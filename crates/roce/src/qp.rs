@@ -150,6 +150,9 @@ pub(crate) enum Mode {
     Active,
     /// SQD: no new WQEs start; outstanding ones finish.
     Draining,
+    /// SQE (UC, UD; IBA 10.3.1.6): a send error stopped the requester and
+    /// flushed the send queue; the responder runs on. RTS resumes.
+    SendError,
     /// ERR: everything is flushed; packets are dropped.
     Error,
 }
@@ -202,7 +205,7 @@ impl Qp {
         self.counters
     }
 
-    /// RTR -> RTS (or SQD -> RTS): the requester may send.
+    /// RTR -> RTS (or SQD -> RTS, SQE -> RTS): the requester may send.
     pub fn set_rts(&mut self) {
         if self.mode != Mode::Error {
             self.mode = Mode::Active;
@@ -244,6 +247,12 @@ impl Qp {
         self.mode == Mode::Error
     }
 
+    /// Whether a send error stopped the send queue of this UC/UD QP (the
+    /// SQE state); [`Qp::set_rts`] resumes it.
+    pub fn is_send_error(&self) -> bool {
+        self.mode == Mode::SendError
+    }
+
     /// Number of send WQEs not yet completed.
     pub fn send_queue_len(&self) -> usize {
         self.req.len()
@@ -254,10 +263,11 @@ impl Qp {
         self.resp.rq_len()
     }
 
-    /// Queues a send WQE. In the error state it is flushed at once
-    /// (IBA 10.8.3.3: posting to an errored QP completes with flush).
+    /// Queues a send WQE. In the error and SQE states it is flushed at
+    /// once (IBA 10.8.3.3: posting to an errored QP completes with flush;
+    /// 10.3.1.6 likewise for a send queue in error).
     pub fn post_send(&mut self, wqe: SendWqe) {
-        if self.mode == Mode::Error {
+        if matches!(self.mode, Mode::Error | Mode::SendError) {
             self.completions.push_back(Completion::send(
                 wqe.wr_id,
                 wqe.op,
@@ -295,6 +305,17 @@ impl Qp {
         if self.cfg.srq {
             self.events.push_back(QpEvent::LastWqeReached);
         }
+    }
+
+    /// A UC/UD send error (IBA 10.3.1.6): the failed WQE completes with
+    /// its error, the WQEs behind it flush, the requester stops; receives
+    /// go on. No asynchronous event: the error completion says it all.
+    pub(crate) fn set_send_error(&mut self) {
+        if matches!(self.mode, Mode::Error | Mode::SendError) {
+            return;
+        }
+        self.mode = Mode::SendError;
+        self.req.flush_send_error(&mut self.completions);
     }
 
     /// A packet addressed to this QP arrived.

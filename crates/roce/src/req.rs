@@ -194,6 +194,19 @@ impl Requester {
         self.locals = 0;
     }
 
+    /// SQE: the front entry completes with its error, every entry behind
+    /// it with a flush (whatever it would have failed with), and the next
+    /// WQE posted after the QP resumes takes the PSN after the last one
+    /// sent, so the peer sees no gap for WQEs that never left.
+    pub(crate) fn flush_send_error(&mut self, out: &mut VecDeque<Completion>) {
+        for e in self.sq.iter_mut().skip(1) {
+            e.error = None;
+        }
+        self.flush(out);
+        self.next_psn = self.max_sent;
+        self.una = self.max_sent;
+    }
+
     fn outstanding_rd_atomic(&self) -> usize {
         self.sq
             .iter()
@@ -221,12 +234,18 @@ impl Qp {
         }
     }
 
-    /// Completes the front entry with `status` and moves the QP to error.
+    /// Completes the front entry with `status` and moves the QP to error
+    /// (RC, IBA 10.8.3) or, for unreliable service, stops only the send
+    /// queue (SQE, IBA 10.3.1.6).
     fn fail_front(&mut self, status: WcStatus) {
         if let Some(front) = self.req.sq.front_mut() {
             front.error = Some(status);
         }
-        self.set_error(status);
+        if self.cfg.qp_type == QpType::Rc {
+            self.set_error(status);
+        } else {
+            self.set_send_error();
+        }
     }
 
     /// Completes the front entry, then the local operations behind it that

@@ -1772,6 +1772,98 @@ fn uc_send_with_invalidate_is_refused_locally() {
     assert!(n.a.sent.is_empty());
 }
 
+/// A UC send error stops only the send queue (SQE, IBA 10.3.1.6): the
+/// failed WQE completes with its error, the one behind it flushes, and so
+/// does one posted in SQE; the responder still takes the peer's SEND;
+/// `set_rts` resumes, and the next SEND arrives with the PSN after the
+/// last one sent. RC on the same error goes
+/// to ERR (`local_protection_error_on_bad_lkey`).
+#[test]
+fn uc_send_error_stops_the_send_queue_only_until_rts() {
+    let mut n = Net::new(QpType::Uc, |_| {});
+    n.record = true;
+    n.a.qp
+        .post_send(SendWqe::new(1, SendOp::Send, sge(A_BUF, 0, 16)));
+    n.b.qp.post_recv(RecvWqe {
+        wr_id: 10,
+        sges: sge(B_BUF, 0, 64),
+    });
+    n.settle();
+    let bad = vec![Sge {
+        addr: A_BUF,
+        len: 10,
+        lkey: Lkey(99),
+    }];
+    n.a.qp.post_send(SendWqe::new(2, SendOp::Send, bad));
+    n.a.qp
+        .post_send(SendWqe::new(3, SendOp::Send, sge(A_BUF, 0, 10)));
+    n.settle();
+    assert!(n.a.qp.is_send_error() && !n.a.qp.is_error());
+    n.a.qp
+        .post_send(SendWqe::new(4, SendOp::Send, sge(A_BUF, 0, 10)));
+    n.a.qp.post_recv(RecvWqe {
+        wr_id: 20,
+        sges: sge(A_BUF, 1024, 64),
+    });
+    n.b.qp
+        .post_send(SendWqe::new(5, SendOp::Send, sge(B_BUF, 4096, 24)));
+    n.settle();
+    assert_eq!(
+        n.a.wcs
+            .iter()
+            .map(|c| (c.wr_id, c.status))
+            .collect::<Vec<_>>(),
+        vec![
+            (1, WcStatus::Success),
+            (2, WcStatus::LocProtErr),
+            (3, WcStatus::WrFlushErr),
+            (4, WcStatus::WrFlushErr),
+            (20, WcStatus::Success),
+        ]
+    );
+    assert_eq!(a_bytes(&n, 1024, 24), b_bytes(&n, 4096, 24));
+    assert!(n.a.events.is_empty(), "SQE raises no event");
+    n.a.qp.set_rts();
+    assert!(!n.a.qp.is_send_error());
+    n.b.qp.post_recv(RecvWqe {
+        wr_id: 11,
+        sges: sge(B_BUF, 1024, 64),
+    });
+    n.a.qp
+        .post_send(SendWqe::new(6, SendOp::Send, sge(A_BUF, 512, 32)));
+    n.settle();
+    assert_eq!(
+        n.a.wcs.last().map(|c| (c.wr_id, c.status)),
+        Some((6, WcStatus::Success))
+    );
+    let got: Vec<_> = n.b.wcs.iter().map(|c| (c.wr_id, c.status)).collect();
+    assert_eq!(
+        got,
+        vec![
+            (10, WcStatus::Success),
+            (5, WcStatus::Success),
+            (11, WcStatus::Success)
+        ]
+    );
+    assert_eq!(b_bytes(&n, 1024, 32), a_bytes(&n, 512, 32));
+    // The flushed WQEs took no PSN on the wire: the two SENDs that went
+    // out are consecutive.
+    let psns: Vec<Psn> = n.a.sent.iter().map(|p| p.bth.psn).collect();
+    assert_eq!(psns, vec![Psn::new(0), Psn::new(1)]);
+}
+
+/// The same on UD: a datagram WQE without a destination fails locally
+/// and the QP is in SQE, not ERR.
+#[test]
+fn ud_send_error_is_sqe() {
+    let mut n = Net::new(QpType::Ud, |_| {});
+    n.a.qp
+        .post_send(SendWqe::new(1, SendOp::Send, sge(A_BUF, 0, 8)));
+    n.settle();
+    assert_eq!(n.a.statuses(), vec![WcStatus::LocLenErr]);
+    assert!(n.a.qp.is_send_error() && !n.a.qp.is_error());
+}
+
 // ---------------------------------------------------------------- audit gaps (issue 3)
 
 /// The AETH syndrome of every ACK/NAK `side` sent, in order.

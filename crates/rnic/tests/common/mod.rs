@@ -54,10 +54,8 @@ impl Fixture for Soft {
     fn set_pkeys(&self, _: Guid, _: &[Pkey]) -> Result<()> {
         Err(verbs::VerbsError::NotSupported("a roce port's P_Key table"))
     }
-    /// The engine takes a UC/UD QP with a send error to ERR; SQE would
-    /// need it to stop the send queue only (`roce`, not this provider).
     /// No alternate paths: the provider refuses them (see its module doc).
     fn lacks(&self) -> Vec<Feature> {
-        vec![Feature::Sqe, Feature::Apm]
+        vec![Feature::Apm]
     }
 }
