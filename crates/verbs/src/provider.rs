@@ -157,7 +157,9 @@ pub trait Provider: Send + Sync {
         unsupported!("qp_num")
     }
     /// Modifies the QP; `attr.state` selects the transition, whose required
-    /// and optional attributes are checked by [`crate::kit::qp_table`].
+    /// and optional attributes are checked by [`crate::kit::qp_table`]
+    /// (and the path migration ones by [`crate::kit::apm`]; a provider
+    /// without path migration answers `NotSupported` to an alternate path).
     fn modify_qp(&self, qp: QpHandle, attr: &QpAttr) -> Result<()> {
         unsupported!("modify_qp")
     }
