@@ -19,8 +19,9 @@ struct Tracked {
 impl Tracked {
     fn new() -> Tracked {
         let fabric = Fabric::new();
-        fabric.add_ca(CaConfig::simple(0x1111, 1)).unwrap();
-        fabric.add_ca(CaConfig::simple(0x2222, 2)).unwrap();
+        // Port 2 carries the alternate path of the APM cases.
+        fabric.add_ca(CaConfig::dual_port(0x1111, 1)).unwrap();
+        fabric.add_ca(CaConfig::dual_port(0x2222, 2)).unwrap();
         let al = AccessLayer::new(fabric.clone());
         let proxy = al.client("conformance").into_provider();
         Tracked { fabric, al, proxy }
