@@ -28,6 +28,17 @@ pub trait Backend: Send + Sync {
         self.read(offset, &mut buf)?;
         Ok(buf)
     }
+    /// Reads consecutive bytes at `offset` into the buffers in order (a
+    /// scatter list; [`crate::DataInSink`]). The default reads each piece
+    /// in turn.
+    fn read_vectored(&self, offset: u64, bufs: &mut [&mut [u8]]) -> io::Result<()> {
+        let mut at = offset;
+        for b in bufs.iter_mut() {
+            self.read(at, b)?;
+            at += b.len() as u64;
+        }
+        Ok(())
+    }
     /// Whether reads and writes only touch memory and never wait (RAM,
     /// null): a transport may then run commands on its own thread instead
     /// of handing them to a worker.
@@ -131,6 +142,21 @@ impl Backend for Ram {
             .and_then(|o| d.get(o..o.checked_add(len)?))
             .ok_or(io::ErrorKind::UnexpectedEof)?;
         Ok(src.to_vec())
+    }
+    /// One lock for the whole scatter list, so a read never sees half of
+    /// a concurrent write (as [`Backend::read_vec`]).
+    fn read_vectored(&self, offset: u64, bufs: &mut [&mut [u8]]) -> io::Result<()> {
+        let d = self.data.read().unwrap_or_else(|e| e.into_inner());
+        let mut at = usize::try_from(offset).map_err(|_| io::ErrorKind::UnexpectedEof)?;
+        for b in bufs.iter_mut() {
+            let src = at
+                .checked_add(b.len())
+                .and_then(|end| d.get(at..end))
+                .ok_or(io::ErrorKind::UnexpectedEof)?;
+            b.copy_from_slice(src);
+            at += b.len();
+        }
+        Ok(())
     }
     fn resize(&self, new_size: u64) -> io::Result<()> {
         self.data

@@ -3,6 +3,7 @@
 use crate::backend::Backend;
 use crate::cdb::Command;
 use crate::cdb::Expected;
+use crate::datain::DataInSink;
 use crate::opcode::Opcode;
 use crate::pi::{Checks, PiType, Tuple, Want, PI_LEN};
 use crate::sense::{Asc, Sense, SenseKey};
@@ -339,7 +340,22 @@ impl Device {
     /// Runs a parsed command (REPORT LUNS and REQUEST SENSE are the
     /// target's). Returns data-in, or the sense of a CHECK CONDITION.
     pub fn execute(&self, cmd: &Command, cdb: &[u8], data_out: &[u8]) -> Result<Vec<u8>, Sense> {
-        let r = self.execute_inner(cmd, cdb, data_out);
+        self.execute_into(cmd, cdb, data_out, None)
+    }
+
+    /// [`Device::execute`], with a READ's data read by the store straight
+    /// into `sink` (the returned vector is then empty and
+    /// [`DataInSink::placed`] tells how much landed). Other commands, and
+    /// READs of a device with protection information, still return their
+    /// data; the target copies it into the sink.
+    pub fn execute_into(
+        &self,
+        cmd: &Command,
+        cdb: &[u8],
+        data_out: &[u8],
+        sink: Option<&mut DataInSink<'_, '_>>,
+    ) -> Result<Vec<u8>, Sense> {
+        let r = self.execute_inner(cmd, cdb, data_out, sink);
         let c = &self.stats;
         c.commands.fetch_add(1, Relaxed);
         match (cmd, &r) {
@@ -361,7 +377,13 @@ impl Device {
         r
     }
 
-    fn execute_inner(&self, cmd: &Command, cdb: &[u8], data_out: &[u8]) -> Result<Vec<u8>, Sense> {
+    fn execute_inner(
+        &self,
+        cmd: &Command,
+        cdb: &[u8],
+        data_out: &[u8],
+        sink: Option<&mut DataInSink<'_, '_>>,
+    ) -> Result<Vec<u8>, Sense> {
         let bs = self.config.block_size as u64;
         match *cmd {
             Command::TestUnitReady | Command::StartStopUnit | Command::PreventAllow => {
@@ -408,15 +430,22 @@ impl Device {
                 if blocks > MAX_TRANSFER_BLOCKS {
                     return Err(Sense::invalid_field(length_field(cdb), None));
                 }
+                let medium = |_| Sense::new(SenseKey::MediumError, Asc::UNRECOVERED_READ_ERROR);
+                let len = (blocks as u64 * bs) as usize;
                 let Some(ty) = self.config.protection else {
-                    return self
-                        .backend
-                        .read_vec(lba * bs, (blocks as u64 * bs) as usize)
-                        .map_err(|_| {
-                            Sense::new(SenseKey::MediumError, Asc::UNRECOVERED_READ_ERROR)
-                        });
+                    if let Some(sink) = sink {
+                        // Only what the transport's buffers hold is read
+                        // (an allocation length below the transfer length).
+                        let want = len.min(sink.capacity());
+                        self.backend
+                            .read_vectored(lba * bs, &mut sink.pieces_for(want))
+                            .map_err(medium)?;
+                        sink.placed = Some(want);
+                        return Ok(Vec::new());
+                    }
+                    return self.backend.read_vec(lba * bs, len).map_err(medium);
                 };
-                let mut buf = vec![0u8; (blocks as u64 * bs) as usize];
+                let mut buf = vec![0u8; len];
                 let pi = {
                     let _pi = self.pi_lock.read().unwrap_or_else(|e| e.into_inner());
                     self.backend.read(lba * bs, &mut buf).map_err(|_| {

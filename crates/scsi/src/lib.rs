@@ -93,6 +93,7 @@
 
 pub mod backend;
 pub mod cdb;
+pub mod datain;
 pub mod emulation;
 pub mod fuzz;
 pub mod lun;
@@ -107,6 +108,7 @@ pub mod ua;
 
 pub use backend::{Backend, BlockIo, FileIo, NullIo, Ram};
 pub use cdb::{Command, DataDir, Plan};
+pub use datain::DataInSink;
 pub use emulation::{Device, DeviceConfig, DeviceStats};
 pub use lun::Lun;
 pub use opcode::Opcode;

@@ -2,6 +2,7 @@
 //! and the entry points a transport calls.
 
 use crate::cdb::{control_byte, naca, Command, DataDir, Plan};
+use crate::datain::DataInSink;
 use crate::emulation::Device;
 use crate::lun::Lun;
 use crate::pr::PrError;
@@ -747,9 +748,29 @@ impl Target {
         data_out: &[u8],
         expected: u64,
     ) -> ScsiResponse {
+        self.submit_attr_into(nexus, lun, tag, attr, cdb, data_out, expected, None)
+    }
+
+    /// [`Target::submit_attr`] with the data-in going into the transport's
+    /// own buffers: `sink` receives it (a READ is read by the store straight
+    /// into the pieces) and the response's `data_in` stays empty. The
+    /// pieces' contents count only for a GOOD status; an aborted command
+    /// may have filled them.
+    #[allow(clippy::too_many_arguments)]
+    pub fn submit_attr_into(
+        &self,
+        nexus: &Nexus,
+        lun: Lun,
+        tag: u64,
+        attr: TaskAttr,
+        cdb: &[u8],
+        data_out: &[u8],
+        expected: u64,
+        sink: Option<&mut DataInSink<'_, '_>>,
+    ) -> ScsiResponse {
         let Some(dev) = self.device(nexus, lun) else {
             // No logical unit: no task set, nothing but an error to run.
-            return self.run_in_order(None, attr, nexus, lun, tag, cdb, data_out, expected);
+            return self.run_in_order(None, attr, nexus, lun, tag, cdb, data_out, expected, sink);
         };
         let k = lu_key(&dev);
         let depth = dev.config.queue_depth.max(1) as usize;
@@ -806,6 +827,7 @@ impl Target {
             cdb,
             data_out,
             expected,
+            sink,
         );
         self.with_order(|o| {
             o.settle(k, &dev, nexus, aca_task, cdb, r.status);
@@ -837,6 +859,7 @@ impl Target {
         cdb: &[u8],
         data_out: &[u8],
         expected: u64,
+        sink: Option<&mut DataInSink<'_, '_>>,
     ) -> ScsiResponse {
         let flag = self
             .tasks
@@ -859,7 +882,7 @@ impl Target {
         let r = if aborted() {
             None
         } else {
-            Some(self.run(nexus, lun, cdb, data_out, expected))
+            Some(self.run(nexus, lun, cdb, data_out, expected, sink))
         };
         self.tasks
             .lock()
@@ -973,10 +996,10 @@ impl Target {
         expected: u64,
     ) -> ScsiResponse {
         if !naca(cdb) && self.aca_live.load(SeqCst) == 0 {
-            return self.run(nexus, lun, cdb, data_out, expected);
+            return self.run(nexus, lun, cdb, data_out, expected, None);
         }
         let Some(dev) = self.device(nexus, lun) else {
-            return self.run(nexus, lun, cdb, data_out, expected);
+            return self.run(nexus, lun, cdb, data_out, expected, None);
         };
         let k = lu_key(&dev);
         let admitted = self.with_order(|o| {
@@ -992,7 +1015,7 @@ impl Target {
                 ..r
             };
         }
-        let r = self.run(nexus, lun, cdb, data_out, expected);
+        let r = self.run(nexus, lun, cdb, data_out, expected, None);
         self.with_order(|o| o.settle(k, &dev, nexus, None, cdb, r.status));
         r
     }
@@ -1005,6 +1028,7 @@ impl Target {
         cdb: &[u8],
         data_out: &[u8],
         expected: u64,
+        mut sink: Option<&mut DataInSink<'_, '_>>,
     ) -> ScsiResponse {
         let cmd = match Command::parse(cdb) {
             Ok((_, c)) => c,
@@ -1152,7 +1176,8 @@ impl Target {
                                     return conflict;
                                 }
                                 let before = dev.mode_state();
-                                let mut r = dev.execute(cmd, cdb, data_out);
+                                let mut r =
+                                    dev.execute_into(cmd, cdb, data_out, sink.as_deref_mut());
                                 if let (
                                     Command::Inquiry {
                                         page: 0x83,
@@ -1186,8 +1211,18 @@ impl Target {
                 let plan = cmd.plan(bs);
                 let moved = match plan.dir {
                     DataDir::In => {
-                        data.truncate(plan.len.min(expected) as usize);
-                        data.len() as u64
+                        let room = plan.len.min(expected);
+                        data.truncate(room as usize);
+                        match sink {
+                            Some(sink) => {
+                                if sink.placed.is_none() {
+                                    sink.copy_in(&data);
+                                    data = Vec::new();
+                                }
+                                (sink.placed() as u64).min(room)
+                            }
+                            None => data.len() as u64,
+                        }
                     }
                     DataDir::Out => plan.len.min(expected).min(data_out.len() as u64),
                     DataDir::None => 0,
