@@ -1,15 +1,21 @@
 //! A soft RoCE port follows the link under its address (`softroce::link`),
-//! as Linux rxe's follows its netdev: the test makes a network namespace
-//! of its own (`carrier-<pid>-<tag>`) with a veth pair, `cl0a`
-//! (10.201.73.1/24) and `cl0b` (10.201.73.2/24), opens a CA on cl0a's
-//! address from a thread inside the namespace, and sets the veth ends down
-//! and up with `ip link`: the far end down (cl0a loses carrier) and the
-//! near end down (cl0a itself is down) each raise `PortDown` and leave the
-//! port DOWN; up again raises `PortActive`. The time from `ip link` to the
-//! event is printed.
+//! as Linux rxe's follows its netdev: the test makes two network
+//! namespaces of its own (`carrier-<pid>-<tag>-a` and `-b`) joined by a
+//! veth pair, `cl0a` (10.201.73.1/24, in `a`) and `cl0b` (10.201.73.2/24,
+//! in `b`), opens a CA on cl0a's address from a thread inside `a`, and
+//! sets the veth ends down and up with `ip link`: the far end down (cl0a
+//! loses carrier) and the near end down (cl0a itself is down) each raise
+//! `PortDown` and leave the port DOWN; up again raises `PortActive`. The
+//! time from `ip link` to the event is printed.
+//!
+//! The far end goes down twice, the second time less than a second after
+//! the last change: the two ends have the same ifindex, each in its own
+//! namespace, so the kernel's link watcher holds that carrier news back
+//! until a second after its last run (as for a physical NIC), and only the
+//! watcher's own look at the interface flags sees it sooner.
 //!
 //! Without root or network namespaces the tests print `SKIPPED: <reason>`
-//! and pass. The namespace is deleted on every way out (a drop guard).
+//! and pass. The namespaces are deleted on every way out (a drop guard).
 
 use rdma_types::{Guid, PortNum};
 use rnic::softroce::{SoftCa, SoftRoce, ROCE_PORT};
@@ -39,41 +45,50 @@ fn ip(args: &[&str]) -> Result<(), String> {
     }
 }
 
-/// The test's namespace, deleted on drop (its veths go with it).
+/// The test's namespaces, deleted on drop (the veth pair goes with them).
 struct Netns(String);
 
 impl Netns {
-    /// A namespace with the veth pair cl0a/cl0b, addressed and up (`up`:
-    /// false leaves cl0b down, so cl0a has no carrier).
+    /// Namespaces `a` and `b` with the veth pair cl0a/cl0b between them,
+    /// addressed and up (`up`: false leaves cl0b down, so cl0a has no
+    /// carrier).
     fn create(tag: &str, up: bool) -> Result<Netns, String> {
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 {
             return Err("not root (network namespaces need CAP_SYS_ADMIN)".into());
         }
-        let name = format!("carrier-{}-{tag}", std::process::id());
-        // A leftover of a crashed run with the same pid would block us.
-        let _ = ip(&["netns", "del", &name]);
-        ip(&["netns", "add", &name])?;
-        let ns = Netns(name);
-        let n = ns.0.as_str();
-        ip(&["-n", n, "link", "set", "lo", "up"])?;
+        let ns = Netns(format!("carrier-{}-{tag}", std::process::id()));
+        for side in ["a", "b"] {
+            let name = ns.name(side);
+            // A leftover of a crashed run with the same pid would block us.
+            let _ = ip(&["netns", "del", &name]);
+            ip(&["netns", "add", &name])?;
+            ip(&["-n", &name, "link", "set", "lo", "up"])?;
+        }
+        let (a, b) = (ns.name("a"), ns.name("b"));
         ip(&[
-            "-n", n, "link", "add", "name", "cl0a", "type", "veth", "peer", "name", "cl0b",
+            "link", "add", "name", "cl0a", "netns", &a, "type", "veth", "peer", "name", "cl0b",
+            "netns", &b,
         ])?;
-        ip(&["-n", n, "addr", "add", "10.201.73.1/24", "dev", "cl0a"])?;
-        ip(&["-n", n, "addr", "add", "10.201.73.2/24", "dev", "cl0b"])?;
-        ip(&["-n", n, "link", "set", "cl0a", "up"])?;
+        ip(&["-n", &a, "addr", "add", "10.201.73.1/24", "dev", "cl0a"])?;
+        ip(&["-n", &b, "addr", "add", "10.201.73.2/24", "dev", "cl0b"])?;
+        ip(&["-n", &a, "link", "set", "cl0a", "up"])?;
         if up {
-            ip(&["-n", n, "link", "set", "cl0b", "up"])?;
+            ip(&["-n", &b, "link", "set", "cl0b", "up"])?;
         }
         Ok(ns)
     }
 
-    /// Sets veth end `dev` up or down.
+    fn name(&self, side: &str) -> String {
+        format!("{}-{side}", self.0)
+    }
+
+    /// Sets veth end `dev` (cl0a in `a`, cl0b in `b`) up or down.
     fn set(&self, dev: &str, up: bool) {
+        let ns = self.name(if dev == "cl0a" { "a" } else { "b" });
         ip(&[
             "-n",
-            &self.0,
+            &ns,
             "link",
             "set",
             dev,
@@ -82,10 +97,10 @@ impl Netns {
         .unwrap();
     }
 
-    /// Runs `f` on a thread that entered the namespace (threads it starts,
+    /// Runs `f` on a thread that entered namespace `a` (threads it starts,
     /// the NIC's among them, are in it too); the caller's thread stays put.
     fn run<R: Send + 'static>(&self, f: impl FnOnce() -> R + Send + 'static) -> R {
-        let path = format!("/run/netns/{}", self.0);
+        let path = format!("/run/netns/{}", self.name("a"));
         std::thread::spawn(move || {
             let f_ns = std::fs::File::open(&path).expect("the namespace's file");
             use std::os::fd::AsRawFd;
@@ -102,8 +117,10 @@ impl Netns {
 
 impl Drop for Netns {
     fn drop(&mut self) {
-        if let Err(e) = ip(&["netns", "del", &self.0]) {
-            eprintln!("warning: {e}");
+        for side in ["a", "b"] {
+            if let Err(e) = ip(&["netns", "del", &self.name(side)]) {
+                eprintln!("warning: {e}");
+            }
         }
     }
 }
@@ -163,7 +180,7 @@ fn port_goes_down_with_its_link_and_comes_back_with_it() {
     ns.run(move || {
         let (p, ca, rx) = open();
         assert_eq!(state(&p, ca), PortState::Active);
-        for (end, dev) in [("far", "cl0b"), ("near", "cl0a")] {
+        for (end, dev) in [("far", "cl0b"), ("far", "cl0b"), ("near", "cl0a")] {
             let t = Instant::now();
             n.set(dev, false);
             let down = expect(&rx, AsyncEventKind::PortDown, t);
