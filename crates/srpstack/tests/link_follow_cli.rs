@@ -22,7 +22,7 @@
 //! machine). The link comes back up, and `srp io` must end with no I/O
 //! error and no bad data.
 //!
-//! The `timeouts_only` test runs the far cut with `SOFTROCE_FOLLOW_LINK=0`
+//! The `timeouts_only` tests run the same cuts with `SOFTROCE_FOLLOW_LINK=0`
 //! for every process: the dead path is then found only by the transport's
 //! retries, the figure to compare.
 //!
@@ -339,10 +339,17 @@ fn srp_io_fails_over_at_once_when_the_far_end_of_its_link_goes_down() {
 }
 
 #[test]
-fn timeouts_only_with_link_following_off() {
-    if let Some(t) = cut_under_srp_io("tmo", "far", "0") {
+fn timeouts_only_with_link_following_off_far_end() {
+    if let Some(t) = cut_under_srp_io("tmof", "far", "0") {
         // Only the transport (or the command timeout) notices; bounded
         // against a hang.
+        assert!(t < Duration::from_secs(60), "failover took {}", ms(t));
+    }
+}
+
+#[test]
+fn timeouts_only_with_link_following_off_near_end() {
+    if let Some(t) = cut_under_srp_io("tmon", "near", "0") {
         assert!(t < Duration::from_secs(60), "failover took {}", ms(t));
     }
 }
