@@ -32,13 +32,10 @@
 //! On by default; `SOFTROCE_FOLLOW_LINK=0` turns it off (to measure how
 //! long the transport alone takes to notice a dead path).
 
-use roce_udp::Waker;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Weak};
-use std::thread::JoinHandle;
+use std::sync::Weak;
 use std::time::Duration;
 
 /// The environment variable that turns link following off (`0`).
@@ -260,34 +257,19 @@ impl Netlink {
     }
 }
 
-/// Sleeps until `fd` has something (data or an error to collect), `waker`
-/// fires, or `timeout` passes. Returns whether `fd` needs reading.
-fn wait(fd: RawFd, waker: Option<&Waker>, timeout: Duration) -> bool {
-    let mut fds = [
-        libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        },
-        libc::pollfd {
-            fd: waker.map_or(-1, |w| w.as_raw_fd()),
-            events: libc::POLLIN,
-            revents: 0,
-        },
-    ];
+/// Sleeps until `fd` has something (data or an error to collect) or
+/// `timeout` passes. Returns whether `fd` needs reading.
+fn wait(fd: RawFd, timeout: Duration) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
     let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
-    // SAFETY: fds is a valid array of two pollfd (a negative fd is ignored).
-    let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
-    if r <= 0 {
-        return false;
-    }
-    if let Some(w) = waker {
-        if fds[1].revents != 0 {
-            w.drain();
-        }
-    }
+    // SAFETY: p is one valid pollfd.
+    let r = unsafe { libc::poll(&mut p, 1, ms) };
     // POLLERR (an overrun) counts: reading collects it.
-    fds[0].revents != 0
+    r > 0 && p.revents != 0
 }
 
 /// The watcher's loop: wait for news or POLL, look again, hand the
@@ -296,11 +278,10 @@ fn run(
     nl: &Netlink,
     addrs: &[IpAddr],
     tracker: &mut Tracker,
-    waker: Option<&Waker>,
     mut deliver: impl FnMut(&[(usize, bool)]) -> bool,
 ) {
     loop {
-        if wait(nl.fd.as_raw_fd(), waker, POLL) {
+        if wait(nl.fd.as_raw_fd(), POLL) {
             nl.drain();
         }
         // A failed look (out of descriptors, say) reports nothing; the
@@ -373,7 +354,7 @@ pub fn follow<T: Send + Sync + 'static>(
     std::thread::Builder::new()
         .name("softroce-link".into())
         .spawn(move || {
-            run(&nl, &addrs, &mut tracker, None, |changes| {
+            run(&nl, &addrs, &mut tracker, |changes| {
                 let Some(o) = owner.upgrade() else {
                     return false;
                 };
@@ -384,73 +365,6 @@ pub fn follow<T: Send + Sync + 'static>(
             })
         })?;
     Ok(true)
-}
-
-/// A link watcher with a handle: [`LinkWatch::start`] follows like
-/// [`follow`], and dropping the handle stops the thread at once.
-pub struct LinkWatch {
-    stop: Arc<AtomicBool>,
-    waker: Arc<Waker>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl LinkWatch {
-    /// Calls `on_change(k, up)` from the watcher's thread when the link
-    /// under `addrs[k]` goes down or comes back (and before returning for
-    /// one that is down already). `None` when nothing is followed.
-    ///
-    /// # Errors
-    /// As [`follow`].
-    pub fn start(
-        addrs: &[IpAddr],
-        mut on_change: impl FnMut(usize, bool) + Send + 'static,
-    ) -> io::Result<Option<LinkWatch>> {
-        let Some(Prepared {
-            nl,
-            mut tracker,
-            first,
-        }) = prepare(addrs)?
-        else {
-            return Ok(None);
-        };
-        for (k, up) in first {
-            on_change(k, up);
-        }
-        let stop = Arc::new(AtomicBool::new(false));
-        let waker = Arc::new(Waker::new()?);
-        let (s, w) = (stop.clone(), waker.clone());
-        let addrs = addrs.to_vec();
-        let thread = std::thread::Builder::new()
-            .name("softroce-link".into())
-            .spawn(move || {
-                run(&nl, &addrs, &mut tracker, Some(&w), |changes| {
-                    if s.load(Ordering::Acquire) {
-                        return false;
-                    }
-                    for &(k, up) in changes {
-                        on_change(k, up);
-                    }
-                    true
-                })
-            })?;
-        Ok(Some(LinkWatch {
-            stop,
-            waker,
-            thread: Some(thread),
-        }))
-    }
-}
-
-impl Drop for LinkWatch {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Release);
-        self.waker.wake();
-        if let Some(t) = self.thread.take() {
-            if t.thread().id() != std::thread::current().id() {
-                let _ = t.join();
-            }
-        }
-    }
 }
 
 #[cfg(test)]
