@@ -663,7 +663,7 @@ impl SoftRoce {
     /// Like [`SoftRoce::new`], with ports whose active MTU is `mtu` (rxe
     /// reports 1024 on a 1500-byte Ethernet link; loopback fits 4096).
     pub fn with_mtu(cas: Vec<SoftCa>, udp_port: u16, mtu: Mtu) -> Arc<SoftRoce> {
-        Arc::new(SoftRoce {
+        let p = Arc::new(SoftRoce {
             udp_port,
             mtu,
             cas,
@@ -674,7 +674,15 @@ impl SoftRoce {
             down: Mutex::new(std::collections::HashSet::new()),
             ib: Mutex::new(std::collections::HashSet::new()),
             captures: Mutex::new(HashMap::new()),
-        })
+        });
+        // A CA's port follows the link under its address, as rxe's follows
+        // its netdev (`softroce::link`; `SOFTROCE_FOLLOW_LINK=0`: off, and
+        // on failure only timeouts find a dead link).
+        let ips: Vec<IpAddr> = p.cas.iter().map(|c| c.ip).collect();
+        let _ = softroce::link::follow(Arc::downgrade(&p), &ips, |p: &SoftRoce, k, up| {
+            let _ = p.set_port_active(p.cas[k].guid, up);
+        });
+        p
     }
 
     /// Gives CA `guid` the `personality` it has from its next first open

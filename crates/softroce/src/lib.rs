@@ -34,8 +34,14 @@
 //! blocking: nothing here sleeps except [`Node::wait`] and the [`Driver`]
 //! thread, which runs a node's event loop for a consumer that wants CQ
 //! callbacks and blocking waits.
+//!
+//! [`link`] follows the interface under a node's address (carrier and
+//! administrative state, by rtnetlink), so a provider can take its port
+//! down when the link goes, as Linux rxe does for its netdev;
+//! `SOFTROCE_FOLLOW_LINK=0` turns that off.
 
 mod driver;
+pub mod link;
 mod node;
 
 pub use driver::{CompletionCallback, Driver};
