@@ -892,3 +892,54 @@ fn a_removed_ca_ends_the_cm_ids_and_special_qps_of_an_adopted_agent() {
     let remove = move || r.remove_ca(Guid(0xc1)).unwrap();
     a_removed_ca_ends_its_cm_ids(f, remove, Guid(0xc1), Guid(0xc2), nobody, false, true);
 }
+
+/// An agent in no client's tree hears of its CA's removal by itself: its
+/// connection and listen end, the consumer is told, work is refused.
+#[test]
+fn an_untracked_agent_ends_its_cm_ids_when_its_ca_goes() {
+    let f = rnic::loopback::Fabric::new();
+    f.add_ca(rnic::loopback::CaConfig::simple(0xe1, 1)).unwrap();
+    f.add_ca(rnic::loopback::CaConfig::simple(0xe2, 2)).unwrap();
+    let far = Far::start(
+        CmAgent::start_with(f.clone(), Guid(0xe2), first_comm_id(10), cm_config()).unwrap(),
+    );
+    let agent = CmAgent::start_with(f.clone(), Guid(0xe1), first_comm_id(11), cm_config()).unwrap();
+    let told = Arc::new(Told::default());
+    let t = told.clone();
+    agent.on_device_removal(move |r| t.removed.lock().unwrap().push(r));
+    let t = told.clone();
+    agent.on_disconnect(move |_| {
+        t.disconnects.fetch_add(1, Ordering::SeqCst);
+    });
+    let listen = agent.listen(0x4343);
+    let est = agent
+        .connect(
+            far.agent.gid(),
+            SERVICE,
+            Qpn::from_bits(0x5c),
+            Psn::new(1),
+            Vec::new(),
+            Duration::from_secs(10),
+        )
+        .unwrap();
+    f.remove_ca(Guid(0xe1)).unwrap();
+    eventually("the removal was not told", || {
+        told.removed.lock().unwrap().len() == 2
+    });
+    let removed = told.removed.lock().unwrap().clone();
+    assert!(removed.contains(&rdma_access::Removed::Conn(est.conn)));
+    assert!(removed.contains(&rdma_access::Removed::Listen(0x4343)));
+    assert_eq!(told.disconnects.load(Ordering::SeqCst), 1);
+    assert_eq!(agent.state(est.conn), rdma_cm::ConnState::Closed);
+    assert!(listen.recv_timeout(Duration::from_secs(1)).is_err());
+    assert!(agent.is_removed());
+    let again = agent.connect(
+        far.agent.gid(),
+        SERVICE,
+        Qpn::from_bits(0x5d),
+        Psn::new(1),
+        Vec::new(),
+        Duration::from_secs(1),
+    );
+    assert_eq!(again, Err(CmError::DeviceRemoved));
+}
