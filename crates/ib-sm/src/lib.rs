@@ -50,7 +50,11 @@
 //! answers ERR_NO_RECORDS; unknown attributes "method/attribute
 //! unsupported". The SA runs on the master only: a standby or
 //! discovering SM drops SA MADs unanswered (counted), as opensm does, so
-//! clients keep asking until they find the master.
+//! clients keep asking until they find the master. The SA header's
+//! SM_Key is zero (an ordinary client) or the SM's `sm_key` (a trusted
+//! client, which alone sees the ports' M_Keys in PortInfoRecords: others
+//! get them zeroed); any other key is dropped unanswered and counted
+//! (IBA C15-0.1.5), as opensm does.
 //!
 //! M_Key (IBA 14.2.4): with `SmConfig::mkey` set, every Set(PortInfo)
 //! gives the port that key, `mkey_protect` and `mkey_lease` (keeping the

@@ -131,7 +131,10 @@ pub struct SmConfig {
     pub partitions: Vec<Partition>,
     /// SMInfo:Priority (0 to 15; the highest is master).
     pub priority: u8,
-    /// SMInfo:SM_Key (a Set of SMInfo must carry it).
+    /// SMInfo:SM_Key (a Set of SMInfo must carry it). The SA takes the
+    /// same key (opensm has a separate `sa_key`): an SA request carrying
+    /// another non-zero SM_Key is dropped, and one carrying this key (not
+    /// zero) is trusted and sees the ports' M_Keys in PortInfoRecords.
     pub sm_key: u64,
     /// Time between a standby's polls of the master's SMInfo, and a
     /// master's of its standbys'.
@@ -358,6 +361,9 @@ pub struct SmStats {
     pub standby_polls: u64,
     /// SA MADs ignored because this SM is not master (as opensm does).
     pub sa_ignored: u64,
+    /// SA MADs dropped for a non-zero SM_Key that is not this SM's
+    /// (IBA C15-0.1.5).
+    pub sa_bad_sm_key: u64,
 }
 
 /// The subnet manager of a fabric whose nodes it reaches directly.
@@ -1402,6 +1408,13 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
         let Ok(hdr) = SaHeader::parse(req) else {
             return;
         };
+        // IBA C15-0.1.5: the SA header's SM_Key is zero or the SM's;
+        // anything else is discarded unanswered, as opensm does (an
+        // answer would tell a prober the key was wrong).
+        if hdr.sm_key != 0 && hdr.sm_key != self.cfg.sm_key {
+            self.stats.sa_bad_sm_key += 1;
+            return;
+        }
         let data = &req[SA_HDR_LEN..];
         match (method, attr) {
             (Method::Set, SaAttr::InformInfo) => {
@@ -1431,7 +1444,16 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
                 self.answer(from, req, method, &recs, NODE_RECORD_LEN);
             }
             (Method::Get | Method::GetTable, SaAttr::PortInfoRecord) => {
-                let recs = self.portinfo_records(&hdr, data);
+                let mut recs = self.portinfo_records(&hdr, data);
+                // IBA PortInfoRecord: the M_Key shows only to a trusted request
+                // (its SM_Key, checked above, is not zero).
+                if hdr.sm_key == 0 {
+                    for r in &mut recs {
+                        PortInfo::new_checked(&mut r[4..68])
+                            .expect("64 bytes")
+                            .set_mkey(0);
+                    }
+                }
                 self.answer(from, req, method, &recs, PORTINFO_RECORD_LEN);
             }
             (
