@@ -87,7 +87,14 @@
 //! one a master gave it while standby (a master moves a standby whose
 //! configured LID a node already holds), and it keeps that LID when it
 //! becomes master. A master that finds a STANDBY SM outranking it hands
-//! over (Set SMInfo HANDOVER) and becomes its standby; of two masters, the
+//! over (Set SMInfo HANDOVER) and becomes its standby; the new master
+//! acknowledges (Set SMInfo ACKNOWLEDGE, resent until answered, carrying
+//! the standby SMInfo the HANDOVER found, as opensm's check wants) and
+//! the old one logs it (`SmEvent::HandoverAcknowledged`). An SMInfo Set
+//! is taken only with the SM_Key and from a sender whose SMInfo state may
+//! send it (HANDOVER, DISABLE, STANDBY, DISCOVER from a master;
+//! ACKNOWLEDGE from a standby); others get "invalid attribute value" and
+//! are counted. Of two masters, the
 //! lesser yields. A master polls each standby's SMInfo every
 //! `poll_interval` (IBA 14.4.1) and logs one that stops answering
 //! (`SmEvent::StandbyLost`) or appears (`SmEvent::StandbyFound`: found by
@@ -103,8 +110,7 @@
 //! show the new mask at once.
 //!
 //! Not done: multicast, LMC on the SM's own port, M_Key on the SM's own
-//! port, and of SM to SM: SM_Key checks beyond SMInfo Sets and the
-//! ACKNOWLEDGE answer to a handover.
+//! port, SM_Key-trusted SA records other than PortInfoRecord's M_Key.
 
 pub mod fuzz;
 pub mod partitions;

@@ -343,6 +343,9 @@ fn describe(e: &SmEvent, lmc: u8) -> String {
         SmEvent::StandbyLost { guid } => {
             format!("ibsm: standby SM {:#018x} stopped answering", guid.0)
         }
+        SmEvent::HandoverAcknowledged { guid } => {
+            format!("ibsm: SM {:#018x} acknowledged the handover", guid.0)
+        }
     }
 }
 
