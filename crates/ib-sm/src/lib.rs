@@ -94,8 +94,7 @@
 //! is taken only with the SM_Key and from a sender whose SMInfo state may
 //! send it (HANDOVER, DISABLE, STANDBY, DISCOVER from a master;
 //! ACKNOWLEDGE from a standby); others get "invalid attribute value" and
-//! are counted. Of two masters, the
-//! lesser yields. A master polls each standby's SMInfo every
+//! are counted. Of two masters, the lesser yields. A master polls each standby's SMInfo every
 //! `poll_interval` (IBA 14.4.1) and logs one that stops answering
 //! (`SmEvent::StandbyLost`) or appears (`SmEvent::StandbyFound`: found by
 //! a sweep, or at once when an SM it does not know asks for its SMInfo).
