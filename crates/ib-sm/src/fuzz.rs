@@ -25,13 +25,20 @@ impl Input<'_> {
     }
 }
 
-/// Does the SA owe `m` an answer?
-pub fn sa_owes_answer(m: &[u8]) -> bool {
+/// Does the SA of an SM whose SM_Key is `sm_key` owe `m` an answer? Not
+/// a response, Send, Trap or TrapRepress; and a request of the SA's
+/// class version with a non-zero SM_Key other than the SM's is dropped
+/// (IBA C15-0.1.5), while one of another version gets "bad version".
+pub fn sa_owes_answer(m: &[u8], sm_key: u64) -> bool {
+    let key = m
+        .get(36..44)
+        .map_or(0, |k| u64::from_be_bytes(k.try_into().expect("8 bytes")));
     m.len() >= 256
         && m[0] == 1
         && m[1] == 0x03
         && m[3] & 0x80 == 0
         && !matches!(m[3], 0x03 | 0x05 | 0x07)
+        && (m[2] != rdma_mad::sa::SA_CLASS_VERSION || key == 0 || key == sm_key)
 }
 
 /// What one input did.
@@ -93,9 +100,14 @@ pub fn sm_input(data: &[u8]) -> Fed {
                     m[0] = 1;
                     m[1] = 0x03;
                     m[2] = 2;
+                    // Mostly an ordinary client's SM_Key (0), so the
+                    // records are looked at, not dropped for the key.
+                    if k < 4 && len >= 44 {
+                        m[36..44].fill(0);
+                    }
                 }
                 fed.mads += 1;
-                let owes = qp == QP_GSI && sa_owes_answer(&m) && sm.state() == SmState::Master;
+                let owes = qp == QP_GSI && sa_owes_answer(&m, 0) && sm.state() == SmState::Master;
                 let tid = m.get(8..16).map(<[u8]>::to_vec);
                 sm.handle_mad(now, from, qp, &m);
                 let mut answered = false;

@@ -50,7 +50,11 @@
 //! answers ERR_NO_RECORDS; unknown attributes "method/attribute
 //! unsupported". The SA runs on the master only: a standby or
 //! discovering SM drops SA MADs unanswered (counted), as opensm does, so
-//! clients keep asking until they find the master.
+//! clients keep asking until they find the master. The SA header's
+//! SM_Key is zero (an ordinary client) or the SM's `sm_key` (a trusted
+//! client, which alone sees the ports' M_Keys in PortInfoRecords: others
+//! get them zeroed); any other key is dropped unanswered and counted
+//! (IBA C15-0.1.5), as opensm does.
 //!
 //! M_Key (IBA 14.2.4): with `SmConfig::mkey` set, every Set(PortInfo)
 //! gives the port that key, `mkey_protect` and `mkey_lease` (keeping the
@@ -83,8 +87,14 @@
 //! one a master gave it while standby (a master moves a standby whose
 //! configured LID a node already holds), and it keeps that LID when it
 //! becomes master. A master that finds a STANDBY SM outranking it hands
-//! over (Set SMInfo HANDOVER) and becomes its standby; of two masters, the
-//! lesser yields. A master polls each standby's SMInfo every
+//! over (Set SMInfo HANDOVER) and becomes its standby; the new master
+//! acknowledges (Set SMInfo ACKNOWLEDGE, resent until answered, carrying
+//! the standby SMInfo the HANDOVER found, as opensm's check wants) and
+//! the old one logs it (`SmEvent::HandoverAcknowledged`). An SMInfo Set
+//! is taken only with the SM_Key and from a sender whose SMInfo state may
+//! send it (HANDOVER, DISABLE, STANDBY, DISCOVER from a master;
+//! ACKNOWLEDGE from a standby); others get "invalid attribute value" and
+//! are counted. Of two masters, the lesser yields. A master polls each standby's SMInfo every
 //! `poll_interval` (IBA 14.4.1) and logs one that stops answering
 //! (`SmEvent::StandbyLost`) or appears (`SmEvent::StandbyFound`: found by
 //! a sweep, or at once when an SM it does not know asks for its SMInfo).
@@ -99,8 +109,7 @@
 //! show the new mask at once.
 //!
 //! Not done: multicast, LMC on the SM's own port, M_Key on the SM's own
-//! port, and of SM to SM: SM_Key checks beyond SMInfo Sets and the
-//! ACKNOWLEDGE answer to a handover.
+//! port, SM_Key-trusted SA records other than PortInfoRecord's M_Key.
 
 pub mod fuzz;
 pub mod partitions;

@@ -67,6 +67,9 @@ pub struct Host {
     pub lose_represses: u32,
     /// The TID of the trap last sent.
     trap_sent: Option<u64>,
+    /// The SM_Key its SA requests carry (0: an ordinary, untrusted
+    /// client).
+    pub sa_sm_key: u64,
 }
 
 impl Host {
@@ -88,6 +91,7 @@ impl Host {
             traps_sent: 0,
             lose_represses: 0,
             trap_sent: None,
+            sa_sm_key: 0,
         }
     }
 
@@ -129,6 +133,7 @@ impl Host {
         m[16..18].copy_from_slice(&u16::from(attr).to_be_bytes());
         SaHeader {
             comp_mask,
+            sm_key: self.sa_sm_key,
             ..Default::default()
         }
         .emit(&mut m);

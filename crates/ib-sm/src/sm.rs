@@ -131,7 +131,10 @@ pub struct SmConfig {
     pub partitions: Vec<Partition>,
     /// SMInfo:Priority (0 to 15; the highest is master).
     pub priority: u8,
-    /// SMInfo:SM_Key (a Set of SMInfo must carry it).
+    /// SMInfo:SM_Key (a Set of SMInfo must carry it). The SA takes the
+    /// same key (opensm has a separate `sa_key`): an SA request carrying
+    /// another non-zero SM_Key is dropped, and one carrying this key (not
+    /// zero) is trusted and sees the ports' M_Keys in PortInfoRecords.
     pub sm_key: u64,
     /// Time between a standby's polls of the master's SMInfo, and a
     /// master's of its standbys'.
@@ -253,6 +256,12 @@ pub enum SmEvent {
         /// Its GUID.
         guid: Guid,
     },
+    /// The SM this master handed over to acknowledged (Set(SMInfo,
+    /// ACKNOWLEDGE), IBA 14.4.1): the handover is complete.
+    HandoverAcknowledged {
+        /// The new master's GUID.
+        guid: Guid,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -270,6 +279,9 @@ enum Want {
     PeerPoll,
     /// Set(SMInfo, HANDOVER) to an SM that outranks this master.
     Handover,
+    /// Set(SMInfo, ACKNOWLEDGE) from a new master to the SM that handed
+    /// over to it.
+    Acknowledge,
 }
 
 /// Where a node is in the current sweep.
@@ -358,6 +370,13 @@ pub struct SmStats {
     pub standby_polls: u64,
     /// SA MADs ignored because this SM is not master (as opensm does).
     pub sa_ignored: u64,
+    /// SA MADs dropped for a non-zero SM_Key that is not this SM's
+    /// (IBA C15-0.1.5).
+    pub sa_bad_sm_key: u64,
+    /// SMInfo Sets refused: a wrong SM_Key, or a control its sender's
+    /// state may not send (HANDOVER, DISABLE, STANDBY, DISCOVER from an
+    /// SM that is not master; ACKNOWLEDGE from one that is not standby).
+    pub sminfo_refused: u64,
 }
 
 /// The subnet manager of a fabric whose nodes it reaches directly.
@@ -385,6 +404,9 @@ pub struct SubnetManager<P> {
     traps_seen: VecDeque<(P, u64)>,
     /// When a master next polls its standbys.
     next_peer_poll: Instant,
+    /// The GUID of the SM this master sent a HANDOVER to, until its
+    /// ACKNOWLEDGE comes.
+    handed_to: Option<Guid>,
 }
 
 fn smp(method: Method, attr: SmpAttr, modifier: u32) -> MadBytes {
@@ -423,6 +445,7 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
             master: None,
             traps_seen: VecDeque::new(),
             next_peer_poll: now,
+            handed_to: None,
             nodes: endpoints
                 .into_iter()
                 .map(|(addr, gid)| Node {
@@ -860,6 +883,11 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
         if want == Want::Handover {
             return; // the peer stays standby; this SM stays master
         }
+        if want == Want::Acknowledge {
+            // Optional in IBA 14.4.1 (opensm does not send it); the old
+            // master's silence is the sweeps' business.
+            return;
+        }
         if want == Want::PeerPoll {
             self.nodes[i].polling = false;
             self.peer_gone(i);
@@ -1003,17 +1031,44 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
         if method == Method::Set {
             let modifier = u32::from_be_bytes(req[20..24].try_into().expect("4 bytes"));
             let from_node = self.nodes.iter().position(|n| n.addr == from);
+            // The Set carries its sender's SMInfo: only a master sends
+            // HANDOVER, DISABLE, STANDBY and DISCOVER, only a standby
+            // ACKNOWLEDGE (the legality opensm checks too).
+            let sender = peer.map_or(SmState::NotActive.code(), |p| p.sm_state);
+            let legal = match modifier {
+                sminfo_control::ACKNOWLEDGE => sender == SmState::Standby.code(),
+                _ => sender == SmState::Master.code(),
+            };
             match modifier {
-                _ if !keyed => status = MadStatus::from_code(StatusCode::InvalidAttrValue),
+                _ if !keyed || !legal => {
+                    self.stats.sminfo_refused += 1;
+                    status = MadStatus::from_code(StatusCode::InvalidAttrValue);
+                }
                 sminfo_control::HANDOVER
                     if matches!(self.state, SmState::Standby | SmState::Discovering) =>
                 {
+                    // Acknowledged (IBA 14.4.1) with the SMInfo the
+                    // HANDOVER found, a standby's (what opensm's check of
+                    // an ACKNOWLEDGE wants), sent again until answered.
+                    let mut ack = smp(Method::Set, SmpAttr::SmInfo, sminfo_control::ACKNOWLEDGE);
+                    self.sm_info()
+                        .emit(&mut ack[SMP_DATA..SMP_DATA + SmInfo::LEN]);
                     self.master = None;
                     self.set_state(SmState::Master);
                     self.become_master();
                     self.start_sweep(now);
+                    self.send(now, from_node, from, QP_SMI, Some(Want::Acknowledge), ack);
                 }
-                sminfo_control::ACKNOWLEDGE => {}
+                sminfo_control::ACKNOWLEDGE => {
+                    // The SM this one handed over to took it (opensm's
+                    // old master does nothing more either).
+                    let guid = peer.map_or(Guid(0), |p| p.guid);
+                    if self.handed_to == Some(guid) {
+                        self.handed_to = None;
+                        self.events
+                            .push_back(SmEvent::HandoverAcknowledged { guid });
+                    }
+                }
                 sminfo_control::DISABLE => {
                     self.master = None;
                     self.set_state(SmState::NotActive);
@@ -1123,6 +1178,8 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
                 }
                 return;
             }
+            // The old master took it (it answers any Set): nothing to do.
+            Want::Acknowledge => return,
             Want::PeerPoll => {
                 self.nodes[i].polling = false;
                 if let Ok(info) = SmInfo::parse(&data[..SmInfo::LEN]) {
@@ -1141,7 +1198,7 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
             return;
         }
         match want {
-            Want::Poll | Want::Handover | Want::PeerPoll => {}
+            Want::Poll | Want::Handover | Want::PeerPoll | Want::Acknowledge => {}
             Want::SmInfo => {
                 let Ok(peer) = SmInfo::parse(&data[..SmInfo::LEN]) else {
                     self.after_read(now, i);
@@ -1161,6 +1218,7 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
                         // An SM that outranks this one joined: hand over.
                         let mut m = smp(Method::Set, SmpAttr::SmInfo, sminfo_control::HANDOVER);
                         me.emit(&mut m[SMP_DATA..SMP_DATA + SmInfo::LEN]);
+                        self.handed_to = Some(peer.guid);
                         let to = self.nodes[i].addr;
                         self.send(now, Some(i), to, QP_SMI, Some(Want::Handover), m);
                     }
@@ -1402,6 +1460,13 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
         let Ok(hdr) = SaHeader::parse(req) else {
             return;
         };
+        // IBA C15-0.1.5: the SA header's SM_Key is zero or the SM's;
+        // anything else is discarded unanswered, as opensm does (an
+        // answer would tell a prober the key was wrong).
+        if hdr.sm_key != 0 && hdr.sm_key != self.cfg.sm_key {
+            self.stats.sa_bad_sm_key += 1;
+            return;
+        }
         let data = &req[SA_HDR_LEN..];
         match (method, attr) {
             (Method::Set, SaAttr::InformInfo) => {
@@ -1431,7 +1496,16 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
                 self.answer(from, req, method, &recs, NODE_RECORD_LEN);
             }
             (Method::Get | Method::GetTable, SaAttr::PortInfoRecord) => {
-                let recs = self.portinfo_records(&hdr, data);
+                let mut recs = self.portinfo_records(&hdr, data);
+                // IBA PortInfoRecord: the M_Key shows only to a trusted request
+                // (its SM_Key, checked above, is not zero).
+                if hdr.sm_key == 0 {
+                    for r in &mut recs {
+                        PortInfo::new_checked(&mut r[4..68])
+                            .expect("64 bytes")
+                            .set_mkey(0);
+                    }
+                }
                 self.answer(from, req, method, &recs, PORTINFO_RECORD_LEN);
             }
             (

@@ -9,7 +9,7 @@ use ib_sm::sm::{portinfo_comp, SmState};
 use ib_sm::SmEvent;
 use rdma_access::sma::{ca_capability_mask, state};
 use rdma_mad::sa::SaAttr;
-use rdma_mad::smp::{cap, PortInfo};
+use rdma_mad::smp::{cap, PortInfo, SmInfo};
 use rdma_sim::{RunOutcome, Simulator};
 use rdma_types::{Duration, Guid};
 
@@ -146,6 +146,99 @@ fn a_higher_priority_sm_joining_later_gets_a_handover() {
         !ev.iter().any(|e| matches!(e, SmEvent::MasterLost { .. })),
         "a handover, not a takeover: {ev:?}"
     );
+    // The new master acknowledged the HANDOVER (IBA 14.4.1): the old one
+    // heard it from B, once.
+    let b_guid = sm_node(&mut sim, B).sm.sm_info().guid;
+    let acked = |s: &mut Simulator<N>| {
+        sm_node(s, A)
+            .events
+            .iter()
+            .filter(|e| **e == SmEvent::HandoverAcknowledged { guid: b_guid })
+            .count()
+    };
+    let r = sim.run_until(Duration::from_secs(5), |s| acked(s) > 0);
+    assert_eq!(r, RunOutcome::Done, "no ACKNOWLEDGE reached the old master");
+    sim.run_until(Duration::from_secs(2), |_| false);
+    assert_eq!(acked(&mut sim), 1);
+    assert_eq!(
+        sm_node(&mut sim, A).sm.stats().sminfo_refused,
+        0,
+        "it was legal"
+    );
+}
+
+/// Set(SMInfo) from `guid` in state `sm_state` with `key` and control
+/// `modifier`, as the SM at address 2 would send it.
+fn sminfo_set(guid: u64, key: u64, sm_state: SmState, modifier: u32) -> [u8; 256] {
+    let mut m = [0u8; 256];
+    m[..4].copy_from_slice(&[1, 0x81, 1, 0x02]); // directed route, Set
+    m[8..16].copy_from_slice(&0x5151u64.to_be_bytes());
+    m[16..18].copy_from_slice(&0x0020u16.to_be_bytes()); // SMInfo
+    m[20..24].copy_from_slice(&modifier.to_be_bytes());
+    SmInfo {
+        guid: Guid(guid),
+        sm_key: key,
+        act_count: 1,
+        priority: 3,
+        sm_state: sm_state.code(),
+    }
+    .emit(&mut m[64..64 + SmInfo::LEN]);
+    m
+}
+
+/// SMInfo Sets are taken only with the SM_Key and from an SM whose state
+/// may send them (a master hands over, disables, asks for standby or
+/// discovery; a standby acknowledges); others get "invalid attribute
+/// value" and change nothing. A HANDOVER taken makes the SM master and
+/// is acknowledged: Set(SMInfo, ACKNOWLEDGE) back to the sender, with
+/// the key.
+#[test]
+fn sminfo_sets_need_the_key_and_the_senders_state_and_a_handover_is_acknowledged() {
+    const KEY: u64 = 0x00c0_ffee;
+    let mut cfg = ib_sm::SmConfig::new(Guid(0x51));
+    cfg.sm_key = KEY;
+    let t0 = rdma_types::Instant::ZERO;
+    let mut sm = ib_sm::SubnetManager::new(cfg, vec![(2u8, gid(2))], t0);
+    let answer = |sm: &mut ib_sm::SubnetManager<u8>, m: [u8; 256]| {
+        while sm.poll_transmit().is_some() {}
+        sm.handle_mad(t0, 2, ib_sm::sm::QP_SMI, &m);
+        let mut out = Vec::new();
+        while let Some(o) = sm.poll_transmit() {
+            out.push(o);
+        }
+        let resp = out
+            .iter()
+            .position(|o| o.mad[3] == 0x81 && o.mad[8..16] == m[8..16])
+            .map(|i| out.remove(i))
+            .expect("every SMInfo Set is answered");
+        (u16::from_be_bytes([resp.mad[4], resp.mad[5]]) & 0x7fff, out)
+    };
+    let start = sm.state();
+    assert_ne!(start, SmState::Master);
+    let invalid = 7 << 2; // "invalid attribute value"
+    for (key, sender, modifier) in [
+        (KEY, SmState::Standby, 1),  // a HANDOVER from a standby
+        (KEY, SmState::Master, 2),   // an ACKNOWLEDGE from a master
+        (0xbad, SmState::Master, 1), // a HANDOVER with the wrong key
+        (KEY, SmState::Discovering, 3),
+    ] {
+        let (status, _) = answer(&mut sm, sminfo_set(0x52, key, sender, modifier));
+        assert_eq!(status, invalid, "{sender:?} control {modifier}");
+        assert_eq!(sm.state(), start, "{sender:?} control {modifier}");
+    }
+    assert_eq!(sm.stats().sminfo_refused, 4);
+    let (status, out) = answer(&mut sm, sminfo_set(0x52, KEY, SmState::Master, 1));
+    assert_eq!(status, 0);
+    assert_eq!(sm.state(), SmState::Master);
+    let ack = out
+        .iter()
+        .find(|o| o.mad[3] == 0x02 && o.mad[16..18] == [0x00, 0x20])
+        .expect("an ACKNOWLEDGE");
+    assert_eq!((ack.to, ack.qp), (2, ib_sm::sm::QP_SMI));
+    assert_eq!(u32::from_be_bytes(ack.mad[20..24].try_into().unwrap()), 2);
+    let info = SmInfo::parse(&ack.mad[64..64 + SmInfo::LEN]).unwrap();
+    assert_eq!((info.guid, info.sm_key), (Guid(0x51), KEY));
+    assert_eq!(info.sm_state, start.code(), "the state the HANDOVER found");
 }
 
 #[test]

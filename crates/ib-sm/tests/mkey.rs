@@ -203,3 +203,59 @@ fn without_a_key_nothing_changes() {
         assert_eq!(host(&mut sim, n).sma.mkey_violations(), 0, "host {n}");
     }
 }
+
+/// The SA and the SM_Key: a request whose SA header carries no key is an
+/// ordinary client's and sees every PortInfoRecord with its M_Key zeroed;
+/// one carrying the SM's key is trusted and sees the ports' keys; one
+/// carrying another key is dropped unanswered (IBA C15-0.1.5, as opensm
+/// does) and counted.
+#[test]
+fn the_sa_shows_m_keys_to_trusted_requests_only_and_drops_wrong_sm_keys() {
+    const SM_KEY: u64 = 0x0123_4567_89ab_cdef;
+    let mut c = cfg(0xabc, KEY, 1);
+    c.sm_key = SM_KEY;
+    let mut sim = ib_sm::sim::fabric_with(11, 0.0, c, HOSTS);
+    let r = sim.run_until(Duration::from_secs(10), |s| all_active(s, HOSTS));
+    assert_eq!(r, RunOutcome::Done, "the fabric did not come up");
+    let mkeys = |sim: &mut Simulator<N>, key: u64| {
+        host(sim, 2).sa_sm_key = key;
+        let segs = ib_sm::sim::run_query(
+            sim,
+            2,
+            0x12, // GetTable
+            rdma_mad::sa::SaAttr::PortInfoRecord,
+            0,
+            &[0u8; 68],
+        )?;
+        let (_, recs) = ib_sm::sim::table(&segs).expect("a table");
+        Some(
+            recs.iter()
+                .map(|r| {
+                    rdma_mad::smp::PortInfo::new_checked(&r[4..68])
+                        .expect("64 bytes")
+                        .mkey()
+                })
+                .collect::<Vec<u64>>(),
+        )
+    };
+    let plain = mkeys(&mut sim, 0).expect("an untrusted request is answered");
+    assert!(plain.len() >= usize::from(HOSTS), "{plain:x?}");
+    assert!(plain.iter().all(|k| *k == 0), "M_Key shown: {plain:x?}");
+    let trusted = mkeys(&mut sim, SM_KEY).expect("a trusted request is answered");
+    assert_eq!(trusted.len(), plain.len());
+    assert_eq!(
+        trusted.iter().filter(|k| **k == KEY).count(),
+        usize::from(HOSTS),
+        "every host's M_Key: {trusted:x?}"
+    );
+    assert_eq!(sm(&mut sim).sm.stats().sa_bad_sm_key, 0);
+    let answered = sm(&mut sim).sm.stats().sa_requests;
+    assert_eq!(mkeys(&mut sim, WRONG), None, "a wrong SM_Key was answered");
+    let st = sm(&mut sim).sm.stats();
+    assert!(st.sa_bad_sm_key >= 1);
+    assert_eq!(
+        st.sa_requests - answered,
+        st.sa_bad_sm_key,
+        "each one dropped"
+    );
+}

@@ -9,8 +9,9 @@ use rdma_types::{
 };
 use rdma_types::{WcOpcode, WcStatus};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration as StdDuration;
 use verbs::{
@@ -53,6 +54,21 @@ pub enum CmError {
     /// A MAD agent could not be registered.
     #[error("MAD agent: {0}")]
     Mad(String),
+    /// The port's CA was removed (hot unplug): its connections and
+    /// listens are gone, nothing more can be sent.
+    #[error("the CA was removed")]
+    DeviceRemoved,
+}
+
+/// A CM id that ended because its CA was removed (rdma_cm's
+/// RDMA_CM_EVENT_DEVICE_REMOVAL), for [`CmAgent::on_device_removal`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Removed {
+    /// A connection, in whatever state it was (a `connect` still waiting
+    /// returns [`CmError::DeviceRemoved`] as well).
+    Conn(ConnId),
+    /// A listen on this service ID (its channel is disconnected too).
+    Listen(u64),
 }
 
 fn verbs_err(what: &'static str) -> impl FnOnce(verbs::VerbsError) -> CmError {
@@ -140,6 +156,7 @@ impl Incoming {
 }
 
 type Hook = Arc<dyn Fn(ConnId) + Send + Sync>;
+type RemovalHook = Arc<dyn Fn(Removed) + Send + Sync>;
 
 struct Meta {
     remote_qpn: Qpn,
@@ -173,6 +190,7 @@ struct State {
     mad_waiters: HashMap<u64, Sender<Option<Vec<u8>>>>,
     next_tid: u64,
     on_disconnect: Option<Hook>,
+    on_removal: Option<RemovalHook>,
     /// REQs refused because the port's P_Key table lacks their partition.
     pkey_refusals: u64,
     stopped: bool,
@@ -180,6 +198,14 @@ struct State {
     /// ([`CmAgent::track_in`]), and each object's node there.
     tracker: Option<Tracker>,
     tracked: HashMap<TrackKey, ResId>,
+    /// The CA node the agent's objects hang under in the tracking
+    /// client's tree: the client's own open of the CA (an agent started
+    /// over [`Client::into_provider`]) or `adopted`'s first.
+    ca_node: Option<ResId>,
+    /// The agent's verbs objects (CA, PD, CQ, QP1 and QP0, their buffers)
+    /// put in the tree by [`CmAgent::track_in`] when the agent made them
+    /// over another provider (an IB node's port): the nodes, CA first.
+    adopted: Vec<ResId>,
 }
 
 /// An object of the agent that a tracking client's tree holds.
@@ -195,6 +221,40 @@ enum TrackKey {
     Agent(AgentId),
     /// An InformInfo subscription with the SA at this GID to this trap.
     Sub(Gid, u16),
+}
+
+/// The agent's own verbs objects, each released once: by the tracking
+/// client's tree when it adopted them (a CA removal, a close), or by the
+/// agent's drop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Part {
+    Qp1,
+    Qp0,
+    RecvMr,
+    SmiMr,
+    SendMr,
+    Cq,
+    /// The PD, with the address handles made on it first.
+    Pd,
+    Ca,
+}
+
+impl Part {
+    /// Release order (the verbs dependency order) with each part's kind.
+    const ALL: [(Part, Kind); 8] = [
+        (Part::Qp1, Kind::Qp),
+        (Part::Qp0, Kind::Qp),
+        (Part::RecvMr, Kind::Mr),
+        (Part::SmiMr, Kind::Mr),
+        (Part::SendMr, Kind::Mr),
+        (Part::Cq, Kind::Cq),
+        (Part::Pd, Kind::Pd),
+        (Part::Ca, Kind::Ca),
+    ];
+
+    fn bit(self) -> u16 {
+        1 << self as u16
+    }
 }
 
 impl TrackKey {
@@ -229,6 +289,10 @@ pub(crate) struct Inner {
     st: Mutex<State>,
     events: Mutex<Sender<Ev>>,
     me: std::sync::Weak<Inner>,
+    /// The CA was removed (the provider's CaRemoval event).
+    removed: AtomicBool,
+    /// The [`Part`]s already given back to the provider.
+    released: AtomicU16,
 }
 
 enum Ev {
@@ -237,13 +301,24 @@ enum Ev {
     Stop,
 }
 
-struct Wake(Mutex<Sender<Ev>>);
+/// The agent's handler for its CA: completions wake its thread, a CA
+/// removal ends its CM ids ([`Inner::device_removed`]).
+struct Wake {
+    tx: Mutex<Sender<Ev>>,
+    agent: OnceLock<Weak<Inner>>,
+}
 
 impl EventHandler for Wake {
     fn on_completion(&self, _cq_ctx: u64) {
-        let _ = self.0.lock().map(|tx| tx.send(Ev::Cq));
+        let _ = self.tx.lock().map(|tx| tx.send(Ev::Cq));
     }
-    fn on_async_event(&self, _event: verbs::AsyncEvent) {}
+    fn on_async_event(&self, event: verbs::AsyncEvent) {
+        if event.kind == verbs::AsyncEventKind::CaRemoval {
+            if let Some(i) = self.agent.get().and_then(Weak::upgrade) {
+                i.device_removed();
+            }
+        }
+    }
 }
 
 const KIND_SEND: u64 = 1 << 56;
@@ -372,8 +447,12 @@ impl CmAgent {
     ) -> Result<Arc<CmAgent>, CmError> {
         let (tx, rx) = mpsc::channel();
         let p = &provider;
+        let wake = Arc::new(Wake {
+            tx: Mutex::new(tx.clone()),
+            agent: OnceLock::new(),
+        });
         let ca = p
-            .open_ca(guid, 0, Arc::new(Wake(Mutex::new(tx.clone()))))
+            .open_ca(guid, 0, wake.clone())
             .map_err(verbs_err("open CA"))?;
         let port = p
             .query_port(ca, PortNum(1))
@@ -467,13 +546,19 @@ impl CmAgent {
                 mad_waiters: HashMap::new(),
                 next_tid: (first_comm_id as u64) << 32,
                 on_disconnect: None,
+                on_removal: None,
                 pkey_refusals: 0,
                 stopped: false,
                 tracker: None,
                 tracked: HashMap::new(),
+                ca_node: None,
+                adopted: Vec::new(),
             }),
             events: Mutex::new(tx),
+            removed: AtomicBool::new(false),
+            released: AtomicU16::new(0),
         });
+        let _ = wake.agent.set(Arc::downgrade(&inner));
         let w = inner.clone();
         let thread = std::thread::Builder::new()
             .name("cm-agent".into())
@@ -526,9 +611,26 @@ impl CmAgent {
     /// answered by the consumer is rejected), ends the listens, deletes
     /// the subscriptions at the SA (one Set(InformInfo) each, not waited
     /// for), unregisters the MAD agents and stops the agent, in that
-    /// order, before the client's QPs go. Start the agent over
-    /// `client`'s own provider ([`Client::into_provider`]) for its QPs
-    /// and buffers to be in the tree too.
+    /// order, before the client's QPs go.
+    ///
+    /// They all hang under the CA the agent uses (its CM ids, MAD agents
+    /// and subscriptions under the agent's own node, which is under the
+    /// CA): destroying that CA node, or the CA's removal, ends them
+    /// first, then the agent's QP1 and QP0 and their buffers. An agent
+    /// started over `client`'s own provider ([`Client::into_provider`])
+    /// hangs under the client's open of the CA, where its QPs and buffers
+    /// already are; an agent started over another provider (an IB node's
+    /// port, made before any client) has its CA, PD, CQ, special QPs and
+    /// buffers adopted into the tree, counted under their kinds, and
+    /// given back to the provider by the tree (once: the agent's drop
+    /// then skips them).
+    ///
+    /// When the CA is removed, every connection and listen of the agent
+    /// ends where it stands (no DREQ can leave a removed port): the
+    /// [`CmAgent::on_device_removal`] hook hears of each, the
+    /// [`CmAgent::on_disconnect`] hook of each connection, a `connect`
+    /// still waiting returns [`CmError::DeviceRemoved`], listen channels
+    /// are disconnected. An untracked agent does the same by itself.
     ///
     /// # Errors
     /// The agent is already tracked, or `client` is closed.
@@ -540,16 +642,48 @@ impl CmAgent {
                 err: verbs::VerbsError::InvalidArgument("already in a client's tree".into()),
             });
         }
-        st.tracker = Some(client.tracker());
+        if st.stopped || self.inner.removed.load(Ordering::SeqCst) {
+            return Err(CmError::Stopped);
+        }
+        let t = client.tracker();
+        let ca_node = match t.ca_node(self.inner.ca) {
+            Some(id) => id,
+            None => {
+                let adopted = self.inner.adopt(&t)?;
+                let ca = adopted[0];
+                st.adopted = adopted;
+                ca
+            }
+        };
+        st.tracker = Some(t);
+        st.ca_node = Some(ca_node);
         let r = self.inner.track(&mut st, TrackKey::Port);
         if r.is_err() {
-            st.tracker = None;
+            let (t, adopted) = (st.tracker.take(), std::mem::take(&mut st.adopted));
+            st.ca_node = None;
+            if let Some(t) = t {
+                for id in adopted {
+                    t.untrack(id);
+                }
+            }
         }
         r
     }
 
-    /// Called with the connection when the peer disconnects (DREQ) or the
-    /// connection's state machine gives up on it.
+    /// Called for each CM id (connection or listen) ended because the
+    /// port's CA was removed, as rdma_cm's RDMA_CM_EVENT_DEVICE_REMOVAL
+    /// (see [`CmAgent::track_in`]).
+    pub fn on_device_removal(&self, hook: impl Fn(Removed) + Send + Sync + 'static) {
+        self.inner.lock().on_removal = Some(Arc::new(hook));
+    }
+
+    /// True once the port's CA was removed.
+    pub fn is_removed(&self) -> bool {
+        self.inner.removed.load(Ordering::SeqCst)
+    }
+
+    /// Called with the connection when the peer disconnects (DREQ), the
+    /// connection's state machine gives up on it, or its CA is removed.
     pub fn on_disconnect(&self, hook: impl Fn(ConnId) + Send + Sync + 'static) {
         self.inner.lock().on_disconnect = Some(Arc::new(hook));
     }
@@ -602,6 +736,9 @@ impl CmAgent {
         let (tx, rx) = mpsc::channel();
         let conn = {
             let mut st = self.inner.lock();
+            if self.inner.removed.load(Ordering::SeqCst) {
+                return Err(CmError::DeviceRemoved);
+            }
             if st.stopped || st.tracker.as_ref().is_some_and(|t| !t.is_open()) {
                 return Err(CmError::Stopped);
             }
@@ -876,21 +1013,20 @@ impl Drop for CmAgent {
                 i.untrack(&mut st, k);
             }
         }
-        let p = &i.provider;
-        let ahs: Vec<AhHandle> = i.lock().ahs.drain().map(|(_, a)| a).collect();
-        for a in ahs {
-            let _ = p.destroy_ah(a);
+        // Adopted verbs objects leave the tree; what the tree has not
+        // given back yet goes back here.
+        {
+            let mut st = i.lock();
+            let adopted = std::mem::take(&mut st.adopted);
+            if let Some(t) = &st.tracker {
+                for id in adopted {
+                    t.untrack(id);
+                }
+            }
         }
-        let _ = p.destroy_qp(i.qp);
-        let _ = p.dereg_mr(i.recv_mr.handle);
-        if let Some(s) = &i.smi {
-            let _ = p.destroy_qp(s.qp);
-            let _ = p.dereg_mr(s.recv_mr.handle);
+        for (part, _) in Part::ALL {
+            i.release(part);
         }
-        let _ = p.dereg_mr(i.send_mr.handle);
-        let _ = p.destroy_cq(i.cq);
-        let _ = p.dealloc_pd(i.pd);
-        let _ = p.close_ca(i.ca);
     }
 }
 
@@ -936,16 +1072,184 @@ impl Inner {
         if st.tracked.contains_key(&key) {
             return Ok(());
         }
+        // The agent's node under its CA; everything else under the agent.
+        let parent = match key {
+            TrackKey::Port => st.ca_node,
+            _ => Some(*st.tracked.get(&TrackKey::Port).ok_or(CmError::Stopped)?),
+        };
         let me = self.me.clone();
         let id = t
-            .track(key.kind(), move || {
+            .track(key.kind(), parent, move || {
                 if let Some(i) = me.upgrade() {
                     i.close_tracked(key);
                 }
             })
-            .map_err(|_| CmError::Stopped)?;
+            .map_err(|_| self.gone())?;
         st.tracked.insert(key, id);
         Ok(())
+    }
+
+    /// Why the agent does no more work.
+    fn gone(&self) -> CmError {
+        if self.removed.load(Ordering::SeqCst) {
+            CmError::DeviceRemoved
+        } else {
+            CmError::Stopped
+        }
+    }
+
+    /// Puts the agent's verbs objects in `t`'s tree (CA, then PD under
+    /// it, then the rest under the PD), each node releasing its part.
+    /// Returns the nodes, CA first.
+    ///
+    /// # Errors
+    /// The client is closed (nothing is left in its tree).
+    fn adopt(&self, t: &Tracker) -> Result<Vec<ResId>, CmError> {
+        let mut ids: Vec<ResId> = Vec::new();
+        let mut parent = None;
+        for (part, kind) in Part::ALL.iter().rev().copied() {
+            if matches!(part, Part::Qp0 | Part::SmiMr) && self.smi.is_none() {
+                continue;
+            }
+            let me = self.me.clone();
+            let placed = t.track(kind, parent, move || {
+                if let Some(i) = me.upgrade() {
+                    i.release(part);
+                }
+            });
+            match placed {
+                Ok(id) => {
+                    ids.push(id);
+                    // The CA holds the PD, the PD the rest.
+                    if matches!(part, Part::Ca | Part::Pd) {
+                        parent = Some(id);
+                    }
+                }
+                Err(_) => {
+                    for id in ids {
+                        t.untrack(id);
+                    }
+                    return Err(CmError::Stopped);
+                }
+            }
+        }
+        Ok(ids)
+    }
+
+    /// Gives `part` back to the provider, once (errors ignored: a removed
+    /// CA has taken it already).
+    fn release(&self, part: Part) {
+        if self.released.fetch_or(part.bit(), Ordering::SeqCst) & part.bit() != 0 {
+            return;
+        }
+        let p = &self.provider;
+        let _ = match part {
+            Part::Qp1 => p.destroy_qp(self.qp),
+            Part::Qp0 => self.smi.as_ref().map_or(Ok(()), |s| p.destroy_qp(s.qp)),
+            Part::RecvMr => p.dereg_mr(self.recv_mr.handle),
+            Part::SmiMr => self
+                .smi
+                .as_ref()
+                .map_or(Ok(()), |s| p.dereg_mr(s.recv_mr.handle)),
+            Part::SendMr => p.dereg_mr(self.send_mr.handle),
+            Part::Cq => p.destroy_cq(self.cq),
+            Part::Pd => {
+                let ahs: Vec<AhHandle> = self.lock().ahs.drain().map(|(_, a)| a).collect();
+                for a in ahs {
+                    let _ = p.destroy_ah(a);
+                }
+                p.dealloc_pd(self.pd)
+            }
+            Part::Ca => p.close_ca(self.ca),
+        };
+    }
+
+    fn is_released(&self, part: Part) -> bool {
+        self.released.load(Ordering::SeqCst) & part.bit() != 0
+    }
+
+    /// The CA is being removed (its CaRemoval event, before the provider
+    /// forgets it). A tracked agent's objects end through the tracking
+    /// client's tree: the adopted CA node is destroyed here, or the
+    /// client's own open of the CA is destroyed by the client's handler
+    /// right after this returns; each CM id's node ends it
+    /// ([`Inner::close_tracked`]). An untracked agent ends them itself.
+    fn device_removed(&self) {
+        if self.removed.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let (tracker, adopted_ca) = {
+            let st = self.lock();
+            (st.tracker.clone(), st.adopted.first().copied())
+        };
+        match (tracker, adopted_ca) {
+            (Some(t), Some(ca)) if t.is_open() => t.destroy(ca),
+            (Some(t), None) if t.is_open() => {}
+            _ => self.end_all_removed(),
+        }
+    }
+
+    /// Ends a connection on a removed CA: forgotten by the state machine
+    /// (nothing can be sent), out of the tree, its waiting `connect` told
+    /// (the disconnect hook is for connections nobody waits on).
+    fn end_conn_removed(&self, st: &mut State, conn: ConnId, told: &mut Vec<(Removed, bool)>) {
+        let known = st.cm.forget(conn) | st.meta.remove(&conn).is_some();
+        self.untrack(st, TrackKey::Conn(conn));
+        let waiting = st.waiting.remove(&conn);
+        if let Some(tx) = &waiting {
+            let _ = tx.send(Err(CmError::DeviceRemoved));
+        }
+        if known || waiting.is_some() {
+            told.push((Removed::Conn(conn), waiting.is_none()));
+        }
+    }
+
+    fn end_listen_removed(&self, st: &mut State, service_id: u64, told: &mut Vec<(Removed, bool)>) {
+        st.cm.unlisten(service_id);
+        self.untrack(st, TrackKey::Listen(service_id));
+        if st.listeners.remove(&service_id).is_some() {
+            told.push((Removed::Listen(service_id), false));
+        }
+    }
+
+    /// Ends every connection and listen left on a removed CA, and the
+    /// agent: its thread stops, its MAD agents' waiting callers hear.
+    fn end_all_removed(&self) {
+        let mut st = self.lock();
+        let mut told = Vec::new();
+        let mut conns: Vec<ConnId> = st.meta.keys().chain(st.waiting.keys()).copied().collect();
+        conns.sort();
+        conns.dedup();
+        for c in conns {
+            self.end_conn_removed(&mut st, c, &mut told);
+        }
+        let listens: Vec<u64> = st.listeners.keys().copied().collect();
+        for s in listens {
+            self.end_listen_removed(&mut st, s, &mut told);
+        }
+        let keys: Vec<TrackKey> = st.tracked.keys().copied().collect();
+        for k in keys.into_iter().filter(|k| *k != TrackKey::Port) {
+            self.untrack(&mut st, k);
+        }
+        st.stopped = true;
+        st.mad_waiters.clear();
+        let _ = self.events.lock().map(|tx| tx.send(Ev::Stop));
+        self.tell_removed(st, told);
+    }
+
+    /// Runs the removal hooks (and the disconnect hook where marked)
+    /// without the lock.
+    fn tell_removed(&self, st: MutexGuard<'_, State>, told: Vec<(Removed, bool)>) {
+        let (removal, disconnect) = (st.on_removal.clone(), st.on_disconnect.clone());
+        drop(st);
+        for (r, disconnected) in told {
+            if let (Removed::Conn(c), true, Some(h)) = (r, disconnected, &disconnect) {
+                h(c);
+            }
+            if let Some(h) = &removal {
+                h(r);
+            }
+        }
     }
 
     /// `key` ended by itself: its node leaves the client's tree.
@@ -960,6 +1264,30 @@ impl Inner {
     fn close_tracked(&self, key: TrackKey) {
         let mut st = self.lock();
         st.tracked.remove(&key);
+        if self.removed.load(Ordering::SeqCst) {
+            // Nothing can leave the port: no DREQ, REJ or InformInfo
+            // delete; each CM id ends where it stands and is told.
+            let mut told = Vec::new();
+            match key {
+                TrackKey::Conn(conn) => self.end_conn_removed(&mut st, conn, &mut told),
+                TrackKey::Listen(s) => self.end_listen_removed(&mut st, s, &mut told),
+                TrackKey::Agent(id) => {
+                    st.gsi.unregister(id);
+                    st.mad_rx.remove(&id);
+                    st.mad_waiters.retain(|tid, _| (tid >> 32) as u32 != id.0);
+                }
+                TrackKey::Sub(..) => {}
+                TrackKey::Port => {
+                    // Last of the agent's nodes: whatever was made before
+                    // the agent was tracked ends too.
+                    drop(st);
+                    self.end_all_removed();
+                    return;
+                }
+            }
+            self.tell_removed(st, told);
+            return;
+        }
         match key {
             TrackKey::Port => {
                 st.stopped = true;
@@ -1171,6 +1499,8 @@ impl Inner {
             };
             let ah = match st.ahs.get(&peer) {
                 Some(a) => *a,
+                // The PD is gone (the tree gave it back): no new AH on it.
+                None if self.is_released(Part::Pd) => continue,
                 None => {
                     let attr = AhAttr::roce(peer);
                     match self.provider.create_ah(self.pd, &attr) {

@@ -58,6 +58,6 @@ mod wire;
 
 pub use agent::{
     recv_ring, recv_wr, send_ring, source_gid, special_qp, CmAgent, CmError, Established, Incoming,
-    MadAgent,
+    MadAgent, Removed,
 };
 pub use rdma_cm::{CmConfig, ConnId};

@@ -13,11 +13,17 @@
 //! abandoned, a listen ended, before its QP goes), then SA subscriptions
 //! (their InformInfo deleted while the port can still send), then MAD
 //! agents (unregistered from the port's QP1), then QPs and MWs, then MRs,
-//! SRQs, CQs and AHs, then PDs, then the CA. A CM agent joins a client's
-//! tree with [`crate::CmAgent::track_in`]: its CM ids, MAD agents and SA
+//! SRQs, CQs and AHs, then PDs, then the CA (within a kind, children
+//! before their parent). A CM agent joins a client's tree with
+//! [`crate::CmAgent::track_in`]: its CM ids, MAD agents and SA
 //! subscriptions are then counted under [`Kind::CmId`], [`Kind::MadAgent`]
-//! and [`Kind::SaSubscription`], and leave the tree by themselves when
-//! they end (timewait over, REJ, timeout, agent dropped, unsubscribed). Each destroy goes through the provider's
+//! and [`Kind::SaSubscription`], as children of the agent's node under
+//! the CA it uses (with the agent's special QPs and buffers: its own
+//! verbs objects when it runs over the client, adopted ones when it was
+//! made over the bare provider, as an IB node's port is), so that the
+//! CA's removal or destruction ends them first; they leave the tree by
+//! themselves when they end (timewait over, REJ, timeout, agent dropped,
+//! unsubscribed). Each destroy goes through the provider's
 //! asynchronous destroy path, so a completion callback still running for
 //! an object is allowed to finish; the provider promises `on_destroyed` is
 //! the last callback for it.
@@ -560,25 +566,60 @@ impl Drop for Client {
 pub(crate) struct Tracker(Weak<ClientInner>);
 
 impl Tracker {
-    /// A root node of `kind` whose `close` runs when the client closes.
+    /// A node of `kind` under `parent` (a root if `None`) whose `close`
+    /// runs when the client closes or the parent is destroyed (its CA
+    /// removed, say).
     ///
     /// # Errors
-    /// The client is closed or gone.
+    /// The client is closed or gone, or `parent` is no longer in the tree
+    /// (destroyed meanwhile: the object must not be made).
     pub(crate) fn track(
         &self,
         kind: Kind,
+        parent: Option<ResId>,
         close: impl FnOnce() + Send + 'static,
     ) -> Result<ResId, VerbsError> {
         let c = self
             .0
             .upgrade()
             .ok_or_else(|| VerbsError::InvalidArgument("the client is gone".into()))?;
-        let id = c.reserve()?;
-        // Refused (closed meanwhile): the hook is dropped, not run; the
-        // caller still owns the object and ends it itself.
-        c.insert(id, Handle::Tracked(kind, Some(Box::new(close))), None)
-            .map_err(|_| c.closed_error())?;
+        let mut t = lock(&c.tree);
+        if t.closed {
+            return Err(c.closed_error());
+        }
+        if let Some(p) = parent.filter(|p| !t.nodes.contains_key(p)) {
+            // Refused: the hook is dropped, not run; the caller still
+            // owns the object and ends it itself.
+            return Err(VerbsError::InvalidArgument(format!(
+                "{p:?} left the tree of client {}",
+                c.name
+            )));
+        }
+        t.next += 1;
+        let id = ResId(t.next);
+        let handle = Handle::Tracked(kind, Some(Box::new(close)));
+        t.nodes.insert(id, Node { handle, parent });
+        c.live.add(kind, 1);
+        c.al.live.add(kind, 1);
         Ok(id)
+    }
+
+    /// The node of CA open `ca` in the client's tree, if the client made
+    /// it (an agent started over [`Client::into_provider`]).
+    pub(crate) fn ca_node(&self, ca: CaHandle) -> Option<ResId> {
+        let c = self.0.upgrade()?;
+        let t = lock(&c.tree);
+        t.nodes
+            .iter()
+            .find(|(_, n)| matches!(n.handle, Handle::Ca(h) if h == ca))
+            .map(|(id, _)| *id)
+    }
+
+    /// Destroys `id` and its subtree, as [`Client::destroy`].
+    pub(crate) fn destroy(&self, id: ResId) {
+        if let Some(c) = self.0.upgrade() {
+            c.destroy(id);
+        }
     }
 
     /// False once the client is closed or gone.
@@ -663,7 +704,7 @@ impl ClientInner {
     /// Takes `root` and its descendants out of the tree and releases them
     /// in dependency order, outside the lock.
     fn destroy(&self, root: ResId) {
-        let mut taken: Vec<Node> = {
+        let taken: Vec<Node> = {
             let mut t = lock(&self.tree);
             if !t.nodes.contains_key(&root) {
                 return;
@@ -682,8 +723,13 @@ impl ClientInner {
             }
             ids.iter().filter_map(|id| t.nodes.remove(id)).collect()
         };
-        taken.sort_by_key(|n| n.handle.kind());
-        for n in taken {
+        // By kind; within a kind, children before their parents (the
+        // reverse of the walk): a CM agent's MAD agents and its own CM
+        // registration are all MAD agents, and the registration, their
+        // parent, goes last.
+        let mut taken: Vec<(usize, Node)> = taken.into_iter().enumerate().collect();
+        taken.sort_by_key(|(i, n)| (n.handle.kind(), std::cmp::Reverse(*i)));
+        for (_, n) in taken {
             let kind = n.handle.kind();
             self.release(n.handle);
             self.live.add(kind, -1);

@@ -222,15 +222,21 @@ impl Drop for Far {
 }
 
 /// A CM agent of `c` on `guid` (started over `provider`), with one of
-/// each upper-layer object: a connection to `far`, a MAD agent, an SA
-/// client subscribed to trap 64 at `far`. The counters show them.
+/// each upper-layer object: a connection to `far` (returned last), a MAD
+/// agent, an SA client subscribed to trap 64 at `far`. The counters show
+/// them.
 fn cm_objects(
     c: &Client,
     provider: Arc<dyn Provider>,
     guid: Guid,
     far: &Far,
     salt: u32,
-) -> (Arc<CmAgent>, rdma_access::MadAgent, SaClient) {
+) -> (
+    Arc<CmAgent>,
+    rdma_access::MadAgent,
+    SaClient,
+    rdma_access::ConnId,
+) {
     let agent = CmAgent::start_with(provider, guid, first_comm_id(salt), cm_config()).unwrap();
     agent.track_in(c).unwrap();
     assert!(agent.track_in(c).is_err(), "one tree per agent");
@@ -270,7 +276,7 @@ fn cm_objects(
     assert_eq!(c.live(Kind::MadAgent), 4);
     drop(m2);
     assert_eq!(c.live(Kind::MadAgent), 3);
-    (agent, mad, sa)
+    (agent, mad, sa, est.conn)
 }
 
 /// Waits (at most 10 s) until `f` holds.
@@ -291,7 +297,7 @@ fn every_object_goes_with_its_client(p: Arc<dyn Provider>, guid: Guid, peer: Gui
     let tp = al.client("test").into_provider();
     let c = tp.client();
     let qp = one_of_each(&al, c, guid);
-    let (agent, mad, sa) = cm_objects(c, tp.clone(), guid, &far, 2);
+    let (agent, mad, sa, _) = cm_objects(c, tp.clone(), guid, &far, 2);
     assert!(
         c.live(Kind::Qp) >= 2,
         "the consumer's QP and the agent's QP1"
@@ -409,7 +415,7 @@ fn a_client_dropped_with_work_in_flight_leaves_nothing() {
     let far = Far::start(far_agent);
     assert_eq!(peer.live(Kind::CmId), 1, "the far end's listen");
     let p_dyn: Arc<dyn Provider> = p.clone();
-    let (agent, mad, sa) = cm_objects(&c, p_dyn, a, &far, 4);
+    let (agent, mad, sa, _) = cm_objects(&c, p_dyn, a, &far, 4);
     assert_eq!(peer.live(Kind::CmId), 2, "its listen and its connection");
     for (qp, other, oq) in [(qa, &pb, qb), (qb, &pa, qa)] {
         let prov = c.provider();
@@ -490,8 +496,9 @@ fn a_client_dropped_with_work_in_flight_leaves_nothing() {
         agent.gsi_stats().retries > 0
     });
     drop(c);
-    assert_eq!(al.live(Kind::Qp), 1, "only the peer's QP");
-    assert_eq!(al.live(Kind::Mr), 1);
+    // The far agent's QP1 and buffers are in the peer's tree.
+    assert_eq!(al.live(Kind::Qp), 2, "only the peer's QP and QP1");
+    assert_eq!(al.live(Kind::Mr), 3, "the peer's MR and QP1's two");
     assert_eq!(al.live(Kind::SaSubscription), 0);
     assert_eq!(al.live(Kind::MadAgent), 2, "the far end's agent and SA");
     let t0 = std::time::Instant::now();
@@ -670,4 +677,269 @@ fn handshakes_in_flight_end_with_their_client() {
     );
     assert_eq!(al.live_total(), 0);
     drop((active, pa));
+}
+
+/// What a consumer of a CM agent heard of a CA removal.
+#[derive(Default)]
+struct Told {
+    removed: Mutex<Vec<rdma_access::Removed>>,
+    disconnects: AtomicU64,
+}
+
+/// A CA removed under a tracked CM agent with one of every upper-layer
+/// object on it (a connection, a listen, a MAD agent, an SA
+/// subscription) and work in flight (a REQ nobody answers, a MAD request
+/// being resent): the CA's teardown ends them all before the agent's QPs,
+/// the consumer hears of each CM id (a removal event, as rdma_cm's
+/// RDMA_CM_EVENT_DEVICE_REMOVAL, and the disconnect hook for the
+/// connections), the waiting callers return at once, and every counter
+/// of the client reaches zero. `through_client`: the agent reaches the
+/// NIC through the client (its CA open is the client's); otherwise it
+/// was made over the provider itself, as an IB node's port, and the
+/// tree adopts its CA, QP1, QP0 and buffers.
+fn a_removed_ca_ends_its_cm_ids(
+    p: Arc<dyn Provider>,
+    remove: impl FnOnce(),
+    guid: Guid,
+    peer: Guid,
+    nobody: rdma_types::Gid,
+    through_client: bool,
+    qp0: bool,
+) {
+    let al = AccessLayer::new(p.clone());
+    let far =
+        Far::start(CmAgent::start_with(p.clone(), peer, first_comm_id(8), cm_config()).unwrap());
+    let tp = al.client("removed").into_provider();
+    let c = tp.client();
+    one_of_each(&al, c, guid);
+    let over: Arc<dyn Provider> = if through_client {
+        tp.clone()
+    } else {
+        p.clone()
+    };
+    let (agent, mad, sa, est) = cm_objects(c, over, guid, &far, 9);
+    let told = Arc::new(Told::default());
+    let (t, weak) = (told.clone(), Arc::downgrade(&agent));
+    agent.on_device_removal(move |r| {
+        // A hook may call the agent back: it runs without its lock.
+        if let (rdma_access::Removed::Conn(conn), Some(a)) = (r, weak.upgrade()) {
+            a.disconnect(conn);
+            assert_eq!(a.state(conn), rdma_cm::ConnState::Closed);
+        }
+        t.removed.lock().unwrap().push(r);
+    });
+    let t = told.clone();
+    agent.on_disconnect(move |_| {
+        t.disconnects.fetch_add(1, Ordering::SeqCst);
+    });
+    let listen = agent.listen(0x4242);
+    // The consumer's QP, the agent's QP1, and its QP0 where the CA has
+    // one (loopback: yes; a soft RoCE port in the roce personality: no).
+    assert_eq!(agent.has_smi(), qp0);
+    assert_eq!(c.live(Kind::Qp), 2 + i64::from(qp0));
+    assert_eq!(
+        c.live(Kind::Mr),
+        1 + 2 + i64::from(qp0),
+        "QP1's two, QP0's one"
+    );
+    assert_eq!(c.live(Kind::Ca), 2, "the consumer's open and the agent's");
+    // In flight: a REQ to nobody, a MAD request resent to nobody.
+    let ag = agent.clone();
+    let connecting = std::thread::spawn(move || {
+        ag.connect(
+            nobody,
+            SERVICE,
+            Qpn::from_bits(0x5a),
+            Psn::new(1),
+            Vec::new(),
+            Duration::from_secs(60),
+        )
+    });
+    let asking = std::thread::spawn(move || {
+        let mut q = [0u8; 256];
+        q[..4].copy_from_slice(&[1, 0x04, 1, 0x01]);
+        let r = mad.request(nobody, q, Duration::from_millis(50), 1000);
+        (r, mad)
+    });
+    eventually("the REQ in flight is not a CM id", || {
+        c.live(Kind::CmId) == 3
+    });
+    eventually("the MAD request was never resent", || {
+        agent.gsi_stats().retries > 0
+    });
+    assert_eq!(c.live(Kind::SaSubscription), 1);
+    assert_eq!(c.live(Kind::MadAgent), 3);
+    let t0 = std::time::Instant::now();
+    remove();
+    eventually("the removed CA's tree is still there", || {
+        c.live_total() == 0
+    });
+    for kind in [
+        Kind::CmId,
+        Kind::SaSubscription,
+        Kind::MadAgent,
+        Kind::Qp,
+        Kind::Mr,
+        Kind::Cq,
+        Kind::Pd,
+        Kind::Ca,
+    ] {
+        assert_eq!(c.live(kind), 0, "{kind:?}");
+    }
+    assert_eq!(
+        connecting.join().unwrap(),
+        Err(CmError::DeviceRemoved),
+        "the waiting connect is told"
+    );
+    let (r, mad) = asking.join().unwrap();
+    assert!(r.is_err());
+    assert!(
+        t0.elapsed() < Duration::from_secs(20),
+        "the callers waited for their timeouts, not for the removal"
+    );
+    assert!(
+        listen.recv_timeout(Duration::from_secs(5)).is_err(),
+        "the listen channel is disconnected"
+    );
+    // Each CM id once: the connection, the REQ in flight, the listen.
+    let removed = told.removed.lock().unwrap().clone();
+    assert_eq!(removed.len(), 3, "{removed:?}");
+    assert!(removed.contains(&rdma_access::Removed::Listen(0x4242)));
+    assert!(removed.contains(&rdma_access::Removed::Conn(est)));
+    assert!(
+        removed
+            .iter()
+            .any(|r| matches!(r, rdma_access::Removed::Conn(c) if *c != est)),
+        "the REQ in flight: {removed:?}"
+    );
+    assert_eq!(
+        told.disconnects.load(Ordering::SeqCst),
+        1,
+        "the established connection (the waiting connect got its error)"
+    );
+    assert!(agent.is_removed());
+    let again = agent.connect(
+        far.agent.gid(),
+        SERVICE,
+        Qpn::from_bits(0x5b),
+        Psn::new(1),
+        Vec::new(),
+        Duration::from_secs(1),
+    );
+    assert_eq!(again, Err(CmError::DeviceRemoved));
+    assert!(agent.mad_agent(0x06, 1, &[]).is_err());
+    assert!(sa.subscribe(65).is_err());
+    drop((sa, mad, agent));
+    assert_eq!(c.live_total(), 0);
+    drop(tp);
+    drop(far);
+    assert_eq!(al.live_total(), 0);
+}
+
+/// Soft RoCE CAs 0xd1 and 0xd2 at 127.0.171.`net` and the next address.
+fn soft_171(net: u8) -> Arc<rnic::softroce::SoftRoce> {
+    let ca = |guid, n: u8| rnic::softroce::SoftCa {
+        guid: Guid(guid),
+        ip: format!("127.0.171.{n}").parse().unwrap(),
+    };
+    rnic::softroce::SoftRoce::new(
+        vec![ca(0xd1, net), ca(0xd2, net + 1)],
+        rnic::softroce::ROCE_PORT,
+    )
+}
+
+#[test]
+fn a_removed_ca_ends_the_cm_ids_of_an_agent_over_its_client() {
+    let p = soft_171(1);
+    let (r, a) = (p.clone(), Guid(0xd1));
+    let nobody = rdma_types::Gid::from_ip("127.0.171.99".parse().unwrap());
+    a_removed_ca_ends_its_cm_ids(
+        p,
+        move || r.remove_ca(a).unwrap(),
+        a,
+        Guid(0xd2),
+        nobody,
+        true,
+        false,
+    );
+}
+
+#[test]
+fn a_removed_ca_ends_the_cm_ids_of_an_adopted_agent_on_soft_roce() {
+    let p = soft_171(3);
+    let (r, a) = (p.clone(), Guid(0xd1));
+    let nobody = rdma_types::Gid::from_ip("127.0.171.99".parse().unwrap());
+    a_removed_ca_ends_its_cm_ids(
+        p,
+        move || r.remove_ca(a).unwrap(),
+        a,
+        Guid(0xd2),
+        nobody,
+        false,
+        false,
+    );
+}
+
+/// On the loopback fabric the port has a QP0 too: the tree adopts both
+/// special QPs.
+#[test]
+fn a_removed_ca_ends_the_cm_ids_and_special_qps_of_an_adopted_agent() {
+    let f = rnic::loopback::Fabric::new();
+    f.add_ca(rnic::loopback::CaConfig::simple(0xc1, 1)).unwrap();
+    f.add_ca(rnic::loopback::CaConfig::simple(0xc2, 2)).unwrap();
+    let r = f.clone();
+    let nobody = rdma_types::Gid::from_prefix_guid(0xfe80_0000_0000_0000, Guid(0xdead));
+    let remove = move || r.remove_ca(Guid(0xc1)).unwrap();
+    a_removed_ca_ends_its_cm_ids(f, remove, Guid(0xc1), Guid(0xc2), nobody, false, true);
+}
+
+/// An agent in no client's tree hears of its CA's removal by itself: its
+/// connection and listen end, the consumer is told, work is refused.
+#[test]
+fn an_untracked_agent_ends_its_cm_ids_when_its_ca_goes() {
+    let f = rnic::loopback::Fabric::new();
+    f.add_ca(rnic::loopback::CaConfig::simple(0xe1, 1)).unwrap();
+    f.add_ca(rnic::loopback::CaConfig::simple(0xe2, 2)).unwrap();
+    let far = Far::start(
+        CmAgent::start_with(f.clone(), Guid(0xe2), first_comm_id(10), cm_config()).unwrap(),
+    );
+    let agent = CmAgent::start_with(f.clone(), Guid(0xe1), first_comm_id(11), cm_config()).unwrap();
+    let told = Arc::new(Told::default());
+    let t = told.clone();
+    agent.on_device_removal(move |r| t.removed.lock().unwrap().push(r));
+    let t = told.clone();
+    agent.on_disconnect(move |_| {
+        t.disconnects.fetch_add(1, Ordering::SeqCst);
+    });
+    let listen = agent.listen(0x4343);
+    let est = agent
+        .connect(
+            far.agent.gid(),
+            SERVICE,
+            Qpn::from_bits(0x5c),
+            Psn::new(1),
+            Vec::new(),
+            Duration::from_secs(10),
+        )
+        .unwrap();
+    f.remove_ca(Guid(0xe1)).unwrap();
+    eventually("the removal was not told", || {
+        told.removed.lock().unwrap().len() == 2
+    });
+    let removed = told.removed.lock().unwrap().clone();
+    assert!(removed.contains(&rdma_access::Removed::Conn(est.conn)));
+    assert!(removed.contains(&rdma_access::Removed::Listen(0x4343)));
+    assert_eq!(told.disconnects.load(Ordering::SeqCst), 1);
+    assert_eq!(agent.state(est.conn), rdma_cm::ConnState::Closed);
+    assert!(listen.recv_timeout(Duration::from_secs(1)).is_err());
+    assert!(agent.is_removed());
+    let again = agent.connect(
+        far.agent.gid(),
+        SERVICE,
+        Qpn::from_bits(0x5d),
+        Psn::new(1),
+        Vec::new(),
+        Duration::from_secs(1),
+    );
+    assert_eq!(again, Err(CmError::DeviceRemoved));
 }

@@ -452,6 +452,22 @@ impl<P: Copy + Eq + core::fmt::Debug> Cm<P> {
         true
     }
 
+    /// Either side, any state: drops the connection without a message and
+    /// without an event, its timers with it. For a port that is gone (its
+    /// CA removed): nothing can be sent any more, and retrying a REQ, a
+    /// REP or a DREQ into a dead port would only keep the connection
+    /// alive in the tables. The peer finds out by its own timeouts, as
+    /// with a pulled cable. Returns whether the connection existed.
+    pub fn forget(&mut self, conn: ConnId) -> bool {
+        self.conns.remove(&conn.0).is_some()
+    }
+
+    /// Stops accepting REQs for `service_id` (later ones get REJ invalid
+    /// service ID); connections already made are not touched.
+    pub fn unlisten(&mut self, service_id: u64) {
+        self.listening.retain(|s| *s != service_id);
+    }
+
     /// Either side: starts a disconnect (DREQ).
     pub fn disconnect(&mut self, now: Instant, conn: ConnId) -> bool {
         let Some(c) = self.conns.get_mut(&conn.0) else {

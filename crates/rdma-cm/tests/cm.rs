@@ -302,6 +302,58 @@ fn an_abandoned_req_is_not_sent_again_when_the_link_comes_back() {
 }
 
 #[test]
+fn a_forgotten_connection_sends_nothing_in_any_state() {
+    // A removed CA: its connections end where they stand, with no DREQ,
+    // no REJ and no retry (the port cannot send), and no event.
+    let mut net = Net::new(&[1, 2], FaultConfig::default());
+    let (a, b) = establish(&mut net);
+    net.take(1);
+    net.take(2);
+    let sent = net.sent.len();
+    assert!(net.cm(1).forget(a));
+    assert!(!net.cm(1).forget(a), "already gone");
+    assert_eq!(net.cm(1).state(a), ConnState::Closed);
+    assert_eq!(net.cm(1).poll_timeout(), None, "no timer left");
+    // A REQ still retried is forgotten as well; and so is a listen.
+    net.down.push(2);
+    let r = net.connect_plain(vec![2], SVC);
+    let reqs_since = |n: &Net| {
+        n.sent[sent..]
+            .iter()
+            .filter(|(f, _, m)| *f == 1 && is_req(m))
+            .count()
+    };
+    net.run(|n| reqs_since(n) == 2);
+    assert!(net.cm(1).forget(r));
+    net.cm(2).unlisten(SVC);
+    net.down.clear();
+    net.settle();
+    assert_eq!(reqs_since(&net), 2, "no REQ after the forget");
+    assert!(
+        net.sent[sent..]
+            .iter()
+            .all(|(f, _, m)| *f != 1 || is_req(m)),
+        "only the REQs left node 1: no DREQ, no REJ"
+    );
+    assert!(
+        net.take(1).is_empty(),
+        "no event for a forgotten connection"
+    );
+    assert_eq!(
+        net.cm(2).state(b),
+        ConnState::Established,
+        "the peer learns by itself"
+    );
+    // After the unlisten a new REQ is refused.
+    let late = net.connect_plain(vec![2], SVC);
+    net.settle();
+    assert!(matches!(
+        net.take(1).as_slice(),
+        [CmEvent::Rejected { conn, reason: RejReason::INVALID_SERVICE_ID, .. }] if *conn == late
+    ));
+}
+
+#[test]
 fn dead_peer_times_out_after_every_retry() {
     let mut net = Net::new(&[1, 2], FaultConfig::default());
     net.down.push(2);

@@ -317,8 +317,8 @@ impl Daemon {
         scsi.set_relative_port_id(port.name(), *t.rel_tgt_id.get_ref())
             .map_err(|e| format!("target.rel_tgt_id: {e}"))?;
         // On the ib fabric the port's node started the agent on the NIC
-        // (its QP1 objects are not in the tree; its CM ids, MAD agents
-        // and subscriptions are).
+        // (the tree adopts its QP0/QP1 objects; its CM ids, MAD agents
+        // and subscriptions hang under them).
         let agent = match &ib_port {
             Some(p) => p.agent().clone(),
             None => rdma_access::CmAgent::start(cm.clone(), guid, std::process::id() << 8)

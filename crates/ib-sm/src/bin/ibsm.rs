@@ -276,7 +276,8 @@ fn run_sm(args: RunArgs) -> Result<(), String> {
     let active = sm.active_ports().len();
     println!(
         "ibsm: {active} of {} ports ACTIVE after {} sweeps, {} resends, {} SA requests, {} reports, \
-         {} bad M_Key traps, {} ports refusing our M_Key, {} SA MADs ignored (not master)",
+         {} bad M_Key traps, {} ports refusing our M_Key, {} SA MADs ignored (not master), \
+         {} SA MADs dropped (wrong SM_Key)",
         nodes.len(),
         st.sweeps,
         st.retries,
@@ -284,7 +285,8 @@ fn run_sm(args: RunArgs) -> Result<(), String> {
         st.reports,
         st.bad_mkey_traps,
         st.mkey_refused,
-        st.sa_ignored
+        st.sa_ignored,
+        st.sa_bad_sm_key
     );
     if args.once && active < nodes.len() {
         return Err(format!(
@@ -340,6 +342,9 @@ fn describe(e: &SmEvent, lmc: u8) -> String {
         }
         SmEvent::StandbyLost { guid } => {
             format!("ibsm: standby SM {:#018x} stopped answering", guid.0)
+        }
+        SmEvent::HandoverAcknowledged { guid } => {
+            format!("ibsm: SM {:#018x} acknowledged the handover", guid.0)
         }
     }
 }
