@@ -112,6 +112,7 @@ fn login_inquiry_capacity_and_verified_io() {
 #[test]
 fn large_transfers_through_direct_and_indirect_descriptors() {
     let s = setup(32 << 20);
+    let all_chunks = s.port.free_chunks();
     // (cmd_sg_entries, segment size, allow_ext_sg): the last one puts a
     // 4 MiB transfer's 1024 descriptors in an external table that the
     // target fetches by RDMA READ (Linux targets refuse these).
@@ -158,6 +159,10 @@ fn large_transfers_through_direct_and_indirect_descriptors() {
         drop(disk);
         drop(sess);
     }
+    // The reads (a command is at most 4 MiB) went out of chunks the store
+    // read into, and every chunk came back.
+    assert!(s.port.direct_data_in() >= 8, "{}", s.port.direct_data_in());
+    assert_eq!(s.port.free_chunks(), all_chunks);
 }
 
 #[test]

@@ -178,6 +178,9 @@ struct Inner {
     chunk_mr: MrInfo,
     req_size: u32,
     chunk_size: u32,
+    /// Commands whose data-in the store read straight into reserved
+    /// chunks (no copy before the RDMA WRITEs).
+    direct_in: std::sync::atomic::AtomicU64,
     /// Below this many free chunks, fetched data-out is copied out of its
     /// chunk at once instead of waiting in it for the worker.
     spill_below: usize,
@@ -214,10 +217,35 @@ struct Job {
 /// chunk, length).
 type Fetched = (u64, usize, u32);
 
+/// A finished command's data-in.
+enum InData {
+    /// Built by the core (small commands, or no chunks were free): copied
+    /// into a chunk per RDMA WRITE.
+    Vec(Vec<u8>),
+    /// Read by the store straight into chunks reserved for the command
+    /// (`Target::submit_attr_into`); byte `k` of the data is in chunk
+    /// `chunks[k / chunk_size]`. WRITEs go out of them with no copy.
+    Chunks { chunks: Vec<usize>, len: usize },
+}
+
+impl InData {
+    fn chunks(&self) -> &[usize] {
+        match self {
+            InData::Vec(_) => &[],
+            InData::Chunks { chunks, .. } => chunks,
+        }
+    }
+}
+
+/// Data-in at least this long is read into reserved chunks, not a vector.
+const DIRECT_IN_MIN: u32 = 16 << 10;
+
 /// Where an RDMA op's local side lives.
 #[derive(Debug, Clone, Copy)]
 struct OpInfo {
-    chunk: usize,
+    /// The chunk the op took from the pool (none for a WRITE out of its
+    /// command's reserved chunks).
+    chunk: Option<usize>,
     cmd: CmdId,
     local: Local,
     len: u32,
@@ -244,7 +272,11 @@ struct Conn {
     /// a command with more pieces than the pool has chunks (an external
     /// table of a thousand small descriptors) must not hold them all.
     spilled: IdMap<CmdId, Vec<(u64, Vec<u8>)>>,
-    data_in: IdMap<CmdId, Vec<u8>>,
+    data_in: IdMap<CmdId, InData>,
+    /// Reserved data-in chunks of released commands whose WRITEs are still
+    /// in flight: they go back to the pool when the last one completes,
+    /// never while the NIC may still read them.
+    parked: IdMap<CmdId, Vec<usize>>,
 }
 
 struct State {
@@ -399,6 +431,7 @@ impl TargetPort {
             req_size,
             chunk_size,
             spill_below: (opts.chunks / 4).max(2),
+            direct_in: Default::default(),
             at_workers: std::sync::atomic::AtomicUsize::new(0),
             inline_max: if std::env::var_os("SRPT_INLINE").is_some_and(|v| v == "0") {
                 0
@@ -563,6 +596,14 @@ impl TargetPort {
     /// Registered RDMA chunks not in use (all of them when idle).
     pub fn free_chunks(&self) -> usize {
         self.inner.lock().free_chunks.len()
+    }
+
+    /// Commands whose data-in the store read straight into registered
+    /// chunks, sent from there with no copy (the others are copied).
+    pub fn direct_data_in(&self) -> u64 {
+        self.inner
+            .direct_in
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 
@@ -797,7 +838,8 @@ impl Inner {
                 caps: QpCaps {
                     max_send_wr: sq,
                     max_recv_wr: 0,
-                    max_send_sge: 1,
+                    // A WRITE out of reserved chunks may span two.
+                    max_send_sge: 2,
                     max_recv_sge: 1,
                     max_inline: 0,
                 },
@@ -871,6 +913,7 @@ impl Inner {
                 fetched: IdMap::default(),
                 spilled: IdMap::default(),
                 data_in: IdMap::default(),
+                parked: IdMap::default(),
             },
             LocalQp { qpn, psn },
         ))
@@ -946,7 +989,7 @@ impl Inner {
     /// A command came back from the SCSI core: its data-in and response
     /// go out from the calling thread (a worker), with no hop through the
     /// poller.
-    fn scsi_done(&self, conn: ConnId, done: ScsiDone, data_in: Vec<u8>) {
+    fn scsi_done(&self, conn: ConnId, done: ScsiDone, data_in: InData) {
         let mut st = self.lock();
         self.done_locked(&mut st, conn, done, data_in);
         self.run_inline(st);
@@ -954,8 +997,10 @@ impl Inner {
 
     /// Hands a finished command to its channel and sends what follows;
     /// commands that come out small enough are kept for this thread.
-    fn done_locked(&self, st: &mut State, conn: ConnId, done: ScsiDone, data_in: Vec<u8>) {
+    fn done_locked(&self, st: &mut State, conn: ConnId, done: ScsiDone, data_in: InData) {
         let Some(c) = st.conns.get_mut(&conn) else {
+            // The connection went while the command ran.
+            st.free_chunks.extend_from_slice(data_in.chunks());
             return;
         };
         let (cmd, channel) = (done.cmd, c.channel);
@@ -1074,36 +1119,48 @@ impl Inner {
                 };
                 match info.local {
                     Local::Table { .. } => {
+                        let chunk = info.chunk.expect("a table read takes a chunk");
                         let bytes = ok.then(|| {
                             self.chunk_buf
-                                .to_vec(info.chunk * self.chunk_size as usize, info.len as usize)
+                                .to_vec(chunk * self.chunk_size as usize, info.len as usize)
                         });
-                        st.free_chunks.push(info.chunk);
+                        st.free_chunks.push(chunk);
                         if let Some(ch) = st.target.channel_mut(channel) {
                             ch.handle_table_read(op, bytes.as_deref());
                         }
                     }
                     Local::DataOut { offset } => {
+                        let chunk = info.chunk.expect("a data-out READ takes a chunk");
                         if ok && st.free_chunks.len() < self.spill_below {
                             let bytes = self
                                 .chunk_buf
-                                .to_vec(info.chunk * self.chunk_size as usize, info.len as usize);
+                                .to_vec(chunk * self.chunk_size as usize, info.len as usize);
                             c.spilled.entry(info.cmd).or_default().push((offset, bytes));
-                            st.free_chunks.push(info.chunk);
+                            st.free_chunks.push(chunk);
                         } else if ok {
                             c.fetched
                                 .entry(info.cmd)
                                 .or_default()
-                                .push((offset, info.chunk, info.len));
+                                .push((offset, chunk, info.len));
                         } else {
-                            st.free_chunks.push(info.chunk);
+                            st.free_chunks.push(chunk);
                         }
                         if let Some(ch) = st.target.channel_mut(channel) {
                             ch.handle_rdma_done(op, ok);
                         }
                     }
                     Local::DataIn { .. } => {
-                        st.free_chunks.push(info.chunk);
+                        st.free_chunks.extend(info.chunk);
+                        if info.chunk.is_none()
+                            && !c
+                                .ops
+                                .values()
+                                .any(|o| o.cmd == info.cmd && o.chunk.is_none())
+                        {
+                            if let Some(chunks) = c.parked.remove(&info.cmd) {
+                                st.free_chunks.extend(chunks);
+                            }
+                        }
                         if let Some(ch) = st.target.channel_mut(channel) {
                             ch.handle_rdma_done(op, ok);
                         }
@@ -1150,7 +1207,15 @@ impl Inner {
             }
             Output::Release(cmd) => {
                 if let Some(c) = st.conns.get_mut(&conn) {
-                    c.data_in.remove(&cmd);
+                    if let Some(d) = c.data_in.remove(&cmd) {
+                        let chunks = d.chunks().to_vec();
+                        let busy = c.ops.values().any(|o| o.cmd == cmd && o.chunk.is_none());
+                        if busy && !chunks.is_empty() {
+                            c.parked.insert(cmd, chunks);
+                        } else {
+                            st.free_chunks.extend(chunks);
+                        }
+                    }
                     c.spilled.remove(&cmd);
                     if let Some(chunks) = c.fetched.remove(&cmd) {
                         st.free_chunks
@@ -1223,16 +1288,44 @@ impl Inner {
             self.fail_rdma(st, conn, op);
             return true;
         }
-        let Some(chunk) = st.free_chunks.pop() else {
-            return false;
+        let cs = self.chunk_size as usize;
+        // A WRITE of data-in the store read into the command's own chunks
+        // goes straight out of them.
+        let reserved = match (
+            op.local,
+            st.conns.get(&conn).and_then(|c| c.data_in.get(&op.cmd)),
+        ) {
+            (Local::DataIn { offset }, Some(InData::Chunks { chunks, len })) => {
+                Some(self.reserved_sges(chunks, *len, offset as usize, op.len as usize))
+            }
+            _ => None,
+        };
+        let (chunk, sges) = match reserved {
+            Some(sges) => (None, sges),
+            None => {
+                let Some(chunk) = st.free_chunks.pop() else {
+                    return false;
+                };
+                (
+                    Some(chunk),
+                    vec![Sge {
+                        addr: self.chunk_buf.addr() + (chunk * cs) as u64,
+                        length: op.len,
+                        lkey: self.chunk_mr.lkey,
+                    }],
+                )
+            }
         };
         let Some(c) = st.conns.get_mut(&conn) else {
-            st.free_chunks.push(chunk);
+            st.free_chunks.extend(chunk);
             return true;
         };
-        let chunk_off = chunk * self.chunk_size as usize;
-        if let Local::DataIn { offset } = op.local {
-            let data = c.data_in.get(&op.cmd).map(Vec::as_slice).unwrap_or(&[]);
+        if let (Local::DataIn { offset }, Some(chunk)) = (op.local, chunk) {
+            let chunk_off = chunk * cs;
+            let data = match c.data_in.get(&op.cmd) {
+                Some(InData::Vec(v)) => v.as_slice(),
+                _ => &[],
+            };
             let start = (offset as usize).min(data.len());
             let end = (offset as usize + op.len as usize).min(data.len());
             self.chunk_buf.write_at(chunk_off, &data[start..end]);
@@ -1248,11 +1341,7 @@ impl Inner {
             } else {
                 SendOpcode::RdmaWrite
             },
-            vec![Sge {
-                addr: self.chunk_buf.addr() + chunk_off as u64,
-                length: op.len,
-                lkey: self.chunk_mr.lkey,
-            }],
+            sges,
         );
         wr.remote = RemoteAddr {
             addr: op.remote_va,
@@ -1272,11 +1361,49 @@ impl Inner {
                 );
             }
             Err(_) => {
-                st.free_chunks.push(chunk);
+                st.free_chunks.extend(chunk);
                 self.fail_rdma(st, conn, op);
             }
         }
         true
+    }
+
+    /// The SGEs of `[offset, offset + len)` of data-in held in reserved
+    /// chunks (`placed` bytes of it real). Bytes past `placed` are zeroed
+    /// first: whatever an earlier command left in a chunk never leaves.
+    fn reserved_sges(
+        &self,
+        chunks: &[usize],
+        placed: usize,
+        offset: usize,
+        len: usize,
+    ) -> Vec<Sge> {
+        let cs = self.chunk_size as usize;
+        let mut sges = Vec::with_capacity(2);
+        let (mut at, end) = (offset, offset + len);
+        while at < end {
+            let Some(&chunk) = chunks.get(at / cs) else {
+                // Past the reserved chunks (more than the command's
+                // data-in length): the channel never asks for that; send
+                // nothing rather than someone else's bytes.
+                break;
+            };
+            let within = at % cs;
+            let n = (cs - within).min(end - at);
+            let base = chunk * cs + within;
+            if at + n > placed {
+                let from = placed.max(at);
+                self.chunk_buf
+                    .write_at(base + (from - at), &vec![0u8; at + n - from]);
+            }
+            sges.push(Sge {
+                addr: self.chunk_buf.addr() + base as u64,
+                length: n as u32,
+                lkey: self.chunk_mr.lkey,
+            });
+            at += n;
+        }
+        sges
     }
 
     fn fail_rdma(&self, st: &mut State, conn: ConnId, op: RdmaOp) {
@@ -1435,7 +1562,9 @@ impl Inner {
         {
             if let Output::Release(cmd) = out {
                 if let Some(c) = st.conns.get_mut(&conn) {
-                    c.data_in.remove(&cmd);
+                    if let Some(d) = c.data_in.remove(&cmd) {
+                        st.free_chunks.extend_from_slice(d.chunks());
+                    }
                     c.spilled.remove(&cmd);
                     if let Some(chunks) = c.fetched.remove(&cmd) {
                         st.free_chunks
@@ -1447,7 +1576,11 @@ impl Inner {
         st.target.remove(channel);
         st.by_channel.remove(&channel);
         let c = st.conns.remove(&conn).expect("checked above");
-        st.free_chunks.extend(c.ops.values().map(|o| o.chunk));
+        st.free_chunks
+            .extend(c.ops.values().filter_map(|o| o.chunk));
+        st.free_chunks
+            .extend(c.data_in.values().flat_map(|d| d.chunks().iter().copied()));
+        st.free_chunks.extend(c.parked.values().flatten().copied());
         st.free_chunks.extend(
             c.fetched
                 .values()
@@ -1509,7 +1642,19 @@ impl Inner {
         v
     }
 
-    fn execute(&self, job: &Job) -> (ScsiDone, Vec<u8>) {
+    /// Chunks for `len` bytes of data-in, if the pool can spare them and
+    /// still keep `spill_below` for RDMA in flight.
+    fn reserve_chunks(&self, len: u32) -> Option<Vec<usize>> {
+        let need = len.div_ceil(self.chunk_size) as usize;
+        let mut st = self.lock();
+        let free = st.free_chunks.len();
+        if free < need + self.spill_below {
+            return None;
+        }
+        Some(st.free_chunks.split_off(free - need))
+    }
+
+    fn execute(&self, job: &Job) -> (ScsiDone, InData) {
         let req = &job.req;
         let Ok(lun) = scsi::Lun::decode(req.lun.0) else {
             // SPC-4: LOGICAL UNIT NOT SUPPORTED for an address we cannot decode.
@@ -1518,7 +1663,7 @@ impl Inner {
             done.sense = vec![
                 0x70, 0, 0x05, 0, 0, 0, 0, 10, 0, 0, 0, 0, 0x25, 0, 0, 0, 0, 0,
             ];
-            return (done, Vec::new());
+            return (done, InData::Vec(Vec::new()));
         };
         let data_out_dir = !matches!(req.data_out, DataOut::None);
         let expected = if data_out_dir {
@@ -1534,19 +1679,67 @@ impl Inner {
             srp::wire::TaskAttr::Aca => scsi::TaskAttr::Aca,
             _ => scsi::TaskAttr::Simple,
         };
-        let r = self.scsi.submit_attr(
-            &job.nexus,
-            lun,
-            req.tag.0,
-            attr,
-            &req.cdb,
-            &job.data_out,
-            expected,
-        );
+        let reserved = (!data_out_dir && req.data_in_len >= DIRECT_IN_MIN)
+            .then(|| self.reserve_chunks(req.data_in_len))
+            .flatten();
+        let (r, data_in) = match reserved {
+            Some(chunks) => {
+                let cs = self.chunk_size as usize;
+                let len = req.data_in_len as usize;
+                let mut pieces: Vec<&mut [u8]> = chunks
+                    .iter()
+                    .enumerate()
+                    .map(|(k, &chunk)| {
+                        let n = cs.min(len - k * cs);
+                        // SAFETY: `chunk` came off the free list for this
+                        // command alone and no work request names it until
+                        // the command is done, so nothing else touches
+                        // these bytes while the slice lives; `chunk * cs + n`
+                        // is inside `chunk_buf` (chunks * chunk_size bytes).
+                        unsafe {
+                            std::slice::from_raw_parts_mut(self.chunk_buf.ptr_at(chunk * cs), n)
+                        }
+                    })
+                    .collect();
+                let mut sink = scsi::DataInSink::new(&mut pieces);
+                let r = self.scsi.submit_attr_into(
+                    &job.nexus,
+                    lun,
+                    req.tag.0,
+                    attr,
+                    &req.cdb,
+                    &job.data_out,
+                    expected,
+                    Some(&mut sink),
+                );
+                let len = sink.placed();
+                if sink.read_direct() {
+                    self.direct_in
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                (r, InData::Chunks { chunks, len })
+            }
+            None => {
+                let mut r = self.scsi.submit_attr(
+                    &job.nexus,
+                    lun,
+                    req.tag.0,
+                    attr,
+                    &req.cdb,
+                    &job.data_out,
+                    expected,
+                );
+                let mut v = std::mem::take(&mut r.data_in);
+                v.truncate(req.data_in_len as usize);
+                (r, InData::Vec(v))
+            }
+        };
         let sense = r.sense_bytes().unwrap_or_default();
-        let mut data_in = r.data_in;
-        data_in.truncate(req.data_in_len as usize);
-        let mut done = ScsiDone::good(req.cmd, data_in.len() as u32);
+        let in_len = match &data_in {
+            InData::Vec(v) => v.len(),
+            InData::Chunks { len, .. } => *len,
+        };
+        let mut done = ScsiDone::good(req.cmd, in_len as u32);
         done.status = u8::from(r.status);
         done.sense = sense;
         done.aborted = r.status == scsi::Status::TaskAborted;
