@@ -177,16 +177,48 @@ fn s(v: &Value) -> String {
     }
 }
 
+/// Per-LUN counters as a table.
+fn lun_table(rows: &Value) -> String {
+    let mut out = format!(
+        "{:>5} {:<12} {:>10} {:>9} {:>9} {:>14} {:>14} {:>7} {:>5}\n",
+        "lun",
+        "device",
+        "commands",
+        "reads",
+        "writes",
+        "read_bytes",
+        "write_bytes",
+        "errors",
+        "tmfs"
+    );
+    for r in rows.as_array().into_iter().flatten() {
+        out += &format!(
+            "{:>5} {:<12} {:>10} {:>9} {:>9} {:>14} {:>14} {:>7} {:>5}\n",
+            s(&r["lun"]),
+            s(&r["device"]),
+            s(&r["commands"]),
+            s(&r["reads"]),
+            s(&r["writes"]),
+            s(&r["read_bytes"]),
+            s(&r["write_bytes"]),
+            s(&r["errors"]),
+            s(&r["tmfs"]),
+        );
+    }
+    out
+}
+
 /// The answer as text for a person.
 fn human(req: &Request, v: &Value) -> String {
     let mut out = String::new();
     match req {
         Request::Show => {
             if let Value::Object(m) = v {
-                for (k, val) in m {
+                for (k, val) in m.iter().filter(|(k, _)| *k != "lun_stats") {
                     out += &format!("{k:<18} {}\n", s(val));
                 }
             }
+            out += &lun_table(&v["lun_stats"]);
         }
         Request::Sessions => {
             out += &format!(

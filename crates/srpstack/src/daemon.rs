@@ -654,6 +654,7 @@ impl Daemon {
             "cm_ids": self.access.live(rdma_access::resource::Kind::CmId),
             "mad_agents": self.access.live(rdma_access::resource::Kind::MadAgent),
             "sa_subscriptions": self.access.live(rdma_access::resource::Kind::SaSubscription),
+            "lun_stats": self.lun_stats_json(),
         });
         if let (Some(c), Value::Object(m)) = (self.nic.counters(self.guid), &mut v) {
             for (k, n) in nic_counters(&c) {
@@ -661,6 +662,40 @@ impl Daemon {
             }
         }
         v
+    }
+
+    /// The port's per-LUN counters, each with the name of its device
+    /// (rows of a device removed since are left out).
+    fn lun_stats(&self) -> Vec<(String, srp_target::LunStats)> {
+        let devs = lock(&self.devices);
+        self.port
+            .lun_stats()
+            .into_iter()
+            .filter_map(|s| {
+                let name = devs.iter().find(|(_, d)| Arc::ptr_eq(d, &s.device))?.0;
+                Some((name.clone(), s))
+            })
+            .collect()
+    }
+
+    fn lun_stats_json(&self) -> Value {
+        self.lun_stats()
+            .into_iter()
+            .map(|(device, s)| {
+                let c = s.counters;
+                json!({
+                    "lun": s.lun.value(),
+                    "device": device,
+                    "commands": c.commands,
+                    "reads": c.reads,
+                    "writes": c.writes,
+                    "read_bytes": c.read_bytes,
+                    "write_bytes": c.write_bytes,
+                    "errors": c.errors,
+                    "tmfs": c.tmfs,
+                })
+            })
+            .collect()
     }
 
     fn sessions(&self) -> Value {
@@ -890,6 +925,57 @@ impl Daemon {
             "gauge",
             per(|s| s.in_flight as u64),
         );
+        let target = self.port.name().to_string();
+        let luns: Vec<(String, srp_target::LunCounters)> = self
+            .lun_stats()
+            .into_iter()
+            .map(|(device, s)| {
+                (
+                    format!(
+                        "{{target=\"{target}\",lun=\"{}\",device=\"{device}\"}}",
+                        s.lun.value()
+                    ),
+                    s.counters,
+                )
+            })
+            .collect();
+        let per_lun = |f: fn(&srp_target::LunCounters) -> u64| {
+            luns.iter()
+                .map(|(l, c)| (l.clone(), f(c)))
+                .collect::<Vec<_>>()
+        };
+        for (name, help, f) in [
+            (
+                "commands",
+                "SRP_CMDs the target executed at the LUN.",
+                (|c| c.commands) as fn(&srp_target::LunCounters) -> u64,
+            ),
+            ("reads", "READs at the LUN that ended GOOD.", |c| c.reads),
+            ("writes", "WRITEs at the LUN that ended GOOD.", |c| c.writes),
+            ("read_bytes", "Data-in bytes of those READs.", |c| {
+                c.read_bytes
+            }),
+            ("write_bytes", "Data-out bytes of those WRITEs.", |c| {
+                c.write_bytes
+            }),
+            (
+                "errors",
+                "Commands at the LUN that ended in CHECK CONDITION.",
+                |c| c.errors,
+            ),
+            (
+                "tmfs",
+                "Task management functions addressed to the LUN.",
+                |c| c.tmfs,
+            ),
+        ] {
+            metric(
+                &format!("srptd_lun_{name}_total"),
+                help,
+                "counter",
+                per_lun(f),
+            );
+        }
         let devs: Vec<(String, scsi::DeviceStats)> = lock(&self.devices)
             .iter()
             .map(|(n, d)| (format!("{{device=\"{n}\"}}"), d.stats()))

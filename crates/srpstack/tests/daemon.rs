@@ -32,6 +32,23 @@ impl Daemon {
     fn wait_line(&self, what: &str) -> String {
         self.proc.wait_line(what, 20)
     }
+    /// The metrics endpoint's answer (the daemon said where it is), with
+    /// its HTTP status line.
+    fn metrics(&self) -> String {
+        let line = self.wait_line("metrics on http://");
+        let addr = line
+            .split("http://")
+            .nth(1)
+            .unwrap()
+            .trim_end_matches("/metrics")
+            .to_string();
+        let mut c = std::net::TcpStream::connect(&addr).unwrap();
+        c.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+        let mut body = String::new();
+        c.read_to_string(&mut body).unwrap();
+        assert!(body.starts_with("HTTP/1.0 200 OK"), "{body}");
+        body
+    }
     fn sock(&self) -> PathBuf {
         self.dir.join("ctl.sock")
     }
@@ -344,18 +361,7 @@ fn lun_masking_runtime_changes_aer_and_graceful_stop() {
     assert!(tur(0).good());
 
     // Metrics: the channel and the device counters.
-    let addr = d.wait_line("metrics on http://");
-    let addr = addr
-        .split("http://")
-        .nth(1)
-        .unwrap()
-        .trim_end_matches("/metrics")
-        .to_string();
-    let mut c = std::net::TcpStream::connect(&addr).unwrap();
-    c.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
-    let mut body = String::new();
-    c.read_to_string(&mut body).unwrap();
-    assert!(body.starts_with("HTTP/1.0 200 OK"), "{body}");
+    let body = d.metrics();
     assert!(
         body.contains(&format!("srptd_channel_commands_total{{initiator=\"{me}\"")),
         "{body}"
@@ -1185,4 +1191,139 @@ fn sigterm_on_one_of_two_paths_loses_no_write() {
     );
     drop(b);
     let _ = std::fs::remove_file(&img);
+}
+
+/// The value of the metrics series `name{labels}` in `body`.
+fn series(body: &str, name_labels: &str) -> Option<u64> {
+    body.lines()
+        .find_map(|l| l.strip_prefix(name_labels)?.strip_prefix(' '))
+        .and_then(|v| v.parse().ok())
+}
+
+#[test]
+fn per_lun_counters_count_exact_io_in_show_and_metrics() {
+    let ip = "127.0.172.1";
+    let d = start_with("lunstats", |dir| {
+        format!(
+            "{}metrics = \"127.0.0.1:0\"\n\n\
+             [[device]]\nname = \"alpha\"\nhandler = \"ram\"\nsize = \"4M\"\n\n\
+             [[device]]\nname = \"beta\"\nhandler = \"ram\"\nsize = \"1M\"\nblock_size = 4096\n\n\
+             [[lun]]\nlun = 0\ndevice = \"alpha\"\n\n[[lun]]\nlun = 5\ndevice = \"beta\"\n",
+            target_section(dir, ip)
+        )
+    });
+    let session = login("127.0.172.2", "127.0.172.1:5555", INIT_A, 0x7a00);
+    let lun = |n: u64| srp::wire::Lun::from_u64(n << 48);
+    let rw10 = |op: u8, lba: u32, blocks: u16| {
+        let mut c = vec![op, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+        c[2..6].copy_from_slice(&lba.to_be_bytes());
+        c[7..9].copy_from_slice(&blocks.to_be_bytes());
+        c
+    };
+    // What the initiator saw, per LUN: [commands, reads, writes, read
+    // bytes, write bytes, CHECK CONDITIONs]. A new nexus may first get a
+    // unit attention; that is a CHECK CONDITION the target counts too.
+    let mut seen = [[0u64; 6]; 2];
+    let mut run = |at: usize, cdb: Vec<u8>, xfer: Xfer| {
+        let (n, out) = (
+            if at == 0 { 0 } else { 5 },
+            match &xfer {
+                Xfer::Out(b) => b.len() as u64,
+                _ => 0,
+            },
+        );
+        let r = session.execute(lun(n), &cdb, xfer).unwrap();
+        let s = &mut seen[at];
+        s[0] += 1;
+        if r.status == srp::initiator::Status::Scsi(0x02) {
+            s[5] += 1;
+        }
+        if r.good() && cdb[0] == 0x28 {
+            s[1] += 1;
+            s[3] += r.data.len() as u64;
+        }
+        if r.good() && cdb[0] == 0x2a {
+            s[2] += 1;
+            s[4] += out;
+        }
+        r
+    };
+    // Settle any unit attention with TEST UNIT READY first.
+    for at in [0, 1] {
+        for _ in 0..3 {
+            if run(at, vec![0; 6], Xfer::None).good() {
+                break;
+            }
+        }
+    }
+    let data = vec![0x5au8; 8 * 512];
+    for i in 0..3 {
+        assert!(run(0, rw10(0x2a, i * 8, 8), Xfer::Out(&data)).good());
+    }
+    for i in 0..2 {
+        let r = run(0, rw10(0x28, i * 16, 16), Xfer::In(16 * 512));
+        assert!(r.good() && r.data.len() == 8192);
+    }
+    let r = run(1, rw10(0x28, 0, 2), Xfer::In(8192));
+    assert!(r.good() && r.data.len() == 8192);
+    let four_k = vec![7u8; 4096];
+    assert!(run(1, rw10(0x2a, 3, 1), Xfer::Out(&four_k)).good());
+    // Past the end of beta's 256 blocks: CHECK CONDITION, no bytes.
+    let r = run(1, rw10(0x28, 256, 1), Xfer::In(4096));
+    assert_eq!(
+        srp_initiator::disk::sense_triple(&r.sense),
+        (0x5, 0x21, 0x00)
+    );
+    // A LOGICAL UNIT RESET counts as a task management function at LUN 5.
+    session.reset_lun(lun(5)).unwrap();
+    assert_eq!(seen[0][1..5], [2, 3, 16384, 12288]);
+    assert_eq!(seen[1][1..5], [1, 1, 8192, 4096]);
+    assert!(
+        seen[1][5] >= 1,
+        "the read past the end is a CHECK CONDITION"
+    );
+
+    let show = d.adm(&["show"]).unwrap();
+    let rows = show["lun_stats"].as_array().expect("lun_stats in show");
+    assert_eq!(rows.len(), 2, "{show}");
+    for (row, (n, dev, s, tmfs)) in rows
+        .iter()
+        .zip([(0, "alpha", seen[0], 0), (5, "beta", seen[1], 1)])
+    {
+        let want = serde_json::json!({
+            "lun": n, "device": dev, "commands": s[0], "reads": s[1], "writes": s[2],
+            "read_bytes": s[3], "write_bytes": s[4], "errors": s[5], "tmfs": tmfs,
+        });
+        assert_eq!(row, &want, "{show}");
+    }
+    // The text form has the table.
+    let text = d.adm_text(&["show"]);
+    let beta = text
+        .lines()
+        .find(|l| l.split_whitespace().take(2).eq(["5", "beta"]))
+        .unwrap_or_else(|| panic!("{text}"));
+    let cols: Vec<&str> = beta.split_whitespace().collect();
+    let errors = seen[1][5].to_string();
+    assert_eq!(cols[5..], ["8192", "4096", &errors, "1"], "{text}");
+
+    // The metrics endpoint: one labelled series per LUN and device.
+    let body = d.metrics();
+    let t = target_name(ip);
+    let at = |name: &str, n: u32, dev: &str| {
+        series(
+            &body,
+            &format!("srptd_lun_{name}_total{{target=\"{t}\",lun=\"{n}\",device=\"{dev}\"}}"),
+        )
+        .unwrap_or_else(|| panic!("no srptd_lun_{name}_total for LUN {n} in\n{body}"))
+    };
+    assert_eq!(at("read_bytes", 0, "alpha"), 16384);
+    assert_eq!(at("write_bytes", 0, "alpha"), 12288);
+    assert_eq!(at("commands", 0, "alpha"), seen[0][0]);
+    assert_eq!(at("read_bytes", 5, "beta"), 8192);
+    assert_eq!(at("errors", 5, "beta"), seen[1][5]);
+    assert_eq!(at("tmfs", 5, "beta"), 1);
+    assert!(
+        body.contains("# TYPE srptd_lun_reads_total counter"),
+        "{body}"
+    );
 }
