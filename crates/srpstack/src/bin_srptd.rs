@@ -101,15 +101,33 @@ fn run(a: &Args) -> Result<(), String> {
     };
     if a.check {
         println!(
-            "srptd: {}: valid ({} devices, {} default LUNs, {} groups)",
+            "srptd: {}: valid ({}{} devices, {} default LUNs, {} groups)",
             a.config.as_ref().expect("required").display(),
+            match cfg.targets.len() {
+                1 => String::new(),
+                n => format!("{n} targets, "),
+            },
             cfg.devices.len(),
             cfg.luns.len(),
             cfg.groups.len()
         );
         return Ok(());
     }
-    let t = &mut cfg.target;
+    // The port options override one target; the daemon's (control
+    // socket, metrics) go to the first, where the file keeps them.
+    let port_opts = a.ip.is_some()
+        || a.udp_port.is_some()
+        || a.rdma_cm_port.is_some()
+        || a.fabric.is_some()
+        || a.sm_wait_ms.is_some();
+    if port_opts && cfg.targets.len() > 1 {
+        return Err(format!(
+            "--ip, --udp-port, --rdma-cm-port, --fabric and --sm-wait-ms override a single target; {} has {}",
+            a.config.as_ref().map_or("the configuration".into(), |p| p.display().to_string()),
+            cfg.targets.len()
+        ));
+    }
+    let t = &mut cfg.targets[0];
     if let Some(ip) = a.ip {
         t.ip = Spanned::new(0..0, ip);
     }
@@ -133,8 +151,8 @@ fn run(a: &Args) -> Result<(), String> {
     }
     // The options may have changed what the file said.
     cfg.check().map_err(|e| e.to_string())?;
-    let t = &cfg.target;
-    let (ip, cm_port, sock) = (*t.ip.get_ref(), t.rdma_cm_port, t.control_socket.clone());
+    let t = cfg.target();
+    let sock = t.control_socket.clone();
     let metrics = t.metrics.as_ref().map(|m| m.get_ref().0);
 
     // SIGTERM/SIGINT are taken by sigwait below, in this thread only: block
@@ -155,31 +173,33 @@ fn run(a: &Args) -> Result<(), String> {
         None => None,
     };
     let lun0 = cfg.luns.iter().find(|l| *l.lun.get_ref() == 0);
-    // Scripts wait for this line.
-    let guid = daemon.guid().0;
-    if let Some(lid) = daemon.lid() {
-        println!("srptd: port {ip} ACTIVE on the managed subnet, LID {lid}");
+    // Scripts wait for these lines, one per target.
+    for (t, run) in cfg.targets.iter().zip(daemon.targets()) {
+        let (ip, guid) = (*t.ip.get_ref(), run.guid.0);
+        if let Some(lid) = run.lid {
+            println!("srptd: port {ip} ACTIVE on the managed subnet, LID {lid}");
+        }
+        println!(
+            "srptd: target {} listening on {}{}, {} devices, {} default LUNs{}, {} groups, id_ext {:016x} ioc_guid {:016x}, control {}",
+            run.name,
+            match t.rdma_cm_port {
+                0 => format!("{ip} (RDMA CM off)"),
+                p => format!("{ip}:{p} (RDMA CM)"),
+            },
+            if t.ib_cm {
+                format!(" and IB CM service ID {guid:016x}")
+            } else {
+                String::new()
+            },
+            cfg.devices.len(),
+            cfg.luns.len(),
+            lun0.map(|l| format!(" (LUN 0 {})", l.device.get_ref())).unwrap_or_default(),
+            cfg.groups.len(),
+            guid,
+            guid,
+            sock.display(),
+        );
     }
-    println!(
-        "srptd: target {} listening on {}{}, {} devices, {} default LUNs{}, {} groups, id_ext {:016x} ioc_guid {:016x}, control {}",
-        daemon.port().name(),
-        match cm_port {
-            0 => format!("{ip} (RDMA CM off)"),
-            p => format!("{ip}:{p} (RDMA CM)"),
-        },
-        if cfg.target.ib_cm {
-            format!(" and IB CM service ID {guid:016x}")
-        } else {
-            String::new()
-        },
-        cfg.devices.len(),
-        cfg.luns.len(),
-        lun0.map(|l| format!(" (LUN 0 {})", l.device.get_ref())).unwrap_or_default(),
-        cfg.groups.len(),
-        guid,
-        guid,
-        sock.display(),
-    );
     if let Some(local) = metrics {
         println!("srptd: metrics on http://{local}/metrics");
     }

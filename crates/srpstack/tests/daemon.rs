@@ -362,8 +362,11 @@ fn lun_masking_runtime_changes_aer_and_graceful_stop() {
 
     // Metrics: the channel and the device counters.
     let body = d.metrics();
+    let t = target_name("127.0.97.1");
     assert!(
-        body.contains(&format!("srptd_channel_commands_total{{initiator=\"{me}\"")),
+        body.contains(&format!(
+            "srptd_channel_commands_total{{target=\"{t}\",initiator=\"{me}\""
+        )),
         "{body}"
     );
     assert!(
@@ -373,7 +376,7 @@ fn lun_masking_runtime_changes_aer_and_graceful_stop() {
     // The NIC's own counters: this session's traffic went through it.
     let sent: u64 = body
         .lines()
-        .find_map(|l| l.strip_prefix("srptd_nic_packets_sent_total "))
+        .find_map(|l| l.strip_prefix(&format!("srptd_nic_packets_sent_total{{target=\"{t}\"}} ")))
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("no NIC packet counter in\n{body}"));
     assert!(sent > 0, "{body}");
@@ -401,7 +404,10 @@ fn lun_masking_runtime_changes_aer_and_graceful_stop() {
         text.lines().any(|l| l.starts_with("cm_ids ")) && text.contains("\nmad_agents "),
         "{text}"
     );
-    assert!(body.contains("\nsrptd_verbs_objects "), "{body}");
+    assert!(
+        body.contains(&format!("\nsrptd_verbs_objects{{target=\"{t}\"}} ")),
+        "{body}"
+    );
 
     // The running configuration, saved and valid, has the runtime changes.
     let saved = d.dir.join("saved.toml");
@@ -628,7 +634,7 @@ fn admin_names_enable_disable_groups_and_text_output() {
     let row = table
         .lines()
         .skip(1)
-        .find(|l| l.split_whitespace().nth(1) == Some(me.as_str()))
+        .find(|l| l.split_whitespace().nth(2) == Some(me.as_str()))
         .unwrap_or_else(|| panic!("no row for {me} in\n{table}"));
     assert!(row.trim_end().ends_with("[0,5]"), "{row}");
 
@@ -1326,4 +1332,164 @@ fn per_lun_counters_count_exact_io_in_show_and_metrics() {
         body.contains("# TYPE srptd_lun_reads_total counter"),
         "{body}"
     );
+}
+
+/// Two `[[target]]` tables: two ports (addresses, RDMA CM ports,
+/// rel_tgt_ids) of one SCSI target sharing its LUNs.
+fn two_targets(dir: &Path) -> String {
+    format!(
+        "[[target]]\nip = \"127.0.172.11\"\nrdma_cm_port = 5555\nrel_tgt_id = 1\n\
+         control_socket = \"{}\"\n\n\
+         [[target]]\nip = \"127.0.172.12\"\nrdma_cm_port = 5556\nrel_tgt_id = 2\n\n\
+         [[device]]\nname = \"disk\"\nhandler = \"ram\"\nsize = \"2M\"\n\n\
+         [[lun]]\nlun = 0\ndevice = \"disk\"\n",
+        dir.join("ctl.sock").display()
+    )
+}
+
+#[test]
+fn two_targets_in_one_file_serve_two_initiators() {
+    let d = start_with("twotgt", two_targets);
+    // A line per target.
+    d.wait_line(&format!(
+        "target {} listening on 127.0.172.12:5556",
+        target_name("127.0.172.12")
+    ));
+    let (t1, t2) = (target_name("127.0.172.11"), target_name("127.0.172.12"));
+    let s1 = login("127.0.172.13", "127.0.172.11:5555", INIT_A, 0x7b00);
+    let s2 = login("127.0.172.14", "127.0.172.12:5556", INIT_B, 0x7c00);
+    // Each port has its own relative port identifier; behind both is the
+    // same logical unit: what one writes the other reads.
+    assert_eq!(relative_port_id(&s1), Some(1));
+    assert_eq!(relative_port_id(&s2), Some(2));
+    let d1 = srp_initiator::disk::Disk::open(s1.clone(), 0).unwrap();
+    let d2 = srp_initiator::disk::Disk::open(s2.clone(), 0).unwrap();
+    assert_eq!(d1.info().naa, d2.info().naa);
+    let block: Vec<u8> = (0..4096u32).map(|i| (i * 7 + 1) as u8).collect();
+    d1.write(16, &block).unwrap();
+    let mut back = vec![0u8; 4096];
+    d2.read(16, &mut back).unwrap();
+    assert!(back == block, "target 2 does not read what target 1 wrote");
+
+    // show lists both (the top level is the first), sessions name their target.
+    let show = d.adm(&["show"]).unwrap();
+    assert_eq!(show["target"], t1.as_str(), "{show}");
+    let targets = show["targets"].as_array().unwrap();
+    let field = |k: &str| targets.iter().map(|t| t[k].clone()).collect::<Vec<_>>();
+    assert_eq!(field("target"), [t1.as_str(), t2.as_str()], "{show}");
+    assert_eq!(field("rdma_cm_port"), [5555, 5556], "{show}");
+    assert_eq!(field("rel_tgt_id"), [1, 2], "{show}");
+    assert_eq!(field("sessions"), [1, 1], "{show}");
+    let sessions = d.adm(&["sessions"]).unwrap();
+    let by_target: Vec<(String, String)> = sessions
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["target"].as_str().unwrap().into(),
+                s["initiator"].as_str().unwrap().into(),
+            )
+        })
+        .collect();
+    let name = |ext: u64| format!("0x{ext:016x}{:016x}", srpstack::INITIATOR_GUID);
+    assert_eq!(
+        by_target,
+        [(t1.clone(), name(INIT_A)), (t2.clone(), name(INIT_B))]
+    );
+    let text = d.adm_text(&["show"]);
+    assert_eq!(
+        text.lines().filter(|l| l.starts_with("target ")).count(),
+        2,
+        "{text}"
+    );
+
+    // Disabling one target (by address) logs out its session only.
+    let r = d.adm(&["disable", "--target", "127.0.172.12"]).unwrap();
+    assert_eq!(r["targets"], serde_json::json!([t2]), "{r}");
+    let end = Instant::now() + Duration::from_secs(10);
+    while !s2.is_closed() {
+        assert!(Instant::now() < end, "disable left target 2's session open");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(!s1.is_closed());
+    d1.read(16, &mut back).unwrap();
+    assert!(back == block);
+    let e = d.adm(&["enable", "--target", "nosuch"]).unwrap_err();
+    assert!(e.contains("no target `nosuch`"), "{e}");
+
+    // write-config keeps both targets (and target 2 disabled); the file is valid.
+    let saved = d.dir.join("saved.toml");
+    d.adm(&["write-config", saved.to_str().unwrap()]).unwrap();
+    let text = std::fs::read_to_string(&saved).unwrap();
+    assert_eq!(text.matches("[[target]]").count(), 2, "{text}");
+    let out = check(&saved);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && said.contains("2 targets, 1 devices"),
+        "{said}"
+    );
+    let again = srpstack::config::Config::load(&saved).unwrap();
+    assert_eq!(
+        again.targets.iter().map(|t| t.enabled).collect::<Vec<_>>(),
+        [true, false]
+    );
+}
+
+#[test]
+fn check_names_the_target_that_clashes() {
+    let dir = tempdir("twotgt-check");
+    let cfg = dir.join("two.toml");
+    let good = two_targets(&dir);
+    let refused = |text: &str, needle: &str, key: &str| {
+        std::fs::write(&cfg, text).unwrap();
+        let out = check(&cfg);
+        assert!(!out.status.success(), "{text}");
+        // The last line with `needle`: the second target's.
+        let lines: Vec<&str> = text.lines().collect();
+        let line = lines.iter().rposition(|l| l.contains(needle)).unwrap() + 1;
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        let at = match key {
+            "" => format!("two.toml:{line}: "),
+            k => format!("two.toml:{line}: {k}: "),
+        };
+        assert!(err.contains(&at), "{err}");
+        err
+    };
+    let e = refused(
+        &good.replace("rel_tgt_id = 2", "rel_tgt_id = 1"),
+        "rel_tgt_id = 1",
+        "target[1].rel_tgt_id",
+    );
+    assert!(e.contains("target[0]'s rel_tgt_id too"), "{e}");
+    let e = refused(
+        &good.replace("\"127.0.172.12\"", "\"127.0.172.11\""),
+        "127.0.172.11",
+        "target[1].ip",
+    );
+    assert!(e.contains("cannot share a port"), "{e}");
+    let e = refused(
+        &good.replace("rel_tgt_id = 2\n", "rel_tgt_id = 2\nmetrics = 9100\n"),
+        "metrics = 9100",
+        "target[1].metrics",
+    );
+    assert!(e.contains("set it in the first target"), "{e}");
+    let e = refused(
+        &good.replace("rdma_cm_port = 5556", "rdma_cm_prot = 5556"),
+        "rdma_cm_prot",
+        "",
+    );
+    assert!(e.contains("rdma_cm_prot"), "{e}");
+    // The one-table form still works, and several port options with
+    // several targets are refused rather than applied to one.
+    std::fs::write(&cfg, &good).unwrap();
+    assert!(check(&cfg).status.success());
+    let out = Command::new(env!("CARGO_BIN_EXE_srptd"))
+        .args(["--ip", "127.0.172.20", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("override a single target"));
+    let _ = std::fs::remove_dir_all(&dir);
 }
