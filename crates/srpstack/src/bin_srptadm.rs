@@ -110,6 +110,19 @@ enum Cmd {
     WriteConfig {
         path: Option<PathBuf>,
     },
+    /// Change a setting of the running daemon.
+    #[command(subcommand)]
+    Set(SetCmd),
+}
+
+#[derive(Subcommand)]
+enum SetCmd {
+    /// The least important log records srptd writes (SCST's trace_level):
+    /// debug also logs every admin query.
+    LogLevel {
+        #[arg(value_enum)]
+        level: srpstack::log::Level,
+    },
 }
 
 fn toml_str(s: &str) -> String {
@@ -160,6 +173,7 @@ fn main() -> ExitCode {
         Cmd::Disable { target } => Request::Disable { target },
         Cmd::WriteConfig { path } => Request::WriteConfig { path },
         Cmd::Reload => Request::Reload,
+        Cmd::Set(SetCmd::LogLevel { level }) => Request::SetLogLevel { level },
     };
     match request(&cli.socket, &req) {
         Ok(v) => {

@@ -86,6 +86,35 @@ pub enum Request {
     /// Re-reads the configuration file and applies what changed in
     /// devices, LUN maps, groups and `enabled`, without dropping sessions.
     Reload,
+    /// Changes the log threshold while running (SCST's `trace_level`).
+    SetLogLevel {
+        level: crate::log::Level,
+    },
+}
+
+impl Request {
+    /// The event a successful request is logged as, and whether it
+    /// changed anything (queries are logged at debug level).
+    fn event(&self) -> (&'static str, bool) {
+        match self {
+            Request::Show | Request::Sessions | Request::Devices | Request::Luns => {
+                ("admin_query", false)
+            }
+            Request::AddDevice { .. } => ("device_added", true),
+            Request::RemoveDevice { .. } => ("device_removed", true),
+            Request::AddLun { .. } => ("lun_added", true),
+            Request::RemoveLun { .. } => ("lun_removed", true),
+            Request::AddGroup { .. } => ("group_added", true),
+            Request::RemoveGroup { .. } => ("group_removed", true),
+            Request::AddInitiator { .. } => ("initiator_added", true),
+            Request::RemoveInitiator { .. } => ("initiator_removed", true),
+            Request::Enable { .. } => ("target_enabled", true),
+            Request::Disable { .. } => ("target_disabled", true),
+            Request::WriteConfig { .. } => ("config_written", true),
+            Request::Reload => ("reloaded", true),
+            Request::SetLogLevel { .. } => ("log_level_set", true),
+        }
+    }
 }
 
 /// The running daemon.
@@ -96,6 +125,7 @@ pub struct Daemon {
     devices: Mutex<BTreeMap<String, Arc<scsi::Device>>>,
     /// One per `[[target]]`, in the file's order.
     targets: Vec<TargetRt>,
+    log: crate::log::Log,
 }
 
 /// One target port at work: its NIC, the port, its CM agent and I/O
@@ -251,7 +281,7 @@ impl TargetRt {
         t: &crate::config::TargetSection,
         n: u32,
         scsi: &Arc<scsi::Target>,
-        log: Arc<dyn Fn(String) + Send + Sync>,
+        log: crate::log::Log,
     ) -> Result<TargetRt, String> {
         let ib = t.fabric == crate::ib::Fabric::Ib;
         // On a managed subnet every port needs its own GUID (crate::ib).
@@ -368,13 +398,12 @@ impl TargetRt {
 
 impl Daemon {
     /// Builds everything `cfg` describes and starts serving logins on
-    /// every target. `log` receives one line per event.
+    /// every target. `log` takes a record per event.
     pub fn start(
         cfg: Config,
         cfg_path: Option<PathBuf>,
-        log: impl Fn(String) + Send + Sync + 'static,
+        log: crate::log::Log,
     ) -> Result<Arc<Daemon>, String> {
-        let log: Arc<dyn Fn(String) + Send + Sync> = Arc::new(log);
         let scsi = Arc::new(scsi::Target::new());
         let mut devices = BTreeMap::new();
         for d in &cfg.devices {
@@ -415,6 +444,7 @@ impl Daemon {
             scsi,
             devices: Mutex::new(devices),
             targets,
+            log,
         }))
     }
 
@@ -478,8 +508,46 @@ impl Daemon {
         lock(&self.cfg).clone()
     }
 
-    /// Executes one admin request; `Err` is the message for the user.
+    /// Executes one admin request and logs it; `Err` is the message for
+    /// the user.
     pub fn handle(&self, req: Request) -> Result<Value, String> {
+        use crate::log::{Level, Record};
+        let (event, changes) = req.event();
+        let asked = serde_json::to_value(&req).unwrap_or(Value::Null);
+        let cmd = asked["cmd"].as_str().unwrap_or("?").to_string();
+        let reload = matches!(req, Request::Reload);
+        let r = self.execute(req);
+        let record = match &r {
+            // The SIGHUP and `srptadm reload` lines scripts look for.
+            Ok(v) if reload => Record::info(event, format!("reloaded: {v}")).fields_of(v),
+            Err(e) if reload => Record::warn(
+                "reload_refused",
+                format!("reload refused, configuration unchanged: {e}"),
+            )
+            .field("error", e),
+            Ok(v) => Record::new(
+                if changes { Level::Info } else { Level::Debug },
+                event,
+                format!(
+                    "{cmd} {}: {}",
+                    args_of(&asked),
+                    if changes { v.to_string() } else { "ok".into() }
+                ),
+            )
+            .fields_of(&asked)
+            .fields_of(if changes { v } else { &Value::Null }),
+            Err(e) => Record::warn(
+                "admin_refused",
+                format!("{cmd} {} refused: {e}", args_of(&asked)),
+            )
+            .fields_of(&asked)
+            .field("error", e),
+        };
+        self.log.emit(record);
+        r
+    }
+
+    fn execute(&self, req: Request) -> Result<Value, String> {
         match req {
             Request::Show => Ok(self.show()),
             Request::Sessions => Ok(self.sessions()),
@@ -537,6 +605,10 @@ impl Daemon {
             }),
             Request::Enable { target } => self.set_enabled(target, true),
             Request::Disable { target } => self.set_enabled(target, false),
+            Request::SetLogLevel { level } => {
+                let was = self.log.set_level(level);
+                Ok(json!({ "log_level": level, "was": was }))
+            }
             Request::Reload => {
                 let path = self
                     .cfg_path
@@ -742,6 +814,7 @@ impl Daemon {
             .collect();
         let mut v = all[0].clone();
         if let Value::Object(m) = &mut v {
+            m.insert("log_level".into(), json!(self.log.level()));
             m.insert("targets".into(), Value::Array(all));
         }
         v
@@ -1190,6 +1263,18 @@ impl Daemon {
             left,
             self.targets.iter().map(|t| t.access.live_total()).sum(),
         )
+    }
+}
+
+/// A request's arguments for a log line: its JSON without `cmd`.
+fn args_of(asked: &Value) -> String {
+    match asked {
+        Value::Object(m) => {
+            let mut m = m.clone();
+            m.remove("cmd");
+            Value::Object(m).to_string()
+        }
+        v => v.to_string(),
     }
 }
 

@@ -18,6 +18,8 @@ use std::time::{Duration, Instant};
 struct Daemon {
     proc: Proc,
     dir: PathBuf,
+    /// The line that said it serves (its first target's).
+    started: String,
 }
 
 impl Drop for Daemon {
@@ -127,18 +129,23 @@ fn start(tag: &str, ip: &str) -> Daemon {
 
 /// Starts `srptd` on the configuration `text(dir)` and waits until it serves.
 fn start_with(tag: &str, text: impl FnOnce(&Path) -> String) -> Daemon {
+    start_args(tag, &[], text)
+}
+
+/// [`start_with`] with more command line arguments.
+fn start_args(tag: &str, args: &[&str], text: impl FnOnce(&Path) -> String) -> Daemon {
     let dir = tempdir(tag);
     let cfg = dir.join("srptd.toml");
     std::fs::write(&cfg, text(&dir)).unwrap();
     let proc = Proc::start(
         "srptd",
         Command::new(env!("CARGO_BIN_EXE_srptd"))
+            .args(args)
             .arg("--config")
             .arg(&cfg),
     );
-    let d = Daemon { proc, dir };
-    d.wait_line("listening on");
-    d
+    let started = proc.wait_line("listening on", 20);
+    Daemon { proc, dir, started }
 }
 
 /// How a test initiator reaches the target: RDMA CM to an address and
@@ -1491,5 +1498,172 @@ fn check_names_the_target_that_clashes() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("override a single target"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn json_logs_one_record_per_line_and_runtime_log_level() {
+    let ip = "127.0.172.21";
+    let mut d = start_args("jsonlog", &["--log-format", "json"], |dir| {
+        format!(
+            "{}\n[[device]]\nname = \"d0\"\nhandler = \"ram\"\nsize = \"1M\"\n\
+             [[lun]]\nlun = 0\ndevice = \"d0\"\n",
+            target_section(dir, ip)
+        )
+    });
+    let t = target_name(ip);
+    let me = format!("0x{INIT_A:016x}{:016x}", srpstack::INITIATOR_GUID);
+    // A login and a logout; a login refused while the target is disabled.
+    let s = login("127.0.172.22", "127.0.172.21:5555", INIT_A, 0x7d00);
+    assert!(s
+        .execute(srp::wire::Lun::from_u64(0), &[0; 6], Xfer::None)
+        .is_ok());
+    match Arc::try_unwrap(s) {
+        Ok(s) => s.close(),
+        Err(_) => panic!("the session is shared"),
+    }
+    d.adm(&["disable"]).unwrap();
+    let refused = try_login(
+        "127.0.172.23",
+        Via::RdmaCm("127.0.172.21:5555"),
+        INIT_B,
+        0x7d10,
+    );
+    assert!(refused.is_err());
+    d.adm(&["enable"]).unwrap();
+    // Admin changes are events; queries only at debug level, which
+    // srptadm switches on while srptd runs.
+    d.adm(&["add-lun", "3", "d0"]).unwrap();
+    d.adm(&["add-lun", "4", "nosuch"]).unwrap_err();
+    d.adm(&["luns"]).unwrap();
+    let r = d.adm(&["set", "log-level", "debug"]).unwrap();
+    assert_eq!(
+        (r["was"].as_str(), r["log_level"].as_str()),
+        (Some("info"), Some("debug"))
+    );
+    assert_eq!(d.adm(&["show"]).unwrap()["log_level"], "debug");
+    d.proc.term();
+    // Every line: those before the one `start_args` waited for, if any,
+    // were not JSON-checked; the daemon writes none before it.
+    let mut lines = vec![d.started.clone()];
+    lines.extend(d.proc.rest(15));
+    let records: Vec<Value> = lines
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    for r in &records {
+        for k in ["ts", "level", "event", "fields", "msg"] {
+            assert!(!r[k].is_null(), "no {k} in {r}");
+        }
+    }
+    let at = |e: &str| {
+        records
+            .iter()
+            .position(|r| r["event"] == e)
+            .unwrap_or_else(|| panic!("no {e} in {lines:#?}"))
+    };
+    let find =
+        |event: &str| -> Vec<&Value> { records.iter().filter(|r| r["event"] == event).collect() };
+    let one = |event: &str| -> &Value {
+        let v = find(event);
+        assert_eq!(v.len(), 1, "{event} in {lines:#?}");
+        v[0]
+    };
+    let l = one("target_listening");
+    assert_eq!(
+        (l["target"].as_str(), l["fields"]["rdma_cm_port"].as_u64()),
+        (Some(t.as_str()), Some(5555))
+    );
+    let a = one("login_accepted");
+    assert_eq!(
+        (a["target"].as_str(), a["session"].as_str()),
+        (Some(t.as_str()), Some(me.as_str()))
+    );
+    let channel = a["fields"]["channel"].as_u64().expect("channel");
+    assert_eq!(a["fields"]["pkey"], "ffff");
+    let o = one("logout");
+    assert_eq!(o["session"].as_str(), Some(me.as_str()));
+    assert_eq!(
+        (o["fields"]["channel"].as_u64(), o["fields"]["by"].as_str()),
+        (Some(channel), Some("initiator"))
+    );
+    let rej = one("login_rejected");
+    assert_eq!(rej["level"], "warn");
+    assert_eq!(
+        rej["session"].as_str(),
+        Some(format!("0x{INIT_B:016x}{:016x}", srpstack::INITIATOR_GUID).as_str())
+    );
+    assert!(
+        !rej["fields"]["reason"].as_str().unwrap().is_empty(),
+        "{rej}"
+    );
+    assert_eq!(
+        one("target_disabled")["fields"]["targets"],
+        serde_json::json!([t])
+    );
+    assert!(
+        at("target_disabled") < at("login_rejected") && at("login_rejected") < at("target_enabled")
+    );
+    let added = one("lun_added");
+    assert_eq!(
+        (
+            added["fields"]["lun"].as_u64(),
+            added["fields"]["device"].as_str()
+        ),
+        (Some(3), Some("d0"))
+    );
+    let no = one("admin_refused");
+    assert!(
+        no["fields"]["error"].as_str().unwrap().contains("nosuch"),
+        "{no}"
+    );
+    // `luns` ran at info level (not logged), `show` after the switch.
+    let queries = find("admin_query");
+    assert_eq!(queries.len(), 1, "{queries:?}");
+    assert_eq!(
+        (
+            queries[0]["level"].as_str(),
+            queries[0]["fields"]["cmd"].as_str()
+        ),
+        (Some("debug"), Some("show"))
+    );
+    assert_eq!(one("stopped")["fields"]["verbs_objects_left"], 0);
+    // In order: listening, login, logout, ..., stopped.
+    assert!(at("target_listening") < at("login_accepted") && at("login_accepted") < at("logout"));
+    assert_eq!(at("stopped"), records.len() - 1);
+}
+
+#[test]
+fn text_logs_stay_the_default_and_fatal_errors_follow_the_format() {
+    let dir = tempdir("fatal");
+    let cfg = dir.join("bad.toml");
+    std::fs::write(&cfg, "[target]\nip = \"127.0.172.30\"\nrel_tgt_id = 0\n").unwrap();
+    let run = |fmt: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_srptd"))
+            .args(fmt)
+            .arg("--config")
+            .arg(&cfg)
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).trim().to_string()
+    };
+    let text = run(&[]);
+    assert!(
+        text.starts_with("srptd: ") && text.contains("target.rel_tgt_id"),
+        "{text}"
+    );
+    let json: Value = serde_json::from_str(&run(&["--log-format", "json"])).unwrap();
+    assert_eq!(
+        (json["level"].as_str(), json["event"].as_str()),
+        (Some("error"), Some("fatal"))
+    );
+    assert!(
+        json["fields"]["error"]
+            .as_str()
+            .unwrap()
+            .contains("rel_tgt_id"),
+        "{json}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
