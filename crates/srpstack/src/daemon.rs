@@ -2,12 +2,16 @@
 //! a control socket for `srptadm`, and a metrics endpoint.
 //!
 //! [`Daemon::start`] builds the devices, the LUN maps (default set and
-//! security groups) and the SRP target port, and serves logins by RDMA CM.
+//! security groups) and one SRP target port per `[[target]]`, each on its
+//! own soft RoCE NIC, all over one SCSI target, and serves logins by RDMA
+//! CM and IB CM. Each port counts what it executes per LUN; `show` and
+//! the metrics name the target, the LUN and its device.
 //! [`Daemon::handle`] executes one admin [`Request`]; every change goes to
 //! the running configuration too, so `write-config` saves what runs (as
 //! `scstadmin -write_config` does). LUN map changes raise REPORTED LUNS
 //! DATA HAS CHANGED on the affected nexuses and send SRP_AER_REQ to every
-//! channel.
+//! channel. Every request is logged as a [`crate::log::Record`]: changes
+//! and refusals at info and warn level, queries at debug level.
 //!
 //! The control socket is created mode 0600 and also checks the peer's
 //! credentials: only the daemon's own user may use it.

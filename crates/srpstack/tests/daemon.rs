@@ -1441,6 +1441,36 @@ fn two_targets_in_one_file_serve_two_initiators() {
         again.targets.iter().map(|t| t.enabled).collect::<Vec<_>>(),
         [true, false]
     );
+
+    // reload follows each target's `enabled` and names what needs a
+    // restart: here target 1 off, target 2 on again on another port.
+    let file = two_targets(&d.dir)
+        .replacen("rel_tgt_id = 1\n", "rel_tgt_id = 1\nenabled = false\n", 1)
+        .replace("rdma_cm_port = 5556", "rdma_cm_port = 5557");
+    std::fs::write(d.dir.join("srptd.toml"), file).unwrap();
+    let r = d.adm(&["reload"]).unwrap();
+    assert_eq!(r["enabled"], serde_json::json!([false, true]), "{r}");
+    assert_eq!(
+        r["needs_restart"],
+        serde_json::json!(["target[1] parameters other than enabled"]),
+        "{r}"
+    );
+    let end = Instant::now() + Duration::from_secs(10);
+    while !s1.is_closed() {
+        assert!(Instant::now() < end, "reload left target 1's session open");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // Target 2 serves again, still on the port it started with.
+    let s3 = login("127.0.172.15", "127.0.172.12:5556", INIT_B, 0x7e00);
+    assert_eq!(relative_port_id(&s3), Some(2));
+    let show = d.adm(&["show"]).unwrap();
+    let enabled: Vec<Value> = show["targets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["enabled"].clone())
+        .collect();
+    assert_eq!(enabled, [false, true], "{show}");
 }
 
 #[test]
