@@ -466,8 +466,9 @@ impl Target {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The device `nexus` reaches at `lun`.
-    fn device(&self, nexus: &Nexus, lun: Lun) -> Option<Arc<Device>> {
+    /// The device `nexus` reaches at `lun` (what a transport labels its
+    /// per-LUN counters with).
+    pub fn device(&self, nexus: &Nexus, lun: Lun) -> Option<Arc<Device>> {
         self.lock().set_for(&nexus.initiator).get(&lun).cloned()
     }
 

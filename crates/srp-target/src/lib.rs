@@ -41,5 +41,6 @@ mod port;
 
 pub use names::{initiator_name, target_name};
 pub use port::{
-    ConnId, LocalQp, LoginOutcome, PeerQp, PortError, PortOptions, SessionInfo, TargetPort,
+    ConnId, LocalQp, LoginOutcome, LunCounters, LunStats, PeerQp, PortError, PortOptions,
+    SessionInfo, TargetPort,
 };

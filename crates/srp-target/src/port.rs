@@ -151,6 +151,42 @@ pub struct SessionInfo {
     pub pkey: Pkey,
 }
 
+/// What the port did at one LUN, counted where it executes the LUN's
+/// commands (SCST keeps its counters per LUN too): the device's own
+/// counters mix every port and LUN that reach it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LunCounters {
+    /// SRP_CMDs executed.
+    pub commands: u64,
+    /// READs that ended GOOD.
+    pub reads: u64,
+    /// WRITEs that ended GOOD.
+    pub writes: u64,
+    /// Data-in those READs returned.
+    pub read_bytes: u64,
+    /// Data-out those WRITEs carried.
+    pub write_bytes: u64,
+    /// Commands that ended in CHECK CONDITION.
+    pub errors: u64,
+    /// Task management functions addressed to the LUN.
+    pub tmfs: u64,
+}
+
+/// One LUN's counters and the device mapped there while they counted.
+/// The same LUN number mapping different devices (the default set and a
+/// group) has one row per device.
+#[derive(Clone)]
+pub struct LunStats {
+    pub lun: scsi::Lun,
+    pub device: Arc<scsi::Device>,
+    pub counters: LunCounters,
+}
+
+/// The counters by (LUN, device address); the device is held weakly so
+/// counters of a device the daemon removed go with it.
+type LunTable =
+    std::collections::HashMap<(u16, usize), (std::sync::Weak<scsi::Device>, LunCounters)>;
+
 type DisconnectHook = Box<dyn Fn(ConnId) + Send + Sync>;
 
 /// One SRP target port; [`TargetPort::stop`] or dropping it stops its
@@ -191,6 +227,9 @@ struct Inner {
     /// (parallelism).
     at_workers: std::sync::atomic::AtomicUsize,
     st: Mutex<State>,
+    /// Per-LUN counters, under their own lock: the workers update them
+    /// without the port lock.
+    lun_stats: Mutex<LunTable>,
     events: Mutex<Sender<Event>>,
     hook: Mutex<Option<DisconnectHook>>,
 }
@@ -449,6 +488,7 @@ impl TargetPort {
                 next_conn: 1,
                 jobs: jobs_tx,
             }),
+            lun_stats: Mutex::new(LunTable::new()),
             events: Mutex::new(tx),
             hook: Mutex::new(None),
             opts,
@@ -590,6 +630,29 @@ impl TargetPort {
             })
             .collect();
         v.sort_by_key(|s| s.conn);
+        v
+    }
+
+    /// The per-LUN counters, by LUN then device naa; rows of devices no
+    /// longer alive are dropped.
+    pub fn lun_stats(&self) -> Vec<LunStats> {
+        let mut t = self
+            .inner
+            .lun_stats
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        t.retain(|_, (dev, _)| dev.strong_count() > 0);
+        let mut v: Vec<LunStats> = t
+            .iter()
+            .filter_map(|(&(lun, _), (dev, counters))| {
+                Some(LunStats {
+                    lun: scsi::Lun::new(lun as u32).ok()?,
+                    device: dev.upgrade()?,
+                    counters: *counters,
+                })
+            })
+            .collect();
+        v.sort_by_key(|s| (s.lun.value(), s.device.config.naa));
         v
     }
 
@@ -1507,6 +1570,11 @@ impl Inner {
             TmFunc::ClearAca => Some(scsi::Tmf::ClearAca),
             _ => None,
         };
+        if let Ok(lun) = scsi::Lun::decode(req.lun.0) {
+            if let Some(dev) = self.scsi.device(&c.nexus, lun) {
+                self.count(lun, &dev, |n| n.tmfs += 1);
+            }
+        }
         let code = match (tmf, scsi::Lun::decode(req.lun.0)) {
             (None, _) => RspCode::NotSupported,
             (Some(_), Err(_)) => RspCode::Failed,
@@ -1654,6 +1722,19 @@ impl Inner {
         Some(st.free_chunks.split_off(free - need))
     }
 
+    /// Updates the counters of `lun` mapping `dev`.
+    fn count(&self, lun: scsi::Lun, dev: &Arc<scsi::Device>, f: impl FnOnce(&mut LunCounters)) {
+        let mut t = self.lun_stats.lock().unwrap_or_else(|e| e.into_inner());
+        let slot = t
+            .entry((lun.value(), Arc::as_ptr(dev) as usize))
+            .or_insert_with(|| (Arc::downgrade(dev), LunCounters::default()));
+        // A new device at the address of one that is gone starts afresh.
+        if !std::sync::Weak::ptr_eq(&slot.0, &Arc::downgrade(dev)) || slot.0.strong_count() == 0 {
+            *slot = (Arc::downgrade(dev), LunCounters::default());
+        }
+        f(&mut slot.1);
+    }
+
     fn execute(&self, job: &Job) -> (ScsiDone, InData) {
         let req = &job.req;
         let Ok(lun) = scsi::Lun::decode(req.lun.0) else {
@@ -1679,6 +1760,9 @@ impl Inner {
             srp::wire::TaskAttr::Aca => scsi::TaskAttr::Aca,
             _ => scsi::TaskAttr::Simple,
         };
+        // Looked up before the command runs: a map change while it runs
+        // counts it where it was addressed.
+        let dev = self.scsi.device(&job.nexus, lun);
         let reserved = (!data_out_dir && req.data_in_len >= DIRECT_IN_MIN)
             .then(|| self.reserve_chunks(req.data_in_len))
             .flatten();
@@ -1739,6 +1823,28 @@ impl Inner {
             InData::Vec(v) => v.len(),
             InData::Chunks { len, .. } => *len,
         };
+        if let Some(dev) = &dev {
+            let good = r.status == scsi::Status::Good;
+            let kind = scsi::Command::parse(&req.cdb).map(|(_, c)| c);
+            let (data_in_len, data_out_len) = (in_len as u64, job.data_out.len() as u64);
+            self.count(lun, dev, |n| {
+                n.commands += 1;
+                match kind {
+                    Ok(scsi::Command::Read { .. }) if good => {
+                        n.reads += 1;
+                        n.read_bytes += data_in_len;
+                    }
+                    Ok(scsi::Command::Write { .. }) if good => {
+                        n.writes += 1;
+                        n.write_bytes += data_out_len;
+                    }
+                    _ => {}
+                }
+                if r.status == scsi::Status::CheckCondition {
+                    n.errors += 1;
+                }
+            });
+        }
         let mut done = ScsiDone::good(req.cmd, in_len as u32);
         done.status = u8::from(r.status);
         done.sense = sense;

@@ -92,15 +92,36 @@ enum Cmd {
         initiator: String,
     },
     /// Accept logins.
-    Enable,
+    Enable {
+        /// Only this target (its name or address); all without it.
+        #[arg(long)]
+        target: Option<String>,
+    },
     /// Refuse logins and log every initiator out.
-    Disable,
+    Disable {
+        /// Only this target (its name or address); all without it.
+        #[arg(long)]
+        target: Option<String>,
+    },
     /// Re-read srptd's configuration file and apply it (as SIGHUP does).
     Reload,
     /// Save the running configuration (to the file srptd was started from
     /// when no path is given).
     WriteConfig {
         path: Option<PathBuf>,
+    },
+    /// Change a setting of the running daemon.
+    #[command(subcommand)]
+    Set(SetCmd),
+}
+
+#[derive(Subcommand)]
+enum SetCmd {
+    /// The least important log records srptd writes (SCST's trace_level):
+    /// debug also logs every admin query.
+    LogLevel {
+        #[arg(value_enum)]
+        level: srpstack::log::Level,
     },
 }
 
@@ -148,10 +169,11 @@ fn main() -> ExitCode {
         Cmd::RemoveGroup { name } => Request::RemoveGroup { name },
         Cmd::AddInitiator { group, initiator } => Request::AddInitiator { group, initiator },
         Cmd::RemoveInitiator { group, initiator } => Request::RemoveInitiator { group, initiator },
-        Cmd::Enable => Request::Enable,
-        Cmd::Disable => Request::Disable,
+        Cmd::Enable { target } => Request::Enable { target },
+        Cmd::Disable { target } => Request::Disable { target },
         Cmd::WriteConfig { path } => Request::WriteConfig { path },
         Cmd::Reload => Request::Reload,
+        Cmd::Set(SetCmd::LogLevel { level }) => Request::SetLogLevel { level },
     };
     match request(&cli.socket, &req) {
         Ok(v) => {
@@ -177,25 +199,64 @@ fn s(v: &Value) -> String {
     }
 }
 
+/// Per-LUN counters as a table.
+fn lun_table(rows: &Value) -> String {
+    let mut out = format!(
+        "{:>5} {:<12} {:>10} {:>9} {:>9} {:>14} {:>14} {:>7} {:>5}\n",
+        "lun",
+        "device",
+        "commands",
+        "reads",
+        "writes",
+        "read_bytes",
+        "write_bytes",
+        "errors",
+        "tmfs"
+    );
+    for r in rows.as_array().into_iter().flatten() {
+        out += &format!(
+            "{:>5} {:<12} {:>10} {:>9} {:>9} {:>14} {:>14} {:>7} {:>5}\n",
+            s(&r["lun"]),
+            s(&r["device"]),
+            s(&r["commands"]),
+            s(&r["reads"]),
+            s(&r["writes"]),
+            s(&r["read_bytes"]),
+            s(&r["write_bytes"]),
+            s(&r["errors"]),
+            s(&r["tmfs"]),
+        );
+    }
+    out
+}
+
 /// The answer as text for a person.
 fn human(req: &Request, v: &Value) -> String {
     let mut out = String::new();
     match req {
         Request::Show => {
-            if let Value::Object(m) = v {
-                for (k, val) in m {
-                    out += &format!("{k:<18} {}\n", s(val));
+            // Every target (the top level repeats the first one's fields).
+            for (i, t) in v["targets"].as_array().into_iter().flatten().enumerate() {
+                if i > 0 {
+                    out += "\n";
                 }
+                if let Value::Object(m) = t {
+                    for (k, val) in m.iter().filter(|(k, _)| *k != "lun_stats") {
+                        out += &format!("{k:<18} {}\n", s(val));
+                    }
+                }
+                out += &lun_table(&t["lun_stats"]);
             }
         }
         Request::Sessions => {
             out += &format!(
-                "{:<6} {:<36} {:>6} {:>7} {:>9} {:>10}  luns\n",
-                "conn", "initiator", "window", "credits", "in_flight", "commands"
+                "{:<39} {:<6} {:<36} {:>6} {:>7} {:>9} {:>10}  luns\n",
+                "target", "conn", "initiator", "window", "credits", "in_flight", "commands"
             );
             for r in v.as_array().into_iter().flatten() {
                 out += &format!(
-                    "{:<6} {:<36} {:>6} {:>7} {:>9} {:>10}  {}{}\n",
+                    "{:<39} {:<6} {:<36} {:>6} {:>7} {:>9} {:>10}  {}{}\n",
+                    s(&r["target"]),
                     s(&r["conn"]),
                     s(&r["initiator"]),
                     s(&r["window"]),

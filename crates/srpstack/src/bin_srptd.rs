@@ -9,6 +9,7 @@
 use clap::Parser;
 use srpstack::config::{Config, DeviceSection, Handler, LunEntry};
 use srpstack::daemon::{bind_control, serve_control, serve_metrics, Daemon};
+use srpstack::log::{Format, Level, Log, Logger, Record};
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -53,14 +54,25 @@ struct Args {
     /// 127.0.0.1 (overrides the file).
     #[arg(long)]
     metrics: Option<srpstack::config::MetricsAddr>,
+    /// Log lines as text for a person, or one JSON object per line (ts,
+    /// level, event, target, session, fields, msg) for a collector.
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    log_format: Format,
+    /// Least important records written; `srptadm set log-level` changes
+    /// it while srptd runs.
+    #[arg(long, value_enum, default_value_t = Level::Info)]
+    log_level: Level,
 }
 
 fn main() -> ExitCode {
     let a = Args::parse();
-    match run(&a) {
+    let log = Logger::stdout(a.log_format, a.log_level);
+    match run(&a, &log) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("srptd: {e}");
+            // On standard error, in the format asked for.
+            let r = Record::new(Level::Error, "fatal", &e).field("error", &e);
+            eprintln!("{}", r.line(a.log_format, std::time::SystemTime::now()));
             ExitCode::FAILURE
         }
     }
@@ -94,22 +106,40 @@ fn default_config(a: &Args) -> Result<Config, String> {
     Ok(c)
 }
 
-fn run(a: &Args) -> Result<(), String> {
+fn run(a: &Args, log: &Log) -> Result<(), String> {
     let mut cfg = match &a.config {
         Some(p) => Config::load(p).map_err(|e| e.to_string())?,
         None => default_config(a)?,
     };
     if a.check {
         println!(
-            "srptd: {}: valid ({} devices, {} default LUNs, {} groups)",
+            "srptd: {}: valid ({}{} devices, {} default LUNs, {} groups)",
             a.config.as_ref().expect("required").display(),
+            match cfg.targets.len() {
+                1 => String::new(),
+                n => format!("{n} targets, "),
+            },
             cfg.devices.len(),
             cfg.luns.len(),
             cfg.groups.len()
         );
         return Ok(());
     }
-    let t = &mut cfg.target;
+    // The port options override one target; the daemon's (control
+    // socket, metrics) go to the first, where the file keeps them.
+    let port_opts = a.ip.is_some()
+        || a.udp_port.is_some()
+        || a.rdma_cm_port.is_some()
+        || a.fabric.is_some()
+        || a.sm_wait_ms.is_some();
+    if port_opts && cfg.targets.len() > 1 {
+        return Err(format!(
+            "--ip, --udp-port, --rdma-cm-port, --fabric and --sm-wait-ms override a single target; {} has {}",
+            a.config.as_ref().map_or("the configuration".into(), |p| p.display().to_string()),
+            cfg.targets.len()
+        ));
+    }
+    let t = &mut cfg.targets[0];
     if let Some(ip) = a.ip {
         t.ip = Spanned::new(0..0, ip);
     }
@@ -133,8 +163,8 @@ fn run(a: &Args) -> Result<(), String> {
     }
     // The options may have changed what the file said.
     cfg.check().map_err(|e| e.to_string())?;
-    let t = &cfg.target;
-    let (ip, cm_port, sock) = (*t.ip.get_ref(), t.rdma_cm_port, t.control_socket.clone());
+    let t = cfg.target();
+    let sock = t.control_socket.clone();
     let metrics = t.metrics.as_ref().map(|m| m.get_ref().0);
 
     // SIGTERM/SIGINT are taken by sigwait below, in this thread only: block
@@ -142,9 +172,7 @@ fn run(a: &Args) -> Result<(), String> {
     let signals = srpstack::signals::block_term();
     let control =
         bind_control(&sock).map_err(|e| format!("control socket {}: {e}", sock.display()))?;
-    let daemon = Daemon::start(cfg.clone(), a.config.clone(), |line| {
-        println!("srptd: {line}");
-    })?;
+    let daemon = Daemon::start(cfg.clone(), a.config.clone(), log.clone())?;
     serve_control(daemon.clone(), control);
     let metrics = match metrics {
         Some(addr) => Some(
@@ -155,54 +183,84 @@ fn run(a: &Args) -> Result<(), String> {
         None => None,
     };
     let lun0 = cfg.luns.iter().find(|l| *l.lun.get_ref() == 0);
-    // Scripts wait for this line.
-    let guid = daemon.guid().0;
-    if let Some(lid) = daemon.lid() {
-        println!("srptd: port {ip} ACTIVE on the managed subnet, LID {lid}");
+    // Scripts wait for these lines, one per target.
+    for (t, run) in cfg.targets.iter().zip(daemon.targets()) {
+        let (ip, guid) = (*t.ip.get_ref(), run.guid.0);
+        if let Some(lid) = run.lid {
+            log.emit(
+                Record::info(
+                    "port_active",
+                    format!("port {ip} ACTIVE on the managed subnet, LID {lid}"),
+                )
+                .target(&run.name)
+                .field("ip", ip)
+                .field("lid", lid),
+            );
+        }
+        let ib_sid = t.ib_cm.then(|| format!("{guid:016x}"));
+        log.emit(
+            Record::info("target_listening", format!(
+                "target {} listening on {}{}, {} devices, {} default LUNs{}, {} groups, id_ext {:016x} ioc_guid {:016x}, control {}",
+                run.name,
+                match t.rdma_cm_port {
+                    0 => format!("{ip} (RDMA CM off)"),
+                    p => format!("{ip}:{p} (RDMA CM)"),
+                },
+                ib_sid.as_ref().map(|s| format!(" and IB CM service ID {s}")).unwrap_or_default(),
+                cfg.devices.len(),
+                cfg.luns.len(),
+                lun0.map(|l| format!(" (LUN 0 {})", l.device.get_ref())).unwrap_or_default(),
+                cfg.groups.len(),
+                guid,
+                guid,
+                sock.display(),
+            ))
+            .target(&run.name)
+            .field("ip", ip)
+            .field("rdma_cm_port", t.rdma_cm_port)
+            .field("ib_cm_service_id", &ib_sid)
+            .field("id_ext", format!("{guid:016x}"))
+            .field("devices", cfg.devices.len())
+            .field("default_luns", cfg.luns.len())
+            .field("groups", cfg.groups.len())
+            .field("control", &sock),
+        );
     }
-    println!(
-        "srptd: target {} listening on {}{}, {} devices, {} default LUNs{}, {} groups, id_ext {:016x} ioc_guid {:016x}, control {}",
-        daemon.port().name(),
-        match cm_port {
-            0 => format!("{ip} (RDMA CM off)"),
-            p => format!("{ip}:{p} (RDMA CM)"),
-        },
-        if cfg.target.ib_cm {
-            format!(" and IB CM service ID {guid:016x}")
-        } else {
-            String::new()
-        },
-        cfg.devices.len(),
-        cfg.luns.len(),
-        lun0.map(|l| format!(" (LUN 0 {})", l.device.get_ref())).unwrap_or_default(),
-        cfg.groups.len(),
-        guid,
-        guid,
-        sock.display(),
-    );
     if let Some(local) = metrics {
-        println!("srptd: metrics on http://{local}/metrics");
+        log.emit(
+            Record::info(
+                "metrics_listening",
+                format!("metrics on http://{local}/metrics"),
+            )
+            .field("address", local),
+        );
     }
-    let _ = std::io::Write::flush(&mut std::io::stdout());
-    // SIGHUP reloads the configuration (sessions stay); SIGTERM/SIGINT stop.
+    // SIGHUP reloads the configuration (sessions stay; the daemon logs
+    // the outcome); SIGTERM/SIGINT stop.
     let sig = loop {
         let sig = signals.wait();
         if sig != libc::SIGHUP {
             break sig;
         }
-        match daemon.handle(srpstack::daemon::Request::Reload) {
-            Ok(v) => println!("srptd: reloaded: {v}"),
-            Err(e) => println!("srptd: reload refused, configuration unchanged: {e}"),
-        }
-        let _ = std::io::Write::flush(&mut std::io::stdout());
+        let _ = daemon.handle(srpstack::daemon::Request::Reload);
     };
-    println!("srptd: signal {sig}: logging initiators out");
+    log.emit(
+        Record::info("shutdown", format!("signal {sig}: logging initiators out"))
+            .field("signal", sig),
+    );
     let (left, objects) = daemon.shutdown(std::time::Duration::from_secs(10));
     let _ = std::fs::remove_file(&sock);
-    if left > 0 || objects != 0 {
-        println!("srptd: {left} channels still closing at exit, {objects} verbs objects left");
+    let r = if left > 0 || objects != 0 {
+        Record::warn(
+            "stopped",
+            format!("{left} channels still closing at exit, {objects} verbs objects left"),
+        )
     } else {
-        println!("srptd: stopped cleanly, 0 verbs objects left");
-    }
+        Record::info("stopped", "stopped cleanly, 0 verbs objects left")
+    };
+    log.emit(
+        r.field("channels_left", left)
+            .field("verbs_objects_left", objects),
+    );
     Ok(())
 }

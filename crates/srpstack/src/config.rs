@@ -29,6 +29,26 @@
 //! lun = [{ lun = 0, device = "disk1" }]
 //! ```
 //!
+//! Several target ports are `[[target]]` tables instead of one `[target]`,
+//! each on its own address (its own GID, hence its own target name) with
+//! its own `rdma_cm_port`, `enabled`, `rel_tgt_id`, `pkey` and SRP
+//! parameters. They are ports of one SCSI target, as SCST's targets on
+//! several HCA ports are: the devices, default LUNs and groups are shared,
+//! and `rel_tgt_id` tells the ports apart (VPD 83h, persistent
+//! reservations), so no two may have the same. `control_socket` and
+//! `metrics` belong to the daemon and are read from the first target.
+//!
+//! ```toml
+//! [[target]]
+//! ip = "127.0.0.1"
+//! rel_tgt_id = 1
+//!
+//! [[target]]
+//! ip = "127.0.0.2"
+//! rel_tgt_id = 2
+//! pkey = 0x8010
+//! ```
+//!
 //! Initiator names are session names as `srptadm list sessions` shows them:
 //! `0x` and the 16-byte initiator port identifier; a trailing `*` matches
 //! by prefix. Every error names the file, the line and the key.
@@ -40,11 +60,18 @@ use std::path::{Path, PathBuf};
 use toml::Spanned;
 
 /// The whole file.
-#[derive(Debug, Clone, Deserialize, Serialize, Default)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
-    #[serde(default)]
-    pub target: TargetSection,
+    /// The target ports: `[target]` (one) or `[[target]]` (several);
+    /// never empty once validated.
+    #[serde(
+        rename = "target",
+        default = "one_default_target",
+        deserialize_with = "one_or_many",
+        serialize_with = "write_one_or_many"
+    )]
+    pub targets: Vec<TargetSection>,
     #[serde(default, rename = "device", skip_serializing_if = "Vec::is_empty")]
     pub devices: Vec<DeviceSection>,
     #[serde(default, rename = "lun", skip_serializing_if = "Vec::is_empty")]
@@ -53,7 +80,51 @@ pub struct Config {
     pub groups: Vec<GroupSection>,
 }
 
-/// `[target]`: the SRP target port and the daemon around it. The SRP
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            targets: one_default_target(),
+            devices: Vec::new(),
+            luns: Vec::new(),
+            groups: Vec::new(),
+        }
+    }
+}
+
+fn one_default_target() -> Vec<TargetSection> {
+    vec![TargetSection::default()]
+}
+
+/// `[target]` is one target, `[[target]]` a list of them. The tables go
+/// to `TargetSection`'s own deserializer (not through an untagged enum),
+/// so its spans, defaults and unknown-key errors stay those of the file.
+fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<TargetSection>, D::Error> {
+    struct V;
+    impl<'de> serde::de::Visitor<'de> for V {
+        type Value = Vec<TargetSection>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a [target] table or [[target]] tables")
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, m: A) -> Result<Self::Value, A::Error> {
+            TargetSection::deserialize(serde::de::value::MapAccessDeserializer::new(m))
+                .map(|t| vec![t])
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, s: A) -> Result<Self::Value, A::Error> {
+            Vec::<TargetSection>::deserialize(serde::de::value::SeqAccessDeserializer::new(s))
+        }
+    }
+    d.deserialize_any(V)
+}
+
+/// One target is written as `[target]`, as files before `[[target]]` had it.
+fn write_one_or_many<S: serde::Serializer>(t: &[TargetSection], s: S) -> Result<S::Ok, S::Error> {
+    match t {
+        [one] => one.serialize(s),
+        many => many.serialize(s),
+    }
+}
+
+/// `[target]`: an SRP target port and the daemon around it. The SRP
 /// parameters carry ib_srpt's names and defaults (SCST srpt README).
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
@@ -98,10 +169,12 @@ pub struct TargetSection {
     /// one RDMA WRITE per `srp_max_rdma_size` bytes, and a full send
     /// queue makes the rest wait inside the target.
     pub srpt_sq_size: Spanned<u32>,
-    /// Control socket for `srptadm` (mode 0600).
+    /// Control socket for `srptadm` (mode 0600); the daemon's, so only
+    /// the first target's counts.
     pub control_socket: PathBuf,
     /// Prometheus endpoint, off when absent: `"address:port"`, or a bare
-    /// port (`9100` or `"9100"`) on the loopback address.
+    /// port (`9100` or `"9100"`) on the loopback address. The daemon's:
+    /// only the first target may set it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub metrics: Option<Spanned<MetricsAddr>>,
 }
@@ -403,6 +476,22 @@ impl Config {
         Ok(cfg)
     }
 
+    /// The first target: the one of a `[target]` file, and the one whose
+    /// `control_socket` and `metrics` the daemon uses.
+    pub fn target(&self) -> &TargetSection {
+        &self.targets[0]
+    }
+
+    /// The key path of target `i` in errors: `target` in a one-target
+    /// file, `target[i]` when there are several.
+    pub fn target_key(&self, i: usize) -> String {
+        if self.targets.len() == 1 {
+            "target".into()
+        } else {
+            format!("target[{i}]")
+        }
+    }
+
     /// Validates a configuration built or changed in memory (errors carry
     /// no line).
     pub fn check(&self) -> Result<(), ConfigError> {
@@ -421,39 +510,15 @@ impl Config {
         fn bad<T>(s: &Spanned<T>, key: String, msg: impl Into<String>) -> E {
             (s.span(), key, msg.into())
         }
-        let t = &self.target;
-        let range = |v: &Spanned<u32>, key: &str, lo: u32, hi: u32| -> Result<(), E> {
-            if (lo..=hi).contains(v.get_ref()) {
-                Ok(())
-            } else {
-                Err(bad(
-                    v,
-                    format!("target.{key}"),
-                    format!("{} is outside {lo}..={hi}", v.get_ref()),
-                ))
-            }
-        };
-        range(&t.srp_max_req_size, "srp_max_req_size", 64, 65536)?;
-        range(&t.srp_max_rsp_size, "srp_max_rsp_size", 36, 65536)?;
-        range(&t.srp_max_rdma_size, "srp_max_rdma_size", 4096, 1 << 24)?;
-        range(&t.srpt_srq_size, "srpt_srq_size", 16, 65535)?;
-        range(&t.srpt_sq_size, "srpt_sq_size", 16, 65535)?;
-        if t.rdma_cm_port == 0 && !t.ib_cm {
+        if self.targets.is_empty() {
             return Err((
                 0..0,
-                "target.rdma_cm_port".into(),
-                "0 turns RDMA CM off, and ib_cm = false leaves no way to log in".into(),
+                "target".into(),
+                "no target: add a [target] table".into(),
             ));
         }
-        if *t.rel_tgt_id.get_ref() == 0 {
-            return Err(bad(
-                &t.rel_tgt_id,
-                "target.rel_tgt_id".into(),
-                "must not be 0",
-            ));
-        }
-        if let Err(e) = t.pkey.get_ref().pkeys() {
-            return Err(bad(&t.pkey, "target.pkey".into(), e));
+        for i in 0..self.targets.len() {
+            self.validate_target(i)?;
         }
         let mut names = HashSet::new();
         for (i, d) in self.devices.iter().enumerate() {
@@ -598,6 +663,95 @@ impl Config {
         Ok(())
     }
 
+    /// Checks target `i` alone and against the targets before it.
+    fn validate_target(&self, i: usize) -> Result<(), (std::ops::Range<usize>, String, String)> {
+        type E = (std::ops::Range<usize>, String, String);
+        fn bad<T>(s: &Spanned<T>, key: String, msg: impl Into<String>) -> E {
+            (s.span(), key, msg.into())
+        }
+        let t = &self.targets[i];
+        let at = self.target_key(i);
+        let range = |v: &Spanned<u32>, key: &str, lo: u32, hi: u32| -> Result<(), E> {
+            if (lo..=hi).contains(v.get_ref()) {
+                Ok(())
+            } else {
+                Err(bad(
+                    v,
+                    format!("{at}.{key}"),
+                    format!("{} is outside {lo}..={hi}", v.get_ref()),
+                ))
+            }
+        };
+        range(&t.srp_max_req_size, "srp_max_req_size", 64, 65536)?;
+        range(&t.srp_max_rsp_size, "srp_max_rsp_size", 36, 65536)?;
+        range(&t.srp_max_rdma_size, "srp_max_rdma_size", 4096, 1 << 24)?;
+        range(&t.srpt_srq_size, "srpt_srq_size", 16, 65535)?;
+        range(&t.srpt_sq_size, "srpt_sq_size", 16, 65535)?;
+        if t.rdma_cm_port == 0 && !t.ib_cm {
+            return Err((
+                0..0,
+                format!("{at}.rdma_cm_port"),
+                "0 turns RDMA CM off, and ib_cm = false leaves no way to log in".into(),
+            ));
+        }
+        if *t.rel_tgt_id.get_ref() == 0 {
+            return Err(bad(
+                &t.rel_tgt_id,
+                format!("{at}.rel_tgt_id"),
+                "must not be 0",
+            ));
+        }
+        if let Err(e) = t.pkey.get_ref().pkeys() {
+            return Err(bad(&t.pkey, format!("{at}.pkey"), e));
+        }
+        for (j, o) in self.targets[..i].iter().enumerate() {
+            let other = self.target_key(j);
+            // The address is the port's GID and so its name (SCST names a
+            // target by its port GID): one port, one target.
+            if o.ip.get_ref() == t.ip.get_ref() {
+                return Err(bad(
+                    &t.ip,
+                    format!("{at}.ip"),
+                    format!(
+                        "{} is {other}'s address too: two targets cannot share a port (GID)",
+                        t.ip.get_ref()
+                    ),
+                ));
+            }
+            if o.rel_tgt_id.get_ref() == t.rel_tgt_id.get_ref() {
+                return Err(bad(
+                    &t.rel_tgt_id,
+                    format!("{at}.rel_tgt_id"),
+                    format!(
+                        "{} is {other}'s rel_tgt_id too: ports of one SCSI target need their own",
+                        t.rel_tgt_id.get_ref()
+                    ),
+                ));
+            }
+        }
+        if i > 0 {
+            if let Some(m) = &t.metrics {
+                return Err(bad(
+                    m,
+                    format!("{at}.metrics"),
+                    "the metrics endpoint is the daemon's: set it in the first target",
+                ));
+            }
+            let first = &self.targets[0].control_socket;
+            if t.control_socket != *first && t.control_socket != default_control_socket() {
+                return Err((
+                    0..0,
+                    format!("{at}.control_socket"),
+                    format!(
+                        "the control socket is the daemon's ({}): set it in the first target",
+                        first.display()
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// The file as `srptadm write-config` saves it.
     pub fn to_toml(&self) -> String {
         let body = toml::to_string(self).unwrap_or_else(|e| format!("# cannot serialise: {e}\n"));
@@ -667,8 +821,8 @@ lun = [{ lun = 3, device = "disk1" }]
     #[test]
     fn good_file_parses_and_round_trips() {
         let c = parse(GOOD).unwrap();
-        assert_eq!(*c.target.ip.get_ref(), IpAddr::from([127, 0, 0, 3]));
-        assert_eq!(*c.target.srp_max_req_size.get_ref(), 8260);
+        assert_eq!(*c.target().ip.get_ref(), IpAddr::from([127, 0, 0, 3]));
+        assert_eq!(*c.target().srp_max_req_size.get_ref(), 8260);
         assert_eq!(c.devices.len(), 2);
         assert_eq!(*c.devices[1].handler.get_ref(), Handler::NullIo);
         assert_eq!(c.groups[0].initiators.len(), 2);
@@ -682,7 +836,7 @@ lun = [{ lun = 3, device = "disk1" }]
         let served = |v: &str| {
             parse(&format!("[target]\npkey = {v}\n"))
                 .unwrap()
-                .target
+                .target()
                 .pkey
                 .get_ref()
                 .pkeys()
@@ -693,12 +847,12 @@ lun = [{ lun = 3, device = "disk1" }]
         let two = vec![rdma_types::Pkey(0x0010), rdma_types::Pkey(0xffff)];
         assert_eq!(served("[0x0010, 0xffff]"), two);
         assert_eq!(
-            parse("").unwrap().target.pkey.get_ref().pkeys().unwrap(),
+            parse("").unwrap().target().pkey.get_ref().pkeys().unwrap(),
             vec![]
         );
         let c = parse("[target]\npkey = [0x0010, 0xffff]\n").unwrap();
         let again = parse(&c.to_toml()).unwrap();
-        assert_eq!(again.target.pkey.get_ref().pkeys().unwrap(), two);
+        assert_eq!(again.target().pkey.get_ref().pkeys().unwrap(), two);
     }
 
     fn err_of(s: &str) -> ConfigError {
@@ -795,7 +949,7 @@ lun = [{ lun = 3, device = "disk1" }]
         assert_eq!(c.devices.len(), 2);
         assert_eq!(c.groups[0].luns.len(), 2);
         // The example spells out the defaults, so it documents them.
-        let (t, d) = (&c.target, TargetSection::default());
+        let (t, d) = (c.target(), TargetSection::default());
         let params = |t: &TargetSection| {
             [
                 &t.srp_max_req_size,
@@ -808,6 +962,44 @@ lun = [{ lun = 3, device = "disk1" }]
         };
         assert_eq!(params(t), params(&d));
         assert_eq!(t.rdma_cm_port, d.rdma_cm_port);
+    }
+
+    #[test]
+    fn several_targets_parse_validate_and_round_trip() {
+        let c = parse(include_str!("../../../etc/srptd-two-ports.toml")).unwrap();
+        assert_eq!(c.targets.len(), 2);
+        let t = &c.targets[1];
+        assert_eq!(*t.ip.get_ref(), IpAddr::from([127, 0, 0, 2]));
+        assert_eq!((*t.rel_tgt_id.get_ref(), t.enabled), (2, false));
+        assert_eq!(
+            t.pkey.get_ref().pkeys().unwrap(),
+            [rdma_types::Pkey(0x8010)]
+        );
+        // Defaults apply per target.
+        assert_eq!(*t.srp_max_req_size.get_ref(), 8260);
+        let text = c.to_toml();
+        assert_eq!(text.matches("[[target]]").count(), 2, "{text}");
+        let again = parse(&text).unwrap();
+        assert_eq!(again.to_toml(), text);
+        // One [[target]] is one target, written back as [target].
+        let one = parse("[[target]]\nip = \"127.0.0.9\"\n").unwrap();
+        assert_eq!(one.targets.len(), 1);
+        assert!(one.to_toml().contains("[target]\n"), "{}", one.to_toml());
+        // Errors in a later target name it and its line.
+        let e = err_of(
+            "[[target]]\nip = \"127.0.0.1\"\n[[target]]\nip = \"127.0.0.2\"\nsrpt_sq_size = 1\n",
+        );
+        assert_eq!(
+            (e.line, e.key.as_str()),
+            (5, "target[1].srpt_sq_size"),
+            "{e}"
+        );
+        let e = err_of("target = []\n");
+        assert!(e.message.contains("no target"), "{e}");
+        let e = err_of("target = 5\n");
+        assert!(e.message.contains("[[target]]"), "{e}");
+        let e = err_of("[[target]]\nip = \"127.0.0.1\"\n[[target]]\nip = \"127.0.0.2\"\nrel_tgt_id = 2\ncontrol_socket = \"/x\"\n");
+        assert_eq!(e.key, "target[1].control_socket", "{e}");
     }
 
     #[test]
@@ -841,7 +1033,7 @@ lun = [{ lun = 3, device = "disk1" }]
 
     #[test]
     fn srp_parameters_default_to_scst_or_a_documented_choice() {
-        let t = parse("").unwrap().target;
+        let t = parse("").unwrap().targets.remove(0);
         // As the SCST srpt README says.
         assert_eq!(*t.srp_max_rsp_size.get_ref(), 256);
         assert_eq!(*t.srp_max_rdma_size.get_ref(), 65536);
@@ -857,7 +1049,7 @@ lun = [{ lun = 3, device = "disk1" }]
         assert_eq!(
             parse("[target]\nrdma_cm_port = 0\n")
                 .unwrap()
-                .target
+                .target()
                 .rdma_cm_port,
             0
         );
@@ -876,11 +1068,11 @@ lun = [{ lun = 3, device = "disk1" }]
     #[test]
     fn fabric_key() {
         let c = parse("[target]\nfabric = \"ib\"\nsm_wait_ms = 500\n").unwrap();
-        assert_eq!(c.target.fabric, crate::ib::Fabric::Ib);
-        assert_eq!(c.target.sm_wait_ms, 500);
+        assert_eq!(c.target().fabric, crate::ib::Fabric::Ib);
+        assert_eq!(c.target().sm_wait_ms, 500);
         assert!(c.to_toml().contains("fabric = \"ib\""), "{}", c.to_toml());
         assert_eq!(
-            parse("").unwrap().target.fabric,
+            parse("").unwrap().target().fabric,
             crate::ib::Fabric::Roce,
             "roce by default"
         );

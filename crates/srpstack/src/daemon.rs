@@ -2,12 +2,16 @@
 //! a control socket for `srptadm`, and a metrics endpoint.
 //!
 //! [`Daemon::start`] builds the devices, the LUN maps (default set and
-//! security groups) and the SRP target port, and serves logins by RDMA CM.
+//! security groups) and one SRP target port per `[[target]]`, each on its
+//! own soft RoCE NIC, all over one SCSI target, and serves logins by RDMA
+//! CM and IB CM. Each port counts what it executes per LUN; `show` and
+//! the metrics name the target, the LUN and its device.
 //! [`Daemon::handle`] executes one admin [`Request`]; every change goes to
 //! the running configuration too, so `write-config` saves what runs (as
 //! `scstadmin -write_config` does). LUN map changes raise REPORTED LUNS
 //! DATA HAS CHANGED on the affected nexuses and send SRP_AER_REQ to every
-//! channel.
+//! channel. Every request is logged as a [`crate::log::Record`]: changes
+//! and refusals at info and warn level, queries at debug level.
 //!
 //! The control socket is created mode 0600 and also checks the peer's
 //! credentials: only the daemon's own user may use it.
@@ -67,8 +71,17 @@ pub enum Request {
         group: String,
         initiator: String,
     },
-    Enable,
-    Disable,
+    /// Accept logins on `target` (a name or address), or on every target.
+    Enable {
+        #[serde(default)]
+        target: Option<String>,
+    },
+    /// Refuse logins on `target`, or on every target, and log its
+    /// initiators out.
+    Disable {
+        #[serde(default)]
+        target: Option<String>,
+    },
     /// Saves the running configuration (to the file it was loaded from
     /// when `path` is absent).
     WriteConfig {
@@ -77,6 +90,35 @@ pub enum Request {
     /// Re-reads the configuration file and applies what changed in
     /// devices, LUN maps, groups and `enabled`, without dropping sessions.
     Reload,
+    /// Changes the log threshold while running (SCST's `trace_level`).
+    SetLogLevel {
+        level: crate::log::Level,
+    },
+}
+
+impl Request {
+    /// The event a successful request is logged as, and whether it
+    /// changed anything (queries are logged at debug level).
+    fn event(&self) -> (&'static str, bool) {
+        match self {
+            Request::Show | Request::Sessions | Request::Devices | Request::Luns => {
+                ("admin_query", false)
+            }
+            Request::AddDevice { .. } => ("device_added", true),
+            Request::RemoveDevice { .. } => ("device_removed", true),
+            Request::AddLun { .. } => ("lun_added", true),
+            Request::RemoveLun { .. } => ("lun_removed", true),
+            Request::AddGroup { .. } => ("group_added", true),
+            Request::RemoveGroup { .. } => ("group_removed", true),
+            Request::AddInitiator { .. } => ("initiator_added", true),
+            Request::RemoveInitiator { .. } => ("initiator_removed", true),
+            Request::Enable { .. } => ("target_enabled", true),
+            Request::Disable { .. } => ("target_disabled", true),
+            Request::WriteConfig { .. } => ("config_written", true),
+            Request::Reload => ("reloaded", true),
+            Request::SetLogLevel { .. } => ("log_level_set", true),
+        }
+    }
 }
 
 /// The running daemon.
@@ -84,8 +126,16 @@ pub struct Daemon {
     cfg: Mutex<Config>,
     cfg_path: Option<PathBuf>,
     scsi: Arc<scsi::Target>,
-    port: Arc<TargetPort>,
     devices: Mutex<BTreeMap<String, Arc<scsi::Device>>>,
+    /// One per `[[target]]`, in the file's order.
+    targets: Vec<TargetRt>,
+    log: crate::log::Log,
+}
+
+/// One target port at work: its NIC, the port, its CM agent and I/O
+/// controller. The SCSI target behind it is the daemon's, shared.
+struct TargetRt {
+    port: Arc<TargetPort>,
     guid: Guid,
     nic: Arc<rnic::softroce::SoftRoce>,
     /// The access layer the target port reaches the NIC through: it
@@ -100,6 +150,17 @@ pub struct Daemon {
     _dm: (rdma_access::dm::IocHandle, rdma_access::dm::DmService),
     /// The port's SMA and MAD driver in the `ib` fabric.
     ib_port: Option<crate::ib::IbPort>,
+}
+
+/// What `srptd` says about one running target when it starts.
+#[derive(Debug, Clone)]
+pub struct TargetSummary {
+    /// The target name (port GID, SCST style).
+    pub name: String,
+    /// The CA GUID: id_ext, ioc_guid and IB CM service ID.
+    pub guid: Guid,
+    /// The LID the SM gave the port (`ib` fabric).
+    pub lid: Option<u16>,
 }
 
 /// The limits an I/O controller profile advertises.
@@ -217,15 +278,15 @@ fn nic_counters(c: &rnic::softroce::SoftCaCounters) -> [(&'static str, u64); 9] 
     ]
 }
 
-impl Daemon {
-    /// Builds everything `cfg` describes and starts serving logins.
-    /// `log` receives one line per event.
-    pub fn start(
-        cfg: Config,
-        cfg_path: Option<PathBuf>,
-        log: impl Fn(String) + Send + Sync + 'static,
-    ) -> Result<Arc<Daemon>, String> {
-        let t = &cfg.target;
+impl TargetRt {
+    /// Starts target `t` (the `n`th) on its own soft RoCE NIC, over the
+    /// shared SCSI target.
+    fn start(
+        t: &crate::config::TargetSection,
+        n: u32,
+        scsi: &Arc<scsi::Target>,
+        log: crate::log::Log,
+    ) -> Result<TargetRt, String> {
         let ib = t.fabric == crate::ib::Fabric::Ib;
         // On a managed subnet every port needs its own GUID (crate::ib).
         let guid = if ib {
@@ -240,32 +301,8 @@ impl Daemon {
             }],
             t.udp_port,
         );
-        let scsi = Arc::new(scsi::Target::new());
-        let mut devices = BTreeMap::new();
-        for d in &cfg.devices {
-            devices.insert(d.name.get_ref().clone(), build_device(d)?);
-        }
-        for l in &cfg.luns {
-            scsi.add_lun(
-                None,
-                lun(*l.lun.get_ref())?,
-                devices[l.device.get_ref()].clone(),
-            );
-        }
-        for g in &cfg.groups {
-            let name = g.name.get_ref();
-            scsi.add_group(name);
-            for i in &g.initiators {
-                scsi.add_initiator(name, i.get_ref());
-            }
-            for l in &g.luns {
-                scsi.add_lun(
-                    Some(name),
-                    lun(*l.lun.get_ref())?,
-                    devices[l.device.get_ref()].clone(),
-                );
-            }
-        }
+        // MAD transaction IDs of this process's agents, apart per target.
+        let tid_base = (std::process::id() << 8) | (n & 0xff);
         // Target port ID = id_ext then ioc_guid, both the CA GUID (ib_srpt).
         let chan = srp::initiator::ChannelConfig::new(0, guid, guid.0, guid);
         let mut tcfg = srp::target::TargetConfig::new(chan.target_port_id(), "srptd");
@@ -292,7 +329,7 @@ impl Daemon {
                 ip,
                 &format!("srptd {ip}"),
                 true,
-                std::process::id() << 8,
+                tid_base,
             )?;
             Some(port)
         } else {
@@ -315,13 +352,13 @@ impl Daemon {
         // SCST's rel_tgt_id: the port's relative port identifier (VPD 83h,
         // PR READ FULL STATUS), fixed before any command numbers it.
         scsi.set_relative_port_id(port.name(), *t.rel_tgt_id.get_ref())
-            .map_err(|e| format!("target.rel_tgt_id: {e}"))?;
+            .map_err(|e| format!("rel_tgt_id: {e}"))?;
         // On the ib fabric the port's node started the agent on the NIC
         // (the tree adopts its QP0/QP1 objects; its CM ids, MAD agents
         // and subscriptions hang under them).
         let agent = match &ib_port {
             Some(p) => p.agent().clone(),
-            None => rdma_access::CmAgent::start(cm.clone(), guid, std::process::id() << 8)
+            None => rdma_access::CmAgent::start(cm.clone(), guid, tid_base)
                 .map_err(|e| format!("start the CM agent on {}: {e}", t.ip.get_ref()))?,
         };
         agent
@@ -340,40 +377,134 @@ impl Daemon {
             // ib_srpt listens on the ioc_guid.
             ib_service_id: t.ib_cm.then_some(guid.0),
         };
-        crate::serve_cm(agent, port.clone(), listen, Arc::new(log));
+        crate::serve_cm(agent, port.clone(), listen, log);
         // Everything serves: now the SM may bring the port up (a trap 64
         // subscriber then finds the I/O controller at once).
         if let Some(p) = &ib_port {
             p.wait_active(std::time::Duration::from_millis(t.sm_wait_ms))?;
         }
-        Ok(Arc::new(Daemon {
-            cfg: Mutex::new(cfg),
-            cfg_path,
-            scsi,
+        Ok(TargetRt {
             port,
-            devices: Mutex::new(devices),
             guid,
             nic,
             access,
             cm,
             _dm: (ioc, dm),
             ib_port,
-        }))
-    }
-
-    /// The CA's GUID: the target's id_ext and ioc_guid.
-    pub fn guid(&self) -> Guid {
-        self.guid
+        })
     }
 
     /// The LID the SM gave the port (`ib` fabric only).
-    pub fn lid(&self) -> Option<u16> {
+    fn lid(&self) -> Option<u16> {
         self.ib_port.as_ref().map(|p| p.lid())
     }
+}
 
-    /// The target port.
+impl Daemon {
+    /// Builds everything `cfg` describes and starts serving logins on
+    /// every target. `log` takes a record per event.
+    pub fn start(
+        cfg: Config,
+        cfg_path: Option<PathBuf>,
+        log: crate::log::Log,
+    ) -> Result<Arc<Daemon>, String> {
+        let scsi = Arc::new(scsi::Target::new());
+        let mut devices = BTreeMap::new();
+        for d in &cfg.devices {
+            devices.insert(d.name.get_ref().clone(), build_device(d)?);
+        }
+        for l in &cfg.luns {
+            scsi.add_lun(
+                None,
+                lun(*l.lun.get_ref())?,
+                devices[l.device.get_ref()].clone(),
+            );
+        }
+        for g in &cfg.groups {
+            let name = g.name.get_ref();
+            scsi.add_group(name);
+            for i in &g.initiators {
+                scsi.add_initiator(name, i.get_ref());
+            }
+            for l in &g.luns {
+                scsi.add_lun(
+                    Some(name),
+                    lun(*l.lun.get_ref())?,
+                    devices[l.device.get_ref()].clone(),
+                );
+            }
+        }
+        let mut targets = Vec::new();
+        for (i, t) in cfg.targets.iter().enumerate() {
+            let at = cfg.target_key(i);
+            targets.push(
+                TargetRt::start(t, i as u32, &scsi, log.clone())
+                    .map_err(|e| format!("{at} ({}): {e}", t.ip.get_ref()))?,
+            );
+        }
+        Ok(Arc::new(Daemon {
+            cfg: Mutex::new(cfg),
+            cfg_path,
+            scsi,
+            devices: Mutex::new(devices),
+            targets,
+            log,
+        }))
+    }
+
+    /// The running targets, in the configuration's order.
+    pub fn targets(&self) -> Vec<TargetSummary> {
+        self.targets
+            .iter()
+            .map(|t| TargetSummary {
+                name: t.port.name().to_string(),
+                guid: t.guid,
+                lid: t.lid(),
+            })
+            .collect()
+    }
+
+    /// The first target's port.
     pub fn port(&self) -> &Arc<TargetPort> {
-        &self.port
+        &self.targets[0].port
+    }
+
+    /// The targets `which` names (a target name or address), or all.
+    fn select(&self, which: Option<&str>) -> Result<Vec<(usize, &TargetRt)>, String> {
+        let cfg = lock(&self.cfg);
+        let all = self.targets.iter().enumerate();
+        let Some(w) = which else {
+            return Ok(all.collect());
+        };
+        let hit: Vec<_> = all
+            .filter(|(i, t)| t.port.name() == w || cfg.targets[*i].ip.get_ref().to_string() == w)
+            .collect();
+        if hit.is_empty() {
+            return Err(format!("no target `{w}` (give its name or address)"));
+        }
+        Ok(hit)
+    }
+
+    /// Enables or disables the targets `which` names, or all.
+    fn set_enabled(&self, which: Option<String>, on: bool) -> Result<Value, String> {
+        let hit = self.select(which.as_deref())?;
+        let mut names = Vec::new();
+        let mut cfg = lock(&self.cfg);
+        for (i, t) in hit {
+            t.port.set_enabled(on);
+            cfg.targets[i].enabled = on;
+            names.push(t.port.name().to_string());
+        }
+        Ok(json!({ "enabled": on, "targets": names }))
+    }
+
+    /// Tells every target's channels the LUN maps changed (SRP_AER_REQ);
+    /// returns how many were told.
+    fn luns_changed(&self) -> usize {
+        self.targets
+            .iter()
+            .map(|t| t.port.notify(srp::target::AerEvent::LunsChanged))
+            .sum()
     }
 
     /// The running configuration.
@@ -381,8 +512,46 @@ impl Daemon {
         lock(&self.cfg).clone()
     }
 
-    /// Executes one admin request; `Err` is the message for the user.
+    /// Executes one admin request and logs it; `Err` is the message for
+    /// the user.
     pub fn handle(&self, req: Request) -> Result<Value, String> {
+        use crate::log::{Level, Record};
+        let (event, changes) = req.event();
+        let asked = serde_json::to_value(&req).unwrap_or(Value::Null);
+        let cmd = asked["cmd"].as_str().unwrap_or("?").to_string();
+        let reload = matches!(req, Request::Reload);
+        let r = self.execute(req);
+        let record = match &r {
+            // The SIGHUP and `srptadm reload` lines scripts look for.
+            Ok(v) if reload => Record::info(event, format!("reloaded: {v}")).fields_of(v),
+            Err(e) if reload => Record::warn(
+                "reload_refused",
+                format!("reload refused, configuration unchanged: {e}"),
+            )
+            .field("error", e),
+            Ok(v) => Record::new(
+                if changes { Level::Info } else { Level::Debug },
+                event,
+                format!(
+                    "{cmd} {}: {}",
+                    args_of(&asked),
+                    if changes { v.to_string() } else { "ok".into() }
+                ),
+            )
+            .fields_of(&asked)
+            .fields_of(if changes { v } else { &Value::Null }),
+            Err(e) => Record::warn(
+                "admin_refused",
+                format!("{cmd} {} refused: {e}", args_of(&asked)),
+            )
+            .fields_of(&asked)
+            .field("error", e),
+        };
+        self.log.emit(record);
+        r
+    }
+
+    fn execute(&self, req: Request) -> Result<Value, String> {
         match req {
             Request::Show => Ok(self.show()),
             Request::Sessions => Ok(self.sessions()),
@@ -412,7 +581,7 @@ impl Daemon {
                     .ok_or_else(|| format!("no group `{name}`"))?;
                 c.groups.remove(i);
                 self.scsi.remove_group(&name);
-                self.port.notify(srp::target::AerEvent::LunsChanged);
+                self.luns_changed();
                 Ok(json!({ "removed": name }))
             }),
             Request::AddInitiator { group, initiator } => self.edit(|c| {
@@ -423,7 +592,7 @@ impl Daemon {
                 }
                 g.initiators.push(spanned(initiator.clone()));
                 self.scsi.add_initiator(&group, &initiator);
-                self.port.notify(srp::target::AerEvent::LunsChanged);
+                self.luns_changed();
                 Ok(json!({ "group": group, "added": initiator }))
             }),
             Request::RemoveInitiator { group, initiator } => self.edit(|c| {
@@ -435,14 +604,14 @@ impl Daemon {
                     .ok_or_else(|| format!("`{initiator}` is not in group `{group}`"))?;
                 g.initiators.remove(i);
                 self.scsi.remove_initiator(&group, &initiator);
-                self.port.notify(srp::target::AerEvent::LunsChanged);
+                self.luns_changed();
                 Ok(json!({ "group": group, "removed": initiator }))
             }),
-            Request::Enable | Request::Disable => {
-                let on = matches!(req, Request::Enable);
-                self.port.set_enabled(on);
-                lock(&self.cfg).target.enabled = on;
-                Ok(json!({ "enabled": on }))
+            Request::Enable { target } => self.set_enabled(target, true),
+            Request::Disable { target } => self.set_enabled(target, false),
+            Request::SetLogLevel { level } => {
+                let was = self.log.set_level(level);
+                Ok(json!({ "log_level": level, "was": was }))
             }
             Request::Reload => {
                 let path = self
@@ -580,8 +749,8 @@ impl Daemon {
             .collect();
         devices.retain(|name, _| kept.contains(name));
         drop(devices);
-        // Target parameters: only `enabled` changes live.
-        let t = (&cfg.target, &next.target);
+        // Target parameters: only `enabled` changes live, per target; a
+        // target added or removed needs a restart.
         let mut restart = Vec::new();
         let key = |s: &crate::config::TargetSection| {
             toml::to_string(&{
@@ -591,29 +760,42 @@ impl Daemon {
             })
             .unwrap_or_default()
         };
-        if key(t.0) != key(t.1) {
-            restart.push("target parameters other than enabled".to_string());
-        }
-        let enabled = next.target.enabled;
-        if enabled != self.port.enabled() {
-            self.port.set_enabled(enabled);
+        if cfg.targets.len() != next.targets.len() {
+            restart.push(format!(
+                "{} targets instead of {}",
+                next.targets.len(),
+                cfg.targets.len()
+            ));
         }
         let mut applied = next;
-        applied.target = crate::config::TargetSection {
-            enabled,
-            ..cfg.target.clone()
-        };
+        let mut enabled = Vec::new();
+        let new_targets = std::mem::take(&mut applied.targets);
+        applied.targets = cfg.targets.clone();
+        for (i, (t, rt)) in new_targets.iter().zip(&self.targets).enumerate() {
+            if key(&applied.targets[i]) != key(t) {
+                restart.push(format!(
+                    "{} parameters other than enabled",
+                    applied.target_key(i)
+                ));
+            }
+            if t.enabled != rt.port.enabled() {
+                rt.port.set_enabled(t.enabled);
+            }
+            applied.targets[i].enabled = t.enabled;
+            enabled.push(t.enabled);
+        }
         *cfg = applied;
         drop(cfg);
         let told = if lun_changes > 0 {
-            self.port.notify(srp::target::AerEvent::LunsChanged)
+            self.luns_changed()
         } else {
             0
         };
         Ok(json!({
             "lun_map_changes": lun_changes,
             "aer_sent": told,
-            "enabled": enabled,
+            // One target: its state, as before several were possible.
+            "enabled": if enabled.len() == 1 { json!(enabled[0]) } else { json!(enabled) },
             "needs_restart": restart,
         }))
     }
@@ -628,20 +810,35 @@ impl Daemon {
         Ok(v)
     }
 
+    /// Every target's state; the first target's fields also at the top
+    /// level, where they were before a file could have several.
     fn show(&self) -> Value {
+        let all: Vec<Value> = (0..self.targets.len())
+            .map(|i| self.show_target(i))
+            .collect();
+        let mut v = all[0].clone();
+        if let Value::Object(m) = &mut v {
+            m.insert("log_level".into(), json!(self.log.level()));
+            m.insert("targets".into(), Value::Array(all));
+        }
+        v
+    }
+
+    fn show_target(&self, i: usize) -> Value {
         let c = lock(&self.cfg);
-        let t = &c.target;
+        let (t, rt) = (&c.targets[i], &self.targets[i]);
+        let guid = rt.guid.0;
         let mut v = json!({
-            "target": self.port.name(),
-            "id_ext": format!("{:016x}", self.guid.0),
-            "ioc_guid": format!("{:016x}", self.guid.0),
+            "target": rt.port.name(),
+            "id_ext": format!("{guid:016x}"),
+            "ioc_guid": format!("{guid:016x}"),
             "ip": t.ip.get_ref().to_string(),
             "udp_port": t.udp_port,
             "rdma_cm_port": t.rdma_cm_port,
             "fabric": t.fabric,
-            "lid": self.lid(),
-            "ib_cm_service_id": t.ib_cm.then(|| format!("{:016x}", self.guid.0)),
-            "enabled": self.port.enabled(),
+            "lid": rt.lid(),
+            "ib_cm_service_id": t.ib_cm.then(|| format!("{guid:016x}")),
+            "enabled": rt.port.enabled(),
             "rel_tgt_id": t.rel_tgt_id.get_ref(),
             "srp_max_req_size": t.srp_max_req_size.get_ref(),
             "srp_max_rsp_size": t.srp_max_rsp_size.get_ref(),
@@ -649,27 +846,66 @@ impl Daemon {
             "srpt_srq_size": t.srpt_srq_size.get_ref(),
             "srpt_sq_size": t.srpt_sq_size.get_ref(),
             "pkey": t.pkey.get_ref(),
-            "sessions": self.port.sessions().len(),
-            "verbs_objects": self.access.live_total(),
-            "cm_ids": self.access.live(rdma_access::resource::Kind::CmId),
-            "mad_agents": self.access.live(rdma_access::resource::Kind::MadAgent),
-            "sa_subscriptions": self.access.live(rdma_access::resource::Kind::SaSubscription),
+            "sessions": rt.port.sessions().len(),
+            "verbs_objects": rt.access.live_total(),
+            "cm_ids": rt.access.live(rdma_access::resource::Kind::CmId),
+            "mad_agents": rt.access.live(rdma_access::resource::Kind::MadAgent),
+            "sa_subscriptions": rt.access.live(rdma_access::resource::Kind::SaSubscription),
         });
-        if let (Some(c), Value::Object(m)) = (self.nic.counters(self.guid), &mut v) {
-            for (k, n) in nic_counters(&c) {
-                m.insert(format!("nic_{k}"), json!(n));
+        drop(c);
+        if let Value::Object(m) = &mut v {
+            if let Some(c) = rt.nic.counters(rt.guid) {
+                for (k, n) in nic_counters(&c) {
+                    m.insert(format!("nic_{k}"), json!(n));
+                }
             }
+            m.insert("lun_stats".into(), self.lun_stats_json(rt));
         }
         v
     }
 
+    /// A target's per-LUN counters, each with the name of its device
+    /// (rows of a device removed since are left out).
+    fn lun_stats(&self, rt: &TargetRt) -> Vec<(String, srp_target::LunStats)> {
+        let devs = lock(&self.devices);
+        rt.port
+            .lun_stats()
+            .into_iter()
+            .filter_map(|s| {
+                let name = devs.iter().find(|(_, d)| Arc::ptr_eq(d, &s.device))?.0;
+                Some((name.clone(), s))
+            })
+            .collect()
+    }
+
+    fn lun_stats_json(&self, rt: &TargetRt) -> Value {
+        self.lun_stats(rt)
+            .into_iter()
+            .map(|(device, s)| {
+                let c = s.counters;
+                json!({
+                    "lun": s.lun.value(),
+                    "device": device,
+                    "commands": c.commands,
+                    "reads": c.reads,
+                    "writes": c.writes,
+                    "read_bytes": c.read_bytes,
+                    "write_bytes": c.write_bytes,
+                    "errors": c.errors,
+                    "tmfs": c.tmfs,
+                })
+            })
+            .collect()
+    }
+
     fn sessions(&self) -> Value {
         let v: Vec<Value> = self
-            .port
-            .sessions()
-            .into_iter()
-            .map(|s| {
+            .targets
+            .iter()
+            .flat_map(|t| t.port.sessions().into_iter().map(move |s| (t.port.name(), s)))
+            .map(|(target, s)| {
                 json!({
+                    "target": target,
                     "conn": s.conn.0,
                     "initiator": s.initiator,
                     "luns": self.scsi.visible_luns(&s.initiator).iter().map(|l| l.value()).collect::<Vec<_>>(),
@@ -797,7 +1033,7 @@ impl Daemon {
                 .cloned()
                 .ok_or_else(|| format!("no device `{device}`"))?;
             self.scsi.add_lun(group.as_deref(), l, dev);
-            let told = self.port.notify(srp::target::AerEvent::LunsChanged);
+            let told = self.luns_changed();
             Ok(json!({ "group": group, "lun": n, "device": device, "aer_sent": told }))
         })
     }
@@ -818,55 +1054,89 @@ impl Daemon {
                     })?;
             luns.remove(i);
             self.scsi.remove_lun(group.as_deref(), l);
-            let told = self.port.notify(srp::target::AerEvent::LunsChanged);
+            let told = self.luns_changed();
             Ok(json!({ "group": group, "removed_lun": n, "aer_sent": told }))
         })
     }
 
-    /// Prometheus text exposition of the counters.
+    /// Prometheus text exposition of the counters. Series of a target
+    /// carry its name as the `target` label.
     pub fn metrics(&self) -> String {
+        type Rows = Vec<(String, u64)>;
         let mut out = String::new();
-        let mut metric = |name: &str, help: &str, kind: &str, rows: Vec<(String, u64)>| {
+        let mut metric = |name: &str, help: &str, kind: &str, rows: Rows| {
             out += &format!("# HELP {name} {help}\n# TYPE {name} {kind}\n");
             for (labels, v) in rows {
                 out += &format!("{name}{labels} {v}\n");
             }
         };
-        if let Some(c) = self.nic.counters(self.guid) {
-            for (k, n) in nic_counters(&c) {
-                metric(
-                    &format!("srptd_nic_{k}_total"),
-                    "What the soft RoCE NIC counted since it was opened.",
-                    "counter",
-                    vec![(String::new(), n)],
-                );
-            }
+        let names: Vec<String> = self
+            .targets
+            .iter()
+            .map(|t| t.port.name().to_string())
+            .collect();
+        // One row per target: `f(target)`, labelled with its name.
+        let per_target = |f: &dyn Fn(&TargetRt) -> u64| -> Rows {
+            self.targets
+                .iter()
+                .zip(&names)
+                .map(|(t, n)| (format!("{{target=\"{n}\"}}"), f(t)))
+                .collect()
+        };
+        let nics: Vec<Option<[(&str, u64); 9]>> = self
+            .targets
+            .iter()
+            .map(|t| t.nic.counters(t.guid).map(|c| nic_counters(&c)))
+            .collect();
+        for k in 0..9 {
+            let Some(key) = nics.iter().flatten().next().map(|c| c[k].0) else {
+                break;
+            };
+            let rows = nics
+                .iter()
+                .zip(&names)
+                .filter_map(|(c, n)| Some((format!("{{target=\"{n}\"}}"), c.as_ref()?[k].1)))
+                .collect();
+            metric(
+                &format!("srptd_nic_{key}_total"),
+                "What the target's soft RoCE NIC counted since it was opened.",
+                "counter",
+                rows,
+            );
         }
         metric(
             "srptd_verbs_objects",
             "Objects the target port (PDs, CQs, QPs, MRs, ...) and its CM agent (CM ids, MAD agents, SA subscriptions) hold through the access layer.",
             "gauge",
-            vec![(String::new(), self.access.live_total().max(0) as u64)],
+            per_target(&|t| t.access.live_total().max(0) as u64),
         );
-        let sessions = self.port.sessions();
         metric(
             "srptd_target_enabled",
             "Whether the target accepts logins.",
             "gauge",
-            vec![(String::new(), self.port.enabled() as u64)],
+            per_target(&|t| t.port.enabled() as u64),
         );
+        let sessions: Vec<(&String, srp_target::SessionInfo)> = self
+            .targets
+            .iter()
+            .zip(&names)
+            .flat_map(|(t, n)| t.port.sessions().into_iter().map(move |s| (n, s)))
+            .collect();
         metric(
             "srptd_channels",
             "Logged-in SRP channels.",
             "gauge",
-            vec![(String::new(), sessions.len() as u64)],
+            per_target(&|t| t.port.sessions().len() as u64),
         );
         let per = |f: fn(&srp_target::SessionInfo) -> u64| {
             sessions
                 .iter()
-                .map(|s| {
+                .map(|(t, s)| {
                     (
-                        format!("{{initiator=\"{}\",conn=\"{}\"}}", s.initiator, s.conn.0),
+                        format!(
+                            "{{target=\"{t}\",initiator=\"{}\",conn=\"{}\"}}",
+                            s.initiator, s.conn.0
+                        ),
                         f(s),
                     )
                 })
@@ -890,6 +1160,52 @@ impl Daemon {
             "gauge",
             per(|s| s.in_flight as u64),
         );
+        let luns: Vec<(String, srp_target::LunCounters)> = self
+            .targets
+            .iter()
+            .zip(&names)
+            .flat_map(|(t, n)| {
+                self.lun_stats(t).into_iter().map(move |(device, s)| {
+                    (
+                        format!(
+                            "{{target=\"{n}\",lun=\"{}\",device=\"{device}\"}}",
+                            s.lun.value()
+                        ),
+                        s.counters,
+                    )
+                })
+            })
+            .collect();
+        type Counter = fn(&srp_target::LunCounters) -> u64;
+        let lun_series: [(&str, &str, Counter); 7] = [
+            (
+                "commands",
+                "SRP_CMDs the target executed at the LUN.",
+                |c| c.commands,
+            ),
+            ("reads", "READs at the LUN that ended GOOD.", |c| c.reads),
+            ("writes", "WRITEs at the LUN that ended GOOD.", |c| c.writes),
+            ("read_bytes", "Data-in bytes of those READs.", |c| {
+                c.read_bytes
+            }),
+            ("write_bytes", "Data-out bytes of those WRITEs.", |c| {
+                c.write_bytes
+            }),
+            (
+                "errors",
+                "Commands at the LUN that ended in CHECK CONDITION.",
+                |c| c.errors,
+            ),
+            (
+                "tmfs",
+                "Task management functions addressed to the LUN.",
+                |c| c.tmfs,
+            ),
+        ];
+        for (name, help, f) in lun_series {
+            let rows = luns.iter().map(|(l, c)| (l.clone(), f(c))).collect();
+            metric(&format!("srptd_lun_{name}_total"), help, "counter", rows);
+        }
         let devs: Vec<(String, scsi::DeviceStats)> = lock(&self.devices)
             .iter()
             .map(|(n, d)| (format!("{{device=\"{n}\"}}"), d.stats()))
@@ -932,18 +1248,37 @@ impl Daemon {
     /// Returns the channels still open at the deadline and the objects
     /// left (both 0 after a clean stop).
     pub fn shutdown(&self, within: std::time::Duration) -> (usize, i64) {
-        self.port.logout_all(srp::wire::TLogoutReason::NoReason);
+        for t in &self.targets {
+            t.port.logout_all(srp::wire::TLogoutReason::NoReason);
+        }
         let end = std::time::Instant::now() + within;
         let left = loop {
-            let left = self.port.sessions().len();
+            let left: usize = self.targets.iter().map(|t| t.port.sessions().len()).sum();
             if left == 0 || std::time::Instant::now() >= end {
                 break left;
             }
             std::thread::sleep(std::time::Duration::from_millis(20));
         };
-        self.cm.client().close();
-        self.port.stop();
-        (left, self.access.live_total())
+        for t in &self.targets {
+            t.cm.client().close();
+            t.port.stop();
+        }
+        (
+            left,
+            self.targets.iter().map(|t| t.access.live_total()).sum(),
+        )
+    }
+}
+
+/// A request's arguments for a log line: its JSON without `cmd`.
+fn args_of(asked: &Value) -> String {
+    match asked {
+        Value::Object(m) => {
+            let mut m = m.clone();
+            m.remove("cmd");
+            Value::Object(m).to_string()
+        }
+        v => v.to_string(),
     }
 }
 

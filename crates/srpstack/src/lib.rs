@@ -17,6 +17,7 @@ pub mod config;
 pub mod daemon;
 pub mod ib;
 pub mod initd;
+pub mod log;
 pub mod paths;
 pub mod signals;
 
@@ -566,8 +567,7 @@ pub struct Listen {
     pub ib_service_id: Option<u64>,
 }
 
-/// A log line sink shared by the CM threads.
-pub type Log = Arc<dyn Fn(String) + Send + Sync>;
+pub use crate::log::Log;
 
 /// Serves SRP logins for `target` until the agent stops: each REQ's login
 /// goes to the target port in the REQ's partition (its P_Key picks the
@@ -581,29 +581,47 @@ pub fn serve_cm(
     listen: Listen,
     log: Log,
 ) -> Vec<std::thread::JoinHandle<()>> {
+    use crate::log::Record;
     use std::collections::HashMap;
     use std::sync::Mutex;
-    // CM connection <-> target connection, both ways.
-    let map: Arc<Mutex<HashMap<u32, u64>>> = Arc::new(Mutex::new(HashMap::new()));
+    // CM connection -> target connection and its initiator's name.
+    type Map = HashMap<u32, (u64, String)>;
+    let map: Arc<Mutex<Map>> = Arc::new(Mutex::new(HashMap::new()));
+    let name = target.name().to_string();
+    let logout = move |log: &Log, conn: u64, initiator: String, by: &str| {
+        log.emit(
+            Record::info(
+                "logout",
+                format!("channel {conn} of {initiator} closed by the {by}"),
+            )
+            .target(name.clone())
+            .session(initiator)
+            .field("channel", conn)
+            .field("by", by),
+        );
+    };
     {
-        let (map, target) = (map.clone(), target.clone());
+        let (map, target, log, logout) = (map.clone(), target.clone(), log.clone(), logout.clone());
         agent.on_disconnect(move |cm| {
             let conn = map.lock().unwrap_or_else(|e| e.into_inner()).remove(&cm.0);
-            if let Some(c) = conn {
+            if let Some((c, initiator)) = conn {
                 target.disconnected(srp_target::ConnId(c));
+                logout(&log, c, initiator, "initiator");
             }
         });
     }
     {
-        let (map, agent2) = (map.clone(), agent.clone());
+        let (map, agent2, log) = (map.clone(), agent.clone(), log.clone());
+        // Called under the port's lock: only the map is looked at here.
         target.on_disconnect(move |conn| {
-            let cm = map
+            let hit = map
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .iter()
-                .find(|(_, c)| **c == conn.0)
-                .map(|(cm, _)| *cm);
-            if let Some(cm) = cm {
+                .find(|(_, c)| c.0 == conn.0)
+                .map(|(cm, c)| (*cm, c.1.clone()));
+            if let Some((cm, initiator)) = hit {
+                logout(&log, conn.0, initiator, "target");
                 agent2.disconnect(rdma_access::ConnId(cm));
             }
         });
@@ -620,7 +638,11 @@ pub fn serve_cm(
                     TargetForm::RdmaCm => match rdma_access::rdmacm::decode(inc) {
                         Ok(r) => (r.incoming, r.private_data, r.src.to_string()),
                         Err((inc, e)) => {
-                            log(format!("refused a request: {e}"));
+                            log.emit(
+                                Record::warn("request_refused", format!("refused a request: {e}"))
+                                    .target(target.name())
+                                    .field("error", e.to_string()),
+                            );
                             inc.reject(Vec::new());
                             continue;
                         }
@@ -641,23 +663,52 @@ pub fn serve_cm(
                 // The session is in the REQ's partition (the CM agent only
                 // delivers REQs its port's P_Key table matches).
                 let pkey = inc.pkey;
+                // The session's name, when the login parses at all.
+                let initiator = match form {
+                    TargetForm::RdmaCm => srp::wire::LoginReq::parse_rdma(&data),
+                    TargetForm::IbCm => srp::wire::LoginReq::parse(&data),
+                }
+                .ok()
+                .map(|r| srp_target::initiator_name(&r.initiator_port_id));
+                let record = |r: Record| {
+                    let r = r
+                        .target(target.name())
+                        .field("src", &src)
+                        .field("pkey", format!("{:04x}", pkey.0));
+                    match &initiator {
+                        Some(i) => r.session(i.clone()),
+                        None => r,
+                    }
+                };
                 match target.login_in_partition(&data, form, peer, pkey) {
                     LoginOutcome::Accepted { conn, local, rsp } => {
                         map.lock()
                             .unwrap_or_else(|e| e.into_inner())
-                            .insert(inc.conn.0, conn.0);
+                            .insert(inc.conn.0, (conn.0, initiator.clone().unwrap_or_default()));
                         inc.accept(local.qpn, local.psn, rsp);
-                        log(format!(
-                            "login from {src} in P_Key {:04x} accepted (channel {})",
-                            pkey.0, conn.0
-                        ));
+                        log.emit(
+                            record(Record::info(
+                                "login_accepted",
+                                format!(
+                                    "login from {src} in P_Key {:04x} accepted (channel {})",
+                                    pkey.0, conn.0
+                                ),
+                            ))
+                            .field("channel", conn.0),
+                        );
                     }
                     LoginOutcome::Rejected { rej, reason } => {
                         inc.reject(rej);
-                        log(format!(
-                            "login from {src} in P_Key {:04x} rejected: {reason}",
-                            pkey.0
-                        ));
+                        log.emit(
+                            record(Record::warn(
+                                "login_rejected",
+                                format!(
+                                    "login from {src} in P_Key {:04x} rejected: {reason}",
+                                    pkey.0
+                                ),
+                            ))
+                            .field("reason", reason.to_string()),
+                        );
                     }
                 }
             }

@@ -18,6 +18,8 @@ use std::time::{Duration, Instant};
 struct Daemon {
     proc: Proc,
     dir: PathBuf,
+    /// The line that said it serves (its first target's).
+    started: String,
 }
 
 impl Drop for Daemon {
@@ -31,6 +33,23 @@ impl Drop for Daemon {
 impl Daemon {
     fn wait_line(&self, what: &str) -> String {
         self.proc.wait_line(what, 20)
+    }
+    /// The metrics endpoint's answer (the daemon said where it is), with
+    /// its HTTP status line.
+    fn metrics(&self) -> String {
+        let line = self.wait_line("metrics on http://");
+        let addr = line
+            .split("http://")
+            .nth(1)
+            .unwrap()
+            .trim_end_matches("/metrics")
+            .to_string();
+        let mut c = std::net::TcpStream::connect(&addr).unwrap();
+        c.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+        let mut body = String::new();
+        c.read_to_string(&mut body).unwrap();
+        assert!(body.starts_with("HTTP/1.0 200 OK"), "{body}");
+        body
     }
     fn sock(&self) -> PathBuf {
         self.dir.join("ctl.sock")
@@ -110,18 +129,23 @@ fn start(tag: &str, ip: &str) -> Daemon {
 
 /// Starts `srptd` on the configuration `text(dir)` and waits until it serves.
 fn start_with(tag: &str, text: impl FnOnce(&Path) -> String) -> Daemon {
+    start_args(tag, &[], text)
+}
+
+/// [`start_with`] with more command line arguments.
+fn start_args(tag: &str, args: &[&str], text: impl FnOnce(&Path) -> String) -> Daemon {
     let dir = tempdir(tag);
     let cfg = dir.join("srptd.toml");
     std::fs::write(&cfg, text(&dir)).unwrap();
     let proc = Proc::start(
         "srptd",
         Command::new(env!("CARGO_BIN_EXE_srptd"))
+            .args(args)
             .arg("--config")
             .arg(&cfg),
     );
-    let d = Daemon { proc, dir };
-    d.wait_line("listening on");
-    d
+    let started = proc.wait_line("listening on", 20);
+    Daemon { proc, dir, started }
 }
 
 /// How a test initiator reaches the target: RDMA CM to an address and
@@ -344,20 +368,12 @@ fn lun_masking_runtime_changes_aer_and_graceful_stop() {
     assert!(tur(0).good());
 
     // Metrics: the channel and the device counters.
-    let addr = d.wait_line("metrics on http://");
-    let addr = addr
-        .split("http://")
-        .nth(1)
-        .unwrap()
-        .trim_end_matches("/metrics")
-        .to_string();
-    let mut c = std::net::TcpStream::connect(&addr).unwrap();
-    c.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
-    let mut body = String::new();
-    c.read_to_string(&mut body).unwrap();
-    assert!(body.starts_with("HTTP/1.0 200 OK"), "{body}");
+    let body = d.metrics();
+    let t = target_name("127.0.97.1");
     assert!(
-        body.contains(&format!("srptd_channel_commands_total{{initiator=\"{me}\"")),
+        body.contains(&format!(
+            "srptd_channel_commands_total{{target=\"{t}\",initiator=\"{me}\""
+        )),
         "{body}"
     );
     assert!(
@@ -367,7 +383,7 @@ fn lun_masking_runtime_changes_aer_and_graceful_stop() {
     // The NIC's own counters: this session's traffic went through it.
     let sent: u64 = body
         .lines()
-        .find_map(|l| l.strip_prefix("srptd_nic_packets_sent_total "))
+        .find_map(|l| l.strip_prefix(&format!("srptd_nic_packets_sent_total{{target=\"{t}\"}} ")))
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("no NIC packet counter in\n{body}"));
     assert!(sent > 0, "{body}");
@@ -395,7 +411,10 @@ fn lun_masking_runtime_changes_aer_and_graceful_stop() {
         text.lines().any(|l| l.starts_with("cm_ids ")) && text.contains("\nmad_agents "),
         "{text}"
     );
-    assert!(body.contains("\nsrptd_verbs_objects "), "{body}");
+    assert!(
+        body.contains(&format!("\nsrptd_verbs_objects{{target=\"{t}\"}} ")),
+        "{body}"
+    );
 
     // The running configuration, saved and valid, has the runtime changes.
     let saved = d.dir.join("saved.toml");
@@ -622,7 +641,7 @@ fn admin_names_enable_disable_groups_and_text_output() {
     let row = table
         .lines()
         .skip(1)
-        .find(|l| l.split_whitespace().nth(1) == Some(me.as_str()))
+        .find(|l| l.split_whitespace().nth(2) == Some(me.as_str()))
         .unwrap_or_else(|| panic!("no row for {me} in\n{table}"));
     assert!(row.trim_end().ends_with("[0,5]"), "{row}");
 
@@ -1185,4 +1204,496 @@ fn sigterm_on_one_of_two_paths_loses_no_write() {
     );
     drop(b);
     let _ = std::fs::remove_file(&img);
+}
+
+/// The value of the metrics series `name{labels}` in `body`.
+fn series(body: &str, name_labels: &str) -> Option<u64> {
+    body.lines()
+        .find_map(|l| l.strip_prefix(name_labels)?.strip_prefix(' '))
+        .and_then(|v| v.parse().ok())
+}
+
+#[test]
+fn per_lun_counters_count_exact_io_in_show_and_metrics() {
+    let ip = "127.0.172.1";
+    let d = start_with("lunstats", |dir| {
+        format!(
+            "{}metrics = \"127.0.0.1:0\"\n\n\
+             [[device]]\nname = \"alpha\"\nhandler = \"ram\"\nsize = \"4M\"\n\n\
+             [[device]]\nname = \"beta\"\nhandler = \"ram\"\nsize = \"1M\"\nblock_size = 4096\n\n\
+             [[lun]]\nlun = 0\ndevice = \"alpha\"\n\n[[lun]]\nlun = 5\ndevice = \"beta\"\n",
+            target_section(dir, ip)
+        )
+    });
+    let session = login("127.0.172.2", "127.0.172.1:5555", INIT_A, 0x7a00);
+    let lun = |n: u64| srp::wire::Lun::from_u64(n << 48);
+    let rw10 = |op: u8, lba: u32, blocks: u16| {
+        let mut c = vec![op, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+        c[2..6].copy_from_slice(&lba.to_be_bytes());
+        c[7..9].copy_from_slice(&blocks.to_be_bytes());
+        c
+    };
+    // What the initiator saw, per LUN: [commands, reads, writes, read
+    // bytes, write bytes, CHECK CONDITIONs]. A new nexus may first get a
+    // unit attention; that is a CHECK CONDITION the target counts too.
+    let mut seen = [[0u64; 6]; 2];
+    let mut run = |at: usize, cdb: Vec<u8>, xfer: Xfer| {
+        let (n, out) = (
+            if at == 0 { 0 } else { 5 },
+            match &xfer {
+                Xfer::Out(b) => b.len() as u64,
+                _ => 0,
+            },
+        );
+        let r = session.execute(lun(n), &cdb, xfer).unwrap();
+        let s = &mut seen[at];
+        s[0] += 1;
+        if r.status == srp::initiator::Status::Scsi(0x02) {
+            s[5] += 1;
+        }
+        if r.good() && cdb[0] == 0x28 {
+            s[1] += 1;
+            s[3] += r.data.len() as u64;
+        }
+        if r.good() && cdb[0] == 0x2a {
+            s[2] += 1;
+            s[4] += out;
+        }
+        r
+    };
+    // Settle any unit attention with TEST UNIT READY first.
+    for at in [0, 1] {
+        for _ in 0..3 {
+            if run(at, vec![0; 6], Xfer::None).good() {
+                break;
+            }
+        }
+    }
+    let data = vec![0x5au8; 8 * 512];
+    for i in 0..3 {
+        assert!(run(0, rw10(0x2a, i * 8, 8), Xfer::Out(&data)).good());
+    }
+    for i in 0..2 {
+        let r = run(0, rw10(0x28, i * 16, 16), Xfer::In(16 * 512));
+        assert!(r.good() && r.data.len() == 8192);
+    }
+    let r = run(1, rw10(0x28, 0, 2), Xfer::In(8192));
+    assert!(r.good() && r.data.len() == 8192);
+    let four_k = vec![7u8; 4096];
+    assert!(run(1, rw10(0x2a, 3, 1), Xfer::Out(&four_k)).good());
+    // Past the end of beta's 256 blocks: CHECK CONDITION, no bytes.
+    let r = run(1, rw10(0x28, 256, 1), Xfer::In(4096));
+    assert_eq!(
+        srp_initiator::disk::sense_triple(&r.sense),
+        (0x5, 0x21, 0x00)
+    );
+    // A LOGICAL UNIT RESET counts as a task management function at LUN 5.
+    session.reset_lun(lun(5)).unwrap();
+    assert_eq!(seen[0][1..5], [2, 3, 16384, 12288]);
+    assert_eq!(seen[1][1..5], [1, 1, 8192, 4096]);
+    assert!(
+        seen[1][5] >= 1,
+        "the read past the end is a CHECK CONDITION"
+    );
+
+    let show = d.adm(&["show"]).unwrap();
+    let rows = show["lun_stats"].as_array().expect("lun_stats in show");
+    assert_eq!(rows.len(), 2, "{show}");
+    for (row, (n, dev, s, tmfs)) in rows
+        .iter()
+        .zip([(0, "alpha", seen[0], 0), (5, "beta", seen[1], 1)])
+    {
+        let want = serde_json::json!({
+            "lun": n, "device": dev, "commands": s[0], "reads": s[1], "writes": s[2],
+            "read_bytes": s[3], "write_bytes": s[4], "errors": s[5], "tmfs": tmfs,
+        });
+        assert_eq!(row, &want, "{show}");
+    }
+    // The text form has the table.
+    let text = d.adm_text(&["show"]);
+    let beta = text
+        .lines()
+        .find(|l| l.split_whitespace().take(2).eq(["5", "beta"]))
+        .unwrap_or_else(|| panic!("{text}"));
+    let cols: Vec<&str> = beta.split_whitespace().collect();
+    let errors = seen[1][5].to_string();
+    assert_eq!(cols[5..], ["8192", "4096", &errors, "1"], "{text}");
+
+    // The metrics endpoint: one labelled series per LUN and device.
+    let body = d.metrics();
+    let t = target_name(ip);
+    let at = |name: &str, n: u32, dev: &str| {
+        series(
+            &body,
+            &format!("srptd_lun_{name}_total{{target=\"{t}\",lun=\"{n}\",device=\"{dev}\"}}"),
+        )
+        .unwrap_or_else(|| panic!("no srptd_lun_{name}_total for LUN {n} in\n{body}"))
+    };
+    assert_eq!(at("read_bytes", 0, "alpha"), 16384);
+    assert_eq!(at("write_bytes", 0, "alpha"), 12288);
+    assert_eq!(at("commands", 0, "alpha"), seen[0][0]);
+    assert_eq!(at("read_bytes", 5, "beta"), 8192);
+    assert_eq!(at("errors", 5, "beta"), seen[1][5]);
+    assert_eq!(at("tmfs", 5, "beta"), 1);
+    assert!(
+        body.contains("# TYPE srptd_lun_reads_total counter"),
+        "{body}"
+    );
+}
+
+/// Two `[[target]]` tables: two ports (addresses, RDMA CM ports,
+/// rel_tgt_ids) of one SCSI target sharing its LUNs.
+fn two_targets(dir: &Path) -> String {
+    format!(
+        "[[target]]\nip = \"127.0.172.11\"\nrdma_cm_port = 5555\nrel_tgt_id = 1\n\
+         control_socket = \"{}\"\n\n\
+         [[target]]\nip = \"127.0.172.12\"\nrdma_cm_port = 5556\nrel_tgt_id = 2\n\n\
+         [[device]]\nname = \"disk\"\nhandler = \"ram\"\nsize = \"2M\"\n\n\
+         [[lun]]\nlun = 0\ndevice = \"disk\"\n",
+        dir.join("ctl.sock").display()
+    )
+}
+
+#[test]
+fn two_targets_in_one_file_serve_two_initiators() {
+    let d = start_with("twotgt", two_targets);
+    // A line per target.
+    d.wait_line(&format!(
+        "target {} listening on 127.0.172.12:5556",
+        target_name("127.0.172.12")
+    ));
+    let (t1, t2) = (target_name("127.0.172.11"), target_name("127.0.172.12"));
+    let s1 = login("127.0.172.13", "127.0.172.11:5555", INIT_A, 0x7b00);
+    let s2 = login("127.0.172.14", "127.0.172.12:5556", INIT_B, 0x7c00);
+    // Each port has its own relative port identifier; behind both is the
+    // same logical unit: what one writes the other reads.
+    assert_eq!(relative_port_id(&s1), Some(1));
+    assert_eq!(relative_port_id(&s2), Some(2));
+    let d1 = srp_initiator::disk::Disk::open(s1.clone(), 0).unwrap();
+    let d2 = srp_initiator::disk::Disk::open(s2.clone(), 0).unwrap();
+    assert_eq!(d1.info().naa, d2.info().naa);
+    let block: Vec<u8> = (0..4096u32).map(|i| (i * 7 + 1) as u8).collect();
+    d1.write(16, &block).unwrap();
+    let mut back = vec![0u8; 4096];
+    d2.read(16, &mut back).unwrap();
+    assert!(back == block, "target 2 does not read what target 1 wrote");
+
+    // show lists both (the top level is the first), sessions name their target.
+    let show = d.adm(&["show"]).unwrap();
+    assert_eq!(show["target"], t1.as_str(), "{show}");
+    let targets = show["targets"].as_array().unwrap();
+    let field = |k: &str| targets.iter().map(|t| t[k].clone()).collect::<Vec<_>>();
+    assert_eq!(field("target"), [t1.as_str(), t2.as_str()], "{show}");
+    assert_eq!(field("rdma_cm_port"), [5555, 5556], "{show}");
+    assert_eq!(field("rel_tgt_id"), [1, 2], "{show}");
+    assert_eq!(field("sessions"), [1, 1], "{show}");
+    let sessions = d.adm(&["sessions"]).unwrap();
+    let by_target: Vec<(String, String)> = sessions
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["target"].as_str().unwrap().into(),
+                s["initiator"].as_str().unwrap().into(),
+            )
+        })
+        .collect();
+    let name = |ext: u64| format!("0x{ext:016x}{:016x}", srpstack::INITIATOR_GUID);
+    assert_eq!(
+        by_target,
+        [(t1.clone(), name(INIT_A)), (t2.clone(), name(INIT_B))]
+    );
+    let text = d.adm_text(&["show"]);
+    assert_eq!(
+        text.lines().filter(|l| l.starts_with("target ")).count(),
+        2,
+        "{text}"
+    );
+
+    // Disabling one target (by address) logs out its session only.
+    let r = d.adm(&["disable", "--target", "127.0.172.12"]).unwrap();
+    assert_eq!(r["targets"], serde_json::json!([t2]), "{r}");
+    let end = Instant::now() + Duration::from_secs(10);
+    while !s2.is_closed() {
+        assert!(Instant::now() < end, "disable left target 2's session open");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(!s1.is_closed());
+    d1.read(16, &mut back).unwrap();
+    assert!(back == block);
+    let e = d.adm(&["enable", "--target", "nosuch"]).unwrap_err();
+    assert!(e.contains("no target `nosuch`"), "{e}");
+
+    // write-config keeps both targets (and target 2 disabled); the file is valid.
+    let saved = d.dir.join("saved.toml");
+    d.adm(&["write-config", saved.to_str().unwrap()]).unwrap();
+    let text = std::fs::read_to_string(&saved).unwrap();
+    assert_eq!(text.matches("[[target]]").count(), 2, "{text}");
+    let out = check(&saved);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && said.contains("2 targets, 1 devices"),
+        "{said}"
+    );
+    let again = srpstack::config::Config::load(&saved).unwrap();
+    assert_eq!(
+        again.targets.iter().map(|t| t.enabled).collect::<Vec<_>>(),
+        [true, false]
+    );
+
+    // reload follows each target's `enabled` and names what needs a
+    // restart: here target 1 off, target 2 on again on another port.
+    let file = two_targets(&d.dir)
+        .replacen("rel_tgt_id = 1\n", "rel_tgt_id = 1\nenabled = false\n", 1)
+        .replace("rdma_cm_port = 5556", "rdma_cm_port = 5557");
+    std::fs::write(d.dir.join("srptd.toml"), file).unwrap();
+    let r = d.adm(&["reload"]).unwrap();
+    assert_eq!(r["enabled"], serde_json::json!([false, true]), "{r}");
+    assert_eq!(
+        r["needs_restart"],
+        serde_json::json!(["target[1] parameters other than enabled"]),
+        "{r}"
+    );
+    let end = Instant::now() + Duration::from_secs(10);
+    while !s1.is_closed() {
+        assert!(Instant::now() < end, "reload left target 1's session open");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // Target 2 serves again, still on the port it started with.
+    let s3 = login("127.0.172.15", "127.0.172.12:5556", INIT_B, 0x7e00);
+    assert_eq!(relative_port_id(&s3), Some(2));
+    let show = d.adm(&["show"]).unwrap();
+    let enabled: Vec<Value> = show["targets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["enabled"].clone())
+        .collect();
+    assert_eq!(enabled, [false, true], "{show}");
+}
+
+#[test]
+fn check_names_the_target_that_clashes() {
+    let dir = tempdir("twotgt-check");
+    let cfg = dir.join("two.toml");
+    let good = two_targets(&dir);
+    let refused = |text: &str, needle: &str, key: &str| {
+        std::fs::write(&cfg, text).unwrap();
+        let out = check(&cfg);
+        assert!(!out.status.success(), "{text}");
+        // The last line with `needle`: the second target's.
+        let lines: Vec<&str> = text.lines().collect();
+        let line = lines.iter().rposition(|l| l.contains(needle)).unwrap() + 1;
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        let at = match key {
+            "" => format!("two.toml:{line}: "),
+            k => format!("two.toml:{line}: {k}: "),
+        };
+        assert!(err.contains(&at), "{err}");
+        err
+    };
+    let e = refused(
+        &good.replace("rel_tgt_id = 2", "rel_tgt_id = 1"),
+        "rel_tgt_id = 1",
+        "target[1].rel_tgt_id",
+    );
+    assert!(e.contains("target[0]'s rel_tgt_id too"), "{e}");
+    let e = refused(
+        &good.replace("\"127.0.172.12\"", "\"127.0.172.11\""),
+        "127.0.172.11",
+        "target[1].ip",
+    );
+    assert!(e.contains("cannot share a port"), "{e}");
+    let e = refused(
+        &good.replace("rel_tgt_id = 2\n", "rel_tgt_id = 2\nmetrics = 9100\n"),
+        "metrics = 9100",
+        "target[1].metrics",
+    );
+    assert!(e.contains("set it in the first target"), "{e}");
+    let e = refused(
+        &good.replace("rdma_cm_port = 5556", "rdma_cm_prot = 5556"),
+        "rdma_cm_prot",
+        "",
+    );
+    assert!(e.contains("rdma_cm_prot"), "{e}");
+    // The one-table form still works, and several port options with
+    // several targets are refused rather than applied to one.
+    std::fs::write(&cfg, &good).unwrap();
+    assert!(check(&cfg).status.success());
+    let out = Command::new(env!("CARGO_BIN_EXE_srptd"))
+        .args(["--ip", "127.0.172.20", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("override a single target"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn json_logs_one_record_per_line_and_runtime_log_level() {
+    let ip = "127.0.172.21";
+    let mut d = start_args("jsonlog", &["--log-format", "json"], |dir| {
+        format!(
+            "{}\n[[device]]\nname = \"d0\"\nhandler = \"ram\"\nsize = \"1M\"\n\
+             [[lun]]\nlun = 0\ndevice = \"d0\"\n",
+            target_section(dir, ip)
+        )
+    });
+    let t = target_name(ip);
+    let me = format!("0x{INIT_A:016x}{:016x}", srpstack::INITIATOR_GUID);
+    // A login and a logout; a login refused while the target is disabled.
+    let s = login("127.0.172.22", "127.0.172.21:5555", INIT_A, 0x7d00);
+    assert!(s
+        .execute(srp::wire::Lun::from_u64(0), &[0; 6], Xfer::None)
+        .is_ok());
+    match Arc::try_unwrap(s) {
+        Ok(s) => s.close(),
+        Err(_) => panic!("the session is shared"),
+    }
+    d.adm(&["disable"]).unwrap();
+    let refused = try_login(
+        "127.0.172.23",
+        Via::RdmaCm("127.0.172.21:5555"),
+        INIT_B,
+        0x7d10,
+    );
+    assert!(refused.is_err());
+    d.adm(&["enable"]).unwrap();
+    // Admin changes are events; queries only at debug level, which
+    // srptadm switches on while srptd runs.
+    d.adm(&["add-lun", "3", "d0"]).unwrap();
+    d.adm(&["add-lun", "4", "nosuch"]).unwrap_err();
+    d.adm(&["luns"]).unwrap();
+    let r = d.adm(&["set", "log-level", "debug"]).unwrap();
+    assert_eq!(
+        (r["was"].as_str(), r["log_level"].as_str()),
+        (Some("info"), Some("debug"))
+    );
+    assert_eq!(d.adm(&["show"]).unwrap()["log_level"], "debug");
+    d.proc.term();
+    // Every line: those before the one `start_args` waited for, if any,
+    // were not JSON-checked; the daemon writes none before it.
+    let mut lines = vec![d.started.clone()];
+    lines.extend(d.proc.rest(15));
+    let records: Vec<Value> = lines
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    for r in &records {
+        for k in ["ts", "level", "event", "fields", "msg"] {
+            assert!(!r[k].is_null(), "no {k} in {r}");
+        }
+    }
+    let at = |e: &str| {
+        records
+            .iter()
+            .position(|r| r["event"] == e)
+            .unwrap_or_else(|| panic!("no {e} in {lines:#?}"))
+    };
+    let find =
+        |event: &str| -> Vec<&Value> { records.iter().filter(|r| r["event"] == event).collect() };
+    let one = |event: &str| -> &Value {
+        let v = find(event);
+        assert_eq!(v.len(), 1, "{event} in {lines:#?}");
+        v[0]
+    };
+    let l = one("target_listening");
+    assert_eq!(
+        (l["target"].as_str(), l["fields"]["rdma_cm_port"].as_u64()),
+        (Some(t.as_str()), Some(5555))
+    );
+    let a = one("login_accepted");
+    assert_eq!(
+        (a["target"].as_str(), a["session"].as_str()),
+        (Some(t.as_str()), Some(me.as_str()))
+    );
+    let channel = a["fields"]["channel"].as_u64().expect("channel");
+    assert_eq!(a["fields"]["pkey"], "ffff");
+    let o = one("logout");
+    assert_eq!(o["session"].as_str(), Some(me.as_str()));
+    assert_eq!(
+        (o["fields"]["channel"].as_u64(), o["fields"]["by"].as_str()),
+        (Some(channel), Some("initiator"))
+    );
+    let rej = one("login_rejected");
+    assert_eq!(rej["level"], "warn");
+    assert_eq!(
+        rej["session"].as_str(),
+        Some(format!("0x{INIT_B:016x}{:016x}", srpstack::INITIATOR_GUID).as_str())
+    );
+    assert!(
+        !rej["fields"]["reason"].as_str().unwrap().is_empty(),
+        "{rej}"
+    );
+    assert_eq!(
+        one("target_disabled")["fields"]["targets"],
+        serde_json::json!([t])
+    );
+    assert!(
+        at("target_disabled") < at("login_rejected") && at("login_rejected") < at("target_enabled")
+    );
+    let added = one("lun_added");
+    assert_eq!(
+        (
+            added["fields"]["lun"].as_u64(),
+            added["fields"]["device"].as_str()
+        ),
+        (Some(3), Some("d0"))
+    );
+    let no = one("admin_refused");
+    assert!(
+        no["fields"]["error"].as_str().unwrap().contains("nosuch"),
+        "{no}"
+    );
+    // `luns` ran at info level (not logged), `show` after the switch.
+    let queries = find("admin_query");
+    assert_eq!(queries.len(), 1, "{queries:?}");
+    assert_eq!(
+        (
+            queries[0]["level"].as_str(),
+            queries[0]["fields"]["cmd"].as_str()
+        ),
+        (Some("debug"), Some("show"))
+    );
+    assert_eq!(one("stopped")["fields"]["verbs_objects_left"], 0);
+    // In order: listening, login, logout, ..., stopped.
+    assert!(at("target_listening") < at("login_accepted") && at("login_accepted") < at("logout"));
+    assert_eq!(at("stopped"), records.len() - 1);
+}
+
+#[test]
+fn text_logs_stay_the_default_and_fatal_errors_follow_the_format() {
+    let dir = tempdir("fatal");
+    let cfg = dir.join("bad.toml");
+    std::fs::write(&cfg, "[target]\nip = \"127.0.172.30\"\nrel_tgt_id = 0\n").unwrap();
+    let run = |fmt: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_srptd"))
+            .args(fmt)
+            .arg("--config")
+            .arg(&cfg)
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).trim().to_string()
+    };
+    let text = run(&[]);
+    assert!(
+        text.starts_with("srptd: ") && text.contains("target.rel_tgt_id"),
+        "{text}"
+    );
+    let json: Value = serde_json::from_str(&run(&["--log-format", "json"])).unwrap();
+    assert_eq!(
+        (json["level"].as_str(), json["event"].as_str()),
+        (Some("error"), Some("fatal"))
+    );
+    assert!(
+        json["fields"]["error"]
+            .as_str()
+            .unwrap()
+            .contains("rel_tgt_id"),
+        "{json}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }
