@@ -39,6 +39,17 @@ pub trait Backend: Send + Sync {
         }
         Ok(())
     }
+    /// Writes the buffers in order as consecutive bytes at `offset` (a
+    /// gather list; [`crate::Buffers::data_out`]). The default writes each
+    /// piece in turn.
+    fn write_vectored(&self, offset: u64, bufs: &[&[u8]], fua: bool) -> io::Result<()> {
+        let mut at = offset;
+        for b in bufs {
+            self.write(at, b, fua)?;
+            at += b.len() as u64;
+        }
+        Ok(())
+    }
     /// Whether reads and writes only touch memory and never wait (RAM,
     /// null): a transport may then run commands on its own thread instead
     /// of handing them to a worker.
@@ -193,6 +204,20 @@ impl Backend for Ram {
             .get_mut(offset as usize..offset as usize + data.len())
             .ok_or(io::ErrorKind::UnexpectedEof)?;
         dst.copy_from_slice(data);
+        Ok(())
+    }
+    /// One lock for the whole gather list, as [`Ram::read_vectored`].
+    fn write_vectored(&self, offset: u64, bufs: &[&[u8]], _fua: bool) -> io::Result<()> {
+        let mut d = self.data.write().unwrap_or_else(|e| e.into_inner());
+        let mut at = usize::try_from(offset).map_err(|_| io::ErrorKind::UnexpectedEof)?;
+        let total = bufs.iter().map(|b| b.len()).sum::<usize>();
+        if at.checked_add(total).is_none_or(|end| end > d.len()) {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        for b in bufs {
+            d[at..at + b.len()].copy_from_slice(b);
+            at += b.len();
+        }
         Ok(())
     }
     fn flush(&self) -> io::Result<()> {

@@ -1,9 +1,9 @@
 //! SPC-4 / SBC-3 command emulation for one logical unit.
 
 use crate::backend::Backend;
+use crate::bufs::Buffers;
 use crate::cdb::Command;
 use crate::cdb::Expected;
-use crate::datain::DataInSink;
 use crate::opcode::Opcode;
 use crate::pi::{Checks, PiType, Tuple, Want, PI_LEN};
 use crate::sense::{Asc, Sense, SenseKey};
@@ -343,19 +343,20 @@ impl Device {
         self.execute_into(cmd, cdb, data_out, None)
     }
 
-    /// [`Device::execute`], with a READ's data read by the store straight
-    /// into `sink` (the returned vector is then empty and
-    /// [`DataInSink::placed`] tells how much landed). Other commands, and
-    /// READs of a device with protection information, still return their
-    /// data; the target copies it into the sink.
+    /// [`Device::execute`] with the transport's buffers: a READ's data is
+    /// read by the store straight into `bufs` (the returned vector is then
+    /// empty and [`Buffers::placed`] tells how much landed), a WRITE's
+    /// data-out pieces are written from where they are. Other commands,
+    /// and READs of a device with protection information, still return
+    /// their data; the target copies it into the buffers.
     pub fn execute_into(
         &self,
         cmd: &Command,
         cdb: &[u8],
         data_out: &[u8],
-        sink: Option<&mut DataInSink<'_, '_>>,
+        bufs: Option<&mut Buffers<'_, '_>>,
     ) -> Result<Vec<u8>, Sense> {
-        let r = self.execute_inner(cmd, cdb, data_out, sink);
+        let r = self.execute_inner(cmd, cdb, data_out, bufs);
         let c = &self.stats;
         c.commands.fetch_add(1, Relaxed);
         match (cmd, &r) {
@@ -382,7 +383,7 @@ impl Device {
         cmd: &Command,
         cdb: &[u8],
         data_out: &[u8],
-        sink: Option<&mut DataInSink<'_, '_>>,
+        bufs: Option<&mut Buffers<'_, '_>>,
     ) -> Result<Vec<u8>, Sense> {
         let bs = self.config.block_size as u64;
         match *cmd {
@@ -433,14 +434,14 @@ impl Device {
                 let medium = |_| Sense::new(SenseKey::MediumError, Asc::UNRECOVERED_READ_ERROR);
                 let len = (blocks as u64 * bs) as usize;
                 let Some(ty) = self.config.protection else {
-                    if let Some(sink) = sink {
+                    if let Some(bufs) = bufs {
                         // Only what the transport's buffers hold is read
                         // (an allocation length below the transfer length).
-                        let want = len.min(sink.capacity());
+                        let want = len.min(bufs.capacity());
                         self.backend
-                            .read_vectored(lba * bs, &mut sink.pieces_for(want))
+                            .read_vectored(lba * bs, &mut bufs.data_in_for(want))
                             .map_err(medium)?;
-                        sink.placed = Some(want);
+                        bufs.placed = Some(want);
                         return Ok(Vec::new());
                     }
                     return self.backend.read_vec(lba * bs, len).map_err(medium);
@@ -488,8 +489,22 @@ impl Device {
                 };
                 // The transport sends what plan() asked for; fewer bytes is a
                 // transport fault we refuse rather than write garbage.
-                let Some(data) = data_out.get(..wire) else {
-                    return Err(Sense::new(SenseKey::AbortedCommand, Asc::NO_ADDITIONAL));
+                let short = || Sense::new(SenseKey::AbortedCommand, Asc::NO_ADDITIONAL);
+                let gathered;
+                let data = match bufs {
+                    Some(b) if b.has_data_out() => {
+                        let pieces = b.data_out_for(wire).ok_or_else(short)?;
+                        if self.config.protection.is_none() {
+                            let _shared = self.io_lock.read().unwrap_or_else(|e| e.into_inner());
+                            self.backend
+                                .write_vectored(lba * bs, &pieces, fua)
+                                .map_err(|_| Sense::new(SenseKey::MediumError, Asc::WRITE_ERROR))?;
+                            return Ok(Vec::new());
+                        }
+                        gathered = pieces.concat();
+                        &gathered[..]
+                    }
+                    _ => data_out.get(..wire).ok_or_else(short)?,
                 };
                 let Some(ty) = self.config.protection else {
                     let _shared = self.io_lock.read().unwrap_or_else(|e| e.into_inner());

@@ -92,8 +92,8 @@
 //! asynchronous engine (io_uring); execution stays on the caller's thread.
 
 pub mod backend;
+pub mod bufs;
 pub mod cdb;
-pub mod datain;
 pub mod emulation;
 pub mod fuzz;
 pub mod lun;
@@ -107,8 +107,8 @@ pub mod transport_id;
 pub mod ua;
 
 pub use backend::{Backend, BlockIo, FileIo, NullIo, Ram};
+pub use bufs::Buffers;
 pub use cdb::{Command, DataDir, Plan};
-pub use datain::DataInSink;
 pub use emulation::{Device, DeviceConfig, DeviceStats};
 pub use lun::Lun;
 pub use opcode::Opcode;

@@ -1,8 +1,8 @@
 //! The target: LUN maps (SCST masking model), I_T nexuses, unit attentions,
 //! and the entry points a transport calls.
 
+use crate::bufs::Buffers;
 use crate::cdb::{control_byte, naca, Command, DataDir, Plan};
-use crate::datain::DataInSink;
 use crate::emulation::Device;
 use crate::lun::Lun;
 use crate::pr::PrError;
@@ -752,9 +752,11 @@ impl Target {
         self.submit_attr_into(nexus, lun, tag, attr, cdb, data_out, expected, None)
     }
 
-    /// [`Target::submit_attr`] with the data-in going into the transport's
-    /// own buffers: `sink` receives it (a READ is read by the store straight
-    /// into the pieces) and the response's `data_in` stays empty. The
+    /// [`Target::submit_attr`] with the data in the transport's own buffers
+    /// ([`Buffers`]): data-in goes into them (a READ is read by the store
+    /// straight into the pieces) and the response's `data_in` stays empty;
+    /// a WRITE's data-out pieces are written from where they are (pass an
+    /// empty `data_out` with them). The
     /// pieces' contents count only for a GOOD status; an aborted command
     /// may have filled them.
     #[allow(clippy::too_many_arguments)]
@@ -767,11 +769,21 @@ impl Target {
         cdb: &[u8],
         data_out: &[u8],
         expected: u64,
-        sink: Option<&mut DataInSink<'_, '_>>,
+        bufs: Option<&mut Buffers<'_, '_>>,
     ) -> ScsiResponse {
+        // Only a WRITE takes its data-out in pieces; anything else that
+        // has data-out parses it, so it gets it in one.
+        let gathered;
+        let (data_out, bufs) = match bufs {
+            Some(b) if b.has_data_out() && !is_write(cdb) => {
+                gathered = b.gather_data_out();
+                (&gathered[..], None)
+            }
+            b => (data_out, b),
+        };
         let Some(dev) = self.device(nexus, lun) else {
             // No logical unit: no task set, nothing but an error to run.
-            return self.run_in_order(None, attr, nexus, lun, tag, cdb, data_out, expected, sink);
+            return self.run_in_order(None, attr, nexus, lun, tag, cdb, data_out, expected, bufs);
         };
         let k = lu_key(&dev);
         let depth = dev.config.queue_depth.max(1) as usize;
@@ -828,7 +840,7 @@ impl Target {
             cdb,
             data_out,
             expected,
-            sink,
+            bufs,
         );
         self.with_order(|o| {
             o.settle(k, &dev, nexus, aca_task, cdb, r.status);
@@ -860,7 +872,7 @@ impl Target {
         cdb: &[u8],
         data_out: &[u8],
         expected: u64,
-        sink: Option<&mut DataInSink<'_, '_>>,
+        bufs: Option<&mut Buffers<'_, '_>>,
     ) -> ScsiResponse {
         let flag = self
             .tasks
@@ -883,7 +895,7 @@ impl Target {
         let r = if aborted() {
             None
         } else {
-            Some(self.run(nexus, lun, cdb, data_out, expected, sink))
+            Some(self.run(nexus, lun, cdb, data_out, expected, bufs))
         };
         self.tasks
             .lock()
@@ -1029,7 +1041,7 @@ impl Target {
         cdb: &[u8],
         data_out: &[u8],
         expected: u64,
-        mut sink: Option<&mut DataInSink<'_, '_>>,
+        mut bufs: Option<&mut Buffers<'_, '_>>,
     ) -> ScsiResponse {
         let cmd = match Command::parse(cdb) {
             Ok((_, c)) => c,
@@ -1178,7 +1190,7 @@ impl Target {
                                 }
                                 let before = dev.mode_state();
                                 let mut r =
-                                    dev.execute_into(cmd, cdb, data_out, sink.as_deref_mut());
+                                    dev.execute_into(cmd, cdb, data_out, bufs.as_deref_mut());
                                 if let (
                                     Command::Inquiry {
                                         page: 0x83,
@@ -1214,18 +1226,21 @@ impl Target {
                     DataDir::In => {
                         let room = plan.len.min(expected);
                         data.truncate(room as usize);
-                        match sink {
-                            Some(sink) => {
-                                if sink.placed.is_none() {
-                                    sink.copy_in(&data);
+                        match bufs {
+                            Some(bufs) => {
+                                if bufs.placed.is_none() {
+                                    bufs.copy_in(&data);
                                     data = Vec::new();
                                 }
-                                (sink.placed() as u64).min(room)
+                                (bufs.placed() as u64).min(room)
                             }
                             None => data.len() as u64,
                         }
                     }
-                    DataDir::Out => plan.len.min(expected).min(data_out.len() as u64),
+                    DataDir::Out => {
+                        let pieces = bufs.as_ref().map_or(0, |b| b.data_out_len());
+                        plan.len.min(expected).min((data_out.len() + pieces) as u64)
+                    }
                     DataDir::None => 0,
                 };
                 ScsiResponse {
@@ -1238,6 +1253,12 @@ impl Target {
             }
         }
     }
+}
+
+/// WRITE(6/10/12/16): the commands whose data-out the store takes in
+/// pieces ([`Buffers::data_out`]).
+fn is_write(cdb: &[u8]) -> bool {
+    matches!(cdb.first(), Some(0x0a | 0x2a | 0xaa | 0x8a))
 }
 
 /// NACA=1 needs a logical unit with NormACA (SAM-5 5.3, SPC-4 6.6.2);

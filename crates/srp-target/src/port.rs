@@ -217,6 +217,9 @@ struct Inner {
     /// Commands whose data-in the store read straight into reserved
     /// chunks (no copy before the RDMA WRITEs).
     direct_in: std::sync::atomic::AtomicU64,
+    /// Commands whose data-out the store took straight from the chunks the
+    /// RDMA READs filled (no gather copy).
+    direct_out: std::sync::atomic::AtomicU64,
     /// Below this many free chunks, fetched data-out is copied out of its
     /// chunk at once instead of waiting in it for the worker.
     spill_below: usize,
@@ -250,6 +253,9 @@ struct Job {
     chunks: Option<(u32, Vec<Fetched>)>,
     /// Data-out pieces copied out of their chunks early (offset, bytes).
     spilled: Vec<(u64, Vec<u8>)>,
+    /// Data-out that fills its chunks back to back from offset 0: the
+    /// store writes it from there (`scsi::Buffers::data_out`), no gather.
+    direct_out: Option<Vec<Fetched>>,
 }
 
 /// A data-out piece in an RDMA chunk: (offset in the command's buffer,
@@ -471,6 +477,7 @@ impl TargetPort {
             chunk_size,
             spill_below: (opts.chunks / 4).max(2),
             direct_in: Default::default(),
+            direct_out: Default::default(),
             at_workers: std::sync::atomic::AtomicUsize::new(0),
             inline_max: if std::env::var_os("SRPT_INLINE").is_some_and(|v| v == "0") {
                 0
@@ -666,6 +673,15 @@ impl TargetPort {
     pub fn direct_data_in(&self) -> u64 {
         self.inner
             .direct_in
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Commands whose data-out the store took straight from the registered
+    /// chunks the RDMA READs filled (the others are gathered into one
+    /// buffer first).
+    pub fn direct_data_out(&self) -> u64 {
+        self.inner
+            .direct_out
             .load(std::sync::atomic::Ordering::Relaxed)
     }
 }
@@ -1533,6 +1549,7 @@ impl Inner {
             data_out,
             chunks,
             spilled,
+            direct_out: None,
         };
         if inline {
             st.inline_jobs.push(job);
@@ -1681,7 +1698,18 @@ impl Inner {
 
     /// Puts a job's data-out together from its chunks and spilled pieces.
     fn gather_job(&self, job: &mut Job) {
-        if let Some((len, parts)) = job.chunks.take() {
+        if let Some((len, mut parts)) = job.chunks.take() {
+            parts.sort_by_key(|p| p.0);
+            let mut end = 0u64;
+            let back_to_back = parts.iter().all(|&(off, _, n)| {
+                let next = off == end;
+                end += n as u64;
+                next
+            });
+            if job.spilled.is_empty() && back_to_back && end == len as u64 && !parts.is_empty() {
+                job.direct_out = Some(parts);
+                return;
+            }
             job.data_out = self.gather(len, parts);
             for (offset, bytes) in std::mem::take(&mut job.spilled) {
                 let start = (offset as usize).min(job.data_out.len());
@@ -1747,8 +1775,12 @@ impl Inner {
             return (done, InData::Vec(Vec::new()));
         };
         let data_out_dir = !matches!(req.data_out, DataOut::None);
+        let out_len = match &job.direct_out {
+            Some(parts) => parts.iter().map(|p| p.2 as u64).sum(),
+            None => job.data_out.len() as u64,
+        };
         let expected = if data_out_dir {
-            job.data_out.len() as u64
+            out_len
         } else {
             req.data_in_len as u64
         };
@@ -1785,7 +1817,7 @@ impl Inner {
                         }
                     })
                     .collect();
-                let mut sink = scsi::DataInSink::new(&mut pieces);
+                let mut sink = scsi::Buffers::data_in(&mut pieces);
                 let r = self.scsi.submit_attr_into(
                     &job.nexus,
                     lun,
@@ -1804,15 +1836,53 @@ impl Inner {
                 (r, InData::Chunks { chunks, len })
             }
             None => {
-                let mut r = self.scsi.submit_attr(
-                    &job.nexus,
-                    lun,
-                    req.tag.0,
-                    attr,
-                    &req.cdb,
-                    &job.data_out,
-                    expected,
-                );
+                let mut r = match &job.direct_out {
+                    Some(parts) => {
+                        let cs = self.chunk_size as usize;
+                        let pieces: Vec<&[u8]> = parts
+                            .iter()
+                            .map(|&(_, chunk, n)| {
+                                // SAFETY: the READs that filled these chunks
+                                // have completed and the chunks stay this
+                                // command's until they are freed below, so
+                                // nothing writes them while the slices live;
+                                // `n` is at most the chunk size.
+                                unsafe {
+                                    std::slice::from_raw_parts(
+                                        self.chunk_buf.ptr_at(chunk * cs),
+                                        (n as usize).min(cs),
+                                    )
+                                }
+                            })
+                            .collect();
+                        let mut bufs = scsi::Buffers::data_out(&pieces);
+                        let r = self.scsi.submit_attr_into(
+                            &job.nexus,
+                            lun,
+                            req.tag.0,
+                            attr,
+                            &req.cdb,
+                            &[],
+                            expected,
+                            Some(&mut bufs),
+                        );
+                        self.direct_out
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let mut st = self.lock();
+                        st.free_chunks.extend(parts.iter().map(|p| p.1));
+                        self.retry_waiting(&mut st);
+                        r
+                    }
+                    None => self.scsi.submit_attr(
+                        &job.nexus,
+                        lun,
+                        req.tag.0,
+                        attr,
+                        &req.cdb,
+                        &job.data_out,
+                        expected,
+                    ),
+                };
                 let mut v = std::mem::take(&mut r.data_in);
                 v.truncate(req.data_in_len as usize);
                 (r, InData::Vec(v))
@@ -1826,7 +1896,7 @@ impl Inner {
         if let Some(dev) = &dev {
             let good = r.status == scsi::Status::Good;
             let kind = scsi::Command::parse(&req.cdb).map(|(_, c)| c);
-            let (data_in_len, data_out_len) = (in_len as u64, job.data_out.len() as u64);
+            let (data_in_len, data_out_len) = (in_len as u64, out_len);
             self.count(lun, dev, |n| {
                 n.commands += 1;
                 match kind {

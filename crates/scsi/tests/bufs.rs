@@ -1,4 +1,5 @@
-//! Data-in into the transport's own buffers (`Target::submit_attr_into`).
+//! A command's data in the transport's own buffers
+//! (`Target::submit_attr_into` with `Buffers`).
 
 mod common;
 
@@ -12,6 +13,7 @@ use std::sync::{Arc, Mutex};
 struct Recording {
     ram: Ram,
     reads: Mutex<Vec<(usize, usize)>>,
+    writes: Mutex<Vec<(usize, usize)>>,
 }
 
 impl Backend for Recording {
@@ -26,11 +28,29 @@ impl Backend for Recording {
         self.ram.read(offset, buf)
     }
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> io::Result<()> {
+        self.writes
+            .lock()
+            .unwrap()
+            .push((data.as_ptr() as usize, data.len()));
         self.ram.write(offset, data, fua)
     }
     fn flush(&self) -> io::Result<()> {
         Ok(())
     }
+}
+
+fn recording(blocks: u64) -> Arc<Recording> {
+    Arc::new(Recording {
+        ram: Ram::new(blocks * 512),
+        reads: Mutex::new(Vec::new()),
+        writes: Mutex::new(Vec::new()),
+    })
+}
+
+fn write16(lba: u64, blocks: u32) -> Vec<u8> {
+    let mut c = read16(lba, blocks);
+    c[0] = 0x8a;
+    c
 }
 
 fn read16(lba: u64, blocks: u32) -> Vec<u8> {
@@ -59,10 +79,7 @@ fn config() -> DeviceConfig {
 
 #[test]
 fn a_read_lands_in_the_pieces_with_no_copy_in_between() {
-    let rec = Arc::new(Recording {
-        ram: Ram::new(256 * 512),
-        reads: Mutex::new(Vec::new()),
-    });
+    let rec = recording(256);
     stamp(&*rec, 256);
     let (t, n) = target(Device::new(config(), rec.clone()).unwrap());
     rec.reads.lock().unwrap().clear();
@@ -74,7 +91,7 @@ fn a_read_lands_in_the_pieces_with_no_copy_in_between() {
         (c.as_ptr() as usize, 16 * 512 - 4000),
     ];
     let mut pieces: Vec<&mut [u8]> = vec![&mut a, &mut b, &mut c];
-    let mut sink = DataInSink::new(&mut pieces);
+    let mut sink = Buffers::data_in(&mut pieces);
     let r = t.submit_attr_into(
         &n,
         l0(),
@@ -107,7 +124,7 @@ fn pieces_shorter_than_the_transfer_take_what_fits_and_count_the_residual() {
     let (t, n) = target(Device::new(config(), Arc::new(Ram::new(64 * 512))).unwrap());
     let mut buf = vec![0u8; 1024];
     let mut pieces: Vec<&mut [u8]> = vec![&mut buf];
-    let mut sink = DataInSink::new(&mut pieces);
+    let mut sink = Buffers::data_in(&mut pieces);
     // Initiator expects 1024 of the 4096 bytes READ(16) moves.
     let r = t.submit_attr_into(
         &n,
@@ -131,7 +148,7 @@ fn other_commands_are_copied_into_the_pieces_and_errors_place_nothing() {
     let plain = t.execute(&n, l0(), &inquiry, &[], 96).data_in;
     let (mut x, mut y) = (vec![0u8; 10], vec![0u8; 200]);
     let mut pieces: Vec<&mut [u8]> = vec![&mut x, &mut y];
-    let mut sink = DataInSink::new(&mut pieces);
+    let mut sink = Buffers::data_in(&mut pieces);
     let r = t.submit_attr_into(
         &n,
         l0(),
@@ -151,7 +168,7 @@ fn other_commands_are_copied_into_the_pieces_and_errors_place_nothing() {
     // LBA out of range: CHECK CONDITION and nothing placed.
     let mut z = vec![0u8; 512];
     let mut pieces: Vec<&mut [u8]> = vec![&mut z];
-    let mut sink = DataInSink::new(&mut pieces);
+    let mut sink = Buffers::data_in(&mut pieces);
     let r = t.submit_attr_into(
         &n,
         l0(),
@@ -177,7 +194,7 @@ fn fileio_reads_into_the_pieces_too() {
     let (t, n) = target(Device::new(config(), fio).unwrap());
     let (mut a, mut b) = (vec![0u8; 700], vec![0u8; 4 * 512 - 700]);
     let mut pieces: Vec<&mut [u8]> = vec![&mut a, &mut b];
-    let mut sink = DataInSink::new(&mut pieces);
+    let mut sink = Buffers::data_in(&mut pieces);
     let r = t.submit_attr_into(
         &n,
         l0(),
@@ -194,4 +211,111 @@ fn fileio_reads_into_the_pieces_too() {
     for (k, block) in all.chunks(512).enumerate() {
         assert_eq!(lba_of(block), 60 + k as u64);
     }
+}
+
+#[test]
+fn a_write_is_written_from_the_pieces_with_no_copy_in_between() {
+    let rec = recording(64);
+    let (t, n) = target(Device::new(config(), rec.clone()).unwrap());
+    // 8 blocks in three pieces: the store is handed each piece itself.
+    let data: Vec<u8> = (0..8u64)
+        .flat_map(|lba| (0..64).flat_map(move |_| (20 + lba).to_be_bytes()))
+        .collect();
+    let (a, rest) = data.split_at(700);
+    let (b, c) = rest.split_at(2000);
+    let pieces: Vec<&[u8]> = vec![a, b, c];
+    let mut bufs = Buffers::data_out(&pieces);
+    let r = t.submit_attr_into(
+        &n,
+        l0(),
+        6,
+        TaskAttr::Simple,
+        &write16(20, 8),
+        &[],
+        8 * 512,
+        Some(&mut bufs),
+    );
+    assert_eq!(
+        r.status,
+        Status::Good,
+        "{:?}",
+        r.sense.map(|s| s.to_string())
+    );
+    assert_eq!(r.residual, Residual::None);
+    let handed = rec.writes.lock().unwrap().clone();
+    let want: Vec<(usize, usize)> = pieces
+        .iter()
+        .map(|p| (p.as_ptr() as usize, p.len()))
+        .collect();
+    assert_eq!(handed, want, "the store got the transport's pieces");
+    let back = common::ok(&t, &n, &read16(20, 8), &[], 8 * 512);
+    assert_eq!(back, data);
+}
+
+#[test]
+fn ram_takes_pieces_under_one_lock_and_short_pieces_are_refused() {
+    let (t, n) = target(Device::new(config(), Arc::new(Ram::new(64 * 512))).unwrap());
+    let data: Vec<u8> = (0..4 * 512).map(|i| (i % 251) as u8).collect();
+    let pieces: Vec<&[u8]> = data.chunks(300).collect();
+    let mut bufs = Buffers::data_out(&pieces);
+    let r = t.submit_attr_into(
+        &n,
+        l0(),
+        7,
+        TaskAttr::Simple,
+        &write16(3, 4),
+        &[],
+        4 * 512,
+        Some(&mut bufs),
+    );
+    assert_eq!(r.status, Status::Good);
+    assert_eq!(common::ok(&t, &n, &read16(3, 4), &[], 4 * 512), data);
+    // Pieces holding less than the WRITE moves: refused, nothing written.
+    let before = common::ok(&t, &n, &read16(10, 4), &[], 4 * 512);
+    let pieces: Vec<&[u8]> = vec![&data[..1000], &data[1000..1500]];
+    let mut bufs = Buffers::data_out(&pieces);
+    let r = t.submit_attr_into(
+        &n,
+        l0(),
+        8,
+        TaskAttr::Simple,
+        &write16(10, 4),
+        &[],
+        4 * 512,
+        Some(&mut bufs),
+    );
+    assert_eq!(r.status, Status::CheckCondition);
+    assert_eq!(r.sense.unwrap().key, SenseKey::AbortedCommand);
+    assert_eq!(common::ok(&t, &n, &read16(10, 4), &[], 4 * 512), before);
+}
+
+#[test]
+fn commands_that_parse_their_data_out_get_it_gathered() {
+    let (t, n) = target(Device::new(config(), Arc::new(Ram::new(64 * 512))).unwrap());
+    let block: Vec<u8> = vec![0xab; 512];
+    common::ok(&t, &n, &write16(5, 1), &block, 512);
+    // COMPARE AND WRITE: compare half and write half, split across pieces
+    // at an odd place.
+    let mut both = block.clone();
+    both.extend(vec![0xcd; 512]);
+    let pieces: Vec<&[u8]> = vec![&both[..333], &both[333..]];
+    let mut bufs = Buffers::data_out(&pieces);
+    let caw = [0x89, 0, 0, 0, 0, 0, 0, 0, 0, 5, 0, 0, 0, 1, 0, 0];
+    let r = t.submit_attr_into(
+        &n,
+        l0(),
+        9,
+        TaskAttr::Simple,
+        &caw,
+        &[],
+        1024,
+        Some(&mut bufs),
+    );
+    assert_eq!(
+        r.status,
+        Status::Good,
+        "{:?}",
+        r.sense.map(|s| s.to_string())
+    );
+    assert_eq!(common::ok(&t, &n, &read16(5, 1), &[], 512), vec![0xcd; 512]);
 }
