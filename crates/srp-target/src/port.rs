@@ -144,6 +144,10 @@ pub struct SessionInfo {
     pub in_flight: u32,
     /// SRP_CMDs accepted so far.
     pub cmds: u64,
+    /// SRP_TSK_MGMTs accepted so far.
+    pub tmfs: u64,
+    /// SRP_AER_REQs sent so far.
+    pub aers: u64,
     /// Whether the channel is closing.
     pub closing: bool,
     /// The session's partition: the P_Key at its QP's index of the
@@ -591,6 +595,37 @@ impl TargetPort {
         n
     }
 
+    /// Tells every initiator that sees `device` that its capacity changed
+    /// (SBC-3 4.6): an SRP_AER_REQ with CAPACITY DATA HAS CHANGED naming
+    /// each LUN through which that initiator reaches the device (LUN
+    /// masking gives different initiators different numbers). Returns
+    /// how many AERs the channels took.
+    pub fn capacity_changed(&self, device: &Arc<scsi::Device>) -> usize {
+        let mut st = self.inner.lock();
+        let scsi = &self.inner.scsi;
+        let mut told = 0;
+        let conns: Vec<(ConnId, ChannelId, scsi::Nexus)> = st
+            .conns
+            .iter()
+            .map(|(id, c)| (*id, c.channel, c.nexus.clone()))
+            .collect();
+        for (id, channel, nexus) in conns {
+            for lun in scsi.visible_luns(&nexus.initiator) {
+                let seen = scsi.device(&nexus, lun);
+                if !seen.is_some_and(|d| Arc::ptr_eq(&d, device)) {
+                    continue;
+                }
+                let event = srp::target::AerEvent::CapacityChanged(srp::wire::Lun(lun.encode()));
+                let (lun, sense) = event.to_sense();
+                if let Some(ch) = st.target.channel_mut(channel) {
+                    told += usize::from(ch.send_aer(lun, &sense));
+                }
+            }
+            self.inner.pump(&mut st, id);
+        }
+        told
+    }
+
     /// Enables or disables the port (SCST's `enabled`): a disabled port
     /// rejects logins and logs its initiators out.
     pub fn set_enabled(&self, enabled: bool) {
@@ -631,6 +666,8 @@ impl TargetPort {
                     credits: ch.initiator_credits(),
                     in_flight: ch.in_flight(),
                     cmds: ch.stats().cmds,
+                    tmfs: ch.stats().tmfs,
+                    aers: ch.stats().aers_sent,
                     closing: c.closing,
                     pkey: c.pkey,
                 })

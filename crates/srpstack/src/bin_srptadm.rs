@@ -61,6 +61,12 @@ enum Cmd {
     RemoveDevice {
         name: String,
     },
+    /// Grow a ram device to SIZE (e.g. 64M): initiators that see it get
+    /// CAPACITY DATA HAS CHANGED and an SRP_AER_REQ. Shrinking is refused.
+    Resize {
+        device: String,
+        size: String,
+    },
     /// Map a device at a LUN (of a group, or the default LUNs).
     AddLun {
         lun: u32,
@@ -163,6 +169,7 @@ fn main() -> ExitCode {
             Request::AddDevice { toml: t }
         }
         Cmd::RemoveDevice { name } => Request::RemoveDevice { name },
+        Cmd::Resize { device, size } => Request::Resize { device, size },
         Cmd::AddLun { lun, device, group } => Request::AddLun { group, lun, device },
         Cmd::RemoveLun { lun, group } => Request::RemoveLun { group, lun },
         Cmd::AddGroup { name } => Request::AddGroup { name },
@@ -250,12 +257,20 @@ fn human(req: &Request, v: &Value) -> String {
         }
         Request::Sessions => {
             out += &format!(
-                "{:<39} {:<6} {:<36} {:>6} {:>7} {:>9} {:>10}  luns\n",
-                "target", "conn", "initiator", "window", "credits", "in_flight", "commands"
+                "{:<39} {:<6} {:<36} {:>6} {:>7} {:>9} {:>10} {:>5} {:>5}  luns\n",
+                "target",
+                "conn",
+                "initiator",
+                "window",
+                "credits",
+                "in_flight",
+                "commands",
+                "tmfs",
+                "aers"
             );
             for r in v.as_array().into_iter().flatten() {
                 out += &format!(
-                    "{:<39} {:<6} {:<36} {:>6} {:>7} {:>9} {:>10}  {}{}\n",
+                    "{:<39} {:<6} {:<36} {:>6} {:>7} {:>9} {:>10} {:>5} {:>5}  {}{}\n",
                     s(&r["target"]),
                     s(&r["conn"]),
                     s(&r["initiator"]),
@@ -263,6 +278,8 @@ fn human(req: &Request, v: &Value) -> String {
                     s(&r["credits"]),
                     s(&r["in_flight"]),
                     s(&r["commands"]),
+                    s(&r["tmfs"]),
+                    s(&r["aers"]),
                     s(&r["luns"]),
                     if r["closing"] == Value::Bool(true) {
                         " (closing)"

@@ -47,6 +47,13 @@ pub enum Request {
     RemoveDevice {
         name: String,
     },
+    /// Grows a device to `size` (K/M/G/T suffixes): CAPACITY DATA HAS
+    /// CHANGED for every nexus that sees it and SRP_AER_REQ to its
+    /// initiators (SCST's `resync_size`).
+    Resize {
+        device: String,
+        size: String,
+    },
     /// Maps a device; `group` absent means the default LUNs.
     AddLun {
         group: Option<String>,
@@ -106,6 +113,7 @@ impl Request {
             }
             Request::AddDevice { .. } => ("device_added", true),
             Request::RemoveDevice { .. } => ("device_removed", true),
+            Request::Resize { .. } => ("device_resized", true),
             Request::AddLun { .. } => ("lun_added", true),
             Request::RemoveLun { .. } => ("lun_removed", true),
             Request::AddGroup { .. } => ("group_added", true),
@@ -559,6 +567,7 @@ impl Daemon {
             Request::Luns => Ok(self.luns()),
             Request::AddDevice { toml } => self.add_device(&toml),
             Request::RemoveDevice { name } => self.remove_device(&name),
+            Request::Resize { device, size } => self.resize(&device, &size),
             Request::AddLun { group, lun, device } => self.add_lun(group, lun, device),
             Request::RemoveLun { group, lun } => self.remove_lun(group, lun),
             Request::AddGroup { name } => self.edit(|c| {
@@ -913,6 +922,8 @@ impl Daemon {
                     "credits": s.credits,
                     "in_flight": s.in_flight,
                     "commands": s.cmds,
+                    "tmfs": s.tmfs,
+                    "aers": s.aers,
                     "closing": s.closing,
                     "pkey": s.pkey.0,
                 })
@@ -1013,6 +1024,75 @@ impl Daemon {
             c.devices.remove(i);
             lock(&self.devices).remove(name);
             Ok(json!({ "removed": name }))
+        })
+    }
+
+    /// Grows device `name` to `size`. Shrinking is refused: SCST allows
+    /// it, but blocks past the new end would be lost while initiators may
+    /// still hold them in use (file systems, partition tables); remove the
+    /// LUN and map a smaller device instead. The device must be mapped:
+    /// the SCSI core resizes through a LUN, raising the unit attention on
+    /// every nexus that reaches the device by any LUN.
+    fn resize(&self, name: &str, size: &str) -> Result<Value, String> {
+        self.edit(|c| {
+            let bytes = crate::config::parse_size(size)?;
+            let d = c
+                .devices
+                .iter_mut()
+                .find(|d| d.name.get_ref() == name)
+                .ok_or_else(|| format!("no device `{name}`"))?;
+            let handler = *d.handler.get_ref();
+            let dev = lock(&self.devices)
+                .get(name)
+                .cloned()
+                .ok_or_else(|| format!("no device `{name}`"))?;
+            let bs = u64::from(dev.block_size());
+            let was = dev.blocks() * bs;
+            if bytes == 0 || bytes % bs != 0 {
+                return Err(format!(
+                    "device `{name}`: size {bytes} is not a positive multiple of its block size {bs}"
+                ));
+            }
+            if bytes < was {
+                return Err(format!(
+                    "device `{name}`: shrinking from {was} to {bytes} bytes is refused (data past the new end would be lost); unmap it and add a smaller device"
+                ));
+            }
+            if bytes == was {
+                return Ok(json!({ "device": name, "size": bytes, "was": was, "aer_sent": 0 }));
+            }
+            if handler != Handler::Ram {
+                return Err(format!(
+                    "device `{name}`: a {} device cannot be resized (only ram devices can)",
+                    handler.name()
+                ));
+            }
+            let mapped = c
+                .luns
+                .iter()
+                .map(|l| (None, l))
+                .chain(
+                    c.groups
+                        .iter()
+                        .flat_map(|g| g.luns.iter().map(move |l| (Some(g.name.get_ref()), l))),
+                )
+                .find(|(_, l)| l.device.get_ref() == name)
+                .map(|(g, l)| (g.cloned(), *l.lun.get_ref()));
+            let Some((group, n)) = mapped else {
+                return Err(format!(
+                    "device `{name}` is not mapped at any LUN; map it first, or remove it and add it with the new size"
+                ));
+            };
+            self.scsi
+                .resize(group.as_deref(), lun(n)?, bytes / bs)
+                .map_err(|e| format!("device `{name}`: resize: {e}"))?;
+            d.size = Some(spanned(size.trim().to_string()));
+            let told: usize = self
+                .targets
+                .iter()
+                .map(|t| t.port.capacity_changed(&dev))
+                .sum();
+            Ok(json!({ "device": name, "size": bytes, "was": was, "aer_sent": told }))
         })
     }
 
@@ -1147,6 +1227,18 @@ impl Daemon {
             "SRP_CMDs accepted.",
             "counter",
             per(|s| s.cmds),
+        );
+        metric(
+            "srptd_channel_tmfs_total",
+            "SRP_TSK_MGMTs accepted.",
+            "counter",
+            per(|s| s.tmfs),
+        );
+        metric(
+            "srptd_channel_aers_total",
+            "SRP_AER_REQs sent.",
+            "counter",
+            per(|s| s.aers),
         );
         metric(
             "srptd_channel_credits",

@@ -1339,6 +1339,54 @@ fn per_lun_counters_count_exact_io_in_show_and_metrics() {
         body.contains("# TYPE srptd_lun_reads_total counter"),
         "{body}"
     );
+
+    // The session's own counters: every SRP_CMD sent (both LUNs), the one
+    // TMF, no AER; idle, so nothing in flight and every credit back with
+    // the initiator.
+    let me = format!("0x{INIT_A:016x}{:016x}", srpstack::INITIATOR_GUID);
+    let commands = seen[0][0] + seen[1][0];
+    let sessions = d.adm(&["sessions"]).unwrap();
+    let rows = sessions.as_array().unwrap();
+    assert_eq!(rows.len(), 1, "{sessions}");
+    let row = &rows[0];
+    assert_eq!(row["initiator"], me.as_str(), "{sessions}");
+    assert_eq!(row["commands"], commands, "{sessions}");
+    assert_eq!(row["tmfs"], 1, "{sessions}");
+    assert_eq!(row["aers"], 0, "{sessions}");
+    assert_eq!(row["in_flight"], 0, "{sessions}");
+    assert_eq!(row["credits"], row["window"], "{sessions}");
+    assert_eq!(row["luns"], serde_json::json!([0, 5]), "{sessions}");
+    let window = row["window"].as_u64().unwrap();
+    assert!(window > 1, "{sessions}");
+    let conn = row["conn"].as_u64().unwrap();
+    let text = d.adm_text(&["sessions"]);
+    let line = text
+        .lines()
+        .find(|l| l.contains(&me))
+        .unwrap_or_else(|| panic!("{text}"));
+    let cols: Vec<&str> = line.split_whitespace().collect();
+    let want = [
+        window.to_string(),
+        window.to_string(),
+        "0".into(),
+        commands.to_string(),
+        "1".into(),
+        "0".into(),
+    ];
+    assert_eq!(cols[3..9], want, "{text}");
+    // (The metrics above were read after the same I/O.)
+    let at = |name: &str| {
+        series(
+            &body,
+            &format!("srptd_channel_{name}{{target=\"{t}\",initiator=\"{me}\",conn=\"{conn}\"}}"),
+        )
+        .unwrap_or_else(|| panic!("no srptd_channel_{name} for the session in\n{body}"))
+    };
+    assert_eq!(at("commands_total"), commands);
+    assert_eq!(at("tmfs_total"), 1);
+    assert_eq!(at("aers_total"), 0);
+    assert_eq!(at("in_flight"), 0);
+    assert_eq!(at("credits"), window);
 }
 
 /// Two `[[target]]` tables: two ports (addresses, RDMA CM ports,
@@ -1696,4 +1744,146 @@ fn text_logs_stay_the_default_and_fatal_errors_follow_the_format() {
         "{json}"
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// READ CAPACITY(10) at `lun`: (last LBA, block length), or the sense of
+/// its CHECK CONDITION.
+fn read_capacity(s: &Session, lun: u64) -> Result<(u32, u32), (u8, u8, u8)> {
+    let r = s
+        .execute(
+            srp::wire::Lun::from_u64(lun << 48),
+            &[0x25, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+            Xfer::In(8),
+        )
+        .unwrap();
+    if !r.good() {
+        return Err(srp_initiator::disk::sense_triple(&r.sense));
+    }
+    let be = |b: &[u8]| u32::from_be_bytes(b.try_into().unwrap());
+    Ok((be(&r.data[0..4]), be(&r.data[4..8])))
+}
+
+/// `srptadm resize` grows a ram device under two initiators that see it
+/// at different LUNs (a group's and the default set): each gets an
+/// SRP_AER_REQ with CAPACITY DATA HAS CHANGED naming its own LUN, then
+/// the unit attention on its next command, and READ CAPACITY shows the
+/// new size; blocks past the old end take data. Shrinking, a fileio
+/// device and an unknown device are refused with a reason, and
+/// `write-config` keeps the new size.
+#[test]
+fn resize_raises_capacity_ua_and_aer_per_initiator_lun() {
+    let ip = "127.0.177.1";
+    let dest = "127.0.177.1:5555";
+    let d = start_with("resize", |dir| {
+        format!(
+            "{}\n[[device]]\nname = \"grow\"\nhandler = \"ram\"\nsize = \"4M\"\n\n\
+             [[device]]\nname = \"file\"\nhandler = \"vdisk_fileio\"\nfilename = \"{}\"\nsize = \"1M\"\n\n\
+             [[lun]]\nlun = 0\ndevice = \"grow\"\n\n[[lun]]\nlun = 1\ndevice = \"file\"\n\n\
+             [[group]]\nname = \"db\"\ninitiators = [\"0x000000000000{INIT_A:04x}*\"]\n\
+             lun = [{{ lun = 3, device = \"grow\" }}]\n",
+            target_section(dir, ip),
+            dir.join("file.img").display()
+        )
+    });
+    // INIT_A sees `grow` at LUN 3 (its group), INIT_B at LUN 0 (default).
+    let a = login("127.0.177.2", dest, INIT_A, 0x17700);
+    let b = login("127.0.177.3", dest, INIT_B, 0x17710);
+    let old_last = (4u32 << 20) / 512 - 1;
+    for (s, n) in [(&a, 3), (&b, 0)] {
+        // A new nexus may first get POWER ON OR RESET.
+        let mut got = read_capacity(s, n);
+        for _ in 0..3 {
+            if got.is_ok() {
+                break;
+            }
+            got = read_capacity(s, n);
+        }
+        assert_eq!(got, Ok((old_last, 512)), "LUN {n} before");
+    }
+
+    // Refusals change nothing.
+    let e = d.adm(&["resize", "grow", "2M"]).unwrap_err();
+    assert!(
+        e.contains("shrinking from 4194304 to 2097152 bytes is refused"),
+        "{e}"
+    );
+    let e = d.adm(&["resize", "file", "8M"]).unwrap_err();
+    assert!(e.contains("vdisk_fileio device cannot be resized"), "{e}");
+    let e = d.adm(&["resize", "nosuch", "8M"]).unwrap_err();
+    assert!(e.contains("no device `nosuch`"), "{e}");
+    let e = d.adm(&["resize", "grow", "5000000"]).unwrap_err();
+    assert!(
+        e.contains("not a positive multiple of its block size 512"),
+        "{e}"
+    );
+    for (s, n) in [(&a, 3), (&b, 0)] {
+        assert_eq!(read_capacity(s, n), Ok((old_last, 512)), "LUN {n}");
+        assert_eq!(s.stats().aers, 0);
+    }
+
+    let r = d.adm(&["resize", "grow", "8M"]).unwrap();
+    assert_eq!(r["size"], 8 << 20, "{r}");
+    assert_eq!(r["was"], 4 << 20, "{r}");
+    assert_eq!(r["aer_sent"], 2, "one AER per session: {r}");
+    let capacity_changed = (0x6, 0x2a, 0x09);
+    for (s, n) in [(&a, 3u64), (&b, 0)] {
+        // The AER names the LUN this initiator sees the device at.
+        let end = Instant::now() + Duration::from_secs(10);
+        let mut aers = Vec::new();
+        while aers.is_empty() {
+            assert!(Instant::now() < end, "no SRP_AER_REQ at LUN {n}");
+            for ev in s.take_events() {
+                if let srp::initiator::Event::Aer { lun, sense } = ev {
+                    aers.push((lun, srp_initiator::disk::sense_triple(&sense)));
+                }
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(
+            aers,
+            [(srp::wire::Lun::from_u64(n << 48), capacity_changed)],
+            "LUN {n}"
+        );
+        // The unit attention comes with the next command, once.
+        assert_eq!(read_capacity(s, n), Err(capacity_changed), "LUN {n}");
+        assert_eq!(read_capacity(s, n), Ok(((8u32 << 20) / 512 - 1, 512)));
+    }
+    // Blocks past the old end hold data.
+    let disk = srp_initiator::disk::Disk::open(b.clone(), 0).unwrap();
+    assert_eq!(disk.info().blocks, (8 << 20) / 512);
+    let data: Vec<u8> = (0..64 << 10).map(|i| (i % 251) as u8).collect();
+    disk.write((6 << 20) / 512, &data).unwrap();
+    let mut back = vec![0u8; data.len()];
+    disk.read((6 << 20) / 512, &mut back).unwrap();
+    assert!(back == data, "data past the old end");
+    drop(disk);
+
+    // The sessions counted their AER; the devices list and the saved
+    // configuration have the new size; growing to the same size again
+    // is no change.
+    let sessions = d.adm(&["sessions"]).unwrap();
+    for row in sessions.as_array().unwrap() {
+        assert_eq!(row["aers"], 1, "{sessions}");
+    }
+    let devs = d.adm(&["devices"]).unwrap();
+    let grow = devs
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == "grow")
+        .unwrap();
+    assert_eq!(grow["size"], 8 << 20, "{devs}");
+    let r = d.adm(&["resize", "grow", "8M"]).unwrap();
+    assert_eq!(r["aer_sent"], 0, "{r}");
+    let saved = d.dir.join("saved.toml");
+    d.adm(&["write-config", saved.to_str().unwrap()]).unwrap();
+    let cfg = srpstack::config::Config::load(&saved).unwrap();
+    let dev = cfg
+        .devices
+        .iter()
+        .find(|x| x.name.get_ref() == "grow")
+        .unwrap();
+    assert_eq!(dev.size.as_ref().map(|s| s.get_ref().as_str()), Some("8M"));
+    let text = d.adm_text(&["resize", "grow", "16M"]);
+    assert!(text.contains("16777216"), "{text}");
 }
