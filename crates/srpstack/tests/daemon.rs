@@ -971,12 +971,13 @@ fn sigterm_under_verified_writes_loses_nothing_acknowledged() {
     );
 }
 
-/// The test initiator harness against srptd over soft RoCE: a 4 MiB
-/// transfer whose 1024 descriptors only fit an external table (fetched by
-/// the target with RDMA READ), writes carried as immediate data, 100 MiB
-/// written and read back verified, and a logout the target sees. The
-/// 100 MiB take some 20 s in a debug build on a loaded 2-core machine, so
-/// the suite moves 16 MiB unless `SRPTD_HARNESS_MIB` asks for more.
+/// The test initiator harness against srptd over soft RoCE: 100 MiB
+/// written and read back verified, in 4 MiB commands except the
+/// immediate data: 24 MiB whose 1024 descriptors per command only fit an
+/// external table (fetched by the target with RDMA READ), 24 MiB through
+/// indirect tables in the IU (64 KiB segments), 48 MiB through one direct
+/// descriptor each, 4 MiB written as immediate data; then a logout the
+/// target sees. Some 15 s in a debug build on a loaded 2-core machine.
 #[test]
 fn soft_roce_external_tables_immediate_data_bulk_and_logout() {
     let d = start_with("harness", |dir| {
@@ -987,9 +988,51 @@ fn soft_roce_external_tables_immediate_data_bulk_and_logout() {
         )
     });
     let dest = "127.0.154.13:5555";
-    let pattern = |seed: usize, len: usize| -> Vec<u8> {
-        (0..len).map(|i| (i * 7 + seed + i / 4096) as u8).collect()
+    // Every 512-byte sector says where it belongs: its byte offset, then
+    // noise shifted by the sector number. Built by copies, which a debug
+    // build does at memcpy speed (a byte-by-byte pattern of 200 MiB costs
+    // seconds there).
+    let noise: Vec<u8> = (0..1024usize).map(|i| (i * 7 + i / 13) as u8).collect();
+    let stamped = |at: u64, len: usize| -> Vec<u8> {
+        let mut v = vec![0u8; len];
+        for (k, sector) in v.chunks_mut(512).enumerate() {
+            let off = at + (k * 512) as u64;
+            let n = (off / 512 % 509) as usize;
+            sector.copy_from_slice(&noise[n..n + 512]);
+            sector[..8].copy_from_slice(&off.to_le_bytes());
+        }
+        v
     };
+    const MIB: u64 = 1 << 20;
+    let chunk = 4 << 20;
+    // Writes `mib` MiB at byte offset `at` in commands of `piece` bytes,
+    // reads them back in 4 MiB commands and compares; returns the bytes.
+    let verified =
+        |disk: &srp_initiator::disk::Disk, at: u64, mib: u64, piece: usize, what: &str| {
+            let t0 = Instant::now();
+            for (i, off) in (at..at + mib * MIB).step_by(chunk).enumerate() {
+                let data = stamped(off, chunk);
+                for (k, p) in data.chunks(piece).enumerate() {
+                    let before = disk.session().stats().completed;
+                    disk.write((off + (k * piece) as u64) / 512, p).unwrap();
+                    // One command per piece: no splitting behind our back.
+                    assert_eq!(disk.session().stats().completed - before, 1, "{what} {i}");
+                }
+            }
+            let wrote = t0.elapsed();
+            let mut back = vec![0u8; chunk];
+            for off in (at..at + mib * MIB).step_by(chunk) {
+                disk.read(off / 512, &mut back).unwrap();
+                let want = stamped(off, chunk);
+                assert!(back == want, "{what}: MiB {} differs", off / MIB);
+            }
+            println!(
+                "{what}: {mib} MiB over soft RoCE, write {wrote:?}, read {:?}",
+                t0.elapsed() - wrote
+            );
+            mib
+        };
+    let mut total = 0;
 
     // External tables: one descriptor fits the IU, segments of 4 KiB.
     let ext = try_login_with("127.0.154.14", Via::RdmaCm(dest), INIT_A, 0x15470, |c| {
@@ -1000,51 +1043,29 @@ fn soft_roce_external_tables_immediate_data_bulk_and_logout() {
     .unwrap();
     let disk = srp_initiator::disk::Disk::open(ext.clone(), 0).unwrap();
     assert_eq!(disk.max_transfer(), 4 << 20, "tables lift the IU's limit");
-    let data = pattern(1, 4 << 20);
-    let before = ext.stats().completed;
-    disk.write(4096, &data).unwrap();
-    let mut back = vec![0u8; data.len()];
-    disk.read(4096, &mut back).unwrap();
-    assert!(back == data, "4 MiB through external tables");
-    assert_eq!(ext.stats().completed - before, 2, "one command each way");
+    total += verified(&disk, 0, 24, chunk, "external tables");
+    drop(disk);
+    // Indirect tables in the IU: 64 descriptors of 64 KiB per command.
+    let inl = try_login_with("127.0.154.16", Via::RdmaCm(dest), INIT_A, 0x15478, |c| {
+        c.channel.cmd_sg_entries = 255;
+        c.max_segment = 64 << 10;
+    })
+    .unwrap();
+    let disk = srp_initiator::disk::Disk::open(inl.clone(), 0).unwrap();
+    assert_eq!(disk.max_transfer(), 4 << 20);
+    total += verified(&disk, 24 * MIB, 24, chunk, "indirect in the IU");
     drop(disk);
 
-    // Immediate data, and the 100 MiB run with logout.
+    // Direct descriptors and immediate data, and the logout.
     let s = login("127.0.154.15", dest, INIT_B, 0x15480);
     let neg = s.negotiated();
-    assert!(neg.imm_data_offset.is_some(), "{neg:?}");
+    let imm = neg.max_it_iu_len - u32::from(neg.imm_data_offset.expect("immediate data"));
+    let imm = (imm as usize / 512) * 512;
+    assert!(imm >= 4096, "{neg:?}");
     let disk = srp_initiator::disk::Disk::open(s.clone(), 0).unwrap();
-    for (lba, len) in [(16, 512), (24, 4096), (40, 8192)] {
-        let data = pattern(lba, len);
-        disk.write(lba as u64, &data).unwrap();
-        let mut back = vec![0u8; len];
-        disk.read(lba as u64, &mut back).unwrap();
-        assert!(back == data, "{len} bytes as immediate data");
-    }
-    let chunk = 4 << 20;
-    let mib: usize = std::env::var("SRPTD_HARNESS_MIB")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(16)
-        .clamp(4, 120);
-    let chunks = mib / 4;
-    let t0 = Instant::now();
-    for i in 0..chunks {
-        disk.write((i * chunk / 512) as u64, &pattern(100 + i, chunk))
-            .unwrap();
-    }
-    let wrote = t0.elapsed();
-    let mut back = vec![0u8; chunk];
-    for i in 0..chunks {
-        disk.read((i * chunk / 512) as u64, &mut back).unwrap();
-        assert!(back == pattern(100 + i, chunk), "MiB {} differs", i * 4);
-    }
-    println!(
-        "{} MiB over soft RoCE: write {:?}, read {:?}",
-        chunks * 4,
-        wrote,
-        t0.elapsed() - wrote
-    );
+    total += verified(&disk, 48 * MIB, 48, chunk, "direct");
+    total += verified(&disk, 96 * MIB, 4, imm, "immediate data");
+    assert_eq!(total, 100);
     drop(disk);
     let me = format!("0x{INIT_B:016x}{:016x}", srpstack::INITIATOR_GUID);
     let listed = |d: &Daemon| {
