@@ -231,7 +231,9 @@ fn hundred_mib_verified_through_every_descriptor_kind() {
         }
         let mut back = vec![0u8; chunk];
         for off in (at..at + mib * MIB).step_by(chunk) {
+            let before = sess.stats().completed;
             disk.read(off / 512, &mut back).unwrap();
+            assert_eq!(sess.stats().completed - before, 1, "{what}: one command");
             assert!(
                 back == stamped(off, chunk),
                 "{what}: MiB {} differs",

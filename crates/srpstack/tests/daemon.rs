@@ -1022,7 +1022,9 @@ fn soft_roce_external_tables_immediate_data_bulk_and_logout() {
             let wrote = t0.elapsed();
             let mut back = vec![0u8; chunk];
             for off in (at..at + mib * MIB).step_by(chunk) {
+                let before = disk.session().stats().completed;
                 disk.read(off / 512, &mut back).unwrap();
+                assert_eq!(disk.session().stats().completed - before, 1, "{what}");
                 let want = stamped(off, chunk);
                 assert!(back == want, "{what}: MiB {} differs", off / MIB);
             }
