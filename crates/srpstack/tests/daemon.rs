@@ -977,7 +977,7 @@ fn sigterm_under_verified_writes_loses_nothing_acknowledged() {
 /// external table (fetched by the target with RDMA READ), 24 MiB through
 /// indirect tables in the IU (64 KiB segments), 48 MiB through one direct
 /// descriptor each, 4 MiB written as immediate data; then a logout the
-/// target sees. Some 15 s in a debug build on a loaded 2-core machine.
+/// target sees. Some 4 s in a debug build on a loaded 2-core machine.
 #[test]
 fn soft_roce_external_tables_immediate_data_bulk_and_logout() {
     let d = start_with("harness", |dir| {
