@@ -126,6 +126,17 @@ pub struct CmConfig {
     pub timewait: Duration,
 }
 
+/// The first resend of an unanswered REQ comes after this (2^16 * 4.096 us)
+/// when the response timeout is longer; each further one waits twice as
+/// long as the one before, up to the response timeout. A REQ lost on a
+/// link that has just come back (or into a port not yet up at the far
+/// end) is then sent again within about as long as it has been waiting,
+/// a quarter of a second for a fresh one, not after the whole response
+/// timeout (about 4.3 s with Linux's 20). A peer that answers slowly gets
+/// duplicates, which the CM answers or drops (IBA 12.9.8.3: MRA or REP
+/// again), and its MRA ends the quick resends.
+pub const REQ_FIRST_RESEND: Duration = Duration::from_micros(268_435);
+
 impl Default for CmConfig {
     /// Linux ib_cm's flavour: 2^20 * 4.096 us (about 4.3 s), 15 retries.
     fn default() -> Self {
@@ -245,6 +256,8 @@ struct Conn<P> {
     /// The message we are waiting on an answer for, to send again.
     pending: Option<CmMsg>,
     retries_left: u8,
+    /// How long after the last send of `pending` it is sent again.
+    interval: Duration,
     deadline: Option<Instant>,
 }
 
@@ -277,6 +290,12 @@ impl<P: Copy + Eq + core::fmt::Debug> Cm<P> {
         // CM timeouts use the same 4.096 us * 2^n encoding as QP timeouts.
         Duration::from_ack_timeout_exp(self.cfg.response_timeout.max(1))
             .unwrap_or(Duration::from_secs(4))
+    }
+
+    /// The first resend of a REQ: after [`REQ_FIRST_RESEND`], or the
+    /// response timeout when that is shorter.
+    fn first_req_interval(&self) -> Duration {
+        self.response_timeout().min(REQ_FIRST_RESEND)
     }
 
     fn alloc_id(&mut self) -> u32 {
@@ -363,6 +382,7 @@ impl<P: Copy + Eq + core::fmt::Debug> Cm<P> {
             remote_psn: Psn::new(0),
             pending: None,
             retries_left: 0,
+            interval: Duration::ZERO,
             deadline: None,
         };
         self.conns.insert(id, conn);
@@ -372,14 +392,19 @@ impl<P: Copy + Eq + core::fmt::Debug> Cm<P> {
 
     /// Sends `msg` on the connection's current path and arms the retry timer.
     fn send_and_wait(&mut self, now: Instant, id: u32, msg: CmMsg) {
-        let timeout = self.response_timeout();
+        let interval = if matches!(msg, CmMsg::Req { .. }) {
+            self.first_req_interval()
+        } else {
+            self.response_timeout()
+        };
         let retries = self.cfg.max_retries;
         if let Some(c) = self.conns.get_mut(&id) {
             let peer = c.paths[c.path];
             self.out.push_back((peer, msg.clone()));
             c.pending = Some(msg);
             c.retries_left = retries;
-            c.deadline = Some(now + timeout);
+            c.interval = interval;
+            c.deadline = Some(now + interval);
         }
     }
 
@@ -529,6 +554,8 @@ impl<P: Copy + Eq + core::fmt::Debug> Cm<P> {
                 let base = self.response_timeout();
                 if let Some(c) = self.conns.get_mut(&remote_comm_id) {
                     if matches!(c.state, ConnState::ReqSent | ConnState::RepSent) {
+                        // The peer is there and slow: no quick resends.
+                        c.interval = base;
                         c.deadline = Some(now + base + extra);
                     }
                 }
@@ -729,6 +756,7 @@ impl<P: Copy + Eq + core::fmt::Debug> Cm<P> {
                 remote_psn: psn,
                 pending: None,
                 retries_left: 0,
+                interval: Duration::ZERO,
                 deadline: None,
             },
         );
@@ -763,6 +791,7 @@ impl<P: Copy + Eq + core::fmt::Debug> Cm<P> {
             .map(|(id, _)| *id)
             .collect();
         let timeout = self.response_timeout();
+        let first_req = self.first_req_interval();
         for id in due {
             let Some(c) = self.conns.get_mut(&id) else {
                 continue;
@@ -779,7 +808,8 @@ impl<P: Copy + Eq + core::fmt::Debug> Cm<P> {
             };
             if c.retries_left > 0 {
                 c.retries_left -= 1;
-                c.deadline = Some(now + timeout);
+                c.interval = c.interval.saturating_mul(2).min(timeout);
+                c.deadline = Some(now + c.interval);
                 let peer = c.paths[c.path];
                 self.out.push_back((peer, msg));
                 continue;
@@ -791,7 +821,8 @@ impl<P: Copy + Eq + core::fmt::Debug> Cm<P> {
                     c.path += 1;
                     let retries = self.cfg.max_retries;
                     c.retries_left = retries;
-                    c.deadline = Some(now + timeout);
+                    c.interval = first_req;
+                    c.deadline = Some(now + first_req);
                     let peer = c.paths[c.path];
                     self.out.push_back((peer, msg));
                 }

@@ -7,7 +7,10 @@
 //! disconnect path `DREQ sent / DREQ received -> timewait -> idle` --
 //! with the timers and retries of the spec: a request unanswered within the
 //! CM response timeout is sent again, up to `max_cm_retries` times, then the
-//! next path of the list is tried, then the connection fails.
+//! next path of the list is tried, then the connection fails. A REQ is
+//! resent sooner at first ([`REQ_FIRST_RESEND`], doubling up to the
+//! response timeout), so a login lost on a link that just came back is
+//! not held up for the whole response timeout.
 //!
 //! Messages are the [`CmMsg`] values the state machines need (comm IDs,
 //! QPNs, PSNs, the REQ's partition key, private data, reject reasons);
@@ -25,4 +28,6 @@ mod cm;
 #[doc(hidden)]
 pub mod fuzz;
 
-pub use cm::{Cm, CmConfig, CmEvent, CmMsg, ConnId, ConnState, MsgKind, RejReason, ReqInfo};
+pub use cm::{
+    Cm, CmConfig, CmEvent, CmMsg, ConnId, ConnState, MsgKind, RejReason, ReqInfo, REQ_FIRST_RESEND,
+};

@@ -641,3 +641,68 @@ fn connections_establish_under_five_percent_mad_loss() {
     }
     assert!(retried > 10, "loss forced REQ/REP retries: {retried}");
 }
+
+#[test]
+fn a_lost_req_is_resent_soon_then_less_often_up_to_the_response_timeout() {
+    // Linux's timing (2^20 * 4.096 us, about 4.3 s): the link is down for
+    // the first 3 s, as when a login starts during an outage.
+    let mut a: Cm<u8> = Cm::new(CmConfig::default(), 1000);
+    let mut b: Cm<u8> = Cm::new(CmConfig::default(), 2000);
+    b.listen(SVC);
+    let full = Duration::from_ack_timeout_exp(20).unwrap();
+    assert_eq!(
+        rdma_cm::REQ_FIRST_RESEND,
+        Duration::from_ack_timeout_exp(16).unwrap()
+    );
+    let up_at = Instant::from_millis(3000);
+    a.connect(
+        Instant::ZERO,
+        vec![2],
+        SVC,
+        Qpn::from_bits(1),
+        Psn::new(1),
+        vec![],
+    );
+    let mut now = Instant::ZERO;
+    let mut sends = Vec::new();
+    let mut received = None;
+    for _ in 0..100 {
+        while let Some((to, msg)) = a.poll_transmit() {
+            assert_eq!(to, 2);
+            assert!(is_req(&msg), "{msg:?}");
+            sends.push(now);
+            if now >= up_at && received.is_none() {
+                b.handle_msg(now, 1, msg);
+                received = b.poll_event().map(|_| now);
+            }
+        }
+        match a.poll_timeout() {
+            Some(t) if sends.len() < 8 => {
+                now = t;
+                a.handle_timeout(now);
+            }
+            _ => break,
+        }
+    }
+    let gaps: Vec<Duration> = sends.windows(2).map(|w| w[1] - w[0]).collect();
+    let first = rdma_cm::REQ_FIRST_RESEND;
+    assert_eq!(
+        gaps,
+        vec![
+            first,
+            first.saturating_mul(2),
+            first.saturating_mul(4),
+            first.saturating_mul(8),
+            // Twice 2^19 in whole microseconds, a hair under 2^20's.
+            first.saturating_mul(16).min(full),
+            full,
+            full
+        ]
+    );
+    // The REQ after the link came back reached the passive side 1.03 s
+    // later (at 15 x 268 ms), not at the first full response timeout
+    // (4.3 s).
+    let got = received.expect("the passive side got the REQ");
+    assert_eq!(got, Instant::ZERO + first.saturating_mul(15));
+    assert!(got - up_at < Duration::from_millis(1100));
+}

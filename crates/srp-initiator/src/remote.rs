@@ -10,11 +10,18 @@
 //! identity: a reconnect that reaches a LUN with another NAA designator is
 //! treated as a failed attempt, never as the same disk.
 //!
+//! A login attempt while the path's local port is DOWN fails at once (no
+//! CM REQ goes into a dead link, see [`crate::session`]); a
+//! [`PortWatch`] on that port starts the next attempt the moment the port
+//! is ACTIVE again ([`Rport::port_active`]) rather than at the next
+//! `reconnect_delay`, so a path is back within milliseconds of its link.
+//!
 //! Only transport failures are retried. A SCSI error (sense data) is the
 //! caller's, unretried, as the seed asks.
 
 use crate::disk::{Disk, DiskInfo};
 use crate::rport::{IoVerdict, Rport, RportAction, RportConfig, RportState};
+use crate::session::PortWatch;
 use std::io;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -53,6 +60,9 @@ struct Shared {
     cv: Condvar,
     epoch: std::time::Instant,
     info: DiskInfo,
+    /// PortActive of the path's local port (none when the provider could
+    /// not open the CA a second time: attempts then wait reconnect_delay).
+    _watch: Option<PortWatch>,
 }
 
 /// A LUN whose connection is restored behind the caller's back.
@@ -120,6 +130,13 @@ impl Shared {
                 None => self.cv.wait(st).unwrap_or_else(|e| e.into_inner()),
             };
         }
+    }
+
+    /// The path's local port became ACTIVE.
+    fn port_active(&self) {
+        let mut st = self.lock();
+        st.rport.port_active();
+        self.cv.notify_all();
     }
 
     /// The session of `generation` failed.
@@ -230,20 +247,32 @@ impl RemoteDisk {
         let rport = Rport::new(cfg).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         let disk = open()?;
         let info = disk.info().clone();
-        let shared = Arc::new(Shared {
-            open,
-            st: Mutex::new(State {
-                disk: Some(Arc::new(disk)),
-                generation: 0,
-                rport,
-                failed_at: None,
-                longest_outage: std::time::Duration::ZERO,
-                stop: false,
-                connecting: false,
-            }),
-            cv: Condvar::new(),
-            epoch: std::time::Instant::now(),
-            info,
+        let shared = Arc::new_cyclic(|me: &std::sync::Weak<Shared>| {
+            let me = me.clone();
+            let watch = disk
+                .session()
+                .watch_port(Box::new(move || {
+                    if let Some(s) = me.upgrade() {
+                        s.port_active();
+                    }
+                }))
+                .ok();
+            Shared {
+                open,
+                st: Mutex::new(State {
+                    disk: Some(Arc::new(disk)),
+                    generation: 0,
+                    rport,
+                    failed_at: None,
+                    longest_outage: std::time::Duration::ZERO,
+                    stop: false,
+                    connecting: false,
+                }),
+                cv: Condvar::new(),
+                epoch: std::time::Instant::now(),
+                info,
+                _watch: watch,
+            }
         });
         let s = shared.clone();
         let thread = std::thread::Builder::new()

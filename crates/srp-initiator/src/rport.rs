@@ -5,9 +5,17 @@
 //! `reconnect_delay`. A reconnect that succeeds before `lost` returns to
 //! `running`, and the block device keeps its identity throughout.
 //!
-//! Sans-IO: feed [`Rport::transport_failed`], [`Rport::reconnect_done`] and
-//! [`Rport::handle_timeout`]; drain [`Rport::poll_action`]; ask
-//! [`Rport::io_verdict`] for each new command.
+//! One addition to Linux: [`Rport::port_active`]. A reconnect attempt
+//! while the local port is DOWN fails at once (the session sends no login
+//! into a dead port), so the next one would wait `reconnect_delay` after
+//! the link is back; the port becoming ACTIVE again starts it at once
+//! instead (or, when an attempt is running, right after it fails). The
+//! three timers keep their Linux meaning: the event only moves an attempt
+//! forward, and does nothing with `reconnect_delay` off.
+//!
+//! Sans-IO: feed [`Rport::transport_failed`], [`Rport::reconnect_done`],
+//! [`Rport::port_active`] and [`Rport::handle_timeout`]; drain
+//! [`Rport::poll_action`]; ask [`Rport::io_verdict`] for each new command.
 
 use rdma_types::{Duration, Instant};
 use thiserror::Error;
@@ -156,6 +164,9 @@ pub struct Rport {
     state: RportState,
     deadlines: [Option<Instant>; 3],
     reconnecting: bool,
+    /// The port became ACTIVE while an attempt ran: if it fails, the next
+    /// goes at once (that attempt may have found the port still DOWN).
+    retry_now: bool,
     actions: std::collections::VecDeque<RportAction>,
     failures: u64,
     reconnects: u64,
@@ -173,6 +184,7 @@ impl Rport {
             state: RportState::Running,
             deadlines: [None; 3],
             reconnecting: false,
+            retry_now: false,
             actions: Default::default(),
             failures: 0,
             reconnects: 0,
@@ -224,6 +236,7 @@ impl Rport {
             return;
         }
         self.reconnecting = false;
+        let retry_now = std::mem::take(&mut self.retry_now);
         match (ok, self.state) {
             (true, RportState::Blocked | RportState::FailFast) => {
                 self.reconnects += 1;
@@ -231,11 +244,36 @@ impl Rport {
                 self.deadlines = [None; 3];
                 self.actions.push_back(RportAction::ResumeIo);
             }
+            (false, RportState::Blocked | RportState::FailFast) if retry_now => {
+                self.reconnecting = true;
+                self.actions.push_back(RportAction::Reconnect);
+            }
             (false, RportState::Blocked | RportState::FailFast) => {
                 self.arm(Timer::Reconnect, self.cfg.reconnect_delay.map(|d| now + d));
             }
             _ => {}
         }
+    }
+
+    /// The local port of the path became ACTIVE (a link that came back).
+    /// A blocked or failed-fast port tries to reconnect now instead of at
+    /// its next `reconnect_delay`; one with an attempt running tries again
+    /// as soon as that attempt fails. Nothing changes while running, once
+    /// lost, or with `reconnect_delay` off (reconnecting is then not this
+    /// state machine's job, as in Linux).
+    pub fn port_active(&mut self) {
+        if self.cfg.reconnect_delay.is_none()
+            || !matches!(self.state, RportState::Blocked | RportState::FailFast)
+        {
+            return;
+        }
+        if self.reconnecting {
+            self.retry_now = true;
+            return;
+        }
+        self.arm(Timer::Reconnect, None);
+        self.reconnecting = true;
+        self.actions.push_back(RportAction::Reconnect);
     }
 
     /// The earliest deadline.
@@ -269,6 +307,7 @@ impl Rport {
                     self.state = RportState::Lost;
                     self.deadlines = [None; 3];
                     self.reconnecting = false;
+                    self.retry_now = false;
                     self.actions.push_back(RportAction::Remove);
                 }
                 Timer::Reconnect
@@ -525,6 +564,91 @@ mod tests {
             drain(&mut r),
             vec![RportAction::BlockIo, RportAction::Reconnect]
         );
+    }
+
+    #[test]
+    fn port_active_moves_the_next_attempt_forward() {
+        let mut r = Rport::new(RportConfig::default()).unwrap();
+        r.transport_failed(secs(0));
+        drain(&mut r);
+        // The first attempt found the port DOWN and failed at once.
+        r.reconnect_done(secs(0), false);
+        assert_eq!(r.poll_timeout(), Some(secs(10)));
+        r.handle_timeout(secs(3));
+        assert!(drain(&mut r).is_empty(), "nothing before reconnect_delay");
+        // The link is back 3 s later: an attempt now, not at 10 s.
+        r.port_active();
+        assert_eq!(drain(&mut r), vec![RportAction::Reconnect]);
+        assert_eq!(
+            r.poll_timeout(),
+            Some(secs(15)),
+            "the reconnect timer is cancelled; fast_io_fail_tmo and dev_loss_tmo run on"
+        );
+        // A second event while that attempt runs asks for nothing more.
+        r.port_active();
+        assert!(drain(&mut r).is_empty());
+        r.reconnect_done(secs(4), true);
+        assert_eq!(drain(&mut r), vec![RportAction::ResumeIo]);
+        assert_eq!(r.state(), RportState::Running);
+        assert_eq!(r.reconnects(), 1);
+    }
+
+    #[test]
+    fn port_active_during_an_attempt_retries_right_after_it_fails() {
+        let mut r = Rport::new(RportConfig::default()).unwrap();
+        r.transport_failed(secs(0));
+        drain(&mut r);
+        // The attempt started while the port was DOWN; the port comes up
+        // before it ends (failed).
+        r.port_active();
+        assert!(drain(&mut r).is_empty());
+        r.reconnect_done(secs(1), false);
+        assert_eq!(drain(&mut r), vec![RportAction::Reconnect]);
+        assert_eq!(r.poll_timeout(), Some(secs(15)), "no reconnect timer");
+        // That one fails too: back to reconnect_delay.
+        r.reconnect_done(secs(2), false);
+        assert!(drain(&mut r).is_empty());
+        assert_eq!(r.poll_timeout(), Some(secs(12)));
+    }
+
+    #[test]
+    fn port_active_keeps_the_linux_timers() {
+        // Fail-fast still happens on time, and an attempt from fail-fast
+        // may still restore the port.
+        let mut r = Rport::new(RportConfig::default()).unwrap();
+        r.transport_failed(secs(0));
+        drain(&mut r);
+        r.reconnect_done(secs(0), false);
+        let log = run_failing(&mut r, secs(16));
+        assert!(log.contains(&(secs(15), RportAction::FailIo)), "{log:?}");
+        r.port_active();
+        assert_eq!(drain(&mut r), vec![RportAction::Reconnect]);
+        r.reconnect_done(secs(16), true);
+        assert_eq!(r.state(), RportState::Running);
+        assert_eq!(drain(&mut r), vec![RportAction::ResumeIo]);
+
+        // Running, lost, or with reconnect_delay off: no attempt.
+        r.port_active();
+        assert!(drain(&mut r).is_empty());
+        let mut off = Rport::new(RportConfig {
+            reconnect_delay: None,
+            ..Default::default()
+        })
+        .unwrap();
+        off.transport_failed(secs(0));
+        drain(&mut off);
+        off.port_active();
+        assert!(drain(&mut off).is_empty());
+        assert_eq!(
+            run_failing(&mut off, secs(1000)),
+            vec![
+                (secs(15), RportAction::FailIo),
+                (secs(600), RportAction::Remove)
+            ]
+        );
+        off.port_active();
+        assert!(drain(&mut off).is_empty());
+        assert_eq!(off.state(), RportState::Lost);
     }
 
     #[test]

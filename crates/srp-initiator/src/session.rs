@@ -22,6 +22,12 @@
 //! link that dies while the target holds every command already
 //! acknowledged. Dropping a failed session returns at once; its DREQ and
 //! teardown run on a thread of their own.
+//!
+//! A login is never sent from a port that is not ACTIVE: `connect` fails
+//! at once with [`SessionError::PortNotActive`] instead of leaving a CM
+//! REQ to die on a dead link and wait out the CM's retry timer (about 4 s)
+//! after the link is back. A [`PortWatch`] tells whoever retries (the
+//! remote port, [`crate::remote`]) when the port is ACTIVE again.
 
 use rdma_types::{AccessFlags, Gid, Guid, Lid, Mtu, Pkey, PortNum, Psn, QpState, Qpn};
 use rdma_types::{IdMap, WcOpcode, WcStatus};
@@ -201,6 +207,14 @@ pub enum SessionError {
     /// A thread could not be started.
     #[error("cannot start a thread: {0}")]
     Thread(#[from] std::io::Error),
+    /// The local port is not ACTIVE (its link is down): no login was sent.
+    #[error("port {port} is {state:?}, not ACTIVE: no login sent (the link is down)")]
+    PortNotActive {
+        /// The port of the CA.
+        port: u8,
+        /// Its state.
+        state: verbs::PortState,
+    },
     /// The login's partition is not in the local port's P_Key table.
     #[error("P_Key {pkey:04x}: the local port is not a member of that partition (its P_Key table: {table})")]
     NoSuchPkey {
@@ -316,6 +330,8 @@ pub struct Session {
 struct Inner {
     provider: Arc<dyn Provider>,
     connector: Arc<dyn Connector>,
+    guid: Guid,
+    port: PortNum,
     ca: CaHandle,
     pd: PdHandle,
     cq: CqHandle,
@@ -425,6 +441,56 @@ impl EventHandler for Wake {
     }
 }
 
+/// The port events of one port, through an open of the CA of its own (so
+/// it outlives every session on the port), closed on drop: how a remote
+/// port whose login found the link down learns that it is back (the
+/// soft RoCE port follows its interface's carrier, as rxe does).
+pub struct PortWatch {
+    provider: Arc<dyn Provider>,
+    ca: CaHandle,
+}
+
+struct WatchEvents {
+    port: PortNum,
+    on_active: Box<dyn Fn() + Send + Sync>,
+}
+
+impl EventHandler for WatchEvents {
+    fn on_completion(&self, _cq_ctx: u64) {}
+    fn on_async_event(&self, event: verbs::AsyncEvent) {
+        if event.kind == verbs::AsyncEventKind::PortActive
+            && event.port.is_none_or(|p| p == self.port)
+        {
+            (self.on_active)();
+        }
+    }
+}
+
+impl PortWatch {
+    /// Calls `on_active` (on the provider's event thread, never under a
+    /// provider lock) each time `port` of CA `guid` becomes ACTIVE.
+    ///
+    /// # Errors
+    /// The CA cannot be opened.
+    pub fn open(
+        provider: Arc<dyn Provider>,
+        guid: Guid,
+        port: PortNum,
+        on_active: Box<dyn Fn() + Send + Sync>,
+    ) -> Result<PortWatch, SessionError> {
+        let ca = provider
+            .open_ca(guid, 0, Arc::new(WatchEvents { port, on_active }))
+            .map_err(verbs_err("open CA for port events"))?;
+        Ok(PortWatch { provider, ca })
+    }
+}
+
+impl Drop for PortWatch {
+    fn drop(&mut self) {
+        let _ = self.provider.close_ca(self.ca);
+    }
+}
+
 const KIND_RECV: u64 = 1 << 56;
 const KIND_SEND: u64 = 2 << 56;
 const KIND_PROBE: u64 = 3 << 56;
@@ -451,9 +517,20 @@ impl Session {
         let ca = p
             .open_ca(guid, 0, wake.clone())
             .map_err(verbs_err("open CA"))?;
-        let port = p
-            .query_port(ca, cfg.port)
-            .map_err(verbs_err("query port"))?;
+        let port = match p.query_port(ca, cfg.port) {
+            Ok(port) if port.state == verbs::PortState::Active => port,
+            Ok(port) => {
+                let _ = p.close_ca(ca);
+                return Err(SessionError::PortNotActive {
+                    port: cfg.port.0,
+                    state: port.state,
+                });
+            }
+            Err(e) => {
+                let _ = p.close_ca(ca);
+                return Err(verbs_err("query port")(e));
+            }
+        };
         let gid = *port
             .gids
             .get(cfg.sgid_index as usize)
@@ -654,6 +731,8 @@ impl Session {
         let inner = Arc::new(Inner {
             provider: provider.clone(),
             connector,
+            guid,
+            port: cfg.port,
             ca,
             pd,
             cq,
@@ -706,6 +785,23 @@ impl Session {
             inner,
             poller: Some(handle),
         })
+    }
+
+    /// A [`PortWatch`] on this session's port, calling `on_active` each
+    /// time the port becomes ACTIVE; it outlives the session.
+    ///
+    /// # Errors
+    /// The CA cannot be opened again.
+    pub fn watch_port(
+        &self,
+        on_active: Box<dyn Fn() + Send + Sync>,
+    ) -> Result<PortWatch, SessionError> {
+        PortWatch::open(
+            self.inner.provider.clone(),
+            self.inner.guid,
+            self.inner.port,
+            on_active,
+        )
     }
 
     /// What the login negotiated.

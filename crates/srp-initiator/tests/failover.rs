@@ -28,7 +28,7 @@ use srp::target::TargetConfig;
 use srp_initiator::disk::Disk;
 use srp_initiator::multipath::{Multipath, PathDevice, Policy};
 use srp_initiator::remote::RemoteDisk;
-use srp_initiator::rport::RportConfig;
+use srp_initiator::rport::{RportConfig, RportState};
 use srp_initiator::session::{Session, SessionConfig};
 use srp_target::{PortOptions, TargetPort};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -307,4 +307,138 @@ fn io_on_a_failed_path_goes_on_over_the_other_without_waiting_for_its_teardown()
             );
         }
     }
+}
+
+/// A connector that counts the logins it is asked for (each a CM REQ on a
+/// real fabric).
+struct Counting {
+    inner: Direct,
+    reqs: AtomicU64,
+}
+
+impl srp_initiator::session::Connector for Counting {
+    fn connect(
+        &self,
+        login: &[u8],
+        local: srp_initiator::session::QpInfo,
+    ) -> Result<srp_initiator::session::Connected, srp_initiator::session::ConnectError> {
+        self.reqs.fetch_add(1, Ordering::SeqCst);
+        self.inner.connect(login, local)
+    }
+    fn disconnect(&self, handle: u64) {
+        self.inner.disconnect(handle);
+    }
+    fn form(&self) -> srp_initiator::session::LoginForm {
+        self.inner.form()
+    }
+}
+
+#[test]
+fn no_login_goes_into_a_down_port_and_the_port_coming_back_reconnects_at_once() {
+    let fabric = Fabric::new();
+    fabric.add_ca(CaConfig::simple(TARGET_GUID, 1)).unwrap();
+    fabric.add_ca(CaConfig::simple(INIT_A, 2)).unwrap();
+    let provider: Arc<dyn verbs::Provider> = fabric.clone();
+    let port = target(&provider, Arc::new(scsi::Ram::new(1 << 20)));
+    let conn = Arc::new(Counting {
+        inner: Direct {
+            port: port.clone(),
+            lid: rdma_types::Lid(1),
+            on_disconnect: None,
+        },
+        reqs: AtomicU64::new(0),
+    });
+    let session_cfg = || {
+        let chan = ChannelConfig::new(1, Guid(INIT_A), TARGET_GUID, Guid(TARGET_GUID));
+        let mut cfg = SessionConfig::new(chan);
+        cfg.pool_bytes = 1 << 20;
+        cfg
+    };
+    let attempts = Arc::new(AtomicU64::new(0));
+    let last_error = Arc::new(Mutex::new(String::new()));
+    let open = {
+        let (provider, conn, attempts, last_error) = (
+            provider.clone(),
+            conn.clone(),
+            attempts.clone(),
+            last_error.clone(),
+        );
+        Box::new(move || {
+            attempts.fetch_add(1, Ordering::SeqCst);
+            let s = Session::connect(provider.clone(), Guid(INIT_A), conn.clone(), session_cfg())
+                .map_err(|e| {
+                *last_error.lock().unwrap() = e.to_string();
+                std::io::Error::other(e)
+            })?;
+            Disk::open(Arc::new(s), 0)
+        })
+    };
+    // reconnect_delay is far beyond the test's bounded waits: only the
+    // port event can bring the path back in time.
+    let rport = RportConfig {
+        reconnect_delay: Some(Duration::from_secs(60)),
+        fast_io_fail_tmo: Some(Duration::ZERO),
+        dev_loss_tmo: Some(Duration::from_secs(120)),
+    };
+    let d = RemoteDisk::open(open, rport).unwrap();
+    blockload::BlockDevice::write_at(&d, 0, &[1u8; 512]).unwrap();
+    assert_eq!(conn.reqs.load(Ordering::SeqCst), 1);
+
+    // The port goes down: the session fails, and the remote port's first
+    // attempt (at once) finds the port DOWN and sends nothing.
+    fabric
+        .set_port_active(Guid(INIT_A), PortNum(1), false)
+        .unwrap();
+    wait_for("the first reconnect attempt", 5, || {
+        attempts.load(Ordering::SeqCst) >= 2
+    });
+    wait_for("the attempt to end", 5, || {
+        !last_error.lock().unwrap().is_empty()
+    });
+    let why = last_error.lock().unwrap().clone();
+    assert!(why.contains("not ACTIVE"), "{why}");
+    assert_eq!(d.stats().failures, 1);
+    assert_ne!(d.stats().state, RportState::Running);
+    // A login on the down port directly: refused before any REQ.
+    let e = Session::connect(provider.clone(), Guid(INIT_A), conn.clone(), session_cfg())
+        .err()
+        .expect("no login on a DOWN port");
+    assert!(
+        matches!(
+            e,
+            srp_initiator::session::SessionError::PortNotActive {
+                port: 1,
+                state: verbs::PortState::Down
+            }
+        ),
+        "{e}"
+    );
+    assert_eq!(
+        conn.reqs.load(Ordering::SeqCst),
+        1,
+        "no REQ into a DOWN port"
+    );
+    assert_eq!(attempts.load(Ordering::SeqCst), 2);
+
+    // The port comes back: one attempt at once, not after reconnect_delay.
+    let up = std::time::Instant::now();
+    fabric
+        .set_port_active(Guid(INIT_A), PortNum(1), true)
+        .unwrap();
+    assert!(
+        d.wait_running(std::time::Duration::from_secs(5)),
+        "path not back within 5 s of PortActive: {:?}",
+        d.stats()
+    );
+    println!("PortActive to running again: {:?}", up.elapsed());
+    assert_eq!(
+        attempts.load(Ordering::SeqCst),
+        3,
+        "one attempt after PortActive"
+    );
+    assert_eq!(conn.reqs.load(Ordering::SeqCst), 2);
+    assert_eq!(d.stats().reconnects, 1);
+    let mut back = [0u8; 512];
+    blockload::BlockDevice::read_at(&d, 0, &mut back).unwrap();
+    assert_eq!(back, [1u8; 512]);
 }

@@ -1,5 +1,6 @@
 //! Path failover over a real network link (issue 8): the test makes two
-//! network namespaces of its own, a target and an initiator, joined by two
+//! network namespaces of its own (`srp-nsfo-<pid>-<side>-t` and `-i`, or
+//! `$SRPSTACK_TEST_NETNS` for the prefix), a target and an initiator, joined by two
 //! veth pairs (10.201.1.0/24 and 10.201.2.0/24, which exist only inside
 //! those namespaces). Two `srptd` run in the target namespace, one per
 //! address, exporting the same fileio image under the same device name
@@ -11,22 +12,31 @@
 //!
 //! While the workload runs, one veth end of path A is set down with
 //! `ip link set ... down`: either the target's end (the far end: the
-//! initiator's link only loses carrier, and only the transport's retries
-//! find out) or the initiator's own end (its routes go). The workload must
+//! initiator's link loses carrier) or the initiator's own end (its routes
+//! go too). The workload must
 //! see no error and no bad data; the time from the link going down to the
 //! first I/O completed over path B is measured and printed (the goal is
 //! under 1 s; the assertion is a loose bound against a hang). Then the
 //! link comes back: path A logs in again, and a further verified run is
 //! carried by path A again (failover policy: the first path that is up).
 //!
-//! Path A's failure is found by the RC transport: its retries run out
-//! (local ACK timeout 14, about 67 ms, 7 retries: about 0.55 s) and the
-//! session fails. The sessions keep the default SRP command timeout
-//! (30 s), as `srp io` does (`SRP_NSFO_CMD_TIMEOUT_MS` sets another,
-//! `SRP_NSFO_PROBE_MS` the probe interval, 0 for none).
-//! When the target had acknowledged every command of ours at the cut, the
-//! session's liveness probe (a zero-length RDMA WRITE after 250 ms of
-//! silence while commands wait) gives the transport something to retry.
+//! Path A's failure is found by the port event: the soft RoCE port follows
+//! the carrier of the interface under its address (`softroce::link`), so
+//! either cut takes it DOWN at once (the far end's cut takes the carrier
+//! of ours) and the session fails on `PortDown`, without waiting for the
+//! RC transport's retries (local ACK timeout 14, about 67 ms, 7 retries:
+//! about 0.55 s; still the way with `SOFTROCE_FOLLOW_LINK=0`). The
+//! sessions keep the default SRP command timeout (30 s), as `srp io` does
+//! (`SRP_NSFO_CMD_TIMEOUT_MS` sets another, `SRP_NSFO_PROBE_MS` the
+//! probe interval, 0 for none). When the target had acknowledged every
+//! command of ours at the cut and nothing tells us of it, the session's
+//! liveness probe (a zero-length RDMA WRITE after 250 ms of silence while
+//! commands wait) gives the transport something to retry.
+//! When the link is back the port is ACTIVE again and path A logs in at
+//! once (no login is sent while the port is DOWN, and `PortActive` starts
+//! the next attempt): the time from link up to path A running again is
+//! printed and asserted loosely (under 2 s).
+//!
 //! The longest I/O across the cut is printed: with the dead session torn
 //! down off the I/O path it is the failover time, not that plus the DREQ's
 //! wait.
@@ -37,6 +47,7 @@
 
 mod common;
 
+use common::netns::{base_name, cannot_run, ip, ms, Link, Netns};
 use common::Proc;
 use rdma_types::Guid;
 use srp_initiator::disk::Disk;
@@ -54,145 +65,15 @@ const ENV_TARGET_NS: &str = "SRP_NSFO_TARGET_NS";
 /// Set in the initiator process: which end of path A to cut (`far`/`near`).
 const ENV_SIDE: &str = "SRP_NSFO_SIDE";
 
-/// Target and initiator addresses of path `k` (1 or 2).
-fn addrs(k: u8) -> (IpAddr, IpAddr) {
-    (IpAddr::from([10, 201, k, 1]), IpAddr::from([10, 201, k, 2]))
-}
-
-/// Veth names of path `k`: target end, initiator end.
-fn veths(k: u8) -> (String, String) {
-    (format!("srp{k}t"), format!("srp{k}i"))
-}
-
-/// Runs `ip args`; the error says what failed and why.
-fn ip(args: &[&str]) -> Result<(), String> {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .map_err(|e| format!("ip {}: {e}", args.join(" ")))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "ip {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
+/// Path `k` (1 or 2): veths `srp<k>t`/`srp<k>i`, 10.201.<k>.1 (target)
+/// and .2 (initiator).
+fn link(k: u8) -> Link {
+    Link {
+        target_dev: format!("srp{k}t"),
+        initiator_dev: format!("srp{k}i"),
+        target_ip: IpAddr::from([10, 201, k, 1]),
+        initiator_ip: IpAddr::from([10, 201, k, 2]),
     }
-}
-
-/// The test's namespaces; dropping it ends their processes and deletes
-/// them (their veths go with them).
-struct Namespaces {
-    names: Vec<String>,
-}
-
-impl Namespaces {
-    /// Target namespace, initiator namespace, two veth pairs between them,
-    /// addressed and up.
-    fn create(tag: &str) -> Result<Namespaces, String> {
-        let base = format!("srp-nsfo-{}-{tag}", std::process::id());
-        let mut ns = Namespaces { names: Vec::new() };
-        for side in ["t", "i"] {
-            let name = format!("{base}-{side}");
-            // A leftover of a crashed run with the same pid would block us.
-            let _ = ip(&["netns", "del", &name]);
-            ip(&["netns", "add", &name])?;
-            ns.names.push(name.clone());
-            ip(&["-n", &name, "link", "set", "lo", "up"])?;
-        }
-        let (t, i) = (ns.target().to_owned(), ns.initiator().to_owned());
-        for k in [1, 2] {
-            let (vt, vi) = veths(k);
-            let (at, ai) = addrs(k);
-            // Both ends are made inside the namespaces: nothing appears
-            // in the namespace the test runs in.
-            ip(&[
-                "link", "add", &vi, "netns", &i, "type", "veth", "peer", "name", &vt, "netns", &t,
-            ])?;
-            ip(&["-n", &t, "addr", "add", &format!("{at}/24"), "dev", &vt])?;
-            ip(&["-n", &i, "addr", "add", &format!("{ai}/24"), "dev", &vi])?;
-            ip(&["-n", &t, "link", "set", &vt, "up"])?;
-            ip(&["-n", &i, "link", "set", &vi, "up"])?;
-        }
-        Ok(ns)
-    }
-
-    fn target(&self) -> &str {
-        &self.names[0]
-    }
-
-    fn initiator(&self) -> &str {
-        &self.names[1]
-    }
-}
-
-impl Drop for Namespaces {
-    fn drop(&mut self) {
-        for name in &self.names {
-            if let Ok(out) = Command::new("ip").args(["netns", "pids", name]).output() {
-                for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
-                    if let Ok(pid) = pid.parse::<i32>() {
-                        // SAFETY: kill with a pid read from the kernel and a
-                        // valid signal; only processes inside our namespace.
-                        unsafe { libc::kill(pid, libc::SIGKILL) };
-                    }
-                }
-            }
-            if let Err(e) = ip(&["netns", "del", name]) {
-                eprintln!("warning: {e}");
-            }
-        }
-    }
-}
-
-/// A directory removed on drop.
-struct TempDir(std::path::PathBuf);
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// Why this machine cannot run the test, if it cannot.
-fn cannot_run() -> Option<String> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return Some("not root (network namespaces need CAP_SYS_ADMIN)".into());
-    }
-    match Command::new("ip").arg("-V").output() {
-        Ok(o) if o.status.success() => None,
-        Ok(o) => Some(format!("`ip -V` failed: {}", o.status)),
-        Err(e) => Some(format!("no `ip` command: {e}")),
-    }
-}
-
-/// `srptd` for path `k` in namespace `ns`, exporting `dir/shared0.img`.
-fn srptd(ns: &str, dir: &std::path::Path, k: u8) -> Proc {
-    let cfg = dir.join(format!("t{k}.toml"));
-    std::fs::write(
-        &cfg,
-        format!(
-            "[target]\nip = \"{}\"\ncontrol_socket = \"{}\"\n\n\
-             [[device]]\nname = \"shared0\"\nhandler = \"vdisk_fileio\"\nfilename = \"{}\"\nsize = \"16M\"\n\n\
-             [[lun]]\nlun = 0\ndevice = \"shared0\"\n",
-            addrs(k).0,
-            dir.join(format!("t{k}.sock")).display(),
-            dir.join("shared0.img").display()
-        ),
-    )
-    .unwrap();
-    let p = Proc::start(
-        "srptd",
-        Command::new("ip")
-            .args(["netns", "exec", ns])
-            .arg(env!("CARGO_BIN_EXE_srptd"))
-            .arg("--config")
-            .arg(&cfg),
-    );
-    p.wait_line("listening on", 20);
-    p
 }
 
 /// Sets up the namespaces and the targets, runs the initiator half in the
@@ -202,18 +83,14 @@ fn failover_over_a_veth(side: &str) {
         println!("SKIPPED: {why}");
         return;
     }
-    let ns = match Namespaces::create(side) {
+    let ns = match Netns::create(&base_name("srp-nsfo", side), &[link(1), link(2)]) {
         Ok(ns) => ns,
         Err(e) => {
             println!("SKIPPED: cannot make network namespaces: {e}");
             return;
         }
     };
-    let dir = TempDir(std::env::temp_dir().join(format!("srp-nsfo-{}-{side}", std::process::id())));
-    let dir = &dir.0;
-    let _ = std::fs::remove_dir_all(dir);
-    std::fs::create_dir_all(dir).unwrap();
-    let _targets = [srptd(ns.target(), dir, 1), srptd(ns.target(), dir, 2)];
+    let _targets = [ns.srptd(0, &[]), ns.srptd(1, &[])];
     let ini = Proc::start(
         "initiator",
         Command::new("ip")
@@ -348,7 +225,7 @@ fn path(
     let connector = Arc::new(srpstack::RdmaCmConnector {
         agent,
         src: ca.ip,
-        dst: SocketAddr::new(addrs(k).0, 5555),
+        dst: SocketAddr::new(link(k).target_ip, 5555),
         // A login over the dead link gives up soon, so the next attempt
         // after the link is back is not long in coming.
         timeout: Duration::from_secs(1),
@@ -378,7 +255,7 @@ fn path(
             .client("netns failover")
             .into_provider();
     let login = Arc::new(srpstack::paths::PathLogin::new(
-        format!("{} -> {}", ca.ip, addrs(k).0),
+        format!("{} -> {}", ca.ip, link(k).target_ip),
         sessions,
         ca.guid,
         connector,
@@ -465,10 +342,6 @@ fn wait_for(what: &str, secs: u64, mut cond: impl FnMut() -> bool) -> Instant {
     }
 }
 
-fn ms(d: Duration) -> String {
-    format!("{:.1} ms", d.as_secs_f64() * 1e3)
-}
-
 /// The initiator half, run by the tests above inside the initiator
 /// namespace (and only there: it needs the namespaces they make).
 #[test]
@@ -476,7 +349,7 @@ fn ms(d: Duration) -> String {
 fn initiator_in_namespace() {
     let target_ns = std::env::var(ENV_TARGET_NS).expect("run by failover_over_a_veth");
     let side = std::env::var(ENV_SIDE).expect("run by failover_over_a_veth");
-    let ips = [addrs(1).1, addrs(2).1];
+    let ips = [link(1).initiator_ip, link(2).initiator_ip];
     let cas = srpstack::initiator_cas(&ips);
     // 1024-byte packets fit the 1500-byte veth links.
     let provider = rnic::softroce::SoftRoce::with_mtu(
@@ -505,7 +378,7 @@ fn initiator_in_namespace() {
 
     // Path A carries the I/O (failover policy), then its link goes down.
     wait_for("I/O on path A", 20, || a.done_since(start).0 >= 200);
-    let (vt, vi) = veths(1);
+    let (vt, vi) = (link(1).target_dev, link(1).initiator_dev);
     let cut_args: Vec<&str> = match side.as_str() {
         "far" => vec!["-n", &target_ns, "link", "set", &vt, "down"],
         _ => vec!["link", "set", &vi, "down"],
@@ -611,6 +484,13 @@ fn initiator_in_namespace() {
     // A bound against a hang, not the goal (the figure is printed above).
     assert!(first_b - cut < Duration::from_secs(10));
     assert!(a.inner.stats().reconnects >= 1, "{:?}", a.inner.stats());
+    // Loose: PortActive starts the login at once (it used to wait for the
+    // next reconnect attempt, or for the CM's REQ retry, about 4 s).
+    assert!(
+        back - up < Duration::from_secs(2),
+        "path A logged in again {} after link up",
+        ms(back - up)
+    );
     assert!(again.ok(), "{}", again.table());
     assert_eq!(
         b.done_since(start).0,

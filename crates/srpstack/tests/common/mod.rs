@@ -1,5 +1,8 @@
 //! What the process tests share: a child process whose stdout lines are
-//! read on a thread, so a test can wait (bounded) for a line.
+//! read on a thread, so a test can wait (bounded) for a line; [`netns`],
+//! the namespaces and veth links of the tests that cut a real link.
+
+pub mod netns;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
