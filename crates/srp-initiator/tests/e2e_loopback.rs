@@ -51,6 +51,10 @@ fn setup_soft(lun_bytes: u64, net: u8) -> Setup {
 }
 
 fn setup_on(fabric: Arc<dyn verbs::Provider>, lun_bytes: u64) -> Setup {
+    setup_with(fabric, lun_bytes, PortOptions::default())
+}
+
+fn setup_with(fabric: Arc<dyn verbs::Provider>, lun_bytes: u64, opts: PortOptions) -> Setup {
     let chan = ChannelConfig::new(0x11, Guid(INIT_GUID), TARGET_GUID, Guid(TARGET_GUID));
     let scsi = Arc::new(scsi::Target::new());
     let dev = scsi::Device::new(
@@ -64,7 +68,7 @@ fn setup_on(fabric: Arc<dyn verbs::Provider>, lun_bytes: u64) -> Setup {
         Guid(TARGET_GUID),
         TargetConfig::new(chan.target_port_id(), "e2e"),
         scsi,
-        PortOptions::default(),
+        opts,
     )
     .unwrap();
     Setup {
@@ -329,4 +333,46 @@ fn lun_reset_during_verified_io() {
     assert!(st.tmfs >= resets, "{st:?}");
     // The resets did cut commands short, and the disk sent them again.
     assert!(st.reset_ended > 0, "{st:?}");
+}
+
+/// ABORT TASK under verified 1 MiB I/O on a target whose chunk pool is so
+/// small that data-in WRITEs wait for chunks: a TMF response must not
+/// overtake an aborted READ's waiting WRITEs, or the initiator reuses the
+/// buffer they then land in (seen as misplaced data).
+#[test]
+fn aborts_while_data_in_waits_for_chunks_lose_nothing() {
+    let fabric = Fabric::new();
+    fabric.add_ca(CaConfig::simple(TARGET_GUID, 1)).unwrap();
+    fabric.add_ca(CaConfig::simple(INIT_GUID, 2)).unwrap();
+    let opts = PortOptions {
+        chunks: 3,
+        ..PortOptions::default()
+    };
+    let s = setup_with(fabric, 16 << 20, opts);
+    let sess = session(&s, SessionConfig::new(s.chan.clone()));
+    let disk: Arc<dyn blockload::BlockDevice> = Arc::new(Disk::open(sess.clone(), 0).unwrap());
+    let mut w = blockload::Workload::new(blockload::Pattern::RandRw { read_pct: 70 });
+    w.bs = 1 << 20;
+    w.jobs = 6;
+    w.verify = true;
+    w.region = Some(8 << 20);
+    w.size = Some(96 << 20);
+    w.runtime = std::time::Duration::from_secs(120);
+    let run = std::thread::spawn(move || blockload::run(disk, &w, |_| {}).unwrap());
+    let mut asked = 0;
+    while !run.is_finished() && asked < 400 {
+        let done = sess.stats().completed;
+        while sess.stats().completed < done + 2 && !run.is_finished() {
+            std::thread::yield_now();
+        }
+        if sess.abort_oldest() {
+            asked += 1;
+        }
+    }
+    let r = run.join().unwrap();
+    assert!(r.ok(), "{}", r.table());
+    assert!(asked >= 10, "only {asked} aborts during the workload");
+    let st = sess.stats();
+    assert!(st.aborts_complete > 0, "{st:?}");
+    assert_eq!(s.port.free_chunks(), 3, "every chunk back");
 }

@@ -1309,7 +1309,18 @@ impl Inner {
 
     fn carry_out(&self, st: &mut State, conn: ConnId, out: Output) {
         match out {
-            Output::Send { bytes, solicited } => self.post_send_iu(st, conn, &bytes, solicited),
+            Output::Send { bytes, solicited } => {
+                // An IU never overtakes this channel's RDMA ops waiting for
+                // a chunk: a TMF response ahead of an aborted command's
+                // late data-in WRITE would let the initiator reuse the
+                // buffer that WRITE then lands in.
+                if st.waiting.iter().any(|(c, _)| *c == conn) {
+                    st.waiting
+                        .push_back((conn, Output::Send { bytes, solicited }));
+                } else {
+                    self.post_send_iu(st, conn, &bytes, solicited)
+                }
+            }
             Output::RdmaRead(op) | Output::RdmaWrite(op) => {
                 if !self.post_rdma(st, conn, &out, op) {
                     st.waiting.push_back((conn, out));
@@ -1536,13 +1547,17 @@ impl Inner {
 
     fn retry_waiting(&self, st: &mut State) {
         while let Some((conn, out)) = st.waiting.pop_front() {
-            let op = match &out {
-                Output::RdmaRead(op) | Output::RdmaWrite(op) => *op,
-                _ => continue,
-            };
             if !st.conns.contains_key(&conn) {
                 continue;
             }
+            let op = match &out {
+                Output::RdmaRead(op) | Output::RdmaWrite(op) => *op,
+                Output::Send { bytes, solicited } => {
+                    self.post_send_iu(st, conn, bytes, *solicited);
+                    continue;
+                }
+                _ => continue,
+            };
             if !self.post_rdma(st, conn, &out, op) {
                 st.waiting.push_front((conn, out));
                 break;
