@@ -486,11 +486,7 @@ impl Disk {
             // One descriptor per command keeps within any target's
             // MAXIMUM UNMAP BLOCK DESCRIPTOR COUNT.
             let n = (end - at).min(u32::MAX as u64 >> 1);
-            let mut list = [0u8; 24];
-            list[0..2].copy_from_slice(&22u16.to_be_bytes());
-            list[2..4].copy_from_slice(&16u16.to_be_bytes());
-            list[8..16].copy_from_slice(&at.to_be_bytes());
-            list[16..20].copy_from_slice(&(n as u32).to_be_bytes());
+            let list = unmap_list(at, n as u32);
             let cdb = [0x42, 0, 0, 0, 0, 0, 0, 0, 24, 0];
             let _places = self.places();
             let r = self
@@ -523,6 +519,16 @@ impl Disk {
         )
         .map(|_| ())
     }
+}
+
+/// The UNMAP parameter list of one block descriptor (SBC-3 5.28.2).
+fn unmap_list(lba: u64, blocks: u32) -> [u8; 24] {
+    let mut list = [0u8; 24];
+    list[0..2].copy_from_slice(&22u16.to_be_bytes());
+    list[2..4].copy_from_slice(&16u16.to_be_bytes());
+    list[8..16].copy_from_slice(&lba.to_be_bytes());
+    list[16..20].copy_from_slice(&blocks.to_be_bytes());
+    list
 }
 
 /// The first NAA designator of a device identification VPD page, in hex.
@@ -571,11 +577,36 @@ impl blockload::BlockDevice for Disk {
     }
 }
 
+/// What a [`DiskQueue`] slot's command does.
+enum Op {
+    /// READ(16) of `len` bytes.
+    Read,
+    /// WRITE(16) of these bytes (kept for a retry after a reset or abort).
+    Write(Vec<u8>),
+    /// SYNCHRONIZE CACHE(10).
+    Flush,
+    /// UNMAP with this parameter list.
+    Unmap(Vec<u8>),
+}
+
+impl Op {
+    fn name(&self) -> &'static str {
+        match self {
+            Op::Read => "READ(16)",
+            Op::Write(_) => "WRITE(16)",
+            Op::Flush => "SYNCHRONIZE CACHE",
+            Op::Unmap(_) => "UNMAP",
+        }
+    }
+}
+
 /// One command of a [`DiskQueue`] slot.
 struct Queued<'a> {
     started: crate::session::Started,
     cdb: [u8; 16],
-    write: Option<Vec<u8>>,
+    /// The CDB's length (10 or 16 bytes).
+    cdb_len: usize,
+    op: Op,
     len: usize,
     /// Its places in the LUN's and the target's queue limits.
     _places: Places<'a>,
@@ -595,6 +626,91 @@ struct DiskQueue<'a> {
 }
 
 impl<'a> DiskQueue<'a> {
+    fn check_slot(&self, slot: usize) -> io::Result<()> {
+        if self.slots.get(slot).is_none_or(|s| s.is_some())
+            || self.ready.iter().any(|(s, ..)| *s == slot)
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("slot {slot} is busy or out of range"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// A place in the queue limits: while this queue holds some, end one
+    /// of its own commands rather than wait for itself.
+    fn take_places(&mut self) -> Places<'a> {
+        let disk: &'a Disk = self.disk;
+        loop {
+            if let Some(p) = disk.try_places() {
+                return p;
+            }
+            if !self.finish_early() {
+                return disk.places();
+            }
+        }
+    }
+
+    /// Sends `cdb` with `xfer` for `op` in `slot`.
+    fn send(
+        &mut self,
+        slot: usize,
+        cdb: &[u8],
+        xfer: &Xfer<'_>,
+        op: Op,
+        len: usize,
+    ) -> io::Result<()> {
+        let places = self.take_places();
+        let started = self
+            .session
+            .start(self.disk.lun, cdb, xfer, srp::wire::TaskAttr::Simple)
+            .map_err(|e| io_err(op.name(), e))?;
+        let mut c = [0u8; 16];
+        c[..cdb.len()].copy_from_slice(cdb);
+        self.slots[slot] = Some(Queued {
+            started,
+            cdb: c,
+            cdb_len: cdb.len(),
+            op,
+            len,
+            _places: places,
+        });
+        Ok(())
+    }
+
+    /// SYNCHRONIZE CACHE(10) over the whole LU, started.
+    fn start_flush(&mut self, slot: usize) -> io::Result<()> {
+        self.check_slot(slot)?;
+        let cdb = [0x35, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+        self.send(slot, &cdb, &Xfer::None, Op::Flush, 0)
+    }
+
+    /// UNMAP of one descriptor, started; a range one descriptor cannot
+    /// hold goes the synchronous way ([`Disk::unmap`]).
+    fn start_unmap(&mut self, slot: usize, lba: u64, blocks: u64) -> io::Result<()> {
+        self.check_slot(slot)?;
+        if lba
+            .checked_add(blocks)
+            .is_none_or(|end| end > self.disk.info.blocks)
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "UNMAP beyond the end",
+            ));
+        }
+        if blocks == 0 || blocks > u64::from(u32::MAX >> 1) {
+            while self.finish_early() {}
+            let r = self.disk.unmap(lba, blocks);
+            self.ready.push_back((slot, r, None));
+            return Ok(());
+        }
+        let list = unmap_list(lba, blocks as u32).to_vec();
+        let cdb = [0x42, 0, 0, 0, 0, 0, 0, 0, 24, 0];
+        let xfer_list = list.clone();
+        self.send(slot, &cdb, &Xfer::Out(&xfer_list), Op::Unmap(list), 0)
+    }
+
     fn start(
         &mut self,
         slot: usize,
@@ -603,12 +719,7 @@ impl<'a> DiskQueue<'a> {
         len: usize,
         data: Option<&[u8]>,
     ) -> io::Result<()> {
-        if self.slots.get(slot).is_none_or(|s| s.is_some()) {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("slot {slot} is busy or out of range"),
-            ));
-        }
+        self.check_slot(slot)?;
         let blocks = self.disk.check_range(lba, len)?;
         if len > self.disk.max_transfer {
             // Larger than one command: the plain path splits it (and
@@ -624,35 +735,13 @@ impl<'a> DiskQueue<'a> {
             self.ready.push_back((slot, r, None));
             return Ok(());
         }
-        // A place in the queue limits: while this queue holds some, end
-        // one of its own commands rather than wait for itself.
-        let disk: &'a Disk = self.disk;
-        let places = loop {
-            if let Some(p) = disk.try_places() {
-                break p;
-            }
-            if !self.finish_early() {
-                break disk.places();
-            }
-        };
         let cdb = self.disk.rw16(write, lba, blocks);
-        let xfer = match data {
-            Some(d) => Xfer::Out(d),
-            None => Xfer::In(len),
+        let (xfer, op) = match data {
+            // The data is kept only for a retry after a reset or an abort.
+            Some(d) => (Xfer::Out(d), Op::Write(d.to_vec())),
+            None => (Xfer::In(len), Op::Read),
         };
-        let started = self
-            .session
-            .start(self.disk.lun, &cdb, &xfer, srp::wire::TaskAttr::Simple)
-            .map_err(|e| io_err(if write { "WRITE(16)" } else { "READ(16)" }, e))?;
-        self.slots[slot] = Some(Queued {
-            started,
-            cdb,
-            // Kept only for a retry after a reset or an abort.
-            write: data.map(<[u8]>::to_vec),
-            len,
-            _places: places,
-        });
-        Ok(())
+        self.send(slot, &cdb, &xfer, op, len)
     }
 
     /// Waits for one of this queue's commands and keeps its outcome (and
@@ -669,7 +758,7 @@ impl<'a> DiskQueue<'a> {
         let Some(q) = self.slots[slot].take() else {
             return false;
         };
-        let mut data = q.write.is_none().then(|| vec![0u8; q.len]);
+        let mut data = matches!(q.op, Op::Read).then(|| vec![0u8; q.len]);
         let r = self.finish(q, data.as_deref_mut());
         self.ready.push_back((slot, r, data));
         true
@@ -677,25 +766,30 @@ impl<'a> DiskQueue<'a> {
 
     /// Ends command `q`; a read lands in `buf` when one is given.
     fn finish(&self, q: Queued<'_>, buf: Option<&mut [u8]>) -> io::Result<()> {
-        let what = if q.write.is_some() {
-            "WRITE(16)"
-        } else {
-            "READ(16)"
-        };
+        let what = q.op.name();
+        let reading = matches!(q.op, Op::Read);
         let buf = buf.map(|b| {
             let n = q.len.min(b.len());
             &mut b[..n]
         });
-        let xfer = match (&q.write, buf) {
-            (Some(_), _) => Xfer::None,
-            (None, Some(b)) => Xfer::InTo(b),
-            (None, None) => Xfer::In(q.len),
+        let mut xfer = match (reading, buf) {
+            (false, _) => Xfer::None,
+            (true, Some(b)) => Xfer::InTo(b),
+            (true, None) => Xfer::In(q.len),
         };
-        let mut xfer = xfer;
         let r = self.session.finish(q.started, xfer.reborrow());
+        if let (Op::Unmap(_), false) = (&q.op, r.good()) {
+            // No thin provisioning: ILLEGAL REQUEST, as Disk::unmap says.
+            if r.status == Status::Scsi(0x02) && sense_triple(&r.sense).0 == 0x5 {
+                return Err(io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    format!("UNMAP: {}", describe(&r)),
+                ));
+            }
+        }
         if r.good() {
             if let Some(srp::initiator::Residual::Under(n)) = r.residual {
-                if n > 0 && q.write.is_none() {
+                if n > 0 && reading {
                     return Err(io::Error::other(format!(
                         "READ(16) returned {} of {} bytes",
                         q.len.saturating_sub(n as usize),
@@ -707,11 +801,18 @@ impl<'a> DiskQueue<'a> {
         }
         // Not GOOD: the synchronous path retries what the midlayer would
         // (a reset, an abort, a unit attention) and reports the rest.
-        let retry = match (&q.write, xfer) {
-            (Some(d), _) => Xfer::Out(d),
-            (None, x) => x,
+        let retry = match (&q.op, xfer) {
+            (Op::Write(d) | Op::Unmap(d), _) => Xfer::Out(d),
+            (_, x) => x,
         };
-        Disk::cmd(self.session, self.disk.lun, &q.cdb, retry, what).map(|_| ())
+        Disk::cmd(
+            self.session,
+            self.disk.lun,
+            &q.cdb[..q.cdb_len],
+            retry,
+            what,
+        )
+        .map(|_| ())
     }
 }
 
@@ -721,6 +822,12 @@ impl blockload::IoQueue for DiskQueue<'_> {
     }
     fn start_write(&mut self, slot: usize, lba: u64, data: &[u8]) -> io::Result<()> {
         self.start(slot, true, lba, data.len(), Some(data))
+    }
+    fn start_flush(&mut self, slot: usize) -> io::Result<()> {
+        DiskQueue::start_flush(self, slot)
+    }
+    fn start_unmap(&mut self, slot: usize, lba: u64, blocks: u64) -> io::Result<()> {
+        DiskQueue::start_unmap(self, slot, lba, blocks)
     }
     fn complete_one(&mut self, bufs: &mut [Vec<u8>]) -> Option<(usize, io::Result<()>)> {
         if let Some((slot, r, data)) = self.ready.pop_front() {
