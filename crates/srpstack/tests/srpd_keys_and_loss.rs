@@ -303,6 +303,7 @@ fn a_held_write_fails_after_fast_io_fail_tmo_and_the_lun_is_lost_after_dev_loss_
         held >= Duration::from_secs(2) && held < Duration::from_secs(6),
         "held write failed after {held:?} ({err})"
     );
+    eprintln!("held write failed after {} ms", held.as_millis());
     assert_eq!(p.state(), "failfast");
     // New I/O fails at once.
     for args in [
@@ -310,9 +311,12 @@ fn a_held_write_fails_after_fast_io_fail_tmo_and_the_lun_is_lost_after_dev_loss_
         &["of=/dev/null", "bs=4096", "count=1"][..],
     ] {
         let (ok, took, err) = dd(&p, args);
+        eprintln!("fail-fast {args:?} took {} ms", took.as_millis());
+        // At once: far from the 2 s a held write waits (the bound leaves
+        // room for starting dd on a busy machine).
         assert!(!ok, "{args:?} succeeded in fail-fast");
         assert!(
-            took < Duration::from_millis(500),
+            took < Duration::from_secs(1),
             "fail-fast I/O took {took:?} ({err})"
         );
     }
@@ -326,8 +330,13 @@ fn a_held_write_fails_after_fast_io_fail_tmo_and_the_lun_is_lost_after_dev_loss_
         slowest = slowest.max(t.elapsed());
         lost
     });
+    eprintln!(
+        "lost after {} ms; slowest srp list {} ms",
+        t0.elapsed().as_millis(),
+        slowest.as_millis()
+    );
     assert!(
-        slowest < Duration::from_millis(500),
+        slowest < Duration::from_millis(750),
         "srp list took {slowest:?}"
     );
     assert!(
@@ -338,7 +347,7 @@ fn a_held_write_fails_after_fast_io_fail_tmo_and_the_lun_is_lost_after_dev_loss_
     // A target back after that changes nothing: lost is final.
     p.start_target(1);
     let (ok, took, err) = dd(&p, &["if=/dev/zero", "bs=4096", "count=1"]);
-    assert!(!ok && took < Duration::from_millis(500), "{took:?} {err}");
+    assert!(!ok && took < Duration::from_secs(1), "{took:?} {err}");
     assert_eq!(p.state(), "lost");
 }
 
@@ -424,6 +433,10 @@ fn a_target_back_before_fast_io_fail_tmo_loses_nothing() {
         status.is_some()
     });
     let took = t0.elapsed();
+    eprintln!(
+        "held writes done {} ms after the target went away",
+        took.as_millis()
+    );
     let mut err = String::new();
     dd.stderr.take().unwrap().read_to_string(&mut err).unwrap();
     assert!(status.unwrap().success(), "dd: {err}");
