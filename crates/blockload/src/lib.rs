@@ -80,6 +80,28 @@ pub trait IoQueue {
     /// Waits for one started I/O to end and returns its slot and result;
     /// a read's data is in `bufs[slot]`. `None` when nothing is in flight.
     fn complete_one(&mut self, bufs: &mut [Vec<u8>]) -> Option<(usize, io::Result<()>)>;
+    /// Starts a flush in slot `slot` ([`BlockDevice::flush`] without
+    /// waiting): when it completes, every write that had completed before
+    /// it started is durable. Writes still in flight are not covered, as
+    /// with a block layer's flush. Queues without it answer `Unsupported`.
+    fn start_flush(&mut self, slot: usize) -> io::Result<()> {
+        let _ = slot;
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "this queue has no asynchronous flush",
+        ))
+    }
+    /// Starts deallocating `blocks` blocks from `lba` in slot `slot`
+    /// ([`BlockDevice::unmap`] without waiting). Queues without it answer
+    /// `Unsupported`; so does the completion when the device has no thin
+    /// provisioning.
+    fn start_unmap(&mut self, slot: usize, lba: u64, blocks: u64) -> io::Result<()> {
+        let _ = (slot, lba, blocks);
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "this queue has no asynchronous unmap",
+        ))
+    }
 }
 
 /// The access pattern.

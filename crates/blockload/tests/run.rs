@@ -393,3 +393,14 @@ fn iodepth_without_a_queue_runs_a_thread_per_io() {
     assert!(r.ok(), "{}", r.table());
     assert_eq!(r.jobs, 8, "{}", r.table());
 }
+
+#[test]
+fn a_queue_without_flush_or_unmap_says_so() {
+    let dev = queued(0);
+    let mut q = dev.queue(2).unwrap();
+    for r in [q.start_flush(0), q.start_unmap(1, 0, 8)] {
+        assert_eq!(r.unwrap_err().kind(), io::ErrorKind::Unsupported);
+    }
+    let mut bufs = vec![Vec::new(); 2];
+    assert!(q.complete_one(&mut bufs).is_none(), "nothing was started");
+}

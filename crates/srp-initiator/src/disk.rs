@@ -30,6 +30,84 @@ pub struct DiskInfo {
     pub naa: Option<String>,
 }
 
+/// A bound on commands in flight, shared by whoever it limits: one LUN
+/// (ib_srp's `max_cmd_per_lun`, the SCSI device's queue depth) or every
+/// LUN of one target (`target_can_queue`, the SCSI target's
+/// `can_queue`). A command waits for a place before it is sent, as the
+/// SCSI midlayer holds a request while the device or target is busy.
+#[derive(Debug)]
+pub struct QueueLimit {
+    max: usize,
+    /// (in flight now, most ever in flight).
+    st: std::sync::Mutex<(usize, usize)>,
+    cv: std::sync::Condvar,
+}
+
+/// A place taken in a [`QueueLimit`]; dropping it gives the place back.
+#[derive(Debug)]
+pub struct QueuePlace<'a>(&'a QueueLimit);
+
+impl QueueLimit {
+    /// At most `max` (at least 1) commands in flight.
+    pub fn new(max: usize) -> Arc<QueueLimit> {
+        Arc::new(QueueLimit {
+            max: max.max(1),
+            st: std::sync::Mutex::new((0, 0)),
+            cv: std::sync::Condvar::new(),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, (usize, usize)> {
+        self.st.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The bound.
+    pub fn max(&self) -> usize {
+        self.max
+    }
+
+    /// The most commands that were ever in flight at once.
+    pub fn peak(&self) -> usize {
+        self.lock().1
+    }
+
+    /// Commands in flight now.
+    pub fn in_flight(&self) -> usize {
+        self.lock().0
+    }
+
+    /// Waits for a place.
+    pub fn take(&self) -> QueuePlace<'_> {
+        let mut st = self.lock();
+        while st.0 >= self.max {
+            st = self.cv.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+        st.0 += 1;
+        st.1 = st.1.max(st.0);
+        QueuePlace(self)
+    }
+
+    /// A place if one is free now.
+    pub fn try_take(&self) -> Option<QueuePlace<'_>> {
+        let mut st = self.lock();
+        if st.0 >= self.max {
+            return None;
+        }
+        st.0 += 1;
+        st.1 = st.1.max(st.0);
+        Some(QueuePlace(self))
+    }
+}
+
+impl Drop for QueuePlace<'_> {
+    fn drop(&mut self) {
+        let mut st = self.0.lock();
+        st.0 -= 1;
+        drop(st);
+        self.0.cv.notify_one();
+    }
+}
+
 /// A LUN as a block device, over one channel or several (ib_srp's
 /// `ch_count`: channels of one I_T nexus, I/O spread round robin).
 pub struct Disk {
@@ -40,7 +118,18 @@ pub struct Disk {
     lun: Lun,
     info: DiskInfo,
     max_transfer: usize,
+    /// Commands in flight on this LUN (`max_cmd_per_lun`).
+    lun_queue: Option<Arc<QueueLimit>>,
+    /// Commands in flight on every LUN of the target (`target_can_queue`).
+    target_queue: Option<Arc<QueueLimit>>,
 }
+
+/// Places taken for one command (LUN first, then target, so two LUNs
+/// never hold each other's).
+struct Places<'a>(
+    #[allow(dead_code)] Option<QueuePlace<'a>>,
+    #[allow(dead_code)] Option<QueuePlace<'a>>,
+);
 
 /// A SCSI command that did not end GOOD, in words.
 pub fn describe(r: &CmdResult) -> String {
@@ -181,7 +270,48 @@ impl Disk {
             session,
             lun,
             max_transfer,
+            lun_queue: None,
+            target_queue: None,
         })
+    }
+
+    /// Bounds the commands in flight: `lun` for this LUN alone (ib_srp's
+    /// `max_cmd_per_lun`), `target` shared by every LUN of the target
+    /// (`target_can_queue`). Keep the same limits across reconnects by
+    /// giving each new `Disk` of the LUN the same `Arc`s.
+    pub fn with_queue_limits(
+        mut self,
+        lun: Option<Arc<QueueLimit>>,
+        target: Option<Arc<QueueLimit>>,
+    ) -> Disk {
+        self.lun_queue = lun;
+        self.target_queue = target;
+        self
+    }
+
+    /// The per-LUN bound, if any.
+    pub fn lun_queue(&self) -> Option<&Arc<QueueLimit>> {
+        self.lun_queue.as_ref()
+    }
+
+    /// Waits for a place for one command.
+    fn places(&self) -> Places<'_> {
+        let lun = self.lun_queue.as_deref().map(QueueLimit::take);
+        let target = self.target_queue.as_deref().map(QueueLimit::take);
+        Places(lun, target)
+    }
+
+    /// A place for one command if both limits have one free now.
+    fn try_places(&self) -> Option<Places<'_>> {
+        let lun = match self.lun_queue.as_deref() {
+            Some(q) => Some(q.try_take()?),
+            None => None,
+        };
+        let target = match self.target_queue.as_deref() {
+            Some(q) => Some(q.try_take()?),
+            None => None,
+        };
+        Some(Places(lun, target))
     }
 
     fn cmd(
@@ -311,6 +441,7 @@ impl Disk {
             let at = lba + (i * step / bs) as u64;
             let cdb = self.rw16(false, at, (chunk.len() / bs) as u32);
             let want = chunk.len();
+            let _places = self.places();
             let r = Self::cmd(self.pick(), self.lun, &cdb, Xfer::InTo(chunk), "READ(16)")?;
             if let Some(srp::initiator::Residual::Under(n)) = r.residual {
                 if n > 0 {
@@ -332,6 +463,7 @@ impl Disk {
         for (i, chunk) in data.chunks(step).enumerate() {
             let at = lba + (i * step / bs) as u64;
             let cdb = self.rw16(true, at, (chunk.len() / bs) as u32);
+            let _places = self.places();
             Self::cmd(self.pick(), self.lun, &cdb, Xfer::Out(chunk), "WRITE(16)")?;
         }
         Ok(())
@@ -354,12 +486,9 @@ impl Disk {
             // One descriptor per command keeps within any target's
             // MAXIMUM UNMAP BLOCK DESCRIPTOR COUNT.
             let n = (end - at).min(u32::MAX as u64 >> 1);
-            let mut list = [0u8; 24];
-            list[0..2].copy_from_slice(&22u16.to_be_bytes());
-            list[2..4].copy_from_slice(&16u16.to_be_bytes());
-            list[8..16].copy_from_slice(&at.to_be_bytes());
-            list[16..20].copy_from_slice(&(n as u32).to_be_bytes());
+            let list = unmap_list(at, n as u32);
             let cdb = [0x42, 0, 0, 0, 0, 0, 0, 0, 24, 0];
+            let _places = self.places();
             let r = self
                 .pick()
                 .execute(self.lun, &cdb, Xfer::Out(&list))
@@ -380,6 +509,7 @@ impl Disk {
 
     /// SYNCHRONIZE CACHE(10) over the whole LU.
     pub fn flush(&self) -> io::Result<()> {
+        let _places = self.places();
         Self::cmd(
             &self.session,
             self.lun,
@@ -389,6 +519,16 @@ impl Disk {
         )
         .map(|_| ())
     }
+}
+
+/// The UNMAP parameter list of one block descriptor (SBC-3 5.28.2).
+fn unmap_list(lba: u64, blocks: u32) -> [u8; 24] {
+    let mut list = [0u8; 24];
+    list[0..2].copy_from_slice(&22u16.to_be_bytes());
+    list[2..4].copy_from_slice(&16u16.to_be_bytes());
+    list[8..16].copy_from_slice(&lba.to_be_bytes());
+    list[16..20].copy_from_slice(&blocks.to_be_bytes());
+    list
 }
 
 /// The first NAA designator of a device identification VPD page, in hex.
@@ -437,12 +577,39 @@ impl blockload::BlockDevice for Disk {
     }
 }
 
+/// What a [`DiskQueue`] slot's command does.
+enum Op {
+    /// READ(16) of `len` bytes.
+    Read,
+    /// WRITE(16) of these bytes (kept for a retry after a reset or abort).
+    Write(Vec<u8>),
+    /// SYNCHRONIZE CACHE(10).
+    Flush,
+    /// UNMAP with this parameter list.
+    Unmap(Vec<u8>),
+}
+
+impl Op {
+    fn name(&self) -> &'static str {
+        match self {
+            Op::Read => "READ(16)",
+            Op::Write(_) => "WRITE(16)",
+            Op::Flush => "SYNCHRONIZE CACHE",
+            Op::Unmap(_) => "UNMAP",
+        }
+    }
+}
+
 /// One command of a [`DiskQueue`] slot.
-struct Queued {
+struct Queued<'a> {
     started: crate::session::Started,
     cdb: [u8; 16],
-    write: Option<Vec<u8>>,
+    /// The CDB's length (10 or 16 bytes).
+    cdb_len: usize,
+    op: Op,
     len: usize,
+    /// Its places in the LUN's and the target's queue limits.
+    _places: Places<'a>,
 }
 
 /// Several commands in flight on one channel from one thread
@@ -451,12 +618,99 @@ struct Queued {
 struct DiskQueue<'a> {
     disk: &'a Disk,
     session: &'a Session,
-    slots: Vec<Option<Queued>>,
-    /// Slots that ended without a command in flight (refused at start).
-    ready: std::collections::VecDeque<(usize, io::Result<()>)>,
+    slots: Vec<Option<Queued<'a>>>,
+    /// Slots that ended before `complete_one` was asked (refused at
+    /// start, or finished early to free a place in a queue limit), with
+    /// the data of a read finished early.
+    ready: std::collections::VecDeque<(usize, io::Result<()>, Option<Vec<u8>>)>,
 }
 
-impl DiskQueue<'_> {
+impl<'a> DiskQueue<'a> {
+    fn check_slot(&self, slot: usize) -> io::Result<()> {
+        if self.slots.get(slot).is_none_or(|s| s.is_some())
+            || self.ready.iter().any(|(s, ..)| *s == slot)
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("slot {slot} is busy or out of range"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// A place in the queue limits: while this queue holds some, end one
+    /// of its own commands rather than wait for itself.
+    fn take_places(&mut self) -> Places<'a> {
+        let disk: &'a Disk = self.disk;
+        loop {
+            if let Some(p) = disk.try_places() {
+                return p;
+            }
+            if !self.finish_early() {
+                return disk.places();
+            }
+        }
+    }
+
+    /// Sends `cdb` with `xfer` for `op` in `slot`.
+    fn send(
+        &mut self,
+        slot: usize,
+        cdb: &[u8],
+        xfer: &Xfer<'_>,
+        op: Op,
+        len: usize,
+    ) -> io::Result<()> {
+        let places = self.take_places();
+        let started = self
+            .session
+            .start(self.disk.lun, cdb, xfer, srp::wire::TaskAttr::Simple)
+            .map_err(|e| io_err(op.name(), e))?;
+        let mut c = [0u8; 16];
+        c[..cdb.len()].copy_from_slice(cdb);
+        self.slots[slot] = Some(Queued {
+            started,
+            cdb: c,
+            cdb_len: cdb.len(),
+            op,
+            len,
+            _places: places,
+        });
+        Ok(())
+    }
+
+    /// SYNCHRONIZE CACHE(10) over the whole LU, started.
+    fn start_flush(&mut self, slot: usize) -> io::Result<()> {
+        self.check_slot(slot)?;
+        let cdb = [0x35, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+        self.send(slot, &cdb, &Xfer::None, Op::Flush, 0)
+    }
+
+    /// UNMAP of one descriptor, started; a range one descriptor cannot
+    /// hold goes the synchronous way ([`Disk::unmap`]).
+    fn start_unmap(&mut self, slot: usize, lba: u64, blocks: u64) -> io::Result<()> {
+        self.check_slot(slot)?;
+        if lba
+            .checked_add(blocks)
+            .is_none_or(|end| end > self.disk.info.blocks)
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "UNMAP beyond the end",
+            ));
+        }
+        if blocks == 0 || blocks > u64::from(u32::MAX >> 1) {
+            while self.finish_early() {}
+            let r = self.disk.unmap(lba, blocks);
+            self.ready.push_back((slot, r, None));
+            return Ok(());
+        }
+        let list = unmap_list(lba, blocks as u32).to_vec();
+        let cdb = [0x42, 0, 0, 0, 0, 0, 0, 0, 24, 0];
+        let xfer_list = list.clone();
+        self.send(slot, &cdb, &Xfer::Out(&xfer_list), Op::Unmap(list), 0)
+    }
+
     fn start(
         &mut self,
         slot: usize,
@@ -465,15 +719,12 @@ impl DiskQueue<'_> {
         len: usize,
         data: Option<&[u8]>,
     ) -> io::Result<()> {
-        if self.slots.get(slot).is_none_or(|s| s.is_some()) {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("slot {slot} is busy or out of range"),
-            ));
-        }
+        self.check_slot(slot)?;
         let blocks = self.disk.check_range(lba, len)?;
         if len > self.disk.max_transfer {
-            // Larger than one command: the plain path splits it.
+            // Larger than one command: the plain path splits it (and
+            // waits for places this queue may hold: give them back first).
+            while self.finish_early() {}
             let r = match data {
                 Some(d) => self.disk.write(lba, d),
                 None => Err(io::Error::new(
@@ -481,26 +732,87 @@ impl DiskQueue<'_> {
                     "a queued read larger than one command",
                 )),
             };
-            self.ready.push_back((slot, r));
+            self.ready.push_back((slot, r, None));
             return Ok(());
         }
         let cdb = self.disk.rw16(write, lba, blocks);
-        let xfer = match data {
-            Some(d) => Xfer::Out(d),
-            None => Xfer::In(len),
+        let (xfer, op) = match data {
+            // The data is kept only for a retry after a reset or an abort.
+            Some(d) => (Xfer::Out(d), Op::Write(d.to_vec())),
+            None => (Xfer::In(len), Op::Read),
         };
-        let started = self
-            .session
-            .start(self.disk.lun, &cdb, &xfer, srp::wire::TaskAttr::Simple)
-            .map_err(|e| io_err(if write { "WRITE(16)" } else { "READ(16)" }, e))?;
-        self.slots[slot] = Some(Queued {
-            started,
-            cdb,
-            // Kept only for a retry after a reset or an abort.
-            write: data.map(<[u8]>::to_vec),
-            len,
+        self.send(slot, &cdb, &xfer, op, len)
+    }
+
+    /// Waits for one of this queue's commands and keeps its outcome (and
+    /// a read's data) for `complete_one`; false when none is in flight.
+    fn finish_early(&mut self) -> bool {
+        let Some(slot) = self.session.wait_any_of(
+            self.slots
+                .iter()
+                .enumerate()
+                .filter_map(|(i, s)| s.as_ref().map(|q| (i, &q.started))),
+        ) else {
+            return false;
+        };
+        let Some(q) = self.slots[slot].take() else {
+            return false;
+        };
+        let mut data = matches!(q.op, Op::Read).then(|| vec![0u8; q.len]);
+        let r = self.finish(q, data.as_deref_mut());
+        self.ready.push_back((slot, r, data));
+        true
+    }
+
+    /// Ends command `q`; a read lands in `buf` when one is given.
+    fn finish(&self, q: Queued<'_>, buf: Option<&mut [u8]>) -> io::Result<()> {
+        let what = q.op.name();
+        let reading = matches!(q.op, Op::Read);
+        let buf = buf.map(|b| {
+            let n = q.len.min(b.len());
+            &mut b[..n]
         });
-        Ok(())
+        let mut xfer = match (reading, buf) {
+            (false, _) => Xfer::None,
+            (true, Some(b)) => Xfer::InTo(b),
+            (true, None) => Xfer::In(q.len),
+        };
+        let r = self.session.finish(q.started, xfer.reborrow());
+        if let (Op::Unmap(_), false) = (&q.op, r.good()) {
+            // No thin provisioning: ILLEGAL REQUEST, as Disk::unmap says.
+            if r.status == Status::Scsi(0x02) && sense_triple(&r.sense).0 == 0x5 {
+                return Err(io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    format!("UNMAP: {}", describe(&r)),
+                ));
+            }
+        }
+        if r.good() {
+            if let Some(srp::initiator::Residual::Under(n)) = r.residual {
+                if n > 0 && reading {
+                    return Err(io::Error::other(format!(
+                        "READ(16) returned {} of {} bytes",
+                        q.len.saturating_sub(n as usize),
+                        q.len
+                    )));
+                }
+            }
+            return Ok(());
+        }
+        // Not GOOD: the synchronous path retries what the midlayer would
+        // (a reset, an abort, a unit attention) and reports the rest.
+        let retry = match (&q.op, xfer) {
+            (Op::Write(d) | Op::Unmap(d), _) => Xfer::Out(d),
+            (_, x) => x,
+        };
+        Disk::cmd(
+            self.session,
+            self.disk.lun,
+            &q.cdb[..q.cdb_len],
+            retry,
+            what,
+        )
+        .map(|_| ())
     }
 }
 
@@ -511,9 +823,19 @@ impl blockload::IoQueue for DiskQueue<'_> {
     fn start_write(&mut self, slot: usize, lba: u64, data: &[u8]) -> io::Result<()> {
         self.start(slot, true, lba, data.len(), Some(data))
     }
+    fn start_flush(&mut self, slot: usize) -> io::Result<()> {
+        DiskQueue::start_flush(self, slot)
+    }
+    fn start_unmap(&mut self, slot: usize, lba: u64, blocks: u64) -> io::Result<()> {
+        DiskQueue::start_unmap(self, slot, lba, blocks)
+    }
     fn complete_one(&mut self, bufs: &mut [Vec<u8>]) -> Option<(usize, io::Result<()>)> {
-        if let Some(r) = self.ready.pop_front() {
-            return Some(r);
+        if let Some((slot, r, data)) = self.ready.pop_front() {
+            if let (Some(d), Some(b)) = (data, bufs.get_mut(slot)) {
+                let n = d.len().min(b.len());
+                b[..n].copy_from_slice(&d[..n]);
+            }
+            return Some((slot, r));
         }
         let slot = self.session.wait_any_of(
             self.slots
@@ -522,59 +844,8 @@ impl blockload::IoQueue for DiskQueue<'_> {
                 .filter_map(|(i, s)| s.as_ref().map(|q| (i, &q.started))),
         )?;
         let q = self.slots[slot].take()?;
-        let what = if q.write.is_some() {
-            "WRITE(16)"
-        } else {
-            "READ(16)"
-        };
-        let buf = bufs.get_mut(slot).map(|b| {
-            let n = q.len.min(b.len());
-            &mut b[..n]
-        });
-        let xfer = match (&q.write, buf) {
-            (Some(_), _) => Xfer::None,
-            (None, Some(b)) => Xfer::InTo(b),
-            (None, None) => Xfer::In(q.len),
-        };
-        let r = self.session.finish(q.started, xfer);
-        if r.good() {
-            if let Some(srp::initiator::Residual::Under(n)) = r.residual {
-                if n > 0 && q.write.is_none() {
-                    return Some((
-                        slot,
-                        Err(io::Error::other(format!(
-                            "READ(16) returned {} of {} bytes",
-                            q.len.saturating_sub(n as usize),
-                            q.len
-                        ))),
-                    ));
-                }
-            }
-            return Some((slot, Ok(())));
-        }
-        // Not GOOD: the synchronous path retries what the midlayer would
-        // (a reset, an abort, a unit attention) and reports the rest.
-        let session = self.session;
-        let res = match (&q.write, bufs.get_mut(slot)) {
-            (Some(d), _) => {
-                Disk::cmd(session, self.disk.lun, &q.cdb, Xfer::Out(d), what).map(|_| ())
-            }
-            (None, Some(b)) => {
-                let n = q.len.min(b.len());
-                Disk::cmd(
-                    session,
-                    self.disk.lun,
-                    &q.cdb,
-                    Xfer::InTo(&mut b[..n]),
-                    what,
-                )
-                .map(|_| ())
-            }
-            (None, None) => {
-                Disk::cmd(session, self.disk.lun, &q.cdb, Xfer::In(q.len), what).map(|_| ())
-            }
-        };
-        Some((slot, res))
+        let r = self.finish(q, bufs.get_mut(slot).map(Vec::as_mut_slice));
+        Some((slot, r))
     }
 }
 

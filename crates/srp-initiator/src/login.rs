@@ -4,9 +4,25 @@
 //!
 //! Keys, ranges and defaults follow `ib_srp`'s `srp_parse_options`; an
 //! unknown key is an error that names the key.
+//!
+//! What each key does here, as in ib_srp ([`LoginOptions::session_config`],
+//! [`LoginOptions::apply_to_disk`]): `tl_retry_count` is the QP's transport
+//! `retry_cnt`; `max_sect` the largest transfer of one command (longer
+//! I/O is split); `sg_tablesize` the data descriptors one command may
+//! carry; `max_cmd_per_lun` how many commands one LUN may have in flight
+//! (the SCSI device's queue depth); `target_can_queue` how many all LUNs
+//! of the target may have together (the SCSI target's `can_queue`);
+//! `queue_size` the channel's queue (the host's `can_queue`).
+//! `comp_vector` picks which interrupt vector, and so which CPU, handles a
+//! channel's completions in Linux; our providers have one completion
+//! thread per CA and nothing to pick, so the key is accepted, kept and
+//! printed back for compatibility and selects nothing.
 
-use rdma_types::{Gid, Pkey};
+use crate::disk::{Disk, QueueLimit};
+use crate::session::SessionConfig;
+use rdma_types::{Gid, Guid, Pkey};
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 use thiserror::Error;
 
 /// SRP IO class values (SRP r10 and r16a; `io_class=` accepts only these).
@@ -360,6 +376,74 @@ impl LoginOptions {
         o.id_ext = id_ext.unwrap_or_default();
         o.ioc_guid = ioc_guid.unwrap_or_default();
         Ok(o)
+    }
+
+    /// The SRP channel settings of this login for the initiator port on
+    /// CA `initiator_guid`: port identifiers, IO class, `cmd_sg_entries`,
+    /// `allow_ext_sg`, `max_it_iu_size` and `queue_size`.
+    pub fn channel_config(&self, initiator_guid: Guid) -> srp::initiator::ChannelConfig {
+        let mut chan = srp::initiator::ChannelConfig::new(
+            self.initiator_ext,
+            initiator_guid,
+            self.id_ext,
+            Guid(self.ioc_guid),
+        );
+        chan.io_class_rev10 = self.io_class == IO_CLASS_REV10;
+        chan.cmd_sg_entries = self.cmd_sg_entries.clamp(1, 255) as u8;
+        chan.max_it_iu_size = self.max_it_iu_size;
+        chan.allow_ext_sg = self.allow_ext_sg;
+        chan.can_queue = self.queue_size.clamp(2, u32::from(u16::MAX)) as u16;
+        chan
+    }
+
+    /// Session settings of this login: the channel
+    /// ([`LoginOptions::channel_config`]), the partition of an IB CM login,
+    /// a data pool that holds the largest transfer twice over,
+    /// `tl_retry_count` as the QP's `retry_cnt` and `sg_tablesize`.
+    pub fn session_config(&self, initiator_guid: Guid) -> SessionConfig {
+        let mut cfg = SessionConfig::new(self.channel_config(initiator_guid));
+        if let TargetAddress::IbCm { pkey, .. } = &self.address {
+            cfg.pkey = Some(*pkey);
+        }
+        cfg.pool_bytes = cfg
+            .pool_bytes
+            .max(self.max_transfer_bytes().saturating_mul(2));
+        cfg.retry_cnt = self.tl_retry_count;
+        cfg.sg_tablesize = self.sg_tablesize;
+        cfg
+    }
+
+    /// The largest transfer of one command in bytes (`max_sect` sectors
+    /// of 512 bytes, as the SCSI host's `max_sectors`).
+    pub fn max_transfer_bytes(&self) -> usize {
+        (self.max_sect as usize).saturating_mul(512)
+    }
+
+    /// A LUN's queue limit (`max_cmd_per_lun`); make one per LUN and keep
+    /// it across reconnects.
+    pub fn lun_queue(&self) -> Arc<QueueLimit> {
+        QueueLimit::new(self.max_cmd_per_lun as usize)
+    }
+
+    /// The target's queue limit shared by all its LUNs
+    /// (`target_can_queue`), if given; make one per login.
+    pub fn target_queue(&self) -> Option<Arc<QueueLimit>> {
+        self.target_can_queue.map(|n| QueueLimit::new(n as usize))
+    }
+
+    /// Applies the per-command and queue limits to a LUN just opened:
+    /// `max_sect` caps each command, `lun` (from [`LoginOptions::lun_queue`])
+    /// and `target` (from [`LoginOptions::target_queue`]) bound the
+    /// commands in flight.
+    pub fn apply_to_disk(
+        &self,
+        disk: Disk,
+        lun: Arc<QueueLimit>,
+        target: Option<Arc<QueueLimit>>,
+    ) -> Disk {
+        let mut disk = disk.with_queue_limits(Some(lun), target);
+        disk.limit_transfer(self.max_transfer_bytes());
+        disk
     }
 
     /// The login string that parses back to these options (canonical form,

@@ -138,6 +138,19 @@ pub struct SessionConfig {
     /// probes (a target whose QP refuses zero-length RDMA WRITEs would
     /// fail the session).
     pub probe_interval: Option<rdma_types::Duration>,
+    /// The RC transport's retry count (the QP's `retry_cnt`, 0..=7): how
+    /// often a request the target does not acknowledge is sent again
+    /// before the QP fails. ib_srp takes it from the login string's
+    /// `tl_retry_count` (2..=7, default 7); a smaller value finds a dead
+    /// path sooner, at the price of failing on a lossy one.
+    pub retry_cnt: u8,
+    /// Most data descriptors one SRP_CMD may carry (ib_srp's
+    /// `sg_tablesize`, the SCSI host's scatter/gather limit): with
+    /// external tables up to this many, without them the smaller of this
+    /// and `cmd_sg_entries`. Binds only when buffers are split into
+    /// segments ([`SessionConfig::max_segment`]); a one-segment buffer
+    /// always fits.
+    pub sg_tablesize: u32,
 }
 
 /// [`SessionConfig::probe_interval`] by default: with the transport's
@@ -168,6 +181,8 @@ impl SessionConfig {
             max_segment: 0,
             pkey: None,
             probe_interval: Some(DEFAULT_PROBE_INTERVAL),
+            retry_cnt: 7,
+            sg_tablesize: MAX_EXT_DESCRIPTORS as u32,
         }
     }
 }
@@ -198,6 +213,17 @@ pub enum SessionError {
     /// The data does not fit the pool.
     #[error("transfer of {0} bytes does not fit the {1}-byte data pool")]
     TooLarge(usize, usize),
+    /// The buffer needs more descriptors than one command may carry
+    /// (`sg_tablesize`, or `cmd_sg_entries` without external tables).
+    #[error("transfer of {len} bytes needs {segments} data descriptors; at most {max} per command (sg_tablesize)")]
+    TooManySegments {
+        /// Bytes asked for.
+        len: usize,
+        /// Segments the buffer would have.
+        segments: usize,
+        /// Descriptors allowed per command.
+        max: usize,
+    },
     /// The session is closed.
     #[error("session closed")]
     Closed,
@@ -349,6 +375,8 @@ struct Inner {
     cmd_sg_entries: u8,
     /// External descriptor tables may be used (ib_srp's allow_ext_sg).
     allow_ext_sg: bool,
+    /// Descriptors one command may carry ([`SessionConfig::sg_tablesize`]).
+    sg_tablesize: u32,
     negotiated: Negotiated,
     probe_interval: Option<rdma_types::Duration>,
     handle: u64,
@@ -685,7 +713,7 @@ impl Session {
             state: Some(QpState::Rts),
             sq_psn: Some(peer.psn),
             timeout: Some(14),
-            retry_cnt: Some(7),
+            retry_cnt: Some(cfg.retry_cnt.min(7)),
             rnr_retry: Some(7),
             max_rd_atomic: Some(0),
             ..Default::default()
@@ -749,6 +777,7 @@ impl Session {
             max_segment: cfg.max_segment,
             cmd_sg_entries: cfg.channel.cmd_sg_entries,
             allow_ext_sg: cfg.channel.allow_ext_sg,
+            sg_tablesize: cfg.sg_tablesize.max(1),
             negotiated,
             probe_interval: cfg.probe_interval,
             handle: connected.handle,
@@ -817,12 +846,20 @@ impl Session {
         let inner = &self.inner;
         (inner.max_segment > 0).then(|| {
             let seg = (inner.max_segment as usize).div_ceil(inner.page) * inner.page;
-            if inner.allow_ext_sg {
-                seg * MAX_EXT_DESCRIPTORS
-            } else {
-                seg * usize::from(inner.cmd_sg_entries)
-            }
+            seg * inner.max_descriptors()
         })
+    }
+
+    /// The QP's attributes as the provider reports them (`retry_cnt`,
+    /// `timeout`, path MTU, ...).
+    ///
+    /// # Errors
+    /// The provider cannot query QPs, or the QP is gone.
+    pub fn query_qp(&self) -> Result<QpAttr, SessionError> {
+        self.inner
+            .provider
+            .query_qp(self.inner.qp)
+            .map_err(verbs_err("query QP"))
     }
 
     /// Credits the initiator holds.
@@ -893,6 +930,13 @@ impl Session {
         // RDMA READ). Data and table pages are taken together, so callers
         // waiting for pages never hold half of what they need.
         let seg_count = pages.div_ceil(inner.seg_pages(pages).max(1));
+        if seg_count > inner.max_descriptors() {
+            return Err(SessionError::TooManySegments {
+                len,
+                segments: seg_count,
+                max: inner.max_descriptors(),
+            });
+        }
         let table_pages = if inner.allow_ext_sg && seg_count > usize::from(inner.cmd_sg_entries) {
             (seg_count * srp::wire::DIRECT_BUF_LEN).div_ceil(inner.page)
         } else {
@@ -1293,6 +1337,19 @@ impl Inner {
 
     /// Pages per segment of a `pages`-page buffer: all of them, or
     /// `max_segment`'s worth when buffers are split.
+    /// Descriptors one command may carry: `sg_tablesize` (at most
+    /// [`MAX_EXT_DESCRIPTORS`]) with external tables, else no more than
+    /// fit in the IU (`cmd_sg_entries`), as ib_srp limits `sg_tablesize`
+    /// to `cmd_sg_entries` when it cannot use external tables.
+    fn max_descriptors(&self) -> usize {
+        let sg = (self.sg_tablesize as usize).min(MAX_EXT_DESCRIPTORS);
+        if self.allow_ext_sg {
+            sg
+        } else {
+            sg.min(usize::from(self.cmd_sg_entries))
+        }
+    }
+
     fn seg_pages(&self, pages: usize) -> usize {
         if self.max_segment == 0 {
             pages

@@ -225,9 +225,12 @@ enum Cmd {
     /// Find SRP targets the way srp_daemon does: ask each target port's
     /// device management agent for its I/O controllers and their service
     /// entries, and print one ib_srp login string per SRP target port
-    /// (srp_daemon -o -c). With --login, hand the allowed ones to srpd.
-    /// The ports to ask: --target addresses, or with --sa every port the
-    /// subnet administrator lists with device management.
+    /// (srp_daemon -o -c). With --login (-e), hand the allowed ones to
+    /// srpd. Targets srpd is already logged in to are left out unless
+    /// --all (-a) is given, as srp_daemon leaves out targets connected
+    /// through the local port. The ports to ask: --target addresses, or
+    /// with --sa every port the subnet administrator lists with device
+    /// management. srp_daemon's short options: -o, -a, -c, -e, -f, -R, -t.
     Discover {
         /// Address (GID) of a port to ask; repeat for several.
         #[arg(long, required_unless_present = "sa", conflicts_with = "sa")]
@@ -255,18 +258,35 @@ enum Cmd {
         /// RoCEv2 UDP port.
         #[arg(long, default_value_t = 4791)]
         udp_port: u16,
-        /// srp_daemon rules file: allow/deny lines and per-target options.
-        #[arg(long)]
+        /// srp_daemon rules file: allow/deny lines and per-target options
+        /// (srp_daemon -f).
+        #[arg(long, short = 'f')]
         rules: Option<std::path::PathBuf>,
-        /// Log in to every allowed target through srpd.
-        #[arg(long)]
+        /// Log in to every allowed target through srpd (srp_daemon -e,
+        /// execute the connection commands); never twice to one target.
+        #[arg(long, short = 'e')]
         login: bool,
-        /// srpd's control socket (with --login).
+        /// srpd's control socket: where to log in (--login) and to ask
+        /// which targets are logged in already.
         #[arg(long)]
         control_socket: Option<std::path::PathBuf>,
-        /// Milliseconds to wait for each answer (sent 3 more times).
-        #[arg(long, default_value_t = 500)]
+        /// Milliseconds to wait for each answer (sent 3 more times;
+        /// srp_daemon -t).
+        #[arg(long, short = 't', default_value_t = 500)]
         timeout_ms: u64,
+        /// Walk once and exit (srp_daemon -o, as ibsrpdm does); also what
+        /// happens without --rescan.
+        #[arg(long, short = 'o', conflicts_with = "rescan")]
+        once: bool,
+        /// Print every target found, also those srpd is logged in to
+        /// already (srp_daemon -a, as ibsrpdm prints).
+        #[arg(long, short = 'a')]
+        all: bool,
+        /// Print login strings, one per target port, as written to
+        /// ib_srp's add_target (srp_daemon -c); the only output format,
+        /// so the default.
+        #[arg(long = "login-strings", short = 'c')]
+        login_strings: bool,
         /// Also print each I/O controller's profile.
         #[arg(long, short)]
         verbose: bool,
@@ -274,7 +294,7 @@ enum Cmd {
         /// many seconds (srp_daemon -R): with --login, targets that
         /// appeared since are logged in, those already logged in are left
         /// alone.
-        #[arg(long)]
+        #[arg(long, short = 'R')]
         rescan: Option<u64>,
     },
     /// List the LUNs the target shows this initiator (REPORT LUNS, then
@@ -645,6 +665,9 @@ fn run(cmd: Cmd) -> Result<bool, String> {
             timeout_ms,
             verbose,
             rescan,
+            once,
+            all,
+            login_strings: _,
         } => discover(
             &target,
             sa.then_some(SaMode {
@@ -654,10 +677,14 @@ fn run(cmd: Cmd) -> Result<bool, String> {
             ip,
             udp_port,
             rules.as_deref(),
-            login.then_some(&control_socket),
+            &Srpd {
+                socket: control_socket,
+                login,
+                all,
+            },
             Duration::from_millis(timeout_ms.max(1)),
             verbose,
-            rescan,
+            if once { None } else { rescan },
         ),
         Cmd::Luns { login: l, json } => {
             let session = login(&l)?;
@@ -688,6 +715,16 @@ fn run(cmd: Cmd) -> Result<bool, String> {
             Ok(true)
         }
     }
+}
+
+/// `srp discover`: what to do with srpd.
+struct Srpd {
+    /// Its control socket (`None`: the default).
+    socket: Option<std::path::PathBuf>,
+    /// Log in to the targets found (`--login`, srp_daemon -e).
+    login: bool,
+    /// Print targets it is logged in to already (`--all`, srp_daemon -a).
+    all: bool,
 }
 
 /// `srp discover --sa`: how the managed subnet is asked.
@@ -742,7 +779,7 @@ fn discover(
     ip: IpAddr,
     udp_port: u16,
     rules: Option<&std::path::Path>,
-    login: Option<&Option<std::path::PathBuf>>,
+    srpd_opts: &Srpd,
     timeout: Duration,
     verbose: bool,
     rescan: Option<u64>,
@@ -847,17 +884,19 @@ fn discover(
                 }
             }
         }
-        // Logins srpd already holds (their login strings), so a rescan
-        // does not log in twice (a second SINGLE login would end the first).
-        let held: Vec<String> = match (login, rescan) {
-            (Some(sock), Some(_)) => srpd(sock, &InitRequest::List)
+        // Logins srpd already holds (their login strings): left out of the
+        // output unless --all, and never logged in to twice (a second
+        // SINGLE login would end the first). No srpd: nothing is held.
+        let held: Vec<String> = if srpd_opts.all && !srpd_opts.login {
+            Vec::new()
+        } else {
+            srpd(&srpd_opts.socket, &InitRequest::List)
                 .ok()
                 .and_then(|v| v.as_array().cloned())
                 .unwrap_or_default()
                 .iter()
                 .filter_map(|l| l["target"].as_str().map(str::to_string))
-                .collect(),
-            _ => Vec::new(),
+                .collect()
         };
         if rescan.is_some() && verbose {
             println!("# scan {round}");
@@ -951,13 +990,17 @@ fn discover(
                         "id_ext={id_ext:016x},ioc_guid={:016x},dgid={hex},",
                         p.guid.0
                     );
-                    if held.iter().any(|h| h.starts_with(&key)) {
-                        continue; // logged in on an earlier scan
+                    let logged_in = held.iter().any(|h| h.starts_with(&key));
+                    if logged_in && !srpd_opts.all {
+                        if verbose {
+                            println!("# logged in already: {s}");
+                        }
+                        continue;
                     }
                     println!("{s}");
-                    if let Some(sock) = login {
+                    if srpd_opts.login && !logged_in {
                         match srpd(
-                            sock,
+                            &srpd_opts.socket,
                             &InitRequest::Login {
                                 target: s.clone(),
                                 name: None,

@@ -43,6 +43,10 @@ struct Args {
     /// Seconds after a failure until a LUN is given up, or `off`.
     #[arg(long, default_value = "600")]
     dev_loss_tmo: String,
+    /// Milliseconds a login (and each reconnect attempt) waits for the
+    /// target's answer.
+    #[arg(long, default_value_t = 10_000)]
+    login_timeout_ms: u64,
     /// Let other users reach the LUN files (FUSE allow_other).
     #[arg(long)]
     allow_other: bool,
@@ -90,7 +94,7 @@ fn run(a: Args) -> Result<(), String> {
         mtu,
         mount_root: a.mount_root.clone(),
         rport,
-        login_timeout: std::time::Duration::from_secs(10),
+        login_timeout: std::time::Duration::from_millis(a.login_timeout_ms.max(1)),
         allow_other: a.allow_other,
         fabric: a.fabric,
         sm_wait: std::time::Duration::from_millis(a.sm_wait_ms),

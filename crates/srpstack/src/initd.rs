@@ -18,10 +18,14 @@
 //! Login-string keys and what they do here: `id_ext`, `ioc_guid`, `dest`
 //! (`src` picks the local CA), `dgid`/`pkey`/`service_id` (IB CM),
 //! `initiator_ext`, `queue_size` (commands per channel), `ch_count`,
-//! `cmd_sg_entries`, `max_it_iu_size`, `io_class` and `max_sect` (the
-//! largest transfer) are applied. `max_cmd_per_lun`, `sg_tablesize`,
-//! `comp_vector`, `tl_retry_count` and `target_can_queue` are accepted for
-//! compatibility and have no effect; `allow_ext_sg=1` lets the session use
+//! `cmd_sg_entries`, `max_it_iu_size`, `io_class`, `max_sect` (the largest
+//! transfer of one command; longer I/O is split), `max_cmd_per_lun`
+//! (commands in flight per LUN), `target_can_queue` (commands in flight
+//! over all LUNs of the login), `tl_retry_count` (the QP's transport
+//! retry count) and `sg_tablesize` (descriptors per command) are applied
+//! as ib_srp applies them (`srp_initiator::login`). `comp_vector` is
+//! accepted for compatibility and selects nothing (our NIC has one
+//! completion thread per CA); `allow_ext_sg=1` lets the session use
 //! external descriptor tables (it seldom needs them: each transfer is one
 //! registered buffer).
 //!
@@ -41,7 +45,7 @@ use serde_json::{json, Value};
 use srp_initiator::login::{LoginOptions, TargetAddress};
 use srp_initiator::remote::RemoteDisk;
 use srp_initiator::rport::RportConfig;
-use srp_initiator::session::{Connector, SessionConfig};
+use srp_initiator::session::Connector;
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
@@ -320,26 +324,9 @@ impl Initd {
                 (ca, conn)
             }
         };
-        let mut chan = srp::initiator::ChannelConfig::new(
-            o.initiator_ext,
-            ca.guid,
-            o.id_ext,
-            Guid(o.ioc_guid),
-        );
-        chan.io_class_rev10 = o.io_class == srp_initiator::login::IO_CLASS_REV10;
-        chan.cmd_sg_entries = o.cmd_sg_entries.clamp(1, 255) as u8;
-        chan.max_it_iu_size = o.max_it_iu_size;
-        chan.allow_ext_sg = o.allow_ext_sg;
-        chan.can_queue = o.queue_size.clamp(2, u16::MAX as u32) as u16;
-        let mut scfg = SessionConfig::new(chan);
-        // An IB CM login's partition: the session's QP uses the index of
-        // the local port's P_Key table holding it.
-        if let TargetAddress::IbCm { pkey, .. } = &o.address {
-            scfg.pkey = Some(*pkey);
-        }
-        // The largest transfer (max_sect sectors) fits the data pool twice
-        // over, with at least the default pool.
-        scfg.pool_bytes = scfg.pool_bytes.max(o.max_sect as usize * 512 * 2);
+        // Every key of the login string takes effect here, as in ib_srp
+        // (see `LoginOptions::session_config` and `apply_to_disk`).
+        let scfg = o.session_config(ca.guid);
         let ch_count = o.ch_count.unwrap_or(1).clamp(1, 64) as u16;
         let path = Arc::new(
             PathLogin::new(
@@ -355,12 +342,19 @@ impl Initd {
         let lun_ids =
             srp_initiator::disk::report_luns(&session).map_err(|e| format!("REPORT LUNS: {e}"))?;
         let mut luns = Vec::new();
+        // `target_can_queue` bounds all LUNs of this login together,
+        // `max_cmd_per_lun` each one; both outlive reconnects.
+        let target_queue = o.target_queue();
         for n in lun_ids {
             let p = path.clone();
+            let opts = o.clone();
+            let lun_queue = o.lun_queue();
+            let target_queue = target_queue.clone();
             let open = Box::new(move || {
                 let mut ch = p.channels()?;
                 let first = ch.remove(0);
-                Ok(srp_initiator::disk::Disk::open(first, n)?.with_channels(ch))
+                let disk = srp_initiator::disk::Disk::open(first, n)?.with_channels(ch);
+                Ok(opts.apply_to_disk(disk, lun_queue.clone(), target_queue.clone()))
             });
             let d =
                 RemoteDisk::open(open, self.cfg.rport).map_err(|e| format!("open LUN {n}: {e}"))?;
@@ -485,6 +479,9 @@ fn login_json(name: &str, l: &Login) -> Value {
         .enumerate()
         .map(|(k, s)| {
             let n = s.negotiated();
+            // The QP's transport retry count (tl_retry_count), as the
+            // provider holds it.
+            let retry_cnt = s.query_qp().ok().and_then(|a| a.retry_cnt);
             json!({
                 "channel": k,
                 "closed": s.is_closed(),
@@ -493,6 +490,7 @@ fn login_json(name: &str, l: &Login) -> Value {
                 "max_it_iu_len": n.max_it_iu_len,
                 "immediate_data": n.imm_data_offset.is_some(),
                 "completed": s.stats().completed,
+                "retry_cnt": retry_cnt,
             })
         })
         .collect();

@@ -31,7 +31,12 @@ pub struct PathLogin {
     connector: Arc<dyn Connector>,
     config: SessionConfig,
     ch_count: u16,
+    /// The channels of the last login. Held only to read or replace
+    /// them, never across a login: `srp list` must answer while a
+    /// reconnect attempt waits for a target that is gone.
     current: Mutex<Vec<Arc<Session>>>,
+    /// Held across a login, so the LUNs of this path log in once.
+    login: Mutex<()>,
 }
 
 impl PathLogin {
@@ -51,6 +56,7 @@ impl PathLogin {
             config,
             ch_count: 1,
             current: Mutex::new(Vec::new()),
+            login: Mutex::new(()),
         }
     }
 
@@ -66,13 +72,16 @@ impl PathLogin {
     /// # Errors
     /// A login failed (reason in words).
     pub fn channels(&self) -> io::Result<Vec<Arc<Session>>> {
-        let mut cur = self.current.lock().unwrap_or_else(|e| e.into_inner());
-        if !cur.is_empty() && cur.iter().all(|s| !s.is_closed()) {
-            return Ok(cur.clone());
+        let _login = self.login.lock().unwrap_or_else(|e| e.into_inner());
+        {
+            let mut cur = self.current.lock().unwrap_or_else(|e| e.into_inner());
+            if !cur.is_empty() && cur.iter().all(|s| !s.is_closed()) {
+                return Ok(cur.clone());
+            }
+            // Channel 0's SINGLE login ends whatever the target still
+            // holds of the old channels.
+            cur.clear();
         }
-        // Channel 0's SINGLE login ends whatever the target still holds of
-        // the old channels.
-        cur.clear();
         let mut fresh = Vec::new();
         for k in 0..self.ch_count {
             let mut cfg = self.config.clone();
@@ -92,7 +101,7 @@ impl PathLogin {
             })?;
             fresh.push(Arc::new(s));
         }
-        *cur = fresh.clone();
+        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = fresh.clone();
         Ok(fresh)
     }
 

@@ -1,0 +1,194 @@
+//! The library API's asynchronous flush and unmap: a LUN's
+//! `blockload::IoQueue` starts SYNCHRONIZE CACHE and UNMAP like reads and
+//! writes, in slots, from one thread, without waiting for them. Against
+//! the real target port on the loopback provider, with a store whose
+//! flush the test holds.
+
+mod common;
+
+use blockload::BlockDevice;
+use common::Direct;
+use rdma_types::Guid;
+use rnic::loopback::{CaConfig, Fabric};
+use srp::initiator::ChannelConfig;
+use srp::target::TargetConfig;
+use srp_initiator::disk::Disk;
+use srp_initiator::session::{Session, SessionConfig};
+use srp_target::{PortOptions, TargetPort};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+
+const TARGET_GUID: u64 = 0x0002_c903_0000_5111;
+const INIT_GUID: u64 = 0x0002_c903_0000_5222;
+
+/// Holds flushes while closed (at most 10 s, so a failing test ends).
+#[derive(Default)]
+struct Gate {
+    closed: Mutex<bool>,
+    cv: Condvar,
+    /// Flushes that found the gate closed.
+    held: AtomicU64,
+}
+
+impl Gate {
+    fn set(&self, closed: bool) {
+        *self.closed.lock().unwrap() = closed;
+        self.cv.notify_all();
+    }
+
+    fn pass(&self) {
+        let mut c = self.closed.lock().unwrap();
+        if *c {
+            self.held.fetch_add(1, Ordering::SeqCst);
+        }
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while *c {
+            let left = end.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            c = self.cv.wait_timeout(c, left).unwrap().0;
+        }
+    }
+}
+
+/// A RAM store whose flush waits at the gate.
+struct HeldFlush {
+    ram: scsi::Ram,
+    gate: Arc<Gate>,
+}
+
+impl scsi::Backend for HeldFlush {
+    fn size(&self) -> u64 {
+        self.ram.size()
+    }
+    fn read(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        self.ram.read(offset, buf)
+    }
+    fn write(&self, offset: u64, data: &[u8], fua: bool) -> std::io::Result<()> {
+        self.ram.write(offset, data, fua)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        self.gate.pass();
+        self.ram.flush()
+    }
+    fn unmap(&self, offset: u64, len: u64) -> std::io::Result<()> {
+        self.ram.unmap(offset, len)
+    }
+}
+
+/// LUN 0 of a target port whose store is `HeldFlush`; `thin`: with
+/// logical block provisioning (UNMAP).
+fn disk(thin: bool, gate: Arc<Gate>) -> (Disk, Arc<TargetPort>) {
+    let fabric = Fabric::new();
+    fabric.add_ca(CaConfig::simple(TARGET_GUID, 1)).unwrap();
+    fabric.add_ca(CaConfig::simple(INIT_GUID, 2)).unwrap();
+    let provider: Arc<dyn verbs::Provider> = fabric;
+    let chan = ChannelConfig::new(0x11, Guid(INIT_GUID), TARGET_GUID, Guid(TARGET_GUID));
+    let scsi = Arc::new(scsi::Target::new());
+    let dev = scsi::Device::new(
+        scsi::DeviceConfig {
+            thin,
+            ..Default::default()
+        },
+        Arc::new(HeldFlush {
+            ram: scsi::Ram::new(4 << 20),
+            gate,
+        }),
+    )
+    .unwrap();
+    scsi.add_lun(None, scsi::Lun::new(0).unwrap(), Arc::new(dev));
+    let port = Arc::new(
+        TargetPort::start(
+            provider.clone(),
+            Guid(TARGET_GUID),
+            TargetConfig::new(chan.target_port_id(), "async"),
+            scsi,
+            PortOptions::default(),
+        )
+        .unwrap(),
+    );
+    let direct = Arc::new(Direct {
+        port: port.clone(),
+        lid: rdma_types::Lid(1),
+        on_disconnect: None,
+    });
+    let sess =
+        Session::connect(provider, Guid(INIT_GUID), direct, SessionConfig::new(chan)).unwrap();
+    (Disk::open(Arc::new(sess), 0).unwrap(), port)
+}
+
+fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !cond() {
+        assert!(std::time::Instant::now() < end, "{what}: not within 10 s");
+        std::thread::yield_now();
+    }
+}
+
+#[test]
+fn flush_and_unmap_are_started_and_completed_like_reads_and_writes() {
+    let gate = Arc::new(Gate::default());
+    let (d, _port) = disk(true, gate.clone());
+    let data = vec![0x5au8; 8 * 512];
+    let mut bufs = vec![vec![0u8; 8 * 512]; 4];
+    let mut q = d.queue(4).unwrap();
+    q.start_write(0, 0, &data).unwrap();
+    q.start_write(1, 8, &data).unwrap();
+    let mut done: Vec<usize> = (0..2)
+        .map(|_| {
+            let (slot, r) = q.complete_one(&mut bufs).unwrap();
+            r.unwrap();
+            slot
+        })
+        .collect();
+    done.sort();
+    assert_eq!(done, vec![0, 1]);
+
+    // A flush the store holds: started, and the caller goes on.
+    gate.set(true);
+    q.start_flush(1).unwrap();
+    wait_for("the flush held at the store", || {
+        gate.held.load(Ordering::SeqCst) == 1
+    });
+    // Meanwhile an unmap and a write complete in other slots.
+    q.start_unmap(2, 0, 8).unwrap();
+    let (slot, r) = q.complete_one(&mut bufs).unwrap();
+    assert_eq!(slot, 2);
+    r.unwrap();
+    q.start_write(3, 16, &data).unwrap();
+    let (slot, r) = q.complete_one(&mut bufs).unwrap();
+    assert_eq!(slot, 3);
+    r.unwrap();
+    // A busy slot is refused.
+    assert!(q.start_flush(1).is_err());
+    gate.set(false);
+    let (slot, r) = q.complete_one(&mut bufs).unwrap();
+    assert_eq!(slot, 1);
+    r.unwrap();
+    assert!(q.complete_one(&mut bufs).is_none());
+    drop(q);
+
+    // The unmapped blocks read as zeroes, the rest as written.
+    let mut back = vec![0u8; 24 * 512];
+    d.read(0, &mut back).unwrap();
+    assert!(back[..8 * 512].iter().all(|b| *b == 0));
+    assert!(back[8 * 512..].iter().all(|b| *b == 0x5a));
+}
+
+#[test]
+fn an_unmap_the_lu_cannot_do_completes_unsupported() {
+    let (d, _port) = disk(false, Arc::new(Gate::default()));
+    let mut bufs = vec![Vec::new(); 2];
+    let mut q = d.queue(2).unwrap();
+    q.start_unmap(0, 0, 8).unwrap();
+    let (slot, r) = q.complete_one(&mut bufs).unwrap();
+    assert_eq!(slot, 0);
+    assert_eq!(r.unwrap_err().kind(), std::io::ErrorKind::Unsupported);
+    // Out of range is refused at once.
+    let e = q.start_unmap(1, d.num_blocks() - 4, 8).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);
+    // The flush of an LU completes too.
+    q.start_flush(1).unwrap();
+    assert_eq!(q.complete_one(&mut bufs).unwrap().0, 1);
+}
