@@ -114,10 +114,13 @@ impl Rules {
             if body.is_empty() {
                 continue;
             }
-            let (kind, rest) = body.split_at(1);
+            // By character, not byte: the first one may be multi-byte UTF-8.
+            let mut chars = body.chars();
+            let kind = chars.next().unwrap_or_default();
+            let rest = chars.as_str();
             let allow = match kind {
-                "a" => true,
-                "d" => false,
+                'a' => true,
+                'd' => false,
                 other => {
                     return Err(RulesError {
                         line,
@@ -284,6 +287,31 @@ mod tests {
                 options: String::new(),
                 line: None
             }
+        );
+    }
+
+    /// Found by the `rules_file` fuzz target: a line starting with a
+    /// multi-byte character was split inside it and panicked.
+    #[test]
+    fn a_multi_byte_first_character_is_an_error_not_a_panic() {
+        let crash = std::str::from_utf8(b"\xd1\xa0<").unwrap();
+        let e = Rules::parse(crash).unwrap_err();
+        assert_eq!(e.line, 1);
+        assert!(e.msg.ends_with("not '\u{460}'"), "got '{}'", e.msg);
+        let e = Rules::parse("# ok\n\u{e9} ioc_guid=1\n").unwrap_err();
+        assert_eq!(e.line, 2);
+        assert!(e.msg.ends_with("not '\u{e9}'"), "got '{}'", e.msg);
+        let e = Rules::parse("a\u{a0}ioc_guid=1").map(|r| r.decide(&target(1, 1)).allow);
+        assert_eq!(
+            e,
+            Ok(true),
+            "a non-ASCII space after the kind is white space"
+        );
+        let e = Rules::parse("d\u{460}").unwrap_err();
+        assert!(
+            e.msg.contains("must be followed by white space"),
+            "got '{}'",
+            e.msg
         );
     }
 
