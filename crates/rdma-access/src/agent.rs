@@ -743,11 +743,13 @@ impl CmAgent {
                 return Err(CmError::Stopped);
             }
             let now = self.inner.now();
+            let timing = st.cm.config().timing(st.cm.config().packet_life_time);
             let req = rdma_cm::ReqInfo {
                 service_id,
                 qpn,
                 psn,
                 pkey,
+                timing,
                 private_data,
             };
             let conn = st.cm.connect_req(now, vec![peer], req);
@@ -1711,6 +1713,8 @@ mod tests {
             response_timeout: 15,
             max_retries: 3,
             timewait: rdma_types::Duration::from_millis(100),
+            packet_life_time: 10,
+            ..CmConfig::default()
         };
         let a = CmAgent::start_with(f.clone(), Guid(0xa), 0x100, cfg).unwrap();
         let b = CmAgent::start_with(f, Guid(0xb), 0x200, cfg).unwrap();

@@ -1,6 +1,6 @@
 //! Between the CM state machines' messages and CM MAD bytes.
 
-use rdma_cm::{CmMsg, MsgKind, RejReason};
+use rdma_cm::{CmMsg, MsgKind, RejReason, Timing};
 use rdma_mad::cm::{
     private_len, CmAttr, CmMadRepr, CmMessage, CmPath, DreqRepr, IdsRepr, MraRepr, MsgRef, RejRepr,
     RepRepr, ReqRepr,
@@ -77,6 +77,7 @@ pub(crate) fn encode(
             qpn,
             psn,
             pkey,
+            timing,
             private_data,
         } => (
             CmAttr::Req,
@@ -90,11 +91,11 @@ pub(crate) fn encode(
                 local_eecn: 0,
                 initiator_depth: 16,
                 remote_eecn: 0,
-                remote_cm_response_timeout: 20,
+                remote_cm_response_timeout: timing.remote_cm_response_timeout.min(31),
                 transport_type: 0,
                 flow_control: false,
                 starting_psn: *psn,
-                local_cm_response_timeout: 20,
+                local_cm_response_timeout: timing.local_cm_response_timeout.min(31),
                 retry_count: 7,
                 pkey: *pkey,
                 path_mtu: mtu_code(local.mtu),
@@ -115,7 +116,7 @@ pub(crate) fn encode(
                     hop_limit: 64,
                     sl: 0,
                     subnet_local: false,
-                    local_ack_timeout: 18,
+                    local_ack_timeout: timing.local_ack_timeout(),
                 },
                 alternate_path: None,
                 private_data: pad::<{ private_len::REQ }>(private_data),
@@ -241,6 +242,12 @@ pub(crate) fn decode(mad: &[u8]) -> Option<(CmMsg, Option<ReqExtra>)> {
                 qpn: r.local_qpn,
                 psn: r.starting_psn,
                 pkey: r.pkey,
+                timing: Timing {
+                    // The sender put its path's packet lifetime + 1 there.
+                    packet_life_time: r.primary_path.local_ack_timeout.saturating_sub(1),
+                    local_cm_response_timeout: r.local_cm_response_timeout,
+                    remote_cm_response_timeout: r.remote_cm_response_timeout,
+                },
                 private_data: r.private_data.to_vec(),
             },
             Some(ReqExtra {
@@ -322,6 +329,11 @@ mod tests {
                 qpn: Qpn::from_bits(0x11),
                 psn: Psn::new(0x123456),
                 pkey: Pkey(0x8010),
+                timing: Timing {
+                    packet_life_time: 13,
+                    local_cm_response_timeout: 17,
+                    remote_cm_response_timeout: 19,
+                },
                 private_data: vec![0xab; 92],
             },
             CmMsg::Rep {
@@ -383,6 +395,7 @@ mod tests {
             qpn: Qpn::from_bits(0x11),
             psn: Psn::new(1),
             pkey,
+            timing: rdma_cm::CmConfig::default().timing(16),
             private_data: vec![],
         };
         for k in [0x8010u16, 0x0020, 0xffff, 0x7fff] {
@@ -397,5 +410,46 @@ mod tests {
                 "{back:?}"
             );
         }
+    }
+
+    #[test]
+    fn the_req_carries_the_path_lifetime_and_response_timeouts() {
+        let local = Local {
+            guid: Guid(0x1122),
+            gid: Gid::from_ip("127.0.0.1".parse().unwrap()),
+            mtu: Mtu::Mtu1024,
+        };
+        let timing = Timing {
+            packet_life_time: 16,
+            local_cm_response_timeout: 18,
+            remote_cm_response_timeout: 21,
+        };
+        let req = CmMsg::Req {
+            local_comm_id: 7,
+            service_id: 0x42,
+            qpn: Qpn::from_bits(0x11),
+            psn: Psn::new(1),
+            pkey: Pkey::DEFAULT,
+            timing,
+            private_data: vec![],
+        };
+        let bytes = encode(&req, 1, &local, local.gid, Qpn::from_bits(0));
+        let Ok(CmMadRepr {
+            message: CmMessage::Req(r),
+            ..
+        }) = CmMadRepr::parse(&bytes)
+        else {
+            panic!("not a REQ")
+        };
+        // IBA 12.6.5; Linux cm.c sends packet lifetime + 1 as the local
+        // ACK timeout of the primary path.
+        assert_eq!(
+            (
+                r.remote_cm_response_timeout,
+                r.local_cm_response_timeout,
+                r.primary_path.local_ack_timeout
+            ),
+            (21, 18, 17)
+        );
     }
 }

@@ -51,6 +51,8 @@ pub enum CmMsg {
         /// The partition of the connection (IBA 12.6.5: the P_Key of the
         /// sender's QP; the passive QP must be in the same partition).
         pkey: Pkey,
+        /// The path's packet lifetime and both CM response timeouts.
+        timing: Timing,
         /// Consumer data (an SRP login request, an RDMA CM header...).
         private_data: Vec<u8>,
     },
@@ -114,26 +116,111 @@ pub enum CmMsg {
     },
 }
 
+/// The time a CM timeout exponent stands for: 4.096 us * 2^`exp` (IBA
+/// 12.7.27 and 12.7.34; 0 is 4.096 us, exponents past 31 count as 31).
+pub fn cm_time(exp: u8) -> Duration {
+    Duration::from_micros((4096u64 << exp.min(31)) / 1000)
+}
+
+/// The times a REQ announces (IBA 12.6.5), each a CM timeout exponent
+/// (see [`cm_time`]). The waits of the connection come from them, as
+/// IBA 12.7.27/12.7.34 and Linux ib_cm compute them: the requester waits
+/// for the REP 2 packet lifetimes (there and back) plus the remote CM
+/// response time; the responder waits for the RTU 2 packet lifetimes plus
+/// the requester's local CM response time; an MRA stretches the wait to
+/// its service timeout plus 2 packet lifetimes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timing {
+    /// The path's packet lifetime (PathRecord PacketLifeTime). On the
+    /// wire it travels as the primary path's local ACK timeout, one more
+    /// (IBA 12.6.5: the ACK timeout covers a round trip; Linux sends
+    /// packet lifetime + 1 and the passive side takes one off).
+    pub packet_life_time: u8,
+    /// How long the requester takes to answer a REP (and a DREQ).
+    pub local_cm_response_timeout: u8,
+    /// How long the requester expects the responder to take over the REQ.
+    pub remote_cm_response_timeout: u8,
+}
+
+impl Timing {
+    /// The QP local ACK timeout exponent for the path (IBA 9.7.6.1.3:
+    /// twice the packet lifetime, as Linux cma does: lifetime + 1).
+    pub fn local_ack_timeout(self) -> u8 {
+        (self.packet_life_time + 1).min(31)
+    }
+
+    fn round_trip(self) -> Duration {
+        cm_time(self.local_ack_timeout())
+    }
+
+    /// How long the requester waits for the REP (or an MRA).
+    pub fn rep_wait(self) -> Duration {
+        self.round_trip() + cm_time(self.remote_cm_response_timeout)
+    }
+
+    /// How long the responder waits for the RTU, and either side for a
+    /// DREP.
+    pub fn rtu_wait(self) -> Duration {
+        self.round_trip() + cm_time(self.local_cm_response_timeout)
+    }
+
+    /// How long to wait after an MRA with `service_timeout`.
+    pub fn mra_wait(self, service_timeout: u8) -> Duration {
+        self.round_trip() + cm_time(service_timeout)
+    }
+}
+
 /// Timing of the protocol.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CmConfig {
-    /// How long to wait for an answer before sending again, as a CM timeout
-    /// exponent (4.096 us * 2^n; IBA 12.7.27).
+    /// This endpoint's own CM response time, as a CM timeout exponent
+    /// (4.096 us * 2^n; IBA 12.7.27): a REQ's local CM response timeout,
+    /// the remote one it expects of the peer (Linux rdma_cm puts the same
+    /// value in both), and the service timeout of its MRAs.
     pub response_timeout: u8,
     /// Times a REQ, REP or DREQ is sent again before giving up (0..=15).
     pub max_retries: u8,
     /// How long a closed connection's IDs stay reserved (timewait).
     pub timewait: Duration,
+    /// The packet lifetime of a path that names none ([`Cm::connect`]):
+    /// on RoCE there is no SA, and Linux rdma_cm assumes 16 (268 ms).
+    pub packet_life_time: u8,
+    /// The shortest wait for an answer, whatever the path and the peer
+    /// announce (a 0 lifetime and response time would mean 8 us: a
+    /// resend storm).
+    pub min_timeout: Duration,
+    /// The longest wait for an answer (an exponent of 31 means 2.4 hours).
+    pub max_timeout: Duration,
 }
 
 impl Default for CmConfig {
-    /// Linux ib_cm's flavour: 2^20 * 4.096 us (about 4.3 s), 15 retries.
+    /// Linux ib_cm's flavour: 2^20 * 4.096 us (about 4.3 s), 15 retries,
+    /// rdma_cm's RoCE packet lifetime; waits between 1 ms and 5 minutes.
     fn default() -> Self {
         CmConfig {
             response_timeout: 20,
             max_retries: 15,
             timewait: Duration::from_secs(4),
+            packet_life_time: 16,
+            min_timeout: Duration::from_millis(1),
+            max_timeout: Duration::from_secs(300),
         }
+    }
+}
+
+impl CmConfig {
+    /// The timing of a REQ over a path with `packet_life_time`.
+    pub fn timing(&self, packet_life_time: u8) -> Timing {
+        Timing {
+            packet_life_time,
+            local_cm_response_timeout: self.response_timeout,
+            remote_cm_response_timeout: self.response_timeout,
+        }
+    }
+
+    fn clamp(&self, d: Duration) -> Duration {
+        d.max(self.min_timeout)
+            .min(self.max_timeout.max(self.min_timeout))
     }
 }
 
@@ -171,6 +258,8 @@ pub struct ReqInfo {
     pub psn: Psn,
     /// The connection's partition (the P_Key of the requester's QP).
     pub pkey: Pkey,
+    /// The path's packet lifetime and the CM response timeouts.
+    pub timing: Timing,
     /// Consumer data of the REQ.
     pub private_data: Vec<u8>,
 }
@@ -242,6 +331,10 @@ struct Conn<P> {
     psn: Psn,
     remote_qpn: Qpn,
     remote_psn: Psn,
+    /// The REQ's timing: what the waits below come from.
+    timing: Timing,
+    /// How long to wait for the answer to `pending` (before the clamp).
+    wait: Duration,
     /// The message we are waiting on an answer for, to send again.
     pending: Option<CmMsg>,
     retries_left: u8,
@@ -273,10 +366,9 @@ impl<P: Copy + Eq + core::fmt::Debug> Cm<P> {
         }
     }
 
-    fn response_timeout(&self) -> Duration {
-        // CM timeouts use the same 4.096 us * 2^n encoding as QP timeouts.
-        Duration::from_ack_timeout_exp(self.cfg.response_timeout.max(1))
-            .unwrap_or(Duration::from_secs(4))
+    /// The configuration the endpoint runs with.
+    pub fn config(&self) -> &CmConfig {
+        &self.cfg
     }
 
     fn alloc_id(&mut self) -> u32 {
@@ -322,6 +414,7 @@ impl<P: Copy + Eq + core::fmt::Debug> Cm<P> {
             qpn,
             psn,
             pkey: Pkey::DEFAULT,
+            timing: self.cfg.timing(self.cfg.packet_life_time),
             private_data,
         };
         self.connect_req(now, paths, req)
@@ -329,7 +422,9 @@ impl<P: Copy + Eq + core::fmt::Debug> Cm<P> {
 
     /// Active side: sends the REQ `req` over the first of `paths`, trying
     /// the next ones when a path's retries run out. `req.pkey` is the
-    /// P_Key of the table entry the requester's QP uses.
+    /// P_Key of the table entry the requester's QP uses; `req.timing` has
+    /// the path's packet lifetime, and the REQ is sent again after
+    /// [`Timing::rep_wait`] (clamped to the configured bounds).
     ///
     /// # Panics
     /// If `paths` is empty (a caller bug: there is nowhere to send).
@@ -341,6 +436,7 @@ impl<P: Copy + Eq + core::fmt::Debug> Cm<P> {
             qpn,
             psn,
             pkey,
+            timing,
             private_data,
         } = req;
         let req = CmMsg::Req {
@@ -349,6 +445,7 @@ impl<P: Copy + Eq + core::fmt::Debug> Cm<P> {
             qpn,
             psn,
             pkey,
+            timing,
             private_data,
         };
         let conn = Conn {
@@ -361,6 +458,8 @@ impl<P: Copy + Eq + core::fmt::Debug> Cm<P> {
             psn,
             remote_qpn: Qpn::from_bits(0),
             remote_psn: Psn::new(0),
+            timing,
+            wait: timing.rep_wait(),
             pending: None,
             retries_left: 0,
             deadline: None,
@@ -370,17 +469,24 @@ impl<P: Copy + Eq + core::fmt::Debug> Cm<P> {
         ConnId(id)
     }
 
-    /// Sends `msg` on the connection's current path and arms the retry timer.
+    /// Sends `msg` on the connection's current path and arms the retry
+    /// timer for the connection's wait.
     fn send_and_wait(&mut self, now: Instant, id: u32, msg: CmMsg) {
-        let timeout = self.response_timeout();
         let retries = self.cfg.max_retries;
+        let cfg = self.cfg;
         if let Some(c) = self.conns.get_mut(&id) {
             let peer = c.paths[c.path];
             self.out.push_back((peer, msg.clone()));
             c.pending = Some(msg);
             c.retries_left = retries;
-            c.deadline = Some(now + timeout);
+            c.deadline = Some(now + cfg.clamp(c.wait));
         }
+    }
+
+    /// How long a connection waits for the answer to what it sent last
+    /// (after the configured bounds); `None` for a connection not known.
+    pub fn response_wait(&self, conn: ConnId) -> Option<Duration> {
+        self.conns.get(&conn.0).map(|c| self.cfg.clamp(c.wait))
     }
 
     fn send_once(&mut self, id: u32, msg: CmMsg) {
@@ -407,6 +513,7 @@ impl<P: Copy + Eq + core::fmt::Debug> Cm<P> {
         c.state = ConnState::RepSent;
         c.qpn = qpn;
         c.psn = psn;
+        c.wait = c.timing.rtu_wait();
         let rep = CmMsg::Rep {
             local_comm_id: conn.0,
             remote_comm_id: c.remote_comm_id,
@@ -477,6 +584,9 @@ impl<P: Copy + Eq + core::fmt::Debug> Cm<P> {
             return false;
         }
         c.state = ConnState::DreqSent;
+        // The DREP comes within the peer's CM response time: the wait
+        // the connection has already (the requester's for the passive
+        // side, the responder's for the active side).
         let dreq = CmMsg::Dreq {
             local_comm_id: conn.0,
             remote_comm_id: c.remote_comm_id,
@@ -505,6 +615,7 @@ impl<P: Copy + Eq + core::fmt::Debug> Cm<P> {
                 qpn,
                 psn,
                 pkey,
+                timing,
                 private_data,
             } => self.on_req(
                 now,
@@ -515,6 +626,7 @@ impl<P: Copy + Eq + core::fmt::Debug> Cm<P> {
                     qpn,
                     psn,
                     pkey,
+                    timing,
                     private_data,
                 },
             ),
@@ -523,13 +635,14 @@ impl<P: Copy + Eq + core::fmt::Debug> Cm<P> {
                 service_timeout,
                 ..
             } => {
-                // Wait the longer time the peer asked for, once more.
-                let extra = Duration::from_ack_timeout_exp(service_timeout.max(1))
-                    .unwrap_or(Duration::ZERO);
-                let base = self.response_timeout();
+                // Wait the longer time the peer asked for (IBA 12.6.6:
+                // its service timeout, plus the MRA's and the answer's
+                // trips over the path), once more.
+                let cfg = self.cfg;
                 if let Some(c) = self.conns.get_mut(&remote_comm_id) {
                     if matches!(c.state, ConnState::ReqSent | ConnState::RepSent) {
-                        c.deadline = Some(now + base + extra);
+                        let wait = cfg.clamp(c.timing.mra_wait(service_timeout));
+                        c.deadline = Some(now + wait);
                     }
                 }
             }
@@ -727,6 +840,8 @@ impl<P: Copy + Eq + core::fmt::Debug> Cm<P> {
                 psn: Psn::new(0),
                 remote_qpn: qpn,
                 remote_psn: psn,
+                timing: req.timing,
+                wait: req.timing.rtu_wait(),
                 pending: None,
                 retries_left: 0,
                 deadline: None,
@@ -762,7 +877,7 @@ impl<P: Copy + Eq + core::fmt::Debug> Cm<P> {
             .filter(|(_, c)| c.deadline.is_some_and(|d| d <= now))
             .map(|(id, _)| *id)
             .collect();
-        let timeout = self.response_timeout();
+        let cfg = self.cfg;
         for id in due {
             let Some(c) = self.conns.get_mut(&id) else {
                 continue;
@@ -779,7 +894,7 @@ impl<P: Copy + Eq + core::fmt::Debug> Cm<P> {
             };
             if c.retries_left > 0 {
                 c.retries_left -= 1;
-                c.deadline = Some(now + timeout);
+                c.deadline = Some(now + cfg.clamp(c.wait));
                 let peer = c.paths[c.path];
                 self.out.push_back((peer, msg));
                 continue;
@@ -791,7 +906,7 @@ impl<P: Copy + Eq + core::fmt::Debug> Cm<P> {
                     c.path += 1;
                     let retries = self.cfg.max_retries;
                     c.retries_left = retries;
-                    c.deadline = Some(now + timeout);
+                    c.deadline = Some(now + cfg.clamp(c.wait));
                     let peer = c.paths[c.path];
                     self.out.push_back((peer, msg));
                 }

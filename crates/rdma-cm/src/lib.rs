@@ -5,9 +5,12 @@
 //! (MRA) -> REP received -> RTU sent -> established`, passive side `REQ
 //! received -> (MRA) -> REP sent -> RTU received -> established`, and the
 //! disconnect path `DREQ sent / DREQ received -> timewait -> idle` --
-//! with the timers and retries of the spec: a request unanswered within the
-//! CM response timeout is sent again, up to `max_cm_retries` times, then the
-//! next path of the list is tried, then the connection fails.
+//! with the timers and retries of the spec: a request unanswered within its
+//! wait is sent again, up to `max_cm_retries` times, then the next path of
+//! the list is tried, then the connection fails. The waits come from the
+//! path and the REQ ([`Timing`]): twice the path's packet lifetime plus the
+//! CM response time of the side that must answer, stretched by an MRA's
+//! service timeout.
 //!
 //! Messages are the [`CmMsg`] values the state machines need (comm IDs,
 //! QPNs, PSNs, the REQ's partition key, private data, reject reasons);
@@ -25,4 +28,6 @@ mod cm;
 #[doc(hidden)]
 pub mod fuzz;
 
-pub use cm::{Cm, CmConfig, CmEvent, CmMsg, ConnId, ConnState, MsgKind, RejReason, ReqInfo};
+pub use cm::{
+    cm_time, Cm, CmConfig, CmEvent, CmMsg, ConnId, ConnState, MsgKind, RejReason, ReqInfo, Timing,
+};
