@@ -233,6 +233,10 @@ pub struct ConnId(pub u32);
 pub enum ConnState {
     /// Active: REQ sent, waiting for REP/MRA/REJ.
     ReqSent,
+    /// Active, RTU held ([`Cm::hold_rtu`]): the REP arrived, the consumer
+    /// readies its QP and then sends the RTU ([`Cm::ready`]) or a REJ
+    /// ([`Cm::reject_reply`]).
+    RepRcvd,
     /// Passive: REQ received, waiting for the consumer.
     ReqRcvd,
     /// Passive: REP sent, waiting for RTU.
@@ -288,6 +292,19 @@ pub enum CmEvent<P> {
         /// Consumer data of the REP (active side) or empty (passive).
         private_data: Vec<u8>,
     },
+    /// Active, RTU held ([`Cm::hold_rtu`]): the REP arrived; move the QP
+    /// to RTR and RTS with these values, then call [`Cm::ready`] (or
+    /// [`Cm::reject_reply`] if that failed).
+    Reply {
+        /// The connection.
+        conn: ConnId,
+        /// The peer's QP.
+        remote_qpn: Qpn,
+        /// The peer's first PSN.
+        remote_psn: Psn,
+        /// Consumer data of the REP.
+        private_data: Vec<u8>,
+    },
     /// The peer rejected the connection.
     Rejected {
         /// The connection.
@@ -339,6 +356,9 @@ struct Conn<P> {
     pending: Option<CmMsg>,
     retries_left: u8,
     deadline: Option<Instant>,
+    /// Active: stop in `RepRcvd` on the REP, the RTU waits for the
+    /// consumer.
+    hold_rtu: bool,
 }
 
 /// One CM endpoint; `P` names a peer (an IP address or GID on RoCE).
@@ -463,6 +483,7 @@ impl<P: Copy + Eq + core::fmt::Debug> Cm<P> {
             pending: None,
             retries_left: 0,
             deadline: None,
+            hold_rtu: false,
         };
         self.conns.insert(id, conn);
         self.send_and_wait(now, id, req);
@@ -545,14 +566,78 @@ impl<P: Copy + Eq + core::fmt::Debug> Cm<P> {
         true
     }
 
+    /// Active side: the REP of `conn` (still waiting for it) stops in
+    /// [`ConnState::RepRcvd`] with a [`CmEvent::Reply`] instead of
+    /// sending the RTU at once, so that the consumer can move its QP to
+    /// RTR and RTS first and refuse the connection if that fails (as IBA
+    /// 12.9.6's REP-received state, and Linux rdma_cm with a QP, do).
+    /// Returns whether the connection waits for a REP.
+    pub fn hold_rtu(&mut self, conn: ConnId) -> bool {
+        match self.conns.get_mut(&conn.0) {
+            Some(c) if c.state == ConnState::ReqSent => {
+                c.hold_rtu = true;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Active side, after a [`CmEvent::Reply`]: sends the RTU; the
+    /// connection is established ([`CmEvent::Established`] follows).
+    pub fn ready(&mut self, conn: ConnId) -> bool {
+        let Some(c) = self.conns.get_mut(&conn.0) else {
+            return false;
+        };
+        if c.state != ConnState::RepRcvd {
+            return false;
+        }
+        c.state = ConnState::Established;
+        let rtu = CmMsg::Rtu {
+            local_comm_id: conn.0,
+            remote_comm_id: c.remote_comm_id,
+        };
+        let (remote_qpn, remote_psn) = (c.remote_qpn, c.remote_psn);
+        self.send_once(conn.0, rtu);
+        self.events.push_back(CmEvent::Established {
+            conn,
+            remote_qpn,
+            remote_psn,
+            private_data: Vec::new(),
+        });
+        true
+    }
+
+    /// Active side, after a [`CmEvent::Reply`]: refuses the REP (the QP
+    /// could not be readied) with a REJ; the connection is gone.
+    pub fn reject_reply(&mut self, conn: ConnId, reason: RejReason, private_data: Vec<u8>) -> bool {
+        let Some(c) = self.conns.get(&conn.0) else {
+            return false;
+        };
+        if c.state != ConnState::RepRcvd {
+            return false;
+        }
+        let rej = CmMsg::Rej {
+            local_comm_id: conn.0,
+            remote_comm_id: c.remote_comm_id,
+            msg: MsgKind::Rep,
+            reason,
+            private_data,
+        };
+        self.send_once(conn.0, rej);
+        self.conns.remove(&conn.0);
+        true
+    }
+
     /// Active side: gives up an attempt whose REQ is still unanswered (the
     /// consumer's own deadline passed): the REQ is not sent again, so it
     /// cannot reach the passive side long after the consumer moved on (a
     /// late SRP login there ends the initiator's newer channel). A REP
     /// that still comes finds no connection. Returns whether it was
     /// waiting.
+    /// A REP held for the consumer ([`Cm::hold_rtu`]) is abandoned the
+    /// same way: the passive side, without an RTU, gives up by itself.
     pub fn abandon(&mut self, conn: ConnId) -> bool {
-        if self.state(conn) != ConnState::ReqSent {
+        if !matches!(self.state(conn), ConnState::ReqSent | ConnState::RepRcvd) {
             return false;
         }
         self.conns.remove(&conn.0);
@@ -655,7 +740,10 @@ impl<P: Copy + Eq + core::fmt::Debug> Cm<P> {
                 let Some(c) = self.conns.get(&remote_comm_id) else {
                     return;
                 };
-                if matches!(c.state, ConnState::ReqSent | ConnState::RepSent) {
+                if matches!(
+                    c.state,
+                    ConnState::ReqSent | ConnState::RepRcvd | ConnState::RepSent
+                ) {
                     self.conns.remove(&remote_comm_id);
                     self.events.push_back(CmEvent::Rejected {
                         conn: ConnId(remote_comm_id),
@@ -690,6 +778,20 @@ impl<P: Copy + Eq + core::fmt::Debug> Cm<P> {
                     remote_comm_id: local_comm_id,
                 };
                 match c.state {
+                    ConnState::ReqSent if c.hold_rtu => {
+                        c.state = ConnState::RepRcvd;
+                        c.remote_comm_id = local_comm_id;
+                        c.remote_qpn = qpn;
+                        c.remote_psn = psn;
+                        c.pending = None;
+                        c.deadline = None;
+                        self.events.push_back(CmEvent::Reply {
+                            conn: ConnId(remote_comm_id),
+                            remote_qpn: qpn,
+                            remote_psn: psn,
+                            private_data,
+                        });
+                    }
                     ConnState::ReqSent => {
                         c.state = ConnState::Established;
                         c.remote_comm_id = local_comm_id;
@@ -845,6 +947,7 @@ impl<P: Copy + Eq + core::fmt::Debug> Cm<P> {
                 pending: None,
                 retries_left: 0,
                 deadline: None,
+                hold_rtu: false,
             },
         );
         self.events.push_back(CmEvent::Request {

@@ -98,9 +98,12 @@ pub fn cm_input(data: &[u8]) -> usize {
             }
             8 => {
                 if let Some(&c) = known.get(usize::from(inp.u8()) % known.len().max(1)) {
-                    match inp.u8() % 3 {
+                    match inp.u8() % 6 {
                         0 => drop(cm.accept(now, c, Qpn::from_bits(5), Psn::new(5), vec![])),
                         1 => drop(cm.reject(c, RejReason::CONSUMER_DEFINED, vec![1])),
+                        2 => drop(cm.hold_rtu(c)),
+                        3 => drop(cm.ready(c)),
+                        4 => drop(cm.reject_reply(c, RejReason::CONSUMER_DEFINED, vec![])),
                         _ => drop(cm.disconnect(now, c)),
                     }
                 }

@@ -801,3 +801,62 @@ fn waits_stay_within_the_configured_floor_and_ceiling() {
     assert_eq!(cm.response_wait(b), Some(Duration::from_secs(2)));
     assert_eq!(cm.poll_timeout(), Some(Instant::from_millis(5)));
 }
+
+#[test]
+fn a_held_rtu_waits_for_the_consumer_who_sends_it_or_rejects_the_rep() {
+    for ok in [true, false] {
+        let mut net = Net::new(&[1, 2], FaultConfig::default());
+        net.cm(2).listen(SVC);
+        let a = net.connect_plain(vec![2], SVC);
+        assert!(net.cm(1).hold_rtu(a));
+        let mut b = None;
+        net.run(|n| {
+            for e in n.take(2) {
+                if let CmEvent::Request { conn, .. } = e {
+                    let now = n.now;
+                    n.cm(2)
+                        .accept(now, conn, Qpn::from_bits(0x22), Psn::new(5), b"r".to_vec());
+                    b = Some(conn);
+                }
+            }
+            n.cm(1).state(a) == ConnState::RepRcvd
+        });
+        let b = b.unwrap();
+        let mut reply = net.take(1);
+        assert!(
+            matches!(reply.as_slice(), [CmEvent::Reply { conn, remote_qpn, remote_psn, private_data }]
+                if *conn == a && *remote_qpn == Qpn::from_bits(0x22)
+                    && *remote_psn == Psn::new(5) && private_data[0] == b'r'),
+            "{reply:?}"
+        );
+        assert_eq!(net.count(1, |m| matches!(m, CmMsg::Rtu { .. })), 0);
+        assert!(!net.cm(1).hold_rtu(a), "only before the REP");
+        if ok {
+            assert!(net.cm(1).ready(a));
+            assert!(!net.cm(1).ready(a), "once");
+            net.run(|n| n.cm(2).state(b) == ConnState::Established);
+            reply = net.take(1);
+            assert!(
+                matches!(reply.as_slice(), [CmEvent::Established { conn, .. }] if *conn == a),
+                "{reply:?}"
+            );
+            assert_eq!(net.cm(1).state(a), ConnState::Established);
+            assert_eq!(net.count(1, |m| matches!(m, CmMsg::Rtu { .. })), 1);
+        } else {
+            assert!(net
+                .cm(1)
+                .reject_reply(a, RejReason::CONSUMER_DEFINED, b"qp".to_vec()));
+            net.run(|n| n.cm(2).state(b) == ConnState::Closed);
+            assert_eq!(net.cm(1).state(a), ConnState::Closed);
+            assert!(
+                net.take(2).contains(&CmEvent::Rejected {
+                    conn: b,
+                    reason: RejReason::CONSUMER_DEFINED,
+                    private_data: b"qp".to_vec()
+                }),
+                "the passive side hears the REJ of its REP"
+            );
+            assert_eq!(net.count(1, |m| matches!(m, CmMsg::Rtu { .. })), 0);
+        }
+    }
+}
