@@ -39,9 +39,16 @@
 //! registration. [`sma`] answers a port's SMPs for the managed-subnet mode.
 //! [`devinfo`] is what `ibstat` lists of a CA and its ports.
 //!
-//! What it leaves to the consumer: QP state transitions (the consumer has
-//! its QP in RTR before it accepts, and moves it to RTS on the answer), and
-//! which port to use (one agent per port). What it refuses: MADs that do
+//! QP state transitions are the consumer's (its QP in RTR before it
+//! accepts, moved to RTS on the answer) unless it hands the QP to the CM,
+//! as Linux `rdma_connect` / `rdma_accept` with a QP: [`CmAgent::connect_qp`]
+//! and [`Incoming::accept_qp`] take a [`ConnQp`] to INIT, RTR and RTS with
+//! the values both sides' REQ and REP negotiated (QPNs, PSNs, path MTU,
+//! READs each way, retry counts, the path's ACK timeout), and refuse the
+//! connection with a REJ when a transition fails. The CM's waits come
+//! from the [`Path`] (its packet lifetime) and the REQ's CM response
+//! timeouts. What it leaves to the consumer: which port to use (one agent
+//! per port). What it refuses: MADs that do
 //! not parse (dropped), requests for services nobody listens on (REJ,
 //! invalid service ID).
 
@@ -57,7 +64,7 @@ pub mod sma_agent;
 mod wire;
 
 pub use agent::{
-    recv_ring, recv_wr, send_ring, source_gid, special_qp, CmAgent, CmError, Established, Incoming,
-    MadAgent, Removed,
+    recv_ring, recv_wr, send_ring, source_gid, special_qp, CmAgent, CmError, ConnQp, Established,
+    Incoming, MadAgent, Path, QpParams, Removed,
 };
-pub use rdma_cm::{CmConfig, ConnId};
+pub use rdma_cm::{CmConfig, ConnId, Timing};
