@@ -58,6 +58,9 @@ pub enum CmError {
     /// listens are gone, nothing more can be sent.
     #[error("the CA was removed")]
     DeviceRemoved,
+    /// An RDMA CM address or route did not resolve.
+    #[error(transparent)]
+    Resolve(#[from] crate::rdmacm::ResolveError),
 }
 
 /// A CM id that ended because its CA was removed (rdma_cm's
@@ -823,6 +826,20 @@ impl CmAgent {
     /// The port GID the agent answers on.
     pub fn gid(&self) -> Gid {
         self.inner.local.gid
+    }
+
+    /// The GUID of the agent's CA.
+    pub fn ca_guid(&self) -> Guid {
+        self.inner.local.guid
+    }
+
+    /// The port's GID table as the provider reports it now (the GID the
+    /// agent answers on alone if the provider cannot say).
+    pub fn gids(&self) -> Vec<Gid> {
+        match self.inner.provider.query_port(self.inner.ca, PortNum(1)) {
+            Ok(p) if !p.gids.is_empty() => p.gids,
+            _ => vec![self.gid()],
+        }
     }
 
     /// The port's active MTU.

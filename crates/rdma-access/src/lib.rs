@@ -19,7 +19,12 @@
 //! the service ID of TCP port `p` is `0x0000000001060000 | p`, and the REQ
 //! private data starts with the 36-byte `cma_hdr` (version, IP version,
 //! source port, source and destination addresses) before the consumer's.
-//! On RoCE an IP address is a GID, so no SA path query is needed.
+//! Its steps are librdmacm's: [`rdmacm::resolve_addr`] finds the local
+//! port that has the source address (or serves the destination) and the
+//! GIDs of both ends (on RoCEv2 an IPv4 address is the IPv4-mapped GID),
+//! [`rdmacm::resolve_route`] the path through that port (GIDs, P_Key,
+//! MTU, packet lifetime: on RoCE no SA is asked), and
+//! [`rdmacm::connect`] goes through both before the REQ.
 //!
 //! [`gsi`] is the dispatcher, sans-IO: agents ([`CmAgent::mad_agent`])
 //! register a class, version and methods; requests get transaction IDs
