@@ -2,8 +2,8 @@
 
 use crate::gsi::{AgentId, Delivery, Dispatcher, MadBytes};
 use crate::resource::{Client, Kind, ResId, Tracker};
-use crate::wire::{self, Local, ReqExtra};
-use rdma_cm::{Cm, CmConfig, CmEvent, CmMsg, ConnId, ConnState, RejReason};
+use crate::wire::{self, Extra, Local, Offer};
+use rdma_cm::{Cm, CmConfig, CmEvent, CmMsg, ConnId, ConnState, RejReason, Timing};
 use rdma_types::{
     AccessFlags, Gid, Guid, Instant, Mtu, Pkey, PortNum, Psn, Qkey, QpState, QpType, Qpn,
 };
@@ -58,6 +58,9 @@ pub enum CmError {
     /// listens are gone, nothing more can be sent.
     #[error("the CA was removed")]
     DeviceRemoved,
+    /// An RDMA CM address or route did not resolve.
+    #[error(transparent)]
+    Resolve(#[from] crate::rdmacm::ResolveError),
 }
 
 /// A CM id that ended because its CA was removed (rdma_cm's
@@ -88,6 +91,179 @@ pub struct Established {
     pub private_data: Vec<u8>,
 }
 
+/// The QP parameters a REQ or REP offers (IBA 12.6.5, 12.6.8), and that
+/// a QP the CM readies ([`ConnQp`]) takes, negotiated with the peer's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpParams {
+    /// RDMA READs and atomics this side's QP takes at once as a responder
+    /// (its `max_dest_rd_atomic`).
+    pub responder_resources: u8,
+    /// RDMA READs and atomics this side's QP has outstanding as a
+    /// requester (its `max_rd_atomic`).
+    pub initiator_depth: u8,
+    /// Transport retries of both QPs (the REQ's count rules; 0..=7).
+    pub retry_count: u8,
+    /// RNR retries the sender asks of the peer's QP (7: for ever).
+    pub rnr_retry_count: u8,
+}
+
+impl QpParams {
+    /// What the agent has always offered: 16 READs each way, 7 retries
+    /// of each kind.
+    pub const DEFAULT: QpParams = QpParams {
+        responder_resources: 16,
+        initiator_depth: 16,
+        retry_count: 7,
+        rnr_retry_count: 7,
+    };
+}
+
+impl Default for QpParams {
+    fn default() -> Self {
+        QpParams::DEFAULT
+    }
+}
+
+/// A consumer's RC QP that the CM moves through its states, as Linux
+/// `rdma_connect` / `rdma_accept` do with an `rdma_cm_id`'s QP: to INIT
+/// (from RESET, on connect or accept), to RTR with the peer's QPN, first
+/// PSN, the path MTU and the responder resources, and to RTS with the
+/// retry counts and the local ACK timeout of the path (its packet
+/// lifetime + 1). A QP on the agent's provider, or on one wrapping it (a
+/// tracking client's).
+#[derive(Clone)]
+pub struct ConnQp {
+    /// The provider the QP belongs to.
+    pub provider: Arc<dyn Provider>,
+    /// The QP, in RESET or INIT.
+    pub qp: QpHandle,
+    /// What this side offers.
+    pub params: QpParams,
+    /// The RNR NAK timer code this side's receive queue answers with.
+    pub min_rnr_timer: u8,
+}
+
+impl std::fmt::Debug for ConnQp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnQp")
+            .field("qp", &self.qp)
+            .field("params", &self.params)
+            .finish()
+    }
+}
+
+impl ConnQp {
+    /// QP `qp` of `provider`, offering [`QpParams::DEFAULT`], RNR timer
+    /// code 12 (0.64 ms).
+    pub fn new(provider: Arc<dyn Provider>, qp: QpHandle) -> ConnQp {
+        ConnQp {
+            provider,
+            qp,
+            params: QpParams::DEFAULT,
+            min_rnr_timer: 12,
+        }
+    }
+
+    /// RESET -> INIT on port 1 at `pkey_index`, remote writes allowed
+    /// and, with responder resources, remote READs and atomics (as Linux
+    /// ib_cm's INIT attributes); a QP already in INIT stays.
+    fn init(&self, pkey_index: u16) -> Result<Qpn, CmError> {
+        let p = &self.provider;
+        let state = p
+            .query_qp(self.qp)
+            .map_err(verbs_err("query the QP"))?
+            .state;
+        if state == Some(QpState::Reset) {
+            let mut access = AccessFlags::REMOTE_WRITE;
+            if self.params.responder_resources > 0 {
+                access = access | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC;
+            }
+            p.modify_qp(
+                self.qp,
+                &QpAttr {
+                    state: Some(QpState::Init),
+                    port: Some(PortNum(1)),
+                    pkey_index: Some(pkey_index),
+                    access: Some(access),
+                    ..Default::default()
+                },
+            )
+            .map_err(verbs_err("QP to INIT"))?;
+        } else if state != Some(QpState::Init) {
+            return Err(CmError::Verbs {
+                what: "QP to INIT",
+                err: verbs::VerbsError::InvalidArgument(format!(
+                    "the QP is in {state:?}, not RESET or INIT"
+                )),
+            });
+        }
+        p.qp_num(self.qp).map_err(verbs_err("QP number"))
+    }
+
+    /// INIT -> RTR -> RTS towards `peer`.
+    fn connect(&self, to: &Ready) -> Result<(), CmError> {
+        let p = &self.provider;
+        p.modify_qp(
+            self.qp,
+            &QpAttr {
+                state: Some(QpState::Rtr),
+                av: Some(AhAttr::roce(to.peer)),
+                path_mtu: Some(to.mtu),
+                dest_qpn: Some(to.remote_qpn),
+                rq_psn: Some(to.remote_psn),
+                max_dest_rd_atomic: Some(to.responder_resources),
+                min_rnr_timer: Some(self.min_rnr_timer),
+                ..Default::default()
+            },
+        )
+        .map_err(verbs_err("QP to RTR"))?;
+        p.modify_qp(
+            self.qp,
+            &QpAttr {
+                state: Some(QpState::Rts),
+                sq_psn: Some(to.psn),
+                timeout: Some(to.timeout),
+                retry_cnt: Some(to.retry_count.min(7)),
+                rnr_retry: Some(to.rnr_retry.min(7)),
+                max_rd_atomic: Some(to.initiator_depth),
+                ..Default::default()
+            },
+        )
+        .map_err(verbs_err("QP to RTS"))
+    }
+}
+
+/// The attributes of a QP's RTR and RTS, negotiated from both offers.
+struct Ready {
+    peer: Gid,
+    mtu: Mtu,
+    remote_qpn: Qpn,
+    remote_psn: Psn,
+    psn: Psn,
+    responder_resources: u8,
+    initiator_depth: u8,
+    timeout: u8,
+    retry_count: u8,
+    rnr_retry: u8,
+}
+
+/// A route to a peer's port, what librdmacm's `rdma_resolve_route` (or an
+/// SA PathRecord) gives: the CM puts it in the REQ and times its waits by
+/// its packet lifetime.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Path {
+    /// This port's GID the connection leaves from.
+    pub sgid: Gid,
+    /// The peer port's GID.
+    pub dgid: Gid,
+    /// The partition (the P_Key of the entry the QP uses).
+    pub pkey: Pkey,
+    /// The path MTU.
+    pub mtu: Mtu,
+    /// The path's packet lifetime, a CM timeout exponent (4.096 us * 2^n).
+    pub packet_life_time: u8,
+}
+
 /// A connection request for a service this agent listens on.
 pub struct Incoming {
     /// The connection.
@@ -107,6 +283,11 @@ pub struct Incoming {
     pub pkey: Pkey,
     /// Service ID.
     pub service_id: u64,
+    /// The path's packet lifetime and the CM response timeouts the REQ
+    /// announced.
+    pub timing: Timing,
+    /// What the requester's QP offers.
+    pub params: QpParams,
     /// REQ private data (92 bytes, zero padded).
     pub private_data: Vec<u8>,
     agent: Arc<Inner>,
@@ -140,6 +321,71 @@ impl Incoming {
         ok
     }
 
+    /// Readies `qp` for the requester and answers with a REP, as Linux
+    /// `rdma_accept` with a QP: INIT (from RESET) in the REQ's partition,
+    /// RTR with the requester's QPN and PSN, the smaller of both path
+    /// MTUs and READs the requester may have outstanding (at most
+    /// `qp.params`), RTS from `psn` with the REQ's retry counts and local
+    /// ACK timeout. The REP offers what was negotiated. If a transition
+    /// fails, the REQ is rejected (consumer defined, no private data).
+    ///
+    /// # Errors
+    /// The transition that failed ([`CmError::Verbs`]); the request was
+    /// already answered ([`CmError::Stopped`]).
+    pub fn accept_qp(&self, qp: &ConnQp, psn: Psn, private_data: Vec<u8>) -> Result<(), CmError> {
+        let pkeys = self.agent.pkeys();
+        // The entry the REQ matched (a full member's first).
+        let index = pkeys
+            .iter()
+            .position(|k| *k == self.pkey || (k.matches(self.pkey) && k.0 & 0x8000 != 0))
+            .or_else(|| pkeys.iter().position(|k| k.matches(self.pkey)))
+            .unwrap_or(0) as u16;
+        let mine = qp.params;
+        let req = self.params;
+        let ready = |qpn| -> Result<Qpn, CmError> {
+            let local_mtu = self.agent.local.mtu;
+            qp.connect(&Ready {
+                peer: self.peer,
+                mtu: if self.mtu.bytes() < local_mtu.bytes() {
+                    self.mtu
+                } else {
+                    local_mtu
+                },
+                remote_qpn: self.remote_qpn,
+                remote_psn: self.remote_psn,
+                psn,
+                responder_resources: mine.responder_resources.min(req.initiator_depth),
+                initiator_depth: mine.initiator_depth.min(req.responder_resources),
+                timeout: self.timing.local_ack_timeout(),
+                retry_count: req.retry_count,
+                rnr_retry: req.rnr_retry_count,
+            })?;
+            Ok(qpn)
+        };
+        let qpn = match qp.init(index).and_then(ready) {
+            Ok(q) => q,
+            Err(e) => {
+                self.reject(Vec::new());
+                return Err(e);
+            }
+        };
+        let mut st = self.agent.lock();
+        if let Some(m) = st.meta.get_mut(&self.conn) {
+            m.offer.params = QpParams {
+                responder_resources: mine.responder_resources.min(req.initiator_depth),
+                initiator_depth: mine.initiator_depth.min(req.responder_resources),
+                retry_count: req.retry_count,
+                rnr_retry_count: mine.rnr_retry_count,
+            };
+        }
+        drop(st);
+        if self.accept(qpn, psn, private_data) {
+            Ok(())
+        } else {
+            Err(CmError::Stopped)
+        }
+    }
+
     /// Answers with a REJ, consumer defined (IBA reason 28), carrying
     /// `private_data`.
     pub fn reject(&self, private_data: Vec<u8>) -> bool {
@@ -163,6 +409,10 @@ struct Meta {
     local_qpn: Qpn,
     /// The REQ's partition key.
     pkey: Pkey,
+    /// What this side's REQ or REP offers.
+    offer: Offer,
+    /// What the peer's REP offered (active side).
+    peer_params: Option<QpParams>,
 }
 
 struct State {
@@ -578,6 +828,20 @@ impl CmAgent {
         self.inner.local.gid
     }
 
+    /// The GUID of the agent's CA.
+    pub fn ca_guid(&self) -> Guid {
+        self.inner.local.guid
+    }
+
+    /// The port's GID table as the provider reports it now (the GID the
+    /// agent answers on alone if the provider cannot say).
+    pub fn gids(&self) -> Vec<Gid> {
+        match self.inner.provider.query_port(self.inner.ca, PortNum(1)) {
+            Ok(p) if !p.gids.is_empty() => p.gids,
+            _ => vec![self.gid()],
+        }
+    }
+
     /// The port's active MTU.
     pub fn mtu(&self) -> Mtu {
         self.inner.local.mtu
@@ -733,42 +997,204 @@ impl CmAgent {
         private_data: Vec<u8>,
         timeout: StdDuration,
     ) -> Result<Established, CmError> {
-        let (tx, rx) = mpsc::channel();
-        let conn = {
-            let mut st = self.inner.lock();
-            if self.inner.removed.load(Ordering::SeqCst) {
-                return Err(CmError::DeviceRemoved);
-            }
-            if st.stopped || st.tracker.as_ref().is_some_and(|t| !t.is_open()) {
-                return Err(CmError::Stopped);
-            }
-            let now = self.inner.now();
-            let req = rdma_cm::ReqInfo {
-                service_id,
-                qpn,
-                psn,
-                pkey,
-                private_data,
-            };
-            let conn = st.cm.connect_req(now, vec![peer], req);
-            if let Err(e) = self.inner.track(&mut st, TrackKey::Conn(conn)) {
-                // Closed just now: the REQ is not sent again.
-                st.cm.abandon(conn);
-                return Err(e);
-            }
-            st.waiting.insert(conn, tx);
-            st.meta.insert(
-                conn,
-                Meta {
-                    remote_qpn: Qpn::from_bits(0),
-                    local_qpn: qpn,
-                    pkey,
-                },
-            );
-            self.inner.flush(&mut st);
-            conn
+        let path = Path {
+            pkey,
+            ..self.path_to(peer)
         };
+        self.connect_path(&path, service_id, qpn, psn, private_data, timeout)
+    }
+
+    /// The path to the port with GID `dgid` when nobody resolved one:
+    /// this port's GID and active MTU, the partition of index 0 of its
+    /// P_Key table, the configured packet lifetime (RoCE has no SA).
+    pub fn path_to(&self, dgid: Gid) -> Path {
+        let plt = self.inner.lock().cm.config().packet_life_time;
+        Path {
+            sgid: self.gid(),
+            dgid,
+            pkey: self.pkeys().first().copied().unwrap_or(Pkey::DEFAULT),
+            mtu: self.mtu(),
+            packet_life_time: plt,
+        }
+    }
+
+    /// Connects over `path` (see [`CmAgent::connect`]): the REQ is in
+    /// its partition, offers its MTU (at most the port's) and waits for
+    /// the REP by its packet lifetime (twice, plus the peer's CM
+    /// response time).
+    pub fn connect_path(
+        &self,
+        path: &Path,
+        service_id: u64,
+        qpn: Qpn,
+        psn: Psn,
+        private_data: Vec<u8>,
+        timeout: StdDuration,
+    ) -> Result<Established, CmError> {
+        let offer = Offer {
+            params: QpParams::DEFAULT,
+            mtu: path.mtu,
+        };
+        let (conn, rx) = self.send_req(path, service_id, qpn, psn, private_data, offer, false)?;
+        self.wait_answer(conn, rx, timeout)
+    }
+
+    /// Connects `qp` over `path` and readies it, as Linux `rdma_connect`
+    /// with a QP: INIT (from RESET) in the path's partition before the
+    /// REQ; on the REP, RTR with the responder's QPN and PSN, the path
+    /// MTU and the READs it may have outstanding (at most `qp.params`),
+    /// then RTS from `psn` with the REQ's retry count, the REP's RNR
+    /// retry count, the path's local ACK timeout (packet lifetime + 1)
+    /// and the READs the responder takes, and only then the RTU. If a
+    /// transition fails the REP is rejected (consumer defined) and the
+    /// error returned.
+    ///
+    /// # Errors
+    /// As [`CmAgent::connect`]; [`CmError::Verbs`] when the QP could not
+    /// be readied; the path's partition missing from the port's table.
+    pub fn connect_qp(
+        &self,
+        path: &Path,
+        service_id: u64,
+        qp: &ConnQp,
+        psn: Psn,
+        private_data: Vec<u8>,
+        timeout: StdDuration,
+    ) -> Result<Established, CmError> {
+        let index = self
+            .pkeys()
+            .iter()
+            .position(|k| *k == path.pkey)
+            .ok_or_else(|| CmError::Verbs {
+                what: "P_Key index",
+                err: verbs::VerbsError::InvalidArgument(format!(
+                    "P_Key {:04x} is not in the port's table",
+                    path.pkey.0
+                )),
+            })?;
+        let qpn = qp.init(index as u16)?;
+        let offer = Offer {
+            params: qp.params,
+            mtu: path.mtu,
+        };
+        let (conn, rx) = self.send_req(path, service_id, qpn, psn, private_data, offer, true)?;
+        let rep = self.wait_answer(conn, rx, timeout)?;
+        let theirs = self
+            .inner
+            .lock()
+            .meta
+            .get(&conn)
+            .and_then(|m| m.peer_params)
+            .unwrap_or(QpParams::DEFAULT);
+        let mine = qp.params;
+        let ready = Ready {
+            peer: path.dgid,
+            mtu: if path.mtu.bytes() < self.mtu().bytes() {
+                path.mtu
+            } else {
+                self.mtu()
+            },
+            remote_qpn: rep.remote_qpn,
+            remote_psn: rep.remote_psn,
+            psn,
+            responder_resources: mine.responder_resources.min(theirs.initiator_depth),
+            initiator_depth: mine.initiator_depth.min(theirs.responder_resources),
+            timeout: self
+                .inner
+                .lock()
+                .cm
+                .config()
+                .timing(path.packet_life_time)
+                .local_ack_timeout(),
+            retry_count: mine.retry_count,
+            rnr_retry: theirs.rnr_retry_count,
+        };
+        let r = qp.connect(&ready);
+        let mut st = self.inner.lock();
+        let sent = match &r {
+            Ok(()) => st.cm.ready(conn),
+            Err(_) => {
+                st.cm
+                    .reject_reply(conn, RejReason::CONSUMER_DEFINED, Vec::new());
+                st.meta.remove(&conn);
+                self.inner.untrack(&mut st, TrackKey::Conn(conn));
+                false
+            }
+        };
+        self.inner.flush(&mut st);
+        drop(st);
         self.inner.kick();
+        r?;
+        if !sent {
+            // Abandoned meanwhile (the client closed, the CA went).
+            return Err(self.inner.gone());
+        }
+        Ok(rep)
+    }
+
+    /// Sends the REQ of a new connection; the receiver hears its answer.
+    #[allow(clippy::too_many_arguments)]
+    fn send_req(
+        &self,
+        path: &Path,
+        service_id: u64,
+        qpn: Qpn,
+        psn: Psn,
+        private_data: Vec<u8>,
+        offer: Offer,
+        hold_rtu: bool,
+    ) -> Result<(ConnId, Receiver<Result<Established, CmError>>), CmError> {
+        let (tx, rx) = mpsc::channel();
+        let mut st = self.inner.lock();
+        if self.inner.removed.load(Ordering::SeqCst) {
+            return Err(CmError::DeviceRemoved);
+        }
+        if st.stopped || st.tracker.as_ref().is_some_and(|t| !t.is_open()) {
+            return Err(CmError::Stopped);
+        }
+        let now = self.inner.now();
+        let timing = st.cm.config().timing(path.packet_life_time);
+        let req = rdma_cm::ReqInfo {
+            service_id,
+            qpn,
+            psn,
+            pkey: path.pkey,
+            timing,
+            private_data,
+        };
+        let conn = st.cm.connect_req(now, vec![path.dgid], req);
+        if hold_rtu {
+            st.cm.hold_rtu(conn);
+        }
+        if let Err(e) = self.inner.track(&mut st, TrackKey::Conn(conn)) {
+            // Closed just now: the REQ is not sent again.
+            st.cm.abandon(conn);
+            return Err(e);
+        }
+        st.waiting.insert(conn, tx);
+        st.meta.insert(
+            conn,
+            Meta {
+                remote_qpn: Qpn::from_bits(0),
+                local_qpn: qpn,
+                pkey: path.pkey,
+                offer,
+                peer_params: None,
+            },
+        );
+        self.inner.flush(&mut st);
+        drop(st);
+        self.inner.kick();
+        Ok((conn, rx))
+    }
+
+    /// Waits for the answer to a REQ, at most `timeout`.
+    fn wait_answer(
+        &self,
+        conn: ConnId,
+        rx: Receiver<Result<Established, CmError>>,
+        timeout: StdDuration,
+    ) -> Result<Established, CmError> {
         if let Ok(r) = rx.recv_timeout(timeout) {
             return r;
         }
@@ -1311,7 +1737,7 @@ impl Inner {
                 return;
             }
             TrackKey::Conn(conn) => match st.cm.state(conn) {
-                ConnState::ReqSent => {
+                ConnState::ReqSent | ConnState::RepRcvd => {
                     st.cm.abandon(conn);
                     st.meta.remove(&conn);
                     if let Some(tx) = st.waiting.remove(&conn) {
@@ -1474,14 +1900,24 @@ impl Inner {
         while let Some((peer, msg)) = st.cm.poll_transmit() {
             st.next_tid += 1;
             let tid = st.next_tid;
+            let meta = match &msg {
+                CmMsg::Dreq { local_comm_id, .. }
+                | CmMsg::Req { local_comm_id, .. }
+                | CmMsg::Rep { local_comm_id, .. } => st.meta.get(&ConnId(*local_comm_id)),
+                _ => None,
+            };
             let peer_qpn = match &msg {
-                CmMsg::Dreq { local_comm_id, .. } => st
-                    .meta
-                    .get(&ConnId(*local_comm_id))
-                    .map_or(Qpn::from_bits(0), |m| m.remote_qpn),
+                CmMsg::Dreq { .. } => meta.map_or(Qpn::from_bits(0), |m| m.remote_qpn),
                 _ => Qpn::from_bits(0),
             };
-            let mad = wire::encode(&msg, tid, &local, peer, peer_qpn);
+            let offer = meta.map_or(
+                Offer {
+                    params: QpParams::DEFAULT,
+                    mtu: local.mtu,
+                },
+                |m| m.offer,
+            );
+            let mad = wire::encode(&msg, tid, &local, peer, peer_qpn, &offer);
             st.gsi.send(peer, mad);
         }
         while let Some((peer, mad)) = st.gsi.poll_transmit() {
@@ -1570,7 +2006,7 @@ impl Inner {
 
     /// Routes state machine events and sends what they queued; returns the
     /// connections whose disconnect hook must run (without the lock).
-    fn take_events(&self, st: &mut State, extra: Option<ReqExtra>) -> Vec<ConnId> {
+    fn take_events(&self, st: &mut State, extra: Option<Extra>) -> Vec<ConnId> {
         let mut calls: Vec<ConnId> = Vec::new();
         while let Some(ev) = st.cm.poll_event() {
             match ev {
@@ -1586,12 +2022,19 @@ impl Inner {
                         st.cm.reject(conn, RejReason::INVALID_GID, Vec::new());
                         continue;
                     }
+                    let mtu = extra.and_then(|x| x.mtu).unwrap_or(self.local.mtu);
+                    let params = extra.map_or(QpParams::DEFAULT, |x| x.params);
                     st.meta.insert(
                         conn,
                         Meta {
                             remote_qpn: req.qpn,
                             local_qpn: Qpn::from_bits(0),
                             pkey: req.pkey,
+                            offer: Offer {
+                                params: QpParams::DEFAULT,
+                                mtu,
+                            },
+                            peer_params: Some(params),
                         },
                     );
                     let incoming = Incoming {
@@ -1599,9 +2042,11 @@ impl Inner {
                         peer,
                         remote_qpn: req.qpn,
                         remote_psn: req.psn,
-                        mtu: extra.map_or(self.local.mtu, |x| x.mtu),
+                        mtu,
                         pkey: req.pkey,
                         service_id: req.service_id,
+                        timing: req.timing,
+                        params,
                         private_data: req.private_data,
                         agent,
                     };
@@ -1633,6 +2078,35 @@ impl Inner {
                             remote_psn,
                             private_data,
                         }));
+                    }
+                }
+                // A REP held for a consumer readying its QP: the one
+                // waiting in `connect_qp` does it; nobody waits any more
+                // (it gave up), the REP is refused.
+                CmEvent::Reply {
+                    conn,
+                    remote_qpn,
+                    remote_psn,
+                    private_data,
+                } => {
+                    if let Some(m) = st.meta.get_mut(&conn) {
+                        m.remote_qpn = remote_qpn;
+                        m.peer_params = extra.map(|x| x.params);
+                    }
+                    let est = Established {
+                        conn,
+                        remote_qpn,
+                        remote_psn,
+                        private_data,
+                    };
+                    let taken = st
+                        .waiting
+                        .remove(&conn)
+                        .is_some_and(|tx| tx.send(Ok(est)).is_ok());
+                    if !taken {
+                        st.cm.reject_reply(conn, RejReason::TIMEOUT, Vec::new());
+                        st.meta.remove(&conn);
+                        self.untrack(st, TrackKey::Conn(conn));
                     }
                 }
                 CmEvent::Rejected {
@@ -1711,6 +2185,8 @@ mod tests {
             response_timeout: 15,
             max_retries: 3,
             timewait: rdma_types::Duration::from_millis(100),
+            packet_life_time: 10,
+            ..CmConfig::default()
         };
         let a = CmAgent::start_with(f.clone(), Guid(0xa), 0x100, cfg).unwrap();
         let b = CmAgent::start_with(f, Guid(0xb), 0x200, cfg).unwrap();

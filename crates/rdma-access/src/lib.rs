@@ -19,7 +19,12 @@
 //! the service ID of TCP port `p` is `0x0000000001060000 | p`, and the REQ
 //! private data starts with the 36-byte `cma_hdr` (version, IP version,
 //! source port, source and destination addresses) before the consumer's.
-//! On RoCE an IP address is a GID, so no SA path query is needed.
+//! Its steps are librdmacm's: [`rdmacm::resolve_addr`] finds the local
+//! port that has the source address (or serves the destination) and the
+//! GIDs of both ends (on RoCEv2 an IPv4 address is the IPv4-mapped GID),
+//! [`rdmacm::resolve_route`] the path through that port (GIDs, P_Key,
+//! MTU, packet lifetime: on RoCE no SA is asked), and
+//! [`rdmacm::connect`] goes through both before the REQ.
 //!
 //! [`gsi`] is the dispatcher, sans-IO: agents ([`CmAgent::mad_agent`])
 //! register a class, version and methods; requests get transaction IDs
@@ -39,9 +44,16 @@
 //! registration. [`sma`] answers a port's SMPs for the managed-subnet mode.
 //! [`devinfo`] is what `ibstat` lists of a CA and its ports.
 //!
-//! What it leaves to the consumer: QP state transitions (the consumer has
-//! its QP in RTR before it accepts, and moves it to RTS on the answer), and
-//! which port to use (one agent per port). What it refuses: MADs that do
+//! QP state transitions are the consumer's (its QP in RTR before it
+//! accepts, moved to RTS on the answer) unless it hands the QP to the CM,
+//! as Linux `rdma_connect` / `rdma_accept` with a QP: [`CmAgent::connect_qp`]
+//! and [`Incoming::accept_qp`] take a [`ConnQp`] to INIT, RTR and RTS with
+//! the values both sides' REQ and REP negotiated (QPNs, PSNs, path MTU,
+//! READs each way, retry counts, the path's ACK timeout), and refuse the
+//! connection with a REJ when a transition fails. The CM's waits come
+//! from the [`Path`] (its packet lifetime) and the REQ's CM response
+//! timeouts. What it leaves to the consumer: which port to use (one agent
+//! per port). What it refuses: MADs that do
 //! not parse (dropped), requests for services nobody listens on (REJ,
 //! invalid service ID).
 
@@ -57,7 +69,7 @@ pub mod sma_agent;
 mod wire;
 
 pub use agent::{
-    recv_ring, recv_wr, send_ring, source_gid, special_qp, CmAgent, CmError, Established, Incoming,
-    MadAgent, Removed,
+    recv_ring, recv_wr, send_ring, source_gid, special_qp, CmAgent, CmError, ConnQp, Established,
+    Incoming, MadAgent, Path, QpParams, Removed,
 };
-pub use rdma_cm::{CmConfig, ConnId};
+pub use rdma_cm::{CmConfig, ConnId, Timing};

@@ -2,12 +2,186 @@
 //! layout (service ID from the TCP port space, `cma_hdr` in the private
 //! data), so Linux peers can connect to us and we to them.
 
-use crate::agent::{CmAgent, CmError, Established, Incoming};
+use crate::agent::{CmAgent, CmError, Established, Incoming, Path};
 use rdma_mad::cm::{port_space, rdma_cm_service_id, CmaHdrRepr, CMA_HDR_LEN};
-use rdma_types::{Gid, Pkey, Psn, Qpn};
+use rdma_types::{Gid, Guid, Pkey, PortNum, Psn, Qpn};
+use std::borrow::Borrow;
 use std::net::IpAddr;
 use std::sync::mpsc::Receiver;
 use std::time::Duration;
+
+/// Why an address or a route did not resolve.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ResolveError {
+    /// No port of the given CAs has the address's GID.
+    #[error("no local RDMA device for address {0}")]
+    NoDevice(IpAddr),
+    /// No source address was named, and none of the CAs has the one the
+    /// kernel would send from towards the destination.
+    #[error(
+        "no local RDMA device for {src}, the kernel's source address towards {dst}: name the source address"
+    )]
+    NoDeviceForRoute {
+        /// The kernel's source address.
+        src: IpAddr,
+        /// The destination.
+        dst: IpAddr,
+    },
+    /// The destination cannot be connected to from the source.
+    #[error("cannot reach {dst} from {src}: {why}")]
+    Unreachable {
+        /// The source address (unspecified when none was named).
+        src: IpAddr,
+        /// The destination.
+        dst: IpAddr,
+        /// Why.
+        why: String,
+    },
+    /// The route is asked of a CA other than the one the address
+    /// resolved to.
+    #[error("{src} is served by CA {resolved}, not by CA {asked}")]
+    WrongDevice {
+        /// The source address.
+        src: IpAddr,
+        /// The CA that serves it.
+        resolved: Guid,
+        /// The CA asked.
+        asked: Guid,
+    },
+    /// The CA was removed.
+    #[error("the CA serving {0} was removed")]
+    DeviceRemoved(IpAddr),
+}
+
+/// What [`resolve_addr`] found, as librdmacm's `rdma_resolve_addr`
+/// binds an id: the local CA and port that serve the source address,
+/// and the GIDs of both ends (RoCEv2: an IPv4 address as the
+/// IPv4-mapped GID `::ffff:a.b.c.d`, IPv6 as itself).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Resolved {
+    /// The source address.
+    pub src: IpAddr,
+    /// The destination address.
+    pub dst: IpAddr,
+    /// The CA that serves `src`.
+    pub ca: Guid,
+    /// Its port.
+    pub port: PortNum,
+    /// The source GID.
+    pub sgid: Gid,
+    /// The source GID's index in the port's GID table.
+    pub sgid_index: u8,
+    /// The destination GID.
+    pub dgid: Gid,
+}
+
+/// The port among `agents` whose GID table holds `ip`'s GID.
+fn owner<A: Borrow<CmAgent>>(agents: &[A], ip: IpAddr) -> Option<(&CmAgent, u8)> {
+    let gid = Gid::from_ip(ip);
+    agents.iter().map(Borrow::borrow).find_map(|a: &CmAgent| {
+        let i = a.gids().iter().position(|g| *g == gid)?;
+        Some((a, u8::try_from(i).ok()?))
+    })
+}
+
+/// The source address the kernel would use towards `dst` (a UDP socket
+/// connected there: a route lookup, nothing is sent).
+fn kernel_source(dst: IpAddr) -> Result<IpAddr, String> {
+    let any: std::net::SocketAddr = if dst.is_ipv4() {
+        (std::net::Ipv4Addr::UNSPECIFIED, 0).into()
+    } else {
+        (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+    };
+    let s = std::net::UdpSocket::bind(any).map_err(|e| e.to_string())?;
+    s.connect((dst, 9)).map_err(|e| e.to_string())?;
+    Ok(s.local_addr().map_err(|e| e.to_string())?.ip())
+}
+
+/// Finds which of `agents`' ports (`Arc<CmAgent>`s or references)
+/// serves a connection to `dst`, as
+/// librdmacm's `rdma_resolve_addr`: the port that has `src`'s GID when a
+/// source is named; without one, the port that has `dst`'s (a
+/// connection to this host), else the one with the address the kernel
+/// would send from towards `dst`.
+///
+/// # Errors
+/// No port has the address ([`ResolveError::NoDevice`],
+/// [`ResolveError::NoDeviceForRoute`]); a destination that cannot be
+/// connected to (unspecified, multicast, another address family than
+/// the source).
+pub fn resolve_addr<A: Borrow<CmAgent>>(
+    agents: &[A],
+    dst: IpAddr,
+    src: Option<IpAddr>,
+) -> Result<Resolved, ResolveError> {
+    let src = src.filter(|s| !s.is_unspecified());
+    let unreachable = |why: &str| ResolveError::Unreachable {
+        src: src.unwrap_or(if dst.is_ipv4() {
+            std::net::Ipv4Addr::UNSPECIFIED.into()
+        } else {
+            std::net::Ipv6Addr::UNSPECIFIED.into()
+        }),
+        dst,
+        why: why.into(),
+    };
+    if dst.is_unspecified() || dst.is_multicast() {
+        return Err(unreachable("not a unicast address"));
+    }
+    if src.is_some_and(|s| s.is_ipv4() != dst.is_ipv4()) {
+        return Err(unreachable("the addresses are of different families"));
+    }
+    let (agent, index, src) = match src {
+        Some(s) => {
+            let (a, i) = owner(agents, s).ok_or(ResolveError::NoDevice(s))?;
+            (a, i, s)
+        }
+        None => match owner(agents, dst) {
+            Some((a, i)) => (a, i, dst),
+            None => {
+                let s = kernel_source(dst).map_err(|e| unreachable(&e))?;
+                let (a, i) =
+                    owner(agents, s).ok_or(ResolveError::NoDeviceForRoute { src: s, dst })?;
+                (a, i, s)
+            }
+        },
+    };
+    if agent.is_removed() {
+        return Err(ResolveError::DeviceRemoved(src));
+    }
+    Ok(Resolved {
+        src,
+        dst,
+        ca: agent.ca_guid(),
+        port: PortNum(1),
+        sgid: Gid::from_ip(src),
+        sgid_index: index,
+        dgid: Gid::from_ip(dst),
+    })
+}
+
+/// The path of a resolved address through `agent`'s port, as librdmacm's
+/// `rdma_resolve_route` on RoCE (no SA to ask): the GIDs, the partition
+/// of index 0 of the port's P_Key table, the port's active MTU, and the
+/// agent's configured packet lifetime (Linux rdma_cm's 16 by default).
+///
+/// # Errors
+/// `agent` is not the CA the address resolved to, or its CA is gone.
+pub fn resolve_route(agent: &CmAgent, addr: &Resolved) -> Result<Path, ResolveError> {
+    if agent.ca_guid() != addr.ca {
+        return Err(ResolveError::WrongDevice {
+            src: addr.src,
+            resolved: addr.ca,
+            asked: agent.ca_guid(),
+        });
+    }
+    if agent.is_removed() {
+        return Err(ResolveError::DeviceRemoved(addr.src));
+    }
+    Ok(Path {
+        sgid: addr.sgid,
+        ..agent.path_to(addr.dgid)
+    })
+}
 
 /// The service ID of TCP port `port` in the RDMA CM port space.
 pub fn service_id(port: u16) -> u64 {
@@ -62,7 +236,9 @@ pub fn listen(agent: &CmAgent, port: u16) -> Receiver<Incoming> {
 }
 
 /// Connects from `src` to `dst:port` with `private_data` after the
-/// `cma_hdr`; the peer is reached at the GID of `dst`. The REQ is in the
+/// `cma_hdr`: the addresses resolve ([`resolve_addr`], `src` must be
+/// the agent's port's) to a route ([`resolve_route`]) whose GIDs,
+/// MTU and packet lifetime the REQ carries. The REQ is in the
 /// partition of index 0 of the port's P_Key table (on RoCE the default
 /// P_Key, as Linux rdma_cm sends); see [`connect_in_partition`].
 #[allow(clippy::too_many_arguments)]
@@ -105,6 +281,7 @@ pub fn connect_in_partition(
     let mut pd = vec![0u8; CMA_HDR_LEN];
     hdr.emit(&mut pd);
     pd.extend_from_slice(private_data);
-    let (peer, sid) = (Gid::from_ip(dst), service_id(port));
-    agent.connect_in_partition(peer, pkey, sid, qpn, psn, pd, timeout)
+    let path = resolve_route(agent, &resolve_addr(&[agent], dst, Some(src))?)?;
+    let path = Path { pkey, ..path };
+    agent.connect_path(&path, service_id(port), qpn, psn, pd, timeout)
 }

@@ -44,8 +44,12 @@
 //! Plug and play: [`AccessLayer::register_pnp`] reports every CA already
 //! present, and each of its ports that is active, at once; then port
 //! events (active, down, LID change, P_Key change, SM change) and CA
-//! removal as they happen. Providers add CAs only when built, so "CA
-//! added" is only reported for those.
+//! removal as they happen. The verbs provider interface has no word for
+//! a CA that arrives later (the loopback fabric attaches CAs at any time,
+//! soft RoCE has its CAs from the start): whoever attaches one calls
+//! [`AccessLayer::rescan`], which reports it (and its active ports) to
+//! every registered client and watches it from then on, as Linux's
+//! `ib_register_client` add callback on a new device.
 
 use rdma_types::{AccessFlags, Guid, PortNum, Rkey};
 use std::collections::BTreeMap;
@@ -264,28 +268,64 @@ impl AccessLayer {
         for guid in p.list_cas() {
             let ca = match pnp.opened.iter().find(|(g, _)| *g == guid) {
                 Some((_, ca)) => *ca,
-                None => {
-                    let watch = Arc::new(PnpWatch {
-                        guid,
-                        al: Arc::downgrade(&self.inner),
-                    });
-                    let ca = p.open_ca(guid, 0, watch)?;
-                    pnp.opened.push((guid, ca));
-                    ca
-                }
+                None => self.watch(&mut pnp, guid)?,
             };
-            f(PnpEvent::CaAdded(guid));
-            let ports = p.query_ca(ca).map_or(1, |a| a.num_ports.max(1));
-            for n in 1..=ports {
-                if p.query_port(ca, PortNum(n))
-                    .is_ok_and(|a| a.state == PortState::Active)
-                {
-                    f(PnpEvent::PortActive(guid, PortNum(n)));
-                }
-            }
+            self.announce(ca, guid, &f);
         }
         pnp.listeners.push(f);
         Ok(())
+    }
+
+    /// Looks for CAs the provider has that the layer does not watch yet
+    /// (attached after the clients registered, or again after a removal):
+    /// each is reported to every registered client as
+    /// [`PnpEvent::CaAdded`], with its active ports, and watched from
+    /// then on. Returns their GUIDs. A CA that cannot be opened (removed
+    /// meanwhile) is not reported.
+    pub fn rescan(&self) -> Vec<Guid> {
+        let mut pnp = lock(&self.inner.pnp);
+        let mut added = Vec::new();
+        for guid in self.inner.provider.list_cas() {
+            if pnp.opened.iter().any(|(g, _)| *g == guid) {
+                continue;
+            }
+            if let Ok(ca) = self.watch(&mut pnp, guid) {
+                added.push((guid, ca));
+            }
+        }
+        let listeners = pnp.listeners.clone();
+        drop(pnp);
+        for (guid, ca) in &added {
+            for l in &listeners {
+                self.announce(*ca, *guid, l);
+            }
+        }
+        added.into_iter().map(|(g, _)| g).collect()
+    }
+
+    /// Opens CA `guid` to hear its events.
+    fn watch(&self, pnp: &mut Pnp, guid: Guid) -> Result<CaHandle, VerbsError> {
+        let watch = Arc::new(PnpWatch {
+            guid,
+            al: Arc::downgrade(&self.inner),
+        });
+        let ca = self.inner.provider.open_ca(guid, 0, watch)?;
+        pnp.opened.push((guid, ca));
+        Ok(ca)
+    }
+
+    /// Tells `f` of CA `guid` and its active ports.
+    fn announce(&self, ca: CaHandle, guid: Guid, f: &Arc<dyn Fn(PnpEvent) + Send + Sync>) {
+        let p = &self.inner.provider;
+        f(PnpEvent::CaAdded(guid));
+        let ports = p.query_ca(ca).map_or(1, |a| a.num_ports.max(1));
+        for n in 1..=ports {
+            if p.query_port(ca, PortNum(n))
+                .is_ok_and(|a| a.state == PortState::Active)
+            {
+                f(PnpEvent::PortActive(guid, PortNum(n)));
+            }
+        }
     }
 }
 
@@ -317,7 +357,18 @@ impl EventHandler for PnpWatch {
             AsyncEventKind::CaRemoval => PnpEvent::CaRemoved(self.guid),
             _ => return,
         };
-        let listeners = lock(&al.pnp).listeners.clone();
+        let listeners = {
+            let mut pnp = lock(&al.pnp);
+            if ev == PnpEvent::CaRemoved(self.guid) {
+                // Gone: a CA attached again under the GUID is new to a
+                // rescan. Its open ends with the CA.
+                if let Some(i) = pnp.opened.iter().position(|(g, _)| *g == self.guid) {
+                    let (_, ca) = pnp.opened.remove(i);
+                    let _ = al.provider.close_ca(ca);
+                }
+            }
+            pnp.listeners.clone()
+        };
         for l in listeners {
             l(ev);
         }

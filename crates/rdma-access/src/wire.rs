@@ -1,6 +1,7 @@
 //! Between the CM state machines' messages and CM MAD bytes.
 
-use rdma_cm::{CmMsg, MsgKind, RejReason};
+use crate::agent::QpParams;
+use rdma_cm::{CmMsg, MsgKind, RejReason, Timing};
 use rdma_mad::cm::{
     private_len, CmAttr, CmMadRepr, CmMessage, CmPath, DreqRepr, IdsRepr, MraRepr, MsgRef, RejRepr,
     RepRepr, ReqRepr,
@@ -14,6 +15,14 @@ use rdma_types::{Gid, Guid, Mtu, Qkey, Qpn};
 pub(crate) struct Local {
     pub guid: Guid,
     pub gid: Gid,
+    pub mtu: Mtu,
+}
+
+/// What one connection's REQ or REP offers besides the state machine's
+/// values: the QP parameters, and the REQ's path MTU.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Offer {
+    pub params: QpParams,
     pub mtu: Mtu,
 }
 
@@ -69,7 +78,9 @@ pub(crate) fn encode(
     local: &Local,
     peer: Gid,
     peer_qpn: Qpn,
+    offer: &Offer,
 ) -> [u8; MAD_SIZE] {
+    let q = offer.params;
     let (attr, message) = match msg {
         CmMsg::Req {
             local_comm_id,
@@ -77,6 +88,7 @@ pub(crate) fn encode(
             qpn,
             psn,
             pkey,
+            timing,
             private_data,
         } => (
             CmAttr::Req,
@@ -86,20 +98,20 @@ pub(crate) fn encode(
                 local_ca_guid: local.guid,
                 local_qkey: Qkey(0),
                 local_qpn: *qpn,
-                responder_resources: 16,
+                responder_resources: q.responder_resources,
                 local_eecn: 0,
-                initiator_depth: 16,
+                initiator_depth: q.initiator_depth,
                 remote_eecn: 0,
-                remote_cm_response_timeout: 20,
+                remote_cm_response_timeout: timing.remote_cm_response_timeout.min(31),
                 transport_type: 0,
                 flow_control: false,
                 starting_psn: *psn,
-                local_cm_response_timeout: 20,
-                retry_count: 7,
+                local_cm_response_timeout: timing.local_cm_response_timeout.min(31),
+                retry_count: q.retry_count.min(7),
                 pkey: *pkey,
-                path_mtu: mtu_code(local.mtu),
+                path_mtu: mtu_code(offer.mtu),
                 rdc_exists: false,
-                rnr_retry_count: 7,
+                rnr_retry_count: q.rnr_retry_count.min(7),
                 max_cm_retries: 15,
                 srq: false,
                 extended_transport_type: 0,
@@ -115,7 +127,7 @@ pub(crate) fn encode(
                     hop_limit: 64,
                     sl: 0,
                     subnet_local: false,
-                    local_ack_timeout: 18,
+                    local_ack_timeout: timing.local_ack_timeout(),
                 },
                 alternate_path: None,
                 private_data: pad::<{ private_len::REQ }>(private_data),
@@ -136,12 +148,12 @@ pub(crate) fn encode(
                 local_qpn: *qpn,
                 local_eecn: 0,
                 starting_psn: *psn,
-                responder_resources: 16,
-                initiator_depth: 16,
+                responder_resources: q.responder_resources,
+                initiator_depth: q.initiator_depth,
                 target_ack_delay: 0,
                 failover_accepted: 0,
                 flow_control: false,
-                rnr_retry_count: 7,
+                rnr_retry_count: q.rnr_retry_count.min(7),
                 srq: false,
                 local_ca_guid: local.guid,
                 private_data: pad::<{ private_len::REP }>(private_data),
@@ -222,16 +234,19 @@ pub(crate) fn encode(
     .to_bytes()
 }
 
-/// What a REQ says beyond the state machine's values.
+/// What a REQ or REP says beyond the state machine's values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct ReqExtra {
-    pub mtu: Mtu,
-    pub remote_gid: Gid,
+pub(crate) struct Extra {
+    /// The REQ's path MTU (a REP has none: the requester's port's).
+    pub mtu: Option<Mtu>,
+    pub remote_gid: Option<Gid>,
+    /// The sender's QP parameters (the REP's retry count is the REQ's).
+    pub params: QpParams,
 }
 
 /// Decodes a CM MAD. `None` for MADs the state machines do not handle
 /// (SIDR, LAP/APR, ClassPortInfo) or that do not parse.
-pub(crate) fn decode(mad: &[u8]) -> Option<(CmMsg, Option<ReqExtra>)> {
+pub(crate) fn decode(mad: &[u8]) -> Option<(CmMsg, Option<Extra>)> {
     let m = CmMadRepr::parse(mad).ok()?;
     Some(match m.message {
         CmMessage::Req(r) => (
@@ -241,11 +256,23 @@ pub(crate) fn decode(mad: &[u8]) -> Option<(CmMsg, Option<ReqExtra>)> {
                 qpn: r.local_qpn,
                 psn: r.starting_psn,
                 pkey: r.pkey,
+                timing: Timing {
+                    // The sender put its path's packet lifetime + 1 there.
+                    packet_life_time: r.primary_path.local_ack_timeout.saturating_sub(1),
+                    local_cm_response_timeout: r.local_cm_response_timeout,
+                    remote_cm_response_timeout: r.remote_cm_response_timeout,
+                },
                 private_data: r.private_data.to_vec(),
             },
-            Some(ReqExtra {
-                mtu: mtu_of(r.path_mtu),
-                remote_gid: r.primary_path.local_gid,
+            Some(Extra {
+                mtu: Some(mtu_of(r.path_mtu)),
+                remote_gid: Some(r.primary_path.local_gid),
+                params: QpParams {
+                    responder_resources: r.responder_resources,
+                    initiator_depth: r.initiator_depth,
+                    retry_count: r.retry_count,
+                    rnr_retry_count: r.rnr_retry_count,
+                },
             }),
         ),
         CmMessage::Rep(r) => (
@@ -256,7 +283,16 @@ pub(crate) fn decode(mad: &[u8]) -> Option<(CmMsg, Option<ReqExtra>)> {
                 psn: r.starting_psn,
                 private_data: r.private_data.to_vec(),
             },
-            None,
+            Some(Extra {
+                mtu: None,
+                remote_gid: None,
+                params: QpParams {
+                    responder_resources: r.responder_resources,
+                    initiator_depth: r.initiator_depth,
+                    retry_count: 0,
+                    rnr_retry_count: r.rnr_retry_count,
+                },
+            }),
         ),
         CmMessage::Rej(r) => (
             CmMsg::Rej {
@@ -307,6 +343,13 @@ mod tests {
     use super::*;
     use rdma_types::{Pkey, Psn};
 
+    fn offer(local: &Local) -> Offer {
+        Offer {
+            params: QpParams::DEFAULT,
+            mtu: local.mtu,
+        }
+    }
+
     #[test]
     fn every_message_survives_encode_and_decode() {
         let local = Local {
@@ -315,6 +358,15 @@ mod tests {
             mtu: Mtu::Mtu1024,
         };
         let peer = Gid::from_ip("127.0.0.2".parse().unwrap());
+        let offer = Offer {
+            params: QpParams {
+                responder_resources: 3,
+                initiator_depth: 5,
+                retry_count: 6,
+                rnr_retry_count: 2,
+            },
+            mtu: Mtu::Mtu1024,
+        };
         let msgs = vec![
             CmMsg::Req {
                 local_comm_id: 7,
@@ -322,6 +374,11 @@ mod tests {
                 qpn: Qpn::from_bits(0x11),
                 psn: Psn::new(0x123456),
                 pkey: Pkey(0x8010),
+                timing: Timing {
+                    packet_life_time: 13,
+                    local_cm_response_timeout: 17,
+                    remote_cm_response_timeout: 19,
+                },
                 private_data: vec![0xab; 92],
             },
             CmMsg::Rep {
@@ -358,13 +415,29 @@ mod tests {
             },
         ];
         for (i, m) in msgs.into_iter().enumerate() {
-            let bytes = encode(&m, 0x42 + i as u64, &local, peer, Qpn::from_bits(0x12));
+            let bytes = encode(
+                &m,
+                0x42 + i as u64,
+                &local,
+                peer,
+                Qpn::from_bits(0x12),
+                &offer,
+            );
             assert_eq!(bytes[1], 0x07, "CM class");
             let (back, extra) = decode(&bytes).expect("parses");
             assert_eq!(back, m);
             if let Some(x) = extra {
-                assert_eq!(x.mtu, Mtu::Mtu1024);
-                assert_eq!(x.remote_gid, local.gid);
+                if let Some(mtu) = x.mtu {
+                    assert_eq!(mtu, Mtu::Mtu1024);
+                    assert_eq!(x.remote_gid, Some(local.gid));
+                    assert_eq!(x.params, offer.params);
+                } else {
+                    let rep = QpParams {
+                        retry_count: 0,
+                        ..offer.params
+                    };
+                    assert_eq!(x.params, rep, "a REP has no retry count");
+                }
             }
         }
         assert!(decode(&[0u8; 10]).is_none(), "short MAD refused");
@@ -383,11 +456,19 @@ mod tests {
             qpn: Qpn::from_bits(0x11),
             psn: Psn::new(1),
             pkey,
+            timing: rdma_cm::CmConfig::default().timing(16),
             private_data: vec![],
         };
         for k in [0x8010u16, 0x0020, 0xffff, 0x7fff] {
             let peer = local.gid;
-            let bytes = encode(&req(Pkey(k)), 1, &local, peer, Qpn::from_bits(0));
+            let bytes = encode(
+                &req(Pkey(k)),
+                1,
+                &local,
+                peer,
+                Qpn::from_bits(0),
+                &offer(&local),
+            );
             // IBA 12.6.5: the REQ's Partition Key is bytes 48-49 of the
             // message, after the 24-byte MAD header.
             assert_eq!(bytes[24 + 48..24 + 50], k.to_be_bytes(), "P_Key {k:#06x}");
@@ -397,5 +478,53 @@ mod tests {
                 "{back:?}"
             );
         }
+    }
+
+    #[test]
+    fn the_req_carries_the_path_lifetime_and_response_timeouts() {
+        let local = Local {
+            guid: Guid(0x1122),
+            gid: Gid::from_ip("127.0.0.1".parse().unwrap()),
+            mtu: Mtu::Mtu1024,
+        };
+        let timing = Timing {
+            packet_life_time: 16,
+            local_cm_response_timeout: 18,
+            remote_cm_response_timeout: 21,
+        };
+        let req = CmMsg::Req {
+            local_comm_id: 7,
+            service_id: 0x42,
+            qpn: Qpn::from_bits(0x11),
+            psn: Psn::new(1),
+            pkey: Pkey::DEFAULT,
+            timing,
+            private_data: vec![],
+        };
+        let bytes = encode(
+            &req,
+            1,
+            &local,
+            local.gid,
+            Qpn::from_bits(0),
+            &offer(&local),
+        );
+        let Ok(CmMadRepr {
+            message: CmMessage::Req(r),
+            ..
+        }) = CmMadRepr::parse(&bytes)
+        else {
+            panic!("not a REQ")
+        };
+        // IBA 12.6.5; Linux cm.c sends packet lifetime + 1 as the local
+        // ACK timeout of the primary path.
+        assert_eq!(
+            (
+                r.remote_cm_response_timeout,
+                r.local_cm_response_timeout,
+                r.primary_path.local_ack_timeout
+            ),
+            (21, 18, 17)
+        );
     }
 }

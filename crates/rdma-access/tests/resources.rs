@@ -150,6 +150,9 @@ fn cm_config() -> CmConfig {
         response_timeout: 15,
         max_retries: 15,
         timewait: rdma_types::Duration::from_millis(200),
+        // 8 ms there and back: the response time rules.
+        packet_life_time: 10,
+        ..CmConfig::default()
     }
 }
 

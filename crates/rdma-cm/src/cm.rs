@@ -51,6 +51,8 @@ pub enum CmMsg {
         /// The partition of the connection (IBA 12.6.5: the P_Key of the
         /// sender's QP; the passive QP must be in the same partition).
         pkey: Pkey,
+        /// The path's packet lifetime and both CM response timeouts.
+        timing: Timing,
         /// Consumer data (an SRP login request, an RDMA CM header...).
         private_data: Vec<u8>,
     },
@@ -114,37 +116,130 @@ pub enum CmMsg {
     },
 }
 
+/// The time a CM timeout exponent stands for: 4.096 us * 2^`exp` (IBA
+/// 12.7.27 and 12.7.34; 0 is 4.096 us, exponents past 31 count as 31).
+pub fn cm_time(exp: u8) -> Duration {
+    Duration::from_micros((4096u64 << exp.min(31)) / 1000)
+}
+
+/// The times a REQ announces (IBA 12.6.5), each a CM timeout exponent
+/// (see [`cm_time`]). The waits of the connection come from them, as
+/// IBA 12.7.27/12.7.34 and Linux ib_cm compute them: the requester waits
+/// for the REP 2 packet lifetimes (there and back) plus the remote CM
+/// response time; the responder waits for the RTU 2 packet lifetimes plus
+/// the requester's local CM response time; an MRA stretches the wait to
+/// its service timeout plus 2 packet lifetimes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timing {
+    /// The path's packet lifetime (PathRecord PacketLifeTime). On the
+    /// wire it travels as the primary path's local ACK timeout, one more
+    /// (IBA 12.6.5: the ACK timeout covers a round trip; Linux sends
+    /// packet lifetime + 1 and the passive side takes one off).
+    pub packet_life_time: u8,
+    /// How long the requester takes to answer a REP (and a DREQ).
+    pub local_cm_response_timeout: u8,
+    /// How long the requester expects the responder to take over the REQ.
+    pub remote_cm_response_timeout: u8,
+}
+
+impl Timing {
+    /// The QP local ACK timeout exponent for the path (IBA 9.7.6.1.3:
+    /// twice the packet lifetime, as Linux cma does: lifetime + 1).
+    pub fn local_ack_timeout(self) -> u8 {
+        (self.packet_life_time + 1).min(31)
+    }
+
+    fn round_trip(self) -> Duration {
+        cm_time(self.local_ack_timeout())
+    }
+
+    /// How long the requester waits for the REP (or an MRA).
+    pub fn rep_wait(self) -> Duration {
+        self.round_trip() + cm_time(self.remote_cm_response_timeout)
+    }
+
+    /// How long the responder waits for the RTU, and either side for a
+    /// DREP.
+    pub fn rtu_wait(self) -> Duration {
+        self.round_trip() + cm_time(self.local_cm_response_timeout)
+    }
+
+    /// The first wait for the REP: the path's round trip, and at most
+    /// [`REQ_FIRST_RESEND`] of the peer's response time (the later resends
+    /// double up to [`Timing::rep_wait`]).
+    pub fn first_req_wait(self) -> Duration {
+        self.round_trip() + cm_time(self.remote_cm_response_timeout).min(REQ_FIRST_RESEND)
+    }
+
+    /// How long to wait after an MRA with `service_timeout`.
+    pub fn mra_wait(self, service_timeout: u8) -> Duration {
+        self.round_trip() + cm_time(service_timeout)
+    }
+}
+
 /// Timing of the protocol.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CmConfig {
-    /// How long to wait for an answer before sending again, as a CM timeout
-    /// exponent (4.096 us * 2^n; IBA 12.7.27).
+    /// This endpoint's own CM response time, as a CM timeout exponent
+    /// (4.096 us * 2^n; IBA 12.7.27): a REQ's local CM response timeout,
+    /// the remote one it expects of the peer (Linux rdma_cm puts the same
+    /// value in both), and the service timeout of its MRAs.
     pub response_timeout: u8,
     /// Times a REQ, REP or DREQ is sent again before giving up (0..=15).
     pub max_retries: u8,
     /// How long a closed connection's IDs stay reserved (timewait).
     pub timewait: Duration,
+    /// The packet lifetime of a path that names none ([`Cm::connect`]):
+    /// on RoCE there is no SA, and Linux rdma_cm assumes 16 (268 ms).
+    pub packet_life_time: u8,
+    /// The shortest wait for an answer, whatever the path and the peer
+    /// announce (a 0 lifetime and response time would mean 8 us: a
+    /// resend storm).
+    pub min_timeout: Duration,
+    /// The longest wait for an answer (an exponent of 31 means 2.4 hours).
+    pub max_timeout: Duration,
 }
 
-/// The first resend of an unanswered REQ comes after this (2^16 * 4.096 us)
-/// when the response timeout is longer; each further one waits twice as
-/// long as the one before, up to the response timeout. A REQ lost on a
-/// link that has just come back (or into a port not yet up at the far
+/// The first wait of a REQ counts at most this (2^16 * 4.096 us) of the
+/// peer's CM response time, on top of the path's round trip
+/// ([`Timing::first_req_wait`]); each further resend waits twice as long as
+/// the one before, up to the whole wait ([`Timing::rep_wait`]). A REQ lost
+/// on a link that has just come back (or into a port not yet up at the far
 /// end) is then sent again within about as long as it has been waiting,
-/// a quarter of a second for a fresh one, not after the whole response
-/// timeout (about 4.3 s with Linux's 20). A peer that answers slowly gets
+/// not after the whole wait (about 4.8 s with Linux's response timeout 20
+/// and rdma_cm's RoCE packet lifetime 16). A peer that answers slowly gets
 /// duplicates, which the CM answers or drops (IBA 12.9.8.3: MRA or REP
 /// again), and its MRA ends the quick resends.
 pub const REQ_FIRST_RESEND: Duration = Duration::from_micros(268_435);
 
 impl Default for CmConfig {
-    /// Linux ib_cm's flavour: 2^20 * 4.096 us (about 4.3 s), 15 retries.
+    /// Linux ib_cm's flavour: 2^20 * 4.096 us (about 4.3 s), 15 retries,
+    /// rdma_cm's RoCE packet lifetime; waits between 1 ms and 5 minutes.
     fn default() -> Self {
         CmConfig {
             response_timeout: 20,
             max_retries: 15,
             timewait: Duration::from_secs(4),
+            packet_life_time: 16,
+            min_timeout: Duration::from_millis(1),
+            max_timeout: Duration::from_secs(300),
         }
+    }
+}
+
+impl CmConfig {
+    /// The timing of a REQ over a path with `packet_life_time`.
+    pub fn timing(&self, packet_life_time: u8) -> Timing {
+        Timing {
+            packet_life_time,
+            local_cm_response_timeout: self.response_timeout,
+            remote_cm_response_timeout: self.response_timeout,
+        }
+    }
+
+    fn clamp(&self, d: Duration) -> Duration {
+        d.max(self.min_timeout)
+            .min(self.max_timeout.max(self.min_timeout))
     }
 }
 
@@ -157,6 +252,10 @@ pub struct ConnId(pub u32);
 pub enum ConnState {
     /// Active: REQ sent, waiting for REP/MRA/REJ.
     ReqSent,
+    /// Active, RTU held ([`Cm::hold_rtu`]): the REP arrived, the consumer
+    /// readies its QP and then sends the RTU ([`Cm::ready`]) or a REJ
+    /// ([`Cm::reject_reply`]).
+    RepRcvd,
     /// Passive: REQ received, waiting for the consumer.
     ReqRcvd,
     /// Passive: REP sent, waiting for RTU.
@@ -182,6 +281,8 @@ pub struct ReqInfo {
     pub psn: Psn,
     /// The connection's partition (the P_Key of the requester's QP).
     pub pkey: Pkey,
+    /// The path's packet lifetime and the CM response timeouts.
+    pub timing: Timing,
     /// Consumer data of the REQ.
     pub private_data: Vec<u8>,
 }
@@ -208,6 +309,19 @@ pub enum CmEvent<P> {
         /// The peer's first PSN.
         remote_psn: Psn,
         /// Consumer data of the REP (active side) or empty (passive).
+        private_data: Vec<u8>,
+    },
+    /// Active, RTU held ([`Cm::hold_rtu`]): the REP arrived; move the QP
+    /// to RTR and RTS with these values, then call [`Cm::ready`] (or
+    /// [`Cm::reject_reply`] if that failed).
+    Reply {
+        /// The connection.
+        conn: ConnId,
+        /// The peer's QP.
+        remote_qpn: Qpn,
+        /// The peer's first PSN.
+        remote_psn: Psn,
+        /// Consumer data of the REP.
         private_data: Vec<u8>,
     },
     /// The peer rejected the connection.
@@ -253,12 +367,19 @@ struct Conn<P> {
     psn: Psn,
     remote_qpn: Qpn,
     remote_psn: Psn,
+    /// The REQ's timing: what the waits below come from.
+    timing: Timing,
+    /// How long to wait for the answer to `pending` (before the clamp).
+    wait: Duration,
     /// The message we are waiting on an answer for, to send again.
     pending: Option<CmMsg>,
     retries_left: u8,
     /// How long after the last send of `pending` it is sent again.
     interval: Duration,
     deadline: Option<Instant>,
+    /// Active: stop in `RepRcvd` on the REP, the RTU waits for the
+    /// consumer.
+    hold_rtu: bool,
 }
 
 /// One CM endpoint; `P` names a peer (an IP address or GID on RoCE).
@@ -286,16 +407,9 @@ impl<P: Copy + Eq + core::fmt::Debug> Cm<P> {
         }
     }
 
-    fn response_timeout(&self) -> Duration {
-        // CM timeouts use the same 4.096 us * 2^n encoding as QP timeouts.
-        Duration::from_ack_timeout_exp(self.cfg.response_timeout.max(1))
-            .unwrap_or(Duration::from_secs(4))
-    }
-
-    /// The first resend of a REQ: after [`REQ_FIRST_RESEND`], or the
-    /// response timeout when that is shorter.
-    fn first_req_interval(&self) -> Duration {
-        self.response_timeout().min(REQ_FIRST_RESEND)
+    /// The configuration the endpoint runs with.
+    pub fn config(&self) -> &CmConfig {
+        &self.cfg
     }
 
     fn alloc_id(&mut self) -> u32 {
@@ -341,6 +455,7 @@ impl<P: Copy + Eq + core::fmt::Debug> Cm<P> {
             qpn,
             psn,
             pkey: Pkey::DEFAULT,
+            timing: self.cfg.timing(self.cfg.packet_life_time),
             private_data,
         };
         self.connect_req(now, paths, req)
@@ -348,7 +463,9 @@ impl<P: Copy + Eq + core::fmt::Debug> Cm<P> {
 
     /// Active side: sends the REQ `req` over the first of `paths`, trying
     /// the next ones when a path's retries run out. `req.pkey` is the
-    /// P_Key of the table entry the requester's QP uses.
+    /// P_Key of the table entry the requester's QP uses; `req.timing` has
+    /// the path's packet lifetime, and the REQ is sent again after
+    /// [`Timing::rep_wait`] (clamped to the configured bounds).
     ///
     /// # Panics
     /// If `paths` is empty (a caller bug: there is nowhere to send).
@@ -360,6 +477,7 @@ impl<P: Copy + Eq + core::fmt::Debug> Cm<P> {
             qpn,
             psn,
             pkey,
+            timing,
             private_data,
         } = req;
         let req = CmMsg::Req {
@@ -368,6 +486,7 @@ impl<P: Copy + Eq + core::fmt::Debug> Cm<P> {
             qpn,
             psn,
             pkey,
+            timing,
             private_data,
         };
         let conn = Conn {
@@ -380,32 +499,45 @@ impl<P: Copy + Eq + core::fmt::Debug> Cm<P> {
             psn,
             remote_qpn: Qpn::from_bits(0),
             remote_psn: Psn::new(0),
+            timing,
+            wait: timing.rep_wait(),
             pending: None,
             retries_left: 0,
             interval: Duration::ZERO,
             deadline: None,
+            hold_rtu: false,
         };
         self.conns.insert(id, conn);
         self.send_and_wait(now, id, req);
         ConnId(id)
     }
 
-    /// Sends `msg` on the connection's current path and arms the retry timer.
+    /// Sends `msg` on the connection's current path and arms the retry
+    /// timer for the connection's wait.
     fn send_and_wait(&mut self, now: Instant, id: u32, msg: CmMsg) {
-        let interval = if matches!(msg, CmMsg::Req { .. }) {
-            self.first_req_interval()
-        } else {
-            self.response_timeout()
-        };
+        let is_req = matches!(msg, CmMsg::Req { .. });
         let retries = self.cfg.max_retries;
+        let cfg = self.cfg;
         if let Some(c) = self.conns.get_mut(&id) {
             let peer = c.paths[c.path];
             self.out.push_back((peer, msg.clone()));
             c.pending = Some(msg);
             c.retries_left = retries;
+            let full = cfg.clamp(c.wait);
+            let interval = if is_req {
+                cfg.clamp(c.timing.first_req_wait()).min(full)
+            } else {
+                full
+            };
             c.interval = interval;
             c.deadline = Some(now + interval);
         }
+    }
+
+    /// How long a connection waits for the answer to what it sent last
+    /// (after the configured bounds); `None` for a connection not known.
+    pub fn response_wait(&self, conn: ConnId) -> Option<Duration> {
+        self.conns.get(&conn.0).map(|c| self.cfg.clamp(c.wait))
     }
 
     fn send_once(&mut self, id: u32, msg: CmMsg) {
@@ -432,6 +564,7 @@ impl<P: Copy + Eq + core::fmt::Debug> Cm<P> {
         c.state = ConnState::RepSent;
         c.qpn = qpn;
         c.psn = psn;
+        c.wait = c.timing.rtu_wait();
         let rep = CmMsg::Rep {
             local_comm_id: conn.0,
             remote_comm_id: c.remote_comm_id,
@@ -463,14 +596,78 @@ impl<P: Copy + Eq + core::fmt::Debug> Cm<P> {
         true
     }
 
+    /// Active side: the REP of `conn` (still waiting for it) stops in
+    /// [`ConnState::RepRcvd`] with a [`CmEvent::Reply`] instead of
+    /// sending the RTU at once, so that the consumer can move its QP to
+    /// RTR and RTS first and refuse the connection if that fails (as IBA
+    /// 12.9.6's REP-received state, and Linux rdma_cm with a QP, do).
+    /// Returns whether the connection waits for a REP.
+    pub fn hold_rtu(&mut self, conn: ConnId) -> bool {
+        match self.conns.get_mut(&conn.0) {
+            Some(c) if c.state == ConnState::ReqSent => {
+                c.hold_rtu = true;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Active side, after a [`CmEvent::Reply`]: sends the RTU; the
+    /// connection is established ([`CmEvent::Established`] follows).
+    pub fn ready(&mut self, conn: ConnId) -> bool {
+        let Some(c) = self.conns.get_mut(&conn.0) else {
+            return false;
+        };
+        if c.state != ConnState::RepRcvd {
+            return false;
+        }
+        c.state = ConnState::Established;
+        let rtu = CmMsg::Rtu {
+            local_comm_id: conn.0,
+            remote_comm_id: c.remote_comm_id,
+        };
+        let (remote_qpn, remote_psn) = (c.remote_qpn, c.remote_psn);
+        self.send_once(conn.0, rtu);
+        self.events.push_back(CmEvent::Established {
+            conn,
+            remote_qpn,
+            remote_psn,
+            private_data: Vec::new(),
+        });
+        true
+    }
+
+    /// Active side, after a [`CmEvent::Reply`]: refuses the REP (the QP
+    /// could not be readied) with a REJ; the connection is gone.
+    pub fn reject_reply(&mut self, conn: ConnId, reason: RejReason, private_data: Vec<u8>) -> bool {
+        let Some(c) = self.conns.get(&conn.0) else {
+            return false;
+        };
+        if c.state != ConnState::RepRcvd {
+            return false;
+        }
+        let rej = CmMsg::Rej {
+            local_comm_id: conn.0,
+            remote_comm_id: c.remote_comm_id,
+            msg: MsgKind::Rep,
+            reason,
+            private_data,
+        };
+        self.send_once(conn.0, rej);
+        self.conns.remove(&conn.0);
+        true
+    }
+
     /// Active side: gives up an attempt whose REQ is still unanswered (the
     /// consumer's own deadline passed): the REQ is not sent again, so it
     /// cannot reach the passive side long after the consumer moved on (a
     /// late SRP login there ends the initiator's newer channel). A REP
     /// that still comes finds no connection. Returns whether it was
     /// waiting.
+    /// A REP held for the consumer ([`Cm::hold_rtu`]) is abandoned the
+    /// same way: the passive side, without an RTU, gives up by itself.
     pub fn abandon(&mut self, conn: ConnId) -> bool {
-        if self.state(conn) != ConnState::ReqSent {
+        if !matches!(self.state(conn), ConnState::ReqSent | ConnState::RepRcvd) {
             return false;
         }
         self.conns.remove(&conn.0);
@@ -502,6 +699,9 @@ impl<P: Copy + Eq + core::fmt::Debug> Cm<P> {
             return false;
         }
         c.state = ConnState::DreqSent;
+        // The DREP comes within the peer's CM response time: the wait
+        // the connection has already (the requester's for the passive
+        // side, the responder's for the active side).
         let dreq = CmMsg::Dreq {
             local_comm_id: conn.0,
             remote_comm_id: c.remote_comm_id,
@@ -530,6 +730,7 @@ impl<P: Copy + Eq + core::fmt::Debug> Cm<P> {
                 qpn,
                 psn,
                 pkey,
+                timing,
                 private_data,
             } => self.on_req(
                 now,
@@ -540,6 +741,7 @@ impl<P: Copy + Eq + core::fmt::Debug> Cm<P> {
                     qpn,
                     psn,
                     pkey,
+                    timing,
                     private_data,
                 },
             ),
@@ -548,15 +750,16 @@ impl<P: Copy + Eq + core::fmt::Debug> Cm<P> {
                 service_timeout,
                 ..
             } => {
-                // Wait the longer time the peer asked for, once more.
-                let extra = Duration::from_ack_timeout_exp(service_timeout.max(1))
-                    .unwrap_or(Duration::ZERO);
-                let base = self.response_timeout();
+                // Wait the longer time the peer asked for (IBA 12.6.6:
+                // its service timeout, plus the MRA's and the answer's
+                // trips over the path), once more.
+                let cfg = self.cfg;
                 if let Some(c) = self.conns.get_mut(&remote_comm_id) {
                     if matches!(c.state, ConnState::ReqSent | ConnState::RepSent) {
                         // The peer is there and slow: no quick resends.
-                        c.interval = base;
-                        c.deadline = Some(now + base + extra);
+                        c.interval = cfg.clamp(c.wait);
+                        let wait = cfg.clamp(c.timing.mra_wait(service_timeout));
+                        c.deadline = Some(now + wait);
                     }
                 }
             }
@@ -569,7 +772,10 @@ impl<P: Copy + Eq + core::fmt::Debug> Cm<P> {
                 let Some(c) = self.conns.get(&remote_comm_id) else {
                     return;
                 };
-                if matches!(c.state, ConnState::ReqSent | ConnState::RepSent) {
+                if matches!(
+                    c.state,
+                    ConnState::ReqSent | ConnState::RepRcvd | ConnState::RepSent
+                ) {
                     self.conns.remove(&remote_comm_id);
                     self.events.push_back(CmEvent::Rejected {
                         conn: ConnId(remote_comm_id),
@@ -604,6 +810,20 @@ impl<P: Copy + Eq + core::fmt::Debug> Cm<P> {
                     remote_comm_id: local_comm_id,
                 };
                 match c.state {
+                    ConnState::ReqSent if c.hold_rtu => {
+                        c.state = ConnState::RepRcvd;
+                        c.remote_comm_id = local_comm_id;
+                        c.remote_qpn = qpn;
+                        c.remote_psn = psn;
+                        c.pending = None;
+                        c.deadline = None;
+                        self.events.push_back(CmEvent::Reply {
+                            conn: ConnId(remote_comm_id),
+                            remote_qpn: qpn,
+                            remote_psn: psn,
+                            private_data,
+                        });
+                    }
                     ConnState::ReqSent => {
                         c.state = ConnState::Established;
                         c.remote_comm_id = local_comm_id;
@@ -754,10 +974,13 @@ impl<P: Copy + Eq + core::fmt::Debug> Cm<P> {
                 psn: Psn::new(0),
                 remote_qpn: qpn,
                 remote_psn: psn,
+                timing: req.timing,
+                wait: req.timing.rtu_wait(),
                 pending: None,
                 retries_left: 0,
                 interval: Duration::ZERO,
                 deadline: None,
+                hold_rtu: false,
             },
         );
         self.events.push_back(CmEvent::Request {
@@ -790,8 +1013,7 @@ impl<P: Copy + Eq + core::fmt::Debug> Cm<P> {
             .filter(|(_, c)| c.deadline.is_some_and(|d| d <= now))
             .map(|(id, _)| *id)
             .collect();
-        let timeout = self.response_timeout();
-        let first_req = self.first_req_interval();
+        let cfg = self.cfg;
         for id in due {
             let Some(c) = self.conns.get_mut(&id) else {
                 continue;
@@ -808,7 +1030,7 @@ impl<P: Copy + Eq + core::fmt::Debug> Cm<P> {
             };
             if c.retries_left > 0 {
                 c.retries_left -= 1;
-                c.interval = c.interval.saturating_mul(2).min(timeout);
+                c.interval = c.interval.saturating_mul(2).min(cfg.clamp(c.wait));
                 c.deadline = Some(now + c.interval);
                 let peer = c.paths[c.path];
                 self.out.push_back((peer, msg));
@@ -821,8 +1043,8 @@ impl<P: Copy + Eq + core::fmt::Debug> Cm<P> {
                     c.path += 1;
                     let retries = self.cfg.max_retries;
                     c.retries_left = retries;
-                    c.interval = first_req;
-                    c.deadline = Some(now + first_req);
+                    c.interval = cfg.clamp(c.timing.first_req_wait()).min(cfg.clamp(c.wait));
+                    c.deadline = Some(now + c.interval);
                     let peer = c.paths[c.path];
                     self.out.push_back((peer, msg));
                 }

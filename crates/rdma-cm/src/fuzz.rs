@@ -3,7 +3,7 @@
 //! must leave the endpoint without a panic, with every timer finite, and
 //! with the number of live connections bounded by what was created.
 
-use crate::{Cm, CmConfig, CmEvent, CmMsg, ConnId, MsgKind, RejReason};
+use crate::{Cm, CmConfig, CmEvent, CmMsg, ConnId, MsgKind, RejReason, Timing};
 use rdma_types::{Duration, Instant, Pkey, Psn, Qpn};
 
 struct Input<'a>(&'a [u8]);
@@ -26,6 +26,7 @@ pub fn cm_input(data: &[u8]) -> usize {
         response_timeout: 8,
         max_retries: inp.u8() % 4,
         timewait: Duration::from_millis(1),
+        ..CmConfig::default()
     };
     let mut cm: Cm<u8> = Cm::new(cfg, 1 + u32::from(inp.u8()));
     cm.listen(7);
@@ -44,6 +45,11 @@ pub fn cm_input(data: &[u8]) -> usize {
                 qpn: Qpn::from_bits(inp.u32()),
                 psn: Psn::new(inp.u32()),
                 pkey: Pkey(inp.u8().into()),
+                timing: Timing {
+                    packet_life_time: inp.u8(),
+                    local_cm_response_timeout: inp.u8(),
+                    remote_cm_response_timeout: inp.u8(),
+                },
                 private_data: vec![0; usize::from(inp.u8())],
             },
             1 => CmMsg::Mra {
@@ -84,6 +90,7 @@ pub fn cm_input(data: &[u8]) -> usize {
                     qpn: Qpn::from_bits(inp.u32()),
                     psn: Psn::new(1),
                     pkey: Pkey(0x8000 | u16::from(inp.u8())),
+                    timing: cfg.timing(inp.u8() % 32),
                     private_data: vec![],
                 };
                 known.push(cm.connect_req(now, vec![peer, (peer + 1) % 4], req));
@@ -91,9 +98,12 @@ pub fn cm_input(data: &[u8]) -> usize {
             }
             8 => {
                 if let Some(&c) = known.get(usize::from(inp.u8()) % known.len().max(1)) {
-                    match inp.u8() % 3 {
+                    match inp.u8() % 6 {
                         0 => drop(cm.accept(now, c, Qpn::from_bits(5), Psn::new(5), vec![])),
                         1 => drop(cm.reject(c, RejReason::CONSUMER_DEFINED, vec![1])),
+                        2 => drop(cm.hold_rtu(c)),
+                        3 => drop(cm.ready(c)),
+                        4 => drop(cm.reject_reply(c, RejReason::CONSUMER_DEFINED, vec![])),
                         _ => drop(cm.disconnect(now, c)),
                     }
                 }

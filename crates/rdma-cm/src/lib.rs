@@ -5,12 +5,15 @@
 //! (MRA) -> REP received -> RTU sent -> established`, passive side `REQ
 //! received -> (MRA) -> REP sent -> RTU received -> established`, and the
 //! disconnect path `DREQ sent / DREQ received -> timewait -> idle` --
-//! with the timers and retries of the spec: a request unanswered within the
-//! CM response timeout is sent again, up to `max_cm_retries` times, then the
-//! next path of the list is tried, then the connection fails. A REQ is
-//! resent sooner at first ([`REQ_FIRST_RESEND`], doubling up to the
-//! response timeout), so a login lost on a link that just came back is
-//! not held up for the whole response timeout.
+//! with the timers and retries of the spec: a request unanswered within its
+//! wait is sent again, up to `max_cm_retries` times, then the next path of
+//! the list is tried, then the connection fails. The waits come from the
+//! path and the REQ ([`Timing`]): twice the path's packet lifetime plus the
+//! CM response time of the side that must answer, stretched by an MRA's
+//! service timeout. A REQ is resent sooner at first (at most
+//! [`REQ_FIRST_RESEND`] of the peer's response time, doubling up to the
+//! whole wait), so a login lost on a link that just came back is not held
+//! up for the whole wait.
 //!
 //! Messages are the [`CmMsg`] values the state machines need (comm IDs,
 //! QPNs, PSNs, the REQ's partition key, private data, reject reasons);
@@ -29,5 +32,6 @@ mod cm;
 pub mod fuzz;
 
 pub use cm::{
-    Cm, CmConfig, CmEvent, CmMsg, ConnId, ConnState, MsgKind, RejReason, ReqInfo, REQ_FIRST_RESEND,
+    cm_time, Cm, CmConfig, CmEvent, CmMsg, ConnId, ConnState, MsgKind, RejReason, ReqInfo, Timing,
+    REQ_FIRST_RESEND,
 };

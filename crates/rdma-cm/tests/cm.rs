@@ -38,6 +38,9 @@ fn cfg() -> CmConfig {
         response_timeout: 12,
         max_retries: 3,
         timewait: Duration::from_millis(50),
+        // Paths of the tests are short: the 16.8 ms response time rules.
+        packet_life_time: 0,
+        ..CmConfig::default()
     }
 }
 
@@ -428,6 +431,7 @@ fn the_req_partition_key_reaches_the_passive_side_on_every_try() {
         qpn: Qpn::from_bits(0x31),
         psn: Psn::new(7),
         pkey: Pkey(0x8010),
+        timing: cfg().timing(0),
         private_data: b"p".to_vec(),
     };
     let a = net
@@ -644,17 +648,29 @@ fn connections_establish_under_five_percent_mad_loss() {
 
 #[test]
 fn a_lost_req_is_resent_soon_then_less_often_up_to_the_response_timeout() {
-    // Linux's timing (2^20 * 4.096 us, about 4.3 s): the link is down for
-    // the first 3 s, as when a login starts during an outage.
+    // Linux's timing (response timeout 2^20 * 4.096 us, about 4.3 s, and
+    // rdma_cm's RoCE packet lifetime 16): the link is down for the first
+    // 2 s, as when a login starts during an outage.
     let mut a: Cm<u8> = Cm::new(CmConfig::default(), 1000);
     let mut b: Cm<u8> = Cm::new(CmConfig::default(), 2000);
     b.listen(SVC);
-    let full = Duration::from_ack_timeout_exp(20).unwrap();
+    let timing = rdma_cm::Timing {
+        packet_life_time: 16,
+        local_cm_response_timeout: 20,
+        remote_cm_response_timeout: 20,
+    };
+    let full = timing.rep_wait();
     assert_eq!(
         rdma_cm::REQ_FIRST_RESEND,
         Duration::from_ack_timeout_exp(16).unwrap()
     );
-    let up_at = Instant::from_millis(3000);
+    // The path's round trip plus 268 ms of the peer's 4.3 s.
+    let first = timing.first_req_wait();
+    assert_eq!(
+        first,
+        Duration::from_ack_timeout_exp(17).unwrap() + rdma_cm::REQ_FIRST_RESEND
+    );
+    let up_at = Instant::from_millis(2000);
     a.connect(
         Instant::ZERO,
         vec![2],
@@ -685,24 +701,236 @@ fn a_lost_req_is_resent_soon_then_less_often_up_to_the_response_timeout() {
         }
     }
     let gaps: Vec<Duration> = sends.windows(2).map(|w| w[1] - w[0]).collect();
-    let first = rdma_cm::REQ_FIRST_RESEND;
     assert_eq!(
         gaps,
         vec![
             first,
             first.saturating_mul(2),
-            first.saturating_mul(4),
-            first.saturating_mul(8),
-            // Twice 2^19 in whole microseconds, a hair under 2^20's.
-            first.saturating_mul(16).min(full),
+            first.saturating_mul(4).min(full),
+            full,
+            full,
             full,
             full
         ]
     );
-    // The REQ after the link came back reached the passive side 1.03 s
-    // later (at 15 x 268 ms), not at the first full response timeout
-    // (4.3 s).
+    // The first REQ after the link came back (the third, at 3 x 805 ms)
+    // reached the passive side, not the one after a whole wait (4.8 s).
     let got = received.expect("the passive side got the REQ");
-    assert_eq!(got, Instant::ZERO + first.saturating_mul(15));
-    assert!(got - up_at < Duration::from_millis(1100));
+    assert_eq!(got, Instant::ZERO + first.saturating_mul(3));
+    assert!(got - up_at < Duration::from_millis(500));
+}
+
+/// A REQ from node 1 over a path with packet lifetime `plt`, the peer
+/// expected to answer within 2^12 * 4.096 us.
+fn req_over(plt: u8) -> ReqInfo {
+    ReqInfo {
+        service_id: SVC,
+        qpn: Qpn::from_bits(0x31),
+        psn: Psn::new(7),
+        pkey: Pkey::DEFAULT,
+        timing: rdma_cm::Timing {
+            packet_life_time: plt,
+            local_cm_response_timeout: 14,
+            remote_cm_response_timeout: 12,
+        },
+        private_data: vec![],
+    }
+}
+
+/// 4.096 us * 2^exp, in microseconds, by hand (twice a packet lifetime
+/// of 2^n is 2^(n+1)).
+fn us(exp: u32) -> u64 {
+    (4096u64 << exp) / 1000
+}
+
+#[test]
+fn the_req_is_retried_after_two_packet_lifetimes_plus_the_peer_response_time() {
+    // IBA 12.7.27 / Linux ib_cm: the REQ waits 2 * 4.096 us *
+    // 2^PacketLifeTime + 4.096 us * 2^RemoteCMResponseTimeout.
+    let mut first_retry = Vec::new();
+    for plt in [10u8, 14, 18] {
+        let mut net = Net::new(&[1, 2], FaultConfig::default());
+        net.down.push(2);
+        let a = net.cm(1).connect_req(Instant::ZERO, vec![2], req_over(plt));
+        net.run(|n| n.count(1, is_req) == 2);
+        let want = us(u32::from(plt) + 1) + us(12);
+        assert_eq!(net.now, Instant::from_micros(want), "packet lifetime {plt}");
+        assert_eq!(
+            net.cm(1).response_wait(a),
+            Some(Duration::from_micros(want))
+        );
+        // The REQ says so to the passive side (as the local ACK timeout).
+        assert!(net.sent.iter().all(|(_, _, m)| matches!(
+            m,
+            CmMsg::Req { timing, .. } if timing.packet_life_time == plt
+                && timing.local_ack_timeout() == plt + 1
+        )));
+        first_retry.push(net.now);
+    }
+    // Each step of 4 in the exponent waits 16 times longer for the path.
+    let path = |i: usize| {
+        first_retry[i]
+            .saturating_since(Instant::ZERO)
+            .total_micros()
+            - us(12)
+    };
+    assert_eq!((path(1) / path(0), path(2) / path(1)), (16, 16));
+}
+
+#[test]
+fn the_rep_waits_for_the_rtu_as_long_as_the_req_says() {
+    // The passive side's own response time (cfg 12) does not matter: the
+    // requester told it how long it takes to answer a REP (14), and the
+    // path's lifetime counts twice.
+    let mut cm: Cm<u8> = Cm::new(cfg(), 500);
+    cm.listen(SVC);
+    let mut req = req_over(10);
+    req.private_data = vec![1];
+    let t0 = Instant::from_millis(3);
+    cm.handle_msg(
+        t0,
+        1,
+        CmMsg::Req {
+            local_comm_id: 9,
+            service_id: SVC,
+            qpn: req.qpn,
+            psn: req.psn,
+            pkey: req.pkey,
+            timing: req.timing,
+            private_data: vec![],
+        },
+    );
+    let Some(CmEvent::Request { conn, req: got, .. }) = cm.poll_event() else {
+        panic!("no request")
+    };
+    assert_eq!(got.timing, req.timing);
+    assert!(cm.accept(t0, conn, Qpn::from_bits(2), Psn::new(2), vec![]));
+    let want = Duration::from_micros(us(11) + us(14));
+    assert_eq!(cm.poll_timeout(), Some(t0 + want));
+    assert_eq!(cm.response_wait(conn), Some(want));
+}
+
+#[test]
+fn an_mra_delays_the_timeout_by_its_service_timeout() {
+    let mut cm: Cm<u8> = Cm::new(cfg(), 100);
+    let a = cm.connect_req(Instant::ZERO, vec![2], req_over(10));
+    let req_wait = Instant::from_micros(us(11) + us(12));
+    assert_eq!(cm.poll_timeout(), Some(req_wait));
+    assert!(matches!(cm.poll_transmit(), Some((2, CmMsg::Req { .. }))));
+    // The passive consumer needs 2^20 * 4.096 us (4.3 s).
+    let t1 = Instant::from_millis(1);
+    cm.handle_msg(
+        t1,
+        2,
+        CmMsg::Mra {
+            local_comm_id: 77,
+            remote_comm_id: a.0,
+            msg: rdma_cm::MsgKind::Req,
+            service_timeout: 20,
+        },
+    );
+    let mra_wait = t1 + Duration::from_micros(us(20) + us(11));
+    assert_eq!(cm.poll_timeout(), Some(mra_wait));
+    // Where the REQ's own wait ended, nothing is sent again.
+    cm.handle_timeout(req_wait);
+    assert!(cm.poll_transmit().is_none(), "REQ resent despite the MRA");
+    assert_eq!(cm.state(a), ConnState::ReqSent);
+    // At the end of the MRA's wait the REQ goes again.
+    cm.handle_timeout(mra_wait);
+    assert!(matches!(cm.poll_transmit(), Some((2, CmMsg::Req { .. }))));
+    // A shorter service timeout waits less.
+    let mut cm: Cm<u8> = Cm::new(cfg(), 100);
+    let a = cm.connect_req(Instant::ZERO, vec![2], req_over(10));
+    cm.handle_msg(
+        t1,
+        2,
+        CmMsg::Mra {
+            local_comm_id: 77,
+            remote_comm_id: a.0,
+            msg: rdma_cm::MsgKind::Req,
+            service_timeout: 16,
+        },
+    );
+    assert_eq!(
+        cm.poll_timeout(),
+        Some(t1 + Duration::from_micros(us(16) + us(11)))
+    );
+}
+
+#[test]
+fn waits_stay_within_the_configured_floor_and_ceiling() {
+    let bounded = CmConfig {
+        min_timeout: Duration::from_millis(5),
+        max_timeout: Duration::from_secs(2),
+        ..cfg()
+    };
+    let mut cm: Cm<u8> = Cm::new(bounded, 100);
+    // 8 us + 4 us by the numbers: the floor.
+    let mut tiny = req_over(0);
+    tiny.timing.remote_cm_response_timeout = 0;
+    let a = cm.connect_req(Instant::ZERO, vec![2], tiny);
+    assert_eq!(cm.response_wait(a), Some(Duration::from_millis(5)));
+    // 2.4 hours by the numbers: the ceiling.
+    let b = cm.connect_req(Instant::ZERO, vec![2], req_over(30));
+    assert_eq!(cm.response_wait(b), Some(Duration::from_secs(2)));
+    assert_eq!(cm.poll_timeout(), Some(Instant::from_millis(5)));
+}
+
+#[test]
+fn a_held_rtu_waits_for_the_consumer_who_sends_it_or_rejects_the_rep() {
+    for ok in [true, false] {
+        let mut net = Net::new(&[1, 2], FaultConfig::default());
+        net.cm(2).listen(SVC);
+        let a = net.connect_plain(vec![2], SVC);
+        assert!(net.cm(1).hold_rtu(a));
+        let mut b = None;
+        net.run(|n| {
+            for e in n.take(2) {
+                if let CmEvent::Request { conn, .. } = e {
+                    let now = n.now;
+                    n.cm(2)
+                        .accept(now, conn, Qpn::from_bits(0x22), Psn::new(5), b"r".to_vec());
+                    b = Some(conn);
+                }
+            }
+            n.cm(1).state(a) == ConnState::RepRcvd
+        });
+        let b = b.unwrap();
+        let mut reply = net.take(1);
+        assert!(
+            matches!(reply.as_slice(), [CmEvent::Reply { conn, remote_qpn, remote_psn, private_data }]
+                if *conn == a && *remote_qpn == Qpn::from_bits(0x22)
+                    && *remote_psn == Psn::new(5) && private_data[0] == b'r'),
+            "{reply:?}"
+        );
+        assert_eq!(net.count(1, |m| matches!(m, CmMsg::Rtu { .. })), 0);
+        assert!(!net.cm(1).hold_rtu(a), "only before the REP");
+        if ok {
+            assert!(net.cm(1).ready(a));
+            assert!(!net.cm(1).ready(a), "once");
+            net.run(|n| n.cm(2).state(b) == ConnState::Established);
+            reply = net.take(1);
+            assert!(
+                matches!(reply.as_slice(), [CmEvent::Established { conn, .. }] if *conn == a),
+                "{reply:?}"
+            );
+            assert_eq!(net.cm(1).state(a), ConnState::Established);
+            assert_eq!(net.count(1, |m| matches!(m, CmMsg::Rtu { .. })), 1);
+        } else {
+            assert!(net
+                .cm(1)
+                .reject_reply(a, RejReason::CONSUMER_DEFINED, b"qp".to_vec()));
+            net.run(|n| n.cm(2).state(b) == ConnState::Closed);
+            assert_eq!(net.cm(1).state(a), ConnState::Closed);
+            assert!(
+                net.take(2).contains(&CmEvent::Rejected {
+                    conn: b,
+                    reason: RejReason::CONSUMER_DEFINED,
+                    private_data: b"qp".to_vec()
+                }),
+                "the passive side hears the REJ of its REP"
+            );
+            assert_eq!(net.count(1, |m| matches!(m, CmMsg::Rtu { .. })), 0);
+        }
+    }
 }
