@@ -218,6 +218,9 @@ pub struct Node {
     ident_deltas: std::collections::HashMap<usize, icrc::Ipv4IdentDelta>,
     /// Header buffers of sent batches, for the next ones.
     spare: Vec<Vec<u8>>,
+    /// QP numbers of a transmit round, kept for the next round (a poll
+    /// allocates nothing when there is nothing to do).
+    tx_keys: Vec<u32>,
 }
 
 /// Datagram buffers kept for reuse (a few batches' worth).
@@ -264,6 +267,7 @@ impl Node {
             ready: Vec::new(),
             ident_deltas: std::collections::HashMap::new(),
             spare: Vec::new(),
+            tx_keys: Vec::new(),
         })
     }
 
@@ -544,8 +548,11 @@ impl Node {
     #[inline(never)]
     fn transmit(&mut self, now: Instant) -> bool {
         let local = self.local;
-        let keys: Vec<u32> = self.qps.keys().copied().collect();
+        let mut keys = std::mem::take(&mut self.tx_keys);
+        keys.clear();
+        keys.extend(self.qps.keys().copied());
         if keys.is_empty() {
+            self.tx_keys = keys;
             return false;
         }
         let start = (self.rr as usize) % keys.len();
@@ -606,11 +613,15 @@ impl Node {
                 });
             }
         }
+        self.tx_keys = keys;
         self.flush_out(now);
         produced
     }
 
     fn flush_out(&mut self, now: Instant) {
+        if self.out.is_empty() && self.faults.is_none() {
+            return;
+        }
         let mut batch = std::mem::take(&mut self.out);
         if !self.link_up {
             self.stats.link_down_drops += batch.len() as u64;
@@ -630,6 +641,7 @@ impl Node {
             }
         }
         if batch.is_empty() {
+            self.out = batch;
             return;
         }
         let lens: Vec<(SocketAddr, usize)> = batch.iter().map(|o| (o.dst, o.len())).collect();
@@ -677,9 +689,10 @@ impl Node {
     }
 
     /// Gives sent (or dropped) datagrams' buffers back: payloads to their
-    /// QP's engine, headers to the spare list.
-    fn recycle(&mut self, batch: Vec<Out>) {
-        for o in batch {
+    /// QP's engine, headers to the spare list; the emptied batch becomes
+    /// the next one (its capacity kept).
+    fn recycle(&mut self, mut batch: Vec<Out>) {
+        for o in batch.drain(..) {
             // A lent payload releases its region here.
             if let (Some(s), Payload::Owned(b)) = (self.qps.get_mut(&o.qpn), o.payload) {
                 s.qp.recycle_payload(b);
@@ -687,6 +700,9 @@ impl Node {
             if self.spare.len() < SPARE_BUFFERS {
                 self.spare.push(o.head);
             }
+        }
+        if self.out.is_empty() {
+            self.out = batch;
         }
     }
 }
