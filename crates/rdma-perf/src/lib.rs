@@ -359,7 +359,7 @@ impl Side {
     /// whether the node had work.
     fn turn(&mut self) -> bool {
         self.turns += 1;
-        let sample = self.turns % CPU_SAMPLE_EVERY == 0;
+        let sample = self.turns.is_multiple_of(CPU_SAMPLE_EVERY);
         let cpu0 = if sample { thread_cpu_seconds() } else { 0.0 };
         let now = self.now();
         if self.node.poll(now) {
@@ -636,7 +636,7 @@ pub fn run_server(common: &Common, listener: &TcpListener) -> Result<(), PerfErr
             )?;
         }
         busy_turns = if busy { busy_turns + 1 } else { 0 };
-        if busy && busy_turns % CONTROL_EVERY != 0 {
+        if busy && !busy_turns.is_multiple_of(CONTROL_EVERY) {
             continue;
         }
         let mut line = String::new();
@@ -784,7 +784,7 @@ pub fn run_client(cfg: &ClientConfig) -> Result<Report, PerfError> {
             mover.complete(&side, &c)?;
         }
         turns = turns.wrapping_add(1);
-        if (!busy || turns % CONTROL_EVERY == 0) && StdInstant::now() > deadline {
+        if (!busy || turns.is_multiple_of(CONTROL_EVERY)) && StdInstant::now() > deadline {
             return Err(PerfError::Completion(format!(
                 "timed out with {} of {} done",
                 mover.done, cfg.iters

@@ -541,12 +541,24 @@ mod tests {
             let state = header_state(&ip, &udp, body.len()).unwrap();
             for cut in [12, 13, 28, 40, 76, 77, 200, 4100, 4200] {
                 let (a, b) = body.split_at(cut);
-                assert_eq!(finish_vectored(state, &[a, &[], b]).unwrap(), whole, "cut {cut}");
+                assert_eq!(
+                    finish_vectored(state, &[a, &[], b]).unwrap(),
+                    whole,
+                    "cut {cut}"
+                );
             }
             body[4] ^= 0x5A;
-            assert_eq!(finish_vectored(state, &[&body]).unwrap(), whole, "byte 4 masked");
+            assert_eq!(
+                finish_vectored(state, &[&body]).unwrap(),
+                whole,
+                "byte 4 masked"
+            );
             body[5] ^= 1;
-            assert_ne!(finish_vectored(state, &[&body]).unwrap(), whole, "byte 5 covered");
+            assert_ne!(
+                finish_vectored(state, &[&body]).unwrap(),
+                whole,
+                "byte 5 covered"
+            );
             body[5] ^= 1;
         }
         assert!(finish_vectored(state, &[&body[..11], &body[11..]]).is_err());
