@@ -355,6 +355,11 @@ impl Side {
         Instant::from_std(self.epoch, StdInstant::now())
     }
 
+    /// Whether the side has been idle long enough to sleep in its turns.
+    fn sleeps(&self) -> bool {
+        self.idle_polls >= SPIN_POLLS
+    }
+
     /// One round of work; sleeps briefly in the kernel when idle. Returns
     /// whether the node had work.
     fn turn(&mut self) -> bool {
@@ -395,10 +400,11 @@ impl Side {
 /// nothing -- a side waiting for its peer polls a lot.
 const CPU_SAMPLE_EVERY: u64 = 8;
 
-/// Busy turns between looks at the TCP control connection (or at the
-/// clock, for a deadline): each look is a system call the plain-UDP
-/// baseline does not make, so a busy data path looks only now and then.
-/// An idle turn always looks.
+/// Turns between looks at the TCP control connection (or at the clock,
+/// for a deadline): each look is a system call the plain-UDP baseline
+/// does not make, so a busy data path -- and one spinning briefly for its
+/// peer's next packet -- looks only now and then. A side idle long
+/// enough to sleep looks every turn.
 const CONTROL_EVERY: u32 = 64;
 
 /// Keeps up to `slots` work requests of one operation in flight until
@@ -601,12 +607,12 @@ pub fn run_server(common: &Common, listener: &TcpListener) -> Result<(), PerfErr
     let mut done_asked = false;
     writer.set_nonblocking(false)?;
     reader.get_mut().set_nonblocking(true)?;
-    let mut busy_turns = 0u32;
+    let mut turns = 0u32;
     loop {
         if let Some(m) = reverse.as_mut() {
             m.post(&mut side);
         }
-        let busy = side.turn();
+        side.turn();
         while let Some(c) = side.node.poll_completion(side.qp) {
             if c.is_recv {
                 if c.status == WcStatus::Success {
@@ -635,8 +641,8 @@ pub fn run_server(common: &Common, listener: &TcpListener) -> Result<(), PerfErr
                 },
             )?;
         }
-        busy_turns = if busy { busy_turns + 1 } else { 0 };
-        if busy && !busy_turns.is_multiple_of(CONTROL_EVERY) {
+        turns = turns.wrapping_add(1);
+        if !side.sleeps() && !turns.is_multiple_of(CONTROL_EVERY) {
             continue;
         }
         let mut line = String::new();
@@ -779,12 +785,12 @@ pub fn run_client(cfg: &ClientConfig) -> Result<Report, PerfError> {
     let busy_start = side.busy_cpu;
     while !mover.finished() {
         mover.post(&mut side);
-        let busy = side.turn();
+        side.turn();
         while let Some(c) = side.node.poll_completion(side.qp) {
             mover.complete(&side, &c)?;
         }
         turns = turns.wrapping_add(1);
-        if (!busy || turns.is_multiple_of(CONTROL_EVERY)) && StdInstant::now() > deadline {
+        if (side.sleeps() || turns.is_multiple_of(CONTROL_EVERY)) && StdInstant::now() > deadline {
             return Err(PerfError::Completion(format!(
                 "timed out with {} of {} done",
                 mover.done, cfg.iters
