@@ -16,6 +16,14 @@
 //! `recvmmsg` with GRO, the same buffer sizes), so the ratio compares our
 //! transport with the best plain UDP the same I/O can do.
 //!
+//! Each side also measures the CPU time its thread spent moving data (its
+//! polls that had work, sampled; the baseline's send and receive calls),
+//! reported as nanoseconds per byte: on a machine whose cores are shared,
+//! wall-clock bandwidth follows the neighbours' load, while the CPU cost
+//! of a byte on each side says where the time goes and which side limits
+//! the rate when both are CPU-bound (polls that found nothing are left
+//! out: the side that waits for its peer polls in a loop).
+//!
 //! `--duration SECS` runs for a time instead of a count (with `--iters`
 //! too, whichever ends first): posting stops when it has passed, and the
 //! report counts the messages that completed.
@@ -82,18 +90,27 @@ struct Bidir {
 enum Control {
     /// Client: the test is over; tell me your buffer digest.
     Done,
-    /// Server: FNV-1a 64 of the buffer, its receive count, and for a
-    /// bidirectional test how long its own writes took.
+    /// Server: FNV-1a 64 of the buffer, its receive count, for a
+    /// bidirectional test how long its own writes took, and the CPU time
+    /// of its turns that had work, up to the client's Done.
     Digest {
         fnv: u64,
         received: u64,
         #[serde(default)]
         reverse_seconds: Option<f64>,
+        #[serde(default)]
+        cpu_seconds: Option<f64>,
     },
     /// Client: baseline starting, count datagrams on this UDP port.
     Baseline { port: u16 },
-    /// Server: datagrams and bytes of the baseline received.
-    BaselineResult { datagrams: u64, bytes: u64 },
+    /// Server: datagrams and bytes of the baseline received, and the CPU
+    /// time receiving them took.
+    BaselineResult {
+        datagrams: u64,
+        bytes: u64,
+        #[serde(default)]
+        cpu_seconds: Option<f64>,
+    },
 }
 
 /// Settings shared by both roles.
@@ -174,6 +191,30 @@ pub struct Report {
     pub baseline_pkt_per_s: Option<f64>,
     /// Our goodput over the baseline's.
     pub ratio_to_baseline: Option<f64>,
+    /// CPU time of the client's polls that had work, per byte moved,
+    /// nanoseconds (sampled: see the crate docs).
+    pub client_cpu_ns_per_byte: f64,
+    /// The same for the server.
+    pub server_cpu_ns_per_byte: Option<f64>,
+    /// Baseline: the sender's CPU time per byte the kernel took (it never
+    /// waits).
+    pub baseline_client_cpu_ns_per_byte: Option<f64>,
+    /// Baseline: the receiver's CPU time of receive calls that found
+    /// data, per byte received.
+    pub baseline_server_cpu_ns_per_byte: Option<f64>,
+}
+
+/// CPU time the calling thread has used, seconds.
+fn thread_cpu_seconds() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid out-pointer for clock_gettime.
+    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } != 0 {
+        return 0.0;
+    }
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
 }
 
 /// What went wrong; each says what to check.
@@ -242,6 +283,10 @@ const SPIN_POLLS: u32 = 64;
 struct Side {
     node: Node,
     idle_polls: u32,
+    /// Turns so far, and the CPU time of the turns that had work,
+    /// estimated from every [`CPU_SAMPLE_EVERY`]th turn.
+    turns: u64,
+    busy_cpu: f64,
     qp: QpHandle,
     mem: FlatMemory,
     epoch: StdInstant,
@@ -264,6 +309,8 @@ impl Side {
         Ok(Side {
             node,
             idle_polls: 0,
+            turns: 0,
+            busy_cpu: 0.0,
             qp,
             mem,
             epoch: StdInstant::now(),
@@ -308,19 +355,31 @@ impl Side {
         Instant::from_std(self.epoch, StdInstant::now())
     }
 
-    /// One round of work; sleeps briefly in the kernel when idle.
-    fn turn(&mut self) {
+    /// Whether the side has been idle long enough to sleep in its turns.
+    fn sleeps(&self) -> bool {
+        self.idle_polls >= SPIN_POLLS
+    }
+
+    /// One round of work; sleeps briefly in the kernel when idle. Returns
+    /// whether the node had work.
+    fn turn(&mut self) -> bool {
+        self.turns += 1;
+        let sample = self.turns.is_multiple_of(CPU_SAMPLE_EVERY);
+        let cpu0 = if sample { thread_cpu_seconds() } else { 0.0 };
         let now = self.now();
         if self.node.poll(now) {
             self.idle_polls = 0;
-            return;
+            if sample {
+                self.busy_cpu += (thread_cpu_seconds() - cpu0) * CPU_SAMPLE_EVERY as f64;
+            }
+            return true;
         }
         // Poll a little longer before sleeping: on a busy link the next
         // datagram is microseconds away, and a sleep costs two context
         // switches. Bounded, so an idle tool still sleeps.
         self.idle_polls += 1;
         if self.idle_polls < SPIN_POLLS {
-            return;
+            return false;
         }
         let wait = self
             .node
@@ -331,8 +390,22 @@ impl Side {
                 )
             });
         let _ = self.node.wait(wait);
+        false
     }
 }
+
+/// One turn in this many has its CPU time measured (a system call each
+/// end): the CPU time of the turns that had work, scaled up, is what a
+/// side spent on the transfer itself, without the polls that found
+/// nothing -- a side waiting for its peer polls a lot.
+const CPU_SAMPLE_EVERY: u64 = 8;
+
+/// Turns between looks at the TCP control connection (or at the clock,
+/// for a deadline): each look is a system call the plain-UDP baseline
+/// does not make, so a busy data path -- and one spinning briefly for its
+/// peer's next packet -- looks only now and then. A side idle long
+/// enough to sleep looks every turn.
+const CONTROL_EVERY: u32 = 64;
 
 /// Keeps up to `slots` work requests of one operation in flight until
 /// `iters` completed; both the client and (bidirectional) the server use it.
@@ -492,6 +565,7 @@ pub fn run_server(common: &Common, listener: &TcpListener) -> Result<(), PerfErr
     }
     send_line(&mut writer, &side.hello(0x1000))?;
     side.connect(&peer);
+    let mut cpu_seconds = None;
     let mut received = 0u64;
     let mut posted = 0u64;
     let want = peer.sends.unwrap_or(0);
@@ -533,6 +607,7 @@ pub fn run_server(common: &Common, listener: &TcpListener) -> Result<(), PerfErr
     let mut done_asked = false;
     writer.set_nonblocking(false)?;
     reader.get_mut().set_nonblocking(true)?;
+    let mut turns = 0u32;
     loop {
         if let Some(m) = reverse.as_mut() {
             m.post(&mut side);
@@ -562,8 +637,13 @@ pub fn run_server(common: &Common, listener: &TcpListener) -> Result<(), PerfErr
                     fnv: digest,
                     received,
                     reverse_seconds,
+                    cpu_seconds,
                 },
             )?;
+        }
+        turns = turns.wrapping_add(1);
+        if !side.sleeps() && !turns.is_multiple_of(CONTROL_EVERY) {
+            continue;
         }
         let mut line = String::new();
         match reader.read_line(&mut line) {
@@ -574,7 +654,10 @@ pub fn run_server(common: &Common, listener: &TcpListener) -> Result<(), PerfErr
                 return Ok(());
             }
             Ok(_) => match serde_json::from_str::<Control>(&line) {
-                Ok(Control::Done) => done_asked = true,
+                Ok(Control::Done) => {
+                    done_asked = true;
+                    cpu_seconds = Some(side.busy_cpu);
+                }
                 Ok(Control::Baseline { port }) => {
                     let r = baseline_sink(SocketAddr::new(common.bind.ip(), port), &mut reader)?;
                     send_line(&mut writer, &r)?;
@@ -604,7 +687,9 @@ fn baseline_sink(
     let mut sock = roce_udp::RoceSocket::bind(addr)?;
     let (mut datagrams, mut bytes) = (0u64, 0u64);
     let start = StdInstant::now();
+    let mut busy_cpu = 0.0;
     loop {
+        let cpu0 = thread_cpu_seconds();
         let mut calls = 0;
         for _ in 0..64 {
             let n = sock.recv_batch(64, |_, d| {
@@ -619,6 +704,9 @@ fn baseline_sink(
         if calls == 0 {
             // Idle: block until a datagram or 5 ms pass, then look at TCP.
             let _ = sock.wait(None, std::time::Duration::from_millis(5));
+        } else {
+            // Up to 64 batches between two clock reads: measured always.
+            busy_cpu += thread_cpu_seconds() - cpu0;
         }
         let mut line = String::new();
         match reader.read_line(&mut line) {
@@ -631,7 +719,11 @@ fn baseline_sink(
             return Err(PerfError::Protocol("baseline never ended".into()));
         }
     }
-    Ok(Control::BaselineResult { datagrams, bytes })
+    Ok(Control::BaselineResult {
+        datagrams,
+        bytes,
+        cpu_seconds: Some(busy_cpu),
+    })
 }
 
 /// Runs the client side and returns the report.
@@ -689,19 +781,23 @@ pub fn run_client(cfg: &ClientConfig) -> Result<Report, PerfError> {
     let size = cfg.size as u64;
     let deadline =
         StdInstant::now() + std::time::Duration::from_secs(600) + cfg.duration.unwrap_or_default();
+    let mut turns = 0u32;
+    let busy_start = side.busy_cpu;
     while !mover.finished() {
         mover.post(&mut side);
         side.turn();
         while let Some(c) = side.node.poll_completion(side.qp) {
             mover.complete(&side, &c)?;
         }
-        if StdInstant::now() > deadline {
+        turns = turns.wrapping_add(1);
+        if (side.sleeps() || turns.is_multiple_of(CONTROL_EVERY)) && StdInstant::now() > deadline {
             return Err(PerfError::Completion(format!(
                 "timed out with {} of {} done",
                 mover.done, cfg.iters
             )));
         }
     }
+    let client_cpu = side.busy_cpu - busy_start;
     let seconds = mover
         .seconds
         .unwrap_or_else(|| mover.start.elapsed().as_secs_f64());
@@ -714,7 +810,7 @@ pub fn run_client(cfg: &ClientConfig) -> Result<Report, PerfError> {
     // Keep our node answering (a bidirectional server may still be
     // writing to us) while waiting for the digest.
     reader.get_mut().set_nonblocking(true)?;
-    let (digest, received, reverse_seconds) = loop {
+    let (digest, received, reverse_seconds, server_cpu) = loop {
         side.turn();
         while side.node.poll_completion(side.qp).is_some() {}
         let mut line = String::new();
@@ -725,7 +821,8 @@ pub fn run_client(cfg: &ClientConfig) -> Result<Report, PerfError> {
                     fnv,
                     received,
                     reverse_seconds,
-                }) => break (fnv, received, reverse_seconds),
+                    cpu_seconds,
+                }) => break (fnv, received, reverse_seconds, cpu_seconds),
                 Ok(other) => {
                     return Err(PerfError::Protocol(format!(
                         "expected a digest, got {other:?}"
@@ -793,6 +890,10 @@ pub fn run_client(cfg: &ClientConfig) -> Result<Report, PerfError> {
         baseline_gbit_per_s: None,
         baseline_pkt_per_s: None,
         ratio_to_baseline: None,
+        client_cpu_ns_per_byte: per_byte_ns(client_cpu, iters * size),
+        server_cpu_ns_per_byte: server_cpu.map(|c| per_byte_ns(c, iters * size)),
+        baseline_client_cpu_ns_per_byte: None,
+        baseline_server_cpu_ns_per_byte: None,
     };
     if cfg.baseline {
         let port = peer.roce.port().wrapping_add(1000);
@@ -806,22 +907,31 @@ pub fn run_client(cfg: &ClientConfig) -> Result<Report, PerfError> {
             (0..BASELINE_BATCH).map(|_| (dst, &payload[..])).collect();
         let runs = sock.gso_runs(&batch);
         let t0 = StdInstant::now();
+        let cpu0 = thread_cpu_seconds();
         let blast = std::time::Duration::from_secs_f64(BASELINE_SECS);
         while t0.elapsed() < blast {
             // A full socket buffer takes part of the batch; refusals while
             // the sink binds are simply not counted.
             let _ = sock.send_runs(&batch, &runs);
         }
+        let sender_cpu = thread_cpu_seconds() - cpu0;
+        let sent_bytes = sock.stats().sent * payload.len() as u64;
         std::thread::sleep(std::time::Duration::from_millis(50));
         send_line(&mut writer, &Control::Done)?;
         reader.get_mut().set_nonblocking(false)?;
         match read_line::<Control>(&mut reader)? {
-            Control::BaselineResult { datagrams, bytes } => {
+            Control::BaselineResult {
+                datagrams,
+                bytes,
+                cpu_seconds,
+            } => {
                 let secs = BASELINE_SECS;
                 let gbps = bytes as f64 * 8.0 / secs / 1e9;
                 report.baseline_gbit_per_s = Some(gbps);
                 report.baseline_pkt_per_s = Some(datagrams as f64 / secs);
                 report.ratio_to_baseline = (gbps > 0.0).then(|| report.gbit_per_s / gbps);
+                report.baseline_client_cpu_ns_per_byte = Some(per_byte_ns(sender_cpu, sent_bytes));
+                report.baseline_server_cpu_ns_per_byte = cpu_seconds.map(|c| per_byte_ns(c, bytes));
             }
             other => {
                 return Err(PerfError::Protocol(format!(
@@ -866,7 +976,44 @@ impl Report {
                 p
             );
         }
+        let ns = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.3}"));
+        s += &format!(
+            " CPU ns/byte: client {} server {}",
+            ns(Some(self.client_cpu_ns_per_byte)),
+            ns(self.server_cpu_ns_per_byte)
+        );
+        if let (Some(bc), Some(bs)) = (
+            self.baseline_client_cpu_ns_per_byte,
+            self.baseline_server_cpu_ns_per_byte,
+        ) {
+            s += &format!(
+                "; baseline client {} server {}; baseline/ours client {} server {}",
+                ns(Some(bc)),
+                ns(Some(bs)),
+                ratio(bc, self.client_cpu_ns_per_byte),
+                self.server_cpu_ns_per_byte
+                    .map_or("-".to_string(), |o| ratio(bs, o)),
+            );
+        }
+        s += "\n";
         s
+    }
+}
+
+/// Nanoseconds of CPU per byte (0 for no bytes).
+fn per_byte_ns(cpu_seconds: f64, bytes: u64) -> f64 {
+    if bytes == 0 {
+        0.0
+    } else {
+        cpu_seconds * 1e9 / bytes as f64
+    }
+}
+
+fn ratio(num: f64, den: f64) -> String {
+    if den > 0.0 {
+        format!("{:.2}", num / den)
+    } else {
+        "-".to_string()
     }
 }
 

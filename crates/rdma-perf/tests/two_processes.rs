@@ -363,5 +363,30 @@ fn baseline_runs_plain_udp_and_prints_the_ratio() {
         (ours / base_gbps - ratio).abs() <= 0.02 + ratio * 0.01,
         "{row} / {line}"
     );
-    eprintln!("measured: {row}\n          {line}");
+    // " CPU ns/byte: client C server S; baseline client BC server BS;
+    //   baseline/ours client RC server RS": every cost measured and
+    // positive (32 MiB moved: the sampled turns cannot all miss), and
+    // each ratio is the quotient of the numbers printed.
+    let cpu = text
+        .lines()
+        .find(|l| l.contains("CPU ns/byte"))
+        .unwrap_or_else(|| panic!("no CPU line in {text}"));
+    let words: Vec<&str> = cpu.split([' ', ';']).filter(|w| !w.is_empty()).collect();
+    let after = |from: usize, key: &str| -> f64 {
+        let i = from + words[from..].iter().position(|w| *w == key).unwrap();
+        words[i + 1]
+            .parse()
+            .unwrap_or_else(|e| panic!("{cpu}: {key}: {e}"))
+    };
+    let base_at = words.iter().position(|w| *w == "baseline").unwrap();
+    let ratio_at = words.iter().position(|w| *w == "baseline/ours").unwrap();
+    let (c, s_) = (after(0, "client"), after(0, "server"));
+    let (bc, bs) = (after(base_at, "client"), after(base_at, "server"));
+    let (rc, rs) = (after(ratio_at, "client"), after(ratio_at, "server"));
+    for v in [c, s_, bc, bs] {
+        assert!(v > 0.0 && v.is_finite(), "{cpu}");
+    }
+    assert!((bc / c - rc).abs() <= 0.011 + rc * 0.01, "{cpu}");
+    assert!((bs / s_ - rs).abs() <= 0.011 + rs * 0.01, "{cpu}");
+    eprintln!("measured: {row}\n          {line}\n          {cpu}");
 }

@@ -6,7 +6,12 @@
 //! not depend on the machine's load.
 //!
 //! `cargo bench -p softroce --bench send_path`; `SOFTROCE_BENCH_ROUNDS`
-//! scales the work (default 64 MiB each way, 4096 small WRITEs).
+//! scales the work (default 64 MiB each way, 4096 small WRITEs, 1024
+//! WRITEs of 64 KiB at queue depth 16 as `rperf` posts them);
+//! `SOFTROCE_BENCH_CASE=write64k` (a prefix of a case name) runs only the
+//! cases it names, so a callgrind run with
+//! `--toggle-collect='*Node*receive*'` divided by the message count is the
+//! receive path's instructions per message.
 
 use rdma_types::{Instant, Lkey, Mtu, Qpn, Rkey, WcStatus};
 use roce::{QpConfig, SendOp, SendWqe, Sge};
@@ -94,15 +99,22 @@ fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(64);
     let mut p = Pair::new();
-    let cases: [Case; 3] = [
-        ("write 1M qd4", write, MIB, rounds),
-        ("read 1M qd4", read, MIB, rounds),
-        ("write 4K qd32", write, 4096, 64 * rounds),
+    let only = std::env::var("SOFTROCE_BENCH_CASE").unwrap_or_default();
+    let cases: [Case; 4] = [
+        ("write1m qd4", write, MIB, rounds),
+        ("read1m qd4", read, MIB, rounds),
+        ("write4k qd32", write, 4096, 64 * rounds),
+        ("write64k qd16", write, 64 << 10, 16 * rounds),
     ];
-    for (name, op, len, count) in cases {
+    for (name, op, len, count) in cases.into_iter().filter(|c| c.0.starts_with(&only)) {
         let sent = p.a.stats().tx_packets + p.b.stats().tx_packets;
         let t = StdInstant::now();
-        p.run(op, len, count, if len == MIB { 4 } else { 32 });
+        let depth = match len {
+            MIB => 4,
+            4096 => 32,
+            _ => 16,
+        };
+        p.run(op, len, count, depth);
         let secs = t.elapsed().as_secs_f64();
         let packets = p.a.stats().tx_packets + p.b.stats().tx_packets - sent;
         println!(

@@ -3,7 +3,7 @@
 use rdma_sim::{FaultConfig, FaultInjector, Payload as SimPayload};
 use rdma_types::{Instant, Qpn};
 use rdma_wire::pcap::{LinkType, PcapWriter};
-use rdma_wire::{icrc, IpRepr, ParseError, RoceRepr, UdpChecksum, UdpRepr};
+use rdma_wire::{icrc, IbRepr, IpRepr, RoceRepr, UdpChecksum, UdpRepr};
 use roce::{Completion, Memory, Packet, Payload, Qp, QpConfig, QpCounters, QpEvent};
 use roce_udp::{RoceSocket, Waker};
 use std::collections::{BTreeMap, VecDeque};
@@ -218,6 +218,94 @@ pub struct Node {
     ident_deltas: std::collections::HashMap<usize, icrc::Ipv4IdentDelta>,
     /// Header buffers of sent batches, for the next ones.
     spare: Vec<Vec<u8>>,
+    /// QP numbers of a transmit round, kept for the next round (a poll
+    /// allocates nothing when there is nothing to do).
+    tx_keys: Vec<u32>,
+    /// ICRC states of the IP and UDP headers by peer and length.
+    header_crcs: HeaderCrcs,
+}
+
+/// The ICRC of a datagram starts with its IP and UDP headers, which are
+/// the same for every packet of one length to or from one peer (the IPv4
+/// Identification aside: a correction per value). Their CRC state is kept
+/// for the few (peer, direction, length) in use -- a data stream has one
+/// or two lengths and its ACKs one -- and the packets hash only their IB
+/// part.
+#[derive(Default)]
+struct HeaderCrcs {
+    entries: Vec<HeaderCrc>,
+    /// Next entry to replace once full.
+    next: usize,
+}
+
+struct HeaderCrc {
+    peer: SocketAddr,
+    rx: bool,
+    ib_len: usize,
+    /// CRC state after the headers with IPv4 Identification 0.
+    state: u32,
+    /// IPv4: the correction for another Identification.
+    ident: Option<icrc::Ipv4IdentDelta>,
+}
+
+/// (peer, direction, length) triples kept.
+const HEADER_CRCS: usize = 16;
+
+impl HeaderCrcs {
+    /// The ICRC of `parts` (BTH through pad) sent to (`rx` false) or
+    /// received from (`rx` true) `peer` by `local`, with IPv4
+    /// Identification `ident`. `None` if the lengths do not fit.
+    fn icrc(
+        &mut self,
+        local: SocketAddr,
+        peer: SocketAddr,
+        rx: bool,
+        ident: u16,
+        parts: &[&[u8]],
+    ) -> Option<u32> {
+        let ib_len: usize = parts.iter().map(|p| p.len()).sum();
+        let i = match self
+            .entries
+            .iter()
+            .position(|e| e.ib_len == ib_len && e.peer == peer && e.rx == rx)
+        {
+            Some(i) => i,
+            None => {
+                let (src, dst) = if rx { (peer, local) } else { (local, peer) };
+                let ip = IpRepr::rocev2(src.ip(), dst.ip(), 8 + ib_len + rdma_wire::ICRC_LEN)?;
+                let udp = UdpRepr {
+                    src_port: src.port(),
+                    dst_port: dst.port(),
+                    checksum: UdpChecksum::None,
+                };
+                let e = HeaderCrc {
+                    peer,
+                    rx,
+                    ib_len,
+                    state: icrc::header_state(&ip, &udp, ib_len).ok()?,
+                    ident: match ip {
+                        IpRepr::V4(_) => icrc::Ipv4IdentDelta::for_ib_len(ib_len),
+                        IpRepr::V6(_) => None,
+                    },
+                };
+                if self.entries.len() < HEADER_CRCS {
+                    self.entries.push(e);
+                    self.entries.len() - 1
+                } else {
+                    let i = self.next;
+                    self.next = (self.next + 1) % HEADER_CRCS;
+                    self.entries[i] = e;
+                    i
+                }
+            }
+        };
+        let e = &self.entries[i];
+        let crc = icrc::finish_vectored(e.state, parts).ok()?;
+        Some(match (ident, &e.ident) {
+            (0, _) | (_, None) => crc,
+            (k, Some(d)) => crc ^ d.delta(k),
+        })
+    }
 }
 
 /// Datagram buffers kept for reuse (a few batches' worth).
@@ -264,6 +352,8 @@ impl Node {
             ready: Vec::new(),
             ident_deltas: std::collections::HashMap::new(),
             spare: Vec::new(),
+            tx_keys: Vec::new(),
+            header_crcs: HeaderCrcs::default(),
         })
     }
 
@@ -525,6 +615,7 @@ impl Node {
             qps,
             stats,
             pcap,
+            header_crcs,
             ..
         } = self;
         // Each datagram is handled in the socket's own buffer: no copy.
@@ -532,7 +623,7 @@ impl Node {
         let n = sock.recv_batch(RX_BUDGET, |r, data| {
             stats.rx_datagrams += 1;
             if up {
-                deliver(now, r, local, data, qps, stats, pcap.as_mut());
+                deliver(now, r, local, data, qps, stats, header_crcs, pcap.as_mut());
             } else {
                 stats.link_down_drops += 1;
             }
@@ -544,8 +635,11 @@ impl Node {
     #[inline(never)]
     fn transmit(&mut self, now: Instant) -> bool {
         let local = self.local;
-        let keys: Vec<u32> = self.qps.keys().copied().collect();
+        let mut keys = std::mem::take(&mut self.tx_keys);
+        keys.clear();
+        keys.extend(self.qps.keys().copied());
         if keys.is_empty() {
+            self.tx_keys = keys;
             return false;
         }
         let start = (self.rr as usize) % keys.len();
@@ -591,7 +685,8 @@ impl Node {
                 let pad = usize::from(roce.ib.bth.pad_count & 3);
                 let mut tail = [0u8; 3 + rdma_wire::ICRC_LEN];
                 let parts: [&[u8]; 3] = [&head, &pkt.payload[..], &tail[..pad]];
-                let Ok(crc) = icrc::compute_vectored(&roce.ip, &roce.udp, &parts) else {
+                // Identification 0; GSO segments are corrected in flush_out.
+                let Some(crc) = self.header_crcs.icrc(local, dst, false, 0, &parts) else {
                     self.stats.tx_frame_errors += 1;
                     continue;
                 };
@@ -606,11 +701,15 @@ impl Node {
                 });
             }
         }
+        self.tx_keys = keys;
         self.flush_out(now);
         produced
     }
 
     fn flush_out(&mut self, now: Instant) {
+        if self.out.is_empty() && self.faults.is_none() {
+            return;
+        }
         let mut batch = std::mem::take(&mut self.out);
         if !self.link_up {
             self.stats.link_down_drops += batch.len() as u64;
@@ -630,6 +729,7 @@ impl Node {
             }
         }
         if batch.is_empty() {
+            self.out = batch;
             return;
         }
         let lens: Vec<(SocketAddr, usize)> = batch.iter().map(|o| (o.dst, o.len())).collect();
@@ -677,9 +777,10 @@ impl Node {
     }
 
     /// Gives sent (or dropped) datagrams' buffers back: payloads to their
-    /// QP's engine, headers to the spare list.
-    fn recycle(&mut self, batch: Vec<Out>) {
-        for o in batch {
+    /// QP's engine, headers to the spare list; the emptied batch becomes
+    /// the next one (its capacity kept).
+    fn recycle(&mut self, mut batch: Vec<Out>) {
+        for o in batch.drain(..) {
             // A lent payload releases its region here.
             if let (Some(s), Payload::Owned(b)) = (self.qps.get_mut(&o.qpn), o.payload) {
                 s.qp.recycle_payload(b);
@@ -688,10 +789,14 @@ impl Node {
                 self.spare.push(o.head);
             }
         }
+        if self.out.is_empty() {
+            self.out = batch;
+        }
     }
 }
 
 /// Parses, ICRC-checks and dispatches one datagram.
+#[allow(clippy::too_many_arguments)]
 fn deliver(
     now: Instant,
     r: roce_udp::Received,
@@ -699,6 +804,7 @@ fn deliver(
     data: &[u8],
     qps: &mut BTreeMap<u32, Slot>,
     stats: &mut NodeStats,
+    header_crcs: &mut HeaderCrcs,
     pcap: Option<&mut PcapWriter<File>>,
 ) {
     let src = r.src;
@@ -706,57 +812,69 @@ fn deliver(
         stats.rx_malformed += 1;
         return;
     };
-    // Segment k of a buffer the kernel coalesced left its sender (one of
-    // ours, sending with GSO) with IPv4 Identification k.
-    if let IpRepr::V4(v4) = &mut ip {
-        v4.ident = r.segment;
-    }
     let udp = UdpRepr {
         src_port: src.port(),
         dst_port: local.port(),
         checksum: UdpChecksum::None,
     };
-    let roce = match RoceRepr::parse_datagram(ip, udp, data) {
-        Ok(r) => r,
-        Err(ParseError::Icrc { carried, .. }) => {
-            // A Linux sender picks a non-zero IPv4 ID that the socket
-            // does not show; solve for it (exactly one can match).
-            let body = &data[..data.len().saturating_sub(rdma_wire::ICRC_LEN)];
-            let Some(id) = icrc::recover_ipv4_ident(&ip, &udp, body, carried) else {
-                stats.rx_bad_icrc += 1;
-                return;
-            };
-            if let IpRepr::V4(v4) = &mut ip {
-                v4.ident = id;
-            }
-            match RoceRepr::parse_datagram(ip, udp, data) {
-                Ok(r) => {
-                    stats.rx_ipv4_id_recovered += 1;
-                    r
-                }
-                Err(_) => {
-                    stats.rx_bad_icrc += 1;
-                    return;
-                }
-            }
-        }
+    let ib = match IbRepr::parse(data) {
+        Ok(ib) => ib,
         Err(_) => {
             stats.rx_malformed += 1;
             return;
         }
     };
+    // IbRepr::parse checked there is room for the ICRC.
+    let body = &data[..data.len() - rdma_wire::ICRC_LEN];
+    let carried = icrc::trailer(data).unwrap_or(0);
+    // Segment k of a buffer the kernel coalesced left its sender (one of
+    // ours, sending with GSO) with IPv4 Identification k.
+    let ident = if matches!(ip, IpRepr::V4(_)) {
+        r.segment
+    } else {
+        0
+    };
+    if header_crcs.icrc(local, src, true, ident, &[body]) == Some(carried) {
+        if let IpRepr::V4(v4) = &mut ip {
+            v4.ident = ident;
+        }
+    } else {
+        // A Linux sender picks a non-zero IPv4 ID that the socket does
+        // not show; solve for it (exactly one can match).
+        let Some(id) = icrc::recover_ipv4_ident(&ip, &udp, body, carried) else {
+            stats.rx_bad_icrc += 1;
+            return;
+        };
+        if let IpRepr::V4(v4) = &mut ip {
+            v4.ident = id;
+        }
+        // The solution is checked by the ordinary computation.
+        if icrc::compute(&ip, &udp, body) != Ok(carried) {
+            stats.rx_bad_icrc += 1;
+            return;
+        }
+        stats.rx_ipv4_id_recovered += 1;
+    }
+    let roce = RoceRepr { ip, udp, ib };
     if let Some(p) = pcap {
         let mut buf = vec![0u8; roce.buffer_len()];
         if let Ok(n) = roce.emit(&mut buf) {
             let _ = p.write_packet(now, &buf[..n]);
         }
     }
-    let grh = roce.ip.grh_area();
-    let pkt = Packet::from_ib(&roce.ib, Some(grh));
     let Some(slot) = qps.get_mut(&roce.ib.bth.dest_qp.value()) else {
         stats.rx_unknown_qp += 1;
         return;
     };
+    // Only datagram receives carry the GRH area; building it is
+    // per-packet work a connected QP does not need.
+    let grh = slot
+        .qp
+        .config()
+        .qp_type
+        .is_datagram()
+        .then(|| roce.ip.grh_area());
+    let pkt = Packet::from_ib(&roce.ib, grh);
     stats.rx_delivered += 1;
     slot.qp.handle_packet(now, &pkt, &mut *slot.mem);
 }
