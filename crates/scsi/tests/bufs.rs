@@ -77,6 +77,46 @@ fn config() -> DeviceConfig {
     DeviceConfig::default()
 }
 
+/// Runs `cdb` on LUN 0 as a simple task, its data in `bufs`.
+fn submit(
+    t: &Target,
+    n: &Nexus,
+    tag: u64,
+    cdb: &[u8],
+    expected: u64,
+    bufs: &mut Buffers<'_, '_>,
+) -> ScsiResponse {
+    t.submit_attr_into(
+        n,
+        l0(),
+        tag,
+        TaskAttr::Simple,
+        cdb,
+        &[],
+        expected,
+        Some(bufs),
+    )
+}
+
+/// [`submit`], insisting on GOOD (the sense in words if not).
+fn good(
+    t: &Target,
+    n: &Nexus,
+    tag: u64,
+    cdb: &[u8],
+    expected: u64,
+    bufs: &mut Buffers<'_, '_>,
+) -> ScsiResponse {
+    let r = submit(t, n, tag, cdb, expected, bufs);
+    assert_eq!(
+        r.status,
+        Status::Good,
+        "{:?}",
+        r.sense.as_ref().map(|s| s.to_string())
+    );
+    r
+}
+
 #[test]
 fn a_read_lands_in_the_pieces_with_no_copy_in_between() {
     let rec = recording(256);
@@ -92,17 +132,7 @@ fn a_read_lands_in_the_pieces_with_no_copy_in_between() {
     ];
     let mut pieces: Vec<&mut [u8]> = vec![&mut a, &mut b, &mut c];
     let mut sink = Buffers::data_in(&mut pieces);
-    let r = t.submit_attr_into(
-        &n,
-        l0(),
-        1,
-        TaskAttr::Simple,
-        &read16(100, 16),
-        &[],
-        16 * 512,
-        Some(&mut sink),
-    );
-    assert_eq!(r.status, Status::Good);
+    let r = good(&t, &n, 1, &read16(100, 16), 16 * 512, &mut sink);
     assert!(r.data_in.is_empty(), "data-in went to the pieces");
     assert_eq!(sink.placed(), 16 * 512);
     assert!(sink.read_direct());
@@ -126,17 +156,7 @@ fn pieces_shorter_than_the_transfer_take_what_fits_and_count_the_residual() {
     let mut pieces: Vec<&mut [u8]> = vec![&mut buf];
     let mut sink = Buffers::data_in(&mut pieces);
     // Initiator expects 1024 of the 4096 bytes READ(16) moves.
-    let r = t.submit_attr_into(
-        &n,
-        l0(),
-        2,
-        TaskAttr::Simple,
-        &read16(0, 8),
-        &[],
-        1024,
-        Some(&mut sink),
-    );
-    assert_eq!(r.status, Status::Good);
+    let r = good(&t, &n, 2, &read16(0, 8), 1024, &mut sink);
     assert_eq!(sink.placed(), 1024);
     assert_eq!(r.residual, Residual::Over(3072));
 }
@@ -149,17 +169,7 @@ fn other_commands_are_copied_into_the_pieces_and_errors_place_nothing() {
     let (mut x, mut y) = (vec![0u8; 10], vec![0u8; 200]);
     let mut pieces: Vec<&mut [u8]> = vec![&mut x, &mut y];
     let mut sink = Buffers::data_in(&mut pieces);
-    let r = t.submit_attr_into(
-        &n,
-        l0(),
-        3,
-        TaskAttr::Simple,
-        &inquiry,
-        &[],
-        96,
-        Some(&mut sink),
-    );
-    assert_eq!(r.status, Status::Good);
+    let r = good(&t, &n, 3, &inquiry, 96, &mut sink);
     assert!(r.data_in.is_empty());
     assert_eq!(sink.placed(), plain.len());
     assert!(!sink.read_direct(), "INQUIRY data is built, then copied");
@@ -169,16 +179,7 @@ fn other_commands_are_copied_into_the_pieces_and_errors_place_nothing() {
     let mut z = vec![0u8; 512];
     let mut pieces: Vec<&mut [u8]> = vec![&mut z];
     let mut sink = Buffers::data_in(&mut pieces);
-    let r = t.submit_attr_into(
-        &n,
-        l0(),
-        4,
-        TaskAttr::Simple,
-        &read16(64, 1),
-        &[],
-        512,
-        Some(&mut sink),
-    );
+    let r = submit(&t, &n, 4, &read16(64, 1), 512, &mut sink);
     assert_eq!(r.status, Status::CheckCondition);
     assert_eq!(r.sense.unwrap().asc, Asc::LBA_OUT_OF_RANGE);
     assert_eq!(sink.placed(), 0);
@@ -195,17 +196,7 @@ fn fileio_reads_into_the_pieces_too() {
     let (mut a, mut b) = (vec![0u8; 700], vec![0u8; 4 * 512 - 700]);
     let mut pieces: Vec<&mut [u8]> = vec![&mut a, &mut b];
     let mut sink = Buffers::data_in(&mut pieces);
-    let r = t.submit_attr_into(
-        &n,
-        l0(),
-        5,
-        TaskAttr::Simple,
-        &read16(60, 4),
-        &[],
-        4 * 512,
-        Some(&mut sink),
-    );
-    assert_eq!(r.status, Status::Good);
+    good(&t, &n, 5, &read16(60, 4), 4 * 512, &mut sink);
     assert!(sink.read_direct());
     let all = [&a[..], &b[..]].concat();
     for (k, block) in all.chunks(512).enumerate() {
@@ -225,22 +216,7 @@ fn a_write_is_written_from_the_pieces_with_no_copy_in_between() {
     let (b, c) = rest.split_at(2000);
     let pieces: Vec<&[u8]> = vec![a, b, c];
     let mut bufs = Buffers::data_out(&pieces);
-    let r = t.submit_attr_into(
-        &n,
-        l0(),
-        6,
-        TaskAttr::Simple,
-        &write16(20, 8),
-        &[],
-        8 * 512,
-        Some(&mut bufs),
-    );
-    assert_eq!(
-        r.status,
-        Status::Good,
-        "{:?}",
-        r.sense.map(|s| s.to_string())
-    );
+    let r = good(&t, &n, 6, &write16(20, 8), 8 * 512, &mut bufs);
     assert_eq!(r.residual, Residual::None);
     let handed = rec.writes.lock().unwrap().clone();
     let want: Vec<(usize, usize)> = pieces
@@ -258,32 +234,13 @@ fn ram_takes_pieces_under_one_lock_and_short_pieces_are_refused() {
     let data: Vec<u8> = (0..4 * 512).map(|i| (i % 251) as u8).collect();
     let pieces: Vec<&[u8]> = data.chunks(300).collect();
     let mut bufs = Buffers::data_out(&pieces);
-    let r = t.submit_attr_into(
-        &n,
-        l0(),
-        7,
-        TaskAttr::Simple,
-        &write16(3, 4),
-        &[],
-        4 * 512,
-        Some(&mut bufs),
-    );
-    assert_eq!(r.status, Status::Good);
+    good(&t, &n, 7, &write16(3, 4), 4 * 512, &mut bufs);
     assert_eq!(common::ok(&t, &n, &read16(3, 4), &[], 4 * 512), data);
     // Pieces holding less than the WRITE moves: refused, nothing written.
     let before = common::ok(&t, &n, &read16(10, 4), &[], 4 * 512);
     let pieces: Vec<&[u8]> = vec![&data[..1000], &data[1000..1500]];
     let mut bufs = Buffers::data_out(&pieces);
-    let r = t.submit_attr_into(
-        &n,
-        l0(),
-        8,
-        TaskAttr::Simple,
-        &write16(10, 4),
-        &[],
-        4 * 512,
-        Some(&mut bufs),
-    );
+    let r = submit(&t, &n, 8, &write16(10, 4), 4 * 512, &mut bufs);
     assert_eq!(r.status, Status::CheckCondition);
     assert_eq!(r.sense.unwrap().key, SenseKey::AbortedCommand);
     assert_eq!(common::ok(&t, &n, &read16(10, 4), &[], 4 * 512), before);
@@ -301,21 +258,6 @@ fn commands_that_parse_their_data_out_get_it_gathered() {
     let pieces: Vec<&[u8]> = vec![&both[..333], &both[333..]];
     let mut bufs = Buffers::data_out(&pieces);
     let caw = [0x89, 0, 0, 0, 0, 0, 0, 0, 0, 5, 0, 0, 0, 1, 0, 0];
-    let r = t.submit_attr_into(
-        &n,
-        l0(),
-        9,
-        TaskAttr::Simple,
-        &caw,
-        &[],
-        1024,
-        Some(&mut bufs),
-    );
-    assert_eq!(
-        r.status,
-        Status::Good,
-        "{:?}",
-        r.sense.map(|s| s.to_string())
-    );
+    good(&t, &n, 9, &caw, 1024, &mut bufs);
     assert_eq!(common::ok(&t, &n, &read16(5, 1), &[], 512), vec![0xcd; 512]);
 }
