@@ -200,62 +200,43 @@ fn cut_under_srp_io(tag: &str, side: &str, follow: &str) -> Option<Cut> {
     })
 }
 
+/// Runs [`cut_under_srp_io`] and bounds what it measured: the failover
+/// under `failover` and, where given, the login after the link is back
+/// under `relogin`.
+fn cut_within(tag: &str, side: &str, follow: &str, failover: Duration, relogin: Option<Duration>) {
+    let Some(c) = cut_under_srp_io(tag, side, follow) else {
+        return;
+    };
+    assert!(c.failover < failover, "failover took {}", ms(c.failover));
+    if let Some(relogin) = relogin {
+        assert!(c.relogin < relogin, "login took {}", ms(c.relogin));
+    }
+}
+
 #[test]
 fn srp_io_fails_over_at_once_when_its_own_link_goes_down() {
-    if let Some(c) = cut_under_srp_io("near", "near", "1") {
-        // Bounds against a hang, not the goals (the figures are printed).
-        assert!(
-            c.failover < Duration::from_secs(5),
-            "failover took {}",
-            ms(c.failover)
-        );
-        // The port's PortActive starts the login at once (it used to wait
-        // for the CM's REQ retry, about 4.4 s).
-        assert!(
-            c.relogin < Duration::from_secs(2),
-            "login took {}",
-            ms(c.relogin)
-        );
-    }
+    // Bounds against a hang, not the goals (the figures are printed). The
+    // port's PortActive starts the login at once (it used to wait for the
+    // CM's REQ retry, about 4.4 s).
+    let s = Duration::from_secs;
+    cut_within("near", "near", "1", s(5), Some(s(2)));
 }
 
 #[test]
 fn srp_io_fails_over_at_once_when_the_far_end_of_its_link_goes_down() {
-    if let Some(c) = cut_under_srp_io("far", "far", "1") {
-        assert!(
-            c.failover < Duration::from_secs(5),
-            "failover took {}",
-            ms(c.failover)
-        );
-        assert!(
-            c.relogin < Duration::from_secs(2),
-            "login took {}",
-            ms(c.relogin)
-        );
-    }
+    let s = Duration::from_secs;
+    cut_within("far", "far", "1", s(5), Some(s(2)));
 }
 
 #[test]
 fn timeouts_only_with_link_following_off_far_end() {
-    if let Some(c) = cut_under_srp_io("tmof", "far", "0") {
-        // Only the transport (or the command timeout) notices; bounded
-        // against a hang. No port event says the link is back either: the
-        // login waits for the CM's next REQ (printed, not asserted).
-        assert!(
-            c.failover < Duration::from_secs(60),
-            "failover took {}",
-            ms(c.failover)
-        );
-    }
+    // Only the transport (or the command timeout) notices; bounded
+    // against a hang. No port event says the link is back either: the
+    // login waits for the CM's next REQ (printed, not asserted).
+    cut_within("tmof", "far", "0", Duration::from_secs(60), None);
 }
 
 #[test]
 fn timeouts_only_with_link_following_off_near_end() {
-    if let Some(c) = cut_under_srp_io("tmon", "near", "0") {
-        assert!(
-            c.failover < Duration::from_secs(60),
-            "failover took {}",
-            ms(c.failover)
-        );
-    }
+    cut_within("tmon", "near", "0", Duration::from_secs(60), None);
 }
