@@ -9,21 +9,13 @@
 
 mod common;
 
-use common::Proc;
+use common::{text, Proc};
 use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 const LINE: &str = "id_ext=0002c90300a00001,ioc_guid=0002c90300a00001,\
                     dgid=00000000000000000000ffff7f00b211,pkey=ffff,service_id=0002c90300a00001";
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
 
 /// The login strings `srp discover` printed.
 fn login_lines(o: &Output) -> Vec<String> {

@@ -10,30 +10,12 @@
 
 mod common;
 
-use common::Proc;
+use common::{srp, text, wait_for, Proc};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::Path;
-use std::process::{Command, Output};
-use std::time::{Duration, Instant};
+use std::process::Command;
 
 const TARGET: &str = "id_ext=0002c90300a00001,ioc_guid=0002c90300a00001,dest=127.0.94.1:5555";
-
-fn srp(sock: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_srp"))
-        .args(args)
-        .arg("--control-socket")
-        .arg(sock)
-        .output()
-        .unwrap()
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
 
 /// Channels `srptd` behind `sock` holds.
 fn target_sessions(sock: &Path) -> usize {
@@ -45,14 +27,6 @@ fn target_sessions(sock: &Path) -> usize {
         .unwrap();
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
     v.as_array().map_or(0, |a| a.len())
-}
-
-fn wait_for(what: &str, secs: u64, mut cond: impl FnMut() -> bool) {
-    let end = Instant::now() + Duration::from_secs(secs);
-    while !cond() {
-        assert!(Instant::now() < end, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 #[test]

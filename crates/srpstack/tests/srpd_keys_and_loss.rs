@@ -13,42 +13,17 @@
 
 mod common;
 
-use common::Proc;
+use common::{srp, text, wait_for, Proc};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 use std::time::{Duration, Instant};
-
-fn srp(sock: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_srp"))
-        .args(args)
-        .arg("--control-socket")
-        .arg(sock)
-        .output()
-        .unwrap()
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
 
 fn list(sock: &Path) -> serde_json::Value {
     let o = srp(sock, &["list", "--json"]);
     assert!(o.status.success(), "{}", text(&o));
     serde_json::from_slice(&o.stdout).unwrap()
-}
-
-fn wait_for(what: &str, secs: u64, mut cond: impl FnMut() -> bool) {
-    let end = Instant::now() + Duration::from_secs(secs);
-    while !cond() {
-        assert!(Instant::now() < end, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// A target (srptd on `.{t}`) with one 8 MiB fileio LUN and an initiator

@@ -5,7 +5,7 @@
 pub mod netns;
 
 use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -129,14 +129,39 @@ pub fn gid_hex(ip: std::net::IpAddr) -> String {
 #[allow(dead_code)]
 pub fn run(cmd: &mut Command) -> (bool, String) {
     let o = cmd.output().unwrap();
-    (
-        o.status.success(),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        ),
+    (o.status.success(), text(&o))
+}
+
+/// A finished process's stdout then stderr.
+#[allow(dead_code)]
+pub fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
     )
+}
+
+/// Runs the `srp` CLI with `args` against the `srpd` behind `sock`.
+#[allow(dead_code)]
+pub fn srp(sock: &std::path::Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_srp"))
+        .args(args)
+        .arg("--control-socket")
+        .arg(sock)
+        .output()
+        .unwrap()
+}
+
+/// Polls `cond` every 20 ms until it holds; panics naming `what` after
+/// `secs`.
+#[allow(dead_code)]
+pub fn wait_for(what: &str, secs: u64, mut cond: impl FnMut() -> bool) {
+    let end = Instant::now() + Duration::from_secs(secs);
+    while !cond() {
+        assert!(Instant::now() < end, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// Writes 8 KiB of a pattern (`seed` varies it) at 1 MiB into the LUN
