@@ -1,6 +1,9 @@
 //! Helpers for integration tests: tshark on a capture, one row of fields per
 //! packet, with the malformed and expert-severity checks every capture test
-//! makes. Tests only; nothing in the stack depends on it.
+//! makes; MAD frames in a pcap; [`netns`], `ip` for the tests that make
+//! network namespaces. Tests only; nothing in the stack depends on it.
+
+pub mod netns;
 
 use std::path::Path;
 use std::process::Command;

@@ -17,33 +17,16 @@
 //! Without root or network namespaces the tests print `SKIPPED: <reason>`
 //! and pass. The namespaces are deleted on every way out (a drop guard).
 
+use rdma_testkit::netns::{cannot_run, ip};
 use rdma_types::{Guid, PortNum};
 use rnic::softroce::{SoftCa, SoftRoce, ROCE_PORT};
 use std::net::IpAddr;
-use std::process::Command;
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use verbs::{AsyncEvent, AsyncEventKind, Context, EventHandler, PortState, Provider};
 
 const GUID: Guid = Guid(0x0073_0001);
-
-/// Runs `ip args`; the error says what failed and why.
-fn ip(args: &[&str]) -> Result<(), String> {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .map_err(|e| format!("ip {}: {e}", args.join(" ")))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "ip {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
-}
 
 /// The test's namespaces, deleted on drop (the veth pair goes with them).
 struct Netns(String);
@@ -53,9 +36,8 @@ impl Netns {
     /// addressed and up (`up`: false leaves cl0b down, so cl0a has no
     /// carrier).
     fn create(tag: &str, up: bool) -> Result<Netns, String> {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            return Err("not root (network namespaces need CAP_SYS_ADMIN)".into());
+        if let Some(why) = cannot_run() {
+            return Err(why);
         }
         let ns = Netns(format!("carrier-{}-{tag}", std::process::id()));
         for side in ["a", "b"] {

@@ -40,8 +40,9 @@
 
 mod common;
 
-use common::netns::{base_name, commands, ip, ms, sessions, Link, Netns};
+use common::netns::{base_name, commands, ms, sessions, Link, Netns};
 use common::Proc;
+use rdma_testkit::netns::{cannot_run, ip};
 use std::net::IpAddr;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -83,7 +84,7 @@ struct Cut {
 /// Runs the whole scenario: cut path A's `side` end with link following
 /// `follow` ("1" on, "0" off), then bring it back; what it measured.
 fn cut_under_srp_io(tag: &str, side: &str, follow: &str) -> Option<Cut> {
-    if let Some(why) = common::netns::cannot_run() {
+    if let Some(why) = cannot_run() {
         println!("SKIPPED: {why}");
         return None;
     }

@@ -47,8 +47,9 @@
 
 mod common;
 
-use common::netns::{base_name, cannot_run, ip, ms, Link, Netns};
+use common::netns::{base_name, ms, Link, Netns};
 use common::Proc;
+use rdma_testkit::netns::{cannot_run, ip};
 use rdma_types::Guid;
 use srp_initiator::disk::Disk;
 use srp_initiator::multipath::{Multipath, PathDevice, Policy};
