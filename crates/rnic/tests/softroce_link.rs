@@ -149,9 +149,15 @@ fn open() -> (Arc<SoftRoce>, verbs::CaHandle, Receiver<AsyncEventKind>) {
     (p, ca, rx)
 }
 
-#[test]
-fn port_goes_down_with_its_link_and_comes_back_with_it() {
-    let ns = match Netns::create("port", true) {
+/// Makes the namespaces (`up` as for [`Netns::create`]) and runs `f`
+/// inside `a` with the CA opened there (closed after); prints `SKIPPED`
+/// instead when namespaces cannot be made.
+fn in_namespace(
+    tag: &str,
+    up: bool,
+    f: impl FnOnce(&Netns, &SoftRoce, verbs::CaHandle, &Receiver<AsyncEventKind>) + Send + 'static,
+) {
+    let ns = match Netns::create(tag, up) {
         Ok(ns) => Arc::new(ns),
         Err(e) => {
             println!("SKIPPED: {e}");
@@ -161,43 +167,40 @@ fn port_goes_down_with_its_link_and_comes_back_with_it() {
     let n = ns.clone();
     ns.run(move || {
         let (p, ca, rx) = open();
-        assert_eq!(state(&p, ca), PortState::Active);
+        f(&n, &p, ca, &rx);
+        p.close_ca(ca).unwrap();
+    });
+}
+
+#[test]
+fn port_goes_down_with_its_link_and_comes_back_with_it() {
+    in_namespace("port", true, |n, p, ca, rx| {
+        assert_eq!(state(p, ca), PortState::Active);
         for (end, dev) in [("far", "cl0b"), ("far", "cl0b"), ("near", "cl0a")] {
             let t = Instant::now();
             n.set(dev, false);
-            let down = expect(&rx, AsyncEventKind::PortDown, t);
-            assert_eq!(state(&p, ca), PortState::Down);
+            let down = expect(rx, AsyncEventKind::PortDown, t);
+            assert_eq!(state(p, ca), PortState::Down);
             let t = Instant::now();
             n.set(dev, true);
-            let up = expect(&rx, AsyncEventKind::PortActive, t);
-            assert_eq!(state(&p, ca), PortState::Active);
+            let up = expect(rx, AsyncEventKind::PortActive, t);
+            assert_eq!(state(p, ca), PortState::Active);
             println!(
                 "{end} end ({dev}) down: PortDown after {:.1} ms; up: PortActive after {:.1} ms",
                 down.as_secs_f64() * 1e3,
                 up.as_secs_f64() * 1e3
             );
         }
-        p.close_ca(ca).unwrap();
     });
 }
 
 #[test]
 fn a_port_opened_on_a_link_without_carrier_starts_down() {
-    let ns = match Netns::create("start", false) {
-        Ok(ns) => Arc::new(ns),
-        Err(e) => {
-            println!("SKIPPED: {e}");
-            return;
-        }
-    };
-    let n = ns.clone();
-    ns.run(move || {
-        let (p, ca, rx) = open();
-        assert_eq!(state(&p, ca), PortState::Down);
+    in_namespace("start", false, |n, p, ca, rx| {
+        assert_eq!(state(p, ca), PortState::Down);
         let t = Instant::now();
         n.set("cl0b", true);
-        expect(&rx, AsyncEventKind::PortActive, t);
-        assert_eq!(state(&p, ca), PortState::Active);
-        p.close_ca(ca).unwrap();
+        expect(rx, AsyncEventKind::PortActive, t);
+        assert_eq!(state(p, ca), PortState::Active);
     });
 }
