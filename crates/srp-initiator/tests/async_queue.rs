@@ -7,50 +7,17 @@
 mod common;
 
 use blockload::BlockDevice;
-use common::Direct;
+use common::{connect, fabric, target_port, wait_for, Gate};
 use rdma_types::Guid;
-use rnic::loopback::{CaConfig, Fabric};
 use srp::initiator::ChannelConfig;
-use srp::target::TargetConfig;
 use srp_initiator::disk::Disk;
-use srp_initiator::session::{Session, SessionConfig};
+use srp_initiator::session::SessionConfig;
 use srp_target::{PortOptions, TargetPort};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 const TARGET_GUID: u64 = 0x0002_c903_0000_5111;
 const INIT_GUID: u64 = 0x0002_c903_0000_5222;
-
-/// Holds flushes while closed (at most 10 s, so a failing test ends).
-#[derive(Default)]
-struct Gate {
-    closed: Mutex<bool>,
-    cv: Condvar,
-    /// Flushes that found the gate closed.
-    held: AtomicU64,
-}
-
-impl Gate {
-    fn set(&self, closed: bool) {
-        *self.closed.lock().unwrap() = closed;
-        self.cv.notify_all();
-    }
-
-    fn pass(&self) {
-        let mut c = self.closed.lock().unwrap();
-        if *c {
-            self.held.fetch_add(1, Ordering::SeqCst);
-        }
-        let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while *c {
-            let left = end.saturating_duration_since(std::time::Instant::now());
-            if left.is_zero() {
-                return;
-            }
-            c = self.cv.wait_timeout(c, left).unwrap().0;
-        }
-    }
-}
 
 /// A RAM store whose flush waits at the gate.
 struct HeldFlush {
@@ -80,12 +47,8 @@ impl scsi::Backend for HeldFlush {
 /// LUN 0 of a target port whose store is `HeldFlush`; `thin`: with
 /// logical block provisioning (UNMAP).
 fn disk(thin: bool, gate: Arc<Gate>) -> (Disk, Arc<TargetPort>) {
-    let fabric = Fabric::new();
-    fabric.add_ca(CaConfig::simple(TARGET_GUID, 1)).unwrap();
-    fabric.add_ca(CaConfig::simple(INIT_GUID, 2)).unwrap();
-    let provider: Arc<dyn verbs::Provider> = fabric;
+    let provider: Arc<dyn verbs::Provider> = fabric(&[TARGET_GUID, INIT_GUID]);
     let chan = ChannelConfig::new(0x11, Guid(INIT_GUID), TARGET_GUID, Guid(TARGET_GUID));
-    let scsi = Arc::new(scsi::Target::new());
     let dev = scsi::Device::new(
         scsi::DeviceConfig {
             thin,
@@ -97,33 +60,16 @@ fn disk(thin: bool, gate: Arc<Gate>) -> (Disk, Arc<TargetPort>) {
         }),
     )
     .unwrap();
-    scsi.add_lun(None, scsi::Lun::new(0).unwrap(), Arc::new(dev));
-    let port = Arc::new(
-        TargetPort::start(
-            provider.clone(),
-            Guid(TARGET_GUID),
-            TargetConfig::new(chan.target_port_id(), "async"),
-            scsi,
-            PortOptions::default(),
-        )
-        .unwrap(),
+    let port = target_port(
+        &provider,
+        TARGET_GUID,
+        chan.target_port_id(),
+        "async",
+        vec![dev],
+        PortOptions::default(),
     );
-    let direct = Arc::new(Direct {
-        port: port.clone(),
-        lid: rdma_types::Lid(1),
-        on_disconnect: None,
-    });
-    let sess =
-        Session::connect(provider, Guid(INIT_GUID), direct, SessionConfig::new(chan)).unwrap();
-    (Disk::open(Arc::new(sess), 0).unwrap(), port)
-}
-
-fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
-    let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while !cond() {
-        assert!(std::time::Instant::now() < end, "{what}: not within 10 s");
-        std::thread::yield_now();
-    }
+    let sess = connect(&provider, INIT_GUID, &port, SessionConfig::new(chan));
+    (Disk::open(sess, 0).unwrap(), port)
 }
 
 #[test]
@@ -148,7 +94,7 @@ fn flush_and_unmap_are_started_and_completed_like_reads_and_writes() {
     // A flush the store holds: started, and the caller goes on.
     gate.set(true);
     q.start_flush(1).unwrap();
-    wait_for("the flush held at the store", || {
+    wait_for("the flush held at the store", 10, || {
         gate.held.load(Ordering::SeqCst) == 1
     });
     // Meanwhile an unmap and a write complete in other slots.

@@ -4,11 +4,9 @@
 
 mod common;
 
-use common::Direct;
+use common::{connect, fabric, ram, soft_pair, target_port};
 use rdma_types::Guid;
-use rnic::loopback::{CaConfig, Fabric};
 use srp::initiator::ChannelConfig;
-use srp::target::TargetConfig;
 use srp_initiator::disk::Disk;
 use srp_initiator::session::{Session, SessionConfig};
 use srp_target::{PortOptions, TargetPort};
@@ -24,29 +22,12 @@ struct Setup {
 }
 
 fn setup(lun_bytes: u64) -> Setup {
-    let fabric = Fabric::new();
-    fabric.add_ca(CaConfig::simple(TARGET_GUID, 1)).unwrap();
-    fabric.add_ca(CaConfig::simple(INIT_GUID, 2)).unwrap();
-    setup_on(fabric, lun_bytes)
+    setup_on(fabric(&[TARGET_GUID, INIT_GUID]), lun_bytes)
 }
 
 /// Two soft RoCE NICs on this test's own loopback addresses.
 fn setup_soft(lun_bytes: u64, net: u8) -> Setup {
-    use rnic::softroce::{SoftCa, SoftRoce, ROCE_PORT};
-    let ip = |h: u8| std::net::IpAddr::V4(std::net::Ipv4Addr::new(127, 0, net, h));
-    let p = SoftRoce::new(
-        vec![
-            SoftCa {
-                guid: Guid(TARGET_GUID),
-                ip: ip(1),
-            },
-            SoftCa {
-                guid: Guid(INIT_GUID),
-                ip: ip(2),
-            },
-        ],
-        ROCE_PORT,
-    );
+    let p = soft_pair(TARGET_GUID, INIT_GUID, net, rnic::softroce::ROCE_PORT);
     setup_on(p, lun_bytes)
 }
 
@@ -56,36 +37,19 @@ fn setup_on(fabric: Arc<dyn verbs::Provider>, lun_bytes: u64) -> Setup {
 
 fn setup_with(fabric: Arc<dyn verbs::Provider>, lun_bytes: u64, opts: PortOptions) -> Setup {
     let chan = ChannelConfig::new(0x11, Guid(INIT_GUID), TARGET_GUID, Guid(TARGET_GUID));
-    let scsi = Arc::new(scsi::Target::new());
-    let dev = scsi::Device::new(
-        scsi::DeviceConfig::default(),
-        Arc::new(scsi::Ram::new(lun_bytes)),
-    )
-    .unwrap();
-    scsi.add_lun(None, scsi::Lun::new(0).unwrap(), Arc::new(dev));
-    let port = TargetPort::start(
-        fabric.clone(),
-        Guid(TARGET_GUID),
-        TargetConfig::new(chan.target_port_id(), "e2e"),
-        scsi,
+    let port = target_port(
+        &fabric,
+        TARGET_GUID,
+        chan.target_port_id(),
+        "e2e",
+        vec![ram(lun_bytes)],
         opts,
-    )
-    .unwrap();
-    Setup {
-        fabric,
-        port: Arc::new(port),
-        chan,
-    }
+    );
+    Setup { fabric, port, chan }
 }
 
 fn session(s: &Setup, cfg: SessionConfig) -> Arc<Session> {
-    let soft = s.fabric.name() == "softroce";
-    let direct = Arc::new(Direct {
-        port: s.port.clone(),
-        lid: rdma_types::Lid(if soft { 0 } else { 1 }),
-        on_disconnect: None,
-    });
-    Arc::new(Session::connect(s.fabric.clone(), Guid(INIT_GUID), direct, cfg).unwrap())
+    connect(&s.fabric, INIT_GUID, &s.port, cfg)
 }
 
 #[test]
@@ -341,9 +305,7 @@ fn lun_reset_during_verified_io() {
 /// buffer they then land in (seen as misplaced data).
 #[test]
 fn aborts_while_data_in_waits_for_chunks_lose_nothing() {
-    let fabric = Fabric::new();
-    fabric.add_ca(CaConfig::simple(TARGET_GUID, 1)).unwrap();
-    fabric.add_ca(CaConfig::simple(INIT_GUID, 2)).unwrap();
+    let fabric = fabric(&[TARGET_GUID, INIT_GUID]);
     let opts = PortOptions {
         chunks: 3,
         ..PortOptions::default()

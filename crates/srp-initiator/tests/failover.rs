@@ -20,11 +20,9 @@
 
 mod common;
 
-use common::Direct;
+use common::{connect, fabric, target_port, wait_for, Direct, Gate};
 use rdma_types::{Duration, Guid, PortNum};
-use rnic::loopback::{CaConfig, Fabric};
 use srp::initiator::ChannelConfig;
-use srp::target::TargetConfig;
 use srp_initiator::disk::Disk;
 use srp_initiator::multipath::{Multipath, PathDevice, Policy};
 use srp_initiator::remote::RemoteDisk;
@@ -32,55 +30,11 @@ use srp_initiator::rport::{RportConfig, RportState};
 use srp_initiator::session::{Session, SessionConfig};
 use srp_target::{PortOptions, TargetPort};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Mutex};
 
 const TARGET_GUID: u64 = 0x0002_c903_0000_3111;
 const INIT_A: u64 = 0x0002_c903_0000_3222;
 const INIT_B: u64 = 0x0002_c903_0000_3333;
-
-/// Holds disconnects while closed, as a DREQ over a dead link is held by
-/// the CM's retries (bounded, so a failing test never hangs).
-#[derive(Default)]
-struct Gate {
-    closed: Mutex<bool>,
-    cv: Condvar,
-    /// Disconnects that found the gate closed.
-    held: AtomicU64,
-}
-
-impl Gate {
-    fn set(&self, closed: bool) {
-        *self.closed.lock().unwrap() = closed;
-        self.cv.notify_all();
-    }
-
-    fn pass(&self) {
-        let mut c = self.closed.lock().unwrap();
-        if *c {
-            self.held.fetch_add(1, Ordering::SeqCst);
-        }
-        let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while *c {
-            let left = end.saturating_duration_since(std::time::Instant::now());
-            if left.is_zero() {
-                return;
-            }
-            c = self.cv.wait_timeout(c, left).unwrap().0;
-        }
-    }
-}
-
-/// Waits (bounded) until `cond` holds.
-fn wait_for(what: &str, secs: u64, mut cond: impl FnMut() -> bool) {
-    let end = std::time::Instant::now() + std::time::Duration::from_secs(secs);
-    while !cond() {
-        assert!(
-            std::time::Instant::now() < end,
-            "{what}: not within {secs} s"
-        );
-        std::thread::yield_now();
-    }
-}
 
 /// A RAM LU whose writes wait while the gate is closed: the target has
 /// the command (acknowledged by the transport) but does not answer.
@@ -105,29 +59,23 @@ impl scsi::Backend for HeldRam {
     }
 }
 
-/// A target port on `fabric` with one LU over `backend`.
+/// A target port on `provider` with one LU over `backend`.
 fn target(provider: &Arc<dyn verbs::Provider>, backend: Arc<dyn scsi::Backend>) -> Arc<TargetPort> {
-    let scsi = Arc::new(scsi::Target::new());
     let dev = scsi::Device::new(scsi::DeviceConfig::default(), backend).unwrap();
-    scsi.add_lun(None, scsi::Lun::new(0).unwrap(), Arc::new(dev));
     let id = ChannelConfig::new(0, Guid(INIT_A), TARGET_GUID, Guid(TARGET_GUID));
-    Arc::new(
-        TargetPort::start(
-            provider.clone(),
-            Guid(TARGET_GUID),
-            TargetConfig::new(id.target_port_id(), "failover"),
-            scsi,
-            PortOptions::default(),
-        )
-        .unwrap(),
+    target_port(
+        provider,
+        TARGET_GUID,
+        id.target_port_id(),
+        "failover",
+        vec![dev],
+        PortOptions::default(),
     )
 }
 
 #[test]
 fn a_link_dying_after_every_command_was_acknowledged_is_found_by_the_probe() {
-    let fabric = Fabric::new();
-    fabric.add_ca(CaConfig::simple(TARGET_GUID, 1)).unwrap();
-    fabric.add_ca(CaConfig::simple(INIT_A, 2)).unwrap();
+    let fabric = fabric(&[TARGET_GUID, INIT_A]);
     let provider: Arc<dyn verbs::Provider> = fabric.clone();
     let held = Arc::new(Gate::default());
     let port = target(
@@ -144,12 +92,7 @@ fn a_link_dying_after_every_command_was_acknowledged_is_found_by_the_probe() {
     // probe can end the write below in time.
     cfg.channel.cmd_timeout = Duration::from_secs(60);
     cfg.probe_interval = Some(Duration::from_millis(50));
-    let direct = Arc::new(Direct {
-        port: port.clone(),
-        lid: rdma_types::Lid(1),
-        on_disconnect: None,
-    });
-    let sess = Arc::new(Session::connect(provider.clone(), Guid(INIT_A), direct, cfg).unwrap());
+    let sess = connect(&provider, INIT_A, &port, cfg);
     let disk = Arc::new(Disk::open(sess.clone(), 0).unwrap());
 
     // A write the target holds: acknowledged, unanswered.
@@ -181,29 +124,11 @@ fn a_link_dying_after_every_command_was_acknowledged_is_found_by_the_probe() {
 
 #[test]
 fn io_on_a_failed_path_goes_on_over_the_other_without_waiting_for_its_teardown() {
-    let fabric = Fabric::new();
-    fabric.add_ca(CaConfig::simple(TARGET_GUID, 1)).unwrap();
-    fabric.add_ca(CaConfig::simple(INIT_A, 2)).unwrap();
-    fabric.add_ca(CaConfig::simple(INIT_B, 3)).unwrap();
+    let fabric = fabric(&[TARGET_GUID, INIT_A, INIT_B]);
     let provider: Arc<dyn verbs::Provider> = fabric.clone();
-    let scsi = Arc::new(scsi::Target::new());
-    let dev = scsi::Device::new(
-        scsi::DeviceConfig::default(),
-        Arc::new(scsi::Ram::new(4 << 20)),
-    )
-    .unwrap();
-    scsi.add_lun(None, scsi::Lun::new(0).unwrap(), Arc::new(dev));
-    let target_id = ChannelConfig::new(0, Guid(INIT_A), TARGET_GUID, Guid(TARGET_GUID));
-    let port = Arc::new(
-        TargetPort::start(
-            provider.clone(),
-            Guid(TARGET_GUID),
-            TargetConfig::new(target_id.target_port_id(), "failover"),
-            scsi,
-            PortOptions::default(),
-        )
-        .unwrap(),
-    );
+    let port = target(&provider, Arc::new(scsi::Ram::new(4 << 20)));
+    // Holds disconnects while closed, as a DREQ over a dead link is held
+    // by the CM's retries.
     let gate = Arc::new(Gate::default());
     let path = |guid: u64| -> Arc<RemoteDisk> {
         let (provider, port, gate) = (provider.clone(), port.clone(), gate.clone());
@@ -335,9 +260,7 @@ impl srp_initiator::session::Connector for Counting {
 
 #[test]
 fn no_login_goes_into_a_down_port_and_the_port_coming_back_reconnects_at_once() {
-    let fabric = Fabric::new();
-    fabric.add_ca(CaConfig::simple(TARGET_GUID, 1)).unwrap();
-    fabric.add_ca(CaConfig::simple(INIT_A, 2)).unwrap();
+    let fabric = fabric(&[TARGET_GUID, INIT_A]);
     let provider: Arc<dyn verbs::Provider> = fabric.clone();
     let port = target(&provider, Arc::new(scsi::Ram::new(1 << 20)));
     let conn = Arc::new(Counting {

@@ -7,10 +7,8 @@
 
 mod common;
 
-use common::Direct;
+use common::{connect, ram, soft_pair, target_port};
 use rdma_types::Guid;
-use rnic::loopback::{CaConfig, Fabric};
-use srp::target::TargetConfig;
 use srp_initiator::disk::Disk;
 use srp_initiator::login::LoginOptions;
 use srp_initiator::session::{Session, SessionConfig, SessionError, Xfer};
@@ -27,36 +25,20 @@ struct Setup {
 
 /// A target port with `luns` RAM LUNs of 16 MiB on `fabric`.
 fn setup_on(fabric: Arc<dyn verbs::Provider>, luns: u16) -> Setup {
-    let opts = login("");
-    let chan = opts.channel_config(Guid(INIT_GUID));
-    let scsi = Arc::new(scsi::Target::new());
-    for n in 0..luns {
-        let dev = scsi::Device::new(
-            scsi::DeviceConfig::default(),
-            Arc::new(scsi::Ram::new(16 << 20)),
-        )
-        .unwrap();
-        scsi.add_lun(None, scsi::Lun::new(u32::from(n)).unwrap(), Arc::new(dev));
-    }
-    let port = TargetPort::start(
-        fabric.clone(),
-        Guid(TARGET_GUID),
-        TargetConfig::new(chan.target_port_id(), "keys"),
-        scsi,
+    let chan = login("").channel_config(Guid(INIT_GUID));
+    let port = target_port(
+        &fabric,
+        TARGET_GUID,
+        chan.target_port_id(),
+        "keys",
+        (0..luns).map(|_| ram(16 << 20)).collect(),
         PortOptions::default(),
-    )
-    .unwrap();
-    Setup {
-        fabric,
-        port: Arc::new(port),
-    }
+    );
+    Setup { fabric, port }
 }
 
 fn setup(luns: u16) -> Setup {
-    let fabric = Fabric::new();
-    fabric.add_ca(CaConfig::simple(TARGET_GUID, 1)).unwrap();
-    fabric.add_ca(CaConfig::simple(INIT_GUID, 2)).unwrap();
-    setup_on(fabric, luns)
+    setup_on(common::fabric(&[TARGET_GUID, INIT_GUID]), luns)
 }
 
 /// A login string to this test's target with `extra` keys.
@@ -71,13 +53,7 @@ fn login(extra: &str) -> LoginOptions {
 }
 
 fn session(s: &Setup, cfg: SessionConfig) -> Arc<Session> {
-    let soft = s.fabric.name() == "softroce";
-    let direct = Arc::new(Direct {
-        port: s.port.clone(),
-        lid: rdma_types::Lid(if soft { 0 } else { 1 }),
-        on_disconnect: None,
-    });
-    Arc::new(Session::connect(s.fabric.clone(), Guid(INIT_GUID), direct, cfg).unwrap())
+    connect(&s.fabric, INIT_GUID, &s.port, cfg)
 }
 
 /// LUN `lun` opened as srpd opens it: the login's limits applied.
@@ -94,21 +70,7 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
 
 #[test]
 fn tl_retry_count_is_the_qps_retry_count() {
-    use rnic::softroce::{SoftCa, SoftRoce, ROCE_PORT};
-    let ip = |h: u8| std::net::IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 178, h));
-    let p = SoftRoce::new(
-        vec![
-            SoftCa {
-                guid: Guid(TARGET_GUID),
-                ip: ip(1),
-            },
-            SoftCa {
-                guid: Guid(INIT_GUID),
-                ip: ip(2),
-            },
-        ],
-        ROCE_PORT + 178,
-    );
+    let p = soft_pair(TARGET_GUID, INIT_GUID, 178, rnic::softroce::ROCE_PORT + 178);
     let s = setup_on(p, 1);
     for (extra, want) in [("tl_retry_count=3", 3), ("", 7), ("tl_retry_count=2", 2)] {
         let sess = session(&s, login(extra).session_config(Guid(INIT_GUID)));

@@ -1,9 +1,21 @@
-//! The in-process connector the initiator's tests log in with.
+//! What the initiator's tests share: the in-process connector they log in
+//! with, the fabrics and target ports they log in to, and a gate that
+//! holds a store's or a connector's calls while a test looks.
 
-use srp::target::LoginForm as TargetForm;
-use srp_initiator::session::{ConnectError, Connected, Connector, LoginForm, QpInfo};
-use srp_target::{LoginOutcome, PeerQp, TargetPort};
-use std::sync::Arc;
+#![allow(dead_code)]
+
+use rdma_types::Guid;
+use rnic::loopback::{CaConfig, Fabric};
+use rnic::softroce::{SoftCa, SoftRoce};
+use srp::target::{LoginForm as TargetForm, TargetConfig};
+use srp::wire::PortId;
+use srp_initiator::session::{
+    ConnectError, Connected, Connector, LoginForm, QpInfo, Session, SessionConfig,
+};
+use srp_target::{LoginOutcome, PeerQp, PortOptions, TargetPort};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 /// Logs in by calling the target port's login entry point directly, the
 /// way a CM would with the REQ's private data.
@@ -51,5 +63,127 @@ impl Connector for Direct {
     }
     fn form(&self) -> LoginForm {
         LoginForm::RdmaCm
+    }
+}
+
+/// A loopback fabric with one CA per GUID, at LIDs 1, 2, ... in order.
+pub fn fabric(guids: &[u64]) -> Arc<Fabric> {
+    let fabric = Fabric::new();
+    for (lid, &guid) in (1..).zip(guids) {
+        fabric.add_ca(CaConfig::simple(guid, lid)).unwrap();
+    }
+    fabric
+}
+
+/// Two soft RoCE NICs on a test's own loopback addresses: the target's
+/// on 127.0.`net`.1, the initiator's on .2, both on UDP `port`.
+pub fn soft_pair(target: u64, initiator: u64, net: u8, port: u16) -> Arc<SoftRoce> {
+    let ip = |h: u8| std::net::IpAddr::V4(std::net::Ipv4Addr::new(127, 0, net, h));
+    SoftRoce::new(
+        vec![
+            SoftCa {
+                guid: Guid(target),
+                ip: ip(1),
+            },
+            SoftCa {
+                guid: Guid(initiator),
+                ip: ip(2),
+            },
+        ],
+        port,
+    )
+}
+
+/// A device over `bytes` of RAM, configured by default.
+pub fn ram(bytes: u64) -> scsi::Device {
+    scsi::Device::new(
+        scsi::DeviceConfig::default(),
+        Arc::new(scsi::Ram::new(bytes)),
+    )
+    .unwrap()
+}
+
+/// The target port `name` on `provider`'s CA `guid`, answering as `id`,
+/// with `luns` as LUN 0, 1, ...
+pub fn target_port(
+    provider: &Arc<dyn verbs::Provider>,
+    guid: u64,
+    id: PortId,
+    name: &str,
+    luns: Vec<scsi::Device>,
+    opts: PortOptions,
+) -> Arc<TargetPort> {
+    let scsi = Arc::new(scsi::Target::new());
+    for (n, dev) in (0..).zip(luns) {
+        scsi.add_lun(None, scsi::Lun::new(n).unwrap(), Arc::new(dev));
+    }
+    Arc::new(
+        TargetPort::start(
+            provider.clone(),
+            Guid(guid),
+            TargetConfig::new(id, name),
+            scsi,
+            opts,
+        )
+        .unwrap(),
+    )
+}
+
+/// A session from `provider`'s CA `initiator` to `port` through
+/// [`Direct`]; the target answers with LID 0 on soft RoCE and 1 on a
+/// [`fabric`] (its CA first).
+pub fn connect(
+    provider: &Arc<dyn verbs::Provider>,
+    initiator: u64,
+    port: &Arc<TargetPort>,
+    cfg: SessionConfig,
+) -> Arc<Session> {
+    let soft = provider.name() == "softroce";
+    let direct = Arc::new(Direct {
+        port: port.clone(),
+        lid: rdma_types::Lid(if soft { 0 } else { 1 }),
+        on_disconnect: None,
+    });
+    Arc::new(Session::connect(provider.clone(), Guid(initiator), direct, cfg).unwrap())
+}
+
+/// Holds whoever calls [`Gate::pass`] while closed (at most 10 s, so a
+/// failing test ends).
+#[derive(Default)]
+pub struct Gate {
+    closed: Mutex<bool>,
+    cv: Condvar,
+    /// Calls that found the gate closed.
+    pub held: AtomicU64,
+}
+
+impl Gate {
+    pub fn set(&self, closed: bool) {
+        *self.closed.lock().unwrap() = closed;
+        self.cv.notify_all();
+    }
+
+    pub fn pass(&self) {
+        let mut c = self.closed.lock().unwrap();
+        if *c {
+            self.held.fetch_add(1, Ordering::SeqCst);
+        }
+        let end = Instant::now() + Duration::from_secs(10);
+        while *c {
+            let left = end.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            c = self.cv.wait_timeout(c, left).unwrap().0;
+        }
+    }
+}
+
+/// Waits (bounded by `secs`) until `cond` holds.
+pub fn wait_for(what: &str, secs: u64, mut cond: impl FnMut() -> bool) {
+    let end = Instant::now() + Duration::from_secs(secs);
+    while !cond() {
+        assert!(Instant::now() < end, "{what}: not within {secs} s");
+        std::thread::yield_now();
     }
 }
