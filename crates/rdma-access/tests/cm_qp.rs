@@ -4,11 +4,11 @@
 //! both RC QPs in RTS with the negotiated attributes, a SEND through; a
 //! QP that cannot be readied refuses the connection with a REJ.
 
+mod mad_common;
+
+use mad_common::{loopback_cas, soft_pair};
 use rdma_access::{CmAgent, CmConfig, CmError, ConnQp, QpParams};
 use rdma_types::{AccessFlags, Guid, Psn, QpState, Qpn, WcOpcode, WcStatus};
-use rnic::loopback::{CaConfig, Fabric};
-use rnic::softroce::{SoftCa, SoftRoce, ROCE_PORT};
-use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use verbs::{
@@ -32,25 +32,9 @@ fn cm() -> CmConfig {
 /// Two providers' worth of CAs A and B with their agents.
 fn ports(kind: &str, host: u8) -> (Arc<dyn Provider>, Arc<CmAgent>, Arc<CmAgent>) {
     let p: Arc<dyn Provider> = if kind == "loopback" {
-        let f = Fabric::new();
-        f.add_ca(CaConfig::simple(0xa, 1)).unwrap();
-        f.add_ca(CaConfig::simple(0xb, 2)).unwrap();
-        f
+        loopback_cas(&[0xa, 0xb])
     } else {
-        let ip = |h| IpAddr::V4(Ipv4Addr::new(127, 0, 176, h));
-        SoftRoce::new(
-            vec![
-                SoftCa {
-                    guid: Guid(0xa),
-                    ip: ip(host),
-                },
-                SoftCa {
-                    guid: Guid(0xb),
-                    ip: ip(host + 1),
-                },
-            ],
-            ROCE_PORT,
-        )
+        soft_pair(176, host, 0xa, 0xb)
     };
     let a = CmAgent::start_with(p.clone(), Guid(0xa), 0x100, cm()).unwrap();
     let b = CmAgent::start_with(p.clone(), Guid(0xb), 0x200, cm()).unwrap();
@@ -240,6 +224,20 @@ fn soft_roce_qps_are_readied_by_the_cm() {
     connect_and_send("softroce", 11);
 }
 
+/// `e` says readying the QP failed at RTR.
+fn refused_at_rtr(e: &CmError) {
+    assert!(
+        matches!(
+            e,
+            CmError::Verbs {
+                what: "QP to RTR",
+                ..
+            }
+        ),
+        "{e}"
+    );
+}
+
 #[test]
 fn a_qp_that_cannot_be_readied_refuses_the_connection() {
     // An RNR timer code past 31 is refused at RTR (loopback checks it).
@@ -256,16 +254,7 @@ fn a_qp_that_cannot_be_readied_refuses_the_connection() {
         let e = inc
             .accept_qp(&broken(&sb), Psn::new(1), vec![])
             .unwrap_err();
-        assert!(
-            matches!(
-                e,
-                CmError::Verbs {
-                    what: "QP to RTR",
-                    ..
-                }
-            ),
-            "{e}"
-        );
+        refused_at_rtr(&e);
         (sb, requests)
     });
     let path = a.path_to(b.gid());
@@ -294,16 +283,7 @@ fn a_qp_that_cannot_be_readied_refuses_the_connection() {
     let e = a
         .connect_qp(&path, SVC, &broken(&sa2), Psn::new(1), vec![], T)
         .unwrap_err();
-    assert!(
-        matches!(
-            e,
-            CmError::Verbs {
-                what: "QP to RTR",
-                ..
-            }
-        ),
-        "{e}"
-    );
+    refused_at_rtr(&e);
     let b_conn = server.join().unwrap();
     let end = Instant::now() + T;
     while b.state(b_conn) != rdma_cm::ConnState::Closed && Instant::now() < end {

@@ -2,10 +2,12 @@
 //! rdma_resolve_route) over soft RoCE CAs at 127.0.176.x, and connect
 //! going through them.
 
+mod mad_common;
+
+use mad_common::soft_pair;
 use rdma_access::rdmacm::{self, ResolveError};
 use rdma_access::{CmAgent, CmConfig, CmError};
 use rdma_types::{Gid, Guid, Pkey, PortNum, Psn, Qpn};
-use rnic::softroce::{SoftCa, SoftRoce, ROCE_PORT};
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,19 +21,7 @@ fn ip(h: u8) -> IpAddr {
 /// CAs 0xa and 0xb at 127.0.176.`host` and `host + 1`, their agents with
 /// a packet lifetime of 14.
 fn two(host: u8) -> (Arc<CmAgent>, Arc<CmAgent>) {
-    let p = SoftRoce::new(
-        vec![
-            SoftCa {
-                guid: Guid(0xa),
-                ip: ip(host),
-            },
-            SoftCa {
-                guid: Guid(0xb),
-                ip: ip(host + 1),
-            },
-        ],
-        ROCE_PORT,
-    );
+    let p = soft_pair(176, host, 0xa, 0xb);
     let cfg = CmConfig {
         response_timeout: 15,
         max_retries: 2,

@@ -5,6 +5,9 @@
 //! in flight, a CA removed under a client, and plug-and-play events with
 //! their context.
 
+mod mad_common;
+
+use mad_common::{loopback_cas, soft_pair};
 use rdma_access::gsi::status_reply;
 use rdma_access::resource::{AccessLayer, Client, Kind, PnpEvent};
 use rdma_access::sa::{SaClient, SaTiming};
@@ -37,27 +40,11 @@ impl EventHandler for Seen {
 }
 
 fn loopback() -> (Arc<dyn Provider>, Guid, Guid) {
-    let f = rnic::loopback::Fabric::new();
-    f.add_ca(rnic::loopback::CaConfig::simple(0xa1, 1)).unwrap();
-    f.add_ca(rnic::loopback::CaConfig::simple(0xa2, 2)).unwrap();
-    (f, Guid(0xa1), Guid(0xa2))
+    (loopback_cas(&[0xa1, 0xa2]), Guid(0xa1), Guid(0xa2))
 }
 
 fn soft(net: u8) -> (Arc<rnic::softroce::SoftRoce>, Guid, Guid) {
-    let p = rnic::softroce::SoftRoce::new(
-        vec![
-            rnic::softroce::SoftCa {
-                guid: Guid(0xb1),
-                ip: format!("127.0.110.{net}").parse().unwrap(),
-            },
-            rnic::softroce::SoftCa {
-                guid: Guid(0xb2),
-                ip: format!("127.0.110.{}", net + 1).parse().unwrap(),
-            },
-        ],
-        rnic::softroce::ROCE_PORT,
-    );
-    (p, Guid(0xb1), Guid(0xb2))
+    (soft_pair(110, net, 0xb1, 0xb2), Guid(0xb1), Guid(0xb2))
 }
 
 /// One of every object under one CA; returns the QP handle.
@@ -593,8 +580,7 @@ fn pnp_reports_present_cas_and_port_changes(
 
 #[test]
 fn pnp_on_loopback() {
-    let f = rnic::loopback::Fabric::new();
-    f.add_ca(rnic::loopback::CaConfig::simple(0xc1, 1)).unwrap();
+    let f = loopback_cas(&[0xc1]);
     let (d, u, l) = (f.clone(), f.clone(), f.clone());
     pnp_reports_present_cas_and_port_changes(
         f,
@@ -839,57 +825,38 @@ fn a_removed_ca_ends_its_cm_ids(
     assert_eq!(al.live_total(), 0);
 }
 
-/// Soft RoCE CAs 0xd1 and 0xd2 at 127.0.171.`net` and the next address.
-fn soft_171(net: u8) -> Arc<rnic::softroce::SoftRoce> {
-    let ca = |guid, n: u8| rnic::softroce::SoftCa {
-        guid: Guid(guid),
-        ip: format!("127.0.171.{n}").parse().unwrap(),
-    };
-    rnic::softroce::SoftRoce::new(
-        vec![ca(0xd1, net), ca(0xd2, net + 1)],
-        rnic::softroce::ROCE_PORT,
-    )
+/// [`a_removed_ca_ends_its_cm_ids`] on soft RoCE CAs 0xd1 and 0xd2 at
+/// 127.0.171.`net` and the next address, 0xd1 removed.
+fn a_removed_soft_ca_ends_its_cm_ids(net: u8, through_client: bool) {
+    let p = soft_pair(171, net, 0xd1, 0xd2);
+    let (r, a) = (p.clone(), Guid(0xd1));
+    let nobody = rdma_types::Gid::from_ip("127.0.171.99".parse().unwrap());
+    a_removed_ca_ends_its_cm_ids(
+        p,
+        move || r.remove_ca(a).unwrap(),
+        a,
+        Guid(0xd2),
+        nobody,
+        through_client,
+        false,
+    );
 }
 
 #[test]
 fn a_removed_ca_ends_the_cm_ids_of_an_agent_over_its_client() {
-    let p = soft_171(1);
-    let (r, a) = (p.clone(), Guid(0xd1));
-    let nobody = rdma_types::Gid::from_ip("127.0.171.99".parse().unwrap());
-    a_removed_ca_ends_its_cm_ids(
-        p,
-        move || r.remove_ca(a).unwrap(),
-        a,
-        Guid(0xd2),
-        nobody,
-        true,
-        false,
-    );
+    a_removed_soft_ca_ends_its_cm_ids(1, true);
 }
 
 #[test]
 fn a_removed_ca_ends_the_cm_ids_of_an_adopted_agent_on_soft_roce() {
-    let p = soft_171(3);
-    let (r, a) = (p.clone(), Guid(0xd1));
-    let nobody = rdma_types::Gid::from_ip("127.0.171.99".parse().unwrap());
-    a_removed_ca_ends_its_cm_ids(
-        p,
-        move || r.remove_ca(a).unwrap(),
-        a,
-        Guid(0xd2),
-        nobody,
-        false,
-        false,
-    );
+    a_removed_soft_ca_ends_its_cm_ids(3, false);
 }
 
 /// On the loopback fabric the port has a QP0 too: the tree adopts both
 /// special QPs.
 #[test]
 fn a_removed_ca_ends_the_cm_ids_and_special_qps_of_an_adopted_agent() {
-    let f = rnic::loopback::Fabric::new();
-    f.add_ca(rnic::loopback::CaConfig::simple(0xc1, 1)).unwrap();
-    f.add_ca(rnic::loopback::CaConfig::simple(0xc2, 2)).unwrap();
+    let f = loopback_cas(&[0xc1, 0xc2]);
     let r = f.clone();
     let nobody = rdma_types::Gid::from_prefix_guid(0xfe80_0000_0000_0000, Guid(0xdead));
     let remove = move || r.remove_ca(Guid(0xc1)).unwrap();
@@ -900,9 +867,7 @@ fn a_removed_ca_ends_the_cm_ids_and_special_qps_of_an_adopted_agent() {
 /// connection and listen end, the consumer is told, work is refused.
 #[test]
 fn an_untracked_agent_ends_its_cm_ids_when_its_ca_goes() {
-    let f = rnic::loopback::Fabric::new();
-    f.add_ca(rnic::loopback::CaConfig::simple(0xe1, 1)).unwrap();
-    f.add_ca(rnic::loopback::CaConfig::simple(0xe2, 2)).unwrap();
+    let f = loopback_cas(&[0xe1, 0xe2]);
     let far = Far::start(
         CmAgent::start_with(f.clone(), Guid(0xe2), first_comm_id(10), cm_config()).unwrap(),
     );

@@ -1,5 +1,6 @@
 //! Two ports on one provider (the loopback fabric or the soft RoCE NIC on
-//! 127.0.111.x), and the scenarios the MAD tests run on either.
+//! 127.0.111.x), and the scenarios the MAD tests run on either; the
+//! providers' CAs the other tests start from too.
 
 #![allow(dead_code)]
 
@@ -30,6 +31,24 @@ pub struct Pair {
     pub nobody: Gid,
 }
 
+/// CAs `guids` on the loopback fabric, at LIDs 1, 2, ... in order.
+pub fn loopback_cas(guids: &[u64]) -> Arc<Fabric> {
+    let f = Fabric::new();
+    for (lid, &guid) in (1..).zip(guids) {
+        f.add_ca(CaConfig::simple(guid, lid)).unwrap();
+    }
+    f
+}
+
+/// Soft RoCE CAs `a` and `b` at 127.0.`net`.`host` and the next address.
+pub fn soft_pair(net: u8, host: u8, a: u64, b: u64) -> Arc<SoftRoce> {
+    let ca = |guid, h: u8| SoftCa {
+        guid: Guid(guid),
+        ip: IpAddr::V4(Ipv4Addr::new(127, 0, net, h)),
+    };
+    SoftRoce::new(vec![ca(a, host), ca(b, host + 1)], ROCE_PORT)
+}
+
 /// The CM with short timeouts (2^15 * 4.096 us = 134 ms) so that a lost
 /// CM MAD costs little test time.
 pub fn fast_cm() -> CmConfig {
@@ -51,9 +70,7 @@ pub fn pair(kind: Kind, host: u8, loss: f64) -> Pair {
     let seed = (u32::from(host) << 20) ^ std::process::id() << 4;
     match kind {
         Kind::Loopback => {
-            let f = Fabric::new();
-            f.add_ca(CaConfig::simple(0xa, 1)).unwrap();
-            f.add_ca(CaConfig::simple(0xb, 2)).unwrap();
+            let f = loopback_cas(&[0xa, 0xb]);
             let a = CmAgent::start_with(f.clone(), Guid(0xa), seed, fast_cm()).unwrap();
             let b = CmAgent::start_with(f, Guid(0xb), seed + 0x1000, fast_cm()).unwrap();
             if loss > 0.0 {
@@ -64,20 +81,7 @@ pub fn pair(kind: Kind, host: u8, loss: f64) -> Pair {
             Pair { a, b, nobody }
         }
         Kind::SoftRoce => {
-            let ip = |h: u8| IpAddr::V4(Ipv4Addr::new(127, 0, 111, h));
-            let p = SoftRoce::new(
-                vec![
-                    SoftCa {
-                        guid: Guid(0xa),
-                        ip: ip(host),
-                    },
-                    SoftCa {
-                        guid: Guid(0xb),
-                        ip: ip(host + 1),
-                    },
-                ],
-                ROCE_PORT,
-            );
+            let p = soft_pair(111, host, 0xa, 0xb);
             if loss > 0.0 {
                 for (g, seed) in [(0xa, 7), (0xb, 8)] {
                     let f = rdma_sim::FaultConfig {
@@ -93,7 +97,7 @@ pub fn pair(kind: Kind, host: u8, loss: f64) -> Pair {
             Pair {
                 a,
                 b,
-                nobody: Gid::from_ip(ip(60)),
+                nobody: Gid::from_ip(IpAddr::V4(Ipv4Addr::new(127, 0, 111, 60))),
             }
         }
     }
