@@ -1790,6 +1790,28 @@ impl Inner {
         v
     }
 
+    /// Views of chunks a command holds: the first `n` bytes (at most a
+    /// chunk) of each `(chunk, n)`, for the SCSI core to read into or
+    /// write from with no copy in between.
+    ///
+    /// # Safety
+    /// Until the views are dropped, each chunk must be the calling
+    /// command's alone (off the free list for it, and not freed while the
+    /// views live) and named by no work request in flight, so that nothing
+    /// else reads or writes those bytes; the pairs name distinct chunks.
+    unsafe fn chunk_views<I: Iterator<Item = (usize, usize)>>(
+        &self,
+        pieces: I,
+    ) -> impl Iterator<Item = &mut [u8]> {
+        let cs = self.chunk_size as usize;
+        pieces.map(move |(chunk, n)| {
+            // SAFETY: the chunk is this command's alone (the caller's
+            // promise), so this is the only view of its bytes; `chunk * cs
+            // + n.min(cs)` is inside `chunk_buf` (chunks * chunk_size bytes).
+            unsafe { std::slice::from_raw_parts_mut(self.chunk_buf.ptr_at(chunk * cs), n.min(cs)) }
+        })
+    }
+
     /// Chunks for `len` bytes of data-in, if the pool can spare them and
     /// still keep `spill_below` for RDMA in flight.
     fn reserve_chunks(&self, len: u32) -> Option<Vec<usize>> {
@@ -1854,21 +1876,18 @@ impl Inner {
             Some(chunks) => {
                 let cs = self.chunk_size as usize;
                 let len = req.data_in_len as usize;
-                let mut pieces: Vec<&mut [u8]> = chunks
-                    .iter()
-                    .enumerate()
-                    .map(|(k, &chunk)| {
-                        let n = cs.min(len - k * cs);
-                        // SAFETY: `chunk` came off the free list for this
-                        // command alone and no work request names it until
-                        // the command is done, so nothing else touches
-                        // these bytes while the slice lives; `chunk * cs + n`
-                        // is inside `chunk_buf` (chunks * chunk_size bytes).
-                        unsafe {
-                            std::slice::from_raw_parts_mut(self.chunk_buf.ptr_at(chunk * cs), n)
-                        }
-                    })
-                    .collect();
+                // SAFETY: `chunks` came off the free list for this command
+                // alone and no work request names them until the command
+                // is done.
+                let mut pieces: Vec<&mut [u8]> = unsafe {
+                    self.chunk_views(
+                        chunks
+                            .iter()
+                            .enumerate()
+                            .map(|(k, &chunk)| (chunk, len - k * cs)),
+                    )
+                    .collect()
+                };
                 let mut sink = scsi::Buffers::data_in(&mut pieces);
                 let r = self.scsi.submit_attr_into(
                     &job.nexus,
@@ -1890,23 +1909,14 @@ impl Inner {
             None => {
                 let mut r = match &job.direct_out {
                     Some(parts) => {
-                        let cs = self.chunk_size as usize;
-                        let pieces: Vec<&[u8]> = parts
-                            .iter()
-                            .map(|&(_, chunk, n)| {
-                                // SAFETY: the READs that filled these chunks
-                                // have completed and the chunks stay this
-                                // command's until they are freed below, so
-                                // nothing writes them while the slices live;
-                                // `n` is at most the chunk size.
-                                unsafe {
-                                    std::slice::from_raw_parts(
-                                        self.chunk_buf.ptr_at(chunk * cs),
-                                        (n as usize).min(cs),
-                                    )
-                                }
-                            })
-                            .collect();
+                        // SAFETY: the READs that filled these chunks have
+                        // completed and the chunks stay this command's
+                        // until they are freed below.
+                        let pieces: Vec<&[u8]> = unsafe {
+                            self.chunk_views(parts.iter().map(|&(_, chunk, n)| (chunk, n as usize)))
+                                .map(|p| &*p)
+                                .collect()
+                        };
                         let mut bufs = scsi::Buffers::data_out(&pieces);
                         let r = self.scsi.submit_attr_into(
                             &job.nexus,
