@@ -810,6 +810,21 @@ fn the_rep_waits_for_the_rtu_as_long_as_the_req_says() {
     assert_eq!(cm.response_wait(conn), Some(want));
 }
 
+/// An MRA from node 2 at `at` for connection `a`'s REQ, asking for
+/// 2^`service_timeout` * 4.096 us.
+fn mra_for_req(cm: &mut Cm<u8>, at: Instant, a: ConnId, service_timeout: u8) {
+    cm.handle_msg(
+        at,
+        2,
+        CmMsg::Mra {
+            local_comm_id: 77,
+            remote_comm_id: a.0,
+            msg: rdma_cm::MsgKind::Req,
+            service_timeout,
+        },
+    );
+}
+
 #[test]
 fn an_mra_delays_the_timeout_by_its_service_timeout() {
     let mut cm: Cm<u8> = Cm::new(cfg(), 100);
@@ -819,16 +834,7 @@ fn an_mra_delays_the_timeout_by_its_service_timeout() {
     assert!(matches!(cm.poll_transmit(), Some((2, CmMsg::Req { .. }))));
     // The passive consumer needs 2^20 * 4.096 us (4.3 s).
     let t1 = Instant::from_millis(1);
-    cm.handle_msg(
-        t1,
-        2,
-        CmMsg::Mra {
-            local_comm_id: 77,
-            remote_comm_id: a.0,
-            msg: rdma_cm::MsgKind::Req,
-            service_timeout: 20,
-        },
-    );
+    mra_for_req(&mut cm, t1, a, 20);
     let mra_wait = t1 + Duration::from_micros(us(20) + us(11));
     assert_eq!(cm.poll_timeout(), Some(mra_wait));
     // Where the REQ's own wait ended, nothing is sent again.
@@ -841,16 +847,7 @@ fn an_mra_delays_the_timeout_by_its_service_timeout() {
     // A shorter service timeout waits less.
     let mut cm: Cm<u8> = Cm::new(cfg(), 100);
     let a = cm.connect_req(Instant::ZERO, vec![2], req_over(10));
-    cm.handle_msg(
-        t1,
-        2,
-        CmMsg::Mra {
-            local_comm_id: 77,
-            remote_comm_id: a.0,
-            msg: rdma_cm::MsgKind::Req,
-            service_timeout: 16,
-        },
-    );
+    mra_for_req(&mut cm, t1, a, 16);
     assert_eq!(
         cm.poll_timeout(),
         Some(t1 + Duration::from_micros(us(16) + us(11)))
