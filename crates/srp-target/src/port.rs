@@ -1872,6 +1872,13 @@ impl Inner {
         let reserved = (!data_out_dir && req.data_in_len >= DIRECT_IN_MIN)
             .then(|| self.reserve_chunks(req.data_in_len))
             .flatten();
+        // The command as the core runs it: below, only where its data is
+        // differs.
+        let submit = |data_out: &[u8], bufs: Option<&mut scsi::Buffers<'_, '_>>| {
+            self.scsi.submit_attr_into(
+                &job.nexus, lun, req.tag.0, attr, &req.cdb, data_out, expected, bufs,
+            )
+        };
         let (r, data_in) = match reserved {
             Some(chunks) => {
                 let cs = self.chunk_size as usize;
@@ -1889,16 +1896,7 @@ impl Inner {
                     .collect()
                 };
                 let mut sink = scsi::Buffers::data_in(&mut pieces);
-                let r = self.scsi.submit_attr_into(
-                    &job.nexus,
-                    lun,
-                    req.tag.0,
-                    attr,
-                    &req.cdb,
-                    &job.data_out,
-                    expected,
-                    Some(&mut sink),
-                );
+                let r = submit(&job.data_out, Some(&mut sink));
                 let len = sink.placed();
                 if sink.read_direct() {
                     self.direct_in
@@ -1918,16 +1916,7 @@ impl Inner {
                                 .collect()
                         };
                         let mut bufs = scsi::Buffers::data_out(&pieces);
-                        let r = self.scsi.submit_attr_into(
-                            &job.nexus,
-                            lun,
-                            req.tag.0,
-                            attr,
-                            &req.cdb,
-                            &[],
-                            expected,
-                            Some(&mut bufs),
-                        );
+                        let r = submit(&[], Some(&mut bufs));
                         self.direct_out
                             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         let mut st = self.lock();
@@ -1935,15 +1924,7 @@ impl Inner {
                         self.retry_waiting(&mut st);
                         r
                     }
-                    None => self.scsi.submit_attr(
-                        &job.nexus,
-                        lun,
-                        req.tag.0,
-                        attr,
-                        &req.cdb,
-                        &job.data_out,
-                        expected,
-                    ),
+                    None => submit(&job.data_out, None),
                 };
                 let mut v = std::mem::take(&mut r.data_in);
                 v.truncate(req.data_in_len as usize);
