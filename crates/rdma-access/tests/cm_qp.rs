@@ -224,16 +224,10 @@ fn soft_roce_qps_are_readied_by_the_cm() {
     connect_and_send("softroce", 11);
 }
 
-/// `e` says readying the QP failed at RTR.
-fn refused_at_rtr(e: &CmError) {
+/// `e` says readying the QP failed at `step` ("QP to RTR", ...).
+fn refused_at(e: &CmError, step: &str) {
     assert!(
-        matches!(
-            e,
-            CmError::Verbs {
-                what: "QP to RTR",
-                ..
-            }
-        ),
+        matches!(e, CmError::Verbs { what, .. } if *what == step),
         "{e}"
     );
 }
@@ -254,20 +248,21 @@ fn a_qp_that_cannot_be_readied_refuses_the_connection() {
         let e = inc
             .accept_qp(&broken(&sb), Psn::new(1), vec![])
             .unwrap_err();
-        refused_at_rtr(&e);
+        refused_at(&e, "QP to RTR");
         (sb, requests)
     });
     let path = a.path_to(b.gid());
-    let e = a
-        .connect_qp(
+    let connect = |s: &Side| {
+        a.connect_qp(
             &path,
             SVC,
-            &sa.conn_qp(QpParams::DEFAULT),
+            &s.conn_qp(QpParams::DEFAULT),
             Psn::new(1),
             vec![],
             T,
         )
-        .unwrap_err();
+    };
+    let e = connect(&sa).unwrap_err();
     assert!(matches!(e, CmError::Rejected { code: 28, .. }), "{e:?}");
     let (sb, requests) = server.join().unwrap();
 
@@ -283,7 +278,7 @@ fn a_qp_that_cannot_be_readied_refuses_the_connection() {
     let e = a
         .connect_qp(&path, SVC, &broken(&sa2), Psn::new(1), vec![], T)
         .unwrap_err();
-    refused_at_rtr(&e);
+    refused_at(&e, "QP to RTR");
     let b_conn = server.join().unwrap();
     let end = Instant::now() + T;
     while b.state(b_conn) != rdma_cm::ConnState::Closed && Instant::now() < end {
@@ -299,24 +294,6 @@ fn a_qp_that_cannot_be_readied_refuses_the_connection() {
         },
     )
     .unwrap();
-    let e = a
-        .connect_qp(
-            &path,
-            SVC,
-            &sa.conn_qp(QpParams::DEFAULT),
-            Psn::new(1),
-            vec![],
-            T,
-        )
-        .unwrap_err();
-    assert!(
-        matches!(
-            e,
-            CmError::Verbs {
-                what: "QP to INIT",
-                ..
-            }
-        ),
-        "{e}"
-    );
+    let e = connect(&sa).unwrap_err();
+    refused_at(&e, "QP to INIT");
 }
