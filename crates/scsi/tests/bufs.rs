@@ -98,16 +98,8 @@ fn submit(
     )
 }
 
-/// [`submit`], insisting on GOOD (the sense in words if not).
-fn good(
-    t: &Target,
-    n: &Nexus,
-    tag: u64,
-    cdb: &[u8],
-    expected: u64,
-    bufs: &mut Buffers<'_, '_>,
-) -> ScsiResponse {
-    let r = submit(t, n, tag, cdb, expected, bufs);
+/// `r`, insisting it is GOOD (the sense in words if not).
+fn good(r: ScsiResponse) -> ScsiResponse {
     assert_eq!(
         r.status,
         Status::Good,
@@ -132,7 +124,7 @@ fn a_read_lands_in_the_pieces_with_no_copy_in_between() {
     ];
     let mut pieces: Vec<&mut [u8]> = vec![&mut a, &mut b, &mut c];
     let mut sink = Buffers::data_in(&mut pieces);
-    let r = good(&t, &n, 1, &read16(100, 16), 16 * 512, &mut sink);
+    let r = good(submit(&t, &n, 1, &read16(100, 16), 16 * 512, &mut sink));
     assert!(r.data_in.is_empty(), "data-in went to the pieces");
     assert_eq!(sink.placed(), 16 * 512);
     assert!(sink.read_direct());
@@ -156,7 +148,7 @@ fn pieces_shorter_than_the_transfer_take_what_fits_and_count_the_residual() {
     let mut pieces: Vec<&mut [u8]> = vec![&mut buf];
     let mut sink = Buffers::data_in(&mut pieces);
     // Initiator expects 1024 of the 4096 bytes READ(16) moves.
-    let r = good(&t, &n, 2, &read16(0, 8), 1024, &mut sink);
+    let r = good(submit(&t, &n, 2, &read16(0, 8), 1024, &mut sink));
     assert_eq!(sink.placed(), 1024);
     assert_eq!(r.residual, Residual::Over(3072));
 }
@@ -169,7 +161,7 @@ fn other_commands_are_copied_into_the_pieces_and_errors_place_nothing() {
     let (mut x, mut y) = (vec![0u8; 10], vec![0u8; 200]);
     let mut pieces: Vec<&mut [u8]> = vec![&mut x, &mut y];
     let mut sink = Buffers::data_in(&mut pieces);
-    let r = good(&t, &n, 3, &inquiry, 96, &mut sink);
+    let r = good(submit(&t, &n, 3, &inquiry, 96, &mut sink));
     assert!(r.data_in.is_empty());
     assert_eq!(sink.placed(), plain.len());
     assert!(!sink.read_direct(), "INQUIRY data is built, then copied");
@@ -196,7 +188,7 @@ fn fileio_reads_into_the_pieces_too() {
     let (mut a, mut b) = (vec![0u8; 700], vec![0u8; 4 * 512 - 700]);
     let mut pieces: Vec<&mut [u8]> = vec![&mut a, &mut b];
     let mut sink = Buffers::data_in(&mut pieces);
-    good(&t, &n, 5, &read16(60, 4), 4 * 512, &mut sink);
+    good(submit(&t, &n, 5, &read16(60, 4), 4 * 512, &mut sink));
     assert!(sink.read_direct());
     let all = [&a[..], &b[..]].concat();
     for (k, block) in all.chunks(512).enumerate() {
@@ -216,7 +208,7 @@ fn a_write_is_written_from_the_pieces_with_no_copy_in_between() {
     let (b, c) = rest.split_at(2000);
     let pieces: Vec<&[u8]> = vec![a, b, c];
     let mut bufs = Buffers::data_out(&pieces);
-    let r = good(&t, &n, 6, &write16(20, 8), 8 * 512, &mut bufs);
+    let r = good(submit(&t, &n, 6, &write16(20, 8), 8 * 512, &mut bufs));
     assert_eq!(r.residual, Residual::None);
     let handed = rec.writes.lock().unwrap().clone();
     let want: Vec<(usize, usize)> = pieces
@@ -234,7 +226,7 @@ fn ram_takes_pieces_under_one_lock_and_short_pieces_are_refused() {
     let data: Vec<u8> = (0..4 * 512).map(|i| (i % 251) as u8).collect();
     let pieces: Vec<&[u8]> = data.chunks(300).collect();
     let mut bufs = Buffers::data_out(&pieces);
-    good(&t, &n, 7, &write16(3, 4), 4 * 512, &mut bufs);
+    good(submit(&t, &n, 7, &write16(3, 4), 4 * 512, &mut bufs));
     assert_eq!(common::ok(&t, &n, &read16(3, 4), &[], 4 * 512), data);
     // Pieces holding less than the WRITE moves: refused, nothing written.
     let before = common::ok(&t, &n, &read16(10, 4), &[], 4 * 512);
@@ -258,6 +250,6 @@ fn commands_that_parse_their_data_out_get_it_gathered() {
     let pieces: Vec<&[u8]> = vec![&both[..333], &both[333..]];
     let mut bufs = Buffers::data_out(&pieces);
     let caw = [0x89, 0, 0, 0, 0, 0, 0, 0, 0, 5, 0, 0, 0, 1, 0, 0];
-    good(&t, &n, 9, &caw, 1024, &mut bufs);
+    good(submit(&t, &n, 9, &caw, 1024, &mut bufs));
     assert_eq!(common::ok(&t, &n, &read16(5, 1), &[], 512), vec![0xcd; 512]);
 }
