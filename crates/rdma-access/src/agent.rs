@@ -11,9 +11,10 @@ use rdma_types::{WcOpcode, WcStatus};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration as StdDuration;
+use verbs::nested::Counted;
 use verbs::{
     AhAttr, AhHandle, CaHandle, CqHandle, CqInit, EventHandler, MemBuf, MrInfo, PdHandle, Provider,
     QpAttr, QpCaps, QpHandle, QpInit, RecvWr, SendOpcode, SendWr, Sge, UdDest, WorkCompletion,
@@ -549,6 +550,9 @@ enum Ev {
     Cq,
     Kick,
     Stop,
+    /// The CA is going: handled on the agent's thread because the event
+    /// came nested inside a call the agent made under its lock.
+    Removed,
 }
 
 /// The agent's handler for its CA: completions wake its thread, a CA
@@ -564,7 +568,12 @@ impl EventHandler for Wake {
     }
     fn on_async_event(&self, event: verbs::AsyncEvent) {
         if event.kind == verbs::AsyncEventKind::CaRemoval {
-            if let Some(i) = self.agent.get().and_then(Weak::upgrade) {
+            // A provider may deliver it inside one of our own calls (the
+            // loopback does, from a post made under the agent's lock):
+            // then the agent's thread ends the CM ids, not this one.
+            if !verbs::nested::may_lock_here() {
+                let _ = self.tx.lock().map(|tx| tx.send(Ev::Removed));
+            } else if let Some(i) = self.agent.get().and_then(Weak::upgrade) {
                 i.device_removed();
             }
         }
@@ -1488,8 +1497,10 @@ pub fn source_gid(grh: &[u8]) -> Gid {
 }
 
 impl Inner {
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.st.lock().unwrap_or_else(|e| e.into_inner())
+    /// The agent's state, counted as held ([`verbs::nested`]) so a
+    /// provider event delivered inside a call made under it can tell.
+    fn lock(&self) -> Counted<'_, State> {
+        Counted::lock(&self.st)
     }
 
     /// Puts `key` in the tracking client's tree, if the agent has one;
@@ -1671,7 +1682,7 @@ impl Inner {
 
     /// Runs the removal hooks (and the disconnect hook where marked)
     /// without the lock.
-    fn tell_removed(&self, st: MutexGuard<'_, State>, told: Vec<(Removed, bool)>) {
+    fn tell_removed(&self, st: Counted<'_, State>, told: Vec<(Removed, bool)>) {
         let (removal, disconnect) = (st.on_removal.clone(), st.on_disconnect.clone());
         drop(st);
         for (r, disconnected) in told {
@@ -1812,6 +1823,7 @@ impl Inner {
                 Ok(Ev::Stop) | Err(RecvTimeoutError::Disconnected) => return,
                 Ok(Ev::Cq) => self.drain_cq(),
                 Ok(Ev::Kick) => {}
+                Ok(Ev::Removed) => self.device_removed(),
                 Err(RecvTimeoutError::Timeout) => {}
             }
             let mut st = self.lock();
@@ -1829,7 +1841,7 @@ impl Inner {
         }
     }
 
-    fn call_hooks(&self, st: MutexGuard<'_, State>, calls: Vec<ConnId>) {
+    fn call_hooks(&self, st: Counted<'_, State>, calls: Vec<ConnId>) {
         let hook = st.on_disconnect.clone();
         drop(st);
         if let Some(h) = hook {
