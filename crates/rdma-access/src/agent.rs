@@ -11,10 +11,9 @@ use rdma_types::{WcOpcode, WcStatus};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration as StdDuration;
-use verbs::nested::Counted;
 use verbs::{
     AhAttr, AhHandle, CaHandle, CqHandle, CqInit, EventHandler, MemBuf, MrInfo, PdHandle, Provider,
     QpAttr, QpCaps, QpHandle, QpInit, RecvWr, SendOpcode, SendWr, Sge, UdDest, WorkCompletion,
@@ -551,7 +550,8 @@ enum Ev {
     Kick,
     Stop,
     /// The CA is going: handled on the agent's thread because the event
-    /// came nested inside a call the agent made under its lock.
+    /// came while the agent's state was locked (perhaps by this very
+    /// thread, inside a call the agent made under its lock).
     Removed,
 }
 
@@ -568,13 +568,17 @@ impl EventHandler for Wake {
     }
     fn on_async_event(&self, event: verbs::AsyncEvent) {
         if event.kind == verbs::AsyncEventKind::CaRemoval {
-            // A provider may deliver it inside one of our own calls (the
-            // loopback does, from a post made under the agent's lock):
-            // then the agent's thread ends the CM ids, not this one.
-            if !verbs::nested::may_lock_here() {
-                let _ = self.tx.lock().map(|tx| tx.send(Ev::Removed));
-            } else if let Some(i) = self.agent.get().and_then(Weak::upgrade) {
-                i.device_removed();
+            if let Some(i) = self.agent.get().and_then(Weak::upgrade) {
+                // A provider may deliver it inside one of the agent's own
+                // calls made under its lock (the loopback does, from a
+                // post): locking again here would never return, so the
+                // agent's thread ends the CM ids instead.
+                let free = i.st.try_lock().is_ok();
+                if free {
+                    i.device_removed();
+                } else {
+                    let _ = self.tx.lock().map(|tx| tx.send(Ev::Removed));
+                }
             }
         }
     }
@@ -988,14 +992,8 @@ impl CmAgent {
         private_data: Vec<u8>,
         timeout: StdDuration,
     ) -> Result<Established, CmError> {
-        self.connect_path(
-            &self.path_to(peer),
-            service_id,
-            qpn,
-            psn,
-            private_data,
-            timeout,
-        )
+        let pkey = self.pkeys().first().copied().unwrap_or(Pkey::DEFAULT);
+        self.connect_in_partition(peer, pkey, service_id, qpn, psn, private_data, timeout)
     }
 
     /// [`CmAgent::connect`] with the REQ in partition `pkey`: the P_Key of
@@ -1497,10 +1495,8 @@ pub fn source_gid(grh: &[u8]) -> Gid {
 }
 
 impl Inner {
-    /// The agent's state, counted as held ([`verbs::nested`]) so a
-    /// provider event delivered inside a call made under it can tell.
-    fn lock(&self) -> Counted<'_, State> {
-        Counted::lock(&self.st)
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.st.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Puts `key` in the tracking client's tree, if the agent has one;
@@ -1682,7 +1678,7 @@ impl Inner {
 
     /// Runs the removal hooks (and the disconnect hook where marked)
     /// without the lock.
-    fn tell_removed(&self, st: Counted<'_, State>, told: Vec<(Removed, bool)>) {
+    fn tell_removed(&self, st: MutexGuard<'_, State>, told: Vec<(Removed, bool)>) {
         let (removal, disconnect) = (st.on_removal.clone(), st.on_disconnect.clone());
         drop(st);
         for (r, disconnected) in told {
@@ -1841,7 +1837,7 @@ impl Inner {
         }
     }
 
-    fn call_hooks(&self, st: Counted<'_, State>, calls: Vec<ConnId>) {
+    fn call_hooks(&self, st: MutexGuard<'_, State>, calls: Vec<ConnId>) {
         let hook = st.on_disconnect.clone();
         drop(st);
         if let Some(h) = hook {
