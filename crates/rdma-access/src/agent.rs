@@ -992,8 +992,14 @@ impl CmAgent {
         private_data: Vec<u8>,
         timeout: StdDuration,
     ) -> Result<Established, CmError> {
-        let pkey = self.pkeys().first().copied().unwrap_or(Pkey::DEFAULT);
-        self.connect_in_partition(peer, pkey, service_id, qpn, psn, private_data, timeout)
+        self.connect_path(
+            &self.path_to(peer),
+            service_id,
+            qpn,
+            psn,
+            private_data,
+            timeout,
+        )
     }
 
     /// [`CmAgent::connect`] with the REQ in partition `pkey`: the P_Key of
