@@ -326,9 +326,12 @@ impl Disk {
         // capacity change), is sent again, a bounded number of times.
         let mut tries = 0;
         loop {
-            let r = session
-                .execute(lun, cdb, xfer.reborrow())
-                .map_err(|e| io_err(what, e))?;
+            let r = if tries == 0 {
+                session.execute(lun, cdb, xfer.reborrow())
+            } else {
+                session.execute_retry(lun, cdb, xfer.reborrow(), srp::wire::TaskAttr::Simple)
+            }
+            .map_err(|e| io_err(what, e))?;
             if r.good() {
                 return Ok(r);
             }

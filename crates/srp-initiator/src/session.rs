@@ -415,6 +415,9 @@ struct State {
     closed: bool,
     /// Callers waiting for their command's answer, woken one by one.
     parked: IdMap<Tag, std::thread::Thread>,
+    /// Commands sent again after an abort or reset ([`Session::execute_retry`]):
+    /// [`Session::abort_oldest`] passes them by.
+    retried: IdMap<Tag, ()>,
     /// Callers waiting on `cv` (pool pages, credits, task management).
     cv_waiters: u32,
     /// The poll thread sleeps until this timer deadline (`Some(None)`:
@@ -795,6 +798,7 @@ impl Session {
                 stats: SessionStats::default(),
                 closed: false,
                 parked: IdMap::default(),
+                retried: IdMap::default(),
                 cv_waiters: 0,
                 timer_sleep: None,
                 quiet_since: rdma_types::Instant::ZERO,
@@ -900,6 +904,23 @@ impl Session {
         Ok(self.finish(c, xfer))
     }
 
+    /// [`Session::execute_attr`] for a command sent again because an
+    /// abort or reset ended its previous try (the disk layer's bounded
+    /// retries). [`Session::abort_oldest`] never picks such a command, so
+    /// a test's stream of aborts cannot end one I/O more often than the
+    /// retry limit allows and fail it: the real error handler aborts a
+    /// command only after its timeout, which a retried one starts afresh.
+    pub fn execute_retry(
+        &self,
+        lun: Lun,
+        cdb: &[u8],
+        xfer: Xfer<'_>,
+        attr: TaskAttr,
+    ) -> Result<CmdResult, SessionError> {
+        let c = self.start_marked(lun, cdb, &xfer, attr, true)?;
+        Ok(self.finish(c, xfer))
+    }
+
     /// Sends one SCSI command and returns at once (waiting only for pool
     /// pages, a credit or a queue slot): the asynchronous half of
     /// [`Session::execute_attr`]. Write data is copied out of `xfer`
@@ -911,6 +932,17 @@ impl Session {
         cdb: &[u8],
         xfer: &Xfer<'_>,
         attr: TaskAttr,
+    ) -> Result<Started, SessionError> {
+        self.start_marked(lun, cdb, xfer, attr, false)
+    }
+
+    fn start_marked(
+        &self,
+        lun: Lun,
+        cdb: &[u8],
+        xfer: &Xfer<'_>,
+        attr: TaskAttr,
+        retry: bool,
     ) -> Result<Started, SessionError> {
         let inner = &self.inner;
         let (len, reading) = match xfer {
@@ -1009,6 +1041,9 @@ impl Session {
                 Ok(tag) => {
                     if let Some(t) = cmd.desc_table {
                         st.tables.insert(tag, t.va);
+                    }
+                    if retry {
+                        st.retried.insert(tag, ());
                     }
                     break tag;
                 }
@@ -1112,6 +1147,7 @@ impl Session {
             if let Some(c) = st.done.remove(&tag) {
                 st.parked.remove(&tag);
                 st.tables.remove(&tag);
+                st.retried.remove(&tag);
                 break c;
             }
             st.parked.insert(tag, std::thread::current());
@@ -1201,8 +1237,9 @@ impl Session {
     }
 
     /// Sends ABORT TASK for the oldest unanswered command, as the error
-    /// handler does for a timed-out one; returns `false` when nothing was
-    /// outstanding. The command then ends `Status::Aborted` if the target
+    /// handler does for a timed-out one, passing by commands that are
+    /// already retries ([`Session::execute_retry`]); returns `false` when
+    /// nothing such was outstanding. The command then ends `Status::Aborted` if the target
     /// aborted it, or normally if its response came first
     /// ([`SessionStats::aborts_complete`] / `aborts_failed` count the
     /// answers).
@@ -1213,7 +1250,11 @@ impl Session {
             return false;
         }
         let now = inner.now();
-        let Some(tag) = st.channel.oldest_unanswered() else {
+        let retried = &st.retried;
+        let Some(tag) = st
+            .channel
+            .oldest_unanswered_where(|t| !retried.contains_key(&t))
+        else {
             return false;
         };
         let sent = st.channel.abort(now, tag);

@@ -138,3 +138,37 @@ fn an_unmap_the_lu_cannot_do_completes_unsupported() {
     q.start_flush(1).unwrap();
     assert_eq!(q.complete_one(&mut bufs).unwrap().0, 1);
 }
+
+/// `abort_oldest` (what `srp io --abort-every-ms` uses) passes by a
+/// command that is already a retry: the older, retried flush held at the
+/// store is left alone and the newer first try is aborted.
+#[test]
+fn abort_oldest_passes_by_a_retried_command() {
+    use srp::wire::{Lun, TaskAttr};
+    use srp_initiator::session::Xfer;
+    let gate = Arc::new(Gate::default());
+    let (d, _port) = disk(false, gate.clone());
+    let sess = d.session().clone();
+    const SYNC10: [u8; 10] = [0x35, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+    gate.set(true);
+    let s = sess.clone();
+    let retried = std::thread::spawn(move || {
+        s.execute_retry(Lun::from_u64(0), &SYNC10, Xfer::None, TaskAttr::Simple)
+    });
+    wait_for("the retried flush held at the store", 10, || {
+        gate.held.load(Ordering::SeqCst) == 1
+    });
+    let s = sess.clone();
+    let first = std::thread::spawn(move || s.execute(Lun::from_u64(0), &SYNC10, Xfer::None));
+    wait_for("the first try held at the store", 10, || {
+        gate.held.load(Ordering::SeqCst) == 2
+    });
+    assert!(sess.abort_oldest(), "an abort was sent");
+    wait_for("the abort answered", 10, || sess.stats().tmfs == 1);
+    gate.set(false);
+    let first = first.join().unwrap().unwrap();
+    let retried = retried.join().unwrap().unwrap();
+    assert_eq!(first.status, srp::initiator::Status::Aborted, "{first:?}");
+    assert!(retried.good(), "{retried:?}");
+    assert_eq!(sess.stats().aborted, 1);
+}

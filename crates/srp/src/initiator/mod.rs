@@ -387,10 +387,15 @@ impl Channel {
 
     /// The oldest unanswered command, by submission order.
     pub fn oldest_unanswered(&self) -> Option<Tag> {
+        self.oldest_unanswered_where(|_| true)
+    }
+
+    /// The oldest unanswered command for which `pick` holds.
+    pub fn oldest_unanswered_where(&self, mut pick: impl FnMut(Tag) -> bool) -> Option<Tag> {
         self.slots
             .iter()
             .filter_map(|s| s.ctx.as_ref())
-            .filter(|c| !c.done)
+            .filter(|c| !c.done && pick(c.tag))
             .min_by_key(|c| c.seq)
             .map(|c| c.tag)
     }
