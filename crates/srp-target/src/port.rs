@@ -1336,9 +1336,11 @@ impl Inner {
         match out {
             Output::Send { bytes, solicited } => {
                 // An IU never overtakes this channel's RDMA ops waiting for
-                // a chunk: a TMF response ahead of an aborted command's
-                // late data-in WRITE would let the initiator reuse the
-                // buffer that WRITE then lands in.
+                // a chunk: the channel hands out a TMF response only once
+                // the commands it aborts are back from the core, but a
+                // command that completed first still has its data-in
+                // WRITEs ahead of it, and a TMF response overtaking them
+                // would let the initiator reuse the buffer they land in.
                 if st.waiting.iter().any(|(c, _)| *c == conn) {
                     st.waiting
                         .push_back((conn, Output::Send { bytes, solicited }));
@@ -1355,7 +1357,8 @@ impl Inner {
             Output::Tmf(req) => self.run_tmf(st, conn, req),
             Output::Abort(_) => {
                 // The core's later completion is ignored by the channel; a
-                // running backend I/O is not interrupted.
+                // running backend I/O is not interrupted (the channel is
+                // closing: no TMF response waits for it).
             }
             Output::Release(cmd) => {
                 if let Some(c) = st.conns.get_mut(&conn) {
