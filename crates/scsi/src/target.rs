@@ -915,6 +915,15 @@ impl Target {
     }
 
     /// A task management function from `nexus` for `lun` (SAM-5 7).
+    ///
+    /// It returns at once: the tasks it aborts are only marked. One waiting
+    /// for its turn ends then; one inside the backend finishes that I/O
+    /// (a WRITE may still change the medium) and its `submit` returns
+    /// TASK ABORTED afterwards. A transport therefore sends the function's
+    /// response only once the `submit` calls of the tasks it aborts have
+    /// returned, and sends their data and status (a task that completed
+    /// before the mark is answered normally) ahead of it: an initiator
+    /// told FUNCTION COMPLETE reuses the aborted commands' buffers and tags.
     pub fn tmf(&self, nexus: &Nexus, lun: Lun, tmf: Tmf) -> ServiceResponse {
         let r = self.task_management_inner(nexus, lun, tmf);
         // Tasks waiting for their turn in a task set see their abort.

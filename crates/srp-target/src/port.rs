@@ -260,6 +260,19 @@ struct Job {
     /// Data-out that fills its chunks back to back from offset 0: the
     /// store writes it from there (`scsi::Buffers::data_out`), no gather.
     direct_out: Option<Vec<Fetched>>,
+    /// Set by a task management function that reached the command before
+    /// it entered the SCSI core (see [`Queued`]).
+    aborted: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// A command handed to a worker (or kept to run inline) and not yet
+/// finished. The SCSI core aborts only the tasks it has started; one still
+/// queued here was in the task set for the initiator when its TMF came, so
+/// the TMF marks it here and it ends TASK ABORTED without running.
+struct Queued {
+    tag: srp::wire::Tag,
+    lun: srp::wire::Lun,
+    aborted: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// A data-out piece in an RDMA chunk: (offset in the command's buffer,
@@ -322,6 +335,8 @@ struct Conn {
     /// table of a thousand small descriptors) must not hold them all.
     spilled: IdMap<CmdId, Vec<(u64, Vec<u8>)>>,
     data_in: IdMap<CmdId, InData>,
+    /// Commands with the SCSI core (queued or running).
+    queued: IdMap<CmdId, Queued>,
     /// Reserved data-in chunks of released commands whose WRITEs are still
     /// in flight: they go back to the pool when the last one completes,
     /// never while the NIC may still read them.
@@ -1029,6 +1044,7 @@ impl Inner {
                 fetched: IdMap::default(),
                 spilled: IdMap::default(),
                 data_in: IdMap::default(),
+                queued: IdMap::default(),
                 parked: IdMap::default(),
             },
             LocalQp { qpn, psn },
@@ -1120,9 +1136,18 @@ impl Inner {
             return;
         };
         let (cmd, channel) = (done.cmd, c.channel);
+        c.queued.remove(&cmd);
         c.data_in.insert(cmd, data_in);
-        if let Some(ch) = st.target.channel_mut(channel) {
-            ch.handle_scsi_done(done);
+        let taken = st
+            .target
+            .channel_mut(channel)
+            .is_some_and(|ch| ch.handle_scsi_done(done));
+        if !taken {
+            // The channel dropped the command while it ran (it is closing)
+            // and released it already: no WRITE will name these chunks.
+            if let Some(d) = st.conns.get_mut(&conn).and_then(|c| c.data_in.remove(&cmd)) {
+                st.free_chunks.extend_from_slice(d.chunks());
+            }
         }
         st.inline_here = true;
         self.pump(st, conn);
@@ -1311,9 +1336,11 @@ impl Inner {
         match out {
             Output::Send { bytes, solicited } => {
                 // An IU never overtakes this channel's RDMA ops waiting for
-                // a chunk: a TMF response ahead of an aborted command's
-                // late data-in WRITE would let the initiator reuse the
-                // buffer that WRITE then lands in.
+                // a chunk: the channel hands out a TMF response only once
+                // the commands it aborts are back from the core, but a
+                // command that completed first still has its data-in
+                // WRITEs ahead of it, and a TMF response overtaking them
+                // would let the initiator reuse the buffer they land in.
                 if st.waiting.iter().any(|(c, _)| *c == conn) {
                     st.waiting
                         .push_back((conn, Output::Send { bytes, solicited }));
@@ -1330,7 +1357,8 @@ impl Inner {
             Output::Tmf(req) => self.run_tmf(st, conn, req),
             Output::Abort(_) => {
                 // The core's later completion is ignored by the channel; a
-                // running backend I/O is not interrupted.
+                // running backend I/O is not interrupted (the channel is
+                // closing: no TMF response waits for it).
             }
             Output::Release(cmd) => {
                 if let Some(c) = st.conns.get_mut(&conn) {
@@ -1579,6 +1607,15 @@ impl Inner {
             ),
         };
         let spilled = c.spilled.remove(&req.cmd).unwrap_or_default();
+        let aborted = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        c.queued.insert(
+            req.cmd,
+            Queued {
+                tag: req.tag,
+                lun: req.lun,
+                aborted: aborted.clone(),
+            },
+        );
         // A small command to a memory store runs on this thread once the
         // lock is released: two thread hand-offs less (to a worker and back
         // to the NIC) for what takes a microsecond.
@@ -1602,6 +1639,7 @@ impl Inner {
             chunks,
             spilled,
             direct_out: None,
+            aborted,
         };
         if inline {
             st.inline_jobs.push(job);
@@ -1615,6 +1653,9 @@ impl Inner {
             // Shutting down: answer BUSY so the initiator retries elsewhere.
             if let Some((_, parts)) = &job.chunks {
                 st.free_chunks.extend(parts.iter().map(|p| p.1));
+            }
+            if let Some(c) = st.conns.get_mut(&conn) {
+                c.queued.remove(&job.req.cmd);
             }
             let done = ScsiDone {
                 status: 0x08,
@@ -1642,6 +1683,7 @@ impl Inner {
         if let Ok(lun) = scsi::Lun::decode(req.lun.0) {
             if let Some(dev) = self.scsi.device(&c.nexus, lun) {
                 self.count(lun, &dev, |n| n.tmfs += 1);
+                self.abort_queued(st, conn, &req, &dev);
             }
         }
         let code = match (tmf, scsi::Lun::decode(req.lun.0)) {
@@ -1658,6 +1700,37 @@ impl Inner {
         };
         if let Some(ch) = st.target.channel_mut(channel) {
             ch.handle_tmf_done(req.cmd, code);
+        }
+    }
+
+    /// Marks the commands `req` aborts that are queued for the SCSI core
+    /// and not finished (see [`Queued`]); the core marks those it runs.
+    /// CLEAR TASK SET and LOGICAL UNIT RESET reach every session's tasks
+    /// on the device, as they do in the core.
+    fn abort_queued(&self, st: &State, conn: ConnId, req: &TmfRequest, dev: &Arc<scsi::Device>) {
+        let every_nexus = match req.func {
+            TmFunc::AbortTask | TmFunc::AbortTaskSet => false,
+            TmFunc::ClearTaskSet | TmFunc::LogicalUnitReset => true,
+            _ => return,
+        };
+        for (id, c) in st.conns.iter() {
+            if *id != conn && !every_nexus {
+                continue;
+            }
+            for q in c.queued.values() {
+                let hit = if *id == conn {
+                    q.lun == req.lun && (req.func != TmFunc::AbortTask || q.tag == req.task_tag)
+                } else {
+                    // Another session may reach the device at another LUN.
+                    scsi::Lun::decode(q.lun.0)
+                        .ok()
+                        .and_then(|l| self.scsi.device(&c.nexus, l))
+                        .is_some_and(|d| Arc::ptr_eq(&d, dev))
+                };
+                if hit {
+                    q.aborted.store(true, std::sync::atomic::Ordering::SeqCst);
+                }
+            }
         }
     }
 
@@ -1875,6 +1948,16 @@ impl Inner {
         // The command as the core runs it: below, only where its data is
         // differs.
         let submit = |data_out: &[u8], bufs: Option<&mut scsi::Buffers<'_, '_>>| {
+            if job.aborted.load(std::sync::atomic::Ordering::SeqCst) {
+                // Aborted before it reached the core: it never runs.
+                return scsi::ScsiResponse {
+                    status: scsi::Status::TaskAborted,
+                    sense: None,
+                    data_in: Vec::new(),
+                    residual: scsi::Residual::None,
+                    descriptor_sense: false,
+                };
+            }
             self.scsi.submit_attr_into(
                 &job.nexus, lun, req.tag.0, attr, &req.cdb, data_out, expected, bufs,
             )

@@ -951,6 +951,157 @@ fn abort_task_set_stops_a_command_still_fetching_data_out() {
     assert_eq!(rsp(&drv.last_iu()).req_lim_delta, 2);
 }
 
+/// The race the port hits under load: the command finishes in the core
+/// just before ABORT TASK reaches it, so the core finds nothing to abort
+/// and answers FUNCTION COMPLETE while the command's GOOD completion is
+/// still on its way to the channel. The TMF response must wait for it and
+/// go out behind the command's data-in and response: an initiator that
+/// has FUNCTION COMPLETE first ends the command as aborted and reuses its
+/// buffer, which the late data-in WRITE then overwrites.
+#[test]
+fn abort_task_answered_before_the_command_returns_waits_behind_its_data_in() {
+    let (mut t, id) = setup(cfg());
+    let ch = t.channel_mut(id).unwrap();
+    let mut drv = Driver {
+        defer: true,
+        ..Driver::default()
+    };
+    drv.remote.insert(4, vec![0; 4096]);
+    ch.handle_recv(&cmd(
+        0x20,
+        DataDesc::None,
+        DataDesc::Direct(d(base(4), 4, 4096)),
+    ));
+    ch.handle_recv(&tmf(0x21, TmFunc::AbortTask, 0x20));
+    drv.run(ch);
+    let victim = drv.scsi[0].cmd;
+    let tm = drv.tmfs[0];
+    assert_eq!(tm.task, Some(victim));
+    assert!(ch.handle_tmf_done(tm.cmd, RspCode::Complete));
+    assert!(
+        !ch.handle_tmf_done(tm.cmd, RspCode::Complete),
+        "answered once"
+    );
+    drv.run(ch);
+    assert!(
+        drv.sends.is_empty(),
+        "TMF response sent while the command it aborts is still with the core"
+    );
+    let data = pattern(4096, 9);
+    drv.in_buf.insert(victim, data.clone());
+    assert!(ch.handle_scsi_done(ScsiDone::good(victim, 4096)));
+    drv.run(ch);
+    let order: Vec<&str> = drv
+        .pending
+        .iter()
+        .map(|p| match p {
+            Pending::Send => "send",
+            _ => "rdma",
+        })
+        .collect();
+    assert_eq!(
+        order,
+        ["rdma", "send", "send"],
+        "data-in, its response, then the TMF's"
+    );
+    let ius = drv.ius();
+    assert_eq!(rsp(&ius[0]).tag, Tag(0x20));
+    assert_eq!(rsp(&ius[0]).status, 0);
+    assert_eq!(rsp(&ius[1]).tag, Tag(0x21));
+    assert_eq!(rsp(&ius[1]).response_code(), Some(RspCode::Complete));
+    drv.defer = false;
+    drv.run(ch);
+    assert_eq!(drv.remote[&4], data);
+    assert_eq!(drv.released, vec![tm.cmd, victim]);
+    assert_eq!(ch.initiator_credits(), ch.window());
+}
+
+/// ABORT TASK of a WRITE the backend is still executing: the core marks
+/// it and answers at once, but the WRITE may still change the medium
+/// until it returns (TASK ABORTED). No response before that: the
+/// initiator would send the data again and a later WRITE of the same
+/// blocks could be overtaken by the aborted one.
+#[test]
+fn abort_task_of_a_command_still_running_answers_once_it_returns() {
+    let (mut t, id) = setup(cfg());
+    let ch = t.channel_mut(id).unwrap();
+    let mut drv = Driver::default();
+    ch.handle_recv(&no_data(0x30));
+    ch.handle_recv(&no_data(0x31));
+    ch.handle_recv(&tmf(0x32, TmFunc::AbortTaskSet, 0));
+    drv.run(ch);
+    let (a, b) = (drv.scsi[0].cmd, drv.scsi[1].cmd);
+    let tm = drv.tmfs[0];
+    assert!(ch.handle_tmf_done(tm.cmd, RspCode::Complete));
+    drv.run(ch);
+    assert!(
+        drv.sends.is_empty(),
+        "answered with two commands still running"
+    );
+    assert!(ch.handle_scsi_done(ScsiDone {
+        aborted: true,
+        ..ScsiDone::good(a, 0)
+    }));
+    drv.run(ch);
+    assert!(
+        drv.sends.is_empty(),
+        "answered with one command still running"
+    );
+    assert!(ch.handle_scsi_done(ScsiDone {
+        aborted: true,
+        ..ScsiDone::good(b, 0)
+    }));
+    drv.run(ch);
+    assert_eq!(drv.sends.len(), 1, "only the TMF response");
+    let r = rsp(&drv.last_iu());
+    assert_eq!(
+        (r.tag, r.response_code()),
+        (Tag(0x32), Some(RspCode::Complete))
+    );
+    assert_eq!(r.req_lim_delta, 3);
+    assert_eq!(drv.released, vec![a, b, tm.cmd]);
+}
+
+/// A command dropped by the channel itself (still fetching data-out)
+/// whose READs were handed out: the TMF response waits for them even when
+/// the core answers first, so no READ of the aborted command reaches the
+/// initiator's memory after FUNCTION COMPLETE, whatever order the driver
+/// posts work requests in.
+#[test]
+fn abort_task_set_answered_first_still_waits_for_posted_reads() {
+    let (mut t, id) = setup(cfg());
+    let ch = t.channel_mut(id).unwrap();
+    let mut drv = Driver {
+        defer: true,
+        ..Driver::default()
+    };
+    drv.remote.insert(1, vec![0; 300_000]);
+    ch.handle_recv(&cmd(
+        1,
+        DataDesc::Direct(d(base(1), 1, 200_000)),
+        DataDesc::None,
+    ));
+    drv.run(ch);
+    assert_eq!(drv.rdma_log.len(), 4);
+    let victim = drv.rdma_log[0].1.cmd;
+    ch.handle_recv(&tmf(2, TmFunc::AbortTaskSet, 0));
+    drv.run(ch);
+    assert!(ch.handle_tmf_done(drv.tmfs[0].cmd, RspCode::Complete));
+    drv.run(ch);
+    for left in (1..=4).rev() {
+        assert!(
+            drv.sends.is_empty(),
+            "TMF response with {left} READs of the aborted command posted"
+        );
+        assert!(drv.complete_one(ch));
+    }
+    assert_eq!(drv.released, vec![victim, drv.tmfs[0].cmd]);
+    assert_eq!(drv.sends.len(), 1);
+    let r = rsp(&drv.last_iu());
+    assert_eq!((r.tag, r.req_lim_delta), (Tag(2), 2));
+    assert!(drv.scsi.is_empty(), "never reached the core");
+}
+
 #[test]
 fn unknown_tmf_is_not_supported_without_the_core() {
     let (mut t, id) = setup(cfg());

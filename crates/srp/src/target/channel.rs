@@ -266,8 +266,20 @@ enum Phase {
     /// buffer is released when the WRITEs complete, since a retransmitted
     /// WRITE still reads it.
     Drain,
-    /// A TMF with the SCSI core.
-    Tmf,
+    /// A TMF with the SCSI core (`rsp` empty) or answered by it and
+    /// waiting for the tasks it aborts to end (`rsp` set).
+    Tmf {
+        /// Tasks the function aborts that may still touch initiator
+        /// memory or the medium: ones with the SCSI core (until their
+        /// [`ScsiDone`] arrives; the core's abort only marks a running
+        /// command, which still completes) and ones dropped here with
+        /// RDMA ops posted (until those complete). The response waits for
+        /// them: once an initiator has FUNCTION COMPLETE it reuses the
+        /// aborted command's buffers and may send its tag again.
+        awaiting: Vec<CmdId>,
+        /// The core's answer, held until `awaiting` is empty.
+        rsp: Option<Box<RspPlan>>,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -328,6 +340,9 @@ pub struct Channel {
     aer_queued: bool,
     aer_out: Option<Tag>,
     aer_backlog: VecDeque<(Lun, Vec<u8>)>,
+    /// TMFs whose response waits for tasks (`Phase::Tmf::awaiting`), so
+    /// a completion looks only at them.
+    tmfs_waiting: Vec<CmdId>,
     stats: ChannelStats,
 }
 
@@ -355,6 +370,7 @@ impl Channel {
             aer_queued: false,
             aer_out: None,
             aer_backlog: VecDeque::new(),
+            tmfs_waiting: Vec::new(),
             stats: ChannelStats::default(),
         }
     }
@@ -499,6 +515,8 @@ impl Channel {
             _ => return false,
         }
         if done.aborted {
+            // Reaped at once (a task with the core has no op posted),
+            // which lets a TMF waiting for it answer.
             self.drop_task(id);
             self.maybe_cred_req();
             return true;
@@ -547,6 +565,10 @@ impl Channel {
             self.post_segments(id, &segs, false, |o| Local::DataIn { offset: o });
             self.respond_draining(id, rsp);
         }
+        // It completed before the abort took it: its data-in and response
+        // are queued now, so a TMF response waiting for it goes behind
+        // them and the initiator sees the command end first.
+        self.settled(id);
         self.maybe_cred_req();
         true
     }
@@ -554,10 +576,10 @@ impl Channel {
     /// The SCSI core finished a task management function. Returns false if
     /// the channel does not know it.
     pub fn handle_tmf_done(&mut self, cmd: CmdId, code: RspCode) -> bool {
-        let Some(t) = self.tasks.get(&cmd) else {
+        let Some(t) = self.tasks.get_mut(&cmd) else {
             return false;
         };
-        if !matches!(t.phase, Phase::Tmf) || t.aborted {
+        if !matches!(t.phase, Phase::Tmf { rsp: None, .. }) || t.aborted {
             return false;
         }
         let ok = code == RspCode::Complete;
@@ -577,7 +599,15 @@ impl Channel {
             resp: Some(code),
             sense: Vec::new(),
         };
-        self.respond(cmd, rsp);
+        match &mut t.phase {
+            Phase::Tmf {
+                awaiting,
+                rsp: held,
+            } if !awaiting.is_empty() => {
+                *held = Some(Box::new(rsp));
+            }
+            _ => self.respond(cmd, rsp),
+        }
         self.maybe_cred_req();
         true
     }
@@ -809,7 +839,7 @@ impl Channel {
         let ids: Vec<CmdId> = self.tasks.keys().copied().collect();
         for id in ids {
             if let Some(t) = self.tasks.get_mut(&id) {
-                if matches!(t.phase, Phase::Core | Phase::Tmf) && !t.aborted {
+                if matches!(t.phase, Phase::Core | Phase::Tmf { rsp: None, .. }) && !t.aborted {
                     self.events.push_back(Output::Abort(id));
                 }
                 t.aborted = true;
@@ -865,6 +895,39 @@ impl Channel {
         if self.tasks.get(&id).is_some_and(|t| t.aborted && t.ops == 0) {
             self.tasks.remove(&id);
             self.events.push_back(Output::Release(id));
+            self.settled(id);
+        }
+    }
+
+    /// Task `id` can no longer touch initiator memory or the medium behind
+    /// the channel's back (it ended, or what it still sends is queued):
+    /// TMFs waiting for it stop waiting, and those the core has answered
+    /// send their response now.
+    fn settled(&mut self, id: CmdId) {
+        if self.tmfs_waiting.is_empty() {
+            return;
+        }
+        let mut ready = Vec::new();
+        let tasks = &mut self.tasks;
+        self.tmfs_waiting.retain(|tmf| {
+            let Some(t) = tasks.get_mut(tmf) else {
+                // Ended with the channel.
+                return false;
+            };
+            let Phase::Tmf { awaiting, rsp } = &mut t.phase else {
+                return false;
+            };
+            awaiting.retain(|a| *a != id);
+            if !awaiting.is_empty() {
+                return true;
+            }
+            if let Some(rsp) = rsp.take().filter(|_| !t.aborted) {
+                ready.push((*tmf, *rsp));
+            }
+            false
+        });
+        for (tmf, rsp) in ready {
+            self.respond(tmf, rsp);
         }
     }
 
@@ -1244,7 +1307,10 @@ impl Channel {
             inn: Xfer::None,
             in_total: 0,
             immediate: None,
-            phase: Phase::Tmf,
+            phase: Phase::Tmf {
+                awaiting: Vec::new(),
+                rsp: None,
+            },
             ops: 0,
             aborted: false,
         };
@@ -1270,32 +1336,55 @@ impl Channel {
             };
             return self.respond(id, rsp);
         }
+        // The tasks the function reaches, as the core picks them (an ACA
+        // task for CLEAR ACA).
+        let hits = |x: &Task| match tm.func {
+            TmFunc::AbortTask => x.tag == tm.task_tag,
+            TmFunc::AbortTaskSet | TmFunc::ClearTaskSet | TmFunc::LogicalUnitReset => {
+                x.lun == tm.lun
+            }
+            TmFunc::ClearAca => x.lun == tm.lun && x.attr == TaskAttr::Aca,
+            _ => false,
+        };
         // Tasks the core has not seen yet (fetching tables or data-out)
         // are aborted here; the core aborts the ones it holds.
         let local: Vec<CmdId> = self
             .tasks
             .iter()
             .filter(|(_, x)| {
-                !x.aborted && matches!(x.phase, Phase::Table { .. } | Phase::Fetch { .. })
-            })
-            .filter(|(_, x)| match tm.func {
-                TmFunc::AbortTask => x.tag == tm.task_tag,
-                TmFunc::AbortTaskSet | TmFunc::ClearTaskSet | TmFunc::LogicalUnitReset => {
-                    x.lun == tm.lun
-                }
-                _ => false,
+                !x.aborted
+                    && matches!(x.phase, Phase::Table { .. } | Phase::Fetch { .. })
+                    && tm.func != TmFunc::ClearAca
+                    && hits(x)
             })
             .map(|(id, _)| *id)
             .collect();
-        for v in local {
+        for &v in &local {
             self.drop_task(v);
         }
+        // What the response waits for: the tasks dropped here whose posted
+        // READs have not completed, and the tasks with the core.
+        let awaiting: Vec<CmdId> = self
+            .tasks
+            .iter()
+            .filter(|(id, x)| {
+                (local.contains(id) && x.ops > 0)
+                    || (!x.aborted && matches!(x.phase, Phase::Core) && hits(x))
+            })
+            .map(|(id, _)| *id)
+            .collect();
         let task = task.filter(|c| {
             self.tasks
                 .get(c)
                 .is_some_and(|x| !x.aborted && matches!(x.phase, Phase::Core))
         });
-        t.phase = Phase::Tmf;
+        if !awaiting.is_empty() {
+            self.tmfs_waiting.push(id);
+        }
+        t.phase = Phase::Tmf {
+            awaiting,
+            rsp: None,
+        };
         self.tasks.insert(id, t);
         self.tags.insert(tm.tag, id);
         self.events.push_back(Output::Tmf(TmfRequest {

@@ -53,6 +53,20 @@
 //! nexus. More than [`RESERVED_RECV`] such IUs while none is answered eat
 //! into other channels' receives, so the channel is then logged out.
 //!
+//! # Task management
+//!
+//! Commands still fetching tables or data-out are aborted by the channel
+//! itself; those with the SCSI core are aborted by the core, which only
+//! marks them (a running I/O finishes). The response to an SRP_TSK_MGMT
+//! goes out once the core answered it ([`Channel::handle_tmf_done`]) and
+//! every command the function reaches is back from the core
+//! ([`Channel::handle_scsi_done`], aborted or not) and every RDMA op
+//! already handed out for a command aborted here has completed. A command that completed before the abort
+//! took it is answered normally, its data-in and SRP_RSP ahead of the TMF
+//! response. So once the initiator has the TMF response, no aborted
+//! command touches its memory or the medium again, and it may reuse their
+//! buffers and tags.
+//!
 //! # What the target refuses
 //!
 //! Protocol violations close the channel with an SRP_T_LOGOUT giving the
