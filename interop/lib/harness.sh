@@ -182,18 +182,33 @@ vm_start() {
   mac=$(printf '52:54:00:77:00:%02x' "$octet")
   nsx ip tuntap add dev "$tap" mode tap
   nsx ip link set "$tap" master "$BRIDGE" up
-  local append="console=ttyS0 quiet loglevel=4 panic=-1 rdinit=/init"
+  local append="console=ttyS0 quiet loglevel=4 panic=-1 rdinit=/init ${INTEROP_KERNEL_ARGS:-}"
   append+=" interop.scenario=$SCENARIO interop.vm=$name interop.role=$role"
   append+=" interop.ip=$NET.$octet/24 interop.hosts=$HOSTS_ARG"
   append+=" interop.timeout=$(tmo "$SCENARIO_GUEST_TIMEOUT")"
+  # INTEROP_QEMU_MONITOR=1: an HMP monitor socket per VM in the results
+  # folder (for `info virtio-queue-status` and the like while debugging).
+  local monitor=none
+  [ "${INTEROP_QEMU_MONITOR:-0}" = 1 ] && monitor="unix:$RUN_DIR/monitor-$name.sock,server,nowait"
+  # The guest NIC. With virtio's event-index notifications (qemu's
+  # default) a guest's TX queue under TCG now and then stopped for good:
+  # the guest had added 233 packets past the index qemu asked to be told
+  # about and never notified it again (qemu 7.2 `info virtio-queue-status`
+  # plus the rings read with `xp`), so Linux's rxe went silent mid-transfer
+  # in about one run in five. Without event indexes the guest notifies
+  # whenever qemu has not suppressed it, so a lost notification costs one
+  # packet's delay, not the VM's network. INTEROP_NIC / INTEROP_NIC_OPTS
+  # override (INTEROP_NIC_OPTS= for qemu's defaults).
+  local nic_opts=${INTEROP_NIC_OPTS-event_idx=off}
   # The host-side bound covers boot, the guest's own bound and poweroff.
   ip netns exec "$NS" timeout -k 10 "$(tmo $(( SCENARIO_GUEST_TIMEOUT + 300 )))" \
     qemu-system-x86_64 -accel tcg -m "$VM_MEM" -smp 1 \
-    -nodefaults -no-user-config -display none -monitor none -no-reboot \
+    -nodefaults -no-user-config -display none -no-reboot \
+    -monitor "$monitor" \
     -serial "file:$RUN_DIR/console-$name.log" \
     -kernel "$IMAGE_DIR/vmlinuz" -initrd "$RUN_DIR/initrd.cpio" -append "$append" \
     -netdev "tap,id=n0,ifname=$tap,script=no,downscript=no" \
-    -device "virtio-net-pci,netdev=n0,mac=$mac" \
+    -device "${INTEROP_NIC:-virtio-net-pci}${nic_opts:+,$nic_opts},netdev=n0,mac=$mac" \
     >"$RUN_DIR/qemu-$name.log" 2>&1 &
   VM_PIDS[$name]=$!
   log "  vm $name ($role) $NET.$octet started"
@@ -208,9 +223,23 @@ vms_alive() {
   return 1
 }
 
-# Wait until every VM has exited (guests power off after their marker).
+# vm_wait_all [GRACE]: wait until every VM has exited (guests power off
+# after their marker). With GRACE seconds (the host side already failed),
+# VMs still running after that are stopped: a guest waiting for a message
+# the failed host side never sends must not hold the run for its whole
+# timeout.
 vm_wait_all() {
-  local name rc
+  local grace=${1:-} name rc end
+  if [ -n "$grace" ]; then
+    end=$(( $(date +%s) + grace ))
+    while vms_alive && [ "$(date +%s)" -lt "$end" ]; do sleep 1; done
+    for name in "${!VM_PIDS[@]}"; do
+      if kill -0 "${VM_PIDS[$name]}" 2>/dev/null; then
+        log "  vm $name still runs ${grace} s after the host side failed: stopping it"
+        kill -TERM "${VM_PIDS[$name]}" 2>/dev/null || true
+      fi
+    done
+  fi
   for name in "${!VM_PIDS[@]}"; do
     rc=0
     wait "${VM_PIDS[$name]}" || rc=$?
@@ -281,12 +310,12 @@ scenario_run() {
     vm_start "$vname" "$voct" "$vrole"
   done
 
-  local host_rc=0 reason=
+  local host_rc=0 reason= NOTES=
   if declare -F host_main >/dev/null; then
     host_main >"$RUN_DIR/host.log" 2>&1 || host_rc=$?
     [ "$host_rc" -eq 0 ] || reason="host side failed (status $host_rc, see host.log)"
   fi
-  vm_wait_all
+  if [ "$host_rc" -eq 0 ]; then vm_wait_all; else vm_wait_all "$(tmo 60)"; fi
   capture_stop
   T_VMS=$(( $(date +%s) - T_START ))
 
@@ -302,6 +331,9 @@ scenario_run() {
     esac
     # Timings, and measurements (THROUGHPUT lines) kept in the run's log.
     grep -a -E '^\[guest [^]]*\] (timing|THROUGHPUT)' "$con" 2>/dev/null | tr -d '\r' | sed "s/^/  /" >&2 || true
+    # What the guest noticed about its own NIC (see guest/init).
+    line=$(grep -a -m1 '^INTEROP-NOTE ' "$con" 2>/dev/null | tr -d '\r' || true)
+    [ -z "$line" ] || { NOTES="${NOTES:+$NOTES; }${line#INTEROP-NOTE }"; echo "  $line" >&2; }
   done
   capture_check
   [ -z "$CAP_PROBLEM" ] || reason="${reason:+$reason; }capture: $CAP_PROBLEM"
@@ -322,7 +354,7 @@ scenario_run() {
     return 0
   fi
   rm -f "$RUN_DIR/initrd.cpio" "$RUN_DIR/overlay.cpio"
-  echo "INTEROP-FAIL $name: $reason"
+  echo "INTEROP-FAIL $name: $reason${NOTES:+ [guest notes: $NOTES]}"
   log "logs and capture kept in $RUN_DIR"
   return 1
 }

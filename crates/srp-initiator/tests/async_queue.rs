@@ -7,7 +7,7 @@
 mod common;
 
 use blockload::BlockDevice;
-use common::{connect, fabric, target_port, wait_for, Gate};
+use common::{connect, fabric, target_port, wait_for, Gate, Held, Hold};
 use rdma_types::Guid;
 use srp::initiator::ChannelConfig;
 use srp_initiator::disk::Disk;
@@ -19,32 +19,7 @@ use std::sync::Arc;
 const TARGET_GUID: u64 = 0x0002_c903_0000_5111;
 const INIT_GUID: u64 = 0x0002_c903_0000_5222;
 
-/// A RAM store whose flush waits at the gate.
-struct HeldFlush {
-    ram: scsi::Ram,
-    gate: Arc<Gate>,
-}
-
-impl scsi::Backend for HeldFlush {
-    fn size(&self) -> u64 {
-        self.ram.size()
-    }
-    fn read(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
-        self.ram.read(offset, buf)
-    }
-    fn write(&self, offset: u64, data: &[u8], fua: bool) -> std::io::Result<()> {
-        self.ram.write(offset, data, fua)
-    }
-    fn flush(&self) -> std::io::Result<()> {
-        self.gate.pass();
-        self.ram.flush()
-    }
-    fn unmap(&self, offset: u64, len: u64) -> std::io::Result<()> {
-        self.ram.unmap(offset, len)
-    }
-}
-
-/// LUN 0 of a target port whose store is `HeldFlush`; `thin`: with
+/// LUN 0 of a target port whose store holds its flushes at `gate`; `thin`: with
 /// logical block provisioning (UNMAP).
 fn disk(thin: bool, gate: Arc<Gate>) -> (Disk, Arc<TargetPort>) {
     let provider: Arc<dyn verbs::Provider> = fabric(&[TARGET_GUID, INIT_GUID]);
@@ -54,10 +29,7 @@ fn disk(thin: bool, gate: Arc<Gate>) -> (Disk, Arc<TargetPort>) {
             thin,
             ..Default::default()
         },
-        Arc::new(HeldFlush {
-            ram: scsi::Ram::new(4 << 20),
-            gate,
-        }),
+        Arc::new(Held::new(4 << 20, gate, Hold::Flushes)),
     )
     .unwrap();
     let port = target_port(

@@ -4,14 +4,14 @@
 
 mod common;
 
-use common::{connect, fabric, ram, soft_pair, target_port, wait_for, Gate};
+use common::{connect, fabric, ram, soft_pair, target_port, wait_for, Gate, Held, Hold};
 use rdma_types::Guid;
 use srp::initiator::{ChannelConfig, Status};
 use srp::wire::TaskAttr;
 use srp_initiator::disk::Disk;
 use srp_initiator::session::{Session, SessionConfig, Xfer};
 use srp_target::{PortOptions, TargetPort};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 const TARGET_GUID: u64 = 0x0002_c903_0000_1111;
@@ -304,40 +304,6 @@ fn lun_reset_during_verified_io() {
     assert_eq!(st.protocol_errors, 0, "{st:?}");
 }
 
-/// A RAM store whose WRITEs wait at the gate; counts the WRITEs that
-/// returned. Not a store that never blocks, so the port runs every
-/// command on its workers.
-struct HeldWrites {
-    ram: scsi::Ram,
-    gate: Arc<Gate>,
-    written: AtomicU64,
-}
-
-impl scsi::Backend for HeldWrites {
-    fn size(&self) -> u64 {
-        self.ram.size()
-    }
-    fn read(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
-        self.ram.read(offset, buf)
-    }
-    fn write(&self, offset: u64, data: &[u8], fua: bool) -> std::io::Result<()> {
-        self.gate.pass();
-        let r = self.ram.write(offset, data, fua);
-        self.written.fetch_add(1, Ordering::SeqCst);
-        r
-    }
-    /// One WRITE is one wait and one count, in however many pieces.
-    fn write_vectored(&self, offset: u64, bufs: &[&[u8]], fua: bool) -> std::io::Result<()> {
-        self.gate.pass();
-        let r = self.ram.write_vectored(offset, bufs, fua);
-        self.written.fetch_add(1, Ordering::SeqCst);
-        r
-    }
-    fn flush(&self) -> std::io::Result<()> {
-        self.ram.flush()
-    }
-}
-
 fn write10(lba: u32, blocks: u16) -> Vec<u8> {
     let mut c = vec![0x2a, 0, 0, 0, 0, 0, 0, 0, 0, 0];
     c[2..6].copy_from_slice(&lba.to_be_bytes());
@@ -354,11 +320,7 @@ fn write10(lba: u32, blocks: u16) -> Vec<u8> {
 #[test]
 fn lun_reset_waits_for_the_write_it_aborts_and_aborts_the_queued_one() {
     let gate = Arc::new(Gate::default());
-    let store = Arc::new(HeldWrites {
-        ram: scsi::Ram::new(4 << 20),
-        gate: gate.clone(),
-        written: AtomicU64::new(0),
-    });
+    let store = Arc::new(Held::new(4 << 20, gate.clone(), Hold::Writes));
     let dev = scsi::Device::new(scsi::DeviceConfig::default(), store.clone()).unwrap();
     let fabric: Arc<dyn verbs::Provider> = fabric(&[TARGET_GUID, INIT_GUID]);
     let chan = ChannelConfig::new(0x11, Guid(INIT_GUID), TARGET_GUID, Guid(TARGET_GUID));

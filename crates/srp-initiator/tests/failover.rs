@@ -20,7 +20,7 @@
 
 mod common;
 
-use common::{connect, fabric, target_port, wait_for, Direct, Gate};
+use common::{connect, fabric, target_port, wait_for, Direct, Gate, Held, Hold};
 use rdma_types::{Duration, Guid, PortNum};
 use srp::initiator::ChannelConfig;
 use srp_initiator::disk::Disk;
@@ -35,29 +35,6 @@ use std::sync::{Arc, Mutex};
 const TARGET_GUID: u64 = 0x0002_c903_0000_3111;
 const INIT_A: u64 = 0x0002_c903_0000_3222;
 const INIT_B: u64 = 0x0002_c903_0000_3333;
-
-/// A RAM LU whose writes wait while the gate is closed: the target has
-/// the command (acknowledged by the transport) but does not answer.
-struct HeldRam {
-    ram: scsi::Ram,
-    gate: Arc<Gate>,
-}
-
-impl scsi::Backend for HeldRam {
-    fn size(&self) -> u64 {
-        self.ram.size()
-    }
-    fn read(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
-        self.ram.read(offset, buf)
-    }
-    fn write(&self, offset: u64, data: &[u8], fua: bool) -> std::io::Result<()> {
-        self.gate.pass();
-        self.ram.write(offset, data, fua)
-    }
-    fn flush(&self) -> std::io::Result<()> {
-        self.ram.flush()
-    }
-}
 
 /// A target port on `provider` with one LU over `backend`.
 fn target(provider: &Arc<dyn verbs::Provider>, backend: Arc<dyn scsi::Backend>) -> Arc<TargetPort> {
@@ -80,10 +57,7 @@ fn a_link_dying_after_every_command_was_acknowledged_is_found_by_the_probe() {
     let held = Arc::new(Gate::default());
     let port = target(
         &provider,
-        Arc::new(HeldRam {
-            ram: scsi::Ram::new(1 << 20),
-            gate: held.clone(),
-        }),
+        Arc::new(Held::new(1 << 20, held.clone(), Hold::Writes)),
     );
     let chan = ChannelConfig::new(1, Guid(INIT_A), TARGET_GUID, Guid(TARGET_GUID));
     let mut cfg = SessionConfig::new(chan);

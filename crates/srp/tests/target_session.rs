@@ -917,10 +917,9 @@ fn abort_task_on_a_command_with_the_core() {
     );
 }
 
-#[test]
-fn abort_task_set_stops_a_command_still_fetching_data_out() {
-    let (mut t, id) = setup(cfg());
-    let ch = t.channel_mut(id).unwrap();
+/// A 200 000-byte WRITE (tag 1) whose data-out the channel is fetching:
+/// its four READs handed to a driver that holds their completions.
+fn fetching_200k(ch: &mut Channel) -> (Driver, CmdId) {
     let mut drv = Driver {
         defer: true,
         ..Driver::default()
@@ -932,9 +931,16 @@ fn abort_task_set_stops_a_command_still_fetching_data_out() {
         DataDesc::None,
     ));
     drv.run(ch);
-    let posted = drv.rdma_log.len();
-    assert_eq!(posted, 4);
-    let cmd_id = drv.rdma_log[0].1.cmd;
+    assert_eq!(drv.rdma_log.len(), 4, "four READs posted");
+    let id = drv.rdma_log[0].1.cmd;
+    (drv, id)
+}
+
+#[test]
+fn abort_task_set_stops_a_command_still_fetching_data_out() {
+    let (mut t, id) = setup(cfg());
+    let ch = t.channel_mut(id).unwrap();
+    let (mut drv, cmd_id) = fetching_200k(ch);
     ch.handle_recv(&tmf(2, TmFunc::AbortTaskSet, 0));
     drv.run(ch);
     assert_eq!(drv.tmfs[0].task, None);
@@ -1071,19 +1077,7 @@ fn abort_task_of_a_command_still_running_answers_once_it_returns() {
 fn abort_task_set_answered_first_still_waits_for_posted_reads() {
     let (mut t, id) = setup(cfg());
     let ch = t.channel_mut(id).unwrap();
-    let mut drv = Driver {
-        defer: true,
-        ..Driver::default()
-    };
-    drv.remote.insert(1, vec![0; 300_000]);
-    ch.handle_recv(&cmd(
-        1,
-        DataDesc::Direct(d(base(1), 1, 200_000)),
-        DataDesc::None,
-    ));
-    drv.run(ch);
-    assert_eq!(drv.rdma_log.len(), 4);
-    let victim = drv.rdma_log[0].1.cmd;
+    let (mut drv, victim) = fetching_200k(ch);
     ch.handle_recv(&tmf(2, TmFunc::AbortTaskSet, 0));
     drv.run(ch);
     assert!(ch.handle_tmf_done(drv.tmfs[0].cmd, RspCode::Complete));

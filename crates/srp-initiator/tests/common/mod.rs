@@ -179,6 +179,65 @@ impl Gate {
     }
 }
 
+/// Which calls of a [`Held`] store wait at its gate.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Hold {
+    Writes,
+    Flushes,
+}
+
+/// A RAM store whose WRITEs (or flushes) wait at the gate while it is
+/// closed: the target has the command but does not answer. Counts the
+/// WRITEs that returned, one per command however many pieces it has.
+pub struct Held {
+    pub ram: scsi::Ram,
+    pub gate: Arc<Gate>,
+    pub hold: Hold,
+    pub written: AtomicU64,
+}
+
+impl Held {
+    pub fn new(bytes: u64, gate: Arc<Gate>, hold: Hold) -> Held {
+        Held {
+            ram: scsi::Ram::new(bytes),
+            gate,
+            hold,
+            written: AtomicU64::new(0),
+        }
+    }
+
+    fn pass(&self, what: Hold) {
+        if self.hold == what {
+            self.gate.pass();
+        }
+    }
+}
+
+impl scsi::Backend for Held {
+    fn size(&self) -> u64 {
+        self.ram.size()
+    }
+    fn read(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        self.ram.read(offset, buf)
+    }
+    fn write(&self, offset: u64, data: &[u8], fua: bool) -> std::io::Result<()> {
+        self.write_vectored(offset, &[data], fua)
+    }
+    fn write_vectored(&self, offset: u64, bufs: &[&[u8]], fua: bool) -> std::io::Result<()> {
+        self.pass(Hold::Writes);
+        let r = self.ram.write_vectored(offset, bufs, fua);
+        self.written.fetch_add(1, Ordering::SeqCst);
+        r
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        self.pass(Hold::Flushes);
+        self.ram.flush()
+    }
+    fn unmap(&self, offset: u64, len: u64) -> std::io::Result<()> {
+        self.ram.unmap(offset, len)
+    }
+}
+
 /// Waits (bounded by `secs`) until `cond` holds.
 pub fn wait_for(what: &str, secs: u64, mut cond: impl FnMut() -> bool) {
     let end = Instant::now() + Duration::from_secs(secs);
