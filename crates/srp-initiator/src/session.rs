@@ -900,8 +900,7 @@ impl Session {
         xfer: Xfer<'_>,
         attr: TaskAttr,
     ) -> Result<CmdResult, SessionError> {
-        let c = self.start(lun, cdb, &xfer, attr)?;
-        Ok(self.finish(c, xfer))
+        self.execute_marked(lun, cdb, xfer, attr, false)
     }
 
     /// [`Session::execute_attr`] for a command sent again because an
@@ -917,7 +916,18 @@ impl Session {
         xfer: Xfer<'_>,
         attr: TaskAttr,
     ) -> Result<CmdResult, SessionError> {
-        let c = self.start_marked(lun, cdb, &xfer, attr, true)?;
+        self.execute_marked(lun, cdb, xfer, attr, true)
+    }
+
+    fn execute_marked(
+        &self,
+        lun: Lun,
+        cdb: &[u8],
+        xfer: Xfer<'_>,
+        attr: TaskAttr,
+        retry: bool,
+    ) -> Result<CmdResult, SessionError> {
+        let c = self.start_marked(lun, cdb, &xfer, attr, retry)?;
         Ok(self.finish(c, xfer))
     }
 

@@ -122,6 +122,17 @@ fn base(key: u32) -> u64 {
 }
 
 impl Driver {
+    /// What is posted and not yet completed, in order: "send" or "rdma".
+    fn posted_kinds(&self) -> Vec<&'static str> {
+        self.pending
+            .iter()
+            .map(|p| match p {
+                Pending::Send => "send",
+                _ => "rdma",
+            })
+            .collect()
+    }
+
     fn run(&mut self, ch: &mut Channel) {
         loop {
             while let Some(o) = ch.poll_output() {
@@ -667,14 +678,7 @@ fn data_in_by_rdma_write_then_the_response_behind_them_and_the_buffer_held_until
     // The response is posted at once, behind the WRITEs on the same QP (RC
     // executes them in order: the initiator has the data before the
     // response), as Linux ib_srpt chains them.
-    let order: Vec<&str> = drv
-        .pending
-        .iter()
-        .map(|p| match p {
-            Pending::Send => "send",
-            _ => "rdma",
-        })
-        .collect();
+    let order = drv.posted_kinds();
     assert_eq!(order, ["rdma", "rdma", "rdma", "send"]);
     let rsp0 = rsp(&drv.last_iu());
     assert_eq!((rsp0.status, rsp0.flags.0, rsp0.req_lim_delta), (0, 0, 1));
@@ -997,14 +1001,7 @@ fn abort_task_answered_before_the_command_returns_waits_behind_its_data_in() {
     drv.in_buf.insert(victim, data.clone());
     assert!(ch.handle_scsi_done(ScsiDone::good(victim, 4096)));
     drv.run(ch);
-    let order: Vec<&str> = drv
-        .pending
-        .iter()
-        .map(|p| match p {
-            Pending::Send => "send",
-            _ => "rdma",
-        })
-        .collect();
+    let order = drv.posted_kinds();
     assert_eq!(
         order,
         ["rdma", "send", "send"],
@@ -1040,24 +1037,17 @@ fn abort_task_of_a_command_still_running_answers_once_it_returns() {
     let tm = drv.tmfs[0];
     assert!(ch.handle_tmf_done(tm.cmd, RspCode::Complete));
     drv.run(ch);
-    assert!(
-        drv.sends.is_empty(),
-        "answered with two commands still running"
-    );
-    assert!(ch.handle_scsi_done(ScsiDone {
-        aborted: true,
-        ..ScsiDone::good(a, 0)
-    }));
-    drv.run(ch);
-    assert!(
-        drv.sends.is_empty(),
-        "answered with one command still running"
-    );
-    assert!(ch.handle_scsi_done(ScsiDone {
-        aborted: true,
-        ..ScsiDone::good(b, 0)
-    }));
-    drv.run(ch);
+    for (running, back) in [(2, a), (1, b)] {
+        assert!(
+            drv.sends.is_empty(),
+            "answered with {running} commands still running"
+        );
+        assert!(ch.handle_scsi_done(ScsiDone {
+            aborted: true,
+            ..ScsiDone::good(back, 0)
+        }));
+        drv.run(ch);
+    }
     assert_eq!(drv.sends.len(), 1, "only the TMF response");
     let r = rsp(&drv.last_iu());
     assert_eq!(
