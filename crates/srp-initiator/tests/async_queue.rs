@@ -119,7 +119,7 @@ fn abort_oldest_passes_by_a_retried_command() {
     use srp::wire::{Lun, TaskAttr};
     use srp_initiator::session::Xfer;
     let gate = Arc::new(Gate::default());
-    let (d, _port) = disk(false, gate.clone());
+    let (d, port) = disk(false, gate.clone());
     let sess = d.session().clone();
     const SYNC10: [u8; 10] = [0x35, 0, 0, 0, 0, 0, 0, 0, 0, 0];
     gate.set(true);
@@ -136,11 +136,24 @@ fn abort_oldest_passes_by_a_retried_command() {
         gate.held.load(Ordering::SeqCst) == 2
     });
     assert!(sess.abort_oldest(), "an abort was sent");
-    wait_for("the abort answered", 10, || sess.stats().tmfs == 1);
+    // The target answers only once the aborted flush is back from the
+    // store, so the gate opens first, but only after the SCSI core has
+    // marked the task: the port counts the TMF in the same hold of its
+    // lock that runs it, so once the count shows, taking that lock
+    // (`sessions`) waits for the core to have been told.
+    wait_for("the abort at the target", 10, || {
+        port.lun_stats()
+            .iter()
+            .map(|l| l.counters.tmfs)
+            .sum::<u64>()
+            == 1
+    });
+    let _ = port.sessions();
     gate.set(false);
     let first = first.join().unwrap().unwrap();
     let retried = retried.join().unwrap().unwrap();
     assert_eq!(first.status, srp::initiator::Status::Aborted, "{first:?}");
     assert!(retried.good(), "{retried:?}");
     assert_eq!(sess.stats().aborted, 1);
+    assert_eq!(sess.stats().tmfs, 1);
 }
