@@ -28,7 +28,7 @@
 pub mod bytes;
 mod stamp;
 
-pub use stamp::{check_unit, fill_unit, Mismatch, UNIT};
+pub use stamp::{check_unit, fill_unit, offset_units, Mismatch, UNIT};
 
 use serde::Serialize;
 use std::io;

@@ -119,9 +119,38 @@ pub fn check_unit(unit: &[u8], offset: u64, gen: u32, seed: u32) -> Result<(), M
     Ok(())
 }
 
+/// `len` bytes as they belong at byte offset `at`, for tests that move
+/// hundreds of MiB in big transfers: every unit starts with its own byte
+/// offset, then noise shifted by the unit number, so a misplaced unit
+/// shows. Built by copies, which a debug build does at memcpy speed (the
+/// CRC'd stamp of [`fill_unit`] costs seconds per 100 MiB there).
+pub fn offset_units(at: u64, len: usize) -> Vec<u8> {
+    assert_eq!(len % UNIT, 0, "whole units of {UNIT} bytes");
+    let noise: Vec<u8> = (0..2 * UNIT).map(|i| (i * 13 + i / 7) as u8).collect();
+    let mut v = vec![0u8; len];
+    for (k, unit) in v.chunks_exact_mut(UNIT).enumerate() {
+        let off = at + (k * UNIT) as u64;
+        let n = (off / UNIT as u64 % 509) as usize;
+        unit.copy_from_slice(&noise[n..n + UNIT]);
+        unit[..8].copy_from_slice(&off.to_le_bytes());
+    }
+    v
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn offset_units_say_where_they_belong_and_differ() {
+        let v = offset_units(8 * UNIT as u64, 3 * UNIT);
+        for (k, u) in v.chunks(UNIT).enumerate() {
+            let off = u64::from_le_bytes(u[..8].try_into().unwrap());
+            assert_eq!(off, ((8 + k) * UNIT) as u64);
+        }
+        assert_ne!(v[8..UNIT], v[UNIT + 8..2 * UNIT], "noise shifts per unit");
+        assert_eq!(offset_units(9 * UNIT as u64, UNIT), v[UNIT..2 * UNIT]);
+    }
 
     #[test]
     fn a_stamp_checks_and_every_kind_of_damage_is_named() {

@@ -152,18 +152,7 @@ fn large_transfers_through_direct_and_indirect_descriptors() {
 fn hundred_mib_verified_through_every_descriptor_kind() {
     const MIB: u64 = 1 << 20;
     let s = setup(100 * MIB);
-    // Built by copies: a debug build does those at memcpy speed.
-    let noise: Vec<u8> = (0..1024usize).map(|i| (i * 13 + i / 7) as u8).collect();
-    let stamped = |at: u64, len: usize| -> Vec<u8> {
-        let mut v = vec![0u8; len];
-        for (k, sector) in v.chunks_mut(512).enumerate() {
-            let off = at + (k * 512) as u64;
-            let n = (off / 512 % 509) as usize;
-            sector.copy_from_slice(&noise[n..n + 512]);
-            sector[..8].copy_from_slice(&off.to_le_bytes());
-        }
-        v
-    };
+    let stamped = blockload::offset_units;
     let chunk = 4 << 20;
     let mut total = 0;
     // (what, cmd_sg_entries, segment, allow_ext_sg, MiB, bytes per write)
@@ -258,6 +247,31 @@ fn over_soft_roce_verified_io_and_large_transfers() {
     assert!(r.verified_bytes > 0, "{}", r.table());
 }
 
+/// Runs `w` on `disk` in a thread and, each time `sess` has completed
+/// `every` more commands, calls `act` (a task management function), until
+/// the workload ends or `act` has succeeded `max` times. Returns the
+/// workload's report and how often `act` succeeded.
+fn during(
+    sess: &Session,
+    disk: Arc<dyn blockload::BlockDevice>,
+    w: blockload::Workload,
+    every: u64,
+    max: u32,
+    mut act: impl FnMut() -> bool,
+) -> (blockload::Report, u32) {
+    let run = std::thread::spawn(move || blockload::run(disk, &w, |_| {}).unwrap());
+    let mut acted = 0;
+    while !run.is_finished() && acted < max {
+        let done = sess.stats().completed;
+        while sess.stats().completed < done + every && !run.is_finished() {
+            std::thread::yield_now();
+        }
+        if !run.is_finished() && act() {
+            acted += 1;
+        }
+    }
+    (run.join().unwrap(), acted)
+}
 /// LOGICAL UNIT RESET while a verified workload runs (what `sg_reset
 /// --device` does under fio): the target aborts the LUN's commands, the
 /// disk sends them again, and no data is lost or misplaced.
@@ -272,23 +286,13 @@ fn lun_reset_during_verified_io() {
     w.region = Some(8 << 20);
     w.size = Some(48 << 20);
     w.runtime = std::time::Duration::from_secs(120);
-    let run = std::thread::spawn(move || blockload::run(disk, &w, |_| {}).unwrap());
     let lun = srp::wire::Lun::from_u64(0);
-    let mut resets = 0;
-    while !run.is_finished() && resets < 10 {
-        // Each reset after more commands have completed, so it lands in
-        // the middle of the workload rather than in a burst.
-        let done = sess.stats().completed;
-        while sess.stats().completed < done + 200 && !run.is_finished() {
-            std::thread::yield_now();
-        }
-        if run.is_finished() {
-            break;
-        }
+    // Each reset after 200 more commands, so it lands in the middle of
+    // the workload rather than in a burst.
+    let (r, resets) = during(&sess, disk, w, 200, 10, || {
         sess.reset_lun(lun).expect("LUN reset");
-        resets += 1;
-    }
-    let r = run.join().unwrap();
+        true
+    });
     assert!(r.ok(), "{}", r.table());
     assert!(r.verified_bytes > 4 << 20, "{}", r.table());
     assert!(
@@ -296,7 +300,7 @@ fn lun_reset_during_verified_io() {
         "only {resets} resets landed during the workload"
     );
     let st = sess.stats();
-    assert!(st.tmfs >= resets, "{st:?}");
+    assert!(st.tmfs >= u64::from(resets), "{st:?}");
     // The resets did cut commands short, and the disk sent them again.
     assert!(st.reset_ended > 0, "{st:?}");
     // No command the reset ended was answered after the reset's response
@@ -432,18 +436,7 @@ fn aborts_while_data_in_waits_for_chunks_lose_nothing() {
     w.region = Some(8 << 20);
     w.size = Some(96 << 20);
     w.runtime = std::time::Duration::from_secs(120);
-    let run = std::thread::spawn(move || blockload::run(disk, &w, |_| {}).unwrap());
-    let mut asked = 0;
-    while !run.is_finished() && asked < 400 {
-        let done = sess.stats().completed;
-        while sess.stats().completed < done + 2 && !run.is_finished() {
-            std::thread::yield_now();
-        }
-        if sess.abort_oldest() {
-            asked += 1;
-        }
-    }
-    let r = run.join().unwrap();
+    let (r, asked) = during(&sess, disk, w, 2, 400, || sess.abort_oldest());
     assert!(r.ok(), "{}", r.table());
     assert!(asked >= 10, "only {asked} aborts during the workload");
     let st = sess.stats();

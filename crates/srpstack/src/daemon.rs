@@ -1206,7 +1206,13 @@ impl Daemon {
             "srptd_channels",
             "Logged-in SRP channels.",
             "gauge",
-            per_target(&|t| t.port.sessions().len() as u64),
+            // From the sessions listed above, not a second walk of each port.
+            per_target(&|t| {
+                sessions
+                    .iter()
+                    .filter(|(n, _)| **n == t.port.name())
+                    .count() as u64
+            }),
         );
         let per = |f: fn(&srp_target::SessionInfo) -> u64| {
             sessions

@@ -988,21 +988,8 @@ fn soft_roce_external_tables_immediate_data_bulk_and_logout() {
         )
     });
     let dest = "127.0.154.13:5555";
-    // Every 512-byte sector says where it belongs: its byte offset, then
-    // noise shifted by the sector number. Built by copies, which a debug
-    // build does at memcpy speed (a byte-by-byte pattern of 200 MiB costs
-    // seconds there).
-    let noise: Vec<u8> = (0..1024usize).map(|i| (i * 7 + i / 13) as u8).collect();
-    let stamped = |at: u64, len: usize| -> Vec<u8> {
-        let mut v = vec![0u8; len];
-        for (k, sector) in v.chunks_mut(512).enumerate() {
-            let off = at + (k * 512) as u64;
-            let n = (off / 512 % 509) as usize;
-            sector.copy_from_slice(&noise[n..n + 512]);
-            sector[..8].copy_from_slice(&off.to_le_bytes());
-        }
-        v
-    };
+    // Every 512-byte sector says where it belongs.
+    let stamped = blockload::offset_units;
     const MIB: u64 = 1 << 20;
     let chunk = 4 << 20;
     // Writes `mib` MiB at byte offset `at` in commands of `piece` bytes,
