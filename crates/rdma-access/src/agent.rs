@@ -1317,15 +1317,55 @@ pub struct MadAgent {
     rx: Mutex<Receiver<(Gid, Box<MadBytes>)>>,
 }
 
+/// What [`MadAgent::wait`] found.
+#[derive(Debug)]
+pub enum MadWait {
+    /// An unsolicited request for the agent, and the port that sent it.
+    Request(Gid, Box<MadBytes>),
+    /// Nothing came in the time given.
+    TimedOut,
+    /// Nothing will come again: the agent was closed
+    /// ([`MadAgentCloser::close`]) or its CA was removed. A loop serving
+    /// the agent ends here rather than asking again, which would return at
+    /// once every time.
+    Closed,
+}
+
 impl MadAgent {
     /// The next unsolicited request for this agent, waiting at most
-    /// `timeout`.
+    /// `timeout`; `None` when the time passed or the agent is closed (see
+    /// [`MadAgent::wait`] to tell them apart).
     pub fn recv(&self, timeout: StdDuration) -> Option<(Gid, Box<MadBytes>)> {
-        self.rx
+        match self.wait(timeout) {
+            MadWait::Request(peer, mad) => Some((peer, mad)),
+            MadWait::TimedOut | MadWait::Closed => None,
+        }
+    }
+
+    /// The next unsolicited request for this agent, waiting at most
+    /// `timeout`, or why there is none.
+    pub fn wait(&self, timeout: StdDuration) -> MadWait {
+        match self
+            .rx
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .recv_timeout(timeout)
-            .ok()
+        {
+            Ok((peer, mad)) => MadWait::Request(peer, mad),
+            Err(RecvTimeoutError::Timeout) => MadWait::TimedOut,
+            Err(RecvTimeoutError::Disconnected) => MadWait::Closed,
+        }
+    }
+
+    /// A handle another thread uses to close this agent's receiving side,
+    /// so a thread blocked in [`MadAgent::wait`] returns at once with
+    /// [`MadWait::Closed`]: a serving loop can then wait without a timeout
+    /// to check a stop flag against.
+    pub fn closer(&self) -> MadAgentCloser {
+        MadAgentCloser {
+            port: self.port.clone(),
+            id: self.id,
+        }
     }
 
     /// Sends `mad` (a response, or a request that wants none) to `peer`.
@@ -1430,6 +1470,21 @@ impl MadAgent {
     pub(crate) fn untrack_subscription(&self, sa: Gid, trap: u16) {
         let mut st = self.port.lock();
         self.port.untrack(&mut st, TrackKey::Sub(sa, trap));
+    }
+}
+
+/// Closes a [`MadAgent`]'s receiving side from another thread
+/// ([`MadAgent::closer`]). Requests that come after are dropped; the agent
+/// stays registered (its sends work) until it is dropped.
+pub struct MadAgentCloser {
+    port: Arc<Inner>,
+    id: AgentId,
+}
+
+impl MadAgentCloser {
+    /// Closes the agent's receiving side (again is harmless).
+    pub fn close(&self) {
+        self.port.lock().mad_rx.remove(&self.id);
     }
 }
 

@@ -15,7 +15,7 @@
 //! DM MADs carry 40 reserved bytes after the common header; attribute data
 //! starts at byte 64.
 
-use crate::agent::{CmAgent, CmError, MadAgent};
+use crate::agent::{CmAgent, CmError, MadAgent, MadAgentCloser, MadWait};
 use crate::gsi::{status_reply, MadBytes};
 use rdma_mad::dm::{
     emit_service_entries, parse_service_entries, ClassPortInfo, DmAttr, IoUnitInfo, IocProfile,
@@ -23,7 +23,6 @@ use rdma_mad::dm::{
 };
 use rdma_mad::mad::{MadStatus, Method, MgmtClass, StatusCode, MAD_SIZE};
 use rdma_types::{Gid, Guid};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -222,7 +221,8 @@ pub fn get_request(attr: DmAttr, modifier: u32) -> MadBytes {
 /// registered with it, on its own thread, until dropped.
 pub struct DmService {
     unit: Arc<Mutex<IoUnit>>,
-    stop: Arc<AtomicBool>,
+    /// Wakes the serving thread for good (drop).
+    closer: MadAgentCloser,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -260,17 +260,23 @@ impl DmService {
             &[u8::from(Method::Get), u8::from(Method::Set)],
         )?;
         let unit = Arc::new(Mutex::new(IoUnit::new()));
-        let stop = Arc::new(AtomicBool::new(false));
-        let (u, s) = (unit.clone(), stop.clone());
+        let closer = agent.closer();
+        let u = unit.clone();
         let thread = std::thread::Builder::new()
             .name("dm-agent".into())
-            .spawn(move || serve(agent, u, s))
+            .spawn(move || serve(agent, u))
             .map_err(|e| CmError::Mad(format!("start the DM thread: {e}")))?;
         Ok(DmService {
             unit,
-            stop,
+            closer,
             thread: Some(thread),
         })
+    }
+
+    /// True while the serving thread runs: until the service drops or its
+    /// CA is removed.
+    pub fn is_serving(&self) -> bool {
+        self.thread.as_ref().is_some_and(|t| !t.is_finished())
     }
 
     /// Offers `ioc` in the next free slot.
@@ -295,20 +301,26 @@ impl DmService {
 
 impl Drop for DmService {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
+        self.closer.close();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
     }
 }
 
-fn serve(agent: MadAgent, unit: Arc<Mutex<IoUnit>>, stop: Arc<AtomicBool>) {
-    while !stop.load(Ordering::Relaxed) {
-        let Some((peer, req)) = agent.recv(Duration::from_millis(100)) else {
-            continue;
-        };
-        let resp = unit.lock().unwrap_or_else(|e| e.into_inner()).answer(&req);
-        agent.send(peer, resp);
+/// Answers requests until the agent closes (the service's drop, or its CA's
+/// removal): the thread sleeps until a request comes, with no periodic
+/// wake-up.
+fn serve(agent: MadAgent, unit: Arc<Mutex<IoUnit>>) {
+    loop {
+        match agent.wait(Duration::from_secs(3600)) {
+            MadWait::Request(peer, req) => {
+                let resp = unit.lock().unwrap_or_else(|e| e.into_inner()).answer(&req);
+                agent.send(peer, resp);
+            }
+            MadWait::TimedOut => {}
+            MadWait::Closed => return,
+        }
     }
 }
 

@@ -19,7 +19,7 @@
 //! as they come (a Report resent because our answer was lost is answered
 //! again but delivered once) and handed out by [`SaClient::notices`].
 
-use crate::agent::{CmAgent, CmError, MadAgent};
+use crate::agent::{CmAgent, CmError, MadAgent, MadWait};
 use crate::gsi::{status_reply, MadBytes};
 use rdma_mad::mad::{MadStatus, Method, StatusCode, MAD_SIZE};
 use rdma_mad::sa::{
@@ -28,7 +28,6 @@ use rdma_mad::sa::{
 use rdma_mad::smp::{NodeInfo, Notice, PortInfo};
 use rdma_types::{Gid, Pkey, Qpn};
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver};
 use std::sync::Arc;
 use std::time::Duration;
@@ -389,7 +388,6 @@ pub struct SaClient {
     sa: Gid,
     local: Gid,
     timing: SaTiming,
-    stop: Arc<AtomicBool>,
     notices: std::sync::Mutex<Option<Receiver<(Gid, Notice)>>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -402,18 +400,21 @@ impl SaClient {
     pub fn new(port: &CmAgent, sa: Gid, timing: SaTiming) -> Result<SaClient, CmError> {
         let agent =
             Arc::new(port.mad_agent(SA_CLASS, SA_CLASS_VERSION, &[u8::from(Method::Report)])?);
-        let stop = Arc::new(AtomicBool::new(false));
         let (tx, rx) = mpsc::channel();
-        let (a, s) = (agent.clone(), stop.clone());
+        let a = agent.clone();
         let thread = std::thread::Builder::new()
             .name("sa-notices".into())
             .spawn(move || {
                 // TIDs of the last Reports answered: a resent one is
                 // answered again but delivered once.
                 let mut seen: VecDeque<(Gid, u64)> = VecDeque::new();
-                while !s.load(Ordering::Relaxed) {
-                    let Some((peer, mad)) = a.recv(Duration::from_millis(50)) else {
-                        continue;
+                // Until the agent closes (the client's drop, or its CA's
+                // removal); no periodic wake-up.
+                loop {
+                    let (peer, mad) = match a.wait(Duration::from_secs(3600)) {
+                        MadWait::Request(peer, mad) => (peer, mad),
+                        MadWait::TimedOut => continue,
+                        MadWait::Closed => return,
                     };
                     let Some(notice) = notice_of(&mad[..]) else {
                         a.send(
@@ -443,7 +444,6 @@ impl SaClient {
             sa,
             local: port.gid(),
             timing,
-            stop,
             notices: std::sync::Mutex::new(Some(rx)),
             thread: Some(thread),
         })
@@ -622,7 +622,7 @@ impl SaClient {
 
 impl Drop for SaClient {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
+        self.agent.closer().close();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }

@@ -29,7 +29,7 @@
 //!
 //! What it refuses: a port without QP0 (a `roce` port): `start` fails.
 
-use crate::agent::{CmAgent, CmError, MadAgent};
+use crate::agent::{CmAgent, CmError, MadAgent, MadWait};
 use crate::sma::{Sma, SmaAction, SmaConfig};
 use rdma_mad::mad::Method;
 use rdma_types::{Gid, Pkey};
@@ -137,8 +137,14 @@ impl SmaAgent {
             .spawn(move || {
                 while !st.load(Ordering::Relaxed) {
                     for (agent, wait) in [(&directed, POLL), (&routed, Duration::ZERO)] {
-                        if let Some((peer, mad)) = agent.recv(wait) {
-                            answer(&sh, agent, &*apply, peer, &mad[..]);
+                        match agent.wait(wait) {
+                            MadWait::Request(peer, mad) => {
+                                answer(&sh, agent, &*apply, peer, &mad[..])
+                            }
+                            MadWait::TimedOut => {}
+                            // The CA was removed: asking again would
+                            // return at once, a busy loop until the drop.
+                            MadWait::Closed => return,
                         }
                     }
                     send_trap(&sh, &routed);

@@ -8,10 +8,11 @@
 mod mad_common;
 
 use mad_common::{loopback_cas, soft_pair};
+use rdma_access::dm::DmService;
 use rdma_access::gsi::status_reply;
 use rdma_access::resource::{AccessLayer, Client, Kind, PnpEvent};
 use rdma_access::sa::{SaClient, SaTiming};
-use rdma_access::{CmAgent, CmConfig, CmError};
+use rdma_access::{CmAgent, CmConfig, CmError, MadWait};
 use rdma_mad::mad::{MadStatus, Method};
 use rdma_mad::sa::{InformInfo, SaAttr, SA_HDR_LEN};
 use rdma_types::{AccessFlags, Guid, Lid, PortNum, Psn, QpType, Qpn};
@@ -707,6 +708,10 @@ fn a_removed_ca_ends_its_cm_ids(
         p.clone()
     };
     let (agent, mad, sa, est) = cm_objects(c, over, guid, &far, 9);
+    // A DM service: its thread sleeps until a request comes, so it must
+    // hear the removal (before, it asked again and again, at once).
+    let dm = DmService::start(&agent).unwrap();
+    assert!(dm.is_serving());
     let told = Arc::new(Told::default());
     let (t, weak) = (told.clone(), Arc::downgrade(&agent));
     agent.on_device_removal(move |r| {
@@ -757,7 +762,7 @@ fn a_removed_ca_ends_its_cm_ids(
         agent.gsi_stats().retries > 0
     });
     assert_eq!(c.live(Kind::SaSubscription), 1);
-    assert_eq!(c.live(Kind::MadAgent), 3);
+    assert_eq!(c.live(Kind::MadAgent), 4);
     let t0 = std::time::Instant::now();
     remove();
     eventually("the removed CA's tree is still there", || {
@@ -782,6 +787,13 @@ fn a_removed_ca_ends_its_cm_ids(
     );
     let (r, mad) = asking.join().unwrap();
     assert!(r.is_err());
+    assert!(
+        matches!(mad.wait(Duration::from_secs(60)), MadWait::Closed),
+        "a removed CA's MAD agent says so at once"
+    );
+    eventually("the DM service still serves a removed CA", || {
+        !dm.is_serving()
+    });
     assert!(
         t0.elapsed() < Duration::from_secs(20),
         "the callers waited for their timeouts, not for the removal"
@@ -818,7 +830,7 @@ fn a_removed_ca_ends_its_cm_ids(
     assert_eq!(again, Err(CmError::DeviceRemoved));
     assert!(agent.mad_agent(0x06, 1, &[]).is_err());
     assert!(sa.subscribe(65).is_err());
-    drop((sa, mad, agent));
+    drop((sa, mad, dm, agent));
     assert_eq!(c.live_total(), 0);
     drop(tp);
     drop(far);
