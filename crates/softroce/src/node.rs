@@ -215,7 +215,7 @@ pub struct Node {
     ready: Vec<QpHandle>,
     /// ICRC corrections for IPv4 Identifications of GSO segments, by the
     /// length of the IB part.
-    ident_deltas: std::collections::HashMap<usize, icrc::Ipv4IdentDelta>,
+    ident_deltas: IdentDeltas,
     /// Header buffers of sent batches, for the next ones.
     spare: Vec<Vec<u8>>,
     /// QP numbers of a transmit round, kept for the next round (a poll
@@ -246,6 +246,41 @@ struct HeaderCrc {
     state: u32,
     /// IPv4: the correction for another Identification.
     ident: Option<icrc::Ipv4IdentDelta>,
+}
+
+/// The [`icrc::Ipv4IdentDelta`] of the few lengths a sender's GSO runs
+/// have (a data stream has one or two), found by a short scan.
+#[derive(Default)]
+struct IdentDeltas {
+    entries: Vec<(usize, icrc::Ipv4IdentDelta)>,
+    /// Next entry to replace once full.
+    next: usize,
+}
+
+/// Lengths kept.
+const IDENT_DELTAS: usize = 8;
+
+impl IdentDeltas {
+    /// The deltas for an IB part of `ib_len` bytes; `None` if no IPv4
+    /// datagram has that length.
+    fn get(&mut self, ib_len: usize) -> Option<icrc::Ipv4IdentDelta> {
+        let i = match self.entries.iter().position(|(l, _)| *l == ib_len) {
+            Some(i) => i,
+            None => {
+                let e = (ib_len, icrc::Ipv4IdentDelta::for_ib_len(ib_len)?);
+                if self.entries.len() < IDENT_DELTAS {
+                    self.entries.push(e);
+                    self.entries.len() - 1
+                } else {
+                    let i = self.next;
+                    self.next = (self.next + 1) % IDENT_DELTAS;
+                    self.entries[i] = e;
+                    i
+                }
+            }
+        };
+        Some(self.entries[i].1)
+    }
 }
 
 /// (peer, direction, length) triples kept.
@@ -350,7 +385,7 @@ impl Node {
             retired: QpCounters::default(),
             rr: 0,
             ready: Vec::new(),
-            ident_deltas: std::collections::HashMap::new(),
+            ident_deltas: IdentDeltas::default(),
             spare: Vec::new(),
             tx_keys: Vec::new(),
             header_crcs: HeaderCrcs::default(),
@@ -662,11 +697,16 @@ impl Node {
                     self.stats.tx_frame_errors += 1;
                     continue;
                 };
-                let Some(roce) = framing(local, dst, &pkt) else {
-                    self.stats.tx_frame_errors += 1;
-                    continue;
-                };
+                // The IP and UDP headers are built only for a capture: the
+                // socket adds the real ones, and the ICRC's share of them
+                // comes from `header_crcs` (which refuses a family
+                // mismatch).
+                let ib = pkt.ib_repr();
                 if let Some(p) = self.pcap.as_mut() {
+                    let Some(roce) = framing(local, dst, ib) else {
+                        self.stats.tx_frame_errors += 1;
+                        continue;
+                    };
                     let mut ip_packet = vec![0u8; roce.buffer_len()];
                     if let Ok(n) = roce.emit(&mut ip_packet) {
                         let _ = p.write_packet(now, &ip_packet[..n]);
@@ -677,12 +717,12 @@ impl Node {
                 // buffer the engine filled and the pad + ICRC bytes.
                 let mut head = self.spare.pop().unwrap_or_default();
                 head.resize(HEAD_ROOM, 0);
-                let Ok(n) = roce.ib.emit_headers(&mut head) else {
+                let Ok(n) = ib.emit_headers(&mut head) else {
                     self.stats.tx_frame_errors += 1;
                     continue;
                 };
                 head.truncate(n);
-                let pad = usize::from(roce.ib.bth.pad_count & 3);
+                let pad = usize::from(ib.bth.pad_count & 3);
                 let mut tail = [0u8; 3 + rdma_wire::ICRC_LEN];
                 let parts: [&[u8]; 3] = [&head, &pkt.payload[..], &tail[..pad]];
                 // Identification 0; GSO segments are corrected in flush_out.
@@ -735,21 +775,29 @@ impl Node {
         let lens: Vec<(SocketAddr, usize)> = batch.iter().map(|o| (o.dst, o.len())).collect();
         let runs = self.sock.gso_runs_by_len(&lens);
         // Segment k of a GSO send leaves with IPv4 Identification k; its
-        // ICRC was computed for 0.
+        // ICRC was computed for 0. A run's segments have one length, but
+        // for a shorter last one.
         for run in runs.iter().filter(|r| r.len() > 1) {
-            for (k, o) in batch[run.clone()].iter_mut().enumerate().skip(1) {
-                if !o.dst.is_ipv4() {
-                    break;
-                }
-                let ib_len = o.len().saturating_sub(rdma_wire::ICRC_LEN);
-                let delta = match self.ident_deltas.get(&ib_len) {
-                    Some(d) => *d,
-                    None => match icrc::Ipv4IdentDelta::for_ib_len(ib_len) {
-                        Some(d) => *self.ident_deltas.entry(ib_len).or_insert(d),
+            let segs = &mut batch[run.clone()];
+            if !segs[0].dst.is_ipv4() {
+                continue;
+            }
+            let ib_len = |o: &Out| o.len().saturating_sub(rdma_wire::ICRC_LEN);
+            let first_len = ib_len(&segs[0]);
+            let Some(delta) = self.ident_deltas.get(first_len) else {
+                continue;
+            };
+            for (k, (o, d)) in segs.iter_mut().zip(delta.deltas()).enumerate().skip(1) {
+                let len = ib_len(o);
+                let d = if len == first_len {
+                    d
+                } else {
+                    match self.ident_deltas.get(len) {
+                        Some(other) => other.delta(k as u16),
                         None => continue,
-                    },
+                    }
                 };
-                o.set_icrc(o.icrc() ^ delta.delta(k as u16));
+                o.set_icrc(o.icrc() ^ d);
             }
         }
         let parts: Vec<[&[u8]; 3]> = batch.iter().map(Out::parts).collect();
@@ -880,11 +928,7 @@ fn deliver(
 }
 
 /// The RoCEv2 framing of an outgoing engine packet from our socket.
-fn framing<'a>(
-    local: SocketAddr,
-    dst: SocketAddr,
-    pkt: &'a Packet<Payload>,
-) -> Option<RoceRepr<'a>> {
+fn framing(local: SocketAddr, dst: SocketAddr, ib: IbRepr<'_>) -> Option<RoceRepr<'_>> {
     Some(RoceRepr {
         ip: IpRepr::rocev2(local.ip(), dst.ip(), 0)?,
         udp: UdpRepr {
@@ -894,7 +938,7 @@ fn framing<'a>(
             dst_port: dst.port(),
             checksum: UdpChecksum::None,
         },
-        ib: pkt.ib_repr(),
+        ib,
     })
 }
 
