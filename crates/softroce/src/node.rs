@@ -213,9 +213,6 @@ pub struct Node {
     rr: u32,
     /// QPs that got completions since the last `take_ready`.
     ready: Vec<QpHandle>,
-    /// ICRC corrections for IPv4 Identifications of GSO segments, by the
-    /// length of the IB part.
-    ident_deltas: IdentDeltas,
     /// Header buffers of sent batches, for the next ones.
     spare: Vec<Vec<u8>>,
     /// QP numbers of a transmit round, kept for the next round (a poll
@@ -248,57 +245,20 @@ struct HeaderCrc {
     ident: Option<icrc::Ipv4IdentDelta>,
 }
 
-/// The [`icrc::Ipv4IdentDelta`] of the few lengths a sender's GSO runs
-/// have (a data stream has one or two), found by a short scan.
-#[derive(Default)]
-struct IdentDeltas {
-    entries: Vec<(usize, icrc::Ipv4IdentDelta)>,
-    /// Next entry to replace once full.
-    next: usize,
-}
-
-/// Lengths kept.
-const IDENT_DELTAS: usize = 8;
-
-impl IdentDeltas {
-    /// The deltas for an IB part of `ib_len` bytes; `None` if no IPv4
-    /// datagram has that length.
-    fn get(&mut self, ib_len: usize) -> Option<icrc::Ipv4IdentDelta> {
-        let i = match self.entries.iter().position(|(l, _)| *l == ib_len) {
-            Some(i) => i,
-            None => {
-                let e = (ib_len, icrc::Ipv4IdentDelta::for_ib_len(ib_len)?);
-                if self.entries.len() < IDENT_DELTAS {
-                    self.entries.push(e);
-                    self.entries.len() - 1
-                } else {
-                    let i = self.next;
-                    self.next = (self.next + 1) % IDENT_DELTAS;
-                    self.entries[i] = e;
-                    i
-                }
-            }
-        };
-        Some(self.entries[i].1)
-    }
-}
-
 /// (peer, direction, length) triples kept.
 const HEADER_CRCS: usize = 16;
 
 impl HeaderCrcs {
-    /// The ICRC of `parts` (BTH through pad) sent to (`rx` false) or
-    /// received from (`rx` true) `peer` by `local`, with IPv4
-    /// Identification `ident`. `None` if the lengths do not fit.
-    fn icrc(
+    /// The entry for an IB part of `ib_len` bytes sent to (`rx` false) or
+    /// received from (`rx` true) `peer` by `local`, made on first use.
+    /// `None` if the addresses' families differ or the length does not fit.
+    fn entry(
         &mut self,
         local: SocketAddr,
         peer: SocketAddr,
         rx: bool,
-        ident: u16,
-        parts: &[&[u8]],
-    ) -> Option<u32> {
-        let ib_len: usize = parts.iter().map(|p| p.len()).sum();
+        ib_len: usize,
+    ) -> Option<&HeaderCrc> {
         let i = match self
             .entries
             .iter()
@@ -334,7 +294,22 @@ impl HeaderCrcs {
                 }
             }
         };
-        let e = &self.entries[i];
+        Some(&self.entries[i])
+    }
+
+    /// The ICRC of `parts` (BTH through pad) sent to (`rx` false) or
+    /// received from (`rx` true) `peer` by `local`, with IPv4
+    /// Identification `ident`. `None` if the lengths do not fit.
+    fn icrc(
+        &mut self,
+        local: SocketAddr,
+        peer: SocketAddr,
+        rx: bool,
+        ident: u16,
+        parts: &[&[u8]],
+    ) -> Option<u32> {
+        let ib_len: usize = parts.iter().map(|p| p.len()).sum();
+        let e = self.entry(local, peer, rx, ib_len)?;
         let crc = icrc::finish_vectored(e.state, parts).ok()?;
         Some(match (ident, &e.ident) {
             (0, _) | (_, None) => crc,
@@ -385,7 +360,6 @@ impl Node {
             retired: QpCounters::default(),
             rr: 0,
             ready: Vec::new(),
-            ident_deltas: IdentDeltas::default(),
             spare: Vec::new(),
             tx_keys: Vec::new(),
             header_crcs: HeaderCrcs::default(),
@@ -782,9 +756,13 @@ impl Node {
             if !segs[0].dst.is_ipv4() {
                 continue;
             }
+            // The corrections are kept with the header CRC state of each
+            // (peer, length) that `transmit` used.
+            let (local, dst) = (self.local, segs[0].dst);
+            let mut delta_for = |len| self.header_crcs.entry(local, dst, false, len)?.ident;
             let ib_len = |o: &Out| o.len().saturating_sub(rdma_wire::ICRC_LEN);
             let first_len = ib_len(&segs[0]);
-            let Some(delta) = self.ident_deltas.get(first_len) else {
+            let Some(delta) = delta_for(first_len) else {
                 continue;
             };
             for (k, (o, d)) in segs.iter_mut().zip(delta.deltas()).enumerate().skip(1) {
@@ -792,7 +770,7 @@ impl Node {
                 let d = if len == first_len {
                     d
                 } else {
-                    match self.ident_deltas.get(len) {
+                    match delta_for(len) {
                         Some(other) => other.delta(k as u16),
                         None => continue,
                     }
