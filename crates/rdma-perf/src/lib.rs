@@ -14,7 +14,11 @@
 //! them) and reports our/baseline ratios. Both ends of the baseline use the
 //! node's own socket layer (`roce_udp`: `sendmmsg` batches, GSO runs,
 //! `recvmmsg` with GRO, the same buffer sizes), so the ratio compares our
-//! transport with the best plain UDP the same I/O can do.
+//! transport with the best plain UDP the same I/O can do. A second phase,
+//! the floor, adds what any RoCE NIC in user space must do per byte: a
+//! CRC-32 of each datagram computed by the sender and checked by the
+//! receiver, which then copies the payload into place. Ours over the floor
+//! is the cost of the transport itself.
 //!
 //! Each side also measures the CPU time its thread spent moving data (its
 //! polls that had work, sampled; the baseline's send and receive calls),
@@ -101,8 +105,16 @@ enum Control {
         #[serde(default)]
         cpu_seconds: Option<f64>,
     },
-    /// Client: baseline starting, count datagrams on this UDP port.
-    Baseline { port: u16 },
+    /// Client: baseline starting, count datagrams on this UDP port. With
+    /// `floor`, also check each datagram's trailing CRC-32 and copy its
+    /// payload into place in a region of `region` bytes.
+    Baseline {
+        port: u16,
+        #[serde(default)]
+        floor: bool,
+        #[serde(default)]
+        region: usize,
+    },
     /// Server: datagrams and bytes of the baseline received, and the CPU
     /// time receiving them took.
     BaselineResult {
@@ -202,6 +214,16 @@ pub struct Report {
     /// Baseline: the receiver's CPU time of receive calls that found
     /// data, per byte received.
     pub baseline_server_cpu_ns_per_byte: Option<f64>,
+    /// The floor: plain UDP plus a CRC-32 of every datagram computed by
+    /// the sender and checked by the receiver, which also copies each
+    /// payload into place. Gbit/s of payload.
+    pub floor_gbit_per_s: Option<f64>,
+    /// Our goodput over the floor's.
+    pub ratio_to_floor: Option<f64>,
+    /// The floor's sender CPU per byte.
+    pub floor_client_cpu_ns_per_byte: Option<f64>,
+    /// The floor's receiver CPU per byte.
+    pub floor_server_cpu_ns_per_byte: Option<f64>,
 }
 
 /// CPU time the calling thread has used, seconds.
@@ -658,9 +680,38 @@ pub fn run_server(common: &Common, listener: &TcpListener) -> Result<(), PerfErr
                     done_asked = true;
                     cpu_seconds = Some(side.busy_cpu);
                 }
-                Ok(Control::Baseline { port }) => {
-                    let r = baseline_sink(SocketAddr::new(common.bind.ip(), port), &mut reader)?;
-                    send_line(&mut writer, &r)?;
+                Ok(Control::Baseline {
+                    port,
+                    floor,
+                    region,
+                }) => {
+                    // One or more baseline phases, until the client leaves.
+                    reader.get_mut().set_nonblocking(true)?;
+                    let mut phase = Some((port, floor, region));
+                    while let Some((port, floor, region)) = phase.take() {
+                        let addr = SocketAddr::new(common.bind.ip(), port);
+                        let sink = Sink::new(floor, region);
+                        let r = baseline_sink(addr, &mut reader, sink)?;
+                        send_line(&mut writer, &r)?;
+                        reader.get_mut().set_nonblocking(false)?;
+                        let mut line = String::new();
+                        if reader.read_line(&mut line)? == 0 {
+                            break;
+                        }
+                        match serde_json::from_str::<Control>(&line) {
+                            Ok(Control::Baseline {
+                                port,
+                                floor,
+                                region,
+                            }) => phase = Some((port, floor, region)),
+                            _ => {
+                                return Err(PerfError::Protocol(format!(
+                                    "bad message after the baseline: {line:?}"
+                                )))
+                            }
+                        }
+                        reader.get_mut().set_nonblocking(true)?;
+                    }
                     return Ok(());
                 }
                 Ok(other) => return Err(PerfError::Protocol(format!("unexpected {other:?}"))),
@@ -677,12 +728,55 @@ const BASELINE_SECS: f64 = 2.0;
 /// Datagrams the baseline offers the kernel per `sendmmsg`.
 const BASELINE_BATCH: usize = 64;
 
+/// What the baseline's receiver does with each datagram.
+struct Sink {
+    /// The floor: the region each payload is copied into, in turn.
+    region: Option<Vec<u8>>,
+    at: usize,
+    bad_crcs: u64,
+}
+
+impl Sink {
+    fn new(floor: bool, region: usize) -> Sink {
+        Sink {
+            region: floor.then(|| vec![0u8; region.clamp(1 << 16, 1 << 30)]),
+            at: 0,
+            bad_crcs: 0,
+        }
+    }
+
+    /// The floor's per-datagram work: the CRC-32 over everything before
+    /// the last 4 bytes must equal them, and the rest lands in place.
+    /// Returns the payload bytes the datagram delivered.
+    fn take(&mut self, d: &[u8]) -> u64 {
+        let Some(region) = self.region.as_mut() else {
+            return d.len() as u64;
+        };
+        let Some((payload, crc)) = d.split_last_chunk::<4>() else {
+            self.bad_crcs += 1;
+            return 0;
+        };
+        if crc32fast::hash(payload) != u32::from_le_bytes(*crc) {
+            self.bad_crcs += 1;
+            return 0;
+        }
+        if self.at + payload.len() > region.len() {
+            self.at = 0;
+        }
+        let n = payload.len().min(region.len());
+        region[self.at..self.at + n].copy_from_slice(&payload[..n]);
+        self.at += n;
+        n as u64
+    }
+}
+
 /// Counts datagrams until the client's TCP line says stop. It receives as
 /// our node does (the same socket options, `recvmmsg` batches, GRO), so the
 /// baseline is plain UDP with the same tools, not a slower reader.
 fn baseline_sink(
     addr: SocketAddr,
     reader: &mut BufReader<TcpStream>,
+    mut sink: Sink,
 ) -> Result<Control, PerfError> {
     let mut sock = roce_udp::RoceSocket::bind(addr)?;
     let (mut datagrams, mut bytes) = (0u64, 0u64);
@@ -694,7 +788,7 @@ fn baseline_sink(
         for _ in 0..64 {
             let n = sock.recv_batch(64, |_, d| {
                 datagrams += 1;
-                bytes += d.len() as u64;
+                bytes += sink.take(d);
             });
             if n == 0 {
                 break;
@@ -720,10 +814,108 @@ fn baseline_sink(
         }
     }
     Ok(Control::BaselineResult {
-        datagrams,
+        datagrams: datagrams - sink.bad_crcs,
         bytes,
         cpu_seconds: Some(busy_cpu),
     })
+}
+
+/// What one plain-UDP phase of `--baseline` measured.
+struct UdpPhase {
+    gbit_per_s: f64,
+    pkt_per_s: f64,
+    client_cpu_ns_per_byte: f64,
+    server_cpu_ns_per_byte: Option<f64>,
+}
+
+/// Blasts MTU-sized datagrams at the server's sink for `BASELINE_SECS`
+/// and collects its count. Sent as our node sends: batches through
+/// `sendmmsg`, runs of equal datagrams as one segmented (GSO) send, from a
+/// region as large as the one our test sends from (`region` bytes, walked
+/// in order), so the kernel's copy reads as much memory as it does for
+/// our node. With `floor`, each datagram also carries a CRC-32 of its
+/// payload, computed as it is sent, which the sink checks before copying
+/// the payload into place: the per-byte work no RoCE NIC in user space
+/// can leave out (the ICRC at both ends, and delivery into the memory
+/// region), with none of the transport's.
+fn udp_phase(
+    common: &Common,
+    region: usize,
+    dst: SocketAddr,
+    floor: bool,
+    reader: &mut BufReader<TcpStream>,
+    writer: &mut TcpStream,
+) -> Result<UdpPhase, PerfError> {
+    send_line(
+        writer,
+        &Control::Baseline {
+            port: dst.port(),
+            floor,
+            region,
+        },
+    )?;
+    let mut sock = roce_udp::RoceSocket::bind(SocketAddr::new(common.bind.ip(), 0))?;
+    let mtu = common.mtu.bytes();
+    let chunks = region.div_ceil(mtu).max(BASELINE_BATCH);
+    let data: Vec<u8> = (0..chunks * mtu).map(pattern).collect();
+    let batches: Vec<Vec<&[u8]>> = data
+        .chunks(mtu * BASELINE_BATCH)
+        .map(|b| b.chunks(mtu).collect())
+        .collect();
+    let tail_len = if floor { 4 } else { 0 };
+    let runs: Vec<_> = batches
+        .iter()
+        .map(|b| {
+            let lens: Vec<_> = b.iter().map(|d| (dst, d.len() + tail_len)).collect();
+            sock.gso_runs_by_len(&lens)
+        })
+        .collect();
+    let mut tails = vec![[0u8; 4]; BASELINE_BATCH];
+    let t0 = StdInstant::now();
+    let cpu0 = thread_cpu_seconds();
+    let blast = std::time::Duration::from_secs_f64(BASELINE_SECS);
+    let mut next = 0;
+    while t0.elapsed() < blast {
+        let batch = &batches[next];
+        if floor {
+            for (t, d) in tails.iter_mut().zip(batch) {
+                *t = crc32fast::hash(d).to_le_bytes();
+            }
+        }
+        let parts: Vec<[&[u8]; 2]> = batch
+            .iter()
+            .zip(&tails)
+            .map(|(d, t)| [*d, &t[..tail_len]])
+            .collect();
+        let vectored: Vec<(SocketAddr, &[&[u8]])> = parts.iter().map(|p| (dst, &p[..])).collect();
+        // A full socket buffer takes part of the batch; refusals while
+        // the sink binds are simply not counted.
+        let _ = sock.send_runs_vectored(&vectored, &runs[next]);
+        next = (next + 1) % batches.len();
+    }
+    let sender_cpu = thread_cpu_seconds() - cpu0;
+    let sent_bytes = sock.stats().sent * mtu as u64;
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    send_line(writer, &Control::Done)?;
+    reader.get_mut().set_nonblocking(false)?;
+    match read_line::<Control>(reader)? {
+        Control::BaselineResult {
+            datagrams,
+            bytes,
+            cpu_seconds,
+        } => {
+            let secs = BASELINE_SECS;
+            Ok(UdpPhase {
+                gbit_per_s: bytes as f64 * 8.0 / secs / 1e9,
+                pkt_per_s: datagrams as f64 / secs,
+                client_cpu_ns_per_byte: per_byte_ns(sender_cpu, sent_bytes),
+                server_cpu_ns_per_byte: cpu_seconds.map(|c| per_byte_ns(c, bytes)),
+            })
+        }
+        other => Err(PerfError::Protocol(format!(
+            "expected baseline result, got {other:?}"
+        ))),
+    }
 }
 
 /// Runs the client side and returns the report.
@@ -894,51 +1086,41 @@ pub fn run_client(cfg: &ClientConfig) -> Result<Report, PerfError> {
         server_cpu_ns_per_byte: server_cpu.map(|c| per_byte_ns(c, iters * size)),
         baseline_client_cpu_ns_per_byte: None,
         baseline_server_cpu_ns_per_byte: None,
+        floor_gbit_per_s: None,
+        ratio_to_floor: None,
+        floor_client_cpu_ns_per_byte: None,
+        floor_server_cpu_ns_per_byte: None,
     };
     if cfg.baseline {
         let port = peer.roce.port().wrapping_add(1000);
-        send_line(&mut writer, &Control::Baseline { port })?;
         let dst = SocketAddr::new(peer.roce.ip(), port);
-        // Sent as our node sends: batches through sendmmsg, runs of equal
-        // datagrams as one segmented (GSO) send where the kernel can.
-        let mut sock = roce_udp::RoceSocket::bind(SocketAddr::new(common.bind.ip(), 0))?;
-        let payload = vec![0x5au8; common.mtu.bytes()];
-        let batch: Vec<(SocketAddr, &[u8])> =
-            (0..BASELINE_BATCH).map(|_| (dst, &payload[..])).collect();
-        let runs = sock.gso_runs(&batch);
-        let t0 = StdInstant::now();
-        let cpu0 = thread_cpu_seconds();
-        let blast = std::time::Duration::from_secs_f64(BASELINE_SECS);
-        while t0.elapsed() < blast {
-            // A full socket buffer takes part of the batch; refusals while
-            // the sink binds are simply not counted.
-            let _ = sock.send_runs(&batch, &runs);
-        }
-        let sender_cpu = thread_cpu_seconds() - cpu0;
-        let sent_bytes = sock.stats().sent * payload.len() as u64;
-        std::thread::sleep(std::time::Duration::from_millis(50));
-        send_line(&mut writer, &Control::Done)?;
-        reader.get_mut().set_nonblocking(false)?;
-        match read_line::<Control>(&mut reader)? {
-            Control::BaselineResult {
-                datagrams,
-                bytes,
-                cpu_seconds,
-            } => {
-                let secs = BASELINE_SECS;
-                let gbps = bytes as f64 * 8.0 / secs / 1e9;
-                report.baseline_gbit_per_s = Some(gbps);
-                report.baseline_pkt_per_s = Some(datagrams as f64 / secs);
-                report.ratio_to_baseline = (gbps > 0.0).then(|| report.gbit_per_s / gbps);
-                report.baseline_client_cpu_ns_per_byte = Some(per_byte_ns(sender_cpu, sent_bytes));
-                report.baseline_server_cpu_ns_per_byte = cpu_seconds.map(|c| per_byte_ns(c, bytes));
-            }
-            other => {
-                return Err(PerfError::Protocol(format!(
-                    "expected baseline result, got {other:?}"
-                )))
-            }
-        }
+        let plain = udp_phase(
+            &common,
+            cfg.size * slots,
+            dst,
+            false,
+            &mut reader,
+            &mut writer,
+        )?;
+        report.baseline_gbit_per_s = Some(plain.gbit_per_s);
+        report.baseline_pkt_per_s = Some(plain.pkt_per_s);
+        report.ratio_to_baseline =
+            (plain.gbit_per_s > 0.0).then(|| report.gbit_per_s / plain.gbit_per_s);
+        report.baseline_client_cpu_ns_per_byte = Some(plain.client_cpu_ns_per_byte);
+        report.baseline_server_cpu_ns_per_byte = plain.server_cpu_ns_per_byte;
+        let floor = udp_phase(
+            &common,
+            cfg.size * slots,
+            dst,
+            true,
+            &mut reader,
+            &mut writer,
+        )?;
+        report.floor_gbit_per_s = Some(floor.gbit_per_s);
+        report.ratio_to_floor =
+            (floor.gbit_per_s > 0.0).then(|| report.gbit_per_s / floor.gbit_per_s);
+        report.floor_client_cpu_ns_per_byte = Some(floor.client_cpu_ns_per_byte);
+        report.floor_server_cpu_ns_per_byte = floor.server_cpu_ns_per_byte;
     }
     Ok(report)
 }
@@ -976,6 +1158,16 @@ impl Report {
                 p
             );
         }
+        if let (Some(f), Some(r), Some(b)) = (
+            self.floor_gbit_per_s,
+            self.ratio_to_floor,
+            self.baseline_gbit_per_s,
+        ) {
+            s += &format!(
+                " floor (plain UDP + CRC-32 at both ends + the receiver's copy into place): {f:.3} Gb/s; ours/floor = {r:.2}; floor/baseline = {}\n",
+                ratio(f, b)
+            );
+        }
         let ns = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.3}"));
         s += &format!(
             " CPU ns/byte: client {} server {}",
@@ -994,6 +1186,12 @@ impl Report {
                 self.server_cpu_ns_per_byte
                     .map_or("-".to_string(), |o| ratio(bs, o)),
             );
+        }
+        if let (Some(fc), Some(fs)) = (
+            self.floor_client_cpu_ns_per_byte,
+            self.floor_server_cpu_ns_per_byte,
+        ) {
+            s += &format!("; floor client {} server {}", ns(Some(fc)), ns(Some(fs)));
         }
         s += "\n";
         s
@@ -1025,4 +1223,55 @@ pub fn parse_faults(spec: &str) -> Result<FaultConfig, String> {
 /// A duration helper for the CLI.
 pub fn secs(s: u64) -> Duration {
     Duration::from_secs(s)
+}
+
+#[cfg(test)]
+mod floor_tests {
+    use super::Sink;
+
+    fn with_crc(payload: &[u8]) -> Vec<u8> {
+        let mut d = payload.to_vec();
+        d.extend_from_slice(&crc32fast::hash(payload).to_le_bytes());
+        d
+    }
+
+    #[test]
+    fn the_floor_sink_places_payloads_whose_crc_holds_and_drops_the_rest() {
+        let mut sink = Sink::new(true, 1 << 16);
+        let a: Vec<u8> = (0..100u8).collect();
+        assert_eq!(sink.take(&with_crc(&a)), 100);
+        let mut bad = with_crc(&[7u8; 50]);
+        bad[3] ^= 1;
+        assert_eq!(sink.take(&bad), 0);
+        assert_eq!(sink.take(&[1, 2, 3]), 0, "shorter than a CRC");
+        let b = [9u8; 30];
+        assert_eq!(sink.take(&with_crc(&b)), 30);
+        assert_eq!(sink.bad_crcs, 2);
+        let region = sink.region.as_ref().unwrap();
+        // In order, one after the other; nothing of the bad datagram.
+        assert_eq!(&region[..100], &a[..]);
+        assert_eq!(&region[100..130], &b[..]);
+        assert!(region[130..].iter().all(|&x| x == 0));
+    }
+
+    #[test]
+    fn the_floor_sink_wraps_at_the_end_of_its_region() {
+        let mut sink = Sink::new(true, 0);
+        let len = sink.region.as_ref().unwrap().len();
+        assert_eq!(len, 1 << 16, "the region has a floor of 64 KiB");
+        let d = vec![5u8; 40_000];
+        assert_eq!(sink.take(&with_crc(&d)), 40_000);
+        let e = vec![6u8; 40_000];
+        assert_eq!(sink.take(&with_crc(&e)), 40_000);
+        // The second did not fit after the first: it starts again at 0.
+        assert_eq!(sink.region.as_ref().unwrap()[0], 6);
+        assert_eq!(sink.at, 40_000);
+    }
+
+    #[test]
+    fn the_plain_sink_counts_whole_datagrams() {
+        let mut sink = Sink::new(false, 1 << 20);
+        assert!(sink.region.is_none());
+        assert_eq!(sink.take(&[0u8; 17]), 17);
+    }
 }

@@ -388,5 +388,35 @@ fn baseline_runs_plain_udp_and_prints_the_ratio() {
     }
     assert!((bc / c - rc).abs() <= 0.011 + rc * 0.01, "{cpu}");
     assert!((bs / s_ - rs).abs() <= 0.011 + rs * 0.01, "{cpu}");
-    eprintln!("measured: {row}\n          {line}\n          {cpu}");
+    let floor_at = words.iter().position(|w| *w == "floor").unwrap();
+    for v in [after(floor_at, "client"), after(floor_at, "server")] {
+        assert!(v > 0.0 && v.is_finite(), "{cpu}");
+    }
+    // " floor (...): F Gb/s; ours/floor = R; floor/baseline = Q": the sink
+    // counted only datagrams whose CRC held, so F > 0 means the CRCs the
+    // sender computed arrived intact and checked.
+    let floor = text
+        .lines()
+        .find(|l| l.starts_with(" floor"))
+        .unwrap_or_else(|| panic!("no floor line in {text}"));
+    let fnum = |after: &str| -> f64 {
+        let rest = &floor[floor.find(after).unwrap() + after.len()..];
+        rest.split([' ', ';'])
+            .find(|w| !w.is_empty())
+            .unwrap()
+            .parse()
+            .unwrap_or_else(|e| panic!("{floor}: {e}"))
+    };
+    let floor_gbps = fnum("place):");
+    assert!(floor_gbps > 0.0, "{floor}");
+    let (of, fb) = (fnum("ours/floor ="), fnum("floor/baseline ="));
+    assert!(
+        (ours / floor_gbps - of).abs() <= 0.02 + of * 0.01,
+        "{floor}"
+    );
+    assert!(
+        (floor_gbps / base_gbps - fb).abs() <= 0.02 + fb * 0.01,
+        "{floor}"
+    );
+    eprintln!("measured: {row}\n          {line}\n          {floor}\n          {cpu}");
 }
