@@ -46,6 +46,18 @@ impl ExtHeaders {
         }
     }
 
+    /// The headers present, one bit each (bit `h as u8`).
+    fn mask(&self) -> u8 {
+        let bit = |present: bool, h: ExtHeader| u8::from(present) << h as u8;
+        bit(self.deth.is_some(), ExtHeader::Deth)
+            | bit(self.reth.is_some(), ExtHeader::Reth)
+            | bit(self.atomic_eth.is_some(), ExtHeader::AtomicEth)
+            | bit(self.aeth.is_some(), ExtHeader::Aeth)
+            | bit(self.atomic_ack_eth.is_some(), ExtHeader::AtomicAckEth)
+            | bit(self.imm_dt.is_some(), ExtHeader::ImmDt)
+            | bit(self.ieth.is_some(), ExtHeader::Ieth)
+    }
+
     const KINDS: [ExtHeader; 7] = [
         ExtHeader::Deth,
         ExtHeader::Reth,
@@ -215,23 +227,21 @@ impl<'a> IbRepr<'a> {
     pub fn check(&self) -> Result<&'static OpInfo, EmitError> {
         let op = self.bth.opcode;
         let info = op.info().ok_or(EmitError::UnknownOpcode(op.code()))?;
-        for h in ExtHeaders::KINDS {
-            match (info.has(h), self.ext.has(h)) {
-                (true, false) => {
-                    return Err(EmitError::Headers {
-                        opcode: op,
-                        header: h.name(),
-                        state: "missing",
-                    })
-                }
-                (false, true) => {
-                    return Err(EmitError::Headers {
-                        opcode: op,
-                        header: h.name(),
-                        state: "not allowed",
-                    })
-                }
-                _ => {}
+        let want = info.headers.iter().fold(0u8, |m, &h| m | 1 << h as u8);
+        // Every packet a sender builds has its opcode's headers: then only
+        // the payload is left to check. Otherwise say which one differs.
+        if want != self.ext.mask() {
+            for h in ExtHeaders::KINDS {
+                let state = match (info.has(h), self.ext.has(h)) {
+                    (true, false) => "missing",
+                    (false, true) => "not allowed",
+                    _ => continue,
+                };
+                return Err(EmitError::Headers {
+                    opcode: op,
+                    header: h.name(),
+                    state,
+                });
             }
         }
         let (len, pad) = (self.payload.len(), self.bth.pad_count);

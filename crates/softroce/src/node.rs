@@ -114,7 +114,10 @@ struct Out {
     dst: SocketAddr,
     /// The QP whose payload buffer this is, to give it back once sent.
     qpn: u32,
+    /// The headers are the first `head_len` bytes (the buffer keeps its
+    /// length between uses: no zeroing per packet).
     head: Vec<u8>,
+    head_len: usize,
     payload: Payload,
     /// Pad (0-3 zero bytes) then the ICRC; `tail_len` bytes are used.
     tail: [u8; 3 + rdma_wire::ICRC_LEN],
@@ -123,11 +126,15 @@ struct Out {
 
 impl Out {
     fn len(&self) -> usize {
-        self.head.len() + self.payload.len() + self.tail_len
+        self.head_len + self.payload.len() + self.tail_len
     }
 
     fn parts(&self) -> [&[u8]; 3] {
-        [&self.head, &self.payload[..], &self.tail[..self.tail_len]]
+        [
+            &self.head[..self.head_len],
+            &self.payload[..],
+            &self.tail[..self.tail_len],
+        ]
     }
 
     fn icrc(&self) -> u32 {
@@ -144,6 +151,7 @@ impl Out {
     /// buffer is handed back.
     fn flatten(mut self) -> (OutDatagram, u32, Payload) {
         let mut data = std::mem::take(&mut self.head);
+        data.truncate(self.head_len);
         data.extend_from_slice(&self.payload);
         data.extend_from_slice(&self.tail[..self.tail_len]);
         let d = OutDatagram {
@@ -155,15 +163,15 @@ impl Out {
 
     /// A whole datagram (from the fault injector) as pieces.
     fn from_flat(d: OutDatagram) -> Option<Out> {
-        let mut head = d.data;
+        let head = d.data;
         let at = head.len().checked_sub(rdma_wire::ICRC_LEN)?;
         let mut tail = [0u8; 3 + rdma_wire::ICRC_LEN];
         tail[..rdma_wire::ICRC_LEN].copy_from_slice(&head[at..]);
-        head.truncate(at);
         Some(Out {
             dst: d.dst,
             qpn: u32::MAX,
             head,
+            head_len: at,
             payload: Payload::default(),
             tail,
             tail_len: rdma_wire::ICRC_LEN,
@@ -690,15 +698,16 @@ impl Node {
                 // from a header buffer of an earlier batch, the payload
                 // buffer the engine filled and the pad + ICRC bytes.
                 let mut head = self.spare.pop().unwrap_or_default();
-                head.resize(HEAD_ROOM, 0);
-                let Ok(n) = ib.emit_headers(&mut head) else {
+                if head.len() < HEAD_ROOM {
+                    head.resize(HEAD_ROOM, 0);
+                }
+                let Ok(head_len) = ib.emit_headers(&mut head) else {
                     self.stats.tx_frame_errors += 1;
                     continue;
                 };
-                head.truncate(n);
                 let pad = usize::from(ib.bth.pad_count & 3);
                 let mut tail = [0u8; 3 + rdma_wire::ICRC_LEN];
-                let parts: [&[u8]; 3] = [&head, &pkt.payload[..], &tail[..pad]];
+                let parts: [&[u8]; 3] = [&head[..head_len], &pkt.payload[..], &tail[..pad]];
                 // Identification 0; GSO segments are corrected in flush_out.
                 let Some(crc) = self.header_crcs.icrc(local, dst, false, 0, &parts) else {
                     self.stats.tx_frame_errors += 1;
@@ -709,6 +718,7 @@ impl Node {
                     dst,
                     qpn: *k,
                     head,
+                    head_len,
                     payload: pkt.payload,
                     tail,
                     tail_len: pad + rdma_wire::ICRC_LEN,
