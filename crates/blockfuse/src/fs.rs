@@ -284,8 +284,11 @@ impl Filesystem for BlockFs {
         }
     }
 
-    /// close(2) of a descriptor that could write: SYNCHRONIZE CACHE, so
-    /// write errors surface at close as they would on a local disk.
+    /// close(2) of a descriptor that could write: SYNCHRONIZE CACHE if
+    /// anything was written since the last flush, so that data is on
+    /// stable storage and a failure surfaces at close. A close after no
+    /// writes sends nothing (a local disk does not flush then either), so
+    /// it does not wait while a path is down.
     fn flush(
         &self,
         _req: &Request,
@@ -301,7 +304,7 @@ impl Filesystem for BlockFs {
         if fh.0 & FH_WRITABLE == 0 {
             return reply.ok();
         }
-        match lun.flush() {
+        match lun.flush_if_written() {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(e.errno())),
         }

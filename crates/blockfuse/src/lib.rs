@@ -17,8 +17,10 @@
 //!   shared), so concurrent unaligned writes to one block are not lost.
 //!   Large transfers are split at [`Options::max_io`]. The mechanics are
 //!   [`blockload::bytes::ByteView`], shared with the NBD server.
-//! - `fsync` always, and `flush` (each `close`) of a descriptor opened for
-//!   writing, call [`BlockDevice::flush`] (SYNCHRONIZE CACHE).
+//! - `fsync` always calls [`BlockDevice::flush`] (SYNCHRONIZE CACHE);
+//!   `flush` (each `close`) of a descriptor opened for writing does when
+//!   anything was written to the device since the last flush, so a close
+//!   after reads only waits on nothing while a path is down.
 //! - `fallocate(PUNCH_HOLE|KEEP_SIZE)` unmaps the whole blocks of the range
 //!   ([`BlockDevice::unmap`]) and zeroes the partial ones; `ZERO_RANGE`
 //!   writes zeroes; plain allocation inside the file succeeds doing nothing.

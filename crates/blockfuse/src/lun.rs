@@ -5,6 +5,7 @@
 use blockload::bytes::ByteView;
 use blockload::BlockDevice;
 use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 /// Why a byte-level operation on a LUN failed.
@@ -56,13 +57,21 @@ type Result<T> = std::result::Result<T, LunError>;
 pub(crate) struct Lun {
     pub(crate) name: String,
     view: ByteView,
+    /// A write, zero or punch has completed since the last cache flush
+    /// began: set once the data is at the device, cleared as a flush
+    /// starts (so a write that completes during a flush leaves it set).
+    unsynced: AtomicBool,
 }
 
 impl Lun {
     pub(crate) fn new(name: String, dev: Arc<dyn BlockDevice>, max_io: usize) -> io::Result<Lun> {
         let view = ByteView::new(dev, max_io)
             .map_err(|e| io::Error::new(e.kind(), format!("device `{name}`: {e}")))?;
-        Ok(Lun { name, view })
+        Ok(Lun {
+            name,
+            view,
+            unsynced: AtomicBool::new(false),
+        })
     }
 
     pub(crate) fn size(&self) -> u64 {
@@ -73,8 +82,31 @@ impl Lun {
         self.view.block_size()
     }
 
+    /// Flushes the device's cache (SYNCHRONIZE CACHE on SRP), always.
     pub(crate) fn flush(&self) -> Result<()> {
-        self.view.flush().map_err(LunError::Device)
+        self.unsynced.store(false, Ordering::SeqCst);
+        self.view.flush().map_err(|e| {
+            self.unsynced.store(true, Ordering::SeqCst);
+            LunError::Device(e)
+        })
+    }
+
+    /// Flushes the device's cache only if something was written since the
+    /// last flush: a close that wrote nothing sends no command, and so
+    /// does not wait on a path that is down.
+    pub(crate) fn flush_if_written(&self) -> Result<()> {
+        if self.unsynced.load(Ordering::SeqCst) {
+            self.flush()
+        } else {
+            Ok(())
+        }
+    }
+
+    fn wrote<T>(&self, r: Result<T>) -> Result<T> {
+        if r.is_ok() {
+            self.unsynced.store(true, Ordering::SeqCst);
+        }
+        r
     }
 
     /// Reads up to `len` bytes at `offset`; short at the end of the
@@ -97,9 +129,8 @@ impl Lun {
         let len = self
             .clamp(offset, data.len() as u64)
             .ok_or(LunError::PastEnd)? as usize;
-        self.view
-            .write(offset, &data[..len])
-            .map_err(LunError::Device)?;
+        let r = self.view.write(offset, &data[..len]);
+        self.wrote(r.map_err(LunError::Device))?;
         Ok(len)
     }
 
@@ -108,7 +139,7 @@ impl Lun {
         let Some(len) = self.clamp(offset, len) else {
             return Ok(());
         };
-        self.view.zero(offset, len).map_err(LunError::Device)
+        self.wrote(self.view.zero(offset, len).map_err(LunError::Device))
     }
 
     /// Deallocates `[offset, offset + len)`, clamped to the device: whole
@@ -117,7 +148,7 @@ impl Lun {
         let Some(len) = self.clamp(offset, len) else {
             return Ok(());
         };
-        self.view.punch(offset, len).map_err(LunError::device)
+        self.wrote(self.view.punch(offset, len).map_err(LunError::device))
     }
 
     fn clamp(&self, offset: u64, len: u64) -> Option<u64> {
@@ -161,6 +192,59 @@ mod tests {
         let all = l.read(0, 4096).unwrap();
         assert!(all[1100..3000].iter().all(|&b| b == 0xaa));
         assert!(all[3000..].iter().all(|&b| b == 0));
+    }
+
+    /// A RAM device that counts cache flushes.
+    struct Flushes(RamDevice, std::sync::atomic::AtomicU64);
+
+    impl BlockDevice for Flushes {
+        fn block_size(&self) -> u32 {
+            self.0.block_size()
+        }
+        fn num_blocks(&self) -> u64 {
+            self.0.num_blocks()
+        }
+        fn read_at(&self, lba: u64, buf: &mut [u8]) -> io::Result<()> {
+            self.0.read_at(lba, buf)
+        }
+        fn write_at(&self, lba: u64, buf: &[u8]) -> io::Result<()> {
+            self.0.write_at(lba, buf)
+        }
+        fn flush(&self) -> io::Result<()> {
+            self.1.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        }
+        fn unmap(&self, lba: u64, blocks: u64) -> io::Result<()> {
+            self.0.unmap(lba, blocks)
+        }
+    }
+
+    #[test]
+    fn a_close_flushes_only_after_a_write() {
+        let dev = Arc::new(Flushes(RamDevice::new(512, 8), Default::default()));
+        let l = Lun::new("f".into(), dev.clone(), 4096).unwrap();
+        let flushes = || dev.1.load(Ordering::SeqCst);
+        l.flush_if_written().unwrap();
+        assert_eq!(flushes(), 0, "nothing written yet");
+        l.write(10, &[1, 2, 3]).unwrap();
+        l.flush_if_written().unwrap();
+        assert_eq!(flushes(), 1);
+        l.flush_if_written().unwrap();
+        assert_eq!(flushes(), 1, "nothing written since");
+        l.zero(0, 100).unwrap();
+        l.flush_if_written().unwrap();
+        l.punch(0, 1024).unwrap();
+        l.flush_if_written().unwrap();
+        assert_eq!(flushes(), 3, "zero and punch write too");
+        l.read(0, 100).unwrap();
+        l.flush_if_written().unwrap();
+        assert_eq!(flushes(), 3, "a read is not a write");
+        l.flush().unwrap();
+        assert_eq!(flushes(), 4, "fsync always flushes");
+        // A write that failed (past the end) wrote nothing.
+        assert!(l.write(4096, &[1]).is_err());
+        l.flush_if_written().unwrap();
+        assert_eq!(flushes(), 4);
     }
 
     #[test]

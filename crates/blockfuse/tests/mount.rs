@@ -321,12 +321,24 @@ fn fsync_and_close_reach_device_flush() {
         "fdatasync -> one flush"
     );
     drop(f);
+    assert_eq!(
+        dev.flushes.load(Ordering::SeqCst),
+        after_fsync + 1,
+        "close of a writer with nothing written since fdatasync -> no flush"
+    );
+
+    let f = OpenOptions::new().write(true).open(&path).unwrap();
+    f.write_all_at(b"again", 700).unwrap();
+    drop(f);
     let after_close = dev.flushes.load(Ordering::SeqCst);
     assert_eq!(
         after_close,
         after_fsync + 2,
-        "close of a writer -> one flush"
+        "close of a writer that wrote -> one flush"
     );
+    // Opened for writing, nothing written: no flush at close.
+    drop(OpenOptions::new().write(true).open(&path).unwrap());
+    assert_eq!(dev.flushes.load(Ordering::SeqCst), after_close);
 
     // A reader's close does not flush.
     drop(File::open(&path).unwrap());
