@@ -307,6 +307,19 @@ fn bad_durations_are_refused() {
     }
 }
 
+/// The number that follows `key` in `line`.
+fn number_after(line: &str, key: &str) -> f64 {
+    let at = line
+        .find(key)
+        .unwrap_or_else(|| panic!("no {key:?} in {line}"));
+    line[at + key.len()..]
+        .split([' ', ',', ';'])
+        .find(|w| !w.is_empty())
+        .unwrap()
+        .parse()
+        .unwrap_or_else(|e| panic!("{line}: {key}: {e}"))
+}
+
 #[test]
 fn baseline_runs_plain_udp_and_prints_the_ratio() {
     let (cip, sip, oob) = ("127.0.156.15", "127.0.156.16", 18758);
@@ -342,14 +355,7 @@ fn baseline_runs_plain_udp_and_prints_the_ratio() {
         .find(|l| l.contains("baseline plain UDP"))
         .unwrap_or_else(|| panic!("no baseline line in {text}"));
     // " baseline plain UDP: G Gb/s, D datagrams/s; ours/baseline = R"
-    let num = |after: &str| -> f64 {
-        let rest = &line[line.find(after).unwrap() + after.len()..];
-        rest.split([' ', ','])
-            .find(|w| !w.is_empty())
-            .unwrap()
-            .parse()
-            .unwrap_or_else(|e| panic!("{line}: {e}"))
-    };
+    let num = |key: &str| number_after(line, key);
     let base_gbps = num("baseline plain UDP:");
     let ratio = num("ours/baseline =");
     assert!(base_gbps > 0.0, "the baseline moved data: {line}");
@@ -399,14 +405,7 @@ fn baseline_runs_plain_udp_and_prints_the_ratio() {
         .lines()
         .find(|l| l.starts_with(" floor"))
         .unwrap_or_else(|| panic!("no floor line in {text}"));
-    let fnum = |after: &str| -> f64 {
-        let rest = &floor[floor.find(after).unwrap() + after.len()..];
-        rest.split([' ', ';'])
-            .find(|w| !w.is_empty())
-            .unwrap()
-            .parse()
-            .unwrap_or_else(|e| panic!("{floor}: {e}"))
-    };
+    let fnum = |key: &str| number_after(floor, key);
     let floor_gbps = fnum("place):");
     assert!(floor_gbps > 0.0, "{floor}");
     let (of, fb) = (fnum("ours/floor ="), fnum("floor/baseline ="));
