@@ -227,10 +227,13 @@ fn discovery_login_and_traps_through_the_sa() {
 
     discover.term();
     let rest = discover.rest(20);
-    assert!(
-        rest.iter().any(|l| l.contains("stopped after 2 scans")),
-        "{rest:?}"
-    );
+    // The first scan and the one trap 64 started, plus one retry for
+    // each scan that had failures (on a loaded machine a 200 ms MAD
+    // timeout can expire while the new target starts).
+    let retries = discover.passed_over_containing("had failures")
+        + rest.iter().filter(|l| l.contains("had failures")).count();
+    let scans = format!("stopped after {} scans", 2 + retries);
+    assert!(rest.iter().any(|l| l.contains(&scans)), "{scans}: {rest:?}");
     assert!(discover.child.wait().unwrap().success());
     drop(srpd);
     let _ = std::fs::remove_dir_all(&dir);
@@ -328,10 +331,12 @@ fn the_discover_loop_follows_a_new_master_sm() {
         "subscribed at the new master {} ms after the old one died",
         killed.elapsed().as_millis()
     );
-    // B's trap 64 for a target that comes up now: scanned at once.
+    // B's trap 64 for a target that comes up now: scanned at once. (B,
+    // master now, may first report ports it found on taking over, such
+    // as the discover loop's own: those are not the one awaited.)
     let _t = srptd(43, &dir.join("t.sock"));
-    let l = discover.wait_line("# trap 64", 20);
-    assert!(l.contains("::ffff:127.0.140.43"), "{l}");
+    let l = discover.wait_line("# trap 64: port ::ffff:127.0.140.43 in service", 20);
+    assert!(l.ends_with("scanning"), "{l}");
     let g = srpstack::ib::ib_guid(ip(43)).0;
     let l = discover.wait_line("id_ext=", 20);
     assert!(

@@ -4,6 +4,7 @@
 
 pub mod netns;
 
+use std::cell::RefCell;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
@@ -13,6 +14,8 @@ use std::time::{Duration, Instant};
 pub struct Proc {
     pub child: Child,
     lines: mpsc::Receiver<String>,
+    /// The lines [`Proc::wait_line`] read past.
+    passed_over: RefCell<Vec<String>>,
     name: &'static str,
 }
 
@@ -29,7 +32,12 @@ impl Proc {
                 }
             }
         });
-        Proc { child, lines, name }
+        Proc {
+            child,
+            lines,
+            passed_over: RefCell::default(),
+            name,
+        }
     }
 
     /// Waits at most `secs` for a line containing `what`; returns it.
@@ -41,10 +49,20 @@ impl Proc {
                 .recv_timeout(end.saturating_duration_since(Instant::now()))
             {
                 Ok(l) if l.contains(what) => return l,
-                Ok(_) => {}
+                Ok(l) => self.passed_over.borrow_mut().push(l),
                 Err(e) => panic!("{} never said `{what}`: {e}", self.name),
             }
         }
+    }
+
+    /// How many of the lines [`Proc::wait_line`] read past contain `what`.
+    #[allow(dead_code)]
+    pub fn passed_over_containing(&self, what: &str) -> usize {
+        self.passed_over
+            .borrow()
+            .iter()
+            .filter(|l| l.contains(what))
+            .count()
     }
 
     /// Every further line until the process closes its stdout (exits),
