@@ -685,34 +685,11 @@ pub fn run_server(common: &Common, listener: &TcpListener) -> Result<(), PerfErr
                     floor,
                     region,
                 }) => {
-                    // One or more baseline phases, until the client leaves.
-                    reader.get_mut().set_nonblocking(true)?;
-                    let mut phase = Some((port, floor, region));
-                    while let Some((port, floor, region)) = phase.take() {
-                        let addr = SocketAddr::new(common.bind.ip(), port);
-                        let sink = Sink::new(floor, region);
-                        let r = baseline_sink(addr, &mut reader, sink)?;
-                        send_line(&mut writer, &r)?;
-                        reader.get_mut().set_nonblocking(false)?;
-                        let mut line = String::new();
-                        if reader.read_line(&mut line)? == 0 {
-                            break;
-                        }
-                        match serde_json::from_str::<Control>(&line) {
-                            Ok(Control::Baseline {
-                                port,
-                                floor,
-                                region,
-                            }) => phase = Some((port, floor, region)),
-                            _ => {
-                                return Err(PerfError::Protocol(format!(
-                                    "bad message after the baseline: {line:?}"
-                                )))
-                            }
-                        }
-                        reader.get_mut().set_nonblocking(true)?;
-                    }
-                    return Ok(());
+                    // One baseline phase; the client may ask for another,
+                    // and leaves when it has them all.
+                    let addr = SocketAddr::new(common.bind.ip(), port);
+                    let r = baseline_sink(addr, &mut reader, Sink::new(floor, region))?;
+                    send_line(&mut writer, &r)?;
                 }
                 Ok(other) => return Err(PerfError::Protocol(format!("unexpected {other:?}"))),
                 Err(e) => return Err(PerfError::Protocol(format!("bad message {line:?}: {e}"))),
