@@ -40,6 +40,14 @@ impl<P: Default> Packet<P> {
     }
 }
 
+impl<P: Default> Default for Packet<P> {
+    /// An empty packet (opcode 0xFF, no headers, no payload): the slot a
+    /// driver hands to [`crate::Qp::poll_transmit_into`].
+    fn default() -> Self {
+        Packet::new(Opcode::Unknown(0xFF), Pkey::DEFAULT, Qpn::SMI, Psn::new(0))
+    }
+}
+
 impl<P: std::ops::Deref<Target = [u8]>> Packet<P> {
     /// Borrows an owned packet as a received one (for loopback and tests).
     pub fn as_received(&self) -> Packet<&[u8]> {

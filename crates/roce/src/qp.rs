@@ -405,23 +405,38 @@ impl Qp {
         now: Instant,
         mem: &mut (impl Memory + ?Sized),
     ) -> Option<Packet<Payload>> {
+        let mut pkt = Packet::default();
+        self.poll_transmit_into(now, mem, &mut pkt).then_some(pkt)
+    }
+
+    /// [`Qp::poll_transmit_lent`] into a packet the driver keeps between
+    /// calls: the packet is built where it lies instead of being moved
+    /// out through the engine's layers (a few hundred bytes, several
+    /// times per packet). Returns whether `out` now holds a packet to
+    /// send; when it does not, what `out` holds means nothing. Whatever
+    /// `out` held is dropped when it is overwritten, so take its payload
+    /// first.
+    pub fn poll_transmit_into(
+        &mut self,
+        now: Instant,
+        mem: &mut (impl Memory + ?Sized),
+        out: &mut Packet<Payload>,
+    ) -> bool {
         if self.mode == Mode::Error {
-            return None;
+            return false;
         }
         // Responses first on alternate calls so neither side starves.
         self.turn = !self.turn;
-        let pkt = if self.turn {
-            self.poll_response(now, mem)
-                .or_else(|| self.poll_request(now, mem))
+        let built = if self.turn {
+            self.poll_response(now, mem, out) || self.poll_request(now, mem, out)
         } else {
-            self.poll_request(now, mem)
-                .or_else(|| self.poll_response(now, mem))
+            self.poll_request(now, mem, out) || self.poll_response(now, mem, out)
         };
-        if pkt.is_some() {
+        if built {
             self.counters.tx_packets += 1;
         }
         self.check_drained();
-        pkt
+        built
     }
 
     /// The earliest deadline the QP wants [`Qp::handle_timeout`] at.

@@ -298,21 +298,24 @@ impl Qp {
         &mut self,
         now: Instant,
         mem: &mut (impl Memory + ?Sized),
-    ) -> Option<Packet<Payload>> {
+        out: &mut Packet<Payload>,
+    ) -> bool {
         if !matches!(self.mode, Mode::Active | Mode::Draining) {
-            return None;
+            return false;
         }
         if let Some(t) = self.req.rnr_until {
             if now < t {
-                return None;
+                return false;
             }
             self.req.rnr_until = None;
         }
         if !self.run_local_ops(mem) {
-            return None;
+            return false;
         }
         let idx = self.req.cursor;
-        let entry = self.req.sq.get(idx)?;
+        let Some(entry) = self.req.sq.get(idx) else {
+            return false;
+        };
         // RC: at most MAX_UNACKED_PSNS beyond the oldest unacknowledged PSN
         // (Linux rxe's window), so a slow receiver is not buried under a
         // burst it can only drop.
@@ -322,16 +325,16 @@ impl Qp {
             && entry.first_psn.add(self.req.cursor_pkt).diff(self.req.una)
                 >= MAX_UNACKED_PSNS as i32
         {
-            return None;
+            return false;
         }
         if !entry.started {
             if self.mode == Mode::Draining {
-                return None;
+                return false;
             }
             if entry.wqe.op.is_read_or_atomic()
                 && self.req.outstanding_rd_atomic() >= usize::from(self.cfg.max_rd_atomic.max(1))
             {
-                return None;
+                return false;
             }
             if entry.wqe.fence
                 && self
@@ -341,7 +344,7 @@ impl Qp {
                     .take(idx)
                     .any(|e| e.wqe.op.is_read_or_atomic())
             {
-                return None;
+                return false;
             }
         }
         if let Some(status) = entry.error {
@@ -349,11 +352,11 @@ impl Qp {
             if idx == 0 {
                 self.fail_front(status);
             }
-            return None;
+            return false;
         }
-        match self.build_request(idx, mem) {
-            Ok(pkt) => {
-                let psn = pkt.bth.psn;
+        match self.build_request(idx, mem, out) {
+            Ok(()) => {
+                let psn = out.bth.psn;
                 if psn.diff(self.req.max_sent) < 0 {
                     self.counters.retransmits += 1;
                 }
@@ -368,14 +371,14 @@ impl Qp {
                 if self.cfg.qp_type == QpType::Rc {
                     self.arm_rto(now);
                 }
-                Some(pkt)
+                true
             }
             Err(status) => {
                 self.req.sq[idx].error = Some(status);
                 if idx == 0 {
                     self.fail_front(status);
                 }
-                None
+                false
             }
         }
     }
@@ -450,7 +453,8 @@ impl Qp {
         &mut self,
         idx: usize,
         mem: &mut (impl Memory + ?Sized),
-    ) -> Result<Packet<Payload>, WcStatus> {
+        out: &mut Packet<Payload>,
+    ) -> Result<(), WcStatus> {
         let qp_type = self.cfg.qp_type;
         let pmtu = self.req.pmtu;
         let pkt_idx = self.req.cursor_pkt;
@@ -460,8 +464,9 @@ impl Qp {
         let psn = entry.first_psn.add(pkt_idx);
         let transport = transport_of(qp_type);
         let dest = entry.wqe.ud.map(|u| u.qpn).unwrap_or(self.cfg.dest_qpn);
-        let mut pkt: Packet<Payload> =
-            Packet::new(rdma_wire::Opcode::Unknown(0xFF), self.cfg.pkey, dest, psn);
+        // Built where the driver keeps it: no move of the packet after.
+        *out = Packet::new(rdma_wire::Opcode::Unknown(0xFF), self.cfg.pkey, dest, psn);
+        let pkt = out;
 
         let (kind, pos, next_pkt) = match op {
             SendOp::Read { raddr, rkey } => {
@@ -601,7 +606,7 @@ impl Qp {
                 self.complete_front();
             }
         }
-        Ok(pkt)
+        Ok(())
     }
 
     /// Acknowledges every PSN up to and including `psn`.

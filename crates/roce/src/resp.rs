@@ -795,10 +795,11 @@ impl Qp {
         &mut self,
         now: Instant,
         mem: &mut (impl Memory + ?Sized),
-    ) -> Option<Packet<Payload>> {
+        out: &mut Packet<Payload>,
+    ) -> bool {
         // Most calls find nothing: answer before working out the credits.
         if self.cfg.qp_type != QpType::Rc || self.resp.queue.is_empty() {
-            return None;
+            return false;
         }
         let pkey = self.cfg.pkey;
         let dest = self.cfg.dest_qpn;
@@ -808,8 +809,10 @@ impl Qp {
             CreditCount::for_available(Some(self.resp.rq.len() as u32))
         };
         let pmtu = self.resp.pmtu;
-        let front = self.resp.queue.front_mut()?;
-        let pkt = match front {
+        let Some(front) = self.resp.queue.front_mut() else {
+            return false;
+        };
+        *out = match front {
             Response::Ack { psn, msn } => {
                 let p = acknowledge(pkey, dest, *psn, ack(credits, *msn));
                 let (psn, msn) = (*psn, *msn);
@@ -877,7 +880,8 @@ impl Qp {
                         nak(NakCode::RemoteAccessError, self.resp.msn),
                     );
                     self.set_error_after_send(WcStatus::LocAccessErr);
-                    return Some(p);
+                    *out = p;
+                    return true;
                 };
                 let mut p = Packet::new(
                     opcode(Transport::Rc, Kind::RdmaReadResponse, pos, false, false),
@@ -896,7 +900,7 @@ impl Qp {
                 p
             }
         };
-        Some(pkt)
+        true
     }
 
     fn set_error_after_send(&mut self, status: WcStatus) {

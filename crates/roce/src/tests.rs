@@ -455,6 +455,58 @@ fn rc_send_segments_and_delivers() {
     assert_eq!(n.b.events, vec![]);
 }
 
+/// `poll_transmit_into` with one slot reused for every packet yields what
+/// `poll_transmit_lent` yields: no header of an earlier packet (the
+/// first packet's RETH, an immediate) is left in the slot for the next
+/// one.
+#[test]
+fn a_reused_transmit_slot_builds_the_same_packets() {
+    let post = |n: &mut Net| {
+        let ops = [
+            SendOp::WriteImm {
+                raddr: B_BUF + 64,
+                rkey: rkey_of(B_BUF),
+                imm: 9,
+            },
+            SendOp::SendImm(5),
+            // One READ or atomic at a time: this one goes last.
+            SendOp::FetchAdd {
+                raddr: B_BUF + 8,
+                rkey: rkey_of(B_BUF),
+                add: 3,
+            },
+        ];
+        for (i, op) in ops.into_iter().enumerate() {
+            let len = if op.is_read_or_atomic() { 8 } else { 3000 };
+            n.a.qp
+                .post_send(SendWqe::new(i as u64, op, sge(A_BUF, 0, len)));
+        }
+    };
+    let (mut one, mut two) = (Net::new(QpType::Rc, |_| {}), Net::new(QpType::Rc, |_| {}));
+    post(&mut one);
+    post(&mut two);
+    let now = Instant::ZERO;
+    let mut want = vec![];
+    while let Some(p) = one.a.qp.poll_transmit_lent(now, &mut one.a.mem) {
+        want.push((p.bth, p.ext, p.payload.to_vec()));
+    }
+    let mut got = vec![];
+    let mut slot = Packet::default();
+    while two.a.qp.poll_transmit_into(now, &mut two.a.mem, &mut slot) {
+        let payload = std::mem::take(&mut slot.payload);
+        got.push((slot.bth, slot.ext, payload.to_vec()));
+    }
+    // WRITE and SEND: first, middle, last with immediate; FETCH ADD.
+    let opcodes: Vec<_> = want.iter().map(|(bth, _, _)| bth.opcode).collect();
+    assert_eq!(opcodes.len(), 7, "{opcodes:?}");
+    assert!(want[1].1.reth.is_none() && want[5].1.atomic_eth.is_none());
+    assert!(want[6].1.atomic_eth.is_some());
+    assert!(
+        got == want,
+        "the reused slot built other packets than {opcodes:?}"
+    );
+}
+
 #[test]
 fn ack_req_at_least_every_n_packets() {
     let mut n = Net::new(QpType::Rc, |c| {

@@ -662,14 +662,16 @@ impl Node {
         let start = (self.rr as usize) % keys.len();
         self.rr = self.rr.wrapping_add(1);
         let mut produced = false;
+        // The engine builds each packet in this one slot.
+        let mut pkt = Packet::default();
         for k in keys[start..].iter().chain(&keys[..start]) {
             let Some(slot) = self.qps.get_mut(k) else {
                 continue;
             };
             for _ in 0..TX_BUDGET_PER_QP {
-                let Some(pkt) = slot.qp.poll_transmit_lent(now, &mut *slot.mem) else {
+                if !slot.qp.poll_transmit_into(now, &mut *slot.mem, &mut pkt) {
                     break;
-                };
+                }
                 produced = true;
                 let dst = match pkt.ud_dest {
                     Some(ud) => self.ahs.get(ud.ah as usize).copied(),
@@ -719,7 +721,7 @@ impl Node {
                     qpn: *k,
                     head,
                     head_len,
-                    payload: pkt.payload,
+                    payload: std::mem::take(&mut pkt.payload),
                     tail,
                     tail_len: pad + rdma_wire::ICRC_LEN,
                 });
