@@ -427,11 +427,10 @@ impl Qp {
         }
         // Responses first on alternate calls so neither side starves.
         self.turn = !self.turn;
-        let built = if self.turn {
-            self.poll_response(now, mem, out) || self.poll_request(now, mem, out)
-        } else {
-            self.poll_request(now, mem, out) || self.poll_response(now, mem, out)
-        };
+        let responses_first = self.turn;
+        let built = responses_first && self.poll_response(now, mem, out)
+            || self.poll_request(now, mem, out)
+            || !responses_first && self.poll_response(now, mem, out);
         if built {
             self.counters.tx_packets += 1;
         }
