@@ -23,6 +23,9 @@
 //! [`Memory::pin_remote`], same checks) instead of copied:
 //! [`Qp::poll_transmit_lent`] returns them as [`Payload::Pinned`], which
 //! keeps the region's allocation alive until the driver drops it.
+//! [`Qp::poll_transmit_into`] does the same into a packet the driver keeps
+//! from one call to the next (the soft RoCE node's send path): the packet
+//! is built where it lies, not moved out through the engine's layers.
 //!
 //! Window binds and local invalidates ([`SendOp::BindMw`],
 //! [`SendOp::LocalInv`]) are send-queue entries that never reach the wire:
