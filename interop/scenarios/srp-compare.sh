@@ -9,7 +9,8 @@
 # the order A B B A A B B A ..., so each target goes first as often as it
 # goes second. It prints one THROUGHPUT line per run and a
 # THROUGHPUT-RATIO line: the median of the per-round ratios ours/LIO,
-# with the range, and the ratio of the two targets' summed throughputs.
+# with the range, the ratio of the two targets' summed throughputs, and
+# the mean of the per-round ratios with its standard error (to pool runs).
 # Single rounds spread widely under TCG on a shared 2-core host (0.7 to
 # 1.6 seen), so 8 rounds are run: the median of 4 moved by 0.1 to 0.2
 # from one run to the next. Both disks are read-checked against a written pattern
@@ -102,8 +103,10 @@ guest_initiator() {
 import statistics, sys
 total = int(sys.argv[1]) / int(sys.argv[2])
 r = sorted(float(x) for x in sys.argv[3:])
+# The rounds' mean and its standard error, for pooling runs.
+se = statistics.stdev(r) / len(r) ** 0.5 if len(r) > 1 else float("nan")
 print(f"median {statistics.median(r):.2f} min {r[0]:.2f} max {r[-1]:.2f} over {len(r)} rounds, "
-      f"summed {total:.2f}")
+      f"summed {total:.2f}, mean {statistics.mean(r):.3f} standard error {se:.3f}")
 PY
 )"
 
