@@ -447,12 +447,21 @@ impl BwReport {
         }
     }
 
-    /// perftest's result line (`REPORT_FMT`).
-    pub fn line(&self) -> String {
-        format!(
-            " {:<7}    {:<10}       {:<7.2}            {:<7.2}\t\t   {:<7.6}",
-            self.size, self.iters, self.bw_peak, self.bw_avg, self.msg_rate
-        )
+    /// perftest's result line: two decimals (`REPORT_FMT`), or six when
+    /// the average is under 0.1 Gb/s (`REPORT_FMT_EXT`, which perftest
+    /// uses only for Gb/s), so a slow run does not read as 0.00.
+    pub fn line(&self, gbits: bool) -> String {
+        if gbits && self.bw_avg < 0.1 {
+            format!(
+                " {:<7}    {}           {:<7.6}            {:<7.6}            {:<7.6}",
+                self.size, self.iters, self.bw_peak, self.bw_avg, self.msg_rate
+            )
+        } else {
+            format!(
+                " {:<7}    {:<10}       {:<7.2}            {:<7.2}\t\t   {:<7.6}",
+                self.size, self.iters, self.bw_peak, self.bw_avg, self.msg_rate
+            )
+        }
     }
 }
 
@@ -1353,7 +1362,7 @@ impl Session<'_> {
                     // WRITE/READ server: our NIC answers; the client times.
                     return Ok(());
                 };
-                println!("{}", r.line());
+                println!("{}", r.line(cfg.report_gbits));
                 self.local = Some(r);
             }
             Step::Check => {
@@ -1374,7 +1383,7 @@ impl Session<'_> {
                 }
                 if !self.link.client {
                     let r = BwReport::from_fields(got);
-                    println!("{}", r.line());
+                    println!("{}", r.line(cfg.report_gbits));
                     self.remote = Some(r);
                 }
             }
@@ -1692,7 +1701,18 @@ mod tests {
         assert!((r.bw_peak - 1000.0).abs() < 1e-6);
         let g = BwReport::from_times(1 << 20, &p, &c, true);
         assert!((g.bw_avg - 1000.0 * 1_048_576.0 * 8.0 / 1e9).abs() < 1e-6);
-        assert!(g.line().starts_with(" 1048576    1000 "), "{}", g.line());
+        assert!(
+            g.line(true).starts_with(" 1048576    1000 "),
+            "{}",
+            g.line(true)
+        );
+        // Under 0.1 Gb/s perftest prints six decimals: 300 READs of 200
+        // bytes in 0.147 s is 0.003265 Gb/s, not 0.00.
+        let slow = BwReport::from_span(200, 300, 0.147, true);
+        let line = slow.line(true);
+        let avg: f64 = line.split_whitespace().nth(3).unwrap().parse().unwrap();
+        assert!((avg - 0.003265).abs() < 1e-6, "{line}");
+        assert!(slow.line(false).contains("0.00"), "{}", slow.line(false));
     }
 
     #[test]
