@@ -129,8 +129,11 @@ impl Lun {
         let len = self
             .clamp(offset, data.len() as u64)
             .ok_or(LunError::PastEnd)? as usize;
-        let r = self.view.write(offset, &data[..len]);
-        self.wrote(r.map_err(LunError::Device))?;
+        self.wrote(
+            self.view
+                .write(offset, &data[..len])
+                .map_err(LunError::Device),
+        )?;
         Ok(len)
     }
 
