@@ -23,8 +23,9 @@ SCENARIO_EXPECT_PROTOCOLS="infiniband.bth.opcode>=6&&infiniband.bth.opcode<=10 i
 
 SRPTD=${SRPTD:-${CARGO_TARGET_DIR:-$INTEROP_DIR/../target}/release/srptd}
 SRPTADM=${SRPTADM:-$(dirname "$SRPTD")/srptadm}
-# srptd's target port: id_ext and ioc_guid are its CA GUID.
-OUR_TARGET_GUID=0002c90300a00001
+# srptd's target port: id_ext and ioc_guid are its CA GUID, which is
+# 0002c903 and its address (10.77.0.2).
+OUR_TARGET_GUID=0002c9030a4d0002
 
 host_main() {
   [ -x "$SRPTD" ] || { echo "missing $SRPTD: run cargo build --release -p srpstack"; return 1; }

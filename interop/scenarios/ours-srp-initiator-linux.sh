@@ -28,8 +28,9 @@ SRP_CLI=${SRP_CLI:-${CARGO_TARGET_DIR:-$INTEROP_DIR/../target}/release/srp}
 SRP_PORT=5555
 # rxe's node GUID is the EUI-64 of the VM's MAC 52:54:00:77:00:0b.
 LIO_GUID=505400fffe77000b
-# Our initiator port ID: initiator_ext 1, then our CA GUID.
-OUR_PORT_ID=00000000000000010002c90300b00001
+# Our initiator port ID: initiator_ext 1, then our CA GUID, which is
+# 0002c903 and our address (10.77.0.2).
+OUR_PORT_ID=00000000000000010002c9030a4d0002
 
 host_main() {
   [ -x "$SRP_CLI" ] || { echo "missing $SRP_CLI: run cargo build --release -p srpstack"; return 1; }

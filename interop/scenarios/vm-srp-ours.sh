@@ -13,7 +13,14 @@
 DISK_VENDOR=RUSTSCST
 SRPTD=${SRPTD:-${CARGO_TARGET_DIR:-${INTEROP_DIR:-.}/../target}/release/srptd}
 SCENARIO_GUEST_BINS="$SRPTD"
-OUR_TARGET_GUID=0002c90300a00001
+
+# our_guid IP: srptd's CA GUID at IPv4 address IP, its target port ID
+# (id_ext and ioc_guid): 0002c903 and the address's four bytes.
+our_guid() {
+  local a b c d
+  IFS=. read -r a b c d <<<"$1"
+  printf '0002c903%02x%02x%02x%02x\n' "$a" "$b" "$c" "$d"
+}
 
 host_main() {
   [ -x "$SRPTD" ] || { echo "missing $SRPTD: run cargo build --release -p srpstack"; return 1; }
@@ -35,7 +42,7 @@ srptd_target() {
   step "$(head -1 /tmp/srptd.log)${SRPTD_FAULTS:+ (SOFTROCE_FAULTS=$SRPTD_FAULTS)}"
   guid_b=$(msg_recv 7001 600)
   [[ $guid_b =~ ^[0-9a-f]{16}$ ]] || fail "bad initiator GUID message '$guid_b'"
-  msg_send "$(host_ip b)" "${READY_PORT:-7002}" 300 "ready $OUR_TARGET_GUID"
+  msg_send "$(host_ip b)" "${READY_PORT:-7002}" 300 "ready $(our_guid "$ip")"
   step "srptd ready, waiting for the initiator"
   local done_msg
   done_msg=$(msg_recv 7001 "${DONE_TIMEOUT:-900}")

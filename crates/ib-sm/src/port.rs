@@ -37,9 +37,9 @@ const SENDS: u32 = 64;
 const KIND_SEND: u64 = 1 << 56;
 const KIND_SMI: u64 = 1 << 55;
 
-/// The GUID of the CA at `ip` in the managed mode (`ibsm`, `srptd`, `srpd`,
-/// `ibstat` agree on it): the Mellanox-style prefix 0002c903 and the last
-/// 32 bits of the address.
+/// The GUID of the CA at `ip` (`ibsm`, `srptd`, `srpd`, `srp` and `ibstat`
+/// agree on it, in the managed mode and in plain RoCE alike): the
+/// Mellanox-style prefix 0002c903 and the last 32 bits of the address.
 pub fn ip_guid(ip: std::net::IpAddr) -> Guid {
     let low = match ip {
         std::net::IpAddr::V4(a) => u32::from(a),

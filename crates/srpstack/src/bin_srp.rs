@@ -41,12 +41,13 @@ struct Login {
     /// RoCEv2 UDP port.
     #[arg(long, default_value_t = 4791)]
     udp_port: u16,
-    /// Target's id_ext (hex).
-    #[arg(long, value_parser = hex64, default_value = "0002c90300a00001")]
-    id_ext: u64,
-    /// Target's ioc_guid (hex).
-    #[arg(long, value_parser = hex64, default_value = "0002c90300a00001")]
-    ioc_guid: u64,
+    /// Target's id_ext (hex); by default srptd's for each --dest: the
+    /// GUID of its address (0002c903 and the address's last 32 bits).
+    #[arg(long, value_parser = hex64)]
+    id_ext: Option<u64>,
+    /// Target's ioc_guid (hex); by default as --id-ext.
+    #[arg(long, value_parser = hex64)]
+    ioc_guid: Option<u64>,
     /// Our initiator_ext (hex): the first half of our initiator port ID,
     /// the name LUN masking matches.
     #[arg(long, value_parser = hex64, default_value = "1")]
@@ -363,11 +364,13 @@ fn paths(l: &Login) -> Result<Vec<Arc<srpstack::paths::PathLogin>>, String> {
                 timeout,
             }),
         };
+        // srptd's port GUID comes from its address (srpstack::ib).
+        let target_guid = srpstack::ib::ib_guid(dest.ip()).0;
         let chan = srp::initiator::ChannelConfig::new(
             l.initiator_ext,
             ca.guid,
-            l.id_ext,
-            Guid(l.ioc_guid),
+            l.id_ext.unwrap_or(target_guid),
+            Guid(l.ioc_guid.unwrap_or(target_guid)),
         );
         out.push(Arc::new(
             srpstack::paths::PathLogin::new(
@@ -837,7 +840,7 @@ fn discover(
             (port.agent().clone(), Some(port), cm)
         }
         None => {
-            let guid = rdma_types::Guid(srpstack::INITIATOR_GUID);
+            let guid = srpstack::ib::ib_guid(ip);
             let provider =
                 rnic::softroce::SoftRoce::new(vec![rnic::softroce::SoftCa { guid, ip }], udp_port);
             let cm = rdma_access::resource::AccessLayer::new(provider)

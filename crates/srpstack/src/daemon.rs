@@ -296,12 +296,12 @@ impl TargetRt {
         log: crate::log::Log,
     ) -> Result<TargetRt, String> {
         let ib = t.fabric == crate::ib::Fabric::Ib;
-        // On a managed subnet every port needs its own GUID (crate::ib).
-        let guid = if ib {
-            crate::ib::ib_guid(*t.ip.get_ref())
-        } else {
-            Guid(crate::TARGET_GUID)
-        };
+        // Every port has its own GUID, from its address (crate::ib): on a
+        // managed subnet the SM keys LIDs by it, and in either mode it is
+        // the target port ID (id_ext and ioc_guid, as ib_srpt's are its
+        // HCA's GUID), which Linux ib_srp keeps unique per initiator port:
+        // two targets with one ID cannot both be logged in to.
+        let guid = crate::ib::ib_guid(*t.ip.get_ref());
         let provider = rnic::softroce::SoftRoce::new(
             vec![rnic::softroce::SoftCa {
                 guid,

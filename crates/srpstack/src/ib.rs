@@ -23,10 +23,11 @@
 //! carries the P_Key of the session QP's entry; a partition the config
 //! does not serve (`target.pkey`) is refused.
 //!
-//! GUIDs: on a managed subnet every port needs its own GUID (the SM keys
-//! LIDs by it), so in this mode a CA's GUID comes from its address
-//! ([`ib_guid`]) instead of the fixed roce-mode constants; a target's
-//! id_ext and ioc_guid follow it.
+//! GUIDs: every port's GUID comes from its address ([`ib_guid`]), in
+//! either fabric. On a managed subnet the SM keys LIDs by it; in both, a
+//! target's id_ext and ioc_guid follow it, and so does the second half of
+//! an initiator's port ID, so two hosts are two initiators and two targets
+//! two target ports without configuration.
 
 use ib_sm::port::IbNode;
 use rdma_access::sa::{PathQuery, SaClient, SaError, SaTiming};
@@ -52,7 +53,7 @@ pub enum Fabric {
     Ib,
 }
 
-/// The GUID of the CA at `ip` in the managed mode (see [`ib_sm::port::ip_guid`]).
+/// The GUID of the CA at `ip`, in either fabric (see [`ib_sm::port::ip_guid`]).
 pub use ib_sm::port::ip_guid as ib_guid;
 
 /// A port in the `ib` personality, ACTIVE (see the module docs).

@@ -173,13 +173,8 @@ impl Initd {
         }
         cfg.rport.validate().map_err(|e| e.to_string())?;
         let ib = cfg.fabric == crate::ib::Fabric::Ib;
-        let mut soft = crate::initiator_cas(&cfg.ips);
-        if ib {
-            // Every port of a managed subnet has its own GUID.
-            for ca in &mut soft {
-                ca.guid = crate::ib::ib_guid(ca.ip);
-            }
-        }
+        // Every port has the GUID of its address, in either fabric.
+        let soft = crate::initiator_cas(&cfg.ips);
         let provider = rnic::softroce::SoftRoce::with_mtu(soft.clone(), cfg.udp_port, cfg.mtu);
         let access = rdma_access::resource::AccessLayer::new(provider.clone());
         let cm = access.client("cm").into_provider();

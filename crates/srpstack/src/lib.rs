@@ -33,7 +33,8 @@ use srp_target::{LoginOutcome, PeerQp, PortOptions, TargetPort};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-/// GUID of the target CA.
+/// GUID of the quickstart's target CA (in-process, on its own fabric;
+/// srptd's ports take the GUID of their address, [`ib::ib_guid`]).
 pub const TARGET_GUID: u64 = 0x0002_c903_00a0_0001;
 pub use rdma_access::dm::IocLimits;
 
@@ -47,19 +48,22 @@ pub fn srp_ioc(guid: Guid, limits: &IocLimits) -> rdma_access::dm::Ioc {
     )
 }
 
-/// Initiator CAs of the soft RoCE NIC, one per local address, numbered
-/// from [`INITIATOR_GUID`].
+/// Initiator CAs of the soft RoCE NIC, one per local address, each with
+/// the GUID of its address ([`ib::ib_guid`]). The GUID is the second half
+/// of the initiator port ID, which targets key LUN masking and
+/// multichannel by: two hosts with one GUID and the same initiator_ext
+/// would be one initiator to the target, and each SINGLE login would end
+/// the other's channels.
 pub fn initiator_cas(ips: &[std::net::IpAddr]) -> Vec<rnic::softroce::SoftCa> {
     ips.iter()
-        .enumerate()
-        .map(|(k, ip)| rnic::softroce::SoftCa {
-            guid: Guid(INITIATOR_GUID + k as u64),
+        .map(|ip| rnic::softroce::SoftCa {
+            guid: ib::ib_guid(*ip),
             ip: *ip,
         })
         .collect()
 }
 
-/// GUID of the initiator CA.
+/// GUID of the quickstart's initiator CA (in-process, on its own fabric).
 pub const INITIATOR_GUID: u64 = 0x0002_c903_00b0_0001;
 
 /// Where the LUN keeps its blocks.

@@ -174,6 +174,12 @@ fn try_login_with(
     let provider = rnic::softroce::SoftRoce::new(vec![rnic::softroce::SoftCa { guid, ip }], 4791);
     let agent = rdma_access::CmAgent::start(provider.clone(), guid, tid_base).unwrap();
     let timeout = Duration::from_secs(10);
+    // srptd's port GUID, its target port ID, comes from its address.
+    let target_guid = match via {
+        Via::RdmaCm(dest) => dest.parse::<std::net::SocketAddr>().unwrap().ip(),
+        Via::IbCm(target, _) => target.parse().unwrap(),
+    };
+    let target_guid = srpstack::ib::ib_guid(target_guid);
     let conn: Arc<dyn srp_initiator::session::Connector> = match via {
         Via::RdmaCm(dest) => Arc::new(srpstack::RdmaCmConnector {
             agent,
@@ -188,12 +194,7 @@ fn try_login_with(
             timeout,
         }),
     };
-    let chan = srp::initiator::ChannelConfig::new(
-        ext,
-        guid,
-        srpstack::TARGET_GUID,
-        Guid(srpstack::TARGET_GUID),
-    );
+    let chan = srp::initiator::ChannelConfig::new(ext, guid, target_guid.0, target_guid);
     let mut cfg = SessionConfig::new(chan);
     tune(&mut cfg);
     Session::connect(provider, guid, conn, cfg)
@@ -289,7 +290,11 @@ fn lun_masking_runtime_changes_aer_and_graceful_stop() {
     d.adm(&["add-lun", "0", "extra", "--group", "web"]).unwrap();
     d.adm(&["add-lun", "2", "shared", "--group", "web"])
         .unwrap();
-    let bname = format!("0x{INIT_B:016x}{:016x}", srpstack::INITIATOR_GUID);
+    // `srp` names its port by its address's GUID.
+    let bname = format!(
+        "0x{INIT_B:016x}{:016x}",
+        srpstack::ib::ib_guid("127.0.97.3".parse().unwrap()).0
+    );
     d.adm(&["add-initiator", "web", &bname]).unwrap();
     let extra = naa_of(&d, "extra");
     assert_eq!(
@@ -708,7 +713,10 @@ fn rdma_cm_port_zero_turns_rdma_cm_off() {
     // ... while IB CM on the ioc_guid does.
     let s = try_login(
         "127.0.154.9",
-        Via::IbCm("127.0.154.7", srpstack::TARGET_GUID),
+        Via::IbCm(
+            "127.0.154.7",
+            srpstack::ib::ib_guid("127.0.154.7".parse().unwrap()).0,
+        ),
         INIT_A,
         0x15450,
     )

@@ -14,8 +14,10 @@ use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-const LINE: &str = "id_ext=0002c90300a00001,ioc_guid=0002c90300a00001,\
-                    dgid=00000000000000000000ffff7f00b211,pkey=ffff,service_id=0002c90300a00001";
+/// srptd at 127.0.178.17: its GUID (0002c903 and the address) is the
+/// target port ID and the service ID.
+const LINE: &str = "id_ext=0002c9037f00b211,ioc_guid=0002c9037f00b211,\
+                    dgid=00000000000000000000ffff7f00b211,pkey=ffff,service_id=0002c9037f00b211";
 
 /// The login strings `srp discover` printed.
 fn login_lines(o: &Output) -> Vec<String> {

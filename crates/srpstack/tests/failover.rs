@@ -59,8 +59,8 @@ fn target_killed_and_restarted_under_verified_io() {
     let chan = srp::initiator::ChannelConfig::new(
         1,
         guid,
-        srpstack::TARGET_GUID,
-        Guid(srpstack::TARGET_GUID),
+        srpstack::ib::ib_guid("127.0.87.1".parse().unwrap()).0,
+        srpstack::ib::ib_guid("127.0.87.1".parse().unwrap()),
     );
     let logins = Arc::new(AtomicU64::new(0));
     let open = {

@@ -50,7 +50,6 @@ mod common;
 use common::netns::{base_name, ms, Link, Netns};
 use common::Proc;
 use rdma_testkit::netns::{cannot_run, ip};
-use rdma_types::Guid;
 use srp_initiator::disk::Disk;
 use srp_initiator::multipath::{Multipath, PathDevice, Policy};
 use srp_initiator::remote::RemoteDisk;
@@ -234,8 +233,8 @@ fn path(
     let chan = srp::initiator::ChannelConfig::new(
         1,
         ca.guid,
-        srpstack::TARGET_GUID,
-        Guid(srpstack::TARGET_GUID),
+        srpstack::ib::ib_guid(link(k).target_ip).0,
+        srpstack::ib::ib_guid(link(k).target_ip),
     );
     let mut cfg = srp_initiator::session::SessionConfig::new(chan);
     if let Some(ms) = std::env::var("SRP_NSFO_CMD_TIMEOUT_MS")

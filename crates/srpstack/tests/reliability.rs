@@ -1218,8 +1218,8 @@ fn srptd_killed_under_io_initiator_fails_cleanly_and_restart_serves() {
     let mut c = ChannelConfig::new(
         0x93,
         guid,
-        srpstack::TARGET_GUID,
-        Guid(srpstack::TARGET_GUID),
+        srpstack::ib::ib_guid("127.0.93.101".parse().unwrap()).0,
+        srpstack::ib::ib_guid("127.0.93.101".parse().unwrap()),
     );
     c.cmd_timeout = rdma_types::Duration::from_secs(3);
     let victim = Arc::new(Session::connect(p.clone(), guid, cm, SessionConfig::new(c)).unwrap());

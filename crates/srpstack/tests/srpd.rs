@@ -15,7 +15,8 @@ use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::Path;
 use std::process::Command;
 
-const TARGET: &str = "id_ext=0002c90300a00001,ioc_guid=0002c90300a00001,dest=127.0.94.1:5555";
+// srptd's target port ID is the GUID of its address: 0002c903 and 127.0.94.1.
+const TARGET: &str = "id_ext=0002c9037f005e01,ioc_guid=0002c9037f005e01,dest=127.0.94.1:5555";
 
 /// Channels `srptd` behind `sock` holds.
 fn target_sessions(sock: &Path) -> usize {
@@ -222,17 +223,18 @@ fn srp_discover_finds_srptd_and_logs_in_through_srpd() {
         .lines()
         .find(|l| l.starts_with("id_ext="))
         .unwrap_or_else(|| panic!("no login string: {t}"));
-    // 127.0.117.1 as an IPv4-mapped GID; ib_srpt's service ID is the GUID.
+    // 127.0.117.1 as an IPv4-mapped GID; ib_srpt's service ID is the
+    // GUID, which is srptd's port's: 0002c903 and the address.
     assert_eq!(
         line,
-        "id_ext=0002c90300a00001,ioc_guid=0002c90300a00001,\
-         dgid=00000000000000000000ffff7f007501,pkey=ffff,service_id=0002c90300a00001"
+        "id_ext=0002c9037f007501,ioc_guid=0002c9037f007501,\
+         dgid=00000000000000000000ffff7f007501,pkey=ffff,service_id=0002c9037f007501"
     );
     assert!(t.contains("class 0x0100"), "{t}");
 
     // A rules file that denies this ioc_guid prints nothing to log in to.
     let rules = dir.join("rules");
-    std::fs::write(&rules, "d ioc_guid=0002c90300a00001\na\n").unwrap();
+    std::fs::write(&rules, "d ioc_guid=0002c9037f007501\na\n").unwrap();
     let out = discover(&["--rules", rules.to_str().unwrap()]);
     assert!(!text(&out).contains("id_ext="), "{}", text(&out));
 
@@ -264,7 +266,7 @@ fn srp_discover_finds_srptd_and_logs_in_through_srpd() {
             .arg(&sock),
     );
     _srpd.wait_line("srpd: ready on", 20);
-    std::fs::write(&rules, "a ioc_guid=0002c90300a00001,queue_size=32\n").unwrap();
+    std::fs::write(&rules, "a ioc_guid=0002c9037f007501,queue_size=32\n").unwrap();
     let out = discover(&[
         "--rules",
         rules.to_str().unwrap(),

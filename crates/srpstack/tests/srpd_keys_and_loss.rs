@@ -107,8 +107,10 @@ impl Pair {
     }
 
     fn login_string(&self, extra: &str) -> String {
+        // srptd's target port ID is the GUID of its address.
+        let guid = srpstack::ib::ib_guid(self.target_ip.parse().unwrap()).0;
         let mut s = format!(
-            "id_ext=0002c90300a00001,ioc_guid=0002c90300a00001,dest={}:5555",
+            "id_ext={guid:016x},ioc_guid={guid:016x},dest={}:5555",
             self.target_ip
         );
         if !extra.is_empty() {

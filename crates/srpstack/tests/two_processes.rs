@@ -81,7 +81,8 @@ fn login_by_rdma_cm_and_verified_io_between_processes() {
         .args(["io", "--dest", "127.0.99.1:5555", "--ip", "127.0.99.4"])
         .args([
             "--service-id",
-            "0002c90300a00001",
+            // srptd's ioc_guid: 0002c903 and its address, 127.0.99.1.
+            "0002c9037f006301",
             "--size",
             "4194304",
             "--json",
@@ -142,4 +143,56 @@ fn abort_task_under_io_is_answered_and_loses_nothing() {
     // escalates to a LUN reset.
     assert_eq!((failed, resets), (0, 0), "{line}");
     println!("{line}");
+}
+
+/// Two hosts running `srp` with the defaults (initiator_ext 1) are two
+/// initiators to the target: each port's GUID comes from its address, so
+/// their initiator port IDs differ and both stay logged in. With one GUID
+/// for every host they were one initiator, and each SINGLE login ended
+/// the other's channel, so the target never held both.
+#[test]
+fn two_hosts_with_default_names_stay_logged_in_side_by_side() {
+    let target = "127.0.98.1";
+    let _d = srptd(target);
+    let sock = std::env::temp_dir().join(format!("srptd-two-{}-{target}.sock", std::process::id()));
+    let hosts = ["127.0.98.2", "127.0.98.3"];
+    // Far more I/O than the test waits for: each is stopped once seen.
+    let mut io: Vec<_> = hosts
+        .iter()
+        .map(|ip| {
+            Command::new(env!("CARGO_BIN_EXE_srp"))
+                .args(["io", "--dest", "127.0.98.1:5555", "--ip", ip])
+                .args(["--size", "68719476736", "--region", "1048576"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .map(Daemon)
+                .expect("run srp")
+        })
+        .collect();
+    let name = |ip: &str| {
+        let guid = srpstack::ib::ib_guid(ip.parse().unwrap()).0;
+        format!("0x{:016x}{guid:016x}", 1)
+    };
+    let want: std::collections::BTreeSet<String> = hosts.iter().map(|ip| name(ip)).collect();
+    let initiators = || -> std::collections::BTreeSet<String> {
+        srpstack::daemon::request(&sock, &srpstack::daemon::Request::Sessions)
+            .ok()
+            .and_then(|v| v.as_array().cloned())
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|s| s["initiator"].as_str().map(str::to_string))
+            .collect()
+    };
+    let t0 = std::time::Instant::now();
+    let mut seen = initiators();
+    while seen != want && t0.elapsed() < std::time::Duration::from_secs(30) {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        seen = initiators();
+    }
+    assert_eq!(seen, want, "the target's sessions");
+    // Both still running: neither gave up on a login.
+    for d in &mut io {
+        assert!(d.0.try_wait().unwrap().is_none(), "an srp io ended early");
+    }
 }
