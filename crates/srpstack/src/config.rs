@@ -362,6 +362,11 @@ pub struct DeviceSection {
     pub t10_vendor_id: Option<Spanned<String>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub t10_product_id: Option<Spanned<String>>,
+    /// Unit serial number (VPD page 80h). When set, the NAA designator
+    /// (VPD page 83h, what dm-multipath names a disk by) comes from it
+    /// too, so a disk shared by two target hosts is one LU when both give
+    /// it the same usn. Unset, both come from this host's machine ID and
+    /// the device name: unique per host.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usn: Option<Spanned<String>>,
 }

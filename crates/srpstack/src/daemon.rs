@@ -190,6 +190,46 @@ fn fnv(s: &str) -> u64 {
     })
 }
 
+/// What a device's identity (its NAA designator, and its serial unless
+/// `usn` sets it) is derived from, stable across restarts. With `usn`,
+/// the usn alone: two hosts exporting one shared disk give it the same
+/// usn and so the same NAA, and multipath joins their paths. Without, the
+/// host's identity and the device name: two srptd on one host exporting
+/// an image under one name are paths to one LU, while two hosts' default
+/// `ram0` are two LUs. (SCST derives the IDs from the name alone, and asks
+/// for `scst_vdisk_ID` to differ per host; dm-multipath on an initiator
+/// that sees two hosts with equal IDs would join two different disks.)
+fn identity_key(usn: Option<&str>, name: &str, host: &str) -> String {
+    match usn {
+        Some(u) => format!("usn:{u}"),
+        None => format!("{host}/{name}"),
+    }
+}
+
+/// This host's identity for [`identity_key`]: the machine ID (systemd's
+/// `/etc/machine-id`, or D-Bus's copy), else the host name, read once.
+fn host_id() -> &'static str {
+    static ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    ID.get_or_init(|| {
+        ["/etc/machine-id", "/var/lib/dbus/machine-id"]
+            .iter()
+            .find_map(|p| {
+                let id = std::fs::read_to_string(p).ok()?.trim().to_string();
+                (!id.is_empty()).then_some(id)
+            })
+            .or_else(|| {
+                let mut buf = [0u8; 256];
+                // SAFETY: gethostname writes at most buf.len() bytes.
+                let r = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+                (r == 0).then(|| {
+                    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+                    String::from_utf8_lossy(&buf[..end]).into_owned()
+                })
+            })
+            .unwrap_or_default()
+    })
+}
+
 /// Opens a device's store per its handler.
 pub fn build_device(d: &DeviceSection) -> Result<Arc<scsi::Device>, String> {
     let name = d.name.get_ref();
@@ -237,19 +277,15 @@ pub fn build_device(d: &DeviceSection) -> Result<Arc<scsi::Device>, String> {
             )
         }
     };
+    let usn = d.usn.as_ref().map(|u| u.get_ref().as_str());
+    let key = identity_key(usn, name, host_id());
     let mut cfg = scsi::DeviceConfig {
         block_size: bs,
         read_only: d.read_only,
         thin: d.thin,
         rotational: d.rotational,
-        // Stable across restarts: derived from the device name, as SCST
-        // derives t10_dev_id and the serial from it.
-        serial: d
-            .usn
-            .as_ref()
-            .map(|u| u.get_ref().clone())
-            .unwrap_or_else(|| format!("{:08x}", fnv(name) as u32)),
-        naa: 0x5001_4050_0000_0000 | (fnv(name) & 0xf_ffff_ffff),
+        serial: usn.map_or_else(|| format!("{:08x}", fnv(&key) as u32), str::to_string),
+        naa: 0x5001_4050_0000_0000 | (fnv(&key) & 0xf_ffff_ffff),
         ..Default::default()
     };
     if let Some(v) = &d.t10_vendor_id {
@@ -1545,5 +1581,28 @@ pub fn request_to(path: &Path, who: &str, req: &impl Serialize) -> Result<Value,
             .as_str()
             .map(str::to_string)
             .unwrap_or_else(|| format!("{who} refused without a reason")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_identity_is_per_host_unless_the_usn_names_it() {
+        let naa = |usn, name, host| fnv(&identity_key(usn, name, host)) & 0xf_ffff_ffff;
+        // One host: one name is one LU, across restarts and processes.
+        assert_eq!(naa(None, "ram0", "h1"), naa(None, "ram0", "h1"));
+        assert_ne!(naa(None, "ram0", "h1"), naa(None, "ram1", "h1"));
+        // Two hosts' default ram0 are two LUs.
+        assert_ne!(naa(None, "ram0", "h1"), naa(None, "ram0", "h2"));
+        // A usn makes a shared disk one LU whatever its names and hosts,
+        // and differs from a device named like it.
+        assert_eq!(
+            naa(Some("shared7"), "a", "h1"),
+            naa(Some("shared7"), "b", "h2")
+        );
+        assert_ne!(naa(Some("ram0"), "ram0", "h1"), naa(None, "ram0", "h1"));
+        assert!(!host_id().is_empty(), "no machine ID and no host name");
     }
 }
