@@ -895,8 +895,27 @@ impl Inner {
                 terminated,
             } => (channel, rsp, terminated),
             Login::Rejected(rej) => {
+                let mut reason = rej.reason.to_string();
+                // A login for another target port (an initiator that still
+                // has an old id_ext/ioc_guid, say) is told apart in the log.
+                let req = match form {
+                    LoginForm::IbCm => srp::wire::LoginReq::parse(data),
+                    LoginForm::RdmaCm => srp::wire::LoginReq::parse_rdma(data),
+                };
+                let ours = st.target.config().target_port_id;
+                if let Ok(req) = req.map(|r| r.target_port_id) {
+                    if rej.reason == LoginRejReason::UnableAssociateChannel && req != ours {
+                        reason = format!(
+                            "{reason}: it names target port id_ext {:016x} ioc_guid {:016x}, this port is id_ext {:016x} ioc_guid {:016x}",
+                            req.id_ext(),
+                            req.guid(),
+                            ours.id_ext(),
+                            ours.guid()
+                        );
+                    }
+                }
                 return LoginOutcome::Rejected {
-                    reason: rej.reason.to_string(),
+                    reason,
                     rej: rej_bytes(&rej),
                 };
             }

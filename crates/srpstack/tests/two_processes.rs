@@ -196,3 +196,48 @@ fn two_hosts_with_default_names_stay_logged_in_side_by_side() {
         assert!(d.0.try_wait().unwrap().is_none(), "an srp io ended early");
     }
 }
+
+/// A login that names another target port (an initiator still using an
+/// old id_ext/ioc_guid, say) is refused, and srptd's log names both the
+/// port it asked for and this one.
+#[test]
+fn a_login_to_another_target_port_id_is_refused_and_logged_with_both_ids() {
+    let ip = "127.0.98.11";
+    let mut child = Command::new(env!("CARGO_BIN_EXE_srptd"))
+        .args(["--ip", ip, "--ram-mib", "16", "--control-socket"])
+        .arg(std::env::temp_dir().join(format!("srptd-two-{}-{ip}.sock", std::process::id())))
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start srptd");
+    let mut lines = BufReader::new(child.stdout.take().expect("piped")).lines();
+    let _d = Daemon(child);
+    let first = lines.next().expect("srptd prints a line").expect("utf-8");
+    assert!(first.contains("listening on"), "{first}");
+    let out = Command::new(env!("CARGO_BIN_EXE_srp"))
+        .args(["io", "--dest", "127.0.98.11:5555", "--ip", "127.0.98.12"])
+        .args([
+            "--id-ext",
+            "0002c90300a00001",
+            "--ioc-guid",
+            "0002c90300a00001",
+        ])
+        .args(["--size", "1048576"])
+        .output()
+        .expect("run srp");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("unable to associate RDMA channel"), "{err}");
+    // srptd logs the refusal before the initiator hears of it.
+    let rejected = lines
+        .map_while(Result::ok)
+        .find(|l| l.contains("rejected"))
+        .expect("a rejection in srptd's log");
+    let ours = srpstack::ib::ib_guid(ip.parse().unwrap()).0;
+    assert!(
+        rejected.contains("it names target port id_ext 0002c90300a00001 ioc_guid 0002c90300a00001")
+            && rejected.contains(&format!(
+                "this port is id_ext {ours:016x} ioc_guid {ours:016x}"
+            )),
+        "{rejected}"
+    );
+}
