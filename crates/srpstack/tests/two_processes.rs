@@ -13,7 +13,11 @@ impl Drop for Daemon {
     }
 }
 
-fn srptd(ip: &str) -> Daemon {
+type Log = std::io::Lines<BufReader<std::process::ChildStdout>>;
+
+/// `srptd` on `ip` with a 16 MiB RAM LUN, listening; its log after the
+/// first line is the caller's to read.
+fn srptd_logging(ip: &str) -> (Daemon, Log) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_srptd"))
         .args(["--ip", ip, "--ram-mib", "16", "--control-socket"])
         .arg(std::env::temp_dir().join(format!("srptd-two-{}-{ip}.sock", std::process::id())))
@@ -24,9 +28,14 @@ fn srptd(ip: &str) -> Daemon {
     let mut lines = BufReader::new(out).lines();
     let first = lines.next().expect("srptd prints a line").expect("utf-8");
     assert!(first.contains("listening on"), "{first}");
+    (Daemon(child), lines)
+}
+
+fn srptd(ip: &str) -> Daemon {
+    let (d, mut lines) = srptd_logging(ip);
     // Keep draining its log so it never blocks on a full pipe.
     std::thread::spawn(move || for _ in lines.by_ref() {});
-    Daemon(child)
+    d
 }
 
 #[test]
@@ -203,16 +212,7 @@ fn two_hosts_with_default_names_stay_logged_in_side_by_side() {
 #[test]
 fn a_login_to_another_target_port_id_is_refused_and_logged_with_both_ids() {
     let ip = "127.0.98.11";
-    let mut child = Command::new(env!("CARGO_BIN_EXE_srptd"))
-        .args(["--ip", ip, "--ram-mib", "16", "--control-socket"])
-        .arg(std::env::temp_dir().join(format!("srptd-two-{}-{ip}.sock", std::process::id())))
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("start srptd");
-    let mut lines = BufReader::new(child.stdout.take().expect("piped")).lines();
-    let _d = Daemon(child);
-    let first = lines.next().expect("srptd prints a line").expect("utf-8");
-    assert!(first.contains("listening on"), "{first}");
+    let (_d, lines) = srptd_logging(ip);
     let out = Command::new(env!("CARGO_BIN_EXE_srp"))
         .args(["io", "--dest", "127.0.98.11:5555", "--ip", "127.0.98.12"])
         .args([
