@@ -42,7 +42,8 @@ struct Login {
     #[arg(long, default_value_t = 4791)]
     udp_port: u16,
     /// Target's id_ext (hex); by default srptd's for each --dest: the
-    /// GUID of its address (0002c903 and the address's last 32 bits).
+    /// GUID of its address (0002c903 and the IPv4 address, or 32 bits
+    /// folded from an IPv6 one).
     #[arg(long, value_parser = hex64)]
     id_ext: Option<u64>,
     /// Target's ioc_guid (hex); by default as --id-ext.
