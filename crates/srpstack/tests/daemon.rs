@@ -175,11 +175,11 @@ fn try_login_with(
     let agent = rdma_access::CmAgent::start(provider.clone(), guid, tid_base).unwrap();
     let timeout = Duration::from_secs(10);
     // srptd's port GUID, its target port ID, comes from its address.
-    let target_guid = match via {
+    let target_ip = match via {
         Via::RdmaCm(dest) => dest.parse::<std::net::SocketAddr>().unwrap().ip(),
         Via::IbCm(target, _) => target.parse().unwrap(),
     };
-    let target_guid = srpstack::ib::ib_guid(target_guid);
+    let target_guid = srpstack::ib::ib_guid(target_ip);
     let conn: Arc<dyn srp_initiator::session::Connector> = match via {
         Via::RdmaCm(dest) => Arc::new(srpstack::RdmaCmConnector {
             agent,

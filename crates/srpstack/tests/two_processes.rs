@@ -15,12 +15,17 @@ impl Drop for Daemon {
 
 type Log = std::io::Lines<BufReader<std::process::ChildStdout>>;
 
+/// The control socket of the test's `srptd` on `ip`.
+fn control_socket(ip: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("srptd-two-{}-{ip}.sock", std::process::id()))
+}
+
 /// `srptd` on `ip` with a 16 MiB RAM LUN, listening; its log after the
 /// first line is the caller's to read.
 fn srptd_logging(ip: &str) -> (Daemon, Log) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_srptd"))
         .args(["--ip", ip, "--ram-mib", "16", "--control-socket"])
-        .arg(std::env::temp_dir().join(format!("srptd-two-{}-{ip}.sock", std::process::id())))
+        .arg(control_socket(ip))
         .stdout(Stdio::piped())
         .spawn()
         .expect("start srptd");
@@ -163,7 +168,7 @@ fn abort_task_under_io_is_answered_and_loses_nothing() {
 fn two_hosts_with_default_names_stay_logged_in_side_by_side() {
     let target = "127.0.98.1";
     let _d = srptd(target);
-    let sock = std::env::temp_dir().join(format!("srptd-two-{}-{target}.sock", std::process::id()));
+    let sock = control_socket(target);
     let hosts = ["127.0.98.2", "127.0.98.3"];
     // Far more I/O than the test waits for: each is stopped once seen.
     let mut io: Vec<_> = hosts
