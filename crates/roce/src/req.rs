@@ -743,8 +743,16 @@ impl Qp {
                     return;
                 }
                 self.req.una = psn.next();
+                // Progress, as an ACK or a READ response is: the retries
+                // come back and the retransmission timer restarts.
+                self.req.retry_left = self.cfg.retry_cnt;
+                self.req.rnr_left = self.cfg.rnr_retry;
+                self.req.rto_deadline = None;
                 self.complete_front();
                 self.ack_through(now, psn);
+                if self.req.outstanding() {
+                    self.arm_rto(now);
+                }
             }
             _ => self.counters.dropped += 1,
         }

@@ -2233,6 +2233,69 @@ fn atomics_beyond_the_initiator_depth_wait_and_all_return_the_right_values() {
     }
 }
 
+/// An atomic's ACK is progress, as an ACK or a READ response is: it
+/// restarts the retransmission timer and restores the retry count. A
+/// stream of atomics longer than the retry budget's worth of timeouts
+/// then sees no spurious timeout, and losses far beyond the retry count,
+/// each recovered, do not end the QP. Every fetch-and-add runs once.
+#[test]
+fn atomic_acks_restart_the_timer_and_restore_the_retries() {
+    for (loss, n_adds) in [(0.0, 100u64), (0.05, 300)] {
+        let mut n = Net::new(QpType::Rc, |c| {
+            c.retry_cnt = 3;
+            c.timeout = 10; // 4.19 ms
+            c.max_rd_atomic = 1;
+            c.max_dest_rd_atomic = 1;
+        });
+        n.faults(FaultConfig {
+            seed: 3,
+            loss,
+            latency: Duration::from_micros(500),
+            ..FaultConfig::default()
+        });
+        const SLOT: usize = 8192;
+        n.b.mem.regions[0].data[SLOT..SLOT + 8].copy_from_slice(&1000u64.to_ne_bytes());
+        for i in 0..n_adds {
+            n.a.qp.post_send(SendWqe::new(
+                i,
+                SendOp::FetchAdd {
+                    raddr: B_BUF + SLOT as u64,
+                    rkey: rkey_of(B_BUF),
+                    add: 1,
+                },
+                sge(A_BUF, (i % 64) * 8, 8),
+            ));
+        }
+        n.run(Duration::from_secs(60), |n| {
+            n.a.wcs.len() == n_adds as usize
+        });
+        let c = n.a.qp.counters();
+        assert!(
+            n.a.wcs.iter().all(|w| w.status == WcStatus::Success)
+                && n.a.wcs.len() == n_adds as usize,
+            "loss {loss}: {:?} after {} completions ({} timeouts, {} sequence NAKs)",
+            n.a.wcs.iter().find(|w| w.status != WcStatus::Success),
+            n.a.wcs.len(),
+            c.timeouts,
+            c.seq_naks_received
+        );
+        assert_eq!(
+            u64::from_ne_bytes(b_bytes(&n, SLOT, 8).try_into().unwrap()),
+            1000 + n_adds,
+            "loss {loss}: each fetch-and-add once"
+        );
+        if loss == 0.0 {
+            // ~1 ms a round trip, 100 of them: 25 timeouts' worth of time.
+            assert_eq!(c.timeouts, 0, "no spurious timeout");
+        } else {
+            assert!(
+                c.timeouts + c.seq_naks_received > 3,
+                "the losses cost more retries than retry_cnt: {c:?}"
+            );
+        }
+    }
+}
+
 // ---------------------------------------------------------------- lending
 
 /// Which payloads are lent by memory and which the engine copies: one-SGE
