@@ -1,18 +1,20 @@
 //! `rperftest`: see `rdma_perf::perftest`. Options follow perftest's
-//! `ib_write_bw` / `ib_read_bw` / `ib_send_bw`; the test is the first
-//! argument, the server (client role) the last.
+//! `ib_write_bw` / `ib_read_bw` / `ib_send_bw` / `ib_atomic_bw` /
+//! `ib_atomic_lat`; the test is the first argument, the server (client
+//! role) the last.
 
 use clap::Parser;
-use rdma_perf::perftest::{run, PerftestConfig, Verb, DEFAULT_PORT};
+use rdma_perf::perftest::{run, AtomicOp, PerftestConfig, Verb, DEFAULT_PORT};
 use std::net::IpAddr;
 use std::process::ExitCode;
 
-/// Bandwidth tests compatible with perftest's ib_write_bw, ib_read_bw and
-/// ib_send_bw (RC over RoCEv2, perftest's TCP exchange).
+/// Tests compatible with perftest's ib_write_bw, ib_read_bw, ib_send_bw,
+/// ib_atomic_bw and ib_atomic_lat (RC over RoCEv2, perftest's TCP
+/// exchange).
 #[derive(Parser)]
 #[command(name = "rperftest", version)]
 struct Cli {
-    /// The test: write, read or send.
+    /// The test: write, read, send or atomic.
     verb: Verb,
     /// Server to connect to; without it, wait for a client.
     server: Option<IpAddr>,
@@ -25,15 +27,23 @@ struct Cli {
     /// RoCEv2 UDP port (4791 everywhere but in tests).
     #[arg(long, default_value_t = 4791)]
     udp_port: u16,
-    /// Message size in bytes.
-    #[arg(short = 's', long, default_value_t = 65536)]
-    size: usize,
+    /// Message size in bytes (default 65536; atomics: 8, the only size).
+    #[arg(short = 's', long)]
+    size: Option<usize>,
     /// Messages (perftest: 5000 for write, 1000 otherwise; with -D, no
     /// limit but the time).
     #[arg(short = 'n', long)]
     iters: Option<u64>,
-    /// Client, write and read: post for this many seconds, then report
-    /// what completed.
+    /// Atomic: the operation (both sides must agree: our server checks
+    /// its slots against it).
+    #[arg(short = 'A', long = "atomic_type", value_enum, default_value_t = AtomicOp::FetchAdd)]
+    atomic_type: AtomicOp,
+    /// Atomic: measure latency, one at a time, as ib_atomic_lat (without
+    /// it, bandwidth as ib_atomic_bw).
+    #[arg(long)]
+    lat: bool,
+    /// Client, write, read and atomic bandwidth: post for this many
+    /// seconds, then report what completed.
     #[arg(short = 'D', long, value_name = "SECS")]
     duration: Option<u64>,
     /// Work requests in flight.
@@ -45,7 +55,7 @@ struct Cli {
     /// Path MTU: 256, 512, 1024, 2048 or 4096 (the smaller side wins).
     #[arg(short = 'm', long, default_value_t = 1024)]
     mtu: usize,
-    /// READs in flight (default: the device's maximum).
+    /// READs or atomics in flight (default: the device's maximum).
     #[arg(short = 'o', long = "outs")]
     outs: Option<u8>,
     /// GID index in our port's table (0 is the IPv4-mapped GID of --bind);
@@ -80,11 +90,15 @@ fn main() -> ExitCode {
     };
     let cfg = PerftestConfig {
         verb: cli.verb,
+        atomic: cli.atomic_type,
+        latency: cli.lat,
         bind: cli.bind,
         server: cli.server,
         port: cli.port,
         udp_port: cli.udp_port,
-        size: cli.size,
+        size: cli
+            .size
+            .unwrap_or(if cli.verb == Verb::Atomic { 8 } else { 65536 }),
         iters: cli.iters.unwrap_or(match (cli.duration, cli.verb) {
             (Some(_), _) => 1 << 32,
             (None, Verb::Write) => 5000,
@@ -114,7 +128,7 @@ fn main() -> ExitCode {
             }
             println!(
                 "rperftest: {} done, MTU {}, peer {}{}",
-                format!("{:?}", cfg.verb).to_lowercase(),
+                cfg.title(),
                 r.mtu.bytes(),
                 r.peer.text,
                 if r.peer.rperftest { " (rperftest)" } else { "" }

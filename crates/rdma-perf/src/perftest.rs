@@ -1,7 +1,8 @@
-//! `rperftest`: bandwidth tests that speak perftest's own out-of-band
-//! exchange, so Linux's `ib_write_bw`, `ib_read_bw` and `ib_send_bw`
-//! (perftest 4.5-0.17 as packaged in Debian bookworm, which calls itself
-//! version 6.06) can be the peer in either role. RC transport over RoCEv2.
+//! `rperftest`: tests that speak perftest's own out-of-band exchange, so
+//! Linux's `ib_write_bw`, `ib_read_bw`, `ib_send_bw`, `ib_atomic_bw` and
+//! `ib_atomic_lat` (perftest 4.5-0.17 as packaged in Debian bookworm,
+//! which calls itself version 6.06) can be the peer in either role. RC
+//! transport over RoCEv2.
 //!
 //! The exchange (perftest `src/perftest_communication.c`, `write_bw.c`,
 //! `read_bw.c`, `send_bw.c`), on a TCP connection to port 18515 by default.
@@ -49,6 +50,22 @@
 //! completed, which the server's checks follow; perftest's server needs no
 //! `-D` for that. SEND refuses `-D` (the server counts `-n` receives).
 //!
+//! Atomics (`atomic_bw.c`, `atomic_lat.c`): 8-byte messages (perftest
+//! refuses another `-s`), FETCH_AND_ADD of 1 or CMP_AND_SWAP with compare
+//! 0 and swap 0 (`-A`); the responder depth is the device's, as for READ.
+//! Bandwidth runs the WRITE/READ steps above over perftest's address walk
+//! (64 slots 64 bytes apart). Latency (`--lat`, ib_atomic_lat) swaps the
+//! dest message twice before the QPs connect and twice after, then the
+//! client posts one atomic at a time to the peer's `VADDR` (no walk) and
+//! the close swap ends it: no reports; the client prints perftest's
+//! latency line (the times between consecutive posts, each post after the
+//! previous completion, the two largest dropped). What is checked is in
+//! [`atomic`]: every returned value (FETCH_AND_ADD: a slot's values count
+//! up by 1, so all distinct; CMP_AND_SWAP: the slot's value), exactly
+//! between two of our tools, which also swap for real; our server checks
+//! each slot's final value against the client's count (bandwidth: the
+//! client's report; latency: our `-n`) and that nothing else changed.
+//!
 //! Not supported (the command line refuses them): UC/UD/XRC/DC (`-c`),
 //! several QPs (`-q`), bidirectional (`-b`), all sizes (`-a`), RDMA CM
 //! (`-R`), events, inline, post lists.
@@ -57,6 +74,10 @@
 //! the order of steps for a role and verb, and [`run`] drives it over a
 //! socket and the soft RoCE NIC (`rnic::softroce`).
 
+pub mod atomic;
+
+pub use atomic::AtomicOp;
+use atomic::{AtomicModel, ATOMIC_SIZE};
 use rdma_types::{AccessFlags, Gid, Guid, Mtu, PortNum, Psn, QpState, Qpn, Rkey, WcStatus};
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
@@ -101,16 +122,30 @@ pub enum Verb {
     Read,
     /// SEND/RECV (`ib_send_bw`).
     Send,
+    /// Atomics (`ib_atomic_bw`, `ib_atomic_lat`).
+    Atomic,
 }
 
 impl Verb {
-    /// perftest's name for the test.
-    pub fn title(self) -> &'static str {
+    /// perftest's name for the verb (`testsStr`).
+    pub fn name(self) -> &'static str {
         match self {
-            Verb::Write => "RDMA_Write BW Test",
-            Verb::Read => "RDMA_Read BW Test",
-            Verb::Send => "Send BW Test",
+            Verb::Write => "RDMA_Write",
+            Verb::Read => "RDMA_Read",
+            Verb::Send => "Send",
+            Verb::Atomic => "Atomic",
         }
+    }
+
+    /// Whether the peer's buffer is a responder's target (RKey, VAddr).
+    fn remote(self) -> bool {
+        self != Verb::Send
+    }
+
+    /// Whether the responder answers with data (READ responses, atomic
+    /// ACKs), so the depth of such requests is negotiated (`OUT_READS`).
+    fn reads(self) -> bool {
+        matches!(self, Verb::Read | Verb::Atomic)
     }
 }
 
@@ -465,6 +500,93 @@ impl BwReport {
     }
 }
 
+/// A latency result (`print_report_lat`), in microseconds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LatReport {
+    /// Message size.
+    pub size: u64,
+    /// Messages.
+    pub iters: u64,
+    /// Smallest sample.
+    pub min: f64,
+    /// The second largest sample: perftest leaves the two largest out of
+    /// the statistics and prints the smaller of them as the max.
+    pub max: f64,
+    /// The median.
+    pub typical: f64,
+    /// The mean.
+    pub avg: f64,
+    /// The standard deviation.
+    pub stdev: f64,
+    /// The 99th percentile.
+    pub p99: f64,
+    /// The 99.9th percentile.
+    pub p999: f64,
+}
+
+/// Samples perftest drops from the top (`LAT_MEASURE_TAIL`).
+const LAT_TAIL: usize = 2;
+/// Fewest iterations perftest runs (`MIN_ITER`).
+pub const MIN_ITERS: u64 = 5;
+
+impl LatReport {
+    /// perftest's report from post times (seconds, in message order; each
+    /// post after the previous completion): the samples are the times
+    /// between consecutive posts, one round trip each for READ and atomics
+    /// (`rtt_factor` 1). Sorted, the two largest left out of the median,
+    /// mean and deviation; the max and the percentiles index the sorted
+    /// samples at the kept count, and at it times 0.99 and 0.999 rounded
+    /// up, as perftest's do. The standard deviation is the
+    /// true one (perftest truncates each difference to an integer).
+    /// `None` with fewer than [`MIN_ITERS`] posts.
+    pub fn from_posts(size: u64, posted: &[f64]) -> Option<LatReport> {
+        if (posted.len() as u64) < MIN_ITERS {
+            return None;
+        }
+        let mut d: Vec<f64> = posted.windows(2).map(|w| (w[1] - w[0]) * 1e6).collect();
+        d.sort_by(f64::total_cmp);
+        let m = d.len() - LAT_TAIL;
+        let typical = if (m - 1) % 2 == 1 {
+            (d[m / 2] + d[m / 2 - 1]) / 2.0
+        } else {
+            d[m / 2]
+        };
+        let avg = d[..m].iter().sum::<f64>() / m as f64;
+        let var = d[..m].iter().map(|x| (x - avg) * (x - avg)).sum::<f64>() / m as f64;
+        let at = |q: f64| d[((m as f64 * q).ceil() as usize).min(d.len() - 1)];
+        Some(LatReport {
+            size,
+            iters: posted.len() as u64,
+            min: d[0],
+            max: d[m],
+            typical,
+            avg,
+            stdev: var.sqrt(),
+            p99: at(0.99),
+            p999: at(0.999),
+        })
+    }
+
+    /// perftest's result line (`REPORT_FMT_LAT`).
+    pub fn line(&self) -> String {
+        format!(
+            " {:<7} {}          {:<7.2}        {:<7.2}      {:<7.2}  \t       {:<7.2}     \t{:<7.2}\t\t{:<7.2} \t\t{:<7.2}",
+            self.size,
+            self.iters,
+            self.min,
+            self.max,
+            self.typical,
+            self.avg,
+            self.stdev,
+            self.p99,
+            self.p999
+        )
+    }
+}
+
+/// perftest's latency result header (`RESULT_FMT_LAT`).
+pub const LAT_HEADER: &str = " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] ";
+
 /// A dashed line as perftest prints around results.
 pub const RESULT_LINE: &str =
     "---------------------------------------------------------------------------------------";
@@ -504,14 +626,23 @@ pub enum Step {
     Done,
 }
 
-/// The steps of a test, in order, as perftest's tools run them.
-pub fn script(verb: Verb, client: bool) -> &'static [Step] {
+/// The steps of a test, in order, as perftest's tools run them
+/// (`latency`: ib_atomic_lat's, the only latency test we have).
+pub fn script(verb: Verb, latency: bool, client: bool) -> &'static [Step] {
     use Step::*;
-    match (verb, client) {
-        (Verb::Send, true) => &[
+    match (verb, latency, client) {
+        // atomic_lat.c: two swaps before the QPs connect, two after; the
+        // server then waits in the close swap while the client runs.
+        (_, true, true) => &[
+            Version, SysData, Mtu, Dest, Dest, Connect, Dest, Dest, Run, Dest, Done,
+        ],
+        (_, true, false) => &[
+            Version, SysData, Mtu, Dest, Dest, Connect, Dest, Dest, Dest, Check, Done,
+        ],
+        (Verb::Send, _, true) => &[
             Version, SysData, Mtu, Dest, Connect, Dest, Dest, Dest, Run, Dest, Done,
         ],
-        (Verb::Send, false) => &[
+        (Verb::Send, _, false) => &[
             Version,
             SysData,
             Mtu,
@@ -525,10 +656,10 @@ pub fn script(verb: Verb, client: bool) -> &'static [Step] {
             Dest,
             Done,
         ],
-        (_, true) => &[
+        (_, _, true) => &[
             Version, SysData, Mtu, Dest, Connect, Dest, Dest, Run, Dest, Reports, Dest, Done,
         ],
-        (_, false) => &[
+        (_, _, false) => &[
             Version, SysData, Mtu, Dest, Connect, Dest, Dest, Run, Dest, Reports, Check, Dest, Done,
         ],
     }
@@ -587,6 +718,10 @@ fn pattern(off: usize, len: usize) -> Vec<u8> {
 pub struct PerftestConfig {
     /// The operation.
     pub verb: Verb,
+    /// Which atomic (`-A`; atomic tests only).
+    pub atomic: AtomicOp,
+    /// Measure latency (ib_atomic_lat) instead of bandwidth; atomics only.
+    pub latency: bool,
     /// Our NIC's address (our GID is its IPv4-mapped form).
     pub bind: IpAddr,
     /// The server to connect to; `None` serves.
@@ -607,8 +742,9 @@ pub struct PerftestConfig {
     pub rx_depth: u32,
     /// Our port's MTU (`-m`).
     pub mtu: Mtu,
-    /// READs in flight (`-o`), as responder and requester; `None` is the
-    /// device's maximum. Only READ tests use more than 1.
+    /// READs or atomics in flight (`-o`), as responder and requester;
+    /// `None` is the device's maximum. Only READ and atomic tests use
+    /// more than 1.
     pub outs: Option<u8>,
     /// GID index (`-x`); `None` takes the best (the IPv4-mapped one).
     pub gid_index: Option<u32>,
@@ -628,6 +764,8 @@ pub const DEVICE_NAME: &str = "softroce0";
 pub struct PerftestReport {
     /// What we measured ourselves (client; SEND server).
     pub local: Option<BwReport>,
+    /// Our latency client's result.
+    pub latency: Option<LatReport>,
     /// What the peer reported (WRITE/READ server).
     pub remote: Option<BwReport>,
     /// The path MTU used.
@@ -641,6 +779,17 @@ pub struct PerftestReport {
 }
 
 impl PerftestConfig {
+    /// perftest's title of the test (`ctx_print_test_info`).
+    pub fn title(&self) -> String {
+        let op = if self.verb == Verb::Atomic {
+            format!("{} ", self.atomic.name())
+        } else {
+            String::new()
+        };
+        let kind = if self.latency { "Latency" } else { "BW" };
+        format!("{} {op}{kind} Test", self.verb.name())
+    }
+
     /// Checks values perftest would refuse.
     ///
     /// # Errors
@@ -658,10 +807,35 @@ impl PerftestConfig {
                 self.iters
             )));
         }
+        if self.verb == Verb::Atomic && self.size != ATOMIC_SIZE {
+            return Err(PerftestError::Usage(format!(
+                "atomics move {ATOMIC_SIZE} bytes; -s {} is not allowed (perftest refuses it too)",
+                self.size
+            )));
+        }
+        if self.latency {
+            if self.verb != Verb::Atomic {
+                return Err(PerftestError::Usage(
+                    "--lat works with atomic only (ib_atomic_lat); write, read and send measure bandwidth"
+                        .into(),
+                ));
+            }
+            if self.duration.is_some() {
+                return Err(PerftestError::Usage(
+                    "-D works with bandwidth tests; a latency run counts -n".into(),
+                ));
+            }
+            if self.iters < MIN_ITERS {
+                return Err(PerftestError::Usage(format!(
+                    "a latency run needs at least {MIN_ITERS} iterations, not {}",
+                    self.iters
+                )));
+            }
+        }
         if let Some(d) = self.duration {
             if self.verb == Verb::Send {
                 return Err(PerftestError::Usage(
-                    "-D works with write and read; a send server counts -n receives".into(),
+                    "-D works with write and read and atomic bandwidth; a send server counts -n receives".into(),
                 ));
             }
             if d.is_zero() || d > Duration::from_secs(86_400) {
@@ -760,6 +934,11 @@ impl Nic {
             .open_ca(guid, 0, Arc::new(verbs::IgnoreEvents))
             .map_err(e(&format!("open the NIC at {}", cfg.bind)))?;
         let attr = p.query_ca(ca).map_err(e("query the CA"))?;
+        if cfg.verb == Verb::Atomic && !attr.atomics {
+            return Err(PerftestError::Setup(
+                "the NIC does not support atomics".into(),
+            ));
+        }
         let port = p.query_port(ca, PortNum(1)).map_err(e("query port 1"))?;
         let gid = match cfg.gid_index {
             Some(i) => *port.gids.get(i as usize).ok_or_else(|| {
@@ -798,7 +977,14 @@ impl Nic {
         let qp = p
             .create_qp(pd, &QpInit::rc(cq, cfg.tx_depth + 4, cfg.rx_depth + 4), 0)
             .map_err(e("create the QP"))?;
-        let half = buffer_size(cfg.size, sys);
+        // An atomic client's results land in one slot per work request in
+        // flight, so each is read before anything can land on it again.
+        let results = if cfg.verb == Verb::Atomic {
+            cfg.tx_depth as usize * ATOMIC_SIZE
+        } else {
+            0
+        };
+        let half = buffer_size(cfg.size, sys).max(results);
         let mem = MemBuf::new(half + half.max(target));
         let mr = p
             .reg_mr(
@@ -806,13 +992,16 @@ impl Nic {
                 &mem,
                 mem.addr(),
                 mem.len() as u64,
-                AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE,
+                AccessFlags::LOCAL_WRITE
+                    | AccessFlags::REMOTE_READ
+                    | AccessFlags::REMOTE_WRITE
+                    | AccessFlags::REMOTE_ATOMIC,
                 0,
             )
             .map_err(e("register the buffer"))?;
         // perftest's ctx_set_out_reads: -o, at most the device's maximum.
         let max = attr.max_qp_rd_atom.max(1);
-        let out_reads = if cfg.verb == Verb::Read {
+        let out_reads = if cfg.verb.reads() {
             cfg.outs.map_or(max, |o| o.clamp(1, max))
         } else {
             1
@@ -842,6 +1031,7 @@ impl Nic {
             Verb::Write => AccessFlags::REMOTE_WRITE,
             Verb::Read => AccessFlags::REMOTE_READ,
             Verb::Send => AccessFlags::REMOTE_WRITE | AccessFlags::LOCAL_WRITE,
+            Verb::Atomic => AccessFlags::REMOTE_ATOMIC,
         };
         let step = |what: &str, attr: QpAttr| {
             self.p
@@ -942,7 +1132,13 @@ fn client_run(
 ) -> Result<(Vec<f64>, Vec<f64>), PerftestError> {
     let n = cfg.iters;
     let size = cfg.size;
-    let depth = u64::from(cfg.tx_depth).min(n);
+    // A latency run has one message in flight (perftest's tx depth 1).
+    let depth = if cfg.latency {
+        1
+    } else {
+        u64::from(cfg.tx_depth).min(n)
+    };
+    let mut atomics = (cfg.verb == Verb::Atomic).then(|| atomic_model(cfg, sys, peer_is_ours));
     let epoch = Instant::now();
     let stop_posting = cfg.duration.map(|d| epoch + d);
     let room = (n as usize).min(1 << 20);
@@ -954,11 +1150,15 @@ fn client_run(
     let mut wc = vec![empty_wc(); 64];
     let mut idle = 0u32;
     let mut last_progress = Instant::now();
-    let opcode = match cfg.verb {
-        Verb::Write => SendOpcode::RdmaWrite,
-        Verb::Read => SendOpcode::RdmaRead,
-        Verb::Send => SendOpcode::Send,
+    let opcode = match (cfg.verb, cfg.atomic) {
+        (Verb::Write, _) => SendOpcode::RdmaWrite,
+        (Verb::Read, _) => SendOpcode::RdmaRead,
+        (Verb::Send, _) => SendOpcode::Send,
+        (Verb::Atomic, AtomicOp::FetchAdd) => SendOpcode::AtomicFetchAdd,
+        (Verb::Atomic, AtomicOp::CmpSwap) => SendOpcode::AtomicCmpSwp,
     };
+    // An atomic's result slot: one per message in flight.
+    let result_at = |k: u64| (k % depth) as usize * ATOMIC_SIZE;
     loop {
         let over = stop_posting.is_some_and(|t| Instant::now() >= t);
         if done >= n || (over && done == posted) {
@@ -966,21 +1166,37 @@ fn client_run(
         }
         let mut batch = Vec::new();
         while !over && posted < n && posted - done < depth {
-            let off = slot_offset(posted, size, sys);
+            // The peer's slot: perftest's walk, or its VADDR when timing
+            // latency (no walk in run_iter_lat).
+            let off = if cfg.latency {
+                0
+            } else {
+                slot_offset(posted, size, sys)
+            };
+            let local = if atomics.is_some() {
+                result_at(posted)
+            } else {
+                off
+            };
             let mut wr = SendWr::new(
                 posted,
                 opcode,
                 vec![Sge {
-                    addr: nic.mem.addr() + off as u64,
+                    addr: nic.mem.addr() + local as u64,
                     length: size as u32,
                     lkey: nic.mr.lkey,
                 }],
             );
-            if cfg.verb != Verb::Send {
+            if cfg.verb.remote() {
                 wr.remote = RemoteAddr {
                     addr: peer.vaddr.wrapping_add(off as u64),
                     rkey: Rkey(peer.rkey),
                 };
+            }
+            if let Some(m) = atomics.as_mut() {
+                let o = m.post(off / slot_step(size, sys));
+                wr.compare_add = o.compare_add;
+                wr.swap = o.swap;
             }
             batch.push(wr);
             posted += 1;
@@ -1023,6 +1239,11 @@ fn client_run(
                     seen[slot] = Some(got);
                 }
             }
+            if let Some(m) = atomics.as_mut() {
+                let got = nic.mem.to_vec(result_at(done), ATOMIC_SIZE);
+                let got = u64::from_ne_bytes(got.try_into().unwrap_or([0; 8]));
+                m.complete(got).map_err(PerftestError::Verify)?;
+            }
             done += 1;
             done_at.push(epoch.elapsed().as_secs_f64());
             last_progress = Instant::now();
@@ -1046,7 +1267,35 @@ fn client_run(
             )
         });
     }
+    if let Some(m) = &atomics {
+        verified.push(m.summary());
+    }
     Ok((posted_at, done_at))
+}
+
+/// The atomic slots of the walk (one when timing latency: every message
+/// hits the peer's `VADDR`).
+fn atomic_slots(cfg: &PerftestConfig, sys: SysData) -> usize {
+    if cfg.latency {
+        1
+    } else {
+        slot_count(ATOMIC_SIZE, sys)
+    }
+}
+
+/// Our server's initial value of atomic slot `s`: its pattern.
+fn atomic_initial(s: usize, sys: SysData) -> u64 {
+    let p = pattern(s * slot_step(ATOMIC_SIZE, sys), ATOMIC_SIZE);
+    u64::from_ne_bytes(p.try_into().unwrap_or([0; 8]))
+}
+
+/// The client's model of the server's slots: exact (and with real swaps)
+/// when the server is ours and so holds our pattern.
+fn atomic_model(cfg: &PerftestConfig, sys: SysData, peer_is_ours: bool) -> AtomicModel {
+    let initial: Vec<Option<u64>> = (0..atomic_slots(cfg, sys))
+        .map(|s| peer_is_ours.then(|| atomic_initial(s, sys)))
+        .collect();
+    AtomicModel::new(cfg.atomic, peer_is_ours, &initial)
 }
 
 /// SEND server: receive buffers, one per posted receive, so a message is
@@ -1176,6 +1425,9 @@ fn server_check(
     };
     let base = nic.half;
     let region = nic.mem.to_vec(base, nic.half);
+    if cfg.verb == Verb::Atomic {
+        return atomic_server_check(&region, cfg, sys, iters, peer_is_ours, verified);
+    }
     if cfg.verb == Verb::Read {
         if region != pattern(0, nic.half) {
             return Err(PerftestError::Verify(
@@ -1219,15 +1471,97 @@ fn server_check(
     Ok(())
 }
 
+/// Atomic server: each slot of `region` (our target, which started as our
+/// pattern) holds what `iters` atomics of the client's leave there, and
+/// nothing else changed.
+fn atomic_server_check(
+    region: &[u8],
+    cfg: &PerftestConfig,
+    sys: SysData,
+    iters: u64,
+    peer_is_ours: bool,
+    verified: &mut Vec<String>,
+) -> Result<(), PerftestError> {
+    let slots = atomic_slots(cfg, sys);
+    let step = slot_step(ATOMIC_SIZE, sys);
+    let initial: Vec<u64> = (0..slots).map(|s| atomic_initial(s, sys)).collect();
+    let finals = |op: AtomicOp| {
+        atomic::final_values(op, peer_is_ours, &initial, iters, |k| {
+            (k % slots as u64) as usize
+        })
+    };
+    let want = finals(cfg.atomic);
+    let held: Vec<u64> = (0..slots)
+        .map(|s| {
+            let b = &region[s * step..s * step + ATOMIC_SIZE];
+            u64::from_ne_bytes(b.try_into().unwrap_or([0; 8]))
+        })
+        .collect();
+    if held != want {
+        let other = cfg.atomic.other();
+        if held == finals(other) {
+            return Err(PerftestError::Verify(format!(
+                "the slots hold what {iters} {} would leave, not {iters} {}: run both sides with the same -A",
+                other.name(),
+                cfg.atomic.name()
+            )));
+        }
+        let s = (0..slots).find(|&s| held[s] != want[s]).unwrap_or(0);
+        let visits = iters / slots as u64 + u64::from((s as u64) < iters % slots as u64);
+        return Err(PerftestError::Verify(format!(
+            "atomic slot {s} holds {:#018x}, expected {:#018x} (initially {:#018x}, {visits} {} of {iters} in all{})",
+            held[s],
+            want[s],
+            initial[s],
+            cfg.atomic.name(),
+            if cfg.latency {
+                "; a latency server counts its own -n: run both sides with the same -n"
+            } else {
+                ""
+            }
+        )));
+    }
+    let mut written = vec![false; region.len()];
+    for s in 0..slots {
+        written[s * step..s * step + ATOMIC_SIZE]
+            .iter_mut()
+            .for_each(|w| *w = true);
+    }
+    let start = pattern(0, region.len());
+    if let Some(i) = (0..region.len()).find(|&i| !written[i] && region[i] != start[i]) {
+        return Err(PerftestError::Verify(format!(
+            "byte {i} of the atomic target buffer, outside every slot, changed"
+        )));
+    }
+    let used = (slots as u64).min(iters);
+    let (subject, hold, its) = if used == 1 {
+        ("the atomic slot".to_string(), "holds", "its")
+    } else {
+        (format!("all {used} atomic slots"), "hold", "their")
+    };
+    verified.push(match cfg.atomic {
+        AtomicOp::FetchAdd => format!(
+            "{subject} {hold} {its} initial value plus 1 per FETCH_AND_ADD ({iters} in all); nothing else changed"
+        ),
+        AtomicOp::CmpSwap if peer_is_ours => format!(
+            "{subject} {hold} the last swap whose compare matched ({iters} CMP_AND_SWAP in all); nothing else changed"
+        ),
+        AtomicOp::CmpSwap => format!(
+            "{subject} kept {its} nonzero initial value ({iters} CMP_AND_SWAP of compare 0, swap 0); nothing else changed"
+        ),
+    });
+    Ok(())
+}
+
 fn print_dest(side: &str, d: &Dest, verb: Verb) {
     let mut s = format!(
         " {side} address: LID {:#06x} QPN {:#08x} PSN {:#08x}",
         d.lid, d.qpn, d.psn
     );
-    if verb == Verb::Read {
+    if verb.reads() {
         s += &format!(" OUT {:#04x}", d.out_reads);
     }
-    if verb != Verb::Send {
+    if verb.remote() {
         s += &format!(" RKey {:#010x} VAddr {:#018x}", d.rkey, d.vaddr);
     }
     println!("{s}");
@@ -1273,6 +1607,7 @@ struct Session<'a> {
     receiver: Option<Receiver>,
     local: Option<BwReport>,
     remote: Option<BwReport>,
+    latency: Option<LatReport>,
     verified: Vec<String>,
 }
 
@@ -1352,6 +1687,17 @@ impl Session<'_> {
                 let r = if self.link.client {
                     let d = need(&self.peer, "the peer's dest")?;
                     let (p, c) = client_run(n, cfg, self.sys, d, ours, &mut self.verified)?;
+                    if cfg.latency {
+                        let r = LatReport::from_posts(cfg.size as u64, &p).ok_or_else(|| {
+                            PerftestError::Transfer(format!(
+                                "{} messages are too few for a latency report",
+                                p.len()
+                            ))
+                        })?;
+                        println!("{}", r.line());
+                        self.latency = Some(r);
+                        return Ok(());
+                    }
                     BwReport::from_times(cfg.size as u64, &p, &c, cfg.report_gbits)
                 } else if let Some(rx) = self.receiver.as_mut() {
                     let secs = rx.run(n, cfg, self.sys, ours, &mut self.verified)?;
@@ -1359,7 +1705,8 @@ impl Session<'_> {
                     // to its last and computes no peak.
                     BwReport::from_span(cfg.size as u64, cfg.iters, secs, cfg.report_gbits)
                 } else {
-                    // WRITE/READ server: our NIC answers; the client times.
+                    // WRITE/READ/atomic server: our NIC answers; the
+                    // client times.
                     return Ok(());
                 };
                 println!("{}", r.line(cfg.report_gbits));
@@ -1413,7 +1760,9 @@ impl Session<'_> {
         n.mem.write_at(0, &pattern(0, n.half));
         let t = n.mem.len() - n.half;
         match cfg.verb {
-            Verb::Read => n.mem.write_at(n.half, &pattern(0, t)),
+            // An atomic target's slots start as the pattern too: our
+            // client knows every initial value.
+            Verb::Read | Verb::Atomic => n.mem.write_at(n.half, &pattern(0, t)),
             _ => n.mem.write_at(n.half, &vec![CANARY; t]),
         }
         let qpn =
@@ -1436,7 +1785,7 @@ impl Session<'_> {
     fn print_header(&self, m: &Dest, d: &Dest) {
         let cfg = self.cfg;
         println!("{RESULT_LINE}");
-        println!("                    {}", cfg.verb.title());
+        println!("                    {}", cfg.title());
         println!(
             " Connection type : RC\t\tDevice         : {DEVICE_NAME} ({})",
             cfg.bind
@@ -1444,7 +1793,11 @@ impl Session<'_> {
         println!(
             " Mtu             : {}[B]\t\tTX depth       : {}",
             self.mtu.bytes(),
-            u64::from(cfg.tx_depth).min(cfg.iters)
+            if cfg.latency {
+                1
+            } else {
+                u64::from(cfg.tx_depth).min(cfg.iters)
+            }
         );
         println!(
             " Peer version    : {}{}",
@@ -1459,7 +1812,11 @@ impl Session<'_> {
         print_dest("local", m, cfg.verb);
         print_dest("remote", d, cfg.verb);
         println!("{RESULT_LINE}");
-        println!("{}", result_header(cfg.report_gbits));
+        if !cfg.latency {
+            println!("{}", result_header(cfg.report_gbits));
+        } else if self.link.client {
+            println!("{LAT_HEADER}");
+        }
         let _ = std::io::stdout().flush();
     }
 }
@@ -1507,9 +1864,10 @@ pub fn run(cfg: &PerftestConfig) -> Result<PerftestReport, PerftestError> {
         receiver: None,
         local: None,
         remote: None,
+        latency: None,
         verified: Vec::new(),
     };
-    let result = script(cfg.verb, client)
+    let result = script(cfg.verb, cfg.latency, client)
         .iter()
         .try_for_each(|&step| s.step(step));
     let counters = s.nic.as_ref().and_then(|n| n.soft.counters(n.guid));
@@ -1528,6 +1886,7 @@ pub fn run(cfg: &PerftestConfig) -> Result<PerftestReport, PerftestError> {
     }
     Ok(PerftestReport {
         local: s.local,
+        latency: s.latency,
         remote: s.remote,
         mtu: s.mtu,
         peer,
@@ -1737,25 +2096,171 @@ mod tests {
     fn scripts_are_perftest_s_order() {
         use Step::*;
         let dests = |s: &[Step]| s.iter().filter(|x| **x == Dest).count();
-        // WRITE/READ: 3 swaps before the run, 1 after, 1 to close.
-        assert_eq!(dests(script(Verb::Write, true)), 5);
-        assert_eq!(dests(script(Verb::Read, false)), 5);
+        // WRITE/READ/atomic bandwidth: 3 swaps before the run, 1 after, 1
+        // to close.
+        assert_eq!(dests(script(Verb::Write, false, true)), 5);
+        assert_eq!(dests(script(Verb::Read, false, false)), 5);
+        assert_eq!(
+            script(Verb::Atomic, false, true),
+            script(Verb::Write, false, true)
+        );
+        assert_eq!(
+            script(Verb::Atomic, false, false),
+            script(Verb::Read, false, false)
+        );
         // SEND: 4 before (the last after receives are posted), 1 to close.
-        assert_eq!(dests(script(Verb::Send, true)), 5);
-        let s = script(Verb::Send, false);
+        assert_eq!(dests(script(Verb::Send, false, true)), 5);
+        let s = script(Verb::Send, false, false);
         let post = s.iter().position(|x| *x == PostReceives).unwrap();
         assert_eq!(s[post + 1], Dest);
-        assert!(!script(Verb::Send, true).contains(&Reports));
+        assert!(!script(Verb::Send, false, true).contains(&Reports));
         // A WRITE server checks once the client is done and has reported.
-        let w = script(Verb::Write, false);
+        let w = script(Verb::Write, false, false);
         let check = w.iter().position(|x| *x == Check).unwrap();
         assert_eq!((w[check - 2], w[check - 1]), (Dest, Reports));
-        for v in [Verb::Write, Verb::Read, Verb::Send] {
+        // atomic_lat.c: 2 swaps, connect, 2 swaps; the client runs, then
+        // both close; no reports. The server checks after the close swap.
+        let (c, sv) = (
+            script(Verb::Atomic, true, true),
+            script(Verb::Atomic, true, false),
+        );
+        assert_eq!(&c[3..6], &[Dest, Dest, Connect]);
+        assert_eq!(&sv[3..6], &[Dest, Dest, Connect]);
+        assert_eq!(dests(c), 5);
+        assert_eq!(dests(sv), 5);
+        assert!(!c.contains(&Reports) && !sv.contains(&Reports) && !sv.contains(&Run));
+        assert_eq!(&c[c.len() - 3..], &[Run, Dest, Done]);
+        assert_eq!(&sv[sv.len() - 3..], &[Dest, Check, Done]);
+        for v in [Verb::Write, Verb::Read, Verb::Send, Verb::Atomic] {
             for c in [true, false] {
-                let s = script(v, c);
-                assert_eq!(&s[..3], &[Version, SysData, Mtu]);
-                assert_eq!(s.last(), Some(&Done));
+                for l in [false, true] {
+                    let s = script(v, l, c);
+                    assert_eq!(&s[..3], &[Version, SysData, Mtu]);
+                    assert_eq!(s.last(), Some(&Done));
+                }
             }
         }
+    }
+
+    fn cfg(verb: Verb) -> PerftestConfig {
+        PerftestConfig {
+            verb,
+            atomic: AtomicOp::FetchAdd,
+            latency: false,
+            bind: "127.0.0.1".parse().unwrap(),
+            server: None,
+            port: DEFAULT_PORT,
+            udp_port: 4791,
+            size: 8,
+            iters: 1000,
+            duration: None,
+            tx_depth: 128,
+            rx_depth: 512,
+            mtu: Mtu::Mtu1024,
+            outs: None,
+            gid_index: None,
+            device: None,
+            report_gbits: false,
+            timeout: Duration::from_secs(1),
+        }
+    }
+
+    #[test]
+    fn atomic_options_are_checked_like_perftest() {
+        let mut c = cfg(Verb::Atomic);
+        assert!(c.validate().is_ok());
+        assert_eq!(c.title(), "Atomic FETCH_AND_ADD BW Test");
+        c.latency = true;
+        c.atomic = AtomicOp::CmpSwap;
+        assert_eq!(c.title(), "Atomic CMP_AND_SWAP Latency Test");
+        assert!(c.validate().is_ok());
+        c.iters = 4;
+        assert!(c.validate().unwrap_err().to_string().contains("at least 5"));
+        c.iters = 10;
+        c.duration = Some(Duration::from_secs(1));
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("-D works with bandwidth"));
+        let mut c = cfg(Verb::Atomic);
+        c.size = 16;
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("atomics move 8 bytes"));
+        let mut w = cfg(Verb::Write);
+        assert_eq!(w.title(), "RDMA_Write BW Test");
+        w.latency = true;
+        assert!(w
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("--lat works with atomic only"));
+    }
+
+    #[test]
+    fn latency_report_follows_print_report_lat() {
+        // Posts 10 us apart except two slow gaps, which are dropped.
+        let mut t = 0.0;
+        let mut posts = vec![t];
+        for i in 0..10 {
+            t += if i == 3 || i == 7 {
+                1e-3
+            } else {
+                10e-6 + i as f64 * 1e-6
+            };
+            posts.push(t);
+        }
+        let r = LatReport::from_posts(8, &posts).unwrap();
+        assert_eq!(r.iters, 11);
+        // Kept samples: 10, 11, 12, 14, 15, 16, 18, 19 us (8; median the
+        // mean of the middle two), max the largest kept.
+        assert!((r.min - 10.0).abs() < 1e-6, "{r:?}");
+        assert!((r.max - 1000.0).abs() < 1e-6, "{r:?}");
+        assert!((r.typical - 14.5).abs() < 1e-6, "{r:?}");
+        assert!((r.avg - 14.375).abs() < 1e-6, "{r:?}");
+        let line = r.line();
+        assert!(line.starts_with(" 8       11          10.00 "), "{line:?}");
+        assert_eq!(line.split_whitespace().count(), 9);
+        assert!(LatReport::from_posts(8, &posts[..4]).is_none());
+    }
+
+    #[test]
+    fn atomic_server_check_names_what_differs() {
+        let sys = SysData {
+            cycle_buffer: 4096,
+            cache_line: 64,
+        };
+        let c = cfg(Verb::Atomic);
+        let mut region = pattern(0, 4096);
+        // 100 fetch-and-adds: slots 0..36 visited twice, the rest once.
+        for s in 0..64 {
+            let at = s * 64;
+            let v = atomic_initial(s, sys) + if s < 36 { 2 } else { 1 };
+            region[at..at + 8].copy_from_slice(&v.to_ne_bytes());
+        }
+        let mut v = Vec::new();
+        atomic_server_check(&region, &c, sys, 100, false, &mut v).unwrap();
+        assert!(
+            v[0].contains("all 64 atomic slots hold their initial value plus 1"),
+            "{v:?}"
+        );
+        let e = atomic_server_check(&region, &c, sys, 101, false, &mut v).unwrap_err();
+        assert!(e.to_string().contains("atomic slot 36 holds"), "{e}");
+        assert!(e.to_string().contains("2 FETCH_AND_ADD of 101"), "{e}");
+        // The client ran compare 0 / swap 0 while we were told FETCH_AND_ADD.
+        let e = atomic_server_check(&pattern(0, 4096), &c, sys, 100, false, &mut v).unwrap_err();
+        assert!(
+            e.to_string().contains("run both sides with the same -A"),
+            "{e}"
+        );
+        region[8] ^= 1;
+        let e = atomic_server_check(&region, &c, sys, 100, false, &mut v).unwrap_err();
+        assert!(
+            e.to_string().contains("byte 8 of the atomic target buffer"),
+            "{e}"
+        );
     }
 }

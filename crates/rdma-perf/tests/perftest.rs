@@ -1,9 +1,12 @@
 //! `rperftest` client against `rperftest` server, two processes over the
 //! soft RoCE NIC on 127.0.130.1 (server) and 127.0.130.2 (client), for
 //! WRITE, READ and SEND, with the data checked exactly (the two know each
-//! other from the version field's tag); and peers that break perftest's
-//! exchange (an old version, a garbage dest message, a peer that leaves),
-//! which must end in a clear error and no panic.
+//! other from the version field's tag); atomics (FETCH_AND_ADD and
+//! CMP_AND_SWAP, bandwidth and latency, on 127.0.161.1 and .2) with every
+//! returned value and every final slot value checked, also over a lossy
+//! link; and peers that break perftest's exchange (an old version, a
+//! garbage dest message, a peer that leaves), which must end in a clear
+//! error and no panic.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -473,4 +476,306 @@ fn duration_is_refused_for_send_and_when_zero() {
         assert!(err.contains(says), "{verb} -D {d}: {err}");
         assert!(!err.contains("panicked"), "{err}");
     }
+}
+
+const ATOMIC_SERVER: &str = "127.0.161.1";
+const ATOMIC_CLIENT: &str = "127.0.161.2";
+
+/// Both sides' output of an atomic run.
+struct AtomicRun {
+    client: String,
+    server: String,
+}
+
+/// `rperftest atomic` both ways with `args` (op, mode, count) on both
+/// sides, `env` (SOFTROCE_FAULTS) on client and server; both must succeed
+/// and print perftest's result line for 8 bytes x `iters`.
+fn atomic_both_ours(
+    tcp: &str,
+    udp: &str,
+    args: &[&str],
+    iters: &str,
+    faults: [Option<&str>; 2],
+) -> AtomicRun {
+    let common = ["-p", tcp, "--udp-port", udp, "-n", iters, "--timeout", "30"];
+    let mut srv_cmd = rperftest();
+    srv_cmd.args(["atomic", "--bind", ATOMIC_SERVER]);
+    srv_cmd.args(common).args(args);
+    if let Some(f) = faults[1] {
+        srv_cmd.env("SOFTROCE_FAULTS", f);
+    }
+    let mut srv = srv_cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(srv.stdout.take().unwrap()).lines();
+    let mut server = String::new();
+    for l in lines.by_ref() {
+        let l = l.unwrap();
+        server += &l;
+        server.push('\n');
+        if l.contains("Waiting for client") {
+            break;
+        }
+    }
+    assert!(server.contains("Waiting for client"), "server: {server}");
+    let mut cli = rperftest();
+    cli.args(["atomic", ATOMIC_SERVER, "--bind", ATOMIC_CLIENT]);
+    cli.args(common).args(args).args(["-s", "8"]);
+    if let Some(f) = faults[0] {
+        cli.env("SOFTROCE_FAULTS", f);
+    }
+    let c = cli.output().unwrap();
+    let client = text(&c.stdout);
+    let status = finish(srv, 60);
+    for l in lines.map_while(Result::ok) {
+        server += &l;
+        server.push('\n');
+    }
+    assert!(c.status.success(), "client: {client}{}", text(&c.stderr));
+    assert!(
+        status.status.success(),
+        "server: {server}{}",
+        text(&status.stderr)
+    );
+    assert!(client.contains("peer 6.06 (rperftest)"), "{client}");
+    assert!(
+        client.contains(&format!("verified: {iters} completions, all successful")),
+        "{client}"
+    );
+    let result = client
+        .lines()
+        .find(|l| l.split_whitespace().take(2).eq(["8", iters]))
+        .unwrap_or_else(|| panic!("no result line for 8 x {iters}: {client}"));
+    let numbers: Vec<f64> = result
+        .split_whitespace()
+        .map(|f| f.parse().unwrap())
+        .collect();
+    // Bandwidth: peak, average (MB/s, two decimals: 0.00 for a slow
+    // lossy run of 8-byte messages) and the message rate (six decimals);
+    // latency: min to 99.9 %.
+    assert!(numbers[2..].iter().all(|&x| x >= 0.0), "{result}");
+    assert!(numbers.last().is_some_and(|&x| x > 0.0), "{result}");
+    AtomicRun { client, server }
+}
+
+fn says(out: &str, what: &str) {
+    assert!(out.contains(what), "missing {what:?} in:\n{out}");
+}
+
+#[test]
+fn atomic_fetch_add_bw_returns_distinct_counts_and_leaves_the_sums() {
+    // 500 over perftest's 64-slot walk, 16 in flight (our responder depth).
+    let r = atomic_both_ours("18761", "24861", &["-A", "FETCH_AND_ADD"], "500", [None; 2]);
+    says(&r.client, "Atomic FETCH_AND_ADD BW Test");
+    says(&r.client, "BW average[MB/sec]");
+    says(
+        &r.client,
+        "every FETCH_AND_ADD returned its slot's initial value plus 1 per earlier one \
+         (500 in 64 slots, all returned values of a slot distinct)",
+    );
+    says(
+        &r.server,
+        "all 64 atomic slots hold their initial value plus 1 per FETCH_AND_ADD (500 in all); nothing else changed",
+    );
+}
+
+#[test]
+fn atomic_cmp_swap_bw_swaps_when_the_compare_matches() {
+    // Slots 0..52 visited 8 times, 52..64 7 times; every fourth visit's
+    // compare misses: 6 swaps per slot.
+    let r = atomic_both_ours("18762", "24862", &["-A", "CMP_AND_SWAP"], "500", [None; 2]);
+    says(&r.client, "Atomic CMP_AND_SWAP BW Test");
+    says(
+        &r.client,
+        "every CMP_AND_SWAP returned its slot's value after the earlier swaps \
+         (500 in 64 slots, 384 compares matched and swapped",
+    );
+    says(
+        &r.server,
+        "all 64 atomic slots hold the last swap whose compare matched (500 CMP_AND_SWAP in all)",
+    );
+}
+
+#[test]
+fn atomic_latency_runs_one_at_a_time_on_one_slot() {
+    let r = atomic_both_ours("18763", "24863", &["--lat"], "200", [None; 2]);
+    says(&r.client, "Atomic FETCH_AND_ADD Latency Test");
+    says(&r.client, "TX depth       : 1");
+    says(&r.client, "t_typical[usec]");
+    says(
+        &r.client,
+        "every FETCH_AND_ADD returned its slot's initial value plus 1 per earlier one (200 in 1 slot,",
+    );
+    says(
+        &r.server,
+        "the atomic slot holds its initial value plus 1 per FETCH_AND_ADD (200 in all); nothing else changed",
+    );
+    let r = atomic_both_ours(
+        "18764",
+        "24864",
+        &["--lat", "-A", "CMP_AND_SWAP"],
+        "200",
+        [None; 2],
+    );
+    says(&r.client, "Atomic CMP_AND_SWAP Latency Test");
+    says(
+        &r.client,
+        "(200 in 1 slot, 150 compares matched and swapped",
+    );
+    says(
+        &r.server,
+        "the atomic slot holds the last swap whose compare matched (200 CMP_AND_SWAP in all)",
+    );
+}
+
+#[test]
+fn atomics_over_a_lossy_link_execute_once() {
+    // The server loses 5 % of its atomic ACKs and the client duplicates
+    // 5 % of its requests: the responder must answer a repeated atomic
+    // from its responder resources, not execute it again (IBA 9.4.5,
+    // 9.7.5.2.3), or a FETCH_AND_ADD would return or leave one too many.
+    let r = atomic_both_ours(
+        "18765",
+        "24865",
+        &["-A", "FETCH_AND_ADD"],
+        "400",
+        [Some("loss=0.03,dup=0.05,seed=5"), Some("loss=0.05,seed=6")],
+    );
+    says(
+        &r.client,
+        "(400 in 64 slots, all returned values of a slot distinct)",
+    );
+    says(
+        &r.server,
+        "plus 1 per FETCH_AND_ADD (400 in all); nothing else changed",
+    );
+    let duplicates = |out: &str| -> u64 {
+        out.lines()
+            .find_map(|l| l.strip_prefix(" NIC: "))
+            .and_then(|l| l.split(", ").nth(4))
+            .and_then(|f| f.strip_suffix(" duplicate requests"))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no NIC counters: {out}"))
+    };
+    assert!(
+        duplicates(&r.server) > 0,
+        "no duplicate reached the responder: {}",
+        r.server
+    );
+}
+
+#[test]
+fn atomic_sides_told_different_ops_say_so() {
+    let (srv, _lines) = server(&[
+        "atomic",
+        "--bind",
+        ATOMIC_SERVER,
+        "-p",
+        "18766",
+        "--udp-port",
+        "24866",
+        "-A",
+        "CMP_AND_SWAP",
+        "-n",
+        "100",
+        "--timeout",
+        "20",
+    ]);
+    let client = rperftest()
+        .args(["atomic", ATOMIC_SERVER, "--bind", ATOMIC_CLIENT])
+        .args(["-p", "18766", "--udp-port", "24866", "-n", "100"])
+        .args(["-A", "FETCH_AND_ADD", "--timeout", "20"])
+        .output()
+        .unwrap();
+    // The client ran its part (its result line is out); the server
+    // refuses at its check and closes, so the client's closing swap fails.
+    let cerr = no_panic(&client);
+    let out = text(&client.stdout);
+    assert!(
+        out.lines()
+            .any(|l| l.split_whitespace().take(2).eq(["8", "100"])),
+        "{out}"
+    );
+    assert!(cerr.contains("swapping QP addresses"), "{cerr}");
+    let o = finish(srv, 30);
+    let err = no_panic(&o);
+    assert!(
+        err.contains("the slots hold what 100 FETCH_AND_ADD would leave, not 100 CMP_AND_SWAP: run both sides with the same -A"),
+        "{err}"
+    );
+}
+
+#[test]
+fn atomic_options_are_refused_like_perftest() {
+    for (args, says) in [
+        (&["atomic", "-s", "16"][..], "atomics move 8 bytes; -s 16"),
+        (&["write", "--lat"][..], "--lat works with atomic only"),
+        (&["atomic", "--lat", "-n", "4"][..], "at least 5 iterations"),
+        (
+            &["atomic", "--lat", "-D", "1"][..],
+            "-D works with bandwidth tests",
+        ),
+        (&["atomic", "-A", "SWAP"][..], "invalid value 'SWAP'"),
+    ] {
+        let o = rperftest()
+            .args(args)
+            .args(["--bind", ATOMIC_SERVER, "-p", "18767", "--timeout", "1"])
+            .output()
+            .unwrap();
+        let err = no_panic(&o);
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn an_atomic_stream_outlives_the_retransmission_timer() {
+    // Atomics only, for 2 s on a perfect link: many times the requester's
+    // retransmission timeout (timeout 14: 67 ms) times its retry count (7).
+    // Each atomic ACK is progress that restarts the timer and restores the
+    // retries; without that the stream ends in "transport retry counter
+    // exceeded" after about half a second. The server checks the count the
+    // client reports.
+    let (srv, lines) = server(&[
+        "atomic",
+        "--bind",
+        ATOMIC_SERVER,
+        "-p",
+        "18768",
+        "--udp-port",
+        "24868",
+        "--timeout",
+        "20",
+    ]);
+    let client = rperftest()
+        .args(["atomic", ATOMIC_SERVER, "--bind", ATOMIC_CLIENT])
+        .args([
+            "-p",
+            "18768",
+            "--udp-port",
+            "24868",
+            "-D",
+            "2",
+            "--timeout",
+            "20",
+        ])
+        .output()
+        .unwrap();
+    let out = text(&client.stdout);
+    assert!(client.status.success(), "{out}{}", text(&client.stderr));
+    let iters: u64 = out
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some("8"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no result line: {out}"));
+    let status = finish(srv, 30);
+    let all: Vec<String> = lines.map_while(Result::ok).collect();
+    let all = all.join("\n");
+    assert!(status.status.success(), "{all}{}", text(&status.stderr));
+    says(
+        &all,
+        &format!("plus 1 per FETCH_AND_ADD ({iters} in all); nothing else changed"),
+    );
 }
