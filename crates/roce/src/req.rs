@@ -63,9 +63,12 @@ pub(crate) struct Requester {
     rnr_left: u8,
     rto_deadline: Option<Instant>,
     rnr_until: Option<Instant>,
-    /// PSN a NAK or response gap already made us go back to; later signs of
-    /// the same gap are ignored until progress (the timeout still covers).
+    /// PSN a sign of a gap (NAK, response past a missing one, ACK past a
+    /// READ) or a timeout already made us go back to; later signs of the
+    /// same gap are ignored until progress (the timeout still covers).
     gap_retried: Option<Psn>,
+    /// The PSNs the last go-back-N (gap or timeout) sent again, `from..to`.
+    resent: Option<(Psn, Psn)>,
     pmtu: u64,
     /// Local operations (binds, local invalidates) in `sq`: while there
     /// are none, the send path does not look for them.
@@ -87,6 +90,7 @@ impl Requester {
             rto_deadline: None,
             rnr_until: None,
             gap_retried: None,
+            resent: None,
             pmtu: cfg.pmtu.bytes() as u64,
             locals: 0,
         }
@@ -224,6 +228,21 @@ impl Requester {
 
     fn outstanding(&self) -> bool {
         self.una != self.max_sent
+    }
+
+    /// Whether the front READ/atomic (starting at `first`), missing its
+    /// responses from `una` on, was asked for again by the last go-back-N
+    /// and no response to that re-request has arrived yet. ACKs arriving
+    /// meanwhile answer requests sent before the re-request (a responder
+    /// ACKs a duplicate SEND with the newest PSN it acknowledged, Linux
+    /// rxe included), so being past the READ says nothing of its responses.
+    /// Once one response to the re-request is in, the responder has got
+    /// to it, and a later ACK past the READ does mean responses were lost.
+    fn awaiting_re_request(&self, first: Psn) -> bool {
+        let una = self.una;
+        self.resent.is_some_and(|(from, to)| {
+            una.diff(from) >= 0 && una.diff(to) < 0 && (una == from || una == first)
+        })
     }
 }
 
@@ -615,10 +634,11 @@ impl Qp {
     }
 
     /// Completes what an ACK through `psn` covers. `rewind_reads`: an ACK
-    /// past a READ/atomic without its response means the response was
-    /// lost, so ask again from its start; a READ response of a later READ
-    /// (which acknowledges what comes before that READ implicitly) leaves
-    /// the front READ to the gap rule instead.
+    /// past a READ/atomic still missing responses means they were lost, a
+    /// sign of the gap at the oldest unacknowledged PSN ([`Qp::retry_gap`]);
+    /// a READ response of a later READ (which acknowledges what comes
+    /// before that READ implicitly) leaves the front READ to the gap rule
+    /// in `handle_read_response` instead.
     fn ack_through_inner(&mut self, now: Instant, psn: Psn, rewind_reads: bool) {
         let mut progress = false;
         while let Some(front) = self.req.sq.front() {
@@ -627,14 +647,15 @@ impl Qp {
             }
             if psn.diff(front.last_psn()) >= 0 && front.sent {
                 if front.wqe.op.is_read_or_atomic() {
-                    if !rewind_reads {
-                        break;
+                    // An ACK beyond a READ/atomic without all its responses:
+                    // they were lost (IBA 9.7.5.1.5). Ask again from the
+                    // first one missing, not from the READ's start: the
+                    // responses before it are in, and a responder that
+                    // answered the partial re-request (Linux rxe) drops a
+                    // re-request from before it.
+                    if rewind_reads && !self.req.awaiting_re_request(front.first_psn) {
+                        self.retry_gap(now);
                     }
-                    // An ACK beyond a READ/atomic without its response:
-                    // the response was lost; ask again (IBA 9.7.5.1.5).
-                    let first = front.first_psn;
-                    self.req.una = first;
-                    self.req.rewind(first);
                     break;
                 }
                 self.req.una = front.last_psn().next();
@@ -703,11 +724,7 @@ impl Qp {
                         self.ack_through(now, psn.sub(1));
                         // From the oldest unacknowledged PSN: an earlier READ
                         // whose response went missing must be asked again.
-                        let una = self.req.una;
-                        if self.req.gap_retried != Some(una) {
-                            self.req.gap_retried = Some(una);
-                            self.retry_from(now, una);
-                        }
+                        self.retry_gap(now);
                     }
                     Syndrome::Nak(code) => {
                         self.ack_through(now, psn.sub(1));
@@ -758,6 +775,22 @@ impl Qp {
         }
     }
 
+    /// Goes back to the oldest unacknowledged PSN on a sign that what was
+    /// sent from there is lost: a sequence NAK, a response past a missing
+    /// one, an ACK past a READ still missing responses. Once per gap: the
+    /// other signs of the same loss (the rest of a response stream, the
+    /// ACKs of what go-back-N sends again) would each start another pass,
+    /// asking again for what is already on its way (Linux rxe's completer
+    /// likewise starts one retry until progress or a timeout). The
+    /// retransmission timer covers a re-request that is lost too.
+    fn retry_gap(&mut self, now: Instant) {
+        let una = self.req.una;
+        if self.req.gap_retried != Some(una) {
+            self.req.gap_retried = Some(una);
+            self.retry_from(now, una);
+        }
+    }
+
     /// Go back to `psn` after a sequence NAK or an out-of-order response,
     /// spending one transport retry.
     fn retry_from(&mut self, now: Instant, psn: Psn) {
@@ -766,6 +799,7 @@ impl Qp {
             return;
         }
         self.req.retry_left -= 1;
+        self.req.resent = Some((psn, self.req.max_sent));
         self.req.rewind(psn);
         self.req.rto_deadline = None;
         self.arm_rto(now);
@@ -790,11 +824,7 @@ impl Qp {
             // missing responses will not come. Ask again from what is
             // missing, once per gap; the retransmission timer covers a
             // re-request that is lost too.
-            let una = self.req.una;
-            if self.req.gap_retried != Some(una) {
-                self.req.gap_retried = Some(una);
-                self.retry_from(now, una);
-            }
+            self.retry_gap(now);
             self.counters.dropped += 1;
             return;
         }
@@ -804,10 +834,8 @@ impl Qp {
         }
         if psn != self.req.una {
             // A gap inside the READ response: re-request from what we miss.
-            let una = self.req.una;
-            if psn.diff(una) > 0 && self.req.gap_retried != Some(una) {
-                self.req.gap_retried = Some(una);
-                self.retry_from(now, una);
+            if psn.diff(self.req.una) > 0 {
+                self.retry_gap(now);
             }
             return;
         }
@@ -849,8 +877,12 @@ impl Qp {
             return;
         }
         self.counters.timeouts += 1;
-        self.req.gap_retried = None;
+        // The timeout's pass is the retry for this gap: other signs of it
+        // (responses to what was asked before, still arriving) start no
+        // second pass until progress, as after a NAK (Linux rxe's
+        // `started_retry` likewise). The next timeout covers this pass.
         let una = self.req.una;
+        self.req.gap_retried = Some(una);
         self.retry_from(now, una);
     }
 }
