@@ -8,7 +8,9 @@
 
 use clap::Parser;
 use srpstack::config::{Config, DeviceSection, Handler, LunEntry};
-use srpstack::daemon::{bind_control, serve_control, serve_metrics, Daemon};
+use srpstack::daemon::{
+    bind_control, preflight, serve_control, serve_metrics, CreatedFile, Daemon,
+};
 use srpstack::log::{Format, Level, Log, Logger, Record};
 use std::net::IpAddr;
 use std::path::PathBuf;
@@ -21,7 +23,11 @@ struct Args {
     /// Configuration file (TOML); without it, LUN 0 is a RAM disk.
     #[arg(long, short = 'c')]
     config: Option<PathBuf>,
-    /// Validate the configuration and exit.
+    /// Validate the configuration and exit: besides the file, everything
+    /// a start opens or binds is tried (device files with the access they
+    /// need, the control socket's place, the addresses), creating nothing.
+    /// Ports and sockets in use (as those of this file's running srptd)
+    /// are noted, not refused.
     #[arg(long, requires = "config")]
     check: bool,
     /// Address of the target's NIC (overrides the file).
@@ -111,20 +117,6 @@ fn run(a: &Args, log: &Log) -> Result<(), String> {
         Some(p) => Config::load(p).map_err(|e| e.to_string())?,
         None => default_config(a)?,
     };
-    if a.check {
-        println!(
-            "srptd: {}: valid ({}{} devices, {} default LUNs, {} groups)",
-            a.config.as_ref().expect("required").display(),
-            match cfg.targets.len() {
-                1 => String::new(),
-                n => format!("{n} targets, "),
-            },
-            cfg.devices.len(),
-            cfg.luns.len(),
-            cfg.groups.len()
-        );
-        return Ok(());
-    }
     // The port options override one target; the daemon's (control
     // socket, metrics) go to the first, where the file keeps them.
     let port_opts = a.ip.is_some()
@@ -144,7 +136,7 @@ fn run(a: &Args, log: &Log) -> Result<(), String> {
         t.ip = Spanned::new(0..0, ip);
     }
     if let Some(p) = a.udp_port {
-        t.udp_port = p;
+        t.udp_port = Spanned::new(0..0, p);
     }
     if let Some(p) = a.rdma_cm_port {
         t.rdma_cm_port = p;
@@ -153,33 +145,62 @@ fn run(a: &Args, log: &Log) -> Result<(), String> {
         t.fabric = f;
     }
     if let Some(w) = a.sm_wait_ms {
-        t.sm_wait_ms = w;
+        t.sm_wait_ms = Spanned::new(0..0, w);
     }
     if let Some(p) = &a.control_socket {
-        t.control_socket = p.clone();
+        t.control_socket = Spanned::new(0..0, p.clone());
     }
     if let Some(m) = a.metrics {
         t.metrics = Some(Spanned::new(0..0, m));
     }
     // The options may have changed what the file said.
     cfg.check().map_err(|e| e.to_string())?;
+    // What a start would open and bind, tried before anything is made.
+    let found = preflight(&cfg).map_err(|e| e.to_string())?;
+    if a.check {
+        println!(
+            "srptd: {}: valid ({}{} devices, {} default LUNs, {} groups)",
+            a.config.as_ref().expect("required").display(),
+            match cfg.targets.len() {
+                1 => String::new(),
+                n => format!("{n} targets, "),
+            },
+            cfg.devices.len(),
+            cfg.luns.len(),
+            cfg.groups.len()
+        );
+        for busy in &found.busy {
+            println!("srptd: note: {busy}");
+        }
+        return Ok(());
+    }
+    if let Some(busy) = found.busy.first() {
+        return Err(busy.to_string());
+    }
     let t = cfg.target();
-    let sock = t.control_socket.clone();
-    let metrics = t.metrics.as_ref().map(|m| m.get_ref().0);
+    let sock = t.control_socket.get_ref().clone();
+    let at = |span, key: &str, m: String| {
+        cfg.error(span, format!("{}.{key}", cfg.target_key(0)), m)
+            .to_string()
+    };
 
     // SIGTERM/SIGINT are taken by sigwait below, in this thread only: block
     // them before any thread starts so every thread inherits the mask.
     let signals = srpstack::signals::block_term();
-    let control =
-        bind_control(&sock).map_err(|e| format!("control socket {}: {e}", sock.display()))?;
-    let daemon = Daemon::start(cfg.clone(), a.config.clone(), log.clone())?;
+    let control = bind_control(&sock)
+        .map_err(|e| at(t.control_socket.span(), "control_socket", e.to_string()))?;
+    // Removed on a failed start (when this function returns) and at stop.
+    let sock_file = CreatedFile::new(&sock);
+    let daemon =
+        Daemon::start(cfg.clone(), a.config.clone(), log.clone()).map_err(|e| e.to_string())?;
     serve_control(daemon.clone(), control);
-    let metrics = match metrics {
-        Some(addr) => Some(
-            serve_metrics(daemon.clone(), addr)
-                .map_err(|e| format!("metrics on {addr}: {e}"))?
-                .0,
-        ),
+    let metrics = match &t.metrics {
+        Some(m) => {
+            let addr = m.get_ref().0;
+            let (local, _) = serve_metrics(daemon.clone(), addr)
+                .map_err(|e| at(m.span(), "metrics", format!("cannot listen on {addr}: {e}")))?;
+            Some(local)
+        }
         None => None,
     };
     let lun0 = cfg.luns.iter().find(|l| *l.lun.get_ref() == 0);
@@ -249,7 +270,7 @@ fn run(a: &Args, log: &Log) -> Result<(), String> {
             .field("signal", sig),
     );
     let (left, objects) = daemon.shutdown(std::time::Duration::from_secs(10));
-    let _ = std::fs::remove_file(&sock);
+    drop(sock_file);
     let r = if left > 0 || objects != 0 {
         Record::warn(
             "stopped",

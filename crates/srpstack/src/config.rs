@@ -78,6 +78,49 @@ pub struct Config {
     pub luns: Vec<LunEntry>,
     #[serde(default, rename = "group", skip_serializing_if = "Vec::is_empty")]
     pub groups: Vec<GroupSection>,
+    /// The file it was read from, so that a problem found after parsing
+    /// (opening a device at `--check` or start) names its line.
+    #[serde(skip)]
+    origin: Origin,
+}
+
+/// Where a configuration was read from: the file and where its lines
+/// start. A value given on the command line has no place in it.
+#[derive(Debug, Clone, Default)]
+struct Origin {
+    file: PathBuf,
+    line_starts: std::sync::Arc<Vec<usize>>,
+}
+
+impl Origin {
+    fn new(text: &str, file: &Path) -> Origin {
+        let starts = std::iter::once(0)
+            .chain(text.match_indices('\n').map(|(i, _)| i + 1))
+            .collect();
+        Origin {
+            file: file.into(),
+            line_starts: std::sync::Arc::new(starts),
+        }
+    }
+
+    /// The 1-based line of a span, 0 for a value the file does not hold
+    /// (a default or a command line option: an empty span at 0).
+    fn line_of(&self, span: &std::ops::Range<usize>) -> usize {
+        if span.is_empty() && span.start == 0 {
+            return 0;
+        }
+        self.line_starts.partition_point(|s| *s <= span.start)
+    }
+
+    /// The error of the value at `span`, at `key`.
+    fn error(&self, span: std::ops::Range<usize>, key: String, message: String) -> ConfigError {
+        ConfigError {
+            file: self.file.clone(),
+            line: self.line_of(&span),
+            key,
+            message,
+        }
+    }
 }
 
 impl Default for Config {
@@ -87,6 +130,7 @@ impl Default for Config {
             devices: Vec::new(),
             luns: Vec::new(),
             groups: Vec::new(),
+            origin: Origin::default(),
         }
     }
 }
@@ -130,13 +174,13 @@ fn write_one_or_many<S: serde::Serializer>(t: &[TargetSection], s: S) -> Result<
 #[serde(deny_unknown_fields, default)]
 pub struct TargetSection {
     pub ip: Spanned<IpAddr>,
-    pub udp_port: u16,
+    pub udp_port: Spanned<u16>,
     /// Who runs the port: `roce` (no SM) or `ib` (`ibsm run` configures
     /// it; see `srpstack::ib`).
     pub fabric: crate::ib::Fabric,
     /// In the `ib` fabric, how long to wait at start for the SM to make the
     /// port ACTIVE.
-    pub sm_wait_ms: u64,
+    pub sm_wait_ms: Spanned<u64>,
     /// ib_srpt's `rdma_cm_port`: the port RDMA CM logins (Linux ib_srp
     /// `dest=ip:port`) arrive on; 0 turns RDMA CM off, as in SCST. Our
     /// default is 5555, not SCST's 0: on a RoCE port RDMA CM is how Linux
@@ -171,7 +215,7 @@ pub struct TargetSection {
     pub srpt_sq_size: Spanned<u32>,
     /// Control socket for `srptadm` (mode 0600); the daemon's, so only
     /// the first target's counts.
-    pub control_socket: PathBuf,
+    pub control_socket: Spanned<PathBuf>,
     /// Prometheus endpoint, off when absent: `"address:port"`, or a bare
     /// port (`9100` or `"9100"`) on the loopback address. The daemon's:
     /// only the first target may set it.
@@ -268,9 +312,9 @@ impl Default for TargetSection {
         let s = |v| Spanned::new(0..0, v);
         TargetSection {
             ip: Spanned::new(0..0, IpAddr::from([127, 0, 0, 1])),
-            udp_port: 4791,
+            udp_port: Spanned::new(0..0, 4791),
             fabric: crate::ib::Fabric::Roce,
-            sm_wait_ms: 30_000,
+            sm_wait_ms: Spanned::new(0..0, 30_000),
             rdma_cm_port: 5555,
             ib_cm: true,
             enabled: true,
@@ -281,7 +325,7 @@ impl Default for TargetSection {
             srp_max_rdma_size: s(65536),
             srpt_srq_size: s(4095),
             srpt_sq_size: s(4096),
-            control_socket: default_control_socket(),
+            control_socket: Spanned::new(0..0, default_control_socket()),
             metrics: None,
         }
     }
@@ -407,14 +451,18 @@ pub struct ConfigError {
 
 impl std::fmt::Display for ConfigError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", self.file.display())?;
-        if self.line > 0 {
-            write!(f, ":{}", self.line)?;
+        // A configuration built in memory has no file.
+        if !self.file.as_os_str().is_empty() {
+            write!(f, "{}", self.file.display())?;
+            if self.line > 0 {
+                write!(f, ":{}", self.line)?;
+            }
+            f.write_str(": ")?;
         }
         if !self.key.is_empty() {
-            write!(f, ": {}", self.key)?;
+            write!(f, "{}: ", self.key)?;
         }
-        write!(f, ": {}", self.message)
+        f.write_str(&self.message)
     }
 }
 
@@ -456,29 +504,29 @@ impl Config {
 
     /// Parses and validates `text`, naming `path` in errors.
     pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
-        let line_of = |span: std::ops::Range<usize>| -> usize {
-            if span.is_empty() && span.start == 0 {
-                return 0;
-            }
-            text.get(..span.start)
-                .map_or(0, |p| p.bytes().filter(|b| *b == b'\n').count() + 1)
-        };
-        let cfg: Config = toml::from_str(text).map_err(|e| {
-            let line = e.span().map_or(0, line_of);
-            ConfigError {
-                file: path.into(),
-                line,
-                key: String::new(),
-                message: e.message().trim().to_string(),
-            }
+        let origin = Origin::new(text, path);
+        let mut cfg: Config = toml::from_str(text).map_err(|e| {
+            origin.error(
+                e.span().unwrap_or(0..0),
+                String::new(),
+                e.message().trim().to_string(),
+            )
         })?;
-        cfg.validate().map_err(|(span, key, message)| ConfigError {
-            file: path.into(),
-            line: line_of(span),
-            key,
-            message,
-        })?;
+        cfg.validate()
+            .map_err(|(span, key, message)| origin.error(span, key, message))?;
+        cfg.origin = origin;
         Ok(cfg)
+    }
+
+    /// The error of the value at `span` (of this file), at `key`: found
+    /// after parsing, by `--check` or at start.
+    pub fn error(
+        &self,
+        span: std::ops::Range<usize>,
+        key: String,
+        message: impl Into<String>,
+    ) -> ConfigError {
+        self.origin.error(span, key, message.into())
     }
 
     /// The first target: the one of a `[target]` file, and the one whose
@@ -742,10 +790,13 @@ impl Config {
                     "the metrics endpoint is the daemon's: set it in the first target",
                 ));
             }
-            let first = &self.targets[0].control_socket;
-            if t.control_socket != *first && t.control_socket != default_control_socket() {
+            let (first, this) = (
+                self.targets[0].control_socket.get_ref(),
+                t.control_socket.get_ref(),
+            );
+            if this != first && *this != default_control_socket() {
                 return Err((
-                    0..0,
+                    t.control_socket.span(),
                     format!("{at}.control_socket"),
                     format!(
                         "the control socket is the daemon's ({}): set it in the first target",
@@ -1074,7 +1125,7 @@ lun = [{ lun = 3, device = "disk1" }]
     fn fabric_key() {
         let c = parse("[target]\nfabric = \"ib\"\nsm_wait_ms = 500\n").unwrap();
         assert_eq!(c.target().fabric, crate::ib::Fabric::Ib);
-        assert_eq!(c.target().sm_wait_ms, 500);
+        assert_eq!(*c.target().sm_wait_ms.get_ref(), 500);
         assert!(c.to_toml().contains("fabric = \"ib\""), "{}", c.to_toml());
         assert_eq!(
             parse("").unwrap().target().fabric,

@@ -15,8 +15,17 @@
 //!
 //! The control socket is created mode 0600 and also checks the peer's
 //! credentials: only the daemon's own user may use it.
+//!
+//! [`preflight`] (`srptd --check`, and `srptd` before it makes
+//! anything) tries what a start opens and binds, device files with the
+//! access they need included, so that a configuration it passes does not
+//! fail to start for a path or an address; what still fails at start
+//! (no subnet manager, a race) names file, line and key, and takes back
+//! the image files and the control socket it made.
 
-use crate::config::{check_initiator, Config, DeviceSection, GroupSection, Handler, LunEntry};
+use crate::config::{
+    check_initiator, Config, ConfigError, DeviceSection, GroupSection, Handler, LunEntry,
+};
 use rdma_types::Guid;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -230,53 +239,282 @@ fn host_id() -> &'static str {
     })
 }
 
-/// Opens a device's store per its handler.
-pub fn build_device(d: &DeviceSection) -> Result<Arc<scsi::Device>, String> {
-    let name = d.name.get_ref();
+/// Why a device cannot be opened: the span and the key (in its
+/// `[[device]]` table) at fault, and what to do about it.
+type DeviceError = (std::ops::Range<usize>, &'static str, String);
+
+/// The error of device `i` of `cfg`, naming file, line and key.
+fn device_error(cfg: &Config, i: usize, (span, key, message): DeviceError) -> ConfigError {
+    cfg.error(span, format!("device[{i}].{key}"), message)
+}
+
+/// A device's store as a start opens it, and the file it created.
+struct Store {
+    backend: Arc<dyn scsi::Backend>,
+    created: Option<CreatedFile>,
+}
+
+/// A store of a given size that holds nothing: what `--check` gives
+/// [`scsi::Device::new`] to judge a device's geometry by the rules a
+/// start meets, without creating, growing or allocating its store.
+struct Geometry {
+    size: u64,
+    min_block_size: u32,
+}
+
+impl scsi::Backend for Geometry {
+    fn size(&self) -> u64 {
+        self.size
+    }
+    fn min_block_size(&self) -> u32 {
+        self.min_block_size
+    }
+    fn read(&self, _: u64, _: &mut [u8]) -> std::io::Result<()> {
+        Err(std::io::ErrorKind::Unsupported.into())
+    }
+    fn write(&self, _: u64, _: &[u8], _: bool) -> std::io::Result<()> {
+        Err(std::io::ErrorKind::Unsupported.into())
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        Err(std::io::ErrorKind::Unsupported.into())
+    }
+}
+
+/// The directory a path's file is (or would be) in.
+fn dir_of(path: &Path) -> &Path {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    }
+}
+
+/// Opens device `d`'s store as a start does: a fileio device's file
+/// read-write unless `read_only` (O_DIRECT when `o_direct`), created at
+/// `size` when missing and extended to it when shorter; a blockio
+/// device's path with O_DIRECT. With `dry_run` (`--check`) nothing is
+/// created, grown or allocated: a file the start would create is tried
+/// as an unnamed file in its directory (O_TMPFILE, gone when closed), and
+/// the store has the size the start would give it. Every reason a start
+/// cannot open the store is an error here, with the fix.
+fn open_store(d: &DeviceSection, dry_run: bool) -> Result<Store, DeviceError> {
+    use std::os::unix::fs::FileTypeExt;
     let bs = *d.block_size.get_ref();
-    let size = d
-        .size
-        .as_ref()
-        .map(|s| crate::config::parse_size(s.get_ref()))
-        .transpose()?;
-    let file = d.filename.as_ref().map(|f| f.get_ref().clone());
-    let backend: Arc<dyn scsi::Backend> = match *d.handler.get_ref() {
-        Handler::Ram => Arc::new(scsi::Ram::new(size.unwrap_or(0))),
-        Handler::NullIo => Arc::new(scsi::NullIo::new(size.unwrap_or(0))),
-        Handler::FileIo => {
-            let path = file.ok_or("vdisk_fileio needs a filename")?;
-            let f = std::fs::OpenOptions::new()
-                .read(true)
-                .write(!d.read_only)
-                .create(!d.read_only && size.is_some())
-                .truncate(false)
-                .open(&path)
-                .map_err(|e| format!("device {name}: open {}: {e}", path.display()))?;
-            if let Some(size) = size {
-                let len = f.metadata().map_err(|e| e.to_string())?.len();
-                if len < size && !d.read_only {
-                    f.set_len(size)
-                        .map_err(|e| format!("device {name}: size {}: {e}", path.display()))?;
-                }
+    let size = match &d.size {
+        Some(s) => Some(crate::config::parse_size(s.get_ref()).map_err(|m| (s.span(), "size", m))?),
+        None => None,
+    };
+    let handler = *d.handler.get_ref();
+    if let Handler::Ram | Handler::NullIo = handler {
+        let size = size.unwrap_or(0);
+        let backend: Arc<dyn scsi::Backend> = match (handler, dry_run) {
+            (_, true) => Arc::new(Geometry {
+                size,
+                min_block_size: 1,
+            }),
+            (Handler::Ram, false) => Arc::new(scsi::Ram::new(size)),
+            _ => Arc::new(scsi::NullIo::new(size)),
+        };
+        return Ok(Store {
+            backend,
+            created: None,
+        });
+    }
+    let file = d.filename.as_ref().ok_or_else(|| {
+        let m = format!("handler {} needs a filename", handler.name());
+        (d.handler.span(), "filename", m)
+    })?;
+    let (path, bad) = (file.get_ref(), |m: String| (file.span(), "filename", m));
+    let shown = path.display();
+    // A start creates a missing fileio image and extends a shorter one.
+    let grows = handler == Handler::FileIo && !d.read_only && size.is_some();
+    let meta = match std::fs::metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let dir = dir_of(path);
+            if !dir.exists() {
+                return Err(bad(format!(
+                    "directory {} does not exist: create it (mkdir -p {}) or fix the path",
+                    dir.display(),
+                    dir.display()
+                )));
             }
-            let io = if d.o_direct {
-                scsi::FileIo::direct(f, d.write_through, bs)
-            } else {
-                scsi::FileIo::new(f, d.write_through)
+            return match (handler, grows) {
+                (Handler::FileIo, true) => {
+                    create_file(d, path, size.unwrap_or(0), dry_run).map_err(bad)
+                }
+                (Handler::FileIo, false) if d.read_only => Err(bad(format!(
+                    "{shown} does not exist: a read_only device needs an existing file"
+                ))),
+                (Handler::FileIo, false) => Err(bad(format!(
+                    "{shown} does not exist: create it, or set `size` and srptd creates it"
+                ))),
+                _ => Err(bad(format!(
+                    "{shown} does not exist: vdisk_blockio opens an existing block device or file and creates none"
+                ))),
             };
-            Arc::new(io.map_err(|e| format!("device {name}: {}: {e}", path.display()))?)
         }
-        Handler::BlockIo => {
-            let path = file.ok_or("vdisk_blockio needs a filename")?;
-            // A regular file is aligned to the LU's block size; a block
-            // device to its own logical block size, which the LU's must be
-            // a multiple of (checked by scsi::Device::new).
-            Arc::new(
-                scsi::BlockIo::open(&path, d.read_only, bs as usize)
-                    .map_err(|e| format!("device {name}: open {}: {e}", path.display()))?,
-            )
+        Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => {
+            return Err(bad(format!(
+                "{shown}: a part of the path is not a directory: fix the path"
+            )))
+        }
+        Err(e) => return Err(bad(format!("cannot open {shown}: {e}"))),
+    };
+    let kind = meta.file_type();
+    if kind.is_dir() {
+        return Err(bad(format!(
+            "{shown} is a directory: name a file in it, e.g. {}",
+            path.join(format!("{}.img", d.name.get_ref())).display()
+        )));
+    }
+    if kind.is_block_device() && handler == Handler::FileIo {
+        return Err(bad(format!(
+            "{shown} is a block device: use handler = \"vdisk_blockio\""
+        )));
+    }
+    if !kind.is_file() && !kind.is_block_device() {
+        return Err(bad(format!(
+            "{shown} is not a regular file or block device: name an image file or a disk"
+        )));
+    }
+    let open_error = |e: std::io::Error| {
+        let how = if d.read_only {
+            "for reading"
+        } else {
+            "read-write"
+        };
+        let fix = match e.raw_os_error() {
+            Some(libc::EACCES | libc::EPERM | libc::EROFS | libc::ETXTBSY) if !d.read_only => {
+                ": make it writable or set read_only = true"
+            }
+            _ => "",
+        };
+        bad(format!("cannot open {shown} {how}: {e}{fix}"))
+    };
+    let (backend, len): (Arc<dyn scsi::Backend>, u64) = if handler == Handler::BlockIo {
+        // A regular file is aligned to the LU's block size; a block
+        // device to its own logical block size, which the LU's must be a
+        // multiple of (checked by scsi::Device::new).
+        let b = scsi::BlockIo::open(path, d.read_only, bs as usize).map_err(open_error)?;
+        let len = scsi::Backend::size(&b);
+        (Arc::new(b), len)
+    } else {
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(!d.read_only)
+            .open(path)
+            .map_err(open_error)?;
+        let len = match size {
+            Some(s) if grows && meta.len() < s => s,
+            _ => meta.len(),
+        };
+        if len == 0 {
+            return Err(bad(match d.read_only {
+                true => format!("{shown} is empty: give it a length (truncate -s)"),
+                false => format!("{shown} is empty: set `size` and srptd extends it"),
+            }));
+        }
+        if !dry_run && len > meta.len() {
+            f.set_len(len)
+                .map_err(|e| bad(format!("cannot extend {shown} to {len} bytes: {e}")))?;
+        }
+        let io = file_io(d, f, path).map_err(bad)?;
+        match dry_run {
+            true => {
+                let min_block_size = scsi::Backend::min_block_size(&io);
+                (
+                    Arc::new(Geometry {
+                        size: len,
+                        min_block_size,
+                    }),
+                    len,
+                )
+            }
+            false => (Arc::new(io), len),
         }
     };
+    if len % bs as u64 != 0 || len == 0 {
+        return Err(bad(format!(
+            "{shown} holds {len} bytes, not a positive multiple of block_size {bs}: resize it (truncate -s) or change block_size"
+        )));
+    }
+    Ok(Store {
+        backend,
+        created: None,
+    })
+}
+
+/// A fileio store over `f` (at `path`), buffered or O_DIRECT.
+fn file_io(d: &DeviceSection, f: std::fs::File, path: &Path) -> Result<scsi::FileIo, String> {
+    let path = path.display();
+    if d.o_direct {
+        scsi::FileIo::direct(f, d.write_through, *d.block_size.get_ref()).map_err(|e| {
+            format!("{path}: O_DIRECT refused ({e}): set o_direct = false or keep the image on a file system with O_DIRECT")
+        })
+    } else {
+        scsi::FileIo::new(f, d.write_through).map_err(|e| format!("{path}: {e}"))
+    }
+}
+
+/// Creates fileio image `path` of `size` bytes, as the store of `d`; with
+/// `dry_run`, only tries: an unnamed file in its directory.
+fn create_file(d: &DeviceSection, path: &Path, size: u64, dry_run: bool) -> Result<Store, String> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let cannot = |e: std::io::Error| format!("cannot create {}: {e}", path.display());
+    let mut open = std::fs::OpenOptions::new();
+    open.read(true).write(true);
+    if !dry_run {
+        let f = open.create_new(true).open(path).map_err(cannot)?;
+        // Removed again if the start fails from here on.
+        let created = CreatedFile::new(path);
+        f.set_len(size).map_err(cannot)?;
+        return Ok(Store {
+            backend: Arc::new(file_io(d, f, path)?),
+            created: Some(created),
+        });
+    }
+    let dir = dir_of(path);
+    let min_block_size = match open.custom_flags(libc::O_TMPFILE).open(dir) {
+        Ok(f) => scsi::Backend::min_block_size(&file_io(d, f, path)?),
+        // A file system without unnamed files: ask for the access a
+        // create needs, and O_DIRECT is seen at start.
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::EOPNOTSUPP | libc::EISDIR | libc::EINVAL)
+            ) =>
+        {
+            let c = std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(dir.as_os_str()))
+                .map_err(|_| cannot(e))?;
+            // SAFETY: c is a valid NUL-terminated path.
+            if unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) } != 0 {
+                return Err(cannot(std::io::Error::last_os_error()));
+            }
+            if d.o_direct {
+                *d.block_size.get_ref()
+            } else {
+                1
+            }
+        }
+        Err(e) => return Err(cannot(e)),
+    };
+    Ok(Store {
+        backend: Arc::new(Geometry {
+            size,
+            min_block_size,
+        }),
+        created: None,
+    })
+}
+
+/// Device `d` over `backend`: its SCSI identity and geometry, checked as
+/// [`scsi::Device::new`] checks them.
+fn device_on(
+    d: &DeviceSection,
+    backend: Arc<dyn scsi::Backend>,
+) -> Result<scsi::Device, DeviceError> {
+    let name = d.name.get_ref();
+    let bs = *d.block_size.get_ref();
     let usn = d.usn.as_ref().map(|u| u.get_ref().as_str());
     let key = identity_key(usn, name, host_id());
     let mut cfg = scsi::DeviceConfig {
@@ -294,9 +532,63 @@ pub fn build_device(d: &DeviceSection) -> Result<Arc<scsi::Device>, String> {
     if let Some(p) = &d.t10_product_id {
         cfg.product = p.get_ref().clone();
     }
-    scsi::Device::new(cfg, backend)
-        .map(Arc::new)
-        .map_err(|e| format!("device {name}: {e}"))
+    scsi::Device::new(cfg, backend).map_err(|e| (d.block_size.span(), "block_size", e))
+}
+
+/// Opens device `d` and builds it, as a start does; the image file it
+/// created, if any, is removed when the returned guard is dropped unless
+/// kept.
+fn build_device(
+    d: &DeviceSection,
+) -> Result<(Arc<scsi::Device>, Option<CreatedFile>), DeviceError> {
+    let store = open_store(d, false)?;
+    let device = device_on(d, store.backend)?;
+    Ok((Arc::new(device), store.created))
+}
+
+/// What [`build_device`] would meet, tried without creating or changing
+/// anything.
+fn probe_device(d: &DeviceSection) -> Result<(), DeviceError> {
+    device_on(d, open_store(d, true)?.backend).map(drop)
+}
+
+/// A file this process made (a device's image, the control socket),
+/// removed when dropped unless kept, so that a start that fails leaves
+/// nothing behind. Only the file made is removed, not one another
+/// process has put at the path since.
+pub struct CreatedFile {
+    path: PathBuf,
+    /// Device and inode of the file made; `None` once kept.
+    id: Option<(u64, u64)>,
+}
+
+impl CreatedFile {
+    /// Takes charge of `path`, which this process has just made.
+    pub fn new(path: &Path) -> CreatedFile {
+        use std::os::unix::fs::MetadataExt;
+        let id = std::fs::symlink_metadata(path)
+            .ok()
+            .map(|m| (m.dev(), m.ino()));
+        CreatedFile {
+            path: path.into(),
+            id,
+        }
+    }
+
+    /// Leaves the file in place.
+    pub fn keep(mut self) {
+        self.id = None;
+    }
+}
+
+impl Drop for CreatedFile {
+    fn drop(&mut self) {
+        use std::os::unix::fs::MetadataExt;
+        let Some(id) = self.id else { return };
+        if std::fs::symlink_metadata(&self.path).is_ok_and(|m| (m.dev(), m.ino()) == id) {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
 }
 
 fn lun(n: u32) -> Result<scsi::Lun, String> {
@@ -324,13 +616,17 @@ fn nic_counters(c: &rnic::softroce::SoftCaCounters) -> [(&'static str, u64); 9] 
 
 impl TargetRt {
     /// Starts target `t` (the `n`th) on its own soft RoCE NIC, over the
-    /// shared SCSI target.
+    /// shared SCSI target. An error names the span and key (in the
+    /// target's table) it belongs to.
     fn start(
         t: &crate::config::TargetSection,
         n: u32,
         scsi: &Arc<scsi::Target>,
         log: crate::log::Log,
-    ) -> Result<TargetRt, String> {
+    ) -> Result<TargetRt, (std::ops::Range<usize>, &'static str, String)> {
+        // What fails here fails on the port's NIC, at its address, unless
+        // said otherwise.
+        let nic_err = |m: String| (t.ip.span(), "ip", m);
         let ib = t.fabric == crate::ib::Fabric::Ib;
         // Every port has its own GUID, from its address (crate::ib): on a
         // managed subnet the SM keys LIDs by it, and in either mode it is
@@ -343,7 +639,7 @@ impl TargetRt {
                 guid,
                 ip: *t.ip.get_ref(),
             }],
-            t.udp_port,
+            *t.udp_port.get_ref(),
         );
         // MAD transaction IDs of this process's agents, apart per target.
         let tid_base = (std::process::id() << 8) | (n & 0xff);
@@ -374,7 +670,8 @@ impl TargetRt {
                 &format!("srptd {ip}"),
                 true,
                 tid_base,
-            )?;
+            )
+            .map_err(nic_err)?;
             Some(port)
         } else {
             None
@@ -387,34 +684,38 @@ impl TargetRt {
                 scsi.clone(),
                 srp_target::PortOptions {
                     // Checked when the file was read.
-                    pkeys: t.pkey.get_ref().pkeys()?,
+                    pkeys: t
+                        .pkey
+                        .get_ref()
+                        .pkeys()
+                        .map_err(|m| (t.pkey.span(), "pkey", m))?,
                     ..Default::default()
                 },
             )
-            .map_err(|e| format!("start the target port: {e}"))?,
+            .map_err(|e| nic_err(format!("start the target port: {e}")))?,
         );
         // SCST's rel_tgt_id: the port's relative port identifier (VPD 83h,
         // PR READ FULL STATUS), fixed before any command numbers it.
         scsi.set_relative_port_id(port.name(), *t.rel_tgt_id.get_ref())
-            .map_err(|e| format!("rel_tgt_id: {e}"))?;
+            .map_err(|e| (t.rel_tgt_id.span(), "rel_tgt_id", e.to_string()))?;
         // On the ib fabric the port's node started the agent on the NIC
         // (the tree adopts its QP0/QP1 objects; its CM ids, MAD agents
         // and subscriptions hang under them).
         let agent = match &ib_port {
             Some(p) => p.agent().clone(),
             None => rdma_access::CmAgent::start(cm.clone(), guid, tid_base)
-                .map_err(|e| format!("start the CM agent on {}: {e}", t.ip.get_ref()))?,
+                .map_err(|e| nic_err(format!("start the CM agent on {}: {e}", t.ip.get_ref())))?,
         };
         agent
             .track_in(cm.client())
-            .map_err(|e| format!("track the CM agent: {e}"))?;
+            .map_err(|e| nic_err(format!("track the CM agent: {e}")))?;
         // Discovery: the device management agent offers the target as an
         // SRP I/O controller, as ib_srpt does (srp_daemon, `srp discover`).
         let dm = rdma_access::dm::DmService::start(&agent)
-            .map_err(|e| format!("start the DM agent: {e}"))?;
+            .map_err(|e| nic_err(format!("start the DM agent: {e}")))?;
         let ioc = dm
             .register_ioc(crate::srp_ioc(guid, &tcfg_summary(t)))
-            .map_err(|e| format!("register the I/O controller: {e}"))?;
+            .map_err(|e| nic_err(format!("register the I/O controller: {e}")))?;
         let listen = crate::Listen {
             // 0 turns RDMA CM off (ib_srpt), it does not mean port 0.
             rdma_cm_port: (t.rdma_cm_port != 0).then_some(t.rdma_cm_port),
@@ -425,7 +726,9 @@ impl TargetRt {
         // Everything serves: now the SM may bring the port up (a trap 64
         // subscriber then finds the I/O controller at once).
         if let Some(p) = &ib_port {
-            p.wait_active(std::time::Duration::from_millis(t.sm_wait_ms))?;
+            let wait = *t.sm_wait_ms.get_ref();
+            p.wait_active(std::time::Duration::from_millis(wait))
+                .map_err(|m| (t.sm_wait_ms.span(), "sm_wait_ms", m))?;
         }
         Ok(TargetRt {
             port,
@@ -446,46 +749,48 @@ impl TargetRt {
 
 impl Daemon {
     /// Builds everything `cfg` describes and starts serving logins on
-    /// every target. `log` takes a record per event.
+    /// every target. `log` takes a record per event. An error names the
+    /// file, line and key it comes from, and the image files this start
+    /// created are removed again ([`preflight`] finds most such errors
+    /// before anything is made).
     pub fn start(
         cfg: Config,
         cfg_path: Option<PathBuf>,
         log: crate::log::Log,
-    ) -> Result<Arc<Daemon>, String> {
+    ) -> Result<Arc<Daemon>, ConfigError> {
         let scsi = Arc::new(scsi::Target::new());
         let mut devices = BTreeMap::new();
-        for d in &cfg.devices {
-            devices.insert(d.name.get_ref().clone(), build_device(d)?);
+        let mut created = Vec::new();
+        for (i, d) in cfg.devices.iter().enumerate() {
+            let (device, made) = build_device(d).map_err(|e| device_error(&cfg, i, e))?;
+            created.extend(made);
+            devices.insert(d.name.get_ref().clone(), device);
         }
-        for l in &cfg.luns {
-            scsi.add_lun(
-                None,
-                lun(*l.lun.get_ref())?,
-                devices[l.device.get_ref()].clone(),
-            );
+        let lun_at = |l: &LunEntry, at: String| {
+            lun(*l.lun.get_ref()).map_err(|m| cfg.error(l.lun.span(), at, m))
+        };
+        for (j, l) in cfg.luns.iter().enumerate() {
+            let n = lun_at(l, format!("lun[{j}].lun"))?;
+            scsi.add_lun(None, n, devices[l.device.get_ref()].clone());
         }
-        for g in &cfg.groups {
+        for (k, g) in cfg.groups.iter().enumerate() {
             let name = g.name.get_ref();
             scsi.add_group(name);
             for i in &g.initiators {
                 scsi.add_initiator(name, i.get_ref());
             }
-            for l in &g.luns {
-                scsi.add_lun(
-                    Some(name),
-                    lun(*l.lun.get_ref())?,
-                    devices[l.device.get_ref()].clone(),
-                );
+            for (j, l) in g.luns.iter().enumerate() {
+                let n = lun_at(l, format!("group[{k}].lun[{j}].lun"))?;
+                scsi.add_lun(Some(name), n, devices[l.device.get_ref()].clone());
             }
         }
         let mut targets = Vec::new();
         for (i, t) in cfg.targets.iter().enumerate() {
-            let at = cfg.target_key(i);
-            targets.push(
-                TargetRt::start(t, i as u32, &scsi, log.clone())
-                    .map_err(|e| format!("{at} ({}): {e}", t.ip.get_ref()))?,
-            );
+            let rt = TargetRt::start(t, i as u32, &scsi, log.clone())
+                .map_err(|(span, k, m)| cfg.error(span, format!("{}.{k}", cfg.target_key(i)), m))?;
+            targets.push(rt);
         }
+        created.into_iter().for_each(CreatedFile::keep);
         Ok(Arc::new(Daemon {
             cfg: Mutex::new(cfg),
             cfg_path,
@@ -729,13 +1034,17 @@ impl Daemon {
             ));
         }
         // Open new and changed devices before touching any map.
-        let mut opened = BTreeMap::new();
-        for d in &next.devices {
+        let (mut opened, mut created) = (BTreeMap::new(), Vec::new());
+        for (i, d) in next.devices.iter().enumerate() {
             let name = d.name.get_ref();
             if !old_devs.contains_key(name) || changed.contains(name) {
-                opened.insert(name.clone(), build_device(d)?);
+                let (device, made) =
+                    build_device(d).map_err(|e| device_error(&next, i, e).to_string())?;
+                created.extend(made);
+                opened.insert(name.clone(), device);
             }
         }
+        created.into_iter().for_each(CreatedFile::keep);
         let mut devices = lock(&self.devices);
         devices.extend(opened);
         let mut lun_changes = 0;
@@ -878,7 +1187,7 @@ impl Daemon {
             "id_ext": format!("{guid:016x}"),
             "ioc_guid": format!("{guid:016x}"),
             "ip": t.ip.get_ref().to_string(),
-            "udp_port": t.udp_port,
+            "udp_port": t.udp_port.get_ref(),
             "rdma_cm_port": t.rdma_cm_port,
             "fabric": t.fabric,
             "lid": rt.lid(),
@@ -1026,7 +1335,9 @@ impl Daemon {
         next.devices.push(d.clone());
         next.check()
             .map_err(|e| format!("{}: {}", e.key, e.message))?;
-        let dev = build_device(&d)?;
+        // The table came in the request, not from the file: no line.
+        let (dev, made) = build_device(&d).map_err(|(_, key, m)| format!("{key}: {m}"))?;
+        made.into_iter().for_each(CreatedFile::keep);
         lock(&self.devices).insert(name.clone(), dev);
         *cfg = next;
         Ok(json!({ "added": name }))
@@ -1445,24 +1756,76 @@ fn peer_uid(s: &UnixStream) -> Option<u32> {
     (r == 0).then_some(cred.uid)
 }
 
+/// What is at a control socket's path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SocketPath {
+    /// Nothing: binding creates the socket.
+    Free,
+    /// A socket nobody listens on (left by a daemon that died): binding
+    /// replaces it.
+    Stale,
+    /// A socket a daemon listens on.
+    Listening,
+}
+
+/// What is at `path`, or why no control socket can be bound there: a
+/// path too long for a socket address, a directory that does not exist
+/// or is not one, a file that is not a socket.
+fn control_path(path: &Path) -> std::io::Result<SocketPath> {
+    use std::io::{Error, ErrorKind};
+    use std::os::unix::fs::FileTypeExt;
+    let shown = path.display();
+    if std::os::unix::net::SocketAddr::from_pathname(path).is_err() {
+        return Err(Error::new(
+            ErrorKind::InvalidInput,
+            format!(
+                "{shown} is {} bytes long, more than a Unix socket address holds (107): choose a shorter path",
+                path.as_os_str().len()
+            ),
+        ));
+    }
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if !m.file_type().is_socket() => Err(Error::new(
+            ErrorKind::AlreadyExists,
+            format!("{shown} exists and is not a socket: remove it or choose another path"),
+        )),
+        Ok(_) if UnixStream::connect(path).is_ok() => Ok(SocketPath::Listening),
+        Ok(_) => Ok(SocketPath::Stale),
+        Err(e) if e.kind() == ErrorKind::NotFound => {
+            let dir = dir_of(path);
+            match std::fs::metadata(dir) {
+                Ok(_) => Ok(SocketPath::Free),
+                Err(e) if e.kind() == ErrorKind::NotFound => Err(Error::new(
+                    ErrorKind::NotFound,
+                    format!(
+                        "directory {} does not exist: create it or choose another path",
+                        dir.display()
+                    ),
+                )),
+                Err(e) => Err(e),
+            }
+        }
+        Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => Err(Error::new(
+            e.kind(),
+            format!("{shown}: a part of the path is not a directory: choose another path"),
+        )),
+        Err(e) => Err(e),
+    }
+}
+
 /// Binds the control socket at `path` with mode 0600, replacing a stale
 /// socket file (one nobody listens on) but nothing else.
 pub fn bind_control(path: &Path) -> std::io::Result<UnixListener> {
-    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
-    if let Ok(m) = std::fs::symlink_metadata(path) {
-        if !m.file_type().is_socket() {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::AlreadyExists,
-                format!("{} exists and is not a socket", path.display()),
-            ));
-        }
-        if UnixStream::connect(path).is_ok() {
+    use std::os::unix::fs::PermissionsExt;
+    match control_path(path)? {
+        SocketPath::Free => {}
+        SocketPath::Stale => std::fs::remove_file(path)?,
+        SocketPath::Listening => {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::AddrInUse,
                 format!("{}: another daemon is listening", path.display()),
-            ));
+            ))
         }
-        std::fs::remove_file(path)?;
     }
     // SAFETY: umask only changes this process's file creation mask.
     let old = unsafe { libc::umask(0o177) };
@@ -1472,6 +1835,95 @@ pub fn bind_control(path: &Path) -> std::io::Result<UnixListener> {
     let l = l?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
     Ok(l)
+}
+
+/// What [`preflight`] found in use: what another running srptd explains
+/// (`--check` of the file of one that runs finds its own sockets), and
+/// what keeps a second one from starting.
+#[derive(Debug, Default)]
+pub struct Preflight {
+    /// Each in use, at its key.
+    pub busy: Vec<ConfigError>,
+}
+
+/// Tries everything a start of `cfg` opens or binds, without creating or
+/// changing anything: every device's store with the access and flags the
+/// device needs (see `open_store`) and its geometry, the control socket
+/// (its path, its directory, a socket bound there and removed), each
+/// target's RoCE UDP address and the metrics address. An error names
+/// file, line and key, and what to do; ports and sockets in use are
+/// returned instead. srptd runs no log file, pid file or persistent
+/// reservation state file (logs go to standard output, APTPL is not
+/// persisted), so there is nothing else to try.
+pub fn preflight(cfg: &Config) -> Result<Preflight, ConfigError> {
+    use std::io::ErrorKind;
+    for (i, d) in cfg.devices.iter().enumerate() {
+        probe_device(d).map_err(|e| device_error(cfg, i, e))?;
+    }
+    let mut found = Preflight::default();
+    let key = |i: usize, k: &str| format!("{}.{k}", cfg.target_key(i));
+    let sock = &cfg.target().control_socket;
+    let path = sock.get_ref();
+    let cannot = |m: String| cfg.error(sock.span(), key(0, "control_socket"), m);
+    match control_path(path).map_err(|e| cannot(e.to_string()))? {
+        SocketPath::Free => {
+            bind_control(path).map_err(|e| {
+                let dir = dir_of(path).display();
+                cannot(format!(
+                    "cannot create a socket in {dir}: {e}: choose another path"
+                ))
+            })?;
+            let _ = std::fs::remove_file(path);
+        }
+        SocketPath::Stale => {}
+        SocketPath::Listening => found.busy.push(cannot(format!(
+            "a daemon listens on {} (is srptd running?): stop it or choose another path",
+            path.display()
+        ))),
+    }
+    for (i, t) in cfg.targets.iter().enumerate() {
+        let (ip, port) = (*t.ip.get_ref(), *t.udp_port.get_ref());
+        match std::net::UdpSocket::bind((ip, port)) {
+            Ok(_) => {}
+            Err(e) if e.kind() == ErrorKind::AddrInUse => found.busy.push(cfg.error(
+                t.udp_port.span(),
+                key(i, "udp_port"),
+                format!("UDP {ip}:{port} is in use (is srptd running?): stop what holds it or choose another udp_port"),
+            )),
+            Err(e) if e.kind() == ErrorKind::AddrNotAvailable => {
+                return Err(cfg.error(
+                    t.ip.span(),
+                    key(i, "ip"),
+                    format!("{ip} is not an address of this host ({e}): give one of its addresses"),
+                ))
+            }
+            Err(e) => {
+                return Err(cfg.error(
+                    t.udp_port.span(),
+                    key(i, "udp_port"),
+                    format!("cannot bind UDP {ip}:{port}: {e}"),
+                ))
+            }
+        }
+    }
+    if let Some(m) = &cfg.target().metrics {
+        let addr = m.get_ref().0;
+        let at = |msg: String| cfg.error(m.span(), key(0, "metrics"), msg);
+        match std::net::TcpListener::bind(addr) {
+            Ok(_) => {}
+            Err(e) if e.kind() == ErrorKind::AddrInUse => found.busy.push(at(format!(
+                "TCP {addr} is in use: stop what holds it or choose another port"
+            ))),
+            Err(e) if e.kind() == ErrorKind::AddrNotAvailable => {
+                return Err(at(format!(
+                    "{} is not an address of this host ({e}): give one of its addresses, or a bare port for 127.0.0.1",
+                    addr.ip()
+                )))
+            }
+            Err(e) => return Err(at(format!("cannot listen on {addr}: {e}"))),
+        }
+    }
+    Ok(found)
 }
 
 /// Serves the control socket: one JSON request per line, one JSON answer

@@ -268,6 +268,354 @@ fn check_reports_file_line_and_key() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `srptd --config path` where it must refuse to start: its standard
+/// error. Fails the test if srptd is still running after 30 s.
+fn start_refused(cfg: &Path) -> String {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_srptd"))
+        .arg("--config")
+        .arg(cfg)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn srptd");
+    let mut stderr = child.stderr.take().expect("piped");
+    let (tx, rx) = std::sync::mpsc::channel();
+    // Standard error ends when srptd exits.
+    std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stderr.read_to_string(&mut s);
+        let _ = tx.send(s);
+    });
+    let Ok(err) = rx.recv_timeout(Duration::from_secs(30)) else {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("srptd started on {}", cfg.display());
+    };
+    assert!(!child.wait().unwrap().success(), "{err}");
+    err
+}
+
+/// The names in `dir`.
+fn entries(dir: &Path) -> std::collections::BTreeSet<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
+/// A file whose LUN 0 is device `f0` (`f0` is its table after the name),
+/// after a fileio device `new0` that a start creates, with the control
+/// socket in `dir`; `target` is more of the `[target]` table.
+fn with_f0(dir: &Path, target: &str, f0: &str) -> String {
+    format!(
+        "[target]\nip = \"127.0.174.1\"\ncontrol_socket = \"{}\"\n{target}\n\
+         [[device]]\nname = \"new0\"\nhandler = \"vdisk_fileio\"\nfilename = \"{}\"\nsize = \"1M\"\n\n\
+         [[device]]\nname = \"f0\"\n{f0}\n\n[[lun]]\nlun = 0\ndevice = \"f0\"\n",
+        dir.join("ctl.sock").display(),
+        dir.join("new0.img").display(),
+    )
+}
+
+/// `file:line: key: ` of the line of `text` holding `needle`.
+fn place(text: &str, needle: &str, key: &str) -> String {
+    let line = text
+        .lines()
+        .position(|l| l.contains(needle))
+        .unwrap_or_else(|| panic!("no `{needle}` in\n{text}"))
+        + 1;
+    format!("broken.toml:{line}: {key}: ")
+}
+
+#[test]
+fn check_opens_every_path_a_start_opens_and_start_errors_name_the_key() {
+    let dir = tempdir("paths");
+    let d = dir.display().to_string();
+    std::fs::write(dir.join("empty.img"), b"").unwrap();
+    std::fs::write(dir.join("odd.img"), vec![0u8; 1000]).unwrap();
+    std::fs::write(dir.join("plain"), b"not a directory").unwrap();
+    std::fs::create_dir(dir.join("images")).unwrap();
+    let ram = "handler = \"ram\"\nsize = \"1M\"";
+    let fileio = |path: &str, more: &str| {
+        format!("handler = \"vdisk_fileio\"\nfilename = \"{path}\"\n{more}")
+    };
+    let blockio = |path: &str| format!("handler = \"vdisk_blockio\"\nfilename = \"{path}\"");
+    let long = format!("{d}/{}.sock", "s".repeat(120));
+    // (what, file, the line's needle, key, a word of the fix)
+    let mut cases: Vec<(&str, String, String, &str, &str)> = vec![
+        (
+            "missing file",
+            with_f0(&dir, "", &fileio(&format!("{d}/absent.img"), "")),
+            "absent.img".into(),
+            "device[1].filename",
+            "set `size`",
+        ),
+        (
+            "missing directory",
+            with_f0(
+                &dir,
+                "",
+                &fileio(&format!("{d}/nodir/f0.img"), "size = \"1M\""),
+            ),
+            "nodir".into(),
+            "device[1].filename",
+            "mkdir -p",
+        ),
+        (
+            "read-only and missing",
+            with_f0(
+                &dir,
+                "",
+                &fileio(
+                    &format!("{d}/absent.img"),
+                    "size = \"1M\"\nread_only = true",
+                ),
+            ),
+            "absent.img".into(),
+            "device[1].filename",
+            "existing file",
+        ),
+        (
+            "a directory",
+            with_f0(&dir, "", &fileio(&format!("{d}/images"), "size = \"1M\"")),
+            "images".into(),
+            "device[1].filename",
+            "name a file",
+        ),
+        (
+            "an empty file without size",
+            with_f0(&dir, "", &fileio(&format!("{d}/empty.img"), "")),
+            "empty.img".into(),
+            "device[1].filename",
+            "set `size`",
+        ),
+        (
+            "a length no block size divides",
+            with_f0(&dir, "", &fileio(&format!("{d}/odd.img"), "")),
+            "odd.img".into(),
+            "device[1].filename",
+            "truncate",
+        ),
+        (
+            "a character device",
+            with_f0(&dir, "", &fileio("/dev/null", "")),
+            "/dev/null".into(),
+            "device[1].filename",
+            "regular file",
+        ),
+        (
+            "a file where a directory belongs",
+            with_f0(
+                &dir,
+                "",
+                &fileio(&format!("{d}/plain/f0.img"), "size = \"1M\""),
+            ),
+            "plain/f0.img".into(),
+            "device[1].filename",
+            "not a directory",
+        ),
+        (
+            "blockio on a missing path",
+            with_f0(&dir, "", &blockio(&format!("{d}/absent.img"))),
+            "absent.img".into(),
+            "device[1].filename",
+            "creates none",
+        ),
+        (
+            "blockio on a directory",
+            with_f0(&dir, "", &blockio(&format!("{d}/images"))),
+            "images".into(),
+            "device[1].filename",
+            "name a file",
+        ),
+        (
+            "control socket in a missing directory",
+            with_f0(&dir, "", ram).replace("ctl.sock", "nodir/ctl.sock"),
+            "nodir/ctl.sock".into(),
+            "target.control_socket",
+            "create it",
+        ),
+        (
+            "control socket under a file",
+            with_f0(&dir, "", ram).replace("ctl.sock", "plain/ctl.sock"),
+            "plain/ctl.sock".into(),
+            "target.control_socket",
+            "not a directory",
+        ),
+        (
+            "control socket path taken by a file",
+            with_f0(&dir, "", ram).replace("ctl.sock", "empty.img"),
+            "empty.img".into(),
+            "target.control_socket",
+            "remove it",
+        ),
+        (
+            "control socket path too long",
+            with_f0(&dir, "", ram).replace(&format!("{d}/ctl.sock"), &long),
+            long.clone(),
+            "target.control_socket",
+            "shorter",
+        ),
+        (
+            "an address of another host",
+            with_f0(&dir, "", ram).replace("127.0.174.1", "192.0.2.1"),
+            "192.0.2.1".into(),
+            "target.ip",
+            "not an address of this host",
+        ),
+        (
+            "metrics on an address of another host",
+            with_f0(&dir, "metrics = \"192.0.2.1:9100\"", ram),
+            "metrics".into(),
+            "target.metrics",
+            "not an address of this host",
+        ),
+    ];
+    // A file even root cannot open for writing (sysfs refuses a write
+    // open of a read-only attribute): mode bits do not stop root.
+    let locked = "/sys/kernel/uevent_seqnum";
+    if std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(locked)
+        .is_err()
+        && std::fs::File::open(locked).is_ok()
+    {
+        cases.push((
+            "a file that cannot be opened read-write",
+            with_f0(&dir, "", &fileio(locked, "")),
+            locked.into(),
+            "device[1].filename",
+            "read_only = true",
+        ));
+    } else {
+        eprintln!("{locked} opens read-write here: the unwritable-file case is skipped");
+    }
+    let cfg = dir.join("broken.toml");
+    for (what, text, needle, key, fix) in &cases {
+        std::fs::write(&cfg, text).unwrap();
+        let at = place(text, needle, key);
+        let out = check(&cfg);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success(),
+            "{what}: --check passed:\n{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        assert!(
+            err.contains(&at) && err.contains(fix),
+            "{what}: want `{at}` and `{fix}`:\n{err}"
+        );
+        let before = entries(&dir);
+        let err = start_refused(&cfg);
+        assert!(
+            err.contains(&at) && err.contains(fix),
+            "{what}: start: want `{at}` and `{fix}`:\n{err}"
+        );
+        assert_eq!(
+            entries(&dir),
+            before,
+            "{what}: a failed start left files behind: {err}"
+        );
+    }
+    // The same device, fixed, passes.
+    std::fs::write(
+        &cfg,
+        with_f0(
+            &dir,
+            "",
+            &fileio(&format!("{d}/images/f0.img"), "size = \"1M\""),
+        ),
+    )
+    .unwrap();
+    let out = check(&cfg);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !dir.join("images/f0.img").exists() && !dir.join("new0.img").exists(),
+        "--check created a file"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_start_that_fails_after_check_names_the_key_and_leaves_nothing() {
+    let dir = tempdir("late");
+    let cfg = dir.join("broken.toml");
+    // Busy ports are what another running srptd explains: --check notes
+    // them, start refuses, naming the key.
+    let udp = std::net::UdpSocket::bind("127.0.174.2:4791").unwrap();
+    let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let metrics = tcp.local_addr().unwrap();
+    let ram = "handler = \"ram\"\nsize = \"1M\"";
+    let cases = [
+        (
+            "a UDP port in use",
+            with_f0(&dir, "udp_port = 4791", ram).replace("127.0.174.1", "127.0.174.2"),
+            "udp_port".to_string(),
+            "target.udp_port",
+        ),
+        (
+            "a metrics port in use",
+            with_f0(&dir, &format!("metrics = \"{metrics}\""), ram),
+            "metrics".into(),
+            "target.metrics",
+        ),
+    ];
+    for (what, text, needle, key) in &cases {
+        std::fs::write(&cfg, text).unwrap();
+        let at = place(text, needle, key);
+        let out = check(&cfg);
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{what}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            said.contains("note") && said.contains(&at),
+            "{what}: want a note at `{at}`:\n{said}"
+        );
+        let before = entries(&dir);
+        let err = start_refused(&cfg);
+        assert!(
+            err.contains(&at) && err.contains("in use"),
+            "{what}: want `{at}`:\n{err}"
+        );
+        assert_eq!(
+            entries(&dir),
+            before,
+            "{what}: a failed start left files behind: {err}"
+        );
+    }
+    drop((udp, tcp));
+    // No subnet manager: found only once everything else has started.
+    let text = with_f0(&dir, "fabric = \"ib\"\nsm_wait_ms = 300", ram)
+        .replace("127.0.174.1", "127.0.174.3");
+    std::fs::write(&cfg, &text).unwrap();
+    let out = check(&cfg);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let before = entries(&dir);
+    let err = start_refused(&cfg);
+    let at = place(&text, "sm_wait_ms", "target.sm_wait_ms");
+    assert!(
+        err.contains(&at) && err.contains("ibsm run"),
+        "want `{at}`:\n{err}"
+    );
+    assert_eq!(
+        entries(&dir),
+        before,
+        "a failed start left files behind: {err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn lun_masking_runtime_changes_aer_and_graceful_stop() {
     let d = start("mask", "127.0.97.1");
