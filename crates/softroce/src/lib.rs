@@ -30,7 +30,11 @@
 //! the send path (loss, duplication, reordering, corruption, link down).
 //!
 //! What it refuses: packets whose ICRC does not verify (dropped and
-//! counted), packets for QPs it does not have (dropped and counted), and
+//! counted), packets for QPs it does not have (dropped and counted),
+//! packets of a partition the port's P_Key table or the QP does not hold
+//! (dropped, counted, the latest kept for a trap: [`Node::set_pkeys`];
+//! the table is the default P_Key alone until set, so RoCE peers, which
+//! send 0xFFFF as Linux rxe does, pass), and
 //! blocking: nothing here sleeps except [`Node::wait`] and the [`Driver`]
 //! thread, which runs a node's event loop for a consumer that wants CQ
 //! callbacks and blocking waits.
@@ -45,5 +49,5 @@ pub mod link;
 mod node;
 
 pub use driver::{CompletionCallback, Driver};
-pub use node::{AhId, Node, NodeConfig, NodeStats, QpHandle};
+pub use node::{AhId, Node, NodeConfig, NodeStats, PkeyViolation, QpHandle};
 pub use roce::FlatMemory;

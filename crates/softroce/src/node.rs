@@ -1,12 +1,12 @@
 //! One soft RoCE node: socket, QP table, address handles, capture, faults.
 
 use rdma_sim::{FaultConfig, FaultInjector, Payload as SimPayload};
-use rdma_types::{Instant, Qpn};
+use rdma_types::{Gid, Instant, Pkey, QpType, Qpn};
 use rdma_wire::pcap::{LinkType, PcapWriter};
 use rdma_wire::{icrc, IbRepr, IpRepr, RoceRepr, UdpChecksum, UdpRepr};
 use roce::{Completion, Memory, Packet, Payload, Qp, QpConfig, QpCounters, QpEvent};
 use roce_udp::{RoceSocket, Waker};
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fs::File;
 use std::io;
 use std::net::SocketAddr;
@@ -87,6 +87,27 @@ pub struct NodeStats {
     pub tx_gso_sends: u64,
     /// Received buffers the kernel had coalesced from several packets.
     pub rx_gro_buffers: u64,
+    /// Dropped: the P_Key matched no entry of the port's table, or not
+    /// the key of the QP it was for (see [`Node::set_pkeys`]).
+    pub rx_pkey_violations: u64,
+}
+
+/// A packet the port dropped for its P_Key, with what trap 257 (Bad
+/// P_Key, IBA 14.2.5.1) tells the SM of it: who sent it, from and to
+/// which QP, in which partition. RoCEv2 carries no LIDs and no SL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PkeyViolation {
+    /// The P_Key the packet carried.
+    pub pkey: Pkey,
+    /// The sender's GID (its IP address).
+    pub src_gid: Gid,
+    /// Ours.
+    pub dst_gid: Gid,
+    /// The sender's QP: a datagram's DETH names it; for a connected QP,
+    /// the peer QP it is connected to; `None` when nobody knows.
+    pub src_qp: Option<Qpn>,
+    /// The QP the packet was for.
+    pub dest_qp: Qpn,
 }
 
 /// A QP of the node.
@@ -102,7 +123,9 @@ struct Slot {
     mem: Box<dyn Memory + Send>,
     /// RC/UC: the peer's UDP address.
     remote: Option<SocketAddr>,
-    completions: VecDeque<Completion>,
+    /// With the P_Key of the packet a datagram receive came in (the
+    /// verbs report its table index for GSI, IBA 11.4.2.1).
+    completions: VecDeque<(Completion, Option<Pkey>)>,
     events: VecDeque<QpEvent>,
 }
 
@@ -207,7 +230,13 @@ pub struct Node {
     /// Numbers handed out by `reserve_qpn` whose QP does not exist yet.
     reserved: std::collections::BTreeSet<u32>,
     next_qpn: u32,
-    ahs: Vec<SocketAddr>,
+    /// Address handles: where a datagram goes, and for one made by
+    /// [`Node::ah_in_partition`] the P_Key it leaves with.
+    ahs: Vec<(SocketAddr, Option<Pkey>)>,
+    /// [`Node::ah_in_partition`]'s handles by (handle, P_Key).
+    ah_partitions: HashMap<(u32, u16), u32>,
+    /// The port's P_Key table and what it refused.
+    partitions: Partitions,
     waker: Arc<Waker>,
     /// Unbuffered, so a capture is complete on disk at any moment.
     pcap: Option<PcapWriter<File>>,
@@ -326,6 +355,59 @@ impl HeaderCrcs {
     }
 }
 
+/// The port's P_Key table (IBA 10.9.1) and the violations it counted
+/// since the last look.
+struct Partitions {
+    table: Vec<Pkey>,
+    local: Gid,
+    unreported: u64,
+    last: Option<PkeyViolation>,
+}
+
+impl Partitions {
+    fn new(local: SocketAddr) -> Partitions {
+        Partitions {
+            table: vec![Pkey::DEFAULT],
+            local: Gid::from_ip(local.ip()),
+            unreported: 0,
+            last: None,
+        }
+    }
+
+    /// IBA 10.9.3: a packet for QP0 is not partitioned (SMPs); any other
+    /// must carry a key matching an entry of the table by the membership
+    /// rule, and one for a QP other than QP1 must match that QP's key too
+    /// (QP1 takes every partition of the port: a GMP carries its
+    /// sender's). A refusal is remembered for the trap.
+    fn admit(&mut self, src: SocketAddr, ib: &IbRepr<'_>, qp: Option<&QpConfig>) -> bool {
+        let (pkey, dest_qp) = (ib.bth.pkey, ib.bth.dest_qp);
+        if dest_qp == Qpn::SMI {
+            return true;
+        }
+        let own = match qp {
+            Some(c) if c.qp_type != QpType::Gsi => pkey.matches(c.pkey),
+            _ => true,
+        };
+        if own && self.table.iter().any(|k| k.matches(pkey)) {
+            return true;
+        }
+        let src_qp = match (ib.ext.deth, qp) {
+            (Some(d), _) => Some(d.src_qp),
+            (None, Some(c)) if !c.qp_type.is_datagram() => Some(c.dest_qpn),
+            _ => None,
+        };
+        self.unreported += 1;
+        self.last = Some(PkeyViolation {
+            pkey,
+            src_gid: Gid::from_ip(src.ip()),
+            dst_gid: self.local,
+            src_qp,
+            dest_qp,
+        });
+        false
+    }
+}
+
 /// Datagram buffers kept for reuse (a few batches' worth).
 const SPARE_BUFFERS: usize = 256;
 
@@ -359,6 +441,8 @@ impl Node {
             reserved: std::collections::BTreeSet::new(),
             next_qpn: (cfg.first_qpn & Qpn::MASK).max(2),
             ahs: Vec::new(),
+            ah_partitions: HashMap::new(),
+            partitions: Partitions::new(local),
             waker: Arc::new(Waker::new()?),
             pcap,
             faults: cfg.faults.map(FaultInjector::new),
@@ -398,6 +482,36 @@ impl Node {
     /// A waker other threads use to interrupt [`Node::wait`].
     pub fn waker(&self) -> Arc<Waker> {
         self.waker.clone()
+    }
+
+    /// Replaces the port's P_Key table (empty slots, P_Key 0, are left
+    /// out; nothing left: the default P_Key alone, a RoCE port's table).
+    /// From now on a received packet for any QP but QP0 whose P_Key
+    /// matches no entry (IBA 10.9.3: same partition, one side a full
+    /// member), or for a QP other than QP1 not that QP's own key, is
+    /// dropped and counted (`rx_pkey_violations`, and
+    /// [`Node::take_pkey_violations`]). A QP's own key is the driver's to
+    /// keep in step with the table ([`Qp::update_config`]).
+    pub fn set_pkeys(&mut self, table: &[Pkey]) {
+        let t = &mut self.partitions.table;
+        t.clear();
+        t.extend(table.iter().copied().filter(|k| k.is_valid()));
+        if t.is_empty() {
+            t.push(Pkey::DEFAULT);
+        }
+    }
+
+    /// The port's P_Key table.
+    pub fn pkeys(&self) -> &[Pkey] {
+        &self.partitions.table
+    }
+
+    /// The P_Key violations counted since the last call, and the latest
+    /// of them (for a trap); `None` if there were none.
+    pub fn take_pkey_violations(&mut self) -> Option<(u64, PkeyViolation)> {
+        let p = &mut self.partitions;
+        let last = p.last.take()?;
+        Some((std::mem::take(&mut p.unreported), last))
     }
 
     /// Creates a QP with the next free number (QP0 and QP1 are created with
@@ -548,14 +662,39 @@ impl Node {
 
     /// Creates an address handle for UD sends.
     pub fn create_ah(&mut self, dst: SocketAddr) -> AhId {
-        self.ahs.push(dst);
+        self.ahs.push((dst, None));
         AhId(self.ahs.len() as u32 - 1)
+    }
+
+    /// The handle of `ah`'s destination whose datagrams leave with P_Key
+    /// `pkey` rather than their QP's: a GSI send names its partition per
+    /// work request (IBA 11.4.1.1), a response the request's. Made once
+    /// per pair and kept; `None` for an unknown handle.
+    pub fn ah_in_partition(&mut self, ah: AhId, pkey: Pkey) -> Option<AhId> {
+        let (dst, _) = *self.ahs.get(ah.0 as usize)?;
+        let n = self.ahs.len() as u32;
+        let id = *self.ah_partitions.entry((ah.0, pkey.0)).or_insert(n);
+        if id == n {
+            self.ahs.push((dst, Some(pkey)));
+        }
+        Some(AhId(id))
     }
 
     /// The next completion of a QP.
     pub fn poll_completion(&mut self, qp: QpHandle) -> Option<Completion> {
+        self.poll_completion_with_pkey(qp).map(|(c, _)| c)
+    }
+
+    /// The next completion of a QP and, for a receive of a datagram QP
+    /// (UD, GSI), the P_Key its packet carried.
+    pub fn poll_completion_with_pkey(
+        &mut self,
+        qp: QpHandle,
+    ) -> Option<(Completion, Option<Pkey>)> {
         let s = self.qps.get_mut(&qp.0.value())?;
-        s.completions.pop_front().or_else(|| s.qp.poll_completion())
+        s.completions
+            .pop_front()
+            .or_else(|| s.qp.poll_completion().map(|c| (c, None)))
     }
 
     /// The next asynchronous event of a QP.
@@ -603,7 +742,7 @@ impl Node {
         for (qpn, s) in self.qps.iter_mut() {
             let before = (s.completions.len(), s.events.len());
             while let Some(c) = s.qp.poll_completion() {
-                s.completions.push_back(c);
+                s.completions.push_back((c, None));
             }
             while let Some(e) = s.qp.poll_event() {
                 s.events.push_back(e);
@@ -633,6 +772,8 @@ impl Node {
             stats,
             pcap,
             header_crcs,
+            partitions,
+            ready,
             ..
         } = self;
         // Each datagram is handled in the socket's own buffer: no copy.
@@ -640,7 +781,15 @@ impl Node {
         let n = sock.recv_batch(RX_BUDGET, |r, data| {
             stats.rx_datagrams += 1;
             if up {
-                deliver(now, r, local, data, qps, stats, header_crcs, pcap.as_mut());
+                let rx = Rx {
+                    qps: &mut *qps,
+                    stats: &mut *stats,
+                    header_crcs: &mut *header_crcs,
+                    partitions: &mut *partitions,
+                    ready: &mut *ready,
+                    pcap: pcap.as_mut(),
+                };
+                deliver(now, r, local, data, rx);
             } else {
                 stats.link_down_drops += 1;
             }
@@ -674,7 +823,12 @@ impl Node {
                 }
                 produced = true;
                 let dst = match pkt.ud_dest {
-                    Some(ud) => self.ahs.get(ud.ah as usize).copied(),
+                    Some(ud) => self.ahs.get(ud.ah as usize).map(|&(dst, pkey)| {
+                        if let Some(k) = pkey {
+                            pkt.bth.pkey = k;
+                        }
+                        dst
+                    }),
                     None => slot.remote,
                 };
                 let Some(dst) = dst else {
@@ -833,18 +987,26 @@ impl Node {
     }
 }
 
-/// Parses, ICRC-checks and dispatches one datagram.
-#[allow(clippy::too_many_arguments)]
-fn deliver(
-    now: Instant,
-    r: roce_udp::Received,
-    local: SocketAddr,
-    data: &[u8],
-    qps: &mut BTreeMap<u32, Slot>,
-    stats: &mut NodeStats,
-    header_crcs: &mut HeaderCrcs,
-    pcap: Option<&mut PcapWriter<File>>,
-) {
+/// What receiving a datagram touches of the node.
+struct Rx<'a> {
+    qps: &'a mut BTreeMap<u32, Slot>,
+    stats: &'a mut NodeStats,
+    header_crcs: &'a mut HeaderCrcs,
+    partitions: &'a mut Partitions,
+    ready: &'a mut Vec<QpHandle>,
+    pcap: Option<&'a mut PcapWriter<File>>,
+}
+
+/// Parses, ICRC-checks, P_Key-checks and dispatches one datagram.
+fn deliver(now: Instant, r: roce_udp::Received, local: SocketAddr, data: &[u8], rx: Rx<'_>) {
+    let Rx {
+        qps,
+        stats,
+        header_crcs,
+        partitions,
+        ready,
+        pcap,
+    } = rx;
     let src = r.src;
     let Some(mut ip) = IpRepr::rocev2(src.ip(), local.ip(), 8 + data.len()) else {
         stats.rx_malformed += 1;
@@ -900,21 +1062,35 @@ fn deliver(
             let _ = p.write_packet(now, &buf[..n]);
         }
     }
-    let Some(slot) = qps.get_mut(&roce.ib.bth.dest_qp.value()) else {
+    let dest_qp = roce.ib.bth.dest_qp;
+    let slot = qps.get_mut(&dest_qp.value());
+    if !partitions.admit(src, &roce.ib, slot.as_ref().map(|s| s.qp.config())) {
+        stats.rx_pkey_violations += 1;
+        return;
+    }
+    let Some(slot) = slot else {
         stats.rx_unknown_qp += 1;
         return;
     };
     // Only datagram receives carry the GRH area; building it is
     // per-packet work a connected QP does not need.
-    let grh = slot
-        .qp
-        .config()
-        .qp_type
-        .is_datagram()
-        .then(|| roce.ip.grh_area());
+    let datagram = slot.qp.config().qp_type.is_datagram();
+    let grh = datagram.then(|| roce.ip.grh_area());
     let pkt = Packet::from_ib(&roce.ib, grh);
     stats.rx_delivered += 1;
     slot.qp.handle_packet(now, &pkt, &mut *slot.mem);
+    if datagram {
+        // The receive it completed (one at most) keeps the packet's P_Key.
+        let before = slot.completions.len();
+        while let Some(c) = slot.qp.poll_completion() {
+            let pkey = c.is_recv.then_some(roce.ib.bth.pkey);
+            slot.completions.push_back((c, pkey));
+        }
+        let h = QpHandle(dest_qp);
+        if slot.completions.len() != before && !ready.contains(&h) {
+            ready.push(h);
+        }
+    }
 }
 
 /// The RoCEv2 framing of an outgoing engine packet from our socket.

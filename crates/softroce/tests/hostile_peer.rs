@@ -1,7 +1,8 @@
 //! A hostile peer aims well-formed (valid ICRC) but wrong packets at one QP
 //! of a node: wrong P_Key, wrong Q_Key, WRITE to an invalid R_Key, and
 //! truncated junk. The spec's answers (silent drops, a remote access NAK)
-//! happen, and the node keeps serving its other QPs.
+//! happen, the port counts the P_Key violation and keeps its details, and
+//! the node keeps serving its other QPs.
 
 use rdma_types::{Instant, Lkey, Pkey, Psn, Qkey, QpType, Qpn, Rkey, WcStatus};
 use rdma_wire::{
@@ -213,7 +214,18 @@ fn other_qps_keep_working_while_one_is_attacked() {
     assert!(attacker.recv(&mut buf).is_err(), "no further answers");
     let vq = b.qp_mut(victim).unwrap();
     assert!(vq.is_error(), "the victim QP went to error (IBA class C)");
-    assert_eq!(vq.counters().pkey_violations, 1);
+    // The port refused the wrong P_Key before the QP saw it, and kept
+    // what a trap 257 reports.
+    assert_eq!(vq.counters().pkey_violations, 0);
+    assert_eq!(b.stats().rx_pkey_violations, 1);
+    let (n, v) = b.take_pkey_violations().expect("a violation kept");
+    assert_eq!(n, 1);
+    assert_eq!(
+        (v.pkey, v.src_qp, v.dest_qp),
+        (Pkey(0x8001), Some(Qpn::from_bits(0x99)), victim.0)
+    );
+    assert_eq!(v.src_gid.to_ip(), attacker.local_addr().unwrap().ip());
+    assert!(b.take_pkey_violations().is_none(), "taken once");
     assert_eq!(b.qp_mut(ud).unwrap().counters().qkey_violations, 1);
     let s = b.stats();
     assert!(s.rx_malformed >= 3, "junk counted: {s:?}");
