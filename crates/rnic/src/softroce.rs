@@ -36,9 +36,20 @@
 //! that SMPs travel like any other MAD, as UD SENDs to QPN 0 over UDP
 //! (Q_Key not checked, as IBA 9.6.1.1.2 has it for QP0). Addressing stays
 //! RoCEv2: GIDs are still the CAs' IP addresses, and a LID only names a
-//! port in SM and SA records. A QP's P_Key index picks from the table the
-//! SM set (the `roce` table is the default P_Key alone), and the engine
-//! drops RC, UC and UD packets of a partition the QP is not in.
+//! port in SM and SA records.
+//!
+//! Partitions (IBA 10.9): a QP's P_Key index picks from the port's table
+//! (an `ib` port's is the SM's, [`SoftRoce::set_pkeys`]; a `roce` port's
+//! the default P_Key alone, what Linux rxe sends), and a QP's key follows
+//! its entry when the table changes. The port drops every received packet
+//! but an SMP whose P_Key matches no entry, or is not the key of the
+//! QP it is for (QP1 takes any entry: a GMP carries its sender's), and
+//! counts it ([`SoftCaCounters::pkey_violations`]); the latest refusal is
+//! kept for the SMA's trap 257 ([`SoftRoce::take_pkey_violations`]). A
+//! GSI receive reports the table index of the entry its P_Key matched,
+//! and a GSI send leaves with the entry its work request names
+//! (`SendWr::pkey_index`: a response in the request's partition), else
+//! with the QP's.
 //!
 //! Memory windows live in the CA's key table beside the MRs, so the
 //! responder checks a window's range, rights and (type 2) QP the way it
@@ -88,6 +99,7 @@ use verbs::{
 };
 
 pub use rdma_sim::FaultConfig;
+pub use softroce::PkeyViolation;
 
 /// Default RoCEv2 UDP port.
 pub const ROCE_PORT: u16 = 4791;
@@ -164,7 +176,9 @@ pub struct SoftCaCounters {
     pub out_of_sequence: u64,
     /// Sequence-error NAKs the QPs received.
     pub seq_naks_received: u64,
-    /// Packets the QPs dropped for a P_Key outside their partition.
+    /// Received packets dropped for their P_Key: by the port (no entry of
+    /// its table matches, or not the key of the QP they were for) or by a
+    /// QP's engine.
     pub pkey_violations: u64,
 }
 
@@ -316,7 +330,7 @@ impl CaRt {
         };
         let (completions, events) = self.node(|n| {
             let mut c = Vec::new();
-            while let Some(x) = n.poll_completion(qp) {
+            while let Some(x) = n.poll_completion_with_pkey(qp) {
                 c.push(x);
             }
             let mut e = Vec::new();
@@ -326,7 +340,12 @@ impl CaRt {
             (c, e)
         });
         let mut notify = Vec::new();
-        for c in completions {
+        // Datagram receives say which entry their P_Key matched.
+        let table = completions
+            .iter()
+            .any(|(_, k)| k.is_some())
+            .then(|| self.pkey_table());
+        for (c, pkey) in completions {
             if !c.is_recv && !route.sig_all && c.status == WcStatus::Success {
                 let mut uns = route.unsignaled.lock().unwrap_or_else(|e| e.into_inner());
                 if uns.remove(&c.wr_id) {
@@ -348,6 +367,9 @@ impl CaRt {
             }
             if c.grh {
                 wc.wc_flags = wc.wc_flags | WcFlags::GRH;
+            }
+            if let (Some(k), Some(t)) = (pkey, &table) {
+                wc.pkey_index = pkey_index_of(t, k).unwrap_or(0);
             }
             let (cq, ctx) = if c.is_recv {
                 &route.recv_cq
@@ -398,6 +420,16 @@ impl CaRt {
     fn routes_lock(&self) -> MutexGuard<'_, HashMap<u32, Route>> {
         self.routes.lock().unwrap_or_else(|e| e.into_inner())
     }
+}
+
+/// The index of the entry of `table` that admits P_Key `k`: the same key
+/// if the table holds it, else the first that matches (IBA 10.9.3).
+fn pkey_index_of(table: &[Pkey], k: Pkey) -> Option<u16> {
+    table
+        .iter()
+        .position(|t| *t == k)
+        .or_else(|| table.iter().position(|t| t.matches(k)))
+        .map(|i| i as u16)
 }
 
 /// A QP's door to memory: its PD's keys, its remote rights, its SRQ.
@@ -765,7 +797,10 @@ impl SoftRoce {
     }
 
     /// Replaces the P_Key table of port 1 of open CA `guid`, an `ib` port
-    /// (empty slots, P_Key 0, are left out); raises `PkeyChange`.
+    /// (empty slots, P_Key 0, are left out); raises `PkeyChange`. The port
+    /// checks received packets against it from now on, and each QP's key
+    /// becomes the new entry at its index (QP0's stays the default: SMPs
+    /// are not partitioned).
     ///
     /// # Errors
     /// `NoSuchCa` when the CA is not open; `InvalidArgument` on a `roce`
@@ -781,8 +816,50 @@ impl SoftRoce {
             .filter(|k| k.0 & 0x7fff != 0)
             .collect();
         rt.port.lock().unwrap_or_else(|e| e.into_inner()).pkeys = table;
+        let table = rt.pkey_table();
+        {
+            // Under the handle table's lock, as modify_qp builds engines:
+            // one built before this saw the old table and is here.
+            let st = self.lock();
+            let qps: Vec<(Qpn, u16)> = st
+                .slots
+                .iter()
+                .filter_map(|s| match &s.obj {
+                    Some(Obj::Qp(q))
+                        if q.engine
+                            && q.init.qp_type != QpType::Smi
+                            && Arc::ptr_eq(&st.rt(q.ca), &rt) =>
+                    {
+                        Some((q.qpn, q.attr.pkey_index.unwrap_or(0)))
+                    }
+                    _ => None,
+                })
+                .collect();
+            rt.node(|n| {
+                n.set_pkeys(&table);
+                for (qpn, ix) in qps {
+                    let e = n.qp_mut(softroce::QpHandle(qpn));
+                    if let (Some(e), Some(k)) = (e, table.get(usize::from(ix))) {
+                        e.update_config(|c| c.pkey = *k);
+                    }
+                }
+            });
+        }
         port_event(&opens, AsyncEventKind::PkeyChange);
         Ok(())
+    }
+
+    /// The P_Key violations port 1 of open CA `guid` counted since the
+    /// last call, and the latest of them (what trap 257 reports); `None`
+    /// when there were none or the CA is not open.
+    pub fn take_pkey_violations(&self, guid: Guid) -> Option<(u64, PkeyViolation)> {
+        let rt = self
+            .devices
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&guid.0)
+            .map(|(rt, _)| rt.clone())?;
+        rt.node(|n| n.take_pkey_violations())
     }
 
     /// The open device of CA `guid` and the handlers of every open of it.
@@ -965,7 +1042,7 @@ impl SoftRoce {
                 duplicates: k.duplicates,
                 out_of_sequence: k.out_of_sequence,
                 seq_naks_received: k.seq_naks_received,
-                pkey_violations: k.pkey_violations,
+                pkey_violations: k.pkey_violations + s.rx_pkey_violations,
             }
         }))
     }
@@ -2150,15 +2227,37 @@ impl Provider for SoftRoce {
                     .then(|| st.gather_inline(q.ca, q.pd, wr, q.init.caps.max_inline));
                 local.push((bind, inline));
             }
+            // A GSI WR may name the partition it sends in (IBA 11.4.1.1).
+            let table = (q.init.qp_type == QpType::Gsi
+                && wrs.iter().any(|w| w.pkey_index.is_some()))
+            .then(|| st.rt(q.ca).pkey_table());
             let mut ud = Vec::new();
-            for wr in wrs {
+            for (index, wr) in wrs.iter().enumerate() {
+                let pkey = match (&table, wr.pkey_index) {
+                    (Some(t), Some(ix)) => match t.get(usize::from(ix)) {
+                        Some(k) => Some(*k),
+                        None => {
+                            return Err(VerbsError::BadWr {
+                                index,
+                                cause: Box::new(bad(format!(
+                                    "P_Key index {ix} outside the {}-entry table",
+                                    t.len()
+                                ))),
+                            })
+                        }
+                    },
+                    _ => None,
+                };
                 ud.push(match wr.ud {
                     Some(d) => match st.slot(d.ah.0).map(|a| st.obj(a)) {
-                        Ok(Obj::Ah { id, .. }) => Some(roce::UdDest {
-                            qpn: d.remote_qpn,
-                            qkey: d.remote_qkey,
-                            ah: id.0,
-                        }),
+                        Ok(Obj::Ah { id, .. }) => Some((
+                            roce::UdDest {
+                                qpn: d.remote_qpn,
+                                qkey: d.remote_qkey,
+                                ah: id.0,
+                            },
+                            pkey,
+                        )),
                         _ => return Err(bad("invalid address handle")),
                     },
                     None => None,
@@ -2227,7 +2326,8 @@ impl Provider for SoftRoce {
                     break;
                 }
             };
-            w.ud = ud;
+            let pkey = ud.and_then(|(_, k)| k);
+            w.ud = ud.map(|(d, _)| d);
             if !w.signaled {
                 if let Some(r) = rt.routes_lock().get(&qpn.value()) {
                     r.unsignaled
@@ -2236,11 +2336,18 @@ impl Provider for SoftRoce {
                         .insert(w.wr_id);
                 }
             }
-            wqes.push(w);
+            wqes.push((w, pkey));
         }
         rt.node(|n| {
+            for (w, pkey) in &mut wqes {
+                if let (Some(d), Some(k)) = (w.ud.as_mut(), *pkey) {
+                    if let Some(ah) = n.ah_in_partition(softroce::AhId(d.ah), k) {
+                        d.ah = ah.0;
+                    }
+                }
+            }
             if let Some(e) = n.qp_mut(softroce::QpHandle(qpn)) {
-                for w in wqes {
+                for (w, _) in wqes {
                     e.post_send(w);
                 }
             }

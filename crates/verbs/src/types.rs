@@ -423,6 +423,12 @@ pub struct SendWr {
     pub invalidate_rkey: Rkey,
     /// Window bind.
     pub bind_mw: Option<MwBind>,
+    /// GSI sends only: the index of the port's P_Key table entry the
+    /// datagram leaves with (IBA 11.4.1.1: a GSI work request names its
+    /// partition; a response uses the request's,
+    /// [`WorkCompletion::pkey_index`]). `None`: the QP's own. Other QP
+    /// types send with the QP's P_Key and ignore it.
+    pub pkey_index: Option<u16>,
 }
 
 impl SendWr {
@@ -440,6 +446,7 @@ impl SendWr {
             ud: None,
             invalidate_rkey: Rkey(0),
             bind_mw: None,
+            pkey_index: None,
         }
     }
 
@@ -500,7 +507,8 @@ pub struct WorkCompletion {
     pub invalidated_rkey: Rkey,
     /// Source QPN (UD receives).
     pub src_qp: Qpn,
-    /// P_Key index (GSI receives).
+    /// P_Key index (GSI receives): the entry of the port's table that
+    /// matched the datagram's P_Key, the one to answer it with.
     pub pkey_index: u16,
     /// Source LID.
     pub slid: Lid,
