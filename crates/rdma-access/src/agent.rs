@@ -1957,7 +1957,8 @@ impl Inner {
             if !lost {
                 let now = self.now();
                 let len = (wc.byte_len as usize).min(GRH + MAD) - GRH;
-                st.gsi.handle_mad(now, peer, &bytes[GRH..GRH + len]);
+                st.gsi
+                    .handle_mad_in(now, peer, wc.pkey_index, &bytes[GRH..GRH + len]);
                 let calls = self.route_mads(&mut st, now);
                 self.flush(&mut st);
                 self.call_hooks(st, calls);
@@ -2040,6 +2041,8 @@ impl Inner {
                 remote_qpn: dest_qpn,
                 remote_qkey: qkey,
             });
+            // A response goes in its request's partition.
+            wr.pkey_index = st.gsi.pkey_index_for(peer, &mad);
             if self.provider.post_send(qp, &[wr]).is_err() {
                 st.free_sends.push(slot);
             }

@@ -29,6 +29,14 @@
 //!
 //! The CM class is one agent like the others (the CM agent registers
 //! class 0x07 version 2 for Send).
+//!
+//! Partitions: a GMP carries its sender's P_Key, and the answer goes back
+//! in the same partition. The driver hands each MAD in with the P_Key
+//! index its receive reported ([`Dispatcher::handle_mad_in`]); the
+//! dispatcher remembers it for the last [`REQUEST_PKEYS`] requests, and
+//! [`Dispatcher::pkey_index_for`] gives the index a response (an agent's,
+//! a status reply, an RMPP segment) must be sent with. Everything else
+//! goes with the QP's own index (the port's default partition).
 
 use rdma_mad::mad::{MadStatus, Method, StatusCode, HEADER_LEN, MAD_SIZE};
 use rdma_mad::rmpp::{self, RmppHeader, RmppType, FLAG_ACTIVE, FLAG_FIRST, FLAG_LAST};
@@ -37,6 +45,9 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 
 /// A 256-byte MAD.
 pub type MadBytes = [u8; MAD_SIZE];
+
+/// Received requests whose P_Key index is remembered for their response.
+pub const REQUEST_PKEYS: usize = 256;
 
 /// How many segments past the last one received an RMPP receiver lets the
 /// sender send.
@@ -181,6 +192,10 @@ pub struct Dispatcher {
     tx: VecDeque<(Gid, Box<MadBytes>)>,
     deliveries: VecDeque<Delivery>,
     stats: GsiStats,
+    /// The P_Key index of the last [`REQUEST_PKEYS`] requests received, by
+    /// (sender, TID), and their order.
+    request_pkeys: HashMap<(Gid, u64), u16>,
+    request_order: VecDeque<(Gid, u64)>,
 }
 
 /// Methods that are never answered with a status: they expect no
@@ -440,7 +455,40 @@ impl Dispatcher {
         self.tx.push_back((peer, Box::new(mad)));
     }
 
-    /// A MAD arrived from `peer`.
+    /// A MAD arrived from `peer` in the partition of P_Key table entry
+    /// `pkey_index` (what the receive completion says): as
+    /// [`Dispatcher::handle_mad`], and a request's index is remembered for
+    /// its response.
+    pub fn handle_mad_in(&mut self, now: Instant, peer: Gid, pkey_index: u16, bytes: &[u8]) {
+        if bytes.len() >= HEADER_LEN && bytes[3] & 0x80 == 0 {
+            let tid = u64::from_be_bytes(bytes[8..16].try_into().expect("8 bytes"));
+            if self.request_pkeys.insert((peer, tid), pkey_index).is_none() {
+                self.request_order.push_back((peer, tid));
+            }
+            while self.request_order.len() > REQUEST_PKEYS {
+                if let Some(old) = self.request_order.pop_front() {
+                    self.request_pkeys.remove(&old);
+                }
+            }
+        }
+        self.handle_mad(now, peer, bytes);
+    }
+
+    /// The P_Key index `mad` to `peer` must be sent with: for a response
+    /// (R bit, or a TrapRepress) to a request that came through
+    /// [`Dispatcher::handle_mad_in`], the request's; `None` otherwise (the
+    /// QP's own).
+    pub fn pkey_index_for(&self, peer: Gid, mad: &MadBytes) -> Option<u16> {
+        let method = mad[3];
+        if method & 0x80 == 0 && Method::from(method) != Method::TrapRepress {
+            return None;
+        }
+        let tid = u64::from_be_bytes(mad[8..16].try_into().expect("8 bytes"));
+        self.request_pkeys.get(&(peer, tid)).copied()
+    }
+
+    /// A MAD arrived from `peer` (in the QP's own partition, as far as the
+    /// caller knows: see [`Dispatcher::handle_mad_in`]).
     pub fn handle_mad(&mut self, now: Instant, peer: Gid, bytes: &[u8]) {
         self.stats.received += 1;
         if bytes.len() < HEADER_LEN {
@@ -798,6 +846,37 @@ mod tests {
         assert!(d.poll_delivery().is_none());
         assert_eq!(d.stats().status_replies, 5);
         assert_eq!(d.stats().dropped, 5);
+    }
+
+    #[test]
+    fn responses_go_back_in_the_requests_partition() {
+        let mut d = Dispatcher::new();
+        let now = Instant::ZERO;
+        d.register(DM, 1, &[0x01]).unwrap();
+        let other = Gid::from_ip("127.0.0.10".parse().unwrap());
+        // A Get in the partition of entry 2: its answer (same TID, R bit)
+        // goes there, to that sender only.
+        d.handle_mad_in(now, peer(), 2, &get(DM, 1, 0x01));
+        let Some(Delivery::Request { mad, .. }) = d.poll_delivery() else {
+            panic!("not delivered");
+        };
+        let mut resp = *mad;
+        resp[3] = 0x81;
+        assert_eq!(d.pkey_index_for(peer(), &resp), Some(2));
+        assert_eq!(d.pkey_index_for(other, &resp), None);
+        // A request of ours with that TID is no answer.
+        assert_eq!(d.pkey_index_for(peer(), &mad), None);
+        // A status reply to an unserved method, in entry 1's partition.
+        d.handle_mad_in(now, other, 1, &get(DM, 1, 0x02));
+        let (to, r) = d.poll_transmit().unwrap();
+        assert_eq!((to, d.pkey_index_for(to, &r)), (other, Some(1)));
+        // Only the last REQUEST_PKEYS requests are remembered.
+        for i in 0..REQUEST_PKEYS as u64 {
+            let mut m = get(DM, 1, 0x01);
+            m[8..16].copy_from_slice(&(0x10_0000 + i).to_be_bytes());
+            d.handle_mad_in(now, peer(), 3, &m);
+        }
+        assert_eq!(d.pkey_index_for(other, &r), None, "forgotten");
     }
 
     #[test]

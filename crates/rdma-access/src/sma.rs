@@ -41,14 +41,19 @@
 //! LID-routed Trap(Notice) to the SM, producer CA, data details LID,
 //! new CapabilityMask); a refused M_Key raises trap 256 (type security,
 //! details: requester LID, method, attribute, modifier, the bad M_Key, and
-//! for a directed-route SMP its hop count and return path). [`Sma::trap`]
+//! for a directed-route SMP its hop count and return path); packets the
+//! port dropped for their P_Key ([`Sma::note_pkey_violations`], from the
+//! driver, which has them from the provider) count in
+//! PortInfo:P_KeyViolations (saturating; an SM's Set writes it) and raise
+//! trap 257 (type security, details [`BadKeyTrap`]: the sender's LID, QP
+//! and GID, ours, the P_Key). [`Sma::trap`]
 //! is the oldest unrepressed one until the SM's TrapRepress with its TID
 //! arrives, so the driver sends it and sends it again until then; at most
 //! one of each number waits (a newer one replaces it).
 
 use crate::gsi::{status_reply, MadBytes};
 use rdma_mad::mad::{MadStatus, Method, StatusCode, MAD_SIZE};
-use rdma_mad::smp::{cap, NodeInfo, Notice, PortInfo, SmpAttr};
+use rdma_mad::smp::{cap, BadKeyTrap, NodeInfo, Notice, PortInfo, SmpAttr};
 use rdma_types::{Duration, Gid, Guid, Instant, Pkey};
 use std::collections::VecDeque;
 
@@ -56,6 +61,8 @@ use std::collections::VecDeque;
 pub const TRAP_CAPABILITY_MASK_CHANGE: u16 = 144;
 /// Trap 256: an SMP came with a bad M_Key (IBA 14.2.4.3).
 pub const TRAP_BAD_MKEY: u16 = Notice::TRAP_BAD_MKEY;
+/// Trap 257: the port dropped a packet for its P_Key (IBA 14.2.5.1).
+pub const TRAP_BAD_PKEY: u16 = Notice::TRAP_BAD_PKEY;
 /// Where an SMP's M_Key is.
 const SMP_MKEY: std::ops::Range<usize> = 24..32;
 
@@ -294,6 +301,29 @@ impl Sma {
         self.port_info().mkey_violations()
     }
 
+    /// PortInfo:P_KeyViolations.
+    pub fn pkey_violations(&self) -> u16 {
+        self.port_info().pkey_violations()
+    }
+
+    /// The port dropped `count` packets for their P_Key (IBA 10.9.3), the
+    /// latest as `last` tells: PortInfo:P_KeyViolations counts them
+    /// (saturating) and, if an SM manages the port, trap 257 reports the
+    /// latest (LID2 and GID2, ours, filled in where `last` lacks them; a
+    /// newer one replaces an unrepressed one).
+    pub fn note_pkey_violations(&mut self, count: u64, mut last: BadKeyTrap) {
+        let mut p = PortInfo::new_checked(&mut self.port[..]).expect("64 bytes");
+        let n = u64::from(p.pkey_violations()).saturating_add(count);
+        p.set_pkey_violations(n.min(u64::from(u16::MAX)) as u16);
+        if self.sm_lid() == 0 || count == 0 {
+            return;
+        }
+        if last.lid2 == 0 {
+            last.lid2 = self.lid();
+        }
+        self.raise_trap(TRAP_BAD_PKEY, 2, last.emit()); // security
+    }
+
     /// When the M_Key lease runs out (protection drops to level 0) unless
     /// a good M_Key comes first; `None` while no lease is running.
     pub fn poll_timeout(&self) -> Option<Instant> {
@@ -502,6 +532,7 @@ impl Sma {
         p.set_mkey_protect(want.mkey_protect());
         p.set_mkey_lease_period(want.mkey_lease_period());
         p.set_mkey_violations(want.mkey_violations());
+        p.set_pkey_violations(want.pkey_violations());
         if next != now {
             p.set_port_state(next);
             actions.push(SmaAction::State(next));
@@ -935,5 +966,60 @@ mod tests {
         assert_eq!(s.poll_timeout(), None);
         s.handle_timeout(secs(100_000));
         assert_eq!(s.mkey_protect(), 2);
+    }
+
+    #[test]
+    fn pkey_violations_count_and_raise_trap_257() {
+        let mut s = sma();
+        let bad = |qp1| BadKeyTrap {
+            key: 0x7fff,
+            qp1,
+            qp2: 1,
+            gid1: Gid([9; 16]),
+            ..Default::default()
+        };
+        // No SM yet: counted, nobody to tell.
+        s.note_pkey_violations(2, bad(1));
+        assert_eq!(s.pkey_violations(), 2);
+        assert!(s.trap().is_none());
+        s.assume(7, 1, state::ACTIVE);
+        s.note_pkey_violations(3, bad(0x44));
+        assert_eq!(s.pkey_violations(), 5);
+        let t = *s.trap().expect("trap 257 raised");
+        assert_eq!((t[1], t[3]), (0x01, 0x05), "LID-routed Trap");
+        let mut full = [0u8; Notice::LEN];
+        full[..64].copy_from_slice(&t[SMP_DATA..SMP_DATA + 64]);
+        let n = Notice::parse(&full).unwrap();
+        assert_eq!((n.trap_number, n.notice_type, n.issuer_lid), (257, 2, 7));
+        let d = BadKeyTrap::parse(&n.data_details);
+        assert_eq!(
+            d,
+            BadKeyTrap {
+                lid2: 7,
+                ..bad(0x44)
+            },
+            "our LID filled in"
+        );
+        // A newer one replaces it; Get(PortInfo) shows the count, which
+        // saturates, and a Set writes.
+        s.note_pkey_violations(1, bad(0x45));
+        assert_eq!(s.traps_pending(), 1);
+        let (r, _) = s
+            .handle(Instant::ZERO, &smp(0x01, SmpAttr::PortInfo, false))
+            .unwrap();
+        assert_eq!(
+            PortInfo::new_checked(&r[SMP_DATA..])
+                .unwrap()
+                .pkey_violations(),
+            6
+        );
+        s.note_pkey_violations(u64::MAX, bad(1));
+        assert_eq!(s.pkey_violations(), 0xffff);
+        let mut m = smp(0x02, SmpAttr::PortInfo, true);
+        let mut p = PortInfo::new_checked(&mut m[SMP_DATA..SMP_DATA + 64]).unwrap();
+        p.set_sm_lid(1);
+        p.set_pkey_violations(0);
+        s.handle(Instant::ZERO, &m).unwrap();
+        assert_eq!(s.pkey_violations(), 0);
     }
 }

@@ -18,10 +18,13 @@
 //! LID routes nothing, so the GID stands in for it.)
 //!
 //! Traps: [`SmaAgent::set_capability_mask`] (a DM agent registering, say)
-//! makes the SMA raise trap 144, an SMP refused for its M_Key trap 256
-//! (see [`crate::sma`]); the thread sends the oldest to the SM (the GID of
-//! the last Set) and again every 500 ms until the SM's TrapRepress
-//! arrives, or gives it up after 8 sends and goes on to the next.
+//! makes the SMA raise trap 144, an SMP refused for its M_Key trap 256,
+//! packets the port dropped for their P_Key trap 257 (see [`crate::sma`];
+//! the thread asks the source [`SmaAgent::watch_pkey_violations`] gave it
+//! at every turn, about every 20 ms); the thread sends the oldest to the
+//! SM (the GID of the last Set) and again every 500 ms until the SM's
+//! TrapRepress arrives, or gives it up after 8 sends and goes on to the
+//! next.
 //!
 //! M_Key: the SMA checks it as [`crate::sma`] says, on the real clock
 //! (the lease is in seconds); [`SmaAgent::mkey_violations`] counts the
@@ -32,6 +35,7 @@
 use crate::agent::{CmAgent, CmError, MadAgent, MadWait};
 use crate::sma::{Sma, SmaAction, SmaConfig};
 use rdma_mad::mad::Method;
+use rdma_mad::smp::BadKeyTrap;
 use rdma_types::{Gid, Pkey};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -52,6 +56,11 @@ const TRAP_SENDS: u32 = 8;
 /// Applies a Set's effect to the port; gets the SMA as it is after the Set
 /// (the new P_Key table, for [`SmaAction::Pkeys`]).
 pub type Apply = dyn Fn(SmaAction, &Sma) + Send + Sync;
+
+/// Where the port's P_Key violations come from (the provider's counter):
+/// the violations since the last call and the latest of them, `None` if
+/// there were none. Called on the SMA's thread with none of its locks held.
+pub type PkeyViolations = dyn Fn() -> Option<(u64, BadKeyTrap)> + Send + Sync;
 
 struct Status {
     sma: Sma,
@@ -74,6 +83,7 @@ impl Status {
 struct Shared {
     st: Mutex<Status>,
     changed: Condvar,
+    violations: Mutex<Option<Arc<PkeyViolations>>>,
 }
 
 impl Shared {
@@ -128,6 +138,7 @@ impl SmaAgent {
                 epoch: std::time::Instant::now(),
             }),
             changed: Condvar::new(),
+            violations: Mutex::new(None),
         });
         let stop = Arc::new(AtomicBool::new(false));
         let (sh, st) = (shared.clone(), stop.clone());
@@ -147,6 +158,7 @@ impl SmaAgent {
                             MadWait::Closed => return,
                         }
                     }
+                    note_violations(&sh);
                     send_trap(&sh, &routed);
                 }
             })
@@ -228,6 +240,26 @@ impl SmaAgent {
         self.shared.lock().sma.mkey_violations()
     }
 
+    /// Takes the port's P_Key violations from `source` from now on (see
+    /// [`PkeyViolations`]): counted in PortInfo:P_KeyViolations, reported
+    /// by trap 257. Replaces an earlier source.
+    pub fn watch_pkey_violations(
+        &self,
+        source: impl Fn() -> Option<(u64, BadKeyTrap)> + Send + Sync + 'static,
+    ) {
+        *self
+            .shared
+            .violations
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(source));
+    }
+
+    /// PortInfo:P_KeyViolations: packets the port dropped for their P_Key
+    /// (as far as the source of [`SmaAgent::watch_pkey_violations`] told).
+    pub fn pkey_violations(&self) -> u16 {
+        self.shared.lock().sma.pkey_violations()
+    }
+
     /// PortInfo:M_Key and M_KeyProtectBits now (the lease applied).
     pub fn mkey(&self) -> (u64, u8) {
         let mut st = self.shared.lock();
@@ -275,6 +307,19 @@ fn answer(sh: &Shared, agent: &MadAgent, apply: &Apply, peer: Gid, smp: &[u8]) {
     }
     sh.changed.notify_all();
     agent.send(peer, resp);
+}
+
+/// Hands the SMA what the port's violation source counted since the last
+/// look (the source is called without our locks).
+fn note_violations(sh: &Shared) {
+    let source = sh
+        .violations
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    if let Some((count, last)) = source.and_then(|f| f()) {
+        sh.lock().sma.note_pkey_violations(count, last);
+    }
 }
 
 /// Sends the SMA's oldest unrepressed trap to the SM when it is due;

@@ -24,7 +24,11 @@ pub fn parse_all(data: &[u8]) {
         let _ = (s.status(), s.direction(), s.data().len());
         let _ = smp::NodeInfo::parse(s.data());
         let _ = smp::node_description(s.data());
-        let _ = smp::Notice::parse(&data[64..]).map(|n| n.trap_gid());
+        if let Ok(n) = smp::Notice::parse(&data[64..]) {
+            let _ = n.trap_gid();
+            let t = smp::BadKeyTrap::parse(&n.data_details);
+            assert_eq!(smp::BadKeyTrap::parse(&t.emit()), t);
+        }
         if let Ok(p) = smp::PortInfo::new_checked(s.data()) {
             let _ = smp::cap_names(p.capability_mask());
         }

@@ -380,6 +380,9 @@ pi_fields! {
     mtu_cap / set_mtu_cap: u8 = |b: &[u8]| bits(b, 41, 0, 4), |b: &mut [u8], v| put_bits(b, 41, 0, 4, v);
     /// M_KeyViolations: SMPs refused for a wrong M_Key (saturates).
     mkey_violations / set_mkey_violations: u16 = |b: &[u8]| u16_at(b, 44), |b: &mut [u8], v| put_u16(b, 44, v);
+    /// P_KeyViolations: packets the port dropped for their P_Key
+    /// (saturates).
+    pkey_violations / set_pkey_violations: u16 = |b: &[u8]| u16_at(b, 46), |b: &mut [u8], v| put_u16(b, 46, v);
     /// GUID cap.
     guid_cap / set_guid_cap: u8 = |b: &[u8]| b[50], |b: &mut [u8], v| b[50] = v;
     /// Client reregister bit.
@@ -465,6 +468,10 @@ impl Notice {
     pub const TRAP_GID_OUT_OF_SERVICE: u16 = 65;
     /// Trap 256: an SMP with a bad M_Key (IBA 14.2.4.3).
     pub const TRAP_BAD_MKEY: u16 = 256;
+    /// Trap 257: a packet with a bad P_Key (IBA 14.2.5.1, 10.9.3).
+    pub const TRAP_BAD_PKEY: u16 = 257;
+    /// Trap 258: a packet with a bad Q_Key.
+    pub const TRAP_BAD_QKEY: u16 = 258;
 
     /// Parses 80 bytes.
     pub fn parse(b: &[u8]) -> Result<Self> {
@@ -515,6 +522,60 @@ impl Notice {
         } else {
             None
         }
+    }
+}
+
+/// The data details of traps 257 (bad P_Key) and 258 (bad Q_Key), IBA
+/// 14.2.5.1: who sent the refused packet (LID1, QP1, GID1) to whom (LID2,
+/// QP2, GID2), with which key. 50 of the 54 bytes; the rest reserved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct BadKeyTrap {
+    /// The sender's LID.
+    pub lid1: u16,
+    /// The receiver's LID.
+    pub lid2: u16,
+    /// The P_Key (trap 257, in the low 16 bits) or Q_Key (258) it carried.
+    pub key: u32,
+    /// Service level (4 bits).
+    pub sl: u8,
+    /// The sender's QP (24 bits).
+    pub qp1: u32,
+    /// The receiver's QP (24 bits).
+    pub qp2: u32,
+    /// The sender's GID.
+    pub gid1: Gid,
+    /// The receiver's GID.
+    pub gid2: Gid,
+}
+
+impl BadKeyTrap {
+    /// Reads the data details of a trap 257 or 258.
+    pub fn parse(details: &[u8; 54]) -> BadKeyTrap {
+        let d = &details[..];
+        BadKeyTrap {
+            lid1: u16_at(d, 2),
+            lid2: u16_at(d, 4),
+            key: u32_at(d, 6),
+            sl: d[10] >> 4,
+            qp1: u24_at(d, 11),
+            qp2: u24_at(d, 15),
+            gid1: Gid(d[18..34].try_into().unwrap()),
+            gid2: Gid(d[34..50].try_into().unwrap()),
+        }
+    }
+
+    /// Writes the data details (reserved bytes zero).
+    pub fn emit(&self) -> [u8; 54] {
+        let mut d = [0u8; 54];
+        put_u16(&mut d, 2, self.lid1);
+        put_u16(&mut d, 4, self.lid2);
+        put_u32(&mut d, 6, self.key);
+        put_u24(&mut d, 11, self.qp1 & 0xff_ffff);
+        d[10] = self.sl << 4;
+        put_u24(&mut d, 15, self.qp2 & 0xff_ffff);
+        d[18..34].copy_from_slice(&self.gid1.0);
+        d[34..50].copy_from_slice(&self.gid2.0);
+        d
     }
 }
 
@@ -680,5 +741,38 @@ mod tests {
         let mut out = [0u8; 80];
         n.emit(&mut out);
         assert_eq!(out, b);
+    }
+
+    #[test]
+    fn bad_pkey_trap_details() {
+        // Trap 257 data details as Linux's ib_mad_notice_attr lays out
+        // ntc_257_258 (reserved, lid1, lid2, key, sl_qp1, qp2, gid1, gid2).
+        let mut d = [0u8; 54];
+        d[2..4].copy_from_slice(&[0x00, 0x05]); // LID1 5
+        d[4..6].copy_from_slice(&[0x00, 0x07]); // LID2 7
+        d[6..10].copy_from_slice(&[0x00, 0x00, 0x7f, 0xff]); // P_Key 0x7fff
+        d[10..14].copy_from_slice(&[0x30, 0x00, 0x00, 0x01]); // SL 3, QP1 1
+        d[14..18].copy_from_slice(&[0x00, 0x00, 0x01, 0x23]); // QP2 0x123
+        d[18..34].copy_from_slice(&[0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]); // GID1
+        d[34..50].copy_from_slice(&[0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2]); // GID2
+        let t = BadKeyTrap::parse(&d);
+        assert_eq!(
+            (t.lid1, t.lid2, t.key, t.sl, t.qp1, t.qp2),
+            (5, 7, 0x7fff, 3, 1, 0x123)
+        );
+        assert_eq!((t.gid1.0[15], t.gid2.0[15]), (1, 2));
+        assert_eq!(t.emit(), d);
+    }
+
+    #[test]
+    fn port_info_pkey_violations() {
+        let mut b = [0u8; 64];
+        b[46..48].copy_from_slice(&[0x00, 0x2a]); // P_KeyViolations 42
+        assert_eq!(PortInfo::new_checked(&b[..]).unwrap().pkey_violations(), 42);
+        let mut c = [0u8; 64];
+        PortInfo::new_checked(&mut c[..])
+            .unwrap()
+            .set_pkey_violations(42);
+        assert_eq!(c, b);
     }
 }
