@@ -106,7 +106,17 @@
 //! Traps from SMAs: trap 144 (CapabilityMask changed) is repressed
 //! (TrapRepress, also to a resend) and forwarded once as a Report to its
 //! subscribers, with the sender's GID as issuer; the SA's PortInfoRecords
-//! show the new mask at once.
+//! show the new mask at once. Trap 257 (a port dropped a packet for its
+//! P_Key) is repressed, counted, logged with the offender's GID, QPs and
+//! P_Key (`SmEvent::BadPkey`, naming the offending port when its GID is
+//! one of the subnet's) and forwarded the same way.
+//!
+//! Partitions (`SmConfig::partitions`, opensm's partitions file): each
+//! port's P_Key table has the default partition 0x7fff in entry 0, the
+//! port a full member if the file says so and a limited one otherwise
+//! (opensm's rule: QP1 sends its requests with entry 0, and they must
+//! reach the SA), then the other partitions that name the port; a Set of
+//! PortInfo keeps the port's P_KeyViolations.
 //!
 //! Not done: multicast, LMC on the SM's own port, M_Key on the SM's own
 //! port, SM_Key-trusted SA records other than PortInfoRecord's M_Key.

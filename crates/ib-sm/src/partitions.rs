@@ -13,7 +13,11 @@
 //! `=limited` (limited when not said, as in opensm). Two limited members
 //! cannot talk to each other; a full member talks to everyone in the
 //! partition. Without a file, every port is a full member of the default
-//! partition 0x7fff. Errors name the line and column.
+//! partition 0x7fff. With one, a port the default partition does not
+//! name is still its limited member, as opensm has it: a port's QP1 sends
+//! requests in the default partition, and must reach the SA (whose port
+//! is a full member) whatever else it is in. Errors name the line and
+//! column.
 
 use rdma_types::Guid;
 
@@ -53,11 +57,21 @@ pub struct PartitionError {
     pub msg: String,
 }
 
+/// The default partition's key (without the membership bit).
+pub const DEFAULT_PKEY: u16 = 0x7fff;
+
+/// The membership of `port` in `p` (see [`Partition::membership`]), a
+/// port the default partition does not name being its limited member.
+pub fn membership(p: &Partition, port: Guid) -> Option<bool> {
+    p.membership(port)
+        .or((p.pkey == DEFAULT_PKEY).then_some(false))
+}
+
 /// The partitions every port is in when there is no file.
 pub fn default_partitions() -> Vec<Partition> {
     vec![Partition {
         name: "Default".into(),
-        pkey: 0x7fff,
+        pkey: DEFAULT_PKEY,
         members: vec![(None, true)],
     }]
 }

@@ -3,7 +3,8 @@
 //! requests, Reports), with the clock. The other end is a node's port:
 //! [`IbNode`] runs a soft RoCE CA in the `ib` personality with its SMA,
 //! and [`softroce_sma`] is the glue that applies what the SMA was told to
-//! the port.
+//! the port, [`softroce_pkey_violations`] the one that tells the SMA what
+//! the port dropped for its P_Key (trap 257).
 //!
 //! The SM owns both special QPs of its CA (no other MAD agent can run on
 //! that port); peers are named by GID, which on soft RoCE is the IP
@@ -20,6 +21,7 @@ use rdma_access::sma::{state, Sma, SmaAction, SmaConfig};
 use rdma_access::sma_agent::SmaAgent;
 use rdma_access::CmAgent;
 use rdma_mad::mad::MAD_SIZE;
+use rdma_mad::smp::BadKeyTrap;
 use rdma_types::{Gid, Guid, Instant, Lid, PortNum, Qkey, QpType};
 use rdma_types::{Qpn, WcOpcode, WcStatus};
 use rnic::softroce::SoftRoce;
@@ -425,7 +427,9 @@ impl Drop for SmPort {
 /// with QP0) and its SMA, wired to the provider's port control both ways:
 /// the SM's Sets reach the port ([`softroce_sma`]), and the port's own
 /// events reach the SMA (a pulled cable puts it back in INIT, so when the
-/// link returns the SM's next sweep activates it again).
+/// link returns the SM's next sweep activates it again; a packet dropped
+/// for its P_Key is counted in PortInfo and reported by trap 257,
+/// [`softroce_pkey_violations`]).
 pub struct IbNode {
     p: Arc<SoftRoce>,
     guid: Guid,
@@ -484,6 +488,7 @@ impl IbNode {
             }
         };
         let _ = watch.0.set(Arc::downgrade(&sma));
+        sma.watch_pkey_violations(softroce_pkey_violations(p.clone(), guid));
         Ok(IbNode {
             p,
             guid,
@@ -551,6 +556,29 @@ pub fn softroce_sma(p: Arc<SoftRoce>, guid: Guid) -> impl Fn(SmaAction, &Sma) + 
             SmaAction::State(_) => p.set_port_state(guid, PortState::Init),
             SmaAction::Pkeys => p.set_pkeys(guid, &sma.pkeys()),
         };
+    }
+}
+
+/// What port 1 of soft RoCE CA `guid` dropped for its P_Key since the
+/// last call, as the SMA takes it
+/// (`rdma_access::sma_agent::SmaAgent::watch_pkey_violations`): the count
+/// and the latest as trap 257's details. RoCEv2 packets carry no LIDs and
+/// no SL: LID1 and SL are 0, and the SMA fills in LID2, its own.
+pub fn softroce_pkey_violations(
+    p: Arc<SoftRoce>,
+    guid: Guid,
+) -> impl Fn() -> Option<(u64, BadKeyTrap)> + Send + Sync {
+    move || {
+        let (count, v) = p.take_pkey_violations(guid)?;
+        let details = BadKeyTrap {
+            key: u32::from(v.pkey.0),
+            qp1: v.src_qp.map_or(0, |q| q.value()),
+            qp2: v.dest_qp.value(),
+            gid1: v.src_gid,
+            gid2: v.dst_gid,
+            ..Default::default()
+        };
+        Some((count, details))
     }
 }
 

@@ -102,6 +102,19 @@ impl Host {
         self.send_trap(now);
     }
 
+    /// The port dropped `count` packets for their P_Key, the latest as
+    /// `last` says; the SMA's trap 257 goes to the SM (resent every 300 ms
+    /// until repressed).
+    pub fn note_pkey_violations(
+        &mut self,
+        now: Instant,
+        count: u64,
+        last: rdma_mad::smp::BadKeyTrap,
+    ) {
+        self.sma.note_pkey_violations(count, last);
+        self.send_trap(now);
+    }
+
     fn send_trap(&mut self, now: Instant) {
         self.trap_deadline = None;
         if let Some(t) = self.sma.trap() {

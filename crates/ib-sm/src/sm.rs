@@ -1,16 +1,16 @@
 //! The subnet manager and its subnet administrator, sans-IO.
 
-use crate::partitions::{default_partitions, Partition};
+use crate::partitions::{self, default_partitions, Partition, DEFAULT_PKEY};
 use rdma_access::gsi::{status_reply, MadBytes};
 use rdma_access::sma::{
-    state, Sma, SmaConfig, SMP_DATA, TRAP_BAD_MKEY, TRAP_CAPABILITY_MASK_CHANGE,
+    state, Sma, SmaConfig, SMP_DATA, TRAP_BAD_MKEY, TRAP_BAD_PKEY, TRAP_CAPABILITY_MASK_CHANGE,
 };
 use rdma_mad::mad::{MadStatus, Method, StatusCode, MAD_SIZE};
 use rdma_mad::rmpp::{self, RmppHeader};
 use rdma_mad::sa::{
     InformInfo, PathRecord, SaAttr, SaHeader, ServiceRecord, SA_CLASS_VERSION, SA_HDR_LEN,
 };
-use rdma_mad::smp::{cap, NodeInfo, Notice, PortInfo, SmInfo, SmpAttr};
+use rdma_mad::smp::{cap, BadKeyTrap, NodeInfo, Notice, PortInfo, SmInfo, SmpAttr};
 use rdma_types::{Duration, Gid, Guid, Instant, Pkey};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
@@ -228,6 +228,23 @@ pub enum SmEvent {
         /// Attribute ID.
         attr: u16,
     },
+    /// A port dropped a packet for its P_Key (trap 257 from its SMA,
+    /// forwarded to subscribers): someone outside a partition tried to
+    /// reach it.
+    BadPkey {
+        /// The port that dropped it.
+        guid: Guid,
+        /// The P_Key the packet carried.
+        pkey: Pkey,
+        /// The sender's GID.
+        from: Gid,
+        /// The sender's port GUID, when it is a port of this subnet.
+        from_guid: Option<Guid>,
+        /// The sender's QP (0 when the port could not tell).
+        src_qp: u32,
+        /// The QP the packet was for.
+        dest_qp: u32,
+    },
     /// A port will not be configured by this SM: its PortInfo hid the
     /// M_Key from this SM's key (protect level 1), or it answered Gets
     /// but dropped the Sets (a wrong key at level 0). It is left alone
@@ -364,6 +381,8 @@ pub struct SmStats {
     pub traps: u64,
     /// Trap 256s (bad M_Key) among them.
     pub bad_mkey_traps: u64,
+    /// Trap 257s (bad P_Key) among them.
+    pub bad_pkey_traps: u64,
     /// Ports found refusing this SM's M_Key (see [`SmEvent::MkeyRefused`]).
     pub mkey_refused: u64,
     /// Polls of standbys' SMInfo answered (master).
@@ -944,11 +963,26 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
         self.sweep_progress(now);
     }
 
-    /// The P_Key table this port should have.
+    /// The P_Key table this port should have: the default partition in
+    /// entry 0 (the entry QP1 sends its requests with, so they reach the
+    /// SA), the port a full member if the partitions say so and a limited
+    /// one otherwise (opensm's rule); then the others in the file's order.
     fn pkeys_for(&self, port: Guid) -> [u16; 32] {
         let mut t = [0u16; 32];
-        let mut k = 0;
-        for p in &self.cfg.partitions {
+        let full = |p: &Partition| p.pkey == DEFAULT_PKEY && p.membership(port) == Some(true);
+        t[0] = DEFAULT_PKEY
+            | if self.cfg.partitions.iter().any(full) {
+                0x8000
+            } else {
+                0
+            };
+        let mut k = 1;
+        for p in self
+            .cfg
+            .partitions
+            .iter()
+            .filter(|p| p.pkey != DEFAULT_PKEY)
+        {
             if let Some(full) = p.membership(port) {
                 if k < 32 {
                     t[k] = p.pkey | if full { 0x8000 } else { 0 };
@@ -1144,6 +1178,21 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
                 attr: u16::from_be_bytes([d[6], d[7]]),
             });
         }
+        if notice.is_generic && notice.trap_number == TRAP_BAD_PKEY {
+            self.stats.bad_pkey_traps += 1;
+            let d = BadKeyTrap::parse(&notice.data_details);
+            let guid_of = |n: &Node<P>| n.info.map_or(Guid(0), |x| x.port_guid);
+            let guid = node.map_or(Guid(0), |i| guid_of(&self.nodes[i]));
+            let from_guid = self.nodes.iter().find(|n| n.gid == d.gid1).map(guid_of);
+            self.events.push_back(SmEvent::BadPkey {
+                guid,
+                pkey: Pkey(d.key as u16),
+                from: d.gid1,
+                from_guid,
+                src_qp: d.qp1,
+                dest_qp: d.qp2,
+            });
+        }
         if notice.is_generic && notice.trap_number == TRAP_CAPABILITY_MASK_CHANGE {
             let mask = u32::from_be_bytes(notice.data_details[6..10].try_into().expect("4"));
             if let Some(i) = node {
@@ -1306,7 +1355,7 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
         let guid = self.nodes[i].info.map_or(Guid(0), |x| x.port_guid);
         let pi = PortInfo::new_checked(&self.nodes[i].port[..]).expect("64 bytes");
         let (reported, port_state, sm_lid) = (pi.lid(), pi.port_state(), pi.sm_lid());
-        let violations = pi.mkey_violations();
+        let violations = (pi.mkey_violations(), pi.pkey_violations());
         let port_lmc = pi.lmc();
         let keyed = pi.mkey() == self.cfg.mkey
             && pi.mkey_protect() == self.cfg.mkey_protect
@@ -1354,8 +1403,10 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
                 p.set_mkey(self.cfg.mkey);
                 p.set_mkey_protect(self.cfg.mkey_protect);
                 p.set_mkey_lease_period(self.cfg.mkey_lease);
-                // M_KeyViolations is writable: keep the port's count.
-                p.set_mkey_violations(violations);
+                // M_KeyViolations and P_KeyViolations are writable: keep
+                // the port's counts.
+                p.set_mkey_violations(violations.0);
+                p.set_pkey_violations(violations.1);
                 self.ask(now, i, Want::SetPortInfo, m);
             }
             _ if pkeys_done => self.in_service(now, i),
@@ -1626,7 +1677,7 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
             if only.is_some_and(|k| k & 0x7fff != p.pkey) {
                 return None;
             }
-            let (x, y) = (p.membership(a)?, p.membership(b)?);
+            let (x, y) = (partitions::membership(p, a)?, partitions::membership(p, b)?);
             (x || y).then_some(p.pkey | 0x8000)
         })
     }

@@ -8,7 +8,7 @@ use rdma_access::gsi::MadBytes;
 use rdma_access::sma::state;
 use rdma_mad::rmpp::RmppHeader;
 use rdma_mad::sa::{PathRecord, SaAttr, SaHeader, SA_HDR_LEN};
-use rdma_mad::smp::{cap, NodeInfo, PortInfo};
+use rdma_mad::smp::{cap, BadKeyTrap, NodeInfo, PortInfo};
 use rdma_sim::Simulator;
 use rdma_types::{Duration, Guid, Pkey};
 
@@ -167,7 +167,7 @@ fn a_port_that_leaves_and_returns_gives_traps_65_then_64() {
 #[test]
 fn partitions_program_pkey_tables_and_limit_paths() {
     // Hosts 2 and 3 in "storage" (2 full, 3 limited), 4 limited too; host
-    // 5 only in the default partition.
+    // 5 a full member of the default partition, the others limited ones.
     let parts = format!(
         "Default=0x7fff : {:#x}=full ;\nstorage=0x0010 : {:#x}=full, {:#x}, {:#x} ;",
         port_guid(5).0,
@@ -180,9 +180,14 @@ fn partitions_program_pkey_tables_and_limit_paths() {
         sim.run_until(Duration::from_secs(10), all_active),
         rdma_sim::RunOutcome::Done
     );
-    assert_eq!(host(&mut sim, 2).sma.pkeys()[0], Pkey(0x8010));
-    assert_eq!(host(&mut sim, 3).sma.pkeys()[0], Pkey(0x0010));
-    assert_eq!(host(&mut sim, 5).sma.pkeys()[0], Pkey(0xffff));
+    // The default partition in entry 0 of every table: a limited member
+    // where the file does not name the port (opensm's rule).
+    let table = |sim: &mut Simulator<N>, h| host(sim, h).sma.pkeys()[..3].to_vec();
+    let (full, limited) = (|k: u16| Pkey(0x8000 | k), Pkey);
+    let default = limited(0x7fff);
+    assert_eq!(table(&mut sim, 2), [default, full(0x10), Pkey(0)]);
+    assert_eq!(table(&mut sim, 3), [default, limited(0x10), Pkey(0)]);
+    assert_eq!(table(&mut sim, 5), [full(0x7fff), Pkey(0), Pkey(0)]);
     let path = |sim: &mut Simulator<N>, from: u8, to: u8| {
         let mut q = [0u8; 64];
         q[8..24].copy_from_slice(&gid(to).0);
@@ -192,7 +197,67 @@ fn partitions_program_pkey_tables_and_limit_paths() {
     };
     assert_eq!(path(&mut sim, 3, 2), Some(Pkey(0x8010)), "limited to full");
     assert_eq!(path(&mut sim, 3, 4), None, "limited to limited");
-    assert_eq!(path(&mut sim, 3, 5), None, "no shared partition");
+    assert_eq!(
+        path(&mut sim, 3, 5),
+        Some(Pkey(0xffff)),
+        "the default partition, 5 its full member"
+    );
+}
+
+/// A port's SMA reports packets its port dropped for their P_Key by trap
+/// 257: the SM represses it, counts it, names the offending port from the
+/// GID in its details, and forwards it to subscribers.
+#[test]
+fn a_bad_pkey_trap_is_logged_with_the_offender_and_forwarded() {
+    let mut sim = fabric(7, 0.0, None);
+    assert_eq!(
+        sim.run_until(Duration::from_secs(10), all_active),
+        rdma_sim::RunOutcome::Done
+    );
+    subscribe(&mut sim, 2);
+    let lid3 = host(&mut sim, 3).sma.lid();
+    let now = sim.now();
+    let bad = BadKeyTrap {
+        key: 0x7fff,
+        qp1: 1,
+        qp2: 1,
+        gid1: gid(4),
+        gid2: gid(3),
+        ..Default::default()
+    };
+    host(&mut sim, 3).note_pkey_violations(now, 2, bad);
+    let r = sim.run_until(Duration::from_secs(5), |s| {
+        host(s, 3).sma.trap().is_none() && host(s, 2).notices.iter().any(|n| n.trap_number == 257)
+    });
+    assert_eq!(r, rdma_sim::RunOutcome::Done, "not repressed or forwarded");
+    assert_eq!(host(&mut sim, 3).sma.pkey_violations(), 2);
+    let n = *host(&mut sim, 2)
+        .notices
+        .iter()
+        .find(|n| n.trap_number == 257)
+        .unwrap();
+    assert_eq!(
+        (n.issuer_lid, n.issuer_gid, n.notice_type),
+        (lid3, gid(3), 2)
+    );
+    assert_eq!(
+        BadKeyTrap::parse(&n.data_details),
+        BadKeyTrap { lid2: lid3, ..bad }
+    );
+    let master = sm(&mut sim);
+    assert_eq!(master.sm.stats().bad_pkey_traps, 1);
+    assert!(
+        master.events.contains(&SmEvent::BadPkey {
+            guid: port_guid(3),
+            pkey: Pkey(0x7fff),
+            from: gid(4),
+            from_guid: Some(port_guid(4)),
+            src_qp: 1,
+            dest_qp: 1,
+        }),
+        "{:?}",
+        master.events
+    );
 }
 
 #[test]

@@ -331,6 +331,21 @@ fn describe(e: &SmEvent, lmc: u8) -> String {
              attribute {attr:#06x} from LID {requester}",
             guid.0
         ),
+        SmEvent::BadPkey {
+            guid,
+            pkey,
+            from,
+            from_guid,
+            src_qp,
+            dest_qp,
+        } => {
+            let who = from_guid.map_or(String::new(), |g| format!(" (port {:#018x})", g.0));
+            format!(
+                "port {:#018x} dropped a packet with a bad P_Key (trap 257): P_Key {:04x} \
+                 from {from}{who} QP {src_qp:#x} to QP {dest_qp:#x}",
+                guid.0, pkey.0
+            )
+        }
         SmEvent::MkeyRefused { guid } => {
             format!("port {:#018x} refuses our M_Key: left unconfigured", guid.0)
         }
