@@ -307,14 +307,43 @@ impl std::fmt::Debug for Incoming {
 
 impl Incoming {
     /// Answers with a REP naming `qpn`/`psn` (the consumer's QP, at least
-    /// in RTR) and `private_data`.
+    /// in RTR) and `private_data`, offering [`QpParams::DEFAULT`] as far as
+    /// the REQ allows ([`Incoming::negotiate`]).
     pub fn accept(&self, qpn: Qpn, psn: Psn, private_data: Vec<u8>) -> bool {
+        self.accept_offering(qpn, psn, QpParams::DEFAULT, private_data)
+    }
+
+    /// What a REP offering `mine` may say to this REQ (IBA 12.7.29-30):
+    /// no more READs taken at once than the requester has outstanding
+    /// (its initiator depth), and no more outstanding than it takes (its
+    /// responder resources). The consumer's QP must follow it: its
+    /// `max_rd_atomic` at most the returned `initiator_depth`.
+    pub fn negotiate(&self, mine: QpParams) -> QpParams {
+        QpParams {
+            responder_resources: mine.responder_resources.min(self.params.initiator_depth),
+            initiator_depth: mine.initiator_depth.min(self.params.responder_resources),
+            retry_count: self.params.retry_count,
+            rnr_retry_count: mine.rnr_retry_count,
+        }
+    }
+
+    /// [`Incoming::accept`] offering what `mine` and the REQ allow
+    /// together ([`Incoming::negotiate`]).
+    pub fn accept_offering(
+        &self,
+        qpn: Qpn,
+        psn: Psn,
+        mine: QpParams,
+        private_data: Vec<u8>,
+    ) -> bool {
+        let offer = self.negotiate(mine);
         let mut st = self.agent.lock();
         let now = self.agent.now();
         let ok = st.cm.accept(now, self.conn, qpn, psn, private_data);
         if ok {
             if let Some(m) = st.meta.get_mut(&self.conn) {
                 m.local_qpn = qpn;
+                m.offer.params = offer;
             }
         }
         self.agent.flush(&mut st);
@@ -369,17 +398,7 @@ impl Incoming {
                 return Err(e);
             }
         };
-        let mut st = self.agent.lock();
-        if let Some(m) = st.meta.get_mut(&self.conn) {
-            m.offer.params = QpParams {
-                responder_resources: mine.responder_resources.min(req.initiator_depth),
-                initiator_depth: mine.initiator_depth.min(req.responder_resources),
-                retry_count: req.retry_count,
-                rnr_retry_count: mine.rnr_retry_count,
-            };
-        }
-        drop(st);
-        if self.accept(qpn, psn, private_data) {
+        if self.accept_offering(qpn, psn, mine, private_data) {
             Ok(())
         } else {
             Err(CmError::Stopped)
@@ -402,6 +421,15 @@ impl Incoming {
 }
 
 type Hook = Arc<dyn Fn(ConnId) + Send + Sync>;
+
+/// A consumer hook the agent's thread runs once it let go of its lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Call {
+    /// [`CmAgent::on_disconnect`]: the connection ended.
+    Ended(ConnId),
+    /// [`CmAgent::on_established`]: an accepted connection's RTU came.
+    Established(ConnId),
+}
 type RemovalHook = Arc<dyn Fn(Removed) + Send + Sync>;
 
 struct Meta {
@@ -434,12 +462,15 @@ struct State {
     gsi_misrouted: u64,
     /// Test knob: drop this share of received MADs (seeded).
     loss: Option<(rdma_sim::Rng, f64)>,
+    /// Test knob: what this port does instead of sending an RTU.
+    rtu_fault: RtuFault,
     /// Where each MAD agent's unsolicited requests go.
     mad_rx: HashMap<AgentId, Sender<(Gid, Box<MadBytes>)>>,
     /// Callers blocked on a request, by transaction ID.
     mad_waiters: HashMap<u64, Sender<Option<Vec<u8>>>>,
     next_tid: u64,
     on_disconnect: Option<Hook>,
+    on_established: Option<Hook>,
     on_removal: Option<RemovalHook>,
     /// REQs refused because the port's P_Key table lacks their partition.
     pkey_refusals: u64,
@@ -809,6 +840,8 @@ impl CmAgent {
                 mad_waiters: HashMap::new(),
                 next_tid: (first_comm_id as u64) << 32,
                 on_disconnect: None,
+                on_established: None,
+                rtu_fault: RtuFault::None,
                 on_removal: None,
                 pkey_refusals: 0,
                 stopped: false,
@@ -960,9 +993,18 @@ impl CmAgent {
     }
 
     /// Called with the connection when the peer disconnects (DREQ), the
-    /// connection's state machine gives up on it, or its CA is removed.
+    /// connection's state machine gives up on it, or its CA is removed;
+    /// for a connection a listener accepted, also when it ends before it
+    /// was established: the requester refuses the REP (REJ), sends a DREQ
+    /// instead of the RTU, or the RTU never comes.
     pub fn on_disconnect(&self, hook: impl Fn(ConnId) + Send + Sync + 'static) {
         self.inner.lock().on_disconnect = Some(Arc::new(hook));
+    }
+
+    /// Called with a connection a listener accepted when its RTU arrives:
+    /// from then on only [`CmAgent::on_disconnect`] ends it.
+    pub fn on_established(&self, hook: impl Fn(ConnId) + Send + Sync + 'static) {
+        self.inner.lock().on_established = Some(Arc::new(hook));
     }
 
     /// The port's P_Key table as the provider reports it now (an SM may
@@ -1230,11 +1272,16 @@ impl CmAgent {
         Err(CmError::TimedOut)
     }
 
-    /// Starts a disconnect (DREQ); idempotent.
+    /// Starts a disconnect (DREQ); idempotent. An accepted connection
+    /// still waiting for its RTU is refused instead (REJ) and gone at once.
     pub fn disconnect(&self, conn: ConnId) {
         let mut st = self.inner.lock();
         let now = self.inner.now();
-        st.cm.disconnect(now, conn);
+        let unanswered = st.cm.state(conn) == rdma_cm::ConnState::RepSent;
+        if st.cm.disconnect(now, conn) && unanswered {
+            st.meta.remove(&conn);
+            self.inner.untrack(&mut st, TrackKey::Conn(conn));
+        }
         self.inner.flush(&mut st);
         drop(st);
         self.inner.kick();
@@ -1307,6 +1354,30 @@ impl CmAgent {
     pub fn set_receive_loss(&self, loss: Option<(u64, f64)>) {
         self.inner.lock().loss = loss.map(|(seed, p)| (rdma_sim::Rng::new(seed), p));
     }
+
+    /// What this port does where its CM would send an RTU: a fault knob
+    /// for testing a passive side against initiators whose logins never
+    /// complete (see [`RtuFault`]).
+    pub fn set_rtu_fault(&self, fault: RtuFault) {
+        self.inner.lock().rtu_fault = fault;
+    }
+}
+
+/// What an active side does after a REP instead of its RTU
+/// ([`CmAgent::set_rtu_fault`]), each a way a half-open login ends (or
+/// does not) at the passive side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RtuFault {
+    /// The RTU goes out (normal).
+    None,
+    /// The RTU is not sent (lost, or the initiator died after the REP):
+    /// this side thinks it is connected, the passive side waits. A later
+    /// [`CmAgent::disconnect`] sends a DREQ the passive side gets before
+    /// any RTU.
+    Drop,
+    /// A REJ answers the REP (Linux ib_srp does when it refuses a login
+    /// response) and this side forgets the connection.
+    Reject,
 }
 
 /// A MAD agent on a port's QP1 (from [`CmAgent::mad_agent`]); dropping it
@@ -1898,12 +1969,13 @@ impl Inner {
         }
     }
 
-    fn call_hooks(&self, st: MutexGuard<'_, State>, calls: Vec<ConnId>) {
-        let hook = st.on_disconnect.clone();
+    fn call_hooks(&self, st: MutexGuard<'_, State>, calls: Vec<Call>) {
+        let (ended, established) = (st.on_disconnect.clone(), st.on_established.clone());
         drop(st);
-        if let Some(h) = hook {
-            for c in calls {
-                h(c);
+        for c in calls {
+            match (c, &ended, &established) {
+                (Call::Ended(c), Some(h), _) | (Call::Established(c), _, Some(h)) => h(c),
+                _ => {}
             }
         }
     }
@@ -1993,6 +2065,30 @@ impl Inner {
                 },
                 |m| m.offer,
             );
+            let msg = match (msg, st.rtu_fault) {
+                (
+                    CmMsg::Rtu {
+                        local_comm_id,
+                        remote_comm_id,
+                    },
+                    fault,
+                ) if fault != RtuFault::None => {
+                    if fault == RtuFault::Drop {
+                        continue;
+                    }
+                    st.cm.forget(ConnId(local_comm_id));
+                    st.meta.remove(&ConnId(local_comm_id));
+                    self.untrack(st, TrackKey::Conn(ConnId(local_comm_id)));
+                    CmMsg::Rej {
+                        local_comm_id,
+                        remote_comm_id,
+                        msg: rdma_cm::MsgKind::Rep,
+                        reason: RejReason::CONSUMER_DEFINED,
+                        private_data: Vec::new(),
+                    }
+                }
+                (msg, _) => msg,
+            };
             let mad = wire::encode(&msg, tid, &local, peer, peer_qpn, &offer);
             st.gsi.send(peer, mad);
         }
@@ -2050,8 +2146,8 @@ impl Inner {
     }
 
     /// Hands the dispatcher's deliveries to the CM, agents and blocked
-    /// requesters; returns the connections whose disconnect hook must run.
-    fn route_mads(&self, st: &mut State, now: Instant) -> Vec<ConnId> {
+    /// requesters; returns the consumer hooks that must run.
+    fn route_mads(&self, st: &mut State, now: Instant) -> Vec<Call> {
         let mut calls = Vec::new();
         while let Some(d) = st.gsi.poll_delivery() {
             match d {
@@ -2083,9 +2179,9 @@ impl Inner {
     }
 
     /// Routes state machine events and sends what they queued; returns the
-    /// connections whose disconnect hook must run (without the lock).
-    fn take_events(&self, st: &mut State, extra: Option<Extra>) -> Vec<ConnId> {
-        let mut calls: Vec<ConnId> = Vec::new();
+    /// consumer hooks that must run (without the lock).
+    fn take_events(&self, st: &mut State, extra: Option<Extra>) -> Vec<Call> {
+        let mut calls: Vec<Call> = Vec::new();
         while let Some(ev) = st.cm.poll_event() {
             match ev {
                 CmEvent::Request { conn, peer, req } => {
@@ -2149,13 +2245,18 @@ impl Inner {
                     if let Some(m) = st.meta.get_mut(&conn) {
                         m.remote_qpn = remote_qpn;
                     }
-                    if let Some(tx) = st.waiting.remove(&conn) {
-                        let _ = tx.send(Ok(Established {
-                            conn,
-                            remote_qpn,
-                            remote_psn,
-                            private_data,
-                        }));
+                    match st.waiting.remove(&conn) {
+                        Some(tx) => {
+                            let _ = tx.send(Ok(Established {
+                                conn,
+                                remote_qpn,
+                                remote_psn,
+                                private_data,
+                            }));
+                        }
+                        // Passive: the RTU of a connection a listener
+                        // accepted.
+                        None => calls.push(Call::Established(conn)),
                     }
                 }
                 // A REP held for a consumer readying its QP: the one
@@ -2194,7 +2295,16 @@ impl Inner {
                 } => {
                     let meta = st.meta.remove(&conn);
                     self.untrack(st, TrackKey::Conn(conn));
-                    if let Some(tx) = st.waiting.remove(&conn) {
+                    let waiter = st.waiting.remove(&conn);
+                    // Passive: the requester refused our REP (Linux ib_srp
+                    // does when it does not like the login response). The
+                    // consumer accepted the connection and holds what it
+                    // made for it: its disconnect hook releases that now,
+                    // not never.
+                    if waiter.is_none() {
+                        calls.push(Call::Ended(conn));
+                    }
+                    if let Some(tx) = waiter {
                         let mut words = rdma_mad::cm::RejReason::from(reason.0).to_string();
                         if let (RejReason::INVALID_GID, Some(m)) = (reason, meta) {
                             words += &format!(
@@ -2214,10 +2324,10 @@ impl Inner {
                     if let Some(tx) = st.waiting.remove(&conn) {
                         let _ = tx.send(Err(CmError::TimedOut));
                     } else {
-                        calls.push(conn);
+                        calls.push(Call::Ended(conn));
                     }
                 }
-                CmEvent::DisconnectRequested { conn } => calls.push(conn),
+                CmEvent::DisconnectRequested { conn } => calls.push(Call::Ended(conn)),
                 CmEvent::Disconnected { .. } => {}
                 CmEvent::TimewaitExit { conn } => {
                     st.meta.remove(&conn);

@@ -70,6 +70,6 @@ mod wire;
 
 pub use agent::{
     recv_ring, recv_wr, send_ring, source_gid, special_qp, CmAgent, CmError, ConnQp, Established,
-    Incoming, MadAgent, MadAgentCloser, MadWait, Path, QpParams, Removed,
+    Incoming, MadAgent, MadAgentCloser, MadWait, Path, QpParams, Removed, RtuFault,
 };
 pub use rdma_cm::{CmConfig, ConnId, Timing};

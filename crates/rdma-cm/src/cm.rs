@@ -690,11 +690,28 @@ impl<P: Copy + Eq + core::fmt::Debug> Cm<P> {
         self.listening.retain(|s| *s != service_id);
     }
 
-    /// Either side: starts a disconnect (DREQ).
+    /// Either side: starts a disconnect (DREQ). A passive connection
+    /// whose REP still waits for the RTU has nothing to disconnect yet: it
+    /// is refused instead (REJ of the REP, consumer defined, as Linux
+    /// ib_cm does when a REP_SENT id is destroyed) and forgotten at once,
+    /// without an event, so a consumer giving up on a login that never
+    /// completes holds nothing for the rest of the RTU wait.
     pub fn disconnect(&mut self, now: Instant, conn: ConnId) -> bool {
         let Some(c) = self.conns.get_mut(&conn.0) else {
             return false;
         };
+        if c.state == ConnState::RepSent {
+            let rej = CmMsg::Rej {
+                local_comm_id: conn.0,
+                remote_comm_id: c.remote_comm_id,
+                msg: MsgKind::Rep,
+                reason: RejReason::CONSUMER_DEFINED,
+                private_data: Vec::new(),
+            };
+            self.send_once(conn.0, rej);
+            self.conns.remove(&conn.0);
+            return true;
+        }
         if c.state != ConnState::Established {
             return false;
         }

@@ -931,3 +931,52 @@ fn a_held_rtu_waits_for_the_consumer_who_sends_it_or_rejects_the_rep() {
         }
     }
 }
+
+/// A passive consumer that gives up on a REP still waiting for its RTU (a
+/// login it will not keep) gets the connection refused and forgotten at
+/// once: one REJ of the REP, no more REP resends, no timer, and the
+/// active side learns it was rejected.
+#[test]
+fn disconnecting_a_rep_that_waits_for_its_rtu_refuses_it_at_once() {
+    let mut net = Net::new(&[1, 2], FaultConfig::default());
+    net.cm(2).listen(SVC);
+    // The active side holds its RTU, so the REP stays unanswered.
+    let a = net.connect_plain(vec![2], SVC);
+    net.cm(1).hold_rtu(a);
+    let mut b = None;
+    net.run(|n| {
+        for e in n.take(2) {
+            if let CmEvent::Request { conn, .. } = e {
+                let now = n.now;
+                n.cm(2)
+                    .accept(now, conn, Qpn::from_bits(0x22), Psn::new(200), vec![]);
+                b = Some(conn);
+            }
+        }
+        b.is_some_and(|b| n.cm(2).state(b) == ConnState::RepSent)
+            && n.cm(1).state(a) == ConnState::RepRcvd
+    });
+    let b = b.expect("the passive side saw the REQ");
+    let now = net.now;
+    assert!(net.cm(2).disconnect(now, b));
+    assert_eq!(net.cm(2).state(b), ConnState::Closed);
+    assert_eq!(net.cm(2).poll_timeout(), None, "nothing left to resend");
+    net.settle();
+    assert_eq!(net.count(2, |m| matches!(m, CmMsg::Rep { .. })), 1);
+    assert_eq!(
+        net.count(2, |m| matches!(
+            m,
+            CmMsg::Rej {
+                reason: RejReason::CONSUMER_DEFINED,
+                ..
+            }
+        )),
+        1
+    );
+    assert!(
+        net.take(1)
+            .iter()
+            .any(|e| matches!(e, CmEvent::Rejected { conn, .. } if *conn == a)),
+        "the active side was told"
+    );
+}

@@ -20,6 +20,23 @@
 //! [`TargetPort::on_disconnect`] so the CM sends a DREQ. Tests connect
 //! directly, calling `login` with their own QP.
 //!
+//! # What peers cannot hold
+//!
+//! A login is pending from its REP until the CM's RTU
+//! ([`TargetPort::established`]): every way it ends before that (a REJ of
+//! the REP, a DREQ, the CM giving up on the RTU, the CA gone) releases its
+//! channel at once, and one not established within
+//! [`PortOptions::login_timeout`] is closed by the port. Pending logins
+//! are bounded per initiator port (more are refused) and per port (the
+//! oldest is dropped for a new one), so a flood of half-open logins keeps
+//! no good initiator out. Credits are not reserved in the SRQ (see
+//! `srp::target`), so the number of initiators is bounded only by
+//! `max_channels`. An established channel with nothing moving gets a
+//! keepalive ([`PortOptions::keepalive`]): a zero-length RDMA WRITE its
+//! initiator's NIC acknowledges without its software, so a live idle
+//! initiator is never disturbed and a dead one's channel is freed. Every
+//! close the port starts carries its [`CloseReason`].
+//!
 //! # Threads
 //!
 //! One poller thread owns every completion: CQs are armed, and the
@@ -41,6 +58,6 @@ mod port;
 
 pub use names::{initiator_name, target_name};
 pub use port::{
-    ConnId, LocalQp, LoginOutcome, LunCounters, LunStats, PeerQp, PortError, PortOptions,
-    SessionInfo, TargetPort,
+    ChannelPhase, CloseReason, ConnId, LocalQp, LoginOutcome, LunCounters, LunStats, PeerQp,
+    PortError, PortOptions, SessionInfo, TargetPort,
 };

@@ -39,6 +39,93 @@ pub struct PeerQp {
     pub lid: Lid,
     /// Path MTU.
     pub mtu: Mtu,
+    /// RDMA READs the target may have outstanding at the initiator: the
+    /// REP's initiator depth, at most the REQ's responder resources (IBA
+    /// 12.7.29). The target fetches data-out by RDMA READ, so a login
+    /// offering 0 is refused.
+    pub initiator_depth: u8,
+}
+
+/// Why the target closed a channel by itself, for its log (the initiator
+/// closing it is reported by the CM).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CloseReason {
+    /// The target logged the initiator out (SRP_T_LOGOUT with this reason:
+    /// a protocol violation, a SINGLE login replacing the channel, the
+    /// LUN mapping removed, shutdown).
+    TargetLogout(TLogoutReason),
+    /// The initiator asked to log out (SRP_I_LOGOUT).
+    InitiatorLogout,
+    /// A work request failed and left the QP in error.
+    WorkRequestFailed {
+        /// The completion status.
+        status: WcStatus,
+        /// Which kind of work request.
+        what: &'static str,
+    },
+    /// The idle channel's keepalive (a zero-length RDMA WRITE) failed: the
+    /// initiator's port no longer acknowledges (its host or process died
+    /// without logging out).
+    PeerGone {
+        /// The keepalive's completion status.
+        status: WcStatus,
+    },
+    /// The CM never established the login (no RTU) within
+    /// `login_timeout`.
+    LoginTimeout(std::time::Duration),
+    /// The oldest unfinished login, dropped to make room for a new one
+    /// when `max_pending_logins` were unfinished.
+    LoginEvicted {
+        /// The limit that was reached.
+        limit: usize,
+    },
+}
+
+impl std::fmt::Display for CloseReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CloseReason::TargetLogout(r) => write!(f, "target logout: {r}"),
+            CloseReason::InitiatorLogout => write!(f, "the initiator logged out"),
+            CloseReason::WorkRequestFailed { status, what } => {
+                write!(f, "{what} failed ({status:?}): the QP is in error")
+            }
+            CloseReason::PeerGone { status } => write!(
+                f,
+                "the initiator no longer answers: the idle channel's keepalive failed ({status:?})"
+            ),
+            CloseReason::LoginTimeout(t) => write!(
+                f,
+                "the login was not established (no CM RTU) within {} ms (login_timeout)",
+                t.as_millis()
+            ),
+            CloseReason::LoginEvicted { limit } => write!(
+                f,
+                "an unfinished login dropped for a newer one: {limit} logins were unfinished (max_pending_logins raises it)"
+            ),
+        }
+    }
+}
+
+/// A channel's place in its life, as `srptadm show` reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChannelPhase {
+    /// Accepted, the CM's RTU not yet come.
+    Pending,
+    /// Established.
+    Live,
+    /// Closing: waiting for its work requests to drain.
+    Closing,
+}
+
+impl ChannelPhase {
+    /// The word for it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChannelPhase::Pending => "pending",
+            ChannelPhase::Live => "live",
+            ChannelPhase::Closing => "closing",
+        }
+    }
 }
 
 /// The target's end of an accepted connection, for the CM REP.
@@ -115,6 +202,22 @@ pub struct PortOptions {
     /// port's table holding it; a login whose partition is unknown gets
     /// the first of these the table holds (index 0 when none are listed).
     pub pkeys: Vec<Pkey>,
+    /// How long an accepted login may wait for the CM's RTU before its
+    /// channel is closed (the CM's own REP resends may last minutes).
+    pub login_timeout: std::time::Duration,
+    /// Most unfinished logins (accepted, not established) of the port: a
+    /// new login beyond it drops the oldest unfinished one.
+    pub max_pending_logins: usize,
+    /// Most unfinished logins of one initiator port: a new login beyond it
+    /// is refused.
+    pub max_pending_per_initiator: usize,
+    /// An established channel with no completion for this long gets a
+    /// keepalive (a zero-length RDMA WRITE, acknowledged by the
+    /// initiator's NIC without its software); if that fails, the
+    /// initiator is gone and its channel closes. A dead initiator's
+    /// channel is freed within about twice this plus the transport's
+    /// retries. `None`: no keepalives.
+    pub keepalive: Option<std::time::Duration>,
 }
 
 impl Default for PortOptions {
@@ -125,6 +228,10 @@ impl Default for PortOptions {
             workers: 4,
             chunks: 256,
             pkeys: Vec::new(),
+            login_timeout: std::time::Duration::from_secs(10),
+            max_pending_logins: 64,
+            max_pending_per_initiator: 4,
+            keepalive: Some(std::time::Duration::from_secs(15)),
         }
     }
 }
@@ -150,9 +257,17 @@ pub struct SessionInfo {
     pub aers: u64,
     /// Whether the channel is closing.
     pub closing: bool,
+    /// Pending (login not established), live or closing.
+    pub phase: ChannelPhase,
     /// The session's partition: the P_Key at its QP's index of the
     /// port's table.
     pub pkey: Pkey,
+    /// Memory the port holds for the channel itself: its send slots
+    /// (`srpt_sq_size` * `srp_max_rsp_size`) and work request tables. The
+    /// QP and CQ rings are the provider's.
+    pub memory: usize,
+    /// Keepalives sent on the idle channel so far.
+    pub keepalives: u64,
 }
 
 /// What the port did at one LUN, counted where it executes the LUN's
@@ -191,7 +306,7 @@ pub struct LunStats {
 type LunTable =
     std::collections::HashMap<(u16, usize), (std::sync::Weak<scsi::Device>, LunCounters)>;
 
-type DisconnectHook = Box<dyn Fn(ConnId) + Send + Sync>;
+type DisconnectHook = Box<dyn Fn(ConnId, &CloseReason) + Send + Sync>;
 
 /// One SRP target port; [`TargetPort::stop`] or dropping it stops its
 /// threads and releases its verbs objects (call [`TargetPort::logout_all`]
@@ -244,6 +359,8 @@ struct Inner {
 enum Event {
     /// A CQ (context) has completions.
     Cq(u64),
+    /// A deadline may have moved closer (a new login).
+    Timer,
     Stop,
 }
 
@@ -341,6 +458,42 @@ struct Conn {
     /// in flight: they go back to the pool when the last one completes,
     /// never while the NIC may still read them.
     parked: IdMap<CmdId, Vec<usize>>,
+    /// The CM's RTU came (see [`TargetPort::established`]).
+    established: bool,
+    /// When the login was accepted.
+    accepted_at: std::time::Instant,
+    /// Completions of the channel so far: a keepalive sweep that sees the
+    /// same count twice found it idle.
+    activity: u64,
+    /// `activity` at the last keepalive sweep.
+    activity_seen: u64,
+    /// A keepalive is in flight.
+    keepalive_out: bool,
+    keepalives: u64,
+    /// Why the target closes it, once it does.
+    close_reason: Option<CloseReason>,
+}
+
+impl Conn {
+    fn phase(&self) -> ChannelPhase {
+        if self.closing || self.close_reason.is_some() {
+            ChannelPhase::Closing
+        } else if self.established {
+            ChannelPhase::Live
+        } else {
+            ChannelPhase::Pending
+        }
+    }
+
+    /// What the port holds for the channel: send slots and the tables of
+    /// its work requests in flight.
+    fn memory(&self) -> usize {
+        self.send_buf.len()
+            + self.free_slots.capacity() * std::mem::size_of::<u32>()
+            + std::mem::size_of::<Conn>()
+            + (self.ops.len() + self.queued.len() + self.data_in.len())
+                * std::mem::size_of::<OpInfo>()
+    }
 }
 
 struct State {
@@ -357,11 +510,14 @@ struct State {
     waiting: VecDeque<(ConnId, Output)>,
     next_conn: u64,
     jobs: Sender<Job>,
+    /// When the keepalive sweep last ran.
+    last_sweep: std::time::Instant,
 }
 
 const RECV_CQ_CTX: u64 = u64::MAX;
 const KIND_SEND: u64 = 1 << 56;
 const KIND_RDMA: u64 = 2 << 56;
+const KIND_KEEPALIVE: u64 = 3 << 56;
 const KIND_MASK: u64 = 0xff << 56;
 
 /// Largest transfer a command may have to run on the thread that got it
@@ -513,6 +669,7 @@ impl TargetPort {
                 inline_here: false,
                 next_conn: 1,
                 jobs: jobs_tx,
+                last_sweep: std::time::Instant::now(),
             }),
             lun_stats: Mutex::new(LunTable::new()),
             events: Mutex::new(tx),
@@ -563,14 +720,29 @@ impl TargetPort {
         self.inner.gid
     }
 
-    /// Called when the target closes a connection by itself (logout,
-    /// protocol violation): the CM should send a DREQ.
-    pub fn on_disconnect(&self, hook: impl Fn(ConnId) + Send + Sync + 'static) {
+    /// Called, with why, when the target closes a connection by itself
+    /// (logout, protocol violation, failed work request, dead initiator,
+    /// a login never established): the CM should send a DREQ (or a REJ,
+    /// for a login still waiting for its RTU). Called under the port's
+    /// lock: the hook must not call back into the port.
+    pub fn on_disconnect(&self, hook: impl Fn(ConnId, &CloseReason) + Send + Sync + 'static) {
         *self.inner.hook.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(hook));
     }
 
+    /// The CM established the connection (its RTU came): the login is no
+    /// longer pending.
+    pub fn established(&self, conn: ConnId) {
+        let mut st = self.inner.lock();
+        if let Some(c) = st.conns.get_mut(&conn) {
+            c.established = true;
+        }
+    }
+
     /// A login from a CM REQ: creates the channel and its QP (in RTS) or
-    /// says why not.
+    /// says why not. The channel is pending until the CM's RTU
+    /// ([`TargetPort::established`]; a caller with no CM calls it once the
+    /// initiator has the answer) and is closed if that does not come
+    /// within [`PortOptions::login_timeout`].
     pub fn login(&self, private_data: &[u8], form: LoginForm, peer: PeerQp) -> LoginOutcome {
         self.inner.login(private_data, form, peer, None)
     }
@@ -591,8 +763,9 @@ impl TargetPort {
         self.inner.login(private_data, form, peer, Some(pkey))
     }
 
-    /// The connection is gone (CM DREQ/DREP, REJ after REP, or a QP error):
-    /// flush the QP and release the channel once its work requests drained.
+    /// The connection is gone (CM DREQ/DREP, REJ after REP, REP timeout, or
+    /// a QP error): flush the QP and release the channel once its work
+    /// requests drained. A pending login's channel goes at once.
     pub fn disconnected(&self, conn: ConnId) {
         let mut st = self.inner.lock();
         self.inner.close(&mut st, conn);
@@ -684,7 +857,10 @@ impl TargetPort {
                     tmfs: ch.stats().tmfs,
                     aers: ch.stats().aers_sent,
                     closing: c.closing,
+                    phase: c.phase(),
                     pkey: c.pkey,
+                    memory: c.memory(),
+                    keepalives: c.keepalives,
                 })
             })
             .collect();
@@ -886,6 +1062,9 @@ impl Inner {
         pkey: Option<Pkey>,
     ) -> LoginOutcome {
         let mut st = self.lock();
+        if let Some(refused) = self.refuse_pending(&mut st, data, form, peer) {
+            return refused;
+        }
         let conn = ConnId(st.next_conn);
         st.next_conn += 1;
         let (channel, rsp, terminated) = match st.target.login_private_data(data, form) {
@@ -895,7 +1074,10 @@ impl Inner {
                 terminated,
             } => (channel, rsp, terminated),
             Login::Rejected(rej) => {
-                let mut reason = rej.reason.to_string();
+                let mut reason = st
+                    .target
+                    .last_refusal()
+                    .map_or_else(|| rej.reason.to_string(), str::to_string);
                 // A login for another target port (an initiator that still
                 // has an old id_ext/ioc_guid, say) is told apart in the log.
                 let req = match form {
@@ -935,6 +1117,8 @@ impl Inner {
                 c.pkey = key;
                 st.by_channel.insert(channel, conn);
                 st.conns.insert(conn, c);
+                // The poll thread times the login from now.
+                let _ = self.events.lock().map(|tx| tx.send(Event::Timer));
                 for t in terminated {
                     if let Some(&tc) = st.by_channel.get(&t) {
                         self.pump(&mut st, tc);
@@ -964,6 +1148,66 @@ impl Inner {
         }
     }
 
+    /// The bounds on unfinished logins (accepted, no RTU yet), checked
+    /// before a login creates anything: one initiator port may have
+    /// `max_pending_per_initiator` (beyond: refused, INSUFFICIENT
+    /// RESOURCES), the port `max_pending_logins` (beyond: the oldest
+    /// unfinished login is dropped, so a flood of half-open logins from
+    /// many ports cannot keep a good initiator out, whose login finishes
+    /// within a round trip). Also refuses a REQ that lets the target no
+    /// RDMA READ.
+    fn refuse_pending(
+        &self,
+        st: &mut State,
+        data: &[u8],
+        form: LoginForm,
+        peer: PeerQp,
+    ) -> Option<LoginOutcome> {
+        let req = match form {
+            LoginForm::IbCm => srp::wire::LoginReq::parse(data),
+            LoginForm::RdmaCm => srp::wire::LoginReq::parse_rdma(data),
+        }
+        .ok()?;
+        let refuse = |reason: String| {
+            let rej = LoginRej {
+                reason: LoginRejReason::InsufficientResources,
+                tag: req.tag,
+                buf_fmt: st.target.config().buf_formats,
+            };
+            Some(LoginOutcome::Rejected {
+                reason,
+                rej: rej_bytes(&rej),
+            })
+        };
+        if peer.initiator_depth == 0 {
+            return refuse(
+                "the initiator's QP takes no RDMA READ (REQ responder resources 0): the target could not fetch data-out"
+                    .into(),
+            );
+        }
+        let name = initiator_name(&req.initiator_port_id);
+        let pending: Vec<(std::time::Instant, ConnId, bool)> = st
+            .conns
+            .iter()
+            .filter(|(_, c)| c.phase() == ChannelPhase::Pending)
+            .map(|(id, c)| (c.accepted_at, *id, c.initiator == name))
+            .collect();
+        let mine = pending.iter().filter(|p| p.2).count();
+        let per = self.opts.max_pending_per_initiator;
+        if mine >= per {
+            return refuse(format!(
+                "the initiator has {mine} logins not yet established, the most one initiator port may have (max_pending_per_initiator = {per} raises it)"
+            ));
+        }
+        let limit = self.opts.max_pending_logins;
+        if pending.len() >= limit {
+            if let Some(&(_, oldest, _)) = pending.iter().min() {
+                self.drop_channel(st, oldest, CloseReason::LoginEvicted { limit });
+            }
+        }
+        None
+    }
+
     /// Creates the QP, its send CQ and send slots, and connects the QP.
     fn create_conn(
         &self,
@@ -976,7 +1220,7 @@ impl Inner {
     ) -> Result<(Conn, LocalQp), PortError> {
         let p = &self.provider;
         let send_cq = p
-            .create_cq(self.pd, &CqInit { cqe: sq + 1 }, conn.0)
+            .create_cq(self.pd, &CqInit { cqe: sq + 2 }, conn.0)
             .map_err(verbs_err("create send CQ"))?;
         let qp = match p.create_qp(
             self.pd,
@@ -986,7 +1230,8 @@ impl Inner {
                 recv_cq: self.recv_cq,
                 srq: Some(self.srq),
                 caps: QpCaps {
-                    max_send_wr: sq,
+                    // One beyond the channel's own for a keepalive.
+                    max_send_wr: sq + 1,
                     max_recv_wr: 0,
                     // A WRITE out of reserved chunks may span two.
                     max_send_sge: 2,
@@ -1065,6 +1310,13 @@ impl Inner {
                 data_in: IdMap::default(),
                 queued: IdMap::default(),
                 parked: IdMap::default(),
+                established: false,
+                accepted_at: std::time::Instant::now(),
+                activity: 0,
+                activity_seen: 0,
+                keepalive_out: false,
+                keepalives: 0,
+                close_reason: None,
             },
             LocalQp { qpn, psn },
         ))
@@ -1120,7 +1372,7 @@ impl Inner {
                 timeout: Some(14),
                 retry_cnt: Some(7),
                 rnr_retry: Some(7),
-                max_rd_atomic: Some(16),
+                max_rd_atomic: Some(peer.initiator_depth),
                 ..Default::default()
             },
         )
@@ -1129,12 +1381,117 @@ impl Inner {
     }
 
     fn poll_loop(&self, rx: Receiver<Event>) {
-        while let Ok(ev) = rx.recv() {
+        loop {
+            let ev = match self.next_deadline() {
+                None => rx.recv().map_err(|_| mpsc::RecvTimeoutError::Disconnected),
+                Some(at) => {
+                    rx.recv_timeout(at.saturating_duration_since(std::time::Instant::now()))
+                }
+            };
             match ev {
-                Event::Stop => return,
-                Event::Cq(ctx) => self.drain_cq(ctx),
+                Ok(Event::Stop) | Err(mpsc::RecvTimeoutError::Disconnected) => return,
+                Ok(Event::Cq(ctx)) => self.drain_cq(ctx),
+                Ok(Event::Timer) | Err(mpsc::RecvTimeoutError::Timeout) => self.on_timer(),
             }
         }
+    }
+
+    /// When the poll thread must look at the channels next: the oldest
+    /// pending login's timeout, and the next keepalive sweep while any
+    /// channel is established. `None`: nothing to time.
+    fn next_deadline(&self) -> Option<std::time::Instant> {
+        let st = self.lock();
+        let pending = st
+            .conns
+            .values()
+            .filter(|c| !c.established && !c.closing)
+            .map(|c| c.accepted_at + self.opts.login_timeout)
+            .min();
+        let sweep = self.opts.keepalive.and_then(|k| {
+            st.conns
+                .values()
+                .any(|c| c.established && !c.closing)
+                .then_some(st.last_sweep + k)
+        });
+        pending.into_iter().chain(sweep).min()
+    }
+
+    /// Closes logins that were not established in time, and sends a
+    /// keepalive on every established channel that had no completion
+    /// since the last sweep.
+    fn on_timer(&self) {
+        let mut st = self.lock();
+        let now = std::time::Instant::now();
+        let timeout = self.opts.login_timeout;
+        let late: Vec<ConnId> = st
+            .conns
+            .iter()
+            .filter(|(_, c)| !c.established && !c.closing && now >= c.accepted_at + timeout)
+            .map(|(id, _)| *id)
+            .collect();
+        for conn in late {
+            self.drop_channel(&mut st, conn, CloseReason::LoginTimeout(timeout));
+        }
+        let Some(every) = self.opts.keepalive else {
+            return;
+        };
+        if now < st.last_sweep + every {
+            return;
+        }
+        st.last_sweep = now;
+        let idle: Vec<ConnId> = st
+            .conns
+            .iter_mut()
+            .filter_map(|(id, c)| {
+                let idle = c.established
+                    && !c.closing
+                    && !c.keepalive_out
+                    && c.outstanding == 0
+                    && c.activity == c.activity_seen;
+                c.activity_seen = c.activity;
+                idle.then_some(*id)
+            })
+            .collect();
+        for conn in idle {
+            self.send_keepalive(&mut st, conn);
+        }
+    }
+
+    /// A zero-length RDMA WRITE: no memory is touched at either end (IBA
+    /// C9-88: no R_Key is checked), but the initiator's NIC must
+    /// acknowledge it, so it completes in error if the initiator is gone.
+    fn send_keepalive(&self, st: &mut State, conn: ConnId) {
+        let Some(c) = st.conns.get_mut(&conn) else {
+            return;
+        };
+        let mut wr = SendWr::new(KIND_KEEPALIVE, SendOpcode::RdmaWrite, Vec::new());
+        wr.remote = RemoteAddr {
+            addr: 0,
+            rkey: rdma_types::Rkey(0),
+        };
+        if self.provider.post_send(c.qp, &[wr]).is_ok() {
+            c.outstanding += 1;
+            c.keepalive_out = true;
+            c.keepalives += 1;
+        }
+    }
+
+    /// Closes a channel for a reason of the port's own (not the SRP
+    /// channel's): the channel is told the connection is lost and, once
+    /// its work requests drained, the disconnect hook runs with `why`.
+    fn drop_channel(&self, st: &mut State, conn: ConnId, why: CloseReason) {
+        let Some(c) = st.conns.get_mut(&conn) else {
+            return;
+        };
+        if c.closing || c.close_reason.is_some() {
+            return;
+        }
+        c.close_reason = Some(why);
+        let channel = c.channel;
+        if let Some(ch) = st.target.channel_mut(channel) {
+            ch.connection_lost();
+        }
+        self.pump(st, conn);
     }
 
     /// A command came back from the SCSI core: its data-in and response
@@ -1241,7 +1598,8 @@ impl Inner {
         let index = wc.wr_id as u32;
         let conn = ConnId(wc.qp_ctx);
         if wc.status == WcStatus::Success {
-            if let Some(c) = st.conns.get(&conn) {
+            if let Some(c) = st.conns.get_mut(&conn) {
+                c.activity += 1;
                 let channel = c.channel;
                 let off = (index * self.req_size) as usize;
                 let len = (wc.byte_len as usize).min(self.req_size as usize);
@@ -1264,8 +1622,38 @@ impl Inner {
             return;
         };
         c.outstanding = c.outstanding.saturating_sub(1);
+        c.activity += 1;
         let channel = c.channel;
+        // The first failure names the close, unless the channel was
+        // already logging out (its reason stands; the failure follows it).
+        let live = st
+            .target
+            .channel(channel)
+            .is_some_and(|ch| ch.state() == srp::target::ChannelState::Live);
+        if !ok && live && !c.closing && c.close_reason.is_none() {
+            let kind = wc.wr_id & KIND_MASK;
+            c.close_reason = Some(if kind == KIND_KEEPALIVE {
+                CloseReason::PeerGone { status: wc.status }
+            } else {
+                CloseReason::WorkRequestFailed {
+                    status: wc.status,
+                    what: match kind {
+                        KIND_SEND => "an IU SEND",
+                        KIND_RDMA => "an RDMA READ or WRITE",
+                        _ => "a work request",
+                    },
+                }
+            });
+        }
         match wc.wr_id & KIND_MASK {
+            KIND_KEEPALIVE => {
+                c.keepalive_out = false;
+                if !ok {
+                    if let Some(ch) = st.target.channel_mut(channel) {
+                        ch.connection_lost();
+                    }
+                }
+            }
             KIND_SEND => {
                 c.free_slots.push((wc.wr_id & !KIND_MASK) as u32);
                 if let Some(ch) = st.target.channel_mut(channel) {
@@ -1398,10 +1786,11 @@ impl Inner {
                 }
             }
             Output::Disconnect => {
+                let why = self.close_reason(st, conn);
                 self.close(st, conn);
                 let hook = self.hook.lock().unwrap_or_else(|e| e.into_inner());
                 if let Some(h) = hook.as_ref() {
-                    h(conn);
+                    h(conn, &why);
                 }
             }
         }
@@ -1750,6 +2139,27 @@ impl Inner {
                     q.aborted.store(true, std::sync::atomic::Ordering::SeqCst);
                 }
             }
+        }
+    }
+
+    /// Why the target is closing `conn`: the port's own reason if it has
+    /// one, else what the SRP channel did.
+    fn close_reason(&self, st: &State, conn: ConnId) -> CloseReason {
+        let c = st.conns.get(&conn);
+        if let Some(r) = c.and_then(|c| c.close_reason.clone()) {
+            return r;
+        }
+        let stats = c
+            .and_then(|c| st.target.channel(c.channel))
+            .map(|ch| ch.stats())
+            .unwrap_or_default();
+        match stats.logout_reason {
+            Some(r) => CloseReason::TargetLogout(r),
+            None if stats.initiator_logout => CloseReason::InitiatorLogout,
+            None => CloseReason::WorkRequestFailed {
+                status: WcStatus::GeneralErr,
+                what: "a work request",
+            },
         }
     }
 

@@ -319,7 +319,16 @@ fn run_target_session(data: &[u8]) -> Reached {
                 "credits add up"
             );
         }
-        assert!(t.srq_used() <= srq, "SRQ over-promised");
+        assert_eq!(
+            t.credits_promised(),
+            t.channel_ids()
+                .iter()
+                .filter_map(|&id| t.channel(id))
+                .map(|c| u64::from(c.window() + RESERVED_RECV))
+                .sum::<u64>(),
+            "credits promised add up"
+        );
+        assert!(t.channel(a).is_none_or(|c| c.window() < srq), "window within the SRQ");
         assert_eq!(t.channel(b).map(|c| c.state()), Some(ChannelState::Live));
     }
 

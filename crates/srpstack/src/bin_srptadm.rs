@@ -281,10 +281,10 @@ fn human(req: &Request, v: &Value) -> String {
                     s(&r["tmfs"]),
                     s(&r["aers"]),
                     s(&r["luns"]),
-                    if r["closing"] == Value::Bool(true) {
-                        " (closing)"
-                    } else {
-                        ""
+                    match r["state"].as_str() {
+                        Some("pending") => " (pending)",
+                        Some("closing") => " (closing)",
+                        _ => "",
                     }
                 );
             }

@@ -213,6 +213,24 @@ pub struct TargetSection {
     /// one RDMA WRITE per `srp_max_rdma_size` bytes, and a full send
     /// queue makes the rest wait inside the target.
     pub srpt_sq_size: Spanned<u32>,
+    /// Most channels of the target port, all initiators together (SCST
+    /// has no such limit; each channel costs its QP, CQ and send slots).
+    pub max_channels: Spanned<u32>,
+    /// Milliseconds an accepted login may wait for the CM's RTU before
+    /// its channel is closed (an initiator that refused the login
+    /// response or died after it).
+    pub login_timeout_ms: Spanned<u64>,
+    /// Most logins of the port not yet established: a new one beyond it
+    /// drops the oldest, so half-open logins cannot keep others out.
+    pub max_pending_logins: Spanned<u32>,
+    /// Most logins of one initiator port not yet established: a new one
+    /// beyond it is refused.
+    pub max_pending_per_initiator: Spanned<u32>,
+    /// Milliseconds a live channel may stay idle before the target checks
+    /// its initiator is still there (a zero-length RDMA WRITE its NIC
+    /// must acknowledge); a dead initiator's session is freed within
+    /// about twice this. 0 turns the check off.
+    pub keepalive_ms: Spanned<u64>,
     /// Control socket for `srptadm` (mode 0600); the daemon's, so only
     /// the first target's counts.
     pub control_socket: Spanned<PathBuf>,
@@ -325,6 +343,11 @@ impl Default for TargetSection {
             srp_max_rdma_size: s(65536),
             srpt_srq_size: s(4095),
             srpt_sq_size: s(4096),
+            max_channels: s(1024),
+            login_timeout_ms: Spanned::new(0..0, 10_000),
+            max_pending_logins: s(64),
+            max_pending_per_initiator: s(4),
+            keepalive_ms: Spanned::new(0..0, 15_000),
             control_socket: Spanned::new(0..0, default_control_socket()),
             metrics: None,
         }
@@ -740,6 +763,28 @@ impl Config {
         range(&t.srp_max_rdma_size, "srp_max_rdma_size", 4096, 1 << 24)?;
         range(&t.srpt_srq_size, "srpt_srq_size", 16, 65535)?;
         range(&t.srpt_sq_size, "srpt_sq_size", 16, 65535)?;
+        range(&t.max_channels, "max_channels", 1, 1 << 20)?;
+        range(&t.max_pending_logins, "max_pending_logins", 1, 1 << 20)?;
+        range(
+            &t.max_pending_per_initiator,
+            "max_pending_per_initiator",
+            1,
+            1 << 20,
+        )?;
+        let ms = |v: &Spanned<u64>, key: &str, lo: u64| {
+            if *v.get_ref() == 0 && key == "keepalive_ms" || (lo..=3_600_000).contains(v.get_ref())
+            {
+                Ok(())
+            } else {
+                Err(bad(
+                    v,
+                    format!("{at}.{key}"),
+                    format!("{} ms is outside {lo}..=3600000", v.get_ref()),
+                ))
+            }
+        };
+        ms(&t.login_timeout_ms, "login_timeout_ms", 100)?;
+        ms(&t.keepalive_ms, "keepalive_ms", 100)?;
         if t.rdma_cm_port == 0 && !t.ib_cm {
             return Err((
                 0..0,

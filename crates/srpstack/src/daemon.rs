@@ -35,6 +35,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 use toml::Spanned;
 
 /// One admin request, as JSON on the control socket (`{"cmd": "..."}`).
@@ -651,6 +652,7 @@ impl TargetRt {
         tcfg.max_rdma_size = *t.srp_max_rdma_size.get_ref();
         tcfg.srq_size = *t.srpt_srq_size.get_ref();
         tcfg.sq_size = *t.srpt_sq_size.get_ref();
+        tcfg.max_channels = *t.max_channels.get_ref() as usize;
         tcfg.enabled = t.enabled;
         let nic = provider.clone();
         // The target port and the CM agent reach the NIC through clients
@@ -689,6 +691,12 @@ impl TargetRt {
                         .get_ref()
                         .pkeys()
                         .map_err(|m| (t.pkey.span(), "pkey", m))?,
+                    login_timeout: Duration::from_millis(*t.login_timeout_ms.get_ref()),
+                    max_pending_logins: *t.max_pending_logins.get_ref() as usize,
+                    max_pending_per_initiator: *t.max_pending_per_initiator.get_ref() as usize,
+                    keepalive: Some(*t.keepalive_ms.get_ref())
+                        .filter(|&ms| ms > 0)
+                        .map(Duration::from_millis),
                     ..Default::default()
                 },
             )
@@ -1199,8 +1207,14 @@ impl Daemon {
             "srp_max_rdma_size": t.srp_max_rdma_size.get_ref(),
             "srpt_srq_size": t.srpt_srq_size.get_ref(),
             "srpt_sq_size": t.srpt_sq_size.get_ref(),
+            "max_channels": t.max_channels.get_ref(),
+            "login_timeout_ms": t.login_timeout_ms.get_ref(),
+            "max_pending_logins": t.max_pending_logins.get_ref(),
+            "max_pending_per_initiator": t.max_pending_per_initiator.get_ref(),
+            "keepalive_ms": t.keepalive_ms.get_ref(),
             "pkey": t.pkey.get_ref(),
             "sessions": rt.port.sessions().len(),
+            "channels": channel_phases(&rt.port.sessions()),
             "verbs_objects": rt.access.live_total(),
             "cm_ids": rt.access.live(rdma_access::resource::Kind::CmId),
             "mad_agents": rt.access.live(rdma_access::resource::Kind::MadAgent),
@@ -1270,6 +1284,9 @@ impl Daemon {
                     "tmfs": s.tmfs,
                     "aers": s.aers,
                     "closing": s.closing,
+                    "state": s.phase.as_str(),
+                    "memory_bytes": s.memory,
+                    "keepalives": s.keepalives,
                     "pkey": s.pkey.0,
                 })
             })
@@ -2034,6 +2051,18 @@ pub fn request_to(path: &Path, who: &str, req: &impl Serialize) -> Result<Value,
             .map(str::to_string)
             .unwrap_or_else(|| format!("{who} refused without a reason")))
     }
+}
+
+/// A port's channels by state: `{"pending": n, "live": n, "closing": n}`,
+/// with the memory the port holds for them.
+fn channel_phases(sessions: &[srp_target::SessionInfo]) -> Value {
+    let count = |p: srp_target::ChannelPhase| sessions.iter().filter(|s| s.phase == p).count();
+    json!({
+        "pending": count(srp_target::ChannelPhase::Pending),
+        "live": count(srp_target::ChannelPhase::Live),
+        "closing": count(srp_target::ChannelPhase::Closing),
+        "memory_bytes": sessions.iter().map(|s| s.memory).sum::<usize>(),
+    })
 }
 
 #[cfg(test)]

@@ -189,6 +189,7 @@ impl Connector for Direct {
             gid: local.gid,
             lid: local.lid,
             mtu: local.mtu,
+            initiator_depth: rdma_access::QpParams::DEFAULT.initiator_depth,
         };
         let outcome = match self.pkey {
             None => self.port.login(login, TargetForm::RdmaCm, peer),
@@ -201,16 +202,20 @@ impl Connector for Direct {
                 conn,
                 local: t,
                 rsp,
-            } => Ok(Connected {
-                peer: QpInfo {
-                    qpn: t.qpn,
-                    psn: t.psn,
-                    gid: self.port.gid(),
-                    lid: self.lid,
-                    mtu: local.mtu,
-                },
-                private_data: rsp,
-                handle: conn.0,
+            } => Ok({
+                // No CM here: the connection is up as the login returns.
+                self.port.established(conn);
+                Connected {
+                    peer: QpInfo {
+                        qpn: t.qpn,
+                        psn: t.psn,
+                        gid: self.port.gid(),
+                        lid: self.lid,
+                        mtu: local.mtu,
+                    },
+                    private_data: rsp,
+                    handle: conn.0,
+                }
             }),
             LoginOutcome::Rejected { rej, reason } => {
                 *self.refused.lock().unwrap_or_else(|e| e.into_inner()) = reason;
@@ -592,40 +597,54 @@ pub fn serve_cm(
     type Map = HashMap<u32, (u64, String)>;
     let map: Arc<Mutex<Map>> = Arc::new(Mutex::new(HashMap::new()));
     let name = target.name().to_string();
-    let logout = move |log: &Log, conn: u64, initiator: String, by: &str| {
+    let logout = move |log: &Log, conn: u64, initiator: String, by: &str, why: &str| {
         log.emit(
             Record::info(
                 "logout",
-                format!("channel {conn} of {initiator} closed by the {by}"),
+                format!("channel {conn} of {initiator} closed by the {by}: {why}"),
             )
             .target(name.clone())
             .session(initiator)
             .field("channel", conn)
-            .field("by", by),
+            .field("by", by)
+            .field("reason", why),
         );
     };
     {
         let (map, target, log, logout) = (map.clone(), target.clone(), log.clone(), logout.clone());
+        // Every way the CM ends a connection: DREQ, a REJ of our REP, no
+        // RTU after every REP resend, the CA gone.
         agent.on_disconnect(move |cm| {
             let conn = map.lock().unwrap_or_else(|e| e.into_inner()).remove(&cm.0);
             if let Some((c, initiator)) = conn {
                 target.disconnected(srp_target::ConnId(c));
-                logout(&log, c, initiator, "initiator");
+                logout(&log, c, initiator, "initiator", "the CM connection ended");
+            }
+        });
+    }
+    {
+        let (map, target) = (map.clone(), target.clone());
+        agent.on_established(move |cm| {
+            let conn = map
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&cm.0)
+                .map(|c| c.0);
+            if let Some(c) = conn {
+                target.established(srp_target::ConnId(c));
             }
         });
     }
     {
         let (map, agent2, log) = (map.clone(), agent.clone(), log.clone());
         // Called under the port's lock: only the map is looked at here.
-        target.on_disconnect(move |conn| {
-            let hit = map
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .iter()
-                .find(|(_, c)| c.0 == conn.0)
-                .map(|(cm, c)| (*cm, c.1.clone()));
-            if let Some((cm, initiator)) = hit {
-                logout(&log, conn.0, initiator, "target");
+        target.on_disconnect(move |conn, why| {
+            let mut map = map.lock().unwrap_or_else(|e| e.into_inner());
+            let cm = map.iter().find(|(_, c)| c.0 == conn.0).map(|(cm, _)| *cm);
+            let hit = cm.and_then(|cm| map.remove_entry(&cm));
+            drop(map);
+            if let Some((cm, (_, initiator))) = hit {
+                logout(&log, conn.0, initiator, "target", &why.to_string());
                 agent2.disconnect(rdma_access::ConnId(cm));
             }
         });
@@ -657,12 +676,16 @@ pub fn serve_cm(
                         (inc, data, src)
                     }
                 };
+                // READs outstanding at the initiator: no more than its REQ
+                // takes (the REP says the same).
+                let offer = inc.negotiate(rdma_access::QpParams::DEFAULT);
                 let peer = PeerQp {
                     qpn: inc.remote_qpn,
                     psn: inc.remote_psn,
                     gid: inc.peer,
                     lid: Lid(0),
                     mtu: inc.mtu,
+                    initiator_depth: offer.initiator_depth,
                 };
                 // The session is in the REQ's partition (the CM agent only
                 // delivers REQs its port's P_Key table matches).
@@ -689,7 +712,12 @@ pub fn serve_cm(
                         map.lock()
                             .unwrap_or_else(|e| e.into_inner())
                             .insert(inc.conn.0, (conn.0, initiator.clone().unwrap_or_default()));
-                        inc.accept(local.qpn, local.psn, rsp);
+                        inc.accept_offering(
+                            local.qpn,
+                            local.psn,
+                            rdma_access::QpParams::DEFAULT,
+                            rsp,
+                        );
                         log.emit(
                             record(Record::info(
                                 "login_accepted",

@@ -461,12 +461,14 @@ impl Raw {
             gid: attr.gids[0],
             lid: Lid(0),
             mtu: attr.active_mtu,
+            initiator_depth: 16,
         };
         let login = login_bytes(&valid_login(guid, ext));
         let (conn, local, rsp) = match rig.port.login(&login, TargetForm::RdmaCm, peer) {
             LoginOutcome::Accepted { conn, local, rsp } => (conn, local, rsp),
             LoginOutcome::Rejected { reason, .. } => panic!("rogue login refused: {reason}"),
         };
+        rig.port.established(conn);
         let rsp = srp::wire::LoginRsp::parse(&rsp).unwrap();
         let raw = Raw {
             p: p.clone(),
@@ -702,6 +704,7 @@ fn rogue_initiator_garbage_next_to_verified_io() {
         gid: rdma_types::Gid::from_ip(std::net::Ipv4Addr::new(127, 0, 92, 3).into()),
         lid: Lid(0),
         mtu: rdma_types::Mtu::Mtu1024,
+        initiator_depth: 16,
     };
     let valid = valid_login(ROGUE, 0x500);
     let mut bad_logins: Vec<(&str, Vec<u8>)> = vec![

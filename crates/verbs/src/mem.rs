@@ -9,7 +9,15 @@ const PAGE: usize = 4096;
 struct Raw {
     ptr: *mut u8,
     len: usize,
+    /// Mapped anonymous memory (a large buffer), not the allocator's.
+    mapped: bool,
 }
+
+/// Buffers from this size on are anonymous mappings: their pages cost no
+/// memory until first touched, so a target's send slots or receive ring
+/// sized for the worst case cost what is used (the allocator zeroes an
+/// aligned block by writing it, which commits every page at once).
+const MAP_FROM: usize = 64 << 10;
 
 // SAFETY: the allocation is owned by `Raw` and freed only on drop; access
 // goes through bounds-checked methods. Concurrent access to the same bytes
@@ -20,8 +28,14 @@ unsafe impl Sync for Raw {}
 
 impl Drop for Raw {
     fn drop(&mut self) {
-        // SAFETY: allocated in `MemBuf::new` with this layout.
-        unsafe { dealloc(self.ptr, layout(self.len)) }
+        if self.mapped {
+            // SAFETY: mapped in `MemBuf::new` with this length; no view
+            // outlives the last `MemBuf` holding this `Raw`.
+            unsafe { libc::munmap(self.ptr.cast(), self.len) };
+        } else {
+            // SAFETY: allocated in `MemBuf::new` with this layout.
+            unsafe { dealloc(self.ptr, layout(self.len)) }
+        }
     }
 }
 
@@ -43,13 +57,38 @@ impl core::fmt::Debug for MemBuf {
 impl MemBuf {
     /// Allocates `len` zeroed bytes aligned to 4096.
     pub fn new(len: usize) -> MemBuf {
+        if len >= MAP_FROM {
+            // SAFETY: a fresh private anonymous mapping; nothing else
+            // refers to it. Its pages read as zero.
+            let ptr = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                )
+            };
+            if ptr != libc::MAP_FAILED {
+                return MemBuf(Arc::new(Raw {
+                    ptr: ptr.cast(),
+                    len,
+                    mapped: true,
+                }));
+            }
+        }
         let l = layout(len);
         // SAFETY: the layout has non-zero size.
         let ptr = unsafe { alloc_zeroed(l) };
         if ptr.is_null() {
             std::alloc::handle_alloc_error(l);
         }
-        MemBuf(Arc::new(Raw { ptr, len }))
+        MemBuf(Arc::new(Raw {
+            ptr,
+            len,
+            mapped: false,
+        }))
     }
 
     /// Virtual address of the first byte.

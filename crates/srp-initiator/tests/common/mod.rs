@@ -35,22 +35,27 @@ impl Connector for Direct {
             gid: local.gid,
             lid: local.lid,
             mtu: local.mtu,
+            initiator_depth: 16,
         };
         match self.port.login(login, TargetForm::RdmaCm, peer) {
             LoginOutcome::Accepted {
                 conn,
                 local: t,
                 rsp,
-            } => Ok(Connected {
-                peer: QpInfo {
-                    qpn: t.qpn,
-                    psn: t.psn,
-                    gid: self.port.gid(),
-                    lid: self.lid,
-                    mtu: local.mtu,
-                },
-                private_data: rsp,
-                handle: conn.0,
+            } => Ok({
+                // No CM here: the connection is up as the login returns.
+                self.port.established(conn);
+                Connected {
+                    peer: QpInfo {
+                        qpn: t.qpn,
+                        psn: t.psn,
+                        gid: self.port.gid(),
+                        lid: self.lid,
+                        mtu: local.mtu,
+                    },
+                    private_data: rsp,
+                    handle: conn.0,
+                }
             }),
             LoginOutcome::Rejected { rej, .. } => Err(ConnectError::Rejected(rej)),
         }

@@ -208,6 +208,8 @@ pub struct ChannelStats {
     pub aers_dropped: u64,
     /// Why the target logged the channel out, if it did.
     pub logout_reason: Option<TLogoutReason>,
+    /// The initiator logged out (SRP_I_LOGOUT).
+    pub initiator_logout: bool,
 }
 
 /// AERs waiting while one is unanswered.
@@ -225,7 +227,6 @@ pub(crate) struct Params {
     pub max_data_len: u32,
     pub max_table_len: u32,
     pub window: u32,
-    pub wanted_window: u32,
     pub nexus: (PortId, PortId),
 }
 
@@ -421,25 +422,6 @@ impl Channel {
         self.wr_out
     }
 
-    pub(crate) fn held_back(&self) -> u32 {
-        if self.state == ChannelState::Live {
-            self.p.wanted_window.saturating_sub(self.window)
-        } else {
-            0
-        }
-    }
-
-    /// Grow the window by `n` (SRQ room freed); the growth is owed.
-    pub(crate) fn grant(&mut self, n: u32) -> bool {
-        if self.state != ChannelState::Live || n == 0 {
-            return false;
-        }
-        self.window += n;
-        self.owed += n;
-        self.maybe_cred_req();
-        true
-    }
-
     // ---- inputs ---------------------------------------------------------
 
     /// Bytes of one received SEND.
@@ -454,7 +436,10 @@ impl Channel {
             IuType::Cmd => self.recv_cmd(iu),
             IuType::TskMgmt => self.recv_tmf(iu),
             IuType::ILogout => match ILogout::parse(iu) {
-                Ok(_) => self.fail(None),
+                Ok(_) => {
+                    self.stats.initiator_logout = true;
+                    self.fail(None)
+                }
                 Err(_) => self.fail(Some(TLogoutReason::InvalidIuLength)),
             },
             IuType::CredRsp => match CredRsp::parse(iu) {
@@ -644,6 +629,15 @@ impl Channel {
     /// Log the channel out (SRP_T_LOGOUT with `reason`, then Disconnect).
     pub fn logout(&mut self, reason: TLogoutReason) {
         self.fail(Some(reason));
+    }
+
+    /// The driver found the connection unusable by itself (its QP failed
+    /// outside the channel's own work requests, say, or its login never
+    /// completed): close as after a failed work request, with no
+    /// SRP_T_LOGOUT (it could not be delivered), then Disconnect once
+    /// posted work requests completed.
+    pub fn connection_lost(&mut self) {
+        self.fail(None);
     }
 
     /// The connection is gone and its QP drained: every command is

@@ -36,13 +36,15 @@
 //!
 //! # Credits (SRP r16a 5.6)
 //!
-//! A channel's window is granted in the LOGIN_RSP and is never more than its
-//! share of the shared receive queue (`srpt_srq_size`), so the sum of all
-//! windows plus [`RESERVED_RECV`] per channel never exceeds the SRQ: one
-//! initiator cannot make another one's receives fail. A window smaller than
-//! `max_credits` ("held back") grows when other channels leave, and the
-//! growth is owed to the initiator. Every SRP_RSP and CRED_REQ carries all
-//! credits owed so far in REQUEST LIMIT DELTA. AER_REQ carries zero, because
+//! A channel's window is granted in the LOGIN_RSP: `max_credits`, or less
+//! when the shared receive queue (`srpt_srq_size`) is smaller. Credits are a
+//! flow-control promise, not a reservation, as in SCST and Linux ib_srpt:
+//! the windows of all channels together may exceed the SRQ (256 initiators
+//! with 128 credits each against 4095 entries), because a receive buffer is
+//! reposted as soon as its IU was copied, not when its command finishes. If
+//! the SRQ does run dry, the NIC answers RNR NAK and the initiator's QP
+//! retries; no IU is lost and no login is refused for it. Every SRP_RSP and
+//! CRED_REQ carries all credits owed so far in REQUEST LIMIT DELTA. AER_REQ carries zero, because
 //! an initiator that ignores AERs would lose the credits. A CRED_REQ is sent
 //! when credits are owed and either no request is in flight (no response
 //! would carry them) or at least half the window is owed; one at a time.
@@ -105,6 +107,11 @@ pub const MIN_IT_IU_LEN: u32 = 64;
 
 /// Target settings. The first five are the ib_srpt module parameters with
 /// their defaults (SCST srpt README).
+///
+/// The hard limits on logins are `max_channels` (every channel of the
+/// port) and `max_channels_per_nexus`; a login refused by one of them is
+/// refused with INSUFFICIENT RESOURCES or CHANNEL LIMIT REACHED, and
+/// [`Target::last_refusal`] names the limit and the setting that raises it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TargetConfig {
     /// `srp_max_req_size`: largest initiator-to-target IU accepted. SCST's
@@ -136,6 +143,10 @@ pub struct TargetConfig {
     pub multichannel: bool,
     /// Most live channels per I_T nexus.
     pub max_channels_per_nexus: usize,
+    /// Most channels of the port, every initiator together (each costs its
+    /// QP, send queue slots and completion queue: see the port's memory
+    /// per channel).
+    pub max_channels: usize,
     /// Initiator ports allowed to log in (`None`: any).
     pub allowed_initiators: Option<Vec<PortId>>,
     /// Whether the port accepts logins at all.
@@ -162,6 +173,7 @@ impl TargetConfig {
             immediate_data: true,
             multichannel: true,
             max_channels_per_nexus: 16,
+            max_channels: 1024,
             allowed_initiators: None,
             enabled: true,
             max_data_len: 16 << 20,
@@ -193,6 +205,9 @@ impl TargetConfig {
         }
         if self.max_credits == 0 {
             return bad("max_credits", 0, "zero");
+        }
+        if self.max_channels == 0 {
+            return bad("max_channels", 0, "zero");
         }
         Ok(())
     }
@@ -295,14 +310,16 @@ pub mod sense {
     }
 }
 
-/// The SRP target port: settings, every channel, and the SRQ budget.
+/// The SRP target port: settings and every channel.
 #[derive(Debug)]
 pub struct Target {
     config: TargetConfig,
     channels: BTreeMap<ChannelId, Channel>,
     next_id: u64,
-    /// SRQ entries promised: windows plus [`RESERVED_RECV`] per channel.
-    srq_used: u32,
+    /// Credits promised: windows plus [`RESERVED_RECV`] per channel.
+    promised: u64,
+    /// Why the last login was refused, in words for a log.
+    last_refusal: Option<String>,
 }
 
 impl Target {
@@ -316,7 +333,8 @@ impl Target {
             config,
             channels: BTreeMap::new(),
             next_id: 1,
-            srq_used: 0,
+            promised: 0,
+            last_refusal: None,
         })
     }
 
@@ -325,9 +343,16 @@ impl Target {
         &self.config
     }
 
-    /// SRQ entries promised to channels (windows plus reserves).
-    pub fn srq_used(&self) -> u32 {
-        self.srq_used
+    /// Credits promised to channels, windows plus [`RESERVED_RECV`] each.
+    /// May exceed the SRQ: see the module's notes on credits.
+    pub fn credits_promised(&self) -> u64 {
+        self.promised
+    }
+
+    /// Why the last refused login was refused, naming the limit and the
+    /// setting that raises it where a limit refused it.
+    pub fn last_refusal(&self) -> Option<&str> {
+        self.last_refusal.as_deref()
     }
 
     /// A login carried in CM private data. Bytes that are not an
@@ -352,7 +377,8 @@ impl Target {
         }
     }
 
-    fn reject(&self, tag: crate::wire::Tag, reason: LoginRejReason) -> Login {
+    fn reject(&mut self, tag: crate::wire::Tag, reason: LoginRejReason) -> Login {
+        self.last_refusal = Some(reason.to_string());
         Login::Rejected(LoginRej {
             reason,
             tag,
@@ -363,11 +389,12 @@ impl Target {
     /// Validate a login (SRP r16a 6.2-6.4) and create its channel. Checks, in
     /// order: port enabled, IT IU length in 64..=`srp_max_req_size`, target
     /// port identifier, initiator allowed, required buffer formats,
-    /// multi-channel action, channel limit, SRQ room. Only then does a SINGLE
+    /// multi-channel action, channel limits. Only then does a SINGLE
     /// login terminate the nexus's other channels.
     pub fn login(&mut self, req: &LoginReq) -> Login {
         use LoginRejReason as R;
-        let c = &self.config;
+        let c = self.config.clone();
+        let c = &c;
         if !c.enabled {
             return self.reject(req.tag, R::InsufficientResources);
         }
@@ -400,18 +427,39 @@ impl Target {
                     return self.reject(req.tag, R::MultiChannelUnsupported);
                 }
                 if live.len() >= c.max_channels_per_nexus {
-                    return self.reject(req.tag, R::ChannelLimitReached);
+                    let rej = self.reject(req.tag, R::ChannelLimitReached);
+                    self.last_refusal = Some(format!(
+                        "the initiator has {} channels, the most one I_T nexus may have (max_channels_per_nexus = {} raises it)",
+                        live.len(),
+                        c.max_channels_per_nexus
+                    ));
+                    return rej;
                 }
             }
             MultiChannelAction::Unknown(_) => {
                 return self.reject(req.tag, R::UnableEstablishChannel);
             }
         }
-        let free = c.srq_size.saturating_sub(self.srq_used);
-        if free <= RESERVED_RECV {
-            return self.reject(req.tag, R::InsufficientResources);
+        // A SINGLE login replaces the nexus's channels: they do not count.
+        let replaced = if action == MultiChannelAction::Single {
+            live.len()
+        } else {
+            0
+        };
+        let open = self
+            .channels
+            .values()
+            .filter(|ch| ch.state() != ChannelState::Closed)
+            .count();
+        if open - replaced >= c.max_channels {
+            let rej = self.reject(req.tag, R::InsufficientResources);
+            self.last_refusal = Some(format!(
+                "the port has {open} channels, its limit (max_channels = {} raises it)",
+                c.max_channels
+            ));
+            return rej;
         }
-        let window = c.max_credits.min(free - RESERVED_RECV);
+        let window = c.max_credits.min(c.srq_size - RESERVED_RECV);
 
         // SRP2: immediate data when asked for and the offset leaves room for
         // SRP_CMD and its descriptor inside the IU (Linux ib_srpt's rule).
@@ -452,7 +500,8 @@ impl Target {
         };
         let id = ChannelId(self.next_id);
         self.next_id += 1;
-        self.srq_used += window + RESERVED_RECV;
+        self.promised += u64::from(window + RESERVED_RECV);
+        self.last_refusal = None;
         let params = channel::Params {
             max_it_iu_len: req.req_it_iu_len,
             max_ti_iu_len: max_rsp,
@@ -463,7 +512,6 @@ impl Target {
             max_data_len: c.max_data_len,
             max_table_len: c.max_table_len,
             window,
-            wanted_window: c.max_credits,
             nexus,
         };
         self.channels.insert(id, Channel::new(params));
@@ -499,22 +547,16 @@ impl Target {
             .collect()
     }
 
-    /// Forget a channel whose connection is gone, returning its SRQ share;
-    /// channels whose window was held back get the room (and a CRED_REQ).
+    /// Forget a channel whose connection is gone, with its credits.
     /// Returns false for an unknown id.
     pub fn remove(&mut self, id: ChannelId) -> bool {
         let Some(mut ch) = self.channels.remove(&id) else {
             return false;
         };
         ch.disconnected();
-        self.srq_used = self.srq_used.saturating_sub(ch.window() + RESERVED_RECV);
-        for ch in self.channels.values_mut() {
-            let free = self.config.srq_size.saturating_sub(self.srq_used);
-            let want = ch.held_back().min(free);
-            if want > 0 && ch.grant(want) {
-                self.srq_used += want;
-            }
-        }
+        self.promised = self
+            .promised
+            .saturating_sub(u64::from(ch.window() + RESERVED_RECV));
         true
     }
 
