@@ -2351,6 +2351,72 @@ mod tests {
     /// every REQ carries the requester's partition, the passive agent
     /// hands it to the consumer, and refuses the REQs its table cannot
     /// match (IBA 10.9.3: a limited member only talks to a full one).
+    /// A REP never offers more READs than the REQ's responder resources
+    /// take (IBA 12.7.29): a requester taking 4 hears an initiator depth
+    /// of 4 from a passive side that would offer 16, and taking 0 hears 0.
+    #[test]
+    fn the_rep_offers_no_more_reads_than_the_req_takes() {
+        let f = Fabric::new();
+        f.add_ca(CaConfig::simple(0xa, 1)).unwrap();
+        f.add_ca(CaConfig::simple(0xb, 2)).unwrap();
+        let a = CmAgent::start(f.clone(), Guid(0xa), 0x100).unwrap();
+        let b = CmAgent::start(f, Guid(0xb), 0x200).unwrap();
+        let requests = b.listen(0x78);
+        let server = std::thread::spawn(move || {
+            let mut offered = Vec::new();
+            while let Ok(inc) = requests.recv_timeout(T) {
+                offered.push(inc.negotiate(QpParams::DEFAULT));
+                assert!(inc.accept(Qpn::from_bits(0x99), Psn::new(1), Vec::new()));
+                if offered.len() == 2 {
+                    break;
+                }
+            }
+            offered
+        });
+        let mut heard = Vec::new();
+        for (n, takes) in [4u8, 0].into_iter().enumerate() {
+            let offer = Offer {
+                params: QpParams {
+                    responder_resources: takes,
+                    initiator_depth: 2,
+                    ..QpParams::DEFAULT
+                },
+                mtu: a.mtu(),
+            };
+            let qpn = Qpn::from_bits(0x50 + n as u32);
+            let (conn, rx) = a
+                .send_req(
+                    &a.path_to(b.gid()),
+                    0x78,
+                    qpn,
+                    Psn::new(1),
+                    Vec::new(),
+                    offer,
+                    true,
+                )
+                .unwrap();
+            a.wait_answer(conn, rx, T).expect("REP");
+            let st = a.inner.lock();
+            let theirs = st
+                .meta
+                .get(&conn)
+                .and_then(|m| m.peer_params)
+                .expect("the REP's offer");
+            heard.push((theirs.initiator_depth, theirs.responder_resources));
+        }
+        // The REP's initiator depth follows the REQ's responder resources;
+        // its responder resources follow the REQ's initiator depth (2).
+        assert_eq!(heard, vec![(4, 2), (0, 2)]);
+        let offered = server.join().unwrap();
+        assert_eq!(
+            offered
+                .iter()
+                .map(|o| o.initiator_depth)
+                .collect::<Vec<_>>(),
+            vec![4, 0]
+        );
+    }
+
     #[test]
     fn the_req_partition_reaches_the_listener_or_is_refused() {
         let f = Fabric::new();
