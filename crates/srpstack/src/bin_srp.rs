@@ -10,7 +10,11 @@
 //!
 //! `discover` walks the DM agents of the ports given (`--target`) or, with
 //! `--sa`, of the ports the subnet administrator of a managed subnet names
-//! (srp_daemon's normal mode; see `srpstack::ib`).
+//! (srp_daemon's normal mode; see `srpstack::ib`). With `--sa` or
+//! `--fabric ib` our port joins the managed subnet and asks in its
+//! partitions (a port of another partition than the target's gets no
+//! answer: the target's port drops the MADs and tells the SM); without, it
+//! is a plain RoCE port.
 
 use blockload::{Pattern, Workload};
 use clap::{Args, Parser, Subcommand};
@@ -246,12 +250,18 @@ enum Cmd {
         /// subscription follows the SM when another takes over.
         #[arg(long)]
         sa: bool,
+        /// The fabric our port is on. `ib` (implied by --sa): it joins the
+        /// managed subnet (`ibsm run --node <ip>` must list it), waits to
+        /// be ACTIVE and asks the --target ports directly, in the
+        /// partitions the SM gave it. `roce`: a plain RoCE port.
+        #[arg(long, value_enum, default_value = "roce")]
+        fabric: srpstack::ib::Fabric,
         /// With --sa: only paths in this partition (hex P_Key, srp_daemon
         /// -p); our port must be a member. Default: any partition.
         #[arg(long, value_parser = hex16, requires = "sa")]
         pkey: Option<u16>,
-        /// With --sa: milliseconds to wait for the SM to make our port
-        /// ACTIVE.
+        /// With --sa or --fabric ib: milliseconds to wait for the SM to
+        /// make our port ACTIVE.
         #[arg(long, default_value_t = 10_000)]
         sm_wait_ms: u64,
         /// Address of our soft RoCE NIC.
@@ -659,6 +669,7 @@ fn run(cmd: Cmd) -> Result<bool, String> {
         Cmd::Discover {
             target,
             sa,
+            fabric,
             pkey,
             sm_wait_ms,
             ip,
@@ -674,7 +685,8 @@ fn run(cmd: Cmd) -> Result<bool, String> {
             login_strings: _,
         } => discover(
             &target,
-            sa.then_some(SaMode {
+            (sa || fabric == srpstack::ib::Fabric::Ib).then_some(IbMode {
+                sa,
                 pkey: pkey.map(rdma_types::Pkey),
                 sm_wait: Duration::from_millis(sm_wait_ms),
             }),
@@ -731,8 +743,10 @@ struct Srpd {
     all: bool,
 }
 
-/// `srp discover --sa`: how the managed subnet is asked.
-struct SaMode {
+/// `srp discover --sa` or `--fabric ib`: our port on the managed subnet,
+/// and whether its SA names the ports to ask.
+struct IbMode {
+    sa: bool,
     pkey: Option<rdma_types::Pkey>,
     sm_wait: Duration,
 }
@@ -779,7 +793,7 @@ fn trap_gid(n: &rdma_mad::smp::Notice) -> rdma_types::Gid {
 #[allow(clippy::too_many_arguments)]
 fn discover(
     targets: &[IpAddr],
-    sa: Option<SaMode>,
+    ib_mode: Option<IbMode>,
     ip: IpAddr,
     udp_port: u16,
     rules: Option<&std::path::Path>,
@@ -804,7 +818,7 @@ fn discover(
     // The CM agent is tracked in a client of the access layer: its CM
     // ids, MAD agents and trap subscriptions (and, on soft RoCE, its QP1
     // objects). `_cm`, dropped first, closes them before the port goes.
-    let (agent, ib, _cm) = match &sa {
+    let (agent, ib, _cm) = match &ib_mode {
         Some(m) => {
             let guid = srpstack::ib::ib_guid(ip);
             let provider =
@@ -907,8 +921,8 @@ fn discover(
         }
         let mut ok = true;
         let mut found = 0;
-        let probes: Vec<Probe> = match (&ib, &sa) {
-            (Some(port), Some(m)) => match srpstack::ib::dm_ports(port, m.pkey) {
+        let probes: Vec<Probe> = match (&ib, &ib_mode) {
+            (Some(port), Some(m)) if m.sa => match srpstack::ib::dm_ports(port, m.pkey) {
                 Ok(paths) => paths
                     .iter()
                     .map(|p| Probe {

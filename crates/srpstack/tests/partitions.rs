@@ -22,7 +22,23 @@
 //! data; A's login in 0x0030, which the target's port holds but srptd
 //! does not serve, is refused naming P_Key 8030.
 //!
-//! Each prints "SKIPPED: ..." and passes when the machine lacks FUSE.
+//! `a_port_of_another_partition_reaches_the_target_by_no_path`
+//! (127.0.163.x): partitions hold on every path, not only the SA's. The
+//! target (.2) is a full member of 0x0010 and a limited one of the
+//! default partition; A (.3) a full member of both; B (.4) and .5 of
+//! 0x0020 only (and, as every port, limited members of the default
+//! partition). A and B are ports of this process on the managed subnet.
+//! A's device management walk at the target (no SA) finds the SRP I/O
+//! controller. B's DM query, its DM walk (`rdma_access::dm::query_iocs`,
+//! what `srp discover --target` runs, and the command itself from .5 with
+//! `--fabric ib`) and its direct IB CM login (the target's GID and service
+//! ID, no SA) get no answer: the target's port drops every MAD of theirs
+//! (they carry the limited default key 0x7fff their ports hold, no longer
+//! 0xffff), counts them (`nic_pkey_violations`), and its SMA reports them
+//! by trap 257, which `ibsm` logs naming B's port.
+//!
+//! The tests with srpd print "SKIPPED: ..." and pass when the machine
+//! lacks FUSE.
 
 mod common;
 
@@ -45,7 +61,7 @@ struct Subnet {
     target: Proc,
     /// srptd's control socket.
     tsock: PathBuf,
-    _sm: Proc,
+    sm: Proc,
 }
 
 impl Subnet {
@@ -59,8 +75,9 @@ impl Subnet {
     }
 
     /// Starts the SM with the partitions file `partitions`, srptd with
-    /// `target.pkey = <pkey>` and `initiators` srpd processes.
-    fn start(net: u8, partitions: &str, pkey: &str, initiators: u8) -> Subnet {
+    /// `target.pkey = <pkey>` and `initiators` srpd processes; the SM also
+    /// manages the hosts `others` (ports the test runs itself).
+    fn start(net: u8, partitions: &str, pkey: &str, initiators: u8, others: &[u8]) -> Subnet {
         let ip = |last| Self::ip(net, last);
         let dir = std::env::temp_dir().join(format!("srp-partitions-{net}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
@@ -82,7 +99,7 @@ impl Subnet {
         .unwrap();
         let mut sm = Command::new(ibsm_bin());
         sm.args(["run", "--addr", &ip(1).to_string()]);
-        for n in 2..3 + initiators {
+        for n in (2..3 + initiators).chain(others.iter().copied()) {
             sm.args(["--node", &ip(n).to_string()]);
         }
         sm.args(["--sweep-interval-ms", "200", "--timeout-ms", "100"])
@@ -122,7 +139,7 @@ impl Subnet {
             initiators,
             target,
             tsock,
-            _sm: sm,
+            sm,
         }
     }
 
@@ -201,6 +218,7 @@ fn the_login_partition_isolates_the_data_path() {
         ),
         "0x0010",
         2,
+        &[],
     );
 
     // A in partition 0x0010: login, then data through the LUN file.
@@ -272,6 +290,7 @@ fn one_target_serves_two_partitions() {
         ),
         "[0x0010, 0x0020]",
         2,
+        &[],
     );
 
     let (ok, out) = net.login(3, "8010", "blue");
@@ -414,5 +433,117 @@ fn partition_choice_and_refusals_in_process() {
     assert!(
         reason.contains("P_Key 8040") && reason.contains("not a member"),
         "{reason}"
+    );
+}
+
+#[test]
+fn a_port_of_another_partition_reaches_the_target_by_no_path() {
+    use rdma_access::dm::{get_request, query_iocs};
+    use rdma_mad::dm::DmAttr;
+    use rdma_types::{Gid, Guid};
+    use srpstack::ib::{ib_guid, IbPort};
+    use std::time::Duration;
+    const NET: u8 = 163;
+    let started = Instant::now();
+    let ip = |last| Subnet::ip(NET, last);
+    let g = |last| Subnet::guid(NET, last);
+    let net = Subnet::start(
+        NET,
+        &format!(
+            "Default=0x7fff : {a:#x}=full ;\nstorage=0x0010 : {t:#x}=full, {a:#x}=full ;\n\
+             other=0x0020 : {b:#x}=full, {c:#x}=full ;\n",
+            t = g(2),
+            a = g(3),
+            b = g(4),
+            c = g(5),
+        ),
+        "0x0010",
+        0,
+        &[3, 4, 5],
+    );
+    // A and B: ports of this process, ACTIVE on the subnet.
+    let p = rnic::softroce::SoftRoce::new(srpstack::initiator_cas(&[ip(3), ip(4)]), 4791);
+    let port = |last: u8| {
+        let port = IbPort::start(
+            p.clone(),
+            ib_guid(ip(last)),
+            ip(last),
+            &format!("initiator {last}"),
+            false,
+            u32::from(last) << 16,
+        )
+        .unwrap();
+        port.wait_active(Duration::from_secs(20)).unwrap();
+        port
+    };
+    let (a, b) = (port(3), port(4));
+    assert_eq!(
+        (a.pkeys()[0].0, b.pkeys()[0].0),
+        (0xffff, 0x7fff),
+        "A a full, B a limited member of the default partition"
+    );
+    let target = Gid::from_ip(ip(2));
+    let wait = Duration::from_millis(200);
+
+    // A, in the default partition with the target: the walk finds it.
+    let iocs = query_iocs(a.agent(), target, wait, 3).expect("A's walk answered");
+    assert_eq!(iocs.len(), 1, "{iocs:?}");
+    assert_eq!(iocs[0].1.profile.guid, Guid(g(2)));
+    assert_eq!(net.pkey_violations(), 0);
+
+    // B: a DM Get at the target's QP1 gets no answer, and the SM hears.
+    let dm = b
+        .agent()
+        .mad_agent(u8::from(rdma_mad::mad::MgmtClass::DevMgt), 1, &[])
+        .unwrap();
+    let r = dm.request(target, get_request(DmAttr::ClassPortInfo, 0), wait, 1);
+    assert!(
+        r.is_err(),
+        "the target answered a port of another partition"
+    );
+    let line = net.sm.wait_line("trap 257", 10);
+    assert!(
+        line.contains(&format!("{:#018x}", g(2)))
+            && line.contains(&format!("(port {:#018x})", g(4)))
+            && line.contains("P_Key 7fff"),
+        "{line}"
+    );
+    let after_get = net.pkey_violations();
+    assert!(after_get > 0, "nothing counted");
+
+    // B's DM walk (`srp discover --target` without the SA).
+    let r = query_iocs(b.agent(), target, wait, 1);
+    assert!(r.is_err(), "B's walk found {:?}", r.ok());
+    let after_walk = net.pkey_violations();
+    assert!(after_walk > after_get);
+
+    // B's direct login: IB CM to the target's GID and service ID.
+    let b_guid = ib_guid(ip(4));
+    let chan = ChannelConfig::new(0x11, b_guid, g(2), Guid(g(2)));
+    let conn = Arc::new(srpstack::IbCmConnector {
+        agent: b.agent().clone(),
+        dgid: target,
+        service_id: g(2),
+        timeout: Duration::from_secs(1),
+    });
+    let r = Session::connect(p.clone(), b_guid, conn, SessionConfig::new(chan));
+    assert!(r.is_err(), "B logged in across partitions");
+    assert!(
+        net.pkey_violations() > after_walk,
+        "the REQ was not counted"
+    );
+
+    // The command, from another port of B's partition.
+    let (ok, out) = run(Command::new(env!("CARGO_BIN_EXE_srp"))
+        .args(["discover", "--fabric", "ib", "--target", &ip(2).to_string()])
+        .args(["--ip", &ip(5).to_string(), "--timeout-ms", "200"]));
+    assert!(!ok && !out.contains("id_ext="), "{out}");
+    assert!(out.contains("device management query failed"), "{out}");
+
+    drop((a, b));
+    drop(net);
+    eprintln!(
+        "partition enforcement test: {} ms",
+        started.elapsed().as_millis()
     );
 }
