@@ -177,3 +177,19 @@ fn socket_view_verifies_every_frame() {
     let u = "userspace-cm-req-to-linux-rxe.hex";
     assert_eq!(exact, [(u, 6), (u, 28), (u, 53), (u, 58), (u, 60)]);
 }
+
+/// Every packet in the captures carries the default P_Key 0xFFFF (Linux
+/// rxe's table holds only it): what a soft RoCE port in the `roce`
+/// personality, whose table is that key alone, admits, so checking
+/// received P_Keys leaves RoCE interop with Linux as it was.
+#[test]
+fn every_rxe_packet_is_in_the_default_partition() {
+    let all = all_frames();
+    for (name, n, bytes) in &all {
+        let f = RoceFrame::parse(bytes).unwrap_or_else(|e| panic!("{name} frame {n}: {e}"));
+        let pkey = f.roce.ib.bth.pkey;
+        assert_eq!(pkey, rdma_types::Pkey::DEFAULT, "{name} frame {n}");
+        assert!(rdma_types::Pkey::DEFAULT.matches(pkey));
+    }
+    assert_eq!(all.len(), 141 + 600 + 17);
+}
