@@ -445,3 +445,29 @@ fn aborts_while_data_in_waits_for_chunks_lose_nothing() {
     assert_eq!(st.protocol_errors, 0, "a response after its abort: {st:?}");
     assert_eq!(s.port.free_chunks(), 3, "every chunk back");
 }
+
+/// The target's disconnect hook runs once the port's lock is let go, so a
+/// hook may call the port (a CM glue that looks the session up, say).
+/// Before, it ran under the lock and such a hook deadlocked the port.
+#[test]
+fn the_disconnect_hook_may_call_back_into_the_port() {
+    let s = setup(1 << 20);
+    let sess = session(&s, SessionConfig::new(s.chan.clone()));
+    Disk::open(sess.clone(), 0).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let port = Arc::downgrade(&s.port);
+    let tx = std::sync::Mutex::new(tx);
+    s.port.on_disconnect(move |conn, why| {
+        // Into the port from the hook: its sessions, its lock.
+        let left = port.upgrade().map(|p| p.sessions().len());
+        let _ = tx.lock().unwrap().send((conn, why.to_string(), left));
+    });
+    // From another thread: a deadlock would hold it, not the test.
+    let p = s.port.clone();
+    std::thread::spawn(move || p.logout_all(srp::wire::TLogoutReason::NoReason));
+    let (_, why, left) = rx
+        .recv_timeout(std::time::Duration::from_secs(10))
+        .expect("the hook ran and returned (no deadlock)");
+    assert!(why.contains("target logout"), "{why}");
+    assert!(left.is_some(), "the hook reached the port");
+}

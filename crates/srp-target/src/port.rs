@@ -512,6 +512,9 @@ struct State {
     jobs: Sender<Job>,
     /// When the keepalive sweep last ran.
     last_sweep: std::time::Instant,
+    /// Channels the target closed whose disconnect hook has not run yet
+    /// (it runs when the lock is let go).
+    closed: Vec<(ConnId, CloseReason)>,
 }
 
 const RECV_CQ_CTX: u64 = u64::MAX;
@@ -524,9 +527,45 @@ const KIND_MASK: u64 = 0xff << 56;
 /// (the environment variable `SRPT_INLINE=0` turns inline execution off).
 const INLINE_MAX: u32 = 64 << 10;
 
-/// The port lock, counted so a completion callback on this thread
-/// knows not to take it again.
-type Locked<'a> = Counted<'a, State>;
+/// The port lock, counted so a completion callback on this thread knows
+/// not to take it again. Letting it go runs the disconnect hook for every
+/// channel the holder closed, after the lock is released: a hook may call
+/// back into the port (or into a CM that calls the port).
+type Locked<'a> = PortLock<'a>;
+
+struct PortLock<'a> {
+    inner: &'a Inner,
+    st: Option<Counted<'a, State>>,
+}
+
+impl std::ops::Deref for PortLock<'_> {
+    type Target = State;
+    fn deref(&self) -> &State {
+        self.st.as_ref().expect("held")
+    }
+}
+
+impl std::ops::DerefMut for PortLock<'_> {
+    fn deref_mut(&mut self) -> &mut State {
+        self.st.as_mut().expect("held")
+    }
+}
+
+impl Drop for PortLock<'_> {
+    fn drop(&mut self) {
+        let closed = match self.st.as_mut() {
+            Some(st) if !st.closed.is_empty() => std::mem::take(&mut st.closed),
+            _ => return,
+        };
+        drop(self.st.take());
+        let hook = self.inner.hook.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(h) = hook.as_ref() {
+            for (conn, why) in &closed {
+                h(*conn, why);
+            }
+        }
+    }
+}
 
 /// The CA's callbacks: completions are handled right on the provider's
 /// thread once the port is up (one thread hand-off less per IU); before
@@ -579,9 +618,12 @@ impl TargetPort {
             inline: !provider.handlers_nest(),
         });
         let p = &provider;
+        // What is made so far, released again if a later step fails.
+        let mut undo = Undo::new(p);
         let ca = p
             .open_ca(guid, 0, handler.clone())
             .map_err(verbs_err("open CA"))?;
+        undo.push(move |p| drop(p.close_ca(ca)));
         let attr = p
             .query_port(ca, opts.port)
             .map_err(verbs_err("query port"))?;
@@ -593,10 +635,12 @@ impl TargetPort {
                 err: verbs::VerbsError::InvalidArgument("no GID at that index".into()),
             })?;
         let pd = p.alloc_pd(ca, 0).map_err(verbs_err("allocate PD"))?;
+        undo.push(move |p| drop(p.dealloc_pd(pd)));
         let srq_len = config.srq_size;
         let recv_cq = p
             .create_cq(pd, &CqInit { cqe: srq_len + 1 }, RECV_CQ_CTX)
             .map_err(verbs_err("create receive CQ"))?;
+        undo.push(move |p| drop(p.destroy_cq(recv_cq)));
         let srq = p
             .create_srq(
                 pd,
@@ -608,6 +652,7 @@ impl TargetPort {
                 0,
             )
             .map_err(verbs_err("create SRQ"))?;
+        undo.push(move |p| drop(p.destroy_srq(srq)));
         let req_size = config.max_req_size;
         let srq_buf = MemBuf::new((srq_len * req_size) as usize);
         let srq_mr = p
@@ -620,6 +665,8 @@ impl TargetPort {
                 0,
             )
             .map_err(verbs_err("register receive buffers"))?;
+        let h = srq_mr.handle;
+        undo.push(move |p| drop(p.dereg_mr(h)));
         let chunk_size = config.max_rdma_size.max(config.max_table_len);
         let chunk_buf = MemBuf::new(chunk_size as usize * opts.chunks);
         let chunk_mr = p
@@ -632,6 +679,8 @@ impl TargetPort {
                 0,
             )
             .map_err(verbs_err("register RDMA chunks"))?;
+        let h = chunk_mr.handle;
+        undo.push(move |p| drop(p.dereg_mr(h)));
         let (jobs_tx, jobs_rx) = mpsc::channel::<Job>();
         let name = target_name(gid);
         let target = Target::new(config)?;
@@ -670,6 +719,7 @@ impl TargetPort {
                 next_conn: 1,
                 jobs: jobs_tx,
                 last_sweep: std::time::Instant::now(),
+                closed: Vec::new(),
             }),
             lun_stats: Mutex::new(LunTable::new()),
             events: Mutex::new(tx),
@@ -688,26 +738,33 @@ impl TargetPort {
             .events
             .lock()
             .map(|tx| tx.send(Event::Cq(RECV_CQ_CTX)));
-        let mut threads = Vec::new();
+        // From here the port's own stop releases everything, threads
+        // started so far included, if a thread cannot be started.
+        undo.disarm();
+        let port = TargetPort {
+            inner: inner.clone(),
+            threads: Mutex::new(Some(Vec::new())),
+        };
+        let spawn = |name: String, f: Box<dyn FnOnce() + Send>| -> Result<(), PortError> {
+            let t = std::thread::Builder::new().name(name).spawn(f)?;
+            if let Some(v) = port
+                .threads
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .as_mut()
+            {
+                v.push(t);
+            }
+            Ok(())
+        };
         let poller = inner.clone();
-        threads.push(
-            std::thread::Builder::new()
-                .name("srpt-poll".into())
-                .spawn(move || poller.poll_loop(rx))?,
-        );
+        spawn("srpt-poll".into(), Box::new(move || poller.poll_loop(rx)))?;
         let jobs_rx = Arc::new(Mutex::new(jobs_rx));
         for i in 0..inner.opts.workers.max(1) {
             let (w, rx) = (inner.clone(), jobs_rx.clone());
-            threads.push(
-                std::thread::Builder::new()
-                    .name(format!("srpt-scsi-{i}"))
-                    .spawn(move || w.worker_loop(rx))?,
-            );
+            spawn(format!("srpt-scsi-{i}"), Box::new(move || w.worker_loop(rx)))?;
         }
-        Ok(TargetPort {
-            inner,
-            threads: Mutex::new(Some(threads)),
-        })
+        Ok(port)
     }
 
     /// Target name (port GID with a colon after every fourth digit).
@@ -723,8 +780,9 @@ impl TargetPort {
     /// Called, with why, when the target closes a connection by itself
     /// (logout, protocol violation, failed work request, dead initiator,
     /// a login never established): the CM should send a DREQ (or a REJ,
-    /// for a login still waiting for its RTU). Called under the port's
-    /// lock: the hook must not call back into the port.
+    /// for a login still waiting for its RTU). Called on the thread that
+    /// closed it once it let go of the port's lock, so the hook may call
+    /// the port.
     pub fn on_disconnect(&self, hook: impl Fn(ConnId, &CloseReason) + Send + Sync + 'static) {
         *self.inner.hook.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(hook));
     }
@@ -960,6 +1018,40 @@ impl Drop for TargetPort {
     }
 }
 
+/// Verbs objects made so far by a start that may still fail: released in
+/// reverse order when dropped, unless disarmed.
+struct Undo<'a> {
+    provider: &'a Arc<dyn Provider>,
+    steps: Vec<UndoStep>,
+}
+
+type UndoStep = Box<dyn FnOnce(&dyn Provider)>;
+
+impl<'a> Undo<'a> {
+    fn new(provider: &'a Arc<dyn Provider>) -> Undo<'a> {
+        Undo {
+            provider,
+            steps: Vec::new(),
+        }
+    }
+
+    fn push(&mut self, step: impl FnOnce(&dyn Provider) + 'static) {
+        self.steps.push(Box::new(step));
+    }
+
+    fn disarm(&mut self) {
+        self.steps.clear();
+    }
+}
+
+impl Drop for Undo<'_> {
+    fn drop(&mut self) {
+        while let Some(step) = self.steps.pop() {
+            step(self.provider.as_ref());
+        }
+    }
+}
+
 fn rej_bytes(rej: &LoginRej) -> Vec<u8> {
     let mut b = vec![0u8; rej.buffer_len()];
     let n = rej.emit(&mut b).expect("buffer sized by buffer_len");
@@ -969,7 +1061,10 @@ fn rej_bytes(rej: &LoginRej) -> Vec<u8> {
 
 impl Inner {
     fn lock(&self) -> Locked<'_> {
-        Counted::lock(&self.st)
+        PortLock {
+            inner: self,
+            st: Some(Counted::lock(&self.st)),
+        }
     }
 
     fn recv_wr(&self, index: u32) -> RecvWr {
@@ -1788,10 +1883,8 @@ impl Inner {
             Output::Disconnect => {
                 let why = self.close_reason(st, conn);
                 self.close(st, conn);
-                let hook = self.hook.lock().unwrap_or_else(|e| e.into_inner());
-                if let Some(h) = hook.as_ref() {
-                    h(conn, &why);
-                }
+                // The hook runs once the lock is let go (`PortLock`).
+                st.closed.push((conn, why));
             }
         }
     }

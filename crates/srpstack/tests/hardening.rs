@@ -576,3 +576,45 @@ fn every_early_end_of_a_login_releases_it_at_once_and_unanswered_ones_are_bounde
     let _ = std::fs::remove_file(&sock);
     let _ = std::fs::remove_file(&conf);
 }
+
+/// A target port whose start fails part way releases what it made: no
+/// verbs object is left in the access layer's count (before, the CA, and
+/// the PD with it when a later step failed, stayed open).
+#[test]
+fn a_target_port_that_fails_to_start_leaves_no_verbs_object() {
+    use rnic::loopback::{CaConfig, Fabric};
+    let f = Fabric::new();
+    f.add_ca(CaConfig::simple(0x7, 1)).unwrap();
+    let access = rdma_access::resource::AccessLayer::new(f);
+    // The client stays (a daemon's does): closing it would release its
+    // objects whatever the port left.
+    let client = access.client("srp target").into_provider();
+    let start = |cfg: srp::target::TargetConfig, opts: srp_target::PortOptions| {
+        srp_target::TargetPort::start(
+            client.clone(),
+            Guid(0x7),
+            cfg,
+            Arc::new(scsi::Target::new()),
+            opts,
+        )
+    };
+    let id = ChannelConfig::new(0, Guid(0x8), 0x7, Guid(0x7)).target_port_id();
+    // No GID at the index: fails after the CA is open.
+    let opts = srp_target::PortOptions {
+        sgid_index: 9,
+        ..Default::default()
+    };
+    assert!(start(srp::target::TargetConfig::new(id, "t"), opts).is_err());
+    assert_eq!(access.live_total(), 0, "after a failed GID lookup");
+    // A receive CQ larger than the provider makes: fails after the PD.
+    let mut cfg = srp::target::TargetConfig::new(id, "t");
+    cfg.srq_size = (1 << 20) + 5;
+    assert!(start(cfg, Default::default()).is_err());
+    assert_eq!(access.live_total(), 0, "after a refused CQ");
+    // And one that starts, then stops, leaves nothing either.
+    let port = start(srp::target::TargetConfig::new(id, "t"), Default::default()).unwrap();
+    assert!(access.live_total() > 0);
+    port.stop();
+    drop(port);
+    assert_eq!(access.live_total(), 0, "after a stop");
+}
