@@ -321,6 +321,14 @@ impl CaRt {
             .with_node(f)
     }
 
+    /// Reads the node without waking its thread (counters).
+    fn inspect<R>(&self, f: impl FnOnce(&mut Node) -> R) -> R {
+        self.driver
+            .get()
+            .expect("driver started with the CA")
+            .inspect(f)
+    }
+
     /// Moves a QP's completions from the node to its CQs and tells the
     /// consumer; runs on the driver thread with no lock of ours held when
     /// the handler is called.
@@ -859,7 +867,8 @@ impl SoftRoce {
             .unwrap_or_else(|e| e.into_inner())
             .get(&guid.0)
             .map(|(rt, _)| rt.clone())?;
-        rt.node(|n| n.take_pkey_violations())
+        // The SMA asks every few tens of milliseconds: no wake-ups.
+        rt.inspect(|n| n.take_pkey_violations())
     }
 
     /// The open device of CA `guid` and the handlers of every open of it.

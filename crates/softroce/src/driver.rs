@@ -106,6 +106,14 @@ impl Driver {
         r
     }
 
+    /// Runs `f` on the node to read it (counters, what the port kept)
+    /// without waking the thread: a reader asking often costs the NIC no
+    /// wake-ups. Work handed to the node here waits for the thread's next
+    /// round; use [`Driver::with_node`] for that.
+    pub fn inspect<R>(&self, f: impl FnOnce(&mut Node) -> R) -> R {
+        f(&mut self.lock())
+    }
+
     /// The next completion of `qp`, waiting up to `timeout` for one.
     pub fn wait_completion(&self, qp: QpHandle, timeout: Duration) -> Option<Completion> {
         let deadline = StdInstant::now() + timeout;
