@@ -53,6 +53,7 @@
 //! pool is empty, RDMA operations wait for a chunk. The initiator's memory
 //! is only ever touched through its R_Keys by the provider, which checks them.
 
+pub mod cm;
 mod names;
 mod port;
 

@@ -565,25 +565,14 @@ impl Connector for IbCmConnector {
     }
 }
 
-/// Where a target takes logins.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Listen {
-    /// RDMA CM port (ib_srpt's `rdma_cm_port`); the login follows the
-    /// `cma_hdr` in the REQ (Linux ib_srp `dest=ip:port`).
-    pub rdma_cm_port: Option<u16>,
-    /// IB CM service ID (ib_srpt listens on its ioc_guid); the 64-byte
-    /// login is the REQ private data (ib_srp `service_id=`).
-    pub ib_service_id: Option<u64>,
-}
+pub use srp_target::cm::Listen;
 
 pub use crate::log::Log;
 
-/// Serves SRP logins for `target` until the agent stops: each REQ's login
-/// goes to the target port in the REQ's partition (its P_Key picks the
-/// target QP's P_Key index; a partition the target does not serve is
-/// refused); the REP carries the SRP_LOGIN_RSP, the REJ the
-/// SRP_LOGIN_REJ. Disconnects travel both ways (a DREQ from the initiator
-/// closes the channel; a target logout sends a DREQ).
+/// Serves SRP logins for `target` until the agent stops
+/// ([`srp_target::cm::serve`]), logging what happens as srptd's records:
+/// `login_accepted`, `login_rejected`, `request_refused` and `logout`
+/// (with who closed the channel and why).
 pub fn serve_cm(
     agent: Arc<rdma_access::CmAgent>,
     target: Arc<TargetPort>,
@@ -591,169 +580,78 @@ pub fn serve_cm(
     log: Log,
 ) -> Vec<std::thread::JoinHandle<()>> {
     use crate::log::Record;
-    use std::collections::HashMap;
-    use std::sync::Mutex;
-    // CM connection -> target connection and its initiator's name.
-    type Map = HashMap<u32, (u64, String)>;
-    let map: Arc<Mutex<Map>> = Arc::new(Mutex::new(HashMap::new()));
+    use srp_target::cm::LoginEvent;
     let name = target.name().to_string();
-    let logout = move |log: &Log, conn: u64, initiator: String, by: &str, why: &str| {
-        log.emit(
-            Record::info(
+    srp_target::cm::serve(agent, target, listen, move |ev| {
+        let record = match ev {
+            LoginEvent::RequestRefused { error } => {
+                Record::warn("request_refused", format!("refused a request: {error}"))
+                    .target(name.clone())
+                    .field("error", error)
+            }
+            LoginEvent::Accepted {
+                src,
+                pkey,
+                initiator,
+                conn,
+            } => {
+                let r = Record::info(
+                    "login_accepted",
+                    format!(
+                        "login from {src} in P_Key {:04x} accepted (channel {})",
+                        pkey.0, conn.0
+                    ),
+                )
+                .target(name.clone())
+                .field("src", &src)
+                .field("pkey", format!("{:04x}", pkey.0))
+                .field("channel", conn.0);
+                match initiator {
+                    Some(i) => r.session(i),
+                    None => r,
+                }
+            }
+            LoginEvent::Rejected {
+                src,
+                pkey,
+                initiator,
+                reason,
+            } => {
+                let r = Record::warn(
+                    "login_rejected",
+                    format!(
+                        "login from {src} in P_Key {:04x} rejected: {reason}",
+                        pkey.0
+                    ),
+                )
+                .target(name.clone())
+                .field("src", &src)
+                .field("pkey", format!("{:04x}", pkey.0))
+                .field("reason", reason);
+                match initiator {
+                    Some(i) => r.session(i),
+                    None => r,
+                }
+            }
+            LoginEvent::Closed {
+                conn,
+                initiator,
+                by,
+                reason,
+            } => Record::info(
                 "logout",
-                format!("channel {conn} of {initiator} closed by the {by}: {why}"),
+                format!(
+                    "channel {} of {initiator} closed by the {}: {reason}",
+                    conn.0,
+                    by.as_str()
+                ),
             )
             .target(name.clone())
             .session(initiator)
-            .field("channel", conn)
-            .field("by", by)
-            .field("reason", why),
-        );
-    };
-    {
-        let (map, target, log, logout) = (map.clone(), target.clone(), log.clone(), logout.clone());
-        // Every way the CM ends a connection: DREQ, a REJ of our REP, no
-        // RTU after every REP resend, the CA gone.
-        agent.on_disconnect(move |cm| {
-            let conn = map.lock().unwrap_or_else(|e| e.into_inner()).remove(&cm.0);
-            if let Some((c, initiator)) = conn {
-                target.disconnected(srp_target::ConnId(c));
-                logout(&log, c, initiator, "initiator", "the CM connection ended");
-            }
-        });
-    }
-    {
-        let (map, target) = (map.clone(), target.clone());
-        agent.on_established(move |cm| {
-            let conn = map
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .get(&cm.0)
-                .map(|c| c.0);
-            if let Some(c) = conn {
-                target.established(srp_target::ConnId(c));
-            }
-        });
-    }
-    {
-        let (map, agent2, log) = (map.clone(), agent.clone(), log.clone());
-        // Called under the port's lock: only the map is looked at here.
-        target.on_disconnect(move |conn, why| {
-            let mut map = map.lock().unwrap_or_else(|e| e.into_inner());
-            let cm = map.iter().find(|(_, c)| c.0 == conn.0).map(|(cm, _)| *cm);
-            let hit = cm.and_then(|cm| map.remove_entry(&cm));
-            drop(map);
-            if let Some((cm, (_, initiator))) = hit {
-                logout(&log, conn.0, initiator, "target", &why.to_string());
-                agent2.disconnect(rdma_access::ConnId(cm));
-            }
-        });
-    }
-    let mut threads = Vec::new();
-    let mut serve = |requests: std::sync::mpsc::Receiver<rdma_access::Incoming>,
-                     form: TargetForm| {
-        let (map, target, log) = (map.clone(), target.clone(), log.clone());
-        threads.push(std::thread::spawn(move || {
-            while let Ok(inc) = requests.recv() {
-                // RDMA CM: the login follows the cma_hdr; IB CM: it is the
-                // private data itself.
-                let (inc, data, src) = match form {
-                    TargetForm::RdmaCm => match rdma_access::rdmacm::decode(inc) {
-                        Ok(r) => (r.incoming, r.private_data, r.src.to_string()),
-                        Err((inc, e)) => {
-                            log.emit(
-                                Record::warn("request_refused", format!("refused a request: {e}"))
-                                    .target(target.name())
-                                    .field("error", e.to_string()),
-                            );
-                            inc.reject(Vec::new());
-                            continue;
-                        }
-                    },
-                    TargetForm::IbCm => {
-                        let data = inc.private_data.clone();
-                        let src = format!("GID {} (IB CM)", inc.peer);
-                        (inc, data, src)
-                    }
-                };
-                // READs outstanding at the initiator: no more than its REQ
-                // takes (the REP says the same).
-                let offer = inc.negotiate(rdma_access::QpParams::DEFAULT);
-                let peer = PeerQp {
-                    qpn: inc.remote_qpn,
-                    psn: inc.remote_psn,
-                    gid: inc.peer,
-                    lid: Lid(0),
-                    mtu: inc.mtu,
-                    initiator_depth: offer.initiator_depth,
-                };
-                // The session is in the REQ's partition (the CM agent only
-                // delivers REQs its port's P_Key table matches).
-                let pkey = inc.pkey;
-                // The session's name, when the login parses at all.
-                let initiator = match form {
-                    TargetForm::RdmaCm => srp::wire::LoginReq::parse_rdma(&data),
-                    TargetForm::IbCm => srp::wire::LoginReq::parse(&data),
-                }
-                .ok()
-                .map(|r| srp_target::initiator_name(&r.initiator_port_id));
-                let record = |r: Record| {
-                    let r = r
-                        .target(target.name())
-                        .field("src", &src)
-                        .field("pkey", format!("{:04x}", pkey.0));
-                    match &initiator {
-                        Some(i) => r.session(i.clone()),
-                        None => r,
-                    }
-                };
-                match target.login_in_partition(&data, form, peer, pkey) {
-                    LoginOutcome::Accepted { conn, local, rsp } => {
-                        map.lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .insert(inc.conn.0, (conn.0, initiator.clone().unwrap_or_default()));
-                        inc.accept_offering(
-                            local.qpn,
-                            local.psn,
-                            rdma_access::QpParams::DEFAULT,
-                            rsp,
-                        );
-                        log.emit(
-                            record(Record::info(
-                                "login_accepted",
-                                format!(
-                                    "login from {src} in P_Key {:04x} accepted (channel {})",
-                                    pkey.0, conn.0
-                                ),
-                            ))
-                            .field("channel", conn.0),
-                        );
-                    }
-                    LoginOutcome::Rejected { rej, reason } => {
-                        inc.reject(rej);
-                        log.emit(
-                            record(Record::warn(
-                                "login_rejected",
-                                format!(
-                                    "login from {src} in P_Key {:04x} rejected: {reason}",
-                                    pkey.0
-                                ),
-                            ))
-                            .field("reason", reason.to_string()),
-                        );
-                    }
-                }
-            }
-        }));
-    };
-    if let Some(port) = listen.rdma_cm_port {
-        serve(
-            rdma_access::rdmacm::listen(&agent, port),
-            TargetForm::RdmaCm,
-        );
-    }
-    if let Some(sid) = listen.ib_service_id {
-        serve(agent.listen(sid), TargetForm::IbCm);
-    }
-    threads
+            .field("channel", conn.0)
+            .field("by", by.as_str())
+            .field("reason", reason),
+        };
+        log.emit(record);
+    })
 }
