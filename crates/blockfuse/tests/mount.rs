@@ -1,6 +1,7 @@
 //! Real FUSE mounts over RAM devices: std::fs, fio, ext4 on a loop device,
-//! fsync and hole punching reaching the device. Each test prints
-//! "SKIPPED: ..." and returns if the machine lacks what it needs.
+//! fsync and hole punching reaching the device. A test whose tool or
+//! device is missing is skipped, or fails under `CI=true`
+//! (`rdma_testkit::need`).
 
 use blockfuse::{mount, DirectIo, Mount, Options};
 use blockload::{BlockDevice, RamDevice};
@@ -14,32 +15,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
-/// Why FUSE tests cannot run here, if they cannot.
-fn fuse_missing() -> Option<String> {
-    if !Path::new("/dev/fuse").exists() {
-        return Some("/dev/fuse is missing".into());
-    }
-    if which("fusermount3").is_none() {
-        return Some("fusermount3 is missing (apt-get install fuse3)".into());
-    }
-    None
-}
+use rdma_testkit::need;
 
-fn which(tool: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .chain(["/usr/sbin", "/sbin"].map(PathBuf::from))
-        .map(|d| d.join(tool))
-        .find(|p| p.is_file())
-}
-
-macro_rules! require {
-    ($why:expr) => {
-        if let Some(why) = $why {
-            println!("SKIPPED: {why}");
-            return;
-        }
-    };
+/// Whether FUSE mounts work here (`/dev/fuse` and fusermount3); if not,
+/// the test is skipped (a failure under `CI=true`).
+fn fuse() -> bool {
+    need::fuse() && need::tool("fusermount3")
 }
 
 /// A unique directory under the temp dir, removed on drop (after the
@@ -170,7 +151,9 @@ fn bad_names_are_refused_before_mounting() {
 
 #[test]
 fn std_fs_unaligned_io_size_and_limits() {
-    require!(fuse_missing());
+    if !fuse() {
+        return;
+    }
     let dir = TempDir::new("stdfs");
     let small = Arc::new(RamDevice::new(512, 2048)); // 1 MiB
     let big = Arc::new(RamDevice::new(4096, 512)); // 2 MiB, 4 KiB blocks
@@ -270,7 +253,9 @@ fn std_fs_unaligned_io_size_and_limits() {
 
 #[test]
 fn read_only_mount() {
-    require!(fuse_missing());
+    if !fuse() {
+        return;
+    }
     let dir = TempDir::new("ro");
     let dev = Arc::new(RamDevice::new(512, 64));
     dev.write_at(0, &[0x5a; 512]).unwrap();
@@ -302,7 +287,9 @@ fn read_only_mount() {
 
 #[test]
 fn fsync_and_close_reach_device_flush() {
-    require!(fuse_missing());
+    if !fuse() {
+        return;
+    }
     let dir = TempDir::new("fsync");
     let dev = Counting::new(512, 256);
     let m = mount_one(&dir, dev.clone(), Options::default());
@@ -358,7 +345,9 @@ fn fallocate(f: &File, mode: i32, offset: u64, len: u64) -> io::Result<()> {
 
 #[test]
 fn punch_hole_unmaps_and_reads_zeroes() {
-    require!(fuse_missing());
+    if !fuse() {
+        return;
+    }
     let dir = TempDir::new("punch");
     let dev = Counting::new(512, 256); // 128 KiB
     let m = mount_one(&dir, dev.clone(), Options::default());
@@ -422,7 +411,9 @@ fn punch_hole_unmaps_and_reads_zeroes() {
 
 #[test]
 fn page_cache_mode_for_plain_opens_still_reaches_device() {
-    require!(fuse_missing());
+    if !fuse() {
+        return;
+    }
     let dir = TempDir::new("cached");
     let dev = Arc::new(RamDevice::new(512, 256));
     let m = mount_one(
@@ -483,7 +474,9 @@ impl AlignedBuf {
 /// the timeout, and returns rather than hanging.
 #[test]
 fn unmount_of_a_busy_mount_is_bounded() {
-    require!(fuse_missing());
+    if !fuse() {
+        return;
+    }
     let dir = TempDir::new("busy");
     let dev = Arc::new(RamDevice::new(512, 64));
     let m = mount_one(
@@ -544,10 +537,9 @@ fn run_fio(path: &Path, engine: &str, depth: u32) -> serde_json::Value {
 
 #[test]
 fn fio_randrw_verify_psync_and_libaio() {
-    require!(fuse_missing());
-    require!(which("fio")
-        .is_none()
-        .then_some("fio is missing (apt-get install fio)"));
+    if !fuse() || !need::tool("fio") {
+        return;
+    }
     let dir = TempDir::new("fio");
     let dev = Arc::new(RamDevice::new(512, 65536)); // 32 MiB
     let m = mount_one(&dir, dev, Options::default());
@@ -621,9 +613,8 @@ fn sh(cmd: &mut Command) -> Output {
 
 #[test]
 fn ext4_on_a_loop_device_over_the_file() {
-    require!(fuse_missing());
-    for tool in ["losetup", "mkfs.ext4", "fsck.ext4", "mount", "umount"] {
-        require!(which(tool).is_none().then(|| format!("{tool} is missing")));
+    if !fuse() || !need::tools(&["losetup", "mkfs.ext4", "fsck.ext4", "mount", "umount"]) {
+        return;
     }
     let dir = TempDir::new("ext4");
     let fsdir = TempDir::new("ext4-mnt");
@@ -641,11 +632,12 @@ fn ext4_on_a_loop_device_over_the_file() {
             .arg(&path),
         Duration::from_secs(60),
     );
-    if !out.status.success() {
-        println!(
-            "SKIPPED: losetup cannot attach here: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
+    let err = String::from_utf8_lossy(&out.stderr);
+    if !need::have(
+        "a loop device",
+        (!out.status.success()).then(|| format!("losetup cannot attach: {}", err.trim())),
+        "root and /dev/loop-control (modprobe loop)",
+    ) {
         return;
     }
     let loopdev = String::from_utf8(out.stdout).unwrap().trim().to_string();
@@ -713,7 +705,9 @@ fn ext4_on_a_loop_device_over_the_file() {
 /// (direct I/O, parallel writes allowed) lose none of them.
 #[test]
 fn concurrent_unaligned_writes_through_the_mount() {
-    require!(fuse_missing());
+    if !fuse() {
+        return;
+    }
     let dir = TempDir::new("race");
     let dev = Arc::new(RamDevice::new(4096, 16));
     let m = mount_one(
@@ -781,7 +775,9 @@ impl BlockDevice for Broken {
 
 #[test]
 fn device_errors_are_eio() {
-    require!(fuse_missing());
+    if !fuse() {
+        return;
+    }
     let dir = TempDir::new("eio");
     let dev = Arc::new(Broken {
         ram: RamDevice::new(512, 64),

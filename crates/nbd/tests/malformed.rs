@@ -4,7 +4,7 @@
 mod common;
 
 use blockload::RamDevice;
-use common::{have, pattern, run, tcp, Client, Rng};
+use common::{pattern, run, tcp, Client, Rng};
 use nbd::wire::{Command, Errno, OptionCode};
 use nbd::{Export, Server, ServerHandle};
 use std::io::{Read, Write};
@@ -118,7 +118,7 @@ fn server_survives_malformed_clients() {
     let mut c = session(&h);
     assert_eq!(c.read(0, 4).unwrap(), [0, 0, 0, 0]);
 
-    if have("qemu-img") {
+    if rdma_testkit::need::part("the qemu-img check").tool("qemu-img") {
         assert!(run("qemu-img", &["info", &h.uri()]).contains("1 MiB"));
     }
     h.shutdown();

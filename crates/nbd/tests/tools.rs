@@ -1,6 +1,6 @@
 //! Real NBD clients against the server: qemu-img (qemu-utils), nbdinfo and
-//! nbdcopy (libnbd-bin), fio's nbd engine. Each test prints
-//! "SKIPPED: <tool> missing" and passes if its tool is not installed.
+//! nbdcopy (libnbd-bin), fio's nbd engine. A test whose tool is not
+//! installed is skipped, or fails under `CI=true` (`rdma_testkit::need`).
 
 mod common;
 
@@ -164,11 +164,14 @@ fn fio_nbd_engine_randrw_verify() {
         return;
     }
     let help = Process::new("fio").arg("--enghelp").output().unwrap();
-    if !String::from_utf8_lossy(&help.stdout)
+    let engine = String::from_utf8_lossy(&help.stdout)
         .lines()
-        .any(|l| l.trim() == "nbd")
-    {
-        println!("SKIPPED: fio without the nbd engine");
+        .any(|l| l.trim() == "nbd");
+    if !rdma_testkit::need::have(
+        "fio's nbd engine",
+        (!engine).then(|| "this fio was built without it".into()),
+        "apt-get install fio (Debian's fio has it)",
+    ) {
         return;
     }
     let (h, dev) = serve(512, 16 * MIB, "");

@@ -1,7 +1,7 @@
 //! Wraps MADs we emit in RoCEv2 UD frames (Ethernet/IPv4/UDP 4791/BTH/DETH/
 //! MAD/ICRC) inside a pcap and asks tshark to decode them: no malformed
 //! packets, no expert warnings, and the class/attribute tshark sees are ours.
-//! Skipped, with a printed message, when /usr/bin/tshark is missing.
+//! Needs tshark (`rdma_testkit::need`: a skip, or a failure under `CI=true`).
 
 use rdma_mad::cm::{CmAttr, CmMadRepr, CmMessage, MsgRef, RejReason, RejRepr};
 use rdma_mad::mad::{MadHeaderRepr, Method, MgmtClass, MAD_SIZE};
@@ -164,9 +164,7 @@ fn mads() -> Vec<(&'static str, [u8; MAD_SIZE])> {
 
 #[test]
 fn tshark_decodes_our_mads() {
-    let tshark = std::path::Path::new("/usr/bin/tshark");
-    if !tshark.exists() {
-        println!("SKIPPED: /usr/bin/tshark not installed; MAD tshark cross-check not run");
+    if !rdma_testkit::need::tool(rdma_testkit::TSHARK) {
         return;
     }
     let mads = mads();
@@ -181,7 +179,7 @@ fn tshark_decodes_our_mads() {
     frames.push(cut);
     let path = std::env::temp_dir().join(format!("rdma-mad-tshark-{}.pcap", std::process::id()));
     std::fs::write(&path, rdma_testkit::pcap(&frames)).unwrap();
-    let out = std::process::Command::new(tshark)
+    let out = std::process::Command::new(rdma_testkit::TSHARK)
         .args([
             "-r",
             path.to_str().unwrap(),
@@ -207,7 +205,7 @@ fn tshark_decodes_our_mads() {
         Ok(o) if o.status.success() => o,
         _ => {
             // Older tshark may lack the preference; retry without it.
-            std::process::Command::new(tshark)
+            std::process::Command::new(rdma_testkit::TSHARK)
                 .args(["-r", path.to_str().unwrap()])
                 .args([
                     "-T",

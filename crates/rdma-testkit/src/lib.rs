@@ -1,22 +1,27 @@
-//! Helpers for integration tests: tshark on a capture, one row of fields per
-//! packet, with the malformed and expert-severity checks every capture test
-//! makes; MAD frames in a pcap; [`netns`], `ip` for the tests that make
-//! network namespaces. Tests only; nothing in the stack depends on it.
+//! Helpers for integration tests: [`need`], what a test needs from the
+//! machine (a missing tool fails under `CI=true`, is a visible skip
+//! elsewhere); tshark on a capture, one row of fields per packet, with the
+//! malformed and expert-severity checks every capture test makes; MAD
+//! frames in a pcap; [`netns`], `ip` for the tests that make network
+//! namespaces. Tests only; nothing in the stack depends on it.
 
+pub mod need;
 pub mod netns;
 
 use std::path::Path;
 use std::process::Command;
 
-/// Where Debian puts tshark (`.ci/run` installs it).
-pub const TSHARK: &str = "/usr/bin/tshark";
+/// tshark, run from `PATH` (`.ci/run` installs it); ask
+/// [`need::tool`]`(TSHARK)` before running it.
+pub const TSHARK: &str = "tshark";
 
 /// Expert info severities of warning (0x600000) and above are failures.
 const EXPERT_WARN: u32 = 0x60_0000;
 
 /// Runs tshark on `pcap`, decoding the given UDP ports as RoCEv2 as well as
-/// 4791, and returns `fields` for every packet. `None` (after printing a
-/// visible SKIPPED line naming `test`) when tshark is not installed.
+/// 4791, and returns `fields` for every packet. `None` when tshark is not
+/// installed: the tshark half of the test is skipped ([`need::part`]; a
+/// failure under `CI=true`). `test` names the test in messages.
 ///
 /// # Panics
 /// If tshark fails, or marks a packet malformed, or raises an expert
@@ -44,8 +49,7 @@ pub fn tshark_fields_without(
     fields: &[&str],
     disabled: &[&str],
 ) -> Option<Vec<Vec<String>>> {
-    if !Path::new(TSHARK).exists() {
-        eprintln!("SKIPPED tshark half of {test}: {TSHARK} not installed (.ci/run installs it)");
+    if !need::part("the tshark half").tool(TSHARK) {
         return None;
     }
     let mut args: Vec<String> = vec!["-r".into(), pcap.display().to_string()];
@@ -71,7 +75,7 @@ pub fn tshark_fields_without(
         .expect("run tshark");
     assert!(
         out.status.success(),
-        "tshark failed: {}",
+        "tshark failed on {test}'s capture: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     let text = String::from_utf8_lossy(&out.stdout);
@@ -81,7 +85,11 @@ pub fn tshark_fields_without(
         .collect();
     for (i, row) in rows.iter().enumerate() {
         let malformed = row.get(fields.len()).is_some_and(|c| !c.is_empty());
-        assert!(!malformed, "tshark: packet {} malformed: {row:?}", i + 1);
+        assert!(
+            !malformed,
+            "{test}: tshark: packet {} malformed: {row:?}",
+            i + 1
+        );
         let worst = row.get(fields.len() + 1).map_or(0, |c| {
             c.split(',')
                 .filter_map(|v| v.parse::<u32>().ok())
@@ -90,7 +98,7 @@ pub fn tshark_fields_without(
         });
         assert!(
             worst < EXPERT_WARN,
-            "tshark: packet {} has an expert warning or error: {row:?}",
+            "{test}: tshark: packet {} has an expert warning or error: {row:?}",
             i + 1
         );
     }

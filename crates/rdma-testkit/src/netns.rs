@@ -1,6 +1,6 @@
 //! What the tests that make network namespaces of their own share: running
 //! `ip`, and telling up front whether this machine lets them (root and an
-//! `ip` command), so they can print `SKIPPED` instead of failing.
+//! `ip` command), so they can skip (`need::netns`) rather than fail.
 
 use std::process::Command;
 

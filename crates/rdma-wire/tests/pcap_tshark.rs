@@ -1,7 +1,7 @@
 //! Packets built by our emitters, written with our pcap writer, read back
 //! by tshark: every record must decode as RoCEv2/InfiniBand with the
-//! opcode we wrote and no malformed-packet mark. Needs `/usr/bin/tshark`;
-//! without it the test says so and passes without checking.
+//! opcode we wrote and no malformed-packet mark. Needs tshark
+//! (`rdma_testkit::need`: a skip, or a failure under `CI=true`).
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::PathBuf;
@@ -12,7 +12,7 @@ use rdma_wire::ethernet::EtherType;
 use rdma_wire::pcap::{LinkType, PcapWriter};
 use rdma_wire::*;
 
-const TSHARK: &str = "/usr/bin/tshark";
+use rdma_testkit::TSHARK;
 
 fn bth(opcode: Opcode, psn: u32) -> BthRepr {
     let mut b = BthRepr::new(
@@ -285,8 +285,7 @@ fn tshark(path: &PathBuf, fields: &[&str]) -> Vec<Vec<String>> {
 
 #[test]
 fn tshark_decodes_our_captures_as_infiniband() {
-    if !std::path::Path::new(TSHARK).exists() {
-        println!("SKIPPED: {TSHARK} not installed; pcap output not checked against tshark");
+    if !rdma_testkit::need::tool(TSHARK) {
         return;
     }
     for link in [LinkType::Ethernet, LinkType::Raw] {

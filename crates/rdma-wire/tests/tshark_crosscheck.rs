@@ -2,8 +2,8 @@
 //! rxe captures (from `testdata/roce/`) is written to a pcap with our
 //! writer and decoded by tshark; every BTH, DETH, RETH and AETH field and
 //! the ICRC trailer tshark reports must equal what our parser returns.
-//! Needs `/usr/bin/tshark`; without it the test says so and passes without
-//! checking.
+//! Needs tshark (`rdma_testkit::need`: a skip, or a failure under
+//! `CI=true`).
 
 use std::process::Command;
 
@@ -14,7 +14,7 @@ use rdma_wire::RoceFrame;
 
 mod common;
 
-const TSHARK: &str = "/usr/bin/tshark";
+use rdma_testkit::TSHARK;
 
 const FIELDS: [&str; 16] = [
     "infiniband.bth.opcode",
@@ -48,10 +48,7 @@ fn num(s: &str) -> Option<u64> {
 
 #[test]
 fn tshark_and_we_read_every_capture_frame_the_same() {
-    if !std::path::Path::new(TSHARK).exists() {
-        println!(
-            "SKIPPED: {TSHARK} not installed; capture frames not cross-checked against tshark"
-        );
+    if !rdma_testkit::need::tool(TSHARK) {
         return;
     }
     let frames: Vec<Vec<u8>> = common::all_frames()

@@ -14,8 +14,8 @@
 //! until a second after its last run (as for a physical NIC), and only the
 //! watcher's own look at the interface flags sees it sooner.
 //!
-//! Without root or network namespaces the tests print `SKIPPED: <reason>`
-//! and pass. The namespaces are deleted on every way out (a drop guard).
+//! Without root or network namespaces the tests are skipped, or fail under
+//! `CI=true` (`rdma_testkit::need`). The namespaces are deleted on every way out (a drop guard).
 
 use rdma_testkit::netns::{cannot_run, ip};
 use rdma_types::{Guid, PortNum};
@@ -150,7 +150,7 @@ fn open() -> (Arc<SoftRoce>, verbs::CaHandle, Receiver<AsyncEventKind>) {
 }
 
 /// Makes the namespaces (`up` as for [`Netns::create`]) and runs `f`
-/// inside `a` with the CA opened there (closed after); prints `SKIPPED`
+/// inside `a` with the CA opened there (closed after); skipped (`need`)
 /// instead when namespaces cannot be made.
 fn in_namespace(
     tag: &str,
@@ -160,7 +160,7 @@ fn in_namespace(
     let ns = match Netns::create(tag, up) {
         Ok(ns) => Arc::new(ns),
         Err(e) => {
-            println!("SKIPPED: {e}");
+            rdma_testkit::need::WHOLE.skip(&format!("network namespaces: {e}"), "run as root");
             return;
         }
     };

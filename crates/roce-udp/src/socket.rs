@@ -811,8 +811,9 @@ mod tests {
         let s = match RoceSocket::bind("[::1]:0".parse().unwrap()) {
             Ok(s) => s,
             Err(e) => {
-                eprintln!(
-                    "SKIPPED ipv6_sockets_accept_zero_checksums_option: no IPv6 loopback ({e})"
+                rdma_testkit::need::WHOLE.skip(
+                    &format!("IPv6 loopback: bind [::1]: {e}"),
+                    "sysctl net.ipv6.conf.lo.disable_ipv6=0",
                 );
                 return;
             }

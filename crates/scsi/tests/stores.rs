@@ -1,7 +1,8 @@
 //! The file and block stores against real files and devices: fileio
 //! buffered and O_DIRECT, UNMAP deallocating file blocks, and blockio on
 //! loop devices of 512- and 4096-byte logical blocks (as root, with
-//! `losetup`; skipped with a printed reason otherwise).
+//! `losetup`; skipped otherwise, or failed under `CI=true`:
+//! `rdma_testkit::need`).
 
 mod common;
 
@@ -168,6 +169,9 @@ impl Drop for Loop {
 
 #[test]
 fn blockio_takes_size_and_block_size_from_loop_devices() {
+    if !rdma_testkit::need::root() || !rdma_testkit::need::tool("losetup") {
+        return;
+    }
     let dir = TempDir::new("stores-loop");
     for sector in [4096u32, 512] {
         let name = format!("loop-{sector}");
@@ -179,7 +183,10 @@ fn blockio_takes_size_and_block_size_from_loop_devices() {
         let lo = match Loop::attach(&path, sector) {
             Ok(l) => l,
             Err(why) => {
-                println!("skipping blockio on a loop device: {why}");
+                rdma_testkit::need::WHOLE.skip(
+                    &format!("a loop device: {why}"),
+                    "modprobe loop; in a container, give it the loop devices",
+                );
                 return;
             }
         };

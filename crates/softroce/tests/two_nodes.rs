@@ -189,7 +189,7 @@ fn gso_segments_carry_the_icrc_of_their_ipv4_identification() {
         println!("gro {gro}: sender {sa:?}\nreceiver {sb:?}");
         assert_eq!(sb.rx_bad_icrc + sa.rx_bad_icrc, 0);
         if sa.tx_gso_sends == 0 {
-            println!("SKIPPED: this kernel has no UDP GSO");
+            rdma_testkit::need::WHOLE.skip("UDP GSO: no send was segmented", "Linux 4.18 or later");
             return;
         }
         if gro && sb.rx_gro_buffers > 0 {
@@ -341,7 +341,10 @@ fn rc_traffic_over_ipv6() {
     ) {
         (Ok(a), Ok(b)) => (a, b),
         (Err(e), _) | (_, Err(e)) => {
-            eprintln!("SKIPPED rc_traffic_over_ipv6: no IPv6 loopback ({e})");
+            rdma_testkit::need::WHOLE.skip(
+                &format!("IPv6 loopback: bind [::1]: {e}"),
+                "sysctl net.ipv6.conf.lo.disable_ipv6=0",
+            );
             return;
         }
     };

@@ -2,19 +2,15 @@
 //! (both on loopback addresses over the soft RoCE NIC), fio verifying
 //! through the FUSE file, and ext4 on a loop device over it.
 //!
-//! Prints "SKIPPED: ..." and passes when the machine lacks FUSE, fio or
-//! loop devices; `.ci/run` installs them.
+//! Skipped when the machine lacks FUSE, fio or loop devices, a failure
+//! under `CI=true` (`rdma_testkit::need`); `.ci/run` installs them.
 
 mod common;
 
 use common::Proc;
-use std::path::{Path, PathBuf};
+use rdma_testkit::need;
+use std::path::PathBuf;
 use std::process::{Command, Output};
-
-fn which(tool: &str) -> bool {
-    std::env::var_os("PATH")
-        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
-}
 
 fn run(cmd: &mut Command) -> Output {
     cmd.output().expect("run tool")
@@ -72,12 +68,7 @@ fn fio_verify(what: &str, target: &[&str]) {
 
 #[test]
 fn fio_and_ext4_on_a_remote_lun_through_fuse() {
-    if !Path::new("/dev/fuse").exists() || !which("fusermount3") {
-        println!("SKIPPED: no /dev/fuse or fusermount3 (apt-get install fuse3)");
-        return;
-    }
-    if !which("fio") {
-        println!("SKIPPED: fio missing (apt-get install fio)");
+    if !need::fuse() || !need::tools(&["fusermount3", "fio"]) {
         return;
     }
     let dir = std::env::temp_dir().join(format!("srp-fuse-{}", std::process::id()));
@@ -137,18 +128,17 @@ fn fio_and_ext4_on_a_remote_lun_through_fuse() {
         "umount",
         "sha1sum",
     ];
-    if let Some(t) = tools.iter().find(|t| !which(t)) {
-        println!("SKIPPED (ext4 part): {t} missing");
-    } else {
+    let ext4 = need::part("the ext4 part");
+    if ext4.tools(&tools) {
         let out = run(Command::new("losetup")
             .args(["--find", "--show"])
             .arg(&file));
-        if !out.status.success() {
-            println!(
-                "SKIPPED (ext4 part): losetup cannot attach here: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-        } else {
+        let err = String::from_utf8_lossy(&out.stderr);
+        if ext4.have(
+            "a loop device",
+            (!out.status.success()).then(|| format!("losetup cannot attach: {}", err.trim())),
+            "root and /dev/loop-control (modprobe loop)",
+        ) {
             let dev = String::from_utf8_lossy(&out.stdout).trim().to_string();
             clean.loopdev = Some(dev.clone());
             ok(
@@ -200,21 +190,29 @@ fn fio_and_ext4_on_a_remote_lun_through_fuse() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-fn fio_has_nbd() -> bool {
-    Command::new("fio")
+/// fio and its nbd engine, or the test is skipped (`need`).
+fn fio_with_nbd() -> bool {
+    if !need::tool("fio") {
+        return false;
+    }
+    let engine = Command::new("fio")
         .arg("--enghelp")
         .output()
         .is_ok_and(|o| {
             String::from_utf8_lossy(&o.stdout)
                 .lines()
                 .any(|l| l.trim() == "nbd")
-        })
+        });
+    need::have(
+        "fio's nbd engine",
+        (!engine).then(|| "this fio was built without it".into()),
+        "apt-get install fio (Debian's fio has it)",
+    )
 }
 
 #[test]
 fn fio_nbd_engine_and_qemu_img_on_a_remote_lun() {
-    if !which("fio") || !fio_has_nbd() {
-        println!("SKIPPED: fio with the nbd engine missing (apt-get install fio)");
+    if !fio_with_nbd() {
         return;
     }
     let dir = std::env::temp_dir().join(format!("srp-nbd-{}", std::process::id()));
@@ -247,7 +245,7 @@ fn fio_nbd_engine_and_qemu_img_on_a_remote_lun() {
         &["--ioengine=nbd", &uri_opt, "--iodepth=8"],
     );
 
-    if which("qemu-img") {
+    if need::part("the qemu-img part").tool("qemu-img") {
         // A file copied into the LUN compares equal, one byte changed does not.
         let img = dir.join("src.raw");
         let data: Vec<u8> = (0..32u32 << 20)
@@ -281,8 +279,6 @@ fn fio_nbd_engine_and_qemu_img_on_a_remote_lun() {
             "{}",
             String::from_utf8_lossy(&out.stdout)
         );
-    } else {
-        println!("SKIPPED (qemu-img part): qemu-img missing (apt-get install qemu-utils)");
     }
     srv.term();
     srv.wait_line("NBD stopped", 30);

@@ -488,7 +488,10 @@ fn check_opens_every_path_a_start_opens_and_start_errors_name_the_key() {
             "read_only = true",
         ));
     } else {
-        eprintln!("{locked} opens read-write here: the unwritable-file case is skipped");
+        rdma_testkit::need::part("the unwritable-file case").skip(
+            &format!("a file that cannot be opened read-write: {locked} opens read-write here"),
+            "a kernel whose sysfs refuses writes to read-only attributes",
+        );
     }
     let cfg = dir.join("broken.toml");
     for (what, text, needle, key, fix) in &cases {
@@ -804,7 +807,7 @@ fn lun_masking_runtime_changes_aer_and_graceful_stop() {
             "{err}"
         );
     } else {
-        println!("SKIPPED: the other-user check needs root");
+        rdma_testkit::need::part("the other-user check").root();
     }
 
     // SIGTERM: the initiator is logged out, the daemon stops cleanly.
@@ -1200,7 +1203,12 @@ fn blockio_lun_over_a_file_and_a_loop_device() {
                 backing.push(img);
                 loopdev = Some(l);
             }
-            Err(why) => println!("SKIPPED the loop device LUN: {why}"),
+            Err(why) => {
+                rdma_testkit::need::part("the loop device LUN").skip(
+                    &format!("a loop device: {why}"),
+                    "root and /dev/loop-control (modprobe loop)",
+                );
+            }
         }
         t
     });

@@ -4,13 +4,12 @@
 //! target srpd is logged in to already is left out unless `-a`, and `-a
 //! -e` prints it without logging in twice; the long forms do the same.
 //!
-//! Prints "SKIPPED: ..." and passes when the machine lacks FUSE (srpd
-//! needs it).
+//! Skipped when the machine lacks FUSE (srpd needs it), a failure under
+//! `CI=true` (`rdma_testkit::need`).
 
 mod common;
 
 use common::{text, Proc};
-use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
@@ -30,8 +29,7 @@ fn login_lines(o: &Output) -> Vec<String> {
 
 #[test]
 fn srp_daemon_options_once_all_and_login_strings() {
-    if !Path::new("/dev/fuse").exists() {
-        println!("SKIPPED: no /dev/fuse (apt-get install fuse3)");
+    if !rdma_testkit::need::fuse() {
         return;
     }
     let dir = std::env::temp_dir().join(format!("srp-discover-flags-{}", std::process::id()));

@@ -2,7 +2,8 @@
 //! its target addresses every N seconds and hands srpd the targets that
 //! appeared since, never one it already holds; SIGTERM stops it.
 //!
-//! Prints "SKIPPED: ..." and passes when the machine lacks FUSE.
+//! Skipped when the machine lacks FUSE, a failure under `CI=true`
+//! (`rdma_testkit::need`).
 
 mod common;
 
@@ -24,8 +25,7 @@ fn srptd(ip: &str, sock: &Path) -> Proc {
 
 #[test]
 fn rescans_log_in_to_targets_that_appear_and_only_once() {
-    if !Path::new("/dev/fuse").exists() {
-        println!("SKIPPED: no /dev/fuse (apt-get install fuse3)");
+    if !rdma_testkit::need::fuse() {
         return;
     }
     let dir = std::env::temp_dir().join(format!("srp-rescan-{}", std::process::id()));

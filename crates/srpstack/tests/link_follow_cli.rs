@@ -34,15 +34,15 @@
 //! so a login sent into the outage waits for the CM's next REQ (sent
 //! again soon at first, then less often).
 //!
-//! Without root, `ip` or network namespaces the tests print
-//! `SKIPPED: <reason>` and pass. The namespaces are deleted on every way
+//! Without root, `ip` or network namespaces the tests are skipped, or
+//! fail under `CI=true` (`rdma_testkit::need`). The namespaces are deleted on every way
 //! out (a drop guard), which also ends whatever still runs inside them.
 
 mod common;
 
 use common::netns::{base_name, commands, ms, sessions, Link, Netns};
 use common::Proc;
-use rdma_testkit::netns::{cannot_run, ip};
+use rdma_testkit::netns::ip;
 use std::net::IpAddr;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -84,14 +84,13 @@ struct Cut {
 /// Runs the whole scenario: cut path A's `side` end with link following
 /// `follow` ("1" on, "0" off), then bring it back; what it measured.
 fn cut_under_srp_io(tag: &str, side: &str, follow: &str) -> Option<Cut> {
-    if let Some(why) = cannot_run() {
-        println!("SKIPPED: {why}");
+    if !rdma_testkit::need::netns() {
         return None;
     }
     let s = match Netns::create(&base_name("carrier", tag), &[link(1), link(2)]) {
         Ok(s) => s,
         Err(e) => {
-            println!("SKIPPED: cannot make network namespaces: {e}");
+            rdma_testkit::need::WHOLE.skip(&format!("network namespaces: {e}"), "run as root");
             return None;
         }
     };

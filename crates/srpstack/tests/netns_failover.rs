@@ -41,15 +41,15 @@
 //! down off the I/O path it is the failover time, not that plus the DREQ's
 //! wait.
 //!
-//! Without root, `ip` or network namespaces the tests print
-//! `SKIPPED: <reason>` and pass. The namespaces are deleted on every way
+//! Without root, `ip` or network namespaces the tests are skipped, or
+//! fail under `CI=true` (`rdma_testkit::need`). The namespaces are deleted on every way
 //! out (a drop guard), which also ends whatever still runs inside them.
 
 mod common;
 
 use common::netns::{base_name, ms, Link, Netns};
 use common::Proc;
-use rdma_testkit::netns::{cannot_run, ip};
+use rdma_testkit::netns::ip;
 use srp_initiator::disk::Disk;
 use srp_initiator::multipath::{Multipath, PathDevice, Policy};
 use srp_initiator::remote::RemoteDisk;
@@ -79,14 +79,13 @@ fn link(k: u8) -> Link {
 /// Sets up the namespaces and the targets, runs the initiator half in the
 /// initiator namespace, and checks what it printed.
 fn failover_over_a_veth(side: &str) {
-    if let Some(why) = cannot_run() {
-        println!("SKIPPED: {why}");
+    if !rdma_testkit::need::netns() {
         return;
     }
     let ns = match Netns::create(&base_name("srp-nsfo", side), &[link(1), link(2)]) {
         Ok(ns) => ns,
         Err(e) => {
-            println!("SKIPPED: cannot make network namespaces: {e}");
+            rdma_testkit::need::WHOLE.skip(&format!("network namespaces: {e}"), "run as root");
             return;
         }
     };

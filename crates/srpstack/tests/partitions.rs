@@ -37,8 +37,8 @@
 //! 0xffff), counts them (`nic_pkey_violations`), and its SMA reports them
 //! by trap 257, which `ibsm` logs naming B's port.
 //!
-//! The tests with srpd print "SKIPPED: ..." and pass when the machine
-//! lacks FUSE.
+//! The tests with srpd are skipped when the machine lacks FUSE, a failure
+//! under `CI=true` (`rdma_testkit::need`).
 
 mod common;
 
@@ -46,7 +46,7 @@ use common::{gid_hex, ibsm_bin, run, Proc};
 use srp::initiator::ChannelConfig;
 use srp_initiator::session::{Session, SessionConfig};
 use std::net::{IpAddr, Ipv4Addr};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Arc;
 use std::time::Instant;
@@ -195,11 +195,7 @@ impl Drop for Subnet {
 }
 
 fn no_fuse() -> bool {
-    let missing = !Path::new("/dev/fuse").exists();
-    if missing {
-        println!("SKIPPED: no /dev/fuse (apt-get install fuse3)");
-    }
-    missing
+    !rdma_testkit::need::fuse()
 }
 
 #[test]

@@ -6,7 +6,8 @@
 //! reasons; `srp logout` removes the files and the target sees the
 //! session end; login and logout repeat; SIGTERM logs out what is left.
 //!
-//! Prints "SKIPPED: ..." and passes when the machine lacks FUSE.
+//! Skipped when the machine lacks FUSE, a failure under `CI=true`
+//! (`rdma_testkit::need`).
 
 mod common;
 
@@ -32,8 +33,7 @@ fn target_sessions(sock: &Path) -> usize {
 
 #[test]
 fn srpd_logs_in_by_login_string_and_shows_luns_as_files() {
-    if !Path::new("/dev/fuse").exists() {
-        println!("SKIPPED: no /dev/fuse (apt-get install fuse3)");
+    if !rdma_testkit::need::fuse() {
         return;
     }
     let dir = std::env::temp_dir().join(format!("srpd-{}", std::process::id()));
@@ -251,8 +251,7 @@ fn srp_discover_finds_srptd_and_logs_in_through_srpd() {
         text(&out)
     );
 
-    if !Path::new("/dev/fuse").exists() {
-        println!("SKIPPED (login part): no /dev/fuse (apt-get install fuse3)");
+    if !rdma_testkit::need::part("the login part").fuse() {
         return;
     }
     let sock = dir.join("srpd.sock");

@@ -265,16 +265,10 @@ impl Drop for TempDir {
     }
 }
 
-/// True if `tool` runs; otherwise prints the SKIPPED line.
+/// True if `tool` is installed; otherwise the test is skipped, or fails
+/// under `CI=true` (`rdma_testkit::need`).
 pub fn have(tool: &str) -> bool {
-    let ok = Process::new(tool)
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !ok {
-        println!("SKIPPED: {tool} missing");
-    }
-    ok
+    rdma_testkit::need::tool(tool)
 }
 
 /// Runs a tool; panics with its output unless it succeeds.
