@@ -6,6 +6,7 @@ use crate::wire::{self, Extra, Local, Offer};
 use rdma_cm::{Cm, CmConfig, CmEvent, CmMsg, ConnId, ConnState, RejReason, Timing};
 use rdma_types::{
     AccessFlags, Gid, Guid, Instant, Mtu, Pkey, PortNum, Psn, Qkey, QpState, QpType, Qpn,
+    TimeoutExp,
 };
 use rdma_types::{WcOpcode, WcStatus};
 use std::collections::HashMap;
@@ -260,8 +261,8 @@ pub struct Path {
     pub pkey: Pkey,
     /// The path MTU.
     pub mtu: Mtu,
-    /// The path's packet lifetime, a CM timeout exponent (4.096 us * 2^n).
-    pub packet_life_time: u8,
+    /// The path's packet lifetime (4.096 us * 2^n).
+    pub packet_life_time: TimeoutExp,
 }
 
 /// A connection request for a service this agent listens on.
@@ -385,7 +386,7 @@ impl Incoming {
                 psn,
                 responder_resources: mine.responder_resources.min(req.initiator_depth),
                 initiator_depth: mine.initiator_depth.min(req.responder_resources),
-                timeout: self.timing.local_ack_timeout(),
+                timeout: self.timing.local_ack_timeout().value(),
                 retry_count: req.retry_count,
                 rnr_retry: req.rnr_retry_count,
             })?;
@@ -1166,7 +1167,8 @@ impl CmAgent {
                 .cm
                 .config()
                 .timing(path.packet_life_time)
-                .local_ack_timeout(),
+                .local_ack_timeout()
+                .value(),
             retry_count: mine.retry_count,
             rnr_retry: theirs.rnr_retry_count,
         };
@@ -2436,10 +2438,10 @@ mod tests {
         )
         .unwrap();
         let cfg = CmConfig {
-            response_timeout: 15,
-            max_retries: 3,
+            response_timeout: TimeoutExp::from_bits(15),
+            max_retries: rdma_types::CmRetries::from_bits(3),
             timewait: rdma_types::Duration::from_millis(100),
-            packet_life_time: 10,
+            packet_life_time: TimeoutExp::from_bits(10),
             ..CmConfig::default()
         };
         let a = CmAgent::start_with(f.clone(), Guid(0xa), 0x100, cfg).unwrap();

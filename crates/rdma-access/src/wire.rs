@@ -7,7 +7,7 @@ use rdma_mad::cm::{
     RepRepr, ReqRepr,
 };
 use rdma_mad::MAD_SIZE;
-use rdma_types::{Gid, Guid, Mtu, Qkey, Qpn};
+use rdma_types::{Gid, Guid, Mtu, Qkey, Qpn, TimeoutExp};
 
 /// What this end puts in every REQ and REP besides the state machine's
 /// values.
@@ -102,11 +102,11 @@ pub(crate) fn encode(
                 local_eecn: 0,
                 initiator_depth: q.initiator_depth,
                 remote_eecn: 0,
-                remote_cm_response_timeout: timing.remote_cm_response_timeout.min(31),
+                remote_cm_response_timeout: timing.remote_cm_response_timeout.value(),
                 transport_type: 0,
                 flow_control: false,
                 starting_psn: *psn,
-                local_cm_response_timeout: timing.local_cm_response_timeout.min(31),
+                local_cm_response_timeout: timing.local_cm_response_timeout.value(),
                 retry_count: q.retry_count.min(7),
                 pkey: *pkey,
                 path_mtu: mtu_code(offer.mtu),
@@ -127,7 +127,7 @@ pub(crate) fn encode(
                     hop_limit: 64,
                     sl: 0,
                     subnet_local: false,
-                    local_ack_timeout: timing.local_ack_timeout(),
+                    local_ack_timeout: timing.local_ack_timeout().value(),
                 },
                 alternate_path: None,
                 private_data: pad::<{ private_len::REQ }>(private_data),
@@ -188,7 +188,7 @@ pub(crate) fn encode(
                 local_comm_id: *local_comm_id,
                 remote_comm_id: *remote_comm_id,
                 message_mraed: msg_ref(*msg),
-                service_timeout: *service_timeout,
+                service_timeout: service_timeout.value(),
                 private_data: [0; private_len::MRA],
             })),
         ),
@@ -258,9 +258,10 @@ pub(crate) fn decode(mad: &[u8]) -> Option<(CmMsg, Option<Extra>)> {
                 pkey: r.pkey,
                 timing: Timing {
                     // The sender put its path's packet lifetime + 1 there.
-                    packet_life_time: r.primary_path.local_ack_timeout.saturating_sub(1),
-                    local_cm_response_timeout: r.local_cm_response_timeout,
-                    remote_cm_response_timeout: r.remote_cm_response_timeout,
+                    packet_life_time: TimeoutExp::from_bits(r.primary_path.local_ack_timeout)
+                        .saturating_sub(1),
+                    local_cm_response_timeout: TimeoutExp::from_bits(r.local_cm_response_timeout),
+                    remote_cm_response_timeout: TimeoutExp::from_bits(r.remote_cm_response_timeout),
                 },
                 private_data: r.private_data.to_vec(),
             },
@@ -309,7 +310,7 @@ pub(crate) fn decode(mad: &[u8]) -> Option<(CmMsg, Option<Extra>)> {
                 local_comm_id: r.local_comm_id,
                 remote_comm_id: r.remote_comm_id,
                 msg: msg_kind(r.message_mraed),
-                service_timeout: r.service_timeout,
+                service_timeout: TimeoutExp::from_bits(r.service_timeout),
             },
             None,
         ),
@@ -375,9 +376,9 @@ mod tests {
                 psn: Psn::new(0x123456),
                 pkey: Pkey(0x8010),
                 timing: Timing {
-                    packet_life_time: 13,
-                    local_cm_response_timeout: 17,
-                    remote_cm_response_timeout: 19,
+                    packet_life_time: TimeoutExp::from_bits(13),
+                    local_cm_response_timeout: TimeoutExp::from_bits(17),
+                    remote_cm_response_timeout: TimeoutExp::from_bits(19),
                 },
                 private_data: vec![0xab; 92],
             },
@@ -399,7 +400,7 @@ mod tests {
                 local_comm_id: 8,
                 remote_comm_id: 7,
                 msg: MsgKind::Rep,
-                service_timeout: 14,
+                service_timeout: TimeoutExp::from_bits(14),
             },
             CmMsg::Rtu {
                 local_comm_id: 7,
@@ -456,7 +457,7 @@ mod tests {
             qpn: Qpn::from_bits(0x11),
             psn: Psn::new(1),
             pkey,
-            timing: rdma_cm::CmConfig::default().timing(16),
+            timing: rdma_cm::CmConfig::default().timing(TimeoutExp::from_bits(16)),
             private_data: vec![],
         };
         for k in [0x8010u16, 0x0020, 0xffff, 0x7fff] {
@@ -488,9 +489,9 @@ mod tests {
             mtu: Mtu::Mtu1024,
         };
         let timing = Timing {
-            packet_life_time: 16,
-            local_cm_response_timeout: 18,
-            remote_cm_response_timeout: 21,
+            packet_life_time: TimeoutExp::from_bits(16),
+            local_cm_response_timeout: TimeoutExp::from_bits(18),
+            remote_cm_response_timeout: TimeoutExp::from_bits(21),
         };
         let req = CmMsg::Req {
             local_comm_id: 7,

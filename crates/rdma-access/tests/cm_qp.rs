@@ -21,10 +21,10 @@ const SVC: u64 = 0x0106_0000_0000_4242;
 
 fn cm() -> CmConfig {
     CmConfig {
-        response_timeout: 15,
-        max_retries: 3,
+        response_timeout: rdma_types::TimeoutExp::from_bits(15),
+        max_retries: rdma_types::CmRetries::from_bits(3),
         timewait: rdma_types::Duration::from_millis(100),
-        packet_life_time: 12,
+        packet_life_time: rdma_types::TimeoutExp::from_bits(12),
         ..CmConfig::default()
     }
 }
@@ -148,13 +148,13 @@ fn connect_and_send(kind: &str, host: u8) {
     let server = std::thread::spawn(move || {
         let inc = requests.recv_timeout(T).expect("a request");
         assert_eq!(inc.params, ACTIVE, "what the REQ offered");
-        assert_eq!(inc.timing.packet_life_time, 12);
+        assert_eq!(inc.timing.packet_life_time.value(), 12);
         inc.accept_qp(&sb.conn_qp(PASSIVE), Psn::new(0x2222), b"yes".to_vec())
             .unwrap();
         sb
     });
     let path = a.path_to(b.gid());
-    assert_eq!(path.packet_life_time, 12);
+    assert_eq!(path.packet_life_time.value(), 12);
     let est = a
         .connect_qp(
             &path,

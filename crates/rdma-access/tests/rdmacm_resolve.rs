@@ -23,9 +23,9 @@ fn ip(h: u8) -> IpAddr {
 fn two(host: u8) -> (Arc<CmAgent>, Arc<CmAgent>) {
     let p = soft_pair(176, host, 0xa, 0xb);
     let cfg = CmConfig {
-        response_timeout: 15,
-        max_retries: 2,
-        packet_life_time: 14,
+        response_timeout: rdma_types::TimeoutExp::from_bits(15),
+        max_retries: rdma_types::CmRetries::from_bits(2),
+        packet_life_time: rdma_types::TimeoutExp::from_bits(14),
         ..CmConfig::default()
     };
     let a = CmAgent::start_with(p.clone(), Guid(0xa), 0x100, cfg).unwrap();
@@ -109,7 +109,7 @@ fn a_route_has_the_gids_partition_mtu_and_packet_lifetime() {
     assert_eq!(path.dgid, Gid::from_ip(ip(26)));
     assert_eq!(path.pkey, Pkey::DEFAULT);
     assert_eq!(path.mtu, a.mtu());
-    assert_eq!(path.packet_life_time, 14);
+    assert_eq!(path.packet_life_time.value(), 14);
     // The route is the resolved CA's.
     let e = rdmacm::resolve_route(&b, &r).unwrap_err();
     assert_eq!(
@@ -129,7 +129,7 @@ fn connect_resolves_its_source_first() {
     let server = std::thread::spawn(move || {
         let inc = requests.recv_timeout(T).expect("a request");
         // The REQ's timing is the route's.
-        assert_eq!(inc.timing.packet_life_time, 14);
+        assert_eq!(inc.timing.packet_life_time.value(), 14);
         assert!(inc.accept(Qpn::from_bits(0x77), Psn::new(1), vec![]));
         requests
     });

@@ -135,11 +135,11 @@ const SERVICE: u64 = 0x0000_0000_0106_1f90;
 
 fn cm_config() -> CmConfig {
     CmConfig {
-        response_timeout: 15,
-        max_retries: 15,
+        response_timeout: rdma_types::TimeoutExp::from_bits(15),
+        max_retries: rdma_types::CmRetries::from_bits(15),
         timewait: rdma_types::Duration::from_millis(200),
         // 8 ms there and back: the response time rules.
-        packet_life_time: 10,
+        packet_life_time: rdma_types::TimeoutExp::from_bits(10),
         ..CmConfig::default()
     }
 }

@@ -1,6 +1,6 @@
 //! Connection state machines of one CM endpoint.
 
-use rdma_types::{Duration, Instant, Pkey, Psn, Qpn};
+use rdma_types::{CmRetries, Duration, Instant, Pkey, Psn, Qpn, TimeoutExp};
 use std::collections::{BTreeMap, VecDeque};
 
 /// A REJ reason code (IBA 12.6.7.2, table 112). The words for every code
@@ -64,8 +64,8 @@ pub enum CmMsg {
         remote_comm_id: u32,
         /// What is being delayed.
         msg: MsgKind,
-        /// How long to wait now, as a CM timeout exponent.
-        service_timeout: u8,
+        /// How long to wait now.
+        service_timeout: TimeoutExp,
     },
     /// Reject.
     Rej {
@@ -116,14 +116,8 @@ pub enum CmMsg {
     },
 }
 
-/// The time a CM timeout exponent stands for: 4.096 us * 2^`exp` (IBA
-/// 12.7.27 and 12.7.34; 0 is 4.096 us, exponents past 31 count as 31).
-pub fn cm_time(exp: u8) -> Duration {
-    Duration::from_micros((4096u64 << exp.min(31)) / 1000)
-}
-
-/// The times a REQ announces (IBA 12.6.5), each a CM timeout exponent
-/// (see [`cm_time`]). The waits of the connection come from them, as
+/// The times a REQ announces (IBA 12.6.5), each a 5-bit time exponent
+/// ([`TimeoutExp`]: 4.096 us * 2^n). The waits of the connection come from them, as
 /// IBA 12.7.27/12.7.34 and Linux ib_cm compute them: the requester waits
 /// for the REP 2 packet lifetimes (there and back) plus the remote CM
 /// response time; the responder waits for the RTU 2 packet lifetimes plus
@@ -135,63 +129,66 @@ pub struct Timing {
     /// wire it travels as the primary path's local ACK timeout, one more
     /// (IBA 12.6.5: the ACK timeout covers a round trip; Linux sends
     /// packet lifetime + 1 and the passive side takes one off).
-    pub packet_life_time: u8,
+    pub packet_life_time: TimeoutExp,
     /// How long the requester takes to answer a REP (and a DREQ).
-    pub local_cm_response_timeout: u8,
+    pub local_cm_response_timeout: TimeoutExp,
     /// How long the requester expects the responder to take over the REQ.
-    pub remote_cm_response_timeout: u8,
+    pub remote_cm_response_timeout: TimeoutExp,
 }
 
 impl Timing {
     /// The QP local ACK timeout exponent for the path (IBA 9.7.6.1.3:
     /// twice the packet lifetime, as Linux cma does: lifetime + 1).
-    pub fn local_ack_timeout(self) -> u8 {
-        (self.packet_life_time + 1).min(31)
+    pub fn local_ack_timeout(self) -> TimeoutExp {
+        self.packet_life_time.saturating_add(1)
     }
 
     fn round_trip(self) -> Duration {
-        cm_time(self.local_ack_timeout())
+        self.local_ack_timeout().duration()
     }
 
     /// How long the requester waits for the REP (or an MRA).
     pub fn rep_wait(self) -> Duration {
-        self.round_trip() + cm_time(self.remote_cm_response_timeout)
+        self.round_trip() + self.remote_cm_response_timeout.duration()
     }
 
     /// How long the responder waits for the RTU, and either side for a
     /// DREP.
     pub fn rtu_wait(self) -> Duration {
-        self.round_trip() + cm_time(self.local_cm_response_timeout)
+        self.round_trip() + self.local_cm_response_timeout.duration()
     }
 
     /// The first wait for the REP: the path's round trip, and at most
     /// [`REQ_FIRST_RESEND`] of the peer's response time (the later resends
     /// double up to [`Timing::rep_wait`]).
     pub fn first_req_wait(self) -> Duration {
-        self.round_trip() + cm_time(self.remote_cm_response_timeout).min(REQ_FIRST_RESEND)
+        self.round_trip()
+            + self
+                .remote_cm_response_timeout
+                .duration()
+                .min(REQ_FIRST_RESEND)
     }
 
     /// How long to wait after an MRA with `service_timeout`.
-    pub fn mra_wait(self, service_timeout: u8) -> Duration {
-        self.round_trip() + cm_time(service_timeout)
+    pub fn mra_wait(self, service_timeout: TimeoutExp) -> Duration {
+        self.round_trip() + service_timeout.duration()
     }
 }
 
 /// Timing of the protocol.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CmConfig {
-    /// This endpoint's own CM response time, as a CM timeout exponent
-    /// (4.096 us * 2^n; IBA 12.7.27): a REQ's local CM response timeout,
+    /// This endpoint's own CM response time (IBA 12.7.27): a REQ's local CM response timeout,
     /// the remote one it expects of the peer (Linux rdma_cm puts the same
     /// value in both), and the service timeout of its MRAs.
-    pub response_timeout: u8,
-    /// Times a REQ, REP or DREQ is sent again before giving up (0..=15).
-    pub max_retries: u8,
+    pub response_timeout: TimeoutExp,
+    /// Times a REQ, REP or DREQ is sent again before giving up.
+    pub max_retries: CmRetries,
     /// How long a closed connection's IDs stay reserved (timewait).
     pub timewait: Duration,
     /// The packet lifetime of a path that names none ([`Cm::connect`]):
     /// on RoCE there is no SA, and Linux rdma_cm assumes 16 (268 ms).
-    pub packet_life_time: u8,
+    pub packet_life_time: TimeoutExp,
     /// The shortest wait for an answer, whatever the path and the peer
     /// announce (a 0 lifetime and response time would mean 8 us: a
     /// resend storm).
@@ -217,10 +214,10 @@ impl Default for CmConfig {
     /// rdma_cm's RoCE packet lifetime; waits between 1 ms and 5 minutes.
     fn default() -> Self {
         CmConfig {
-            response_timeout: 20,
-            max_retries: 15,
+            response_timeout: TimeoutExp::from_bits(20),
+            max_retries: CmRetries::MAX,
             timewait: Duration::from_secs(4),
-            packet_life_time: 16,
+            packet_life_time: TimeoutExp::from_bits(16),
             min_timeout: Duration::from_millis(1),
             max_timeout: Duration::from_secs(300),
         }
@@ -229,7 +226,7 @@ impl Default for CmConfig {
 
 impl CmConfig {
     /// The timing of a REQ over a path with `packet_life_time`.
-    pub fn timing(&self, packet_life_time: u8) -> Timing {
+    pub fn timing(&self, packet_life_time: TimeoutExp) -> Timing {
         Timing {
             packet_life_time,
             local_cm_response_timeout: self.response_timeout,
@@ -516,7 +513,7 @@ impl<P: Copy + Eq + core::fmt::Debug> Cm<P> {
     /// timer for the connection's wait.
     fn send_and_wait(&mut self, now: Instant, id: u32, msg: CmMsg) {
         let is_req = matches!(msg, CmMsg::Req { .. });
-        let retries = self.cfg.max_retries;
+        let retries = self.cfg.max_retries.value();
         let cfg = self.cfg;
         if let Some(c) = self.conns.get_mut(&id) {
             let peer = c.paths[c.path];
@@ -1058,7 +1055,7 @@ impl<P: Copy + Eq + core::fmt::Debug> Cm<P> {
                 // the consumer; SRP's seed asks for exactly this).
                 ConnState::ReqSent if c.path + 1 < c.paths.len() => {
                     c.path += 1;
-                    let retries = self.cfg.max_retries;
+                    let retries = self.cfg.max_retries.value();
                     c.retries_left = retries;
                     c.interval = cfg.clamp(c.timing.first_req_wait()).min(cfg.clamp(c.wait));
                     c.deadline = Some(now + c.interval);

@@ -4,7 +4,7 @@
 //! with the number of live connections bounded by what was created.
 
 use crate::{Cm, CmConfig, CmEvent, CmMsg, ConnId, MsgKind, RejReason, Timing};
-use rdma_types::{Duration, Instant, Pkey, Psn, Qpn};
+use rdma_types::{CmRetries, Duration, Instant, Pkey, Psn, Qpn, TimeoutExp};
 
 struct Input<'a>(&'a [u8]);
 
@@ -17,14 +17,18 @@ impl Input<'_> {
     fn u32(&mut self) -> u32 {
         u32::from_le_bytes([self.u8(), self.u8(), self.u8(), self.u8()])
     }
+    /// A byte as a 5-bit wire field takes it: the CM never sees more.
+    fn exp(&mut self) -> TimeoutExp {
+        TimeoutExp::from_bits(self.u8())
+    }
 }
 
 /// Runs one input; returns the number of steps taken.
 pub fn cm_input(data: &[u8]) -> usize {
     let mut inp = Input(data);
     let cfg = CmConfig {
-        response_timeout: 8,
-        max_retries: inp.u8() % 4,
+        response_timeout: TimeoutExp::from_bits(8),
+        max_retries: CmRetries::from_bits(inp.u8() % 4),
         timewait: Duration::from_millis(1),
         ..CmConfig::default()
     };
@@ -46,9 +50,9 @@ pub fn cm_input(data: &[u8]) -> usize {
                 psn: Psn::new(inp.u32()),
                 pkey: Pkey(inp.u8().into()),
                 timing: Timing {
-                    packet_life_time: inp.u8(),
-                    local_cm_response_timeout: inp.u8(),
-                    remote_cm_response_timeout: inp.u8(),
+                    packet_life_time: inp.exp(),
+                    local_cm_response_timeout: inp.exp(),
+                    remote_cm_response_timeout: inp.exp(),
                 },
                 private_data: vec![0; usize::from(inp.u8())],
             },
@@ -56,7 +60,7 @@ pub fn cm_input(data: &[u8]) -> usize {
                 local_comm_id: l,
                 remote_comm_id: r,
                 msg: MsgKind::Req,
-                service_timeout: inp.u8(),
+                service_timeout: inp.exp(),
             },
             2 => CmMsg::Rej {
                 local_comm_id: l,
@@ -90,7 +94,7 @@ pub fn cm_input(data: &[u8]) -> usize {
                     qpn: Qpn::from_bits(inp.u32()),
                     psn: Psn::new(1),
                     pkey: Pkey(0x8000 | u16::from(inp.u8())),
-                    timing: cfg.timing(inp.u8() % 32),
+                    timing: cfg.timing(inp.exp()),
                     private_data: vec![],
                 };
                 known.push(cm.connect_req(now, vec![peer, (peer + 1) % 4], req));
@@ -151,5 +155,14 @@ mod tests {
             steps += super::cm_input(&data);
         }
         assert!(steps > 20_000, "scripts exercised the endpoint: {steps}");
+    }
+
+    /// The `cm_input` target's committed seeds and regression inputs
+    /// (`fuzz/seeds/cm_input`, `fuzz/regressions/cm_input`).
+    #[test]
+    fn cm_input_replays_its_committed_inputs() {
+        rdma_testkit::fuzz::replay(env!("CARGO_MANIFEST_DIR"), "cm_input", |data| {
+            super::cm_input(data);
+        });
     }
 }

@@ -32,6 +32,7 @@ mod cm;
 pub mod fuzz;
 
 pub use cm::{
-    cm_time, Cm, CmConfig, CmEvent, CmMsg, ConnId, ConnState, MsgKind, RejReason, ReqInfo, Timing,
+    Cm, CmConfig, CmEvent, CmMsg, ConnId, ConnState, MsgKind, RejReason, ReqInfo, Timing,
     REQ_FIRST_RESEND,
 };
+pub use rdma_types::{CmRetries, TimeoutExp};

@@ -4,7 +4,7 @@
 
 use rdma_cm::{Cm, CmConfig, CmEvent, CmMsg, ConnId, ConnState, RejReason, ReqInfo};
 use rdma_sim::{FaultConfig, FaultInjector, Payload};
-use rdma_types::{Duration, Instant, Pkey, Psn, Qpn};
+use rdma_types::{CmRetries, Duration, Instant, Pkey, Psn, Qpn, TimeoutExp};
 use std::collections::BTreeMap;
 
 #[derive(Clone)]
@@ -35,13 +35,18 @@ const SVC: u64 = 0x0106_0000_0000_1234;
 
 fn cfg() -> CmConfig {
     CmConfig {
-        response_timeout: 12,
-        max_retries: 3,
+        response_timeout: e(12),
+        max_retries: CmRetries::new(3).unwrap(),
         timewait: Duration::from_millis(50),
         // Paths of the tests are short: the 16.8 ms response time rules.
-        packet_life_time: 0,
+        packet_life_time: e(0),
         ..CmConfig::default()
     }
+}
+
+/// A time exponent the test knows is in range.
+fn e(n: u8) -> TimeoutExp {
+    TimeoutExp::new(n).unwrap()
 }
 
 impl Net {
@@ -431,7 +436,7 @@ fn the_req_partition_key_reaches_the_passive_side_on_every_try() {
         qpn: Qpn::from_bits(0x31),
         psn: Psn::new(7),
         pkey: Pkey(0x8010),
-        timing: cfg().timing(0),
+        timing: cfg().timing(e(0)),
         private_data: b"p".to_vec(),
     };
     let a = net
@@ -655,9 +660,9 @@ fn a_lost_req_is_resent_soon_then_less_often_up_to_the_response_timeout() {
     let mut b: Cm<u8> = Cm::new(CmConfig::default(), 2000);
     b.listen(SVC);
     let timing = rdma_cm::Timing {
-        packet_life_time: 16,
-        local_cm_response_timeout: 20,
-        remote_cm_response_timeout: 20,
+        packet_life_time: e(16),
+        local_cm_response_timeout: e(20),
+        remote_cm_response_timeout: e(20),
     };
     let full = timing.rep_wait();
     assert_eq!(
@@ -729,9 +734,9 @@ fn req_over(plt: u8) -> ReqInfo {
         psn: Psn::new(7),
         pkey: Pkey::DEFAULT,
         timing: rdma_cm::Timing {
-            packet_life_time: plt,
-            local_cm_response_timeout: 14,
-            remote_cm_response_timeout: 12,
+            packet_life_time: e(plt),
+            local_cm_response_timeout: e(14),
+            remote_cm_response_timeout: e(12),
         },
         private_data: vec![],
     }
@@ -762,8 +767,8 @@ fn the_req_is_retried_after_two_packet_lifetimes_plus_the_peer_response_time() {
         // The REQ says so to the passive side (as the local ACK timeout).
         assert!(net.sent.iter().all(|(_, _, m)| matches!(
             m,
-            CmMsg::Req { timing, .. } if timing.packet_life_time == plt
-                && timing.local_ack_timeout() == plt + 1
+            CmMsg::Req { timing, .. } if timing.packet_life_time == e(plt)
+                && timing.local_ack_timeout() == e(plt + 1)
         )));
         first_retry.push(net.now);
     }
@@ -820,7 +825,7 @@ fn mra_for_req(cm: &mut Cm<u8>, at: Instant, a: ConnId, service_timeout: u8) {
             local_comm_id: 77,
             remote_comm_id: a.0,
             msg: rdma_cm::MsgKind::Req,
-            service_timeout,
+            service_timeout: e(service_timeout),
         },
     );
 }
@@ -864,13 +869,57 @@ fn waits_stay_within_the_configured_floor_and_ceiling() {
     let mut cm: Cm<u8> = Cm::new(bounded, 100);
     // 8 us + 4 us by the numbers: the floor.
     let mut tiny = req_over(0);
-    tiny.timing.remote_cm_response_timeout = 0;
+    tiny.timing.remote_cm_response_timeout = e(0);
     let a = cm.connect_req(Instant::ZERO, vec![2], tiny);
     assert_eq!(cm.response_wait(a), Some(Duration::from_millis(5)));
     // 2.4 hours by the numbers: the ceiling.
     let b = cm.connect_req(Instant::ZERO, vec![2], req_over(30));
     assert_eq!(cm.response_wait(b), Some(Duration::from_secs(2)));
     assert_eq!(cm.poll_timeout(), Some(Instant::from_millis(5)));
+}
+
+/// The longest times a REQ and an MRA can say (every 5-bit field 31, the
+/// packet lifetime one past what the local ACK timeout can carry) make
+/// the longest waits, not an overflow: a REQ whose lifetime byte was 255
+/// panicked adding one for the round trip (fuzz target `cm_input`,
+/// fuzz/regressions/cm_input).
+#[test]
+fn the_longest_times_on_the_wire_wait_longest() {
+    let unbounded = CmConfig {
+        max_timeout: Duration::MAX,
+        ..cfg()
+    };
+    let mut cm: Cm<u8> = Cm::new(unbounded, 100);
+    cm.listen(SVC);
+    let longest = rdma_cm::Timing {
+        packet_life_time: TimeoutExp::MAX,
+        local_cm_response_timeout: TimeoutExp::MAX,
+        remote_cm_response_timeout: TimeoutExp::MAX,
+    };
+    assert_eq!(longest.local_ack_timeout(), TimeoutExp::MAX);
+    let req = CmMsg::Req {
+        local_comm_id: 9,
+        service_id: SVC,
+        qpn: Qpn::from_bits(0x31),
+        psn: Psn::new(7),
+        pkey: Pkey::DEFAULT,
+        timing: longest,
+        private_data: vec![],
+    };
+    cm.handle_msg(Instant::ZERO, 2, req);
+    let Some(CmEvent::Request { conn, .. }) = cm.poll_event() else {
+        panic!("no request event");
+    };
+    assert!(cm.accept(Instant::ZERO, conn, Qpn::from_bits(5), Psn::new(5), vec![]));
+    // A round trip of 2^31 (the ACK timeout can say no more) and the
+    // requester's response time of 2^31: 4.9 hours.
+    let rtu_wait = TimeoutExp::MAX.duration() + TimeoutExp::MAX.duration();
+    assert_eq!(cm.response_wait(conn), Some(rtu_wait));
+    assert_eq!(cm.poll_timeout(), Some(Instant::ZERO + rtu_wait));
+    // An MRA for a REQ of ours, with the longest service timeout.
+    let a = cm.connect_req(Instant::ZERO, vec![2], req_over(31));
+    mra_for_req(&mut cm, Instant::ZERO, a, 31);
+    assert!(cm.poll_timeout().is_some());
 }
 
 #[test]

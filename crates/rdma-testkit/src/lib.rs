@@ -5,6 +5,7 @@
 //! frames in a pcap; [`netns`], `ip` for the tests that make network
 //! namespaces. Tests only; nothing in the stack depends on it.
 
+pub mod fuzz;
 pub mod need;
 pub mod netns;
 

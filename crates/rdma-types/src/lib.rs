@@ -7,6 +7,7 @@
 //!
 //! What it refuses to do: I/O, allocation-heavy work, anything with state.
 
+mod fields;
 mod flags;
 pub mod idmap;
 mod ids;
@@ -14,6 +15,7 @@ mod psn;
 mod time;
 mod wc;
 
+pub use fields::{CmRetries, TimeoutExp};
 pub use flags::AccessFlags;
 pub use idmap::{IdMap, IdSet};
 pub use ids::{Gid, Guid, Lid, Lkey, Mtu, Pkey, PortNum, Qkey, QpState, QpType, Qpn, Rkey};

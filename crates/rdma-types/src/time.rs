@@ -92,13 +92,7 @@ impl Duration {
     /// and 11.2.4.2). `exp` is the 5-bit `timeout` attribute; 0 means
     /// "infinite", returned as `None`.
     pub fn from_ack_timeout_exp(exp: u8) -> Option<Duration> {
-        if exp == 0 {
-            return None;
-        }
-        let exp = u32::from(exp.min(31));
-        // 4.096 us * 2^exp == 4096 ns << exp
-        let nanos = 4096u64 << exp;
-        Some(Duration::from_micros(nanos / 1000))
+        (exp != 0).then(|| crate::TimeoutExp::saturating(exp).duration())
     }
 
     /// Converts to `std::time::Duration`; for drivers.

@@ -53,11 +53,11 @@ pub fn soft_pair(net: u8, host: u8, a: u64, b: u64) -> Arc<SoftRoce> {
 /// CM MAD costs little test time.
 pub fn fast_cm() -> CmConfig {
     CmConfig {
-        response_timeout: 15,
-        max_retries: 15,
+        response_timeout: rdma_types::TimeoutExp::from_bits(15),
+        max_retries: rdma_types::CmRetries::from_bits(15),
         timewait: rdma_types::Duration::from_millis(200),
         // 8 ms there and back: the response time rules.
-        packet_life_time: 10,
+        packet_life_time: rdma_types::TimeoutExp::from_bits(10),
         ..CmConfig::default()
     }
 }
