@@ -37,15 +37,50 @@ wait_until() {
   done
 }
 
+# retry_note TEXT: one INTEROP-RETRY line for the host's verdict, on the
+# console even when the caller's output goes to a file.
+retry_note() {
+  echo "INTEROP-RETRY vm=$INTEROP_VM $*" >/dev/console 2>/dev/null || echo "INTEROP-RETRY vm=$INTEROP_VM $*"
+}
+
 # retry SECONDS DESC CMD...: run CMD (showing its output) until it exits 0.
+# For steps whose failure cannot hide a data error (a login, a connect);
+# each failed attempt is an INTEROP-RETRY line, which the host's verdict
+# counts. A step that moves data uses retry_if.
 retry() {
-  local t=$1 desc=$2 end n=0
+  local t=$1 desc=$2 end n=0 rc
   shift 2
   end=$(( SECONDS + t ))
   while :; do
     n=$(( n + 1 ))
-    "$@" && { step "$desc: ok after $n attempt(s)"; return 0; }
+    rc=0
+    "$@" || rc=$?
+    [ $rc != 0 ] || { step "$desc: ok after $n attempt(s)"; return 0; }
+    retry_note "$desc: exit status $rc"
     [ $SECONDS -lt $end ] || fail "$desc failed $n times in ${t}s"
+    sleep 2
+  done
+}
+
+# retry_if SECONDS DESC PATTERN CMD...: run CMD (showing its output) until
+# it exits 0, retrying only a failure whose output matches the extended
+# regex PATTERN: what a peer not listening yet gives ("Couldn't connect",
+# a CM REJ), never a data check. Any other failure fails the scenario at
+# once with CMD's last line. Each retried attempt is an INTEROP-RETRY line.
+retry_if() {
+  local t=$1 desc=$2 pattern=$3 end n=0 rc why
+  shift 3
+  end=$(( SECONDS + t ))
+  while :; do
+    n=$(( n + 1 ))
+    rc=0
+    "$@" >/tmp/retry-if.out 2>&1 || rc=$?
+    cat /tmp/retry-if.out
+    [ $rc != 0 ] || { step "$desc: ok after $n attempt(s)"; return 0; }
+    why=$(grep -E -m1 -- "$pattern" /tmp/retry-if.out || true)
+    [ -n "$why" ] || fail "$desc failed (attempt $n, exit status $rc, not retried): $(grep -v '^[[:space:]]*$' /tmp/retry-if.out | tail -1)"
+    retry_note "$desc: $why"
+    [ $SECONDS -lt $end ] || fail "$desc failed $n times in ${t}s (last: $why)"
     sleep 2
   done
 }

@@ -88,6 +88,72 @@ ns_bg() {
 # ns_add_ip ADDR: give a host-side stack its own address on the bridge.
 ns_add_ip() { nsx ip addr add "$1/24" dev "$BRIDGE"; }
 
+# host_fail MSG: the reason the verdict gives for a failed host side (the
+# first one given); also printed to host.log.
+host_fail() {
+  echo "$*"
+  [ -s "$RUN_DIR/host-reason" ] || echo "$*" >"$RUN_DIR/host-reason"
+}
+
+# retry_if_not_up SECONDS DESC PATTERN OUT CMD...: run CMD (a host-side
+# client, e.g. `ns_run 120 srp io ...`; its output to OUT, then shown)
+# until it succeeds, while the peer in the VM is not up yet. A failed
+# attempt is retried only if its output matches the extended regex PATTERN
+# (what a peer still booting or not yet listening gives: a connect that
+# timed out, was refused or rejected, before any data moved), for SECONDS
+# (scaled) while a VM runs. Any other failure (a data verification, an
+# I/O error, a timeout of the command itself) ends it at once: the
+# scenario fails with CMD's last line as the reason. Every retried
+# attempt's reason goes to retries.txt, which the verdict counts.
+retry_if_not_up() {
+  local t=$1 desc=$2 pattern=$3 out=$4 end n=0 rc why
+  shift 4
+  end=$(( $(date +%s) + $(tmo "$t") ))
+  while :; do
+    n=$(( n + 1 ))
+    rc=0
+    "$@" >"$out" 2>&1 || rc=$?
+    cat "$out"
+    [ "$rc" != 0 ] || return 0
+    why=$(grep -E -m1 -- "$pattern" "$out" || true)
+    if [ -z "$why" ]; then
+      why=$(grep -v '^[[:space:]]*$' "$out" | tail -1)
+      host_fail "$desc failed (attempt $n, exit status $rc; not a peer-not-up failure, so not retried): ${why:-no output}"
+      return 1
+    fi
+    printf '%s\t%s\n' "$desc" "$why" >>"$RUN_DIR/retries.txt"
+    vms_alive || { host_fail "$desc: the VMs stopped while it waited for the peer (attempt $n: $why)"; return 1; }
+    [ "$(date +%s)" -lt "$end" ] ||
+      { host_fail "$desc: the peer was not up after $(tmo "$t") s ($n attempts, last: $why)"; return 1; }
+    sleep 3
+  done
+}
+
+# What was retried while peers came up (host side: retries.txt; guests:
+# INTEROP-RETRY lines), as "DESC N times (REASON xK; ...)" per step.
+retries_summary() {
+  local con
+  {
+    [ -f "$RUN_DIR/retries.txt" ] && cat "$RUN_DIR/retries.txt"
+    for con in "$RUN_DIR"/console-*.log; do
+      [ -f "$con" ] || continue
+      grep -a '^INTEROP-RETRY ' "$con" | tr -d '\r' |
+        sed -E 's/^INTEROP-RETRY (vm=[^ ]+) ([^:]*): /\1 \2\t/'
+    done
+  } | awk -F'\t' '{
+      if (!($1 in n)) order[k++] = $1
+      n[$1]++; r = $1 SUBSEP $2
+      if (!(r in c)) rorder[$1, m[$1]++] = $2
+      c[r]++
+    } END {
+      for (i = 0; i < k; i++) {
+        d = order[i]; s = ""
+        for (j = 0; j < m[d]; j++) { x = rorder[d, j]; s = s (j ? "; " : "") x (c[d SUBSEP x] > 1 ? " x" c[d SUBSEP x] : "") }
+        printf "%s%s retried %d times (%s)", (i ? "; " : ""), d, n[d], s
+      }
+    }'
+}
+
 # --- capture -------------------------------------------------------------
 
 capture_start() {
@@ -313,7 +379,13 @@ scenario_run() {
   local host_rc=0 reason= NOTES=
   if declare -F host_main >/dev/null; then
     host_main >"$RUN_DIR/host.log" 2>&1 || host_rc=$?
-    [ "$host_rc" -eq 0 ] || reason="host side failed (status $host_rc, see host.log)"
+    if [ "$host_rc" -ne 0 ]; then
+      # The first reason host_fail gave, else the last line host_main printed.
+      local why
+      why=$(head -1 "$RUN_DIR/host-reason" 2>/dev/null || true)
+      [ -n "$why" ] || why=$(grep -v '^[[:space:]]*$' "$RUN_DIR/host.log" | tail -1)
+      reason="host side failed (status $host_rc): ${why:-no output} (see host.log)"
+    fi
   fi
   if [ "$host_rc" -eq 0 ]; then vm_wait_all; else vm_wait_all "$(tmo 60)"; fi
   capture_stop
@@ -343,8 +415,11 @@ scenario_run() {
 
   sed 's/^/  /' "$RUN_DIR/capture-summary.txt" | head -45 >&2
   log "scenario $name took $(( $(date +%s) - T_START )) s (VMs $T_VMS s)"
+  # Every attempt retried while a peer came up, with its reason, pass or fail.
+  local retried
+  retried=$(retries_summary)
   if [ -z "$reason" ]; then
-    echo "INTEROP-PASS $name"
+    echo "INTEROP-PASS $name${retried:+ [$retried]}"
     if [ "${INTEROP_KEEP:-0}" = 1 ]; then
       rm -f "$RUN_DIR/initrd.cpio" "$RUN_DIR/overlay.cpio"
       log "kept: $RUN_DIR"
@@ -354,7 +429,7 @@ scenario_run() {
     return 0
   fi
   rm -f "$RUN_DIR/initrd.cpio" "$RUN_DIR/overlay.cpio"
-  echo "INTEROP-FAIL $name: $reason${NOTES:+ [guest notes: $NOTES]}"
+  echo "INTEROP-FAIL $name: $reason${retried:+ [$retried]}${NOTES:+ [guest notes: $NOTES]}"
   log "logs and capture kept in $RUN_DIR"
   return 1
 }
@@ -372,5 +447,7 @@ run_scenarios() {
     if [ "$rc" -eq 0 ]; then pass=$(( pass + 1 )); else fail=$(( fail + 1 )); failed+=("$name"); fi
   done
   echo "interop: $pass passed, $fail failed${failed:+ (${failed[*]})}"
+  # .ci/run repeats it at the end of CI's log.
+  [ -z "${CI_SUMMARY:-}" ] || echo "interop: $pass passed, $fail failed${failed:+ (${failed[*]})}" >>"$CI_SUMMARY"
   [ "$fail" -eq 0 ]
 }

@@ -10,23 +10,21 @@ SCENARIO_VMS=("a 11 peer")
 SCENARIO_GUEST_TIMEOUT=900
 
 RPINGPONG=${RPINGPONG:-${CARGO_TARGET_DIR:-$INTEROP_DIR/../target}/release/rpingpong}
+# What the TCP exchange says while the peer's tool is not listening yet;
+# nothing else is retried (a failure after the exchange is ours to explain).
+PP_NOT_UP='^rpingpong: out-of-band exchange on .*: (No route to host|Connection refused|Connection timed out)'
 
 host_main() {
   [ -x "$RPINGPONG" ] || { echo "missing $RPINGPONG: run cargo build --release -p rdma-perf"; return 1; }
   ns_add_ip 10.77.0.2
-  local i ok=0
   # Round 1: the VM's tool serves; retry while the VM boots.
-  for i in $(seq 1 "$(tmo 200)"); do
-    vms_alive || break
-    # shellcheck disable=SC2086
-    if ns_run 90 "$RPINGPONG" 10.77.0.11 --bind 10.77.0.2 -g 1 -n 200 $OUR_ARGS; then ok=1; break; fi
-    sleep 3
-  done
-  [ $ok = 1 ] || { echo "our rpingpong client never completed against $PP_TOOL"; return 1; }
+  # shellcheck disable=SC2086
+  retry_if_not_up 600 "rpingpong client" "$PP_NOT_UP" "$RUN_DIR/round1.txt" \
+    ns_run 90 "$RPINGPONG" 10.77.0.11 --bind 10.77.0.2 -g 1 -n 200 $OUR_ARGS || return 1
   echo "round 1 passed: our client, Linux $PP_TOOL server"
   # Round 2: we serve; the VM connects.
   # shellcheck disable=SC2086
-  ns_run 400 "$RPINGPONG" --bind 10.77.0.2 -g 1 -n 200 $OUR_ARGS || { echo "our rpingpong server failed"; return 1; }
+  ns_run 400 "$RPINGPONG" --bind 10.77.0.2 -g 1 -n 200 $OUR_ARGS || { host_fail "our rpingpong server failed"; return 1; }
   echo "round 2 passed: Linux $PP_TOOL client, our server"
 }
 
@@ -35,6 +33,7 @@ guest_peer() {
   # shellcheck disable=SC2086
   timeout 600 "$PP_TOOL" -d rxe0 -g 1 -n 200 $PP_ARGS || fail "$PP_TOOL server exited $?"
   step "$PP_TOOL client against our server"
+  # Retried only while our server does not listen yet.
   # shellcheck disable=SC2086
-  retry 300 "$PP_TOOL client" timeout 120 "$PP_TOOL" -d rxe0 -g 1 -n 200 $PP_ARGS 10.77.0.2
+  retry_if 300 "$PP_TOOL client" "Couldn't connect to" timeout 120 "$PP_TOOL" -d rxe0 -g 1 -n 200 $PP_ARGS 10.77.0.2
 }

@@ -31,25 +31,32 @@ LIO_GUID=505400fffe77000b
 # Our initiator port ID: initiator_ext 1, then our CA GUID, which is
 # 0002c903 and our address (10.77.0.2).
 OUR_PORT_ID=00000000000000010002c9030a4d0002
+# What `srp io` says when its login finds nobody yet: our port not ACTIVE
+# (the bridge has no carrier before the VM's tap comes up), no answer (the
+# VM is booting) or a CM REJ (ib_srpt not listening, or LIO not configured
+# yet). Only the login: a failure after it, a verify failure above all, is
+# never retried.
+SRP_NOT_UP='^srp: open LUN [0-9]+ over .*: login: (connection failed: connection (timed out|rejected)|port [0-9]+ is [A-Za-z]+, not ACTIVE)'
 
 host_main() {
   [ -x "$SRP_CLI" ] || { echo "missing $SRP_CLI: run cargo build --release -p srpstack"; return 1; }
   ns_add_ip 10.77.0.2
-  local i ok=0
+  local ok=0
   # Retry while the VM boots and configures LIO.
-  for i in $(seq 1 "$(tmo 100)"); do
-    vms_alive || break
-    if ns_run 120 "$SRP_CLI" io --dest 10.77.0.11:$SRP_PORT --ip 10.77.0.2 --mtu 1024 \
-        --id-ext $LIO_GUID --ioc-guid $LIO_GUID --size 8388608 --region 4194304; then
-      ok=1
-      break
-    fi
-    sleep 3
-  done
+  retry_if_not_up 300 "srp io (first login)" "$SRP_NOT_UP" "$RUN_DIR/first.txt" \
+    ns_run 120 "$SRP_CLI" io --dest 10.77.0.11:$SRP_PORT --ip 10.77.0.2 --mtu 1024 \
+      --id-ext $LIO_GUID --ioc-guid $LIO_GUID --size 8388608 --region 4194304 && ok=1
+  if [ $ok = 1 ]; then
+    grep -q "verified [1-9][0-9]* bytes" "$RUN_DIR/first.txt" ||
+      { ok=0; host_fail "srp io (first login) verified nothing"; }
+  fi
   # Writes above the 8 KiB of immediate data make LIO fetch them by RDMA READ.
   if [ $ok = 1 ]; then
     ns_run 120 "$SRP_CLI" io --dest 10.77.0.11:$SRP_PORT --ip 10.77.0.2 --mtu 1024 \
-      --id-ext $LIO_GUID --ioc-guid $LIO_GUID --bs 65536 --size 8388608 --region 4194304 || ok=0
+      --id-ext $LIO_GUID --ioc-guid $LIO_GUID --bs 65536 --size 8388608 --region 4194304 |
+      tee "$RUN_DIR/bs64k.txt" || { ok=0; host_fail "srp io --bs 65536 (writes by RDMA READ) failed"; }
+    grep -q "verified [1-9][0-9]* bytes" "$RUN_DIR/bs64k.txt" ||
+      { ok=0; host_fail "srp io --bs 65536 verified nothing"; }
   fi
   # Large transfers in one SRP_CMD each (descriptor lists, RDMA at MTU 1024).
   if [ $ok = 1 ]; then
@@ -59,15 +66,15 @@ host_main() {
       ns_run 120 "$SRP_CLI" io --dest 10.77.0.11:$SRP_PORT --ip 10.77.0.2 --mtu 1024 \
         --id-ext $LIO_GUID --ioc-guid $LIO_GUID --bs $bs --iodepth 1 --rw randrw \
         --size $((bs * 16)) --region 16777216 | tee "$RUN_DIR/big-$bs.txt" ||
-        { ok=0; echo "srp io --bs $bs failed"; }
+        { ok=0; host_fail "srp io --bs $bs failed"; }
       grep -q "verified [1-9][0-9]* bytes" "$RUN_DIR/big-$bs.txt" ||
-        { ok=0; echo "srp io --bs $bs verified nothing"; }
+        { ok=0; host_fail "srp io --bs $bs verified nothing"; }
     done
   fi
   if [ $ok = 1 ]; then
     ns_run 60 "$SRP_CLI" luns --dest 10.77.0.11:$SRP_PORT --ip 10.77.0.2 --mtu 1024 \
       --id-ext $LIO_GUID --ioc-guid $LIO_GUID | tee "$RUN_DIR/luns.txt"
-    grep -q "LUN 0 .*LIO-ORG" "$RUN_DIR/luns.txt" || { ok=0; echo "srp luns did not show LIO's LUN 0"; }
+    grep -q "LUN 0 .*LIO-ORG" "$RUN_DIR/luns.txt" || { ok=0; host_fail "srp luns did not show LIO's LUN 0"; }
   fi
   if [ $ok = 1 ]; then
     # Discovery against ib_srpt's own device management agent: the login
@@ -75,11 +82,11 @@ host_main() {
     ns_run 60 "$SRP_CLI" discover --target 10.77.0.11 --ip 10.77.0.2 -v --timeout-ms 2000 \
       | tee "$RUN_DIR/discover.txt"
     grep -q "ioc_guid=$LIO_GUID" "$RUN_DIR/discover.txt" ||
-      { ok=0; echo "srp discover did not find LIO's I/O controller"; }
+      { ok=0; host_fail "srp discover did not find LIO's I/O controller"; }
   fi
   if [ $ok = 1 ]; then
     ns_run 60 "$SRP_CLI" reset --dest 10.77.0.11:$SRP_PORT --ip 10.77.0.2 --mtu 1024 \
-      --id-ext $LIO_GUID --ioc-guid $LIO_GUID --lun 0 || { ok=0; echo "LIO refused our LUN reset"; }
+      --id-ext $LIO_GUID --ioc-guid $LIO_GUID --lun 0 || { ok=0; host_fail "LIO refused our LUN reset"; }
   fi
   # The FUSE mount lives in the namespace's own mount namespace, so fio
   # runs in the same `ip netns exec`.
@@ -89,12 +96,12 @@ host_main() {
     # are retried, and every block still reads back as written.
     ns_run 180 "$SRP_CLI" io --dest 10.77.0.11:$SRP_PORT --ip 10.77.0.2 --mtu 1024 \
       --id-ext $LIO_GUID --ioc-guid $LIO_GUID --bs 4194304 --iodepth 2 --size 67108864 --rw randrw \
-      --region 16777216 --abort-every-ms 150 | tee "$RUN_DIR/abort.txt" || { ok=0; echo "srp io with aborts failed"; }
+      --region 16777216 --abort-every-ms 150 | tee "$RUN_DIR/abort.txt" || { ok=0; host_fail "srp io with aborts failed"; }
     local answered
     answered=$(sed -n 's/^srp: ABORT TASK asked [0-9]* times: \([0-9]*\) function complete, \([0-9]*\) failed.*/\1 \2/p' "$RUN_DIR/abort.txt")
     [ -n "$answered" ] && [ $((${answered% *} + ${answered#* })) -gt 0 ] ||
-      { ok=0; echo "LIO answered none of our ABORT TASKs"; }
-    grep -q " 0 verify failures, 0 I/O errors" "$RUN_DIR/abort.txt" || { ok=0; echo "I/O under aborts lost data"; }
+      { ok=0; host_fail "LIO answered none of our ABORT TASKs"; }
+    grep -q " 0 verify failures, 0 I/O errors" "$RUN_DIR/abort.txt" || { ok=0; host_fail "I/O under aborts lost data"; }
     [ $ok = 1 ] && echo "our initiator: $(grep "^srp: ABORT TASK" "$RUN_DIR/abort.txt") against LIO"
   fi
   if [ $ok = 1 ] && [ -e /dev/fuse ] && command -v fio >/dev/null; then
@@ -112,7 +119,7 @@ host_main() {
       kill -TERM $pid; wait $pid
       cat "$3/fuse.log"
       [ $rc = 0 ] && [ "$(cut -d";" -f5 "$3/fio-fuse.out")" = 0 ] || { cat "$3/fio-fuse.out"; exit 1; }
-    ' _ "$SRP_CLI" "$RUN_DIR/mnt" "$RUN_DIR" || { ok=0; echo "fio through srp fuse failed"; }
+    ' _ "$SRP_CLI" "$RUN_DIR/mnt" "$RUN_DIR" || { ok=0; host_fail "fio through srp fuse failed"; }
     [ $ok = 1 ] && echo "our initiator: fio crc32c verify through srp fuse against LIO passed"
   fi
   # LIO-side LUN removal under I/O: the VM unmaps LUN 0 from our ACL.
@@ -132,7 +139,7 @@ for _ in range(30):
       rc=$?
       cat "$2/removal.txt"
       [ $rc != 0 ] && grep -q "first I/O error: .*CHECK CONDITION, sense key" "$2/removal.txt"
-    ' _ "$SRP_CLI" "$RUN_DIR" || { ok=0; echo "LUN removal on LIO did not surface as a clear SCSI error"; }
+    ' _ "$SRP_CLI" "$RUN_DIR" || { ok=0; host_fail "LUN removal on LIO did not surface as a clear SCSI error"; }
     [ $ok = 1 ] && echo "our initiator: LIO-side LUN removal surfaced as $(grep -o "first I/O error.*" "$RUN_DIR/removal.txt")"
   fi
   # Tell the VM we are done either way, so it powers off.
@@ -141,7 +148,7 @@ for _ in range(50):
     try:
         socket.create_connection(("10.77.0.11", 7001), timeout=2).sendall(b"done\n"); break
     except OSError: time.sleep(1)'
-  [ $ok = 1 ] || { echo "our srp io never completed against LIO"; return 1; }
+  [ $ok = 1 ] || return 1
   echo "our initiator: verified I/O against LIO ib_srpt"
 }
 

@@ -58,27 +58,20 @@ atomic_checked() {
 host_main() {
   [ -x "$RPERFTEST" ] || { echo "missing $RPERFTEST: run cargo build --release -p rdma-perf"; return 1; }
   ns_add_ip 10.77.0.2
-  local run test op n lossy i ok out lat
+  local run test op n lossy out lat
   # Round 1: Linux serves; retry while the VM boots and between its servers.
   for run in $ATOMIC_RUNS; do
     IFS=: read -r test op n lossy <<< "$run"
     lat=()
     [ "$test" = lat ] && lat=(--lat)
-    ok=0
     out=$RUN_DIR/ours-client-$test-$op${lossy:+-$lossy}.txt
-    for i in $(seq 1 "$(tmo 200)"); do
-      vms_alive || break
-      if ns_run 120 env SOFTROCE_FAULTS="${lossy:+$ATOMIC_FAULTS}" "$RPERFTEST" atomic 10.77.0.11 --bind 10.77.0.2 -x 0 \
-          -d softroce0 -F --report_gbits --timeout 60 -A "$op" "${lat[@]}" -n "$n" > "$out" 2>&1; then ok=1; break; fi
-      cat "$out" >> "${out%.txt}-attempts.txt"
-      sleep 2
-    done
-    cat "$out"
-    [ $ok = 1 ] || { echo "our atomic $op client never completed against Linux ib_atomic_$test"; return 1; }
-    atomic_result "$out" "$n" > /dev/null || { echo "our atomic $op $test client printed no result"; return 1; }
-    atomic_checked "$out" "$op" client > /dev/null || { echo "our atomic $op $test client verified nothing"; return 1; }
+    retry_if_not_up 600 "rperftest atomic $test $op${lossy:+ $lossy} client" "$OURS_NOT_UP" "$out" \
+      ns_run 120 env SOFTROCE_FAULTS="${lossy:+$ATOMIC_FAULTS}" "$RPERFTEST" atomic 10.77.0.11 --bind 10.77.0.2 -x 0 \
+        -d softroce0 -F --report_gbits --timeout 60 -A "$op" "${lat[@]}" -n "$n" || return 1
+    atomic_result "$out" "$n" > /dev/null || { host_fail "our atomic $op $test client printed no result"; return 1; }
+    atomic_checked "$out" "$op" client > /dev/null || { host_fail "our atomic $op $test client verified nothing"; return 1; }
     if [ -n "$lossy" ]; then
-      perftest_recovered "$out" || { echo "our lossy atomic client shows no recovery"; return 1; }
+      perftest_recovered "$out" || { host_fail "our lossy atomic client shows no recovery"; return 1; }
     fi
     echo "round 1 $test $op${lossy:+ $lossy} passed: our client, Linux ib_atomic_$test server: $(atomic_checked "$out" "$op" client)"
   done
@@ -89,14 +82,14 @@ host_main() {
     [ "$test" = lat ] && lat=(--lat)
     out=$RUN_DIR/ours-server-$test-$op${lossy:+-$lossy}.txt
     ns_run 400 env SOFTROCE_FAULTS="${lossy:+$ATOMIC_FAULTS}" "$RPERFTEST" atomic --bind 10.77.0.2 -x 0 -F --report_gbits \
-        --timeout 300 -A "$op" "${lat[@]}" -n "$n" > "$out" 2>&1 || { cat "$out"; echo "our atomic $op $test server failed"; return 1; }
+        --timeout 300 -A "$op" "${lat[@]}" -n "$n" > "$out" 2>&1 || { cat "$out"; host_fail "our atomic $op $test server failed"; return 1; }
     cat "$out"
     if [ "$test" = bw ]; then
-      atomic_result "$out" "$n" > /dev/null || { echo "our atomic $op server printed no bandwidth"; return 1; }
+      atomic_result "$out" "$n" > /dev/null || { host_fail "our atomic $op server printed no bandwidth"; return 1; }
     fi
-    atomic_checked "$out" "$op" server > /dev/null || { echo "our atomic $op $test server verified nothing"; return 1; }
+    atomic_checked "$out" "$op" server > /dev/null || { host_fail "our atomic $op $test server verified nothing"; return 1; }
     if [ -n "$lossy" ]; then
-      perftest_recovered "$out" || { echo "our lossy atomic server shows no recovery"; return 1; }
+      perftest_recovered "$out" || { host_fail "our lossy atomic server shows no recovery"; return 1; }
     fi
     echo "round 2 $test $op${lossy:+ $lossy} passed: Linux ib_atomic_$test client, our server: $(atomic_checked "$out" "$op" server)"
   done
@@ -121,7 +114,7 @@ guest_peer() {
   for run in $ATOMIC_RUNS; do
     IFS=: read -r test op n _lossy <<< "$run"
     step "ib_atomic_$test -A $op client against our server"
-    retry 300 "ib_atomic_$test -A $op client" timeout 120 "ib_atomic_$test" -d rxe0 -x "$idx" -F \
+    retry_if 300 "ib_atomic_$test -A $op client" "$LINUX_NOT_UP" timeout 120 "ib_atomic_$test" -d rxe0 -x "$idx" -F \
         -A "$op" -n "$n" 10.77.0.2 > /tmp/client.txt 2>&1 ||
       { cat /tmp/client.txt; fail "ib_atomic_$test -A $op client failed"; }
     cat /tmp/client.txt

@@ -38,6 +38,10 @@ PERFTEST_RUNS="write:65536:100 read:65536:100 send:65536:100 write:200:300 read:
   write:65536:100:lossy read:65536:100:lossy"
 LOSS_SPEC=loss=0.01,seed=11
 PERFTEST_READ_OUTS=${PERFTEST_READ_OUTS:-16}
+# What perftest's TCP exchange gives while the peer's tool is not listening
+# yet (ours, then Linux's); nothing else is retried.
+OURS_NOT_UP='^rperftest: connect to .*: (No route to host|Connection refused|Connection timed out)'
+LINUX_NOT_UP="Couldn't connect to"
 
 # perftest_recovered FILE: our NIC retransmitted or saw requests again.
 perftest_recovered() {
@@ -52,26 +56,19 @@ perftest_bw_line() {
 host_main() {
   [ -x "$RPERFTEST" ] || { echo "missing $RPERFTEST: run cargo build --release -p rdma-perf"; return 1; }
   ns_add_ip 10.77.0.2
-  local run op size n lossy i ok out outs
+  local run op size n lossy out outs
   # Round 1: Linux serves; retry while the VM boots and between its servers.
   for run in $PERFTEST_RUNS; do
     IFS=: read -r op size n lossy <<< "$run"
     outs=()
     [ "$op" = read ] && outs=(-o "$PERFTEST_READ_OUTS")
-    ok=0
     out=$RUN_DIR/ours-client-$op-$size${lossy:+-$lossy}.txt
-    for i in $(seq 1 "$(tmo 200)"); do
-      vms_alive || break
-      if ns_run 120 env SOFTROCE_FAULTS="${lossy:+$LOSS_SPEC}" "$RPERFTEST" "$op" 10.77.0.11 --bind 10.77.0.2 -x 0 -d softroce0 -F \
-          --report_gbits --timeout 60 -s "$size" -n "$n" "${outs[@]}" > "$out" 2>&1; then ok=1; break; fi
-      cat "$out" >> "${out%.txt}-attempts.txt"
-      sleep 2
-    done
-    cat "$out"
-    [ $ok = 1 ] || { echo "our $op client never completed against Linux ib_${op}_bw -s $size"; return 1; }
-    perftest_bw_line "$out" "$size" "$n" > /dev/null || { echo "our $op client printed no bandwidth"; return 1; }
+    retry_if_not_up 600 "rperftest $op -s $size${lossy:+ $lossy} client" "$OURS_NOT_UP" "$out" \
+      ns_run 120 env SOFTROCE_FAULTS="${lossy:+$LOSS_SPEC}" "$RPERFTEST" "$op" 10.77.0.11 --bind 10.77.0.2 -x 0 -d softroce0 -F \
+        --report_gbits --timeout 60 -s "$size" -n "$n" "${outs[@]}" || return 1
+    perftest_bw_line "$out" "$size" "$n" > /dev/null || { host_fail "our $op client printed no bandwidth"; return 1; }
     if [ -n "$lossy" ] && [ "$op" = write ]; then
-      perftest_recovered "$out" || { echo "our lossy $op client shows no recovery"; return 1; }
+      perftest_recovered "$out" || { host_fail "our lossy $op client shows no recovery"; return 1; }
     fi
     echo "round 1 $op -s $size${lossy:+ $lossy} passed: our client, Linux ib_${op}_bw server: $(perftest_bw_line "$out" "$size" "$n")"
   done
@@ -80,16 +77,16 @@ host_main() {
     IFS=: read -r op size n lossy <<< "$run"
     out=$RUN_DIR/ours-server-$op-$size${lossy:+-$lossy}.txt
     ns_run 400 env SOFTROCE_FAULTS="${lossy:+$LOSS_SPEC}" "$RPERFTEST" "$op" --bind 10.77.0.2 -x 0 -F --report_gbits --timeout 300 \
-        -s "$size" -n "$n" > "$out" 2>&1 || { cat "$out"; echo "our $op server failed"; return 1; }
+        -s "$size" -n "$n" > "$out" 2>&1 || { cat "$out"; host_fail "our $op server failed"; return 1; }
     cat "$out"
-    perftest_bw_line "$out" "$size" "$n" > /dev/null || { echo "our $op server printed no bandwidth"; return 1; }
+    perftest_bw_line "$out" "$size" "$n" > /dev/null || { host_fail "our $op server printed no bandwidth"; return 1; }
     if [ -n "$lossy" ] && [ "$op" = read ]; then
-      perftest_recovered "$out" || { echo "our lossy $op server shows no recovery"; return 1; }
+      perftest_recovered "$out" || { host_fail "our lossy $op server shows no recovery"; return 1; }
     fi
     echo "round 2 $op -s $size${lossy:+ $lossy} passed: Linux ib_${op}_bw client, our server: $(perftest_bw_line "$out" "$size" "$n")"
   done
   grep -q "all 16 slots were written; nothing outside them changed" "$RUN_DIR/ours-server-write-200.txt" ||
-    { echo "our WRITE server did not see all 16 slots of the walk written"; return 1; }
+    { host_fail "our WRITE server did not see all 16 slots of the walk written"; return 1; }
 }
 
 # The index of rxe0's IPv4-mapped (RoCE v2) GID, as show_gids would list it.
@@ -125,7 +122,7 @@ guest_peer() {
   for run in $PERFTEST_RUNS; do
     IFS=: read -r op size n _lossy <<< "$run"
     step "ib_${op}_bw -s $size client against our server"
-    retry 300 "ib_${op}_bw -s $size client" timeout 120 "ib_${op}_bw" -d rxe0 -x "$idx" -F \
+    retry_if 300 "ib_${op}_bw -s $size client" "$LINUX_NOT_UP" timeout 120 "ib_${op}_bw" -d rxe0 -x "$idx" -F \
         --report_gbits -s "$size" -n "$n" 10.77.0.2 > /tmp/client.txt 2>&1 ||
       { cat /tmp/client.txt; fail "ib_${op}_bw -s $size client failed"; }
     cat /tmp/client.txt

@@ -16,25 +16,19 @@ RRPING=${RRPING:-${CARGO_TARGET_DIR:-$INTEROP_DIR/../target}/release/rrping}
 host_main() {
   [ -x "$RRPING" ] || { echo "missing $RRPING: run cargo build --release -p rdma-perf"; return 1; }
   ns_add_ip 10.77.0.2
-  local i ok=0
-  # Round 1: Linux rping serves; retry while the VM boots.
-  for i in $(seq 1 "$(tmo 200)"); do
-    vms_alive || break
-    if ns_run 90 "$RRPING" -c -a 10.77.0.11 -I 10.77.0.2 -C 10 -v -V --timeout 5 \
-        > "$RUN_DIR/round1.txt" 2>&1; then ok=1; break; fi
-    cat "$RUN_DIR/round1.txt" >> "$RUN_DIR/round1-attempts.txt"
-    sleep 3
-  done
-  cat "$RUN_DIR/round1.txt"
-  [ $ok = 1 ] || { echo "our rping client never completed against Linux rping"; return 1; }
+  # Round 1: Linux rping serves; retry while the VM boots, only a connect
+  # that got no answer or a REJ (no listener yet), never a validation.
+  retry_if_not_up 600 "rrping client" '^rrping: connect to .*: connection (timed out|rejected)' \
+    "$RUN_DIR/round1.txt" ns_run 90 "$RRPING" -c -a 10.77.0.11 -I 10.77.0.2 -C 10 -v -V --timeout 5 ||
+    return 1
   grep -q "rrping: 10 pings, 10 validated" "$RUN_DIR/round1.txt" ||
-    { echo "our client did not validate 10 pings"; return 1; }
+    { host_fail "our client did not validate 10 pings"; return 1; }
   echo "round 1 passed: our client validated 10 pings from Linux rping"
   # Round 2: we serve; Linux's client connects and validates.
   ns_run 400 "$RRPING" -s -a 10.77.0.2 -C 10 -v --timeout 300 > "$RUN_DIR/round2.txt" 2>&1 ||
-    { cat "$RUN_DIR/round2.txt"; echo "our rping server failed"; return 1; }
+    { cat "$RUN_DIR/round2.txt"; host_fail "our rping server failed"; return 1; }
   cat "$RUN_DIR/round2.txt"
-  grep -q "rrping: 10 pings" "$RUN_DIR/round2.txt" || { echo "our server did not serve 10 pings"; return 1; }
+  grep -q "rrping: 10 pings" "$RUN_DIR/round2.txt" || { host_fail "our server did not serve 10 pings"; return 1; }
   echo "round 2 passed: Linux rping client, our server"
 }
 
@@ -42,5 +36,8 @@ guest_peer() {
   step "rping server for our client"
   timeout 600 rping -s -a 10.77.0.11 -C 10 -v || fail "rping server exited $?"
   step "rping client against our server"
-  retry 300 "rping client" timeout 60 rping -c -a 10.77.0.2 -C 10 -v -V
+  # Retried only while our server is not listening (rdma_cm's connect
+  # fails): a validation failure fails at once.
+  retry_if 300 "rping client" 'cma event RDMA_CM_EVENT_(REJECTED|UNREACHABLE|ADDR_ERROR|ROUTE_ERROR|CONNECT_ERROR)' \
+    timeout 60 rping -c -a 10.77.0.2 -C 10 -v -V
 }
