@@ -4,7 +4,7 @@
 //! refusals included, while every object it makes is in the client's tree.
 
 use rdma_access::resource::{AccessLayer, Kind, TrackedProvider};
-use rdma_types::{Guid, Lid, PortNum};
+use rdma_types::{Guid, Lid, Pkey, PortNum};
 use rnic::loopback::{CaConfig, Fabric};
 use std::sync::Arc;
 use verbs::conformance::{Feature, Fixture};
@@ -43,6 +43,9 @@ impl Fixture for Tracked {
     }
     fn remove_ca(&self, guid: Guid) -> Result<()> {
         self.fabric.remove_ca(guid)
+    }
+    fn set_pkeys(&self, guid: Guid, pkeys: &[Pkey]) -> Result<()> {
+        self.fabric.set_pkeys(guid, PortNum(1), pkeys.to_vec())
     }
     fn lacks(&self) -> Vec<Feature> {
         Vec::new()

@@ -395,7 +395,9 @@ impl MadRepr {
 mod tests {
     use super::*;
 
-    // A CM REP header from linux-rxe-rc-pingpong-and-rping.pcapng frame 102 (first 24 bytes).
+    // The common header of a CM REP from Linux rxe:
+    // linux-rxe-rc-pingpong-and-rping.pcapng frame 102, first 24 bytes of
+    // its MAD (testdata/mad/cm_mads.hex, which the test checks).
     #[test]
     fn header_vector() {
         let hdr: [u8; 24] = [
@@ -405,17 +407,23 @@ mod tests {
             0x03, // method Send
             0x00, 0x00, // status 0
             0x00, 0x00, // class specific
-            0x00, 0x00, 0x00, 0x00, 0x12, 0x34, 0x56, 0x78, // TID
+            0x00, 0x00, 0x00, 0x02, 0x24, 0xf5, 0x21, 0xd1, // TID
             0x00, 0x13, // attribute REP
             0x00, 0x00, // reserved
             0x00, 0x00, 0x00, 0x00, // attribute modifier
         ];
+        let frame_102 = include_str!("../../../testdata/mad/cm_mads.hex")
+            .lines()
+            .find_map(|l| l.strip_prefix("linux-rxe-rc-pingpong-and-rping.pcapng 102 0x0013 "))
+            .expect("frame 102 in testdata/mad/cm_mads.hex");
+        let hex: String = hdr.iter().map(|b| format!("{b:02x}")).collect();
+        assert!(frame_102.starts_with(&hex), "{frame_102}");
         let mut mad = [0u8; MAD_SIZE];
         mad[..24].copy_from_slice(&hdr);
         let repr = MadRepr::parse(&mad).unwrap();
         assert_eq!(repr.header.mgmt_class, MgmtClass::Cm);
         assert_eq!(repr.header.method, Method::Send);
-        assert_eq!(repr.header.tid, 0x1234_5678);
+        assert_eq!(repr.header.tid, 0x0000_0002_24f5_21d1);
         assert_eq!(repr.header.attr_id, 0x13);
         assert_eq!(repr.to_bytes(), mad);
     }

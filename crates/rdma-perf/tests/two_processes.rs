@@ -40,6 +40,24 @@ fn server(ip: &str, oob: u16, extra: &[&str]) -> Child {
     child
 }
 
+/// Waits (bounded) for a server to end after its client's run, and checks
+/// it ended well: a server that failed (its own checks, a crash) fails the
+/// test even when its client was content.
+fn server_done(mut s: Child) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(status) = s.try_wait().unwrap() {
+            assert!(status.success(), "rperf server exited with {status}");
+            return;
+        }
+        if Instant::now() > deadline {
+            let _ = s.kill();
+            panic!("rperf server did not end after its client");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Runs a client to completion (bounded) and returns its JSON report.
 fn client(ip: &str, server_ip: &str, oob: u16, args: &[&str]) -> serde_json::Value {
     let mut child = rperf()
@@ -96,10 +114,10 @@ fn run(pair: u8, op: &str, mib: u64, faults: Option<&str>) -> serde_json::Value 
         sargs.extend(["--faults", &sf]);
         cargs.extend(["--faults".into(), format!("{f},seed=12")]);
     }
-    let mut s = server(&sip, oob, &sargs);
+    let s = server(&sip, oob, &sargs);
     let cargs: Vec<&str> = cargs.iter().map(String::as_str).collect();
     let report = client(&cip, &sip, oob, &cargs);
-    let _ = s.wait();
+    server_done(s);
     report
 }
 
@@ -153,7 +171,7 @@ fn capture_of_the_client_decodes_in_tshark_with_our_icrcs() {
     std::fs::create_dir_all(&dir).unwrap();
     let cap = dir.join("client.pcap");
     let (cip, sip, oob) = ("127.0.40.1", "127.0.40.2", 18540);
-    let mut s = server(sip, oob, &[]);
+    let s = server(sip, oob, &[]);
     let cap_s = cap.to_str().unwrap();
     let r = client(
         cip,
@@ -174,7 +192,7 @@ fn capture_of_the_client_decodes_in_tshark_with_our_icrcs() {
             cap_s,
         ],
     );
-    let _ = s.wait();
+    server_done(s);
     assert_eq!(r["verified"], true);
     let bytes = std::fs::read(&cap).unwrap();
     // Our reading: every record an IPv4 RoCEv2 packet whose ICRC we compute.
@@ -234,7 +252,7 @@ fn rdma_wire_parse(ip_packet: &[u8]) -> (u8, u32, bool) {
 #[test]
 fn bidirectional_writes_verified() {
     let (cip, sip, oob) = ("127.0.45.1", "127.0.45.2", 18545);
-    let mut s = server(sip, oob, &[]);
+    let s = server(sip, oob, &[]);
     let r = client(
         cip,
         sip,
@@ -243,7 +261,7 @@ fn bidirectional_writes_verified() {
             "--op", "write", "--size", "65536", "--qd", "8", "--iters", "128", "--bidir",
         ],
     );
-    let _ = s.wait();
+    server_done(s);
     assert_eq!(r["verified"], true, "{r}");
     assert!(
         r["reverse_gbit_per_s"].as_f64().unwrap() > 0.0,
@@ -254,7 +272,7 @@ fn bidirectional_writes_verified() {
 #[test]
 fn a_timed_run_stops_posting_after_its_duration_and_reports_what_completed() {
     let (cip, sip, oob) = ("127.0.156.11", "127.0.156.12", 18756);
-    let mut s = server(sip, oob, &[]);
+    let s = server(sip, oob, &[]);
     let started = Instant::now();
     // A count the link cannot reach in 0.5 s: the duration ends the run.
     let r = client(
@@ -274,7 +292,7 @@ fn a_timed_run_stops_posting_after_its_duration_and_reports_what_completed() {
             "0.5",
         ],
     );
-    let _ = s.wait();
+    server_done(s);
     let iters = r["iters"].as_u64().unwrap();
     let secs = r["seconds"].as_f64().unwrap();
     assert!(iters > 0 && iters < 100_000_000, "{r}");
@@ -323,7 +341,7 @@ fn number_after(line: &str, key: &str) -> f64 {
 #[test]
 fn baseline_runs_plain_udp_and_prints_the_ratio() {
     let (cip, sip, oob) = ("127.0.156.15", "127.0.156.16", 18758);
-    let mut s = server(sip, oob, &[]);
+    let s = server(sip, oob, &[]);
     let out = rperf()
         .args([
             "client",
@@ -343,7 +361,7 @@ fn baseline_runs_plain_udp_and_prints_the_ratio() {
         ])
         .output()
         .expect("run rperf client");
-    let _ = s.wait();
+    server_done(s);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),

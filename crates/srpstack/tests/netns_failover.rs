@@ -485,10 +485,13 @@ fn initiator_in_namespace() {
     // A bound against a hang, not the goal (the figure is printed above).
     assert!(first_b - cut < Duration::from_secs(10));
     assert!(a.inner.stats().reconnects >= 1, "{:?}", a.inner.stats());
-    // Loose: PortActive starts the login at once (it used to wait for the
-    // next reconnect attempt, or for the CM's REQ retry, about 4 s).
+    // Attempts are refused while the port is down, so the first one after
+    // the link is back logs in (within 250 ms, plus the login). The bound
+    // guards against what this replaced, a login sent into the dead link
+    // that waited for the CM's REQ retry (about 4.4 s), with room for a
+    // busy machine (about 1.1 s seen under load on both cores).
     assert!(
-        back - up < Duration::from_secs(2),
+        back - up < Duration::from_secs(4),
         "path A logged in again {} after link up",
         ms(back - up)
     );

@@ -104,13 +104,7 @@ fn srp_io_over_two_paths_survives_one_target_killed() {
         "{first}\n{rest}\n(srp io finished {:?} after the kill)",
         killed.elapsed()
     );
-    assert!(rest.contains(" 0 verify failures, 0 I/O errors"), "{rest}");
-    let verified: u64 = rest
-        .split("verified ")
-        .nth(1)
-        .and_then(|t| t.split(' ').next())
-        .and_then(|n| n.parse().ok())
-        .expect("a verified-bytes figure");
+    let verified = common::report::verified_clean(&rest);
     assert!(verified >= 4 << 20, "{rest}");
     let mut io = io;
     assert!(io.child.wait().unwrap().success(), "{rest}");
@@ -161,7 +155,7 @@ fn srp_io_spreads_over_four_channels_of_one_nexus() {
         seen.iter().map(|x| x["initiator"].to_string()).collect();
     assert_eq!(names.len(), 1, "one I_T nexus: {seen:?}");
     let rest = io.rest(120).join("\n");
-    assert!(rest.contains(" 0 verify failures, 0 I/O errors"), "{rest}");
+    common::report::verified_clean(&rest);
     let mut io = io;
     assert!(io.child.wait().unwrap().success(), "{rest}");
     let _ = std::fs::remove_dir_all(&dir);

@@ -66,7 +66,11 @@ impl Pair {
                 "srpd",
                 Command::new(env!("CARGO_BIN_EXE_srpd"))
                     .args(["--ip", &format!("127.0.178.{}", t + 1)])
-                    .args(["--login-timeout-ms", "1000"])
+                    .args(if timers.contains(&"--login-timeout-ms") {
+                        &[][..]
+                    } else {
+                        &["--login-timeout-ms", "1000"][..]
+                    })
                     .args(timers)
                     .arg("--mount-root")
                     .arg(&root)
@@ -243,6 +247,10 @@ fn a_held_write_fails_after_fast_io_fail_tmo_and_the_lun_is_lost_after_dev_loss_
     if fuse_missing() {
         return;
     }
+    // dev_loss_tmo far past fast_io_fail_tmo, so the state tells which
+    // timer failed an I/O however slow the machine; reconnect attempts that
+    // wait 4 s for the (absent) target, so an `srp list` stuck behind one
+    // shows.
     let mut p = Pair::start(
         "loss",
         13,
@@ -252,7 +260,9 @@ fn a_held_write_fails_after_fast_io_fail_tmo_and_the_lun_is_lost_after_dev_loss_
             "--fast-io-fail-tmo",
             "2",
             "--dev-loss-tmo",
-            "5",
+            "10",
+            "--login-timeout-ms",
+            "4000",
         ],
     );
     p.login("t", "");
@@ -265,40 +275,38 @@ fn a_held_write_fails_after_fast_io_fail_tmo_and_the_lun_is_lost_after_dev_loss_
     p.kill_target();
     // The write goes out, is not acknowledged, the transport gives up
     // (about 0.55 s) and the port blocks; the write is held until
-    // fast_io_fail_tmo (2 s) has passed, then fails. (I/O while the
-    // target is away runs in processes of its own, see `dd`.)
+    // fast_io_fail_tmo (2 s) has passed, then fails: by that timer, not
+    // dev_loss_tmo's (the state says which). (I/O while the target is away
+    // runs in processes of its own, see `dd`.)
     let t0 = Instant::now();
     // (No LUN file is open in this process while I/O is held: a process
     // it starts would close its copy at exec, and FUSE sends a FLUSH for
     // that close, which is held too.)
     let (ok, held, err) = dd(&p, &["if=/dev/zero", "bs=4096", "seek=2", "count=1"]);
     assert!(!ok, "a write with the target away succeeded");
+    // Held at least fast_io_fail_tmo: a lower bound, which load cannot break.
     assert!(
-        held >= Duration::from_secs(2) && held < Duration::from_secs(6),
+        held >= Duration::from_secs(2),
         "held write failed after {held:?} ({err})"
     );
     eprintln!("held write failed after {} ms", held.as_millis());
-    assert_eq!(p.state(), "failfast");
-    // New I/O fails at once.
+    assert_eq!(p.state(), "failfast", "failed by fast_io_fail_tmo");
+    // New I/O fails at once: not held until dev_loss_tmo (the LUN is still
+    // in fail-fast after it failed), whatever the time it took.
     for args in [
         &["if=/dev/zero", "bs=4096", "seek=4", "count=1"][..],
         &["of=/dev/null", "bs=4096", "count=1"][..],
     ] {
         let (ok, took, err) = dd(&p, args);
         eprintln!("fail-fast {args:?} took {} ms", took.as_millis());
-        // At once: far from the 2 s a held write waits (the bound leaves
-        // room for starting dd on a busy machine).
-        assert!(!ok, "{args:?} succeeded in fail-fast");
-        assert!(
-            took < Duration::from_secs(1),
-            "fail-fast I/O took {took:?} ({err})"
-        );
+        assert!(!ok, "{args:?} succeeded in fail-fast ({err})");
+        assert_eq!(p.state(), "failfast", "{args:?} was held");
     }
-    // dev_loss_tmo (5 s after the failure): the LUN is gone for good.
+    // dev_loss_tmo (10 s after the failure): the LUN is gone for good.
     // `srp list` answers at once all along, also while a reconnect
-    // attempt waits (up to the login timeout, 1 s) for the target.
+    // attempt waits (up to the login timeout, 4 s) for the target.
     let mut slowest = Duration::ZERO;
-    wait_for("the LUN to be reported lost", 15, || {
+    wait_for("the LUN to be reported lost", 30, || {
         let t = Instant::now();
         let lost = p.state() == "lost";
         slowest = slowest.max(t.elapsed());
@@ -309,19 +317,26 @@ fn a_held_write_fails_after_fast_io_fail_tmo_and_the_lun_is_lost_after_dev_loss_
         t0.elapsed().as_millis(),
         slowest.as_millis()
     );
+    // Half the login timeout: one list stuck behind an attempt would wait
+    // for the rest of it (the bound is the feature, and generous).
     assert!(
-        slowest < Duration::from_millis(750),
+        slowest < Duration::from_secs(2),
         "srp list took {slowest:?}"
     );
+    // Not lost before dev_loss_tmo: a lower bound.
     assert!(
-        t0.elapsed() >= Duration::from_secs(4),
+        t0.elapsed() >= Duration::from_secs(9),
         "lost after {:?}",
         t0.elapsed()
     );
     // A target back after that changes nothing: lost is final.
     p.start_target(1);
     let (ok, took, err) = dd(&p, &["if=/dev/zero", "bs=4096", "count=1"]);
-    assert!(!ok && took < Duration::from_secs(1), "{took:?} {err}");
+    assert!(!ok, "I/O to a lost LUN succeeded after {took:?}");
+    eprintln!(
+        "I/O to the lost LUN failed after {} ms ({err})",
+        took.as_millis()
+    );
     assert_eq!(p.state(), "lost");
 }
 
@@ -350,6 +365,8 @@ fn a_target_back_before_fast_io_fail_tmo_loses_nothing() {
     if fuse_missing() {
         return;
     }
+    // fast_io_fail_tmo long enough that a slow machine's restart of the
+    // target still comes before it: the held writes must then succeed.
     let mut p = Pair::start(
         "back",
         15,
@@ -357,9 +374,9 @@ fn a_target_back_before_fast_io_fail_tmo_loses_nothing() {
             "--reconnect-delay",
             "1",
             "--fast-io-fail-tmo",
-            "8",
-            "--dev-loss-tmo",
             "20",
+            "--dev-loss-tmo",
+            "40",
         ],
     );
     p.login("t", "");
@@ -402,7 +419,7 @@ fn a_target_back_before_fast_io_fail_tmo_loses_nothing() {
     );
     p.start_target(1);
     let mut status = None;
-    wait_for("the held writes", 20, || {
+    wait_for("the held writes", 40, || {
         status = dd.try_wait().unwrap();
         status.is_some()
     });
@@ -413,8 +430,8 @@ fn a_target_back_before_fast_io_fail_tmo_loses_nothing() {
     );
     let mut err = String::new();
     dd.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    // Done, not failed: before fast_io_fail_tmo, on the new login.
     assert!(status.unwrap().success(), "dd: {err}");
-    assert!(took < Duration::from_secs(8), "held writes took {took:?}");
     assert_eq!(p.state(), "running");
     let v = list(&p.sock);
     assert!(v[0]["luns"][0]["reconnects"].as_u64().unwrap() >= 1, "{v}");

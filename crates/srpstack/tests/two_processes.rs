@@ -1,6 +1,9 @@
 //! SRP between two processes over the soft RoCE NIC: `srptd` serves logins
 //! by RDMA CM on one loopback address, `srp io` logs in from another.
 
+#[path = "common/report.rs"]
+mod report;
+
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 
@@ -140,7 +143,7 @@ fn abort_task_under_io_is_answered_and_loses_nothing() {
         "{text}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(text.contains(" 0 verify failures, 0 I/O errors"), "{text}");
+    report::verified_clean(&text);
     // "srp: ABORT TASK asked N times: C function complete, F failed ..."
     let line = text
         .lines()

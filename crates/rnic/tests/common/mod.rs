@@ -49,13 +49,14 @@ impl Fixture for Soft {
         self.provider.remove_ca(guid)
     }
     /// A `roce` port's P_Key table is fixed (no SM): the provider refuses,
-    /// so this fixture answers NotSupported and `pkey_change` says
-    /// SKIPPED here; `softroce_pkeys.rs` runs it on `ib` ports.
+    /// so this fixture answers NotSupported and declares PkeyControl
+    /// missing; `softroce_pkeys.rs` runs `pkey_change` on `ib` ports.
     fn set_pkeys(&self, _: Guid, _: &[Pkey]) -> Result<()> {
         Err(verbs::VerbsError::NotSupported("a roce port's P_Key table"))
     }
     /// No alternate paths: the provider refuses them (see its module doc).
+    /// No P_Key tables set from here (see `set_pkeys`).
     fn lacks(&self) -> Vec<Feature> {
-        vec![Feature::Apm]
+        vec![Feature::Apm, Feature::PkeyControl]
     }
 }

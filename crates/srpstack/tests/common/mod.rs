@@ -3,6 +3,7 @@
 //! the namespaces and veth links of the tests that cut a real link.
 
 pub mod netns;
+pub mod report;
 
 use std::cell::RefCell;
 use std::io::{BufRead, BufReader};
