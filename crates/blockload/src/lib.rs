@@ -170,7 +170,9 @@ pub struct Workload {
     pub size: Option<u64>,
     /// Stop after this long.
     pub runtime: Duration,
-    /// Stamp writes and check reads.
+    /// Stamp writes and check reads. A read-only pattern (`Read`,
+    /// `RandRead`) first writes its region once, untimed, so that every
+    /// read it times is checked too (without it, it would check nothing).
     pub verify: bool,
     /// Seed for offsets and stamps.
     pub seed: u64,
@@ -369,6 +371,14 @@ pub fn run(
         bytes: AtomicU64::new(0),
         stop: AtomicBool::new(false),
     });
+    if w.verify && matches!(w.pattern, Pattern::Read | Pattern::RandRead) {
+        if let Err(e) = prefill(dev.as_ref(), w, &geo, &shared) {
+            let mut r = new_result(Instant::now());
+            r.io_errors = 1;
+            r.first_io_error = Some(e);
+            return Ok(merge(w, vec![r], 0.0));
+        }
+    }
     let start = Instant::now();
     let deadline = start + w.runtime;
     let (tx, rx) = mpsc::channel();
@@ -423,6 +433,41 @@ pub fn run(
         .unwrap_or_else(|| start.elapsed())
         .as_secs_f64();
     Ok(merge(w, results, seconds))
+}
+
+/// Writes every I/O block of the region once, as its job would write
+/// generation 1, in writes of up to 1 MiB: a read-only workload's reads
+/// then have stamps to check from its first read on. Not timed.
+fn prefill(
+    dev: &dyn BlockDevice,
+    w: &Workload,
+    geo: &Geometry,
+    shared: &Shared,
+) -> Result<(), String> {
+    let bs = w.bs as u64;
+    let lbs = dev.block_size() as u64;
+    let per_write = ((1u64 << 20) / bs).max(1);
+    for job in 0..w.jobs {
+        let slice = geo.slice(job);
+        let job_seed = (w.seed as u32) ^ job;
+        let end = slice.first + slice.count;
+        let mut block = slice.first;
+        while block < end {
+            let n = per_write.min(end - block);
+            let at = block * bs;
+            let mut buf = vec![0u8; (n * bs) as usize];
+            for (u, unit) in buf.chunks_exact_mut(UNIT).enumerate() {
+                fill_unit(unit, at + (u * UNIT) as u64, 1, job_seed);
+            }
+            dev.write_at(at / lbs, &buf)
+                .map_err(|e| format!("prefill write at byte offset {at:#x}: {e}"))?;
+            for b in block..block + n {
+                shared.gens.0[b as usize].store(1, Ordering::Relaxed);
+            }
+            block += n;
+        }
+    }
+    Ok(())
 }
 
 /// Device geometry as the workload sees it: I/O blocks of `bs` bytes.

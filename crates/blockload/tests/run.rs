@@ -191,6 +191,34 @@ fn corrupt_reads_are_caught() {
         .all(|e| e.what.starts_with("corrupt data")));
 }
 
+/// A read-only workload with verify on writes its region first (untimed),
+/// so every read it times is checked: before, it verified 0 bytes and
+/// passed whatever the device returned.
+#[test]
+fn verified_read_only_workloads_check_every_read() {
+    for (pattern, jobs) in [(Pattern::RandRead, 3), (Pattern::Read, 1)] {
+        let dev = Arc::new(RamDevice::new(512, 2048)); // 1 MiB
+        let mut w = workload(pattern, jobs, 4 << 20);
+        w.bs = 4096;
+        let r = run(dev, &w, |_| {}).unwrap();
+        assert!(r.ok(), "{pattern:?}: {}", r.table());
+        assert_eq!(r.write.ios, 0, "{pattern:?}: the fill is not timed");
+        // Every timed read, and the read-back of the region after them.
+        assert!(
+            r.verified_bytes >= (4 << 20) + (1 << 20),
+            "{pattern:?}: {}",
+            r.table()
+        );
+    }
+    let dev = Arc::new(CorruptsReads {
+        inner: RamDevice::new(512, 1024),
+        nth: 13,
+        count: AtomicU64::new(0),
+    });
+    let r = run(dev, &workload(Pattern::RandRead, 2, 1 << 20), |_| {}).unwrap();
+    assert!(r.verify_failures > 0, "{}", r.table());
+}
+
 #[test]
 fn io_errors_stop_the_job_and_are_reported() {
     let dev = Arc::new(FailsAfter {

@@ -62,7 +62,8 @@ enum Cmd {
         /// Seconds to run.
         #[arg(long, default_value_t = 10)]
         runtime: u64,
-        /// Stamp writes and check reads.
+        /// Stamp writes and check reads (a read-only pattern first fills
+        /// the LUN, untimed, so every read is checked).
         #[arg(long)]
         verify: bool,
         /// Print the report as JSON.
