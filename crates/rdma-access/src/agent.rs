@@ -2045,6 +2045,17 @@ impl Inner {
     }
 
     /// Sends what the state machines queued.
+    /// The entry of this port's P_Key table for partition `pkey`: its full
+    /// membership's first, else a limited one matching it.
+    fn pkey_index(&self, pkey: Pkey) -> Option<u16> {
+        let table = self.pkeys();
+        table
+            .iter()
+            .position(|k| k.0 | 0x8000 == pkey.0 | 0x8000 && k.0 & 0x8000 != 0)
+            .or_else(|| table.iter().position(|k| k.matches(pkey)))
+            .and_then(|i| u16::try_from(i).ok())
+    }
+
     fn flush(&self, st: &mut State) {
         let local = self.local;
         while let Some((peer, msg)) = st.cm.poll_transmit() {
@@ -2091,8 +2102,17 @@ impl Inner {
                 }
                 (msg, _) => msg,
             };
+            // The connection's partition: the REQ's P_Key, at the entry of
+            // this port's table that holds it.
+            let index = st
+                .meta
+                .get(&ConnId(local_comm_id(&msg)))
+                .and_then(|m| self.pkey_index(m.pkey));
             let mad = wire::encode(&msg, tid, &local, peer, peer_qpn, &offer);
-            st.gsi.send(peer, mad);
+            match index {
+                Some(i) => st.gsi.send_in(peer, mad, i),
+                None => st.gsi.send(peer, mad),
+            }
         }
         while let Some((peer, mad)) = st.gsi.poll_transmit() {
             st.backlog.push_back((peer, *mad));
@@ -2339,6 +2359,19 @@ impl Inner {
         }
         self.flush(st);
         calls
+    }
+}
+
+/// The comm ID a CM message names as its sender's: ours, for what we send.
+fn local_comm_id(msg: &CmMsg) -> u32 {
+    match msg {
+        CmMsg::Req { local_comm_id, .. }
+        | CmMsg::Mra { local_comm_id, .. }
+        | CmMsg::Rej { local_comm_id, .. }
+        | CmMsg::Rep { local_comm_id, .. }
+        | CmMsg::Rtu { local_comm_id, .. }
+        | CmMsg::Dreq { local_comm_id, .. }
+        | CmMsg::Drep { local_comm_id, .. } => *local_comm_id,
     }
 }
 

@@ -196,6 +196,10 @@ pub struct Dispatcher {
     /// (sender, TID), and their order.
     request_pkeys: HashMap<(Gid, u64), u16>,
     request_order: VecDeque<(Gid, u64)>,
+    /// The P_Key index unsolicited MADs of ours go with, by (receiver,
+    /// TID) ([`Dispatcher::send_in`]), the last [`REQUEST_PKEYS`] of them.
+    send_pkeys: HashMap<(Gid, u64), u16>,
+    send_order: VecDeque<(Gid, u64)>,
 }
 
 /// Methods that are never answered with a status: they expect no
@@ -455,6 +459,23 @@ impl Dispatcher {
         self.tx.push_back((peer, Box::new(mad)));
     }
 
+    /// [`Dispatcher::send`] in the partition of P_Key table entry
+    /// `pkey_index` (a CM message goes in its connection's partition,
+    /// IBA 12.6.5, not in QP1's default one: two ports that share only
+    /// another partition could not hear each other there).
+    pub fn send_in(&mut self, peer: Gid, mad: MadBytes, pkey_index: u16) {
+        let tid = u64::from_be_bytes(mad[8..16].try_into().expect("8 bytes"));
+        if self.send_pkeys.insert((peer, tid), pkey_index).is_none() {
+            self.send_order.push_back((peer, tid));
+        }
+        while self.send_order.len() > REQUEST_PKEYS {
+            if let Some(old) = self.send_order.pop_front() {
+                self.send_pkeys.remove(&old);
+            }
+        }
+        self.send(peer, mad);
+    }
+
     /// A MAD arrived from `peer` in the partition of P_Key table entry
     /// `pkey_index` (what the receive completion says): as
     /// [`Dispatcher::handle_mad`], and a request's index is remembered for
@@ -480,10 +501,10 @@ impl Dispatcher {
     /// QP's own).
     pub fn pkey_index_for(&self, peer: Gid, mad: &MadBytes) -> Option<u16> {
         let method = mad[3];
-        if method & 0x80 == 0 && Method::from(method) != Method::TrapRepress {
-            return None;
-        }
         let tid = u64::from_be_bytes(mad[8..16].try_into().expect("8 bytes"));
+        if method & 0x80 == 0 && Method::from(method) != Method::TrapRepress {
+            return self.send_pkeys.get(&(peer, tid)).copied();
+        }
         self.request_pkeys.get(&(peer, tid)).copied()
     }
 
