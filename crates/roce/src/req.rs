@@ -20,6 +20,9 @@ use std::collections::VecDeque;
 /// took ~20 % off 4 KiB QD32 reads (our coalesced ACKs arrive later).
 pub(crate) const MAX_UNACKED_PSNS: u32 = 512;
 
+/// The least the window shrinks to after losses (packets).
+pub(crate) const MIN_WINDOW: u32 = 8;
+
 #[derive(Debug)]
 pub(crate) struct Entry {
     wqe: SendWqe,
@@ -69,6 +72,19 @@ pub(crate) struct Requester {
     gap_retried: Option<Psn>,
     /// The PSNs the last go-back-N (gap or timeout) sent again, `from..to`.
     resent: Option<(Psn, Psn)>,
+    /// Packets (RC) that may be in flight beyond `una`: [`MAX_UNACKED_PSNS`]
+    /// on a clean path, halved at each loss (a go-back-N), grown by one
+    /// per window's worth of acknowledged packets (additive increase,
+    /// multiplicative decrease). Go-back-N resends everything after a lost
+    /// packet, so on a lossy path a full window makes each loss cost up
+    /// to 512 packets, each resend loses again, and the requester spends
+    /// its time and its retries resending (Linux ib_srp writing to srptd
+    /// with 1 % loss: a third of what srptd sent were resends, SCSI
+    /// timeouts, RetryExcErr); a window that follows the loss keeps what
+    /// one loss costs small.
+    window: u32,
+    /// Packets acknowledged towards the next growth of `window`.
+    window_acked: u32,
     pmtu: u64,
     /// Local operations (binds, local invalidates) in `sq`: while there
     /// are none, the send path does not look for them.
@@ -91,6 +107,8 @@ impl Requester {
             rnr_until: None,
             gap_retried: None,
             resent: None,
+            window: MAX_UNACKED_PSNS,
+            window_acked: 0,
             pmtu: cfg.pmtu.bytes() as u64,
             locals: 0,
         }
@@ -230,6 +248,25 @@ impl Requester {
         self.una != self.max_sent
     }
 
+    /// A loss: half the window, not below [`MIN_WINDOW`].
+    fn shrink_window(&mut self) {
+        self.window = (self.window / 2).max(MIN_WINDOW);
+        self.window_acked = 0;
+    }
+
+    /// `n` packets acknowledged: one more packet of window per window's
+    /// worth, up to [`MAX_UNACKED_PSNS`].
+    fn grow_window(&mut self, n: u32) {
+        if self.window >= MAX_UNACKED_PSNS {
+            return;
+        }
+        self.window_acked = self.window_acked.saturating_add(n);
+        while self.window_acked >= self.window && self.window < MAX_UNACKED_PSNS {
+            self.window_acked -= self.window;
+            self.window += 1;
+        }
+    }
+
     /// Whether the front READ/atomic (starting at `first`), missing its
     /// responses from `una` on, was asked for again by the last go-back-N
     /// and no response to that re-request has arrived yet. ACKs arriving
@@ -335,14 +372,15 @@ impl Qp {
         let Some(entry) = self.req.sq.get(idx) else {
             return false;
         };
-        // RC: at most MAX_UNACKED_PSNS beyond the oldest unacknowledged PSN
-        // (Linux rxe's window), so a slow receiver is not buried under a
-        // burst it can only drop.
+        // RC: at most the window beyond the oldest unacknowledged PSN (at
+        // most MAX_UNACKED_PSNS, Linux rxe's window), so a slow receiver is
+        // not buried under a burst it can only drop, and a lossy path does
+        // not have a whole window resent for every loss.
         // READ requests are exempt: the peer paces its responses.
         if self.cfg.qp_type == QpType::Rc
             && !matches!(entry.wqe.op, SendOp::Read { .. })
             && entry.first_psn.add(self.req.cursor_pkt).diff(self.req.una)
-                >= MAX_UNACKED_PSNS as i32
+                >= self.req.window as i32
         {
             return false;
         }
@@ -599,8 +637,14 @@ impl Qp {
             pkt.ud_dest = Some(ud);
         }
         if qp_type == QpType::Rc {
-            let every = self.req.pkts_since_ack_req + 1 >= ack_every;
-            pkt.bth.ack_req = pos.ends() || every || kind != Kind::Send && kind != Kind::RdmaWrite;
+            // At least twice per window, and on the packet that fills it:
+            // a window smaller than `ack_every` would otherwise wait for
+            // the timeout with nothing asking the responder to ACK.
+            let window = self.req.window;
+            let every = self.req.pkts_since_ack_req + 1 >= ack_every.min((window / 2).max(1));
+            let fills = psn.next().diff(self.req.una) >= window as i32;
+            pkt.bth.ack_req =
+                pos.ends() || every || fills || kind != Kind::Send && kind != Kind::RdmaWrite;
             self.req.pkts_since_ack_req = if pkt.bth.ack_req {
                 0
             } else {
@@ -641,6 +685,7 @@ impl Qp {
     /// in `handle_read_response` instead.
     fn ack_through_inner(&mut self, now: Instant, psn: Psn, rewind_reads: bool) {
         let mut progress = false;
+        let before = self.req.una;
         while let Some(front) = self.req.sq.front() {
             if !front.started || psn.diff(front.first_psn) < 0 {
                 break;
@@ -670,6 +715,8 @@ impl Qp {
             }
         }
         if progress {
+            let acked = self.req.una.diff(before).max(0) as u32;
+            self.req.grow_window(acked);
             self.req.retry_left = self.cfg.retry_cnt;
             self.req.rnr_left = self.cfg.rnr_retry;
             self.req.rto_deadline = None;
@@ -799,6 +846,7 @@ impl Qp {
             return;
         }
         self.req.retry_left -= 1;
+        self.req.shrink_window();
         self.req.resent = Some((psn, self.req.max_sent));
         self.req.rewind(psn);
         self.req.rto_deadline = None;

@@ -205,6 +205,7 @@ fn login(map: &Map, target: &TargetPort, events: &Sink, inc: Incoming, form: Log
         lid: Lid(0),
         mtu: inc.mtu,
         initiator_depth: offer.initiator_depth,
+        ack_timeout: inc.timing.local_ack_timeout().value(),
     };
     // The session is in the REQ's partition (the CM agent only delivers
     // REQs its port's P_Key table matches).

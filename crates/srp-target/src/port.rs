@@ -44,6 +44,10 @@ pub struct PeerQp {
     /// 12.7.29). The target fetches data-out by RDMA READ, so a login
     /// offering 0 is refused.
     pub initiator_depth: u8,
+    /// The QP's local ACK timeout exponent (4.096 us * 2^n): the REQ's
+    /// (twice the path's packet lifetime, as Linux's CM gives a passive
+    /// QP), at least 14 (67 ms); 14 for a caller without a CM.
+    pub ack_timeout: u8,
 }
 
 /// Why the target closed a channel by itself, for its log (the initiator
@@ -1464,7 +1468,7 @@ impl Inner {
             &QpAttr {
                 state: Some(QpState::Rts),
                 sq_psn: Some(peer.psn),
-                timeout: Some(14),
+                timeout: Some(peer.ack_timeout.clamp(14, 31)),
                 retry_cnt: Some(7),
                 rnr_retry: Some(7),
                 max_rd_atomic: Some(peer.initiator_depth),

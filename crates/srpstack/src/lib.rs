@@ -190,6 +190,7 @@ impl Connector for Direct {
             lid: local.lid,
             mtu: local.mtu,
             initiator_depth: rdma_access::QpParams::DEFAULT.initiator_depth,
+            ack_timeout: 14,
         };
         let outcome = match self.pkey {
             None => self.port.login(login, TargetForm::RdmaCm, peer),

@@ -462,6 +462,7 @@ impl Raw {
             lid: Lid(0),
             mtu: attr.active_mtu,
             initiator_depth: 16,
+            ack_timeout: 14,
         };
         let login = login_bytes(&valid_login(guid, ext));
         let (conn, local, rsp) = match rig.port.login(&login, TargetForm::RdmaCm, peer) {
@@ -705,6 +706,7 @@ fn rogue_initiator_garbage_next_to_verified_io() {
         lid: Lid(0),
         mtu: rdma_types::Mtu::Mtu1024,
         initiator_depth: 16,
+        ack_timeout: 14,
     };
     let valid = valid_login(ROGUE, 0x500);
     let mut bad_logins: Vec<(&str, Vec<u8>)> = vec![

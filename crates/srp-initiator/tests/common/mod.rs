@@ -36,6 +36,7 @@ impl Connector for Direct {
             lid: local.lid,
             mtu: local.mtu,
             initiator_depth: 16,
+            ack_timeout: 14,
         };
         match self.port.login(login, TargetForm::RdmaCm, peer) {
             LoginOutcome::Accepted {
