@@ -423,15 +423,37 @@ impl Incoming {
 
 type Hook = Arc<dyn Fn(ConnId) + Send + Sync>;
 
-/// A consumer hook the agent's thread runs once it let go of its lock.
+/// A consumer hook a CM event runs ([`hook_for`]); the agent's thread
+/// runs it once it let go of its lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Call {
+pub enum Call {
     /// [`CmAgent::on_disconnect`]: the connection ended.
     Ended(ConnId),
     /// [`CmAgent::on_established`]: an accepted connection's RTU came.
     Established(ConnId),
 }
 type RemovalHook = Arc<dyn Fn(Removed) + Send + Sync>;
+
+/// Which consumer hook a CM event runs: the agent's routing rule, for
+/// anything that drives a [`rdma_cm::Cm`] as the agent does (the SRP
+/// target's CM login fuzz target). `waited` says whether a caller blocks
+/// on the connection ([`CmAgent::connect`] and the like): that caller
+/// hears of the connection's establishment, refusal or timeout. A
+/// connection nobody waits on (one a listener accepted, or one whose
+/// caller gave up) is established by its RTU ([`CmAgent::on_established`])
+/// and ended by a REJ of its REP, the CM giving up on it, or a DREQ
+/// ([`CmAgent::on_disconnect`]); a DREQ ends any connection. A REQ goes to
+/// its service's listener, not to a hook.
+pub fn hook_for<P>(ev: &CmEvent<P>, waited: bool) -> Option<Call> {
+    match *ev {
+        CmEvent::Established { conn, .. } if !waited => Some(Call::Established(conn)),
+        CmEvent::Rejected { conn, .. } | CmEvent::TimedOut { conn } if !waited => {
+            Some(Call::Ended(conn))
+        }
+        CmEvent::DisconnectRequested { conn } => Some(Call::Ended(conn)),
+        _ => None,
+    }
+}
 
 struct Meta {
     remote_qpn: Qpn,
@@ -2205,6 +2227,8 @@ impl Inner {
     fn take_events(&self, st: &mut State, extra: Option<Extra>) -> Vec<Call> {
         let mut calls: Vec<Call> = Vec::new();
         while let Some(ev) = st.cm.poll_event() {
+            let waited = st.waiting.contains_key(&ev.conn());
+            calls.extend(hook_for(&ev, waited));
             match ev {
                 CmEvent::Request { conn, peer, req } => {
                     let Some(agent) = self.me.upgrade() else {
@@ -2267,18 +2291,15 @@ impl Inner {
                     if let Some(m) = st.meta.get_mut(&conn) {
                         m.remote_qpn = remote_qpn;
                     }
-                    match st.waiting.remove(&conn) {
-                        Some(tx) => {
-                            let _ = tx.send(Ok(Established {
-                                conn,
-                                remote_qpn,
-                                remote_psn,
-                                private_data,
-                            }));
-                        }
-                        // Passive: the RTU of a connection a listener
-                        // accepted.
-                        None => calls.push(Call::Established(conn)),
+                    // Passive (nobody waits): the RTU of a connection a
+                    // listener accepted, for the established hook.
+                    if let Some(tx) = st.waiting.remove(&conn) {
+                        let _ = tx.send(Ok(Established {
+                            conn,
+                            remote_qpn,
+                            remote_psn,
+                            private_data,
+                        }));
                     }
                 }
                 // A REP held for a consumer readying its QP: the one
@@ -2317,16 +2338,12 @@ impl Inner {
                 } => {
                     let meta = st.meta.remove(&conn);
                     self.untrack(st, TrackKey::Conn(conn));
-                    let waiter = st.waiting.remove(&conn);
-                    // Passive: the requester refused our REP (Linux ib_srp
-                    // does when it does not like the login response). The
-                    // consumer accepted the connection and holds what it
-                    // made for it: its disconnect hook releases that now,
-                    // not never.
-                    if waiter.is_none() {
-                        calls.push(Call::Ended(conn));
-                    }
-                    if let Some(tx) = waiter {
+                    // Passive (nobody waits): the requester refused our
+                    // REP (Linux ib_srp does when it does not like the
+                    // login response). The consumer accepted the
+                    // connection and holds what it made for it: its
+                    // disconnect hook releases that now, not never.
+                    if let Some(tx) = st.waiting.remove(&conn) {
                         let mut words = rdma_mad::cm::RejReason::from(reason.0).to_string();
                         if let (RejReason::INVALID_GID, Some(m)) = (reason, meta) {
                             words += &format!(
@@ -2343,14 +2360,12 @@ impl Inner {
                 }
                 CmEvent::TimedOut { conn } => {
                     self.untrack(st, TrackKey::Conn(conn));
+                    // Nobody waits: the disconnect hook.
                     if let Some(tx) = st.waiting.remove(&conn) {
                         let _ = tx.send(Err(CmError::TimedOut));
-                    } else {
-                        calls.push(Call::Ended(conn));
                     }
                 }
-                CmEvent::DisconnectRequested { conn } => calls.push(Call::Ended(conn)),
-                CmEvent::Disconnected { .. } => {}
+                CmEvent::DisconnectRequested { .. } | CmEvent::Disconnected { .. } => {}
                 CmEvent::TimewaitExit { conn } => {
                     st.meta.remove(&conn);
                     self.untrack(st, TrackKey::Conn(conn));
@@ -2381,6 +2396,41 @@ mod tests {
     use rnic::loopback::{CaConfig, Fabric};
 
     const T: StdDuration = StdDuration::from_secs(10);
+
+    /// The routing rule: a connection nobody waits on is established by
+    /// its RTU and ended by a REJ of its REP, the CM giving up or a DREQ;
+    /// a waiting caller hears of the first three itself.
+    #[test]
+    fn hooks_run_for_connections_nobody_waits_on() {
+        let c = ConnId(7);
+        let est = CmEvent::<u8>::Established {
+            conn: c,
+            remote_qpn: Qpn::from_bits(1),
+            remote_psn: Psn::new(1),
+            private_data: Vec::new(),
+        };
+        let rej = CmEvent::<u8>::Rejected {
+            conn: c,
+            reason: RejReason::CONSUMER_DEFINED,
+            private_data: Vec::new(),
+        };
+        let timed_out = CmEvent::<u8>::TimedOut { conn: c };
+        let dreq = CmEvent::<u8>::DisconnectRequested { conn: c };
+        assert_eq!(hook_for(&est, false), Some(Call::Established(c)));
+        assert_eq!(hook_for(&rej, false), Some(Call::Ended(c)));
+        assert_eq!(hook_for(&timed_out, false), Some(Call::Ended(c)));
+        for waited in [false, true] {
+            assert_eq!(hook_for(&dreq, waited), Some(Call::Ended(c)));
+            let quiet = [
+                CmEvent::<u8>::Disconnected { conn: c },
+                CmEvent::<u8>::TimewaitExit { conn: c },
+            ];
+            assert!(quiet.iter().all(|e| hook_for(e, waited).is_none()));
+        }
+        for e in [est, rej, timed_out] {
+            assert_eq!(hook_for(&e, true), None, "{e:?}");
+        }
+    }
 
     /// Two ports on the loopback fabric with their own P_Key tables:
     /// every REQ carries the requester's partition, the passive agent

@@ -69,7 +69,8 @@ pub mod sma_agent;
 mod wire;
 
 pub use agent::{
-    recv_ring, recv_wr, send_ring, source_gid, special_qp, CmAgent, CmError, ConnQp, Established,
-    Incoming, MadAgent, MadAgentCloser, MadWait, Path, QpParams, Removed, RtuFault,
+    hook_for, recv_ring, recv_wr, send_ring, source_gid, special_qp, Call, CmAgent, CmError,
+    ConnQp, Established, Incoming, MadAgent, MadAgentCloser, MadWait, Path, QpParams, Removed,
+    RtuFault,
 };
 pub use rdma_cm::{CmConfig, ConnId, Timing};

@@ -352,6 +352,22 @@ pub enum CmEvent<P> {
     },
 }
 
+impl<P> CmEvent<P> {
+    /// The connection the event is about.
+    pub fn conn(&self) -> ConnId {
+        match *self {
+            CmEvent::Request { conn, .. }
+            | CmEvent::Established { conn, .. }
+            | CmEvent::Reply { conn, .. }
+            | CmEvent::Rejected { conn, .. }
+            | CmEvent::TimedOut { conn }
+            | CmEvent::DisconnectRequested { conn }
+            | CmEvent::Disconnected { conn }
+            | CmEvent::TimewaitExit { conn } => conn,
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Conn<P> {
     state: ConnState,
@@ -431,6 +447,12 @@ impl<P: Copy + Eq + core::fmt::Debug> Cm<P> {
         self.conns
             .get(&conn.0)
             .map_or(ConnState::Closed, |c| c.state)
+    }
+
+    /// Every connection the endpoint still has (not yet forgotten), with
+    /// its state, by comm ID.
+    pub fn connections(&self) -> impl Iterator<Item = (ConnId, ConnState)> + '_ {
+        self.conns.iter().map(|(id, c)| (ConnId(*id), c.state))
     }
 
     /// Active side: sends a REQ in the default partition (P_Key 0xffff)

@@ -4,7 +4,7 @@
 //! kept together both ways. What happens is told as [`LoginEvent`]s; the
 //! daemon decides how to log them.
 
-use crate::port::{CloseReason, ConnId, LoginOutcome, PeerQp, TargetPort};
+use crate::port::{CloseReason, ConnId, LocalQp, LoginOutcome, PeerQp, TargetPort};
 use rdma_access::{CmAgent, Incoming, QpParams};
 use rdma_types::{Lid, Pkey};
 use srp::target::LoginForm;
@@ -89,18 +89,178 @@ pub enum LoginEvent {
 
 type Sink = Arc<dyn Fn(LoginEvent) + Send + Sync>;
 
-/// CM connection -> the target's connection and its initiator's name.
-type Map = Arc<Mutex<HashMap<u32, (ConnId, String)>>>;
+/// A login a CM REQ carries, as [`Logins::request`] takes it.
+#[derive(Debug, Clone)]
+pub struct LoginRequest {
+    /// The SRP_LOGIN_REQ: the REQ's private data (IB CM) or what follows
+    /// its `cma_hdr` (RDMA CM).
+    pub data: Vec<u8>,
+    /// Which of the two.
+    pub form: LoginForm,
+    /// Who asks (address or GID, and how), for the events.
+    pub src: String,
+    /// The initiator's QP, with the READs the REP lets the target have
+    /// outstanding at it.
+    pub peer: PeerQp,
+    /// The REQ's partition.
+    pub pkey: Pkey,
+}
+
+/// What a REQ is answered with ([`Logins::request`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer {
+    /// A REP naming the target's QP (already in RTS), the SRP_LOGIN_RSP
+    /// as its private data.
+    Accept {
+        /// The target's QP.
+        local: LocalQp,
+        /// SRP_LOGIN_RSP bytes.
+        rsp: Vec<u8>,
+    },
+    /// A REJ (consumer defined), the SRP_LOGIN_REJ as its private data.
+    Reject {
+        /// SRP_LOGIN_REJ bytes.
+        rej: Vec<u8>,
+    },
+}
+
+/// The login service's bookkeeping, apart from any CM: which CM
+/// connection carries which of the target's channels, and what an event
+/// at either end does at the other. [`serve`] runs it on a [`CmAgent`];
+/// anything that routes a CM's events as the agent does
+/// ([`rdma_access::hook_for`]) can run it as well (the `cm_login` fuzz
+/// target does, on a sans-IO CM).
+pub struct Logins {
+    target: Arc<TargetPort>,
+    events: Sink,
+    /// CM connection -> the target's connection and its initiator's name.
+    map: Mutex<HashMap<u32, (ConnId, String)>>,
+}
+
+impl Logins {
+    /// Logins to `target`; what happens is told to `events`.
+    pub fn new(
+        target: Arc<TargetPort>,
+        events: impl Fn(LoginEvent) + Send + Sync + 'static,
+    ) -> Logins {
+        Logins::with_sink(target, Arc::new(events))
+    }
+
+    fn with_sink(target: Arc<TargetPort>, events: Sink) -> Logins {
+        Logins {
+            target,
+            events,
+            map: Mutex::default(),
+        }
+    }
+
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<u32, (ConnId, String)>> {
+        self.map.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A REQ on CM connection `cm`: its login goes to the target port in
+    /// the REQ's partition (its P_Key picks the target QP's P_Key index; a
+    /// partition the target does not serve is refused). `answer` sends
+    /// the REP or the REJ; an accepted channel is carried by `cm` from
+    /// before it is called.
+    pub fn request(&self, cm: u32, req: LoginRequest, answer: impl FnOnce(Answer)) {
+        let LoginRequest {
+            data,
+            form,
+            src,
+            peer,
+            pkey,
+        } = req;
+        let initiator = match form {
+            LoginForm::RdmaCm => srp::wire::LoginReq::parse_rdma(&data),
+            LoginForm::IbCm => srp::wire::LoginReq::parse(&data),
+        }
+        .ok()
+        .map(|r| crate::initiator_name(&r.initiator_port_id));
+        match self.target.login_in_partition(&data, form, peer, pkey) {
+            LoginOutcome::Accepted { conn, local, rsp } => {
+                self.map()
+                    .insert(cm, (conn, initiator.clone().unwrap_or_default()));
+                answer(Answer::Accept { local, rsp });
+                (self.events)(LoginEvent::Accepted {
+                    src,
+                    pkey,
+                    initiator,
+                    conn,
+                });
+            }
+            LoginOutcome::Rejected { rej, reason } => {
+                answer(Answer::Reject { rej });
+                (self.events)(LoginEvent::Rejected {
+                    src,
+                    pkey,
+                    initiator,
+                    reason,
+                });
+            }
+        }
+    }
+
+    /// The CM ended connection `cm` (a DREQ, a REJ of the REP, no RTU
+    /// after every REP resend, the CA gone): its channel goes.
+    pub fn cm_ended(&self, cm: u32) {
+        let carried = self.map().remove(&cm);
+        if let Some((conn, initiator)) = carried {
+            self.target.disconnected(conn);
+            (self.events)(LoginEvent::Closed {
+                conn,
+                initiator,
+                by: ClosedBy::Initiator,
+                reason: "the CM connection ended".into(),
+            });
+        }
+    }
+
+    /// The CM established connection `cm` (its RTU came): its login is
+    /// no longer pending.
+    pub fn cm_established(&self, cm: u32) {
+        let conn = self.map().get(&cm).map(|c| c.0);
+        if let Some(conn) = conn {
+            self.target.established(conn);
+        }
+    }
+
+    /// The target closed `conn` for `why`: the CM connection that carried
+    /// it, for the CM to disconnect (or, while its login waits for the
+    /// RTU, refuse); `None` if none did.
+    pub fn target_closed(&self, conn: ConnId, why: &CloseReason) -> Option<u32> {
+        let hit = {
+            let mut map = self.map();
+            let cm = map.iter().find(|(_, c)| c.0 == conn).map(|(cm, _)| *cm);
+            cm.and_then(|cm| map.remove_entry(&cm))
+        };
+        let (cm, (_, initiator)) = hit?;
+        (self.events)(LoginEvent::Closed {
+            conn,
+            initiator,
+            by: ClosedBy::Target,
+            reason: why.to_string(),
+        });
+        Some(cm)
+    }
+
+    /// The channels the service holds, each with the CM connection that
+    /// carries it, by CM connection.
+    pub fn carried(&self) -> Vec<(u32, ConnId)> {
+        let mut v: Vec<(u32, ConnId)> = self.map().iter().map(|(cm, c)| (*cm, c.0)).collect();
+        v.sort_unstable();
+        v
+    }
+}
 
 /// Serves SRP logins for `target` on `agent` until the agent stops: each
-/// REQ's login goes to the target port in the REQ's partition (its P_Key
-/// picks the target QP's P_Key index; a partition the target does not
-/// serve is refused); the REP carries the SRP_LOGIN_RSP and offers no more
-/// RDMA READs than the REQ takes, the REJ carries the SRP_LOGIN_REJ.
-/// Disconnects travel both ways: every way the CM ends a connection
-/// (a DREQ, a REJ of the REP, no RTU, the CA gone) releases the channel,
-/// and a channel the target closes is disconnected (or, while its login
-/// waits for the RTU, refused). Returns the threads taking the requests.
+/// REQ's login goes to the target port ([`Logins::request`]); the REP
+/// carries the SRP_LOGIN_RSP and offers no more RDMA READs than the REQ
+/// takes, the REJ carries the SRP_LOGIN_REJ. Disconnects travel both ways:
+/// every way the CM ends a connection (a DREQ, a REJ of the REP, no RTU,
+/// the CA gone) releases the channel, and a channel the target closes is
+/// disconnected (or, while its login waits for the RTU, refused). Returns
+/// the threads taking the requests.
 pub fn serve(
     agent: Arc<CmAgent>,
     target: Arc<TargetPort>,
@@ -108,60 +268,29 @@ pub fn serve(
     events: impl Fn(LoginEvent) + Send + Sync + 'static,
 ) -> Vec<JoinHandle<()>> {
     let events: Sink = Arc::new(events);
-    let map: Map = Arc::default();
+    let logins = Arc::new(Logins::with_sink(target.clone(), events.clone()));
     {
-        let (map, target, events) = (map.clone(), target.clone(), events.clone());
-        agent.on_disconnect(move |cm| {
-            let conn = map.lock().unwrap_or_else(|e| e.into_inner()).remove(&cm.0);
-            if let Some((conn, initiator)) = conn {
-                target.disconnected(conn);
-                events(LoginEvent::Closed {
-                    conn,
-                    initiator,
-                    by: ClosedBy::Initiator,
-                    reason: "the CM connection ended".into(),
-                });
-            }
-        });
+        let logins = logins.clone();
+        agent.on_disconnect(move |cm| logins.cm_ended(cm.0));
     }
     {
-        let (map, target) = (map.clone(), target.clone());
-        agent.on_established(move |cm| {
-            let conn = map
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .get(&cm.0)
-                .map(|c| c.0);
-            if let Some(conn) = conn {
-                target.established(conn);
-            }
-        });
+        let logins = logins.clone();
+        agent.on_established(move |cm| logins.cm_established(cm.0));
     }
     {
-        let (map, agent, events) = (map.clone(), agent.clone(), events.clone());
+        let (logins, agent) = (logins.clone(), agent.clone());
         target.on_disconnect(move |conn, why: &CloseReason| {
-            let hit = {
-                let mut map = map.lock().unwrap_or_else(|e| e.into_inner());
-                let cm = map.iter().find(|(_, c)| c.0 == conn).map(|(cm, _)| *cm);
-                cm.and_then(|cm| map.remove_entry(&cm))
-            };
-            if let Some((cm, (_, initiator))) = hit {
-                events(LoginEvent::Closed {
-                    conn,
-                    initiator,
-                    by: ClosedBy::Target,
-                    reason: why.to_string(),
-                });
+            if let Some(cm) = logins.target_closed(conn, why) {
                 agent.disconnect(rdma_access::ConnId(cm));
             }
         });
     }
     let mut threads = Vec::new();
     let mut serve_form = |requests: std::sync::mpsc::Receiver<Incoming>, form: LoginForm| {
-        let (map, target, events) = (map.clone(), target.clone(), events.clone());
+        let (logins, events) = (logins.clone(), events.clone());
         threads.push(std::thread::spawn(move || {
             while let Ok(inc) = requests.recv() {
-                login(&map, &target, &events, inc, form);
+                login(&logins, &events, inc, form);
             }
         }));
     };
@@ -175,7 +304,7 @@ pub fn serve(
 }
 
 /// One REQ: the login it carries, answered.
-fn login(map: &Map, target: &TargetPort, events: &Sink, inc: Incoming, form: LoginForm) {
+fn login(logins: &Logins, events: &Sink, inc: Incoming, form: LoginForm) {
     // RDMA CM: the login follows the cma_hdr; IB CM: it is the private
     // data itself.
     let (inc, data, src) = match form {
@@ -198,45 +327,29 @@ fn login(map: &Map, target: &TargetPort, events: &Sink, inc: Incoming, form: Log
     // READs outstanding at the initiator: no more than its REQ takes (the
     // REP says the same).
     let offer = inc.negotiate(QpParams::DEFAULT);
-    let peer = PeerQp {
-        qpn: inc.remote_qpn,
-        psn: inc.remote_psn,
-        gid: inc.peer,
-        lid: Lid(0),
-        mtu: inc.mtu,
-        initiator_depth: offer.initiator_depth,
-        ack_timeout: inc.timing.local_ack_timeout().value(),
+    let req = LoginRequest {
+        data,
+        form,
+        src,
+        peer: PeerQp {
+            qpn: inc.remote_qpn,
+            psn: inc.remote_psn,
+            gid: inc.peer,
+            lid: Lid(0),
+            mtu: inc.mtu,
+            initiator_depth: offer.initiator_depth,
+            ack_timeout: inc.timing.local_ack_timeout().value(),
+        },
+        // The session is in the REQ's partition (the CM agent only
+        // delivers REQs its port's P_Key table matches).
+        pkey: inc.pkey,
     };
-    // The session is in the REQ's partition (the CM agent only delivers
-    // REQs its port's P_Key table matches).
-    let pkey = inc.pkey;
-    let initiator = match form {
-        LoginForm::RdmaCm => srp::wire::LoginReq::parse_rdma(&data),
-        LoginForm::IbCm => srp::wire::LoginReq::parse(&data),
-    }
-    .ok()
-    .map(|r| crate::initiator_name(&r.initiator_port_id));
-    match target.login_in_partition(&data, form, peer, pkey) {
-        LoginOutcome::Accepted { conn, local, rsp } => {
-            map.lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(inc.conn.0, (conn, initiator.clone().unwrap_or_default()));
+    logins.request(inc.conn.0, req, |answer| match answer {
+        Answer::Accept { local, rsp } => {
             inc.accept_offering(local.qpn, local.psn, QpParams::DEFAULT, rsp);
-            events(LoginEvent::Accepted {
-                src,
-                pkey,
-                initiator,
-                conn,
-            });
         }
-        LoginOutcome::Rejected { rej, reason } => {
+        Answer::Reject { rej } => {
             inc.reject(rej);
-            events(LoginEvent::Rejected {
-                src,
-                pkey,
-                initiator,
-                reason,
-            });
         }
-    }
+    });
 }

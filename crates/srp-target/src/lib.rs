@@ -60,5 +60,5 @@ mod port;
 pub use names::{initiator_name, target_name};
 pub use port::{
     ChannelPhase, CloseReason, ConnId, LocalQp, LoginOutcome, LunCounters, LunStats, PeerQp,
-    PortError, PortOptions, SessionInfo, TargetPort,
+    PortDrive, PortError, PortOptions, SessionInfo, TargetPort,
 };

@@ -222,6 +222,23 @@ pub struct PortOptions {
     /// channel is freed within about twice this plus the transport's
     /// retries. `None`: no keepalives.
     pub keepalive: Option<std::time::Duration>,
+    /// Who handles the port's completions and fires its timers.
+    pub drive: PortDrive,
+}
+
+/// Who drives a port ([`PortOptions::drive`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PortDrive {
+    /// Its own poll thread, on the real clock.
+    #[default]
+    Thread,
+    /// The caller, with [`TargetPort::poll_at`], on the clock it gives
+    /// there: no poll thread, and the port's time (when a login was
+    /// accepted, when it times out, when keepalives are due) is the latest
+    /// `now` given. For deterministic tests and fuzzing. A provider that
+    /// calls its completion handlers on a thread of its own (soft RoCE)
+    /// still has them handled there.
+    Caller,
 }
 
 impl Default for PortOptions {
@@ -236,6 +253,7 @@ impl Default for PortOptions {
             max_pending_logins: 64,
             max_pending_per_initiator: 4,
             keepalive: Some(std::time::Duration::from_secs(15)),
+            drive: PortDrive::Thread,
         }
     }
 }
@@ -358,6 +376,14 @@ struct Inner {
     lun_stats: Mutex<LunTable>,
     events: Mutex<Sender<Event>>,
     hook: Mutex<Option<DisconnectHook>>,
+    /// [`PortDrive::Caller`]: the events the poll thread would take, for
+    /// [`TargetPort::poll_at`], and the caller's clock.
+    caller: Option<Mutex<CallerDrive>>,
+}
+
+struct CallerDrive {
+    events: Receiver<Event>,
+    now: std::time::Instant,
 }
 
 enum Event {
@@ -688,6 +714,17 @@ impl TargetPort {
         let (jobs_tx, jobs_rx) = mpsc::channel::<Job>();
         let name = target_name(gid);
         let target = Target::new(config)?;
+        // The poll thread's events, or the caller's.
+        let mut rx = Some(rx);
+        let caller = match opts.drive {
+            PortDrive::Thread => None,
+            PortDrive::Caller => rx.take().map(|events| {
+                Mutex::new(CallerDrive {
+                    events,
+                    now: std::time::Instant::now(),
+                })
+            }),
+        };
         let inner = Arc::new(Inner {
             provider: provider.clone(),
             scsi,
@@ -728,6 +765,7 @@ impl TargetPort {
             lun_stats: Mutex::new(LunTable::new()),
             events: Mutex::new(tx),
             hook: Mutex::new(None),
+            caller,
             opts,
         });
         let recvs: Vec<RecvWr> = (0..srq_len).map(|i| inner.recv_wr(i)).collect();
@@ -761,12 +799,17 @@ impl TargetPort {
             }
             Ok(())
         };
-        let poller = inner.clone();
-        spawn("srpt-poll".into(), Box::new(move || poller.poll_loop(rx)))?;
+        if let Some(rx) = rx {
+            let poller = inner.clone();
+            spawn("srpt-poll".into(), Box::new(move || poller.poll_loop(rx)))?;
+        }
         let jobs_rx = Arc::new(Mutex::new(jobs_rx));
         for i in 0..inner.opts.workers.max(1) {
             let (w, rx) = (inner.clone(), jobs_rx.clone());
-            spawn(format!("srpt-scsi-{i}"), Box::new(move || w.worker_loop(rx)))?;
+            spawn(
+                format!("srpt-scsi-{i}"),
+                Box::new(move || w.worker_loop(rx)),
+            )?;
         }
         Ok(port)
     }
@@ -898,6 +941,46 @@ impl TargetPort {
         let conns: Vec<ConnId> = st.conns.keys().copied().collect();
         for c in conns {
             self.inner.pump(&mut st, c);
+        }
+    }
+
+    /// A caller-driven port ([`PortDrive::Caller`]): takes `now` as the
+    /// port's time (an earlier `now` than before is no time passing),
+    /// handles every completion the provider has delivered and fires the
+    /// timers due by `now` (login timeouts, keepalives), until nothing is
+    /// left to do; all on this thread, disconnect hooks included. A port
+    /// with its own poll thread ignores it.
+    pub fn poll_at(&self, now: std::time::Instant) {
+        let inner = &self.inner;
+        let Some(caller) = &inner.caller else {
+            return;
+        };
+        {
+            let mut c = caller.lock().unwrap_or_else(|e| e.into_inner());
+            c.now = c.now.max(now);
+        }
+        let mut timers_ran = false;
+        loop {
+            let events: Vec<Event> = caller
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .events
+                .try_iter()
+                .collect();
+            if events.is_empty() {
+                if timers_ran {
+                    return;
+                }
+                // What the timers close may complete more work requests.
+                inner.on_timer();
+                timers_ran = true;
+                continue;
+            }
+            for ev in events {
+                if let Event::Cq(ctx) = ev {
+                    inner.drain_cq(ctx);
+                }
+            }
         }
     }
 
@@ -1064,6 +1147,15 @@ fn rej_bytes(rej: &LoginRej) -> Vec<u8> {
 }
 
 impl Inner {
+    /// The port's time: the caller's ([`PortDrive::Caller`]) or the real
+    /// clock's.
+    fn now(&self) -> std::time::Instant {
+        match &self.caller {
+            Some(c) => c.lock().unwrap_or_else(|e| e.into_inner()).now,
+            None => std::time::Instant::now(),
+        }
+    }
+
     fn lock(&self) -> Locked<'_> {
         PortLock {
             inner: self,
@@ -1410,7 +1502,7 @@ impl Inner {
                 queued: IdMap::default(),
                 parked: IdMap::default(),
                 established: false,
-                accepted_at: std::time::Instant::now(),
+                accepted_at: self.now(),
                 activity: 0,
                 activity_seen: 0,
                 keepalive_out: false,
@@ -1519,8 +1611,8 @@ impl Inner {
     /// keepalive on every established channel that had no completion
     /// since the last sweep.
     fn on_timer(&self) {
+        let now = self.now();
         let mut st = self.lock();
-        let now = std::time::Instant::now();
         let timeout = self.opts.login_timeout;
         let late: Vec<ConnId> = st
             .conns
