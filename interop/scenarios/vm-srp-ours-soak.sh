@@ -141,20 +141,9 @@ soak_job() {
 }
 
 guest_initiator() {
-  local guid ready tgt_guid a
+  local a
   a=$(host_ip a)
-  modprobe ib_srp
-  modprobe sd_mod 2>/dev/null || true
-  guid=$(cut -d: -f5- </sys/class/infiniband/rxe0/ports/1/gids/0 | tr -d :)
-  msg_send "$a" 7001 600 "$guid"
-  ready=$(msg_recv 7002 600)
-  tgt_guid=${ready#ready }
-  [[ $tgt_guid =~ ^[0-9a-f]{16}$ ]] || fail "bad ready message '$ready'"
-  local add=/sys/class/infiniband_srp/srp-rxe0-1/add_target
-  retry 120 "SRP login" sh -c "echo id_ext=$tgt_guid,ioc_guid=$tgt_guid,dest=$a:$SRP_PORT >$add"
-  wait_until 120 "$DISK_VENDOR disk" lio_disk
-  DEV=/dev/$(lio_disk)
-  wait_until 30 "$DEV node" test -b "$DEV"
+  srp_login
   dmesg -c >/dev/null
   step "soak: 64 KiB and 1 MiB verified writes for ${SOAK_SECS}s${SOAK_LOSS:+, our NIC dropping $SOAK_LOSS}"
   soak_job soak64k 64k 0 6m 8

@@ -77,8 +77,10 @@ lio_disk() {
   return 1
 }
 
-guest_initiator() {
-  local guid ready tgt_guid dev a
+# srp_login: ib_srp logs in to the target in VM a (our port GUID to a:7001,
+# its GUID from b:7002) and DEV is set to the new disk.
+srp_login() {
+  local guid ready tgt_guid a
   a=$(host_ip a)
   modprobe ib_srp
   modprobe sd_mod 2>/dev/null || true
@@ -94,8 +96,15 @@ guest_initiator() {
   step "add_target id_ext=$tgt_guid,ioc_guid=$tgt_guid,dest=$a:$SRP_PORT"
   retry 120 "SRP login" sh -c "echo id_ext=$tgt_guid,ioc_guid=$tgt_guid,dest=$a:$SRP_PORT >$add"
   wait_until 120 "$DISK_VENDOR disk" lio_disk
-  dev=/dev/$(lio_disk)
-  wait_until 30 "$dev node" test -b "$dev"
+  DEV=/dev/$(lio_disk)
+  wait_until 30 "$DEV node" test -b "$DEV"
+}
+
+guest_initiator() {
+  local dev a
+  a=$(host_ip a)
+  srp_login
+  dev=$DEV
   step "disk $dev: $(cat /sys/block/${dev#/dev/}/size) sectors"
   sg_inq "$dev" | sed 's/^/  /'
   sg_readcap "$dev" | sed 's/^/  /'

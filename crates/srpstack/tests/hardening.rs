@@ -90,15 +90,6 @@ fn rss_kib(p: &common::Proc) -> u64 {
         .unwrap()
 }
 
-/// Polls `cond` every 20 ms until it holds or `secs` pass.
-fn wait_until(secs: u64, what: &str, mut cond: impl FnMut() -> bool) {
-    let end = Instant::now() + Duration::from_secs(secs);
-    while !cond() {
-        assert!(Instant::now() < end, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// The 64-byte IB CM login of initiator port (`ext`, `guid`) to the
 /// target port `target`.
 fn login_bytes(ext: u64, guid: Guid, target: u64) -> Vec<u8> {
@@ -246,7 +237,7 @@ fn a_half_open_login_storm_holds_nothing_and_good_initiators_never_stall() {
         let s = session(&gp, agent, *ip, *guid, T, 0x100 + i).unwrap();
         io.push(verified_io(s, i, stop.clone()));
     }
-    wait_until(10, "4 live channels", || phases(&sock).1 == 4);
+    common::wait_for("4 live channels", 10, || phases(&sock).1 == 4);
 
     // The storm: one CA per kind of half-open login, 100 initiator ports
     // between them (50 + 48 + 2 initiator_ext values: the last two ports
@@ -474,12 +465,12 @@ fn a_killed_initiators_session_is_freed_and_a_live_idle_one_is_kept() {
         ]),
     );
     nbd.wait_line("served at", 20);
-    wait_until(10, "2 live channels", || phases(&sock).1 == 2);
+    common::wait_for("2 live channels", 10, || phases(&sock).1 == 2);
     let mut nbd = nbd;
     nbd.child.kill().unwrap();
     let killed = Instant::now();
     nbd.child.wait().unwrap();
-    wait_until(10, "the dead initiator's channel freed", || {
+    common::wait_for("the dead initiator's channel freed", 10, || {
         phases(&sock) == (0, 1, 0)
     });
     let took = killed.elapsed();
@@ -504,7 +495,7 @@ fn a_killed_initiators_session_is_freed_and_a_live_idle_one_is_kept() {
             .map(|s| s["keepalives"].as_u64().unwrap())
             .sum()
     };
-    wait_until(10, "three keepalives on the idle channel", || {
+    common::wait_for("three keepalives on the idle channel", 10, || {
         keepalives(&sock) >= 3
     });
     assert_eq!(phases(&sock), (0, 1, 0));
@@ -548,13 +539,13 @@ fn every_early_end_of_a_login_releases_it_at_once_and_unanswered_ones_are_bounde
     for i in 0..40 {
         login(0x10 + i).expect("REP");
     }
-    wait_until(2, "REJ after REP released", || phases(&sock) == (0, 0, 0));
+    common::wait_for("REJ after REP released", 2, || phases(&sock) == (0, 0, 0));
     agent.set_rtu_fault(RtuFault::Drop);
     for i in 0..40 {
         let e = login(0x100 + i).expect("REP");
         agent.disconnect(e.conn);
     }
-    wait_until(2, "DREQ before RTU released", || phases(&sock) == (0, 0, 0));
+    common::wait_for("DREQ before RTU released", 2, || phases(&sock) == (0, 0, 0));
 
     // Unanswered: 4 from one port, then that port is refused.
     for _ in 0..4 {
@@ -569,7 +560,7 @@ fn every_early_end_of_a_login_releases_it_at_once_and_unanswered_ones_are_bounde
     }
     assert_eq!(phases(&sock).0, 8);
     login(0x400).expect("a newcomer beyond max_pending_logins");
-    wait_until(2, "the oldest dropped", || phases(&sock).0 == 8);
+    common::wait_for("the oldest dropped", 2, || phases(&sock).0 == 8);
     let line = d.wait_line("closed by the target:", 5);
     assert!(line.contains("max_pending_logins"), "{line}");
     drop(d);
