@@ -15,6 +15,8 @@
 
 pub mod config;
 pub mod daemon;
+#[doc(hidden)]
+pub mod fuzz;
 pub mod ib;
 pub mod initd;
 pub mod log;

@@ -1,0 +1,6 @@
+//! Arbitrary bytes as srptd's configuration file.
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| {
+    srpstack::fuzz::srptd_config(data);
+});
