@@ -25,7 +25,7 @@ SOAK_LOSS=${SOAK_LOSS:-}
 SCENARIO_GUEST_TIMEOUT=$((SOAK_SECS + 900))
 # The soak moves GBs; the capture keeps what is not RoCE and the MADs (QP
 # 1: the logins and any disconnect), as srp-compare's.
-SCENARIO_CAPTURE_FILTER="not udp port 4791 or (udp[12:4] & 0x00ffffff) = 1"
+SCENARIO_CAPTURE_FILTER=${SOAK_CAPTURE_FILTER-"not udp port 4791 or (udp[12:4] & 0x00ffffff) = 1"}
 SCENARIO_EXPECT_PROTOCOLS="infiniband.mad"
 
 host_main() {
