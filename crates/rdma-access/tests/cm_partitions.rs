@@ -56,5 +56,8 @@ fn ports_sharing_only_a_non_default_partition_connect_in_it() {
         assert_eq!(p.counters(g).unwrap().pkey_violations, 0, "{g:?}");
     }
     // The disconnect goes in the partition too.
-    assert!(ca.disconnect_wait(est.conn, Duration::from_secs(10)), "DREP came");
+    assert!(
+        ca.disconnect_wait(est.conn, Duration::from_secs(10)),
+        "DREP came"
+    );
 }

@@ -379,8 +379,7 @@ impl Qp {
         // READ requests are exempt: the peer paces its responses.
         if self.cfg.qp_type == QpType::Rc
             && !matches!(entry.wqe.op, SendOp::Read { .. })
-            && entry.first_psn.add(self.req.cursor_pkt).diff(self.req.una)
-                >= self.req.window as i32
+            && entry.first_psn.add(self.req.cursor_pkt).diff(self.req.una) >= self.req.window as i32
         {
             return false;
         }

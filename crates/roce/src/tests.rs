@@ -2406,7 +2406,8 @@ fn a_lossy_path_costs_resends_in_proportion_not_whole_windows() {
             sge(A_BUF, 0, LEN as u32),
         ));
     }
-    assert!(n.run(Duration::from_secs(120), |n| n.a.wcs.len() == WRITES as usize));
+    assert!(n.run(Duration::from_secs(120), |n| n.a.wcs.len()
+        == WRITES as usize));
     assert!(
         n.a.wcs.iter().all(|c| c.status == WcStatus::Success),
         "{:?}",
