@@ -153,6 +153,22 @@ fn send_carries_the_clients_pattern() {
     );
 }
 
+/// A client that ran its part (its result line starts with `first`, the
+/// message size and count) against a server that then refused at its
+/// check saying `says` and closed, so the client's closing swap failed.
+fn refused_after_the_run(client: &Output, srv: Child, first: [&str; 2], secs: u64, says: &str) {
+    let cerr = no_panic(client);
+    let out = text(&client.stdout);
+    assert!(
+        out.lines().any(|l| l.split_whitespace().take(2).eq(first)),
+        "{out}"
+    );
+    assert!(cerr.contains("swapping QP addresses"), "{cerr}");
+    let o = finish(srv, secs);
+    let err = no_panic(&o);
+    assert!(err.contains(says), "{err}");
+}
+
 fn no_panic(o: &Output) -> String {
     let err = text(&o.stderr);
     assert!(!err.contains("panicked"), "{err}");
@@ -373,19 +389,12 @@ fn a_server_told_another_size_says_so() {
         .unwrap();
     // The client ran its part; the server gives up at the check and
     // closes, so the client's closing swap fails (reset or closed).
-    let cerr = no_panic(&client);
-    let out = text(&client.stdout);
-    assert!(
-        out.lines()
-            .any(|l| l.split_whitespace().take(2).eq(["200", "50"])),
-        "{out}"
-    );
-    assert!(cerr.contains("swapping QP addresses"), "{cerr}");
-    let o = finish(srv, 20);
-    let err = no_panic(&o);
-    assert!(
-        err.contains("the client moved 200-byte messages, we were told -s 100"),
-        "{err}"
+    refused_after_the_run(
+        &client,
+        srv,
+        ["200", "50"],
+        20,
+        "the client moved 200-byte messages, we were told -s 100",
     );
 }
 
@@ -689,21 +698,12 @@ fn atomic_sides_told_different_ops_say_so() {
         .args(["-A", "FETCH_AND_ADD", "--timeout", "20"])
         .output()
         .unwrap();
-    // The client ran its part (its result line is out); the server
-    // refuses at its check and closes, so the client's closing swap fails.
-    let cerr = no_panic(&client);
-    let out = text(&client.stdout);
-    assert!(
-        out.lines()
-            .any(|l| l.split_whitespace().take(2).eq(["8", "100"])),
-        "{out}"
-    );
-    assert!(cerr.contains("swapping QP addresses"), "{cerr}");
-    let o = finish(srv, 30);
-    let err = no_panic(&o);
-    assert!(
-        err.contains("the slots hold what 100 FETCH_AND_ADD would leave, not 100 CMP_AND_SWAP: run both sides with the same -A"),
-        "{err}"
+    refused_after_the_run(
+        &client,
+        srv,
+        ["8", "100"],
+        30,
+        "the slots hold what 100 FETCH_AND_ADD would leave, not 100 CMP_AND_SWAP: run both sides with the same -A",
     );
 }
 
