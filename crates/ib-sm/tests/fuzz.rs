@@ -197,3 +197,12 @@ fn sm_input_fuzz_body_runs_clean() {
         "the inputs reached the SA ({answered} answers)"
     );
 }
+
+/// The `sm_input` target's committed seeds and regression inputs
+/// (`fuzz/seeds/sm_input`, `fuzz/regressions/sm_input`).
+#[test]
+fn sm_input_replays_its_committed_inputs() {
+    rdma_testkit::fuzz::replay(env!("CARGO_MANIFEST_DIR"), "sm_input", |data| {
+        ib_sm::fuzz::sm_input(data);
+    });
+}

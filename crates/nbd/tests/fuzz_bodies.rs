@@ -102,3 +102,30 @@ fn handshake_body() {
         nbd::fuzz::go_data(&mutate(&mut rng, &go));
     }
 }
+
+/// The `requests` target's committed seeds and regression inputs
+/// (`fuzz/seeds/requests`, `fuzz/regressions/requests`).
+#[test]
+fn requests_replays_its_committed_inputs() {
+    rdma_testkit::fuzz::replay(env!("CARGO_MANIFEST_DIR"), "requests", |data| {
+        nbd::fuzz::requests(data);
+    });
+}
+
+/// The `handshake` target's committed seeds and regression inputs
+/// (`fuzz/seeds/handshake`, `fuzz/regressions/handshake`).
+#[test]
+fn handshake_replays_its_committed_inputs() {
+    rdma_testkit::fuzz::replay(env!("CARGO_MANIFEST_DIR"), "handshake", |data| {
+        nbd::fuzz::handshake(data);
+    });
+}
+
+/// The `go_data` target's committed seeds and regression inputs
+/// (`fuzz/seeds/go_data`, `fuzz/regressions/go_data`).
+#[test]
+fn go_data_replays_its_committed_inputs() {
+    rdma_testkit::fuzz::replay(env!("CARGO_MANIFEST_DIR"), "go_data", |data| {
+        nbd::fuzz::go_data(data);
+    });
+}

@@ -71,3 +71,21 @@ fn fuzz_rmpp_deterministic() {
         rmpp_round_trip(&segs[..(rng.next() as usize % (segs.len() + 1))]);
     }
 }
+
+/// The `mad_parse` target's committed seeds and regression inputs
+/// (`fuzz/seeds/mad_parse`, `fuzz/regressions/mad_parse`).
+#[test]
+fn mad_parse_replays_its_committed_inputs() {
+    rdma_testkit::fuzz::replay(env!("CARGO_MANIFEST_DIR"), "mad_parse", |data| {
+        parse_all(data);
+    });
+}
+
+/// The `rmpp_reassemble` target's committed seeds and regression inputs
+/// (`fuzz/seeds/rmpp_reassemble`, `fuzz/regressions/rmpp_reassemble`).
+#[test]
+fn rmpp_reassemble_replays_its_committed_inputs() {
+    rdma_testkit::fuzz::replay(env!("CARGO_MANIFEST_DIR"), "rmpp_reassemble", |data| {
+        rmpp_round_trip(data);
+    });
+}

@@ -191,3 +191,66 @@ fn mutated_datagrams_never_panic() {
         "only {parsed} of {runs} mutated datagrams parsed"
     );
 }
+
+/// The `bth` target's committed seeds and regression inputs
+/// (`fuzz/seeds/bth`, `fuzz/regressions/bth`).
+#[test]
+fn bth_replays_its_committed_inputs() {
+    rdma_testkit::fuzz::replay(env!("CARGO_MANIFEST_DIR"), "bth", |data| {
+        fuzz::bth(data);
+    });
+}
+
+/// The `ext` target's committed seeds and regression inputs
+/// (`fuzz/seeds/ext`, `fuzz/regressions/ext`).
+#[test]
+fn ext_replays_its_committed_inputs() {
+    rdma_testkit::fuzz::replay(env!("CARGO_MANIFEST_DIR"), "ext", |data| {
+        fuzz::ext(data);
+    });
+}
+
+/// The `ip_udp` target's committed seeds and regression inputs
+/// (`fuzz/seeds/ip_udp`, `fuzz/regressions/ip_udp`).
+#[test]
+fn ip_udp_replays_its_committed_inputs() {
+    rdma_testkit::fuzz::replay(env!("CARGO_MANIFEST_DIR"), "ip_udp", |data| {
+        fuzz::ip_udp(data);
+    });
+}
+
+/// The `ib_packet` target's committed seeds and regression inputs
+/// (`fuzz/seeds/ib_packet`, `fuzz/regressions/ib_packet`).
+#[test]
+fn ib_packet_replays_its_committed_inputs() {
+    rdma_testkit::fuzz::replay(env!("CARGO_MANIFEST_DIR"), "ib_packet", |data| {
+        fuzz::ib_packet(data);
+    });
+}
+
+/// The `icrc` target's committed seeds and regression inputs
+/// (`fuzz/seeds/icrc`, `fuzz/regressions/icrc`).
+#[test]
+fn icrc_replays_its_committed_inputs() {
+    rdma_testkit::fuzz::replay(env!("CARGO_MANIFEST_DIR"), "icrc", |data| {
+        fuzz::icrc(data);
+    });
+}
+
+/// The `roce_frame` target's committed seeds and regression inputs
+/// (`fuzz/seeds/roce_frame`, `fuzz/regressions/roce_frame`).
+#[test]
+fn roce_frame_replays_its_committed_inputs() {
+    rdma_testkit::fuzz::replay(env!("CARGO_MANIFEST_DIR"), "roce_frame", |data| {
+        fuzz::roce_frame(data);
+    });
+}
+
+/// The `datagram` target's committed seeds and regression inputs
+/// (`fuzz/seeds/datagram`, `fuzz/regressions/datagram`).
+#[test]
+fn datagram_replays_its_committed_inputs() {
+    rdma_testkit::fuzz::replay(env!("CARGO_MANIFEST_DIR"), "datagram", |data| {
+        fuzz::datagram(data);
+    });
+}

@@ -184,4 +184,13 @@ mod tests {
             "the scripts exercised the engine: {steps} steps"
         );
     }
+
+    /// The `qp_input` target's committed seeds and regression inputs
+    /// (`fuzz/seeds/qp_input`, `fuzz/regressions/qp_input`).
+    #[test]
+    fn qp_input_replays_its_committed_inputs() {
+        rdma_testkit::fuzz::replay(env!("CARGO_MANIFEST_DIR"), "qp_input", |data| {
+            super::qp_input(data);
+        });
+    }
 }

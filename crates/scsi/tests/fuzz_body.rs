@@ -96,3 +96,12 @@ fn cdb_execute_body() {
         scsi::fuzz::cdb_execute(&input);
     }
 }
+
+/// The `cdb_execute` target's committed seeds and regression inputs
+/// (`fuzz/seeds/cdb_execute`, `fuzz/regressions/cdb_execute`).
+#[test]
+fn cdb_execute_replays_its_committed_inputs() {
+    rdma_testkit::fuzz::replay(env!("CARGO_MANIFEST_DIR"), "cdb_execute", |data| {
+        scsi::fuzz::cdb_execute(data);
+    });
+}

@@ -70,4 +70,22 @@ mod tests {
         let seeds = ["d dgid=fe800000000000000002c90200402bd5\na ioc_guid=00a0b80200402bd7\na queue_size=128\nd\n"];
         assert_eq!(mutations(&seeds, super::rules_file), 2000);
     }
+
+    /// The `login_string` target's committed seeds and regression inputs
+    /// (`fuzz/seeds/login_string`, `fuzz/regressions/login_string`).
+    #[test]
+    fn login_string_replays_its_committed_inputs() {
+        rdma_testkit::fuzz::replay(env!("CARGO_MANIFEST_DIR"), "login_string", |data| {
+            super::login_string(data);
+        });
+    }
+
+    /// The `rules_file` target's committed seeds and regression inputs
+    /// (`fuzz/seeds/rules_file`, `fuzz/regressions/rules_file`).
+    #[test]
+    fn rules_file_replays_its_committed_inputs() {
+        rdma_testkit::fuzz::replay(env!("CARGO_MANIFEST_DIR"), "rules_file", |data| {
+            super::rules_file(data);
+        });
+    }
 }

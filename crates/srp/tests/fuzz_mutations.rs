@@ -245,3 +245,12 @@ fn every_truncation_of_every_seed_is_an_error_or_shorter_iu() {
         }
     }
 }
+
+/// The `iu_parse` target's committed seeds and regression inputs
+/// (`fuzz/seeds/iu_parse`, `fuzz/regressions/iu_parse`).
+#[test]
+fn iu_parse_replays_its_committed_inputs() {
+    rdma_testkit::fuzz::replay(env!("CARGO_MANIFEST_DIR"), "iu_parse", |data| {
+        let _ = check_iu_bytes(data);
+    });
+}

@@ -140,3 +140,12 @@ fn initiator_session_soak() {
         run_initiator_session(&input);
     }
 }
+
+/// The `initiator_session` target's committed seeds and regression inputs
+/// (`fuzz/seeds/initiator_session`, `fuzz/regressions/initiator_session`).
+#[test]
+fn initiator_session_replays_its_committed_inputs() {
+    rdma_testkit::fuzz::replay(env!("CARGO_MANIFEST_DIR"), "initiator_session", |data| {
+        run_initiator_session(data);
+    });
+}

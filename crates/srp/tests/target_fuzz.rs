@@ -91,3 +91,12 @@ fn empty_and_tiny_inputs() {
         let _ = run_target_session(&[0, 0, 0, 0, 0, b]);
     }
 }
+
+/// The `target_session` target's committed seeds and regression inputs
+/// (`fuzz/seeds/target_session`, `fuzz/regressions/target_session`).
+#[test]
+fn target_session_replays_its_committed_inputs() {
+    rdma_testkit::fuzz::replay(env!("CARGO_MANIFEST_DIR"), "target_session", |data| {
+        let _ = run_target_session(data);
+    });
+}
