@@ -37,11 +37,15 @@ pub fn qp_input(data: &[u8]) -> usize {
     let mut cfg = QpConfig::rc(Qpn::from_bits(2), Qpn::from_bits(3));
     cfg.qp_type = qp_type;
     cfg.qkey = Qkey(7);
-    cfg.timeout = 1 + inp.u8() % 20;
-    cfg.retry_cnt = inp.u8() % 8;
-    cfg.rnr_retry = inp.u8() % 8;
-    cfg.max_rd_atomic = 1 + inp.u8() % 8;
-    cfg.max_dest_rd_atomic = 1 + inp.u8() % 8;
+    // Any byte for the attributes that come from outside (a CM REP, a
+    // consumer's modify QP), not only the IBA's ranges: the engine must
+    // not overflow on them.
+    cfg.timeout = inp.u8();
+    cfg.retry_cnt = inp.u8();
+    cfg.rnr_retry = inp.u8();
+    cfg.min_rnr_timer = inp.u8();
+    cfg.max_rd_atomic = inp.u8();
+    cfg.max_dest_rd_atomic = inp.u8();
     let mut qp = Qp::new(cfg);
     qp.set_rts();
     let mut mem = crate::FlatMemory::new(1, 65536);
