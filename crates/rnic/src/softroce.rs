@@ -264,9 +264,6 @@ struct Route {
     send_cq: (Arc<Cq>, Context),
     recv_cq: (Arc<Cq>, Context),
     ctx: Context,
-    sig_all: bool,
-    /// wr_ids of unsignaled sends, whose completions are dropped.
-    unsignaled: Arc<Mutex<std::collections::HashSet<u64>>>,
     /// The consumer asked for ERR: no QpFatal event.
     quiet_error: bool,
 }
@@ -353,13 +350,10 @@ impl CaRt {
             .iter()
             .any(|(_, k)| k.is_some())
             .then(|| self.pkey_table());
+        // The engine reports an unsignaled send only when it fails, so
+        // every completion here is the consumer's (`send_wqe` gives the
+        // engine each WR's signaled flag).
         for (c, pkey) in completions {
-            if !c.is_recv && !route.sig_all && c.status == WcStatus::Success {
-                let mut uns = route.unsignaled.lock().unwrap_or_else(|e| e.into_inner());
-                if uns.remove(&c.wr_id) {
-                    continue;
-                }
-            }
             let mut wc = WorkCompletion::new(c.wr_id, c.status, c.opcode, route.ctx);
             wc.byte_len = c.byte_len;
             if let Some(imm) = c.imm {
@@ -1730,8 +1724,6 @@ impl Provider for SoftRoce {
                 send_cq,
                 recv_cq,
                 ctx,
-                sig_all: init.sq_sig_all,
-                unsignaled: Arc::new(Mutex::new(Default::default())),
                 quiet_error: false,
             },
         );
@@ -2337,14 +2329,6 @@ impl Provider for SoftRoce {
             };
             let pkey = ud.and_then(|(_, k)| k);
             w.ud = ud.map(|(d, _)| d);
-            if !w.signaled {
-                if let Some(r) = rt.routes_lock().get(&qpn.value()) {
-                    r.unsignaled
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .insert(w.wr_id);
-                }
-            }
             wqes.push((w, pkey));
         }
         rt.node(|n| {
