@@ -13,6 +13,7 @@ pub mod idmap;
 mod ids;
 mod psn;
 mod time;
+mod violation;
 mod wc;
 
 pub use fields::{CmRetries, TimeoutExp};
@@ -21,6 +22,7 @@ pub use idmap::{IdMap, IdSet};
 pub use ids::{Gid, Guid, Lid, Lkey, Mtu, Pkey, PortNum, Qkey, QpState, QpType, Qpn, Rkey};
 pub use psn::Psn;
 pub use time::{Duration, Instant};
+pub use violation::PkeyViolation;
 pub use wc::{WcOpcode, WcStatus};
 
 /// Error returned when a value is out of range for its type.

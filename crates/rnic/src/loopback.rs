@@ -1358,6 +1358,50 @@ impl Provider for Fabric {
             .ok_or_else(|| bad(format!("no port {}", port.0)))
     }
 
+    /// LID, master SM LID, state and P_Key table, as an SMA would set
+    /// them, each with its event (a port leaving ACTIVE also migrates its
+    /// armed QPs, as a pulled cable does). LMC, SM SL and alias GUIDs are
+    /// refused: the fabric finds a port by its base LID or GID only.
+    fn modify_port(&self, ca: CaHandle, port: PortNum, m: &PortModify) -> verbs::Result<()> {
+        m.check()?;
+        if m.lmc.is_some() || m.sm_sl.is_some() || m.alias_guids.is_some() {
+            return Err(VerbsError::NotSupported(
+                "LMC, SM SL and alias GUIDs on the loopback fabric",
+            ));
+        }
+        let guid = {
+            let st = self.lock();
+            let dev = &st.devices[st.ca_dev(st.ca(ca)?)];
+            if dev.ports.get((port.0 as usize).wrapping_sub(1)).is_none() {
+                return Err(bad(format!("no port {}", port.0)));
+            }
+            dev.guid
+        };
+        if let Some(lid) = m.lid {
+            self.set_lid(guid, port, lid)?;
+        }
+        if let Some(lid) = m.sm_lid {
+            self.port_event(guid, port, |p| {
+                (std::mem::replace(&mut p.sm_lid, lid) != lid).then_some(AsyncEventKind::SmChange)
+            })?;
+        }
+        if let Some(pkeys) = &m.pkeys {
+            let table = pkeys.iter().copied().filter(|k| k.0 & 0x7fff != 0);
+            self.set_pkeys(guid, port, table.collect())?;
+        }
+        if let Some(state) = m.state {
+            self.port_event(guid, port, |p| {
+                let was = std::mem::replace(&mut p.state, state) == PortState::Active;
+                match (was, state == PortState::Active) {
+                    (false, true) => Some(AsyncEventKind::PortActive),
+                    (true, false) => Some(AsyncEventKind::PortDown),
+                    _ => None,
+                }
+            })?;
+        }
+        Ok(())
+    }
+
     fn alloc_pd(&self, ca: CaHandle, ctx: Context) -> verbs::Result<PdHandle> {
         let mut st = self.lock();
         let c = st.ca(ca)?;

@@ -30,16 +30,17 @@
 //! QP0. [`Personality::Ib`], a managed subnet: the port starts in INIT
 //! with LID 0 and has a QP0, and only a subnet manager makes it ACTIVE,
 //! through the port's SMA in the access layer (`rdma_access::sma_agent`),
-//! which applies the SM's Sets with [`SoftRoce::set_lid`],
-//! [`SoftRoce::set_sm_lid`], [`SoftRoce::set_port_state`] and
-//! [`SoftRoce::set_pkeys`]. RoCE has no QP0 and no SMPs; our convention is
-//! that SMPs travel like any other MAD, as UD SENDs to QPN 0 over UDP
-//! (Q_Key not checked, as IBA 9.6.1.1.2 has it for QP0). Addressing stays
+//! which applies the SM's Sets with the verbs' port control
+//! ([`Provider::modify_port`]: LID, master SM LID, state, P_Key table) and
+//! reads the port's P_Key violations with
+//! [`Provider::take_pkey_violations`]. RoCE has no QP0 and no SMPs; our
+//! convention is that SMPs travel like any other MAD, as UD SENDs to QPN 0
+//! over UDP (Q_Key not checked, as IBA 9.6.1.1.2 has it for QP0). Addressing stays
 //! RoCEv2: GIDs are still the CAs' IP addresses, and a LID only names a
 //! port in SM and SA records.
 //!
 //! Partitions (IBA 10.9): a QP's P_Key index picks from the port's table
-//! (an `ib` port's is the SM's, [`SoftRoce::set_pkeys`]; a `roce` port's
+//! (an `ib` port's is the SM's, [`Provider::modify_port`]; a `roce` port's
 //! the default P_Key alone, what Linux rxe sends), and a QP's key follows
 //! its entry when the table changes. The port drops every received packet
 //! but an SMP whose P_Key matches no entry, or is not the key of the
@@ -93,9 +94,10 @@ use verbs::kit::qp_table;
 use verbs::kit::rq::RecvQueue;
 use verbs::{
     AhAttr, AhHandle, AsyncEvent, AsyncEventKind, CaAttr, CaHandle, Context, CqHandle, CqInit,
-    EventHandler, Handle, MemBuf, MrHandle, MrInfo, MwBind, MwHandle, MwType, PdHandle, PortAttr,
-    PortState, Provider, QpAttr, QpHandle, QpInit, RecvWr, ResourceKind, Result, SendOpcode,
-    SendWr, SrqAttr, SrqHandle, VerbsError, WcFlags, WorkCompletion,
+    EventHandler, Handle, MemBuf, MrHandle, MrInfo, MwBind, MwHandle, MwType, PdHandle,
+    PkeyViolations, PortAttr, PortModify, PortState, Provider, QpAttr, QpHandle, QpInit, RecvWr,
+    ResourceKind, Result, SendOpcode, SendWr, SrqAttr, SrqHandle, VerbsError, WcFlags,
+    WorkCompletion,
 };
 
 pub use rdma_sim::FaultConfig;
@@ -756,62 +758,101 @@ impl SoftRoce {
         }
     }
 
-    /// The port state the SM (through the SMA) sets on an `ib` port of
-    /// open CA `guid`: ACTIVE raises `PortActive`, leaving ACTIVE raises
-    /// `PortDown` (a port error, IBA 11.6.3). The link is not touched (see
-    /// [`SoftRoce::set_port_active`] for a pulled cable).
+    /// [`Provider::modify_port`] of port 1 of open CA `guid`, for tools
+    /// and tests that hold no handle of it: the port state alone.
     ///
     /// # Errors
-    /// `NoSuchCa` when the CA is not open; `InvalidArgument` on a `roce`
-    /// port, whose state is the link's.
+    /// As [`Provider::modify_port`]'s.
     pub fn set_port_state(&self, guid: Guid, state: PortState) -> Result<()> {
-        let (rt, opens) = self.opens(guid)?;
-        if rt.personality != Personality::Ib {
-            return Err(bad("only an ib port's state is set by an SM"));
-        }
-        let old = {
-            let mut p = rt.port.lock().unwrap_or_else(|e| e.into_inner());
-            std::mem::replace(&mut p.state, state)
-        };
-        match (old == PortState::Active, state == PortState::Active) {
-            (false, true) => port_event(&opens, AsyncEventKind::PortActive),
-            (true, false) => port_event(&opens, AsyncEventKind::PortDown),
-            _ => {}
-        }
-        Ok(())
+        self.modify_port_of(guid, &PortModify::new().state(state))
     }
 
-    /// Records the master SM's LID on port 1 of open CA `guid` (raises
-    /// `SmChange` when it changes).
+    /// [`Provider::modify_port`] by GUID: the master SM's LID alone.
     ///
     /// # Errors
-    /// `NoSuchCa` when the CA is not open.
+    /// As [`Provider::modify_port`]'s.
     pub fn set_sm_lid(&self, guid: Guid, lid: Lid) -> Result<()> {
+        self.modify_port_of(guid, &PortModify::new().sm_lid(lid))
+    }
+
+    /// [`Provider::modify_port`] by GUID: the P_Key table alone.
+    ///
+    /// # Errors
+    /// As [`Provider::modify_port`]'s.
+    pub fn set_pkeys(&self, guid: Guid, pkeys: &[Pkey]) -> Result<()> {
+        self.modify_port_of(guid, &PortModify::new().pkeys(pkeys.to_vec()))
+    }
+
+    /// [`Provider::modify_port`] by GUID: the LID alone.
+    ///
+    /// # Errors
+    /// As [`Provider::modify_port`]'s.
+    pub fn set_lid(&self, guid: Guid, lid: Lid) -> Result<()> {
+        self.modify_port_of(guid, &PortModify::new().lid(lid))
+    }
+
+    /// Port control of port 1 of open CA `guid` (see the module docs and
+    /// [`Provider::modify_port`]). The LID raises `LidChange`; a new
+    /// master SM LID `SmChange`. The state and P_Key table are an `ib`
+    /// port's only: ACTIVE raises `PortActive`, leaving ACTIVE `PortDown`
+    /// (a port error, IBA 11.6.3; the link is not touched, see
+    /// [`SoftRoce::set_port_active`] for a pulled cable). A new table
+    /// (empty slots, P_Key 0, left out) raises `PkeyChange`; the port
+    /// checks received packets against it from then on, and each QP's key
+    /// becomes the new entry at its index (QP0's stays the default: SMPs
+    /// are not partitioned). LMC, master SM SL and alias GUIDs are
+    /// refused: a soft RoCE port is reached by its GID, so they would
+    /// route nothing (the SMA keeps them for the SM to read back).
+    fn modify_port_of(&self, guid: Guid, m: &PortModify) -> Result<()> {
+        m.check()?;
+        if m.lmc.is_some() || m.sm_sl.is_some() || m.alias_guids.is_some() {
+            return Err(VerbsError::NotSupported(
+                "LMC, SM SL and alias GUIDs on soft RoCE (a port is reached by its GID)",
+            ));
+        }
         let (rt, opens) = self.opens(guid)?;
-        let old = std::mem::replace(
-            &mut rt.port.lock().unwrap_or_else(|e| e.into_inner()).sm_lid,
-            lid,
-        );
-        if old != lid {
-            port_event(&opens, AsyncEventKind::SmChange);
+        if rt.personality != Personality::Ib {
+            if m.state.is_some() {
+                return Err(bad("only an ib port's state is set by an SM"));
+            }
+            if m.pkeys.is_some() {
+                return Err(bad("only an ib port's P_Key table is set by an SM"));
+            }
+        }
+        if let Some(lid) = m.lid {
+            rt.port.lock().unwrap_or_else(|e| e.into_inner()).lid = lid;
+            port_event(&opens, AsyncEventKind::LidChange);
+        }
+        if let Some(lid) = m.sm_lid {
+            let old = std::mem::replace(
+                &mut rt.port.lock().unwrap_or_else(|e| e.into_inner()).sm_lid,
+                lid,
+            );
+            if old != lid {
+                port_event(&opens, AsyncEventKind::SmChange);
+            }
+        }
+        if let Some(pkeys) = &m.pkeys {
+            self.replace_pkeys(&rt, pkeys);
+            port_event(&opens, AsyncEventKind::PkeyChange);
+        }
+        if let Some(state) = m.state {
+            let old = {
+                let mut p = rt.port.lock().unwrap_or_else(|e| e.into_inner());
+                std::mem::replace(&mut p.state, state)
+            };
+            match (old == PortState::Active, state == PortState::Active) {
+                (false, true) => port_event(&opens, AsyncEventKind::PortActive),
+                (true, false) => port_event(&opens, AsyncEventKind::PortDown),
+                _ => {}
+            }
         }
         Ok(())
     }
 
-    /// Replaces the P_Key table of port 1 of open CA `guid`, an `ib` port
-    /// (empty slots, P_Key 0, are left out); raises `PkeyChange`. The port
-    /// checks received packets against it from now on, and each QP's key
-    /// becomes the new entry at its index (QP0's stays the default: SMPs
-    /// are not partitioned).
-    ///
-    /// # Errors
-    /// `NoSuchCa` when the CA is not open; `InvalidArgument` on a `roce`
-    /// port, whose table is the default P_Key alone.
-    pub fn set_pkeys(&self, guid: Guid, pkeys: &[Pkey]) -> Result<()> {
-        let (rt, opens) = self.opens(guid)?;
-        if rt.personality != Personality::Ib {
-            return Err(bad("only an ib port's P_Key table is set by an SM"));
-        }
+    /// Gives `rt`'s port the P_Key table `pkeys` and every QP engine of
+    /// it the key at its index.
+    fn replace_pkeys(&self, rt: &Arc<CaRt>, pkeys: &[Pkey]) {
         let table: Vec<Pkey> = pkeys
             .iter()
             .copied()
@@ -819,36 +860,32 @@ impl SoftRoce {
             .collect();
         rt.port.lock().unwrap_or_else(|e| e.into_inner()).pkeys = table;
         let table = rt.pkey_table();
-        {
-            // Under the handle table's lock, as modify_qp builds engines:
-            // one built before this saw the old table and is here.
-            let st = self.lock();
-            let qps: Vec<(Qpn, u16)> = st
-                .slots
-                .iter()
-                .filter_map(|s| match &s.obj {
-                    Some(Obj::Qp(q))
-                        if q.engine
-                            && q.init.qp_type != QpType::Smi
-                            && Arc::ptr_eq(&st.rt(q.ca), &rt) =>
-                    {
-                        Some((q.qpn, q.attr.pkey_index.unwrap_or(0)))
-                    }
-                    _ => None,
-                })
-                .collect();
-            rt.node(|n| {
-                n.set_pkeys(&table);
-                for (qpn, ix) in qps {
-                    let e = n.qp_mut(softroce::QpHandle(qpn));
-                    if let (Some(e), Some(k)) = (e, table.get(usize::from(ix))) {
-                        e.update_config(|c| c.pkey = *k);
-                    }
+        // Under the handle table's lock, as modify_qp builds engines: one
+        // built before this saw the old table and is here.
+        let st = self.lock();
+        let qps: Vec<(Qpn, u16)> = st
+            .slots
+            .iter()
+            .filter_map(|s| match &s.obj {
+                Some(Obj::Qp(q))
+                    if q.engine
+                        && q.init.qp_type != QpType::Smi
+                        && Arc::ptr_eq(&st.rt(q.ca), rt) =>
+                {
+                    Some((q.qpn, q.attr.pkey_index.unwrap_or(0)))
                 }
-            });
-        }
-        port_event(&opens, AsyncEventKind::PkeyChange);
-        Ok(())
+                _ => None,
+            })
+            .collect();
+        rt.node(|n| {
+            n.set_pkeys(&table);
+            for (qpn, ix) in qps {
+                let e = n.qp_mut(softroce::QpHandle(qpn));
+                if let (Some(e), Some(k)) = (e, table.get(usize::from(ix))) {
+                    e.update_config(|c| c.pkey = *k);
+                }
+            }
+        });
     }
 
     /// The P_Key violations port 1 of open CA `guid` counted since the
@@ -863,6 +900,16 @@ impl SoftRoce {
             .map(|(rt, _)| rt.clone())?;
         // The SMA asks every few tens of milliseconds: no wake-ups.
         rt.inspect(|n| n.take_pkey_violations())
+    }
+
+    /// The GUID of open CA `ca`, whose only port is `port`.
+    fn port_one(&self, ca: CaHandle, port: PortNum) -> Result<Guid> {
+        let st = self.lock();
+        let i = st.ca(ca)?;
+        if port.0 != 1 {
+            return Err(bad(format!("port {} does not exist", port.0)));
+        }
+        Ok(st.rt(i).guid)
     }
 
     /// The open device of CA `guid` and the handlers of every open of it.
@@ -932,17 +979,6 @@ impl SoftRoce {
             };
             port_event(&opens, kind);
         }
-        Ok(())
-    }
-
-    /// Gives port 1 of open CA `guid` a LID (raises `LidChange`).
-    ///
-    /// # Errors
-    /// `NoSuchCa` when the CA is not open.
-    pub fn set_lid(&self, guid: Guid, lid: Lid) -> Result<()> {
-        let (rt, opens) = self.opens(guid)?;
-        rt.port.lock().unwrap_or_else(|e| e.into_inner()).lid = lid;
-        port_event(&opens, AsyncEventKind::LidChange);
         Ok(())
     }
 
@@ -1500,6 +1536,17 @@ impl Provider for SoftRoce {
             gids: vec![rt.gid],
             pkeys,
         })
+    }
+
+    fn modify_port(&self, ca: CaHandle, port: PortNum, modify: &PortModify) -> Result<()> {
+        let guid = self.port_one(ca, port)?;
+        self.modify_port_of(guid, modify)
+    }
+
+    fn take_pkey_violations(&self, ca: CaHandle, port: PortNum) -> Result<Option<PkeyViolations>> {
+        let guid = self.port_one(ca, port)?;
+        Ok(SoftRoce::take_pkey_violations(self, guid)
+            .map(|(count, latest)| PkeyViolations { count, latest }))
     }
 
     fn alloc_pd(&self, ca: CaHandle, ctx: Context) -> Result<PdHandle> {

@@ -49,5 +49,6 @@ pub mod link;
 mod node;
 
 pub use driver::{CompletionCallback, Driver};
-pub use node::{AhId, Node, NodeConfig, NodeStats, PkeyViolation, QpHandle};
+pub use node::{AhId, Node, NodeConfig, NodeStats, QpHandle};
+pub use rdma_types::PkeyViolation;
 pub use roce::FlatMemory;

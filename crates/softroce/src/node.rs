@@ -1,7 +1,7 @@
 //! One soft RoCE node: socket, QP table, address handles, capture, faults.
 
 use rdma_sim::{FaultConfig, FaultInjector, Payload as SimPayload};
-use rdma_types::{Gid, Instant, Pkey, QpType, Qpn};
+use rdma_types::{Gid, Instant, Pkey, PkeyViolation, QpType, Qpn};
 use rdma_wire::pcap::{LinkType, PcapWriter};
 use rdma_wire::{icrc, IbRepr, IpRepr, RoceRepr, UdpChecksum, UdpRepr};
 use roce::{Completion, Memory, Packet, Payload, Qp, QpConfig, QpCounters, QpEvent};
@@ -90,24 +90,6 @@ pub struct NodeStats {
     /// Dropped: the P_Key matched no entry of the port's table, or not
     /// the key of the QP it was for (see [`Node::set_pkeys`]).
     pub rx_pkey_violations: u64,
-}
-
-/// A packet the port dropped for its P_Key, with what trap 257 (Bad
-/// P_Key, IBA 14.2.5.1) tells the SM of it: who sent it, from and to
-/// which QP, in which partition. RoCEv2 carries no LIDs and no SL.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PkeyViolation {
-    /// The P_Key the packet carried.
-    pub pkey: Pkey,
-    /// The sender's GID (its IP address).
-    pub src_gid: Gid,
-    /// Ours.
-    pub dst_gid: Gid,
-    /// The sender's QP: a datagram's DETH names it; for a connected QP,
-    /// the peer QP it is connected to; `None` when nobody knows.
-    pub src_qp: Option<Qpn>,
-    /// The QP the packet was for.
-    pub dest_qp: Qpn,
 }
 
 /// A QP of the node.

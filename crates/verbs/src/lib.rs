@@ -44,6 +44,12 @@
 //! raises [`AsyncEventKind::PathMigrated`] to the QP's owner. The loopback
 //! provider migrates; soft RoCE refuses alternate paths (`NotSupported`).
 //!
+//! Port control ([`Provider::modify_port`], [`PortModify`]): the access
+//! layer's SMA sets a port's LID, LMC, master SM, state, P_Key table and
+//! alias GUIDs through the provider, and learns from it what the port
+//! dropped for its P_Key ([`Provider::take_pkey_violations`]); no SMA
+//! reaches a provider's own methods.
+//!
 //! What this crate refuses: I/O, threads, wire formats. It depends only on
 //! `rdma-types`.
 
@@ -53,6 +59,7 @@ mod handles;
 pub mod kit;
 mod mem;
 pub mod nested;
+mod port;
 mod provider;
 mod types;
 
@@ -61,6 +68,7 @@ pub use handles::{
     AhHandle, CaHandle, CqHandle, Handle, MrHandle, MwHandle, PdHandle, QpHandle, SrqHandle,
 };
 pub use mem::MemBuf;
+pub use port::{PkeyViolations, PortModify};
 pub use provider::{Context, EventHandler, IgnoreEvents, Provider};
 pub use types::*;
 

@@ -2,6 +2,7 @@
 
 use crate::handles::*;
 use crate::mem::MemBuf;
+use crate::port::{PkeyViolations, PortModify};
 use crate::types::*;
 use crate::{Result, VerbsError};
 use rdma_types::{AccessFlags, Guid, Pkey, PortNum};
@@ -94,6 +95,20 @@ pub trait Provider: Send + Sync {
             .ok_or_else(|| {
                 VerbsError::InvalidArgument(format!("P_Key {:#06x} not in table", pkey.0))
             })
+    }
+
+    /// Applies what the port's subnet management agent was told (see
+    /// [`PortModify`]): all of `modify` or, on an error, none of it. A
+    /// provider whose port has no SMA of ours (a RoCE port, a NIC whose
+    /// firmware runs the SMA) refuses with `NotSupported`.
+    fn modify_port(&self, ca: CaHandle, port: PortNum, modify: &PortModify) -> Result<()> {
+        unsupported!("modify_port")
+    }
+    /// The packets the port dropped for their P_Key since the last call
+    /// (for the SMA's PortInfo:P_KeyViolations and trap 257); `None` when
+    /// there were none.
+    fn take_pkey_violations(&self, ca: CaHandle, port: PortNum) -> Result<Option<PkeyViolations>> {
+        unsupported!("take_pkey_violations")
     }
 
     // ---- PD ----
