@@ -37,14 +37,35 @@
 //! initiator is never disturbed and a dead one's channel is freed. Every
 //! close the port starts carries its [`CloseReason`].
 //!
-//! # Threads
+//! # Threads and locks
 //!
-//! One poller thread owns every completion: CQs are armed, and the
-//! provider's completion callback only queues a wake-up for it. SCSI
-//! commands run on a small worker pool (the SCSI core is synchronous);
-//! results come back to the poller through the same queue. A single lock
-//! guards the port's state; provider callbacks never take it.
+//! One lock guards the port's state (channels, the sans-IO target, the
+//! chunk pool). Who takes it, and what runs under it:
 //!
+//! - **Completions.** When the provider promises never to call a handler
+//!   from inside one of its own calls (`Provider::handlers_nest` is false)
+//!   and the calling thread holds no counted lock
+//!   (`verbs::nested::may_lock_here`), the completion callback drains the
+//!   CQ right there, on the provider's thread, under the port lock: one
+//!   thread hand-off less per IU. Otherwise it only queues a wake-up for
+//!   the port's poll thread, which drains the CQ under the lock. Async
+//!   events take nothing: a QP error surfaces as flushed completions.
+//! - **SCSI commands** run on a small worker pool (the SCSI core is
+//!   synchronous), outside the lock, or inline on the thread that took
+//!   the lock when the command is small and the port quiet; results come
+//!   back under the lock.
+//! - **The CM's calls** ([`TargetPort::login`], [`TargetPort::established`],
+//!   [`TargetPort::disconnected`]) take the lock; the caller must not hold
+//!   a lock a completion callback takes.
+//! - **The disconnect hook** ([`TargetPort::on_disconnect`]) runs after
+//!   the lock is released, on the thread that closed the channel, so it may
+//!   call back into the port or into a CM that calls the port.
+//!
+//! The code is split along those lines: `port/connections.rs` (logins,
+//! bounds, keepalives, closing), `port/completions.rs` (CQs, IUs in, work
+//! requests out), `port/chunks.rs` (the registered chunk pool),
+//! `port/execution.rs` (SCSI and task management), `port/stats.rs`.
+
 //! # Memory
 //!
 //! Data moves through fixed chunks of `srp_max_rdma_size` bytes: an RDMA

@@ -1,0 +1,456 @@
+//! Completions: the CQs drained (on the provider's thread or the poll
+//! thread), received IUs fed to the sans-IO target, and its outputs turned
+//! into SENDs and RDMA READ/WRITEs.
+
+use super::*;
+
+impl Inner {
+    pub(super) fn poll_loop(&self, rx: Receiver<Event>) {
+        loop {
+            let ev = match self.next_deadline() {
+                None => rx.recv().map_err(|_| mpsc::RecvTimeoutError::Disconnected),
+                Some(at) => {
+                    rx.recv_timeout(at.saturating_duration_since(std::time::Instant::now()))
+                }
+            };
+            match ev {
+                Ok(Event::Stop) | Err(mpsc::RecvTimeoutError::Disconnected) => return,
+                Ok(Event::Cq(ctx)) => self.drain_cq(ctx),
+                Ok(Event::Timer) | Err(mpsc::RecvTimeoutError::Timeout) => self.on_timer(),
+            }
+        }
+    }
+
+    pub(super) fn drain_cq(&self, ctx: u64) {
+        let mut st = self.lock();
+        st.inline_here = true;
+        self.drain_cq_locked(&mut st, ctx);
+        self.run_inline(st);
+    }
+
+    /// Runs the commands `submit_scsi` kept for this thread, with the lock
+    /// released, until none are left (their responses may start more).
+    pub(super) fn run_inline<'a>(&'a self, mut st: Locked<'a>) {
+        loop {
+            let jobs = std::mem::take(&mut st.inline_jobs);
+            if jobs.is_empty() {
+                st.inline_here = false;
+                return;
+            }
+            drop(st);
+            for mut job in jobs {
+                self.gather_job(&mut job);
+                let (done, data_in) = self.execute(&job);
+                self.done_locked(&mut self.lock(), job.conn, done, data_in);
+            }
+            st = self.lock();
+        }
+    }
+
+    pub(super) fn drain_cq_locked(&self, st: &mut State, ctx: u64) {
+        let cq = if ctx == RECV_CQ_CTX {
+            self.recv_cq
+        } else {
+            match st.conns.get(&ConnId(ctx)) {
+                Some(c) => c.send_cq,
+                None => return,
+            }
+        };
+        let mut wcs =
+            [WorkCompletion::new(0, WcStatus::Success, rdma_types::WcOpcode::Send, 0); 32];
+        let mut armed = false;
+        loop {
+            let n = match self.provider.poll_cq(cq, &mut wcs) {
+                Ok(n) => n,
+                Err(_) => return,
+            };
+            for wc in &wcs[..n] {
+                if ctx == RECV_CQ_CTX {
+                    self.on_recv(st, wc);
+                } else {
+                    self.on_send_wc(st, ConnId(ctx), wc);
+                }
+            }
+            if n == 0 {
+                if armed {
+                    break;
+                }
+                // Arm, then look once more: a completion that landed
+                // between the last poll and the arm is not lost.
+                if self.provider.req_notify_cq(cq, false).is_err() {
+                    break;
+                }
+                armed = true;
+            }
+        }
+        self.retry_waiting(st);
+    }
+
+    pub(super) fn on_recv(&self, st: &mut State, wc: &WorkCompletion) {
+        let index = wc.wr_id as u32;
+        let conn = ConnId(wc.qp_ctx);
+        if wc.status == WcStatus::Success {
+            if let Some(c) = st.conns.get_mut(&conn) {
+                c.activity += 1;
+                let channel = c.channel;
+                let off = (index * self.req_size) as usize;
+                let len = (wc.byte_len as usize).min(self.req_size as usize);
+                let bytes = self.srq_buf.to_vec(off, len);
+                if let Some(ch) = st.target.channel_mut(channel) {
+                    ch.handle_recv(&bytes);
+                }
+                self.pump(st, conn);
+            }
+        }
+        // The channel copied what it keeps: the buffer goes straight back.
+        let _ = self
+            .provider
+            .post_srq_recv(self.srq, &[self.recv_wr(index)]);
+    }
+
+    pub(super) fn on_send_wc(&self, st: &mut State, conn: ConnId, wc: &WorkCompletion) {
+        let ok = wc.status == WcStatus::Success;
+        let Some(c) = st.conns.get_mut(&conn) else {
+            return;
+        };
+        c.outstanding = c.outstanding.saturating_sub(1);
+        c.activity += 1;
+        let channel = c.channel;
+        // The first failure names the close, unless the channel was
+        // already logging out (its reason stands; the failure follows it).
+        let live = st
+            .target
+            .channel(channel)
+            .is_some_and(|ch| ch.state() == srp::target::ChannelState::Live);
+        if !ok && live && !c.closing && c.close_reason.is_none() {
+            let kind = wc.wr_id & KIND_MASK;
+            c.close_reason = Some(if kind == KIND_KEEPALIVE {
+                CloseReason::PeerGone { status: wc.status }
+            } else {
+                CloseReason::WorkRequestFailed {
+                    status: wc.status,
+                    what: match kind {
+                        KIND_SEND => "an IU SEND",
+                        KIND_RDMA => "an RDMA READ or WRITE",
+                        _ => "a work request",
+                    },
+                }
+            });
+        }
+        match wc.wr_id & KIND_MASK {
+            KIND_KEEPALIVE => {
+                c.keepalive_out = false;
+                if !ok {
+                    if let Some(ch) = st.target.channel_mut(channel) {
+                        ch.connection_lost();
+                    }
+                }
+            }
+            KIND_SEND => {
+                c.free_slots.push((wc.wr_id & !KIND_MASK) as u32);
+                if let Some(ch) = st.target.channel_mut(channel) {
+                    ch.handle_send_done(ok);
+                }
+            }
+            KIND_RDMA => {
+                let op = OpId(wc.wr_id & !KIND_MASK);
+                let Some(info) = c.ops.remove(&op) else {
+                    return;
+                };
+                match info.local {
+                    Local::Table { .. } => {
+                        let chunk = info.chunk.expect("a table read takes a chunk");
+                        let bytes = ok.then(|| {
+                            self.chunk_buf
+                                .to_vec(chunk * self.chunk_size as usize, info.len as usize)
+                        });
+                        st.free_chunks.push(chunk);
+                        if let Some(ch) = st.target.channel_mut(channel) {
+                            ch.handle_table_read(op, bytes.as_deref());
+                        }
+                    }
+                    Local::DataOut { offset } => {
+                        let chunk = info.chunk.expect("a data-out READ takes a chunk");
+                        if ok && st.free_chunks.len() < self.spill_below {
+                            let bytes = self
+                                .chunk_buf
+                                .to_vec(chunk * self.chunk_size as usize, info.len as usize);
+                            c.spilled.entry(info.cmd).or_default().push((offset, bytes));
+                            st.free_chunks.push(chunk);
+                        } else if ok {
+                            c.fetched
+                                .entry(info.cmd)
+                                .or_default()
+                                .push((offset, chunk, info.len));
+                        } else {
+                            st.free_chunks.push(chunk);
+                        }
+                        if let Some(ch) = st.target.channel_mut(channel) {
+                            ch.handle_rdma_done(op, ok);
+                        }
+                    }
+                    Local::DataIn { .. } => {
+                        st.free_chunks.extend(info.chunk);
+                        if info.chunk.is_none()
+                            && !c
+                                .ops
+                                .values()
+                                .any(|o| o.cmd == info.cmd && o.chunk.is_none())
+                        {
+                            if let Some(chunks) = c.parked.remove(&info.cmd) {
+                                st.free_chunks.extend(chunks);
+                            }
+                        }
+                        if let Some(ch) = st.target.channel_mut(channel) {
+                            ch.handle_rdma_done(op, ok);
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+        self.pump(st, conn);
+    }
+
+    /// Carries out every output the channel has.
+    pub(super) fn pump(&self, st: &mut State, conn: ConnId) {
+        loop {
+            let Some(c) = st.conns.get(&conn) else {
+                return;
+            };
+            let channel = c.channel;
+            let Some(out) = st
+                .target
+                .channel_mut(channel)
+                .and_then(|ch| ch.poll_output())
+            else {
+                break;
+            };
+            self.carry_out(st, conn, out);
+        }
+        self.maybe_finish(st, conn);
+    }
+
+    pub(super) fn carry_out(&self, st: &mut State, conn: ConnId, out: Output) {
+        match out {
+            Output::Send { bytes, solicited } => {
+                // An IU never overtakes this channel's RDMA ops waiting for
+                // a chunk: the channel hands out a TMF response only once
+                // the commands it aborts are back from the core, but a
+                // command that completed first still has its data-in
+                // WRITEs ahead of it, and a TMF response overtaking them
+                // would let the initiator reuse the buffer they land in.
+                if st.waiting.iter().any(|(c, _)| *c == conn) {
+                    st.waiting
+                        .push_back((conn, Output::Send { bytes, solicited }));
+                } else {
+                    self.post_send_iu(st, conn, &bytes, solicited)
+                }
+            }
+            Output::RdmaRead(op) | Output::RdmaWrite(op) => {
+                if !self.post_rdma(st, conn, &out, op) {
+                    st.waiting.push_back((conn, out));
+                }
+            }
+            Output::Scsi(req) => self.submit_scsi(st, conn, req),
+            Output::Tmf(req) => self.run_tmf(st, conn, req),
+            Output::Abort(_) => {
+                // The core's later completion is ignored by the channel; a
+                // running backend I/O is not interrupted (the channel is
+                // closing: no TMF response waits for it).
+            }
+            Output::Release(cmd) => {
+                if let Some(c) = st.conns.get_mut(&conn) {
+                    if let Some(d) = c.data_in.remove(&cmd) {
+                        let chunks = d.chunks().to_vec();
+                        let busy = c.ops.values().any(|o| o.cmd == cmd && o.chunk.is_none());
+                        if busy && !chunks.is_empty() {
+                            c.parked.insert(cmd, chunks);
+                        } else {
+                            st.free_chunks.extend(chunks);
+                        }
+                    }
+                    c.spilled.remove(&cmd);
+                    if let Some(chunks) = c.fetched.remove(&cmd) {
+                        st.free_chunks
+                            .extend(chunks.into_iter().map(|(_, ch, _)| ch));
+                    }
+                }
+            }
+            Output::Disconnect => {
+                let why = self.close_reason(st, conn);
+                self.close(st, conn);
+                // The hook runs once the lock is let go (`PortLock`).
+                st.closed.push((conn, why));
+            }
+        }
+    }
+
+    pub(super) fn post_send_iu(&self, st: &mut State, conn: ConnId, bytes: &[u8], solicited: bool) {
+        let Some(c) = st.conns.get_mut(&conn) else {
+            return;
+        };
+        let channel = c.channel;
+        let slot = match c.free_slots.pop() {
+            Some(s) if bytes.len() <= c.slot_size as usize => s,
+            other => {
+                // The channel never has more than srpt_sq_size work requests
+                // out and never builds an IU above srp_max_rsp_size, so this
+                // is a bug: fail the send rather than corrupt a slot.
+                if let Some(s) = other {
+                    c.free_slots.push(s);
+                }
+                if let Some(ch) = st.target.channel_mut(channel) {
+                    ch.handle_send_done(false);
+                }
+                return;
+            }
+        };
+        let off = slot as usize * c.slot_size as usize;
+        c.send_buf.write_at(off, bytes);
+        let mut wr = SendWr::new(
+            KIND_SEND | slot as u64,
+            SendOpcode::Send,
+            vec![Sge {
+                addr: c.send_buf.addr() + off as u64,
+                length: bytes.len() as u32,
+                lkey: c.send_mr.lkey,
+            }],
+        );
+        if solicited {
+            wr.flags = SendFlags::SIGNALED | SendFlags::SOLICITED;
+        }
+        match self.provider.post_send(c.qp, &[wr]) {
+            Ok(()) => c.outstanding += 1,
+            Err(_) => {
+                c.free_slots.push(slot);
+                if let Some(ch) = st.target.channel_mut(channel) {
+                    ch.handle_send_done(false);
+                }
+            }
+        }
+    }
+
+    /// Posts an RDMA op; false when no chunk is free (the op waits).
+    pub(super) fn post_rdma(&self, st: &mut State, conn: ConnId, out: &Output, op: RdmaOp) -> bool {
+        let read = matches!(out, Output::RdmaRead(_));
+        if op.len > self.chunk_size {
+            // Larger than any chunk: the channel splits at srp_max_rdma_size
+            // and tables are bounded by max_table_len, so only a table over
+            // the chunk size lands here.
+            self.fail_rdma(st, conn, op);
+            return true;
+        }
+        let cs = self.chunk_size as usize;
+        // A WRITE of data-in the store read into the command's own chunks
+        // goes straight out of them.
+        let reserved = match (
+            op.local,
+            st.conns.get(&conn).and_then(|c| c.data_in.get(&op.cmd)),
+        ) {
+            (Local::DataIn { offset }, Some(InData::Chunks { chunks, len })) => {
+                Some(self.reserved_sges(chunks, *len, offset as usize, op.len as usize))
+            }
+            _ => None,
+        };
+        let (chunk, sges) = match reserved {
+            Some(sges) => (None, sges),
+            None => {
+                let Some(chunk) = st.free_chunks.pop() else {
+                    return false;
+                };
+                (
+                    Some(chunk),
+                    vec![Sge {
+                        addr: self.chunk_buf.addr() + (chunk * cs) as u64,
+                        length: op.len,
+                        lkey: self.chunk_mr.lkey,
+                    }],
+                )
+            }
+        };
+        let Some(c) = st.conns.get_mut(&conn) else {
+            st.free_chunks.extend(chunk);
+            return true;
+        };
+        if let (Local::DataIn { offset }, Some(chunk)) = (op.local, chunk) {
+            let chunk_off = chunk * cs;
+            let data = match c.data_in.get(&op.cmd) {
+                Some(InData::Vec(v)) => v.as_slice(),
+                _ => &[],
+            };
+            let start = (offset as usize).min(data.len());
+            let end = (offset as usize + op.len as usize).min(data.len());
+            self.chunk_buf.write_at(chunk_off, &data[start..end]);
+            if end - start < op.len as usize {
+                let zeros = vec![0u8; op.len as usize - (end - start)];
+                self.chunk_buf.write_at(chunk_off + (end - start), &zeros);
+            }
+        }
+        let mut wr = SendWr::new(
+            KIND_RDMA | op.id.0,
+            if read {
+                SendOpcode::RdmaRead
+            } else {
+                SendOpcode::RdmaWrite
+            },
+            sges,
+        );
+        wr.remote = RemoteAddr {
+            addr: op.remote_va,
+            rkey: op.rkey,
+        };
+        match self.provider.post_send(c.qp, &[wr]) {
+            Ok(()) => {
+                c.outstanding += 1;
+                c.ops.insert(
+                    op.id,
+                    OpInfo {
+                        chunk,
+                        cmd: op.cmd,
+                        local: op.local,
+                        len: op.len,
+                    },
+                );
+            }
+            Err(_) => {
+                st.free_chunks.extend(chunk);
+                self.fail_rdma(st, conn, op);
+            }
+        }
+        true
+    }
+
+    pub(super) fn fail_rdma(&self, st: &mut State, conn: ConnId, op: RdmaOp) {
+        let Some(channel) = st.conns.get(&conn).map(|c| c.channel) else {
+            return;
+        };
+        if let Some(ch) = st.target.channel_mut(channel) {
+            match op.local {
+                Local::Table { .. } => ch.handle_table_read(op.id, None),
+                _ => ch.handle_rdma_done(op.id, false),
+            }
+        }
+    }
+
+    pub(super) fn retry_waiting(&self, st: &mut State) {
+        while let Some((conn, out)) = st.waiting.pop_front() {
+            if !st.conns.contains_key(&conn) {
+                continue;
+            }
+            let op = match &out {
+                Output::RdmaRead(op) | Output::RdmaWrite(op) => *op,
+                Output::Send { bytes, solicited } => {
+                    self.post_send_iu(st, conn, bytes, *solicited);
+                    continue;
+                }
+                _ => continue,
+            };
+            if !self.post_rdma(st, conn, &out, op) {
+                st.waiting.push_front((conn, out));
+                break;
+            }
+            self.pump(st, conn);
+        }
+    }
+}

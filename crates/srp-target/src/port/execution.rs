@@ -1,0 +1,402 @@
+//! Execution: SCSI commands and task management functions, run inline or
+//! on the worker pool, and their results fed back to the sans-IO target.
+
+use super::*;
+
+impl Inner {
+    /// A command came back from the SCSI core: its data-in and response
+    /// go out from the calling thread (a worker), with no hop through the
+    /// poller.
+    pub(super) fn scsi_done(&self, conn: ConnId, done: ScsiDone, data_in: InData) {
+        let mut st = self.lock();
+        self.done_locked(&mut st, conn, done, data_in);
+        self.run_inline(st);
+    }
+
+    /// Hands a finished command to its channel and sends what follows;
+    /// commands that come out small enough are kept for this thread.
+    pub(super) fn done_locked(
+        &self,
+        st: &mut State,
+        conn: ConnId,
+        done: ScsiDone,
+        data_in: InData,
+    ) {
+        let Some(c) = st.conns.get_mut(&conn) else {
+            // The connection went while the command ran.
+            st.free_chunks.extend_from_slice(data_in.chunks());
+            return;
+        };
+        let (cmd, channel) = (done.cmd, c.channel);
+        c.queued.remove(&cmd);
+        c.data_in.insert(cmd, data_in);
+        let taken = st
+            .target
+            .channel_mut(channel)
+            .is_some_and(|ch| ch.handle_scsi_done(done));
+        if !taken {
+            // The channel dropped the command while it ran (it is closing)
+            // and released it already: no WRITE will name these chunks.
+            if let Some(d) = st.conns.get_mut(&conn).and_then(|c| c.data_in.remove(&cmd)) {
+                st.free_chunks.extend_from_slice(d.chunks());
+            }
+        }
+        st.inline_here = true;
+        self.pump(st, conn);
+    }
+
+    pub(super) fn submit_scsi(&self, st: &mut State, conn: ConnId, req: ScsiRequest) {
+        let Some(c) = st.conns.get_mut(&conn) else {
+            return;
+        };
+        let (data_out, chunks) = match &req.data_out {
+            DataOut::None => (Vec::new(), None),
+            DataOut::Immediate(v) => (v.clone(), None),
+            DataOut::InBuffer { len } => (
+                Vec::new(),
+                Some((*len, c.fetched.remove(&req.cmd).unwrap_or_default())),
+            ),
+        };
+        let spilled = c.spilled.remove(&req.cmd).unwrap_or_default();
+        let aborted = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        c.queued.insert(
+            req.cmd,
+            Queued {
+                tag: req.tag,
+                lun: req.lun,
+                aborted: aborted.clone(),
+            },
+        );
+        // A small command to a memory store runs on this thread once the
+        // lock is released: two thread hand-offs less (to a worker and back
+        // to the NIC) for what takes a microsecond.
+        let inline = st.inline_here
+            && st.inline_jobs.is_empty()
+            && self.at_workers.load(std::sync::atomic::Ordering::Relaxed) == 0
+            && req.data_in_len.max(match &req.data_out {
+                DataOut::None => 0,
+                DataOut::Immediate(v) => v.len() as u32,
+                DataOut::InBuffer { len } => *len,
+            }) <= self.inline_max
+            && self.inline_max > 0
+            && matches!(req.attr, srp::wire::TaskAttr::Simple)
+            && scsi::Lun::decode(req.lun.0)
+                .is_ok_and(|lun| self.scsi.runs_without_blocking(&c.nexus, lun));
+        let job = Job {
+            conn,
+            nexus: c.nexus.clone(),
+            req,
+            data_out,
+            chunks,
+            spilled,
+            direct_out: None,
+            aborted,
+        };
+        if inline {
+            st.inline_jobs.push(job);
+            return;
+        }
+        self.at_workers
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if let Err(mpsc::SendError(job)) = st.jobs.send(job) {
+            self.at_workers
+                .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+            // Shutting down: answer BUSY so the initiator retries elsewhere.
+            if let Some((_, parts)) = &job.chunks {
+                st.free_chunks.extend(parts.iter().map(|p| p.1));
+            }
+            if let Some(c) = st.conns.get_mut(&conn) {
+                c.queued.remove(&job.req.cmd);
+            }
+            let done = ScsiDone {
+                status: 0x08,
+                ..ScsiDone::good(job.req.cmd, 0)
+            };
+            if let Some(ch) = st.target.channel_mut(st.conns[&conn].channel) {
+                ch.handle_scsi_done(done);
+            }
+        }
+    }
+
+    pub(super) fn run_tmf(&self, st: &mut State, conn: ConnId, req: TmfRequest) {
+        let Some(c) = st.conns.get(&conn) else {
+            return;
+        };
+        let channel = c.channel;
+        let tmf = match req.func {
+            TmFunc::AbortTask => Some(scsi::Tmf::AbortTask(req.task_tag.0)),
+            TmFunc::AbortTaskSet => Some(scsi::Tmf::AbortTaskSet),
+            TmFunc::ClearTaskSet => Some(scsi::Tmf::ClearTaskSet),
+            TmFunc::LogicalUnitReset => Some(scsi::Tmf::LogicalUnitReset),
+            TmFunc::ClearAca => Some(scsi::Tmf::ClearAca),
+            _ => None,
+        };
+        if let Ok(lun) = scsi::Lun::decode(req.lun.0) {
+            if let Some(dev) = self.scsi.device(&c.nexus, lun) {
+                self.count(lun, &dev, |n| n.tmfs += 1);
+                self.abort_queued(st, conn, &req, &dev);
+            }
+        }
+        let code = match (tmf, scsi::Lun::decode(req.lun.0)) {
+            (None, _) => RspCode::NotSupported,
+            (Some(_), Err(_)) => RspCode::Failed,
+            (Some(t), Ok(lun)) => match self.scsi.tmf(&c.nexus, lun, t) {
+                scsi::ServiceResponse::FunctionComplete => RspCode::Complete,
+                // r16a table 24 has no "rejected": a CLEAR ACA from a
+                // nexus other than the faulted one is a failed function.
+                scsi::ServiceResponse::FunctionRejected | scsi::ServiceResponse::IncorrectLun => {
+                    RspCode::Failed
+                }
+            },
+        };
+        if let Some(ch) = st.target.channel_mut(channel) {
+            ch.handle_tmf_done(req.cmd, code);
+        }
+    }
+
+    /// Marks the commands `req` aborts that are queued for the SCSI core
+    /// and not finished (see [`Queued`]); the core marks those it runs.
+    /// CLEAR TASK SET and LOGICAL UNIT RESET reach every session's tasks
+    /// on the device, as they do in the core.
+    pub(super) fn abort_queued(
+        &self,
+        st: &State,
+        conn: ConnId,
+        req: &TmfRequest,
+        dev: &Arc<scsi::Device>,
+    ) {
+        let every_nexus = match req.func {
+            TmFunc::AbortTask | TmFunc::AbortTaskSet => false,
+            TmFunc::ClearTaskSet | TmFunc::LogicalUnitReset => true,
+            _ => return,
+        };
+        for (id, c) in st.conns.iter() {
+            if *id != conn && !every_nexus {
+                continue;
+            }
+            for q in c.queued.values() {
+                let hit = if *id == conn {
+                    q.lun == req.lun && (req.func != TmFunc::AbortTask || q.tag == req.task_tag)
+                } else {
+                    // Another session may reach the device at another LUN.
+                    scsi::Lun::decode(q.lun.0)
+                        .ok()
+                        .and_then(|l| self.scsi.device(&c.nexus, l))
+                        .is_some_and(|d| Arc::ptr_eq(&d, dev))
+                };
+                if hit {
+                    q.aborted.store(true, std::sync::atomic::Ordering::SeqCst);
+                }
+            }
+        }
+    }
+
+    pub(super) fn worker_loop(&self, jobs: Arc<Mutex<Receiver<Job>>>) {
+        loop {
+            let job = {
+                let rx = jobs.lock().unwrap_or_else(|e| e.into_inner());
+                match rx.recv() {
+                    Ok(j) => j,
+                    Err(_) => return,
+                }
+            };
+            let mut job = job;
+            self.gather_job(&mut job);
+            let (done, data_in) = self.execute(&job);
+            self.at_workers
+                .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+            self.scsi_done(job.conn, done, data_in);
+        }
+    }
+
+    /// Puts a job's data-out together from its chunks and spilled pieces.
+    pub(super) fn gather_job(&self, job: &mut Job) {
+        if let Some((len, mut parts)) = job.chunks.take() {
+            parts.sort_by_key(|p| p.0);
+            let mut end = 0u64;
+            let back_to_back = parts.iter().all(|&(off, _, n)| {
+                let next = off == end;
+                end += n as u64;
+                next
+            });
+            if job.spilled.is_empty() && back_to_back && end == len as u64 && !parts.is_empty() {
+                job.direct_out = Some(parts);
+                return;
+            }
+            job.data_out = self.gather(len, parts);
+            for (offset, bytes) in std::mem::take(&mut job.spilled) {
+                let start = (offset as usize).min(job.data_out.len());
+                let end = (start + bytes.len()).min(job.data_out.len());
+                job.data_out[start..end].copy_from_slice(&bytes[..end - start]);
+            }
+        }
+    }
+
+    /// Updates the counters of `lun` mapping `dev`.
+    pub(super) fn count(
+        &self,
+        lun: scsi::Lun,
+        dev: &Arc<scsi::Device>,
+        f: impl FnOnce(&mut LunCounters),
+    ) {
+        let mut t = self.lun_stats.lock().unwrap_or_else(|e| e.into_inner());
+        let slot = t
+            .entry((lun.value(), Arc::as_ptr(dev) as usize))
+            .or_insert_with(|| (Arc::downgrade(dev), LunCounters::default()));
+        // A new device at the address of one that is gone starts afresh.
+        if !std::sync::Weak::ptr_eq(&slot.0, &Arc::downgrade(dev)) || slot.0.strong_count() == 0 {
+            *slot = (Arc::downgrade(dev), LunCounters::default());
+        }
+        f(&mut slot.1);
+    }
+
+    pub(super) fn execute(&self, job: &Job) -> (ScsiDone, InData) {
+        let req = &job.req;
+        let Ok(lun) = scsi::Lun::decode(req.lun.0) else {
+            // SPC-4: LOGICAL UNIT NOT SUPPORTED for an address we cannot decode.
+            let mut done = ScsiDone::good(req.cmd, 0);
+            done.status = 0x02;
+            done.sense = vec![
+                0x70, 0, 0x05, 0, 0, 0, 0, 10, 0, 0, 0, 0, 0x25, 0, 0, 0, 0, 0,
+            ];
+            return (done, InData::Vec(Vec::new()));
+        };
+        let data_out_dir = !matches!(req.data_out, DataOut::None);
+        let out_len = match &job.direct_out {
+            Some(parts) => parts.iter().map(|p| p.2 as u64).sum(),
+            None => job.data_out.len() as u64,
+        };
+        let expected = if data_out_dir {
+            out_len
+        } else {
+            req.data_in_len as u64
+        };
+        // SRP_CMD TASK ATTRIBUTE (r16a table 24) to SAM-5; unknown values
+        // were refused when the IU was parsed, reserved ones run SIMPLE.
+        let attr = match req.attr {
+            srp::wire::TaskAttr::Ordered => scsi::TaskAttr::Ordered,
+            srp::wire::TaskAttr::HeadOfQueue => scsi::TaskAttr::HeadOfQueue,
+            srp::wire::TaskAttr::Aca => scsi::TaskAttr::Aca,
+            _ => scsi::TaskAttr::Simple,
+        };
+        // Looked up before the command runs: a map change while it runs
+        // counts it where it was addressed.
+        let dev = self.scsi.device(&job.nexus, lun);
+        let reserved = (!data_out_dir && req.data_in_len >= DIRECT_IN_MIN)
+            .then(|| self.reserve_chunks(req.data_in_len))
+            .flatten();
+        // The command as the core runs it: below, only where its data is
+        // differs.
+        let submit = |data_out: &[u8], bufs: Option<&mut scsi::Buffers<'_, '_>>| {
+            if job.aborted.load(std::sync::atomic::Ordering::SeqCst) {
+                // Aborted before it reached the core: it never runs.
+                return scsi::ScsiResponse {
+                    status: scsi::Status::TaskAborted,
+                    sense: None,
+                    data_in: Vec::new(),
+                    residual: scsi::Residual::None,
+                    descriptor_sense: false,
+                };
+            }
+            self.scsi.submit_attr_into(
+                &job.nexus, lun, req.tag.0, attr, &req.cdb, data_out, expected, bufs,
+            )
+        };
+        let (r, data_in) = match reserved {
+            Some(chunks) => {
+                let cs = self.chunk_size as usize;
+                let len = req.data_in_len as usize;
+                // SAFETY: `chunks` came off the free list for this command
+                // alone and no work request names them until the command
+                // is done.
+                let mut pieces: Vec<&mut [u8]> = unsafe {
+                    self.chunk_views(
+                        chunks
+                            .iter()
+                            .enumerate()
+                            .map(|(k, &chunk)| (chunk, len - k * cs)),
+                    )
+                    .collect()
+                };
+                let mut sink = scsi::Buffers::data_in(&mut pieces);
+                let r = submit(&job.data_out, Some(&mut sink));
+                let len = sink.placed();
+                if sink.read_direct() {
+                    self.direct_in
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                (r, InData::Chunks { chunks, len })
+            }
+            None => {
+                let mut r = match &job.direct_out {
+                    Some(parts) => {
+                        // SAFETY: the READs that filled these chunks have
+                        // completed and the chunks stay this command's
+                        // until they are freed below.
+                        let pieces: Vec<&[u8]> = unsafe {
+                            self.chunk_views(parts.iter().map(|&(_, chunk, n)| (chunk, n as usize)))
+                                .map(|p| &*p)
+                                .collect()
+                        };
+                        let mut bufs = scsi::Buffers::data_out(&pieces);
+                        let r = submit(&[], Some(&mut bufs));
+                        self.direct_out
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let mut st = self.lock();
+                        st.free_chunks.extend(parts.iter().map(|p| p.1));
+                        self.retry_waiting(&mut st);
+                        r
+                    }
+                    None => submit(&job.data_out, None),
+                };
+                let mut v = std::mem::take(&mut r.data_in);
+                v.truncate(req.data_in_len as usize);
+                (r, InData::Vec(v))
+            }
+        };
+        let sense = r.sense_bytes().unwrap_or_default();
+        let in_len = match &data_in {
+            InData::Vec(v) => v.len(),
+            InData::Chunks { len, .. } => *len,
+        };
+        if let Some(dev) = &dev {
+            let good = r.status == scsi::Status::Good;
+            let kind = scsi::Command::parse(&req.cdb).map(|(_, c)| c);
+            let (data_in_len, data_out_len) = (in_len as u64, out_len);
+            self.count(lun, dev, |n| {
+                n.commands += 1;
+                match kind {
+                    Ok(scsi::Command::Read { .. }) if good => {
+                        n.reads += 1;
+                        n.read_bytes += data_in_len;
+                    }
+                    Ok(scsi::Command::Write { .. }) if good => {
+                        n.writes += 1;
+                        n.write_bytes += data_out_len;
+                    }
+                    _ => {}
+                }
+                if r.status == scsi::Status::CheckCondition {
+                    n.errors += 1;
+                }
+            });
+        }
+        let mut done = ScsiDone::good(req.cmd, in_len as u32);
+        done.status = u8::from(r.status);
+        done.sense = sense;
+        done.aborted = r.status == scsi::Status::TaskAborted;
+        match r.residual {
+            scsi::Residual::Over(n) if data_out_dir => {
+                done.wanted_out = Some((expected + n).min(u32::MAX as u64) as u32)
+            }
+            scsi::Residual::Over(n) => {
+                done.wanted_in = Some((expected + n).min(u32::MAX as u64) as u32)
+            }
+            scsi::Residual::Under(n) if data_out_dir => {
+                done.wanted_out = Some(expected.saturating_sub(n) as u32)
+            }
+            _ => {}
+        }
+        (done, data_in)
+    }
+}

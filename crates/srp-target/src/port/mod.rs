@@ -1,0 +1,936 @@
+//! One SRP target port over a verbs provider. See the crate documentation.
+
+use crate::names::{initiator_name, target_name};
+use rdma_types::{
+    AccessFlags, Gid, Guid, IdMap, Lid, Mtu, Pkey, PortNum, Psn, QpState, QpType, Qpn, WcStatus,
+};
+use srp::target::{
+    ChannelId, CmdId, DataOut, Local, Login, LoginForm, OpId, Output, RdmaOp, ScsiDone,
+    ScsiRequest, Target, TargetConfig, TmfRequest,
+};
+use srp::wire::{LoginRej, LoginRejReason, RspCode, TLogoutReason, TmFunc};
+use std::collections::VecDeque;
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use verbs::nested::Counted;
+use verbs::{
+    AhAttr, CaHandle, CqHandle, CqInit, EventHandler, MemBuf, MrInfo, PdHandle, Provider, QpAttr,
+    QpCaps, QpHandle, QpInit, RecvWr, RemoteAddr, SendFlags, SendOpcode, SendWr, Sge, SrqAttr,
+    SrqHandle, WorkCompletion,
+};
+
+mod chunks;
+mod completions;
+mod connections;
+mod execution;
+mod stats;
+
+use chunks::{Fetched, InData, OpInfo, DIRECT_IN_MIN};
+pub use connections::{ChannelPhase, CloseReason, ConnId, LocalQp, LoginOutcome, PeerQp};
+use stats::LunTable;
+pub use stats::{LunCounters, LunStats, SessionInfo};
+
+/// Port construction errors.
+#[derive(Debug, thiserror::Error)]
+pub enum PortError {
+    /// The SRP settings are out of range.
+    #[error("{0}")]
+    Config(#[from] srp::target::ConfigError),
+    /// A verb failed while setting the port up.
+    #[error("{what}: {err}")]
+    Verbs {
+        /// What was being done.
+        what: &'static str,
+        /// The provider's answer.
+        err: verbs::VerbsError,
+    },
+    /// A thread could not be started.
+    #[error("cannot start a thread: {0}")]
+    Thread(#[from] std::io::Error),
+    /// The login's partition is not one the port serves.
+    #[error("{0}")]
+    Partition(String),
+}
+
+fn verbs_err(what: &'static str) -> impl FnOnce(verbs::VerbsError) -> PortError {
+    move |err| PortError::Verbs { what, err }
+}
+
+/// Port settings beyond the SRP ones.
+#[derive(Debug, Clone)]
+pub struct PortOptions {
+    /// Port number on the CA.
+    pub port: PortNum,
+    /// GID table index of the port address.
+    pub sgid_index: u8,
+    /// SCSI worker threads.
+    pub workers: usize,
+    /// Registered chunks of `srp_max_rdma_size` bytes for RDMA.
+    pub chunks: usize,
+    /// The partitions the port serves (empty: every P_Key of the port's
+    /// table, as ib_srpt does). A login in a partition (see
+    /// [`TargetPort::login_in_partition`]) gets a QP with the index of the
+    /// port's table holding it; a login whose partition is unknown gets
+    /// the first of these the table holds (index 0 when none are listed).
+    pub pkeys: Vec<Pkey>,
+    /// How long an accepted login may wait for the CM's RTU before its
+    /// channel is closed (the CM's own REP resends may last minutes).
+    pub login_timeout: std::time::Duration,
+    /// Most unfinished logins (accepted, not established) of the port: a
+    /// new login beyond it drops the oldest unfinished one.
+    pub max_pending_logins: usize,
+    /// Most unfinished logins of one initiator port: a new login beyond it
+    /// is refused.
+    pub max_pending_per_initiator: usize,
+    /// An established channel with no completion for this long gets a
+    /// keepalive (a zero-length RDMA WRITE, acknowledged by the
+    /// initiator's NIC without its software); if that fails, the
+    /// initiator is gone and its channel closes. A dead initiator's
+    /// channel is freed within about twice this plus the transport's
+    /// retries. `None`: no keepalives.
+    pub keepalive: Option<std::time::Duration>,
+    /// Who handles the port's completions and fires its timers.
+    pub drive: PortDrive,
+}
+
+/// Who drives a port ([`PortOptions::drive`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PortDrive {
+    /// Its own poll thread, on the real clock.
+    #[default]
+    Thread,
+    /// The caller, with [`TargetPort::poll_at`], on the clock it gives
+    /// there: no poll thread, and the port's time (when a login was
+    /// accepted, when it times out, when keepalives are due) is the latest
+    /// `now` given. For deterministic tests and fuzzing. A provider that
+    /// calls its completion handlers on a thread of its own (soft RoCE)
+    /// still has them handled there.
+    Caller,
+}
+
+impl Default for PortOptions {
+    fn default() -> Self {
+        PortOptions {
+            port: PortNum(1),
+            sgid_index: 0,
+            workers: 4,
+            chunks: 256,
+            pkeys: Vec::new(),
+            login_timeout: std::time::Duration::from_secs(10),
+            max_pending_logins: 64,
+            max_pending_per_initiator: 4,
+            keepalive: Some(std::time::Duration::from_secs(15)),
+            drive: PortDrive::Thread,
+        }
+    }
+}
+
+type DisconnectHook = Box<dyn Fn(ConnId, &CloseReason) + Send + Sync>;
+
+/// One SRP target port; [`TargetPort::stop`] or dropping it stops its
+/// threads and releases its verbs objects (call [`TargetPort::logout_all`]
+/// first to log initiators out cleanly).
+pub struct TargetPort {
+    inner: Arc<Inner>,
+    /// The poll and SCSI worker threads; `None` once stopped.
+    threads: Mutex<Option<Vec<JoinHandle<()>>>>,
+}
+
+struct Inner {
+    provider: Arc<dyn Provider>,
+    scsi: Arc<scsi::Target>,
+    name: String,
+    gid: Gid,
+    opts: PortOptions,
+    ca: CaHandle,
+    pd: PdHandle,
+    recv_cq: CqHandle,
+    srq: SrqHandle,
+    srq_buf: MemBuf,
+    srq_mr: MrInfo,
+    chunk_buf: MemBuf,
+    chunk_mr: MrInfo,
+    req_size: u32,
+    chunk_size: u32,
+    /// Commands whose data-in the store read straight into reserved
+    /// chunks (no copy before the RDMA WRITEs).
+    direct_in: std::sync::atomic::AtomicU64,
+    /// Commands whose data-out the store took straight from the chunks the
+    /// RDMA READs filled (no gather copy).
+    direct_out: std::sync::atomic::AtomicU64,
+    /// Below this many free chunks, fetched data-out is copied out of its
+    /// chunk at once instead of waiting in it for the worker.
+    spill_below: usize,
+    /// Commands up to this many bytes may run inline (0: never).
+    inline_max: u32,
+    /// Commands handed to the workers and not finished: inline execution
+    /// is for a quiet port (latency); a busy one keeps its workers
+    /// (parallelism).
+    at_workers: std::sync::atomic::AtomicUsize,
+    st: Mutex<State>,
+    /// Per-LUN counters, under their own lock: the workers update them
+    /// without the port lock.
+    lun_stats: Mutex<LunTable>,
+    events: Mutex<Sender<Event>>,
+    hook: Mutex<Option<DisconnectHook>>,
+    /// [`PortDrive::Caller`]: the events the poll thread would take, for
+    /// [`TargetPort::poll_at`], and the caller's clock.
+    caller: Option<Mutex<CallerDrive>>,
+}
+
+struct CallerDrive {
+    events: Receiver<Event>,
+    now: std::time::Instant,
+}
+
+enum Event {
+    /// A CQ (context) has completions.
+    Cq(u64),
+    /// A deadline may have moved closer (a new login).
+    Timer,
+    Stop,
+}
+
+struct Job {
+    conn: ConnId,
+    nexus: scsi::Nexus,
+    req: ScsiRequest,
+    data_out: Vec<u8>,
+    /// Data-out still in RDMA chunks (offset, chunk, length), gathered into
+    /// `data_out` by the worker, outside the port lock.
+    chunks: Option<(u32, Vec<Fetched>)>,
+    /// Data-out pieces copied out of their chunks early (offset, bytes).
+    spilled: Vec<(u64, Vec<u8>)>,
+    /// Data-out that fills its chunks back to back from offset 0: the
+    /// store writes it from there (`scsi::Buffers::data_out`), no gather.
+    direct_out: Option<Vec<Fetched>>,
+    /// Set by a task management function that reached the command before
+    /// it entered the SCSI core (see [`Queued`]).
+    aborted: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// A command handed to a worker (or kept to run inline) and not yet
+/// finished. The SCSI core aborts only the tasks it has started; one still
+/// queued here was in the task set for the initiator when its TMF came, so
+/// the TMF marks it here and it ends TASK ABORTED without running.
+struct Queued {
+    tag: srp::wire::Tag,
+    lun: srp::wire::Lun,
+    aborted: Arc<std::sync::atomic::AtomicBool>,
+}
+
+struct Conn {
+    channel: ChannelId,
+    qp: QpHandle,
+    send_cq: CqHandle,
+    send_buf: MemBuf,
+    send_mr: MrInfo,
+    slot_size: u32,
+    free_slots: Vec<u32>,
+    outstanding: u32,
+    closing: bool,
+    initiator: String,
+    /// The P_Key at the QP's index: the session's partition.
+    pkey: Pkey,
+    nexus: scsi::Nexus,
+    ops: IdMap<OpId, OpInfo>,
+    /// Data-out chunks fetched so far per command: (offset, chunk, len).
+    fetched: IdMap<CmdId, Vec<Fetched>>,
+    /// Data-out pieces copied out of their chunks while chunks ran short:
+    /// a command with more pieces than the pool has chunks (an external
+    /// table of a thousand small descriptors) must not hold them all.
+    spilled: IdMap<CmdId, Vec<(u64, Vec<u8>)>>,
+    data_in: IdMap<CmdId, InData>,
+    /// Commands with the SCSI core (queued or running).
+    queued: IdMap<CmdId, Queued>,
+    /// Reserved data-in chunks of released commands whose WRITEs are still
+    /// in flight: they go back to the pool when the last one completes,
+    /// never while the NIC may still read them.
+    parked: IdMap<CmdId, Vec<usize>>,
+    /// The CM's RTU came (see [`TargetPort::established`]).
+    established: bool,
+    /// When the login was accepted.
+    accepted_at: std::time::Instant,
+    /// Completions of the channel so far: a keepalive sweep that sees the
+    /// same count twice found it idle.
+    activity: u64,
+    /// `activity` at the last keepalive sweep.
+    activity_seen: u64,
+    /// A keepalive is in flight.
+    keepalive_out: bool,
+    keepalives: u64,
+    /// Why the target closes it, once it does.
+    close_reason: Option<CloseReason>,
+}
+
+impl Conn {
+    fn phase(&self) -> ChannelPhase {
+        if self.closing || self.close_reason.is_some() {
+            ChannelPhase::Closing
+        } else if self.established {
+            ChannelPhase::Live
+        } else {
+            ChannelPhase::Pending
+        }
+    }
+
+    /// What the port holds for the channel: send slots and the tables of
+    /// its work requests in flight.
+    fn memory(&self) -> usize {
+        self.send_buf.len()
+            + self.free_slots.capacity() * std::mem::size_of::<u32>()
+            + std::mem::size_of::<Conn>()
+            + (self.ops.len() + self.queued.len() + self.data_in.len())
+                * std::mem::size_of::<OpInfo>()
+    }
+}
+
+struct State {
+    /// Commands to run on this thread once the lock is released (memory
+    /// stores only, see `submit_scsi`).
+    inline_jobs: Vec<Job>,
+    /// The thread holding the lock will run `inline_jobs` afterwards.
+    inline_here: bool,
+    target: Target,
+    conns: IdMap<ConnId, Conn>,
+    by_channel: IdMap<ChannelId, ConnId>,
+    free_chunks: Vec<usize>,
+    /// RDMA ops waiting for a chunk.
+    waiting: VecDeque<(ConnId, Output)>,
+    next_conn: u64,
+    jobs: Sender<Job>,
+    /// When the keepalive sweep last ran.
+    last_sweep: std::time::Instant,
+    /// Channels the target closed whose disconnect hook has not run yet
+    /// (it runs when the lock is let go).
+    closed: Vec<(ConnId, CloseReason)>,
+}
+
+const RECV_CQ_CTX: u64 = u64::MAX;
+const KIND_SEND: u64 = 1 << 56;
+const KIND_RDMA: u64 = 2 << 56;
+const KIND_KEEPALIVE: u64 = 3 << 56;
+const KIND_MASK: u64 = 0xff << 56;
+
+/// Largest transfer a command may have to run on the thread that got it
+/// (the environment variable `SRPT_INLINE=0` turns inline execution off).
+const INLINE_MAX: u32 = 64 << 10;
+
+/// The port lock, counted so a completion callback on this thread knows
+/// not to take it again. Letting it go runs the disconnect hook for every
+/// channel the holder closed, after the lock is released: a hook may call
+/// back into the port (or into a CM that calls the port).
+type Locked<'a> = PortLock<'a>;
+
+struct PortLock<'a> {
+    inner: &'a Inner,
+    st: Option<Counted<'a, State>>,
+}
+
+impl std::ops::Deref for PortLock<'_> {
+    type Target = State;
+    fn deref(&self) -> &State {
+        self.st.as_ref().expect("held")
+    }
+}
+
+impl std::ops::DerefMut for PortLock<'_> {
+    fn deref_mut(&mut self) -> &mut State {
+        self.st.as_mut().expect("held")
+    }
+}
+
+impl Drop for PortLock<'_> {
+    fn drop(&mut self) {
+        let closed = match self.st.as_mut() {
+            Some(st) if !st.closed.is_empty() => std::mem::take(&mut st.closed),
+            _ => return,
+        };
+        drop(self.st.take());
+        let hook = self.inner.hook.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(h) = hook.as_ref() {
+            for (conn, why) in &closed {
+                h(*conn, why);
+            }
+        }
+    }
+}
+
+/// The CA's callbacks: completions are handled right on the provider's
+/// thread once the port is up (one thread hand-off less per IU); before
+/// that they go to the poll thread.
+struct Wake {
+    tx: Mutex<Sender<Event>>,
+    inner: std::sync::OnceLock<std::sync::Weak<Inner>>,
+    /// The provider never calls handlers from inside its own calls.
+    inline: bool,
+}
+
+impl EventHandler for Wake {
+    fn on_completion(&self, cq_ctx: u64) {
+        match self.inner.get().and_then(std::sync::Weak::upgrade) {
+            Some(inner) if self.inline && verbs::nested::may_lock_here() => {
+                inner.drain_cq(cq_ctx);
+                // Never drop the last reference here: the port's
+                // teardown may stop the very thread running this callback.
+                if Arc::strong_count(&inner) == 1 {
+                    let _ = std::thread::Builder::new()
+                        .name("srpt-reap".into())
+                        .spawn(move || drop(inner));
+                }
+            }
+            _ => {
+                let _ = self.tx.lock().map(|tx| tx.send(Event::Cq(cq_ctx)));
+            }
+        }
+    }
+    fn on_async_event(&self, _event: verbs::AsyncEvent) {
+        // QP errors surface as flushed completions, which the poller handles.
+    }
+}
+
+impl TargetPort {
+    /// Opens CA `guid` on `provider` and starts a target port with the SRP
+    /// settings `config` and the LUNs of `scsi`.
+    pub fn start(
+        provider: Arc<dyn Provider>,
+        guid: Guid,
+        config: TargetConfig,
+        scsi: Arc<scsi::Target>,
+        opts: PortOptions,
+    ) -> Result<TargetPort, PortError> {
+        config.validate()?;
+        let (tx, rx) = mpsc::channel();
+        let handler = Arc::new(Wake {
+            tx: Mutex::new(tx.clone()),
+            inner: std::sync::OnceLock::new(),
+            inline: !provider.handlers_nest(),
+        });
+        let p = &provider;
+        // What is made so far, released again if a later step fails.
+        let mut undo = Undo::new(p);
+        let ca = p
+            .open_ca(guid, 0, handler.clone())
+            .map_err(verbs_err("open CA"))?;
+        undo.push(move |p| drop(p.close_ca(ca)));
+        let attr = p
+            .query_port(ca, opts.port)
+            .map_err(verbs_err("query port"))?;
+        let gid = *attr
+            .gids
+            .get(opts.sgid_index as usize)
+            .ok_or(PortError::Verbs {
+                what: "port GID",
+                err: verbs::VerbsError::InvalidArgument("no GID at that index".into()),
+            })?;
+        let pd = p.alloc_pd(ca, 0).map_err(verbs_err("allocate PD"))?;
+        undo.push(move |p| drop(p.dealloc_pd(pd)));
+        let srq_len = config.srq_size;
+        let recv_cq = p
+            .create_cq(pd, &CqInit { cqe: srq_len + 1 }, RECV_CQ_CTX)
+            .map_err(verbs_err("create receive CQ"))?;
+        undo.push(move |p| drop(p.destroy_cq(recv_cq)));
+        let srq = p
+            .create_srq(
+                pd,
+                &SrqAttr {
+                    max_wr: srq_len,
+                    max_sge: 1,
+                    limit: 0,
+                },
+                0,
+            )
+            .map_err(verbs_err("create SRQ"))?;
+        undo.push(move |p| drop(p.destroy_srq(srq)));
+        let req_size = config.max_req_size;
+        let srq_buf = MemBuf::new((srq_len * req_size) as usize);
+        let srq_mr = p
+            .reg_mr(
+                pd,
+                &srq_buf,
+                srq_buf.addr(),
+                srq_buf.len() as u64,
+                AccessFlags::LOCAL_WRITE,
+                0,
+            )
+            .map_err(verbs_err("register receive buffers"))?;
+        let h = srq_mr.handle;
+        undo.push(move |p| drop(p.dereg_mr(h)));
+        let chunk_size = config.max_rdma_size.max(config.max_table_len);
+        let chunk_buf = MemBuf::new(chunk_size as usize * opts.chunks);
+        let chunk_mr = p
+            .reg_mr(
+                pd,
+                &chunk_buf,
+                chunk_buf.addr(),
+                chunk_buf.len() as u64,
+                AccessFlags::LOCAL_WRITE,
+                0,
+            )
+            .map_err(verbs_err("register RDMA chunks"))?;
+        let h = chunk_mr.handle;
+        undo.push(move |p| drop(p.dereg_mr(h)));
+        let (jobs_tx, jobs_rx) = mpsc::channel::<Job>();
+        let name = target_name(gid);
+        let target = Target::new(config)?;
+        // The poll thread's events, or the caller's.
+        let mut rx = Some(rx);
+        let caller = match opts.drive {
+            PortDrive::Thread => None,
+            PortDrive::Caller => rx.take().map(|events| {
+                Mutex::new(CallerDrive {
+                    events,
+                    now: std::time::Instant::now(),
+                })
+            }),
+        };
+        let inner = Arc::new(Inner {
+            provider: provider.clone(),
+            scsi,
+            name,
+            gid,
+            ca,
+            pd,
+            recv_cq,
+            srq,
+            srq_buf,
+            srq_mr,
+            chunk_buf,
+            chunk_mr,
+            req_size,
+            chunk_size,
+            spill_below: (opts.chunks / 4).max(2),
+            direct_in: Default::default(),
+            direct_out: Default::default(),
+            at_workers: std::sync::atomic::AtomicUsize::new(0),
+            inline_max: if std::env::var_os("SRPT_INLINE").is_some_and(|v| v == "0") {
+                0
+            } else {
+                INLINE_MAX
+            },
+            st: Mutex::new(State {
+                target,
+                conns: IdMap::default(),
+                by_channel: IdMap::default(),
+                free_chunks: (0..opts.chunks).rev().collect(),
+                waiting: VecDeque::new(),
+                inline_jobs: Vec::new(),
+                inline_here: false,
+                next_conn: 1,
+                jobs: jobs_tx,
+                last_sweep: std::time::Instant::now(),
+                closed: Vec::new(),
+            }),
+            lun_stats: Mutex::new(LunTable::new()),
+            events: Mutex::new(tx),
+            hook: Mutex::new(None),
+            caller,
+            opts,
+        });
+        let recvs: Vec<RecvWr> = (0..srq_len).map(|i| inner.recv_wr(i)).collect();
+        p.post_srq_recv(srq, &recvs)
+            .map_err(verbs_err("post receive buffers"))?;
+        p.req_notify_cq(recv_cq, false)
+            .map_err(verbs_err("arm receive CQ"))?;
+
+        let _ = handler.inner.set(Arc::downgrade(&inner));
+        // Completions that came before now go through the poll thread.
+        let _ = inner
+            .events
+            .lock()
+            .map(|tx| tx.send(Event::Cq(RECV_CQ_CTX)));
+        // From here the port's own stop releases everything, threads
+        // started so far included, if a thread cannot be started.
+        undo.disarm();
+        let port = TargetPort {
+            inner: inner.clone(),
+            threads: Mutex::new(Some(Vec::new())),
+        };
+        let spawn = |name: String, f: Box<dyn FnOnce() + Send>| -> Result<(), PortError> {
+            let t = std::thread::Builder::new().name(name).spawn(f)?;
+            if let Some(v) = port
+                .threads
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .as_mut()
+            {
+                v.push(t);
+            }
+            Ok(())
+        };
+        if let Some(rx) = rx {
+            let poller = inner.clone();
+            spawn("srpt-poll".into(), Box::new(move || poller.poll_loop(rx)))?;
+        }
+        let jobs_rx = Arc::new(Mutex::new(jobs_rx));
+        for i in 0..inner.opts.workers.max(1) {
+            let (w, rx) = (inner.clone(), jobs_rx.clone());
+            spawn(
+                format!("srpt-scsi-{i}"),
+                Box::new(move || w.worker_loop(rx)),
+            )?;
+        }
+        Ok(port)
+    }
+
+    /// Target name (port GID with a colon after every fourth digit).
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The port GID logins arrive on.
+    pub fn gid(&self) -> Gid {
+        self.inner.gid
+    }
+
+    /// Called, with why, when the target closes a connection by itself
+    /// (logout, protocol violation, failed work request, dead initiator,
+    /// a login never established): the CM should send a DREQ (or a REJ,
+    /// for a login still waiting for its RTU). Called on the thread that
+    /// closed it once it let go of the port's lock, so the hook may call
+    /// the port.
+    pub fn on_disconnect(&self, hook: impl Fn(ConnId, &CloseReason) + Send + Sync + 'static) {
+        *self.inner.hook.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(hook));
+    }
+
+    /// The CM established the connection (its RTU came): the login is no
+    /// longer pending.
+    pub fn established(&self, conn: ConnId) {
+        let mut st = self.inner.lock();
+        if let Some(c) = st.conns.get_mut(&conn) {
+            c.established = true;
+        }
+    }
+
+    /// A login from a CM REQ: creates the channel and its QP (in RTS) or
+    /// says why not. The channel is pending until the CM's RTU
+    /// ([`TargetPort::established`]; a caller with no CM calls it once the
+    /// initiator has the answer) and is closed if that does not come
+    /// within [`PortOptions::login_timeout`].
+    pub fn login(&self, private_data: &[u8], form: LoginForm, peer: PeerQp) -> LoginOutcome {
+        self.inner.login(private_data, form, peer, None)
+    }
+
+    /// [`TargetPort::login`] for a REQ in partition `pkey` (the REQ's partition
+    /// key): the QP uses the index of the port's P_Key table entry that
+    /// matches it (IBA 10.9.3: same partition, one side a full member; a
+    /// full-member entry first); a partition the port does not serve, or
+    /// that no entry of its table matches, is refused (SRP_LOGIN_REJ, the
+    /// reason naming the P_Key).
+    pub fn login_in_partition(
+        &self,
+        private_data: &[u8],
+        form: LoginForm,
+        peer: PeerQp,
+        pkey: Pkey,
+    ) -> LoginOutcome {
+        self.inner.login(private_data, form, peer, Some(pkey))
+    }
+
+    /// The connection is gone (CM DREQ/DREP, REJ after REP, REP timeout, or
+    /// a QP error): flush the QP and release the channel once its work
+    /// requests drained. A pending login's channel goes at once.
+    pub fn disconnected(&self, conn: ConnId) {
+        let mut st = self.inner.lock();
+        self.inner.close(&mut st, conn);
+    }
+
+    /// Tells logged-in initiators the LUN inventory or a capacity changed
+    /// (SRP_AER_REQ); returns how many channels were told.
+    pub fn notify(&self, event: srp::target::AerEvent) -> usize {
+        let mut st = self.inner.lock();
+        let n = st.target.notify(event);
+        let conns: Vec<ConnId> = st.conns.keys().copied().collect();
+        for c in conns {
+            self.inner.pump(&mut st, c);
+        }
+        n
+    }
+
+    /// Tells every initiator that sees `device` that its capacity changed
+    /// (SBC-3 4.6): an SRP_AER_REQ with CAPACITY DATA HAS CHANGED naming
+    /// each LUN through which that initiator reaches the device (LUN
+    /// masking gives different initiators different numbers). Returns
+    /// how many AERs the channels took.
+    pub fn capacity_changed(&self, device: &Arc<scsi::Device>) -> usize {
+        let mut st = self.inner.lock();
+        let scsi = &self.inner.scsi;
+        let mut told = 0;
+        let conns: Vec<(ConnId, ChannelId, scsi::Nexus)> = st
+            .conns
+            .iter()
+            .map(|(id, c)| (*id, c.channel, c.nexus.clone()))
+            .collect();
+        for (id, channel, nexus) in conns {
+            for lun in scsi.visible_luns(&nexus.initiator) {
+                let seen = scsi.device(&nexus, lun);
+                if !seen.is_some_and(|d| Arc::ptr_eq(&d, device)) {
+                    continue;
+                }
+                let event = srp::target::AerEvent::CapacityChanged(srp::wire::Lun(lun.encode()));
+                let (lun, sense) = event.to_sense();
+                if let Some(ch) = st.target.channel_mut(channel) {
+                    told += usize::from(ch.send_aer(lun, &sense));
+                }
+            }
+            self.inner.pump(&mut st, id);
+        }
+        told
+    }
+
+    /// Enables or disables the port (SCST's `enabled`): a disabled port
+    /// rejects logins and logs its initiators out.
+    pub fn set_enabled(&self, enabled: bool) {
+        if enabled {
+            self.inner.lock().target.set_enabled(true);
+        } else {
+            self.logout_all(TLogoutReason::NoReason);
+        }
+    }
+
+    /// Whether logins are accepted.
+    pub fn enabled(&self) -> bool {
+        self.inner.lock().target.config().enabled
+    }
+
+    /// Logs every initiator out (SRP_T_LOGOUT) and disconnects them.
+    pub fn logout_all(&self, reason: TLogoutReason) {
+        let mut st = self.inner.lock();
+        st.target.shutdown(reason);
+        let conns: Vec<ConnId> = st.conns.keys().copied().collect();
+        for c in conns {
+            self.inner.pump(&mut st, c);
+        }
+    }
+
+    /// A caller-driven port ([`PortDrive::Caller`]): takes `now` as the
+    /// port's time (an earlier `now` than before is no time passing),
+    /// handles every completion the provider has delivered and fires the
+    /// timers due by `now` (login timeouts, keepalives), until nothing is
+    /// left to do; all on this thread, disconnect hooks included. A port
+    /// with its own poll thread ignores it.
+    pub fn poll_at(&self, now: std::time::Instant) {
+        let inner = &self.inner;
+        let Some(caller) = &inner.caller else {
+            return;
+        };
+        {
+            let mut c = caller.lock().unwrap_or_else(|e| e.into_inner());
+            c.now = c.now.max(now);
+        }
+        let mut timers_ran = false;
+        loop {
+            let events: Vec<Event> = caller
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .events
+                .try_iter()
+                .collect();
+            if events.is_empty() {
+                if timers_ran {
+                    return;
+                }
+                // What the timers close may complete more work requests.
+                inner.on_timer();
+                timers_ran = true;
+                continue;
+            }
+            for ev in events {
+                if let Event::Cq(ctx) = ev {
+                    inner.drain_cq(ctx);
+                }
+            }
+        }
+    }
+
+    /// Live sessions.
+    pub fn sessions(&self) -> Vec<SessionInfo> {
+        let st = self.inner.lock();
+        let mut v: Vec<SessionInfo> = st
+            .conns
+            .iter()
+            .filter_map(|(id, c)| {
+                let ch = st.target.channel(c.channel)?;
+                Some(SessionInfo {
+                    conn: *id,
+                    initiator: c.initiator.clone(),
+                    window: ch.window(),
+                    credits: ch.initiator_credits(),
+                    in_flight: ch.in_flight(),
+                    cmds: ch.stats().cmds,
+                    tmfs: ch.stats().tmfs,
+                    aers: ch.stats().aers_sent,
+                    closing: c.closing,
+                    phase: c.phase(),
+                    pkey: c.pkey,
+                    memory: c.memory(),
+                    keepalives: c.keepalives,
+                })
+            })
+            .collect();
+        v.sort_by_key(|s| s.conn);
+        v
+    }
+
+    /// The per-LUN counters, by LUN then device naa; rows of devices no
+    /// longer alive are dropped.
+    pub fn lun_stats(&self) -> Vec<LunStats> {
+        let mut t = self
+            .inner
+            .lun_stats
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        t.retain(|_, (dev, _)| dev.strong_count() > 0);
+        let mut v: Vec<LunStats> = t
+            .iter()
+            .filter_map(|(&(lun, _), (dev, counters))| {
+                Some(LunStats {
+                    lun: scsi::Lun::new(lun as u32).ok()?,
+                    device: dev.upgrade()?,
+                    counters: *counters,
+                })
+            })
+            .collect();
+        v.sort_by_key(|s| (s.lun.value(), s.device.config.naa));
+        v
+    }
+
+    /// Registered RDMA chunks not in use (all of them when idle).
+    pub fn free_chunks(&self) -> usize {
+        self.inner.lock().free_chunks.len()
+    }
+
+    /// Commands whose data-in the store read straight into registered
+    /// chunks, sent from there with no copy (the others are copied).
+    pub fn direct_data_in(&self) -> u64 {
+        self.inner
+            .direct_in
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Commands whose data-out the store took straight from the registered
+    /// chunks the RDMA READs filled (the others are gathered into one
+    /// buffer first).
+    pub fn direct_data_out(&self) -> u64 {
+        self.inner
+            .direct_out
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl TargetPort {
+    /// Stops the port now rather than when the last owner drops it: logins
+    /// are refused, every channel closes, the threads end and every verbs
+    /// object the port holds (SRQ, memory regions, CQ, PD, CA) is released,
+    /// so a daemon can count what is left before it exits. Log initiators
+    /// out first ([`TargetPort::logout_all`]). Idempotent; drop does it.
+    pub fn stop(&self) {
+        let Some(threads) = self
+            .threads
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        else {
+            return;
+        };
+        {
+            let mut st = self.inner.lock();
+            st.target.set_enabled(false);
+            let conns: Vec<ConnId> = st.conns.keys().copied().collect();
+            for c in conns {
+                self.inner.close(&mut st, c);
+            }
+            // Workers leave when the job queue closes.
+            let (dead, _) = mpsc::channel();
+            st.jobs = dead;
+        }
+        let _ = self.inner.events.lock().map(|tx| tx.send(Event::Stop));
+        for t in threads {
+            let _ = t.join();
+        }
+        let p = &self.inner.provider;
+        let _ = p.destroy_srq(self.inner.srq);
+        let _ = p.dereg_mr(self.inner.srq_mr.handle);
+        let _ = p.dereg_mr(self.inner.chunk_mr.handle);
+        let _ = p.destroy_cq(self.inner.recv_cq);
+        let _ = p.dealloc_pd(self.inner.pd);
+        let _ = p.close_ca(self.inner.ca);
+    }
+}
+
+impl Drop for TargetPort {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Verbs objects made so far by a start that may still fail: released in
+/// reverse order when dropped, unless disarmed.
+struct Undo<'a> {
+    provider: &'a Arc<dyn Provider>,
+    steps: Vec<UndoStep>,
+}
+
+type UndoStep = Box<dyn FnOnce(&dyn Provider)>;
+
+impl<'a> Undo<'a> {
+    fn new(provider: &'a Arc<dyn Provider>) -> Undo<'a> {
+        Undo {
+            provider,
+            steps: Vec::new(),
+        }
+    }
+
+    fn push(&mut self, step: impl FnOnce(&dyn Provider) + 'static) {
+        self.steps.push(Box::new(step));
+    }
+
+    fn disarm(&mut self) {
+        self.steps.clear();
+    }
+}
+
+impl Drop for Undo<'_> {
+    fn drop(&mut self) {
+        while let Some(step) = self.steps.pop() {
+            step(self.provider.as_ref());
+        }
+    }
+}
+
+fn rej_bytes(rej: &LoginRej) -> Vec<u8> {
+    let mut b = vec![0u8; rej.buffer_len()];
+    let n = rej.emit(&mut b).expect("buffer sized by buffer_len");
+    b.truncate(n);
+    b
+}
+
+impl Inner {
+    /// The port's time: the caller's ([`PortDrive::Caller`]) or the real
+    /// clock's.
+    fn now(&self) -> std::time::Instant {
+        match &self.caller {
+            Some(c) => c.lock().unwrap_or_else(|e| e.into_inner()).now,
+            None => std::time::Instant::now(),
+        }
+    }
+
+    fn lock(&self) -> Locked<'_> {
+        PortLock {
+            inner: self,
+            st: Some(Counted::lock(&self.st)),
+        }
+    }
+
+    fn recv_wr(&self, index: u32) -> RecvWr {
+        RecvWr {
+            wr_id: index as u64,
+            sges: vec![Sge {
+                addr: self.srq_buf.addr() + (index * self.req_size) as u64,
+                length: self.req_size,
+                lkey: self.srq_mr.lkey,
+            }],
+        }
+    }
+}
