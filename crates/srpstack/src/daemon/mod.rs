@@ -1,0 +1,538 @@
+//! The SRP target daemon: a [`Config`] brought to life on a soft RoCE NIC,
+//! a control socket for `srptadm`, and a metrics endpoint.
+//!
+//! [`Daemon::start`] builds the devices, the LUN maps (default set and
+//! security groups) and one SRP target port per `[[target]]`, each on its
+//! own soft RoCE NIC, all over one SCSI target, and serves logins by RDMA
+//! CM and IB CM. Each port counts what it executes per LUN; `show` and
+//! the metrics name the target, the LUN and its device.
+//! [`Daemon::handle`] executes one admin [`Request`]; every change goes to
+//! the running configuration too, so `write-config` saves what runs (as
+//! `scstadmin -write_config` does). LUN map changes raise REPORTED LUNS
+//! DATA HAS CHANGED on the affected nexuses and send SRP_AER_REQ to every
+//! channel. Every request is logged as a [`crate::log::Record`]: changes
+//! and refusals at info and warn level, queries at debug level.
+//!
+//! The control socket is created mode 0600 and also checks the peer's
+//! credentials: only the daemon's own user may use it.
+//!
+//! [`preflight`] (`srptd --check`, and `srptd` before it makes
+//! anything) tries what a start opens and binds, device files with the
+//! access they need included, so that a configuration it passes does not
+//! fail to start for a path or an address; what still fails at start
+//! (no subnet manager, a race) names file, line and key, and takes back
+//! the image files and the control socket it made.
+
+use crate::config::{
+    check_initiator, Config, ConfigError, DeviceSection, GroupSection, Handler, LunEntry,
+};
+use rdma_types::Guid;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use srp_target::TargetPort;
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+use toml::Spanned;
+
+mod control;
+mod reload;
+mod report;
+mod store;
+
+pub use control::*;
+use reload::group_mut;
+pub use store::*;
+
+/// The running daemon.
+pub struct Daemon {
+    cfg: Mutex<Config>,
+    cfg_path: Option<PathBuf>,
+    scsi: Arc<scsi::Target>,
+    devices: Mutex<BTreeMap<String, Arc<scsi::Device>>>,
+    /// One per `[[target]]`, in the file's order.
+    targets: Vec<TargetRt>,
+    log: crate::log::Log,
+}
+
+/// One target port at work: its NIC, the port, its CM agent and I/O
+/// controller. The SCSI target behind it is the daemon's, shared.
+struct TargetRt {
+    port: Arc<TargetPort>,
+    guid: Guid,
+    nic: Arc<rnic::softroce::SoftRoce>,
+    /// The access layer the target port reaches the NIC through: it
+    /// counts every verbs object the port holds.
+    access: rdma_access::resource::AccessLayer,
+    /// The access layer's client the CM agent is tracked in: its CM ids
+    /// (connections and listens), MAD agents and SA subscriptions, and
+    /// (soft RoCE fabric) its QP1 objects. Closed first at shutdown.
+    cm: Arc<rdma_access::resource::TrackedProvider>,
+    /// The I/O controller offered to discovery, and the DM agent (dropped
+    /// in this order).
+    _dm: (rdma_access::dm::IocHandle, rdma_access::dm::DmService),
+    /// The port's SMA and MAD driver in the `ib` fabric.
+    ib_port: Option<crate::ib::IbPort>,
+}
+
+/// What `srptd` says about one running target when it starts.
+#[derive(Debug, Clone)]
+pub struct TargetSummary {
+    /// The target name (port GID, SCST style).
+    pub name: String,
+    /// The CA GUID: id_ext, ioc_guid and IB CM service ID.
+    pub guid: Guid,
+    /// The LID the SM gave the port (`ib` fabric).
+    pub lid: Option<u16>,
+}
+
+/// The limits an I/O controller profile advertises.
+fn tcfg_summary(t: &crate::config::TargetSection) -> crate::IocLimits {
+    crate::IocLimits {
+        send_queue_depth: (*t.srpt_srq_size.get_ref()).min(u16::MAX as u32) as u16,
+        send_size: *t.srp_max_req_size.get_ref(),
+        rdma_size: *t.srp_max_rdma_size.get_ref(),
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn spanned<T>(v: T) -> Spanned<T> {
+    Spanned::new(0..0, v)
+}
+
+impl TargetRt {
+    /// Starts target `t` (the `n`th) on its own soft RoCE NIC, over the
+    /// shared SCSI target. An error names the span and key (in the
+    /// target's table) it belongs to.
+    fn start(
+        t: &crate::config::TargetSection,
+        n: u32,
+        scsi: &Arc<scsi::Target>,
+        log: crate::log::Log,
+    ) -> Result<TargetRt, (std::ops::Range<usize>, &'static str, String)> {
+        // What fails here fails on the port's NIC, at its address, unless
+        // said otherwise.
+        let nic_err = |m: String| (t.ip.span(), "ip", m);
+        let ib = t.fabric == crate::ib::Fabric::Ib;
+        // Every port has its own GUID, from its address (crate::ib): on a
+        // managed subnet the SM keys LIDs by it, and in either mode it is
+        // the target port ID (id_ext and ioc_guid, as ib_srpt's are its
+        // HCA's GUID), which Linux ib_srp keeps unique per initiator port:
+        // two targets with one ID cannot both be logged in to.
+        let guid = crate::ib::ib_guid(*t.ip.get_ref());
+        let provider = rnic::softroce::SoftRoce::new(
+            vec![rnic::softroce::SoftCa {
+                guid,
+                ip: *t.ip.get_ref(),
+            }],
+            *t.udp_port.get_ref(),
+        );
+        // MAD transaction IDs of this process's agents, apart per target.
+        let tid_base = (std::process::id() << 8) | (n & 0xff);
+        // Target port ID = id_ext then ioc_guid, both the CA GUID (ib_srpt).
+        let chan = srp::initiator::ChannelConfig::new(0, guid, guid.0, guid);
+        let mut tcfg = srp::target::TargetConfig::new(chan.target_port_id(), "srptd");
+        tcfg.max_req_size = *t.srp_max_req_size.get_ref();
+        tcfg.max_rsp_size = *t.srp_max_rsp_size.get_ref();
+        tcfg.max_rdma_size = *t.srp_max_rdma_size.get_ref();
+        tcfg.srq_size = *t.srpt_srq_size.get_ref();
+        tcfg.sq_size = *t.srpt_sq_size.get_ref();
+        tcfg.max_channels = *t.max_channels.get_ref() as usize;
+        tcfg.enabled = t.enabled;
+        let nic = provider.clone();
+        // The target port and the CM agent reach the NIC through clients
+        // of the access layer, which track every verbs object they make
+        // and, for the CM agent, its CM ids, MAD agents and subscriptions.
+        let access = rdma_access::resource::AccessLayer::new(provider.clone());
+        let cm = access.client("cm").into_provider();
+        // The ib personality is set before the CA is first opened: the
+        // port, its SMA and MAD driver start here, and the SM's sweep
+        // brings it ACTIVE (waited for at the end, once everything serves).
+        let ib_port = if ib {
+            let ip = *t.ip.get_ref();
+            let port = crate::ib::IbPort::start(
+                provider.clone(),
+                guid,
+                ip,
+                &format!("srptd {ip}"),
+                true,
+                tid_base,
+            )
+            .map_err(nic_err)?;
+            Some(port)
+        } else {
+            None
+        };
+        let port = Arc::new(
+            TargetPort::start(
+                access.client("srp target").into_provider(),
+                guid,
+                tcfg,
+                scsi.clone(),
+                srp_target::PortOptions {
+                    // Checked when the file was read.
+                    pkeys: t
+                        .pkey
+                        .get_ref()
+                        .pkeys()
+                        .map_err(|m| (t.pkey.span(), "pkey", m))?,
+                    login_timeout: Duration::from_millis(*t.login_timeout_ms.get_ref()),
+                    max_pending_logins: *t.max_pending_logins.get_ref() as usize,
+                    max_pending_per_initiator: *t.max_pending_per_initiator.get_ref() as usize,
+                    keepalive: Some(*t.keepalive_ms.get_ref())
+                        .filter(|&ms| ms > 0)
+                        .map(Duration::from_millis),
+                    ..Default::default()
+                },
+            )
+            .map_err(|e| nic_err(format!("start the target port: {e}")))?,
+        );
+        // SCST's rel_tgt_id: the port's relative port identifier (VPD 83h,
+        // PR READ FULL STATUS), fixed before any command numbers it.
+        scsi.set_relative_port_id(port.name(), *t.rel_tgt_id.get_ref())
+            .map_err(|e| (t.rel_tgt_id.span(), "rel_tgt_id", e.to_string()))?;
+        // On the ib fabric the port's node started the agent on the NIC
+        // (the tree adopts its QP0/QP1 objects; its CM ids, MAD agents
+        // and subscriptions hang under them).
+        let agent = match &ib_port {
+            Some(p) => p.agent().clone(),
+            None => rdma_access::CmAgent::start(cm.clone(), guid, tid_base)
+                .map_err(|e| nic_err(format!("start the CM agent on {}: {e}", t.ip.get_ref())))?,
+        };
+        agent
+            .track_in(cm.client())
+            .map_err(|e| nic_err(format!("track the CM agent: {e}")))?;
+        // Discovery: the device management agent offers the target as an
+        // SRP I/O controller, as ib_srpt does (srp_daemon, `srp discover`).
+        let dm = rdma_access::dm::DmService::start(&agent)
+            .map_err(|e| nic_err(format!("start the DM agent: {e}")))?;
+        let ioc = dm
+            .register_ioc(crate::srp_ioc(guid, &tcfg_summary(t)))
+            .map_err(|e| nic_err(format!("register the I/O controller: {e}")))?;
+        let listen = crate::Listen {
+            // 0 turns RDMA CM off (ib_srpt), it does not mean port 0.
+            rdma_cm_port: (t.rdma_cm_port != 0).then_some(t.rdma_cm_port),
+            // ib_srpt listens on the ioc_guid.
+            ib_service_id: t.ib_cm.then_some(guid.0),
+        };
+        crate::serve_cm(agent, port.clone(), listen, log);
+        // Everything serves: now the SM may bring the port up (a trap 64
+        // subscriber then finds the I/O controller at once).
+        if let Some(p) = &ib_port {
+            let wait = *t.sm_wait_ms.get_ref();
+            p.wait_active(std::time::Duration::from_millis(wait))
+                .map_err(|m| (t.sm_wait_ms.span(), "sm_wait_ms", m))?;
+        }
+        Ok(TargetRt {
+            port,
+            guid,
+            nic,
+            access,
+            cm,
+            _dm: (ioc, dm),
+            ib_port,
+        })
+    }
+
+    /// The LID the SM gave the port (`ib` fabric only).
+    fn lid(&self) -> Option<u16> {
+        self.ib_port.as_ref().map(|p| p.lid())
+    }
+}
+
+impl Daemon {
+    /// Builds everything `cfg` describes and starts serving logins on
+    /// every target. `log` takes a record per event. An error names the
+    /// file, line and key it comes from, and the image files this start
+    /// created are removed again ([`preflight`] finds most such errors
+    /// before anything is made).
+    pub fn start(
+        cfg: Config,
+        cfg_path: Option<PathBuf>,
+        log: crate::log::Log,
+    ) -> Result<Arc<Daemon>, ConfigError> {
+        let scsi = Arc::new(scsi::Target::new());
+        let mut devices = BTreeMap::new();
+        let mut created = Vec::new();
+        for (i, d) in cfg.devices.iter().enumerate() {
+            let (device, made) = build_device(d).map_err(|e| device_error(&cfg, i, e))?;
+            created.extend(made);
+            devices.insert(d.name.get_ref().clone(), device);
+        }
+        let lun_at = |l: &LunEntry, at: String| {
+            lun(*l.lun.get_ref()).map_err(|m| cfg.error(l.lun.span(), at, m))
+        };
+        for (j, l) in cfg.luns.iter().enumerate() {
+            let n = lun_at(l, format!("lun[{j}].lun"))?;
+            scsi.add_lun(None, n, devices[l.device.get_ref()].clone());
+        }
+        for (k, g) in cfg.groups.iter().enumerate() {
+            let name = g.name.get_ref();
+            scsi.add_group(name);
+            for i in &g.initiators {
+                scsi.add_initiator(name, i.get_ref());
+            }
+            for (j, l) in g.luns.iter().enumerate() {
+                let n = lun_at(l, format!("group[{k}].lun[{j}].lun"))?;
+                scsi.add_lun(Some(name), n, devices[l.device.get_ref()].clone());
+            }
+        }
+        let mut targets = Vec::new();
+        for (i, t) in cfg.targets.iter().enumerate() {
+            let rt = TargetRt::start(t, i as u32, &scsi, log.clone())
+                .map_err(|(span, k, m)| cfg.error(span, format!("{}.{k}", cfg.target_key(i)), m))?;
+            targets.push(rt);
+        }
+        created.into_iter().for_each(CreatedFile::keep);
+        Ok(Arc::new(Daemon {
+            cfg: Mutex::new(cfg),
+            cfg_path,
+            scsi,
+            devices: Mutex::new(devices),
+            targets,
+            log,
+        }))
+    }
+
+    /// The running targets, in the configuration's order.
+    pub fn targets(&self) -> Vec<TargetSummary> {
+        self.targets
+            .iter()
+            .map(|t| TargetSummary {
+                name: t.port.name().to_string(),
+                guid: t.guid,
+                lid: t.lid(),
+            })
+            .collect()
+    }
+
+    /// The first target's port.
+    pub fn port(&self) -> &Arc<TargetPort> {
+        &self.targets[0].port
+    }
+
+    /// The targets `which` names (a target name or address), or all.
+    fn select(&self, which: Option<&str>) -> Result<Vec<(usize, &TargetRt)>, String> {
+        let cfg = lock(&self.cfg);
+        let all = self.targets.iter().enumerate();
+        let Some(w) = which else {
+            return Ok(all.collect());
+        };
+        let hit: Vec<_> = all
+            .filter(|(i, t)| t.port.name() == w || cfg.targets[*i].ip.get_ref().to_string() == w)
+            .collect();
+        if hit.is_empty() {
+            return Err(format!("no target `{w}` (give its name or address)"));
+        }
+        Ok(hit)
+    }
+
+    /// Enables or disables the targets `which` names, or all.
+    fn set_enabled(&self, which: Option<String>, on: bool) -> Result<Value, String> {
+        let hit = self.select(which.as_deref())?;
+        let mut names = Vec::new();
+        let mut cfg = lock(&self.cfg);
+        for (i, t) in hit {
+            t.port.set_enabled(on);
+            cfg.targets[i].enabled = on;
+            names.push(t.port.name().to_string());
+        }
+        Ok(json!({ "enabled": on, "targets": names }))
+    }
+
+    /// Tells every target's channels the LUN maps changed (SRP_AER_REQ);
+    /// returns how many were told.
+    fn luns_changed(&self) -> usize {
+        self.targets
+            .iter()
+            .map(|t| t.port.notify(srp::target::AerEvent::LunsChanged))
+            .sum()
+    }
+
+    /// The running configuration.
+    pub fn config(&self) -> Config {
+        lock(&self.cfg).clone()
+    }
+
+    /// Executes one admin request and logs it; `Err` is the message for
+    /// the user.
+    pub fn handle(&self, req: Request) -> Result<Value, String> {
+        use crate::log::{Level, Record};
+        let (event, changes) = req.event();
+        let asked = serde_json::to_value(&req).unwrap_or(Value::Null);
+        let cmd = asked["cmd"].as_str().unwrap_or("?").to_string();
+        let reload = matches!(req, Request::Reload);
+        let r = self.execute(req);
+        let record = match &r {
+            // The SIGHUP and `srptadm reload` lines scripts look for.
+            Ok(v) if reload => Record::info(event, format!("reloaded: {v}")).fields_of(v),
+            Err(e) if reload => Record::warn(
+                "reload_refused",
+                format!("reload refused, configuration unchanged: {e}"),
+            )
+            .field("error", e),
+            Ok(v) => Record::new(
+                if changes { Level::Info } else { Level::Debug },
+                event,
+                format!(
+                    "{cmd} {}: {}",
+                    args_of(&asked),
+                    if changes { v.to_string() } else { "ok".into() }
+                ),
+            )
+            .fields_of(&asked)
+            .fields_of(if changes { v } else { &Value::Null }),
+            Err(e) => Record::warn(
+                "admin_refused",
+                format!("{cmd} {} refused: {e}", args_of(&asked)),
+            )
+            .fields_of(&asked)
+            .field("error", e),
+        };
+        self.log.emit(record);
+        r
+    }
+
+    fn execute(&self, req: Request) -> Result<Value, String> {
+        match req {
+            Request::Show => Ok(self.show()),
+            Request::Sessions => Ok(self.sessions()),
+            Request::Devices => Ok(self.devices()),
+            Request::Luns => Ok(self.luns()),
+            Request::AddDevice { toml } => self.add_device(&toml),
+            Request::RemoveDevice { name } => self.remove_device(&name),
+            Request::Resize { device, size } => self.resize(&device, &size),
+            Request::AddLun { group, lun, device } => self.add_lun(group, lun, device),
+            Request::RemoveLun { group, lun } => self.remove_lun(group, lun),
+            Request::AddGroup { name } => self.edit(|c| {
+                if c.groups.iter().any(|g| g.name.get_ref() == &name) {
+                    return Err(format!("group `{name}` exists"));
+                }
+                c.groups.push(GroupSection {
+                    name: spanned(name.clone()),
+                    initiators: Vec::new(),
+                    luns: Vec::new(),
+                });
+                self.scsi.add_group(&name);
+                Ok(json!({ "added": name }))
+            }),
+            Request::RemoveGroup { name } => self.edit(|c| {
+                let i = c
+                    .groups
+                    .iter()
+                    .position(|g| g.name.get_ref() == &name)
+                    .ok_or_else(|| format!("no group `{name}`"))?;
+                c.groups.remove(i);
+                self.scsi.remove_group(&name);
+                self.luns_changed();
+                Ok(json!({ "removed": name }))
+            }),
+            Request::AddInitiator { group, initiator } => self.edit(|c| {
+                check_initiator(&initiator)?;
+                let g = group_mut(c, &group)?;
+                if g.initiators.iter().any(|i| i.get_ref() == &initiator) {
+                    return Err(format!("`{initiator}` is already in group `{group}`"));
+                }
+                g.initiators.push(spanned(initiator.clone()));
+                self.scsi.add_initiator(&group, &initiator);
+                self.luns_changed();
+                Ok(json!({ "group": group, "added": initiator }))
+            }),
+            Request::RemoveInitiator { group, initiator } => self.edit(|c| {
+                let g = group_mut(c, &group)?;
+                let i = g
+                    .initiators
+                    .iter()
+                    .position(|i| i.get_ref() == &initiator)
+                    .ok_or_else(|| format!("`{initiator}` is not in group `{group}`"))?;
+                g.initiators.remove(i);
+                self.scsi.remove_initiator(&group, &initiator);
+                self.luns_changed();
+                Ok(json!({ "group": group, "removed": initiator }))
+            }),
+            Request::Enable { target } => self.set_enabled(target, true),
+            Request::Disable { target } => self.set_enabled(target, false),
+            Request::SetLogLevel { level } => {
+                let was = self.log.set_level(level);
+                Ok(json!({ "log_level": level, "was": was }))
+            }
+            Request::Reload => {
+                let path = self
+                    .cfg_path
+                    .clone()
+                    .ok_or("srptd was not started from a configuration file")?;
+                let next = Config::load(&path).map_err(|e| e.to_string())?;
+                self.reload(next)
+            }
+            Request::WriteConfig { path } => {
+                let path = path
+                    .or_else(|| self.cfg_path.clone())
+                    .ok_or("no file given and srptd was not started from one")?;
+                let text = lock(&self.cfg).to_toml();
+                let tmp = path.with_extension("tmp-srptd");
+                std::fs::write(&tmp, &text)
+                    .and_then(|()| std::fs::rename(&tmp, &path))
+                    .map_err(|e| format!("write {}: {e}", path.display()))?;
+                Ok(json!({ "written": path }))
+            }
+        }
+    }
+
+    /// Logs every initiator out and waits (bounded) until the channels
+    /// are gone: every command the target acknowledged has completed. Then
+    /// closes the CM agent's client (its connections disconnected, listens
+    /// ended, subscriptions deleted, MAD agents unregistered, then its QP1
+    /// objects) and stops the target port, releasing its verbs objects.
+    /// Returns the channels still open at the deadline and the objects
+    /// left (both 0 after a clean stop).
+    pub fn shutdown(&self, within: std::time::Duration) -> (usize, i64) {
+        for t in &self.targets {
+            t.port.logout_all(srp::wire::TLogoutReason::NoReason);
+        }
+        let end = std::time::Instant::now() + within;
+        let left = loop {
+            let left: usize = self.targets.iter().map(|t| t.port.sessions().len()).sum();
+            if left == 0 || std::time::Instant::now() >= end {
+                break left;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        for t in &self.targets {
+            t.cm.client().close();
+            t.port.stop();
+        }
+        (
+            left,
+            self.targets.iter().map(|t| t.access.live_total()).sum(),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_identity_is_per_host_unless_the_usn_names_it() {
+        let naa = |usn, name, host| fnv(&identity_key(usn, name, host)) & 0xf_ffff_ffff;
+        // One host: one name is one LU, across restarts and processes.
+        assert_eq!(naa(None, "ram0", "h1"), naa(None, "ram0", "h1"));
+        assert_ne!(naa(None, "ram0", "h1"), naa(None, "ram1", "h1"));
+        // Two hosts' default ram0 are two LUs.
+        assert_ne!(naa(None, "ram0", "h1"), naa(None, "ram0", "h2"));
+        // A usn makes a shared disk one LU whatever its names and hosts,
+        // and differs from a device named like it.
+        assert_eq!(
+            naa(Some("shared7"), "a", "h1"),
+            naa(Some("shared7"), "b", "h2")
+        );
+        assert_ne!(naa(Some("ram0"), "ram0", "h1"), naa(None, "ram0", "h1"));
+        assert!(!host_id().is_empty(), "no machine ID and no host name");
+    }
+}

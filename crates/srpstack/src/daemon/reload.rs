@@ -1,0 +1,361 @@
+//! Changes to a running daemon: a reloaded configuration, devices and LUNs
+//! added, removed and resized, each applied to the running configuration
+//! too.
+
+use super::*;
+
+impl Daemon {
+    /// Applies `next` to the running target: new devices are opened, LUN
+    /// maps, groups and their initiators change to what `next` says (unit
+    /// attentions and SRP_AER_REQ as for `srptadm` changes), `enabled` is
+    /// followed. Sessions stay up. Refused as a whole, with nothing
+    /// changed, when a device that stays mapped changed its definition;
+    /// target parameters that need a restart are kept and named.
+    pub fn reload(&self, next: Config) -> Result<Value, String> {
+        use std::collections::{BTreeMap, BTreeSet};
+        let mut cfg = lock(&self.cfg);
+        let text = |d: &DeviceSection| toml::to_string(d).unwrap_or_default();
+        let old_devs: BTreeMap<String, String> = cfg
+            .devices
+            .iter()
+            .map(|d| (d.name.get_ref().clone(), text(d)))
+            .collect();
+        let maps = |c: &Config| -> BTreeMap<Option<String>, BTreeMap<u32, String>> {
+            let set = |ls: &[LunEntry]| {
+                ls.iter()
+                    .map(|l| (*l.lun.get_ref(), l.device.get_ref().clone()))
+                    .collect::<BTreeMap<_, _>>()
+            };
+            let mut m = BTreeMap::new();
+            m.insert(None, set(&c.luns));
+            for g in &c.groups {
+                m.insert(Some(g.name.get_ref().clone()), set(&g.luns));
+            }
+            m
+        };
+        let (old_maps, new_maps) = (maps(&cfg), maps(&next));
+        // A changed device must not be mapped before or after.
+        let mut changed = Vec::new();
+        for d in &next.devices {
+            let name = d.name.get_ref();
+            if old_devs.get(name).is_some_and(|t| *t != text(d)) {
+                changed.push(name.clone());
+            }
+        }
+        let mapped = |m: &BTreeMap<Option<String>, BTreeMap<u32, String>>, dev: &str| {
+            m.values().any(|s| s.values().any(|d| d == dev))
+        };
+        if let Some(d) = changed
+            .iter()
+            .find(|d| mapped(&old_maps, d) || mapped(&new_maps, d))
+        {
+            return Err(format!(
+                "reload refused: device `{d}` changed while mapped; unmap it first or restart srptd"
+            ));
+        }
+        // Open new and changed devices before touching any map.
+        let (mut opened, mut created) = (BTreeMap::new(), Vec::new());
+        for (i, d) in next.devices.iter().enumerate() {
+            let name = d.name.get_ref();
+            if !old_devs.contains_key(name) || changed.contains(name) {
+                let (device, made) =
+                    build_device(d).map_err(|e| device_error(&next, i, e).to_string())?;
+                created.extend(made);
+                opened.insert(name.clone(), device);
+            }
+        }
+        created.into_iter().for_each(CreatedFile::keep);
+        let mut devices = lock(&self.devices);
+        devices.extend(opened);
+        let mut lun_changes = 0;
+        // Unmap what goes or changes, then map what comes.
+        for (group, old) in &old_maps {
+            let new = new_maps.get(group);
+            for (n, dev) in old {
+                if new.and_then(|m| m.get(n)) != Some(dev) {
+                    self.scsi.remove_lun(group.as_deref(), lun(*n)?);
+                    lun_changes += 1;
+                }
+            }
+        }
+        let old_groups: BTreeSet<&String> = cfg.groups.iter().map(|g| g.name.get_ref()).collect();
+        let new_groups: BTreeSet<&String> = next.groups.iter().map(|g| g.name.get_ref()).collect();
+        for g in old_groups.difference(&new_groups) {
+            self.scsi.remove_group(g);
+            lun_changes += 1;
+        }
+        for g in &next.groups {
+            let name = g.name.get_ref();
+            self.scsi.add_group(name);
+            let old_inits: Vec<String> = cfg
+                .groups
+                .iter()
+                .find(|o| o.name.get_ref() == name)
+                .map(|o| o.initiators.iter().map(|i| i.get_ref().clone()).collect())
+                .unwrap_or_default();
+            let new_inits: Vec<String> = g.initiators.iter().map(|i| i.get_ref().clone()).collect();
+            for i in old_inits.iter().filter(|i| !new_inits.contains(i)) {
+                self.scsi.remove_initiator(name, i);
+                lun_changes += 1;
+            }
+            for i in new_inits.iter().filter(|i| !old_inits.contains(i)) {
+                self.scsi.add_initiator(name, i);
+                lun_changes += 1;
+            }
+        }
+        for (group, new) in &new_maps {
+            let old = old_maps.get(group);
+            for (n, dev) in new {
+                if old.and_then(|m| m.get(n)) != Some(dev) {
+                    let d = devices
+                        .get(dev)
+                        .cloned()
+                        .ok_or_else(|| format!("no device `{dev}`"))?;
+                    self.scsi.add_lun(group.as_deref(), lun(*n)?, d);
+                    lun_changes += 1;
+                }
+            }
+        }
+        let kept: BTreeSet<String> = next
+            .devices
+            .iter()
+            .map(|d| d.name.get_ref().clone())
+            .collect();
+        devices.retain(|name, _| kept.contains(name));
+        drop(devices);
+        // Target parameters: only `enabled` changes live, per target; a
+        // target added or removed needs a restart.
+        let mut restart = Vec::new();
+        let key = |s: &crate::config::TargetSection| {
+            toml::to_string(&{
+                let mut s = s.clone();
+                s.enabled = true;
+                s
+            })
+            .unwrap_or_default()
+        };
+        if cfg.targets.len() != next.targets.len() {
+            restart.push(format!(
+                "{} targets instead of {}",
+                next.targets.len(),
+                cfg.targets.len()
+            ));
+        }
+        let mut applied = next;
+        let mut enabled = Vec::new();
+        let new_targets = std::mem::take(&mut applied.targets);
+        applied.targets = cfg.targets.clone();
+        for (i, (t, rt)) in new_targets.iter().zip(&self.targets).enumerate() {
+            if key(&applied.targets[i]) != key(t) {
+                restart.push(format!(
+                    "{} parameters other than enabled",
+                    applied.target_key(i)
+                ));
+            }
+            if t.enabled != rt.port.enabled() {
+                rt.port.set_enabled(t.enabled);
+            }
+            applied.targets[i].enabled = t.enabled;
+            enabled.push(t.enabled);
+        }
+        *cfg = applied;
+        drop(cfg);
+        let told = if lun_changes > 0 {
+            self.luns_changed()
+        } else {
+            0
+        };
+        Ok(json!({
+            "lun_map_changes": lun_changes,
+            "aer_sent": told,
+            // One target: its state, as before several were possible.
+            "enabled": if enabled.len() == 1 { json!(enabled[0]) } else { json!(enabled) },
+            "needs_restart": restart,
+        }))
+    }
+
+    /// Runs `f` on a copy of the configuration; keeps the copy if `f`
+    /// succeeds (it applies the change to the running target itself).
+    pub(super) fn edit(
+        &self,
+        f: impl FnOnce(&mut Config) -> Result<Value, String>,
+    ) -> Result<Value, String> {
+        let mut cfg = lock(&self.cfg);
+        let mut next = cfg.clone();
+        let v = f(&mut next)?;
+        *cfg = next;
+        Ok(v)
+    }
+
+    pub(super) fn add_device(&self, text: &str) -> Result<Value, String> {
+        let d: DeviceSection =
+            toml::from_str(text).map_err(|e| format!("device: {}", e.message().trim()))?;
+        let name = d.name.get_ref().clone();
+        let mut cfg = lock(&self.cfg);
+        let mut next = cfg.clone();
+        next.devices.push(d.clone());
+        next.check()
+            .map_err(|e| format!("{}: {}", e.key, e.message))?;
+        // The table came in the request, not from the file: no line.
+        let (dev, made) = build_device(&d).map_err(|(_, key, m)| format!("{key}: {m}"))?;
+        made.into_iter().for_each(CreatedFile::keep);
+        lock(&self.devices).insert(name.clone(), dev);
+        *cfg = next;
+        Ok(json!({ "added": name }))
+    }
+
+    pub(super) fn remove_device(&self, name: &str) -> Result<Value, String> {
+        self.edit(|c| {
+            let i = c
+                .devices
+                .iter()
+                .position(|d| d.name.get_ref() == name)
+                .ok_or_else(|| format!("no device `{name}`"))?;
+            let used = |ls: &[LunEntry]| {
+                ls.iter()
+                    .find(|l| l.device.get_ref() == name)
+                    .map(|l| *l.lun.get_ref())
+            };
+            if let Some(l) = used(&c.luns) {
+                return Err(format!(
+                    "device `{name}` is mapped at default LUN {l}; remove the LUN first"
+                ));
+            }
+            for g in &c.groups {
+                if let Some(l) = used(&g.luns) {
+                    return Err(format!(
+                        "device `{name}` is mapped at LUN {l} of group `{}`; remove the LUN first",
+                        g.name.get_ref()
+                    ));
+                }
+            }
+            c.devices.remove(i);
+            lock(&self.devices).remove(name);
+            Ok(json!({ "removed": name }))
+        })
+    }
+
+    /// Grows device `name` to `size`. Shrinking is refused: SCST allows
+    /// it, but blocks past the new end would be lost while initiators may
+    /// still hold them in use (file systems, partition tables); remove the
+    /// LUN and map a smaller device instead. The device must be mapped:
+    /// the SCSI core resizes through a LUN, raising the unit attention on
+    /// every nexus that reaches the device by any LUN.
+    pub(super) fn resize(&self, name: &str, size: &str) -> Result<Value, String> {
+        self.edit(|c| {
+            let bytes = crate::config::parse_size(size)?;
+            let d = c
+                .devices
+                .iter_mut()
+                .find(|d| d.name.get_ref() == name)
+                .ok_or_else(|| format!("no device `{name}`"))?;
+            let handler = *d.handler.get_ref();
+            let dev = lock(&self.devices)
+                .get(name)
+                .cloned()
+                .ok_or_else(|| format!("no device `{name}`"))?;
+            let bs = u64::from(dev.block_size());
+            let was = dev.blocks() * bs;
+            if bytes == 0 || bytes % bs != 0 {
+                return Err(format!(
+                    "device `{name}`: size {bytes} is not a positive multiple of its block size {bs}"
+                ));
+            }
+            if bytes < was {
+                return Err(format!(
+                    "device `{name}`: shrinking from {was} to {bytes} bytes is refused (data past the new end would be lost); unmap it and add a smaller device"
+                ));
+            }
+            if bytes == was {
+                return Ok(json!({ "device": name, "size": bytes, "was": was, "aer_sent": 0 }));
+            }
+            if handler != Handler::Ram {
+                return Err(format!(
+                    "device `{name}`: a {} device cannot be resized (only ram devices can)",
+                    handler.name()
+                ));
+            }
+            let mapped = c
+                .luns
+                .iter()
+                .map(|l| (None, l))
+                .chain(
+                    c.groups
+                        .iter()
+                        .flat_map(|g| g.luns.iter().map(move |l| (Some(g.name.get_ref()), l))),
+                )
+                .find(|(_, l)| l.device.get_ref() == name)
+                .map(|(g, l)| (g.cloned(), *l.lun.get_ref()));
+            let Some((group, n)) = mapped else {
+                return Err(format!(
+                    "device `{name}` is not mapped at any LUN; map it first, or remove it and add it with the new size"
+                ));
+            };
+            self.scsi
+                .resize(group.as_deref(), lun(n)?, bytes / bs)
+                .map_err(|e| format!("device `{name}`: resize: {e}"))?;
+            d.size = Some(spanned(size.trim().to_string()));
+            let told: usize = self
+                .targets
+                .iter()
+                .map(|t| t.port.capacity_changed(&dev))
+                .sum();
+            Ok(json!({ "device": name, "size": bytes, "was": was, "aer_sent": told }))
+        })
+    }
+
+    pub(super) fn add_lun(
+        &self,
+        group: Option<String>,
+        n: u32,
+        device: String,
+    ) -> Result<Value, String> {
+        self.edit(|c| {
+            let l = lun(n)?;
+            let entry = LunEntry {
+                lun: spanned(n),
+                device: spanned(device.clone()),
+            };
+            match &group {
+                Some(g) => group_mut(c, g)?.luns.push(entry),
+                None => c.luns.push(entry),
+            }
+            c.check().map_err(|e| format!("{}: {}", e.key, e.message))?;
+            let dev = lock(&self.devices)
+                .get(&device)
+                .cloned()
+                .ok_or_else(|| format!("no device `{device}`"))?;
+            self.scsi.add_lun(group.as_deref(), l, dev);
+            let told = self.luns_changed();
+            Ok(json!({ "group": group, "lun": n, "device": device, "aer_sent": told }))
+        })
+    }
+
+    pub(super) fn remove_lun(&self, group: Option<String>, n: u32) -> Result<Value, String> {
+        self.edit(|c| {
+            let l = lun(n)?;
+            let luns = match &group {
+                Some(g) => &mut group_mut(c, g)?.luns,
+                None => &mut c.luns,
+            };
+            let i =
+                luns.iter()
+                    .position(|e| *e.lun.get_ref() == n)
+                    .ok_or_else(|| match &group {
+                        Some(g) => format!("group `{g}` has no LUN {n}"),
+                        None => format!("no default LUN {n}"),
+                    })?;
+            luns.remove(i);
+            self.scsi.remove_lun(group.as_deref(), l);
+            let told = self.luns_changed();
+            Ok(json!({ "group": group, "removed_lun": n, "aer_sent": told }))
+        })
+    }
+}
+
+pub(super) fn group_mut<'a>(c: &'a mut Config, name: &str) -> Result<&'a mut GroupSection, String> {
+    c.groups
+        .iter_mut()
+        .find(|g| g.name.get_ref() == name)
+        .ok_or_else(|| format!("no group `{name}`"))
+}

@@ -1,0 +1,509 @@
+//! Backing stores of srptd's devices: files and block devices opened (or
+//! created) with the access a device needs, and the identity that names a
+//! LU the same on every host that exports it.
+
+use super::*;
+
+pub(super) fn fnv(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// What a device's identity (its NAA designator, and its serial unless
+/// `usn` sets it) is derived from, stable across restarts. With `usn`,
+/// the usn alone: two hosts exporting one shared disk give it the same
+/// usn and so the same NAA, and multipath joins their paths. Without, the
+/// host's identity and the device name: two srptd on one host exporting
+/// an image under one name are paths to one LU, while two hosts' default
+/// `ram0` are two LUs. (SCST derives the IDs from the name alone, and asks
+/// for `scst_vdisk_ID` to differ per host; dm-multipath on an initiator
+/// that sees two hosts with equal IDs would join two different disks.)
+pub(super) fn identity_key(usn: Option<&str>, name: &str, host: &str) -> String {
+    match usn {
+        Some(u) => format!("usn:{u}"),
+        None => format!("{host}/{name}"),
+    }
+}
+
+/// This host's identity for [`identity_key`]: the machine ID (systemd's
+/// `/etc/machine-id`, or D-Bus's copy), else the host name, read once.
+pub(super) fn host_id() -> &'static str {
+    pub(super) static ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    ID.get_or_init(|| {
+        ["/etc/machine-id", "/var/lib/dbus/machine-id"]
+            .iter()
+            .find_map(|p| {
+                let id = std::fs::read_to_string(p).ok()?.trim().to_string();
+                (!id.is_empty()).then_some(id)
+            })
+            .or_else(|| {
+                let mut buf = [0u8; 256];
+                // SAFETY: gethostname writes at most buf.len() bytes.
+                let r = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+                (r == 0).then(|| {
+                    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+                    String::from_utf8_lossy(&buf[..end]).into_owned()
+                })
+            })
+            .unwrap_or_default()
+    })
+}
+
+/// Why a device cannot be opened: the span and the key (in its
+/// `[[device]]` table) at fault, and what to do about it.
+pub(super) type DeviceError = (std::ops::Range<usize>, &'static str, String);
+
+/// The error of device `i` of `cfg`, naming file, line and key.
+pub(super) fn device_error(
+    cfg: &Config,
+    i: usize,
+    (span, key, message): DeviceError,
+) -> ConfigError {
+    cfg.error(span, format!("device[{i}].{key}"), message)
+}
+
+/// A device's store as a start opens it, and the file it created.
+pub(super) struct Store {
+    pub(super) backend: Arc<dyn scsi::Backend>,
+    pub(super) created: Option<CreatedFile>,
+}
+
+/// A store of a given size that holds nothing: what `--check` gives
+/// [`scsi::Device::new`] to judge a device's geometry by the rules a
+/// start meets, without creating, growing or allocating its store.
+pub(super) struct Geometry {
+    pub(super) size: u64,
+    pub(super) min_block_size: u32,
+}
+
+impl scsi::Backend for Geometry {
+    fn size(&self) -> u64 {
+        self.size
+    }
+    fn min_block_size(&self) -> u32 {
+        self.min_block_size
+    }
+    fn read(&self, _: u64, _: &mut [u8]) -> std::io::Result<()> {
+        Err(std::io::ErrorKind::Unsupported.into())
+    }
+    fn write(&self, _: u64, _: &[u8], _: bool) -> std::io::Result<()> {
+        Err(std::io::ErrorKind::Unsupported.into())
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        Err(std::io::ErrorKind::Unsupported.into())
+    }
+}
+
+/// The directory a path's file is (or would be) in.
+pub(super) fn dir_of(path: &Path) -> &Path {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    }
+}
+
+/// Opens device `d`'s store as a start does: a fileio device's file
+/// read-write unless `read_only` (O_DIRECT when `o_direct`), created at
+/// `size` when missing and extended to it when shorter; a blockio
+/// device's path with O_DIRECT. With `dry_run` (`--check`) nothing is
+/// created, grown or allocated: a file the start would create is tried
+/// as an unnamed file in its directory (O_TMPFILE, gone when closed), and
+/// the store has the size the start would give it. Every reason a start
+/// cannot open the store is an error here, with the fix.
+pub(super) fn open_store(d: &DeviceSection, dry_run: bool) -> Result<Store, DeviceError> {
+    use std::os::unix::fs::FileTypeExt;
+    let bs = *d.block_size.get_ref();
+    let size = match &d.size {
+        Some(s) => Some(crate::config::parse_size(s.get_ref()).map_err(|m| (s.span(), "size", m))?),
+        None => None,
+    };
+    let handler = *d.handler.get_ref();
+    if let Handler::Ram | Handler::NullIo = handler {
+        let size = size.unwrap_or(0);
+        let backend: Arc<dyn scsi::Backend> = match (handler, dry_run) {
+            (_, true) => Arc::new(Geometry {
+                size,
+                min_block_size: 1,
+            }),
+            (Handler::Ram, false) => Arc::new(scsi::Ram::new(size)),
+            _ => Arc::new(scsi::NullIo::new(size)),
+        };
+        return Ok(Store {
+            backend,
+            created: None,
+        });
+    }
+    let file = d.filename.as_ref().ok_or_else(|| {
+        let m = format!("handler {} needs a filename", handler.name());
+        (d.handler.span(), "filename", m)
+    })?;
+    let (path, bad) = (file.get_ref(), |m: String| (file.span(), "filename", m));
+    let shown = path.display();
+    // A start creates a missing fileio image and extends a shorter one.
+    let grows = handler == Handler::FileIo && !d.read_only && size.is_some();
+    let meta = match std::fs::metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let dir = dir_of(path);
+            if !dir.exists() {
+                return Err(bad(format!(
+                    "directory {} does not exist: create it (mkdir -p {}) or fix the path",
+                    dir.display(),
+                    dir.display()
+                )));
+            }
+            return match (handler, grows) {
+                (Handler::FileIo, true) => {
+                    create_file(d, path, size.unwrap_or(0), dry_run).map_err(bad)
+                }
+                (Handler::FileIo, false) if d.read_only => Err(bad(format!(
+                    "{shown} does not exist: a read_only device needs an existing file"
+                ))),
+                (Handler::FileIo, false) => Err(bad(format!(
+                    "{shown} does not exist: create it, or set `size` and srptd creates it"
+                ))),
+                _ => Err(bad(format!(
+                    "{shown} does not exist: vdisk_blockio opens an existing block device or file and creates none"
+                ))),
+            };
+        }
+        Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => {
+            return Err(bad(format!(
+                "{shown}: a part of the path is not a directory: fix the path"
+            )))
+        }
+        Err(e) => return Err(bad(format!("cannot open {shown}: {e}"))),
+    };
+    let kind = meta.file_type();
+    if kind.is_dir() {
+        return Err(bad(format!(
+            "{shown} is a directory: name a file in it, e.g. {}",
+            path.join(format!("{}.img", d.name.get_ref())).display()
+        )));
+    }
+    if kind.is_block_device() && handler == Handler::FileIo {
+        return Err(bad(format!(
+            "{shown} is a block device: use handler = \"vdisk_blockio\""
+        )));
+    }
+    if !kind.is_file() && !kind.is_block_device() {
+        return Err(bad(format!(
+            "{shown} is not a regular file or block device: name an image file or a disk"
+        )));
+    }
+    let open_error = |e: std::io::Error| {
+        let how = if d.read_only {
+            "for reading"
+        } else {
+            "read-write"
+        };
+        let fix = match e.raw_os_error() {
+            Some(libc::EACCES | libc::EPERM | libc::EROFS | libc::ETXTBSY) if !d.read_only => {
+                ": make it writable or set read_only = true"
+            }
+            _ => "",
+        };
+        bad(format!("cannot open {shown} {how}: {e}{fix}"))
+    };
+    let (backend, len): (Arc<dyn scsi::Backend>, u64) = if handler == Handler::BlockIo {
+        // A regular file is aligned to the LU's block size; a block
+        // device to its own logical block size, which the LU's must be a
+        // multiple of (checked by scsi::Device::new).
+        let b = scsi::BlockIo::open(path, d.read_only, bs as usize).map_err(open_error)?;
+        let len = scsi::Backend::size(&b);
+        (Arc::new(b), len)
+    } else {
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(!d.read_only)
+            .open(path)
+            .map_err(open_error)?;
+        let len = match size {
+            Some(s) if grows && meta.len() < s => s,
+            _ => meta.len(),
+        };
+        if len == 0 {
+            return Err(bad(match d.read_only {
+                true => format!("{shown} is empty: give it a length (truncate -s)"),
+                false => format!("{shown} is empty: set `size` and srptd extends it"),
+            }));
+        }
+        if !dry_run && len > meta.len() {
+            f.set_len(len)
+                .map_err(|e| bad(format!("cannot extend {shown} to {len} bytes: {e}")))?;
+        }
+        let io = file_io(d, f, path).map_err(bad)?;
+        match dry_run {
+            true => {
+                let min_block_size = scsi::Backend::min_block_size(&io);
+                (
+                    Arc::new(Geometry {
+                        size: len,
+                        min_block_size,
+                    }),
+                    len,
+                )
+            }
+            false => (Arc::new(io), len),
+        }
+    };
+    if len % bs as u64 != 0 || len == 0 {
+        return Err(bad(format!(
+            "{shown} holds {len} bytes, not a positive multiple of block_size {bs}: resize it (truncate -s) or change block_size"
+        )));
+    }
+    Ok(Store {
+        backend,
+        created: None,
+    })
+}
+
+/// A fileio store over `f` (at `path`), buffered or O_DIRECT.
+pub(super) fn file_io(
+    d: &DeviceSection,
+    f: std::fs::File,
+    path: &Path,
+) -> Result<scsi::FileIo, String> {
+    let path = path.display();
+    if d.o_direct {
+        scsi::FileIo::direct(f, d.write_through, *d.block_size.get_ref()).map_err(|e| {
+            format!("{path}: O_DIRECT refused ({e}): set o_direct = false or keep the image on a file system with O_DIRECT")
+        })
+    } else {
+        scsi::FileIo::new(f, d.write_through).map_err(|e| format!("{path}: {e}"))
+    }
+}
+
+/// Creates fileio image `path` of `size` bytes, as the store of `d`; with
+/// `dry_run`, only tries: an unnamed file in its directory.
+pub(super) fn create_file(
+    d: &DeviceSection,
+    path: &Path,
+    size: u64,
+    dry_run: bool,
+) -> Result<Store, String> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let cannot = |e: std::io::Error| format!("cannot create {}: {e}", path.display());
+    let mut open = std::fs::OpenOptions::new();
+    open.read(true).write(true);
+    if !dry_run {
+        let f = open.create_new(true).open(path).map_err(cannot)?;
+        // Removed again if the start fails from here on.
+        let created = CreatedFile::new(path);
+        f.set_len(size).map_err(cannot)?;
+        return Ok(Store {
+            backend: Arc::new(file_io(d, f, path)?),
+            created: Some(created),
+        });
+    }
+    let dir = dir_of(path);
+    let min_block_size = match open.custom_flags(libc::O_TMPFILE).open(dir) {
+        Ok(f) => scsi::Backend::min_block_size(&file_io(d, f, path)?),
+        // A file system without unnamed files: ask for the access a
+        // create needs, and O_DIRECT is seen at start.
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::EOPNOTSUPP | libc::EISDIR | libc::EINVAL)
+            ) =>
+        {
+            let c = std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(dir.as_os_str()))
+                .map_err(|_| cannot(e))?;
+            // SAFETY: c is a valid NUL-terminated path.
+            if unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) } != 0 {
+                return Err(cannot(std::io::Error::last_os_error()));
+            }
+            if d.o_direct {
+                *d.block_size.get_ref()
+            } else {
+                1
+            }
+        }
+        Err(e) => return Err(cannot(e)),
+    };
+    Ok(Store {
+        backend: Arc::new(Geometry {
+            size,
+            min_block_size,
+        }),
+        created: None,
+    })
+}
+
+/// Device `d` over `backend`: its SCSI identity and geometry, checked as
+/// [`scsi::Device::new`] checks them.
+pub(super) fn device_on(
+    d: &DeviceSection,
+    backend: Arc<dyn scsi::Backend>,
+) -> Result<scsi::Device, DeviceError> {
+    let name = d.name.get_ref();
+    let bs = *d.block_size.get_ref();
+    let usn = d.usn.as_ref().map(|u| u.get_ref().as_str());
+    let key = identity_key(usn, name, host_id());
+    let mut cfg = scsi::DeviceConfig {
+        block_size: bs,
+        read_only: d.read_only,
+        thin: d.thin,
+        rotational: d.rotational,
+        serial: usn.map_or_else(|| format!("{:08x}", fnv(&key) as u32), str::to_string),
+        naa: 0x5001_4050_0000_0000 | (fnv(&key) & 0xf_ffff_ffff),
+        ..Default::default()
+    };
+    if let Some(v) = &d.t10_vendor_id {
+        cfg.vendor = v.get_ref().clone();
+    }
+    if let Some(p) = &d.t10_product_id {
+        cfg.product = p.get_ref().clone();
+    }
+    scsi::Device::new(cfg, backend).map_err(|e| (d.block_size.span(), "block_size", e))
+}
+
+/// Opens device `d` and builds it, as a start does; the image file it
+/// created, if any, is removed when the returned guard is dropped unless
+/// kept.
+pub(super) fn build_device(
+    d: &DeviceSection,
+) -> Result<(Arc<scsi::Device>, Option<CreatedFile>), DeviceError> {
+    let store = open_store(d, false)?;
+    let device = device_on(d, store.backend)?;
+    Ok((Arc::new(device), store.created))
+}
+
+/// What [`build_device`] would meet, tried without creating or changing
+/// anything.
+pub(super) fn probe_device(d: &DeviceSection) -> Result<(), DeviceError> {
+    device_on(d, open_store(d, true)?.backend).map(drop)
+}
+
+/// A file this process made (a device's image, the control socket),
+/// removed when dropped unless kept, so that a start that fails leaves
+/// nothing behind. Only the file made is removed, not one another
+/// process has put at the path since.
+pub struct CreatedFile {
+    pub(super) path: PathBuf,
+    /// Device and inode of the file made; `None` once kept.
+    pub(super) id: Option<(u64, u64)>,
+}
+
+impl CreatedFile {
+    /// Takes charge of `path`, which this process has just made.
+    pub fn new(path: &Path) -> CreatedFile {
+        use std::os::unix::fs::MetadataExt;
+        let id = std::fs::symlink_metadata(path)
+            .ok()
+            .map(|m| (m.dev(), m.ino()));
+        CreatedFile {
+            path: path.into(),
+            id,
+        }
+    }
+
+    /// Leaves the file in place.
+    pub fn keep(mut self) {
+        self.id = None;
+    }
+}
+
+impl Drop for CreatedFile {
+    fn drop(&mut self) {
+        use std::os::unix::fs::MetadataExt;
+        let Some(id) = self.id else { return };
+        if std::fs::symlink_metadata(&self.path).is_ok_and(|m| (m.dev(), m.ino()) == id) {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+pub(super) fn lun(n: u32) -> Result<scsi::Lun, String> {
+    scsi::Lun::new(n).map_err(|e| format!("LUN {n}: {e}"))
+}
+
+/// What [`preflight`] found in use: what another running srptd explains
+/// (`--check` of the file of one that runs finds its own sockets), and
+/// what keeps a second one from starting.
+#[derive(Debug, Default)]
+pub struct Preflight {
+    /// Each in use, at its key.
+    pub busy: Vec<ConfigError>,
+}
+
+/// Tries everything a start of `cfg` opens or binds, without creating or
+/// changing anything: every device's store with the access and flags the
+/// device needs (see `open_store`) and its geometry, the control socket
+/// (its path, its directory, a socket bound there and removed), each
+/// target's RoCE UDP address and the metrics address. An error names
+/// file, line and key, and what to do; ports and sockets in use are
+/// returned instead. srptd runs no log file, pid file or persistent
+/// reservation state file (logs go to standard output, APTPL is not
+/// persisted), so there is nothing else to try.
+pub fn preflight(cfg: &Config) -> Result<Preflight, ConfigError> {
+    use std::io::ErrorKind;
+    for (i, d) in cfg.devices.iter().enumerate() {
+        probe_device(d).map_err(|e| device_error(cfg, i, e))?;
+    }
+    let mut found = Preflight::default();
+    let key = |i: usize, k: &str| format!("{}.{k}", cfg.target_key(i));
+    let sock = &cfg.target().control_socket;
+    let path = sock.get_ref();
+    let cannot = |m: String| cfg.error(sock.span(), key(0, "control_socket"), m);
+    match control_path(path).map_err(|e| cannot(e.to_string()))? {
+        SocketPath::Free => {
+            bind_control(path).map_err(|e| {
+                let dir = dir_of(path).display();
+                cannot(format!(
+                    "cannot create a socket in {dir}: {e}: choose another path"
+                ))
+            })?;
+            let _ = std::fs::remove_file(path);
+        }
+        SocketPath::Stale => {}
+        SocketPath::Listening => found.busy.push(cannot(format!(
+            "a daemon listens on {} (is srptd running?): stop it or choose another path",
+            path.display()
+        ))),
+    }
+    for (i, t) in cfg.targets.iter().enumerate() {
+        let (ip, port) = (*t.ip.get_ref(), *t.udp_port.get_ref());
+        match std::net::UdpSocket::bind((ip, port)) {
+            Ok(_) => {}
+            Err(e) if e.kind() == ErrorKind::AddrInUse => found.busy.push(cfg.error(
+                t.udp_port.span(),
+                key(i, "udp_port"),
+                format!("UDP {ip}:{port} is in use (is srptd running?): stop what holds it or choose another udp_port"),
+            )),
+            Err(e) if e.kind() == ErrorKind::AddrNotAvailable => {
+                return Err(cfg.error(
+                    t.ip.span(),
+                    key(i, "ip"),
+                    format!("{ip} is not an address of this host ({e}): give one of its addresses"),
+                ))
+            }
+            Err(e) => {
+                return Err(cfg.error(
+                    t.udp_port.span(),
+                    key(i, "udp_port"),
+                    format!("cannot bind UDP {ip}:{port}: {e}"),
+                ))
+            }
+        }
+    }
+    if let Some(m) = &cfg.target().metrics {
+        let addr = m.get_ref().0;
+        let at = |msg: String| cfg.error(m.span(), key(0, "metrics"), msg);
+        match std::net::TcpListener::bind(addr) {
+            Ok(_) => {}
+            Err(e) if e.kind() == ErrorKind::AddrInUse => found.busy.push(at(format!(
+                "TCP {addr} is in use: stop what holds it or choose another port"
+            ))),
+            Err(e) if e.kind() == ErrorKind::AddrNotAvailable => {
+                return Err(at(format!(
+                    "{} is not an address of this host ({e}): give one of its addresses, or a bare port for 127.0.0.1",
+                    addr.ip()
+                )))
+            }
+            Err(e) => return Err(at(format!("cannot listen on {addr}: {e}"))),
+        }
+    }
+    Ok(found)
+}
