@@ -118,6 +118,13 @@
 //! reach the SA), then the other partitions that name the port; a Set of
 //! PortInfo keeps the port's P_KeyViolations.
 //!
+//! Layering: the SM reaches a port only through the verbs
+//! ([`port::SmPort`] over any provider with a QP0), and a node's port is
+//! the access layer's (`rdma_access::IbNode`, its SMA setting the port
+//! with `Provider::modify_port`), so this crate depends on no provider;
+//! the `ibsm`, `ibstat` and `saquery` binaries, which pick soft RoCE, are
+//! the `ib-tools` crate.
+//!
 //! Not done: multicast, LMC on the SM's own port, M_Key on the SM's own
 //! port, SM_Key-trusted SA records other than PortInfoRecord's M_Key.
 

@@ -1,10 +1,7 @@
 //! The subnet manager on a real port: [`SmPort`] carries the sans-IO
 //! [`SubnetManager`]'s MADs over a verbs provider's QP0 (SMPs) and QP1 (SA
 //! requests, Reports), with the clock. The other end is a node's port:
-//! [`IbNode`] runs a soft RoCE CA in the `ib` personality with its SMA,
-//! and [`softroce_sma`] is the glue that applies what the SMA was told to
-//! the port, [`softroce_pkey_violations`] the one that tells the SMA what
-//! the port dropped for its P_Key (trap 257).
+//! `rdma_access::IbNode`, its SMA driving the port through the verbs.
 //!
 //! The SM owns both special QPs of its CA (no other MAD agent can run on
 //! that port); peers are named by GID, which on soft RoCE is the IP
@@ -17,19 +14,14 @@
 use crate::sm::{QP_GSI, QP_SMI};
 use crate::{SmConfig, SmEvent, SubnetManager};
 use rdma_access::gsi::MadBytes;
-use rdma_access::sma::{state, Sma, SmaAction, SmaConfig};
-use rdma_access::sma_agent::SmaAgent;
-use rdma_access::CmAgent;
 use rdma_mad::mad::MAD_SIZE;
-use rdma_mad::smp::BadKeyTrap;
-use rdma_types::{Gid, Guid, Instant, Lid, PortNum, Qkey, QpType};
+use rdma_types::{Gid, Guid, Instant, PortNum, Qkey, QpType};
 use rdma_types::{Qpn, WcOpcode, WcStatus};
-use rnic::softroce::SoftRoce;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use verbs::{
-    AhAttr, AhHandle, CaHandle, CqHandle, CqInit, MemBuf, MrInfo, PdHandle, PortState, Provider,
-    QpHandle, RecvWr, SendOpcode, SendWr, Sge, UdDest, VerbsError, WorkCompletion,
+    AhAttr, AhHandle, CaHandle, CqHandle, CqInit, MemBuf, MrInfo, PdHandle, Provider, QpHandle,
+    RecvWr, SendOpcode, SendWr, Sge, UdDest, VerbsError, WorkCompletion,
 };
 
 /// The area in front of a UD receive (GRH, or on RoCEv2 the IP header).
@@ -38,29 +30,6 @@ const RECVS: u32 = 64;
 const SENDS: u32 = 64;
 const KIND_SEND: u64 = 1 << 56;
 const KIND_SMI: u64 = 1 << 55;
-
-/// The GUID of the CA at `ip` (`ibsm`, `srptd`, `srpd`, `srp` and `ibstat`
-/// agree on it, in the managed mode and in plain RoCE alike): the
-/// Mellanox-style prefix 0002c903, then the IPv4 address (also for an
-/// IPv4-mapped IPv6 one), or 32 bits folded from all 128 of another IPv6
-/// address, so hosts whose addresses differ only in the prefix (fd00:1::10
-/// and fd00:2::10) get GUIDs of their own.
-pub fn ip_guid(ip: std::net::IpAddr) -> Guid {
-    let low = match ip {
-        std::net::IpAddr::V4(a) => u32::from(a),
-        std::net::IpAddr::V6(a) => match a.to_ipv4_mapped() {
-            Some(v4) => u32::from(v4),
-            // FNV-1a over the 16 bytes, folded to 32 bits.
-            None => {
-                let h = a.octets().iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
-                    (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-                });
-                (h ^ (h >> 32)) as u32
-            }
-        },
-    };
-    Guid(0x0002_c903_0000_0000 | u64::from(low))
-}
 
 /// Why the SM's port could not be set up.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -420,181 +389,5 @@ impl Drop for SmPort {
         let _ = p.destroy_cq(self.cq);
         let _ = p.dealloc_pd(self.pd);
         let _ = p.close_ca(self.ca);
-    }
-}
-
-/// A node's `ib` port on soft RoCE: the port's MAD driver ([`CmAgent`],
-/// with QP0) and its SMA, wired to the provider's port control both ways:
-/// the SM's Sets reach the port ([`softroce_sma`]), and the port's own
-/// events reach the SMA (a pulled cable puts it back in INIT, so when the
-/// link returns the SM's next sweep activates it again; a packet dropped
-/// for its P_Key is counted in PortInfo and reported by trap 257,
-/// [`softroce_pkey_violations`]).
-pub struct IbNode {
-    p: Arc<SoftRoce>,
-    guid: Guid,
-    dev: CaHandle,
-    agent: Option<Arc<CmAgent>>,
-    sma: Option<Arc<SmaAgent>>,
-}
-
-/// Port events of the node's CA, for its SMA.
-struct LinkWatch(std::sync::OnceLock<std::sync::Weak<SmaAgent>>);
-
-impl verbs::EventHandler for LinkWatch {
-    fn on_completion(&self, _: verbs::Context) {}
-    fn on_async_event(&self, e: verbs::AsyncEvent) {
-        if e.kind == verbs::AsyncEventKind::PortDown {
-            if let Some(sma) = self.0.get().and_then(std::sync::Weak::upgrade) {
-                sma.link_retrained();
-            }
-        }
-    }
-}
-
-impl IbNode {
-    /// Puts soft RoCE CA `guid` (not yet open) in the `ib` personality and
-    /// starts its port: CM agent (comm IDs from `first_comm_id`) and SMA
-    /// (`description`; device management offered if `dm`).
-    ///
-    /// # Errors
-    /// The CA is unknown or already open, or its port cannot start.
-    pub fn start(
-        p: Arc<SoftRoce>,
-        guid: Guid,
-        description: &str,
-        dm: bool,
-        first_comm_id: u32,
-    ) -> Result<IbNode, String> {
-        p.set_personality(guid, rnic::softroce::Personality::Ib)
-            .map_err(|e| format!("CA {:#x}: {e}", guid.0))?;
-        let watch = Arc::new(LinkWatch(std::sync::OnceLock::new()));
-        let dev = p
-            .open_ca(guid, 0, watch.clone())
-            .map_err(|e| format!("CA {:#x}: {e}", guid.0))?;
-        let started = CmAgent::start(p.clone(), guid, first_comm_id)
-            .map_err(|e| e.to_string())
-            .and_then(|agent| {
-                let cfg = softroce_sma_config(guid, description, dm);
-                SmaAgent::start(&agent, cfg, softroce_sma(p.clone(), guid))
-                    .map(|sma| (agent, Arc::new(sma)))
-                    .map_err(|e| e.to_string())
-            });
-        let (agent, sma) = match started {
-            Ok(x) => x,
-            Err(e) => {
-                let _ = p.close_ca(dev);
-                return Err(format!("CA {:#x}: {e}", guid.0));
-            }
-        };
-        let _ = watch.0.set(Arc::downgrade(&sma));
-        sma.watch_pkey_violations(softroce_pkey_violations(p.clone(), guid));
-        Ok(IbNode {
-            p,
-            guid,
-            dev,
-            agent: Some(agent),
-            sma: Some(sma),
-        })
-    }
-
-    /// The port's MAD driver: CM, MAD agents, SA clients.
-    pub fn agent(&self) -> &Arc<CmAgent> {
-        self.agent.as_ref().expect("until dropped")
-    }
-
-    /// The port's SMA.
-    pub fn sma(&self) -> &SmaAgent {
-        self.sma.as_ref().expect("until dropped")
-    }
-
-    /// The CA's GUID.
-    pub fn guid(&self) -> Guid {
-        self.guid
-    }
-
-    /// The port as the provider reports it.
-    ///
-    /// # Errors
-    /// The provider refused the query.
-    pub fn port(&self) -> Result<verbs::PortAttr, VerbsError> {
-        self.p.query_port(self.dev, PortNum(1))
-    }
-}
-
-impl Drop for IbNode {
-    fn drop(&mut self) {
-        self.sma.take();
-        self.agent.take();
-        let _ = self.p.close_ca(self.dev);
-    }
-}
-
-/// The SMA description of soft RoCE CA `guid` (one port; node and port
-/// GUID both `guid`, which a partitions file names), offering device
-/// management if `dm`.
-pub fn softroce_sma_config(guid: Guid, description: &str, dm: bool) -> SmaConfig {
-    SmaConfig {
-        node_guid: guid,
-        port_guid: guid,
-        description: description.into(),
-        capability_mask: rdma_access::sma::ca_capability_mask(dm),
-    }
-}
-
-/// What a node's SMA was told, applied to port 1 of soft RoCE CA `guid`
-/// (an `ib` port): the `apply` of `rdma_access::sma_agent::SmaAgent`.
-/// ARMED has no verbs state of its own and stays INIT until ACTIVE.
-pub fn softroce_sma(p: Arc<SoftRoce>, guid: Guid) -> impl Fn(SmaAction, &Sma) + Send + Sync {
-    move |action, sma| {
-        // The CA is open while its SMA runs; a failure here means it is
-        // closing, and the port goes with it.
-        let _ = match action {
-            SmaAction::Lid(l) => p.set_lid(guid, Lid(l)),
-            SmaAction::SmLid(l) => p.set_sm_lid(guid, Lid(l)),
-            SmaAction::State(s) if s == state::ACTIVE => p.set_port_state(guid, PortState::Active),
-            SmaAction::State(_) => p.set_port_state(guid, PortState::Init),
-            SmaAction::Pkeys => p.set_pkeys(guid, &sma.pkeys()),
-        };
-    }
-}
-
-/// What port 1 of soft RoCE CA `guid` dropped for its P_Key since the
-/// last call, as the SMA takes it
-/// (`rdma_access::sma_agent::SmaAgent::watch_pkey_violations`): the count
-/// and the latest as trap 257's details. RoCEv2 packets carry no LIDs and
-/// no SL: LID1 and SL are 0, and the SMA fills in LID2, its own.
-pub fn softroce_pkey_violations(
-    p: Arc<SoftRoce>,
-    guid: Guid,
-) -> impl Fn() -> Option<(u64, BadKeyTrap)> + Send + Sync {
-    move || {
-        let (count, v) = p.take_pkey_violations(guid)?;
-        let details = BadKeyTrap {
-            key: u32::from(v.pkey.0),
-            qp1: v.src_qp.map_or(0, |q| q.value()),
-            qp2: v.dest_qp.value(),
-            gid1: v.src_gid,
-            gid2: v.dst_gid,
-            ..Default::default()
-        };
-        Some((count, details))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::ip_guid;
-
-    #[test]
-    fn guids_follow_ipv4_and_tell_ipv6_prefixes_apart() {
-        let g = |s: &str| ip_guid(s.parse().unwrap()).0;
-        assert_eq!(g("10.77.0.2"), 0x0002_c903_0a4d_0002);
-        // An IPv4-mapped address is the IPv4 host.
-        assert_eq!(g("::ffff:10.77.0.2"), g("10.77.0.2"));
-        // Two hosts with one interface ID in two prefixes are two GUIDs.
-        assert_ne!(g("fd00:1::10"), g("fd00:2::10"));
-        assert_ne!(g("fd00:1::10"), g("fd00:1::11"));
-        assert_eq!(g("fd00:1::10") >> 32, 0x0002_c903);
     }
 }

@@ -41,7 +41,10 @@
 //! client (CA, PD, CQ, SRQ, QP, MR, MW, AH, and tracked upper-layer
 //! objects) torn down in dependency order when the client goes or its CA
 //! is removed, live counters to prove nothing leaks, and plug-and-play
-//! registration. [`sma`] answers a port's SMPs for the managed-subnet mode.
+//! registration. [`sma`] answers a port's SMPs for the managed-subnet mode,
+//! [`sma_agent`] runs it on a port's QP0, and [`ib_node`] ([`IbNode`]) is
+//! a node's `ib` port: MAD driver and SMA, driving the port only through
+//! the verbs' port control (`Provider::modify_port`).
 //! [`devinfo`] is what `ibstat` lists of a CA and its ports.
 //!
 //! QP state transitions are the consumer's (its QP in RTR before it
@@ -61,6 +64,7 @@ mod agent;
 pub mod devinfo;
 pub mod dm;
 pub mod gsi;
+pub mod ib_node;
 pub mod rdmacm;
 pub mod resource;
 pub mod sa;
@@ -73,4 +77,5 @@ pub use agent::{
     ConnQp, Established, Incoming, MadAgent, MadAgentCloser, MadWait, Path, QpParams, Removed,
     RtuFault,
 };
+pub use ib_node::{IbNode, IbNodeError};
 pub use rdma_cm::{CmConfig, ConnId, Timing};

@@ -8,8 +8,8 @@
 //! state, P_Key table) goes to the caller's `apply` before the response
 //! leaves, so when the SM reads the answer the port is already in the
 //! state it reports: the caller turns each [`SmaAction`] into the
-//! provider's port control (for soft RoCE: `set_lid`, `set_sm_lid`,
-//! `set_port_state`, `set_pkeys`).
+//! provider's port control (`Provider::modify_port`, as
+//! [`crate::ib_node::port_control`] does).
 //!
 //! Where the SA is: SMPs come from the SM's port, and our SM serves the SA
 //! on that same port, so the source GID of the last Set is kept as

@@ -4,7 +4,7 @@
 //! verbs events); a `roce` CA has neither. Here a test plays the SM with a
 //! MAD agent on another `ib` CA's QP0; `ib-sm`'s tests run the real SM.
 
-use ib_sm::port::{softroce_sma, softroce_sma_config};
+use rdma_access::ib_node::{port_control, sma_config};
 use rdma_access::sma::{state, SMP_DATA};
 use rdma_access::sma_agent::SmaAgent;
 use rdma_access::CmAgent;
@@ -73,7 +73,7 @@ fn an_ib_port_has_qp0_and_its_sma_applies_the_sms_sets() {
     // A roce port: no QP0, so no SMA.
     let roce = CmAgent::start(p.clone(), ROCE, 0x3000).unwrap();
     assert!(!roce.has_smi());
-    assert!(SmaAgent::start(&roce, softroce_sma_config(ROCE, "r", false), |_, _| {}).is_err());
+    assert!(SmaAgent::start(&roce, sma_config(ROCE, "r", false), |_, _| {}).is_err());
     // Nor does an SM's port control apply to it.
     assert!(p.set_port_state(ROCE, PortState::Init).is_err());
     assert!(p.set_pkeys(ROCE, &[Pkey(0x8001)]).is_err());
@@ -100,8 +100,8 @@ fn an_ib_port_has_qp0_and_its_sma_applies_the_sms_sets() {
     ));
     let sma = SmaAgent::start(
         &node,
-        softroce_sma_config(NODE, "node-12", false),
-        softroce_sma(p.clone(), NODE),
+        sma_config(NODE, "node-12", false),
+        port_control(p.clone(), dev),
     )
     .unwrap();
 

@@ -9,7 +9,8 @@
 //! Addressing is RoCEv2: the port's GID 0 is the CA's IP address
 //! (IPv4-mapped for IPv4), a destination GID names the peer's IP address,
 //! and every CA of one provider uses the same UDP port (4791 by default,
-//! another for tests that run several fabrics at once).
+//! another for tests that run several fabrics at once). The tools and
+//! daemons name a CA by the GUID of its address, [`ip_guid`].
 //!
 //! The engine of a QP is built at INIT->RTR, when the path, the remote QPN
 //! and the receive PSN are known; the QP number is reserved at create time.
@@ -100,8 +101,11 @@ use verbs::{
     WorkCompletion,
 };
 
+pub use guid::ip_guid;
 pub use rdma_sim::FaultConfig;
 pub use softroce::PkeyViolation;
+
+mod guid;
 
 /// Default RoCEv2 UDP port.
 pub const ROCE_PORT: u16 = 4791;

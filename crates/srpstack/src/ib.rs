@@ -4,7 +4,7 @@
 //! SM LID and P_Key table and brings it ACTIVE, and the subnet
 //! administrator answers what `srp_daemon` and `ib_srp` ask it.
 //!
-//! What this module adds on top of `ib_sm::port::IbNode` (the port's SMA
+//! What this module adds on top of `rdma_access::IbNode` (the port's SMA
 //! and MAD driver):
 //! - [`IbPort::wait_active`] waits, bounded, for the SM to activate the
 //!   port and says plainly when none did;
@@ -29,10 +29,9 @@
 //! an initiator's port ID, so two hosts are two initiators and two targets
 //! two target ports without configuration.
 
-use ib_sm::port::IbNode;
 use rdma_access::sa::{PathQuery, SaClient, SaError, SaTiming};
 use rdma_access::sma::state;
-use rdma_access::CmAgent;
+use rdma_access::{CmAgent, IbNode};
 use rdma_mad::sa::PathRecord;
 use rdma_types::{Gid, Guid, Lid, Mtu, Pkey};
 use serde::{Deserialize, Serialize};
@@ -53,8 +52,9 @@ pub enum Fabric {
     Ib,
 }
 
-/// The GUID of the CA at `ip`, in either fabric (see [`ib_sm::port::ip_guid`]).
-pub use ib_sm::port::ip_guid as ib_guid;
+/// The GUID of the CA at `ip`, in either fabric (see
+/// [`rnic::softroce::ip_guid`]).
+pub use rnic::softroce::ip_guid as ib_guid;
 
 /// A port in the `ib` personality, ACTIVE (see the module docs).
 pub struct IbPort {
@@ -93,8 +93,11 @@ impl IbPort {
         dm: bool,
         first_comm_id: u32,
     ) -> Result<IbPort, String> {
+        let start = |e: String| format!("start the ib port on {ip}: {e}");
+        p.set_personality(guid, rnic::softroce::Personality::Ib)
+            .map_err(|e| start(format!("CA {:#x}: {e}", guid.0)))?;
         let node = IbNode::start(p, guid, description, dm, first_comm_id)
-            .map_err(|e| format!("start the ib port on {ip}: {e}"))?;
+            .map_err(|e| start(e.to_string()))?;
         Ok(IbPort {
             node,
             ip,

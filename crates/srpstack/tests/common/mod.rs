@@ -99,7 +99,7 @@ impl Drop for Proc {
     }
 }
 
-/// The `ibsm` binary (crates/ib-sm). Cargo builds no other package's
+/// The `ibsm` binary (crates/ib-tools). Cargo builds no other package's
 /// binaries for these tests, so it is built here, once per test process,
 /// into the same target directory and profile as the test (a no-op when a
 /// workspace build made it already).
@@ -115,7 +115,7 @@ pub fn ibsm_bin() -> std::path::PathBuf {
             "build",
             "-q",
             "-p",
-            "ib-sm",
+            "ib-tools",
             "--bin",
             "ibsm",
             "--target-dir",
@@ -127,7 +127,7 @@ pub fn ibsm_bin() -> std::path::PathBuf {
         }
         assert!(
             cmd.status().unwrap().success(),
-            "cargo build -p ib-sm --bin ibsm"
+            "cargo build -p ib-tools --bin ibsm"
         );
         profile.join("ibsm")
     })

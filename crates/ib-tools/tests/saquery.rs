@@ -3,9 +3,9 @@
 //! ibstat view), paths and services the SA knows; bad input and an absent
 //! SA give clear errors.
 
-use ib_sm::port::IbNode;
 use rdma_access::sa::{SaClient, SaTiming};
 use rdma_access::sma::state;
+use rdma_access::IbNode;
 use rdma_mad::sa::ServiceRecord;
 use rdma_types::{Gid, Guid, Pkey};
 use rnic::softroce::{SoftCa, SoftRoce, ROCE_PORT};
@@ -44,7 +44,7 @@ fn saquery_lists_what_the_sa_knows() {
     let nodes: Vec<IbNode> = [(2u8, true), (3, false)]
         .iter()
         .map(|&(l, dm)| {
-            IbNode::start(
+            common::ib_node(
                 p.clone(),
                 Guid(0x1210_0000 | u64::from(l)),
                 &format!("saquery-node-{l}"),

@@ -13,10 +13,11 @@
 mod common;
 
 use common::Ibsm;
-use ib_sm::port::{IbNode, SmPort};
+use ib_sm::port::SmPort;
 use ib_sm::SmConfig;
 use rdma_access::sa::{PathQuery, SaClient, SaTiming};
 use rdma_access::sma::state;
+use rdma_access::IbNode;
 use rdma_mad::sa::PathRecord;
 use rdma_types::WcStatus;
 use rdma_types::{AccessFlags, Gid, Guid, Lid, Mtu, Pkey, PortNum, Psn, QpState, Qpn, WcOpcode};
@@ -55,7 +56,7 @@ fn nodes(lasts: &[u8]) -> (Arc<SoftRoce>, Vec<IbNode>) {
     let nodes = lasts
         .iter()
         .map(|&l| {
-            IbNode::start(
+            common::ib_node(
                 p.clone(),
                 guid(l),
                 &format!("node-{l}"),
@@ -471,7 +472,7 @@ fn sm_port_sets_partitions_and_its_traffic_decodes_in_tshark() {
     );
     let n: Vec<IbNode> = [22u8, 23, 24]
         .iter()
-        .map(|&l| IbNode::start(p.clone(), guid(l), "n", false, u32::from(l) << 16).unwrap())
+        .map(|&l| common::ib_node(p.clone(), guid(l), "n", false, u32::from(l) << 16).unwrap())
         .collect();
     p.set_personality(sm_guid, Personality::Ib).unwrap();
     let mut cfg = SmConfig::new(sm_guid);
@@ -644,8 +645,8 @@ fn srp_daemon_style_discovery_through_the_sa() {
             .collect(),
         ROCE_PORT,
     );
-    let t = IbNode::start(p.clone(), target, "target", true, 0x32 << 16).unwrap();
-    let i = IbNode::start(p.clone(), initiator, "initiator", false, 0x33 << 16).unwrap();
+    let t = common::ib_node(p.clone(), target, "target", true, 0x32 << 16).unwrap();
+    let i = common::ib_node(p.clone(), initiator, "initiator", false, 0x33 << 16).unwrap();
     let dm = rdma_access::dm::DmService::start(t.agent()).unwrap();
     let ioc = rdma_access::dm::Ioc::srp(target, &Default::default(), "ib-mode target");
     let _slot = dm.register_ioc(ioc.clone()).unwrap();

@@ -1,9 +1,27 @@
-//! The `ibsm run` process and the tools' command lines, for the tests
-//! that run them (each test file uses a part).
+//! The `ibsm run` process, the tools' command lines and soft RoCE `ib`
+//! nodes, for the tests that run them (each test file uses a part).
 #![allow(dead_code)]
 
+use rdma_access::{IbNode, IbNodeError};
+use rdma_types::Guid;
+use rnic::softroce::{Personality, SoftRoce};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// [`IbNode::start`] on soft RoCE CA `guid` (not yet open), put in the
+/// `ib` personality first.
+pub fn ib_node(
+    p: Arc<SoftRoce>,
+    guid: Guid,
+    description: &str,
+    dm: bool,
+    first_comm_id: u32,
+) -> Result<IbNode, IbNodeError> {
+    p.set_personality(guid, Personality::Ib)
+        .expect("a soft RoCE CA not yet open");
+    IbNode::start(p, guid, description, dm, first_comm_id)
+}
 
 /// Runs a finished command: whether it succeeded, and its stdout then
 /// stderr.

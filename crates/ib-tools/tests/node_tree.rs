@@ -4,8 +4,10 @@
 //! special QPs, their CQ, PD, buffers and CA open count in the client's
 //! leak counters and leave with the client, or with the CA.
 
-use ib_sm::port::IbNode;
+mod common;
+
 use rdma_access::resource::{AccessLayer, Kind};
+use rdma_access::IbNode;
 use rdma_access::{CmAgent, Removed};
 use rdma_types::Guid;
 use rnic::softroce::{SoftCa, SoftRoce, ROCE_PORT};
@@ -21,7 +23,7 @@ fn node(last: u8) -> (Arc<SoftRoce>, Guid, IbNode) {
         }],
         ROCE_PORT,
     );
-    let n = IbNode::start(p.clone(), guid, "tree", false, u32::from(last) << 16).unwrap();
+    let n = common::ib_node(p.clone(), guid, "tree", false, u32::from(last) << 16).unwrap();
     (p, guid, n)
 }
 

@@ -9,11 +9,11 @@
 //! then listed.
 
 use clap::{Parser, ValueEnum};
-use ib_sm::port::IbNode;
 use rdma_access::devinfo::{self, CaInfo};
 use rdma_access::sma::state;
+use rdma_access::IbNode;
 use rdma_mad::smp::cap;
-use rnic::softroce::{SoftCa, SoftRoce};
+use rnic::softroce::{ip_guid, Personality, SoftCa, SoftRoce};
 use std::net::IpAddr;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -68,7 +68,7 @@ fn run(cli: &Cli) -> Result<Vec<CaInfo>, String> {
         .ip
         .iter()
         .map(|&ip| SoftCa {
-            guid: ib_sm::port::ip_guid(ip),
+            guid: ip_guid(ip),
             ip,
         })
         .collect();
@@ -92,8 +92,11 @@ fn run(cli: &Cli) -> Result<Vec<CaInfo>, String> {
                 .iter()
                 .map(|ca| {
                     let desc = format!("ibstat {}", ca.ip);
+                    let start = |e: String| format!("start the ib port on {}: {e}", ca.ip);
+                    p.set_personality(ca.guid, Personality::Ib)
+                        .map_err(|e| start(format!("CA {:#x}: {e}", ca.guid.0)))?;
                     IbNode::start(p.clone(), ca.guid, &desc, false, std::process::id() << 8)
-                        .map_err(|e| format!("start the ib port on {}: {e}", ca.ip))
+                        .map_err(|e| start(e.to_string()))
                 })
                 .collect::<Result<Vec<_>, String>>()?;
             let wait = Duration::from_millis(cli.wait_active_ms);

@@ -11,7 +11,6 @@
 mod common;
 
 use common::Ibsm;
-use ib_sm::port::IbNode;
 use rdma_access::resource::{AccessLayer, PnpEvent};
 use rdma_access::sma::state;
 use rdma_types::{Gid, Guid, PortNum};
@@ -90,7 +89,7 @@ fn the_standby_ibsm_takes_over_a_killed_master() {
 
     let guid = Guid(0x1500_0003);
     let p = SoftRoce::new(vec![SoftCa { guid, ip: ip(3) }], ROCE_PORT);
-    let node = IbNode::start(p.clone(), guid, "node-3", false, 3 << 16).unwrap();
+    let node = common::ib_node(p.clone(), guid, "node-3", false, 3 << 16).unwrap();
     let events: Arc<Mutex<Vec<PnpEvent>>> = Arc::default();
     let al = AccessLayer::new(p.clone());
     let ev = events.clone();

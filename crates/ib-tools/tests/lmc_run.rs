@@ -7,9 +7,9 @@
 mod common;
 
 use common::{saquery, Ibsm};
-use ib_sm::port::IbNode;
 use rdma_access::sa::{SaClient, SaTiming};
 use rdma_access::sma::state;
+use rdma_access::IbNode;
 use rdma_types::{Gid, Guid};
 use rnic::softroce::{SoftCa, SoftRoce, ROCE_PORT};
 use std::collections::HashSet;
@@ -49,7 +49,7 @@ fn saquery_lists_a_path_per_lid_pair_with_lmc_1() {
     let nodes: Vec<IbNode> = [2u8, 3]
         .iter()
         .map(|&l| {
-            IbNode::start(
+            common::ib_node(
                 p.clone(),
                 guid(l),
                 &format!("lmc-node-{l}"),

@@ -8,7 +8,6 @@
 mod common;
 
 use common::Ibsm;
-use ib_sm::port::IbNode;
 use rdma_access::sma::state;
 use rdma_types::Guid;
 use rnic::softroce::{SoftCa, SoftRoce, ROCE_PORT};
@@ -61,7 +60,7 @@ fn a_protected_port_refuses_an_ibsm_with_the_wrong_key() {
         }],
         ROCE_PORT,
     );
-    let node = IbNode::start(p, guid, "node-3", false, 3 << 16).unwrap();
+    let node = common::ib_node(p, guid, "node-3", false, 3 << 16).unwrap();
     wait_for(T, "node managed with the key", &[&sm_a], || {
         node.sma().port_state() == state::ACTIVE && node.sma().mkey() == (KEY, 2)
     });
