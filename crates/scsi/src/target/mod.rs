@@ -1,0 +1,606 @@
+//! The target: LUN maps (SCST masking model), I_T nexuses, unit attentions,
+//! and the entry points a transport calls.
+
+use crate::bufs::Buffers;
+use crate::cdb::{control_byte, naca, Command, DataDir, Plan};
+use crate::emulation::Device;
+use crate::lun::Lun;
+use crate::pr::PrError;
+use crate::sense::{Asc, Sense, SenseKey};
+use crate::task::{ServiceResponse, Tmf, TmfResponse};
+use crate::transport_id::TransportId;
+use crate::ua::UaQueue;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+mod luns;
+mod ordering;
+mod run;
+
+pub use luns::{GroupMap, LunMaps};
+use luns::State;
+use ordering::*;
+use run::{is_write, naca_supported};
+
+/// An I_T nexus: initiator port name and target port name.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Nexus {
+    pub initiator: String,
+    pub target_port: String,
+}
+
+impl Nexus {
+    pub fn new(initiator: &str, target_port: &str) -> Nexus {
+        Nexus {
+            initiator: initiator.into(),
+            target_port: target_port.into(),
+        }
+    }
+
+    /// The nexus of the initiator port a TransportID names, on
+    /// `target_port` (the initiator named as [`TransportId::initiator_name`]
+    /// says: an SRP port is `0x` and its 32 hex digits, as srp-target names
+    /// sessions).
+    pub fn from_transport_id(id: &TransportId, target_port: &str) -> Nexus {
+        Nexus::new(&id.initiator_name(), target_port)
+    }
+
+    /// The TransportID of this nexus's initiator port (`None` only for a
+    /// name no TransportID can hold).
+    pub fn transport_id(&self) -> Option<TransportId> {
+        TransportId::from_initiator_name(&self.initiator)
+    }
+}
+
+/// SCSI status (SAM-5 5.3.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    Good,
+    CheckCondition,
+    /// A command from a nexus other than the faulted one, NACA=0, while an
+    /// ACA condition is in effect (SAM-5 5.9.2.3).
+    Busy,
+    ReservationConflict,
+    /// A command the ACA condition does not admit (SAM-5 5.9.2).
+    AcaActive,
+    TaskAborted,
+    /// The logical unit's task set already holds its queue depth
+    /// (`DeviceConfig::queue_depth`), some of it this nexus's tasks; the
+    /// command did not run. (A nexus with no task there gets `Busy`.)
+    TaskSetFull,
+}
+
+impl From<Status> for u8 {
+    fn from(s: Status) -> u8 {
+        match s {
+            Status::Good => 0x00,
+            Status::CheckCondition => 0x02,
+            Status::Busy => 0x08,
+            Status::ReservationConflict => 0x18,
+            Status::AcaActive => 0x30,
+            Status::TaskSetFull => 0x28,
+            Status::TaskAborted => 0x40,
+        }
+    }
+}
+
+/// Residual against the transport's expected transfer length (SAM-5 5.4.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Residual {
+    None,
+    /// Fewer bytes moved than expected.
+    Under(u64),
+    /// The command wanted more bytes than expected.
+    Over(u64),
+}
+
+impl Residual {
+    fn of(expected: u64, wanted: u64, moved: u64) -> Residual {
+        if wanted > expected {
+            Residual::Over(wanted - expected)
+        } else if moved < expected {
+            Residual::Under(expected - moved)
+        } else {
+            Residual::None
+        }
+    }
+}
+
+/// Outcome of one command; CHECK CONDITION is data, not an error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScsiResponse {
+    pub status: Status,
+    pub sense: Option<Sense>,
+    pub data_in: Vec<u8>,
+    pub residual: Residual,
+    /// The LU's control page D_SENSE: transports send descriptor sense.
+    pub descriptor_sense: bool,
+}
+
+impl ScsiResponse {
+    /// Sense bytes in the format the LU's control page selects (SPC-4 7.5.8).
+    pub fn sense_bytes(&self) -> Option<Vec<u8>> {
+        self.sense.map(|s| {
+            if self.descriptor_sense {
+                s.to_descriptor()
+            } else {
+                s.to_fixed()
+            }
+        })
+    }
+
+    fn check(sense: Sense, expected: u64) -> ScsiResponse {
+        ScsiResponse {
+            sense: Some(sense),
+            ..ScsiResponse::status_only(Status::CheckCondition, expected)
+        }
+    }
+
+    /// A status without data or sense: nothing of `expected` moved.
+    fn status_only(status: Status, expected: u64) -> ScsiResponse {
+        ScsiResponse {
+            status,
+            sense: None,
+            data_in: Vec::new(),
+            residual: if expected > 0 {
+                Residual::Under(expected)
+            } else {
+                Residual::None
+            },
+            descriptor_sense: false,
+        }
+    }
+}
+
+/// A SCSI target: LUN maps plus per-nexus state. Shared by reference
+/// between transport threads.
+#[derive(Default)]
+pub struct Target {
+    state: Mutex<State>,
+    tasks: Mutex<crate::task::Tasks>,
+    /// Task sets and ACA conditions by logical unit (device identity).
+    order: Mutex<Order>,
+    order_cv: std::sync::Condvar,
+    /// ACA conditions in effect (`order.aca.len()`), so commands with
+    /// NACA=0 skip the ACA rules without taking the lock when there are none.
+    aca_live: AtomicUsize,
+}
+
+/// Task attributes (SAM-5 8.6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TaskAttr {
+    /// May run in any order relative to other SIMPLE tasks.
+    #[default]
+    Simple,
+    /// Runs after every older task and before every newer one.
+    Ordered,
+    /// Runs at once, ahead of the enabled tasks.
+    HeadOfQueue,
+    /// The one task the faulted nexus may run while its ACA condition is
+    /// in effect (SAM-5 8.6.5); refused when there is none.
+    Aca,
+}
+
+impl Target {
+    pub fn new() -> Target {
+        Target::default()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The device `nexus` reaches at `lun` (what a transport labels its
+    /// per-LUN counters with).
+    pub fn device(&self, nexus: &Nexus, lun: Lun) -> Option<Arc<Device>> {
+        self.lock().set_for(&nexus.initiator).get(&lun).cloned()
+    }
+
+    /// Runs `f` on the task sets and ACA conditions; when it ends a
+    /// condition, the tasks it blocked are woken.
+    fn with_order<R>(&self, f: impl FnOnce(&mut Order) -> R) -> R {
+        let mut order = self.order.lock().unwrap_or_else(|e| e.into_inner());
+        let before = order.aca.len();
+        let r = f(&mut order);
+        let after = order.aca.len();
+        self.aca_live.store(after, SeqCst);
+        drop(order);
+        if after < before {
+            self.order_cv.notify_all();
+        }
+        r
+    }
+
+    /// Ends the ACA conditions `which` accepts (by LU key and condition),
+    /// aborting their ACA tasks when `abort_task`.
+    fn clear_aca(&self, abort_task: bool, which: impl Fn(usize, &Aca) -> bool) {
+        let ended: Vec<(Nexus, Option<(Lun, u64)>)> = self.with_order(|o| {
+            let keys: Vec<usize> = o
+                .aca
+                .iter()
+                .filter(|(k, a)| which(**k, a))
+                .map(|(k, _)| *k)
+                .collect();
+            keys.iter()
+                .filter_map(|k| o.aca.remove(k))
+                .map(|a| (a.faulted, a.task))
+                .collect()
+        });
+        if !abort_task {
+            return;
+        }
+        let mut tasks = self.tasks.lock().unwrap_or_else(|e| e.into_inner());
+        for (n, task) in ended {
+            if let Some((l, tag)) = task {
+                tasks.abort(|x, y, z| *x == n && y == l && z == tag);
+            }
+        }
+    }
+
+    /// Executes a tagged command that task management can abort. Call it
+    /// on a transport worker thread; a TMF from another thread marks it.
+    pub fn submit(
+        &self,
+        nexus: &Nexus,
+        lun: Lun,
+        tag: u64,
+        cdb: &[u8],
+        data_out: &[u8],
+        expected: u64,
+    ) -> ScsiResponse {
+        self.submit_attr(nexus, lun, tag, TaskAttr::Simple, cdb, data_out, expected)
+    }
+
+    /// Tasks in the task set of the logical unit `nexus` reaches at `lun`
+    /// (waiting or running, from every nexus).
+    pub fn task_set_len(&self, nexus: &Nexus, lun: Lun) -> usize {
+        let key = self.device(nexus, lun).map(|d| lu_key(&d));
+        let order = self.order.lock().unwrap_or_else(|e| e.into_inner());
+        key.and_then(|k| order.sets.get(&k))
+            .map_or(0, |s| s.active.len())
+    }
+
+    /// The faulted nexus of the ACA condition in effect on the logical
+    /// unit `nexus` reaches at `lun`, if any.
+    pub fn aca_faulted(&self, nexus: &Nexus, lun: Lun) -> Option<Nexus> {
+        let k = lu_key(&self.device(nexus, lun)?);
+        self.with_order(|o| o.aca.get(&k).map(|a| a.faulted.clone()))
+    }
+
+    /// Whether a SIMPLE command to `lun` would start at once (no older
+    /// ORDERED or HEAD OF QUEUE task of the logical unit is active) and
+    /// only touch memory (a RAM or null store), so a transport may run it
+    /// on its own thread. A hint: a task submitted meanwhile can still make
+    /// the command wait.
+    pub fn runs_without_blocking(&self, nexus: &Nexus, lun: Lun) -> bool {
+        let Some(dev) = self.device(nexus, lun) else {
+            return true; // answered from the LUN map alone
+        };
+        if !dev.never_blocks() {
+            return false;
+        }
+        let key = lu_key(&dev);
+        let order = self.order.lock().unwrap_or_else(|e| e.into_inner());
+        !order.aca.contains_key(&key)
+            && order
+                .sets
+                .get(&key)
+                .is_none_or(|s| s.active.values().all(|a| *a == TaskAttr::Simple))
+    }
+
+    /// [`Target::submit`] with a task attribute: the command enters the
+    /// logical unit's task set now and starts only when its attribute
+    /// allows (an ORDERED task after every older task, any task after an
+    /// older ORDERED one, HEAD OF QUEUE at once). A task aborted while it
+    /// waits ends with TASK ABORTED without running.
+    ///
+    /// While an ACA condition is in effect on the logical unit (SAM-5 5.9)
+    /// the faulted nexus may run one ACA task; its other commands end with
+    /// ACA ACTIVE, other nexuses' with ACA ACTIVE (NACA=1 or ACA attribute)
+    /// or BUSY, and tasks already in the task set wait for the end of the
+    /// condition.
+    #[allow(clippy::too_many_arguments)]
+    pub fn submit_attr(
+        &self,
+        nexus: &Nexus,
+        lun: Lun,
+        tag: u64,
+        attr: TaskAttr,
+        cdb: &[u8],
+        data_out: &[u8],
+        expected: u64,
+    ) -> ScsiResponse {
+        self.submit_attr_into(nexus, lun, tag, attr, cdb, data_out, expected, None)
+    }
+
+    /// [`Target::submit_attr`] with the data in the transport's own buffers
+    /// ([`Buffers`]): data-in goes into them (a READ is read by the store
+    /// straight into the pieces) and the response's `data_in` stays empty;
+    /// a WRITE's data-out pieces are written from where they are (pass an
+    /// empty `data_out` with them). The
+    /// pieces' contents count only for a GOOD status; an aborted command
+    /// may have filled them.
+    #[allow(clippy::too_many_arguments)]
+    pub fn submit_attr_into(
+        &self,
+        nexus: &Nexus,
+        lun: Lun,
+        tag: u64,
+        attr: TaskAttr,
+        cdb: &[u8],
+        data_out: &[u8],
+        expected: u64,
+        bufs: Option<&mut Buffers<'_, '_>>,
+    ) -> ScsiResponse {
+        // Only a WRITE takes its data-out in pieces; anything else that
+        // has data-out parses it, so it gets it in one.
+        let gathered;
+        let (data_out, bufs) = match bufs {
+            Some(b) if b.has_data_out() && !is_write(cdb) => {
+                gathered = b.gather_data_out();
+                (&gathered[..], None)
+            }
+            b => (data_out, b),
+        };
+        let Some(dev) = self.device(nexus, lun) else {
+            // No logical unit: no task set, nothing but an error to run.
+            return self.run_in_order(None, attr, nexus, lun, tag, cdb, data_out, expected, bufs);
+        };
+        let k = lu_key(&dev);
+        let depth = dev.config.queue_depth.max(1) as usize;
+        let entered = self.with_order(|o| {
+            // SAM-5 5.3.1: no room in the task set, nothing runs; TASK
+            // SET FULL to a nexus with tasks of its own there (it will
+            // get room as they end), BUSY to one without.
+            if let Some(set) = o.sets.get(&k).filter(|s| s.active.len() >= depth) {
+                let status = if set.per_nexus.get(nexus).is_some_and(|&n| n > 0) {
+                    Status::TaskSetFull
+                } else {
+                    Status::Busy
+                };
+                return Err(ScsiResponse::status_only(status, expected));
+            }
+            match o.admit(k, nexus, (lun, tag), attr, cdb, expected) {
+                Err(r) => {
+                    o.settle(k, &dev, nexus, None, cdb, r.status);
+                    Err(r)
+                }
+                Ok(aca_task) => {
+                    // A PREEMPT AND ABORT admitted during ACA runs
+                    // as the ACA task would: it is what ends the
+                    // condition (SPC-4 5.12.11.2.6).
+                    let attr = if o.aca.contains_key(&k) && preempt_and_abort(cdb) {
+                        TaskAttr::Aca
+                    } else {
+                        attr
+                    };
+                    let set = o.sets.entry(k).or_default();
+                    let seq = set.next;
+                    set.next += 1;
+                    set.active.insert(seq, attr);
+                    *set.per_nexus.entry(nexus.clone()).or_default() += 1;
+                    Ok((seq, aca_task.then_some((lun, tag)), attr))
+                }
+            }
+        });
+        let (seq, aca_task, attr) = match entered {
+            Ok(e) => e,
+            Err(r) => {
+                return ScsiResponse {
+                    descriptor_sense: dev.mode_state().d_sense,
+                    ..r
+                }
+            }
+        };
+        let r = self.run_in_order(
+            Some((k, seq)),
+            attr,
+            nexus,
+            lun,
+            tag,
+            cdb,
+            data_out,
+            expected,
+            bufs,
+        );
+        self.with_order(|o| {
+            o.settle(k, &dev, nexus, aca_task, cdb, r.status);
+            if let Some(set) = o.sets.get_mut(&k) {
+                set.active.remove(&seq);
+                if let Some(n) = set.per_nexus.get_mut(nexus) {
+                    *n -= 1;
+                    if *n == 0 {
+                        set.per_nexus.remove(nexus);
+                    }
+                }
+                if set.active.is_empty() {
+                    o.sets.remove(&k);
+                }
+            }
+        });
+        self.order_cv.notify_all();
+        r
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn run_in_order(
+        &self,
+        entry: Option<(usize, u64)>,
+        attr: TaskAttr,
+        nexus: &Nexus,
+        lun: Lun,
+        tag: u64,
+        cdb: &[u8],
+        data_out: &[u8],
+        expected: u64,
+        bufs: Option<&mut Buffers<'_, '_>>,
+    ) -> ScsiResponse {
+        let flag = self
+            .tasks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .start(nexus, lun, tag);
+        let Some(flag) = flag else {
+            return ScsiResponse::check(
+                Sense::new(SenseKey::AbortedCommand, Asc::OVERLAPPED_COMMANDS),
+                expected,
+            );
+        };
+        let aborted = || flag.load(std::sync::atomic::Ordering::SeqCst);
+        if let Some((k, seq)) = entry {
+            let mut order = self.order.lock().unwrap_or_else(|e| e.into_inner());
+            while !aborted() && !order.may_start(k, seq, attr) {
+                order = self.order_cv.wait(order).unwrap_or_else(|e| e.into_inner());
+            }
+        }
+        let r = if aborted() {
+            None
+        } else {
+            Some(self.run(nexus, lun, cdb, data_out, expected, bufs))
+        };
+        self.tasks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .finish(nexus, lun, tag);
+        match r {
+            Some(r) if !aborted() => r,
+            _ => ScsiResponse::status_only(Status::TaskAborted, expected),
+        }
+    }
+
+    /// A task management function from `nexus` for `lun` (SAM-5 7), with
+    /// the two outcomes transports written before CLEAR ACA know; see
+    /// [`Target::tmf`] for the exact service response.
+    pub fn task_management(&self, nexus: &Nexus, lun: Lun, tmf: Tmf) -> TmfResponse {
+        self.tmf(nexus, lun, tmf).into()
+    }
+
+    /// A task management function from `nexus` for `lun` (SAM-5 7).
+    ///
+    /// It returns at once: the tasks it aborts are only marked. One waiting
+    /// for its turn ends then; one inside the backend finishes that I/O
+    /// (a WRITE may still change the medium) and its `submit` returns
+    /// TASK ABORTED afterwards. A transport therefore sends the function's
+    /// response only once the `submit` calls of the tasks it aborts have
+    /// returned, and sends their data and status (a task that completed
+    /// before the mark is answered normally) ahead of it: an initiator
+    /// told FUNCTION COMPLETE reuses the aborted commands' buffers and tags.
+    pub fn tmf(&self, nexus: &Nexus, lun: Lun, tmf: Tmf) -> ServiceResponse {
+        let r = self.task_management_inner(nexus, lun, tmf);
+        // Tasks waiting for their turn in a task set see their abort.
+        let _order = self.order.lock().unwrap_or_else(|e| e.into_inner());
+        self.order_cv.notify_all();
+        r
+    }
+
+    fn task_management_inner(&self, nexus: &Nexus, lun: Lun, tmf: Tmf) -> ServiceResponse {
+        let Some(dev) = self.device(nexus, lun) else {
+            return ServiceResponse::IncorrectLun;
+        };
+        let k = lu_key(&dev);
+        if tmf == Tmf::ClearAca {
+            // SAM-5 7.3: only the faulted nexus ends the condition; with
+            // none in effect there is nothing to do.
+            let faulted = self.with_order(|o| o.aca.get(&k).map(|a| a.faulted.clone()));
+            match faulted {
+                Some(f) if f != *nexus => return ServiceResponse::FunctionRejected,
+                Some(_) => self.clear_aca(true, |key, _| key == k),
+                None => {}
+            }
+            return ServiceResponse::FunctionComplete;
+        }
+        let mut tasks = self.tasks.lock().unwrap_or_else(|e| e.into_inner());
+        match tmf {
+            Tmf::AbortTask(tag) => {
+                tasks.abort(|n, l, t| n == nexus && l == lun && t == tag);
+            }
+            Tmf::AbortTaskSet => {
+                tasks.abort(|n, l, _| n == nexus && l == lun);
+            }
+            Tmf::ClearTaskSet => {
+                // Every nexus's tasks on the LU; the others are told (SAM-5 7.4).
+                let hit = tasks.abort(|_, l, _| l == lun);
+                drop(tasks);
+                self.raise_where(&dev, Asc::COMMANDS_CLEARED_BY_ANOTHER, |n| {
+                    n != nexus && hit.contains(n)
+                });
+            }
+            Tmf::LogicalUnitReset => {
+                tasks.abort(|_, l, _| l == lun);
+                drop(tasks);
+                // A reset ends the LU's ACA condition (SAM-5 5.9.3).
+                self.clear_aca(false, |key, _| key == k);
+                // SAM-5 7.7: a unit attention for every nexus, including this one.
+                self.raise_where(&dev, Asc::BUS_DEVICE_RESET, |_| true);
+            }
+            Tmf::ItNexusReset => {
+                tasks.abort(|n, _, _| n == nexus);
+                drop(tasks);
+                // So does the loss of the faulted nexus (SAM-5 5.9.3).
+                self.clear_aca(false, |_, a| a.faulted == *nexus);
+                let st = &mut *self.lock();
+                let keys: Vec<(Nexus, Lun)> = st
+                    .known
+                    .iter()
+                    .filter(|(n, _)| n == nexus)
+                    .cloned()
+                    .collect();
+                for key in keys {
+                    st.ua.entry(key).or_default().push(Asc::I_T_NEXUS_LOSS);
+                }
+            }
+            Tmf::ClearAca => {}
+        }
+        ServiceResponse::FunctionComplete
+    }
+
+    /// Direction and length a CDB implies for this nexus and LUN, before
+    /// execution. A CDB that will fail gives its CHECK CONDITION now.
+    pub fn plan(&self, nexus: &Nexus, lun: Lun, cdb: &[u8]) -> Result<Plan, Sense> {
+        let (_, cmd) = Command::parse(cdb)?;
+        let dev = self.device(nexus, lun);
+        naca_supported(dev.as_deref(), cdb)?;
+        if let Some(d) = &dev {
+            d.protect_supported(&cmd)?;
+        }
+        Ok(cmd.plan(dev.map_or(512, |d| d.block_size())))
+    }
+
+    /// Executes one command, as an untagged SIMPLE task that does not
+    /// wait in the task set (see [`Target::submit_attr`] for the ACA
+    /// rules it follows). `expected` is the transport's expected transfer
+    /// length (data-in buffer or data-out bytes), for residuals.
+    pub fn execute(
+        &self,
+        nexus: &Nexus,
+        lun: Lun,
+        cdb: &[u8],
+        data_out: &[u8],
+        expected: u64,
+    ) -> ScsiResponse {
+        if !naca(cdb) && self.aca_live.load(SeqCst) == 0 {
+            return self.run(nexus, lun, cdb, data_out, expected, None);
+        }
+        let Some(dev) = self.device(nexus, lun) else {
+            return self.run(nexus, lun, cdb, data_out, expected, None);
+        };
+        let k = lu_key(&dev);
+        let admitted = self.with_order(|o| {
+            let a = o.admit(k, nexus, (lun, 0), TaskAttr::Simple, cdb, expected);
+            if let Err(r) = &a {
+                o.settle(k, &dev, nexus, None, cdb, r.status);
+            }
+            a
+        });
+        if let Err(r) = admitted {
+            return ScsiResponse {
+                descriptor_sense: dev.mode_state().d_sense,
+                ..r
+            };
+        }
+        let r = self.run(nexus, lun, cdb, data_out, expected, None);
+        self.with_order(|o| o.settle(k, &dev, nexus, None, cdb, r.status));
+        r
+    }
+}

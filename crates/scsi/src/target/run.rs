@@ -1,0 +1,278 @@
+//! One command run: the CDB checked against the nexus and the LU, the
+//! commands the target answers itself (REPORT LUNS, unit attentions), the
+//! rest handed to the device.
+
+use super::*;
+
+impl Target {
+    /// Runs one command once the task manager has let it start.
+    pub(super) fn run(
+        &self,
+        nexus: &Nexus,
+        lun: Lun,
+        cdb: &[u8],
+        data_out: &[u8],
+        expected: u64,
+        mut bufs: Option<&mut Buffers<'_, '_>>,
+    ) -> ScsiResponse {
+        let cmd = match Command::parse(cdb) {
+            Ok((_, c)) => c,
+            Err(s) => return ScsiResponse::check(s, expected),
+        };
+        let mut st = self.lock();
+        let rtpi = st.port_id(&nexus.target_port);
+        let dev = st.set_for(&nexus.initiator).get(&lun).cloned();
+        let bs = dev.as_ref().map_or(512, |d| d.block_size());
+        let d_sense = dev.as_ref().is_some_and(|d| d.mode_state().d_sense);
+        if let Err(s) = naca_supported(dev.as_deref(), cdb) {
+            return ScsiResponse {
+                descriptor_sense: d_sense,
+                ..ScsiResponse::check(s, expected)
+            };
+        }
+        let result = match (&cmd, dev) {
+            (Command::ReportLuns { select, .. }, _) => {
+                let luns: Vec<Lun> = st.set_for(&nexus.initiator).keys().copied().collect();
+                if dev_known(&st, nexus, lun) {
+                    st.ua_mut(nexus, lun).clear(Asc::REPORTED_LUNS_DATA_CHANGED);
+                }
+                report_luns(*select, &luns)
+            }
+            (Command::RequestSense { desc, .. }, dev) => {
+                // SPC-4 6.29: a pending unit attention is reported (and
+                // cleared) as the parameter data.
+                let sense = match dev {
+                    None => Sense::new(SenseKey::IllegalRequest, Asc::LOGICAL_UNIT_NOT_SUPPORTED),
+                    Some(_) => match st.ua_mut(nexus, lun).pop() {
+                        Some(asc) => Sense::new(SenseKey::UnitAttention, asc),
+                        None => Sense::new(SenseKey::NoSense, Asc::NO_ADDITIONAL),
+                    },
+                };
+                Ok(if *desc {
+                    sense.to_descriptor()
+                } else {
+                    sense.to_fixed()
+                })
+            }
+            (Command::Inquiry { evpd: false, .. }, None) => {
+                // SPC-4 6.6.2: peripheral qualifier 011b, type 1Fh for a LUN
+                // that is not mapped.
+                let mut d = vec![0u8; 36];
+                d[0] = 0x7f;
+                d[2] = 0x06;
+                d[3] = 0x02;
+                d[4] = 31;
+                Ok(d)
+            }
+            (_, None) => Err(Sense::new(
+                SenseKey::IllegalRequest,
+                Asc::LOGICAL_UNIT_NOT_SUPPORTED,
+            )),
+            (cmd, Some(dev)) => {
+                let ua = st.ua_mut(nexus, lun);
+                // INQUIRY is never blocked by a unit attention (SAM-5 5.14).
+                let blocked = !matches!(cmd, Command::Inquiry { .. });
+                match if blocked { ua.pop() } else { None } {
+                    Some(asc) => Err(Sense::new(SenseKey::UnitAttention, asc)),
+                    None => {
+                        let ports = match cmd {
+                            Command::PrIn { .. } | Command::PrOut { .. } => st.ports.clone(),
+                            _ => BTreeMap::new(),
+                        };
+                        // REGISTER AND MOVE: whether the initiator its
+                        // TransportID names reaches this LU at all.
+                        let move_dest_sees_lu = match cmd {
+                            Command::PrOut { sa: 7, .. } => data_out
+                                .get(24..)
+                                .and_then(|b| TransportId::parse(b).ok())
+                                .is_none_or(|(id, _)| {
+                                    st.set_for(&id.initiator_name())
+                                        .values()
+                                        .any(|d| Arc::ptr_eq(d, &dev))
+                                }),
+                            _ => true,
+                        };
+                        drop(st);
+                        let env = crate::pr::PrEnv {
+                            ports: &ports,
+                            ptpl_capable: dev.config.pr_file.is_some(),
+                            move_dest_sees_lu,
+                        };
+                        let conflict = ScsiResponse {
+                            descriptor_sense: d_sense,
+                            ..ScsiResponse::status_only(Status::ReservationConflict, expected)
+                        };
+                        match cmd {
+                            Command::PrIn { sa, .. } => dev
+                                .pr
+                                .lock()
+                                .unwrap_or_else(|e| e.into_inner())
+                                .pr_in(*sa, env),
+                            Command::PrOut {
+                                sa,
+                                type_byte,
+                                param_len,
+                            } => {
+                                let p = data_out.get(..*param_len as usize).unwrap_or(data_out);
+                                let mut pr = dev.pr.lock().unwrap_or_else(|e| e.into_inner());
+                                let r = pr.pr_out(nexus, *sa, *type_byte, p, env);
+                                if r.is_ok() && dev.persist_pr(&pr).is_err() {
+                                    // SPC-4 5.9.5: the state could not be kept; say so.
+                                    return ScsiResponse::check(
+                                        Sense::new(SenseKey::HardwareError, Asc::WRITE_ERROR),
+                                        expected,
+                                    );
+                                }
+                                drop(pr);
+                                match r {
+                                    Ok(notices) => {
+                                        if *sa == 5 {
+                                            // PREEMPT AND ABORT: the preempted nexuses'
+                                            // tasks on this LU are aborted (SPC-4 5.9.11.5).
+                                            let victims: Vec<&Nexus> =
+                                                notices.iter().map(|(n, _)| n).collect();
+                                            self.tasks
+                                                .lock()
+                                                .unwrap_or_else(|e| e.into_inner())
+                                                .abort(|n, l, _| l == lun && victims.contains(&n));
+                                            // ... and their ACA condition ends
+                                            // (SPC-4 5.12.11.2.6).
+                                            let k = lu_key(&dev);
+                                            self.clear_aca(false, |key, a| {
+                                                key == k && victims.contains(&&a.faulted)
+                                            });
+                                        }
+                                        for (n, asc) in notices {
+                                            self.raise_where(&dev, asc, |x| *x == n);
+                                        }
+                                        Ok(Vec::new())
+                                    }
+                                    Err(PrError::Conflict) => return conflict,
+                                    Err(PrError::Check(s)) => Err(s),
+                                }
+                            }
+                            _ => {
+                                if dev
+                                    .pr
+                                    .lock()
+                                    .unwrap_or_else(|e| e.into_inner())
+                                    .conflicts(nexus, cmd)
+                                {
+                                    return conflict;
+                                }
+                                let before = dev.mode_state();
+                                let mut r =
+                                    dev.execute_into(cmd, cdb, data_out, bufs.as_deref_mut());
+                                if let (
+                                    Command::Inquiry {
+                                        page: 0x83,
+                                        evpd: true,
+                                        ..
+                                    },
+                                    Ok(d),
+                                ) = (cmd, &mut r)
+                                {
+                                    add_relative_port(d, rtpi);
+                                }
+                                if dev.mode_state() != before {
+                                    // SPC-4 6.9: other nexuses learn of the change.
+                                    self.raise_where(&dev, Asc::MODE_PARAMETERS_CHANGED, |x| {
+                                        x != nexus
+                                    });
+                                }
+                                r
+                            }
+                        }
+                    }
+                }
+            }
+        };
+        match result {
+            Err(s) => ScsiResponse {
+                descriptor_sense: d_sense,
+                ..ScsiResponse::check(s, expected)
+            },
+            Ok(mut data) => {
+                let plan = cmd.plan(bs);
+                let moved = match plan.dir {
+                    DataDir::In => {
+                        let room = plan.len.min(expected);
+                        data.truncate(room as usize);
+                        match bufs {
+                            Some(bufs) => {
+                                if bufs.placed.is_none() {
+                                    bufs.copy_in(&data);
+                                    data = Vec::new();
+                                }
+                                (bufs.placed() as u64).min(room)
+                            }
+                            None => data.len() as u64,
+                        }
+                    }
+                    DataDir::Out => {
+                        let pieces = bufs.as_ref().map_or(0, |b| b.data_out_len());
+                        plan.len.min(expected).min((data_out.len() + pieces) as u64)
+                    }
+                    DataDir::None => 0,
+                };
+                ScsiResponse {
+                    status: Status::Good,
+                    sense: None,
+                    data_in: data,
+                    residual: Residual::of(expected, plan.len, moved),
+                    descriptor_sense: d_sense,
+                }
+            }
+        }
+    }
+}
+
+/// WRITE(6/10/12/16): the commands whose data-out the store takes in
+/// pieces ([`Buffers::data_out`]).
+pub(super) fn is_write(cdb: &[u8]) -> bool {
+    matches!(cdb.first(), Some(0x0a | 0x2a | 0xaa | 0x8a))
+}
+
+/// NACA=1 needs a logical unit with NormACA (SAM-5 5.3, SPC-4 6.6.2);
+/// otherwise the CONTROL byte's bit 2 is an invalid field.
+pub(super) fn naca_supported(dev: Option<&Device>, cdb: &[u8]) -> Result<(), Sense> {
+    match control_byte(cdb) {
+        Some((at, c)) if c & 0x04 != 0 && !dev.is_some_and(|d| d.config.norm_aca) => {
+            Err(Sense::invalid_field(at as u16, Some(2)))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Appends the relative target port designator of the nexus's port to
+/// device identification VPD data (SPC-4 7.8.6.6: association 01b target
+/// port, type 4, PIV 0), so an initiator learns the identifier REGISTER AND
+/// MOVE takes.
+pub(super) fn add_relative_port(page: &mut Vec<u8>, rtpi: u16) {
+    page.extend_from_slice(&[0x01, 0x14, 0x00, 0x04, 0, 0]);
+    page.extend_from_slice(&rtpi.to_be_bytes());
+    let len = (page.len().saturating_sub(4)).min(0xffff) as u16;
+    if let Some(h) = page.get_mut(2..4) {
+        h.copy_from_slice(&len.to_be_bytes());
+    }
+}
+
+pub(super) fn dev_known(st: &State, nexus: &Nexus, lun: Lun) -> bool {
+    st.set_for(&nexus.initiator).contains_key(&lun)
+}
+
+/// SPC-4 6.33 REPORT LUNS parameter data. SELECT REPORT 0, 1 (well-known:
+/// none here, so empty) and 2 are accepted.
+pub(super) fn report_luns(select: u8, luns: &[Lun]) -> Result<Vec<u8>, Sense> {
+    let list: &[Lun] = match select {
+        0 | 2 => luns,
+        1 => &[],
+        _ => return Err(Sense::invalid_field(2, None)),
+    };
+    let mut d = ((list.len() * 8) as u32).to_be_bytes().to_vec();
+    d.extend_from_slice(&[0; 4]);
+    for l in list {
+        d.extend_from_slice(&l.encode());
+    }
+    Ok(d)
+}
