@@ -438,6 +438,32 @@ fn abort_loop(
     (asked, sum)
 }
 
+/// One line per live channel that dropped IUs it could not match (an
+/// SRP_RSP for no outstanding tag, say): they say that a target answered a
+/// command this session never sent or already ended, which verify failures
+/// alone do not tell (issue 33).
+fn dropped_ius(paths: &[Arc<srpstack::paths::PathLogin>]) -> Vec<String> {
+    let mut out = Vec::new();
+    for p in paths {
+        for (k, s) in p.live_channels().iter().enumerate() {
+            let n = s.stats().protocol_errors;
+            if n == 0 {
+                continue;
+            }
+            let first = s.take_events().into_iter().find_map(|e| match e {
+                srp::initiator::Event::Protocol(why) => Some(why.to_string()),
+                _ => None,
+            });
+            out.push(format!(
+                "srp: path {} channel {k}: {n} IUs dropped as protocol errors (first kept: {})",
+                p.name,
+                first.as_deref().unwrap_or("none kept")
+            ));
+        }
+    }
+    out
+}
+
 fn open_kept(
     paths: &[Arc<srpstack::paths::PathLogin>],
     keep: &Keep,
@@ -536,6 +562,9 @@ fn run(cmd: Cmd) -> Result<bool, String> {
                 println!("{}", serde_json::to_string(&r).map_err(|e| e.to_string())?);
             } else {
                 print!("{}", r.table());
+                for line in dropped_ius(&paths) {
+                    println!("{line}");
+                }
             }
             Ok(r.ok())
         }
