@@ -10,6 +10,7 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
 use verbs::kit;
 use verbs::kit::cq::Cq;
+use verbs::kit::handle_table::HandleTable;
 use verbs::kit::keys::{KeyTable, Target};
 use verbs::kit::qp_table;
 use verbs::kit::rq::RecvQueue;
@@ -146,11 +147,6 @@ enum Obj {
     },
 }
 
-struct Slot {
-    gen: u32,
-    obj: Option<Obj>,
-}
-
 enum Cb {
     Completion(Arc<dyn EventHandler>, u64),
     Async(Arc<dyn EventHandler>, AsyncEvent),
@@ -160,8 +156,8 @@ enum Cb {
 #[derive(Default)]
 struct State {
     devices: Vec<Device>,
-    slots: Vec<Slot>,
-    free: Vec<usize>,
+    /// Every verbs object, behind its handle.
+    objs: HandleTable<Obj>,
     /// Checked gather list of the WR being executed, kept between WRs so
     /// the data path allocates nothing; emptied after each WR (it holds
     /// buffer references).
@@ -183,45 +179,23 @@ fn bad(msg: impl Into<String>) -> VerbsError {
 
 impl State {
     fn alloc(&mut self, obj: Obj) -> Handle {
-        if let Some(i) = self.free.pop() {
-            let s = &mut self.slots[i];
-            s.gen = s.gen.wrapping_add(1);
-            s.obj = Some(obj);
-            Handle {
-                index: i as u32,
-                generation: s.gen,
-            }
-        } else {
-            self.slots.push(Slot {
-                gen: 1,
-                obj: Some(obj),
-            });
-            Handle {
-                index: (self.slots.len() - 1) as u32,
-                generation: 1,
-            }
-        }
+        self.objs.alloc(obj)
     }
 
     fn release(&mut self, i: usize) -> Option<Obj> {
-        let o = self.slots[i].obj.take();
-        self.free.push(i);
-        o
+        self.objs.release(i)
     }
 
     fn slot(&self, h: Handle) -> Result<usize, VerbsError> {
-        match self.slots.get(h.index as usize) {
-            Some(s) if s.gen == h.generation && s.obj.is_some() => Ok(h.index as usize),
-            _ => Err(VerbsError::InvalidHandle),
-        }
+        self.objs.slot(h)
     }
 
     fn obj(&self, i: usize) -> &Obj {
-        self.slots[i].obj.as_ref().expect("live slot")
+        self.objs.get(i)
     }
 
     fn obj_mut(&mut self, i: usize) -> &mut Obj {
-        self.slots[i].obj.as_mut().expect("live slot")
+        self.objs.get_mut(i)
     }
 
     fn ca(&self, h: CaHandle) -> Result<usize, VerbsError> {
@@ -968,8 +942,11 @@ impl State {
     }
 
     fn progress_all(&mut self, out: &mut Vec<Cb>) {
-        let waiting: Vec<usize> = (0..self.slots.len())
-            .filter(|&i| matches!(&self.slots[i].obj, Some(Obj::Qp(q)) if !q.pending.is_empty() && q.state == QpState::Rts))
+        let waiting: Vec<usize> = self
+            .objs
+            .iter()
+            .filter(|(_, o)| matches!(o, Obj::Qp(q) if !q.pending.is_empty() && q.state == QpState::Rts))
+            .map(|(i, _)| i)
             .collect();
         for i in waiting {
             self.progress(i, out);
@@ -1140,11 +1117,13 @@ impl Fabric {
                 if kind == AsyncEventKind::PortDown {
                     // A local port failure moves armed QPs to their
                     // alternate path at once (after the PortDown event).
-                    let armed: Vec<usize> = (0..st.slots.len())
-                        .filter(|&i| {
-                            matches!(&st.slots[i].obj, Some(Obj::Qp(q))
-                                if q.dev == d && q.mig == MigState::Armed)
+                    let armed: Vec<usize> = st
+                        .objs
+                        .iter()
+                        .filter(|(_, o)| {
+                            matches!(o, Obj::Qp(q) if q.dev == d && q.mig == MigState::Armed)
                         })
+                        .map(|(i, _)| i)
                         .collect();
                     for qi in armed {
                         st.migrate_if_failed(qi, out);

@@ -90,6 +90,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use verbs::kit::cq::Cq;
+use verbs::kit::handle_table::HandleTable;
 use verbs::kit::keys::KeyTable;
 use verbs::kit::qp_table;
 use verbs::kit::rq::RecvQueue;
@@ -251,15 +252,10 @@ struct QpObj {
     engine: bool,
 }
 
-struct Slot {
-    gen: u32,
-    obj: Option<Obj>,
-}
-
 #[derive(Default)]
 struct State {
-    slots: Vec<Slot>,
-    free: Vec<usize>,
+    /// Every verbs object, behind its handle.
+    objs: HandleTable<Obj>,
 }
 
 /// Where a QP's completions go; read by the driver thread's callback.
@@ -868,10 +864,10 @@ impl SoftRoce {
         // built before this saw the old table and is here.
         let st = self.lock();
         let qps: Vec<(Qpn, u16)> = st
-            .slots
+            .objs
             .iter()
-            .filter_map(|s| match &s.obj {
-                Some(Obj::Qp(q))
+            .filter_map(|(_, o)| match o {
+                Obj::Qp(q)
                     if q.engine
                         && q.init.qp_type != QpType::Smi
                         && Arc::ptr_eq(&st.rt(q.ca), rt) =>
@@ -927,15 +923,15 @@ impl SoftRoce {
             .ok_or(VerbsError::NoSuchCa)?;
         let st = self.lock();
         let opens = st
-            .slots
+            .objs
             .iter()
-            .filter_map(|s| match &s.obj {
-                Some(Obj::Ca {
+            .filter_map(|(_, o)| match o {
+                Obj::Ca {
                     rt: r,
                     handler,
                     ctx,
                     ..
-                }) if Arc::ptr_eq(r, &rt) => Some((handler.clone(), *ctx)),
+                } if Arc::ptr_eq(r, &rt) => Some((handler.clone(), *ctx)),
                 _ => None,
             })
             .collect();
@@ -1097,45 +1093,23 @@ impl SoftRoce {
 
 impl State {
     fn alloc(&mut self, obj: Obj) -> Handle {
-        if let Some(i) = self.free.pop() {
-            let s = &mut self.slots[i];
-            s.gen = s.gen.wrapping_add(1);
-            s.obj = Some(obj);
-            Handle {
-                index: i as u32,
-                generation: s.gen,
-            }
-        } else {
-            self.slots.push(Slot {
-                gen: 1,
-                obj: Some(obj),
-            });
-            Handle {
-                index: (self.slots.len() - 1) as u32,
-                generation: 1,
-            }
-        }
+        self.objs.alloc(obj)
     }
 
     fn release(&mut self, i: usize) -> Option<Obj> {
-        let o = self.slots[i].obj.take();
-        self.free.push(i);
-        o
+        self.objs.release(i)
     }
 
     fn slot(&self, h: Handle) -> Result<usize> {
-        match self.slots.get(h.index as usize) {
-            Some(s) if s.gen == h.generation && s.obj.is_some() => Ok(h.index as usize),
-            _ => Err(VerbsError::InvalidHandle),
-        }
+        self.objs.slot(h)
     }
 
     fn obj(&self, i: usize) -> &Obj {
-        self.slots[i].obj.as_ref().expect("live slot")
+        self.objs.get(i)
     }
 
     fn obj_mut(&mut self, i: usize) -> &mut Obj {
-        self.slots[i].obj.as_mut().expect("live slot")
+        self.objs.get_mut(i)
     }
 
     fn ca(&self, h: CaHandle) -> Result<usize> {
@@ -1279,10 +1253,10 @@ impl State {
                 .local(pd as u32, sge.lkey, addr, n, AccessFlags::NONE)
                 .ok()
                 .or_else(|| {
-                    self.slots.iter().find_map(|s| match &s.obj {
-                        Some(Obj::Mr {
+                    self.objs.iter().find_map(|(_, o)| match o {
+                        Obj::Mr {
                             ca: c, pd, lkey, ..
-                        }) if self.same_device(*c, ca) => keys
+                        } if self.same_device(*c, ca) => keys
                             .local(*pd as u32, Lkey(*lkey), addr, n, AccessFlags::NONE)
                             .ok(),
                         _ => None,

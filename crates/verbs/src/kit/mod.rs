@@ -9,9 +9,12 @@
 //!   and a blocking wait that sleeps on a condition variable.
 //! - [`rq`]: receive queue / SRQ with the limit event (IBA 11.5.2.3).
 //! - [`apm`]: path migration states on modify-QP (IBA 17.2.8).
+//! - [`handle_table`]: the slot/generation table behind the typed
+//!   handles, so a stale handle is refused the same way everywhere.
 
 pub mod apm;
 pub mod cq;
+pub mod handle_table;
 pub mod keys;
 pub mod qp_table;
 pub mod rq;
