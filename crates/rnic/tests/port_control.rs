@@ -9,31 +9,36 @@ use rdma_types::{Guid, Lid, Pkey, PortNum};
 use rnic::loopback::{CaConfig, Fabric};
 use rnic::softroce::{Personality, SoftCa, SoftRoce};
 use std::net::{IpAddr, Ipv4Addr};
-use std::sync::{Arc, Mutex};
-use verbs::{
-    AsyncEvent, AsyncEventKind, EventHandler, PortModify, PortState, Provider, VerbsError,
-};
+use std::sync::Arc;
+use verbs::conformance::{Ev, Recorder};
+use verbs::{AsyncEventKind, PortModify, PortState, Provider, VerbsError};
 
-#[derive(Default)]
-struct Events(Mutex<Vec<AsyncEventKind>>);
-
-impl EventHandler for Events {
-    fn on_completion(&self, _: u64) {}
-    fn on_async_event(&self, e: AsyncEvent) {
-        self.0.lock().unwrap().push(e.kind);
-    }
+/// The async events `rec` got since the last call.
+struct Events {
+    rec: Arc<Recorder>,
+    seen: usize,
 }
 
 impl Events {
-    fn take(&self) -> Vec<AsyncEventKind> {
-        std::mem::take(&mut self.0.lock().unwrap())
+    fn take(&mut self) -> Vec<AsyncEventKind> {
+        let all = self.rec.events();
+        let new = all[self.seen..]
+            .iter()
+            .filter_map(|e| match e {
+                Ev::Async(a) => Some(a.kind),
+                _ => None,
+            })
+            .collect();
+        self.seen = all.len();
+        new
     }
 }
 
 /// What both providers do alike with an SMA's Sets on port 1 of `guid`.
 fn sets_reach_the_port(p: Arc<dyn Provider>, guid: Guid) {
-    let ev = Arc::new(Events::default());
-    let ca = p.open_ca(guid, 0, ev.clone()).unwrap();
+    let rec = Arc::new(Recorder::default());
+    let ca = p.open_ca(guid, 0, rec.clone()).unwrap();
+    let mut ev = Events { rec, seen: 0 };
     let one = PortNum(1);
     p.modify_port(ca, one, &PortModify::new().lid(Lid(7)).sm_lid(Lid(3)))
         .unwrap();
