@@ -356,7 +356,7 @@ impl Qp {
                     self.events.push_back(QpEvent::CommEstablished);
                 }
                 self.resp.comm_pending = false;
-                self.handle_request(now, pkt, info, mem);
+                self.handle_request(pkt, info, mem);
             }
         }
         self.check_drained();

@@ -15,8 +15,9 @@ use std::collections::VecDeque;
 /// A response waiting to be sent, in PSN order.
 #[derive(Debug, Clone)]
 enum Response {
-    /// ACK (coalesced: a later ACK replaces an earlier one at the tail).
-    Ack { psn: Psn, msn: u32 },
+    /// ACK of one request, or (`copy`) the newest ACK sent again
+    /// ([`AckRepeat`]).
+    Ack { psn: Psn, msn: u32, copy: bool },
     /// NAK or RNR NAK; `then` moves the QP to error once it is sent.
     Nak {
         psn: Psn,
@@ -74,33 +75,32 @@ pub(crate) struct Responder {
     resources: VecDeque<Resource>,
     pmtu: u64,
     pub(crate) comm_pending: bool,
-    /// Until when ACKs are sent twice: set by a duplicate SEND/WRITE, the
-    /// sign that the requester lost an ACK of ours (see [`AckRepeat`]).
-    repeat_acks_until: Option<Instant>,
-    /// The last ACK sent, to send again at the instant given when no
-    /// newer one has gone by then.
+    /// The newest ACK sent, to send again at the instant given unless a
+    /// newer one has gone by then ([`AckRepeat`]).
     ack_repeat: Option<(Instant, Psn, u32)>,
-    /// The ACK at the back of the queue is such a copy.
-    copy_queued: bool,
 }
 
-/// ACK repetition after a lost ACK.
+/// Every request that asks for an ACK gets its own, and the newest ACK is
+/// sent again after [`AckRepeat::DELAY`] unless a newer one went out
+/// meanwhile: a lost ACK is then covered by the next one or by the copy,
+/// and the requester's retransmission timer is left for losing both.
 ///
-/// A requester learns of a lost ACK only from its retransmission timer,
-/// and a requester with nothing else to send (one synchronous command at
-/// a time, as fio's psync over Linux ib_srp) waits for it to fire: with
-/// rdma_cm's RoCE defaults, about 2 s per lost ACK. Once a duplicate
-/// request shows that the peer lost an ACK, every ACK of the next
-/// [`AckRepeat::WINDOW`] is sent again after [`AckRepeat::DELAY`] unless a
-/// newer ACK went out meanwhile. A requester ignores an ACK of PSNs it
-/// has already seen acknowledged (IBA 9.7.5.1.2), so the copy costs one
-/// datagram and is harmless; without a duplicate nothing is repeated.
+/// A requester learns of a lost ACK only from that timer (with rdma_cm's
+/// RoCE defaults about 2 s), and Linux rxe (6.1) does not survive a
+/// timeout that finds two or more requests unacknowledged when its
+/// consumer registers memory between them, as Linux ib_srp does before
+/// each command: the retry runs the next command's REG_MR a second time,
+/// rxe refuses to register an MR that is already valid, puts the send
+/// queue in error and from then on drops every ACK of the QP, so the QP
+/// stops without an error completion (issue 22 item 6). Coalesced ACKs
+/// made a single lost ACK enough for that: it alone covered a burst.
+/// A requester ignores an ACK of PSNs already acknowledged (IBA
+/// 9.7.5.1.2), so the copy costs one datagram at the end of a burst and
+/// nothing while ACKs keep coming.
 pub(crate) struct AckRepeat;
 
 impl AckRepeat {
-    /// How long after a duplicate request ACKs are sent twice.
-    pub(crate) const WINDOW: Duration = Duration::from_secs(10);
-    /// How long after an ACK its copy follows.
+    /// How long after the newest ACK its copy follows.
     pub(crate) const DELAY: Duration = Duration::from_millis(2);
 }
 
@@ -120,9 +120,7 @@ impl Responder {
             resources: VecDeque::new(),
             pmtu: cfg.pmtu.bytes() as u64,
             comm_pending: true,
-            repeat_acks_until: None,
             ack_repeat: None,
-            copy_queued: false,
         }
     }
 
@@ -153,29 +151,32 @@ impl Responder {
         self.ack_repeat.map(|(at, _, _)| at)
     }
 
-    /// Sends the last ACK again if its time has come and no newer ACK
-    /// went out since.
+    /// Sends the newest ACK again if its time has come and no newer ACK
+    /// went out or waits to.
     pub(crate) fn handle_timeout(&mut self, now: Instant) {
         if let Some((at, psn, msn)) = self.ack_repeat {
             if at <= now {
                 self.ack_repeat = None;
                 if !self.queue.iter().any(|r| matches!(r, Response::Ack { .. })) {
-                    self.queue.push_back(Response::Ack { psn, msn });
-                    self.copy_queued = true;
+                    self.queue.push_back(Response::Ack {
+                        psn,
+                        msn,
+                        copy: true,
+                    });
                 }
             }
         }
     }
 
+    /// Queues the ACK of one request: never folded into another, see
+    /// [`AckRepeat`].
     fn push_ack(&mut self, psn: Psn) {
         let msn = self.msn;
-        self.copy_queued = false;
-        if let Some(Response::Ack { psn: p, msn: m }) = self.queue.back_mut() {
-            *p = psn;
-            *m = msn;
-        } else {
-            self.queue.push_back(Response::Ack { psn, msn });
-        }
+        self.queue.push_back(Response::Ack {
+            psn,
+            msn,
+            copy: false,
+        });
     }
 
     fn remember(&mut self, r: Resource, cap: u8) {
@@ -214,7 +215,6 @@ impl Qp {
 
     pub(crate) fn handle_request(
         &mut self,
-        now: Instant,
         pkt: &Packet<&[u8]>,
         info: &OpInfo,
         mem: &mut (impl Memory + ?Sized),
@@ -224,19 +224,13 @@ impl Qp {
             return;
         }
         match self.cfg.qp_type {
-            QpType::Rc => self.rc_request(now, pkt, info, mem),
+            QpType::Rc => self.rc_request(pkt, info, mem),
             QpType::Uc => self.uc_request(pkt, info, mem),
             _ => self.ud_request(pkt, info, mem),
         }
     }
 
-    fn rc_request(
-        &mut self,
-        now: Instant,
-        pkt: &Packet<&[u8]>,
-        info: &OpInfo,
-        mem: &mut (impl Memory + ?Sized),
-    ) {
+    fn rc_request(&mut self, pkt: &Packet<&[u8]>, info: &OpInfo, mem: &mut (impl Memory + ?Sized)) {
         let d = pkt.bth.psn.diff(self.resp.epsn);
         if d > 0 {
             // IBA 9.7.5.2.2: one NAK per gap, until the expected PSN arrives.
@@ -250,9 +244,6 @@ impl Qp {
         }
         if d < 0 {
             self.counters.duplicates += 1;
-            if matches!(info.kind, Kind::Send | Kind::RdmaWrite) {
-                self.resp.repeat_acks_until = Some(now + AckRepeat::WINDOW);
-            }
             self.duplicate_request(pkt, info);
             return;
         }
@@ -286,16 +277,11 @@ impl Qp {
     /// IBA 9.7.5.2.3 / 9.7.6: re-ACK SEND/WRITE, re-execute READ, replay atomics.
     fn duplicate_request(&mut self, pkt: &Packet<&[u8]>, info: &OpInfo) {
         match info.kind {
-            // ACKed with its own PSN, not the newest one acknowledged: a
-            // requester resending after a timeout (Linux rxe) has set the
-            // requests after it back to be sent again, and an ACK that
-            // covers those before it resent them completes work requests
-            // it still means to send. Seen in a capture at 1 % loss: rxe
-            // resent one SEND after its timeout, we ACKed the next PSN too,
-            // and rxe sent nothing more on that QP until ib_srp's 30 s
-            // SCSI timeout. An ACK of less than was received is always
-            // true (ACKs are cumulative); the resends that follow are
-            // ACKed in turn.
+            // ACKed with its own PSN: true whatever was received after it
+            // (ACKs are cumulative), and the resends that follow are ACKed
+            // in turn. (Linux rxe ACKs the newest PSN instead; either is
+            // accepted. The rxe stall once blamed on the newest PSN was rxe
+            // failing its own retry, see `AckRepeat`.)
             Kind::Send | Kind::RdmaWrite if pkt.bth.ack_req => {
                 self.resp.push_ack(pkt.bth.psn);
             }
@@ -822,18 +808,11 @@ impl Qp {
             return false;
         };
         *out = match front {
-            Response::Ack { psn, msn } => {
+            Response::Ack { psn, msn, copy } => {
                 let p = acknowledge(pkey, dest, *psn, ack(credits, *msn));
-                let (psn, msn) = (*psn, *msn);
-                self.resp.queue.pop_front();
-                let repeating = self.resp.repeat_acks_until.is_some_and(|t| now < t);
                 // A copy is sent once; a fresh ACK gets its copy later.
-                self.resp.ack_repeat = (repeating && !self.resp.copy_queued).then_some((
-                    now + AckRepeat::DELAY,
-                    psn,
-                    msn,
-                ));
-                self.resp.copy_queued = false;
+                self.resp.ack_repeat = (!*copy).then_some((now + AckRepeat::DELAY, *psn, *msn));
+                self.resp.queue.pop_front();
                 p
             }
             Response::Nak { psn, aeth, then } => {

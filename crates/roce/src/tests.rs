@@ -223,6 +223,10 @@ struct Side {
     /// When each packet of `sent` left (virtual clock) and its place in
     /// the order of all packets both sides sent.
     sent_at: Vec<(Instant, u64)>,
+    /// Packets this side has transmitted, and which of them (by that
+    /// count, from 0) the link loses: a deterministic loss pattern.
+    transmitted: usize,
+    lose: Vec<usize>,
 }
 
 impl Side {
@@ -285,6 +289,8 @@ impl Net {
                 events: vec![],
                 sent: vec![],
                 sent_at: vec![],
+                transmitted: 0,
+                lose: vec![],
             }
         };
         Net {
@@ -319,6 +325,10 @@ impl Net {
         for (side, link) in [(&mut self.a, &mut self.ab), (&mut self.b, &mut self.ba)] {
             while let Some(p) = side.qp.poll_transmit(now, &mut side.mem) {
                 busy = true;
+                side.transmitted += 1;
+                if side.lose.contains(&(side.transmitted - 1)) {
+                    continue;
+                }
                 if self.record {
                     side.sent.push(p.clone());
                     side.sent_at.push((now, *sent_seq));
@@ -448,10 +458,12 @@ fn rc_send_segments_and_delivers() {
         ops,
         vec![(0x00, false, 0), (0x01, false, 1), (0x03, true, 2)]
     );
-    // One coalesced ACK for PSN 2 with MSN 1.
-    assert_eq!(n.b.sent.len(), 1);
-    assert_eq!(n.b.sent[0].bth.psn, Psn::new(2));
-    assert_eq!(n.b.sent[0].ext.aeth.unwrap().msn, 1);
+    // One ACK for PSN 2 with MSN 1, and its copy (`AckRepeat`).
+    assert_eq!(n.b.sent.len(), 2);
+    for ack in &n.b.sent {
+        assert_eq!(ack.bth.psn, Psn::new(2));
+        assert_eq!(ack.ext.aeth.unwrap().msn, 1);
+    }
     assert_eq!(n.b.events, vec![]);
 }
 
@@ -619,7 +631,11 @@ fn rc_write_read_and_atomics() {
         (0, 0, 0),
         "a clean link needs no recovery: {c:?}"
     );
-    assert_eq!(n.now, Instant::ZERO, "no timer fired");
+    assert!(
+        n.now <= Instant::ZERO + crate::resp::AckRepeat::DELAY,
+        "no timer fired but the ACK copy's: {:?}",
+        n.now
+    );
 }
 
 #[test]
@@ -1623,20 +1639,18 @@ fn a_lost_read_response_packet_costs_one_re_request_not_a_flood() {
 }
 
 #[test]
-fn after_a_duplicate_request_acks_are_sent_twice_so_one_lost_ack_costs_no_timeout() {
-    // B answers A's SENDs. A lost ACK normally costs A a retransmission
-    // timeout; once B has seen the duplicate that reveals it, B sends each
-    // ACK again shortly after, so the next lost ACK costs nothing.
+fn the_newest_ack_is_sent_again_so_one_lost_ack_costs_no_timeout() {
+    // B answers A's SENDs. A lost ACK would cost A a retransmission
+    // timeout; B sends its newest ACK again shortly after, so it costs
+    // nothing, and the copy goes once, not again and again.
     let mut n = Net::new(QpType::Rc, |c| c.timeout = 14);
-    for id in 0..3 {
+    for id in 0..2 {
         n.b.qp.post_recv(RecvWqe {
             wr_id: id,
             sges: sge(B_BUF, 0, 64),
         });
     }
-    // One SEND from A to B; B's answer is dropped. Returns when B's ACK
-    // was generated and lost.
-    fn send_and_lose_the_ack(n: &mut Net, id: u64) {
+    for id in 0..2 {
         n.a.qp
             .post_send(SendWqe::new(id, SendOp::Send, sge(A_BUF, 0, 8)));
         let now = n.now;
@@ -1644,29 +1658,69 @@ fn after_a_duplicate_request_acks_are_sent_twice_so_one_lost_ack_costs_no_timeou
         n.b.qp.handle_packet(now, &pkt.as_received(), &mut n.b.mem);
         let ack = n.b.qp.poll_transmit(now, &mut n.b.mem).expect("B's ACK");
         assert_eq!(ack.bth.opcode, Opcode::RcAcknowledge);
-        assert!(n.a.qp.poll_transmit(now, &mut n.a.mem).is_none());
+        // The ACK is lost; its copy is due long before A's 67 ms timer.
+        let copy_at = n.b.qp.poll_timeout().expect("B repeats its ACK");
+        let a_timer = n.a.qp.poll_timeout().expect("A's retransmission timer");
+        assert!(copy_at < a_timer, "{copy_at:?} vs {a_timer:?}");
+        n.run(Duration::from_secs(5), |n| n.a.wcs.len() == id as usize + 1);
     }
-    send_and_lose_the_ack(&mut n, 1);
-    // No duplicate seen yet: nothing is repeated, A waits for its timer.
-    assert_eq!(n.b.qp.poll_timeout(), None);
-    n.run(Duration::from_secs(5), |n| n.a.wcs.len() == 1);
-    assert_eq!(n.a.qp.counters().timeouts, 1);
-    assert_eq!(n.b.qp.counters().duplicates, 1);
-
-    // The next lost ACK: B's copy follows within milliseconds, long before
-    // A's 67 ms timer, and A completes without retransmitting.
-    send_and_lose_the_ack(&mut n, 2);
-    let copy_at = n.b.qp.poll_timeout().expect("B repeats its ACK");
-    let a_timer = n.a.qp.poll_timeout().expect("A's retransmission timer");
-    assert!(copy_at < a_timer, "{copy_at:?} vs {a_timer:?}");
-    n.run(Duration::from_secs(5), |n| n.a.wcs.len() == 2);
     assert!(n.a.wcs.iter().all(|c| c.status == WcStatus::Success));
-    assert_eq!(n.a.qp.counters().timeouts, 1, "no second timeout");
-    assert_eq!(n.b.qp.counters().duplicates, 1, "no second duplicate");
-    // The copy was sent once, not again and again.
+    assert_eq!(n.a.qp.counters().timeouts, 0);
+    assert_eq!(n.a.qp.counters().retransmits, 0);
+    assert_eq!(n.b.qp.counters().duplicates, 0);
     n.settle();
-    assert_eq!(n.b.qp.poll_timeout(), None);
+    assert_eq!(n.b.qp.poll_timeout(), None, "the copy is sent once");
     assert_eq!(n.b.wcs.len(), 2);
+}
+
+/// Linux rxe (6.1) does not survive a retransmission timeout that finds
+/// two or more requests unacknowledged when its consumer registers memory
+/// between them, as Linux ib_srp does before each SRP_CMD: the retry sends
+/// the first request again, then runs the next command's REG_MR a second
+/// time, rxe refuses to register an MR that is already valid ("not free")
+/// and puts the send queue in error, and from then on drops every ACK of
+/// the QP at receive: nothing completes, no error completion is made, no
+/// timer runs, and ib_srp resets the host after its 30 s SCSI timeout
+/// (kprobes on rxe_requester of Debian's 6.1.0-56 during
+/// vm-srp-ours-soak-lossy, issue 22 item 6). A responder cannot repair
+/// that QP, only spare it such a timeout: one lost ACK must never be the
+/// only one that covered two requests, so each request asking for an ACK
+/// gets its own (Linux rxe answers each one too), and the newest is sent
+/// again shortly after. Three SENDs cross in one batch; whichever one or
+/// two of B's packets are lost, A completes all three sending at most one
+/// of them again.
+#[test]
+fn losing_one_or_two_acks_never_leaves_two_requests_to_a_timeout() {
+    let mut patterns: Vec<Vec<usize>> = (0..5).map(|i| vec![i]).collect();
+    for i in 0..5 {
+        for j in i + 1..5 {
+            patterns.push(vec![i, j]);
+        }
+    }
+    for lose in patterns {
+        let mut n = Net::new(QpType::Rc, |c| c.timeout = 14);
+        for id in 0..3 {
+            n.b.qp.post_recv(RecvWqe {
+                wr_id: id,
+                sges: sge(B_BUF, 64 * id, 64),
+            });
+        }
+        n.b.lose = lose.clone();
+        for id in 0..3 {
+            n.a.qp
+                .post_send(SendWqe::new(id, SendOp::Send, sge(A_BUF, 0, 8)));
+        }
+        assert!(
+            n.run(Duration::from_secs(5), |n| n.a.wcs.len() == 3),
+            "losing B's packets {lose:?}: A did not complete"
+        );
+        assert!(n.a.wcs.iter().all(|c| c.status == WcStatus::Success));
+        let resent = n.a.qp.counters().retransmits;
+        assert!(
+            resent <= 1,
+            "losing B's packets {lose:?}: A sent {resent} requests again"
+        );
+    }
 }
 
 // ---------------------------------------------------------------- local operations
@@ -1938,6 +1992,13 @@ fn acks_carry_the_credit_code_of_the_receives_left() {
     // does not exceed the receive WQEs still posted. Codes written out from
     // the spec's table (0,1,2,3,4,6,8,12,16,24,32,48,64,96,...), not
     // computed with the code under test.
+    // Each ACK is followed by its copy (`AckRepeat`), the same when no
+    // receive was posted in between: one of each.
+    let acks = |side: &Side| {
+        let mut v = aeth_syndromes(side);
+        v.dedup();
+        v
+    };
     let mut n = Net::new(QpType::Rc, |_| {});
     n.record = true;
     for id in 0..10 {
@@ -1951,7 +2012,7 @@ fn acks_carry_the_credit_code_of_the_receives_left() {
             .post_send(SendWqe::new(id, SendOp::Send, sge(A_BUF, 0, 8)));
         n.settle();
     }
-    let credits: Vec<u8> = aeth_syndromes(&n.b)
+    let credits: Vec<u8> = acks(&n.b)
         .into_iter()
         .map(|(_, s)| match s {
             Syndrome::Ack(c) => c.0,
@@ -1975,7 +2036,7 @@ fn acks_carry_the_credit_code_of_the_receives_left() {
         .post_send(SendWqe::new(1, SendOp::Send, sge(A_BUF, 0, 8)));
     n.settle();
     assert_eq!(
-        aeth_syndromes(&n.b),
+        acks(&n.b),
         vec![(Psn::new(0), Syndrome::Ack(rdma_wire::CreditCount(13)))]
     );
 
@@ -1991,7 +2052,7 @@ fn acks_carry_the_credit_code_of_the_receives_left() {
         .post_send(SendWqe::new(1, SendOp::Send, sge(A_BUF, 0, 8)));
     n.settle();
     assert_eq!(
-        aeth_syndromes(&n.b),
+        acks(&n.b),
         vec![(Psn::new(0), Syndrome::Ack(rdma_wire::CreditCount(31)))]
     );
 }
