@@ -24,14 +24,6 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Target name, address, SRP parameters.
-    Show,
-    /// Logged-in channels: initiator, credits, commands in flight.
-    Sessions,
-    /// Devices with handler, size, IDs and counters.
-    Devices,
-    /// Default LUNs and groups.
-    Luns,
     /// Add a device.
     AddDevice {
         name: String,
@@ -57,68 +49,12 @@ enum Cmd {
         #[arg(long)]
         o_direct: bool,
     },
-    /// Remove a device that no LUN maps.
-    RemoveDevice {
-        name: String,
-    },
-    /// Grow a ram device to SIZE (e.g. 64M): initiators that see it get
-    /// CAPACITY DATA HAS CHANGED and an SRP_AER_REQ. Shrinking is refused.
-    Resize {
-        device: String,
-        size: String,
-    },
-    /// Map a device at a LUN (of a group, or the default LUNs).
-    AddLun {
-        lun: u32,
-        device: String,
-        #[arg(long)]
-        group: Option<String>,
-    },
-    /// Unmap a LUN.
-    RemoveLun {
-        lun: u32,
-        #[arg(long)]
-        group: Option<String>,
-    },
-    /// Create a LUN group.
-    AddGroup {
-        name: String,
-    },
-    /// Remove a group; its initiators see the default LUNs again.
-    RemoveGroup {
-        name: String,
-    },
-    /// Add an initiator name (0x + 32 hex digits, or a prefix ending in *).
-    AddInitiator {
-        group: String,
-        initiator: String,
-    },
-    RemoveInitiator {
-        group: String,
-        initiator: String,
-    },
-    /// Accept logins.
-    Enable {
-        /// Only this target (its name or address); all without it.
-        #[arg(long)]
-        target: Option<String>,
-    },
-    /// Refuse logins and log every initiator out.
-    Disable {
-        /// Only this target (its name or address); all without it.
-        #[arg(long)]
-        target: Option<String>,
-    },
-    /// Re-read srptd's configuration file and apply it (as SIGHUP does).
-    Reload,
-    /// Save the running configuration (to the file srptd was started from
-    /// when no path is given).
-    WriteConfig {
-        path: Option<PathBuf>,
-    },
     /// Change a setting of the running daemon.
     #[command(subcommand)]
     Set(SetCmd),
+    /// Every other command is the control protocol's request itself.
+    #[command(flatten)]
+    Request(Request),
 }
 
 #[derive(Subcommand)]
@@ -138,10 +74,6 @@ fn toml_str(s: &str) -> String {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let req = match cli.cmd {
-        Cmd::Show => Request::Show,
-        Cmd::Sessions => Request::Sessions,
-        Cmd::Devices => Request::Devices,
-        Cmd::Luns => Request::Luns,
         Cmd::AddDevice {
             name,
             handler,
@@ -168,19 +100,8 @@ fn main() -> ExitCode {
             }
             Request::AddDevice { toml: t }
         }
-        Cmd::RemoveDevice { name } => Request::RemoveDevice { name },
-        Cmd::Resize { device, size } => Request::Resize { device, size },
-        Cmd::AddLun { lun, device, group } => Request::AddLun { group, lun, device },
-        Cmd::RemoveLun { lun, group } => Request::RemoveLun { group, lun },
-        Cmd::AddGroup { name } => Request::AddGroup { name },
-        Cmd::RemoveGroup { name } => Request::RemoveGroup { name },
-        Cmd::AddInitiator { group, initiator } => Request::AddInitiator { group, initiator },
-        Cmd::RemoveInitiator { group, initiator } => Request::RemoveInitiator { group, initiator },
-        Cmd::Enable { target } => Request::Enable { target },
-        Cmd::Disable { target } => Request::Disable { target },
-        Cmd::WriteConfig { path } => Request::WriteConfig { path },
-        Cmd::Reload => Request::Reload,
         Cmd::Set(SetCmd::LogLevel { level }) => Request::SetLogLevel { level },
+        Cmd::Request(req) => req,
     };
     match request(&cli.socket, &req) {
         Ok(v) => {

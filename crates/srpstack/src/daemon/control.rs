@@ -5,78 +5,91 @@
 use super::*;
 
 /// One admin request, as JSON on the control socket (`{"cmd": "..."}`).
-#[derive(Debug, Clone, Deserialize, Serialize)]
+/// The same type is `srptadm`'s command line (each variant a subcommand,
+/// its help from the `about` texts), so the two cannot drift apart; the
+/// two whose command line differs from their JSON (`add-device` takes
+/// flags and sends TOML, `set log-level`) are `srptadm`'s own.
+#[derive(Debug, Clone, Deserialize, Serialize, clap::Subcommand)]
 #[serde(tag = "cmd", rename_all = "kebab-case")]
 pub enum Request {
     /// Target name, address, parameters, state.
+    #[command(about = "Target name, address, SRP parameters")]
     Show,
     /// Channels with credits and commands in flight.
+    #[command(about = "Logged-in channels: initiator, credits, commands in flight")]
     Sessions,
     /// Devices with handler, size and counters.
+    #[command(about = "Devices with handler, size, IDs and counters")]
     Devices,
     /// The default LUNs and the groups.
+    #[command(about = "Default LUNs and groups")]
     Luns,
     /// Adds a device given as a `[[device]]` table body in TOML.
-    AddDevice {
-        toml: String,
-    },
-    RemoveDevice {
-        name: String,
-    },
+    #[command(skip)]
+    AddDevice { toml: String },
+    #[command(about = "Remove a device that no LUN maps")]
+    RemoveDevice { name: String },
     /// Grows a device to `size` (K/M/G/T suffixes): CAPACITY DATA HAS
     /// CHANGED for every nexus that sees it and SRP_AER_REQ to its
     /// initiators (SCST's `resync_size`).
-    Resize {
-        device: String,
-        size: String,
-    },
+    #[command(
+        about = "Grow a ram device to SIZE (e.g. 64M): initiators that see it get \
+                 CAPACITY DATA HAS CHANGED and an SRP_AER_REQ. Shrinking is refused"
+    )]
+    Resize { device: String, size: String },
     /// Maps a device; `group` absent means the default LUNs.
+    #[command(about = "Map a device at a LUN (of a group, or the default LUNs)")]
     AddLun {
+        #[arg(long)]
         group: Option<String>,
         lun: u32,
         device: String,
     },
+    #[command(about = "Unmap a LUN")]
     RemoveLun {
+        #[arg(long)]
         group: Option<String>,
         lun: u32,
     },
-    AddGroup {
-        name: String,
-    },
-    RemoveGroup {
-        name: String,
-    },
-    AddInitiator {
-        group: String,
-        initiator: String,
-    },
-    RemoveInitiator {
-        group: String,
-        initiator: String,
-    },
+    #[command(about = "Create a LUN group")]
+    AddGroup { name: String },
+    #[command(about = "Remove a group; its initiators see the default LUNs again")]
+    RemoveGroup { name: String },
+    #[command(about = "Add an initiator name (0x + 32 hex digits, or a prefix ending in *)")]
+    AddInitiator { group: String, initiator: String },
+    #[command(about = "Remove an initiator name from a group")]
+    RemoveInitiator { group: String, initiator: String },
     /// Accept logins on `target` (a name or address), or on every target.
+    #[command(about = "Accept logins")]
     Enable {
+        /// Only this target (its name or address); all without it.
+        #[arg(long)]
         #[serde(default)]
         target: Option<String>,
     },
     /// Refuse logins on `target`, or on every target, and log its
     /// initiators out.
+    #[command(about = "Refuse logins and log every initiator out")]
     Disable {
+        /// Only this target (its name or address); all without it.
+        #[arg(long)]
         #[serde(default)]
         target: Option<String>,
     },
     /// Saves the running configuration (to the file it was loaded from
     /// when `path` is absent).
-    WriteConfig {
-        path: Option<PathBuf>,
-    },
+    #[command(
+        about = "Save the running configuration (to the file srptd was started from \
+                 when no path is given)"
+    )]
+    WriteConfig { path: Option<PathBuf> },
     /// Re-reads the configuration file and applies what changed in
     /// devices, LUN maps, groups and `enabled`, without dropping sessions.
+    #[command(about = "Re-read srptd's configuration file and apply it (as SIGHUP does)")]
     Reload,
     /// Changes the log threshold while running (SCST's `trace_level`).
-    SetLogLevel {
-        level: crate::log::Level,
-    },
+    #[command(skip)]
+    SetLogLevel { level: crate::log::Level },
 }
 
 impl Request {
