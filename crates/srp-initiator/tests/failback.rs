@@ -15,7 +15,7 @@
 
 mod common;
 
-use common::{wait_for, Direct};
+use common::{connect, fabric, target_port, wait_for, Direct, Gate, Held, Hold};
 use rdma_types::{Duration, Guid};
 use rnic::softroce::{FaultConfig, SoftCa, SoftRoce};
 use srp::initiator::ChannelConfig;
@@ -215,4 +215,74 @@ fn reads_after_failover_and_failback_return_the_last_acknowledged_write() {
         reads.load(Ordering::SeqCst),
         &wrong[..wrong.len().min(8)]
     );
+}
+
+/// The target side of the same hazard: a command the target had taken in
+/// (its data with it: immediate data) but not yet started when its
+/// channel went away must never reach the store, or it could land after
+/// the initiator has written the block again over another path. The
+/// port's one worker is held inside a first WRITE; a second WRITE waits
+/// behind it; the channel is torn down; then the store is let go.
+#[test]
+fn a_write_the_target_had_queued_when_its_channel_went_is_never_run() {
+    let fabric = fabric(&[TARGET_A, INIT_A]);
+    let provider: Arc<dyn verbs::Provider> = fabric.clone();
+    let gate = Arc::new(Gate::default());
+    let held = Arc::new(Held::new(1 << 20, gate.clone(), Hold::Writes));
+    let dev = scsi::Device::new(scsi::DeviceConfig::default(), held.clone()).unwrap();
+    let id = ChannelConfig::new(1, Guid(INIT_A), TARGET_A, Guid(TARGET_A)).target_port_id();
+    let opts = PortOptions {
+        workers: 1,
+        ..PortOptions::default()
+    };
+    let port = target_port(&provider, TARGET_A, id, "queued", vec![dev], opts);
+    let chan = ChannelConfig::new(1, Guid(INIT_A), TARGET_A, Guid(TARGET_A));
+    let mut cfg = SessionConfig::new(chan);
+    cfg.pool_bytes = 1 << 20;
+    let sess = connect(&provider, INIT_A, &port, cfg);
+    let disk = Arc::new(Disk::open(sess, 0).unwrap());
+    let accepted = || port.sessions().iter().map(|s| s.cmds).sum::<u64>();
+    let run = || {
+        port.lun_stats()
+            .iter()
+            .map(|l| l.counters.commands)
+            .sum::<u64>()
+    };
+
+    gate.set(true);
+    let before = (accepted(), run());
+    let first = {
+        let d = disk.clone();
+        std::thread::spawn(move || d.write(0, &stamp(0, 1)))
+    };
+    wait_for("the first WRITE held in the only worker", 5, || {
+        gate.held.load(Ordering::SeqCst) >= 1
+    });
+    let second = {
+        let d = disk.clone();
+        std::thread::spawn(move || d.write(8, &stamp(8, 1)))
+    };
+    wait_for("the second WRITE taken in by the target", 5, || {
+        accepted() >= before.0 + 2
+    });
+    // The channel goes (a DREQ, a failed work request, a SINGLE login
+    // replacing it: all close it the same way).
+    let conn = port.sessions()[0].conn;
+    port.disconnected(conn);
+    gate.set(false);
+    // Both WRITEs come out of the worker, run or refused.
+    wait_for("both WRITEs through the worker", 5, || {
+        run() >= before.1 + 2
+    });
+    assert_eq!(
+        held.written.load(Ordering::SeqCst),
+        1,
+        "only the WRITE that was running when the channel went reached the store"
+    );
+    let mut block = vec![0u8; 4096];
+    scsi::Backend::read(held.as_ref(), 8 * 512, &mut block).unwrap();
+    assert_eq!(block, vec![0u8; 4096], "the queued WRITE landed");
+    // The initiator's commands end with the connection, one way or another.
+    let _ = first.join().unwrap();
+    let _ = second.join().unwrap();
 }

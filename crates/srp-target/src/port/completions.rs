@@ -254,10 +254,14 @@ impl Inner {
             }
             Output::Scsi(req) => self.submit_scsi(st, conn, req),
             Output::Tmf(req) => self.run_tmf(st, conn, req),
-            Output::Abort(_) => {
+            Output::Abort(cmd) => {
                 // The core's later completion is ignored by the channel; a
                 // running backend I/O is not interrupted (the channel is
-                // closing: no TMF response waits for it).
+                // closing: no TMF response waits for it), but one not yet
+                // started never starts (issue 33).
+                if let Some(c) = st.conns.get(&conn) {
+                    c.abort_unstarted(cmd);
+                }
             }
             Output::Release(cmd) => {
                 if let Some(c) = st.conns.get_mut(&conn) {

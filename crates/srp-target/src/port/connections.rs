@@ -699,6 +699,11 @@ impl Inner {
             .channel_mut(channel)
             .and_then(|ch| ch.poll_output())
         {
+            if let Output::Abort(cmd) = out {
+                if let Some(c) = st.conns.get(&conn) {
+                    c.abort_unstarted(cmd);
+                }
+            }
             if let Output::Release(cmd) = out {
                 if let Some(c) = st.conns.get_mut(&conn) {
                     if let Some(d) = c.data_in.remove(&cmd) {

@@ -265,6 +265,16 @@ struct Conn {
 }
 
 impl Conn {
+    /// A command of this channel handed to the SCSI core but not started
+    /// by a worker yet will not start: its channel is going, and a WRITE
+    /// run now could land after the initiator wrote the block again over
+    /// another path (issue 33). One already running finishes.
+    fn abort_unstarted(&self, cmd: CmdId) {
+        if let Some(q) = self.queued.get(&cmd) {
+            q.aborted.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
     fn phase(&self) -> ChannelPhase {
         if self.closing || self.close_reason.is_some() {
             ChannelPhase::Closing
