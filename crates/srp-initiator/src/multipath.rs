@@ -35,7 +35,12 @@
 //! open, as with dm-multipath over any SCSI transport: a target that had
 //! the data in hand (immediate data, or fetched before the cut) and
 //! commits it after the failover was noticed (about 0.55 s later) could
-//! land the old copy over a newer one.
+//! land the old copy over a newer one. This is not only theory: loaded
+//! netns runs (issue 33) saw path A's `srptd` take in commands of its old
+//! session after the I/O had moved to path B, and one run read a block
+//! back older than its last acknowledged write. `srptd` no longer starts
+//! a command its channel had queued when the channel goes; a command it
+//! takes in late on a channel it still thinks alive, nothing here stops.
 
 use crate::remote::RemoteDisk;
 use crate::rport::RportState;

@@ -156,6 +156,7 @@ fn cut_under_srp_io(tag: &str, side: &str, follow: &str) -> Option<Cut> {
     // (issue 33: a block once read back older than its last acknowledged
     // write). Printed, not asserted: it tells a late target from others.
     let mut late = 0u64;
+    let mut late_seen: Option<Duration> = None;
     let up = s.set_link(0, far, true);
     let up: Vec<&str> = up.iter().map(String::as_str).collect();
     let back = Instant::now();
@@ -170,6 +171,9 @@ fn cut_under_srp_io(tag: &str, side: &str, follow: &str) -> Option<Cut> {
         let now = sessions(&sock_a);
         for (conn, n) in &now {
             if let Some((_, before)) = at_failover.iter().find(|(c, _)| c == conn) {
+                if *n > *before && late_seen.is_none() {
+                    late_seen = Some(cut.elapsed());
+                }
                 late = late.max(n.saturating_sub(*before));
             }
         }
@@ -205,8 +209,12 @@ fn cut_under_srp_io(tag: &str, side: &str, follow: &str) -> Option<Cut> {
     );
     println!(
         "failover: {} from link down to I/O on the other path ({side} end, link following {follow}); \
-         path A's old session accepted {late} commands after it",
+         path A's old session accepted {late} commands after it{}",
         ms(moved),
+        late_seen.map_or(String::new(), |t| format!(
+            " (first seen {} after link down)",
+            ms(t)
+        )),
     );
     common::report::verified_clean(&rest);
     assert!(io.child.wait().unwrap().success(), "{rest}");
