@@ -19,56 +19,16 @@ pub const QP_SMI: u8 = 0;
 /// The general services QP.
 pub const QP_GSI: u8 = 1;
 
-/// SA status: no records match (class-specific, IBA 15.2.1.2).
-pub const SA_ERR_NO_RECORDS: u16 = 0x0300;
-/// SA status: the request is invalid.
-pub const SA_ERR_REQ_INVALID: u16 = 0x0200;
-
-/// PathRecord component mask bits (IBA 15.2.5.16).
-pub mod path_comp {
-    /// DGID.
-    pub const DGID: u64 = 1 << 2;
-    /// SGID.
-    pub const SGID: u64 = 1 << 3;
-    /// DLID.
-    pub const DLID: u64 = 1 << 4;
-    /// SLID.
-    pub const SLID: u64 = 1 << 5;
-    /// NumbPath.
-    pub const NUMB_PATH: u64 = 1 << 12;
-    /// P_Key.
-    pub const PKEY: u64 = 1 << 13;
-}
-
-/// ServiceRecord component mask bits (IBA 15.2.5.14).
-pub mod service_comp {
-    /// ServiceID.
-    pub const ID: u64 = 1 << 0;
-    /// ServiceGID.
-    pub const GID: u64 = 1 << 1;
-    /// ServiceP_Key.
-    pub const PKEY: u64 = 1 << 2;
-    /// ServiceName.
-    pub const NAME: u64 = 1 << 6;
-}
-
-/// PortInfoRecord component mask bits (opensm's numbering).
-pub mod portinfo_comp {
-    /// End port LID.
-    pub const LID: u64 = 1 << 0;
-    /// PortInfo:CapabilityMask.
-    pub const CAPMASK: u64 = 1 << 7;
-}
+pub use rdma_mad::sa::{
+    path_comp, portinfo_comp, service_comp, ERR_NO_RECORDS as SA_ERR_NO_RECORDS,
+    ERR_REQ_INVALID as SA_ERR_REQ_INVALID,
+};
+use rdma_mad::sa::{NODE_RECORD_LEN, PORTINFO_RECORD_LEN};
 
 /// Paths per port pair a GetTable without NumbPath gets at most: with LMC
 /// 4 that is every pair of LIDs; above it the first 256 in opensm's order
 /// (its SA would list all 2^(2 LMC), up to 16384 per pair).
 pub const MAX_PATHS_PER_PAIR: usize = 256;
-
-/// NodeRecord length on the wire (LID, reserved, NodeInfo, NodeDescription).
-const NODE_RECORD_LEN: usize = 108;
-/// PortInfoRecord length (LID, port, options, PortInfo).
-const PORTINFO_RECORD_LEN: usize = 68;
 
 /// SMInfo:SMState (IBA 14.4.1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

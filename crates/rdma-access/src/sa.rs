@@ -34,62 +34,10 @@ use std::time::Duration;
 
 /// The SA management class.
 pub const SA_CLASS: u8 = 0x03;
-/// SA status: no records match (IBA 15.2.1.2, in the class-specific bits).
-pub const ERR_NO_RECORDS: u16 = 0x0300;
-
-/// PathRecord component mask bits (IBA 15.2.5.16).
-pub mod path_comp {
-    /// ServiceID.
-    pub const SERVICE_ID: u64 = 0x3;
-    /// DGID.
-    pub const DGID: u64 = 1 << 2;
-    /// SGID.
-    pub const SGID: u64 = 1 << 3;
-    /// DLID.
-    pub const DLID: u64 = 1 << 4;
-    /// SLID.
-    pub const SLID: u64 = 1 << 5;
-    /// Reversible.
-    pub const REVERSIBLE: u64 = 1 << 11;
-    /// NumbPath.
-    pub const NUMB_PATH: u64 = 1 << 12;
-    /// P_Key.
-    pub const PKEY: u64 = 1 << 13;
-}
-
-/// NodeRecord component mask bits.
-pub mod node_comp {
-    /// LID.
-    pub const LID: u64 = 1 << 0;
-}
-
-/// PortInfoRecord component mask bits (opensm's numbering).
-pub mod portinfo_comp {
-    /// End port LID.
-    pub const LID: u64 = 1 << 0;
-    /// Port number.
-    pub const PORT_NUM: u64 = 1 << 1;
-    /// PortInfo:CapabilityMask.
-    pub const CAPMASK: u64 = 1 << 7;
-}
-
-/// ServiceRecord component mask bits.
-pub mod service_comp {
-    /// ServiceID.
-    pub const ID: u64 = 1 << 0;
-    /// ServiceGID.
-    pub const GID: u64 = 1 << 1;
-    /// ServiceP_Key.
-    pub const PKEY: u64 = 1 << 2;
-    /// ServiceName (one component for all 64 bytes; IBA 15.2.5.14, as
-    /// Linux's `IB_SA_SERVICE_REC_SERVICE_NAME`).
-    pub const NAME: u64 = 1 << 6;
-}
-
-/// NodeRecord length on the wire (LID, reserved, NodeInfo, NodeDescription).
-pub const NODE_RECORD_LEN: usize = 108;
-/// PortInfoRecord length (LID, port, options, reserved, PortInfo).
-pub const PORTINFO_RECORD_LEN: usize = 68;
+pub use rdma_mad::sa::{
+    node_comp, path_comp, portinfo_comp, service_comp, ERR_NO_RECORDS, NODE_RECORD_LEN,
+    PORTINFO_RECORD_LEN,
+};
 
 /// Why a query failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -12,6 +12,66 @@ pub const SA_HDR_LEN: usize = 56;
 /// SA data bytes per MAD.
 pub const SA_DATA_LEN: usize = MAD_SIZE - SA_HDR_LEN;
 
+/// SA status: the request is invalid (class-specific bits of the MAD
+/// status, IBA 15.2.1.2).
+pub const ERR_REQ_INVALID: u16 = 0x0200;
+/// SA status: no records match (IBA 15.2.1.2).
+pub const ERR_NO_RECORDS: u16 = 0x0300;
+
+/// NodeRecord length on the wire (LID, reserved, NodeInfo, NodeDescription).
+pub const NODE_RECORD_LEN: usize = 108;
+/// PortInfoRecord length (LID, port, options, reserved, PortInfo).
+pub const PORTINFO_RECORD_LEN: usize = 68;
+
+/// PathRecord component mask bits (IBA 15.2.5.16).
+pub mod path_comp {
+    /// ServiceID.
+    pub const SERVICE_ID: u64 = 0x3;
+    /// DGID.
+    pub const DGID: u64 = 1 << 2;
+    /// SGID.
+    pub const SGID: u64 = 1 << 3;
+    /// DLID.
+    pub const DLID: u64 = 1 << 4;
+    /// SLID.
+    pub const SLID: u64 = 1 << 5;
+    /// Reversible.
+    pub const REVERSIBLE: u64 = 1 << 11;
+    /// NumbPath.
+    pub const NUMB_PATH: u64 = 1 << 12;
+    /// P_Key.
+    pub const PKEY: u64 = 1 << 13;
+}
+
+/// NodeRecord component mask bits.
+pub mod node_comp {
+    /// LID.
+    pub const LID: u64 = 1 << 0;
+}
+
+/// PortInfoRecord component mask bits (opensm's numbering).
+pub mod portinfo_comp {
+    /// End port LID.
+    pub const LID: u64 = 1 << 0;
+    /// Port number.
+    pub const PORT_NUM: u64 = 1 << 1;
+    /// PortInfo:CapabilityMask.
+    pub const CAPMASK: u64 = 1 << 7;
+}
+
+/// ServiceRecord component mask bits (IBA 15.2.5.14).
+pub mod service_comp {
+    /// ServiceID.
+    pub const ID: u64 = 1 << 0;
+    /// ServiceGID.
+    pub const GID: u64 = 1 << 1;
+    /// ServiceP_Key.
+    pub const PKEY: u64 = 1 << 2;
+    /// ServiceName (one component for all 64 bytes; IBA 15.2.5.14, as
+    /// Linux's `IB_SA_SERVICE_REC_SERVICE_NAME`).
+    pub const NAME: u64 = 1 << 6;
+}
+
 open_enum! {
     /// SA attribute IDs (IBA 15.2.5, table 205).
     pub enum SaAttr(u16) {
