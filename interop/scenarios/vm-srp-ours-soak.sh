@@ -68,7 +68,7 @@ EOF_CONF
       {
         echo "t=$(cut -d' ' -f1 /proc/uptime)"
         /interop/bin/srptadm --socket /tmp/srptd.sock show 2>/dev/null |
-          awk '/^nic_(retransmits|timeouts|duplicates|out_of_sequence|seq_naks_received|tx_packets)/ { printf "%s=%s ", $1, $2 } END { print "" }'
+          awk '/^nic_(retransmits|retransmit_timeouts|duplicate_requests|out_of_sequence|sequence_naks_received|packets_sent)[[:space:]]/ { printf "%s=%s ", $1, $2 } END { print "" }'
         /interop/bin/srptadm --socket /tmp/srptd.sock sessions 2>/dev/null | tail -n +2
       } >>/tmp/mon.log
     done
