@@ -18,8 +18,8 @@ mod luns;
 mod ordering;
 mod run;
 
-pub use luns::{GroupMap, LunMaps};
 use luns::State;
+pub use luns::{GroupMap, LunMaps};
 use ordering::*;
 use run::{is_write, naca_supported};
 
