@@ -15,16 +15,14 @@
 
 mod common;
 
-use common::{connect, fabric, target_port, wait_for, Direct, Gate, Held, Hold};
-use rdma_types::{Duration, Guid};
+use common::{connect, fabric, remote_path, target_port, wait_for, Gate, Held, Hold};
+use rdma_types::Guid;
 use rnic::softroce::{FaultConfig, SoftCa, SoftRoce};
 use srp::initiator::ChannelConfig;
 use srp::target::TargetConfig;
 use srp_initiator::disk::Disk;
 use srp_initiator::multipath::{Multipath, PathDevice, Policy};
-use srp_initiator::remote::RemoteDisk;
-use srp_initiator::rport::RportConfig;
-use srp_initiator::session::{Session, SessionConfig};
+use srp_initiator::session::SessionConfig;
 use srp_target::{PortOptions, TargetPort};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -115,27 +113,15 @@ fn reads_after_failover_and_failback_return_the_last_acknowledged_write() {
             .unwrap(),
         )
     };
-    let path = |initiator: u64, target: u64| -> Arc<RemoteDisk> {
-        let (provider, port) = (provider.clone(), port(target));
-        let open = Box::new(move || {
-            let chan = ChannelConfig::new(1, Guid(initiator), target, Guid(target));
-            let mut cfg = SessionConfig::new(chan);
-            cfg.pool_bytes = 1 << 20;
-            let direct = Arc::new(Direct {
-                port: port.clone(),
-                lid: rdma_types::Lid(0),
-                on_disconnect: None,
-            });
-            let s = Session::connect(provider.clone(), Guid(initiator), direct, cfg)
-                .map_err(std::io::Error::other)?;
-            Disk::open(Arc::new(s), 0)
-        });
-        let rport = RportConfig {
-            reconnect_delay: Some(Duration::from_millis(250)),
-            fast_io_fail_tmo: Some(Duration::ZERO),
-            dev_loss_tmo: Some(Duration::from_secs(120)),
-        };
-        Arc::new(RemoteDisk::open(open, rport).unwrap())
+    let path = |initiator: u64, target: u64| {
+        let ids = (initiator, target);
+        remote_path(
+            provider.clone(),
+            port(target),
+            ids,
+            rdma_types::Lid(0),
+            None,
+        )
     };
     let (a, b) = (path(INIT_A, TARGET_A), path(INIT_B, TARGET_B));
     let m = Arc::new(

@@ -20,7 +20,7 @@
 
 mod common;
 
-use common::{connect, fabric, target_port, wait_for, Direct, Gate, Held, Hold};
+use common::{connect, fabric, remote_path, target_port, wait_for, Direct, Gate, Held, Hold};
 use rdma_types::{Duration, Guid, PortNum};
 use srp::initiator::ChannelConfig;
 use srp_initiator::disk::Disk;
@@ -104,28 +104,17 @@ fn io_on_a_failed_path_goes_on_over_the_other_without_waiting_for_its_teardown()
     // Holds disconnects while closed, as a DREQ over a dead link is held
     // by the CM's retries.
     let gate = Arc::new(Gate::default());
-    let path = |guid: u64| -> Arc<RemoteDisk> {
-        let (provider, port, gate) = (provider.clone(), port.clone(), gate.clone());
-        let open = Box::new(move || {
-            let chan = ChannelConfig::new(1, Guid(guid), TARGET_GUID, Guid(TARGET_GUID));
-            let mut cfg = SessionConfig::new(chan);
-            cfg.pool_bytes = 1 << 20;
-            let gate = gate.clone();
-            let direct = Arc::new(Direct {
-                port: port.clone(),
-                lid: rdma_types::Lid(1),
-                on_disconnect: Some(Arc::new(move || gate.pass())),
-            });
-            let s = Session::connect(provider.clone(), Guid(guid), direct, cfg)
-                .map_err(std::io::Error::other)?;
-            Disk::open(Arc::new(s), 0)
-        });
-        let rport = RportConfig {
-            reconnect_delay: Some(Duration::from_millis(250)),
-            fast_io_fail_tmo: Some(Duration::ZERO),
-            dev_loss_tmo: Some(Duration::from_secs(120)),
-        };
-        Arc::new(RemoteDisk::open(open, rport).unwrap())
+    let path = |guid: u64| {
+        let gate = gate.clone();
+        let pass: Arc<dyn Fn() + Send + Sync> = Arc::new(move || gate.pass());
+        let ids = (guid, TARGET_GUID);
+        remote_path(
+            provider.clone(),
+            port.clone(),
+            ids,
+            rdma_types::Lid(1),
+            Some(pass),
+        )
     };
     let (a, b) = (path(INIT_A), path(INIT_B));
     let m = Arc::new(

@@ -252,3 +252,37 @@ pub fn wait_for(what: &str, secs: u64, mut cond: impl FnMut() -> bool) {
         std::thread::yield_now();
     }
 }
+
+/// One leg of a multipath device as the failover tests build it: a
+/// [`RemoteDisk`](srp_initiator::remote::RemoteDisk) whose every (re)open
+/// logs `initiator` in to `port` (target GUID `target`) through
+/// [`Direct`], with a 1 MiB pool; it reconnects after 250 ms, fails I/O at
+/// once while blocked and gives the device up after 120 s.
+pub fn remote_path(
+    provider: Arc<dyn verbs::Provider>,
+    port: Arc<TargetPort>,
+    (initiator, target): (u64, u64),
+    lid: rdma_types::Lid,
+    on_disconnect: Option<Arc<dyn Fn() + Send + Sync>>,
+) -> Arc<srp_initiator::remote::RemoteDisk> {
+    use srp_initiator::rport::RportConfig;
+    let open = Box::new(move || {
+        let chan = srp::initiator::ChannelConfig::new(1, Guid(initiator), target, Guid(target));
+        let mut cfg = SessionConfig::new(chan);
+        cfg.pool_bytes = 1 << 20;
+        let direct = Arc::new(Direct {
+            port: port.clone(),
+            lid,
+            on_disconnect: on_disconnect.clone(),
+        });
+        let s = Session::connect(provider.clone(), Guid(initiator), direct, cfg)
+            .map_err(std::io::Error::other)?;
+        srp_initiator::disk::Disk::open(Arc::new(s), 0)
+    });
+    let rport = RportConfig {
+        reconnect_delay: Some(rdma_types::Duration::from_millis(250)),
+        fast_io_fail_tmo: Some(rdma_types::Duration::ZERO),
+        dev_loss_tmo: Some(rdma_types::Duration::from_secs(120)),
+    };
+    Arc::new(srp_initiator::remote::RemoteDisk::open(open, rport).unwrap())
+}
