@@ -159,6 +159,18 @@ pub fn sense_triple(s: &[u8]) -> (u8, u8, u8) {
     }
 }
 
+/// A command's bad ending as an I/O error of `kind`, except that one
+/// ended by its channel's failure is in doubt ([`crate::fence`]), which
+/// [`crate::remote::RemoteDisk`] reconnects on.
+fn status_error(what: &str, r: &CmdResult, kind: io::ErrorKind) -> io::Error {
+    let msg = format!("{what}: {}", describe(r));
+    if r.status == Status::TransportFailed {
+        crate::fence::in_doubt(msg)
+    } else {
+        io::Error::new(kind, msg)
+    }
+}
+
 /// Session errors as I/O errors; a lost connection is `ConnectionAborted`
 /// (what [`crate::remote::RemoteDisk`] reconnects on).
 fn io_err(what: &str, e: SessionError) -> io::Error {
@@ -344,12 +356,7 @@ impl Disk {
             };
             tries += 1;
             if !retry || tries > 5 {
-                let kind = if r.status == Status::TransportFailed {
-                    io::ErrorKind::ConnectionAborted
-                } else {
-                    io::ErrorKind::Other
-                };
-                return Err(io::Error::new(kind, format!("{what}: {}", describe(&r))));
+                return Err(status_error(what, &r, io::ErrorKind::Other));
             }
         }
     }
@@ -497,13 +504,12 @@ impl Disk {
                 .execute(self.lun, &cdb, Xfer::Out(&list))
                 .map_err(|e| io_err("UNMAP", e))?;
             if !r.good() {
-                let (key, ..) = sense_triple(&r.sense);
-                let kind = if key == 0x5 {
+                let kind = if sense_triple(&r.sense).0 == 0x5 {
                     io::ErrorKind::Unsupported
                 } else {
                     io::ErrorKind::Other
                 };
-                return Err(io::Error::new(kind, format!("UNMAP: {}", describe(&r))));
+                return Err(status_error("UNMAP", &r, kind));
             }
             at += n;
         }
@@ -801,6 +807,10 @@ impl<'a> DiskQueue<'a> {
                 }
             }
             return Ok(());
+        }
+        // The channel failed under it: in doubt, and nothing to retry on.
+        if r.status == Status::TransportFailed {
+            return Err(status_error(what, &r, io::ErrorKind::Other));
         }
         // Not GOOD: the synchronous path retries what the midlayer would
         // (a reset, an abort, a unit attention) and reports the rest.

@@ -16,6 +16,7 @@
 //! Linux would not accept, or read a clock.
 
 pub mod disk;
+pub mod fence;
 #[doc(hidden)]
 pub mod fuzz;
 pub mod login;

@@ -26,22 +26,16 @@
 //! dm-multipath's fail_path and requeue: the session fails all its
 //! outstanding commands (`TransportFailed`) the moment its QP errors or
 //! its port goes down, and tears the dead connection down on a thread of
-//! its own, so no I/O waits for a DREQ over a dead link. What keeps the
-//! retry from reordering writes: a command fails only once our QP is in
-//! the error state, and from then on the old target can no longer fetch
-//! the write's data (its RDMA READs of our memory go unanswered) nor
-//! deliver anything; the caller sees the write complete only from the
-//! other path, and only then may it write the block again. What stays
-//! open, as with dm-multipath over any SCSI transport: a target that had
-//! the data in hand (immediate data, or fetched before the cut) and
-//! commits it after the failover was noticed (about 0.55 s later) could
-//! land the old copy over a newer one. This is not only theory: loaded
-//! netns runs (issue 33) saw path A's `srptd` take in commands of its old
-//! session after the I/O had moved to path B, and one run read a block
-//! back older than its last acknowledged write. `srptd` no longer starts
-//! a command its channel had queued when the channel goes; a command it
-//! takes in late on a channel it still thinks alive, nothing here stops.
+//! its own, so no I/O waits for a DREQ over a dead link. A command that
+//! was in flight then is in doubt: an old copy of it may still reach the
+//! old target (a retransmission the sending host held while it could not
+//! resolve the far end, sent when the link answers again) and run there
+//! after the retry. So a write or UNMAP in doubt, although retried at
+//! once, completes to the caller only after the [`crate::fence`] hold;
+//! only then may the caller write the block again, and by then no old
+//! copy is left to land over the newer data. Reads are not held.
 
+use crate::fence::{Doubt, IN_DOUBT_HOLD};
 use crate::remote::RemoteDisk;
 use crate::rport::RportState;
 use blockload::BlockDevice;
@@ -58,6 +52,26 @@ pub trait PathDevice: BlockDevice {
     fn is_up(&self) -> bool;
     /// Waits up to `timeout` for the path to come up.
     fn wait_up(&self, timeout: Duration) -> bool;
+    /// `write_at`, except that an attempt left in doubt
+    /// ([`crate::fence`]) is not waited out here: its doubt comes back
+    /// beside the result, for the caller to settle once it is done with
+    /// all its paths.
+    fn write_unsettled(&self, lba: u64, buf: &[u8]) -> (io::Result<()>, Doubt) {
+        unsettled(self.write_at(lba, buf))
+    }
+    /// `unmap`, with its doubt as for [`PathDevice::write_unsettled`].
+    fn unmap_unsettled(&self, lba: u64, blocks: u64) -> (io::Result<()>, Doubt) {
+        unsettled(self.unmap(lba, blocks))
+    }
+}
+
+/// A result with the doubt its error carries.
+fn unsettled(r: io::Result<()>) -> (io::Result<()>, Doubt) {
+    let mut doubt = Doubt::NONE;
+    if let Err(e) = &r {
+        doubt.note(e);
+    }
+    (r, doubt)
 }
 
 impl PathDevice for RemoteDisk {
@@ -69,6 +83,12 @@ impl PathDevice for RemoteDisk {
     }
     fn wait_up(&self, timeout: Duration) -> bool {
         self.wait_running(timeout)
+    }
+    fn write_unsettled(&self, lba: u64, buf: &[u8]) -> (io::Result<()>, Doubt) {
+        self.io(|d| d.write(lba, buf))
+    }
+    fn unmap_unsettled(&self, lba: u64, blocks: u64) -> (io::Result<()>, Doubt) {
+        self.io(|d| d.unmap(lba, blocks))
     }
 }
 
@@ -140,6 +160,7 @@ pub struct Multipath {
     block_size: u32,
     blocks: u64,
     failovers: Mutex<Vec<Failover>>,
+    in_doubt_hold: Duration,
 }
 
 /// Transport errors: the path failed, not the command.
@@ -206,7 +227,15 @@ impl Multipath {
             block_size,
             blocks,
             failovers: Mutex::new(Vec::new()),
+            in_doubt_hold: IN_DOUBT_HOLD,
         })
+    }
+
+    /// How long a write or UNMAP in doubt on a failed path holds its
+    /// completion ([`crate::fence`]; [`IN_DOUBT_HOLD`] unless set).
+    pub fn with_in_doubt_hold(mut self, hold: Duration) -> Multipath {
+        self.in_doubt_hold = hold;
+        self
     }
 
     /// The LU's device identifier.
@@ -245,7 +274,13 @@ impl Multipath {
         (0..n).map(move |k| (start + k) % n)
     }
 
-    fn io<T>(&self, f: impl Fn(&dyn PathDevice) -> io::Result<T>) -> io::Result<T> {
+    /// Runs `f` on the paths in order until one takes it; beside the
+    /// result, the doubt its failed attempts left.
+    fn io<T>(
+        &self,
+        f: impl Fn(&dyn PathDevice) -> (io::Result<T>, Doubt),
+    ) -> (io::Result<T>, Doubt) {
+        let mut doubt = Doubt::NONE;
         let start = Instant::now();
         let mut first_failure: Option<(usize, Instant)> = None;
         let mut last_error = None;
@@ -255,7 +290,9 @@ impl Multipath {
                 if !p.dev.is_up() {
                     continue;
                 }
-                match f(p.dev.as_ref()) {
+                let (r, d) = f(p.dev.as_ref());
+                doubt.merge(d);
+                match r {
                     Ok(v) => {
                         p.ios.fetch_add(1, Ordering::Relaxed);
                         if let Some((from, failed_at)) = first_failure {
@@ -269,14 +306,14 @@ impl Multipath {
                                 });
                             }
                         }
-                        return Ok(v);
+                        return (Ok(v), doubt);
                     }
                     Err(e) if is_path_error(&e) => {
                         p.failures.fetch_add(1, Ordering::Relaxed);
                         first_failure.get_or_insert((i, Instant::now()));
                         last_error = Some(e);
                     }
-                    Err(e) => return Err(e),
+                    Err(e) => return (Err(e), doubt),
                 }
             }
             // No path took it: wait for one to come back.
@@ -284,7 +321,7 @@ impl Multipath {
             while !woke {
                 let left = self.no_path_timeout.saturating_sub(start.elapsed());
                 if left.is_zero() {
-                    return Err(io::Error::new(
+                    let e = io::Error::new(
                         io::ErrorKind::NotConnected,
                         format!(
                             "no path to LU {} for {:?}{}",
@@ -295,7 +332,8 @@ impl Multipath {
                                 .map(|e| format!(" (last error: {e})"))
                                 .unwrap_or_default()
                         ),
-                    ));
+                    );
+                    return (Err(e), doubt);
                 }
                 let slice = left.min(Duration::from_millis(20));
                 woke = self.paths.iter().any(|p| p.dev.wait_up(slice));
@@ -317,17 +355,22 @@ impl BlockDevice for Multipath {
         let cell = Mutex::new(buf);
         self.io(|d| {
             let mut b = cell.lock().unwrap_or_else(|e| e.into_inner());
-            d.read_at(lba, &mut b)
+            (d.read_at(lba, &mut b), Doubt::NONE)
         })
+        .0
     }
     fn write_at(&self, lba: u64, buf: &[u8]) -> io::Result<()> {
-        self.io(|d| d.write_at(lba, buf))
+        let (r, doubt) = self.io(|d| d.write_unsettled(lba, buf));
+        doubt.settle(self.in_doubt_hold);
+        r
     }
     fn flush(&self) -> io::Result<()> {
-        self.io(|d| d.flush())
+        self.io(|d| (d.flush(), Doubt::NONE)).0
     }
     fn unmap(&self, lba: u64, blocks: u64) -> io::Result<()> {
-        self.io(|d| d.unmap(lba, blocks))
+        let (r, doubt) = self.io(|d| d.unmap_unsettled(lba, blocks));
+        doubt.settle(self.in_doubt_hold);
+        r
     }
 }
 
@@ -456,6 +499,125 @@ mod tests {
         let s = m.path_stats();
         assert_eq!(s[1].ios, 15, "{s:?}");
         assert_eq!(s[0].ios, 5, "a cut path gets nothing: {s:?}");
+    }
+
+    /// A LU on which writes sent on a failed path may still land late:
+    /// each such write lands at its due time, which is applied (in due
+    /// order) before any later access, as the old target would run a
+    /// retransmission its initiator's host released once the link was
+    /// back.
+    struct LateLu {
+        lu: RamDevice,
+        late: Mutex<Vec<(Instant, u64, Vec<u8>)>>,
+    }
+
+    impl LateLu {
+        fn land_due(&self) {
+            let mut late = self.late.lock().unwrap();
+            let now = Instant::now();
+            late.sort_by_key(|l| l.0);
+            while late.first().is_some_and(|l| l.0 <= now) {
+                let (_, lba, data) = late.remove(0);
+                self.lu.write_at(lba, &data).unwrap();
+            }
+        }
+    }
+
+    /// A path whose writes are left in doubt while `cut`: the write fails
+    /// with a transport error, and its old copy lands `late` after.
+    struct DoubtPath {
+        lu: Arc<LateLu>,
+        cut: AtomicBool,
+        late: Duration,
+    }
+
+    impl BlockDevice for DoubtPath {
+        fn block_size(&self) -> u32 {
+            512
+        }
+        fn num_blocks(&self) -> u64 {
+            64
+        }
+        fn read_at(&self, lba: u64, buf: &mut [u8]) -> io::Result<()> {
+            self.lu.land_due();
+            self.lu.lu.read_at(lba, buf)
+        }
+        fn write_at(&self, lba: u64, buf: &[u8]) -> io::Result<()> {
+            self.lu.land_due();
+            if self.cut.load(Ordering::SeqCst) {
+                let e = crate::fence::in_doubt("WRITE(16)".into());
+                let due = Instant::now() + self.late;
+                self.lu.late.lock().unwrap().push((due, lba, buf.to_vec()));
+                return Err(e);
+            }
+            self.lu.lu.write_at(lba, buf)
+        }
+    }
+
+    impl PathDevice for DoubtPath {
+        fn device_id(&self) -> Option<String> {
+            Some("naa1".into())
+        }
+        fn is_up(&self) -> bool {
+            true
+        }
+        fn wait_up(&self, _: Duration) -> bool {
+            true
+        }
+    }
+
+    /// Issue 33's lost write: a write in doubt on path A completes on
+    /// path B, the caller writes the block again, and A's old copy of
+    /// the first write lands after it. With the fence the first write
+    /// completes only after the hold, past the old copy's landing, so
+    /// the block keeps the newer data; without it (hold 0) the old copy
+    /// wins.
+    fn late_copy_after_rewrite(hold: Duration) -> ([u8; 512], Duration) {
+        let lu = Arc::new(LateLu {
+            lu: RamDevice::new(512, 64),
+            late: Mutex::new(Vec::new()),
+        });
+        let path = |cut| {
+            Arc::new(DoubtPath {
+                lu: lu.clone(),
+                cut: AtomicBool::new(cut),
+                late: Duration::from_millis(700),
+            }) as Arc<dyn PathDevice>
+        };
+        let m = Multipath::new(
+            vec![("a".into(), path(true)), ("b".into(), path(false))],
+            Policy::Failover,
+            Duration::from_millis(100),
+        )
+        .unwrap()
+        .with_in_doubt_hold(hold);
+        let sent = Instant::now();
+        m.write_at(9, &[1; 512]).unwrap();
+        let took = sent.elapsed();
+        // The caller saw the first write complete: it may write again.
+        let b = &m.paths[1].dev;
+        b.write_at(9, &[2; 512]).unwrap();
+        // Long after every old copy's due time.
+        lu.late
+            .lock()
+            .unwrap()
+            .iter_mut()
+            .for_each(|l| l.0 = l.0.min(Instant::now()));
+        let mut buf = [0u8; 512];
+        b.read_at(9, &mut buf).unwrap();
+        (buf, took)
+    }
+
+    #[test]
+    fn a_write_in_doubt_completes_only_after_its_old_copy_can_land() {
+        let hold = Duration::from_millis(1500);
+        let (block, took) = late_copy_after_rewrite(hold);
+        assert!(took >= hold, "completed after {took:?}, before the hold");
+        assert_eq!(block, [2; 512], "the old copy landed over the newer write");
+        // The same with the fence off: the old copy lands over the newer
+        // write (what the fence is for).
+        let (block, _) = late_copy_after_rewrite(Duration::ZERO);
+        assert_eq!(block, [1; 512], "without the hold the old copy wins");
     }
 
     #[test]

@@ -17,9 +17,12 @@
 //! `reconnect_delay`, so a path is back within milliseconds of its link.
 //!
 //! Only transport failures are retried. A SCSI error (sense data) is the
-//! caller's, unretried, as the seed asks.
+//! caller's, unretried, as the seed asks. A write or UNMAP that was in
+//! flight when the transport failed completes no earlier than the
+//! [`crate::fence`] hold after the failure, however soon the retry ends.
 
 use crate::disk::{Disk, DiskInfo};
+use crate::fence::{Doubt, IN_DOUBT_HOLD};
 use crate::rport::{IoVerdict, Rport, RportAction, RportConfig, RportState};
 use crate::session::PortWatch;
 use std::io;
@@ -52,6 +55,8 @@ struct State {
     stop: bool,
     /// The background thread is inside `open` (a login attempt).
     connecting: bool,
+    /// How long a write in doubt holds its completion ([`crate::fence`]).
+    in_doubt_hold: std::time::Duration,
 }
 
 struct Shared {
@@ -267,6 +272,7 @@ impl RemoteDisk {
                     longest_outage: std::time::Duration::ZERO,
                     stop: false,
                     connecting: false,
+                    in_doubt_hold: IN_DOUBT_HOLD,
                 }),
                 cv: Condvar::new(),
                 epoch: std::time::Instant::now(),
@@ -321,16 +327,37 @@ impl RemoteDisk {
         }
     }
 
+    /// How long a write or UNMAP in doubt holds its completion
+    /// ([`crate::fence`]; [`IN_DOUBT_HOLD`] unless set).
+    pub fn set_in_doubt_hold(&self, hold: std::time::Duration) {
+        self.shared.lock().in_doubt_hold = hold;
+    }
+
     /// Runs `f` on the current session's disk; on a transport failure,
-    /// waits for the reconnect and runs it again.
-    fn io<T>(&self, f: impl Fn(&Disk) -> io::Result<T>) -> io::Result<T> {
+    /// waits for the reconnect and runs it again. Beside the result: the
+    /// doubt an attempt left, for the caller to settle.
+    pub(crate) fn io<T>(&self, f: impl Fn(&Disk) -> io::Result<T>) -> (io::Result<T>, Doubt) {
+        let mut doubt = Doubt::NONE;
         loop {
-            let (disk, generation) = self.shared.current()?;
+            let (disk, generation) = match self.shared.current() {
+                Ok(current) => current,
+                Err(e) => return (Err(e), doubt),
+            };
             match f(&disk) {
-                Err(e) if is_transport(&e) => self.shared.failed(generation),
-                other => return other,
+                Err(e) if is_transport(&e) => {
+                    doubt.note(&e);
+                    self.shared.failed(generation);
+                }
+                other => return (other, doubt),
             }
         }
+    }
+
+    /// Waits out an operation's doubt, then gives its result.
+    fn settled<T>(&self, (r, doubt): (io::Result<T>, Doubt)) -> io::Result<T> {
+        let hold = self.shared.lock().in_doubt_hold;
+        doubt.settle(hold);
+        r
     }
 }
 
@@ -369,14 +396,15 @@ impl blockload::BlockDevice for RemoteDisk {
             let mut b = cell.lock().unwrap_or_else(|e| e.into_inner());
             d.read(lba, &mut b)
         })
+        .0
     }
     fn write_at(&self, lba: u64, buf: &[u8]) -> io::Result<()> {
-        self.io(|d| d.write(lba, buf))
+        self.settled(self.io(|d| d.write(lba, buf)))
     }
     fn flush(&self) -> io::Result<()> {
-        self.io(|d| d.flush())
+        self.io(|d| d.flush()).0
     }
     fn unmap(&self, lba: u64, blocks: u64) -> io::Result<()> {
-        self.io(|d| d.unmap(lba, blocks))
+        self.settled(self.io(|d| d.unmap(lba, blocks)))
     }
 }

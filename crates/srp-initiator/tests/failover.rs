@@ -126,7 +126,11 @@ fn io_on_a_failed_path_goes_on_over_the_other_without_waiting_for_its_teardown()
             Policy::Failover,
             std::time::Duration::from_secs(30),
         )
-        .unwrap(),
+        .unwrap()
+        // A write in flight on A at the cut is in doubt and completes
+        // only after this hold (srp_initiator::fence); short here, so the
+        // bound below is about the teardown, not the hold.
+        .with_in_doubt_hold(std::time::Duration::from_millis(300)),
     );
 
     // Writers, each on its own blocks, each write a new generation.

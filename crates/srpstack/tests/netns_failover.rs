@@ -41,16 +41,25 @@
 //! down off the I/O path it is the failover time, not that plus the DREQ's
 //! wait.
 //!
+//! The stale-copy tests cut path A's far end with link following off
+//! everywhere and write while it is down: the kernel holds the write's
+//! datagrams in its unresolved neighbour entry and sends them when the
+//! link is back, so path A's target runs the write late, after it was
+//! retried on path B. They check the fence of `srp_initiator::fence`
+//! (the block keeps the rewrite that followed) and that without it the
+//! old copy wins (the lost write of issue 33, reproduced).
+//!
 //! Without root, `ip` or network namespaces the tests are skipped, or
 //! fail under `CI=true` (`rdma_testkit::need`). The namespaces are deleted on every way
 //! out (a drop guard), which also ends whatever still runs inside them.
 
 mod common;
 
-use common::netns::{base_name, ms, Link, Netns};
+use common::netns::{base_name, ms, sessions, Link, Netns};
 use common::Proc;
 use rdma_testkit::netns::ip;
 use srp_initiator::disk::Disk;
+use srp_initiator::fence::Doubt;
 use srp_initiator::multipath::{Multipath, PathDevice, Policy};
 use srp_initiator::remote::RemoteDisk;
 use srp_initiator::rport::RportConfig;
@@ -64,6 +73,11 @@ use std::time::{Duration, Instant};
 const ENV_TARGET_NS: &str = "SRP_NSFO_TARGET_NS";
 /// Set in the initiator process: which end of path A to cut (`far`/`near`).
 const ENV_SIDE: &str = "SRP_NSFO_SIDE";
+/// Set in the initiator process: path A's `srptd` control socket.
+const ENV_SOCK_A: &str = "SRP_NSFO_SOCK_A";
+/// The hold of a write in doubt, in ms (`srp_initiator::fence`; its
+/// default when unset).
+const ENV_HOLD_MS: &str = "SRP_NSFO_HOLD_MS";
 
 /// Path `k` (1 or 2): veths `srp<k>t`/`srp<k>i`, 10.201.<k>.1 (target)
 /// and .2 (initiator).
@@ -79,32 +93,45 @@ fn link(k: u8) -> Link {
 /// Sets up the namespaces and the targets, runs the initiator half in the
 /// initiator namespace, and checks what it printed.
 fn failover_over_a_veth(side: &str) {
+    let out = in_namespaces(side, "initiator_in_namespace", &[]);
+    assert!(
+        out.iter().any(|l| l.starts_with("failover: ")),
+        "no failover figures"
+    );
+}
+
+/// Makes the namespaces (named after `tag`) and both targets (with `env`),
+/// runs the ignored test `inner` as the initiator in the initiator
+/// namespace (with `env` too, and the target namespace's name, `tag` and
+/// path A's control socket), and returns what it printed once it passed.
+fn in_namespaces(tag: &str, inner: &str, env: &[(&str, &str)]) -> Vec<String> {
     if !rdma_testkit::need::netns() {
-        return;
+        return Vec::new();
     }
-    let ns = match Netns::create(&base_name("srp-nsfo", side), &[link(1), link(2)]) {
+    let ns = match Netns::create(&base_name("srp-nsfo", tag), &[link(1), link(2)]) {
         Ok(ns) => ns,
         Err(e) => {
             rdma_testkit::need::WHOLE.skip(&format!("network namespaces: {e}"), "run as root");
-            return;
+            return Vec::new();
         }
     };
-    let _targets = [ns.srptd(0, &[]), ns.srptd(1, &[])];
-    let ini = Proc::start(
-        "initiator",
-        Command::new("ip")
-            .args(["netns", "exec", ns.initiator()])
-            .arg(std::env::current_exe().unwrap())
-            .args([
-                "--ignored",
-                "--exact",
-                "initiator_in_namespace",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env(ENV_TARGET_NS, ns.target())
-            .env(ENV_SIDE, side),
-    );
+    let (t_a, sock_a) = ns.srptd(0, env);
+    let _targets = [t_a, ns.srptd(1, env).0];
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", ns.initiator()])
+        .arg(std::env::current_exe().unwrap())
+        .args([
+            "--ignored",
+            "--exact",
+            inner,
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(ENV_TARGET_NS, ns.target())
+        .env(ENV_SIDE, tag)
+        .env(ENV_SOCK_A, &sock_a)
+        .envs(env.iter().copied());
+    let ini = Proc::start("initiator", &mut cmd);
     let out = ini.rest(90);
     println!("{}", out.join("\n"));
     let mut ini = ini;
@@ -116,10 +143,7 @@ fn failover_over_a_veth(side: &str) {
         out.iter().any(|l| l.contains("1 passed")),
         "the initiator test did not run"
     );
-    assert!(
-        out.iter().any(|l| l.starts_with("failover: ")),
-        "no failover figures"
-    );
+    out
 }
 
 #[test]
@@ -130,6 +154,159 @@ fn veth_down_at_the_target_end_fails_over_without_errors() {
 #[test]
 fn veth_down_at_the_initiator_end_fails_over_without_errors() {
     failover_over_a_veth("near");
+}
+
+/// Issue 33's lost write, made to happen: with link following off
+/// everywhere (so path A's port stays ACTIVE and the target's channel
+/// alive), the far end of path A goes down, then a write W1 goes to A.
+/// Its SEND and every retransmission wait in the initiator namespace's
+/// neighbour queue (the entry is INCOMPLETE); the QP runs out of retries,
+/// W1 is in doubt and completes over path B, the link comes back, and the
+/// kernel sends what it held: path A's target runs W1 late. The writer
+/// rewrites the block (W2) as soon as W1 completes. With the hold the old
+/// copy lands before W1 completes, and the block keeps W2; with a hold of
+/// 0 the old copy lands over W2 (checked too, so the scenario is known to
+/// reproduce the loss).
+fn stale_copy_of_a_write_in_doubt(tag: &str, hold_ms: Option<&str>) -> Option<Vec<String>> {
+    let mut env = vec![("SOFTROCE_FOLLOW_LINK", "0")];
+    if let Some(h) = hold_ms {
+        env.push((ENV_HOLD_MS, h));
+    }
+    let out = in_namespaces(tag, "stale_initiator_in_namespace", &env);
+    (!out.is_empty()).then_some(out)
+}
+
+#[test]
+fn an_old_copy_of_a_write_in_doubt_lands_before_its_completion() {
+    if let Some(out) = stale_copy_of_a_write_in_doubt("stale", None) {
+        assert!(
+            out.iter()
+                .any(|l| l.starts_with("block after the rewrite: W2")),
+            "{}",
+            out.join("\n")
+        );
+    }
+}
+
+#[test]
+fn without_the_hold_the_old_copy_lands_over_the_rewrite() {
+    if let Some(out) = stale_copy_of_a_write_in_doubt("stale0", Some("0")) {
+        assert!(
+            out.iter()
+                .any(|l| l.starts_with("block after the rewrite: W1")),
+            "{}",
+            out.join("\n")
+        );
+    }
+}
+
+/// The initiator half of the stale-copy tests (run by them in the
+/// initiator namespace they make): prints which write the block holds at
+/// the end, and the timings.
+#[test]
+#[ignore = "run by the netns tests inside the initiator namespace they make"]
+fn stale_initiator_in_namespace() {
+    use blockload::BlockDevice;
+    let target_ns = std::env::var(ENV_TARGET_NS).expect("run by stale_copy_of_a_write_in_doubt");
+    let sock_a = std::path::PathBuf::from(std::env::var(ENV_SOCK_A).expect("path A's socket"));
+    let hold = std::env::var(ENV_HOLD_MS)
+        .ok()
+        .map(|v| Duration::from_millis(v.parse().expect("hold in ms")));
+    let ips = [link(1).initiator_ip, link(2).initiator_ip];
+    let cas = srpstack::initiator_cas(&ips);
+    let provider = rnic::softroce::SoftRoce::with_mtu(
+        cas.clone(),
+        rnic::softroce::ROCE_PORT,
+        rdma_types::Mtu::from_bytes(1024).unwrap(),
+    );
+    // Path A does not log in again: a new login would end its old
+    // channel at the target, and with it the late command.
+    let (a, b) = (
+        path(&provider, &cas[0], 1, None),
+        path(&provider, &cas[1], 2, Some(Duration::from_millis(250))),
+    );
+    let mut m = Multipath::new(
+        vec![
+            ("A".into(), a.clone() as Arc<dyn PathDevice>),
+            ("B".into(), b.clone() as Arc<dyn PathDevice>),
+        ],
+        Policy::Failover,
+        Duration::from_secs(60),
+    )
+    .expect("both paths reach the same LU");
+    if let Some(h) = hold {
+        m = m.with_in_doubt_hold(h);
+    }
+    let m = Arc::new(m);
+    const LBA: u64 = 100;
+    let block = |tag: u8| [tag; 512];
+    m.write_at(LBA, &block(0)).expect("W0 over path A");
+    let before = sessions(&sock_a);
+    assert_eq!(
+        before.len(),
+        1,
+        "path A's target has one session: {before:?}"
+    );
+
+    // The far end of A goes down; nothing on our side notices.
+    let vt = link(1).target_dev;
+    let cut = Instant::now();
+    ip(&["-n", &target_ns, "link", "set", &vt, "down"]).unwrap();
+    // The kernel drops its neighbour entry for A's target once it sees
+    // the carrier go (up to 1 s later): from then on what we send there
+    // waits in the new, unresolved entry instead of being dropped.
+    let target_a = link(1).target_ip.to_string();
+    let dev_a = link(1).initiator_dev;
+    wait_for("the neighbour entry of A's target dropped", 10, || {
+        let out = Command::new("ip")
+            .args(["neigh", "show", &target_a, "dev", &dev_a])
+            .output()
+            .expect("ip neigh");
+        !String::from_utf8_lossy(&out.stdout).contains("lladdr")
+    });
+    let writer = {
+        let m = m.clone();
+        std::thread::spawn(move || {
+            m.write_at(LBA, &block(1))
+                .expect("W1 completes over path B");
+            let w1_done = Instant::now();
+            // The caller saw W1 complete: it writes the block again.
+            m.write_at(LBA, &block(2)).expect("W2");
+            w1_done
+        })
+    };
+    // W1 failed on A (in doubt) and was sent again on B, which did it.
+    wait_for("W1 again over path B", 20, || b.done_since(cut).0 >= 1);
+    let on_b = Instant::now();
+    ip(&["-n", &target_ns, "link", "set", &vt, "up"]).unwrap();
+    let up = Instant::now();
+    // The kernel resolves the neighbour again and sends what it held:
+    // path A's old session takes in W1 (its SEND, retransmitted).
+    let late = wait_for("W1's old copy reaching path A's target", 10, || {
+        sessions(&sock_a)
+            .iter()
+            .any(|(conn, n)| before.iter().any(|(c, n0)| c == conn && n > n0))
+    });
+    let w1_done = writer.join().unwrap();
+    let mut buf = [0u8; 512];
+    m.read_at(LBA, &mut buf).unwrap();
+    let rel = |t: Instant| ms(t.saturating_duration_since(cut));
+    println!(
+        "link down; W1 done on B at +{}, link up at +{}, the old copy of W1 reached A at +{}, \
+         W1 completed to the caller at +{} (hold {})",
+        rel(on_b),
+        rel(up),
+        rel(late),
+        rel(w1_done),
+        hold.map_or("default".into(), ms)
+    );
+    let holds = match buf[0] {
+        2 if buf == block(2) => "W2",
+        1 if buf == block(1) => "W1",
+        0 if buf == block(0) => "W0",
+        _ => "something else",
+    };
+    println!("block after the rewrite: {holds}");
 }
 
 /// A path that notes when each of its I/Os completed or failed.
@@ -204,16 +381,28 @@ impl PathDevice for Timed {
     fn wait_up(&self, timeout: Duration) -> bool {
         self.inner.wait_up(timeout)
     }
+    // The multipath device above settles a write in doubt, as it would
+    // over the remote port itself.
+    fn write_unsettled(&self, lba: u64, buf: &[u8]) -> (io::Result<()>, Doubt) {
+        let (r, doubt) = self.inner.write_unsettled(lba, buf);
+        (self.note(r), doubt)
+    }
+    fn unmap_unsettled(&self, lba: u64, blocks: u64) -> (io::Result<()>, Doubt) {
+        let (r, doubt) = self.inner.unmap_unsettled(lba, blocks);
+        (self.note(r), doubt)
+    }
 }
 
 /// Path `k`: this namespace's address of link `k` logging in to the
 /// `srptd` across it by RDMA CM, as `srp io --dest` does, kept by a remote
 /// port that fails I/O at once (multipath sends it elsewhere) and tries to
-/// reconnect every 250 ms.
+/// reconnect every `reconnect` (250 ms in the failover tests; `None`:
+/// never).
 fn path(
     provider: &Arc<rnic::softroce::SoftRoce>,
     ca: &rnic::softroce::SoftCa,
     k: u8,
+    reconnect: Option<Duration>,
 ) -> Arc<Timed> {
     let agent = rdma_access::CmAgent::start(
         provider.clone(),
@@ -265,7 +454,7 @@ fn path(
         Disk::open(ch.remove(0), 0)
     });
     let rport = RportConfig {
-        reconnect_delay: Some(rdma_types::Duration::from_millis(250)),
+        reconnect_delay: reconnect.map(|d| rdma_types::Duration::from_micros(d.as_micros() as u64)),
         fast_io_fail_tmo: Some(rdma_types::Duration::ZERO),
         dev_loss_tmo: Some(rdma_types::Duration::from_secs(120)),
     };
@@ -356,7 +545,11 @@ fn initiator_in_namespace() {
         rnic::softroce::ROCE_PORT,
         rdma_types::Mtu::from_bytes(1024).unwrap(),
     );
-    let (a, b) = (path(&provider, &cas[0], 1), path(&provider, &cas[1], 2));
+    let every = Some(Duration::from_millis(250));
+    let (a, b) = (
+        path(&provider, &cas[0], 1, every),
+        path(&provider, &cas[1], 2, every),
+    );
     let m = Arc::new(
         Multipath::new(
             vec![
