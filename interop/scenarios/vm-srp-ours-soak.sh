@@ -99,6 +99,15 @@ guest_target() {
   /interop/bin/srptadm --socket /tmp/srptd.sock show >/tmp/show.txt || fail "srptadm show failed"
   grep '^nic_' /tmp/show.txt | sed 's/^/  /'
   local logins by_init by_target
+  # The initiator says "done" once its disk is gone; its DREQ may still
+  # be on the way (ib_srp sends it from a work item): give the close up
+  # to 30 s to reach srptd's log.
+  local waited=0
+  until [ "$(grep -c "accepted (channel" /tmp/srptd.log)" = "$(grep -c "closed by the initiator" /tmp/srptd.log)" ] ||
+    [ $waited -ge 30 ]; do
+    sleep 1
+    waited=$((waited + 1))
+  done
   logins=$(grep -c "accepted (channel" /tmp/srptd.log || true)
   by_init=$(grep -c "closed by the initiator" /tmp/srptd.log || true)
   by_target=$(grep -c "closed by the target" /tmp/srptd.log || true)
@@ -110,7 +119,8 @@ guest_target() {
   [ "$logins" -ge 1 ] || fail "no login in srptd's log"
   [ "$logins" = "$by_init" ] || {
     grep "closed by\|accepted" /tmp/srptd.log | head -20
-    fail "$logins logins but $by_init closes by the initiator: a channel was lost or remade"
+    tail -20 /tmp/srptd.log | sed 's/^/  srptd: /'
+    fail "$logins logins but $by_init closes by the initiator (waited ${waited}s): a channel was lost or remade"
   }
   if [ -n "$SOAK_LOSS" ]; then
     local rtx
