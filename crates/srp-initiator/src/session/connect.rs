@@ -1,0 +1,362 @@
+//! Setting a session up (verbs objects, IU rings, the pool, the login)
+//! and tearing it down.
+
+use super::*;
+
+impl Session {
+    /// Opens CA `guid` on `provider`, connects through `connector` and logs
+    /// in. Blocks until the login is answered.
+    pub fn connect(
+        provider: Arc<dyn Provider>,
+        guid: Guid,
+        connector: Arc<dyn Connector>,
+        cfg: SessionConfig,
+    ) -> Result<Session, SessionError> {
+        let mut channel = Channel::new(cfg.channel.clone())?;
+        let (tx, rx) = mpsc::channel();
+        let wake = Arc::new(Wake {
+            tx: Mutex::new(tx.clone()),
+            inner: std::sync::OnceLock::new(),
+            inline: !provider.handlers_nest(),
+        });
+        let p = &provider;
+        let ca = p
+            .open_ca(guid, 0, wake.clone())
+            .map_err(verbs_err("open CA"))?;
+        let port = match p.query_port(ca, cfg.port) {
+            Ok(port) if port.state == verbs::PortState::Active => port,
+            Ok(port) => {
+                let _ = p.close_ca(ca);
+                return Err(SessionError::PortNotActive {
+                    port: cfg.port.0,
+                    state: port.state,
+                });
+            }
+            Err(e) => {
+                let _ = p.close_ca(ca);
+                return Err(verbs_err("query port")(e));
+            }
+        };
+        let gid = *port
+            .gids
+            .get(cfg.sgid_index as usize)
+            .ok_or(SessionError::Verbs {
+                what: "port GID",
+                err: verbs::VerbsError::InvalidArgument("no GID at that index".into()),
+            })?;
+        let pkey_ix = match cfg.pkey {
+            None => 0,
+            Some(k) => match pkey_index(&port.pkeys, k) {
+                Some(i) => i,
+                None => {
+                    let _ = p.close_ca(ca);
+                    let table: Vec<String> = port
+                        .pkeys
+                        .iter()
+                        .filter(|k| k.0 & 0x7fff != 0)
+                        .map(|k| format!("{:04x}", k.0))
+                        .collect();
+                    return Err(SessionError::NoSuchPkey {
+                        pkey: k.0,
+                        table: table.join(", "),
+                    });
+                }
+            },
+        };
+        let pd = p.alloc_pd(ca, 0).map_err(verbs_err("allocate PD"))?;
+        let queue = u32::from(cfg.channel.can_queue) + 2;
+        // Receives: every command's answer plus target requests (CRED_REQ,
+        // AER_REQ, T_LOGOUT) in flight at once.
+        let recv_count = queue + 8;
+        let cq = p
+            .create_cq(
+                pd,
+                &CqInit {
+                    cqe: recv_count + queue + 2,
+                },
+                0,
+            )
+            .map_err(verbs_err("create CQ"))?;
+        let qp = p
+            // One send more than commands and answers need: the probe.
+            .create_qp(pd, &QpInit::rc(cq, queue + 1, recv_count), 0)
+            .map_err(verbs_err("create QP"))?;
+        let psn = Psn::new(0x2b_0000 ^ (std::process::id() & 0xffff));
+        let mtu = port.active_mtu;
+        p.modify_qp(
+            qp,
+            &QpAttr {
+                state: Some(QpState::Init),
+                port: Some(cfg.port),
+                pkey_index: Some(pkey_ix),
+                // The target moves data with RDMA READ and WRITE into our pool.
+                access: Some(AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE),
+                ..Default::default()
+            },
+        )
+        .map_err(verbs_err("QP to INIT"))?;
+
+        let req = channel
+            .login_request()
+            .map_err(|e| SessionError::Connect(ConnectError::Failed(e.to_string())))?;
+        let form = connector.form();
+        let mut login = vec![0u8; 64];
+        let n = match form {
+            LoginForm::IbCm => req.emit(&mut login),
+            LoginForm::RdmaCm => req.emit_rdma(&mut login),
+        }
+        .map_err(|e| SessionError::Connect(ConnectError::Failed(e.to_string())))?;
+        login.truncate(n);
+
+        // Receive buffers must be posted before the REP can be answered
+        // with traffic; size them for the largest target IU we accept.
+        let recv_size = 4096u32.max(cfg.channel.max_it_iu_len(true));
+        let recv_buf = MemBuf::new((recv_size * recv_count) as usize);
+        let recv_mr = p
+            .reg_mr(
+                pd,
+                &recv_buf,
+                recv_buf.addr(),
+                recv_buf.len() as u64,
+                AccessFlags::LOCAL_WRITE,
+                0,
+            )
+            .map_err(verbs_err("register receive ring"))?;
+        let recvs: Vec<RecvWr> = (0..recv_count)
+            .map(|i| recv_wr(&recv_buf, &recv_mr, recv_size, i))
+            .collect();
+        p.post_recv(qp, &recvs)
+            .map_err(verbs_err("post receives"))?;
+
+        let local = QpInfo {
+            qpn: p.qp_num(qp).map_err(verbs_err("QP number"))?,
+            psn,
+            gid,
+            lid: port.lid,
+            mtu,
+        };
+        let connected = match connector.connect(&login, local) {
+            Ok(c) => c,
+            Err(ConnectError::Rejected(data)) => {
+                let err = channel
+                    .handle_login_response(rdma_types::Instant::ZERO, &data)
+                    .err()
+                    .map(SessionError::Login)
+                    .unwrap_or(SessionError::Connect(ConnectError::Rejected(data)));
+                teardown(p, ca, pd, cq, qp, &[recv_mr.handle]);
+                return Err(err);
+            }
+            Err(e) => {
+                teardown(p, ca, pd, cq, qp, &[recv_mr.handle]);
+                return Err(e.into());
+            }
+        };
+        let epoch = std::time::Instant::now();
+        let negotiated = match channel
+            .handle_login_response(rdma_types::Instant::ZERO, &connected.private_data)
+        {
+            Ok(n) => n,
+            Err(e) => {
+                connector.disconnect(connected.handle);
+                teardown(p, ca, pd, cq, qp, &[recv_mr.handle]);
+                return Err(e.into());
+            }
+        };
+        let peer = connected.peer;
+        let to_rtr = QpAttr {
+            state: Some(QpState::Rtr),
+            av: Some(AhAttr {
+                dlid: peer.lid,
+                port: cfg.port,
+                grh: true,
+                dgid: peer.gid,
+                sgid_index: cfg.sgid_index,
+                sl: 0,
+                hop_limit: 64,
+            }),
+            path_mtu: Some(if peer.mtu.bytes() < mtu.bytes() {
+                peer.mtu
+            } else {
+                mtu
+            }),
+            dest_qpn: Some(peer.qpn),
+            rq_psn: Some(psn),
+            // The target fetches data-out with RDMA READs: as many in flight
+            // as it may issue (its initiator depth, 16).
+            max_dest_rd_atomic: Some(16),
+            min_rnr_timer: Some(12),
+            ..Default::default()
+        };
+        let to_rts = QpAttr {
+            state: Some(QpState::Rts),
+            sq_psn: Some(peer.psn),
+            timeout: Some(14),
+            retry_cnt: Some(cfg.retry_cnt.min(7)),
+            rnr_retry: Some(7),
+            max_rd_atomic: Some(0),
+            ..Default::default()
+        };
+        if let Err(e) = p
+            .modify_qp(qp, &to_rtr)
+            .and_then(|_| p.modify_qp(qp, &to_rts))
+        {
+            connector.disconnect(connected.handle);
+            teardown(p, ca, pd, cq, qp, &[recv_mr.handle]);
+            return Err(SessionError::Verbs {
+                what: "connect QP",
+                err: e,
+            });
+        }
+
+        let slot_size = negotiated.max_it_iu_len.max(64);
+        let slots = queue;
+        let send_buf = MemBuf::new((slot_size * slots) as usize);
+        let send_mr = p
+            .reg_mr(
+                pd,
+                &send_buf,
+                send_buf.addr(),
+                send_buf.len() as u64,
+                AccessFlags::NONE,
+                0,
+            )
+            .map_err(verbs_err("register send ring"))?;
+        let pool = MemBuf::new(cfg.pool_bytes.max(PAGE).div_ceil(PAGE) * PAGE);
+        let pool_mr = p
+            .reg_mr(
+                pd,
+                &pool,
+                pool.addr(),
+                pool.len() as u64,
+                AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE,
+                0,
+            )
+            .map_err(verbs_err("register data pool"))?;
+        p.req_notify_cq(cq, false).map_err(verbs_err("arm CQ"))?;
+        let pages = pool.len() / PAGE;
+        let inner = Arc::new(Inner {
+            provider: provider.clone(),
+            connector,
+            guid,
+            port: cfg.port,
+            ca,
+            pd,
+            cq,
+            qp,
+            recv_buf,
+            recv_mr,
+            recv_size,
+            send_buf,
+            send_mr,
+            slot_size,
+            pool,
+            pool_mr,
+            page: PAGE,
+            max_segment: cfg.max_segment,
+            cmd_sg_entries: cfg.channel.cmd_sg_entries,
+            allow_ext_sg: cfg.channel.allow_ext_sg,
+            sg_tablesize: cfg.sg_tablesize.max(1),
+            negotiated,
+            probe_interval: cfg.probe_interval,
+            handle: connected.handle,
+            epoch,
+            st: Mutex::new(State {
+                channel,
+                free_slots: (0..slots).rev().collect(),
+                slot_of: IdMap::default(),
+                done: IdMap::default(),
+                pages: vec![false; pages],
+                tables: IdMap::default(),
+                events: VecDeque::new(),
+                tmfs_done: 0,
+                last_tmf: None,
+                stats: SessionStats::default(),
+                closed: false,
+                parked: IdMap::default(),
+                retried: IdMap::default(),
+                cv_waiters: 0,
+                timer_sleep: None,
+                quiet_since: rdma_types::Instant::ZERO,
+                probe_out: false,
+            }),
+            cv: Condvar::new(),
+            events: Mutex::new(tx),
+        });
+        let _ = wake.inner.set(Arc::downgrade(&inner));
+        // Completions that came before now go through the poll thread.
+        let _ = inner.events.lock().map(|tx| tx.send(Ev::Cq));
+        let poller = inner.clone();
+        let handle = std::thread::Builder::new()
+            .name("srp-poll".into())
+            .spawn(move || poller.poll_loop(rx))?;
+        Ok(Session {
+            inner,
+            poller: Some(handle),
+        })
+    }
+}
+
+/// Logs a session out and frees its verbs objects: disconnect (a DREQ,
+/// which over a dead link waits for the CM's retries to run out), fail
+/// what is still outstanding, stop and join the poll thread, destroy.
+pub(super) fn shutdown(inner: &Inner, poller: Option<JoinHandle<()>>) {
+    inner.connector.disconnect(inner.handle);
+    {
+        let mut st = inner.lock();
+        let _ = inner.provider.modify_qp(
+            inner.qp,
+            &QpAttr {
+                state: Some(QpState::Err),
+                ..Default::default()
+            },
+        );
+        st.channel.disconnected(false);
+        inner.drain_channel(&mut st);
+        st.closed = true;
+    }
+    inner.cv.notify_all();
+    let _ = inner.events.lock().map(|tx| tx.send(Ev::Stop));
+    if let Some(h) = poller {
+        let _ = h.join();
+    }
+    teardown(
+        &inner.provider,
+        inner.ca,
+        inner.pd,
+        inner.cq,
+        inner.qp,
+        &[
+            inner.recv_mr.handle,
+            inner.send_mr.handle,
+            inner.pool_mr.handle,
+        ],
+    );
+}
+
+pub(super) fn recv_wr(buf: &MemBuf, mr: &MrInfo, size: u32, i: u32) -> RecvWr {
+    RecvWr {
+        wr_id: KIND_RECV | i as u64,
+        sges: vec![Sge {
+            addr: buf.addr() + (i * size) as u64,
+            length: size,
+            lkey: mr.lkey,
+        }],
+    }
+}
+
+pub(super) fn teardown(
+    p: &Arc<dyn Provider>,
+    ca: CaHandle,
+    pd: PdHandle,
+    cq: CqHandle,
+    qp: QpHandle,
+    mrs: &[verbs::MrHandle],
+) {
+    let _ = p.destroy_qp(qp);
+    for &m in mrs {
+        let _ = p.dereg_mr(m);
+    }
+    let _ = p.destroy_cq(cq);
+    let _ = p.dealloc_pd(pd);
+    let _ = p.close_ca(ca);
+}

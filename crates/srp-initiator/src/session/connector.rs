@@ -1,0 +1,66 @@
+//! How a session reaches its target: the [`Connector`] a login goes
+//! through (RDMA CM, IB CM, or a direct call in tests) and what it is told
+//! and answers.
+
+use super::*;
+
+/// This side's QP, for the CM REQ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpInfo {
+    /// QP number.
+    pub qpn: Qpn,
+    /// Starting PSN in the CM message: the first PSN this side expects to
+    /// receive; the peer sends from it (IBA 12.7.25, as Linux ib_cm does).
+    pub psn: Psn,
+    /// Port GID.
+    pub gid: Gid,
+    /// Port LID (0 on RoCE).
+    pub lid: Lid,
+    /// Path MTU.
+    pub mtu: Mtu,
+}
+
+/// What the CM brought back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Connected {
+    /// The target's QP.
+    pub peer: QpInfo,
+    /// REP private data (SRP_LOGIN_RSP).
+    pub private_data: Vec<u8>,
+    /// The connector's handle of the connection, for `disconnect`.
+    pub handle: u64,
+}
+
+/// Why a connection attempt failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConnectError {
+    /// The target answered with a REJ carrying this private data
+    /// (SRP_LOGIN_REJ for a consumer-defined reject).
+    #[error("connection rejected")]
+    Rejected(Vec<u8>),
+    /// No answer, no route, or a CM-level reject; in words.
+    #[error("connection failed: {0}")]
+    Failed(String),
+}
+
+/// A connection manager as the session needs it: send a REQ with the login
+/// and this QP, and get the REP (or REJ) back.
+pub trait Connector: Send + Sync {
+    /// Connects; `login` is the REQ private data.
+    fn connect(&self, login: &[u8], local: QpInfo) -> Result<Connected, ConnectError>;
+    /// Tears the connection down (DREQ); idempotent.
+    fn disconnect(&self, handle: u64);
+    /// Which private-data layout the login uses.
+    fn form(&self) -> LoginForm {
+        LoginForm::RdmaCm
+    }
+}
+
+/// Login private data layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LoginForm {
+    /// 64-byte SRP_LOGIN_REQ (IB CM).
+    IbCm,
+    /// 56-byte SRP_LOGIN_REQ after the RDMA CM header.
+    RdmaCm,
+}

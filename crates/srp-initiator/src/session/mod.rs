@@ -1,0 +1,773 @@
+//! One SRP channel over a verbs provider: the I/O path of the initiator.
+//!
+//! [`Session`] runs an `srp::initiator::Channel` on an RC QP: it registers
+//! receive and send IU rings and a data pool, connects through a
+//! [`Connector`] (RDMA CM, IB CM, or a direct call in tests), and turns
+//! [`Session::execute`] calls into SRP_CMDs whose data descriptors point
+//! into the pool. One poller thread owns the CQ and the channel's timers;
+//! callers block on their own command only.
+//!
+//! The data pool is one memory region registered for remote read and write
+//! (the "pre-registered pool" mode of the issue): every command's buffer is
+//! a run of pool pages, so a target sees only pages lent to it, but its
+//! R_Key covers the whole pool. Per-command registration (FRWR, as ib_srp
+//! does) is not implemented yet.
+//!
+//! When the connection fails (a work request fails, the port goes down,
+//! the target logs out) the QP goes to the error state and every
+//! outstanding command ends at once with `TransportFailed`, so a
+//! multipath device can send it elsewhere that moment. Finding the
+//! failure: the RC transport's retries (about 0.55 s) for anything we
+//! sent, and a liveness probe ([`SessionConfig::probe_interval`]) for a
+//! link that dies while the target holds every command already
+//! acknowledged. Dropping a failed session returns at once; its DREQ and
+//! teardown run on a thread of their own.
+//!
+//! A login is never sent from a port that is not ACTIVE: `connect` fails
+//! at once with [`SessionError::PortNotActive`] instead of leaving a CM
+//! REQ to die on a dead link and wait out the CM's retry timer (about 4 s)
+//! after the link is back. A [`PortWatch`] tells whoever retries (the
+//! remote port, [`crate::remote`]) when the port is ACTIVE again.
+
+use rdma_types::{AccessFlags, Gid, Guid, Lid, Mtu, Pkey, PortNum, Psn, QpState, Qpn};
+use rdma_types::{IdMap, WcOpcode, WcStatus};
+use srp::initiator::{
+    Channel, ChannelConfig, Command, Completion, Data, Event, Negotiated, Output, SendId, Status,
+};
+use srp::wire::{DirectBuf, Lun, Tag, TaskAttr, TmFunc};
+use std::collections::VecDeque;
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use verbs::nested::Counted;
+use verbs::{
+    AhAttr, CaHandle, CqHandle, CqInit, EventHandler, MemBuf, MrInfo, PdHandle, Provider, QpAttr,
+    QpHandle, QpInit, RecvWr, SendOpcode, SendWr, Sge, WorkCompletion,
+};
+
+mod config;
+mod connect;
+mod connector;
+mod poller;
+mod pool;
+mod watch;
+
+pub use config::*;
+use connect::*;
+pub use connector::*;
+use poller::*;
+use pool::*;
+pub use watch::*;
+
+/// The outcome of one SCSI command.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CmdResult {
+    /// How it ended.
+    pub status: Status,
+
+    /// Sense data (CHECK CONDITION).
+    pub sense: Vec<u8>,
+    /// Data-in bytes (reads).
+    pub data: Vec<u8>,
+    /// Data-in residual.
+    pub residual: Option<srp::initiator::Residual>,
+}
+
+impl CmdResult {
+    /// GOOD status.
+    pub fn good(&self) -> bool {
+        self.status == Status::Scsi(0)
+    }
+}
+
+/// A command sent by [`Session::start`], to be ended by
+/// [`Session::finish`] (its pool pages are held until then).
+#[derive(Debug)]
+#[must_use = "a started command holds pool pages until finished"]
+pub struct Started {
+    tag: Tag,
+    runs: Vec<(usize, usize)>,
+    segs: Vec<DirectBuf>,
+    len: usize,
+    reading: bool,
+}
+
+/// Most descriptors one external table holds (ib_srp's largest
+/// `sg_tablesize`): 8 MiB in 4 KiB segments.
+pub const MAX_EXT_DESCRIPTORS: usize = 2048;
+
+/// Direction and data of a command.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Xfer<'a> {
+    /// No data.
+    None,
+    /// Read this many bytes (into [`CmdResult::data`]).
+    In(usize),
+    /// Read into this buffer (as many bytes as it holds; the residual says
+    /// how many came). [`CmdResult::data`] stays empty: one copy less.
+    InTo(&'a mut [u8]),
+    /// Write these bytes.
+    Out(&'a [u8]),
+}
+
+impl Xfer<'_> {
+    /// The same transfer for one more attempt (a retry after a reset).
+    pub fn reborrow(&mut self) -> Xfer<'_> {
+        match self {
+            Xfer::None => Xfer::None,
+            Xfer::In(n) => Xfer::In(*n),
+            Xfer::InTo(b) => Xfer::InTo(b),
+            Xfer::Out(d) => Xfer::Out(d),
+        }
+    }
+}
+
+/// Counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SessionStats {
+    /// Commands completed.
+    pub completed: u64,
+    /// Commands that timed out (error handler started).
+    pub timeouts: u64,
+    /// Task management functions sent.
+    pub tmfs: u64,
+    /// AERs received.
+    pub aers: u64,
+    /// Protocol errors seen.
+    pub protocol_errors: u64,
+    /// Commands ended by a LUN reset or reconnect (`Status::Reset`).
+    pub reset_ended: u64,
+    /// Times the session ended because its port went down or its CA was
+    /// removed (fast path-failure detection from port events).
+    pub port_failures: u64,
+    /// ABORT TASKs the target answered FUNCTION COMPLETE.
+    pub aborts_complete: u64,
+    /// ABORT TASKs that failed (refused, timed out, no credit): the
+    /// command had usually been answered already.
+    pub aborts_failed: u64,
+    /// Commands ended by an ABORT TASK (`Status::Aborted`).
+    pub aborted: u64,
+    /// Liveness probes the target acknowledged
+    /// ([`SessionConfig::probe_interval`]).
+    pub probes: u64,
+}
+
+/// One logged-in SRP channel.
+pub struct Session {
+    inner: Arc<Inner>,
+    poller: Option<JoinHandle<()>>,
+}
+
+struct Inner {
+    provider: Arc<dyn Provider>,
+    connector: Arc<dyn Connector>,
+    guid: Guid,
+    port: PortNum,
+    ca: CaHandle,
+    pd: PdHandle,
+    cq: CqHandle,
+    qp: QpHandle,
+    recv_buf: MemBuf,
+    recv_mr: MrInfo,
+    recv_size: u32,
+    send_buf: MemBuf,
+    send_mr: MrInfo,
+    slot_size: u32,
+    pool: MemBuf,
+    pool_mr: MrInfo,
+    page: usize,
+    max_segment: u32,
+    cmd_sg_entries: u8,
+    /// External descriptor tables may be used (ib_srp's allow_ext_sg).
+    allow_ext_sg: bool,
+    /// Descriptors one command may carry ([`SessionConfig::sg_tablesize`]).
+    sg_tablesize: u32,
+    negotiated: Negotiated,
+    probe_interval: Option<rdma_types::Duration>,
+    handle: u64,
+    epoch: std::time::Instant,
+    st: Mutex<State>,
+    cv: Condvar,
+    events: Mutex<Sender<Ev>>,
+}
+
+enum Ev {
+    Cq,
+    Kick,
+    Stop,
+    /// Our port went down or the CA is going away: the path is dead now,
+    /// not after the transport's retries run out.
+    PortGone,
+}
+
+struct State {
+    channel: Channel,
+    /// Free send slots.
+    free_slots: Vec<u32>,
+    /// Send slot of each SendId in flight.
+    slot_of: IdMap<SendId, u32>,
+    /// Results of finished commands, by tag, until their caller takes them.
+    done: IdMap<Tag, Completion>,
+    /// Pool pages in use.
+    pages: Vec<bool>,
+    /// Where each command's external descriptor table lives in the pool.
+    tables: IdMap<Tag, u64>,
+    events: VecDeque<Event>,
+    /// Task management requests finished, and the last one's outcome.
+    tmfs_done: u64,
+    last_tmf: Option<(TmFunc, Result<(), srp::initiator::TmfFailure>)>,
+    stats: SessionStats,
+    closed: bool,
+    /// Callers waiting for their command's answer, woken one by one.
+    parked: IdMap<Tag, std::thread::Thread>,
+    /// Commands sent again after an abort or reset ([`Session::execute_retry`]):
+    /// [`Session::abort_oldest`] passes them by.
+    retried: IdMap<Tag, ()>,
+    /// Callers waiting on `cv` (pool pages, credits, task management).
+    cv_waiters: u32,
+    /// The poll thread sleeps until this timer deadline (`Some(None)`:
+    /// with no timer); `None` while it works (it looks at timers again
+    /// before it sleeps).
+    timer_sleep: Option<Option<rdma_types::Instant>>,
+    /// Since when the target has been silent while commands wait: the
+    /// last thing received, probe acknowledged, or command sent to an
+    /// idle channel.
+    quiet_since: rdma_types::Instant,
+    /// A liveness probe is in flight.
+    probe_out: bool,
+}
+
+/// The session lock, counted so a completion callback on this thread
+/// knows not to take it again.
+type Locked<'a> = Counted<'a, State>;
+
+const KIND_RECV: u64 = 1 << 56;
+const KIND_SEND: u64 = 2 << 56;
+const KIND_PROBE: u64 = 3 << 56;
+const KIND_MASK: u64 = 0xff << 56;
+const PAGE: usize = 4096;
+
+impl Session {
+    /// A [`PortWatch`] on this session's port, calling `on_active` each
+    /// time the port becomes ACTIVE; it outlives the session.
+    ///
+    /// # Errors
+    /// The CA cannot be opened again.
+    pub fn watch_port(
+        &self,
+        on_active: Box<dyn Fn() + Send + Sync>,
+    ) -> Result<PortWatch, SessionError> {
+        PortWatch::open(
+            self.inner.provider.clone(),
+            self.inner.guid,
+            self.inner.port,
+            on_active,
+        )
+    }
+
+    /// What the login negotiated.
+    pub fn negotiated(&self) -> Negotiated {
+        self.inner.negotiated
+    }
+
+    /// Largest transfer one SRP_CMD can describe when buffers are split
+    /// into segments (`max_segment` times `cmd_sg_entries`, or times
+    /// [`MAX_EXT_DESCRIPTORS`] with external tables); `None` when every
+    /// buffer is one segment.
+    pub fn max_transfer_by_segments(&self) -> Option<usize> {
+        let inner = &self.inner;
+        (inner.max_segment > 0).then(|| {
+            let seg = (inner.max_segment as usize).div_ceil(inner.page) * inner.page;
+            seg * inner.max_descriptors()
+        })
+    }
+
+    /// The QP's attributes as the provider reports them (`retry_cnt`,
+    /// `timeout`, path MTU, ...).
+    ///
+    /// # Errors
+    /// The provider cannot query QPs, or the QP is gone.
+    pub fn query_qp(&self) -> Result<QpAttr, SessionError> {
+        self.inner
+            .provider
+            .query_qp(self.inner.qp)
+            .map_err(verbs_err("query QP"))
+    }
+
+    /// Credits the initiator holds.
+    pub fn credits(&self) -> i64 {
+        self.inner.lock().channel.credits()
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> SessionStats {
+        self.inner.lock().stats
+    }
+
+    /// Events the channel reported (AERs, logouts, task management), oldest
+    /// first.
+    pub fn take_events(&self) -> Vec<Event> {
+        self.inner.lock().events.drain(..).collect()
+    }
+
+    /// Whether the connection is gone.
+    pub fn is_closed(&self) -> bool {
+        self.inner.lock().closed
+    }
+
+    /// Runs one SCSI command and waits for its answer.
+    pub fn execute(&self, lun: Lun, cdb: &[u8], xfer: Xfer<'_>) -> Result<CmdResult, SessionError> {
+        self.execute_attr(lun, cdb, xfer, TaskAttr::Simple)
+    }
+
+    /// [`Session::execute`] with a task attribute.
+    pub fn execute_attr(
+        &self,
+        lun: Lun,
+        cdb: &[u8],
+        xfer: Xfer<'_>,
+        attr: TaskAttr,
+    ) -> Result<CmdResult, SessionError> {
+        self.execute_marked(lun, cdb, xfer, attr, false)
+    }
+
+    /// [`Session::execute_attr`] for a command sent again because an
+    /// abort or reset ended its previous try (the disk layer's bounded
+    /// retries). [`Session::abort_oldest`] never picks such a command, so
+    /// a test's stream of aborts cannot end one I/O more often than the
+    /// retry limit allows and fail it: the real error handler aborts a
+    /// command only after its timeout, which a retried one starts afresh.
+    pub fn execute_retry(
+        &self,
+        lun: Lun,
+        cdb: &[u8],
+        xfer: Xfer<'_>,
+        attr: TaskAttr,
+    ) -> Result<CmdResult, SessionError> {
+        self.execute_marked(lun, cdb, xfer, attr, true)
+    }
+
+    fn execute_marked(
+        &self,
+        lun: Lun,
+        cdb: &[u8],
+        xfer: Xfer<'_>,
+        attr: TaskAttr,
+        retry: bool,
+    ) -> Result<CmdResult, SessionError> {
+        let c = self.start_marked(lun, cdb, &xfer, attr, retry)?;
+        Ok(self.finish(c, xfer))
+    }
+
+    /// Sends one SCSI command and returns at once (waiting only for pool
+    /// pages, a credit or a queue slot): the asynchronous half of
+    /// [`Session::execute_attr`]. Write data is copied out of `xfer`
+    /// before this returns; a read's destination is given to
+    /// [`Session::finish`]. Every started command must be finished.
+    pub fn start(
+        &self,
+        lun: Lun,
+        cdb: &[u8],
+        xfer: &Xfer<'_>,
+        attr: TaskAttr,
+    ) -> Result<Started, SessionError> {
+        self.start_marked(lun, cdb, xfer, attr, false)
+    }
+
+    fn start_marked(
+        &self,
+        lun: Lun,
+        cdb: &[u8],
+        xfer: &Xfer<'_>,
+        attr: TaskAttr,
+        retry: bool,
+    ) -> Result<Started, SessionError> {
+        let inner = &self.inner;
+        let (len, reading) = match xfer {
+            Xfer::None => (0, false),
+            Xfer::In(n) => (*n, true),
+            Xfer::InTo(b) => (b.len(), true),
+            Xfer::Out(d) => (d.len(), false),
+        };
+        if len > inner.pool.len() {
+            return Err(SessionError::TooLarge(len, inner.pool.len()));
+        }
+        let mut st = inner.lock();
+        // Wait for pool pages (other commands may hold them).
+        let pages = len.div_ceil(inner.page);
+        // Segments the buffer will have, and whether they need an external
+        // descriptor table (in the pool too, which the target fetches by
+        // RDMA READ). Data and table pages are taken together, so callers
+        // waiting for pages never hold half of what they need.
+        let seg_count = pages.div_ceil(inner.seg_pages(pages).max(1));
+        if seg_count > inner.max_descriptors() {
+            return Err(SessionError::TooManySegments {
+                len,
+                segments: seg_count,
+                max: inner.max_descriptors(),
+            });
+        }
+        let table_pages = if inner.allow_ext_sg && seg_count > usize::from(inner.cmd_sg_entries) {
+            (seg_count * srp::wire::DIRECT_BUF_LEN).div_ceil(inner.page)
+        } else {
+            0
+        };
+        let (runs, table_run) = loop {
+            if st.closed {
+                return Err(SessionError::Closed);
+            }
+            if let Some(runs) = inner.alloc(&mut st, pages) {
+                if table_pages == 0 {
+                    break (runs, None);
+                }
+                if let Some(start) = find_free(&st.pages, 0, table_pages) {
+                    for p in &mut st.pages[start..start + table_pages] {
+                        *p = true;
+                    }
+                    break (runs, Some((start, table_pages)));
+                }
+                inner.free(&mut st, &runs);
+            }
+            st = inner.wait_cv(st);
+        };
+        let segs = inner.segments(&runs, len);
+        let immediate = match xfer {
+            Xfer::Out(d) => st
+                .channel
+                .immediate_capacity()
+                .is_some_and(|cap| (d.len() as u32) <= cap && !d.is_empty()),
+            _ => false,
+        };
+        if let Xfer::Out(data) = xfer {
+            if !immediate {
+                // The pages are ours until freed: fill them without holding
+                // the lock every completion takes.
+                drop(st);
+                let mut at = 0;
+                for s in &segs {
+                    inner.pool.write_at(
+                        (s.va - inner.pool.addr()) as usize,
+                        &data[at..at + s.len as usize],
+                    );
+                    at += s.len as usize;
+                }
+                st = inner.lock();
+            }
+        }
+        let data = match xfer {
+            Xfer::None => Data::None,
+            Xfer::In(_) | Xfer::InTo(_) => Data::In(segs.clone()),
+            Xfer::Out(d) if immediate => Data::Immediate(d.to_vec()),
+            Xfer::Out(_) => Data::Out(segs.clone()),
+        };
+        let mut cmd = Command::new(lun, cdb, data);
+        cmd.attr = attr;
+        cmd.desc_table = table_run.map(|(start, pages)| DirectBuf {
+            va: inner.pool.addr() + (start * inner.page) as u64,
+            key: inner.pool_mr.rkey,
+            len: (pages * inner.page) as u32,
+        });
+        let runs: Vec<(usize, usize)> = runs.into_iter().chain(table_run).collect();
+        // Queue full or no credit: wait for a completion and try again.
+        let tag = loop {
+            let now = inner.now();
+            if st.channel.outstanding() == 0 {
+                // The target has had nothing to answer until now.
+                st.quiet_since = now;
+            }
+            match st.channel.submit(now, &cmd) {
+                Ok(tag) => {
+                    if let Some(t) = cmd.desc_table {
+                        st.tables.insert(tag, t.va);
+                    }
+                    if retry {
+                        st.retried.insert(tag, ());
+                    }
+                    break tag;
+                }
+                Err(
+                    srp::initiator::SubmitError::NoCredit
+                    | srp::initiator::SubmitError::QueueFull(_)
+                    | srp::initiator::SubmitError::Recovering,
+                ) if !st.closed => {
+                    st = inner.wait_cv(st);
+                }
+                Err(e) => {
+                    inner.free(&mut st, &runs);
+                    inner.cv.notify_all();
+                    return Err(if st.closed {
+                        SessionError::Closed
+                    } else {
+                        e.into()
+                    });
+                }
+            }
+        };
+        inner.flush_outputs_here(&mut st);
+        inner.kick_if_timer_earlier(&st);
+        Ok(Started {
+            tag,
+            runs,
+            segs,
+            len,
+            reading,
+        })
+    }
+
+    /// Waits until one of `cmds` has its answer; returns its index. One
+    /// thread can keep many commands in flight this way (as fio's libaio
+    /// engine does) instead of one thread per command.
+    pub fn wait_any(&self, cmds: &[&Started]) -> usize {
+        self.wait_any_of(cmds.iter().copied().enumerate())
+            .unwrap_or(0)
+    }
+
+    /// [`Session::wait_any`] over `(key, command)` pairs, without a slice:
+    /// returns the key of a command that has its answer, or `None` when
+    /// `cmds` is empty. The iterator is walked once per wake-up.
+    pub fn wait_any_of<'a, K, I>(&self, cmds: I) -> Option<K>
+    where
+        I: Iterator<Item = (K, &'a Started)> + Clone,
+    {
+        let inner = &self.inner;
+        let mut st = inner.lock();
+        let mut registered = false;
+        loop {
+            let mut any = false;
+            let mut found = None;
+            for (k, c) in cmds.clone() {
+                any = true;
+                if st.done.contains_key(&c.tag) {
+                    found = Some(k);
+                    break;
+                }
+            }
+            if found.is_some() || !any {
+                if registered {
+                    for (_, c) in cmds.clone() {
+                        st.parked.remove(&c.tag);
+                    }
+                }
+                return found;
+            }
+            // Once: the poll thread takes a tag's entry only when that tag
+            // is answered, which ends the wait above.
+            if !registered {
+                let me = std::thread::current();
+                for (_, c) in cmds.clone() {
+                    st.parked.insert(c.tag, me.clone());
+                }
+                registered = true;
+            }
+            drop(st);
+            // Bounded, so a lost wake-up costs time, never a hang.
+            std::thread::park_timeout(std::time::Duration::from_millis(200));
+            st = inner.lock();
+        }
+    }
+
+    /// Waits for `c`'s answer (at once after [`Session::wait_any`] chose
+    /// it), copies read data into `xfer`'s buffer (`Xfer::InTo`) or into
+    /// [`CmdResult::data`] (`Xfer::In`), and gives its pages back.
+    pub fn finish(&self, c: Started, xfer: Xfer<'_>) -> CmdResult {
+        let inner = &self.inner;
+        let Started {
+            tag,
+            runs,
+            segs,
+            len,
+            reading,
+        } = c;
+        let mut st = inner.lock();
+        // Parked until the poll thread hands this tag its answer: one
+        // wake-up per command, not one per completion for every caller.
+        let completion = loop {
+            if let Some(c) = st.done.remove(&tag) {
+                st.parked.remove(&tag);
+                st.tables.remove(&tag);
+                st.retried.remove(&tag);
+                break c;
+            }
+            st.parked.insert(tag, std::thread::current());
+            drop(st);
+            // Bounded, so a lost wake-up costs time, never a hang.
+            std::thread::park_timeout(std::time::Duration::from_millis(200));
+            st = inner.lock();
+        };
+        let mut out = Vec::new();
+        if reading && completion.status == Status::Scsi(0) {
+            let got = match completion.data_in_residual {
+                Some(srp::initiator::Residual::Under(n)) => len.saturating_sub(n as usize),
+                _ => len,
+            };
+            // The pages stay ours until freed below: copy without the lock.
+            drop(st);
+            let dst: &mut [u8] = match xfer {
+                Xfer::InTo(b) => {
+                    let got = got.min(b.len());
+                    &mut b[..got]
+                }
+                _ => {
+                    out = vec![0u8; got];
+                    &mut out
+                }
+            };
+            let got = dst.len();
+            let mut at = 0;
+            for s in &segs {
+                if at >= got {
+                    break;
+                }
+                let n = (s.len as usize).min(got - at);
+                inner
+                    .pool
+                    .read_at((s.va - inner.pool.addr()) as usize, &mut dst[at..at + n]);
+                at += n;
+            }
+            st = inner.lock();
+        }
+        inner.free(&mut st, &runs);
+        if st.cv_waiters > 0 {
+            inner.cv.notify_all();
+        }
+        CmdResult {
+            status: completion.status,
+            sense: completion.sense,
+            data: out,
+            residual: completion.data_in_residual,
+        }
+    }
+
+    /// LOGICAL UNIT RESET of `lun` (what `sg_reset --device` asks of
+    /// ib_srp); waits for the target's answer. Commands of the LUN still
+    /// outstanding end with `Status::Reset` (callers such as
+    /// [`crate::disk::Disk`] retry them).
+    pub fn reset_lun(&self, lun: Lun) -> Result<(), SessionError> {
+        let inner = &self.inner;
+        let mut st = inner.lock();
+        let before = loop {
+            if st.closed {
+                return Err(SessionError::Closed);
+            }
+            let seen = st.tmfs_done;
+            let now = inner.now();
+            match st.channel.reset_lun(now, lun) {
+                Ok(()) => break seen,
+                Err(srp::initiator::SubmitError::Recovering) => {
+                    st = inner.wait_cv(st);
+                }
+                Err(e) => return Err(e.into()),
+            }
+        };
+        inner.flush_outputs_here(&mut st);
+        let _ = inner.events.lock().map(|tx| tx.send(Ev::Kick));
+        loop {
+            if st.tmfs_done > before {
+                if let Some((TmFunc::LogicalUnitReset, result)) = st.last_tmf {
+                    return result.map_err(SessionError::TaskMgmt);
+                }
+            }
+            if st.closed {
+                return Err(SessionError::Closed);
+            }
+            st = inner.wait_cv(st);
+        }
+    }
+
+    /// Sends ABORT TASK for the oldest unanswered command, as the error
+    /// handler does for a timed-out one, passing by commands that are
+    /// already retries ([`Session::execute_retry`]); returns `false` when
+    /// nothing such was outstanding. The command then ends `Status::Aborted` if the target
+    /// aborted it, or normally if its response came first
+    /// ([`SessionStats::aborts_complete`] / `aborts_failed` count the
+    /// answers).
+    pub fn abort_oldest(&self) -> bool {
+        let inner = &self.inner;
+        let mut st = inner.lock();
+        if st.closed {
+            return false;
+        }
+        let now = inner.now();
+        let retried = &st.retried;
+        let Some(tag) = st
+            .channel
+            .oldest_unanswered_where(|t| !retried.contains_key(&t))
+        else {
+            return false;
+        };
+        let sent = st.channel.abort(now, tag);
+        inner.flush_outputs_here(&mut st);
+        let _ = inner.events.lock().map(|tx| tx.send(Ev::Kick));
+        sent
+    }
+
+    /// Logs out: disconnects (ib_srp sends no SRP_I_LOGOUT either) and
+    /// fails whatever is still outstanding.
+    pub fn close(mut self) {
+        self.shutdown();
+    }
+
+    fn shutdown(&mut self) {
+        shutdown(&self.inner, self.poller.take());
+    }
+}
+
+impl Drop for Session {
+    /// A live session is logged out before this returns. A session whose
+    /// connection already failed is torn down on a thread of its own: its
+    /// commands have all ended (`TransportFailed`), and the DREQ over a
+    /// dead link can take the CM's whole retry budget (seconds). Whoever
+    /// drops the last reference (often an I/O thread on its way to retry
+    /// a failed command on another path, or the remote port's reconnect
+    /// thread) must not wait for that.
+    fn drop(&mut self) {
+        let Some(poller) = self.poller.take() else {
+            return;
+        };
+        if !self.inner.lock().closed {
+            shutdown(&self.inner, Some(poller));
+            return;
+        }
+        let inner = self.inner.clone();
+        let spawned = std::thread::Builder::new()
+            .name("srp-teardown".into())
+            .spawn(move || shutdown(&inner, Some(poller)));
+        if spawned.is_err() {
+            // No thread to hand it to: tear down here (the poll thread,
+            // whose handle went with the closure, is stopped, not joined).
+            shutdown(&self.inner, None);
+        }
+    }
+}
+
+impl Inner {
+    fn lock(&self) -> Locked<'_> {
+        Counted::lock(&self.st)
+    }
+
+    fn now(&self) -> rdma_types::Instant {
+        rdma_types::Instant::from_std(self.epoch, std::time::Instant::now())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_partition_picks_its_table_index() {
+        let t = [Pkey(0xffff), Pkey(0x0010), Pkey(0x0000), Pkey(0x8020)];
+        // The same P_Key, or the partition with the other membership bit.
+        assert_eq!(pkey_index(&t, Pkey(0xffff)), Some(0));
+        assert_eq!(pkey_index(&t, Pkey(0x8010)), Some(1));
+        assert_eq!(pkey_index(&t, Pkey(0x0020)), Some(3));
+        // An exact entry wins over one of the other membership.
+        let both = [Pkey(0x0010), Pkey(0x8010)];
+        assert_eq!(pkey_index(&both, Pkey(0x8010)), Some(1));
+        assert_eq!(pkey_index(&both, Pkey(0x0010)), Some(0));
+        // Absent partitions and invalid keys find nothing.
+        assert_eq!(pkey_index(&t, Pkey(0x8030)), None);
+        assert_eq!(pkey_index(&t, Pkey(0x8000)), None);
+        assert_eq!(pkey_index(&t, Pkey(0x0000)), None);
+    }
+}

@@ -1,0 +1,325 @@
+//! The completion side: the CA's callbacks, the poll thread, work
+//! completions fed to the channel, its outputs posted, and its timers
+//! (the command timeout, the liveness probe).
+
+use super::*;
+
+/// The CA's callbacks. Completions are handled right on the provider's
+/// thread once the session exists (one thread hand-off less per answer);
+/// before that, and for everything else, the poll thread is told.
+pub(super) struct Wake {
+    pub(super) tx: Mutex<Sender<Ev>>,
+    pub(super) inner: std::sync::OnceLock<std::sync::Weak<Inner>>,
+    /// The provider never calls handlers from inside its own calls.
+    pub(super) inline: bool,
+}
+
+impl EventHandler for Wake {
+    fn on_completion(&self, _cq_ctx: u64) {
+        match self.inner.get().and_then(std::sync::Weak::upgrade) {
+            Some(inner) if self.inline && verbs::nested::may_lock_here() => {
+                inner.drain_cq();
+                // Never drop the last reference here: the session's
+                // teardown may stop the very thread running this callback.
+                if Arc::strong_count(&inner) == 1 {
+                    let _ = std::thread::Builder::new()
+                        .name("srp-reap".into())
+                        .spawn(move || drop(inner));
+                }
+            }
+            _ => {
+                let _ = self.tx.lock().map(|tx| tx.send(Ev::Cq));
+            }
+        }
+    }
+    fn on_async_event(&self, event: verbs::AsyncEvent) {
+        use verbs::AsyncEventKind::{CaRemoval, PortDown};
+        if matches!(event.kind, PortDown | CaRemoval) {
+            let _ = self.tx.lock().map(|tx| tx.send(Ev::PortGone));
+        }
+    }
+}
+
+impl Inner {
+    pub(super) fn poll_loop(&self, rx: Receiver<Ev>) {
+        loop {
+            let wait = {
+                let mut st = self.lock();
+                let next = self.next_timer(&st);
+                st.timer_sleep = Some(next);
+                next.map(|t| t.saturating_since(self.now()).to_std())
+            };
+            let ev = match wait {
+                Some(d) => rx.recv_timeout(d.max(std::time::Duration::from_millis(1))),
+                None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+            };
+            self.lock().timer_sleep = None;
+            match ev {
+                Ok(Ev::Stop) | Err(RecvTimeoutError::Disconnected) => return,
+                Ok(Ev::Cq) => self.drain_cq(),
+                Ok(Ev::PortGone) => {
+                    let mut st = self.lock();
+                    st.stats.port_failures += 1;
+                    self.lost(&mut st);
+                    self.drain_channel(&mut st);
+                }
+                Ok(Ev::Kick) => {
+                    let mut st = self.lock();
+                    self.drain_channel(&mut st);
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    let mut st = self.lock();
+                    let now = self.now();
+                    st.channel.handle_timeout(now);
+                    self.probe_if_due(&mut st, now);
+                    self.drain_channel(&mut st);
+                }
+            }
+        }
+    }
+
+    pub(super) fn drain_cq(&self) {
+        let mut st = self.lock();
+        self.drain_cq_locked(&mut st);
+    }
+
+    pub(super) fn drain_cq_locked(&self, st: &mut State) {
+        let mut wcs = [WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0); 32];
+        let mut armed = false;
+        while let Ok(n) = self.provider.poll_cq(self.cq, &mut wcs) {
+            for wc in &wcs[..n] {
+                self.on_wc(st, wc);
+            }
+            if n == 0 {
+                if armed || self.provider.req_notify_cq(self.cq, false).is_err() {
+                    break;
+                }
+                armed = true;
+            }
+        }
+        self.drain_channel(st);
+    }
+
+    pub(super) fn on_wc(&self, st: &mut State, wc: &WorkCompletion) {
+        let ok = wc.status == WcStatus::Success;
+        if !ok && std::env::var_os("SRP_DEBUG").is_some() {
+            eprintln!(
+                "srp session: completion {:#x} failed: {:?}",
+                wc.wr_id, wc.status
+            );
+        }
+        match wc.wr_id & KIND_MASK {
+            KIND_RECV => {
+                let i = (wc.wr_id & !KIND_MASK) as u32;
+                if ok {
+                    st.quiet_since = self.now();
+                    let len = (wc.byte_len).min(self.recv_size) as usize;
+                    let bytes = self.recv_buf.to_vec((i * self.recv_size) as usize, len);
+                    let now = self.now();
+                    st.channel.handle_recv(now, &bytes);
+                    let _ = self.provider.post_recv(
+                        self.qp,
+                        &[recv_wr(&self.recv_buf, &self.recv_mr, self.recv_size, i)],
+                    );
+                } else {
+                    self.lost(st);
+                }
+            }
+            KIND_PROBE => {
+                st.probe_out = false;
+                if ok {
+                    st.stats.probes += 1;
+                    st.quiet_since = self.now();
+                } else {
+                    self.lost(st);
+                }
+            }
+            KIND_SEND => {
+                let id = SendId(wc.wr_id & !KIND_MASK);
+                if let Some(slot) = st.slot_of.remove(&id) {
+                    st.free_slots.push(slot);
+                }
+                st.channel.handle_send_done(id);
+                if !ok {
+                    self.lost(st);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The connection failed under us: every outstanding command fails.
+    /// The QP goes to the error state first (it may still be up after a
+    /// port event or a target logout), so the target can no longer fetch
+    /// the data of a command that is now retried elsewhere.
+    pub(super) fn lost(&self, st: &mut State) {
+        if !st.closed {
+            let _ = self.provider.modify_qp(
+                self.qp,
+                &QpAttr {
+                    state: Some(QpState::Err),
+                    ..Default::default()
+                },
+            );
+            st.closed = true;
+            st.channel.disconnected(false);
+        }
+    }
+
+    pub(super) fn flush_outputs(&self, st: &mut State) {
+        while let Some(out) = st.channel.poll_output() {
+            match out {
+                Output::Send(t) => {
+                    let Some(slot) = st.free_slots.pop() else {
+                        // More sends than slots: the queue is sized
+                        // can_queue + 2, so this is a bug; fail the link.
+                        self.lost(st);
+                        return;
+                    };
+                    if let (Some(table), Some(&desc)) = (&t.ext_table, st.tables.get(&t.tag)) {
+                        // The table must be in place before the target
+                        // can see the SRP_CMD that points at it.
+                        self.pool
+                            .write_at((desc - self.pool.addr()) as usize, table);
+                    }
+                    let off = slot as usize * self.slot_size as usize;
+                    let n = t.bytes.len().min(self.slot_size as usize);
+                    self.send_buf.write_at(off, &t.bytes[..n]);
+                    let wr = SendWr::new(
+                        KIND_SEND | t.id.0,
+                        SendOpcode::Send,
+                        vec![Sge {
+                            addr: self.send_buf.addr() + off as u64,
+                            length: n as u32,
+                            lkey: self.send_mr.lkey,
+                        }],
+                    );
+                    st.slot_of.insert(t.id, slot);
+                    if self.provider.post_send(self.qp, &[wr]).is_err() {
+                        st.slot_of.remove(&t.id);
+                        st.free_slots.push(slot);
+                        self.lost(st);
+                    }
+                }
+                Output::Reconnect => {
+                    // Host reset: this session gives up; the caller (rport
+                    // FSM) logs in again.
+                    self.lost(st);
+                }
+            }
+        }
+    }
+
+    /// [`Inner::flush_outputs`] from a caller's thread: when a post failed
+    /// and the connection is lost, the commands it ended (the caller's own
+    /// among them) are handed to their waiters now, not whenever the poll
+    /// thread next wakes.
+    pub(super) fn flush_outputs_here(&self, st: &mut State) {
+        self.flush_outputs(st);
+        if st.closed {
+            self.drain_channel(st);
+        }
+    }
+
+    pub(super) fn drain_channel(&self, st: &mut State) {
+        self.flush_outputs(st);
+        while let Some(c) = st.channel.poll_completion() {
+            st.stats.completed += 1;
+            match c.status {
+                Status::Reset => st.stats.reset_ended += 1,
+                Status::Aborted => st.stats.aborted += 1,
+                _ => {}
+            }
+            if let Some(t) = st.parked.remove(&c.tag) {
+                t.unpark();
+            }
+            st.done.insert(c.tag, c);
+        }
+        while let Some(e) = st.channel.poll_event() {
+            match &e {
+                Event::TimedOut { .. } => st.stats.timeouts += 1,
+                Event::TaskMgmtSent { .. } => st.stats.tmfs += 1,
+                Event::TaskMgmtDone { func, result, .. } => {
+                    st.tmfs_done += 1;
+                    if *func == TmFunc::AbortTask {
+                        match result {
+                            Ok(()) => st.stats.aborts_complete += 1,
+                            Err(_) => st.stats.aborts_failed += 1,
+                        }
+                    }
+                    st.last_tmf = Some((*func, *result));
+                }
+                Event::Aer { .. } => st.stats.aers += 1,
+                Event::Protocol(_) => st.stats.protocol_errors += 1,
+                Event::TargetLogout(_) => self.lost(st),
+            }
+            if st.events.len() < 1024 {
+                st.events.push_back(e);
+            }
+        }
+        self.flush_outputs(st);
+        // Completions may have freed credits or slots for waiting callers.
+        if st.cv_waiters > 0 {
+            self.cv.notify_all();
+        }
+    }
+
+    /// Waits on `cv`, counted so notifiers can skip an empty wait.
+    pub(super) fn wait_cv<'a>(&self, mut st: Locked<'a>) -> Locked<'a> {
+        st.cv_waiters += 1;
+        let g = self
+            .cv
+            .wait(st.into_guard())
+            .unwrap_or_else(|e| e.into_inner());
+        let mut st = Counted::from_guard(g);
+        st.cv_waiters -= 1;
+        st
+    }
+
+    /// When the liveness probe is due: commands wait, none is in flight,
+    /// and the target has been quiet for the probe interval.
+    pub(super) fn probe_due(&self, st: &State) -> Option<rdma_types::Instant> {
+        let every = self.probe_interval?;
+        let waiting = !st.closed && !st.probe_out && st.channel.outstanding() > 0;
+        waiting.then(|| st.quiet_since + every)
+    }
+
+    /// The poll thread's next deadline: the channel's timers or the probe.
+    pub(super) fn next_timer(&self, st: &State) -> Option<rdma_types::Instant> {
+        match (st.channel.poll_timeout(), self.probe_due(st)) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Sends the liveness probe if it is due: a zero-length RDMA WRITE,
+    /// which needs no memory of the target's (a zero-length RDMA operation
+    /// carries no valid address or R_Key, IBA C9-88; Linux rxe and our
+    /// soft RoCE accept it, and ib_srpt's QPs allow remote writes) but is
+    /// acknowledged or retried like any request. A failed probe is a failed connection.
+    pub(super) fn probe_if_due(&self, st: &mut State, now: rdma_types::Instant) {
+        if self.probe_due(st).is_none_or(|at| at > now) {
+            return;
+        }
+        let wr = SendWr::new(KIND_PROBE, SendOpcode::RdmaWrite, Vec::new());
+        st.probe_out = true;
+        if self.provider.post_send(self.qp, &[wr]).is_err() {
+            st.probe_out = false;
+            self.lost(st);
+        }
+    }
+
+    /// Wakes the poll thread when it sleeps past the channel's next timer
+    /// (a command sent to an idle channel arms its timeout).
+    pub(super) fn kick_if_timer_earlier(&self, st: &State) {
+        let next = self.next_timer(st);
+        let kick = match st.timer_sleep {
+            None => false,
+            Some(None) => next.is_some(),
+            Some(Some(at)) => next.is_some_and(|n| n < at),
+        };
+        if kick {
+            let _ = self.events.lock().map(|tx| tx.send(Ev::Kick));
+        }
+    }
+}
