@@ -38,6 +38,7 @@
 //! a status reply, an RMPP segment) must be sent with. Everything else
 //! goes with the QP's own index (the port's default partition).
 
+use crate::retries::{Due, Retries};
 use rdma_mad::mad::{MadStatus, Method, StatusCode, HEADER_LEN, MAD_SIZE};
 use rdma_mad::rmpp::{self, RmppHeader, RmppType, FLAG_ACTIVE, FLAG_FIRST, FLAG_LAST};
 use rdma_types::{Duration, Gid, Instant};
@@ -156,9 +157,6 @@ struct Pending {
     agent: AgentId,
     peer: Gid,
     mad: Box<MadBytes>,
-    timeout: Duration,
-    retries_left: u32,
-    deadline: Instant,
     /// In-order DATA segments of an RMPP response so far.
     segments: Vec<MadBytes>,
 }
@@ -184,7 +182,7 @@ pub struct Dispatcher {
     agents: BTreeMap<u32, Agent>,
     next_agent: u32,
     next_tid: u32,
-    pending: HashMap<u64, Pending>,
+    pending: Retries<Pending>,
     outbound: HashMap<(Gid, u64), Outbound>,
     /// RMPP transfers we received whole lately (sender, TID, segments):
     /// their segments resent because the last ACK was lost are ACKed again.
@@ -270,7 +268,7 @@ impl Dispatcher {
     /// Removes an agent and forgets its outstanding requests.
     pub fn unregister(&mut self, agent: AgentId) {
         self.agents.remove(&agent.0);
-        self.pending.retain(|_, p| p.agent != agent);
+        self.pending.retain(|p| p.agent != agent);
         self.deliveries.retain(|d| match d {
             Delivery::Request { agent: a, .. }
             | Delivery::Response { agent: a, .. }
@@ -297,13 +295,13 @@ impl Dispatcher {
         self.tx.push_back((peer, mad.clone()));
         self.pending.insert(
             tid,
+            now,
+            timeout,
+            retries,
             Pending {
                 agent,
                 peer,
                 mad,
-                timeout,
-                retries_left: retries,
-                deadline: now + timeout,
                 segments: Vec::new(),
             },
         );
@@ -390,7 +388,7 @@ impl Dispatcher {
 
     /// A DATA segment of the response to our request `tid`.
     fn rmpp_data(&mut self, now: Instant, peer: Gid, tid: u64, mad: MadBytes, h: &RmppHeader) {
-        let Some(p) = self.pending.get_mut(&tid) else {
+        let Some(p) = self.pending.get_mut(tid) else {
             match self
                 .received_whole
                 .iter()
@@ -404,26 +402,30 @@ impl Dispatcher {
         if h.flags & FLAG_FIRST != 0 && h.seg_num == 1 {
             p.segments.clear();
         }
-        if h.seg_num as usize == p.segments.len() + 1 {
+        let progress = h.seg_num as usize == p.segments.len() + 1;
+        if progress {
             p.segments.push(mad);
-            p.deadline = now + p.timeout;
             self.stats.rmpp_segments_in += 1;
         }
         let have = p.segments.len() as u32;
-        if have == 0 {
-            return;
-        }
         let done = p
             .segments
             .last()
             .is_some_and(|m| RmppHeader::parse(m).is_ok_and(|x| x.flags & FLAG_LAST != 0));
+        if progress {
+            self.pending.rearm(tid, now);
+        }
+        if have == 0 {
+            return;
+        }
         self.tx.push_back((peer, Box::new(rmpp_ack(&mad, have))));
         if !done {
             return;
         }
-        let Some(p) = self.pending.remove(&tid) else {
+        let Some(sent) = self.pending.remove(tid) else {
             return;
         };
+        let p = &sent.req;
         if self.received_whole.len() >= 32 {
             self.received_whole.pop_front();
         }
@@ -443,13 +445,9 @@ impl Dispatcher {
                 // Not one transfer after all: ask again from the start.
                 self.stats.dropped += 1;
                 self.tx.push_back((p.peer, p.mad.clone()));
-                self.pending.insert(
-                    tid,
-                    Pending {
-                        segments: Vec::new(),
-                        ..p
-                    },
-                );
+                let mut sent = sent;
+                sent.req.segments.clear();
+                self.pending.restore(tid, sent);
             }
         }
     }
@@ -545,9 +543,9 @@ impl Dispatcher {
             }
         }
         if method & 0x80 != 0 {
-            match self.pending.remove(&tid) {
+            match self.pending.remove(tid) {
                 Some(p) => self.deliveries.push_back(Delivery::Response {
-                    agent: p.agent,
+                    agent: p.req.agent,
                     tid,
                     mad: mad.to_vec(),
                 }),
@@ -606,34 +604,28 @@ impl Dispatcher {
 
     /// When [`Dispatcher::handle_timeout`] is next due.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        let a = self.pending.values().map(|p| p.deadline);
-        a.chain(self.outbound.values().map(|o| o.deadline)).min()
+        let a = self.pending.next_deadline();
+        a.into_iter()
+            .chain(self.outbound.values().map(|o| o.deadline))
+            .min()
     }
 
     /// Retries or ends the requests whose time has come.
     pub fn handle_timeout(&mut self, now: Instant) {
-        let due: Vec<u64> = self
-            .pending
-            .iter()
-            .filter(|(_, p)| p.deadline <= now)
-            .map(|(t, _)| *t)
-            .collect();
-        for tid in due {
-            let Some(p) = self.pending.get_mut(&tid) else {
-                continue;
-            };
-            if p.retries_left > 0 {
-                p.retries_left -= 1;
-                p.deadline = now + p.timeout;
-                self.stats.retries += 1;
-                self.tx.push_back((p.peer, p.mad.clone()));
-            } else {
-                let agent = p.agent;
-                self.pending.remove(&tid);
-                self.stats.timeouts += 1;
-                self.deliveries.push_back(Delivery::TimedOut { agent, tid });
+        let (stats, tx, deliveries) = (&mut self.stats, &mut self.tx, &mut self.deliveries);
+        self.pending.expire(now, |tid, due| match due {
+            Due::Resend(p) => {
+                stats.retries += 1;
+                tx.push_back((p.peer, p.mad.clone()));
             }
-        }
+            Due::GaveUp(p) => {
+                stats.timeouts += 1;
+                deliveries.push_back(Delivery::TimedOut {
+                    agent: p.agent,
+                    tid,
+                });
+            }
+        });
         let due: Vec<(Gid, u64)> = self
             .outbound
             .iter()

@@ -67,6 +67,7 @@ pub mod gsi;
 pub mod ib_node;
 pub mod rdmacm;
 pub mod resource;
+pub mod retries;
 pub mod sa;
 pub mod sma;
 pub mod sma_agent;

@@ -2,6 +2,7 @@
 
 use crate::partitions::{self, default_partitions, Partition, DEFAULT_PKEY};
 use rdma_access::gsi::{status_reply, MadBytes};
+use rdma_access::retries::{Due, Retries};
 use rdma_access::sma::{
     state, Sma, SmaConfig, SMP_DATA, TRAP_BAD_MKEY, TRAP_BAD_PKEY, TRAP_CAPABILITY_MASK_CHANGE,
 };
@@ -284,8 +285,6 @@ struct Pending<P> {
     qp: u8,
     want: Option<Want>,
     mad: Box<MadBytes>,
-    deadline: Instant,
-    retries_left: u32,
 }
 
 /// Counters.
@@ -330,7 +329,7 @@ pub struct SubnetManager<P> {
     nodes: Vec<Node<P>>,
     next_lid: u16,
     lid_of: HashMap<Guid, u16>,
-    pending: HashMap<u64, Pending<P>>,
+    pending: Retries<Pending<P>>,
     next_tid: u64,
     tx: VecDeque<Outgoing<P>>,
     subscribers: Vec<Subscriber<P>>,
@@ -408,7 +407,7 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
             cfg,
             next_lid,
             lid_of: HashMap::new(),
-            pending: HashMap::new(),
+            pending: Retries::default(),
             next_tid: 1,
             tx: VecDeque::new(),
             subscribers: Vec::new(),
@@ -473,7 +472,7 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
     /// When [`SubnetManager::handle_timeout`] is next due.
     pub fn poll_timeout(&self) -> Option<Instant> {
         let mut t = self.next_sweep;
-        if let Some(p) = self.pending.values().map(|p| p.deadline).min() {
+        if let Some(p) = self.pending.next_deadline() {
             t = t.min(p);
         }
         if self.state == SmState::Master && self.nodes.iter().any(|n| n.sm.is_some()) {
@@ -528,14 +527,15 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
         });
         self.pending.insert(
             tid,
+            now,
+            self.cfg.timeout,
+            self.cfg.retries,
             Pending {
                 node,
                 to,
                 qp,
                 want,
                 mad,
-                deadline: now + self.cfg.timeout,
-                retries_left: self.cfg.retries,
             },
         );
     }
@@ -548,32 +548,22 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
 
     /// Timers: resends, gone nodes, the next sweep.
     pub fn handle_timeout(&mut self, now: Instant) {
-        let due: Vec<u64> = self
-            .pending
-            .iter()
-            .filter(|(_, p)| p.deadline <= now)
-            .map(|(t, _)| *t)
-            .collect();
-        for tid in due {
-            let Some(p) = self.pending.get_mut(&tid) else {
-                continue;
-            };
-            if p.retries_left > 0 {
-                p.retries_left -= 1;
-                p.deadline = now + self.cfg.timeout;
-                self.stats.retries += 1;
-                self.tx.push_back(Outgoing {
+        let mut lost = Vec::new();
+        let (stats, tx) = (&mut self.stats, &mut self.tx);
+        self.pending.expire(now, |_, due| match due {
+            Due::Resend(p) => {
+                stats.retries += 1;
+                tx.push_back(Outgoing {
                     to: p.to,
                     qp: p.qp,
                     mad: p.mad.clone(),
                 });
-                continue;
-            }
-            let p = self.pending.remove(&tid).expect("present");
-            if let (Some(i), Some(want)) = (p.node, p.want) {
-                self.node_lost(now, i, want);
             }
             // A Report nobody acknowledged is dropped (the subscriber stays).
+            Due::GaveUp(p) => lost.extend(p.node.zip(p.want)),
+        });
+        for (i, want) in lost {
+            self.node_lost(now, i, want);
         }
         if self.state == SmState::Master && now >= self.next_peer_poll {
             self.next_peer_poll = now + self.cfg.poll_interval;
@@ -617,7 +607,7 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
         }
         let tid = u64::from_be_bytes(mad[8..16].try_into().expect("8 bytes"));
         if mad[3] & 0x80 != 0 {
-            if let Some(p) = self.pending.remove(&tid) {
+            if let Some(p) = self.pending.remove(tid).map(|s| s.req) {
                 if let (Some(i), Some(want)) = (p.node, p.want) {
                     self.smp_answer(now, i, want, mad);
                 }
