@@ -12,9 +12,9 @@ use crate::sm::{table_records, QP_GSI, QP_SMI};
 use crate::{parse_partitions, SmConfig, SmEvent, SubnetManager};
 use rdma_access::gsi::MadBytes;
 use rdma_access::sma::{ca_capability_mask, state, Sma, SmaConfig};
-use rdma_mad::mad::MAD_SIZE;
+use rdma_mad::mad::{Mad, Method, MAD_SIZE};
 use rdma_mad::rmpp::RmppHeader;
-use rdma_mad::sa::{InformInfo, SaAttr, SaHeader, SA_CLASS_VERSION, SA_HDR_LEN};
+use rdma_mad::sa::{InformInfo, SaAttr, SaHeader, SA_HDR_LEN};
 use rdma_mad::smp::Notice;
 use rdma_sim::{Datagram, FaultConfig, SimNode, Simulator};
 use rdma_types::{Duration, Gid, Guid, Instant, Qpn};
@@ -137,20 +137,14 @@ impl Host {
     ) -> u64 {
         self.next_tid += 1;
         let tid = self.next_tid;
-        let mut m = [0u8; MAD_SIZE];
-        m[0] = 1;
-        m[1] = 0x03;
-        m[2] = SA_CLASS_VERSION;
-        m[3] = method;
-        m[8..16].copy_from_slice(&tid.to_be_bytes());
-        m[16..18].copy_from_slice(&u16::from(attr).to_be_bytes());
+        let mut m = rdma_access::sa::sa_request(Method::from(method), attr, comp_mask, data);
+        Mad::new_unchecked(&mut m[..]).set_tid(tid);
         SaHeader {
             comp_mask,
             sm_key: self.sa_sm_key,
             ..Default::default()
         }
         .emit(&mut m);
-        m[SA_HDR_LEN..SA_HDR_LEN + data.len()].copy_from_slice(data);
         self.out.push_back(frame(self.me, self.sm, QP_GSI, &m));
         self.queries.insert(
             tid,

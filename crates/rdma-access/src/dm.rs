@@ -21,7 +21,7 @@ use rdma_mad::dm::{
     emit_service_entries, parse_service_entries, ClassPortInfo, DmAttr, IoUnitInfo, IocProfile,
     ServiceEntry, DM_CLASS_VERSION,
 };
-use rdma_mad::mad::{MadStatus, Method, MgmtClass, StatusCode, MAD_SIZE};
+use rdma_mad::mad::{MadHeaderRepr, MadStatus, Method, MgmtClass, StatusCode, MAD_SIZE};
 use rdma_types::{Gid, Guid};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -208,12 +208,17 @@ impl IoUnit {
 /// when sent).
 pub fn get_request(attr: DmAttr, modifier: u32) -> MadBytes {
     let mut m = [0u8; MAD_SIZE];
-    m[0] = 1;
-    m[1] = u8::from(MgmtClass::DevMgt);
-    m[2] = DM_CLASS_VERSION;
-    m[3] = u8::from(Method::Get);
-    m[16..18].copy_from_slice(&u16::from(attr).to_be_bytes());
-    m[20..24].copy_from_slice(&modifier.to_be_bytes());
+    MadHeaderRepr {
+        attr_mod: modifier,
+        ..MadHeaderRepr::new(
+            MgmtClass::DevMgt,
+            DM_CLASS_VERSION,
+            Method::Get,
+            0,
+            attr.into(),
+        )
+    }
+    .emit(&mut m);
     m
 }
 

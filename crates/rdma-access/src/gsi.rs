@@ -39,7 +39,7 @@
 //! goes with the QP's own index (the port's default partition).
 
 use crate::retries::{Due, Retries};
-use rdma_mad::mad::{MadStatus, Method, StatusCode, HEADER_LEN, MAD_SIZE};
+use rdma_mad::mad::{Mad, MadStatus, Method, StatusCode, HEADER_LEN, MAD_SIZE};
 use rdma_mad::rmpp::{self, RmppHeader, RmppType, FLAG_ACTIVE, FLAG_FIRST, FLAG_LAST};
 use rdma_types::{Duration, Gid, Instant};
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -290,7 +290,7 @@ impl Dispatcher {
     ) -> u64 {
         self.next_tid = self.next_tid.wrapping_add(1);
         let tid = (u64::from(agent.0) << 32) | u64::from(self.next_tid);
-        mad[8..16].copy_from_slice(&tid.to_be_bytes());
+        Mad::new_unchecked(&mut mad[..]).set_tid(tid);
         let mad = Box::new(mad);
         self.tx.push_back((peer, mad.clone()));
         self.pending.insert(
@@ -655,8 +655,9 @@ impl Dispatcher {
 pub fn status_reply(req: &MadBytes, status: MadStatus) -> MadBytes {
     let mut r = [0u8; MAD_SIZE];
     r[..HEADER_LEN].copy_from_slice(&req[..HEADER_LEN]);
-    r[3] = u8::from(Method::from(req[3]).response());
-    r[4..6].copy_from_slice(&status.0.to_be_bytes());
+    let mut view = Mad::new_unchecked(&mut r[..]);
+    view.set_method(Method::from(req[3]).response());
+    view.set_status(status);
     r
 }
 
@@ -664,7 +665,7 @@ pub fn status_reply(req: &MadBytes, status: MadStatus) -> MadBytes {
 fn rmpp_ack(data: &MadBytes, seg: u32) -> MadBytes {
     let mut a = [0u8; MAD_SIZE];
     a[..HEADER_LEN].copy_from_slice(&data[..HEADER_LEN]);
-    a[4..6].fill(0);
+    Mad::new_unchecked(&mut a[..]).set_status(MadStatus::OK);
     RmppHeader {
         version: 1,
         rmpp_type: RmppType::Ack.into(),

@@ -21,7 +21,7 @@
 
 use crate::agent::{CmAgent, CmError, MadAgent, MadWait};
 use crate::gsi::{status_reply, MadBytes};
-use rdma_mad::mad::{MadStatus, Method, StatusCode, MAD_SIZE};
+use rdma_mad::mad::{MadHeaderRepr, MadStatus, Method, MgmtClass, StatusCode, MAD_SIZE};
 use rdma_mad::sa::{
     InformInfo, PathRecord, SaAttr, SaHeader, ServiceRecord, SA_CLASS_VERSION, SA_HDR_LEN,
 };
@@ -141,11 +141,14 @@ pub struct PathQuery {
 /// (the TID is the dispatcher's to fill in).
 pub fn sa_request(method: Method, attr: SaAttr, comp_mask: u64, record: &[u8]) -> MadBytes {
     let mut m = [0u8; MAD_SIZE];
-    m[0] = 1;
-    m[1] = SA_CLASS;
-    m[2] = SA_CLASS_VERSION;
-    m[3] = u8::from(method);
-    m[16..18].copy_from_slice(&u16::from(attr).to_be_bytes());
+    MadHeaderRepr::new(
+        MgmtClass::from(SA_CLASS),
+        SA_CLASS_VERSION,
+        method,
+        0,
+        attr.into(),
+    )
+    .emit(&mut m);
     SaHeader {
         comp_mask,
         ..Default::default()

@@ -52,8 +52,8 @@
 //! one of each number waits (a newer one replaces it).
 
 use crate::gsi::{status_reply, MadBytes};
-use rdma_mad::mad::{MadStatus, Method, StatusCode, MAD_SIZE};
-use rdma_mad::smp::{cap, BadKeyTrap, NodeInfo, Notice, PortInfo, SmpAttr};
+use rdma_mad::mad::{MadHeaderRepr, MadStatus, Method, MgmtClass, StatusCode, MAD_SIZE};
+use rdma_mad::smp::{cap, BadKeyTrap, NodeInfo, Notice, PortInfo, Smp, SmpAttr};
 use rdma_types::{Duration, Gid, Guid, Instant, Pkey};
 use std::collections::VecDeque;
 
@@ -240,15 +240,18 @@ impl Sma {
     fn raise_trap(&mut self, number: u16, notice_type: u8, details: [u8; 54]) {
         self.trap_tid += 1;
         let mut m = [0u8; MAD_SIZE];
-        m[0] = 1;
-        m[1] = 0x01; // LID-routed, to the master SM LID
-        m[2] = 1;
-        m[3] = u8::from(Method::Trap);
-        m[8..16].copy_from_slice(&(0x5411_0000_0000_0000 | self.trap_tid).to_be_bytes());
-        m[16..18].copy_from_slice(&u16::from(SmpAttr::Notice).to_be_bytes());
+        // LID-routed, to the master SM LID.
+        MadHeaderRepr::new(
+            MgmtClass::SubnLid,
+            1,
+            Method::Trap,
+            0x5411_0000_0000_0000 | self.trap_tid,
+            SmpAttr::Notice.into(),
+        )
+        .emit(&mut m);
         // The port's own M_Key, so the SM's TrapRepress (our trap with the
         // method changed) passes the check.
-        m[SMP_MKEY].copy_from_slice(&self.mkey().to_be_bytes());
+        Smp::new_unchecked(&mut m[..]).set_mkey(self.mkey());
         let notice = Notice {
             is_generic: true,
             notice_type,

@@ -265,6 +265,22 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Mad<T> {
     pub fn data_mut(&mut self) -> &mut [u8] {
         &mut self.buffer.as_mut()[field::DATA]
     }
+    /// Sets the method (with its R bit).
+    pub fn set_method(&mut self, m: Method) {
+        self.buffer.as_mut()[field::METHOD] = m.into();
+    }
+    /// Sets the status word.
+    pub fn set_status(&mut self, s: MadStatus) {
+        put_u16(self.buffer.as_mut(), field::STATUS, s.0);
+    }
+    /// Sets the transaction ID.
+    pub fn set_tid(&mut self, tid: u64) {
+        put_u64(self.buffer.as_mut(), field::TID, tid);
+    }
+    /// Sets the attribute modifier.
+    pub fn set_attr_mod(&mut self, v: u32) {
+        put_u32(self.buffer.as_mut(), field::ATTR_MOD, v);
+    }
 }
 
 /// The common header as values.
@@ -394,6 +410,29 @@ impl MadRepr {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn setters_write_what_the_getters_and_the_repr_read() {
+        let mut buf = [0u8; MAD_SIZE];
+        MadHeaderRepr::new(MgmtClass::SubnAdm, 2, Method::Get, 1, 0x0035).emit(&mut buf);
+        let mut m = Mad::new_checked(&mut buf[..]).unwrap();
+        m.set_method(Method::Get.response());
+        m.set_status(MadStatus(0x000c));
+        m.set_tid(0x0102_0304_0506_0708);
+        m.set_attr_mod(0xdead_beef);
+        let h = MadHeaderRepr::parse(&Mad::new_checked(&buf[..]).unwrap()).unwrap();
+        assert_eq!(h.method, Method::Get.response());
+        assert_eq!(h.status, MadStatus(0x000c));
+        assert_eq!(h.tid, 0x0102_0304_0506_0708);
+        assert_eq!(h.attr_mod, 0xdead_beef);
+        assert_eq!(
+            (h.mgmt_class, h.class_version, h.attr_id),
+            (MgmtClass::SubnAdm, 2, 0x0035)
+        );
+        // Big-endian on the wire (IBA 13.4.2).
+        assert_eq!(buf[4..6], [0x00, 0x0c]);
+        assert_eq!(buf[8..16], [1, 2, 3, 4, 5, 6, 7, 8]);
+    }
 
     // The common header of a CM REP from Linux rxe:
     // linux-rxe-rc-pingpong-and-rping.pcapng frame 102, first 24 bytes of

@@ -65,6 +65,11 @@ pub struct Smp<T: AsRef<[u8]>> {
 }
 
 impl<T: AsRef<[u8]>> Smp<T> {
+    /// Wraps a buffer without checking (getters may panic if short).
+    pub fn new_unchecked(buffer: T) -> Self {
+        Smp { buffer }
+    }
+
     /// Wraps a 256-byte MAD of class 0x01 or 0x81.
     pub fn new_checked(buffer: T) -> Result<Self> {
         check_len(buffer.as_ref(), MAD_SIZE)?;

@@ -6,12 +6,12 @@ use rdma_access::retries::{Due, Retries};
 use rdma_access::sma::{
     state, Sma, SmaConfig, SMP_DATA, TRAP_BAD_MKEY, TRAP_BAD_PKEY, TRAP_CAPABILITY_MASK_CHANGE,
 };
-use rdma_mad::mad::{MadStatus, Method, StatusCode, MAD_SIZE};
+use rdma_mad::mad::{Mad, MadStatus, Method, StatusCode, MAD_SIZE};
 use rdma_mad::rmpp::{self, RmppHeader};
 use rdma_mad::sa::{
     InformInfo, PathRecord, SaAttr, SaHeader, ServiceRecord, SA_CLASS_VERSION, SA_HDR_LEN,
 };
-use rdma_mad::smp::{cap, BadKeyTrap, NodeInfo, Notice, PortInfo, SmInfo, SmpAttr};
+use rdma_mad::smp::{cap, BadKeyTrap, NodeInfo, Notice, PortInfo, SmInfo, Smp, SmpAttr};
 use rdma_types::{Duration, Gid, Guid, Instant, Pkey};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
@@ -515,9 +515,9 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
             self.act_count = self.act_count.wrapping_add(1);
         }
         let tid = (u64::from(self.lid_now()) << 48) | self.next_tid;
-        mad[8..16].copy_from_slice(&tid.to_be_bytes());
+        Mad::new_unchecked(&mut mad[..]).set_tid(tid);
         if let (QP_SMI, Some(i)) = (qp, node) {
-            mad[24..32].copy_from_slice(&self.nodes[i].mkey.to_be_bytes());
+            Smp::new_unchecked(&mut mad[..]).set_mkey(self.nodes[i].mkey);
         }
         let mad = Box::new(mad);
         self.tx.push_back(Outgoing {

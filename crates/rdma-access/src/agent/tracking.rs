@@ -434,7 +434,7 @@ impl Inner {
             TrackKey::Sub(sa, trap) => {
                 let mut mad = crate::sa::inform_info_request(self.local.gid, trap, false);
                 st.next_tid += 1;
-                mad[8..16].copy_from_slice(&st.next_tid.to_be_bytes());
+                rdma_mad::mad::Mad::new_unchecked(&mut mad[..]).set_tid(st.next_tid);
                 st.gsi.send(sa, mad);
             }
         }
