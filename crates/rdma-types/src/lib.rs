@@ -44,12 +44,21 @@ impl std::error::Error for OutOfRange {}
 
 /// Defines an open code space (opcodes, classes, reasons, status codes): an
 /// enum with `Unknown(n)`, conversions both ways, `ALL`, `text()` and
-/// `Display`, all from one table. Used by the wire crates.
+/// `Display`, all from one table. Used by the wire crates. An unknown
+/// value displays as `unknown (0x..)`, or as `<words> 0x..` when the
+/// table gives its words after the type (`pub enum Reason(u32), "unknown
+/// reason" { .. }`).
 #[macro_export]
 macro_rules! open_enum {
+    (@unknown $f:ident, $v:expr) => {
+        write!($f, "unknown ({:#x})", $v)
+    };
+    (@unknown $f:ident, $v:expr, $words:literal) => {
+        write!($f, concat!($words, " {:#x}"), $v)
+    };
     (
         $(#[$meta:meta])*
-        pub enum $name:ident($ty:ty) {
+        pub enum $name:ident($ty:ty) $(, $unknown:literal)? {
             $( $(#[$vmeta:meta])* $variant:ident = $value:expr => $text:expr, )*
         }
     ) => {
@@ -96,7 +105,7 @@ macro_rules! open_enum {
             fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
                 match self.text() {
                     Some(t) => f.write_str(t),
-                    None => write!(f, "unknown ({:#x})", <$ty>::from(*self)),
+                    None => $crate::open_enum!(@unknown f, <$ty>::from(*self) $(, $unknown)?),
                 }
             }
         }

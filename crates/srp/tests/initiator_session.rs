@@ -254,7 +254,7 @@ fn login_reject_every_reason_decodes() {
         assert_eq!(u32::from(reason), code);
         let text = err.to_string();
         assert!(text.starts_with("SRP login rejected: "), "{text}");
-        match reason.description() {
+        match reason.text() {
             Some(words) => assert!(text.contains(words), "{text}"),
             None => assert!(text.contains("0x10042") || text.contains("65602"), "{text}"),
         }

@@ -20,33 +20,33 @@ pub const MAX_ADD_CDB_LEN: usize = 63 * 4;
 /// additional CDB (so a 32-byte CDB fits) and the immediate data descriptor.
 pub const LINUX_IMM_DATA_OFFSET: u16 = (CMD_FIXED_LEN + 16 + IMM_BUF_LEN) as u16;
 
-code_enum! {
+rdma_types::open_enum! {
     /// A data buffer descriptor format nibble of SRP_CMD (SRP r16a;
     /// 3 is the SRP2 immediate data descriptor, `SRP_DATA_DESC_*`).
-    DescFormat(u8), "descriptor format" {
+    pub enum DescFormat(u8), "descriptor format" {
         /// No data buffer descriptor.
-        None = 0, "no data";
+        None = 0 => "no data",
         /// One direct data buffer descriptor.
-        Direct = 1, "direct";
+        Direct = 1 => "direct",
         /// An indirect data buffer descriptor.
-        Indirect = 2, "indirect";
+        Indirect = 2 => "indirect",
         /// SRP2 immediate data (data-out only).
-        Immediate = 3, "immediate";
+        Immediate = 3 => "immediate",
     }
 }
 
-code_enum! {
+rdma_types::open_enum! {
     /// TASK ATTRIBUTE of SRP_CMD (SRP r16a table 21, Linux `ib_srpt.h`
     /// `SRP_CMD_*_Q`; iPXE's header gives ACA as 0x08, Linux 0x04).
-    TaskAttr(u8), "task attribute" {
+    pub enum TaskAttr(u8), "task attribute" {
         /// SIMPLE.
-        Simple = 0, "simple";
+        Simple = 0 => "simple",
         /// HEAD OF QUEUE.
-        HeadOfQueue = 1, "head of queue";
+        HeadOfQueue = 1 => "head of queue",
         /// ORDERED.
-        Ordered = 2, "ordered";
+        Ordered = 2 => "ordered",
         /// ACA.
-        Aca = 4, "ACA";
+        Aca = 4 => "ACA",
     }
 }
 

@@ -39,26 +39,26 @@ impl core::ops::BitOr for BufFormats {
     }
 }
 
-code_enum! {
+rdma_types::open_enum! {
     /// MULTI-CHANNEL ACTION of SRP_LOGIN_REQ (SRP r16a 6.2, bits 1:0 of the
     /// flags byte).
-    MultiChannelAction(u8), "multi-channel action" {
+    pub enum MultiChannelAction(u8), "multi-channel action" {
         /// Terminate other RDMA channels of the same I_T nexus.
-        Single = 0, "single channel";
+        Single = 0 => "single channel",
         /// Keep the other channels.
-        Multi = 1, "multiple channels";
+        Multi = 1 => "multiple channels",
     }
 }
 
-code_enum! {
+rdma_types::open_enum! {
     /// MULTI-CHANNEL RESULT of SRP_LOGIN_RSP (SRP r16a 6.3, bits 1:0).
-    MultiChannelResult(u8), "multi-channel result" {
+    pub enum MultiChannelResult(u8), "multi-channel result" {
         /// No existing RDMA channels were associated with the I_T nexus.
-        NoExisting = 0, "no existing channels";
+        NoExisting = 0 => "no existing channels",
         /// Existing channels were terminated.
-        Terminated = 1, "existing channels terminated";
+        Terminated = 1 => "existing channels terminated",
         /// Existing channels were kept.
-        Maintained = 2, "existing channels maintained";
+        Maintained = 2 => "existing channels maintained",
     }
 }
 
@@ -108,23 +108,23 @@ impl LoginRspFlags {
     }
 }
 
-code_enum! {
+rdma_types::open_enum! {
     /// REASON of SRP_LOGIN_REJ (SRP r16a 6.4, `SRP_LOGIN_REJ_*`).
-    LoginRejReason(u32), "unknown login reject reason" {
+    pub enum LoginRejReason(u32), "unknown login reject reason" {
         /// Unable to establish the RDMA channel, no reason given.
-        UnableEstablishChannel = 0x0001_0000, "unable to establish RDMA channel, no reason specified";
+        UnableEstablishChannel = 0x0001_0000 => "unable to establish RDMA channel, no reason specified",
         /// Target lacks resources.
-        InsufficientResources = 0x0001_0001, "insufficient RDMA channel resources";
+        InsufficientResources = 0x0001_0001 => "insufficient RDMA channel resources",
         /// REQUESTED MAXIMUM INITIATOR TO TARGET IU LENGTH too large.
-        ReqItIuLengthTooLarge = 0x0001_0002, "requested maximum initiator to target IU length too large";
+        ReqItIuLengthTooLarge = 0x0001_0002 => "requested maximum initiator to target IU length too large",
         /// Cannot associate the channel with the I_T nexus.
-        UnableAssociateChannel = 0x0001_0003, "unable to associate RDMA channel with I_T nexus";
+        UnableAssociateChannel = 0x0001_0003 => "unable to associate RDMA channel with I_T nexus",
         /// None of the required buffer formats is supported.
-        UnsupportedDescriptorFmt = 0x0001_0004, "one or more requested data buffer descriptor formats not supported";
+        UnsupportedDescriptorFmt = 0x0001_0004 => "one or more requested data buffer descriptor formats not supported",
         /// Multiple channels per I_T nexus not supported.
-        MultiChannelUnsupported = 0x0001_0005, "multiple RDMA channels not supported with this I_T nexus";
+        MultiChannelUnsupported = 0x0001_0005 => "multiple RDMA channels not supported with this I_T nexus",
         /// Channel limit reached.
-        ChannelLimitReached = 0x0001_0006, "I_T nexus RDMA channel limit reached";
+        ChannelLimitReached = 0x0001_0006 => "I_T nexus RDMA channel limit reached",
     }
 }
 

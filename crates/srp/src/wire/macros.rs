@@ -1,62 +1,6 @@
-//! One-table generators for open code spaces: each invocation is the only
-//! place its codes, names and (for IU types) sizes are written down.
-
-/// An enum over an open code space: listed codes get a variant and a
-/// description, every other value parses to `Unknown(n)`; conversions both
-/// ways and `Display` come from the same table.
-macro_rules! code_enum {
-    (
-        $(#[$meta:meta])*
-        $name:ident($ty:ty), $unknown:literal {
-            $( $(#[$vmeta:meta])* $var:ident = $val:literal, $text:literal; )+
-        }
-    ) => {
-        $(#[$meta])*
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-        pub enum $name {
-            $( $(#[$vmeta])* $var, )+
-            /// A value the table does not list.
-            Unknown($ty),
-        }
-
-        impl From<$ty> for $name {
-            fn from(v: $ty) -> Self {
-                match v {
-                    $( $val => $name::$var, )+
-                    other => $name::Unknown(other),
-                }
-            }
-        }
-
-        impl From<$name> for $ty {
-            fn from(v: $name) -> Self {
-                match v {
-                    $( $name::$var => $val, )+
-                    $name::Unknown(other) => other,
-                }
-            }
-        }
-
-        impl $name {
-            /// Words for the code, `None` for `Unknown`.
-            pub fn description(self) -> Option<&'static str> {
-                match self {
-                    $( $name::$var => Some($text), )+
-                    $name::Unknown(_) => None,
-                }
-            }
-        }
-
-        impl core::fmt::Display for $name {
-            fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-                match self.description() {
-                    Some(s) => f.write_str(s),
-                    None => write!(f, concat!($unknown, " {:#x}"), <$ty>::from(*self)),
-                }
-            }
-        }
-    };
-}
+//! Table generators of the SRP wire format (open code spaces themselves
+//! are `rdma_types::open_enum!`): each invocation is the only place its
+//! codes, names and (for IU types) sizes are written down.
 
 /// The IU type table: opcode, name and fixed length of each IU.
 macro_rules! iu_types {

@@ -8,25 +8,25 @@ pub const SMALL_IU_LEN: usize = 16;
 /// Length of SRP_AER_REQ before its sense data (`struct srp_aer_req`).
 pub const AER_REQ_FIXED_LEN: usize = 36;
 
-code_enum! {
+rdma_types::open_enum! {
     /// REASON of SRP_T_LOGOUT (SRP r16a 6.6).
-    TLogoutReason(u32), "unknown target logout reason" {
+    pub enum TLogoutReason(u32), "unknown target logout reason" {
         /// No reason specified.
-        NoReason = 0, "no reason specified";
+        NoReason = 0 => "no reason specified",
         /// The channel was idle and the target reclaims its resources.
-        Inactive = 1, "inactive RDMA channel (reclaiming resources)";
+        Inactive = 1 => "inactive RDMA channel (reclaiming resources)",
         /// The initiator sent an IU type the target does not accept.
-        InvalidIuType = 2, "invalid information unit type code received";
+        InvalidIuType = 2 => "invalid information unit type code received",
         /// The initiator sent a response with no matching request.
-        SpuriousResponse = 3, "initiator port sent response with no corresponding request";
+        SpuriousResponse = 3 => "initiator port sent response with no corresponding request",
         /// A new login's multi-channel action closed this channel.
-        MultiChannelAction = 4, "disconnected due to multi-channel action code in new login";
+        MultiChannelAction = 4 => "disconnected due to multi-channel action code in new login",
         /// Unsupported data-out buffer descriptor format.
-        UnsupportedDataOutFormat = 5, "unsupported format code in data-out buffer descriptor";
+        UnsupportedDataOutFormat = 5 => "unsupported format code in data-out buffer descriptor",
         /// Unsupported data-in buffer descriptor format.
-        UnsupportedDataInFormat = 6, "unsupported format code in data-in buffer descriptor";
+        UnsupportedDataInFormat = 6 => "unsupported format code in data-in buffer descriptor",
         /// An IU of the wrong length for its type.
-        InvalidIuLength = 8, "invalid length for IU type";
+        InvalidIuLength = 8 => "invalid length for IU type",
     }
 }
 

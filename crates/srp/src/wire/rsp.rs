@@ -30,18 +30,18 @@ impl RspFlags {
     }
 }
 
-code_enum! {
+rdma_types::open_enum! {
     /// RESPONSE CODE, byte 3 of the 4-byte response data of an SRP_RSP that
     /// answers SRP_TSK_MGMT (SRP r16a table 24; Linux `SRP_TSK_MGMT_*`).
-    RspCode(u8), "unknown SRP response code" {
+    pub enum RspCode(u8), "unknown SRP response code" {
         /// No failure, or the task management function completed.
-        Complete = 0x00, "task management function complete";
+        Complete = 0x00 => "task management function complete",
         /// Fields of the request were invalid.
-        RequestFieldsInvalid = 0x02, "request fields invalid";
+        RequestFieldsInvalid = 0x02 => "request fields invalid",
         /// The function is not supported.
-        NotSupported = 0x04, "task management function not supported";
+        NotSupported = 0x04 => "task management function not supported",
         /// The function failed.
-        Failed = 0x05, "task management function failed";
+        Failed = 0x05 => "task management function failed",
     }
 }
 

@@ -5,19 +5,19 @@ use super::{check_emit, check_opcode, IuType, Lun, Result, Tag};
 /// Length of SRP_TSK_MGMT (`struct srp_tsk_mgmt`).
 pub const TSK_MGMT_LEN: usize = 48;
 
-code_enum! {
+rdma_types::open_enum! {
     /// TASK MANAGEMENT FUNCTION (SRP r16a 6.7, `SRP_TSK_*`).
-    TmFunc(u8), "unknown task management function" {
+    pub enum TmFunc(u8), "unknown task management function" {
         /// ABORT TASK (the task named by the task tag).
-        AbortTask = 0x01, "ABORT TASK";
+        AbortTask = 0x01 => "ABORT TASK",
         /// ABORT TASK SET.
-        AbortTaskSet = 0x02, "ABORT TASK SET";
+        AbortTaskSet = 0x02 => "ABORT TASK SET",
         /// CLEAR TASK SET.
-        ClearTaskSet = 0x04, "CLEAR TASK SET";
+        ClearTaskSet = 0x04 => "CLEAR TASK SET",
         /// LOGICAL UNIT RESET.
-        LogicalUnitReset = 0x08, "LOGICAL UNIT RESET";
+        LogicalUnitReset = 0x08 => "LOGICAL UNIT RESET",
         /// CLEAR ACA.
-        ClearAca = 0x40, "CLEAR ACA";
+        ClearAca = 0x40 => "CLEAR ACA",
     }
 }
 
