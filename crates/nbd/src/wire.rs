@@ -232,6 +232,11 @@ pub enum Error {
 }
 
 fn check_len(have: usize, need: usize) -> Result<(), Error> {
+    truncated("", need, have)
+}
+
+/// The length check of the views (`rdma_types::view!`).
+fn truncated(_what: &'static str, need: usize, have: usize) -> Result<(), Error> {
     if have < need {
         Err(Error::Truncated { need, have })
     } else {
@@ -255,61 +260,6 @@ fn be64(b: &[u8], r: Range<usize>) -> u64 {
     let mut a = [0u8; 8];
     a.copy_from_slice(&b[r]);
     u64::from_be_bytes(a)
-}
-
-/// Defines a fixed-size view with big-endian getters and setters.
-macro_rules! view {
-    (
-        $(#[$meta:meta])*
-        pub struct $name:ident; len $len:expr;
-        $( $get:ident / $set:ident : $ty:ty = $range:expr, $read:ident; )*
-    ) => {
-        $(#[$meta])*
-        #[derive(Debug, Clone)]
-        pub struct $name<T: AsRef<[u8]>> {
-            buffer: T,
-        }
-
-        impl<T: AsRef<[u8]>> $name<T> {
-            /// Bytes of the layout.
-            pub const LEN: usize = $len;
-
-            /// Wraps a buffer without checking its length.
-            pub fn new_unchecked(buffer: T) -> Self {
-                $name { buffer }
-            }
-
-            /// Wraps a buffer after checking it holds the whole layout.
-            ///
-            /// # Errors
-            /// [`Error::Truncated`] if the buffer is too short.
-            pub fn new_checked(buffer: T) -> Result<Self, Error> {
-                check_len(buffer.as_ref().len(), Self::LEN)?;
-                Ok($name { buffer })
-            }
-
-            /// The wrapped buffer.
-            pub fn into_inner(self) -> T {
-                self.buffer
-            }
-
-            $(
-                /// Field getter.
-                pub fn $get(&self) -> $ty {
-                    $read(self.buffer.as_ref(), $range)
-                }
-            )*
-        }
-
-        impl<T: AsRef<[u8]> + AsMut<[u8]>> $name<T> {
-            $(
-                /// Field setter.
-                pub fn $set(&mut self, value: $ty) {
-                    self.buffer.as_mut()[$range].copy_from_slice(&value.to_be_bytes());
-                }
-            )*
-        }
-    };
 }
 
 mod field {
@@ -340,48 +290,48 @@ mod field {
     pub const S_COOKIE: Range<usize> = 8..16;
 }
 
-view! {
+rdma_types::view! {
     /// The server's first 18 bytes: `NBDMAGIC`, `IHAVEOPT`, handshake flags.
-    pub struct Greeting; len 18;
-    nbdmagic / set_nbdmagic: u64 = field::G_NBDMAGIC, be64;
-    ihaveopt / set_ihaveopt: u64 = field::G_IHAVEOPT, be64;
-    flags / set_flags: u16 = field::G_FLAGS, be16;
+    pub struct Greeting; len 18; "Greeting", truncated => Error;
+    nbdmagic / set_nbdmagic: u64 = field::G_NBDMAGIC;
+    ihaveopt / set_ihaveopt: u64 = field::G_IHAVEOPT;
+    flags / set_flags: u16 = field::G_FLAGS;
 }
 
-view! {
+rdma_types::view! {
     /// An option header: `IHAVEOPT`, option code, data length.
-    pub struct OptionHeader; len 16;
-    magic / set_magic: u64 = field::O_MAGIC, be64;
-    option / set_option: u32 = field::O_OPTION, be32;
-    length / set_length: u32 = field::O_LENGTH, be32;
+    pub struct OptionHeader; len 16; "OptionHeader", truncated => Error;
+    magic / set_magic: u64 = field::O_MAGIC;
+    option / set_option: u32 = field::O_OPTION;
+    length / set_length: u32 = field::O_LENGTH;
 }
 
-view! {
+rdma_types::view! {
     /// An option reply header: magic, option, reply type, data length.
-    pub struct OptionReply; len 20;
-    magic / set_magic: u64 = field::R_MAGIC, be64;
-    option / set_option: u32 = field::R_OPTION, be32;
-    reply_type / set_reply_type: u32 = field::R_TYPE, be32;
-    length / set_length: u32 = field::R_LENGTH, be32;
+    pub struct OptionReply; len 20; "OptionReply", truncated => Error;
+    magic / set_magic: u64 = field::R_MAGIC;
+    option / set_option: u32 = field::R_OPTION;
+    reply_type / set_reply_type: u32 = field::R_TYPE;
+    length / set_length: u32 = field::R_LENGTH;
 }
 
-view! {
+rdma_types::view! {
     /// A transmission request header (28 bytes; WRITE data follows).
-    pub struct Request; len 28;
-    magic / set_magic: u32 = field::Q_MAGIC, be32;
-    flags / set_flags: u16 = field::Q_FLAGS, be16;
-    command / set_command: u16 = field::Q_TYPE, be16;
-    cookie / set_cookie: u64 = field::Q_COOKIE, be64;
-    offset / set_offset: u64 = field::Q_OFFSET, be64;
-    length / set_length: u32 = field::Q_LENGTH, be32;
+    pub struct Request; len 28; "Request", truncated => Error;
+    magic / set_magic: u32 = field::Q_MAGIC;
+    flags / set_flags: u16 = field::Q_FLAGS;
+    command / set_command: u16 = field::Q_TYPE;
+    cookie / set_cookie: u64 = field::Q_COOKIE;
+    offset / set_offset: u64 = field::Q_OFFSET;
+    length / set_length: u32 = field::Q_LENGTH;
 }
 
-view! {
+rdma_types::view! {
     /// A simple reply header (16 bytes; READ data follows on success).
-    pub struct SimpleReply; len 16;
-    magic / set_magic: u32 = field::S_MAGIC, be32;
-    error / set_error: u32 = field::S_ERROR, be32;
-    cookie / set_cookie: u64 = field::S_COOKIE, be64;
+    pub struct SimpleReply; len 16; "SimpleReply", truncated => Error;
+    magic / set_magic: u32 = field::S_MAGIC;
+    error / set_error: u32 = field::S_ERROR;
+    cookie / set_cookie: u64 = field::S_COOKIE;
 }
 
 /// The greeting's content: only the handshake flags vary.

@@ -13,6 +13,7 @@ pub mod idmap;
 mod ids;
 mod psn;
 mod time;
+pub mod view;
 mod violation;
 mod wc;
 

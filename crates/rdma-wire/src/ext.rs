@@ -4,8 +4,7 @@
 use core::fmt;
 use rdma_types::{Duration, Qkey, Qpn, Rkey};
 
-use crate::bytes::{be24, be32, be64, need, put24, put32, put64};
-use crate::ParseError;
+use crate::bytes::{be24, be32, be64, put24, put32, put64};
 
 /// DETH length.
 pub const DETH_LEN: usize = 8;
@@ -22,44 +21,6 @@ pub const IMM_DT_LEN: usize = 4;
 /// IETH length.
 pub const IETH_LEN: usize = 4;
 
-/// The view skeleton shared by every fixed-length header here.
-macro_rules! view {
-    ($(#[$m:meta])* $name:ident, $len:expr, $what:literal) => {
-        $(#[$m])*
-        #[derive(Debug, Clone)]
-        pub struct $name<T: AsRef<[u8]>> {
-            buffer: T,
-        }
-
-        impl<T: AsRef<[u8]>> $name<T> {
-            /// Wraps a buffer without checking its length; getters panic on
-            /// a buffer shorter than the header.
-            pub const fn new_unchecked(buffer: T) -> Self {
-                $name { buffer }
-            }
-
-            /// Wraps a buffer at least as long as the header.
-            ///
-            /// # Errors
-            /// [`ParseError::Truncated`] if the buffer is shorter.
-            pub fn new_checked(buffer: T) -> Result<Self, ParseError> {
-                need($what, $len, buffer.as_ref().len())?;
-                Ok($name { buffer })
-            }
-
-            /// The wrapped buffer.
-            pub fn into_inner(self) -> T {
-                self.buffer
-            }
-
-            /// Length of the header.
-            pub const fn header_len() -> usize {
-                $len
-            }
-        }
-    };
-}
-
 // ---------------------------------------------------------------- RETH
 
 mod reth {
@@ -69,10 +30,10 @@ mod reth {
     pub const DMA_LEN: Range<usize> = 12..16;
 }
 
-view!(
+rdma_types::view! {
     /// RDMA extended transport header (IBA 9.3.3).
-    RethPacket, RETH_LEN, "RETH"
-);
+    pub struct RethPacket; len RETH_LEN; "RETH", crate::bytes::need => crate::ParseError;
+}
 
 impl<T: AsRef<[u8]>> RethPacket<T> {
     /// Virtual address.
@@ -147,10 +108,10 @@ mod aeth {
     pub const MSN: Range<usize> = 1..4;
 }
 
-view!(
+rdma_types::view! {
     /// ACK extended transport header (IBA 9.3.5).
-    AethPacket, AETH_LEN, "AETH"
-);
+    pub struct AethPacket; len AETH_LEN; "AETH", crate::bytes::need => crate::ParseError;
+}
 
 impl<T: AsRef<[u8]>> AethPacket<T> {
     /// Raw syndrome byte.
@@ -389,10 +350,10 @@ mod atomic {
     pub const COMPARE: Range<usize> = 20..28;
 }
 
-view!(
+rdma_types::view! {
     /// Atomic extended transport header (IBA 9.3.4).
-    AtomicEthPacket, ATOMIC_ETH_LEN, "AtomicETH"
-);
+    pub struct AtomicEthPacket; len ATOMIC_ETH_LEN; "AtomicETH", crate::bytes::need => crate::ParseError;
+}
 
 impl<T: AsRef<[u8]>> AtomicEthPacket<T> {
     /// Virtual address.
@@ -479,10 +440,10 @@ mod atomic_ack {
     pub const ORIG: Range<usize> = 0..8;
 }
 
-view!(
+rdma_types::view! {
     /// Atomic acknowledge extended transport header (IBA 9.3.6).
-    AtomicAckEthPacket, ATOMIC_ACK_ETH_LEN, "AtomicAckETH"
-);
+    pub struct AtomicAckEthPacket; len ATOMIC_ACK_ETH_LEN; "AtomicAckETH", crate::bytes::need => crate::ParseError;
+}
 
 impl<T: AsRef<[u8]>> AtomicAckEthPacket<T> {
     /// Original remote data.
@@ -534,10 +495,10 @@ mod deth {
     pub const SRC_QP: Range<usize> = 5..8;
 }
 
-view!(
+rdma_types::view! {
     /// Datagram extended transport header (IBA 9.3.2).
-    DethPacket, DETH_LEN, "DETH"
-);
+    pub struct DethPacket; len DETH_LEN; "DETH", crate::bytes::need => crate::ParseError;
+}
 
 impl<T: AsRef<[u8]>> DethPacket<T> {
     /// Q_Key.
@@ -604,10 +565,10 @@ mod imm {
     pub const DATA: Range<usize> = 0..4;
 }
 
-view!(
+rdma_types::view! {
     /// Immediate data extended transport header (IBA 9.3.7).
-    ImmDtPacket, IMM_DT_LEN, "ImmDt"
-);
+    pub struct ImmDtPacket; len IMM_DT_LEN; "ImmDt", crate::bytes::need => crate::ParseError;
+}
 
 impl<T: AsRef<[u8]>> ImmDtPacket<T> {
     /// Immediate data, read big-endian (as it appears on the wire).
@@ -655,10 +616,10 @@ mod ieth {
     pub const RKEY: Range<usize> = 0..4;
 }
 
-view!(
+rdma_types::view! {
     /// Invalidate extended transport header (IBA 9.3.8).
-    IethPacket, IETH_LEN, "IETH"
-);
+    pub struct IethPacket; len IETH_LEN; "IETH", crate::bytes::need => crate::ParseError;
+}
 
 impl<T: AsRef<[u8]>> IethPacket<T> {
     /// R_Key to invalidate.

@@ -253,28 +253,27 @@ mod field {
     pub const CDB: Range<usize> = 32..48;
 }
 
-view! {
+rdma_types::view! {
     /// View of SRP_CMD's fixed part.
-    CmdPacket, "SRP_CMD", CMD_FIXED_LEN, {
-        /// IU type code (0x02).
-        opcode, set_opcode: u8 = OPCODE;
-        /// Solicited notification bits.
-        sol_not, set_sol_not: u8 = SOL_NOT;
-        /// Descriptor formats: data-out in the high nibble, data-in low.
-        buf_fmt, set_buf_fmt: u8 = BUF_FMT;
-        /// DATA-OUT BUFFER DESCRIPTOR COUNT.
-        data_out_desc_cnt, set_data_out_desc_cnt: u8 = DATA_OUT_DESC_CNT;
-        /// DATA-IN BUFFER DESCRIPTOR COUNT.
-        data_in_desc_cnt, set_data_in_desc_cnt: u8 = DATA_IN_DESC_CNT;
-        /// Tag.
-        tag, set_tag: super::Tag = TAG;
-        /// Logical unit number.
-        lun, set_lun: super::Lun = LUN;
-        /// Task attribute byte.
-        task_attr, set_task_attr: u8 = TASK_ATTR;
-        /// ADDITIONAL CDB LENGTH byte (4-byte words in bits 7:2).
-        add_cdb_len, set_add_cdb_len: u8 = ADD_CDB_LEN;
-    }
+    pub struct CmdPacket; len CMD_FIXED_LEN; "SRP_CMD", crate::wire::need => crate::wire::Error;
+    /// IU type code (0x02).
+    opcode / set_opcode: u8 = field::OPCODE;
+    /// Solicited notification bits.
+    sol_not / set_sol_not: u8 = field::SOL_NOT;
+    /// Descriptor formats: data-out in the high nibble, data-in low.
+    buf_fmt / set_buf_fmt: u8 = field::BUF_FMT;
+    /// DATA-OUT BUFFER DESCRIPTOR COUNT.
+    data_out_desc_cnt / set_data_out_desc_cnt: u8 = field::DATA_OUT_DESC_CNT;
+    /// DATA-IN BUFFER DESCRIPTOR COUNT.
+    data_in_desc_cnt / set_data_in_desc_cnt: u8 = field::DATA_IN_DESC_CNT;
+    /// Tag.
+    tag / set_tag: super::Tag = field::TAG;
+    /// Logical unit number.
+    lun / set_lun: super::Lun = field::LUN;
+    /// Task attribute byte.
+    task_attr / set_task_attr: u8 = field::TASK_ATTR;
+    /// ADDITIONAL CDB LENGTH byte (4-byte words in bits 7:2).
+    add_cdb_len / set_add_cdb_len: u8 = field::ADD_CDB_LEN;
 }
 
 impl<T: AsRef<[u8]>> CmdPacket<T> {

@@ -162,82 +162,78 @@ mod field {
     pub const REASON: Range<usize> = 4..8;
 }
 
-view! {
+rdma_types::view! {
     /// View of a 64-byte SRP_LOGIN_REQ (IB CM private data).
-    LoginReqPacket, "SRP_LOGIN_REQ", LOGIN_REQ_LEN, {
-        /// IU type code (0x00).
-        opcode, set_opcode: u8 = OPCODE;
-        /// Tag.
-        tag, set_tag: super::Tag = TAG;
-        /// REQUESTED MAXIMUM INITIATOR TO TARGET IU LENGTH.
-        req_it_iu_len, set_req_it_iu_len: u32 = REQ_IT_IU_LEN;
-        /// REQUIRED BUFFER FORMATS.
-        req_buf_fmt, set_req_buf_fmt: u16 = REQ_BUF_FMT;
-        /// Flags (multi-channel action, IMMED_REQUESTED).
-        req_flags, set_req_flags: u8 = REQ_FLAGS;
-        /// SRP2 immediate data offset.
-        imm_data_offset, set_imm_data_offset: u16 = IMM_DATA_OFFSET;
-        /// INITIATOR PORT IDENTIFIER.
-        initiator_port_id, set_initiator_port_id: super::PortId = INITIATOR_PORT_ID;
-        /// TARGET PORT IDENTIFIER.
-        target_port_id, set_target_port_id: super::PortId = TARGET_PORT_ID;
-    }
+    pub struct LoginReqPacket; len LOGIN_REQ_LEN; "SRP_LOGIN_REQ", crate::wire::need => crate::wire::Error;
+    /// IU type code (0x00).
+    opcode / set_opcode: u8 = field::OPCODE;
+    /// Tag.
+    tag / set_tag: super::Tag = field::TAG;
+    /// REQUESTED MAXIMUM INITIATOR TO TARGET IU LENGTH.
+    req_it_iu_len / set_req_it_iu_len: u32 = field::REQ_IT_IU_LEN;
+    /// REQUIRED BUFFER FORMATS.
+    req_buf_fmt / set_req_buf_fmt: u16 = field::REQ_BUF_FMT;
+    /// Flags (multi-channel action, IMMED_REQUESTED).
+    req_flags / set_req_flags: u8 = field::REQ_FLAGS;
+    /// SRP2 immediate data offset.
+    imm_data_offset / set_imm_data_offset: u16 = field::IMM_DATA_OFFSET;
+    /// INITIATOR PORT IDENTIFIER.
+    initiator_port_id / set_initiator_port_id: super::PortId = field::INITIATOR_PORT_ID;
+    /// TARGET PORT IDENTIFIER.
+    target_port_id / set_target_port_id: super::PortId = field::TARGET_PORT_ID;
 }
 
-view! {
+rdma_types::view! {
     /// View of a 56-byte SRP_LOGIN_REQ as carried after the RDMA CM header.
-    LoginReqRdmaPacket, "SRP_LOGIN_REQ (RDMA CM)", LOGIN_REQ_RDMA_LEN, {
-        /// Tag.
-        tag, set_tag: super::Tag = R_TAG;
-        /// REQUIRED BUFFER FORMATS.
-        req_buf_fmt, set_req_buf_fmt: u16 = R_REQ_BUF_FMT;
-        /// Flags.
-        req_flags, set_req_flags: u8 = R_REQ_FLAGS;
-        /// IU type code (0x00), at byte 11 in this form.
-        opcode, set_opcode: u8 = R_OPCODE;
-        /// REQUESTED MAXIMUM INITIATOR TO TARGET IU LENGTH.
-        req_it_iu_len, set_req_it_iu_len: u32 = R_REQ_IT_IU_LEN;
-        /// INITIATOR PORT IDENTIFIER.
-        initiator_port_id, set_initiator_port_id: super::PortId = R_INITIATOR_PORT_ID;
-        /// TARGET PORT IDENTIFIER.
-        target_port_id, set_target_port_id: super::PortId = R_TARGET_PORT_ID;
-        /// SRP2 immediate data offset.
-        imm_data_offset, set_imm_data_offset: u16 = R_IMM_DATA_OFFSET;
-    }
+    pub struct LoginReqRdmaPacket; len LOGIN_REQ_RDMA_LEN; "SRP_LOGIN_REQ (RDMA CM)", crate::wire::need => crate::wire::Error;
+    /// Tag.
+    tag / set_tag: super::Tag = field::R_TAG;
+    /// REQUIRED BUFFER FORMATS.
+    req_buf_fmt / set_req_buf_fmt: u16 = field::R_REQ_BUF_FMT;
+    /// Flags.
+    req_flags / set_req_flags: u8 = field::R_REQ_FLAGS;
+    /// IU type code (0x00), at byte 11 in this form.
+    opcode / set_opcode: u8 = field::R_OPCODE;
+    /// REQUESTED MAXIMUM INITIATOR TO TARGET IU LENGTH.
+    req_it_iu_len / set_req_it_iu_len: u32 = field::R_REQ_IT_IU_LEN;
+    /// INITIATOR PORT IDENTIFIER.
+    initiator_port_id / set_initiator_port_id: super::PortId = field::R_INITIATOR_PORT_ID;
+    /// TARGET PORT IDENTIFIER.
+    target_port_id / set_target_port_id: super::PortId = field::R_TARGET_PORT_ID;
+    /// SRP2 immediate data offset.
+    imm_data_offset / set_imm_data_offset: u16 = field::R_IMM_DATA_OFFSET;
 }
 
-view! {
+rdma_types::view! {
     /// View of SRP_LOGIN_RSP.
-    LoginRspPacket, "SRP_LOGIN_RSP", LOGIN_RSP_LEN, {
-        /// IU type code (0xc0).
-        opcode, set_opcode: u8 = OPCODE;
-        /// REQUEST LIMIT DELTA: the initial credit.
-        req_lim_delta, set_req_lim_delta: u32 = REQ_LIM_DELTA;
-        /// Tag of the login request.
-        tag, set_tag: super::Tag = TAG;
-        /// MAXIMUM INITIATOR TO TARGET IU LENGTH.
-        max_it_iu_len, set_max_it_iu_len: u32 = MAX_IT_IU_LEN;
-        /// MAXIMUM TARGET TO INITIATOR IU LENGTH.
-        max_ti_iu_len, set_max_ti_iu_len: u32 = MAX_TI_IU_LEN;
-        /// SUPPORTED BUFFER FORMATS.
-        buf_fmt, set_buf_fmt: u16 = BUF_FMT;
-        /// Flags (multi-channel result, IMMED_SUPP).
-        rsp_flags, set_rsp_flags: u8 = RSP_FLAGS;
-    }
+    pub struct LoginRspPacket; len LOGIN_RSP_LEN; "SRP_LOGIN_RSP", crate::wire::need => crate::wire::Error;
+    /// IU type code (0xc0).
+    opcode / set_opcode: u8 = field::OPCODE;
+    /// REQUEST LIMIT DELTA: the initial credit.
+    req_lim_delta / set_req_lim_delta: u32 = field::REQ_LIM_DELTA;
+    /// Tag of the login request.
+    tag / set_tag: super::Tag = field::TAG;
+    /// MAXIMUM INITIATOR TO TARGET IU LENGTH.
+    max_it_iu_len / set_max_it_iu_len: u32 = field::MAX_IT_IU_LEN;
+    /// MAXIMUM TARGET TO INITIATOR IU LENGTH.
+    max_ti_iu_len / set_max_ti_iu_len: u32 = field::MAX_TI_IU_LEN;
+    /// SUPPORTED BUFFER FORMATS.
+    buf_fmt / set_buf_fmt: u16 = field::BUF_FMT;
+    /// Flags (multi-channel result, IMMED_SUPP).
+    rsp_flags / set_rsp_flags: u8 = field::RSP_FLAGS;
 }
 
-view! {
+rdma_types::view! {
     /// View of SRP_LOGIN_REJ.
-    LoginRejPacket, "SRP_LOGIN_REJ", LOGIN_REJ_LEN, {
-        /// IU type code (0xc2).
-        opcode, set_opcode: u8 = OPCODE;
-        /// REASON.
-        reason, set_reason: u32 = REASON;
-        /// Tag of the login request.
-        tag, set_tag: super::Tag = TAG;
-        /// SUPPORTED BUFFER FORMATS.
-        buf_fmt, set_buf_fmt: u16 = BUF_FMT;
-    }
+    pub struct LoginRejPacket; len LOGIN_REJ_LEN; "SRP_LOGIN_REJ", crate::wire::need => crate::wire::Error;
+    /// IU type code (0xc2).
+    opcode / set_opcode: u8 = field::OPCODE;
+    /// REASON.
+    reason / set_reason: u32 = field::REASON;
+    /// Tag of the login request.
+    tag / set_tag: super::Tag = field::TAG;
+    /// SUPPORTED BUFFER FORMATS.
+    buf_fmt / set_buf_fmt: u16 = field::BUF_FMT;
 }
 
 /// SRP_LOGIN_REQ (SRP r16a 6.2). The same values travel in two encodings:

@@ -43,37 +43,35 @@ mod field {
     pub const SENSE_DATA_LEN: Range<usize> = 28..32;
 }
 
-view! {
+rdma_types::view! {
     /// View of the 16-byte IUs (I_LOGOUT, T_LOGOUT, CRED_REQ, CRED_RSP,
     /// AER_RSP), which share one layout.
-    SmallPacket, "SRP small IU", SMALL_IU_LEN, {
-        /// IU type code.
-        opcode, set_opcode: u8 = OPCODE;
-        /// SOLNT bit (T_LOGOUT, CRED_REQ; reserved otherwise).
-        sol_not, set_sol_not: u8 = SOL_NOT;
-        /// REASON (T_LOGOUT) or REQUEST LIMIT DELTA (CRED_REQ); reserved otherwise.
-        word, set_word: u32 = WORD;
-        /// Tag.
-        tag, set_tag: super::Tag = TAG;
-    }
+    pub struct SmallPacket; len SMALL_IU_LEN; "SRP small IU", crate::wire::need => crate::wire::Error;
+    /// IU type code.
+    opcode / set_opcode: u8 = field::OPCODE;
+    /// SOLNT bit (T_LOGOUT, CRED_REQ; reserved otherwise).
+    sol_not / set_sol_not: u8 = field::SOL_NOT;
+    /// REASON (T_LOGOUT) or REQUEST LIMIT DELTA (CRED_REQ); reserved otherwise.
+    word / set_word: u32 = field::WORD;
+    /// Tag.
+    tag / set_tag: super::Tag = field::TAG;
 }
 
-view! {
+rdma_types::view! {
     /// View of SRP_AER_REQ's fixed part.
-    AerReqPacket, "SRP_AER_REQ", AER_REQ_FIXED_LEN, {
-        /// IU type code (0x82).
-        opcode, set_opcode: u8 = OPCODE;
-        /// SOLNT bit.
-        sol_not, set_sol_not: u8 = SOL_NOT;
-        /// REQUEST LIMIT DELTA (signed).
-        req_lim_delta, set_req_lim_delta: i32 = WORD;
-        /// Tag.
-        tag, set_tag: super::Tag = TAG;
-        /// Logical unit number.
-        lun, set_lun: super::Lun = LUN;
-        /// SENSE DATA LIST LENGTH.
-        sense_data_len, set_sense_data_len: u32 = SENSE_DATA_LEN;
-    }
+    pub struct AerReqPacket; len AER_REQ_FIXED_LEN; "SRP_AER_REQ", crate::wire::need => crate::wire::Error;
+    /// IU type code (0x82).
+    opcode / set_opcode: u8 = field::OPCODE;
+    /// SOLNT bit.
+    sol_not / set_sol_not: u8 = field::SOL_NOT;
+    /// REQUEST LIMIT DELTA (signed).
+    req_lim_delta / set_req_lim_delta: i32 = field::WORD;
+    /// Tag.
+    tag / set_tag: super::Tag = field::TAG;
+    /// Logical unit number.
+    lun / set_lun: super::Lun = field::LUN;
+    /// SENSE DATA LIST LENGTH.
+    sense_data_len / set_sense_data_len: u32 = field::SENSE_DATA_LEN;
 }
 
 fn parse_small(buf: &[u8], t: IuType) -> Result<SmallPacket<&[u8]>> {

@@ -35,6 +35,7 @@ pub use rsp::{Rsp, RspCode, RspFlags, RspPacket, RSP_FIXED_LEN};
 pub use tsk_mgmt::{TmFunc, TskMgmt, TskMgmtPacket, TSK_MGMT_LEN};
 
 use core::fmt;
+use rdma_types::view::Field as WireField;
 
 /// Solicited notification bits of byte 1 (Linux `ib_srpt.h`, SRP r16a tables 16 and 22).
 pub mod sol_not {
@@ -127,16 +128,21 @@ pub enum Error {
 /// Result of parsing or emitting an IU.
 pub type Result<T> = core::result::Result<T, Error>;
 
-pub(crate) fn check_len(iu: &'static str, buf: &[u8], need: usize) -> Result<()> {
-    if buf.len() < need {
+/// The length check of the views (`rdma_types::view!`).
+pub(crate) fn need(iu: &'static str, need: usize, have: usize) -> Result<()> {
+    if have < need {
         Err(Error::Truncated {
             iu,
             need,
-            got: buf.len(),
+            got: have,
         })
     } else {
         Ok(())
     }
+}
+
+pub(crate) fn check_len(iu: &'static str, buf: &[u8], need_len: usize) -> Result<()> {
+    need(iu, need_len, buf.len())
 }
 
 pub(crate) fn check_emit(buf: &[u8], need: usize) -> Result<()> {
@@ -399,6 +405,34 @@ impl<'a> Iu<'a> {
     }
 }
 
+// How SRP's own types sit in an IU's fields (the views' accessors).
+impl WireField for Tag {
+    fn get(b: &[u8]) -> Self {
+        Tag::from_bytes(b.try_into().unwrap_or_default())
+    }
+    fn put(self, b: &mut [u8]) {
+        b.copy_from_slice(&self.to_bytes())
+    }
+}
+
+impl WireField for Lun {
+    fn get(b: &[u8]) -> Self {
+        Lun(b.try_into().unwrap_or_default())
+    }
+    fn put(self, b: &mut [u8]) {
+        b.copy_from_slice(&self.0)
+    }
+}
+
+impl WireField for PortId {
+    fn get(b: &[u8]) -> Self {
+        PortId(b.try_into().unwrap_or_default())
+    }
+    fn put(self, b: &mut [u8]) {
+        b.copy_from_slice(&self.0)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -445,52 +479,5 @@ mod tests {
         let p = PortId(b);
         assert_eq!(p.guid(), 0x505400fffe990003);
         assert_eq!(p.to_string(), "0000000000000000505400fffe990003");
-    }
-}
-
-/// A value stored in a fixed byte range of an IU.
-pub(crate) trait WireField: Sized {
-    fn get(b: &[u8]) -> Self;
-    fn put(self, b: &mut [u8]);
-}
-
-macro_rules! be_field {
-    ($($t:ty),*) => {$(
-        impl WireField for $t {
-            fn get(b: &[u8]) -> Self {
-                <$t>::from_be_bytes(b.try_into().unwrap_or_default())
-            }
-            fn put(self, b: &mut [u8]) {
-                b.copy_from_slice(&self.to_be_bytes())
-            }
-        }
-    )*};
-}
-be_field!(u8, u16, u32, u64, i32);
-
-impl WireField for Tag {
-    fn get(b: &[u8]) -> Self {
-        Tag::from_bytes(b.try_into().unwrap_or_default())
-    }
-    fn put(self, b: &mut [u8]) {
-        b.copy_from_slice(&self.to_bytes())
-    }
-}
-
-impl WireField for Lun {
-    fn get(b: &[u8]) -> Self {
-        Lun(b.try_into().unwrap_or_default())
-    }
-    fn put(self, b: &mut [u8]) {
-        b.copy_from_slice(&self.0)
-    }
-}
-
-impl WireField for PortId {
-    fn get(b: &[u8]) -> Self {
-        PortId(b.try_into().unwrap_or_default())
-    }
-    fn put(self, b: &mut [u8]) {
-        b.copy_from_slice(&self.0)
     }
 }

@@ -67,30 +67,29 @@ mod field {
     pub const RESP_DATA_LEN: Range<usize> = 32..36;
 }
 
-view! {
+rdma_types::view! {
     /// View of SRP_RSP's fixed part.
-    RspPacket, "SRP_RSP", RSP_FIXED_LEN, {
-        /// IU type code (0xc1).
-        opcode, set_opcode: u8 = OPCODE;
-        /// SOLNT bit (bit 0).
-        sol_not, set_sol_not: u8 = SOL_NOT;
-        /// REQUEST LIMIT DELTA (signed).
-        req_lim_delta, set_req_lim_delta: i32 = REQ_LIM_DELTA;
-        /// Tag of the command or task management request.
-        tag, set_tag: super::Tag = TAG;
-        /// Flags byte.
-        flags, set_flags: u8 = FLAGS;
-        /// SCSI status.
-        status, set_status: u8 = STATUS;
-        /// DATA-OUT RESIDUAL COUNT.
-        data_out_res_cnt, set_data_out_res_cnt: u32 = DATA_OUT_RES_CNT;
-        /// DATA-IN RESIDUAL COUNT.
-        data_in_res_cnt, set_data_in_res_cnt: u32 = DATA_IN_RES_CNT;
-        /// SENSE DATA LIST LENGTH.
-        sense_data_len, set_sense_data_len: u32 = SENSE_DATA_LEN;
-        /// RESPONSE DATA LIST LENGTH.
-        resp_data_len, set_resp_data_len: u32 = RESP_DATA_LEN;
-    }
+    pub struct RspPacket; len RSP_FIXED_LEN; "SRP_RSP", crate::wire::need => crate::wire::Error;
+    /// IU type code (0xc1).
+    opcode / set_opcode: u8 = field::OPCODE;
+    /// SOLNT bit (bit 0).
+    sol_not / set_sol_not: u8 = field::SOL_NOT;
+    /// REQUEST LIMIT DELTA (signed).
+    req_lim_delta / set_req_lim_delta: i32 = field::REQ_LIM_DELTA;
+    /// Tag of the command or task management request.
+    tag / set_tag: super::Tag = field::TAG;
+    /// Flags byte.
+    flags / set_flags: u8 = field::FLAGS;
+    /// SCSI status.
+    status / set_status: u8 = field::STATUS;
+    /// DATA-OUT RESIDUAL COUNT.
+    data_out_res_cnt / set_data_out_res_cnt: u32 = field::DATA_OUT_RES_CNT;
+    /// DATA-IN RESIDUAL COUNT.
+    data_in_res_cnt / set_data_in_res_cnt: u32 = field::DATA_IN_RES_CNT;
+    /// SENSE DATA LIST LENGTH.
+    sense_data_len / set_sense_data_len: u32 = field::SENSE_DATA_LEN;
+    /// RESPONSE DATA LIST LENGTH.
+    resp_data_len / set_resp_data_len: u32 = field::RESP_DATA_LEN;
 }
 
 /// SRP_RSP (SRP r16a 6.9).

@@ -32,22 +32,21 @@ mod field {
     pub const TASK_TAG: Range<usize> = 32..40;
 }
 
-view! {
+rdma_types::view! {
     /// View of SRP_TSK_MGMT.
-    TskMgmtPacket, "SRP_TSK_MGMT", TSK_MGMT_LEN, {
-        /// IU type code (0x01).
-        opcode, set_opcode: u8 = OPCODE;
-        /// Solicited notification bits.
-        sol_not, set_sol_not: u8 = SOL_NOT;
-        /// Tag of this request.
-        tag, set_tag: super::Tag = TAG;
-        /// Logical unit number.
-        lun, set_lun: super::Lun = LUN;
-        /// Function code.
-        tsk_mgmt_func, set_tsk_mgmt_func: u8 = FUNC;
-        /// TAG OF TASK TO BE MANAGED (ABORT TASK).
-        task_tag, set_task_tag: super::Tag = TASK_TAG;
-    }
+    pub struct TskMgmtPacket; len TSK_MGMT_LEN; "SRP_TSK_MGMT", crate::wire::need => crate::wire::Error;
+    /// IU type code (0x01).
+    opcode / set_opcode: u8 = field::OPCODE;
+    /// Solicited notification bits.
+    sol_not / set_sol_not: u8 = field::SOL_NOT;
+    /// Tag of this request.
+    tag / set_tag: super::Tag = field::TAG;
+    /// Logical unit number.
+    lun / set_lun: super::Lun = field::LUN;
+    /// Function code.
+    tsk_mgmt_func / set_tsk_mgmt_func: u8 = field::FUNC;
+    /// TAG OF TASK TO BE MANAGED (ABORT TASK).
+    task_tag / set_task_tag: super::Tag = field::TASK_TAG;
 }
 
 /// SRP_TSK_MGMT (SRP r16a 6.7).
