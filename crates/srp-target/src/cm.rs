@@ -139,6 +139,14 @@ pub struct Logins {
 
 impl Logins {
     /// Logins to `target`; what happens is told to `events`.
+    ///
+    /// # Locking
+    ///
+    /// `events` runs on the thread of the call that caused the event
+    /// ([`Logins::request`], [`Logins::cm_ended`],
+    /// [`Logins::target_closed`], the last from the port's disconnect
+    /// hook) with no lock of the service or of the port held: it may call
+    /// either.
     pub fn new(
         target: Arc<TargetPort>,
         events: impl Fn(LoginEvent) + Send + Sync + 'static,
@@ -162,7 +170,8 @@ impl Logins {
     /// the REQ's partition (its P_Key picks the target QP's P_Key index; a
     /// partition the target does not serve is refused). `answer` sends
     /// the REP or the REJ; an accepted channel is carried by `cm` from
-    /// before it is called.
+    /// before it is called. `answer` runs once, on this thread, before the
+    /// event and with no lock of the service or of the port held.
     pub fn request(&self, cm: u32, req: LoginRequest, answer: impl FnOnce(Answer)) {
         let LoginRequest {
             data,
@@ -261,6 +270,12 @@ impl Logins {
 /// the CA gone) releases the channel, and a channel the target closes is
 /// disconnected (or, while its login waits for the RTU, refused). Returns
 /// the threads taking the requests.
+///
+/// `events` runs as [`Logins::new`] says: on the thread that took the REQ,
+/// the agent's thread (the CM ended a connection) or the port's (the target
+/// closed a channel), with no lock of the service, the port or the agent
+/// held. Serving sets the agent's `on_disconnect` and `on_established`
+/// hooks and the port's `on_disconnect` hook.
 pub fn serve(
     agent: Arc<CmAgent>,
     target: Arc<TargetPort>,

@@ -58,8 +58,13 @@
 //!   [`TargetPort::disconnected`]) take the lock; the caller must not hold
 //!   a lock a completion callback takes.
 //! - **The disconnect hook** ([`TargetPort::on_disconnect`]) runs after
-//!   the lock is released, on the thread that closed the channel, so it may
-//!   call back into the port or into a CM that calls the port.
+//!   the lock (and the hook's own slot) is released, on the thread that
+//!   closed the channel, so it may call back into the port, set the hook,
+//!   or call a CM that calls the port; a call of its that closes another
+//!   channel runs the hook again, nested.
+//! - **The login service's callbacks** ([`cm::Logins`], [`cm::serve`]:
+//!   the event sink and the REQ's answer) run with no lock of the service
+//!   or of the port held.
 //!
 //! The code is split along those lines: `port/connections.rs` (logins,
 //! bounds, keepalives, closing), `port/completions.rs` (CQs, IUs in, work

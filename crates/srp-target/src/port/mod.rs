@@ -126,7 +126,9 @@ impl Default for PortOptions {
     }
 }
 
-type DisconnectHook = Box<dyn Fn(ConnId, &CloseReason) + Send + Sync>;
+/// Shared so the lock guard can call it with no lock held, not even the
+/// hook's own slot ([`TargetPort::on_disconnect`]).
+type DisconnectHook = Arc<dyn Fn(ConnId, &CloseReason) + Send + Sync>;
 
 /// One SRP target port; [`TargetPort::stop`] or dropping it stops its
 /// threads and releases its verbs objects (call [`TargetPort::logout_all`]
@@ -358,8 +360,16 @@ impl Drop for PortLock<'_> {
             _ => return,
         };
         drop(self.st.take());
-        let hook = self.inner.hook.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(h) = hook.as_ref() {
+        // The hook's slot is let go too before it runs: a hook may set the
+        // hook, or make the port close another channel on this thread
+        // (whose hook then runs nested, from that call).
+        let hook = self
+            .inner
+            .hook
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if let Some(h) = hook {
             for (conn, why) in &closed {
                 h(*conn, why);
             }
@@ -597,11 +607,24 @@ impl TargetPort {
     /// Called, with why, when the target closes a connection by itself
     /// (logout, protocol violation, failed work request, dead initiator,
     /// a login never established): the CM should send a DREQ (or a REJ,
-    /// for a login still waiting for its RTU). Called on the thread that
-    /// closed it once it let go of the port's lock, so the hook may call
-    /// the port.
+    /// for a login still waiting for its RTU). Replaces the hook set
+    /// before.
+    ///
+    /// # Locking
+    ///
+    /// The hook runs on the thread that closed the channel (the poll
+    /// thread, a provider's completion thread, a SCSI worker, or the
+    /// caller of the port method that closed it, [`TargetPort::poll_at`]
+    /// and [`TargetPort::login`] included) once that thread let go of
+    /// every lock of the port, so it may call any method of the port
+    /// (`on_disconnect` too) or a CM that calls the port. A call that
+    /// closes another channel runs the hook for it before returning, so
+    /// the hook may be re-entered. The caller of the port method must not
+    /// hold a lock the hook takes. The hook should not block for long: the
+    /// thread running it may be the one that handles the port's
+    /// completions.
     pub fn on_disconnect(&self, hook: impl Fn(ConnId, &CloseReason) + Send + Sync + 'static) {
-        *self.inner.hook.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(hook));
+        *self.inner.hook.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(hook));
     }
 
     /// The CM established the connection (its RTU came): the login is no
