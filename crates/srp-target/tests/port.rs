@@ -3,12 +3,18 @@
 //! handed to the port directly, as a CM would, over the in-process loopback
 //! provider; the port runs on the test's clock (`PortDrive::Caller`).
 
-use rdma_types::{Gid, Guid, Lid, Mtu, Psn, Qpn};
+use rdma_types::{AccessFlags, Gid, Guid, Lid, Mtu, PortNum, Psn, Qpn};
 use srp::target::{LoginForm, TargetConfig};
 use srp::wire::{BufFormats, LoginReq, LoginReqFlags, PortId, Tag};
 use srp_target::{CloseReason, ConnId, LoginOutcome, PeerQp, PortDrive, PortOptions, TargetPort};
+use std::collections::HashMap;
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
+use verbs::{
+    CaHandle, CqHandle, CqInit, EventHandler, MemBuf, MrHandle, MrInfo, PdHandle, PortAttr,
+    Provider, QpAttr, QpHandle, QpInit, RecvWr, SendWr, SrqAttr, SrqHandle, VerbsError,
+    WorkCompletion,
+};
 
 const TARGET_GUID: u64 = 0x7a;
 
@@ -151,4 +157,272 @@ fn the_disconnect_hook_may_close_another_channel_and_set_the_hook() {
     assert!(port.sessions().is_empty(), "{:?}", port.sessions());
     // The hook holds the port only weakly: nothing to let go of first.
     port.stop();
+}
+
+/// One call of a verb: its name and how many calls of it came before, plus
+/// one.
+type Call = (&'static str, usize);
+
+/// A provider passing every verb to the loopback but failing one chosen
+/// call ([`Faulty::fail`]), and listing the calls of the verbs that make or
+/// set up something.
+struct Faulty {
+    inner: Arc<dyn Provider>,
+    calls: Mutex<(HashMap<&'static str, usize>, Vec<Call>)>,
+    fail: Mutex<Option<Call>>,
+}
+
+impl Faulty {
+    fn new() -> Arc<Faulty> {
+        Arc::new(Faulty {
+            inner: fabric(),
+            calls: Mutex::default(),
+            fail: Mutex::default(),
+        })
+    }
+
+    /// Fails `call` with OutOfResources when it comes.
+    fn fail(&self, call: Call) {
+        *self.fail.lock().unwrap() = Some(call);
+    }
+
+    /// The calls so far, in order.
+    fn calls(&self) -> Vec<Call> {
+        self.calls.lock().unwrap().1.clone()
+    }
+
+    fn gate(&self, verb: &'static str) -> verbs::Result<()> {
+        let mut calls = self.calls.lock().unwrap();
+        let n = calls.0.entry(verb).or_default();
+        *n += 1;
+        let call = (verb, *n);
+        calls.1.push(call);
+        if *self.fail.lock().unwrap() == Some(call) {
+            return Err(VerbsError::OutOfResources("injected by the test"));
+        }
+        Ok(())
+    }
+}
+
+impl Provider for Faulty {
+    fn name(&self) -> &'static str {
+        "faulty loopback"
+    }
+    fn handlers_nest(&self) -> bool {
+        self.inner.handlers_nest()
+    }
+    fn list_cas(&self) -> Vec<Guid> {
+        self.inner.list_cas()
+    }
+    fn open_ca(
+        &self,
+        guid: Guid,
+        ctx: u64,
+        handler: Arc<dyn EventHandler>,
+    ) -> verbs::Result<CaHandle> {
+        self.gate("open_ca")?;
+        self.inner.open_ca(guid, ctx, handler)
+    }
+    fn query_ca(&self, ca: CaHandle) -> verbs::Result<verbs::CaAttr> {
+        self.inner.query_ca(ca)
+    }
+    fn close_ca(&self, ca: CaHandle) -> verbs::Result<()> {
+        self.inner.close_ca(ca)
+    }
+    fn query_port(&self, ca: CaHandle, port: PortNum) -> verbs::Result<PortAttr> {
+        self.gate("query_port")?;
+        self.inner.query_port(ca, port)
+    }
+    fn alloc_pd(&self, ca: CaHandle, ctx: u64) -> verbs::Result<PdHandle> {
+        self.gate("alloc_pd")?;
+        self.inner.alloc_pd(ca, ctx)
+    }
+    fn dealloc_pd(&self, pd: PdHandle) -> verbs::Result<()> {
+        self.inner.dealloc_pd(pd)
+    }
+    fn create_cq(&self, pd: PdHandle, init: &CqInit, ctx: u64) -> verbs::Result<CqHandle> {
+        self.gate("create_cq")?;
+        self.inner.create_cq(pd, init, ctx)
+    }
+    fn destroy_cq(&self, cq: CqHandle) -> verbs::Result<()> {
+        self.inner.destroy_cq(cq)
+    }
+    fn poll_cq(&self, cq: CqHandle, out: &mut [WorkCompletion]) -> verbs::Result<usize> {
+        self.inner.poll_cq(cq, out)
+    }
+    fn req_notify_cq(&self, cq: CqHandle, solicited_only: bool) -> verbs::Result<()> {
+        self.gate("req_notify_cq")?;
+        self.inner.req_notify_cq(cq, solicited_only)
+    }
+    fn create_srq(&self, pd: PdHandle, attr: &SrqAttr, ctx: u64) -> verbs::Result<SrqHandle> {
+        self.gate("create_srq")?;
+        self.inner.create_srq(pd, attr, ctx)
+    }
+    fn destroy_srq(&self, srq: SrqHandle) -> verbs::Result<()> {
+        self.inner.destroy_srq(srq)
+    }
+    fn create_qp(&self, pd: PdHandle, init: &QpInit, ctx: u64) -> verbs::Result<QpHandle> {
+        self.gate("create_qp")?;
+        self.inner.create_qp(pd, init, ctx)
+    }
+    fn qp_num(&self, qp: QpHandle) -> verbs::Result<Qpn> {
+        self.gate("qp_num")?;
+        self.inner.qp_num(qp)
+    }
+    fn modify_qp(&self, qp: QpHandle, attr: &QpAttr) -> verbs::Result<()> {
+        self.gate("modify_qp")?;
+        self.inner.modify_qp(qp, attr)
+    }
+    fn query_qp(&self, qp: QpHandle) -> verbs::Result<QpAttr> {
+        self.inner.query_qp(qp)
+    }
+    fn destroy_qp(&self, qp: QpHandle) -> verbs::Result<()> {
+        self.inner.destroy_qp(qp)
+    }
+    fn reg_mr(
+        &self,
+        pd: PdHandle,
+        buf: &MemBuf,
+        addr: u64,
+        len: u64,
+        access: AccessFlags,
+        ctx: u64,
+    ) -> verbs::Result<MrInfo> {
+        self.gate("reg_mr")?;
+        self.inner.reg_mr(pd, buf, addr, len, access, ctx)
+    }
+    fn dereg_mr(&self, mr: MrHandle) -> verbs::Result<()> {
+        self.inner.dereg_mr(mr)
+    }
+    fn post_send(&self, qp: QpHandle, wrs: &[SendWr]) -> verbs::Result<()> {
+        self.inner.post_send(qp, wrs)
+    }
+    fn post_recv(&self, qp: QpHandle, wrs: &[RecvWr]) -> verbs::Result<()> {
+        self.inner.post_recv(qp, wrs)
+    }
+    fn post_srq_recv(&self, srq: SrqHandle, wrs: &[RecvWr]) -> verbs::Result<()> {
+        self.gate("post_srq_recv")?;
+        self.inner.post_srq_recv(srq, wrs)
+    }
+}
+
+/// A port over `faulty` through a client of the access layer, which counts
+/// the verbs objects the port holds.
+struct Counted {
+    access: rdma_access::resource::AccessLayer,
+    /// Kept open, as a daemon's is: closing it would release whatever the
+    /// port left.
+    _client: Arc<rdma_access::resource::TrackedProvider>,
+    port: Result<TargetPort, srp_target::PortError>,
+}
+
+fn start_counted(faulty: &Arc<Faulty>) -> Counted {
+    let access = rdma_access::resource::AccessLayer::new(faulty.clone());
+    let client = access.client("srp target").into_provider();
+    let port = TargetPort::start(
+        client.clone(),
+        Guid(TARGET_GUID),
+        config(),
+        Arc::new(scsi::Target::new()),
+        options(Duration::from_secs(10)),
+    );
+    Counted {
+        access,
+        _client: client,
+        port,
+    }
+}
+
+/// The kinds of verbs object a port makes.
+const VERBS_KINDS: [rdma_access::resource::Kind; 6] = {
+    use rdma_access::resource::Kind;
+    [Kind::Qp, Kind::Mr, Kind::Srq, Kind::Cq, Kind::Pd, Kind::Ca]
+};
+
+/// Every call a start makes, failed in turn: the start fails and leaves no
+/// verbs object open.
+#[test]
+fn a_start_failing_at_any_verb_leaves_no_verbs_object() {
+    let faulty = Faulty::new();
+    let Counted {
+        access,
+        port,
+        _client,
+    } = start_counted(&faulty);
+    let port = port.expect("the port starts");
+    let made = faulty.calls();
+    assert!(made.contains(&("create_cq", 1)) && made.contains(&("reg_mr", 2)));
+    drop(port);
+    assert_eq!(access.live_total(), 0, "after a stop");
+    for call in made {
+        let faulty = Faulty::new();
+        faulty.fail(call);
+        let Counted {
+            access,
+            port,
+            _client,
+        } = start_counted(&faulty);
+        let err = port
+            .err()
+            .unwrap_or_else(|| panic!("{call:?} failed, the start did not"));
+        assert!(err.to_string().contains("injected"), "{call:?}: {err}");
+        assert_eq!(
+            access.live_total(),
+            0,
+            "left open when {call:?} failed ({err})"
+        );
+    }
+}
+
+/// Every call a login makes, failed in turn: the login is refused and
+/// leaves no verbs object of its channel open (or, where the port gets
+/// by without the call, is accepted). Before, a failed `qp_num` left the
+/// channel's QP, send CQ and send MR open.
+#[test]
+fn a_login_failing_at_any_verb_leaves_no_verbs_object() {
+    // The calls of one login, after the start's.
+    let faulty = Faulty::new();
+    let Counted {
+        access,
+        port,
+        _client,
+    } = start_counted(&faulty);
+    let port = port.expect("the port starts");
+    let (started, idle) = (faulty.calls().len(), access.live_total());
+    let (data, peer) = login_from(1);
+    let conn = accepted(port.login(&data, LoginForm::IbCm, peer));
+    let made = faulty.calls().split_off(started);
+    assert!(made.iter().any(|c| c.0 == "qp_num"), "{made:?}");
+    port.disconnected(conn);
+    assert_eq!(access.live_total(), idle, "after a disconnect");
+    drop(port);
+
+    let mut refused = Vec::new();
+    for call in made {
+        let faulty = Faulty::new();
+        faulty.fail(call);
+        let Counted {
+            access,
+            port,
+            _client,
+        } = start_counted(&faulty);
+        let port = port.expect("the port starts");
+        assert_eq!(access.live_total(), idle);
+        match port.login(&data, LoginForm::IbCm, peer) {
+            LoginOutcome::Rejected { reason, .. } => {
+                assert!(reason.contains("injected"), "{call:?}: {reason}");
+                refused.push(call.0);
+            }
+            LoginOutcome::Accepted { conn, .. } => port.disconnected(conn),
+        }
+        assert_eq!(
+            access.live_total(),
+            idle,
+            "left open when {call:?} failed: {:?}",
+            VERBS_KINDS.map(|k| (k, access.live(k)))
+        );
+    }
+    for verb in ["create_cq", "create_qp", "reg_mr", "modify_qp", "qp_num"] {
+        assert!(refused.contains(&verb), "{verb} never refused: {refused:?}");
+    }
 }

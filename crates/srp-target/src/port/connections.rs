@@ -373,6 +373,7 @@ impl Inner {
     }
 
     /// Creates the QP, its send CQ and send slots, and connects the QP.
+    /// On an error, what it made so far is released.
     pub(super) fn create_conn(
         &self,
         conn: ConnId,
@@ -383,76 +384,54 @@ impl Inner {
         initiator: &str,
     ) -> Result<(Conn, LocalQp), PortError> {
         let p = &self.provider;
+        let mut undo = Undo::new(p);
         let send_cq = p
             .create_cq(self.pd, &CqInit { cqe: sq + 2 }, conn.0)
             .map_err(verbs_err("create send CQ"))?;
-        let qp = match p.create_qp(
-            self.pd,
-            &QpInit {
-                qp_type: QpType::Rc,
-                send_cq,
-                recv_cq: self.recv_cq,
-                srq: Some(self.srq),
-                caps: QpCaps {
-                    // One beyond the channel's own for a keepalive.
-                    max_send_wr: sq + 1,
-                    max_recv_wr: 0,
-                    // A WRITE out of reserved chunks may span two.
-                    max_send_sge: 2,
-                    max_recv_sge: 1,
-                    max_inline: 0,
+        undo.push(move |p| drop(p.destroy_cq(send_cq)));
+        let qp = p
+            .create_qp(
+                self.pd,
+                &QpInit {
+                    qp_type: QpType::Rc,
+                    send_cq,
+                    recv_cq: self.recv_cq,
+                    srq: Some(self.srq),
+                    caps: QpCaps {
+                        // One beyond the channel's own for a keepalive.
+                        max_send_wr: sq + 1,
+                        max_recv_wr: 0,
+                        // A WRITE out of reserved chunks may span two.
+                        max_send_sge: 2,
+                        max_recv_sge: 1,
+                        max_inline: 0,
+                    },
+                    sq_sig_all: true,
+                    port: None,
                 },
-                sq_sig_all: true,
-                port: None,
-            },
-            conn.0,
-        ) {
-            Ok(qp) => qp,
-            Err(e) => {
-                let _ = p.destroy_cq(send_cq);
-                return Err(PortError::Verbs {
-                    what: "create QP",
-                    err: e,
-                });
-            }
-        };
+                conn.0,
+            )
+            .map_err(verbs_err("create QP"))?;
+        undo.push(move |p| drop(p.destroy_qp(qp)));
         let send_buf = MemBuf::new((sq * slot_size) as usize);
-        let cleanup = |p: &Arc<dyn Provider>| {
-            let _ = p.destroy_qp(qp);
-            let _ = p.destroy_cq(send_cq);
-        };
-        let send_mr = match p.reg_mr(
-            self.pd,
-            &send_buf,
-            send_buf.addr(),
-            send_buf.len() as u64,
-            AccessFlags::LOCAL_WRITE,
-            0,
-        ) {
-            Ok(m) => m,
-            Err(e) => {
-                cleanup(p);
-                return Err(PortError::Verbs {
-                    what: "register send slots",
-                    err: e,
-                });
-            }
-        };
+        let send_mr = p
+            .reg_mr(
+                self.pd,
+                &send_buf,
+                send_buf.addr(),
+                send_buf.len() as u64,
+                AccessFlags::LOCAL_WRITE,
+                0,
+            )
+            .map_err(verbs_err("register send slots"))?;
+        let h = send_mr.handle;
+        undo.push(move |p| drop(p.dereg_mr(h)));
         let psn = Psn::new((conn.0 as u32).wrapping_mul(0x9e37_79b9) >> 8);
-        if let Err(e) = self.connect_qp(qp, peer, pkey_index, psn) {
-            let _ = p.dereg_mr(send_mr.handle);
-            cleanup(p);
-            return Err(e);
-        }
-        if let Err(e) = p.req_notify_cq(send_cq, false) {
-            let _ = p.dereg_mr(send_mr.handle);
-            cleanup(p);
-            return Err(PortError::Verbs {
-                what: "arm send CQ",
-                err: e,
-            });
-        }
+        self.connect_qp(qp, peer, pkey_index, psn)?;
+        p.req_notify_cq(send_cq, false)
+            .map_err(verbs_err("arm send CQ"))?;
         let qpn = p.qp_num(qp).map_err(verbs_err("QP number"))?;
+        undo.disarm();
         let nexus = scsi::Nexus::new(initiator, &self.name);
         Ok((
             Conn {
