@@ -43,6 +43,35 @@ impl ClosedBy {
     }
 }
 
+/// Why a channel ended ([`LoginEvent::Closed`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ChannelEnd {
+    /// The CM ended the connection that carried it: a DREQ, a REJ of the
+    /// REP, no RTU after every REP resend, the CA gone.
+    CmEnded,
+    /// The target closed it, for this reason.
+    Target(CloseReason),
+}
+
+impl ChannelEnd {
+    /// Who ended the channel.
+    pub fn by(&self) -> ClosedBy {
+        match self {
+            ChannelEnd::CmEnded => ClosedBy::Initiator,
+            ChannelEnd::Target(_) => ClosedBy::Target,
+        }
+    }
+}
+
+impl std::fmt::Display for ChannelEnd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ChannelEnd::CmEnded => f.write_str("the CM connection ended"),
+            ChannelEnd::Target(why) => why.fmt(f),
+        }
+    }
+}
+
 /// What the login service did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LoginEvent {
@@ -50,7 +79,7 @@ pub enum LoginEvent {
     /// `cma_hdr`): refused with an empty REJ.
     RequestRefused {
         /// Why.
-        error: String,
+        error: rdma_access::rdmacm::BadRequest,
     },
     /// A login accepted: the REP went out.
     Accepted {
@@ -80,10 +109,8 @@ pub enum LoginEvent {
         conn: ConnId,
         /// The initiator's name.
         initiator: String,
-        /// Who ended it.
-        by: ClosedBy,
-        /// Why, in words.
-        reason: String,
+        /// Who ended it and why ([`ChannelEnd::by`]).
+        reason: ChannelEnd,
     },
 }
 
@@ -219,8 +246,7 @@ impl Logins {
             (self.events)(LoginEvent::Closed {
                 conn,
                 initiator,
-                by: ClosedBy::Initiator,
-                reason: "the CM connection ended".into(),
+                reason: ChannelEnd::CmEnded,
             });
         }
     }
@@ -247,8 +273,7 @@ impl Logins {
         (self.events)(LoginEvent::Closed {
             conn,
             initiator,
-            by: ClosedBy::Target,
-            reason: why.to_string(),
+            reason: ChannelEnd::Target(why.clone()),
         });
         Some(cm)
     }
@@ -326,9 +351,7 @@ fn login(logins: &Logins, events: &Sink, inc: Incoming, form: LoginForm) {
         LoginForm::RdmaCm => match rdma_access::rdmacm::decode(inc) {
             Ok(r) => (r.incoming, r.private_data, r.src.to_string()),
             Err((inc, e)) => {
-                events(LoginEvent::RequestRefused {
-                    error: e.to_string(),
-                });
+                events(LoginEvent::RequestRefused { error: e });
                 inc.reject(Vec::new());
                 return;
             }

@@ -85,6 +85,6 @@ mod port;
 
 pub use names::{initiator_name, target_name};
 pub use port::{
-    ChannelPhase, CloseReason, ConnId, LocalQp, LoginOutcome, LunCounters, LunStats, PeerQp,
-    PortDrive, PortError, PortOptions, SessionInfo, TargetPort,
+    ChannelPhase, CloseReason, ConnId, LocalQp, LoginOutcome, LunCounters, LunStats,
+    PartitionError, PeerQp, PortDrive, PortError, PortOptions, SessionInfo, TargetPort,
 };

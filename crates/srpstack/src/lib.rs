@@ -590,7 +590,7 @@ pub fn serve_cm(
             LoginEvent::RequestRefused { error } => {
                 Record::warn("request_refused", format!("refused a request: {error}"))
                     .target(name.clone())
-                    .field("error", error)
+                    .field("error", error.to_string())
             }
             LoginEvent::Accepted {
                 src,
@@ -639,21 +639,20 @@ pub fn serve_cm(
             LoginEvent::Closed {
                 conn,
                 initiator,
-                by,
                 reason,
             } => Record::info(
                 "logout",
                 format!(
                     "channel {} of {initiator} closed by the {}: {reason}",
                     conn.0,
-                    by.as_str()
+                    reason.by().as_str()
                 ),
             )
             .target(name.clone())
             .session(initiator)
             .field("channel", conn.0)
-            .field("by", by.as_str())
-            .field("reason", reason),
+            .field("by", reason.by().as_str())
+            .field("reason", reason.to_string()),
         };
         log.emit(record);
     })

@@ -93,6 +93,74 @@ impl std::fmt::Display for CloseReason {
     }
 }
 
+/// Why a login's partition cannot be served ([`PortError::Partition`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PartitionError {
+    /// The login named no partition and the port's P_Key table holds none
+    /// of [`PortOptions::pkeys`].
+    #[error(
+        "the port's P_Key table ({}) holds none of the partitions served ({})",
+        pkey_list(table),
+        pkey_list(served)
+    )]
+    NoneServed {
+        /// The port's P_Key table.
+        table: Vec<Pkey>,
+        /// The partitions the port serves.
+        served: Vec<Pkey>,
+    },
+    /// The served partition chosen left the table while it was looked up.
+    #[error("P_Key {:04x} left the table", .0.0)]
+    LeftTable(Pkey),
+    /// The login's partition is not among [`PortOptions::pkeys`].
+    #[error(
+        "P_Key {:04x}: the target does not serve that partition (it serves {})",
+        pkey.0,
+        pkey_list(served)
+    )]
+    NotServed {
+        /// The login's partition.
+        pkey: Pkey,
+        /// The partitions the port serves.
+        served: Vec<Pkey>,
+    },
+    /// Both ends are limited members of the partition (IBA 10.9.3: they
+    /// may not talk).
+    #[error(
+        "P_Key {:04x}: the initiator and the target port are both limited members of that partition (its P_Key table: {})",
+        pkey.0,
+        pkey_list(table)
+    )]
+    BothLimited {
+        /// The login's partition.
+        pkey: Pkey,
+        /// The port's P_Key table.
+        table: Vec<Pkey>,
+    },
+    /// The port's P_Key table has no entry for the partition (the SM has
+    /// not made the port a member).
+    #[error(
+        "P_Key {:04x}: the target port is not a member of that partition (its P_Key table: {})",
+        pkey.0,
+        pkey_list(table)
+    )]
+    NotMember {
+        /// The login's partition.
+        pkey: Pkey,
+        /// The port's P_Key table.
+        table: Vec<Pkey>,
+    },
+}
+
+/// The valid keys of `keys`, as four hex digits each.
+fn pkey_list(keys: &[Pkey]) -> String {
+    keys.iter()
+        .filter(|k| k.is_valid())
+        .map(|k| format!("{:04x}", k.0))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// A channel's place in its life, as `srptadm show` reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ChannelPhase {
@@ -161,22 +229,15 @@ impl Inner {
             return Ok((0, table.first().copied().unwrap_or(Pkey::DEFAULT)));
         }
         let same = |a: Pkey, b: Pkey| a.is_valid() && a.base() == b.base();
-        let names = |t: &[Pkey]| {
-            t.iter()
-                .filter(|k| k.is_valid())
-                .map(|k| format!("{:04x}", k.0))
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
         let at = |i: usize| u16::try_from(i).ok().map(|ix| (ix, table[i]));
         let Some(k) = pkey else {
             // No partition named: the first served one the table holds.
             let Some(s) = served.iter().find(|s| table.iter().any(|t| same(*t, **s))) else {
-                return Err(PortError::Partition(format!(
-                    "the port's P_Key table ({}) holds none of the partitions served ({})",
-                    names(&table),
-                    names(served)
-                )));
+                return Err(PartitionError::NoneServed {
+                    table,
+                    served: served.clone(),
+                }
+                .into());
             };
             let i = table
                 .iter()
@@ -184,14 +245,14 @@ impl Inner {
                 .or_else(|| table.iter().position(|t| same(*t, *s)));
             return i
                 .and_then(at)
-                .ok_or_else(|| PortError::Partition(format!("P_Key {:04x} left the table", s.0)));
+                .ok_or_else(|| PartitionError::LeftTable(*s).into());
         };
         if !served.is_empty() && !served.iter().any(|s| same(*s, k)) {
-            return Err(PortError::Partition(format!(
-                "P_Key {:04x}: the target does not serve that partition (it serves {})",
-                k.0,
-                names(served)
-            )));
+            return Err(PartitionError::NotServed {
+                pkey: k,
+                served: served.clone(),
+            }
+            .into());
         }
         // IBA 10.9.3: the entry must match the REQ's key (same partition,
         // one side a full member); a full entry matches every member, so
@@ -203,19 +264,12 @@ impl Inner {
         if let Some(r) = i.and_then(at) {
             return Ok(r);
         }
-        Err(PortError::Partition(if table.iter().any(|t| same(*t, k)) {
-            format!(
-                    "P_Key {:04x}: the initiator and the target port are both limited members of that partition (its P_Key table: {})",
-                    k.0,
-                    names(&table)
-                )
+        Err(if table.iter().any(|t| same(*t, k)) {
+            PartitionError::BothLimited { pkey: k, table }
         } else {
-            format!(
-                    "P_Key {:04x}: the target port is not a member of that partition (its P_Key table: {})",
-                    k.0,
-                    names(&table)
-                )
-        }))
+            PartitionError::NotMember { pkey: k, table }
+        }
+        .into())
     }
 
     pub(super) fn login(

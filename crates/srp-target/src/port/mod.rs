@@ -27,7 +27,9 @@ mod execution;
 mod stats;
 
 use chunks::{Fetched, InData, OpInfo, DIRECT_IN_MIN};
-pub use connections::{ChannelPhase, CloseReason, ConnId, LocalQp, LoginOutcome, PeerQp};
+pub use connections::{
+    ChannelPhase, CloseReason, ConnId, LocalQp, LoginOutcome, PartitionError, PeerQp,
+};
 use stats::LunTable;
 pub use stats::{LunCounters, LunStats, SessionInfo};
 
@@ -49,8 +51,8 @@ pub enum PortError {
     #[error("cannot start a thread: {0}")]
     Thread(#[from] std::io::Error),
     /// The login's partition is not one the port serves.
-    #[error("{0}")]
-    Partition(String),
+    #[error(transparent)]
+    Partition(#[from] PartitionError),
 }
 
 fn verbs_err(what: &'static str) -> impl FnOnce(verbs::VerbsError) -> PortError {
