@@ -164,7 +164,7 @@ fn the_disconnect_hook_may_close_another_channel_and_set_the_hook() {
 type Call = (&'static str, usize);
 
 /// A provider passing every verb to the loopback but failing one chosen
-/// call ([`Faulty::fail`]), and listing the calls of the verbs that make or
+/// call (`fail`, with OutOfResources), and listing the calls of the verbs that make or
 /// set up something.
 struct Faulty {
     inner: Arc<dyn Provider>,
@@ -179,11 +179,6 @@ impl Faulty {
             calls: Mutex::default(),
             fail: Mutex::default(),
         })
-    }
-
-    /// Fails `call` with OutOfResources when it comes.
-    fn fail(&self, call: Call) {
-        *self.fail.lock().unwrap() = Some(call);
     }
 
     /// The calls so far, in order.
@@ -306,9 +301,10 @@ impl Provider for Faulty {
     }
 }
 
-/// A port over `faulty` through a client of the access layer, which counts
-/// the verbs objects the port holds.
+/// A port over a [`Faulty`] loopback through a client of the access
+/// layer, which counts the verbs objects the port holds.
 struct Counted {
+    faulty: Arc<Faulty>,
     access: rdma_access::resource::AccessLayer,
     /// Kept open, as a daemon's is: closing it would release whatever the
     /// port left.
@@ -316,7 +312,10 @@ struct Counted {
     port: Result<TargetPort, srp_target::PortError>,
 }
 
-fn start_counted(faulty: &Arc<Faulty>) -> Counted {
+/// Starts a counted port whose provider fails `fail` when it comes.
+fn start_counted(fail: Option<Call>) -> Counted {
+    let faulty = Faulty::new();
+    *faulty.fail.lock().unwrap() = fail;
     let access = rdma_access::resource::AccessLayer::new(faulty.clone());
     let client = access.client("srp target").into_provider();
     let port = TargetPort::start(
@@ -327,6 +326,7 @@ fn start_counted(faulty: &Arc<Faulty>) -> Counted {
         options(Duration::from_secs(10)),
     );
     Counted {
+        faulty,
         access,
         _client: client,
         port,
@@ -343,34 +343,20 @@ const VERBS_KINDS: [rdma_access::resource::Kind; 6] = {
 /// verbs object open.
 #[test]
 fn a_start_failing_at_any_verb_leaves_no_verbs_object() {
-    let faulty = Faulty::new();
-    let Counted {
-        access,
-        port,
-        _client,
-    } = start_counted(&faulty);
-    let port = port.expect("the port starts");
-    let made = faulty.calls();
+    let c = start_counted(None);
+    let made = c.faulty.calls();
     assert!(made.contains(&("create_cq", 1)) && made.contains(&("reg_mr", 2)));
-    drop(port);
-    assert_eq!(access.live_total(), 0, "after a stop");
+    drop(c.port.expect("the port starts"));
+    assert_eq!(c.access.live_total(), 0, "after a stop");
     for call in made {
-        let faulty = Faulty::new();
-        faulty.fail(call);
-        let Counted {
-            access,
-            port,
-            _client,
-        } = start_counted(&faulty);
-        let err = port
+        let c = start_counted(Some(call));
+        let err = c
+            .port
             .err()
             .unwrap_or_else(|| panic!("{call:?} failed, the start did not"));
         assert!(err.to_string().contains("injected"), "{call:?}: {err}");
-        assert_eq!(
-            access.live_total(),
-            0,
-            "left open when {call:?} failed ({err})"
-        );
+        let left = c.access.live_total();
+        assert_eq!(left, 0, "left open when {call:?} failed ({err})");
     }
 }
 
@@ -381,32 +367,21 @@ fn a_start_failing_at_any_verb_leaves_no_verbs_object() {
 #[test]
 fn a_login_failing_at_any_verb_leaves_no_verbs_object() {
     // The calls of one login, after the start's.
-    let faulty = Faulty::new();
-    let Counted {
-        access,
-        port,
-        _client,
-    } = start_counted(&faulty);
-    let port = port.expect("the port starts");
-    let (started, idle) = (faulty.calls().len(), access.live_total());
+    let c = start_counted(None);
+    let port = c.port.expect("the port starts");
+    let (started, idle) = (c.faulty.calls().len(), c.access.live_total());
     let (data, peer) = login_from(1);
     let conn = accepted(port.login(&data, LoginForm::IbCm, peer));
-    let made = faulty.calls().split_off(started);
+    let made = c.faulty.calls().split_off(started);
     assert!(made.iter().any(|c| c.0 == "qp_num"), "{made:?}");
     port.disconnected(conn);
-    assert_eq!(access.live_total(), idle, "after a disconnect");
+    assert_eq!(c.access.live_total(), idle, "after a disconnect");
     drop(port);
 
     let mut refused = Vec::new();
     for call in made {
-        let faulty = Faulty::new();
-        faulty.fail(call);
-        let Counted {
-            access,
-            port,
-            _client,
-        } = start_counted(&faulty);
-        let port = port.expect("the port starts");
+        let c = start_counted(Some(call));
+        let (access, port) = (&c.access, c.port.expect("the port starts"));
         assert_eq!(access.live_total(), idle);
         match port.login(&data, LoginForm::IbCm, peer) {
             LoginOutcome::Rejected { reason, .. } => {

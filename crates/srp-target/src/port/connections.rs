@@ -468,18 +468,7 @@ impl Inner {
             .map_err(verbs_err("create QP"))?;
         undo.push(move |p| drop(p.destroy_qp(qp)));
         let send_buf = MemBuf::new((sq * slot_size) as usize);
-        let send_mr = p
-            .reg_mr(
-                self.pd,
-                &send_buf,
-                send_buf.addr(),
-                send_buf.len() as u64,
-                AccessFlags::LOCAL_WRITE,
-                0,
-            )
-            .map_err(verbs_err("register send slots"))?;
-        let h = send_mr.handle;
-        undo.push(move |p| drop(p.dereg_mr(h)));
+        let send_mr = undo.reg_local(self.pd, &send_buf, "register send slots")?;
         let psn = Psn::new((conn.0 as u32).wrapping_mul(0x9e37_79b9) >> 8);
         self.connect_qp(qp, peer, pkey_index, psn)?;
         p.req_notify_cq(send_cq, false)

@@ -467,32 +467,10 @@ impl TargetPort {
         undo.push(move |p| drop(p.destroy_srq(srq)));
         let req_size = config.max_req_size;
         let srq_buf = MemBuf::new((srq_len * req_size) as usize);
-        let srq_mr = p
-            .reg_mr(
-                pd,
-                &srq_buf,
-                srq_buf.addr(),
-                srq_buf.len() as u64,
-                AccessFlags::LOCAL_WRITE,
-                0,
-            )
-            .map_err(verbs_err("register receive buffers"))?;
-        let h = srq_mr.handle;
-        undo.push(move |p| drop(p.dereg_mr(h)));
+        let srq_mr = undo.reg_local(pd, &srq_buf, "register receive buffers")?;
         let chunk_size = config.max_rdma_size.max(config.max_table_len);
         let chunk_buf = MemBuf::new(chunk_size as usize * opts.chunks);
-        let chunk_mr = p
-            .reg_mr(
-                pd,
-                &chunk_buf,
-                chunk_buf.addr(),
-                chunk_buf.len() as u64,
-                AccessFlags::LOCAL_WRITE,
-                0,
-            )
-            .map_err(verbs_err("register RDMA chunks"))?;
-        let h = chunk_mr.handle;
-        undo.push(move |p| drop(p.dereg_mr(h)));
+        let chunk_mr = undo.reg_local(pd, &chunk_buf, "register RDMA chunks")?;
         let (jobs_tx, jobs_rx) = mpsc::channel::<Job>();
         let name = target_name(gid);
         let target = Target::new(config)?;
@@ -919,6 +897,31 @@ impl<'a> Undo<'a> {
 
     fn push(&mut self, step: impl FnOnce(&dyn Provider) + 'static) {
         self.steps.push(Box::new(step));
+    }
+
+    /// Registers all of `buf` in `pd` for local writes (receive
+    /// buffers, RDMA chunks, send slots: no remote access), deregistered
+    /// again on undo; `what` names the step in the error.
+    fn reg_local(
+        &mut self,
+        pd: PdHandle,
+        buf: &MemBuf,
+        what: &'static str,
+    ) -> Result<MrInfo, PortError> {
+        let mr = self
+            .provider
+            .reg_mr(
+                pd,
+                buf,
+                buf.addr(),
+                buf.len() as u64,
+                AccessFlags::LOCAL_WRITE,
+                0,
+            )
+            .map_err(verbs_err(what))?;
+        let h = mr.handle;
+        self.push(move |p| drop(p.dereg_mr(h)));
+        Ok(mr)
     }
 
     fn disarm(&mut self) {
