@@ -4,7 +4,7 @@
 //! kept together both ways. What happens is told as [`LoginEvent`]s; the
 //! daemon decides how to log them.
 
-use crate::port::{CloseReason, ConnId, LocalQp, LoginOutcome, PeerQp, TargetPort};
+use crate::port::{CloseReason, ConnId, LocalQp, LoginOutcome, LoginRefusal, PeerQp, TargetPort};
 use rdma_access::{CmAgent, Incoming, QpParams};
 use rdma_types::{Lid, Pkey};
 use srp::target::LoginForm;
@@ -100,8 +100,9 @@ pub enum LoginEvent {
         pkey: Pkey,
         /// The initiator's name, when the login parsed.
         initiator: Option<String>,
-        /// Why, naming the limit and its setting where one refused it.
-        reason: String,
+        /// Why (its `Display` names the limit and its setting where one
+        /// refused it).
+        reason: LoginRefusal,
     },
     /// A channel ended.
     Closed {

@@ -85,6 +85,7 @@ mod port;
 
 pub use names::{initiator_name, target_name};
 pub use port::{
-    ChannelPhase, CloseReason, ConnId, LocalQp, LoginOutcome, LunCounters, LunStats,
-    PartitionError, PeerQp, PortDrive, PortError, PortOptions, SessionInfo, TargetPort,
+    ChannelPhase, CloseReason, ConnId, LocalQp, LoginOutcome, LoginRefusal, LunCounters, LunStats,
+    OtherTargetPort, PartitionError, PeerQp, PortDrive, PortError, PortOptions, SessionInfo,
+    SetupError, TargetPort,
 };

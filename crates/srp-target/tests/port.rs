@@ -385,7 +385,14 @@ fn a_login_failing_at_any_verb_leaves_no_verbs_object() {
         assert_eq!(access.live_total(), idle);
         match port.login(&data, LoginForm::IbCm, peer) {
             LoginOutcome::Rejected { reason, .. } => {
-                assert!(reason.contains("injected"), "{call:?}: {reason}");
+                assert!(
+                    matches!(reason, srp_target::LoginRefusal::Channel(_)),
+                    "{call:?}: {reason}"
+                );
+                assert!(
+                    reason.to_string().contains("injected"),
+                    "{call:?}: {reason}"
+                );
                 refused.push(call.0);
             }
             LoginOutcome::Accepted { conn, .. } => port.disconnected(conn),
@@ -400,4 +407,46 @@ fn a_login_failing_at_any_verb_leaves_no_verbs_object() {
     for verb in ["create_cq", "create_qp", "reg_mr", "modify_qp", "qp_num"] {
         assert!(refused.contains(&verb), "{verb} never refused: {refused:?}");
     }
+}
+
+/// The port's own refusals are typed, and read as srptd's log always had
+/// them.
+#[test]
+fn the_ports_own_login_refusals_say_what_to_raise() {
+    let port = TargetPort::start(
+        fabric(),
+        Guid(TARGET_GUID),
+        config(),
+        Arc::new(scsi::Target::new()),
+        PortOptions {
+            max_pending_per_initiator: 1,
+            ..options(Duration::from_secs(10))
+        },
+    )
+    .expect("the port starts");
+    let refusal = |outcome| match outcome {
+        LoginOutcome::Rejected { reason, .. } => reason,
+        LoginOutcome::Accepted { .. } => panic!("accepted"),
+    };
+    let (data, mut peer) = login_from(1);
+    accepted(port.login(&data, LoginForm::IbCm, peer));
+    let r = refusal(port.login(&data, LoginForm::IbCm, peer));
+    assert_eq!(
+        r,
+        srp_target::LoginRefusal::TooManyPending {
+            pending: 1,
+            limit: 1
+        }
+    );
+    assert_eq!(
+        r.to_string(),
+        "the initiator has 1 logins not yet established, the most one initiator port may have (max_pending_per_initiator = 1 raises it)"
+    );
+    peer.initiator_depth = 0;
+    let r = refusal(port.login(&data, LoginForm::IbCm, peer));
+    assert_eq!(r, srp_target::LoginRefusal::NoRdmaRead);
+    assert_eq!(
+        r.to_string(),
+        "the initiator's QP takes no RDMA READ (REQ responder resources 0): the target could not fetch data-out"
+    );
 }

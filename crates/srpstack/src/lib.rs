@@ -221,7 +221,7 @@ impl Connector for Direct {
                 }
             }),
             LoginOutcome::Rejected { rej, reason } => {
-                *self.refused.lock().unwrap_or_else(|e| e.into_inner()) = reason;
+                *self.refused.lock().unwrap_or_else(|e| e.into_inner()) = reason.to_string();
                 Err(ConnectError::Rejected(rej))
             }
         }
@@ -630,7 +630,7 @@ pub fn serve_cm(
                 .target(name.clone())
                 .field("src", &src)
                 .field("pkey", format!("{:04x}", pkey.0))
-                .field("reason", reason);
+                .field("reason", reason.to_string());
                 match initiator {
                     Some(i) => r.session(i),
                     None => r,

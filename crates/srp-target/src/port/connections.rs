@@ -93,7 +93,7 @@ impl std::fmt::Display for CloseReason {
     }
 }
 
-/// Why a login's partition cannot be served ([`PortError::Partition`]).
+/// Why a login's partition cannot be served ([`SetupError::Partition`]).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PartitionError {
     /// The login named no partition and the port's P_Key table holds none
@@ -209,15 +209,80 @@ pub enum LoginOutcome {
     Rejected {
         /// SRP_LOGIN_REJ bytes.
         rej: Vec<u8>,
-        /// The reason in words, for logs.
-        reason: String,
+        /// Why, for logs (its `Display` names the limit and the setting
+        /// that raises it where one refused the login).
+        reason: LoginRefusal,
     },
+}
+
+/// Why the port refused a login ([`LoginOutcome::Rejected`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LoginRefusal {
+    /// The SRP target refused it (SRP r16a 6.4, `srp::target`).
+    #[error("{}", srp_words(.reason, .detail, .other_port))]
+    Srp {
+        /// The SRP_LOGIN_REJ reason.
+        reason: LoginRejReason,
+        /// `srp::target`'s words for it (the limit and the setting that
+        /// raises it), when it has them.
+        detail: Option<String>,
+        /// Set when the login could not be associated with a channel
+        /// because it names another target port (an initiator still using
+        /// an old id_ext or ioc_guid, say).
+        other_port: Option<OtherTargetPort>,
+    },
+    /// The REQ offers the target no RDMA READ at the initiator.
+    #[error("the initiator's QP takes no RDMA READ (REQ responder resources 0): the target could not fetch data-out")]
+    NoRdmaRead,
+    /// The initiator port has `max_pending_per_initiator` logins that are
+    /// not established yet.
+    #[error("the initiator has {pending} logins not yet established, the most one initiator port may have (max_pending_per_initiator = {limit} raises it)")]
+    TooManyPending {
+        /// Its logins not yet established.
+        pending: usize,
+        /// `max_pending_per_initiator`.
+        limit: usize,
+    },
+    /// The channel's QP, CQ or send slots could not be set up, or its
+    /// partition is not served.
+    #[error("cannot set up the RDMA channel: {0}")]
+    Channel(#[from] SetupError),
+}
+
+/// [`LoginRefusal::Srp`] in words: `srp::target`'s if it has them, else
+/// the reason's, then which target port the login named if not this one.
+fn srp_words(
+    reason: &LoginRejReason,
+    detail: &Option<String>,
+    other_port: &Option<OtherTargetPort>,
+) -> String {
+    let words = detail.clone().unwrap_or_else(|| reason.to_string());
+    match other_port {
+        Some(o) => format!("{words}: {o}"),
+        None => words,
+    }
+}
+
+/// The target port a login named, and this port's ([`LoginRefusal::Srp`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "it names target port id_ext {:016x} ioc_guid {:016x}, this port is id_ext {:016x} ioc_guid {:016x}",
+    .named.id_ext(),
+    .named.guid(),
+    .ours.id_ext(),
+    .ours.guid()
+)]
+pub struct OtherTargetPort {
+    /// The target port ID in the login.
+    pub named: srp::wire::PortId,
+    /// This port's target port ID.
+    pub ours: srp::wire::PortId,
 }
 
 impl Inner {
     /// The P_Key table index for a login in `pkey`, and the P_Key there
     /// (see [`PortOptions::pkeys`]).
-    pub(super) fn pkey_index(&self, pkey: Option<Pkey>) -> Result<(u16, Pkey), PortError> {
+    pub(super) fn pkey_index(&self, pkey: Option<Pkey>) -> Result<(u16, Pkey), SetupError> {
         let served = &self.opts.pkeys;
         let table = match self.provider.query_port(self.ca, self.opts.port) {
             Ok(p) => p.pkeys,
@@ -292,10 +357,6 @@ impl Inner {
                 terminated,
             } => (channel, rsp, terminated),
             Login::Rejected(rej) => {
-                let mut reason = st
-                    .target
-                    .last_refusal()
-                    .map_or_else(|| rej.reason.to_string(), str::to_string);
                 // A login for another target port (an initiator that still
                 // has an old id_ext/ioc_guid, say) is told apart in the log.
                 let req = match form {
@@ -303,19 +364,19 @@ impl Inner {
                     LoginForm::RdmaCm => srp::wire::LoginReq::parse_rdma(data),
                 };
                 let ours = st.target.config().target_port_id;
-                if let Ok(req) = req.map(|r| r.target_port_id) {
-                    if rej.reason == LoginRejReason::UnableAssociateChannel && req != ours {
-                        reason = format!(
-                            "{reason}: it names target port id_ext {:016x} ioc_guid {:016x}, this port is id_ext {:016x} ioc_guid {:016x}",
-                            req.id_ext(),
-                            req.guid(),
-                            ours.id_ext(),
-                            ours.guid()
-                        );
-                    }
-                }
+                let other_port = req
+                    .ok()
+                    .map(|r| r.target_port_id)
+                    .filter(|named| {
+                        rej.reason == LoginRejReason::UnableAssociateChannel && *named != ours
+                    })
+                    .map(|named| OtherTargetPort { named, ours });
                 return LoginOutcome::Rejected {
-                    reason,
+                    reason: LoginRefusal::Srp {
+                        reason: rej.reason,
+                        detail: st.target.last_refusal().map(str::to_string),
+                        other_port,
+                    },
                     rej: rej_bytes(&rej),
                 };
             }
@@ -359,7 +420,7 @@ impl Inner {
                     buf_fmt: rsp.buf_fmt,
                 };
                 LoginOutcome::Rejected {
-                    reason: format!("cannot set up the RDMA channel: {e}"),
+                    reason: LoginRefusal::Channel(e),
                     rej: rej_bytes(&rej),
                 }
             }
@@ -386,7 +447,7 @@ impl Inner {
             LoginForm::RdmaCm => srp::wire::LoginReq::parse_rdma(data),
         }
         .ok()?;
-        let refuse = |reason: String| {
+        let refuse = |reason: LoginRefusal| {
             let rej = LoginRej {
                 reason: LoginRejReason::InsufficientResources,
                 tag: req.tag,
@@ -398,10 +459,7 @@ impl Inner {
             })
         };
         if peer.initiator_depth == 0 {
-            return refuse(
-                "the initiator's QP takes no RDMA READ (REQ responder resources 0): the target could not fetch data-out"
-                    .into(),
-            );
+            return refuse(LoginRefusal::NoRdmaRead);
         }
         let name = initiator_name(&req.initiator_port_id);
         let pending: Vec<(std::time::Instant, ConnId, bool)> = st
@@ -413,9 +471,10 @@ impl Inner {
         let mine = pending.iter().filter(|p| p.2).count();
         let per = self.opts.max_pending_per_initiator;
         if mine >= per {
-            return refuse(format!(
-                "the initiator has {mine} logins not yet established, the most one initiator port may have (max_pending_per_initiator = {per} raises it)"
-            ));
+            return refuse(LoginRefusal::TooManyPending {
+                pending: mine,
+                limit: per,
+            });
         }
         let limit = self.opts.max_pending_logins;
         if pending.len() >= limit {
@@ -436,7 +495,7 @@ impl Inner {
         sq: u32,
         slot_size: u32,
         initiator: &str,
-    ) -> Result<(Conn, LocalQp), PortError> {
+    ) -> Result<(Conn, LocalQp), SetupError> {
         let p = &self.provider;
         let mut undo = Undo::new(p);
         let send_cq = p
@@ -514,7 +573,7 @@ impl Inner {
         peer: PeerQp,
         pkey_index: u16,
         psn: Psn,
-    ) -> Result<(), PortError> {
+    ) -> Result<(), SetupError> {
         let p = &self.provider;
         let port = self.opts.port;
         p.modify_qp(

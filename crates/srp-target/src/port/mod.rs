@@ -28,7 +28,8 @@ mod stats;
 
 use chunks::{Fetched, InData, OpInfo, DIRECT_IN_MIN};
 pub use connections::{
-    ChannelPhase, CloseReason, ConnId, LocalQp, LoginOutcome, PartitionError, PeerQp,
+    ChannelPhase, CloseReason, ConnId, LocalQp, LoginOutcome, LoginRefusal, OtherTargetPort,
+    PartitionError, PeerQp,
 };
 use stats::LunTable;
 pub use stats::{LunCounters, LunStats, SessionInfo};
@@ -39,7 +40,19 @@ pub enum PortError {
     /// The SRP settings are out of range.
     #[error("{0}")]
     Config(#[from] srp::target::ConfigError),
-    /// A verb failed while setting the port up.
+    /// A verbs object of the port could not be made.
+    #[error(transparent)]
+    Setup(#[from] SetupError),
+    /// A thread could not be started.
+    #[error("cannot start a thread: {0}")]
+    Thread(#[from] std::io::Error),
+}
+
+/// Why the verbs objects of the port ([`TargetPort::start`]) or of a
+/// login's channel ([`LoginRefusal::Channel`]) could not be set up.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SetupError {
+    /// A verb failed.
     #[error("{what}: {err}")]
     Verbs {
         /// What was being done.
@@ -47,16 +60,13 @@ pub enum PortError {
         /// The provider's answer.
         err: verbs::VerbsError,
     },
-    /// A thread could not be started.
-    #[error("cannot start a thread: {0}")]
-    Thread(#[from] std::io::Error),
     /// The login's partition is not one the port serves.
     #[error(transparent)]
     Partition(#[from] PartitionError),
 }
 
-fn verbs_err(what: &'static str) -> impl FnOnce(verbs::VerbsError) -> PortError {
-    move |err| PortError::Verbs { what, err }
+fn verbs_err(what: &'static str) -> impl FnOnce(verbs::VerbsError) -> SetupError {
+    move |err| SetupError::Verbs { what, err }
 }
 
 /// Port settings beyond the SRP ones.
@@ -442,7 +452,7 @@ impl TargetPort {
         let gid = *attr
             .gids
             .get(opts.sgid_index as usize)
-            .ok_or(PortError::Verbs {
+            .ok_or(SetupError::Verbs {
                 what: "port GID",
                 err: verbs::VerbsError::InvalidArgument("no GID at that index".into()),
             })?;
@@ -907,7 +917,7 @@ impl<'a> Undo<'a> {
         pd: PdHandle,
         buf: &MemBuf,
         what: &'static str,
-    ) -> Result<MrInfo, PortError> {
+    ) -> Result<MrInfo, SetupError> {
         let mr = self
             .provider
             .reg_mr(
