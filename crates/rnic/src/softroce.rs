@@ -115,6 +115,10 @@ pub const ROCE_PORT: u16 = 4791;
 /// it derived the figure from its WQE size).
 pub const MAX_INLINE_DATA: u32 = 400;
 
+/// How long a reopen waits for the CA's previous node to let go of its
+/// socket (a completion callback running on that node's thread delays it).
+const RELEASE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// The key-table index no window or region has: a bind WR naming a
 /// handle that is not a type 2 window of this CA fails as a bind error.
 const NO_INDEX: u32 = u32::MAX;
@@ -161,6 +165,9 @@ pub struct SoftRoce {
     ib: Mutex<std::collections::HashSet<u64>>,
     /// pcap files a CA's node writes every packet to, set before its open.
     captures: Mutex<HashMap<u64, std::path::PathBuf>>,
+    /// When the latest node of a CA let go of its socket: a reopen waits
+    /// for it (the node can outlive `close_ca` a little, see `open_ca`).
+    released: Mutex<HashMap<u64, softroce::Released>>,
 }
 
 /// What an open CA counted: its node's datagrams and the sum over its QPs,
@@ -710,6 +717,7 @@ impl SoftRoce {
             down: Mutex::new(std::collections::HashSet::new()),
             ib: Mutex::new(std::collections::HashSet::new()),
             captures: Mutex::new(HashMap::new()),
+            released: Mutex::new(HashMap::new()),
         });
         // A CA's port follows the link under its address, as rxe's follows
         // its netdev (`softroce::link`; `SOFTROCE_FOLLOW_LINK=0`: off, and
@@ -1364,7 +1372,28 @@ impl Provider for SoftRoce {
         {
             return Err(VerbsError::NoSuchCa);
         }
-        let mut devs = self.devices.lock().unwrap_or_else(|e| e.into_inner());
+        // The previous node of this CA may still hold its socket: the last
+        // reference to a closed CA can be a completion callback on its NIC
+        // thread, which cannot be joined there, so the node goes when the
+        // thread ends, soon after. Wait for it (unlocked: the callback may
+        // call the provider), then look again.
+        let mut waited = None;
+        let mut devs = loop {
+            let devs = self.devices.lock().unwrap_or_else(|e| e.into_inner());
+            if devs.contains_key(&guid.0) || waited.is_some() {
+                break devs;
+            }
+            let prev = self
+                .released
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&guid.0)
+                .filter(|r| !r.is_released())
+                .cloned();
+            let Some(prev) = prev else { break devs };
+            drop(devs);
+            waited = Some(prev.wait(RELEASE_WAIT));
+        };
         let rt = match devs.get_mut(&guid.0) {
             Some((rt, opens)) => {
                 *opens += 1;
@@ -1389,8 +1418,19 @@ impl Provider for SoftRoce {
                     .unwrap_or_else(|e| e.into_inner())
                     .get(&guid.0)
                     .cloned();
-                let mut node =
-                    Node::bind(ncfg).map_err(|e| bad(format!("cannot bind {addr}: {e}")))?;
+                let mut node = Node::bind(ncfg).map_err(|e| {
+                    let why = match waited {
+                        Some(false) => format!(
+                            " (the CA's previous node had not closed it; waited up to {} s)",
+                            RELEASE_WAIT.as_secs()
+                        ),
+                        _ if e.kind() == std::io::ErrorKind::AddrInUse => {
+                            " (held by another provider or process)".to_string()
+                        }
+                        _ => String::new(),
+                    };
+                    bad(format!("cannot bind {addr}: {e}{why}"))
+                })?;
                 let pulled = self
                     .down
                     .lock()
@@ -1428,6 +1468,10 @@ impl Provider for SoftRoce {
                     })),
                 )
                 .map_err(|e| bad(format!("cannot start the NIC thread: {e}")))?;
+                self.released
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(guid.0, driver.released());
                 let _ = rt.driver.set(driver);
                 devs.insert(guid.0, (rt.clone(), 1));
                 rt

@@ -13,8 +13,8 @@ use roce::Completion;
 use roce_udp::{wait_readable, Waker};
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::thread::JoinHandle;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use std::thread::{JoinHandle, ThreadId};
 use std::time::{Duration, Instant as StdInstant};
 
 /// Called on the driver thread, without locks held, for each QP that got
@@ -42,6 +42,55 @@ struct Shared {
     sleeping: AtomicBool,
     epoch: StdInstant,
     callback: Option<CompletionCallback>,
+    /// Set when this is dropped: fields drop in declaration order, so the
+    /// node (and its socket) is gone by then.
+    released: SetOnDrop,
+}
+
+/// Tells when a [`Driver`]'s node is gone, socket closed: its address can
+/// be bound again. Dropping the driver stops its thread, but the node may
+/// outlive the drop: when the last owner of the driver is a completion
+/// callback on the driver thread itself, the thread cannot be joined, and
+/// the node goes when the thread ends.
+#[derive(Clone)]
+pub struct Released(Arc<Latch>);
+
+struct Latch {
+    done: Mutex<bool>,
+    cond: Condvar,
+    thread: OnceLock<ThreadId>,
+}
+
+struct SetOnDrop(Released);
+
+impl Drop for SetOnDrop {
+    fn drop(&mut self) {
+        let l = &self.0 .0;
+        *l.done.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        l.cond.notify_all();
+    }
+}
+
+impl Released {
+    /// Whether the node is gone already.
+    pub fn is_released(&self) -> bool {
+        *self.0.done.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Waits up to `timeout` for the node to go; whether it went. Called
+    /// on the driver thread itself (from a completion callback), it does
+    /// not wait: the node goes only once that thread returns.
+    pub fn wait(&self, timeout: Duration) -> bool {
+        let l = &self.0;
+        let done = l.done.lock().unwrap_or_else(|e| e.into_inner());
+        if l.thread.get() == Some(&std::thread::current().id()) {
+            return *done;
+        }
+        *l.cond
+            .wait_timeout_while(done, timeout, |d| !*d)
+            .unwrap_or_else(|e| e.into_inner())
+            .0
+    }
 }
 
 /// A [`Node`] driven by its own thread. Dropping it stops the thread.
@@ -65,6 +114,11 @@ impl Driver {
     /// # Errors
     /// The thread could not be spawned.
     pub fn start(node: Node, callback: Option<CompletionCallback>) -> std::io::Result<Driver> {
+        let released = Released(Arc::new(Latch {
+            done: Mutex::new(false),
+            cond: Condvar::new(),
+            thread: OnceLock::new(),
+        }));
         let shared = Arc::new(Shared {
             waker: node.waker(),
             fd: node.raw_fd(),
@@ -77,11 +131,13 @@ impl Driver {
             sleeping: AtomicBool::new(false),
             epoch: StdInstant::now(),
             callback,
+            released: SetOnDrop(released.clone()),
         });
         let s = shared.clone();
         let thread = std::thread::Builder::new()
             .name("softroce".into())
             .spawn(move || run(&s))?;
+        let _ = released.0.thread.set(thread.thread().id());
         Ok(Driver {
             shared,
             thread: Some(thread),
@@ -132,6 +188,12 @@ impl Driver {
                 .0;
             self.shared.waiters.fetch_sub(1, Ordering::SeqCst);
         }
+    }
+
+    /// What tells when the node is gone (after the driver is dropped):
+    /// wait on it before binding the node's address again.
+    pub fn released(&self) -> Released {
+        self.shared.released.0.clone()
     }
 
     /// Loop iterations so far (how often the thread woke up).

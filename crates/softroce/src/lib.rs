@@ -48,7 +48,7 @@ mod driver;
 pub mod link;
 mod node;
 
-pub use driver::{CompletionCallback, Driver};
+pub use driver::{CompletionCallback, Driver, Released};
 pub use node::{AhId, Node, NodeConfig, NodeStats, QpHandle};
 pub use rdma_types::PkeyViolation;
 pub use roce::FlatMemory;

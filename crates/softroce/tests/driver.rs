@@ -151,3 +151,18 @@ fn a_post_from_the_completion_callback_goes_out_before_the_thread_sleeps() {
         "{CHAIN} chained WRITEs took {took:?}: a post waited for the idle sleep"
     );
 }
+
+/// A dropped driver's node lets go of its address: `Released` says when,
+/// and the address binds again then.
+#[test]
+fn released_says_when_the_address_binds_again() {
+    let node = Node::bind(NodeConfig::new("127.0.70.9:0".parse().unwrap())).unwrap();
+    let addr = node.local_addr();
+    let d = Driver::start(node, None).unwrap();
+    let released = d.released();
+    assert!(!released.is_released());
+    assert!(!released.wait(Duration::from_millis(10)));
+    drop(d);
+    assert!(released.wait(Duration::from_secs(5)));
+    Node::bind(NodeConfig::new(addr)).unwrap();
+}
