@@ -170,7 +170,7 @@ struct State {
 pub struct Fabric {
     state: Mutex<State>,
     cbq: Mutex<(VecDeque<Cb>, bool)>,
-    lacks: Vec<verbs::conformance::Feature>,
+    lacks: Vec<verbs::Feature>,
 }
 
 fn bad(msg: impl Into<String>) -> VerbsError {
@@ -1003,7 +1003,7 @@ impl Fabric {
     /// A fabric whose CAs lack `features` (memory windows, SRQ, atomics are
     /// honoured), answering `NotSupported` for them: models a smaller HCA
     /// and exercises the conformance suite's skip path.
-    pub fn without(features: &[verbs::conformance::Feature]) -> Arc<Fabric> {
+    pub fn without(features: &[verbs::Feature]) -> Arc<Fabric> {
         Arc::new(Fabric {
             state: Mutex::new(State::default()),
             cbq: Mutex::new((VecDeque::new(), false)),
@@ -1011,7 +1011,7 @@ impl Fabric {
         })
     }
 
-    fn lacks(&self, f: verbs::conformance::Feature) -> bool {
+    fn lacks(&self, f: verbs::Feature) -> bool {
         self.lacks.contains(&f)
     }
 
@@ -1320,7 +1320,7 @@ impl Provider for Fabric {
             max_srq: 1 << 16,
             max_mw: 1 << 16,
             max_inline_data: 0,
-            atomics: !self.lacks(verbs::conformance::Feature::Atomics),
+            atomics: !self.lacks(verbs::Feature::Atomics),
         })
     }
 
@@ -1441,7 +1441,7 @@ impl Provider for Fabric {
     }
 
     fn create_srq(&self, pd: PdHandle, attr: &SrqAttr, ctx: Context) -> verbs::Result<SrqHandle> {
-        if self.lacks(verbs::conformance::Feature::Srq) {
+        if self.lacks(verbs::Feature::Srq) {
             return Err(VerbsError::NotSupported("create_srq"));
         }
         if attr.max_wr == 0 || attr.max_wr > MAX_QP_WR || attr.max_sge > MAX_SGE {
@@ -1602,7 +1602,7 @@ impl Provider for Fabric {
             }) {
                 return Err(bad("QP access takes only remote rights"));
             }
-            if self.lacks(verbs::conformance::Feature::Apm)
+            if self.lacks(verbs::Feature::Apm)
                 && (attr.alt_path.is_some() || attr.path_mig_state.is_some())
             {
                 return Err(VerbsError::NotSupported("alternate paths (APM)"));
@@ -1770,7 +1770,7 @@ impl Provider for Fabric {
         kind: MwType,
         ctx: Context,
     ) -> verbs::Result<(MwHandle, Rkey)> {
-        if self.lacks(verbs::conformance::Feature::Mw) {
+        if self.lacks(verbs::Feature::Mw) {
             return Err(VerbsError::NotSupported("alloc_mw"));
         }
         let mut st = self.lock();
@@ -1868,7 +1868,7 @@ impl Provider for Fabric {
                         "{:?} on a UC QP",
                         wr.opcode
                     )))
-                } else if self.lacks(verbs::conformance::Feature::Atomics)
+                } else if self.lacks(verbs::Feature::Atomics)
                     && matches!(
                         wr.opcode,
                         SendOpcode::AtomicCmpSwp | SendOpcode::AtomicFetchAdd

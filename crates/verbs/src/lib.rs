@@ -32,11 +32,14 @@
 //! bounds/access checks for MRs and MWs (IBA 10.6), and the CQ ring with
 //! overflow detection and arm/notify.
 //!
-//! [`conformance`] is the provider-generic test suite: a provider crate
-//! implements [`conformance::Fixture`] and expands
+//! `conformance` (cargo feature `conformance`, off by default: enable it
+//! from the dev-dependencies of the crates that run it) is the
+//! provider-generic test suite: a provider crate implements
+//! `conformance::Fixture` and expands
 //! `verbs::conformance_tests!(ctor)` to get one `#[test]` per case; cases
 //! for features the fixture declares missing check for `NotSupported` and
-//! print `SKIPPED <case>: <reason>`.
+//! print `SKIPPED <case>: <reason>`. The gaps themselves, [`Feature`], are
+//! always compiled.
 //!
 //! Path migration (APM, IBA 17.2.8): [`QpAttr::alt_path`] loads an
 //! alternate path and [`QpAttr::path_mig_state`] arms it or forces a
@@ -53,6 +56,8 @@
 //! What this crate refuses: I/O, threads, wire formats. It depends only on
 //! `rdma-types`.
 
+mod caps;
+#[cfg(feature = "conformance")]
 pub mod conformance;
 mod error;
 mod handles;
@@ -63,6 +68,7 @@ mod port;
 mod provider;
 mod types;
 
+pub use caps::Feature;
 pub use error::VerbsError;
 pub use handles::{
     AhHandle, CaHandle, CqHandle, Handle, MrHandle, MwHandle, PdHandle, QpHandle, SrqHandle,

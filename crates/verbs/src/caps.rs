@@ -1,0 +1,35 @@
+//! Optional device capabilities: what a provider (or one configured to
+//! leave some out, like the loopback's `Fabric::without`) may lack. The
+//! conformance suite (cargo feature `conformance`) skips the cases of a
+//! declared gap and checks the provider answers `NotSupported` there.
+
+/// Optional features a provider may lack.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Feature {
+    /// Unreliable connected QPs.
+    Uc,
+    /// UD QPs and address handles.
+    Ud,
+    /// QP0/QP1.
+    SpecialQp,
+    /// Shared receive queues.
+    Srq,
+    /// Memory windows.
+    Mw,
+    /// Atomics.
+    Atomics,
+    /// Port up/down, LID/P_Key change and CA removal controlled by tests.
+    PortControl,
+    /// The SQE state (IBA 10.3.1.6): a UC/UD send error stops the send
+    /// queue only, and modify SQE->RTS resumes it. A provider lacking it
+    /// takes the QP to ERR instead, which the SQE case checks.
+    Sqe,
+    /// Path migration (APM, IBA 17.2.8): alternate paths in modify-QP,
+    /// forced and automatic migration, the PathMigrated event. The
+    /// fixture's CAs need an active port 2 for the alternate path. A
+    /// provider lacking it refuses an alternate path with `NotSupported`.
+    Apm,
+    /// P_Key tables set by the fixture as an SM would (the conformance
+    /// fixture's `set_pkeys`); a RoCE port's table is fixed.
+    PkeyControl,
+}
