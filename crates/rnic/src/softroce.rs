@@ -143,31 +143,36 @@ pub struct SoftCa {
     pub ip: IpAddr,
 }
 
-/// Open CAs by GUID: the runtime and how many opens hold it.
-type Devices = HashMap<u64, (Arc<CaRt>, u32)>;
-
 /// The soft RoCE provider.
 pub struct SoftRoce {
     udp_port: u16,
     mtu: Mtu,
     cas: Vec<SoftCa>,
     st: Mutex<State>,
-    /// Devices with at least one open, by GUID.
-    devices: Mutex<Devices>,
-    /// CAs detached by `remove_ca`; they cannot be opened again.
-    removed: Mutex<std::collections::HashSet<u64>>,
-    /// Faults for a CA's node, applied when the node is bound.
-    faults: Mutex<HashMap<u64, FaultConfig>>,
-    /// CAs whose port was taken down (`set_port_active`): the cable stays
-    /// pulled while nobody has the CA open, and a new open finds it so.
-    down: Mutex<std::collections::HashSet<u64>>,
-    /// CAs in the `ib` personality.
-    ib: Mutex<std::collections::HashSet<u64>>,
-    /// pcap files a CA's node writes every packet to, set before its open.
-    captures: Mutex<HashMap<u64, std::path::PathBuf>>,
-    /// When the latest node of a CA let go of its socket: a reopen waits
-    /// for it (the node can outlive `close_ca` a little, see `open_ca`).
-    released: Mutex<HashMap<u64, softroce::Released>>,
+    /// What the provider keeps of each CA, open or not, by GUID: one slot
+    /// per entry of `cas`, all behind one lock.
+    slots: Mutex<HashMap<u64, CaSlot>>,
+}
+
+/// One CA of the provider, open or not.
+#[derive(Default)]
+struct CaSlot {
+    /// The device while at least one open holds it, and how many do.
+    open: Option<(Arc<CaRt>, u32)>,
+    /// Detached by `remove_ca`: it cannot be opened again.
+    removed: bool,
+    /// Faults for the node, applied when it binds (the first open).
+    faults: Option<FaultConfig>,
+    /// The pcap file the node writes every packet to, taken when it binds.
+    capture: Option<std::path::PathBuf>,
+    /// The port was taken down (`set_port_active`): the cable stays pulled
+    /// while nobody has the CA open, and a new open finds it so.
+    down: bool,
+    /// The personality the port gets at the next first open.
+    personality: Personality,
+    /// When the latest node let go of its socket: a reopen waits for it
+    /// (the node can outlive `close_ca` a little, see `open_ca`).
+    released: Option<softroce::Released>,
 }
 
 /// What an open CA counted: its node's datagrams and the sum over its QPs,
@@ -706,18 +711,13 @@ impl SoftRoce {
     /// Like [`SoftRoce::new`], with ports whose active MTU is `mtu` (rxe
     /// reports 1024 on a 1500-byte Ethernet link; loopback fits 4096).
     pub fn with_mtu(cas: Vec<SoftCa>, udp_port: u16, mtu: Mtu) -> Arc<SoftRoce> {
+        let slots = cas.iter().map(|c| (c.guid.0, CaSlot::default()));
         let p = Arc::new(SoftRoce {
             udp_port,
             mtu,
-            cas,
             st: Mutex::new(State::default()),
-            devices: Mutex::new(HashMap::new()),
-            faults: Mutex::new(HashMap::new()),
-            removed: Mutex::new(std::collections::HashSet::new()),
-            down: Mutex::new(std::collections::HashSet::new()),
-            ib: Mutex::new(std::collections::HashSet::new()),
-            captures: Mutex::new(HashMap::new()),
-            released: Mutex::new(HashMap::new()),
+            slots: Mutex::new(slots.collect()),
+            cas,
         });
         // A CA's port follows the link under its address, as rxe's follows
         // its netdev (`softroce::link`; `SOFTROCE_FOLLOW_LINK=0`: off, and
@@ -735,35 +735,14 @@ impl SoftRoce {
     /// # Errors
     /// `NoSuchCa` for an unknown GUID; `Busy` when the CA is open.
     pub fn set_personality(&self, guid: Guid, personality: Personality) -> Result<()> {
-        if !self.cas.iter().any(|c| c.guid == guid) {
-            return Err(VerbsError::NoSuchCa);
-        }
-        let devs = self.devices.lock().unwrap_or_else(|e| e.into_inner());
-        if devs.contains_key(&guid.0) {
-            return Err(VerbsError::Busy(
-                "the CA is open; choose its personality before",
-            ));
-        }
-        let mut ib = self.ib.lock().unwrap_or_else(|e| e.into_inner());
-        match personality {
-            Personality::Ib => ib.insert(guid.0),
-            Personality::Roce => ib.remove(&guid.0),
-        };
-        Ok(())
+        self.closed_ca(guid, "the CA is open; choose its personality before", |s| {
+            s.personality = personality
+        })
     }
 
     /// The personality CA `guid` has (or will have at its next open).
     pub fn personality(&self, guid: Guid) -> Personality {
-        if self
-            .ib
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .contains(&guid.0)
-        {
-            Personality::Ib
-        } else {
-            Personality::Roce
-        }
+        self.with_slot(guid, |s| s.personality).unwrap_or_default()
     }
 
     /// [`Provider::modify_port`] of port 1 of open CA `guid`, for tools
@@ -900,12 +879,7 @@ impl SoftRoce {
     /// last call, and the latest of them (what trap 257 reports); `None`
     /// when there were none or the CA is not open.
     pub fn take_pkey_violations(&self, guid: Guid) -> Option<(u64, PkeyViolation)> {
-        let rt = self
-            .devices
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&guid.0)
-            .map(|(rt, _)| rt.clone())?;
+        let rt = self.device(guid)?;
         // The SMA asks every few tens of milliseconds: no wake-ups.
         rt.inspect(|n| n.take_pkey_violations())
     }
@@ -922,13 +896,7 @@ impl SoftRoce {
 
     /// The open device of CA `guid` and the handlers of every open of it.
     fn opens(&self, guid: Guid) -> Result<(Arc<CaRt>, Vec<CaOpen>)> {
-        let rt = self
-            .devices
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&guid.0)
-            .map(|(rt, _)| rt.clone())
-            .ok_or(VerbsError::NoSuchCa)?;
+        let rt = self.device(guid).ok_or(VerbsError::NoSuchCa)?;
         let st = self.lock();
         let opens = st
             .objs
@@ -954,17 +922,7 @@ impl SoftRoce {
     /// # Errors
     /// `NoSuchCa` for a GUID this provider does not have.
     pub fn set_port_active(&self, guid: Guid, active: bool) -> Result<()> {
-        if !self.cas.iter().any(|c| c.guid == guid) {
-            return Err(VerbsError::NoSuchCa);
-        }
-        {
-            let mut down = self.down.lock().unwrap_or_else(|e| e.into_inner());
-            if active {
-                down.remove(&guid.0);
-            } else {
-                down.insert(guid.0);
-            }
-        }
+        self.with_slot(guid, |s| s.down = !active)?;
         let Ok((rt, opens)) = self.opens(guid) else {
             return Ok(()); // not open: the next open starts in this state
         };
@@ -998,10 +956,7 @@ impl SoftRoce {
     /// `NoSuchCa` when the CA is not open.
     pub fn remove_ca(&self, guid: Guid) -> Result<()> {
         let (rt, opens) = self.opens(guid)?;
-        self.removed
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(guid.0);
+        self.with_slot(guid, |s| s.removed = true)?;
         rt.port.lock().unwrap_or_else(|e| e.into_inner()).state = PortState::Down;
         rt.node(|n| n.set_link_up(false));
         for (h, ctx) in opens {
@@ -1021,13 +976,9 @@ impl SoftRoce {
     /// # Errors
     /// `NoSuchCa` for an unknown GUID; `Busy` when the CA is already open.
     pub fn set_faults(&self, guid: Guid, faults: Option<FaultConfig>) -> Result<()> {
-        let _devs = self.closed_ca(guid, "the CA is open; set faults before")?;
-        let mut f = self.faults.lock().unwrap_or_else(|e| e.into_inner());
-        match faults {
-            Some(cfg) => f.insert(guid.0, cfg),
-            None => f.remove(&guid.0),
-        };
-        Ok(())
+        self.closed_ca(guid, "the CA is open; set faults before", |s| {
+            s.faults = faults
+        })
     }
 
     /// Writes every packet CA `guid` sends and receives to the pcap file
@@ -1037,40 +988,44 @@ impl SoftRoce {
     /// # Errors
     /// `NoSuchCa` for an unknown GUID; `Busy` when the CA is already open.
     pub fn set_capture(&self, guid: Guid, path: Option<std::path::PathBuf>) -> Result<()> {
-        let _devs = self.closed_ca(guid, "the CA is open; set the capture before")?;
-        let mut c = self.captures.lock().unwrap_or_else(|e| e.into_inner());
-        match path {
-            Some(p) => c.insert(guid.0, p),
-            None => c.remove(&guid.0),
-        };
-        Ok(())
+        self.closed_ca(guid, "the CA is open; set the capture before", |s| {
+            s.capture = path
+        })
     }
 
-    /// The device table, locked, once `guid` is known to be a CA that is
-    /// not open yet (what a node takes at bind time may still change).
-    fn closed_ca(
-        &self,
-        guid: Guid,
-        busy: &'static str,
-    ) -> Result<std::sync::MutexGuard<'_, Devices>> {
-        if !self.cas.iter().any(|c| c.guid == guid) {
-            return Err(VerbsError::NoSuchCa);
-        }
-        let devs = self.devices.lock().unwrap_or_else(|e| e.into_inner());
-        if devs.contains_key(&guid.0) {
-            return Err(VerbsError::Busy(busy));
-        }
-        Ok(devs)
+    /// Runs `f` on the slot of CA `guid` if the CA is not open (what a
+    /// node takes at bind time may still change), else `Busy(busy)`.
+    fn closed_ca(&self, guid: Guid, busy: &'static str, f: impl FnOnce(&mut CaSlot)) -> Result<()> {
+        self.with_slot(guid, |s| match s.open {
+            Some(_) => Err(VerbsError::Busy(busy)),
+            None => {
+                f(s);
+                Ok(())
+            }
+        })?
+    }
+
+    /// Runs `f` on the slot of CA `guid`, under the slots' lock.
+    fn with_slot<R>(&self, guid: Guid, f: impl FnOnce(&mut CaSlot) -> R) -> Result<R> {
+        self.slots()
+            .get_mut(&guid.0)
+            .map(f)
+            .ok_or(VerbsError::NoSuchCa)
+    }
+
+    /// The device of CA `guid` while it is open.
+    fn device(&self, guid: Guid) -> Option<Arc<CaRt>> {
+        let slots = self.slots();
+        slots.get(&guid.0)?.open.as_ref().map(|(rt, _)| rt.clone())
+    }
+
+    fn slots(&self) -> MutexGuard<'_, HashMap<u64, CaSlot>> {
+        self.slots.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Counters of CA `guid` while it is open (`None` when it is not).
     pub fn counters(&self, guid: Guid) -> Option<SoftCaCounters> {
-        let rt = self
-            .devices
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&guid.0)
-            .map(|(rt, _)| rt.clone())?;
+        let rt = self.device(guid)?;
         let qpns: Vec<u32> = rt.routes_lock().keys().copied().collect();
         Some(rt.node(|n| {
             let s = n.stats();
@@ -1364,37 +1319,29 @@ impl Provider for SoftRoce {
             .iter()
             .find(|c| c.guid == guid)
             .ok_or(VerbsError::NoSuchCa)?;
-        if self
-            .removed
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .contains(&guid.0)
-        {
-            return Err(VerbsError::NoSuchCa);
-        }
         // The previous node of this CA may still hold its socket: the last
         // reference to a closed CA can be a completion callback on its NIC
         // thread, which cannot be joined there, so the node goes when the
         // thread ends, soon after. Wait for it (unlocked: the callback may
         // call the provider), then look again.
         let mut waited = None;
-        let mut devs = loop {
-            let devs = self.devices.lock().unwrap_or_else(|e| e.into_inner());
-            if devs.contains_key(&guid.0) || waited.is_some() {
-                break devs;
+        let mut slots = loop {
+            let slots = self.slots();
+            let s = slots.get(&guid.0).ok_or(VerbsError::NoSuchCa)?;
+            if s.removed {
+                return Err(VerbsError::NoSuchCa);
             }
-            let prev = self
-                .released
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .get(&guid.0)
-                .filter(|r| !r.is_released())
-                .cloned();
-            let Some(prev) = prev else { break devs };
-            drop(devs);
+            if s.open.is_some() || waited.is_some() {
+                break slots;
+            }
+            let Some(prev) = s.released.clone().filter(|r| !r.is_released()) else {
+                break slots;
+            };
+            drop(slots);
             waited = Some(prev.wait(RELEASE_WAIT));
         };
-        let rt = match devs.get_mut(&guid.0) {
+        let s = slots.get_mut(&guid.0).ok_or(VerbsError::NoSuchCa)?;
+        let rt = match &mut s.open {
             Some((rt, opens)) => {
                 *opens += 1;
                 rt.clone()
@@ -1402,22 +1349,11 @@ impl Provider for SoftRoce {
             None => {
                 let addr = SocketAddr::new(cfg.ip, self.udp_port);
                 let mut ncfg = NodeConfig::new(addr).with_random_first_qpn();
-                let set = self
-                    .faults
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .get(&guid.0)
-                    .cloned();
-                ncfg.faults = match set {
+                ncfg.faults = match s.faults.clone() {
                     Some(f) => Some(f),
                     None => faults_from_env()?,
                 };
-                ncfg.capture = self
-                    .captures
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .get(&guid.0)
-                    .cloned();
+                ncfg.capture = s.capture.clone();
                 let mut node = Node::bind(ncfg).map_err(|e| {
                     let why = match waited {
                         Some(false) => format!(
@@ -1431,15 +1367,11 @@ impl Provider for SoftRoce {
                     };
                     bad(format!("cannot bind {addr}: {e}{why}"))
                 })?;
-                let pulled = self
-                    .down
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .contains(&guid.0);
+                let pulled = s.down;
                 if pulled {
                     node.set_link_up(false);
                 }
-                let personality = self.personality(guid);
+                let personality = s.personality;
                 let rt = Arc::new(CaRt {
                     driver: OnceLock::new(),
                     keys: Arc::new(Mutex::new(KeyTable::new())),
@@ -1468,16 +1400,13 @@ impl Provider for SoftRoce {
                     })),
                 )
                 .map_err(|e| bad(format!("cannot start the NIC thread: {e}")))?;
-                self.released
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(guid.0, driver.released());
+                s.released = Some(driver.released());
                 let _ = rt.driver.set(driver);
-                devs.insert(guid.0, (rt.clone(), 1));
+                s.open = Some((rt.clone(), 1));
                 rt
             }
         };
-        drop(devs);
+        drop(slots);
         let h = self.lock().alloc(Obj::Ca {
             rt,
             handler,
@@ -1524,16 +1453,15 @@ impl Provider for SoftRoce {
                 _ => unreachable!("checked CA"),
             }
         };
-        {
-            let mut devs = self.devices.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some((_, opens)) = devs.get_mut(&rt.guid.0) {
+        let _ = self.with_slot(rt.guid, |s| {
+            if let Some((_, opens)) = &mut s.open {
                 *opens -= 1;
                 if *opens == 0 {
                     // The driver thread stops when the last reference goes.
-                    devs.remove(&rt.guid.0);
+                    s.open = None;
                 }
             }
-        }
+        });
         drop(rt);
         handler.on_destroyed(ResourceKind::Ca, ctx);
         Ok(())
