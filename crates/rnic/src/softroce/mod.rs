@@ -1,0 +1,397 @@
+//! The soft RoCE NIC behind the verbs interface.
+//!
+//! Each configured CA is one `softroce::Node` (one UDP socket on the CA's
+//! address) run by its own `softroce::Driver` thread. Verbs objects live in
+//! a handle table here; QPs are `roce` engines inside the node, memory is
+//! reached through [`verbs::kit::keys::KeyTable`] with the same checks as
+//! the loopback provider, completions land in [`verbs::kit::cq::Cq`] rings.
+//!
+//! Addressing is RoCEv2: the port's GID 0 is the CA's IP address
+//! (IPv4-mapped for IPv4), a destination GID names the peer's IP address,
+//! and every CA of one provider uses the same UDP port (4791 by default,
+//! another for tests that run several fabrics at once). The tools and
+//! daemons name a CA by the GUID of its address, [`ip_guid`].
+//!
+//! The engine of a QP is built at INIT->RTR, when the path, the remote QPN
+//! and the receive PSN are known; the QP number is reserved at create time.
+//! Receives posted before RTR wait here and are handed over then.
+//!
+//! Fault injection for tests: [`SoftRoce::set_faults`] gives a CA's send
+//! path a seeded [`FaultConfig`] (loss, duplication, reordering,
+//! corruption, latency) before the CA is first opened;
+//! [`SoftRoce::counters`] reports what the node and its QPs counted
+//! (retransmissions among them). A CA with no faults set takes them from
+//! the environment variable `SOFTROCE_FAULTS` (the tools' spec, e.g.
+//! `loss=0.01,seed=3`), so any binary can be run over a lossy link — the
+//! interop harness does this against Linux rxe; a bad spec fails the open.
+//!
+//! Two port personalities (DESIGN.md decision 2), chosen per CA with
+//! [`SoftRoce::set_personality`] before its first open. [`Personality::Roce`]
+//! (the default): the port is ACTIVE from the start, has no LID and no
+//! QP0. [`Personality::Ib`], a managed subnet: the port starts in INIT
+//! with LID 0 and has a QP0, and only a subnet manager makes it ACTIVE,
+//! through the port's SMA in the access layer (`rdma_access::sma_agent`),
+//! which applies the SM's Sets with the verbs' port control
+//! ([`Provider::modify_port`]: LID, master SM LID, state, P_Key table) and
+//! reads the port's P_Key violations with
+//! [`Provider::take_pkey_violations`]. RoCE has no QP0 and no SMPs; our
+//! convention is that SMPs travel like any other MAD, as UD SENDs to QPN 0
+//! over UDP (Q_Key not checked, as IBA 9.6.1.1.2 has it for QP0). Addressing stays
+//! RoCEv2: GIDs are still the CAs' IP addresses, and a LID only names a
+//! port in SM and SA records.
+//!
+//! Partitions (IBA 10.9): a QP's P_Key index picks from the port's table
+//! (an `ib` port's is the SM's, [`Provider::modify_port`]; a `roce` port's
+//! the default P_Key alone, what Linux rxe sends), and a QP's key follows
+//! its entry when the table changes. The port drops every received packet
+//! but an SMP whose P_Key matches no entry, or is not the key of the
+//! QP it is for (QP1 takes any entry: a GMP carries its sender's), and
+//! counts it ([`SoftCaCounters::pkey_violations`]); the latest refusal is
+//! kept for the SMA's trap 257 ([`SoftRoce::take_pkey_violations`]). A
+//! GSI receive reports the table index of the entry its P_Key matched,
+//! and a GSI send leaves with the entry its work request names
+//! (`SendWr::pkey_index`: a response in the request's partition), else
+//! with the QP's.
+//!
+//! Memory windows live in the CA's key table beside the MRs, so the
+//! responder checks a window's range, rights and (type 2) QP the way it
+//! checks an MR. A type 1 window is bound by the bind verb at once; a
+//! type 2 window by a BindMw work request, and LocalInv invalidates one:
+//! both are local operations the engine runs in send-queue order (once
+//! every WR before them went out) and completes in order, with the
+//! BIND_MW / LOCAL_INV opcode, or `MwBindErr` and the QP in error. A
+//! received SEND with invalidate (IETH) invalidates a bound type 2 window
+//! of the QP's PD; any other key (an MR's, a type 1 window's, another
+//! PD's) completes the receive with a remote invalid request error and
+//! moves the QP to error, as Linux rxe does (its "class J"); where rxe
+//! still ACKs the SEND, we NAK it (Invalid Request) so the sender knows.
+//!
+//! Inline data (`SendFlags::INLINE`, up to [`MAX_INLINE_DATA`] and the
+//! QP's `max_inline`, SEND and RDMA WRITE): the bytes are copied at post
+//! time, so the buffer may be reused at once, and no L_Key is needed. The
+//! provider can only read memory it knows, so each piece must lie in some
+//! region registered on the CA (any PD, any key).
+//!
+//! A UC/UD send error stops only the send queue: the engine completes
+//! the failed WR with its error, flushes the rest, keeps receiving, and
+//! the QP reads SQE until modify SQE->RTS resumes it (IBA 10.3.1.6).
+//!
+//! What it refuses (`NotSupported`): alternate paths (no path migration:
+//! a CA has one address, and the engine no second destination; the APM
+//! conformance cases are declared skipped) and QP0 on a `roce` port.
+//! (SQD, SQE and SRQ limit events, once on this list, are served.)
+
+use rdma_types::{AccessFlags, Gid, Guid, Lid, Lkey, Mtu, Pkey, PortNum, Psn, Qkey, QpState};
+use rdma_types::{QpType, Qpn, Rkey, WcOpcode, WcStatus};
+use roce::{Memory, MemoryError, QpConfig, RemoteAccess};
+use softroce::{Driver, Node, NodeConfig};
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+use verbs::kit::cq::Cq;
+use verbs::kit::handle_table::HandleTable;
+use verbs::kit::keys::KeyTable;
+use verbs::kit::qp_table;
+use verbs::kit::rq::RecvQueue;
+use verbs::{
+    AhAttr, AhHandle, AsyncEvent, AsyncEventKind, CaAttr, CaHandle, Context, CqHandle, CqInit,
+    EventHandler, Handle, MemBuf, MrHandle, MrInfo, MwBind, MwHandle, MwType, PdHandle,
+    PkeyViolations, PortAttr, PortModify, PortState, Provider, QpAttr, QpHandle, QpInit, RecvWr,
+    ResourceKind, Result, SendOpcode, SendWr, SrqAttr, SrqHandle, VerbsError, WcFlags,
+    WorkCompletion,
+};
+
+pub use guid::ip_guid;
+pub use rdma_sim::FaultConfig;
+pub use softroce::PkeyViolation;
+
+mod ca;
+mod cq;
+mod events;
+mod guid;
+mod memory;
+mod mr;
+mod objects;
+mod port;
+mod post;
+mod qp;
+mod srq;
+#[cfg(test)]
+mod tests;
+
+use ca::{CaRt, CaSlot};
+use events::Route;
+use memory::{PdMem, SrqRef};
+use mr::NO_INDEX;
+use objects::{Obj, QpObj, State};
+use port::{pkey_index_of, CaOpen, PortStatus};
+use post::recv_wqe;
+
+/// Default RoCEv2 UDP port.
+pub const ROCE_PORT: u16 = 4791;
+
+/// Most inline data one send WR may carry (what Linux rxe reported before
+/// it derived the figure from its WQE size).
+pub const MAX_INLINE_DATA: u32 = 400;
+
+/// The personality of a CA's port (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Personality {
+    /// RoCE: no subnet manager, the port ACTIVE at once, no QP0.
+    #[default]
+    Roce,
+    /// A managed (InfiniBand-style) subnet: QP0, the port INIT until an SM
+    /// brings it ACTIVE and gives it a LID.
+    Ib,
+}
+
+/// One CA of the provider: a name and an address to bind.
+#[derive(Debug, Clone)]
+pub struct SoftCa {
+    /// Node GUID (used by `open_ca`).
+    pub guid: Guid,
+    /// IP address of the CA (its GID 0).
+    pub ip: IpAddr,
+}
+
+/// The soft RoCE provider.
+pub struct SoftRoce {
+    udp_port: u16,
+    mtu: Mtu,
+    cas: Vec<SoftCa>,
+    st: Mutex<State>,
+    /// What the provider keeps of each CA, open or not, by GUID: one slot
+    /// per entry of `cas`, all behind one lock.
+    slots: Mutex<HashMap<u64, CaSlot>>,
+}
+
+/// What an open CA counted: its node's datagrams and the sum over its QPs,
+/// destroyed ones included (totals since the CA was first opened).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SoftCaCounters {
+    /// Datagrams handed to the socket (after fault injection).
+    pub tx_packets: u64,
+    /// Datagrams received.
+    pub rx_datagrams: u64,
+    /// Received datagrams dropped for a bad ICRC (corruption).
+    pub rx_bad_icrc: u64,
+    /// Packets the QPs retransmitted.
+    pub retransmits: u64,
+    /// Retransmission timeouts of the QPs.
+    pub timeouts: u64,
+    /// Duplicate requests the QPs' responders saw.
+    pub duplicates: u64,
+    /// Out-of-sequence requests the QPs' responders saw.
+    pub out_of_sequence: u64,
+    /// Sequence-error NAKs the QPs received.
+    pub seq_naks_received: u64,
+    /// Received packets dropped for their P_Key: by the port (no entry of
+    /// its table matches, or not the key of the QP they were for) or by a
+    /// QP's engine.
+    pub pkey_violations: u64,
+}
+
+fn bad(msg: impl Into<String>) -> VerbsError {
+    VerbsError::InvalidArgument(msg.into())
+}
+
+impl SoftRoce {
+    /// A provider with these CAs; each is bound (its socket opened) when a
+    /// consumer opens it. `udp_port` is the RoCEv2 port every CA uses.
+    pub fn new(cas: Vec<SoftCa>, udp_port: u16) -> Arc<SoftRoce> {
+        SoftRoce::with_mtu(cas, udp_port, Mtu::Mtu4096)
+    }
+
+    /// Like [`SoftRoce::new`], with ports whose active MTU is `mtu` (rxe
+    /// reports 1024 on a 1500-byte Ethernet link; loopback fits 4096).
+    pub fn with_mtu(cas: Vec<SoftCa>, udp_port: u16, mtu: Mtu) -> Arc<SoftRoce> {
+        let slots = cas.iter().map(|c| (c.guid.0, CaSlot::default()));
+        let p = Arc::new(SoftRoce {
+            udp_port,
+            mtu,
+            st: Mutex::new(State::default()),
+            slots: Mutex::new(slots.collect()),
+            cas,
+        });
+        // A CA's port follows the link under its address, as rxe's follows
+        // its netdev (`softroce::link`; `SOFTROCE_FOLLOW_LINK=0`: off, and
+        // on failure only timeouts find a dead link).
+        let ips: Vec<IpAddr> = p.cas.iter().map(|c| c.ip).collect();
+        let _ = softroce::link::follow(Arc::downgrade(&p), &ips, |p: &SoftRoce, k, up| {
+            let _ = p.set_port_active(p.cas[k].guid, up);
+        });
+        p
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.st.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Each verb is the inherent method of the same name in the file of its
+/// object (`ca`, `port`, `cq`, `srq`, `qp`, `mr`, `post`), visible in this
+/// module only: `Self::verb` below names that one, not the trait's.
+impl Provider for SoftRoce {
+    fn name(&self) -> &'static str {
+        "softroce"
+    }
+
+    fn list_cas(&self) -> Vec<Guid> {
+        self.cas.iter().map(|c| c.guid).collect()
+    }
+
+    fn open_ca(
+        &self,
+        guid: Guid,
+        ctx: Context,
+        handler: Arc<dyn EventHandler>,
+    ) -> Result<CaHandle> {
+        Self::open_ca(self, guid, ctx, handler)
+    }
+
+    fn query_ca(&self, ca: CaHandle) -> Result<CaAttr> {
+        Self::query_ca(self, ca)
+    }
+
+    fn close_ca(&self, ca: CaHandle) -> Result<()> {
+        Self::close_ca(self, ca)
+    }
+
+    fn query_port(&self, ca: CaHandle, port: PortNum) -> Result<PortAttr> {
+        Self::query_port(self, ca, port)
+    }
+
+    fn modify_port(&self, ca: CaHandle, port: PortNum, modify: &PortModify) -> Result<()> {
+        Self::modify_port(self, ca, port, modify)
+    }
+
+    fn take_pkey_violations(&self, ca: CaHandle, port: PortNum) -> Result<Option<PkeyViolations>> {
+        let guid = self.port_one(ca, port)?;
+        Ok(SoftRoce::take_pkey_violations(self, guid)
+            .map(|(count, latest)| PkeyViolations { count, latest }))
+    }
+
+    fn alloc_pd(&self, ca: CaHandle, ctx: Context) -> Result<PdHandle> {
+        Self::alloc_pd(self, ca, ctx)
+    }
+
+    fn dealloc_pd(&self, pd: PdHandle) -> Result<()> {
+        Self::dealloc_pd(self, pd)
+    }
+
+    fn create_cq(&self, pd: PdHandle, init: &CqInit, ctx: Context) -> Result<CqHandle> {
+        Self::create_cq(self, pd, init, ctx)
+    }
+
+    fn destroy_cq(&self, cq: CqHandle) -> Result<()> {
+        Self::destroy_cq(self, cq)
+    }
+
+    fn poll_cq(&self, cq: CqHandle, out: &mut [WorkCompletion]) -> Result<usize> {
+        Self::poll_cq(self, cq, out)
+    }
+
+    fn req_notify_cq(&self, cq: CqHandle, solicited_only: bool) -> Result<()> {
+        Self::req_notify_cq(self, cq, solicited_only)
+    }
+
+    fn wait_cq(&self, cq: CqHandle, timeout: std::time::Duration) -> Result<()> {
+        Self::wait_cq(self, cq, timeout)
+    }
+
+    fn create_srq(&self, pd: PdHandle, attr: &SrqAttr, ctx: Context) -> Result<SrqHandle> {
+        Self::create_srq(self, pd, attr, ctx)
+    }
+
+    fn modify_srq(&self, srq: SrqHandle, limit: u32) -> Result<()> {
+        Self::modify_srq(self, srq, limit)
+    }
+
+    fn query_srq(&self, srq: SrqHandle) -> Result<SrqAttr> {
+        Self::query_srq(self, srq)
+    }
+
+    fn destroy_srq(&self, srq: SrqHandle) -> Result<()> {
+        Self::destroy_srq(self, srq)
+    }
+
+    fn post_srq_recv(&self, srq: SrqHandle, wrs: &[RecvWr]) -> Result<()> {
+        Self::post_srq_recv(self, srq, wrs)
+    }
+
+    fn create_qp(&self, pd: PdHandle, init: &QpInit, ctx: Context) -> Result<QpHandle> {
+        Self::create_qp(self, pd, init, ctx)
+    }
+
+    fn qp_num(&self, qp: QpHandle) -> Result<Qpn> {
+        Self::qp_num(self, qp)
+    }
+
+    fn modify_qp(&self, qp: QpHandle, attr: &QpAttr) -> Result<()> {
+        Self::modify_qp(self, qp, attr)
+    }
+
+    fn query_qp(&self, qp: QpHandle) -> Result<QpAttr> {
+        Self::query_qp(self, qp)
+    }
+
+    fn destroy_qp(&self, qp: QpHandle) -> Result<()> {
+        Self::destroy_qp(self, qp)
+    }
+
+    fn create_ah(&self, pd: PdHandle, attr: &AhAttr) -> Result<AhHandle> {
+        Self::create_ah(self, pd, attr)
+    }
+
+    fn destroy_ah(&self, ah: AhHandle) -> Result<()> {
+        Self::destroy_ah(self, ah)
+    }
+
+    fn reg_mr(
+        &self,
+        pd: PdHandle,
+        buf: &MemBuf,
+        addr: u64,
+        len: u64,
+        access: AccessFlags,
+        ctx: Context,
+    ) -> Result<MrInfo> {
+        Self::reg_mr(self, pd, buf, addr, len, access, ctx)
+    }
+
+    fn rereg_mr(
+        &self,
+        mr: MrHandle,
+        buf: &MemBuf,
+        addr: u64,
+        len: u64,
+        access: AccessFlags,
+    ) -> Result<MrInfo> {
+        Self::rereg_mr(self, mr, buf, addr, len, access)
+    }
+
+    fn dereg_mr(&self, mr: MrHandle) -> Result<()> {
+        Self::dereg_mr(self, mr)
+    }
+
+    fn alloc_mw(&self, pd: PdHandle, kind: MwType, ctx: Context) -> Result<(MwHandle, Rkey)> {
+        Self::alloc_mw(self, pd, kind, ctx)
+    }
+
+    fn bind_mw(&self, qp: QpHandle, bind: &MwBind) -> Result<Rkey> {
+        Self::bind_mw(self, qp, bind)
+    }
+
+    fn dealloc_mw(&self, mw: MwHandle) -> Result<()> {
+        Self::dealloc_mw(self, mw)
+    }
+
+    fn post_send(&self, qp: QpHandle, wrs: &[SendWr]) -> Result<()> {
+        Self::post_send(self, qp, wrs)
+    }
+
+    fn post_recv(&self, qp: QpHandle, wrs: &[RecvWr]) -> Result<()> {
+        Self::post_recv(self, qp, wrs)
+    }
+}
