@@ -144,12 +144,7 @@ impl SoftRoce {
 
     /// Runs `f` on the slot of CA `guid` if the CA is not open (what a
     /// node takes at bind time may still change), else `Busy(busy)`.
-    pub(super) fn closed_ca(
-        &self,
-        guid: Guid,
-        busy: &'static str,
-        f: impl FnOnce(&mut CaSlot),
-    ) -> Result<()> {
+    fn closed_ca(&self, guid: Guid, busy: &'static str, f: impl FnOnce(&mut CaSlot)) -> Result<()> {
         self.with_slot(guid, |s| match s.open {
             Some(_) => Err(VerbsError::Busy(busy)),
             None => {

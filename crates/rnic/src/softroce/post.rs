@@ -184,13 +184,7 @@ impl State {
     /// piece is read from whichever region of the CA holds it (the SGE's
     /// own key first). Memory the provider does not know cannot be read
     /// safely, so a piece outside every registered region is refused.
-    pub(super) fn gather_inline(
-        &self,
-        ca: usize,
-        pd: usize,
-        wr: &SendWr,
-        max: u32,
-    ) -> Result<Vec<u8>> {
+    fn gather_inline(&self, ca: usize, pd: usize, wr: &SendWr, max: u32) -> Result<Vec<u8>> {
         let total = wr.total_len();
         if total > u64::from(max) {
             return Err(bad(format!(
