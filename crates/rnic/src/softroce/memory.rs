@@ -43,7 +43,14 @@ fn lend(t: &verbs::kit::keys::Target, len: usize) -> Option<roce::Pinned> {
     }
     // SAFETY: `[off, off+len)` is inside the buffer (checked above), whose
     // allocation `keep_alive` keeps valid for as long as the `Pinned`
-    // lives; the key table checked the access.
+    // lives; the key table checked the access. `ptr_at` also asks that
+    // nothing else in the process touch the bytes while the packet reads
+    // them (its ICRC, a retransmit's copy; the kernel's send is not such
+    // a touch): that is the verbs rule for a posted send's buffer (not
+    // written until the WR completes), which a consumer is trusted to
+    // keep. A consumer writing lent bytes meanwhile (or a READ responder's
+    // owner writing the region being read) breaks that promise through
+    // safe code; only the copy path (payloads under 512 B) is immune.
     Some(unsafe { roce::Pinned::new(t.buf.keep_alive(), t.buf.ptr_at(t.off), len) })
 }
 
