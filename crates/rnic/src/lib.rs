@@ -28,5 +28,20 @@
 //! "wait for a receive" (there is no RNR timer), UC READ/atomics
 //! (`InvalidArgument`).
 
+/// Implements trait methods by forwarding each to the inherent method of
+/// the same name, `Self::verb(self, ..)`, which a provider keeps in the
+/// file of the verb's object. A path finds an inherent method before a
+/// trait's, so a forwarder never calls itself (were the inherent method
+/// missing, `unconditional_recursion` would say so).
+macro_rules! forward_verbs {
+    ($(fn $name:ident(&self $(, $arg:ident: $ty:ty)* $(,)?) -> $ret:ty;)*) => {
+        $(
+            fn $name(&self $(, $arg: $ty)*) -> $ret {
+                Self::$name(self $(, $arg)*)
+            }
+        )*
+    };
+}
+
 pub mod loopback;
 pub mod softroce;

@@ -163,9 +163,9 @@ impl Fabric {
     }
 }
 
-/// Each verb is the inherent method of the same name in the file of its
-/// object (`ca`, `port`, `cq`, `srq`, `qp`, `mr`, `post`), visible in this
-/// module only: `Self::verb` below names that one, not the trait's.
+/// Each verb but a few one-liners is the inherent method of the same name
+/// in the file of its object (`ca`, `port`, `cq`, `srq`, `qp`, `mr`,
+/// `post`), visible in this module only (see `forward_verbs!`).
 impl Provider for Fabric {
     fn name(&self) -> &'static str {
         "loopback"
@@ -186,156 +186,68 @@ impl Provider for Fabric {
             .collect()
     }
 
-    fn open_ca(
-        &self,
-        guid: Guid,
-        ctx: Context,
-        handler: Arc<dyn EventHandler>,
-    ) -> verbs::Result<CaHandle> {
-        Self::open_ca(self, guid, ctx, handler)
-    }
-
-    fn query_ca(&self, ca: CaHandle) -> verbs::Result<CaAttr> {
-        Self::query_ca(self, ca)
-    }
-
-    fn close_ca(&self, ca: CaHandle) -> verbs::Result<()> {
-        Self::close_ca(self, ca)
-    }
-
-    fn query_port(&self, ca: CaHandle, port: PortNum) -> verbs::Result<PortAttr> {
-        Self::query_port(self, ca, port)
-    }
-
-    fn modify_port(&self, ca: CaHandle, port: PortNum, m: &PortModify) -> verbs::Result<()> {
-        Self::modify_port(self, ca, port, m)
-    }
-
-    fn alloc_pd(&self, ca: CaHandle, ctx: Context) -> verbs::Result<PdHandle> {
-        Self::alloc_pd(self, ca, ctx)
-    }
-
-    fn dealloc_pd(&self, pd: PdHandle) -> verbs::Result<()> {
-        Self::dealloc_pd(self, pd)
-    }
-
-    fn create_cq(&self, pd: PdHandle, init: &CqInit, ctx: Context) -> verbs::Result<CqHandle> {
-        Self::create_cq(self, pd, init, ctx)
-    }
-
-    fn destroy_cq(&self, cq: CqHandle) -> verbs::Result<()> {
-        Self::destroy_cq(self, cq)
-    }
-
-    fn poll_cq(&self, cq: CqHandle, out: &mut [WorkCompletion]) -> verbs::Result<usize> {
-        Self::poll_cq(self, cq, out)
-    }
-
-    fn req_notify_cq(&self, cq: CqHandle, solicited_only: bool) -> verbs::Result<()> {
-        Self::req_notify_cq(self, cq, solicited_only)
-    }
-
-    fn wait_cq(&self, cq: CqHandle, timeout: std::time::Duration) -> verbs::Result<()> {
-        Self::wait_cq(self, cq, timeout)
-    }
-
-    fn create_srq(&self, pd: PdHandle, attr: &SrqAttr, ctx: Context) -> verbs::Result<SrqHandle> {
-        Self::create_srq(self, pd, attr, ctx)
-    }
-
-    fn modify_srq(&self, srq: SrqHandle, limit: u32) -> verbs::Result<()> {
-        Self::modify_srq(self, srq, limit)
-    }
-
-    fn query_srq(&self, srq: SrqHandle) -> verbs::Result<SrqAttr> {
-        Self::query_srq(self, srq)
-    }
-
-    fn destroy_srq(&self, srq: SrqHandle) -> verbs::Result<()> {
-        Self::destroy_srq(self, srq)
-    }
-
-    fn create_qp(&self, pd: PdHandle, init: &QpInit, ctx: Context) -> verbs::Result<QpHandle> {
-        Self::create_qp(self, pd, init, ctx)
-    }
-
-    fn qp_num(&self, qp: QpHandle) -> verbs::Result<Qpn> {
-        Self::qp_num(self, qp)
-    }
-
-    fn modify_qp(&self, qp: QpHandle, attr: &QpAttr) -> verbs::Result<()> {
-        Self::modify_qp(self, qp, attr)
-    }
-
-    fn query_qp(&self, qp: QpHandle) -> verbs::Result<QpAttr> {
-        Self::query_qp(self, qp)
-    }
-
-    fn destroy_qp(&self, qp: QpHandle) -> verbs::Result<()> {
-        Self::destroy_qp(self, qp)
-    }
-
-    fn create_ah(&self, pd: PdHandle, attr: &AhAttr) -> verbs::Result<AhHandle> {
-        Self::create_ah(self, pd, attr)
-    }
-
-    fn destroy_ah(&self, ah: AhHandle) -> verbs::Result<()> {
-        Self::destroy_ah(self, ah)
-    }
-
-    fn reg_mr(
-        &self,
-        pd: PdHandle,
-        buf: &MemBuf,
-        addr: u64,
-        len: u64,
-        access: AccessFlags,
-        ctx: Context,
-    ) -> verbs::Result<MrInfo> {
-        Self::reg_mr(self, pd, buf, addr, len, access, ctx)
-    }
-
-    fn rereg_mr(
-        &self,
-        mr: MrHandle,
-        buf: &MemBuf,
-        addr: u64,
-        len: u64,
-        access: AccessFlags,
-    ) -> verbs::Result<MrInfo> {
-        Self::rereg_mr(self, mr, buf, addr, len, access)
-    }
-
-    fn dereg_mr(&self, mr: MrHandle) -> verbs::Result<()> {
-        Self::dereg_mr(self, mr)
-    }
-
-    fn alloc_mw(
-        &self,
-        pd: PdHandle,
-        kind: MwType,
-        ctx: Context,
-    ) -> verbs::Result<(MwHandle, Rkey)> {
-        Self::alloc_mw(self, pd, kind, ctx)
-    }
-
-    fn bind_mw(&self, qp: QpHandle, bind: &MwBind) -> verbs::Result<Rkey> {
-        Self::bind_mw(self, qp, bind)
-    }
-
-    fn dealloc_mw(&self, mw: MwHandle) -> verbs::Result<()> {
-        Self::dealloc_mw(self, mw)
-    }
-
-    fn post_send(&self, qp: QpHandle, wrs: &[SendWr]) -> verbs::Result<()> {
-        Self::post_send(self, qp, wrs)
-    }
-
-    fn post_recv(&self, qp: QpHandle, wrs: &[RecvWr]) -> verbs::Result<()> {
-        Self::post_recv(self, qp, wrs)
-    }
-
-    fn post_srq_recv(&self, srq: SrqHandle, wrs: &[RecvWr]) -> verbs::Result<()> {
-        Self::post_srq_recv(self, srq, wrs)
+    forward_verbs! {
+        fn open_ca(
+            &self,
+            guid: Guid,
+            ctx: Context,
+            handler: Arc<dyn EventHandler>,
+        ) -> verbs::Result<CaHandle>;
+        fn query_ca(&self, ca: CaHandle) -> verbs::Result<CaAttr>;
+        fn close_ca(&self, ca: CaHandle) -> verbs::Result<()>;
+        fn query_port(&self, ca: CaHandle, port: PortNum) -> verbs::Result<PortAttr>;
+        fn modify_port(&self, ca: CaHandle, port: PortNum, m: &PortModify) -> verbs::Result<()>;
+        fn alloc_pd(&self, ca: CaHandle, ctx: Context) -> verbs::Result<PdHandle>;
+        fn dealloc_pd(&self, pd: PdHandle) -> verbs::Result<()>;
+        fn create_cq(&self, pd: PdHandle, init: &CqInit, ctx: Context) -> verbs::Result<CqHandle>;
+        fn destroy_cq(&self, cq: CqHandle) -> verbs::Result<()>;
+        fn poll_cq(&self, cq: CqHandle, out: &mut [WorkCompletion]) -> verbs::Result<usize>;
+        fn req_notify_cq(&self, cq: CqHandle, solicited_only: bool) -> verbs::Result<()>;
+        fn wait_cq(&self, cq: CqHandle, timeout: std::time::Duration) -> verbs::Result<()>;
+        fn create_srq(
+            &self,
+            pd: PdHandle,
+            attr: &SrqAttr,
+            ctx: Context,
+        ) -> verbs::Result<SrqHandle>;
+        fn modify_srq(&self, srq: SrqHandle, limit: u32) -> verbs::Result<()>;
+        fn query_srq(&self, srq: SrqHandle) -> verbs::Result<SrqAttr>;
+        fn destroy_srq(&self, srq: SrqHandle) -> verbs::Result<()>;
+        fn create_qp(&self, pd: PdHandle, init: &QpInit, ctx: Context) -> verbs::Result<QpHandle>;
+        fn qp_num(&self, qp: QpHandle) -> verbs::Result<Qpn>;
+        fn modify_qp(&self, qp: QpHandle, attr: &QpAttr) -> verbs::Result<()>;
+        fn query_qp(&self, qp: QpHandle) -> verbs::Result<QpAttr>;
+        fn destroy_qp(&self, qp: QpHandle) -> verbs::Result<()>;
+        fn create_ah(&self, pd: PdHandle, attr: &AhAttr) -> verbs::Result<AhHandle>;
+        fn destroy_ah(&self, ah: AhHandle) -> verbs::Result<()>;
+        fn reg_mr(
+            &self,
+            pd: PdHandle,
+            buf: &MemBuf,
+            addr: u64,
+            len: u64,
+            access: AccessFlags,
+            ctx: Context,
+        ) -> verbs::Result<MrInfo>;
+        fn rereg_mr(
+            &self,
+            mr: MrHandle,
+            buf: &MemBuf,
+            addr: u64,
+            len: u64,
+            access: AccessFlags,
+        ) -> verbs::Result<MrInfo>;
+        fn dereg_mr(&self, mr: MrHandle) -> verbs::Result<()>;
+        fn alloc_mw(
+            &self,
+            pd: PdHandle,
+            kind: MwType,
+            ctx: Context,
+        ) -> verbs::Result<(MwHandle, Rkey)>;
+        fn bind_mw(&self, qp: QpHandle, bind: &MwBind) -> verbs::Result<Rkey>;
+        fn dealloc_mw(&self, mw: MwHandle) -> verbs::Result<()>;
+        fn post_send(&self, qp: QpHandle, wrs: &[SendWr]) -> verbs::Result<()>;
+        fn post_recv(&self, qp: QpHandle, wrs: &[RecvWr]) -> verbs::Result<()>;
+        fn post_srq_recv(&self, srq: SrqHandle, wrs: &[RecvWr]) -> verbs::Result<()>;
     }
 }

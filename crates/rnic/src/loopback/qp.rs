@@ -142,7 +142,7 @@ impl Fabric {
             let from = q.state;
             let notify = attr.en_sqd_async_notify == Some(true);
             let qm = st.qp(i);
-            merge(&mut qm.attr, attr);
+            qp_table::merge(&mut qm.attr, attr);
             qm.attr.state = Some(to);
             qm.mig = step.state;
             qm.attr.path_mig_state = Some(step.state);
@@ -290,29 +290,4 @@ impl State {
             );
         }
     }
-}
-
-fn merge(dst: &mut QpAttr, a: &QpAttr) {
-    macro_rules! m {
-        ($($f:ident),*) => {$( if a.$f.is_some() { dst.$f = a.$f; } )*};
-    }
-    m!(
-        port,
-        pkey_index,
-        qkey,
-        access,
-        path_mtu,
-        dest_qpn,
-        rq_psn,
-        sq_psn,
-        av,
-        max_dest_rd_atomic,
-        max_rd_atomic,
-        min_rnr_timer,
-        timeout,
-        retry_cnt,
-        rnr_retry,
-        en_sqd_async_notify,
-        alt_path
-    );
 }

@@ -2,6 +2,7 @@
 //! rights and its SRQ; payloads lent to packets from registered regions.
 
 use super::*;
+use verbs::kit::keys::Target;
 
 /// A QP's door to memory: its PD's keys, its remote rights, its SRQ.
 pub(super) struct PdMem {
@@ -31,13 +32,29 @@ impl PdMem {
     fn keys(&self) -> MutexGuard<'_, KeyTable> {
         self.keys.lock().unwrap_or_else(|e| e.into_inner())
     }
+
+    /// `len` bytes at `addr` under L_Key `lkey` of this PD, with `access`.
+    fn local(&self, lkey: Lkey, addr: u64, len: usize, access: AccessFlags) -> MemResult<Target> {
+        let keys = self.keys();
+        keys.local(self.pd, lkey, addr, len as u64, access)
+            .map_err(mem_err)
+    }
+
+    /// `len` bytes at `addr` under R_Key `rkey` of this PD, for this QP.
+    fn remote(&self, rkey: Rkey, addr: u64, len: usize, access: AccessFlags) -> MemResult<Target> {
+        let keys = self.keys();
+        keys.remote(self.pd, rkey, addr, len as u64, access, self.qpn)
+            .map_err(mem_err)
+    }
 }
+
+type MemResult<T> = std::result::Result<T, MemoryError>;
 
 /// Lends `len` bytes of a checked target to a packet: the packet holds the
 /// buffer's allocation, so a deregistration (or the consumer dropping its
 /// buffer) while the packet waits frees nothing it reads. `None` (copy
 /// instead) if the target were ever shorter than the checked range.
-fn lend(t: &verbs::kit::keys::Target, len: usize) -> Option<roce::Pinned> {
+fn lend(t: &Target, len: usize) -> Option<roce::Pinned> {
     if t.off.checked_add(len).is_none_or(|e| e > t.buf.len()) {
         return None;
     }
@@ -61,10 +78,7 @@ impl Memory for PdMem {
         addr: u64,
         len: usize,
     ) -> std::result::Result<Option<roce::Pinned>, MemoryError> {
-        let t = self
-            .keys()
-            .local(self.pd, lkey, addr, len as u64, AccessFlags::NONE)
-            .map_err(mem_err)?;
+        let t = self.local(lkey, addr, len, AccessFlags::NONE)?;
         Ok(lend(&t, len))
     }
 
@@ -74,17 +88,7 @@ impl Memory for PdMem {
         addr: u64,
         len: usize,
     ) -> std::result::Result<Option<roce::Pinned>, MemoryError> {
-        let t = self
-            .keys()
-            .remote(
-                self.pd,
-                rkey,
-                addr,
-                len as u64,
-                AccessFlags::REMOTE_READ,
-                self.qpn,
-            )
-            .map_err(mem_err)?;
+        let t = self.remote(rkey, addr, len, AccessFlags::REMOTE_READ)?;
         Ok(lend(&t, len))
     }
 
@@ -94,10 +98,7 @@ impl Memory for PdMem {
         addr: u64,
         out: &mut [u8],
     ) -> std::result::Result<(), MemoryError> {
-        let t = self
-            .keys()
-            .local(self.pd, lkey, addr, out.len() as u64, AccessFlags::NONE)
-            .map_err(mem_err)?;
+        let t = self.local(lkey, addr, out.len(), AccessFlags::NONE)?;
         t.buf.read_at(t.off, out);
         Ok(())
     }
@@ -108,16 +109,7 @@ impl Memory for PdMem {
         addr: u64,
         data: &[u8],
     ) -> std::result::Result<(), MemoryError> {
-        let t = self
-            .keys()
-            .local(
-                self.pd,
-                lkey,
-                addr,
-                data.len() as u64,
-                AccessFlags::LOCAL_WRITE,
-            )
-            .map_err(mem_err)?;
+        let t = self.local(lkey, addr, data.len(), AccessFlags::LOCAL_WRITE)?;
         t.buf.write_at(t.off, data);
         Ok(())
     }
@@ -149,17 +141,7 @@ impl Memory for PdMem {
         addr: u64,
         data: &[u8],
     ) -> std::result::Result<(), MemoryError> {
-        let t = self
-            .keys()
-            .remote(
-                self.pd,
-                rkey,
-                addr,
-                data.len() as u64,
-                AccessFlags::REMOTE_WRITE,
-                self.qpn,
-            )
-            .map_err(mem_err)?;
+        let t = self.remote(rkey, addr, data.len(), AccessFlags::REMOTE_WRITE)?;
         t.buf.write_at(t.off, data);
         Ok(())
     }
@@ -170,17 +152,7 @@ impl Memory for PdMem {
         addr: u64,
         out: &mut [u8],
     ) -> std::result::Result<(), MemoryError> {
-        let t = self
-            .keys()
-            .remote(
-                self.pd,
-                rkey,
-                addr,
-                out.len() as u64,
-                AccessFlags::REMOTE_READ,
-                self.qpn,
-            )
-            .map_err(mem_err)?;
+        let t = self.remote(rkey, addr, out.len(), AccessFlags::REMOTE_READ)?;
         t.buf.read_at(t.off, out);
         Ok(())
     }
@@ -192,10 +164,7 @@ impl Memory for PdMem {
         compare: Option<u64>,
         operand: u64,
     ) -> std::result::Result<u64, MemoryError> {
-        let t = self
-            .keys()
-            .remote(self.pd, rkey, addr, 8, AccessFlags::REMOTE_ATOMIC, self.qpn)
-            .map_err(mem_err)?;
+        let t = self.remote(rkey, addr, 8, AccessFlags::REMOTE_ATOMIC)?;
         Ok(match compare {
             Some(c) => t
                 .buf

@@ -229,9 +229,9 @@ impl SoftRoce {
     }
 }
 
-/// Each verb is the inherent method of the same name in the file of its
-/// object (`ca`, `port`, `cq`, `srq`, `qp`, `mr`, `post`), visible in this
-/// module only: `Self::verb` below names that one, not the trait's.
+/// Each verb but a few one-liners is the inherent method of the same name
+/// in the file of its object (`ca`, `port`, `cq`, `srq`, `qp`, `mr`,
+/// `post`), visible in this module only (see `forward_verbs!`).
 impl Provider for SoftRoce {
     fn name(&self) -> &'static str {
         "softroce"
@@ -241,157 +241,64 @@ impl Provider for SoftRoce {
         self.cas.iter().map(|c| c.guid).collect()
     }
 
-    fn open_ca(
-        &self,
-        guid: Guid,
-        ctx: Context,
-        handler: Arc<dyn EventHandler>,
-    ) -> Result<CaHandle> {
-        Self::open_ca(self, guid, ctx, handler)
-    }
-
-    fn query_ca(&self, ca: CaHandle) -> Result<CaAttr> {
-        Self::query_ca(self, ca)
-    }
-
-    fn close_ca(&self, ca: CaHandle) -> Result<()> {
-        Self::close_ca(self, ca)
-    }
-
-    fn query_port(&self, ca: CaHandle, port: PortNum) -> Result<PortAttr> {
-        Self::query_port(self, ca, port)
-    }
-
-    fn modify_port(&self, ca: CaHandle, port: PortNum, modify: &PortModify) -> Result<()> {
-        Self::modify_port(self, ca, port, modify)
-    }
-
     fn take_pkey_violations(&self, ca: CaHandle, port: PortNum) -> Result<Option<PkeyViolations>> {
         let guid = self.port_one(ca, port)?;
         Ok(SoftRoce::take_pkey_violations(self, guid)
             .map(|(count, latest)| PkeyViolations { count, latest }))
     }
 
-    fn alloc_pd(&self, ca: CaHandle, ctx: Context) -> Result<PdHandle> {
-        Self::alloc_pd(self, ca, ctx)
-    }
-
-    fn dealloc_pd(&self, pd: PdHandle) -> Result<()> {
-        Self::dealloc_pd(self, pd)
-    }
-
-    fn create_cq(&self, pd: PdHandle, init: &CqInit, ctx: Context) -> Result<CqHandle> {
-        Self::create_cq(self, pd, init, ctx)
-    }
-
-    fn destroy_cq(&self, cq: CqHandle) -> Result<()> {
-        Self::destroy_cq(self, cq)
-    }
-
-    fn poll_cq(&self, cq: CqHandle, out: &mut [WorkCompletion]) -> Result<usize> {
-        Self::poll_cq(self, cq, out)
-    }
-
-    fn req_notify_cq(&self, cq: CqHandle, solicited_only: bool) -> Result<()> {
-        Self::req_notify_cq(self, cq, solicited_only)
-    }
-
-    fn wait_cq(&self, cq: CqHandle, timeout: std::time::Duration) -> Result<()> {
-        Self::wait_cq(self, cq, timeout)
-    }
-
-    fn create_srq(&self, pd: PdHandle, attr: &SrqAttr, ctx: Context) -> Result<SrqHandle> {
-        Self::create_srq(self, pd, attr, ctx)
-    }
-
-    fn modify_srq(&self, srq: SrqHandle, limit: u32) -> Result<()> {
-        Self::modify_srq(self, srq, limit)
-    }
-
-    fn query_srq(&self, srq: SrqHandle) -> Result<SrqAttr> {
-        Self::query_srq(self, srq)
-    }
-
-    fn destroy_srq(&self, srq: SrqHandle) -> Result<()> {
-        Self::destroy_srq(self, srq)
-    }
-
-    fn post_srq_recv(&self, srq: SrqHandle, wrs: &[RecvWr]) -> Result<()> {
-        Self::post_srq_recv(self, srq, wrs)
-    }
-
-    fn create_qp(&self, pd: PdHandle, init: &QpInit, ctx: Context) -> Result<QpHandle> {
-        Self::create_qp(self, pd, init, ctx)
-    }
-
-    fn qp_num(&self, qp: QpHandle) -> Result<Qpn> {
-        Self::qp_num(self, qp)
-    }
-
-    fn modify_qp(&self, qp: QpHandle, attr: &QpAttr) -> Result<()> {
-        Self::modify_qp(self, qp, attr)
-    }
-
-    fn query_qp(&self, qp: QpHandle) -> Result<QpAttr> {
-        Self::query_qp(self, qp)
-    }
-
-    fn destroy_qp(&self, qp: QpHandle) -> Result<()> {
-        Self::destroy_qp(self, qp)
-    }
-
-    fn create_ah(&self, pd: PdHandle, attr: &AhAttr) -> Result<AhHandle> {
-        Self::create_ah(self, pd, attr)
-    }
-
-    fn destroy_ah(&self, ah: AhHandle) -> Result<()> {
-        Self::destroy_ah(self, ah)
-    }
-
-    fn reg_mr(
-        &self,
-        pd: PdHandle,
-        buf: &MemBuf,
-        addr: u64,
-        len: u64,
-        access: AccessFlags,
-        ctx: Context,
-    ) -> Result<MrInfo> {
-        Self::reg_mr(self, pd, buf, addr, len, access, ctx)
-    }
-
-    fn rereg_mr(
-        &self,
-        mr: MrHandle,
-        buf: &MemBuf,
-        addr: u64,
-        len: u64,
-        access: AccessFlags,
-    ) -> Result<MrInfo> {
-        Self::rereg_mr(self, mr, buf, addr, len, access)
-    }
-
-    fn dereg_mr(&self, mr: MrHandle) -> Result<()> {
-        Self::dereg_mr(self, mr)
-    }
-
-    fn alloc_mw(&self, pd: PdHandle, kind: MwType, ctx: Context) -> Result<(MwHandle, Rkey)> {
-        Self::alloc_mw(self, pd, kind, ctx)
-    }
-
-    fn bind_mw(&self, qp: QpHandle, bind: &MwBind) -> Result<Rkey> {
-        Self::bind_mw(self, qp, bind)
-    }
-
-    fn dealloc_mw(&self, mw: MwHandle) -> Result<()> {
-        Self::dealloc_mw(self, mw)
-    }
-
-    fn post_send(&self, qp: QpHandle, wrs: &[SendWr]) -> Result<()> {
-        Self::post_send(self, qp, wrs)
-    }
-
-    fn post_recv(&self, qp: QpHandle, wrs: &[RecvWr]) -> Result<()> {
-        Self::post_recv(self, qp, wrs)
+    forward_verbs! {
+        fn open_ca(
+            &self,
+            guid: Guid,
+            ctx: Context,
+            handler: Arc<dyn EventHandler>,
+        ) -> Result<CaHandle>;
+        fn query_ca(&self, ca: CaHandle) -> Result<CaAttr>;
+        fn close_ca(&self, ca: CaHandle) -> Result<()>;
+        fn query_port(&self, ca: CaHandle, port: PortNum) -> Result<PortAttr>;
+        fn modify_port(&self, ca: CaHandle, port: PortNum, modify: &PortModify) -> Result<()>;
+        fn alloc_pd(&self, ca: CaHandle, ctx: Context) -> Result<PdHandle>;
+        fn dealloc_pd(&self, pd: PdHandle) -> Result<()>;
+        fn create_cq(&self, pd: PdHandle, init: &CqInit, ctx: Context) -> Result<CqHandle>;
+        fn destroy_cq(&self, cq: CqHandle) -> Result<()>;
+        fn poll_cq(&self, cq: CqHandle, out: &mut [WorkCompletion]) -> Result<usize>;
+        fn req_notify_cq(&self, cq: CqHandle, solicited_only: bool) -> Result<()>;
+        fn wait_cq(&self, cq: CqHandle, timeout: std::time::Duration) -> Result<()>;
+        fn create_srq(&self, pd: PdHandle, attr: &SrqAttr, ctx: Context) -> Result<SrqHandle>;
+        fn modify_srq(&self, srq: SrqHandle, limit: u32) -> Result<()>;
+        fn query_srq(&self, srq: SrqHandle) -> Result<SrqAttr>;
+        fn destroy_srq(&self, srq: SrqHandle) -> Result<()>;
+        fn post_srq_recv(&self, srq: SrqHandle, wrs: &[RecvWr]) -> Result<()>;
+        fn create_qp(&self, pd: PdHandle, init: &QpInit, ctx: Context) -> Result<QpHandle>;
+        fn qp_num(&self, qp: QpHandle) -> Result<Qpn>;
+        fn modify_qp(&self, qp: QpHandle, attr: &QpAttr) -> Result<()>;
+        fn query_qp(&self, qp: QpHandle) -> Result<QpAttr>;
+        fn destroy_qp(&self, qp: QpHandle) -> Result<()>;
+        fn create_ah(&self, pd: PdHandle, attr: &AhAttr) -> Result<AhHandle>;
+        fn destroy_ah(&self, ah: AhHandle) -> Result<()>;
+        fn reg_mr(
+            &self,
+            pd: PdHandle,
+            buf: &MemBuf,
+            addr: u64,
+            len: u64,
+            access: AccessFlags,
+            ctx: Context,
+        ) -> Result<MrInfo>;
+        fn rereg_mr(
+            &self,
+            mr: MrHandle,
+            buf: &MemBuf,
+            addr: u64,
+            len: u64,
+            access: AccessFlags,
+        ) -> Result<MrInfo>;
+        fn dereg_mr(&self, mr: MrHandle) -> Result<()>;
+        fn alloc_mw(&self, pd: PdHandle, kind: MwType, ctx: Context) -> Result<(MwHandle, Rkey)>;
+        fn bind_mw(&self, qp: QpHandle, bind: &MwBind) -> Result<Rkey>;
+        fn dealloc_mw(&self, mw: MwHandle) -> Result<()>;
+        fn post_send(&self, qp: QpHandle, wrs: &[SendWr]) -> Result<()>;
+        fn post_recv(&self, qp: QpHandle, wrs: &[RecvWr]) -> Result<()>;
     }
 }

@@ -116,7 +116,7 @@ impl SoftRoce {
         let rt = st.rt(ca);
         let udp_port = self.udp_port;
         let q = st.qp_mut(i);
-        merge(&mut q.attr, attr);
+        qp_table::merge(&mut q.attr, attr);
         if let Some(a) = attr.access {
             q.access.store(a.bits(), Ordering::Relaxed);
         }
@@ -388,30 +388,4 @@ fn engine_config(q: &QpObj, qp_type: QpType) -> QpConfig {
     });
     c.srq = q.init.srq.is_some();
     c
-}
-
-/// Applies the attributes `new` gives on top of `acc`.
-fn merge(acc: &mut QpAttr, new: &QpAttr) {
-    macro_rules! take {
-        ($($f:ident),*) => { $( if new.$f.is_some() { acc.$f = new.$f; } )* };
-    }
-    take!(
-        state,
-        port,
-        pkey_index,
-        qkey,
-        access,
-        path_mtu,
-        dest_qpn,
-        rq_psn,
-        sq_psn,
-        av,
-        max_dest_rd_atomic,
-        max_rd_atomic,
-        min_rnr_timer,
-        timeout,
-        retry_cnt,
-        rnr_retry,
-        en_sqd_async_notify
-    );
 }

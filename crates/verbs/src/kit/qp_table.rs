@@ -97,6 +97,35 @@ pub fn mask_of(attr: &QpAttr) -> u32 {
     m
 }
 
+/// Applies the attributes `new` gives on top of `acc`, the attributes a
+/// provider keeps for a QP across modify calls (the state included; the
+/// migration state is the provider's to track, not kept here).
+pub fn merge(acc: &mut QpAttr, new: &QpAttr) {
+    macro_rules! take {
+        ($($f:ident),*) => { $( if new.$f.is_some() { acc.$f = new.$f; } )* };
+    }
+    take!(
+        state,
+        port,
+        pkey_index,
+        qkey,
+        access,
+        path_mtu,
+        dest_qpn,
+        rq_psn,
+        sq_psn,
+        av,
+        max_dest_rd_atomic,
+        max_rd_atomic,
+        min_rnr_timer,
+        timeout,
+        retry_cnt,
+        rnr_retry,
+        en_sqd_async_notify,
+        alt_path
+    );
+}
+
 const fn m(list: &[Attr]) -> u32 {
     let mut v = 0;
     let mut i = 0;
