@@ -43,6 +43,8 @@
 //! unmounts, detaching lazily and then aborting the FUSE connection if the
 //! files stay busy, and joins within a bounded time.
 
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 mod fs;
 mod lun;
 

@@ -25,6 +25,8 @@
 //! What it refuses: block sizes that are not a multiple of 512 bytes or of
 //! the device's block size, regions outside the device, unbounded runs.
 
+#![forbid(unsafe_code)]
+
 pub mod bytes;
 mod stamp;
 

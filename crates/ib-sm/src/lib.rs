@@ -128,6 +128,8 @@
 //! Not done: multicast, LMC on the SM's own port, M_Key on the SM's own
 //! port, SM_Key-trusted SA records other than PortInfoRecord's M_Key.
 
+#![forbid(unsafe_code)]
+
 pub mod fuzz;
 pub mod partitions;
 pub mod port;

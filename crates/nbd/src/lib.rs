@@ -49,6 +49,8 @@
 //!   `NBD_EINVAL` for reads and trims (proto.md "Error values"). Writes
 //!   to a read-only export: `NBD_EPERM`.
 
+#![forbid(unsafe_code)]
+
 #[macro_use]
 extern crate rdma_types;
 

@@ -60,6 +60,8 @@
 //! not parse (dropped), requests for services nobody listens on (REJ,
 //! invalid service ID).
 
+#![forbid(unsafe_code)]
+
 mod agent;
 pub mod devinfo;
 pub mod dm;

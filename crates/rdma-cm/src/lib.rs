@@ -27,6 +27,8 @@
 //! What it refuses to do: touch QPs (the consumer does, on events), read a
 //! clock, or pick comm IDs from global randomness (the caller seeds them).
 
+#![forbid(unsafe_code)]
+
 mod cm;
 #[doc(hidden)]
 pub mod fuzz;

@@ -19,6 +19,8 @@
 //! state. Those belong to the MAD agents above; [`rmpp`] offers only pure
 //! segmentation and reassembly.
 
+#![forbid(unsafe_code)]
+
 #[macro_use]
 extern crate rdma_types;
 

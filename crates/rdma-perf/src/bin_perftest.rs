@@ -3,6 +3,8 @@
 //! `ib_atomic_lat`; the test is the first argument, the server (client
 //! role) the last.
 
+#![forbid(unsafe_code)]
+
 use clap::Parser;
 use rdma_perf::perftest::{run, AtomicOp, PerftestConfig, Verb, DEFAULT_PORT};
 use std::net::IpAddr;

@@ -1,5 +1,7 @@
 //! `rpingpong`: see `rdma_perf::pingpong`.
 
+#![forbid(unsafe_code)]
+
 use clap::Parser;
 use rdma_perf::pingpong::{run, PingPongConfig};
 use rdma_types::Mtu;

@@ -3,6 +3,8 @@
 //! server binds), `-I` the client's own address, `-p` port, `-C` pings,
 //! `-S` size, `-v` print data, `-V` validate.
 
+#![forbid(unsafe_code)]
+
 use clap::Parser;
 use rdma_perf::rping::{run, RpingConfig, MIN_SIZE, RPING_PORT};
 use std::net::IpAddr;

@@ -32,6 +32,8 @@
 //! too, whichever ends first): posting stops when it has passed, and the
 //! report counts the messages that completed.
 
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 pub mod perftest;
 pub mod pingpong;
 pub mod rping;

@@ -1,5 +1,7 @@
 //! `rperf`: see the library docs (`rdma_perf`).
 
+#![forbid(unsafe_code)]
+
 use clap::{Parser, Subcommand};
 use rdma_perf::{parse_faults, run_client, run_server, ClientConfig, Common, Op};
 use rdma_types::Mtu;

@@ -14,6 +14,8 @@
 //! What it refuses to do: read a real clock, touch a socket, or hide which seed
 //! produced a run (every outcome follows from the seed and the inputs).
 
+#![forbid(unsafe_code)]
+
 mod fault;
 mod rng;
 mod sim;

@@ -5,6 +5,8 @@
 //! frames in a pcap; [`netns`], `ip` for the tests that make network
 //! namespaces. Tests only; nothing in the stack depends on it.
 
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 pub mod fuzz;
 pub mod need;
 pub mod netns;

@@ -7,6 +7,8 @@
 //!
 //! What it refuses to do: I/O, allocation-heavy work, anything with state.
 
+#![forbid(unsafe_code)]
+
 mod fields;
 mod flags;
 pub mod idmap;

@@ -59,6 +59,8 @@
 //! assert_eq!(back.ib.info().unwrap().ack_class(), AckClass::Ack);
 //! ```
 
+#![forbid(unsafe_code)]
+
 mod bytes;
 mod error;
 

@@ -28,6 +28,8 @@
 //! "wait for a receive" (there is no RNR timer), UC READ/atomics
 //! (`InvalidArgument`).
 
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 /// Implements trait methods by forwarding each to the inherent method of
 /// the same name, `Self::verb(self, ..)`, which a provider keeps in the
 /// file of the verb's object. A path finds an inherent method before a

@@ -32,6 +32,8 @@
 //! What it refuses to do: connect sockets (that changes the IPv4 ID the
 //! kernel picks), or block without a timeout.
 
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 mod socket;
 mod waker;
 

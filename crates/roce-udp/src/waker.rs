@@ -20,8 +20,8 @@ impl Waker {
         if fd < 0 {
             return Err(io::Error::last_os_error());
         }
-        // SAFETY: fd is a fresh descriptor we own.
         Ok(Waker {
+            // SAFETY: fd is a fresh descriptor we own.
             fd: unsafe { OwnedFd::from_raw_fd(fd) },
         })
     }

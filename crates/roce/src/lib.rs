@@ -43,6 +43,8 @@
 //!
 //! [`Instant`]: rdma_types::Instant
 
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 mod flat;
 mod mem;
 mod packet;

@@ -91,6 +91,8 @@
 //! `Vec`s and slices, one copy in and one out of the store), and an
 //! asynchronous engine (io_uring); execution stays on the caller's thread.
 
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 pub mod backend;
 pub mod bufs;
 pub mod cdb;

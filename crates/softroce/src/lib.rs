@@ -44,6 +44,8 @@
 //! down when the link goes, as Linux rxe does for its netdev;
 //! `SOFTROCE_FOLLOW_LINK=0` turns that off.
 
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 mod driver;
 pub mod link;
 mod node;

@@ -301,8 +301,8 @@ impl Probe {
         if fd < 0 {
             return Err(io::Error::last_os_error());
         }
-        // SAFETY: fd is a fresh descriptor we own.
         Ok(Probe {
+            // SAFETY: fd is a fresh descriptor we own.
             fd: unsafe { OwnedFd::from_raw_fd(fd) },
         })
     }

@@ -15,6 +15,8 @@
 //! What it refuses to do: guess a missing mandatory login key, accept a key
 //! Linux would not accept, or read a clock.
 
+#![forbid(unsafe_code)]
+
 pub mod disk;
 pub mod fence;
 #[doc(hidden)]

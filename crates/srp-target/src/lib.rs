@@ -71,6 +71,8 @@
 //! requests out), `port/chunks.rs` (the registered chunk pool),
 //! `port/execution.rs` (SCSI and task management), `port/stats.rs`.
 
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 //! # Memory
 //!
 //! Data moves through fixed chunks of `srp_max_rdma_size` bytes: an RDMA

@@ -46,6 +46,8 @@
 //! LUNs or CDBs (that is the SCSI core's job), touch memory that descriptors
 //! point at, or do any I/O.
 
+#![forbid(unsafe_code)]
+
 pub mod initiator;
 pub mod target;
 pub mod wire;

@@ -16,6 +16,8 @@
 //! answer: the target's port drops the MADs and tells the SM); without, it
 //! is a plain RoCE port.
 
+#![forbid(unsafe_code)]
+
 use blockload::{Pattern, Workload};
 use clap::{Args, Parser, Subcommand};
 use srpstack::initd::InitRequest;

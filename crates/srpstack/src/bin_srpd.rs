@@ -3,6 +3,8 @@
 //! each LUN as a file under `--mount-root/<login name>/`, until SIGTERM or
 //! SIGINT, when it logs every target out.
 
+#![forbid(unsafe_code)]
+
 use clap::Parser;
 use srpstack::daemon::bind_control;
 use srpstack::initd::{serve_control, InitRequest, Initd, InitdConfig};

@@ -3,6 +3,8 @@
 //! maps; add and remove devices, LUNs, groups and initiators at runtime;
 //! enable or disable the target; save the running configuration.
 
+#![forbid(unsafe_code)]
+
 use clap::{Parser, Subcommand};
 use serde_json::Value;
 use srpstack::daemon::{request, Request};

@@ -6,6 +6,8 @@
 //! waits for `ibsm run` to activate it, offers device management to
 //! srp_daemon-style discovery through the SA, and takes IB CM logins.
 
+#![forbid(unsafe_code)]
+
 use clap::Parser;
 use srpstack::config::{Config, DeviceSection, Handler, LunEntry};
 use srpstack::daemon::{

@@ -13,6 +13,8 @@
 //! nothing a user can type: every error is reported with what was being
 //! done.
 
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 pub mod config;
 pub mod daemon;
 #[doc(hidden)]

@@ -4,6 +4,8 @@
 //! configuration, cleans up after itself. `srpstack bench` runs a fio-like
 //! workload against a LUN exported the same way.
 
+#![forbid(unsafe_code)]
+
 use blockload::{Pattern, Progress, Report, Workload};
 use clap::{Parser, Subcommand};
 use srpstack::{Backing, Stack, StackConfig, Transport};

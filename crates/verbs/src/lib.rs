@@ -56,6 +56,8 @@
 //! What this crate refuses: I/O, threads, wire formats. It depends only on
 //! `rdma-types`.
 
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 mod caps;
 #[cfg(feature = "conformance")]
 pub mod conformance;

@@ -17,6 +17,8 @@
 //! (trap 256), is logged. `--lmc N` gives every node's port 2^N LIDs
 //! (base aligned) and the SA a path per LID pair.
 
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 use clap::{Parser, Subcommand};
 use ib_sm::port::SmPort;
 use ib_sm::sim::{all_active, fabric_with, host, run_query, sim_config, sm, table};

@@ -8,6 +8,8 @@
 //! port; what the SM set (LID, SM LID, P_Keys, ARMED/ACTIVE, GUIDInfo) is
 //! then listed.
 
+#![forbid(unsafe_code)]
+
 use clap::{Parser, ValueEnum};
 use rdma_access::devinfo::{self, CaInfo};
 use rdma_access::sma::state;

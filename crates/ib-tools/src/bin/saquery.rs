@@ -4,6 +4,8 @@
 //! services. It opens a soft RoCE NIC of its own on `--ip` (which must be
 //! free) and sends SA MADs from its QP1.
 
+#![forbid(unsafe_code)]
+
 use clap::{Parser, Subcommand};
 use rdma_access::sa::{PathQuery, SaClient, SaTiming};
 use rdma_access::CmAgent;
