@@ -214,8 +214,12 @@ fn capture_of_the_client_decodes_in_tshark_with_our_icrcs() {
         writes.iter().filter(|w| w.2).count() >= 20,
         "AckReq on every LAST"
     );
+    // ACKs are coalesced: one per request that asked (the 20 LASTs),
+    // each repeated at most once when nothing newer follows it within
+    // 2 ms (the responder's guard against a lost last ACK), far fewer
+    // than the 120 packets.
     let acks = ops.iter().filter(|o| o.0 == 0x11).count();
-    assert!((1..=20).contains(&acks), "coalesced ACKs: {acks}");
+    assert!((1..=40).contains(&acks), "coalesced ACKs: {acks}");
     let fields = [
         "infiniband.bth.opcode",
         "infiniband.bth.psn",
