@@ -4,7 +4,9 @@
 //! [`session`] runs one SRP channel over a verbs provider (login through a
 //! [`session::Connector`], commands with data in a registered pool, the
 //! channel's timers and error handling), and [`disk`] makes a LUN behind it
-//! a block device.
+//! a block device. [`connectors`] are how a session reaches its target
+//! over the access layer (`rdma-access`): RDMA CM, IB CM, and IB CM along
+//! the subnet administrator's paths.
 //!
 //! The sans-IO parts: the parser of
 //! Linux-compatible login strings ([`login`]), `srp_daemon`-style rules
@@ -17,6 +19,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod connectors;
 pub mod disk;
 pub mod fence;
 #[doc(hidden)]

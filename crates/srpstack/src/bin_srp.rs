@@ -800,8 +800,9 @@ struct TrapSub {
 /// Subscribes to traps 64 and 65 with a fresh SA client (a new master SM
 /// inherits no subscriptions).
 fn subscribe_traps(port: &srpstack::ib::IbPort) -> Result<TrapSub, String> {
+    use srpstack::ib::SubnetPort;
     port.renew_sa();
-    let sa = port.sa()?;
+    let sa = port.sa().map_err(|e| e.to_string())?;
     for trap in [64, 65] {
         sa.subscribe(trap)
             .map_err(|e| format!("subscribe to trap {trap}: {}", port.sa_error(&sa, e)))?;

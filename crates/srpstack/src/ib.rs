@@ -29,13 +29,13 @@
 //! an initiator's port ID, so two hosts are two initiators and two targets
 //! two target ports without configuration.
 
-use rdma_access::sa::{PathQuery, SaClient, SaError, SaTiming};
+use rdma_access::sa::{SaClient, SaTiming};
 use rdma_access::sma::state;
 use rdma_access::{CmAgent, IbNode};
 use rdma_mad::sa::PathRecord;
-use rdma_types::{Gid, Guid, Lid, Mtu, Pkey};
+use rdma_types::{Guid, Pkey};
 use serde::{Deserialize, Serialize};
-use srp_initiator::session::{ConnectError, Connected, Connector, LoginForm, QpInfo};
+pub use srp_initiator::connectors::{SaPortError, SubnetPort};
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -124,7 +124,7 @@ impl IbPort {
                 }) {
                     Ok(r) if !r.is_empty() => return Ok(()),
                     Ok(_) => last = "it does not list the port yet".into(),
-                    Err(e) => last = e,
+                    Err(e) => last = e.to_string(),
                 }
                 if std::time::Instant::now() >= end {
                     return Err(format!(
@@ -208,12 +208,10 @@ impl IbPort {
     ///
     /// # Errors
     /// No SM has set the port yet, or the client cannot register.
-    pub fn sa(&self) -> Result<Arc<SaClient>, String> {
-        let gid = self
-            .node
-            .sma()
-            .sm_gid()
-            .ok_or_else(|| format!("port {}: no SM has configured it", self.ip))?;
+    pub fn sa(&self) -> Result<Arc<SaClient>, SaPortError> {
+        let gid = self.node.sma().sm_gid().ok_or_else(|| SaPortError::NoSm {
+            port: self.ip.to_string(),
+        })?;
         let mut g = lock(&self.sa);
         if let Some(c) = &*g {
             if c.sa_gid() == gid {
@@ -223,8 +221,12 @@ impl IbPort {
         // One SA client per port: the old one lets go of the Report method.
         *g = None;
         let c = Arc::new(
-            SaClient::new(self.agent(), gid, self.timing)
-                .map_err(|e| format!("SA client on {}: {e}", self.ip))?,
+            SaClient::new(self.agent(), gid, self.timing).map_err(|source| {
+                SaPortError::Client {
+                    port: self.ip.to_string(),
+                    source,
+                }
+            })?,
         );
         *g = Some(c.clone());
         Ok(c)
@@ -236,151 +238,31 @@ impl IbPort {
     pub fn renew_sa(&self) {
         *lock(&self.sa) = None;
     }
+}
 
-    /// An SA error in words, naming the SA.
-    pub fn sa_error(&self, sa: &SaClient, e: SaError) -> String {
-        format!("SA at {} (from {}): {e}", sa.sa_gid(), self.ip)
+impl SubnetPort for IbPort {
+    fn agent(&self) -> &Arc<CmAgent> {
+        IbPort::agent(self)
+    }
+
+    fn lid(&self) -> u16 {
+        IbPort::lid(self)
+    }
+
+    fn name(&self) -> String {
+        self.ip.to_string()
+    }
+
+    fn sa(&self) -> Result<Arc<SaClient>, SaPortError> {
+        IbPort::sa(self)
+    }
+
+    fn renew_sa(&self) {
+        IbPort::renew_sa(self)
     }
 }
 
-/// Tries `attempt` along `paths` in order until one connects; a reject
-/// (the target answered) ends the walk at once. The errors of the
-/// attempts made, in order, when none connected.
-pub fn connect_along<P, T>(
-    paths: &[P],
-    mut attempt: impl FnMut(&P) -> Result<T, rdma_access::CmError>,
-) -> Result<T, Vec<rdma_access::CmError>> {
-    let mut errs = Vec::new();
-    for p in paths {
-        match attempt(p) {
-            Ok(t) => return Ok(t),
-            Err(e) => {
-                let rejected = matches!(e, rdma_access::CmError::Rejected { .. });
-                errs.push(e);
-                if rejected {
-                    break;
-                }
-            }
-        }
-    }
-    Err(errs)
-}
-
-/// Logs in by IB CM along paths from the SA (see the module docs).
-pub struct SaPathConnector {
-    /// The local ib port.
-    pub port: Arc<IbPort>,
-    /// The target port's GID (login string `dgid=`).
-    pub dgid: Gid,
-    /// The partition (`pkey=`).
-    pub pkey: Pkey,
-    /// The service ID (`service_id=`).
-    pub service_id: u64,
-    /// How long each path waits for the REP.
-    pub timeout: Duration,
-    /// Paths asked of the SA per query.
-    pub max_paths: u8,
-}
-
-impl SaPathConnector {
-    fn paths(&self) -> Result<Vec<PathRecord>, String> {
-        let sa = self.port.sa()?;
-        let q = PathQuery {
-            sgid: self.port.agent().gid(),
-            dgid: self.dgid,
-            max_paths: self.max_paths.max(1),
-            pkey: Some(self.pkey),
-            service_id: Some(self.service_id),
-        };
-        let paths = sa
-            .path_records(&q)
-            .map_err(|e| self.port.sa_error(&sa, e))?;
-        if paths.is_empty() {
-            return Err(format!(
-                "the SA at {} has no path from {} to {} in partition {:04x}",
-                sa.sa_gid(),
-                self.port.ip(),
-                self.dgid,
-                self.pkey.0
-            ));
-        }
-        Ok(paths)
-    }
-}
-
-impl Connector for SaPathConnector {
-    fn connect(&self, login: &[u8], local: QpInfo) -> Result<Connected, ConnectError> {
-        let mut why = Vec::new();
-        // The paths of one query, then of a fresh one (the SM may have
-        // moved the target since).
-        for round in 1..=2 {
-            let paths = match self.paths() {
-                Ok(p) => p,
-                Err(e) => {
-                    why.push(format!("query {round}: {e}"));
-                    continue;
-                }
-            };
-            // The REQ carries the P_Key of the session QP's table entry
-            // (chosen from the login's pkey the same way).
-            let table = self.port.agent().pkeys();
-            let key = srp_initiator::session::pkey_index(&table, self.pkey)
-                .map_or(self.pkey, |i| table[usize::from(i)]);
-            let r = connect_along(&paths, |p| {
-                self.port
-                    .agent()
-                    .connect_in_partition(
-                        p.dgid,
-                        key,
-                        self.service_id,
-                        local.qpn,
-                        local.psn,
-                        login.to_vec(),
-                        self.timeout,
-                    )
-                    .map(|e| (e, *p))
-            });
-            match r {
-                Ok((e, p)) => {
-                    let mtu = Mtu::from_code(p.mtu).map_or(local.mtu, |m| m.min(local.mtu));
-                    return Ok(Connected {
-                        peer: QpInfo {
-                            qpn: e.remote_qpn,
-                            psn: e.remote_psn,
-                            gid: p.dgid,
-                            lid: Lid(p.dlid),
-                            mtu,
-                        },
-                        private_data: e.private_data,
-                        handle: e.conn.0 as u64,
-                    });
-                }
-                Err(mut errs) => {
-                    if matches!(errs.last(), Some(rdma_access::CmError::Rejected { .. })) {
-                        let e = errs.pop().expect("the reject");
-                        return Err(crate::connect_error(e));
-                    }
-                    for (k, (e, p)) in errs.iter().zip(&paths).enumerate() {
-                        why.push(format!(
-                            "query {round} path {} (DLID {}): {e}",
-                            k + 1,
-                            p.dlid
-                        ));
-                    }
-                }
-            }
-        }
-        Err(ConnectError::Failed(why.join("; ")))
-    }
-
-    fn disconnect(&self, handle: u64) {
-        crate::disconnect_and_wait(self.port.agent(), handle);
-    }
-
-    fn form(&self) -> LoginForm {
-        LoginForm::IbCm
-    }
-}
+pub use srp_initiator::connectors::{connect_along, SaPathConnector};
 
 /// srp_daemon's query: every other port whose CapabilityMask has
 /// IsDeviceManagementSupported, each with its first path from us in
@@ -389,7 +271,7 @@ impl Connector for SaPathConnector {
 ///
 /// # Errors
 /// The SA did not answer or answered an error.
-pub fn dm_ports(port: &IbPort, pkey: Option<Pkey>) -> Result<Vec<PathRecord>, String> {
+pub fn dm_ports(port: &IbPort, pkey: Option<Pkey>) -> Result<Vec<PathRecord>, SaPortError> {
     let sa = port.sa()?;
     let recs = sa
         .port_info_records(None, Some(rdma_mad::smp::cap::IS_DEVICE_MGMT_SUPPORTED))
@@ -410,42 +292,6 @@ pub fn dm_ports(port: &IbPort, pkey: Option<Pkey>) -> Result<Vec<PathRecord>, St
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rdma_access::CmError;
-
-    fn rej() -> CmError {
-        CmError::Rejected {
-            reason: "consumer defined".into(),
-            code: 28,
-            private_data: vec![0xc2],
-        }
-    }
-
-    #[test]
-    fn connect_along_tries_the_next_path_and_stops_at_a_reject() {
-        // The first path times out, the second connects.
-        let mut tried = Vec::new();
-        let r = connect_along(&[1, 2, 3], |p| {
-            tried.push(*p);
-            if *p == 1 {
-                Err(CmError::TimedOut)
-            } else {
-                Ok(*p * 10)
-            }
-        });
-        assert_eq!((r.unwrap(), tried), (20, vec![1, 2]));
-        // A reject on the first path: the target answered, no other path.
-        let mut tried = Vec::new();
-        let r: Result<(), _> = connect_along(&[1, 2], |p| {
-            tried.push(*p);
-            Err(rej())
-        });
-        let errs = r.unwrap_err();
-        assert_eq!((errs.len(), tried), (1, vec![1]));
-        assert!(matches!(errs[0], CmError::Rejected { code: 28, .. }));
-        // Every path fails: every error, in order.
-        let r: Result<(), _> = connect_along(&[1, 2], |_| Err(CmError::TimedOut));
-        assert_eq!(r.unwrap_err().len(), 2);
-    }
 
     #[test]
     fn ib_guids_differ_by_address() {
