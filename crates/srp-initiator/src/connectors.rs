@@ -185,6 +185,9 @@ pub trait SubnetPort: Send + Sync {
     fn agent(&self) -> &Arc<CmAgent>;
     /// The port's LID.
     fn lid(&self) -> u16;
+    /// The master SM's LID as the port knows it (it changes when another
+    /// SM takes over).
+    fn sm_lid(&self) -> u16;
     /// The port as messages name it (its address).
     fn name(&self) -> String;
     /// The SA client of the current master SM (made anew if the SM moved).

@@ -6,7 +6,8 @@
 //! channel's timers and error handling), and [`disk`] makes a LUN behind it
 //! a block device. [`connectors`] are how a session reaches its target
 //! over the access layer (`rdma-access`): RDMA CM, IB CM, and IB CM along
-//! the subnet administrator's paths.
+//! the subnet administrator's paths. [`discovery`] is `srp_daemon`'s walk
+//! of the device management agents, login strings out.
 //!
 //! The sans-IO parts: the parser of
 //! Linux-compatible login strings ([`login`]), `srp_daemon`-style rules
@@ -20,6 +21,7 @@
 #![forbid(unsafe_code)]
 
 pub mod connectors;
+pub mod discovery;
 pub mod disk;
 pub mod fence;
 #[doc(hidden)]

@@ -109,6 +109,41 @@ pub enum LoginError {
     Missing(String),
 }
 
+/// A GID as a login string's `dgid=` writes it: 32 hex digits.
+pub fn dgid_hex(dgid: &Gid) -> String {
+    dgid.0.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The keys of a login string that name the target port: `id_ext`,
+/// `ioc_guid` and the address (`dgid`, `pkey`, `service_id`, or `dest`
+/// and `src`), as `srp_daemon -c` prints them.
+pub fn target_keys(id_ext: u64, ioc_guid: u64, address: &TargetAddress) -> String {
+    let mut s = format!("id_ext={id_ext:016x},ioc_guid={ioc_guid:016x}");
+    match address {
+        TargetAddress::IbCm {
+            dgid,
+            pkey,
+            service_id,
+        } => {
+            s += &format!(
+                ",dgid={},pkey={:04x},service_id={service_id:016x}",
+                dgid_hex(dgid),
+                pkey.0
+            );
+        }
+        TargetAddress::RdmaCm { dest, src } => {
+            s += &format!(",dest={dest}");
+            if let Some(src) = src {
+                match src {
+                    IpAddr::V4(a) => s += &format!(",src={a}"),
+                    IpAddr::V6(a) => s += &format!(",src=[{a}]"),
+                }
+            }
+        }
+    }
+    s
+}
+
 /// `ib_srp` defaults (module parameters `cmd_sg_entries=12`, `allow_ext_sg=0`,
 /// queue size 64, 1024-sector requests, `tl_retry_count=7`).
 const DEFAULT_CMD_SG_ENTRIES: u32 = 12;
@@ -449,32 +484,7 @@ impl LoginOptions {
     /// The login string that parses back to these options (canonical form,
     /// as `srp_daemon` would print it).
     pub fn to_login_string(&self) -> String {
-        let mut s = format!(
-            "id_ext={:016x},ioc_guid={:016x}",
-            self.id_ext, self.ioc_guid
-        );
-        match &self.address {
-            TargetAddress::IbCm {
-                dgid,
-                pkey,
-                service_id,
-            } => {
-                let hex: String = dgid.0.iter().map(|b| format!("{b:02x}")).collect();
-                s += &format!(
-                    ",dgid={hex},pkey={:04x},service_id={service_id:016x}",
-                    pkey.0
-                );
-            }
-            TargetAddress::RdmaCm { dest, src } => {
-                s += &format!(",dest={dest}");
-                if let Some(src) = src {
-                    match src {
-                        IpAddr::V4(a) => s += &format!(",src={a}"),
-                        IpAddr::V6(a) => s += &format!(",src=[{a}]"),
-                    }
-                }
-            }
-        }
+        let mut s = target_keys(self.id_ext, self.ioc_guid, &self.address);
         s += &format!(
             ",max_sect={},max_cmd_per_lun={},queue_size={},cmd_sg_entries={},allow_ext_sg={},sg_tablesize={},comp_vector={},tl_retry_count={},initiator_ext={:016x},max_it_iu_size={},io_class={:x}",
             self.max_sect,

@@ -20,6 +20,9 @@
 
 use blockload::{Pattern, Workload};
 use clap::{Args, Parser, Subcommand};
+use srp_initiator::discovery::{Discovery, DiscoveryConfig, Event, Host, Ports};
+use srp_initiator::rules::Rules;
+use srpstack::ib::SubnetPort;
 use srpstack::initd::InitRequest;
 use std::net::{IpAddr, SocketAddr};
 use std::process::ExitCode;
@@ -714,25 +717,41 @@ fn run(cmd: Cmd) -> Result<bool, String> {
             once,
             all,
             login_strings: _,
-        } => discover(
-            &target,
-            (sa || fabric == srpstack::ib::Fabric::Ib).then_some(IbMode {
-                sa,
-                pkey: pkey.map(rdma_types::Pkey),
-                sm_wait: Duration::from_millis(sm_wait_ms),
-            }),
-            ip,
-            udp_port,
-            rules.as_deref(),
-            &Srpd {
-                socket: control_socket,
+        } => {
+            if rescan == Some(0) {
+                return Err("--rescan must be at least 1 second".into());
+            }
+            let rules = match rules {
+                Some(p) => {
+                    let text =
+                        std::fs::read_to_string(&p).map_err(|e| format!("{}: {e}", p.display()))?;
+                    Rules::parse(&text).map_err(|e| format!("{}: {e}", p.display()))?
+                }
+                None => Rules::parse("").map_err(|e| e.to_string())?,
+            };
+            let pkey = pkey.map(rdma_types::Pkey);
+            let cfg = DiscoveryConfig {
+                ports: if sa {
+                    Ports::FromSa { pkey }
+                } else {
+                    Ports::Given(target)
+                },
+                rules,
+                timeout: Duration::from_millis(timeout_ms.max(1)),
+                rescan: if once { None } else { rescan }.map(Duration::from_secs),
                 login,
                 all,
-            },
-            Duration::from_millis(timeout_ms.max(1)),
-            verbose,
-            if once { None } else { rescan },
-        ),
+            };
+            let local = Local {
+                ip,
+                udp_port,
+                ib: (sa || fabric == srpstack::ib::Fabric::Ib).then_some(IbMode {
+                    pkey,
+                    sm_wait: Duration::from_millis(sm_wait_ms),
+                }),
+            };
+            discover(local, cfg, control_socket, verbose)
+        }
         Cmd::Luns { login: l, json } => {
             let session = login(&l)?;
             let luns = srp_initiator::disk::report_luns(&session).map_err(|e| e.to_string())?;
@@ -764,100 +783,136 @@ fn run(cmd: Cmd) -> Result<bool, String> {
     }
 }
 
-/// `srp discover`: what to do with srpd.
-struct Srpd {
-    /// Its control socket (`None`: the default).
-    socket: Option<std::path::PathBuf>,
-    /// Log in to the targets found (`--login`, srp_daemon -e).
-    login: bool,
-    /// Print targets it is logged in to already (`--all`, srp_daemon -a).
-    all: bool,
-}
-
-/// `srp discover --sa` or `--fabric ib`: our port on the managed subnet,
-/// and whether its SA names the ports to ask.
+/// `srp discover --sa` or `--fabric ib`: our port on the managed subnet.
 struct IbMode {
-    sa: bool,
     pkey: Option<rdma_types::Pkey>,
     sm_wait: Duration,
 }
 
-/// A port to walk: how it is named in messages, where it is, and the
-/// partition its login string carries.
-struct Probe {
-    label: String,
-    dgid: rdma_types::Gid,
-    pkey: rdma_types::Pkey,
-}
-
-/// A subscription to traps 64/65 at the SA of the master SM whose LID the
-/// port had when it was made.
-struct TrapSub {
-    _sa: Arc<rdma_access::sa::SaClient>,
-    notices: std::sync::mpsc::Receiver<(rdma_types::Gid, rdma_mad::smp::Notice)>,
-}
-
-/// Subscribes to traps 64 and 65 with a fresh SA client (a new master SM
-/// inherits no subscriptions).
-fn subscribe_traps(port: &srpstack::ib::IbPort) -> Result<TrapSub, String> {
-    use srpstack::ib::SubnetPort;
-    port.renew_sa();
-    let sa = port.sa().map_err(|e| e.to_string())?;
-    for trap in [64, 65] {
-        sa.subscribe(trap)
-            .map_err(|e| format!("subscribe to trap {trap}: {}", port.sa_error(&sa, e)))?;
-    }
-    let notices = sa.notices().ok_or("the SA client's notices were taken")?;
-    Ok(TrapSub { _sa: sa, notices })
-}
-
-/// The GID a trap 64/65 names (IBA 14.2.5.1: data details bytes 6..22).
-fn trap_gid(n: &rdma_mad::smp::Notice) -> rdma_types::Gid {
-    let mut g = [0u8; 16];
-    g.copy_from_slice(&n.data_details[6..22]);
-    rdma_types::Gid(g)
-}
-
-/// `srp discover`: the DM walk against each target port (given, or named
-/// by the SA), login strings out, logins through srpd with `--login`;
-/// with `rescan`, again every so many seconds until a termination signal,
-/// and at once when the SA reports a port coming up (trap 64).
-#[allow(clippy::too_many_arguments)]
-fn discover(
-    targets: &[IpAddr],
-    ib_mode: Option<IbMode>,
+/// `srp discover`: our port, and how it joins the fabric.
+struct Local {
     ip: IpAddr,
     udp_port: u16,
-    rules: Option<&std::path::Path>,
-    srpd_opts: &Srpd,
-    timeout: Duration,
+    ib: Option<IbMode>,
+}
+
+/// `srp discover`'s side of the walk: srpd's logins, and the events
+/// printed as srp_daemon prints them.
+struct Printer {
+    /// srpd's control socket (`None`: the default).
+    socket: Option<std::path::PathBuf>,
     verbose: bool,
-    rescan: Option<u64>,
-) -> Result<bool, String> {
-    use srp_initiator::rules::{Rules, TargetInfo};
-    if rescan == Some(0) {
-        return Err("--rescan must be at least 1 second".into());
+    rescan: bool,
+    signals: Option<srpstack::signals::TermSignals>,
+}
+
+impl Host for Printer {
+    fn held(&mut self) -> Vec<String> {
+        // No srpd: nothing is held.
+        srpd(&self.socket, &InitRequest::List)
+            .ok()
+            .and_then(|v| v.as_array().cloned())
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|l| l["target"].as_str().map(str::to_string))
+            .collect()
     }
-    // Before any thread starts, so all of them inherit the mask.
-    let signals = rescan.map(|_| srpstack::signals::block_term());
-    let rules = match rules {
-        Some(p) => {
-            let text = std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?;
-            Rules::parse(&text).map_err(|e| format!("{}: {e}", p.display()))?
+
+    fn login(
+        &mut self,
+        login_string: &str,
+    ) -> Result<String, Box<dyn std::error::Error + Send + Sync>> {
+        let v = srpd(
+            &self.socket,
+            &InitRequest::Login {
+                target: login_string.to_string(),
+                name: None,
+            },
+        )?;
+        Ok(v["name"].as_str().unwrap_or("?").to_string())
+    }
+
+    fn event(&mut self, event: Event<'_>) {
+        let verbose = self.verbose;
+        let scans = self.rescan && verbose;
+        match event {
+            Event::SmMoved { from, to } => println!("# SM LID {from} -> {to}: subscribing again"),
+            Event::Subscribed { sm_lid } if verbose => {
+                println!("# subscribed to traps 64/65 (SM LID {sm_lid})")
+            }
+            Event::ScanStarted { round } if scans => println!("# scan {round}"),
+            Event::Ioc { probe, slot, ioc } if verbose => {
+                let p = &ioc.profile;
+                println!(
+                    "# {probe} slot {slot}: IOC {:016x} \"{}\" class {:#06x} subclass {:#06x} protocol {:#06x} send {} B x {} rdma {} B",
+                    p.guid.0, p.id(), p.io_class, p.io_subclass, p.protocol,
+                    p.send_size, p.send_queue_depth, p.rdma_size
+                );
+            }
+            Event::Denied(t) if verbose => println!(
+                "# denied by rules line {}: {}",
+                t.decision.line.unwrap_or(0),
+                t.login_string()
+            ),
+            Event::Held(t) if verbose => println!("# logged in already: {}", t.login_string()),
+            Event::Target(t) => println!("{}", t.login_string()),
+            Event::LoggedIn { name } => println!("# logged in as {name}"),
+            Event::Failed(e) => eprintln!("srp: {e}"),
+            Event::ScanDone { round, found } if scans => {
+                println!("# scan {round} done: {found} SRP target ports")
+            }
+            Event::NoneFound => eprintln!("srp: no SRP targets found"),
+            Event::RetrySoon { round, next } if verbose => println!(
+                "# scan {round} had failures: next scan in {} ms",
+                next.as_millis()
+            ),
+            Event::Trap { number: 64, gid } => {
+                println!("# trap 64: port {gid} in service: scanning")
+            }
+            Event::Trap { number: 65, gid } => println!("# trap 65: port {gid} out of service"),
+            Event::Trap { number, .. } => println!("# trap {number}"),
+            Event::Stopped { signal, rounds } => {
+                println!("# signal {signal}: stopped after {rounds} scans")
+            }
+            _ => {}
         }
-        None => Rules::parse("").map_err(|e| e.to_string())?,
-    };
+        let _ = std::io::Write::flush(&mut std::io::stdout());
+    }
+
+    fn wait_signal(&mut self, timeout: Duration) -> Option<i32> {
+        match &self.signals {
+            Some(s) => s.wait_timeout(timeout),
+            None => {
+                std::thread::sleep(timeout);
+                None
+            }
+        }
+    }
+}
+
+/// `srp discover`: our port on soft RoCE (joining the managed subnet with
+/// `--sa` or `--fabric ib`), then the walk of
+/// `srp_initiator::discovery` with its events printed.
+fn discover(
+    local: Local,
+    cfg: DiscoveryConfig,
+    socket: Option<std::path::PathBuf>,
+    verbose: bool,
+) -> Result<bool, String> {
+    let Local { ip, udp_port, ib } = local;
+    // Before any thread starts, so all of them inherit the mask.
+    let signals = cfg.rescan.map(|_| srpstack::signals::block_term());
     // The CM agent is tracked in a client of the access layer: its CM
     // ids, MAD agents and trap subscriptions (and, on soft RoCE, its QP1
     // objects). `_cm`, dropped first, closes them before the port goes.
-    let (agent, ib, _cm) = match &ib_mode {
+    let guid = srpstack::ib::ib_guid(ip);
+    let provider =
+        rnic::softroce::SoftRoce::new(vec![rnic::softroce::SoftCa { guid, ip }], udp_port);
+    let cm = rdma_access::resource::AccessLayer::new(provider.clone())
+        .client("cm")
+        .into_provider();
+    let (agent, port) = match &ib {
         Some(m) => {
-            let guid = srpstack::ib::ib_guid(ip);
-            let provider =
-                rnic::softroce::SoftRoce::new(vec![rnic::softroce::SoftCa { guid, ip }], udp_port);
-            let cm = rdma_access::resource::AccessLayer::new(provider.clone())
-                .client("cm")
-                .into_provider();
             let port = srpstack::ib::IbPort::start(
                 provider,
                 guid,
@@ -867,7 +922,7 @@ fn discover(
                 std::process::id() << 8,
             )?
             .with_timing(rdma_access::sa::SaTiming {
-                timeout,
+                timeout: cfg.timeout,
                 retries: 3,
             });
             port.wait_active(m.sm_wait)?;
@@ -881,251 +936,27 @@ fn discover(
                     port.sm_lid()
                 );
             }
-            port.agent()
-                .track_in(cm.client())
-                .map_err(|e| format!("track the CM agent on {ip}: {e}"))?;
-            (port.agent().clone(), Some(port), cm)
+            (port.agent().clone(), Some(port))
         }
-        None => {
-            let guid = srpstack::ib::ib_guid(ip);
-            let provider =
-                rnic::softroce::SoftRoce::new(vec![rnic::softroce::SoftCa { guid, ip }], udp_port);
-            let cm = rdma_access::resource::AccessLayer::new(provider)
-                .client("cm")
-                .into_provider();
-            let agent = rdma_access::CmAgent::start(cm.clone(), guid, std::process::id() << 8)
-                .map_err(|e| format!("start the CM agent on {ip}: {e}"))?;
-            agent
-                .track_in(cm.client())
-                .map_err(|e| format!("track the CM agent on {ip}: {e}"))?;
-            (agent, None, cm)
-        }
+        None => (
+            rdma_access::CmAgent::start(cm.clone(), guid, std::process::id() << 8)
+                .map_err(|e| format!("start the CM agent on {ip}: {e}"))?,
+            None,
+        ),
     };
-    // Traps 64/65, with --rescan on a managed subnet: subscribed before
-    // the first scan, again whenever the port's SM LID changes.
-    let mut traps: Option<TrapSub> = None;
-    let mut traps_sm_lid: Option<u16> = None;
-    let mut round = 0u64;
-    // After a scan with failures (a port that came up before its device
-    // management agent was registered answers "bad version"), the next
-    // scan comes sooner: 0.5 s, doubling up to the rescan period.
-    let mut retry_in = Duration::from_millis(500);
-    loop {
-        round += 1;
-        if let (Some(port), Some(_)) = (&ib, rescan) {
-            let now = port.sm_lid();
-            if traps.is_none() || traps_sm_lid != Some(now) {
-                if traps_sm_lid.is_some_and(|l| l != now) {
-                    println!(
-                        "# SM LID {} -> {now}: subscribing again",
-                        traps_sm_lid.unwrap_or(0)
-                    );
-                }
-                traps = None;
-                traps_sm_lid = Some(now);
-                match subscribe_traps(port) {
-                    Ok(t) => {
-                        if verbose {
-                            println!("# subscribed to traps 64/65 (SM LID {now})");
-                        }
-                        traps = Some(t);
-                    }
-                    Err(e) => eprintln!("srp: {e}"),
-                }
-            }
-        }
-        // Logins srpd already holds (their login strings): left out of the
-        // output unless --all, and never logged in to twice (a second
-        // SINGLE login would end the first). No srpd: nothing is held.
-        let held: Vec<String> = if srpd_opts.all && !srpd_opts.login {
-            Vec::new()
-        } else {
-            srpd(&srpd_opts.socket, &InitRequest::List)
-                .ok()
-                .and_then(|v| v.as_array().cloned())
-                .unwrap_or_default()
-                .iter()
-                .filter_map(|l| l["target"].as_str().map(str::to_string))
-                .collect()
-        };
-        if rescan.is_some() && verbose {
-            println!("# scan {round}");
-        }
-        let mut ok = true;
-        let mut found = 0;
-        let probes: Vec<Probe> = match (&ib, &ib_mode) {
-            (Some(port), Some(m)) if m.sa => match srpstack::ib::dm_ports(port, m.pkey) {
-                Ok(paths) => paths
-                    .iter()
-                    .map(|p| Probe {
-                        label: format!("LID {} ({})", p.dlid, p.dgid),
-                        dgid: p.dgid,
-                        pkey: p.pkey,
-                    })
-                    .collect(),
-                Err(e) => {
-                    eprintln!("srp: {e}");
-                    ok = false;
-                    Vec::new()
-                }
-            },
-            _ => targets
-                .iter()
-                .map(|t| Probe {
-                    label: t.to_string(),
-                    dgid: rdma_types::Gid::from_ip(*t),
-                    pkey: rdma_types::Pkey(0xffff),
-                })
-                .collect(),
-        };
-        for Probe {
-            label: t,
-            dgid,
-            pkey,
-        } in probes
-        {
-            let iocs = match rdma_access::dm::query_iocs(&agent, dgid, timeout, 3) {
-                Ok(i) => i,
-                Err(e) => {
-                    eprintln!("srp: {t}: device management query failed: {e}");
-                    ok = false;
-                    continue;
-                }
-            };
-            for (slot, ioc) in iocs {
-                let p = &ioc.profile;
-                if verbose {
-                    println!(
-                        "# {t} slot {slot}: IOC {:016x} \"{}\" class {:#06x} subclass {:#06x} protocol {:#06x} send {} B x {} rdma {} B",
-                        p.guid.0, p.id(), p.io_class, p.io_subclass, p.protocol,
-                        p.send_size, p.send_queue_depth, p.rdma_size
-                    );
-                }
-                if p.io_class != rdma_mad::dm::IO_CLASS_SRP {
-                    continue;
-                }
-                for e in &ioc.services {
-                    let name = e.name_str();
-                    let Some(id_ext) = name
-                        .strip_prefix("SRP.T10:")
-                        .and_then(|h| u64::from_str_radix(h, 16).ok())
-                    else {
-                        continue;
-                    };
-                    let info = TargetInfo {
-                        id_ext,
-                        ioc_guid: p.guid.0,
-                        dgid,
-                        service_id: e.id,
-                        pkey,
-                    };
-                    let d = rules.decide(&info);
-                    let hex: String = dgid.0.iter().map(|b| format!("{b:02x}")).collect();
-                    let mut s = format!(
-                        "id_ext={id_ext:016x},ioc_guid={:016x},dgid={hex},pkey={:04x},service_id={:016x}",
-                        p.guid.0, pkey.0, e.id
-                    );
-                    if !d.options.is_empty() {
-                        s.push(',');
-                        s.push_str(&d.options);
-                    }
-                    found += 1;
-                    if !d.allow {
-                        if verbose {
-                            println!("# denied by rules line {}: {s}", d.line.unwrap_or(0));
-                        }
-                        continue;
-                    }
-                    let key = format!(
-                        "id_ext={id_ext:016x},ioc_guid={:016x},dgid={hex},",
-                        p.guid.0
-                    );
-                    let logged_in = held.iter().any(|h| h.starts_with(&key));
-                    if logged_in && !srpd_opts.all {
-                        if verbose {
-                            println!("# logged in already: {s}");
-                        }
-                        continue;
-                    }
-                    println!("{s}");
-                    if srpd_opts.login && !logged_in {
-                        match srpd(
-                            &srpd_opts.socket,
-                            &InitRequest::Login {
-                                target: s.clone(),
-                                name: None,
-                            },
-                        ) {
-                            Ok(v) => {
-                                println!("# logged in as {}", v["name"].as_str().unwrap_or("?"))
-                            }
-                            Err(e) => {
-                                eprintln!("srp: login to {t} ({id_ext:016x}): {e}");
-                                ok = false;
-                            }
-                        }
-                    }
-                }
-            }
-        }
-        if rescan.is_some() && verbose {
-            println!("# scan {round} done: {found} SRP target ports");
-        }
-        let Some(sig) = &signals else {
-            if found == 0 && ok {
-                eprintln!("srp: no SRP targets found");
-            }
-            return Ok(ok);
-        };
-        let _ = std::io::Write::flush(&mut std::io::stdout());
-        // Until the next scan: signals, and (on a managed subnet) traps
-        // and SM changes, looked at every 100 ms.
-        let period = Duration::from_secs(rescan.unwrap_or(1));
-        let wait = if ok {
-            retry_in = Duration::from_millis(500);
-            period
-        } else {
-            let w = retry_in.min(period);
-            retry_in = (retry_in * 2).min(period);
-            if verbose {
-                println!(
-                    "# scan {round} had failures: next scan in {} ms",
-                    w.as_millis()
-                );
-            }
-            w
-        };
-        let next = std::time::Instant::now() + wait;
-        loop {
-            let left = next.saturating_duration_since(std::time::Instant::now());
-            if left.is_zero() {
-                break;
-            }
-            if let Some(n) = sig.wait_timeout(left.min(Duration::from_millis(100))) {
-                println!("# signal {n}: stopped after {round} scans");
-                return Ok(true);
-            }
-            let Some(port) = &ib else { continue };
-            if traps_sm_lid != Some(port.sm_lid()) {
-                break; // a new master SM: subscribe again and scan
-            }
-            let mut appeared = false;
-            while let Some(Ok((_, n))) = traps.as_ref().map(|t| t.notices.try_recv()) {
-                match n.trap_number {
-                    64 => {
-                        println!("# trap 64: port {} in service: scanning", trap_gid(&n));
-                        appeared = true;
-                    }
-                    65 => println!("# trap 65: port {} out of service", trap_gid(&n)),
-                    other => println!("# trap {other}"),
-                }
-            }
-            let _ = std::io::Write::flush(&mut std::io::stdout());
-            if appeared {
-                break;
-            }
-        }
-    }
+    agent
+        .track_in(cm.client())
+        .map_err(|e| format!("track the CM agent on {ip}: {e}"))?;
+    let mut host = Printer {
+        socket,
+        verbose,
+        rescan: cfg.rescan.is_some(),
+        signals,
+    };
+    let subnet = port.as_ref().map(|p| p as &dyn SubnetPort);
+    let ok = Discovery::new(&agent, subnet, cfg).run(&mut host);
+    drop(cm);
+    Ok(ok)
 }
 
 /// One request to `srpd`.

@@ -9,13 +9,16 @@
 //! - [`IbPort::wait_active`] waits, bounded, for the SM to activate the
 //!   port and says plainly when none did;
 //! - [`IbPort::sa`] is the SA client of the port's master SM (its address
-//!   is where the SM's Sets came from), made anew when the SM moves;
-//! - [`SaPathConnector`] logs in by IB CM along PathRecords from the SA
-//!   (`dgid`, `pkey`, `service_id` of the login string): the first path,
-//!   then the next on a failure, then a fresh query when all failed; a
-//!   reject ends the attempt and is reported decoded;
-//! - [`dm_ports`] is srp_daemon's query: the ports whose CapabilityMask has
-//!   IsDeviceManagementSupported, each with a path in the chosen partition.
+//!   is where the SM's Sets came from), made anew when the SM moves; with
+//!   it the port is an `srp_initiator::connectors::SubnetPort`.
+//!
+//! The initiator's use of such a port lives in `srp_initiator` and is
+//! re-exported here: [`SaPathConnector`] logs in by IB CM along
+//! PathRecords from the SA (the first path, then the next on a failure,
+//! then a fresh query when all failed; a reject ends the attempt and is
+//! reported decoded), and [`dm_ports`] is srp_daemon's query (the ports
+//! whose CapabilityMask has IsDeviceManagementSupported, each with a path
+//! in the chosen partition).
 //!
 //! Partitions on the data path: srpd's session QP uses the index of its
 //! port's P_Key table holding the login's `pkey`; srptd's QPs use the
@@ -32,7 +35,6 @@
 use rdma_access::sa::{SaClient, SaTiming};
 use rdma_access::sma::state;
 use rdma_access::{CmAgent, IbNode};
-use rdma_mad::sa::PathRecord;
 use rdma_types::{Guid, Pkey};
 use serde::{Deserialize, Serialize};
 pub use srp_initiator::connectors::{SaPortError, SubnetPort};
@@ -249,6 +251,10 @@ impl SubnetPort for IbPort {
         IbPort::lid(self)
     }
 
+    fn sm_lid(&self) -> u16 {
+        IbPort::sm_lid(self)
+    }
+
     fn name(&self) -> String {
         self.ip.to_string()
     }
@@ -264,30 +270,7 @@ impl SubnetPort for IbPort {
 
 pub use srp_initiator::connectors::{connect_along, SaPathConnector};
 
-/// srp_daemon's query: every other port whose CapabilityMask has
-/// IsDeviceManagementSupported, each with its first path from us in
-/// partition `pkey` (any partition when `None`); ports without such a
-/// path are left out.
-///
-/// # Errors
-/// The SA did not answer or answered an error.
-pub fn dm_ports(port: &IbPort, pkey: Option<Pkey>) -> Result<Vec<PathRecord>, SaPortError> {
-    let sa = port.sa()?;
-    let recs = sa
-        .port_info_records(None, Some(rdma_mad::smp::cap::IS_DEVICE_MGMT_SUPPORTED))
-        .map_err(|e| port.sa_error(&sa, e))?;
-    let me = port.lid();
-    let mut out = Vec::new();
-    for r in recs.iter().filter(|r| r.lid != me) {
-        let paths = sa
-            .paths_to_lid(port.agent().gid(), r.lid, pkey)
-            .map_err(|e| port.sa_error(&sa, e))?;
-        if let Some(p) = paths.first() {
-            out.push(*p);
-        }
-    }
-    Ok(out)
-}
+pub use srp_initiator::discovery::dm_ports;
 
 #[cfg(test)]
 mod tests {
