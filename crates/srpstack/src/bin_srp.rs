@@ -920,14 +920,15 @@ fn discover(
                 &format!("srp discover {ip}"),
                 false,
                 std::process::id() << 8,
-            )?
+            )
+            .map_err(|e| e.to_string())?
             .with_timing(rdma_access::sa::SaTiming {
                 timeout: cfg.timeout,
                 retries: 3,
             });
-            port.wait_active(m.sm_wait)?;
+            port.wait_active(m.sm_wait).map_err(|e| e.to_string())?;
             if let Some(k) = m.pkey {
-                port.check_pkey(k)?;
+                port.check_pkey(k).map_err(|e| e.to_string())?;
             }
             if verbose {
                 println!(

@@ -80,6 +80,82 @@ fn state_name(s: u8) -> &'static str {
     }
 }
 
+/// Why an ib port did not start, come up, or serve a partition.
+#[derive(Debug, thiserror::Error)]
+pub enum IbPortError {
+    /// The soft RoCE CA refused the `ib` personality: it is not one of
+    /// the provider's CAs, or it is open already (the personality is set
+    /// before the CA's first open).
+    #[error("start the ib port on {ip}: CA {:#x}: {source}", guid.0)]
+    Personality {
+        /// The port's address.
+        ip: IpAddr,
+        /// The CA.
+        guid: Guid,
+        /// What the provider said.
+        source: verbs::VerbsError,
+    },
+    /// The port's SMA and MAD driver did not start.
+    #[error("start the ib port on {ip}: {source}")]
+    Node {
+        /// The port's address.
+        ip: IpAddr,
+        /// Why.
+        source: rdma_access::IbNodeError,
+    },
+    /// No subnet manager made the port ACTIVE in time: run one that
+    /// lists the port (`ibsm run --node <ip>`) and can reach it.
+    #[error(
+        "port {ip} (GUID {:016x}) still {state} after {} ms: no subnet manager configured it \
+         (is `ibsm run --node {ip}` running and reachable?)",
+        guid.0,
+        waited.as_millis()
+    )]
+    NotActive {
+        /// The port's address.
+        ip: IpAddr,
+        /// Its GUID.
+        guid: Guid,
+        /// The state it is in (DOWN, INIT, ARMED).
+        state: &'static str,
+        /// How long it was waited for.
+        waited: Duration,
+    },
+    /// The port is ACTIVE but the SA did not list it in time (the SM was
+    /// still finishing with it, or its SA did not answer).
+    #[error(
+        "port {ip} ACTIVE, LID {lid}, but the SA is not ready after {} ms: {}",
+        waited.as_millis(),
+        last.as_ref().map_or_else(|| "it does not list the port yet".to_string(), ToString::to_string)
+    )]
+    SaNotReady {
+        /// The port's address.
+        ip: IpAddr,
+        /// Its LID.
+        lid: u16,
+        /// How long it was waited for.
+        waited: Duration,
+        /// The last query's failure (`None`: the SA answered without the
+        /// port).
+        last: Option<Box<SaPortError>>,
+    },
+    /// The SM did not put the port in the partition: add the port to it
+    /// in the SM's partitions file, or use one of the table's.
+    #[error(
+        "P_Key {:04x}: port {ip} is not a member of that partition (its P_Key table: {})",
+        pkey.0,
+        table.iter().map(|k| format!("{:04x}", k.0)).collect::<Vec<_>>().join(", ")
+    )]
+    NotMember {
+        /// The port's address.
+        ip: IpAddr,
+        /// The partition asked for.
+        pkey: Pkey,
+        /// The port's P_Key table (valid entries).
+        table: Vec<Pkey>,
+    },
+}
+
 impl IbPort {
     /// Starts CA `guid` at `ip` of `p` (not yet open) in the `ib`
     /// personality, device management offered if `dm`. The port is INIT
@@ -94,12 +170,11 @@ impl IbPort {
         description: &str,
         dm: bool,
         first_comm_id: u32,
-    ) -> Result<IbPort, String> {
-        let start = |e: String| format!("start the ib port on {ip}: {e}");
+    ) -> Result<IbPort, IbPortError> {
         p.set_personality(guid, rnic::softroce::Personality::Ib)
-            .map_err(|e| start(format!("CA {:#x}: {e}", guid.0)))?;
+            .map_err(|source| IbPortError::Personality { ip, guid, source })?;
         let node = IbNode::start(p, guid, description, dm, first_comm_id)
-            .map_err(|e| start(e.to_string()))?;
+            .map_err(|source| IbPortError::Node { ip, source })?;
         Ok(IbPort {
             node,
             ip,
@@ -114,40 +189,36 @@ impl IbPort {
     ///
     /// # Errors
     /// No SM did, in words.
-    pub fn wait_active(&self, wait: Duration) -> Result<(), String> {
+    pub fn wait_active(&self, wait: Duration) -> Result<(), IbPortError> {
         let sma = self.node.sma();
         let end = std::time::Instant::now() + wait;
         if sma.wait_state(state::ACTIVE, wait) {
-            let mut last: String;
             loop {
-                match self.sa().and_then(|sa| {
+                let last = match self.sa().and_then(|sa| {
                     sa.node_records(Some(self.lid()))
                         .map_err(|e| self.sa_error(&sa, e))
                 }) {
                     Ok(r) if !r.is_empty() => return Ok(()),
-                    Ok(_) => last = "it does not list the port yet".into(),
-                    Err(e) => last = e.to_string(),
-                }
+                    Ok(_) => None,
+                    Err(e) => Some(Box::new(e)),
+                };
                 if std::time::Instant::now() >= end {
-                    return Err(format!(
-                        "port {} ACTIVE, LID {}, but the SA is not ready after {} ms: {last}",
-                        self.ip,
-                        self.lid(),
-                        wait.as_millis()
-                    ));
+                    return Err(IbPortError::SaNotReady {
+                        ip: self.ip,
+                        lid: self.lid(),
+                        waited: wait,
+                        last,
+                    });
                 }
                 std::thread::sleep(Duration::from_millis(20));
             }
         }
-        Err(format!(
-            "port {} (GUID {:016x}) still {} after {} ms: no subnet manager configured it \
-             (is `ibsm run --node {}` running and reachable?)",
-            self.ip,
-            self.node.guid().0,
-            state_name(sma.port_state()),
-            wait.as_millis(),
-            self.ip
-        ))
+        Err(IbPortError::NotActive {
+            ip: self.ip,
+            guid: self.node.guid(),
+            state: state_name(sma.port_state()),
+            waited: wait,
+        })
     }
 
     /// How SA queries wait and resend.
@@ -192,18 +263,16 @@ impl IbPort {
     ///
     /// # Errors
     /// The SM did not put the port in the partition.
-    pub fn check_pkey(&self, pkey: Pkey) -> Result<(), String> {
+    pub fn check_pkey(&self, pkey: Pkey) -> Result<(), IbPortError> {
         let table = self.pkeys();
         if table.iter().any(|k| k.0 & 0x7fff == pkey.0 & 0x7fff) {
             return Ok(());
         }
-        let names: Vec<String> = table.iter().map(|k| format!("{:04x}", k.0)).collect();
-        Err(format!(
-            "P_Key {:04x}: port {} is not a member of that partition (its P_Key table: {})",
-            pkey.0,
-            self.ip,
-            names.join(", ")
-        ))
+        Err(IbPortError::NotMember {
+            ip: self.ip,
+            pkey,
+            table,
+        })
     }
 
     /// The SA client of the current master SM (made anew if the SM moved).

@@ -189,7 +189,8 @@ impl Initd {
                     &format!("srpd {}", ca.ip),
                     false,
                     first_comm_id,
-                )?;
+                )
+                .map_err(|e| e.to_string())?;
                 (port.agent().clone(), Some(Arc::new(port)))
             } else {
                 let agent = rdma_access::CmAgent::start(cm.clone(), ca.guid, first_comm_id)
@@ -207,7 +208,7 @@ impl Initd {
             });
         }
         for p in cas.iter().filter_map(|c| c.ib.as_ref()) {
-            p.wait_active(cfg.sm_wait)?;
+            p.wait_active(cfg.sm_wait).map_err(|e| e.to_string())?;
         }
         let sessions = access.client("srp initiator").into_provider();
         Ok(Initd {
@@ -299,7 +300,7 @@ impl Initd {
                     // A managed subnet: paths from the SA, in the login's
                     // partition.
                     Some(port) => {
-                        port.check_pkey(*pkey)?;
+                        port.check_pkey(*pkey).map_err(|e| e.to_string())?;
                         Arc::new(crate::ib::SaPathConnector {
                             port: port.clone(),
                             dgid: *dgid,

@@ -164,7 +164,7 @@ impl TargetRt {
                 true,
                 tid_base,
             )
-            .map_err(nic_err)?;
+            .map_err(|e| nic_err(e.to_string()))?;
             Some(port)
         } else {
             None
@@ -227,7 +227,7 @@ impl TargetRt {
         if let Some(p) = &ib_port {
             let wait = *t.sm_wait_ms.get_ref();
             p.wait_active(std::time::Duration::from_millis(wait))
-                .map_err(|m| (t.sm_wait_ms.span(), "sm_wait_ms", m))?;
+                .map_err(|e| (t.sm_wait_ms.span(), "sm_wait_ms", e.to_string()))?;
         }
         Ok(TargetRt {
             port,
