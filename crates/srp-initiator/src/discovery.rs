@@ -595,4 +595,119 @@ mod tests {
         other.profile.io_class = 0x2000;
         assert!(srp_targets(&probe(), &other, &rules).is_empty());
     }
+
+    /// The walk's side of srpd in a test: holds `held`, logs in by
+    /// remembering, keeps the events in words, and has a signal ready.
+    #[derive(Default)]
+    struct Recorder {
+        held: Vec<String>,
+        logins: Vec<String>,
+        events: Vec<String>,
+        signal: Option<i32>,
+    }
+
+    impl Host for Recorder {
+        fn held(&mut self) -> Vec<String> {
+            self.held.clone()
+        }
+        fn login(
+            &mut self,
+            login_string: &str,
+        ) -> Result<String, Box<dyn std::error::Error + Send + Sync>> {
+            self.logins.push(login_string.to_string());
+            Ok(format!("t{}", self.logins.len()))
+        }
+        fn event(&mut self, event: Event<'_>) {
+            self.events.push(match event {
+                Event::Target(t) => format!("target {:x}", t.info.id_ext),
+                Event::Held(t) => format!("held {:x}", t.info.id_ext),
+                Event::Failed(e) => format!("failed {e}"),
+                e => format!("{e:?}")
+                    .split([' ', '('])
+                    .next()
+                    .unwrap_or("")
+                    .to_string(),
+            });
+        }
+        fn wait_signal(&mut self, _timeout: Duration) -> Option<i32> {
+            self.signal
+        }
+    }
+
+    /// A walk over soft RoCE on 127.0.213.x: the target port's DM agent
+    /// offers an SRP IOC, a second address answers nothing.
+    #[test]
+    fn a_walk_reports_logs_in_skips_what_is_held_and_stops_on_a_signal() {
+        use rdma_access::dm::DmService;
+        use rnic::softroce::{SoftCa, SoftRoce};
+        let ip = |h: u8| IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 213, h));
+        let (gi, gt) = (Guid(0x2131), Guid(0x2132));
+        let p = SoftRoce::new(
+            vec![
+                SoftCa {
+                    guid: gi,
+                    ip: ip(1),
+                },
+                SoftCa {
+                    guid: gt,
+                    ip: ip(2),
+                },
+            ],
+            rnic::softroce::ROCE_PORT + 213,
+        );
+        let init = CmAgent::start(p.clone(), gi, 0x2131 << 8).unwrap();
+        let target = CmAgent::start(p.clone(), gt, 0x2132 << 8).unwrap();
+        let dm = DmService::start(&target).unwrap();
+        let _ioc = dm
+            .register_ioc(Ioc::srp(gt, &IocLimits::default(), "t"))
+            .unwrap();
+        let cfg = DiscoveryConfig {
+            ports: Ports::Given(vec![ip(2)]),
+            rules: Rules::parse("").unwrap(),
+            timeout: Duration::from_millis(200),
+            rescan: None,
+            login: true,
+            all: false,
+        };
+        // Once: the target is printed and logged in to.
+        let mut host = Recorder::default();
+        assert!(Discovery::new(&init, None, cfg.clone()).run(&mut host));
+        assert_eq!(
+            host.events,
+            ["ScanStarted", "Ioc", "target 2132", "LoggedIn", "ScanDone"]
+        );
+        assert_eq!(host.logins.len(), 1);
+        // Held already: left out, not logged in to again; with a rescan
+        // period the signal ends the walks, as a success.
+        let mut host = Recorder {
+            held: host.logins.clone(),
+            signal: Some(15),
+            ..Default::default()
+        };
+        let rescan = DiscoveryConfig {
+            rescan: Some(Duration::from_secs(1)),
+            ..cfg.clone()
+        };
+        assert!(Discovery::new(&init, None, rescan).run(&mut host));
+        assert_eq!(
+            host.events,
+            ["ScanStarted", "Ioc", "held 2132", "ScanDone", "Stopped"]
+        );
+        assert!(host.logins.is_empty());
+        // A port that answers nothing: a failure naming it, and the walk
+        // says it failed; nothing is reported as "none found".
+        let mut host = Recorder::default();
+        let mute = DiscoveryConfig {
+            ports: Ports::Given(vec![ip(9)]),
+            timeout: Duration::from_millis(20),
+            ..cfg
+        };
+        assert!(!Discovery::new(&init, None, mute).run(&mut host));
+        assert_eq!(host.events.len(), 3, "{:?}", host.events);
+        assert!(
+            host.events[1].starts_with("failed 127.0.213.9: device management query failed"),
+            "{:?}",
+            host.events
+        );
+    }
 }
