@@ -148,6 +148,37 @@ fn pad(s: &str, n: usize) -> Vec<u8> {
     v
 }
 
+/// Why [`Device::new`] refuses a configuration or its store.
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceError {
+    /// The persistent reservation file exists but cannot be read.
+    #[error("{}: {source}", path.display())]
+    PrRead {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The persistent reservation file is not a saved PR state.
+    #[error("{}: malformed PR state", path.display())]
+    PrMalformed { path: std::path::PathBuf },
+    /// A block size other than 512 or 4096.
+    #[error("block size {0} unsupported (512 or 4096)")]
+    BlockSize(u32),
+    /// The store holds no whole number of blocks (or nothing).
+    #[error("store size {size} is not a positive multiple of {block_size}")]
+    StoreSize { size: u64, block_size: u32 },
+    /// The store's I/O unit (O_DIRECT alignment) does not divide the block.
+    #[error("block size {block_size} is not a multiple of the store's {min}-byte I/O unit")]
+    IoUnit { block_size: u32, min: u32 },
+    /// `queue_depth = 0`.
+    #[error("queue depth 0 (at least 1)")]
+    QueueDepth,
+    /// Protection information asked for, and the store has the wrong
+    /// amount of PI space.
+    #[error("protection information needs {want} bytes of PI space in the store, it has {has}")]
+    PiSpace { want: u64, has: u64 },
+}
+
 impl Device {
     /// Whether the store only touches memory (see [`Backend::never_blocks`]).
     pub fn never_blocks(&self) -> bool {
@@ -156,46 +187,44 @@ impl Device {
 
     /// Refuses block sizes other than 512 and 4096 and stores whose size is
     /// not a multiple of the block size.
-    pub fn new(config: DeviceConfig, backend: Arc<dyn Backend>) -> Result<Device, String> {
+    pub fn new(config: DeviceConfig, backend: Arc<dyn Backend>) -> Result<Device, DeviceError> {
         let wce = config.write_cache;
         let pr = match &config.pr_file {
             Some(path) if path.exists() => {
-                let text = std::fs::read_to_string(path)
-                    .map_err(|e| format!("{}: {e}", path.display()))?;
+                let text = std::fs::read_to_string(path).map_err(|source| DeviceError::PrRead {
+                    path: path.clone(),
+                    source,
+                })?;
                 crate::pr::PrState::from_text(&text)
-                    .ok_or_else(|| format!("{}: malformed PR state", path.display()))?
+                    .ok_or_else(|| DeviceError::PrMalformed { path: path.clone() })?
             }
             _ => Default::default(),
         };
         if config.block_size != 512 && config.block_size != 4096 {
-            return Err(format!(
-                "block size {} unsupported (512 or 4096)",
-                config.block_size
-            ));
+            return Err(DeviceError::BlockSize(config.block_size));
         }
         if backend.size() % config.block_size as u64 != 0 || backend.size() == 0 {
-            return Err(format!(
-                "store size {} is not a positive multiple of {}",
-                backend.size(),
-                config.block_size
-            ));
+            return Err(DeviceError::StoreSize {
+                size: backend.size(),
+                block_size: config.block_size,
+            });
         }
         let min = backend.min_block_size().max(1);
         if config.block_size % min != 0 {
-            return Err(format!(
-                "block size {} is not a multiple of the store's {min}-byte I/O unit",
-                config.block_size
-            ));
+            return Err(DeviceError::IoUnit {
+                block_size: config.block_size,
+                min,
+            });
         }
         if config.queue_depth == 0 {
-            return Err("queue depth 0 (at least 1)".into());
+            return Err(DeviceError::QueueDepth);
         }
         let want_pi = backend.size() / config.block_size as u64 * PI_LEN as u64;
         if config.protection.is_some() && backend.pi_size() != want_pi {
-            return Err(format!(
-                "protection information needs {want_pi} bytes of PI space in the store, it has {}",
-                backend.pi_size()
-            ));
+            return Err(DeviceError::PiSpace {
+                want: want_pi,
+                has: backend.pi_size(),
+            });
         }
         Ok(Device {
             config,

@@ -111,7 +111,7 @@ pub mod ua;
 pub use backend::{Backend, BlockIo, FileIo, NullIo, Ram};
 pub use bufs::Buffers;
 pub use cdb::{Command, DataDir, Plan};
-pub use emulation::{Device, DeviceConfig, DeviceStats};
+pub use emulation::{Device, DeviceConfig, DeviceError, DeviceStats};
 pub use lun::Lun;
 pub use opcode::Opcode;
 pub use pi::{crc16_t10dif, PiType};

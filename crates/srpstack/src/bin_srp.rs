@@ -965,7 +965,7 @@ fn srpd(sock: &Option<std::path::PathBuf>, req: &InitRequest) -> Result<serde_js
     let path = sock
         .clone()
         .unwrap_or_else(|| srpstack::config::control_socket_of("srpd"));
-    srpstack::daemon::request_to(&path, "srpd", req)
+    srpstack::daemon::request_to(&path, "srpd", req).map_err(|e| e.to_string())
 }
 
 /// A login as `srp list` prints it.

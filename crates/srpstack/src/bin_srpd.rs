@@ -90,22 +90,27 @@ fn run(a: Args) -> Result<(), String> {
     let signals = srpstack::signals::block_term();
     let control =
         bind_control(&sock).map_err(|e| format!("control socket {}: {e}", sock.display()))?;
-    let initd = Arc::new(Initd::start(InitdConfig {
-        ips: a.ip.clone(),
-        udp_port: a.udp_port,
-        mtu,
-        mount_root: a.mount_root.clone(),
-        rport,
-        login_timeout: std::time::Duration::from_millis(a.login_timeout_ms.max(1)),
-        allow_other: a.allow_other,
-        fabric: a.fabric,
-        sm_wait: std::time::Duration::from_millis(a.sm_wait_ms),
-    })?);
+    let initd = Arc::new(
+        Initd::start(InitdConfig {
+            ips: a.ip.clone(),
+            udp_port: a.udp_port,
+            mtu,
+            mount_root: a.mount_root.clone(),
+            rport,
+            login_timeout: std::time::Duration::from_millis(a.login_timeout_ms.max(1)),
+            allow_other: a.allow_other,
+            fabric: a.fabric,
+            sm_wait: std::time::Duration::from_millis(a.sm_wait_ms),
+        })
+        .map_err(|e| e.to_string())?,
+    );
     for s in &a.login {
-        let v = initd.handle(InitRequest::Login {
-            target: s.clone(),
-            name: None,
-        })?;
+        let v = initd
+            .handle(InitRequest::Login {
+                target: s.clone(),
+                name: None,
+            })
+            .map_err(|e| e.to_string())?;
         println!("srpd: logged in: {v}");
     }
     serve_control(initd.clone(), control);

@@ -255,9 +255,14 @@ enum PortOrAddr {
     Text(String),
 }
 
+/// A `metrics` setting that is neither a port nor `address:port`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("metrics: '{0}' is neither a port (served on 127.0.0.1) nor address:port")]
+pub struct MetricsAddrError(pub String);
+
 impl TryFrom<PortOrAddr> for MetricsAddr {
-    type Error = String;
-    fn try_from(v: PortOrAddr) -> Result<MetricsAddr, String> {
+    type Error = MetricsAddrError;
+    fn try_from(v: PortOrAddr) -> Result<MetricsAddr, MetricsAddrError> {
         match v {
             PortOrAddr::Port(p) => Ok(MetricsAddr((std::net::Ipv4Addr::LOCALHOST, p).into())),
             PortOrAddr::Text(t) => t.parse(),
@@ -266,14 +271,14 @@ impl TryFrom<PortOrAddr> for MetricsAddr {
 }
 
 impl std::str::FromStr for MetricsAddr {
-    type Err = String;
-    fn from_str(s: &str) -> Result<MetricsAddr, String> {
+    type Err = MetricsAddrError;
+    fn from_str(s: &str) -> Result<MetricsAddr, MetricsAddrError> {
         if let Ok(p) = s.parse::<u16>() {
             return Ok(MetricsAddr((std::net::Ipv4Addr::LOCALHOST, p).into()));
         }
-        s.parse().map(MetricsAddr).map_err(|_| {
-            format!("metrics: '{s}' is neither a port (served on 127.0.0.1) nor address:port")
-        })
+        s.parse()
+            .map(MetricsAddr)
+            .map_err(|_| MetricsAddrError(s.to_string()))
     }
 }
 
@@ -281,6 +286,20 @@ impl From<MetricsAddr> for String {
     fn from(m: MetricsAddr) -> String {
         m.0.to_string()
     }
+}
+
+/// Why a `target.pkey` setting serves no partition.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PkeyError {
+    /// `pkey = []`.
+    #[error("an empty list serves no partition (use \"all\")")]
+    EmptyList,
+    /// A word other than `all`.
+    #[error("{0:?}: expected \"all\", a P_Key (0x8010) or a list of P_Keys")]
+    Word(String),
+    /// A P_Key whose partition number is 0 (IBA 10.9.1.2).
+    #[error("P_Key {0:#06x} is invalid: its partition number is 0")]
+    NoPartition(u16),
 }
 
 /// `target.pkey`: `"all"`, one P_Key or a list of them.
@@ -302,24 +321,16 @@ impl PkeySetting {
     /// # Errors
     /// A word other than `all`, an empty list, or a P_Key without a
     /// partition number (0x0000 and 0x8000 are invalid, IBA 10.9.1.2).
-    pub fn pkeys(&self) -> Result<Vec<rdma_types::Pkey>, String> {
+    pub fn pkeys(&self) -> Result<Vec<rdma_types::Pkey>, PkeyError> {
         let list = match self {
             PkeySetting::One(k) => vec![*k],
-            PkeySetting::List(l) if l.is_empty() => {
-                return Err("an empty list serves no partition (use \"all\")".into())
-            }
+            PkeySetting::List(l) if l.is_empty() => return Err(PkeyError::EmptyList),
             PkeySetting::List(l) => l.clone(),
             PkeySetting::Word(w) if w == "all" => return Ok(Vec::new()),
-            PkeySetting::Word(w) => {
-                return Err(format!(
-                    "{w:?}: expected \"all\", a P_Key (0x8010) or a list of P_Keys"
-                ))
-            }
+            PkeySetting::Word(w) => return Err(PkeyError::Word(w.clone())),
         };
         match list.iter().find(|k| **k & 0x7fff == 0) {
-            Some(k) => Err(format!(
-                "P_Key {k:#06x} is invalid: its partition number is 0"
-            )),
+            Some(k) => Err(PkeyError::NoPartition(*k)),
             None => Ok(list.into_iter().map(rdma_types::Pkey).collect()),
         }
     }
@@ -491,26 +502,45 @@ impl std::fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
+/// Why a size cannot be read; each names the size as written.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SizeError {
+    /// No digits in front.
+    #[error("size `{0}` does not start with a number")]
+    NoNumber(String),
+    /// More bytes than a `u64` counts.
+    #[error("size `{0}` is too large")]
+    TooLarge(String),
+    /// A unit other than B, K, M, G, T (with or without B / iB).
+    #[error("size `{size}` has an unknown unit `{unit}`")]
+    UnknownUnit { size: String, unit: String },
+}
+
 /// Parses a size like `512`, `64M`, `1G`, `2TiB`.
-pub fn parse_size(s: &str) -> Result<u64, String> {
+pub fn parse_size(s: &str) -> Result<u64, SizeError> {
     let t = s.trim();
     let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     if digits == 0 {
-        return Err(format!("size `{s}` does not start with a number"));
+        return Err(SizeError::NoNumber(s.to_string()));
     }
     let n: u64 = t[..digits]
         .parse()
-        .map_err(|_| format!("size `{s}` is too large"))?;
+        .map_err(|_| SizeError::TooLarge(s.to_string()))?;
     let shift = match t[digits..].trim().to_ascii_uppercase().as_str() {
         "" | "B" => 0,
         "K" | "KB" | "KIB" => 10,
         "M" | "MB" | "MIB" => 20,
         "G" | "GB" | "GIB" => 30,
         "T" | "TB" | "TIB" => 40,
-        other => return Err(format!("size `{s}` has an unknown unit `{other}`")),
+        other => {
+            return Err(SizeError::UnknownUnit {
+                size: s.to_string(),
+                unit: other.to_string(),
+            })
+        }
     };
     n.checked_mul(1 << shift)
-        .ok_or_else(|| format!("size `{s}` is too large"))
+        .ok_or_else(|| SizeError::TooLarge(s.to_string()))
 }
 
 impl Config {
@@ -662,7 +692,8 @@ impl Config {
                 _ => {}
             }
             if let Some(size) = &d.size {
-                let n = parse_size(size.get_ref()).map_err(|m| bad(size, key("size"), m))?;
+                let n = parse_size(size.get_ref())
+                    .map_err(|m| bad(size, key("size"), m.to_string()))?;
                 if n < bs as u64 || n % bs as u64 != 0 {
                     return Err(bad(
                         size,
@@ -732,7 +763,7 @@ impl Config {
             }
             for (j, init) in g.initiators.iter().enumerate() {
                 check_initiator(init.get_ref())
-                    .map_err(|m| bad(init, format!("{at}initiators[{j}]"), m))?;
+                    .map_err(|m| bad(init, format!("{at}initiators[{j}]"), m.to_string()))?;
             }
             check_luns(&g.luns, &at)?;
         }
@@ -800,7 +831,7 @@ impl Config {
             ));
         }
         if let Err(e) = t.pkey.get_ref().pkeys() {
-            return Err(bad(&t.pkey, format!("{at}.pkey"), e));
+            return Err(bad(&t.pkey, format!("{at}.pkey"), e.to_string()));
         }
         for (j, o) in self.targets[..i].iter().enumerate() {
             let other = self.target_key(j);
@@ -860,27 +891,36 @@ impl Config {
     }
 }
 
+/// Why an initiator name pattern is refused; each names the pattern.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InitiatorError {
+    #[error("initiator `{0}` must start with 0x (the initiator port identifier)")]
+    NoHexPrefix(String),
+    #[error("initiator `{0}`: expected up to 32 hex digits after 0x")]
+    NotHex(String),
+    #[error(
+        "initiator `{0}`: a full port identifier has 32 hex digits (end with * to match a prefix)"
+    )]
+    Short(String),
+    #[error("initiator `{0}`: write hex digits in lower case, as sessions are named")]
+    UpperCase(String),
+}
+
 /// Checks an initiator name pattern: `0x` and up to 32 hex digits, with an
 /// optional trailing `*`.
-pub fn check_initiator(s: &str) -> Result<(), String> {
+pub fn check_initiator(s: &str) -> Result<(), InitiatorError> {
     let body = s.strip_suffix('*').unwrap_or(s);
-    let hex = body.strip_prefix("0x").ok_or_else(|| {
-        format!("initiator `{s}` must start with 0x (the initiator port identifier)")
-    })?;
+    let hex = body
+        .strip_prefix("0x")
+        .ok_or_else(|| InitiatorError::NoHexPrefix(s.to_string()))?;
     if hex.len() > 32 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return Err(format!(
-            "initiator `{s}`: expected up to 32 hex digits after 0x"
-        ));
+        return Err(InitiatorError::NotHex(s.to_string()));
     }
     if !s.ends_with('*') && hex.len() != 32 {
-        return Err(format!(
-            "initiator `{s}`: a full port identifier has 32 hex digits (end with * to match a prefix)"
-        ));
+        return Err(InitiatorError::Short(s.to_string()));
     }
     if hex.bytes().any(|b| b.is_ascii_uppercase()) {
-        return Err(format!(
-            "initiator `{s}`: write hex digits in lower case, as sessions are named"
-        ));
+        return Err(InitiatorError::UpperCase(s.to_string()));
     }
     Ok(())
 }
@@ -966,7 +1006,7 @@ lun = [{ lun = 3, device = "disk1" }]
         assert_eq!(local.0, "127.0.0.1:9100".parse().unwrap());
         let any: MetricsAddr = "0.0.0.0:9100".parse().unwrap();
         assert_eq!(any.0, "0.0.0.0:9100".parse().unwrap());
-        let e = "localhost".parse::<MetricsAddr>().unwrap_err();
+        let e = "localhost".parse::<MetricsAddr>().unwrap_err().to_string();
         assert!(e.contains("neither a port"), "{e}");
         for (text, want) in [
             ("metrics = 9101", "127.0.0.1:9101"),
@@ -1200,11 +1240,10 @@ lun = [{ lun = 3, device = "disk1" }]
         assert!(check_initiator("0x0000000000000000000000000000aa01").is_ok());
         assert!(check_initiator("0xaa*").is_ok());
         assert!(check_initiator("0x*").is_ok());
-        assert!(check_initiator("0xaa")
-            .unwrap_err()
-            .contains("32 hex digits"));
-        assert!(check_initiator("aa*").unwrap_err().contains("0x"));
+        let refused = |s| check_initiator(s).unwrap_err().to_string();
+        assert!(refused("0xaa").contains("32 hex digits"));
+        assert!(refused("aa*").contains("0x"));
         assert!(check_initiator("0xZZ*").is_err());
-        assert!(check_initiator("0xAA*").unwrap_err().contains("lower case"));
+        assert!(refused("0xAA*").contains("lower case"));
     }
 }

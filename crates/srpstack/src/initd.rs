@@ -138,8 +138,84 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Why [`Initd::start`] failed.
+#[derive(Debug, thiserror::Error)]
+pub enum InitdStartError {
+    #[error("srpd needs at least one local address (--ip)")]
+    NoAddress,
+    #[error("mount root {} is not a directory", .0.display())]
+    MountRoot(PathBuf),
+    /// The reconnect timers (`--reconnect-delay` and the others).
+    #[error(transparent)]
+    Rport(#[from] srp_initiator::rport::RportConfigError),
+    /// An `ib` fabric port (no subnet manager, for one).
+    #[error(transparent)]
+    IbPort(#[from] crate::ib::IbPortError),
+    #[error("start the CM agent on {ip}: {source}")]
+    CmAgent {
+        ip: IpAddr,
+        #[source]
+        source: rdma_access::CmError,
+    },
+    #[error("track the CM agent on {ip}: {source}")]
+    TrackCmAgent {
+        ip: IpAddr,
+        #[source]
+        source: rdma_access::CmError,
+    },
+}
+
+/// Why a control request of srpd (`srp login`, `srp logout`) failed.
+#[derive(Debug, thiserror::Error)]
+pub enum InitdError {
+    #[error("login string: {0}")]
+    LoginString(#[source] srp_initiator::login::LoginError),
+    #[error(
+        "login name `{0}`: use 1 to 64 letters, digits, `-`, `_` or `.`, not starting with `.`"
+    )]
+    BadName(String),
+    #[error("a login named `{0}` exists")]
+    NameTaken(String),
+    #[error("src={0}: srpd has no NIC with that address")]
+    NoSuchSource(IpAddr),
+    /// The login's partition is not in the port's P_Key table.
+    #[error(transparent)]
+    Pkey(#[from] crate::ib::IbPortError),
+    /// No channel to the target could be made.
+    #[error("{0}")]
+    Session(#[source] std::io::Error),
+    #[error("REPORT LUNS: {0}")]
+    ReportLuns(#[source] std::io::Error),
+    #[error("open LUN {lun}: {source}")]
+    OpenLun {
+        lun: u16,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("create {}: {source}", path.display())]
+    CreateDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("mount {}: {source}", path.display())]
+    Mount {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("no login named `{0}`")]
+    NoLogin(String),
+    #[error("unmount {}: {source}", path.display())]
+    Unmount {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
 /// A login name: a plain file name of letters, digits, `-`, `_` and `.`.
-fn check_name(name: &str) -> Result<(), String> {
+fn check_name(name: &str) -> Result<(), InitdError> {
     let ok = !name.is_empty()
         && name.len() <= 64
         && !name.starts_with('.')
@@ -149,9 +225,7 @@ fn check_name(name: &str) -> Result<(), String> {
     if ok {
         Ok(())
     } else {
-        Err(format!(
-            "login name `{name}`: use 1 to 64 letters, digits, `-`, `_` or `.`, not starting with `.`"
-        ))
+        Err(InitdError::BadName(name.to_string()))
     }
 }
 
@@ -161,17 +235,14 @@ impl Initd {
     /// # Errors
     /// No address, a NIC or CM agent that cannot start, or a mount root
     /// that is not a directory.
-    pub fn start(cfg: InitdConfig) -> Result<Initd, String> {
+    pub fn start(cfg: InitdConfig) -> Result<Initd, InitdStartError> {
         if cfg.ips.is_empty() {
-            return Err("srpd needs at least one local address (--ip)".into());
+            return Err(InitdStartError::NoAddress);
         }
         if !cfg.mount_root.is_dir() {
-            return Err(format!(
-                "mount root {} is not a directory",
-                cfg.mount_root.display()
-            ));
+            return Err(InitdStartError::MountRoot(cfg.mount_root.clone()));
         }
-        cfg.rport.validate().map_err(|e| e.to_string())?;
+        cfg.rport.validate()?;
         let ib = cfg.fabric == crate::ib::Fabric::Ib;
         // Every port has the GUID of its address, in either fabric.
         let soft = crate::initiator_cas(&cfg.ips);
@@ -189,17 +260,16 @@ impl Initd {
                     &format!("srpd {}", ca.ip),
                     false,
                     first_comm_id,
-                )
-                .map_err(|e| e.to_string())?;
+                )?;
                 (port.agent().clone(), Some(Arc::new(port)))
             } else {
                 let agent = rdma_access::CmAgent::start(cm.clone(), ca.guid, first_comm_id)
-                    .map_err(|e| format!("start the CM agent on {}: {e}", ca.ip))?;
+                    .map_err(|source| InitdStartError::CmAgent { ip: ca.ip, source })?;
                 (agent, None)
             };
             agent
                 .track_in(cm.client())
-                .map_err(|e| format!("track the CM agent on {}: {e}", ca.ip))?;
+                .map_err(|source| InitdStartError::TrackCmAgent { ip: ca.ip, source })?;
             cas.push(LocalCa {
                 ip: ca.ip,
                 guid: ca.guid,
@@ -208,7 +278,7 @@ impl Initd {
             });
         }
         for p in cas.iter().filter_map(|c| c.ib.as_ref()) {
-            p.wait_active(cfg.sm_wait).map_err(|e| e.to_string())?;
+            p.wait_active(cfg.sm_wait)?;
         }
         let sessions = access.client("srp initiator").into_provider();
         Ok(Initd {
@@ -227,7 +297,7 @@ impl Initd {
     ///
     /// # Errors
     /// The request failed; the reason in words.
-    pub fn handle(&self, req: InitRequest) -> Result<Value, String> {
+    pub fn handle(&self, req: InitRequest) -> Result<Value, InitdError> {
         match req {
             InitRequest::Login { target, name } => self.login(&target, name),
             InitRequest::Logout { name } => self.logout(&name),
@@ -235,14 +305,14 @@ impl Initd {
         }
     }
 
-    fn pick_name(&self, name: Option<String>) -> Result<String, String> {
+    fn pick_name(&self, name: Option<String>) -> Result<String, InitdError> {
         let logins = lock(&self.logins);
         let mut pending = lock(&self.pending);
         let name = match name {
             Some(n) => {
                 check_name(&n)?;
                 if logins.contains_key(&n) || pending.contains(&n) {
-                    return Err(format!("a login named `{n}` exists"));
+                    return Err(InitdError::NameTaken(n));
                 }
                 n
             }
@@ -261,8 +331,8 @@ impl Initd {
         Ok(name)
     }
 
-    fn login(&self, target: &str, name: Option<String>) -> Result<Value, String> {
-        let opts = LoginOptions::parse(target).map_err(|e| format!("login string: {e}"))?;
+    fn login(&self, target: &str, name: Option<String>) -> Result<Value, InitdError> {
+        let opts = LoginOptions::parse(target).map_err(InitdError::LoginString)?;
         let name = self.pick_name(name)?;
         let result = self.login_named(&name, target, &opts);
         lock(&self.pending).retain(|n| n != &name);
@@ -272,16 +342,17 @@ impl Initd {
         Ok(answer)
     }
 
-    fn login_named(&self, name: &str, target: &str, o: &LoginOptions) -> Result<Login, String> {
+    fn login_named(&self, name: &str, target: &str, o: &LoginOptions) -> Result<Login, InitdError> {
         let (ca, connector): (&LocalCa, Arc<dyn Connector>) = match &o.address {
             TargetAddress::RdmaCm { dest, src } => {
-                let ca =
-                    match src {
-                        Some(ip) => self.cas.iter().find(|c| c.ip == *ip).ok_or_else(|| {
-                            format!("src={ip}: srpd has no NIC with that address")
-                        })?,
-                        None => &self.cas[0],
-                    };
+                let ca = match src {
+                    Some(ip) => self
+                        .cas
+                        .iter()
+                        .find(|c| c.ip == *ip)
+                        .ok_or(InitdError::NoSuchSource(*ip))?,
+                    None => &self.cas[0],
+                };
                 let conn = Arc::new(crate::RdmaCmConnector {
                     agent: ca.agent.clone(),
                     src: ca.ip,
@@ -300,7 +371,7 @@ impl Initd {
                     // A managed subnet: paths from the SA, in the login's
                     // partition.
                     Some(port) => {
-                        port.check_pkey(*pkey).map_err(|e| e.to_string())?;
+                        port.check_pkey(*pkey)?;
                         Arc::new(crate::ib::SaPathConnector {
                             port: port.clone(),
                             dgid: *dgid,
@@ -334,9 +405,8 @@ impl Initd {
             )
             .with_ch_count(ch_count),
         );
-        let session = path.session().map_err(|e| e.to_string())?;
-        let lun_ids =
-            srp_initiator::disk::report_luns(&session).map_err(|e| format!("REPORT LUNS: {e}"))?;
+        let session = path.session().map_err(InitdError::Session)?;
+        let lun_ids = srp_initiator::disk::report_luns(&session).map_err(InitdError::ReportLuns)?;
         let mut luns = Vec::new();
         // `target_can_queue` bounds all LUNs of this login together,
         // `max_cmd_per_lun` each one; both outlive reconnects.
@@ -352,15 +422,15 @@ impl Initd {
                 let disk = srp_initiator::disk::Disk::open(first, n)?.with_channels(ch);
                 Ok(opts.apply_to_disk(disk, lun_queue.clone(), target_queue.clone()))
             });
-            let d =
-                RemoteDisk::open(open, self.cfg.rport).map_err(|e| format!("open LUN {n}: {e}"))?;
+            let d = RemoteDisk::open(open, self.cfg.rport)
+                .map_err(|source| InitdError::OpenLun { lun: n, source })?;
             luns.push((n, Arc::new(d)));
         }
         let dir = self.cfg.mount_root.join(name);
         match std::fs::create_dir(&dir) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && is_empty_dir(&dir) => {}
-            Err(e) => return Err(format!("create {}: {e}", dir.display())),
+            Err(source) => return Err(InitdError::CreateDir { path: dir, source }),
         }
         let devices: Vec<(String, Arc<dyn blockload::BlockDevice>)> = luns
             .iter()
@@ -381,9 +451,9 @@ impl Initd {
             };
             match blockfuse::mount(&dir, devices, opts) {
                 Ok(m) => Some(m),
-                Err(e) => {
+                Err(source) => {
                     let _ = std::fs::remove_dir(&dir);
-                    return Err(format!("mount {}: {e}", dir.display()));
+                    return Err(InitdError::Mount { path: dir, source });
                 }
             }
         };
@@ -396,10 +466,10 @@ impl Initd {
         })
     }
 
-    fn logout(&self, name: &str) -> Result<Value, String> {
+    fn logout(&self, name: &str) -> Result<Value, InitdError> {
         let login = lock(&self.logins)
             .remove(name)
-            .ok_or_else(|| format!("no login named `{name}`"))?;
+            .ok_or_else(|| InitdError::NoLogin(name.to_string()))?;
         let dir = login.dir.clone();
         end_login(login)?;
         Ok(json!({ "name": name, "unmounted": dir }))
@@ -454,11 +524,13 @@ fn address_text(a: &TargetAddress) -> String {
     }
 }
 
-fn end_login(l: Login) -> Result<(), String> {
+fn end_login(l: Login) -> Result<(), InitdError> {
     let dir = l.dir.clone();
     if let Some(m) = l.mount {
-        m.unmount()
-            .map_err(|e| format!("unmount {}: {e}", dir.display()))?;
+        m.unmount().map_err(|source| InitdError::Unmount {
+            path: dir.clone(),
+            source,
+        })?;
     }
     let _ = std::fs::remove_dir(&dir);
     // Dropping the disks and the path ends the channels (DREQ).
@@ -530,7 +602,7 @@ pub fn serve_control(
         match serde_json::from_str::<InitRequest>(line) {
             Ok(req) => match initd.handle(req) {
                 Ok(data) => json!({ "ok": true, "data": data }),
-                Err(e) => json!({ "ok": false, "error": e }),
+                Err(e) => json!({ "ok": false, "error": e.to_string() }),
             },
             Err(e) => json!({ "ok": false, "error": format!("bad request: {e}") }),
         }

@@ -238,8 +238,36 @@ impl Connector for Direct {
     }
 }
 
-fn err(what: &str, e: impl std::fmt::Display) -> String {
-    format!("{what}: {e}")
+/// Why [`Stack::start`] failed; a temporary image it made is removed.
+#[derive(Debug, thiserror::Error)]
+pub enum StackError {
+    #[error("block size {0} is not 512 or 4096")]
+    BlockSize(u32),
+    #[error("LUN size {0} must be at least 1 MiB and a multiple of the block size")]
+    LunSize(u64),
+    /// The loopback fabric refused a CA (`which`: target or initiator).
+    #[error("add {which} CA: {source}")]
+    AddCa {
+        which: &'static str,
+        #[source]
+        source: verbs::VerbsError,
+    },
+    /// The temporary image file: `step` is create, size or open.
+    #[error("{step} {}: {source}", path.display())]
+    TempFile {
+        step: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("create the SCSI device: {0}")]
+    Device(#[source] scsi::DeviceError),
+    #[error("start the target port: {0}")]
+    TargetPort(#[source] srp_target::PortError),
+    #[error("log in: {0}")]
+    Login(#[source] srp_initiator::session::SessionError),
+    #[error("open LUN 0: {0}")]
+    OpenLun(#[source] std::io::Error),
 }
 
 impl Stack {
@@ -263,15 +291,12 @@ impl Stack {
     }
 
     /// Builds the fabric, the target with LUN 0, and logs in.
-    pub fn start(cfg: &StackConfig) -> Result<Stack, String> {
+    pub fn start(cfg: &StackConfig) -> Result<Stack, StackError> {
         if cfg.block_size != 512 && cfg.block_size != 4096 {
-            return Err(format!("block size {} is not 512 or 4096", cfg.block_size));
+            return Err(StackError::BlockSize(cfg.block_size));
         }
         if cfg.size < 1 << 20 || !cfg.size.is_multiple_of(cfg.block_size as u64) {
-            return Err(format!(
-                "LUN size {} must be at least 1 MiB and a multiple of the block size",
-                cfg.size
-            ));
+            return Err(StackError::LunSize(cfg.size));
         }
         let mut soft = None;
         let (fabric, provider, target_lid): (Arc<dyn verbs::Provider>, &'static str, Lid) =
@@ -280,10 +305,16 @@ impl Stack {
                     let fabric = Fabric::new();
                     fabric
                         .add_ca(CaConfig::simple(TARGET_GUID, 1))
-                        .map_err(|e| err("add target CA", e))?;
+                        .map_err(|source| StackError::AddCa {
+                            which: "target",
+                            source,
+                        })?;
                     fabric
                         .add_ca(CaConfig::simple(INITIATOR_GUID, 2))
-                        .map_err(|e| err("add initiator CA", e))?;
+                        .map_err(|source| StackError::AddCa {
+                            which: "initiator",
+                            source,
+                        })?;
                     (fabric, "loopback", Lid(1))
                 }
                 Transport::SoftRoce {
@@ -316,16 +347,18 @@ impl Stack {
                 Backing::TempFile => {
                     let path = std::env::temp_dir()
                         .join(format!("srpstack-lun0-{}.img", std::process::id()));
+                    let at = |step| {
+                        let path = path.clone();
+                        move |source| StackError::TempFile { step, path, source }
+                    };
                     let file = std::fs::OpenOptions::new()
                         .read(true)
                         .write(true)
                         .create_new(true)
                         .open(&path)
-                        .map_err(|e| err(&format!("create {}", path.display()), e))?;
-                    file.set_len(cfg.size)
-                        .map_err(|e| err(&format!("size {}", path.display()), e))?;
-                    let b = scsi::FileIo::new(file, false)
-                        .map_err(|e| err(&format!("open {}", path.display()), e))?;
+                        .map_err(at("create"))?;
+                    file.set_len(cfg.size).map_err(at("size"))?;
+                    let b = scsi::FileIo::new(file, false).map_err(at("open"))?;
                     (
                         Arc::new(b),
                         format!("fileio {}", path.display()),
@@ -347,7 +380,7 @@ impl Stack {
             Ok(d) => d,
             Err(e) => {
                 remove_temp(&temp);
-                return Err(err("create the SCSI device", e));
+                return Err(StackError::Device(e));
             }
         };
         let scsi = Arc::new(scsi::Target::new());
@@ -373,7 +406,7 @@ impl Stack {
             Ok(p) => Arc::new(p),
             Err(e) => {
                 remove_temp(&temp);
-                return Err(err("start the target port", e));
+                return Err(StackError::TargetPort(e));
             }
         };
         let direct = Arc::new(Direct::new(port.clone(), target_lid));
@@ -386,14 +419,14 @@ impl Stack {
             Ok(s) => Arc::new(s),
             Err(e) => {
                 remove_temp(&temp);
-                return Err(err("log in", e));
+                return Err(StackError::Login(e));
             }
         };
         let disk = match Disk::open(session.clone(), 0) {
             Ok(d) => Arc::new(d),
             Err(e) => {
                 remove_temp(&temp);
-                return Err(err("open LUN 0", e));
+                return Err(StackError::OpenLun(e));
             }
         };
         Ok(Stack {

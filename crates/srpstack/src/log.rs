@@ -50,11 +50,15 @@ impl Level {
     }
 }
 
+/// A log level other than debug, info, warn or error.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("log level `{0}`: expected debug, info, warn or error")]
+pub struct LevelError(pub String);
+
 impl std::str::FromStr for Level {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Level, String> {
-        <Level as clap::ValueEnum>::from_str(s, true)
-            .map_err(|_| format!("log level `{s}`: expected debug, info, warn or error"))
+    type Err = LevelError;
+    fn from_str(s: &str) -> Result<Level, LevelError> {
+        <Level as clap::ValueEnum>::from_str(s, true).map_err(|_| LevelError(s.to_string()))
     }
 }
 

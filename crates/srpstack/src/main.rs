@@ -168,7 +168,7 @@ fn quickstart(nullio: bool, size: u64, runtime: u64, net: &NetArgs) -> Result<()
         ..Default::default()
     };
     let t0 = std::time::Instant::now();
-    let stack = Stack::start(&cfg)?;
+    let stack = Stack::start(&cfg).map_err(|e| e.to_string())?;
     let info = stack.disk.info().clone();
     let sessions = stack.port.sessions();
     let session = sessions
@@ -332,7 +332,8 @@ fn bench(
         backing: Backing::Ram,
         queue: (iodepth + 2).clamp(16, 254) as u16,
         ..Default::default()
-    })?;
+    })
+    .map_err(|e| e.to_string())?;
     let dev: Arc<dyn blockload::BlockDevice> = stack.disk.clone();
     let mut w = Workload::new(rw);
     w.bs = u32::try_from(bs).map_err(|_| format!("block size {bs} is too large"))?;

@@ -240,7 +240,7 @@ pub fn serve_control(daemon: Arc<Daemon>, listener: UnixListener) -> std::thread
         match serde_json::from_str::<Request>(line) {
             Ok(req) => match daemon.handle(req) {
                 Ok(data) => json!({ "ok": true, "data": data }),
-                Err(e) => json!({ "ok": false, "error": e }),
+                Err(e) => json!({ "ok": false, "error": e.to_string() }),
             },
             Err(e) => json!({ "ok": false, "error": format!("bad request: {e}") }),
         }
@@ -313,32 +313,77 @@ pub fn serve_metrics(
     Ok((local, t))
 }
 
+/// Why a request over a control socket got no answer's data.
+#[derive(Debug, thiserror::Error)]
+pub enum RequestError {
+    /// No daemon listens at the socket (or it is not ours to use).
+    #[error("connect to {}: {source}", path.display())]
+    Connect {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The socket refused a read timeout.
+    #[error("{0}")]
+    Timeout(#[source] std::io::Error),
+    /// The request does not serialise.
+    #[error("{0}")]
+    Encode(#[source] serde_json::Error),
+    #[error("send to {}: {source}", path.display())]
+    Send {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("read from {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The answer is not JSON (not the daemon asked for?).
+    #[error("bad answer from {who}: {source}")]
+    BadAnswer {
+        who: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The daemon refused the request, in its words.
+    #[error("{0}")]
+    Refused(String),
+    #[error("{0} refused without a reason")]
+    RefusedWithoutReason(String),
+}
+
 /// A client of the control socket (what `srptadm` uses).
-pub fn request(path: &Path, req: &Request) -> Result<Value, String> {
+pub fn request(path: &Path, req: &Request) -> Result<Value, RequestError> {
     request_to(path, "srptd", req)
 }
 
 /// Sends one request line to the control socket of daemon `who` at `path`
 /// and returns its answer's data (or its error).
-pub fn request_to(path: &Path, who: &str, req: &impl Serialize) -> Result<Value, String> {
+pub fn request_to(path: &Path, who: &str, req: &impl Serialize) -> Result<Value, RequestError> {
+    let p = || path.to_path_buf();
     let mut s =
-        UnixStream::connect(path).map_err(|e| format!("connect to {}: {e}", path.display()))?;
+        UnixStream::connect(path).map_err(|source| RequestError::Connect { path: p(), source })?;
     s.set_read_timeout(Some(std::time::Duration::from_secs(120)))
-        .map_err(|e| e.to_string())?;
-    let line = serde_json::to_string(req).map_err(|e| e.to_string())?;
-    writeln!(s, "{line}").map_err(|e| format!("send to {}: {e}", path.display()))?;
+        .map_err(RequestError::Timeout)?;
+    let line = serde_json::to_string(req).map_err(RequestError::Encode)?;
+    writeln!(s, "{line}").map_err(|source| RequestError::Send { path: p(), source })?;
     let mut answer = String::new();
     BufReader::new(&s)
         .read_line(&mut answer)
-        .map_err(|e| format!("read from {}: {e}", path.display()))?;
-    let v: Value =
-        serde_json::from_str(&answer).map_err(|e| format!("bad answer from {who}: {e}"))?;
+        .map_err(|source| RequestError::Read { path: p(), source })?;
+    let v: Value = serde_json::from_str(&answer).map_err(|source| RequestError::BadAnswer {
+        who: who.to_string(),
+        source,
+    })?;
     if v["ok"] == json!(true) {
         Ok(v["data"].clone())
     } else {
         Err(v["error"]
             .as_str()
-            .map(str::to_string)
-            .unwrap_or_else(|| format!("{who} refused without a reason")))
+            .map(|e| RequestError::Refused(e.to_string()))
+            .unwrap_or_else(|| RequestError::RefusedWithoutReason(who.to_string())))
     }
 }

@@ -39,11 +39,13 @@ use std::time::Duration;
 use toml::Spanned;
 
 mod control;
+mod error;
 mod reload;
 mod report;
 mod store;
 
 pub use control::*;
+pub use error::AdminError;
 use reload::group_mut;
 pub use store::*;
 
@@ -181,7 +183,7 @@ impl TargetRt {
                         .pkey
                         .get_ref()
                         .pkeys()
-                        .map_err(|m| (t.pkey.span(), "pkey", m))?,
+                        .map_err(|m| (t.pkey.span(), "pkey", m.to_string()))?,
                     login_timeout: Duration::from_millis(*t.login_timeout_ms.get_ref()),
                     max_pending_logins: *t.max_pending_logins.get_ref() as usize,
                     max_pending_per_initiator: *t.max_pending_per_initiator.get_ref() as usize,
@@ -266,7 +268,7 @@ impl Daemon {
             devices.insert(d.name.get_ref().clone(), device);
         }
         let lun_at = |l: &LunEntry, at: String| {
-            lun(*l.lun.get_ref()).map_err(|m| cfg.error(l.lun.span(), at, m))
+            lun(*l.lun.get_ref()).map_err(|m| cfg.error(l.lun.span(), at, m.to_string()))
         };
         for (j, l) in cfg.luns.iter().enumerate() {
             let n = lun_at(l, format!("lun[{j}].lun"))?;
@@ -318,7 +320,7 @@ impl Daemon {
     }
 
     /// The targets `which` names (a target name or address), or all.
-    fn select(&self, which: Option<&str>) -> Result<Vec<(usize, &TargetRt)>, String> {
+    fn select(&self, which: Option<&str>) -> Result<Vec<(usize, &TargetRt)>, AdminError> {
         let cfg = lock(&self.cfg);
         let all = self.targets.iter().enumerate();
         let Some(w) = which else {
@@ -328,13 +330,13 @@ impl Daemon {
             .filter(|(i, t)| t.port.name() == w || cfg.targets[*i].ip.get_ref().to_string() == w)
             .collect();
         if hit.is_empty() {
-            return Err(format!("no target `{w}` (give its name or address)"));
+            return Err(AdminError::NoTarget(w.to_string()));
         }
         Ok(hit)
     }
 
     /// Enables or disables the targets `which` names, or all.
-    fn set_enabled(&self, which: Option<String>, on: bool) -> Result<Value, String> {
+    fn set_enabled(&self, which: Option<String>, on: bool) -> Result<Value, AdminError> {
         let hit = self.select(which.as_deref())?;
         let mut names = Vec::new();
         let mut cfg = lock(&self.cfg);
@@ -362,7 +364,7 @@ impl Daemon {
 
     /// Executes one admin request and logs it; `Err` is the message for
     /// the user.
-    pub fn handle(&self, req: Request) -> Result<Value, String> {
+    pub fn handle(&self, req: Request) -> Result<Value, AdminError> {
         use crate::log::{Level, Record};
         let (event, changes) = req.event();
         let asked = serde_json::to_value(&req).unwrap_or(Value::Null);
@@ -376,7 +378,7 @@ impl Daemon {
                 "reload_refused",
                 format!("reload refused, configuration unchanged: {e}"),
             )
-            .field("error", e),
+            .field("error", e.to_string()),
             Ok(v) => Record::new(
                 if changes { Level::Info } else { Level::Debug },
                 event,
@@ -393,13 +395,13 @@ impl Daemon {
                 format!("{cmd} {} refused: {e}", args_of(&asked)),
             )
             .fields_of(&asked)
-            .field("error", e),
+            .field("error", e.to_string()),
         };
         self.log.emit(record);
         r
     }
 
-    fn execute(&self, req: Request) -> Result<Value, String> {
+    fn execute(&self, req: Request) -> Result<Value, AdminError> {
         match req {
             Request::Show => Ok(self.show()),
             Request::Sessions => Ok(self.sessions()),
@@ -412,7 +414,7 @@ impl Daemon {
             Request::RemoveLun { group, lun } => self.remove_lun(group, lun),
             Request::AddGroup { name } => self.edit(|c| {
                 if c.groups.iter().any(|g| g.name.get_ref() == &name) {
-                    return Err(format!("group `{name}` exists"));
+                    return Err(AdminError::GroupExists(name));
                 }
                 c.groups.push(GroupSection {
                     name: spanned(name.clone()),
@@ -427,7 +429,7 @@ impl Daemon {
                     .groups
                     .iter()
                     .position(|g| g.name.get_ref() == &name)
-                    .ok_or_else(|| format!("no group `{name}`"))?;
+                    .ok_or_else(|| AdminError::NoGroup(name.clone()))?;
                 c.groups.remove(i);
                 self.scsi.remove_group(&name);
                 self.luns_changed();
@@ -437,7 +439,7 @@ impl Daemon {
                 check_initiator(&initiator)?;
                 let g = group_mut(c, &group)?;
                 if g.initiators.iter().any(|i| i.get_ref() == &initiator) {
-                    return Err(format!("`{initiator}` is already in group `{group}`"));
+                    return Err(AdminError::InitiatorInGroup { initiator, group });
                 }
                 g.initiators.push(spanned(initiator.clone()));
                 self.scsi.add_initiator(&group, &initiator);
@@ -450,7 +452,10 @@ impl Daemon {
                     .initiators
                     .iter()
                     .position(|i| i.get_ref() == &initiator)
-                    .ok_or_else(|| format!("`{initiator}` is not in group `{group}`"))?;
+                    .ok_or_else(|| AdminError::InitiatorNotInGroup {
+                        initiator: initiator.clone(),
+                        group: group.clone(),
+                    })?;
                 g.initiators.remove(i);
                 self.scsi.remove_initiator(&group, &initiator);
                 self.luns_changed();
@@ -463,22 +468,22 @@ impl Daemon {
                 Ok(json!({ "log_level": level, "was": was }))
             }
             Request::Reload => {
-                let path = self
-                    .cfg_path
-                    .clone()
-                    .ok_or("srptd was not started from a configuration file")?;
-                let next = Config::load(&path).map_err(|e| e.to_string())?;
+                let path = self.cfg_path.clone().ok_or(AdminError::NoConfigFile)?;
+                let next = Config::load(&path)?;
                 self.reload(next)
             }
             Request::WriteConfig { path } => {
                 let path = path
                     .or_else(|| self.cfg_path.clone())
-                    .ok_or("no file given and srptd was not started from one")?;
+                    .ok_or(AdminError::NoFileToWrite)?;
                 let text = lock(&self.cfg).to_toml();
                 let tmp = path.with_extension("tmp-srptd");
                 std::fs::write(&tmp, &text)
                     .and_then(|()| std::fs::rename(&tmp, &path))
-                    .map_err(|e| format!("write {}: {e}", path.display()))?;
+                    .map_err(|source| AdminError::Write {
+                        path: path.clone(),
+                        source,
+                    })?;
                 Ok(json!({ "written": path }))
             }
         }

@@ -11,7 +11,7 @@ impl Daemon {
     /// followed. Sessions stay up. Refused as a whole, with nothing
     /// changed, when a device that stays mapped changed its definition;
     /// target parameters that need a restart are kept and named.
-    pub fn reload(&self, next: Config) -> Result<Value, String> {
+    pub fn reload(&self, next: Config) -> Result<Value, AdminError> {
         use std::collections::{BTreeMap, BTreeSet};
         let mut cfg = lock(&self.cfg);
         let text = |d: &DeviceSection| toml::to_string(d).unwrap_or_default();
@@ -49,17 +49,14 @@ impl Daemon {
             .iter()
             .find(|d| mapped(&old_maps, d) || mapped(&new_maps, d))
         {
-            return Err(format!(
-                "reload refused: device `{d}` changed while mapped; unmap it first or restart srptd"
-            ));
+            return Err(AdminError::ChangedWhileMapped(d.clone()));
         }
         // Open new and changed devices before touching any map.
         let (mut opened, mut created) = (BTreeMap::new(), Vec::new());
         for (i, d) in next.devices.iter().enumerate() {
             let name = d.name.get_ref();
             if !old_devs.contains_key(name) || changed.contains(name) {
-                let (device, made) =
-                    build_device(d).map_err(|e| device_error(&next, i, e).to_string())?;
+                let (device, made) = build_device(d).map_err(|e| device_error(&next, i, e))?;
                 created.extend(made);
                 opened.insert(name.clone(), device);
             }
@@ -110,7 +107,7 @@ impl Daemon {
                     let d = devices
                         .get(dev)
                         .cloned()
-                        .ok_or_else(|| format!("no device `{dev}`"))?;
+                        .ok_or_else(|| AdminError::NoDevice(dev.clone()))?;
                     self.scsi.add_lun(group.as_deref(), lun(*n)?, d);
                     lun_changes += 1;
                 }
@@ -178,8 +175,8 @@ impl Daemon {
     /// succeeds (it applies the change to the running target itself).
     pub(super) fn edit(
         &self,
-        f: impl FnOnce(&mut Config) -> Result<Value, String>,
-    ) -> Result<Value, String> {
+        f: impl FnOnce(&mut Config) -> Result<Value, AdminError>,
+    ) -> Result<Value, AdminError> {
         let mut cfg = lock(&self.cfg);
         let mut next = cfg.clone();
         let v = f(&mut next)?;
@@ -187,46 +184,47 @@ impl Daemon {
         Ok(v)
     }
 
-    pub(super) fn add_device(&self, text: &str) -> Result<Value, String> {
-        let d: DeviceSection =
-            toml::from_str(text).map_err(|e| format!("device: {}", e.message().trim()))?;
+    pub(super) fn add_device(&self, text: &str) -> Result<Value, AdminError> {
+        let d: DeviceSection = toml::from_str(text).map_err(AdminError::DeviceToml)?;
         let name = d.name.get_ref().clone();
         let mut cfg = lock(&self.cfg);
         let mut next = cfg.clone();
         next.devices.push(d.clone());
-        next.check()
-            .map_err(|e| format!("{}: {}", e.key, e.message))?;
+        next.check().map_err(AdminError::Invalid)?;
         // The table came in the request, not from the file: no line.
-        let (dev, made) = build_device(&d).map_err(|(_, key, m)| format!("{key}: {m}"))?;
+        let (dev, made) =
+            build_device(&d).map_err(|(_, key, message)| AdminError::Device { key, message })?;
         made.into_iter().for_each(CreatedFile::keep);
         lock(&self.devices).insert(name.clone(), dev);
         *cfg = next;
         Ok(json!({ "added": name }))
     }
 
-    pub(super) fn remove_device(&self, name: &str) -> Result<Value, String> {
+    pub(super) fn remove_device(&self, name: &str) -> Result<Value, AdminError> {
         self.edit(|c| {
             let i = c
                 .devices
                 .iter()
                 .position(|d| d.name.get_ref() == name)
-                .ok_or_else(|| format!("no device `{name}`"))?;
+                .ok_or_else(|| AdminError::NoDevice(name.to_string()))?;
             let used = |ls: &[LunEntry]| {
                 ls.iter()
                     .find(|l| l.device.get_ref() == name)
                     .map(|l| *l.lun.get_ref())
             };
             if let Some(l) = used(&c.luns) {
-                return Err(format!(
-                    "device `{name}` is mapped at default LUN {l}; remove the LUN first"
-                ));
+                return Err(AdminError::MappedAtDefault {
+                    device: name.to_string(),
+                    lun: l,
+                });
             }
             for g in &c.groups {
                 if let Some(l) = used(&g.luns) {
-                    return Err(format!(
-                        "device `{name}` is mapped at LUN {l} of group `{}`; remove the LUN first",
-                        g.name.get_ref()
-                    ));
+                    return Err(AdminError::MappedInGroup {
+                        device: name.to_string(),
+                        lun: l,
+                        group: g.name.get_ref().clone(),
+                    });
                 }
             }
             c.devices.remove(i);
@@ -241,39 +239,43 @@ impl Daemon {
     /// LUN and map a smaller device instead. The device must be mapped:
     /// the SCSI core resizes through a LUN, raising the unit attention on
     /// every nexus that reaches the device by any LUN.
-    pub(super) fn resize(&self, name: &str, size: &str) -> Result<Value, String> {
+    pub(super) fn resize(&self, name: &str, size: &str) -> Result<Value, AdminError> {
         self.edit(|c| {
             let bytes = crate::config::parse_size(size)?;
             let d = c
                 .devices
                 .iter_mut()
                 .find(|d| d.name.get_ref() == name)
-                .ok_or_else(|| format!("no device `{name}`"))?;
+                .ok_or_else(|| AdminError::NoDevice(name.to_string()))?;
             let handler = *d.handler.get_ref();
             let dev = lock(&self.devices)
                 .get(name)
                 .cloned()
-                .ok_or_else(|| format!("no device `{name}`"))?;
+                .ok_or_else(|| AdminError::NoDevice(name.to_string()))?;
             let bs = u64::from(dev.block_size());
             let was = dev.blocks() * bs;
             if bytes == 0 || bytes % bs != 0 {
-                return Err(format!(
-                    "device `{name}`: size {bytes} is not a positive multiple of its block size {bs}"
-                ));
+                return Err(AdminError::NotBlockMultiple {
+                    device: name.to_string(),
+                    bytes,
+                    block_size: bs,
+                });
             }
             if bytes < was {
-                return Err(format!(
-                    "device `{name}`: shrinking from {was} to {bytes} bytes is refused (data past the new end would be lost); unmap it and add a smaller device"
-                ));
+                return Err(AdminError::Shrink {
+                    device: name.to_string(),
+                    was,
+                    bytes,
+                });
             }
             if bytes == was {
                 return Ok(json!({ "device": name, "size": bytes, "was": was, "aer_sent": 0 }));
             }
             if handler != Handler::Ram {
-                return Err(format!(
-                    "device `{name}`: a {} device cannot be resized (only ram devices can)",
-                    handler.name()
-                ));
+                return Err(AdminError::NotResizable {
+                    device: name.to_string(),
+                    handler: handler.name(),
+                });
             }
             let mapped = c
                 .luns
@@ -287,13 +289,14 @@ impl Daemon {
                 .find(|(_, l)| l.device.get_ref() == name)
                 .map(|(g, l)| (g.cloned(), *l.lun.get_ref()));
             let Some((group, n)) = mapped else {
-                return Err(format!(
-                    "device `{name}` is not mapped at any LUN; map it first, or remove it and add it with the new size"
-                ));
+                return Err(AdminError::NotMapped(name.to_string()));
             };
             self.scsi
                 .resize(group.as_deref(), lun(n)?, bytes / bs)
-                .map_err(|e| format!("device `{name}`: resize: {e}"))?;
+                .map_err(|source| AdminError::Resize {
+                    device: name.to_string(),
+                    source,
+                })?;
             d.size = Some(spanned(size.trim().to_string()));
             let told: usize = self
                 .targets
@@ -309,7 +312,7 @@ impl Daemon {
         group: Option<String>,
         n: u32,
         device: String,
-    ) -> Result<Value, String> {
+    ) -> Result<Value, AdminError> {
         self.edit(|c| {
             let l = lun(n)?;
             let entry = LunEntry {
@@ -320,18 +323,18 @@ impl Daemon {
                 Some(g) => group_mut(c, g)?.luns.push(entry),
                 None => c.luns.push(entry),
             }
-            c.check().map_err(|e| format!("{}: {}", e.key, e.message))?;
+            c.check().map_err(AdminError::Invalid)?;
             let dev = lock(&self.devices)
                 .get(&device)
                 .cloned()
-                .ok_or_else(|| format!("no device `{device}`"))?;
+                .ok_or_else(|| AdminError::NoDevice(device.clone()))?;
             self.scsi.add_lun(group.as_deref(), l, dev);
             let told = self.luns_changed();
             Ok(json!({ "group": group, "lun": n, "device": device, "aer_sent": told }))
         })
     }
 
-    pub(super) fn remove_lun(&self, group: Option<String>, n: u32) -> Result<Value, String> {
+    pub(super) fn remove_lun(&self, group: Option<String>, n: u32) -> Result<Value, AdminError> {
         self.edit(|c| {
             let l = lun(n)?;
             let luns = match &group {
@@ -342,8 +345,11 @@ impl Daemon {
                 luns.iter()
                     .position(|e| *e.lun.get_ref() == n)
                     .ok_or_else(|| match &group {
-                        Some(g) => format!("group `{g}` has no LUN {n}"),
-                        None => format!("no default LUN {n}"),
+                        Some(g) => AdminError::NoLunInGroup {
+                            group: g.clone(),
+                            lun: n,
+                        },
+                        None => AdminError::NoDefaultLun(n),
                     })?;
             luns.remove(i);
             self.scsi.remove_lun(group.as_deref(), l);
@@ -353,9 +359,12 @@ impl Daemon {
     }
 }
 
-pub(super) fn group_mut<'a>(c: &'a mut Config, name: &str) -> Result<&'a mut GroupSection, String> {
+pub(super) fn group_mut<'a>(
+    c: &'a mut Config,
+    name: &str,
+) -> Result<&'a mut GroupSection, AdminError> {
     c.groups
         .iter_mut()
         .find(|g| g.name.get_ref() == name)
-        .ok_or_else(|| format!("no group `{name}`"))
+        .ok_or_else(|| AdminError::NoGroup(name.to_string()))
 }

@@ -115,7 +115,10 @@ pub(super) fn open_store(d: &DeviceSection, dry_run: bool) -> Result<Store, Devi
     use std::os::unix::fs::FileTypeExt;
     let bs = *d.block_size.get_ref();
     let size = match &d.size {
-        Some(s) => Some(crate::config::parse_size(s.get_ref()).map_err(|m| (s.span(), "size", m))?),
+        Some(s) => Some(
+            crate::config::parse_size(s.get_ref())
+                .map_err(|m| (s.span(), "size", m.to_string()))?,
+        ),
         None => None,
     };
     let handler = *d.handler.get_ref();
@@ -155,7 +158,7 @@ pub(super) fn open_store(d: &DeviceSection, dry_run: bool) -> Result<Store, Devi
             }
             return match (handler, grows) {
                 (Handler::FileIo, true) => {
-                    create_file(d, path, size.unwrap_or(0), dry_run).map_err(bad)
+                    create_file(d, path, size.unwrap_or(0), dry_run).map_err(|e| bad(e.to_string()))
                 }
                 (Handler::FileIo, false) if d.read_only => Err(bad(format!(
                     "{shown} does not exist: a read_only device needs an existing file"
@@ -233,7 +236,7 @@ pub(super) fn open_store(d: &DeviceSection, dry_run: bool) -> Result<Store, Devi
             f.set_len(len)
                 .map_err(|e| bad(format!("cannot extend {shown} to {len} bytes: {e}")))?;
         }
-        let io = file_io(d, f, path).map_err(bad)?;
+        let io = file_io(d, f, path).map_err(|e| bad(e.to_string()))?;
         match dry_run {
             true => {
                 let min_block_size = scsi::Backend::min_block_size(&io);
@@ -259,19 +262,44 @@ pub(super) fn open_store(d: &DeviceSection, dry_run: bool) -> Result<Store, Devi
     })
 }
 
+/// Why a fileio image cannot be made or used as a device's store.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum StoreError {
+    /// The file system refuses O_DIRECT on the image.
+    #[error("{}: O_DIRECT refused ({source}): set o_direct = false or keep the image on a file system with O_DIRECT", path.display())]
+    DirectRefused {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The image opened but cannot serve as a store.
+    #[error("{}: {source}", path.display())]
+    Use {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The image cannot be created (or, dry run, could not be).
+    #[error("cannot create {}: {source}", path.display())]
+    Create {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
 /// A fileio store over `f` (at `path`), buffered or O_DIRECT.
 pub(super) fn file_io(
     d: &DeviceSection,
     f: std::fs::File,
     path: &Path,
-) -> Result<scsi::FileIo, String> {
-    let path = path.display();
+) -> Result<scsi::FileIo, StoreError> {
+    let path = path.to_path_buf();
     if d.o_direct {
-        scsi::FileIo::direct(f, d.write_through, *d.block_size.get_ref()).map_err(|e| {
-            format!("{path}: O_DIRECT refused ({e}): set o_direct = false or keep the image on a file system with O_DIRECT")
-        })
+        scsi::FileIo::direct(f, d.write_through, *d.block_size.get_ref())
+            .map_err(|source| StoreError::DirectRefused { path, source })
     } else {
-        scsi::FileIo::new(f, d.write_through).map_err(|e| format!("{path}: {e}"))
+        scsi::FileIo::new(f, d.write_through).map_err(|source| StoreError::Use { path, source })
     }
 }
 
@@ -282,9 +310,12 @@ pub(super) fn create_file(
     path: &Path,
     size: u64,
     dry_run: bool,
-) -> Result<Store, String> {
+) -> Result<Store, StoreError> {
     use std::os::unix::fs::OpenOptionsExt;
-    let cannot = |e: std::io::Error| format!("cannot create {}: {e}", path.display());
+    let cannot = |source: std::io::Error| StoreError::Create {
+        path: path.to_path_buf(),
+        source,
+    };
     let mut open = std::fs::OpenOptions::new();
     open.read(true).write(true);
     if !dry_run {
@@ -356,7 +387,7 @@ pub(super) fn device_on(
     if let Some(p) = &d.t10_product_id {
         cfg.product = p.get_ref().clone();
     }
-    scsi::Device::new(cfg, backend).map_err(|e| (d.block_size.span(), "block_size", e))
+    scsi::Device::new(cfg, backend).map_err(|e| (d.block_size.span(), "block_size", e.to_string()))
 }
 
 /// Opens device `d` and builds it, as a start does; the image file it
@@ -415,8 +446,17 @@ impl Drop for CreatedFile {
     }
 }
 
-pub(super) fn lun(n: u32) -> Result<scsi::Lun, String> {
-    scsi::Lun::new(n).map_err(|e| format!("LUN {n}: {e}"))
+/// A LUN number the SCSI core cannot address.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+#[error("LUN {n}: {source}")]
+pub struct LunNumberError {
+    pub n: u32,
+    #[source]
+    pub source: scsi::lun::LunError,
+}
+
+pub(super) fn lun(n: u32) -> Result<scsi::Lun, LunNumberError> {
+    scsi::Lun::new(n).map_err(|source| LunNumberError { n, source })
 }
 
 /// What [`preflight`] found in use: what another running srptd explains
