@@ -53,23 +53,24 @@ impl Dest {
     ///
     /// # Errors
     /// Says which field is wrong.
-    pub fn from_msg(msg: &[u8]) -> Result<Dest, String> {
+    pub fn from_msg(msg: &[u8]) -> Result<Dest, DestError> {
         let end = msg.iter().position(|&b| b == 0).unwrap_or(msg.len());
-        let text = std::str::from_utf8(&msg[..end])
-            .map_err(|_| "exchange message is not text".to_string())?;
+        let text = std::str::from_utf8(&msg[..end]).map_err(|_| DestError::NotText)?;
         let parts: Vec<&str> = text.split(':').collect();
         if parts.len() != 4 {
-            return Err(format!("exchange message {text:?} is not LID:QPN:PSN:GID"));
+            return Err(DestError::NotFourFields(text.to_string()));
         }
-        let hex = |s: &str, what: &str| {
-            u32::from_str_radix(s, 16).map_err(|_| format!("bad {what} {s:?} in {text:?}"))
+        let bad = |field: &'static str, value: &str| DestError::BadField {
+            field,
+            value: value.to_string(),
+            text: text.to_string(),
         };
+        let hex = |s: &str, what| u32::from_str_radix(s, 16).map_err(|_| bad(what, s));
         Ok(Dest {
             lid: hex(parts[0], "LID")? as u16,
             qpn: hex(parts[1], "QPN")? & 0xFF_FFFF,
             psn: hex(parts[2], "PSN")? & 0xFF_FFFF,
-            gid: Gid::parse_hex(parts[3])
-                .ok_or_else(|| format!("bad GID {:?} in {text:?}", parts[3]))?,
+            gid: Gid::parse_hex(parts[3]).ok_or_else(|| bad("GID", parts[3]))?,
         })
     }
 }
@@ -113,8 +114,68 @@ pub struct PingPongResult {
     pub remote: Dest,
 }
 
-fn exchange(cfg: &PingPongConfig, mine: Dest) -> Result<Dest, String> {
-    let io = |e: std::io::Error| format!("out-of-band exchange on {}: {e}", cfg.tcp);
+/// Why a peer's exchange message cannot be read; names the field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DestError {
+    #[error("exchange message is not text")]
+    NotText,
+    #[error("exchange message {0:?} is not LID:QPN:PSN:GID")]
+    NotFourFields(String),
+    #[error("bad {field} {value:?} in {text:?}")]
+    BadField {
+        field: &'static str,
+        value: String,
+        text: String,
+    },
+}
+
+/// Why a ping-pong run failed.
+#[derive(Debug, thiserror::Error)]
+pub enum PingPongError {
+    #[error("size {0} is too large")]
+    TooLarge(usize),
+    #[error("UD messages must fit the MTU ({mtu}), not {size}")]
+    UdTooLarge { mtu: usize, size: usize },
+    #[error("cannot bind {bind}: {source}")]
+    Bind {
+        bind: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The TCP exchange of QP addresses.
+    #[error("out-of-band exchange on {tcp}: {source}")]
+    Exchange {
+        tcp: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Dest(#[from] DestError),
+    #[error(
+        "the peer sent a zero GID: on RoCE run it with -g <RoCEv2 GID index> (1 on Linux rxe)"
+    )]
+    ZeroGid,
+    #[error("own QP vanished")]
+    QpVanished,
+    #[error("Failed status {status} ({code}) for wr_id {wr_id}")]
+    Completion {
+        status: WcStatus,
+        code: u32,
+        wr_id: u64,
+    },
+    #[error("no progress for 30 s ({sent} sent, {received} received of {iters})")]
+    Stalled {
+        sent: u64,
+        received: u64,
+        iters: u64,
+    },
+}
+
+fn exchange(cfg: &PingPongConfig, mine: Dest) -> Result<Dest, PingPongError> {
+    let io = |source| PingPongError::Exchange {
+        tcp: cfg.tcp,
+        source,
+    };
     if cfg.client {
         let mut s = TcpStream::connect_timeout(&cfg.tcp, Duration::from_secs(30)).map_err(io)?;
         s.set_read_timeout(Some(Duration::from_secs(60)))
@@ -123,7 +184,7 @@ fn exchange(cfg: &PingPongConfig, mine: Dest) -> Result<Dest, String> {
         let mut msg = [0u8; MSG_LEN];
         s.read_exact(&mut msg).map_err(io)?;
         s.write_all(b"done\0").map_err(io)?;
-        Dest::from_msg(&msg)
+        Ok(Dest::from_msg(&msg)?)
     } else {
         let l = TcpListener::bind(cfg.tcp).map_err(io)?;
         println!("rpingpong: waiting on {}", cfg.tcp);
@@ -145,18 +206,19 @@ fn exchange(cfg: &PingPongConfig, mine: Dest) -> Result<Dest, String> {
 ///
 /// # Errors
 /// Exchange trouble, a failed work request, or a peer that stops answering.
-pub fn run(cfg: &PingPongConfig) -> Result<PingPongResult, String> {
+pub fn run(cfg: &PingPongConfig) -> Result<PingPongResult, PingPongError> {
     if cfg.size > cfg.mtu.bytes() * 1024 {
-        return Err(format!("size {} is too large", cfg.size));
+        return Err(PingPongError::TooLarge(cfg.size));
     }
-    let mut node = Node::bind(NodeConfig::new(cfg.bind))
-        .map_err(|e| format!("cannot bind {}: {e}", cfg.bind))?;
+    let mut node = Node::bind(NodeConfig::new(cfg.bind)).map_err(|source| PingPongError::Bind {
+        bind: cfg.bind,
+        source,
+    })?;
     if cfg.ud && cfg.size > cfg.mtu.bytes() {
-        return Err(format!(
-            "UD messages must fit the MTU ({}), not {}",
-            cfg.mtu.bytes(),
-            cfg.size
-        ));
+        return Err(PingPongError::UdTooLarge {
+            mtu: cfg.mtu.bytes(),
+            size: cfg.size,
+        });
     }
     // [send buffer | receive buffer with room for the GRH]
     let mem = FlatMemory::new(1, cfg.size.max(1) * 2 + 40);
@@ -193,14 +255,11 @@ pub fn run(cfg: &PingPongConfig) -> Result<PingPongResult, String> {
         remote.lid, remote.qpn, remote.psn, remote.gid
     );
     if remote.gid == Gid::ZERO {
-        return Err(
-            "the peer sent a zero GID: on RoCE run it with -g <RoCEv2 GID index> (1 on Linux rxe)"
-                .into(),
-        );
+        return Err(PingPongError::ZeroGid);
     }
     let peer_ip: IpAddr = remote.gid.to_ip();
     {
-        let q = node.qp_mut(qp).ok_or("own QP vanished")?;
+        let q = node.qp_mut(qp).ok_or(PingPongError::QpVanished)?;
         q.update_config(|c| {
             c.dest_qpn = Qpn::from_bits(remote.qpn);
             c.rq_psn = Psn::new(remote.psn);
@@ -231,7 +290,7 @@ pub fn run(cfg: &PingPongConfig) -> Result<PingPongResult, String> {
     let mut routs = 0;
     while routs < cfg.rx_depth {
         node.qp_mut(qp)
-            .ok_or("own QP vanished")?
+            .ok_or(PingPongError::QpVanished)?
             .post_recv(recv(routs));
         routs += 1;
     }
@@ -255,7 +314,9 @@ pub fn run(cfg: &PingPongConfig) -> Result<PingPongResult, String> {
     let mut send_pending = false;
     let mut recv_pending = true;
     if cfg.client {
-        node.qp_mut(qp).ok_or("own QP vanished")?.post_send(send(0));
+        node.qp_mut(qp)
+            .ok_or(PingPongError::QpVanished)?
+            .post_send(send(0));
         send_pending = true;
     }
     let start = StdInstant::now();
@@ -267,17 +328,18 @@ pub fn run(cfg: &PingPongConfig) -> Result<PingPongResult, String> {
         }
         while let Some(c) = node.poll_completion(qp) {
             if c.status != WcStatus::Success {
-                return Err(format!(
-                    "Failed status {} ({}) for wr_id {}",
-                    c.status, c.status as u32, c.wr_id
-                ));
+                return Err(PingPongError::Completion {
+                    status: c.status,
+                    code: c.status as u32,
+                    wr_id: c.wr_id,
+                });
             }
             last_progress = StdInstant::now();
             if c.is_recv {
                 rcnt += 1;
                 recv_pending = false;
                 node.qp_mut(qp)
-                    .ok_or("own QP vanished")?
+                    .ok_or(PingPongError::QpVanished)?
                     .post_recv(recv(routs));
                 routs += 1;
             } else {
@@ -286,17 +348,18 @@ pub fn run(cfg: &PingPongConfig) -> Result<PingPongResult, String> {
             }
             if scnt < cfg.iters && !send_pending && !recv_pending {
                 node.qp_mut(qp)
-                    .ok_or("own QP vanished")?
+                    .ok_or(PingPongError::QpVanished)?
                     .post_send(send(scnt));
                 send_pending = true;
                 recv_pending = true;
             }
         }
         if last_progress.elapsed() > Duration::from_secs(30) {
-            return Err(format!(
-                "no progress for 30 s ({scnt} sent, {rcnt} received of {})",
-                cfg.iters
-            ));
+            return Err(PingPongError::Stalled {
+                sent: scnt,
+                received: rcnt,
+                iters: cfg.iters,
+            });
         }
     }
     let seconds = start.elapsed().as_secs_f64();
@@ -349,19 +412,10 @@ mod tests {
 
     #[test]
     fn bad_messages_name_the_field() {
-        assert!(Dest::from_msg(b"zz")
-            .unwrap_err()
-            .contains("LID:QPN:PSN:GID"));
-        assert!(
-            Dest::from_msg(b"0000:xyz:000000:00000000000000000000ffff0a4d000b")
-                .unwrap_err()
-                .contains("bad QPN")
-        );
-        assert!(Dest::from_msg(b"0000:000001:000000:0000")
-            .unwrap_err()
-            .contains("bad GID"));
-        assert!(Dest::from_msg(&[0xff; 52])
-            .unwrap_err()
-            .contains("not text"));
+        let refused = |m: &[u8]| Dest::from_msg(m).unwrap_err().to_string();
+        assert!(refused(b"zz").contains("LID:QPN:PSN:GID"));
+        assert!(refused(b"0000:xyz:000000:00000000000000000000ffff0a4d000b").contains("bad QPN"));
+        assert!(refused(b"0000:000001:000000:0000").contains("bad GID"));
+        assert!(refused(&[0xff; 52]).contains("not text"));
     }
 }

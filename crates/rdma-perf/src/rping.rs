@@ -99,6 +99,59 @@ pub fn parse_info(m: &[u8]) -> Option<(u64, u32, u32)> {
     ))
 }
 
+/// Why an rping run failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RpingError {
+    #[error("size {0} is below rping's minimum of {MIN_SIZE}")]
+    TooSmall(usize),
+    #[error("start the CM agent on {ip}: {source}")]
+    CmAgent {
+        ip: IpAddr,
+        #[source]
+        source: rdma_access::CmError,
+    },
+    /// Opening the NIC or making a verbs object.
+    #[error(transparent)]
+    Verbs(#[from] verbs::VerbsError),
+    #[error("QP to INIT: {0}")]
+    QpInit(#[source] verbs::VerbsError),
+    #[error("connect the QP: {0}")]
+    ConnectQp(#[source] verbs::VerbsError),
+    #[error("no client connected")]
+    NoClient,
+    #[error("bad connection request: {0}")]
+    BadRequest(String),
+    #[error("the connection went away before we accepted")]
+    AcceptLost,
+    #[error("a client needs the server's address")]
+    NoPeer,
+    #[error("connect to {peer}:{port}: {source}")]
+    Connect {
+        peer: IpAddr,
+        port: u16,
+        #[source]
+        source: rdma_access::CmError,
+    },
+    #[error("post receive: {0}")]
+    PostRecv(#[source] verbs::VerbsError),
+    #[error("post {op:?}: {source}")]
+    Post {
+        op: SendOpcode,
+        #[source]
+        source: verbs::VerbsError,
+    },
+    #[error("completion error: {0}")]
+    Completion(WcStatus),
+    #[error("nothing happened for {0:?}")]
+    Idle(Duration),
+    #[error("the server left")]
+    ServerLeft,
+    #[error("data mismatch in ping {0}")]
+    Mismatch(u64),
+    #[error("short rping message")]
+    ShortMessage,
+}
+
 /// Offsets in the one registered buffer.
 const RECV: usize = 0;
 const SEND: usize = 64;
@@ -121,7 +174,7 @@ impl Link {
         self.mem.addr() + off as u64
     }
 
-    fn post_recv(&self) -> Result<(), String> {
+    fn post_recv(&self) -> Result<(), RpingError> {
         self.p
             .post_recv(
                 self.qp,
@@ -134,7 +187,7 @@ impl Link {
                     }],
                 }],
             )
-            .map_err(|e| format!("post receive: {e}"))
+            .map_err(RpingError::PostRecv)
     }
 
     fn post(
@@ -143,7 +196,7 @@ impl Link {
         off: usize,
         len: usize,
         remote: Option<(u64, u32)>,
-    ) -> Result<(), String> {
+    ) -> Result<(), RpingError> {
         let mut wr = SendWr::new(
             2,
             op,
@@ -161,11 +214,11 @@ impl Link {
         }
         self.p
             .post_send(self.qp, &[wr])
-            .map_err(|e| format!("post {op:?}: {e}"))
+            .map_err(|source| RpingError::Post { op, source })
     }
 
     /// Waits for the next completion; `Ok(None)` when the peer left.
-    fn next(&self) -> Result<Option<WorkCompletion>, String> {
+    fn next(&self) -> Result<Option<WorkCompletion>, RpingError> {
         let mut wc = [WorkCompletion::new(
             0,
             WcStatus::Success,
@@ -174,17 +227,12 @@ impl Link {
         )];
         let end = Instant::now() + self.idle;
         loop {
-            if self
-                .p
-                .poll_cq(self.cq, &mut wc)
-                .map_err(|e| e.to_string())?
-                == 1
-            {
+            if self.p.poll_cq(self.cq, &mut wc)? == 1 {
                 if wc[0].status != WcStatus::Success {
                     if self.gone.load(Ordering::SeqCst) {
                         return Ok(None);
                     }
-                    return Err(format!("completion error: {}", wc[0].status));
+                    return Err(RpingError::Completion(wc[0].status));
                 }
                 return Ok(Some(wc[0]));
             }
@@ -192,7 +240,7 @@ impl Link {
                 return Ok(None);
             }
             if Instant::now() > end {
-                return Err(format!("nothing happened for {:?}", self.idle));
+                return Err(RpingError::Idle(self.idle));
             }
             let _ = self.p.req_notify_cq(self.cq, false);
             let _ = self.p.wait_cq(self.cq, Duration::from_millis(20));
@@ -200,7 +248,7 @@ impl Link {
     }
 
     /// Waits for a completion of this kind (send-side ones in order).
-    fn wait(&self, recv: bool) -> Result<Option<WorkCompletion>, String> {
+    fn wait(&self, recv: bool) -> Result<Option<WorkCompletion>, RpingError> {
         loop {
             match self.next()? {
                 None => return Ok(None),
@@ -219,12 +267,9 @@ impl Link {
 ///
 /// # Errors
 /// Setup, connection, a transfer or a data comparison failed.
-pub fn run(cfg: &RpingConfig) -> Result<RpingReport, String> {
+pub fn run(cfg: &RpingConfig) -> Result<RpingReport, RpingError> {
     if cfg.size < MIN_SIZE {
-        return Err(format!(
-            "size {} is below rping's minimum of {MIN_SIZE}",
-            cfg.size
-        ));
+        return Err(RpingError::TooSmall(cfg.size));
     }
     let guid = Guid(0x0002_c903_00c0_0001);
     let provider = rnic::softroce::SoftRoce::with_mtu(
@@ -235,30 +280,27 @@ pub fn run(cfg: &RpingConfig) -> Result<RpingReport, String> {
         cfg.udp_port,
         cfg.mtu,
     );
-    let agent = CmAgent::start(provider.clone(), guid, std::process::id() << 8)
-        .map_err(|e| format!("start the CM agent on {}: {e}", cfg.local))?;
+    let agent =
+        CmAgent::start(provider.clone(), guid, std::process::id() << 8).map_err(|source| {
+            RpingError::CmAgent {
+                ip: cfg.local,
+                source,
+            }
+        })?;
     let p: Arc<dyn Provider> = provider;
-    let ca = p
-        .open_ca(guid, 0, Arc::new(verbs::IgnoreEvents))
-        .map_err(|e| e.to_string())?;
-    let pd = p.alloc_pd(ca, 0).map_err(|e| e.to_string())?;
-    let cq = p
-        .create_cq(pd, &CqInit { cqe: 64 }, 0)
-        .map_err(|e| e.to_string())?;
-    let qp = p
-        .create_qp(pd, &QpInit::rc(cq, 16, 4), 0)
-        .map_err(|e| e.to_string())?;
+    let ca = p.open_ca(guid, 0, Arc::new(verbs::IgnoreEvents))?;
+    let pd = p.alloc_pd(ca, 0)?;
+    let cq = p.create_cq(pd, &CqInit { cqe: 64 }, 0)?;
+    let qp = p.create_qp(pd, &QpInit::rc(cq, 16, 4), 0)?;
     let mem = MemBuf::new(RDMA + 2 * cfg.size);
-    let mr = p
-        .reg_mr(
-            pd,
-            &mem,
-            mem.addr(),
-            mem.len() as u64,
-            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE,
-            0,
-        )
-        .map_err(|e| e.to_string())?;
+    let mr = p.reg_mr(
+        pd,
+        &mem,
+        mem.addr(),
+        mem.len() as u64,
+        AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE,
+        0,
+    )?;
     p.modify_qp(
         qp,
         &QpAttr {
@@ -269,8 +311,8 @@ pub fn run(cfg: &RpingConfig) -> Result<RpingReport, String> {
             ..Default::default()
         },
     )
-    .map_err(|e| format!("QP to INIT: {e}"))?;
-    let qpn = p.qp_num(qp).map_err(|e| e.to_string())?;
+    .map_err(RpingError::QpInit)?;
+    let qpn = p.qp_num(qp)?;
     let psn = Psn::new(std::process::id() & 0xff_ffff);
     let gone = Arc::new(AtomicBool::new(false));
     let link = Link {
@@ -321,7 +363,7 @@ pub fn run(cfg: &RpingConfig) -> Result<RpingReport, String> {
                 },
             )
         })
-        .map_err(|e| format!("connect the QP: {e}"))
+        .map_err(RpingError::ConnectQp)
     };
     let g = gone.clone();
     agent.on_disconnect(move |_| g.store(true, Ordering::SeqCst));
@@ -330,17 +372,16 @@ pub fn run(cfg: &RpingConfig) -> Result<RpingReport, String> {
         println!("rrping: server listening on {}:{}", cfg.local, cfg.port);
         let inc = requests
             .recv_timeout(cfg.idle_timeout)
-            .map_err(|_| "no client connected".to_string())?;
-        let req =
-            rdmacm::decode(inc).map_err(|(_, e)| format!("bad connection request: {}", e.0))?;
+            .map_err(|_| RpingError::NoClient)?;
+        let req = rdmacm::decode(inc).map_err(|(_, e)| RpingError::BadRequest(e.0))?;
         let i = &req.incoming;
         to_rtr_rts(i.peer, i.remote_qpn, i.remote_psn, i.mtu)?;
         if !i.accept(qpn, psn, Vec::new()) {
-            return Err("the connection went away before we accepted".into());
+            return Err(RpingError::AcceptLost);
         }
         serve(&link, cfg)?
     } else {
-        let peer = cfg.peer.ok_or("a client needs the server's address")?;
+        let peer = cfg.peer.ok_or(RpingError::NoPeer)?;
         let est = rdmacm::connect(
             &agent,
             cfg.local,
@@ -351,7 +392,11 @@ pub fn run(cfg: &RpingConfig) -> Result<RpingReport, String> {
             &[],
             cfg.idle_timeout,
         )
-        .map_err(|e| format!("connect to {peer}:{}: {e}", cfg.port))?;
+        .map_err(|source| RpingError::Connect {
+            peer,
+            port: cfg.port,
+            source,
+        })?;
         to_rtr_rts(
             Gid::from_ip(peer),
             est.remote_qpn,
@@ -376,12 +421,11 @@ fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(&b[..end]).into_owned()
 }
 
-fn ping(l: &Link, cfg: &RpingConfig) -> Result<RpingReport, String> {
+fn ping(l: &Link, cfg: &RpingConfig) -> Result<RpingReport, RpingError> {
     let mut r = RpingReport {
         pings: 0,
         validated: 0,
     };
-    let lost = || "the server left".to_string();
     for n in 0..cfg.count {
         let src = ping_pattern(n, l.size);
         l.mem.write_at(l.start, &src);
@@ -389,21 +433,21 @@ fn ping(l: &Link, cfg: &RpingConfig) -> Result<RpingReport, String> {
         l.mem
             .write_at(SEND, &info(l.addr(l.start), l.mr.rkey.0, l.size as u32));
         l.post(SendOpcode::Send, SEND, 16, None)?;
-        l.wait(false)?.ok_or_else(lost)?;
+        l.wait(false)?.ok_or(RpingError::ServerLeft)?;
         // The server read our buffer and says go on.
-        l.wait(true)?.ok_or_else(lost)?;
+        l.wait(true)?.ok_or(RpingError::ServerLeft)?;
         l.post_recv()?;
         l.mem
             .write_at(SEND, &info(l.addr(RDMA), l.mr.rkey.0, l.size as u32));
         l.post(SendOpcode::Send, SEND, 16, None)?;
-        l.wait(false)?.ok_or_else(lost)?;
+        l.wait(false)?.ok_or(RpingError::ServerLeft)?;
         // The server wrote it back.
-        l.wait(true)?.ok_or_else(lost)?;
+        l.wait(true)?.ok_or(RpingError::ServerLeft)?;
         l.post_recv()?;
         let back = l.mem.to_vec(RDMA, l.size);
         if cfg.validate {
             if back != src {
-                return Err(format!("data mismatch in ping {n}"));
+                return Err(RpingError::Mismatch(n));
             }
             r.validated += 1;
         }
@@ -416,7 +460,7 @@ fn ping(l: &Link, cfg: &RpingConfig) -> Result<RpingReport, String> {
     Ok(r)
 }
 
-fn serve(l: &Link, cfg: &RpingConfig) -> Result<RpingReport, String> {
+fn serve(l: &Link, cfg: &RpingConfig) -> Result<RpingReport, RpingError> {
     let mut r = RpingReport {
         pings: 0,
         validated: 0,
@@ -426,7 +470,7 @@ fn serve(l: &Link, cfg: &RpingConfig) -> Result<RpingReport, String> {
         if l.wait(true)?.is_none() {
             return Ok(r);
         }
-        let (addr, rkey, len) = l.received().ok_or("short rping message")?;
+        let (addr, rkey, len) = l.received().ok_or(RpingError::ShortMessage)?;
         l.post_recv()?;
         let len = (len as usize).min(l.size);
         l.post(SendOpcode::RdmaRead, RDMA, len, Some((addr, rkey)))?;
@@ -447,7 +491,7 @@ fn serve(l: &Link, cfg: &RpingConfig) -> Result<RpingReport, String> {
         if l.wait(true)?.is_none() {
             return Ok(r);
         }
-        let (addr, rkey, sink) = l.received().ok_or("short rping message")?;
+        let (addr, rkey, sink) = l.received().ok_or(RpingError::ShortMessage)?;
         l.post_recv()?;
         let n = got
             .iter()

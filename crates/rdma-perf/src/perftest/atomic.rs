@@ -90,6 +90,23 @@ struct Slot {
     swaps: u64,
 }
 
+/// A returned atomic value the model does not predict, in words.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AtomicCheckError {
+    #[error("a completion for an atomic that was never posted")]
+    NeverPosted,
+    /// Operation `k` on `slot` returned `got`; `why` says what `want` is.
+    #[error("{op} {k} (slot {slot}) returned {got:#018x}, expected {want:#018x}: {why}")]
+    Mismatch {
+        op: &'static str,
+        k: u64,
+        slot: usize,
+        got: u64,
+        want: u64,
+        why: &'static str,
+    },
+}
+
 /// The requester's model of the responder's slots.
 #[derive(Debug, Clone)]
 pub struct AtomicModel {
@@ -172,11 +189,11 @@ impl AtomicModel {
     ///
     /// # Errors
     /// The value differs from the model's, in words; or nothing is posted.
-    pub fn complete(&mut self, got: u64) -> Result<(), String> {
+    pub fn complete(&mut self, got: u64) -> Result<(), AtomicCheckError> {
         let (k, slot, expect) = self
             .pending
             .pop_front()
-            .ok_or("a completion for an atomic that was never posted")?;
+            .ok_or(AtomicCheckError::NeverPosted)?;
         self.completed += 1;
         let s = &mut self.slots[slot];
         let want = match expect {
@@ -198,10 +215,14 @@ impl AtomicModel {
                     "the slot's unchanged value (compare 0, swap 0 changes nothing)"
                 }
             };
-            return Err(format!(
-                "{} {k} (slot {slot}) returned {got:#018x}, expected {want:#018x}: {why}",
-                self.op.name()
-            ));
+            return Err(AtomicCheckError::Mismatch {
+                op: self.op.name(),
+                k,
+                slot,
+                got,
+                want,
+                why,
+            });
         }
         Ok(())
     }
@@ -330,7 +351,7 @@ mod tests {
         }
         assert_eq!(m.values(), vec![Some(12), Some(1)]);
         m.post(0);
-        let e = m.complete(13).unwrap_err();
+        let e = m.complete(13).unwrap_err().to_string();
         assert!(
             e.contains("FETCH_AND_ADD 4 (slot 0) returned 0x000000000000000d"),
             "{e}"
@@ -370,7 +391,11 @@ mod tests {
         }
         m.complete(0x1234).unwrap();
         m.complete(0x1234).unwrap();
-        assert!(m.complete(0).unwrap_err().contains("unchanged value"));
+        assert!(m
+            .complete(0)
+            .unwrap_err()
+            .to_string()
+            .contains("unchanged value"));
         // The chained flag needs known initial values; without them it
         // is perftest's compare 0, swap 0.
         let mut k = AtomicModel::new(AtomicOp::CmpSwap, false, &[Some(5)]);

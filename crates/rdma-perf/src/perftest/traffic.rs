@@ -124,7 +124,8 @@ pub(super) fn client_run(
             if let Some(m) = atomics.as_mut() {
                 let got = nic.mem.to_vec(result_at(done), ATOMIC_SIZE);
                 let got = u64::from_ne_bytes(got.try_into().unwrap_or([0; 8]));
-                m.complete(got).map_err(PerftestError::Verify)?;
+                m.complete(got)
+                    .map_err(|e| PerftestError::Verify(e.to_string()))?;
             }
             done += 1;
             done_at.push(epoch.elapsed().as_secs_f64());
