@@ -4,20 +4,44 @@
 
 use std::process::Command;
 
+/// Why `ip args` failed; each names the command line.
+#[derive(Debug, thiserror::Error)]
+pub enum IpError {
+    /// `ip` could not be run at all.
+    #[error("ip {args}: {source}")]
+    Spawn {
+        args: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// `ip` ran and failed; what it wrote to stderr.
+    #[error("ip {args}: {stderr}")]
+    Failed { args: String, stderr: String },
+}
+
+/// Test setup code that reports in words (`Result<_, String>`) uses `?`.
+impl From<IpError> for String {
+    fn from(e: IpError) -> String {
+        e.to_string()
+    }
+}
+
 /// Runs `ip args`; the error says what failed and why.
-pub fn ip(args: &[&str]) -> Result<(), String> {
+pub fn ip(args: &[&str]) -> Result<(), IpError> {
     let out = Command::new("ip")
         .args(args)
         .output()
-        .map_err(|e| format!("ip {}: {e}", args.join(" ")))?;
+        .map_err(|source| IpError::Spawn {
+            args: args.join(" "),
+            source,
+        })?;
     if out.status.success() {
         Ok(())
     } else {
-        Err(format!(
-            "ip {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
+        Err(IpError::Failed {
+            args: args.join(" "),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        })
     }
 }
 
