@@ -125,20 +125,21 @@ pub enum Pattern {
     },
 }
 
+/// A pattern name other than those [`Pattern`] knows.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown pattern `{0}` (read, write, randread, randwrite, randrw)")]
+pub struct PatternError(pub String);
+
 impl std::str::FromStr for Pattern {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Pattern, String> {
+    type Err = PatternError;
+    fn from_str(s: &str) -> Result<Pattern, PatternError> {
         Ok(match s {
             "read" => Pattern::Read,
             "write" => Pattern::Write,
             "randread" => Pattern::RandRead,
             "randwrite" => Pattern::RandWrite,
             "randrw" | "mixed" => Pattern::RandRw { read_pct: 50 },
-            _ => {
-                return Err(format!(
-                    "unknown pattern `{s}` (read, write, randread, randwrite, randrw)"
-                ))
-            }
+            _ => return Err(PatternError(s.to_string())),
         })
     }
 }
@@ -377,7 +378,7 @@ pub fn run(
         if let Err(e) = prefill(dev.as_ref(), w, &geo, &shared) {
             let mut r = new_result(Instant::now());
             r.io_errors = 1;
-            r.first_io_error = Some(e);
+            r.first_io_error = Some(e.to_string());
             return Ok(merge(w, vec![r], 0.0));
         }
     }
@@ -437,6 +438,15 @@ pub fn run(
     Ok(merge(w, results, seconds))
 }
 
+/// A prefill write failed: where, and the device's error.
+#[derive(Debug, thiserror::Error)]
+#[error("prefill write at byte offset {at:#x}: {source}")]
+struct PrefillError {
+    at: u64,
+    #[source]
+    source: io::Error,
+}
+
 /// Writes every I/O block of the region once, as its job would write
 /// generation 1, in writes of up to 1 MiB: a read-only workload's reads
 /// then have stamps to check from its first read on. Not timed.
@@ -445,7 +455,7 @@ fn prefill(
     w: &Workload,
     geo: &Geometry,
     shared: &Shared,
-) -> Result<(), String> {
+) -> Result<(), PrefillError> {
     let bs = w.bs as u64;
     let lbs = dev.block_size() as u64;
     let per_write = ((1u64 << 20) / bs).max(1);
@@ -462,7 +472,7 @@ fn prefill(
                 fill_unit(unit, at + (u * UNIT) as u64, 1, job_seed);
             }
             dev.write_at(at / lbs, &buf)
-                .map_err(|e| format!("prefill write at byte offset {at:#x}: {e}"))?;
+                .map_err(|source| PrefillError { at, source })?;
             for b in block..block + n {
                 shared.gens.0[b as usize].store(1, Ordering::Relaxed);
             }

@@ -274,6 +274,7 @@ fn workloads_the_device_cannot_run_are_refused() {
     assert!("bogus"
         .parse::<Pattern>()
         .unwrap_err()
+        .to_string()
         .contains("unknown pattern `bogus`"));
 }
 

@@ -86,15 +86,15 @@ fn owner<A: Borrow<CmAgent>>(agents: &[A], ip: IpAddr) -> Option<(&CmAgent, u8)>
 
 /// The source address the kernel would use towards `dst` (a UDP socket
 /// connected there: a route lookup, nothing is sent).
-fn kernel_source(dst: IpAddr) -> Result<IpAddr, String> {
+fn kernel_source(dst: IpAddr) -> std::io::Result<IpAddr> {
     let any: std::net::SocketAddr = if dst.is_ipv4() {
         (std::net::Ipv4Addr::UNSPECIFIED, 0).into()
     } else {
         (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
     };
-    let s = std::net::UdpSocket::bind(any).map_err(|e| e.to_string())?;
-    s.connect((dst, 9)).map_err(|e| e.to_string())?;
-    Ok(s.local_addr().map_err(|e| e.to_string())?.ip())
+    let s = std::net::UdpSocket::bind(any)?;
+    s.connect((dst, 9))?;
+    Ok(s.local_addr()?.ip())
 }
 
 /// Finds which of `agents`' ports (`Arc<CmAgent>`s or references)
@@ -138,7 +138,7 @@ pub fn resolve_addr<A: Borrow<CmAgent>>(
         None => match owner(agents, dst) {
             Some((a, i)) => (a, i, dst),
             None => {
-                let s = kernel_source(dst).map_err(|e| unreachable(&e))?;
+                let s = kernel_source(dst).map_err(|e| unreachable(&e.to_string()))?;
                 let (a, i) =
                     owner(agents, s).ok_or(ResolveError::NoDeviceForRoute { src: s, dst })?;
                 (a, i, s)

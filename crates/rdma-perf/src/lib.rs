@@ -1004,7 +1004,7 @@ fn ratio(num: f64, den: f64) -> String {
 }
 
 /// Parses a `--loss`-style fault spec into a config (re-exported for the CLI).
-pub fn parse_faults(spec: &str) -> Result<FaultConfig, String> {
+pub fn parse_faults(spec: &str) -> Result<FaultConfig, rdma_sim::FaultSpecError> {
     FaultConfig::parse(spec)
 }
 

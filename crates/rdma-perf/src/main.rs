@@ -104,7 +104,12 @@ fn common(a: &CommonArgs) -> Result<Common, String> {
     Ok(Common {
         bind: a.bind,
         mtu: Mtu::from_bytes(a.mtu).map_err(|e| e.to_string())?,
-        faults: a.faults.as_deref().map(parse_faults).transpose()?,
+        faults: a
+            .faults
+            .as_deref()
+            .map(parse_faults)
+            .transpose()
+            .map_err(|e| e.to_string())?,
         capture: a.capture.clone(),
         buffer: a.buffer,
     })

@@ -96,34 +96,38 @@ impl FaultConfig {
     ///
     /// # Errors
     /// Names the offending key or value.
-    pub fn parse(spec: &str) -> Result<FaultConfig, String> {
+    pub fn parse(spec: &str) -> Result<FaultConfig, FaultSpecError> {
+        use FaultSpecError as E;
         let mut cfg = FaultConfig::default();
         let mut down_at: Option<Duration> = None;
         for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
             let (key, value) = item
                 .split_once('=')
-                .ok_or_else(|| format!("fault spec item '{item}' is not key=value"))?;
-            let prob = |v: &str| -> Result<f64, String> {
-                let p: f64 = v
-                    .parse()
-                    .map_err(|_| format!("fault spec: '{key}' wants a number, got '{v}'"))?;
+                .ok_or_else(|| E::NotKeyValue(item.to_string()))?;
+            let prob = |v: &str| -> Result<f64, FaultSpecError> {
+                let p: f64 = v.parse().map_err(|_| E::NotNumber {
+                    key: key.to_string(),
+                    got: v.to_string(),
+                })?;
                 if (0.0..=1.0).contains(&p) {
                     Ok(p)
                 } else {
-                    Err(format!("fault spec: '{key}' must be within 0..=1, got {p}"))
+                    Err(E::NotProbability {
+                        key: key.to_string(),
+                        got: p,
+                    })
                 }
             };
-            let micros = |v: &str| -> Result<Duration, String> {
+            let micros = |v: &str| -> Result<Duration, FaultSpecError> {
                 v.parse::<u64>()
                     .map(Duration::from_micros)
-                    .map_err(|_| format!("fault spec: '{key}' wants microseconds, got '{v}'"))
+                    .map_err(|_| E::NotMicros {
+                        key: key.to_string(),
+                        got: v.to_string(),
+                    })
             };
             match key {
-                "seed" => {
-                    cfg.seed = value
-                        .parse()
-                        .map_err(|_| format!("fault spec: 'seed' wants an integer, got '{value}'"))?
-                }
+                "seed" => cfg.seed = value.parse().map_err(|_| E::NotSeed(value.to_string()))?,
                 "loss" => cfg.loss = prob(value)?,
                 "dup" | "duplicate" => cfg.duplicate = prob(value)?,
                 "reorder" => cfg.reorder = prob(value)?,
@@ -131,12 +135,13 @@ impl FaultConfig {
                 "reorder_us" => cfg.reorder_delay = micros(value)?,
                 "latency_us" => cfg.latency = micros(value)?,
                 "link_down_ms" | "link_flap_ms" | "link_down_at_ms" => {
-                    let ms = |v: &str| -> Result<Duration, String> {
+                    let ms = |v: &str| -> Result<Duration, FaultSpecError> {
                         match v.parse::<u64>() {
                             Ok(n) if n <= 86_400_000 => Ok(Duration::from_millis(n)),
-                            _ => Err(format!(
-                                "fault spec: '{key}' wants milliseconds (at most a day), got '{v}'"
-                            )),
+                            _ => Err(E::NotMillis {
+                                key: key.to_string(),
+                                got: v.to_string(),
+                            }),
                         }
                     };
                     match key {
@@ -144,7 +149,7 @@ impl FaultConfig {
                         "link_down_ms" => {
                             let down = ms(value)?;
                             if down == Duration::ZERO {
-                                return Err("fault spec: 'link_down_ms' must be above 0".into());
+                                return Err(E::ZeroLinkDown);
                             }
                             cfg.outages = Some(Outages {
                                 first_after: Duration::ZERO,
@@ -153,14 +158,12 @@ impl FaultConfig {
                             });
                         }
                         _ => {
-                            let (d, p) = value.split_once('/').ok_or_else(|| {
-                                format!("fault spec: 'link_flap_ms' wants DOWN/PERIOD, got '{value}'")
-                            })?;
+                            let (d, p) = value
+                                .split_once('/')
+                                .ok_or_else(|| E::FlapNotPair(value.to_string()))?;
                             let (down, period) = (ms(d)?, ms(p)?);
                             if down == Duration::ZERO || down >= period {
-                                return Err(format!(
-                                    "fault spec: 'link_flap_ms' wants 0 < DOWN < PERIOD, got '{value}'"
-                                ));
+                                return Err(E::FlapOrder(value.to_string()));
                             }
                             cfg.outages = Some(Outages {
                                 first_after: Duration::ZERO,
@@ -170,20 +173,45 @@ impl FaultConfig {
                         }
                     }
                 }
-                other => return Err(format!("fault spec: unknown key '{other}' (known: seed, loss, dup, reorder, corrupt, reorder_us, latency_us, link_down_ms, link_flap_ms, link_down_at_ms)")),
+                other => return Err(E::UnknownKey(other.to_string())),
             }
         }
         match (cfg.outages.as_mut(), down_at) {
             (Some(o), at) => o.first_after = at.unwrap_or(Duration::from_secs(1)),
-            (None, Some(_)) => {
-                return Err(
-                    "fault spec: 'link_down_at_ms' needs 'link_down_ms' or 'link_flap_ms'".into(),
-                )
-            }
+            (None, Some(_)) => return Err(E::DownAtAlone),
             (None, None) => {}
         }
         Ok(cfg)
     }
+}
+
+/// Why [`FaultConfig::parse`] refused a spec; each names the key or
+/// value at fault and what it wants.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum FaultSpecError {
+    #[error("fault spec item '{0}' is not key=value")]
+    NotKeyValue(String),
+    #[error("fault spec: unknown key '{0}' (known: seed, loss, dup, reorder, corrupt, reorder_us, latency_us, link_down_ms, link_flap_ms, link_down_at_ms)")]
+    UnknownKey(String),
+    #[error("fault spec: 'seed' wants an integer, got '{0}'")]
+    NotSeed(String),
+    /// A probability key (loss, dup, reorder, corrupt) got no number.
+    #[error("fault spec: '{key}' wants a number, got '{got}'")]
+    NotNumber { key: String, got: String },
+    #[error("fault spec: '{key}' must be within 0..=1, got {got}")]
+    NotProbability { key: String, got: f64 },
+    #[error("fault spec: '{key}' wants microseconds, got '{got}'")]
+    NotMicros { key: String, got: String },
+    #[error("fault spec: '{key}' wants milliseconds (at most a day), got '{got}'")]
+    NotMillis { key: String, got: String },
+    #[error("fault spec: 'link_down_ms' must be above 0")]
+    ZeroLinkDown,
+    #[error("fault spec: 'link_flap_ms' wants DOWN/PERIOD, got '{0}'")]
+    FlapNotPair(String),
+    #[error("fault spec: 'link_flap_ms' wants 0 < DOWN < PERIOD, got '{0}'")]
+    FlapOrder(String),
+    #[error("fault spec: 'link_down_at_ms' needs 'link_down_ms' or 'link_flap_ms'")]
+    DownAtAlone,
 }
 
 /// What happened to one datagram offered to the link.
@@ -547,14 +575,11 @@ mod tests {
         assert_eq!(c.duplicate, 0.5);
         assert_eq!(c.seed, 9);
         assert_eq!(c.latency, Duration::from_micros(20));
-        assert!(FaultConfig::parse("loss=2").unwrap_err().contains("0..=1"));
-        assert!(FaultConfig::parse("lose=0.1")
-            .unwrap_err()
-            .contains("unknown key 'lose'"));
-        assert!(FaultConfig::parse("loss")
-            .unwrap_err()
-            .contains("key=value"));
-        assert!(FaultConfig::parse("seed=x").unwrap_err().contains("'seed'"));
+        let refused = |s| FaultConfig::parse(s).unwrap_err().to_string();
+        assert!(refused("loss=2").contains("0..=1"));
+        assert!(refused("lose=0.1").contains("unknown key 'lose'"));
+        assert!(refused("loss").contains("key=value"));
+        assert!(refused("seed=x").contains("'seed'"));
     }
 
     #[test]
@@ -587,7 +612,7 @@ mod tests {
             ("link_flap_ms=5/99999999999", "at most a day"),
             ("link_down_at_ms=5", "needs"),
         ] {
-            let e = FaultConfig::parse(bad).unwrap_err();
+            let e = FaultConfig::parse(bad).unwrap_err().to_string();
             assert!(e.contains(says), "{bad}: {e}");
         }
     }

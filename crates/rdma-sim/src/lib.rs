@@ -20,6 +20,8 @@ mod fault;
 mod rng;
 mod sim;
 
-pub use fault::{FaultConfig, FaultInjector, FaultStats, Outages, Payload, Verdict};
+pub use fault::{
+    FaultConfig, FaultInjector, FaultSpecError, FaultStats, Outages, Payload, Verdict,
+};
 pub use rng::Rng;
 pub use sim::{Datagram, RunOutcome, SimNode, Simulator};

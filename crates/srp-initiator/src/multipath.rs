@@ -101,15 +101,18 @@ pub enum Policy {
     RoundRobin,
 }
 
+/// A path policy name other than failover, round-robin (or rr).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("path policy `{0}` is not one of failover, round-robin")]
+pub struct PolicyError(pub String);
+
 impl std::str::FromStr for Policy {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Policy, String> {
+    type Err = PolicyError;
+    fn from_str(s: &str) -> Result<Policy, PolicyError> {
         match s {
             "failover" => Ok(Policy::Failover),
             "round-robin" | "rr" => Ok(Policy::RoundRobin),
-            _ => Err(format!(
-                "path policy `{s}` is not one of failover, round-robin"
-            )),
+            _ => Err(PolicyError(s.to_string())),
         }
     }
 }
@@ -745,6 +748,10 @@ mod tests {
         assert_eq!(names, vec![vec!["a", "c"], vec!["b"]]);
         assert_eq!(loose, vec!["none".to_string()]);
         assert_eq!("rr".parse::<Policy>().unwrap(), Policy::RoundRobin);
-        assert!("best".parse::<Policy>().unwrap_err().contains("`best`"));
+        assert!("best"
+            .parse::<Policy>()
+            .unwrap_err()
+            .to_string()
+            .contains("`best`"));
     }
 }
