@@ -1,0 +1,321 @@
+//! srptd's config parser: every key, every refusal and its words.
+
+use super::*;
+
+fn parse(s: &str) -> Result<Config, ConfigError> {
+    Config::parse(s, Path::new("t.toml"))
+}
+
+const GOOD: &str = r#"
+[target]
+ip = "127.0.0.3"
+rdma_cm_port = 5556
+
+[[device]]
+name = "disk0"
+handler = "ram"
+size = "16M"
+
+[[device]]
+name = "disk1"
+handler = "vdisk_nullio"
+size = "1G"
+block_size = 4096
+
+[[lun]]
+lun = 0
+device = "disk0"
+
+[[group]]
+name = "hosts"
+initiators = ["0x0000000000000000000000000000aa01", "0xbb*"]
+lun = [{ lun = 3, device = "disk1" }]
+"#;
+
+#[test]
+fn good_file_parses_and_round_trips() {
+    let c = parse(GOOD).unwrap();
+    assert_eq!(*c.target().ip.get_ref(), IpAddr::from([127, 0, 0, 3]));
+    assert_eq!(*c.target().srp_max_req_size.get_ref(), 8260);
+    assert_eq!(c.devices.len(), 2);
+    assert_eq!(*c.devices[1].handler.get_ref(), Handler::NullIo);
+    assert_eq!(c.groups[0].initiators.len(), 2);
+    let again = parse(&c.to_toml()).unwrap();
+    assert_eq!(again.to_toml(), c.to_toml());
+    assert_eq!(*again.groups[0].luns[0].lun.get_ref(), 3);
+}
+
+#[test]
+fn pkey_lists_the_partitions_served() {
+    let served = |v: &str| {
+        parse(&format!("[target]\npkey = {v}\n"))
+            .unwrap()
+            .target()
+            .pkey
+            .get_ref()
+            .pkeys()
+            .unwrap()
+    };
+    assert_eq!(served("\"all\""), vec![]);
+    assert_eq!(served("0x8010"), vec![rdma_types::Pkey(0x8010)]);
+    let two = vec![rdma_types::Pkey(0x0010), rdma_types::Pkey(0xffff)];
+    assert_eq!(served("[0x0010, 0xffff]"), two);
+    assert_eq!(
+        parse("").unwrap().target().pkey.get_ref().pkeys().unwrap(),
+        vec![]
+    );
+    let c = parse("[target]\npkey = [0x0010, 0xffff]\n").unwrap();
+    let again = parse(&c.to_toml()).unwrap();
+    assert_eq!(again.target().pkey.get_ref().pkeys().unwrap(), two);
+}
+
+fn err_of(s: &str) -> ConfigError {
+    parse(s).expect_err("must be refused")
+}
+
+#[test]
+fn metrics_is_a_port_on_loopback_or_an_address() {
+    let local: MetricsAddr = "9100".parse().unwrap();
+    assert_eq!(local.0, "127.0.0.1:9100".parse().unwrap());
+    let any: MetricsAddr = "0.0.0.0:9100".parse().unwrap();
+    assert_eq!(any.0, "0.0.0.0:9100".parse().unwrap());
+    let e = "localhost".parse::<MetricsAddr>().unwrap_err().to_string();
+    assert!(e.contains("neither a port"), "{e}");
+    for (text, want) in [
+        ("metrics = 9101", "127.0.0.1:9101"),
+        ("metrics = \"9102\"", "127.0.0.1:9102"),
+        ("metrics = \"[::1]:9103\"", "[::1]:9103"),
+    ] {
+        #[derive(Deserialize)]
+        struct T {
+            metrics: MetricsAddr,
+        }
+        let t: T = toml::from_str(text).unwrap();
+        assert_eq!(t.metrics.0, want.parse().unwrap(), "{text}");
+        assert_eq!(String::from(t.metrics), want);
+    }
+    #[derive(Deserialize, Debug)]
+    #[allow(dead_code)]
+    struct T {
+        metrics: MetricsAddr,
+    }
+    assert!(toml::from_str::<T>("metrics = 70000").is_err());
+    assert!(toml::from_str::<T>("metrics = \"nowhere\"").is_err());
+}
+
+#[test]
+fn errors_name_line_and_key() {
+    let e = err_of(&GOOD.replace("device = \"disk0\"", "device = \"disk9\""));
+    assert_eq!((e.line, e.key.as_str()), (19, "lun[0].device"));
+    assert!(e.message.contains("no device named `disk9`"), "{e}");
+    assert!(
+        e.to_string().starts_with("t.toml:19: lun[0].device: "),
+        "{e}"
+    );
+
+    let e = err_of(&GOOD.replace("\"ram\"", "\"vdisk_tape\""));
+    assert_eq!(e.line, 8, "{e}");
+    assert!(e.message.contains("vdisk_tape"), "{e}");
+
+    let e = err_of(&GOOD.replace("size = \"16M\"", "size = \"16Q\""));
+    assert_eq!((e.line, e.key.as_str()), (9, "device[0].size"));
+
+    let e = err_of(&GOOD.replace("\"0xbb*\"", "\"bb\""));
+    assert_eq!(e.key, "group[0].initiators[1]");
+    assert_eq!(e.line, 23);
+
+    let e = err_of(&GOOD.replace("rdma_cm_port = 5556", "rdma_cm_prot = 5556"));
+    assert_eq!(e.line, 4);
+    assert!(e.message.contains("rdma_cm_prot"), "{e}");
+
+    let e = err_of(&GOOD.replace("block_size = 4096", "block_size = 1000"));
+    assert_eq!((e.line, e.key.as_str()), (15, "device[1].block_size"));
+
+    let e = err_of(&GOOD.replace("lun = 3,", "lun = 99999,"));
+    assert!(e.message.contains("16383"), "{e}");
+
+    let e = err_of(&format!(
+        "{GOOD}\n[[device]]\nname = \"disk0\"\nhandler = \"ram\"\nsize = \"1M\"\n"
+    ));
+    assert!(e.message.contains("defined twice"), "{e}");
+
+    let e = err_of("[target]\npkey = 0x8000\n");
+    assert_eq!((e.line, e.key.as_str()), (2, "target.pkey"));
+    assert!(e.message.contains("0x8000"), "{e}");
+    let e = err_of("[target]\npkey = \"some\"\n");
+    assert_eq!((e.line, e.key.as_str()), (2, "target.pkey"));
+    let e = err_of("[target]\npkey = []\n");
+    assert!(e.message.contains("empty"), "{e}");
+
+    let e = err_of("[target]\nsrpt_sq_size = 1\n");
+    assert!(e.message.contains("outside"), "{e}");
+
+    let e = err_of("[[device]]\nname = \"f\"\nhandler = \"vdisk_fileio\"\n");
+    assert!(e.message.contains("needs a filename"), "{e}");
+
+    let e = err_of("[target\n");
+    assert_eq!(e.line, 1, "{e}");
+}
+
+#[test]
+fn shipped_example_is_valid() {
+    let c = parse(include_str!("../../../../etc/srptd.toml")).unwrap();
+    assert_eq!(c.devices.len(), 2);
+    assert_eq!(c.groups[0].luns.len(), 2);
+    // The example spells out the defaults, so it documents them.
+    let (t, d) = (c.target(), TargetSection::default());
+    let params = |t: &TargetSection| {
+        [
+            &t.srp_max_req_size,
+            &t.srp_max_rsp_size,
+            &t.srp_max_rdma_size,
+            &t.srpt_srq_size,
+            &t.srpt_sq_size,
+        ]
+        .map(|v| *v.get_ref())
+    };
+    assert_eq!(params(t), params(&d));
+    assert_eq!(t.rdma_cm_port, d.rdma_cm_port);
+}
+
+#[test]
+fn several_targets_parse_validate_and_round_trip() {
+    let c = parse(include_str!("../../../../etc/srptd-two-ports.toml")).unwrap();
+    assert_eq!(c.targets.len(), 2);
+    let t = &c.targets[1];
+    assert_eq!(*t.ip.get_ref(), IpAddr::from([127, 0, 0, 2]));
+    assert_eq!((*t.rel_tgt_id.get_ref(), t.enabled), (2, false));
+    assert_eq!(
+        t.pkey.get_ref().pkeys().unwrap(),
+        [rdma_types::Pkey(0x8010)]
+    );
+    // Defaults apply per target.
+    assert_eq!(*t.srp_max_req_size.get_ref(), 8260);
+    let text = c.to_toml();
+    assert_eq!(text.matches("[[target]]").count(), 2, "{text}");
+    let again = parse(&text).unwrap();
+    assert_eq!(again.to_toml(), text);
+    // One [[target]] is one target, written back as [target].
+    let one = parse("[[target]]\nip = \"127.0.0.9\"\n").unwrap();
+    assert_eq!(one.targets.len(), 1);
+    assert!(one.to_toml().contains("[target]\n"), "{}", one.to_toml());
+    // Errors in a later target name it and its line.
+    let e = err_of(
+        "[[target]]\nip = \"127.0.0.1\"\n[[target]]\nip = \"127.0.0.2\"\nsrpt_sq_size = 1\n",
+    );
+    assert_eq!(
+        (e.line, e.key.as_str()),
+        (5, "target[1].srpt_sq_size"),
+        "{e}"
+    );
+    let e = err_of("target = []\n");
+    assert!(e.message.contains("no target"), "{e}");
+    let e = err_of("target = 5\n");
+    assert!(e.message.contains("[[target]]"), "{e}");
+    let e = err_of("[[target]]\nip = \"127.0.0.1\"\n[[target]]\nip = \"127.0.0.2\"\nrel_tgt_id = 2\ncontrol_socket = \"/x\"\n");
+    assert_eq!(e.key, "target[1].control_socket", "{e}");
+}
+
+#[test]
+fn fileio_options_belong_to_fileio() {
+    let dev = |handler: &str, more: &str| {
+        format!("[[device]]\nname = \"d\"\nhandler = \"{handler}\"\nfilename = \"/x\"\nsize = \"1M\"\n{more}")
+    };
+    let c = parse(&dev(
+        "vdisk_fileio",
+        "o_direct = true\nwrite_through = true\nrotational = true\n",
+    ))
+    .unwrap();
+    let d = &c.devices[0];
+    assert!(d.o_direct && d.write_through && d.rotational);
+    let again = parse(&c.to_toml()).unwrap();
+    assert!(again.devices[0].o_direct && again.devices[0].write_through);
+    let d = &parse(&dev("vdisk_fileio", "")).unwrap().devices[0];
+    assert!(
+        !d.o_direct && !d.write_through && !d.rotational,
+        "all off by default"
+    );
+    // rotational suits every handler; the others are fileio's.
+    let ram = "[[device]]\nname = \"r\"\nhandler = \"ram\"\nsize = \"1M\"\nrotational = true\n";
+    assert!(parse(ram).unwrap().devices[0].rotational);
+    for k in ["o_direct", "write_through"] {
+        let e = err_of(&dev("vdisk_blockio", &format!("{k} = true\n")));
+        assert_eq!(e.key, format!("device[0].{k}"), "{e}");
+        assert!(e.message.contains("not vdisk_blockio"), "{e}");
+    }
+}
+
+#[test]
+fn srp_parameters_default_to_scst_or_a_documented_choice() {
+    let t = parse("").unwrap().targets.remove(0);
+    // As the SCST srpt README says.
+    assert_eq!(*t.srp_max_rsp_size.get_ref(), 256);
+    assert_eq!(*t.srp_max_rdma_size.get_ref(), 65536);
+    assert_eq!(*t.srpt_srq_size.get_ref(), 4095);
+    // Ours on purpose (field docs, README compatibility notes):
+    // immediate data from Linux ib_srp, Linux's in-tree SQ size, and
+    // RDMA CM on, which a RoCE port needs.
+    assert_eq!(*t.srp_max_req_size.get_ref(), 8260);
+    assert_eq!(*t.srpt_sq_size.get_ref(), 4096);
+    assert_eq!(t.rdma_cm_port, 5555);
+    // rdma_cm_port = 0 turns RDMA CM off, which is fine while IB CM
+    // takes logins, and refused when nothing would.
+    assert_eq!(
+        parse("[target]\nrdma_cm_port = 0\n")
+            .unwrap()
+            .target()
+            .rdma_cm_port,
+        0
+    );
+    let e = err_of("[target]\nrdma_cm_port = 0\nib_cm = false\n");
+    assert_eq!(e.key, "target.rdma_cm_port", "{e}");
+    assert!(e.message.contains("no way to log in"), "{e}");
+    // Below the SRP login request itself.
+    let e = err_of("[target]\nsrp_max_req_size = 63\n");
+    assert_eq!(
+        (e.line, e.key.as_str()),
+        (2, "target.srp_max_req_size"),
+        "{e}"
+    );
+}
+
+#[test]
+fn fabric_key() {
+    let c = parse("[target]\nfabric = \"ib\"\nsm_wait_ms = 500\n").unwrap();
+    assert_eq!(c.target().fabric, crate::ib::Fabric::Ib);
+    assert_eq!(*c.target().sm_wait_ms.get_ref(), 500);
+    assert!(c.to_toml().contains("fabric = \"ib\""), "{}", c.to_toml());
+    assert_eq!(
+        parse("").unwrap().target().fabric,
+        crate::ib::Fabric::Roce,
+        "roce by default"
+    );
+    let e = err_of("[target]\nfabric = \"ethernet\"\n");
+    assert_eq!(e.line, 2, "{e}");
+    assert!(
+        e.message.contains("roce") && e.message.contains("ib"),
+        "{e}"
+    );
+}
+
+#[test]
+fn sizes() {
+    assert_eq!(parse_size("512").unwrap(), 512);
+    assert_eq!(parse_size("64M").unwrap(), 64 << 20);
+    assert_eq!(parse_size("2GiB").unwrap(), 2 << 30);
+    assert!(parse_size("M").is_err());
+    assert!(parse_size("99999999999999999999").is_err());
+    assert!(parse_size("20000000T").is_err());
+}
+
+#[test]
+fn initiator_patterns() {
+    assert!(check_initiator("0x0000000000000000000000000000aa01").is_ok());
+    assert!(check_initiator("0xaa*").is_ok());
+    assert!(check_initiator("0x*").is_ok());
+    let refused = |s| check_initiator(s).unwrap_err().to_string();
+    assert!(refused("0xaa").contains("32 hex digits"));
+    assert!(refused("aa*").contains("0x"));
+    assert!(check_initiator("0xZZ*").is_err());
+    assert!(refused("0xAA*").contains("lower case"));
+}
