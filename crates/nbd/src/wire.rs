@@ -231,11 +231,8 @@ pub enum Error {
     },
 }
 
-fn check_len(have: usize, need: usize) -> Result<(), Error> {
-    truncated("", need, have)
-}
-
-/// The length check of the views (`rdma_types::view!`).
+/// The length check of every layout (`what` names it for the reader;
+/// the error itself says only how many bytes were missing).
 fn truncated(_what: &'static str, need: usize, have: usize) -> Result<(), Error> {
     if have < need {
         Err(Error::Truncated { need, have })
@@ -507,7 +504,7 @@ impl GoRepr {
     /// # Errors
     /// Truncation, inconsistent lengths, a bad name, or trailing bytes.
     pub fn parse(data: &[u8]) -> Result<GoRepr, Error> {
-        check_len(data.len(), 6)?;
+        truncated("NBD_OPT_GO data", 6, data.len())?;
         let name_len = be32(data, 0..4) as usize;
         // name_len <= data.len() - 6 (proto.md), checked without overflow.
         if name_len > data.len() - 6 {
@@ -583,7 +580,7 @@ impl InfoRepr {
     /// # Errors
     /// Truncation or a wrong length for a known type.
     pub fn parse(data: &[u8]) -> Result<InfoRepr, Error> {
-        check_len(data.len(), 2)?;
+        truncated("NBD_REP_INFO", 2, data.len())?;
         let ty = InfoType::from(be16(data, 0..2));
         let body = &data[2..];
         let exact = |n: usize| {
@@ -671,7 +668,7 @@ impl ExportNameReplyRepr {
     /// # Errors
     /// Truncation.
     pub fn parse(data: &[u8]) -> Result<ExportNameReplyRepr, Error> {
-        check_len(data.len(), 10)?;
+        truncated("export name reply", 10, data.len())?;
         Ok(ExportNameReplyRepr {
             size: be64(data, 0..8),
             flags: be16(data, 8..10),
