@@ -9,7 +9,7 @@
 # fio verifies LUN 0, resets the LU with sg_reset during I/O, and logs out
 # and in again 20 times under verification. ch_count=2 (two RDMA
 # channels, SINGLE then MULTI) and immediate data are used.
-# Needs the binary: cargo build --release -p srpstack (SRPTD overrides).
+# Needs the binary: cargo build --release -p srptd (SRPTD overrides).
 
 SCENARIO_VMS=("a 11 initiator")
 SCENARIO_GUEST_TIMEOUT=900
@@ -28,8 +28,8 @@ SRPTADM=${SRPTADM:-$(dirname "$SRPTD")/srptadm}
 OUR_TARGET_GUID=0002c9030a4d0002
 
 host_main() {
-  [ -x "$SRPTD" ] || { echo "missing $SRPTD: run cargo build --release -p srpstack"; return 1; }
-  [ -x "$SRPTADM" ] || { echo "missing $SRPTADM: run cargo build --release -p srpstack"; return 1; }
+  [ -x "$SRPTD" ] || { echo "missing $SRPTD: run cargo build --release -p srptd -p srp-cli"; return 1; }
+  [ -x "$SRPTADM" ] || { echo "missing $SRPTADM: run cargo build --release -p srptd -p srp-cli"; return 1; }
   ns_add_ip 10.77.0.2
   ns_bg srptd 900 "$SRPTD" --ip 10.77.0.2 --ram-mib 32 --rdma-cm-port 5555 --control-socket "$RUN_DIR/srptd.sock"
   local i

@@ -14,7 +14,7 @@
 # place of the unmapped one, so the first error is DATA PROTECT (07/27/00)
 # for a write or LBA OUT OF RANGE (05/21/00) for a read, not LOGICAL UNIT
 # NOT SUPPORTED (05/25/00).
-# Needs the binary: cargo build --release -p srpstack (SRP_CLI overrides).
+# Needs the binary: cargo build --release -p srp-cli (SRP_CLI overrides).
 
 SCENARIO_VMS=("a 11 target")
 SCENARIO_GUEST_TIMEOUT=900
@@ -39,7 +39,7 @@ OUR_PORT_ID=00000000000000010002c9030a4d0002
 SRP_NOT_UP='^srp: open LUN [0-9]+ over .*: login: (connection failed: connection (timed out|rejected)|port [0-9]+ is [A-Za-z]+, not ACTIVE)'
 
 host_main() {
-  [ -x "$SRP_CLI" ] || { echo "missing $SRP_CLI: run cargo build --release -p srpstack"; return 1; }
+  [ -x "$SRP_CLI" ] || { echo "missing $SRP_CLI: run cargo build --release -p srptd -p srp-cli"; return 1; }
   ns_add_ip 10.77.0.2
   local ok=0
   # Retry while the VM boots and configures LIO.

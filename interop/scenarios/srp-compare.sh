@@ -19,7 +19,7 @@
 # Wire correctness is the job of vm-srp and vm-srp-ours; this scenario
 # captures only the CM MADs (RoCEv2 to QP 1) and the non-RoCE traffic, so
 # the capture stays small although the run moves GBs.
-# Needs the binary: cargo build --release -p srpstack (SRPTD overrides).
+# Needs the binary: cargo build --release -p srptd (SRPTD overrides).
 # Rounds and seconds per run are set below (the guest sees only this file).
 
 # shellcheck source=vm-srp-ours.sh

@@ -9,7 +9,7 @@
 # and the throughput job, and log out. At the end VM b prints rxe's
 # hw_counters and VM a srptd's NIC counters, and both must show recovery
 # at work.
-# Needs the binaries: cargo build --release -p srpstack (SRPTD, SRPTADM).
+# Needs the binaries: cargo build --release -p srptd (SRPTD, SRPTADM).
 
 # shellcheck source=vm-srp-ours.sh
 . "$(dirname "${BASH_SOURCE[0]}")/vm-srp-ours.sh"
@@ -23,8 +23,8 @@ THROUGHPUT_LOOPS=1
 THROUGHPUT_SIZE=4m
 
 host_main() {
-  [ -x "$SRPTD" ] || { echo "missing $SRPTD: run cargo build --release -p srpstack"; return 1; }
-  [ -x "$SRPTADM" ] || { echo "missing $SRPTADM: run cargo build --release -p srpstack"; return 1; }
+  [ -x "$SRPTD" ] || { echo "missing $SRPTD: run cargo build --release -p srptd -p srp-cli"; return 1; }
+  [ -x "$SRPTADM" ] || { echo "missing $SRPTADM: run cargo build --release -p srptd -p srp-cli"; return 1; }
 }
 
 guest_target() {

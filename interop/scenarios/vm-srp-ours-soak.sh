@@ -13,7 +13,7 @@
 # which srptd used to close channels now and then (a storm of RDMA READ
 # re-requests, issue 22). SOAK_LOSS (vm-srp-ours-soak-lossy) drops that
 # share of our NIC's outgoing datagrams.
-# Needs the binaries: cargo build --release -p srpstack (SRPTD, SRPTADM).
+# Needs the binaries: cargo build --release -p srptd (SRPTD, SRPTADM).
 
 # shellcheck source=vm-srp-ours.sh
 . "$(dirname "${BASH_SOURCE[0]}")/vm-srp-ours.sh"
@@ -29,8 +29,8 @@ SCENARIO_CAPTURE_FILTER=${SOAK_CAPTURE_FILTER-"not udp port 4791 or (udp[12:4] &
 SCENARIO_EXPECT_PROTOCOLS="infiniband.mad"
 
 host_main() {
-  [ -x "$SRPTD" ] || { echo "missing $SRPTD: run cargo build --release -p srpstack"; return 1; }
-  [ -x "$SRPTADM" ] || { echo "missing $SRPTADM: run cargo build --release -p srpstack"; return 1; }
+  [ -x "$SRPTD" ] || { echo "missing $SRPTD: run cargo build --release -p srptd -p srp-cli"; return 1; }
+  [ -x "$SRPTADM" ] || { echo "missing $SRPTADM: run cargo build --release -p srptd -p srp-cli"; return 1; }
 }
 
 # soak_srptd: srptd_target's srptd from a config file with a short

@@ -5,7 +5,7 @@
 # vm-srp's initiator part (ib_srp add_target, dd compare, fio verify, the
 # THROUGHPUT job, logout). Both targets then run under the same TCG
 # conditions, so the two THROUGHPUT lines give the ratio issue 9 asks for.
-# Needs the binary: cargo build --release -p srpstack (SRPTD overrides).
+# Needs the binary: cargo build --release -p srptd (SRPTD overrides).
 
 # shellcheck source=vm-srp.sh
 . "$(dirname "${BASH_SOURCE[0]}")/vm-srp.sh"
@@ -23,7 +23,7 @@ our_guid() {
 }
 
 host_main() {
-  [ -x "$SRPTD" ] || { echo "missing $SRPTD: run cargo build --release -p srpstack"; return 1; }
+  [ -x "$SRPTD" ] || { echo "missing $SRPTD: run cargo build --release -p srptd -p srp-cli"; return 1; }
 }
 
 # srptd_target: srptd on this VM's address (rxe taken away first) with a

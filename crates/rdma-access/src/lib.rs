@@ -73,6 +73,7 @@ pub mod retries;
 pub mod sa;
 pub mod sma;
 pub mod sma_agent;
+pub mod subnet;
 mod wire;
 
 pub use agent::{

@@ -11,7 +11,8 @@
 //! DREQ rejects the next login as stale.
 
 use crate::session::{pkey_index, ConnectError, Connected, Connector, LoginForm, QpInfo};
-use rdma_access::sa::{PathQuery, SaClient, SaError};
+use rdma_access::sa::PathQuery;
+pub use rdma_access::subnet::{SaPortError, SubnetPort};
 use rdma_access::{CmAgent, CmError};
 use rdma_mad::sa::PathRecord;
 use rdma_types::{Gid, Lid, Mtu, Pkey};
@@ -127,85 +128,6 @@ impl Connector for IbCmConnector {
 
     fn form(&self) -> LoginForm {
         LoginForm::IbCm
-    }
-}
-
-/// Why the subnet administrator of a port's subnet could not be asked, or
-/// what it answered instead of records.
-#[derive(Debug, thiserror::Error)]
-pub enum SaPortError {
-    /// No subnet manager has configured the port yet: start one that
-    /// lists the port (`ibsm run --node <ip>`), or wait for it.
-    #[error("port {port}: no SM has configured it")]
-    NoSm {
-        /// The port, as its owner names it.
-        port: String,
-    },
-    /// The SA client could not register on the port (another client
-    /// holds the port's Report method: close it first).
-    #[error("SA client on {port}: {source}")]
-    Client {
-        /// The port.
-        port: String,
-        /// What the access layer said.
-        source: CmError,
-    },
-    /// The SA did not answer, or answered an error status or a malformed
-    /// response; the SM's log says more.
-    #[error("SA at {sa} (from {port}): {source}")]
-    Query {
-        /// The SA's GID.
-        sa: Gid,
-        /// The port asking.
-        port: String,
-        /// The query's failure.
-        source: SaError,
-    },
-    /// The SA knows no path from the port to the target in the partition:
-    /// the target port is down, or not a member of the partition.
-    #[error("the SA at {sa} has no path from {port} to {dgid} in partition {:04x}", pkey.0)]
-    NoPath {
-        /// The SA's GID.
-        sa: Gid,
-        /// The port asking.
-        port: String,
-        /// The target port's GID.
-        dgid: Gid,
-        /// The partition asked for.
-        pkey: Pkey,
-    },
-}
-
-/// A local port on a managed subnet, as the initiator needs it: its CM
-/// agent (the port's MAD driver: CM, DM, SA queries) and the SA client of
-/// its current master SM. The daemons' soft RoCE port in the `ib`
-/// personality is one (`srpstack::ib::IbPort`).
-pub trait SubnetPort: Send + Sync {
-    /// The port's CM agent.
-    fn agent(&self) -> &Arc<CmAgent>;
-    /// The port's LID.
-    fn lid(&self) -> u16;
-    /// The master SM's LID as the port knows it (it changes when another
-    /// SM takes over).
-    fn sm_lid(&self) -> u16;
-    /// The port as messages name it (its address).
-    fn name(&self) -> String;
-    /// The SA client of the current master SM (made anew if the SM moved).
-    ///
-    /// # Errors
-    /// No SM has set the port up yet, or the client cannot register.
-    fn sa(&self) -> Result<Arc<SaClient>, SaPortError>;
-    /// Forgets the SA client: the next [`SubnetPort::sa`] registers afresh
-    /// (a new master SM inherits no subscriptions). Callers drop their
-    /// own handles first.
-    fn renew_sa(&self);
-    /// A failed query of `sa`, naming the SA and this port.
-    fn sa_error(&self, sa: &SaClient, source: SaError) -> SaPortError {
-        SaPortError::Query {
-            sa: sa.sa_gid(),
-            port: self.name(),
-            source,
-        }
     }
 }
 

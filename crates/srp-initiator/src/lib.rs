@@ -28,6 +28,7 @@ pub mod fence;
 pub mod fuzz;
 pub mod login;
 pub mod multipath;
+pub mod path_login;
 pub mod remote;
 pub mod rport;
 pub mod rules;

@@ -288,6 +288,16 @@ impl Logins {
     }
 }
 
+/// The I/O controller an SRP target port offers to device management
+/// discovery (`rdma_access::dm::Ioc::srp`), named after its GUID.
+pub fn ioc(guid: rdma_types::Guid, limits: &rdma_access::dm::IocLimits) -> rdma_access::dm::Ioc {
+    rdma_access::dm::Ioc::srp(
+        guid,
+        limits,
+        &format!("rdma-storage SRP target {:016x}", guid.0),
+    )
+}
+
 /// Serves SRP logins for `target` on `agent` until the agent stops: each
 /// REQ's login goes to the target port ([`Logins::request`]); the REP
 /// carries the SRP_LOGIN_RSP and offers no more RDMA READs than the REQ

@@ -15,16 +15,6 @@
 
 #![deny(clippy::undocumented_unsafe_blocks)]
 
-pub mod config;
-pub mod daemon;
-#[doc(hidden)]
-pub mod fuzz;
-pub mod ib;
-pub mod initd;
-pub mod log;
-pub mod paths;
-pub mod signals;
-
 use rdma_types::{Guid, Lid};
 use rnic::loopback::{CaConfig, Fabric};
 use srp::initiator::ChannelConfig;
@@ -38,35 +28,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 /// GUID of the quickstart's target CA (in-process, on its own fabric;
-/// srptd's ports take the GUID of their address, [`ib::ib_guid`]).
+/// srptd's ports take the GUID of their address, `rnic::softroce::ip_guid`).
 pub const TARGET_GUID: u64 = 0x0002_c903_00a0_0001;
-pub use rdma_access::dm::IocLimits;
-
-/// The I/O controller an SRP target port offers to discovery (see
-/// `rdma_access::dm::Ioc::srp`).
-pub fn srp_ioc(guid: Guid, limits: &IocLimits) -> rdma_access::dm::Ioc {
-    rdma_access::dm::Ioc::srp(
-        guid,
-        limits,
-        &format!("rdma-storage SRP target {:016x}", guid.0),
-    )
-}
-
-/// Initiator CAs of the soft RoCE NIC, one per local address, each with
-/// the GUID of its address ([`ib::ib_guid`]). The GUID is the second half
-/// of the initiator port ID, which targets key LUN masking and
-/// multichannel by: two hosts with one GUID and the same initiator_ext
-/// would be one initiator to the target, and each SINGLE login would end
-/// the other's channels.
-pub fn initiator_cas(ips: &[std::net::IpAddr]) -> Vec<rnic::softroce::SoftCa> {
-    ips.iter()
-        .map(|ip| rnic::softroce::SoftCa {
-            guid: ib::ib_guid(*ip),
-            ip: *ip,
-        })
-        .collect()
-}
-
 /// GUID of the quickstart's initiator CA (in-process, on its own fabric).
 pub const INITIATOR_GUID: u64 = 0x0002_c903_00b0_0001;
 
@@ -482,96 +445,4 @@ impl Drop for TempFile {
             let _ = std::fs::remove_file(p);
         }
     }
-}
-
-pub use srp_initiator::connectors::{IbCmConnector, RdmaCmConnector};
-
-pub use srp_target::cm::Listen;
-
-pub use crate::log::Log;
-
-/// Serves SRP logins for `target` until the agent stops
-/// ([`srp_target::cm::serve`]), logging what happens as srptd's records:
-/// `login_accepted`, `login_rejected`, `request_refused` and `logout`
-/// (with who closed the channel and why).
-pub fn serve_cm(
-    agent: Arc<rdma_access::CmAgent>,
-    target: Arc<TargetPort>,
-    listen: Listen,
-    log: Log,
-) -> Vec<std::thread::JoinHandle<()>> {
-    use crate::log::Record;
-    use srp_target::cm::LoginEvent;
-    let name = target.name().to_string();
-    srp_target::cm::serve(agent, target, listen, move |ev| {
-        let record = match ev {
-            LoginEvent::RequestRefused { error } => {
-                Record::warn("request_refused", format!("refused a request: {error}"))
-                    .target(name.clone())
-                    .field("error", error.to_string())
-            }
-            LoginEvent::Accepted {
-                src,
-                pkey,
-                initiator,
-                conn,
-            } => {
-                let r = Record::info(
-                    "login_accepted",
-                    format!(
-                        "login from {src} in P_Key {:04x} accepted (channel {})",
-                        pkey.0, conn.0
-                    ),
-                )
-                .target(name.clone())
-                .field("src", &src)
-                .field("pkey", format!("{:04x}", pkey.0))
-                .field("channel", conn.0);
-                match initiator {
-                    Some(i) => r.session(i),
-                    None => r,
-                }
-            }
-            LoginEvent::Rejected {
-                src,
-                pkey,
-                initiator,
-                reason,
-            } => {
-                let r = Record::warn(
-                    "login_rejected",
-                    format!(
-                        "login from {src} in P_Key {:04x} rejected: {reason}",
-                        pkey.0
-                    ),
-                )
-                .target(name.clone())
-                .field("src", &src)
-                .field("pkey", format!("{:04x}", pkey.0))
-                .field("reason", reason.to_string());
-                match initiator {
-                    Some(i) => r.session(i),
-                    None => r,
-                }
-            }
-            LoginEvent::Closed {
-                conn,
-                initiator,
-                reason,
-            } => Record::info(
-                "logout",
-                format!(
-                    "channel {} of {initiator} closed by the {}: {reason}",
-                    conn.0,
-                    reason.by().as_str()
-                ),
-            )
-            .target(name.clone())
-            .session(initiator)
-            .field("channel", conn.0)
-            .field("by", reason.by().as_str())
-            .field("reason", reason.to_string()),
-        };
-        log.emit(record);
-    })
 }

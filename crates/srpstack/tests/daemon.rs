@@ -55,7 +55,7 @@ impl Daemon {
         self.dir.join("ctl.sock")
     }
     fn adm(&self, args: &[&str]) -> Result<Value, String> {
-        let out = Command::new(env!("CARGO_BIN_EXE_srptadm"))
+        let out = Command::new(common::srptadm_bin())
             .arg("--socket")
             .arg(self.sock())
             .arg("--json")
@@ -72,7 +72,7 @@ impl Daemon {
 
 /// `srptd --check --config path`.
 fn check(path: &Path) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_srptd"))
+    Command::new(common::srptd_bin())
         .args(["--check", "--config"])
         .arg(path)
         .output()
@@ -139,7 +139,7 @@ fn start_args(tag: &str, args: &[&str], text: impl FnOnce(&Path) -> String) -> D
     std::fs::write(&cfg, text(&dir)).unwrap();
     let proc = Proc::start(
         "srptd",
-        Command::new(env!("CARGO_BIN_EXE_srptd"))
+        Command::new(common::srptd_bin())
             .args(args)
             .arg("--config")
             .arg(&cfg),
@@ -179,15 +179,15 @@ fn try_login_with(
         Via::RdmaCm(dest) => dest.parse::<std::net::SocketAddr>().unwrap().ip(),
         Via::IbCm(target, _) => target.parse().unwrap(),
     };
-    let target_guid = srpstack::ib::ib_guid(target_ip);
+    let target_guid = rnic::softroce::ip_guid(target_ip);
     let conn: Arc<dyn srp_initiator::session::Connector> = match via {
-        Via::RdmaCm(dest) => Arc::new(srpstack::RdmaCmConnector {
+        Via::RdmaCm(dest) => Arc::new(srp_initiator::connectors::RdmaCmConnector {
             agent,
             src: ip,
             dst: dest.parse().unwrap(),
             timeout,
         }),
-        Via::IbCm(target, service_id) => Arc::new(srpstack::IbCmConnector {
+        Via::IbCm(target, service_id) => Arc::new(srp_initiator::connectors::IbCmConnector {
             agent,
             dgid: rdma_types::Gid::from_ip(target.parse().unwrap()),
             service_id,
@@ -209,7 +209,7 @@ fn login(ip: &str, dest: &'static str, ext: u64, tid_base: u32) -> Arc<Session> 
 
 /// `srp luns` from another process: the LUN numbers and device IDs shown.
 fn luns_of(dest: &str, ip: &str, ext: u64) -> Vec<(u64, String)> {
-    let out = Command::new(env!("CARGO_BIN_EXE_srp"))
+    let out = Command::new(common::srp_bin())
         .args(["luns", "--json", "--dest", dest, "--ip", ip])
         .args(["--initiator-ext", &format!("{ext:x}")])
         .output()
@@ -271,7 +271,7 @@ fn check_reports_file_line_and_key() {
 /// `srptd --config path` where it must refuse to start: its standard
 /// error. Fails the test if srptd is still running after 30 s.
 fn start_refused(cfg: &Path) -> String {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_srptd"))
+    let mut child = Command::new(common::srptd_bin())
         .arg("--config")
         .arg(cfg)
         .stdout(std::process::Stdio::null())
@@ -644,7 +644,7 @@ fn lun_masking_runtime_changes_aer_and_graceful_stop() {
     // `srp` names its port by its address's GUID.
     let bname = format!(
         "0x{INIT_B:016x}{:016x}",
-        srpstack::ib::ib_guid("127.0.97.3".parse().unwrap()).0
+        rnic::softroce::ip_guid("127.0.97.3".parse().unwrap()).0
     );
     d.adm(&["add-initiator", "web", &bname]).unwrap();
     let extra = naa_of(&d, "extra");
@@ -756,7 +756,7 @@ fn lun_masking_runtime_changes_aer_and_graceful_stop() {
         show["cm_ids"].as_i64() > Some(idle_cm_ids),
         "{show} vs {idle_show}"
     );
-    let text = Command::new(env!("CARGO_BIN_EXE_srptadm"))
+    let text = Command::new(common::srptadm_bin())
         .arg("--socket")
         .arg(d.sock())
         .arg("show")
@@ -792,7 +792,7 @@ fn lun_masking_runtime_changes_aer_and_graceful_stop() {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } == 0 {
         use std::os::unix::process::CommandExt;
-        let out = Command::new(env!("CARGO_BIN_EXE_srptadm"))
+        let out = Command::new(common::srptadm_bin())
             .arg("--socket")
             .arg(d.sock())
             .arg("show")
@@ -897,7 +897,7 @@ fn target_section(dir: &Path, ip: &str) -> String {
 impl Daemon {
     /// `srptadm` without `--json`: the text a person reads.
     fn adm_text(&self, args: &[&str]) -> String {
-        let out = Command::new(env!("CARGO_BIN_EXE_srptadm"))
+        let out = Command::new(common::srptadm_bin())
             .arg("--socket")
             .arg(self.sock())
             .args(args)
@@ -1066,7 +1066,7 @@ fn rdma_cm_port_zero_turns_rdma_cm_off() {
         "127.0.154.9",
         Via::IbCm(
             "127.0.154.7",
-            srpstack::ib::ib_guid("127.0.154.7".parse().unwrap()).0,
+            rnic::softroce::ip_guid("127.0.154.7".parse().unwrap()).0,
         ),
         INIT_A,
         0x15450,
@@ -1858,7 +1858,7 @@ fn two_targets_in_one_file_serve_two_initiators() {
         out.status.success() && said.contains("2 targets, 1 devices"),
         "{said}"
     );
-    let again = srpstack::config::Config::load(&saved).unwrap();
+    let again = srptd::config::Config::load(&saved).unwrap();
     assert_eq!(
         again.targets.iter().map(|t| t.enabled).collect::<Vec<_>>(),
         [true, false]
@@ -1943,7 +1943,7 @@ fn check_names_the_target_that_clashes() {
     // several targets are refused rather than applied to one.
     std::fs::write(&cfg, &good).unwrap();
     assert!(check(&cfg).status.success());
-    let out = Command::new(env!("CARGO_BIN_EXE_srptd"))
+    let out = Command::new(common::srptd_bin())
         .args(["--ip", "127.0.172.20", "--config"])
         .arg(&cfg)
         .output()
@@ -2091,7 +2091,7 @@ fn text_logs_stay_the_default_and_fatal_errors_follow_the_format() {
     let cfg = dir.join("bad.toml");
     std::fs::write(&cfg, "[target]\nip = \"127.0.172.30\"\nrel_tgt_id = 0\n").unwrap();
     let run = |fmt: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_srptd"))
+        let out = Command::new(common::srptd_bin())
             .args(fmt)
             .arg("--config")
             .arg(&cfg)
@@ -2251,7 +2251,7 @@ fn resize_raises_capacity_ua_and_aer_per_initiator_lun() {
     assert_eq!(r["aer_sent"], 0, "{r}");
     let saved = d.dir.join("saved.toml");
     d.adm(&["write-config", saved.to_str().unwrap()]).unwrap();
-    let cfg = srpstack::config::Config::load(&saved).unwrap();
+    let cfg = srptd::config::Config::load(&saved).unwrap();
     let dev = cfg
         .devices
         .iter()

@@ -19,9 +19,7 @@ use std::time::{Duration, Instant};
 fn srptd(cfg: &std::path::Path) -> Proc {
     let p = Proc::start(
         "srptd",
-        Command::new(env!("CARGO_BIN_EXE_srptd"))
-            .arg("--config")
-            .arg(cfg),
+        Command::new(common::srptd_bin()).arg("--config").arg(cfg),
     );
     p.wait_line("listening on", 20);
     p
@@ -50,7 +48,7 @@ fn target_killed_and_restarted_under_verified_io() {
     let ip: std::net::IpAddr = "127.0.87.2".parse().unwrap();
     let provider = rnic::softroce::SoftRoce::new(vec![rnic::softroce::SoftCa { guid, ip }], 4791);
     let agent = rdma_access::CmAgent::start(provider.clone(), guid, 0x7900).unwrap();
-    let connector = Arc::new(srpstack::RdmaCmConnector {
+    let connector = Arc::new(srp_initiator::connectors::RdmaCmConnector {
         agent,
         src: ip,
         dst: "127.0.87.1:5555".parse().unwrap(),
@@ -59,8 +57,8 @@ fn target_killed_and_restarted_under_verified_io() {
     let chan = srp::initiator::ChannelConfig::new(
         1,
         guid,
-        srpstack::ib::ib_guid("127.0.87.1".parse().unwrap()).0,
-        srpstack::ib::ib_guid("127.0.87.1".parse().unwrap()),
+        rnic::softroce::ip_guid("127.0.87.1".parse().unwrap()).0,
+        rnic::softroce::ip_guid("127.0.87.1".parse().unwrap()),
     );
     let logins = Arc::new(AtomicU64::new(0));
     let open = {

@@ -48,7 +48,7 @@ fn srptd(ip: &str, extra: &str) -> (common::Proc, PathBuf, PathBuf) {
     .unwrap();
     let d = common::Proc::start(
         "srptd",
-        std::process::Command::new(env!("CARGO_BIN_EXE_srptd"))
+        std::process::Command::new(common::srptd_bin())
             .arg("--config")
             .arg(&conf),
     );
@@ -58,7 +58,7 @@ fn srptd(ip: &str, extra: &str) -> (common::Proc, PathBuf, PathBuf) {
 
 /// `srptadm --json show` of the daemon at `sock`.
 fn show(sock: &Path) -> serde_json::Value {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_srptadm"))
+    let out = std::process::Command::new(common::srptadm_bin())
         .arg("--socket")
         .arg(sock)
         .args(["--json", "show"])
@@ -120,7 +120,7 @@ fn session(
     chan.can_queue = 8;
     let mut cfg = SessionConfig::new(chan);
     cfg.pool_bytes = 1 << 20;
-    let connector = Arc::new(srpstack::RdmaCmConnector {
+    let connector = Arc::new(srp_initiator::connectors::RdmaCmConnector {
         agent: agent.clone(),
         src,
         dst: format!("{dst}:5555").parse().unwrap(),
@@ -454,7 +454,7 @@ fn a_killed_initiators_session_is_freed_and_a_live_idle_one_is_kept() {
     // Another process holding a session: `srp nbd` logs in and waits.
     let nbd = common::Proc::start(
         "srp nbd",
-        std::process::Command::new(env!("CARGO_BIN_EXE_srp")).args([
+        std::process::Command::new(common::srp_bin()).args([
             "nbd",
             "--dest",
             &format!("{T}:5555"),
@@ -482,7 +482,7 @@ fn a_killed_initiators_session_is_freed_and_a_live_idle_one_is_kept() {
     // The live one idled through several keepalives and is still there,
     // and answers.
     let keepalives = |sock: &Path| -> u64 {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_srptadm"))
+        let out = std::process::Command::new(common::srptadm_bin())
             .arg("--socket")
             .arg(sock)
             .args(["--json", "sessions"])

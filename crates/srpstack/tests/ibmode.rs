@@ -51,7 +51,7 @@ fn ibsm(at: u8, nodes: &[u8], extra: &[&str]) -> Proc {
 fn srptd(last: u8, sock: &Path) -> Proc {
     let p = Proc::start(
         "srptd",
-        Command::new(env!("CARGO_BIN_EXE_srptd"))
+        Command::new(common::srptd_bin())
             .args(["--fabric", "ib", "--sm-wait-ms", "10000"])
             .args(["--ip", &ip(last).to_string(), "--ram-mib", "8"])
             .arg("--control-socket")
@@ -64,7 +64,7 @@ fn srptd(last: u8, sock: &Path) -> Proc {
 }
 
 fn srp() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_srp"))
+    Command::new(common::srp_bin())
 }
 
 #[test]
@@ -79,7 +79,7 @@ fn discovery_login_and_traps_through_the_sa() {
     std::fs::create_dir_all(&root).unwrap();
     // Partitions: storage (0x0010) holds the discover port (.4, full) and
     // the first target (.2, limited); solo (0x0020) only srpd's port (.3).
-    let g = |last| srpstack::ib::ib_guid(ip(last)).0;
+    let g = |last| rnic::softroce::ip_guid(ip(last)).0;
     let parts = dir.join("partitions.conf");
     std::fs::write(
         &parts,
@@ -95,7 +95,7 @@ fn discovery_login_and_traps_through_the_sa() {
     let _t1 = srptd(2, &dir.join("t1.sock"));
     // The target's CM agent (the ib port's) is tracked by its access
     // layer: its listens are CM ids, its DM agent a MAD agent.
-    let out = Command::new(env!("CARGO_BIN_EXE_srptadm"))
+    let out = Command::new(common::srptadm_bin())
         .arg("--socket")
         .arg(dir.join("t1.sock"))
         .args(["--json", "show"])
@@ -107,7 +107,7 @@ fn discovery_login_and_traps_through_the_sa() {
     let sock = dir.join("srpd.sock");
     let srpd = Proc::start(
         "srpd",
-        Command::new(env!("CARGO_BIN_EXE_srpd"))
+        Command::new(common::srpd_bin())
             .args(["--fabric", "ib", "--sm-wait-ms", "10000"])
             .args(["--ip", &ip(3).to_string()])
             .arg("--mount-root")
@@ -119,7 +119,7 @@ fn discovery_login_and_traps_through_the_sa() {
 
     // One walk through the SA: the target's login string, with the dgid
     // of its port and its ib GUID as id_ext and ioc_guid.
-    let t1_guid = srpstack::ib::ib_guid(ip(2)).0;
+    let t1_guid = rnic::softroce::ip_guid(ip(2)).0;
     let want = format!(
         "id_ext={t1_guid:016x},ioc_guid={t1_guid:016x},dgid={},pkey=ffff,service_id={t1_guid:016x}",
         gid_hex(2)
@@ -244,7 +244,7 @@ fn discovery_login_and_traps_through_the_sa() {
 fn without_an_sm_or_with_a_foreign_pkey_the_errors_are_clear() {
     // No SM sweeps .20 or .21: bounded waits, then errors that say why.
     let sock = std::env::temp_dir().join(format!("srp-ibmode-nosm-{}.sock", std::process::id()));
-    let (ok, out) = run(Command::new(env!("CARGO_BIN_EXE_srptd"))
+    let (ok, out) = run(Command::new(common::srptd_bin())
         .args([
             "--fabric",
             "ib",
@@ -337,7 +337,7 @@ fn the_discover_loop_follows_a_new_master_sm() {
     let _t = srptd(43, &dir.join("t.sock"));
     let l = discover.wait_line("# trap 64: port ::ffff:127.0.140.43 in service", 20);
     assert!(l.ends_with("scanning"), "{l}");
-    let g = srpstack::ib::ib_guid(ip(43)).0;
+    let g = rnic::softroce::ip_guid(ip(43)).0;
     let l = discover.wait_line("id_ext=", 20);
     assert!(
         l.starts_with(&format!(
@@ -357,9 +357,11 @@ fn the_discover_loop_follows_a_new_master_sm() {
 /// one from a fresh query are both tried and the error names each.
 #[test]
 fn sa_path_login_tries_a_fresh_query_when_every_path_failed() {
+    use rdma_access::subnet::IbPort;
     use rdma_types::{Guid, Lid, Mtu, Pkey, Psn, Qpn};
+    use rnic::softroce::ip_guid as ib_guid;
+    use srp_initiator::connectors::SaPathConnector;
     use srp_initiator::session::{ConnectError, Connector, QpInfo};
-    use srpstack::ib::{ib_guid, IbPort, SaPathConnector};
     let (gi, gt) = (ib_guid(ip(51)), ib_guid(ip(52)));
     let p = rnic::softroce::SoftRoce::new(
         vec![
@@ -375,6 +377,8 @@ fn sa_path_login_tries_a_fresh_query_when_every_path_failed() {
         rnic::softroce::ROCE_PORT,
     );
     let start = |g: Guid, at: u8, id: u32| {
+        p.set_personality(g, rnic::softroce::Personality::Ib)
+            .unwrap();
         Arc::new(IbPort::start(p.clone(), g, ip(at), "t", false, id).unwrap())
     };
     let (init, target) = (start(gi, 51, 0x51 << 16), start(gt, 52, 0x52 << 16));

@@ -106,7 +106,7 @@ fn cut_under_srp_io(tag: &str, side: &str, follow: &str) -> Option<Cut> {
         "srp io",
         Command::new("ip")
             .args(["netns", "exec", s.initiator()])
-            .arg(env!("CARGO_BIN_EXE_srp"))
+            .arg(common::srp_bin())
             .args(["io", "--dest", &format!("{}:5555", a.target_ip)])
             .args(["--ip", &a.initiator_ip.to_string()])
             .args(["--dest", &format!("{}:5555", b.target_ip)])

@@ -213,7 +213,7 @@ fn stale_initiator_in_namespace() {
         .ok()
         .map(|v| Duration::from_millis(v.parse().expect("hold in ms")));
     let ips = [link(1).initiator_ip, link(2).initiator_ip];
-    let cas = srpstack::initiator_cas(&ips);
+    let cas = rnic::softroce::SoftCa::at_each(&ips);
     let provider = rnic::softroce::SoftRoce::with_mtu(
         cas.clone(),
         rnic::softroce::ROCE_PORT,
@@ -410,7 +410,7 @@ fn path(
         (std::process::id() << 8) | k as u32,
     )
     .expect("CM agent");
-    let connector = Arc::new(srpstack::RdmaCmConnector {
+    let connector = Arc::new(srp_initiator::connectors::RdmaCmConnector {
         agent,
         src: ca.ip,
         dst: SocketAddr::new(link(k).target_ip, 5555),
@@ -421,8 +421,8 @@ fn path(
     let chan = srp::initiator::ChannelConfig::new(
         1,
         ca.guid,
-        srpstack::ib::ib_guid(link(k).target_ip).0,
-        srpstack::ib::ib_guid(link(k).target_ip),
+        rnic::softroce::ip_guid(link(k).target_ip).0,
+        rnic::softroce::ip_guid(link(k).target_ip),
     );
     let mut cfg = srp_initiator::session::SessionConfig::new(chan);
     if let Some(ms) = std::env::var("SRP_NSFO_CMD_TIMEOUT_MS")
@@ -442,7 +442,7 @@ fn path(
         rdma_access::resource::AccessLayer::new(provider.clone())
             .client("netns failover")
             .into_provider();
-    let login = Arc::new(srpstack::paths::PathLogin::new(
+    let login = Arc::new(srp_initiator::path_login::PathLogin::new(
         format!("{} -> {}", ca.ip, link(k).target_ip),
         sessions,
         ca.guid,
@@ -538,7 +538,7 @@ fn initiator_in_namespace() {
     let target_ns = std::env::var(ENV_TARGET_NS).expect("run by failover_over_a_veth");
     let side = std::env::var(ENV_SIDE).expect("run by failover_over_a_veth");
     let ips = [link(1).initiator_ip, link(2).initiator_ip];
-    let cas = srpstack::initiator_cas(&ips);
+    let cas = rnic::softroce::SoftCa::at_each(&ips);
     // 1024-byte packets fit the 1500-byte veth links.
     let provider = rnic::softroce::SoftRoce::with_mtu(
         cas.clone(),

@@ -71,7 +71,7 @@ impl Subnet {
 
     /// The port GUID of host `last` (the SM keys partitions by it).
     fn guid(net: u8, last: u8) -> u64 {
-        srpstack::ib::ib_guid(Self::ip(net, last)).0
+        rnic::softroce::ip_guid(Self::ip(net, last)).0
     }
 
     /// Starts the SM with the partitions file `partitions`, srptd with
@@ -109,9 +109,7 @@ impl Subnet {
         sm.wait_line("ibsm: SM and SA at", 20);
         let target = Proc::start(
             "srptd",
-            Command::new(env!("CARGO_BIN_EXE_srptd"))
-                .arg("--config")
-                .arg(&conf),
+            Command::new(common::srptd_bin()).arg("--config").arg(&conf),
         );
         target.wait_line("ACTIVE on the managed subnet", 20);
         target.wait_line("listening on", 20);
@@ -121,7 +119,7 @@ impl Subnet {
                 std::fs::create_dir_all(&root).unwrap();
                 let p = Proc::start(
                     "srpd",
-                    Command::new(env!("CARGO_BIN_EXE_srpd"))
+                    Command::new(common::srpd_bin())
                         .args(["--fabric", "ib", "--sm-wait-ms", "10000"])
                         .args(["--ip", &ip(n).to_string()])
                         .arg("--mount-root")
@@ -155,7 +153,7 @@ impl Subnet {
     /// Initiator `last` (3, 4, ...) logs in as `name` in `pkey`.
     fn login(&self, last: u8, pkey: &str, name: &str) -> (bool, String) {
         let sock = &self.initiators[usize::from(last - 3)].2;
-        run(Command::new(env!("CARGO_BIN_EXE_srp"))
+        run(Command::new(common::srp_bin())
             .args(["login", &self.login_string(pkey), "--name", name])
             .arg("--control-socket")
             .arg(sock))
@@ -171,7 +169,7 @@ impl Subnet {
 
     /// `srptadm --json <what>` of the target.
     fn admin(&self, what: &str) -> serde_json::Value {
-        let (ok, out) = run(Command::new(env!("CARGO_BIN_EXE_srptadm"))
+        let (ok, out) = run(Command::new(common::srptadm_bin())
             .arg("--socket")
             .arg(&self.tsock)
             .args(["--json", what]));
@@ -435,9 +433,10 @@ fn partition_choice_and_refusals_in_process() {
 #[test]
 fn a_port_of_another_partition_reaches_the_target_by_no_path() {
     use rdma_access::dm::{get_request, query_iocs};
+    use rdma_access::subnet::IbPort;
     use rdma_mad::dm::DmAttr;
     use rdma_types::{Gid, Guid};
-    use srpstack::ib::{ib_guid, IbPort};
+    use rnic::softroce::ip_guid as ib_guid;
     use std::time::Duration;
     const NET: u8 = 163;
     let started = Instant::now();
@@ -458,8 +457,10 @@ fn a_port_of_another_partition_reaches_the_target_by_no_path() {
         &[3, 4, 5],
     );
     // A and B: ports of this process, ACTIVE on the subnet.
-    let p = rnic::softroce::SoftRoce::new(srpstack::initiator_cas(&[ip(3), ip(4)]), 4791);
+    let p = rnic::softroce::SoftRoce::new(rnic::softroce::SoftCa::at_each(&[ip(3), ip(4)]), 4791);
     let port = |last: u8| {
+        p.set_personality(ib_guid(ip(last)), rnic::softroce::Personality::Ib)
+            .unwrap();
         let port = IbPort::start(
             p.clone(),
             ib_guid(ip(last)),
@@ -516,7 +517,7 @@ fn a_port_of_another_partition_reaches_the_target_by_no_path() {
     // B's direct login: IB CM to the target's GID and service ID.
     let b_guid = ib_guid(ip(4));
     let chan = ChannelConfig::new(0x11, b_guid, g(2), Guid(g(2)));
-    let conn = Arc::new(srpstack::IbCmConnector {
+    let conn = Arc::new(srp_initiator::connectors::IbCmConnector {
         agent: b.agent().clone(),
         dgid: target,
         service_id: g(2),
@@ -530,7 +531,7 @@ fn a_port_of_another_partition_reaches_the_target_by_no_path() {
     );
 
     // The command, from another port of B's partition.
-    let (ok, out) = run(Command::new(env!("CARGO_BIN_EXE_srp"))
+    let (ok, out) = run(Command::new(common::srp_bin())
         .args(["discover", "--fabric", "ib", "--target", &ip(2).to_string()])
         .args(["--ip", &ip(5).to_string(), "--timeout-ms", "200"]));
     assert!(!ok && !out.contains("id_ext="), "{out}");

@@ -30,9 +30,7 @@ fn srptd(dir: &std::path::Path, ip: &str, tag: &str) -> (Proc, std::path::PathBu
     .unwrap();
     let p = Proc::start(
         "srptd",
-        Command::new(env!("CARGO_BIN_EXE_srptd"))
-            .arg("--config")
-            .arg(&cfg),
+        Command::new(common::srptd_bin()).arg("--config").arg(&cfg),
     );
     p.wait_line("listening on", 20);
     (p, sock)
@@ -40,7 +38,7 @@ fn srptd(dir: &std::path::Path, ip: &str, tag: &str) -> (Proc, std::path::PathBu
 
 /// `srptadm --json sessions` of the `srptd` behind `sock`.
 fn sessions(sock: &std::path::Path) -> Vec<serde_json::Value> {
-    let out = Command::new(env!("CARGO_BIN_EXE_srptadm"))
+    let out = Command::new(common::srptadm_bin())
         .arg("--socket")
         .arg(sock)
         .args(["--json", "sessions"])
@@ -68,7 +66,7 @@ fn srp_io_over_two_paths_survives_one_target_killed() {
 
     let io = Proc::start(
         "srp io",
-        Command::new(env!("CARGO_BIN_EXE_srp")).args([
+        Command::new(common::srp_bin()).args([
             "io",
             "--dest",
             "127.0.89.1:5555",
@@ -119,7 +117,7 @@ fn srp_io_spreads_over_four_channels_of_one_nexus() {
     let (_d, sock) = srptd(&dir, "127.0.89.11", "c");
     let io = Proc::start(
         "srp io",
-        Command::new(env!("CARGO_BIN_EXE_srp")).args([
+        Command::new(common::srp_bin()).args([
             "io",
             "--dest",
             "127.0.89.11:5555",

@@ -1078,7 +1078,7 @@ fn srptd_refuses_absurd_cm_logins_then_serves_verified_io() {
     let sock = std::env::temp_dir().join(format!("srptd-rel-{}.sock", std::process::id()));
     let d = common::Proc::start(
         "srptd",
-        std::process::Command::new(env!("CARGO_BIN_EXE_srptd"))
+        std::process::Command::new(common::srptd_bin())
             .args([
                 "--ip",
                 "127.0.92.101",
@@ -1093,7 +1093,7 @@ fn srptd_refuses_absurd_cm_logins_then_serves_verified_io() {
     let guid = Guid(0x0002_c903_00b0_0992);
     let p = SoftRoce::new(vec![SoftCa { guid, ip }], ROCE_PORT);
     let agent = rdma_access::CmAgent::start(p.clone(), guid, 0x9200).unwrap();
-    let cm = srpstack::RdmaCmConnector {
+    let cm = srp_initiator::connectors::RdmaCmConnector {
         agent,
         src: ip,
         dst: "127.0.92.101:5555".parse().unwrap(),
@@ -1142,7 +1142,7 @@ fn srptd_refuses_absurd_cm_logins_then_serves_verified_io() {
     }
     drop(cm);
     // Still up, and serving: verified I/O from another process.
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_srp"))
+    let out = std::process::Command::new(common::srp_bin())
         .args(["io", "--dest", "127.0.92.101:5555", "--ip", "127.0.92.103"])
         .args(["--size", "8388608", "--region", "2097152", "--json"])
         .output()
@@ -1163,7 +1163,7 @@ fn srptd_refuses_absurd_cm_logins_then_serves_verified_io() {
 fn srptd_on(ip: &str, sock: &std::path::Path) -> common::Proc {
     let d = common::Proc::start(
         "srptd",
-        std::process::Command::new(env!("CARGO_BIN_EXE_srptd"))
+        std::process::Command::new(common::srptd_bin())
             .args(["--ip", ip, "--ram-mib", "16", "--control-socket"])
             .arg(sock),
     );
@@ -1173,7 +1173,7 @@ fn srptd_on(ip: &str, sock: &std::path::Path) -> common::Proc {
 
 /// Commands the target has accepted from all its sessions (`srptadm`).
 fn target_commands(sock: &std::path::Path) -> u64 {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_srptadm"))
+    let out = std::process::Command::new(common::srptadm_bin())
         .arg("--socket")
         .arg(sock)
         .args(["--json", "sessions"])
@@ -1198,7 +1198,7 @@ fn srptd_killed_under_io_initiator_fails_cleanly_and_restart_serves() {
     let sock = std::env::temp_dir().join(format!("srptd-kill-{}.sock", std::process::id()));
     let mut d = srptd_on("127.0.93.101", &sock);
     let io = |ip: &str, size: &str| {
-        std::process::Command::new(env!("CARGO_BIN_EXE_srp"))
+        std::process::Command::new(common::srp_bin())
             .args(["io", "--dest", "127.0.93.101:5555", "--ip", ip])
             .args(["--size", size, "--region", "2097152", "--json"])
             .stdout(std::process::Stdio::piped())
@@ -1214,7 +1214,7 @@ fn srptd_killed_under_io_initiator_fails_cleanly_and_restart_serves() {
     let ip: std::net::IpAddr = "127.0.93.102".parse().unwrap();
     let p = SoftRoce::new(vec![SoftCa { guid, ip }], ROCE_PORT);
     let agent = rdma_access::CmAgent::start(p.clone(), guid, 0x9300).unwrap();
-    let cm = Arc::new(srpstack::RdmaCmConnector {
+    let cm = Arc::new(srp_initiator::connectors::RdmaCmConnector {
         agent,
         src: ip,
         dst: "127.0.93.101:5555".parse().unwrap(),
@@ -1223,8 +1223,8 @@ fn srptd_killed_under_io_initiator_fails_cleanly_and_restart_serves() {
     let mut c = ChannelConfig::new(
         0x93,
         guid,
-        srpstack::ib::ib_guid("127.0.93.101".parse().unwrap()).0,
-        srpstack::ib::ib_guid("127.0.93.101".parse().unwrap()),
+        rnic::softroce::ip_guid("127.0.93.101".parse().unwrap()).0,
+        rnic::softroce::ip_guid("127.0.93.101".parse().unwrap()),
     );
     c.cmd_timeout = rdma_types::Duration::from_secs(3);
     let victim = Arc::new(Session::connect(p.clone(), guid, cm, SessionConfig::new(c)).unwrap());

@@ -21,7 +21,7 @@ const TARGET: &str = "id_ext=0002c9037f005e01,ioc_guid=0002c9037f005e01,dest=127
 
 /// Channels `srptd` behind `sock` holds.
 fn target_sessions(sock: &Path) -> usize {
-    let out = Command::new(env!("CARGO_BIN_EXE_srptadm"))
+    let out = Command::new(common::srptadm_bin())
         .arg("--socket")
         .arg(sock)
         .args(["--json", "sessions"])
@@ -56,16 +56,14 @@ fn srpd_logs_in_by_login_string_and_shows_luns_as_files() {
     .unwrap();
     let _target = Proc::start(
         "srptd",
-        Command::new(env!("CARGO_BIN_EXE_srptd"))
-            .arg("--config")
-            .arg(&cfg),
+        Command::new(common::srptd_bin()).arg("--config").arg(&cfg),
     );
     _target.wait_line("listening on", 20);
 
     let sock = dir.join("srpd.sock");
     let mut srpd = Proc::start(
         "srpd",
-        Command::new(env!("CARGO_BIN_EXE_srpd"))
+        Command::new(common::srpd_bin())
             .args(["--ip", "127.0.94.2", "--reconnect-delay", "1"])
             .arg("--mount-root")
             .arg(&root)
@@ -202,7 +200,7 @@ fn srp_discover_finds_srptd_and_logs_in_through_srpd() {
     let tsock = dir.join("srptd.sock");
     let _target = Proc::start(
         "srptd",
-        Command::new(env!("CARGO_BIN_EXE_srptd"))
+        Command::new(common::srptd_bin())
             .args(["--ip", "127.0.117.1", "--ram-mib", "8"])
             .arg("--control-socket")
             .arg(&tsock),
@@ -210,7 +208,7 @@ fn srp_discover_finds_srptd_and_logs_in_through_srpd() {
     _target.wait_line("listening on", 20);
 
     let discover = |extra: &[&str]| {
-        Command::new(env!("CARGO_BIN_EXE_srp"))
+        Command::new(common::srp_bin())
             .args(["discover", "--target", "127.0.117.1", "--ip", "127.0.117.2"])
             .args(extra)
             .output()
@@ -239,7 +237,7 @@ fn srp_discover_finds_srptd_and_logs_in_through_srpd() {
     assert!(!text(&out).contains("id_ext="), "{}", text(&out));
 
     // Nobody at .9: a clear failure.
-    let out = Command::new(env!("CARGO_BIN_EXE_srp"))
+    let out = Command::new(common::srp_bin())
         .args(["discover", "--target", "127.0.117.9", "--ip", "127.0.117.2"])
         .args(["--timeout-ms", "50"])
         .output()
@@ -257,7 +255,7 @@ fn srp_discover_finds_srptd_and_logs_in_through_srpd() {
     let sock = dir.join("srpd.sock");
     let _srpd = Proc::start(
         "srpd",
-        Command::new(env!("CARGO_BIN_EXE_srpd"))
+        Command::new(common::srpd_bin())
             .args(["--ip", "127.0.117.3"])
             .arg("--mount-root")
             .arg(&root)

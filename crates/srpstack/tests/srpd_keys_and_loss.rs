@@ -64,7 +64,7 @@ impl Pair {
             tsock: PathBuf::new(),
             _srpd: Proc::start(
                 "srpd",
-                Command::new(env!("CARGO_BIN_EXE_srpd"))
+                Command::new(common::srpd_bin())
                     .args(["--ip", &format!("127.0.178.{}", t + 1)])
                     .args(if timers.contains(&"--login-timeout-ms") {
                         &[][..]
@@ -93,7 +93,7 @@ impl Pair {
         let sock = self.dir.join(format!("srptd-{round}.sock"));
         let t = Proc::start(
             "srptd",
-            Command::new(env!("CARGO_BIN_EXE_srptd"))
+            Command::new(common::srptd_bin())
                 .arg("--config")
                 .arg(&self.tcfg)
                 .arg("--control-socket")
@@ -113,7 +113,7 @@ impl Pair {
 
     fn login_string(&self, extra: &str) -> String {
         // srptd's target port ID is the GUID of its address.
-        let guid = srpstack::ib::ib_guid(self.target_ip.parse().unwrap()).0;
+        let guid = rnic::softroce::ip_guid(self.target_ip.parse().unwrap()).0;
         let mut s = format!(
             "id_ext={guid:016x},ioc_guid={guid:016x},dest={}:5555",
             self.target_ip
@@ -155,7 +155,7 @@ impl Pair {
     /// close of a LUN file, including the copies a process closes when it
     /// starts another, is a FUSE FLUSH and so a SYNCHRONIZE CACHE.
     fn target_writes(&self) -> u64 {
-        let out = Command::new(env!("CARGO_BIN_EXE_srptadm"))
+        let out = Command::new(common::srptadm_bin())
             .arg("--socket")
             .arg(&self.tsock)
             .args(["--json", "show"])

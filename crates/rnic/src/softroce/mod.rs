@@ -155,6 +155,26 @@ pub struct SoftCa {
     pub ip: IpAddr,
 }
 
+impl SoftCa {
+    /// The CA at `ip` with the GUID of its address ([`ip_guid`]), as the
+    /// daemons and tools make theirs. For an initiator the GUID is the
+    /// second half of its port ID, which targets key LUN masking and
+    /// multichannel by: two hosts with one GUID and the same
+    /// initiator_ext would be one initiator to the target, and each SINGLE
+    /// login would end the other's channels.
+    pub fn at(ip: IpAddr) -> SoftCa {
+        SoftCa {
+            guid: ip_guid(ip),
+            ip,
+        }
+    }
+
+    /// [`SoftCa::at`] each address.
+    pub fn at_each(ips: &[IpAddr]) -> Vec<SoftCa> {
+        ips.iter().copied().map(SoftCa::at).collect()
+    }
+}
+
 /// The soft RoCE provider.
 pub struct SoftRoce {
     udp_port: u16,

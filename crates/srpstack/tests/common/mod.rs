@@ -99,39 +99,70 @@ impl Drop for Proc {
     }
 }
 
-/// The `ibsm` binary (crates/ib-tools). Cargo builds no other package's
-/// binaries for these tests, so it is built here, once per test process,
-/// into the same target directory and profile as the test (a no-op when a
-/// workspace build made it already).
+/// The binary `name` of workspace package `package` (srptd, srptadm:
+/// `srptd`; srp, srpd: `srp-cli`; ibsm: `ib-tools`). Cargo builds no
+/// other package's binaries for these tests, so it is built here, once per
+/// binary and test process, into the same target directory and profile as
+/// the test (a no-op when a workspace build made it already).
 #[allow(dead_code)]
-pub fn ibsm_bin() -> std::path::PathBuf {
-    static BIN: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
-    BIN.get_or_init(|| {
-        let exe = std::env::current_exe().unwrap();
-        // <target>/<profile>/deps/<test>-<hash>
-        let profile = exe.parent().unwrap().parent().unwrap();
-        let mut cmd = Command::new(env!("CARGO"));
-        cmd.args([
-            "build",
-            "-q",
-            "-p",
-            "ib-tools",
-            "--bin",
-            "ibsm",
-            "--target-dir",
-        ])
+pub fn bin_of(package: &str, name: &str) -> std::path::PathBuf {
+    use std::collections::HashMap;
+    use std::path::PathBuf;
+    use std::sync::Mutex;
+    static BUILT: Mutex<Option<HashMap<String, PathBuf>>> = Mutex::new(None);
+    let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(p) = built.get_or_insert_with(HashMap::new).get(name) {
+        return p.clone();
+    }
+    let exe = std::env::current_exe().unwrap();
+    // <target>/<profile>/deps/<test>-<hash>
+    let profile = exe.parent().unwrap().parent().unwrap();
+    let mut cmd = Command::new(env!("CARGO"));
+    cmd.args(["build", "-q", "-p", package, "--bin", name, "--target-dir"])
         .arg(profile.parent().unwrap())
         .current_dir(env!("CARGO_MANIFEST_DIR"));
-        if profile.file_name().is_some_and(|n| n == "release") {
-            cmd.arg("--release");
-        }
-        assert!(
-            cmd.status().unwrap().success(),
-            "cargo build -p ib-tools --bin ibsm"
-        );
-        profile.join("ibsm")
-    })
-    .clone()
+    if profile.file_name().is_some_and(|n| n == "release") {
+        cmd.arg("--release");
+    }
+    assert!(
+        cmd.status().unwrap().success(),
+        "cargo build -p {package} --bin {name}"
+    );
+    let path = profile.join(name);
+    built
+        .get_or_insert_with(HashMap::new)
+        .insert(name.to_string(), path.clone());
+    path
+}
+
+/// `srptd`, built if need be ([`bin_of`]).
+#[allow(dead_code)]
+pub fn srptd_bin() -> std::path::PathBuf {
+    bin_of("srptd", "srptd")
+}
+
+/// `srptadm` ([`bin_of`]).
+#[allow(dead_code)]
+pub fn srptadm_bin() -> std::path::PathBuf {
+    bin_of("srptd", "srptadm")
+}
+
+/// `srp` ([`bin_of`]).
+#[allow(dead_code)]
+pub fn srp_bin() -> std::path::PathBuf {
+    bin_of("srp-cli", "srp")
+}
+
+/// `srpd` ([`bin_of`]).
+#[allow(dead_code)]
+pub fn srpd_bin() -> std::path::PathBuf {
+    bin_of("srp-cli", "srpd")
+}
+
+/// `ibsm` ([`bin_of`]).
+#[allow(dead_code)]
+pub fn ibsm_bin() -> std::path::PathBuf {
+    bin_of("ib-tools", "ibsm")
 }
 
 /// The GID of an IP address in hex, as login strings write `dgid=`.
@@ -164,7 +195,7 @@ pub fn text(o: &Output) -> String {
 /// Runs the `srp` CLI with `args` against the `srpd` behind `sock`.
 #[allow(dead_code)]
 pub fn srp(sock: &std::path::Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_srp"))
+    Command::new(srp_bin())
         .args(args)
         .arg("--control-socket")
         .arg(sock)

@@ -133,7 +133,7 @@ impl Netns {
         .unwrap();
         let mut cmd = Command::new("ip");
         cmd.args(["netns", "exec", self.target()])
-            .arg(env!("CARGO_BIN_EXE_srptd"))
+            .arg(super::srptd_bin())
             .arg("--config")
             .arg(&cfg);
         for (k, v) in env {
@@ -168,7 +168,7 @@ impl Drop for Netns {
 /// The sessions of the `srptd` behind `sock`: connection and commands
 /// accepted (none when it does not answer).
 pub fn sessions(sock: &Path) -> Vec<(String, u64)> {
-    srpstack::daemon::request(sock, &srpstack::daemon::Request::Sessions)
+    srptd::daemon::request(sock, &srptd::daemon::Request::Sessions)
         .ok()
         .and_then(|v| v.as_array().cloned())
         .unwrap_or_default()

@@ -3,8 +3,8 @@
 //! also be what it claims to be, a file srptd takes or a request it parses,
 //! so the targets start from inside the formats.
 
-use srpstack::config::Config;
-use srpstack::daemon::Request;
+use srptd::config::Config;
+use srptd::daemon::Request;
 use std::path::Path;
 
 #[test]
@@ -12,7 +12,7 @@ fn srptd_config_replays_its_committed_inputs() {
     rdma_testkit::fuzz::replay(
         env!("CARGO_MANIFEST_DIR"),
         "srptd_config",
-        srpstack::fuzz::srptd_config,
+        srptd::fuzz::srptd_config,
     );
 }
 
@@ -21,7 +21,7 @@ fn control_request_replays_its_committed_inputs() {
     rdma_testkit::fuzz::replay(
         env!("CARGO_MANIFEST_DIR"),
         "control_request",
-        srpstack::fuzz::control_request,
+        srptd::fuzz::control_request,
     );
 }
 

@@ -33,16 +33,17 @@
 //! the subnet manager to activate it, and a `dgid=…,pkey=…,service_id=…`
 //! login goes along the PathRecords the SA gives for that partition and
 //! service: the first path, the next on a failure, a fresh query when
-//! all failed (`crate::ib::SaPathConnector`); `pkey` must be in the port's
+//! all failed (`srp_initiator::connectors::SaPathConnector`); `pkey` must be in the port's
 //! P_Key table, and the session's QP uses the index holding it (its
 //! packets carry that partition's key, so a target QP in another
 //! partition drops them).
 
-use crate::paths::PathLogin;
+use rdma_access::subnet::{IbPort, IbPortError};
 use rdma_types::Guid;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use srp_initiator::login::{LoginOptions, TargetAddress};
+use srp_initiator::path_login::PathLogin;
 use srp_initiator::remote::RemoteDisk;
 use srp_initiator::rport::RportConfig;
 use srp_initiator::session::Connector;
@@ -94,8 +95,8 @@ pub struct InitdConfig {
     pub allow_other: bool,
     /// Who runs the ports: in the `ib` fabric each waits (at most
     /// `sm_wait`) for the SM to activate it, and an IB CM login goes along
-    /// PathRecords from the SA (`crate::ib::SaPathConnector`).
-    pub fabric: crate::ib::Fabric,
+    /// PathRecords from the SA (`srp_initiator::connectors::SaPathConnector`).
+    pub fabric: rdma_access::subnet::Fabric,
     /// How long `start` waits for the SM in the `ib` fabric.
     pub sm_wait: Duration,
 }
@@ -113,7 +114,7 @@ struct LocalCa {
     guid: Guid,
     agent: Arc<rdma_access::CmAgent>,
     /// The port on the managed subnet (`ib` fabric).
-    ib: Option<Arc<crate::ib::IbPort>>,
+    ib: Option<Arc<IbPort>>,
 }
 
 /// The running initiator daemon.
@@ -150,7 +151,7 @@ pub enum InitdStartError {
     Rport(#[from] srp_initiator::rport::RportConfigError),
     /// An `ib` fabric port (no subnet manager, for one).
     #[error(transparent)]
-    IbPort(#[from] crate::ib::IbPortError),
+    IbPort(#[from] IbPortError),
     #[error("start the CM agent on {ip}: {source}")]
     CmAgent {
         ip: IpAddr,
@@ -180,7 +181,7 @@ pub enum InitdError {
     NoSuchSource(IpAddr),
     /// The login's partition is not in the port's P_Key table.
     #[error(transparent)]
-    Pkey(#[from] crate::ib::IbPortError),
+    Pkey(#[from] IbPortError),
     /// No channel to the target could be made.
     #[error("{0}")]
     Session(#[source] std::io::Error),
@@ -243,9 +244,9 @@ impl Initd {
             return Err(InitdStartError::MountRoot(cfg.mount_root.clone()));
         }
         cfg.rport.validate()?;
-        let ib = cfg.fabric == crate::ib::Fabric::Ib;
+        let ib = cfg.fabric == rdma_access::subnet::Fabric::Ib;
         // Every port has the GUID of its address, in either fabric.
-        let soft = crate::initiator_cas(&cfg.ips);
+        let soft = rnic::softroce::SoftCa::at_each(&cfg.ips);
         let provider = rnic::softroce::SoftRoce::with_mtu(soft.clone(), cfg.udp_port, cfg.mtu);
         let access = rdma_access::resource::AccessLayer::new(provider.clone());
         let cm = access.client("cm").into_provider();
@@ -253,7 +254,14 @@ impl Initd {
         for (k, ca) in soft.iter().enumerate() {
             let first_comm_id = (std::process::id() << 8) | k as u32;
             let (agent, port) = if ib {
-                let port = crate::ib::IbPort::start(
+                provider
+                    .set_personality(ca.guid, rnic::softroce::Personality::Ib)
+                    .map_err(|source| IbPortError::Personality {
+                        ip: ca.ip,
+                        guid: ca.guid,
+                        source,
+                    })?;
+                let port = IbPort::start(
                     provider.clone(),
                     ca.guid,
                     ca.ip,
@@ -353,7 +361,7 @@ impl Initd {
                         .ok_or(InitdError::NoSuchSource(*ip))?,
                     None => &self.cas[0],
                 };
-                let conn = Arc::new(crate::RdmaCmConnector {
+                let conn = Arc::new(srp_initiator::connectors::RdmaCmConnector {
                     agent: ca.agent.clone(),
                     src: ca.ip,
                     dst: *dest,
@@ -372,7 +380,7 @@ impl Initd {
                     // partition.
                     Some(port) => {
                         port.check_pkey(*pkey)?;
-                        Arc::new(crate::ib::SaPathConnector {
+                        Arc::new(srp_initiator::connectors::SaPathConnector {
                             port: port.clone(),
                             dgid: *dgid,
                             pkey: *pkey,
@@ -381,7 +389,7 @@ impl Initd {
                             max_paths: 4,
                         })
                     }
-                    None => Arc::new(crate::IbCmConnector {
+                    None => Arc::new(srp_initiator::connectors::IbCmConnector {
                         agent: ca.agent.clone(),
                         dgid: *dgid,
                         service_id: *service_id,
@@ -598,7 +606,7 @@ pub fn serve_control(
     initd: Arc<Initd>,
     listener: std::os::unix::net::UnixListener,
 ) -> std::thread::JoinHandle<()> {
-    crate::daemon::serve_lines(listener, "srpd", move |line| {
+    daemon_ctl::serve_lines(listener, "srpd", move |line| {
         match serde_json::from_str::<InitRequest>(line) {
             Ok(req) => match initd.handle(req) {
                 Ok(data) => json!({ "ok": true, "data": data }),

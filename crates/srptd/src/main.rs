@@ -1,19 +1,18 @@
 //! `srptd`: an SRP target on a soft RoCE NIC, serving logins by RDMA CM
 //! (what LIO/SCST ib_srpt with `rdma_cm_port` do), configured by a TOML
-//! file (`--config`, see `srpstack::config`) or, without one, exporting a
+//! file (`--config`, see `srptd::config`) or, without one, exporting a
 //! RAM disk as LUN 0. `srptadm` talks to it over the control socket.
-//! `--fabric ib` puts the port on a managed subnet (`srpstack::ib`): it
+//! `--fabric ib` puts the port on a managed subnet (`rdma_access::subnet`): it
 //! waits for `ibsm run` to activate it, offers device management to
 //! srp_daemon-style discovery through the SA, and takes IB CM logins.
 
 #![forbid(unsafe_code)]
 
 use clap::Parser;
-use srpstack::config::{Config, DeviceSection, Handler, LunEntry};
-use srpstack::daemon::{
-    bind_control, preflight, serve_control, serve_metrics, CreatedFile, Daemon,
-};
-use srpstack::log::{Format, Level, Log, Logger, Record};
+use daemon_ctl::bind_control;
+use srptd::config::{Config, DeviceSection, Handler, LunEntry};
+use srptd::daemon::{preflight, serve_control, serve_metrics, CreatedFile, Daemon};
+use srptd::log::{Format, Level, Log, Logger, Record};
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -47,7 +46,7 @@ struct Args {
     /// (`ibsm run --node <this ip>`) to make it ACTIVE, and initiators
     /// find the target through the SA (srp_daemon) and log in by IB CM.
     #[arg(long, value_enum)]
-    fabric: Option<srpstack::ib::Fabric>,
+    fabric: Option<rdma_access::subnet::Fabric>,
     /// With `--fabric ib`: milliseconds to wait at start for the port to go
     /// ACTIVE (overrides the file's `sm_wait_ms`).
     #[arg(long)]
@@ -61,7 +60,7 @@ struct Args {
     /// Serve Prometheus metrics on this address:port, or on a bare port of
     /// 127.0.0.1 (overrides the file).
     #[arg(long)]
-    metrics: Option<srpstack::config::MetricsAddr>,
+    metrics: Option<srptd::config::MetricsAddr>,
     /// Log lines as text for a person, or one JSON object per line (ts,
     /// level, event, target, session, fields, msg) for a collector.
     #[arg(long, value_enum, default_value_t = Format::Text)]
@@ -188,7 +187,7 @@ fn run(a: &Args, log: &Log) -> Result<(), String> {
 
     // SIGTERM/SIGINT are taken by sigwait below, in this thread only: block
     // them before any thread starts so every thread inherits the mask.
-    let signals = srpstack::signals::block_term();
+    let signals = daemon_ctl::signals::block_term();
     let control = bind_control(&sock)
         .map_err(|e| at(t.control_socket.span(), "control_socket", e.to_string()))?;
     // Removed on a failed start (when this function returns) and at stop.
@@ -265,7 +264,7 @@ fn run(a: &Args, log: &Log) -> Result<(), String> {
         if sig != libc::SIGHUP {
             break sig;
         }
-        let _ = daemon.handle(srpstack::daemon::Request::Reload);
+        let _ = daemon.handle(srptd::daemon::Request::Reload);
     };
     log.emit(
         Record::info("shutdown", format!("signal {sig}: logging initiators out"))

@@ -1,4 +1,4 @@
-//! `srpd`: the resident SRP initiator (see `srpstack::initd`). It keeps
+//! `srpd`: the resident SRP initiator (see `srp_cli::initd`). It keeps
 //! logins made with `srp login` (Linux `ib_srp` login strings) and shows
 //! each LUN as a file under `--mount-root/<login name>/`, until SIGTERM or
 //! SIGINT, when it logs every target out.
@@ -6,8 +6,8 @@
 #![forbid(unsafe_code)]
 
 use clap::Parser;
-use srpstack::daemon::bind_control;
-use srpstack::initd::{serve_control, InitRequest, Initd, InitdConfig};
+use daemon_ctl::bind_control;
+use srp_cli::initd::{serve_control, InitRequest, Initd, InitdConfig};
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -59,7 +59,7 @@ struct Args {
     /// subnet: each port waits for an SM (`ibsm run --node <ip>`) to make
     /// it ACTIVE, and `dgid=` logins take their paths from the SA.
     #[arg(long, value_enum, default_value = "roce")]
-    fabric: srpstack::ib::Fabric,
+    fabric: rdma_access::subnet::Fabric,
     /// With `--fabric ib`: milliseconds to wait at start for the ports to
     /// go ACTIVE.
     #[arg(long, default_value_t = 30_000)]
@@ -86,8 +86,8 @@ fn run(a: Args) -> Result<(), String> {
     let sock = a
         .control_socket
         .clone()
-        .unwrap_or_else(|| srpstack::config::control_socket_of("srpd"));
-    let signals = srpstack::signals::block_term();
+        .unwrap_or_else(|| daemon_ctl::control_socket_of("srpd"));
+    let signals = daemon_ctl::signals::block_term();
     let control =
         bind_control(&sock).map_err(|e| format!("control socket {}: {e}", sock.display()))?;
     let initd = Arc::new(

@@ -2,5 +2,5 @@
 #![no_main]
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
-    srpstack::fuzz::srptd_config(data);
+    srptd::fuzz::srptd_config(data);
 });

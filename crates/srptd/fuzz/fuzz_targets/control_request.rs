@@ -2,5 +2,5 @@
 #![no_main]
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
-    srpstack::fuzz::control_request(data);
+    srptd::fuzz::control_request(data);
 });

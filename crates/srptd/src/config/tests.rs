@@ -282,12 +282,12 @@ fn srp_parameters_default_to_scst_or_a_documented_choice() {
 #[test]
 fn fabric_key() {
     let c = parse("[target]\nfabric = \"ib\"\nsm_wait_ms = 500\n").unwrap();
-    assert_eq!(c.target().fabric, crate::ib::Fabric::Ib);
+    assert_eq!(c.target().fabric, rdma_access::subnet::Fabric::Ib);
     assert_eq!(*c.target().sm_wait_ms.get_ref(), 500);
     assert!(c.to_toml().contains("fabric = \"ib\""), "{}", c.to_toml());
     assert_eq!(
         parse("").unwrap().target().fabric,
-        crate::ib::Fabric::Roce,
+        rdma_access::subnet::Fabric::Roce,
         "roce by default"
     );
     let e = err_of("[target]\nfabric = \"ethernet\"\n");

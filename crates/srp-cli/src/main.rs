@@ -10,7 +10,7 @@
 //!
 //! `discover` walks the DM agents of the ports given (`--target`) or, with
 //! `--sa`, of the ports the subnet administrator of a managed subnet names
-//! (srp_daemon's normal mode; see `srpstack::ib`). With `--sa` or
+//! (srp_daemon's normal mode; see `rdma_access::subnet`). With `--sa` or
 //! `--fabric ib` our port joins the managed subnet and asks in its
 //! partitions (a port of another partition than the target's gets no
 //! answer: the target's port drops the MADs and tells the SM); without, it
@@ -20,10 +20,10 @@
 
 use blockload::{Pattern, Workload};
 use clap::{Args, Parser, Subcommand};
+use rdma_access::subnet::{IbPort, IbPortError, SubnetPort};
+use srp_cli::initd::InitRequest;
 use srp_initiator::discovery::{Discovery, DiscoveryConfig, Event, Host, Ports};
 use srp_initiator::rules::Rules;
-use srpstack::ib::SubnetPort;
-use srpstack::initd::InitRequest;
 use std::net::{IpAddr, SocketAddr};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -260,7 +260,7 @@ enum Cmd {
         /// be ACTIVE and asks the --target ports directly, in the
         /// partitions the SM gave it. `roce`: a plain RoCE port.
         #[arg(long, value_enum, default_value = "roce")]
-        fabric: srpstack::ib::Fabric,
+        fabric: rdma_access::subnet::Fabric,
         /// With --sa: only paths in this partition (hex P_Key, srp_daemon
         /// -p); our port must be a member. Default: any partition.
         #[arg(long, value_parser = hex16, requires = "sa")]
@@ -336,7 +336,7 @@ fn hex64(s: &str) -> Result<u64, String> {
 }
 
 /// One [`PathLogin`] per `--dest`, each on its own soft RoCE CA.
-fn paths(l: &Login) -> Result<Vec<Arc<srpstack::paths::PathLogin>>, String> {
+fn paths(l: &Login) -> Result<Vec<Arc<srp_initiator::path_login::PathLogin>>, String> {
     use rdma_types::Guid;
     let mtu = rdma_types::Mtu::from_bytes(l.mtu)
         .map_err(|_| format!("MTU {} is not 256, 512, 1024, 2048 or 4096", l.mtu))?;
@@ -349,7 +349,7 @@ fn paths(l: &Login) -> Result<Vec<Arc<srpstack::paths::PathLogin>>, String> {
         (i, d) if i == d => l.ip.clone(),
         (i, d) => return Err(format!("{i} --ip for {d} --dest: give one --ip per --dest")),
     };
-    let cas = srpstack::initiator_cas(&ips);
+    let cas = rnic::softroce::SoftCa::at_each(&ips);
     let provider = rnic::softroce::SoftRoce::with_mtu(cas.clone(), l.udp_port, mtu);
     // Sessions reach the NIC through a client of the access layer, which
     // tracks every verbs object they make; the CM agents through another,
@@ -367,21 +367,21 @@ fn paths(l: &Login) -> Result<Vec<Arc<srpstack::paths::PathLogin>>, String> {
             .track_in(cm.client())
             .map_err(|e| format!("track the CM agent on {}: {e}", ca.ip))?;
         let connector: Arc<dyn srp_initiator::session::Connector> = match l.service_id {
-            Some(service_id) => Arc::new(srpstack::IbCmConnector {
+            Some(service_id) => Arc::new(srp_initiator::connectors::IbCmConnector {
                 agent,
                 dgid: rdma_types::Gid::from_ip(dest.ip()),
                 service_id,
                 timeout,
             }),
-            None => Arc::new(srpstack::RdmaCmConnector {
+            None => Arc::new(srp_initiator::connectors::RdmaCmConnector {
                 agent,
                 src: ca.ip,
                 dst: *dest,
                 timeout,
             }),
         };
-        // srptd's port GUID comes from its address (srpstack::ib).
-        let target_guid = srpstack::ib::ib_guid(dest.ip()).0;
+        // srptd's port GUID comes from its address (rnic::softroce::ip_guid).
+        let target_guid = rnic::softroce::ip_guid(dest.ip()).0;
         let chan = srp::initiator::ChannelConfig::new(
             l.initiator_ext,
             ca.guid,
@@ -389,7 +389,7 @@ fn paths(l: &Login) -> Result<Vec<Arc<srpstack::paths::PathLogin>>, String> {
             Guid(l.ioc_guid.unwrap_or(target_guid)),
         );
         out.push(Arc::new(
-            srpstack::paths::PathLogin::new(
+            srp_initiator::path_login::PathLogin::new(
                 format!("{} -> {dest}", ca.ip),
                 sessions.clone(),
                 ca.guid,
@@ -413,7 +413,7 @@ fn login(l: &Login) -> Result<Arc<srp_initiator::session::Session>, String> {
 /// Returns how many aborts were asked for and the task management counts
 /// of the sessions it saw (summed, each session once).
 fn abort_loop(
-    paths: &[Arc<srpstack::paths::PathLogin>],
+    paths: &[Arc<srp_initiator::path_login::PathLogin>],
     ms: u64,
     stop: &std::sync::atomic::AtomicBool,
 ) -> (u64, srp_initiator::session::SessionStats) {
@@ -447,7 +447,7 @@ fn abort_loop(
 /// SRP_RSP for no outstanding tag, say): they say that a target answered a
 /// command this session never sent or already ended, which verify failures
 /// alone do not tell (issue 33).
-fn dropped_ius(paths: &[Arc<srpstack::paths::PathLogin>]) -> Vec<String> {
+fn dropped_ius(paths: &[Arc<srp_initiator::path_login::PathLogin>]) -> Vec<String> {
     let mut out = Vec::new();
     for p in paths {
         for (k, s) in p.live_channels().iter().enumerate() {
@@ -470,7 +470,7 @@ fn dropped_ius(paths: &[Arc<srpstack::paths::PathLogin>]) -> Vec<String> {
 }
 
 fn open_kept(
-    paths: &[Arc<srpstack::paths::PathLogin>],
+    paths: &[Arc<srp_initiator::path_login::PathLogin>],
     keep: &Keep,
     lun: u16,
 ) -> Result<Arc<dyn blockload::BlockDevice>, String> {
@@ -486,7 +486,7 @@ fn open_kept(
     };
     rport.validate().map_err(|e| e.to_string())?;
     let no_path = Duration::from_secs(keep.dev_loss_tmo.0.unwrap_or(600));
-    srpstack::paths::open_lun(paths, lun, rport, keep.path_policy, no_path)
+    srp_initiator::path_login::open_lun(paths, lun, rport, keep.path_policy, no_path)
         .map_err(|e| format!("open LUN {lun} {e}"))
 }
 
@@ -582,7 +582,7 @@ fn run(cmd: Cmd) -> Result<bool, String> {
             cached,
         } => {
             // Before any thread starts, so all of them inherit the mask.
-            let signals = srpstack::signals::block_term();
+            let signals = daemon_ctl::signals::block_term();
             let paths = paths(&l)?;
             let luns = match lun {
                 Some(n) => vec![n],
@@ -631,7 +631,7 @@ fn run(cmd: Cmd) -> Result<bool, String> {
             name,
             read_only,
         } => {
-            let signals = srpstack::signals::block_term();
+            let signals = daemon_ctl::signals::block_term();
             let disk = open_kept(&paths(&l)?, &keep, lun)?;
             let mut export = nbd::Export::new(name, disk);
             export.read_only = read_only;
@@ -745,7 +745,7 @@ fn run(cmd: Cmd) -> Result<bool, String> {
             let local = Local {
                 ip,
                 udp_port,
-                ib: (sa || fabric == srpstack::ib::Fabric::Ib).then_some(IbMode {
+                ib: (sa || fabric == rdma_access::subnet::Fabric::Ib).then_some(IbMode {
                     pkey,
                     sm_wait: Duration::from_millis(sm_wait_ms),
                 }),
@@ -803,7 +803,7 @@ struct Printer {
     socket: Option<std::path::PathBuf>,
     verbose: bool,
     rescan: bool,
-    signals: Option<srpstack::signals::TermSignals>,
+    signals: Option<daemon_ctl::signals::TermSignals>,
 }
 
 impl Host for Printer {
@@ -901,11 +901,11 @@ fn discover(
 ) -> Result<bool, String> {
     let Local { ip, udp_port, ib } = local;
     // Before any thread starts, so all of them inherit the mask.
-    let signals = cfg.rescan.map(|_| srpstack::signals::block_term());
+    let signals = cfg.rescan.map(|_| daemon_ctl::signals::block_term());
     // The CM agent is tracked in a client of the access layer: its CM
     // ids, MAD agents and trap subscriptions (and, on soft RoCE, its QP1
     // objects). `_cm`, dropped first, closes them before the port goes.
-    let guid = srpstack::ib::ib_guid(ip);
+    let guid = rnic::softroce::ip_guid(ip);
     let provider =
         rnic::softroce::SoftRoce::new(vec![rnic::softroce::SoftCa { guid, ip }], udp_port);
     let cm = rdma_access::resource::AccessLayer::new(provider.clone())
@@ -913,7 +913,10 @@ fn discover(
         .into_provider();
     let (agent, port) = match &ib {
         Some(m) => {
-            let port = srpstack::ib::IbPort::start(
+            provider
+                .set_personality(guid, rnic::softroce::Personality::Ib)
+                .map_err(|source| IbPortError::Personality { ip, guid, source }.to_string())?;
+            let port = IbPort::start(
                 provider,
                 guid,
                 ip,
@@ -964,8 +967,8 @@ fn discover(
 fn srpd(sock: &Option<std::path::PathBuf>, req: &InitRequest) -> Result<serde_json::Value, String> {
     let path = sock
         .clone()
-        .unwrap_or_else(|| srpstack::config::control_socket_of("srpd"));
-    srpstack::daemon::request_to(&path, "srpd", req).map_err(|e| e.to_string())
+        .unwrap_or_else(|| daemon_ctl::control_socket_of("srpd"));
+    daemon_ctl::request_to(&path, "srpd", req).map_err(|e| e.to_string())
 }
 
 /// A login as `srp list` prints it.

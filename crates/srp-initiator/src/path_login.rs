@@ -12,12 +12,12 @@
 //! any channel fails, the first LUN to reconnect logs all of them in again
 //! and the others take the new channels.
 
+use crate::disk::Disk;
+use crate::multipath::{Multipath, PathDevice, Policy};
+use crate::remote::RemoteDisk;
+use crate::rport::RportConfig;
+use crate::session::{Connector, Session, SessionConfig};
 use rdma_types::Guid;
-use srp_initiator::disk::Disk;
-use srp_initiator::multipath::{Multipath, PathDevice, Policy};
-use srp_initiator::remote::RemoteDisk;
-use srp_initiator::rport::RportConfig;
-use srp_initiator::session::{Connector, Session, SessionConfig};
 use std::io;
 use std::sync::{Arc, Mutex};
 use verbs::Provider;

@@ -176,8 +176,8 @@ pub struct TargetSection {
     pub ip: Spanned<IpAddr>,
     pub udp_port: Spanned<u16>,
     /// Who runs the port: `roce` (no SM) or `ib` (`ibsm run` configures
-    /// it; see `srpstack::ib`).
-    pub fabric: crate::ib::Fabric,
+    /// it; see `rdma_access::subnet`).
+    pub fabric: rdma_access::subnet::Fabric,
     /// In the `ib` fabric, how long to wait at start for the SM to make the
     /// port ACTIVE.
     pub sm_wait_ms: Spanned<u64>,
@@ -342,7 +342,7 @@ impl Default for TargetSection {
         TargetSection {
             ip: Spanned::new(0..0, IpAddr::from([127, 0, 0, 1])),
             udp_port: Spanned::new(0..0, 4791),
-            fabric: crate::ib::Fabric::Roce,
+            fabric: rdma_access::subnet::Fabric::Roce,
             sm_wait_ms: Spanned::new(0..0, 30_000),
             rdma_cm_port: 5555,
             ib_cm: true,
@@ -367,17 +367,7 @@ impl Default for TargetSection {
 
 /// `/run/srptd.sock` for root, `$TMPDIR/srptd-<uid>.sock` for others.
 pub fn default_control_socket() -> PathBuf {
-    control_socket_of("srptd")
-}
-
-/// The control socket of daemon `name`: `/run/<name>.sock` for root,
-/// `$TMPDIR/<name>-<uid>.sock` for others.
-pub fn control_socket_of(name: &str) -> PathBuf {
-    // SAFETY: geteuid has no preconditions.
-    match unsafe { libc::geteuid() } {
-        0 => PathBuf::from(format!("/run/{name}.sock")),
-        uid => std::env::temp_dir().join(format!("{name}-{uid}.sock")),
-    }
+    daemon_ctl::control_socket_of("srptd")
 }
 
 /// The device handlers (SCST's `vdisk_*` names).

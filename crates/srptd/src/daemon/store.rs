@@ -3,6 +3,7 @@
 //! LU the same on every host that exports it.
 
 use super::*;
+use daemon_ctl::{bind_control, control_path, dir_of, SocketPath};
 
 pub(super) fn fnv(s: &str) -> u64 {
     s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
@@ -92,14 +93,6 @@ impl scsi::Backend for Geometry {
     }
     fn flush(&self) -> std::io::Result<()> {
         Err(std::io::ErrorKind::Unsupported.into())
-    }
-}
-
-/// The directory a path's file is (or would be) in.
-pub(super) fn dir_of(path: &Path) -> &Path {
-    match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
     }
 }
 

@@ -1,50 +1,42 @@
-//! The IB-managed mode (`--fabric ib`, `fabric = "ib"`): the daemons' soft
-//! RoCE port takes the `ib` personality, a subnet manager (`ibsm run`,
-//! which must list the port's address among its nodes) gives it a LID, its
-//! SM LID and P_Key table and brings it ACTIVE, and the subnet
-//! administrator answers what `srp_daemon` and `ib_srp` ask it.
+//! A port on a managed InfiniBand subnet, as its consumers use it.
 //!
-//! What this module adds on top of `rdma_access::IbNode` (the port's SMA
-//! and MAD driver):
+//! [`IbPort`] is a CA's port in the `ib` personality (a subnet manager
+//! gives it a LID, its SM LID and P_Key table and brings it ACTIVE) with
+//! what the daemons need on top of [`IbNode`] (the port's SMA and MAD
+//! driver):
 //! - [`IbPort::wait_active`] waits, bounded, for the SM to activate the
 //!   port and says plainly when none did;
 //! - [`IbPort::sa`] is the SA client of the port's master SM (its address
 //!   is where the SM's Sets came from), made anew when the SM moves; with
-//!   it the port is an `srp_initiator::connectors::SubnetPort`.
+//!   it the port is a [`SubnetPort`], the trait the SRP initiator's path
+//!   connector and discovery use.
 //!
-//! The initiator's use of such a port lives in `srp_initiator` and is
-//! re-exported here: [`SaPathConnector`] logs in by IB CM along
-//! PathRecords from the SA (the first path, then the next on a failure,
-//! then a fresh query when all failed; a reject ends the attempt and is
-//! reported decoded), and [`dm_ports`] is srp_daemon's query (the ports
-//! whose CapabilityMask has IsDeviceManagementSupported, each with a path
-//! in the chosen partition).
+//! The provider's CA must already be in the `ib` personality (for soft
+//! RoCE, `SoftRoce::set_personality` before the CA's first open).
 //!
-//! Partitions on the data path: srpd's session QP uses the index of its
-//! port's P_Key table holding the login's `pkey`; srptd's QPs use the
-//! index of its table entry matching the REQ's partition key, which
-//! carries the P_Key of the session QP's entry; a partition the config
-//! does not serve (`target.pkey`) is refused.
+//! Partitions on the data path: an initiator's session QP uses the index
+//! of its port's P_Key table holding the login's `pkey`; a target's QPs
+//! use the index of its table entry matching the REQ's partition key.
 //!
-//! GUIDs: every port's GUID comes from its address ([`ib_guid`]), in
-//! either fabric. On a managed subnet the SM keys LIDs by it; in both, a
-//! target's id_ext and ioc_guid follow it, and so does the second half of
-//! an initiator's port ID, so two hosts are two initiators and two targets
-//! two target ports without configuration.
+//! GUIDs: the daemons give every port the GUID of its address (soft
+//! RoCE's `ip_guid`), in either fabric. On a managed subnet the SM keys
+//! LIDs by it; a target's id_ext and ioc_guid follow it, and so does the
+//! second half of an initiator's port ID, so two hosts are two initiators
+//! and two targets two target ports without configuration.
 
-use rdma_access::sa::{SaClient, SaTiming};
-use rdma_access::sma::state;
-use rdma_access::{CmAgent, IbNode};
-use rdma_types::{Guid, Pkey};
+use crate::sa::{SaClient, SaError, SaTiming};
+use crate::sma::state;
+use crate::{CmAgent, CmError, IbNode, IbNodeError};
+use rdma_types::{Gid, Guid, Pkey};
 use serde::{Deserialize, Serialize};
-pub use srp_initiator::connectors::{SaPortError, SubnetPort};
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// Who runs the port: nobody (`roce`, RDMA CM by IP address, like Linux
 /// rxe) or a subnet manager (`ib`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum Fabric {
     /// Unmanaged RoCE: GIDs from IP addresses, no SM.
@@ -54,9 +46,84 @@ pub enum Fabric {
     Ib,
 }
 
-/// The GUID of the CA at `ip`, in either fabric (see
-/// [`rnic::softroce::ip_guid`]).
-pub use rnic::softroce::ip_guid as ib_guid;
+/// Why the subnet administrator of a port's subnet could not be asked, or
+/// what it answered instead of records.
+#[derive(Debug, thiserror::Error)]
+pub enum SaPortError {
+    /// No subnet manager has configured the port yet: start one that
+    /// lists the port (`ibsm run --node <ip>`), or wait for it.
+    #[error("port {port}: no SM has configured it")]
+    NoSm {
+        /// The port, as its owner names it.
+        port: String,
+    },
+    /// The SA client could not register on the port (another client
+    /// holds the port's Report method: close it first).
+    #[error("SA client on {port}: {source}")]
+    Client {
+        /// The port.
+        port: String,
+        /// What the access layer said.
+        source: CmError,
+    },
+    /// The SA did not answer, or answered an error status or a malformed
+    /// response; the SM's log says more.
+    #[error("SA at {sa} (from {port}): {source}")]
+    Query {
+        /// The SA's GID.
+        sa: Gid,
+        /// The port asking.
+        port: String,
+        /// The query's failure.
+        source: SaError,
+    },
+    /// The SA knows no path from the port to the target in the partition:
+    /// the target port is down, or not a member of the partition.
+    #[error("the SA at {sa} has no path from {port} to {dgid} in partition {:04x}", pkey.0)]
+    NoPath {
+        /// The SA's GID.
+        sa: Gid,
+        /// The port asking.
+        port: String,
+        /// The target port's GID.
+        dgid: Gid,
+        /// The partition asked for.
+        pkey: Pkey,
+    },
+}
+
+/// A local port on a managed subnet, as the initiator needs it: its CM
+/// agent (the port's MAD driver: CM, DM, SA queries) and the SA client of
+/// its current master SM. The daemons' soft RoCE port in the `ib`
+/// personality is one ([`IbPort`]).
+pub trait SubnetPort: Send + Sync {
+    /// The port's CM agent.
+    fn agent(&self) -> &Arc<CmAgent>;
+    /// The port's LID.
+    fn lid(&self) -> u16;
+    /// The master SM's LID as the port knows it (it changes when another
+    /// SM takes over).
+    fn sm_lid(&self) -> u16;
+    /// The port as messages name it (its address).
+    fn name(&self) -> String;
+    /// The SA client of the current master SM (made anew if the SM moved).
+    ///
+    /// # Errors
+    /// No SM has set the port up yet, or the client cannot register.
+    fn sa(&self) -> Result<Arc<SaClient>, SaPortError>;
+    /// Forgets the SA client: the next [`SubnetPort::sa`] registers afresh
+    /// (a new master SM inherits no subscriptions). Callers drop their
+    /// own handles first.
+    fn renew_sa(&self);
+    /// A failed query of `sa`, naming the SA and this port.
+    fn sa_error(&self, sa: &SaClient, source: SaError) -> SaPortError {
+        SaPortError::Query {
+            sa: sa.sa_gid(),
+            port: self.name(),
+            source,
+        }
+    }
+}
 
 /// A port in the `ib` personality, ACTIVE (see the module docs).
 pub struct IbPort {
@@ -83,9 +150,11 @@ fn state_name(s: u8) -> &'static str {
 /// Why an ib port did not start, come up, or serve a partition.
 #[derive(Debug, thiserror::Error)]
 pub enum IbPortError {
-    /// The soft RoCE CA refused the `ib` personality: it is not one of
-    /// the provider's CAs, or it is open already (the personality is set
-    /// before the CA's first open).
+    /// The provider refused the `ib` personality for the CA: it is not
+    /// one of the provider's CAs, or it is open already (the personality
+    /// is set before the CA's first open). Its owner sets it before
+    /// [`IbPort::start`] (soft RoCE: `SoftRoce::set_personality`) and
+    /// reports a refusal with this.
     #[error("start the ib port on {ip}: CA {:#x}: {source}", guid.0)]
     Personality {
         /// The port's address.
@@ -101,7 +170,7 @@ pub enum IbPortError {
         /// The port's address.
         ip: IpAddr,
         /// Why.
-        source: rdma_access::IbNodeError,
+        source: IbNodeError,
     },
     /// No subnet manager made the port ACTIVE in time: run one that
     /// lists the port (`ibsm run --node <ip>`) and can reach it.
@@ -157,22 +226,20 @@ pub enum IbPortError {
 }
 
 impl IbPort {
-    /// Starts CA `guid` at `ip` of `p` (not yet open) in the `ib`
-    /// personality, device management offered if `dm`. The port is INIT
+    /// Starts CA `guid` at `ip` of `p` (not yet open, already in the `ib`
+    /// personality), device management offered if `dm`. The port is INIT
     /// until an SM activates it: see [`IbPort::wait_active`].
     ///
     /// # Errors
     /// The CA is unknown or open, or its port cannot start.
     pub fn start(
-        p: Arc<rnic::softroce::SoftRoce>,
+        p: Arc<dyn verbs::Provider>,
         guid: Guid,
         ip: IpAddr,
         description: &str,
         dm: bool,
         first_comm_id: u32,
     ) -> Result<IbPort, IbPortError> {
-        p.set_personality(guid, rnic::softroce::Personality::Ib)
-            .map_err(|source| IbPortError::Personality { ip, guid, source })?;
         let node = IbNode::start(p, guid, description, dm, first_comm_id)
             .map_err(|source| IbPortError::Node { ip, source })?;
         Ok(IbPort {
@@ -334,22 +401,5 @@ impl SubnetPort for IbPort {
 
     fn renew_sa(&self) {
         IbPort::renew_sa(self)
-    }
-}
-
-pub use srp_initiator::connectors::{connect_along, SaPathConnector};
-
-pub use srp_initiator::discovery::dm_ports;
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ib_guids_differ_by_address() {
-        let a = ib_guid("127.0.140.1".parse().unwrap());
-        let b = ib_guid("127.0.140.2".parse().unwrap());
-        assert_ne!(a, b);
-        assert_eq!(a.0, 0x0002_c903_7f00_8c01);
     }
 }

@@ -26,13 +26,14 @@
 use crate::config::{
     check_initiator, Config, ConfigError, DeviceSection, GroupSection, Handler, LunEntry,
 };
+use rdma_access::subnet::{IbPort, IbPortError};
 use rdma_types::Guid;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use srp_target::TargetPort;
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Write};
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::io::Write;
+use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -40,6 +41,7 @@ use toml::Spanned;
 
 mod control;
 mod error;
+mod logins;
 mod reload;
 mod report;
 mod store;
@@ -77,7 +79,7 @@ struct TargetRt {
     /// in this order).
     _dm: (rdma_access::dm::IocHandle, rdma_access::dm::DmService),
     /// The port's SMA and MAD driver in the `ib` fabric.
-    ib_port: Option<crate::ib::IbPort>,
+    ib_port: Option<IbPort>,
 }
 
 /// What `srptd` says about one running target when it starts.
@@ -92,8 +94,8 @@ pub struct TargetSummary {
 }
 
 /// The limits an I/O controller profile advertises.
-fn tcfg_summary(t: &crate::config::TargetSection) -> crate::IocLimits {
-    crate::IocLimits {
+fn tcfg_summary(t: &crate::config::TargetSection) -> rdma_access::dm::IocLimits {
+    rdma_access::dm::IocLimits {
         send_queue_depth: (*t.srpt_srq_size.get_ref()).min(u16::MAX as u32) as u16,
         send_size: *t.srp_max_req_size.get_ref(),
         rdma_size: *t.srp_max_rdma_size.get_ref(),
@@ -121,13 +123,13 @@ impl TargetRt {
         // What fails here fails on the port's NIC, at its address, unless
         // said otherwise.
         let nic_err = |m: String| (t.ip.span(), "ip", m);
-        let ib = t.fabric == crate::ib::Fabric::Ib;
-        // Every port has its own GUID, from its address (crate::ib): on a
+        let ib = t.fabric == rdma_access::subnet::Fabric::Ib;
+        // Every port has its own GUID, from its address (rnic::softroce::ip_guid): on a
         // managed subnet the SM keys LIDs by it, and in either mode it is
         // the target port ID (id_ext and ioc_guid, as ib_srpt's are its
         // HCA's GUID), which Linux ib_srp keeps unique per initiator port:
         // two targets with one ID cannot both be logged in to.
-        let guid = crate::ib::ib_guid(*t.ip.get_ref());
+        let guid = rnic::softroce::ip_guid(*t.ip.get_ref());
         let provider = rnic::softroce::SoftRoce::new(
             vec![rnic::softroce::SoftCa {
                 guid,
@@ -158,7 +160,12 @@ impl TargetRt {
         // brings it ACTIVE (waited for at the end, once everything serves).
         let ib_port = if ib {
             let ip = *t.ip.get_ref();
-            let port = crate::ib::IbPort::start(
+            provider
+                .set_personality(guid, rnic::softroce::Personality::Ib)
+                .map_err(|source| {
+                    nic_err(IbPortError::Personality { ip, guid, source }.to_string())
+                })?;
+            let port = IbPort::start(
                 provider.clone(),
                 guid,
                 ip,
@@ -215,15 +222,15 @@ impl TargetRt {
         let dm = rdma_access::dm::DmService::start(&agent)
             .map_err(|e| nic_err(format!("start the DM agent: {e}")))?;
         let ioc = dm
-            .register_ioc(crate::srp_ioc(guid, &tcfg_summary(t)))
+            .register_ioc(srp_target::cm::ioc(guid, &tcfg_summary(t)))
             .map_err(|e| nic_err(format!("register the I/O controller: {e}")))?;
-        let listen = crate::Listen {
+        let listen = srp_target::cm::Listen {
             // 0 turns RDMA CM off (ib_srpt), it does not mean port 0.
             rdma_cm_port: (t.rdma_cm_port != 0).then_some(t.rdma_cm_port),
             // ib_srpt listens on the ioc_guid.
             ib_service_id: t.ib_cm.then_some(guid.0),
         };
-        crate::serve_cm(agent, port.clone(), listen, log);
+        logins::serve_logins(agent, port.clone(), listen, log);
         // Everything serves: now the SM may bring the port up (a trap 64
         // subscriber then finds the I/O controller at once).
         if let Some(p) = &ib_port {

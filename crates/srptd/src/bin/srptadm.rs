@@ -7,7 +7,7 @@
 
 use clap::{Parser, Subcommand};
 use serde_json::Value;
-use srpstack::daemon::{request, Request};
+use srptd::daemon::{request, Request};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -15,7 +15,7 @@ use std::process::ExitCode;
 #[command(name = "srptadm", about = "Administer a running srptd")]
 struct Cli {
     /// srptd's control socket.
-    #[arg(long, short = 's', default_value_os_t = srpstack::config::default_control_socket())]
+    #[arg(long, short = 's', default_value_os_t = srptd::config::default_control_socket())]
     socket: PathBuf,
     /// Print the daemon's JSON answer instead of text.
     #[arg(long, global = true)]
@@ -65,7 +65,7 @@ enum SetCmd {
     /// debug also logs every admin query.
     LogLevel {
         #[arg(value_enum)]
-        level: srpstack::log::Level,
+        level: srptd::log::Level,
     },
 }
 

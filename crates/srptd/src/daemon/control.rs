@@ -1,0 +1,181 @@
+//! srptd's control socket: the admin [`Request`]s `srptadm` sends, the
+//! socket made mode 0600 and checked for the peer's user, one JSON line per
+//! request and answer.
+
+use super::*;
+use daemon_ctl::{request_to, serve_lines, RequestError};
+
+/// One admin request, as JSON on the control socket (`{"cmd": "..."}`).
+/// The same type is `srptadm`'s command line (each variant a subcommand,
+/// its help from the `about` texts), so the two cannot drift apart; the
+/// two whose command line differs from their JSON (`add-device` takes
+/// flags and sends TOML, `set log-level`) are `srptadm`'s own.
+#[derive(Debug, Clone, Deserialize, Serialize, clap::Subcommand)]
+#[serde(tag = "cmd", rename_all = "kebab-case")]
+pub enum Request {
+    /// Target name, address, parameters, state.
+    #[command(about = "Target name, address, SRP parameters")]
+    Show,
+    /// Channels with credits and commands in flight.
+    #[command(about = "Logged-in channels: initiator, credits, commands in flight")]
+    Sessions,
+    /// Devices with handler, size and counters.
+    #[command(about = "Devices with handler, size, IDs and counters")]
+    Devices,
+    /// The default LUNs and the groups.
+    #[command(about = "Default LUNs and groups")]
+    Luns,
+    /// Adds a device given as a `[[device]]` table body in TOML.
+    #[command(skip)]
+    AddDevice { toml: String },
+    #[command(about = "Remove a device that no LUN maps")]
+    RemoveDevice { name: String },
+    /// Grows a device to `size` (K/M/G/T suffixes): CAPACITY DATA HAS
+    /// CHANGED for every nexus that sees it and SRP_AER_REQ to its
+    /// initiators (SCST's `resync_size`).
+    #[command(
+        about = "Grow a ram device to SIZE (e.g. 64M): initiators that see it get \
+                 CAPACITY DATA HAS CHANGED and an SRP_AER_REQ. Shrinking is refused"
+    )]
+    Resize { device: String, size: String },
+    /// Maps a device; `group` absent means the default LUNs.
+    #[command(about = "Map a device at a LUN (of a group, or the default LUNs)")]
+    AddLun {
+        #[arg(long)]
+        group: Option<String>,
+        lun: u32,
+        device: String,
+    },
+    #[command(about = "Unmap a LUN")]
+    RemoveLun {
+        #[arg(long)]
+        group: Option<String>,
+        lun: u32,
+    },
+    #[command(about = "Create a LUN group")]
+    AddGroup { name: String },
+    #[command(about = "Remove a group; its initiators see the default LUNs again")]
+    RemoveGroup { name: String },
+    #[command(about = "Add an initiator name (0x + 32 hex digits, or a prefix ending in *)")]
+    AddInitiator { group: String, initiator: String },
+    #[command(about = "Remove an initiator name from a group")]
+    RemoveInitiator { group: String, initiator: String },
+    /// Accept logins on `target` (a name or address), or on every target.
+    #[command(about = "Accept logins")]
+    Enable {
+        /// Only this target (its name or address); all without it.
+        #[arg(long)]
+        #[serde(default)]
+        target: Option<String>,
+    },
+    /// Refuse logins on `target`, or on every target, and log its
+    /// initiators out.
+    #[command(about = "Refuse logins and log every initiator out")]
+    Disable {
+        /// Only this target (its name or address); all without it.
+        #[arg(long)]
+        #[serde(default)]
+        target: Option<String>,
+    },
+    /// Saves the running configuration (to the file it was loaded from
+    /// when `path` is absent).
+    #[command(
+        about = "Save the running configuration (to the file srptd was started from \
+                 when no path is given)"
+    )]
+    WriteConfig { path: Option<PathBuf> },
+    /// Re-reads the configuration file and applies what changed in
+    /// devices, LUN maps, groups and `enabled`, without dropping sessions.
+    #[command(about = "Re-read srptd's configuration file and apply it (as SIGHUP does)")]
+    Reload,
+    /// Changes the log threshold while running (SCST's `trace_level`).
+    #[command(skip)]
+    SetLogLevel { level: crate::log::Level },
+}
+
+impl Request {
+    /// The event a successful request is logged as, and whether it
+    /// changed anything (queries are logged at debug level).
+    pub(super) fn event(&self) -> (&'static str, bool) {
+        match self {
+            Request::Show | Request::Sessions | Request::Devices | Request::Luns => {
+                ("admin_query", false)
+            }
+            Request::AddDevice { .. } => ("device_added", true),
+            Request::RemoveDevice { .. } => ("device_removed", true),
+            Request::Resize { .. } => ("device_resized", true),
+            Request::AddLun { .. } => ("lun_added", true),
+            Request::RemoveLun { .. } => ("lun_removed", true),
+            Request::AddGroup { .. } => ("group_added", true),
+            Request::RemoveGroup { .. } => ("group_removed", true),
+            Request::AddInitiator { .. } => ("initiator_added", true),
+            Request::RemoveInitiator { .. } => ("initiator_removed", true),
+            Request::Enable { .. } => ("target_enabled", true),
+            Request::Disable { .. } => ("target_disabled", true),
+            Request::WriteConfig { .. } => ("config_written", true),
+            Request::Reload => ("reloaded", true),
+            Request::SetLogLevel { .. } => ("log_level_set", true),
+        }
+    }
+}
+
+/// A request's arguments for a log line: its JSON without `cmd`.
+pub(super) fn args_of(asked: &Value) -> String {
+    match asked {
+        Value::Object(m) => {
+            let mut m = m.clone();
+            m.remove("cmd");
+            Value::Object(m).to_string()
+        }
+        v => v.to_string(),
+    }
+}
+
+/// Serves srptd's control socket ([`daemon_ctl::serve_lines`]): one
+/// [`Request`] per line, one answer per line.
+pub fn serve_control(daemon: Arc<Daemon>, listener: UnixListener) -> std::thread::JoinHandle<()> {
+    serve_lines(listener, "srptd", move |line| {
+        match serde_json::from_str::<Request>(line) {
+            Ok(req) => match daemon.handle(req) {
+                Ok(data) => json!({ "ok": true, "data": data }),
+                Err(e) => json!({ "ok": false, "error": e.to_string() }),
+            },
+            Err(e) => json!({ "ok": false, "error": format!("bad request: {e}") }),
+        }
+    })
+}
+
+/// Serves `GET /metrics` in the Prometheus text format on `addr`.
+pub fn serve_metrics(
+    daemon: Arc<Daemon>,
+    addr: std::net::SocketAddr,
+) -> std::io::Result<(std::net::SocketAddr, std::thread::JoinHandle<()>)> {
+    use std::io::Read;
+    let l = std::net::TcpListener::bind(addr)?;
+    let local = l.local_addr()?;
+    let t = std::thread::spawn(move || {
+        for conn in l.incoming() {
+            let Ok(mut c) = conn else { continue };
+            let _ = c.set_read_timeout(Some(std::time::Duration::from_secs(2)));
+            let mut buf = [0u8; 2048];
+            let n = c.read(&mut buf).unwrap_or(0);
+            let req = String::from_utf8_lossy(&buf[..n]);
+            let (status, body) = if req.starts_with("GET /metrics ") {
+                ("200 OK", daemon.metrics())
+            } else {
+                ("404 Not Found", "try /metrics\n".to_string())
+            };
+            let _ = write!(
+                c,
+                "HTTP/1.0 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    Ok((local, t))
+}
+
+/// A client of the control socket (what `srptadm` uses).
+pub fn request(path: &Path, req: &Request) -> Result<Value, RequestError> {
+    request_to(path, "srptd", req)
+}
