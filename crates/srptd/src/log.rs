@@ -12,6 +12,9 @@
 //! wait for (`target_listening`, `metrics_listening`) included. The level
 //! is a threshold that `srptadm set log-level` changes at runtime, as
 //! SCST's `trace_level` does; admin queries are logged at `debug`.
+//! The libraries' `tracing` events (the SRP target's, the access
+//! layer's, the NIC's) come into the same log through [`Bridge`], at the
+//! same level.
 
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
@@ -78,7 +81,7 @@ pub enum Format {
 pub struct Record {
     pub level: Level,
     /// What happened, in snake case: `login_accepted`, `lun_added`, ...
-    pub event: &'static str,
+    pub event: std::borrow::Cow<'static, str>,
     /// The target (its name) it happened at, if any.
     pub target: Option<String>,
     /// The session (initiator name) it concerns, if any.
@@ -93,7 +96,7 @@ impl Record {
     pub fn new(level: Level, event: &'static str, msg: impl Into<String>) -> Record {
         Record {
             level,
-            event,
+            event: event.into(),
             target: None,
             session: None,
             fields: Map::new(),
@@ -207,6 +210,154 @@ impl Logger {
     }
 }
 
+/// The libraries' `tracing` events and spans as srptd's records: a
+/// `tracing_subscriber` layer that hands each event at or above the
+/// logger's level (read at every event, so `srptadm set log-level`
+/// reaches the libraries too) to [`Logger::emit`], in the format srptd
+/// writes. An event's `event` field names it (else its tracing target,
+/// the module it came from); the fields `target` and `session`, of the
+/// event or of a span it is in (innermost first), fill the record's; the
+/// other fields of the event and its spans are the record's details, and
+/// the text form appends them to the message.
+pub struct Bridge {
+    log: Log,
+}
+
+impl Bridge {
+    /// A layer writing through `log`.
+    pub fn new(log: Log) -> Bridge {
+        Bridge { log }
+    }
+
+    /// Makes the bridge the process's `tracing` subscriber. Returns
+    /// whether it was installed (there can be only one per process).
+    pub fn install(log: Log) -> bool {
+        use tracing_subscriber::layer::SubscriberExt;
+        let subscriber = tracing_subscriber::registry().with(Bridge::new(log));
+        tracing::subscriber::set_global_default(subscriber).is_ok()
+    }
+}
+
+fn level_of(l: &tracing::Level) -> Level {
+    match *l {
+        tracing::Level::ERROR => Level::Error,
+        tracing::Level::WARN => Level::Warn,
+        tracing::Level::INFO => Level::Info,
+        _ => Level::Debug,
+    }
+}
+
+/// The fields of an event or a span, as JSON.
+#[derive(Default)]
+struct Fields {
+    message: Option<String>,
+    map: Map<String, Value>,
+}
+
+impl tracing::field::Visit for Fields {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        self.put(field, Value::String(format!("{value:?}")));
+    }
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        self.put(field, Value::String(value.to_string()));
+    }
+    fn record_i64(&mut self, field: &tracing::field::Field, value: i64) {
+        self.put(field, value.into());
+    }
+    fn record_u64(&mut self, field: &tracing::field::Field, value: u64) {
+        self.put(field, value.into());
+    }
+    fn record_bool(&mut self, field: &tracing::field::Field, value: bool) {
+        self.put(field, value.into());
+    }
+}
+
+impl Fields {
+    fn put(&mut self, field: &tracing::field::Field, v: Value) {
+        if field.name() == "message" {
+            self.message = Some(match v {
+                Value::String(s) => s,
+                v => v.to_string(),
+            });
+        } else {
+            self.map.insert(field.name().to_string(), v);
+        }
+    }
+}
+
+impl<S> tracing_subscriber::Layer<S> for Bridge
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    // Asked at every event, not once per call site: the level changes
+    // while the daemon runs.
+    fn register_callsite(
+        &self,
+        _: &'static tracing::Metadata<'static>,
+    ) -> tracing::subscriber::Interest {
+        tracing::subscriber::Interest::sometimes()
+    }
+
+    fn enabled(
+        &self,
+        meta: &tracing::Metadata<'_>,
+        _: tracing_subscriber::layer::Context<'_, S>,
+    ) -> bool {
+        level_of(meta.level()) >= self.log.level()
+    }
+
+    fn on_new_span(
+        &self,
+        attrs: &tracing::span::Attributes<'_>,
+        id: &tracing::span::Id,
+        ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        let mut f = Fields::default();
+        attrs.record(&mut f);
+        if let Some(span) = ctx.span(id) {
+            span.extensions_mut().insert(f.map);
+        }
+    }
+
+    fn on_event(&self, ev: &tracing::Event<'_>, ctx: tracing_subscriber::layer::Context<'_, S>) {
+        let meta = ev.metadata();
+        let mut f = Fields::default();
+        ev.record(&mut f);
+        // Span fields, innermost first, where the event has none of its own.
+        if let Some(scope) = ctx.event_scope(ev) {
+            for span in scope {
+                if let Some(m) = span.extensions().get::<Map<String, Value>>() {
+                    for (k, v) in m {
+                        f.map.entry(k.clone()).or_insert_with(|| v.clone());
+                    }
+                }
+            }
+        }
+        let text = |v: Value| match v {
+            Value::String(s) => s,
+            v => v.to_string(),
+        };
+        let event = f.map.remove("event").map(text);
+        let target = f.map.remove("target").map(text);
+        let session = f.map.remove("session").map(text);
+        let mut msg = f.message.unwrap_or_default();
+        if self.log.format() == Format::Text && !f.map.is_empty() {
+            let details: Vec<String> = f
+                .map
+                .iter()
+                .map(|(k, v)| format!("{k}={}", text(v.clone())))
+                .collect();
+            msg = format!("{msg} ({})", details.join(", "));
+        }
+        let mut r = Record::new(level_of(meta.level()), "", msg);
+        r.event = event.unwrap_or_else(|| meta.target().to_string()).into();
+        r.target = target;
+        r.session = session;
+        r.fields = f.map;
+        self.log.emit(r);
+    }
+}
+
 /// `t` as RFC 3339 UTC with milliseconds, `2026-11-26T13:20:01.123Z`.
 pub fn rfc3339(t: SystemTime) -> String {
     let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
@@ -283,5 +434,72 @@ mod tests {
         assert_eq!(text, "srptd: something");
         assert!("loud".parse::<Level>().is_err());
         assert_eq!("WARN".parse::<Level>(), Ok(Level::Warn));
+    }
+
+    #[test]
+    fn library_events_reach_the_log_with_their_spans_and_follow_its_level() {
+        use tracing_subscriber::layer::SubscriberExt;
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let l2 = lines.clone();
+        let log = Logger::new(Format::Json, Level::Info, move |s| {
+            l2.lock().unwrap().push(s.to_string())
+        });
+        let subscriber = tracing_subscriber::registry().with(Bridge::new(log.clone()));
+        tracing::subscriber::with_default(subscriber, || {
+            let span = tracing::info_span!("channel", target = "t0", session = "0xaa", qpn = 17u64);
+            let _in = span.enter();
+            tracing::warn!(
+                event = "qp_refused",
+                why = "bad state",
+                "the QP refused a request"
+            );
+            tracing::debug!("not at info");
+            log.set_level(Level::Debug);
+            tracing::debug!(credits = 3u64, "now at debug");
+        });
+        let lines = lines.lock().unwrap();
+        assert_eq!(lines.len(), 2, "{lines:?}");
+        let v: Value = serde_json::from_str(&lines[0]).unwrap();
+        assert_eq!(
+            (v["event"].as_str(), v["level"].as_str(), v["msg"].as_str()),
+            (
+                Some("qp_refused"),
+                Some("warn"),
+                Some("the QP refused a request")
+            )
+        );
+        assert_eq!(
+            (v["target"].as_str(), v["session"].as_str()),
+            (Some("t0"), Some("0xaa"))
+        );
+        assert_eq!(
+            (&v["fields"]["why"], &v["fields"]["qpn"]),
+            (&json!("bad state"), &json!(17))
+        );
+        let v: Value = serde_json::from_str(&lines[1]).unwrap();
+        // No `event` field: the module it came from names it.
+        assert_eq!(
+            (
+                v["event"].as_str(),
+                v["level"].as_str(),
+                &v["fields"]["credits"]
+            ),
+            (Some(module_path!()), Some("debug"), &json!(3))
+        );
+    }
+
+    #[test]
+    fn library_events_in_text_carry_their_details() {
+        use tracing_subscriber::layer::SubscriberExt;
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let l2 = lines.clone();
+        let log = Logger::new(Format::Text, Level::Info, move |s| {
+            l2.lock().unwrap().push(s.to_string())
+        });
+        let subscriber = tracing_subscriber::registry().with(Bridge::new(log));
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::info!(qpn = 5u64, "QP error");
+        });
+        assert_eq!(*lines.lock().unwrap(), ["srptd: QP error (qpn=5)"]);
     }
 }

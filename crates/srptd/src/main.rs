@@ -74,6 +74,9 @@ struct Args {
 fn main() -> ExitCode {
     let a = Args::parse();
     let log = Logger::stdout(a.log_format, a.log_level);
+    // The libraries' tracing events go to the same log, in its format and
+    // at its (changeable) level.
+    srptd::log::Bridge::install(log.clone());
     match run(&a, &log) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
