@@ -81,6 +81,18 @@ pub mod state {
     pub const ARMED: u8 = 3;
     /// Active.
     pub const ACTIVE: u8 = 4;
+
+    /// A state in opensm's and saquery's words (`DOWN`, `INIT`, `ARMED`,
+    /// `ACTIVE`); `None` for a value that is none of them.
+    pub fn name(s: u8) -> Option<&'static str> {
+        match s {
+            DOWN => Some("DOWN"),
+            INIT => Some("INIT"),
+            ARMED => Some("ARMED"),
+            ACTIVE => Some("ACTIVE"),
+            _ => None,
+        }
+    }
 }
 
 /// What the driver must do after a Set.

@@ -137,16 +137,6 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn state_name(s: u8) -> &'static str {
-    match s {
-        1 => "DOWN",
-        2 => "INIT",
-        3 => "ARMED",
-        4 => "ACTIVE",
-        _ => "in an unknown state",
-    }
-}
-
 /// Why an ib port did not start, come up, or serve a partition.
 #[derive(Debug, thiserror::Error)]
 pub enum IbPortError {
@@ -283,7 +273,7 @@ impl IbPort {
         Err(IbPortError::NotActive {
             ip: self.ip,
             guid: self.node.guid(),
-            state: state_name(sma.port_state()),
+            state: state::name(sma.port_state()).unwrap_or("in an unknown state"),
             waited: wait,
         })
     }

@@ -103,16 +103,6 @@ fn fmt_gid(g: Gid) -> String {
         .join(":")
 }
 
-fn state_name(s: u8) -> &'static str {
-    match s {
-        1 => "DOWN",
-        2 => "INIT",
-        3 => "ARMED",
-        4 => "ACTIVE",
-        _ => "?",
-    }
-}
-
 fn run(cli: Cli) -> Result<(), String> {
     let guid = Guid(0x0002_c903_00ee_0000 | u64::from(std::process::id() & 0xffff));
     let provider = SoftRoce::new(vec![SoftCa { guid, ip: cli.ip }], cli.udp_port);
@@ -164,7 +154,7 @@ fn run(cli: Cli) -> Result<(), String> {
                     "{:<6} {:<4} {:<7} {:<6} {:<5} {}",
                     r.lid,
                     r.port,
-                    state_name(p.port_state()),
+                    rdma_access::sma::state::name(p.port_state()).unwrap_or("?"),
                     p.sm_lid(),
                     rdma_types::Mtu::from_code(p.mtu_active()).map_or(0, |m| m.bytes()),
                     cap_names(p.capability_mask()).join(",")
