@@ -1,7 +1,9 @@
 //! What srptd and srpd share as daemons: a control socket that carries
 //! one JSON request per line and one JSON answer per line, made mode 0600
 //! and checked for the peer's user; its default path; the client side
-//! (`srptadm`, `srp`); and SIGTERM, SIGINT and SIGHUP taken synchronously.
+//! (`srptadm`, `srp`); SIGTERM, SIGINT and SIGHUP taken synchronously;
+//! and, for the command-line tools, the libraries' `tracing` events on
+//! standard error ([`log_to_stderr`]).
 //!
 //! An answer is `{"ok": true, "data": ...}` or `{"ok": false, "error":
 //! "..."}`; [`request_to`] turns the second into [`RequestError::Refused`]
@@ -26,6 +28,17 @@ pub fn control_socket_of(name: &str) -> PathBuf {
         0 => PathBuf::from(format!("/run/{name}.sock")),
         uid => std::env::temp_dir().join(format!("{name}-{uid}.sock")),
     }
+}
+
+/// Writes the libraries' `tracing` events to standard error: warnings and
+/// errors, or what `RUST_LOG` asks for (`RUST_LOG=srp_initiator=debug`).
+pub fn log_to_stderr() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
 }
 
 /// The directory a path's file is (or would be) in.

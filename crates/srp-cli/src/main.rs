@@ -1016,7 +1016,7 @@ fn print_login(l: &serde_json::Value) {
 }
 
 fn main() -> ExitCode {
-    srp_cli::log_to_stderr();
+    daemon_ctl::log_to_stderr();
     match run(Cli::parse().cmd) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,

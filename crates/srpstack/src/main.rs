@@ -381,19 +381,8 @@ fn bench(
     Ok(r.ok())
 }
 
-/// Writes the libraries' `tracing` events to standard error: warnings and
-/// errors, or what `RUST_LOG` asks for (`RUST_LOG=srp_initiator=debug`).
-fn log_to_stderr() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
-}
-
 fn main() -> ExitCode {
-    log_to_stderr();
+    daemon_ctl::log_to_stderr();
     let cli = Cli::parse();
     let result = match cli.cmd {
         Cmd::Quickstart {

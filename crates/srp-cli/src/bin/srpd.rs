@@ -143,7 +143,7 @@ fn run(a: Args) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
-    srp_cli::log_to_stderr();
+    daemon_ctl::log_to_stderr();
     match run(Args::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
