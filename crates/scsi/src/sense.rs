@@ -87,6 +87,31 @@ impl core::fmt::Display for Asc {
     }
 }
 
+/// Response code of fixed-format sense data, current error (SPC-4 4.5.1).
+pub const FIXED_CURRENT: u8 = 0x70;
+/// Response code of fixed-format sense data, deferred error.
+pub const FIXED_DEFERRED: u8 = 0x71;
+/// Response code of descriptor-format sense data, current error.
+pub const DESCRIPTOR_CURRENT: u8 = 0x72;
+/// Response code of descriptor-format sense data, deferred error.
+pub const DESCRIPTOR_DEFERRED: u8 = 0x73;
+
+/// The sense key and ASC/ASCQ of received sense data: descriptor format
+/// when the response code (byte 0, VALID masked off) is 72h or 73h, else
+/// read as fixed format (70h/71h). `None` when the data is too short to
+/// hold them (fewer than 4 bytes of descriptor sense, 14 of fixed).
+pub fn decode_key_asc(sense: &[u8]) -> Option<(SenseKey, Asc)> {
+    match sense.first().map(|b| b & 0x7f) {
+        Some(DESCRIPTOR_CURRENT | DESCRIPTOR_DEFERRED) if sense.len() >= 4 => {
+            Some((SenseKey::from(sense[1] & 0x0f), Asc(sense[2], sense[3])))
+        }
+        Some(_) if sense.len() >= 14 => {
+            Some((SenseKey::from(sense[2] & 0x0f), Asc(sense[12], sense[13])))
+        }
+        _ => None,
+    }
+}
+
 /// Where in the CDB (or parameter list) a bad field sits (SPC-4 4.5.2.4.2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FieldPointer {
@@ -162,7 +187,7 @@ impl Sense {
     /// Fixed format (SPC-4 4.5.3), 18 bytes, current error.
     pub fn to_fixed(&self) -> Vec<u8> {
         let mut b = vec![0u8; 18];
-        b[0] = 0x70;
+        b[0] = FIXED_CURRENT;
         b[2] = u8::from(self.key) & 0x0f;
         if let Some(info) = self.information {
             b[0] |= 0x80; // VALID
@@ -181,7 +206,7 @@ impl Sense {
     /// descriptors when present.
     pub fn to_descriptor(&self) -> Vec<u8> {
         let mut b = vec![
-            0x72,
+            DESCRIPTOR_CURRENT,
             u8::from(self.key) & 0x0f,
             self.asc.0,
             self.asc.1,
@@ -257,5 +282,21 @@ mod tests {
                 0, 0, 0, 1, 0, 0, 0, 0, // information = 0x1_0000_0000
             ]
         );
+    }
+
+    #[test]
+    fn key_and_asc_of_either_format() {
+        let s = Sense::new(SenseKey::UnitAttention, Asc::CAPACITY_DATA_CHANGED);
+        let want = Some((SenseKey::UnitAttention, Asc::CAPACITY_DATA_CHANGED));
+        assert_eq!(decode_key_asc(&s.to_fixed()), want);
+        assert_eq!(decode_key_asc(&s.to_descriptor()), want);
+        // VALID set, deferred error.
+        let mut fixed = s.to_fixed();
+        fixed[0] = 0x80 | FIXED_DEFERRED;
+        assert_eq!(decode_key_asc(&fixed), want);
+        // Too short for the format its response code names.
+        assert_eq!(decode_key_asc(&fixed[..13]), None);
+        assert_eq!(decode_key_asc(&[DESCRIPTOR_CURRENT, 0x06, 0x2a]), None);
+        assert_eq!(decode_key_asc(&[]), None);
     }
 }

@@ -8,6 +8,7 @@
 //! transfer size; errors carry the decoded sense.
 
 use crate::session::{CmdResult, Session, SessionError, Xfer};
+use scsi::SenseKey;
 use srp::initiator::Status;
 use srp::wire::Lun;
 use std::io;
@@ -133,30 +134,41 @@ struct Places<'a>(
 
 /// A SCSI command that did not end GOOD, in words.
 pub fn describe(r: &CmdResult) -> String {
-    match r.status {
-        Status::Scsi(0x02) if r.sense.len() >= 14 => {
+    use scsi::Status as S;
+    let code = match r.status {
+        Status::Scsi(code) => code,
+        Status::Aborted => return "aborted by the error handler".into(),
+        Status::Reset => return "ended by a reset".into(),
+        Status::TransportFailed => return "transport failed".into(),
+    };
+    match S::from_code(code) {
+        Some(S::CheckCondition) if r.sense.len() >= 14 => {
             let (key, asc, ascq) = sense_triple(&r.sense);
             format!("CHECK CONDITION, sense key {key:#x}, ASC/ASCQ {asc:#04x}/{ascq:#04x}")
         }
-        Status::Scsi(0x02) => "CHECK CONDITION without sense data".into(),
-        Status::Scsi(0x08) => "BUSY".into(),
-        Status::Scsi(0x18) => "RESERVATION CONFLICT".into(),
-        Status::Scsi(0x28) => "TASK SET FULL".into(),
-        Status::Scsi(0x40) => "TASK ABORTED".into(),
-        Status::Scsi(s) => format!("SCSI status {s:#04x}"),
-        Status::Aborted => "aborted by the error handler".into(),
-        Status::Reset => "ended by a reset".into(),
-        Status::TransportFailed => "transport failed".into(),
+        Some(S::CheckCondition) => "CHECK CONDITION without sense data".into(),
+        Some(S::Busy) => "BUSY".into(),
+        Some(S::ReservationConflict) => "RESERVATION CONFLICT".into(),
+        Some(S::TaskSetFull) => "TASK SET FULL".into(),
+        Some(S::TaskAborted) => "TASK ABORTED".into(),
+        Some(S::Good | S::AcaActive) | None => format!("SCSI status {code:#04x}"),
     }
 }
 
-/// Sense key, ASC, ASCQ of fixed or descriptor sense data.
+/// Sense key, ASC, ASCQ of fixed or descriptor sense data (zeroes when
+/// there is too little of it), as [`scsi::sense::decode_key_asc`] reads them.
 pub fn sense_triple(s: &[u8]) -> (u8, u8, u8) {
-    match s.first().map(|b| b & 0x7f) {
-        Some(0x72) | Some(0x73) if s.len() >= 4 => (s[1] & 0x0f, s[2], s[3]),
-        Some(_) if s.len() >= 14 => (s[2] & 0x0f, s[12], s[13]),
-        _ => (0, 0, 0),
-    }
+    scsi::sense::decode_key_asc(s).map_or((0, 0, 0), |(key, asc)| (key.into(), asc.0, asc.1))
+}
+
+/// The sense key of a command's sense data; NO SENSE when it has none.
+fn sense_key(sense: &[u8]) -> SenseKey {
+    scsi::sense::decode_key_asc(sense).map_or(SenseKey::NoSense, |(key, _)| key)
+}
+
+/// `status` is the SCSI status `s`.
+fn is_scsi(status: Status, s: scsi::Status) -> bool {
+    status == Status::Scsi(s.code())
 }
 
 /// A command's bad ending as an I/O error of `kind`, except that one
@@ -197,8 +209,7 @@ impl Disk {
                 ready = true;
                 break;
             }
-            let (key, ..) = sense_triple(&r.sense);
-            if key != 0x6 {
+            if sense_key(&r.sense) != SenseKey::UnitAttention {
                 return Err(io::Error::other(format!(
                     "LUN {} not ready: {}",
                     lun.to_u64() >> 48,
@@ -350,8 +361,11 @@ impl Disk {
             // An aborted command is retried too, as the midlayer retries
             // a command its error handler aborted after a timeout.
             let retry = match r.status {
-                Status::Reset | Status::Aborted | Status::Scsi(0x40) => true,
-                Status::Scsi(0x02) => sense_triple(&r.sense).0 == 0x6,
+                Status::Reset | Status::Aborted => true,
+                s if is_scsi(s, scsi::Status::TaskAborted) => true,
+                s if is_scsi(s, scsi::Status::CheckCondition) => {
+                    sense_key(&r.sense) == SenseKey::UnitAttention
+                }
                 _ => false,
             };
             tries += 1;
@@ -504,7 +518,7 @@ impl Disk {
                 .execute(self.lun, &cdb, Xfer::Out(&list))
                 .map_err(|e| io_err("UNMAP", e))?;
             if !r.good() {
-                let kind = if sense_triple(&r.sense).0 == 0x5 {
+                let kind = if sense_key(&r.sense) == SenseKey::IllegalRequest {
                     io::ErrorKind::Unsupported
                 } else {
                     io::ErrorKind::Other
@@ -789,7 +803,9 @@ impl<'a> DiskQueue<'a> {
         let r = self.session.finish(q.started, xfer.reborrow());
         if let (Op::Unmap(_), false) = (&q.op, r.good()) {
             // No thin provisioning: ILLEGAL REQUEST, as Disk::unmap says.
-            if r.status == Status::Scsi(0x02) && sense_triple(&r.sense).0 == 0x5 {
+            if is_scsi(r.status, scsi::Status::CheckCondition)
+                && sense_key(&r.sense) == SenseKey::IllegalRequest
+            {
                 return Err(io::Error::new(
                     io::ErrorKind::Unsupported,
                     format!("UNMAP: {}", describe(&r)),
@@ -884,8 +900,7 @@ pub fn report_luns(session: &Session) -> io::Result<Vec<u16>> {
             .execute(lun0, &cdb, Xfer::In(alloc as usize))
             .map_err(|e| io_err("REPORT LUNS", e))?;
         if !r.good() {
-            let (key, ..) = sense_triple(&r.sense);
-            if key == 0x6 {
+            if sense_key(&r.sense) == SenseKey::UnitAttention {
                 continue; // a unit attention first; REPORT LUNS again
             }
             return Err(io::Error::other(format!("REPORT LUNS: {}", describe(&r))));

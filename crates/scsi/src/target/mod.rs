@@ -53,35 +53,52 @@ impl Nexus {
     }
 }
 
-/// SCSI status (SAM-5 5.3.1).
+/// SCSI status (SAM-5 5.3.1); each variant's value is its status code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
 pub enum Status {
-    Good,
-    CheckCondition,
+    Good = 0x00,
+    CheckCondition = 0x02,
     /// A command from a nexus other than the faulted one, NACA=0, while an
     /// ACA condition is in effect (SAM-5 5.9.2.3).
-    Busy,
-    ReservationConflict,
+    Busy = 0x08,
+    ReservationConflict = 0x18,
     /// A command the ACA condition does not admit (SAM-5 5.9.2).
-    AcaActive,
-    TaskAborted,
+    AcaActive = 0x30,
+    TaskAborted = 0x40,
     /// The logical unit's task set already holds its queue depth
     /// (`DeviceConfig::queue_depth`), some of it this nexus's tasks; the
     /// command did not run. (A nexus with no task there gets `Busy`.)
-    TaskSetFull,
+    TaskSetFull = 0x28,
+}
+
+impl Status {
+    const ALL: [Status; 7] = [
+        Status::Good,
+        Status::CheckCondition,
+        Status::Busy,
+        Status::ReservationConflict,
+        Status::AcaActive,
+        Status::TaskAborted,
+        Status::TaskSetFull,
+    ];
+
+    /// The status code (SAM-5 table 33), as a transport sends it.
+    pub const fn code(self) -> u8 {
+        self as u8
+    }
+
+    /// The status a received code names; `None` for the codes this core
+    /// never answers with (CONDITION MET, INTERMEDIATE, obsolete and
+    /// reserved values).
+    pub fn from_code(code: u8) -> Option<Status> {
+        Status::ALL.into_iter().find(|s| s.code() == code)
+    }
 }
 
 impl From<Status> for u8 {
     fn from(s: Status) -> u8 {
-        match s {
-            Status::Good => 0x00,
-            Status::CheckCondition => 0x02,
-            Status::Busy => 0x08,
-            Status::ReservationConflict => 0x18,
-            Status::AcaActive => 0x30,
-            Status::TaskSetFull => 0x28,
-            Status::TaskAborted => 0x40,
-        }
+        s.code()
     }
 }
 
@@ -602,5 +619,22 @@ impl Target {
         let r = self.run(nexus, lun, cdb, data_out, expected, None);
         self.with_order(|o| o.settle(k, &dev, nexus, None, cdb, r.status));
         r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Status;
+
+    #[test]
+    fn status_codes_round_trip() {
+        for s in Status::ALL {
+            assert_eq!(Status::from_code(s.code()), Some(s));
+            assert_eq!(u8::from(s), s.code());
+        }
+        assert_eq!(Status::CheckCondition.code(), 0x02);
+        assert_eq!(Status::TaskSetFull.code(), 0x28);
+        // CONDITION MET is a status, but not one this core answers with.
+        assert_eq!(Status::from_code(0x04), None);
     }
 }

@@ -76,7 +76,7 @@ pub struct CmdResult {
 impl CmdResult {
     /// GOOD status.
     pub fn good(&self) -> bool {
-        self.status == Status::Scsi(0)
+        self.status == Status::Scsi(scsi::Status::Good.code())
     }
 }
 
@@ -595,7 +595,7 @@ impl Session {
             st = inner.lock();
         };
         let mut out = Vec::new();
-        if reading && completion.status == Status::Scsi(0) {
+        if reading && completion.status == Status::Scsi(scsi::Status::Good.code()) {
             let got = match completion.data_in_residual {
                 Some(srp::initiator::Residual::Under(n)) => len.saturating_sub(n as usize),
                 _ => len,

@@ -109,7 +109,7 @@ impl Inner {
                 c.queued.remove(&job.req.cmd);
             }
             let done = ScsiDone {
-                status: 0x08,
+                status: scsi::Status::Busy.code(),
                 ..ScsiDone::good(job.req.cmd, 0)
             };
             if let Some(ch) = st.target.channel_mut(st.conns[&conn].channel) {
@@ -255,10 +255,12 @@ impl Inner {
         let Ok(lun) = scsi::Lun::decode(req.lun.0) else {
             // SPC-4: LOGICAL UNIT NOT SUPPORTED for an address we cannot decode.
             let mut done = ScsiDone::good(req.cmd, 0);
-            done.status = 0x02;
-            done.sense = vec![
-                0x70, 0, 0x05, 0, 0, 0, 0, 10, 0, 0, 0, 0, 0x25, 0, 0, 0, 0, 0,
-            ];
+            done.status = scsi::Status::CheckCondition.code();
+            done.sense = scsi::Sense::new(
+                scsi::SenseKey::IllegalRequest,
+                scsi::Asc::LOGICAL_UNIT_NOT_SUPPORTED,
+            )
+            .to_fixed();
             return (done, InData::Vec(Vec::new()));
         };
         let data_out_dir = !matches!(req.data_out, DataOut::None);
