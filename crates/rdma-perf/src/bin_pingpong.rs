@@ -2,6 +2,8 @@
 
 #![forbid(unsafe_code)]
 
+mod stderr_log;
+
 use clap::Parser;
 use rdma_perf::pingpong::{run, PingPongConfig};
 use rdma_types::Mtu;
@@ -44,6 +46,7 @@ struct Cli {
 }
 
 fn main() -> ExitCode {
+    stderr_log::init();
     let cli = Cli::parse();
     let mtu = match Mtu::from_bytes(cli.mtu) {
         Ok(m) => m,

@@ -5,6 +5,8 @@
 
 #![forbid(unsafe_code)]
 
+mod stderr_log;
+
 use clap::Parser;
 use rdma_perf::rping::{run, RpingConfig, MIN_SIZE, RPING_PORT};
 use std::net::IpAddr;
@@ -56,6 +58,7 @@ struct Args {
 }
 
 fn main() -> ExitCode {
+    stderr_log::init();
     let a = Args::parse();
     if !a.server && !a.client {
         eprintln!("rrping: say -s (server) or -c (client)");

@@ -677,7 +677,7 @@ pub fn run_server(common: &Common, listener: &TcpListener) -> Result<(), PerfErr
         match reader.read_line(&mut line) {
             Ok(0) => {
                 if let Some(why) = side.node.qp_mut(side.qp).and_then(|q| q.last_error()) {
-                    eprintln!("rperf server: the QP refused a request: {why}");
+                    tracing::warn!("rperf server: the QP refused a request: {why}");
                 }
                 return Ok(());
             }

@@ -2,6 +2,8 @@
 
 #![forbid(unsafe_code)]
 
+mod stderr_log;
+
 use clap::{Parser, Subcommand};
 use rdma_perf::{parse_faults, run_client, run_server, ClientConfig, Common, Op};
 use rdma_types::Mtu;
@@ -161,6 +163,7 @@ fn demo(iters: u64) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
+    stderr_log::init();
     let cli = Cli::parse();
     let result: Result<(), String> = match cli.role {
         Role::Server {
