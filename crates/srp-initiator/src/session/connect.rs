@@ -6,11 +6,44 @@ use super::*;
 impl Session {
     /// Opens CA `guid` on `provider`, connects through `connector` and logs
     /// in. Blocks until the login is answered.
+    ///
+    /// The session's `srp_session` tracing span (the local CA and port,
+    /// the target port identifier, the channel index) covers the login,
+    /// the session's error events and its logout.
     pub fn connect(
         provider: Arc<dyn Provider>,
         guid: Guid,
         connector: Arc<dyn Connector>,
         cfg: SessionConfig,
+    ) -> Result<Session, SessionError> {
+        let span = tracing::info_span!(
+            "srp_session",
+            ca = %guid,
+            port = cfg.port.0,
+            id_ext = format_args!("{:016x}", cfg.channel.id_ext),
+            ioc_guid = %cfg.channel.ioc_guid,
+            channel = cfg.channel.channel_index,
+        );
+        let logged_in =
+            span.in_scope(|| Session::log_in(provider, guid, connector, cfg, span.clone()));
+        match &logged_in {
+            Ok(s) => tracing::debug!(
+                parent: &span,
+                max_it_iu_len = s.inner.negotiated.max_it_iu_len,
+                req_lim = s.inner.negotiated.req_lim,
+                "logged in"
+            ),
+            Err(e) => tracing::debug!(parent: &span, error = %e, "login failed"),
+        }
+        logged_in
+    }
+
+    fn log_in(
+        provider: Arc<dyn Provider>,
+        guid: Guid,
+        connector: Arc<dyn Connector>,
+        cfg: SessionConfig,
+        span: tracing::Span,
     ) -> Result<Session, SessionError> {
         let mut channel = Channel::new(cfg.channel.clone())?;
         let (tx, rx) = mpsc::channel();
@@ -260,6 +293,7 @@ impl Session {
             probe_interval: cfg.probe_interval,
             handle: connected.handle,
             epoch,
+            span,
             st: Mutex::new(State {
                 channel,
                 free_slots: (0..slots).rev().collect(),
@@ -300,6 +334,7 @@ impl Session {
 /// which over a dead link waits for the CM's retries to run out), fail
 /// what is still outstanding, stop and join the poll thread, destroy.
 pub(super) fn shutdown(inner: &Inner, poller: Option<JoinHandle<()>>) {
+    let _span = inner.span.enter();
     inner.connector.disconnect(inner.handle);
     {
         let mut st = inner.lock();
@@ -331,6 +366,7 @@ pub(super) fn shutdown(inner: &Inner, poller: Option<JoinHandle<()>>) {
             inner.pool_mr.handle,
         ],
     );
+    tracing::debug!("logged out");
 }
 
 pub(super) fn recv_wr(buf: &MemBuf, mr: &MrInfo, size: u32, i: u32) -> RecvWr {

@@ -186,6 +186,9 @@ struct Inner {
     probe_interval: Option<rdma_types::Duration>,
     handle: u64,
     epoch: std::time::Instant,
+    /// The session's `srp_session` span: parent of its events (login,
+    /// errors, logout; none per command).
+    span: tracing::Span,
     st: Mutex<State>,
     cv: Condvar,
     events: Mutex<Sender<Ev>>,

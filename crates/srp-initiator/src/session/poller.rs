@@ -102,10 +102,14 @@ impl Inner {
 
     pub(super) fn on_wc(&self, st: &mut State, wc: &WorkCompletion) {
         let ok = wc.status == WcStatus::Success;
-        if !ok && std::env::var_os("SRP_DEBUG").is_some() {
-            eprintln!(
-                "srp session: completion {:#x} failed: {:?}",
-                wc.wr_id, wc.status
+        if !ok {
+            // Routine when the QP is flushed (every outstanding request
+            // ends so at a disconnect): debug, not a warning.
+            tracing::debug!(
+                parent: &self.span,
+                wr_id = format_args!("{:#x}", wc.wr_id),
+                status = ?wc.status,
+                "completion failed"
             );
         }
         match wc.wr_id & KIND_MASK {
@@ -154,6 +158,7 @@ impl Inner {
     /// the data of a command that is now retried elsewhere.
     pub(super) fn lost(&self, st: &mut State) {
         if !st.closed {
+            tracing::debug!(parent: &self.span, "connection lost");
             let _ = self.provider.modify_qp(
                 self.qp,
                 &QpAttr {

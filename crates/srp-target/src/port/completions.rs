@@ -283,6 +283,9 @@ impl Inner {
             }
             Output::Disconnect => {
                 let why = self.close_reason(st, conn);
+                if let Some(c) = st.conns.get(&conn) {
+                    tracing::debug!(parent: &c.span, reason = %why, "closing the channel");
+                }
                 self.close(st, conn);
                 // The hook runs once the lock is let go (`PortLock`).
                 st.closed.push((conn, why));

@@ -344,6 +344,20 @@ impl Inner {
         peer: PeerQp,
         pkey: Option<Pkey>,
     ) -> LoginOutcome {
+        let outcome = self.log_in(data, form, peer, pkey);
+        if let LoginOutcome::Rejected { reason, .. } = &outcome {
+            tracing::debug!(port = %self.name, %reason, "login refused");
+        }
+        outcome
+    }
+
+    fn log_in(
+        &self,
+        data: &[u8],
+        form: LoginForm,
+        peer: PeerQp,
+        pkey: Option<Pkey>,
+    ) -> LoginOutcome {
         let mut st = self.lock();
         if let Some(refused) = self.refuse_pending(&mut st, data, form, peer) {
             return refused;
@@ -394,6 +408,11 @@ impl Inner {
             Ok((mut c, local, key)) => {
                 c.channel = channel;
                 c.pkey = key;
+                tracing::debug!(
+                    parent: &c.span,
+                    pkey = format_args!("{:04x}", key.0),
+                    "login accepted"
+                );
                 st.by_channel.insert(channel, conn);
                 st.conns.insert(conn, c);
                 // The poll thread times the login from now.
@@ -535,6 +554,15 @@ impl Inner {
         let qpn = p.qp_num(qp).map_err(verbs_err("QP number"))?;
         undo.disarm();
         let nexus = scsi::Nexus::new(initiator, &self.name);
+        // A root span: a login that arrives inside someone else's span
+        // (an in-process initiator's) does not make the channel part of it.
+        let span = tracing::info_span!(
+            parent: None,
+            "srp_channel",
+            port = %self.name,
+            conn = conn.0,
+            initiator = %initiator,
+        );
         Ok((
             Conn {
                 channel: ChannelId(0),
@@ -562,6 +590,7 @@ impl Inner {
                 keepalive_out: false,
                 keepalives: 0,
                 close_reason: None,
+                span,
             },
             LocalQp { qpn, psn },
         ))
@@ -816,5 +845,6 @@ impl Inner {
         let _ = p.destroy_qp(c.qp);
         let _ = p.dereg_mr(c.send_mr.handle);
         let _ = p.destroy_cq(c.send_cq);
+        tracing::debug!(parent: &c.span, "channel released");
     }
 }

@@ -276,6 +276,9 @@ struct Conn {
     keepalives: u64,
     /// Why the target closes it, once it does.
     close_reason: Option<CloseReason>,
+    /// The channel's `srp_channel` span (port, connection, initiator):
+    /// parent of its login, close and release events, none per command.
+    span: tracing::Span,
 }
 
 impl Conn {
@@ -656,6 +659,9 @@ impl TargetPort {
     /// requests drained. A pending login's channel goes at once.
     pub fn disconnected(&self, conn: ConnId) {
         let mut st = self.inner.lock();
+        if let Some(c) = st.conns.get(&conn) {
+            tracing::debug!(parent: &c.span, "connection gone");
+        }
         self.inner.close(&mut st, conn);
     }
 
