@@ -32,12 +32,17 @@ pub fn control_socket_of(name: &str) -> PathBuf {
 
 /// Writes the libraries' `tracing` events to standard error: warnings and
 /// errors, or what `RUST_LOG` asks for (`RUST_LOG=srp_initiator=debug`).
+/// When a subscriber is installed already, it stays.
 pub fn log_to_stderr() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let filter = tracing_subscriber::EnvFilter::builder()
+        .with_default_directive(tracing_subscriber::filter::LevelFilter::WARN.into())
+        .from_env_lossy();
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .without_time()
+        .with_target(false)
         .try_init();
 }
 

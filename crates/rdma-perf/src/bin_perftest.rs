@@ -5,8 +5,6 @@
 
 #![forbid(unsafe_code)]
 
-mod stderr_log;
-
 use clap::Parser;
 use rdma_perf::perftest::{run, AtomicOp, PerftestConfig, Verb, DEFAULT_PORT};
 use std::net::IpAddr;
@@ -83,7 +81,7 @@ struct Cli {
 }
 
 fn main() -> ExitCode {
-    stderr_log::init();
+    daemon_ctl::log_to_stderr();
     let cli = Cli::parse();
     let _ = cli.cpu_freq;
     let Ok(mtu) = rdma_types::Mtu::from_bytes(cli.mtu) else {

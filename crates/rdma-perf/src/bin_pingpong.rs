@@ -2,8 +2,6 @@
 
 #![forbid(unsafe_code)]
 
-mod stderr_log;
-
 use clap::Parser;
 use rdma_perf::pingpong::{run, PingPongConfig};
 use rdma_types::Mtu;
@@ -46,7 +44,7 @@ struct Cli {
 }
 
 fn main() -> ExitCode {
-    stderr_log::init();
+    daemon_ctl::log_to_stderr();
     let cli = Cli::parse();
     let mtu = match Mtu::from_bytes(cli.mtu) {
         Ok(m) => m,

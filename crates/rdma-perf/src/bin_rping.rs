@@ -5,8 +5,6 @@
 
 #![forbid(unsafe_code)]
 
-mod stderr_log;
-
 use clap::Parser;
 use rdma_perf::rping::{run, RpingConfig, MIN_SIZE, RPING_PORT};
 use std::net::IpAddr;
@@ -58,7 +56,7 @@ struct Args {
 }
 
 fn main() -> ExitCode {
-    stderr_log::init();
+    daemon_ctl::log_to_stderr();
     let a = Args::parse();
     if !a.server && !a.client {
         eprintln!("rrping: say -s (server) or -c (client)");

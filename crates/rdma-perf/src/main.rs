@@ -2,8 +2,6 @@
 
 #![forbid(unsafe_code)]
 
-mod stderr_log;
-
 use clap::{Parser, Subcommand};
 use rdma_perf::{parse_faults, run_client, run_server, ClientConfig, Common, Op};
 use rdma_types::Mtu;
@@ -163,7 +161,7 @@ fn demo(iters: u64) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
-    stderr_log::init();
+    daemon_ctl::log_to_stderr();
     let cli = Cli::parse();
     let result: Result<(), String> = match cli.role {
         Role::Server {

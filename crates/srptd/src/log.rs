@@ -215,8 +215,9 @@ impl Logger {
 /// logger's level (read at every event, so `srptadm set log-level`
 /// reaches the libraries too) to [`Logger::emit`], in the format srptd
 /// writes. An event's `event` field names it (else its tracing target,
-/// the module it came from); the fields `target` and `session`, of the
-/// event or of a span it is in (innermost first), fill the record's; the
+/// the module it came from); the fields `target` (or `port`) and
+/// `session` (or `initiator`), of the event or of a span it is in
+/// (innermost first), fill the record's; the
 /// other fields of the event and its spans are the record's details, and
 /// the text form appends them to the message.
 pub struct Bridge {
@@ -338,8 +339,18 @@ where
             v => v.to_string(),
         };
         let event = f.map.remove("event").map(text);
-        let target = f.map.remove("target").map(text);
-        let session = f.map.remove("session").map(text);
+        // srp-target's channel span names the target port `port` and the
+        // session `initiator`.
+        let target = f
+            .map
+            .remove("target")
+            .or_else(|| f.map.remove("port"))
+            .map(text);
+        let session = f
+            .map
+            .remove("session")
+            .or_else(|| f.map.remove("initiator"))
+            .map(text);
         let mut msg = f.message.unwrap_or_default();
         if self.log.format() == Format::Text && !f.map.is_empty() {
             let details: Vec<String> = f
@@ -446,7 +457,8 @@ mod tests {
         });
         let subscriber = tracing_subscriber::registry().with(Bridge::new(log.clone()));
         tracing::subscriber::with_default(subscriber, || {
-            let span = tracing::info_span!("channel", target = "t0", session = "0xaa", qpn = 17u64);
+            let span =
+                tracing::info_span!("srp_channel", port = "t0", initiator = "0xaa", qpn = 17u64);
             let _in = span.enter();
             tracing::warn!(
                 event = "qp_refused",
