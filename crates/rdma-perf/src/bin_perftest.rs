@@ -91,6 +91,13 @@ fn main() -> ExitCode {
         );
         return ExitCode::FAILURE;
     };
+    let nic = match rnic::softroce::NicOptions::from_env() {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("rperftest: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let cfg = PerftestConfig {
         verb: cli.verb,
         atomic: cli.atomic_type,
@@ -116,6 +123,7 @@ fn main() -> ExitCode {
         device: cli.device,
         report_gbits: cli.report_gbits,
         timeout: std::time::Duration::from_secs(cli.timeout.max(1)),
+        nic,
     };
     match run(&cfg) {
         Ok(r) => {

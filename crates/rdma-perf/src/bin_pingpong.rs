@@ -66,6 +66,7 @@ fn main() -> ExitCode {
         gid_index: cli.gid_idx,
         rx_depth: cli.rx_depth,
         ud: cli.ud,
+        gso: softroce::gso_from_env(),
     };
     match run(&cfg) {
         Ok(_) => ExitCode::SUCCESS,

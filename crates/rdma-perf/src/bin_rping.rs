@@ -84,6 +84,13 @@ fn main() -> ExitCode {
             }
         }
     };
+    let nic = match rnic::softroce::NicOptions::from_env() {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("rrping: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let cfg = RpingConfig {
         server: a.server,
         local,
@@ -96,6 +103,7 @@ fn main() -> ExitCode {
         validate: a.validate,
         mtu,
         idle_timeout: std::time::Duration::from_secs(a.timeout.max(1)),
+        nic,
     };
     match run(&cfg) {
         Ok(r) => {

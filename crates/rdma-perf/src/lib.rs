@@ -144,6 +144,9 @@ pub struct Common {
     pub capture: Option<PathBuf>,
     /// Buffer size in bytes.
     pub buffer: usize,
+    /// UDP GSO and GRO on this node's socket (`NodeConfig::gso`/`gro`;
+    /// `rperf` maps `SOFTROCE_GSO` onto it: [`softroce::gso_from_env`]).
+    pub gso: bool,
 }
 
 /// Client settings.
@@ -325,6 +328,8 @@ impl Side {
         let mut cfg = NodeConfig::new(common.bind);
         cfg.faults = common.faults.clone();
         cfg.capture = common.capture.clone();
+        cfg.gso = common.gso;
+        cfg.gro = common.gso;
         let mut node = Node::bind(cfg)?;
         let mem = FlatMemory::new(KEY, common.buffer);
         let mut qcfg = QpConfig::rc(Qpn::from_bits(0), Qpn::from_bits(0));

@@ -112,6 +112,7 @@ fn common(a: &CommonArgs) -> Result<Common, String> {
             .map_err(|e| e.to_string())?,
         capture: a.capture.clone(),
         buffer: a.buffer,
+        gso: softroce::gso_from_env(),
     })
 }
 
@@ -123,6 +124,7 @@ fn demo(iters: u64) -> Result<(), String> {
         faults: None,
         capture: None,
         buffer: 64 << 20,
+        gso: softroce::gso_from_env(),
     };
     let oob: SocketAddr = "127.0.0.2:18515".parse().expect("literal address");
     let listener = TcpListener::bind(oob).map_err(|e| format!("cannot listen on {oob}: {e}"))?;

@@ -353,6 +353,9 @@ pub struct PerftestConfig {
     pub report_gbits: bool,
     /// Give up when the peer or the transfer is silent this long.
     pub timeout: Duration,
+    /// Our soft RoCE NIC's options (`rperftest` maps the environment onto
+    /// them: [`rnic::softroce::NicOptions::from_env`]).
+    pub nic: rnic::softroce::NicOptions,
 }
 
 /// Our one device's name, as `-d` takes it.
@@ -808,6 +811,7 @@ mod tests {
             device: None,
             report_gbits: false,
             timeout: Duration::from_secs(1),
+            nic: rnic::softroce::NicOptions::default(),
         }
     }
 

@@ -98,6 +98,9 @@ pub struct PingPongConfig {
     /// UD instead of RC, like `ibv_ud_pingpong` (Q_Key 0x11111111; each
     /// receive buffer has 40 bytes of GRH in front of the message).
     pub ud: bool,
+    /// UDP GSO and GRO on our node's socket (`NodeConfig::gso`/`gro`;
+    /// `rpingpong` maps `SOFTROCE_GSO` onto it: [`softroce::gso_from_env`]).
+    pub gso: bool,
 }
 
 /// The Q_Key `ibv_ud_pingpong` uses.
@@ -210,7 +213,10 @@ pub fn run(cfg: &PingPongConfig) -> Result<PingPongResult, PingPongError> {
     if cfg.size > cfg.mtu.bytes() * 1024 {
         return Err(PingPongError::TooLarge(cfg.size));
     }
-    let mut node = Node::bind(NodeConfig::new(cfg.bind)).map_err(|source| PingPongError::Bind {
+    let mut ncfg = NodeConfig::new(cfg.bind);
+    ncfg.gso = cfg.gso;
+    ncfg.gro = cfg.gso;
+    let mut node = Node::bind(ncfg).map_err(|source| PingPongError::Bind {
         bind: cfg.bind,
         source,
     })?;

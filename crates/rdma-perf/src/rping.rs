@@ -54,6 +54,9 @@ pub struct RpingConfig {
     pub mtu: Mtu,
     /// Give up when nothing happens for this long.
     pub idle_timeout: Duration,
+    /// Our soft RoCE NIC's options (`rrping` maps the environment onto
+    /// them: [`rnic::softroce::NicOptions::from_env`]).
+    pub nic: rnic::softroce::NicOptions,
 }
 
 /// What a run did.
@@ -272,13 +275,14 @@ pub fn run(cfg: &RpingConfig) -> Result<RpingReport, RpingError> {
         return Err(RpingError::TooSmall(cfg.size));
     }
     let guid = Guid(0x0002_c903_00c0_0001);
-    let provider = rnic::softroce::SoftRoce::with_mtu(
+    let provider = rnic::softroce::SoftRoce::with_options(
         vec![rnic::softroce::SoftCa {
             guid,
             ip: cfg.local,
         }],
         cfg.udp_port,
         cfg.mtu,
+        cfg.nic.clone(),
     );
     let agent =
         CmAgent::start(provider.clone(), guid, std::process::id() << 8).map_err(|source| {

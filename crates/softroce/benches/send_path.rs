@@ -11,7 +11,8 @@
 //! `SOFTROCE_BENCH_CASE=write64k` (a prefix of a case name) runs only the
 //! cases it names, so a callgrind run with
 //! `--toggle-collect='*Node*receive*'` divided by the message count is the
-//! receive path's instructions per message.
+//! receive path's instructions per message. `SOFTROCE_GSO=0` turns UDP
+//! GSO/GRO off, as for the tools.
 
 use rdma_types::{Instant, Lkey, Mtu, Qpn, Rkey, WcStatus};
 use roce::{QpConfig, SendOp, SendWqe, Sge};
@@ -30,8 +31,14 @@ struct Pair {
 
 impl Pair {
     fn new() -> Pair {
-        let mut a = Node::bind(NodeConfig::new("127.0.160.20:0".parse().unwrap())).unwrap();
-        let mut b = Node::bind(NodeConfig::new("127.0.160.21:0".parse().unwrap())).unwrap();
+        // `SOFTROCE_GSO=0` measures without UDP GSO/GRO, as the tools do.
+        let node = |addr: &str| {
+            let mut cfg = NodeConfig::new(addr.parse().unwrap());
+            cfg.gso = softroce::gso_from_env();
+            cfg.gro = cfg.gso;
+            Node::bind(cfg).unwrap()
+        };
+        let (mut a, mut b) = (node("127.0.160.20:0"), node("127.0.160.21:0"));
         let mut cfg = QpConfig::rc(Qpn::new(0).unwrap(), Qpn::new(0).unwrap());
         cfg.pmtu = Mtu::Mtu4096;
         let qa = a.create_qp(cfg.clone(), Box::new(FlatMemory::new(KEY, 2 * MIB)));

@@ -17,8 +17,9 @@
 //! whose segment `k` carries the ICRC for IPv4 ID `k`, as the kernel
 //! numbers them; then fire due timers.
 //! A receive buffer the kernel coalesced (GRO) is checked segment by
-//! segment with that numbering first. `NodeConfig::gso`/`gro` (or
-//! `SOFTROCE_GSO=0`) turn the offloads off.
+//! segment with that numbering first. `NodeConfig::gso`/`gro` turn the
+//! offloads off (binaries map `SOFTROCE_GSO=0` onto them with
+//! [`gso_from_env`]; the library reads no environment variable).
 //!
 //! It is still a library piece, not a verbs provider: memory is reached
 //! through the [`roce::Memory`] object each QP is created with, completions
@@ -41,8 +42,8 @@
 //!
 //! [`link`] follows the interface under a node's address (carrier and
 //! administrative state, by rtnetlink), so a provider can take its port
-//! down when the link goes, as Linux rxe does for its netdev;
-//! `SOFTROCE_FOLLOW_LINK=0` turns that off.
+//! down when the link goes, as Linux rxe does for its netdev (whether it
+//! does is the provider's choice: `rnic` has an option for it).
 
 #![deny(clippy::undocumented_unsafe_blocks)]
 
@@ -51,6 +52,6 @@ pub mod link;
 mod node;
 
 pub use driver::{CompletionCallback, Driver, Released};
-pub use node::{AhId, Node, NodeConfig, NodeStats, QpHandle};
+pub use node::{gso_from_env, gso_from_var, AhId, Node, NodeConfig, NodeStats, QpHandle, GSO_ENV};
 pub use rdma_types::PkeyViolation;
 pub use roce::FlatMemory;

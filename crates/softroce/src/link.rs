@@ -34,17 +34,15 @@
 //! followed (the wildcard, or an address not configured yet: the bind
 //! would fail anyway).
 //!
-//! On by default; `SOFTROCE_FOLLOW_LINK=0` turns it off (to measure how
-//! long the transport alone takes to notice a dead path).
+//! Whether to follow at all is the caller's choice (`rnic` follows unless
+//! its options say not to, for instance to measure how long the transport
+//! alone takes to notice a dead path); nothing here reads the environment.
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::Weak;
 use std::time::Duration;
-
-/// The environment variable that turns link following off (`0`).
-pub const FOLLOW_LINK_ENV: &str = "SOFTROCE_FOLLOW_LINK";
 
 /// How often the watcher looks at the interfaces without news (and
 /// whether its owner is still there).
@@ -53,12 +51,6 @@ pub const POLL: Duration = Duration::from_millis(100);
 /// Reads of the netlink socket per wake-up (bounded work; a socket with
 /// more wakes the thread again at once).
 const DRAIN_READS: usize = 64;
-
-/// Whether links are followed: unless `SOFTROCE_FOLLOW_LINK` is `0`,
-/// `off`, `no` or `false`.
-pub fn follow_link_enabled() -> bool {
-    !std::env::var(FOLLOW_LINK_ENV).is_ok_and(|v| matches!(v.trim(), "0" | "off" | "no" | "false"))
-}
 
 /// The interface that holds an address, as `getifaddrs` reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -403,7 +395,7 @@ struct Prepared {
 /// The subscription and the first look, in that order, so no change falls
 /// between them. `None`: nothing to follow.
 fn prepare(addrs: &[IpAddr]) -> io::Result<Option<Prepared>> {
-    if !follow_link_enabled() || addrs.iter().all(|a| a.is_loopback() || a.is_unspecified()) {
+    if addrs.iter().all(|a| a.is_loopback() || a.is_unspecified()) {
         return Ok(None);
     }
     let nl = Netlink::open()?;
@@ -427,8 +419,8 @@ fn prepare(addrs: &[IpAddr]) -> io::Result<Option<Prepared>> {
 /// already). A thread of its own waits for rtnetlink news and looks every
 /// [`POLL`]; it ends within that of the owner's last reference going.
 ///
-/// Returns whether anything is followed: `false` when following is off
-/// ([`FOLLOW_LINK_ENV`]) or no address is on a non-loopback interface.
+/// Returns whether anything is followed: `false` when no address is on a
+/// non-loopback interface.
 ///
 /// # Errors
 /// The rtnetlink socket, `getifaddrs` or the thread failed; the caller

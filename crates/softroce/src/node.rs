@@ -25,9 +25,9 @@ pub struct NodeConfig {
     /// The first QP number handed out (after QP0/QP1).
     pub first_qpn: u32,
     /// Send runs of equal-size packets to one peer as one segmented (GSO)
-    /// send, where the kernel can. Default on; the environment variable
-    /// `SOFTROCE_GSO=0` turns it and `gro` off (for A/B measurements, or a
-    /// peer path that mishandles it).
+    /// send, where the kernel can. Default on; off for A/B measurements,
+    /// or a peer path that mishandles it (binaries map `SOFTROCE_GSO=0`
+    /// onto it and `gro`: [`gso_from_env`]).
     pub gso: bool,
     /// Let the kernel coalesce received packets of one GSO send (GRO).
     pub gro: bool,
@@ -41,8 +41,8 @@ impl NodeConfig {
             capture: None,
             faults: None,
             first_qpn: 0x11,
-            gso: std::env::var_os("SOFTROCE_GSO").is_none_or(|v| v != "0"),
-            gro: std::env::var_os("SOFTROCE_GSO").is_none_or(|v| v != "0"),
+            gso: true,
+            gro: true,
         }
     }
 
@@ -59,6 +59,22 @@ impl NodeConfig {
         self.first_qpn = 0x100 + (h.finish() % 0x7f_ff00) as u32;
         self
     }
+}
+
+/// The environment variable binaries map onto [`NodeConfig::gso`] and
+/// [`NodeConfig::gro`] ([`gso_from_env`]).
+pub const GSO_ENV: &str = "SOFTROCE_GSO";
+
+/// For binaries: whether UDP GSO and GRO stay on as `SOFTROCE_GSO` says
+/// (on unless it is `0`), for [`NodeConfig::gso`] and [`NodeConfig::gro`].
+/// The library itself never reads the environment.
+pub fn gso_from_env() -> bool {
+    gso_from_var(std::env::var_os(GSO_ENV).as_deref())
+}
+
+/// What a value of `SOFTROCE_GSO` means (`None`: unset): on unless `0`.
+pub fn gso_from_var(value: Option<&std::ffi::OsStr>) -> bool {
+    value.is_none_or(|v| v != "0")
 }
 
 /// Counters of a node.

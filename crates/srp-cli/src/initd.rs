@@ -99,6 +99,9 @@ pub struct InitdConfig {
     pub fabric: rdma_access::subnet::Fabric,
     /// How long `start` waits for the SM in the `ib` fabric.
     pub sm_wait: Duration,
+    /// The soft RoCE NIC's options (`srpd` maps the environment onto
+    /// them: `rnic::softroce::NicOptions::from_env`).
+    pub nic: rnic::softroce::NicOptions,
 }
 
 struct Login {
@@ -247,7 +250,12 @@ impl Initd {
         let ib = cfg.fabric == rdma_access::subnet::Fabric::Ib;
         // Every port has the GUID of its address, in either fabric.
         let soft = rnic::softroce::SoftCa::at_each(&cfg.ips);
-        let provider = rnic::softroce::SoftRoce::with_mtu(soft.clone(), cfg.udp_port, cfg.mtu);
+        let provider = rnic::softroce::SoftRoce::with_options(
+            soft.clone(),
+            cfg.udp_port,
+            cfg.mtu,
+            cfg.nic.clone(),
+        );
         let access = rdma_access::resource::AccessLayer::new(provider.clone());
         let cm = access.client("cm").into_provider();
         let mut cas = Vec::new();

@@ -350,7 +350,8 @@ fn paths(l: &Login) -> Result<Vec<Arc<srp_initiator::path_login::PathLogin>>, St
         (i, d) => return Err(format!("{i} --ip for {d} --dest: give one --ip per --dest")),
     };
     let cas = rnic::softroce::SoftCa::at_each(&ips);
-    let provider = rnic::softroce::SoftRoce::with_mtu(cas.clone(), l.udp_port, mtu);
+    let nic = rnic::softroce::NicOptions::from_env().map_err(|e| e.to_string())?;
+    let provider = rnic::softroce::SoftRoce::with_options(cas.clone(), l.udp_port, mtu, nic);
     // Sessions reach the NIC through a client of the access layer, which
     // tracks every verbs object they make; the CM agents through another,
     // which tracks their CM ids and MAD agents too (each agent holds it).
@@ -906,8 +907,12 @@ fn discover(
     // ids, MAD agents and trap subscriptions (and, on soft RoCE, its QP1
     // objects). `_cm`, dropped first, closes them before the port goes.
     let guid = rnic::softroce::ip_guid(ip);
-    let provider =
-        rnic::softroce::SoftRoce::new(vec![rnic::softroce::SoftCa { guid, ip }], udp_port);
+    let provider = rnic::softroce::SoftRoce::with_options(
+        vec![rnic::softroce::SoftCa { guid, ip }],
+        udp_port,
+        rdma_types::Mtu::Mtu4096,
+        rnic::softroce::NicOptions::from_env().map_err(|e| e.to_string())?,
+    );
     let cm = rdma_access::resource::AccessLayer::new(provider.clone())
         .client("cm")
         .into_provider();

@@ -89,5 +89,5 @@ pub use names::{initiator_name, target_name};
 pub use port::{
     ChannelPhase, CloseReason, ConnId, LocalQp, LoginOutcome, LoginRefusal, LunCounters, LunStats,
     OtherTargetPort, PartitionError, PeerQp, PortDrive, PortError, PortOptions, SessionInfo,
-    SetupError, TargetPort,
+    SetupError, TargetPort, INLINE_ENV, INLINE_MAX,
 };

@@ -84,6 +84,13 @@ pub struct StackConfig {
     pub block_size: u32,
     /// Commands the initiator may have outstanding (`queue_size`).
     pub queue: u16,
+    /// The soft RoCE NIC's options (GSO, link following, faults), for
+    /// [`Transport::SoftRoce`]; `srpstack` maps the environment onto them
+    /// (`rnic::softroce::NicOptions::from_env`).
+    pub nic: rnic::softroce::NicOptions,
+    /// The target port's [`PortOptions::inline_max`] (`srpstack` maps
+    /// `SRPT_INLINE=0` onto 0).
+    pub inline_max: u32,
 }
 
 impl Default for StackConfig {
@@ -94,6 +101,8 @@ impl Default for StackConfig {
             backing: Backing::TempFile,
             block_size: 512,
             queue: 62,
+            nic: rnic::softroce::NicOptions::default(),
+            inline_max: srp_target::INLINE_MAX,
         }
     }
 }
@@ -285,7 +294,7 @@ impl Stack {
                     initiator,
                     udp_port,
                 } => {
-                    let p = rnic::softroce::SoftRoce::new(
+                    let p = rnic::softroce::SoftRoce::with_options(
                         vec![
                             rnic::softroce::SoftCa {
                                 guid: Guid(TARGET_GUID),
@@ -297,6 +306,8 @@ impl Stack {
                             },
                         ],
                         *udp_port,
+                        rdma_types::Mtu::Mtu4096,
+                        cfg.nic.clone(),
                     );
                     soft = Some(p.clone());
                     (p, "softroce", Lid(0))
@@ -364,7 +375,10 @@ impl Stack {
             Guid(TARGET_GUID),
             tcfg,
             scsi,
-            PortOptions::default(),
+            PortOptions {
+                inline_max: cfg.inline_max,
+                ..PortOptions::default()
+            },
         ) {
             Ok(p) => Arc::new(p),
             Err(e) => {

@@ -113,6 +113,24 @@ impl NetArgs {
     }
 }
 
+/// The stack's options from the environment: `SOFTROCE_GSO`,
+/// `SOFTROCE_FOLLOW_LINK` and `SOFTROCE_FAULTS` for the soft RoCE NICs,
+/// `SRPT_INLINE` for the target port.
+fn env_options(transport: Transport) -> Result<StackConfig, String> {
+    let nic = match transport {
+        Transport::SoftRoce { .. } => {
+            rnic::softroce::NicOptions::from_env().map_err(|e| e.to_string())?
+        }
+        Transport::Loopback => rnic::softroce::NicOptions::default(),
+    };
+    Ok(StackConfig {
+        transport,
+        nic,
+        inline_max: srp_target::PortOptions::inline_max_from_env(),
+        ..Default::default()
+    })
+}
+
 /// Parses `4096`, `4K`, `1M`, `1G` (powers of 1024).
 fn parse_size(s: &str) -> Result<u64, String> {
     let s = s.trim();
@@ -158,14 +176,13 @@ fn end_bar() {
 fn quickstart(nullio: bool, size: u64, runtime: u64, net: &NetArgs) -> Result<(), String> {
     println!("srpstack quickstart: an SRP target and initiator in one process\n");
     let cfg = StackConfig {
-        transport: net.transport()?,
         size,
         backing: if nullio {
             Backing::Null
         } else {
             Backing::TempFile
         },
-        ..Default::default()
+        ..env_options(net.transport()?)?
     };
     let t0 = std::time::Instant::now();
     let stack = Stack::start(&cfg).map_err(|e| e.to_string())?;
@@ -327,11 +344,10 @@ fn bench(
         return Err(format!("iodepth {iodepth} must be 1..=256"));
     }
     let stack = Stack::start(&StackConfig {
-        transport,
         size: ram,
         backing: Backing::Ram,
         queue: (iodepth + 2).clamp(16, 254) as u16,
-        ..Default::default()
+        ..env_options(transport)?
     })
     .map_err(|e| e.to_string())?;
     let dev: Arc<dyn blockload::BlockDevice> = stack.disk.clone();

@@ -168,6 +168,7 @@ fn veth_down_at_the_initiator_end_fails_over_without_errors() {
 /// 0 the old copy lands over W2 (checked too, so the scenario is known to
 /// reproduce the loss).
 fn stale_copy_of_a_write_in_doubt(tag: &str, hold_ms: Option<&str>) -> Option<Vec<String>> {
+    // For the two srptd (the initiator half turns following off itself).
     let mut env = vec![("SOFTROCE_FOLLOW_LINK", "0")];
     if let Some(h) = hold_ms {
         env.push((ENV_HOLD_MS, h));
@@ -214,10 +215,15 @@ fn stale_initiator_in_namespace() {
         .map(|v| Duration::from_millis(v.parse().expect("hold in ms")));
     let ips = [link(1).initiator_ip, link(2).initiator_ip];
     let cas = rnic::softroce::SoftCa::at_each(&ips);
-    let provider = rnic::softroce::SoftRoce::with_mtu(
+    // Link following off here too: path A's port stays ACTIVE.
+    let provider = rnic::softroce::SoftRoce::with_options(
         cas.clone(),
         rnic::softroce::ROCE_PORT,
         rdma_types::Mtu::from_bytes(1024).unwrap(),
+        rnic::softroce::NicOptions {
+            follow_link: false,
+            ..Default::default()
+        },
     );
     // Path A does not log in again: a new login would end its old
     // channel at the target, and with it the late command.

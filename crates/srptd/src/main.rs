@@ -195,8 +195,13 @@ fn run(a: &Args, log: &Log) -> Result<(), String> {
         .map_err(|e| at(t.control_socket.span(), "control_socket", e.to_string()))?;
     // Removed on a failed start (when this function returns) and at stop.
     let sock_file = CreatedFile::new(&sock);
-    let daemon =
-        Daemon::start(cfg.clone(), a.config.clone(), log.clone()).map_err(|e| e.to_string())?;
+    // What the NICs and ports take from the environment.
+    let opts = srptd::daemon::StartOptions {
+        nic: rnic::softroce::NicOptions::from_env().map_err(|e| e.to_string())?,
+        inline_max: srp_target::PortOptions::inline_max_from_env(),
+    };
+    let daemon = Daemon::start(cfg.clone(), a.config.clone(), log.clone(), &opts)
+        .map_err(|e| e.to_string())?;
     serve_control(daemon.clone(), control);
     let metrics = match &t.metrics {
         Some(m) => {

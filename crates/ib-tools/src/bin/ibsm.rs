@@ -24,8 +24,8 @@ use ib_sm::port::SmPort;
 use ib_sm::sim::{all_active, fabric_with, host, run_query, sim_config, sm, table};
 use ib_sm::{SmConfig, SmEvent};
 use rdma_mad::sa::{PathRecord, SaAttr};
-use rdma_types::{Duration, Gid, Guid, Lid};
-use rnic::softroce::{Personality, SoftCa, SoftRoce};
+use rdma_types::{Duration, Gid, Guid, Lid, Mtu};
+use rnic::softroce::{NicOptions, Personality, SoftCa, SoftRoce};
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -229,12 +229,14 @@ fn run_sm(args: RunArgs) -> Result<(), String> {
     cfg.mkey_protect = args.mkey_protect;
     cfg.mkey_lease = args.mkey_lease_secs;
     cfg.lmc = args.lmc;
-    let nic = SoftRoce::new(
+    let nic = SoftRoce::with_options(
         vec![SoftCa {
             guid,
             ip: args.addr,
         }],
         args.udp_port,
+        Mtu::Mtu4096,
+        NicOptions::from_env().map_err(|e| e.to_string())?,
     );
     nic.set_personality(guid, Personality::Ib)
         .map_err(|e| e.to_string())?;

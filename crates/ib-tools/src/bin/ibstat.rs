@@ -15,7 +15,8 @@ use rdma_access::devinfo::{self, CaInfo};
 use rdma_access::sma::state;
 use rdma_access::IbNode;
 use rdma_mad::smp::cap;
-use rnic::softroce::{ip_guid, Personality, SoftCa, SoftRoce};
+use rdma_types::Mtu;
+use rnic::softroce::{ip_guid, NicOptions, Personality, SoftCa, SoftRoce};
 use std::net::IpAddr;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -74,7 +75,8 @@ fn run(cli: &Cli) -> Result<Vec<CaInfo>, String> {
             ip,
         })
         .collect();
-    let p = SoftRoce::new(cas.clone(), cli.udp_port);
+    let nic = NicOptions::from_env().map_err(|e| e.to_string())?;
+    let p = SoftRoce::with_options(cas.clone(), cli.udp_port, Mtu::Mtu4096, nic);
     let mut out = Vec::new();
     match cli.fabric {
         Fabric::Roce => {

@@ -10,8 +10,8 @@ use clap::{Parser, Subcommand};
 use rdma_access::sa::{PathQuery, SaClient, SaTiming};
 use rdma_access::CmAgent;
 use rdma_mad::smp::{cap_names, PortInfo};
-use rdma_types::{Gid, Guid, Pkey};
-use rnic::softroce::{SoftCa, SoftRoce};
+use rdma_types::{Gid, Guid, Mtu, Pkey};
+use rnic::softroce::{NicOptions, SoftCa, SoftRoce};
 use std::net::IpAddr;
 use std::process::ExitCode;
 
@@ -105,7 +105,12 @@ fn fmt_gid(g: Gid) -> String {
 
 fn run(cli: Cli) -> Result<(), String> {
     let guid = Guid(0x0002_c903_00ee_0000 | u64::from(std::process::id() & 0xffff));
-    let provider = SoftRoce::new(vec![SoftCa { guid, ip: cli.ip }], cli.udp_port);
+    let provider = SoftRoce::with_options(
+        vec![SoftCa { guid, ip: cli.ip }],
+        cli.udp_port,
+        Mtu::Mtu4096,
+        NicOptions::from_env().map_err(|e| e.to_string())?,
+    );
     let agent = CmAgent::start(provider, guid, std::process::id() << 8)
         .map_err(|e| format!("open our NIC on {}: {e}", cli.ip))?;
     let timing = SaTiming {

@@ -68,10 +68,11 @@ impl Nic {
             move |err: verbs::VerbsError| PerftestError::Setup(format!("{what}: {err}"))
         };
         let guid = Guid(0x0002_c903_00d0_0001);
-        let provider = rnic::softroce::SoftRoce::with_mtu(
+        let provider = rnic::softroce::SoftRoce::with_options(
             vec![rnic::softroce::SoftCa { guid, ip: cfg.bind }],
             cfg.udp_port,
             cfg.mtu,
+            cfg.nic.clone(),
         );
         let p: Arc<dyn Provider> = provider.clone();
         let ca = p

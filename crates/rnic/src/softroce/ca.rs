@@ -118,9 +118,10 @@ impl SoftRoce {
         Ok(())
     }
 
-    /// Injects `faults` on the send path of CA `guid` (`None`: a clean
-    /// link). The node takes its faults when it binds, at the first open of
-    /// the CA, so this must come before that.
+    /// Injects `faults` on the send path of CA `guid` (`None`: the
+    /// provider's, [`NicOptions::faults`], by default a clean link). The
+    /// node takes its faults when it binds, at the first open of the CA,
+    /// so this must come before that.
     ///
     /// # Errors
     /// `NoSuchCa` for an unknown GUID; `Busy` when the CA is already open.
@@ -239,10 +240,9 @@ impl SoftRoce {
             None => {
                 let addr = SocketAddr::new(cfg.ip, self.udp_port);
                 let mut ncfg = NodeConfig::new(addr).with_random_first_qpn();
-                ncfg.faults = match s.faults.clone() {
-                    Some(f) => Some(f),
-                    None => faults_from_env()?,
-                };
+                ncfg.faults = s.faults.clone().or_else(|| self.options.faults.clone());
+                ncfg.gso = self.options.gso;
+                ncfg.gro = self.options.gso;
                 ncfg.capture = s.capture.clone();
                 let mut node = Node::bind(ncfg).map_err(|e| {
                     let why = match waited {
@@ -385,15 +385,5 @@ impl SoftRoce {
         };
         rt.on_destroyed(ResourceKind::Pd, ctx);
         Ok(())
-    }
-}
-
-/// The faults `SOFTROCE_FAULTS` asks for (`None` when unset or empty).
-fn faults_from_env() -> Result<Option<FaultConfig>> {
-    match std::env::var("SOFTROCE_FAULTS") {
-        Ok(spec) if !spec.trim().is_empty() => FaultConfig::parse(&spec)
-            .map(Some)
-            .map_err(|e| bad(format!("SOFTROCE_FAULTS: {e}"))),
-        _ => Ok(None),
     }
 }

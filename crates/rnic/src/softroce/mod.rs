@@ -20,10 +20,17 @@
 //! path a seeded [`FaultConfig`] (loss, duplication, reordering,
 //! corruption, latency) before the CA is first opened;
 //! [`SoftRoce::counters`] reports what the node and its QPs counted
-//! (retransmissions among them). A CA with no faults set takes them from
-//! the environment variable `SOFTROCE_FAULTS` (the tools' spec, e.g.
-//! `loss=0.01,seed=3`), so any binary can be run over a lossy link — the
-//! interop harness does this against Linux rxe; a bad spec fails the open.
+//! (retransmissions among them). A CA with no faults set takes the
+//! provider's ([`NicOptions::faults`]).
+//!
+//! Options of the whole provider ([`NicOptions`], given to
+//! [`SoftRoce::with_options`]): UDP GSO/GRO, following the link under each
+//! CA's address, default faults. The provider reads no environment
+//! variable; binaries map `SOFTROCE_GSO`, `SOFTROCE_FOLLOW_LINK` and
+//! `SOFTROCE_FAULTS` (the tools' spec, e.g. `loss=0.01,seed=3`) onto them
+//! with [`NicOptions::from_env`], so any of our binaries can be run over a
+//! lossy link — the interop harness does this against Linux rxe; a bad
+//! spec stops the binary with the variable named.
 //!
 //! Two port personalities (DESIGN.md decision 2), chosen per CA with
 //! [`SoftRoce::set_personality`] before its first open. [`Personality::Roce`]
@@ -103,6 +110,7 @@ use verbs::{
 };
 
 pub use guid::ip_guid;
+pub use options::{NicEnvError, NicOptions, FAULTS_ENV, FOLLOW_LINK_ENV};
 pub use rdma_sim::FaultConfig;
 pub use softroce::PkeyViolation;
 
@@ -113,6 +121,7 @@ mod guid;
 mod memory;
 mod mr;
 mod objects;
+mod options;
 mod port;
 mod post;
 mod qp;
@@ -180,6 +189,7 @@ pub struct SoftRoce {
     udp_port: u16,
     mtu: Mtu,
     cas: Vec<SoftCa>,
+    options: NicOptions,
     st: Mutex<State>,
     /// What the provider keeps of each CA, open or not, by GUID: one slot
     /// per entry of `cas`, all behind one lock.
@@ -226,22 +236,42 @@ impl SoftRoce {
     /// Like [`SoftRoce::new`], with ports whose active MTU is `mtu` (rxe
     /// reports 1024 on a 1500-byte Ethernet link; loopback fits 4096).
     pub fn with_mtu(cas: Vec<SoftCa>, udp_port: u16, mtu: Mtu) -> Arc<SoftRoce> {
+        SoftRoce::with_options(cas, udp_port, mtu, NicOptions::default())
+    }
+
+    /// Like [`SoftRoce::with_mtu`], with `options` instead of the defaults
+    /// (binaries pass [`NicOptions::from_env`]).
+    pub fn with_options(
+        cas: Vec<SoftCa>,
+        udp_port: u16,
+        mtu: Mtu,
+        options: NicOptions,
+    ) -> Arc<SoftRoce> {
         let slots = cas.iter().map(|c| (c.guid.0, CaSlot::default()));
+        let follow = options.follow_link;
         let p = Arc::new(SoftRoce {
             udp_port,
             mtu,
+            options,
             st: Mutex::new(State::default()),
             slots: Mutex::new(slots.collect()),
             cas,
         });
         // A CA's port follows the link under its address, as rxe's follows
-        // its netdev (`softroce::link`; `SOFTROCE_FOLLOW_LINK=0`: off, and
+        // its netdev (`softroce::link`; unless the options say not to, and
         // on failure only timeouts find a dead link).
-        let ips: Vec<IpAddr> = p.cas.iter().map(|c| c.ip).collect();
-        let _ = softroce::link::follow(Arc::downgrade(&p), &ips, |p: &SoftRoce, k, up| {
-            let _ = p.set_port_active(p.cas[k].guid, up);
-        });
+        if follow {
+            let ips: Vec<IpAddr> = p.cas.iter().map(|c| c.ip).collect();
+            let _ = softroce::link::follow(Arc::downgrade(&p), &ips, |p: &SoftRoce, k, up| {
+                let _ = p.set_port_active(p.cas[k].guid, up);
+            });
+        }
         p
+    }
+
+    /// The options the provider was made with.
+    pub fn options(&self) -> &NicOptions {
+        &self.options
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {

@@ -96,3 +96,79 @@ fn seeded_loss_is_recovered_and_counted() {
     assert_eq!(after.retransmits, c.retransmits, "{after:?}");
     assert!(after.tx_packets >= c.tx_packets, "{after:?}");
 }
+
+/// Sends one 32 KiB message from CA 0xa1 to CA 0xb2 of `p` (4096-byte
+/// packets: a run GSO may send at once); the sender's GSO sends and the
+/// CAs' counters after it.
+fn one_big_send(p: &Arc<SoftRoce>) -> (u64, SoftCaCounters) {
+    const LEN: u32 = 32 << 10;
+    let f = Two(p.clone());
+    let (a, b) = (
+        TNode::open(&f, Guid(0xa1), 64),
+        TNode::open(&f, Guid(0xb2), 64),
+    );
+    let (qa, qb) = (a.qp(QpType::Rc, None, 1), b.qp(QpType::Rc, None, 2));
+    connect(&a, qa, &b, qb, QpType::Rc, 7);
+    b.p.post_recv(
+        qb,
+        &[RecvWr {
+            wr_id: 1,
+            sges: vec![b.sge(0, LEN)],
+        }],
+    )
+    .unwrap();
+    a.buf.write_at(0, &vec![0x5a; LEN as usize]);
+    let mut w = SendWr::new(1, SendOpcode::Send, vec![a.sge(0, LEN)]);
+    w.flags = verbs::SendFlags::SIGNALED;
+    a.p.post_send(qa, &[w]).unwrap();
+    let wc = b.wc();
+    assert_eq!((wc.status, wc.byte_len), (WcStatus::Success, LEN));
+    assert_eq!(a.wc().status, WcStatus::Success);
+    assert!(b.buf.to_vec(0, LEN as usize).iter().all(|&x| x == 0x5a));
+    let gso = p
+        .device(Guid(0xa1))
+        .unwrap()
+        .inspect(|n| n.stats().tx_gso_sends);
+    (gso, p.counters(Guid(0xa1)).unwrap())
+}
+
+/// The provider's options take effect as given, with no environment
+/// variable involved: GSO off sends every packet on its own; faults of
+/// the options reach a CA without its own.
+#[test]
+fn options_turn_gso_off_and_inject_faults_without_the_environment() {
+    let ca = |g: u64, last: u8| SoftCa {
+        guid: Guid(g),
+        ip: IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 91, last)),
+    };
+    // Each provider on addresses of its own: a dropped one's nodes let go
+    // of their sockets a little later.
+    let with = |o: NicOptions, last: u8| {
+        SoftRoce::with_options(
+            vec![ca(0xa1, last), ca(0xb2, last + 1)],
+            ROCE_PORT,
+            Mtu::Mtu4096,
+            o,
+        )
+    };
+    let off = NicOptions {
+        gso: false,
+        ..NicOptions::default()
+    };
+    let p = with(off.clone(), 211);
+    assert_eq!(p.options(), &off);
+    let (gso, _) = one_big_send(&p);
+    assert_eq!(gso, 0, "GSO is off");
+    // The same send with the defaults is segmented, where the kernel can.
+    let (gso, _) = one_big_send(&with(NicOptions::default(), 213));
+    if gso == 0 {
+        rdma_testkit::need::part("the send with GSO on")
+            .skip("UDP GSO: no send was segmented", "Linux 4.18 or later");
+    }
+    let lossy = NicOptions {
+        faults: Some(FaultConfig::lossy(7, 0.2)),
+        ..NicOptions::default()
+    };
+    let (_, c) = one_big_send(&with(lossy, 215));
+    assert!(c.retransmits > 0, "{c:?}");
+}

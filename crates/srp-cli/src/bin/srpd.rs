@@ -101,6 +101,7 @@ fn run(a: Args) -> Result<(), String> {
             allow_other: a.allow_other,
             fabric: a.fabric,
             sm_wait: std::time::Duration::from_millis(a.sm_wait_ms),
+            nic: rnic::softroce::NicOptions::from_env().map_err(|e| e.to_string())?,
         })
         .map_err(|e| e.to_string())?,
     );

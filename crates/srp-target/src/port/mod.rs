@@ -104,6 +104,12 @@ pub struct PortOptions {
     pub keepalive: Option<std::time::Duration>,
     /// Who handles the port's completions and fires its timers.
     pub drive: PortDrive,
+    /// Largest transfer (bytes) a command to a memory store may have to
+    /// run right on the thread that got it, when the port is quiet: two
+    /// thread hand-offs less. 0: every command goes to a worker. Default
+    /// [`INLINE_MAX`]; binaries map `SRPT_INLINE=0` onto 0
+    /// ([`PortOptions::inline_max_from_env`]).
+    pub inline_max: u32,
 }
 
 /// Who drives a port ([`PortOptions::drive`]).
@@ -134,6 +140,24 @@ impl Default for PortOptions {
             max_pending_per_initiator: 4,
             keepalive: Some(std::time::Duration::from_secs(15)),
             drive: PortDrive::Thread,
+            inline_max: INLINE_MAX,
+        }
+    }
+}
+
+/// The environment variable binaries map onto [`PortOptions::inline_max`]
+/// (`0`: off).
+pub const INLINE_ENV: &str = "SRPT_INLINE";
+
+impl PortOptions {
+    /// For binaries: [`PortOptions::inline_max`] as `SRPT_INLINE` sets it
+    /// (`0`: 0, inline execution off; unset or anything else: the default
+    /// [`INLINE_MAX`]). The library itself never reads the environment.
+    pub fn inline_max_from_env() -> u32 {
+        if std::env::var_os(INLINE_ENV).is_some_and(|v| v == "0") {
+            0
+        } else {
+            INLINE_MAX
         }
     }
 }
@@ -340,9 +364,9 @@ const KIND_RDMA: u64 = 2 << 56;
 const KIND_KEEPALIVE: u64 = 3 << 56;
 const KIND_MASK: u64 = 0xff << 56;
 
-/// Largest transfer a command may have to run on the thread that got it
-/// (the environment variable `SRPT_INLINE=0` turns inline execution off).
-const INLINE_MAX: u32 = 64 << 10;
+/// Largest transfer a command may have to run on the thread that got it,
+/// by default ([`PortOptions::inline_max`]).
+pub const INLINE_MAX: u32 = 64 << 10;
 
 /// The port lock, counted so a completion callback on this thread knows
 /// not to take it again. Letting it go runs the disconnect hook for every
@@ -517,11 +541,7 @@ impl TargetPort {
             direct_in: Default::default(),
             direct_out: Default::default(),
             at_workers: std::sync::atomic::AtomicUsize::new(0),
-            inline_max: if std::env::var_os("SRPT_INLINE").is_some_and(|v| v == "0") {
-                0
-            } else {
-                INLINE_MAX
-            },
+            inline_max: opts.inline_max,
             st: Mutex::new(State {
                 target,
                 conns: IdMap::default(),

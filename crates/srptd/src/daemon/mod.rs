@@ -82,6 +82,28 @@ struct TargetRt {
     ib_port: Option<IbPort>,
 }
 
+/// What every target takes from outside the configuration file: its soft
+/// RoCE NIC's options and its port's inline limit. `srptd` maps the
+/// environment onto them (`SOFTROCE_GSO`, `SOFTROCE_FOLLOW_LINK`,
+/// `SOFTROCE_FAULTS`: [`rnic::softroce::NicOptions::from_env`];
+/// `SRPT_INLINE`: [`srp_target::PortOptions::inline_max_from_env`]).
+#[derive(Debug, Clone)]
+pub struct StartOptions {
+    /// Every target's soft RoCE NIC.
+    pub nic: rnic::softroce::NicOptions,
+    /// Every target port's [`srp_target::PortOptions::inline_max`].
+    pub inline_max: u32,
+}
+
+impl Default for StartOptions {
+    fn default() -> Self {
+        StartOptions {
+            nic: rnic::softroce::NicOptions::default(),
+            inline_max: srp_target::INLINE_MAX,
+        }
+    }
+}
+
 /// What `srptd` says about one running target when it starts.
 #[derive(Debug, Clone)]
 pub struct TargetSummary {
@@ -119,6 +141,7 @@ impl TargetRt {
         n: u32,
         scsi: &Arc<scsi::Target>,
         log: crate::log::Log,
+        opts: &StartOptions,
     ) -> Result<TargetRt, (std::ops::Range<usize>, &'static str, String)> {
         // What fails here fails on the port's NIC, at its address, unless
         // said otherwise.
@@ -130,12 +153,14 @@ impl TargetRt {
         // HCA's GUID), which Linux ib_srp keeps unique per initiator port:
         // two targets with one ID cannot both be logged in to.
         let guid = rnic::softroce::ip_guid(*t.ip.get_ref());
-        let provider = rnic::softroce::SoftRoce::new(
+        let provider = rnic::softroce::SoftRoce::with_options(
             vec![rnic::softroce::SoftCa {
                 guid,
                 ip: *t.ip.get_ref(),
             }],
             *t.udp_port.get_ref(),
+            rdma_types::Mtu::Mtu4096,
+            opts.nic.clone(),
         );
         // MAD transaction IDs of this process's agents, apart per target.
         let tid_base = (std::process::id() << 8) | (n & 0xff);
@@ -197,6 +222,7 @@ impl TargetRt {
                     keepalive: Some(*t.keepalive_ms.get_ref())
                         .filter(|&ms| ms > 0)
                         .map(Duration::from_millis),
+                    inline_max: opts.inline_max,
                     ..Default::default()
                 },
             )
@@ -260,11 +286,12 @@ impl Daemon {
     /// every target. `log` takes a record per event. An error names the
     /// file, line and key it comes from, and the image files this start
     /// created are removed again ([`preflight`] finds most such errors
-    /// before anything is made).
+    /// before anything is made). `opts` go to every target's NIC and port.
     pub fn start(
         cfg: Config,
         cfg_path: Option<PathBuf>,
         log: crate::log::Log,
+        opts: &StartOptions,
     ) -> Result<Arc<Daemon>, ConfigError> {
         let scsi = Arc::new(scsi::Target::new());
         let mut devices = BTreeMap::new();
@@ -294,7 +321,7 @@ impl Daemon {
         }
         let mut targets = Vec::new();
         for (i, t) in cfg.targets.iter().enumerate() {
-            let rt = TargetRt::start(t, i as u32, &scsi, log.clone())
+            let rt = TargetRt::start(t, i as u32, &scsi, log.clone(), opts)
                 .map_err(|(span, k, m)| cfg.error(span, format!("{}.{k}", cfg.target_key(i)), m))?;
             targets.push(rt);
         }
