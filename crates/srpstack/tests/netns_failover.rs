@@ -284,6 +284,16 @@ fn stale_initiator_in_namespace() {
     // W1 failed on A (in doubt) and was sent again on B, which did it.
     wait_for("W1 again over path B", 20, || b.done_since(cut).0 >= 1);
     let on_b = Instant::now();
+    // Without a hold W1 completes at once and the writer's W2 follows:
+    // the link comes back only after W2 is done, so the old copy lands
+    // after the rewrite whatever the scheduler does (under load W2 could
+    // otherwise run after it). With the hold W1 cannot complete until
+    // the old copy has landed, so the link comes back at once.
+    let mut writer = Some(writer);
+    let early = match hold {
+        Some(h) if h.is_zero() => writer.take().map(|w| w.join().unwrap()),
+        _ => None,
+    };
     ip(&["-n", &target_ns, "link", "set", &vt, "up"]).unwrap();
     let up = Instant::now();
     // The kernel resolves the neighbour again and sends what it held:
@@ -293,7 +303,10 @@ fn stale_initiator_in_namespace() {
             .iter()
             .any(|(conn, n)| before.iter().any(|(c, n0)| c == conn && n > n0))
     });
-    let w1_done = writer.join().unwrap();
+    let w1_done = match writer {
+        Some(w) => w.join().unwrap(),
+        None => early.expect("joined before the link came back"),
+    };
     let mut buf = [0u8; 512];
     m.read_at(LBA, &mut buf).unwrap();
     let rel = |t: Instant| ms(t.saturating_duration_since(cut));
