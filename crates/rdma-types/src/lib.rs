@@ -5,6 +5,10 @@
 //! on them. Protocol code never reads an OS clock; it receives [`Instant`]s
 //! from its driver, so a simulator can run it on a virtual clock.
 //!
+//! It also holds the one parser of sizes and durations as people write
+//! them (`units`: `64M`, `30s`), which every binary's command line and
+//! configuration file uses.
+//!
 //! What it refuses to do: I/O, allocation-heavy work, anything with state.
 
 #![forbid(unsafe_code)]
@@ -15,6 +19,7 @@ pub mod idmap;
 mod ids;
 mod psn;
 mod time;
+pub mod units;
 pub mod view;
 mod violation;
 mod wc;
