@@ -51,3 +51,9 @@
 pub mod initiator;
 pub mod target;
 pub mod wire;
+
+/// The RDMA CM port SRP targets are usually found on: srptd's default
+/// `rdma_cm_port`, and the port of the `dest=ip:5555` login strings LIO
+/// and SCST ib_srpt set-ups use. A convention, not a protocol constant:
+/// SRP over RDMA CM has no assigned port.
+pub const RDMA_CM_PORT: u16 = 5555;
