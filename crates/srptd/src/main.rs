@@ -47,13 +47,21 @@ struct Args {
     /// find the target through the SA (srp_daemon) and log in by IB CM.
     #[arg(long, value_enum)]
     fabric: Option<rdma_access::subnet::Fabric>,
-    /// With `--fabric ib`: milliseconds to wait at start for the port to go
-    /// ACTIVE (overrides the file's `sm_wait_ms`).
-    #[arg(long)]
-    sm_wait_ms: Option<u64>,
-    /// Without --config: LUN 0 is a RAM disk of this many MiB.
-    #[arg(long, default_value_t = 64, conflicts_with = "config")]
-    ram_mib: u64,
+    /// With `--fabric ib`: how long to wait at start for the port to go
+    /// ACTIVE, in milliseconds or with a unit (30s) (overrides the file's
+    /// `sm_wait_ms`).
+    #[arg(long, value_parser = rdma_types::units::millis)]
+    sm_wait_ms: Option<std::time::Duration>,
+    /// Without --config: LUN 0 is a RAM disk of this many MiB, or of a
+    /// size with its unit (1G).
+    #[arg(
+        long = "ram-mib",
+        value_name = "MIB",
+        default_value = "64",
+        value_parser = ram_size,
+        conflicts_with = "config"
+    )]
+    ram: u64,
     /// Control socket for srptadm (overrides the file).
     #[arg(long)]
     control_socket: Option<PathBuf>,
@@ -88,8 +96,13 @@ fn main() -> ExitCode {
     }
 }
 
+/// `--ram-mib`: MiB, or a size with its unit.
+fn ram_size(s: &str) -> Result<u64, rdma_types::units::SizeError> {
+    rdma_types::units::parse_size_in(s, 1 << 20)
+}
+
 fn default_config(a: &Args) -> Result<Config, String> {
-    if a.ram_mib == 0 {
+    if a.ram == 0 {
         return Err("--ram-mib must be at least 1".into());
     }
     let s = |v| Spanned::new(0..0, v);
@@ -98,7 +111,7 @@ fn default_config(a: &Args) -> Result<Config, String> {
         name: s("ram0".to_string()),
         handler: Spanned::new(0..0, Handler::Ram),
         filename: None,
-        size: Some(s(format!("{}M", a.ram_mib))),
+        size: Some(s(a.ram.to_string())),
         block_size: Spanned::new(0..0, 512),
         read_only: false,
         thin: false,
@@ -149,7 +162,7 @@ fn run(a: &Args, log: &Log) -> Result<(), String> {
         t.fabric = f;
     }
     if let Some(w) = a.sm_wait_ms {
-        t.sm_wait_ms = Spanned::new(0..0, w);
+        t.sm_wait_ms = Spanned::new(0..0, rdma_types::units::as_millis(w));
     }
     if let Some(p) = &a.control_socket {
         t.control_socket = Spanned::new(0..0, p.clone());
@@ -293,4 +306,16 @@ fn run(a: &Args, log: &Log) -> Result<(), String> {
             .field("verbs_objects_left", objects),
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ram_takes_mib_or_a_size() {
+        assert_eq!(ram_size("64"), Ok(64 << 20));
+        assert_eq!(ram_size("1G"), Ok(1 << 30));
+        assert!(ram_size("1X").is_err());
+    }
 }

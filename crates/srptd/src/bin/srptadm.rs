@@ -34,10 +34,11 @@ enum Cmd {
         handler: String,
         #[arg(long)]
         filename: Option<PathBuf>,
-        /// Size, e.g. 64M (ram, nullio; creates a missing fileio file).
-        #[arg(long)]
+        /// Size in bytes or with K, M, G, T, e.g. 64M (ram, nullio;
+        /// creates a missing fileio file).
+        #[arg(long, value_parser = srptd::config::size_arg)]
         size: Option<String>,
-        #[arg(long, default_value_t = 512)]
+        #[arg(long, default_value = "512", value_parser = rdma_types::units::size::<u32>)]
         block_size: u32,
         #[arg(long)]
         read_only: bool,

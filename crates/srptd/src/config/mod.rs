@@ -49,6 +49,12 @@
 //! pkey = 0x8010
 //! ```
 //!
+//! Sizes (`size`, `block_size`, `srp_max_*_size`) are bytes, as a number
+//! or a string with K, M, G or T (`"64K"`, powers of 1024); durations
+//! (`*_ms`) are milliseconds, as a number or a string with a unit
+//! (`"30s"`, `"500ms"`, `"2m"`): the forms of every command line
+//! (`rdma_types::units`).
+//!
 //! Initiator names are session names as `srptadm list sessions` shows them:
 //! `0x` and the 16-byte initiator port identifier; a trailing `*` matches
 //! by prefix. Every error names the file, the line and the key.
@@ -180,6 +186,7 @@ pub struct TargetSection {
     pub fabric: rdma_access::subnet::Fabric,
     /// In the `ib` fabric, how long to wait at start for the SM to make the
     /// port ACTIVE.
+    #[serde(deserialize_with = "de_sm_wait_ms")]
     pub sm_wait_ms: Spanned<u64>,
     /// ib_srpt's `rdma_cm_port`: the port RDMA CM logins (Linux ib_srp
     /// `dest=ip:port`) arrive on; 0 turns RDMA CM off, as in SCST. Our
@@ -199,10 +206,13 @@ pub struct TargetSection {
     /// Largest IU an initiator may send (login, SRP_CMD with its
     /// descriptors or immediate data). 8260, not SCST's 4148: Linux
     /// ib_srp asks for 68 + 8 KiB of immediate data, which 4148 refuses.
+    #[serde(deserialize_with = "de_srp_max_req_size")]
     pub srp_max_req_size: Spanned<u32>,
     /// Largest IU the target sends (SRP_RSP with sense): 256, as SCST.
+    #[serde(deserialize_with = "de_srp_max_rsp_size")]
     pub srp_max_rsp_size: Spanned<u32>,
     /// Most bytes one RDMA READ or WRITE moves: 65536, as SCST.
+    #[serde(deserialize_with = "de_srp_max_rdma_size")]
     pub srp_max_rdma_size: Spanned<u32>,
     /// Receive buffers of the one shared receive queue: 4095, as SCST.
     /// The target always uses an SRQ (Linux's in-tree ib_srpt has a
@@ -219,6 +229,7 @@ pub struct TargetSection {
     /// Milliseconds an accepted login may wait for the CM's RTU before
     /// its channel is closed (an initiator that refused the login
     /// response or died after it).
+    #[serde(deserialize_with = "de_login_timeout_ms")]
     pub login_timeout_ms: Spanned<u64>,
     /// Most logins of the port not yet established: a new one beyond it
     /// drops the oldest, so half-open logins cannot keep others out.
@@ -230,6 +241,7 @@ pub struct TargetSection {
     /// its initiator is still there (a zero-length RDMA WRITE its NIC
     /// must acknowledge); a dead initiator's session is freed within
     /// about twice this. 0 turns the check off.
+    #[serde(deserialize_with = "de_keepalive_ms")]
     pub keepalive_ms: Spanned<u64>,
     /// Control socket for `srptadm` (mode 0600); the daemon's, so only
     /// the first target's counts.
@@ -344,7 +356,7 @@ impl Default for TargetSection {
             udp_port: Spanned::new(0..0, 4791),
             fabric: rdma_access::subnet::Fabric::Roce,
             sm_wait_ms: Spanned::new(0..0, 30_000),
-            rdma_cm_port: 5555,
+            rdma_cm_port: srp::RDMA_CM_PORT,
             ib_cm: true,
             enabled: true,
             rel_tgt_id: Spanned::new(0..0, 1),
@@ -403,11 +415,15 @@ pub struct DeviceSection {
     /// File or block device (fileio, blockio).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub filename: Option<Spanned<PathBuf>>,
-    /// Size with an optional K/M/G/T suffix (ram, nullio; fileio creates a
-    /// missing file of this size).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// Size in bytes, a number or a string with a K/M/G/T suffix (ram,
+    /// nullio; fileio creates a missing file of this size).
+    #[serde(
+        default,
+        deserialize_with = "de_device_size",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub size: Option<Spanned<String>>,
-    #[serde(default = "default_block_size")]
+    #[serde(default = "default_block_size", deserialize_with = "de_block_size")]
     pub block_size: Spanned<u32>,
     #[serde(default)]
     pub read_only: bool,
@@ -492,45 +508,118 @@ impl std::fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
-/// Why a size cannot be read; each names the size as written.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum SizeError {
-    /// No digits in front.
-    #[error("size `{0}` does not start with a number")]
-    NoNumber(String),
-    /// More bytes than a `u64` counts.
-    #[error("size `{0}` is too large")]
-    TooLarge(String),
-    /// A unit other than B, K, M, G, T (with or without B / iB).
-    #[error("size `{size}` has an unknown unit `{unit}`")]
-    UnknownUnit { size: String, unit: String },
+/// The one size parser of every command line and key
+/// (`rdma_types::units`), re-exported for the daemon's requests.
+pub use rdma_types::units::{parse_size, SizeError};
+
+/// A size on a command line kept as written (`srptadm add-device --size`,
+/// `resize`): checked here, so a typo is refused before the daemon is
+/// asked, and read again by the daemon.
+///
+/// # Errors
+/// What [`parse_size`] refuses.
+pub fn size_arg(s: &str) -> Result<String, SizeError> {
+    parse_size(s).map(|_| s.to_string())
 }
 
-/// Parses a size like `512`, `64M`, `1G`, `2TiB`.
-pub fn parse_size(s: &str) -> Result<u64, SizeError> {
-    let t = s.trim();
-    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    if digits == 0 {
-        return Err(SizeError::NoNumber(s.to_string()));
-    }
-    let n: u64 = t[..digits]
-        .parse()
-        .map_err(|_| SizeError::TooLarge(s.to_string()))?;
-    let shift = match t[digits..].trim().to_ascii_uppercase().as_str() {
-        "" | "B" => 0,
-        "K" | "KB" | "KIB" => 10,
-        "M" | "MB" | "MIB" => 20,
-        "G" | "GB" | "GIB" => 30,
-        "T" | "TB" | "TIB" => 40,
-        other => {
-            return Err(SizeError::UnknownUnit {
-                size: s.to_string(),
-                unit: other.to_string(),
-            })
+/// A key that takes a number or a string in the forms of
+/// `rdma_types::units`: `keepalive_ms = 15000` or `"15s"`,
+/// `srp_max_rdma_size = 65536` or `"64K"`.
+enum Written {
+    Number(u64),
+    Text(String),
+}
+
+impl<'de> Deserialize<'de> for Written {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Written, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = Written;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a whole number or a string such as \"64K\" or \"30s\"")
+            }
+            fn visit_u64<E>(self, n: u64) -> Result<Written, E> {
+                Ok(Written::Number(n))
+            }
+            fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<Written, E> {
+                u64::try_from(n)
+                    .map(Written::Number)
+                    .map_err(|_| E::custom(format!("{n} is negative")))
+            }
+            fn visit_str<E>(self, s: &str) -> Result<Written, E> {
+                Ok(Written::Text(s.to_string()))
+            }
         }
+        d.deserialize_any(V)
+    }
+}
+
+/// `key`'s value in milliseconds: a number of them, or a duration with
+/// its unit (`"30s"`).
+fn de_millis<'de, D: serde::Deserializer<'de>>(d: D, key: &str) -> Result<Spanned<u64>, D::Error> {
+    use serde::de::Error;
+    let v = Spanned::<Written>::deserialize(d)?;
+    let span = v.span();
+    let ms = match v.into_inner() {
+        Written::Number(n) => n,
+        Written::Text(t) => rdma_types::units::millis(&t)
+            .map(rdma_types::units::as_millis)
+            .map_err(|e| D::Error::custom(format!("{key}: {e}")))?,
     };
-    n.checked_mul(1 << shift)
-        .ok_or_else(|| SizeError::TooLarge(s.to_string()))
+    Ok(Spanned::new(span, ms))
+}
+
+/// `key`'s value in bytes, at most `u32::MAX`: a number, or a size with
+/// its unit (`"64K"`).
+fn de_bytes_u32<'de, D: serde::Deserializer<'de>>(
+    d: D,
+    key: &str,
+) -> Result<Spanned<u32>, D::Error> {
+    use serde::de::Error;
+    let v = Spanned::<Written>::deserialize(d)?;
+    let span = v.span();
+    let n = match v.into_inner() {
+        Written::Number(n) => u32::try_from(n)
+            .map_err(|_| D::Error::custom(format!("{key}: {n} is more than {} bytes", u32::MAX))),
+        Written::Text(t) => {
+            rdma_types::units::size::<u32>(&t).map_err(|e| D::Error::custom(format!("{key}: {e}")))
+        }
+    }?;
+    Ok(Spanned::new(span, n))
+}
+
+/// The keys read by [`de_millis`] and [`de_bytes_u32`], each naming
+/// itself in its errors.
+macro_rules! keyed {
+    ($($f:ident: $t:ty = $de:ident($key:literal);)*) => {$(
+        fn $f<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Spanned<$t>, D::Error> {
+            $de(d, $key)
+        }
+    )*};
+}
+
+keyed! {
+    de_sm_wait_ms: u64 = de_millis("sm_wait_ms");
+    de_login_timeout_ms: u64 = de_millis("login_timeout_ms");
+    de_keepalive_ms: u64 = de_millis("keepalive_ms");
+    de_srp_max_req_size: u32 = de_bytes_u32("srp_max_req_size");
+    de_srp_max_rsp_size: u32 = de_bytes_u32("srp_max_rsp_size");
+    de_srp_max_rdma_size: u32 = de_bytes_u32("srp_max_rdma_size");
+    de_block_size: u32 = de_bytes_u32("block_size");
+}
+
+/// A device's `size`: a string (`"64M"`, checked by `validate`, which
+/// names the key) or a number of bytes, kept as its digits.
+fn de_device_size<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<Spanned<String>>, D::Error> {
+    let v = Spanned::<Written>::deserialize(d)?;
+    let span = v.span();
+    let text = match v.into_inner() {
+        Written::Number(n) => n.to_string(),
+        Written::Text(t) => t,
+    };
+    Ok(Some(Spanned::new(span, text)))
 }
 
 impl Config {

@@ -308,6 +308,63 @@ fn sizes() {
     assert!(parse_size("20000000T").is_err());
 }
 
+/// Every size and duration key takes a number, as it always did, or the
+/// forms of the command lines (`rdma_types::units`).
+#[test]
+fn size_and_duration_keys_take_units() {
+    let c = parse(
+        "[target]\nsm_wait_ms = \"30s\"\nlogin_timeout_ms = \"1.5s\"\nkeepalive_ms = \"2m\"\n\
+         srp_max_req_size = \"8K\"\nsrp_max_rsp_size = 512\nsrp_max_rdma_size = \"1M\"\n\
+         [[device]]\nname = \"d\"\nhandler = \"ram\"\nsize = 67108864\nblock_size = \"4k\"\n",
+    )
+    .unwrap();
+    let t = c.target();
+    assert_eq!(*t.sm_wait_ms.get_ref(), 30_000);
+    assert_eq!(*t.login_timeout_ms.get_ref(), 1500);
+    assert_eq!(*t.keepalive_ms.get_ref(), 120_000);
+    assert_eq!(*t.srp_max_req_size.get_ref(), 8192);
+    assert_eq!(*t.srp_max_rsp_size.get_ref(), 512);
+    assert_eq!(*t.srp_max_rdma_size.get_ref(), 1 << 20);
+    assert_eq!(c.devices[0].size.as_ref().unwrap().get_ref(), "67108864");
+    assert_eq!(*c.devices[0].block_size.get_ref(), 4096);
+    // Plain numbers in strings count as the key always did.
+    let c = parse("[target]\nkeepalive_ms = \"15000\"\n").unwrap();
+    assert_eq!(*c.target().keepalive_ms.get_ref(), 15_000);
+    // Written back as numbers, read back the same.
+    let again = parse(&c.to_toml()).unwrap();
+    assert_eq!(*again.target().keepalive_ms.get_ref(), 15_000);
+
+    // Refusals name the line, the key, the value as written and the forms.
+    let e = err_of("[target]\nenabled = true\nkeepalive_ms = \"15x\"\n");
+    assert_eq!(e.line, 3, "{e}");
+    assert!(
+        e.message.contains("keepalive_ms: `15x` is not a duration")
+            && e.message.contains("500ms, 30s, 2m"),
+        "{e}"
+    );
+    let e = err_of("[target]\nsrp_max_rdma_size = \"64X\"\n");
+    assert_eq!(e.line, 2, "{e}");
+    assert!(
+        e.message.contains("srp_max_rdma_size: `64X` is not a size")
+            && e.message.contains("4k, 64M, 1G"),
+        "{e}"
+    );
+    let e = err_of("[target]\nsrp_max_rdma_size = \"8G\"\n");
+    assert!(e.message.contains("more than 4294967295 bytes"), "{e}");
+    let e = err_of("[target]\nsrp_max_rdma_size = 5000000000\n");
+    assert!(e.message.contains("more than 4294967295 bytes"), "{e}");
+    let e = err_of("[target]\nkeepalive_ms = -1\n");
+    assert!(e.message.contains("-1 is negative"), "{e}");
+    let e = err_of("[target]\nkeepalive_ms = 1.5\n");
+    assert!(e.message.contains("a whole number or a string"), "{e}");
+    let e = err_of("[[device]]\nname = \"d\"\nhandler = \"ram\"\nsize = \"1Q\"\n");
+    assert_eq!((e.line, e.key.as_str()), (4, "device[0].size"), "{e}");
+    assert!(e.message.contains("`1Q` is not a size"), "{e}");
+    // Ranges still apply to values written with units.
+    let e = err_of("[target]\nlogin_timeout_ms = \"2h\"\n");
+    assert_eq!(e.key, "target.login_timeout_ms", "{e}");
+}
+
 #[test]
 fn initiator_patterns() {
     assert!(check_initiator("0x0000000000000000000000000000aa01").is_ok());

@@ -37,7 +37,12 @@ pub enum Request {
         about = "Grow a ram device to SIZE (e.g. 64M): initiators that see it get \
                  CAPACITY DATA HAS CHANGED and an SRP_AER_REQ. Shrinking is refused"
     )]
-    Resize { device: String, size: String },
+    Resize {
+        device: String,
+        /// The new size: bytes, or with K, M, G, T (64M, 1G).
+        #[arg(value_parser = crate::config::size_arg)]
+        size: String,
+    },
     /// Maps a device; `group` absent means the default LUNs.
     #[command(about = "Map a device at a LUN (of a group, or the default LUNs)")]
     AddLun {
