@@ -196,7 +196,19 @@ pub fn serve_lines(
 /// Why a request over a control socket got no answer's data.
 #[derive(Debug, thiserror::Error)]
 pub enum RequestError {
-    /// No daemon listens at the socket (or it is not ours to use).
+    /// Nothing at the socket's path, or a socket nobody listens on (a
+    /// daemon that died): the daemon is not running there.
+    #[error(
+        "no {who} at {} ({source}): start {who}, or pass --control-socket if it uses another socket",
+        path.display()
+    )]
+    NoDaemon {
+        who: String,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The socket cannot be reached (not ours to use, say).
     #[error("connect to {}: {source}", path.display())]
     Connect {
         path: PathBuf,
@@ -239,8 +251,16 @@ pub enum RequestError {
 /// and returns its answer's data (or its error).
 pub fn request_to(path: &Path, who: &str, req: &impl Serialize) -> Result<Value, RequestError> {
     let p = || path.to_path_buf();
-    let mut s =
-        UnixStream::connect(path).map_err(|source| RequestError::Connect { path: p(), source })?;
+    let mut s = UnixStream::connect(path).map_err(|source| match source.kind() {
+        std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused => {
+            RequestError::NoDaemon {
+                who: who.to_string(),
+                path: p(),
+                source,
+            }
+        }
+        _ => RequestError::Connect { path: p(), source },
+    })?;
     s.set_read_timeout(Some(std::time::Duration::from_secs(120)))
         .map_err(RequestError::Timeout)?;
     let line = serde_json::to_string(req).map_err(RequestError::Encode)?;
@@ -260,5 +280,37 @@ pub fn request_to(path: &Path, who: &str, req: &impl Serialize) -> Result<Value,
             .as_str()
             .map(|e| RequestError::Refused(e.to_string()))
             .unwrap_or_else(|| RequestError::RefusedWithoutReason(who.to_string())))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// No daemon: nothing at the path, or a socket left by one that died.
+    /// The error names the daemon, the path, and what to do.
+    #[test]
+    fn a_missing_daemon_is_named_with_the_fix() {
+        let dir = std::env::temp_dir().join(format!("daemon-ctl-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("none.sock");
+        let e = request_to(&path, "srptd", &json!({"cmd": "show"})).unwrap_err();
+        assert!(matches!(e, RequestError::NoDaemon { .. }), "{e:?}");
+        let m = e.to_string();
+        assert!(
+            m.starts_with(&format!("no srptd at {}", path.display()))
+                && m.contains("start srptd, or pass --control-socket"),
+            "{m}"
+        );
+        // A stale socket: bound, then its listener gone.
+        let stale = dir.join("stale.sock");
+        drop(bind_control(&stale).unwrap());
+        let e = request_to(&stale, "srpd", &json!({"cmd": "list"})).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with(&format!("no srpd at {}", stale.display())),
+            "{e}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

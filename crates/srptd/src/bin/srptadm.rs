@@ -15,7 +15,12 @@ use std::process::ExitCode;
 #[command(name = "srptadm", about = "Administer a running srptd")]
 struct Cli {
     /// srptd's control socket.
-    #[arg(long, short = 's', default_value_os_t = srptd::config::default_control_socket())]
+    #[arg(
+        long,
+        short = 's',
+        visible_alias = "control-socket",
+        default_value_os_t = srptd::config::default_control_socket()
+    )]
     socket: PathBuf,
     /// Print the daemon's JSON answer instead of text.
     #[arg(long, global = true)]
