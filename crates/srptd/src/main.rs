@@ -19,7 +19,7 @@ use std::process::ExitCode;
 use toml::Spanned;
 
 #[derive(Parser)]
-#[command(name = "srptd", about = "SRP target over the soft RoCE NIC")]
+#[command(name = "srptd", version, about = "SRP target over the soft RoCE NIC")]
 struct Args {
     /// Configuration file (TOML); without it, LUN 0 is a RAM disk.
     #[arg(long, short = 'c')]
@@ -31,25 +31,27 @@ struct Args {
     /// are noted, not refused.
     #[arg(long, requires = "config")]
     check: bool,
-    /// Address of the target's NIC (overrides the file).
+    /// Address of the target's NIC (overrides the file's `ip`)
+    /// [default: 127.0.0.1].
     #[arg(long)]
     ip: Option<IpAddr>,
-    /// RoCEv2 UDP port (overrides the file).
+    /// RoCEv2 UDP port (overrides the file's `udp_port`) [default: 4791].
     #[arg(long)]
     udp_port: Option<u16>,
     /// RDMA CM port logins arrive on, ib_srpt's rdma_cm_port; 0 turns
-    /// RDMA CM off (overrides the file).
+    /// RDMA CM off (overrides the file's `rdma_cm_port`) [default: 5555].
     #[arg(long)]
     rdma_cm_port: Option<u16>,
     /// Who runs the port (overrides the file's `fabric`): `roce`, no
     /// subnet manager; `ib`, a managed subnet: the port waits for an SM
     /// (`ibsm run --node <this ip>`) to make it ACTIVE, and initiators
-    /// find the target through the SA (srp_daemon) and log in by IB CM.
+    /// find the target through the SA (srp_daemon) and log in by IB CM
+    /// [default: roce].
     #[arg(long, value_enum)]
     fabric: Option<rdma_access::subnet::Fabric>,
     /// With `--fabric ib`: how long to wait at start for the port to go
     /// ACTIVE, in milliseconds or with a unit (30s) (overrides the file's
-    /// `sm_wait_ms`).
+    /// `sm_wait_ms`) [default: 30000].
     #[arg(long, value_parser = rdma_types::units::millis)]
     sm_wait_ms: Option<std::time::Duration>,
     /// Without --config: LUN 0 is a RAM disk of this many MiB, or of a
@@ -62,11 +64,13 @@ struct Args {
         conflicts_with = "config"
     )]
     ram: u64,
-    /// Control socket for srptadm (overrides the file).
+    /// Control socket for srptadm (overrides the file's `control_socket`)
+    /// [default: /run/srptd.sock for root, $TMPDIR/srptd-<uid>.sock
+    /// otherwise].
     #[arg(long)]
     control_socket: Option<PathBuf>,
     /// Serve Prometheus metrics on this address:port, or on a bare port of
-    /// 127.0.0.1 (overrides the file).
+    /// 127.0.0.1 (overrides the file's `metrics`) [default: off].
     #[arg(long)]
     metrics: Option<srptd::config::MetricsAddr>,
     /// Log lines as text for a person, or one JSON object per line (ts,
@@ -311,6 +315,29 @@ fn run(a: &Args, log: &Log) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::CommandFactory;
+
+    /// The options that override the file cannot have clap defaults (a
+    /// default would always override); their help names the file's
+    /// defaults, which must be what the file takes.
+    #[test]
+    fn help_names_the_files_defaults() {
+        let help = Args::command().render_long_help().to_string();
+        let t = srptd::config::TargetSection::default();
+        assert_eq!(t.fabric, rdma_access::subnet::Fabric::Roce);
+        assert!(t.metrics.is_none());
+        for want in [
+            format!("[default: {}]", t.ip.get_ref()),
+            format!("[default: {}]", t.udp_port.get_ref()),
+            format!("[default: {}]", t.rdma_cm_port),
+            format!("[default: {}]", t.sm_wait_ms.get_ref()),
+            "[default: roce]".to_string(),
+            "[default: off]".to_string(),
+            "[default: 64]".to_string(),
+        ] {
+            assert!(help.contains(&want), "{want} missing from\n{help}");
+        }
+    }
 
     #[test]
     fn ram_takes_mib_or_a_size() {

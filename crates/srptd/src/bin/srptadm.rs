@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(name = "srptadm", about = "Administer a running srptd")]
+#[command(name = "srptadm", version, about = "Administer a running srptd")]
 struct Cli {
     /// srptd's control socket.
     #[arg(
@@ -33,16 +33,19 @@ struct Cli {
 enum Cmd {
     /// Add a device.
     AddDevice {
+        /// The device's name (LUNs map it by this name).
         name: String,
         /// vdisk_fileio, vdisk_blockio, vdisk_nullio or ram.
         #[arg(long)]
         handler: String,
+        /// The file or block device (vdisk_fileio, vdisk_blockio).
         #[arg(long)]
         filename: Option<PathBuf>,
         /// Size in bytes or with K, M, G, T, e.g. 64M (ram, nullio;
         /// creates a missing fileio file).
         #[arg(long, value_parser = srptd::config::size_arg)]
         size: Option<String>,
+        /// Logical block size in bytes (512, 4k).
         #[arg(long, default_value = "512", value_parser = rdma_types::units::size::<u32>)]
         block_size: u32,
         #[arg(long)]

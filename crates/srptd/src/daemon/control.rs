@@ -29,7 +29,10 @@ pub enum Request {
     #[command(skip)]
     AddDevice { toml: String },
     #[command(about = "Remove a device that no LUN maps")]
-    RemoveDevice { name: String },
+    RemoveDevice {
+        /// The device's name.
+        name: String,
+    },
     /// Grows a device to `size` (K/M/G/T suffixes): CAPACITY DATA HAS
     /// CHANGED for every nexus that sees it and SRP_AER_REQ to its
     /// initiators (SCST's `resync_size`).
@@ -38,6 +41,7 @@ pub enum Request {
                  CAPACITY DATA HAS CHANGED and an SRP_AER_REQ. Shrinking is refused"
     )]
     Resize {
+        /// The device's name.
         device: String,
         /// The new size: bytes, or with K, M, G, T (64M, 1G).
         #[arg(value_parser = crate::config::size_arg)]
@@ -46,25 +50,46 @@ pub enum Request {
     /// Maps a device; `group` absent means the default LUNs.
     #[command(about = "Map a device at a LUN (of a group, or the default LUNs)")]
     AddLun {
+        /// The group whose LUN it is (default: the default LUNs).
         #[arg(long)]
         group: Option<String>,
+        /// The LUN number.
         lun: u32,
+        /// The device's name.
         device: String,
     },
     #[command(about = "Unmap a LUN")]
     RemoveLun {
+        /// The group whose LUN it is (default: the default LUNs).
         #[arg(long)]
         group: Option<String>,
+        /// The LUN number.
         lun: u32,
     },
     #[command(about = "Create a LUN group")]
-    AddGroup { name: String },
+    AddGroup {
+        /// The group's name.
+        name: String,
+    },
     #[command(about = "Remove a group; its initiators see the default LUNs again")]
-    RemoveGroup { name: String },
+    RemoveGroup {
+        /// The group's name.
+        name: String,
+    },
     #[command(about = "Add an initiator name (0x + 32 hex digits, or a prefix ending in *)")]
-    AddInitiator { group: String, initiator: String },
+    AddInitiator {
+        /// The group's name.
+        group: String,
+        /// The initiator port name (as `srptadm sessions` shows it).
+        initiator: String,
+    },
     #[command(about = "Remove an initiator name from a group")]
-    RemoveInitiator { group: String, initiator: String },
+    RemoveInitiator {
+        /// The group's name.
+        group: String,
+        /// The initiator port name, as added.
+        initiator: String,
+    },
     /// Accept logins on `target` (a name or address), or on every target.
     #[command(about = "Accept logins")]
     Enable {
@@ -88,7 +113,10 @@ pub enum Request {
         about = "Save the running configuration (to the file srptd was started from \
                  when no path is given)"
     )]
-    WriteConfig { path: Option<PathBuf> },
+    WriteConfig {
+        /// Where to write (default: srptd's configuration file).
+        path: Option<PathBuf>,
+    },
     /// Re-reads the configuration file and applies what changed in
     /// devices, LUN maps, groups and `enabled`, without dropping sessions.
     #[command(about = "Re-read srptd's configuration file and apply it (as SIGHUP does)")]
