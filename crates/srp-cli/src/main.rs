@@ -21,6 +21,7 @@
 use blockload::{Pattern, Workload};
 use clap::{Args, Parser, Subcommand};
 use rdma_access::subnet::{IbPort, IbPortError, SubnetPort};
+use srp_cli::args::Tmo;
 use srp_cli::initd::InitRequest;
 use srp_initiator::discovery::{Discovery, DiscoveryConfig, Event, Host, Ports};
 use srp_initiator::rules::Rules;
@@ -76,40 +77,24 @@ struct Login {
 }
 
 /// How a LUN rides out connection loss (Linux scsi_transport_srp's
-/// timers, in seconds; `off` disables one) and how paths are used.
+/// timers, in seconds or with a unit (500ms, 2m); `off` disables one) and
+/// how paths are used.
 #[derive(Args, Clone)]
 struct Keep {
     /// Seconds between reconnect attempts.
-    #[arg(long, default_value = "10", value_parser = tmo_explicit)]
+    #[arg(long, default_value = "10")]
     reconnect_delay: Tmo,
     /// Seconds after a failure until I/O fails instead of waiting
     /// (default 15 with one path, 0 with several, so multipath moves I/O
     /// to another path at once).
-    #[arg(long, value_parser = tmo_explicit)]
+    #[arg(long)]
     fast_io_fail_tmo: Option<Tmo>,
     /// Seconds after a failure until the LUN is given up.
-    #[arg(long, default_value = "600", value_parser = tmo_explicit)]
+    #[arg(long, default_value = "600")]
     dev_loss_tmo: Tmo,
     /// Multipath policy: failover or round-robin.
     #[arg(long, default_value = "failover")]
     path_policy: srp_initiator::multipath::Policy,
-}
-
-/// A timer given on the command line: seconds, or `None` for `off`.
-#[derive(Clone, Copy)]
-struct Tmo(Option<u64>);
-
-fn tmo_explicit(s: &str) -> Result<Tmo, String> {
-    tmo(s).map(Tmo)
-}
-
-fn tmo(s: &str) -> Result<Option<u64>, String> {
-    if s == "off" {
-        return Ok(None);
-    }
-    s.parse()
-        .map(Some)
-        .map_err(|_| format!("`{s}` is not a number of seconds or `off`"))
 }
 
 #[derive(Subcommand)]
@@ -126,27 +111,28 @@ enum Cmd {
         /// Pattern: read, write, randread, randwrite, randrw.
         #[arg(long, default_value = "randrw")]
         rw: Pattern,
-        /// Block size in bytes.
-        #[arg(long, default_value_t = 4096)]
+        /// Block size in bytes, or with K, M (4k).
+        #[arg(long, default_value = "4096", value_parser = rdma_types::units::size::<u32>)]
         bs: u32,
         /// I/Os in flight (jobs).
         #[arg(long, default_value_t = 4)]
         iodepth: u32,
-        /// Bytes of the LUN to use, from LBA 0.
-        #[arg(long, default_value_t = 8 << 20)]
+        /// Bytes of the LUN to use, from LBA 0 (K, M, G, T suffixes).
+        #[arg(long, default_value = "8M", value_parser = rdma_types::units::parse_size)]
         region: u64,
-        /// Bytes to move in all.
-        #[arg(long, default_value_t = 32 << 20)]
+        /// Bytes to move in all (K, M, G, T suffixes).
+        #[arg(long, default_value = "32M", value_parser = rdma_types::units::parse_size)]
         size: u64,
         /// Do not stamp and check data.
         #[arg(long)]
         no_verify: bool,
-        /// Every this many milliseconds, send ABORT TASK for the oldest
-        /// outstanding command (as the error handler does after a timeout),
-        /// to exercise the target's task management under I/O; aborted
-        /// commands are retried, and what happened is reported at the end.
-        #[arg(long)]
-        abort_every_ms: Option<u64>,
+        /// Every this many milliseconds (or with a unit: 1s), send ABORT
+        /// TASK for the oldest outstanding command (as the error handler
+        /// does after a timeout), to exercise the target's task management
+        /// under I/O; aborted commands are retried, and what happened is
+        /// reported at the end.
+        #[arg(long, value_parser = rdma_types::units::millis)]
+        abort_every_ms: Option<Duration>,
         /// JSON report.
         #[arg(long)]
         json: bool,
@@ -265,10 +251,10 @@ enum Cmd {
         /// -p); our port must be a member. Default: any partition.
         #[arg(long, value_parser = hex16, requires = "sa")]
         pkey: Option<u16>,
-        /// With --sa or --fabric ib: milliseconds to wait for the SM to
-        /// make our port ACTIVE.
-        #[arg(long, default_value_t = 10_000)]
-        sm_wait_ms: u64,
+        /// With --sa or --fabric ib: milliseconds (or with a unit: 10s) to
+        /// wait for the SM to make our port ACTIVE.
+        #[arg(long, default_value = "10000", value_parser = rdma_types::units::millis)]
+        sm_wait_ms: Duration,
         /// Address of our soft RoCE NIC.
         #[arg(long, default_value = "127.0.0.2")]
         ip: IpAddr,
@@ -287,10 +273,10 @@ enum Cmd {
         /// which targets are logged in already.
         #[arg(long)]
         control_socket: Option<std::path::PathBuf>,
-        /// Milliseconds to wait for each answer (sent 3 more times;
-        /// srp_daemon -t).
-        #[arg(long, short = 't', default_value_t = 500)]
-        timeout_ms: u64,
+        /// Milliseconds (or with a unit: 1s) to wait for each answer (sent
+        /// 3 more times; srp_daemon -t).
+        #[arg(long, short = 't', default_value = "500", value_parser = rdma_types::units::millis)]
+        timeout_ms: Duration,
         /// Walk once and exit (srp_daemon -o, as ibsrpdm does); also what
         /// happens without --rescan.
         #[arg(long, short = 'o', conflicts_with = "rescan")]
@@ -308,11 +294,11 @@ enum Cmd {
         #[arg(long, short)]
         verbose: bool,
         /// Keep running until SIGTERM/SIGINT and walk again every this
-        /// many seconds (srp_daemon -R): with --login, targets that
-        /// appeared since are logged in, those already logged in are left
-        /// alone.
-        #[arg(long, short = 'R')]
-        rescan: Option<u64>,
+        /// many seconds (or with a unit: 2m; srp_daemon -R): with --login,
+        /// targets that appeared since are logged in, those already logged
+        /// in are left alone.
+        #[arg(long, short = 'R', value_parser = rdma_types::units::secs)]
+        rescan: Option<Duration>,
     },
     /// List the LUNs the target shows this initiator (REPORT LUNS, then
     /// INQUIRY and READ CAPACITY of each).
@@ -408,20 +394,19 @@ fn login(l: &Login) -> Result<Arc<srp_initiator::session::Session>, String> {
     paths(l)?[0].session().map_err(|e| e.to_string())
 }
 
-/// LUN `lun` over every path, kept across connection loss.
-/// `srp io --abort-every-ms`: until `stop`, every `ms` milliseconds ABORT
-/// TASK for the oldest outstanding command of each path's channel 0.
+/// `srp io --abort-every-ms`: until `stop`, every `every` ABORT TASK for
+/// the oldest outstanding command of each path's channel 0.
 /// Returns how many aborts were asked for and the task management counts
 /// of the sessions it saw (summed, each session once).
 fn abort_loop(
     paths: &[Arc<srp_initiator::path_login::PathLogin>],
-    ms: u64,
+    every: Duration,
     stop: &std::sync::atomic::AtomicBool,
 ) -> (u64, srp_initiator::session::SessionStats) {
     let mut asked = 0;
     let mut seen: Vec<Arc<srp_initiator::session::Session>> = Vec::new();
     while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-        std::thread::sleep(Duration::from_millis(ms));
+        std::thread::sleep(every);
         for p in paths {
             for s in p.live_channels().into_iter().take(1) {
                 if s.abort_oldest() {
@@ -470,23 +455,26 @@ fn dropped_ius(paths: &[Arc<srp_initiator::path_login::PathLogin>]) -> Vec<Strin
     out
 }
 
+/// LUN `lun` over every path, kept across connection loss.
 fn open_kept(
     paths: &[Arc<srp_initiator::path_login::PathLogin>],
     keep: &Keep,
     lun: u16,
 ) -> Result<Arc<dyn blockload::BlockDevice>, String> {
-    let secs = |s: Option<u64>| s.map(rdma_types::Duration::from_secs);
     let fast = keep
         .fast_io_fail_tmo
-        .map(|t| t.0)
-        .unwrap_or(Some(if paths.len() > 1 { 0 } else { 15 }));
+        .unwrap_or(Tmo(Some(Duration::from_secs(if paths.len() > 1 {
+            0
+        } else {
+            15
+        }))));
     let rport = srp_initiator::rport::RportConfig {
-        reconnect_delay: secs(keep.reconnect_delay.0),
-        fast_io_fail_tmo: secs(fast),
-        dev_loss_tmo: secs(keep.dev_loss_tmo.0),
+        reconnect_delay: keep.reconnect_delay.rport(),
+        fast_io_fail_tmo: fast.rport(),
+        dev_loss_tmo: keep.dev_loss_tmo.rport(),
     };
     rport.validate().map_err(|e| e.to_string())?;
-    let no_path = Duration::from_secs(keep.dev_loss_tmo.0.unwrap_or(600));
+    let no_path = keep.dev_loss_tmo.0.unwrap_or(Duration::from_secs(600));
     srp_initiator::path_login::open_lun(paths, lun, rport, keep.path_policy, no_path)
         .map_err(|e| format!("open LUN {lun} {e}"))
 }
@@ -517,7 +505,7 @@ fn run(cmd: Cmd) -> Result<bool, String> {
         } => {
             let paths = paths(&l)?;
             let disk = open_kept(&paths, &keep, lun)?;
-            if abort_every_ms == Some(0) {
+            if abort_every_ms.is_some_and(|d| d < Duration::from_millis(1)) {
                 return Err("--abort-every-ms must be at least 1".into());
             }
             if !json {
@@ -541,10 +529,10 @@ fn run(cmd: Cmd) -> Result<bool, String> {
             w.runtime = Duration::from_secs(300);
             let r = match abort_every_ms {
                 None => blockload::run(disk.clone(), &w, |_| {}),
-                Some(ms) => {
+                Some(every) => {
                     let stop = std::sync::atomic::AtomicBool::new(false);
                     std::thread::scope(|sc| {
-                        let aborter = sc.spawn(|| abort_loop(&paths, ms, &stop));
+                        let aborter = sc.spawn(|| abort_loop(&paths, every, &stop));
                         let r = blockload::run(disk.clone(), &w, |_| {});
                         stop.store(true, std::sync::atomic::Ordering::Relaxed);
                         let (asked, stats) = aborter.join().unwrap_or_default();
@@ -719,7 +707,7 @@ fn run(cmd: Cmd) -> Result<bool, String> {
             all,
             login_strings: _,
         } => {
-            if rescan == Some(0) {
+            if rescan.is_some_and(|d| d < Duration::from_secs(1)) {
                 return Err("--rescan must be at least 1 second".into());
             }
             let rules = match rules {
@@ -738,8 +726,8 @@ fn run(cmd: Cmd) -> Result<bool, String> {
                     Ports::Given(target)
                 },
                 rules,
-                timeout: Duration::from_millis(timeout_ms.max(1)),
-                rescan: if once { None } else { rescan }.map(Duration::from_secs),
+                timeout: timeout_ms.max(Duration::from_millis(1)),
+                rescan: if once { None } else { rescan },
                 login,
                 all,
             };
@@ -748,7 +736,7 @@ fn run(cmd: Cmd) -> Result<bool, String> {
                 udp_port,
                 ib: (sa || fabric == rdma_access::subnet::Fabric::Ib).then_some(IbMode {
                     pkey,
-                    sm_wait: Duration::from_millis(sm_wait_ms),
+                    sm_wait: sm_wait_ms,
                 }),
             };
             discover(local, cfg, control_socket, verbose)

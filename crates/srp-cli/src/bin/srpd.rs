@@ -7,11 +7,13 @@
 
 use clap::Parser;
 use daemon_ctl::bind_control;
+use srp_cli::args::Tmo;
 use srp_cli::initd::{serve_control, InitRequest, Initd, InitdConfig};
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 #[derive(Parser)]
 #[command(
@@ -36,19 +38,22 @@ struct Args {
     /// /run/srpd.sock for root, $TMPDIR/srpd-<uid>.sock otherwise).
     #[arg(long)]
     control_socket: Option<PathBuf>,
-    /// Seconds between reconnect attempts, or `off`.
+    /// Seconds (or with a unit: 500ms, 2m) between reconnect attempts, or
+    /// `off`.
     #[arg(long, default_value = "10")]
-    reconnect_delay: String,
-    /// Seconds after a failure until I/O fails instead of waiting, or `off`.
+    reconnect_delay: Tmo,
+    /// Seconds (or with a unit) after a failure until I/O fails instead of
+    /// waiting, or `off`.
     #[arg(long, default_value = "15")]
-    fast_io_fail_tmo: String,
-    /// Seconds after a failure until a LUN is given up, or `off`.
+    fast_io_fail_tmo: Tmo,
+    /// Seconds (or with a unit) after a failure until a LUN is given up,
+    /// or `off`.
     #[arg(long, default_value = "600")]
-    dev_loss_tmo: String,
-    /// Milliseconds a login (and each reconnect attempt) waits for the
-    /// target's answer.
-    #[arg(long, default_value_t = 10_000)]
-    login_timeout_ms: u64,
+    dev_loss_tmo: Tmo,
+    /// Milliseconds (or with a unit: 10s) a login (and each reconnect
+    /// attempt) waits for the target's answer.
+    #[arg(long, default_value = "10000", value_parser = rdma_types::units::millis)]
+    login_timeout_ms: Duration,
     /// Let other users reach the LUN files (FUSE allow_other).
     #[arg(long)]
     allow_other: bool,
@@ -60,28 +65,19 @@ struct Args {
     /// it ACTIVE, and `dgid=` logins take their paths from the SA.
     #[arg(long, value_enum, default_value = "roce")]
     fabric: rdma_access::subnet::Fabric,
-    /// With `--fabric ib`: milliseconds to wait at start for the ports to
-    /// go ACTIVE.
-    #[arg(long, default_value_t = 30_000)]
-    sm_wait_ms: u64,
-}
-
-fn secs(what: &str, s: &str) -> Result<Option<rdma_types::Duration>, String> {
-    if s == "off" {
-        return Ok(None);
-    }
-    s.parse::<u64>()
-        .map(|n| Some(rdma_types::Duration::from_secs(n)))
-        .map_err(|_| format!("--{what}: `{s}` is not a number of seconds or `off`"))
+    /// With `--fabric ib`: milliseconds (or with a unit: 30s) to wait at
+    /// start for the ports to go ACTIVE.
+    #[arg(long, default_value = "30000", value_parser = rdma_types::units::millis)]
+    sm_wait_ms: Duration,
 }
 
 fn run(a: Args) -> Result<(), String> {
     let mtu = rdma_types::Mtu::from_bytes(a.mtu)
         .map_err(|_| format!("MTU {} is not 256, 512, 1024, 2048 or 4096", a.mtu))?;
     let rport = srp_initiator::rport::RportConfig {
-        reconnect_delay: secs("reconnect-delay", &a.reconnect_delay)?,
-        fast_io_fail_tmo: secs("fast-io-fail-tmo", &a.fast_io_fail_tmo)?,
-        dev_loss_tmo: secs("dev-loss-tmo", &a.dev_loss_tmo)?,
+        reconnect_delay: a.reconnect_delay.rport(),
+        fast_io_fail_tmo: a.fast_io_fail_tmo.rport(),
+        dev_loss_tmo: a.dev_loss_tmo.rport(),
     };
     let sock = a
         .control_socket
@@ -97,10 +93,10 @@ fn run(a: Args) -> Result<(), String> {
             mtu,
             mount_root: a.mount_root.clone(),
             rport,
-            login_timeout: std::time::Duration::from_millis(a.login_timeout_ms.max(1)),
+            login_timeout: a.login_timeout_ms.max(Duration::from_millis(1)),
             allow_other: a.allow_other,
             fabric: a.fabric,
-            sm_wait: std::time::Duration::from_millis(a.sm_wait_ms),
+            sm_wait: a.sm_wait_ms,
             nic: rnic::softroce::NicOptions::from_env().map_err(|e| e.to_string())?,
         })
         .map_err(|e| e.to_string())?,
