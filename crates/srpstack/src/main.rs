@@ -31,12 +31,13 @@ enum Cmd {
         /// Back the LUN with nullio (writes dropped; no data verification).
         #[arg(long)]
         nullio: bool,
-        /// LUN size (bytes; K, M, G suffixes).
-        #[arg(long, default_value = "256M", value_parser = parse_size)]
+        /// LUN size (bytes; K, M, G, T suffixes).
+        #[arg(long, default_value = "256M", value_parser = rdma_types::units::parse_size)]
         size: u64,
-        /// Seconds of random I/O after the first write pass.
-        #[arg(long, default_value_t = 5)]
-        runtime: u64,
+        /// Seconds (or with a unit: 500ms, 1m) of random I/O after the
+        /// first write pass.
+        #[arg(long, default_value = "5", value_parser = rdma_types::units::secs)]
+        runtime: Duration,
         #[command(flatten)]
         net: NetArgs,
     },
@@ -44,15 +45,15 @@ enum Cmd {
     Bench {
         #[command(flatten)]
         net: NetArgs,
-        /// RAM-backed LUN of this size (bytes; K, M, G suffixes).
-        #[arg(long, default_value = "1G", value_parser = parse_size)]
+        /// RAM-backed LUN of this size (bytes; K, M, G, T suffixes).
+        #[arg(long, default_value = "1G", value_parser = rdma_types::units::parse_size)]
         ram: u64,
         /// read, write, randread, randwrite, randrw.
         #[arg(long, default_value = "randread")]
         rw: Pattern,
         /// Bytes per I/O (K, M suffixes).
-        #[arg(long, default_value = "4K", value_parser = parse_size)]
-        bs: u64,
+        #[arg(long, default_value = "4K", value_parser = rdma_types::units::size::<u32>)]
+        bs: u32,
         /// I/Os in flight.
         #[arg(long, default_value_t = 1)]
         iodepth: u32,
@@ -61,9 +62,9 @@ enum Cmd {
         /// `threads` (one thread per I/O, as fio's psync with numjobs).
         #[arg(long, default_value = "queue")]
         engine: String,
-        /// Seconds to run.
-        #[arg(long, default_value_t = 10)]
-        runtime: u64,
+        /// Seconds to run (or with a unit: 500ms, 1m).
+        #[arg(long, default_value = "10", value_parser = rdma_types::units::secs)]
+        runtime: Duration,
         /// Stamp writes and check reads (a read-only pattern first fills
         /// the LUN, untimed, so every read is checked).
         #[arg(long)]
@@ -131,22 +132,6 @@ fn env_options(transport: Transport) -> Result<StackConfig, String> {
     })
 }
 
-/// Parses `4096`, `4K`, `1M`, `1G` (powers of 1024).
-fn parse_size(s: &str) -> Result<u64, String> {
-    let s = s.trim();
-    let (num, mult) = match s.chars().last() {
-        Some('k' | 'K') => (&s[..s.len() - 1], 1u64 << 10),
-        Some('m' | 'M') => (&s[..s.len() - 1], 1 << 20),
-        Some('g' | 'G') => (&s[..s.len() - 1], 1 << 30),
-        _ => (s, 1),
-    };
-    num.parse::<u64>()
-        .ok()
-        .and_then(|n| n.checked_mul(mult))
-        .filter(|&n| n > 0)
-        .ok_or_else(|| format!("`{s}` is not a size (examples: 4096, 4K, 256M, 1G)"))
-}
-
 fn bar(p: &Progress, label: &str) {
     if !std::io::stderr().is_terminal() {
         return;
@@ -173,7 +158,16 @@ fn end_bar() {
     }
 }
 
-fn quickstart(nullio: bool, size: u64, runtime: u64, net: &NetArgs) -> Result<(), String> {
+/// A run time of zero runs for a second, as it always did.
+fn at_least_a_second(runtime: Duration) -> Duration {
+    if runtime.is_zero() {
+        Duration::from_secs(1)
+    } else {
+        runtime
+    }
+}
+
+fn quickstart(nullio: bool, size: u64, runtime: Duration, net: &NetArgs) -> Result<(), String> {
     println!("srpstack quickstart: an SRP target and initiator in one process\n");
     let cfg = StackConfig {
         size,
@@ -254,7 +248,7 @@ fn quickstart(nullio: bool, size: u64, runtime: u64, net: &NetArgs) -> Result<()
     mix.jobs = 8;
     mix.region = Some(region);
     mix.verify = verify;
-    mix.runtime = Duration::from_secs(runtime.max(1));
+    mix.runtime = at_least_a_second(runtime);
     mix.size = Some(region * 4);
     let r = blockload::run(dev.clone(), &mix, |p| bar(&p, "random 70/30 r/w 4K"))
         .map_err(|e| e.to_string())?;
@@ -331,10 +325,10 @@ fn bench(
     net: &NetArgs,
     ram: u64,
     rw: Pattern,
-    bs: u64,
+    bs: u32,
     iodepth: u32,
     engine: &str,
-    runtime: u64,
+    runtime: Duration,
     verify: bool,
     json: bool,
 ) -> Result<bool, String> {
@@ -352,7 +346,7 @@ fn bench(
     .map_err(|e| e.to_string())?;
     let dev: Arc<dyn blockload::BlockDevice> = stack.disk.clone();
     let mut w = Workload::new(rw);
-    w.bs = u32::try_from(bs).map_err(|_| format!("block size {bs} is too large"))?;
+    w.bs = bs;
     match engine {
         "queue" => {
             w.jobs = 1;
@@ -361,7 +355,7 @@ fn bench(
         "threads" => w.jobs = iodepth,
         other => return Err(format!("engine `{other}`: use queue or threads")),
     }
-    w.runtime = Duration::from_secs(runtime.max(1));
+    w.runtime = at_least_a_second(runtime);
     w.size = Some(u64::MAX / 2);
     w.verify = verify;
     let r = blockload::run(dev, &w, |p| {
