@@ -29,8 +29,9 @@ struct Cli {
     /// RoCEv2 UDP port (4791 everywhere but in tests).
     #[arg(long, default_value_t = 4791)]
     udp_port: u16,
-    /// Message size in bytes (default 65536; atomics: 8, the only size).
-    #[arg(short = 's', long)]
+    /// Message size in bytes, or with K, M (default 65536; atomics: 8, the
+    /// only size).
+    #[arg(short = 's', long, value_parser = rdma_types::units::size::<usize>)]
     size: Option<usize>,
     /// Messages (perftest: 5000 for write, 1000 otherwise; with -D, no
     /// limit but the time).
@@ -45,9 +46,9 @@ struct Cli {
     #[arg(long)]
     lat: bool,
     /// Client, write, read and atomic bandwidth: post for this many
-    /// seconds, then report what completed.
-    #[arg(short = 'D', long, value_name = "SECS")]
-    duration: Option<u64>,
+    /// seconds (or with a unit: 500ms), then report what completed.
+    #[arg(short = 'D', long, value_name = "SECS", value_parser = rdma_types::units::secs)]
+    duration: Option<std::time::Duration>,
     /// Work requests in flight.
     #[arg(short = 't', long = "tx-depth", default_value_t = 128)]
     tx_depth: u32,
@@ -74,10 +75,10 @@ struct Cli {
     /// Report Gb/s instead of MB/s.
     #[arg(long = "report_gbits")]
     report_gbits: bool,
-    /// Seconds to wait for a client (server), for the peer's next message,
-    /// or for the next completion.
-    #[arg(long, default_value_t = 60)]
-    timeout: u64,
+    /// Seconds (or with a unit: 2m) to wait for a client (server), for
+    /// the peer's next message, or for the next completion.
+    #[arg(long, default_value = "60", value_parser = rdma_types::units::secs)]
+    timeout: std::time::Duration,
 }
 
 fn main() -> ExitCode {
@@ -114,7 +115,7 @@ fn main() -> ExitCode {
             (None, Verb::Write) => 5000,
             (None, _) => 1000,
         }),
-        duration: cli.duration.map(std::time::Duration::from_secs),
+        duration: cli.duration,
         tx_depth: cli.tx_depth,
         rx_depth: cli.rx_depth,
         mtu,
@@ -122,7 +123,7 @@ fn main() -> ExitCode {
         gid_index: cli.gid_index,
         device: cli.device,
         report_gbits: cli.report_gbits,
-        timeout: std::time::Duration::from_secs(cli.timeout.max(1)),
+        timeout: cli.timeout.max(std::time::Duration::from_secs(1)),
         nic,
     };
     match run(&cfg) {

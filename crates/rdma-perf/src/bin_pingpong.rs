@@ -23,8 +23,8 @@ struct Cli {
     /// UDP port of RoCEv2 (4791 everywhere but in tests).
     #[arg(long, default_value_t = 4791)]
     roce_port: u16,
-    /// Message size.
-    #[arg(short = 's', long, default_value_t = 4096)]
+    /// Message size in bytes, or with K, M (4k).
+    #[arg(short = 's', long, default_value = "4096", value_parser = rdma_types::units::size::<usize>)]
     size: usize,
     /// Exchanges.
     #[arg(short = 'n', long, default_value_t = 1000)]

@@ -35,8 +35,8 @@ struct Args {
     /// Pings.
     #[arg(short = 'C', default_value_t = 10)]
     count: u64,
-    /// Buffer size.
-    #[arg(short = 'S', default_value_t = 64)]
+    /// Buffer size in bytes, or with K, M (4k).
+    #[arg(short = 'S', default_value = "64", value_parser = rdma_types::units::size::<usize>)]
     size: usize,
     /// Print each ping's data.
     #[arg(short = 'v')]
@@ -50,9 +50,10 @@ struct Args {
     /// Path MTU (1024 on a 1500-byte Ethernet link).
     #[arg(long, default_value_t = 1024)]
     mtu: usize,
-    /// Seconds to wait for the connection (and between events after it).
-    #[arg(long, default_value_t = 10)]
-    timeout: u64,
+    /// Seconds (or with a unit: 500ms) to wait for the connection (and
+    /// between events after it).
+    #[arg(long, default_value = "10", value_parser = rdma_types::units::secs)]
+    timeout: std::time::Duration,
 }
 
 fn main() -> ExitCode {
@@ -102,7 +103,7 @@ fn main() -> ExitCode {
         verbose: a.verbose,
         validate: a.validate,
         mtu,
-        idle_timeout: std::time::Duration::from_secs(a.timeout.max(1)),
+        idle_timeout: a.timeout.max(std::time::Duration::from_secs(1)),
         nic,
     };
     match run(&cfg) {

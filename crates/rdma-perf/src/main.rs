@@ -31,8 +31,8 @@ struct CommonArgs {
     /// Write this node's packets to a pcap file.
     #[arg(long)]
     capture: Option<PathBuf>,
-    /// Registered buffer size in bytes.
-    #[arg(long, default_value_t = 64 << 20)]
+    /// Registered buffer size in bytes (K, M, G suffixes).
+    #[arg(long, default_value = "64M", value_parser = rdma_types::units::size::<usize>)]
     buffer: usize,
 }
 
@@ -66,8 +66,8 @@ enum Role {
         /// Operation to measure.
         #[arg(long, value_enum, default_value_t = Op::Write)]
         op: Op,
-        /// Message size in bytes.
-        #[arg(long, default_value_t = 65536)]
+        /// Message size in bytes (K, M, G suffixes).
+        #[arg(long, default_value = "65536", value_parser = rdma_types::units::size::<usize>)]
         size: usize,
         /// Work requests in flight.
         #[arg(long, default_value_t = 16)]
@@ -75,9 +75,10 @@ enum Role {
         /// Messages to move (default 1000, or unlimited with --duration).
         #[arg(long)]
         iters: Option<u64>,
-        /// Run for this many seconds (with --iters too: whichever ends first).
-        #[arg(long, value_name = "SECS")]
-        duration: Option<f64>,
+        /// Run for this many seconds, or with a unit: 500ms, 2m (with
+        /// --iters too: whichever ends first).
+        #[arg(long, value_name = "SECS", value_parser = rdma_types::units::secs)]
+        duration: Option<std::time::Duration>,
         /// Check every byte moved.
         #[arg(long)]
         verify: bool,
@@ -199,17 +200,12 @@ fn main() -> ExitCode {
             if size == 0 || size > (1 << 30) {
                 return Err(format!("--size must be 1..=1 GiB, not {size}"));
             }
-            let duration = match duration {
-                None => None,
-                Some(d) if d.is_finite() && d > 0.0 && d <= 86_400.0 => {
-                    Some(std::time::Duration::from_secs_f64(d))
-                }
-                Some(d) => {
-                    return Err(format!(
-                        "--duration must be more than 0 and at most 86400 seconds, not {d}"
-                    ))
-                }
-            };
+            if let Some(d) = duration.filter(|d| d.is_zero() || d.as_secs_f64() > 86_400.0) {
+                return Err(format!(
+                    "--duration must be more than 0 and at most 86400 seconds, not {}",
+                    d.as_secs_f64()
+                ));
+            }
             if bidir && duration.is_some() {
                 return Err("--bidir counts messages; use --iters, not --duration".into());
             }
