@@ -6,11 +6,16 @@
 //!
 //! A consumer-defined REJ (code 28, IBA 12.6.7.2) carries the target's
 //! SRP_LOGIN_REJ and comes back as [`ConnectError::Rejected`] for the
-//! session to decode; every other failure is a CM failure, in words.
+//! session to decode; no answer at all is [`ConnectError::NoAnswer`] and
+//! a REJ for an unknown service ID [`ConnectError::NoListener`], each
+//! naming where the login went; every other failure is a CM failure, in
+//! words.
 //! Disconnecting waits (bounded) for the DREP: a peer that never heard the
 //! DREQ rejects the next login as stale.
 
-use crate::session::{pkey_index, ConnectError, Connected, Connector, LoginForm, QpInfo};
+use crate::session::{
+    pkey_index, ConnectError, Connected, Connector, LoginAddress, LoginForm, QpInfo,
+};
 use rdma_access::sa::PathQuery;
 pub use rdma_access::subnet::{SaPortError, SubnetPort};
 use rdma_access::{CmAgent, CmError};
@@ -34,15 +39,22 @@ fn connected(e: rdma_access::Established, gid: Gid, mtu: Mtu) -> Connected {
     }
 }
 
-/// A consumer-defined REJ (code 28) carries the SRP_LOGIN_REJ; anything
-/// else is a CM failure, in words.
-fn connect_error(e: CmError) -> ConnectError {
+/// A consumer-defined REJ (code 28) carries the SRP_LOGIN_REJ; no answer
+/// and a REJ for an unknown service ID say nothing took the login at
+/// `at`; anything else is a CM failure, in words.
+fn connect_error(e: CmError, at: LoginAddress) -> ConnectError {
     match e {
         CmError::Rejected {
             code: 28,
             private_data,
             ..
         } => ConnectError::Rejected(private_data),
+        CmError::Rejected { code, .. }
+            if rdma_mad::cm::RejReason::from(code) == rdma_mad::cm::RejReason::InvalidServiceId =>
+        {
+            ConnectError::NoListener(at)
+        }
+        CmError::TimedOut => ConnectError::NoAnswer(at),
         e => ConnectError::Failed(e.to_string()),
     }
 }
@@ -79,7 +91,7 @@ impl Connector for RdmaCmConnector {
             self.timeout,
         ) {
             Ok(e) => Ok(connected(e, Gid::from_ip(self.dst.ip()), local.mtu)),
-            Err(e) => Err(connect_error(e)),
+            Err(e) => Err(connect_error(e, LoginAddress::RdmaCm(self.dst))),
         }
     }
 
@@ -118,7 +130,13 @@ impl Connector for IbCmConnector {
             self.timeout,
         ) {
             Ok(e) => Ok(connected(e, self.dgid, local.mtu)),
-            Err(e) => Err(connect_error(e)),
+            Err(e) => Err(connect_error(
+                e,
+                LoginAddress::IbCm {
+                    dgid: self.dgid,
+                    service_id: self.service_id,
+                },
+            )),
         }
     }
 
@@ -246,7 +264,11 @@ impl Connector for SaPathConnector {
                 Err(mut errs) => {
                     if matches!(errs.last(), Some(CmError::Rejected { .. })) {
                         let e = errs.pop().expect("the reject");
-                        return Err(connect_error(e));
+                        let at = LoginAddress::IbCm {
+                            dgid: self.dgid,
+                            service_id: self.service_id,
+                        };
+                        return Err(connect_error(e, at));
                     }
                     for (k, (e, p)) in errs.iter().zip(&paths).enumerate() {
                         why.push(format!(
@@ -311,10 +333,42 @@ mod tests {
 
     #[test]
     fn a_consumer_defined_reject_carries_the_login_reject() {
-        assert_eq!(connect_error(rej()), ConnectError::Rejected(vec![0xc2]));
+        let at = LoginAddress::RdmaCm("127.0.0.1:5556".parse().unwrap());
+        assert_eq!(connect_error(rej(), at), ConnectError::Rejected(vec![0xc2]));
         assert!(matches!(
-            connect_error(CmError::TimedOut),
+            connect_error(CmError::Stopped, at),
             ConnectError::Failed(_)
         ));
+    }
+
+    /// No answer, and a REJ for a service nothing listens on, say that
+    /// nothing took the login and where it was sent.
+    #[test]
+    fn nothing_there_is_said_with_the_address() {
+        let at = LoginAddress::RdmaCm("127.0.0.1:5556".parse().unwrap());
+        let e = connect_error(CmError::TimedOut, at);
+        assert_eq!(e, ConnectError::NoAnswer(at));
+        assert_eq!(
+            e.to_string(),
+            "nothing answered SRP logins at 127.0.0.1:5556 (RDMA CM port)"
+        );
+        let invalid_sid = CmError::Rejected {
+            reason: "invalid service ID".into(),
+            code: 8,
+            private_data: vec![],
+        };
+        let e = connect_error(invalid_sid, at);
+        assert_eq!(
+            e.to_string(),
+            "nothing listens for SRP logins at 127.0.0.1:5556 (RDMA CM port; its CM rejected the login: invalid service ID)"
+        );
+        let ib = LoginAddress::IbCm {
+            dgid: Gid::from_ip("127.0.0.1".parse().unwrap()),
+            service_id: 0x1234,
+        };
+        assert_eq!(
+            ConnectError::NoAnswer(ib).to_string(),
+            "nothing answered SRP logins at service ID 0000000000001234 of ::ffff:127.0.0.1 (IB CM)"
+        );
     }
 }

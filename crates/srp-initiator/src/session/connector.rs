@@ -31,6 +31,41 @@ pub struct Connected {
     pub handle: u64,
 }
 
+/// Where a login was sent, as the errors that say nothing took it name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LoginAddress {
+    /// RDMA CM: the target's address and port (ib_srp's `dest=`).
+    RdmaCm(std::net::SocketAddr),
+    /// IB CM: a service ID at a port's GID (ib_srp's `service_id=`).
+    IbCm {
+        /// The target port's GID.
+        dgid: Gid,
+        /// The service ID.
+        service_id: u64,
+    },
+}
+
+impl LoginAddress {
+    /// Which kind of address this is, in words.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            LoginAddress::RdmaCm(_) => "RDMA CM port",
+            LoginAddress::IbCm { .. } => "IB CM",
+        }
+    }
+}
+
+impl std::fmt::Display for LoginAddress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LoginAddress::RdmaCm(a) => write!(f, "{a}"),
+            LoginAddress::IbCm { dgid, service_id } => {
+                write!(f, "service ID {service_id:016x} of {dgid}")
+            }
+        }
+    }
+}
+
 /// Why a connection attempt failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConnectError {
@@ -38,6 +73,17 @@ pub enum ConnectError {
     /// (SRP_LOGIN_REJ for a consumer-defined reject).
     #[error("connection rejected")]
     Rejected(Vec<u8>),
+    /// Nothing answered the REQ after every retry: no CM at the address,
+    /// so no target running there (or no host).
+    #[error("nothing answered SRP logins at {0} ({kind})", kind = .0.kind())]
+    NoAnswer(LoginAddress),
+    /// The peer's CM answered that nothing listens there (REJ reason 8,
+    /// invalid service ID, IBA 12.6.7.2): the target listens elsewhere.
+    #[error(
+        "nothing listens for SRP logins at {0} ({kind}; its CM rejected the login: invalid service ID)",
+        kind = .0.kind()
+    )]
+    NoListener(LoginAddress),
     /// No answer, no route, or a CM-level reject; in words.
     #[error("connection failed: {0}")]
     Failed(String),
