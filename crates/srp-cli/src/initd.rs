@@ -38,6 +38,7 @@
 //! packets carry that partition's key, so a target QP in another
 //! partition drops them).
 
+use crate::args::SrptdHints;
 use rdma_access::subnet::{IbPort, IbPortError};
 use rdma_types::Guid;
 use serde::{Deserialize, Serialize};
@@ -155,6 +156,9 @@ pub enum InitdStartError {
     /// An `ib` fabric port (no subnet manager, for one).
     #[error(transparent)]
     IbPort(#[from] IbPortError),
+    /// A local address whose RoCEv2 port is taken, or not this host's.
+    #[error(transparent)]
+    LocalAddr(#[from] crate::args::LocalAddrError),
     #[error("start the CM agent on {ip}: {source}")]
     CmAgent {
         ip: IpAddr,
@@ -247,6 +251,7 @@ impl Initd {
             return Err(InitdStartError::MountRoot(cfg.mount_root.clone()));
         }
         cfg.rport.validate()?;
+        crate::args::check_local(&cfg.ips, cfg.udp_port)?;
         let ib = cfg.fabric == rdma_access::subnet::Fabric::Ib;
         // Every port has the GUID of its address, in either fabric.
         let soft = rnic::softroce::SoftCa::at_each(&cfg.ips);
@@ -375,7 +380,7 @@ impl Initd {
                     dst: *dest,
                     timeout: self.cfg.login_timeout,
                 });
-                (ca, conn)
+                (ca, Arc::new(SrptdHints(conn)))
             }
             TargetAddress::IbCm {
                 dgid,
@@ -404,7 +409,7 @@ impl Initd {
                         timeout: self.cfg.login_timeout,
                     }),
                 };
-                (ca, conn)
+                (ca, Arc::new(SrptdHints(conn)))
             }
         };
         // Every key of the login string takes effect here, as in ib_srp

@@ -21,7 +21,7 @@
 use blockload::{Pattern, Workload};
 use clap::{Args, Parser, Subcommand};
 use rdma_access::subnet::{IbPort, IbPortError, SubnetPort};
-use srp_cli::args::Tmo;
+use srp_cli::args::{SrptdHints, Tmo};
 use srp_cli::initd::InitRequest;
 use srp_initiator::discovery::{Discovery, DiscoveryConfig, Event, Host, Ports};
 use srp_initiator::rules::Rules;
@@ -40,9 +40,10 @@ struct Cli {
 /// Where and as whom to log in.
 #[derive(Args, Clone)]
 struct Login {
-    /// Target's RDMA CM address (ib_srp's dest=ip:port). Several: one path
-    /// each, grouped into one multipath device per LUN.
-    #[arg(long, required = true)]
+    /// Target's RDMA CM address (ib_srp's dest=ip:port; the address alone
+    /// means port 5555, srptd's default). Several: one path each, grouped
+    /// into one multipath device per LUN.
+    #[arg(long, required = true, value_parser = srp_cli::args::dest)]
     dest: Vec<SocketAddr>,
     /// Address of our soft RoCE NIC; with several paths, one per --dest
     /// (each path needs its own initiator port).
@@ -335,6 +336,7 @@ fn paths(l: &Login) -> Result<Vec<Arc<srp_initiator::path_login::PathLogin>>, St
         (i, d) if i == d => l.ip.clone(),
         (i, d) => return Err(format!("{i} --ip for {d} --dest: give one --ip per --dest")),
     };
+    srp_cli::args::check_local(&ips, l.udp_port).map_err(|e| e.to_string())?;
     let cas = rnic::softroce::SoftCa::at_each(&ips);
     let nic = rnic::softroce::NicOptions::from_env().map_err(|e| e.to_string())?;
     let provider = rnic::softroce::SoftRoce::with_options(cas.clone(), l.udp_port, mtu, nic);
@@ -353,20 +355,21 @@ fn paths(l: &Login) -> Result<Vec<Arc<srp_initiator::path_login::PathLogin>>, St
         agent
             .track_in(cm.client())
             .map_err(|e| format!("track the CM agent on {}: {e}", ca.ip))?;
-        let connector: Arc<dyn srp_initiator::session::Connector> = match l.service_id {
-            Some(service_id) => Arc::new(srp_initiator::connectors::IbCmConnector {
-                agent,
-                dgid: rdma_types::Gid::from_ip(dest.ip()),
-                service_id,
-                timeout,
-            }),
-            None => Arc::new(srp_initiator::connectors::RdmaCmConnector {
-                agent,
-                src: ca.ip,
-                dst: *dest,
-                timeout,
-            }),
-        };
+        let connector: Arc<dyn srp_initiator::session::Connector> =
+            Arc::new(SrptdHints(match l.service_id {
+                Some(service_id) => Arc::new(srp_initiator::connectors::IbCmConnector {
+                    agent,
+                    dgid: rdma_types::Gid::from_ip(dest.ip()),
+                    service_id,
+                    timeout,
+                }),
+                None => Arc::new(srp_initiator::connectors::RdmaCmConnector {
+                    agent,
+                    src: ca.ip,
+                    dst: *dest,
+                    timeout,
+                }),
+            }));
         // srptd's port GUID comes from its address (rnic::softroce::ip_guid).
         let target_guid = rnic::softroce::ip_guid(dest.ip()).0;
         let chan = srp::initiator::ChannelConfig::new(
@@ -386,6 +389,17 @@ fn paths(l: &Login) -> Result<Vec<Arc<srp_initiator::path_login::PathLogin>>, St
             .with_ch_count(l.ch_count),
         ));
     }
+    // The first login follows at once; with nothing at the other end it
+    // waits the whole timeout, so say what is going on.
+    eprintln!(
+        "srp: logging in to {} ...",
+        l.dest
+            .iter()
+            .zip(&ips)
+            .map(|(d, ip)| format!("{d} from {ip}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
     Ok(out)
 }
 
