@@ -13,10 +13,14 @@ use std::process::ExitCode;
 #[derive(Parser)]
 #[command(
     name = "rrping",
+    version,
     about = "rping over the soft RoCE NIC",
     disable_version_flag = true
 )]
 struct Args {
+    /// Print version (long only: -V is rping's validate).
+    #[arg(long, action = clap::ArgAction::Version)]
+    version: (),
     /// Server.
     #[arg(short = 's', conflicts_with = "client")]
     server: bool,

@@ -31,7 +31,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 #[derive(Parser)]
-#[command(name = "srp", about = "SRP initiator")]
+#[command(name = "srp", version, about = "SRP initiator")]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -199,16 +199,16 @@ enum Cmd {
         #[arg(long)]
         name: Option<String>,
         /// srpd's control socket.
-        #[arg(long)]
-        control_socket: Option<std::path::PathBuf>,
+        #[arg(long, default_value_os_t = daemon_ctl::control_socket_of("srpd"))]
+        control_socket: std::path::PathBuf,
     },
     /// Ask `srpd` to end a login: its LUN files go away, the channels log out.
     Logout {
         /// The login's name (see `srp list`).
         name: String,
         /// srpd's control socket.
-        #[arg(long)]
-        control_socket: Option<std::path::PathBuf>,
+        #[arg(long, default_value_os_t = daemon_ctl::control_socket_of("srpd"))]
+        control_socket: std::path::PathBuf,
     },
     /// The logins `srpd` holds: target, path, channels with credits, LUNs
     /// with their files and remote port state.
@@ -217,8 +217,8 @@ enum Cmd {
         #[arg(long)]
         json: bool,
         /// srpd's control socket.
-        #[arg(long)]
-        control_socket: Option<std::path::PathBuf>,
+        #[arg(long, default_value_os_t = daemon_ctl::control_socket_of("srpd"))]
+        control_socket: std::path::PathBuf,
     },
     /// Find SRP targets the way srp_daemon does: ask each target port's
     /// device management agent for its I/O controllers and their service
@@ -272,8 +272,8 @@ enum Cmd {
         login: bool,
         /// srpd's control socket: where to log in (--login) and to ask
         /// which targets are logged in already.
-        #[arg(long)]
-        control_socket: Option<std::path::PathBuf>,
+        #[arg(long, default_value_os_t = daemon_ctl::control_socket_of("srpd"))]
+        control_socket: std::path::PathBuf,
         /// Milliseconds (or with a unit: 1s) to wait for each answer (sent
         /// 3 more times; srp_daemon -t).
         #[arg(long, short = 't', default_value = "500", value_parser = rdma_types::units::millis)]
@@ -802,8 +802,8 @@ struct Local {
 /// `srp discover`'s side of the walk: srpd's logins, and the events
 /// printed as srp_daemon prints them.
 struct Printer {
-    /// srpd's control socket (`None`: the default).
-    socket: Option<std::path::PathBuf>,
+    /// srpd's control socket.
+    socket: std::path::PathBuf,
     verbose: bool,
     rescan: bool,
     signals: Option<daemon_ctl::signals::TermSignals>,
@@ -899,7 +899,7 @@ impl Host for Printer {
 fn discover(
     local: Local,
     cfg: DiscoveryConfig,
-    socket: Option<std::path::PathBuf>,
+    socket: std::path::PathBuf,
     verbose: bool,
 ) -> Result<bool, String> {
     let Local { ip, udp_port, ib } = local;
@@ -971,11 +971,8 @@ fn discover(
 }
 
 /// One request to `srpd`.
-fn srpd(sock: &Option<std::path::PathBuf>, req: &InitRequest) -> Result<serde_json::Value, String> {
-    let path = sock
-        .clone()
-        .unwrap_or_else(|| daemon_ctl::control_socket_of("srpd"));
-    daemon_ctl::request_to(&path, "srpd", req).map_err(|e| e.to_string())
+fn srpd(sock: &std::path::Path, req: &InitRequest) -> Result<serde_json::Value, String> {
+    daemon_ctl::request_to(sock, "srpd", req).map_err(|e| e.to_string())
 }
 
 /// A login as `srp list` prints it.

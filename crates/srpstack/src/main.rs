@@ -17,6 +17,7 @@ use std::time::Duration;
 #[derive(Parser)]
 #[command(
     name = "srpstack",
+    version,
     about = "An RDMA storage stack: SRP target and initiator"
 )]
 struct Cli {

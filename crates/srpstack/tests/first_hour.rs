@@ -213,3 +213,61 @@ fn no_daemon_at_the_control_socket_says_start_it() {
     }
     let _ = std::fs::remove_file(&stale);
 }
+
+/// Every binary answers `--version` (package name and version), and
+/// `srptd --help` names the defaults of the options that override its
+/// file.
+#[test]
+fn every_binary_answers_version_and_srptd_help_shows_defaults() {
+    let bins = [
+        ("srptd", "srptd"),
+        ("srptd", "srptadm"),
+        ("srp-cli", "srp"),
+        ("srp-cli", "srpd"),
+        ("rdma-perf", "rperf"),
+        ("rdma-perf", "rperftest"),
+        ("rdma-perf", "rpingpong"),
+        ("rdma-perf", "rrping"),
+        ("ib-tools", "ibsm"),
+        ("ib-tools", "ibstat"),
+        ("ib-tools", "saquery"),
+    ];
+    let mut paths: Vec<(PathBuf, &str)> = bins
+        .iter()
+        .map(|(pkg, name)| (common::bin_of(pkg, name), *name))
+        .collect();
+    paths.push((env!("CARGO_BIN_EXE_srpstack").into(), "srpstack"));
+    for (path, name) in &paths {
+        let (ok, out) = run(Command::new(path).arg("--version"));
+        assert!(ok, "{name} --version: {out}");
+        // `<name> <version>`, one line.
+        let line = out.trim_end();
+        let version = line.strip_prefix(&format!("{name} "));
+        assert!(
+            version.is_some_and(|v| !v.is_empty() && !v.contains('\n')),
+            "{name} --version: {out}"
+        );
+    }
+    let (ok, help) = run(Command::new(common::srptd_bin()).arg("--help"));
+    assert!(ok, "{help}");
+    for (opt, default) in [
+        ("--ip", "[default: 127.0.0.1]"),
+        ("--udp-port", "[default: 4791]"),
+        ("--rdma-cm-port", "[default: 5555]"),
+        ("--fabric", "[default: roce]"),
+        ("--sm-wait-ms", "[default: 30000]"),
+        ("--ram-mib", "[default: 64]"),
+        ("--metrics", "[default: off]"),
+        ("--log-level", "[default: info]"),
+    ] {
+        // The default is said in the option's own entry, before the next.
+        let entry = help
+            .split_once(&format!("      {opt} "))
+            .map(|(_, rest)| rest.split("\n      --").next().unwrap_or(rest))
+            .unwrap_or_else(|| panic!("{opt} missing from\n{help}"));
+        assert!(
+            entry.contains(default),
+            "{opt}: {default} missing in {entry}"
+        );
+    }
+}

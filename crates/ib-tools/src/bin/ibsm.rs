@@ -33,6 +33,7 @@ use std::process::ExitCode;
 #[derive(Parser)]
 #[command(
     name = "ibsm",
+    version,
     about = "Subnet manager and SA for the managed-subnet mode"
 )]
 struct Cli {

@@ -34,6 +34,7 @@ enum Fabric {
 #[derive(Parser)]
 #[command(
     name = "ibstat",
+    version,
     about = "List soft RoCE CAs and ports (ibstat / ibv_devinfo)"
 )]
 struct Cli {

@@ -16,7 +16,11 @@ use std::net::IpAddr;
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(name = "saquery", about = "Query the subnet administrator (ibsm run)")]
+#[command(
+    name = "saquery",
+    version,
+    about = "Query the subnet administrator (ibsm run)"
+)]
 struct Cli {
     /// Address of the SA's port (where `ibsm run` listens).
     #[arg(long)]

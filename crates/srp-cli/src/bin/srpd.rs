@@ -18,6 +18,7 @@ use std::time::Duration;
 #[derive(Parser)]
 #[command(
     name = "srpd",
+    version,
     about = "Resident SRP initiator: logins by login string, LUNs as files"
 )]
 struct Args {
@@ -34,10 +35,10 @@ struct Args {
     /// Directory under which each login's LUN files are mounted.
     #[arg(long)]
     mount_root: PathBuf,
-    /// Control socket for `srp login/logout/list` (default
-    /// /run/srpd.sock for root, $TMPDIR/srpd-<uid>.sock otherwise).
-    #[arg(long)]
-    control_socket: Option<PathBuf>,
+    /// Control socket for `srp login/logout/list` (/run/srpd.sock for
+    /// root, $TMPDIR/srpd-<uid>.sock otherwise).
+    #[arg(long, default_value_os_t = daemon_ctl::control_socket_of("srpd"))]
+    control_socket: PathBuf,
     /// Seconds (or with a unit: 500ms, 2m) between reconnect attempts, or
     /// `off`.
     #[arg(long, default_value = "10")]
@@ -79,10 +80,7 @@ fn run(a: Args) -> Result<(), String> {
         fast_io_fail_tmo: a.fast_io_fail_tmo.rport(),
         dev_loss_tmo: a.dev_loss_tmo.rport(),
     };
-    let sock = a
-        .control_socket
-        .clone()
-        .unwrap_or_else(|| daemon_ctl::control_socket_of("srpd"));
+    let sock = a.control_socket.clone();
     let signals = daemon_ctl::signals::block_term();
     let control =
         bind_control(&sock).map_err(|e| format!("control socket {}: {e}", sock.display()))?;
