@@ -89,12 +89,13 @@ struct RunArgs {
     /// The RoCEv2 UDP port of every node.
     #[arg(long, default_value_t = rnic::softroce::ROCE_PORT)]
     udp_port: u16,
-    /// Milliseconds between sweeps.
-    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(10..=3_600_000))]
-    sweep_interval_ms: u64,
-    /// Milliseconds an SMP or Report waits for its answer.
-    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u64).range(1..=60_000))]
-    timeout_ms: u64,
+    /// Milliseconds (or with a unit: 10s) between sweeps, 10 ms to 1 h.
+    #[arg(long, default_value = "10000", value_parser = ms_within(10, 3_600_000))]
+    sweep_interval_ms: std::time::Duration,
+    /// Milliseconds (or with a unit) an SMP or Report waits for its
+    /// answer, 1 ms to 60 s.
+    #[arg(long, default_value = "200", value_parser = ms_within(1, 60_000))]
+    timeout_ms: std::time::Duration,
     /// Resends before a node counts as gone.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(0..=20))]
     retries: u32,
@@ -105,9 +106,10 @@ struct RunArgs {
     /// highest (then the lowest GUID) is master, the others standby.
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=15))]
     priority: u8,
-    /// Milliseconds between a standby's polls of the master.
-    #[arg(long, default_value_t = 3_000, value_parser = clap::value_parser!(u64).range(10..=3_600_000))]
-    poll_interval_ms: u64,
+    /// Milliseconds (or with a unit: 3s) between a standby's polls of the
+    /// master, 10 ms to 1 h.
+    #[arg(long, default_value = "3000", value_parser = ms_within(10, 3_600_000))]
+    poll_interval_ms: std::time::Duration,
     /// M_Key for every port, hex (0: none; IBA 14.2.4).
     #[arg(long, default_value = "0", value_parser = parse_hex_u64)]
     mkey: u64,
@@ -130,6 +132,25 @@ struct RunArgs {
     /// Stop after this many sweeps.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     sweeps: Option<u64>,
+}
+
+/// A duration option in milliseconds or with a unit
+/// (`rdma_types::units::millis`), within `lo..=hi` milliseconds.
+fn ms_within(
+    lo: u64,
+    hi: u64,
+) -> impl Fn(&str) -> Result<std::time::Duration, String> + Clone + Send + Sync + 'static {
+    move |s| {
+        let d = rdma_types::units::millis(s).map_err(|e| e.to_string())?;
+        let ms = d.as_millis();
+        if d.subsec_nanos() % 1_000_000 != 0 {
+            Err(format!("`{s}` is not a whole number of milliseconds"))
+        } else if (u128::from(lo)..=u128::from(hi)).contains(&ms) {
+            Ok(d)
+        } else {
+            Err(format!("`{s}` is {ms} ms, outside {lo}..={hi} ms"))
+        }
+    }
 }
 
 /// A 64-bit hex number, with or without `0x`.
@@ -221,11 +242,11 @@ fn run_sm(args: RunArgs) -> Result<(), String> {
     let guid = Guid(u64::from_be_bytes(gid.0[8..16].try_into().expect("8 bytes")) | 1 << 57);
     cfg.guid = guid;
     cfg.lid = args.lid;
-    cfg.sweep_interval = Duration::from_millis(args.sweep_interval_ms);
-    cfg.timeout = Duration::from_millis(args.timeout_ms);
+    cfg.sweep_interval = Duration::from_std(args.sweep_interval_ms);
+    cfg.timeout = Duration::from_std(args.timeout_ms);
     cfg.retries = args.retries;
     cfg.priority = args.priority;
-    cfg.poll_interval = Duration::from_millis(args.poll_interval_ms);
+    cfg.poll_interval = Duration::from_std(args.poll_interval_ms);
     cfg.mkey = args.mkey;
     cfg.mkey_protect = args.mkey_protect;
     cfg.mkey_lease = args.mkey_lease_secs;
@@ -253,7 +274,7 @@ fn run_sm(args: RunArgs) -> Result<(), String> {
         args.addr,
         args.lid,
         nodes.len(),
-        args.sweep_interval_ms,
+        args.sweep_interval_ms.as_millis(),
         args.lmc
     );
     let last_sweep = if args.once { Some(1) } else { args.sweeps };

@@ -44,9 +44,10 @@ struct Cli {
     /// Port personality.
     #[arg(long, value_enum, default_value = "roce")]
     fabric: Fabric,
-    /// ib: wait at most this long for an SM to make the port ACTIVE.
-    #[arg(long, default_value_t = 0)]
-    wait_active_ms: u64,
+    /// ib: wait at most this long for an SM to make the port ACTIVE, in
+    /// milliseconds or with a unit (10s).
+    #[arg(long, default_value = "0", value_parser = rdma_types::units::millis)]
+    wait_active_ms: Duration,
     /// RoCEv2 UDP port.
     #[arg(long, default_value_t = 4791)]
     udp_port: u16,
@@ -104,7 +105,7 @@ fn run(cli: &Cli) -> Result<Vec<CaInfo>, String> {
                         .map_err(|e| start(e.to_string()))
                 })
                 .collect::<Result<Vec<_>, String>>()?;
-            let wait = Duration::from_millis(cli.wait_active_ms);
+            let wait = cli.wait_active_ms;
             for n in &nodes {
                 n.sma().wait_state(state::ACTIVE, wait);
             }

@@ -31,9 +31,10 @@ struct Cli {
     /// RoCEv2 UDP port.
     #[arg(long, default_value_t = 4791)]
     udp_port: u16,
-    /// Milliseconds to wait for an answer (sent 3 more times).
-    #[arg(long, default_value_t = 500)]
-    timeout_ms: u64,
+    /// Milliseconds (or with a unit: 1s) to wait for an answer (sent 3
+    /// more times).
+    #[arg(long, default_value = "500", value_parser = rdma_types::units::millis)]
+    timeout_ms: std::time::Duration,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -118,7 +119,7 @@ fn run(cli: Cli) -> Result<(), String> {
     let agent = CmAgent::start(provider, guid, std::process::id() << 8)
         .map_err(|e| format!("open our NIC on {}: {e}", cli.ip))?;
     let timing = SaTiming {
-        timeout: std::time::Duration::from_millis(cli.timeout_ms.max(1)),
+        timeout: cli.timeout_ms.max(std::time::Duration::from_millis(1)),
         ..SaTiming::default()
     };
     let sa = SaClient::new(&agent, Gid::from_ip(cli.sa), timing)
