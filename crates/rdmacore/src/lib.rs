@@ -1,0 +1,155 @@
+//! A verbs provider over rdma-core: real RDMA NICs, and Linux's own soft
+//! devices (rxe, siw), behind [`verbs::Provider`].
+//!
+//! # What it does
+//!
+//! [`RdmaCore`] lists the devices libibverbs finds (a CA's GUID is its
+//! node GUID; [`RdmaCore::guid_of`] finds one by its kernel name, `rxe0`),
+//! opens them, and serves the verbs over the device's own objects: PDs,
+//! CQs, SRQs, RC, UC and UD QPs, address handles, MRs over the consumer's
+//! [`verbs::MemBuf`] memory (its address is the virtual address the device
+//! is given), batched post and poll. Every handle is a `verbs::Handle`
+//! (index + generation, `verbs::kit::handle_table`) into one table; a
+//! stale one is refused with `InvalidHandle`, and a modify-QP is checked
+//! against the verbs' transition table (`verbs::kit::qp_table`) before
+//! the device sees it, so the refusals read as every provider's.
+//!
+//! A port's GIDs are shown with the one to use first: position 0 is the
+//! entry rdma-core's tools would pick (an IPv4-mapped address, RoCE v2
+//! over v1, as perftest does), the other valid entries follow in table
+//! order, and a GID index in an address vector is a position in that list
+//! (see `gid`). [`Options::gid_index`] forces the device entry to lead.
+//!
+//! # What it refuses
+//!
+//! - QP0 and QP1 (`NotSupported`): the kernel owns them on an rdma-core
+//!   device; MADs go through libibumad and connections through librdmacm
+//!   (the next stage).
+//! - Memory windows, alternate paths (APM), port control (`modify_port`):
+//!   `NotSupported`, not yet served.
+//! - An inline send whose bytes are not inside an MR of the CA (the
+//!   library copies them from the process' memory at post time).
+//! - Whatever the device refuses, with the device's errno in words.
+//!
+//! # Loading
+//!
+//! libibverbs is opened at run time with `dlopen` (the `libloading`
+//! crate, a small and well-kept wrapper of `dlopen`/`dlsym`), not linked:
+//! the workspace builds, and every test runs, on a machine without
+//! rdma-core, its headers or its library. There [`RdmaCore::new`] returns
+//! a one-line [`LoadError`] naming the package to install, and nothing
+//! panics. The ABI is written by hand from rdma-core's `verbs.h` (the
+//! `sys` module, the only unsafe code of the crate, each block with its
+//! reason); the data-path verbs that `verbs.h` defines inline (post, poll,
+//! arm) call through the context's `ops` table as the header does.
+//!
+//! # Threads and locks
+//!
+//! Each `open_ca` gets its own libibverbs context and one event thread,
+//! which sleeps in `poll(2)` on the context's async fd, the completion
+//! channel of each of its CQs (one channel per CQ) and an eventfd. It
+//! turns device events into `on_completion` (for a CQ the consumer armed)
+//! and `on_async_event` (port active/error, LID, P_Key and SM changes, QP
+//! fatal errors, SQ drained, communication established, CQ errors, SRQ
+//! limit, device fatal as `CaRemoval`), always with no lock of the
+//! provider held: a handler may call any verb, destroy included.
+//! `handlers_nest` is false: handlers run on the event thread only.
+//!
+//! `wait_cq` sleeps on the event thread's count of the CQ's channel
+//! events (a condition variable; see `cq` for why it does not read the
+//! channel itself), with the CQ armed; a wait never spins except while
+//! the consumer's arm is solicited-only.
+//!
+//! Destroy is asynchronous as the verbs contract says: the handle dies at
+//! once and `on_destroyed` follows when no callback for the object is
+//! running: at once, or after the event thread's current callback for it
+//! returns (a destroy from another thread waits for that callback; one
+//! from inside it is finished by the thread afterwards). The device
+//! object itself is freed when its last user lets go (a post in flight
+//! holds it), children before parents.
+//!
+//! One lock guards the handle table; it is never held across a call
+//! into a handler, and device calls that may sleep (create, destroy,
+//! post, poll) run outside it, on objects kept alive by `Arc`s.
+
+#![deny(unsafe_code)]
+#![deny(clippy::undocumented_unsafe_blocks)]
+
+mod convert;
+mod gid;
+mod provider;
+mod sys;
+
+pub use provider::{DeviceInfo, DeviceLookupError, Options, RdmaCore};
+pub use sys::{LoadError, LIBIBVERBS};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The path a machine without rdma-core takes, whatever this host
+    /// has: a library that is not there is a one-line error naming the
+    /// package, not a panic.
+    #[test]
+    fn a_missing_library_says_what_to_install_in_one_line() {
+        let opts = Options {
+            library: "/nonexistent/libibverbs.so.1".into(),
+            ..Options::default()
+        };
+        let e = match RdmaCore::with_options(opts) {
+            Err(e) => e,
+            Ok(_) => panic!("loaded a library that does not exist"),
+        };
+        assert!(matches!(e, LoadError::Missing { .. }), "{e:?}");
+        let msg = e.to_string();
+        assert!(!msg.contains('\n'), "{msg}");
+        assert!(
+            msg.starts_with("cannot load /nonexistent/libibverbs.so.1: "),
+            "{msg}"
+        );
+        assert!(msg.contains("apt-get install libibverbs1"), "{msg}");
+        assert!(msg.contains("rdma-core"), "{msg}");
+    }
+
+    /// A library that loads but is not libibverbs names the missing verb.
+    #[test]
+    fn a_library_without_the_verbs_names_the_first_one_missing() {
+        let opts = Options {
+            library: "libc.so.6".into(),
+            ..Options::default()
+        };
+        match RdmaCore::with_options(opts) {
+            Err(LoadError::Symbol { symbol, .. }) => assert_eq!(symbol, "ibv_get_device_list"),
+            Err(e) => panic!("{e}"),
+            Ok(_) => panic!("libc is not libibverbs"),
+        }
+    }
+
+    /// With the system's library (when this host has one): the devices it
+    /// lists, and a name it does not know named in the error with them.
+    #[test]
+    fn an_unknown_device_name_lists_the_devices_there_are() {
+        let Ok(p) = RdmaCore::new() else {
+            // No libibverbs here: the test above covers this host.
+            return;
+        };
+        match p.guid_of("no-such-device0") {
+            Err(DeviceLookupError::NoSuchDevice { name, known }) => {
+                assert_eq!(name, "no-such-device0");
+                let listed: Vec<String> =
+                    p.devices().unwrap().into_iter().map(|d| d.name).collect();
+                assert_eq!(known, listed);
+            }
+            // No uverbs class in sysfs at all: a list error, not a panic.
+            Err(DeviceLookupError::List(_)) => {}
+            Ok(g) => panic!("found {g:?}"),
+        }
+        let e = DeviceLookupError::NoSuchDevice {
+            name: "rxe9".into(),
+            known: vec![],
+        };
+        assert!(e
+            .to_string()
+            .starts_with("no RDMA device named rxe9 (rdma-core lists: none; "));
+    }
+}

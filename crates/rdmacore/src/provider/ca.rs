@@ -1,0 +1,342 @@
+//! CAs: what an open holds (its libibverbs context, event thread, GID
+//! views), open and close, CA and port queries, PDs.
+
+use super::cq::CqRt;
+use super::events::{self, Dispatch};
+use super::objects::Obj;
+use super::{bad, RdmaCore};
+use crate::convert;
+use crate::gid::{self, GidView};
+use crate::sys::{self, raw};
+use rdma_types::{Guid, Lid, Pkey, PortNum};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use std::thread::{JoinHandle, ThreadId};
+use verbs::{
+    CaAttr, CaHandle, Context, EventHandler, Handle, PdHandle, PortAttr, PortState, ResourceKind,
+    Result, VerbsError,
+};
+
+/// One open of a CA: its own libibverbs context (so its asynchronous
+/// events, port events included, reach this open's handler) and the
+/// thread that waits on that context's descriptors.
+pub(crate) struct CaRt {
+    pub(super) dev: Arc<sys::Device>,
+    pub(super) handler: Arc<dyn EventHandler>,
+    /// The consumer's context of the open (in `CaRemoval`).
+    pub(super) ctx: Context,
+    /// The open's own handle, set once it is in the table.
+    pub(super) handle: OnceLock<Handle>,
+    pub(super) attr: raw::ibv_device_attr,
+    gid_override: Option<u32>,
+    /// GID views by port, dropped when the device says its table changed.
+    gids: Mutex<HashMap<u8, GidView>>,
+    /// The consumer context of each QP by number (for completions).
+    qp_ctx: Mutex<HashMap<u32, Context>>,
+    /// The CQs whose channels the event thread waits on.
+    pub(super) cqs: Mutex<Vec<Arc<CqRt>>>,
+    pub(super) waker: sys::Waker,
+    pub(super) stop: AtomicBool,
+    pub(super) dispatch: Mutex<Dispatch>,
+    pub(super) dispatched: Condvar,
+    pub(super) thread: Mutex<Option<JoinHandle<()>>>,
+    pub(super) thread_id: OnceLock<ThreadId>,
+}
+
+fn guard<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl CaRt {
+    /// Stops the event thread (it ends after the callback it may be in).
+    pub(super) fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+        self.waker.wake();
+    }
+
+    /// Whether the caller is this CA's event thread.
+    pub(super) fn on_event_thread(&self) -> bool {
+        self.thread_id.get() == Some(&std::thread::current().id())
+    }
+
+    pub(super) fn ports(&self) -> u8 {
+        self.attr.phys_port_cnt
+    }
+
+    fn check_port(&self, port: u8) -> Result<()> {
+        if port == 0 || port > self.ports() {
+            return Err(bad(format!(
+                "port {port}: {} has port{} 1{}",
+                self.dev.name(),
+                if self.ports() == 1 { "" } else { "s" },
+                if self.ports() == 1 {
+                    String::new()
+                } else {
+                    format!("..={}", self.ports())
+                }
+            )));
+        }
+        Ok(())
+    }
+
+    fn query_port_raw(&self, port: u8) -> Result<raw::ibv_port_attr> {
+        self.check_port(port)?;
+        self.dev
+            .query_port(port)
+            .map_err(|e| convert::error("query_port", e))
+    }
+
+    /// Port `port`'s GID view, read from the device when not cached.
+    fn gid_view(&self, port: u8, table_len: Option<usize>) -> Result<GidView> {
+        if let Some(v) = guard(&self.gids).get(&port) {
+            return Ok(v.clone());
+        }
+        let len = match table_len {
+            Some(l) => l,
+            None => usize::try_from(self.query_port_raw(port)?.gid_tbl_len).unwrap_or(0),
+        };
+        let entries = self.dev.gid_table(port, len);
+        let (v, honoured) = gid::view(&entries, self.gid_override);
+        if !honoured {
+            tracing::warn!(
+                device = %self.dev.name(),
+                port,
+                "GID index {:?} is not a valid entry of the port's table; using the automatic choice",
+                self.gid_override
+            );
+        }
+        guard(&self.gids).insert(port, v.clone());
+        Ok(v)
+    }
+
+    /// Forgets the GID views (the device's table changed).
+    pub(super) fn gids_changed(&self) {
+        guard(&self.gids).clear();
+    }
+
+    /// The device's GID index of view position `pos` on `port`.
+    pub(super) fn device_gid_index(&self, port: u8, pos: u8) -> Result<u8> {
+        let v = self.gid_view(port, None)?;
+        v.device_index(pos)
+            .and_then(|i| u8::try_from(i).ok())
+            .ok_or_else(|| {
+                bad(format!(
+                    "GID index {pos} is not in port {port}'s table of {} valid GIDs",
+                    v.gids.len()
+                ))
+            })
+    }
+
+    /// The number of P_Key table entries of `port`.
+    pub(super) fn pkey_table_len(&self, port: u8) -> Result<u16> {
+        Ok(self.query_port_raw(port)?.pkey_tbl_len)
+    }
+
+    pub(super) fn set_qp_ctx(&self, qpn: u32, ctx: Option<Context>) {
+        let mut m = guard(&self.qp_ctx);
+        match ctx {
+            Some(c) => m.insert(qpn, c),
+            None => m.remove(&qpn),
+        };
+    }
+
+    /// The consumer context of QP `qpn` (0 once it is destroyed).
+    pub(super) fn qp_ctx(&self, qpn: u32) -> Context {
+        guard(&self.qp_ctx).get(&qpn).copied().unwrap_or(0)
+    }
+
+    pub(super) fn cq_list(&self) -> MutexGuard<'_, Vec<Arc<CqRt>>> {
+        guard(&self.cqs)
+    }
+}
+
+/// A non-negative `int` limit as `u32`.
+fn limit(v: i32) -> u32 {
+    u32::try_from(v).unwrap_or(0)
+}
+
+impl RdmaCore {
+    pub(super) fn open_ca(
+        &self,
+        guid: Guid,
+        ctx: Context,
+        handler: Arc<dyn EventHandler>,
+    ) -> Result<CaHandle> {
+        let dev = match sys::Device::open(&self.verbs, guid.0) {
+            Ok(Some(d)) => d,
+            Ok(None) => return Err(VerbsError::NoSuchCa),
+            Err(e) => return Err(convert::error("open_ca", e)),
+        };
+        let attr = dev
+            .query_device()
+            .map_err(|e| convert::error("query_device", e))?;
+        let waker = sys::Waker::new()
+            .map_err(|e| bad(format!("cannot make the event thread's eventfd: {e}")))?;
+        let rt = Arc::new(CaRt {
+            dev,
+            handler,
+            ctx,
+            handle: OnceLock::new(),
+            attr,
+            gid_override: self.opts.gid_index,
+            gids: Mutex::new(HashMap::new()),
+            qp_ctx: Mutex::new(HashMap::new()),
+            cqs: Mutex::new(Vec::new()),
+            waker,
+            stop: AtomicBool::new(false),
+            dispatch: Mutex::new(Dispatch::default()),
+            dispatched: Condvar::new(),
+            thread: Mutex::new(None),
+            thread_id: OnceLock::new(),
+        });
+        let h = self.lock().insert(
+            Obj::Ca {
+                rt: rt.clone(),
+                ctx,
+                children: 0,
+            },
+            None,
+        );
+        let _ = rt.handle.set(h);
+        if let Err(e) = events::start(&rt, self.st.clone()) {
+            if let Ok(i) = self.lock().ca(CaHandle(h)) {
+                self.lock().remove(i, None);
+            }
+            return Err(bad(format!("cannot start the CA's event thread: {e}")));
+        }
+        Ok(CaHandle(h))
+    }
+
+    pub(super) fn query_ca(&self, ca: CaHandle) -> Result<CaAttr> {
+        let rt = {
+            let st = self.lock();
+            st.rt(st.ca(ca)?)
+        };
+        let a = &rt.attr;
+        Ok(CaAttr {
+            guid: Guid(u64::from_be(a.node_guid)),
+            num_ports: a.phys_port_cnt,
+            max_qp: limit(a.max_qp),
+            max_qp_wr: limit(a.max_qp_wr),
+            max_sge: limit(a.max_sge),
+            max_cq: limit(a.max_cq),
+            max_cqe: limit(a.max_cqe),
+            max_mr: limit(a.max_mr),
+            max_pd: limit(a.max_pd),
+            max_qp_rd_atom: u8::try_from(a.max_qp_rd_atom.max(0)).unwrap_or(u8::MAX),
+            max_srq: limit(a.max_srq),
+            // Windows are not served yet (see the crate docs).
+            max_mw: 0,
+            // ibv_device_attr does not say; a QP created with more than
+            // the device takes is refused then.
+            max_inline_data: 0,
+            atomics: a.atomic_cap != 0,
+        })
+    }
+
+    pub(super) fn close_ca(&self, ca: CaHandle) -> Result<()> {
+        let (rt, ctx) = {
+            let mut st = self.lock();
+            let i = st.ca(ca)?;
+            match st.obj(i) {
+                Obj::Ca { children, .. } if *children > 0 => {
+                    return Err(VerbsError::Busy("CA has live objects"))
+                }
+                _ => {}
+            }
+            match st.remove(i, None) {
+                Some(Obj::Ca { rt, ctx, .. }) => (rt, ctx),
+                _ => unreachable!("checked CA"),
+            }
+        };
+        rt.stop();
+        if !rt.on_event_thread() {
+            let t = guard(&rt.thread).take();
+            if let Some(t) = t {
+                let _ = t.join();
+            }
+        }
+        events::retire(&rt, ca.0, ResourceKind::Ca, ctx);
+        Ok(())
+    }
+
+    pub(super) fn query_port(&self, ca: CaHandle, port: PortNum) -> Result<PortAttr> {
+        let rt = {
+            let st = self.lock();
+            st.rt(st.ca(ca)?)
+        };
+        let p = rt.query_port_raw(port.0)?;
+        // The view is read afresh: a query is where a consumer learns of
+        // a changed table.
+        rt.gids_changed();
+        let view = rt.gid_view(port.0, usize::try_from(p.gid_tbl_len).ok())?;
+        let mut pkeys: Vec<Pkey> = (0..p.pkey_tbl_len)
+            .map_while(|i| rt.dev.query_pkey(port.0, i).ok().map(Pkey))
+            .collect();
+        while pkeys.last().is_some_and(|k| k.0 == 0) {
+            pkeys.pop();
+        }
+        Ok(PortAttr {
+            port,
+            state: match p.state {
+                raw::IBV_PORT_ACTIVE | raw::IBV_PORT_ACTIVE_DEFER => PortState::Active,
+                raw::IBV_PORT_INIT | raw::IBV_PORT_ARMED => PortState::Init,
+                _ => PortState::Down,
+            },
+            max_mtu: convert::mtu(p.max_mtu),
+            active_mtu: convert::mtu(p.active_mtu),
+            lid: Lid(p.lid),
+            sm_lid: Lid(p.sm_lid),
+            gids: view.gids,
+            pkeys,
+        })
+    }
+
+    pub(super) fn alloc_pd(&self, ca: CaHandle, ctx: Context) -> Result<PdHandle> {
+        let rt = {
+            let st = self.lock();
+            st.rt(st.ca(ca)?)
+        };
+        let pd = sys::Pd::new(&rt.dev).map_err(|e| convert::error("alloc_pd", e))?;
+        let mut st = self.lock();
+        // The CA may have been closed meanwhile (its handle is then dead).
+        let i = st.ca(ca)?;
+        st.adjust(i, 1);
+        Ok(PdHandle(st.insert(
+            Obj::Pd {
+                ca: i,
+                pd,
+                ctx,
+                children: 0,
+            },
+            None,
+        )))
+    }
+
+    pub(super) fn dealloc_pd(&self, pd: PdHandle) -> Result<()> {
+        let (rt, ctx, hw) = {
+            let mut st = self.lock();
+            let i = st.pd(pd)?;
+            let (ca, ctx, children) = match st.obj(i) {
+                Obj::Pd {
+                    ca, ctx, children, ..
+                } => (*ca, *ctx, *children),
+                _ => unreachable!("checked PD"),
+            };
+            if children > 0 {
+                return Err(VerbsError::Busy("PD has live objects"));
+            }
+            let hw = match st.remove(i, None) {
+                Some(Obj::Pd { pd, .. }) => pd,
+                _ => unreachable!("checked PD"),
+            };
+            st.adjust(ca, -1);
+            (st.rt(ca), ctx, hw)
+        };
+        // Freed here, outside the lock (the device call may sleep).
+        drop(hw);
+        events::retire(&rt, pd.0, ResourceKind::Pd, ctx);
+        Ok(())
+    }
+}

@@ -1,0 +1,201 @@
+//! The verbs objects behind their handles (`verbs::kit::handle_table`),
+//! and the lookups every verb starts with.
+
+use super::ca::CaRt;
+use super::cq::CqRt;
+use crate::sys;
+use rdma_types::QpState;
+use std::collections::HashMap;
+use std::sync::Arc;
+use verbs::kit::handle_table::HandleTable;
+use verbs::{Context, Handle, QpAttr, QpInit, Result, VerbsError};
+
+pub(super) enum Obj {
+    Ca {
+        rt: Arc<CaRt>,
+        ctx: Context,
+        /// PDs.
+        children: u32,
+    },
+    Pd {
+        ca: usize,
+        pd: Arc<sys::Pd>,
+        ctx: Context,
+        /// CQs, SRQs, QPs, AHs, MRs.
+        children: u32,
+    },
+    Cq {
+        ca: usize,
+        pd: usize,
+        cq: Arc<CqRt>,
+        /// QPs.
+        users: u32,
+    },
+    Srq {
+        ca: usize,
+        pd: usize,
+        srq: Arc<sys::Srq>,
+        ctx: Context,
+        key: u64,
+        /// The work requests asked for at creation (the limit's bound).
+        max_wr: u32,
+        max_sge: u32,
+        /// QPs.
+        users: u32,
+    },
+    Qp(Box<QpObj>),
+    Ah {
+        ca: usize,
+        pd: usize,
+        ah: Arc<sys::Ah>,
+    },
+    Mr {
+        ca: usize,
+        pd: usize,
+        mr: Arc<sys::Mr>,
+        ctx: Context,
+    },
+}
+
+pub(super) struct QpObj {
+    pub(super) ca: usize,
+    pub(super) pd: usize,
+    pub(super) send_cq: usize,
+    pub(super) recv_cq: usize,
+    pub(super) srq: Option<usize>,
+    pub(super) qp: Arc<sys::Qp>,
+    pub(super) init: QpInit,
+    /// What the device gave (at least what was asked).
+    pub(super) caps: sys::raw::ibv_qp_cap,
+    pub(super) ctx: Context,
+    pub(super) key: u64,
+    /// The state of the last modify or query (the device moves a QP to
+    /// ERR or SQE on its own; `query_qp` asks it).
+    pub(super) state: QpState,
+    /// Every attribute given since RESET.
+    pub(super) attr: QpAttr,
+}
+
+/// Every object of the provider, and the keys the device hands back in
+/// asynchronous events (`qp_context`, `cq_context`, `srq_context`).
+#[derive(Default)]
+pub(super) struct State {
+    pub(super) objs: HandleTable<Obj>,
+    pub(super) by_key: HashMap<u64, Handle>,
+}
+
+macro_rules! lookup {
+    ($($name:ident: $h:ty => $pat:pat,)*) => {$(
+        /// The slot of a live object of this kind named by the handle.
+        pub(super) fn $name(&self, h: $h) -> Result<usize> {
+            let i = self.objs.slot(h.0)?;
+            matches!(self.objs.get(i), $pat)
+                .then_some(i)
+                .ok_or(VerbsError::InvalidHandle)
+        }
+    )*};
+}
+
+impl State {
+    lookup! {
+        ca: verbs::CaHandle => Obj::Ca { .. },
+        pd: verbs::PdHandle => Obj::Pd { .. },
+        cq: verbs::CqHandle => Obj::Cq { .. },
+        srq: verbs::SrqHandle => Obj::Srq { .. },
+        qp: verbs::QpHandle => Obj::Qp(_),
+        ah: verbs::AhHandle => Obj::Ah { .. },
+        mr: verbs::MrHandle => Obj::Mr { .. },
+    }
+
+    pub(super) fn obj(&self, i: usize) -> &Obj {
+        self.objs.get(i)
+    }
+
+    pub(super) fn obj_mut(&mut self, i: usize) -> &mut Obj {
+        self.objs.get_mut(i)
+    }
+
+    /// The device runtime of CA slot `ca`.
+    pub(super) fn rt(&self, ca: usize) -> Arc<CaRt> {
+        match self.obj(ca) {
+            Obj::Ca { rt, .. } => rt.clone(),
+            _ => unreachable!("a CA slot"),
+        }
+    }
+
+    /// CA slot and PD of PD slot `pd`.
+    pub(super) fn pd_of(&self, pd: usize) -> (usize, Arc<sys::Pd>) {
+        match self.obj(pd) {
+            Obj::Pd { ca, pd, .. } => (*ca, pd.clone()),
+            _ => unreachable!("a PD slot"),
+        }
+    }
+
+    pub(super) fn qp_obj(&self, i: usize) -> &QpObj {
+        match self.obj(i) {
+            Obj::Qp(q) => q,
+            _ => unreachable!("a QP slot"),
+        }
+    }
+
+    pub(super) fn qp_mut(&mut self, i: usize) -> &mut QpObj {
+        match self.obj_mut(i) {
+            Obj::Qp(q) => q,
+            _ => unreachable!("a QP slot"),
+        }
+    }
+
+    pub(super) fn cq_rt(&self, i: usize) -> Arc<CqRt> {
+        match self.obj(i) {
+            Obj::Cq { cq, .. } => cq.clone(),
+            _ => unreachable!("a CQ slot"),
+        }
+    }
+
+    /// Counts a child in (`+1`) or out (`-1`) of slot `i`.
+    pub(super) fn adjust(&mut self, i: usize, delta: i32) {
+        match self.obj_mut(i) {
+            Obj::Ca { children, .. } | Obj::Pd { children, .. } => {
+                *children = children.wrapping_add_signed(delta)
+            }
+            Obj::Cq { users, .. } | Obj::Srq { users, .. } => {
+                *users = users.wrapping_add_signed(delta)
+            }
+            _ => {}
+        }
+    }
+
+    /// Stores `obj`, known to the device by `key` when it has one.
+    pub(super) fn insert(&mut self, obj: Obj, key: Option<u64>) -> Handle {
+        let h = self.objs.alloc(obj);
+        if let Some(k) = key {
+            self.by_key.insert(k, h);
+        }
+        h
+    }
+
+    /// Empties slot `i` (and its key).
+    pub(super) fn remove(&mut self, i: usize, key: Option<u64>) -> Option<Obj> {
+        if let Some(k) = key {
+            self.by_key.remove(&k);
+        }
+        self.objs.release(i)
+    }
+
+    /// The live object a device key names: its handle and slot.
+    pub(super) fn by_key(&self, key: u64) -> Option<(Handle, usize)> {
+        let h = *self.by_key.get(&key)?;
+        self.objs.slot(h).ok().map(|i| (h, i))
+    }
+
+    /// The MRs of CA slot `ca` (inline data must come from one of them).
+    pub(super) fn mrs_of(&self, ca: usize) -> Vec<Arc<sys::Mr>> {
+        self.objs
+            .iter()
+            .filter_map(|(_, o)| match o {
+                Obj::Mr { ca: c, mr, .. } if *c == ca => Some(mr.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+}

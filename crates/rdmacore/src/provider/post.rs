@@ -1,0 +1,225 @@
+//! Posting work requests: checked here in order, the good prefix handed
+//! to the driver in one call, the first bad one reported by index
+//! (`BadWr`), as the verbs contract has it.
+
+use super::objects::Obj;
+use super::{bad, RdmaCore};
+use crate::convert;
+use crate::sys::{self, raw::ibv_sge, PostError, Remote, SendDesc};
+use rdma_types::{QpState, QpType};
+use std::ops::Range;
+use std::sync::Arc;
+use verbs::{QpHandle, RecvWr, Result, SendOpcode, SendWr, Sge, SrqHandle, VerbsError};
+
+fn sge(s: &Sge) -> ibv_sge {
+    ibv_sge {
+        addr: s.addr,
+        length: s.length,
+        lkey: s.lkey.0,
+    }
+}
+
+fn bad_wr(index: usize, cause: VerbsError) -> VerbsError {
+    VerbsError::BadWr {
+        index,
+        cause: Box::new(cause),
+    }
+}
+
+fn posted(op: &'static str, r: std::result::Result<(), PostError>) -> Result<()> {
+    r.map_err(|e| bad_wr(e.index, convert::post_error(op, e.errno)))
+}
+
+/// The SGEs of every WR in one array, and each WR's range of it.
+fn flatten<'a>(lists: impl Iterator<Item = &'a [Sge]>) -> (Vec<ibv_sge>, Vec<Range<usize>>) {
+    let mut flat = Vec::new();
+    let mut ranges = Vec::new();
+    for l in lists {
+        let start = flat.len();
+        flat.extend(l.iter().map(sge));
+        ranges.push(start..flat.len());
+    }
+    (flat, ranges)
+}
+
+/// What a send WR needs beyond itself: its AH (UD).
+struct Checked {
+    ah: Option<Arc<sys::Ah>>,
+}
+
+impl RdmaCore {
+    pub(super) fn post_send(&self, qp: QpHandle, wrs: &[SendWr]) -> Result<()> {
+        if wrs.is_empty() {
+            return Ok(());
+        }
+        let (hw, checked, refused, regions) = {
+            let st = self.lock();
+            let q = st.qp_obj(st.qp(qp)?);
+            let qp_type = q.init.qp_type;
+            let atomics = st.rt(q.ca).attr.atomic_cap != 0;
+            let mut checked = Vec::with_capacity(wrs.len());
+            let mut refused = None;
+            let mut inline = false;
+            for (i, w) in wrs.iter().enumerate() {
+                let r = (|| {
+                    if matches!(q.state, QpState::Reset | QpState::Init | QpState::Rtr) {
+                        return Err(VerbsError::InvalidState(q.state));
+                    }
+                    convert::wr_opcode(w.opcode)?;
+                    if !convert::opcode_allowed(qp_type, w.opcode) {
+                        return Err(bad(format!("{:?} on a {qp_type} QP", w.opcode)));
+                    }
+                    if matches!(
+                        w.opcode,
+                        SendOpcode::AtomicCmpSwp | SendOpcode::AtomicFetchAdd
+                    ) && !atomics
+                    {
+                        return Err(VerbsError::NotSupported("atomics on this device"));
+                    }
+                    if w.sges.len() > q.caps.max_send_sge as usize {
+                        return Err(VerbsError::OutOfResources("SGEs of a send WR"));
+                    }
+                    if w.flags.contains(verbs::SendFlags::INLINE) {
+                        if w.total_len() > u64::from(q.caps.max_inline_data) {
+                            return Err(bad(format!(
+                                "{} inline bytes; the QP takes {}",
+                                w.total_len(),
+                                q.caps.max_inline_data
+                            )));
+                        }
+                        inline = true;
+                    }
+                    let ah = match (qp_type, &w.ud) {
+                        (QpType::Ud, Some(d)) => match st.obj(st.ah(d.ah)?) {
+                            Obj::Ah { ca, ah, .. } if *ca == q.ca => Some(ah.clone()),
+                            _ => return Err(VerbsError::InvalidHandle),
+                        },
+                        (QpType::Ud, None) => return Err(bad("a UD send needs a destination")),
+                        _ => None,
+                    };
+                    Ok(Checked { ah })
+                })();
+                match r {
+                    Ok(c) => checked.push(c),
+                    Err(e) => {
+                        refused = Some(bad_wr(i, e));
+                        break;
+                    }
+                }
+            }
+            let regions = if inline { st.mrs_of(q.ca) } else { Vec::new() };
+            (q.qp.clone(), checked, refused, regions)
+        };
+        let n = checked.len();
+        if n > 0 {
+            let (flat, ranges) = flatten(wrs[..n].iter().map(|w| w.sges.as_slice()));
+            let descs: Vec<SendDesc<'_>> = wrs[..n]
+                .iter()
+                .zip(&checked)
+                .zip(ranges)
+                .map(|((w, c), r)| desc(w, c, &flat[r]))
+                .collect();
+            posted("post_send", hw.post_send(&descs, &regions))?;
+        }
+        refused.map_or(Ok(()), Err)
+    }
+
+    pub(super) fn post_recv(&self, qp: QpHandle, wrs: &[RecvWr]) -> Result<()> {
+        let (hw, refused, n) = {
+            let st = self.lock();
+            let q = st.qp_obj(st.qp(qp)?);
+            let check = |w: &RecvWr| {
+                if q.state == QpState::Reset {
+                    return Err(VerbsError::InvalidState(q.state));
+                }
+                if q.srq.is_some() {
+                    return Err(bad("the QP takes its receives from its SRQ"));
+                }
+                if w.sges.len() > q.caps.max_recv_sge as usize {
+                    return Err(VerbsError::OutOfResources("SGEs of a receive WR"));
+                }
+                Ok(())
+            };
+            let refused = wrs
+                .iter()
+                .enumerate()
+                .find_map(|(i, w)| check(w).err().map(|e| (i, e)));
+            let n = refused.as_ref().map_or(wrs.len(), |(i, _)| *i);
+            (q.qp.clone(), refused, n)
+        };
+        let (flat, ranges) = flatten(wrs[..n].iter().map(|w| w.sges.as_slice()));
+        let descs: Vec<sys::RecvDesc<'_>> = wrs[..n]
+            .iter()
+            .zip(ranges)
+            .map(|(w, r)| sys::RecvDesc {
+                wr_id: w.wr_id,
+                sges: &flat[r],
+            })
+            .collect();
+        posted("post_recv", hw.post_recv(&descs))?;
+        refused.map_or(Ok(()), |(i, e)| Err(bad_wr(i, e)))
+    }
+
+    pub(super) fn post_srq_recv(&self, srq: SrqHandle, wrs: &[RecvWr]) -> Result<()> {
+        let (hw, max_sge) = {
+            let st = self.lock();
+            match st.obj(st.srq(srq)?) {
+                Obj::Srq { srq, max_sge, .. } => (srq.clone(), *max_sge),
+                _ => unreachable!("checked SRQ"),
+            }
+        };
+        let refused = wrs
+            .iter()
+            .position(|w| w.sges.len() > max_sge as usize)
+            .map(|i| (i, VerbsError::OutOfResources("SGEs of a receive WR")));
+        let n = refused.as_ref().map_or(wrs.len(), |(i, _)| *i);
+        let (flat, ranges) = flatten(wrs[..n].iter().map(|w| w.sges.as_slice()));
+        let descs: Vec<sys::RecvDesc<'_>> = wrs[..n]
+            .iter()
+            .zip(ranges)
+            .map(|(w, r)| sys::RecvDesc {
+                wr_id: w.wr_id,
+                sges: &flat[r],
+            })
+            .collect();
+        posted("post_srq_recv", hw.post_recv(&descs))?;
+        refused.map_or(Ok(()), |(i, e)| Err(bad_wr(i, e)))
+    }
+}
+
+/// A checked send WR as the driver takes it.
+fn desc<'a>(w: &SendWr, c: &'a Checked, sges: &'a [ibv_sge]) -> SendDesc<'a> {
+    use SendOpcode::*;
+    let imm_or_inv = match w.opcode {
+        SendWithImm | RdmaWriteWithImm => w.imm.to_be(),
+        SendWithInv | LocalInv => w.invalidate_rkey.0,
+        _ => 0,
+    };
+    let remote = match (w.opcode, &c.ah, &w.ud) {
+        (_, Some(ah), Some(d)) => Remote::Ud {
+            ah,
+            qpn: d.remote_qpn.value(),
+            qkey: d.remote_qkey.0,
+        },
+        (RdmaWrite | RdmaWriteWithImm | RdmaRead, _, _) => Remote::Rdma {
+            addr: w.remote.addr,
+            rkey: w.remote.rkey.0,
+        },
+        (AtomicCmpSwp | AtomicFetchAdd, _, _) => Remote::Atomic {
+            addr: w.remote.addr,
+            compare_add: w.compare_add,
+            swap: w.swap,
+            rkey: w.remote.rkey.0,
+        },
+        _ => Remote::None,
+    };
+    SendDesc {
+        wr_id: w.wr_id,
+        // Checked before.
+        opcode: convert::wr_opcode(w.opcode).unwrap_or(0),
+        flags: convert::send_flags(w.flags),
+        imm_or_inv,
+        sges,
+        remote,
+    }
+}
