@@ -60,6 +60,12 @@ pub enum DeviceLookupError {
         /// The devices there are.
         known: Vec<String>,
     },
+    /// The kernel has no RDMA here (`ibv_get_device_list` says `ENOSYS`:
+    /// no `ib_uverbs`, no `/sys/class/infiniband_verbs`).
+    #[error(
+        "no RDMA in this kernel (ibv_get_device_list: {0}): load ib_uverbs and a device's driver"
+    )]
+    NoKernelSupport(String),
     /// libibverbs could not list its devices.
     #[error("cannot list RDMA devices: {0}")]
     List(String),
@@ -126,7 +132,10 @@ impl RdmaCore {
                     })
                     .collect()
             })
-            .map_err(|e| DeviceLookupError::List(e.to_string()))
+            .map_err(|e| match e.0 {
+                libc::ENOSYS => DeviceLookupError::NoKernelSupport(e.to_string()),
+                _ => DeviceLookupError::List(e.to_string()),
+            })
     }
 
     /// The GUID of the device named `name` (`rxe0`), for `open_ca`.
