@@ -15,6 +15,8 @@
 //! says it has none, and per driver what it is known to lack (rxe: the SQE
 //! state; a UC send error takes its QP to ERR).
 
+mod common;
+
 use rdma_types::{Guid, Lid, PortNum};
 use rdmacore::RdmaCore;
 use std::io::Write;
@@ -141,19 +143,7 @@ fn fixture() -> Option<Devices> {
     match DEVICES.get_or_init(setup) {
         Ok(d) => Some(d.clone()),
         Err(why) => {
-            const WHERE: &str =
-                "it runs against Linux rxe in a VM: interop/run scenario rdmacore-conformance-ours";
-            if rdma_testkit::need::in_ci() {
-                // CI's kernel has no RDMA at all, and CI runs this suite in
-                // the VM scenario: not a missing tool, so not a failure.
-                // Straight to fd 2, past libtest's capture.
-                let _ = writeln!(
-                    std::io::stderr().lock(),
-                    "NOT RUN rdmacore_conformance: {why} ({WHERE})"
-                );
-            } else {
-                rdma_testkit::need::have("an rdma-core device", Some(why.clone()), WHERE);
-            }
+            common::not_here("an rdma-core device", why);
             None
         }
     }
