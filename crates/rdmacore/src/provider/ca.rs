@@ -64,17 +64,13 @@ impl CaRt {
         self.attr.phys_port_cnt
     }
 
-    fn check_port(&self, port: u8) -> Result<()> {
+    /// Refuses a port the CA does not have.
+    pub(super) fn check_port(&self, port: u8) -> Result<()> {
         if port == 0 || port > self.ports() {
             return Err(bad(format!(
-                "port {port}: {} has port{} 1{}",
+                "port {port}: {} has {} port(s), numbered from 1",
                 self.dev.name(),
-                if self.ports() == 1 { "" } else { "s" },
-                if self.ports() == 1 {
-                    String::new()
-                } else {
-                    format!("..={}", self.ports())
-                }
+                self.ports()
             )));
         }
         Ok(())

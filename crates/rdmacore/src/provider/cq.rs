@@ -102,13 +102,13 @@ impl CqRt {
         fired
     }
 
-    /// Takes up to `room` completions from the device into `a.taken`.
-    fn take(&self, a: &mut Arms, room: usize) -> Result<usize> {
+    /// Takes up to `WAIT_BATCH` completions from the device into
+    /// `a.taken`.
+    fn take(&self, a: &mut Arms) -> Result<usize> {
         let mut buf = [ibv_wc::default(); WAIT_BATCH];
-        let want = room.min(WAIT_BATCH);
         let n = self
             .hw
-            .poll(&mut buf[..want])
+            .poll(&mut buf)
             .map_err(|e| convert::error("poll_cq", e))?;
         a.taken.extend(&buf[..n]);
         Ok(n)
@@ -144,7 +144,7 @@ impl CqRt {
         let deadline = Instant::now() + timeout;
         let mut a = self.arms();
         loop {
-            if !a.taken.is_empty() || self.take(&mut a, WAIT_BATCH)? > 0 {
+            if !a.taken.is_empty() || self.take(&mut a)? > 0 {
                 return Ok(());
             }
             let left = deadline.saturating_duration_since(Instant::now());
@@ -160,7 +160,7 @@ impl CqRt {
             let seen = a.events;
             self.arm_device(&mut a, false)?;
             // A completion that came before the arm raises no event.
-            if self.take(&mut a, WAIT_BATCH)? > 0 {
+            if self.take(&mut a)? > 0 {
                 return Ok(());
             }
             a = self

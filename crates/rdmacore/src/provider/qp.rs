@@ -124,14 +124,7 @@ impl RdmaCore {
         };
         let to = qp_table::check(qp_type, from, attr)?;
         if let Some(p) = attr.port {
-            if p.0 == 0 || p.0 > rt.ports() {
-                return Err(bad(format!(
-                    "port {}: {} has {} port(s)",
-                    p.0,
-                    rt.dev.name(),
-                    rt.ports()
-                )));
-            }
+            rt.check_port(p.0)?;
         }
         if let Some(ix) = attr.pkey_index {
             let port = attr.port.map_or(1, |p| p.0);
