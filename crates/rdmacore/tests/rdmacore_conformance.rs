@@ -4,7 +4,8 @@
 //! through its loopback), else the first two with port 1 ACTIVE (or the
 //! one there is, twice).
 //!
-//! A machine without an rdma-core device (CI's: its kernel has no RDMA)
+//! `cargo test` leaves this binary out (`test = false`); run by hand on a
+//! machine without an rdma-core device (CI's: its kernel has no RDMA) it
 //! skips every case with the reason; the interop scenario
 //! `rdmacore-conformance-ours` runs this binary in a VM with two Linux rxe
 //! devices on a veth pair.
