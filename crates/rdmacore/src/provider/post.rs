@@ -147,16 +147,7 @@ impl RdmaCore {
             let n = refused.as_ref().map_or(wrs.len(), |(i, _)| *i);
             (q.qp.clone(), refused, n)
         };
-        let (flat, ranges) = flatten(wrs[..n].iter().map(|w| w.sges.as_slice()));
-        let descs: Vec<sys::RecvDesc<'_>> = wrs[..n]
-            .iter()
-            .zip(ranges)
-            .map(|(w, r)| sys::RecvDesc {
-                wr_id: w.wr_id,
-                sges: &flat[r],
-            })
-            .collect();
-        posted("post_recv", hw.post_recv(&descs))?;
+        posted("post_recv", with_recv_descs(&wrs[..n], |d| hw.post_recv(d)))?;
         refused.map_or(Ok(()), |(i, e)| Err(bad_wr(i, e)))
     }
 
@@ -173,18 +164,27 @@ impl RdmaCore {
             .position(|w| w.sges.len() > max_sge as usize)
             .map(|i| (i, VerbsError::OutOfResources("SGEs of a receive WR")));
         let n = refused.as_ref().map_or(wrs.len(), |(i, _)| *i);
-        let (flat, ranges) = flatten(wrs[..n].iter().map(|w| w.sges.as_slice()));
-        let descs: Vec<sys::RecvDesc<'_>> = wrs[..n]
-            .iter()
-            .zip(ranges)
-            .map(|(w, r)| sys::RecvDesc {
-                wr_id: w.wr_id,
-                sges: &flat[r],
-            })
-            .collect();
-        posted("post_srq_recv", hw.post_recv(&descs))?;
+        posted(
+            "post_srq_recv",
+            with_recv_descs(&wrs[..n], |d| hw.post_recv(d)),
+        )?;
         refused.map_or(Ok(()), |(i, e)| Err(bad_wr(i, e)))
     }
+}
+
+/// `post` over `wrs` as the driver takes receive WRs (their SGEs in one
+/// flat array).
+fn with_recv_descs<R>(wrs: &[RecvWr], post: impl FnOnce(&[sys::RecvDesc<'_>]) -> R) -> R {
+    let (flat, ranges) = flatten(wrs.iter().map(|w| w.sges.as_slice()));
+    let descs: Vec<sys::RecvDesc<'_>> = wrs
+        .iter()
+        .zip(ranges)
+        .map(|(w, r)| sys::RecvDesc {
+            wr_id: w.wr_id,
+            sges: &flat[r],
+        })
+        .collect();
+    post(&descs)
 }
 
 /// A checked send WR as the driver takes it.
