@@ -36,7 +36,7 @@ OUR_PORT_ID=00000000000000010002c9030a4d0002
 # VM is booting) or a CM REJ (ib_srpt not listening, or LIO not configured
 # yet). Only the login: a failure after it, a verify failure above all, is
 # never retried.
-SRP_NOT_UP='^srp: open LUN [0-9]+ over .*: login: (connection failed: connection (timed out|rejected)|port [0-9]+ is [A-Za-z]+, not ACTIVE)'
+SRP_NOT_UP='^srp: open LUN [0-9]+ over .*: login: (connection failed: (connection (timed out|rejected)|nothing (answered|listens for) SRP logins)|port [0-9]+ is [A-Za-z]+, not ACTIVE)'
 
 host_main() {
   [ -x "$SRP_CLI" ] || { echo "missing $SRP_CLI: run cargo build --release -p srptd -p srp-cli"; return 1; }
