@@ -220,21 +220,21 @@ fn no_daemon_at_the_control_socket_says_start_it() {
 #[test]
 fn every_binary_answers_version_and_srptd_help_shows_defaults() {
     let bins = [
-        ("srptd", "srptd"),
-        ("srptd", "srptadm"),
-        ("srp-cli", "srp"),
-        ("srp-cli", "srpd"),
-        ("rdma-perf", "rperf"),
-        ("rdma-perf", "rperftest"),
-        ("rdma-perf", "rpingpong"),
-        ("rdma-perf", "rrping"),
-        ("ib-tools", "ibsm"),
-        ("ib-tools", "ibstat"),
-        ("ib-tools", "saquery"),
+        "srptd",
+        "srptadm",
+        "srp",
+        "srpd",
+        "rperf",
+        "rperftest",
+        "rpingpong",
+        "rrping",
+        "ibsm",
+        "ibstat",
+        "saquery",
     ];
     let mut paths: Vec<(PathBuf, &str)> = bins
         .iter()
-        .map(|(pkg, name)| (common::bin_of(pkg, name), *name))
+        .map(|name| (common::bin_of(name), *name))
         .collect();
     paths.push((env!("CARGO_BIN_EXE_srpstack").into(), "srpstack"));
     for (path, name) in &paths {

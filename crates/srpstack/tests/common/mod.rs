@@ -99,70 +99,73 @@ impl Drop for Proc {
     }
 }
 
-/// The binary `name` of workspace package `package` (srptd, srptadm:
-/// `srptd`; srp, srpd: `srp-cli`; ibsm: `ib-tools`). Cargo builds no
-/// other package's binaries for these tests, so it is built here, once per
-/// binary and test process, into the same target directory and profile as
-/// the test (a no-op when a workspace build made it already).
+/// The packages whose binaries these tests run: srptd (srptd, srptadm),
+/// srp-cli (srp, srpd), ib-tools (ibsm, ibstat, saquery) and rdma-perf
+/// (rperf, rperftest, rpingpong, rrping).
+const BIN_PACKAGES: [&str; 4] = ["srptd", "srp-cli", "ib-tools", "rdma-perf"];
+
+/// The binary `name` of one of [`BIN_PACKAGES`]. Cargo builds no other
+/// package's binaries for these tests, so the first call builds them all,
+/// in one `cargo build` per test process, into the same target directory
+/// and profile as the test (a no-op when a workspace build made them
+/// already).
 #[allow(dead_code)]
-pub fn bin_of(package: &str, name: &str) -> std::path::PathBuf {
-    use std::collections::HashMap;
-    use std::path::PathBuf;
-    use std::sync::Mutex;
-    static BUILT: Mutex<Option<HashMap<String, PathBuf>>> = Mutex::new(None);
-    let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(p) = built.get_or_insert_with(HashMap::new).get(name) {
-        return p.clone();
-    }
-    let exe = std::env::current_exe().unwrap();
-    // <target>/<profile>/deps/<test>-<hash>
-    let profile = exe.parent().unwrap().parent().unwrap();
-    let mut cmd = Command::new(env!("CARGO"));
-    cmd.args(["build", "-q", "-p", package, "--bin", name, "--target-dir"])
-        .arg(profile.parent().unwrap())
-        .current_dir(env!("CARGO_MANIFEST_DIR"));
-    if profile.file_name().is_some_and(|n| n == "release") {
-        cmd.arg("--release");
-    }
-    assert!(
-        cmd.status().unwrap().success(),
-        "cargo build -p {package} --bin {name}"
-    );
-    let path = profile.join(name);
-    built
-        .get_or_insert_with(HashMap::new)
-        .insert(name.to_string(), path.clone());
-    path
+pub fn bin_of(name: &str) -> std::path::PathBuf {
+    static PROFILE: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    PROFILE
+        .get_or_init(|| {
+            let exe = std::env::current_exe().unwrap();
+            // <target>/<profile>/deps/<test>-<hash>
+            let profile = exe.parent().unwrap().parent().unwrap().to_path_buf();
+            let mut cmd = Command::new(env!("CARGO"));
+            cmd.args(["build", "-q", "--bins"]);
+            for p in BIN_PACKAGES {
+                cmd.args(["-p", p]);
+            }
+            cmd.arg("--target-dir")
+                .arg(profile.parent().unwrap())
+                .current_dir(env!("CARGO_MANIFEST_DIR"));
+            if profile.file_name().is_some_and(|n| n == "release") {
+                cmd.arg("--release");
+            }
+            assert!(
+                cmd.status().unwrap().success(),
+                "cargo build --bins -p {}",
+                BIN_PACKAGES.join(" -p ")
+            );
+            profile
+        })
+        .join(name)
 }
 
 /// `srptd`, built if need be ([`bin_of`]).
 #[allow(dead_code)]
 pub fn srptd_bin() -> std::path::PathBuf {
-    bin_of("srptd", "srptd")
+    bin_of("srptd")
 }
 
 /// `srptadm` ([`bin_of`]).
 #[allow(dead_code)]
 pub fn srptadm_bin() -> std::path::PathBuf {
-    bin_of("srptd", "srptadm")
+    bin_of("srptadm")
 }
 
 /// `srp` ([`bin_of`]).
 #[allow(dead_code)]
 pub fn srp_bin() -> std::path::PathBuf {
-    bin_of("srp-cli", "srp")
+    bin_of("srp")
 }
 
 /// `srpd` ([`bin_of`]).
 #[allow(dead_code)]
 pub fn srpd_bin() -> std::path::PathBuf {
-    bin_of("srp-cli", "srpd")
+    bin_of("srpd")
 }
 
 /// `ibsm` ([`bin_of`]).
 #[allow(dead_code)]
 pub fn ibsm_bin() -> std::path::PathBuf {
-    bin_of("ib-tools", "ibsm")
+    bin_of("ibsm")
 }
 
 /// The GID of an IP address in hex, as login strings write `dgid=`.
