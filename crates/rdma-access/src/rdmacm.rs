@@ -3,11 +3,13 @@
 //! data), so Linux peers can connect to us and we to them.
 
 use crate::agent::{CmAgent, CmError, Established, Incoming, Path};
+use rdma_cm::ConnId;
 use rdma_mad::cm::{port_space, rdma_cm_service_id, CmaHdrRepr, CMA_HDR_LEN};
 use rdma_types::{Gid, Guid, Pkey, PortNum, Psn, Qpn};
 use std::borrow::Borrow;
 use std::net::IpAddr;
 use std::sync::mpsc::Receiver;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Why an address or a route did not resolve.
@@ -284,4 +286,274 @@ pub fn connect_in_partition(
     let path = resolve_route(agent, &resolve_addr(&[agent], dst, Some(src))?)?;
     let path = Path { pkey, ..path };
     agent.connect_path(&path, service_id(port), qpn, psn, pd, timeout)
+}
+
+/// How a consumer answers an [`IpRequest`]: the CM that delivered it
+/// sends the REP or the REJ.
+pub trait Answer: Send {
+    /// A REP naming `qpn` (in RTR at least) whose receive queue starts at
+    /// `psn`, carrying `private_data`; the READs offered are the
+    /// request's [`IpRequest::initiator_depth`]. False when the request
+    /// is no longer waiting (the requester gave up, the CA went).
+    fn accept(self: Box<Self>, qpn: Qpn, psn: Psn, private_data: Vec<u8>) -> bool;
+    /// A consumer-defined REJ carrying `private_data`.
+    fn reject(self: Box<Self>, private_data: Vec<u8>);
+}
+
+/// An RDMA CM connection request as any [`Service`] delivers it: the
+/// requester's address and QP, the consumer's private data (after the
+/// `cma_hdr`), and what the REP may offer.
+pub struct IpRequest {
+    /// The connection, for [`Service::disconnect`] and the hooks.
+    pub conn: ConnId,
+    /// The requester's IP address and port.
+    pub src: std::net::SocketAddr,
+    /// The consumer's private data, after the `cma_hdr`.
+    pub private_data: Vec<u8>,
+    /// The requester's port GID.
+    pub peer: Gid,
+    /// The requester's QP.
+    pub remote_qpn: Qpn,
+    /// The first PSN the requester receives: this side's send PSN.
+    pub remote_psn: Psn,
+    /// The path MTU.
+    pub mtu: rdma_types::Mtu,
+    /// The request's partition.
+    pub pkey: Pkey,
+    /// RDMA READs this side may have outstanding at the requester: what
+    /// [`QpParams::DEFAULT`](crate::QpParams::DEFAULT) offers, at most
+    /// the request's responder resources.
+    pub initiator_depth: u8,
+    /// The local ACK timeout exponent the path gives this side's QP.
+    pub ack_timeout: u8,
+    /// The first PSN this side's QP must receive when the CM chose it
+    /// (librdmacm: the kernel's CM announces its own in the REP); `None`:
+    /// the consumer's choice, given to [`Answer::accept`].
+    pub local_psn: Option<Psn>,
+    answer: Box<dyn Answer>,
+}
+
+impl std::fmt::Debug for IpRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IpRequest")
+            .field("conn", &self.conn)
+            .field("src", &self.src)
+            .field("remote_qpn", &self.remote_qpn)
+            .finish()
+    }
+}
+
+/// What [`IpRequest::new`] is made of apart from the answer: every field
+/// of the request.
+#[derive(Debug, Clone)]
+pub struct IpRequestParts {
+    /// [`IpRequest::conn`].
+    pub conn: ConnId,
+    /// [`IpRequest::src`].
+    pub src: std::net::SocketAddr,
+    /// [`IpRequest::private_data`].
+    pub private_data: Vec<u8>,
+    /// [`IpRequest::peer`].
+    pub peer: Gid,
+    /// [`IpRequest::remote_qpn`].
+    pub remote_qpn: Qpn,
+    /// [`IpRequest::remote_psn`].
+    pub remote_psn: Psn,
+    /// [`IpRequest::mtu`].
+    pub mtu: rdma_types::Mtu,
+    /// [`IpRequest::pkey`].
+    pub pkey: Pkey,
+    /// [`IpRequest::initiator_depth`].
+    pub initiator_depth: u8,
+    /// [`IpRequest::ack_timeout`].
+    pub ack_timeout: u8,
+    /// [`IpRequest::local_psn`].
+    pub local_psn: Option<Psn>,
+}
+
+impl IpRequest {
+    /// A request of a [`Service`] implementation, answered by `answer`.
+    pub fn new(p: IpRequestParts, answer: Box<dyn Answer>) -> IpRequest {
+        IpRequest {
+            conn: p.conn,
+            src: p.src,
+            private_data: p.private_data,
+            peer: p.peer,
+            remote_qpn: p.remote_qpn,
+            remote_psn: p.remote_psn,
+            mtu: p.mtu,
+            pkey: p.pkey,
+            initiator_depth: p.initiator_depth,
+            ack_timeout: p.ack_timeout,
+            local_psn: p.local_psn,
+            answer,
+        }
+    }
+
+    /// Accepts ([`Answer::accept`]).
+    pub fn accept(self, qpn: Qpn, psn: Psn, private_data: Vec<u8>) -> bool {
+        self.answer.accept(qpn, psn, private_data)
+    }
+
+    /// Rejects ([`Answer::reject`]).
+    pub fn reject(self, private_data: Vec<u8>) {
+        self.answer.reject(private_data)
+    }
+}
+
+/// What a listener receives: a request, or one that was no RDMA CM
+/// request at all (already refused with an empty REJ).
+pub type Listened = Result<IpRequest, BadRequest>;
+
+/// A hook called with a connection ([`Service::on_disconnect`],
+/// [`Service::on_established`]).
+pub type ConnHook = Arc<dyn Fn(ConnId) + Send + Sync>;
+
+/// RDMA CM on one CA, whoever runs it: this crate's CM on the port's QP1
+/// ([`CmAgent`]), or the kernel's through librdmacm on an rdma-core
+/// device (the `rdmacore` crate). Consumers (the SRP target and
+/// initiator) hold an `Arc<dyn Service>` and never know which.
+pub trait Service: Send + Sync {
+    /// Listens on TCP port `port` of the RDMA CM port space on this CA's
+    /// addresses; requests arrive on the receiver until the service stops.
+    ///
+    /// # Errors
+    /// The port is taken, or the CA is gone.
+    fn listen(&self, port: u16) -> Result<Receiver<Listened>, CmError>;
+
+    /// Connects from `src` (an address of this CA) to `dst` with the
+    /// consumer's `private_data`, naming QP `qpn` whose receive queue
+    /// starts at `psn` (unless the CM chooses: [`Established::local_psn`]);
+    /// blocks until the REP (the connection is established, the RTU sent),
+    /// a REJ, no answer, or `timeout`.
+    ///
+    /// # Errors
+    /// [`CmError::Rejected`] with the REJ, [`CmError::TimedOut`], an
+    /// address or route that does not resolve, the CA gone.
+    fn connect(
+        &self,
+        src: IpAddr,
+        dst: std::net::SocketAddr,
+        qpn: Qpn,
+        psn: Psn,
+        private_data: &[u8],
+        timeout: Duration,
+    ) -> Result<Established, CmError>;
+
+    /// Disconnects `conn` (DREQ), or refuses it while its REP waits for
+    /// the RTU.
+    fn disconnect(&self, conn: ConnId);
+
+    /// [`Service::disconnect`], then waits up to `within` for the DREP.
+    /// False if it did not come.
+    fn disconnect_wait(&self, conn: ConnId, within: Duration) -> bool;
+
+    /// Sets the hook called when the CM ends a connection (a DREQ, a REJ
+    /// of the REP, no RTU, the CA gone).
+    fn on_disconnect(&self, hook: ConnHook);
+
+    /// Sets the hook called when an accepted connection's RTU arrives.
+    fn on_established(&self, hook: ConnHook);
+}
+
+/// An [`Incoming`] answered through [`Answer`].
+struct AgentAnswer(Incoming);
+
+impl Answer for AgentAnswer {
+    fn accept(self: Box<Self>, qpn: Qpn, psn: Psn, private_data: Vec<u8>) -> bool {
+        self.0
+            .accept_offering(qpn, psn, crate::QpParams::DEFAULT, private_data)
+    }
+
+    fn reject(self: Box<Self>, private_data: Vec<u8>) {
+        self.0.reject(private_data);
+    }
+}
+
+/// A REQ of `agent`'s listener as an [`IpRequest`]: its `cma_hdr`
+/// decoded; one without a valid header refused with an empty REJ.
+fn ip_request(inc: Incoming) -> Listened {
+    match decode(inc) {
+        Ok(r) => {
+            let inc = r.incoming;
+            let parts = IpRequestParts {
+                conn: inc.conn,
+                src: r.src,
+                private_data: r.private_data,
+                peer: inc.peer,
+                remote_qpn: inc.remote_qpn,
+                remote_psn: inc.remote_psn,
+                mtu: inc.mtu,
+                pkey: inc.pkey,
+                initiator_depth: inc.negotiate(crate::QpParams::DEFAULT).initiator_depth,
+                ack_timeout: inc.timing.local_ack_timeout().value(),
+                local_psn: None,
+            };
+            Ok(IpRequest::new(parts, Box::new(AgentAnswer(inc))))
+        }
+        Err((inc, e)) => {
+            inc.reject(Vec::new());
+            Err(e)
+        }
+    }
+}
+
+impl Service for CmAgent {
+    fn listen(&self, port: u16) -> Result<Receiver<Listened>, CmError> {
+        if self.is_removed() {
+            return Err(CmError::DeviceRemoved);
+        }
+        let requests = listen(self, port);
+        let (tx, rx) = std::sync::mpsc::channel();
+        // Decoding answers a bad REQ, so it runs apart from the agent's
+        // thread; it ends with the listen.
+        std::thread::Builder::new()
+            .name(format!("rdmacm listen {port}"))
+            .spawn(move || {
+                while let Ok(inc) = requests.recv() {
+                    if tx.send(ip_request(inc)).is_err() {
+                        break;
+                    }
+                }
+            })
+            .map_err(|e| CmError::Mad(format!("start the listener thread: {e}")))?;
+        Ok(rx)
+    }
+
+    fn connect(
+        &self,
+        src: IpAddr,
+        dst: std::net::SocketAddr,
+        qpn: Qpn,
+        psn: Psn,
+        private_data: &[u8],
+        timeout: Duration,
+    ) -> Result<Established, CmError> {
+        connect(
+            self,
+            src,
+            dst.ip(),
+            dst.port(),
+            qpn,
+            psn,
+            private_data,
+            timeout,
+        )
+    }
+
+    fn disconnect(&self, conn: ConnId) {
+        CmAgent::disconnect(self, conn)
+    }
+
+    fn disconnect_wait(&self, conn: ConnId, within: Duration) -> bool {
+        CmAgent::disconnect_wait(self, conn, within)
+    }
+
+    fn on_disconnect(&self, hook: ConnHook) {
+        CmAgent::on_disconnect(self, move |c| hook(c))
+    }
+
+    fn on_established(&self, hook: ConnHook) {
+        CmAgent::on_established(self, move |c| hook(c))
+    }
 }

@@ -75,12 +75,17 @@
 #![deny(unsafe_code)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+pub mod cm;
 mod convert;
 mod gid;
 mod provider;
+mod spec;
 mod sys;
 
+pub use cm::{CmStartError, RdmaCm};
 pub use provider::{DeviceInfo, DeviceLookupError, Options, RdmaCore};
+pub use spec::DeviceSpec;
+pub use sys::cma::{CmLoadError, LIBRDMACM};
 pub use sys::{LoadError, LIBIBVERBS};
 
 #[cfg(test)]

@@ -27,6 +27,7 @@ use std::time::Duration;
 /// The CM's REP as the session wants it: the target's QP at `gid`.
 fn connected(e: rdma_access::Established, gid: Gid, mtu: Mtu) -> Connected {
     Connected {
+        local_psn: e.local_psn,
         peer: QpInfo {
             qpn: e.remote_qpn,
             psn: e.remote_psn,
@@ -61,15 +62,16 @@ fn connect_error(e: CmError, at: LoginAddress) -> ConnectError {
 
 /// Disconnects and waits for the DREP: `srp` exits right after, and a
 /// peer that never heard the DREQ rejects the next login as stale.
-fn disconnect_and_wait(agent: &CmAgent, handle: u64) {
+fn disconnect_and_wait(agent: &dyn rdma_access::rdmacm::Service, handle: u64) {
     agent.disconnect_wait(rdma_access::ConnId(handle as u32), Duration::from_secs(2));
 }
 
 /// Connects through RDMA CM: the SRP login travels in the REQ after the
 /// `cma_hdr`, as Linux ib_srp does with `dest=ip:port`.
 pub struct RdmaCmConnector {
-    /// This port's CM agent.
-    pub agent: Arc<CmAgent>,
+    /// This port's RDMA CM: its CM agent, or the kernel's CM through
+    /// librdmacm on an rdma-core device.
+    pub agent: Arc<dyn rdma_access::rdmacm::Service>,
     /// This NIC's address.
     pub src: std::net::IpAddr,
     /// The target's address and RDMA CM port.
@@ -80,11 +82,9 @@ pub struct RdmaCmConnector {
 
 impl Connector for RdmaCmConnector {
     fn connect(&self, login: &[u8], local: QpInfo) -> Result<Connected, ConnectError> {
-        match rdma_access::rdmacm::connect(
-            &self.agent,
+        match self.agent.connect(
             self.src,
-            self.dst.ip(),
-            self.dst.port(),
+            self.dst,
             local.qpn,
             local.psn,
             login,
@@ -96,7 +96,7 @@ impl Connector for RdmaCmConnector {
     }
 
     fn disconnect(&self, handle: u64) {
-        disconnect_and_wait(&self.agent, handle);
+        disconnect_and_wait(&*self.agent, handle);
     }
 
     fn form(&self) -> LoginForm {
@@ -141,7 +141,7 @@ impl Connector for IbCmConnector {
     }
 
     fn disconnect(&self, handle: u64) {
-        disconnect_and_wait(&self.agent, handle);
+        disconnect_and_wait(&*self.agent, handle);
     }
 
     fn form(&self) -> LoginForm {
@@ -259,6 +259,7 @@ impl Connector for SaPathConnector {
                         },
                         private_data: e.private_data,
                         handle: e.conn.0 as u64,
+                        local_psn: e.local_psn,
                     });
                 }
                 Err(mut errs) => {
@@ -284,7 +285,7 @@ impl Connector for SaPathConnector {
     }
 
     fn disconnect(&self, handle: u64) {
-        disconnect_and_wait(self.port.agent(), handle);
+        disconnect_and_wait(&**self.port.agent(), handle);
     }
 
     fn form(&self) -> LoginForm {

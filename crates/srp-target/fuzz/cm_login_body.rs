@@ -178,6 +178,7 @@ impl Harness {
                 mtu: Mtu::Mtu1024,
                 initiator_depth: QpParams::DEFAULT.initiator_depth.min(rr),
                 ack_timeout: req.timing.local_ack_timeout().value(),
+                local_psn: None,
             },
             pkey: req.pkey,
         };

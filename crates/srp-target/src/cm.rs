@@ -5,6 +5,7 @@
 //! daemon decides how to log them.
 
 use crate::port::{CloseReason, ConnId, LocalQp, LoginOutcome, LoginRefusal, PeerQp, TargetPort};
+use rdma_access::rdmacm::{Listened, Service};
 use rdma_access::{CmAgent, Incoming, QpParams};
 use rdma_types::{Lid, Pkey};
 use srp::target::LoginForm;
@@ -80,6 +81,14 @@ pub enum LoginEvent {
     RequestRefused {
         /// Why.
         error: rdma_access::rdmacm::BadRequest,
+    },
+    /// A listen could not start: logins there are not served (IB CM on
+    /// a device whose kernel owns the CM).
+    ListenFailed {
+        /// Where (`RDMA CM port 5555`, `IB CM service ID ...`).
+        what: String,
+        /// Why, in words.
+        error: String,
     },
     /// A login accepted: the REP went out.
     Accepted {
@@ -298,87 +307,141 @@ pub fn ioc(guid: rdma_types::Guid, limits: &rdma_access::dm::IocLimits) -> rdma_
     )
 }
 
-/// Serves SRP logins for `target` on `agent` until the agent stops: each
-/// REQ's login goes to the target port ([`Logins::request`]); the REP
-/// carries the SRP_LOGIN_RSP and offers no more RDMA READs than the REQ
-/// takes, the REJ carries the SRP_LOGIN_REJ. Disconnects travel both ways:
-/// every way the CM ends a connection (a DREQ, a REJ of the REP, no RTU,
-/// the CA gone) releases the channel, and a channel the target closes is
-/// disconnected (or, while its login waits for the RTU, refused). Returns
-/// the threads taking the requests.
+/// Serves SRP logins for `target` on `agent` until the agent stops: RDMA
+/// CM and IB CM both through this CA's own CM agent ([`serve_cm`]).
 ///
-/// `events` runs as [`Logins::new`] says: on the thread that took the REQ,
-/// the agent's thread (the CM ended a connection) or the port's (the target
-/// closed a channel), with no lock of the service, the port or the agent
-/// held. Serving sets the agent's `on_disconnect` and `on_established`
-/// hooks and the port's `on_disconnect` hook.
+/// # Errors
+/// As [`serve_cm`].
 pub fn serve(
     agent: Arc<CmAgent>,
     target: Arc<TargetPort>,
     listen: Listen,
     events: impl Fn(LoginEvent) + Send + Sync + 'static,
-) -> Vec<JoinHandle<()>> {
+) -> Result<Vec<JoinHandle<()>>, rdma_access::CmError> {
+    serve_cm(agent.clone(), Some(agent), target, listen, events)
+}
+
+/// Serves SRP logins for `target` until the CM stops: RDMA CM logins
+/// through `rdma_cm` (this CA's own CM agent, or the kernel's CM through
+/// librdmacm on an rdma-core device), IB CM logins through `ib_cm`, this
+/// CA's own CM agent, the same that serves `rdma_cm` (`None` on a device
+/// whose kernel owns the CM: then `listen.ib_service_id` is not served,
+/// and a [`LoginEvent::ListenFailed`] says so). Each REQ's login goes to the target port
+/// ([`Logins::request`]); the REP carries the SRP_LOGIN_RSP and offers no
+/// more RDMA READs than the REQ takes, the REJ carries the SRP_LOGIN_REJ.
+/// Disconnects travel both ways: every way the CM ends a connection (a
+/// DREQ, a REJ of the REP, no RTU, the CA gone) releases the channel, and
+/// a channel the target closes is disconnected (or, while its login waits
+/// for the RTU, refused). Returns the threads taking the requests.
+///
+/// `events` runs as [`Logins::new`] says: on the thread that took the REQ,
+/// the CM's thread (the CM ended a connection) or the port's (the target
+/// closed a channel), with no lock of the service, the port or the CM
+/// held. Serving sets the CM's `on_disconnect` and `on_established`
+/// hooks and the port's `on_disconnect` hook.
+///
+/// # Errors
+/// The RDMA CM listen failed (the port is taken on one of the CA's
+/// addresses, the CA is gone): nothing serves then.
+pub fn serve_cm(
+    rdma_cm: Arc<dyn Service>,
+    ib_cm: Option<Arc<CmAgent>>,
+    target: Arc<TargetPort>,
+    listen: Listen,
+    events: impl Fn(LoginEvent) + Send + Sync + 'static,
+) -> Result<Vec<JoinHandle<()>>, rdma_access::CmError> {
     let events: Sink = Arc::new(events);
     let logins = Arc::new(Logins::with_sink(target.clone(), events.clone()));
     {
         let logins = logins.clone();
-        agent.on_disconnect(move |cm| logins.cm_ended(cm.0));
+        rdma_cm.on_disconnect(Arc::new(move |cm| logins.cm_ended(cm.0)));
     }
     {
         let logins = logins.clone();
-        agent.on_established(move |cm| logins.cm_established(cm.0));
+        rdma_cm.on_established(Arc::new(move |cm| logins.cm_established(cm.0)));
     }
     {
-        let (logins, agent) = (logins.clone(), agent.clone());
+        let (logins, cm) = (logins.clone(), rdma_cm.clone());
         target.on_disconnect(move |conn, why: &CloseReason| {
-            if let Some(cm) = logins.target_closed(conn, why) {
-                agent.disconnect(rdma_access::ConnId(cm));
+            if let Some(c) = logins.target_closed(conn, why) {
+                cm.disconnect(rdma_access::ConnId(c));
             }
         });
     }
     let mut threads = Vec::new();
-    let mut serve_form = |requests: std::sync::mpsc::Receiver<Incoming>, form: LoginForm| {
+    if let Some(port) = listen.rdma_cm_port {
+        let requests = rdma_cm.listen(port)?;
         let (logins, events) = (logins.clone(), events.clone());
         threads.push(std::thread::spawn(move || {
-            while let Ok(inc) = requests.recv() {
-                login(&logins, &events, inc, form);
+            while let Ok(req) = requests.recv() {
+                login_ip(&logins, &events, req);
             }
         }));
-    };
-    if let Some(port) = listen.rdma_cm_port {
-        serve_form(rdma_access::rdmacm::listen(&agent, port), LoginForm::RdmaCm);
     }
     if let Some(sid) = listen.ib_service_id {
-        serve_form(agent.listen(sid), LoginForm::IbCm);
+        match ib_cm {
+            Some(agent) => {
+                let requests = agent.listen(sid);
+                let logins = logins.clone();
+                threads.push(std::thread::spawn(move || {
+                    while let Ok(inc) = requests.recv() {
+                        login_ib(&logins, inc);
+                    }
+                }));
+            }
+            None => events(LoginEvent::ListenFailed {
+                what: format!("IB CM service ID {sid:016x}"),
+                error: "this device's kernel owns its CM, and IB CM logins through it are not \
+                        served yet: log in by RDMA CM (ib_srp dest=ip:port)"
+                    .into(),
+            }),
+        }
     }
-    threads
+    Ok(threads)
 }
 
-/// One REQ: the login it carries, answered.
-fn login(logins: &Logins, events: &Sink, inc: Incoming, form: LoginForm) {
-    // RDMA CM: the login follows the cma_hdr; IB CM: it is the private
-    // data itself.
-    let (inc, data, src) = match form {
-        LoginForm::RdmaCm => match rdma_access::rdmacm::decode(inc) {
-            Ok(r) => (r.incoming, r.private_data, r.src.to_string()),
-            Err((inc, e)) => {
-                events(LoginEvent::RequestRefused { error: e });
-                inc.reject(Vec::new());
-                return;
-            }
-        },
-        LoginForm::IbCm => {
-            let data = inc.private_data.clone();
-            let src = format!("GID {} (IB CM)", inc.peer);
-            (inc, data, src)
-        }
+/// An RDMA CM REQ (its `cma_hdr` already decoded): the login it
+/// carries, answered.
+fn login_ip(logins: &Logins, events: &Sink, req: Listened) {
+    let req = match req {
+        Ok(r) => r,
+        Err(error) => return events(LoginEvent::RequestRefused { error }),
     };
+    let login = LoginRequest {
+        data: req.private_data.clone(),
+        form: LoginForm::RdmaCm,
+        src: req.src.to_string(),
+        peer: PeerQp {
+            qpn: req.remote_qpn,
+            psn: req.remote_psn,
+            gid: req.peer,
+            lid: Lid(0),
+            mtu: req.mtu,
+            initiator_depth: req.initiator_depth,
+            ack_timeout: req.ack_timeout,
+            local_psn: req.local_psn,
+        },
+        pkey: req.pkey,
+    };
+    logins.request(req.conn.0, login, |answer| match answer {
+        Answer::Accept { local, rsp } => {
+            req.accept(local.qpn, local.psn, rsp);
+        }
+        Answer::Reject { rej } => req.reject(rej),
+    });
+}
+
+/// An IB CM REQ: the login it carries, answered.
+fn login_ib(logins: &Logins, inc: Incoming) {
+    // The login is the REQ's private data itself.
+    let data = inc.private_data.clone();
+    let src = format!("GID {} (IB CM)", inc.peer);
     // READs outstanding at the initiator: no more than its REQ takes (the
     // REP says the same).
     let offer = inc.negotiate(QpParams::DEFAULT);
     let req = LoginRequest {
         data,
-        form,
+        form: LoginForm::IbCm,
         src,
         peer: PeerQp {
             qpn: inc.remote_qpn,
@@ -388,6 +451,7 @@ fn login(logins: &Logins, events: &Sink, inc: Incoming, form: LoginForm) {
             mtu: inc.mtu,
             initiator_depth: offer.initiator_depth,
             ack_timeout: inc.timing.local_ack_timeout().value(),
+            local_psn: None,
         },
         // The session is in the REQ's partition (the CM agent only
         // delivers REQs its port's P_Key table matches).

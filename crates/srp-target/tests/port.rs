@@ -74,6 +74,7 @@ fn login_from(n: u8) -> (Vec<u8>, PeerQp) {
         mtu: Mtu::Mtu1024,
         initiator_depth: 4,
         ack_timeout: 14,
+        local_psn: None,
     };
     (b, peer)
 }

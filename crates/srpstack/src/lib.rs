@@ -167,6 +167,7 @@ impl Connector for Direct {
             mtu: local.mtu,
             initiator_depth: rdma_access::QpParams::DEFAULT.initiator_depth,
             ack_timeout: 14,
+            local_psn: None,
         };
         let outcome = match self.pkey {
             None => self.port.login(login, TargetForm::RdmaCm, peer),
@@ -192,6 +193,7 @@ impl Connector for Direct {
                     },
                     private_data: rsp,
                     handle: conn.0,
+                    local_psn: None,
                 }
             }),
             LoginOutcome::Rejected { rej, reason } => {

@@ -463,6 +463,7 @@ impl Raw {
             mtu: attr.active_mtu,
             initiator_depth: 16,
             ack_timeout: 14,
+            local_psn: None,
         };
         let login = login_bytes(&valid_login(guid, ext));
         let (conn, local, rsp) = match rig.port.login(&login, TargetForm::RdmaCm, peer) {
@@ -707,6 +708,7 @@ fn rogue_initiator_garbage_next_to_verified_io() {
         mtu: rdma_types::Mtu::Mtu1024,
         initiator_depth: 16,
         ack_timeout: 14,
+        local_psn: None,
     };
     let valid = valid_login(ROGUE, 0x500);
     let mut bad_logins: Vec<(&str, Vec<u8>)> = vec![

@@ -31,6 +31,13 @@ struct Args {
     /// are noted, not refused.
     #[arg(long, requires = "config")]
     check: bool,
+    /// Run the target port on this rdma-core device (a real RDMA NIC,
+    /// Linux rxe or siw), NAME or NAME:PORT as `ibv_devices` lists it;
+    /// logins come by the kernel's RDMA CM on the device's addresses
+    /// (overrides the file's `device`) [default: srptd's own soft RoCE
+    /// NIC at --ip].
+    #[arg(long, value_name = "NAME[:PORT]", value_parser = parse_device)]
+    device: Option<rdmacore::DeviceSpec>,
     /// Address of the target's NIC (overrides the file's `ip`)
     /// [default: 127.0.0.1].
     #[arg(long)]
@@ -100,6 +107,11 @@ fn main() -> ExitCode {
     }
 }
 
+/// `--device`: NAME or NAME:PORT.
+fn parse_device(s: &str) -> Result<rdmacore::DeviceSpec, String> {
+    s.parse()
+}
+
 /// `--ram-mib`: MiB, or a size with its unit.
 fn ram_size(s: &str) -> Result<u64, rdma_types::units::SizeError> {
     rdma_types::units::parse_size_in(s, 1 << 20)
@@ -140,19 +152,23 @@ fn run(a: &Args, log: &Log) -> Result<(), String> {
     };
     // The port options override one target; the daemon's (control
     // socket, metrics) go to the first, where the file keeps them.
-    let port_opts = a.ip.is_some()
+    let port_opts = a.device.is_some()
+        || a.ip.is_some()
         || a.udp_port.is_some()
         || a.rdma_cm_port.is_some()
         || a.fabric.is_some()
         || a.sm_wait_ms.is_some();
     if port_opts && cfg.targets.len() > 1 {
         return Err(format!(
-            "--ip, --udp-port, --rdma-cm-port, --fabric and --sm-wait-ms override a single target; {} has {}",
+            "--device, --ip, --udp-port, --rdma-cm-port, --fabric and --sm-wait-ms override a single target; {} has {}",
             a.config.as_ref().map_or("the configuration".into(), |p| p.display().to_string()),
             cfg.targets.len()
         ));
     }
     let t = &mut cfg.targets[0];
+    if let Some(d) = &a.device {
+        t.device = Some(Spanned::new(0..0, d.to_string()));
+    }
     if let Some(ip) = a.ip {
         t.ip = Spanned::new(0..0, ip);
     }
@@ -244,14 +260,18 @@ fn run(a: &Args, log: &Log) -> Result<(), String> {
                 .field("lid", lid),
             );
         }
-        let ib_sid = t.ib_cm.then(|| format!("{guid:016x}"));
+        let ib_sid = (t.ib_cm && run.device.is_none()).then(|| format!("{guid:016x}"));
         log.emit(
             Record::info("target_listening", format!(
                 "target {} listening on {}{}, {} devices, {} default LUNs{}, {} groups, id_ext {:016x} ioc_guid {:016x}, control {}",
                 run.name,
-                match t.rdma_cm_port {
-                    0 => format!("{ip} (RDMA CM off)"),
-                    p => format!("{ip}:{p} (RDMA CM)"),
+                match (&run.device, t.rdma_cm_port) {
+                    (Some((dev, addrs)), p) => format!(
+                        "{} of {dev} (RDMA CM through the kernel)",
+                        addrs.iter().map(|a| std::net::SocketAddr::new(*a, p).to_string()).collect::<Vec<_>>().join(", ")
+                    ),
+                    (None, 0) => format!("{ip} (RDMA CM off)"),
+                    (None, p) => format!("{ip}:{p} (RDMA CM)"),
                 },
                 ib_sid.as_ref().map(|s| format!(" and IB CM service ID {s}")).unwrap_or_default(),
                 cfg.devices.len(),

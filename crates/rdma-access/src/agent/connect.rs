@@ -506,6 +506,7 @@ impl Inner {
                             remote_qpn,
                             remote_psn,
                             private_data,
+                            local_psn: None,
                         }));
                     }
                 }
@@ -527,6 +528,7 @@ impl Inner {
                         remote_qpn,
                         remote_psn,
                         private_data,
+                        local_psn: None,
                     };
                     let taken = st
                         .waiting

@@ -15,6 +15,10 @@ pub struct Established {
     pub remote_psn: Psn,
     /// REP private data.
     pub private_data: Vec<u8>,
+    /// The first PSN this side's QP receives, when the CM chose it rather
+    /// than the consumer (librdmacm's kernel CM announces its own in the
+    /// REQ); `None`: the PSN the consumer gave the connect.
+    pub local_psn: Option<Psn>,
 }
 
 /// The QP parameters a REQ or REP offers (IBA 12.6.5, 12.6.8), and that

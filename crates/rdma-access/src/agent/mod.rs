@@ -71,6 +71,10 @@ pub enum CmError {
     /// An RDMA CM address or route did not resolve.
     #[error(transparent)]
     Resolve(#[from] crate::rdmacm::ResolveError),
+    /// The kernel's CM (through librdmacm, on an rdma-core device)
+    /// refused a step; in words.
+    #[error("{0}")]
+    Library(String),
 }
 
 /// A CM id that ended because its CA was removed (rdma_cm's

@@ -112,6 +112,11 @@ impl RdmaCore {
         }))
     }
 
+    /// The loaded libibverbs, for librdmacm's service (`crate::cm`).
+    pub(crate) fn verbs(&self) -> Arc<Verbs> {
+        self.verbs.clone()
+    }
+
     /// The library loaded.
     pub fn library(&self) -> &str {
         &self.verbs.library

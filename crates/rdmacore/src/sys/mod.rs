@@ -19,6 +19,7 @@
 
 #![allow(unsafe_code)]
 
+pub(crate) mod cma;
 pub(crate) mod loader;
 pub(crate) mod raw;
 

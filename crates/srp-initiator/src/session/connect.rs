@@ -213,7 +213,7 @@ impl Session {
                 mtu
             }),
             dest_qpn: Some(peer.qpn),
-            rq_psn: Some(psn),
+            rq_psn: Some(connected.local_psn.unwrap_or(psn)),
             // The target fetches data-out with RDMA READs: as many in flight
             // as it may issue (its initiator depth, 16).
             max_dest_rd_atomic: Some(16),

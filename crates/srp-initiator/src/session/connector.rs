@@ -29,6 +29,10 @@ pub struct Connected {
     pub private_data: Vec<u8>,
     /// The connector's handle of the connection, for `disconnect`.
     pub handle: u64,
+    /// The first PSN this side receives when the CM chose it, not the
+    /// session (librdmacm: the kernel's CM announces its own in the REQ);
+    /// `None`: the session's `QpInfo::psn`.
+    pub local_psn: Option<Psn>,
 }
 
 /// Where a login was sent, as the errors that say nothing took it name it.

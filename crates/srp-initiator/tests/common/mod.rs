@@ -37,6 +37,7 @@ impl Connector for Direct {
             mtu: local.mtu,
             initiator_depth: 16,
             ack_timeout: 14,
+            local_psn: None,
         };
         match self.port.login(login, TargetForm::RdmaCm, peer) {
             LoginOutcome::Accepted {
@@ -56,6 +57,7 @@ impl Connector for Direct {
                     },
                     private_data: rsp,
                     handle: conn.0,
+                    local_psn: None,
                 }
             }),
             LoginOutcome::Rejected { rej, .. } => Err(ConnectError::Rejected(rej)),

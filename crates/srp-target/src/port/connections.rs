@@ -31,6 +31,10 @@ pub struct PeerQp {
     /// (twice the path's packet lifetime, as Linux's CM gives a passive
     /// QP), at least 14 (67 ms); 14 for a caller without a CM.
     pub ack_timeout: u8,
+    /// The first PSN the target's QP receives when the CM chose it (the
+    /// kernel's CM under librdmacm announces its own in the REP); `None`:
+    /// the port picks one and the REP carries it.
+    pub local_psn: Option<Psn>,
 }
 
 /// Why the target closed a channel by itself, for its log (the initiator
@@ -547,7 +551,9 @@ impl Inner {
         undo.push(move |p| drop(p.destroy_qp(qp)));
         let send_buf = MemBuf::new((sq * slot_size) as usize);
         let send_mr = undo.reg_local(self.pd, &send_buf, "register send slots")?;
-        let psn = Psn::new((conn.0 as u32).wrapping_mul(0x9e37_79b9) >> 8);
+        let psn = peer
+            .local_psn
+            .unwrap_or_else(|| Psn::new((conn.0 as u32).wrapping_mul(0x9e37_79b9) >> 8));
         self.connect_qp(qp, peer, pkey_index, psn)?;
         p.req_notify_cq(send_cq, false)
             .map_err(verbs_err("arm send CQ"))?;

@@ -179,6 +179,11 @@ fn write_one_or_many<S: serde::Serializer>(t: &[TargetSection], s: S) -> Result<
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TargetSection {
+    /// An rdma-core device (`rxe0`, `mlx5_0:1`: name and port, port 1 by
+    /// default) the port runs on: a real RDMA NIC or Linux rxe/siw, its
+    /// logins through the kernel's RDMA CM on the device's addresses.
+    /// Unset: the port is srptd's own soft RoCE NIC at `ip`/`udp_port`.
+    pub device: Option<Spanned<String>>,
     pub ip: Spanned<IpAddr>,
     pub udp_port: Spanned<u16>,
     /// Who runs the port: `roce` (no SM) or `ib` (`ibsm run` configures
@@ -352,6 +357,7 @@ impl Default for TargetSection {
     fn default() -> Self {
         let s = |v| Spanned::new(0..0, v);
         TargetSection {
+            device: None,
             ip: Spanned::new(0..0, IpAddr::from([127, 0, 0, 1])),
             udp_port: Spanned::new(0..0, 4791),
             fabric: rdma_access::subnet::Fabric::Roce,
@@ -902,6 +908,27 @@ impl Config {
                 "0 turns RDMA CM off, and ib_cm = false leaves no way to log in".into(),
             ));
         }
+        if let Some(d) = &t.device {
+            if let Err(e) = d.get_ref().parse::<rdmacore::DeviceSpec>() {
+                return Err(bad(d, format!("{at}.device"), e));
+            }
+            if t.fabric == rdma_access::subnet::Fabric::Ib {
+                return Err(bad(
+                    d,
+                    format!("{at}.device"),
+                    "an rdma-core device's subnet is run by the kernel and its SM, not by \
+                     srptd: remove fabric = \"ib\" (or the device)",
+                ));
+            }
+            if t.rdma_cm_port == 0 {
+                return Err(bad(
+                    d,
+                    format!("{at}.device"),
+                    "on an rdma-core device logins come by RDMA CM only, and rdma_cm_port = 0 \
+                     turns it off: set rdma_cm_port (ib_srpt's usual is 5555)",
+                ));
+            }
+        }
         if *t.rel_tgt_id.get_ref() == 0 {
             return Err(bad(
                 &t.rel_tgt_id,
@@ -916,7 +943,7 @@ impl Config {
             let other = self.target_key(j);
             // The address is the port's GID and so its name (SCST names a
             // target by its port GID): one port, one target.
-            if o.ip.get_ref() == t.ip.get_ref() {
+            if o.device.is_none() && t.device.is_none() && o.ip.get_ref() == t.ip.get_ref() {
                 return Err(bad(
                     &t.ip,
                     format!("{at}.ip"),

@@ -1,4 +1,4 @@
-//! srptd's SRP login service: [`srp_target::cm::serve`] for a target
+//! srptd's SRP login service: [`srp_target::cm::serve_cm`] for a target
 //! port, its [`LoginEvent`]s written as srptd's log records.
 
 use crate::log::{Log, Record};
@@ -6,19 +6,31 @@ use srp_target::cm::{Listen, LoginEvent};
 use srp_target::TargetPort;
 use std::sync::Arc;
 
-/// Serves SRP logins for `target` until the agent stops
-/// ([`srp_target::cm::serve`]), logging what happens as srptd's records:
-/// `login_accepted`, `login_rejected`, `request_refused` and `logout`
-/// (with who closed the channel and why).
+/// Serves SRP logins for `target` until the CM stops
+/// ([`srp_target::cm::serve_cm`]: RDMA CM through `rdma_cm`, IB CM
+/// through `ib_cm` when the CA has a CM agent), logging what happens as
+/// srptd's records: `login_accepted`, `login_rejected`,
+/// `request_refused`, `listen_failed` and `logout` (with who closed the
+/// channel and why).
+///
+/// # Errors
+/// The RDMA CM listen failed.
 pub fn serve_logins(
-    agent: Arc<rdma_access::CmAgent>,
+    rdma_cm: Arc<dyn rdma_access::rdmacm::Service>,
+    ib_cm: Option<Arc<rdma_access::CmAgent>>,
     target: Arc<TargetPort>,
     listen: Listen,
     log: Log,
-) -> Vec<std::thread::JoinHandle<()>> {
+) -> Result<Vec<std::thread::JoinHandle<()>>, rdma_access::CmError> {
     let name = target.name().to_string();
-    srp_target::cm::serve(agent, target, listen, move |ev| {
+    srp_target::cm::serve_cm(rdma_cm, ib_cm, target, listen, move |ev| {
         let record = match ev {
+            LoginEvent::ListenFailed { what, error } => {
+                Record::warn("listen_failed", format!("not listening on {what}: {error}"))
+                    .target(name.clone())
+                    .field("where", &what)
+                    .field("error", &error)
+            }
             LoginEvent::RequestRefused { error } => {
                 Record::warn("request_refused", format!("refused a request: {error}"))
                     .target(name.clone())

@@ -67,7 +67,8 @@ pub struct Daemon {
 struct TargetRt {
     port: Arc<TargetPort>,
     guid: Guid,
-    nic: Arc<rnic::softroce::SoftRoce>,
+    /// Its soft RoCE NIC (counters); `None` on an rdma-core device.
+    nic: Option<Arc<rnic::softroce::SoftRoce>>,
     /// The access layer the target port reaches the NIC through: it
     /// counts every verbs object the port holds.
     access: rdma_access::resource::AccessLayer,
@@ -75,9 +76,12 @@ struct TargetRt {
     /// (connections and listens), MAD agents and SA subscriptions, and
     /// (soft RoCE fabric) its QP1 objects. Closed first at shutdown.
     cm: Arc<rdma_access::resource::TrackedProvider>,
+    /// On an rdma-core device: the kernel's RDMA CM the logins come
+    /// through, closed at shutdown.
+    rdma_cm: Option<Arc<rdmacore::RdmaCm>>,
     /// The I/O controller offered to discovery, and the DM agent (dropped
-    /// in this order).
-    _dm: (rdma_access::dm::IocHandle, rdma_access::dm::DmService),
+    /// in this order); soft RoCE NIC only.
+    _dm: Option<(rdma_access::dm::IocHandle, rdma_access::dm::DmService)>,
     /// The port's SMA and MAD driver in the `ib` fabric.
     ib_port: Option<IbPort>,
 }
@@ -113,6 +117,9 @@ pub struct TargetSummary {
     pub guid: Guid,
     /// The LID the SM gave the port (`ib` fabric).
     pub lid: Option<u16>,
+    /// On an rdma-core device: its name and the addresses its RDMA CM
+    /// listens on.
+    pub device: Option<(String, Vec<std::net::IpAddr>)>,
 }
 
 /// The limits an I/O controller profile advertises.
@@ -124,6 +131,10 @@ fn tcfg_summary(t: &crate::config::TargetSection) -> rdma_access::dm::IocLimits 
     }
 }
 
+/// Why a target did not start: the span and key of its table it belongs
+/// to, and the message.
+type StartError = (std::ops::Range<usize>, &'static str, String);
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -133,16 +144,136 @@ fn spanned<T>(v: T) -> Spanned<T> {
 }
 
 impl TargetRt {
-    /// Starts target `t` (the `n`th) on its own soft RoCE NIC, over the
-    /// shared SCSI target. An error names the span and key (in the
-    /// target's table) it belongs to.
+    /// Starts target `t` (the `n`th) over the shared SCSI target: on an
+    /// rdma-core device when `t.device` names one, else on its own soft
+    /// RoCE NIC. An error names the span and key (in the target's table)
+    /// it belongs to.
     fn start(
         t: &crate::config::TargetSection,
         n: u32,
         scsi: &Arc<scsi::Target>,
         log: crate::log::Log,
         opts: &StartOptions,
-    ) -> Result<TargetRt, (std::ops::Range<usize>, &'static str, String)> {
+    ) -> Result<TargetRt, StartError> {
+        match &t.device {
+            Some(d) => TargetRt::start_on_device(t, d, scsi, log, opts),
+            None => TargetRt::start_soft(t, n, scsi, log, opts),
+        }
+    }
+
+    /// The target port on `provider`'s CA `guid` (port `port`), with the
+    /// SRP parameters and limits of `t`.
+    fn target_port(
+        t: &crate::config::TargetSection,
+        provider: Arc<dyn verbs::Provider>,
+        guid: Guid,
+        port: rdma_types::PortNum,
+        scsi: &Arc<scsi::Target>,
+        opts: &StartOptions,
+        err_at: &dyn Fn(String) -> StartError,
+    ) -> Result<Arc<TargetPort>, StartError> {
+        // Target port ID = id_ext then ioc_guid, both the CA GUID (ib_srpt).
+        let chan = srp::initiator::ChannelConfig::new(0, guid, guid.0, guid);
+        let mut tcfg = srp::target::TargetConfig::new(chan.target_port_id(), "srptd");
+        tcfg.max_req_size = *t.srp_max_req_size.get_ref();
+        tcfg.max_rsp_size = *t.srp_max_rsp_size.get_ref();
+        tcfg.max_rdma_size = *t.srp_max_rdma_size.get_ref();
+        tcfg.srq_size = *t.srpt_srq_size.get_ref();
+        tcfg.sq_size = *t.srpt_sq_size.get_ref();
+        tcfg.max_channels = *t.max_channels.get_ref() as usize;
+        tcfg.enabled = t.enabled;
+        let port = Arc::new(
+            TargetPort::start(
+                provider,
+                guid,
+                tcfg,
+                scsi.clone(),
+                srp_target::PortOptions {
+                    port,
+                    // Checked when the file was read.
+                    pkeys: t
+                        .pkey
+                        .get_ref()
+                        .pkeys()
+                        .map_err(|m| (t.pkey.span(), "pkey", m.to_string()))?,
+                    login_timeout: Duration::from_millis(*t.login_timeout_ms.get_ref()),
+                    max_pending_logins: *t.max_pending_logins.get_ref() as usize,
+                    max_pending_per_initiator: *t.max_pending_per_initiator.get_ref() as usize,
+                    keepalive: Some(*t.keepalive_ms.get_ref())
+                        .filter(|&ms| ms > 0)
+                        .map(Duration::from_millis),
+                    inline_max: opts.inline_max,
+                    ..Default::default()
+                },
+            )
+            .map_err(|e| err_at(format!("start the target port: {e}")))?,
+        );
+        // SCST's rel_tgt_id: the port's relative port identifier (VPD 83h,
+        // PR READ FULL STATUS), fixed before any command numbers it.
+        scsi.set_relative_port_id(port.name(), *t.rel_tgt_id.get_ref())
+            .map_err(|e| (t.rel_tgt_id.span(), "rel_tgt_id", e.to_string()))?;
+        Ok(port)
+    }
+
+    /// Starts target `t` on rdma-core device `d` (`NAME[:PORT]`): the
+    /// port's verbs objects on the device, its logins by the kernel's RDMA
+    /// CM (librdmacm) on the device's addresses. IB CM logins and device
+    /// management (discovery) are not served there yet: the kernel owns
+    /// QP1.
+    fn start_on_device(
+        t: &crate::config::TargetSection,
+        d: &Spanned<String>,
+        scsi: &Arc<scsi::Target>,
+        log: crate::log::Log,
+        opts: &StartOptions,
+    ) -> Result<TargetRt, StartError> {
+        let dev_err = |m: String| (d.span(), "device", m);
+        // Checked when the file was read.
+        let spec: rdmacore::DeviceSpec = d.get_ref().parse().map_err(dev_err)?;
+        let core = rdmacore::RdmaCore::new().map_err(|e| dev_err(e.to_string()))?;
+        let guid = core
+            .guid_of(&spec.name)
+            .map_err(|e| dev_err(e.to_string()))?;
+        let provider: Arc<dyn verbs::Provider> = core.clone();
+        let access = rdma_access::resource::AccessLayer::new(provider);
+        let cm = access.client("cm").into_provider();
+        let port = TargetRt::target_port(
+            t,
+            access.client("srp target").into_provider(),
+            guid,
+            rdma_types::PortNum(spec.port),
+            scsi,
+            opts,
+            &|m| dev_err(format!("{}: {m}", spec.name)),
+        )?;
+        let rdma_cm =
+            Arc::new(rdmacore::RdmaCm::start(&core, guid).map_err(|e| dev_err(e.to_string()))?);
+        let listen = srp_target::cm::Listen {
+            rdma_cm_port: Some(t.rdma_cm_port),
+            ib_service_id: None,
+        };
+        logins::serve_logins(rdma_cm.clone(), None, port.clone(), listen, log)
+            .map_err(|e| dev_err(e.to_string()))?;
+        Ok(TargetRt {
+            port,
+            guid,
+            nic: None,
+            access,
+            cm,
+            rdma_cm: Some(rdma_cm),
+            _dm: None,
+            ib_port: None,
+        })
+    }
+
+    /// Starts target `t` (the `n`th) on its own soft RoCE NIC.
+    fn start_soft(
+        t: &crate::config::TargetSection,
+        n: u32,
+        scsi: &Arc<scsi::Target>,
+        log: crate::log::Log,
+        opts: &StartOptions,
+    ) -> Result<TargetRt, StartError> {
         // What fails here fails on the port's NIC, at its address, unless
         // said otherwise.
         let nic_err = |m: String| (t.ip.span(), "ip", m);
@@ -164,16 +295,6 @@ impl TargetRt {
         );
         // MAD transaction IDs of this process's agents, apart per target.
         let tid_base = (std::process::id() << 8) | (n & 0xff);
-        // Target port ID = id_ext then ioc_guid, both the CA GUID (ib_srpt).
-        let chan = srp::initiator::ChannelConfig::new(0, guid, guid.0, guid);
-        let mut tcfg = srp::target::TargetConfig::new(chan.target_port_id(), "srptd");
-        tcfg.max_req_size = *t.srp_max_req_size.get_ref();
-        tcfg.max_rsp_size = *t.srp_max_rsp_size.get_ref();
-        tcfg.max_rdma_size = *t.srp_max_rdma_size.get_ref();
-        tcfg.srq_size = *t.srpt_srq_size.get_ref();
-        tcfg.sq_size = *t.srpt_sq_size.get_ref();
-        tcfg.max_channels = *t.max_channels.get_ref() as usize;
-        tcfg.enabled = t.enabled;
         let nic = provider.clone();
         // The target port and the CM agent reach the NIC through clients
         // of the access layer, which track every verbs object they make
@@ -203,35 +324,15 @@ impl TargetRt {
         } else {
             None
         };
-        let port = Arc::new(
-            TargetPort::start(
-                access.client("srp target").into_provider(),
-                guid,
-                tcfg,
-                scsi.clone(),
-                srp_target::PortOptions {
-                    // Checked when the file was read.
-                    pkeys: t
-                        .pkey
-                        .get_ref()
-                        .pkeys()
-                        .map_err(|m| (t.pkey.span(), "pkey", m.to_string()))?,
-                    login_timeout: Duration::from_millis(*t.login_timeout_ms.get_ref()),
-                    max_pending_logins: *t.max_pending_logins.get_ref() as usize,
-                    max_pending_per_initiator: *t.max_pending_per_initiator.get_ref() as usize,
-                    keepalive: Some(*t.keepalive_ms.get_ref())
-                        .filter(|&ms| ms > 0)
-                        .map(Duration::from_millis),
-                    inline_max: opts.inline_max,
-                    ..Default::default()
-                },
-            )
-            .map_err(|e| nic_err(format!("start the target port: {e}")))?,
-        );
-        // SCST's rel_tgt_id: the port's relative port identifier (VPD 83h,
-        // PR READ FULL STATUS), fixed before any command numbers it.
-        scsi.set_relative_port_id(port.name(), *t.rel_tgt_id.get_ref())
-            .map_err(|e| (t.rel_tgt_id.span(), "rel_tgt_id", e.to_string()))?;
+        let port = TargetRt::target_port(
+            t,
+            access.client("srp target").into_provider(),
+            guid,
+            rdma_types::PortNum(1),
+            scsi,
+            opts,
+            &nic_err,
+        )?;
         // On the ib fabric the port's node started the agent on the NIC
         // (the tree adopts its QP0/QP1 objects; its CM ids, MAD agents
         // and subscriptions hang under them).
@@ -256,7 +357,8 @@ impl TargetRt {
             // ib_srpt listens on the ioc_guid.
             ib_service_id: t.ib_cm.then_some(guid.0),
         };
-        logins::serve_logins(agent, port.clone(), listen, log);
+        logins::serve_logins(agent.clone(), Some(agent), port.clone(), listen, log)
+            .map_err(|e| nic_err(format!("listen for logins: {e}")))?;
         // Everything serves: now the SM may bring the port up (a trap 64
         // subscriber then finds the I/O controller at once).
         if let Some(p) = &ib_port {
@@ -267,10 +369,11 @@ impl TargetRt {
         Ok(TargetRt {
             port,
             guid,
-            nic,
+            nic: Some(nic),
             access,
             cm,
-            _dm: (ioc, dm),
+            rdma_cm: None,
+            _dm: Some((ioc, dm)),
             ib_port,
         })
     }
@@ -344,6 +447,10 @@ impl Daemon {
                 name: t.port.name().to_string(),
                 guid: t.guid,
                 lid: t.lid(),
+                device: t
+                    .rdma_cm
+                    .as_ref()
+                    .map(|c| (c.device().to_string(), c.addresses().to_vec())),
             })
             .collect()
     }
@@ -544,6 +651,9 @@ impl Daemon {
         };
         for t in &self.targets {
             t.cm.client().close();
+            if let Some(c) = &t.rdma_cm {
+                c.close();
+            }
             t.port.stop();
         }
         (

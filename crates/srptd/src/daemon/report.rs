@@ -69,7 +69,7 @@ impl Daemon {
         });
         drop(c);
         if let Value::Object(m) = &mut v {
-            if let Some(c) = rt.nic.counters(rt.guid) {
+            if let Some(c) = rt.nic.as_ref().and_then(|n| n.counters(rt.guid)) {
                 for (k, n) in nic_counters(&c) {
                     m.insert(format!("nic_{k}"), json!(n));
                 }
@@ -217,7 +217,12 @@ impl Daemon {
         let nics: Vec<Option<[(&str, u64); 9]>> = self
             .targets
             .iter()
-            .map(|t| t.nic.counters(t.guid).map(|c| nic_counters(&c)))
+            .map(|t| {
+                t.nic
+                    .as_ref()
+                    .and_then(|n| n.counters(t.guid))
+                    .map(|c| nic_counters(&c))
+            })
             .collect();
         for k in 0..9 {
             let Some(key) = nics.iter().flatten().next().map(|c| c[k].0) else {

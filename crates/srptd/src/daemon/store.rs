@@ -497,6 +497,18 @@ pub fn preflight(cfg: &Config) -> Result<Preflight, ConfigError> {
         ))),
     }
     for (i, t) in cfg.targets.iter().enumerate() {
+        if let Some(d) = &t.device {
+            // The device must be there (its listen is tried at start).
+            let spec: rdmacore::DeviceSpec = d
+                .get_ref()
+                .parse()
+                .map_err(|m| cfg.error(d.span(), key(i, "device"), m))?;
+            let core = rdmacore::RdmaCore::new()
+                .map_err(|e| cfg.error(d.span(), key(i, "device"), e.to_string()))?;
+            core.guid_of(&spec.name)
+                .map_err(|e| cfg.error(d.span(), key(i, "device"), e.to_string()))?;
+            continue;
+        }
         let (ip, port) = (*t.ip.get_ref(), *t.udp_port.get_ref());
         match std::net::UdpSocket::bind((ip, port)) {
             Ok(_) => {}
