@@ -46,9 +46,18 @@ struct Login {
     #[arg(long, required = true, value_parser = srp_cli::args::dest)]
     dest: Vec<SocketAddr>,
     /// Address of our soft RoCE NIC; with several paths, one per --dest
-    /// (each path needs its own initiator port).
-    #[arg(long, default_value = "127.0.0.2")]
+    /// (each path needs its own initiator port). With --device: which of
+    /// the device's addresses logins come from [default: 127.0.0.2; with
+    /// --device, the device's first].
+    #[arg(long)]
     ip: Vec<IpAddr>,
+    /// Log in through this rdma-core device (a real RDMA NIC, Linux rxe
+    /// or siw), NAME or NAME:PORT as `ibv_devices` lists it, by the
+    /// kernel's RDMA CM, instead of through our own soft RoCE NIC; every
+    /// --dest is a path from its one port. The target's --id-ext is then
+    /// needed (ib_srp's login string has it too).
+    #[arg(long, value_name = "NAME[:PORT]", value_parser = parse_device)]
+    device: Option<rdmacore::DeviceSpec>,
     /// RoCEv2 UDP port.
     #[arg(long, default_value_t = 4791)]
     udp_port: u16,
@@ -322,18 +331,128 @@ fn hex64(s: &str) -> Result<u64, String> {
         .map_err(|_| format!("`{s}` is not a 64-bit hex number"))
 }
 
-/// One [`PathLogin`] per `--dest`, each on its own soft RoCE CA.
+/// `--device`: NAME or NAME:PORT.
+fn parse_device(s: &str) -> Result<rdmacore::DeviceSpec, String> {
+    s.parse()
+}
+
+/// `--ip`, or our soft RoCE NIC's usual address.
+fn local_ips(l: &Login) -> Vec<IpAddr> {
+    if l.ip.is_empty() {
+        vec![IpAddr::from([127, 0, 0, 2])]
+    } else {
+        l.ip.clone()
+    }
+}
+
+/// The paths of `--device`: one [`PathLogin`] per `--dest`, all from the
+/// device's port, logging in by the kernel's RDMA CM (librdmacm).
+fn device_paths(
+    l: &Login,
+    spec: &rdmacore::DeviceSpec,
+) -> Result<Vec<Arc<srp_initiator::path_login::PathLogin>>, String> {
+    use rdma_types::Guid;
+    if l.service_id.is_some() {
+        return Err(
+            "--service-id (IB CM) is not served on an rdma-core device yet: log in by RDMA CM \
+             (--dest ip:port)"
+                .into(),
+        );
+    }
+    let Some(id_ext) = l.id_ext else {
+        return Err(format!(
+            "with --device, give the target's --id-ext (and --ioc-guid if it differs): its \
+             port GUID, as in ib_srp's login string (`srp discover` or ibsrpdm show it; for \
+             srptd on a device, that device's node GUID: cat /sys/class/infiniband/<dev>/node_guid); \
+             --dest {} alone does not say it",
+            l.dest[0]
+        ));
+    };
+    let core = rdmacore::RdmaCore::new().map_err(|e| e.to_string())?;
+    let guid = core.guid_of(&spec.name).map_err(|e| e.to_string())?;
+    let cm = Arc::new(rdmacore::RdmaCm::start(&core, guid).map_err(|e| e.to_string())?);
+    let src =
+        match l.ip.as_slice() {
+            [] => cm
+                .addresses()
+                .iter()
+                .find(|a| a.is_ipv4())
+                .or(cm.addresses().first())
+                .copied()
+                .ok_or_else(|| format!("{} has no address", spec.name))?,
+            [ip] if cm.addresses().contains(ip) => *ip,
+            [ip] => {
+                return Err(format!(
+                    "{ip} is not an address of {} (it has {:?}): give one of them to --ip, or none",
+                    spec.name,
+                    cm.addresses()
+                ))
+            }
+            _ => return Err(
+                "with --device, give at most one --ip: every path leaves from the device's port"
+                    .into(),
+            ),
+        };
+    let provider: Arc<dyn verbs::Provider> = core;
+    let access = rdma_access::resource::AccessLayer::new(provider);
+    let sessions: Arc<dyn verbs::Provider> = access.client("srp initiator").into_provider();
+    let mut out = Vec::new();
+    for dest in &l.dest {
+        let connector: Arc<dyn srp_initiator::session::Connector> =
+            Arc::new(srp_initiator::connectors::RdmaCmConnector {
+                agent: cm.clone(),
+                src,
+                dst: *dest,
+                timeout: Duration::from_secs(10),
+            });
+        let chan = srp::initiator::ChannelConfig::new(
+            l.initiator_ext,
+            guid,
+            id_ext,
+            Guid(l.ioc_guid.unwrap_or(id_ext)),
+        );
+        let mut cfg = srp_initiator::session::SessionConfig::new(chan);
+        cfg.port = rdma_types::PortNum(spec.port);
+        out.push(Arc::new(
+            srp_initiator::path_login::PathLogin::new(
+                format!("{}:{src} -> {dest}", spec.name),
+                sessions.clone(),
+                guid,
+                connector,
+                cfg,
+            )
+            .with_ch_count(l.ch_count),
+        ));
+    }
+    eprintln!(
+        "srp: logging in to {} from {src} on {} ...",
+        l.dest
+            .iter()
+            .map(|d| d.to_string())
+            .collect::<Vec<_>>()
+            .join(", "),
+        spec.name
+    );
+    Ok(out)
+}
+
+/// One [`PathLogin`] per `--dest`, each on its own soft RoCE CA, or all
+/// on the rdma-core device `--device` names.
 fn paths(l: &Login) -> Result<Vec<Arc<srp_initiator::path_login::PathLogin>>, String> {
     use rdma_types::Guid;
+    if let Some(spec) = &l.device {
+        return device_paths(l, spec);
+    }
     let mtu = rdma_types::Mtu::from_bytes(l.mtu)
         .map_err(|_| format!("MTU {} is not 256, 512, 1024, 2048 or 4096", l.mtu))?;
-    let ips: Vec<IpAddr> = match (l.ip.len(), l.dest.len()) {
+    let ip = local_ips(l);
+    let ips: Vec<IpAddr> = match (ip.len(), l.dest.len()) {
         (1, n) if n > 1 => {
             return Err(format!(
                 "{n} paths (--dest) need {n} local addresses (--ip): each path is its own initiator port"
             ))
         }
-        (i, d) if i == d => l.ip.clone(),
+        (i, d) if i == d => ip.clone(),
         (i, d) => return Err(format!("{i} --ip for {d} --dest: give one --ip per --dest")),
     };
     srp_cli::args::check_local(&ips, l.udp_port).map_err(|e| e.to_string())?;
