@@ -16,7 +16,10 @@
 //! job never wrote are not checked. Like fio's `verify`, once the timed part
 //! is over each job reads back every block it wrote and checks it too (not
 //! counted in IOPS or latency); [`Report::verified_bytes`] says how much was
-//! checked in all.
+//! checked in all. The report says what ended the run ([`Stopped`]): the
+//! runtime, the byte budget, an I/O error, or the caller's stop flag
+//! ([`run_until`], for an interrupt: the jobs finish the I/Os in flight,
+//! skip the read-back and report what they did).
 //!
 //! [`bytes::ByteView`] shows a device as bytes: unaligned ranges become
 //! read-modify-write of the edge blocks, safe under concurrent writers.
@@ -34,7 +37,7 @@ pub use stamp::{check_unit, fill_unit, offset_units, Mismatch, UNIT};
 
 use serde::Serialize;
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
@@ -214,14 +217,70 @@ impl std::error::Error for ConfigError {}
 /// Progress of a running workload, for a progress bar.
 #[derive(Debug, Clone, Copy)]
 pub struct Progress {
-    /// Bytes moved so far.
+    /// Bytes moved so far by the timed part.
     pub bytes: u64,
     /// Byte budget of the run.
     pub total_bytes: u64,
-    /// Time since the start.
+    /// Time since the start; once the timed part is over, its length (the
+    /// report's [`Report::seconds`]).
     pub elapsed: Duration,
     /// Time budget of the run.
     pub runtime: Duration,
+    /// Once every job's timed part is over and `verify` is on: the
+    /// read-back of what was written, a phase of its own.
+    pub read_back: Option<ReadBack>,
+}
+
+impl Progress {
+    /// MiB per second of the timed part so far, both directions: at the
+    /// end, the report's `total` row.
+    pub fn mib_per_s(&self) -> f64 {
+        mib_per_s(self.bytes, self.elapsed.as_secs_f64())
+    }
+
+    /// The timed part's share done, 0 to 1: of the byte budget or of the
+    /// runtime, whichever is further along.
+    pub fn fraction(&self) -> f64 {
+        let by_bytes = self.bytes as f64 / self.total_bytes.max(1) as f64;
+        let by_time = self.elapsed.as_secs_f64() / self.runtime.as_secs_f64().max(1e-9);
+        by_bytes.max(by_time).min(1.0)
+    }
+}
+
+/// The read-back after the timed part (`verify`): bytes checked so far,
+/// of how many.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadBack {
+    /// Bytes read back and checked.
+    pub done: u64,
+    /// Bytes the jobs wrote and will read back.
+    pub total: u64,
+}
+
+/// Why a run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Stopped {
+    /// Its runtime was over.
+    Runtime,
+    /// It moved its byte budget ([`Workload::size`]) before the runtime
+    /// was over.
+    Size,
+    /// The device failed an I/O.
+    IoError,
+    /// The caller's stop flag ([`run_until`]): the numbers are partial
+    /// and the read-back was skipped.
+    Interrupted,
+}
+
+/// Samples a latency percentile needs to be more than the largest value:
+/// p99 needs 100, p99.9 needs 1000.
+fn samples_for(quantile: f64) -> u64 {
+    (1.0 / (1.0 - quantile)).round() as u64
+}
+
+fn mib_per_s(bytes: u64, seconds: f64) -> f64 {
+    bytes as f64 / seconds.max(1e-9) / (1024.0 * 1024.0)
 }
 
 /// Latency and throughput of one direction.
@@ -243,6 +302,18 @@ pub struct DirStats {
     pub lat_p999_us: f64,
     /// Largest latency, microseconds.
     pub lat_max_us: f64,
+}
+
+impl DirStats {
+    /// A percentile for the table: `-` when fewer I/Os completed than it
+    /// takes to tell it from the maximum ([`samples_for`]).
+    fn cell(&self, quantile: f64, us: f64) -> String {
+        if self.ios < samples_for(quantile) {
+            "-".into()
+        } else {
+            format!("{us:.1}")
+        }
+    }
 }
 
 /// One verification failure.
@@ -269,6 +340,14 @@ pub struct Report {
     pub read: DirStats,
     /// Writes.
     pub write: DirStats,
+    /// Both directions together (the rate a progress bar shows).
+    pub total: DirStats,
+    /// What ended the run.
+    pub stopped: Stopped,
+    /// The byte budget it had.
+    pub size_budget: u64,
+    /// The runtime it had, seconds.
+    pub runtime_budget: f64,
     /// Bytes whose content was checked against what was written.
     pub verified_bytes: u64,
     /// Verification failures (all of them counted, the first 16 kept).
@@ -287,28 +366,52 @@ impl Report {
         self.io_errors == 0 && self.verify_failures == 0
     }
 
-    /// A human-readable table.
+    /// A human-readable table: a row per direction (and their total when
+    /// both ran) with the I/Os each latency column rests on; a percentile
+    /// that so few I/Os cannot resolve shows `-`.
     pub fn table(&self) -> String {
         let mut s = format!(
-            "{:<9} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}\n",
-            "dir", "IOPS", "MiB/s", "p50 us", "p99 us", "p99.9 us", "max us"
+            "{:<9} {:>9} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}\n",
+            "dir", "I/Os", "IOPS", "MiB/s", "p50 us", "p99 us", "p99.9 us", "max us"
         );
-        for (name, d) in [("read", &self.read), ("write", &self.write)] {
-            if d.ios == 0 {
+        let both = self.read.ios > 0 && self.write.ios > 0;
+        let mut unresolved = false;
+        for (name, d) in [
+            ("read", &self.read),
+            ("write", &self.write),
+            ("total", &self.total),
+        ] {
+            if d.ios == 0 || (name == "total" && !both) {
                 continue;
             }
+            unresolved |= d.ios < samples_for(0.999);
             s += &format!(
-                "{:<9} {:>10.0} {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>10.1}\n",
-                name, d.iops, d.mib_per_s, d.lat_p50_us, d.lat_p99_us, d.lat_p999_us, d.lat_max_us
+                "{:<9} {:>9} {:>10.0} {:>10.1} {:>10.1} {:>10} {:>10} {:>10.1}\n",
+                name,
+                d.ios,
+                d.iops,
+                d.mib_per_s,
+                d.lat_p50_us,
+                d.cell(0.99, d.lat_p99_us),
+                d.cell(0.999, d.lat_p999_us),
+                d.lat_max_us
+            );
+        }
+        if unresolved {
+            s += &format!(
+                "  (-: too few I/Os for the percentile: p99 needs {}, p99.9 needs {})\n",
+                samples_for(0.99),
+                samples_for(0.999)
             );
         }
         s += &format!(
-            "{} bs={} jobs={} in {:.2} s; verified {} bytes, {} verify failures, {} I/O errors\n",
+            "{} bs={} jobs={} in {:.2} s, {}; verified {}, {} verify failures, {} I/O errors\n",
             self.pattern,
-            self.bs,
+            rdma_types::units::format_size(self.bs as u64),
             self.jobs,
             self.seconds,
-            self.verified_bytes,
+            self.stop_reason(),
+            rdma_types::units::format_size(self.verified_bytes),
             self.verify_failures,
             self.io_errors
         );
@@ -320,6 +423,23 @@ impl Report {
         }
         s
     }
+
+    /// What ended the run, in words.
+    pub fn stop_reason(&self) -> String {
+        let moved = rdma_types::units::format_size(self.read.bytes + self.write.bytes);
+        match self.stopped {
+            Stopped::Runtime => format!("runtime of {:.1} s over", self.runtime_budget),
+            Stopped::Size => format!(
+                "stopped early: its size cap of {} was moved before the {:.1} s runtime was over",
+                rdma_types::units::format_size(self.size_budget),
+                self.runtime_budget
+            ),
+            Stopped::IoError => format!("stopped by an I/O error after {moved}"),
+            Stopped::Interrupted => {
+                format!("interrupted after {moved}: partial numbers, read-back skipped")
+            }
+        }
+    }
 }
 
 /// Generations written per I/O block, shared by the jobs (each job only
@@ -330,8 +450,34 @@ const KEEP_ERRORS: usize = 16;
 
 struct Shared {
     gens: GenTable,
+    /// Bytes the timed part moved.
     bytes: AtomicU64,
-    stop: AtomicBool,
+    /// The caller's stop flag.
+    stop: Arc<AtomicBool>,
+    /// Jobs still in their timed part.
+    timed: AtomicUsize,
+    /// When the last timed part so far ended, nanoseconds after the start.
+    timed_end_ns: AtomicU64,
+    /// Read-back: bytes to check (added as each job's timed part ends)
+    /// and bytes checked.
+    to_check: AtomicU64,
+    checked: AtomicU64,
+}
+
+impl Shared {
+    /// A job's timed part is over at `now`; it will read back `to_check`
+    /// bytes.
+    fn timed_over(&self, start: Instant, now: Instant, to_check: u64) {
+        let ns = now.saturating_duration_since(start).as_nanos();
+        self.timed_end_ns
+            .fetch_max(u64::try_from(ns).unwrap_or(u64::MAX), Ordering::Relaxed);
+        self.to_check.fetch_add(to_check, Ordering::Relaxed);
+        self.timed.fetch_sub(1, Ordering::Release);
+    }
+
+    fn stopped(&self) -> bool {
+        self.stop.load(Ordering::Relaxed)
+    }
 }
 
 struct JobResult {
@@ -344,14 +490,28 @@ struct JobResult {
     errors: Vec<VerifyError>,
     io_errors: u64,
     first_io_error: Option<String>,
-    /// When the timed part ended (before the read-back).
-    timed_end: Instant,
+    /// Why its timed part ended.
+    stopped: Stopped,
 }
 
 /// Runs `w` on `dev`, calling `progress` about five times a second.
 pub fn run(
     dev: Arc<dyn BlockDevice>,
     w: &Workload,
+    progress: impl FnMut(Progress),
+) -> Result<Report, ConfigError> {
+    run_until(dev, w, Arc::new(AtomicBool::new(false)), progress)
+}
+
+/// [`run`], ending early once `stop` is set (an interrupt): each job
+/// finishes the I/Os it has in flight and starts no more, the read-back
+/// is skipped, and the report ([`Stopped::Interrupted`]) holds what was
+/// done until then. `progress` is called at least every 200 ms, so a
+/// caller may set `stop` from it.
+pub fn run_until(
+    dev: Arc<dyn BlockDevice>,
+    w: &Workload,
+    stop: Arc<AtomicBool>,
     mut progress: impl FnMut(Progress),
 ) -> Result<Report, ConfigError> {
     let queued = w.iodepth > 1 && dev.queue(1).is_some();
@@ -372,18 +532,22 @@ pub fn run(
     let shared = Arc::new(Shared {
         gens: GenTable((0..geo.io_blocks).map(|_| AtomicU32::new(0)).collect()),
         bytes: AtomicU64::new(0),
-        stop: AtomicBool::new(false),
+        stop,
+        timed: AtomicUsize::new(w.jobs as usize),
+        timed_end_ns: AtomicU64::new(0),
+        to_check: AtomicU64::new(0),
+        checked: AtomicU64::new(0),
     });
     if w.verify && matches!(w.pattern, Pattern::Read | Pattern::RandRead) {
         if let Err(e) = prefill(dev.as_ref(), w, &geo, &shared) {
-            let mut r = new_result(Instant::now());
+            let mut r = new_result();
             r.io_errors = 1;
             r.first_io_error = Some(e.to_string());
-            return Ok(merge(w, vec![r], 0.0));
+            r.stopped = Stopped::IoError;
+            return Ok(merge(w, vec![r], 0.0, total_bytes));
         }
     }
     let start = Instant::now();
-    let deadline = start + w.runtime;
     let (tx, rx) = mpsc::channel();
     let per_job_bytes = total_bytes.div_ceil(w.jobs as u64);
     for job in 0..w.jobs {
@@ -391,25 +555,9 @@ pub fn run(
         let slice = geo.slice(job);
         std::thread::spawn(move || {
             let r = if queued {
-                run_job_queued(
-                    dev.as_ref(),
-                    &w,
-                    job,
-                    slice,
-                    per_job_bytes,
-                    deadline,
-                    &shared,
-                )
+                run_job_queued(dev.as_ref(), &w, job, slice, per_job_bytes, start, &shared)
             } else {
-                run_job(
-                    dev.as_ref(),
-                    &w,
-                    job,
-                    slice,
-                    per_job_bytes,
-                    deadline,
-                    &shared,
-                )
+                run_job(dev.as_ref(), &w, job, slice, per_job_bytes, start, &shared)
             };
             let _ = tx.send(r);
         });
@@ -422,20 +570,28 @@ pub fn run(
             Err(mpsc::RecvTimeoutError::Timeout) => {}
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
         }
+        let timed_over = shared.timed.load(Ordering::Acquire) == 0;
         progress(Progress {
             bytes: shared.bytes.load(Ordering::Relaxed),
             total_bytes,
-            elapsed: start.elapsed(),
+            elapsed: if timed_over {
+                Duration::from_nanos(shared.timed_end_ns.load(Ordering::Relaxed))
+            } else {
+                start.elapsed()
+            },
             runtime: w.runtime,
+            read_back: (timed_over && w.verify).then(|| ReadBack {
+                done: shared.checked.load(Ordering::Relaxed),
+                total: shared.to_check.load(Ordering::Relaxed),
+            }),
         });
     }
-    let seconds = results
-        .iter()
-        .map(|r| r.timed_end.saturating_duration_since(start))
-        .max()
-        .unwrap_or_else(|| start.elapsed())
-        .as_secs_f64();
-    Ok(merge(w, results, seconds))
+    // The same length the progress showed once the timed part was over.
+    let seconds = match shared.timed_end_ns.load(Ordering::Relaxed) {
+        0 => start.elapsed(),
+        ns => Duration::from_nanos(ns),
+    };
+    Ok(merge(w, results, seconds.as_secs_f64(), total_bytes))
 }
 
 /// A prefill write failed: where, and the device's error.
@@ -577,7 +733,7 @@ impl Rng {
     }
 }
 
-fn new_result(deadline: Instant) -> JobResult {
+fn new_result() -> JobResult {
     let hist = || hdrhistogram::Histogram::<u64>::new_with_bounds(1, 600_000_000_000, 3).unwrap();
     JobResult {
         read: hist(),
@@ -589,7 +745,7 @@ fn new_result(deadline: Instant) -> JobResult {
         errors: Vec::new(),
         io_errors: 0,
         first_io_error: None,
-        timed_end: deadline,
+        stopped: Stopped::Runtime,
     }
 }
 
@@ -669,23 +825,65 @@ fn account(
     }
 }
 
+/// Why a job's timed part ended: its flags, in the order they count.
+fn why_stopped(failed: bool, shared: &Shared, moved: u64, budget: u64) -> Stopped {
+    if shared.stopped() {
+        Stopped::Interrupted
+    } else if failed {
+        Stopped::IoError
+    } else if moved >= budget {
+        Stopped::Size
+    } else {
+        Stopped::Runtime
+    }
+}
+
+/// Ends a job's timed part: why, and then (with `verify`, when nothing
+/// failed or stopped it) the read-back of every block it wrote.
+fn end_timed(
+    dev: &dyn BlockDevice,
+    slice: Slice,
+    bs: usize,
+    (job_seed, start): (u32, Instant),
+    shared: &Shared,
+    verify: bool,
+    r: &mut JobResult,
+) {
+    let check = verify && r.io_errors == 0 && !shared.stopped();
+    let to_check = if check {
+        (slice.first..slice.first + slice.count)
+            .filter(|&b| shared.gens.0[b as usize].load(Ordering::Relaxed) != 0)
+            .count() as u64
+            * bs as u64
+    } else {
+        0
+    };
+    shared.timed_over(start, Instant::now(), to_check);
+    if check {
+        let mut buf = vec![0u8; bs];
+        read_back(dev, slice, bs, shared, job_seed, &mut buf, r);
+    }
+}
+
 fn run_job(
     dev: &dyn BlockDevice,
     w: &Workload,
     job: u32,
     slice: Slice,
     budget: u64,
-    deadline: Instant,
+    start: Instant,
     shared: &Shared,
 ) -> JobResult {
-    let mut r = new_result(deadline);
+    let deadline = start + w.runtime;
+    let mut r = new_result();
     let bs = w.bs as usize;
     let mut buf = vec![0u8; bs];
     let mut rng = Rng::new(w.seed ^ (job as u64).wrapping_mul(0x1000_0001));
     let job_seed = (w.seed as u32) ^ job;
     let mut next_seq = 0u64;
     let mut moved = 0u64;
-    while moved < budget && !shared.stop.load(Ordering::Relaxed) && Instant::now() < deadline {
+    let mut failed = false;
+    while moved < budget && !shared.stopped() && Instant::now() < deadline {
         let (index, is_read) = next_op(w, slice, &mut rng, &mut next_seq);
         let block = slice.first + index;
         let lba = block * slice.lbas_per_io;
@@ -702,14 +900,13 @@ fn run_job(
         if !account(
             &mut r, res, w, shared, block, is_read, gen, job_seed, &buf, ns,
         ) {
+            failed = true;
             break;
         }
         moved += bs as u64;
     }
-    r.timed_end = Instant::now();
-    if w.verify && r.io_errors == 0 {
-        read_back(dev, slice, bs, shared, job_seed, &mut buf, &mut r);
-    }
+    r.stopped = why_stopped(failed, shared, moved, budget);
+    end_timed(dev, slice, bs, (job_seed, start), shared, w.verify, &mut r);
     r
 }
 
@@ -722,14 +919,15 @@ fn run_job_queued(
     job: u32,
     slice: Slice,
     budget: u64,
-    deadline: Instant,
+    start: Instant,
     shared: &Shared,
 ) -> JobResult {
-    let mut r = new_result(deadline);
+    let deadline = start + w.runtime;
+    let mut r = new_result();
     let bs = w.bs as usize;
     let depth = (w.iodepth as usize).clamp(1, slice.count as usize);
     let Some(mut q) = dev.queue(depth) else {
-        return run_job(dev, w, job, slice, budget, deadline, shared);
+        return run_job(dev, w, job, slice, budget, start, shared);
     };
     let mut bufs: Vec<Vec<u8>> = (0..depth).map(|_| vec![0u8; bs]).collect();
     // Per slot: (block, read?, generation, start time) while in flight.
@@ -746,7 +944,7 @@ fn run_job_queued(
             if failed
                 || busy[slot].is_some()
                 || started >= budget
-                || shared.stop.load(Ordering::Relaxed)
+                || shared.stopped()
                 || Instant::now() >= deadline
             {
                 continue;
@@ -826,11 +1024,8 @@ fn run_job_queued(
         }
     }
     drop(q);
-    r.timed_end = Instant::now();
-    if w.verify && r.io_errors == 0 {
-        let mut buf = vec![0u8; bs];
-        read_back(dev, slice, bs, shared, job_seed, &mut buf, &mut r);
-    }
+    r.stopped = why_stopped(failed, shared, started, budget);
+    end_timed(dev, slice, bs, (job_seed, start), shared, w.verify, &mut r);
     r
 }
 
@@ -846,7 +1041,7 @@ fn read_back(
     r: &mut JobResult,
 ) {
     for block in slice.first..slice.first + slice.count {
-        if shared.stop.load(Ordering::Relaxed) {
+        if shared.stopped() {
             return;
         }
         if shared.gens.0[block as usize].load(Ordering::Relaxed) == 0 {
@@ -860,6 +1055,7 @@ fn read_back(
             return;
         }
         verify_read(buf, offset, shared, block, job_seed, r);
+        shared.checked.fetch_add(bs as u64, Ordering::Relaxed);
     }
 }
 
@@ -895,7 +1091,7 @@ fn stats(h: &hdrhistogram::Histogram<u64>, bytes: u64, seconds: f64) -> DirStats
         ios,
         bytes,
         iops: ios as f64 / seconds,
-        mib_per_s: bytes as f64 / seconds / (1024.0 * 1024.0),
+        mib_per_s: mib_per_s(bytes, seconds),
         lat_p50_us: us(0.5),
         lat_p99_us: us(0.99),
         lat_p999_us: us(0.999),
@@ -903,12 +1099,23 @@ fn stats(h: &hdrhistogram::Histogram<u64>, bytes: u64, seconds: f64) -> DirStats
     }
 }
 
-fn merge(w: &Workload, results: Vec<JobResult>, seconds: f64) -> Report {
+fn merge(w: &Workload, results: Vec<JobResult>, seconds: f64, size_budget: u64) -> Report {
     let mut read = hdrhistogram::Histogram::<u64>::new(3).unwrap();
     let mut write = read.clone();
     let (mut rb, mut wb, mut verified, mut failures, mut io_errors) = (0, 0, 0, 0, 0);
     let mut errors = Vec::new();
     let mut first_io_error = None;
+    // The first reason in this order that any job gives.
+    let order = [
+        Stopped::Interrupted,
+        Stopped::IoError,
+        Stopped::Runtime,
+        Stopped::Size,
+    ];
+    let stopped = order
+        .into_iter()
+        .find(|o| results.iter().any(|r| r.stopped == *o))
+        .unwrap_or(Stopped::Runtime);
     for r in results {
         read.add(&r.read)
             .expect("histograms with auto-resize merge");
@@ -925,6 +1132,8 @@ fn merge(w: &Workload, results: Vec<JobResult>, seconds: f64) -> Report {
     }
     errors.truncate(KEEP_ERRORS);
     let seconds = seconds.max(1e-9);
+    let mut both = read.clone();
+    both.add(&write).expect("histograms with auto-resize merge");
     Report {
         pattern: w.pattern.to_string(),
         bs: w.bs,
@@ -932,6 +1141,10 @@ fn merge(w: &Workload, results: Vec<JobResult>, seconds: f64) -> Report {
         seconds,
         read: stats(&read, rb, seconds),
         write: stats(&write, wb, seconds),
+        total: stats(&both, rb + wb, seconds),
+        stopped,
+        size_budget,
+        runtime_budget: w.runtime.as_secs_f64(),
         verified_bytes: verified,
         verify_failures: failures,
         verify_errors: errors,

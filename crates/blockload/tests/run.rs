@@ -433,3 +433,114 @@ fn a_queue_without_flush_or_unmap_says_so() {
     let mut bufs = vec![Vec::new(); 2];
     assert!(q.complete_one(&mut bufs).is_none(), "nothing was started");
 }
+
+/// The stop flag (an interrupt) ends a long run within moments: what was
+/// done so far is reported as interrupted, and the read-back is skipped.
+#[test]
+fn a_stop_flag_ends_the_run_with_a_partial_report() {
+    let dev = Arc::new(RamDevice::new(512, 2048));
+    let mut w = workload(Pattern::Write, 2, u64::MAX / 2);
+    w.region = Some(1 << 20);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let t0 = std::time::Instant::now();
+    let r = blockload::run_until(dev, &w, stop.clone(), |p| {
+        if p.bytes > 0 {
+            stop.store(true, Ordering::Relaxed);
+        }
+    })
+    .unwrap();
+    assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+    assert_eq!(r.stopped, blockload::Stopped::Interrupted, "{}", r.table());
+    assert!(r.write.ios > 0, "{}", r.table());
+    assert_eq!(r.verified_bytes, 0, "no read-back: {}", r.table());
+    let t = r.table();
+    assert!(
+        t.contains("interrupted after") && t.contains("read-back skipped"),
+        "{t}"
+    );
+    assert!(r.ok(), "an interrupt is no failure: {t}");
+}
+
+/// A byte budget that runs out before the runtime is named as the reason.
+#[test]
+fn a_size_cap_before_the_runtime_says_so() {
+    let dev = Arc::new(RamDevice::new(512, 2048));
+    let mut w = workload(Pattern::Write, 2, 1 << 20);
+    w.region = Some(1 << 20);
+    w.runtime = Duration::from_secs(5);
+    let r = run(dev, &w, |_| {}).unwrap();
+    assert_eq!(r.stopped, blockload::Stopped::Size, "{}", r.table());
+    let t = r.table();
+    assert!(
+        t.contains("stopped early: its size cap of 1.0 MiB was moved before the 5.0 s runtime"),
+        "{t}"
+    );
+    // Human units, not a raw byte count.
+    assert!(t.contains("verified 1.0 MiB, 0 verify failures"), "{t}");
+    assert!(t.contains("bs=4.0 KiB"), "{t}");
+    assert_eq!(serde_json::to_value(&r).unwrap()["stopped"], "size");
+}
+
+/// The last progress a bar shows is the report's: the same bytes, seconds
+/// and rate (the `total` row), then the read-back as a phase of its own
+/// that ends with every written byte checked.
+#[test]
+fn progress_ends_at_the_reports_numbers_and_shows_the_read_back() {
+    let dev = Arc::new(RamDevice::new(512, 4096));
+    let mut w = workload(Pattern::RandRw { read_pct: 70 }, 4, 8 << 20);
+    w.region = Some(2 << 20);
+    let mut seen: Vec<blockload::Progress> = Vec::new();
+    let r = run(dev, &w, |p| seen.push(p)).unwrap();
+    assert!(r.ok(), "{}", r.table());
+    let last = seen.last().copied().expect("progress was called");
+    assert_eq!(last.bytes, r.read.bytes + r.write.bytes);
+    assert_eq!(last.elapsed.as_secs_f64(), r.seconds);
+    assert_eq!(last.mib_per_s(), r.total.mib_per_s);
+    assert_eq!(r.total.ios, r.read.ios + r.write.ios);
+    let rb = last
+        .read_back
+        .expect("verify: the read-back is its own phase");
+    assert!(rb.total > 0 && rb.done == rb.total, "{rb:?}");
+    // Once the read-back shows, the timed part is over: its numbers stay.
+    let from = seen.iter().position(|p| p.read_back.is_some()).unwrap();
+    for p in &seen[from..] {
+        assert!(p.read_back.is_some() && p.bytes == last.bytes, "{p:?}");
+        assert_eq!(p.elapsed, last.elapsed, "{p:?}");
+    }
+    let t = r.table();
+    let total = t
+        .lines()
+        .find(|l| l.starts_with("total"))
+        .unwrap_or_else(|| panic!("{t}"));
+    assert!(total.contains(&format!("{:.1}", r.total.mib_per_s)), "{t}");
+}
+
+/// Percentiles come with their sample count; one the samples cannot
+/// resolve is not printed.
+#[test]
+fn percentiles_show_their_sample_count_and_hide_what_they_cannot_resolve() {
+    let dev = Arc::new(RamDevice::new(512, 2048));
+    // 64 writes of 4 KiB: too few for p99 (100) and p99.9 (1000).
+    let mut w = workload(Pattern::Write, 1, 64 * 4096);
+    w.region = Some(1 << 20);
+    let r = run(dev.clone(), &w, |_| {}).unwrap();
+    let t = r.table();
+    let head: Vec<&str> = t.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(head[..3], ["dir", "I/Os", "IOPS"], "{t}");
+    let row: Vec<&str> = t
+        .lines()
+        .find(|l| l.starts_with("write"))
+        .unwrap()
+        .split_whitespace()
+        .collect();
+    assert_eq!(row[1], "64", "{t}");
+    assert_eq!(row[5..7], ["-", "-"], "p99 and p99.9 of 64 samples: {t}");
+    assert!(t.contains("p99.9 needs 1000"), "{t}");
+
+    // 2000 I/Os: both resolved, no note.
+    let mut w = workload(Pattern::Write, 1, 2000 * 4096);
+    w.region = Some(1 << 20);
+    let r = run(dev, &w, |_| {}).unwrap();
+    let t = r.table();
+    assert!(!t.contains(" - ") && !t.contains("needs"), "{t}");
+}

@@ -10,6 +10,8 @@
 //! key has always documented ([`TimeUnit`]), so `--sm-wait-ms 30000` and
 //! `--runtime 10` keep their meaning while `--sm-wait-ms 30s` also works.
 //!
+//! [`format_size`] writes a byte count back for people (`119.6 MiB`).
+//!
 //! Errors name the input as written and the forms accepted. Nothing here
 //! panics on any input.
 
@@ -118,6 +120,23 @@ pub fn size<T: TryFrom<u64> + Bounded>(s: &str) -> Result<T, SizeError> {
         size: s.to_string(),
         max: T::MAX_U64,
     })
+}
+
+/// A byte count for people, the way [`parse_size`] reads one back (powers
+/// of 1024, one decimal): `512 B`, `4.0 KiB`, `119.6 MiB`, `2.0 GiB`.
+pub fn format_size(bytes: u64) -> String {
+    const UNITS: [&str; 6] = ["KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    if bytes < 1024 {
+        return format!("{bytes} B");
+    }
+    let mut v = bytes as f64 / 1024.0;
+    let mut unit = 0;
+    // Past 1023.95 the one decimal would round up to 1024.0 of this unit.
+    while v >= 1023.95 && unit + 1 < UNITS.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    format!("{v:.1} {}", UNITS[unit])
 }
 
 /// The largest value of an unsigned type, as a `u64`, for [`size`]'s
@@ -308,6 +327,26 @@ pub fn as_millis(d: Duration) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sizes_for_people() {
+        for (n, s) in [
+            (0, "0 B"),
+            (1023, "1023 B"),
+            (1024, "1.0 KiB"),
+            (4096, "4.0 KiB"),
+            (125_440_000, "119.6 MiB"),
+            ((1 << 20) - 1, "1.0 MiB"),
+            (64 << 20, "64.0 MiB"),
+            (3 << 30, "3.0 GiB"),
+            (u64::MAX, "16.0 EiB"),
+        ] {
+            assert_eq!(format_size(n), s, "{n}");
+        }
+        // What it prints reads back as about the same size.
+        let back = parse_size("64M").map(format_size);
+        assert_eq!(back.as_deref(), Ok("64.0 MiB"));
+    }
 
     #[test]
     fn sizes_in_every_form() {
