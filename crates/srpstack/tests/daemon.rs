@@ -1608,9 +1608,10 @@ fn per_lun_counters_count_exact_io_in_show_and_metrics() {
         c
     };
     // What the initiator saw, per LUN: [commands, reads, writes, read
-    // bytes, write bytes, CHECK CONDITIONs]. A new nexus may first get a
-    // unit attention; that is a CHECK CONDITION the target counts too.
-    let mut seen = [[0u64; 6]; 2];
+    // bytes, write bytes, CHECK CONDITIONs for errors, unit attentions]. A
+    // new nexus first gets a unit attention: the target counts it apart
+    // from the errors (issue 26: `errors 1` after a clean run).
+    let mut seen = [[0u64; 7]; 2];
     let mut run = |at: usize, cdb: Vec<u8>, xfer: Xfer| {
         let (n, out) = (
             if at == 0 { 0 } else { 5 },
@@ -1623,7 +1624,10 @@ fn per_lun_counters_count_exact_io_in_show_and_metrics() {
         let s = &mut seen[at];
         s[0] += 1;
         if r.status == srp::initiator::Status::Scsi(0x02) {
-            s[5] += 1;
+            match srp_initiator::disk::sense_triple(&r.sense).0 {
+                0x6 => s[6] += 1,
+                _ => s[5] += 1,
+            }
         }
         if r.good() && cdb[0] == 0x28 {
             s[1] += 1;
@@ -1665,9 +1669,11 @@ fn per_lun_counters_count_exact_io_in_show_and_metrics() {
     session.reset_lun(lun(5)).unwrap();
     assert_eq!(seen[0][1..5], [2, 3, 16384, 12288]);
     assert_eq!(seen[1][1..5], [1, 1, 8192, 4096]);
+    assert_eq!(seen[1][5], 1, "the read past the end is the one error");
+    assert_eq!(seen[0][5], 0, "LUN 0 had no error");
     assert!(
-        seen[1][5] >= 1,
-        "the read past the end is a CHECK CONDITION"
+        seen[0][6] >= 1 && seen[1][6] >= 1,
+        "each LUN of the new nexus first answered with a unit attention: {seen:?}"
     );
 
     let show = d.adm(&["show"]).unwrap();
@@ -1679,7 +1685,8 @@ fn per_lun_counters_count_exact_io_in_show_and_metrics() {
     {
         let want = serde_json::json!({
             "lun": n, "device": dev, "commands": s[0], "reads": s[1], "writes": s[2],
-            "read_bytes": s[3], "write_bytes": s[4], "errors": s[5], "tmfs": tmfs,
+            "read_bytes": s[3], "write_bytes": s[4], "errors": s[5],
+            "unit_attentions": s[6], "tmfs": tmfs,
         });
         assert_eq!(row, &want, "{show}");
     }
@@ -1690,8 +1697,8 @@ fn per_lun_counters_count_exact_io_in_show_and_metrics() {
         .find(|l| l.split_whitespace().take(2).eq(["5", "beta"]))
         .unwrap_or_else(|| panic!("{text}"));
     let cols: Vec<&str> = beta.split_whitespace().collect();
-    let errors = seen[1][5].to_string();
-    assert_eq!(cols[5..], ["8192", "4096", &errors, "1"], "{text}");
+    let (errors, uas) = (seen[1][5].to_string(), seen[1][6].to_string());
+    assert_eq!(cols[5..], ["8192", "4096", &errors, "1", &uas], "{text}");
 
     // The metrics endpoint: one labelled series per LUN and device.
     let body = d.metrics();
@@ -1708,6 +1715,8 @@ fn per_lun_counters_count_exact_io_in_show_and_metrics() {
     assert_eq!(at("commands", 0, "alpha"), seen[0][0]);
     assert_eq!(at("read_bytes", 5, "beta"), 8192);
     assert_eq!(at("errors", 5, "beta"), seen[1][5]);
+    assert_eq!(at("errors", 0, "alpha"), 0);
+    assert_eq!(at("unit_attentions", 0, "alpha"), seen[0][6]);
     assert_eq!(at("tmfs", 5, "beta"), 1);
     assert!(
         body.contains("# TYPE srptd_lun_reads_total counter"),

@@ -379,7 +379,10 @@ impl Inner {
                     _ => {}
                 }
                 if r.status == scsi::Status::CheckCondition {
-                    n.errors += 1;
+                    match r.sense.map(|s| s.key) {
+                        Some(scsi::SenseKey::UnitAttention) => n.unit_attentions += 1,
+                        _ => n.errors += 1,
+                    }
                 }
             });
         }

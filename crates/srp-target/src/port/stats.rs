@@ -51,8 +51,14 @@ pub struct LunCounters {
     pub read_bytes: u64,
     /// Data-out those WRITEs carried.
     pub write_bytes: u64,
-    /// Commands that ended in CHECK CONDITION.
+    /// Commands that ended in CHECK CONDITION for an error: every sense
+    /// key but UNIT ATTENTION.
     pub errors: u64,
+    /// Commands that ended in CHECK CONDITION with UNIT ATTENTION (SAM-5
+    /// 5.14): news for the initiator (a new nexus's POWER ON, RESET, a
+    /// changed capacity or LUN inventory), which it answers by retrying,
+    /// not a failure of the LUN.
+    pub unit_attentions: u64,
     /// Task management functions addressed to the LUN.
     pub tmfs: u64,
 }

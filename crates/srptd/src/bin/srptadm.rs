@@ -141,7 +141,7 @@ fn s(v: &Value) -> String {
 /// Per-LUN counters as a table.
 fn lun_table(rows: &Value) -> String {
     let mut out = format!(
-        "{:>5} {:<12} {:>10} {:>9} {:>9} {:>14} {:>14} {:>7} {:>5}\n",
+        "{:>5} {:<12} {:>10} {:>9} {:>9} {:>14} {:>14} {:>7} {:>5} {:>5}\n",
         "lun",
         "device",
         "commands",
@@ -150,11 +150,12 @@ fn lun_table(rows: &Value) -> String {
         "read_bytes",
         "write_bytes",
         "errors",
-        "tmfs"
+        "tmfs",
+        "UAs"
     );
     for r in rows.as_array().into_iter().flatten() {
         out += &format!(
-            "{:>5} {:<12} {:>10} {:>9} {:>9} {:>14} {:>14} {:>7} {:>5}\n",
+            "{:>5} {:<12} {:>10} {:>9} {:>9} {:>14} {:>14} {:>7} {:>5} {:>5}\n",
             s(&r["lun"]),
             s(&r["device"]),
             s(&r["commands"]),
@@ -164,6 +165,7 @@ fn lun_table(rows: &Value) -> String {
             s(&r["write_bytes"]),
             s(&r["errors"]),
             s(&r["tmfs"]),
+            s(&r["unit_attentions"]),
         );
     }
     out

@@ -107,6 +107,7 @@ impl Daemon {
                     "read_bytes": c.read_bytes,
                     "write_bytes": c.write_bytes,
                     "errors": c.errors,
+                    "unit_attentions": c.unit_attentions,
                     "tmfs": c.tmfs,
                 })
             })
@@ -331,7 +332,7 @@ impl Daemon {
             })
             .collect();
         type Counter = fn(&srp_target::LunCounters) -> u64;
-        let lun_series: [(&str, &str, Counter); 7] = [
+        let lun_series: [(&str, &str, Counter); 8] = [
             (
                 "commands",
                 "SRP_CMDs the target executed at the LUN.",
@@ -347,8 +348,13 @@ impl Daemon {
             }),
             (
                 "errors",
-                "Commands at the LUN that ended in CHECK CONDITION.",
+                "Commands at the LUN that ended in CHECK CONDITION for an error (not a unit attention).",
                 |c| c.errors,
+            ),
+            (
+                "unit_attentions",
+                "Commands at the LUN that ended in CHECK CONDITION with UNIT ATTENTION (a new nexus, a reset, a change), which the initiator retries.",
+                |c| c.unit_attentions,
             ),
             (
                 "tmfs",
