@@ -350,6 +350,8 @@ pub struct Report {
     pub runtime_budget: f64,
     /// Bytes whose content was checked against what was written.
     pub verified_bytes: u64,
+    /// The part of them the read-back after the timed part checked.
+    pub read_back_bytes: u64,
     /// Verification failures (all of them counted, the first 16 kept).
     pub verify_failures: u64,
     /// The first verification failures.
@@ -405,13 +407,18 @@ impl Report {
             );
         }
         s += &format!(
-            "{} bs={} jobs={} in {:.2} s, {}; verified {}, {} verify failures, {} I/O errors\n",
+            "{} bs={} jobs={} in {:.2} s, {}; verified {}{}, {} verify failures, {} I/O errors\n",
             self.pattern,
             rdma_types::units::format_size(self.bs as u64),
             self.jobs,
             self.seconds,
             self.stop_reason(),
             rdma_types::units::format_size(self.verified_bytes),
+            match self.read_back_bytes {
+                0 => String::new(),
+                n if n == self.verified_bytes => " (all in the read-back)".into(),
+                n => format!(" ({} in the read-back)", rdma_types::units::format_size(n)),
+            },
             self.verify_failures,
             self.io_errors
         );
@@ -428,9 +435,9 @@ impl Report {
     pub fn stop_reason(&self) -> String {
         let moved = rdma_types::units::format_size(self.read.bytes + self.write.bytes);
         match self.stopped {
-            Stopped::Runtime => format!("runtime of {:.1} s over", self.runtime_budget),
+            Stopped::Runtime => format!("runtime of {:.1} s reached", self.runtime_budget),
             Stopped::Size => format!(
-                "stopped early: its size cap of {} was moved before the {:.1} s runtime was over",
+                "size cap of {} reached before the {:.1} s runtime",
                 rdma_types::units::format_size(self.size_budget),
                 self.runtime_budget
             ),
@@ -486,6 +493,8 @@ struct JobResult {
     read_bytes: u64,
     write_bytes: u64,
     verified: u64,
+    /// Bytes the read-back read and checked.
+    read_back: u64,
     failures: u64,
     errors: Vec<VerifyError>,
     io_errors: u64,
@@ -741,6 +750,7 @@ fn new_result() -> JobResult {
         read_bytes: 0,
         write_bytes: 0,
         verified: 0,
+        read_back: 0,
         failures: 0,
         errors: Vec::new(),
         io_errors: 0,
@@ -1055,6 +1065,7 @@ fn read_back(
             return;
         }
         verify_read(buf, offset, shared, block, job_seed, r);
+        r.read_back += bs as u64;
         shared.checked.fetch_add(bs as u64, Ordering::Relaxed);
     }
 }
@@ -1103,6 +1114,7 @@ fn merge(w: &Workload, results: Vec<JobResult>, seconds: f64, size_budget: u64) 
     let mut read = hdrhistogram::Histogram::<u64>::new(3).unwrap();
     let mut write = read.clone();
     let (mut rb, mut wb, mut verified, mut failures, mut io_errors) = (0, 0, 0, 0, 0);
+    let mut read_back = 0;
     let mut errors = Vec::new();
     let mut first_io_error = None;
     // The first reason in this order that any job gives.
@@ -1125,6 +1137,7 @@ fn merge(w: &Workload, results: Vec<JobResult>, seconds: f64, size_budget: u64) 
         rb += r.read_bytes;
         wb += r.write_bytes;
         verified += r.verified;
+        read_back += r.read_back;
         failures += r.failures;
         io_errors += r.io_errors;
         errors.extend(r.errors);
@@ -1146,6 +1159,7 @@ fn merge(w: &Workload, results: Vec<JobResult>, seconds: f64, size_budget: u64) 
         size_budget,
         runtime_budget: w.runtime.as_secs_f64(),
         verified_bytes: verified,
+        read_back_bytes: read_back,
         verify_failures: failures,
         verify_errors: errors,
         io_errors,

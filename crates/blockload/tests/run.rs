@@ -472,11 +472,14 @@ fn a_size_cap_before_the_runtime_says_so() {
     assert_eq!(r.stopped, blockload::Stopped::Size, "{}", r.table());
     let t = r.table();
     assert!(
-        t.contains("stopped early: its size cap of 1.0 MiB was moved before the 5.0 s runtime"),
+        t.contains("size cap of 1.0 MiB reached before the 5.0 s runtime"),
         "{t}"
     );
     // Human units, not a raw byte count.
-    assert!(t.contains("verified 1.0 MiB, 0 verify failures"), "{t}");
+    assert!(
+        t.contains("verified 1.0 MiB (all in the read-back), 0 verify failures"),
+        "{t}"
+    );
     assert!(t.contains("bs=4.0 KiB"), "{t}");
     assert_eq!(serde_json::to_value(&r).unwrap()["stopped"], "size");
 }
@@ -501,6 +504,12 @@ fn progress_ends_at_the_reports_numbers_and_shows_the_read_back() {
         .read_back
         .expect("verify: the read-back is its own phase");
     assert!(rb.total > 0 && rb.done == rb.total, "{rb:?}");
+    assert_eq!(r.read_back_bytes, rb.total, "{}", r.table());
+    let part = format!(
+        "({} in the read-back)",
+        rdma_types::units::format_size(rb.total)
+    );
+    assert!(r.table().contains(&part), "{part}: {}", r.table());
     // Once the read-back shows, the timed part is over: its numbers stay.
     let from = seen.iter().position(|p| p.read_back.is_some()).unwrap();
     for p in &seen[from..] {

@@ -1,7 +1,7 @@
 //! Reading the report `srp io` (and `srpstack`) prints: a run passes only
 //! if it verified something, not merely if nothing failed.
 
-/// The bytes every "... ; verified 119.6 MiB, F verify failures, E I/O
+/// The bytes every "... ; verified 119.6 MiB (...), F verify failures, E I/O
 /// errors" line of `text` verified, summed (each to the precision its unit
 /// prints), after checking each line says 0 and 0.
 ///
@@ -17,6 +17,8 @@ pub fn verified_clean(text: &str) -> u64 {
             continue;
         };
         let (n, rest) = r.split_once(", ").unwrap_or((r, ""));
+        // "119.6 MiB (80.0 MiB in the read-back)": the first size.
+        let n = n.split(" (").next().unwrap_or(n);
         assert_eq!(
             rest.trim_end(),
             "0 verify failures, 0 I/O errors",
