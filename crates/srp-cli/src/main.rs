@@ -636,11 +636,14 @@ fn run(cmd: Cmd) -> Result<bool, String> {
             abort_every_ms,
             json,
         } => {
-            let paths = paths(&l)?;
-            let disk = open_kept(&paths, &keep, lun)?;
             if abort_every_ms.is_some_and(|d| d < Duration::from_millis(1)) {
                 return Err("--abort-every-ms must be at least 1".into());
             }
+            // Before any thread starts, so all of them inherit the mask.
+            let interrupt =
+                daemon_ctl::signals::block_term().watch("srp", daemon_ctl::signals::STOP_GRACE);
+            let paths = paths(&l)?;
+            let disk = open_kept(&paths, &keep, lun)?;
             if !json {
                 println!(
                     "srp: logged in to {} ({} path{}, {} channel{} each); LUN {lun}: {} blocks of {} B",
@@ -660,13 +663,15 @@ fn run(cmd: Cmd) -> Result<bool, String> {
             w.size = Some(size);
             w.verify = !no_verify;
             w.runtime = Duration::from_secs(300);
+            let run =
+                |w: &Workload| blockload::run_until(disk.clone(), w, interrupt.flag(), |_| {});
             let r = match abort_every_ms {
-                None => blockload::run(disk.clone(), &w, |_| {}),
+                None => run(&w),
                 Some(every) => {
                     let stop = std::sync::atomic::AtomicBool::new(false);
                     std::thread::scope(|sc| {
                         let aborter = sc.spawn(|| abort_loop(&paths, every, &stop));
-                        let r = blockload::run(disk.clone(), &w, |_| {});
+                        let r = run(&w);
                         stop.store(true, std::sync::atomic::Ordering::Relaxed);
                         let (asked, stats) = aborter.join().unwrap_or_default();
                         if !json {
@@ -685,6 +690,10 @@ fn run(cmd: Cmd) -> Result<bool, String> {
             .map_err(|e| e.to_string())?;
             disk.flush()
                 .map_err(|e| format!("SYNCHRONIZE CACHE: {e}"))?;
+            let sig = interrupt.signal().map(daemon_ctl::signals::name);
+            if let Some(sig) = &sig {
+                eprintln!("srp: {sig}: stopped; the report holds what was done so far");
+            }
             if json {
                 println!("{}", serde_json::to_string(&r).map_err(|e| e.to_string())?);
             } else {
@@ -692,6 +701,12 @@ fn run(cmd: Cmd) -> Result<bool, String> {
                 for line in dropped_ius(&paths) {
                     println!("{line}");
                 }
+            }
+            // Logged out now, not when the target's keepalive notices.
+            drop(disk);
+            drop(paths);
+            if let Some(sig) = sig {
+                eprintln!("srp: {sig}: logged out of {}", dests(&l));
             }
             Ok(r.ok())
         }
@@ -753,7 +768,10 @@ fn run(cmd: Cmd) -> Result<bool, String> {
             name,
             read_only,
         } => {
-            let signals = daemon_ctl::signals::block_term();
+            // Stopping waits at most STOP_GRACE for requests to a target
+            // that does not answer.
+            let interrupt =
+                daemon_ctl::signals::block_term().watch("srp", daemon_ctl::signals::STOP_GRACE);
             let disk = open_kept(&paths(&l)?, &keep, lun)?;
             let mut export = nbd::Export::new(name, disk);
             export.read_only = read_only;
@@ -766,8 +784,14 @@ fn run(cmd: Cmd) -> Result<bool, String> {
             // Scripts wait for this line.
             println!("srp: LUN {lun} of {} served at {}", dests(&l), handle.uri());
             let _ = std::io::Write::flush(&mut std::io::stdout());
-            let sig = signals.wait();
+            let sig = interrupt.wait();
             let st = handle.stats();
+            println!(
+                "srp: {}: stopping NBD ({} connections open)",
+                daemon_ctl::signals::name(sig),
+                st.active
+            );
+            let _ = std::io::Write::flush(&mut std::io::stdout());
             handle.shutdown();
             println!("srp: signal {sig}: NBD stopped after {st:?}");
             Ok(true)
@@ -1140,7 +1164,18 @@ fn print_login(l: &serde_json::Value) {
 
 fn main() -> ExitCode {
     daemon_ctl::log_to_stderr();
-    match run(Cli::parse().cmd) {
+    let cmd = Cli::parse().cmd;
+    // A workload cut short exits as a shell reports an interrupted
+    // command; the servers (fuse, nbd) stop on a signal as they should.
+    let workload = matches!(cmd, Cmd::Io { .. });
+    let result = run(cmd);
+    if let Some(sig) = daemon_ctl::signals::caught().filter(|_| workload) {
+        if let Err(e) = &result {
+            eprintln!("srp: {e}");
+        }
+        return ExitCode::from(daemon_ctl::signals::exit_status(sig));
+    }
+    match result {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(e) => {

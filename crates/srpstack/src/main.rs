@@ -8,8 +8,10 @@
 
 use blockload::{Pattern, Progress, Report, Workload};
 use clap::{Parser, Subcommand};
+use daemon_ctl::signals::Interrupt;
+use indicatif::{ProgressBar, ProgressStyle};
+use rdma_types::units::format_size;
 use srpstack::{Backing, Stack, StackConfig, Transport};
-use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -133,30 +135,103 @@ fn env_options(transport: Transport) -> Result<StackConfig, String> {
     })
 }
 
-fn bar(p: &Progress, label: &str) {
-    if !std::io::stderr().is_terminal() {
-        return;
-    }
-    let frac = (p.bytes as f64 / p.total_bytes.max(1) as f64)
-        .max(p.elapsed.as_secs_f64() / p.runtime.as_secs_f64().max(1e-9))
-        .min(1.0);
-    let width = 30;
-    let done = (frac * width as f64) as usize;
-    let mib_s = p.bytes as f64 / p.elapsed.as_secs_f64().max(1e-9) / (1 << 20) as f64;
-    eprint!(
-        "\r  {label:<22} [{}{}] {:>3.0}%  {:>8.1} MiB/s ",
-        "#".repeat(done),
-        " ".repeat(width - done),
-        frac * 100.0,
-        mib_s
-    );
-    let _ = std::io::stderr().flush();
+/// A workload's progress on standard error (drawn only when it is a
+/// terminal): the timed part with its rate so far, the number the
+/// report's `total` row ends with; then, with verify, the read-back as a
+/// phase of its own.
+struct Bars {
+    timed: ProgressBar,
+    check: Option<ProgressBar>,
+    /// No bars at all (`bench --json`).
+    quiet: bool,
 }
 
-fn end_bar() {
-    if std::io::stderr().is_terminal() {
-        eprintln!();
+impl Bars {
+    /// Permille steps of the timed bar.
+    const STEPS: u64 = 1000;
+
+    fn new(label: &str, quiet: bool) -> Bars {
+        let timed = if quiet {
+            ProgressBar::hidden()
+        } else {
+            ProgressBar::new(Self::STEPS)
+        };
+        timed.set_style(Self::style("{msg:>12}"));
+        timed.set_prefix(label.to_string());
+        Bars {
+            timed,
+            check: None,
+            quiet,
+        }
     }
+
+    fn style(right: &str) -> ProgressStyle {
+        ProgressStyle::with_template(&format!(
+            "  {{prefix:<24}} [{{bar:30}}] {{percent:>3}}%  {right}"
+        ))
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("#> ")
+    }
+
+    fn update(&mut self, p: &Progress) {
+        self.timed
+            .set_position((p.fraction() * Self::STEPS as f64) as u64);
+        self.timed
+            .set_message(format!("{:.1} MiB/s", p.mib_per_s()));
+        let Some(rb) = p.read_back else {
+            return;
+        };
+        if self.check.is_none() {
+            self.timed.set_position(Self::STEPS);
+            self.timed.finish();
+            let bar = if self.quiet {
+                ProgressBar::hidden()
+            } else {
+                ProgressBar::new(rb.total.max(1))
+            };
+            bar.set_style(Self::style("{msg}"));
+            bar.set_prefix("read back and verify");
+            self.check = Some(bar);
+        }
+        if let Some(bar) = &self.check {
+            bar.set_length(rb.total.max(1));
+            bar.set_position(rb.done);
+            bar.set_message(format!(
+                "{} of {}",
+                format_size(rb.done),
+                format_size(rb.total)
+            ));
+        }
+    }
+
+    /// The run is over: bars that did not finish say why.
+    fn end(self, r: Option<&Report>) {
+        let interrupted = r.is_some_and(|r| r.stopped == blockload::Stopped::Interrupted);
+        for bar in std::iter::once(&self.timed).chain(&self.check) {
+            if bar.is_finished() {
+                continue;
+            }
+            if interrupted {
+                bar.abandon_with_message("interrupted");
+            } else {
+                bar.finish();
+            }
+        }
+    }
+}
+
+/// Runs `w` on `dev` with its bars, until done or `stop`.
+fn run_with_bars(
+    dev: Arc<dyn blockload::BlockDevice>,
+    w: &Workload,
+    label: &str,
+    stop: &Interrupt,
+    quiet: bool,
+) -> Result<Report, String> {
+    let mut bars = Bars::new(label, quiet);
+    let r = blockload::run_until(dev, w, stop.flag(), |p| bars.update(&p));
+    bars.end(r.as_ref().ok());
+    r.map_err(|e| e.to_string())
 }
 
 /// A run time of zero runs for a second, as it always did.
@@ -168,7 +243,13 @@ fn at_least_a_second(runtime: Duration) -> Duration {
     }
 }
 
-fn quickstart(nullio: bool, size: u64, runtime: Duration, net: &NetArgs) -> Result<(), String> {
+fn quickstart(
+    nullio: bool,
+    size: u64,
+    runtime: Duration,
+    net: &NetArgs,
+    stop: &Interrupt,
+) -> Result<(), String> {
     println!("srpstack quickstart: an SRP target and initiator in one process\n");
     let cfg = StackConfig {
         size,
@@ -232,7 +313,8 @@ fn quickstart(nullio: bool, size: u64, runtime: Duration, net: &NetArgs) -> Resu
     let verify = !nullio;
     let mut reports: Vec<(String, Report)> = Vec::new();
     // Two phases: a sequential fill of the region, then a random mix. Each
-    // ends by reading back and checking every block it wrote.
+    // ends by reading back and checking every block it wrote. An interrupt
+    // ends the phase it comes in and skips the rest.
     let mut fill = Workload::new(Pattern::Write);
     fill.bs = 1 << 20;
     fill.jobs = 4;
@@ -240,21 +322,31 @@ fn quickstart(nullio: bool, size: u64, runtime: Duration, net: &NetArgs) -> Resu
     fill.size = Some(region);
     fill.verify = verify;
     fill.runtime = Duration::from_secs(60);
-    let r = blockload::run(dev.clone(), &fill, |p| bar(&p, "sequential write 1M"))
-        .map_err(|e| e.to_string())?;
-    end_bar();
-    reports.push(("sequential write, 1 MiB, 4 jobs".into(), r));
+    let r = run_with_bars(dev.clone(), &fill, "sequential write 1M", stop, false)?;
+    reports.push((
+        format!("sequential write, 1 MiB, 4 jobs, {}", format_size(region)),
+        r,
+    ));
     let mut mix = Workload::new(Pattern::RandRw { read_pct: 70 });
     mix.bs = 4096;
     mix.jobs = 8;
     mix.region = Some(region);
     mix.verify = verify;
     mix.runtime = at_least_a_second(runtime);
+    // Four passes over the region at most, so a fast machine's quickstart
+    // stays short; the report says when this, not --runtime, ended it.
     mix.size = Some(region * 4);
-    let r = blockload::run(dev.clone(), &mix, |p| bar(&p, "random 70/30 r/w 4K"))
-        .map_err(|e| e.to_string())?;
-    end_bar();
-    reports.push(("random 70% read / 30% write, 4 KiB, 8 jobs".into(), r));
+    if stop.signal().is_none() {
+        let r = run_with_bars(dev.clone(), &mix, "random 70/30 r/w 4K", stop, false)?;
+        reports.push((
+            format!(
+                "random 70% read / 30% write, 4 KiB, 8 jobs, {:.1} s or {}, whichever comes first",
+                mix.runtime.as_secs_f64(),
+                format_size(region * 4)
+            ),
+            r,
+        ));
+    }
     stack
         .disk
         .flush()
@@ -276,8 +368,8 @@ fn quickstart(nullio: bool, size: u64, runtime: Duration, net: &NetArgs) -> Resu
     if verify {
         let verified: u64 = reports.iter().map(|(_, r)| r.verified_bytes).sum();
         println!(
-            "  {:.1} MiB read back and verified against what was written",
-            verified as f64 / (1u64 << 20) as f64
+            "  {} read back and verified against what was written",
+            format_size(verified)
         );
     } else {
         println!("  nullio drops writes, so nothing was verified");
@@ -310,6 +402,9 @@ fn quickstart(nullio: bool, size: u64, runtime: Duration, net: &NetArgs) -> Resu
             "{left} verbs objects (QPs, CQs, MRs, ...) were not destroyed by the initiator and target"
         ));
     }
+    if let Some(sig) = stop.signal() {
+        return Err(interrupted(sig));
+    }
     println!("Next:");
     println!("  cargo run --release -p srpstack -- bench --rw randread --bs 4K --iodepth 32");
     println!("  cargo run --release -p srpstack -- quickstart --nullio --runtime 10");
@@ -332,6 +427,7 @@ fn bench(
     runtime: Duration,
     verify: bool,
     json: bool,
+    stop: &Interrupt,
 ) -> Result<bool, String> {
     let transport = net.transport()?;
     let provider = net.provider.as_str();
@@ -359,15 +455,8 @@ fn bench(
     w.runtime = at_least_a_second(runtime);
     w.size = Some(u64::MAX / 2);
     w.verify = verify;
-    let r = blockload::run(dev, &w, |p| {
-        if !json {
-            bar(&p, &format!("{rw} {bs}B qd{iodepth}"));
-        }
-    })
-    .map_err(|e| e.to_string())?;
-    if !json {
-        end_bar();
-    }
+    let label = format!("{rw} {} qd{iodepth}", format_size(bs.into()));
+    let r = run_with_bars(dev, &w, &label, stop, json)?;
     let link = stack.link_counters();
     let ios = r.read.ios + r.write.ios;
     if json {
@@ -389,19 +478,33 @@ fn bench(
             );
         }
     }
+    if let Some(sig) = stop.signal() {
+        return Err(interrupted(sig));
+    }
     Ok(r.ok())
+}
+
+/// What an interrupted run says last, once its report is out and the
+/// stack is stopped.
+fn interrupted(sig: i32) -> String {
+    format!(
+        "{}: stopped; the report above holds what was done so far",
+        daemon_ctl::signals::name(sig)
+    )
 }
 
 fn main() -> ExitCode {
     daemon_ctl::log_to_stderr();
     let cli = Cli::parse();
+    // Before any thread starts, so all of them inherit the mask.
+    let stop = daemon_ctl::signals::block_term().watch("srpstack", daemon_ctl::signals::STOP_GRACE);
     let result = match cli.cmd {
         Cmd::Quickstart {
             nullio,
             size,
             runtime,
             net,
-        } => quickstart(nullio, size, runtime, &net).map(|_| true),
+        } => quickstart(nullio, size, runtime, &net, &stop).map(|_| true),
         Cmd::Bench {
             net,
             ram,
@@ -412,8 +515,16 @@ fn main() -> ExitCode {
             runtime,
             verify,
             json,
-        } => bench(&net, ram, rw, bs, iodepth, &engine, runtime, verify, json),
+        } => bench(
+            &net, ram, rw, bs, iodepth, &engine, runtime, verify, json, &stop,
+        ),
     };
+    if let Some(sig) = stop.signal() {
+        if let Err(e) = &result {
+            eprintln!("srpstack: {e}");
+        }
+        return ExitCode::from(daemon_ctl::signals::exit_status(sig));
+    }
     match result {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
