@@ -43,6 +43,25 @@ fn quickstart_exports_a_lun_verifies_io_and_cleans_up() {
     );
     assert!(text.contains("32768 blocks of 512 B (16 MiB)"), "{text}");
     report::verified_clean(&text);
+    // Issue 26: each phase says what ended it, sizes are in human units,
+    // and the fill's 16 I/Os of 1 MiB print no p99 or p99.9.
+    assert!(
+        text.contains("size cap of 16.0 MiB reached before the 60.0 s runtime"),
+        "{text}"
+    );
+    assert!(
+        text.contains("runtime of 1.0 s reached")
+            || text.contains("size cap of 64.0 MiB reached before the 1.0 s runtime"),
+        "{text}"
+    );
+    assert!(!text.contains(" bytes, 0 verify failures"), "{text}");
+    let fill = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("write "))
+        .unwrap_or_else(|| panic!("{text}"));
+    let cols: Vec<&str> = fill.split_whitespace().collect();
+    assert_eq!(cols[1..2], ["16"], "{text}");
+    assert_eq!(cols[5..7], ["-", "-"], "{text}");
     // The fill pass writes all 16 MiB and reads all of it back.
     let verified: f64 = text
         .lines()
