@@ -14,20 +14,13 @@ use std::time::{Duration, Instant};
 
 /// A control socket path of this test process.
 fn sock(tag: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("first-hour-{}-{tag}.sock", std::process::id()))
+    common::sock_of("first-hour", tag)
 }
 
 /// `srptd` on `ip` with a 64 MiB RAM LUN (as the README starts it),
 /// listening.
 fn srptd(ip: &str, tag: &str) -> Proc {
-    let d = Proc::start(
-        "srptd",
-        Command::new(common::srptd_bin())
-            .args(["--ip", ip, "--ram-mib", "64", "--control-socket"])
-            .arg(sock(tag)),
-    );
-    d.wait_line("listening on", 60);
-    d
+    common::srptd_ram64(ip, &sock(tag))
 }
 
 fn srp(args: &[&str]) -> (bool, String) {

@@ -18,19 +18,11 @@ use std::time::{Duration, Instant};
 const WITHIN: Duration = Duration::from_secs(1);
 
 fn sock(tag: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("interrupts-{}-{tag}.sock", std::process::id()))
+    common::sock_of("interrupts", tag)
 }
 
-/// `srptd` on `ip` with a 64 MiB RAM LUN, listening.
 fn srptd(ip: &str, tag: &str) -> Proc {
-    let d = Proc::start(
-        "srptd",
-        Command::new(common::srptd_bin())
-            .args(["--ip", ip, "--ram-mib", "64", "--control-socket"])
-            .arg(sock(tag)),
-    );
-    d.wait_line("listening on", 60);
-    d
+    common::srptd_ram64(ip, &sock(tag))
 }
 
 /// `srptadm --json <args>` against the srptd of `tag`.

@@ -144,6 +144,27 @@ pub fn srptd_bin() -> std::path::PathBuf {
     bin_of("srptd")
 }
 
+/// A control socket path of this test process: `<test>-<pid>-<tag>.sock`
+/// in the temporary directory.
+#[allow(dead_code)]
+pub fn sock_of(test: &str, tag: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("{test}-{}-{tag}.sock", std::process::id()))
+}
+
+/// `srptd` on `ip` with a 64 MiB RAM LUN (as the README starts it) and
+/// its control socket at `sock`, listening.
+#[allow(dead_code)]
+pub fn srptd_ram64(ip: &str, sock: &std::path::Path) -> Proc {
+    let d = Proc::start(
+        "srptd",
+        Command::new(srptd_bin())
+            .args(["--ip", ip, "--ram-mib", "64", "--control-socket"])
+            .arg(sock),
+    );
+    d.wait_line("listening on", 60);
+    d
+}
+
 /// `srptadm` ([`bin_of`]).
 #[allow(dead_code)]
 pub fn srptadm_bin() -> std::path::PathBuf {
