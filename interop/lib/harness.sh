@@ -331,8 +331,12 @@ make_initrd() {
   local b
   for b in ${SCENARIO_GUEST_BINS:-}; do
     mkdir -p "$ov/interop/bin"
-    objcopy --strip-debug "$b" "$ov/interop/bin/$(basename "$b")" ||
-      die "cannot copy $b into the guest"
+    # Scripts (a relay in python) go as they are.
+    if [ "$(head -c 4 "$b" 2>/dev/null)" = $'\x7fELF' ]; then
+      objcopy --strip-debug "$b" "$ov/interop/bin/$(basename "$b")"
+    else
+      cp "$b" "$ov/interop/bin/$(basename "$b")"
+    fi || die "cannot copy $b into the guest"
     chmod 0755 "$ov/interop/bin/$(basename "$b")"
   done
   (cd "$ov" && find . -print0 | cpio --null -o -H newc --quiet -R 0:0) >"$RUN_DIR/overlay.cpio"

@@ -48,11 +48,15 @@ host_main() {
   grep -q "relay listening" "$RUN_DIR/host-relay.log" || { cat "$RUN_DIR/host-relay.log"; return 1; }
 }
 
-# adm ARGS...: srptadm ARGS on the host, through the relay.
+# Where the srptadm relay listens (the host side; a scenario with our
+# target in a VM points it there).
+ADM_RELAY=${ADM_RELAY:-10.77.0.1}
+
+# adm ARGS...: srptadm ARGS on our target's side, through the relay.
 adm() {
-  python3 - "$@" <<'PY'
+  python3 - "$ADM_RELAY" "$@" <<'PY'
 import socket, sys
-s = socket.create_connection(("10.77.0.1", 7000), timeout=30)
+s = socket.create_connection((sys.argv.pop(1), 7000), timeout=30)
 s.sendall((" ".join(sys.argv[1:]) + "\n").encode())
 data = b""
 while True:
@@ -97,13 +101,15 @@ our_disk() {
   return 1
 }
 
-LOGIN_BASE="id_ext=$OUR_TARGET_GUID,ioc_guid=$OUR_TARGET_GUID,dest=10.77.0.2:5555"
+# Where our target listens (a scenario with it in a VM sets both).
+OUR_TARGET_DEST=${OUR_TARGET_DEST:-10.77.0.2:5555}
 
 # login EXTRA: add_target with extra options; sets DEV.
 login() {
   local add=/sys/class/infiniband_srp/srp-rxe0-1/add_target
+  local base="id_ext=$OUR_TARGET_GUID,ioc_guid=$OUR_TARGET_GUID,dest=$OUR_TARGET_DEST"
   [ -e $add ] || fail "$add missing"
-  retry 120 "SRP login ($1)" sh -c "echo $LOGIN_BASE${1:+,$1} >$add"
+  retry 120 "SRP login ($1)" sh -c "echo $base${1:+,$1} >$add"
   wait_until 120 "our disk" our_disk
   DEV=/dev/$(our_disk)
   wait_until 30 "$DEV node" test -b "$DEV"

@@ -47,7 +47,7 @@ host_main() {
     ns_run 120 "$SRP_CLI" io --dest 10.77.0.11:$SRP_PORT --ip 10.77.0.2 --mtu 1024 \
       --id-ext $LIO_GUID --ioc-guid $LIO_GUID --size 8388608 --region 4194304 && ok=1
   if [ $ok = 1 ]; then
-    grep -q "verified [1-9][0-9]* bytes" "$RUN_DIR/first.txt" ||
+    grep -q "verified [1-9][0-9.]* [KMGTPE]*i*B" "$RUN_DIR/first.txt" ||
       { ok=0; host_fail "srp io (first login) verified nothing"; }
   fi
   # Writes above the 8 KiB of immediate data make LIO fetch them by RDMA READ.
@@ -55,7 +55,7 @@ host_main() {
     ns_run 120 "$SRP_CLI" io --dest 10.77.0.11:$SRP_PORT --ip 10.77.0.2 --mtu 1024 \
       --id-ext $LIO_GUID --ioc-guid $LIO_GUID --bs 65536 --size 8388608 --region 4194304 |
       tee "$RUN_DIR/bs64k.txt" || { ok=0; host_fail "srp io --bs 65536 (writes by RDMA READ) failed"; }
-    grep -q "verified [1-9][0-9]* bytes" "$RUN_DIR/bs64k.txt" ||
+    grep -q "verified [1-9][0-9.]* [KMGTPE]*i*B" "$RUN_DIR/bs64k.txt" ||
       { ok=0; host_fail "srp io --bs 65536 verified nothing"; }
   fi
   # Large transfers in one SRP_CMD each (descriptor lists, RDMA at MTU 1024).
@@ -67,7 +67,7 @@ host_main() {
         --id-ext $LIO_GUID --ioc-guid $LIO_GUID --bs $bs --iodepth 1 --rw randrw \
         --size $((bs * 16)) --region 16777216 | tee "$RUN_DIR/big-$bs.txt" ||
         { ok=0; host_fail "srp io --bs $bs failed"; }
-      grep -q "verified [1-9][0-9]* bytes" "$RUN_DIR/big-$bs.txt" ||
+      grep -q "verified [1-9][0-9.]* [KMGTPE]*i*B" "$RUN_DIR/big-$bs.txt" ||
         { ok=0; host_fail "srp io --bs $bs verified nothing"; }
     done
   fi

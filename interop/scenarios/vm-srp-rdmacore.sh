@@ -1,0 +1,101 @@
+# shellcheck shell=bash
+# vm-srp-rdmacore: srptd on our rdma-core provider, Linux ib_srp as the
+# initiator, with linux-srp-initiator-ours' checks. VM a runs srptd
+# --device rxe0: the target port's verbs objects on Linux rxe (through
+# libibverbs), its logins by the kernel's RDMA CM (through librdmacm) on
+# port 5555; a 32 MiB RAM LUN; and the srptadm relay. VM b runs
+# linux-srp-initiator-ours' initiator against it (ib_srp over rxe,
+# ch_count=2 and immediate data: dd pattern compare, fio crc32c verify,
+# LUN 1 added and removed on a's srptd while fio verifies LUN 0, sg_reset
+# under I/O, the THROUGHPUT job, ext4 mkfs/mount/fsck, 4 and 8 MiB direct
+# I/O with cmd_sg_entries 1 and 255, 20 logins and logouts). Meanwhile our
+# own initiator on the host side (`srp io`, our soft RoCE NIC at
+# 10.77.0.2) logs in to the same srptd and verifies 8 MiB of random I/O:
+# both of our providers on one fabric. Then srptd must have seen every
+# channel closed by an initiator, none by itself, and stop cleanly with
+# 0 verbs objects left.
+# Needs the binaries: cargo build --release -p srptd -p srp-cli (SRPTD,
+# SRPTADM, SRP_CLI).
+
+# shellcheck source=linux-srp-initiator-ours.sh
+. "$(dirname "${BASH_SOURCE[0]}")/linux-srp-initiator-ours.sh"
+
+SCENARIO_VMS=("a 11 target" "b 12 initiator")
+SCENARIO_GUEST_TIMEOUT=1500
+SRP_PORT=5555
+SRPTADM=${SRPTADM:-$(dirname "$SRPTD")/srptadm}
+ADM_RELAY_PY=${INTEROP_DIR:-$(dirname "${BASH_SOURCE[0]}")/..}/lib/adm_relay.py
+SCENARIO_GUEST_BINS="$SRPTD $SRPTADM $ADM_RELAY_PY"
+SRP_CLI=${SRP_CLI:-$(dirname "$SRPTD")/srp}
+# rxe's node GUID in VM a: the EUI-64 of its MAC 52:54:00:77:00:0b, so
+# srptd's target port ID there.
+A_GUID=505400fffe77000b
+# What `srp io` says while srptd in VM a is not up yet (see
+# ours-srp-initiator-linux).
+SRP_NOT_UP='^srp: open LUN [0-9]+ over .*: login: (connection failed: (connection (timed out|rejected)|nothing (answered|listens for) SRP logins)|port [0-9]+ is [A-Za-z]+, not ACTIVE)'
+
+host_main() {
+  local b
+  for b in "$SRPTD" "$SRPTADM" "$SRP_CLI"; do
+    [ -x "$b" ] || { echo "missing $b: run cargo build --release -p srptd -p srp-cli"; return 1; }
+  done
+  ns_add_ip 10.77.0.2
+  retry_if_not_up 300 "srp io (soft RoCE) to srptd on rxe0" "$SRP_NOT_UP" "$RUN_DIR/host-io.txt" \
+    ns_run 120 "$SRP_CLI" io --dest 10.77.0.11:$SRP_PORT --ip 10.77.0.2 --mtu 1024 \
+      --id-ext $A_GUID --ioc-guid $A_GUID --size 8M --region 4M --rw randrw || return 1
+  grep -q "verified [1-9][0-9.]* [KMGTPE]*i*B, 0 verify failures, 0 I/O errors" "$RUN_DIR/host-io.txt" ||
+    { host_fail "srp io from our soft RoCE NIC to srptd on rxe0 did not verify"; return 1; }
+  echo "our soft RoCE initiator: verified I/O against srptd on the rdma-core provider"
+}
+
+guest_target() {
+  local node_guid ip
+  ip=$(my_ip)
+  wait_until 60 "rxe0 port ACTIVE" grep -q ACTIVE /sys/class/infiniband/rxe0/ports/1/state
+  node_guid=$(tr -d : </sys/class/infiniband/rxe0/node_guid)
+  /interop/bin/srptd --device rxe0 --ram-mib 32 --rdma-cm-port $SRP_PORT \
+    --control-socket /tmp/srptd.sock >/tmp/srptd.log 2>&1 &
+  SRPTD_PID=$!
+  # srptd's log on the console as it is written.
+  tail -F /tmp/srptd.log 2>/dev/null | sed -u 's/^/  srptd| /' &
+  wait_until 30 "srptd to listen" grep -q "listening on" /tmp/srptd.log ||
+    fail "srptd did not start: $(tail -3 /tmp/srptd.log)"
+  grep -q "$ip:$SRP_PORT of rxe0 (RDMA CM through the kernel)" /tmp/srptd.log ||
+    fail "srptd does not say it listens on rxe0 at $ip:$SRP_PORT"
+  python3 /interop/bin/adm_relay.py "$ip" 7000 /interop/bin/srptadm /tmp/srptd.sock >/tmp/relay.log 2>&1 &
+  wait_until 30 "the srptadm relay" grep -q "relay listening" /tmp/relay.log
+  msg_send "$(host_ip b)" 7002 300 "ready $node_guid"
+  step "srptd ready on rxe0 (target port ID $node_guid), waiting for the initiator"
+  local done_msg
+  done_msg=$(msg_recv 7001 1300)
+  [ "$done_msg" = done ] || fail "initiator reported '$done_msg'"
+  local logins closed_i closed_t
+  logins=$(grep -c "login from .* accepted" /tmp/srptd.log || true)
+  closed_i=$(grep -c "closed by the initiator" /tmp/srptd.log || true)
+  closed_t=$(grep -c "closed by the target" /tmp/srptd.log || true)
+  step "srptd: $logins channels accepted, $closed_i closed by the initiator, $closed_t by the target"
+  [ "$logins" -ge 23 ] || fail "only $logins channels were accepted"
+  [ "$closed_t" -eq 0 ] || fail "srptd closed $closed_t channels itself"
+  wait_until 30 "every channel closed" sh -c \
+    "[ \$(grep -c 'closed by the initiator' /tmp/srptd.log) -eq $logins ]"
+  /interop/bin/srptadm --socket /tmp/srptd.sock show | sed 's/^/  /'
+  kill -TERM "$SRPTD_PID"
+  wait "$SRPTD_PID" || fail "srptd exited with an error: $(tail -3 /tmp/srptd.log)"
+  grep -q "stopped cleanly, 0 verbs objects left" /tmp/srptd.log ||
+    fail "srptd did not stop cleanly: $(tail -1 /tmp/srptd.log)"
+  step "srptd stopped cleanly, 0 verbs objects left on rxe0"
+}
+
+# linux-srp-initiator-ours' initiator, pointed at VM a.
+eval "ours_$(declare -f guest_initiator)"
+guest_initiator() {
+  local ready a
+  a=$(host_ip a)
+  ready=$(msg_recv 7002 600)
+  OUR_TARGET_GUID=${ready#ready }
+  [[ $OUR_TARGET_GUID =~ ^[0-9a-f]{16}$ ]] || fail "bad ready message '$ready'"
+  OUR_TARGET_DEST=$a:$SRP_PORT
+  ADM_RELAY=$a
+  ours_guest_initiator
+  msg_send "$a" 7001 120 done
+}
