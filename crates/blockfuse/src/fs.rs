@@ -1,5 +1,7 @@
 //! The FUSE operations: one directory (inode 1) holding one regular file
-//! per LUN (inode 2 + index).
+//! per LUN. Each file gets an inode number of its own (2, 3, ...) that is
+//! never used again, so a descriptor opened on a file that was removed
+//! reaches nothing (`ENODEV`), never a device added later under its name.
 
 use crate::lun::Lun;
 use crate::{DirectIo, Options};
@@ -11,16 +13,73 @@ use fuser::{
 };
 use std::ffi::OsStr;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock, RwLockReadGuard};
 use std::time::{Duration, SystemTime};
 
-/// Sizes never change, so the kernel may cache attributes for a while.
-const TTL: Duration = Duration::from_secs(1);
-const FIRST_LUN_INO: u64 = 2;
+/// How long the kernel may cache an entry or attributes: a change
+/// ([`crate::Mount::add`], `remove`, `resized`) also invalidates them at
+/// once, so this only bounds how stale they get if that notice is lost.
+pub(crate) const TTL: Duration = Duration::from_secs(1);
+pub(crate) const FIRST_LUN_INO: u64 = 2;
 /// Low bit of a file handle: opened for writing.
 const FH_WRITABLE: u64 = 1;
 
+/// The files of a mount, shared by the FUSE session and the [`crate::Mount`]
+/// that adds and removes them.
+pub(crate) struct Table {
+    /// (inode, LUN), in the order they were added.
+    luns: RwLock<Vec<(u64, Arc<Lun>)>>,
+    /// The next inode number to give out.
+    next_ino: AtomicU64,
+}
+
+impl Table {
+    pub(crate) fn new(luns: Vec<Lun>) -> Table {
+        let n = luns.len() as u64;
+        Table {
+            luns: RwLock::new(
+                luns.into_iter()
+                    .enumerate()
+                    .map(|(i, l)| (FIRST_LUN_INO + i as u64, Arc::new(l)))
+                    .collect(),
+            ),
+            next_ino: AtomicU64::new(FIRST_LUN_INO + n),
+        }
+    }
+
+    pub(crate) fn read(&self) -> RwLockReadGuard<'_, Vec<(u64, Arc<Lun>)>> {
+        self.luns.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The inode of the file named `name`.
+    pub(crate) fn ino_of(&self, name: &str) -> Option<u64> {
+        self.read()
+            .iter()
+            .find(|(_, l)| l.name == name)
+            .map(|(i, _)| *i)
+    }
+
+    /// Adds `lun` under a fresh inode; `false` if its name is taken.
+    pub(crate) fn add(&self, lun: Lun) -> Option<u64> {
+        let mut luns = self.luns.write().unwrap_or_else(|e| e.into_inner());
+        if luns.iter().any(|(_, l)| l.name == lun.name) {
+            return None;
+        }
+        let ino = self.next_ino.fetch_add(1, Ordering::Relaxed);
+        luns.push((ino, Arc::new(lun)));
+        Some(ino)
+    }
+
+    /// Removes the file `name`; its inode, if it had one.
+    pub(crate) fn remove(&self, name: &str) -> Option<u64> {
+        let mut luns = self.luns.write().unwrap_or_else(|e| e.into_inner());
+        let at = luns.iter().position(|(_, l)| l.name == name)?;
+        Some(luns.remove(at).0)
+    }
+}
+
 pub(crate) struct BlockFs {
-    luns: Vec<Lun>,
+    table: Arc<Table>,
     read_only: bool,
     direct_io: DirectIo,
     uid: u32,
@@ -34,11 +93,11 @@ fn errno(e: i32) -> Errno {
 }
 
 impl BlockFs {
-    pub(crate) fn new(luns: Vec<Lun>, options: &Options) -> BlockFs {
+    pub(crate) fn new(table: Arc<Table>, options: &Options) -> BlockFs {
         // SAFETY: geteuid/getegid have no preconditions and cannot fail.
         let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
         BlockFs {
-            luns,
+            table,
             read_only: options.read_only,
             direct_io: options.direct_io,
             uid,
@@ -48,22 +107,24 @@ impl BlockFs {
         }
     }
 
-    fn lun(&self, ino: INodeNo) -> Result<&Lun, Errno> {
-        ino.0
-            .checked_sub(FIRST_LUN_INO)
-            .and_then(|i| self.luns.get(i as usize))
-            .ok_or(Errno::ENOENT)
+    /// The LUN of inode `ino`: `ENODEV` for one that was removed (its
+    /// device is gone), `ENOENT` for one there never was.
+    fn lun(&self, ino: INodeNo) -> Result<Arc<Lun>, Errno> {
+        if let Some((_, l)) = self.table.read().iter().find(|(i, _)| *i == ino.0) {
+            return Ok(l.clone());
+        }
+        let issued = ino.0 >= FIRST_LUN_INO && ino.0 < self.table.next_ino.load(Ordering::Relaxed);
+        Err(if issued { Errno::ENODEV } else { Errno::ENOENT })
     }
 
     fn root_attr(&self) -> FileAttr {
         self.attr(INodeNo::ROOT, FileType::Directory, 0o755, 0, 4096, 2)
     }
 
-    fn lun_attr(&self, index: usize) -> FileAttr {
-        let lun = &self.luns[index];
+    fn lun_attr(&self, ino: u64, lun: &Lun) -> FileAttr {
         let perm = if self.read_only { 0o444 } else { 0o644 };
         self.attr(
-            INodeNo(FIRST_LUN_INO + index as u64),
+            INodeNo(ino),
             FileType::RegularFile,
             perm,
             lun.size(),
@@ -76,8 +137,8 @@ impl BlockFs {
         if ino == INodeNo::ROOT {
             return Ok(self.root_attr());
         }
-        self.lun(ino)?;
-        Ok(self.lun_attr((ino.0 - FIRST_LUN_INO) as usize))
+        let lun = self.lun(ino)?;
+        Ok(self.lun_attr(ino.0, &lun))
     }
 
     fn attr(
@@ -120,8 +181,14 @@ impl Filesystem for BlockFs {
         if parent != INodeNo::ROOT {
             return reply.error(Errno::ENOENT);
         }
-        match self.luns.iter().position(|l| OsStr::new(&l.name) == name) {
-            Some(i) => reply.entry(&TTL, &self.lun_attr(i), Generation(0)),
+        let found = self
+            .table
+            .read()
+            .iter()
+            .find(|(_, l)| OsStr::new(&l.name) == name)
+            .map(|(i, l)| self.lun_attr(*i, l));
+        match found {
+            Some(a) => reply.entry(&TTL, &a, Generation(0)),
             None => reply.error(Errno::ENOENT),
         }
     }
@@ -169,7 +236,7 @@ impl Filesystem for BlockFs {
         reply.attr(&TTL, &attr)
     }
 
-    // The directory is fixed: one file per device, nothing else.
+    // Only the mount's owner changes the directory: one file per device.
 
     fn mknod(
         &self,
@@ -318,7 +385,7 @@ impl Filesystem for BlockFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        match self.lun(ino).map(Lun::flush) {
+        match self.lun(ino).map(|l| l.flush()) {
             Ok(Ok(())) => reply.ok(),
             Ok(Err(e)) => reply.error(errno(e.errno())),
             Err(e) => reply.error(e),
@@ -357,18 +424,16 @@ impl Filesystem for BlockFs {
             return reply.error(Errno::ENOTDIR);
         }
         // Entry k is followed by offset k + 1.
+        let luns = self.table.read();
         let entries = [
             (INodeNo::ROOT, FileType::Directory, "."),
             (INodeNo::ROOT, FileType::Directory, ".."),
         ]
         .into_iter()
-        .chain(self.luns.iter().enumerate().map(|(i, l)| {
-            (
-                INodeNo(FIRST_LUN_INO + i as u64),
-                FileType::RegularFile,
-                l.name.as_str(),
-            )
-        }));
+        .chain(
+            luns.iter()
+                .map(|(i, l)| (INodeNo(*i), FileType::RegularFile, l.name.as_str())),
+        );
         for (k, (ino, kind, name)) in entries.enumerate().skip(offset as usize) {
             if reply.add(ino, k as u64 + 1, kind, name) {
                 break;
@@ -378,9 +443,14 @@ impl Filesystem for BlockFs {
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        let bsize = self.luns.iter().map(Lun::block_size).max().unwrap_or(512);
-        let bytes: u64 = self.luns.iter().map(Lun::size).sum();
-        let files = self.luns.len() as u64;
+        let luns = self.table.read();
+        let bsize = luns
+            .iter()
+            .map(|(_, l)| l.block_size())
+            .max()
+            .unwrap_or(512);
+        let bytes: u64 = luns.iter().map(|(_, l)| l.size()).sum();
+        let files = luns.len() as u64;
         reply.statfs(bytes / u64::from(bsize), 0, 0, files, 0, bsize, 255, bsize)
     }
 

@@ -30,6 +30,13 @@
 //!   `fsync` flushes is the device itself.
 //! - Device errors become `EIO`.
 //!
+//! The mount's owner may change the directory while it is mounted, as a
+//! SCSI rescan changes `/dev`: [`Mount::add`] shows one more device,
+//! [`Mount::remove`] takes one away (descriptors still open on it get
+//! `ENODEV`: an inode number is never given to another device), and a
+//! file's size is its device's size now (`num_blocks` on every request),
+//! with [`Mount::resized`] telling the kernel to drop what it cached.
+//!
 //! What it refuses: growing or shrinking a file (`truncate` to any other
 //! size is `EINVAL`, writes starting at or past the end are `ENOSPC`,
 //! `fallocate` past the end without `KEEP_SIZE` is `ENOSPC`), creating,
@@ -49,7 +56,7 @@ mod fs;
 mod lun;
 
 use blockload::BlockDevice;
-use fuser::{Config, MountOption, SessionACL, SessionUnmounter};
+use fuser::{Config, INodeNo, MountOption, Notifier, SessionACL, SessionUnmounter};
 use std::ffi::CString;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
@@ -110,7 +117,10 @@ impl Default for Options {
 /// A mounted blockfuse directory; unmounted by [`Mount::unmount`] or drop.
 pub struct Mount {
     mountpoint: PathBuf,
-    names: Vec<String>,
+    table: Arc<fs::Table>,
+    /// Tells the kernel to drop cached entries and attributes.
+    notifier: Notifier,
+    max_io: usize,
     unmounter: Option<SessionUnmounter>,
     done: Option<mpsc::Receiver<io::Result<()>>>,
     thread: Option<JoinHandle<()>>,
@@ -123,7 +133,7 @@ impl std::fmt::Debug for Mount {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Mount")
             .field("mountpoint", &self.mountpoint)
-            .field("names", &self.names)
+            .field("names", &self.names())
             .field("mounted", &self.done.is_some())
             .finish()
     }
@@ -131,6 +141,19 @@ impl std::fmt::Debug for Mount {
 
 fn invalid(msg: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidInput, msg)
+}
+
+/// `name` as the name of a device's file: a plain file name.
+fn check_name(name: &str) -> io::Result<()> {
+    if name.is_empty()
+        || name == "."
+        || name == ".."
+        || name.len() > 255
+        || name.contains(['/', '\0'])
+    {
+        return Err(invalid(format!("`{name}` is not usable as a file name")));
+    }
+    Ok(())
 }
 
 /// Mounts `devices` as files named by their strings in the existing
@@ -149,21 +172,14 @@ pub fn mount(
     let mountpoint = mountpoint.as_ref().canonicalize()?;
     let mut luns = Vec::with_capacity(devices.len());
     for (name, dev) in devices {
-        if name.is_empty()
-            || name == "."
-            || name == ".."
-            || name.len() > 255
-            || name.contains(['/', '\0'])
-        {
-            return Err(invalid(format!("`{name}` is not usable as a file name")));
-        }
+        check_name(&name)?;
         if luns.iter().any(|l: &lun::Lun| l.name == name) {
             return Err(invalid(format!("device name `{name}` given twice")));
         }
         luns.push(lun::Lun::new(name, dev, options.max_io)?);
     }
-    let names = luns.iter().map(|l| l.name.clone()).collect();
-    let fs = fs::BlockFs::new(luns, &options);
+    let table = Arc::new(fs::Table::new(luns));
+    let fs = fs::BlockFs::new(table.clone(), &options);
 
     let mut config = Config::default();
     config.mount_options = vec![
@@ -191,6 +207,7 @@ pub fn mount(
 
     let mut session = fuser::Session::new(fs, &mountpoint, &config)?;
     let unmounter = session.unmount_callable();
+    let notifier = session.notifier();
     let (tx, rx) = mpsc::channel();
     let thread = std::thread::Builder::new()
         .name("blockfuse".into())
@@ -207,7 +224,9 @@ pub fn mount(
     });
     Ok(Mount {
         mountpoint,
-        names,
+        table,
+        notifier,
+        max_io: options.max_io,
         unmounter: Some(unmounter),
         done: Some(rx),
         thread: Some(thread),
@@ -224,10 +243,57 @@ impl Mount {
 
     /// The path of the file for device `name`, if there is one.
     pub fn path_of(&self, name: &str) -> Option<PathBuf> {
-        self.names
+        self.table.ino_of(name).map(|_| self.mountpoint.join(name))
+    }
+
+    /// The names of the files, in the order they were added.
+    pub fn names(&self) -> Vec<String> {
+        self.table
+            .read()
             .iter()
-            .any(|n| n == name)
-            .then(|| self.mountpoint.join(name))
+            .map(|(_, l)| l.name.clone())
+            .collect()
+    }
+
+    /// Shows `dev` as one more file, `name`; returns its path.
+    ///
+    /// # Errors
+    /// `InvalidInput` for a name [`mount`] would refuse or one already
+    /// shown, and for a device of block size 0.
+    pub fn add(&self, name: &str, dev: Arc<dyn BlockDevice>) -> io::Result<PathBuf> {
+        check_name(name)?;
+        let lun = lun::Lun::new(name.to_string(), dev, self.max_io)?;
+        self.table
+            .add(lun)
+            .ok_or_else(|| invalid(format!("device name `{name}` is shown already")))?;
+        // The directory's listing changed; no negative entry is cached
+        // (lookups of missing names are not), so the name resolves now.
+        let _ = self.notifier.inval_inode(INodeNo::ROOT, 0, 0);
+        Ok(self.mountpoint.join(name))
+    }
+
+    /// Takes the file `name` away; false if there was none. Descriptors
+    /// open on it get `ENODEV` from now on.
+    pub fn remove(&self, name: &str) -> bool {
+        if self.table.remove(name).is_none() {
+            return false;
+        }
+        let _ = self
+            .notifier
+            .inval_entry(INodeNo::ROOT, std::ffi::OsStr::new(name));
+        let _ = self.notifier.inval_inode(INodeNo::ROOT, 0, 0);
+        true
+    }
+
+    /// Tells the kernel that the device behind `name` changed size (its
+    /// cached attributes go; the next `stat` asks the device); false if
+    /// there is no such file.
+    pub fn resized(&self, name: &str) -> bool {
+        let Some(ino) = self.table.ino_of(name) else {
+            return false;
+        };
+        let _ = self.notifier.inval_inode(INodeNo(ino), 0, 0);
+        true
     }
 
     /// Unmounts and waits for the session to end.

@@ -803,3 +803,93 @@ fn device_errors_are_eio() {
     drop(f);
     m.unmount().unwrap();
 }
+
+/// A RAM device whose reported size can change (a LUN resized at the
+/// target): `blocks` of the `ram`'s blocks are shown.
+struct Resizable {
+    ram: RamDevice,
+    blocks: AtomicU64,
+}
+
+impl BlockDevice for Resizable {
+    fn block_size(&self) -> u32 {
+        self.ram.block_size()
+    }
+    fn num_blocks(&self) -> u64 {
+        self.blocks.load(Ordering::SeqCst)
+    }
+    fn read_at(&self, lba: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.ram.read_at(lba, buf)
+    }
+    fn write_at(&self, lba: u64, buf: &[u8]) -> io::Result<()> {
+        self.ram.write_at(lba, buf)
+    }
+}
+
+#[test]
+fn files_come_go_and_change_size_while_mounted() {
+    if !fuse() {
+        return;
+    }
+    let dir = TempDir::new("dynamic");
+    let dev = Arc::new(Resizable {
+        ram: RamDevice::new(512, 4096),
+        blocks: AtomicU64::new(2048),
+    });
+    let m = mount_one(&dir, dev.clone(), Options::default());
+    let lun0 = dir.0.join("lun0");
+    assert_eq!(std::fs::metadata(&lun0).unwrap().len(), 1 << 20);
+
+    // Grown: the new size shows at once, and the new end takes writes.
+    dev.blocks.store(4096, Ordering::SeqCst);
+    assert!(m.resized("lun0"));
+    assert!(!m.resized("nothing"));
+    assert_eq!(std::fs::metadata(&lun0).unwrap().len(), 2 << 20);
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&lun0)
+        .unwrap();
+    f.write_all_at(&pattern(3 << 19, 4096), 3 << 19).unwrap();
+
+    // Added: a second file, with its own device's bytes.
+    let one = Arc::new(RamDevice::new(512, 64));
+    one.write_at(0, &pattern(0, 512)).unwrap();
+    let path = m.add("lun1", one).unwrap();
+    assert_eq!(path, m.mountpoint().join("lun1"));
+    assert_eq!(m.names(), ["lun0", "lun1"]);
+    let names: Vec<_> = std::fs::read_dir(&dir.0)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert!(names.contains(&"lun1".to_string()), "{names:?}");
+    let old = File::open(&path).unwrap();
+    let mut b = vec![0u8; 512];
+    old.read_exact_at(&mut b, 0).unwrap();
+    assert_eq!(b, pattern(0, 512));
+    let taken = m.add("lun1", Arc::new(RamDevice::new(512, 8))).unwrap_err();
+    assert_eq!(taken.kind(), io::ErrorKind::InvalidInput);
+    assert!(m.add("../x", Arc::new(RamDevice::new(512, 8))).is_err());
+
+    // Removed, then another device under the same name: the old
+    // descriptor gets an error, never the new device's bytes.
+    assert!(m.remove("lun1"));
+    assert!(!m.remove("lun1"));
+    assert!(!path.exists());
+    assert_eq!(errno_of(old.read_exact_at(&mut b, 0)), Some(libc::ENODEV));
+    let other = Arc::new(RamDevice::new(512, 64));
+    other.write_at(0, &pattern(7, 512)).unwrap();
+    m.add("lun1", other).unwrap();
+    assert_eq!(errno_of(old.read_exact_at(&mut b, 0)), Some(libc::ENODEV));
+    File::open(&path).unwrap().read_exact_at(&mut b, 0).unwrap();
+    assert_eq!(b, pattern(7, 512));
+
+    // Shrunk: reads stop at the new end.
+    dev.blocks.store(1024, Ordering::SeqCst);
+    m.resized("lun0");
+    assert_eq!(std::fs::metadata(&lun0).unwrap().len(), 512 << 10);
+    let mut tail = vec![0u8; 4096];
+    assert_eq!(f.read_at(&mut tail, (512 << 10) - 1024).unwrap(), 1024);
+    drop((f, old));
+    m.unmount().unwrap();
+}

@@ -10,7 +10,9 @@
 //!
 //! Every operation takes a range that lies inside the device and refuses
 //! one that does not (`InvalidInput`); what to do at the end of a device
-//! (an error, a short write) is the caller's policy.
+//! (an error, a short write) is the caller's policy. The end is the
+//! device's as it says now (`num_blocks` on every call), so a view follows
+//! a device that is resized under it.
 
 use crate::BlockDevice;
 use std::io;
@@ -20,7 +22,6 @@ use std::sync::{Arc, RwLock};
 pub struct ByteView {
     dev: Arc<dyn BlockDevice>,
     bs: u64,
-    size: u64,
     /// Largest single device call, a whole number of blocks.
     max_io: u64,
     /// Shared for whole-block writes and unmaps, exclusive for
@@ -74,23 +75,22 @@ impl ByteView {
         if bs == 0 {
             return Err(invalid("block size of 0".into()));
         }
-        let size = dev
-            .num_blocks()
+        dev.num_blocks()
             .checked_mul(bs)
             .ok_or_else(|| invalid("device larger than 2^64 bytes".into()))?;
         let max_io = (max_io as u64 / bs).max(1) * bs;
         Ok(ByteView {
             dev,
             bs,
-            size,
             max_io,
             rmw: RwLock::new(()),
         })
     }
 
-    /// Size in bytes.
+    /// Size in bytes now (saturating at 2^64 - 1 for a device that grew
+    /// that large).
     pub fn size(&self) -> u64 {
-        self.size
+        self.dev.num_blocks().saturating_mul(self.bs)
     }
 
     /// Device block size in bytes.
@@ -100,7 +100,9 @@ impl ByteView {
 
     /// True if `[offset, offset + len)` lies inside the device.
     pub fn contains(&self, offset: u64, len: u64) -> bool {
-        offset.checked_add(len).is_some_and(|end| end <= self.size)
+        offset
+            .checked_add(len)
+            .is_some_and(|end| end <= self.size())
     }
 
     /// Flushes the device.
@@ -195,7 +197,7 @@ impl ByteView {
         if !self.contains(offset, len) {
             return Err(invalid(format!(
                 "{len} bytes at offset {offset} are outside a device of {} bytes",
-                self.size
+                self.size()
             )));
         }
         let bs = self.bs;

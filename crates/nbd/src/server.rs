@@ -143,6 +143,8 @@ impl Write for Stream {
 
 struct Shared {
     info: ExportInfo,
+    /// What the export serves (its size read at each handshake).
+    volume: Arc<Volume>,
     transmission: Transmission,
     stop: AtomicBool,
     conns: Mutex<Conns>,
@@ -210,6 +212,7 @@ impl Server {
         };
         let shared = Arc::new(Shared {
             info,
+            volume,
             transmission,
             stop: AtomicBool::new(false),
             conns: Mutex::new(Conns::default()),
@@ -435,7 +438,14 @@ fn serve_connection(stream: Stream, shared: &Shared) -> io::Result<Option<Hangup
     let mut w = BufWriter::with_capacity(BUFFER, stream.try_clone()?);
     let mut out = Vec::new();
     let mut input = Vec::new();
-    let mut hs = Handshake::new(shared.info.clone(), &mut out);
+    // The size as the device says it now: a LUN resized at the target
+    // is its new size to every client that connects after (NBD cannot
+    // tell a connected client, proto.md has no resize notice).
+    let info = ExportInfo {
+        size: shared.volume.size(),
+        ..shared.info.clone()
+    };
+    let mut hs = Handshake::new(info, &mut out);
     w.write_all(&out)?;
     w.flush()?;
     // Client flags, then at most MAX_OPTIONS headers and data blocks.

@@ -251,3 +251,51 @@ fn shutdown_closes_connections() {
         "listener closed"
     );
 }
+
+/// A RAM device whose reported size can change (a LUN resized at the
+/// target): `blocks` of the `ram`'s blocks are shown.
+struct Resizable {
+    ram: RamDevice,
+    blocks: std::sync::atomic::AtomicU64,
+}
+
+impl BlockDevice for Resizable {
+    fn block_size(&self) -> u32 {
+        self.ram.block_size()
+    }
+    fn num_blocks(&self) -> u64 {
+        self.blocks.load(std::sync::atomic::Ordering::SeqCst)
+    }
+    fn read_at(&self, lba: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        self.ram.read_at(lba, buf)
+    }
+    fn write_at(&self, lba: u64, buf: &[u8]) -> std::io::Result<()> {
+        self.ram.write_at(lba, buf)
+    }
+}
+
+#[test]
+fn a_resized_device_shows_its_new_size_to_the_next_client() {
+    let dev = Arc::new(Resizable {
+        ram: RamDevice::new(512, 8192),
+        blocks: 2048.into(),
+    });
+    let h = Server::bind_tcp("127.0.0.1:0", Export::new("lun", dev.clone()))
+        .unwrap()
+        .spawn()
+        .unwrap();
+    let mut before = Client::go(tcp(h.local_addr()), "lun");
+    assert_eq!(before.info.size, MIB);
+    dev.blocks.store(8192, std::sync::atomic::Ordering::SeqCst);
+    let mut after = Client::go(tcp(h.local_addr()), "lun");
+    assert_eq!(after.info.size, 4 * MIB);
+    let p = pattern(3, 3 * MIB, 4096);
+    after.write(3 * MIB, &p).unwrap();
+    assert_eq!(after.read(3 * MIB, 4096).unwrap(), p);
+    // The first client's requests are checked against the device's size
+    // now too: its old end is no longer a limit.
+    assert_eq!(before.read(3 * MIB, 4096).unwrap(), p);
+    before.disconnect();
+    after.disconnect();
+    h.shutdown();
+}

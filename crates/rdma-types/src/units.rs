@@ -324,6 +324,26 @@ pub fn as_millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
+/// A size in bytes as people read it, in the largest power-of-1024 unit
+/// it fills, with at most one decimal: `512 B`, `4 KiB`, `64 MiB`,
+/// `1.5 GiB`. [`parse_size`] reads every output back to within the
+/// rounding of that decimal.
+pub fn size_text(bytes: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut unit = 0;
+    while unit + 1 < UNITS.len() && bytes >> (10 * (unit + 1)) > 0 {
+        unit += 1;
+    }
+    if unit == 0 {
+        return format!("{bytes} B");
+    }
+    let scale = 1u64 << (10 * unit);
+    if bytes.is_multiple_of(scale) {
+        return format!("{} {}", bytes / scale, UNITS[unit]);
+    }
+    format!("{:.1} {}", bytes as f64 / scale as f64, UNITS[unit])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -346,6 +366,21 @@ mod tests {
         // What it prints reads back as about the same size.
         let back = parse_size("64M").map(format_size);
         assert_eq!(back.as_deref(), Ok("64.0 MiB"));
+    }
+
+    #[test]
+    fn sizes_as_text() {
+        for (n, s) in [
+            (0, "0 B"),
+            (512, "512 B"),
+            (4096, "4 KiB"),
+            (64 << 20, "64 MiB"),
+            (3 << 29, "1.5 GiB"),
+            (1 << 40, "1 TiB"),
+            (u64::MAX, "16384.0 PiB"),
+        ] {
+            assert_eq!(size_text(n), s, "{n}");
+        }
     }
 
     #[test]

@@ -15,6 +15,16 @@
 //! ends the session; `srp list` shows logins with their channels, credits,
 //! port state and LUNs.
 //!
+//! The files follow the target, as a kernel's SCSI rescan follows it: each
+//! login has a follower thread that waits on the login's
+//! [`TargetChanges`] (an SRP_AER_REQ, or a unit attention REPORTED LUNS
+//! DATA HAS CHANGED or CAPACITY DATA HAS CHANGED seen by any command) and
+//! then rescans: REPORT LUNS, and each known LUN looked at again
+//! ([`RemoteDisk::recheck`]). A new LUN's file appears, a removed one's
+//! goes (descriptors still open on it get `ENODEV`, never another LUN's
+//! data), a resized one's size changes. `srp rescan` does the same on
+//! demand and answers what changed.
+//!
 //! Login-string keys and what they do here: `id_ext`, `ioc_guid`, `dest`
 //! (`src` picks the local CA), `dgid`/`pkey`/`service_id` (IB CM),
 //! `initiator_ext`, `queue_size` (commands per channel), `ch_count`,
@@ -43,6 +53,8 @@ use rdma_access::subnet::{IbPort, IbPortError};
 use rdma_types::Guid;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
+use srp_initiator::changes::TargetChanges;
+use srp_initiator::disk::QueueLimit;
 use srp_initiator::login::{LoginOptions, TargetAddress};
 use srp_initiator::path_login::PathLogin;
 use srp_initiator::remote::RemoteDisk;
@@ -75,6 +87,11 @@ pub enum InitRequest {
     },
     /// The logins, with channels, credits, port state and LUNs.
     List,
+    /// Looks at the target(s) again now: LUNs added, removed or resized.
+    Rescan {
+        /// The login's name (every login if none).
+        name: Option<String>,
+    },
 }
 
 /// How `srpd` runs.
@@ -105,12 +122,88 @@ pub struct InitdConfig {
     pub nic: rnic::softroce::NicOptions,
 }
 
+/// One login: its path, its LUNs and their files. Shared by the registry
+/// and the login's follower thread.
 struct Login {
+    name: String,
     string: String,
+    opts: LoginOptions,
     path: Arc<PathLogin>,
-    luns: Vec<(u16, Arc<RemoteDisk>)>,
-    mount: Option<blockfuse::Mount>,
+    /// `target_can_queue`: shared by every LUN of the login, across
+    /// reconnects and rescans.
+    target_queue: Option<Arc<QueueLimit>>,
+    rport: RportConfig,
+    /// What the login's sessions report changed (the follower waits on it).
+    changes: Arc<TargetChanges>,
+    /// The LUNs, by number.
+    luns: Mutex<Vec<(u16, Arc<RemoteDisk>)>>,
+    /// The LUN files (taken at logout).
+    mount: Mutex<Option<blockfuse::Mount>>,
     dir: PathBuf,
+    /// Held across a rescan: the follower's and `srp rescan`'s take turns.
+    rescanning: Mutex<()>,
+}
+
+/// A login in the registry, with its follower thread.
+struct Entry {
+    login: Arc<Login>,
+    follower: Option<std::thread::JoinHandle<()>>,
+}
+
+/// What one rescan found and did.
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct Rescan {
+    /// The login.
+    pub name: String,
+    /// Where its LUN files are.
+    pub dir: PathBuf,
+    /// LUNs that appeared: (LUN, bytes).
+    pub added: Vec<(u16, u64)>,
+    /// LUNs that went.
+    pub removed: Vec<u16>,
+    /// LUNs whose size changed: (LUN, bytes before, bytes now).
+    pub resized: Vec<(u16, u64, u64)>,
+    /// LUNs that could not be opened or looked at: (LUN, why).
+    pub failed: Vec<(u16, String)>,
+}
+
+impl Rescan {
+    /// Whether anything changed or failed.
+    pub fn changed(&self) -> bool {
+        !(self.added.is_empty()
+            && self.removed.is_empty()
+            && self.resized.is_empty()
+            && self.failed.is_empty())
+    }
+
+    /// What changed, in words, one line each (`srpd`'s log and `srp
+    /// rescan`'s answer).
+    pub fn lines(&self) -> Vec<String> {
+        let name = &self.name;
+        let size = rdma_types::units::size_text;
+        let mut out = Vec::new();
+        for (n, b) in &self.added {
+            out.push(format!(
+                "{name}: LUN {n} appeared ({}), file {}",
+                size(*b),
+                self.dir.join(lun_file(*n)).display()
+            ));
+        }
+        for n in &self.removed {
+            out.push(format!("{name}: LUN {n} went away; its file is removed"));
+        }
+        for (n, a, b) in &self.resized {
+            out.push(format!(
+                "{name}: LUN {n} resized from {} to {}",
+                size(*a),
+                size(*b)
+            ));
+        }
+        for (n, e) in &self.failed {
+            out.push(format!("{name}: LUN {n}: {e}"));
+        }
+        out
+    }
 }
 
 struct LocalCa {
@@ -133,7 +226,7 @@ pub struct Initd {
     /// Closed at shutdown, once the logins are gone.
     cm: Arc<rdma_access::resource::TrackedProvider>,
     cas: Vec<LocalCa>,
-    logins: Mutex<BTreeMap<String, Login>>,
+    logins: Mutex<BTreeMap<String, Entry>>,
     /// Logins in progress, by name, so two requests cannot take one name.
     pending: Mutex<Vec<String>>,
     next: Mutex<u32>,
@@ -323,7 +416,27 @@ impl Initd {
             InitRequest::Login { target, name } => self.login(&target, name),
             InitRequest::Logout { name } => self.logout(&name),
             InitRequest::List => Ok(self.list()),
+            InitRequest::Rescan { name } => self.rescan_request(name),
         }
+    }
+
+    fn rescan_request(&self, name: Option<String>) -> Result<Value, InitdError> {
+        let logins: Vec<Arc<Login>> = {
+            let all = lock(&self.logins);
+            match &name {
+                Some(n) => vec![all
+                    .get(n)
+                    .ok_or_else(|| InitdError::NoLogin(n.clone()))?
+                    .login
+                    .clone()],
+                None => all.values().map(|e| e.login.clone()).collect(),
+            }
+        };
+        let mut out = Vec::new();
+        for l in logins {
+            out.push(serde_json::to_value(rescan(&l)?).unwrap_or_default());
+        }
+        Ok(Value::Array(out))
     }
 
     fn pick_name(&self, name: Option<String>) -> Result<String, InitdError> {
@@ -357,9 +470,16 @@ impl Initd {
         let name = self.pick_name(name)?;
         let result = self.login_named(&name, target, &opts);
         lock(&self.pending).retain(|n| n != &name);
-        let login = result?;
-        let answer = login_json(&name, &login);
-        lock(&self.logins).insert(name, login);
+        let login = Arc::new(result?);
+        let answer = login_json(&login);
+        let follower = follow(login.clone());
+        lock(&self.logins).insert(
+            name,
+            Entry {
+                login,
+                follower: Some(follower),
+            },
+        );
         Ok(answer)
     }
 
@@ -414,7 +534,9 @@ impl Initd {
         };
         // Every key of the login string takes effect here, as in ib_srp
         // (see `LoginOptions::session_config` and `apply_to_disk`).
-        let scfg = o.session_config(ca.guid);
+        let mut scfg = o.session_config(ca.guid);
+        let changes = Arc::new(TargetChanges::new());
+        scfg.changes = Some(changes.clone());
         let ch_count = o.ch_count.unwrap_or(1).clamp(1, 64) as u16;
         let path = Arc::new(
             PathLogin::new(
@@ -428,26 +550,29 @@ impl Initd {
         );
         let session = path.session().map_err(InitdError::Session)?;
         let lun_ids = srp_initiator::disk::report_luns(&session).map_err(InitdError::ReportLuns)?;
+        let mut login = Login {
+            name: name.to_string(),
+            string: target.to_string(),
+            opts: o.clone(),
+            path,
+            // `target_can_queue` bounds all LUNs of this login together,
+            // `max_cmd_per_lun` each one; both outlive reconnects.
+            target_queue: o.target_queue(),
+            rport: self.cfg.rport,
+            changes,
+            luns: Mutex::new(Vec::new()),
+            mount: Mutex::new(None),
+            dir: self.cfg.mount_root.join(name),
+            rescanning: Mutex::new(()),
+        };
         let mut luns = Vec::new();
-        // `target_can_queue` bounds all LUNs of this login together,
-        // `max_cmd_per_lun` each one; both outlive reconnects.
-        let target_queue = o.target_queue();
         for n in lun_ids {
-            let p = path.clone();
-            let opts = o.clone();
-            let lun_queue = o.lun_queue();
-            let target_queue = target_queue.clone();
-            let open = Box::new(move || {
-                let mut ch = p.channels()?;
-                let first = ch.remove(0);
-                let disk = srp_initiator::disk::Disk::open(first, n)?.with_channels(ch);
-                Ok(opts.apply_to_disk(disk, lun_queue.clone(), target_queue.clone()))
-            });
-            let d = RemoteDisk::open(open, self.cfg.rport)
+            let d = login
+                .open_lun(n)
                 .map_err(|source| InitdError::OpenLun { lun: n, source })?;
-            luns.push((n, Arc::new(d)));
+            luns.push((n, d));
         }
-        let dir = self.cfg.mount_root.join(name);
+        let dir = login.dir.clone();
         match std::fs::create_dir(&dir) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && is_empty_dir(&dir) => {}
@@ -462,43 +587,36 @@ impl Initd {
                 )
             })
             .collect();
-        let mount = if devices.is_empty() {
-            None
-        } else {
-            let opts = blockfuse::Options {
-                allow_other: self.cfg.allow_other,
-                fsname: format!("srp:{name}"),
-                ..Default::default()
-            };
-            match blockfuse::mount(&dir, devices, opts) {
-                Ok(m) => Some(m),
-                Err(source) => {
-                    let _ = std::fs::remove_dir(&dir);
-                    return Err(InitdError::Mount { path: dir, source });
-                }
+        // Mounted even with no LUN yet: a rescan may bring some.
+        let opts = blockfuse::Options {
+            allow_other: self.cfg.allow_other,
+            fsname: format!("srp:{name}"),
+            ..Default::default()
+        };
+        let mount = match blockfuse::mount(&dir, devices, opts) {
+            Ok(m) => m,
+            Err(source) => {
+                let _ = std::fs::remove_dir(&dir);
+                return Err(InitdError::Mount { path: dir, source });
             }
         };
-        Ok(Login {
-            string: target.to_string(),
-            path,
-            luns,
-            mount,
-            dir,
-        })
+        login.luns = Mutex::new(luns);
+        login.mount = Mutex::new(Some(mount));
+        Ok(login)
     }
 
     fn logout(&self, name: &str) -> Result<Value, InitdError> {
-        let login = lock(&self.logins)
+        let entry = lock(&self.logins)
             .remove(name)
             .ok_or_else(|| InitdError::NoLogin(name.to_string()))?;
-        let dir = login.dir.clone();
-        end_login(login)?;
+        let dir = entry.login.dir.clone();
+        end_login(entry)?;
         Ok(json!({ "name": name, "unmounted": dir }))
     }
 
     fn list(&self) -> Value {
         let logins = lock(&self.logins);
-        Value::Array(logins.iter().map(|(name, l)| login_json(name, l)).collect())
+        Value::Array(logins.values().map(|e| login_json(&e.login)).collect())
     }
 
     /// Objects the sessions and the CM agents hold now: verbs objects,
@@ -518,7 +636,7 @@ impl Initd {
     /// agents gone, then their QP1 objects); returns how many logins
     /// there were. No login can be made afterwards.
     pub fn shutdown(&self) -> usize {
-        let all: Vec<Login> = std::mem::take(&mut *lock(&self.logins))
+        let all: Vec<Entry> = std::mem::take(&mut *lock(&self.logins))
             .into_values()
             .collect();
         let n = all.len();
@@ -545,9 +663,16 @@ fn address_text(a: &TargetAddress) -> String {
     }
 }
 
-fn end_login(l: Login) -> Result<(), InitdError> {
+/// Ends a login: its follower first (a rescan under way finishes), then
+/// the files, then the channels.
+fn end_login(mut e: Entry) -> Result<(), InitdError> {
+    let l = &e.login;
+    l.changes.close();
+    if let Some(t) = e.follower.take() {
+        let _ = t.join();
+    }
     let dir = l.dir.clone();
-    if let Some(m) = l.mount {
+    if let Some(m) = lock(&l.mount).take() {
         m.unmount().map_err(|source| InitdError::Unmount {
             path: dir.clone(),
             source,
@@ -555,12 +680,144 @@ fn end_login(l: Login) -> Result<(), InitdError> {
     }
     let _ = std::fs::remove_dir(&dir);
     // Dropping the disks and the path ends the channels (DREQ).
-    drop(l.luns);
-    drop(l.path);
+    drop(std::mem::take(&mut *lock(&l.luns)));
     Ok(())
 }
 
-fn login_json(name: &str, l: &Login) -> Value {
+impl Login {
+    /// Opens LUN `n` of this login as a reconnecting disk, with the login
+    /// string's keys applied.
+    fn open_lun(&self, n: u16) -> std::io::Result<Arc<RemoteDisk>> {
+        let p = self.path.clone();
+        let opts = self.opts.clone();
+        let lun_queue = self.opts.lun_queue();
+        let target_queue = self.target_queue.clone();
+        let open = Box::new(move || {
+            let mut ch = p.channels()?;
+            let first = ch.remove(0);
+            let disk = srp_initiator::disk::Disk::open(first, n)?.with_channels(ch);
+            Ok(opts.apply_to_disk(disk, lun_queue.clone(), target_queue.clone()))
+        });
+        RemoteDisk::open(open, self.rport).map(Arc::new)
+    }
+}
+
+/// The file of LUN `n`.
+fn lun_file(n: u16) -> String {
+    format!("lun{n}")
+}
+
+/// Looks at the target again and makes the files match it: REPORT LUNS,
+/// then every known LUN rechecked (a LUN that now names another LU is
+/// taken away and opened anew), new ones opened, gone ones removed.
+/// Commands go out with no lock of the login held but `rescanning`, so
+/// `srp list` answers meanwhile.
+fn rescan(l: &Login) -> Result<Rescan, InitdError> {
+    let _one = lock(&l.rescanning);
+    let session = l.path.session().map_err(InitdError::Session)?;
+    let now = srp_initiator::disk::report_luns(&session).map_err(InitdError::ReportLuns)?;
+    drop(session);
+    let known: Vec<(u16, Arc<RemoteDisk>)> = lock(&l.luns).clone();
+    let mut r = Rescan {
+        name: l.name.clone(),
+        dir: l.dir.clone(),
+        ..Default::default()
+    };
+    let bytes = |d: &RemoteDisk, blocks: u64| blocks.saturating_mul(u64::from(d.info().block_size));
+    let mut gone = Vec::new();
+    for (n, d) in &known {
+        if !now.contains(n) {
+            gone.push(*n);
+            continue;
+        }
+        let before = d.blocks();
+        match d.recheck() {
+            Ok(blocks) if blocks != before => {
+                r.resized.push((*n, bytes(d, before), bytes(d, blocks)));
+            }
+            Ok(_) => {}
+            // Another LU under this number: the old file goes, and the
+            // new LU gets a file of its own below.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                tracing::warn!(login = %l.name, lun = n, "{e}");
+                gone.push(*n);
+            }
+            Err(e) => r.failed.push((*n, e.to_string())),
+        }
+    }
+    let mut fresh = Vec::new();
+    for &n in &now {
+        if known.iter().any(|(k, _)| *k == n) && !gone.contains(&n) {
+            continue;
+        }
+        match l.open_lun(n) {
+            Ok(d) => fresh.push((n, d)),
+            Err(e) => r.failed.push((n, format!("open: {e}"))),
+        }
+    }
+    let mut dropped = Vec::new();
+    {
+        let mount = lock(&l.mount);
+        let mut luns = lock(&l.luns);
+        for n in gone {
+            if let Some(m) = mount.as_ref() {
+                m.remove(&lun_file(n));
+            }
+            if let Some(at) = luns.iter().position(|(k, _)| *k == n) {
+                dropped.push(luns.remove(at));
+            }
+            if !now.contains(&n) {
+                r.removed.push(n);
+            }
+        }
+        for &(n, ..) in &r.resized {
+            if let Some(m) = mount.as_ref() {
+                m.resized(&lun_file(n));
+            }
+        }
+        for (n, d) in fresh {
+            let dev = d.clone() as Arc<dyn blockload::BlockDevice>;
+            if let Some(Err(e)) = mount.as_ref().map(|m| m.add(&lun_file(n), dev)) {
+                r.failed.push((n, format!("file: {e}")));
+                continue;
+            }
+            r.added.push((n, bytes(&d, d.blocks())));
+            luns.push((n, d));
+        }
+        luns.sort_by_key(|(n, _)| *n);
+    }
+    // The disks go (their threads joined) with no lock held.
+    drop(dropped);
+    Ok(r)
+}
+
+/// How long the follower waits between looks when nothing was said: a
+/// target that sends no AER and a login with no I/O still show changes
+/// within this.
+const FOLLOW_INTERVAL: Duration = Duration::from_secs(30);
+
+/// The login's follower: rescans whenever its sessions report a change
+/// (and every [`FOLLOW_INTERVAL`]), until the login ends.
+fn follow(l: Arc<Login>) -> std::thread::JoinHandle<()> {
+    std::thread::Builder::new()
+        .name(format!("srpd-follow-{}", l.name))
+        .spawn(move || {
+            let mut seen = l.changes.generation();
+            while let Some(g) = l.changes.wait_past(seen, FOLLOW_INTERVAL) {
+                seen = g;
+                match rescan(&l) {
+                    // srpd's stdout, where operators and scripts read its
+                    // other events.
+                    Ok(r) => r.lines().iter().for_each(|t| println!("srpd: {t}")),
+                    Err(e) => tracing::warn!(login = %l.name, "rescan: {e}"),
+                }
+            }
+        })
+        .expect("spawn the follower thread")
+}
+
+fn login_json(l: &Login) -> Value {
+    let name = &l.name;
     let channels: Vec<Value> = l
         .path
         .live_channels()
@@ -583,8 +840,7 @@ fn login_json(name: &str, l: &Login) -> Value {
             })
         })
         .collect();
-    let luns: Vec<Value> = l
-        .luns
+    let luns: Vec<Value> = lock(&l.luns)
         .iter()
         .map(|(n, d)| {
             let i = d.info();
@@ -594,7 +850,7 @@ fn login_json(name: &str, l: &Login) -> Value {
                 "file": l.dir.join(format!("lun{n}")),
                 "vendor": i.vendor,
                 "product": i.product,
-                "blocks": i.blocks,
+                "blocks": d.blocks(),
                 "block_size": i.block_size,
                 "naa": i.naa,
                 "state": format!("{:?}", st.state).to_lowercase(),

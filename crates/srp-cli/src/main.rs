@@ -219,6 +219,20 @@ enum Cmd {
         #[arg(long, default_value_os_t = daemon_ctl::control_socket_of("srpd"))]
         control_socket: std::path::PathBuf,
     },
+    /// Ask `srpd` to look at its targets again now (REPORT LUNS, READ
+    /// CAPACITY): new LUNs' files appear, removed ones go, resized ones
+    /// change size. srpd does this by itself when a target reports a
+    /// change; this is for a target that does not.
+    Rescan {
+        /// The login's name (default: every login).
+        name: Option<String>,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+        /// srpd's control socket.
+        #[arg(long, default_value_os_t = daemon_ctl::control_socket_of("srpd"))]
+        control_socket: std::path::PathBuf,
+    },
     /// The logins `srpd` holds: target, path, channels with credits, LUNs
     /// with their files and remote port state.
     List {
@@ -826,6 +840,30 @@ fn run(cmd: Cmd) -> Result<bool, String> {
         } => {
             srpd(&control_socket, &InitRequest::Logout { name: name.clone() })?;
             println!("srp: logged out of {name}");
+            Ok(true)
+        }
+        Cmd::Rescan {
+            name,
+            json,
+            control_socket,
+        } => {
+            let v = srpd(&control_socket, &InitRequest::Rescan { name })?;
+            if json {
+                println!("{v}");
+                return Ok(true);
+            }
+            let all: Vec<srp_cli::initd::Rescan> =
+                serde_json::from_value(v).map_err(|e| format!("srpd's answer: {e}"))?;
+            for r in &all {
+                let lines = r.lines();
+                if lines.is_empty() {
+                    println!("srp: {}: no change", r.name);
+                }
+                lines.iter().for_each(|l| println!("srp: {l}"));
+            }
+            if all.is_empty() {
+                println!("srp: no logins");
+            }
             Ok(true)
         }
         Cmd::List {

@@ -6,7 +6,13 @@
 //! identification VPD page (0x83), which names the LU across paths and
 //! reconnects. Reads and writes are READ(16)/WRITE(16) split at the
 //! transfer size; errors carry the decoded sense.
+//!
+//! A unit attention that says the LUN inventory or a capacity changed is
+//! noted on the session ([`Session::note_sense`]) before the command is
+//! sent again, for whoever rescans; [`Disk::recheck`] reads the capacity
+//! again (and refuses a LUN that became another LU).
 
+use crate::changes::Change;
 use crate::session::{CmdResult, Session, SessionError, Xfer};
 use scsi::SenseKey;
 use srp::initiator::Status;
@@ -25,7 +31,8 @@ pub struct DiskInfo {
     pub revision: String,
     /// Logical block size.
     pub block_size: u32,
-    /// Number of logical blocks.
+    /// Number of logical blocks when the LUN was opened ([`Disk::blocks`]
+    /// has it now).
     pub blocks: u64,
     /// The NAA designator of VPD page 0x83, if any (hex).
     pub naa: Option<String>,
@@ -118,6 +125,9 @@ pub struct Disk {
     next: std::sync::atomic::AtomicUsize,
     lun: Lun,
     info: DiskInfo,
+    /// Logical blocks now: READ CAPACITY at open, again at each
+    /// [`Disk::recheck`].
+    blocks: std::sync::atomic::AtomicU64,
     max_transfer: usize,
     /// Commands in flight on this LUN (`max_cmd_per_lun`).
     lun_queue: Option<Arc<QueueLimit>>,
@@ -209,6 +219,7 @@ impl Disk {
                 ready = true;
                 break;
             }
+            session.note_sense(&r.sense);
             if sense_key(&r.sense) != SenseKey::UnitAttention {
                 return Err(io::Error::other(format!(
                     "LUN {} not ready: {}",
@@ -226,38 +237,15 @@ impl Disk {
             &[0x12, 0, 0, 0, 96, 0],
             Xfer::In(96),
             "INQUIRY",
+            None,
         )?;
         let text = |r: std::ops::Range<usize>| {
             String::from_utf8_lossy(inq.data.get(r).unwrap_or(&[]))
                 .trim()
                 .to_string()
         };
-        let mut cdb = [0u8; 16];
-        cdb[0] = 0x9e;
-        cdb[1] = 0x10;
-        cdb[13] = 32;
-        let cap = Self::cmd(&session, lun, &cdb, Xfer::In(32), "READ CAPACITY(16)")?;
-        if cap.data.len() < 12 {
-            return Err(io::Error::other(
-                "READ CAPACITY(16) returned too little data",
-            ));
-        }
-        let last = u64::from_be_bytes(cap.data[0..8].try_into().expect("8 bytes"));
-        let block_size = u32::from_be_bytes(cap.data[8..12].try_into().expect("4 bytes"));
-        if block_size == 0 || !block_size.is_multiple_of(512) {
-            return Err(io::Error::other(format!(
-                "unusable block size {block_size}"
-            )));
-        }
-        let vpd = Self::cmd(
-            &session,
-            lun,
-            &[0x12, 1, 0x83, 1, 0, 0],
-            Xfer::In(256),
-            "INQUIRY VPD 0x83",
-        )
-        .ok();
-        let naa = vpd.and_then(|v| naa_of(&v.data));
+        let (blocks, block_size) = Self::read_capacity(&session, lun)?;
+        let naa = Self::naa(&session, lun);
         // Like sd: the block limits page's MAXIMUM TRANSFER LENGTH caps one
         // command, and so does what the descriptors of one SRP_CMD can
         // describe (sg_tablesize = cmd_sg_entries without external tables).
@@ -268,6 +256,7 @@ impl Disk {
             &[0x12, 1, 0xb0, 0, 64, 0],
             Xfer::In(64),
             "VPD B0",
+            None,
         ) {
             if b0.data.len() >= 12 {
                 let blocks = u32::from_be_bytes(b0.data[8..12].try_into().expect("4 bytes"));
@@ -285,9 +274,10 @@ impl Disk {
                 product: text(16..32),
                 revision: text(32..36),
                 block_size,
-                blocks: last + 1,
+                blocks,
                 naa,
             },
+            blocks: std::sync::atomic::AtomicU64::new(blocks),
             channels: vec![session.clone()],
             next: std::sync::atomic::AtomicUsize::new(0),
             session,
@@ -337,13 +327,95 @@ impl Disk {
         Some(Places(lun, target))
     }
 
+    /// READ CAPACITY(16) (SBC-3 5.16): blocks and block size.
+    fn read_capacity(session: &Session, lun: Lun) -> io::Result<(u64, u32)> {
+        let mut cdb = [0u8; 16];
+        cdb[0] = 0x9e;
+        cdb[1] = 0x10;
+        cdb[13] = 32;
+        let cap = Self::cmd(session, lun, &cdb, Xfer::In(32), "READ CAPACITY(16)", None)?;
+        if cap.data.len() < 12 {
+            return Err(io::Error::other(
+                "READ CAPACITY(16) returned too little data",
+            ));
+        }
+        let last = u64::from_be_bytes(cap.data[0..8].try_into().expect("8 bytes"));
+        let block_size = u32::from_be_bytes(cap.data[8..12].try_into().expect("4 bytes"));
+        if block_size == 0 || !block_size.is_multiple_of(512) {
+            return Err(io::Error::other(format!(
+                "unusable block size {block_size}"
+            )));
+        }
+        Ok((last.saturating_add(1), block_size))
+    }
+
+    /// The NAA designator of the device identification VPD page, if any.
+    fn naa(session: &Session, lun: Lun) -> Option<String> {
+        let vpd = Self::cmd(
+            session,
+            lun,
+            &[0x12, 1, 0x83, 1, 0, 0],
+            Xfer::In(256),
+            "INQUIRY VPD 0x83",
+            None,
+        )
+        .ok();
+        vpd.and_then(|v| naa_of(&v.data))
+    }
+
+    /// Logical blocks now (see [`Disk::recheck`]).
+    pub fn blocks(&self) -> u64 {
+        self.blocks.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Looks at the LU again, as a rescan does: the identification must
+    /// be the one it had at open, and the capacity is read again (I/O is
+    /// bounded by the new one from now on). Returns the blocks now.
+    ///
+    /// # Errors
+    /// The commands failed; `NotFound` when the LUN now names another LU
+    /// (another NAA designator) or has another block size: it is not this
+    /// disk any more.
+    pub fn recheck(&self) -> io::Result<u64> {
+        let n = self.lun.to_u64() >> 48;
+        let naa = Self::naa(&self.session, self.lun);
+        if naa != self.info.naa {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!(
+                    "LUN {n} is another LU now (NAA {naa:?}, was {:?})",
+                    self.info.naa
+                ),
+            ));
+        }
+        let (blocks, bs) = Self::read_capacity(&self.session, self.lun)?;
+        if bs != self.info.block_size {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!(
+                    "LUN {n} has {bs}-byte blocks now, was {}",
+                    self.info.block_size
+                ),
+            ));
+        }
+        self.blocks
+            .store(blocks, std::sync::atomic::Ordering::Relaxed);
+        Ok(blocks)
+    }
+
+    /// Runs one command, retried as the midlayer retries it. With
+    /// `follow`, a CAPACITY DATA HAS CHANGED unit attention on the way
+    /// makes it read the capacity again into `follow` once the command is
+    /// through: the disk's own I/O keeps its size current without a rescan.
     fn cmd(
         session: &Session,
         lun: Lun,
         cdb: &[u8],
         mut xfer: Xfer<'_>,
         what: &str,
+        follow: Option<&std::sync::atomic::AtomicU64>,
     ) -> io::Result<CmdResult> {
+        let mut resized = false;
         // As the SCSI midlayer does: a command ended by a reset or an
         // abort, or refused with a unit attention (the reset's, a LUN inventory or
         // capacity change), is sent again, a bounded number of times.
@@ -356,6 +428,11 @@ impl Disk {
             }
             .map_err(|e| io_err(what, e))?;
             if r.good() {
+                if let (true, Some(blocks)) = (resized, follow) {
+                    if let Ok((b, _)) = Self::read_capacity(session, lun) {
+                        blocks.store(b, std::sync::atomic::Ordering::Relaxed);
+                    }
+                }
                 return Ok(r);
             }
             // An aborted command is retried too, as the midlayer retries
@@ -364,6 +441,8 @@ impl Disk {
                 Status::Reset | Status::Aborted => true,
                 s if is_scsi(s, scsi::Status::TaskAborted) => true,
                 s if is_scsi(s, scsi::Status::CheckCondition) => {
+                    session.note_sense(&r.sense);
+                    resized |= Change::of_sense(&r.sense) == Some(Change::Capacity);
                     sense_key(&r.sense) == SenseKey::UnitAttention
                 }
                 _ => false,
@@ -441,16 +520,11 @@ impl Disk {
             ));
         }
         let blocks = (len / bs) as u64;
-        if lba
-            .checked_add(blocks)
-            .is_none_or(|end| end > self.info.blocks)
-        {
+        let end_now = self.blocks();
+        if lba.checked_add(blocks).is_none_or(|end| end > end_now) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
-                format!(
-                    "blocks {lba}+{blocks} are beyond the end ({})",
-                    self.info.blocks
-                ),
+                format!("blocks {lba}+{blocks} are beyond the end ({end_now})"),
             ));
         }
         Ok(blocks as u32)
@@ -466,7 +540,14 @@ impl Disk {
             let cdb = self.rw16(false, at, (chunk.len() / bs) as u32);
             let want = chunk.len();
             let _places = self.places();
-            let r = Self::cmd(self.pick(), self.lun, &cdb, Xfer::InTo(chunk), "READ(16)")?;
+            let r = Self::cmd(
+                self.pick(),
+                self.lun,
+                &cdb,
+                Xfer::InTo(chunk),
+                "READ(16)",
+                Some(&self.blocks),
+            )?;
             if let Some(srp::initiator::Residual::Under(n)) = r.residual {
                 if n > 0 {
                     return Err(io::Error::other(format!(
@@ -488,7 +569,14 @@ impl Disk {
             let at = lba + (i * step / bs) as u64;
             let cdb = self.rw16(true, at, (chunk.len() / bs) as u32);
             let _places = self.places();
-            Self::cmd(self.pick(), self.lun, &cdb, Xfer::Out(chunk), "WRITE(16)")?;
+            Self::cmd(
+                self.pick(),
+                self.lun,
+                &cdb,
+                Xfer::Out(chunk),
+                "WRITE(16)",
+                Some(&self.blocks),
+            )?;
         }
         Ok(())
     }
@@ -503,7 +591,7 @@ impl Disk {
         }
         let end = lba
             .checked_add(blocks)
-            .filter(|e| *e <= self.info.blocks)
+            .filter(|e| *e <= self.blocks())
             .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "UNMAP beyond the end"))?;
         let mut at = lba;
         while at < end {
@@ -539,6 +627,7 @@ impl Disk {
             &[0x35, 0, 0, 0, 0, 0, 0, 0, 0, 0],
             Xfer::None,
             "SYNCHRONIZE CACHE",
+            Some(&self.blocks),
         )
         .map(|_| ())
     }
@@ -576,7 +665,7 @@ impl blockload::BlockDevice for Disk {
         self.info.block_size
     }
     fn num_blocks(&self) -> u64 {
-        self.info.blocks
+        self.blocks()
     }
     fn read_at(&self, lba: u64, buf: &mut [u8]) -> io::Result<()> {
         self.read(lba, buf)
@@ -715,7 +804,7 @@ impl<'a> DiskQueue<'a> {
         self.check_slot(slot)?;
         if lba
             .checked_add(blocks)
-            .is_none_or(|end| end > self.disk.info.blocks)
+            .is_none_or(|end| end > self.disk.blocks())
         {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -840,6 +929,7 @@ impl<'a> DiskQueue<'a> {
             &q.cdb[..q.cdb_len],
             retry,
             what,
+            Some(&self.disk.blocks),
         )
         .map(|_| ())
     }
@@ -900,6 +990,7 @@ pub fn report_luns(session: &Session) -> io::Result<Vec<u16>> {
             .execute(lun0, &cdb, Xfer::In(alloc as usize))
             .map_err(|e| io_err("REPORT LUNS", e))?;
         if !r.good() {
+            session.note_sense(&r.sense);
             if sense_key(&r.sense) == SenseKey::UnitAttention {
                 continue; // a unit attention first; REPORT LUNS again
             }

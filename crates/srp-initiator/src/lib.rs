@@ -20,6 +20,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod changes;
 pub mod connectors;
 pub mod discovery;
 pub mod disk;

@@ -65,6 +65,8 @@ struct Shared {
     cv: Condvar,
     epoch: std::time::Instant,
     info: DiskInfo,
+    /// Logical blocks now: the last session's capacity ([`RemoteDisk::recheck`]).
+    blocks: std::sync::atomic::AtomicU64,
     /// PortActive of the path's local port (none when the provider could
     /// not open the CA a second time: attempts then wait reconnect_delay).
     _watch: Option<PortWatch>,
@@ -185,6 +187,8 @@ impl Shared {
                         st.connecting = false;
                         let ok = attempt.is_ok();
                         if let Ok(d) = attempt {
+                            self.blocks
+                                .store(d.blocks(), std::sync::atomic::Ordering::Relaxed);
                             st.disk = Some(Arc::new(d));
                             st.generation += 1;
                         }
@@ -276,6 +280,7 @@ impl RemoteDisk {
                 }),
                 cv: Condvar::new(),
                 epoch: std::time::Instant::now(),
+                blocks: std::sync::atomic::AtomicU64::new(info.blocks),
                 info,
                 _watch: watch,
             }
@@ -293,6 +298,35 @@ impl RemoteDisk {
     /// What the LUN said when first opened.
     pub fn info(&self) -> &DiskInfo {
         &self.shared.info
+    }
+
+    /// Logical blocks now (what the target said last; [`RemoteDisk::info`]
+    /// keeps what it said at open).
+    pub fn blocks(&self) -> u64 {
+        // The current disk follows capacity changes its own I/O meets.
+        if let Some(d) = &self.shared.lock().disk {
+            let b = d.blocks();
+            self.shared
+                .blocks
+                .store(b, std::sync::atomic::Ordering::Relaxed);
+            return b;
+        }
+        self.shared
+            .blocks
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Looks at the LU again ([`Disk::recheck`], over a reconnect if
+    /// need be); returns the blocks now.
+    ///
+    /// # Errors
+    /// As [`Disk::recheck`]: `NotFound` when the LUN is another LU now.
+    pub fn recheck(&self) -> io::Result<u64> {
+        let blocks = self.io(|d| d.recheck()).0?;
+        self.shared
+            .blocks
+            .store(blocks, std::sync::atomic::Ordering::Relaxed);
+        Ok(blocks)
     }
 
     /// State and counters.
@@ -389,7 +423,7 @@ impl blockload::BlockDevice for RemoteDisk {
         self.shared.info.block_size
     }
     fn num_blocks(&self) -> u64 {
-        self.shared.info.blocks
+        self.blocks()
     }
     fn read_at(&self, lba: u64, buf: &mut [u8]) -> io::Result<()> {
         // One buffer across attempts: a failed attempt may have filled

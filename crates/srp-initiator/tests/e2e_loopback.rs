@@ -471,3 +471,45 @@ fn the_disconnect_hook_may_call_back_into_the_port() {
     assert!(why.contains("target logout"), "{why}");
     assert!(left.is_some(), "the hook reached the port");
 }
+
+/// A LUN grown at the target: the next command meets CAPACITY DATA HAS
+/// CHANGED, which the session notes for a rescan and the disk follows by
+/// itself (its size is the new one, and I/O past the old end works).
+#[test]
+fn a_capacity_unit_attention_is_noted_and_followed() {
+    let fabric: Arc<dyn verbs::Provider> = fabric(&[TARGET_GUID, INIT_GUID]);
+    let chan = ChannelConfig::new(0x11, Guid(INIT_GUID), TARGET_GUID, Guid(TARGET_GUID));
+    let scsi = Arc::new(scsi::Target::new());
+    scsi.add_lun(None, scsi::Lun::new(0).unwrap(), Arc::new(ram(4 << 20)));
+    let port = Arc::new(
+        TargetPort::start(
+            fabric.clone(),
+            Guid(TARGET_GUID),
+            srp::target::TargetConfig::new(chan.target_port_id(), "grow"),
+            scsi.clone(),
+            PortOptions::default(),
+        )
+        .unwrap(),
+    );
+    let changes = Arc::new(srp_initiator::changes::TargetChanges::new());
+    let mut cfg = SessionConfig::new(chan);
+    cfg.changes = Some(changes.clone());
+    let disk = Disk::open(connect(&fabric, INIT_GUID, &port, cfg), 0).unwrap();
+    assert_eq!(disk.blocks(), (4 << 20) / 512);
+    let seen = changes.generation();
+
+    scsi.resize(None, scsi::Lun::new(0).unwrap(), (8 << 20) / 512)
+        .unwrap();
+    let data = vec![0x5a; 4096];
+    disk.write(0, &data).unwrap();
+    assert!(changes.generation() > seen, "the unit attention was noted");
+    assert_eq!(disk.blocks(), (8 << 20) / 512, "the disk read its capacity");
+    let past_old_end = (6 << 20) / 512;
+    disk.write(past_old_end, &data).unwrap();
+    let mut back = vec![0; 4096];
+    disk.read(past_old_end, &mut back).unwrap();
+    assert_eq!(back, data);
+    // A rescan's recheck agrees, and the info keeps the size at open.
+    assert_eq!(disk.recheck().unwrap(), (8 << 20) / 512);
+    assert_eq!(disk.info().blocks, (4 << 20) / 512);
+}

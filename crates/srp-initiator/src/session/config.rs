@@ -47,6 +47,11 @@ pub struct SessionConfig {
     /// segments ([`SessionConfig::max_segment`]); a one-segment buffer
     /// always fits.
     pub sg_tablesize: u32,
+    /// Where the session notes what the target says changed (LUNs added
+    /// or removed, a capacity changed: unit attentions and AERs), for a
+    /// rescan ([`crate::changes`]). Give every session of one login the
+    /// same one, so it outlives reconnects.
+    pub changes: Option<Arc<crate::changes::TargetChanges>>,
 }
 
 /// [`SessionConfig::probe_interval`] by default: with the transport's
@@ -78,6 +83,7 @@ impl SessionConfig {
             pkey: None,
             probe_interval: Some(DEFAULT_PROBE_INTERVAL),
             retry_cnt: 7,
+            changes: None,
             sg_tablesize: MAX_EXT_DESCRIPTORS as u32,
         }
     }

@@ -291,6 +291,7 @@ impl Session {
             sg_tablesize: cfg.sg_tablesize.max(1),
             negotiated,
             probe_interval: cfg.probe_interval,
+            changes: cfg.changes.clone(),
             handle: connected.handle,
             epoch,
             span,

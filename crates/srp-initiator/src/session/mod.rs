@@ -184,6 +184,8 @@ struct Inner {
     sg_tablesize: u32,
     negotiated: Negotiated,
     probe_interval: Option<rdma_types::Duration>,
+    /// What the target says changed, for a rescan ([`SessionConfig::changes`]).
+    changes: Option<Arc<crate::changes::TargetChanges>>,
     handle: u64,
     epoch: std::time::Instant,
     /// The session's `srp_session` span: parent of its events (login,
@@ -311,6 +313,14 @@ impl Session {
     /// first.
     pub fn take_events(&self) -> Vec<Event> {
         self.inner.lock().events.drain(..).collect()
+    }
+
+    /// Notes the change a command's unit attention reports (LUNs or a
+    /// capacity changed), if it reports one and someone follows changes.
+    pub fn note_sense(&self, sense: &[u8]) {
+        if let Some(c) = &self.inner.changes {
+            c.note_sense(sense);
+        }
     }
 
     /// Whether the connection is gone.

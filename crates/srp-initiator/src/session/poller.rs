@@ -254,7 +254,13 @@ impl Inner {
                     }
                     st.last_tmf = Some((*func, *result));
                 }
-                Event::Aer { .. } => st.stats.aers += 1,
+                Event::Aer { sense, .. } => {
+                    st.stats.aers += 1;
+                    // A counter bumped under its own short lock; no callback.
+                    if let Some(c) = &self.changes {
+                        c.note_sense(sense);
+                    }
+                }
                 Event::Protocol(_) => st.stats.protocol_errors += 1,
                 Event::TargetLogout(_) => self.lost(st),
             }
