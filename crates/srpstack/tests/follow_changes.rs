@@ -133,7 +133,11 @@ fn lun_files_follow_add_resize_and_remove_while_fio_verifies_lun0() {
 
     // Added: the file appears.
     let t = Instant::now();
-    srptadm(&tsock, &["add-lun", "3", "extra"]);
+    let said = srptadm(&tsock, &["add-lun", "3", "extra"]);
+    assert!(
+        said.starts_with("added LUN 3 (extra, 8 MiB) to the default LUNs; 1 session told"),
+        "srptadm answers in words: {said}"
+    );
     within_2s("LUN 3's file appearing", || len_of(&lun3) == Some(8 << 20));
     let appeared = t.elapsed();
     srpd.wait_line("t: LUN 3 appeared (8 MiB)", 5);
@@ -147,7 +151,11 @@ fn lun_files_follow_add_resize_and_remove_while_fio_verifies_lun0() {
 
     // Resized: the file grows, and the new end takes I/O.
     let t = Instant::now();
-    srptadm(&tsock, &["resize", "extra", "24M"]);
+    let said = srptadm(&tsock, &["resize", "extra", "24M"]);
+    assert!(
+        said.starts_with("resized device extra from 8 MiB to 24 MiB"),
+        "{said}"
+    );
     within_2s("LUN 3's file growing", || len_of(&lun3) == Some(24 << 20));
     let resized = t.elapsed();
     srpd.wait_line("t: LUN 3 resized from 8 MiB to 24 MiB", 5);
@@ -163,7 +171,11 @@ fn lun_files_follow_add_resize_and_remove_while_fio_verifies_lun0() {
 
     // Removed: the file goes; the open descriptor gets errors.
     let t = Instant::now();
-    srptadm(&tsock, &["remove-lun", "3"]);
+    let said = srptadm(&tsock, &["remove-lun", "3"]);
+    assert!(
+        said.starts_with("removed LUN 3 (extra) from the default LUNs"),
+        "{said}"
+    );
     within_2s("LUN 3's file going", || !lun3.exists());
     let removed = t.elapsed();
     srpd.wait_line("t: LUN 3 went away", 5);

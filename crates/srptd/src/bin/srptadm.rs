@@ -138,10 +138,48 @@ fn s(v: &Value) -> String {
     }
 }
 
+/// Rows under a header, each column as wide as its widest cell (long
+/// device names and keys keep the columns aligned). A column whose
+/// header starts with `>` is right-aligned (numbers); the last column is
+/// not padded.
+fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let names: Vec<&str> = header.iter().map(|h| h.trim_start_matches('>')).collect();
+    let width: Vec<usize> = (0..header.len())
+        .map(|c| {
+            rows.iter()
+                .map(|r| r.get(c).map_or(0, |x| x.chars().count()))
+                .chain([names[c].len()])
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let line = |cells: &[&str]| {
+        let mut out = String::new();
+        for (c, cell) in cells.iter().enumerate() {
+            let last = c + 1 == cells.len();
+            let w = width[c];
+            let padded = if header[c].starts_with('>') {
+                format!("{cell:>w$}")
+            } else if last {
+                cell.to_string()
+            } else {
+                format!("{cell:<w$}")
+            };
+            out += &padded;
+            out += if last { "\n" } else { "  " };
+        }
+        out
+    };
+    let mut out = line(&names);
+    for r in rows {
+        out += &line(&r.iter().map(String::as_str).collect::<Vec<_>>());
+    }
+    out
+}
+
 /// Per-LUN counters as a table.
 fn lun_table(rows: &Value) -> String {
-    let mut out = format!(
-        "{:>5} {:<12} {:>10} {:>9} {:>9} {:>14} {:>14} {:>7} {:>5} {:>5}\n",
+    let keys = [
         "lun",
         "device",
         "commands",
@@ -151,24 +189,29 @@ fn lun_table(rows: &Value) -> String {
         "write_bytes",
         "errors",
         "tmfs",
-        "UAs"
-    );
-    for r in rows.as_array().into_iter().flatten() {
-        out += &format!(
-            "{:>5} {:<12} {:>10} {:>9} {:>9} {:>14} {:>14} {:>7} {:>5} {:>5}\n",
-            s(&r["lun"]),
-            s(&r["device"]),
-            s(&r["commands"]),
-            s(&r["reads"]),
-            s(&r["writes"]),
-            s(&r["read_bytes"]),
-            s(&r["write_bytes"]),
-            s(&r["errors"]),
-            s(&r["tmfs"]),
-            s(&r["unit_attentions"]),
-        );
-    }
-    out
+        "unit_attentions",
+    ];
+    let rows: Vec<Vec<String>> = rows
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|r| keys.iter().map(|k| s(&r[*k])).collect())
+        .collect();
+    table(
+        &[
+            ">lun",
+            "device",
+            ">commands",
+            ">reads",
+            ">writes",
+            ">read_bytes",
+            ">write_bytes",
+            ">errors",
+            ">tmfs",
+            ">UAs",
+        ],
+        &rows,
+    )
 }
 
 /// The answer as text for a person.
@@ -182,66 +225,86 @@ fn human(req: &Request, v: &Value) -> String {
                     out += "\n";
                 }
                 if let Value::Object(m) = t {
-                    for (k, val) in m.iter().filter(|(k, _)| *k != "lun_stats") {
-                        out += &format!("{k:<18} {}\n", s(val));
+                    let fields: Vec<(&String, &Value)> =
+                        m.iter().filter(|(k, _)| *k != "lun_stats").collect();
+                    let w = fields.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+                    for (k, val) in fields {
+                        out += &format!("{k:<w$}  {}\n", s(val));
                     }
                 }
                 out += &lun_table(&t["lun_stats"]);
             }
         }
         Request::Sessions => {
-            out += &format!(
-                "{:<39} {:<6} {:<36} {:>6} {:>7} {:>9} {:>10} {:>5} {:>5}  luns\n",
-                "target",
-                "conn",
-                "initiator",
-                "window",
-                "credits",
-                "in_flight",
-                "commands",
-                "tmfs",
-                "aers"
-            );
-            for r in v.as_array().into_iter().flatten() {
-                out += &format!(
-                    "{:<39} {:<6} {:<36} {:>6} {:>7} {:>9} {:>10} {:>5} {:>5}  {}{}\n",
-                    s(&r["target"]),
-                    s(&r["conn"]),
-                    s(&r["initiator"]),
-                    s(&r["window"]),
-                    s(&r["credits"]),
-                    s(&r["in_flight"]),
-                    s(&r["commands"]),
-                    s(&r["tmfs"]),
-                    s(&r["aers"]),
-                    s(&r["luns"]),
-                    match r["state"].as_str() {
+            let rows: Vec<Vec<String>> = v
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|r| {
+                    let state = match r["state"].as_str() {
                         Some("pending") => " (pending)",
                         Some("closing") => " (closing)",
                         _ => "",
-                    }
-                );
-            }
+                    };
+                    [
+                        "target",
+                        "conn",
+                        "initiator",
+                        "window",
+                        "credits",
+                        "in_flight",
+                        "commands",
+                        "tmfs",
+                        "aers",
+                    ]
+                    .iter()
+                    .map(|k| s(&r[*k]))
+                    .chain([format!("{}{state}", s(&r["luns"]))])
+                    .collect()
+                })
+                .collect();
+            out += &table(
+                &[
+                    "target",
+                    "conn",
+                    "initiator",
+                    ">window",
+                    ">credits",
+                    ">in_flight",
+                    ">commands",
+                    ">tmfs",
+                    ">aers",
+                    "luns",
+                ],
+                &rows,
+            );
         }
         Request::Devices => {
-            out += &format!(
-                "{:<12} {:<14} {:>14} {:>5} {:<18} {:>10} {:>10} {:>7}  file\n",
-                "name", "handler", "size", "bs", "naa", "reads", "writes", "errors"
+            let rows: Vec<Vec<String>> = v
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|r| {
+                    vec![
+                        s(&r["name"]),
+                        s(&r["handler"]),
+                        s(&r["size"]),
+                        s(&r["block_size"]),
+                        s(&r["naa"]),
+                        s(&r["stats"]["reads"]),
+                        s(&r["stats"]["writes"]),
+                        s(&r["stats"]["errors"]),
+                        s(&r["filename"]),
+                    ]
+                })
+                .collect();
+            out += &table(
+                &[
+                    "name", "handler", ">size", ">bs", "naa", ">reads", ">writes", ">errors",
+                    "file",
+                ],
+                &rows,
             );
-            for r in v.as_array().into_iter().flatten() {
-                out += &format!(
-                    "{:<12} {:<14} {:>14} {:>5} {:<18} {:>10} {:>10} {:>7}  {}\n",
-                    s(&r["name"]),
-                    s(&r["handler"]),
-                    s(&r["size"]),
-                    s(&r["block_size"]),
-                    s(&r["naa"]),
-                    s(&r["stats"]["reads"]),
-                    s(&r["stats"]["writes"]),
-                    s(&r["stats"]["errors"]),
-                    s(&r["filename"]),
-                );
-            }
         }
         Request::Luns => {
             out += "default LUNs:\n";
@@ -258,7 +321,87 @@ fn human(req: &Request, v: &Value) -> String {
                 }
             }
         }
-        _ => out += &format!("ok: {v}\n"),
+        _ => {
+            out += &srptd::daemon::answer_text(req, v).unwrap_or_else(|| v.to_string());
+            out += "\n";
+        }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn tables_stay_aligned_with_long_names() {
+        let devices = json!([
+            {"name": "d0", "handler": "ram", "size": 4096, "block_size": 512,
+             "naa": null, "stats": {"reads": 1, "writes": 22, "errors": 0}, "filename": null},
+            {"name": "a-much-longer-device-name", "handler": "vdisk_fileio", "size": 1048576,
+             "block_size": 4096, "naa": "6001405abc", "stats": {"reads": 333, "writes": 4,
+             "errors": 0}, "filename": "/tmp/x.img"},
+        ]);
+        let text = human(&Request::Devices, &devices);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 3, "{text}");
+        // Every column starts where its header does.
+        for col in ["handler", "naa", "file"] {
+            let at = lines[0].find(col).unwrap();
+            for l in &lines[1..] {
+                assert_ne!(l.as_bytes()[at], b' ', "{col} misaligned:\n{text}");
+                assert_eq!(l.as_bytes()[at - 1], b' ', "{col} misaligned:\n{text}");
+            }
+        }
+        // Right-aligned numbers end where their header ends.
+        let end = lines[0].find("reads").unwrap() + "reads".len();
+        assert!(
+            lines[1][..end].ends_with(" 1") && lines[2][..end].ends_with("333"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn show_keys_line_up_however_long() {
+        let v = json!({"targets": [{"name": "t", "sa_subscriptions": 0, "lun_stats": []}]});
+        let text = human(&Request::Show, &v);
+        // Where each line's value starts: after its key and the spaces.
+        let col: Vec<usize> = text
+            .lines()
+            .take(2)
+            .map(|l| {
+                let key = l.find(' ').unwrap();
+                key + l[key..].find(|c: char| c != ' ').unwrap()
+            })
+            .collect();
+        assert_eq!(col[0], col[1], "{text}");
+    }
+
+    #[test]
+    fn write_commands_answer_in_words() {
+        let add = Request::AddLun {
+            group: None,
+            lun: 3,
+            device: "extra".into(),
+        };
+        let v =
+            json!({"group": null, "lun": 3, "device": "extra", "size": 67108864, "aer_sent": 2});
+        assert_eq!(
+            human(&add, &v),
+            "added LUN 3 (extra, 64 MiB) to the default LUNs; \
+             2 sessions told (unit attention and SRP_AER_REQ)\n"
+        );
+        let v = json!({"lun_map_changes": 1, "aer_sent": 0, "enabled": true,
+                       "needs_restart": ["target[1] parameters other than enabled"]});
+        let t = human(&Request::Reload, &v);
+        assert!(
+            t.starts_with(
+                "reloaded the configuration: 1 LUN map change, no session to tell; \
+                           not applied until srptd restarts: target[1] parameters"
+            ),
+            "{t}"
+        );
+        assert!(!t.contains('{'), "no JSON in the words: {t}");
+    }
 }

@@ -153,6 +153,113 @@ impl Request {
 }
 
 /// A request's arguments for a log line: its JSON without `cmd`.
+/// What a change request did, in words, from the daemon's answer `v`
+/// (`srptadm` prints it; the daemon logs it); `None` for the queries,
+/// whose answers are tables.
+pub fn answer_text(req: &Request, v: &Value) -> Option<String> {
+    let s = |v: &Value| match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    let size = |v: &Value| rdma_types::units::size_text(v.as_u64().unwrap_or(0));
+    let set = |g: &Value| match g.as_str() {
+        Some(g) => format!("group {g}"),
+        None => "the default LUNs".to_string(),
+    };
+    let told = |v: &Value| match v["aer_sent"].as_u64().unwrap_or(0) {
+        0 => "no session to tell".to_string(),
+        1 => "1 session told (unit attention and SRP_AER_REQ)".to_string(),
+        n => format!("{n} sessions told (unit attention and SRP_AER_REQ)"),
+    };
+    Some(match req {
+        Request::Show | Request::Sessions | Request::Devices | Request::Luns => return None,
+        Request::AddDevice { .. } => {
+            format!("added device {} ({})", s(&v["added"]), size(&v["size"]))
+        }
+        Request::RemoveDevice { .. } => format!("removed device {}", s(&v["removed"])),
+        Request::Resize { .. } if v["size"] == v["was"] => format!(
+            "device {} is {} already; nothing changed",
+            s(&v["device"]),
+            size(&v["size"])
+        ),
+        Request::Resize { .. } => format!(
+            "resized device {} from {} to {}; {}",
+            s(&v["device"]),
+            size(&v["was"]),
+            size(&v["size"]),
+            told(v)
+        ),
+        Request::AddLun { .. } => format!(
+            "added LUN {} ({}, {}) to {}; {}",
+            s(&v["lun"]),
+            s(&v["device"]),
+            size(&v["size"]),
+            set(&v["group"]),
+            told(v)
+        ),
+        Request::RemoveLun { .. } => format!(
+            "removed LUN {} ({}) from {}; {}",
+            s(&v["removed_lun"]),
+            s(&v["device"]),
+            set(&v["group"]),
+            told(v)
+        ),
+        Request::AddGroup { .. } => format!("added group {}", s(&v["added"])),
+        Request::RemoveGroup { .. } => format!(
+            "removed group {}; its initiators see the default LUNs",
+            s(&v["removed"])
+        ),
+        Request::AddInitiator { .. } => format!(
+            "added initiator {} to group {}",
+            s(&v["added"]),
+            s(&v["group"])
+        ),
+        Request::RemoveInitiator { .. } => format!(
+            "removed initiator {} from group {}",
+            s(&v["removed"]),
+            s(&v["group"])
+        ),
+        Request::Enable { .. } | Request::Disable { .. } => {
+            let names: Vec<String> = v["targets"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(s)
+                .collect();
+            let what = if v["enabled"] == Value::Bool(true) {
+                "enabled (accepting logins)"
+            } else {
+                "disabled (refusing logins; its initiators are logged out)"
+            };
+            format!("target {} {what}", names.join(", "))
+        }
+        Request::WriteConfig { .. } => {
+            format!("wrote the running configuration to {}", s(&v["written"]))
+        }
+        Request::SetLogLevel { .. } => {
+            format!("log level {} (was {})", s(&v["log_level"]), s(&v["was"]))
+        }
+        Request::Reload => {
+            let n = v["lun_map_changes"].as_u64().unwrap_or(0);
+            let mut t = format!(
+                "reloaded the configuration: {n} LUN map change{}, {}",
+                if n == 1 { "" } else { "s" },
+                told(v)
+            );
+            let restart: Vec<String> = v["needs_restart"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(s)
+                .collect();
+            if !restart.is_empty() {
+                t += &format!("; not applied until srptd restarts: {}", restart.join("; "));
+            }
+            t
+        }
+    })
+}
+
 pub(super) fn args_of(asked: &Value) -> String {
     match asked {
         Value::Object(m) => {

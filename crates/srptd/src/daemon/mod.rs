@@ -511,10 +511,11 @@ impl Daemon {
         let asked = serde_json::to_value(&req).unwrap_or(Value::Null);
         let cmd = asked["cmd"].as_str().unwrap_or("?").to_string();
         let reload = matches!(req, Request::Reload);
-        let r = self.execute(req);
+        let words = |v: &Value| answer_text(&req, v).unwrap_or_else(|| v.to_string());
+        let r = self.execute(req.clone());
         let record = match &r {
             // The SIGHUP and `srptadm reload` lines scripts look for.
-            Ok(v) if reload => Record::info(event, format!("reloaded: {v}")).fields_of(v),
+            Ok(v) if reload => Record::info(event, words(v)).fields_of(v),
             Err(e) if reload => Record::warn(
                 "reload_refused",
                 format!("reload refused, configuration unchanged: {e}"),
@@ -523,11 +524,11 @@ impl Daemon {
             Ok(v) => Record::new(
                 if changes { Level::Info } else { Level::Debug },
                 event,
-                format!(
-                    "{cmd} {}: {}",
-                    args_of(&asked),
-                    if changes { v.to_string() } else { "ok".into() }
-                ),
+                if changes {
+                    words(v)
+                } else {
+                    format!("{cmd} {}: ok", args_of(&asked))
+                },
             )
             .fields_of(&asked)
             .fields_of(if changes { v } else { &Value::Null }),

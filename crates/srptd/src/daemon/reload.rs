@@ -195,9 +195,10 @@ impl Daemon {
         let (dev, made) =
             build_device(&d).map_err(|(_, key, message)| AdminError::Device { key, message })?;
         made.into_iter().for_each(CreatedFile::keep);
+        let size = dev.blocks() * u64::from(dev.block_size());
         lock(&self.devices).insert(name.clone(), dev);
         *cfg = next;
-        Ok(json!({ "added": name }))
+        Ok(json!({ "added": name, "size": size }))
     }
 
     pub(super) fn remove_device(&self, name: &str) -> Result<Value, AdminError> {
@@ -328,9 +329,10 @@ impl Daemon {
                 .get(&device)
                 .cloned()
                 .ok_or_else(|| AdminError::NoDevice(device.clone()))?;
+            let size = dev.blocks() * u64::from(dev.block_size());
             self.scsi.add_lun(group.as_deref(), l, dev);
             let told = self.luns_changed();
-            Ok(json!({ "group": group, "lun": n, "device": device, "aer_sent": told }))
+            Ok(json!({ "group": group, "lun": n, "device": device, "size": size, "aer_sent": told }))
         })
     }
 
@@ -351,10 +353,15 @@ impl Daemon {
                         },
                         None => AdminError::NoDefaultLun(n),
                     })?;
-            luns.remove(i);
+            let gone = luns.remove(i);
             self.scsi.remove_lun(group.as_deref(), l);
             let told = self.luns_changed();
-            Ok(json!({ "group": group, "removed_lun": n, "aer_sent": told }))
+            Ok(json!({
+                "group": group,
+                "removed_lun": n,
+                "device": gone.device.get_ref(),
+                "aer_sent": told
+            }))
         })
     }
 }
