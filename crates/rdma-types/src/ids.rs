@@ -311,6 +311,24 @@ pub enum Mtu {
     Mtu4096 = 5,
 }
 
+/// A path MTU that is not one of the five IB sizes ([`Mtu::parse`]); the
+/// message names it and what to write instead.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MtuError(pub String);
+
+impl core::fmt::Display for MtuError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(
+            f,
+            "`{}` is not an IB path MTU: use 256, 512, 1024, 2048 or 4096 bytes \
+             (1024 on a 1500-byte Ethernet link, 4096 on loopback or a 9000-byte one)",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for MtuError {}
+
 impl Mtu {
     /// Payload bytes per packet.
     pub const fn bytes(self) -> usize {
@@ -350,6 +368,19 @@ impl Mtu {
                 value: bytes as u64,
             }),
         }
+    }
+
+    /// A path MTU as written on a command line or in a configuration
+    /// key: `1024`, or a size with its unit (`4k`, [`crate::units`]).
+    ///
+    /// # Errors
+    /// Anything but the five IB sizes, with the sizes that would do.
+    pub fn parse(s: &str) -> Result<Mtu, MtuError> {
+        crate::units::parse_size(s)
+            .ok()
+            .and_then(|n| usize::try_from(n).ok())
+            .and_then(|n| Mtu::from_bytes(n).ok())
+            .ok_or_else(|| MtuError(s.trim().to_string()))
     }
 
     /// The largest IB MTU whose packets fit an IP MTU of `ip_mtu` bytes
@@ -501,6 +532,20 @@ mod tests {
     fn qpn_is_24_bits() {
         assert!(Qpn::new(0x100_0000).is_err());
         assert_eq!(Qpn::from_bits(0x1234_5678).value(), 0x34_5678);
+    }
+
+    #[test]
+    fn mtus_as_written() {
+        assert_eq!(Mtu::parse("1024"), Ok(Mtu::Mtu1024));
+        assert_eq!(Mtu::parse(" 4k "), Ok(Mtu::Mtu4096));
+        for bad in ["1500", "9000", "0", "", "big", "99999999999999999999"] {
+            let e = Mtu::parse(bad).unwrap_err().to_string();
+            assert!(
+                e.contains(&format!("`{}`", bad.trim()))
+                    && e.contains("256, 512, 1024, 2048 or 4096"),
+                "{e}"
+            );
+        }
     }
 
     #[test]

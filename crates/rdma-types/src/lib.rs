@@ -27,7 +27,9 @@ mod wc;
 pub use fields::{CmRetries, TimeoutExp};
 pub use flags::AccessFlags;
 pub use idmap::{IdMap, IdSet};
-pub use ids::{Gid, Guid, Lid, Lkey, Mtu, Pkey, PortNum, Qkey, QpState, QpType, Qpn, Rkey};
+pub use ids::{
+    Gid, Guid, Lid, Lkey, Mtu, MtuError, Pkey, PortNum, Qkey, QpState, QpType, Qpn, Rkey,
+};
 pub use psn::Psn;
 pub use time::{Duration, Instant};
 pub use violation::PkeyViolation;

@@ -2273,3 +2273,50 @@ fn resize_raises_capacity_ua_and_aer_per_initiator_lun() {
         "srptadm answers in words: {text}"
     );
 }
+
+/// The target's path MTU: `--mtu` and the file's `mtu` key, shown by
+/// `srptadm show`, and a value that is no IB MTU refused with the sizes
+/// that would do (file, line and key for the file).
+#[test]
+fn mtu_is_set_shown_and_checked() {
+    let d = start_args("mtu", &["--mtu", "1024"], |dir| config(dir, "127.0.103.1"));
+    let show = d.adm(&["show"]).unwrap();
+    assert_eq!(show["mtu"], 1024, "{show}");
+    let s = login("127.0.103.2", "127.0.103.1:5555", 0x103, 0x10300);
+    let r = s
+        .execute(
+            srp::wire::Lun::from_u64(0),
+            &[0u8; 6],
+            srp_initiator::session::Xfer::None,
+        )
+        .unwrap();
+    assert!(r.good() || !r.sense.is_empty(), "commands flow at MTU 1024");
+    drop(s);
+
+    let bad = Command::new(common::srptd_bin())
+        .args(["--mtu", "1500", "--ram-mib", "1"])
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    let e = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        e.contains("`1500` is not an IB path MTU")
+            && e.contains("1024 on a 1500-byte Ethernet link"),
+        "{e}"
+    );
+    let dir = tempdir("mtu-file");
+    let cfg = dir.join("srptd.toml");
+    std::fs::write(
+        &cfg,
+        config(&dir, "127.0.103.1").replacen("rdma_cm_port", "mtu = 9000\nrdma_cm_port", 1),
+    )
+    .unwrap();
+    let e = start_refused(&cfg);
+    assert!(
+        e.contains(&format!(
+            "{}:4: target.mtu: `9000` is not an IB path MTU",
+            cfg.display()
+        )),
+        "{e}"
+    );
+}

@@ -45,6 +45,10 @@ struct Args {
     /// RoCEv2 UDP port (overrides the file's `udp_port`) [default: 4791].
     #[arg(long)]
     udp_port: Option<u16>,
+    /// Path MTU in bytes: 256, 512, 1024, 2048 or 4096; 1024 on a
+    /// 1500-byte Ethernet link (overrides the file's `mtu`) [default: 4096].
+    #[arg(long, value_parser = rdma_types::Mtu::parse)]
+    mtu: Option<rdma_types::Mtu>,
     /// RDMA CM port logins arrive on, ib_srpt's rdma_cm_port; 0 turns
     /// RDMA CM off (overrides the file's `rdma_cm_port`) [default: 5555].
     #[arg(long)]
@@ -155,12 +159,13 @@ fn run(a: &Args, log: &Log) -> Result<(), String> {
     let port_opts = a.device.is_some()
         || a.ip.is_some()
         || a.udp_port.is_some()
+        || a.mtu.is_some()
         || a.rdma_cm_port.is_some()
         || a.fabric.is_some()
         || a.sm_wait_ms.is_some();
     if port_opts && cfg.targets.len() > 1 {
         return Err(format!(
-            "--device, --ip, --udp-port, --rdma-cm-port, --fabric and --sm-wait-ms override a single target; {} has {}",
+            "--device, --ip, --udp-port, --mtu, --rdma-cm-port, --fabric and --sm-wait-ms override a single target; {} has {}",
             a.config.as_ref().map_or("the configuration".into(), |p| p.display().to_string()),
             cfg.targets.len()
         ));
@@ -174,6 +179,9 @@ fn run(a: &Args, log: &Log) -> Result<(), String> {
     }
     if let Some(p) = a.udp_port {
         t.udp_port = Spanned::new(0..0, p);
+    }
+    if let Some(m) = a.mtu {
+        t.mtu = Spanned::new(0..0, m.bytes() as u32);
     }
     if let Some(p) = a.rdma_cm_port {
         t.rdma_cm_port = p;
@@ -349,6 +357,7 @@ mod tests {
         for want in [
             format!("[default: {}]", t.ip.get_ref()),
             format!("[default: {}]", t.udp_port.get_ref()),
+            format!("[default: {}]", t.mtu.get_ref()),
             format!("[default: {}]", t.rdma_cm_port),
             format!("[default: {}]", t.sm_wait_ms.get_ref()),
             "[default: roce]".to_string(),

@@ -8,6 +8,7 @@
 //! sm_wait_ms = 30000        # ib: how long to wait at start for the port to go ACTIVE
 //! enabled = true
 //! rel_tgt_id = 1
+//! mtu = 4096                # path MTU; 1024 on a 1500-byte Ethernet link
 //! pkey = "all"              # partitions served: "all" of the port's P_Key table,
 //!                           # or one P_Key (0x8010) or a list ([0x8010, 0xffff])
 //!
@@ -216,6 +217,11 @@ pub struct TargetSection {
     /// Largest IU the target sends (SRP_RSP with sense): 256, as SCST.
     #[serde(deserialize_with = "de_srp_max_rsp_size")]
     pub srp_max_rsp_size: Spanned<u32>,
+    /// The port's path MTU in bytes: 4096 (loopback, jumbo frames), 1024
+    /// on a 1500-byte Ethernet link, as rxe reports it. Logins use the
+    /// smaller of this and the initiator's.
+    #[serde(deserialize_with = "de_mtu")]
+    pub mtu: Spanned<u32>,
     /// Most bytes one RDMA READ or WRITE moves: 65536, as SCST.
     #[serde(deserialize_with = "de_srp_max_rdma_size")]
     pub srp_max_rdma_size: Spanned<u32>,
@@ -369,6 +375,7 @@ impl Default for TargetSection {
             pkey: Spanned::new(0..0, PkeySetting::Word("all".into())),
             srp_max_req_size: s(8260),
             srp_max_rsp_size: s(256),
+            mtu: s(4096),
             srp_max_rdma_size: s(65536),
             srpt_srq_size: s(4095),
             srpt_sq_size: s(4096),
@@ -610,6 +617,7 @@ keyed! {
     de_keepalive_ms: u64 = de_millis("keepalive_ms");
     de_srp_max_req_size: u32 = de_bytes_u32("srp_max_req_size");
     de_srp_max_rsp_size: u32 = de_bytes_u32("srp_max_rsp_size");
+    de_mtu: u32 = de_bytes_u32("mtu");
     de_srp_max_rdma_size: u32 = de_bytes_u32("srp_max_rdma_size");
     de_block_size: u32 = de_bytes_u32("block_size");
 }
@@ -874,6 +882,9 @@ impl Config {
                 ))
             }
         };
+        if let Err(e) = rdma_types::Mtu::parse(&t.mtu.get_ref().to_string()) {
+            return Err(bad(&t.mtu, format!("{at}.mtu"), e.to_string()));
+        }
         range(&t.srp_max_req_size, "srp_max_req_size", 64, 65536)?;
         range(&t.srp_max_rsp_size, "srp_max_rsp_size", 36, 65536)?;
         range(&t.srp_max_rdma_size, "srp_max_rdma_size", 4096, 1 << 24)?;

@@ -147,6 +147,19 @@ fn errors_name_line_and_key() {
     let e = err_of("[target]\npkey = []\n");
     assert!(e.message.contains("empty"), "{e}");
 
+    let e = err_of("[target]\nip = \"127.0.0.1\"\nmtu = 1500\n");
+    assert_eq!((e.line, e.key.as_str()), (3, "target.mtu"));
+    assert!(
+        e.message.contains("`1500` is not an IB path MTU") && e.message.contains("1024"),
+        "{e}"
+    );
+    assert_eq!(
+        parse("[target]\nmtu = \"1k\"\n").unwrap().targets[0]
+            .mtu
+            .get_ref(),
+        &1024
+    );
+
     let e = err_of("[target]\nsrpt_sq_size = 1\n");
     assert!(e.message.contains("outside"), "{e}");
 

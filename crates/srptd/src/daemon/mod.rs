@@ -290,7 +290,9 @@ impl TargetRt {
                 ip: *t.ip.get_ref(),
             }],
             *t.udp_port.get_ref(),
-            rdma_types::Mtu::Mtu4096,
+            // Checked with the file (`Config::validate`).
+            rdma_types::Mtu::from_bytes(*t.mtu.get_ref() as usize)
+                .unwrap_or(rdma_types::Mtu::Mtu4096),
             opts.nic.clone(),
         );
         // MAD transaction IDs of this process's agents, apart per target.

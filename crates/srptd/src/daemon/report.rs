@@ -43,6 +43,7 @@ impl Daemon {
             "ioc_guid": format!("{guid:016x}"),
             "ip": t.ip.get_ref().to_string(),
             "udp_port": t.udp_port.get_ref(),
+            "mtu": t.mtu.get_ref(),
             "rdma_cm_port": t.rdma_cm_port,
             "fabric": t.fabric,
             "lid": rt.lid(),
