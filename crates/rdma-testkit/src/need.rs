@@ -33,6 +33,7 @@ const PACKAGES: &[(&str, &str)] = &[
     ("umount", "mount"),
     ("ip", "iproute2"),
     ("sha1sum", "coreutils"),
+    ("man", "man-db"),
 ];
 
 /// The Debian package that brings `tool`, if the table knows it.

@@ -1201,6 +1201,10 @@ fn print_login(l: &serde_json::Value) {
 }
 
 fn main() -> ExitCode {
+    // `--write-docs DIR`: man pages and completions (dist/README.md).
+    if let Some(code) = cli_docs::write_if_asked(<Cli as clap::CommandFactory>::command, "1") {
+        return code;
+    }
     daemon_ctl::log_to_stderr();
     let cmd = Cli::parse().cmd;
     // A workload cut short exits as a shell reports an interrupted

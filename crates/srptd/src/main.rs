@@ -95,6 +95,10 @@ struct Args {
 }
 
 fn main() -> ExitCode {
+    // `--write-docs DIR`: man pages and completions (dist/README.md).
+    if let Some(code) = cli_docs::write_if_asked(<Args as clap::CommandFactory>::command, "8") {
+        return code;
+    }
     let a = Args::parse();
     let log = Logger::stdout(a.log_format, a.log_level);
     // The libraries' tracing events go to the same log, in its format and

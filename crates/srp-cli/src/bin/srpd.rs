@@ -138,6 +138,10 @@ fn run(a: Args) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
+    // `--write-docs DIR`: man pages and completions (dist/README.md).
+    if let Some(code) = cli_docs::write_if_asked(<Args as clap::CommandFactory>::command, "8") {
+        return code;
+    }
     daemon_ctl::log_to_stderr();
     match run(Args::parse()) {
         Ok(()) => ExitCode::SUCCESS,

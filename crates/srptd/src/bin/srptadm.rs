@@ -83,6 +83,10 @@ fn toml_str(s: &str) -> String {
 }
 
 fn main() -> ExitCode {
+    // `--write-docs DIR`: man pages and completions (dist/README.md).
+    if let Some(code) = cli_docs::write_if_asked(<Cli as clap::CommandFactory>::command, "8") {
+        return code;
+    }
     let cli = Cli::parse();
     let req = match cli.cmd {
         Cmd::AddDevice {
