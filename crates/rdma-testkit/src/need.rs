@@ -34,6 +34,7 @@ const PACKAGES: &[(&str, &str)] = &[
     ("ip", "iproute2"),
     ("sha1sum", "coreutils"),
     ("man", "man-db"),
+    ("systemd-analyze", "systemd"),
 ];
 
 /// The Debian package that brings `tool`, if the table knows it.

@@ -875,7 +875,7 @@ fn sighup_reloads_lun_maps_without_dropping_sessions() {
     std::fs::write(
         &cfg_path,
         format!("{base}\n[[lun]]\nlun = 1\ndevice = \"secret\"\n")
-            .replace("size = \"4M\"", "size = \"8M\""),
+            .replace("size = \"4M\"", "size = \"4M\"\nrotational = true"),
     )
     .unwrap();
     let e = d.adm(&["reload"]).unwrap_err();
@@ -883,6 +883,40 @@ fn sighup_reloads_lun_maps_without_dropping_sessions() {
     assert_eq!(srp_initiator::disk::report_luns(&session).unwrap(), [0, 1]);
     let luns = d.adm(&["luns"]).unwrap();
     assert_eq!(luns["default"].as_array().unwrap().len(), 2, "{luns}");
+
+    // A mapped ram device whose size alone grew is resized live, as
+    // `srptadm resize` does: its initiators hear CAPACITY DATA HAS CHANGED.
+    let grown = format!("{base}\n[[lun]]\nlun = 1\ndevice = \"secret\"\n")
+        .replace("size = \"4M\"", "size = \"8M\"");
+    std::fs::write(&cfg_path, &grown).unwrap();
+    let aers = session.stats().aers;
+    hup(&d);
+    // (The refusal above logged a line too.)
+    let line = d.wait_line("srptd: reloaded");
+    assert!(
+        line.contains("device shared grown from 4 MiB to 8 MiB"),
+        "{line}"
+    );
+    let end = Instant::now() + Duration::from_secs(10);
+    while session.stats().aers == aers {
+        assert!(Instant::now() < end, "no SRP_AER_REQ after the grow");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let devs = d.adm(&["devices"]).unwrap();
+    let shared = devs
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == "shared")
+        .unwrap();
+    assert_eq!(shared["size"], 8 << 20, "{devs}");
+    // Shrinking it back is refused, nothing changed.
+    std::fs::write(&cfg_path, grown.replace("size = \"8M\"", "size = \"4M\"")).unwrap();
+    let e = d.adm(&["reload"]).unwrap_err();
+    assert!(
+        e.contains("shrinking from 8388608 to 4194304 bytes is refused"),
+        "{e}"
+    );
 }
 
 /// A `[target]` section on `ip` (RDMA CM port 5555) with the control

@@ -1,9 +1,10 @@
 //! What ships beside the binaries (issue 26, item 6): man pages and shell
 //! completions generated from the clap definitions (`BINARY --write-docs
 //! DIR`, crate `cli-docs`), each page rendered by `man -l` without a
-//! warning.
+//! warning; the systemd units in `dist/systemd` accepted by `systemd-analyze
+//! verify`, with the binaries they start and the man pages they name.
 //!
-//! Skipped without man, a failure under `CI=true`
+//! Skipped without man or systemd-analyze, a failure under `CI=true`
 //! (`rdma_testkit::need`).
 
 mod common;
@@ -137,5 +138,50 @@ fn man_pages_and_completions_come_from_the_command_lines_and_render() {
             "{name}: {shown}"
         );
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn systemd_units_verify() {
+    let units = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../dist/systemd");
+    let srptd = std::fs::read_to_string(units.join("srptd.service")).unwrap();
+    let srpd = std::fs::read_to_string(units.join("srpd.service")).unwrap();
+    // SIGHUP reloads srptd's file; SIGTERM logs out (both daemons).
+    assert!(
+        srptd.contains("ExecReload=/bin/kill -HUP $MAINPID"),
+        "{srptd}"
+    );
+    assert!(
+        srptd.contains("ExecStartPre=/usr/local/sbin/srptd --check"),
+        "{srptd}"
+    );
+    assert!(srpd.contains("--mount-root /run/srp"), "{srpd}");
+    if !need::tool("systemd-analyze") {
+        return;
+    }
+    // The units as installed: their binaries where they start them from
+    // (here, this build's), their man pages on the MANPATH.
+    let dir = tempdir("units");
+    let bins = bin_of("srptd").parent().unwrap().to_path_buf();
+    let mut paths = Vec::new();
+    for (name, body) in [("srptd.service", &srptd), ("srpd.service", &srpd)] {
+        let p = dir.join(name);
+        let here = format!("{}/", bins.display());
+        std::fs::write(&p, body.replace("/usr/local/sbin/", &here)).unwrap();
+        paths.push(p);
+    }
+    let docs = dir.join("docs");
+    write_docs(&docs);
+    let out = Command::new("systemd-analyze")
+        .arg("verify")
+        .args(&paths)
+        .env("MANPATH", docs.join("man"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success() && out.stderr.is_empty(),
+        "systemd-analyze verify: {}",
+        text(&out)
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

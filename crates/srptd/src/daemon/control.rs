@@ -241,9 +241,23 @@ pub fn answer_text(req: &Request, v: &Value) -> Option<String> {
         }
         Request::Reload => {
             let n = v["lun_map_changes"].as_u64().unwrap_or(0);
+            let resized: Vec<String> = v["resized"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|r| {
+                    format!(
+                        ", device {} grown from {} to {}",
+                        s(&r["device"]),
+                        size(&r["was"]),
+                        size(&r["size"])
+                    )
+                })
+                .collect();
             let mut t = format!(
-                "reloaded the configuration: {n} LUN map change{}, {}",
+                "reloaded the configuration: {n} LUN map change{}{}, {}",
                 if n == 1 { "" } else { "s" },
+                resized.concat(),
                 told(v)
             );
             let restart: Vec<String> = v["needs_restart"]

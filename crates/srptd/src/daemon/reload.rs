@@ -8,9 +8,12 @@ impl Daemon {
     /// Applies `next` to the running target: new devices are opened, LUN
     /// maps, groups and their initiators change to what `next` says (unit
     /// attentions and SRP_AER_REQ as for `srptadm` changes), `enabled` is
-    /// followed. Sessions stay up. Refused as a whole, with nothing
-    /// changed, when a device that stays mapped changed its definition;
-    /// target parameters that need a restart are kept and named.
+    /// followed. Sessions stay up. A mapped ram device whose `size` alone
+    /// grew is resized in place, as `srptadm resize` does (CAPACITY DATA
+    /// HAS CHANGED and an SRP_AER_REQ to whoever sees it). Refused as a
+    /// whole, with nothing changed, when a device that stays mapped
+    /// changed its definition otherwise or shrank; target parameters that
+    /// need a restart are kept and named.
     pub fn reload(&self, next: Config) -> Result<Value, AdminError> {
         use std::collections::{BTreeMap, BTreeSet};
         let mut cfg = lock(&self.cfg);
@@ -45,6 +48,53 @@ impl Daemon {
         let mapped = |m: &BTreeMap<Option<String>, BTreeMap<u32, String>>, dev: &str| {
             m.values().any(|s| s.values().any(|d| d == dev))
         };
+        // Mapped ram devices that only grew: resized below, not rebuilt.
+        let mut grown: Vec<(String, u64)> = Vec::new();
+        changed.retain(|name| {
+            let find = |c: &Config| c.devices.iter().find(|d| d.name.get_ref() == name).cloned();
+            let (Some(old), Some(new)) = (find(&cfg), find(&next)) else {
+                return true;
+            };
+            let mut same = new.clone();
+            same.size = old.size.clone();
+            let bytes = new
+                .size
+                .as_ref()
+                .and_then(|s| crate::config::parse_size(s.get_ref()).ok());
+            match bytes {
+                Some(b)
+                    if text(&same) == text(&old)
+                        && *new.handler.get_ref() == Handler::Ram
+                        && mapped(&new_maps, name) =>
+                {
+                    grown.push((name.clone(), b));
+                    false
+                }
+                _ => true,
+            }
+        });
+        for (name, bytes) in &grown {
+            let dev = lock(&self.devices)
+                .get(name)
+                .cloned()
+                .ok_or_else(|| AdminError::NoDevice(name.clone()))?;
+            let bs = u64::from(dev.block_size());
+            let was = dev.blocks() * bs;
+            if *bytes == 0 || bytes % bs != 0 {
+                return Err(AdminError::NotBlockMultiple {
+                    device: name.clone(),
+                    bytes: *bytes,
+                    block_size: bs,
+                });
+            }
+            if *bytes < was {
+                return Err(AdminError::Shrink {
+                    device: name.clone(),
+                    was,
+                    bytes: *bytes,
+                });
+            }
+        }
         if let Some(d) = changed
             .iter()
             .find(|d| mapped(&old_maps, d) || mapped(&new_maps, d))
@@ -119,6 +169,36 @@ impl Daemon {
             .map(|d| d.name.get_ref().clone())
             .collect();
         devices.retain(|name, _| kept.contains(name));
+        // Grown devices, through a LUN that maps them now.
+        let mut resized = Vec::new();
+        let mut capacity_told = 0;
+        for (name, bytes) in &grown {
+            let Some(dev) = devices.get(name).cloned() else {
+                continue;
+            };
+            let bs = u64::from(dev.block_size());
+            let was = dev.blocks() * bs;
+            if *bytes == was {
+                continue;
+            }
+            let at = new_maps
+                .iter()
+                .find_map(|(g, m)| m.iter().find(|(_, d)| *d == name).map(|(n, _)| (g, *n)));
+            if let Some((group, n)) = at {
+                self.scsi
+                    .resize(group.as_deref(), lun(n)?, bytes / bs)
+                    .map_err(|source| AdminError::Resize {
+                        device: name.clone(),
+                        source,
+                    })?;
+                capacity_told += self
+                    .targets
+                    .iter()
+                    .map(|t| t.port.capacity_changed(&dev))
+                    .sum::<usize>();
+                resized.push(json!({ "device": name, "size": bytes, "was": was }));
+            }
+        }
         drop(devices);
         // Target parameters: only `enabled` changes live, per target; a
         // target added or removed needs a restart.
@@ -164,7 +244,8 @@ impl Daemon {
         };
         Ok(json!({
             "lun_map_changes": lun_changes,
-            "aer_sent": told,
+            "resized": resized,
+            "aer_sent": told + capacity_told,
             // One target: its state, as before several were possible.
             "enabled": if enabled.len() == 1 { json!(enabled[0]) } else { json!(enabled) },
             "needs_restart": restart,
