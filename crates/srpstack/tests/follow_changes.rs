@@ -12,7 +12,7 @@
 
 mod common;
 
-use common::{srp, text, Proc};
+use common::{srp, text};
 use rdma_testkit::need;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
@@ -93,22 +93,9 @@ fn lun_files_follow_add_resize_and_remove_while_fio_verifies_lun0() {
         ),
     )
     .unwrap();
-    let target = Proc::start(
-        "srptd",
-        Command::new(common::srptd_bin()).arg("--config").arg(&cfg),
-    );
-    target.wait_line("listening on", 20);
+    let target = common::start_srptd(&cfg);
     let sock = dir.join("srpd.sock");
-    let srpd = Proc::start(
-        "srpd",
-        Command::new(common::srpd_bin())
-            .args(["--ip", "127.0.102.2"])
-            .arg("--mount-root")
-            .arg(&root)
-            .arg("--control-socket")
-            .arg(&sock),
-    );
-    srpd.wait_line("srpd: ready on", 20);
+    let srpd = common::start_srpd("127.0.102.2", &root, &sock, &[]);
     let login = srp(&sock, &["login", TARGET, "--name", "t"]);
     assert!(login.status.success(), "{}", text(&login));
     let lun0 = root.join("t/lun0");

@@ -54,23 +54,9 @@ fn srpd_logs_in_by_login_string_and_shows_luns_as_files() {
         ),
     )
     .unwrap();
-    let _target = Proc::start(
-        "srptd",
-        Command::new(common::srptd_bin()).arg("--config").arg(&cfg),
-    );
-    _target.wait_line("listening on", 20);
-
+    let _target = common::start_srptd(&cfg);
     let sock = dir.join("srpd.sock");
-    let mut srpd = Proc::start(
-        "srpd",
-        Command::new(common::srpd_bin())
-            .args(["--ip", "127.0.94.2", "--reconnect-delay", "1"])
-            .arg("--mount-root")
-            .arg(&root)
-            .arg("--control-socket")
-            .arg(&sock),
-    );
-    srpd.wait_line("srpd: ready on", 20);
+    let mut srpd = common::start_srpd("127.0.94.2", &root, &sock, &["--reconnect-delay", "1"]);
 
     // Refusals, each with its reason.
     let bad = srp(

@@ -189,6 +189,32 @@ pub fn ibsm_bin() -> std::path::PathBuf {
     bin_of("ibsm")
 }
 
+/// `srptd --config cfg`, once it listens.
+#[allow(dead_code)]
+pub fn start_srptd(cfg: &std::path::Path) -> Proc {
+    let p = Proc::start("srptd", Command::new(srptd_bin()).arg("--config").arg(cfg));
+    p.wait_line("listening on", 20);
+    p
+}
+
+/// `srpd` on `ip` with its LUN files under `root` and its control socket
+/// at `sock` (and `more` arguments), once it is ready.
+#[allow(dead_code)]
+pub fn start_srpd(ip: &str, root: &std::path::Path, sock: &std::path::Path, more: &[&str]) -> Proc {
+    let p = Proc::start(
+        "srpd",
+        Command::new(srpd_bin())
+            .args(["--ip", ip])
+            .args(more)
+            .arg("--mount-root")
+            .arg(root)
+            .arg("--control-socket")
+            .arg(sock),
+    );
+    p.wait_line("srpd: ready on", 20);
+    p
+}
+
 /// The GID of an IP address in hex, as login strings write `dgid=`.
 #[allow(dead_code)]
 pub fn gid_hex(ip: std::net::IpAddr) -> String {
