@@ -65,7 +65,10 @@ fn the_readme_commands_run_as_written() {
     let (ok, out) = adm(&["add-lun", "1", "extra"]);
     assert!(ok, "{out}");
     let (ok, out) = adm(&["resize", "extra", "128M"]);
-    assert!(ok && out.contains("134217728"), "{out}");
+    assert!(
+        ok && out.contains("resized device extra from 64 MiB to 128 MiB"),
+        "{out}"
+    );
 
     // --dest without a port: srptd's default, 5555.
     let (ok, out) = srp(&["luns", "--dest", "127.0.201.1", "--ip", "127.0.201.3"]);
