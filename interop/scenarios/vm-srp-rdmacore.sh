@@ -43,7 +43,8 @@ host_main() {
   retry_if_not_up 300 "srp io (soft RoCE) to srptd on rxe0" "$SRP_NOT_UP" "$RUN_DIR/host-io.txt" \
     ns_run 120 "$SRP_CLI" io --dest 10.77.0.11:$SRP_PORT --ip 10.77.0.2 --mtu 1024 \
       --id-ext $A_GUID --ioc-guid $A_GUID --size 8M --region 4M --rw randrw || return 1
-  grep -q "verified [1-9][0-9.]* [KMGTPE]*i*B, 0 verify failures, 0 I/O errors" "$RUN_DIR/host-io.txt" ||
+  grep -q "verified [1-9][0-9.]* [KMGTPE]*i*B" "$RUN_DIR/host-io.txt" &&
+    grep -q " 0 verify failures, 0 I/O errors" "$RUN_DIR/host-io.txt" ||
     { host_fail "srp io from our soft RoCE NIC to srptd on rxe0 did not verify"; return 1; }
   echo "our soft RoCE initiator: verified I/O against srptd on the rdma-core provider"
 }
