@@ -29,20 +29,31 @@ host_main() {
 # srptd_target: srptd on this VM's address (rxe taken away first) with a
 # 16 MiB RAM LUN; "ready" goes to b's READY_PORT (default 7002); waits
 # DONE_TIMEOUT (default 900) s for b's "done". SRPTD_FAULTS, if set, is
-# srptd's SOFTROCE_FAULTS spec.
+# srptd's SOFTROCE_FAULTS spec. With SRPTD_DEVICE (rxe0) srptd runs on
+# that device through our rdma-core provider instead (rxe stays; the
+# target port ID is the device's node GUID).
 srptd_target() {
-  local ip guid_b
+  local ip guid_b where tgt_guid
   ip=$(my_ip)
-  # Our NIC takes the RoCE port: take rxe away first.
-  rdma link delete rxe0 2>/dev/null || true
-  modprobe -r rdma_rxe 2>/dev/null || true
-  SOFTROCE_FAULTS=${SRPTD_FAULTS:-} /interop/bin/srptd --ip "$ip" --ram-mib 16 --rdma-cm-port $SRP_PORT \
+  if [ -n "${SRPTD_DEVICE:-}" ]; then
+    wait_until 60 "$SRPTD_DEVICE port ACTIVE" grep -q ACTIVE /sys/class/infiniband/$SRPTD_DEVICE/ports/1/state
+    where="--device $SRPTD_DEVICE"
+    tgt_guid=$(tr -d : </sys/class/infiniband/$SRPTD_DEVICE/node_guid)
+  else
+    # Our NIC takes the RoCE port: take rxe away first.
+    rdma link delete rxe0 2>/dev/null || true
+    modprobe -r rdma_rxe 2>/dev/null || true
+    where="--ip $ip"
+    tgt_guid=$(our_guid "$ip")
+  fi
+  # shellcheck disable=SC2086
+  SOFTROCE_FAULTS=${SRPTD_FAULTS:-} /interop/bin/srptd $where --ram-mib 16 --rdma-cm-port $SRP_PORT \
     --control-socket /tmp/srptd.sock >/tmp/srptd.log 2>&1 &
   wait_until 30 "srptd to listen" grep -q "listening on" /tmp/srptd.log
   step "$(head -1 /tmp/srptd.log)${SRPTD_FAULTS:+ (SOFTROCE_FAULTS=$SRPTD_FAULTS)}"
   guid_b=$(msg_recv 7001 600)
   [[ $guid_b =~ ^[0-9a-f]{16}$ ]] || fail "bad initiator GUID message '$guid_b'"
-  msg_send "$(host_ip b)" "${READY_PORT:-7002}" 300 "ready $(our_guid "$ip")"
+  msg_send "$(host_ip b)" "${READY_PORT:-7002}" 300 "ready $tgt_guid"
   step "srptd ready, waiting for the initiator"
   local done_msg
   done_msg=$(msg_recv 7001 "${DONE_TIMEOUT:-900}")
