@@ -33,8 +33,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// QP states `rdma_init_qp_attr` is asked about.
-const RTR: u32 = 3;
-const RTS: u32 = 4;
+use crate::sys::raw::qp_state::{RTR, RTS};
 
 /// READs each way a connection offers at most (this crate's CM agent
 /// offers the same).
@@ -90,6 +89,10 @@ struct St {
 
 struct Inner {
     ch: Arc<Channel>,
+    /// The provider, told when the kernel removes the device.
+    core: std::sync::Weak<crate::RdmaCore>,
+    /// The removal was passed on to the provider.
+    removal_told: std::sync::atomic::AtomicBool,
     ca: Guid,
     device: String,
     addrs: Vec<IpAddr>,
@@ -133,6 +136,9 @@ impl Inner {
     fn dispatch(self: &Arc<Self>, ev: Event) {
         if ev.kind == event::CONNECT_REQUEST {
             return self.request(ev);
+        }
+        if ev.kind == event::DEVICE_REMOVAL {
+            self.tell_removal();
         }
         let mut st = self.lock();
         let Some(entry) = st.ids.get_mut(&ev.id) else {
@@ -181,11 +187,39 @@ impl Inner {
                 let entry = st.ids.remove(&ev.id);
                 drop(st);
                 self.gone.notify_all();
-                tracing::warn!(device = %self.device, "the device was removed: its RDMA CM listen ends");
                 drop(entry);
             }
             _ => {}
         }
+    }
+
+    /// The first DEVICE_REMOVAL of any id: the provider's opens of the
+    /// device hear `CaRemoval`, so their consumers let it go (the kernel
+    /// waits for that), while this service ends the ids themselves.
+    fn tell_removal(&self) {
+        use std::sync::atomic::Ordering;
+        if self.removal_told.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        tracing::warn!(device = %self.device, "the kernel is removing the device: its connections and listens end");
+        if let Some(core) = self.core.upgrade() {
+            core.device_removed(self.ca);
+        }
+        // librdmacm keeps a context of the device open for its ids until it
+        // sees the device gone from the list, which it looks at only when
+        // asked; the kernel takes it off the list once every RDMA CM id of
+        // it is destroyed, and then waits for that context too.
+        let (cma, guid, device) = (self.ch.cma().clone(), self.ca.0, self.device.clone());
+        let _ = std::thread::Builder::new()
+            .name(format!("rdmacm gone {device}"))
+            .spawn(move || {
+                let end = Instant::now() + Duration::from_secs(60);
+                while cma.lists(guid) && Instant::now() < end {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                cma.resync_devices();
+                tracing::debug!(%device, "librdmacm told the device is gone");
+            });
     }
 
     /// A CONNECT_REQUEST: the new id becomes a request for the listener.
@@ -356,7 +390,7 @@ impl RdmaCm {
     /// # Errors
     /// librdmacm is missing (one line naming the package), the CA has no
     /// address, or the event channel cannot be made.
-    pub fn start(core: &crate::RdmaCore, ca: Guid) -> Result<RdmaCm, CmStartError> {
+    pub fn start(core: &Arc<crate::RdmaCore>, ca: Guid) -> Result<RdmaCm, CmStartError> {
         RdmaCm::start_with(core, ca, LIBRDMACM)
     }
 
@@ -365,7 +399,7 @@ impl RdmaCm {
     /// # Errors
     /// As [`RdmaCm::start`].
     pub fn start_with(
-        core: &crate::RdmaCore,
+        core: &Arc<crate::RdmaCore>,
         ca: Guid,
         library: &str,
     ) -> Result<RdmaCm, CmStartError> {
@@ -379,6 +413,8 @@ impl RdmaCm {
         let waker = sys::Waker::new().map_err(|e| CmStartError::Channel(e.to_string()))?;
         let inner = Arc::new(Inner {
             ch,
+            core: Arc::downgrade(core),
+            removal_told: std::sync::atomic::AtomicBool::new(false),
             ca,
             device,
             addrs,
@@ -405,6 +441,13 @@ impl RdmaCm {
     /// The addresses it listens on and connects from.
     pub fn addresses(&self) -> &[IpAddr] {
         &self.inner.addrs
+    }
+
+    /// Whether the kernel removed the device (its ids ended then).
+    pub fn is_removed(&self) -> bool {
+        self.inner
+            .removal_told
+            .load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Connections and listens it holds now (0 once everything ended).

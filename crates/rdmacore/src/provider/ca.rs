@@ -23,6 +23,12 @@ use verbs::{
 /// thread that waits on that context's descriptors.
 pub(crate) struct CaRt {
     pub(super) dev: Arc<sys::Device>,
+    /// The device's node GUID.
+    pub(super) guid: Guid,
+    /// Set when something other than the device told of its removal (the
+    /// kernel's RDMA CM, [`RdmaCore::device_removed`]); the event thread
+    /// delivers `CaRemoval` once.
+    pub(super) removal: AtomicBool,
     pub(super) handler: Arc<dyn EventHandler>,
     /// The consumer's context of the open (in `CaRemoval`).
     pub(super) ctx: Context,
@@ -153,6 +159,28 @@ fn limit(v: i32) -> u32 {
 }
 
 impl RdmaCore {
+    /// Device `guid` is going away, as the kernel's RDMA CM said
+    /// (`RDMA_CM_EVENT_DEVICE_REMOVAL`): Linux tells a verbs user nothing
+    /// itself when the driver cannot take its objects away (rxe), and
+    /// waits until every user closed the device. Every open of it gets
+    /// `CaRemoval` once, on its event thread, as a fatal device event
+    /// gives it, so consumers release their objects and close it.
+    pub fn device_removed(&self, guid: Guid) {
+        let rts: Vec<Arc<CaRt>> = self
+            .lock()
+            .objs
+            .iter()
+            .filter_map(|(_, o)| match o {
+                Obj::Ca { rt, .. } if rt.guid == guid => Some(rt.clone()),
+                _ => None,
+            })
+            .collect();
+        for rt in rts {
+            rt.removal.store(true, Ordering::Release);
+            rt.waker.wake();
+        }
+    }
+
     pub(super) fn open_ca(
         &self,
         guid: Guid,
@@ -171,6 +199,8 @@ impl RdmaCore {
             .map_err(|e| bad(format!("cannot make the event thread's eventfd: {e}")))?;
         let rt = Arc::new(CaRt {
             dev,
+            guid,
+            removal: AtomicBool::new(false),
             handler,
             ctx,
             handle: OnceLock::new(),

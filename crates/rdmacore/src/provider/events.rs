@@ -115,6 +115,16 @@ fn run(rt: &Arc<CaRt>, st: &Mutex<State>) {
         if ready[0] != Ready::No {
             rt.waker.drain();
         }
+        if rt.removal.swap(false, Ordering::AcqRel) {
+            on_async(
+                rt,
+                st,
+                AsyncEventInfo {
+                    kind: event::DEVICE_FATAL,
+                    element: Element::Device,
+                },
+            );
+        }
         match ready[1] {
             Ready::No => {}
             Ready::Readable => {
