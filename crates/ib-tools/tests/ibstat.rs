@@ -165,3 +165,32 @@ fn bad_input_is_refused_clearly() {
     assert!(err.contains("127.0.158.6"), "{err}");
     drop(sock);
 }
+
+/// With no soft RoCE CA asked for, ibstat lists rdma-core's devices; where
+/// there is none to list (no library, no RDMA in the kernel, no device),
+/// it says why in one line, and a device it does not know is named with
+/// those it knows.
+#[test]
+fn without_ip_it_lists_rdma_core_devices_or_says_why_not() {
+    let (ok, out, err) = ibstat(&[]);
+    if !ok {
+        let line = err.trim();
+        assert!(!line.contains('\n') && !line.contains("panicked"), "{err}");
+        assert!(
+            line.contains("apt-get install libibverbs1")
+                || line.contains("no RDMA in this kernel")
+                || line.contains("rdma-core lists no RDMA device"),
+            "{err}"
+        );
+    } else {
+        assert!(out.contains("CA '"), "{out}");
+    }
+    let (ok, _, err) = ibstat(&["--device", "nosuch9"]);
+    assert!(!ok);
+    assert!(
+        err.contains("no RDMA device named nosuch9")
+            || err.contains("no RDMA in this kernel")
+            || err.contains("apt-get install libibverbs1"),
+        "{err}"
+    );
+}

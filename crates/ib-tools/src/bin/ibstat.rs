@@ -6,7 +6,10 @@
 //! the `ib` personality the CA's SMA answers an SM (`ibsm run --node
 //! ADDR`) while the tool waits `--wait-active-ms` for it to activate the
 //! port; what the SM set (LID, SM LID, P_Keys, ARMED/ACTIVE, GUIDInfo) is
-//! then listed.
+//! then listed. `--device` lists rdma-core devices (real NICs, Linux
+//! rxe/siw) through the rdma-core provider beside them, and with neither
+//! option every device rdma-core finds is listed, as infiniband-diags'
+//! `ibstat` does.
 
 #![forbid(unsafe_code)]
 
@@ -35,12 +38,16 @@ enum Fabric {
 #[command(
     name = "ibstat",
     version,
-    about = "List soft RoCE CAs and ports (ibstat / ibv_devinfo)"
+    about = "List soft RoCE CAs, rdma-core devices and their ports (ibstat / ibv_devinfo)"
 )]
 struct Cli {
-    /// Address of a CA to open and list (repeat for several).
-    #[arg(long, required = true)]
+    /// Address of a soft RoCE CA to open and list (repeat for several).
+    #[arg(long)]
     ip: Vec<IpAddr>,
+    /// An rdma-core device to list (rxe0, mlx5_0; repeat for several);
+    /// with neither --ip nor --device, every device rdma-core finds.
+    #[arg(long, value_name = "NAME")]
+    device: Vec<String>,
     /// Port personality.
     #[arg(long, value_enum, default_value = "roce")]
     fabric: Fabric,
@@ -63,7 +70,59 @@ impl verbs::EventHandler for Quiet {
     fn on_async_event(&self, _: verbs::AsyncEvent) {}
 }
 
+/// The rdma-core devices `names` asks for (all of them when `names` is
+/// empty), each listed through the rdma-core provider.
+fn rdma_core_cas(names: &[String]) -> Result<Vec<CaInfo>, String> {
+    let core = rdmacore::RdmaCore::new().map_err(|e| e.to_string())?;
+    let names: Vec<String> = if names.is_empty() {
+        core.devices()
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .map(|d| d.name)
+            .collect()
+    } else {
+        names.to_vec()
+    };
+    let mut out = Vec::new();
+    for name in names {
+        let guid = core.guid_of(&name).map_err(|e| e.to_string())?;
+        let dev = core
+            .open_ca(guid, 0, Arc::new(Quiet))
+            .map_err(|e| format!("open {name}: {e}"))?;
+        // The kernel runs its QP1 and the CM behind it.
+        let info = devinfo::query(core.as_ref(), dev, &name, "Ethernet", cap::IS_CM_SUPPORTED);
+        let _ = core.close_ca(dev);
+        out.push(info.map_err(|e| format!("query {name}: {e}"))?);
+    }
+    Ok(out)
+}
+
 fn run(cli: &Cli) -> Result<Vec<CaInfo>, String> {
+    if cli.ip.is_empty() || !cli.device.is_empty() {
+        let mut cas = rdma_core_cas(&cli.device).map_err(|e| {
+            if cli.ip.is_empty() {
+                format!("{e}; or give --ip ADDR to list a soft RoCE CA")
+            } else {
+                e
+            }
+        })?;
+        if cli.ip.is_empty() {
+            if cas.is_empty() {
+                return Err(
+                    "rdma-core lists no RDMA device here; give --ip ADDR to list a soft RoCE CA"
+                        .into(),
+                );
+            }
+            return Ok(cas);
+        }
+        cas.extend(soft_cas(cli)?);
+        return Ok(cas);
+    }
+    soft_cas(cli)
+}
+
+/// The soft RoCE CAs of `--ip`.
+fn soft_cas(cli: &Cli) -> Result<Vec<CaInfo>, String> {
     for (i, a) in cli.ip.iter().enumerate() {
         if cli.ip[..i].contains(a) {
             return Err(format!("--ip {a} is given twice"));
