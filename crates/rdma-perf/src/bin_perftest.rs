@@ -6,8 +6,9 @@
 #![forbid(unsafe_code)]
 
 use clap::Parser;
+use rdma_perf::device::{DeviceArgs, NicChoice};
 use rdma_perf::perftest::{run, AtomicOp, PerftestConfig, Verb, DEFAULT_PORT};
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::process::ExitCode;
 
 /// Tests compatible with perftest's ib_write_bw, ib_read_bw, ib_send_bw,
@@ -20,9 +21,13 @@ struct Cli {
     verb: Verb,
     /// Server to connect to; without it, wait for a client.
     server: Option<IpAddr>,
-    /// Our NIC's address (our GID is its IPv4-mapped form).
+    /// Our soft RoCE NIC's address (our GID is its IPv4-mapped form),
+    /// where a server listens. With --device: only where a server
+    /// listens [default: any].
     #[arg(long)]
-    bind: IpAddr,
+    bind: Option<IpAddr>,
+    #[command(flatten)]
+    device: DeviceArgs,
     /// TCP port of the exchange.
     #[arg(short = 'p', long, default_value_t = DEFAULT_PORT)]
     port: u16,
@@ -65,9 +70,6 @@ struct Cli {
     /// without it, the IPv4-mapped one, as perftest picks.
     #[arg(short = 'x', long = "gid-index")]
     gid_index: Option<u32>,
-    /// Device; the only one is softroce0.
-    #[arg(short = 'd', long = "ib-dev")]
-    device: Option<String>,
     /// Accepted for perftest compatibility (our clock is not the CPU's
     /// cycle counter, so CPU frequency does not matter).
     #[arg(short = 'F', long = "CPU-freq")]
@@ -92,8 +94,8 @@ fn main() -> ExitCode {
         );
         return ExitCode::FAILURE;
     };
-    let nic = match rnic::softroce::NicOptions::from_env() {
-        Ok(o) => o,
+    let nic = match NicChoice::from_args(&cli.device, cli.bind, "--bind", cli.udp_port, mtu) {
+        Ok(n) => n,
         Err(e) => {
             eprintln!("rperftest: {e}");
             return ExitCode::FAILURE;
@@ -103,10 +105,9 @@ fn main() -> ExitCode {
         verb: cli.verb,
         atomic: cli.atomic_type,
         latency: cli.lat,
-        bind: cli.bind,
+        bind: cli.bind.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED)),
         server: cli.server,
         port: cli.port,
-        udp_port: cli.udp_port,
         size: cli
             .size
             .unwrap_or(if cli.verb == Verb::Atomic { 8 } else { 65536 }),
@@ -121,7 +122,6 @@ fn main() -> ExitCode {
         mtu,
         outs: cli.outs,
         gid_index: cli.gid_index,
-        device: cli.device,
         report_gbits: cli.report_gbits,
         timeout: cli.timeout.max(std::time::Duration::from_secs(1)),
         nic,
@@ -151,5 +151,35 @@ fn main() -> ExitCode {
             eprintln!("rperftest: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_device_replaces_bind_and_takes_perftest_s_d() {
+        let c =
+            Cli::try_parse_from(["rperftest", "write", "10.0.0.1", "--device", "rxe0:2"]).unwrap();
+        assert_eq!(c.bind, None);
+        assert_eq!(
+            c.device.rdma_core().map(|d| (d.name.as_str(), d.port)),
+            Some(("rxe0", 2))
+        );
+        let c = Cli::try_parse_from(["rperftest", "read", "-d", "mlx5_0", "--bind", "10.0.0.2"])
+            .unwrap();
+        assert_eq!(c.device.rdma_core().map(|d| d.port), Some(1));
+        assert_eq!(c.bind, Some("10.0.0.2".parse().unwrap()));
+        let c = Cli::try_parse_from([
+            "rperftest",
+            "send",
+            "--ib-dev",
+            "softroce0",
+            "--bind",
+            "127.0.0.1",
+        ])
+        .unwrap();
+        assert!(c.device.rdma_core().is_none());
     }
 }

@@ -6,6 +6,7 @@
 #![forbid(unsafe_code)]
 
 use clap::Parser;
+use rdma_perf::device::{DeviceArgs, NicChoice};
 use rdma_perf::rping::{run, RpingConfig, MIN_SIZE, RPING_PORT};
 use std::net::IpAddr;
 use std::process::ExitCode;
@@ -14,7 +15,7 @@ use std::process::ExitCode;
 #[command(
     name = "rrping",
     version,
-    about = "rping over the soft RoCE NIC",
+    about = "rping over the soft RoCE NIC or an rdma-core device",
     disable_version_flag = true
 )]
 struct Args {
@@ -27,12 +28,16 @@ struct Args {
     /// Client.
     #[arg(short = 'c')]
     client: bool,
-    /// Server address (the address a server listens on).
+    /// Server address (the address a server listens on; with --device,
+    /// a server listens on all of the device's).
     #[arg(short = 'a')]
     addr: IpAddr,
-    /// Client: our own address.
+    /// Client: our own address (with --device, one of the device's
+    /// [default: its first]).
     #[arg(short = 'I')]
     source: Option<IpAddr>,
+    #[command(flatten)]
+    device: DeviceArgs,
     /// RDMA CM port.
     #[arg(short = 'p', default_value_t = RPING_PORT)]
     port: u16,
@@ -78,19 +83,19 @@ fn main() -> ExitCode {
         );
         return ExitCode::FAILURE;
     };
-    let (local, peer) = if a.server {
-        (a.addr, None)
+    // Our soft RoCE NIC is at the server's address (server) or ours
+    // (client).
+    let (ip, what, peer) = if a.server {
+        (Some(a.addr), "-a", None)
     } else {
-        match a.source {
-            Some(s) => (s, Some(a.addr)),
-            None => {
-                eprintln!("rrping: a client needs -I <our address> (each node binds its own)");
-                return ExitCode::FAILURE;
-            }
-        }
+        (
+            a.source,
+            "-I <our address> (each node binds its own)",
+            Some(a.addr),
+        )
     };
-    let nic = match rnic::softroce::NicOptions::from_env() {
-        Ok(o) => o,
+    let nic = match NicChoice::from_args(&a.device, ip, what, a.udp_port, mtu) {
+        Ok(n) => n,
         Err(e) => {
             eprintln!("rrping: {e}");
             return ExitCode::FAILURE;
@@ -98,15 +103,13 @@ fn main() -> ExitCode {
     };
     let cfg = RpingConfig {
         server: a.server,
-        local,
+        local: if a.server { None } else { a.source },
         peer,
         port: a.port,
-        udp_port: a.udp_port,
         count: a.count,
         size: a.size,
         verbose: a.verbose,
         validate: a.validate,
-        mtu,
         idle_timeout: a.timeout.max(std::time::Duration::from_secs(1)),
         nic,
     };

@@ -34,6 +34,7 @@
 
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+pub mod device;
 pub mod perftest;
 pub mod pingpong;
 pub mod rping;

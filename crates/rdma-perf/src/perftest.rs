@@ -78,7 +78,7 @@ pub mod atomic;
 
 pub use atomic::AtomicOp;
 use atomic::{AtomicModel, ATOMIC_SIZE};
-use rdma_types::{AccessFlags, Gid, Guid, Mtu, PortNum, Psn, QpState, Qpn, Rkey, WcStatus};
+use rdma_types::{AccessFlags, Gid, Mtu, Psn, QpState, Qpn, Rkey, WcStatus};
 
 mod exchange;
 mod nic;
@@ -176,6 +176,8 @@ pub enum PerftestError {
     Transfer(String),
     /// Data differed from what was expected.
     Verify(String),
+    /// The NIC could not be opened.
+    Device(crate::device::NicError),
 }
 
 impl std::fmt::Display for PerftestError {
@@ -187,6 +189,7 @@ impl std::fmt::Display for PerftestError {
             PerftestError::Setup(s) => write!(f, "NIC setup failed: {s}"),
             PerftestError::Transfer(s) => write!(f, "transfer failed: {s}"),
             PerftestError::Verify(s) => write!(f, "data verification failed: {s}"),
+            PerftestError::Device(e) => write!(f, "{e}"),
         }
     }
 }
@@ -321,14 +324,12 @@ pub struct PerftestConfig {
     pub atomic: AtomicOp,
     /// Measure latency (ib_atomic_lat) instead of bandwidth; atomics only.
     pub latency: bool,
-    /// Our NIC's address (our GID is its IPv4-mapped form).
+    /// The address a server listens on (TCP).
     pub bind: IpAddr,
     /// The server to connect to; `None` serves.
     pub server: Option<IpAddr>,
     /// TCP port of the exchange.
     pub port: u16,
-    /// RoCEv2 UDP port.
-    pub udp_port: u16,
     /// Message size (`-s`).
     pub size: usize,
     /// Messages (`-n`; at most, with `duration`).
@@ -347,19 +348,13 @@ pub struct PerftestConfig {
     pub outs: Option<u8>,
     /// GID index (`-x`); `None` takes the best (the IPv4-mapped one).
     pub gid_index: Option<u32>,
-    /// Device (`-d`); must name ours if given.
-    pub device: Option<String>,
     /// Report Gb/s instead of MB/s.
     pub report_gbits: bool,
     /// Give up when the peer or the transfer is silent this long.
     pub timeout: Duration,
-    /// Our soft RoCE NIC's options (`rperftest` maps the environment onto
-    /// them: [`rnic::softroce::NicOptions::from_env`]).
-    pub nic: rnic::softroce::NicOptions,
+    /// The NIC: our soft RoCE NIC, or an rdma-core device's port (`-d`).
+    pub nic: crate::device::NicChoice,
 }
-
-/// Our one device's name, as `-d` takes it.
-pub const DEVICE_NAME: &str = "softroce0";
 
 /// What a run did.
 #[derive(Debug, Clone)]
@@ -458,14 +453,6 @@ impl PerftestConfig {
                 self.rx_depth
             )));
         }
-        if let Some(d) = &self.device {
-            if d != DEVICE_NAME {
-                return Err(PerftestError::Usage(format!(
-                    "no device {d:?}; the only one is {DEVICE_NAME} (the soft RoCE NIC at {})",
-                    self.bind
-                )));
-            }
-        }
         Ok(())
     }
 }
@@ -477,6 +464,9 @@ impl PerftestConfig {
 /// data.
 pub fn run(cfg: &PerftestConfig) -> Result<PerftestReport, PerftestError> {
     cfg.validate()?;
+    // Before the peer is waited for: a missing library or device is
+    // said at once.
+    let dev = crate::device::Nic::open(&cfg.nic).map_err(PerftestError::Device)?;
     let client = cfg.server.is_some();
     let stream = if let Some(server) = cfg.server {
         let to = SocketAddr::new(server, cfg.port);
@@ -507,6 +497,7 @@ pub fn run(cfg: &PerftestConfig) -> Result<PerftestReport, PerftestError> {
             cache_line: CACHE_LINE,
         },
         mtu: cfg.mtu,
+        dev: Some(dev),
         nic: None,
         mine: None,
         peer: None,
@@ -519,7 +510,7 @@ pub fn run(cfg: &PerftestConfig) -> Result<PerftestReport, PerftestError> {
     let result = script(cfg.verb, cfg.latency, client)
         .iter()
         .try_for_each(|&step| s.step(step));
-    let counters = s.nic.as_ref().and_then(|n| n.soft.counters(n.guid));
+    let counters = s.nic.as_ref().and_then(|n| n.dev.soft_counters());
     if let Some(n) = s.nic.take() {
         n.close();
     }
@@ -799,7 +790,6 @@ mod tests {
             bind: "127.0.0.1".parse().unwrap(),
             server: None,
             port: DEFAULT_PORT,
-            udp_port: 4791,
             size: 8,
             iters: 1000,
             duration: None,
@@ -808,10 +798,14 @@ mod tests {
             mtu: Mtu::Mtu1024,
             outs: None,
             gid_index: None,
-            device: None,
             report_gbits: false,
             timeout: Duration::from_secs(1),
-            nic: rnic::softroce::NicOptions::default(),
+            nic: crate::device::NicChoice::Soft {
+                ip: "127.0.0.1".parse().unwrap(),
+                udp_port: 4791,
+                mtu: Mtu::Mtu1024,
+                opts: rnic::softroce::NicOptions::default(),
+            },
         }
     }
 

@@ -13,14 +13,14 @@
 //!   with source (`-V`).
 //! - The client disconnects after `-C` pings; the server ends with it.
 
-use rdma_access::{rdmacm, CmAgent};
-use rdma_types::{AccessFlags, Gid, Guid, Mtu, PortNum, Psn, QpState, Qpn, WcStatus};
-use std::net::IpAddr;
+use crate::device::{Nic, NicChoice, NicError};
+use rdma_types::{AccessFlags, Gid, Mtu, Psn, QpState, Qpn, WcStatus};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use verbs::{
-    AhAttr, CqInit, MemBuf, Provider, QpAttr, QpInit, RecvWr, RemoteAddr, SendOpcode, SendWr, Sge,
+    CqInit, MemBuf, Provider, QpAttr, QpInit, RecvWr, RemoteAddr, SendOpcode, SendWr, Sge,
     WorkCompletion,
 };
 
@@ -34,14 +34,13 @@ pub const MIN_SIZE: usize = 16;
 pub struct RpingConfig {
     /// Serve (`-s`) instead of connecting (`-c`).
     pub server: bool,
-    /// Our NIC's address.
-    pub local: IpAddr,
+    /// Client: the address to connect from; `None`: the NIC's first
+    /// (IPv4 first). A server listens on all of the NIC's.
+    pub local: Option<IpAddr>,
     /// The server's address (client only).
     pub peer: Option<IpAddr>,
     /// RDMA CM port.
     pub port: u16,
-    /// RoCEv2 UDP port.
-    pub udp_port: u16,
     /// Pings (`-C`); the server stops when the client leaves.
     pub count: u64,
     /// Buffer size (`-S`).
@@ -50,13 +49,12 @@ pub struct RpingConfig {
     pub verbose: bool,
     /// Compare what came back (`-V`).
     pub validate: bool,
-    /// Path MTU.
-    pub mtu: Mtu,
     /// Give up when nothing happens for this long.
     pub idle_timeout: Duration,
-    /// Our soft RoCE NIC's options (`rrping` maps the environment onto
-    /// them: [`rnic::softroce::NicOptions::from_env`]).
-    pub nic: rnic::softroce::NicOptions,
+    /// The NIC: our soft RoCE NIC (whose MTU is the path MTU's bound),
+    /// or an rdma-core device's port, where the kernel's RDMA CM
+    /// connects.
+    pub nic: NicChoice,
 }
 
 /// What a run did.
@@ -107,11 +105,20 @@ pub fn parse_info(m: &[u8]) -> Option<(u64, u32, u32)> {
 pub enum RpingError {
     #[error("size {0} is below rping's minimum of {MIN_SIZE}")]
     TooSmall(usize),
-    #[error("start the CM agent on {ip}: {source}")]
-    CmAgent {
-        ip: IpAddr,
+    /// Opening the NIC or starting RDMA CM on it.
+    #[error(transparent)]
+    Nic(#[from] NicError),
+    #[error("listen on port {port}: {source}")]
+    Listen {
+        port: u16,
         #[source]
         source: rdma_access::CmError,
+    },
+    #[error("{src} is not an address of {nic} (it has {have:?})")]
+    NotOurs {
+        src: IpAddr,
+        nic: String,
+        have: Vec<IpAddr>,
     },
     /// Opening the NIC or making a verbs object.
     #[error(transparent)]
@@ -274,26 +281,10 @@ pub fn run(cfg: &RpingConfig) -> Result<RpingReport, RpingError> {
     if cfg.size < MIN_SIZE {
         return Err(RpingError::TooSmall(cfg.size));
     }
-    let guid = Guid(0x0002_c903_00c0_0001);
-    let provider = rnic::softroce::SoftRoce::with_options(
-        vec![rnic::softroce::SoftCa {
-            guid,
-            ip: cfg.local,
-        }],
-        cfg.udp_port,
-        cfg.mtu,
-        cfg.nic.clone(),
-    );
-    let agent =
-        CmAgent::start(provider.clone(), guid, std::process::id() << 8).map_err(|source| {
-            RpingError::CmAgent {
-                ip: cfg.local,
-                source,
-            }
-        })?;
-    let p: Arc<dyn Provider> = provider;
-    let ca = p.open_ca(guid, 0, Arc::new(verbs::IgnoreEvents))?;
-    let pd = p.alloc_pd(ca, 0)?;
+    let nic = Nic::open(&cfg.nic)?;
+    let (cm, addrs) = nic.rdma_cm(std::process::id() << 8)?;
+    let p = nic.provider().clone();
+    let pd = p.alloc_pd(nic.ca(), 0)?;
     let cq = p.create_cq(pd, &CqInit { cqe: 64 }, 0)?;
     let qp = p.create_qp(pd, &QpInit::rc(cq, 16, 4), 0)?;
     let mem = MemBuf::new(RDMA + 2 * cfg.size);
@@ -309,7 +300,7 @@ pub fn run(cfg: &RpingConfig) -> Result<RpingReport, RpingError> {
         qp,
         &QpAttr {
             state: Some(QpState::Init),
-            port: Some(PortNum(1)),
+            port: Some(nic.port()),
             pkey_index: Some(0),
             access: Some(AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE),
             ..Default::default()
@@ -331,23 +322,20 @@ pub fn run(cfg: &RpingConfig) -> Result<RpingReport, RpingError> {
         gone: gone.clone(),
     };
     link.post_recv()?;
-    let to_rtr_rts = |peer: Gid, remote_qpn: Qpn, remote_psn: Psn, mtu: Mtu| {
-        let mtu = if mtu.bytes() < cfg.mtu.bytes() {
-            mtu
-        } else {
-            cfg.mtu
-        };
+    // `rq_psn`: ours, unless the CM chose it (the kernel's announces its
+    // own).
+    let to_rtr_rts = |peer: Gid, remote_qpn: Qpn, remote_psn: Psn, rq_psn: Psn, mtu: Mtu| {
         p.modify_qp(
             qp,
             &QpAttr {
                 state: Some(QpState::Rtr),
-                av: Some(AhAttr::roce(peer)),
-                path_mtu: Some(mtu),
+                av: Some(nic.av(peer)),
+                path_mtu: Some(nic.path_mtu(mtu)),
                 dest_qpn: Some(remote_qpn),
                 // A CM starting PSN is the first PSN its sender expects to
                 // receive (IBA 12.7.25): ours is our receive PSN, the
                 // peer's our send PSN.
-                rq_psn: Some(psn),
+                rq_psn: Some(rq_psn),
                 max_dest_rd_atomic: Some(16),
                 min_rnr_timer: Some(12),
                 ..Default::default()
@@ -370,45 +358,61 @@ pub fn run(cfg: &RpingConfig) -> Result<RpingReport, RpingError> {
         .map_err(RpingError::ConnectQp)
     };
     let g = gone.clone();
-    agent.on_disconnect(move |_| g.store(true, Ordering::SeqCst));
+    cm.on_disconnect(Arc::new(move |_| g.store(true, Ordering::SeqCst)));
     let report = if cfg.server {
-        let requests = rdmacm::listen(&agent, cfg.port);
-        println!("rrping: server listening on {}:{}", cfg.local, cfg.port);
-        let inc = requests
+        let requests = cm.listen(cfg.port).map_err(|source| RpingError::Listen {
+            port: cfg.port,
+            source,
+        })?;
+        let at: Vec<String> = addrs.iter().map(|a| a.to_string()).collect();
+        println!(
+            "rrping: server listening on {}:{} ({})",
+            at.join(", "),
+            cfg.port,
+            nic.name()
+        );
+        let _ = std::io::Write::flush(&mut std::io::stdout());
+        let req = requests
             .recv_timeout(cfg.idle_timeout)
-            .map_err(|_| RpingError::NoClient)?;
-        let req = rdmacm::decode(inc).map_err(|(_, e)| RpingError::BadRequest(e.0))?;
-        let i = &req.incoming;
-        to_rtr_rts(i.peer, i.remote_qpn, i.remote_psn, i.mtu)?;
-        if !i.accept(qpn, psn, Vec::new()) {
+            .map_err(|_| RpingError::NoClient)?
+            .map_err(|e| RpingError::BadRequest(e.0))?;
+        to_rtr_rts(
+            req.peer,
+            req.remote_qpn,
+            req.remote_psn,
+            req.local_psn.unwrap_or(psn),
+            req.mtu,
+        )?;
+        if !req.accept(qpn, psn, Vec::new()) {
             return Err(RpingError::AcceptLost);
         }
         serve(&link, cfg)?
     } else {
         let peer = cfg.peer.ok_or(RpingError::NoPeer)?;
-        let est = rdmacm::connect(
-            &agent,
-            cfg.local,
-            peer,
-            cfg.port,
-            qpn,
-            psn,
-            &[],
-            cfg.idle_timeout,
-        )
-        .map_err(|source| RpingError::Connect {
-            peer,
-            port: cfg.port,
-            source,
-        })?;
+        let src = source(cfg.local, &addrs, nic.name())?;
+        let est = cm
+            .connect(
+                src,
+                SocketAddr::new(peer, cfg.port),
+                qpn,
+                psn,
+                &[],
+                cfg.idle_timeout,
+            )
+            .map_err(|source| RpingError::Connect {
+                peer,
+                port: cfg.port,
+                source,
+            })?;
         to_rtr_rts(
             Gid::from_ip(peer),
             est.remote_qpn,
             est.remote_psn,
-            agent.mtu(),
+            est.local_psn.unwrap_or(psn),
+            nic.port_attr().active_mtu,
         )?;
         let r = ping(&link, cfg);
-        agent.disconnect_wait(est.conn, Duration::from_secs(2));
+        cm.disconnect_wait(est.conn, Duration::from_secs(2));
         r?
     };
     drop(link);
@@ -416,8 +420,27 @@ pub fn run(cfg: &RpingConfig) -> Result<RpingReport, RpingError> {
     let _ = p.dereg_mr(mr.handle);
     let _ = p.destroy_cq(cq);
     let _ = p.dealloc_pd(pd);
-    let _ = p.close_ca(ca);
     Ok(report)
+}
+
+/// The client's source address: `asked` if the NIC has it, else the
+/// NIC's first IPv4 address (or first of any).
+fn source(asked: Option<IpAddr>, have: &[IpAddr], nic: &str) -> Result<IpAddr, RpingError> {
+    let not_ours = |src| RpingError::NotOurs {
+        src,
+        nic: nic.to_string(),
+        have: have.to_vec(),
+    };
+    match asked {
+        Some(a) if have.contains(&a) => Ok(a),
+        Some(a) => Err(not_ours(a)),
+        None => have
+            .iter()
+            .find(|a| a.is_ipv4())
+            .or(have.first())
+            .copied()
+            .ok_or(not_ours(IpAddr::from([0, 0, 0, 0]))),
+    }
 }
 
 fn text(b: &[u8]) -> String {

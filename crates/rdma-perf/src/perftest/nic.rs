@@ -43,7 +43,6 @@ impl Link {
 /// The verbs objects of one test.
 pub(super) struct Nic {
     pub(super) p: Arc<dyn Provider>,
-    pub(super) ca: verbs::CaHandle,
     pub(super) pd: verbs::PdHandle,
     pub(super) cq: verbs::CqHandle,
     pub(super) qp: verbs::QpHandle,
@@ -53,13 +52,16 @@ pub(super) struct Nic {
     pub(super) half: usize,
     pub(super) out_reads: u8,
     pub(super) gid: Gid,
-    pub(super) soft: Arc<rnic::softroce::SoftRoce>,
-    pub(super) guid: Guid,
+    /// `gid`'s index in our port's table.
+    pub(super) sgid_index: u8,
+    /// The CA and port, closed after the objects on it.
+    pub(super) dev: crate::device::Nic,
 }
 
 impl Nic {
     pub(super) fn open(
         cfg: &PerftestConfig,
+        dev: crate::device::Nic,
         sys: SysData,
         target: usize,
     ) -> Result<Nic, PerftestError> {
@@ -67,26 +69,17 @@ impl Nic {
             let what = what.to_string();
             move |err: verbs::VerbsError| PerftestError::Setup(format!("{what}: {err}"))
         };
-        let guid = Guid(0x0002_c903_00d0_0001);
-        let provider = rnic::softroce::SoftRoce::with_options(
-            vec![rnic::softroce::SoftCa { guid, ip: cfg.bind }],
-            cfg.udp_port,
-            cfg.mtu,
-            cfg.nic.clone(),
-        );
-        let p: Arc<dyn Provider> = provider.clone();
-        let ca = p
-            .open_ca(guid, 0, Arc::new(verbs::IgnoreEvents))
-            .map_err(e(&format!("open the NIC at {}", cfg.bind)))?;
+        let p = dev.provider().clone();
+        let ca = dev.ca();
         let attr = p.query_ca(ca).map_err(e("query the CA"))?;
         if cfg.verb == Verb::Atomic && !attr.atomics {
             return Err(PerftestError::Setup(
                 "the NIC does not support atomics".into(),
             ));
         }
-        let port = p.query_port(ca, PortNum(1)).map_err(e("query port 1"))?;
-        let gid = match cfg.gid_index {
-            Some(i) => *port.gids.get(i as usize).ok_or_else(|| {
+        let port = dev.port_attr();
+        let (sgid_index, gid) = match cfg.gid_index {
+            Some(i) => port.gids.get(i as usize).map(|g| (i, *g)).ok_or_else(|| {
                 PerftestError::Usage(format!(
                     "GID index {i} is not in our port's GID table ({} entr{}: {})",
                     port.gids.len(),
@@ -103,11 +96,13 @@ impl Nic {
             None => port
                 .gids
                 .iter()
-                .copied()
-                .find(|g| g.is_ipv4_mapped())
-                .or_else(|| port.gids.first().copied())
+                .position(|g| g.is_ipv4_mapped())
+                .or((!port.gids.is_empty()).then_some(0))
+                .map(|i| (i as u32, port.gids[i]))
                 .ok_or_else(|| PerftestError::Setup("our port has no GID".into()))?,
         };
+        let sgid_index = u8::try_from(sgid_index)
+            .map_err(|_| PerftestError::Usage(format!("GID index {sgid_index} is above 255")))?;
         let pd = p.alloc_pd(ca, 0).map_err(e("allocate a PD"))?;
         let depth = cfg.tx_depth.max(cfg.rx_depth);
         let cq = p
@@ -153,7 +148,6 @@ impl Nic {
         };
         Ok(Nic {
             p,
-            ca,
             pd,
             cq,
             qp,
@@ -162,8 +156,8 @@ impl Nic {
             half,
             out_reads,
             gid,
-            soft: provider,
-            guid,
+            sgid_index,
+            dev,
         })
     }
 
@@ -193,7 +187,7 @@ impl Nic {
             "INIT",
             QpAttr {
                 state: Some(QpState::Init),
-                port: Some(PortNum(1)),
+                port: Some(self.dev.port()),
                 pkey_index: Some(0),
                 access: Some(access),
                 ..Default::default()
@@ -203,7 +197,10 @@ impl Nic {
             "RTR",
             QpAttr {
                 state: Some(QpState::Rtr),
-                av: Some(AhAttr::roce(peer.gid)),
+                av: Some(AhAttr {
+                    sgid_index: self.sgid_index,
+                    ..self.dev.av(peer.gid)
+                }),
                 path_mtu: Some(mtu),
                 dest_qpn: Some(Qpn::from_bits(peer.qpn)),
                 rq_psn: Some(Psn::new(peer.psn)),
@@ -261,7 +258,7 @@ impl Nic {
         let _ = self.p.dereg_mr(self.mr.handle);
         let _ = self.p.destroy_cq(self.cq);
         let _ = self.p.dealloc_pd(self.pd);
-        let _ = self.p.close_ca(self.ca);
+        drop(self.dev);
     }
 }
 

@@ -52,6 +52,8 @@ pub(super) struct Session<'a> {
     pub(super) peer_version: Option<PeerVersion>,
     pub(super) sys: SysData,
     pub(super) mtu: Mtu,
+    /// The CA and port, until the NIC's objects are made on it.
+    pub(super) dev: Option<crate::device::Nic>,
     pub(super) nic: Option<Nic>,
     pub(super) mine: Option<Dest>,
     pub(super) peer: Option<Dest>,
@@ -100,8 +102,10 @@ impl Session<'_> {
                 self.sys = agree_sys(sys, four(c), four(l))?;
             }
             Step::Mtu => {
-                let theirs = self.link.swap(&mtu_field(cfg.mtu), 2, "MTUs")?;
-                self.mtu = agree_mtu(cfg.mtu, [theirs[0], theirs[1]]);
+                // Ours is at most our port's active MTU.
+                let ours = self.dev.as_ref().map_or(cfg.mtu, |d| d.path_mtu(cfg.mtu));
+                let theirs = self.link.swap(&mtu_field(ours), 2, "MTUs")?;
+                self.mtu = agree_mtu(ours, [theirs[0], theirs[1]]);
                 // Resources exist from here, sized for the agreed walk.
                 self.open_nic()?;
             }
@@ -205,7 +209,11 @@ impl Session<'_> {
         } else {
             0
         };
-        let n = Nic::open(cfg, self.sys, target)?;
+        let dev = self
+            .dev
+            .take()
+            .ok_or_else(|| bad("internal: the NIC was opened twice"))?;
+        let n = Nic::open(cfg, dev, self.sys, target)?;
         // Sources carry the pattern, a READ source too; a WRITE or SEND
         // target starts as canary.
         n.mem.write_at(0, &pattern(0, n.half));
@@ -238,8 +246,8 @@ impl Session<'_> {
         println!("{RESULT_LINE}");
         println!("                    {}", cfg.title());
         println!(
-            " Connection type : RC\t\tDevice         : {DEVICE_NAME} ({})",
-            cfg.bind
+            " Connection type : RC\t\tDevice         : {}",
+            need(&self.nic, "the NIC").map_or("?", |n| n.dev.name())
         );
         println!(
             " Mtu             : {}[B]\t\tTX depth       : {}",

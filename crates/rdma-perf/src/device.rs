@@ -1,0 +1,428 @@
+//! Which NIC a tool runs on: our soft RoCE NIC at an address (the
+//! default), or a port of an rdma-core device (`--device NAME[:PORT]`: a
+//! real RDMA NIC, or Linux's rxe or siw), through the same verbs.
+//!
+//! [`Nic::open`] makes the provider, opens the CA and checks the port is
+//! ACTIVE; the tools then make their PD, CQ, QP and MR on it as on any
+//! provider. [`Nic::rdma_cm`] is RDMA CM on that CA: our own CM agent on
+//! the soft NIC's QP1, the kernel's through librdmacm on an rdma-core
+//! device (where the kernel owns QP1), behind one
+//! [`rdma_access::rdmacm::Service`].
+//!
+//! libibverbs is loaded at run time: without rdma-core installed, the
+//! soft NIC works as before and `--device` fails with one line naming
+//! the package to install ([`rdmacore::LoadError`]).
+
+use rdma_access::rdmacm::Service;
+use rdma_types::{Guid, Mtu, PortNum};
+use rdmacore::DeviceSpec;
+use std::net::IpAddr;
+use std::sync::Arc;
+use verbs::{AhAttr, CaHandle, PortAttr, PortState, Provider};
+
+/// What `--device softroce0` names: our soft RoCE NIC, as without
+/// `--device` (perftest's `-d` takes a device name; this is ours).
+pub const SOFT_DEVICE: &str = "softroce0";
+
+/// `--device NAME[:PORT]`, the same on every tool of the crate.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct DeviceArgs {
+    /// Run on this rdma-core device (a real RDMA NIC, Linux rxe or siw)
+    /// instead of our soft RoCE NIC: NAME or NAME:PORT as `ibv_devices`
+    /// lists it (port 1 when none is named); `softroce0` is ours. Needs
+    /// rdma-core's libibverbs.
+    #[arg(
+        short = 'd',
+        long,
+        visible_alias = "ib-dev",
+        value_name = "NAME[:PORT]"
+    )]
+    pub device: Option<DeviceSpec>,
+}
+
+impl DeviceArgs {
+    /// The rdma-core device asked for; `None`: our soft RoCE NIC.
+    pub fn rdma_core(&self) -> Option<&DeviceSpec> {
+        self.device.as_ref().filter(|d| d.name != SOFT_DEVICE)
+    }
+}
+
+/// The NIC to open.
+#[derive(Debug, Clone)]
+pub enum NicChoice {
+    /// Our soft RoCE NIC, one CA at `ip` (its GID is the IPv4-mapped
+    /// form) sending RoCEv2 from UDP port `udp_port`.
+    Soft {
+        /// The CA's address.
+        ip: IpAddr,
+        /// RoCEv2 UDP port (4791 everywhere but in tests).
+        udp_port: u16,
+        /// The port's MTU.
+        mtu: Mtu,
+        /// The soft NIC's options (the tools map the environment onto
+        /// them: [`rnic::softroce::NicOptions::from_env`]).
+        opts: rnic::softroce::NicOptions,
+    },
+    /// A port of an rdma-core device.
+    RdmaCore(DeviceSpec),
+}
+
+impl NicChoice {
+    /// `--device` if it names an rdma-core device, else the soft NIC at
+    /// `ip` with the environment's options.
+    ///
+    /// # Errors
+    /// No `ip` for the soft NIC (`what` says which option gives it), or
+    /// an environment variable of [`rnic::softroce::NicOptions::from_env`]
+    /// that does not parse.
+    pub fn from_args(
+        dev: &DeviceArgs,
+        ip: Option<IpAddr>,
+        what: &str,
+        udp_port: u16,
+        mtu: Mtu,
+    ) -> Result<NicChoice, NicError> {
+        if let Some(spec) = dev.rdma_core() {
+            return Ok(NicChoice::RdmaCore(spec.clone()));
+        }
+        let ip = ip.ok_or_else(|| NicError::NoAddress(what.to_string()))?;
+        let opts = rnic::softroce::NicOptions::from_env()
+            .map_err(|e| NicError::Environment(e.to_string()))?;
+        Ok(NicChoice::Soft {
+            ip,
+            udp_port,
+            mtu,
+            opts,
+        })
+    }
+}
+
+/// Why a NIC could not be opened; each says what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum NicError {
+    /// The soft NIC needs an address and none was given.
+    #[error(
+        "our soft RoCE NIC needs an address: give {0} (or --device NAME for an rdma-core device)"
+    )]
+    NoAddress(String),
+    /// The soft NIC's environment variables.
+    #[error("{0}")]
+    Environment(String),
+    /// libibverbs is missing or unusable (one line naming the package).
+    #[error(transparent)]
+    Load(#[from] rdmacore::LoadError),
+    /// No such device, or no RDMA in this kernel.
+    #[error(transparent)]
+    Lookup(#[from] rdmacore::DeviceLookupError),
+    /// A verb of the setup failed.
+    #[error("{what} {device}: {source}")]
+    Verbs {
+        /// The step.
+        what: &'static str,
+        /// The device and port.
+        device: String,
+        /// The provider's error.
+        #[source]
+        source: verbs::VerbsError,
+    },
+    /// The port is not ACTIVE.
+    #[error(
+        "port {port} of {device} is {state:?}, not ACTIVE: is its link up \
+         (ip link; rdma link show)?"
+    )]
+    PortNotActive {
+        /// The device.
+        device: String,
+        /// The port.
+        port: u8,
+        /// Its state.
+        state: PortState,
+    },
+    /// RDMA CM could not start on the CA.
+    #[error("start RDMA CM on {device}: {reason}")]
+    Cm {
+        /// The device.
+        device: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+enum Kind {
+    Soft {
+        nic: Arc<rnic::softroce::SoftRoce>,
+        ip: IpAddr,
+    },
+    Core(Arc<rdmacore::RdmaCore>),
+}
+
+/// An open CA and port of the chosen NIC.
+pub struct Nic {
+    p: Arc<dyn Provider>,
+    ca: CaHandle,
+    guid: Guid,
+    port: PortNum,
+    attr: PortAttr,
+    name: String,
+    kind: Kind,
+}
+
+impl Nic {
+    /// Opens the NIC `choice` names: the CA, and its port, which must be
+    /// ACTIVE.
+    ///
+    /// # Errors
+    /// libibverbs missing, no such device, a port that is not ACTIVE, or
+    /// a verb that failed.
+    pub fn open(choice: &NicChoice) -> Result<Nic, NicError> {
+        match choice {
+            NicChoice::Soft {
+                ip,
+                udp_port,
+                mtu,
+                opts,
+            } => {
+                let guid = rnic::softroce::ip_guid(*ip);
+                let nic = rnic::softroce::SoftRoce::with_options(
+                    vec![rnic::softroce::SoftCa { guid, ip: *ip }],
+                    *udp_port,
+                    *mtu,
+                    opts.clone(),
+                );
+                let p: Arc<dyn Provider> = nic.clone();
+                let name = format!("{SOFT_DEVICE} ({ip})");
+                Nic::on(p, guid, PortNum(1), name, Kind::Soft { nic, ip: *ip })
+            }
+            NicChoice::RdmaCore(spec) => Nic::open_rdma_core(spec, rdmacore::Options::default()),
+        }
+    }
+
+    /// Opens port `spec` of an rdma-core device, libibverbs loaded as
+    /// `opts` say.
+    ///
+    /// # Errors
+    /// As [`Nic::open`].
+    pub fn open_rdma_core(spec: &DeviceSpec, opts: rdmacore::Options) -> Result<Nic, NicError> {
+        let core = rdmacore::RdmaCore::with_options(opts)?;
+        let guid = core.guid_of(&spec.name)?;
+        let p: Arc<dyn Provider> = core.clone();
+        Nic::on(
+            p,
+            guid,
+            PortNum(spec.port),
+            spec.name.clone(),
+            Kind::Core(core),
+        )
+    }
+
+    fn on(
+        p: Arc<dyn Provider>,
+        guid: Guid,
+        port: PortNum,
+        name: String,
+        kind: Kind,
+    ) -> Result<Nic, NicError> {
+        let device = format!("{name} port {}", port.0);
+        let ca = p
+            .open_ca(guid, 0, Arc::new(verbs::IgnoreEvents))
+            .map_err(|source| NicError::Verbs {
+                what: "open",
+                device: device.clone(),
+                source,
+            })?;
+        let attr = match p.query_port(ca, port) {
+            Ok(a) => a,
+            Err(source) => {
+                let _ = p.close_ca(ca);
+                return Err(NicError::Verbs {
+                    what: "query",
+                    device,
+                    source,
+                });
+            }
+        };
+        if attr.state != PortState::Active {
+            let _ = p.close_ca(ca);
+            return Err(NicError::PortNotActive {
+                device: name,
+                port: port.0,
+                state: attr.state,
+            });
+        }
+        Ok(Nic {
+            p,
+            ca,
+            guid,
+            port,
+            attr,
+            name,
+            kind,
+        })
+    }
+
+    /// The provider, for the tool's verbs objects.
+    pub fn provider(&self) -> &Arc<dyn Provider> {
+        &self.p
+    }
+
+    /// The open CA.
+    pub fn ca(&self) -> CaHandle {
+        self.ca
+    }
+
+    /// The port the tool uses.
+    pub fn port(&self) -> PortNum {
+        self.port
+    }
+
+    /// The port as it was when opened (GIDs, active MTU).
+    pub fn port_attr(&self) -> &PortAttr {
+        &self.attr
+    }
+
+    /// The NIC in words: `rxe0`, `softroce0 (10.0.0.1)`.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The path MTU to use with a peer that wants `wanted`: at most the
+    /// port's active MTU.
+    pub fn path_mtu(&self, wanted: Mtu) -> Mtu {
+        wanted.min(self.attr.active_mtu)
+    }
+
+    /// The address vector to `dgid` from our port and GID 0 (on an
+    /// rdma-core device the provider shows the GID rdma-core's tools
+    /// would pick there; on ours it is the IPv4-mapped address).
+    pub fn av(&self, dgid: rdma_types::Gid) -> AhAttr {
+        AhAttr {
+            port: self.port,
+            ..AhAttr::roce(dgid)
+        }
+    }
+
+    /// The soft NIC's counters (retransmissions, timeouts); `None` on an
+    /// rdma-core device.
+    pub fn soft_counters(&self) -> Option<rnic::softroce::SoftCaCounters> {
+        match &self.kind {
+            Kind::Soft { nic, .. } => nic.counters(self.guid),
+            Kind::Core(_) => None,
+        }
+    }
+
+    /// RDMA CM on this CA: our CM agent on the soft NIC (its comm IDs
+    /// from `first_comm_id`), the kernel's through librdmacm on an
+    /// rdma-core device. Also the addresses it connects from.
+    ///
+    /// # Errors
+    /// librdmacm missing (one line naming the package), a CA without an
+    /// address, or the agent that did not start.
+    pub fn rdma_cm(&self, first_comm_id: u32) -> Result<(Arc<dyn Service>, Vec<IpAddr>), NicError> {
+        let err = |reason: String| NicError::Cm {
+            device: self.name.clone(),
+            reason,
+        };
+        match &self.kind {
+            Kind::Soft { nic, ip } => {
+                let agent = rdma_access::CmAgent::start(nic.clone(), self.guid, first_comm_id)
+                    .map_err(|e| err(e.to_string()))?;
+                Ok((agent, vec![*ip]))
+            }
+            Kind::Core(core) => {
+                let cm =
+                    rdmacore::RdmaCm::start(core, self.guid).map_err(|e| err(e.to_string()))?;
+                let addrs = cm.addresses().to_vec();
+                Ok((Arc::new(cm), addrs))
+            }
+        }
+    }
+}
+
+impl Drop for Nic {
+    /// Closes the CA (the tool destroys its objects first).
+    fn drop(&mut self) {
+        let _ = self.p.close_ca(self.ca);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        dev: DeviceArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<DeviceArgs, String> {
+        Cli::try_parse_from(std::iter::once("tool").chain(args.iter().copied()))
+            .map(|c| c.dev)
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn device_takes_a_name_and_port_and_softroce0_is_ours() {
+        let d = parse(&["--device", "mlx5_0:2"]).unwrap();
+        assert_eq!(
+            d.rdma_core(),
+            Some(&DeviceSpec {
+                name: "mlx5_0".into(),
+                port: 2
+            })
+        );
+        // perftest's and rc_pingpong's -d, perftest's --ib-dev.
+        assert_eq!(parse(&["-d", "rxe0"]).unwrap().rdma_core().unwrap().port, 1);
+        assert!(parse(&["--ib-dev", "rxe0"]).unwrap().rdma_core().is_some());
+        assert_eq!(parse(&["-d", "softroce0"]).unwrap().rdma_core(), None);
+        assert_eq!(parse(&[]).unwrap().rdma_core(), None);
+        let e = parse(&["--device", "rxe0:0"]).unwrap_err();
+        assert!(e.contains("from 1 to 255"), "{e}");
+        let e = parse(&["--device", "rxe 0"]).unwrap_err();
+        assert!(e.contains("NAME:PORT"), "{e}");
+    }
+
+    #[test]
+    fn the_soft_nic_needs_an_address_and_a_device_does_not() {
+        let soft = DeviceArgs::default();
+        let e = NicChoice::from_args(&soft, None, "--bind", 4791, Mtu::Mtu1024).unwrap_err();
+        assert!(e.to_string().contains("give --bind"), "{e}");
+        let dev = parse(&["--device", "rxe0"]).unwrap();
+        let c = NicChoice::from_args(&dev, None, "--bind", 4791, Mtu::Mtu1024).unwrap();
+        assert!(matches!(c, NicChoice::RdmaCore(s) if s.name == "rxe0"));
+    }
+
+    /// The path of a machine without rdma-core, whatever this host has.
+    #[test]
+    fn without_libibverbs_a_device_says_what_to_install_in_one_line() {
+        let spec: DeviceSpec = "rxe0".parse().unwrap();
+        let opts = rdmacore::Options {
+            library: "/nonexistent/libibverbs.so.1".into(),
+            ..Default::default()
+        };
+        let Err(e) = Nic::open_rdma_core(&spec, opts) else {
+            panic!("opened a device without its library");
+        };
+        assert!(matches!(e, NicError::Load(_)), "{e:?}");
+        let msg = e.to_string();
+        assert!(!msg.contains('\n'), "{msg}");
+        assert!(msg.contains("apt-get install libibverbs1"), "{msg}");
+    }
+
+    #[test]
+    fn the_soft_nic_opens_active_with_its_mtu_and_ipv4_gid() {
+        let c = NicChoice::Soft {
+            ip: "127.0.0.1".parse().unwrap(),
+            udp_port: 0,
+            mtu: Mtu::Mtu1024,
+            opts: rnic::softroce::NicOptions::default(),
+        };
+        let nic = Nic::open(&c).unwrap();
+        assert_eq!(nic.path_mtu(Mtu::Mtu4096), Mtu::Mtu1024);
+        assert_eq!(nic.path_mtu(Mtu::Mtu512), Mtu::Mtu512);
+        assert!(nic.port_attr().gids[0].is_ipv4_mapped());
+        assert_eq!(nic.name(), "softroce0 (127.0.0.1)");
+        assert!(nic.soft_counters().is_some());
+    }
+}
