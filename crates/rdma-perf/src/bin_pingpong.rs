@@ -3,9 +3,10 @@
 #![forbid(unsafe_code)]
 
 use clap::Parser;
+use rdma_perf::device::{DeviceArgs, NicError};
 use rdma_perf::pingpong::{run, PingPongConfig};
 use rdma_types::Mtu;
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::process::ExitCode;
 
 /// RC ping-pong compatible with ibv_rc_pingpong's out-of-band exchange.
@@ -14,9 +15,13 @@ use std::process::ExitCode;
 struct Cli {
     /// Server to connect to; without it, wait for a client.
     server: Option<IpAddr>,
-    /// Our RoCE address (the GID we announce is its IPv4-mapped form).
+    /// Our soft RoCE NIC's address (the GID we announce is its
+    /// IPv4-mapped form), where a server listens. With --device: only
+    /// where a server listens [default: any].
     #[arg(long)]
-    bind: IpAddr,
+    bind: Option<IpAddr>,
+    #[command(flatten)]
+    device: DeviceArgs,
     /// TCP port of the exchange.
     #[arg(short = 'p', long, default_value_t = 18515)]
     port: u16,
@@ -56,9 +61,18 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let device = cli.device.rdma_core().cloned();
+    let bind = match (cli.bind, &device) {
+        (Some(b), _) => b,
+        (None, Some(_)) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        (None, None) => {
+            eprintln!("rpingpong: {}", NicError::NoAddress("--bind".into()));
+            return ExitCode::FAILURE;
+        }
+    };
     let cfg = PingPongConfig {
-        bind: SocketAddr::new(cli.bind, cli.roce_port),
-        tcp: SocketAddr::new(cli.server.unwrap_or(cli.bind), cli.port),
+        bind: SocketAddr::new(bind, cli.roce_port),
+        tcp: SocketAddr::new(cli.server.unwrap_or(bind), cli.port),
         client: cli.server.is_some(),
         size: cli.size,
         iters: cli.iters,
@@ -67,6 +81,7 @@ fn main() -> ExitCode {
         rx_depth: cli.rx_depth,
         ud: cli.ud,
         gso: softroce::gso_from_env(),
+        device,
     };
     match run(&cfg) {
         Ok(_) => ExitCode::SUCCESS,

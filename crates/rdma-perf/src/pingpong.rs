@@ -10,8 +10,13 @@
 //! On RoCE the LID is 0 and the GID is the IPv4-mapped address of the port,
 //! which `-g 1` selects on Linux rxe; our node's address is that GID's IP
 //! with UDP port 4791.
+//!
+//! With `--device`, the QP is an rdma-core device's (RC only), made
+//! through the verbs; the exchange and the turn rule ([`Turns`]) are the
+//! same.
 
-use rdma_types::{Gid, Instant, Lkey, Mtu, Psn, Qpn, WcStatus};
+use crate::device::{Nic, NicChoice, NicError};
+use rdma_types::{AccessFlags, Gid, Instant, Lkey, Mtu, Psn, QpState, Qpn, WcStatus};
 use roce::{QpConfig, RecvWqe, SendOp, SendWqe, Sge};
 use softroce::{FlatMemory, Node, NodeConfig};
 use std::io::{Read, Write};
@@ -101,6 +106,10 @@ pub struct PingPongConfig {
     /// UDP GSO and GRO on our node's socket (`NodeConfig::gso`/`gro`;
     /// `rpingpong` maps `SOFTROCE_GSO` onto it: [`softroce::gso_from_env`]).
     pub gso: bool,
+    /// An rdma-core device's port instead of our soft RoCE node (`bind`
+    /// then unused); it announces the port's GID 0 (the one rdma-core's
+    /// tools pick) whatever `gid_index` says.
+    pub device: Option<rdmacore::DeviceSpec>,
 }
 
 /// The Q_Key `ibv_ud_pingpong` uses.
@@ -172,7 +181,79 @@ pub enum PingPongError {
         received: u64,
         iters: u64,
     },
+    #[error("--ud is served on our soft RoCE NIC only, not with --device")]
+    UdOnDevice,
+    /// Opening the rdma-core device.
+    #[error(transparent)]
+    Nic(#[from] NicError),
+    #[error("{what}: {source}")]
+    Verbs {
+        what: &'static str,
+        #[source]
+        source: verbs::VerbsError,
+    },
 }
+
+/// rc_pingpong's rule: the client sends first; each side sends its next
+/// message once its previous send and the peer's message both completed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Turns {
+    iters: u64,
+    sent: u64,
+    received: u64,
+    send_pending: bool,
+    recv_pending: bool,
+}
+
+impl Turns {
+    fn new(iters: u64) -> Turns {
+        Turns {
+            iters,
+            sent: 0,
+            received: 0,
+            send_pending: false,
+            recv_pending: true,
+        }
+    }
+
+    /// Whether this side sends first (the client); then it is pending.
+    fn starts(&mut self, client: bool) -> bool {
+        self.send_pending = client;
+        client
+    }
+
+    /// A completion (a receive or a send); whether to post the next send.
+    fn completed(&mut self, recv: bool) -> bool {
+        if recv {
+            self.received += 1;
+            self.recv_pending = false;
+        } else {
+            self.sent += 1;
+            self.send_pending = false;
+        }
+        let next = self.sent < self.iters && !self.send_pending && !self.recv_pending;
+        if next {
+            self.send_pending = true;
+            self.recv_pending = true;
+        }
+        next
+    }
+
+    fn done(&self) -> bool {
+        self.sent >= self.iters && self.received >= self.iters
+    }
+
+    fn stalled(&self) -> PingPongError {
+        PingPongError::Stalled {
+            sent: self.sent,
+            received: self.received,
+            iters: self.iters,
+        }
+    }
+}
+
+/// How long without a completion is a stall.
+const STALL: Duration = Duration::from_secs(30);
 
 fn exchange(cfg: &PingPongConfig, mine: Dest) -> Result<Dest, PingPongError> {
     let io = |source| PingPongError::Exchange {
@@ -213,6 +294,9 @@ pub fn run(cfg: &PingPongConfig) -> Result<PingPongResult, PingPongError> {
     if cfg.size > cfg.mtu.bytes() * 1024 {
         return Err(PingPongError::TooLarge(cfg.size));
     }
+    if let Some(spec) = &cfg.device {
+        return run_device(cfg, spec);
+    }
     let mut ncfg = NodeConfig::new(cfg.bind);
     ncfg.gso = cfg.gso;
     ncfg.gro = cfg.gso;
@@ -238,7 +322,7 @@ pub fn run(cfg: &PingPongConfig) -> Result<PingPongResult, PingPongError> {
     qcfg.retry_cnt = 7;
     qcfg.rnr_retry = 7;
     qcfg.min_rnr_timer = 12;
-    let psn = (std::process::id().wrapping_mul(2_654_435_761) ^ 0x5a5a5a) & 0xFF_FFFF;
+    let psn = first_psn();
     qcfg.sq_psn = Psn::new(psn);
     let qp = node.create_qp(qcfg, Box::new(mem.clone()));
     let gid = match cfg.gid_index {
@@ -251,15 +335,9 @@ pub fn run(cfg: &PingPongConfig) -> Result<PingPongResult, PingPongError> {
         psn,
         gid,
     };
-    println!(
-        "  local address:  LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}: GID {}",
-        mine.lid, mine.qpn, mine.psn, mine.gid
-    );
+    print_dest("local ", &mine);
     let remote = exchange(cfg, mine)?;
-    println!(
-        "  remote address: LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}, GID {}",
-        remote.lid, remote.qpn, remote.psn, remote.gid
-    );
+    print_dest("remote", &remote);
     if remote.gid == Gid::ZERO {
         return Err(PingPongError::ZeroGid);
     }
@@ -314,20 +392,15 @@ pub fn run(cfg: &PingPongConfig) -> Result<PingPongResult, PingPongError> {
         w
     };
     let epoch = StdInstant::now();
-    let (mut scnt, mut rcnt) = (0u64, 0u64);
-    // rc_pingpong's rule: the client sends first; each side sends its next
-    // message once its previous send and the peer's message both completed.
-    let mut send_pending = false;
-    let mut recv_pending = true;
-    if cfg.client {
+    let mut turns = Turns::new(cfg.iters);
+    if turns.starts(cfg.client) {
         node.qp_mut(qp)
             .ok_or(PingPongError::QpVanished)?
             .post_send(send(0));
-        send_pending = true;
     }
     let start = StdInstant::now();
     let mut last_progress = StdInstant::now();
-    while scnt < cfg.iters || rcnt < cfg.iters {
+    while !turns.done() {
         let now = Instant::from_std(epoch, StdInstant::now());
         if !node.poll(now) {
             let _ = node.wait(Duration::from_micros(500));
@@ -342,30 +415,19 @@ pub fn run(cfg: &PingPongConfig) -> Result<PingPongResult, PingPongError> {
             }
             last_progress = StdInstant::now();
             if c.is_recv {
-                rcnt += 1;
-                recv_pending = false;
                 node.qp_mut(qp)
                     .ok_or(PingPongError::QpVanished)?
                     .post_recv(recv(routs));
                 routs += 1;
-            } else {
-                scnt += 1;
-                send_pending = false;
             }
-            if scnt < cfg.iters && !send_pending && !recv_pending {
+            if turns.completed(c.is_recv) {
                 node.qp_mut(qp)
                     .ok_or(PingPongError::QpVanished)?
-                    .post_send(send(scnt));
-                send_pending = true;
-                recv_pending = true;
+                    .post_send(send(turns.sent));
             }
         }
-        if last_progress.elapsed() > Duration::from_secs(30) {
-            return Err(PingPongError::Stalled {
-                sent: scnt,
-                received: rcnt,
-                iters: cfg.iters,
-            });
+        if last_progress.elapsed() > STALL {
+            return Err(turns.stalled());
         }
     }
     let seconds = start.elapsed().as_secs_f64();
@@ -377,6 +439,11 @@ pub fn run(cfg: &PingPongConfig) -> Result<PingPongResult, PingPongError> {
             let _ = node.wait(Duration::from_millis(5));
         }
     }
+    Ok(finish(cfg, seconds, remote))
+}
+
+/// The result, and rc_pingpong's two lines.
+fn finish(cfg: &PingPongConfig, seconds: f64, remote: Dest) -> PingPongResult {
     let bytes = cfg.size as u64 * cfg.iters * 2;
     println!(
         "{bytes} bytes in {seconds:.2} seconds = {:.2} Mbit/sec",
@@ -387,11 +454,190 @@ pub fn run(cfg: &PingPongConfig) -> Result<PingPongResult, PingPongError> {
         cfg.iters,
         seconds * 1e6 / cfg.iters as f64
     );
-    Ok(PingPongResult {
+    PingPongResult {
         bytes,
         seconds,
         remote,
-    })
+    }
+}
+
+fn print_dest(side: &str, d: &Dest) {
+    println!(
+        "  {side} address: LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}, GID {}",
+        d.lid, d.qpn, d.psn, d.gid
+    );
+}
+
+/// Our first PSN.
+fn first_psn() -> u32 {
+    (std::process::id().wrapping_mul(2_654_435_761) ^ 0x5a5a5a) & 0xFF_FFFF
+}
+
+/// [`run`] on an rdma-core device's port: one RC QP through the verbs.
+fn run_device(
+    cfg: &PingPongConfig,
+    spec: &rdmacore::DeviceSpec,
+) -> Result<PingPongResult, PingPongError> {
+    if cfg.ud {
+        return Err(PingPongError::UdOnDevice);
+    }
+    let nic = Nic::open(&NicChoice::RdmaCore(spec.clone()))?;
+    let p = nic.provider().clone();
+    let v = |what: &'static str| move |source| PingPongError::Verbs { what, source };
+    let depth = u32::try_from(cfg.rx_depth)
+        .unwrap_or(u32::MAX)
+        .clamp(1, 4096);
+    let pd = p.alloc_pd(nic.ca(), 0).map_err(v("allocate a PD"))?;
+    let cq = p
+        .create_cq(pd, &verbs::CqInit { cqe: depth + 2 }, 0)
+        .map_err(v("create the CQ"))?;
+    let qp = p
+        .create_qp(pd, &verbs::QpInit::rc(cq, 2, depth), 0)
+        .map_err(v("create the QP"))?;
+    // [send buffer | receive buffer]
+    let size = cfg.size.max(1);
+    let mem = verbs::MemBuf::new(size * 2);
+    let mr = p
+        .reg_mr(
+            pd,
+            &mem,
+            mem.addr(),
+            mem.len() as u64,
+            AccessFlags::LOCAL_WRITE,
+            0,
+        )
+        .map_err(v("register the buffer"))?;
+    let result = pingpong_verbs(cfg, &nic, qp, cq, &mem, mr.lkey);
+    let _ = p.destroy_qp(qp);
+    let _ = p.dereg_mr(mr.handle);
+    let _ = p.destroy_cq(cq);
+    let _ = p.dealloc_pd(pd);
+    result
+}
+
+fn pingpong_verbs(
+    cfg: &PingPongConfig,
+    nic: &Nic,
+    qp: verbs::QpHandle,
+    cq: verbs::CqHandle,
+    mem: &verbs::MemBuf,
+    lkey: Lkey,
+) -> Result<PingPongResult, PingPongError> {
+    let p = nic.provider();
+    let v = |what: &'static str| move |source| PingPongError::Verbs { what, source };
+    let modify = |what, attr: verbs::QpAttr| p.modify_qp(qp, &attr).map_err(v(what));
+    modify(
+        "QP to INIT",
+        verbs::QpAttr {
+            state: Some(QpState::Init),
+            port: Some(nic.port()),
+            pkey_index: Some(0),
+            access: Some(AccessFlags::LOCAL_WRITE),
+            ..Default::default()
+        },
+    )?;
+    let psn = first_psn();
+    let mine = Dest {
+        lid: nic.port_attr().lid.0,
+        qpn: p.qp_num(qp).map_err(v("QP number"))?.value(),
+        psn,
+        gid: nic.port_attr().gids.first().copied().unwrap_or(Gid::ZERO),
+    };
+    print_dest("local ", &mine);
+    let remote = exchange(cfg, mine)?;
+    print_dest("remote", &remote);
+    if remote.gid == Gid::ZERO {
+        return Err(PingPongError::ZeroGid);
+    }
+    modify(
+        "QP to RTR",
+        verbs::QpAttr {
+            state: Some(QpState::Rtr),
+            av: Some(nic.av(remote.gid)),
+            path_mtu: Some(nic.path_mtu(cfg.mtu)),
+            dest_qpn: Some(Qpn::from_bits(remote.qpn)),
+            rq_psn: Some(Psn::new(remote.psn)),
+            max_dest_rd_atomic: Some(1),
+            min_rnr_timer: Some(12),
+            ..Default::default()
+        },
+    )?;
+    modify(
+        "QP to RTS",
+        verbs::QpAttr {
+            state: Some(QpState::Rts),
+            sq_psn: Some(Psn::new(psn)),
+            timeout: Some(14),
+            retry_cnt: Some(7),
+            rnr_retry: Some(7),
+            max_rd_atomic: Some(1),
+            ..Default::default()
+        },
+    )?;
+    let size = cfg.size as u32;
+    let sge = |off: u64| verbs::Sge {
+        addr: mem.addr() + off,
+        length: size,
+        lkey,
+    };
+    const RECV: u64 = 1 << 32;
+    let post_recv = || {
+        p.post_recv(
+            qp,
+            &[verbs::RecvWr {
+                wr_id: RECV,
+                sges: vec![sge(u64::from(size))],
+            }],
+        )
+        .map_err(v("post a receive"))
+    };
+    let post_send = |n: u64| {
+        p.post_send(
+            qp,
+            &[verbs::SendWr::new(n, verbs::SendOpcode::Send, vec![sge(0)])],
+        )
+        .map_err(v("post a send"))
+    };
+    for _ in 0..cfg.rx_depth.clamp(1, 4096) {
+        post_recv()?;
+    }
+    let mut turns = Turns::new(cfg.iters);
+    let start = StdInstant::now();
+    if turns.starts(cfg.client) {
+        post_send(0)?;
+    }
+    let mut wc =
+        [verbs::WorkCompletion::new(0, WcStatus::Success, rdma_types::WcOpcode::Send, 0); 16];
+    let mut last_progress = StdInstant::now();
+    while !turns.done() {
+        let n = p.poll_cq(cq, &mut wc).map_err(v("poll the CQ"))?;
+        for c in &wc[..n] {
+            if c.status != WcStatus::Success {
+                return Err(PingPongError::Completion {
+                    status: c.status,
+                    code: c.status as u32,
+                    wr_id: c.wr_id,
+                });
+            }
+            let recv = c.wr_id == RECV;
+            if recv {
+                post_recv()?;
+            }
+            if turns.completed(recv) {
+                post_send(turns.sent)?;
+            }
+        }
+        if n > 0 {
+            last_progress = StdInstant::now();
+            continue;
+        }
+        if last_progress.elapsed() > STALL {
+            return Err(turns.stalled());
+        }
+        let _ = p.req_notify_cq(cq, false);
+        let _ = p.wait_cq(cq, Duration::from_millis(20));
+    }
+    Ok(finish(cfg, start.elapsed().as_secs_f64(), remote))
 }
 
 #[cfg(test)]
@@ -414,6 +660,29 @@ mod tests {
         );
         assert_eq!(m[51], 0);
         assert_eq!(Dest::from_msg(&m), Ok(d));
+    }
+
+    #[test]
+    fn the_client_sends_first_and_each_side_waits_for_both_completions() {
+        let mut c = Turns::new(2);
+        assert!(c.starts(true));
+        // Our send completes first: nothing to do until the peer's message.
+        assert!(!c.completed(false));
+        assert!(c.completed(true));
+        // The second round: its receive first, then its send.
+        assert!(!c.completed(true));
+        assert!(!c.done());
+        // Two sent: no third send.
+        assert!(!c.completed(false));
+        assert!(c.done());
+        let mut s = Turns::new(1);
+        assert!(!s.starts(false));
+        // The server answers each message it received.
+        assert!(s.completed(true));
+        assert!(!s.done());
+        assert!(!s.completed(false));
+        assert!(s.done());
+        assert!(s.stalled().to_string().contains("1 sent, 1 received of 1"));
     }
 
     #[test]
