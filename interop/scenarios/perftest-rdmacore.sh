@@ -45,7 +45,7 @@ host_main() {
 
 # Linux's tools in VM a: servers for round 1, clients for round 2.
 guest_peer() {
-  local run op size n idx b
+  local run op size n idx b rc
   b=$(host_ip b)
   wait_until 60 "an IPv4 RoCE v2 GID on rxe0" ipv4_gid_index
   idx=$(ipv4_gid_index)
@@ -54,7 +54,7 @@ guest_peer() {
     IFS=: read -r op size n <<< "$run"
     step "ib_${op}_bw -s $size server for our client"
     timeout 600 "ib_${op}_bw" -d rxe0 -x "$idx" -F --report_gbits -s "$size" -n "$n" \
-        > /tmp/server.txt 2>&1 || { cat /tmp/server.txt; fail "ib_${op}_bw -s $size server exited $?"; }
+        > /tmp/server.txt 2>&1 || { rc=$?; cat /tmp/server.txt; fail "ib_${op}_bw -s $size server exited $rc"; }
     cat /tmp/server.txt
     perftest_bw_line /tmp/server.txt "$size" "$n" > /dev/null ||
       fail "ib_${op}_bw -s $size server printed no bandwidth"
@@ -73,7 +73,7 @@ guest_peer() {
   done
   step "rping server for our client"
   timeout 300 rping -s -a "$(my_ip)" -C 10 -v > /tmp/rping.txt 2>&1 ||
-    { cat /tmp/rping.txt; fail "rping server exited $?"; }
+    { rc=$?; cat /tmp/rping.txt; fail "rping server exited $rc"; }
   cat /tmp/rping.txt
   step "rping client against our server"
   retry_if 300 "rping client" "$RPING_LINUX_NOT_UP" timeout 60 rping -c -a "$b" -C 10 -v -V

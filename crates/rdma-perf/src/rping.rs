@@ -555,9 +555,17 @@ mod tests {
         let have = [ip("fe80::1"), ip("10.0.0.2"), ip("10.0.0.3")];
         // IPv4 first, as rping's users expect on RoCE.
         assert_eq!(source(None, &have, "rxe0").unwrap(), ip("10.0.0.2"));
-        assert_eq!(source(Some(ip("10.0.0.3")), &have, "rxe0").unwrap(), ip("10.0.0.3"));
-        let e = source(Some(ip("10.0.0.9")), &have, "rxe0").unwrap_err().to_string();
-        assert!(e.starts_with("10.0.0.9 is not an address of rxe0 (it has ["), "{e}");
+        assert_eq!(
+            source(Some(ip("10.0.0.3")), &have, "rxe0").unwrap(),
+            ip("10.0.0.3")
+        );
+        let e = source(Some(ip("10.0.0.9")), &have, "rxe0")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("10.0.0.9 is not an address of rxe0 (it has ["),
+            "{e}"
+        );
         assert!(source(None, &[], "rxe0").is_err());
     }
 
