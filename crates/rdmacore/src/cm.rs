@@ -205,21 +205,6 @@ impl Inner {
         if let Some(core) = self.core.upgrade() {
             core.device_removed(self.ca);
         }
-        // librdmacm keeps a context of the device open for its ids until it
-        // sees the device gone from the list, which it looks at only when
-        // asked; the kernel takes it off the list once every RDMA CM id of
-        // it is destroyed, and then waits for that context too.
-        let (cma, guid, device) = (self.ch.cma().clone(), self.ca.0, self.device.clone());
-        let _ = std::thread::Builder::new()
-            .name(format!("rdmacm gone {device}"))
-            .spawn(move || {
-                let end = Instant::now() + Duration::from_secs(60);
-                while cma.lists(guid) && Instant::now() < end {
-                    std::thread::sleep(Duration::from_millis(100));
-                }
-                cma.resync_devices();
-                tracing::debug!(%device, "librdmacm told the device is gone");
-            });
     }
 
     /// A CONNECT_REQUEST: the new id becomes a request for the listener.

@@ -159,8 +159,6 @@ cma_fns! {
     disconnect = "rdma_disconnect": fn(*mut RawId) -> c_int;
     init_qp_attr = "rdma_init_qp_attr": fn(*mut RawId, *mut ibv_qp_attr, *mut c_int) -> c_int;
     get_cm_event = "rdma_get_cm_event": fn(*mut RawChannel, *mut *mut RawEvent) -> c_int;
-    get_devices = "rdma_get_devices": fn(*mut c_int) -> *mut *mut ibv_context;
-    free_devices = "rdma_free_devices": fn(*mut *mut ibv_context) -> ();
     ack_cm_event = "rdma_ack_cm_event": fn(*mut RawEvent) -> c_int;
 }
 
@@ -174,27 +172,6 @@ pub(crate) struct Cma {
 }
 
 impl Cma {
-    /// Has librdmacm look at the device list again (`rdma_get_devices`):
-    /// a device no longer listed is dead to it, and the context it kept
-    /// open on it is closed once no id uses it; Linux waits for that
-    /// before it finishes removing the device.
-    pub(crate) fn resync_devices(&self) {
-        let mut n: c_int = 0;
-        // SAFETY: a valid out-pointer; the list is freed at once and none
-        // of its contexts is used.
-        unsafe {
-            let list = (self.f.get_devices)(&mut n);
-            if !list.is_null() {
-                (self.f.free_devices)(list);
-            }
-        }
-    }
-
-    /// Whether libibverbs lists a device of node GUID `guid` (host order).
-    pub(crate) fn lists(&self, guid: u64) -> bool {
-        super::devices(&self.verbs).is_ok_and(|l| l.iter().any(|d| d.guid == guid))
-    }
-
     /// Loads `library` and every function used here.
     pub(crate) fn load(library: &str, verbs: Arc<Verbs>) -> Result<Arc<Cma>, CmLoadError> {
         // SAFETY: loading librdmacm (and the libibverbs it links, already
@@ -323,11 +300,6 @@ impl Channel {
         });
         set_nonblocking(c.fd())?;
         Ok(c)
-    }
-
-    /// The library.
-    pub(crate) fn cma(&self) -> &Arc<Cma> {
-        &self.cma
     }
 
     /// The descriptor, readable when an event waits.

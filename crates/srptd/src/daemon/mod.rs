@@ -65,10 +65,25 @@ pub struct Daemon {
 /// One target port at work: its NIC, the port, its CM agent and I/O
 /// controller. The SCSI target behind it is the daemon's, shared.
 struct TargetRt {
-    port: Arc<TargetPort>,
-    guid: Guid,
+    /// What runs on the CA now. On an rdma-core device a removal ends it
+    /// and the device's return replaces it ([`watch_device`]).
+    live: Arc<Mutex<Live>>,
     /// Its soft RoCE NIC (counters); `None` on an rdma-core device.
     nic: Option<Arc<rnic::softroce::SoftRoce>>,
+    /// The I/O controller offered to discovery, and the DM agent (dropped
+    /// in this order); soft RoCE NIC only.
+    _dm: Option<(rdma_access::dm::IocHandle, rdma_access::dm::DmService)>,
+    /// The port's SMA and MAD driver in the `ib` fabric.
+    ib_port: Option<IbPort>,
+    /// Set at shutdown: a device watcher stops.
+    stopping: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// The target port on its CA and what it reaches the CA through.
+#[derive(Clone)]
+struct Live {
+    port: Arc<TargetPort>,
+    guid: Guid,
     /// The access layer the target port reaches the NIC through: it
     /// counts every verbs object the port holds.
     access: rdma_access::resource::AccessLayer,
@@ -79,11 +94,6 @@ struct TargetRt {
     /// On an rdma-core device: the kernel's RDMA CM the logins come
     /// through, closed at shutdown.
     rdma_cm: Option<Arc<rdmacore::RdmaCm>>,
-    /// The I/O controller offered to discovery, and the DM agent (dropped
-    /// in this order); soft RoCE NIC only.
-    _dm: Option<(rdma_access::dm::IocHandle, rdma_access::dm::DmService)>,
-    /// The port's SMA and MAD driver in the `ib` fabric.
-    ib_port: Option<IbPort>,
 }
 
 /// What every target takes from outside the configuration file: its soft
@@ -219,7 +229,8 @@ impl TargetRt {
     /// port's verbs objects on the device, its logins by the kernel's RDMA
     /// CM (librdmacm) on the device's addresses. IB CM logins and device
     /// management (discovery) are not served there yet: the kernel owns
-    /// QP1.
+    /// QP1. A thread watches for the device's removal and return
+    /// ([`watch_device`]).
     fn start_on_device(
         t: &crate::config::TargetSection,
         d: &Spanned<String>,
@@ -231,39 +242,29 @@ impl TargetRt {
         // Checked when the file was read.
         let spec: rdmacore::DeviceSpec = d.get_ref().parse().map_err(dev_err)?;
         let core = rdmacore::RdmaCore::new().map_err(|e| dev_err(e.to_string()))?;
-        let guid = core
-            .guid_of(&spec.name)
-            .map_err(|e| dev_err(e.to_string()))?;
-        let provider: Arc<dyn verbs::Provider> = core.clone();
-        let access = rdma_access::resource::AccessLayer::new(provider);
-        let cm = access.client("cm").into_provider();
-        let port = TargetRt::target_port(
-            t,
-            access.client("srp target").into_provider(),
-            guid,
-            rdma_types::PortNum(spec.port),
-            scsi,
-            opts,
-            &|m| dev_err(format!("{}: {m}", spec.name)),
-        )?;
-        let rdma_cm =
-            Arc::new(rdmacore::RdmaCm::start(&core, guid).map_err(|e| dev_err(e.to_string()))?);
-        let listen = srp_target::cm::Listen {
-            rdma_cm_port: Some(t.rdma_cm_port),
-            ib_service_id: None,
-        };
-        logins::serve_logins(rdma_cm.clone(), None, port.clone(), listen, log)
-            .map_err(|e| dev_err(e.to_string()))?;
-        Ok(TargetRt {
-            port,
-            guid,
+        let live = device_live(t, &spec, &core, scsi, &log, opts).map_err(dev_err)?;
+        let rt = TargetRt {
+            live: Arc::new(Mutex::new(live)),
             nic: None,
-            access,
-            cm,
-            rdma_cm: Some(rdma_cm),
             _dm: None,
             ib_port: None,
-        })
+            stopping: Arc::default(),
+        };
+        let w = DeviceWatch {
+            t: t.clone(),
+            spec,
+            core,
+            scsi: scsi.clone(),
+            log,
+            opts: opts.clone(),
+            live: rt.live.clone(),
+            stopping: rt.stopping.clone(),
+        };
+        std::thread::Builder::new()
+            .name(format!("watch {}", d.get_ref()))
+            .spawn(move || watch_device(w))
+            .map_err(|e| dev_err(format!("cannot start the device watcher: {e}")))?;
+        Ok(rt)
     }
 
     /// Starts target `t` (the `n`th) on its own soft RoCE NIC.
@@ -369,20 +370,159 @@ impl TargetRt {
                 .map_err(|e| (t.sm_wait_ms.span(), "sm_wait_ms", e.to_string()))?;
         }
         Ok(TargetRt {
-            port,
-            guid,
+            live: Arc::new(Mutex::new(Live {
+                port,
+                guid,
+                access,
+                cm,
+                rdma_cm: None,
+            })),
             nic: Some(nic),
-            access,
-            cm,
-            rdma_cm: None,
             _dm: Some((ioc, dm)),
             ib_port,
+            stopping: Arc::default(),
         })
+    }
+
+    /// What runs on the CA now.
+    fn live(&self) -> Live {
+        lock(&self.live).clone()
+    }
+
+    /// The target port now.
+    fn port(&self) -> Arc<TargetPort> {
+        lock(&self.live).port.clone()
     }
 
     /// The LID the SM gave the port (`ib` fabric only).
     fn lid(&self) -> Option<u16> {
         self.ib_port.as_ref().map(|p| p.lid())
+    }
+}
+
+/// The target port of `t` on device `spec` of `core`, serving logins by
+/// the kernel's RDMA CM. An error in words.
+fn device_live(
+    t: &crate::config::TargetSection,
+    spec: &rdmacore::DeviceSpec,
+    core: &Arc<rdmacore::RdmaCore>,
+    scsi: &Arc<scsi::Target>,
+    log: &crate::log::Log,
+    opts: &StartOptions,
+) -> Result<Live, String> {
+    let guid = core.guid_of(&spec.name).map_err(|e| e.to_string())?;
+    let provider: Arc<dyn verbs::Provider> = core.clone();
+    let access = rdma_access::resource::AccessLayer::new(provider);
+    let cm = access.client("cm").into_provider();
+    let port = TargetRt::target_port(
+        t,
+        access.client("srp target").into_provider(),
+        guid,
+        rdma_types::PortNum(spec.port),
+        scsi,
+        opts,
+        &|m| (0..0, "device", format!("{}: {m}", spec.name)),
+    )
+    .map_err(|(_, _, m)| m)?;
+    let rdma_cm = match rdmacore::RdmaCm::start(core, guid) {
+        Ok(c) => Arc::new(c),
+        Err(e) => {
+            port.stop();
+            return Err(e.to_string());
+        }
+    };
+    let listen = srp_target::cm::Listen {
+        rdma_cm_port: Some(t.rdma_cm_port),
+        ib_service_id: None,
+    };
+    if let Err(e) = logins::serve_logins(rdma_cm.clone(), None, port.clone(), listen, log.clone()) {
+        rdma_cm.close();
+        port.stop();
+        return Err(e.to_string());
+    }
+    Ok(Live {
+        port,
+        guid,
+        access,
+        cm,
+        rdma_cm: Some(rdma_cm),
+    })
+}
+
+/// What a device watcher needs to start the target port again.
+struct DeviceWatch {
+    t: crate::config::TargetSection,
+    spec: rdmacore::DeviceSpec,
+    core: Arc<rdmacore::RdmaCore>,
+    scsi: Arc<scsi::Target>,
+    log: crate::log::Log,
+    opts: StartOptions,
+    live: Arc<Mutex<Live>>,
+    stopping: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// How often a device watcher looks (a removal ends the port at once
+/// through the CA's removal event; this only finds it gone and back).
+const WATCH_EVERY: Duration = Duration::from_secs(1);
+
+/// Watches a target's rdma-core device until shutdown: when the kernel
+/// removed it (`rdma link delete`, a hot unplug), the port's sessions
+/// have ended and its objects are released (the CA's removal event);
+/// the watcher stops the old port, waits for a device of that name to
+/// return, and starts the target port on it again, as ib_srpt's port
+/// comes back with its HCA.
+fn watch_device(w: DeviceWatch) {
+    use crate::log::Record;
+    use std::sync::atomic::Ordering;
+    let name = w.spec.to_string();
+    while !w.stopping.load(Ordering::Acquire) {
+        std::thread::sleep(WATCH_EVERY);
+        let cur = lock(&w.live).clone();
+        if !cur.rdma_cm.as_ref().is_some_and(|c| c.is_removed()) {
+            continue;
+        }
+        w.log.emit(
+            Record::warn(
+                "device_removed",
+                format!(
+                    "{name} was removed: target {} is gone until it returns",
+                    cur.port.name()
+                ),
+            )
+            .target(cur.port.name())
+            .field("device", &name),
+        );
+        if let Some(c) = &cur.rdma_cm {
+            c.close();
+        }
+        cur.port.stop();
+        let mut last_err = String::new();
+        loop {
+            if w.stopping.load(Ordering::Acquire) {
+                return;
+            }
+            std::thread::sleep(WATCH_EVERY);
+            match device_live(&w.t, &w.spec, &w.core, &w.scsi, &w.log, &w.opts) {
+                Ok(live) => {
+                    let port = live.port.name().to_string();
+                    *lock(&w.live) = live;
+                    w.log.emit(
+                        Record::info(
+                            "device_returned",
+                            format!("{name} is back: target {port} takes logins again"),
+                        )
+                        .target(port)
+                        .field("device", &name),
+                    );
+                    break;
+                }
+                Err(e) if e != last_err => {
+                    tracing::debug!(device = %name, "not back yet: {e}");
+                    last_err = e;
+                }
+                Err(_) => {}
+            }
+        }
     }
 }
 
@@ -445,21 +585,24 @@ impl Daemon {
     pub fn targets(&self) -> Vec<TargetSummary> {
         self.targets
             .iter()
-            .map(|t| TargetSummary {
-                name: t.port.name().to_string(),
-                guid: t.guid,
-                lid: t.lid(),
-                device: t
-                    .rdma_cm
-                    .as_ref()
-                    .map(|c| (c.device().to_string(), c.addresses().to_vec())),
+            .map(|t| {
+                let live = t.live();
+                TargetSummary {
+                    name: live.port.name().to_string(),
+                    guid: live.guid,
+                    lid: t.lid(),
+                    device: live
+                        .rdma_cm
+                        .as_ref()
+                        .map(|c| (c.device().to_string(), c.addresses().to_vec())),
+                }
             })
             .collect()
     }
 
     /// The first target's port.
-    pub fn port(&self) -> &Arc<TargetPort> {
-        &self.targets[0].port
+    pub fn port(&self) -> Arc<TargetPort> {
+        self.targets[0].port()
     }
 
     /// The targets `which` names (a target name or address), or all.
@@ -470,7 +613,7 @@ impl Daemon {
             return Ok(all.collect());
         };
         let hit: Vec<_> = all
-            .filter(|(i, t)| t.port.name() == w || cfg.targets[*i].ip.get_ref().to_string() == w)
+            .filter(|(i, t)| t.port().name() == w || cfg.targets[*i].ip.get_ref().to_string() == w)
             .collect();
         if hit.is_empty() {
             return Err(AdminError::NoTarget(w.to_string()));
@@ -484,9 +627,9 @@ impl Daemon {
         let mut names = Vec::new();
         let mut cfg = lock(&self.cfg);
         for (i, t) in hit {
-            t.port.set_enabled(on);
+            t.port().set_enabled(on);
             cfg.targets[i].enabled = on;
-            names.push(t.port.name().to_string());
+            names.push(t.port().name().to_string());
         }
         Ok(json!({ "enabled": on, "targets": names }))
     }
@@ -496,7 +639,7 @@ impl Daemon {
     fn luns_changed(&self) -> usize {
         self.targets
             .iter()
-            .map(|t| t.port.notify(srp::target::AerEvent::LunsChanged))
+            .map(|t| t.port().notify(srp::target::AerEvent::LunsChanged))
             .sum()
     }
 
@@ -642,26 +785,31 @@ impl Daemon {
     /// left (both 0 after a clean stop).
     pub fn shutdown(&self, within: std::time::Duration) -> (usize, i64) {
         for t in &self.targets {
-            t.port.logout_all(srp::wire::TLogoutReason::NoReason);
+            t.port().logout_all(srp::wire::TLogoutReason::NoReason);
         }
         let end = std::time::Instant::now() + within;
         let left = loop {
-            let left: usize = self.targets.iter().map(|t| t.port.sessions().len()).sum();
+            let left: usize = self.targets.iter().map(|t| t.port().sessions().len()).sum();
             if left == 0 || std::time::Instant::now() >= end {
                 break left;
             }
             std::thread::sleep(std::time::Duration::from_millis(20));
         };
         for t in &self.targets {
-            t.cm.client().close();
-            if let Some(c) = &t.rdma_cm {
+            t.stopping.store(true, std::sync::atomic::Ordering::Release);
+            let live = t.live();
+            live.cm.client().close();
+            if let Some(c) = &live.rdma_cm {
                 c.close();
             }
-            t.port.stop();
+            live.port.stop();
         }
         (
             left,
-            self.targets.iter().map(|t| t.access.live_total()).sum(),
+            self.targets
+                .iter()
+                .map(|t| t.live().access.live_total())
+                .sum(),
         )
     }
 }

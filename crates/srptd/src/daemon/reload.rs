@@ -194,7 +194,7 @@ impl Daemon {
                 capacity_told += self
                     .targets
                     .iter()
-                    .map(|t| t.port.capacity_changed(&dev))
+                    .map(|t| t.port().capacity_changed(&dev))
                     .sum::<usize>();
                 resized.push(json!({ "device": name, "size": bytes, "was": was }));
             }
@@ -229,8 +229,8 @@ impl Daemon {
                     applied.target_key(i)
                 ));
             }
-            if t.enabled != rt.port.enabled() {
-                rt.port.set_enabled(t.enabled);
+            if t.enabled != rt.port().enabled() {
+                rt.port().set_enabled(t.enabled);
             }
             applied.targets[i].enabled = t.enabled;
             enabled.push(t.enabled);
@@ -383,7 +383,7 @@ impl Daemon {
             let told: usize = self
                 .targets
                 .iter()
-                .map(|t| t.port.capacity_changed(&dev))
+                .map(|t| t.port().capacity_changed(&dev))
                 .sum();
             Ok(json!({ "device": name, "size": bytes, "was": was, "aer_sent": told }))
         })

@@ -36,9 +36,9 @@ impl Daemon {
     pub(super) fn show_target(&self, i: usize) -> Value {
         let c = lock(&self.cfg);
         let (t, rt) = (&c.targets[i], &self.targets[i]);
-        let guid = rt.guid.0;
+        let guid = rt.live().guid.0;
         let mut v = json!({
-            "target": rt.port.name(),
+            "target": rt.port().name(),
             "id_ext": format!("{guid:016x}"),
             "ioc_guid": format!("{guid:016x}"),
             "ip": t.ip.get_ref().to_string(),
@@ -48,7 +48,7 @@ impl Daemon {
             "fabric": t.fabric,
             "lid": rt.lid(),
             "ib_cm_service_id": t.ib_cm.then(|| format!("{guid:016x}")),
-            "enabled": rt.port.enabled(),
+            "enabled": rt.port().enabled(),
             "rel_tgt_id": t.rel_tgt_id.get_ref(),
             "srp_max_req_size": t.srp_max_req_size.get_ref(),
             "srp_max_rsp_size": t.srp_max_rsp_size.get_ref(),
@@ -61,16 +61,16 @@ impl Daemon {
             "max_pending_per_initiator": t.max_pending_per_initiator.get_ref(),
             "keepalive_ms": t.keepalive_ms.get_ref(),
             "pkey": t.pkey.get_ref(),
-            "sessions": rt.port.sessions().len(),
-            "channels": channel_phases(&rt.port.sessions()),
-            "verbs_objects": rt.access.live_total(),
-            "cm_ids": rt.access.live(rdma_access::resource::Kind::CmId),
-            "mad_agents": rt.access.live(rdma_access::resource::Kind::MadAgent),
-            "sa_subscriptions": rt.access.live(rdma_access::resource::Kind::SaSubscription),
+            "sessions": rt.port().sessions().len(),
+            "channels": channel_phases(&rt.port().sessions()),
+            "verbs_objects": rt.live().access.live_total(),
+            "cm_ids": rt.live().access.live(rdma_access::resource::Kind::CmId),
+            "mad_agents": rt.live().access.live(rdma_access::resource::Kind::MadAgent),
+            "sa_subscriptions": rt.live().access.live(rdma_access::resource::Kind::SaSubscription),
         });
         drop(c);
         if let Value::Object(m) = &mut v {
-            if let Some(c) = rt.nic.as_ref().and_then(|n| n.counters(rt.guid)) {
+            if let Some(c) = rt.nic.as_ref().and_then(|n| n.counters(rt.live().guid)) {
                 for (k, n) in nic_counters(&c) {
                     m.insert(format!("nic_{k}"), json!(n));
                 }
@@ -84,7 +84,7 @@ impl Daemon {
     /// (rows of a device removed since are left out).
     pub(super) fn lun_stats(&self, rt: &TargetRt) -> Vec<(String, srp_target::LunStats)> {
         let devs = lock(&self.devices);
-        rt.port
+        rt.port()
             .lun_stats()
             .into_iter()
             .filter_map(|s| {
@@ -119,7 +119,11 @@ impl Daemon {
         let v: Vec<Value> = self
             .targets
             .iter()
-            .flat_map(|t| t.port.sessions().into_iter().map(move |s| (t.port.name(), s)))
+            .flat_map(|t| {
+                let port = t.port();
+                let name = port.name().to_string();
+                port.sessions().into_iter().map(move |s| (name.clone(), s))
+            })
             .map(|(target, s)| {
                 json!({
                     "target": target,
@@ -206,7 +210,7 @@ impl Daemon {
         let names: Vec<String> = self
             .targets
             .iter()
-            .map(|t| t.port.name().to_string())
+            .map(|t| t.port().name().to_string())
             .collect();
         // One row per target: `f(target)`, labelled with its name.
         let per_target = |f: &dyn Fn(&TargetRt) -> u64| -> Rows {
@@ -222,7 +226,7 @@ impl Daemon {
             .map(|t| {
                 t.nic
                     .as_ref()
-                    .and_then(|n| n.counters(t.guid))
+                    .and_then(|n| n.counters(t.live().guid))
                     .map(|c| nic_counters(&c))
             })
             .collect();
@@ -246,19 +250,19 @@ impl Daemon {
             "srptd_verbs_objects",
             "Objects the target port (PDs, CQs, QPs, MRs, ...) and its CM agent (CM ids, MAD agents, SA subscriptions) hold through the access layer.",
             "gauge",
-            per_target(&|t| t.access.live_total().max(0) as u64),
+            per_target(&|t| t.live().access.live_total().max(0) as u64),
         );
         metric(
             "srptd_target_enabled",
             "Whether the target accepts logins.",
             "gauge",
-            per_target(&|t| t.port.enabled() as u64),
+            per_target(&|t| t.port().enabled() as u64),
         );
         let sessions: Vec<(&String, srp_target::SessionInfo)> = self
             .targets
             .iter()
             .zip(&names)
-            .flat_map(|(t, n)| t.port.sessions().into_iter().map(move |s| (n, s)))
+            .flat_map(|(t, n)| t.port().sessions().into_iter().map(move |s| (n, s)))
             .collect();
         metric(
             "srptd_channels",
@@ -268,7 +272,7 @@ impl Daemon {
             per_target(&|t| {
                 sessions
                     .iter()
-                    .filter(|(n, _)| **n == t.port.name())
+                    .filter(|(n, _)| **n == t.port().name())
                     .count() as u64
             }),
         );
