@@ -472,15 +472,15 @@ fn a_size_cap_before_the_runtime_says_so() {
     assert_eq!(r.stopped, blockload::Stopped::Size, "{}", r.table());
     let t = r.table();
     assert!(
-        t.contains("size cap of 1.0 MiB reached before the 5.0 s runtime"),
+        t.contains("size cap of 1 MiB reached before the 5.0 s runtime"),
         "{t}"
     );
     // Human units, not a raw byte count.
     assert!(
-        t.contains("verified 1.0 MiB (all in the read-back), 0 verify failures"),
+        t.contains("verified 1 MiB (all in the read-back), 0 verify failures"),
         "{t}"
     );
-    assert!(t.contains("bs=4.0 KiB"), "{t}");
+    assert!(t.contains("bs=4 KiB"), "{t}");
     assert_eq!(serde_json::to_value(&r).unwrap()["stopped"], "size");
 }
 

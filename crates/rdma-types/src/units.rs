@@ -122,21 +122,24 @@ pub fn size<T: TryFrom<u64> + Bounded>(s: &str) -> Result<T, SizeError> {
     })
 }
 
-/// A byte count for people, the way [`parse_size`] reads one back (powers
-/// of 1024, one decimal): `512 B`, `4.0 KiB`, `119.6 MiB`, `2.0 GiB`.
+/// A byte count for people, the way [`parse_size`] reads one back
+/// (powers of 1024): whole units as they are, others with one decimal:
+/// `512 B`, `4 KiB`, `119.6 MiB`, `1.5 GiB`.
 pub fn format_size(bytes: u64) -> String {
     const UNITS: [&str; 6] = ["KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
     if bytes < 1024 {
         return format!("{bytes} B");
     }
-    let mut v = bytes as f64 / 1024.0;
     let mut unit = 0;
-    // Past 1023.95 the one decimal would round up to 1024.0 of this unit.
-    while v >= 1023.95 && unit + 1 < UNITS.len() {
-        v /= 1024.0;
+    // Past 1023.95 the one decimal would round up to 1024.0 of a unit.
+    while unit + 1 < UNITS.len() && bytes as f64 / (1u64 << (10 * (unit + 1))) as f64 >= 1023.95 {
         unit += 1;
     }
-    format!("{v:.1} {}", UNITS[unit])
+    let scale = 1u64 << (10 * (unit + 1));
+    if bytes.is_multiple_of(scale) {
+        return format!("{} {}", bytes / scale, UNITS[unit]);
+    }
+    format!("{:.1} {}", bytes as f64 / scale as f64, UNITS[unit])
 }
 
 /// The largest value of an unsigned type, as a `u64`, for [`size`]'s
@@ -324,26 +327,6 @@ pub fn as_millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-/// A size in bytes as people read it, in the largest power-of-1024 unit
-/// it fills, with at most one decimal: `512 B`, `4 KiB`, `64 MiB`,
-/// `1.5 GiB`. [`parse_size`] reads every output back to within the
-/// rounding of that decimal.
-pub fn size_text(bytes: u64) -> String {
-    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
-    let mut unit = 0;
-    while unit + 1 < UNITS.len() && bytes >> (10 * (unit + 1)) > 0 {
-        unit += 1;
-    }
-    if unit == 0 {
-        return format!("{bytes} B");
-    }
-    let scale = 1u64 << (10 * unit);
-    if bytes.is_multiple_of(scale) {
-        return format!("{} {}", bytes / scale, UNITS[unit]);
-    }
-    format!("{:.1} {}", bytes as f64 / scale as f64, UNITS[unit])
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -352,35 +335,23 @@ mod tests {
     fn sizes_for_people() {
         for (n, s) in [
             (0, "0 B"),
+            (512, "512 B"),
             (1023, "1023 B"),
-            (1024, "1.0 KiB"),
-            (4096, "4.0 KiB"),
+            (1024, "1 KiB"),
+            (4096, "4 KiB"),
             (125_440_000, "119.6 MiB"),
             ((1 << 20) - 1, "1.0 MiB"),
-            (64 << 20, "64.0 MiB"),
-            (3 << 30, "3.0 GiB"),
+            (64 << 20, "64 MiB"),
+            (3 << 29, "1.5 GiB"),
+            (3 << 30, "3 GiB"),
+            (1 << 40, "1 TiB"),
             (u64::MAX, "16.0 EiB"),
         ] {
             assert_eq!(format_size(n), s, "{n}");
         }
-        // What it prints reads back as about the same size.
+        // What it prints reads back as the same size.
         let back = parse_size("64M").map(format_size);
-        assert_eq!(back.as_deref(), Ok("64.0 MiB"));
-    }
-
-    #[test]
-    fn sizes_as_text() {
-        for (n, s) in [
-            (0, "0 B"),
-            (512, "512 B"),
-            (4096, "4 KiB"),
-            (64 << 20, "64 MiB"),
-            (3 << 29, "1.5 GiB"),
-            (1 << 40, "1 TiB"),
-            (u64::MAX, "16384.0 PiB"),
-        ] {
-            assert_eq!(size_text(n), s, "{n}");
-        }
+        assert_eq!(back.as_deref(), Ok("64 MiB"));
     }
 
     #[test]

@@ -180,7 +180,7 @@ impl Rescan {
     /// rescan`'s answer).
     pub fn lines(&self) -> Vec<String> {
         let name = &self.name;
-        let size = rdma_types::units::size_text;
+        let size = rdma_types::units::format_size;
         let mut out = Vec::new();
         for (n, b) in &self.added {
             out.push(format!(

@@ -46,12 +46,12 @@ fn quickstart_exports_a_lun_verifies_io_and_cleans_up() {
     // Issue 26: each phase says what ended it, sizes are in human units,
     // and the fill's 16 I/Os of 1 MiB print no p99 or p99.9.
     assert!(
-        text.contains("size cap of 16.0 MiB reached before the 60.0 s runtime"),
+        text.contains("size cap of 16 MiB reached before the 60.0 s runtime"),
         "{text}"
     );
     assert!(
         text.contains("runtime of 1.0 s reached")
-            || text.contains("size cap of 64.0 MiB reached before the 1.0 s runtime"),
+            || text.contains("size cap of 64 MiB reached before the 1.0 s runtime"),
         "{text}"
     );
     assert!(!text.contains(" bytes, 0 verify failures"), "{text}");

@@ -161,7 +161,7 @@ pub fn answer_text(req: &Request, v: &Value) -> Option<String> {
         Value::String(s) => s.clone(),
         other => other.to_string(),
     };
-    let size = |v: &Value| rdma_types::units::size_text(v.as_u64().unwrap_or(0));
+    let size = |v: &Value| rdma_types::units::format_size(v.as_u64().unwrap_or(0));
     let set = |g: &Value| match g.as_str() {
         Some(g) => format!("group {g}"),
         None => "the default LUNs".to_string(),
