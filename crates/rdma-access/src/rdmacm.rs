@@ -330,7 +330,8 @@ pub struct IpRequest {
     /// (librdmacm: the kernel's CM announces its own in the REP); `None`:
     /// the consumer's choice, given to [`Answer::accept`].
     pub local_psn: Option<Psn>,
-    answer: Box<dyn Answer>,
+    /// Who sends the REP or the REJ (the CM that delivered the request).
+    pub answer: Box<dyn Answer>,
 }
 
 impl std::fmt::Debug for IpRequest {
@@ -343,53 +344,7 @@ impl std::fmt::Debug for IpRequest {
     }
 }
 
-/// What [`IpRequest::new`] is made of apart from the answer: every field
-/// of the request.
-#[derive(Debug, Clone)]
-pub struct IpRequestParts {
-    /// [`IpRequest::conn`].
-    pub conn: ConnId,
-    /// [`IpRequest::src`].
-    pub src: std::net::SocketAddr,
-    /// [`IpRequest::private_data`].
-    pub private_data: Vec<u8>,
-    /// [`IpRequest::peer`].
-    pub peer: Gid,
-    /// [`IpRequest::remote_qpn`].
-    pub remote_qpn: Qpn,
-    /// [`IpRequest::remote_psn`].
-    pub remote_psn: Psn,
-    /// [`IpRequest::mtu`].
-    pub mtu: rdma_types::Mtu,
-    /// [`IpRequest::pkey`].
-    pub pkey: Pkey,
-    /// [`IpRequest::initiator_depth`].
-    pub initiator_depth: u8,
-    /// [`IpRequest::ack_timeout`].
-    pub ack_timeout: u8,
-    /// [`IpRequest::local_psn`].
-    pub local_psn: Option<Psn>,
-}
-
 impl IpRequest {
-    /// A request of a [`Service`] implementation, answered by `answer`.
-    pub fn new(p: IpRequestParts, answer: Box<dyn Answer>) -> IpRequest {
-        IpRequest {
-            conn: p.conn,
-            src: p.src,
-            private_data: p.private_data,
-            peer: p.peer,
-            remote_qpn: p.remote_qpn,
-            remote_psn: p.remote_psn,
-            mtu: p.mtu,
-            pkey: p.pkey,
-            initiator_depth: p.initiator_depth,
-            ack_timeout: p.ack_timeout,
-            local_psn: p.local_psn,
-            answer,
-        }
-    }
-
     /// Accepts ([`Answer::accept`]).
     pub fn accept(self, qpn: Qpn, psn: Psn, private_data: Vec<u8>) -> bool {
         self.answer.accept(qpn, psn, private_data)
@@ -476,7 +431,7 @@ fn ip_request(inc: Incoming) -> Listened {
     match decode(inc) {
         Ok(r) => {
             let inc = r.incoming;
-            let parts = IpRequestParts {
+            Ok(IpRequest {
                 conn: inc.conn,
                 src: r.src,
                 private_data: r.private_data,
@@ -488,8 +443,8 @@ fn ip_request(inc: Incoming) -> Listened {
                 initiator_depth: inc.negotiate(crate::QpParams::DEFAULT).initiator_depth,
                 ack_timeout: inc.timing.local_ack_timeout().value(),
                 local_psn: None,
-            };
-            Ok(IpRequest::new(parts, Box::new(AgentAnswer(inc))))
+                answer: Box::new(AgentAnswer(inc)),
+            })
         }
         Err((inc, e)) => {
             inc.reject(Vec::new());

@@ -21,9 +21,7 @@
 
 use crate::sys::cma::{event, Channel, CmLoadError, Cma, Event, Id, LIBRDMACM};
 use crate::sys::{self, loader::Verbs, Errno};
-use rdma_access::rdmacm::{
-    Answer, ConnHook, IpRequest, IpRequestParts, Listened, ResolveError, Service,
-};
+use rdma_access::rdmacm::{Answer, ConnHook, IpRequest, Listened, ResolveError, Service};
 use rdma_access::{CmError, ConnId, Established};
 use rdma_types::{Gid, Guid, Pkey, Psn, Qpn};
 use std::collections::HashMap;
@@ -223,8 +221,11 @@ impl Inner {
                 return;
             }
         };
-        let parts = match request_parts(&id, &ev) {
-            Ok(p) => p,
+        // The RTR attributes give the requester's QP, the path MTU and GID
+        // and this side's receive PSN; the RTS attributes the requester's
+        // receive PSN (this side's send PSN) and the ACK timeout.
+        let (rtr, rts) = match id.qp_attr(RTR).and_then(|r| Ok((r, id.qp_attr(RTS)?))) {
+            Ok(a) => a,
             Err(why) => {
                 tracing::warn!(device = %self.device, "refused a connect request: {why}");
                 let _ = id.reject(&[]);
@@ -243,46 +244,37 @@ impl Inner {
             );
             conn
         };
-        let answer = PassiveAnswer {
-            inner: self.clone(),
-            id: Some(id.clone()),
-            responder_resources: ev.responder_resources.min(READS),
-            initiator_depth: parts.initiator_depth,
-            psn: parts.local_psn,
+        let local_psn = Psn::new(rtr.rq_psn);
+        let initiator_depth = ev.initiator_depth.min(READS);
+        let peer = Gid(rtr.ah_attr.grh.dgid.raw);
+        let req = IpRequest {
+            conn,
+            src: id
+                .peer_addr()
+                .unwrap_or_else(|| SocketAddr::new(peer.to_ip(), 0)),
+            private_data: std::mem::take(&mut ev.private_data),
+            peer,
+            remote_qpn: Qpn::from_bits(rtr.dest_qp_num),
+            remote_psn: Psn::new(rts.sq_psn),
+            mtu: crate::convert::mtu(i32::try_from(rtr.path_mtu).unwrap_or(0)),
+            // RoCE has one partition.
+            pkey: Pkey::DEFAULT,
+            initiator_depth,
+            ack_timeout: rts.timeout,
+            local_psn: Some(local_psn),
+            answer: Box::new(PassiveAnswer {
+                inner: self.clone(),
+                id: Some(id.clone()),
+                responder_resources: ev.responder_resources.min(READS),
+                initiator_depth,
+                psn: Some(local_psn),
+            }),
         };
-        let req = IpRequest::new(IpRequestParts { conn, ..parts }, Box::new(answer));
         if let Err(back) = listener.send(Ok(req)) {
             // The listener is gone: the answer's drop refuses it.
             drop(back);
         }
     }
-}
-
-/// The request's fields from the kernel's CM: the RTR attributes give the
-/// requester's QP, the path MTU and GID and this side's receive PSN; the
-/// RTS attributes the requester's receive PSN (this side's send PSN),
-/// the ACK timeout and the READs this side may have outstanding.
-fn request_parts(id: &Id, ev: &Event) -> Result<IpRequestParts, Errno> {
-    let rtr = id.qp_attr(RTR)?;
-    let rts = id.qp_attr(RTS)?;
-    let peer = Gid(rtr.ah_attr.grh.dgid.raw);
-    let src = id
-        .peer_addr()
-        .unwrap_or_else(|| SocketAddr::new(peer.to_ip(), 0));
-    Ok(IpRequestParts {
-        conn: ConnId(0),
-        src,
-        private_data: ev.private_data.clone(),
-        peer,
-        remote_qpn: Qpn::from_bits(rtr.dest_qp_num),
-        remote_psn: Psn::new(rts.sq_psn),
-        mtu: crate::convert::mtu(i32::try_from(rtr.path_mtu).unwrap_or(0)),
-        // RoCE has one partition.
-        pkey: Pkey::DEFAULT,
-        initiator_depth: ev.initiator_depth.min(READS),
-        ack_timeout: rts.timeout,
-        local_psn: Some(Psn::new(rtr.rq_psn)),
-    })
 }
 
 /// The answer to one request: a REP or a REJ through its id; dropped
