@@ -12,7 +12,7 @@
 # complete and print a bandwidth on both sides; 64 KiB messages, then
 # WRITE and READ with 200-byte ones (perftest's address walk, 16 slots).
 # Then rrping --device rxe0 against librdmacm's rping, both roles, its
-# connections by the kernel's RDMA CM through librdmacm (-V: our client
+# connections by the kernel's RDMA CM (-V: our client
 # validates every ping); and rpingpong --device rxe0 against
 # ibv_rc_pingpong, both roles (200 exchanges of 4 KiB).
 # Needs the binaries: cargo build --release -p rdma-perf (RPERFTEST,

@@ -327,7 +327,7 @@ pub struct IpRequest {
     /// The local ACK timeout exponent the path gives this side's QP.
     pub ack_timeout: u8,
     /// The first PSN this side's QP must receive when the CM chose it
-    /// (librdmacm: the kernel's CM announces its own in the REP); `None`:
+    /// (the kernel's CM on an rdma-core device announces its own in the REP); `None`:
     /// the consumer's choice, given to [`Answer::accept`].
     pub local_psn: Option<Psn>,
     /// Who sends the REP or the REJ (the CM that delivered the request).
@@ -365,7 +365,7 @@ pub type Listened = Result<IpRequest, BadRequest>;
 pub type ConnHook = Arc<dyn Fn(ConnId) + Send + Sync>;
 
 /// RDMA CM on one CA, whoever runs it: this crate's CM on the port's QP1
-/// ([`CmAgent`]), or the kernel's through librdmacm on an rdma-core
+/// ([`CmAgent`]), or the kernel's (`rdmacore::RdmaCm`) on an rdma-core
 /// device (the `rdmacore` crate). Consumers (the SRP target and
 /// initiator) hold an `Arc<dyn Service>` and never know which.
 pub trait Service: Send + Sync {

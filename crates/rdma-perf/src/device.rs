@@ -5,7 +5,7 @@
 //! [`Nic::open`] makes the provider, opens the CA and checks the port is
 //! ACTIVE; the tools then make their PD, CQ, QP and MR on it as on any
 //! provider. [`Nic::rdma_cm`] is RDMA CM on that CA: our own CM agent on
-//! the soft NIC's QP1, the kernel's through librdmacm on an rdma-core
+//! the soft NIC's QP1, the kernel's (`rdmacore::RdmaCm`) on an rdma-core
 //! device (where the kernel owns QP1), behind one
 //! [`rdma_access::rdmacm::Service`].
 //!
@@ -311,11 +311,11 @@ impl Nic {
     }
 
     /// RDMA CM on this CA: our CM agent on the soft NIC (its comm IDs
-    /// from `first_comm_id`), the kernel's through librdmacm on an
+    /// from `first_comm_id`), the kernel's (`rdmacore::RdmaCm`) on an
     /// rdma-core device. Also the addresses it connects from.
     ///
     /// # Errors
-    /// librdmacm missing (one line naming the package), a CA without an
+    /// the kernel's RDMA CM missing (one line naming the module), a CA without an
     /// address, or the agent that did not start.
     pub fn rdma_cm(&self, first_comm_id: u32) -> Result<(Arc<dyn Service>, Vec<IpAddr>), NicError> {
         let err = |reason: String| NicError::Cm {

@@ -1,5 +1,6 @@
 //! RDMA CM on an rdma-core device: the kernel's connection manager
-//! through librdmacm, as the access layer's [`Service`].
+//! through its user-space interface (`/dev/infiniband/rdma_cm`, see
+//! `sys::ucma` for why not librdmacm), as the access layer's [`Service`].
 //!
 //! On such a device the kernel owns QP1, so the CM cannot be ours: a
 //! listen binds an `rdma_cm_id` to each of the CA's addresses, and a
@@ -8,7 +9,7 @@
 //! kernel's CM only learns its number (`qp_num` of the conn param) and
 //! announces its own starting PSN, which reaches the consumer as
 //! [`IpRequest::local_psn`] / [`Established::local_psn`] (read with
-//! `rdma_init_qp_attr`, as librdmacm does for a QP of its own). The RTU
+//! the CM's INIT_QP_ATTR, as librdmacm does for a QP of its own). The RTU
 //! goes out as soon as the REP is in, before the consumer's QP is in RTS,
 //! as this crate's CM agent does: the passive side sends nothing before
 //! the first request reaches it.
@@ -19,7 +20,7 @@
 //! whose connection ended is disconnected (the DREP of a DREQ) and
 //! destroyed; device removal ends every connection and listen of the CA.
 
-use crate::sys::cma::{event, Channel, CmLoadError, Cma, Event, Id, LIBRDMACM};
+use crate::sys::ucma::{event, Channel, Event, Id, RDMA_CM_DEVICE};
 use crate::sys::{self, loader::Verbs, Errno};
 use rdma_access::rdmacm::{Answer, ConnHook, IpRequest, Listened, ResolveError, Service};
 use rdma_access::{CmError, ConnId, Established};
@@ -40,9 +41,12 @@ const READS: u8 = 16;
 /// Why the service could not start.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CmStartError {
-    /// librdmacm is missing or too old.
-    #[error(transparent)]
-    Load(#[from] CmLoadError),
+    /// The kernel's RDMA CM cannot be reached.
+    #[error(
+        "cannot open {RDMA_CM_DEVICE} ({0}): load the kernel's RDMA CM for user space \
+         (modprobe rdma_ucm)"
+    )]
+    NoCmDevice(String),
     /// The event channel or its thread could not be made.
     #[error("cannot open the RDMA CM event channel: {0}")]
     Channel(String),
@@ -59,8 +63,8 @@ pub enum CmStartError {
 
 /// What an id is to the service.
 enum Role {
-    /// A listen on one of the CA's addresses.
-    Listener(Sender<Listened>),
+    /// A listen on one of the CA's addresses, made with this `uid`.
+    Listener(Sender<Listened>, u64),
     /// A request this side received, answered or not.
     Passive { conn: ConnId },
     /// A connection this side asked for; `waiter` takes its events until
@@ -78,7 +82,9 @@ struct Entry {
 
 #[derive(Default)]
 struct St {
-    ids: HashMap<usize, Entry>,
+    ids: HashMap<u32, Entry>,
+    /// The `uid` the next id is made with (a listen's requests carry it).
+    next_uid: u64,
     next_conn: u32,
     on_disconnect: Option<ConnHook>,
     on_established: Option<ConnHook>,
@@ -100,7 +106,7 @@ struct Inner {
     waker: sys::Waker,
 }
 
-/// RDMA CM through librdmacm for one rdma-core CA (see the module docs).
+/// RDMA CM through the kernel for one rdma-core CA (see the module docs).
 pub struct RdmaCm {
     inner: Arc<Inner>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -116,15 +122,22 @@ impl Inner {
         ConnId(st.next_conn)
     }
 
+    /// A `uid` no id of this service has had.
+    fn new_uid(&self) -> u64 {
+        let mut st = self.lock();
+        st.next_uid += 1;
+        st.next_uid
+    }
+
     /// Removes id `key`; the entry is dropped by the caller, outside the
     /// lock (destroying an id may wait for the kernel).
-    fn remove(&self, key: usize) -> Option<Entry> {
+    fn remove(&self, key: u32) -> Option<Entry> {
         let e = self.lock().ids.remove(&key);
         self.gone.notify_all();
         e
     }
 
-    fn key_of(&self, conn: ConnId) -> Option<usize> {
+    fn key_of(&self, conn: ConnId) -> Option<u32> {
         self.lock().ids.iter().find_map(|(k, e)| match e.role {
             Role::Passive { conn: c } | Role::Active { conn: c, .. } if c == conn => Some(*k),
             _ => None,
@@ -181,7 +194,7 @@ impl Inner {
                     h(conn);
                 }
             }
-            (event::DEVICE_REMOVAL, Role::Listener(_)) => {
+            (event::DEVICE_REMOVAL, Role::Listener(..)) => {
                 let entry = st.ids.remove(&ev.id);
                 drop(st);
                 self.gone.notify_all();
@@ -211,12 +224,13 @@ impl Inner {
             return;
         };
         let id = Arc::new(id);
-        let listener = match self.lock().ids.get(&ev.listen_id) {
-            Some(Entry {
-                role: Role::Listener(tx),
-                ..
-            }) => tx.clone(),
-            _ => {
+        let listener = self.lock().ids.values().find_map(|e| match &e.role {
+            Role::Listener(tx, uid) if *uid == ev.uid => Some(tx.clone()),
+            _ => None,
+        });
+        let listener = match listener {
+            Some(tx) => tx,
+            None => {
                 let _ = id.reject(&[]);
                 return;
             }
@@ -309,11 +323,11 @@ impl Answer for PassiveAnswer {
             );
         }
         match id.accept(
+            self.inner.new_uid(),
             &private_data,
             qpn.value(),
             self.responder_resources,
             self.initiator_depth,
-            false,
         ) {
             Ok(()) => true,
             Err(e) => {
@@ -365,28 +379,14 @@ impl RdmaCm {
     /// connecting on its addresses.
     ///
     /// # Errors
-    /// librdmacm is missing (one line naming the package), the CA has no
-    /// address, or the event channel cannot be made.
+    /// The kernel's RDMA CM is not there (`rdma_ucm` not loaded), the CA
+    /// has no address, or the event thread cannot start.
     pub fn start(core: &Arc<crate::RdmaCore>, ca: Guid) -> Result<RdmaCm, CmStartError> {
-        RdmaCm::start_with(core, ca, LIBRDMACM)
-    }
-
-    /// [`RdmaCm::start`] loading librdmacm from `library`.
-    ///
-    /// # Errors
-    /// As [`RdmaCm::start`].
-    pub fn start_with(
-        core: &Arc<crate::RdmaCore>,
-        ca: Guid,
-        library: &str,
-    ) -> Result<RdmaCm, CmStartError> {
-        let verbs = core.verbs();
-        let cma = Cma::load(library, verbs.clone())?;
-        let (device, addrs) = addresses(&verbs, ca).map_err(CmStartError::Channel)?;
+        let (device, addrs) = addresses(&core.verbs(), ca).map_err(CmStartError::Channel)?;
         if addrs.is_empty() {
             return Err(CmStartError::NoAddress { device });
         }
-        let ch = Channel::new(&cma).map_err(|e| CmStartError::Channel(e.to_string()))?;
+        let ch = Channel::open().map_err(|e| CmStartError::NoCmDevice(e.to_string()))?;
         let waker = sys::Waker::new().map_err(|e| CmStartError::Channel(e.to_string()))?;
         let inner = Arc::new(Inner {
             ch,
@@ -468,7 +468,7 @@ impl RdmaCm {
         self.inner.waker.wake();
         let ids: Vec<Entry> = self.inner.lock().ids.drain().map(|(_, e)| e).collect();
         for e in &ids {
-            if !matches!(e.role, Role::Listener(_)) {
+            if !matches!(e.role, Role::Listener(..)) {
                 let _ = e.id.disconnect();
             }
         }
@@ -510,11 +510,12 @@ impl Service for RdmaCm {
         let mut made = Vec::new();
         for ip in &self.inner.addrs {
             let at = SocketAddr::new(*ip, port);
+            let uid = self.inner.new_uid();
             let id = self
                 .inner
                 .ch
-                .create_id()
-                .map_err(|e| lib_err("rdma_create_id", e))?;
+                .create_id(uid)
+                .map_err(|e| lib_err("create an RDMA CM id", e))?;
             id.bind_listen(at, 128).map_err(|e| {
                 let hint = if e.0 == libc::EADDRINUSE {
                     " (another process listens there: stop it or choose another port)"
@@ -523,15 +524,15 @@ impl Service for RdmaCm {
                 };
                 CmError::Library(format!("cannot listen on {at} (RDMA CM): {e}{hint}"))
             })?;
-            made.push(id);
+            made.push((id, uid));
         }
         let mut st = self.inner.lock();
-        for id in made {
+        for (id, uid) in made {
             st.ids.insert(
                 id.key(),
                 Entry {
                     id: Arc::new(id),
-                    role: Role::Listener(tx.clone()),
+                    role: Role::Listener(tx.clone(), uid),
                 },
             );
         }
@@ -548,14 +549,14 @@ impl Service for RdmaCm {
         timeout: Duration,
     ) -> Result<Established, CmError> {
         let deadline = Instant::now() + timeout;
-        let ms = i32::try_from(timeout.as_millis())
-            .unwrap_or(i32::MAX)
+        let ms = u32::try_from(timeout.as_millis())
+            .unwrap_or(u32::MAX)
             .max(1);
         let id = Arc::new(
             self.inner
                 .ch
-                .create_id()
-                .map_err(|e| lib_err("rdma_create_id", e))?,
+                .create_id(self.inner.new_uid())
+                .map_err(|e| lib_err("create an RDMA CM id", e))?,
         );
         let key = id.key();
         let (tx, rx) = std::sync::mpsc::channel();
@@ -655,7 +656,7 @@ impl RdmaCm {
         dst: SocketAddr,
         qpn: Qpn,
         private_data: &[u8],
-        ms: i32,
+        ms: u32,
         rx: &Receiver<Event>,
         deadline: Instant,
     ) -> Result<Established, CmError> {

@@ -23,7 +23,8 @@
 //! # What it refuses
 //!
 //! - QP0 and QP1 (`NotSupported`): the kernel owns them on an rdma-core
-//!   device; MADs go through libibumad and connections through librdmacm
+//!   device; MADs go through libibumad and connections through the kernel's
+//!   RDMA CM (`cm`)
 //!   (the next stage).
 //! - Memory windows, alternate paths (APM), port control (`modify_port`):
 //!   `NotSupported`, not yet served.
@@ -85,7 +86,7 @@ mod sys;
 pub use cm::{CmStartError, RdmaCm};
 pub use provider::{DeviceInfo, DeviceLookupError, Options, RdmaCore};
 pub use spec::DeviceSpec;
-pub use sys::cma::{CmLoadError, LIBRDMACM};
+pub use sys::ucma::RDMA_CM_DEVICE;
 pub use sys::{LoadError, LIBIBVERBS};
 
 #[cfg(test)]

@@ -360,7 +360,7 @@ fn local_ips(l: &Login) -> Vec<IpAddr> {
 }
 
 /// The paths of `--device`: one [`PathLogin`] per `--dest`, all from the
-/// device's port, logging in by the kernel's RDMA CM (librdmacm).
+/// device's port, logging in by the kernel's RDMA CM.
 fn device_paths(
     l: &Login,
     spec: &rdmacore::DeviceSpec,

@@ -323,7 +323,7 @@ pub fn serve(
 
 /// Serves SRP logins for `target` until the CM stops: RDMA CM logins
 /// through `rdma_cm` (this CA's own CM agent, or the kernel's CM through
-/// librdmacm on an rdma-core device), IB CM logins through `ib_cm`, this
+/// `rdmacore::RdmaCm` on an rdma-core device), IB CM logins through `ib_cm`, this
 /// CA's own CM agent, the same that serves `rdma_cm` (`None` on a device
 /// whose kernel owns the CM: then `listen.ib_service_id` is not served,
 /// and a [`LoginEvent::ListenFailed`] says so). Each REQ's login goes to the target port

@@ -16,7 +16,7 @@ pub struct Established {
     /// REP private data.
     pub private_data: Vec<u8>,
     /// The first PSN this side's QP receives, when the CM chose it rather
-    /// than the consumer (librdmacm's kernel CM announces its own in the
+    /// than the consumer (the kernel's CM announces its own in the
     /// REQ); `None`: the PSN the consumer gave the connect.
     pub local_psn: Option<Psn>,
 }

@@ -71,7 +71,7 @@ pub enum CmError {
     /// An RDMA CM address or route did not resolve.
     #[error(transparent)]
     Resolve(#[from] crate::rdmacm::ResolveError),
-    /// The kernel's CM (through librdmacm, on an rdma-core device)
+    /// The kernel's CM (on an rdma-core device)
     /// refused a step; in words.
     #[error("{0}")]
     Library(String),

@@ -112,7 +112,7 @@ impl RdmaCore {
         }))
     }
 
-    /// The loaded libibverbs, for librdmacm's service (`crate::cm`).
+    /// The loaded libibverbs, for the RDMA CM service (`crate::cm`).
     pub(crate) fn verbs(&self) -> Arc<Verbs> {
         self.verbs.clone()
     }

@@ -19,9 +19,9 @@
 
 #![allow(unsafe_code)]
 
-pub(crate) mod cma;
 pub(crate) mod loader;
 pub(crate) mod raw;
+pub(crate) mod ucma;
 
 use loader::Verbs;
 use raw::*;

@@ -227,7 +227,7 @@ impl TargetRt {
 
     /// Starts target `t` on rdma-core device `d` (`NAME[:PORT]`): the
     /// port's verbs objects on the device, its logins by the kernel's RDMA
-    /// CM (librdmacm) on the device's addresses. IB CM logins and device
+    /// CM on the device's addresses. IB CM logins and device
     /// management (discovery) are not served there yet: the kernel owns
     /// QP1. A thread watches for the device's removal and return
     /// ([`watch_device`]).
