@@ -215,20 +215,7 @@ fn no_daemon_at_the_control_socket_says_start_it() {
 /// file.
 #[test]
 fn every_binary_answers_version_and_srptd_help_shows_defaults() {
-    let bins = [
-        "srptd",
-        "srptadm",
-        "srp",
-        "srpd",
-        "rperf",
-        "rperftest",
-        "rpingpong",
-        "rrping",
-        "ibsm",
-        "ibstat",
-        "saquery",
-    ];
-    let mut paths: Vec<(PathBuf, &str)> = bins
+    let mut paths: Vec<(PathBuf, &str)> = common::BINARIES
         .iter()
         .map(|name| (common::bin_of(name), *name))
         .collect();

@@ -14,28 +14,6 @@ use common::Proc;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-fn srptd(dir: &std::path::Path, ip: &str, tag: &str) -> (Proc, std::path::PathBuf) {
-    let sock = dir.join(format!("{tag}.sock"));
-    let cfg = dir.join(format!("{tag}.toml"));
-    std::fs::write(
-        &cfg,
-        format!(
-            "[target]\nip = \"{ip}\"\ncontrol_socket = \"{}\"\n\n\
-             [[device]]\nname = \"shared0\"\nhandler = \"vdisk_fileio\"\nfilename = \"{}\"\nsize = \"16M\"\n\n\
-             [[lun]]\nlun = 0\ndevice = \"shared0\"\n",
-            sock.display(),
-            dir.join("shared0.img").display()
-        ),
-    )
-    .unwrap();
-    let p = Proc::start(
-        "srptd",
-        Command::new(common::srptd_bin()).arg("--config").arg(&cfg),
-    );
-    p.wait_line("listening on", 20);
-    (p, sock)
-}
-
 /// `srptadm --json sessions` of the `srptd` behind `sock`.
 fn sessions(sock: &std::path::Path) -> Vec<serde_json::Value> {
     let out = Command::new(common::srptadm_bin())
@@ -61,8 +39,8 @@ fn srp_io_over_two_paths_survives_one_target_killed() {
     let dir = std::env::temp_dir().join(format!("srp-paths-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let (mut a, sock_a) = srptd(&dir, "127.0.89.1", "a");
-    let (_b, sock_b) = srptd(&dir, "127.0.89.3", "b");
+    let (mut a, sock_a) = common::srptd_sharing(&dir, "127.0.89.1", "a");
+    let (_b, sock_b) = common::srptd_sharing(&dir, "127.0.89.3", "b");
 
     let io = Proc::start(
         "srp io",
@@ -114,7 +92,7 @@ fn srp_io_spreads_over_four_channels_of_one_nexus() {
     let dir = std::env::temp_dir().join(format!("srp-chan-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let (_d, sock) = srptd(&dir, "127.0.89.11", "c");
+    let (_d, sock) = common::srptd_sharing(&dir, "127.0.89.11", "c");
     let io = Proc::start(
         "srp io",
         Command::new(common::srp_bin()).args([

@@ -104,6 +104,23 @@ impl Drop for Proc {
 /// (rperf, rperftest, rpingpong, rrping).
 const BIN_PACKAGES: [&str; 4] = ["srptd", "srp-cli", "ib-tools", "rdma-perf"];
 
+/// Every binary of [`BIN_PACKAGES`] (srpstack's own is
+/// `CARGO_BIN_EXE_srpstack`).
+#[allow(dead_code)]
+pub const BINARIES: [&str; 11] = [
+    "srptd",
+    "srptadm",
+    "srp",
+    "srpd",
+    "rperf",
+    "rperftest",
+    "rpingpong",
+    "rrping",
+    "ibsm",
+    "ibstat",
+    "saquery",
+];
+
 /// The binary `name` of one of [`BIN_PACKAGES`]. Cargo builds no other
 /// package's binaries for these tests, so the first call builds them all,
 /// in one `cargo build` per test process, into the same target directory
@@ -163,6 +180,28 @@ pub fn srptd_ram64(ip: &str, sock: &std::path::Path) -> Proc {
     );
     d.wait_line("listening on", 60);
     d
+}
+
+/// `srptd` on `ip` exporting the fileio image `dir/shared0.img` (16 MiB)
+/// as device `shared0`, LUN 0, with its config and control socket
+/// `dir/<tag>.toml` and `dir/<tag>.sock`, listening: started twice on two
+/// addresses, one LU (the same NAA) behind two target ports.
+#[allow(dead_code)]
+pub fn srptd_sharing(dir: &std::path::Path, ip: &str, tag: &str) -> (Proc, std::path::PathBuf) {
+    let sock = dir.join(format!("{tag}.sock"));
+    let cfg = dir.join(format!("{tag}.toml"));
+    std::fs::write(
+        &cfg,
+        format!(
+            "[target]\nip = \"{ip}\"\ncontrol_socket = \"{}\"\n\n\
+             [[device]]\nname = \"shared0\"\nhandler = \"vdisk_fileio\"\nfilename = \"{}\"\nsize = \"16M\"\n\n\
+             [[lun]]\nlun = 0\ndevice = \"shared0\"\n",
+            sock.display(),
+            dir.join("shared0.img").display()
+        ),
+    )
+    .unwrap();
+    (start_srptd(&cfg), sock)
 }
 
 /// `srptadm` ([`bin_of`]).
