@@ -14,10 +14,12 @@
 //!   `etc/srptd.toml` is found as written and what `srptadm write-config`
 //!   writes is the copy;
 //! - a line ending in `&`, and one that serves until stopped (`rperf
-//!   server`, `ibsm run`, `srp discover --rescan`), starts in the
-//!   background; the test waits (bounded) for the line it prints when
-//!   ready. At the end of its block it must still run, or have ended with
-//!   success; it is then stopped with SIGTERM and must exit with success;
+//!   server`, `ibsm run`), starts in the background; the test waits
+//!   (bounded) for the line it prints when ready. At the end of its block
+//!   it must still run, or have ended with success; it is then stopped
+//!   with SIGTERM and must exit with success. `srp discover --rescan
+//!   --login` is stopped so once it has logged in, as its user would stop
+//!   it before the next line ([`serves`]);
 //! - `...` stands for what [`ELIDED`] says; a `[bracketed]` part runs both
 //!   without and with it;
 //! - a daemon a line needs that its block does not start ([`NEEDS`]) the
@@ -27,8 +29,8 @@
 //!
 //! `--help` has no examples to run: no clap definition has an
 //! `after_help`/`after_long_help`, and
-//! [`no_help_text_has_examples_to_run`] keeps it so (every subcommand's
-//! page, as `--write-docs` renders them).
+//! [`no_help_text_has_examples_to_run`] keeps it so (`--help` of every
+//! binary and every subcommand).
 
 mod common;
 
