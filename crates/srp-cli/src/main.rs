@@ -811,6 +811,11 @@ fn run(cmd: Cmd) -> Result<bool, String> {
             Ok(true)
         }
         Cmd::Reset { login: l, lun } => {
+            // A short command: an interrupt (most likely while a login
+            // waits on a target that does not answer) ends it within
+            // STOP_GRACE, said on standard error.
+            let _interrupt =
+                daemon_ctl::signals::block_term().watch("srp", daemon_ctl::signals::STOP_GRACE);
             let session = login(&l)?;
             // Past the new nexus's unit attentions first, as a real user is.
             srp_initiator::disk::Disk::open(session.clone(), lun)
@@ -937,6 +942,9 @@ fn run(cmd: Cmd) -> Result<bool, String> {
             discover(local, cfg, control_socket, verbose)
         }
         Cmd::Luns { login: l, json } => {
+            // As `srp reset`: an interrupt ends it within STOP_GRACE.
+            let _interrupt =
+                daemon_ctl::signals::block_term().watch("srp", daemon_ctl::signals::STOP_GRACE);
             let session = login(&l)?;
             let luns = srp_initiator::disk::report_luns(&session).map_err(|e| e.to_string())?;
             let mut rows = Vec::new();

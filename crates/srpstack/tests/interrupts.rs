@@ -304,3 +304,39 @@ fn srpstack_quickstart_on_sigint_reports_and_stops_within_a_second() {
         "{err}"
     );
 }
+
+/// `srp luns` and `srp reset`, short commands, interrupted while their
+/// login waits on an address where nothing answers (a 10 s wait
+/// otherwise): each exits within a second with 128+signal and says why.
+#[test]
+fn short_commands_waiting_on_a_silent_target_exit_within_a_second() {
+    let bin = common::srp_bin();
+    for (cmd, sig, code) in [("luns", libc::SIGINT, 130), ("reset", libc::SIGTERM, 143)] {
+        // Nothing listens at 127.0.203.40: the login waits for the CM's
+        // answer until its timeout.
+        let mut child = Command::new(&bin)
+            .args([cmd, "--dest", "127.0.203.40:5555", "--ip", "127.0.203.41"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start srp");
+        // It says it is logging in before it waits.
+        let mut err = child.stderr.take().expect("stderr");
+        let mut seen = String::new();
+        let mut buf = [0u8; 256];
+        let said = within(Duration::from_secs(30), || {
+            let n = err.read(&mut buf).unwrap_or(0);
+            seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+            n == 0 || seen.contains("logging in")
+        });
+        assert!(said && seen.contains("logging in"), "srp {cmd}: {seen}");
+        let (status, took) = signal_and_wait(&mut child, sig);
+        let _ = err.read_to_string(&mut seen);
+        assert!(
+            took < WITHIN,
+            "srp {cmd} took {took:?} after signal {sig}: {seen}"
+        );
+        assert_eq!(status.code(), Some(code), "srp {cmd}: {seen}");
+        assert!(seen.contains("srp: "), "srp {cmd} said nothing: {seen}");
+    }
+}
