@@ -40,7 +40,9 @@ LOSS_SPEC=loss=0.01,seed=11
 PERFTEST_READ_OUTS=${PERFTEST_READ_OUTS:-16}
 # What perftest's TCP exchange gives while the peer's tool is not listening
 # yet (ours, then Linux's); nothing else is retried.
-OURS_NOT_UP='^rperftest: connect to .*: (No route to host|Connection refused|Connection timed out)'
+# Our port is Down until the VM's tap gives the bridge a carrier
+# (rperftest checks its port is ACTIVE before it starts).
+OURS_NOT_UP='^rperftest: (connect to .*: (No route to host|Connection refused|Connection timed out)|port [0-9]+ of .* is [A-Za-z]+, not ACTIVE)'
 LINUX_NOT_UP="Couldn't connect to"
 
 # perftest_recovered FILE: our NIC retransmitted or saw requests again.
