@@ -18,7 +18,7 @@ host_main() {
   ns_add_ip 10.77.0.2
   # Round 1: Linux rping serves; retry while the VM boots, only a connect
   # that got no answer or a REJ (no listener yet), never a validation.
-  retry_if_not_up 600 "rrping client" '^rrping: connect to .*: connection (timed out|rejected)' \
+  retry_if_not_up 600 "rrping client" '^rrping: (connect to .*: connection (timed out|rejected)|port [0-9]+ of .* is [A-Za-z]+, not ACTIVE)' \
     "$RUN_DIR/round1.txt" ns_run 90 "$RRPING" -c -a 10.77.0.11 -I 10.77.0.2 -C 10 -v -V --timeout 5 ||
     return 1
   grep -q "rrping: 10 pings, 10 validated" "$RUN_DIR/round1.txt" ||
