@@ -12,7 +12,8 @@ SCENARIO_GUEST_TIMEOUT=900
 RPINGPONG=${RPINGPONG:-${CARGO_TARGET_DIR:-$INTEROP_DIR/../target}/release/rpingpong}
 # What the TCP exchange says while the peer's tool is not listening yet;
 # nothing else is retried (a failure after the exchange is ours to explain).
-PP_NOT_UP='^rpingpong: out-of-band exchange on .*: (No route to host|Connection refused|Connection timed out)'
+# Our port is Down until the VM's tap gives the bridge a carrier.
+PP_NOT_UP='^rpingpong: (out-of-band exchange on .*: (No route to host|Connection refused|Connection timed out)|port [0-9]+ of .* is [A-Za-z]+, not ACTIVE)'
 
 host_main() {
   [ -x "$RPINGPONG" ] || { echo "missing $RPINGPONG: run cargo build --release -p rdma-perf"; return 1; }
