@@ -548,6 +548,10 @@ impl Service for RdmaCm {
         private_data: &[u8],
         timeout: Duration,
     ) -> Result<Established, CmError> {
+        // Closed: no event thread answers the steps any more.
+        if self.inner.lock().stopped {
+            return Err(CmError::Stopped);
+        }
         let deadline = Instant::now() + timeout;
         let ms = u32::try_from(timeout.as_millis())
             .unwrap_or(u32::MAX)
