@@ -44,18 +44,10 @@ print(find(json.load(sys.stdin)))'
 no_objects() { [ "$(verbs_objects)" = 0 ]; }
 
 guest_target() {
-  local node_guid ip netdev msg t0
-  ip=$(my_ip)
-  wait_until 60 "rxe0 port ACTIVE" grep -q ACTIVE /sys/class/infiniband/rxe0/ports/1/state
+  local netdev msg t0
+  srptd_on_rxe0
   netdev=$(cat /sys/class/infiniband/rxe0/ports/1/gid_attrs/ndevs/1)
-  node_guid=$(tr -d : </sys/class/infiniband/rxe0/node_guid)
-  /interop/bin/srptd --device rxe0 --ram-mib 32 --rdma-cm-port $SRP_PORT \
-    --control-socket /tmp/srptd.sock >/tmp/srptd.log 2>&1 &
-  SRPTD_PID=$!
-  tail -F /tmp/srptd.log 2>/dev/null | sed -u 's/^/  srptd| /' &
-  wait_until 30 "srptd to listen" grep -q "listening on" /tmp/srptd.log ||
-    fail "srptd did not start: $(tail -3 /tmp/srptd.log)"
-  msg_send "$(host_ip b)" 7002 300 "ready $node_guid"
+  msg_send "$(host_ip b)" 7002 300 "ready $NODE_GUID"
   msg=$(msg_recv 7001 600)
   [ "$msg" = remove ] || fail "initiator said '$msg', not remove"
   step "verbs objects before the removal: $(verbs_objects)"

@@ -49,24 +49,30 @@ host_main() {
   echo "our soft RoCE initiator: verified I/O against srptd on the rdma-core provider"
 }
 
-guest_target() {
-  local node_guid ip
-  ip=$(my_ip)
+# srptd_on_rxe0: srptd --device rxe0 with a 32 MiB RAM LUN, listening;
+# its log on the console as it is written. Sets SRPTD_PID and NODE_GUID
+# (rxe0's node GUID: srptd's target port ID).
+srptd_on_rxe0() {
   wait_until 60 "rxe0 port ACTIVE" grep -q ACTIVE /sys/class/infiniband/rxe0/ports/1/state
-  node_guid=$(tr -d : </sys/class/infiniband/rxe0/node_guid)
+  NODE_GUID=$(tr -d : </sys/class/infiniband/rxe0/node_guid)
   /interop/bin/srptd --device rxe0 --ram-mib 32 --rdma-cm-port $SRP_PORT \
     --control-socket /tmp/srptd.sock >/tmp/srptd.log 2>&1 &
   SRPTD_PID=$!
-  # srptd's log on the console as it is written.
   tail -F /tmp/srptd.log 2>/dev/null | sed -u 's/^/  srptd| /' &
   wait_until 30 "srptd to listen" grep -q "listening on" /tmp/srptd.log ||
     fail "srptd did not start: $(tail -3 /tmp/srptd.log)"
+}
+
+guest_target() {
+  local ip
+  ip=$(my_ip)
+  srptd_on_rxe0
   grep -q "$ip:$SRP_PORT of rxe0 (RDMA CM through the kernel)" /tmp/srptd.log ||
     fail "srptd does not say it listens on rxe0 at $ip:$SRP_PORT"
   python3 /interop/bin/adm_relay.py "$ip" 7000 /interop/bin/srptadm /tmp/srptd.sock >/tmp/relay.log 2>&1 &
   wait_until 30 "the srptadm relay" grep -q "relay listening" /tmp/relay.log
-  msg_send "$(host_ip b)" 7002 300 "ready $node_guid"
-  step "srptd ready on rxe0 (target port ID $node_guid), waiting for the initiator"
+  msg_send "$(host_ip b)" 7002 300 "ready $NODE_GUID"
+  step "srptd ready on rxe0 (target port ID $NODE_GUID), waiting for the initiator"
   local done_msg
   done_msg=$(msg_recv 7001 1300)
   [ "$done_msg" = done ] || fail "initiator reported '$done_msg'"

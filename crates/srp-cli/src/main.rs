@@ -359,13 +359,45 @@ fn local_ips(l: &Login) -> Vec<IpAddr> {
     }
 }
 
+/// One path's [`PathLogin`]: our port `local_guid`/`port` on
+/// `sessions`, logging in through `connector` to the target port
+/// `id_ext` (and `--ioc-guid`, else the same), with `l`'s initiator_ext
+/// and channel count.
+fn path_login(
+    l: &Login,
+    name: String,
+    sessions: &Arc<dyn verbs::Provider>,
+    local_guid: rdma_types::Guid,
+    port: rdma_types::PortNum,
+    connector: Arc<dyn srp_initiator::session::Connector>,
+    id_ext: u64,
+) -> Arc<srp_initiator::path_login::PathLogin> {
+    let chan = srp::initiator::ChannelConfig::new(
+        l.initiator_ext,
+        local_guid,
+        id_ext,
+        rdma_types::Guid(l.ioc_guid.unwrap_or(id_ext)),
+    );
+    let mut cfg = srp_initiator::session::SessionConfig::new(chan);
+    cfg.port = port;
+    Arc::new(
+        srp_initiator::path_login::PathLogin::new(
+            name,
+            sessions.clone(),
+            local_guid,
+            connector,
+            cfg,
+        )
+        .with_ch_count(l.ch_count),
+    )
+}
+
 /// The paths of `--device`: one [`PathLogin`] per `--dest`, all from the
 /// device's port, logging in by the kernel's RDMA CM.
 fn device_paths(
     l: &Login,
     spec: &rdmacore::DeviceSpec,
 ) -> Result<Vec<Arc<srp_initiator::path_login::PathLogin>>, String> {
-    use rdma_types::Guid;
     if l.service_id.is_some() {
         return Err(
             "--service-id (IB CM) is not served on an rdma-core device yet: log in by RDMA CM \
@@ -419,23 +451,14 @@ fn device_paths(
                 dst: *dest,
                 timeout: Duration::from_secs(10),
             });
-        let chan = srp::initiator::ChannelConfig::new(
-            l.initiator_ext,
+        out.push(path_login(
+            l,
+            format!("{}:{src} -> {dest}", spec.name),
+            &sessions,
             guid,
+            rdma_types::PortNum(spec.port),
+            connector,
             id_ext,
-            Guid(l.ioc_guid.unwrap_or(id_ext)),
-        );
-        let mut cfg = srp_initiator::session::SessionConfig::new(chan);
-        cfg.port = rdma_types::PortNum(spec.port);
-        out.push(Arc::new(
-            srp_initiator::path_login::PathLogin::new(
-                format!("{}:{src} -> {dest}", spec.name),
-                sessions.clone(),
-                guid,
-                connector,
-                cfg,
-            )
-            .with_ch_count(l.ch_count),
         ));
     }
     eprintln!(
@@ -453,7 +476,6 @@ fn device_paths(
 /// One [`PathLogin`] per `--dest`, each on its own soft RoCE CA, or all
 /// on the rdma-core device `--device` names.
 fn paths(l: &Login) -> Result<Vec<Arc<srp_initiator::path_login::PathLogin>>, String> {
-    use rdma_types::Guid;
     if let Some(spec) = &l.device {
         return device_paths(l, spec);
     }
@@ -505,21 +527,14 @@ fn paths(l: &Login) -> Result<Vec<Arc<srp_initiator::path_login::PathLogin>>, St
             }));
         // srptd's port GUID comes from its address (rnic::softroce::ip_guid).
         let target_guid = rnic::softroce::ip_guid(dest.ip()).0;
-        let chan = srp::initiator::ChannelConfig::new(
-            l.initiator_ext,
+        out.push(path_login(
+            l,
+            format!("{} -> {dest}", ca.ip),
+            &sessions,
             ca.guid,
+            rdma_types::PortNum(1),
+            connector,
             l.id_ext.unwrap_or(target_guid),
-            Guid(l.ioc_guid.unwrap_or(target_guid)),
-        );
-        out.push(Arc::new(
-            srp_initiator::path_login::PathLogin::new(
-                format!("{} -> {dest}", ca.ip),
-                sessions.clone(),
-                ca.guid,
-                connector,
-                srp_initiator::session::SessionConfig::new(chan),
-            )
-            .with_ch_count(l.ch_count),
         ));
     }
     // The first login follows at once; with nothing at the other end it

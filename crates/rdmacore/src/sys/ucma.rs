@@ -477,7 +477,6 @@ fn conn_param(
     qp_num: u32,
     responder_resources: u8,
     initiator_depth: u8,
-    srq: bool,
 ) -> ConnParam {
     let len = private_data.len().min(MAX_PRIVATE);
     let mut pd = [0u8; MAX_PRIVATE];
@@ -487,7 +486,7 @@ fn conn_param(
         qkey: 0,
         private_data: pd,
         private_data_len: len as u8,
-        srq: u8::from(srq),
+        srq: 0,
         responder_resources,
         initiator_depth,
         flow_control: 1,
@@ -590,13 +589,7 @@ impl Id {
         initiator_depth: u8,
     ) -> Result<(), Errno> {
         let c = Connect {
-            conn_param: conn_param(
-                private_data,
-                qp_num,
-                responder_resources,
-                initiator_depth,
-                false,
-            ),
+            conn_param: conn_param(private_data, qp_num, responder_resources, initiator_depth),
             id: self.id,
             reserved: 0,
             ece: Ece::default(),
@@ -616,13 +609,7 @@ impl Id {
     ) -> Result<(), Errno> {
         let a = Accept {
             uid,
-            conn_param: conn_param(
-                private_data,
-                qp_num,
-                responder_resources,
-                initiator_depth,
-                false,
-            ),
+            conn_param: conn_param(private_data, qp_num, responder_resources, initiator_depth),
             id: self.id,
             reserved: 0,
             ece: Ece::default(),

@@ -36,9 +36,13 @@ impl Daemon {
     pub(super) fn show_target(&self, i: usize) -> Value {
         let c = lock(&self.cfg);
         let (t, rt) = (&c.targets[i], &self.targets[i]);
-        let guid = rt.live().guid.0;
+        // One look at what runs on the CA now (a device watcher may
+        // replace it).
+        let live = rt.live();
+        let guid = live.guid.0;
+        let sessions = live.port.sessions();
         let mut v = json!({
-            "target": rt.port().name(),
+            "target": live.port.name(),
             "id_ext": format!("{guid:016x}"),
             "ioc_guid": format!("{guid:016x}"),
             "ip": t.ip.get_ref().to_string(),
@@ -48,7 +52,7 @@ impl Daemon {
             "fabric": t.fabric,
             "lid": rt.lid(),
             "ib_cm_service_id": t.ib_cm.then(|| format!("{guid:016x}")),
-            "enabled": rt.port().enabled(),
+            "enabled": live.port.enabled(),
             "rel_tgt_id": t.rel_tgt_id.get_ref(),
             "srp_max_req_size": t.srp_max_req_size.get_ref(),
             "srp_max_rsp_size": t.srp_max_rsp_size.get_ref(),
@@ -61,16 +65,16 @@ impl Daemon {
             "max_pending_per_initiator": t.max_pending_per_initiator.get_ref(),
             "keepalive_ms": t.keepalive_ms.get_ref(),
             "pkey": t.pkey.get_ref(),
-            "sessions": rt.port().sessions().len(),
-            "channels": channel_phases(&rt.port().sessions()),
-            "verbs_objects": rt.live().access.live_total(),
-            "cm_ids": rt.live().access.live(rdma_access::resource::Kind::CmId),
-            "mad_agents": rt.live().access.live(rdma_access::resource::Kind::MadAgent),
-            "sa_subscriptions": rt.live().access.live(rdma_access::resource::Kind::SaSubscription),
+            "sessions": sessions.len(),
+            "channels": channel_phases(&sessions),
+            "verbs_objects": live.access.live_total(),
+            "cm_ids": live.access.live(rdma_access::resource::Kind::CmId),
+            "mad_agents": live.access.live(rdma_access::resource::Kind::MadAgent),
+            "sa_subscriptions": live.access.live(rdma_access::resource::Kind::SaSubscription),
         });
         drop(c);
         if let Value::Object(m) = &mut v {
-            if let Some(c) = rt.nic.as_ref().and_then(|n| n.counters(rt.live().guid)) {
+            if let Some(c) = rt.nic.as_ref().and_then(|n| n.counters(live.guid)) {
                 for (k, n) in nic_counters(&c) {
                     m.insert(format!("nic_{k}"), json!(n));
                 }
