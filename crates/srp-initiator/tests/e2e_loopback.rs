@@ -277,7 +277,13 @@ fn during(
 /// disk sends them again, and no data is lost or misplaced.
 #[test]
 fn lun_reset_during_verified_io() {
-    let s = setup(32 << 20);
+    // Commands at the workers: on the loopback fabric a command run inline
+    // is answered before its SEND returns, so no reset could find one.
+    let opts = PortOptions {
+        inline_max: 0,
+        ..PortOptions::default()
+    };
+    let s = setup_with(fabric(&[TARGET_GUID, INIT_GUID]), 32 << 20, opts);
     let sess = session(&s, SessionConfig::new(s.chan.clone()));
     let disk: Arc<dyn blockload::BlockDevice> = Arc::new(Disk::open(sess.clone(), 0).unwrap());
     let mut w = blockload::Workload::new(blockload::Pattern::RandRw { read_pct: 50 });

@@ -42,18 +42,23 @@
 //! One lock guards the port's state (channels, the sans-IO target, the
 //! chunk pool). Who takes it, and what runs under it:
 //!
-//! - **Completions.** When the provider promises never to call a handler
-//!   from inside one of its own calls (`Provider::handlers_nest` is false)
-//!   and the calling thread holds no counted lock
+//! - **Completions.** When the calling thread holds no counted lock
 //!   (`verbs::nested::may_lock_here`), the completion callback drains the
-//!   CQ right there, on the provider's thread, under the port lock: one
-//!   thread hand-off less per IU. Otherwise it only queues a wake-up for
-//!   the port's poll thread, which drains the CQ under the lock. Async
+//!   CQ right there, on the provider's thread (or, for a provider that
+//!   calls back from inside its own calls, on the thread whose post made
+//!   the completion), under the port lock: no thread hand-off per IU.
+//!   Otherwise, and for a [`PortDrive::Caller`] port on such a provider,
+//!   it only queues a wake-up for the port's poll thread, which drains
+//!   the CQ under the lock. Async
 //!   events take nothing: a QP error surfaces as flushed completions.
 //! - **SCSI commands** run on a small worker pool (the SCSI core is
 //!   synchronous), outside the lock, or inline on the thread that took
-//!   the lock when the command is small and the port quiet; results come
-//!   back under the lock.
+//!   the lock when the command is small and its store never blocks (run
+//!   to completion); results come back under the lock.
+//! - **Work requests** are queued under the lock and posted once it is
+//!   let go, in order, by one thread at a time: a provider that calls back
+//!   on the posting thread (the loopback fabric) may then have the
+//!   initiator's handlers, and ours, run right there.
 //! - **The CM's calls** ([`TargetPort::login`], [`TargetPort::established`],
 //!   [`TargetPort::disconnected`]) take the lock; the caller must not hold
 //!   a lock a completion callback takes.

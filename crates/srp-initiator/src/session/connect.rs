@@ -50,7 +50,6 @@ impl Session {
         let wake = Arc::new(Wake {
             tx: Mutex::new(tx.clone()),
             inner: std::sync::OnceLock::new(),
-            inline: !provider.handlers_nest(),
         });
         let p = &provider;
         let ca = p
@@ -310,6 +309,8 @@ impl Session {
                 parked: IdMap::default(),
                 retried: IdMap::default(),
                 cv_waiters: 0,
+                posts: Vec::new(),
+                flushing: false,
                 timer_sleep: None,
                 quiet_since: rdma_types::Instant::ZERO,
                 probe_out: false,

@@ -230,6 +230,14 @@ struct State {
     retried: IdMap<Tag, ()>,
     /// Callers waiting on `cv` (pool pages, credits, task management).
     cv_waiters: u32,
+    /// SENDs queued under the lock (send id, slot, request), posted once
+    /// it is let go: a provider that calls back on the posting thread (the
+    /// loopback fabric) can then run the target's handlers, and ours,
+    /// right there, with no thread hand-off. One thread at a time posts
+    /// the queue, in order.
+    posts: Vec<(SendId, u32, SendWr)>,
+    /// A thread is posting `posts` (it takes what others queue meanwhile).
+    flushing: bool,
     /// The poll thread sleeps until this timer deadline (`Some(None)`:
     /// with no timer); `None` while it works (it looks at timers again
     /// before it sleeps).
@@ -243,8 +251,40 @@ struct State {
 }
 
 /// The session lock, counted so a completion callback on this thread
-/// knows not to take it again.
-type Locked<'a> = Counted<'a, State>;
+/// knows not to take it again. Letting it go posts the SENDs queued under
+/// it (see [`State::posts`]).
+struct Locked<'a> {
+    inner: &'a Inner,
+    st: Option<Counted<'a, State>>,
+}
+
+impl std::ops::Deref for Locked<'_> {
+    type Target = State;
+    fn deref(&self) -> &State {
+        self.st.as_ref().expect("held")
+    }
+}
+
+impl std::ops::DerefMut for Locked<'_> {
+    fn deref_mut(&mut self) -> &mut State {
+        self.st.as_mut().expect("held")
+    }
+}
+
+impl Drop for Locked<'_> {
+    fn drop(&mut self) {
+        let Some(st) = self.st.as_mut() else {
+            return;
+        };
+        if st.flushing || st.posts.is_empty() {
+            return;
+        }
+        st.flushing = true;
+        let posts = std::mem::take(&mut st.posts);
+        drop(self.st.take());
+        self.inner.flush_posts(posts);
+    }
+}
 
 const KIND_RECV: u64 = 1 << 56;
 const KIND_SEND: u64 = 2 << 56;
@@ -755,7 +795,36 @@ impl Drop for Session {
 
 impl Inner {
     fn lock(&self) -> Locked<'_> {
-        Counted::lock(&self.st)
+        Locked {
+            inner: self,
+            st: Some(Counted::lock(&self.st)),
+        }
+    }
+
+    /// Posts `posts` and whatever other threads queue meanwhile, in order,
+    /// with the lock let go; a failed post fails the connection.
+    fn flush_posts(&self, mut posts: Vec<(SendId, u32, SendWr)>) {
+        loop {
+            posts.retain(|(_, _, wr)| {
+                self.provider
+                    .post_send(self.qp, std::slice::from_ref(wr))
+                    .is_err()
+            });
+            let mut st = self.lock();
+            if !posts.is_empty() {
+                for (id, slot, _) in posts.drain(..) {
+                    st.slot_of.remove(&id);
+                    st.free_slots.push(slot);
+                }
+                self.lost(&mut st);
+                self.drain_channel(&mut st);
+            }
+            if st.posts.is_empty() {
+                st.flushing = false;
+                return;
+            }
+            posts = std::mem::take(&mut st.posts);
+        }
     }
 
     fn now(&self) -> rdma_types::Instant {

@@ -10,14 +10,15 @@ use super::*;
 pub(super) struct Wake {
     pub(super) tx: Mutex<Sender<Ev>>,
     pub(super) inner: std::sync::OnceLock<std::sync::Weak<Inner>>,
-    /// The provider never calls handlers from inside its own calls.
-    pub(super) inline: bool,
 }
 
 impl EventHandler for Wake {
     fn on_completion(&self, _cq_ctx: u64) {
         match self.inner.get().and_then(std::sync::Weak::upgrade) {
-            Some(inner) if self.inline && verbs::nested::may_lock_here() => {
+            // Our SENDs go out with no lock held (`State::posts`), so even
+            // a provider that calls back from inside its calls may have
+            // the completion handled right here.
+            Some(inner) if verbs::nested::may_lock_here() => {
                 inner.drain_cq();
                 // Never drop the last reference here: the session's
                 // teardown may stop the very thread running this callback.
@@ -200,11 +201,7 @@ impl Inner {
                         }],
                     );
                     st.slot_of.insert(t.id, slot);
-                    if self.provider.post_send(self.qp, &[wr]).is_err() {
-                        st.slot_of.remove(&t.id);
-                        st.free_slots.push(slot);
-                        self.lost(st);
-                    }
+                    st.posts.push((t.id, slot, wr));
                 }
                 Output::Reconnect => {
                     // Host reset: this session gives up; the caller (rport
@@ -277,12 +274,22 @@ impl Inner {
 
     /// Waits on `cv`, counted so notifiers can skip an empty wait.
     pub(super) fn wait_cv<'a>(&self, mut st: Locked<'a>) -> Locked<'a> {
+        let inner = st.inner;
+        if !st.posts.is_empty() {
+            // What we wait for may need them: post them first (a wake-up
+            // as a condition variable may have any time).
+            drop(st);
+            return inner.lock();
+        }
         st.cv_waiters += 1;
         let g = self
             .cv
-            .wait(st.into_guard())
+            .wait(st.st.take().expect("held").into_guard())
             .unwrap_or_else(|e| e.into_inner());
-        let mut st = Counted::from_guard(g);
+        let mut st = Locked {
+            inner,
+            st: Some(Counted::from_guard(g)),
+        };
         st.cv_waiters -= 1;
         st
     }

@@ -327,15 +327,14 @@ impl Inner {
         if solicited {
             wr.flags = SendFlags::SIGNALED | SendFlags::SOLICITED;
         }
-        match self.provider.post_send(c.qp, &[wr]) {
-            Ok(()) => c.outstanding += 1,
-            Err(_) => {
-                c.free_slots.push(slot);
-                if let Some(ch) = st.target.channel_mut(channel) {
-                    ch.handle_send_done(false);
-                }
-            }
-        }
+        c.outstanding += 1;
+        let qp = c.qp;
+        st.posts.push_back(Post {
+            conn,
+            qp,
+            wr,
+            kind: Posted::Send { slot },
+        });
     }
 
     /// Posts an RDMA op; false when no chunk is free (the op waits).
@@ -407,25 +406,75 @@ impl Inner {
             addr: op.remote_va,
             rkey: op.rkey,
         };
-        match self.provider.post_send(c.qp, &[wr]) {
-            Ok(()) => {
-                c.outstanding += 1;
-                c.ops.insert(
-                    op.id,
-                    OpInfo {
-                        chunk,
-                        cmd: op.cmd,
-                        local: op.local,
-                        len: op.len,
-                    },
-                );
+        c.outstanding += 1;
+        c.ops.insert(
+            op.id,
+            OpInfo {
+                chunk,
+                cmd: op.cmd,
+                local: op.local,
+                len: op.len,
+            },
+        );
+        let qp = c.qp;
+        st.posts.push_back(Post {
+            conn,
+            qp,
+            wr,
+            kind: Posted::Rdma { op, chunk },
+        });
+        true
+    }
+
+    /// Posts `posts` and whatever other threads queue meanwhile, in order,
+    /// with the lock let go (`PortLock`); a failed post is undone and its
+    /// channel told.
+    pub(super) fn flush_posts(&self, mut posts: VecDeque<Post>) {
+        loop {
+            let failed: Vec<Post> = posts
+                .drain(..)
+                .filter(|p| {
+                    self.provider
+                        .post_send(p.qp, std::slice::from_ref(&p.wr))
+                        .is_err()
+                })
+                .collect();
+            let mut st = self.lock();
+            for p in failed {
+                self.post_failed(&mut st, p);
             }
-            Err(_) => {
+            if st.posts.is_empty() {
+                st.flushing = false;
+                return;
+            }
+            posts = std::mem::take(&mut st.posts);
+        }
+    }
+
+    fn post_failed(&self, st: &mut State, p: Post) {
+        if let Some(c) = st.conns.get_mut(&p.conn) {
+            c.outstanding = c.outstanding.saturating_sub(1);
+        }
+        match p.kind {
+            Posted::Send { slot } => {
+                let Some(c) = st.conns.get_mut(&p.conn) else {
+                    return;
+                };
+                c.free_slots.push(slot);
+                let channel = c.channel;
+                if let Some(ch) = st.target.channel_mut(channel) {
+                    ch.handle_send_done(false);
+                }
+            }
+            Posted::Rdma { op, chunk } => {
                 st.free_chunks.extend(chunk);
-                self.fail_rdma(st, conn, op);
+                if let Some(c) = st.conns.get_mut(&p.conn) {
+                    c.ops.remove(&op.id);
+                }
+                self.fail_rdma(st, p.conn, op);
             }
         }
-        true
+        self.pump(st, p.conn);
     }
 
     pub(super) fn fail_rdma(&self, st: &mut State, conn: ConnId, op: RdmaOp) {

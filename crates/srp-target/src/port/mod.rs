@@ -105,8 +105,11 @@ pub struct PortOptions {
     /// Who handles the port's completions and fires its timers.
     pub drive: PortDrive,
     /// Largest transfer (bytes) a command to a memory store may have to
-    /// run right on the thread that got it, when the port is quiet: two
-    /// thread hand-offs less. 0: every command goes to a worker. Default
+    /// run right on the thread that got it (run to completion: received,
+    /// executed, its data and response posted), however many are in
+    /// flight: two thread hand-offs less. 0: every command goes to a
+    /// worker (on the loopback fabric a command run inline is answered
+    /// before its SEND returns, so nothing is ever in flight). Default
     /// [`INLINE_MAX`]; binaries map `SRPT_INLINE=0` onto 0
     /// ([`PortOptions::inline_max_from_env`]).
     pub inline_max: u32,
@@ -202,10 +205,6 @@ struct Inner {
     spill_below: usize,
     /// Commands up to this many bytes may run inline (0: never).
     inline_max: u32,
-    /// Commands handed to the workers and not finished: inline execution
-    /// is for a quiet port (latency); a busy one keeps its workers
-    /// (parallelism).
-    at_workers: std::sync::atomic::AtomicUsize,
     st: Mutex<State>,
     /// Per-LUN counters, under their own lock: the workers update them
     /// without the port lock.
@@ -356,6 +355,31 @@ struct State {
     /// Channels the target closed whose disconnect hook has not run yet
     /// (it runs when the lock is let go).
     closed: Vec<(ConnId, CloseReason)>,
+    /// Work requests queued under the lock, posted once it is let go.
+    posts: VecDeque<Post>,
+    /// A thread is posting `posts` (it takes what others queue meanwhile).
+    flushing: bool,
+}
+
+/// A work request queued under the port lock and posted once the lock is
+/// let go (`PortLock`): a provider that calls back on the posting thread
+/// (the loopback fabric) can then run the initiator's handlers, and ours,
+/// right there, with no thread hand-off. One thread at a time posts the
+/// queue, in order, so a response never overtakes its data.
+struct Post {
+    conn: ConnId,
+    qp: QpHandle,
+    wr: SendWr,
+    /// What to undo if the post fails.
+    kind: Posted,
+}
+
+enum Posted {
+    /// An IU in send slot `slot`.
+    Send { slot: u32 },
+    /// An RDMA READ or WRITE, through `chunk` unless it uses a command's
+    /// own chunks.
+    Rdma { op: RdmaOp, chunk: Option<usize> },
 }
 
 const RECV_CQ_CTX: u64 = u64::MAX;
@@ -394,11 +418,23 @@ impl std::ops::DerefMut for PortLock<'_> {
 
 impl Drop for PortLock<'_> {
     fn drop(&mut self) {
-        let closed = match self.st.as_mut() {
-            Some(st) if !st.closed.is_empty() => std::mem::take(&mut st.closed),
-            _ => return,
+        let Some(st) = self.st.as_mut() else {
+            return;
         };
+        let posts = if st.flushing || st.posts.is_empty() {
+            VecDeque::new()
+        } else {
+            st.flushing = true;
+            std::mem::take(&mut st.posts)
+        };
+        let closed = std::mem::take(&mut st.closed);
         drop(self.st.take());
+        if !posts.is_empty() {
+            self.inner.flush_posts(posts);
+        }
+        if closed.is_empty() {
+            return;
+        }
         // The hook's slot is let go too before it runs: a hook may set the
         // hook, or make the port close another channel on this thread
         // (whose hook then runs nested, from that call).
@@ -464,7 +500,10 @@ impl TargetPort {
         let handler = Arc::new(Wake {
             tx: Mutex::new(tx.clone()),
             inner: std::sync::OnceLock::new(),
-            inline: !provider.handlers_nest(),
+            // Posts go out with no lock held, so even a provider that
+            // calls back from inside them may have its completions handled
+            // on the spot; a caller-driven port takes them in `poll_at`.
+            inline: !provider.handlers_nest() || opts.drive == PortDrive::Thread,
         });
         let p = &provider;
         // What is made so far, released again if a later step fails.
@@ -540,7 +579,6 @@ impl TargetPort {
             spill_below: (opts.chunks / 4).max(2),
             direct_in: Default::default(),
             direct_out: Default::default(),
-            at_workers: std::sync::atomic::AtomicUsize::new(0),
             inline_max: opts.inline_max,
             st: Mutex::new(State {
                 target,
@@ -554,6 +592,8 @@ impl TargetPort {
                 jobs: jobs_tx,
                 last_sweep: std::time::Instant::now(),
                 closed: Vec::new(),
+                posts: VecDeque::new(),
+                flushing: false,
             }),
             lun_stats: Mutex::new(LunTable::new()),
             events: Mutex::new(tx),
