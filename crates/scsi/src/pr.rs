@@ -166,7 +166,7 @@ impl PrState {
                         _ => e.extend_from_slice(&[0, 0]),
                     }
                     e.extend_from_slice(&[0; 4]);
-                    let rtpi = env.ports.get(&n.target_port).copied().unwrap_or(0);
+                    let rtpi = env.ports.get(&*n.target_port).copied().unwrap_or(0);
                     e.extend_from_slice(&rtpi.to_be_bytes());
                     let tid = n.transport_id().map(|t| t.emit()).unwrap_or_default();
                     e.extend_from_slice(&(tid.len() as u32).to_be_bytes());

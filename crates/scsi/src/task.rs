@@ -8,7 +8,6 @@
 
 use crate::lun::Lun;
 use crate::target::Nexus;
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -58,7 +57,7 @@ impl From<ServiceResponse> for TmfResponse {
 
 #[derive(Default)]
 pub(crate) struct Tasks {
-    live: HashMap<(Nexus, Lun, u64), Arc<AtomicBool>>,
+    live: crate::target::FastMap<(Nexus, Lun, u64), Arc<AtomicBool>>,
 }
 
 impl Tasks {

@@ -294,7 +294,7 @@ fn register_and_move_to_an_srp_initiator() {
     let dev = Device::new(DeviceConfig::default(), Arc::new(Ram::new(64 * 512))).unwrap();
     t.add_lun(None, l0(), Arc::new(dev));
     let a = Nexus::from_transport_id(&TransportId::parse(&srp_tid(1)).unwrap().0, "port-a");
-    assert_eq!(a.initiator, srp_name(1));
+    assert_eq!(&*a.initiator, srp_name(1));
     let b = Nexus::new(&srp_name(2), "port-b");
     for n in [&a, &b] {
         t.execute(n, l0(), &[0; 6], &[], 0);

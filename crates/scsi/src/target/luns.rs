@@ -42,9 +42,9 @@ pub(super) struct State {
     /// Initiator name patterns -> group name, in the order added; the
     /// first match wins. A pattern ending in `*` matches by prefix.
     pub(super) members: Vec<(String, String)>,
-    pub(super) ua: HashMap<(Nexus, Lun), UaQueue>,
+    pub(super) ua: FastMap<(Nexus, Lun), UaQueue>,
     /// (nexus, LUN) pairs that have seen their power-on unit attention.
-    pub(super) known: HashSet<(Nexus, Lun)>,
+    pub(super) known: FastSet<(Nexus, Lun)>,
     /// Relative target port identifiers (SPC-4 3.1.120) by target port
     /// name, numbered from 1 as ports are first seen.
     pub(super) ports: BTreeMap<String, u16>,
@@ -97,13 +97,15 @@ impl State {
     }
 
     pub(super) fn ua_mut(&mut self, nexus: &Nexus, lun: Lun) -> &mut UaQueue {
-        if self.known.insert((nexus.clone(), lun)) {
+        let key = (nexus.clone(), lun);
+        if !self.known.contains(&key) {
+            self.known.insert(key.clone());
             self.ua
-                .entry((nexus.clone(), lun))
+                .entry(key.clone())
                 .or_default()
                 .push(Asc::POWER_ON_RESET);
         }
-        self.ua.entry((nexus.clone(), lun)).or_default()
+        self.ua.entry(key).or_default()
     }
 
     /// Raises REPORTED LUNS DATA HAS CHANGED on every known nexus of the

@@ -10,7 +10,7 @@ use crate::sense::{Asc, Sense, SenseKey};
 use crate::task::{ServiceResponse, Tmf, TmfResponse};
 use crate::transport_id::TransportId;
 use crate::ua::UaQueue;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -23,18 +23,41 @@ pub use luns::{GroupMap, LunMaps};
 use ordering::*;
 use run::{is_write, naca_supported};
 
-/// An I_T nexus: initiator port name and target port name.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+/// An I_T nexus: initiator port name and target port name. Every command
+/// names one, and the core keys its task sets, tasks and unit attentions
+/// by it: a clone shares the names, and a hash is the one made once.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Nexus {
-    pub initiator: String,
-    pub target_port: String,
+    pub initiator: Arc<str>,
+    pub target_port: Arc<str>,
+    /// A hash of both names (last: the order is the names').
+    hash: u64,
 }
+
+impl std::hash::Hash for Nexus {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write_u64(self.hash);
+    }
+}
+
+/// Maps keyed by what the core makes itself (nexuses, LUNs, tags): a hash
+/// of a word, not SipHash over names on every command. A tag is the
+/// initiator's choice, but collisions it could make cost only its own
+/// lookups, bounded by its queue depth.
+pub(crate) type FastMap<K, V> = rustc_hash::FxHashMap<K, V>;
+pub(crate) type FastSet<K> = rustc_hash::FxHashSet<K>;
 
 impl Nexus {
     pub fn new(initiator: &str, target_port: &str) -> Nexus {
+        use std::hash::{Hash, Hasher};
+        // Fixed keys: equal names, equal hash, in every nexus made.
+        let mut h = std::hash::DefaultHasher::new();
+        initiator.hash(&mut h);
+        target_port.hash(&mut h);
         Nexus {
             initiator: initiator.into(),
             target_port: target_port.into(),
+            hash: h.finish(),
         }
     }
 

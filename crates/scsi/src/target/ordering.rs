@@ -11,8 +11,8 @@ pub(super) fn lu_key(dev: &Arc<Device>) -> usize {
 /// Task sets and ACA conditions, by logical unit ([`lu_key`]).
 #[derive(Default)]
 pub(super) struct Order {
-    pub(super) sets: HashMap<usize, TaskSet>,
-    pub(super) aca: HashMap<usize, Aca>,
+    pub(super) sets: FastMap<usize, TaskSet>,
+    pub(super) aca: FastMap<usize, Aca>,
 }
 
 /// An ACA condition on one logical unit (SAM-5 5.9): a command with NACA=1
@@ -146,7 +146,7 @@ pub(super) struct TaskSet {
     pub(super) next: u64,
     pub(super) active: BTreeMap<u64, TaskAttr>,
     /// Tasks in `active` per nexus (for TASK SET FULL against BUSY).
-    pub(super) per_nexus: HashMap<Nexus, usize>,
+    pub(super) per_nexus: FastMap<Nexus, usize>,
 }
 
 impl TaskSet {
