@@ -28,7 +28,7 @@ impl InData {
 }
 
 /// Data-in at least this long is read into reserved chunks, not a vector.
-pub(super) const DIRECT_IN_MIN: u32 = 16 << 10;
+pub(super) const DIRECT_IN_MIN: u32 = 4 << 10;
 
 /// Where an RDMA op's local side lives.
 #[derive(Debug, Clone, Copy)]
