@@ -1223,6 +1223,11 @@ fn print_login(l: &serde_json::Value) {
     }
 }
 
+/// mimalloc: the data path allocates a few small buffers per I/O, and
+/// glibc's malloc costs several times more instructions per call.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     // `--write-docs DIR`: man pages and completions (dist/README.md).
     if let Some(code) = cli_docs::write_if_asked(<Cli as clap::CommandFactory>::command, "1") {
