@@ -11,9 +11,12 @@
 //!
 //! This is what `srpstack quickstart` and `srpstack bench` run. It refuses
 //! nothing a user can type: every error is reported with what was being
-//! done.
+//! done. [`usage`] is what the whole process spent (CPU, context
+//! switches), which `srpstack bench` reports per I/O.
 
 #![deny(clippy::undocumented_unsafe_blocks)]
+
+pub mod usage;
 
 use rdma_types::{Guid, Lid};
 use rnic::loopback::{CaConfig, Fabric};

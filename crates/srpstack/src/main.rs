@@ -70,9 +70,15 @@ enum Cmd {
         /// `threads` (one thread per I/O, as fio's psync with numjobs).
         #[arg(long, default_value = "queue")]
         engine: String,
-        /// Seconds to run (or with a unit: 500ms, 1m).
-        #[arg(long, default_value = "10", value_parser = rdma_types::units::secs)]
-        runtime: Duration,
+        /// Seconds to run (or with a unit: 500ms, 1m) [default: 10; with
+        /// --ios, 24 h].
+        #[arg(long, value_parser = rdma_types::units::secs)]
+        runtime: Option<Duration>,
+        /// Stop after this many I/Os (with --runtime too: whichever comes
+        /// first). Exact with --engine queue; with threads, a multiple of
+        /// --iodepth. For counts that repeat, as `bench/cost` needs.
+        #[arg(long)]
+        ios: Option<u64>,
         /// Stamp writes and check reads (a read-only pattern first fills
         /// the LUN, untimed, so every read is checked).
         #[arg(long)]
@@ -421,6 +427,10 @@ fn quickstart(
     }
 }
 
+/// How long a run bounded by `--ios` alone may take: no limit in
+/// practice, even under callgrind (the help says 24 h).
+const NO_RUNTIME_LIMIT: Duration = Duration::from_secs(86_400);
+
 #[allow(clippy::too_many_arguments)]
 fn bench(
     net: &NetArgs,
@@ -429,7 +439,8 @@ fn bench(
     bs: u32,
     iodepth: u32,
     engine: &str,
-    runtime: Duration,
+    runtime: Option<Duration>,
+    ios: Option<u64>,
     verify: bool,
     json: bool,
     stop: &Interrupt,
@@ -439,6 +450,20 @@ fn bench(
     if iodepth == 0 || iodepth > 256 {
         return Err(format!("iodepth {iodepth} must be 1..=256"));
     }
+    // A byte budget of exactly `ios` I/Os: the queue engine's one job
+    // stops at it; the threads engine splits it evenly over its jobs.
+    let size = match ios {
+        None => u64::MAX / 2,
+        Some(0) => return Err("--ios must be at least 1".into()),
+        Some(n) if engine == "threads" && !n.is_multiple_of(iodepth.into()) => {
+            return Err(format!(
+                "--ios {n} with --engine threads must be a multiple of --iodepth {iodepth} (one share per thread)"
+            ))
+        }
+        Some(n) => n
+            .checked_mul(bs.into())
+            .ok_or_else(|| format!("--ios {n} of {bs} bytes is more bytes than can be counted"))?,
+    };
     let stack = Stack::start(&StackConfig {
         size: ram,
         backing: Backing::Ram,
@@ -457,16 +482,29 @@ fn bench(
         "threads" => w.jobs = iodepth,
         other => return Err(format!("engine `{other}`: use queue or threads")),
     }
-    w.runtime = at_least_a_second(runtime);
-    w.size = Some(u64::MAX / 2);
+    w.runtime = match (runtime, ios) {
+        (Some(t), _) => at_least_a_second(t),
+        (None, Some(_)) => NO_RUNTIME_LIMIT,
+        (None, None) => Duration::from_secs(10),
+    };
+    w.size = Some(size);
     w.verify = verify;
     let label = format!("{rw} {} qd{iodepth}", format_size(bs.into()));
+    // The process's spending across the run: without verify, the run is
+    // its timed window (plus starting the job threads and collecting
+    // their reports); with it, a prefill or a read-back would count too.
+    let before = srpstack::usage::Usage::now().map_err(|e| format!("getrusage: {e}"))?;
     let r = run_with_bars(dev, &w, &label, stop, json)?;
+    let spent = srpstack::usage::Usage::now()
+        .map_err(|e| format!("getrusage: {e}"))?
+        .since(&before);
     let link = stack.link_counters();
     let ios = r.read.ios + r.write.ios;
+    let per_io = if verify { None } else { spent.per_io(ios) };
     if json {
         let mut v = serde_json::to_value(&r).map_err(|e| e.to_string())?;
         v["provider"] = serde_json::Value::from(provider);
+        v["per_io"] = serde_json::to_value(per_io).map_err(|e| e.to_string())?;
         if let Some(c) = link {
             v["nic_packets_sent"] = c.tx_packets.into();
             v["nic_retransmits"] = c.retransmits.into();
@@ -474,6 +512,15 @@ fn bench(
         println!("{v}");
     } else {
         print!("{}", r.table());
+        match per_io {
+            Some(p) => println!(
+                "per I/O, whole process, timed window: {p}; syscalls and instructions: bench/cost"
+            ),
+            None if verify => println!(
+                "per I/O: not measured with --verify (its prefill and read-back would count)"
+            ),
+            None => {}
+        }
         if let Some(c) = link {
             println!(
                 "soft RoCE: {} datagrams sent by both NICs ({:.2} per I/O, incl. login and setup), {} retransmitted",
@@ -518,10 +565,11 @@ fn main() -> ExitCode {
             iodepth,
             engine,
             runtime,
+            ios,
             verify,
             json,
         } => bench(
-            &net, ram, rw, bs, iodepth, &engine, runtime, verify, json, &stop,
+            &net, ram, rw, bs, iodepth, &engine, runtime, ios, verify, json, &stop,
         ),
     };
     if let Some(sig) = stop.signal() {

@@ -204,6 +204,80 @@ fn bench_reports_json_with_latency_percentiles() {
     assert!(p50 > 0.0 && p99 >= p50, "{v}");
 }
 
+/// `--ios N` stops after exactly N I/Os (what `bench/cost` differences
+/// two runs by), and the report gives what the whole process spent per
+/// I/O over the timed window; with `--verify` it gives none, as the
+/// prefill and the read-back would count.
+#[test]
+fn bench_counts_ios_and_reports_cost_per_io() {
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "bench",
+            "--provider",
+            "loopback",
+            "--ram",
+            "8M",
+            "--iodepth",
+            "8",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        let out = srpstack(&args);
+        assert!(
+            out.status.success(),
+            "{extra:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).expect("JSON report")
+    };
+    for (engine, ios) in [("queue", 1000), ("queue", 1), ("threads", 1000)] {
+        let n = ios.to_string();
+        let v = run(&["--engine", engine, "--ios", &n, "--rw", "randrw"]);
+        assert_eq!(v["total"]["ios"], ios, "{engine} --ios {ios}: {v}");
+        assert_eq!(v["stopped"], "size", "{v}");
+        let per_io = &v["per_io"];
+        for key in [
+            "context_switches",
+            "voluntary_switches",
+            "involuntary_switches",
+            "cpu_us",
+            "user_us",
+            "system_us",
+        ] {
+            let x = per_io[key]
+                .as_f64()
+                .unwrap_or_else(|| panic!("per_io.{key} missing: {v}"));
+            assert!(x.is_finite() && x >= 0.0, "per_io.{key} = {x}: {v}");
+        }
+        let sum = per_io["voluntary_switches"].as_f64().unwrap()
+            + per_io["involuntary_switches"].as_f64().unwrap();
+        assert!(
+            (per_io["context_switches"].as_f64().unwrap() - sum).abs() < 1e-9,
+            "{v}"
+        );
+        // A thousand I/Os cannot take a second of CPU each.
+        assert!(per_io["cpu_us"].as_f64().unwrap() < 1e6, "{v}");
+    }
+    let v = run(&["--ios", "200", "--verify"]);
+    assert_eq!(v["total"]["ios"], 200, "{v}");
+    assert!(v["per_io"].is_null(), "{v}");
+
+    for (args, says) in [
+        (&["--ios", "0"][..], "--ios must be at least 1"),
+        (
+            &["--ios", "10", "--engine", "threads"][..],
+            "must be a multiple of --iodepth 8",
+        ),
+    ] {
+        let mut all = vec!["bench", "--provider", "loopback", "--iodepth", "8"];
+        all.extend_from_slice(args);
+        let out = srpstack(&all);
+        assert!(!out.status.success(), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+}
+
 /// The queued engine (one thread, many SRP commands in flight through
 /// `Session::start` / `wait_any`) against the threaded one, both verified,
 /// over the soft RoCE NIC.

@@ -92,6 +92,12 @@ const NOT_HERE: &[NotHere] = &[
         refused_with: &[],
     },
     NotHere {
+        line: "bench/cost",
+        why: "runs srpstack under callgrind and perf stat for minutes (installs valgrind and perf with apt-get)",
+        covered_by: "tests/cli.rs bench_counts_ios_and_reports_cost_per_io (srpstack bench --ios, the per-I/O report it reads); run by hand",
+        refused_with: &[],
+    },
+    NotHere {
         line: "cargo build --release -p rdma-perf",
         why: "a build; this test builds the binaries itself in its own profile",
         covered_by: "common::bin_of",
