@@ -30,6 +30,8 @@ impl Inner {
 
     /// Runs the commands `submit_scsi` kept for this thread, with the lock
     /// released, until none are left (their responses may start more).
+    /// The results of a round go back under one lock, so its data and
+    /// responses go out as one batch (see `flush_posts`).
     pub(super) fn run_inline<'a>(&'a self, mut st: Locked<'a>) {
         loop {
             let jobs = std::mem::take(&mut st.inline_jobs);
@@ -38,12 +40,18 @@ impl Inner {
                 return;
             }
             drop(st);
-            for mut job in jobs {
-                self.gather_job(&mut job);
-                let (done, data_in) = self.execute(&job);
-                self.done_locked(&mut self.lock(), job.conn, done, data_in);
-            }
+            let results: Vec<_> = jobs
+                .into_iter()
+                .map(|mut job| {
+                    self.gather_job(&mut job);
+                    let (done, data_in) = self.execute(&job);
+                    (job.conn, done, data_in)
+                })
+                .collect();
             st = self.lock();
+            for (conn, done, data_in) in results {
+                self.done_locked(&mut st, conn, done, data_in);
+            }
         }
     }
 
@@ -426,19 +434,34 @@ impl Inner {
         true
     }
 
-    /// Posts `posts` and whatever other threads queue meanwhile, in order,
-    /// with the lock let go (`PortLock`); a failed post is undone and its
-    /// channel told.
+    /// Posts `posts` and whatever other threads queue meanwhile, with the
+    /// lock let go (`PortLock`); a failed post is undone and its channel
+    /// told. In each batch the RDMA READs and WRITEs go first, then the
+    /// IUs, each in the order queued: a response moves only later, never
+    /// ahead of its data, and same-size packets (the WRITEs of a batch of
+    /// reads, their responses) leave back to back, one GSO send each on
+    /// soft RoCE. Each QP's run of requests is one post.
     pub(super) fn flush_posts(&self, mut posts: VecDeque<Post>) {
         loop {
-            let failed: Vec<Post> = posts
-                .drain(..)
-                .filter(|p| {
-                    self.provider
-                        .post_send(p.qp, std::slice::from_ref(&p.wr))
-                        .is_err()
-                })
-                .collect();
+            posts
+                .make_contiguous()
+                .sort_by_key(|p| matches!(p.kind, Posted::Send { .. }));
+            let mut failed = Vec::new();
+            let mut rest = Vec::from(posts);
+            while !rest.is_empty() {
+                let qp = rest[0].qp;
+                let run = rest.iter().take_while(|p| p.qp == qp).count();
+                let tail = rest.split_off(run);
+                let wrs: Vec<SendWr> = rest.iter().map(|p| p.wr.clone()).collect();
+                match self.provider.post_send(qp, &wrs) {
+                    Ok(()) => {}
+                    Err(verbs::VerbsError::BadWr { index, .. }) => {
+                        failed.extend(rest.drain(index.min(run)..))
+                    }
+                    Err(_) => failed.append(&mut rest),
+                }
+                rest = tail;
+            }
             let mut st = self.lock();
             for p in failed {
                 self.post_failed(&mut st, p);
