@@ -19,7 +19,9 @@
 //! checked in all. The report says what ended the run ([`Stopped`]): the
 //! runtime, the byte budget, an I/O error, or the caller's stop flag
 //! ([`run_until`], for an interrupt: the jobs finish the I/Os in flight,
-//! skip the read-back and report what they did).
+//! skip the read-back and report what they did; a job whose I/O is still
+//! waiting on the device [`STOP_WAIT`] later is left behind, its I/O in
+//! flight counted nowhere and said so).
 //!
 //! [`bytes::ByteView`] shows a device as bytes: unaligned ranges become
 //! read-modify-write of the edge blocks, safe under concurrent writers.
@@ -38,7 +40,7 @@ pub use stamp::{check_unit, fill_unit, offset_units, Mismatch, UNIT};
 use serde::Serialize;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// A device addressed in logical blocks. Calls may come from several
@@ -360,6 +362,11 @@ pub struct Report {
     pub io_errors: u64,
     /// The first I/O error's text.
     pub first_io_error: Option<String>,
+    /// Interrupted runs: jobs whose I/O was still waiting on the device
+    /// [`STOP_WAIT`] after the stop flag (a peer that no longer answers).
+    /// The report was made without them: what they completed before is
+    /// counted, the I/O they wait on is not.
+    pub jobs_waiting: u32,
 }
 
 impl Report {
@@ -442,6 +449,11 @@ impl Report {
                 self.runtime_budget
             ),
             Stopped::IoError => format!("stopped by an I/O error after {moved}"),
+            Stopped::Interrupted if self.jobs_waiting > 0 => format!(
+                "interrupted after {moved}: partial numbers, read-back skipped; {} of {} jobs \
+                 still waiting on the device, their I/O in flight not counted",
+                self.jobs_waiting, self.jobs
+            ),
             Stopped::Interrupted => {
                 format!("interrupted after {moved}: partial numbers, read-back skipped")
             }
@@ -469,6 +481,11 @@ struct Shared {
     /// and bytes checked.
     to_check: AtomicU64,
     checked: AtomicU64,
+    /// Each job's numbers, kept here rather than on its stack so that a
+    /// job stuck in a device call after an interrupt still has what it
+    /// did before counted ([`STOP_WAIT`]). Each job locks only its own,
+    /// and only between device calls.
+    results: Vec<Mutex<JobResult>>,
 }
 
 impl Shared {
@@ -485,7 +502,25 @@ impl Shared {
     fn stopped(&self) -> bool {
         self.stop.load(Ordering::Relaxed)
     }
+
+    /// Job `job`'s numbers, to update.
+    fn result(&self, job: u32) -> MutexGuard<'_, JobResult> {
+        self.results[job as usize]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
 }
+
+/// How long an interrupted run ([`run_until`]) waits for the I/Os in
+/// flight before it reports without the jobs still waiting on the device:
+/// an interrupt must not wait on a peer that no longer answers.
+pub const STOP_WAIT: Duration = Duration::from_millis(250);
+
+/// How often [`run_until`] looks at its jobs and its stop flag.
+const TICK: Duration = Duration::from_millis(50);
+
+/// How often [`run_until`] calls its `progress`, at least.
+const PROGRESS_EVERY: Duration = Duration::from_millis(200);
 
 struct JobResult {
     read: hdrhistogram::Histogram<u64>,
@@ -515,8 +550,11 @@ pub fn run(
 /// [`run`], ending early once `stop` is set (an interrupt): each job
 /// finishes the I/Os it has in flight and starts no more, the read-back
 /// is skipped, and the report ([`Stopped::Interrupted`]) holds what was
-/// done until then. `progress` is called at least every 200 ms, so a
-/// caller may set `stop` from it.
+/// done until then. Jobs whose I/O is still waiting on the device
+/// [`STOP_WAIT`] after `stop` was seen are left behind (their threads
+/// return when the device answers or fails the I/O) and counted in
+/// [`Report::jobs_waiting`]. `progress` is called at least every 200 ms,
+/// so a caller may set `stop` from it.
 pub fn run_until(
     dev: Arc<dyn BlockDevice>,
     w: &Workload,
@@ -546,6 +584,7 @@ pub fn run_until(
         timed_end_ns: AtomicU64::new(0),
         to_check: AtomicU64::new(0),
         checked: AtomicU64::new(0),
+        results: (0..w.jobs).map(|_| Mutex::new(new_result())).collect(),
     });
     if w.verify && matches!(w.pattern, Pattern::Read | Pattern::RandRead) {
         if let Err(e) = prefill(dev.as_ref(), w, &geo, &shared) {
@@ -563,22 +602,32 @@ pub fn run_until(
         let (dev, shared, tx, w) = (dev.clone(), shared.clone(), tx.clone(), w.clone());
         let slice = geo.slice(job);
         std::thread::spawn(move || {
-            let r = if queued {
+            if queued {
                 run_job_queued(dev.as_ref(), &w, job, slice, per_job_bytes, start, &shared)
             } else {
                 run_job(dev.as_ref(), &w, job, slice, per_job_bytes, start, &shared)
-            };
-            let _ = tx.send(r);
+            }
+            let _ = tx.send(());
         });
     }
     drop(tx);
-    let mut results = Vec::new();
-    while results.len() < w.jobs as usize {
-        match rx.recv_timeout(Duration::from_millis(200)) {
-            Ok(r) => results.push(r),
-            Err(mpsc::RecvTimeoutError::Timeout) => {}
+    let mut ended = 0;
+    let mut stop_seen: Option<Instant> = None;
+    let mut last_progress: Option<Instant> = None;
+    while ended < w.jobs {
+        let job_ended = match rx.recv_timeout(TICK) {
+            Ok(()) => true,
+            Err(mpsc::RecvTimeoutError::Timeout) => false,
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        };
+        ended += u32::from(job_ended);
+        if shared.stopped() && stop_seen.get_or_insert_with(Instant::now).elapsed() >= STOP_WAIT {
+            break;
         }
+        if !job_ended && last_progress.is_some_and(|t| t.elapsed() < PROGRESS_EVERY) {
+            continue;
+        }
+        last_progress = Some(Instant::now());
         let timed_over = shared.timed.load(Ordering::Acquire) == 0;
         progress(Progress {
             bytes: shared.bytes.load(Ordering::Relaxed),
@@ -600,7 +649,20 @@ pub fn run_until(
         0 => start.elapsed(),
         ns => Duration::from_nanos(ns),
     };
-    Ok(merge(w, results, seconds.as_secs_f64(), total_bytes))
+    // What every job did, the jobs left behind included: a job that
+    // comes back later accounts into a fresh result no one reads.
+    let results = (0..w.jobs)
+        .map(|job| {
+            let mut r = std::mem::replace(&mut *shared.result(job), new_result());
+            if shared.stopped() {
+                r.stopped = Stopped::Interrupted;
+            }
+            r
+        })
+        .collect();
+    let mut report = merge(w, results, seconds.as_secs_f64(), total_bytes);
+    report.jobs_waiting = w.jobs - ended;
+    Ok(report)
 }
 
 /// A prefill write failed: where, and the device's error.
@@ -854,12 +916,11 @@ fn end_timed(
     dev: &dyn BlockDevice,
     slice: Slice,
     bs: usize,
-    (job_seed, start): (u32, Instant),
+    (job, job_seed, start): (u32, u32, Instant),
     shared: &Shared,
     verify: bool,
-    r: &mut JobResult,
 ) {
-    let check = verify && r.io_errors == 0 && !shared.stopped();
+    let check = verify && shared.result(job).io_errors == 0 && !shared.stopped();
     let to_check = if check {
         (slice.first..slice.first + slice.count)
             .filter(|&b| shared.gens.0[b as usize].load(Ordering::Relaxed) != 0)
@@ -871,7 +932,7 @@ fn end_timed(
     shared.timed_over(start, Instant::now(), to_check);
     if check {
         let mut buf = vec![0u8; bs];
-        read_back(dev, slice, bs, shared, job_seed, &mut buf, r);
+        read_back(dev, slice, bs, shared, (job, job_seed), &mut buf);
     }
 }
 
@@ -883,9 +944,8 @@ fn run_job(
     budget: u64,
     start: Instant,
     shared: &Shared,
-) -> JobResult {
+) {
     let deadline = start + w.runtime;
-    let mut r = new_result();
     let bs = w.bs as usize;
     let mut buf = vec![0u8; bs];
     let mut rng = Rng::new(w.seed ^ (job as u64).wrapping_mul(0x1000_0001));
@@ -908,16 +968,24 @@ fn run_job(
         };
         let ns = t0.elapsed().as_nanos().max(1) as u64;
         if !account(
-            &mut r, res, w, shared, block, is_read, gen, job_seed, &buf, ns,
+            &mut shared.result(job),
+            res,
+            w,
+            shared,
+            block,
+            is_read,
+            gen,
+            job_seed,
+            &buf,
+            ns,
         ) {
             failed = true;
             break;
         }
         moved += bs as u64;
     }
-    r.stopped = why_stopped(failed, shared, moved, budget);
-    end_timed(dev, slice, bs, (job_seed, start), shared, w.verify, &mut r);
-    r
+    shared.result(job).stopped = why_stopped(failed, shared, moved, budget);
+    end_timed(dev, slice, bs, (job, job_seed, start), shared, w.verify);
 }
 
 /// One job with `w.iodepth` I/Os in flight through the device's queue.
@@ -931,9 +999,8 @@ fn run_job_queued(
     budget: u64,
     start: Instant,
     shared: &Shared,
-) -> JobResult {
+) {
     let deadline = start + w.runtime;
-    let mut r = new_result();
     let bs = w.bs as usize;
     let depth = (w.iodepth as usize).clamp(1, slice.count as usize);
     let Some(mut q) = dev.queue(depth) else {
@@ -995,7 +1062,7 @@ fn run_job_queued(
                 }
                 Err(e) => {
                     account(
-                        &mut r,
+                        &mut shared.result(job),
                         Err(e),
                         w,
                         shared,
@@ -1019,7 +1086,7 @@ fn run_job_queued(
         in_flight.remove(&block);
         let ns = t0.elapsed().as_nanos().max(1) as u64;
         if !account(
-            &mut r,
+            &mut shared.result(job),
             res,
             w,
             shared,
@@ -1034,9 +1101,8 @@ fn run_job_queued(
         }
     }
     drop(q);
-    r.stopped = why_stopped(failed, shared, started, budget);
-    end_timed(dev, slice, bs, (job_seed, start), shared, w.verify, &mut r);
-    r
+    shared.result(job).stopped = why_stopped(failed, shared, started, budget);
+    end_timed(dev, slice, bs, (job, job_seed, start), shared, w.verify);
 }
 
 /// Reads back every block of `slice` this run wrote and checks it: the
@@ -1046,9 +1112,8 @@ fn read_back(
     slice: Slice,
     bs: usize,
     shared: &Shared,
-    job_seed: u32,
+    (job, job_seed): (u32, u32),
     buf: &mut [u8],
-    r: &mut JobResult,
 ) {
     for block in slice.first..slice.first + slice.count {
         if shared.stopped() {
@@ -1058,13 +1123,15 @@ fn read_back(
             continue;
         }
         let offset = block * bs as u64;
-        if let Err(e) = dev.read_at(block * slice.lbas_per_io, buf) {
+        let res = dev.read_at(block * slice.lbas_per_io, buf);
+        let mut r = shared.result(job);
+        if let Err(e) = res {
             r.io_errors += 1;
             r.first_io_error
                 .get_or_insert_with(|| format!("read-back at byte offset {offset:#x}: {e}"));
             return;
         }
-        verify_read(buf, offset, shared, block, job_seed, r);
+        verify_read(buf, offset, shared, block, job_seed, &mut r);
         r.read_back += bs as u64;
         shared.checked.fetch_add(bs as u64, Ordering::Relaxed);
     }
@@ -1164,6 +1231,7 @@ fn merge(w: &Workload, results: Vec<JobResult>, seconds: f64, size_budget: u64) 
         verify_errors: errors,
         io_errors,
         first_io_error,
+        jobs_waiting: 0,
     }
 }
 

@@ -461,6 +461,83 @@ fn a_stop_flag_ends_the_run_with_a_partial_report() {
     assert!(r.ok(), "an interrupt is no failure: {t}");
 }
 
+/// Answers `answers` I/Os, then none: every later call waits until
+/// `thaw` is set (a target that stopped answering).
+struct Freezes {
+    inner: RamDevice,
+    answers: u64,
+    count: AtomicU64,
+    thaw: std::sync::atomic::AtomicBool,
+}
+
+impl Freezes {
+    fn gate(&self) {
+        if self.count.fetch_add(1, Ordering::SeqCst) >= self.answers {
+            while !self.thaw.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+    }
+}
+
+impl BlockDevice for Freezes {
+    fn block_size(&self) -> u32 {
+        self.inner.block_size()
+    }
+    fn num_blocks(&self) -> u64 {
+        self.inner.num_blocks()
+    }
+    fn read_at(&self, lba: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.gate();
+        self.inner.read_at(lba, buf)
+    }
+    fn write_at(&self, lba: u64, buf: &[u8]) -> io::Result<()> {
+        self.gate();
+        self.inner.write_at(lba, buf)
+    }
+}
+
+/// An interrupt while every job waits on a device that stopped answering:
+/// the run still ends within [`blockload::STOP_WAIT`] and a little, with
+/// what the jobs did before counted and the waiting jobs named.
+#[test]
+fn a_stop_flag_ends_a_run_whose_jobs_wait_on_a_frozen_device() {
+    let dev = Arc::new(Freezes {
+        inner: RamDevice::new(512, 2048),
+        answers: 100,
+        count: AtomicU64::new(0),
+        thaw: Default::default(),
+    });
+    let mut w = workload(Pattern::RandRw { read_pct: 50 }, 4, u64::MAX / 2);
+    w.region = Some(1 << 20);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut stopped_at = None;
+    let r = blockload::run_until(dev.clone(), &w, stop.clone(), |_| {
+        // Every job is inside a call that will not return.
+        if stopped_at.is_none() && dev.count.load(Ordering::SeqCst) >= 100 + 4 {
+            stop.store(true, Ordering::Relaxed);
+            stopped_at = Some(std::time::Instant::now());
+        }
+    })
+    .unwrap();
+    let took = stopped_at.expect("the device froze").elapsed();
+    dev.thaw.store(true, Ordering::SeqCst);
+    let t = r.table();
+    assert!(
+        took < blockload::STOP_WAIT + Duration::from_millis(500),
+        "{took:?}"
+    );
+    assert_eq!(r.stopped, blockload::Stopped::Interrupted, "{t}");
+    assert_eq!(r.jobs_waiting, 4, "{t}");
+    assert_eq!(r.total.ios, 100, "every answered I/O is counted: {t}");
+    assert!(
+        t.contains("4 of 4 jobs still waiting on the device, their I/O in flight not counted"),
+        "{t}"
+    );
+    assert!(r.ok(), "{t}");
+    assert_eq!(serde_json::to_value(&r).unwrap()["jobs_waiting"], 4);
+}
+
 /// A byte budget that runs out before the runtime is named as the reason.
 #[test]
 fn a_size_cap_before_the_runtime_says_so() {

@@ -717,8 +717,13 @@ fn run(cmd: Cmd) -> Result<bool, String> {
                 }
             }
             .map_err(|e| e.to_string())?;
-            disk.flush()
-                .map_err(|e| format!("SYNCHRONIZE CACHE: {e}"))?;
+            // Interrupted with I/O still waiting on a target that does not
+            // answer: a cache flush or a logout would wait on it too.
+            let stuck = r.jobs_waiting > 0;
+            if !stuck {
+                disk.flush()
+                    .map_err(|e| format!("SYNCHRONIZE CACHE: {e}"))?;
+            }
             let sig = interrupt.signal().map(daemon_ctl::signals::name);
             if let Some(sig) = &sig {
                 eprintln!("srp: {sig}: stopped; the report holds what was done so far");
@@ -730,6 +735,13 @@ fn run(cmd: Cmd) -> Result<bool, String> {
                 for line in dropped_ius(&paths) {
                     println!("{line}");
                 }
+            }
+            if let Some(sig) = sig.as_deref().filter(|_| stuck) {
+                eprintln!(
+                    "srp: {sig}: I/O still waits on {}, which does not answer: exiting without SYNCHRONIZE CACHE or logout",
+                    dests(&l)
+                );
+                return Ok(r.ok());
             }
             // Logged out now, not when the target's keepalive notices.
             drop(disk);
