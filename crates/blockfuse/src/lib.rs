@@ -48,7 +48,10 @@
 //!
 //! The session runs on background threads; [`Mount::unmount`] (or drop)
 //! unmounts, detaching lazily and then aborting the FUSE connection if the
-//! files stay busy, and joins within a bounded time.
+//! files stay busy, and joins within a bounded time. [`Mount::stats`] says
+//! what was read and written through each file, and how many requests are
+//! inside a device call now (a device that stopped answering holds them,
+//! and the session cannot end before they return).
 
 #![deny(clippy::undocumented_unsafe_blocks)]
 
@@ -112,6 +115,26 @@ impl Default for Options {
             fsname: "blockfuse".into(),
         }
     }
+}
+
+/// What was done through one file since it was shown ([`Mount::stats`]),
+/// counted as the kernel asked for it (a large `read` split into several
+/// device calls is one read).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FileStats {
+    /// `read` requests answered.
+    pub reads: u64,
+    /// Bytes they returned.
+    pub read_bytes: u64,
+    /// `write` requests done.
+    pub writes: u64,
+    /// Bytes they wrote.
+    pub written_bytes: u64,
+    /// Requests the device failed (`EIO`).
+    pub errors: u64,
+    /// Requests inside a device call now (reads, writes, flushes, zeroes
+    /// and punches): a device that no longer answers keeps them here.
+    pub in_flight: u64,
 }
 
 /// A mounted blockfuse directory; unmounted by [`Mount::unmount`] or drop.
@@ -252,6 +275,15 @@ impl Mount {
             .read()
             .iter()
             .map(|(_, l)| l.name.clone())
+            .collect()
+    }
+
+    /// Each file's [`FileStats`], in the order they were added.
+    pub fn stats(&self) -> Vec<(String, FileStats)> {
+        self.table
+            .read()
+            .iter()
+            .map(|(_, l)| (l.name.clone(), l.stats()))
             .collect()
     }
 

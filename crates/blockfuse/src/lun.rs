@@ -2,10 +2,11 @@
 //! [`blockload::bytes::ByteView`], the part of the file system that does
 //! not know about FUSE.
 
+use crate::FileStats;
 use blockload::bytes::ByteView;
 use blockload::BlockDevice;
 use std::io;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// Why a byte-level operation on a LUN failed.
@@ -21,14 +22,6 @@ pub(crate) enum LunError {
 }
 
 impl LunError {
-    fn device(e: io::Error) -> LunError {
-        if e.kind() == io::ErrorKind::Unsupported {
-            LunError::Unsupported
-        } else {
-            LunError::Device(e)
-        }
-    }
-
     /// The errno the caller of read(2)/write(2)/fallocate(2) sees.
     pub(crate) fn errno(&self) -> i32 {
         match self {
@@ -61,6 +54,50 @@ pub(crate) struct Lun {
     /// began: set once the data is at the device, cleared as a flush
     /// starts (so a write that completes during a flush leaves it set).
     unsynced: AtomicBool,
+    counts: Counts,
+}
+
+/// [`FileStats`] as they are counted.
+#[derive(Default)]
+struct Counts {
+    reads: AtomicU64,
+    read_bytes: AtomicU64,
+    writes: AtomicU64,
+    written_bytes: AtomicU64,
+    errors: AtomicU64,
+    in_flight: AtomicU64,
+}
+
+/// One request inside a device call, for [`FileStats::in_flight`].
+struct InFlight<'a>(&'a AtomicU64);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Counts {
+    fn enter(&self) -> InFlight<'_> {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        InFlight(&self.in_flight)
+    }
+
+    /// Counts a device error; the error, as [`LunError::Device`].
+    fn failed(&self, e: io::Error) -> LunError {
+        self.errors.fetch_add(1, Ordering::Relaxed);
+        LunError::Device(e)
+    }
+
+    /// As [`Counts::failed`], but a device that cannot do this (no
+    /// UNMAP) is [`LunError::Unsupported`], no error.
+    fn failed_or_unsupported(&self, e: io::Error) -> LunError {
+        if e.kind() == io::ErrorKind::Unsupported {
+            LunError::Unsupported
+        } else {
+            self.failed(e)
+        }
+    }
 }
 
 impl Lun {
@@ -71,7 +108,22 @@ impl Lun {
             name,
             view,
             unsynced: AtomicBool::new(false),
+            counts: Counts::default(),
         })
+    }
+
+    /// What was done through this file so far.
+    pub(crate) fn stats(&self) -> FileStats {
+        let c = &self.counts;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        FileStats {
+            reads: get(&c.reads),
+            read_bytes: get(&c.read_bytes),
+            writes: get(&c.writes),
+            written_bytes: get(&c.written_bytes),
+            errors: get(&c.errors),
+            in_flight: get(&c.in_flight),
+        }
     }
 
     pub(crate) fn size(&self) -> u64 {
@@ -84,10 +136,11 @@ impl Lun {
 
     /// Flushes the device's cache (SYNCHRONIZE CACHE on SRP), always.
     pub(crate) fn flush(&self) -> Result<()> {
+        let _busy = self.counts.enter();
         self.unsynced.store(false, Ordering::SeqCst);
         self.view.flush().map_err(|e| {
             self.unsynced.store(true, Ordering::SeqCst);
-            LunError::Device(e)
+            self.counts.failed(e)
         })
     }
 
@@ -116,7 +169,12 @@ impl Lun {
             return Ok(Vec::new());
         };
         let mut buf = vec![0u8; len as usize];
-        self.view.read(offset, &mut buf).map_err(LunError::Device)?;
+        let _busy = self.counts.enter();
+        self.view
+            .read(offset, &mut buf)
+            .map_err(|e| self.counts.failed(e))?;
+        self.counts.reads.fetch_add(1, Ordering::Relaxed);
+        self.counts.read_bytes.fetch_add(len, Ordering::Relaxed);
         Ok(buf)
     }
 
@@ -129,11 +187,16 @@ impl Lun {
         let len = self
             .clamp(offset, data.len() as u64)
             .ok_or(LunError::PastEnd)? as usize;
+        let _busy = self.counts.enter();
         self.wrote(
             self.view
                 .write(offset, &data[..len])
-                .map_err(LunError::Device),
+                .map_err(|e| self.counts.failed(e)),
         )?;
+        self.counts.writes.fetch_add(1, Ordering::Relaxed);
+        self.counts
+            .written_bytes
+            .fetch_add(len as u64, Ordering::Relaxed);
         Ok(len)
     }
 
@@ -142,7 +205,12 @@ impl Lun {
         let Some(len) = self.clamp(offset, len) else {
             return Ok(());
         };
-        self.wrote(self.view.zero(offset, len).map_err(LunError::Device))
+        let _busy = self.counts.enter();
+        self.wrote(
+            self.view
+                .zero(offset, len)
+                .map_err(|e| self.counts.failed(e)),
+        )
     }
 
     /// Deallocates `[offset, offset + len)`, clamped to the device: whole
@@ -151,7 +219,12 @@ impl Lun {
         let Some(len) = self.clamp(offset, len) else {
             return Ok(());
         };
-        self.wrote(self.view.punch(offset, len).map_err(LunError::device))
+        let _busy = self.counts.enter();
+        self.wrote(
+            self.view
+                .punch(offset, len)
+                .map_err(|e| self.counts.failed_or_unsupported(e)),
+        )
     }
 
     fn clamp(&self, offset: u64, len: u64) -> Option<u64> {
@@ -248,6 +321,70 @@ mod tests {
         assert!(l.write(4096, &[1]).is_err());
         l.flush_if_written().unwrap();
         assert_eq!(flushes(), 4);
+    }
+
+    /// A RAM device whose reads fail while `broken`, and wait while
+    /// `held` (a device that does not answer).
+    struct Stalls {
+        ram: RamDevice,
+        broken: AtomicBool,
+        held: AtomicBool,
+    }
+
+    impl BlockDevice for Stalls {
+        fn block_size(&self) -> u32 {
+            self.ram.block_size()
+        }
+        fn num_blocks(&self) -> u64 {
+            self.ram.num_blocks()
+        }
+        fn read_at(&self, lba: u64, buf: &mut [u8]) -> io::Result<()> {
+            while self.held.load(Ordering::SeqCst) {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            if self.broken.load(Ordering::SeqCst) {
+                return Err(io::Error::other("medium error"));
+            }
+            self.ram.read_at(lba, buf)
+        }
+        fn write_at(&self, lba: u64, buf: &[u8]) -> io::Result<()> {
+            self.ram.write_at(lba, buf)
+        }
+    }
+
+    #[test]
+    fn stats_count_requests_bytes_errors_and_what_is_in_flight() {
+        let dev = Arc::new(Stalls {
+            ram: RamDevice::new(512, 4),
+            broken: AtomicBool::new(false),
+            held: AtomicBool::new(false),
+        });
+        let l = Arc::new(Lun::new("s".into(), dev.clone(), 4096).unwrap());
+        l.write(0, &[7u8; 100]).unwrap();
+        l.read(2040, 100).unwrap(); // short: 8 bytes
+        assert!(l.write(2048, &[1]).is_err(), "past the end: no request");
+        dev.broken.store(true, Ordering::SeqCst);
+        assert!(l.read(0, 10).is_err());
+        dev.broken.store(false, Ordering::SeqCst);
+        let s = l.stats();
+        assert_eq!((s.reads, s.read_bytes), (1, 8), "{s:?}");
+        assert_eq!((s.writes, s.written_bytes), (1, 100), "{s:?}");
+        assert_eq!((s.errors, s.in_flight), (1, 0), "{s:?}");
+        // A read the device holds is in flight until it answers.
+        dev.held.store(true, Ordering::SeqCst);
+        let reader = {
+            let l = l.clone();
+            std::thread::spawn(move || l.read(0, 512).map(|b| b.len()).ok())
+        };
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while l.stats().in_flight == 0 && std::time::Instant::now() < end {
+            std::thread::yield_now();
+        }
+        assert_eq!(l.stats().in_flight, 1);
+        dev.held.store(false, Ordering::SeqCst);
+        assert_eq!(reader.join().unwrap(), Some(512));
+        assert_eq!(l.stats().in_flight, 0);
+        assert_eq!(l.stats().reads, 2);
     }
 
     #[test]

@@ -641,6 +641,23 @@ fn open_kept(
         .map_err(|e| format!("open LUN {lun} {e}"))
 }
 
+/// What was done through a FUSE file, for `srp fuse`'s summary.
+fn file_summary(st: &blockfuse::FileStats) -> String {
+    let size = rdma_types::units::format_size;
+    let mut s = format!(
+        "{} reads ({}), {} writes ({}), {} errors",
+        st.reads,
+        size(st.read_bytes),
+        st.writes,
+        size(st.written_bytes),
+        st.errors
+    );
+    if st.in_flight > 0 {
+        s += &format!(", {} in flight", st.in_flight);
+    }
+    s
+}
+
 /// Targets for messages.
 fn dests(l: &Login) -> String {
     l.dest
@@ -760,7 +777,9 @@ fn run(cmd: Cmd) -> Result<bool, String> {
             cached,
         } => {
             // Before any thread starts, so all of them inherit the mask.
-            let signals = daemon_ctl::signals::block_term();
+            // Stopping (unmount, summary, logout) is bounded by STOP_GRACE.
+            let interrupt =
+                daemon_ctl::signals::block_term().watch("srp", daemon_ctl::signals::STOP_GRACE);
             let paths = paths(&l)?;
             let luns = match lun {
                 Some(n) => vec![n],
@@ -781,6 +800,9 @@ fn run(cmd: Cmd) -> Result<bool, String> {
                     blockfuse::DirectIo::Always
                 },
                 fsname: format!("srp:{}", l.dest[0]),
+                // Twice this at most (unmount, then abort the connection):
+                // well within STOP_GRACE.
+                unmount_timeout: Duration::from_millis(150),
                 ..Default::default()
             };
             let m = blockfuse::mount(&mountpoint, devices, opts)
@@ -793,11 +815,33 @@ fn run(cmd: Cmd) -> Result<bool, String> {
                 m.mountpoint().display()
             );
             let _ = std::io::Write::flush(&mut std::io::stdout());
-            let sig = signals.wait();
-            println!("srp: signal {sig}: unmounting");
-            m.unmount()
-                .map_err(|e| format!("unmount {}: {e}", mountpoint.display()))?;
-            println!("srp: unmounted");
+            let sig = daemon_ctl::signals::name(interrupt.wait());
+            let stats = m.stats();
+            for (name, st) in &stats {
+                println!("srp: {name}: {} before {sig}", file_summary(st));
+            }
+            println!("srp: {sig}: unmounting {}", m.mountpoint().display());
+            let _ = std::io::Write::flush(&mut std::io::stdout());
+            // A busy mount is detached and its connection aborted; only a
+            // request inside a call to a target that does not answer
+            // keeps the session from ending (TimedOut).
+            match m.unmount() {
+                Ok(()) => println!("srp: unmounted"),
+                Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
+                    // A logout would wait on the target too.
+                    return Err(format!(
+                        "{sig}: unmount {}: {e}: a request still waits on {}, which does not \
+                         answer; exiting without logout",
+                        mountpoint.display(),
+                        dests(&l)
+                    ));
+                }
+                Err(e) => eprintln!("srp: unmount {}: {e}", mountpoint.display()),
+            }
+            // The devices went with the mount; logged out now, not when
+            // the target's keepalive notices.
+            drop(paths);
+            println!("srp: {sig}: logged out of {}", dests(&l));
             Ok(true)
         }
         Cmd::Nbd {
@@ -1248,10 +1292,12 @@ fn main() -> ExitCode {
     daemon_ctl::log_to_stderr();
     let cmd = Cli::parse().cmd;
     // A workload cut short exits as a shell reports an interrupted
-    // command; the servers (fuse, nbd) stop on a signal as they should.
+    // command; the servers (fuse, nbd) stop on a signal as they should,
+    // and exit so only when stopping could not finish (a target that
+    // does not answer).
     let workload = matches!(cmd, Cmd::Io { .. });
     let result = run(cmd);
-    if let Some(sig) = daemon_ctl::signals::caught().filter(|_| workload) {
+    if let Some(sig) = daemon_ctl::signals::caught().filter(|_| workload || result.is_err()) {
         if let Err(e) = &result {
             eprintln!("srp: {e}");
         }
