@@ -86,6 +86,9 @@ struct Cli {
 fn main() -> ExitCode {
     daemon_ctl::log_to_stderr();
     let cli = Cli::parse();
+    // Before any thread starts, so all of them inherit the mask.
+    let interrupt =
+        daemon_ctl::signals::block_term().watch("rperftest", daemon_ctl::signals::STOP_GRACE);
     let _ = cli.cpu_freq;
     let Ok(mtu) = rdma_types::Mtu::from_bytes(cli.mtu) else {
         eprintln!(
@@ -125,6 +128,7 @@ fn main() -> ExitCode {
         report_gbits: cli.report_gbits,
         timeout: cli.timeout.max(std::time::Duration::from_secs(1)),
         nic,
+        stop: interrupt.flag(),
     };
     match run(&cfg) {
         Ok(r) => {
@@ -139,17 +143,22 @@ fn main() -> ExitCode {
                 );
             }
             println!(
-                "rperftest: {} done, MTU {}, peer {}{}",
+                "rperftest: {} {}, MTU {}, peer {}{}",
                 cfg.title(),
+                if r.interrupted {
+                    "interrupted: partial numbers, the rest of the exchange skipped"
+                } else {
+                    "done"
+                },
                 r.mtu.bytes(),
                 r.peer.text,
                 if r.peer.rperftest { " (rperftest)" } else { "" }
             );
-            ExitCode::SUCCESS
+            rdma_perf::exit_code("rperftest", &interrupt, true)
         }
         Err(e) => {
             eprintln!("rperftest: {e}");
-            ExitCode::FAILURE
+            rdma_perf::exit_code("rperftest", &interrupt, false)
         }
     }
 }

@@ -51,6 +51,9 @@ struct Cli {
 fn main() -> ExitCode {
     daemon_ctl::log_to_stderr();
     let cli = Cli::parse();
+    // Before any thread starts, so all of them inherit the mask.
+    let interrupt =
+        daemon_ctl::signals::block_term().watch("rpingpong", daemon_ctl::signals::STOP_GRACE);
     let mtu = match Mtu::from_bytes(cli.mtu) {
         Ok(m) => m,
         Err(_) => {
@@ -82,12 +85,11 @@ fn main() -> ExitCode {
         ud: cli.ud,
         gso: softroce::gso_from_env(),
         device,
+        stop: interrupt.flag(),
     };
-    match run(&cfg) {
-        Ok(_) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("rpingpong: {e}");
-            ExitCode::FAILURE
-        }
+    let result = run(&cfg);
+    if let Err(e) = &result {
+        eprintln!("rpingpong: {e}");
     }
+    rdma_perf::exit_code("rpingpong", &interrupt, result.is_ok())
 }

@@ -68,6 +68,9 @@ struct Args {
 fn main() -> ExitCode {
     daemon_ctl::log_to_stderr();
     let a = Args::parse();
+    // Before any thread starts, so all of them inherit the mask.
+    let interrupt =
+        daemon_ctl::signals::block_term().watch("rrping", daemon_ctl::signals::STOP_GRACE);
     if !a.server && !a.client {
         eprintln!("rrping: say -s (server) or -c (client)");
         return ExitCode::FAILURE;
@@ -112,23 +115,29 @@ fn main() -> ExitCode {
         validate: a.validate,
         idle_timeout: a.timeout.max(std::time::Duration::from_secs(1)),
         nic,
+        stop: interrupt.flag(),
     };
     match run(&cfg) {
         Ok(r) => {
             println!(
-                "rrping: {} pings{}",
+                "rrping: {} pings{}{}",
                 r.pings,
                 if a.validate {
                     format!(", {} validated", r.validated)
                 } else {
                     String::new()
+                },
+                if r.interrupted {
+                    "; interrupted, disconnected"
+                } else {
+                    ""
                 }
             );
-            ExitCode::SUCCESS
+            rdma_perf::exit_code("rrping", &interrupt, true)
         }
         Err(e) => {
             eprintln!("rrping: {e}");
-            ExitCode::FAILURE
+            rdma_perf::exit_code("rrping", &interrupt, false)
         }
     }
 }

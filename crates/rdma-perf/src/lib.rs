@@ -31,6 +31,15 @@
 //! `--duration SECS` runs for a time instead of a count (with `--iters`
 //! too, whichever ends first): posting stops when it has passed, and the
 //! report counts the messages that completed.
+//!
+//! Interrupts (every tool here): the binary hands SIGINT and SIGTERM to
+//! `daemon_ctl::signals::TermSignals::watch` and passes its flag in the
+//! configuration (`stop`). A run that sees it stops posting, waits at most
+//! [`DRAIN`] for the work requests in flight, reports what completed in
+//! its usual format marked as interrupted, skips the rest of the exchange
+//! (the peer may be what stopped answering) and disconnects; a wait for a
+//! peer (accept, the exchange, RDMA CM) ends on it too. [`exit_code`] then
+//! exits as a shell reports an interrupted command.
 
 #![deny(clippy::undocumented_unsafe_blocks)]
 
@@ -51,7 +60,40 @@ use softroce::{FlatMemory, Node, NodeConfig, QpHandle};
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Instant as StdInstant;
+
+/// How long an interrupted run waits for the work requests it has in
+/// flight before it reports without them (a peer that stopped answering
+/// never completes them).
+pub const DRAIN: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// How often a wait for a peer (accept, a read of the exchange) looks at
+/// the stop flag.
+pub(crate) const STOP_POLL: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// The exit status of a tool of this crate: after an interrupt, 128 + the
+/// signal's number (130 for SIGINT, 143 for SIGTERM), saying on standard
+/// error that the report holds what was done so far; else success or
+/// failure as `ok` says.
+pub fn exit_code(
+    tool: &str,
+    interrupt: &daemon_ctl::signals::Interrupt,
+    ok: bool,
+) -> std::process::ExitCode {
+    match interrupt.signal() {
+        Some(sig) => {
+            eprintln!(
+                "{tool}: {}: stopped; the report holds what was done so far",
+                daemon_ctl::signals::name(sig)
+            );
+            std::process::ExitCode::from(daemon_ctl::signals::exit_status(sig))
+        }
+        None if ok => std::process::ExitCode::SUCCESS,
+        None => std::process::ExitCode::FAILURE,
+    }
+}
 
 /// The operation measured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -148,6 +190,10 @@ pub struct Common {
     /// UDP GSO and GRO on this node's socket (`NodeConfig::gso`/`gro`;
     /// `rperf` maps `SOFTROCE_GSO` onto it: [`softroce::gso_from_env`]).
     pub gso: bool,
+    /// Set on an interrupt: a client stops posting and reports what
+    /// completed ([`Report::interrupted`]), a server stops serving
+    /// ([`PerfError::Interrupted`]).
+    pub stop: Arc<AtomicBool>,
 }
 
 /// Client settings.
@@ -234,6 +280,10 @@ pub struct Report {
     pub floor_client_cpu_ns_per_byte: Option<f64>,
     /// The floor's receiver CPU per byte.
     pub floor_server_cpu_ns_per_byte: Option<f64>,
+    /// An interrupt ended the run ([`Common::stop`]): the numbers cover
+    /// the messages that completed; the server's CPU, `--verify` and
+    /// `--baseline` were skipped.
+    pub interrupted: bool,
 }
 
 /// CPU time the calling thread has used, seconds.
@@ -260,6 +310,8 @@ pub enum PerfError {
     Completion(String),
     /// `--verify` found different bytes.
     Verify(String),
+    /// A server was interrupted ([`Common::stop`]).
+    Interrupted,
 }
 
 impl std::fmt::Display for PerfError {
@@ -269,6 +321,7 @@ impl std::fmt::Display for PerfError {
             PerfError::Protocol(s) => write!(f, "exchange with the peer failed: {s}"),
             PerfError::Completion(s) => write!(f, "work request failed: {s}"),
             PerfError::Verify(s) => write!(f, "data verification failed: {s}"),
+            PerfError::Interrupted => write!(f, "interrupted"),
         }
     }
 }
@@ -586,7 +639,20 @@ impl Mover {
 /// # Errors
 /// Socket trouble or a broken exchange.
 pub fn run_server(common: &Common, listener: &TcpListener) -> Result<(), PerfError> {
-    let (stream, _) = listener.accept()?;
+    listener.set_nonblocking(true)?;
+    let stream = loop {
+        match listener.accept() {
+            Ok((s, _)) => break s,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if common.stop.load(Ordering::Relaxed) {
+                    return Err(PerfError::Interrupted);
+                }
+                std::thread::sleep(STOP_POLL);
+            }
+            Err(e) => return Err(e.into()),
+        }
+    };
+    stream.set_nonblocking(false)?;
     let mut side = Side::new(common, 0x1000)?;
     let mut reader = BufReader::new(stream.try_clone()?);
     let mut writer = stream;
@@ -679,6 +745,9 @@ pub fn run_server(common: &Common, listener: &TcpListener) -> Result<(), PerfErr
         if !side.sleeps() && !turns.is_multiple_of(CONTROL_EVERY) {
             continue;
         }
+        if common.stop.load(Ordering::Relaxed) {
+            return Err(PerfError::Interrupted);
+        }
         let mut line = String::new();
         match reader.read_line(&mut line) {
             Ok(0) => {
@@ -769,11 +838,25 @@ pub fn run_client(cfg: &ClientConfig) -> Result<Report, PerfError> {
         StdInstant::now() + std::time::Duration::from_secs(600) + cfg.duration.unwrap_or_default();
     let mut turns = 0u32;
     let busy_start = side.busy_cpu;
+    // When the stop flag was seen: posting ends, what is in flight has
+    // DRAIN to complete.
+    let mut interrupted: Option<StdInstant> = None;
     while !mover.finished() {
+        if interrupted.is_none() && common.stop.load(Ordering::Relaxed) {
+            let now = StdInstant::now();
+            interrupted = Some(now);
+            mover.stop_posting = Some(now);
+        }
+        if interrupted.is_some_and(|t| t.elapsed() >= DRAIN) {
+            break;
+        }
         mover.post(&mut side);
         side.turn();
         while let Some(c) = side.node.poll_completion(side.qp) {
             mover.complete(&side, &c)?;
+            if mover.done == 1 {
+                tracing::info!(server = %cfg.server, "rperf client: first {:?} completed; running", cfg.op);
+            }
         }
         turns = turns.wrapping_add(1);
         if (side.sleeps() || turns.is_multiple_of(CONTROL_EVERY)) && StdInstant::now() > deadline {
@@ -792,69 +875,79 @@ pub fn run_client(cfg: &ClientConfig) -> Result<Report, PerfError> {
     let hist = mover.hist;
     let counters = side.node.qp_mut(side.qp).expect("own QP").counters();
 
-    send_line(&mut writer, &Control::Done)?;
-    // Keep our node answering (a bidirectional server may still be
-    // writing to us) while waiting for the digest.
-    reader.get_mut().set_nonblocking(true)?;
-    let (digest, received, reverse_seconds, server_cpu) = loop {
-        side.turn();
-        while side.node.poll_completion(side.qp).is_some() {}
-        let mut line = String::new();
-        match reader.read_line(&mut line) {
-            Ok(0) => return Err(PerfError::Protocol("peer closed the connection".into())),
-            Ok(_) => match serde_json::from_str::<Control>(&line) {
-                Ok(Control::Digest {
-                    fnv,
-                    received,
-                    reverse_seconds,
-                    cpu_seconds,
-                }) => break (fnv, received, reverse_seconds, cpu_seconds),
-                Ok(other) => {
-                    return Err(PerfError::Protocol(format!(
-                        "expected a digest, got {other:?}"
-                    )))
+    // An interrupted run reports what completed without asking the
+    // server, which may be what stopped answering.
+    let interrupted = interrupted.is_some();
+    let (verified, reverse_seconds, server_cpu) = if interrupted {
+        (false, None, None)
+    } else {
+        send_line(&mut writer, &Control::Done)?;
+        // Keep our node answering (a bidirectional server may still be
+        // writing to us) while waiting for the digest.
+        reader.get_mut().set_nonblocking(true)?;
+        let (digest, received, reverse_seconds, server_cpu) = loop {
+            side.turn();
+            while side.node.poll_completion(side.qp).is_some() {}
+            let mut line = String::new();
+            match reader.read_line(&mut line) {
+                Ok(0) => return Err(PerfError::Protocol("peer closed the connection".into())),
+                Ok(_) => match serde_json::from_str::<Control>(&line) {
+                    Ok(Control::Digest {
+                        fnv,
+                        received,
+                        reverse_seconds,
+                        cpu_seconds,
+                    }) => break (fnv, received, reverse_seconds, cpu_seconds),
+                    Ok(other) => {
+                        return Err(PerfError::Protocol(format!(
+                            "expected a digest, got {other:?}"
+                        )))
+                    }
+                    Err(e) => {
+                        return Err(PerfError::Protocol(format!("bad message {line:?}: {e}")))
+                    }
+                },
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e.into()),
+            }
+            if StdInstant::now() > deadline {
+                return Err(PerfError::Protocol("no digest from the server".into()));
+            }
+        };
+        reader.get_mut().set_nonblocking(false)?;
+        let mut verified = false;
+        if cfg.verify {
+            match cfg.op {
+                Op::Write => {
+                    // The server's buffer started zeroed; each slot written at
+                    // least once now holds our pattern for that slot.
+                    let written = (slots as u64).min(iters) as usize * cfg.size;
+                    // The server hashes the lower half of its buffer (the
+                    // upper half is where a bidirectional test writes from).
+                    let expect = side.mem.with(|b| {
+                        let mut img = vec![0u8; peer.len / 2];
+                        img[..written].copy_from_slice(&b[..written]);
+                        fnv(&img)
+                    });
+                    if expect != digest {
+                        return Err(PerfError::Verify(
+                            "the server's buffer differs from what was written".into(),
+                        ));
+                    }
                 }
-                Err(e) => return Err(PerfError::Protocol(format!("bad message {line:?}: {e}"))),
-            },
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-            Err(e) => return Err(e.into()),
+                Op::Send => {
+                    if received != iters {
+                        return Err(PerfError::Verify(format!(
+                            "server received {received} of {iters} SENDs"
+                        )));
+                    }
+                }
+                Op::Read => {}
+            }
+            verified = true;
         }
-        if StdInstant::now() > deadline {
-            return Err(PerfError::Protocol("no digest from the server".into()));
-        }
+        (verified, reverse_seconds, server_cpu)
     };
-    reader.get_mut().set_nonblocking(false)?;
-    let mut verified = false;
-    if cfg.verify {
-        match cfg.op {
-            Op::Write => {
-                // The server's buffer started zeroed; each slot written at
-                // least once now holds our pattern for that slot.
-                let written = (slots as u64).min(iters) as usize * cfg.size;
-                // The server hashes the lower half of its buffer (the
-                // upper half is where a bidirectional test writes from).
-                let expect = side.mem.with(|b| {
-                    let mut img = vec![0u8; peer.len / 2];
-                    img[..written].copy_from_slice(&b[..written]);
-                    fnv(&img)
-                });
-                if expect != digest {
-                    return Err(PerfError::Verify(
-                        "the server's buffer differs from what was written".into(),
-                    ));
-                }
-            }
-            Op::Send => {
-                if received != iters {
-                    return Err(PerfError::Verify(format!(
-                        "server received {received} of {iters} SENDs"
-                    )));
-                }
-            }
-            Op::Read => {}
-        }
-        verified = true;
-    }
 
     let mut report = Report {
         op: cfg.op,
@@ -884,8 +977,9 @@ pub fn run_client(cfg: &ClientConfig) -> Result<Report, PerfError> {
         ratio_to_floor: None,
         floor_client_cpu_ns_per_byte: None,
         floor_server_cpu_ns_per_byte: None,
+        interrupted,
     };
-    if cfg.baseline {
+    if cfg.baseline && !interrupted {
         let port = peer.roce.port().wrapping_add(1000);
         let dst = SocketAddr::new(peer.roce.ip(), port);
         let plain = udp_phase(
@@ -939,6 +1033,12 @@ impl Report {
             self.timeouts,
             if self.verified { "yes" } else { "no" }
         );
+        if self.interrupted {
+            s += &format!(
+                " interrupted after {} messages: partial numbers; server CPU, verify and baseline skipped\n",
+                self.iters
+            );
+        }
         if let Some(g) = self.reverse_gbit_per_s {
             s += &format!(" reverse direction (server to client, at the same time): {g:.3} Gb/s; both: {:.3} Gb/s\n", g + self.gbit_per_s);
         }

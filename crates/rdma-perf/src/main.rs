@@ -3,11 +3,13 @@
 #![forbid(unsafe_code)]
 
 use clap::{Parser, Subcommand};
-use rdma_perf::{parse_faults, run_client, run_server, ClientConfig, Common, Op};
+use rdma_perf::{parse_faults, run_client, run_server, ClientConfig, Common, Op, PerfError};
 use rdma_types::Mtu;
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 
 /// Bandwidth and latency of the soft RoCE NIC between two processes.
 #[derive(Parser)]
@@ -101,7 +103,7 @@ fn parse_mtu(s: &str) -> Result<usize, String> {
         .map_err(|_| format!("MTU must be 256, 512, 1024, 2048 or 4096, not {n}"))
 }
 
-fn common(a: &CommonArgs) -> Result<Common, String> {
+fn common(a: &CommonArgs, stop: &Arc<AtomicBool>) -> Result<Common, String> {
     Ok(Common {
         bind: a.bind,
         mtu: Mtu::from_bytes(a.mtu).map_err(|e| e.to_string())?,
@@ -114,11 +116,12 @@ fn common(a: &CommonArgs) -> Result<Common, String> {
         capture: a.capture.clone(),
         buffer: a.buffer,
         gso: softroce::gso_from_env(),
+        stop: stop.clone(),
     })
 }
 
 /// Server thread plus client, write then read, each with --verify.
-fn demo(iters: u64) -> Result<(), String> {
+fn demo(iters: u64, stop: &Arc<AtomicBool>) -> Result<(), String> {
     let mk = |ip: &str| Common {
         bind: format!("{ip}:4791").parse().expect("literal address"),
         mtu: Mtu::Mtu4096,
@@ -126,6 +129,7 @@ fn demo(iters: u64) -> Result<(), String> {
         capture: None,
         buffer: 64 << 20,
         gso: softroce::gso_from_env(),
+        stop: stop.clone(),
     };
     let oob: SocketAddr = "127.0.0.2:18515".parse().expect("literal address");
     let listener = TcpListener::bind(oob).map_err(|e| format!("cannot listen on {oob}: {e}"))?;
@@ -155,6 +159,10 @@ fn demo(iters: u64) -> Result<(), String> {
         };
         let report = run_client(&cfg).map_err(|e| e.to_string())?;
         print!("{}", report.table());
+        if report.interrupted {
+            // The server thread ends with the process.
+            return Ok(());
+        }
     }
     server
         .join()
@@ -166,24 +174,35 @@ fn demo(iters: u64) -> Result<(), String> {
 fn main() -> ExitCode {
     daemon_ctl::log_to_stderr();
     let cli = Cli::parse();
+    // Before any thread starts, so all of them inherit the mask.
+    let interrupt =
+        daemon_ctl::signals::block_term().watch("rperf", daemon_ctl::signals::STOP_GRACE);
+    let stop = interrupt.flag();
     let result: Result<(), String> = match cli.role {
         Role::Server {
             common: c,
             oob,
             clients,
         } => (|| {
-            let c = common(&c)?;
+            let c = common(&c, &stop)?;
             let listener =
                 TcpListener::bind(oob).map_err(|e| format!("cannot listen on {oob}: {e}"))?;
             // Scripts wait for this line before starting a client.
             println!("rperf server: listening on {oob}");
             let _ = std::io::Write::flush(&mut std::io::stdout());
-            for _ in 0..clients {
-                run_server(&c, &listener).map_err(|e| e.to_string())?;
+            for served in 0..clients {
+                match run_server(&c, &listener) {
+                    Ok(()) => {}
+                    Err(PerfError::Interrupted) => {
+                        println!("rperf server: interrupted after serving {served} clients");
+                        break;
+                    }
+                    Err(e) => return Err(e.to_string()),
+                }
             }
             Ok(())
         })(),
-        Role::Demo { iters } => demo(iters),
+        Role::Demo { iters } => demo(iters, &stop),
         Role::Client {
             common: c,
             server,
@@ -211,7 +230,7 @@ fn main() -> ExitCode {
             }
             let iters = iters.unwrap_or(if duration.is_some() { u64::MAX } else { 1000 });
             let cfg = ClientConfig {
-                common: common(&c)?,
+                common: common(&c, &stop)?,
                 server,
                 op,
                 size,
@@ -237,11 +256,8 @@ fn main() -> ExitCode {
             Ok(())
         })(),
     };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("rperf: {e}");
-            ExitCode::FAILURE
-        }
+    if let Err(e) = &result {
+        eprintln!("rperf: {e}");
     }
+    rdma_perf::exit_code("rperf", &interrupt, result.is_ok())
 }

@@ -92,6 +92,7 @@ pub use report::*;
 use session::*;
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use traffic::*;
@@ -178,6 +179,9 @@ pub enum PerftestError {
     Verify(String),
     /// The NIC could not be opened.
     Device(crate::device::NicError),
+    /// The stop flag ([`PerftestConfig::stop`]) ended a wait for the
+    /// peer before the test began.
+    Interrupted,
 }
 
 impl std::fmt::Display for PerftestError {
@@ -190,6 +194,7 @@ impl std::fmt::Display for PerftestError {
             PerftestError::Transfer(s) => write!(f, "transfer failed: {s}"),
             PerftestError::Verify(s) => write!(f, "data verification failed: {s}"),
             PerftestError::Device(e) => write!(f, "{e}"),
+            PerftestError::Interrupted => write!(f, "interrupted before the test began"),
         }
     }
 }
@@ -354,6 +359,10 @@ pub struct PerftestConfig {
     pub timeout: Duration,
     /// The NIC: our soft RoCE NIC, or an rdma-core device's port (`-d`).
     pub nic: crate::device::NicChoice,
+    /// Set on an interrupt: the run stops posting, reports what completed
+    /// ([`PerftestReport::interrupted`]) and skips the rest of the
+    /// exchange; a wait for the peer ends.
+    pub stop: Arc<AtomicBool>,
 }
 
 /// What a run did.
@@ -373,6 +382,10 @@ pub struct PerftestReport {
     pub verified: Vec<String>,
     /// Our NIC's counters at the end (retransmissions, timeouts, ...).
     pub counters: Option<rnic::softroce::SoftCaCounters>,
+    /// An interrupt ended the run ([`PerftestConfig::stop`]): the numbers
+    /// printed cover what completed; the steps after it (reports, checks,
+    /// the close) were skipped.
+    pub interrupted: bool,
 }
 
 impl PerftestConfig {
@@ -481,16 +494,25 @@ pub fn run(cfg: &PerftestConfig) -> Result<PerftestReport, PerftestError> {
         println!("* Waiting for client to connect... *");
         println!("************************************");
         let _ = std::io::stdout().flush();
-        accept_within(&l, cfg.timeout)
-            .map_err(|e| PerftestError::Io(format!("accept on {at}"), e))?
+        accept_within(&l, cfg.timeout, &cfg.stop).map_err(|e| match e.kind() {
+            std::io::ErrorKind::Interrupted => PerftestError::Interrupted,
+            _ => PerftestError::Io(format!("accept on {at}"), e),
+        })?
     };
     let io = |e| PerftestError::Io("socket options".into(), e);
-    stream.set_read_timeout(Some(cfg.timeout)).map_err(io)?;
+    stream
+        .set_read_timeout(Some(crate::STOP_POLL))
+        .map_err(io)?;
     stream.set_write_timeout(Some(cfg.timeout)).map_err(io)?;
     stream.set_nodelay(true).map_err(io)?;
     let mut s = Session {
         cfg,
-        link: Link { s: stream, client },
+        link: Link {
+            s: stream,
+            client,
+            timeout: cfg.timeout,
+            stop: cfg.stop.clone(),
+        },
         peer_version: None,
         sys: SysData {
             cycle_buffer: CYCLE_BUFFER,
@@ -507,15 +529,33 @@ pub fn run(cfg: &PerftestConfig) -> Result<PerftestReport, PerftestError> {
         latency: None,
         verified: Vec::new(),
     };
-    let result = script(cfg.verb, cfg.latency, client)
-        .iter()
-        .try_for_each(|&step| s.step(step));
+    // An interrupt ends the script after the step it came in (a run
+    // reports what completed) or in a wait for the peer.
+    let mut interrupted = false;
+    let mut result = Ok(());
+    for &step in script(cfg.verb, cfg.latency, client) {
+        interrupted = cfg.stop.load(Ordering::Relaxed);
+        if interrupted {
+            break;
+        }
+        result = s.step(step);
+        interrupted = matches!(result, Err(PerftestError::Interrupted));
+        if result.is_err() {
+            break;
+        }
+    }
     let counters = s.nic.as_ref().and_then(|n| n.dev.soft_counters());
     if let Some(n) = s.nic.take() {
         n.close();
     }
-    result?;
-    let peer = s.peer_version.ok_or_else(|| bad("no version exchanged"))?;
+    if !interrupted {
+        result?;
+    }
+    let peer = s.peer_version.ok_or(if interrupted {
+        PerftestError::Interrupted
+    } else {
+        bad("no version exchanged")
+    })?;
     if let Some(r) = s.remote {
         if r.iters != cfg.iters {
             s.verified.push(format!(
@@ -532,6 +572,7 @@ pub fn run(cfg: &PerftestConfig) -> Result<PerftestReport, PerftestError> {
         peer,
         verified: s.verified,
         counters,
+        interrupted,
     })
 }
 
@@ -800,6 +841,7 @@ mod tests {
             gid_index: None,
             report_gbits: false,
             timeout: Duration::from_secs(1),
+            stop: Default::default(),
             nic: crate::device::NicChoice::Soft {
                 ip: "127.0.0.1".parse().unwrap(),
                 udp_port: 4791,

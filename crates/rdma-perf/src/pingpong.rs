@@ -14,6 +14,12 @@
 //! With `--device`, the QP is an rdma-core device's (RC only), made
 //! through the verbs; the exchange and the turn rule ([`Turns`]) are the
 //! same.
+//!
+//! An interrupt ([`PingPongConfig::stop`]) ends the ping-pong where it is
+//! (and a server's wait for its client): the two lines count the
+//! exchanges done, marked as interrupted. As with rc_pingpong, leaving
+//! is closing the QP: the peer learns of it from its retries, or, waiting
+//! for a message, from its stall timeout (30 s).
 
 use crate::device::{Nic, NicChoice, NicError};
 use rdma_types::{AccessFlags, Gid, Instant, Lkey, Mtu, Psn, QpState, Qpn, WcStatus};
@@ -21,6 +27,8 @@ use roce::{QpConfig, RecvWqe, SendOp, SendWqe, Sge};
 use softroce::{FlatMemory, Node, NodeConfig};
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant as StdInstant};
 
 /// Bytes of the exchange message, NUL included.
@@ -110,6 +118,9 @@ pub struct PingPongConfig {
     /// then unused); it announces the port's GID 0 (the one rdma-core's
     /// tools pick) whatever `gid_index` says.
     pub device: Option<rdmacore::DeviceSpec>,
+    /// Set on an interrupt: the ping-pong ends where it is and reports
+    /// the exchanges done ([`PingPongResult::interrupted`]).
+    pub stop: Arc<AtomicBool>,
 }
 
 /// The Q_Key `ibv_ud_pingpong` uses.
@@ -124,6 +135,8 @@ pub struct PingPongResult {
     pub seconds: f64,
     /// The peer's address as exchanged.
     pub remote: Dest,
+    /// An interrupt ended the ping-pong before all its exchanges.
+    pub interrupted: bool,
 }
 
 /// Why a peer's exchange message cannot be read; names the field.
@@ -183,6 +196,9 @@ pub enum PingPongError {
     },
     #[error("--ud is served on our soft RoCE NIC only, not with --device")]
     UdOnDevice,
+    /// The stop flag ended the wait for a client.
+    #[error("interrupted while waiting for a client on {0}")]
+    Interrupted(SocketAddr),
     /// Opening the rdma-core device.
     #[error(transparent)]
     Nic(#[from] NicError),
@@ -273,7 +289,20 @@ fn exchange(cfg: &PingPongConfig, mine: Dest) -> Result<Dest, PingPongError> {
         let l = TcpListener::bind(cfg.tcp).map_err(io)?;
         println!("rpingpong: waiting on {}", cfg.tcp);
         let _ = std::io::stdout().flush();
-        let (mut s, _) = l.accept().map_err(io)?;
+        l.set_nonblocking(true).map_err(io)?;
+        let mut s = loop {
+            match l.accept() {
+                Ok((s, _)) => break s,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    if cfg.stop.load(Ordering::Relaxed) {
+                        return Err(PingPongError::Interrupted(cfg.tcp));
+                    }
+                    std::thread::sleep(crate::STOP_POLL);
+                }
+                Err(e) => return Err(io(e)),
+            }
+        };
+        s.set_nonblocking(false).map_err(io)?;
         s.set_read_timeout(Some(Duration::from_secs(60)))
             .map_err(io)?;
         let mut msg = [0u8; MSG_LEN];
@@ -400,7 +429,7 @@ pub fn run(cfg: &PingPongConfig) -> Result<PingPongResult, PingPongError> {
     }
     let start = StdInstant::now();
     let mut last_progress = StdInstant::now();
-    while !turns.done() {
+    while !turns.done() && !cfg.stop.load(Ordering::Relaxed) {
         let now = Instant::from_std(epoch, StdInstant::now());
         if !node.poll(now) {
             let _ = node.wait(Duration::from_micros(500));
@@ -419,6 +448,9 @@ pub fn run(cfg: &PingPongConfig) -> Result<PingPongResult, PingPongError> {
                     .ok_or(PingPongError::QpVanished)?
                     .post_recv(recv(routs));
                 routs += 1;
+            }
+            if c.is_recv && turns.received == 0 {
+                tracing::info!("rpingpong: first message received; running");
             }
             if turns.completed(c.is_recv) {
                 node.qp_mut(qp)
@@ -439,25 +471,34 @@ pub fn run(cfg: &PingPongConfig) -> Result<PingPongResult, PingPongError> {
             let _ = node.wait(Duration::from_millis(5));
         }
     }
-    Ok(finish(cfg, seconds, remote))
+    Ok(finish(cfg, &turns, seconds, remote))
 }
 
-/// The result, and rc_pingpong's two lines.
-fn finish(cfg: &PingPongConfig, seconds: f64, remote: Dest) -> PingPongResult {
-    let bytes = cfg.size as u64 * cfg.iters * 2;
+/// The result, and rc_pingpong's two lines for the exchanges done
+/// (all of them, unless an interrupt came first).
+fn finish(cfg: &PingPongConfig, turns: &Turns, seconds: f64, remote: Dest) -> PingPongResult {
+    let iters = turns.sent.min(turns.received);
+    let bytes = cfg.size as u64 * iters * 2;
     println!(
         "{bytes} bytes in {seconds:.2} seconds = {:.2} Mbit/sec",
         bytes as f64 * 8.0 / seconds / 1e6
     );
     println!(
-        "{} iters in {seconds:.2} seconds = {:.2} usec/iter",
-        cfg.iters,
-        seconds * 1e6 / cfg.iters as f64
+        "{iters} iters in {seconds:.2} seconds = {:.2} usec/iter",
+        seconds * 1e6 / iters.max(1) as f64
     );
+    let interrupted = !turns.done();
+    if interrupted {
+        println!(
+            "interrupted after {iters} of {} iters: partial numbers",
+            cfg.iters
+        );
+    }
     PingPongResult {
         bytes,
         seconds,
         remote,
+        interrupted,
     }
 }
 
@@ -609,7 +650,7 @@ fn pingpong_verbs(
     let mut wc =
         [verbs::WorkCompletion::new(0, WcStatus::Success, rdma_types::WcOpcode::Send, 0); 16];
     let mut last_progress = StdInstant::now();
-    while !turns.done() {
+    while !turns.done() && !cfg.stop.load(Ordering::Relaxed) {
         let n = p.poll_cq(cq, &mut wc).map_err(v("poll the CQ"))?;
         for c in &wc[..n] {
             if c.status != WcStatus::Success {
@@ -622,6 +663,9 @@ fn pingpong_verbs(
             let recv = c.wr_id == RECV;
             if recv {
                 post_recv()?;
+            }
+            if recv && turns.received == 0 {
+                tracing::info!("rpingpong: first message received; running");
             }
             if turns.completed(recv) {
                 post_send(turns.sent)?;
@@ -637,7 +681,7 @@ fn pingpong_verbs(
         let _ = p.req_notify_cq(cq, false);
         let _ = p.wait_cq(cq, Duration::from_millis(20));
     }
-    Ok(finish(cfg, start.elapsed().as_secs_f64(), remote))
+    Ok(finish(cfg, &turns, start.elapsed().as_secs_f64(), remote))
 }
 
 #[cfg(test)]

@@ -12,6 +12,11 @@
 //!   (`strlen + 1` bytes), and SENDs again; the client then compares sink
 //!   with source (`-V`).
 //! - The client disconnects after `-C` pings; the server ends with it.
+//!
+//! An interrupt ([`RpingConfig::stop`]) ends the ping in progress on
+//! either side: the report counts the pings done before it
+//! ([`RpingReport::interrupted`]), and the side disconnects (DREQ,
+//! waiting at most [`crate::DRAIN`] for the DREP).
 
 use crate::device::{Nic, NicChoice, NicError};
 use rdma_types::{AccessFlags, Gid, Mtu, Psn, QpState, Qpn, WcStatus};
@@ -55,15 +60,20 @@ pub struct RpingConfig {
     /// or an rdma-core device's port, where the kernel's RDMA CM
     /// connects.
     pub nic: NicChoice,
+    /// Set on an interrupt: the ping in progress is given up, the
+    /// connection closed, and the pings done so far reported.
+    pub stop: Arc<AtomicBool>,
 }
 
 /// What a run did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RpingReport {
     /// Pings completed.
     pub pings: u64,
     /// Pings whose data was checked and matched.
     pub validated: u64,
+    /// An interrupt ended the run ([`RpingConfig::stop`]).
+    pub interrupted: bool,
 }
 
 /// The source buffer of ping `n` (rping's pattern), `size` bytes.
@@ -160,6 +170,9 @@ pub enum RpingError {
     Mismatch(u64),
     #[error("short rping message")]
     ShortMessage,
+    /// The stop flag ended a wait ([`RpingConfig::stop`]).
+    #[error("interrupted")]
+    Interrupted,
 }
 
 /// Offsets in the one registered buffer.
@@ -177,6 +190,7 @@ struct Link {
     start: usize,
     idle: Duration,
     gone: Arc<AtomicBool>,
+    stop: Arc<AtomicBool>,
 }
 
 impl Link {
@@ -249,6 +263,9 @@ impl Link {
             if self.gone.load(Ordering::SeqCst) {
                 return Ok(None);
             }
+            if self.stop.load(Ordering::Relaxed) {
+                return Err(RpingError::Interrupted);
+            }
             if Instant::now() > end {
                 return Err(RpingError::Idle(self.idle));
             }
@@ -320,6 +337,7 @@ pub fn run(cfg: &RpingConfig) -> Result<RpingReport, RpingError> {
         start: RDMA + cfg.size,
         idle: cfg.idle_timeout,
         gone: gone.clone(),
+        stop: cfg.stop.clone(),
     };
     link.post_recv()?;
     // `rq_psn`: ours, unless the CM chose it (the kernel's announces its
@@ -372,10 +390,18 @@ pub fn run(cfg: &RpingConfig) -> Result<RpingReport, RpingError> {
             nic.name()
         );
         let _ = std::io::Write::flush(&mut std::io::stdout());
-        let req = requests
-            .recv_timeout(cfg.idle_timeout)
-            .map_err(|_| RpingError::NoClient)?
-            .map_err(|e| RpingError::BadRequest(e.0))?;
+        let end = Instant::now() + cfg.idle_timeout;
+        let req = loop {
+            if cfg.stop.load(Ordering::Relaxed) {
+                return Err(RpingError::Interrupted);
+            }
+            match requests.recv_timeout(crate::STOP_POLL) {
+                Ok(r) => break r.map_err(|e| RpingError::BadRequest(e.0))?,
+                Err(_) if Instant::now() < end => {}
+                Err(_) => return Err(RpingError::NoClient),
+            }
+        };
+        let conn = req.conn;
         to_rtr_rts(
             req.peer,
             req.remote_qpn,
@@ -386,7 +412,11 @@ pub fn run(cfg: &RpingConfig) -> Result<RpingReport, RpingError> {
         if !req.accept(qpn, psn, Vec::new()) {
             return Err(RpingError::AcceptLost);
         }
-        serve(&link, cfg)?
+        let r = interruptible(|r| serve(&link, cfg, r))?;
+        if r.interrupted {
+            cm.disconnect_wait(conn, crate::DRAIN);
+        }
+        r
     } else {
         let peer = cfg.peer.ok_or(RpingError::NoPeer)?;
         let src = source(cfg.local, &addrs, nic.name())?;
@@ -411,8 +441,16 @@ pub fn run(cfg: &RpingConfig) -> Result<RpingReport, RpingError> {
             est.local_psn.unwrap_or(psn),
             nic.port_attr().active_mtu,
         )?;
-        let r = ping(&link, cfg);
-        cm.disconnect_wait(est.conn, Duration::from_secs(2));
+        let r = interruptible(|r| ping(&link, cfg, r));
+        let interrupted = r.as_ref().is_ok_and(|r| r.interrupted);
+        cm.disconnect_wait(
+            est.conn,
+            if interrupted {
+                crate::DRAIN
+            } else {
+                Duration::from_secs(2)
+            },
+        );
         r?
     };
     drop(link);
@@ -448,11 +486,23 @@ fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(&b[..end]).into_owned()
 }
 
-fn ping(l: &Link, cfg: &RpingConfig) -> Result<RpingReport, RpingError> {
-    let mut r = RpingReport {
-        pings: 0,
-        validated: 0,
-    };
+/// Runs `f` on a report it fills: its report once it returns, also when
+/// an interrupt ended it ([`RpingReport::interrupted`]).
+fn interruptible(
+    f: impl FnOnce(&mut RpingReport) -> Result<(), RpingError>,
+) -> Result<RpingReport, RpingError> {
+    let mut r = RpingReport::default();
+    match f(&mut r) {
+        Ok(()) => Ok(r),
+        Err(RpingError::Interrupted) => Ok(RpingReport {
+            interrupted: true,
+            ..r
+        }),
+        Err(e) => Err(e),
+    }
+}
+
+fn ping(l: &Link, cfg: &RpingConfig, r: &mut RpingReport) -> Result<(), RpingError> {
     for n in 0..cfg.count {
         let src = ping_pattern(n, l.size);
         l.mem.write_at(l.start, &src);
@@ -484,25 +534,21 @@ fn ping(l: &Link, cfg: &RpingConfig) -> Result<RpingReport, RpingError> {
         let _ = std::io::Write::flush(&mut std::io::stdout());
         r.pings += 1;
     }
-    Ok(r)
+    Ok(())
 }
 
-fn serve(l: &Link, cfg: &RpingConfig) -> Result<RpingReport, RpingError> {
-    let mut r = RpingReport {
-        pings: 0,
-        validated: 0,
-    };
+fn serve(l: &Link, cfg: &RpingConfig, r: &mut RpingReport) -> Result<(), RpingError> {
     loop {
         // The client's source buffer.
         if l.wait(true)?.is_none() {
-            return Ok(r);
+            return Ok(());
         }
         let (addr, rkey, len) = l.received().ok_or(RpingError::ShortMessage)?;
         l.post_recv()?;
         let len = (len as usize).min(l.size);
         l.post(SendOpcode::RdmaRead, RDMA, len, Some((addr, rkey)))?;
         if l.wait(false)?.is_none() {
-            return Ok(r);
+            return Ok(());
         }
         let got = l.mem.to_vec(RDMA, len);
         if cfg.verbose {
@@ -512,11 +558,11 @@ fn serve(l: &Link, cfg: &RpingConfig) -> Result<RpingReport, RpingError> {
             .write_at(SEND, &info(l.addr(RDMA), l.mr.rkey.0, l.size as u32));
         l.post(SendOpcode::Send, SEND, 16, None)?;
         if l.wait(false)?.is_none() {
-            return Ok(r);
+            return Ok(());
         }
         // The client's sink buffer.
         if l.wait(true)?.is_none() {
-            return Ok(r);
+            return Ok(());
         }
         let (addr, rkey, sink) = l.received().ok_or(RpingError::ShortMessage)?;
         l.post_recv()?;
@@ -527,20 +573,23 @@ fn serve(l: &Link, cfg: &RpingConfig) -> Result<RpingReport, RpingError> {
             .min(sink as usize);
         l.post(SendOpcode::RdmaWrite, RDMA, n, Some((addr, rkey)))?;
         if l.wait(false)?.is_none() {
-            return Ok(r);
+            return Ok(());
         }
         l.post(SendOpcode::Send, SEND, 16, None)?;
         if l.wait(false)?.is_none() {
-            return Ok(r);
+            return Ok(());
         }
         r.pings += 1;
         if cfg.count > 0 && r.pings >= cfg.count {
             // rping's server also ends after -C pings; wait for the DREQ.
             let end = Instant::now() + Duration::from_secs(5);
-            while !l.gone.load(Ordering::SeqCst) && Instant::now() < end {
+            while !l.gone.load(Ordering::SeqCst)
+                && !l.stop.load(Ordering::Relaxed)
+                && Instant::now() < end
+            {
                 std::thread::sleep(Duration::from_millis(5));
             }
-            return Ok(r);
+            return Ok(());
         }
     }
 }

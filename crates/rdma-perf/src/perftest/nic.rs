@@ -5,8 +5,13 @@ use super::*;
 
 /// The TCP link, with perftest's swap rule.
 pub(super) struct Link {
+    /// Read with a short timeout ([`crate::STOP_POLL`]), so a wait for
+    /// the peer sees the stop flag.
     pub(super) s: TcpStream,
     pub(super) client: bool,
+    /// How long the peer may be silent.
+    pub(super) timeout: Duration,
+    pub(super) stop: Arc<AtomicBool>,
 }
 
 impl Link {
@@ -18,7 +23,9 @@ impl Link {
     ) -> Result<Vec<u8>, PerftestError> {
         let mut theirs = vec![0u8; len];
         let io = |e: std::io::Error| {
-            if matches!(
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                PerftestError::Interrupted
+            } else if matches!(
                 e.kind(),
                 std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
             ) {
@@ -31,12 +38,40 @@ impl Link {
         };
         if self.client {
             self.s.write_all(mine).map_err(io)?;
-            self.s.read_exact(&mut theirs).map_err(io)?;
+            self.read_exact(&mut theirs).map_err(io)?;
         } else {
-            self.s.read_exact(&mut theirs).map_err(io)?;
+            self.read_exact(&mut theirs).map_err(io)?;
             self.s.write_all(mine).map_err(io)?;
         }
         Ok(theirs)
+    }
+
+    /// Fills `buf` from the peer: `TimedOut` after `timeout` without a
+    /// byte, `Interrupted` once the stop flag is set.
+    fn read_exact(&mut self, buf: &mut [u8]) -> std::io::Result<()> {
+        use std::io::ErrorKind;
+        let mut got = 0;
+        let mut last = Instant::now();
+        while got < buf.len() {
+            match self.s.read(&mut buf[got..]) {
+                Ok(0) => return Err(ErrorKind::UnexpectedEof.into()),
+                Ok(n) => {
+                    got += n;
+                    last = Instant::now();
+                }
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                    if self.stop.load(Ordering::Relaxed) {
+                        return Err(ErrorKind::Interrupted.into());
+                    }
+                    if last.elapsed() >= self.timeout {
+                        return Err(e);
+                    }
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
     }
 }
 

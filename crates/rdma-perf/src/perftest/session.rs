@@ -21,8 +21,13 @@ pub(super) fn print_dest(side: &str, d: &Dest, verb: Verb) {
 }
 
 /// Accepts one connection, giving up after `timeout` (perftest waits
-/// forever; we keep every wait bounded).
-pub(super) fn accept_within(l: &TcpListener, timeout: Duration) -> std::io::Result<TcpStream> {
+/// forever; we keep every wait bounded), or with `Interrupted` once `stop`
+/// is set.
+pub(super) fn accept_within(
+    l: &TcpListener,
+    timeout: Duration,
+    stop: &AtomicBool,
+) -> std::io::Result<TcpStream> {
     l.set_nonblocking(true)?;
     let end = Instant::now() + timeout;
     loop {
@@ -32,6 +37,9 @@ pub(super) fn accept_within(l: &TcpListener, timeout: Duration) -> std::io::Resu
                 return Ok(s);
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if stop.load(Ordering::Relaxed) {
+                    return Err(std::io::ErrorKind::Interrupted.into());
+                }
                 if Instant::now() > end {
                     return Err(std::io::Error::new(
                         std::io::ErrorKind::TimedOut,
@@ -143,22 +151,26 @@ impl Session<'_> {
                     let d = need(&self.peer, "the peer's dest")?;
                     let (p, c) = client_run(n, cfg, self.sys, d, ours, &mut self.verified)?;
                     if cfg.latency {
-                        let r = LatReport::from_posts(cfg.size as u64, &p).ok_or_else(|| {
-                            PerftestError::Transfer(format!(
+                        let Some(r) = LatReport::from_posts(cfg.size as u64, &p) else {
+                            if cfg.stop.load(Ordering::Relaxed) {
+                                println!(" ({} messages: too few for a latency report)", p.len());
+                                return Ok(());
+                            }
+                            return Err(PerftestError::Transfer(format!(
                                 "{} messages are too few for a latency report",
                                 p.len()
-                            ))
-                        })?;
+                            )));
+                        };
                         println!("{}", r.line());
                         self.latency = Some(r);
                         return Ok(());
                     }
                     BwReport::from_times(cfg.size as u64, &p, &c, cfg.report_gbits)
                 } else if let Some(rx) = self.receiver.as_mut() {
-                    let secs = rx.run(n, cfg, self.sys, ours, &mut self.verified)?;
+                    let (secs, got) = rx.run(n, cfg, self.sys, ours, &mut self.verified)?;
                     // perftest times a SEND server from its first receive
                     // to its last and computes no peak.
-                    BwReport::from_span(cfg.size as u64, cfg.iters, secs, cfg.report_gbits)
+                    BwReport::from_span(cfg.size as u64, got, secs, cfg.report_gbits)
                 } else {
                     // WRITE/READ/atomic server: our NIC answers; the
                     // client times.

@@ -41,9 +41,18 @@ pub(super) fn client_run(
     };
     // An atomic's result slot: one per message in flight.
     let result_at = |k: u64| (k % depth) as usize * ATOMIC_SIZE;
+    // When the stop flag was seen: posting ends, what is in flight has
+    // DRAIN to complete.
+    let mut interrupted: Option<Instant> = None;
     loop {
-        let over = stop_posting.is_some_and(|t| Instant::now() >= t);
-        if done >= n || (over && done == posted) {
+        if interrupted.is_none() && cfg.stop.load(Ordering::Relaxed) {
+            interrupted = Some(Instant::now());
+        }
+        let over = interrupted.is_some() || stop_posting.is_some_and(|t| Instant::now() >= t);
+        if done >= n
+            || (over && done == posted)
+            || interrupted.is_some_and(|t| t.elapsed() >= crate::DRAIN)
+        {
             break;
         }
         let mut batch = Vec::new();
@@ -130,6 +139,12 @@ pub(super) fn client_run(
             done += 1;
             done_at.push(epoch.elapsed().as_secs_f64());
             last_progress = Instant::now();
+            if done == 1 {
+                tracing::info!(
+                    "rperftest client: first {} completed; running",
+                    cfg.verb.name()
+                );
+            }
         }
         if last_progress.elapsed() > cfg.timeout {
             return Err(PerftestError::Transfer(format!(
@@ -227,7 +242,8 @@ impl Receiver {
         Ok(r)
     }
 
-    /// Receives `iters` messages; returns seconds from the first to the last.
+    /// Receives `iters` messages, or until the stop flag; returns seconds
+    /// from the first to the last, and how many arrived.
     pub(super) fn run(
         &mut self,
         nic: &Nic,
@@ -235,15 +251,16 @@ impl Receiver {
         sys: SysData,
         peer_is_ours: bool,
         verified: &mut Vec<String>,
-    ) -> Result<f64, PerftestError> {
+    ) -> Result<(f64, u64), PerftestError> {
         let (n, size) = (cfg.iters, cfg.size);
         let step = slot_step(size, sys);
         let mut wc = vec![empty_wc(); 64];
         let mut idle = 0u32;
         let mut done = 0u64;
         let mut first: Option<Instant> = None;
+        let mut last: Option<Instant> = None;
         let mut last_progress = Instant::now();
-        while done < n {
+        while done < n && !cfg.stop.load(Ordering::Relaxed) {
             let got = nic.poll(&mut wc, &mut idle)?;
             for c in &wc[..got] {
                 if c.status != WcStatus::Success {
@@ -271,6 +288,7 @@ impl Receiver {
                     self.post(nic, cfg, sys)?;
                 }
                 last_progress = Instant::now();
+                last = Some(last_progress);
             }
             if last_progress.elapsed() > cfg.timeout {
                 return Err(PerftestError::Transfer(format!(
@@ -280,12 +298,16 @@ impl Receiver {
             }
         }
         verified.push(format!(
-            "{n} receives, all successful with {size} bytes each"
+            "{done} receives, all successful with {size} bytes each"
         ));
         if peer_is_ours {
             verified.push("every SEND carried the client's pattern".into());
         }
-        Ok(first.map_or(0.0, |t| t.elapsed().as_secs_f64()))
+        let secs = match (first, last) {
+            (Some(a), Some(b)) => b.duration_since(a).as_secs_f64(),
+            _ => 0.0,
+        };
+        Ok((secs, done))
     }
 }
 
