@@ -1,17 +1,21 @@
 //! Interrupts (issue 26, item 5): a tool running a workload stops on
 //! SIGINT or SIGTERM with a report of what it did, logs out so the target
 //! drops the session at once, and exits within a second, even while its
-//! commands wait on a target that no longer answers. Real processes and
-//! real signals on loopback addresses of their own (127.0.203.x); every
-//! wait is bounded.
+//! commands wait on a target that no longer answers (frozen by SIGSTOP or
+//! killed). `srp io`, `srp nbd`, `srp fuse`, `srpstack`, the short `srp`
+//! commands and the rdma-perf tools (rperf, rperftest, rrping,
+//! rpingpong). Real processes and real signals on loopback addresses of
+//! their own (127.0.203.x); every wait is bounded.
 
 mod common;
 use common::Proc;
 
+use rdma_testkit::need;
 use serde_json::Value;
-use std::io::{Read, Write};
-use std::path::PathBuf;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 /// The bound the tools promise, from signal to exit.
@@ -71,6 +75,16 @@ fn signal_and_wait(child: &mut Child, sig: i32) -> (ExitStatus, Duration) {
     (status.expect("exited"), t0.elapsed())
 }
 
+/// Sends `sig` to `p` and waits (bounded) for it to exit: its status, how
+/// long that took, the rest of its stdout and its stderr (printed too).
+fn stop(p: &mut Proc, sig: i32) -> (ExitStatus, Duration, String, String) {
+    let (status, took) = signal_and_wait(&mut p.child, sig);
+    let out = p.rest(10).join("\n");
+    let err = stderr_of(&mut p.child);
+    println!("{out}\n{err}\n(exit {status:?} {took:?} after signal {sig})");
+    (status, took, out, err)
+}
+
 fn stderr_of(child: &mut Child) -> String {
     let mut s = String::new();
     if let Some(mut e) = child.stderr.take() {
@@ -79,12 +93,48 @@ fn stderr_of(child: &mut Child) -> String {
     s
 }
 
-/// `srp io` interrupted mid-run by `sig`: the partial report, the logout
-/// and the exit status, and the target without the session at once.
-/// Returns the target, still running.
-fn srp_io_interrupted(sig: i32, name: &str, tag: &str, target: &str, ours: &str) -> Proc {
+/// Waits (bounded) until `/proc` says process `pid` is stopped (state T):
+/// a SIGSTOP has taken effect, not merely been sent.
+fn wait_stopped(pid: u32) {
+    let stat = format!("/proc/{pid}/stat");
+    let stopped = within(Duration::from_secs(5), || {
+        std::fs::read_to_string(&stat)
+            .ok()
+            .and_then(|s| s.rsplit_once(") ").map(|(_, r)| r.starts_with('T')))
+            .unwrap_or(false)
+    });
+    assert!(stopped, "process {pid} did not stop");
+}
+
+/// How a target stops answering: frozen (SIGSTOP, resumed at the end of
+/// the test) or killed.
+#[derive(Clone, Copy, Debug)]
+enum Dead {
+    Stopped,
+    Killed,
+}
+
+impl Dead {
+    fn make(self, d: &mut Proc) {
+        match self {
+            Dead::Stopped => {
+                kill(d.child.id(), libc::SIGSTOP);
+                wait_stopped(d.child.id());
+            }
+            Dead::Killed => {
+                d.child.kill().expect("kill srptd");
+                d.child.wait().expect("reap srptd");
+            }
+        }
+    }
+}
+
+/// srptd on `target` (its control socket `tag`'s) and `srp io` from
+/// `ours` with a long workload, once the target has counted the session's
+/// commands.
+fn srp_io_running(tag: &str, target: &str, ours: &str) -> (Proc, Proc) {
     let d = srptd(target, tag);
-    let mut io = Proc::start(
+    let io = Proc::start(
         "srp io",
         Command::new(common::srp_bin())
             .args(["io", "--dest", target, "--ip", ours])
@@ -92,7 +142,6 @@ fn srp_io_interrupted(sig: i32, name: &str, tag: &str, target: &str, ours: &str)
             .stderr(Stdio::piped()),
     );
     io.wait_line("srp: logged in to", 60);
-    // The workload runs: the target counts the session's commands.
     let runs = within(Duration::from_secs(30), || {
         adm(tag, &["sessions"])
             .as_array()
@@ -101,11 +150,15 @@ fn srp_io_interrupted(sig: i32, name: &str, tag: &str, target: &str, ours: &str)
             .is_some_and(|n| n > 100)
     });
     assert!(runs, "no I/O reached the target");
+    (d, io)
+}
 
-    let (status, took) = signal_and_wait(&mut io.child, sig);
-    let out = io.rest(10).join("\n");
-    let err = stderr_of(&mut io.child);
-    println!("{out}\n{err}\n(exit {status:?} {took:?} after {name})");
+/// `srp io` interrupted mid-run by `sig`: the partial report, the logout
+/// and the exit status, and the target without the session at once.
+/// Returns the target, still running.
+fn srp_io_interrupted(sig: i32, name: &str, tag: &str, target: &str, ours: &str) -> Proc {
+    let (d, mut io) = srp_io_running(tag, target, ours);
+    let (status, took, out, err) = stop(&mut io, sig);
     assert!(took < WITHIN, "{name}: exit took {took:?}");
     assert_eq!(status.code(), Some(128 + sig), "{err}");
     // The partial report: what was moved, that the read-back was skipped,
@@ -210,7 +263,7 @@ impl NbdClient {
 #[test]
 fn srp_nbd_exits_within_a_second_on_sigterm_with_commands_to_a_dead_target() {
     let (target, ours) = ("127.0.203.21", "127.0.203.22");
-    let d = srptd(target, "nbd");
+    let mut d = srptd(target, "nbd");
     let nbd_sock = sock("nbd-export");
     let _ = std::fs::remove_file(&nbd_sock);
     let mut nbd = Proc::start(
@@ -226,16 +279,7 @@ fn srp_nbd_exits_within_a_second_on_sigterm_with_commands_to_a_dead_target() {
     assert_eq!(client.reply(4096).expect("a live target answers"), (0, 1));
 
     // The target stops answering; a READ goes out to it and stays there.
-    kill(d.child.id(), libc::SIGSTOP);
-    // Stopped once /proc says so (state T), not when kill returns.
-    let stat = format!("/proc/{}/stat", d.child.id());
-    let stopped = within(Duration::from_secs(5), || {
-        std::fs::read_to_string(&stat)
-            .ok()
-            .and_then(|s| s.rsplit_once(") ").map(|(_, r)| r.starts_with('T')))
-            .unwrap_or(false)
-    });
-    assert!(stopped, "srptd did not stop");
+    Dead::Stopped.make(&mut d);
     client.send_read(2, 1 << 20, 4096);
     client
         .0
@@ -246,10 +290,7 @@ fn srp_nbd_exits_within_a_second_on_sigterm_with_commands_to_a_dead_target() {
         "a frozen target answered the READ"
     );
 
-    let (status, took) = signal_and_wait(&mut nbd.child, libc::SIGTERM);
-    let out = nbd.rest(10).join("\n");
-    let err = stderr_of(&mut nbd.child);
-    println!("{out}\n{err}\n(exit {status:?} {took:?} after SIGTERM)");
+    let (status, took, out, err) = stop(&mut nbd, libc::SIGTERM);
     kill(d.child.id(), libc::SIGCONT);
     assert!(took < WITHIN, "exit took {took:?}");
     assert!(
@@ -283,10 +324,7 @@ fn srpstack_quickstart_on_sigint_reports_and_stops_within_a_second() {
             .stderr(Stdio::piped()),
     );
     qs.wait_line("logged in in", 60);
-    let (status, took) = signal_and_wait(&mut qs.child, libc::SIGINT);
-    let out = qs.rest(10).join("\n");
-    let err = stderr_of(&mut qs.child);
-    println!("{out}\n{err}\n(exit {status:?} {took:?} after SIGINT)");
+    let (status, took, out, err) = stop(&mut qs, libc::SIGINT);
     assert!(took < WITHIN, "exit took {took:?}");
     assert_eq!(status.code(), Some(130), "{err}");
     assert!(
@@ -339,4 +377,488 @@ fn short_commands_waiting_on_a_silent_target_exit_within_a_second() {
         assert_eq!(status.code(), Some(code), "srp {cmd}: {seen}");
         assert!(seen.contains("srp: "), "srp {cmd} said nothing: {seen}");
     }
+}
+
+/// `srp io` interrupted by `sig` while its commands wait on a target that
+/// `dead` made silent: the partial report (what completed before, the
+/// jobs still waiting named), no cache flush or logout that would wait on
+/// the target too, and the exit within a second.
+fn srp_io_at_a_dead_target(dead: Dead, sig: i32, name: &str, tag: &str, target: &str, ours: &str) {
+    let (mut d, mut io) = srp_io_running(tag, target, ours);
+    // Its four jobs keep a command each at the target: from now on they
+    // wait on it.
+    dead.make(&mut d);
+
+    let (status, took, out, err) = stop(&mut io, sig);
+    if let Dead::Stopped = dead {
+        kill(d.child.id(), libc::SIGCONT);
+    }
+    assert!(took < WITHIN, "{name}: exit took {took:?}");
+    assert_eq!(status.code(), Some(128 + sig), "{err}");
+    assert!(
+        out.contains("interrupted after")
+            && out.contains("jobs still waiting on the device, their I/O in flight not counted"),
+        "{out}"
+    );
+    assert!(out.contains("0 verify failures, 0 I/O errors"), "{out}");
+    let total = out
+        .lines()
+        .find(|l| l.starts_with("total "))
+        .unwrap_or_else(|| panic!("no total row: {out}"));
+    let ios: u64 = total.split_whitespace().nth(1).unwrap().parse().unwrap();
+    // The target had counted over 100 commands, a few of them the
+    // login's (INQUIRY, READ CAPACITY, ...) and four still in flight.
+    assert!(ios > 50, "the I/Os done before are counted: {out}");
+    assert!(
+        err.contains(&format!(
+            "srp: {name}: stopped; the report holds what was done so far"
+        )) && err.contains(&format!(
+            "srp: {name}: I/O still waits on {target}:5555, which does not answer: exiting without SYNCHRONIZE CACHE or logout"
+        )),
+        "{err}"
+    );
+}
+
+#[test]
+fn srp_io_at_a_stopped_target_reports_and_exits_within_a_second_on_sigterm() {
+    srp_io_at_a_dead_target(
+        Dead::Stopped,
+        libc::SIGTERM,
+        "SIGTERM",
+        "io-stopped",
+        "127.0.203.51",
+        "127.0.203.52",
+    );
+}
+
+#[test]
+fn srp_io_at_a_killed_target_reports_and_exits_within_a_second_on_sigint() {
+    srp_io_at_a_dead_target(
+        Dead::Killed,
+        libc::SIGINT,
+        "SIGINT",
+        "io-killed",
+        "127.0.203.53",
+        "127.0.203.54",
+    );
+}
+
+/// Whether FUSE mounts work here; if not, the test is skipped (a failure
+/// under `CI=true`).
+fn fuse_here() -> bool {
+    need::fuse() && need::tool("fusermount3")
+}
+
+/// Whether `dir` is a mount point now.
+fn mounted(dir: &Path) -> bool {
+    let dir = dir.to_string_lossy();
+    std::fs::read_to_string("/proc/self/mounts")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.split_whitespace().nth(1) == Some(&dir))
+}
+
+/// `srp fuse` on `target` from `ours`, mounted on a fresh directory.
+fn srp_fuse(target: &str, ours: &str, tag: &str) -> (Proc, PathBuf) {
+    let mnt = std::env::temp_dir().join(format!("interrupts-{}-{tag}", std::process::id()));
+    std::fs::create_dir_all(&mnt).unwrap();
+    let fuse = Proc::start(
+        "srp fuse",
+        Command::new(common::srp_bin())
+            .args(["fuse", "--dest", target, "--ip", ours, "--mountpoint"])
+            .arg(&mnt)
+            .stderr(Stdio::piped()),
+    );
+    fuse.wait_line("srp: mounted 1 LUNs", 60);
+    (fuse, mnt)
+}
+
+/// `srp fuse` stopped by SIGINT after reads and writes through its file:
+/// the summary of what was done, unmounted, logged out (the target has no
+/// session at once), exit 0 within a second.
+#[test]
+fn srp_fuse_on_sigint_reports_unmounts_logs_out_and_exits_within_a_second() {
+    if !fuse_here() {
+        return;
+    }
+    let (target, ours) = ("127.0.203.55", "127.0.203.56");
+    let _d = srptd(target, "fuse");
+    let (mut fuse, mnt) = srp_fuse(target, ours, "fuse");
+    let file = mnt.join("lun0");
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&file)
+            .expect("open lun0");
+        let data = vec![0x5a; 1 << 20];
+        f.write_all_at(&data, 0).unwrap();
+        let mut back = vec![0u8; 1 << 20];
+        f.read_exact_at(&mut back, 0).unwrap();
+        assert!(back == data, "lun0 read back other bytes");
+    }
+    assert_eq!(adm("fuse", &["sessions"]).as_array().map(Vec::len), Some(1));
+
+    let (status, took, out, err) = stop(&mut fuse, libc::SIGINT);
+    assert!(took < WITHIN, "exit took {took:?}");
+    assert_eq!(status.code(), Some(0), "{err}");
+    // What was done: the 1 MiB written and read back (in requests of at
+    // most the kernel's max_read/max_write), and no error.
+    let summary = out
+        .lines()
+        .find(|l| l.starts_with("srp: lun0: ") && l.ends_with(" before SIGINT"))
+        .unwrap_or_else(|| panic!("no summary for lun0: {out}"));
+    assert!(
+        summary.contains(" reads (1 MiB), ")
+            && summary.contains(" writes (1 MiB), 0 errors")
+            && !summary.contains("in flight"),
+        "{summary}"
+    );
+    assert!(
+        out.contains(&format!("srp: SIGINT: unmounting {}", mnt.display()))
+            && out.contains("srp: unmounted")
+            && out.contains(&format!("srp: SIGINT: logged out of {target}:5555")),
+        "{out}"
+    );
+    assert!(!mounted(&mnt), "{} is still mounted", mnt.display());
+    let gone = within(Duration::from_secs(1), || {
+        adm("fuse", &["sessions"])
+            .as_array()
+            .is_some_and(Vec::is_empty)
+    });
+    assert!(gone, "{}", adm("fuse", &["sessions"]));
+    let _ = std::fs::remove_dir(&mnt);
+}
+
+/// `srp fuse` stopped by SIGTERM while a read through its file waits on a
+/// target that stopped answering (frozen): the summary names the request
+/// in flight, the mount is gone (the read gets an error, not a hang), and
+/// the exit, 143 without a logout, comes within a second rather than
+/// after fast_io_fail_tmo (15 s).
+#[test]
+fn srp_fuse_exits_within_a_second_on_sigterm_with_a_read_at_a_stopped_target() {
+    if !fuse_here() {
+        return;
+    }
+    let (target, ours) = ("127.0.203.57", "127.0.203.58");
+    let mut d = srptd(target, "fuse-stopped");
+    let (mut fuse, mnt) = srp_fuse(target, ours, "fuse-stopped");
+    let file = mnt.join("lun0");
+    let f = std::fs::File::open(&file).expect("open lun0");
+    let mut first = vec![0u8; 4096];
+    std::os::unix::fs::FileExt::read_exact_at(&f, &mut first, 0).expect("a live target answers");
+
+    Dead::Stopped.make(&mut d);
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut buf = vec![0u8; 4096];
+        let _ = tx.send(std::os::unix::fs::FileExt::read_exact_at(
+            &f,
+            &mut buf,
+            1 << 20,
+        ));
+    });
+    assert!(
+        rx.recv_timeout(Duration::from_millis(300)).is_err(),
+        "a frozen target answered the read"
+    );
+
+    let (status, took, out, err) = stop(&mut fuse, libc::SIGTERM);
+    kill(d.child.id(), libc::SIGCONT);
+    assert!(took < WITHIN, "exit took {took:?}");
+    assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{err}");
+    assert!(
+        out.contains(
+            "srp: lun0: 1 reads (4 KiB), 0 writes (0 B), 0 errors, 1 in flight before SIGTERM"
+        ),
+        "{out}"
+    );
+    assert!(
+        err.contains("a request still waits on 127.0.203.57:5555, which does not answer; exiting without logout"),
+        "{err}"
+    );
+    assert!(!mounted(&mnt), "{} is still mounted", mnt.display());
+    // The read that waited ends with an error (the connection aborted).
+    let read = rx
+        .recv_timeout(Duration::from_secs(5))
+        .expect("the read still hangs");
+    assert!(read.is_err(), "{read:?}");
+    let _ = std::fs::remove_dir(&mnt);
+}
+
+/// The lines a child writes on `r`, as they come.
+fn lines_of(r: impl Read + Send + 'static) -> mpsc::Receiver<String> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for l in BufReader::new(r).lines().map_while(Result::ok) {
+            if tx.send(l).is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+/// Waits (bounded) for a line of `rx` containing `what`; the lines read.
+fn wait_for(rx: &mpsc::Receiver<String>, what: &str, secs: u64) -> Vec<String> {
+    let end = Instant::now() + Duration::from_secs(secs);
+    let mut seen = Vec::new();
+    loop {
+        match rx.recv_timeout(end.saturating_duration_since(Instant::now())) {
+            Ok(l) => {
+                let hit = l.contains(what);
+                seen.push(l);
+                if hit {
+                    return seen;
+                }
+            }
+            Err(e) => panic!("never said `{what}` ({e}): {seen:?}"),
+        }
+    }
+}
+
+/// Every further line of `rx` until the child closes it (exits).
+fn rest_of(rx: &mpsc::Receiver<String>) -> Vec<String> {
+    let mut out = Vec::new();
+    while let Ok(l) = rx.recv_timeout(Duration::from_secs(10)) {
+        out.push(l);
+    }
+    out
+}
+
+/// An rdma-perf tool, its stdout and stderr read line by line; killed on
+/// drop. Its info events say when its transfer runs.
+struct Tool {
+    child: Child,
+    out: mpsc::Receiver<String>,
+    err: mpsc::Receiver<String>,
+}
+
+impl Tool {
+    fn start(bin: &str, args: &[&str]) -> Tool {
+        let mut child = Command::new(common::bin_of(bin))
+            .args(args)
+            .env("RUST_LOG", "rdma_perf=info")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {bin}: {e}"));
+        let out = lines_of(child.stdout.take().unwrap());
+        let err = lines_of(child.stderr.take().unwrap());
+        Tool { child, out, err }
+    }
+
+    /// Waits (bounded) for the tool to say on stderr that its transfer
+    /// runs.
+    fn running(&self) {
+        wait_for(&self.err, "running", 60);
+    }
+
+    /// Sends `sig` to `tool`: it exits within a second with 128 + `sig`,
+    /// saying on stderr that its report holds what was done so far.
+    /// Returns its stdout from here on.
+    fn interrupt(&mut self, tool: &str, sig: i32) -> String {
+        let (status, took) = signal_and_wait(&mut self.child, sig);
+        let out = rest_of(&self.out).join("\n");
+        let err = rest_of(&self.err).join("\n");
+        println!("{tool}: {out}\n{err}\n(exit {status:?} {took:?} after signal {sig})");
+        assert!(took < WITHIN, "{tool}: exit took {took:?}");
+        assert_eq!(status.code(), Some(128 + sig), "{tool}: {err}");
+        let said = format!(
+            "{tool}: {}: stopped; the report holds what was done so far",
+            if sig == libc::SIGINT {
+                "SIGINT"
+            } else {
+                "SIGTERM"
+            }
+        );
+        assert!(err.contains(&said), "{tool}: {err}");
+        out
+    }
+
+    /// Waits (bounded) for the tool to end by itself; its status and
+    /// stderr.
+    fn ends(&mut self, secs: u64) -> (ExitStatus, String) {
+        let mut status = None;
+        let ended = within(Duration::from_secs(secs), || {
+            status = self.child.try_wait().expect("try_wait");
+            status.is_some()
+        });
+        assert!(ended, "still running {secs} s after its peer left");
+        (status.unwrap(), rest_of(&self.err).join("\n"))
+    }
+}
+
+impl Drop for Tool {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The number after `before` and up to the next space in `text`.
+fn number_after(text: &str, before: &str) -> u64 {
+    let at = text
+        .find(before)
+        .unwrap_or_else(|| panic!("no `{before}`: {text}"))
+        + before.len();
+    text[at..]
+        .split(|c: char| !c.is_ascii_digit())
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no number after `{before}`: {text}"))
+}
+
+/// `rperf client` interrupted mid-run: its table of the messages that
+/// completed, marked interrupted, exit 130 within a second; the server
+/// sees it leave and ends.
+#[test]
+fn rperf_client_on_sigint_reports_what_completed_and_exits_within_a_second() {
+    let (server, client) = ("127.0.203.61", "127.0.203.62");
+    let oob = format!("{server}:18515");
+    let mut srv = Tool::start(
+        "rperf",
+        &["server", "--bind", &format!("{server}:4791"), "--oob", &oob],
+    );
+    wait_for(&srv.out, "listening on", 60);
+    let mut cli = Tool::start(
+        "rperf",
+        &[
+            "client",
+            "--bind",
+            &format!("{client}:4791"),
+            "--server",
+            &oob,
+            "--duration",
+            "60",
+        ],
+    );
+    cli.running();
+    let out = cli.interrupt("rperf", libc::SIGINT);
+    assert!(out.contains("#iterations  BW[Gb/s]"), "{out}");
+    let n = number_after(&out, " interrupted after ");
+    assert!(n > 0, "{out}");
+    assert!(
+        out.contains(&format!(
+            " interrupted after {n} messages: partial numbers; server CPU, verify and baseline skipped"
+        )),
+        "{out}"
+    );
+    // The client's leaving (its TCP connection closed) ends the server's
+    // one client.
+    let (status, err) = srv.ends(10);
+    assert!(status.success(), "rperf server: {status}: {err}");
+}
+
+/// `rperftest write` client interrupted mid-run by SIGTERM: perftest's
+/// result line for the messages that completed, marked interrupted, exit
+/// 143 within a second; the server sees the connection close.
+#[test]
+fn rperftest_client_on_sigterm_reports_what_completed_and_exits_within_a_second() {
+    let (server, client) = ("127.0.203.63", "127.0.203.64");
+    let mut srv = Tool::start("rperftest", &["write", "--bind", server, "-p", "18515"]);
+    wait_for(&srv.out, "Waiting for client to connect", 60);
+    let mut cli = Tool::start(
+        "rperftest",
+        &["write", server, "--bind", client, "-p", "18515", "-D", "60"],
+    );
+    cli.running();
+    let out = cli.interrupt("rperftest", libc::SIGTERM);
+    // The result line under perftest's header: size, then iterations.
+    let mut lines = out.lines().skip_while(|l| !l.contains("#iterations"));
+    lines.next();
+    let result = lines
+        .next()
+        .unwrap_or_else(|| panic!("no result line: {out}"));
+    let iters: u64 = result
+        .split_whitespace()
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{result}"));
+    assert!(
+        result.trim_start().starts_with("65536 ") && iters > 0,
+        "{result}"
+    );
+    assert!(
+        out.contains(&format!(" verified: {iters} completions, all successful and in order"))
+            && out.contains(
+                "rperftest: RDMA_Write BW Test interrupted: partial numbers, the rest of the exchange skipped"
+            ),
+        "{out}"
+    );
+    let (_, err) = srv.ends(10);
+    assert!(err.contains("peer closed the connection"), "{err}");
+}
+
+/// `rrping` interrupted mid-run, either side: its count of the pings
+/// done, marked interrupted, and a disconnect the other side sees at
+/// once; exit 128 + signal within a second.
+#[test]
+fn rrping_on_sigint_or_sigterm_reports_disconnects_and_exits_within_a_second() {
+    for (interrupted, sig, server, client) in [
+        ("client", libc::SIGINT, "127.0.203.65", "127.0.203.66"),
+        ("server", libc::SIGTERM, "127.0.203.67", "127.0.203.68"),
+    ] {
+        let mut srv = Tool::start("rrping", &["-s", "-a", server, "-C", "0"]);
+        wait_for(&srv.out, "server listening on", 60);
+        let mut cli = Tool::start(
+            "rrping",
+            &[
+                "-c", "-a", server, "-I", client, "-C", "1000000", "-v", "-V",
+            ],
+        );
+        wait_for(&cli.out, "ping data: rdma-ping-3:", 60);
+        let (it, other) = if interrupted == "client" {
+            (&mut cli, &mut srv)
+        } else {
+            (&mut srv, &mut cli)
+        };
+        let out = it.interrupt("rrping", sig);
+        let report = out
+            .lines()
+            .find(|l| l.starts_with("rrping: ") && l.contains(" pings"))
+            .unwrap_or_else(|| panic!("{interrupted}: no report: {out}"));
+        assert!(
+            number_after(report, "rrping: ") >= 3
+                && report.ends_with("; interrupted, disconnected"),
+            "{interrupted}: {report}"
+        );
+        // The other side learns of it from the disconnect, not a timeout.
+        let (status, err) = other.ends(2);
+        if interrupted == "client" {
+            assert!(status.success(), "server: {status}: {err}");
+        } else {
+            assert!(err.contains("rrping: the server left"), "client: {err}");
+        }
+    }
+}
+
+/// `rpingpong` client interrupted mid-run: rc_pingpong's two lines for
+/// the exchanges done, marked interrupted, exit 130 within a second. (Its
+/// peer, as rc_pingpong's, only notices from its own stall timeout.)
+#[test]
+fn rpingpong_on_sigint_reports_the_exchanges_done_and_exits_within_a_second() {
+    let (server, client) = ("127.0.203.69", "127.0.203.70");
+    let srv = Tool::start(
+        "rpingpong",
+        &["--bind", server, "-g", "1", "-n", "100000000"],
+    );
+    wait_for(&srv.out, "rpingpong: waiting on", 60);
+    let mut cli = Tool::start(
+        "rpingpong",
+        &[server, "--bind", client, "-g", "1", "-n", "100000000"],
+    );
+    cli.running();
+    let out = cli.interrupt("rpingpong", libc::SIGINT);
+    let iters = number_after(&out, "interrupted after ");
+    assert!(
+        iters > 0
+            && out.contains(&format!("{iters} iters in "))
+            && out.contains(&format!("{} bytes in ", iters * 4096 * 2))
+            && out.contains(&format!(
+                "interrupted after {iters} of 100000000 iters: partial numbers"
+            )),
+        "{out}"
+    );
 }
