@@ -40,6 +40,9 @@ struct Shared {
     /// saved per post while the thread is awake, and for every post from a
     /// completion callback, which runs on the thread itself).
     sleeping: AtomicBool,
+    /// Set before `sleeping`: when the sleeping thread wakes by itself
+    /// (nanoseconds since `epoch`).
+    sleep_until: AtomicU64,
     epoch: StdInstant,
     callback: Option<CompletionCallback>,
     /// Set when this is dropped: fields drop in declaration order, so the
@@ -129,6 +132,7 @@ impl Driver {
             waiters: AtomicU64::new(0),
             posted: AtomicBool::new(false),
             sleeping: AtomicBool::new(false),
+            sleep_until: AtomicU64::new(0),
             epoch: StdInstant::now(),
             callback,
             released: SetOnDrop(released.clone()),
@@ -148,10 +152,31 @@ impl Driver {
         self.shared.node.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Runs `f` on the node (to post work, create QPs, read counters) and
-    /// wakes the thread so new work goes out at once.
+    /// Runs `f` on the node (to post work, create QPs, read counters), and
+    /// sees that new work goes out at once: a running thread loops once
+    /// more; for a sleeping one, what `f` made to send is sent from here
+    /// (as Linux siw sends from `post_send`), and the thread is woken only
+    /// when that made completions to deliver or a timer (a retransmission)
+    /// falls before it would wake by itself.
     pub fn with_node<R>(&self, f: impl FnOnce(&mut Node) -> R) -> R {
-        let r = f(&mut self.lock());
+        let mut node = self.lock();
+        let r = f(&mut node);
+        if self.shared.sleeping.load(Ordering::SeqCst) {
+            let now_std = StdInstant::now();
+            let now = Instant::from_std(self.shared.epoch, now_std);
+            let ready = node.send_posted(now);
+            let sooner = node.next_deadline().is_some_and(|d| {
+                let at = (now_std - self.shared.epoch) + d.saturating_since(now).to_std();
+                (at.as_nanos() as u64) < self.shared.sleep_until.load(Ordering::SeqCst)
+            });
+            drop(node);
+            if ready || sooner {
+                self.shared.posted.store(true, Ordering::SeqCst);
+                self.shared.waker.wake();
+            }
+            return r;
+        }
+        drop(node);
         // Either the thread sees `posted` before it sleeps, or this sees
         // `sleeping` and wakes it (both SeqCst: one of the two loads
         // observes the other side's store).
@@ -239,6 +264,9 @@ fn run(s: &Shared) {
             d.saturating_since(now).to_std().min(IDLE_SLEEP)
         });
         if !sleep.is_zero() {
+            let until = StdInstant::now() + sleep - s.epoch;
+            s.sleep_until
+                .store(until.as_nanos() as u64, Ordering::SeqCst);
             s.sleeping.store(true, Ordering::SeqCst);
             if !s.posted.load(Ordering::SeqCst) {
                 let _ = wait_readable(s.fd, Some(&s.waker), sleep);

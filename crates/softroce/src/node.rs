@@ -737,6 +737,23 @@ impl Node {
             }
         }
         busy |= self.transmit(now);
+        self.collect();
+        busy
+    }
+
+    /// What a posting thread does so the driver thread need not wake for
+    /// it (as Linux siw sends from `post_send`): transmits what the QPs
+    /// have to send now. Returns whether completions or events came of it
+    /// (the driver thread delivers those).
+    pub fn send_posted(&mut self, now: Instant) -> bool {
+        self.transmit(now);
+        self.collect();
+        !self.ready.is_empty()
+    }
+
+    /// Moves the engines' completions and events to their QPs' queues and
+    /// notes the QPs that have new ones.
+    fn collect(&mut self) {
         for (qpn, s) in self.qps.iter_mut() {
             let before = (s.completions.len(), s.events.len());
             while let Some(c) = s.qp.poll_completion() {
@@ -755,7 +772,6 @@ impl Node {
                 }
             }
         }
-        busy
     }
 
     // Not inlined into `poll` (one call per round, no measurable cost) so
