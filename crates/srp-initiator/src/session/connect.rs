@@ -311,6 +311,7 @@ impl Session {
                 cv_waiters: 0,
                 posts: Vec::new(),
                 flushing: false,
+                iu_buf: Vec::new(),
                 timer_sleep: None,
                 quiet_since: rdma_types::Instant::ZERO,
                 probe_out: false,

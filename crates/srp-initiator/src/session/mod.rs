@@ -238,6 +238,8 @@ struct State {
     posts: Vec<(SendId, u32, SendWr)>,
     /// A thread is posting `posts` (it takes what others queue meanwhile).
     flushing: bool,
+    /// Where a received IU is read to be parsed (kept: no allocation per IU).
+    iu_buf: Vec<u8>,
     /// The poll thread sleeps until this timer deadline (`Some(None)`:
     /// with no timer); `None` while it works (it looks at timers again
     /// before it sleeps).

@@ -119,9 +119,14 @@ impl Inner {
                 if ok {
                     st.quiet_since = self.now();
                     let len = (wc.byte_len).min(self.recv_size) as usize;
-                    let bytes = self.recv_buf.to_vec((i * self.recv_size) as usize, len);
+                    // Read into a buffer kept for it: no allocation per IU.
+                    let mut iu = std::mem::take(&mut st.iu_buf);
+                    iu.resize(len, 0);
+                    self.recv_buf
+                        .read_at((i * self.recv_size) as usize, &mut iu);
                     let now = self.now();
-                    st.channel.handle_recv(now, &bytes);
+                    st.channel.handle_recv(now, &iu);
+                    st.iu_buf = iu;
                     let _ = self.provider.post_recv(
                         self.qp,
                         &[recv_wr(&self.recv_buf, &self.recv_mr, self.recv_size, i)],

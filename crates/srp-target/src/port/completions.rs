@@ -103,10 +103,14 @@ impl Inner {
                 let channel = c.channel;
                 let off = (index * self.req_size) as usize;
                 let len = (wc.byte_len as usize).min(self.req_size as usize);
-                let bytes = self.srq_buf.to_vec(off, len);
+                // Read into a buffer kept for it: no allocation per IU.
+                let mut iu = std::mem::take(&mut st.iu_buf);
+                iu.resize(len, 0);
+                self.srq_buf.read_at(off, &mut iu);
                 if let Some(ch) = st.target.channel_mut(channel) {
-                    ch.handle_recv(&bytes);
+                    ch.handle_recv(&iu);
                 }
+                st.iu_buf = iu;
                 self.pump(st, conn);
             }
         }

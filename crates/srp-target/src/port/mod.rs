@@ -359,6 +359,8 @@ struct State {
     posts: VecDeque<Post>,
     /// A thread is posting `posts` (it takes what others queue meanwhile).
     flushing: bool,
+    /// Where a received IU is read to be parsed (kept: no allocation per IU).
+    iu_buf: Vec<u8>,
 }
 
 /// A work request queued under the port lock and posted once the lock is
@@ -594,6 +596,7 @@ impl TargetPort {
                 closed: Vec::new(),
                 posts: VecDeque::new(),
                 flushing: false,
+                iu_buf: Vec::new(),
             }),
             lun_stats: Mutex::new(LunTable::new()),
             events: Mutex::new(tx),
