@@ -119,23 +119,8 @@ impl Default for Options {
 
 /// What was done through one file since it was shown ([`Mount::stats`]),
 /// counted as the kernel asked for it (a large `read` split into several
-/// device calls is one read).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct FileStats {
-    /// `read` requests answered.
-    pub reads: u64,
-    /// Bytes they returned.
-    pub read_bytes: u64,
-    /// `write` requests done.
-    pub writes: u64,
-    /// Bytes they wrote.
-    pub written_bytes: u64,
-    /// Requests the device failed (`EIO`).
-    pub errors: u64,
-    /// Requests inside a device call now (reads, writes, flushes, zeroes
-    /// and punches): a device that no longer answers keeps them here.
-    pub in_flight: u64,
-}
+/// device calls is one read; errors are `EIO`s).
+pub use blockload::counts::IoStats as FileStats;
 
 /// A mounted blockfuse directory; unmounted by [`Mount::unmount`] or drop.
 pub struct Mount {

@@ -4,9 +4,10 @@
 
 use crate::FileStats;
 use blockload::bytes::ByteView;
+use blockload::counts::IoCounts;
 use blockload::BlockDevice;
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 /// Why a byte-level operation on a LUN failed.
@@ -22,6 +23,14 @@ pub(crate) enum LunError {
 }
 
 impl LunError {
+    fn device(e: io::Error) -> LunError {
+        if e.kind() == io::ErrorKind::Unsupported {
+            LunError::Unsupported
+        } else {
+            LunError::Device(e)
+        }
+    }
+
     /// The errno the caller of read(2)/write(2)/fallocate(2) sees.
     pub(crate) fn errno(&self) -> i32 {
         match self {
@@ -54,50 +63,7 @@ pub(crate) struct Lun {
     /// began: set once the data is at the device, cleared as a flush
     /// starts (so a write that completes during a flush leaves it set).
     unsynced: AtomicBool,
-    counts: Counts,
-}
-
-/// [`FileStats`] as they are counted.
-#[derive(Default)]
-struct Counts {
-    reads: AtomicU64,
-    read_bytes: AtomicU64,
-    writes: AtomicU64,
-    written_bytes: AtomicU64,
-    errors: AtomicU64,
-    in_flight: AtomicU64,
-}
-
-/// One request inside a device call, for [`FileStats::in_flight`].
-struct InFlight<'a>(&'a AtomicU64);
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-impl Counts {
-    fn enter(&self) -> InFlight<'_> {
-        self.in_flight.fetch_add(1, Ordering::Relaxed);
-        InFlight(&self.in_flight)
-    }
-
-    /// Counts a device error; the error, as [`LunError::Device`].
-    fn failed(&self, e: io::Error) -> LunError {
-        self.errors.fetch_add(1, Ordering::Relaxed);
-        LunError::Device(e)
-    }
-
-    /// As [`Counts::failed`], but a device that cannot do this (no
-    /// UNMAP) is [`LunError::Unsupported`], no error.
-    fn failed_or_unsupported(&self, e: io::Error) -> LunError {
-        if e.kind() == io::ErrorKind::Unsupported {
-            LunError::Unsupported
-        } else {
-            self.failed(e)
-        }
-    }
+    counts: IoCounts,
 }
 
 impl Lun {
@@ -108,22 +74,13 @@ impl Lun {
             name,
             view,
             unsynced: AtomicBool::new(false),
-            counts: Counts::default(),
+            counts: IoCounts::default(),
         })
     }
 
     /// What was done through this file so far.
     pub(crate) fn stats(&self) -> FileStats {
-        let c = &self.counts;
-        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        FileStats {
-            reads: get(&c.reads),
-            read_bytes: get(&c.read_bytes),
-            writes: get(&c.writes),
-            written_bytes: get(&c.written_bytes),
-            errors: get(&c.errors),
-            in_flight: get(&c.in_flight),
-        }
+        self.counts.stats()
     }
 
     pub(crate) fn size(&self) -> u64 {
@@ -136,11 +93,10 @@ impl Lun {
 
     /// Flushes the device's cache (SYNCHRONIZE CACHE on SRP), always.
     pub(crate) fn flush(&self) -> Result<()> {
-        let _busy = self.counts.enter();
         self.unsynced.store(false, Ordering::SeqCst);
-        self.view.flush().map_err(|e| {
+        self.counts.other(|| self.view.flush()).map_err(|e| {
             self.unsynced.store(true, Ordering::SeqCst);
-            self.counts.failed(e)
+            LunError::Device(e)
         })
     }
 
@@ -169,12 +125,9 @@ impl Lun {
             return Ok(Vec::new());
         };
         let mut buf = vec![0u8; len as usize];
-        let _busy = self.counts.enter();
-        self.view
-            .read(offset, &mut buf)
-            .map_err(|e| self.counts.failed(e))?;
-        self.counts.reads.fetch_add(1, Ordering::Relaxed);
-        self.counts.read_bytes.fetch_add(len, Ordering::Relaxed);
+        self.counts
+            .read(len, || self.view.read(offset, &mut buf))
+            .map_err(LunError::Device)?;
         Ok(buf)
     }
 
@@ -187,16 +140,11 @@ impl Lun {
         let len = self
             .clamp(offset, data.len() as u64)
             .ok_or(LunError::PastEnd)? as usize;
-        let _busy = self.counts.enter();
         self.wrote(
-            self.view
-                .write(offset, &data[..len])
-                .map_err(|e| self.counts.failed(e)),
+            self.counts
+                .write(len as u64, || self.view.write(offset, &data[..len]))
+                .map_err(LunError::Device),
         )?;
-        self.counts.writes.fetch_add(1, Ordering::Relaxed);
-        self.counts
-            .written_bytes
-            .fetch_add(len as u64, Ordering::Relaxed);
         Ok(len)
     }
 
@@ -205,11 +153,10 @@ impl Lun {
         let Some(len) = self.clamp(offset, len) else {
             return Ok(());
         };
-        let _busy = self.counts.enter();
         self.wrote(
-            self.view
-                .zero(offset, len)
-                .map_err(|e| self.counts.failed(e)),
+            self.counts
+                .other(|| self.view.zero(offset, len))
+                .map_err(LunError::Device),
         )
     }
 
@@ -219,11 +166,10 @@ impl Lun {
         let Some(len) = self.clamp(offset, len) else {
             return Ok(());
         };
-        let _busy = self.counts.enter();
         self.wrote(
-            self.view
-                .punch(offset, len)
-                .map_err(|e| self.counts.failed_or_unsupported(e)),
+            self.counts
+                .other(|| self.view.punch(offset, len))
+                .map_err(LunError::device),
         )
     }
 

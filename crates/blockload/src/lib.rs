@@ -25,7 +25,8 @@
 //!
 //! [`bytes::ByteView`] shows a device as bytes: unaligned ranges become
 //! read-modify-write of the edge blocks, safe under concurrent writers.
-//! The NBD server and the FUSE file system both sit on it.
+//! The NBD server and the FUSE file system both sit on it, and count
+//! what their clients asked of it in [`counts::IoCounts`].
 //!
 //! What it refuses: block sizes that are not a multiple of 512 bytes or of
 //! the device's block size, regions outside the device, unbounded runs.
@@ -33,6 +34,7 @@
 #![forbid(unsafe_code)]
 
 pub mod bytes;
+pub mod counts;
 mod stamp;
 
 pub use stamp::{check_unit, fill_unit, offset_units, Mismatch, UNIT};

@@ -20,7 +20,10 @@
 //!   read-modify-write of the edge blocks.
 //! - [`server`]: sockets and threads. One thread per connection, replies
 //!   in request order; pipelined requests are read from a buffer and their
-//!   replies are flushed only when the buffer runs dry.
+//!   replies are flushed only when the buffer runs dry. [`Stats`] counts
+//!   the requests, what they moved and what waits on the device; a
+//!   shutdown can be bounded ([`ServerHandle::shutdown_within`]) when the
+//!   device may have stopped answering.
 //!
 //! Contract: the advertised size constraints are the protocol defaults
 //! (minimum block 1, preferred = device block size but at least 512,
@@ -63,7 +66,7 @@ pub mod wire;
 #[doc(hidden)]
 pub mod fuzz;
 
-pub use server::{Export, ListenAddr, Server, ServerHandle, Stats};
+pub use server::{Busy, Export, ListenAddr, Server, ServerHandle, Stats};
 
 /// Why the server hung up on a client (a hard disconnect, proto.md
 /// "Termination of the session"), or why a session ended cleanly.

@@ -6,13 +6,17 @@
 //! no complete next request, so pipelined requests share one `write`.
 //! [`ServerHandle::shutdown`] stops the acceptor (waking it with a
 //! connection of its own), shuts down every client socket, which ends the
-//! blocked reads, and joins all threads.
+//! blocked reads, and joins all threads; a connection takes no further
+//! request once it has begun. [`ServerHandle::shutdown_within`] waits for
+//! the connections only so long, and leaves behind those inside a device
+//! call that does not return (a device that stopped answering).
 
 use crate::handshake::{ExportInfo, Handshake, Step, MAX_OPTIONS};
 use crate::transmission::{Outcome, Transmission};
 use crate::volume::Volume;
-use crate::wire::{Request, RequestRepr};
+use crate::wire::{Command, Request, RequestRepr};
 use crate::Hangup;
+use blockload::counts::IoStats;
 use blockload::BlockDevice;
 use std::collections::HashMap;
 use std::fmt;
@@ -21,9 +25,9 @@ use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Most connections served at once; more are closed on accept.
 pub const MAX_CONNECTIONS: usize = 256;
@@ -84,6 +88,26 @@ pub struct Stats {
     pub sessions: u64,
     /// Connections the server hung up on because of bad input.
     pub protocol_errors: u64,
+    /// Requests of the transmission phase taken (every command but
+    /// `NBD_CMD_DISC`, also those refused).
+    pub requests: u64,
+    /// What the requests read and wrote, the device errors, and the
+    /// requests inside a device call now.
+    pub io: IoStats,
+}
+
+/// Connections still inside a device call when
+/// [`ServerHandle::shutdown_within`] stopped waiting for them: the device
+/// does not answer. Their threads were left running (each ends when its
+/// call returns); the device must not be torn down under them, so the
+/// caller's way out is to exit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("{connections} NBD connections still inside a device call {} ms after the shutdown began", waited.as_millis())]
+pub struct Busy {
+    /// Connections left running.
+    pub connections: usize,
+    /// How long the shutdown waited for them.
+    pub waited: Duration,
 }
 
 enum Listener {
@@ -148,16 +172,21 @@ struct Shared {
     transmission: Transmission,
     stop: AtomicBool,
     conns: Mutex<Conns>,
+    /// Notified as a connection leaves [`Conns::open`].
+    closed: Condvar,
     accepted: AtomicU64,
     sessions: AtomicU64,
     protocol_errors: AtomicU64,
+    requests: AtomicU64,
 }
 
 #[derive(Default)]
 struct Conns {
     next: u64,
+    /// The connections being served, by id; each leaves as its thread
+    /// ends.
     open: HashMap<u64, Stream>,
-    threads: Vec<JoinHandle<()>>,
+    threads: Vec<(u64, JoinHandle<()>)>,
 }
 
 impl Shared {
@@ -216,9 +245,11 @@ impl Server {
             transmission,
             stop: AtomicBool::new(false),
             conns: Mutex::new(Conns::default()),
+            closed: Condvar::new(),
             accepted: AtomicU64::new(0),
             sessions: AtomicU64::new(0),
             protocol_errors: AtomicU64::new(0),
+            requests: AtomicU64::new(0),
         });
         Ok(Server {
             listener,
@@ -297,19 +328,43 @@ impl ServerHandle {
             active: self.shared.conns().open.len() as u64,
             sessions: self.shared.sessions.load(Ordering::Relaxed),
             protocol_errors: self.shared.protocol_errors.load(Ordering::Relaxed),
+            requests: self.shared.requests.load(Ordering::Relaxed),
+            io: self.shared.volume.stats(),
         }
     }
 
     /// Stops accepting, closes every connection and joins all threads.
     /// A thread inside a device call finishes that call first.
     pub fn shutdown(mut self) {
-        self.stop();
+        self.stop(None);
     }
 
-    fn stop(&mut self) {
+    /// Stops accepting and closes every connection as
+    /// [`ServerHandle::shutdown`] does, but waits at most `limit` for the
+    /// connection threads. Afterwards [`ServerHandle::stats`] holds what
+    /// was served (`active`: the connections left behind). Later calls,
+    /// and dropping the handle, do nothing more.
+    ///
+    /// # Errors
+    /// [`Busy`] when connections are still inside a device call at
+    /// `limit`; their threads keep the device until their calls return.
+    pub fn shutdown_within(&mut self, limit: Duration) -> Result<(), Busy> {
+        match self.stop(Some(limit)) {
+            0 => Ok(()),
+            connections => Err(Busy {
+                connections,
+                waited: limit,
+            }),
+        }
+    }
+
+    /// Stops the server, waiting at most `limit` (or as long as it takes)
+    /// for the connection threads; returns how many were left running.
+    fn stop(&mut self, limit: Option<Duration>) -> usize {
         let Some(acceptor) = self.acceptor.take() else {
-            return;
+            return 0;
         };
+        let end = limit.map(|l| Instant::now() + l);
         self.shared.stop.store(true, Ordering::SeqCst);
         // Wake the blocked accept(); it sees `stop` and returns.
         let _ = match &self.addr {
@@ -327,25 +382,43 @@ impl ServerHandle {
             ListenAddr::Unix(p) => UnixStream::connect(p).map(drop),
         };
         let _ = acceptor.join();
-        let threads = {
-            let mut conns = self.shared.conns();
-            for s in conns.open.values() {
-                s.shutdown();
+        let mut conns = self.shared.conns();
+        for s in conns.open.values() {
+            s.shutdown();
+        }
+        if let Some(end) = end {
+            while !conns.open.is_empty() {
+                let left = end.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                conns = self
+                    .shared
+                    .closed
+                    .wait_timeout(conns, left)
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0;
             }
-            std::mem::take(&mut conns.threads)
-        };
-        for t in threads {
+        }
+        // Those still open are inside a device call: left behind when
+        // there is a limit (dropping a JoinHandle detaches its thread).
+        let (stuck, done): (Vec<_>, Vec<_>) = std::mem::take(&mut conns.threads)
+            .into_iter()
+            .partition(|(id, _)| end.is_some() && conns.open.contains_key(id));
+        drop(conns);
+        for (_, t) in done {
             let _ = t.join();
         }
         if let ListenAddr::Unix(p) = &self.addr {
             let _ = std::fs::remove_file(p);
         }
+        stuck.len()
     }
 }
 
 impl Drop for ServerHandle {
     fn drop(&mut self) {
-        self.stop();
+        self.stop(None);
     }
 }
 
@@ -401,9 +474,10 @@ fn accept_loop(listener: &Listener, shared: &Arc<Shared>) -> io::Result<()> {
                     s.protocol_errors.fetch_add(1, Ordering::Relaxed);
                 }
                 s.conns().open.remove(&id);
+                s.closed.notify_all();
             });
         match spawned {
-            Ok(t) => conns.threads.push(t),
+            Ok(t) => conns.threads.push((id, t)),
             Err(_) => {
                 conns.open.remove(&id);
             }
@@ -423,9 +497,9 @@ fn is_transient(e: &io::Error) -> bool {
 fn reap(conns: &mut Conns) {
     let (done, running): (Vec<_>, Vec<_>) = std::mem::take(&mut conns.threads)
         .into_iter()
-        .partition(|t| t.is_finished());
+        .partition(|(_, t)| t.is_finished());
     conns.threads = running;
-    for t in done {
+    for (_, t) in done {
         let _ = t.join();
     }
 }
@@ -475,8 +549,12 @@ fn serve_connection(stream: Stream, shared: &Shared) -> io::Result<Option<Hangup
     shared.sessions.fetch_add(1, Ordering::Relaxed);
     stream.set_read_timeout(None)?;
     let mut header = [0u8; Request::<&[u8]>::LEN];
-    // Ends when the client disconnects, errs, or the socket is shut down.
+    // Ends when the client disconnects, errs, or the server stops (which
+    // shuts the socket down; requests already buffered are not served).
     loop {
+        if shared.stop.load(Ordering::SeqCst) {
+            return Ok(None);
+        }
         if r.buffer().len() < header.len() {
             w.flush()?;
         }
@@ -504,6 +582,9 @@ fn serve_connection(stream: Stream, shared: &Shared) -> io::Result<Option<Hangup
             return eof_or(e);
         }
         out.clear();
+        if req.command != Command::Disc {
+            shared.requests.fetch_add(1, Ordering::Relaxed);
+        }
         if shared.transmission.execute(&req, &input, &mut out) == Outcome::Disconnect {
             w.flush()?;
             return Ok(Some(Hangup::Disconnected));

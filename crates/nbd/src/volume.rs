@@ -7,8 +7,10 @@
 //! Here: block sizes must be powers of two (the advertised sizes are),
 //! TRIM is advisory and WRITE_ZEROES may unmap. Callers check ranges
 //! first ([`Volume::contains`]) and answer `NBD_EINVAL`/`NBD_ENOSPC`.
+//! Each call is one request in [`Volume::stats`].
 
 use blockload::bytes::ByteView;
+use blockload::counts::{IoCounts, IoStats};
 use blockload::BlockDevice;
 use std::io;
 use std::sync::Arc;
@@ -19,6 +21,7 @@ const CHUNK: usize = 1 << 20;
 /// One device seen as bytes.
 pub struct Volume {
     view: ByteView,
+    counts: IoCounts,
 }
 
 impl Volume {
@@ -37,7 +40,13 @@ impl Volume {
         }
         Ok(Volume {
             view: ByteView::new(dev, CHUNK)?,
+            counts: IoCounts::default(),
         })
+    }
+
+    /// What was read and written, and what waits inside a device call now.
+    pub fn stats(&self) -> IoStats {
+        self.counts.stats()
     }
 
     /// Size in bytes.
@@ -60,7 +69,7 @@ impl Volume {
     /// # Errors
     /// The device's error.
     pub fn flush(&self) -> io::Result<()> {
-        self.view.flush()
+        self.counts.other(|| self.view.flush())
     }
 
     /// Reads `buf.len()` bytes at `offset` (inside the volume).
@@ -68,7 +77,8 @@ impl Volume {
     /// # Errors
     /// The device's error.
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-        self.view.read(offset, buf)
+        self.counts
+            .read(buf.len() as u64, || self.view.read(offset, buf))
     }
 
     /// Writes `data` at `offset` (inside the volume).
@@ -76,7 +86,8 @@ impl Volume {
     /// # Errors
     /// The device's error.
     pub fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
-        self.view.write(offset, data)
+        self.counts
+            .write(data.len() as u64, || self.view.write(offset, data))
     }
 
     /// Zeroes `[offset, offset + len)` (inside the volume). With
@@ -86,13 +97,15 @@ impl Volume {
     /// # Errors
     /// The device's error.
     pub fn write_zeroes(&self, offset: u64, len: u64, may_unmap: bool) -> io::Result<()> {
-        if may_unmap {
-            match self.view.punch(offset, len) {
-                Err(e) if e.kind() == io::ErrorKind::Unsupported => {}
-                done => return done,
+        self.counts.other(|| {
+            if may_unmap {
+                match self.view.punch(offset, len) {
+                    Err(e) if e.kind() == io::ErrorKind::Unsupported => {}
+                    done => return done,
+                }
             }
-        }
-        self.view.zero(offset, len)
+            self.view.zero(offset, len)
+        })
     }
 
     /// Deallocates the whole blocks inside `[offset, offset + len)`.
@@ -103,7 +116,7 @@ impl Volume {
     /// # Errors
     /// The device's error other than `Unsupported`.
     pub fn trim(&self, offset: u64, len: u64) -> io::Result<()> {
-        match self.view.unmap_blocks(offset, len) {
+        match self.counts.other(|| self.view.unmap_blocks(offset, len)) {
             Err(e) if e.kind() == io::ErrorKind::Unsupported => Ok(()),
             done => done,
         }

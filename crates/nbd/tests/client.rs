@@ -299,3 +299,110 @@ fn a_resized_device_shows_its_new_size_to_the_next_client() {
     after.disconnect();
     h.shutdown();
 }
+
+/// A RAM device whose reads wait while `held` (a LUN whose target
+/// stopped answering) and fail while `broken`.
+struct Holds {
+    ram: RamDevice,
+    held: std::sync::atomic::AtomicBool,
+    broken: std::sync::atomic::AtomicBool,
+}
+
+impl BlockDevice for Holds {
+    fn block_size(&self) -> u32 {
+        self.ram.block_size()
+    }
+    fn num_blocks(&self) -> u64 {
+        self.ram.num_blocks()
+    }
+    fn read_at(&self, lba: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        while self.held.load(std::sync::atomic::Ordering::SeqCst) {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        if self.broken.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(std::io::Error::other("medium error"));
+        }
+        self.ram.read_at(lba, buf)
+    }
+    fn write_at(&self, lba: u64, buf: &[u8]) -> std::io::Result<()> {
+        self.ram.write_at(lba, buf)
+    }
+}
+
+/// The counters say what the clients asked for (requests, reads and
+/// writes with their bytes, device errors) and what waits on the device;
+/// a bounded shutdown with a read held by the device gives up on it in
+/// time, says so, and still closes the client's connection; one with
+/// nothing held joins everything.
+#[test]
+fn stats_and_a_bounded_shutdown_with_a_read_the_device_holds() {
+    use std::sync::atomic::Ordering::SeqCst;
+    use std::time::{Duration, Instant};
+    let dev = Arc::new(Holds {
+        ram: RamDevice::new(512, 2048),
+        held: false.into(),
+        broken: false.into(),
+    });
+    let mut h = Server::bind_tcp("127.0.0.1:0", Export::new("", dev.clone()))
+        .unwrap()
+        .spawn()
+        .unwrap();
+    let mut c = Client::go(tcp(h.local_addr()), "");
+    c.write(0, &pattern(4, 0, 8192)).unwrap();
+    assert_eq!(c.read(100, 1000).unwrap(), pattern(4, 100, 1000));
+    c.call(Command::Flush, 0, 0, 0, &[]).unwrap();
+    assert_eq!(c.read(MIB, 1), Err(Errno::Inval), "refused: no device call");
+    dev.broken.store(true, SeqCst);
+    assert_eq!(c.read(0, 512), Err(Errno::Io));
+    dev.broken.store(false, SeqCst);
+    let s = h.stats();
+    assert_eq!(s.requests, 5, "{s:?}");
+    assert_eq!((s.io.reads, s.io.read_bytes), (1, 1000), "{s:?}");
+    assert_eq!((s.io.writes, s.io.written_bytes), (1, 8192), "{s:?}");
+    assert_eq!((s.io.errors, s.io.in_flight), (1, 0), "{s:?}");
+
+    // A read the device holds, and a request behind it that is never
+    // taken.
+    dev.held.store(true, SeqCst);
+    c.send(Command::Read, 0, 4096, 512, &[]);
+    c.send(Command::Read, 0, 0, 512, &[]);
+    let end = Instant::now() + Duration::from_secs(10);
+    while h.stats().io.in_flight == 0 && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(h.stats().io.in_flight, 1);
+    let t0 = Instant::now();
+    let busy = h.shutdown_within(Duration::from_millis(100)).unwrap_err();
+    let took = t0.elapsed();
+    assert!(took < Duration::from_secs(1), "took {took:?}");
+    assert_eq!(busy.connections, 1);
+    assert_eq!(
+        busy.to_string(),
+        "1 NBD connections still inside a device call 100 ms after the shutdown began"
+    );
+    let s = h.stats();
+    assert_eq!((s.active, s.requests, s.io.in_flight), (1, 6, 1), "{s:?}");
+    // The client is cut off, not left waiting on the device.
+    c.s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    assert_eq!(c.s.read(&mut [0u8; 1]).unwrap_or(0), 0);
+    assert!(h.shutdown_within(Duration::ZERO).is_ok(), "done already");
+    // The device answers again: the thread left behind ends by itself.
+    dev.held.store(false, SeqCst);
+    let end = Instant::now() + Duration::from_secs(10);
+    while h.stats().active > 0 && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(h.stats().active, 0);
+    drop(h);
+
+    // Nothing held: every connection ends in time and is joined.
+    let mut h = Server::bind_tcp("127.0.0.1:0", Export::new("", dev))
+        .unwrap()
+        .spawn()
+        .unwrap();
+    let mut idle = Client::go(tcp(h.local_addr()), "");
+    idle.write(0, &[1]).unwrap();
+    assert_eq!(h.shutdown_within(Duration::from_millis(500)), Ok(()));
+    assert_eq!(h.stats().active, 0);
+    assert_eq!(idle.s.read(&mut [0u8; 1]).unwrap_or(0), 0);
+}

@@ -641,21 +641,14 @@ fn open_kept(
         .map_err(|e| format!("open LUN {lun} {e}"))
 }
 
-/// What was done through a FUSE file, for `srp fuse`'s summary.
-fn file_summary(st: &blockfuse::FileStats) -> String {
-    let size = rdma_types::units::format_size;
-    let mut s = format!(
-        "{} reads ({}), {} writes ({}), {} errors",
-        st.reads,
-        size(st.read_bytes),
-        st.writes,
-        size(st.written_bytes),
-        st.errors
-    );
-    if st.in_flight > 0 {
-        s += &format!(", {} in flight", st.in_flight);
-    }
-    s
+/// Why a server (`srp fuse`, `srp nbd`) stopped by a signal exits without
+/// logging out: a request still waits on the target, and a logout would
+/// wait on it too.
+fn no_answer(l: &Login) -> String {
+    format!(
+        "a request still waits on {}, which does not answer; exiting without logout",
+        dests(l)
+    )
 }
 
 /// Targets for messages.
@@ -818,7 +811,7 @@ fn run(cmd: Cmd) -> Result<bool, String> {
             let sig = daemon_ctl::signals::name(interrupt.wait());
             let stats = m.stats();
             for (name, st) in &stats {
-                println!("srp: {name}: {} before {sig}", file_summary(st));
+                println!("srp: {name}: {st} before {sig}");
             }
             println!("srp: {sig}: unmounting {}", m.mountpoint().display());
             let _ = std::io::Write::flush(&mut std::io::stdout());
@@ -830,10 +823,9 @@ fn run(cmd: Cmd) -> Result<bool, String> {
                 Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
                     // A logout would wait on the target too.
                     return Err(format!(
-                        "{sig}: unmount {}: {e}: a request still waits on {}, which does not \
-                         answer; exiting without logout",
+                        "{sig}: unmount {}: {e}: {}",
                         mountpoint.display(),
-                        dests(&l)
+                        no_answer(&l)
                     ));
                 }
                 Err(e) => eprintln!("srp: unmount {}: {e}", mountpoint.display()),
@@ -853,11 +845,13 @@ fn run(cmd: Cmd) -> Result<bool, String> {
             name,
             read_only,
         } => {
-            // Stopping waits at most STOP_GRACE for requests to a target
-            // that does not answer.
+            // Before any thread starts, so all of them inherit the mask.
+            // Stopping (the connections, the summary, the logout) is
+            // bounded by STOP_GRACE.
             let interrupt =
                 daemon_ctl::signals::block_term().watch("srp", daemon_ctl::signals::STOP_GRACE);
-            let disk = open_kept(&paths(&l)?, &keep, lun)?;
+            let paths = paths(&l)?;
+            let disk = open_kept(&paths, &keep, lun)?;
             let mut export = nbd::Export::new(name, disk);
             export.read_only = read_only;
             let server = match &socket {
@@ -865,20 +859,33 @@ fn run(cmd: Cmd) -> Result<bool, String> {
                 None => nbd::Server::bind_tcp(listen, export),
             }
             .map_err(|e| format!("listen for NBD: {e}"))?;
-            let handle = server.spawn().map_err(|e| format!("serve NBD: {e}"))?;
+            let mut handle = server.spawn().map_err(|e| format!("serve NBD: {e}"))?;
             // Scripts wait for this line.
             println!("srp: LUN {lun} of {} served at {}", dests(&l), handle.uri());
             let _ = std::io::Write::flush(&mut std::io::stdout());
-            let sig = interrupt.wait();
-            let st = handle.stats();
+            let sig = daemon_ctl::signals::name(interrupt.wait());
             println!(
-                "srp: {}: stopping NBD ({} connections open)",
-                daemon_ctl::signals::name(sig),
-                st.active
+                "srp: {sig}: stopping NBD ({} connections open)",
+                handle.stats().active
             );
             let _ = std::io::Write::flush(&mut std::io::stdout());
-            handle.shutdown();
-            println!("srp: signal {sig}: NBD stopped after {st:?}");
+            // The clients are cut off; a request inside a call to a target
+            // that does not answer is given up on after STOP_WAIT.
+            let stopped = handle.shutdown_within(blockload::STOP_WAIT);
+            let st = handle.stats();
+            println!(
+                "srp: LUN {lun}: {} requests, {} before {sig}",
+                st.requests, st.io
+            );
+            if let Err(busy) = stopped {
+                // A logout would wait on the target too.
+                return Err(format!("{sig}: {busy}: {}", no_answer(&l)));
+            }
+            println!("srp: NBD stopped");
+            // Logged out now, not when the target's keepalive notices.
+            drop(handle);
+            drop(paths);
+            println!("srp: {sig}: logged out of {}", dests(&l));
             Ok(true)
         }
         Cmd::Reset { login: l, lun } => {

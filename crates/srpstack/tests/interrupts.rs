@@ -212,7 +212,7 @@ fn srp_io_on_sigterm_reports_logs_out_and_exits_within_a_second() {
 }
 
 /// Newstyle NBD: the handshake with NBD_OPT_EXPORT_NAME (proto.md), then
-/// READ requests of `len` bytes.
+/// READ and WRITE requests.
 struct NbdClient(std::os::unix::net::UnixStream);
 
 impl NbdClient {
@@ -233,18 +233,29 @@ impl NbdClient {
         NbdClient(s)
     }
 
-    fn send_read(&mut self, handle: u64, offset: u64, len: u32) {
+    /// Sends a request: `command` (0 READ, 1 WRITE) with `payload`.
+    fn send(&mut self, command: u16, handle: u64, offset: u64, len: u32, payload: &[u8]) {
         let mut req = 0x2560_9513u32.to_be_bytes().to_vec();
         req.extend_from_slice(&0u16.to_be_bytes()); // flags
-        req.extend_from_slice(&0u16.to_be_bytes()); // NBD_CMD_READ
+        req.extend_from_slice(&command.to_be_bytes());
         req.extend_from_slice(&handle.to_be_bytes());
         req.extend_from_slice(&offset.to_be_bytes());
         req.extend_from_slice(&len.to_be_bytes());
+        req.extend_from_slice(payload);
         self.0.write_all(&req).unwrap();
     }
 
-    /// The simple reply's error field and handle, then its data.
-    fn reply(&mut self, len: usize) -> std::io::Result<(u32, u64)> {
+    fn send_read(&mut self, handle: u64, offset: u64, len: u32) {
+        self.send(0, handle, offset, len, &[]);
+    }
+
+    fn send_write(&mut self, handle: u64, offset: u64, data: &[u8]) {
+        self.send(1, handle, offset, data.len() as u32, data);
+    }
+
+    /// The simple reply's error field and handle, then its `len` bytes of
+    /// data.
+    fn reply(&mut self, len: usize) -> std::io::Result<(u32, u64, Vec<u8>)> {
         let mut r = [0u8; 16];
         self.0.read_exact(&mut r)?;
         let mut data = vec![0u8; len];
@@ -252,21 +263,27 @@ impl NbdClient {
         Ok((
             u32::from_be_bytes(r[4..8].try_into().unwrap()),
             u64::from_be_bytes(r[8..16].try_into().unwrap()),
+            data,
         ))
+    }
+
+    /// Whether the server closed the connection (within 5 s).
+    fn closed(&mut self) -> bool {
+        self.0
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        matches!(self.0.read(&mut [0u8; 1]), Ok(0))
     }
 }
 
-/// `srp nbd` stopped by SIGTERM while a READ waits on a target that has
-/// stopped answering (srptd frozen by SIGSTOP): it says it is stopping,
-/// names why it cannot finish cleanly, and is gone within a second, not
-/// after fast_io_fail_tmo (15 s).
-#[test]
-fn srp_nbd_exits_within_a_second_on_sigterm_with_commands_to_a_dead_target() {
-    let (target, ours) = ("127.0.203.21", "127.0.203.22");
-    let mut d = srptd(target, "nbd");
-    let nbd_sock = sock("nbd-export");
+/// `srp nbd` from `ours` to srptd on `target` (control socket `tag`'s),
+/// served on a Unix socket of its own with a client connected: srptd,
+/// `srp nbd`, the client and the socket's path.
+fn srp_nbd(tag: &str, target: &str, ours: &str) -> (Proc, Proc, NbdClient, PathBuf) {
+    let d = srptd(target, tag);
+    let nbd_sock = sock(&format!("{tag}-export"));
     let _ = std::fs::remove_file(&nbd_sock);
-    let mut nbd = Proc::start(
+    let nbd = Proc::start(
         "srp nbd",
         Command::new(common::srp_bin())
             .args(["nbd", "--dest", target, "--ip", ours, "--socket"])
@@ -274,36 +291,120 @@ fn srp_nbd_exits_within_a_second_on_sigterm_with_commands_to_a_dead_target() {
             .stderr(Stdio::piped()),
     );
     nbd.wait_line("served at", 60);
-    let mut client = NbdClient::connect(&nbd_sock);
-    client.send_read(1, 0, 4096);
-    assert_eq!(client.reply(4096).expect("a live target answers"), (0, 1));
+    let client = NbdClient::connect(&nbd_sock);
+    (d, nbd, client, nbd_sock)
+}
+
+/// `srp nbd` stopped by `sig` after a WRITE and a READ through it, with
+/// a client still connected: the summary of what it served, the client
+/// cut off, logged out (srptd has no session at once), exit 0 within a
+/// second.
+#[test]
+fn srp_nbd_on_sigint_reports_stops_serving_logs_out_and_exits_within_a_second() {
+    let (target, ours) = ("127.0.203.25", "127.0.203.26");
+    let (_d, mut nbd, mut client, nbd_sock) = srp_nbd("nbd-live", target, ours);
+    let data = vec![0xa5u8; 64 << 10];
+    client.send_write(1, 1 << 20, &data);
+    assert_eq!(client.reply(0).expect("WRITE answered"), (0, 1, vec![]));
+    client.send_read(2, 1 << 20, 64 << 10);
+    assert_eq!(client.reply(64 << 10).expect("READ answered"), (0, 2, data));
+    assert_eq!(
+        adm("nbd-live", &["sessions"]).as_array().map(Vec::len),
+        Some(1)
+    );
+
+    let (status, took, out, err) = stop(&mut nbd, libc::SIGINT);
+    assert!(took < WITHIN, "exit took {took:?}");
+    assert_eq!(status.code(), Some(0), "{err}");
+    assert!(
+        out.contains("srp: SIGINT: stopping NBD (1 connections open)")
+            && out.contains(
+                "srp: LUN 0: 2 requests, 1 reads (64 KiB), 1 writes (64 KiB), 0 errors before SIGINT"
+            )
+            && out.contains("srp: NBD stopped")
+            && out.contains(&format!("srp: SIGINT: logged out of {target}:5555")),
+        "{out}"
+    );
+    assert!(client.closed(), "the NBD client is still connected");
+    assert!(!nbd_sock.exists(), "{} is left", nbd_sock.display());
+    let gone = within(Duration::from_secs(1), || {
+        adm("nbd-live", &["sessions"])
+            .as_array()
+            .is_some_and(Vec::is_empty)
+    });
+    assert!(gone, "{}", adm("nbd-live", &["sessions"]));
+}
+
+/// `srp nbd` stopped by `sig` while a READ waits on a target that `dead`
+/// made silent: it says what it served (the READ still waiting named),
+/// cuts the client off, and is gone within a second with 128 + `sig` and
+/// no logout, rather than after fast_io_fail_tmo (15 s).
+fn srp_nbd_at_a_dead_target(dead: Dead, sig: i32, name: &str, tag: &str, target: &str, ours: &str) {
+    let (mut d, mut nbd, mut client, nbd_sock) = srp_nbd(tag, target, ours);
+    client.send_write(1, 0, &[0x5a; 4096]);
+    assert_eq!(client.reply(0).expect("a live target answers").0, 0);
+    client.send_read(2, 0, 4096);
+    assert_eq!(client.reply(4096).expect("a live target answers").0, 0);
 
     // The target stops answering; a READ goes out to it and stays there.
-    Dead::Stopped.make(&mut d);
-    client.send_read(2, 1 << 20, 4096);
+    dead.make(&mut d);
+    client.send_read(3, 1 << 20, 4096);
     client
         .0
         .set_read_timeout(Some(Duration::from_millis(300)))
         .unwrap();
     assert!(
         client.reply(4096).is_err(),
-        "a frozen target answered the READ"
+        "a {dead:?} target answered the READ"
     );
 
-    let (status, took, out, err) = stop(&mut nbd, libc::SIGTERM);
-    kill(d.child.id(), libc::SIGCONT);
-    assert!(took < WITHIN, "exit took {took:?}");
+    let (status, took, out, err) = stop(&mut nbd, sig);
+    if let Dead::Stopped = dead {
+        kill(d.child.id(), libc::SIGCONT);
+    }
+    assert!(took < WITHIN, "{name}: exit took {took:?}");
+    assert_eq!(status.code(), Some(128 + sig), "{err}");
     assert!(
-        out.contains("srp: SIGTERM: stopping NBD (1 connections open)"),
+        out.contains(&format!("srp: {name}: stopping NBD (1 connections open)"))
+            && out.contains(&format!(
+                "srp: LUN 0: 3 requests, 1 reads (4 KiB), 1 writes (4 KiB), 0 errors, 1 in flight before {name}"
+            ))
+            && !out.contains("logged out"),
         "{out}"
     );
     assert!(
-        err.contains("still stopping 750 ms after SIGTERM")
-            && err.contains("waiting on a peer that does not answer"),
+        err.contains(&format!(
+            "srp: {name}: 1 NBD connections still inside a device call 250 ms after the shutdown began: \
+             a request still waits on {target}:5555, which does not answer; exiting without logout"
+        )) && !err.contains("still stopping"),
         "{err}"
     );
-    assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{err}");
+    assert!(client.closed(), "the NBD client is still connected");
     let _ = std::fs::remove_file(&nbd_sock);
+}
+
+#[test]
+fn srp_nbd_exits_within_a_second_on_sigterm_with_commands_to_a_dead_target() {
+    srp_nbd_at_a_dead_target(
+        Dead::Stopped,
+        libc::SIGTERM,
+        "SIGTERM",
+        "nbd",
+        "127.0.203.21",
+        "127.0.203.22",
+    );
+}
+
+#[test]
+fn srp_nbd_exits_within_a_second_on_sigint_with_commands_to_a_killed_target() {
+    srp_nbd_at_a_dead_target(
+        Dead::Killed,
+        libc::SIGINT,
+        "SIGINT",
+        "nbd-killed",
+        "127.0.203.23",
+        "127.0.203.24",
+    );
 }
 
 /// `srpstack quickstart` interrupted in its first phase: that phase's
