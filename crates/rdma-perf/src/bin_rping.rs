@@ -127,10 +127,10 @@ fn main() -> ExitCode {
                 } else {
                     String::new()
                 },
-                if r.interrupted {
-                    "; interrupted, disconnected"
-                } else {
-                    ""
+                match (r.interrupted, r.connected) {
+                    (false, _) => "",
+                    (true, true) => "; interrupted, disconnected",
+                    (true, false) => "; interrupted while waiting for a client",
                 }
             );
             rdma_perf::exit_code("rrping", &interrupt, true)

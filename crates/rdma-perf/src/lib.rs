@@ -38,8 +38,10 @@
 //! [`DRAIN`] for the work requests in flight, reports what completed in
 //! its usual format marked as interrupted, skips the rest of the exchange
 //! (the peer may be what stopped answering) and disconnects; a wait for a
-//! peer (accept, the exchange, RDMA CM) ends on it too. [`exit_code`] then
-//! exits as a shell reports an interrupted command.
+//! peer (accept, the exchange, RDMA CM) ends on it too. An `rperf` server
+//! cut off mid-test says what its QP took from the client ([`Served`]);
+//! the client sees the connection close at once ([`PerfError::ServerLeft`]).
+//! [`exit_code`] then exits as a shell reports an interrupted command.
 
 #![deny(clippy::undocumented_unsafe_blocks)]
 
@@ -192,7 +194,8 @@ pub struct Common {
     pub gso: bool,
     /// Set on an interrupt: a client stops posting and reports what
     /// completed ([`Report::interrupted`]), a server stops serving
-    /// ([`PerfError::Interrupted`]).
+    /// ([`Served::interrupted`], or [`PerfError::Interrupted`] while it
+    /// waits for a client).
     pub stop: Arc<AtomicBool>,
 }
 
@@ -310,8 +313,15 @@ pub enum PerfError {
     Completion(String),
     /// `--verify` found different bytes.
     Verify(String),
-    /// A server was interrupted ([`Common::stop`]).
+    /// A server was interrupted ([`Common::stop`]) while it waited for
+    /// a client.
     Interrupted,
+    /// The server closed the connection in the middle of the test
+    /// (interrupted, or gone): its output says why.
+    ServerLeft {
+        /// Messages that completed before.
+        done: u64,
+    },
 }
 
 impl std::fmt::Display for PerfError {
@@ -322,6 +332,10 @@ impl std::fmt::Display for PerfError {
             PerfError::Completion(s) => write!(f, "work request failed: {s}"),
             PerfError::Verify(s) => write!(f, "data verification failed: {s}"),
             PerfError::Interrupted => write!(f, "interrupted"),
+            PerfError::ServerLeft { done } => write!(
+                f,
+                "the server closed the connection after {done} messages completed: see its output"
+            ),
         }
     }
 }
@@ -634,11 +648,52 @@ impl Mover {
     }
 }
 
-/// Serves one client; returns when it is done.
+/// What a server did for one client ([`run_server`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Served {
+    /// The client's RoCE address.
+    pub client: SocketAddr,
+    /// The operation it measured.
+    pub op: Option<Op>,
+    /// Its message size in bytes.
+    pub size: usize,
+    /// RoCE packets the server's QP accepted from it (requests, and the
+    /// ACKs of a bidirectional test).
+    pub rx_packets: u64,
+    /// RoCE packets the server's QP sent it (ACKs, READ responses).
+    pub tx_packets: u64,
+    /// SENDs received (a SEND test).
+    pub received: u64,
+    /// An interrupt ended the test ([`Common::stop`]): the client was cut
+    /// off (its TCP connection closed) in the middle.
+    pub interrupted: bool,
+}
+
+impl Served {
+    /// One line for people: `client 127.0.0.1:4791 (write, 65536-byte
+    /// messages): 1200 RoCE packets received, 75 sent`.
+    pub fn summary(&self) -> String {
+        let op = self
+            .op
+            .map_or("?".to_string(), |o| format!("{o:?}").to_lowercase());
+        let mut s = format!(
+            "client {} ({op}, {}-byte messages): {} RoCE packets received, {} sent",
+            self.client, self.size, self.rx_packets, self.tx_packets
+        );
+        if self.op == Some(Op::Send) {
+            s += &format!(", {} SENDs received", self.received);
+        }
+        s
+    }
+}
+
+/// Serves one client; returns when it is done, or cut off by an
+/// interrupt ([`Served::interrupted`]).
 ///
 /// # Errors
-/// Socket trouble or a broken exchange.
-pub fn run_server(common: &Common, listener: &TcpListener) -> Result<(), PerfError> {
+/// Socket trouble or a broken exchange; [`PerfError::Interrupted`] when
+/// the interrupt came before a client did.
+pub fn run_server(common: &Common, listener: &TcpListener) -> Result<Served, PerfError> {
     listener.set_nonblocking(true)?;
     let stream = loop {
         match listener.accept() {
@@ -708,6 +763,18 @@ pub fn run_server(common: &Common, listener: &TcpListener) -> Result<(), PerfErr
     writer.set_nonblocking(false)?;
     reader.get_mut().set_nonblocking(true)?;
     let mut turns = 0u32;
+    let served = |side: &mut Side, received, interrupted| {
+        let c = side.node.qp_mut(side.qp).expect("own QP").counters();
+        Served {
+            client: peer.roce,
+            op: peer.op,
+            size: peer.len,
+            rx_packets: c.rx_packets,
+            tx_packets: c.tx_packets,
+            received,
+            interrupted,
+        }
+    };
     loop {
         if let Some(m) = reverse.as_mut() {
             m.post(&mut side);
@@ -746,7 +813,8 @@ pub fn run_server(common: &Common, listener: &TcpListener) -> Result<(), PerfErr
             continue;
         }
         if common.stop.load(Ordering::Relaxed) {
-            return Err(PerfError::Interrupted);
+            // Returning closes the connection: the client sees it at once.
+            return Ok(served(&mut side, received, true));
         }
         let mut line = String::new();
         match reader.read_line(&mut line) {
@@ -754,7 +822,7 @@ pub fn run_server(common: &Common, listener: &TcpListener) -> Result<(), PerfErr
                 if let Some(why) = side.node.qp_mut(side.qp).and_then(|q| q.last_error()) {
                     tracing::warn!("rperf server: the QP refused a request: {why}");
                 }
-                return Ok(());
+                return Ok(served(&mut side, received, false));
             }
             Ok(_) => match serde_json::from_str::<Control>(&line) {
                 Ok(Control::Done) => {
@@ -841,6 +909,10 @@ pub fn run_client(cfg: &ClientConfig) -> Result<Report, PerfError> {
     // When the stop flag was seen: posting ends, what is in flight has
     // DRAIN to complete.
     let mut interrupted: Option<StdInstant> = None;
+    // The server says nothing until we are done; its closing the
+    // connection (an interrupt, a crash) ends the test at once, not after
+    // the QP's retries.
+    reader.get_mut().set_nonblocking(true)?;
     while !mover.finished() {
         if interrupted.is_none() && common.stop.load(Ordering::Relaxed) {
             let now = StdInstant::now();
@@ -859,13 +931,24 @@ pub fn run_client(cfg: &ClientConfig) -> Result<Report, PerfError> {
             }
         }
         turns = turns.wrapping_add(1);
-        if (side.sleeps() || turns.is_multiple_of(CONTROL_EVERY)) && StdInstant::now() > deadline {
+        if !side.sleeps() && !turns.is_multiple_of(CONTROL_EVERY) {
+            continue;
+        }
+        if StdInstant::now() > deadline {
             return Err(PerfError::Completion(format!(
                 "timed out with {} of {} done",
                 mover.done, cfg.iters
             )));
         }
+        match reader.fill_buf() {
+            Ok([]) => return Err(PerfError::ServerLeft { done: mover.done }),
+            // Kept for the exchange that follows.
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e.into()),
+        }
     }
+    reader.get_mut().set_nonblocking(false)?;
     let client_cpu = side.busy_cpu - busy_start;
     let seconds = mover
         .seconds

@@ -192,7 +192,14 @@ fn main() -> ExitCode {
             let _ = std::io::Write::flush(&mut std::io::stdout());
             for served in 0..clients {
                 match run_server(&c, &listener) {
-                    Ok(()) => {}
+                    Ok(s) if s.interrupted => {
+                        println!(
+                            "rperf server: interrupted while serving {}; connection closed, {served} clients served before",
+                            s.summary()
+                        );
+                        break;
+                    }
+                    Ok(_) => {}
                     Err(PerfError::Interrupted) => {
                         println!("rperf server: interrupted after serving {served} clients");
                         break;

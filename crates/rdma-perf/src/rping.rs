@@ -16,7 +16,9 @@
 //! An interrupt ([`RpingConfig::stop`]) ends the ping in progress on
 //! either side: the report counts the pings done before it
 //! ([`RpingReport::interrupted`]), and the side disconnects (DREQ,
-//! waiting at most [`crate::DRAIN`] for the DREP).
+//! waiting at most [`crate::DRAIN`] for the DREP). A server still
+//! waiting for a client reports no pings and no connection
+//! ([`RpingReport::connected`]).
 
 use crate::device::{Nic, NicChoice, NicError};
 use rdma_types::{AccessFlags, Gid, Mtu, Psn, QpState, Qpn, WcStatus};
@@ -74,6 +76,9 @@ pub struct RpingReport {
     pub validated: u64,
     /// An interrupt ended the run ([`RpingConfig::stop`]).
     pub interrupted: bool,
+    /// The connection was made (a server interrupted while it waited
+    /// for a client had none).
+    pub connected: bool,
 }
 
 /// The source buffer of ping `n` (rping's pattern), `size` bytes.
@@ -393,7 +398,10 @@ pub fn run(cfg: &RpingConfig) -> Result<RpingReport, RpingError> {
         let end = Instant::now() + cfg.idle_timeout;
         let req = loop {
             if cfg.stop.load(Ordering::Relaxed) {
-                return Err(RpingError::Interrupted);
+                return Ok(RpingReport {
+                    interrupted: true,
+                    ..RpingReport::default()
+                });
             }
             match requests.recv_timeout(crate::STOP_POLL) {
                 Ok(r) => break r.map_err(|e| RpingError::BadRequest(e.0))?,
@@ -491,7 +499,10 @@ fn text(b: &[u8]) -> String {
 fn interruptible(
     f: impl FnOnce(&mut RpingReport) -> Result<(), RpingError>,
 ) -> Result<RpingReport, RpingError> {
-    let mut r = RpingReport::default();
+    let mut r = RpingReport {
+        connected: true,
+        ..RpingReport::default()
+    };
     match f(&mut r) {
         Ok(()) => Ok(r),
         Err(RpingError::Interrupted) => Ok(RpingReport {

@@ -758,8 +758,8 @@ impl Tool {
 
     /// Sends `sig` to `tool`: it exits within a second with 128 + `sig`,
     /// saying on stderr that its report holds what was done so far.
-    /// Returns its stdout from here on.
-    fn interrupt(&mut self, tool: &str, sig: i32) -> String {
+    /// Returns its stdout and stderr from here on.
+    fn interrupt(&mut self, tool: &str, sig: i32) -> (String, String) {
         let (status, took) = signal_and_wait(&mut self.child, sig);
         let out = rest_of(&self.out).join("\n");
         let err = rest_of(&self.err).join("\n");
@@ -775,7 +775,7 @@ impl Tool {
             }
         );
         assert!(err.contains(&said), "{tool}: {err}");
-        out
+        (out, err)
     }
 
     /// Waits (bounded) for the tool to end by itself; its status and
@@ -811,32 +811,50 @@ fn number_after(text: &str, before: &str) -> u64 {
         .unwrap_or_else(|| panic!("no number after `{before}`: {text}"))
 }
 
-/// `rperf client` interrupted mid-run: its table of the messages that
-/// completed, marked interrupted, exit 130 within a second; the server
-/// sees it leave and ends.
-#[test]
-fn rperf_client_on_sigint_reports_what_completed_and_exits_within_a_second() {
-    let (server, client) = ("127.0.203.61", "127.0.203.62");
-    let oob = format!("{server}:18515");
-    let mut srv = Tool::start(
+/// `rperf server` on `ip`, listening.
+fn rperf_server(ip: &str) -> Tool {
+    let srv = Tool::start(
         "rperf",
-        &["server", "--bind", &format!("{server}:4791"), "--oob", &oob],
+        &[
+            "server",
+            "--bind",
+            &format!("{ip}:4791"),
+            "--oob",
+            &format!("{ip}:18515"),
+        ],
     );
     wait_for(&srv.out, "listening on", 60);
-    let mut cli = Tool::start(
+    srv
+}
+
+/// `rperf server` on `server` and a client from `client` running a
+/// 60 s WRITE test against it, once messages complete.
+fn rperf_running(server: &str, client: &str) -> (Tool, Tool) {
+    let srv = rperf_server(server);
+    let cli = Tool::start(
         "rperf",
         &[
             "client",
             "--bind",
             &format!("{client}:4791"),
             "--server",
-            &oob,
+            &format!("{server}:18515"),
             "--duration",
             "60",
         ],
     );
     cli.running();
-    let out = cli.interrupt("rperf", libc::SIGINT);
+    (srv, cli)
+}
+
+/// `rperf client` interrupted mid-run: its table of the messages that
+/// completed, marked interrupted, exit 130 within a second; the server
+/// sees it leave and ends.
+#[test]
+fn rperf_client_on_sigint_reports_what_completed_and_exits_within_a_second() {
+    let (server, client) = ("127.0.203.61", "127.0.203.62");
+    let (mut srv, mut cli) = rperf_running(server, client);
+    let (out, _) = cli.interrupt("rperf", libc::SIGINT);
     assert!(out.contains("#iterations  BW[Gb/s]"), "{out}");
     let n = number_after(&out, " interrupted after ");
     assert!(n > 0, "{out}");
@@ -852,6 +870,65 @@ fn rperf_client_on_sigint_reports_what_completed_and_exits_within_a_second() {
     assert!(status.success(), "rperf server: {status}: {err}");
 }
 
+/// `rperf server` interrupted mid-run: whom it was serving and what its
+/// QP took from the client, the connection closed, exit 130 within a
+/// second; the client sees the server leave at once (not after its QP's
+/// retries) and says so.
+#[test]
+fn rperf_server_on_sigint_mid_run_reports_and_exits_within_a_second() {
+    let (server, client) = ("127.0.203.71", "127.0.203.72");
+    let (mut srv, mut cli) = rperf_running(server, client);
+    let (out, _) = srv.interrupt("rperf", libc::SIGINT);
+    let said = format!(
+        "rperf server: interrupted while serving client {client}:4791 (write, 65536-byte messages): "
+    );
+    let report = out
+        .lines()
+        .find(|l| l.starts_with(&said))
+        .unwrap_or_else(|| panic!("no report: {out}"));
+    assert!(
+        number_after(report, "messages): ") > 0
+            && report.ends_with(" sent; connection closed, 0 clients served before"),
+        "{report}"
+    );
+    let (status, err) = cli.ends(2);
+    assert_eq!(status.code(), Some(1), "rperf client: {err}");
+    assert!(
+        err.contains("rperf: the server closed the connection after ")
+            && err.contains(" messages completed: see its output"),
+        "rperf client: {err}"
+    );
+}
+
+/// Servers waiting for a client, interrupted: each exits within a second
+/// with 128 + signal and says it was still waiting.
+#[test]
+fn servers_waiting_for_a_client_exit_within_a_second_saying_so() {
+    let rrping = "127.0.203.73";
+    let mut srv = Tool::start("rrping", &["-s", "-a", rrping]);
+    wait_for(&srv.out, "server listening on", 60);
+    let (out, _) = srv.interrupt("rrping", libc::SIGTERM);
+    assert!(
+        out.contains("rrping: 0 pings; interrupted while waiting for a client"),
+        "{out}"
+    );
+
+    let (out, _) = rperf_server("127.0.203.74").interrupt("rperf", libc::SIGINT);
+    assert!(
+        out.contains("rperf server: interrupted after serving 0 clients"),
+        "{out}"
+    );
+
+    let rperftest = "127.0.203.75";
+    let mut srv = Tool::start("rperftest", &["write", "--bind", rperftest, "-p", "18515"]);
+    wait_for(&srv.out, "Waiting for client to connect", 60);
+    let (_, err) = srv.interrupt("rperftest", libc::SIGINT);
+    assert!(
+        err.contains("rperftest: interrupted before the test began"),
+        "{err}"
+    );
+}
+
 /// `rperftest write` client interrupted mid-run by SIGTERM: perftest's
 /// result line for the messages that completed, marked interrupted, exit
 /// 143 within a second; the server sees the connection close.
@@ -865,7 +942,7 @@ fn rperftest_client_on_sigterm_reports_what_completed_and_exits_within_a_second(
         &["write", server, "--bind", client, "-p", "18515", "-D", "60"],
     );
     cli.running();
-    let out = cli.interrupt("rperftest", libc::SIGTERM);
+    let (out, _) = cli.interrupt("rperftest", libc::SIGTERM);
     // The result line under perftest's header: size, then iterations.
     let mut lines = out.lines().skip_while(|l| !l.contains("#iterations"));
     lines.next();
@@ -915,7 +992,7 @@ fn rrping_on_sigint_or_sigterm_reports_disconnects_and_exits_within_a_second() {
         } else {
             (&mut srv, &mut cli)
         };
-        let out = it.interrupt("rrping", sig);
+        let (out, _) = it.interrupt("rrping", sig);
         let report = out
             .lines()
             .find(|l| l.starts_with("rrping: ") && l.contains(" pings"))
@@ -951,7 +1028,7 @@ fn rpingpong_on_sigint_reports_the_exchanges_done_and_exits_within_a_second() {
         &[server, "--bind", client, "-g", "1", "-n", "100000000"],
     );
     cli.running();
-    let out = cli.interrupt("rpingpong", libc::SIGINT);
+    let (out, _) = cli.interrupt("rpingpong", libc::SIGINT);
     let iters = number_after(&out, "interrupted after ");
     assert!(
         iters > 0
