@@ -774,6 +774,8 @@ impl<'a> DiskQueue<'a> {
         len: usize,
     ) -> io::Result<()> {
         let places = self.take_places();
+        // Sent with the others started before this queue next waits.
+        self.session.batch_starts();
         let started = self
             .session
             .start(self.disk.lun, cdb, xfer, srp::wire::TaskAttr::Simple)

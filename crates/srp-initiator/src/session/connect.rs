@@ -312,6 +312,7 @@ impl Session {
                 posts: Vec::new(),
                 flushing: false,
                 iu_buf: Vec::new(),
+                batching: None,
                 timer_sleep: None,
                 quiet_since: rdma_types::Instant::ZERO,
                 probe_out: false,

@@ -240,6 +240,9 @@ struct State {
     flushing: bool,
     /// Where a received IU is read to be parsed (kept: no allocation per IU).
     iu_buf: Vec<u8>,
+    /// The thread whose letting go of the lock leaves `posts` queued
+    /// ([`Session::batch_starts`]), until it waits.
+    batching: Option<std::thread::ThreadId>,
     /// The poll thread sleeps until this timer deadline (`Some(None)`:
     /// with no timer); `None` while it works (it looks at timers again
     /// before it sleeps).
@@ -273,12 +276,21 @@ impl std::ops::DerefMut for Locked<'_> {
     }
 }
 
+impl State {
+    /// This thread is about to wait: what it batched goes out now.
+    fn stop_batching(&mut self) {
+        if self.batching == Some(std::thread::current().id()) {
+            self.batching = None;
+        }
+    }
+}
+
 impl Drop for Locked<'_> {
     fn drop(&mut self) {
         let Some(st) = self.st.as_mut() else {
             return;
         };
-        if st.flushing || st.posts.is_empty() {
+        if st.flushing || st.posts.is_empty() || st.batching == Some(std::thread::current().id()) {
             return;
         }
         st.flushing = true;
@@ -412,6 +424,17 @@ impl Session {
     ) -> Result<CmdResult, SessionError> {
         let c = self.start_marked(lun, cdb, &xfer, attr, retry)?;
         Ok(self.finish(c, xfer))
+    }
+
+    /// The commands this thread starts from now on are sent together when
+    /// it next has to sleep ([`Session::wait_any_of`] or [`Session::finish`]
+    /// finding no answer yet, or a wait for a credit inside
+    /// [`Session::start`]), or sooner when another thread sends: one post,
+    /// and on soft RoCE their packets in one segmented send, instead of one
+    /// per command. For a caller that starts several commands and then
+    /// waits for them (a queue).
+    pub fn batch_starts(&self) {
+        self.inner.lock().batching = Some(std::thread::current().id());
     }
 
     /// Sends one SCSI command and returns at once (waiting only for pool
@@ -614,6 +637,8 @@ impl Session {
                 }
                 registered = true;
             }
+            // What this thread batched goes out as the lock is let go.
+            st.stop_batching();
             drop(st);
             // Bounded, so a lost wake-up costs time, never a hang.
             std::thread::park_timeout(std::time::Duration::from_millis(200));
@@ -644,6 +669,8 @@ impl Session {
                 break c;
             }
             st.parked.insert(tag, std::thread::current());
+            // What this thread batched goes out as the lock is let go.
+            st.stop_batching();
             drop(st);
             // Bounded, so a lost wake-up costs time, never a hang.
             std::thread::park_timeout(std::time::Duration::from_millis(200));
@@ -804,14 +831,18 @@ impl Inner {
     }
 
     /// Posts `posts` and whatever other threads queue meanwhile, in order,
-    /// with the lock let go; a failed post fails the connection.
+    /// with the lock let go, each batch in one post; a failed post fails
+    /// the connection.
     fn flush_posts(&self, mut posts: Vec<(SendId, u32, SendWr)>) {
         loop {
-            posts.retain(|(_, _, wr)| {
-                self.provider
-                    .post_send(self.qp, std::slice::from_ref(wr))
-                    .is_err()
-            });
+            let wrs: Vec<SendWr> = posts.iter().map(|(_, _, wr)| wr.clone()).collect();
+            match self.provider.post_send(self.qp, &wrs) {
+                Ok(()) => posts.clear(),
+                Err(verbs::VerbsError::BadWr { index, .. }) => {
+                    posts.drain(..index.min(posts.len()));
+                }
+                Err(_) => {}
+            }
             let mut st = self.lock();
             if !posts.is_empty() {
                 for (id, slot, _) in posts.drain(..) {

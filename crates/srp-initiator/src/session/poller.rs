@@ -280,6 +280,7 @@ impl Inner {
     /// Waits on `cv`, counted so notifiers can skip an empty wait.
     pub(super) fn wait_cv<'a>(&self, mut st: Locked<'a>) -> Locked<'a> {
         let inner = st.inner;
+        st.stop_batching();
         if !st.posts.is_empty() {
             // What we wait for may need them: post them first (a wake-up
             // as a condition variable may have any time).
