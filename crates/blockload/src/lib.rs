@@ -846,9 +846,14 @@ fn fill_write(buf: &mut [u8], w: &Workload, offset: u64, gen: u32, job_seed: u32
     } else if gen == 1 {
         // Incompressible, and eight bytes per draw: the client's cost must
         // not show in the device's numbers.
-        for w in buf.chunks_mut(8) {
+        let mut words = buf.chunks_exact_mut(8);
+        for w in &mut words {
+            w.copy_from_slice(&rng.next_u64().to_le_bytes());
+        }
+        let rest = words.into_remainder();
+        if !rest.is_empty() {
             let v = rng.next_u64().to_le_bytes();
-            w.copy_from_slice(&v[..w.len()]);
+            rest.copy_from_slice(&v[..rest.len()]);
         }
     }
 }

@@ -45,13 +45,20 @@ impl Inner {
         self.pump(st, conn);
     }
 
-    pub(super) fn submit_scsi(&self, st: &mut State, conn: ConnId, req: ScsiRequest) {
+    pub(super) fn submit_scsi(&self, st: &mut State, conn: ConnId, mut req: ScsiRequest) {
         let Some(c) = st.conns.get_mut(&conn) else {
             return;
         };
-        let (data_out, chunks) = match &req.data_out {
+        let out_len = match &req.data_out {
+            DataOut::None => 0,
+            DataOut::Immediate(v) => v.len() as u32,
+            DataOut::InBuffer { len } => *len,
+        };
+        let (data_out, chunks) = match &mut req.data_out {
             DataOut::None => (Vec::new(), None),
-            DataOut::Immediate(v) => (v.clone(), None),
+            // Moved, not copied: the job holds it from here (the request
+            // keeps saying there is data-out, `execute` looks at that).
+            DataOut::Immediate(v) => (std::mem::take(v), None),
             DataOut::InBuffer { len } => (
                 Vec::new(),
                 Some((*len, c.fetched.remove(&req.cmd).unwrap_or_default())),
@@ -72,11 +79,7 @@ impl Inner {
         // two thread hand-offs less (to a worker and back to the NIC) for
         // what takes a microsecond.
         let inline = st.inline_here
-            && req.data_in_len.max(match &req.data_out {
-                DataOut::None => 0,
-                DataOut::Immediate(v) => v.len() as u32,
-                DataOut::InBuffer { len } => *len,
-            }) <= self.inline_max
+            && req.data_in_len.max(out_len) <= self.inline_max
             && self.inline_max > 0
             && matches!(req.attr, srp::wire::TaskAttr::Simple)
             && scsi::Lun::decode(req.lun.0)

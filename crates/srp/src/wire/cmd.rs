@@ -462,7 +462,16 @@ impl<'a> Cmd<'a> {
         let total = self.buffer_len();
         check_emit(buf, total)?;
         let buf = &mut buf[..total];
-        buf.fill(0);
+        // Reserved bytes zero; immediate data is written over, not zeroed
+        // first (a 4 KiB WRITE's IU is mostly its data).
+        match self.data_out {
+            DataDesc::Immediate { offset, data } => {
+                let (start, end) = (usize::from(offset), usize::from(offset) + data.len());
+                buf[..start].fill(0);
+                buf[end..].fill(0);
+            }
+            _ => buf.fill(0),
+        }
         let mut p = CmdPacket::new_unchecked(&mut *buf);
         p.set_opcode(IuType::Cmd.into());
         p.set_sol_not(self.sol_not);
