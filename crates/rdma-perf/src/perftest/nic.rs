@@ -30,7 +30,15 @@ impl Link {
                 std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
             ) {
                 bad(format!("peer silent while swapping {what}"))
-            } else if e.kind() == std::io::ErrorKind::UnexpectedEof {
+            } else if matches!(
+                e.kind(),
+                // A peer that closes with our bytes unread resets the
+                // connection instead: the same departure.
+                std::io::ErrorKind::UnexpectedEof
+                    | std::io::ErrorKind::ConnectionReset
+                    | std::io::ErrorKind::ConnectionAborted
+                    | std::io::ErrorKind::BrokenPipe
+            ) {
                 bad(format!("peer closed the connection while swapping {what}"))
             } else {
                 PerftestError::Io(format!("swapping {what}"), e)
