@@ -835,17 +835,25 @@ impl Inner {
     /// the connection.
     fn flush_posts(&self, mut posts: Vec<(SendId, u32, SendWr)>) {
         loop {
-            let wrs: Vec<SendWr> = posts.iter().map(|(_, _, wr)| wr.clone()).collect();
+            let mut sent = Vec::with_capacity(posts.len());
+            let wrs: Vec<SendWr> = posts
+                .drain(..)
+                .map(|(id, slot, wr)| {
+                    sent.push((id, slot));
+                    wr
+                })
+                .collect();
             match self.provider.post_send(self.qp, &wrs) {
-                Ok(()) => posts.clear(),
+                Ok(()) => sent.clear(),
                 Err(verbs::VerbsError::BadWr { index, .. }) => {
-                    posts.drain(..index.min(posts.len()));
+                    sent.drain(..index.min(sent.len()));
                 }
                 Err(_) => {}
             }
+            // What is left in `sent` was not posted.
             let mut st = self.lock();
-            if !posts.is_empty() {
-                for (id, slot, _) in posts.drain(..) {
+            if !sent.is_empty() {
+                for (id, slot) in sent.drain(..) {
                     st.slot_of.remove(&id);
                     st.free_slots.push(slot);
                 }

@@ -456,7 +456,13 @@ impl Inner {
                 let qp = rest[0].qp;
                 let run = rest.iter().take_while(|p| p.qp == qp).count();
                 let tail = rest.split_off(run);
-                let wrs: Vec<SendWr> = rest.iter().map(|p| p.wr.clone()).collect();
+                // Moved out, not cloned: a failed post needs only its kind.
+                let wrs: Vec<SendWr> = rest
+                    .iter_mut()
+                    .map(|p| {
+                        std::mem::replace(&mut p.wr, SendWr::new(0, SendOpcode::Send, Vec::new()))
+                    })
+                    .collect();
                 match self.provider.post_send(qp, &wrs) {
                     Ok(()) => {}
                     Err(verbs::VerbsError::BadWr { index, .. }) => {
