@@ -40,6 +40,9 @@ impl std::hash::Hash for Nexus {
     }
 }
 
+/// Task sets kept while idle, at most (see `submit_attr_into`).
+const IDLE_TASK_SETS_KEPT: usize = 64;
+
 /// Maps keyed by what the core makes itself (nexuses, LUNs, tags): a hash
 /// of a word, not SipHash over names on every command. A tag is the
 /// initiator's choice, but collisions it could make cost only its own
@@ -454,7 +457,10 @@ impl Target {
                         set.per_nexus.remove(nexus);
                     }
                 }
-                if set.active.is_empty() {
+                // An idle set is kept (its maps keep their room: a command
+                // run to completion empties it every time), unless many
+                // logical units have one.
+                if set.active.is_empty() && o.sets.len() > IDLE_TASK_SETS_KEPT {
                     o.sets.remove(&k);
                 }
             }

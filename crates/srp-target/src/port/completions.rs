@@ -34,24 +34,28 @@ impl Inner {
     /// responses go out as one batch (see `flush_posts`).
     pub(super) fn run_inline<'a>(&'a self, mut st: Locked<'a>) {
         loop {
-            let jobs = std::mem::take(&mut st.inline_jobs);
-            if jobs.is_empty() {
+            if st.inline_jobs.is_empty() {
                 st.inline_here = false;
                 return;
             }
+            let mut jobs = std::mem::take(&mut st.inline_jobs);
+            let mut results = std::mem::take(&mut st.inline_done);
             drop(st);
-            let results: Vec<_> = jobs
-                .into_iter()
-                .map(|mut job| {
-                    self.gather_job(&mut job);
-                    let (done, data_in) = self.execute(&job);
-                    (job.conn, done, data_in)
-                })
-                .collect();
+            results.extend(jobs.drain(..).map(|mut job| {
+                self.gather_job(&mut job);
+                let (done, data_in) = self.execute(&job);
+                (job.conn, done, data_in)
+            }));
             st = self.lock();
-            for (conn, done, data_in) in results {
+            for (conn, done, data_in) in results.drain(..) {
                 self.done_locked(&mut st, conn, done, data_in);
             }
+            // The emptied vectors keep their room for the next round
+            // (unless the responses queued new jobs meanwhile).
+            if st.inline_jobs.is_empty() {
+                st.inline_jobs = jobs;
+            }
+            st.inline_done = results;
         }
     }
 

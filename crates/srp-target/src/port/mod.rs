@@ -340,6 +340,9 @@ struct State {
     /// Commands to run on this thread once the lock is released (memory
     /// stores only, see `submit_scsi`).
     inline_jobs: Vec<Job>,
+    /// The results of a round of inline jobs, on their way back (kept for
+    /// its room between rounds).
+    inline_done: Vec<(ConnId, ScsiDone, InData)>,
     /// The thread holding the lock will run `inline_jobs` afterwards.
     inline_here: bool,
     target: Target,
@@ -589,6 +592,7 @@ impl TargetPort {
                 free_chunks: (0..opts.chunks).rev().collect(),
                 waiting: VecDeque::new(),
                 inline_jobs: Vec::new(),
+                inline_done: Vec::new(),
                 inline_here: false,
                 next_conn: 1,
                 jobs: jobs_tx,
