@@ -388,6 +388,8 @@ fn two_hundred_fifty_six_initiators_log_in_with_defaults_and_all_make_progress()
             .unwrap_or_else(|e| panic!("login {i}: {e}"));
         sessions.push(s);
     }
+    // The last login's RTU reaches srptd after our side is connected.
+    common::wait_for("256 live channels", 10, || phases(&sock).1 == 256);
     let v = show(&sock);
     assert_eq!(v["channels"]["live"], 256, "{}", v["channels"]);
     let held = v["channels"]["memory_bytes"].as_u64().unwrap() >> 10;
