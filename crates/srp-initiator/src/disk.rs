@@ -775,10 +775,9 @@ impl<'a> DiskQueue<'a> {
     ) -> io::Result<()> {
         let places = self.take_places();
         // Sent with the others started before this queue next waits.
-        self.session.batch_starts();
         let started = self
             .session
-            .start(self.disk.lun, cdb, xfer, srp::wire::TaskAttr::Simple)
+            .start_batched(self.disk.lun, cdb, xfer, srp::wire::TaskAttr::Simple)
             .map_err(|e| io_err(op.name(), e))?;
         let mut c = [0u8; 16];
         c[..cdb.len()].copy_from_slice(cdb);

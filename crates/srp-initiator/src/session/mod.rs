@@ -241,7 +241,7 @@ struct State {
     /// Where a received IU is read to be parsed (kept: no allocation per IU).
     iu_buf: Vec<u8>,
     /// The thread whose letting go of the lock leaves `posts` queued
-    /// ([`Session::batch_starts`]), until it waits.
+    /// ([`Session::start_batched`]), until it has to sleep.
     batching: Option<std::thread::ThreadId>,
     /// The poll thread sleeps until this timer deadline (`Some(None)`:
     /// with no timer); `None` while it works (it looks at timers again
@@ -422,19 +422,8 @@ impl Session {
         attr: TaskAttr,
         retry: bool,
     ) -> Result<CmdResult, SessionError> {
-        let c = self.start_marked(lun, cdb, &xfer, attr, retry)?;
+        let c = self.start_marked(lun, cdb, &xfer, attr, retry, false)?;
         Ok(self.finish(c, xfer))
-    }
-
-    /// The commands this thread starts from now on are sent together when
-    /// it next has to sleep ([`Session::wait_any_of`] or [`Session::finish`]
-    /// finding no answer yet, or a wait for a credit inside
-    /// [`Session::start`]), or sooner when another thread sends: one post,
-    /// and on soft RoCE their packets in one segmented send, instead of one
-    /// per command. For a caller that starts several commands and then
-    /// waits for them (a queue).
-    pub fn batch_starts(&self) {
-        self.inner.lock().batching = Some(std::thread::current().id());
     }
 
     /// Sends one SCSI command and returns at once (waiting only for pool
@@ -449,7 +438,24 @@ impl Session {
         xfer: &Xfer<'_>,
         attr: TaskAttr,
     ) -> Result<Started, SessionError> {
-        self.start_marked(lun, cdb, xfer, attr, false)
+        self.start_marked(lun, cdb, xfer, attr, false, false)
+    }
+
+    /// [`Session::start`], for a caller that starts several commands and
+    /// then waits for them (a queue): this command, and those this thread
+    /// starts after it, are sent together when the thread next has to
+    /// sleep ([`Session::wait_any_of`] or [`Session::finish`] finding no
+    /// answer yet, or a wait for a credit inside a start), or sooner when
+    /// another thread sends: one post, and on soft RoCE their packets in
+    /// one segmented send, instead of one per command.
+    pub fn start_batched(
+        &self,
+        lun: Lun,
+        cdb: &[u8],
+        xfer: &Xfer<'_>,
+        attr: TaskAttr,
+    ) -> Result<Started, SessionError> {
+        self.start_marked(lun, cdb, xfer, attr, false, true)
     }
 
     fn start_marked(
@@ -459,6 +465,7 @@ impl Session {
         xfer: &Xfer<'_>,
         attr: TaskAttr,
         retry: bool,
+        batch: bool,
     ) -> Result<Started, SessionError> {
         let inner = &self.inner;
         let (len, reading) = match xfer {
@@ -471,6 +478,9 @@ impl Session {
             return Err(SessionError::TooLarge(len, inner.pool.len()));
         }
         let mut st = inner.lock();
+        if batch {
+            st.batching = Some(std::thread::current().id());
+        }
         // Wait for pool pages (other commands may hold them).
         let pages = len.div_ceil(inner.page);
         // Segments the buffer will have, and whether they need an external
