@@ -162,7 +162,10 @@ capture_start() {
   # (SCENARIO_CAPTURE_FILTER, a BPF filter); its wire checks live elsewhere.
   local -a filt=()
   [ -z "${SCENARIO_CAPTURE_FILTER:-}" ] || filt=(-f "$SCENARIO_CAPTURE_FILTER")
-  nsx dumpcap -q -i "$BRIDGE" "${filt[@]}" -w "$CAP" >"$RUN_DIR/dumpcap.log" 2>&1 &
+  # Not through nsx: a backgrounded function runs in a subshell, so $! would
+  # be that shell; SIGTERM then ended the shell while dumpcap kept writing,
+  # and capture_check read a capture cut short. ip netns exec execs dumpcap.
+  ip netns exec "$NS" dumpcap -q -i "$BRIDGE" "${filt[@]}" -w "$CAP" >"$RUN_DIR/dumpcap.log" 2>&1 &
   CAP_PID=$!
   local i
   for i in $(seq 1 $(( $(tmo 30) * 5 ))); do
