@@ -142,7 +142,11 @@ impl Session {
 
         // Receive buffers must be posted before the REP can be answered
         // with traffic; size them for the largest target IU we accept.
-        let recv_size = 4096u32.max(cfg.channel.max_it_iu_len(true));
+        // Whole cache lines, so each buffer starts word-aligned (a copy
+        // between aligned buffers moves whole words).
+        let recv_size = 4096u32
+            .max(cfg.channel.max_it_iu_len(true))
+            .next_multiple_of(64);
         let recv_buf = MemBuf::new((recv_size * recv_count) as usize);
         let recv_mr = p
             .reg_mr(
@@ -240,7 +244,7 @@ impl Session {
             });
         }
 
-        let slot_size = negotiated.max_it_iu_len.max(64);
+        let slot_size = negotiated.max_it_iu_len.max(64).next_multiple_of(64);
         let slots = queue;
         let send_buf = MemBuf::new((slot_size * slots) as usize);
         let send_mr = p

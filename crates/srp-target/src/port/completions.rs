@@ -105,16 +105,19 @@ impl Inner {
             if let Some(c) = st.conns.get_mut(&conn) {
                 c.activity += 1;
                 let channel = c.channel;
-                let off = (index * self.req_size) as usize;
+                let off = (index * self.req_stride) as usize;
                 let len = (wc.byte_len as usize).min(self.req_size as usize);
-                // Read into a buffer kept for it: no allocation per IU.
-                let mut iu = std::mem::take(&mut st.iu_buf);
-                iu.resize(len, 0);
-                self.srq_buf.read_at(off, &mut iu);
+                // SAFETY: `off + len` lies in receive buffer `index` of
+                // `srq_buf` (`req_stride` apart, `len` at most `req_size`).
+                // Its receive WR has completed and is posted again only
+                // below, after the view's last use; the buffer is
+                // registered for local access only, so no peer's RDMA
+                // reaches it, and nothing else in this process touches
+                // it: the IU is parsed in place, not copied first.
+                let iu = unsafe { std::slice::from_raw_parts(self.srq_buf.ptr_at(off), len) };
                 if let Some(ch) = st.target.channel_mut(channel) {
-                    ch.handle_recv(&iu);
+                    ch.handle_recv(iu);
                 }
-                st.iu_buf = iu;
                 self.pump(st, conn);
             }
         }
@@ -329,7 +332,7 @@ impl Inner {
                 return;
             }
         };
-        let off = slot as usize * c.slot_size as usize;
+        let off = slot as usize * super::slot_stride(c.slot_size) as usize;
         c.send_buf.write_at(off, bytes);
         let mut wr = SendWr::new(
             KIND_SEND | slot as u64,

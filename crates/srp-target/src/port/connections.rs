@@ -549,7 +549,7 @@ impl Inner {
             )
             .map_err(verbs_err("create QP"))?;
         undo.push(move |p| drop(p.destroy_qp(qp)));
-        let send_buf = MemBuf::new((sq * slot_size) as usize);
+        let send_buf = MemBuf::new((sq * super::slot_stride(slot_size)) as usize);
         let send_mr = undo.reg_local(self.pd, &send_buf, "register send slots")?;
         let psn = peer
             .local_psn

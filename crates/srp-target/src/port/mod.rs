@@ -193,6 +193,10 @@ struct Inner {
     chunk_buf: MemBuf,
     chunk_mr: MrInfo,
     req_size: u32,
+    /// Bytes between receive buffers: `req_size` rounded up to a cache
+    /// line, so every buffer starts word-aligned (a copy between aligned
+    /// buffers moves whole words; 8260, ib_srpt's default, is not).
+    req_stride: u32,
     chunk_size: u32,
     /// Commands whose data-in the store read straight into reserved
     /// chunks (no copy before the RDMA WRITEs).
@@ -362,8 +366,6 @@ struct State {
     posts: VecDeque<Post>,
     /// A thread is posting `posts` (it takes what others queue meanwhile).
     flushing: bool,
-    /// Where a received IU is read to be parsed (kept: no allocation per IU).
-    iu_buf: Vec<u8>,
 }
 
 /// A work request queued under the port lock and posted once the lock is
@@ -547,7 +549,8 @@ impl TargetPort {
             .map_err(verbs_err("create SRQ"))?;
         undo.push(move |p| drop(p.destroy_srq(srq)));
         let req_size = config.max_req_size;
-        let srq_buf = MemBuf::new((srq_len * req_size) as usize);
+        let req_stride = slot_stride(req_size);
+        let srq_buf = MemBuf::new((srq_len * req_stride) as usize);
         let srq_mr = undo.reg_local(pd, &srq_buf, "register receive buffers")?;
         let chunk_size = config.max_rdma_size.max(config.max_table_len);
         let chunk_buf = MemBuf::new(chunk_size as usize * opts.chunks);
@@ -580,6 +583,7 @@ impl TargetPort {
             chunk_buf,
             chunk_mr,
             req_size,
+            req_stride,
             chunk_size,
             spill_below: (opts.chunks / 4).max(2),
             direct_in: Default::default(),
@@ -600,7 +604,6 @@ impl TargetPort {
                 closed: Vec::new(),
                 posts: VecDeque::new(),
                 flushing: false,
-                iu_buf: Vec::new(),
             }),
             lun_stats: Mutex::new(LunTable::new()),
             events: Mutex::new(tx),
@@ -1020,6 +1023,12 @@ impl Drop for Undo<'_> {
     }
 }
 
+/// The distance between `size`-byte slots of one registered buffer: a
+/// whole number of cache lines, so each slot starts word-aligned.
+pub(super) fn slot_stride(size: u32) -> u32 {
+    size.max(1).next_multiple_of(64)
+}
+
 fn rej_bytes(rej: &LoginRej) -> Vec<u8> {
     let mut b = vec![0u8; rej.buffer_len()];
     let n = rej.emit(&mut b).expect("buffer sized by buffer_len");
@@ -1048,7 +1057,7 @@ impl Inner {
         RecvWr {
             wr_id: index as u64,
             sges: vec![Sge {
-                addr: self.srq_buf.addr() + (index * self.req_size) as u64,
+                addr: self.srq_buf.addr() + (index * self.req_stride) as u64,
                 length: self.req_size,
                 lkey: self.srq_mr.lkey,
             }],

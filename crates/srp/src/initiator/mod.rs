@@ -497,9 +497,8 @@ impl Channel {
             data_out,
             data_in,
         };
-        let mut bytes = vec![0u8; iu.buffer_len()];
-        let n = iu.emit(&mut bytes).map_err(SubmitError::Encode)?;
-        bytes.truncate(n);
+        let bytes = iu.to_vec().map_err(SubmitError::Encode)?;
+        let n = bytes.len();
         if n > neg.max_it_iu_len as usize {
             return Err(SubmitError::IuTooLong {
                 len: n,

@@ -433,7 +433,38 @@ impl<'a> Cmd<'a> {
     /// for immediate data-in, [`Error::ImmediateBounds`] when the immediate
     /// data offset lies inside the descriptors or the length overflows 32 bits.
     pub fn emit(&self, buf: &mut [u8]) -> Result<usize> {
-        let cdb_area = self.cdb_area_len()?;
+        let total = self.checked_len()?;
+        check_emit(buf, total)?;
+        let head = self.emit_head(&mut buf[..total])?;
+        if let DataDesc::Immediate { data, .. } = self.data_out {
+            buf[head..total].copy_from_slice(data);
+        }
+        Ok(total)
+    }
+
+    /// The emitted bytes in a new vector; the immediate data is appended,
+    /// never zeroed first (a 4 KiB WRITE's IU is mostly its data).
+    ///
+    /// # Errors
+    /// As [`Cmd::emit`].
+    pub fn to_vec(&self) -> Result<Vec<u8>> {
+        let total = self.checked_len()?;
+        let head = match self.data_out {
+            DataDesc::Immediate { offset, .. } => usize::from(offset),
+            _ => total,
+        };
+        let mut v = Vec::with_capacity(total);
+        v.resize(head, 0);
+        self.emit_head(&mut v)?;
+        if let DataDesc::Immediate { data, .. } = self.data_out {
+            v.extend_from_slice(data);
+        }
+        Ok(v)
+    }
+
+    /// [`Cmd::buffer_len`] of an IU that can be emitted.
+    fn checked_len(&self) -> Result<usize> {
+        self.cdb_area_len()?;
         if let DataDesc::Immediate { .. } = self.data_in {
             return Err(Error::DescFormat {
                 dir: "data-in",
@@ -459,19 +490,20 @@ impl<'a> Cmd<'a> {
                 });
             }
         }
-        let total = self.buffer_len();
-        check_emit(buf, total)?;
-        let buf = &mut buf[..total];
-        // Reserved bytes zero; immediate data is written over, not zeroed
-        // first (a 4 KiB WRITE's IU is mostly its data).
-        match self.data_out {
-            DataDesc::Immediate { offset, data } => {
-                let (start, end) = (usize::from(offset), usize::from(offset) + data.len());
-                buf[..start].fill(0);
-                buf[end..].fill(0);
-            }
-            _ => buf.fill(0),
-        }
+        Ok(self.buffer_len())
+    }
+
+    /// Writes everything but the immediate data into `buf` (reserved
+    /// bytes zero): the whole IU, or with immediate data the bytes before
+    /// it, which `buf` may end at. Returns where the data goes.
+    fn emit_head(&self, buf: &mut [u8]) -> Result<usize> {
+        let cdb_area = self.cdb_area_len()?;
+        let head = match self.data_out {
+            DataDesc::Immediate { offset, .. } => usize::from(offset),
+            _ => buf.len(),
+        };
+        let buf = &mut buf[..head];
+        buf.fill(0);
         let mut p = CmdPacket::new_unchecked(&mut *buf);
         p.set_opcode(IuType::Cmd.into());
         p.set_sol_not(self.sol_not);
@@ -499,16 +531,14 @@ impl<'a> Cmd<'a> {
                     buf[at..at + list.len()].copy_from_slice(list);
                     at += list.len();
                 }
-                DataDesc::Immediate { offset, data } => {
+                DataDesc::Immediate { data, .. } => {
                     let len = u32::try_from(data.len()).unwrap_or(u32::MAX);
                     buf[at..at + IMM_BUF_LEN].copy_from_slice(&len.to_be_bytes());
                     at += IMM_BUF_LEN;
-                    let start = usize::from(*offset);
-                    buf[start..start + data.len()].copy_from_slice(data);
                 }
             }
         }
-        Ok(total)
+        Ok(head)
     }
 }
 
