@@ -843,19 +843,28 @@ fn fill_write(buf: &mut [u8], w: &Workload, offset: u64, gen: u32, job_seed: u32
         for (u, unit) in buf.chunks_exact_mut(UNIT).enumerate() {
             fill_unit(unit, offset + (u * UNIT) as u64, gen, job_seed);
         }
-    } else if gen == 1 {
-        // Incompressible, and eight bytes per draw: the client's cost must
-        // not show in the device's numbers.
-        let mut words = buf.chunks_exact_mut(8);
-        for w in &mut words {
-            w.copy_from_slice(&rng.next_u64().to_le_bytes());
-        }
-        let rest = words.into_remainder();
-        if !rest.is_empty() {
-            let v = rng.next_u64().to_le_bytes();
-            rest.copy_from_slice(&v[..rest.len()]);
+    } else {
+        // fio's scramble_buffers: the buffer holds random bytes from the
+        // start (`random_buf`) and each write draws a new first word for
+        // every 512 bytes, so no two writes carry the same data while the
+        // client's cost stays out of the device's numbers.
+        for sector in buf.chunks_mut(512) {
+            let n = sector.len().min(8);
+            sector[..n].copy_from_slice(&rng.next_u64().to_le_bytes()[..n]);
         }
     }
+}
+
+/// `len` random (incompressible) bytes, eight per draw, from a generator
+/// of their own (the job's picks the same I/Os with or without them).
+fn random_buf(len: usize, seed: u64) -> Vec<u8> {
+    let mut rng = Rng::new(seed);
+    let mut buf = Vec::with_capacity(len.next_multiple_of(8));
+    while buf.len() < len {
+        buf.extend_from_slice(&rng.next_u64().to_le_bytes());
+    }
+    buf.truncate(len);
+    buf
 }
 
 /// Counts one finished I/O; `false` when it failed (the job stops: a
@@ -954,7 +963,7 @@ fn run_job(
 ) {
     let deadline = start + w.runtime;
     let bs = w.bs as usize;
-    let mut buf = vec![0u8; bs];
+    let mut buf = random_buf(bs, !w.seed ^ u64::from(job));
     let mut rng = Rng::new(w.seed ^ (job as u64).wrapping_mul(0x1000_0001));
     let job_seed = (w.seed as u32) ^ job;
     let mut next_seq = 0u64;
@@ -1013,7 +1022,9 @@ fn run_job_queued(
     let Some(mut q) = dev.queue(depth) else {
         return run_job(dev, w, job, slice, budget, start, shared);
     };
-    let mut bufs: Vec<Vec<u8>> = (0..depth).map(|_| vec![0u8; bs]).collect();
+    let mut bufs: Vec<Vec<u8>> = (0..depth)
+        .map(|i| random_buf(bs, !w.seed ^ (u64::from(job) << 32 | i as u64)))
+        .collect();
     // Per slot: (block, read?, generation, start time) while in flight.
     let mut busy: Vec<Option<(u64, bool, u32, Instant)>> = vec![None; depth];
     let mut in_flight = std::collections::HashSet::new();
