@@ -68,6 +68,13 @@ pub trait Backend: Send + Sync {
     fn unmap(&self, _offset: u64, _len: u64) -> io::Result<()> {
         Err(io::ErrorKind::Unsupported.into())
     }
+    /// The store itself, for a transport that knows its type and can move
+    /// data-in straight out of its memory ([`crate::Buffers::by_reference`]:
+    /// an RDMA transport whose store lives in registered memory). `None`
+    /// (the default): data-in is always copied out by the core.
+    fn memory(&self) -> Option<&(dyn std::any::Any + Send + Sync)> {
+        None
+    }
     /// Changes the capacity (SCST resize); not every store can.
     fn resize(&self, _new_size: u64) -> io::Result<()> {
         Err(io::ErrorKind::Unsupported.into())

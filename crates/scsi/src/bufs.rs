@@ -9,6 +9,13 @@
 //! and writes from the data-out pieces ([`crate::Backend::write_vectored`]).
 //! Commands that need their data in one piece (parameter lists, COMPARE
 //! AND WRITE, protection information) get it gathered by the core.
+//!
+//! A transport that can reach the store's memory itself
+//! ([`crate::Backend::memory`]) asks for a READ's data-in by reference
+//! ([`Buffers::by_reference`]): the core checks the command as always and,
+//! instead of copying, says which bytes of the store are the data
+//! ([`Buffers::reference`]). Every other command's data-in comes back in
+//! the response's vector.
 
 /// The transport's buffers of one command, in order.
 pub struct Buffers<'s, 'b> {
@@ -16,6 +23,10 @@ pub struct Buffers<'s, 'b> {
     data_out: &'s [&'b [u8]],
     pub(crate) placed: Option<usize>,
     copied: bool,
+    /// Data-in by reference: at most this many bytes.
+    by_reference: Option<usize>,
+    /// The store's bytes that are the data-in (offset, length).
+    pub(crate) reference: Option<(u64, usize)>,
 }
 
 impl<'s, 'b> Buffers<'s, 'b> {
@@ -27,6 +38,8 @@ impl<'s, 'b> Buffers<'s, 'b> {
             data_out: &[],
             placed: None,
             copied: false,
+            by_reference: None,
+            reference: None,
         }
     }
 
@@ -38,12 +51,43 @@ impl<'s, 'b> Buffers<'s, 'b> {
             data_out: pieces,
             placed: None,
             copied: false,
+            by_reference: None,
+            reference: None,
         }
     }
 
-    /// Bytes the data-in pieces hold together.
+    /// A READ's data-in, up to `capacity` bytes, by reference to the
+    /// store's memory where the store has it ([`crate::Backend::memory`]);
+    /// otherwise, and for commands other than READ, the data-in comes back
+    /// in the response's vector.
+    pub fn by_reference(capacity: usize) -> Buffers<'s, 'b> {
+        Buffers {
+            by_reference: Some(capacity),
+            ..Buffers::data_in(&mut [])
+        }
+    }
+
+    /// Bytes the data-in pieces hold together (the most a reference may
+    /// cover, for [`Buffers::by_reference`]).
     pub fn capacity(&self) -> usize {
-        self.data_in.iter().map(|p| p.len()).sum()
+        self.by_reference
+            .unwrap_or_else(|| self.data_in.iter().map(|p| p.len()).sum())
+    }
+
+    /// The bytes of the store (offset, length) that are the data-in, when
+    /// the core gave it by reference.
+    pub fn reference(&self) -> Option<(u64, usize)> {
+        self.reference
+    }
+
+    /// Whether the data-in may be given by reference.
+    pub(crate) fn wants_reference(&self) -> bool {
+        self.by_reference.is_some()
+    }
+
+    /// Whether there are pieces to place data-in in.
+    pub(crate) fn has_data_in(&self) -> bool {
+        !self.data_in.is_empty()
     }
 
     /// Bytes of data-out the pieces hold together.
@@ -58,9 +102,10 @@ impl<'s, 'b> Buffers<'s, 'b> {
     }
 
     /// Whether the store read into the data-in pieces itself, with no copy
-    /// in between (false when the core copied a result vector in).
+    /// in between (false when the core copied a result vector in, or gave
+    /// the data-in by reference).
     pub fn read_direct(&self) -> bool {
-        self.placed.is_some() && !self.copied
+        self.placed.is_some() && !self.copied && self.reference.is_none()
     }
 
     /// The first `len` bytes of the data-in pieces, as a scatter list (the

@@ -185,6 +185,11 @@ impl Device {
         self.backend.never_blocks()
     }
 
+    /// The store behind the unit.
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.backend
+    }
+
     /// Refuses block sizes other than 512 and 4096 and stores whose size is
     /// not a multiple of the block size.
     pub fn new(config: DeviceConfig, backend: Arc<dyn Backend>) -> Result<Device, DeviceError> {
@@ -467,11 +472,18 @@ impl Device {
                         // Only what the transport's buffers hold is read
                         // (an allocation length below the transfer length).
                         let want = len.min(bufs.capacity());
-                        self.backend
-                            .read_vectored(lba * bs, &mut bufs.data_in_for(want))
-                            .map_err(medium)?;
-                        bufs.placed = Some(want);
-                        return Ok(Vec::new());
+                        if bufs.wants_reference() && self.backend.memory().is_some() {
+                            bufs.reference = Some((lba * bs, want));
+                            bufs.placed = Some(want);
+                            return Ok(Vec::new());
+                        }
+                        if bufs.has_data_in() {
+                            self.backend
+                                .read_vectored(lba * bs, &mut bufs.data_in_for(want))
+                                .map_err(medium)?;
+                            bufs.placed = Some(want);
+                            return Ok(Vec::new());
+                        }
                     }
                     return self.backend.read_vec(lba * bs, len).map_err(medium);
                 };

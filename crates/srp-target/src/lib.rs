@@ -83,12 +83,15 @@
 //! Data moves through fixed chunks of `srp_max_rdma_size` bytes: an RDMA
 //! READ lands in a chunk and is gathered into the SCSI command's data-out
 //! buffer, data-in is copied into chunks that RDMA WRITE sends. When the
-//! pool is empty, RDMA operations wait for a chunk. The initiator's memory
+//! pool is empty, RDMA operations wait for a chunk. A READ from a
+//! [`MemStore`] goes out of the store's own memory, registered once per
+//! port. The initiator's memory
 //! is only ever touched through its R_Keys by the provider, which checks them.
 
 pub mod cm;
 mod names;
 mod port;
+mod store;
 
 pub use names::{initiator_name, target_name};
 pub use port::{
@@ -96,3 +99,4 @@ pub use port::{
     OtherTargetPort, PartitionError, PeerQp, PortDrive, PortError, PortOptions, SessionInfo,
     SetupError, TargetPort, INLINE_ENV, INLINE_MAX,
 };
+pub use store::MemStore;

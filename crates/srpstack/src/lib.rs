@@ -321,7 +321,11 @@ impl Stack {
 
         let (backend, backing, temp): (Arc<dyn scsi::Backend>, String, Option<PathBuf>) =
             match cfg.backing {
-                Backing::Ram => (Arc::new(scsi::Ram::new(cfg.size)), "ram".into(), None),
+                Backing::Ram => (
+                    Arc::new(srp_target::MemStore::new(cfg.size)),
+                    "ram".into(),
+                    None,
+                ),
                 Backing::Null => (Arc::new(scsi::NullIo::new(cfg.size)), "nullio".into(), None),
                 Backing::TempFile => {
                     let path = std::env::temp_dir()

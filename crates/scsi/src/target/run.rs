@@ -199,14 +199,16 @@ impl Target {
                         let room = plan.len.min(expected);
                         data.truncate(room as usize);
                         match bufs {
-                            Some(bufs) => {
+                            // Pieces to copy into, or data placed already
+                            // (read into the pieces, or by reference).
+                            Some(bufs) if bufs.has_data_in() || bufs.placed.is_some() => {
                                 if bufs.placed.is_none() {
                                     bufs.copy_in(&data);
                                     data = Vec::new();
                                 }
                                 (bufs.placed() as u64).min(room)
                             }
-                            None => data.len() as u64,
+                            _ => data.len() as u64,
                         }
                     }
                     DataDir::Out => {

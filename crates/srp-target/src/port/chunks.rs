@@ -16,13 +16,28 @@ pub(super) enum InData {
     /// (`Target::submit_attr_into`); byte `k` of the data is in chunk
     /// `chunks[k / chunk_size]`. WRITEs go out of them with no copy.
     Chunks { chunks: Vec<usize>, len: usize },
+    /// `len` bytes of a registered memory store from byte `at` (a READ
+    /// given by reference): WRITEs go out of the store itself.
+    Store {
+        mem: MemBuf,
+        lkey: Lkey,
+        at: u64,
+        len: usize,
+    },
 }
 
 impl InData {
     pub(super) fn chunks(&self) -> &[usize] {
         match self {
-            InData::Vec(_) => &[],
+            InData::Vec(_) | InData::Store { .. } => &[],
             InData::Chunks { chunks, .. } => chunks,
+        }
+    }
+
+    pub(super) fn len(&self) -> usize {
+        match self {
+            InData::Vec(v) => v.len(),
+            InData::Chunks { len, .. } | InData::Store { len, .. } => *len,
         }
     }
 }
@@ -42,6 +57,46 @@ pub(super) struct OpInfo {
 }
 
 impl Inner {
+    /// The L_Key of a memory store's registration, registering it on its
+    /// first READ; registrations of stores nobody else holds any more (a
+    /// LUN removed, a store resized) are let go meanwhile. `None` when
+    /// registering fails (the READ is copied through chunks instead).
+    pub(super) fn store_lkey(&self, mem: &MemBuf) -> Option<Lkey> {
+        let mut stores = self.stores.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, mr, _)) = stores
+            .iter()
+            .find(|(m, ..)| m.addr() == mem.addr() && m.len() == mem.len())
+        {
+            return Some(mr.lkey);
+        }
+        stores.retain(|(m, mr, ours)| {
+            let held = m.holders() > *ours;
+            if !held {
+                let _ = self.provider.dereg_mr(mr.handle);
+            }
+            held
+        });
+        let before = mem.holders();
+        let mr = self
+            .provider
+            .reg_mr(
+                self.pd,
+                mem,
+                mem.addr(),
+                mem.len() as u64,
+                AccessFlags::LOCAL_WRITE,
+                0,
+            )
+            .map_err(|e| tracing::warn!("cannot register a memory store for READs: {e}"))
+            .ok()?;
+        // The holders the registration adds (the provider's, and this
+        // list's): once no more hold it, the store has let it go and no
+        // command still sends from it.
+        let ours = mem.holders() - before + 1;
+        stores.push((mem.clone(), mr, ours));
+        Some(mr.lkey)
+    }
+
     /// The SGEs of `[offset, offset + len)` of data-in held in reserved
     /// chunks (`placed` bytes of it real). Bytes past `placed` are zeroed
     /// first: whatever an earlier command left in a chunk never leaves.

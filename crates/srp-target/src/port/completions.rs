@@ -376,6 +376,19 @@ impl Inner {
             (Local::DataIn { offset }, Some(InData::Chunks { chunks, len })) => {
                 Some(self.reserved_sges(chunks, *len, offset as usize, op.len as usize))
             }
+            (Local::DataIn { offset }, Some(InData::Store { mem, lkey, at, len })) => {
+                if offset + u64::from(op.len) > *len as u64 {
+                    // The channel asks only for the data-in it was told
+                    // of; past it there is nothing of this command's.
+                    self.fail_rdma(st, conn, op);
+                    return true;
+                }
+                Some(vec![Sge {
+                    addr: mem.addr() + at + offset,
+                    length: op.len,
+                    lkey: *lkey,
+                }])
+            }
             _ => None,
         };
         let (chunk, sges) = match reserved {

@@ -280,7 +280,15 @@ impl Inner {
         // Looked up before the command runs: a map change while it runs
         // counts it where it was addressed.
         let dev = self.scsi.device(&job.nexus, lun);
-        let reserved = (!data_out_dir && req.data_in_len >= DIRECT_IN_MIN)
+        let direct_in = !data_out_dir && req.data_in_len >= DIRECT_IN_MIN;
+        // A READ from a memory store goes out of the store itself.
+        let store = dev
+            .as_ref()
+            .filter(|_| direct_in && is_read(&req.cdb))
+            .and_then(|d| d.backend().memory()?.downcast_ref::<crate::MemStore>())
+            .map(crate::MemStore::memory_now)
+            .and_then(|mem| Some((self.store_lkey(&mem)?, mem)));
+        let reserved = (direct_in && store.is_none())
             .then(|| self.reserve_chunks(req.data_in_len))
             .flatten();
         // The command as the core runs it: below, only where its data is
@@ -300,8 +308,26 @@ impl Inner {
                 &job.nexus, lun, req.tag.0, attr, &req.cdb, data_out, expected, bufs,
             )
         };
-        let (r, data_in) = match reserved {
-            Some(chunks) => {
+        let (r, data_in) = match (store, reserved) {
+            (Some((lkey, mem)), _) => {
+                let mut sink = scsi::Buffers::by_reference(req.data_in_len as usize);
+                let mut r = submit(&job.data_out, Some(&mut sink));
+                match sink.reference() {
+                    Some((at, len)) if mem.contains(mem.addr() + at, len as u64) => {
+                        self.direct_in
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        (r, InData::Store { mem, lkey, at, len })
+                    }
+                    // Not a READ after all, or the store was resized under
+                    // it: the data (if any) came back in the vector.
+                    _ => {
+                        let mut v = std::mem::take(&mut r.data_in);
+                        v.truncate(req.data_in_len as usize);
+                        (r, InData::Vec(v))
+                    }
+                }
+            }
+            (None, Some(chunks)) => {
                 let cs = self.chunk_size as usize;
                 let len = req.data_in_len as usize;
                 // SAFETY: `chunks` came off the free list for this command
@@ -325,7 +351,7 @@ impl Inner {
                 }
                 (r, InData::Chunks { chunks, len })
             }
-            None => {
+            (None, None) => {
                 let mut r = match &job.direct_out {
                     Some(parts) => {
                         // SAFETY: the READs that filled these chunks have
@@ -353,10 +379,7 @@ impl Inner {
             }
         };
         let sense = r.sense_bytes().unwrap_or_default();
-        let in_len = match &data_in {
-            InData::Vec(v) => v.len(),
-            InData::Chunks { len, .. } => *len,
-        };
+        let in_len = data_in.len();
         if let Some(dev) = &dev {
             let good = r.status == scsi::Status::Good;
             let kind = scsi::Command::parse(&req.cdb).map(|(_, c)| c);
@@ -400,4 +423,10 @@ impl Inner {
         }
         (done, data_in)
     }
+}
+
+/// Whether a CDB is a READ (6, 10, 12, 16): the commands whose data-in a
+/// memory store can give by reference.
+fn is_read(cdb: &[u8]) -> bool {
+    matches!(cdb.first(), Some(0x08 | 0x28 | 0xa8 | 0x88))
 }

@@ -2,7 +2,8 @@
 
 use crate::names::{initiator_name, target_name};
 use rdma_types::{
-    AccessFlags, Gid, Guid, IdMap, Lid, Mtu, Pkey, PortNum, Psn, QpState, QpType, Qpn, WcStatus,
+    AccessFlags, Gid, Guid, IdMap, Lid, Lkey, Mtu, Pkey, PortNum, Psn, QpState, QpType, Qpn,
+    WcStatus,
 };
 use srp::target::{
     ChannelId, CmdId, DataOut, Local, Login, LoginForm, OpId, Output, RdmaOp, ScsiDone,
@@ -192,6 +193,10 @@ struct Inner {
     srq_mr: MrInfo,
     chunk_buf: MemBuf,
     chunk_mr: MrInfo,
+    /// Memory stores registered for READs to be sent straight out of
+    /// ([`crate::MemStore`]), each with its registration and how many of
+    /// its holders are that registration's (this list and the provider).
+    stores: Mutex<Vec<(MemBuf, MrInfo, usize)>>,
     req_size: u32,
     /// Bytes between receive buffers: `req_size` rounded up to a cache
     /// line, so every buffer starts word-aligned (a copy between aligned
@@ -582,6 +587,7 @@ impl TargetPort {
             srq_mr,
             chunk_buf,
             chunk_mr,
+            stores: Mutex::default(),
             req_size,
             req_stride,
             chunk_size,
@@ -900,8 +906,9 @@ impl TargetPort {
         self.inner.lock().free_chunks.len()
     }
 
-    /// Commands whose data-in the store read straight into registered
-    /// chunks, sent from there with no copy (the others are copied).
+    /// Commands whose data-in went out with no copy: read by the store
+    /// straight into registered chunks and sent from there, or sent from a
+    /// memory store's own memory (the others are copied).
     pub fn direct_data_in(&self) -> u64 {
         self.inner
             .direct_in
@@ -952,6 +959,11 @@ impl TargetPort {
         let _ = p.destroy_srq(self.inner.srq);
         let _ = p.dereg_mr(self.inner.srq_mr.handle);
         let _ = p.dereg_mr(self.inner.chunk_mr.handle);
+        for (_, mr, _) in
+            std::mem::take(&mut *self.inner.stores.lock().unwrap_or_else(|e| e.into_inner()))
+        {
+            let _ = p.dereg_mr(mr.handle);
+        }
         let _ = p.destroy_cq(self.inner.recv_cq);
         let _ = p.dealloc_pd(self.inner.pd);
         let _ = p.close_ca(self.inner.ca);

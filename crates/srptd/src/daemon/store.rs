@@ -122,7 +122,7 @@ pub(super) fn open_store(d: &DeviceSection, dry_run: bool) -> Result<Store, Devi
                 size,
                 min_block_size: 1,
             }),
-            (Handler::Ram, false) => Arc::new(scsi::Ram::new(size)),
+            (Handler::Ram, false) => Arc::new(srp_target::MemStore::new(size)),
             _ => Arc::new(scsi::NullIo::new(size)),
         };
         return Ok(Store {
