@@ -893,7 +893,12 @@ impl Device {
                 b[0] = 0x01; // WSNZ
                 b[1] = MAX_CAW_BLOCKS as u8;
                 b[4..8].copy_from_slice(&MAX_TRANSFER_BLOCKS.to_be_bytes());
-                b[8..12].copy_from_slice(&(65536 / c.block_size).to_be_bytes()); // optimal
+                // OPTIMAL TRANSFER LENGTH: the maximum, as LIO reports.
+                // Linux's sd makes a valid optimal length the disk's
+                // max_sectors, so 64 KiB here split every 1 MiB read into
+                // sixteen commands (ib_srp reading from srptd sent 64 KiB
+                // commands, and from LIO 512 KiB ones).
+                b[8..12].copy_from_slice(&MAX_TRANSFER_BLOCKS.to_be_bytes());
                 if c.thin {
                     b[16..20].copy_from_slice(&MAX_TRANSFER_BLOCKS.to_be_bytes()); // max unmap LBAs
                     b[20..24].copy_from_slice(&MAX_UNMAP_DESCRIPTORS.to_be_bytes());

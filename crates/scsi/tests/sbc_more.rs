@@ -141,8 +141,8 @@ fn vpd_block_limits_characteristics_and_provisioning() {
             );
             assert_eq!(
                 &b0[12..16],
-                &16u32.to_be_bytes(),
-                "OPTIMAL: 64 KiB of 4 KiB"
+                &8192u32.to_be_bytes(),
+                "OPTIMAL TRANSFER LENGTH: the maximum (Linux's max_sectors)"
             );
             let (unmap_lbas, unmap_descs) = if thin { (8192u32, 256u32) } else { (0, 0) };
             assert_eq!(&b0[20..24], &unmap_lbas.to_be_bytes());
