@@ -57,6 +57,9 @@ compare_disk() {
   dd if=/tmp/pattern of="$dev" bs=64k oflag=direct conv=fsync 2>/dev/null
   dd if="$dev" of=/tmp/readback bs=64k count=64 iflag=direct 2>/dev/null
   cmp -s /tmp/pattern /tmp/readback || fail "$1 disk $dev: read-back differs"
+  # The largest request Linux sends each (sd takes it from VPD B0).
+  local q=/sys/block/${dev#/dev/}/queue
+  echo "$1 $dev: max_sectors_kb $(cat $q/max_sectors_kb), optimal_io_size $(cat $q/optimal_io_size)" >&2
   echo "$dev"
 }
 

@@ -90,6 +90,14 @@ fn reads_go_out_of_the_stores_memory_and_its_registration_ends_with_it() {
         mrs_at_start + 1,
         "old memory released"
     );
+    // 6 MiB at once (up to the end the initiator knows of): a 4 MiB and
+    // a 2 MiB command of 96 WRITEs together, more than a quarter of the
+    // send queue unsignaled in a row.
+    let big = pattern(6 << 20, 3);
+    disk.write(4096, &big).unwrap();
+    let mut back_big = vec![0u8; big.len()];
+    disk.read(4096, &mut back_big).unwrap();
+    assert!(back_big == big, "6 MiB read back from the resized store");
     drop(disk);
 
     // The LUN removed and another one added: the first store's memory is

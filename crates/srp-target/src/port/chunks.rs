@@ -54,6 +54,8 @@ pub(super) struct OpInfo {
     pub(super) cmd: CmdId,
     pub(super) local: Local,
     pub(super) len: u32,
+    /// Its number among the QP's requests (`Conn::queued_wrs`).
+    pub(super) seq: u64,
 }
 
 impl Inner {

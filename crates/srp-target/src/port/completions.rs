@@ -166,7 +166,12 @@ impl Inner {
                 }
             }
             KIND_SEND => {
-                c.free_slots.push((wc.wr_id & !KIND_MASK) as u32);
+                let slot = (wc.wr_id & !KIND_MASK) as u32;
+                let seq = c.slot_seq.get(slot as usize).copied().unwrap_or(0);
+                c.free_slots.push(slot);
+                if ok {
+                    self.implied_done(st, conn, seq);
+                }
                 if let Some(ch) = st.target.channel_mut(channel) {
                     ch.handle_send_done(ok);
                 }
@@ -176,59 +181,93 @@ impl Inner {
                 let Some(info) = c.ops.remove(&op) else {
                     return;
                 };
-                match info.local {
-                    Local::Table { .. } => {
-                        let chunk = info.chunk.expect("a table read takes a chunk");
-                        let bytes = ok.then(|| {
-                            self.chunk_buf
-                                .to_vec(chunk * self.chunk_size as usize, info.len as usize)
-                        });
-                        st.free_chunks.push(chunk);
-                        if let Some(ch) = st.target.channel_mut(channel) {
-                            ch.handle_table_read(op, bytes.as_deref());
-                        }
-                    }
-                    Local::DataOut { offset } => {
-                        let chunk = info.chunk.expect("a data-out READ takes a chunk");
-                        if ok && st.free_chunks.len() < self.spill_below {
-                            let bytes = self
-                                .chunk_buf
-                                .to_vec(chunk * self.chunk_size as usize, info.len as usize);
-                            c.spilled.entry(info.cmd).or_default().push((offset, bytes));
-                            st.free_chunks.push(chunk);
-                        } else if ok {
-                            c.fetched
-                                .entry(info.cmd)
-                                .or_default()
-                                .push((offset, chunk, info.len));
-                        } else {
-                            st.free_chunks.push(chunk);
-                        }
-                        if let Some(ch) = st.target.channel_mut(channel) {
-                            ch.handle_rdma_done(op, ok);
-                        }
-                    }
-                    Local::DataIn { .. } => {
-                        st.free_chunks.extend(info.chunk);
-                        if info.chunk.is_none()
-                            && !c
-                                .ops
-                                .values()
-                                .any(|o| o.cmd == info.cmd && o.chunk.is_none())
-                        {
-                            if let Some(chunks) = c.parked.remove(&info.cmd) {
-                                st.free_chunks.extend(chunks);
-                            }
-                        }
-                        if let Some(ch) = st.target.channel_mut(channel) {
-                            ch.handle_rdma_done(op, ok);
-                        }
-                    }
+                if ok {
+                    self.implied_done(st, conn, info.seq);
                 }
+                self.rdma_done(st, conn, op, info, ok);
             }
             _ => {}
         }
         self.pump(st, conn);
+    }
+
+    /// The unsignaled WRITEs queued before request `seq`, which completed
+    /// well: they are done too.
+    fn implied_done(&self, st: &mut State, conn: ConnId, seq: u64) {
+        loop {
+            let Some(c) = st.conns.get_mut(&conn) else {
+                return;
+            };
+            let op = match c.unsignaled.front() {
+                Some(&(n, op)) if n < seq => op,
+                _ => return,
+            };
+            c.unsignaled.pop_front();
+            // Gone already: it completed in error (or its post failed).
+            let Some(info) = c.ops.remove(&op) else {
+                continue;
+            };
+            c.outstanding = c.outstanding.saturating_sub(1);
+            self.rdma_done(st, conn, op, info, true);
+        }
+    }
+
+    /// An RDMA op (already out of the connection's op table) completed.
+    fn rdma_done(&self, st: &mut State, conn: ConnId, op: OpId, info: OpInfo, ok: bool) {
+        let Some(c) = st.conns.get_mut(&conn) else {
+            return;
+        };
+        let channel = c.channel;
+        match info.local {
+            Local::Table { .. } => {
+                let chunk = info.chunk.expect("a table read takes a chunk");
+                let bytes = ok.then(|| {
+                    self.chunk_buf
+                        .to_vec(chunk * self.chunk_size as usize, info.len as usize)
+                });
+                st.free_chunks.push(chunk);
+                if let Some(ch) = st.target.channel_mut(channel) {
+                    ch.handle_table_read(op, bytes.as_deref());
+                }
+            }
+            Local::DataOut { offset } => {
+                let chunk = info.chunk.expect("a data-out READ takes a chunk");
+                if ok && st.free_chunks.len() < self.spill_below {
+                    let bytes = self
+                        .chunk_buf
+                        .to_vec(chunk * self.chunk_size as usize, info.len as usize);
+                    c.spilled.entry(info.cmd).or_default().push((offset, bytes));
+                    st.free_chunks.push(chunk);
+                } else if ok {
+                    c.fetched
+                        .entry(info.cmd)
+                        .or_default()
+                        .push((offset, chunk, info.len));
+                } else {
+                    st.free_chunks.push(chunk);
+                }
+                if let Some(ch) = st.target.channel_mut(channel) {
+                    ch.handle_rdma_done(op, ok);
+                }
+            }
+            Local::DataIn { .. } => {
+                st.free_chunks.extend(info.chunk);
+                if info.chunk.is_none()
+                    && c.parked.contains_key(&info.cmd)
+                    && !c
+                        .ops
+                        .values()
+                        .any(|o| o.cmd == info.cmd && o.chunk.is_none())
+                {
+                    if let Some(chunks) = c.parked.remove(&info.cmd) {
+                        st.free_chunks.extend(chunks);
+                    }
+                }
+                if let Some(ch) = st.target.channel_mut(channel) {
+                    ch.handle_rdma_done(op, ok);
+                }
+            }
+        }
     }
 
     /// Carries out every output the channel has.
@@ -347,6 +386,10 @@ impl Inner {
             wr.flags = SendFlags::SIGNALED | SendFlags::SOLICITED;
         }
         c.outstanding += 1;
+        c.queued_wrs += 1;
+        if let Some(n) = c.slot_seq.get_mut(slot as usize) {
+            *n = c.queued_wrs;
+        }
         let qp = c.qp;
         st.posts.push_back(Post {
             conn,
@@ -367,6 +410,7 @@ impl Inner {
             return true;
         }
         let cs = self.chunk_size as usize;
+        let mut store = false;
         // A WRITE of data-in the store read into the command's own chunks
         // goes straight out of them.
         let reserved = match (
@@ -383,6 +427,7 @@ impl Inner {
                     self.fail_rdma(st, conn, op);
                     return true;
                 }
+                store = true;
                 Some(vec![Sge {
                     addr: mem.addr() + at + offset,
                     length: op.len,
@@ -439,6 +484,16 @@ impl Inner {
             rkey: op.rkey,
         };
         c.outstanding += 1;
+        c.queued_wrs += 1;
+        // A WRITE out of a memory store holds nothing of the pool, so it
+        // can wait for the response queued behind it to say it is done
+        // (its data is sent before the response either way): one
+        // completion per command, not one per WRITE. At most a quarter of
+        // the send queue in a row, so a signaled request always follows.
+        if store && c.unsignaled.len() < (c.slot_seq.len() / 4).max(1) {
+            wr.flags = SendFlags(wr.flags.0 & !SendFlags::SIGNALED.0);
+            c.unsignaled.push_back((c.queued_wrs, op.id));
+        }
         c.ops.insert(
             op.id,
             OpInfo {
@@ -446,6 +501,7 @@ impl Inner {
                 cmd: op.cmd,
                 local: op.local,
                 len: op.len,
+                seq: c.queued_wrs,
             },
         );
         let qp = c.qp;

@@ -542,7 +542,9 @@ impl Inner {
                         max_recv_sge: 1,
                         max_inline: 0,
                     },
-                    sq_sig_all: true,
+                    // Every request is signaled but the data-in WRITEs out
+                    // of a memory store (see `Conn::unsignaled`).
+                    sq_sig_all: false,
                     port: None,
                 },
                 conn.0,
@@ -579,6 +581,9 @@ impl Inner {
                 slot_size,
                 free_slots: (0..sq).rev().collect(),
                 outstanding: 0,
+                queued_wrs: 0,
+                slot_seq: vec![0; sq as usize],
+                unsignaled: VecDeque::new(),
                 closing: false,
                 initiator: initiator.to_string(),
                 pkey: Pkey::DEFAULT,

@@ -275,6 +275,14 @@ struct Conn {
     slot_size: u32,
     free_slots: Vec<u32>,
     outstanding: u32,
+    /// Work requests queued to the QP so far: each one's number in order.
+    queued_wrs: u64,
+    /// The number (`queued_wrs`) of the IU in each send slot.
+    slot_seq: Vec<u64>,
+    /// Unsignaled data-in WRITEs (out of a memory store) by number: done
+    /// when a signaled request queued after them completes (an RC send
+    /// queue completes in order).
+    unsignaled: VecDeque<(u64, OpId)>,
     closing: bool,
     initiator: String,
     /// The P_Key at the QP's index: the session's partition.
