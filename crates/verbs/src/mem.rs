@@ -28,9 +28,31 @@
 //! The cost: a copy moves one word per instruction instead of `memcpy`'s
 //! vector registers (no vectorisation of atomics), at most two
 //! compare-and-swaps for the ends of a write.
+//!
+//! # Shared buffers (another process's view)
+//!
+//! A buffer made by [`MemBuf::new_shared`] is a `memfd` mapping
+//! (`MAP_SHARED`), sealed against shrinking, whose descriptor
+//! ([`MemBuf::shared_fd`]) can be passed to another process: the NIC
+//! daemon maps it with [`MemBuf::map_shared`] and its NIC reads and
+//! writes the same bytes, as an HCA's DMA engine reads a process's
+//! pinned pages. The mapping there keeps the owner's address
+//! ([`MemBuf::addr`] is the owner's, the address its SGEs and R_Key
+//! ranges name); only the bytes are reached through the daemon's own
+//! mapping. To this process the other one is like a remote peer: it may
+//! change the bytes at any time, and every access here is still an
+//! atomic word, so nothing it does is a data race in this process. The
+//! seal is what lets the daemon trust the size: a client cannot shrink
+//! the file under the daemon's mapping (a fault, SIGBUS, in the daemon).
+//!
+//! [`MemBuf::set_shared_by_default`] makes [`MemBuf::new`] itself return
+//! shared buffers from then on (the NIC daemon's client provider turns
+//! it on when it connects), so a consumer written for an in-process NIC
+//! registers memory the daemon can reach without a change.
 
 use std::alloc::{alloc_zeroed, dealloc, Layout};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 const PAGE: usize = 4096;
@@ -41,9 +63,25 @@ const WORD: usize = 8;
 struct Raw {
     ptr: *mut u8,
     len: usize,
-    /// Mapped anonymous memory (a large buffer), not the allocator's.
-    mapped: bool,
+    /// The address SGEs and R_Key ranges name: `ptr`, but for a mapping
+    /// of another process's buffer ([`MemBuf::map_shared`]), the owner's.
+    addr: u64,
+    backing: Backing,
 }
+
+/// Where a buffer's bytes come from.
+enum Backing {
+    /// The allocator's.
+    Heap,
+    /// A private anonymous mapping (a large buffer).
+    Anon,
+    /// A shared mapping of a memfd (of ours, or received), `mapped`
+    /// bytes long.
+    Shared { fd: OwnedFd, mapped: usize },
+}
+
+/// Whether [`MemBuf::new`] makes shared buffers.
+static SHARED_BY_DEFAULT: AtomicBool = AtomicBool::new(false);
 
 /// Buffers from this size on are anonymous mappings: their pages cost no
 /// memory until first touched, so a target's send slots or receive ring
@@ -62,13 +100,20 @@ unsafe impl Sync for Raw {}
 
 impl Drop for Raw {
     fn drop(&mut self) {
-        if self.mapped {
+        match &self.backing {
             // SAFETY: mapped in `MemBuf::new` with this length; no view
             // outlives the last `MemBuf` holding this `Raw`.
-            unsafe { libc::munmap(self.ptr.cast(), self.len) };
-        } else {
+            Backing::Anon => unsafe {
+                libc::munmap(self.ptr.cast(), self.len);
+            },
+            // SAFETY: mapped in `MemBuf::shared_mapping` with this
+            // length; no view outlives the last `MemBuf` holding this
+            // `Raw`. The descriptor closes after.
+            Backing::Shared { mapped, .. } => unsafe {
+                libc::munmap(self.ptr.cast(), *mapped);
+            },
             // SAFETY: allocated in `MemBuf::new` with this layout.
-            unsafe { dealloc(self.ptr, layout(self.len)) }
+            Backing::Heap => unsafe { dealloc(self.ptr, layout(self.len)) },
         }
     }
 }
@@ -79,6 +124,17 @@ fn layout(len: usize) -> Layout {
     let size = len.max(1).checked_next_multiple_of(WORD);
     size.and_then(|s| Layout::from_size_align(s, PAGE).ok())
         .expect("MemBuf size overflows Layout")
+}
+
+/// The bytes mapped for a shared buffer of `len`: whole pages, at least
+/// one.
+fn mapped_size(len: usize) -> std::io::Result<usize> {
+    len.max(1).checked_next_multiple_of(PAGE).ok_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "shared buffer size overflows",
+        )
+    })
 }
 
 /// A page-aligned zeroed buffer shared through `Arc`. [`MemBuf::addr`] is
@@ -102,8 +158,29 @@ fn word_of(bytes: &[u8]) -> u64 {
 }
 
 impl MemBuf {
-    /// Allocates `len` zeroed bytes aligned to 4096.
+    /// Allocates `len` zeroed bytes aligned to 4096: a shared buffer
+    /// ([`MemBuf::new_shared`]) when [`MemBuf::set_shared_by_default`]
+    /// says so (a private one if that fails, say for want of file
+    /// descriptors: registering it with the daemon's client is then
+    /// refused, with the reason), else private memory.
     pub fn new(len: usize) -> MemBuf {
+        if SHARED_BY_DEFAULT.load(Ordering::Relaxed) {
+            if let Ok(b) = MemBuf::new_shared(len) {
+                return b;
+            }
+        }
+        MemBuf::new_private(len)
+    }
+
+    /// Makes [`MemBuf::new`] return shared buffers (`true`) or private
+    /// ones (`false`, the default) from now on, in the whole process.
+    pub fn set_shared_by_default(shared: bool) {
+        SHARED_BY_DEFAULT.store(shared, Ordering::Relaxed);
+    }
+
+    /// `len` zeroed bytes of this process only (the allocator's, or an
+    /// anonymous mapping when large).
+    fn new_private(len: usize) -> MemBuf {
         if len >= MAP_FROM {
             // SAFETY: a fresh private anonymous mapping; nothing else
             // refers to it. Its pages read as zero (whole pages: the last
@@ -122,7 +199,8 @@ impl MemBuf {
                 return MemBuf(Arc::new(Raw {
                     ptr: ptr.cast(),
                     len,
-                    mapped: true,
+                    addr: ptr as u64,
+                    backing: Backing::Anon,
                 }));
             }
         }
@@ -135,7 +213,8 @@ impl MemBuf {
         MemBuf(Arc::new(Raw {
             ptr,
             len,
-            mapped: false,
+            addr: ptr as u64,
+            backing: Backing::Heap,
         }))
     }
 
@@ -145,17 +224,143 @@ impl MemBuf {
     /// a time as they are first touched).
     pub fn with_huge_pages(len: usize) -> MemBuf {
         let b = MemBuf::new(len);
-        if b.0.mapped {
-            // SAFETY: advice on the mapping `new` just made, whole; it
-            // changes how its pages are backed, never their contents.
+        if !matches!(b.0.backing, Backing::Heap) {
+            // SAFETY: advice on the mapping `new` just made (anonymous or
+            // a memfd's), whole; it changes how its pages are backed,
+            // never their contents.
             unsafe { libc::madvise(b.0.ptr.cast(), len, libc::MADV_HUGEPAGE) };
         }
         b
     }
 
-    /// Virtual address of the first byte.
+    /// `len` zeroed bytes in a new memfd, mapped shared and sealed
+    /// against shrinking, whose descriptor ([`MemBuf::shared_fd`]) another
+    /// process may map (see the module docs).
+    ///
+    /// # Errors
+    /// The system's, from `memfd_create`, `ftruncate`, `fcntl` or `mmap`
+    /// (out of file descriptors or memory).
+    pub fn new_shared(len: usize) -> std::io::Result<MemBuf> {
+        let size = mapped_size(len)?;
+        // SAFETY: the name is a NUL-terminated string; the flags are
+        // valid. The descriptor returned is ours alone.
+        let fd = unsafe {
+            libc::memfd_create(
+                c"verbs-membuf".as_ptr(),
+                libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+            )
+        };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: `fd` was just returned by memfd_create and is owned
+        // by nobody else.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: plain calls on a descriptor we own; no memory passed.
+        let ok = unsafe {
+            libc::ftruncate(fd.as_raw_fd(), size as libc::off_t) == 0
+                && libc::fcntl(
+                    fd.as_raw_fd(),
+                    libc::F_ADD_SEALS,
+                    libc::F_SEAL_SHRINK | libc::F_SEAL_SEAL,
+                ) == 0
+        };
+        if !ok {
+            return Err(std::io::Error::last_os_error());
+        }
+        MemBuf::shared_mapping(fd, len, size, None)
+    }
+
+    /// Maps a shared buffer of another process, received as `fd`: `len`
+    /// bytes that its owner knows at `addr` (which [`MemBuf::addr`]
+    /// returns here too, see the module docs).
+    ///
+    /// # Errors
+    /// `InvalidInput` when `addr` is not page-aligned, the descriptor is
+    /// not a memfd sealed against shrinking, or is smaller than `len`
+    /// bytes rounded up to a page; else the system's, from `mmap`.
+    pub fn map_shared(fd: OwnedFd, len: usize, addr: u64) -> std::io::Result<MemBuf> {
+        use std::io::{Error, ErrorKind};
+        let size = mapped_size(len)?;
+        if addr % PAGE as u64 != 0 || addr.checked_add(len as u64).is_none() {
+            return Err(Error::new(
+                ErrorKind::InvalidInput,
+                format!("shared buffer address {addr:#x} is not page-aligned or wraps"),
+            ));
+        }
+        // SAFETY: a plain call on a descriptor we own.
+        let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+        if seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
+            return Err(Error::new(
+                ErrorKind::InvalidInput,
+                "shared buffer is not a memfd sealed against shrinking (MemBuf::new_shared makes one)",
+            ));
+        }
+        // SAFETY: `st` is a plain struct valid for writes; the
+        // descriptor is ours.
+        let file_size = unsafe {
+            let mut st: libc::stat = std::mem::zeroed();
+            if libc::fstat(fd.as_raw_fd(), &mut st) != 0 {
+                return Err(Error::last_os_error());
+            }
+            st.st_size as u64
+        };
+        if file_size < size as u64 {
+            return Err(Error::new(
+                ErrorKind::InvalidInput,
+                format!("shared buffer file holds {file_size} bytes, less than the {size} mapped"),
+            ));
+        }
+        MemBuf::shared_mapping(fd, len, size, Some(addr))
+    }
+
+    /// Maps `size` bytes of `fd` shared; the buffer is `len` of them,
+    /// named at `addr` (at the mapping itself when `None`).
+    fn shared_mapping(
+        fd: OwnedFd,
+        len: usize,
+        size: usize,
+        addr: Option<u64>,
+    ) -> std::io::Result<MemBuf> {
+        // SAFETY: a fresh shared mapping of a file at least `size` bytes
+        // long that cannot shrink (sealed: checked by the callers), so
+        // every page mapped is backed; nothing in this process refers to
+        // it yet. Whole pages: the last word is inside them.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                size,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(MemBuf(Arc::new(Raw {
+            ptr: ptr.cast(),
+            len,
+            addr: addr.unwrap_or(ptr as u64),
+            backing: Backing::Shared { fd, mapped: size },
+        })))
+    }
+
+    /// The memfd of a shared buffer ([`MemBuf::new_shared`],
+    /// [`MemBuf::map_shared`]), to pass to another process; `None` for
+    /// private memory.
+    pub fn shared_fd(&self) -> Option<BorrowedFd<'_>> {
+        match &self.0.backing {
+            Backing::Shared { fd, .. } => Some(fd.as_fd()),
+            _ => None,
+        }
+    }
+
+    /// Virtual address of the first byte (for a mapping of another
+    /// process's buffer, the owner's: see the module docs).
     pub fn addr(&self) -> u64 {
-        self.0.ptr as u64
+        self.0.addr
     }
 
     /// Length in bytes.
@@ -392,6 +597,38 @@ mod tests {
         assert!(!b.contains(b.addr() + 99, 2));
         assert!(!b.contains(b.addr() - 1, 1));
         assert!(std::panic::catch_unwind(|| b.write_at(99, &[1, 2])).is_err());
+    }
+
+    /// A shared buffer's bytes are the same through a second mapping of
+    /// its descriptor (what the NIC daemon makes), which keeps the
+    /// owner's address; a descriptor that is not a sealed memfd, or too
+    /// small, is refused.
+    #[test]
+    fn shared_buffers_map_elsewhere_with_the_owners_address() {
+        let a = MemBuf::new_shared(10_000).unwrap();
+        let fd = a.shared_fd().unwrap().try_clone_to_owned().unwrap();
+        let b = MemBuf::map_shared(fd, a.len(), a.addr()).unwrap();
+        assert_eq!(b.addr(), a.addr());
+        // SAFETY: only read to compare; nothing writes meanwhile.
+        assert_ne!(unsafe { b.ptr_at(0) }, unsafe { a.ptr_at(0) });
+        a.write_at(9_990, b"0123456789");
+        assert_eq!(b.to_vec(9_990, 10), b"0123456789");
+        b.write_at(0, &[7; 3]);
+        assert_eq!(a.to_vec(0, 4), [7, 7, 7, 0]);
+        assert_eq!(b.atomic_u64(8, |v| v + 1), 0);
+        assert_eq!(a.to_vec(8, 8), 1u64.to_ne_bytes());
+        // Larger than the file (10_000 rounds to 12_288 bytes).
+        let fd = a.shared_fd().unwrap().try_clone_to_owned().unwrap();
+        let e = MemBuf::map_shared(fd, 12_289, a.addr()).unwrap_err();
+        assert!(e.to_string().contains("less than"), "{e}");
+        // Not page-aligned.
+        let fd = a.shared_fd().unwrap().try_clone_to_owned().unwrap();
+        assert!(MemBuf::map_shared(fd, 100, a.addr() + 8).is_err());
+        // Not a sealed memfd: a file the owner could shrink.
+        let f = std::fs::File::open("/proc/self/exe").unwrap();
+        let e = MemBuf::map_shared(f.into(), 100, 0).unwrap_err();
+        assert!(e.to_string().contains("sealed"), "{e}");
+        assert!(MemBuf::new(10).shared_fd().is_none());
     }
 
     #[test]
