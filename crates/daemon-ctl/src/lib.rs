@@ -54,8 +54,12 @@ pub fn dir_of(path: &Path) -> &Path {
     }
 }
 
-/// The effective user ID of a socket's peer.
-fn peer_uid(s: &UnixStream) -> Option<u32> {
+/// The credentials of a socket's peer (`SO_PEERCRED`: its process,
+/// effective user and group when it connected).
+///
+/// # Errors
+/// The system's.
+pub fn peer_cred(s: &UnixStream) -> std::io::Result<libc::ucred> {
     use std::os::fd::AsRawFd;
     let mut cred = libc::ucred {
         pid: 0,
@@ -73,7 +77,16 @@ fn peer_uid(s: &UnixStream) -> Option<u32> {
             &mut len,
         )
     };
-    (r == 0).then_some(cred.uid)
+    if r == 0 {
+        Ok(cred)
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// The effective user ID of a socket's peer.
+fn peer_uid(s: &UnixStream) -> Option<u32> {
+    peer_cred(s).ok().map(|c| c.uid)
 }
 
 /// What is at a control socket's path.

@@ -179,8 +179,10 @@ impl MemBuf {
     }
 
     /// `len` zeroed bytes of this process only (the allocator's, or an
-    /// anonymous mapping when large).
-    fn new_private(len: usize) -> MemBuf {
+    /// anonymous mapping when large), whatever
+    /// [`MemBuf::set_shared_by_default`] says: for memory no other
+    /// process needs to reach.
+    pub fn new_private(len: usize) -> MemBuf {
         if len >= MAP_FROM {
             // SAFETY: a fresh private anonymous mapping; nothing else
             // refers to it. Its pages read as zero (whole pages: the last

@@ -1,0 +1,549 @@
+//! The client provider: every verb a request to the daemon.
+//!
+//! [`NicdProvider::connect`] opens the socket, exchanges `Hello` and
+//! starts two threads: a reader, which hands each response to the call
+//! waiting for it and each event to the second, the event thread, which
+//! runs the consumer's [`EventHandler`] for the CA the event is for,
+//! holding no lock of ours. So handlers never run inside a verb call
+//! ([`Provider::handlers_nest`] is false) and may call any verb,
+//! `destroy_*` of their own object included: the reply comes on the
+//! reader thread. Calls from several threads at once are served in
+//! parallel by the daemon only for `wait_cq`; others queue there.
+//!
+//! Memory: the daemon's NIC reaches a region through a mapping of its
+//! buffer's memfd, so `reg_mr` and `rereg_mr` take only shared buffers
+//! ([`MemBuf::new_shared`]) and refuse private ones with
+//! `InvalidArgument` saying so. Connecting makes [`MemBuf::new`] return
+//! shared buffers from then on ([`MemBuf::set_shared_by_default`]), so a
+//! consumer that allocates after it connects needs no change.
+//!
+//! When the daemon goes away, every open CA's handler gets `CaRemoval`
+//! and every verb after it fails with `NoSuchCa`.
+//!
+//! Not yet: QP0/QP1 (the daemon refuses them), and the data path through
+//! shared-memory rings (see [`crate::proto`]): each post and poll is a
+//! round trip on the socket.
+
+use crate::proto::{self, Answer, Event, Kind, Reply, Request, VERSION};
+use crate::sock::{send_frame, FrameReader, ReadError};
+use rdma_types::{AccessFlags, Guid, PortNum, Qpn, Rkey};
+use std::collections::HashMap;
+use std::os::fd::BorrowedFd;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::mpsc::{channel, Sender};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+use verbs::{
+    AhAttr, AhHandle, AsyncEvent, AsyncEventKind, CaAttr, CaHandle, Context, CqHandle, CqInit,
+    EventHandler, MemBuf, MrHandle, MrInfo, MwBind, MwHandle, MwType, PdHandle, PkeyViolations,
+    PortAttr, PortModify, Provider, QpAttr, QpHandle, QpInit, RecvWr, SendWr, SrqAttr, SrqHandle,
+    VerbsError, WorkCompletion,
+};
+
+type Result<T> = verbs::Result<T>;
+
+/// Why [`NicdProvider::connect`] failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    /// Nobody listens at the path (no daemon, or one that died).
+    #[error("no NIC daemon at {path}: {source} (start one with `nicd --ip ADDRESS`)")]
+    NoDaemon {
+        /// The socket path tried.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The daemon refused the hello (another protocol version).
+    #[error("the NIC daemon at {path} refused us: {reason}")]
+    Refused {
+        /// The socket path.
+        path: PathBuf,
+        /// Its words.
+        reason: VerbsError,
+    },
+}
+
+#[derive(Default)]
+struct Pending {
+    /// Answers by sequence number; `None` while awaited.
+    slots: HashMap<u32, Option<Answer>>,
+    /// The handler of each `OpenCa` awaited, by sequence number.
+    opening: HashMap<u32, Arc<dyn EventHandler>>,
+    /// The connection is gone.
+    closed: bool,
+}
+
+struct Conn {
+    sock: UnixStream,
+    write: Mutex<()>,
+    pending: Mutex<Pending>,
+    answered: Condvar,
+    seq: AtomicU32,
+    /// The consumer's handler of each open CA, by the daemon's CA index.
+    handlers: Mutex<HashMap<u32, Arc<dyn EventHandler>>>,
+}
+
+/// A [`Provider`] whose CAs are the NIC daemon's (see the module docs).
+pub struct NicdProvider {
+    conn: Arc<Conn>,
+    daemon_pid: u32,
+}
+
+/// What the event thread is handed.
+enum Dispatch {
+    /// A CA opened: its handler, in place before any event read after
+    /// the reply.
+    Register(u32, Arc<dyn EventHandler>),
+    Event(Event),
+    /// The daemon is gone: `CaRemoval` to every open CA.
+    Gone,
+}
+
+impl NicdProvider {
+    /// Connects to the daemon at `socket`.
+    ///
+    /// # Errors
+    /// See [`ConnectError`].
+    pub fn connect(socket: &Path) -> std::result::Result<Arc<NicdProvider>, ConnectError> {
+        let sock = UnixStream::connect(socket).map_err(|source| ConnectError::NoDaemon {
+            path: socket.to_owned(),
+            source,
+        })?;
+        let rsock = sock.try_clone().map_err(|source| ConnectError::NoDaemon {
+            path: socket.to_owned(),
+            source,
+        })?;
+        let conn = Arc::new(Conn {
+            sock,
+            write: Mutex::new(()),
+            pending: Mutex::new(Pending::default()),
+            answered: Condvar::new(),
+            seq: AtomicU32::new(0),
+            handlers: Mutex::new(HashMap::new()),
+        });
+        let (tx, rx) = channel::<Dispatch>();
+        let c = conn.clone();
+        std::thread::Builder::new()
+            .name("nicd-client-rx".into())
+            .spawn(move || c.read_loop(FrameReader::new(rsock), tx))
+            .expect("spawn the reader thread");
+        let c = conn.clone();
+        std::thread::Builder::new()
+            .name("nicd-client-events".into())
+            .spawn(move || {
+                for d in rx {
+                    c.dispatch(d);
+                }
+            })
+            .expect("spawn the event thread");
+        let reply = conn.call(&Request::Hello { version: VERSION }, None);
+        let daemon_pid = match reply {
+            Ok(Reply::Hello { pid, .. }) => pid,
+            Ok(other) => {
+                return Err(ConnectError::Refused {
+                    path: socket.to_owned(),
+                    reason: unexpected("Hello", &other),
+                })
+            }
+            Err(reason) => {
+                return Err(ConnectError::Refused {
+                    path: socket.to_owned(),
+                    reason,
+                })
+            }
+        };
+        MemBuf::set_shared_by_default(true);
+        Ok(Arc::new(NicdProvider { conn, daemon_pid }))
+    }
+
+    /// The daemon's process ID (from its hello).
+    pub fn daemon_pid(&self) -> u32 {
+        self.daemon_pid
+    }
+}
+
+impl Drop for NicdProvider {
+    fn drop(&mut self) {
+        // Ends the reader (and so the event thread); the daemon releases
+        // what is left.
+        let _ = self.conn.sock.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+fn unexpected(verb: &str, r: &Reply) -> VerbsError {
+    VerbsError::InvalidArgument(format!("nicd answered {verb} with {r:?}"))
+}
+
+impl Conn {
+    fn read_loop(&self, mut reader: FrameReader, events: Sender<Dispatch>) {
+        loop {
+            let f = match reader.next() {
+                Ok(f) => f,
+                Err(ReadError::Closed | ReadError::Io(_)) => break,
+                Err(ReadError::Framing(e)) => {
+                    tracing::error!("nicd client: {e}: connection dropped");
+                    break;
+                }
+            };
+            // Descriptors are never sent to clients.
+            while reader.take_fd().is_some() {}
+            let Ok((kind, seq, body)) = proto::split(&f) else {
+                break;
+            };
+            match kind {
+                Kind::Response => {
+                    let a = proto::decode::<Answer>(body).unwrap_or_else(|e| {
+                        Err(VerbsError::InvalidArgument(format!(
+                            "malformed answer from nicd: {e}"
+                        )))
+                    });
+                    let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+                    if let Some(h) = p.opening.remove(&seq) {
+                        if let Ok(Reply::Ca { ca }) = &a {
+                            let _ = events.send(Dispatch::Register(ca.0.index, h));
+                        }
+                    }
+                    if let Some(slot) = p.slots.get_mut(&seq) {
+                        *slot = Some(a);
+                        self.answered.notify_all();
+                    }
+                }
+                Kind::Event => match proto::decode::<Event>(body) {
+                    Ok(e) => {
+                        let _ = events.send(Dispatch::Event(e));
+                    }
+                    Err(e) => tracing::error!("nicd client: malformed event: {e}"),
+                },
+                Kind::Request => tracing::error!("nicd client: a request from the daemon"),
+            }
+        }
+        self.pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .closed = true;
+        self.answered.notify_all();
+        let _ = events.send(Dispatch::Gone);
+    }
+
+    /// Runs the handler an event is for, holding no lock.
+    fn dispatch(&self, d: Dispatch) {
+        let handlers = || self.handlers.lock().unwrap_or_else(|e| e.into_inner());
+        match d {
+            Dispatch::Register(ca, h) => {
+                handlers().insert(ca, h);
+            }
+            Dispatch::Event(e) => {
+                let ca = match &e {
+                    Event::Completion { ca, .. }
+                    | Event::Async { ca, .. }
+                    | Event::Destroyed { ca, .. } => ca.0.index,
+                };
+                let Some(h) = handlers().get(&ca).cloned() else {
+                    return;
+                };
+                match e {
+                    Event::Completion { cq_ctx, .. } => h.on_completion(cq_ctx),
+                    Event::Async { event, .. } => h.on_async_event(event),
+                    Event::Destroyed { kind, ctx, .. } => {
+                        h.on_destroyed(kind, ctx);
+                        if kind == verbs::ResourceKind::Ca {
+                            handlers().remove(&ca);
+                        }
+                    }
+                }
+            }
+            Dispatch::Gone => {
+                let all: Vec<_> = handlers().drain().map(|(_, h)| h).collect();
+                for h in all {
+                    h.on_async_event(AsyncEvent {
+                        kind: AsyncEventKind::CaRemoval,
+                        ctx: 0,
+                        port: None,
+                    });
+                }
+            }
+        }
+    }
+
+    /// Sends `req` (with `fd`) and waits for its answer.
+    fn call(&self, req: &Request, fd: Option<BorrowedFd<'_>>) -> Answer {
+        self.call_opening(req, fd, None)
+    }
+
+    /// [`Conn::call`]; `handler` is an `OpenCa`'s.
+    fn call_opening(
+        &self,
+        req: &Request,
+        fd: Option<BorrowedFd<'_>>,
+        handler: Option<Arc<dyn EventHandler>>,
+    ) -> Answer {
+        let mut seq = self.seq.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
+        if seq == 0 {
+            seq = self.seq.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
+        }
+        let frame = proto::frame(Kind::Request, seq, req);
+        {
+            let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+            if p.closed {
+                return Err(VerbsError::NoSuchCa);
+            }
+            p.slots.insert(seq, None);
+            if let Some(h) = handler {
+                p.opening.insert(seq, h);
+            }
+        }
+        let sent = {
+            let _w = self.write.lock().unwrap_or_else(|e| e.into_inner());
+            send_frame(&self.sock, &frame, fd)
+        };
+        let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        if sent.is_err() {
+            p.slots.remove(&seq);
+            p.opening.remove(&seq);
+            return Err(VerbsError::NoSuchCa);
+        }
+        loop {
+            if let Some(Some(_)) = p.slots.get(&seq) {
+                return p.slots.remove(&seq).flatten().expect("answered");
+            }
+            if p.closed {
+                p.slots.remove(&seq);
+                return Err(VerbsError::NoSuchCa);
+            }
+            p = self.answered.wait(p).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+/// Calls and takes the reply of the expected variant.
+macro_rules! call {
+    ($self:ident, $req:expr, $pat:pat => $v:expr) => {
+        call!($self, $req, None, $pat => $v)
+    };
+    ($self:ident, $req:expr, $fd:expr, $pat:pat => $v:expr) => {
+        match $self.conn.call(&$req, $fd)? {
+            $pat => Ok($v),
+            other => Err(unexpected(stringify!($req), &other)),
+        }
+    };
+}
+
+/// The memfd of a buffer to register, or the refusal.
+fn shared_fd(buf: &MemBuf) -> Result<BorrowedFd<'_>> {
+    buf.shared_fd().ok_or_else(|| {
+        VerbsError::InvalidArgument(
+            "this buffer is private memory the NIC daemon cannot reach: allocate it with \
+             MemBuf::new_shared (or MemBuf::new after connecting to nicd)"
+                .into(),
+        )
+    })
+}
+
+impl Provider for NicdProvider {
+    fn name(&self) -> &'static str {
+        "nicd"
+    }
+
+    fn list_cas(&self) -> Vec<Guid> {
+        match self.conn.call(&Request::ListCas {}, None) {
+            Ok(Reply::Guids { guids }) => guids,
+            _ => Vec::new(),
+        }
+    }
+
+    fn open_ca(
+        &self,
+        guid: Guid,
+        ctx: Context,
+        handler: Arc<dyn EventHandler>,
+    ) -> Result<CaHandle> {
+        // The reader thread puts the handler in place when it reads the
+        // reply, before it reads any event for the CA.
+        match self
+            .conn
+            .call_opening(&Request::OpenCa { guid, ctx }, None, Some(handler))?
+        {
+            Reply::Ca { ca } => Ok(ca),
+            other => Err(unexpected("OpenCa", &other)),
+        }
+    }
+
+    fn query_ca(&self, ca: CaHandle) -> Result<CaAttr> {
+        call!(self, Request::QueryCa { ca }, Reply::CaAttr { attr } => attr)
+    }
+
+    fn close_ca(&self, ca: CaHandle) -> Result<()> {
+        call!(self, Request::CloseCa { ca }, Reply::Unit {} => ())
+    }
+
+    fn query_port(&self, ca: CaHandle, port: PortNum) -> Result<PortAttr> {
+        call!(self, Request::QueryPort { ca, port }, Reply::PortAttr { attr } => attr)
+    }
+
+    fn modify_port(&self, ca: CaHandle, port: PortNum, modify: &PortModify) -> Result<()> {
+        let modify = modify.clone();
+        call!(self, Request::ModifyPort { ca, port, modify }, Reply::Unit {} => ())
+    }
+
+    fn take_pkey_violations(&self, ca: CaHandle, port: PortNum) -> Result<Option<PkeyViolations>> {
+        call!(self, Request::TakePkeyViolations { ca, port }, Reply::PkeyViolations { v } => v)
+    }
+
+    fn alloc_pd(&self, ca: CaHandle, ctx: Context) -> Result<PdHandle> {
+        call!(self, Request::AllocPd { ca, ctx }, Reply::Pd { pd } => pd)
+    }
+
+    fn dealloc_pd(&self, pd: PdHandle) -> Result<()> {
+        call!(self, Request::DeallocPd { pd }, Reply::Unit {} => ())
+    }
+
+    fn create_cq(&self, pd: PdHandle, init: &CqInit, ctx: Context) -> Result<CqHandle> {
+        let init = *init;
+        call!(self, Request::CreateCq { pd, init, ctx }, Reply::Cq { cq } => cq)
+    }
+
+    fn destroy_cq(&self, cq: CqHandle) -> Result<()> {
+        call!(self, Request::DestroyCq { cq }, Reply::Unit {} => ())
+    }
+
+    fn poll_cq(&self, cq: CqHandle, out: &mut [WorkCompletion]) -> Result<usize> {
+        let max = out.len().min(u32::MAX as usize) as u32;
+        let wcs = call!(self, Request::PollCq { cq, max }, Reply::Wcs { wcs } => wcs)?;
+        let n = wcs.len().min(out.len());
+        out[..n].copy_from_slice(&wcs[..n]);
+        Ok(n)
+    }
+
+    fn req_notify_cq(&self, cq: CqHandle, solicited_only: bool) -> Result<()> {
+        call!(self, Request::ReqNotifyCq { cq, solicited_only }, Reply::Unit {} => ())
+    }
+
+    fn wait_cq(&self, cq: CqHandle, timeout: Duration) -> Result<()> {
+        let timeout_us = timeout.as_micros().min(u64::MAX as u128) as u64;
+        call!(self, Request::WaitCq { cq, timeout_us }, Reply::Unit {} => ())
+    }
+
+    fn create_srq(&self, pd: PdHandle, attr: &SrqAttr, ctx: Context) -> Result<SrqHandle> {
+        let attr = *attr;
+        call!(self, Request::CreateSrq { pd, attr, ctx }, Reply::Srq { srq } => srq)
+    }
+
+    fn modify_srq(&self, srq: SrqHandle, limit: u32) -> Result<()> {
+        call!(self, Request::ModifySrq { srq, limit }, Reply::Unit {} => ())
+    }
+
+    fn query_srq(&self, srq: SrqHandle) -> Result<SrqAttr> {
+        call!(self, Request::QuerySrq { srq }, Reply::SrqAttr { attr } => attr)
+    }
+
+    fn destroy_srq(&self, srq: SrqHandle) -> Result<()> {
+        call!(self, Request::DestroySrq { srq }, Reply::Unit {} => ())
+    }
+
+    fn create_qp(&self, pd: PdHandle, init: &QpInit, ctx: Context) -> Result<QpHandle> {
+        let init = *init;
+        call!(self, Request::CreateQp { pd, init, ctx }, Reply::Qp { qp } => qp)
+    }
+
+    fn qp_num(&self, qp: QpHandle) -> Result<Qpn> {
+        call!(self, Request::QpNum { qp }, Reply::Qpn { qpn } => qpn)
+    }
+
+    fn modify_qp(&self, qp: QpHandle, attr: &QpAttr) -> Result<()> {
+        let attr = *attr;
+        call!(self, Request::ModifyQp { qp, attr }, Reply::Unit {} => ())
+    }
+
+    fn query_qp(&self, qp: QpHandle) -> Result<QpAttr> {
+        call!(self, Request::QueryQp { qp }, Reply::QpAttr { attr } => attr)
+    }
+
+    fn destroy_qp(&self, qp: QpHandle) -> Result<()> {
+        call!(self, Request::DestroyQp { qp }, Reply::Unit {} => ())
+    }
+
+    fn create_ah(&self, pd: PdHandle, attr: &AhAttr) -> Result<AhHandle> {
+        let attr = *attr;
+        call!(self, Request::CreateAh { pd, attr }, Reply::Ah { ah } => ah)
+    }
+
+    fn destroy_ah(&self, ah: AhHandle) -> Result<()> {
+        call!(self, Request::DestroyAh { ah }, Reply::Unit {} => ())
+    }
+
+    fn reg_mr(
+        &self,
+        pd: PdHandle,
+        buf: &MemBuf,
+        addr: u64,
+        len: u64,
+        access: AccessFlags,
+        ctx: Context,
+    ) -> Result<MrInfo> {
+        let fd = shared_fd(buf)?;
+        let req = Request::RegMr {
+            pd,
+            buf_addr: buf.addr(),
+            buf_len: buf.len() as u64,
+            addr,
+            len,
+            access,
+            ctx,
+        };
+        call!(self, req, Some(fd), Reply::Mr { info } => info)
+    }
+
+    fn rereg_mr(
+        &self,
+        mr: MrHandle,
+        buf: &MemBuf,
+        addr: u64,
+        len: u64,
+        access: AccessFlags,
+    ) -> Result<MrInfo> {
+        let fd = shared_fd(buf)?;
+        let req = Request::ReregMr {
+            mr,
+            buf_addr: buf.addr(),
+            buf_len: buf.len() as u64,
+            addr,
+            len,
+            access,
+        };
+        call!(self, req, Some(fd), Reply::Mr { info } => info)
+    }
+
+    fn dereg_mr(&self, mr: MrHandle) -> Result<()> {
+        call!(self, Request::DeregMr { mr }, Reply::Unit {} => ())
+    }
+
+    fn alloc_mw(&self, pd: PdHandle, kind: MwType, ctx: Context) -> Result<(MwHandle, Rkey)> {
+        call!(self, Request::AllocMw { pd, kind, ctx }, Reply::Mw { mw, rkey } => (mw, rkey))
+    }
+
+    fn bind_mw(&self, qp: QpHandle, bind: &MwBind) -> Result<Rkey> {
+        let bind = *bind;
+        call!(self, Request::BindMw { qp, bind }, Reply::Rkey { rkey } => rkey)
+    }
+
+    fn dealloc_mw(&self, mw: MwHandle) -> Result<()> {
+        call!(self, Request::DeallocMw { mw }, Reply::Unit {} => ())
+    }
+
+    fn post_send(&self, qp: QpHandle, wrs: &[SendWr]) -> Result<()> {
+        let wrs = wrs.to_vec();
+        call!(self, Request::PostSend { qp, wrs }, Reply::Unit {} => ())
+    }
+
+    fn post_recv(&self, qp: QpHandle, wrs: &[RecvWr]) -> Result<()> {
+        let wrs = wrs.to_vec();
+        call!(self, Request::PostRecv { qp, wrs }, Reply::Unit {} => ())
+    }
+
+    fn post_srq_recv(&self, srq: SrqHandle, wrs: &[RecvWr]) -> Result<()> {
+        let wrs = wrs.to_vec();
+        call!(self, Request::PostSrqRecv { srq, wrs }, Reply::Unit {} => ())
+    }
+}

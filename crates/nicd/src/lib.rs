@@ -1,0 +1,62 @@
+//! The NIC daemon: one process per host owns the soft RoCE NICs (a UDP
+//! port 4791 per address), and every other process reaches them through
+//! a client provider, the seeds' kernel access layer and user-mode
+//! access layer, in user space (DESIGN.md, "Second stage").
+//!
+//! - [`proto`]: the control socket's protocol (frames, the hello and its
+//!   version, one request per verb, events), and the layout of the
+//!   shared-memory rings the next increment serves.
+//! - [`server`]: the daemon. Clients on a Unix stream socket, known by
+//!   their credentials (`SO_PEERCRED`); each client's objects in a table
+//!   of handles of its own; every verb forwarded to the in-process
+//!   provider (the soft RoCE NIC); a client's whole resource tree
+//!   released, children first, when its connection ends.
+//! - [`client`]: [`NicdProvider`], the `verbs::Provider` that sends each
+//!   verb over the socket and runs the consumer's handlers on a thread of
+//!   its own. Registered memory is a memfd the daemon maps
+//!   (`verbs::MemBuf::new_shared`), passed with `SCM_RIGHTS`.
+//!
+//! What it does not do yet: the data path through shared-memory rings
+//! (posts and polls are round trips on the socket; see [`proto`] for the
+//! layout), QP0/QP1 and the CM through the daemon (its MAD services: a
+//! client cannot create QP0/QP1, and a peer of a dead client learns of it
+//! at its next request, not by a DREQ), per-client limits, starting the
+//! daemon on demand.
+//!
+//! What it refuses: a client's handle that is not its own, memory not
+//! shared with it, QP0/QP1, port changes from users other than root and
+//! its own.
+
+#![deny(clippy::undocumented_unsafe_blocks)]
+
+pub mod client;
+pub mod proto;
+pub mod server;
+mod sock;
+
+pub use client::{ConnectError, NicdProvider};
+pub use server::{ClientReport, Peer, Server};
+
+use std::path::PathBuf;
+
+/// The environment variable that names the daemon's socket (read by the
+/// binaries, never by this library).
+pub const SOCKET_ENV: &str = "NICD_SOCKET";
+
+/// The daemon's socket when nothing names another: `/run/nicd.sock` for
+/// root, else `nicd.sock` in the user's runtime directory
+/// (`$XDG_RUNTIME_DIR`, given as `runtime_dir`), else
+/// `$TMPDIR/nicd-<uid>.sock`.
+pub fn default_socket(euid: u32, runtime_dir: Option<PathBuf>) -> PathBuf {
+    match (euid, runtime_dir) {
+        (0, _) => PathBuf::from("/run/nicd.sock"),
+        (_, Some(d)) if !d.as_os_str().is_empty() => d.join("nicd.sock"),
+        (uid, _) => std::env::temp_dir().join(format!("nicd-{uid}.sock")),
+    }
+}
+
+/// This process's effective user ID.
+pub fn euid() -> u32 {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() }
+}

@@ -1,0 +1,72 @@
+//! `nicd`: the NIC daemon. Owns the soft RoCE NIC of each `--ip` (UDP
+//! port 4791 there) and serves every process of the host through its
+//! socket (`nicd::NicdProvider` is the client side).
+
+#![forbid(unsafe_code)]
+
+use clap::Parser;
+use rnic::softroce::{NicOptions, SoftCa, SoftRoce, ROCE_PORT};
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "nicd",
+    version,
+    about = "The NIC daemon: one soft RoCE NIC for every process"
+)]
+struct Args {
+    /// Address of a NIC to serve (repeat for several) [default: 127.0.0.1].
+    #[arg(long)]
+    ip: Vec<IpAddr>,
+    /// RoCEv2 UDP port of every NIC.
+    #[arg(long, default_value_t = ROCE_PORT)]
+    udp_port: u16,
+    /// Path MTU in bytes: 256, 512, 1024, 2048 or 4096.
+    #[arg(long, value_parser = rdma_types::Mtu::parse, default_value = "4096")]
+    mtu: rdma_types::Mtu,
+    /// The clients' socket [default: /run/nicd.sock for root,
+    /// $XDG_RUNTIME_DIR/nicd.sock, else $TMPDIR/nicd-<uid>.sock].
+    #[arg(long, env = nicd::SOCKET_ENV)]
+    socket: Option<PathBuf>,
+}
+
+fn main() -> ExitCode {
+    daemon_ctl::log_to_stderr();
+    let args = Args::parse();
+    let signals = daemon_ctl::signals::block_term();
+    let options = match NicOptions::from_env() {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("nicd: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let ips = if args.ip.is_empty() {
+        vec![IpAddr::from([127, 0, 0, 1])]
+    } else {
+        args.ip
+    };
+    let euid = nicd::euid();
+    let socket = args.socket.unwrap_or_else(|| {
+        nicd::default_socket(euid, std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from))
+    });
+    let listener = match nicd::server::bind(&socket, euid == 0) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("nicd: {}: {e}", socket.display());
+            return ExitCode::FAILURE;
+        }
+    };
+    let provider = SoftRoce::with_options(SoftCa::at_each(&ips), args.udp_port, args.mtu, options);
+    let server = nicd::Server::new(provider);
+    server.serve(listener);
+    let shown: Vec<String> = ips.iter().map(|i| i.to_string()).collect();
+    tracing::info!("nicd: serving {} on {}", shown.join(", "), socket.display());
+    println!("nicd: serving {} on {}", shown.join(", "), socket.display());
+    let sig = signals.wait();
+    tracing::info!("nicd: {}: stopping", daemon_ctl::signals::name(sig));
+    let _ = std::fs::remove_file(&socket);
+    ExitCode::SUCCESS
+}

@@ -1,0 +1,857 @@
+//! The daemon: clients on a Unix stream socket, each verb forwarded to
+//! the in-process provider that owns the NIC.
+//!
+//! Each connection has a reader thread, which serves its requests in
+//! order (a `WaitCq` waits on a thread of its own and answers when done),
+//! and a writer thread, which sends the responses and the provider's
+//! callbacks in the order they were queued: a callback never waits for a
+//! slow client, it only queues a frame.
+//!
+//! Every object a client creates is an entry in one table: the
+//! provider's handle, the owner (the connection), its kind, and the
+//! handle the client was given instead (see [`crate::proto`]). A handle
+//! that is not this client's and of this kind is refused with
+//! `InvalidHandle`, so a client cannot reach another's objects by
+//! guessing numbers. Work requests are checked the same way (a bind's
+//! MW and MR, a datagram's AH); an inline SGE must lie in one of the
+//! client's own registrations (the provider would take any of the CA's).
+//! L_Keys and R_Keys are the provider's own and checked by it: an L_Key
+//! of another client's PD is a protection error there.
+//!
+//! Privilege: QP0 and QP1 are refused to every client for now (the
+//! daemon's MAD services are a later increment); port changes
+//! (`modify_port`) only to root and the daemon's own user.
+//!
+//! When a connection ends (the client closed it, exited or was killed),
+//! the daemon destroys what it left in the seeds' hierarchical order: QPs,
+//! then MWs, AHs, SRQs, CQs and MRs, then PDs, then CAs. A peer of a
+//! destroyed RC QP sees it gone at its next request (retries exhausted:
+//! `RetryExcErr`); telling it at once, as a DREQ does, needs the CM
+//! through the daemon (a later increment).
+
+use crate::proto::{self, Answer, Event, Kind, Reply, Request, VERSION};
+use crate::sock::{send_frame, FrameReader, ReadError};
+use std::collections::HashMap;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{channel, Sender};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+use verbs::{
+    AhHandle, AsyncEvent, CaHandle, CqHandle, EventHandler, Handle, MemBuf, MrHandle, MrInfo,
+    MwHandle, PdHandle, Provider, QpHandle, ResourceKind, SendFlags, SendWr, SrqHandle, VerbsError,
+    WorkCompletion,
+};
+
+type Result<T> = verbs::Result<T>;
+
+/// Most completions one `PollCq` returns.
+const MAX_POLL: u32 = 4096;
+
+/// What the daemon knows of a client from its socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Peer {
+    /// The daemon's number for the connection.
+    pub id: u64,
+    /// Process ID (`SO_PEERCRED`).
+    pub pid: i32,
+    /// Effective user ID.
+    pub uid: u32,
+    /// Effective group ID.
+    pub gid: u32,
+}
+
+/// A client and what it holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientReport {
+    /// Who.
+    pub peer: Peer,
+    /// Objects it holds, by kind.
+    pub objects: Vec<(ResourceKind, usize)>,
+}
+
+impl ClientReport {
+    /// Objects it holds, all kinds.
+    pub fn total(&self) -> usize {
+        self.objects.iter().map(|(_, n)| n).sum()
+    }
+}
+
+struct Obj {
+    owner: u64,
+    kind: ResourceKind,
+    raw: Handle,
+    /// An MR's registered range `[addr, addr+len)`.
+    range: Option<(u64, u64)>,
+}
+
+#[derive(Default)]
+struct Table {
+    objs: HashMap<u32, Obj>,
+    next: u32,
+    clients: HashMap<u64, Peer>,
+}
+
+/// The daemon's state: the provider and every client's objects.
+pub struct Server {
+    provider: Arc<dyn Provider>,
+    /// Mixed into handles, so an earlier daemon's are refused.
+    salt: u32,
+    uid: u32,
+    st: Mutex<Table>,
+    changed: Condvar,
+    next_client: AtomicU64,
+}
+
+/// Where a connection's frames go: to its writer thread, until the
+/// connection ends.
+struct Outbox(Mutex<Option<Sender<Vec<u8>>>>);
+
+impl Outbox {
+    fn send(&self, frame: Vec<u8>) {
+        if let Some(tx) = &*self.0.lock().unwrap_or_else(|e| e.into_inner()) {
+            let _ = tx.send(frame);
+        }
+    }
+    fn close(&self) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).take();
+    }
+}
+
+/// The handler the daemon opens a CA with for a client: each callback
+/// becomes an event frame for that client's CA.
+struct Forward {
+    out: Arc<Outbox>,
+    ca: CaHandle,
+}
+
+impl Forward {
+    fn event(&self, e: Event) {
+        self.out.send(proto::frame(Kind::Event, 0, &e));
+    }
+}
+
+impl EventHandler for Forward {
+    fn on_completion(&self, cq_ctx: u64) {
+        self.event(Event::Completion {
+            ca: self.ca,
+            cq_ctx,
+        });
+    }
+    fn on_async_event(&self, event: AsyncEvent) {
+        self.event(Event::Async { ca: self.ca, event });
+    }
+    fn on_destroyed(&self, kind: ResourceKind, ctx: u64) {
+        self.event(Event::Destroyed {
+            ca: self.ca,
+            kind,
+            ctx,
+        });
+    }
+}
+
+fn kind_code(k: ResourceKind) -> u32 {
+    match k {
+        ResourceKind::Ca => 1,
+        ResourceKind::Pd => 2,
+        ResourceKind::Cq => 3,
+        ResourceKind::Srq => 4,
+        ResourceKind::Qp => 5,
+        ResourceKind::Ah => 6,
+        ResourceKind::Mr => 7,
+        ResourceKind::Mw => 8,
+    }
+}
+
+/// The seeds' hierarchical order of release: children before parents.
+fn release_rank(k: ResourceKind) -> u8 {
+    match k {
+        ResourceKind::Qp => 0,
+        ResourceKind::Mw => 1,
+        ResourceKind::Ah => 2,
+        ResourceKind::Srq => 3,
+        ResourceKind::Cq => 4,
+        ResourceKind::Mr => 5,
+        ResourceKind::Pd => 6,
+        ResourceKind::Ca => 7,
+    }
+}
+
+const KINDS: [ResourceKind; 8] = [
+    ResourceKind::Ca,
+    ResourceKind::Pd,
+    ResourceKind::Cq,
+    ResourceKind::Srq,
+    ResourceKind::Qp,
+    ResourceKind::Ah,
+    ResourceKind::Mr,
+    ResourceKind::Mw,
+];
+
+fn bad(msg: impl Into<String>) -> VerbsError {
+    VerbsError::InvalidArgument(msg.into())
+}
+
+impl Server {
+    /// A daemon serving `provider`'s CAs.
+    pub fn new(provider: Arc<dyn Provider>) -> Arc<Server> {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        Arc::new(Server {
+            provider,
+            salt: (t.as_nanos() as u32 ^ std::process::id().rotate_left(16)) & 0x00ff_ffff,
+            uid: crate::euid(),
+            st: Mutex::new(Table::default()),
+            changed: Condvar::new(),
+            next_client: AtomicU64::new(1),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Table> {
+        self.st.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Accepts clients on `listener` until it fails, each on threads of
+    /// its own (see the module docs).
+    pub fn serve(self: &Arc<Self>, listener: UnixListener) -> std::thread::JoinHandle<()> {
+        let me = self.clone();
+        std::thread::Builder::new()
+            .name("nicd-accept".into())
+            .spawn(move || {
+                for conn in listener.incoming() {
+                    match conn {
+                        Ok(s) => {
+                            let me = me.clone();
+                            let _ = std::thread::Builder::new()
+                                .name("nicd-client".into())
+                                .spawn(move || me.run_client(s));
+                        }
+                        Err(e) => {
+                            tracing::error!("nicd: accepting a client: {e}");
+                            return;
+                        }
+                    }
+                }
+            })
+            .expect("spawn the accept thread")
+    }
+
+    /// The clients connected now and what each holds.
+    pub fn clients(&self) -> Vec<ClientReport> {
+        let t = self.lock();
+        report(&t)
+    }
+
+    /// Objects held by all clients (connected or being cleaned up).
+    pub fn live_objects(&self) -> usize {
+        self.lock().objs.len()
+    }
+
+    /// Waits until `pred` holds of the clients and the number of live
+    /// objects, at most `timeout`; whether it does.
+    pub fn wait_until(
+        &self,
+        timeout: Duration,
+        pred: impl Fn(&[ClientReport], usize) -> bool,
+    ) -> bool {
+        let end = Instant::now() + timeout;
+        let mut t = self.lock();
+        loop {
+            if pred(&report(&t), t.objs.len()) {
+                return true;
+            }
+            let now = Instant::now();
+            if now >= end {
+                return false;
+            }
+            t = self
+                .changed
+                .wait_timeout(t, end - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    fn run_client(self: Arc<Self>, sock: UnixStream) {
+        let id = self.next_client.fetch_add(1, Ordering::Relaxed);
+        let peer = match daemon_ctl::peer_cred(&sock) {
+            Ok(c) => Peer {
+                id,
+                pid: c.pid,
+                uid: c.uid,
+                gid: c.gid,
+            },
+            Err(e) => {
+                tracing::warn!("nicd: a client without credentials ({e}): closed");
+                return;
+            }
+        };
+        let (Ok(rsock), Ok(wsock)) = (sock.try_clone(), sock.try_clone()) else {
+            return;
+        };
+        tracing::info!(
+            "nicd: client {id} connected (pid {}, uid {})",
+            peer.pid,
+            peer.uid
+        );
+        self.lock().clients.insert(id, peer);
+        self.changed.notify_all();
+        let (tx, rx) = channel::<Vec<u8>>();
+        let out = Arc::new(Outbox(Mutex::new(Some(tx))));
+        let writer = std::thread::Builder::new()
+            .name("nicd-writer".into())
+            .spawn(move || {
+                for f in rx {
+                    if send_frame(&wsock, &f, None).is_err() {
+                        break;
+                    }
+                }
+            });
+        let mut reader = FrameReader::new(rsock);
+        let mut hello = false;
+        loop {
+            let f = match reader.next() {
+                Ok(f) => f,
+                Err(ReadError::Closed) => break,
+                Err(ReadError::Io(e)) => {
+                    tracing::info!("nicd: client {id}: {e}");
+                    break;
+                }
+                Err(ReadError::Framing(e)) => {
+                    tracing::warn!("nicd: client {id}: {e}: closed");
+                    break;
+                }
+            };
+            let (kind, seq, body) = match proto::split(&f) {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!("nicd: client {id}: {e}: closed");
+                    break;
+                }
+            };
+            let req = match kind {
+                Kind::Request => proto::decode::<Request>(body),
+                _ => Err(proto::ProtoError::BadValue("frame kind from a client")),
+            };
+            let req = match req {
+                Ok(r) => r,
+                Err(e) => {
+                    // The frame's descriptor, if any, belongs to nothing.
+                    while reader.take_fd().is_some() {}
+                    let a: Answer = Err(bad(format!("malformed request: {e}")));
+                    out.send(proto::frame(Kind::Response, seq, &a));
+                    continue;
+                }
+            };
+            if !hello {
+                let a: Answer = match req {
+                    Request::Hello { version } if version == VERSION => Ok(Reply::Hello {
+                        version: VERSION,
+                        pid: std::process::id(),
+                    }),
+                    Request::Hello { version } => Err(bad(format!(
+                        "protocol version {version} not served: this nicd speaks version {VERSION}"
+                    ))),
+                    _ => Err(bad("the first request must be Hello")),
+                };
+                hello = a.is_ok();
+                out.send(proto::frame(Kind::Response, seq, &a));
+                if !hello {
+                    break;
+                }
+                continue;
+            }
+            if let Some(a) = self.answer(&peer, &out, seq, req, &mut reader) {
+                out.send(proto::frame(Kind::Response, seq, &a));
+            }
+        }
+        self.release_all(id);
+        out.close();
+        if let Ok(w) = writer {
+            let _ = w.join();
+        }
+        let _ = sock.shutdown(std::net::Shutdown::Both);
+        self.lock().clients.remove(&id);
+        self.changed.notify_all();
+        tracing::info!("nicd: client {id} (pid {}) gone", peer.pid);
+    }
+
+    /// Destroys every object of client `id`, children first.
+    fn release_all(&self, id: u64) {
+        let mut mine: Vec<(u8, u32, ResourceKind, Handle)> = self
+            .lock()
+            .objs
+            .iter()
+            .filter(|(_, o)| o.owner == id)
+            .map(|(i, o)| (release_rank(o.kind), *i, o.kind, o.raw))
+            .collect();
+        mine.sort_by_key(|(rank, index, ..)| (*rank, *index));
+        let p = &self.provider;
+        for (_, index, kind, raw) in mine {
+            let r = match kind {
+                ResourceKind::Qp => p.destroy_qp(QpHandle(raw)),
+                ResourceKind::Mw => p.dealloc_mw(MwHandle(raw)),
+                ResourceKind::Ah => p.destroy_ah(AhHandle(raw)),
+                ResourceKind::Srq => p.destroy_srq(SrqHandle(raw)),
+                ResourceKind::Cq => p.destroy_cq(CqHandle(raw)),
+                ResourceKind::Mr => p.dereg_mr(MrHandle(raw)),
+                ResourceKind::Pd => p.dealloc_pd(PdHandle(raw)),
+                ResourceKind::Ca => p.close_ca(CaHandle(raw)),
+            };
+            // A handle already dead (a CA removed under it) is released.
+            if let Err(e) = r {
+                if e != VerbsError::InvalidHandle {
+                    tracing::warn!("nicd: client {id}: releasing a {kind:?}: {e}");
+                }
+            }
+            self.lock().objs.remove(&index);
+            self.changed.notify_all();
+        }
+    }
+
+    fn generation(&self, kind: ResourceKind) -> u32 {
+        self.salt | (kind_code(kind) << 24)
+    }
+
+    /// The provider's handle for client `owner`'s handle `h` of `kind`.
+    fn raw(&self, owner: u64, kind: ResourceKind, h: Handle) -> Result<Handle> {
+        let t = self.lock();
+        match t.objs.get(&h.index) {
+            Some(o)
+                if o.owner == owner && o.kind == kind && h.generation == self.generation(kind) =>
+            {
+                Ok(o.raw)
+            }
+            _ => Err(VerbsError::InvalidHandle),
+        }
+    }
+
+    /// A new entry's client handle (reserved before the provider is asked,
+    /// so a CA's handler knows it).
+    fn reserve(&self, kind: ResourceKind) -> Handle {
+        let mut t = self.lock();
+        loop {
+            t.next = t.next.wrapping_add(1);
+            if !t.objs.contains_key(&t.next) {
+                return Handle {
+                    index: t.next,
+                    generation: self.generation(kind),
+                };
+            }
+        }
+    }
+
+    fn insert(
+        &self,
+        owner: u64,
+        kind: ResourceKind,
+        h: Handle,
+        raw: Handle,
+        range: Option<(u64, u64)>,
+    ) {
+        self.lock().objs.insert(
+            h.index,
+            Obj {
+                owner,
+                kind,
+                raw,
+                range,
+            },
+        );
+        self.changed.notify_all();
+    }
+
+    fn add(&self, owner: u64, kind: ResourceKind, raw: Handle) -> Handle {
+        let h = self.reserve(kind);
+        self.insert(owner, kind, h, raw, None);
+        h
+    }
+
+    /// Destroys client `owner`'s `h` of `kind` with `destroy`; the entry
+    /// goes when the provider agrees.
+    fn destroy(
+        &self,
+        owner: u64,
+        kind: ResourceKind,
+        h: Handle,
+        destroy: impl FnOnce(Handle) -> Result<()>,
+    ) -> Answer {
+        let raw = self.raw(owner, kind, h)?;
+        destroy(raw)?;
+        self.lock().objs.remove(&h.index);
+        self.changed.notify_all();
+        Ok(Reply::Unit {})
+    }
+
+    /// The provider's form of a client's send WR: its handles translated,
+    /// its inline pieces checked against the client's registrations.
+    fn send_wr(&self, owner: u64, mut wr: SendWr) -> Result<SendWr> {
+        if let Some(ud) = &mut wr.ud {
+            ud.ah = AhHandle(self.raw(owner, ResourceKind::Ah, ud.ah.0)?);
+        }
+        if let Some(b) = &mut wr.bind_mw {
+            b.mw = MwHandle(self.raw(owner, ResourceKind::Mw, b.mw.0)?);
+            b.mr = MrHandle(self.raw(owner, ResourceKind::Mr, b.mr.0)?);
+        }
+        if wr.flags.contains(SendFlags::INLINE) {
+            let t = self.lock();
+            for s in &wr.sges {
+                let inside = t.objs.values().any(|o| {
+                    o.owner == owner
+                        && o.range.is_some_and(|(a, l)| {
+                            s.addr >= a
+                                && (s.addr - a)
+                                    .checked_add(s.length as u64)
+                                    .is_some_and(|e| e <= l)
+                        })
+                });
+                if !inside {
+                    return Err(bad("inline data outside this client's registered memory"));
+                }
+            }
+        }
+        Ok(wr)
+    }
+
+    /// Serves one request; `None` when the answer is sent later.
+    fn answer(
+        self: &Arc<Self>,
+        peer: &Peer,
+        out: &Arc<Outbox>,
+        seq: u32,
+        req: Request,
+        reader: &mut FrameReader,
+    ) -> Option<Answer> {
+        use ResourceKind as K;
+        let me = peer.id;
+        if let Request::WaitCq { cq, timeout_us } = req {
+            return self.wait_cq(me, out, seq, cq, timeout_us);
+        }
+        let p = &*self.provider;
+        let a = || -> Answer {
+            Ok(match req {
+                Request::Hello { .. } => return Err(bad("Hello was already exchanged")),
+                Request::ListCas {} => Reply::Guids {
+                    guids: p.list_cas(),
+                },
+                Request::OpenCa { guid, ctx } => {
+                    let h = self.reserve(K::Ca);
+                    let fwd = Arc::new(Forward {
+                        out: out.clone(),
+                        ca: CaHandle(h),
+                    });
+                    let raw = p.open_ca(guid, ctx, fwd)?;
+                    self.insert(me, K::Ca, h, raw.0, None);
+                    Reply::Ca { ca: CaHandle(h) }
+                }
+                Request::QueryCa { ca } => Reply::CaAttr {
+                    attr: p.query_ca(CaHandle(self.raw(me, K::Ca, ca.0)?))?,
+                },
+                Request::CloseCa { ca } => {
+                    return self.destroy(me, K::Ca, ca.0, |r| p.close_ca(CaHandle(r)))
+                }
+                Request::QueryPort { ca, port } => Reply::PortAttr {
+                    attr: p.query_port(CaHandle(self.raw(me, K::Ca, ca.0)?), port)?,
+                },
+                Request::ModifyPort { ca, port, modify } => {
+                    if peer.uid != 0 && peer.uid != self.uid {
+                        return Err(bad(format!(
+                            "port changes need root or the daemon's user (uid {}); client uid {}",
+                            self.uid, peer.uid
+                        )));
+                    }
+                    p.modify_port(CaHandle(self.raw(me, K::Ca, ca.0)?), port, &modify)?;
+                    Reply::Unit {}
+                }
+                Request::TakePkeyViolations { ca, port } => Reply::PkeyViolations {
+                    v: p.take_pkey_violations(CaHandle(self.raw(me, K::Ca, ca.0)?), port)?,
+                },
+                Request::AllocPd { ca, ctx } => {
+                    let raw = p.alloc_pd(CaHandle(self.raw(me, K::Ca, ca.0)?), ctx)?;
+                    Reply::Pd {
+                        pd: PdHandle(self.add(me, K::Pd, raw.0)),
+                    }
+                }
+                Request::DeallocPd { pd } => {
+                    return self.destroy(me, K::Pd, pd.0, |r| p.dealloc_pd(PdHandle(r)))
+                }
+                Request::CreateCq { pd, init, ctx } => {
+                    let raw = p.create_cq(PdHandle(self.raw(me, K::Pd, pd.0)?), &init, ctx)?;
+                    Reply::Cq {
+                        cq: CqHandle(self.add(me, K::Cq, raw.0)),
+                    }
+                }
+                Request::DestroyCq { cq } => {
+                    return self.destroy(me, K::Cq, cq.0, |r| p.destroy_cq(CqHandle(r)))
+                }
+                Request::PollCq { cq, max } => {
+                    let raw = CqHandle(self.raw(me, K::Cq, cq.0)?);
+                    let blank = WorkCompletion::new(
+                        0,
+                        rdma_types::WcStatus::GeneralErr,
+                        rdma_types::WcOpcode::Send,
+                        0,
+                    );
+                    let mut wcs = vec![blank; max.min(MAX_POLL) as usize];
+                    let n = p.poll_cq(raw, &mut wcs)?;
+                    wcs.truncate(n);
+                    Reply::Wcs { wcs }
+                }
+                Request::ReqNotifyCq { cq, solicited_only } => {
+                    p.req_notify_cq(CqHandle(self.raw(me, K::Cq, cq.0)?), solicited_only)?;
+                    Reply::Unit {}
+                }
+                Request::WaitCq { .. } => unreachable!("served by wait_cq"),
+                Request::CreateSrq { pd, attr, ctx } => {
+                    let raw = p.create_srq(PdHandle(self.raw(me, K::Pd, pd.0)?), &attr, ctx)?;
+                    Reply::Srq {
+                        srq: SrqHandle(self.add(me, K::Srq, raw.0)),
+                    }
+                }
+                Request::ModifySrq { srq, limit } => {
+                    p.modify_srq(SrqHandle(self.raw(me, K::Srq, srq.0)?), limit)?;
+                    Reply::Unit {}
+                }
+                Request::QuerySrq { srq } => Reply::SrqAttr {
+                    attr: p.query_srq(SrqHandle(self.raw(me, K::Srq, srq.0)?))?,
+                },
+                Request::DestroySrq { srq } => {
+                    return self.destroy(me, K::Srq, srq.0, |r| p.destroy_srq(SrqHandle(r)))
+                }
+                Request::PostSrqRecv { srq, wrs } => {
+                    p.post_srq_recv(SrqHandle(self.raw(me, K::Srq, srq.0)?), &wrs)?;
+                    Reply::Unit {}
+                }
+                Request::CreateQp { pd, mut init, ctx } => {
+                    if matches!(
+                        init.qp_type,
+                        rdma_types::QpType::Smi | rdma_types::QpType::Gsi
+                    ) {
+                        return Err(VerbsError::NotSupported(
+                            "QP0/QP1 through nicd (its MAD services are a later increment)",
+                        ));
+                    }
+                    init.send_cq = CqHandle(self.raw(me, K::Cq, init.send_cq.0)?);
+                    init.recv_cq = CqHandle(self.raw(me, K::Cq, init.recv_cq.0)?);
+                    if let Some(s) = &mut init.srq {
+                        *s = SrqHandle(self.raw(me, K::Srq, s.0)?);
+                    }
+                    let raw = p.create_qp(PdHandle(self.raw(me, K::Pd, pd.0)?), &init, ctx)?;
+                    Reply::Qp {
+                        qp: QpHandle(self.add(me, K::Qp, raw.0)),
+                    }
+                }
+                Request::QpNum { qp } => Reply::Qpn {
+                    qpn: p.qp_num(QpHandle(self.raw(me, K::Qp, qp.0)?))?,
+                },
+                Request::ModifyQp { qp, attr } => {
+                    p.modify_qp(QpHandle(self.raw(me, K::Qp, qp.0)?), &attr)?;
+                    Reply::Unit {}
+                }
+                Request::QueryQp { qp } => Reply::QpAttr {
+                    attr: p.query_qp(QpHandle(self.raw(me, K::Qp, qp.0)?))?,
+                },
+                Request::DestroyQp { qp } => {
+                    return self.destroy(me, K::Qp, qp.0, |r| p.destroy_qp(QpHandle(r)))
+                }
+                Request::CreateAh { pd, attr } => {
+                    let raw = p.create_ah(PdHandle(self.raw(me, K::Pd, pd.0)?), &attr)?;
+                    Reply::Ah {
+                        ah: AhHandle(self.add(me, K::Ah, raw.0)),
+                    }
+                }
+                Request::DestroyAh { ah } => {
+                    return self.destroy(me, K::Ah, ah.0, |r| p.destroy_ah(AhHandle(r)))
+                }
+                Request::RegMr {
+                    pd,
+                    buf_addr,
+                    buf_len,
+                    addr,
+                    len,
+                    access,
+                    ctx,
+                } => {
+                    let buf = map(reader, buf_addr, buf_len)?;
+                    let pd = PdHandle(self.raw(me, K::Pd, pd.0)?);
+                    let info = p.reg_mr(pd, &buf, addr, len, access, ctx)?;
+                    let h = self.reserve(K::Mr);
+                    self.insert(me, K::Mr, h, info.handle.0, Some((info.addr, info.len)));
+                    Reply::Mr {
+                        info: MrInfo {
+                            handle: MrHandle(h),
+                            ..info
+                        },
+                    }
+                }
+                Request::ReregMr {
+                    mr,
+                    buf_addr,
+                    buf_len,
+                    addr,
+                    len,
+                    access,
+                } => {
+                    let buf = map(reader, buf_addr, buf_len)?;
+                    let raw = self.raw(me, K::Mr, mr.0)?;
+                    let info = p.rereg_mr(MrHandle(raw), &buf, addr, len, access)?;
+                    if let Some(o) = self.lock().objs.get_mut(&mr.0.index) {
+                        o.range = Some((info.addr, info.len));
+                    }
+                    Reply::Mr {
+                        info: MrInfo { handle: mr, ..info },
+                    }
+                }
+                Request::DeregMr { mr } => {
+                    return self.destroy(me, K::Mr, mr.0, |r| p.dereg_mr(MrHandle(r)))
+                }
+                Request::AllocMw { pd, kind, ctx } => {
+                    let (raw, rkey) =
+                        p.alloc_mw(PdHandle(self.raw(me, K::Pd, pd.0)?), kind, ctx)?;
+                    Reply::Mw {
+                        mw: MwHandle(self.add(me, K::Mw, raw.0)),
+                        rkey,
+                    }
+                }
+                Request::BindMw { qp, mut bind } => {
+                    bind.mw = MwHandle(self.raw(me, K::Mw, bind.mw.0)?);
+                    bind.mr = MrHandle(self.raw(me, K::Mr, bind.mr.0)?);
+                    Reply::Rkey {
+                        rkey: p.bind_mw(QpHandle(self.raw(me, K::Qp, qp.0)?), &bind)?,
+                    }
+                }
+                Request::DeallocMw { mw } => {
+                    return self.destroy(me, K::Mw, mw.0, |r| p.dealloc_mw(MwHandle(r)))
+                }
+                Request::PostSend { qp, wrs } => {
+                    let qp = QpHandle(self.raw(me, K::Qp, qp.0)?);
+                    let n = wrs.len();
+                    let mut ok = Vec::with_capacity(n);
+                    let mut refused = None;
+                    for (i, w) in wrs.into_iter().enumerate() {
+                        match self.send_wr(me, w) {
+                            Ok(w) => ok.push(w),
+                            Err(e) => {
+                                refused = Some((i, e));
+                                break;
+                            }
+                        }
+                    }
+                    // Those before a refused WR are posted (the verb's
+                    // contract), then its refusal reported.
+                    if !ok.is_empty() || refused.is_none() {
+                        p.post_send(qp, &ok)?;
+                    }
+                    if let Some((index, cause)) = refused {
+                        return Err(VerbsError::BadWr {
+                            index,
+                            cause: Box::new(cause),
+                        });
+                    }
+                    Reply::Unit {}
+                }
+                Request::PostRecv { qp, wrs } => {
+                    p.post_recv(QpHandle(self.raw(me, K::Qp, qp.0)?), &wrs)?;
+                    Reply::Unit {}
+                }
+            })
+        };
+        Some(a())
+    }
+
+    /// `WaitCq`: answered at once when the CQ has a completion (or the
+    /// handle is bad), else by a thread that waits.
+    fn wait_cq(
+        self: &Arc<Self>,
+        me: u64,
+        out: &Arc<Outbox>,
+        seq: u32,
+        cq: CqHandle,
+        timeout_us: u64,
+    ) -> Option<Answer> {
+        let raw = match self.raw(me, ResourceKind::Cq, cq.0) {
+            Ok(r) => CqHandle(r),
+            Err(e) => return Some(Err(e)),
+        };
+        match self.provider.wait_cq(raw, Duration::ZERO) {
+            Err(VerbsError::Timeout) if timeout_us > 0 => {}
+            r => return Some(r.map(|()| Reply::Unit {})),
+        }
+        let (me, out) = (self.clone(), out.clone());
+        let spawned = std::thread::Builder::new()
+            .name("nicd-wait".into())
+            .spawn(move || {
+                let r = me
+                    .provider
+                    .wait_cq(raw, Duration::from_micros(timeout_us))
+                    .map(|()| Reply::Unit {});
+                out.send(proto::frame(Kind::Response, seq, &r));
+            });
+        match spawned {
+            Ok(_) => None,
+            Err(_) => Some(Err(VerbsError::OutOfResources("nicd threads"))),
+        }
+    }
+}
+
+/// Binds the clients' socket at `path`: replaces a stale socket file
+/// (nobody listening), refuses one a daemon listens on or any other file.
+/// Mode 0666 when `everyone` (a root daemon serving every user), else
+/// 0600 (its own user's processes only).
+///
+/// # Errors
+/// What [`daemon_ctl::control_path`] and `bind` say, in words.
+pub fn bind(path: &std::path::Path, everyone: bool) -> std::io::Result<UnixListener> {
+    use daemon_ctl::SocketPath;
+    use std::os::unix::fs::PermissionsExt;
+    match daemon_ctl::control_path(path)? {
+        SocketPath::Free => {}
+        SocketPath::Stale => std::fs::remove_file(path)?,
+        SocketPath::Listening => {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::AddrInUse,
+                "another nicd is listening there",
+            ))
+        }
+    }
+    if !everyone {
+        return daemon_ctl::bind_control(path);
+    }
+    let l = UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))?;
+    Ok(l)
+}
+
+/// Maps the buffer whose memfd came with the request.
+fn map(reader: &mut FrameReader, addr: u64, len: u64) -> Result<MemBuf> {
+    let fd = reader
+        .take_fd()
+        .ok_or_else(|| bad("memory registration without the buffer's memfd (SCM_RIGHTS)"))?;
+    let len = usize::try_from(len).map_err(|_| bad("buffer length"))?;
+    MemBuf::map_shared(fd, len, addr).map_err(|e| bad(format!("the buffer's memfd: {e}")))
+}
+
+fn report(t: &Table) -> Vec<ClientReport> {
+    let mut v: Vec<ClientReport> = t
+        .clients
+        .values()
+        .map(|peer| ClientReport {
+            peer: *peer,
+            objects: KINDS
+                .iter()
+                .map(|k| {
+                    let n = t
+                        .objs
+                        .values()
+                        .filter(|o| o.owner == peer.id && o.kind == *k)
+                        .count();
+                    (*k, n)
+                })
+                .filter(|(_, n)| *n > 0)
+                .collect(),
+        })
+        .collect();
+    v.sort_by_key(|c| c.peer.id);
+    v
+}

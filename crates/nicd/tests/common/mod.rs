@@ -1,0 +1,183 @@
+//! A daemon in this process, serving soft RoCE CAs on loopback addresses
+//! of 127.27.0.0/16 (no other test uses them), and what the tests share.
+
+#![allow(dead_code)]
+
+use nicd::{NicdProvider, Server};
+use rdma_types::{Guid, Mtu, PortNum, Psn, QpState};
+use rnic::softroce::{SoftCa, SoftRoce, ROCE_PORT};
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use verbs::conformance::{Feature, Fixture, Node};
+use verbs::{Provider, QpAttr, QpHandle, Result};
+
+/// A daemon on its own thread, its NIC and its socket.
+pub struct Daemon {
+    pub soft: Arc<SoftRoce>,
+    pub server: Arc<Server>,
+    pub path: PathBuf,
+    pub guids: Vec<Guid>,
+}
+
+static NEXT: AtomicU32 = AtomicU32::new(0);
+
+/// 127.27.`third`.x, a fresh x on each call (per test binary: each
+/// binary passes its own `third` range).
+pub fn fresh_ip(third: u8) -> IpAddr {
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    IpAddr::V4(Ipv4Addr::new(
+        127,
+        27,
+        third + (n / 250) as u8,
+        (n % 250) as u8 + 1,
+    ))
+}
+
+impl Daemon {
+    /// Serves a CA on each of `ips` (GUIDs 0x2701, 0x2702, ...).
+    pub fn start(ips: &[IpAddr]) -> Daemon {
+        let cas: Vec<SoftCa> = ips
+            .iter()
+            .enumerate()
+            .map(|(i, ip)| SoftCa {
+                guid: Guid(0x2701 + i as u64),
+                ip: *ip,
+            })
+            .collect();
+        let guids = cas.iter().map(|c| c.guid).collect();
+        let soft = SoftRoce::new(cas, ROCE_PORT);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!("nicd-test-{}-{n}.sock", std::process::id()));
+        let listener = nicd::server::bind(&path, false).unwrap();
+        let server = Server::new(soft.clone());
+        server.serve(listener);
+        Daemon {
+            soft,
+            server,
+            path,
+            guids,
+        }
+    }
+
+    /// A new client connection.
+    pub fn client(&self) -> Arc<NicdProvider> {
+        NicdProvider::connect(&self.path).unwrap()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// The conformance fixture: two CAs of one daemon, one client.
+pub struct Two {
+    pub daemon: Daemon,
+    pub client: Arc<NicdProvider>,
+}
+
+impl Two {
+    pub fn new(third: u8) -> Two {
+        let daemon = Daemon::start(&[fresh_ip(third), fresh_ip(third)]);
+        let client = daemon.client();
+        Two { daemon, client }
+    }
+}
+
+impl Fixture for Two {
+    fn provider(&self) -> Arc<dyn Provider> {
+        self.client.clone()
+    }
+    fn guids(&self) -> (Guid, Guid) {
+        (self.daemon.guids[0], self.daemon.guids[1])
+    }
+    /// Port control is the daemon's NIC's (the tests act as its admin);
+    /// the events reach the client through the daemon.
+    fn set_port_active(&self, guid: Guid, active: bool) -> Result<()> {
+        self.daemon.soft.set_port_active(guid, active)
+    }
+    fn set_lid(&self, guid: Guid, lid: rdma_types::Lid) -> Result<()> {
+        self.daemon.soft.set_lid(guid, lid)
+    }
+    fn remove_ca(&self, guid: Guid) -> Result<()> {
+        self.daemon.soft.remove_ca(guid)
+    }
+    /// As the soft RoCE fixture: a `roce` port's P_Key table is fixed;
+    /// no alternate paths on soft RoCE; QP0/QP1 not through the daemon
+    /// yet (its MAD services are a later increment).
+    fn lacks(&self) -> Vec<Feature> {
+        vec![Feature::Apm, Feature::PkeyControl, Feature::SpecialQp]
+    }
+}
+
+/// One client's view of a CA, to open a conformance `Node` with.
+pub struct One(pub Arc<NicdProvider>, pub Guid);
+
+impl Fixture for One {
+    fn provider(&self) -> Arc<dyn Provider> {
+        self.0.clone()
+    }
+    fn guids(&self) -> (Guid, Guid) {
+        (self.1, self.1)
+    }
+    fn set_port_active(&self, _: Guid, _: bool) -> Result<()> {
+        Err(verbs::VerbsError::NotSupported("port control"))
+    }
+    fn set_lid(&self, _: Guid, _: rdma_types::Lid) -> Result<()> {
+        Err(verbs::VerbsError::NotSupported("port control"))
+    }
+    fn remove_ca(&self, _: Guid) -> Result<()> {
+        Err(verbs::VerbsError::NotSupported("port control"))
+    }
+    fn lacks(&self) -> Vec<Feature> {
+        Vec::new()
+    }
+}
+
+/// Takes RC QP `q` of `n` to RTS, connected to QP `dest` at `peer`'s
+/// port (PSNs 0, rnr_retry 7, retries 7 of about 67 ms each).
+pub fn rc_to(n: &Node, q: QpHandle, peer_av: verbs::AhAttr, dest: rdma_types::Qpn) {
+    use rdma_types::AccessFlags as A;
+    let p = &n.p;
+    p.modify_qp(
+        q,
+        &QpAttr {
+            state: Some(QpState::Init),
+            pkey_index: Some(0),
+            port: Some(PortNum(1)),
+            access: Some(A::REMOTE_WRITE | A::REMOTE_READ | A::REMOTE_ATOMIC),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    p.modify_qp(
+        q,
+        &QpAttr {
+            state: Some(QpState::Rtr),
+            av: Some(peer_av),
+            path_mtu: Some(Mtu::Mtu1024),
+            dest_qpn: Some(dest),
+            rq_psn: Some(Psn::new(0)),
+            max_dest_rd_atomic: Some(4),
+            min_rnr_timer: Some(1),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    p.modify_qp(
+        q,
+        &QpAttr {
+            state: Some(QpState::Rts),
+            sq_psn: Some(Psn::new(0)),
+            timeout: Some(14),
+            retry_cnt: Some(7),
+            rnr_retry: Some(7),
+            max_rd_atomic: Some(4),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+}
