@@ -1,0 +1,292 @@
+//! Several clients of one daemon: traffic between them on one NIC (one
+//! address, as on a host), their handles kept apart, bad input refused
+//! without disturbing the others.
+
+mod common;
+
+use common::{fresh_ip, rc_to, Daemon, One};
+use nicd::proto::{self, Answer, Kind, Reply, Request, VERSION};
+use rdma_types::{QpType, WcOpcode, WcStatus};
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use verbs::conformance::Node;
+use verbs::{MemBuf, Provider, RecvWr, RemoteAddr, SendOpcode, SendWr, VerbsError};
+
+const THIRD: u8 = 100;
+
+/// Two client connections on one CA (one address): an RC SEND, an RDMA
+/// WRITE and an RDMA READ between them, each verified in the other's
+/// memory; the daemon counts each client's objects.
+#[test]
+fn two_clients_share_one_nic() {
+    let d = Daemon::start(&[fresh_ip(THIRD)]);
+    let g = d.guids[0];
+    let (ca, cb) = (One(d.client(), g), One(d.client(), g));
+    let (a, b) = (Node::open(&ca, g, 64), Node::open(&cb, g, 64));
+    let (qa, qb) = (a.qp(QpType::Rc, None, 1), b.qp(QpType::Rc, None, 2));
+    rc_to(&a, qa, b.av(), b.p.qp_num(qb).unwrap());
+    rc_to(&b, qb, a.av(), a.p.qp_num(qa).unwrap());
+    let clients = d.server.clients();
+    assert_eq!(clients.len(), 2);
+    for c in &clients {
+        // CA, PD, CQ, MR, QP each.
+        assert_eq!(c.total(), 5, "{c:?}");
+        assert_eq!(c.peer.pid as u32, std::process::id());
+    }
+
+    // SEND a -> b.
+    b.p.post_recv(
+        qb,
+        &[RecvWr {
+            wr_id: 7,
+            sges: vec![b.sge(0, 4096)],
+        }],
+    )
+    .unwrap();
+    let msg: Vec<u8> = (0..3000u32).map(|i| (i * 13 % 251) as u8).collect();
+    a.buf.write_at(0, &msg);
+    a.p.post_send(
+        qa,
+        &[SendWr::new(1, SendOpcode::Send, vec![a.sge(0, 3000)])],
+    )
+    .unwrap();
+    let wc = b.wc();
+    assert_eq!(
+        (wc.wr_id, wc.status, wc.opcode, wc.byte_len),
+        (7, WcStatus::Success, WcOpcode::Recv, 3000)
+    );
+    assert_eq!(wc.qp_ctx, 2, "the client's own QP context");
+    assert_eq!(b.buf.to_vec(0, 3000), msg);
+    assert_eq!(a.wc().status, WcStatus::Success);
+
+    // WRITE a -> b's memory at b's address, with b's R_Key.
+    a.buf.write_at(8192, &[0xa5; 5000]);
+    let mut w = SendWr::new(2, SendOpcode::RdmaWrite, vec![a.sge(8192, 5000)]);
+    w.remote = RemoteAddr {
+        addr: b.buf.addr() + 20_000,
+        rkey: b.mr.rkey,
+    };
+    a.p.post_send(qa, &[w]).unwrap();
+    let wc = a.wc();
+    assert_eq!((wc.wr_id, wc.status), (2, WcStatus::Success));
+    assert_eq!(b.buf.to_vec(20_000, 5000), vec![0xa5; 5000]);
+    assert_eq!(b.buf.to_vec(25_000, 8), vec![0; 8], "nothing beyond");
+
+    // READ b's memory into a's.
+    b.buf.write_at(40_000, b"read me through the daemon");
+    let mut r = SendWr::new(3, SendOpcode::RdmaRead, vec![a.sge(50_000, 26)]);
+    r.remote = RemoteAddr {
+        addr: b.buf.addr() + 40_000,
+        rkey: b.mr.rkey,
+    };
+    a.p.post_send(qa, &[r]).unwrap();
+    let wc = a.wc();
+    assert_eq!((wc.wr_id, wc.status), (3, WcStatus::Success));
+    assert_eq!(a.buf.to_vec(50_000, 26), b"read me through the daemon");
+}
+
+/// A client's handles name nothing for another client, nor an object
+/// of another kind; another client's L_Key is a protection error and
+/// its R_Key range ends where its registration does.
+#[test]
+fn another_clients_handles_and_keys_are_refused() {
+    let d = Daemon::start(&[fresh_ip(THIRD)]);
+    let g = d.guids[0];
+    let (ca, cb) = (One(d.client(), g), One(d.client(), g));
+    let (a, b) = (Node::open(&ca, g, 64), Node::open(&cb, g, 64));
+    let (qa, qb) = (a.qp(QpType::Rc, None, 1), b.qp(QpType::Rc, None, 2));
+    // b names a's objects: refused, and a's are untouched.
+    assert_eq!(b.p.destroy_qp(qa), Err(VerbsError::InvalidHandle));
+    assert_eq!(b.p.qp_num(qa), Err(VerbsError::InvalidHandle));
+    assert_eq!(b.p.dereg_mr(a.mr.handle), Err(VerbsError::InvalidHandle));
+    assert_eq!(b.p.dealloc_pd(a.pd), Err(VerbsError::InvalidHandle));
+    assert_eq!(b.p.query_ca(a.ca), Err(VerbsError::InvalidHandle));
+    assert_eq!(b.p.poll_cq(a.cq, &mut []), Err(VerbsError::InvalidHandle));
+    assert!(a.p.qp_num(qa).is_ok());
+    // A handle of one kind passed as another.
+    assert_eq!(
+        a.p.qp_num(verbs::QpHandle(a.cq.0)),
+        Err(VerbsError::InvalidHandle)
+    );
+    rc_to(&a, qa, b.av(), b.p.qp_num(qb).unwrap());
+    rc_to(&b, qb, a.av(), a.p.qp_num(qa).unwrap());
+
+    // b's RDMA WRITE just past a's registration: a remote access error,
+    // and a's bytes there stay as they were. Register a smaller range
+    // of a's buffer for this.
+    let mr =
+        a.p.reg_mr(
+            a.pd,
+            &a.buf,
+            a.buf.addr(),
+            4096,
+            verbs::conformance::all_access(),
+            9,
+        )
+        .unwrap();
+    let mut w = SendWr::new(1, SendOpcode::RdmaWrite, vec![b.sge(0, 64)]);
+    b.buf.write_at(0, &[0xee; 64]);
+    w.remote = RemoteAddr {
+        addr: a.buf.addr() + 4096 - 32,
+        rkey: mr.rkey,
+    };
+    b.p.post_send(qb, &[w]).unwrap();
+    assert_eq!(b.wc().status, WcStatus::RemAccessErr);
+    assert_eq!(a.buf.to_vec(4096 - 32, 64), vec![0; 64]);
+
+    // a's L_Key in b's work request: a's PD, not b's.
+    let (qa2, qb2) = (a.qp(QpType::Rc, None, 3), b.qp(QpType::Rc, None, 4));
+    rc_to(&a, qa2, b.av(), b.p.qp_num(qb2).unwrap());
+    rc_to(&b, qb2, a.av(), a.p.qp_num(qa2).unwrap());
+    let mut s = SendWr::new(5, SendOpcode::Send, vec![a.sge(0, 16)]);
+    s.flags = verbs::SendFlags::SIGNALED;
+    match b.p.post_send(qb2, &[s]) {
+        Ok(()) => assert_eq!(b.wc().status, WcStatus::LocProtErr),
+        Err(e) => panic!("a bad L_Key completes in error, not {e}"),
+    }
+    // Inline data must lie in the client's own registrations.
+    let mut s = SendWr::new(6, SendOpcode::Send, vec![a.sge(0, 16)]);
+    s.flags = verbs::SendFlags::SIGNALED | verbs::SendFlags::INLINE;
+    let e = b.p.post_send(qb, &[s]).unwrap_err();
+    assert!(
+        matches!(&e, VerbsError::BadWr { index: 0, cause } if matches!(**cause, VerbsError::InvalidArgument(_))),
+        "{e:?}"
+    );
+}
+
+/// Private memory cannot be registered through the daemon, and says why.
+#[test]
+fn private_memory_is_refused_with_the_fix() {
+    let d = Daemon::start(&[fresh_ip(THIRD)]);
+    let g = d.guids[0];
+    let c = One(d.client(), g);
+    let n = Node::open(&c, g, 16);
+    let private = MemBuf::new_private(4096);
+    let e =
+        n.p.reg_mr(
+            n.pd,
+            &private,
+            private.addr(),
+            4096,
+            rdma_types::AccessFlags::NONE,
+            0,
+        )
+        .unwrap_err();
+    assert!(
+        matches!(&e, VerbsError::InvalidArgument(m) if m.contains("MemBuf::new_shared")),
+        "{e:?}"
+    );
+    // After connecting, MemBuf::new shares.
+    assert!(MemBuf::new(100).shared_fd().is_some());
+}
+
+fn raw_call(s: &mut UnixStream, seq: u32, req: &Request) -> Answer {
+    s.write_all(&proto::frame(Kind::Request, seq, req)).unwrap();
+    read_answer(s, seq)
+}
+
+fn read_answer(s: &mut UnixStream, seq: u32) -> Answer {
+    let mut len = [0; 4];
+    s.read_exact(&mut len).unwrap();
+    let mut f = vec![0; u32::from_le_bytes(len) as usize];
+    s.read_exact(&mut f).unwrap();
+    let (kind, got, body) = proto::split(&f).unwrap();
+    assert_eq!((kind, got), (Kind::Response, seq));
+    proto::decode::<Answer>(body).unwrap()
+}
+
+/// A wrong version, a request before the hello, a malformed request, a
+/// frame too long: each gets its error (or its connection closed), and
+/// the daemon keeps serving the others.
+#[test]
+fn bad_input_is_refused_and_others_are_served() {
+    let d = Daemon::start(&[fresh_ip(THIRD)]);
+    let g = d.guids[0];
+    let good = One(d.client(), g);
+    let n = Node::open(&good, g, 16);
+
+    // Another version: refused in words, and the connection closed.
+    let mut s = UnixStream::connect(&d.path).unwrap();
+    match raw_call(
+        &mut s,
+        1,
+        &Request::Hello {
+            version: VERSION + 1,
+        },
+    ) {
+        Err(VerbsError::InvalidArgument(m)) => assert!(m.contains("version"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(s.read(&mut [0; 1]).unwrap(), 0, "closed");
+
+    // A verb before the hello.
+    let mut s = UnixStream::connect(&d.path).unwrap();
+    match raw_call(&mut s, 1, &Request::ListCas {}) {
+        Err(VerbsError::InvalidArgument(m)) => assert!(m.contains("Hello"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+
+    // After a good hello, a request of an unknown tag and one cut short:
+    // errors, and the connection goes on.
+    let mut s = UnixStream::connect(&d.path).unwrap();
+    assert!(matches!(
+        raw_call(&mut s, 1, &Request::Hello { version: VERSION }),
+        Ok(Reply::Hello { .. })
+    ));
+    let mut f = proto::frame(Kind::Request, 2, &Request::ListCas {});
+    f[9] = 250;
+    s.write_all(&f).unwrap();
+    match read_answer(&mut s, 2) {
+        Err(VerbsError::InvalidArgument(m)) => assert!(m.contains("malformed"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+    let mut f = proto::frame(
+        Kind::Request,
+        3,
+        &Request::QpNum {
+            qp: verbs::QpHandle(verbs::Handle {
+                index: 1,
+                generation: 2,
+            }),
+        },
+    );
+    f.truncate(f.len() - 3);
+    let len = (f.len() - 4) as u32;
+    f[..4].copy_from_slice(&len.to_le_bytes());
+    s.write_all(&f).unwrap();
+    assert!(matches!(
+        read_answer(&mut s, 3),
+        Err(VerbsError::InvalidArgument(_))
+    ));
+    // A handle it never got.
+    assert_eq!(
+        raw_call(
+            &mut s,
+            4,
+            &Request::QpNum {
+                qp: verbs::QpHandle(verbs::Handle {
+                    index: 1,
+                    generation: 2
+                })
+            }
+        ),
+        Err(VerbsError::InvalidHandle)
+    );
+    assert!(matches!(
+        raw_call(&mut s, 5, &Request::ListCas {}),
+        Ok(Reply::Guids { guids }) if guids == vec![g]
+    ));
+
+    // A length beyond the limit: that connection is closed.
+    let mut s2 = UnixStream::connect(&d.path).unwrap();
+    assert!(raw_call(&mut s2, 1, &Request::Hello { version: VERSION }).is_ok());
+    s2.write_all(&u32::MAX.to_le_bytes()).unwrap();
+    assert_eq!(s2.read(&mut [0; 1]).unwrap(), 0, "closed");
+
+    // The well-behaved client was served throughout; the connections
+    // closed for their errors are gone, the good one and `s` remain.
+    assert_eq!(n.p.query_ca(n.ca).unwrap().guid, g);
+    assert!(d
+        .server
+        .wait_until(std::time::Duration::from_secs(10), |c, _| c.len() == 2));
+}
