@@ -45,6 +45,10 @@ use verbs::{
 
 type Result<T> = verbs::Result<T>;
 
+/// How long a write to a client may block before the client is taken
+/// for dead.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Most completions one `PollCq` returns.
 const MAX_POLL: u32 = 4096;
 
@@ -297,6 +301,9 @@ impl Server {
         );
         self.lock().clients.insert(id, peer);
         self.changed.notify_all();
+        // A client that stops reading holds up only its own writer, and
+        // not for long: its frames are dropped with the connection.
+        let _ = wsock.set_write_timeout(Some(WRITE_TIMEOUT));
         let (tx, rx) = channel::<Vec<u8>>();
         let out = Arc::new(Outbox(Mutex::new(Some(tx))));
         let writer = std::thread::Builder::new()

@@ -10,7 +10,7 @@ use rdma_types::{QpType, WcOpcode, WcStatus};
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use verbs::conformance::Node;
-use verbs::{MemBuf, Provider, RecvWr, RemoteAddr, SendOpcode, SendWr, VerbsError};
+use verbs::{MemBuf, RecvWr, RemoteAddr, SendOpcode, SendWr, VerbsError};
 
 const THIRD: u8 = 100;
 

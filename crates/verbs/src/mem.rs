@@ -284,7 +284,7 @@ impl MemBuf {
     pub fn map_shared(fd: OwnedFd, len: usize, addr: u64) -> std::io::Result<MemBuf> {
         use std::io::{Error, ErrorKind};
         let size = mapped_size(len)?;
-        if addr % PAGE as u64 != 0 || addr.checked_add(len as u64).is_none() {
+        if !addr.is_multiple_of(PAGE as u64) || addr.checked_add(len as u64).is_none() {
             return Err(Error::new(
                 ErrorKind::InvalidInput,
                 format!("shared buffer address {addr:#x} is not page-aligned or wraps"),

@@ -1,0 +1,65 @@
+//! The `nicd` binary as users run it: a process serving an address on a
+//! socket, clients of another process through it, and its end seen by
+//! them as the CA's removal.
+
+use rdma_types::{Gid, PortNum};
+use std::io::{BufRead, BufReader};
+use std::net::{IpAddr, Ipv4Addr};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use verbs::conformance::{Ev, Recorder};
+use verbs::{AsyncEventKind, Provider, VerbsError};
+
+/// Kills the daemon should the test fail before it ends it.
+struct Reap(i32);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        // SAFETY: a signal to our own child (a no-op once it is waited
+        // for: the test then forgets this guard).
+        unsafe { libc::kill(self.0, libc::SIGKILL) };
+    }
+}
+
+#[test]
+fn nicd_serves_a_client_and_its_end_removes_the_ca() {
+    let ip = IpAddr::V4(Ipv4Addr::new(127, 27, 230, 1));
+    let socket = std::env::temp_dir().join(format!("nicd-bin-{}.sock", std::process::id()));
+    let mut nicd = Command::new(env!("CARGO_BIN_EXE_nicd"))
+        .args(["--ip", &ip.to_string(), "--socket"])
+        .arg(&socket)
+        .env("SOFTROCE_FOLLOW_LINK", "0")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let reap = Reap(nicd.id() as i32);
+    let mut line = String::new();
+    BufReader::new(nicd.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.starts_with("nicd: serving 127.27.230.1 on "), "{line}");
+
+    let p = nicd::NicdProvider::connect(&socket).unwrap();
+    assert_eq!(p.daemon_pid(), nicd.id());
+    let guid = rnic::softroce::ip_guid(ip);
+    assert_eq!(p.list_cas(), vec![guid]);
+    let rec = Arc::new(Recorder::default());
+    let ca = p.open_ca(guid, 5, rec.clone()).unwrap();
+    let port = p.query_port(ca, PortNum(1)).unwrap();
+    assert_eq!(port.gids[0], Gid::from_ip(ip));
+    assert_eq!(p.query_ca(ca).unwrap().guid, guid);
+
+    // SIGTERM: the daemon goes, its socket file with it; the client's
+    // handler hears the CA removed and its verbs fail.
+    // SAFETY: a signal to our own child, not yet waited for.
+    unsafe { libc::kill(nicd.id() as i32, libc::SIGTERM) };
+    assert!(nicd.wait().unwrap().success());
+    std::mem::forget(reap);
+    assert!(!socket.exists());
+    assert!(rec.wait_for(|e| matches!(
+        e,
+        Ev::Async(a) if a.kind == AsyncEventKind::CaRemoval
+    )));
+    assert_eq!(p.query_ca(ca), Err(VerbsError::NoSuchCa));
+    assert!(nicd::NicdProvider::connect(&socket).is_err());
+}
