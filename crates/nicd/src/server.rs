@@ -31,6 +31,7 @@
 
 use crate::proto::{self, Answer, Event, Kind, Reply, Request, VERSION};
 use crate::sock::{send_frame, FrameReader, ReadError};
+use rdma_types::Lkey;
 use std::collections::HashMap;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -85,8 +86,27 @@ struct Obj {
     owner: u64,
     kind: ResourceKind,
     raw: Handle,
-    /// An MR's registered range `[addr, addr+len)`.
-    range: Option<(u64, u64)>,
+    /// The client's index of the PD it lives in (QPs and MRs; else 0).
+    pd: u32,
+    /// An MR's registered range.
+    range: Option<MrRange>,
+}
+
+/// What an MR registered: `[addr, addr+len)` under `lkey`.
+#[derive(Clone, Copy)]
+struct MrRange {
+    addr: u64,
+    len: u64,
+    lkey: Lkey,
+}
+
+impl MrRange {
+    fn holds(&self, addr: u64, len: u64) -> bool {
+        addr >= self.addr
+            && (addr - self.addr)
+                .checked_add(len)
+                .is_some_and(|e| e <= self.len)
+    }
 }
 
 #[derive(Default)]
@@ -434,6 +454,13 @@ impl Server {
         }
     }
 
+    /// [`Server::raw`], and the client's index of the object's PD.
+    fn raw_in_pd(&self, owner: u64, kind: ResourceKind, h: Handle) -> Result<(Handle, u32)> {
+        let raw = self.raw(owner, kind, h)?;
+        let pd = self.lock().objs.get(&h.index).map_or(0, |o| o.pd);
+        Ok((raw, pd))
+    }
+
     /// A new entry's client handle (reserved before the provider is asked,
     /// so a CA's handler knows it).
     fn reserve(&self, kind: ResourceKind) -> Handle {
@@ -455,7 +482,8 @@ impl Server {
         kind: ResourceKind,
         h: Handle,
         raw: Handle,
-        range: Option<(u64, u64)>,
+        pd: u32,
+        range: Option<MrRange>,
     ) {
         self.lock().objs.insert(
             h.index,
@@ -463,15 +491,16 @@ impl Server {
                 owner,
                 kind,
                 raw,
+                pd,
                 range,
             },
         );
         self.changed.notify_all();
     }
 
-    fn add(&self, owner: u64, kind: ResourceKind, raw: Handle) -> Handle {
+    fn add(&self, owner: u64, kind: ResourceKind, raw: Handle, pd: u32) -> Handle {
         let h = self.reserve(kind);
-        self.insert(owner, kind, h, raw, None);
+        self.insert(owner, kind, h, raw, pd, None);
         h
     }
 
@@ -491,9 +520,13 @@ impl Server {
         Ok(Reply::Unit {})
     }
 
-    /// The provider's form of a client's send WR: its handles translated,
-    /// its inline pieces checked against the client's registrations.
-    fn send_wr(&self, owner: u64, mut wr: SendWr) -> Result<SendWr> {
+    /// The provider's form of a client's send WR on a QP of its PD
+    /// `pd`: its handles translated; each inline piece must lie in one of
+    /// the client's registrations in that PD, whose L_Key it is given
+    /// (the provider reads inline data from whichever region of the CA
+    /// holds the address when the L_Key does not: another client's, at
+    /// the same address in its own process, must never be that region).
+    fn send_wr(&self, owner: u64, pd: u32, mut wr: SendWr) -> Result<SendWr> {
         if let Some(ud) = &mut wr.ud {
             ud.ah = AhHandle(self.raw(owner, ResourceKind::Ah, ud.ah.0)?);
         }
@@ -503,19 +536,18 @@ impl Server {
         }
         if wr.flags.contains(SendFlags::INLINE) {
             let t = self.lock();
-            for s in &wr.sges {
-                let inside = t.objs.values().any(|o| {
-                    o.owner == owner
-                        && o.range.is_some_and(|(a, l)| {
-                            s.addr >= a
-                                && (s.addr - a)
-                                    .checked_add(s.length as u64)
-                                    .is_some_and(|e| e <= l)
-                        })
+            for s in &mut wr.sges {
+                let mr = t.objs.values().find_map(|o| {
+                    o.range.filter(|r| {
+                        o.owner == owner && o.pd == pd && r.holds(s.addr, s.length as u64)
+                    })
                 });
-                if !inside {
-                    return Err(bad("inline data outside this client's registered memory"));
-                }
+                let Some(mr) = mr else {
+                    return Err(bad(
+                        "inline data outside this client's registered memory in the QP's PD",
+                    ));
+                };
+                s.lkey = mr.lkey;
             }
         }
         Ok(wr)
@@ -549,7 +581,7 @@ impl Server {
                         ca: CaHandle(h),
                     });
                     let raw = p.open_ca(guid, ctx, fwd)?;
-                    self.insert(me, K::Ca, h, raw.0, None);
+                    self.insert(me, K::Ca, h, raw.0, 0, None);
                     Reply::Ca { ca: CaHandle(h) }
                 }
                 Request::QueryCa { ca } => Reply::CaAttr {
@@ -577,7 +609,7 @@ impl Server {
                 Request::AllocPd { ca, ctx } => {
                     let raw = p.alloc_pd(CaHandle(self.raw(me, K::Ca, ca.0)?), ctx)?;
                     Reply::Pd {
-                        pd: PdHandle(self.add(me, K::Pd, raw.0)),
+                        pd: PdHandle(self.add(me, K::Pd, raw.0, 0)),
                     }
                 }
                 Request::DeallocPd { pd } => {
@@ -586,7 +618,7 @@ impl Server {
                 Request::CreateCq { pd, init, ctx } => {
                     let raw = p.create_cq(PdHandle(self.raw(me, K::Pd, pd.0)?), &init, ctx)?;
                     Reply::Cq {
-                        cq: CqHandle(self.add(me, K::Cq, raw.0)),
+                        cq: CqHandle(self.add(me, K::Cq, raw.0, 0)),
                     }
                 }
                 Request::DestroyCq { cq } => {
@@ -613,7 +645,7 @@ impl Server {
                 Request::CreateSrq { pd, attr, ctx } => {
                     let raw = p.create_srq(PdHandle(self.raw(me, K::Pd, pd.0)?), &attr, ctx)?;
                     Reply::Srq {
-                        srq: SrqHandle(self.add(me, K::Srq, raw.0)),
+                        srq: SrqHandle(self.add(me, K::Srq, raw.0, 0)),
                     }
                 }
                 Request::ModifySrq { srq, limit } => {
@@ -646,7 +678,7 @@ impl Server {
                     }
                     let raw = p.create_qp(PdHandle(self.raw(me, K::Pd, pd.0)?), &init, ctx)?;
                     Reply::Qp {
-                        qp: QpHandle(self.add(me, K::Qp, raw.0)),
+                        qp: QpHandle(self.add(me, K::Qp, raw.0, pd.0.index)),
                     }
                 }
                 Request::QpNum { qp } => Reply::Qpn {
@@ -665,7 +697,7 @@ impl Server {
                 Request::CreateAh { pd, attr } => {
                     let raw = p.create_ah(PdHandle(self.raw(me, K::Pd, pd.0)?), &attr)?;
                     Reply::Ah {
-                        ah: AhHandle(self.add(me, K::Ah, raw.0)),
+                        ah: AhHandle(self.add(me, K::Ah, raw.0, 0)),
                     }
                 }
                 Request::DestroyAh { ah } => {
@@ -681,10 +713,15 @@ impl Server {
                     ctx,
                 } => {
                     let buf = map(reader, buf_addr, buf_len)?;
-                    let pd = PdHandle(self.raw(me, K::Pd, pd.0)?);
-                    let info = p.reg_mr(pd, &buf, addr, len, access, ctx)?;
+                    let raw_pd = PdHandle(self.raw(me, K::Pd, pd.0)?);
+                    let info = p.reg_mr(raw_pd, &buf, addr, len, access, ctx)?;
                     let h = self.reserve(K::Mr);
-                    self.insert(me, K::Mr, h, info.handle.0, Some((info.addr, info.len)));
+                    let range = MrRange {
+                        addr: info.addr,
+                        len: info.len,
+                        lkey: info.lkey,
+                    };
+                    self.insert(me, K::Mr, h, info.handle.0, pd.0.index, Some(range));
                     Reply::Mr {
                         info: MrInfo {
                             handle: MrHandle(h),
@@ -704,7 +741,11 @@ impl Server {
                     let raw = self.raw(me, K::Mr, mr.0)?;
                     let info = p.rereg_mr(MrHandle(raw), &buf, addr, len, access)?;
                     if let Some(o) = self.lock().objs.get_mut(&mr.0.index) {
-                        o.range = Some((info.addr, info.len));
+                        o.range = Some(MrRange {
+                            addr: info.addr,
+                            len: info.len,
+                            lkey: info.lkey,
+                        });
                     }
                     Reply::Mr {
                         info: MrInfo { handle: mr, ..info },
@@ -717,7 +758,7 @@ impl Server {
                     let (raw, rkey) =
                         p.alloc_mw(PdHandle(self.raw(me, K::Pd, pd.0)?), kind, ctx)?;
                     Reply::Mw {
-                        mw: MwHandle(self.add(me, K::Mw, raw.0)),
+                        mw: MwHandle(self.add(me, K::Mw, raw.0, 0)),
                         rkey,
                     }
                 }
@@ -732,12 +773,13 @@ impl Server {
                     return self.destroy(me, K::Mw, mw.0, |r| p.dealloc_mw(MwHandle(r)))
                 }
                 Request::PostSend { qp, wrs } => {
-                    let qp = QpHandle(self.raw(me, K::Qp, qp.0)?);
+                    let (qp, pd) = self.raw_in_pd(me, K::Qp, qp.0)?;
+                    let qp = QpHandle(qp);
                     let n = wrs.len();
                     let mut ok = Vec::with_capacity(n);
                     let mut refused = None;
                     for (i, w) in wrs.into_iter().enumerate() {
-                        match self.send_wr(me, w) {
+                        match self.send_wr(me, pd, w) {
                             Ok(w) => ok.push(w),
                             Err(e) => {
                                 refused = Some((i, e));

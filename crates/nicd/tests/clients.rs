@@ -59,6 +59,29 @@ fn two_clients_share_one_nic() {
     assert_eq!(b.buf.to_vec(0, 3000), msg);
     assert_eq!(a.wc().status, WcStatus::Success);
 
+    // An inline SEND a -> b: the daemon reads a's bytes at post time
+    // from a's own registration.
+    b.p.post_recv(
+        qb,
+        &[RecvWr {
+            wr_id: 8,
+            sges: vec![b.sge(60_000, 64)],
+        }],
+    )
+    .unwrap();
+    a.buf.write_at(100, b"inline through the daemon");
+    let mut s = SendWr::new(4, SendOpcode::Send, vec![a.sge(100, 25)]);
+    s.flags = verbs::SendFlags::SIGNALED | verbs::SendFlags::INLINE;
+    a.p.post_send(qa, &[s]).unwrap();
+    a.buf.write_at(100, &[0; 25]);
+    let wc = b.wc();
+    assert_eq!(
+        (wc.wr_id, wc.status, wc.byte_len),
+        (8, WcStatus::Success, 25)
+    );
+    assert_eq!(b.buf.to_vec(60_000, 25), b"inline through the daemon");
+    assert_eq!(a.wc().status, WcStatus::Success);
+
     // WRITE a -> b's memory at b's address, with b's R_Key.
     a.buf.write_at(8192, &[0xa5; 5000]);
     let mut w = SendWr::new(2, SendOpcode::RdmaWrite, vec![a.sge(8192, 5000)]);
