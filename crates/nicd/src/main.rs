@@ -33,6 +33,9 @@ struct Args {
 }
 
 fn main() -> ExitCode {
+    if let Some(code) = cli_docs::write_if_asked(<Args as clap::CommandFactory>::command, "8") {
+        return code;
+    }
     daemon_ctl::log_to_stderr();
     let args = Args::parse();
     let signals = daemon_ctl::signals::block_term();

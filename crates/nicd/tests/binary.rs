@@ -63,3 +63,46 @@ fn nicd_serves_a_client_and_its_end_removes_the_ca() {
     assert_eq!(p.query_ca(ca), Err(VerbsError::NoSuchCa));
     assert!(nicd::NicdProvider::connect(&socket).is_err());
 }
+
+/// `nicd --write-docs DIR` writes its man page (section 8, as the other
+/// daemons'), and `dist/systemd/nicd.service` verifies with it in place.
+/// The unit check is skipped without systemd-analyze (a failure in CI).
+#[test]
+fn nicd_has_a_man_page_and_its_unit_verifies() {
+    let dir = std::env::temp_dir().join(format!("nicd-dist-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let docs = dir.join("docs");
+    let out = Command::new(env!("CARGO_BIN_EXE_nicd"))
+        .arg("--write-docs")
+        .arg(&docs)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let page = std::fs::read_to_string(docs.join("man/man8/nicd.8")).unwrap();
+    assert!(page.contains("NIC daemon"), "{page}");
+    let unit = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../dist/systemd/nicd.service"),
+    )
+    .unwrap();
+    assert!(unit.contains("--socket /run/nicd.sock"), "{unit}");
+    if !rdma_testkit::need::tool("systemd-analyze") {
+        return;
+    }
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_nicd"));
+    let here = format!("{}/", bin.parent().unwrap().display());
+    let path = dir.join("nicd.service");
+    std::fs::write(&path, unit.replace("/usr/local/sbin/", &here)).unwrap();
+    let out = Command::new("systemd-analyze")
+        .arg("verify")
+        .arg(&path)
+        .env("MANPATH", docs.join("man"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success() && out.stderr.is_empty(),
+        "systemd-analyze verify: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
