@@ -125,6 +125,8 @@ pub struct Server {
     st: Mutex<Table>,
     changed: Condvar,
     next_client: AtomicU64,
+    /// Objects of departed clients the provider refused to destroy.
+    release_failures: AtomicU64,
 }
 
 /// Where a connection's frames go: to its writer thread, until the
@@ -229,6 +231,7 @@ impl Server {
             st: Mutex::new(Table::default()),
             changed: Condvar::new(),
             next_client: AtomicU64::new(1),
+            release_failures: AtomicU64::new(0),
         })
     }
 
@@ -265,6 +268,12 @@ impl Server {
     pub fn clients(&self) -> Vec<ClientReport> {
         let t = self.lock();
         report(&t)
+    }
+
+    /// How many objects of departed clients the provider refused to
+    /// destroy (each logged): 0 unless the release order is wrong.
+    pub fn release_failures(&self) -> u64 {
+        self.release_failures.load(Ordering::Relaxed)
     }
 
     /// Objects held by all clients (connected or being cleaned up).
@@ -429,6 +438,7 @@ impl Server {
             // A handle already dead (a CA removed under it) is released.
             if let Err(e) = r {
                 if e != VerbsError::InvalidHandle {
+                    self.release_failures.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!("nicd: client {id}: releasing a {kind:?}: {e}");
                 }
             }

@@ -313,3 +313,45 @@ fn bad_input_is_refused_and_others_are_served() {
         .server
         .wait_until(std::time::Duration::from_secs(10), |c, _| c.len() == 2));
 }
+
+/// A client that lets go of its provider (a clean exit) has its tree
+/// released just as a killed one: the daemon's count for it is zero and
+/// the client is gone, while another client's objects stay.
+#[test]
+fn a_client_that_disconnects_leaves_nothing_behind() {
+    let d = Daemon::start(&[fresh_ip(THIRD)]);
+    let g = d.guids[0];
+    let stay = One(d.client(), g);
+    let kept = Node::open(&stay, g, 16);
+    let kept_objects = d.server.live_objects();
+    {
+        let leaving = One(d.client(), g);
+        let n = Node::open(&leaving, g, 16);
+        let _srq =
+            n.p.create_srq(
+                n.pd,
+                &verbs::SrqAttr {
+                    max_wr: 16,
+                    max_sge: 1,
+                    limit: 0,
+                },
+                5,
+            )
+            .unwrap();
+        let _qp = n.qp(QpType::Rc, None, 6);
+        let (_mw, _) = n.p.alloc_mw(n.pd, verbs::MwType::Type2, 7).unwrap();
+        let _ah = n.p.create_ah(n.pd, &n.av()).unwrap();
+        // CA, PD, CQ, MR, SRQ, QP, MW, AH.
+        assert_eq!(d.server.live_objects(), kept_objects + 8);
+        // `n` and `leaving` dropped here without destroying anything.
+    }
+    assert!(
+        d.server
+            .wait_until(std::time::Duration::from_secs(10), |c, live| c.len() == 1
+                && live == kept_objects),
+        "{:?}",
+        d.server.clients()
+    );
+    assert_eq!(d.server.release_failures(), 0, "the provider refused none");
+    assert_eq!(kept.p.query_ca(kept.ca).unwrap().guid, g);
+}

@@ -148,6 +148,7 @@ fn a_killed_client_is_released_and_its_peer_sees_the_end() {
         d.server.clients()
     );
     assert_eq!(d.server.clients().len(), 1);
+    assert_eq!(d.server.release_failures(), 0, "the provider refused none");
 
     // Our QP learns at its next request: retries exhausted, the QP in
     // error (no DREQ yet: the CM through the daemon is a later increment).
