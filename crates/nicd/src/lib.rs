@@ -20,12 +20,11 @@
 //! (posts and polls are round trips on the socket; see [`proto`] for the
 //! layout), QP0/QP1 and the CM through the daemon (its MAD services: a
 //! client cannot create QP0/QP1, and a peer of a dead client learns of it
-//! at its next request, not by a DREQ), per-client limits, starting the
-//! daemon on demand.
+//! at its next request, not by a DREQ), starting the daemon on demand.
 //!
 //! What it refuses: a client's handle that is not its own, memory not
 //! shared with it, QP0/QP1, port changes from users other than root and
-//! its own.
+//! its own, QPs and registered memory beyond a client's [`Limits`].
 
 #![deny(clippy::undocumented_unsafe_blocks)]
 
@@ -35,7 +34,7 @@ pub mod server;
 mod sock;
 
 pub use client::{ConnectError, NicdProvider};
-pub use server::{ClientReport, Peer, Server};
+pub use server::{ClientReport, Limits, Peer, Server};
 
 use std::path::PathBuf;
 

@@ -26,6 +26,13 @@ struct Args {
     /// Path MTU in bytes: 256, 512, 1024, 2048 or 4096.
     #[arg(long, value_parser = rdma_types::Mtu::parse, default_value = "4096")]
     mtu: rdma_types::Mtu,
+    /// Most QPs one client may hold at once.
+    #[arg(long, default_value_t = nicd::Limits::default().max_qps)]
+    max_qps: usize,
+    /// Most memory one client may have registered at once, in bytes or
+    /// with a unit (64G).
+    #[arg(long, value_parser = rdma_types::units::size::<u64>, default_value = "64G")]
+    max_registered: u64,
     /// The clients' socket [default: /run/nicd.sock for root,
     /// $XDG_RUNTIME_DIR/nicd.sock, else $TMPDIR/nicd-<uid>.sock].
     #[arg(long, env = nicd::SOCKET_ENV)]
@@ -63,7 +70,11 @@ fn main() -> ExitCode {
         }
     };
     let provider = SoftRoce::with_options(SoftCa::at_each(&ips), args.udp_port, args.mtu, options);
-    let server = nicd::Server::new(provider);
+    let limits = nicd::Limits {
+        max_qps: args.max_qps,
+        max_registered: args.max_registered,
+    };
+    let server = nicd::Server::with_limits(provider, limits);
     server.serve(listener);
     let shown: Vec<String> = ips.iter().map(|i| i.to_string()).collect();
     tracing::info!("nicd: serving {} on {}", shown.join(", "), socket.display());

@@ -66,6 +66,28 @@ pub struct Peer {
     pub gid: u32,
 }
 
+/// What one client may hold; a verb that would go beyond is refused
+/// with `OutOfResources` naming the limit, and counted
+/// ([`Server::limit_refusals`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// QPs at once.
+    pub max_qps: usize,
+    /// Bytes of memory registered at once (the sum of its MRs' lengths).
+    pub max_registered: u64,
+}
+
+impl Default for Limits {
+    /// Generous: they stop a runaway client, not a storage target
+    /// (16384 QPs, 64 GiB).
+    fn default() -> Limits {
+        Limits {
+            max_qps: 16384,
+            max_registered: 64 << 30,
+        }
+    }
+}
+
 /// A client and what it holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClientReport {
@@ -127,6 +149,8 @@ pub struct Server {
     next_client: AtomicU64,
     /// Objects of departed clients the provider refused to destroy.
     release_failures: AtomicU64,
+    limits: Limits,
+    limit_refusals: AtomicU64,
 }
 
 /// Where a connection's frames go: to its writer thread, until the
@@ -219,8 +243,13 @@ fn bad(msg: impl Into<String>) -> VerbsError {
 }
 
 impl Server {
-    /// A daemon serving `provider`'s CAs.
+    /// A daemon serving `provider`'s CAs, with the default [`Limits`].
     pub fn new(provider: Arc<dyn Provider>) -> Arc<Server> {
+        Server::with_limits(provider, Limits::default())
+    }
+
+    /// A daemon serving `provider`'s CAs, each client within `limits`.
+    pub fn with_limits(provider: Arc<dyn Provider>, limits: Limits) -> Arc<Server> {
         let t = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default();
@@ -232,6 +261,8 @@ impl Server {
             changed: Condvar::new(),
             next_client: AtomicU64::new(1),
             release_failures: AtomicU64::new(0),
+            limits,
+            limit_refusals: AtomicU64::new(0),
         })
     }
 
@@ -274,6 +305,31 @@ impl Server {
     /// destroy (each logged): 0 unless the release order is wrong.
     pub fn release_failures(&self) -> u64 {
         self.release_failures.load(Ordering::Relaxed)
+    }
+
+    /// How many verbs were refused for a client's [`Limits`].
+    pub fn limit_refusals(&self) -> u64 {
+        self.limit_refusals.load(Ordering::Relaxed)
+    }
+
+    /// Refuses with `what` (counted) unless `within`.
+    fn limit(&self, within: bool, what: &'static str) -> Result<()> {
+        if within {
+            return Ok(());
+        }
+        self.limit_refusals.fetch_add(1, Ordering::Relaxed);
+        Err(VerbsError::OutOfResources(what))
+    }
+
+    /// Client `owner`'s QPs and registered bytes, leaving out MR `but`.
+    fn holdings(&self, owner: u64, but: Option<u32>) -> (usize, u64) {
+        let t = self.lock();
+        let mine = t.objs.iter().filter(|(_, o)| o.owner == owner);
+        mine.fold((0, 0), |(q, b), (i, o)| match (o.kind, o.range) {
+            (ResourceKind::Qp, _) => (q + 1, b),
+            (ResourceKind::Mr, Some(r)) if Some(*i) != but => (q, b + r.len),
+            _ => (q, b),
+        })
     }
 
     /// Objects held by all clients (connected or being cleaned up).
@@ -462,6 +518,17 @@ impl Server {
             }
             _ => Err(VerbsError::InvalidHandle),
         }
+    }
+
+    /// Refuses a registration of `len` more bytes (in place of MR `but`)
+    /// beyond the client's limit.
+    fn within_registered(&self, owner: u64, but: Option<u32>, len: u64) -> Result<()> {
+        let (_, held) = self.holdings(owner, but);
+        self.limit(
+            held.checked_add(len)
+                .is_some_and(|t| t <= self.limits.max_registered),
+            "this client's registered memory limit (nicd --max-registered)",
+        )
     }
 
     /// [`Server::raw`], and the client's index of the object's PD.
@@ -681,6 +748,11 @@ impl Server {
                             "QP0/QP1 through nicd (its MAD services are a later increment)",
                         ));
                     }
+                    let (qps, _) = self.holdings(me, None);
+                    self.limit(
+                        qps < self.limits.max_qps,
+                        "this client's QP limit (nicd --max-qps)",
+                    )?;
                     init.send_cq = CqHandle(self.raw(me, K::Cq, init.send_cq.0)?);
                     init.recv_cq = CqHandle(self.raw(me, K::Cq, init.recv_cq.0)?);
                     if let Some(s) = &mut init.srq {
@@ -724,6 +796,7 @@ impl Server {
                 } => {
                     let buf = map(reader, buf_addr, buf_len)?;
                     let raw_pd = PdHandle(self.raw(me, K::Pd, pd.0)?);
+                    self.within_registered(me, None, len)?;
                     let info = p.reg_mr(raw_pd, &buf, addr, len, access, ctx)?;
                     let h = self.reserve(K::Mr);
                     let range = MrRange {
@@ -749,6 +822,7 @@ impl Server {
                 } => {
                     let buf = map(reader, buf_addr, buf_len)?;
                     let raw = self.raw(me, K::Mr, mr.0)?;
+                    self.within_registered(me, Some(mr.0.index), len)?;
                     let info = p.rereg_mr(MrHandle(raw), &buf, addr, len, access)?;
                     if let Some(o) = self.lock().objs.get_mut(&mr.0.index) {
                         o.range = Some(MrRange {

@@ -355,3 +355,51 @@ fn a_client_that_disconnects_leaves_nothing_behind() {
     assert_eq!(d.server.release_failures(), 0, "the provider refused none");
     assert_eq!(kept.p.query_ca(kept.ca).unwrap().guid, g);
 }
+
+/// A client's QPs and registered memory stop at its limits, with an
+/// error that names the limit, counted; what it frees it may use again.
+#[test]
+fn per_client_limits_are_enforced_and_counted() {
+    let limits = nicd::Limits {
+        max_qps: 2,
+        max_registered: 128 << 10,
+    };
+    let d = Daemon::start_with(&[fresh_ip(THIRD)], limits);
+    let g = d.guids[0];
+    let c = One(d.client(), g);
+    // Node::open registers 64 KiB.
+    let n = Node::open(&c, g, 16);
+    let all = verbs::conformance::all_access();
+    let b = MemBuf::new(64 << 10);
+    let mr = n.p.reg_mr(n.pd, &b, b.addr(), 64 << 10, all, 1).unwrap();
+    let small = MemBuf::new(4096);
+    let e =
+        n.p.reg_mr(n.pd, &small, small.addr(), 4096, all, 2)
+            .unwrap_err();
+    assert!(
+        matches!(e, VerbsError::OutOfResources(m) if m.contains("--max-registered")),
+        "{e:?}"
+    );
+    // Shrunk by a re-registration, the room is there again.
+    n.p.rereg_mr(mr.handle, &b, b.addr(), 4096, all).unwrap();
+    n.p.reg_mr(n.pd, &small, small.addr(), 4096, all, 2)
+        .unwrap();
+
+    let (q1, _q2) = (n.qp(QpType::Rc, None, 1), n.qp(QpType::Rc, None, 2));
+    let e =
+        n.p.create_qp(n.pd, &verbs::QpInit::rc(n.cq, 4, 4), 3)
+            .unwrap_err();
+    assert!(
+        matches!(e, VerbsError::OutOfResources(m) if m.contains("--max-qps")),
+        "{e:?}"
+    );
+    n.p.destroy_qp(q1).unwrap();
+    n.p.create_qp(n.pd, &verbs::QpInit::rc(n.cq, 4, 4), 3)
+        .unwrap();
+    assert_eq!(d.server.limit_refusals(), 2);
+    // Another client has limits of its own.
+    let other = One(d.client(), g);
+    let m = Node::open(&other, g, 16);
+    let b2 = MemBuf::new(64 << 10);
+    m.p.reg_mr(m.pd, &b2, b2.addr(), 64 << 10, all, 1).unwrap();
+}

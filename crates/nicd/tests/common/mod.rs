@@ -38,6 +38,11 @@ pub fn fresh_ip(third: u8) -> IpAddr {
 impl Daemon {
     /// Serves a CA on each of `ips` (GUIDs 0x2701, 0x2702, ...).
     pub fn start(ips: &[IpAddr]) -> Daemon {
+        Daemon::start_with(ips, nicd::Limits::default())
+    }
+
+    /// [`Daemon::start`], each client within `limits`.
+    pub fn start_with(ips: &[IpAddr], limits: nicd::Limits) -> Daemon {
         let cas: Vec<SoftCa> = ips
             .iter()
             .enumerate()
@@ -51,7 +56,7 @@ impl Daemon {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let path = std::env::temp_dir().join(format!("nicd-test-{}-{n}.sock", std::process::id()));
         let listener = nicd::server::bind(&path, false).unwrap();
-        let server = Server::new(soft.clone());
+        let server = Server::with_limits(soft.clone(), limits);
         server.serve(listener);
         Daemon {
             soft,
