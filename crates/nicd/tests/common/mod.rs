@@ -43,6 +43,12 @@ impl Daemon {
 
     /// [`Daemon::start`], each client within `limits`.
     pub fn start_with(ips: &[IpAddr], limits: nicd::Limits) -> Daemon {
+        Daemon::start_opts(ips, limits, false)
+    }
+
+    /// [`Daemon::start_with`]; the socket open to every user when
+    /// `everyone` (as a root daemon's), else to ours only.
+    pub fn start_opts(ips: &[IpAddr], limits: nicd::Limits, everyone: bool) -> Daemon {
         let cas: Vec<SoftCa> = ips
             .iter()
             .enumerate()
@@ -55,7 +61,7 @@ impl Daemon {
         let soft = SoftRoce::new(cas, ROCE_PORT);
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let path = std::env::temp_dir().join(format!("nicd-test-{}-{n}.sock", std::process::id()));
-        let listener = nicd::server::bind(&path, false).unwrap();
+        let listener = nicd::server::bind(&path, everyone).unwrap();
         let server = Server::with_limits(soft.clone(), limits);
         server.serve(listener);
         Daemon {

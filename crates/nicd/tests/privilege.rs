@@ -1,0 +1,104 @@
+//! Credentials decide what a client may do: a process of another user
+//! (nobody) is served, but its port changes are refused in words where
+//! root's reach the provider, and QP1 is refused to it as to everyone
+//! for now. Needs root (to run the client as nobody).
+//!
+//! The client is this test binary run again as nobody with
+//! `NICD_TEST_UNPRIVILEGED` naming the socket and the CA.
+
+mod common;
+
+use common::{fresh_ip, Daemon, One};
+use rdma_types::{Guid, Lid, PortNum, QpType};
+use std::os::unix::process::CommandExt;
+use std::process::Command;
+use std::time::Duration;
+use verbs::conformance::Node;
+use verbs::{PortModify, QpCaps, QpInit, VerbsError};
+
+const CHILD_ENV: &str = "NICD_TEST_UNPRIVILEGED";
+
+fn gsi(n: &Node) -> QpInit {
+    QpInit {
+        qp_type: QpType::Gsi,
+        send_cq: n.cq,
+        recv_cq: n.cq,
+        srq: None,
+        caps: QpCaps::default(),
+        sq_sig_all: true,
+        port: Some(PortNum(1)),
+    }
+}
+
+fn child(spec: &str) {
+    let (path, guid) = spec.split_once(' ').unwrap();
+    let p = nicd::NicdProvider::connect(std::path::Path::new(path)).unwrap();
+    let g = Guid(guid.parse().unwrap());
+    let c = One(p, g);
+    // Served: a CA, memory, a QP.
+    let n = Node::open(&c, g, 16);
+    let _ = n.qp(QpType::Rc, None, 1);
+    let e =
+        n.p.modify_port(n.ca, PortNum(1), &PortModify::new().lid(Lid(7)))
+            .unwrap_err();
+    assert!(
+        matches!(&e, VerbsError::InvalidArgument(m) if m.contains("need root")),
+        "{e:?}"
+    );
+    assert!(matches!(
+        n.p.create_qp(n.pd, &gsi(&n), 0),
+        Err(VerbsError::NotSupported(_))
+    ));
+    println!("UNPRIVILEGED refused as expected");
+}
+
+#[test]
+fn an_unprivileged_client_is_served_but_cannot_change_ports() {
+    if let Ok(spec) = std::env::var(CHILD_ENV) {
+        return child(&spec);
+    }
+    if !rdma_testkit::need::root() {
+        return;
+    }
+    let d = Daemon::start_opts(&[fresh_ip(240)], nicd::Limits::default(), true);
+    let g = d.guids[0];
+    // Root's port change passes the daemon's check and reaches the
+    // provider (whatever that says of a LID on a RoCE port).
+    let root = One(d.client(), g);
+    let n = Node::open(&root, g, 16);
+    let r =
+        n.p.modify_port(n.ca, PortNum(1), &PortModify::new().lid(Lid(7)));
+    assert!(
+        !matches!(&r, Err(VerbsError::InvalidArgument(m)) if m.contains("need root")),
+        "{r:?}"
+    );
+
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args([
+        "--exact",
+        "an_unprivileged_client_is_served_but_cannot_change_ports",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env(CHILD_ENV, format!("{} {}", d.path.display(), g.0))
+    .uid(65534)
+    .gid(65534);
+    let child = cmd.stdout(std::process::Stdio::piped()).spawn().unwrap();
+    let pid = child.id() as i32;
+    let (done, watch) = std::sync::mpsc::channel::<()>();
+    std::thread::spawn(move || {
+        if watch.recv_timeout(Duration::from_secs(60)).is_err() {
+            // SAFETY: a signal to our own child, not yet waited for.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    });
+    let out = child.wait_with_output().unwrap();
+    let _ = done.send(());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("UNPRIVILEGED refused as expected"),
+        "{}\n{text}",
+        out.status
+    );
+    assert_eq!(d.server.release_failures(), 0);
+}
