@@ -34,7 +34,7 @@ use crate::sock::{send_frame, FrameReader, ReadError};
 use rdma_types::Lkey;
 use std::collections::HashMap;
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -49,6 +49,9 @@ type Result<T> = verbs::Result<T>;
 /// How long a write to a client may block before the client is taken
 /// for dead.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Most `WaitCq`s of one client blocked at once (each holds a thread).
+const MAX_WAITS: usize = 64;
 
 /// Most completions one `PollCq` returns.
 const MAX_POLL: u32 = 4096;
@@ -155,16 +158,20 @@ pub struct Server {
 
 /// Where a connection's frames go: to its writer thread, until the
 /// connection ends.
-struct Outbox(Mutex<Option<Sender<Vec<u8>>>>);
+struct Outbox {
+    tx: Mutex<Option<Sender<Vec<u8>>>>,
+    /// `WaitCq`s waiting on threads of their own.
+    waits: AtomicUsize,
+}
 
 impl Outbox {
     fn send(&self, frame: Vec<u8>) {
-        if let Some(tx) = &*self.0.lock().unwrap_or_else(|e| e.into_inner()) {
+        if let Some(tx) = &*self.tx.lock().unwrap_or_else(|e| e.into_inner()) {
             let _ = tx.send(frame);
         }
     }
     fn close(&self) {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).take();
+        self.tx.lock().unwrap_or_else(|e| e.into_inner()).take();
     }
 }
 
@@ -390,7 +397,10 @@ impl Server {
         // not for long: its frames are dropped with the connection.
         let _ = wsock.set_write_timeout(Some(WRITE_TIMEOUT));
         let (tx, rx) = channel::<Vec<u8>>();
-        let out = Arc::new(Outbox(Mutex::new(Some(tx))));
+        let out = Arc::new(Outbox {
+            tx: Mutex::new(Some(tx)),
+            waits: AtomicUsize::new(0),
+        });
         let writer = std::thread::Builder::new()
             .name("nicd-writer".into())
             .spawn(move || {
@@ -911,7 +921,14 @@ impl Server {
             Err(VerbsError::Timeout) if timeout_us > 0 => {}
             r => return Some(r.map(|()| Reply::Unit {})),
         }
-        let (me, out) = (self.clone(), out.clone());
+        if out.waits.fetch_add(1, Ordering::Relaxed) >= MAX_WAITS {
+            out.waits.fetch_sub(1, Ordering::Relaxed);
+            return Some(
+                self.limit(false, "this client's blocked wait_cq calls (64 at once)")
+                    .map(|()| Reply::Unit {}),
+            );
+        }
+        let (me, waiter) = (self.clone(), out.clone());
         let spawned = std::thread::Builder::new()
             .name("nicd-wait".into())
             .spawn(move || {
@@ -919,11 +936,15 @@ impl Server {
                     .provider
                     .wait_cq(raw, Duration::from_micros(timeout_us))
                     .map(|()| Reply::Unit {});
-                out.send(proto::frame(Kind::Response, seq, &r));
+                waiter.waits.fetch_sub(1, Ordering::Relaxed);
+                waiter.send(proto::frame(Kind::Response, seq, &r));
             });
         match spawned {
             Ok(_) => None,
-            Err(_) => Some(Err(VerbsError::OutOfResources("nicd threads"))),
+            Err(_) => {
+                out.waits.fetch_sub(1, Ordering::Relaxed);
+                Some(Err(VerbsError::OutOfResources("nicd threads")))
+            }
         }
     }
 }

@@ -403,3 +403,61 @@ fn per_client_limits_are_enforced_and_counted() {
     let b2 = MemBuf::new(64 << 10);
     m.p.reg_mr(m.pd, &b2, b2.addr(), 64 << 10, all, 1).unwrap();
 }
+
+/// Each blocked `wait_cq` holds a thread of the daemon: a client gets 64
+/// at once, the 65th is refused at once (counted), and the 64 all end
+/// when the CQ gets a completion.
+#[test]
+fn blocked_waits_are_bounded_per_client() {
+    let d = Daemon::start(&[fresh_ip(THIRD)]);
+    let g = d.guids[0];
+    let c = One(d.client(), g);
+    let n = std::sync::Arc::new(Node::open(&c, g, 256));
+    let (tx, rx) = std::sync::mpsc::channel();
+    for _ in 0..65 {
+        let (n, tx) = (n.clone(), tx.clone());
+        std::thread::spawn(move || {
+            let _ = tx.send(n.p.wait_cq(n.cq, std::time::Duration::from_secs(60)));
+        });
+    }
+    // Only the refusal can come before a completion.
+    let first = rx.recv().unwrap();
+    assert!(
+        matches!(first, Err(VerbsError::OutOfResources(m)) if m.contains("wait_cq")),
+        "{first:?}"
+    );
+    assert_eq!(d.server.limit_refusals(), 1);
+    // A flushed receive is a completion: every waiter returns.
+    let q = n.qp(QpType::Rc, None, 1);
+    n.p.modify_qp(
+        q,
+        &verbs::QpAttr {
+            state: Some(rdma_types::QpState::Init),
+            pkey_index: Some(0),
+            port: Some(rdma_types::PortNum(1)),
+            access: Some(rdma_types::AccessFlags::NONE),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    n.p.post_recv(
+        q,
+        &[RecvWr {
+            wr_id: 1,
+            sges: vec![n.sge(0, 16)],
+        }],
+    )
+    .unwrap();
+    n.p.modify_qp(
+        q,
+        &verbs::QpAttr {
+            state: Some(rdma_types::QpState::Err),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    for _ in 0..64 {
+        assert_eq!(rx.recv().unwrap(), Ok(()));
+    }
+    assert_eq!(n.wc().status, WcStatus::WrFlushErr);
+}
