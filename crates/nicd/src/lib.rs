@@ -29,6 +29,7 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod client;
+pub mod fuzz;
 pub mod proto;
 pub mod server;
 mod sock;
