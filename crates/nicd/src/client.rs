@@ -18,7 +18,9 @@
 //! consumer that allocates after it connects needs no change.
 //!
 //! When the daemon goes away, every open CA's handler gets `CaRemoval`
-//! and every verb after it fails with `NoSuchCa`.
+//! and every verb after it fails with `NoSuchCa`. Dropping the provider
+//! closes the connection (the daemon releases what is left) and calls no
+//! handler.
 //!
 //! Not yet: QP0/QP1 (the daemon refuses them), and the data path through
 //! shared-memory rings (see [`crate::proto`]): each post and poll is a
@@ -31,7 +33,7 @@ use std::collections::HashMap;
 use std::os::fd::BorrowedFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
@@ -83,6 +85,9 @@ struct Conn {
     seq: AtomicU32,
     /// The consumer's handler of each open CA, by the daemon's CA index.
     handlers: Mutex<HashMap<u32, Arc<dyn EventHandler>>>,
+    /// The consumer dropped the provider: the connection's end is ours,
+    /// not the daemon's, and no handler hears of it.
+    dropped: AtomicBool,
 }
 
 /// A [`Provider`] whose CAs are the NIC daemon's (see the module docs).
@@ -122,6 +127,7 @@ impl NicdProvider {
             answered: Condvar::new(),
             seq: AtomicU32::new(0),
             handlers: Mutex::new(HashMap::new()),
+            dropped: AtomicBool::new(false),
         });
         let (tx, rx) = channel::<Dispatch>();
         let c = conn.clone();
@@ -168,6 +174,7 @@ impl Drop for NicdProvider {
     fn drop(&mut self) {
         // Ends the reader (and so the event thread); the daemon releases
         // what is left.
+        self.conn.dropped.store(true, Ordering::Relaxed);
         let _ = self.conn.sock.shutdown(std::net::Shutdown::Both);
     }
 }
@@ -224,7 +231,9 @@ impl Conn {
             .unwrap_or_else(|e| e.into_inner())
             .closed = true;
         self.answered.notify_all();
-        let _ = events.send(Dispatch::Gone);
+        if !self.dropped.load(Ordering::Relaxed) {
+            let _ = events.send(Dispatch::Gone);
+        }
     }
 
     /// Runs the handler an event is for, holding no lock.

@@ -324,9 +324,11 @@ fn a_client_that_disconnects_leaves_nothing_behind() {
     let stay = One(d.client(), g);
     let kept = Node::open(&stay, g, 16);
     let kept_objects = d.server.live_objects();
+    let leaving_rec;
     {
         let leaving = One(d.client(), g);
         let n = Node::open(&leaving, g, 16);
+        leaving_rec = n.rec.clone();
         let _srq =
             n.p.create_srq(
                 n.pd,
@@ -354,6 +356,21 @@ fn a_client_that_disconnects_leaves_nothing_behind() {
     );
     assert_eq!(d.server.release_failures(), 0, "the provider refused none");
     assert_eq!(kept.p.query_ca(kept.ca).unwrap().guid, g);
+    // The client's threads end and let go of its handler, which heard
+    // nothing of the end it chose (no CaRemoval).
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::sync::Arc::strong_count(&leaving_rec) > 1 && std::time::Instant::now() < end {
+        std::thread::yield_now();
+    }
+    assert_eq!(std::sync::Arc::strong_count(&leaving_rec), 1);
+    assert!(
+        !leaving_rec.events().iter().any(|e| matches!(
+            e,
+            verbs::conformance::Ev::Async(a) if a.kind == verbs::AsyncEventKind::CaRemoval
+        )),
+        "{:?}",
+        leaving_rec.events()
+    );
 }
 
 /// A client's QPs and registered memory stop at its limits, with an
