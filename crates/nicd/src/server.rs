@@ -14,13 +14,18 @@
 //! `InvalidHandle`, so a client cannot reach another's objects by
 //! guessing numbers. Work requests are checked the same way (a bind's
 //! MW and MR, a datagram's AH); an inline SGE must lie in one of the
-//! client's own registrations (the provider would take any of the CA's).
-//! L_Keys and R_Keys are the provider's own and checked by it: an L_Key
-//! of another client's PD is a protection error there.
+//! client's own registrations in the QP's PD and is posted with its
+//! L_Key (the provider would read it from any region of the CA at that
+//! address). L_Keys and R_Keys are the provider's own and checked by
+//! it: an L_Key of another client's PD is a protection error there.
 //!
 //! Privilege: QP0 and QP1 are refused to every client for now (the
 //! daemon's MAD services are a later increment); port changes
-//! (`modify_port`) only to root and the daemon's own user.
+//! (`modify_port`) only to root and the daemon's own user. Each client
+//! stays within [`Limits`] (QPs, registered memory) and 64 blocked
+//! `wait_cq` calls; refusals are counted. The table is searched
+//! linearly for a client's holdings and inline ranges: fine for
+//! thousands of objects, an index per client when there are more.
 //!
 //! When a connection ends (the client closed it, exited or was killed),
 //! the daemon destroys what it left in the seeds' hierarchical order: QPs,
