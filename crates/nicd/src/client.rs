@@ -144,24 +144,22 @@ impl NicdProvider {
                 }
             })
             .expect("spawn the event thread");
-        let reply = conn.call(&Request::Hello { version: VERSION }, None);
-        let daemon_pid = match reply {
+        // Dropped on a refusal, which ends the connection and its threads.
+        let mut p = NicdProvider {
+            conn,
+            daemon_pid: 0,
+        };
+        let refused = |reason| ConnectError::Refused {
+            path: socket.to_owned(),
+            reason,
+        };
+        p.daemon_pid = match p.conn.call(&Request::Hello { version: VERSION }, None) {
             Ok(Reply::Hello { pid, .. }) => pid,
-            Ok(other) => {
-                return Err(ConnectError::Refused {
-                    path: socket.to_owned(),
-                    reason: unexpected("Hello", &other),
-                })
-            }
-            Err(reason) => {
-                return Err(ConnectError::Refused {
-                    path: socket.to_owned(),
-                    reason,
-                })
-            }
+            Ok(other) => return Err(refused(unexpected("Hello", &other))),
+            Err(reason) => return Err(refused(reason)),
         };
         MemBuf::set_shared_by_default(true);
-        Ok(Arc::new(NicdProvider { conn, daemon_pid }))
+        Ok(Arc::new(p))
     }
 
     /// The daemon's process ID (from its hello).

@@ -478,3 +478,43 @@ fn blocked_waits_are_bounded_per_client() {
     }
     assert_eq!(n.wc().status, WcStatus::WrFlushErr);
 }
+
+/// A daemon that refuses the hello (another version): `connect` says so
+/// with the daemon's words, and no connection is kept.
+#[test]
+fn a_refused_hello_is_a_connect_error() {
+    let path = std::env::temp_dir().join(format!("nicd-refuse-{}.sock", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let l = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    let fake = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let mut len = [0; 4];
+        s.read_exact(&mut len).unwrap();
+        let mut f = vec![0; u32::from_le_bytes(len) as usize];
+        s.read_exact(&mut f).unwrap();
+        let (kind, seq, body) = proto::split(&f).unwrap();
+        assert_eq!(kind, Kind::Request);
+        assert_eq!(
+            proto::decode::<Request>(body).unwrap(),
+            Request::Hello { version: VERSION }
+        );
+        let no: Answer = Err(VerbsError::InvalidArgument(
+            "protocol version 1 not served: this nicd speaks version 2".into(),
+        ));
+        s.write_all(&proto::frame(Kind::Response, seq, &no))
+            .unwrap();
+        // The client lets go of the connection.
+        assert_eq!(s.read(&mut [0; 1]).unwrap(), 0);
+    });
+    let e = nicd::NicdProvider::connect(&path).err().expect("refused");
+    assert!(
+        matches!(&e, nicd::ConnectError::Refused { reason: VerbsError::InvalidArgument(m), .. } if m.contains("version 2")),
+        "{e:?}"
+    );
+    assert!(e.to_string().contains("refused us"), "{e}");
+    fake.join().unwrap();
+    let _ = std::fs::remove_file(&path);
+    // And nobody at a path is NoDaemon, saying how to start one.
+    let e = nicd::NicdProvider::connect(&path).err().expect("no daemon");
+    assert!(e.to_string().contains("nicd --ip"), "{e}");
+}
