@@ -26,7 +26,7 @@
 //! shared-memory rings (see [`crate::proto`]): each post and poll is a
 //! round trip on the socket.
 
-use crate::proto::{self, Answer, Event, Kind, Reply, Request, VERSION};
+use crate::proto::{self, Answer, ClientReport, Event, Kind, Reply, Request, VERSION};
 use crate::sock::{send_frame, FrameReader, ReadError};
 use rdma_types::{AccessFlags, Guid, PortNum, Qpn, Rkey};
 use std::collections::HashMap;
@@ -346,6 +346,17 @@ fn shared_fd(buf: &MemBuf) -> Result<BorrowedFd<'_>> {
                 .into(),
         )
     })
+}
+
+impl NicdProvider {
+    /// The daemon's clients and what each holds (this one among them).
+    ///
+    /// # Errors
+    /// `InvalidArgument` for a client that is neither root nor the
+    /// daemon's user; `NoSuchCa` when the daemon is gone.
+    pub fn daemon_clients(&self) -> Result<Vec<ClientReport>> {
+        call!(self, Request::Clients {}, Reply::Clients { clients } => clients)
+    }
 }
 
 impl Provider for NicdProvider {

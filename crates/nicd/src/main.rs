@@ -33,6 +33,10 @@ struct Args {
     /// with a unit (64G).
     #[arg(long, value_parser = rdma_types::units::size::<u64>, default_value = "64G")]
     max_registered: u64,
+    /// Print the running daemon's clients (process, user, what each
+    /// holds) and exit.
+    #[arg(long)]
+    clients: bool,
     /// The clients' socket [default: /run/nicd.sock for root,
     /// $XDG_RUNTIME_DIR/nicd.sock, else $TMPDIR/nicd-<uid>.sock].
     #[arg(long, env = nicd::SOCKET_ENV)]
@@ -62,6 +66,9 @@ fn main() -> ExitCode {
     let socket = args.socket.unwrap_or_else(|| {
         nicd::default_socket(euid, std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from))
     });
+    if args.clients {
+        return print_clients(&socket);
+    }
     let listener = match nicd::server::bind(&socket, euid == 0) {
         Ok(l) => l,
         Err(e) => {
@@ -83,4 +90,27 @@ fn main() -> ExitCode {
     tracing::info!("nicd: {}: stopping", daemon_ctl::signals::name(sig));
     let _ = std::fs::remove_file(&socket);
     ExitCode::SUCCESS
+}
+
+/// `--clients`: one line per client of the daemon at `socket`.
+fn print_clients(socket: &std::path::Path) -> ExitCode {
+    let p = match nicd::NicdProvider::connect(socket) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("nicd: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match p.daemon_clients() {
+        Ok(clients) => {
+            for c in clients {
+                println!("{c}");
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("nicd: {}: {e}", socket.display());
+            ExitCode::FAILURE
+        }
+    }
 }

@@ -176,7 +176,17 @@ macro_rules! wire_int {
         }
     )*};
 }
-wire_int!(u8, u16, u32, u64);
+wire_int!(u8, u16, u32, u64, i32);
+
+/// A count: a u64 on the wire.
+impl Wire for usize {
+    fn put(&self, e: &mut Enc) {
+        (*self as u64).put(e);
+    }
+    fn get(d: &mut Dec<'_>) -> PResult<Self> {
+        usize::try_from(u64::get(d)?).map_err(|_| ProtoError::BadValue("count"))
+    }
+}
 
 impl Wire for bool {
     fn put(&self, e: &mut Enc) {
@@ -409,6 +419,60 @@ wire_struct! {
     PkeyViolation { pkey, src_gid, dst_gid, src_qp, dest_qp }
 }
 
+/// What the daemon knows of a client from its socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Peer {
+    /// The daemon's number for the connection.
+    pub id: u64,
+    /// Process ID (`SO_PEERCRED`).
+    pub pid: i32,
+    /// Effective user ID.
+    pub uid: u32,
+    /// Effective group ID.
+    pub gid: u32,
+}
+
+/// A client and what it holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientReport {
+    /// Who.
+    pub peer: Peer,
+    /// Objects it holds, by kind.
+    pub objects: Vec<(ResourceKind, usize)>,
+}
+
+impl ClientReport {
+    /// Objects it holds, all kinds.
+    pub fn total(&self) -> usize {
+        self.objects.iter().map(|(_, n)| n).sum()
+    }
+}
+
+impl core::fmt::Display for ClientReport {
+    /// `client 3: pid 1234 uid 0 gid 0: 1 CA, 1 PD, 2 CQ, 1 MR, 2 QP`.
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        let p = &self.peer;
+        write!(
+            f,
+            "client {}: pid {} uid {} gid {}:",
+            p.id, p.pid, p.uid, p.gid
+        )?;
+        if self.objects.is_empty() {
+            return f.write_str(" nothing");
+        }
+        for (i, (kind, n)) in self.objects.iter().enumerate() {
+            let sep = if i == 0 { " " } else { ", " };
+            write!(f, "{sep}{n} {}", format!("{kind:?}").to_uppercase())?;
+        }
+        Ok(())
+    }
+}
+
+wire_struct! {
+    Peer { id, pid, uid, gid }
+    ClientReport { peer, objects }
+}
+
 /// The `&'static str` of an error decoded from the daemon: each distinct
 /// text is kept once for the life of the process (the daemon's texts are
 /// its provider's literals, a small set).
@@ -616,6 +680,9 @@ messages! {
         PostSend = 33 { qp: QpHandle, wrs: Vec<SendWr> },
         /// `post_recv`.
         PostRecv = 34 { qp: QpHandle, wrs: Vec<RecvWr> },
+        /// The daemon's clients and what each holds (root and the
+        /// daemon's user only).
+        Clients = 35 {},
     }
 
     /// Daemon to client: what a request returns.
@@ -658,6 +725,8 @@ messages! {
         Mw = 17 { mw: MwHandle, rkey: Rkey },
         /// An R_Key.
         Rkey = 18 { rkey: Rkey },
+        /// The daemon's clients.
+        Clients = 19 { clients: Vec<ClientReport> },
     }
 
     /// Daemon to client: a callback of the provider, for the handler of

@@ -35,6 +35,7 @@
 //! through the daemon (a later increment).
 
 use crate::proto::{self, Answer, Event, Kind, Reply, Request, VERSION};
+pub use crate::proto::{ClientReport, Peer};
 use crate::sock::{send_frame, FrameReader, ReadError};
 use rdma_types::Lkey;
 use std::collections::HashMap;
@@ -61,19 +62,6 @@ const MAX_WAITS: usize = 64;
 /// Most completions one `PollCq` returns.
 const MAX_POLL: u32 = 4096;
 
-/// What the daemon knows of a client from its socket.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Peer {
-    /// The daemon's number for the connection.
-    pub id: u64,
-    /// Process ID (`SO_PEERCRED`).
-    pub pid: i32,
-    /// Effective user ID.
-    pub uid: u32,
-    /// Effective group ID.
-    pub gid: u32,
-}
-
 /// What one client may hold; a verb that would go beyond is refused
 /// with `OutOfResources` naming the limit, and counted
 /// ([`Server::limit_refusals`]).
@@ -93,22 +81,6 @@ impl Default for Limits {
             max_qps: 16384,
             max_registered: 64 << 30,
         }
-    }
-}
-
-/// A client and what it holds.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ClientReport {
-    /// Who.
-    pub peer: Peer,
-    /// Objects it holds, by kind.
-    pub objects: Vec<(ResourceKind, usize)>,
-}
-
-impl ClientReport {
-    /// Objects it holds, all kinds.
-    pub fn total(&self) -> usize {
-        self.objects.iter().map(|(_, n)| n).sum()
     }
 }
 
@@ -698,6 +670,17 @@ impl Server {
                 Request::TakePkeyViolations { ca, port } => Reply::PkeyViolations {
                     v: p.take_pkey_violations(CaHandle(self.raw(me, K::Ca, ca.0)?), port)?,
                 },
+                Request::Clients {} => {
+                    if peer.uid != 0 && peer.uid != self.uid {
+                        return Err(bad(format!(
+                            "listing the clients needs root or the daemon's user (uid {}); client uid {}",
+                            self.uid, peer.uid
+                        )));
+                    }
+                    Reply::Clients {
+                        clients: self.clients(),
+                    }
+                }
                 Request::AllocPd { ca, ctx } => {
                     let raw = p.alloc_pd(CaHandle(self.raw(me, K::Ca, ca.0)?), ctx)?;
                     Reply::Pd {

@@ -49,6 +49,22 @@ fn nicd_serves_a_client_and_its_end_removes_the_ca() {
     assert_eq!(port.gids[0], Gid::from_ip(ip));
     assert_eq!(p.query_ca(ca).unwrap().guid, guid);
 
+    // `nicd --clients` lists this process's connection and what it holds
+    // (its own connection too, holding nothing).
+    let out = Command::new(env!("CARGO_BIN_EXE_nicd"))
+        .arg("--clients")
+        .arg("--socket")
+        .arg(&socket)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    let me = format!(": pid {} uid ", std::process::id());
+    let mine: Vec<&str> = text.lines().filter(|l| l.contains(&me)).collect();
+    assert_eq!(mine.len(), 1, "{text}");
+    assert!(mine[0].ends_with(": 1 CA"), "{text}");
+    assert!(text.lines().any(|l| l.ends_with(": nothing")), "{text}");
+
     // SIGTERM: the daemon goes, its socket file with it; the client's
     // handler hears the CA removed and its verbs fail.
     // SAFETY: a signal to our own child, not yet waited for.

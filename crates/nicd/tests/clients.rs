@@ -33,6 +33,15 @@ fn two_clients_share_one_nic() {
         assert_eq!(c.total(), 5, "{c:?}");
         assert_eq!(c.peer.pid as u32, std::process::id());
     }
+    // A client (root here) asks the daemon the same.
+    assert_eq!(ca.0.daemon_clients().unwrap(), clients);
+    assert!(
+        clients[0]
+            .to_string()
+            .ends_with(": 1 CA, 1 PD, 1 CQ, 1 QP, 1 MR"),
+        "{}",
+        clients[0]
+    );
 
     // SEND a -> b.
     b.p.post_recv(

@@ -49,6 +49,11 @@ fn child(spec: &str) {
         n.p.create_qp(n.pd, &gsi(&n), 0),
         Err(VerbsError::NotSupported(_))
     ));
+    let e = c.0.daemon_clients().unwrap_err();
+    assert!(
+        matches!(&e, VerbsError::InvalidArgument(m) if m.contains("needs root")),
+        "{e:?}"
+    );
     println!("UNPRIVILEGED refused as expected");
 }
 
