@@ -69,6 +69,18 @@ fn main() -> ExitCode {
     if args.clients {
         return print_clients(&socket);
     }
+    let provider = SoftRoce::with_options(SoftCa::at_each(&ips), args.udp_port, args.mtu, options);
+    let limits = nicd::Limits {
+        max_qps: args.max_qps,
+        max_registered: args.max_registered,
+    };
+    let server = nicd::Server::with_limits(provider, limits);
+    if let Err((guid, e)) = server.claim_nics() {
+        let ip = ips.iter().find(|ip| rnic::softroce::ip_guid(**ip) == guid);
+        let ip = ip.map_or_else(|| format!("{guid:?}"), |ip| ip.to_string());
+        eprintln!("nicd: {ip} (UDP port {}): {e}", args.udp_port);
+        return ExitCode::FAILURE;
+    }
     let listener = match nicd::server::bind(&socket, euid == 0) {
         Ok(l) => l,
         Err(e) => {
@@ -76,12 +88,6 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let provider = SoftRoce::with_options(SoftCa::at_each(&ips), args.udp_port, args.mtu, options);
-    let limits = nicd::Limits {
-        max_qps: args.max_qps,
-        max_registered: args.max_registered,
-    };
-    let server = nicd::Server::with_limits(provider, limits);
     server.serve(listener);
     let shown: Vec<String> = ips.iter().map(|i| i.to_string()).collect();
     tracing::info!("nicd: serving {} on {}", shown.join(", "), socket.display());

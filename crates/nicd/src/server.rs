@@ -131,6 +131,8 @@ pub struct Server {
     release_failures: AtomicU64,
     limits: Limits,
     limit_refusals: AtomicU64,
+    /// The daemon's own opening of each CA ([`Server::claim_nics`]).
+    claimed: Mutex<Vec<CaHandle>>,
 }
 
 /// Where a connection's frames go: to its writer thread, until the
@@ -247,11 +249,40 @@ impl Server {
             release_failures: AtomicU64::new(0),
             limits,
             limit_refusals: AtomicU64::new(0),
+            claimed: Mutex::new(Vec::new()),
         })
     }
 
     fn lock(&self) -> MutexGuard<'_, Table> {
         self.st.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Opens every CA of the provider for the daemon itself and keeps it
+    /// open: each NIC's UDP socket is bound now, so a start on an address
+    /// another process holds fails at once, and stays bound between
+    /// clients (no other process can take the port while none is
+    /// connected).
+    ///
+    /// # Errors
+    /// The first CA that would not open, and why (the others are closed
+    /// again).
+    pub fn claim_nics(&self) -> std::result::Result<(), (rdma_types::Guid, VerbsError)> {
+        let mut claimed = self.claimed.lock().unwrap_or_else(|e| e.into_inner());
+        for guid in self.provider.list_cas() {
+            match self
+                .provider
+                .open_ca(guid, 0, Arc::new(verbs::IgnoreEvents))
+            {
+                Ok(ca) => claimed.push(ca),
+                Err(e) => {
+                    for ca in claimed.drain(..) {
+                        let _ = self.provider.close_ca(ca);
+                    }
+                    return Err((guid, e));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Accepts clients on `listener` until it fails, each on threads of

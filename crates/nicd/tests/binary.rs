@@ -49,6 +49,21 @@ fn nicd_serves_a_client_and_its_end_removes_the_ca() {
     assert_eq!(port.gids[0], Gid::from_ip(ip));
     assert_eq!(p.query_ca(ca).unwrap().guid, guid);
 
+    // A second daemon on the same address cannot have its UDP port: it
+    // says so and stops, leaving no socket file; the first serves on.
+    let socket2 = socket.with_extension("second");
+    let out = Command::new(env!("CARGO_BIN_EXE_nicd"))
+        .args(["--ip", &ip.to_string(), "--socket"])
+        .arg(&socket2)
+        .env("SOFTROCE_FOLLOW_LINK", "0")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("127.27.230.1 (UDP port 4791)"), "{err}");
+    assert!(!socket2.exists());
+    assert_eq!(p.query_ca(ca).unwrap().guid, guid);
+
     // `nicd --clients` lists this process's connection and what it holds
     // (its own connection too, holding nothing).
     let out = Command::new(env!("CARGO_BIN_EXE_nicd"))
