@@ -473,15 +473,22 @@ wire_struct! {
     ClientReport { peer, objects }
 }
 
+/// Most distinct error texts [`interned`] keeps.
+const MAX_TEXTS: usize = 4096;
+
 /// The `&'static str` of an error decoded from the daemon: each distinct
 /// text is kept once for the life of the process (the daemon's texts are
-/// its provider's literals, a small set).
+/// its provider's literals, a small set; past [`MAX_TEXTS`] of them, a
+/// daemon that makes them up gets one text for all the others).
 fn interned(s: String) -> &'static str {
     static TEXTS: Mutex<Option<HashSet<&'static str>>> = Mutex::new(None);
     let mut t = TEXTS.lock().unwrap_or_else(|e| e.into_inner());
     let t = t.get_or_insert_with(HashSet::new);
     if let Some(k) = t.get(s.as_str()) {
         return k;
+    }
+    if t.len() >= MAX_TEXTS {
+        return "(an error text of nicd's: too many distinct ones to keep)";
     }
     let k: &'static str = Box::leak(s.into_boxed_str());
     t.insert(k);
