@@ -205,6 +205,10 @@ pub struct Target {
     /// Task sets and ACA conditions by logical unit (device identity).
     order: Mutex<Order>,
     order_cv: std::sync::Condvar,
+    /// Tasks waiting on `order_cv`, counted under `order`: a command that
+    /// ends with nobody waiting makes no futex call (one per command, the
+    /// only system call of a READ run to completion on the loopback).
+    order_waiters: AtomicUsize,
     /// ACA conditions in effect (`order.aca.len()`), so commands with
     /// NACA=0 skip the ACA rules without taking the lock when there are none.
     aca_live: AtomicUsize,
@@ -250,9 +254,19 @@ impl Target {
         self.aca_live.store(after, SeqCst);
         drop(order);
         if after < before {
-            self.order_cv.notify_all();
+            self.wake_ordered();
         }
         r
+    }
+
+    /// Wakes the tasks waiting for their turn, if any. Call it after
+    /// changing `order` (under its lock or after): a waiter counts itself
+    /// under the lock before it sleeps, so it is either counted here or
+    /// saw the change before sleeping.
+    fn wake_ordered(&self) {
+        if self.order_waiters.load(SeqCst) > 0 {
+            self.order_cv.notify_all();
+        }
     }
 
     /// Ends the ACA conditions `which` accepts (by LU key and condition),
@@ -465,7 +479,7 @@ impl Target {
                 }
             }
         });
-        self.order_cv.notify_all();
+        self.wake_ordered();
         r
     }
 
@@ -497,7 +511,9 @@ impl Target {
         if let Some((k, seq)) = entry {
             let mut order = self.order.lock().unwrap_or_else(|e| e.into_inner());
             while !aborted() && !order.may_start(k, seq, attr) {
+                self.order_waiters.fetch_add(1, SeqCst);
                 order = self.order_cv.wait(order).unwrap_or_else(|e| e.into_inner());
+                self.order_waiters.fetch_sub(1, SeqCst);
             }
         }
         let r = if aborted() {
@@ -536,7 +552,7 @@ impl Target {
         let r = self.task_management_inner(nexus, lun, tmf);
         // Tasks waiting for their turn in a task set see their abort.
         let _order = self.order.lock().unwrap_or_else(|e| e.into_inner());
-        self.order_cv.notify_all();
+        self.wake_ordered();
         r
     }
 
