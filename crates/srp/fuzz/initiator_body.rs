@@ -124,11 +124,12 @@ fn run_initiator_session(data: &[u8]) -> SessionStats {
                         len,
                     })
                     .collect();
+                let imm = vec![0xa5; if kind % 4 == 3 { usize::from(b.u8()) * 16 } else { 0 }];
                 let data = match kind % 4 {
                     0 => Data::None,
-                    1 => Data::In(segs),
-                    2 => Data::Out(segs),
-                    _ => Data::Immediate(vec![0xa5; usize::from(b.u8()) * 16]),
+                    1 => Data::In(&segs),
+                    2 => Data::Out(&segs),
+                    _ => Data::Immediate(&imm),
                 };
                 let mut cmd = Command::new(Lun::from_u64(u64::from(kind >> 6)), &[0x28; 10], data);
                 if kind & 0x10 != 0 {
@@ -138,8 +139,10 @@ fn run_initiator_session(data: &[u8]) -> SessionStats {
                         len: u32::from(b.u8()) * 16,
                     });
                 }
+                let long_cdb;
                 if kind & 0x20 != 0 {
-                    cmd.cdb = vec![0; usize::from(b.u8())];
+                    long_cdb = vec![0; usize::from(b.u8())];
+                    cmd.cdb = &long_cdb;
                 }
                 let before = ch.credits();
                 if let Ok(tag) = ch.submit(now, &cmd) {

@@ -83,8 +83,9 @@ fn segs(n: usize) -> Vec<Segment> {
 const READ10: [u8; 10] = [0x28, 0, 0, 0, 0, 0x10, 0, 0, 1, 0];
 const WRITE10: [u8; 10] = [0x2a, 0, 0, 0, 0, 0x10, 0, 0, 1, 0];
 
-fn read(lun: u64, n: usize) -> Command {
-    Command::new(Lun::from_u64(lun), &READ10, Data::In(segs(n)))
+/// A READ of `n` segments (kept for the rest of the test).
+fn read(lun: u64, n: usize) -> Command<'static> {
+    Command::new(Lun::from_u64(lun), &READ10, Data::In(segs(n).leak()))
 }
 
 fn rsp(tag: Tag, delta: i32, status: u8) -> Vec<u8> {
@@ -227,7 +228,7 @@ fn login_accept_without_target_immediate() {
     assert_eq!(neg.max_it_iu_len, 48 + 16 + 20 + 12 * 16);
     assert_eq!(neg.can_queue, 8, "can_queue of the config caps it");
     assert_eq!(ch.immediate_capacity(), None);
-    let cmd = Command::new(Lun::from_u64(0), &WRITE10, Data::Immediate(vec![1; 16]));
+    let cmd = Command::new(Lun::from_u64(0), &WRITE10, Data::Immediate(&[1; 16]));
     assert_eq!(
         ch.submit(T0, &cmd),
         Err(SubmitError::ImmediateNotNegotiated)
@@ -319,7 +320,7 @@ fn one_segment_is_direct() {
 #[test]
 fn up_to_cmd_sg_entries_is_indirect_in_the_iu() {
     let mut ch = logged_in(16);
-    let mut cmd = Command::new(Lun::from_u64(1), &WRITE10, Data::Out(segs(12)));
+    let mut cmd = Command::new(Lun::from_u64(1), &WRITE10, Data::Out(segs(12).leak()));
     cmd.desc_table = Some(DirectBuf {
         va: 0xdead_0000,
         key: Rkey(0x77),
@@ -396,10 +397,10 @@ fn more_than_cmd_sg_entries_with_ext_sg_uses_an_external_table() {
 #[test]
 fn bad_data_is_refused() {
     let mut ch = logged_in(16);
-    let cmd = Command::new(Lun::default(), &READ10, Data::In(vec![]));
+    let cmd = Command::new(Lun::default(), &READ10, Data::In(&[]));
     assert_eq!(ch.submit(T0, &cmd), Err(SubmitError::EmptyData));
     let big = vec![seg(0, u32::MAX), seg(1, 1)];
-    let cmd = Command::new(Lun::default(), &READ10, Data::In(big));
+    let cmd = Command::new(Lun::default(), &READ10, Data::In(&big));
     assert_eq!(
         ch.submit(T0, &cmd),
         Err(SubmitError::DataTooLong(u64::from(u32::MAX) + 1))
@@ -417,7 +418,7 @@ fn immediate_data_when_it_fits() {
     let cap = ch.immediate_capacity().unwrap();
     assert_eq!(cap, 1000);
     let data: Vec<u8> = (0..cap).map(|i| i as u8).collect();
-    let cmd = Command::new(Lun::from_u64(3), &WRITE10, Data::Immediate(data.clone()));
+    let cmd = Command::new(Lun::from_u64(3), &WRITE10, Data::Immediate(&data));
     ch.submit(T0, &cmd).unwrap();
     let t = one_send(&mut ch);
     assert_eq!(t.bytes.len(), 68 + 1000);
@@ -433,7 +434,7 @@ fn immediate_data_when_it_fits() {
     );
     let mut more = data;
     more.push(0);
-    let cmd = Command::new(Lun::from_u64(3), &WRITE10, Data::Immediate(more));
+    let cmd = Command::new(Lun::from_u64(3), &WRITE10, Data::Immediate(&more));
     assert_eq!(
         ch.submit(T0, &cmd),
         Err(SubmitError::ImmediateTooLarge {
@@ -442,7 +443,7 @@ fn immediate_data_when_it_fits() {
         })
     );
     // A CDB longer than 32 bytes overlaps the immediate data offset.
-    let cmd = Command::new(Lun::from_u64(3), &[0u8; 40], Data::Immediate(vec![1]));
+    let cmd = Command::new(Lun::from_u64(3), &[0u8; 40], Data::Immediate(&[1]));
     assert!(matches!(ch.submit(T0, &cmd), Err(SubmitError::Encode(_))));
 }
 

@@ -544,9 +544,9 @@ impl Session {
         }
         let data = match xfer {
             Xfer::None => Data::None,
-            Xfer::In(_) | Xfer::InTo(_) => Data::In(segs.clone()),
-            Xfer::Out(d) if immediate => Data::Immediate(d.to_vec()),
-            Xfer::Out(_) => Data::Out(segs.clone()),
+            Xfer::In(_) | Xfer::InTo(_) => Data::In(&segs),
+            Xfer::Out(d) if immediate => Data::Immediate(d),
+            Xfer::Out(_) => Data::Out(&segs),
         };
         let mut cmd = Command::new(lun, cdb, data);
         cmd.attr = attr;

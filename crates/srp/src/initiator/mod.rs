@@ -493,7 +493,7 @@ impl Channel {
             tag,
             lun: cmd.lun,
             task_attr: cmd.attr,
-            cdb: &cmd.cdb,
+            cdb: cmd.cdb,
             data_out,
             data_in,
         };

@@ -16,32 +16,35 @@ pub type Segment = DirectBuf;
 
 /// The data of one SCSI command. ib_srp refuses bidirectional commands, and
 /// so does this channel.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub enum Data {
+/// It borrows the caller's segments and bytes: the channel encodes the
+/// command into its IU within [`Channel::submit`](super::Channel::submit)
+/// and keeps none of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Data<'a> {
     /// No data transfer.
     #[default]
     None,
     /// Data-in: the target RDMA WRITEs into these segments, in order.
-    In(Vec<Segment>),
+    In(&'a [Segment]),
     /// Data-out: the target RDMA READs these segments, in order.
-    Out(Vec<Segment>),
+    Out(&'a [Segment]),
     /// Data-out carried inside the SRP_CMD (SRP2 immediate data); only when
     /// [`Channel::immediate_capacity`](super::Channel::immediate_capacity)
     /// says it fits.
-    Immediate(Vec<u8>),
+    Immediate(&'a [u8]),
 }
 
 /// A SCSI command for [`Channel::submit`](super::Channel::submit).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Command {
+pub struct Command<'a> {
     /// Logical unit.
     pub lun: Lun,
     /// The CDB (at most 16 + 252 bytes; 32 with immediate data).
-    pub cdb: Vec<u8>,
+    pub cdb: &'a [u8],
     /// Task attribute.
     pub attr: TaskAttr,
     /// Data buffer.
-    pub data: Data,
+    pub data: Data<'a>,
     /// Timeout; `None` takes the channel's `cmd_timeout`.
     pub timeout: Option<Duration>,
     /// Registered memory where the full descriptor table may be written,
@@ -53,13 +56,13 @@ pub struct Command {
     pub desc_table: Option<DirectBuf>,
 }
 
-impl Command {
+impl<'a> Command<'a> {
     /// A command with SIMPLE task attribute, the default timeout and no
     /// descriptor table.
-    pub fn new(lun: Lun, cdb: &[u8], data: Data) -> Command {
+    pub fn new(lun: Lun, cdb: &'a [u8], data: Data<'a>) -> Command<'a> {
         Command {
             lun,
-            cdb: cdb.to_vec(),
+            cdb,
             attr: TaskAttr::Simple,
             data,
             timeout: None,
