@@ -2,9 +2,11 @@
 //! them (`SCM_RIGHTS`), for both ends.
 
 use crate::proto::{ProtoError, MAX_FRAME};
+use nix::errno::Errno;
+use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
 use std::collections::VecDeque;
-use std::io::{self, Write};
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::io::{self, IoSlice, IoSliceMut, Write};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 
 /// Most descriptors taken from one `recvmsg` (a frame carries one).
@@ -82,56 +84,32 @@ impl FrameReader {
 
     /// One `recvmsg`: bytes into `chunk`, descriptors onto the queue.
     fn recv(&mut self, chunk: &mut [u8]) -> io::Result<usize> {
-        // u64 words keep the control buffer aligned for cmsghdr.
-        let mut cbuf = [0u64; 16];
-        // SAFETY: CMSG_SPACE only computes a size.
-        let cspace = unsafe { libc::CMSG_SPACE((FDS_PER_READ * size_of::<i32>()) as u32) };
-        assert!(cspace as usize <= size_of_val(&cbuf));
-        let mut iov = libc::iovec {
-            iov_base: chunk.as_mut_ptr().cast(),
-            iov_len: chunk.len(),
-        };
-        // SAFETY: msghdr is plain data; zero is a valid empty header.
-        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = cbuf.as_mut_ptr().cast();
-        msg.msg_controllen = cspace as _;
-        let n = loop {
-            // SAFETY: `msg` points at `iov` (into `chunk`) and `cbuf`,
-            // both valid for writes of the lengths given, and outlives
-            // the call.
-            let n =
-                unsafe { libc::recvmsg(self.sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
-            if n >= 0 {
-                break n as usize;
-            }
-            let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::Interrupted {
-                return Err(e);
+        let mut cmsg = nix::cmsg_space!([RawFd; FDS_PER_READ]);
+        let mut iov = [IoSliceMut::new(chunk)];
+        let msg = loop {
+            match recvmsg::<()>(
+                self.sock.as_raw_fd(),
+                &mut iov,
+                Some(&mut cmsg),
+                MsgFlags::MSG_CMSG_CLOEXEC,
+            ) {
+                Err(Errno::EINTR) => continue,
+                r => break r?,
             }
         };
-        // SAFETY: `msg` was filled by recvmsg; the CMSG macros walk the
-        // control buffer within `msg_controllen`, and each SCM_RIGHTS
-        // payload is an array of descriptors the kernel just installed in
-        // this process, owned by nobody else.
-        unsafe {
-            let mut c = libc::CMSG_FIRSTHDR(&msg);
-            while !c.is_null() {
-                if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
-                    let data = libc::CMSG_DATA(c).cast::<i32>();
-                    let bytes = (*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
-                    for i in 0..bytes / size_of::<i32>() {
-                        let fd = OwnedFd::from_raw_fd(data.add(i).read_unaligned());
-                        if self.fds.len() < MAX_QUEUED_FDS {
-                            self.fds.push_back(fd);
-                        }
+        for c in msg.cmsgs()? {
+            if let ControlMessageOwned::ScmRights(fds) = c {
+                for fd in fds {
+                    // SAFETY: the kernel just installed this descriptor in
+                    // this process for this message; nobody else owns it.
+                    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+                    if self.fds.len() < MAX_QUEUED_FDS {
+                        self.fds.push_back(fd);
                     }
                 }
-                c = libc::CMSG_NXTHDR(&msg, c);
             }
         }
-        Ok(n)
+        Ok(msg.bytes)
     }
 }
 
@@ -144,46 +122,13 @@ pub fn send_frame(sock: &UnixStream, frame: &[u8], fd: Option<BorrowedFd<'_>>) -
     let Some(fd) = fd else {
         return (&mut &*sock).write_all(frame);
     };
-    let mut cbuf = [0u64; 4];
-    // SAFETY: CMSG_SPACE/CMSG_LEN only compute sizes.
-    let (space, len) = unsafe {
-        (
-            libc::CMSG_SPACE(size_of::<i32>() as u32),
-            libc::CMSG_LEN(size_of::<i32>() as u32),
-        )
-    };
-    let mut iov = libc::iovec {
-        iov_base: frame.as_ptr() as *mut _,
-        iov_len: frame.len(),
-    };
-    // SAFETY: msghdr is plain data; zero is a valid empty header.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = cbuf.as_mut_ptr().cast();
-    msg.msg_controllen = space as _;
-    // SAFETY: the control buffer holds CMSG_SPACE(4) bytes (checked
-    // against its size), so the first header and its data fit in it.
-    unsafe {
-        assert!(space as usize <= size_of_val(&cbuf));
-        let c = libc::CMSG_FIRSTHDR(&msg);
-        (*c).cmsg_level = libc::SOL_SOCKET;
-        (*c).cmsg_type = libc::SCM_RIGHTS;
-        (*c).cmsg_len = len as _;
-        libc::CMSG_DATA(c)
-            .cast::<i32>()
-            .write_unaligned(fd.as_raw_fd());
-    }
+    let fds = [fd.as_raw_fd()];
+    let cmsg = [ControlMessage::ScmRights(&fds)];
+    let iov = [IoSlice::new(frame)];
     let sent = loop {
-        // SAFETY: `msg` points at `iov` (into `frame`, read only by the
-        // kernel) and `cbuf`, valid for the lengths given.
-        let n = unsafe { libc::sendmsg(sock.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
-        if n >= 0 {
-            break n as usize;
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
+        match sendmsg::<()>(sock.as_raw_fd(), &iov, &cmsg, MsgFlags::MSG_NOSIGNAL, None) {
+            Err(Errno::EINTR) => continue,
+            r => break r?,
         }
     };
     (&mut &*sock).write_all(&frame[sent..])

@@ -4,12 +4,12 @@
 
 mod common;
 
-use common::{fresh_ip, rc_to, Daemon, One};
+use common::{fresh_ip, Daemon, One};
 use nicd::proto::{self, Answer, Kind, Reply, Request, VERSION};
 use rdma_types::{QpType, WcOpcode, WcStatus};
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
-use verbs::conformance::Node;
+use verbs::conformance::{connect, Node};
 use verbs::{MemBuf, RecvWr, RemoteAddr, SendOpcode, SendWr, VerbsError};
 
 const THIRD: u8 = 100;
@@ -24,8 +24,7 @@ fn two_clients_share_one_nic() {
     let (ca, cb) = (One(d.client(), g), One(d.client(), g));
     let (a, b) = (Node::open(&ca, g, 64), Node::open(&cb, g, 64));
     let (qa, qb) = (a.qp(QpType::Rc, None, 1), b.qp(QpType::Rc, None, 2));
-    rc_to(&a, qa, b.av(), b.p.qp_num(qb).unwrap());
-    rc_to(&b, qb, a.av(), a.p.qp_num(qa).unwrap());
+    connect(&a, qa, &b, qb, QpType::Rc, 7);
     let clients = d.server.clients();
     assert_eq!(clients.len(), 2);
     for c in &clients {
@@ -140,8 +139,7 @@ fn another_clients_handles_and_keys_are_refused() {
         a.p.qp_num(verbs::QpHandle(a.cq.0)),
         Err(VerbsError::InvalidHandle)
     );
-    rc_to(&a, qa, b.av(), b.p.qp_num(qb).unwrap());
-    rc_to(&b, qb, a.av(), a.p.qp_num(qa).unwrap());
+    connect(&a, qa, &b, qb, QpType::Rc, 7);
 
     // b's RDMA WRITE just past a's registration: a remote access error,
     // and a's bytes there stay as they were. Register a smaller range
@@ -168,8 +166,7 @@ fn another_clients_handles_and_keys_are_refused() {
 
     // a's L_Key in b's work request: a's PD, not b's.
     let (qa2, qb2) = (a.qp(QpType::Rc, None, 3), b.qp(QpType::Rc, None, 4));
-    rc_to(&a, qa2, b.av(), b.p.qp_num(qb2).unwrap());
-    rc_to(&b, qb2, a.av(), a.p.qp_num(qa2).unwrap());
+    connect(&a, qa2, &b, qb2, QpType::Rc, 7);
     let mut s = SendWr::new(5, SendOpcode::Send, vec![a.sge(0, 16)]);
     s.flags = verbs::SendFlags::SIGNALED;
     match b.p.post_send(qb2, &[s]) {

@@ -281,10 +281,12 @@ impl Inner {
         // counts it where it was addressed.
         let dev = self.scsi.device(&job.nexus, lun);
         let direct_in = !data_out_dir && req.data_in_len >= DIRECT_IN_MIN;
+        // Parsed once: it picks the memory store's path and the counters.
+        let kind = scsi::Command::parse(&req.cdb).map(|(_, c)| c);
         // A READ from a memory store goes out of the store itself.
         let store = dev
             .as_ref()
-            .filter(|_| direct_in && is_read(&req.cdb))
+            .filter(|_| direct_in && matches!(kind, Ok(scsi::Command::Read { .. })))
             .and_then(|d| d.backend().memory()?.downcast_ref::<crate::MemStore>())
             .map(crate::MemStore::memory_now)
             .and_then(|mem| Some((self.store_lkey(&mem)?, mem)));
@@ -382,7 +384,6 @@ impl Inner {
         let in_len = data_in.len();
         if let Some(dev) = &dev {
             let good = r.status == scsi::Status::Good;
-            let kind = scsi::Command::parse(&req.cdb).map(|(_, c)| c);
             let (data_in_len, data_out_len) = (in_len as u64, out_len);
             self.count(lun, dev, |n| {
                 n.commands += 1;
@@ -423,10 +424,4 @@ impl Inner {
         }
         (done, data_in)
     }
-}
-
-/// Whether a CDB is a READ (6, 10, 12, 16): the commands whose data-in a
-/// memory store can give by reference.
-fn is_read(cdb: &[u8]) -> bool {
-    matches!(cdb.first(), Some(0x08 | 0x28 | 0xa8 | 0x88))
 }
