@@ -476,6 +476,11 @@ wire_struct! {
 /// Most distinct error texts [`interned`] keeps.
 const MAX_TEXTS: usize = 4096;
 
+/// The text an error gets, once [`MAX_TEXTS`] distinct ones are kept, in
+/// place of the daemon's (the one decoding that does not give back the
+/// bytes it read).
+pub const TEXTS_OVERFLOW: &str = "(an error text of nicd's: too many distinct ones to keep)";
+
 /// The `&'static str` of an error decoded from the daemon: each distinct
 /// text is kept once for the life of the process (the daemon's texts are
 /// its provider's literals, a small set; past [`MAX_TEXTS`] of them, a
@@ -488,7 +493,7 @@ fn interned(s: String) -> &'static str {
         return k;
     }
     if t.len() >= MAX_TEXTS {
-        return "(an error text of nicd's: too many distinct ones to keep)";
+        return TEXTS_OVERFLOW;
     }
     let k: &'static str = Box::leak(s.into_boxed_str());
     t.insert(k);

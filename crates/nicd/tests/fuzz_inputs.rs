@@ -61,3 +61,45 @@ fn mutated_seeds_never_panic() {
         nicd::fuzz::frame(&f);
     }
 }
+
+/// A daemon that makes up error texts: past the client's cap each new one
+/// decodes as the one overflow text (memory stays bounded), texts kept
+/// before still decode as sent, and the fuzz body accepts the one lossy
+/// decoding (the crash CI found once the fuzzer had made up 4096 texts).
+#[test]
+fn made_up_error_texts_stop_being_kept_at_the_cap() {
+    use verbs::VerbsError;
+    let busy = |text: String| {
+        let f = proto::frame(
+            Kind::Response,
+            7,
+            &Answer::Err(VerbsError::Busy(leak(text))),
+        );
+        let (_, _, body) = proto::split(&f[4..]).unwrap();
+        match proto::decode::<Answer>(body).unwrap() {
+            Err(VerbsError::Busy(s)) => (f, s),
+            other => panic!("{other:?}"),
+        }
+    };
+    fn leak(s: String) -> &'static str {
+        Box::leak(s.into_boxed_str())
+    }
+    let (_, first) = busy("text 0".into());
+    assert_eq!(first, "text 0");
+    let mut overflowed = None;
+    for i in 1..5000 {
+        let (f, s) = busy(format!("text {i}"));
+        if s == proto::TEXTS_OVERFLOW {
+            overflowed = Some(f);
+            break;
+        }
+        assert_eq!(s, format!("text {i}"));
+    }
+    let f = overflowed.expect("the cap is reached within 5000 texts");
+    assert_eq!(
+        busy("text 0".into()).1,
+        "text 0",
+        "a kept text still decodes as sent"
+    );
+    nicd::fuzz::frame(&f[4..]);
+}
