@@ -37,7 +37,7 @@ fn reads_go_out_of_the_stores_memory_and_its_registration_ends_with_it() {
     let access = AccessLayer::new(provider.clone());
     let target_side = access.client("srp target").into_provider();
     let chan = ChannelConfig::new(0x51, Guid(INIT_GUID), TARGET_GUID, Guid(TARGET_GUID));
-    let store = Arc::new(MemStore::new(8 << 20));
+    let store = Arc::new(MemStore::new(8 << 20).unwrap());
     let scsi = Arc::new(scsi::Target::new());
     scsi.add_lun(None, scsi::Lun::new(0).unwrap(), device(&store));
     let port = Arc::new(
@@ -104,7 +104,7 @@ fn reads_go_out_of_the_stores_memory_and_its_registration_ends_with_it() {
     // no one's but the registration's, which ends at the next one.
     scsi.remove_lun(None, scsi::Lun::new(0).unwrap());
     drop(store);
-    let other = Arc::new(MemStore::new(4 << 20));
+    let other = Arc::new(MemStore::new(4 << 20).unwrap());
     scsi.add_lun(None, scsi::Lun::new(1).unwrap(), device(&other));
     let disk = Disk::open(sess.clone(), 1).unwrap();
     let data = pattern(64 << 10, 2);

@@ -24,12 +24,19 @@ pub struct MemStore {
 }
 
 impl MemStore {
-    /// A zeroed store of `size` bytes (in huge pages, committed as they
-    /// are first written).
-    pub fn new(size: u64) -> MemStore {
-        MemStore {
-            buf: RwLock::new(MemBuf::with_huge_pages(size as usize)),
-        }
+    /// A zeroed store of `size` bytes, in huge pages, all committed now
+    /// (as LIO's rd_mcp allocates its pages when the device is enabled):
+    /// a store the system cannot back fails here, not with an I/O (or the
+    /// OOM killer) later.
+    ///
+    /// # Errors
+    /// The system's (`ENOMEM`), or `OutOfMemory` for a size beyond the
+    /// address space.
+    pub fn new(size: u64) -> io::Result<MemStore> {
+        let len = usize::try_from(size).map_err(|_| io::ErrorKind::OutOfMemory)?;
+        Ok(MemStore {
+            buf: RwLock::new(MemBuf::for_store(len)?),
+        })
     }
 
     /// The memory as it is now (a resize replaces it).
@@ -99,9 +106,8 @@ impl Backend for MemStore {
     }
     fn resize(&self, new_size: u64) -> io::Result<()> {
         let mut b = self.buf.write().unwrap_or_else(PoisonError::into_inner);
-        let new = MemBuf::with_huge_pages(
-            usize::try_from(new_size).map_err(|_| io::ErrorKind::OutOfMemory)?,
-        );
+        let new =
+            MemBuf::for_store(usize::try_from(new_size).map_err(|_| io::ErrorKind::OutOfMemory)?)?;
         new.copy_from(0, &b, 0, b.len().min(new.len()));
         *b = new;
         Ok(())
@@ -117,7 +123,7 @@ mod tests {
 
     #[test]
     fn reads_what_was_written_and_keeps_it_across_a_resize() {
-        let s = MemStore::new(8192);
+        let s = MemStore::new(8192).unwrap();
         s.write_vectored(100, &[b"abc", b"defg"], false).unwrap();
         assert_eq!(s.read_vec(100, 7).unwrap(), b"abcdefg");
         let before = s.memory_now();
@@ -134,7 +140,7 @@ mod tests {
 
     #[test]
     fn offers_itself_as_memory() {
-        let s = MemStore::new(4096);
+        let s = MemStore::new(4096).unwrap();
         let any = s.memory().expect("a memory store");
         assert!(any.downcast_ref::<MemStore>().is_some());
     }

@@ -237,6 +237,15 @@ pub enum StackError {
         #[source]
         source: std::io::Error,
     },
+    #[error(
+        "cannot commit {} of memory for the RAM LUN: {source}: give a smaller --ram",
+        rdma_types::units::format_size(*size)
+    )]
+    Ram {
+        size: u64,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("create the SCSI device: {0}")]
     Device(#[source] scsi::DeviceError),
     #[error("start the target port: {0}")]
@@ -322,7 +331,12 @@ impl Stack {
         let (backend, backing, temp): (Arc<dyn scsi::Backend>, String, Option<PathBuf>) =
             match cfg.backing {
                 Backing::Ram => (
-                    Arc::new(srp_target::MemStore::new(cfg.size)),
+                    Arc::new(srp_target::MemStore::new(cfg.size).map_err(|source| {
+                        StackError::Ram {
+                            size: cfg.size,
+                            source,
+                        }
+                    })?),
                     "ram".into(),
                     None,
                 ),

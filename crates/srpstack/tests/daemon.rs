@@ -361,6 +361,13 @@ fn check_opens_every_path_a_start_opens_and_start_errors_name_the_key() {
             "mkdir -p",
         ),
         (
+            "a RAM device larger than the machine's memory",
+            with_f0(&dir, "", "handler = \"ram\"\nsize = \"64T\""),
+            "64T".into(),
+            "device[1].size",
+            "lower `size`",
+        ),
+        (
             "read-only and missing",
             with_f0(
                 &dir,

@@ -184,26 +184,8 @@ impl MemBuf {
     /// process needs to reach.
     pub fn new_private(len: usize) -> MemBuf {
         if len >= MAP_FROM {
-            // SAFETY: a fresh private anonymous mapping; nothing else
-            // refers to it. Its pages read as zero (whole pages: the last
-            // word is inside them).
-            let ptr = unsafe {
-                libc::mmap(
-                    std::ptr::null_mut(),
-                    len,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                    -1,
-                    0,
-                )
-            };
-            if ptr != libc::MAP_FAILED {
-                return MemBuf(Arc::new(Raw {
-                    ptr: ptr.cast(),
-                    len,
-                    addr: ptr as u64,
-                    backing: Backing::Anon,
-                }));
+            if let Ok(b) = MemBuf::map_anon(len) {
+                return b;
             }
         }
         let l = layout(len);
@@ -220,19 +202,86 @@ impl MemBuf {
         }))
     }
 
-    /// [`MemBuf::new`], asking the kernel for transparent huge pages (a
-    /// store read all over, such as a RAM disk: one TLB entry and one
-    /// fault per 2 MiB instead of per 4 KiB; pages are committed 2 MiB at
-    /// a time as they are first touched).
-    pub fn with_huge_pages(len: usize) -> MemBuf {
-        let b = MemBuf::new(len);
-        if !matches!(b.0.backing, Backing::Heap) {
-            // SAFETY: advice on the mapping `new` just made (anonymous or
-            // a memfd's), whole; it changes how its pages are backed,
-            // never their contents.
-            unsafe { libc::madvise(b.0.ptr.cast(), len, libc::MADV_HUGEPAGE) };
+    /// `len` zeroed bytes in a fresh private anonymous mapping.
+    fn map_anon(len: usize) -> std::io::Result<MemBuf> {
+        // SAFETY: a fresh private anonymous mapping; nothing else refers
+        // to it. Its pages read as zero (whole pages: the last word is
+        // inside them).
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len.max(1),
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
         }
-        b
+        Ok(MemBuf(Arc::new(Raw {
+            ptr: ptr.cast(),
+            len,
+            addr: ptr as u64,
+            backing: Backing::Anon,
+        })))
+    }
+
+    /// A RAM disk's memory: `len` zeroed bytes (shared when
+    /// [`MemBuf::set_shared_by_default`] says so), in transparent huge
+    /// pages (a store read all over: one TLB entry and one fault per
+    /// 2 MiB instead of per 4 KiB), every page committed now
+    /// ([`MemBuf::commit`]).
+    ///
+    /// # Errors
+    /// The system's, when it cannot map or back `len` bytes (`ENOMEM`):
+    /// an error to report, where [`MemBuf::new`] would abort.
+    pub fn for_store(len: usize) -> std::io::Result<MemBuf> {
+        if len == 0 {
+            return Ok(MemBuf::new(0));
+        }
+        let b = if SHARED_BY_DEFAULT.load(Ordering::Relaxed) {
+            MemBuf::new_shared(len)?
+        } else {
+            MemBuf::map_anon(len)?
+        };
+        // SAFETY: advice on the mapping just made, whole; it changes how
+        // its pages are backed, never their contents.
+        unsafe { libc::madvise(b.0.ptr.cast(), len, libc::MADV_HUGEPAGE) };
+        b.commit()?;
+        Ok(b)
+    }
+
+    /// Commits every page now rather than at first touch (a RAM disk whose
+    /// memory is all there before its first write, as LIO's rd_mcp
+    /// allocates its pages when the device is enabled): the kernel's
+    /// `MADV_POPULATE_WRITE` (Linux 5.14), or else a write of each page's
+    /// first word (an atomic OR of zero: the bytes stay as they are).
+    ///
+    /// # Errors
+    /// The system's, when it cannot back the pages (`ENOMEM`, or
+    /// `EFAULT`/`EHWPOISON` from the mapping).
+    pub fn commit(&self) -> std::io::Result<()> {
+        if !matches!(self.0.backing, Backing::Heap) {
+            // SAFETY: advice on this buffer's own mapping, whole; it backs
+            // pages, never changes their contents.
+            let r =
+                unsafe { libc::madvise(self.0.ptr.cast(), self.0.len, libc::MADV_POPULATE_WRITE) };
+            if r == 0 {
+                return Ok(());
+            }
+            let e = std::io::Error::last_os_error();
+            // EINVAL: a kernel before 5.14, which does not know the advice.
+            if e.raw_os_error() != Some(libc::EINVAL) {
+                return Err(e);
+            }
+        }
+        let words = self.0.len.div_ceil(WORD);
+        for i in (0..words).step_by(PAGE / WORD) {
+            self.word(i).fetch_or(0, Ordering::Relaxed);
+        }
+        Ok(())
     }
 
     /// `len` zeroed bytes in a new memfd, mapped shared and sealed
@@ -599,6 +648,36 @@ mod tests {
         assert!(!b.contains(b.addr() + 99, 2));
         assert!(!b.contains(b.addr() - 1, 1));
         assert!(std::panic::catch_unwind(|| b.write_at(99, &[1, 2])).is_err());
+    }
+
+    /// Pages of `b` the kernel has backed now (`mincore`).
+    fn resident_pages(b: &MemBuf) -> usize {
+        let pages = b.len().div_ceil(PAGE);
+        let mut v = vec![0u8; pages];
+        // SAFETY: the range is this buffer's own mapping (page-aligned,
+        // whole pages); `v` has one byte per page.
+        let r = unsafe { libc::mincore(b.0.ptr.cast(), b.len(), v.as_mut_ptr()) };
+        assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
+        v.iter().filter(|p| *p & 1 == 1).count()
+    }
+
+    /// A store's pages are all backed when it is made, a plain buffer's
+    /// when first touched; the bytes read as zero either way, and
+    /// committing again keeps what was written.
+    #[test]
+    fn a_store_is_committed_when_made() {
+        let len = 4 << 20;
+        let plain = MemBuf::new(len);
+        assert_eq!(resident_pages(&plain), 0);
+        let store = MemBuf::for_store(len).unwrap();
+        assert_eq!(resident_pages(&store), len / PAGE);
+        assert_eq!(store.to_vec(len - 8, 8), vec![0; 8]);
+        store.write_at(12_345, b"kept");
+        store.commit().unwrap();
+        assert_eq!(store.to_vec(12_345, 4), b"kept");
+        assert_eq!(MemBuf::for_store(0).unwrap().len(), 0);
+        let too_big = MemBuf::for_store(usize::MAX / 2).unwrap_err();
+        assert_eq!(too_big.raw_os_error(), Some(libc::ENOMEM), "{too_big}");
     }
 
     /// A shared buffer's bytes are the same through a second mapping of

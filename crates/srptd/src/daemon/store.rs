@@ -96,6 +96,18 @@ impl scsi::Backend for Geometry {
     }
 }
 
+/// The machine's memory (`MemTotal` of /proc/meminfo), when it can be read.
+fn memory_total() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib = info.lines().find_map(|l| l.strip_prefix("MemTotal:"))?;
+    kib.trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse::<u64>()
+        .ok()?
+        .checked_mul(1024)
+}
+
 /// Opens device `d`'s store as a start does: a fileio device's file
 /// read-write unless `read_only` (O_DIRECT when `o_direct`), created at
 /// `size` when missing and extended to it when shorter; a blockio
@@ -117,12 +129,32 @@ pub(super) fn open_store(d: &DeviceSection, dry_run: bool) -> Result<Store, Devi
     let handler = *d.handler.get_ref();
     if let Handler::Ram | Handler::NullIo = handler {
         let size = size.unwrap_or(0);
+        let too_big = |m: String| {
+            let span = d.size.as_ref().map_or(d.handler.span(), |s| s.span());
+            (span, "size", m)
+        };
+        if handler == Handler::Ram {
+            if let Some(total) = memory_total().filter(|t| size > *t) {
+                return Err(too_big(format!(
+                    "a RAM device of {} is more than this machine's memory ({}): lower `size`, \
+                     or use vdisk_fileio",
+                    rdma_types::units::format_size(size),
+                    rdma_types::units::format_size(total)
+                )));
+            }
+        }
         let backend: Arc<dyn scsi::Backend> = match (handler, dry_run) {
             (_, true) => Arc::new(Geometry {
                 size,
                 min_block_size: 1,
             }),
-            (Handler::Ram, false) => Arc::new(srp_target::MemStore::new(size)),
+            (Handler::Ram, false) => Arc::new(srp_target::MemStore::new(size).map_err(|e| {
+                too_big(format!(
+                    "cannot commit {} of memory for this RAM device: {e}: lower `size`, free \
+                     memory, or use vdisk_fileio",
+                    rdma_types::units::format_size(size)
+                ))
+            })?),
             _ => Arc::new(scsi::NullIo::new(size)),
         };
         return Ok(Store {
