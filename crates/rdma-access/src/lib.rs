@@ -46,6 +46,9 @@
 //! a node's `ib` port: MAD driver and SMA, driving the port only through
 //! the verbs' port control (`Provider::modify_port`).
 //! [`devinfo`] is what `ibstat` lists of a CA and its ports.
+//! [`multi::Providers`] holds several providers as one (our soft RoCE
+//! NIC beside rdma-core devices), each call routed to the provider whose
+//! CA it names.
 //!
 //! QP state transitions are the consumer's (its QP in RTR before it
 //! accepts, moved to RTS on the answer) unless it hands the QP to the CM,
@@ -67,6 +70,7 @@ pub mod devinfo;
 pub mod dm;
 pub mod gsi;
 pub mod ib_node;
+pub mod multi;
 pub mod rdmacm;
 pub mod resource;
 pub mod retries;
