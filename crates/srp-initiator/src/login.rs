@@ -17,6 +17,11 @@
 //! channel's completions in Linux; our providers have one completion
 //! thread per CA and nothing to pick, so the key is accepted, kept and
 //! printed back for compatibility and selects nothing.
+//!
+//! One key is ours: `register_always=1` gives each command's data an
+//! R_Key of its own ([`SessionConfig::register_always`]); ib_srp has the
+//! same choice as a module parameter of that name. A login string with it
+//! is printed back with it, and Linux's `add_target` refuses the key.
 
 use crate::disk::{Disk, QueueLimit};
 use crate::session::SessionConfig;
@@ -86,6 +91,9 @@ pub struct LoginOptions {
     pub target_can_queue: Option<u32>,
     /// IO class (rev10 or rev16a).
     pub io_class: u16,
+    /// A memory window per command (`register_always=1`, see the module
+    /// docs).
+    pub register_always: bool,
 }
 
 /// Why a login string was refused. Each error names the key and value.
@@ -244,6 +252,7 @@ impl LoginOptions {
             max_it_iu_size: 0,
             target_can_queue: None,
             io_class: IO_CLASS_REV16A,
+            register_always: false,
         };
         let mut cmd_per_lun_given = false;
         let mut sg_tablesize_given = false;
@@ -318,6 +327,9 @@ impl LoginOptions {
                 "initiator_ext" => o.initiator_ext = hex_u64("initiator_ext", v)?,
                 "cmd_sg_entries" => {
                     o.cmd_sg_entries = int("cmd_sg_entries", v, 1, 255, "expected 1..=255")?
+                }
+                "register_always" => {
+                    o.register_always = int("register_always", v, 0, 1, "expected 0 or 1")? == 1
                 }
                 "allow_ext_sg" => {
                     o.allow_ext_sg = v
@@ -445,6 +457,7 @@ impl LoginOptions {
             .max(self.max_transfer_bytes().saturating_mul(2));
         cfg.retry_cnt = self.tl_retry_count;
         cfg.sg_tablesize = self.sg_tablesize;
+        cfg.register_always = self.register_always;
         cfg
     }
 
@@ -505,6 +518,9 @@ impl LoginOptions {
         if let Some(c) = self.target_can_queue {
             s += &format!(",target_can_queue={c}");
         }
+        if self.register_always {
+            s += ",register_always=1";
+        }
         s
     }
 }
@@ -538,6 +554,28 @@ mod tests {
             (12, 12, 64, 64)
         );
         assert_eq!(o.io_class, IO_CLASS_REV16A);
+    }
+
+    /// `register_always`: ours, 0 or 1, into the session and back out.
+    #[test]
+    fn register_always_is_carried_to_the_session_and_printed_back() {
+        let base = "dest=10.0.0.1:5555,id_ext=1,ioc_guid=1";
+        let o = LoginOptions::parse(base).unwrap();
+        assert!(!o.register_always);
+        assert!(!o.session_config(Guid(9)).register_always);
+        assert!(!o.to_login_string().contains("register_always"));
+        let o = LoginOptions::parse(&format!("{base},register_always=1")).unwrap();
+        assert!(o.session_config(Guid(9)).register_always);
+        let again = LoginOptions::parse(&o.to_login_string()).unwrap();
+        assert!(again.register_always);
+        assert_eq!(
+            LoginOptions::parse(&format!("{base},register_always=2")).unwrap_err(),
+            LoginError::BadValue {
+                key: "register_always",
+                value: "2".into(),
+                why: "expected 0 or 1"
+            }
+        );
     }
 
     #[test]

@@ -94,6 +94,9 @@ pub struct StackConfig {
     /// The target port's [`PortOptions::inline_max`] (`srpstack` maps
     /// `SRPT_INLINE=0` onto 0).
     pub inline_max: u32,
+    /// A memory window per command on the initiator
+    /// ([`SessionConfig::register_always`]).
+    pub register_always: bool,
 }
 
 impl Default for StackConfig {
@@ -106,6 +109,7 @@ impl Default for StackConfig {
             queue: 62,
             nic: rnic::softroce::NicOptions::default(),
             inline_max: srp_target::INLINE_MAX,
+            register_always: false,
         }
     }
 }
@@ -414,7 +418,10 @@ impl Stack {
             initiator_side.clone(),
             Guid(INITIATOR_GUID),
             direct,
-            SessionConfig::new(chan),
+            SessionConfig {
+                register_always: cfg.register_always,
+                ..SessionConfig::new(chan)
+            },
         ) {
             Ok(s) => Arc::new(s),
             Err(e) => {

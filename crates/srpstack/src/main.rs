@@ -105,6 +105,11 @@ struct NetArgs {
     /// Soft RoCE: the RoCEv2 UDP port.
     #[arg(long, default_value_t = 4791)]
     udp_port: u16,
+    /// Give each command's data an R_Key of its own (a memory window
+    /// bound per command, ib_srp's register_always) instead of one for
+    /// the initiator's whole buffer pool.
+    #[arg(long)]
+    register_always: bool,
 }
 
 impl NetArgs {
@@ -269,6 +274,7 @@ fn quickstart(
         } else {
             Backing::TempFile
         },
+        register_always: net.register_always,
         ..env_options(net.transport()?)?
     };
     let t0 = std::time::Instant::now();
@@ -468,6 +474,7 @@ fn bench(
         size: ram,
         backing: Backing::Ram,
         queue: (iodepth + 2).clamp(16, 254) as u16,
+        register_always: net.register_always,
         ..env_options(transport)?
     })
     .map_err(|e| e.to_string())?;

@@ -52,6 +52,15 @@ pub struct SessionConfig {
     /// rescan ([`crate::changes`]). Give every session of one login the
     /// same one, so it outlives reconnects.
     pub changes: Option<Arc<crate::changes::TargetChanges>>,
+    /// Each command's data (and descriptor table) gets an R_Key of its
+    /// own, a type 2 memory window bound to its pool pages before the
+    /// SRP_CMD goes and invalidated when the answer comes (ib_srp's
+    /// `register_always`, which it does with fast registration): the
+    /// target can reach that command's bytes and nothing else of the
+    /// pool, and an RDMA outside them fails with a remote access error.
+    /// `false`: one R_Key for the whole pool (two work requests fewer per
+    /// command). Needs a provider with memory windows.
+    pub register_always: bool,
 }
 
 /// [`SessionConfig::probe_interval`] by default: with the transport's
@@ -85,6 +94,7 @@ impl SessionConfig {
             retry_cnt: 7,
             changes: None,
             sg_tablesize: MAX_EXT_DESCRIPTORS as u32,
+            register_always: false,
         }
     }
 }

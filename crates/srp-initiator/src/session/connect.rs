@@ -100,18 +100,27 @@ impl Session {
         // Receives: every command's answer plus target requests (CRED_REQ,
         // AER_REQ, T_LOGOUT) in flight at once.
         let recv_count = queue + 8;
+        // One send more than commands and answers need: the probe; with
+        // register_always, each command's binds ahead of its SRP_CMD and
+        // its invalidations after its answer (unsignaled: they hold their
+        // places until a later SEND completes).
+        let sends = if cfg.register_always {
+            (queue + 1) * (2 * WINDOWS_PER_CMD as u32 + 1)
+        } else {
+            queue + 1
+        };
         let cq = p
             .create_cq(
                 pd,
                 &CqInit {
-                    cqe: recv_count + queue + 2,
+                    // A flushed QP completes every request, unsignaled too.
+                    cqe: recv_count + sends + 1,
                 },
                 0,
             )
             .map_err(verbs_err("create CQ"))?;
         let qp = p
-            // One send more than commands and answers need: the probe.
-            .create_qp(pd, &QpInit::rc(cq, queue + 1, recv_count), 0)
+            .create_qp(pd, &QpInit::rc(cq, sends, recv_count), 0)
             .map_err(verbs_err("create QP"))?;
         let psn = Psn::new(0x2b_0000 ^ (std::process::id() & 0xffff));
         let mtu = port.active_mtu;
@@ -258,16 +267,52 @@ impl Session {
             )
             .map_err(verbs_err("register send ring"))?;
         let pool = MemBuf::new(cfg.pool_bytes.max(PAGE).div_ceil(PAGE) * PAGE);
+        let bind = if cfg.register_always {
+            AccessFlags::MW_BIND
+        } else {
+            AccessFlags::NONE
+        };
         let pool_mr = p
             .reg_mr(
                 pd,
                 &pool,
                 pool.addr(),
                 pool.len() as u64,
-                AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE,
+                AccessFlags::LOCAL_WRITE
+                    | AccessFlags::REMOTE_READ
+                    | AccessFlags::REMOTE_WRITE
+                    | bind,
                 0,
             )
             .map_err(verbs_err("register data pool"))?;
+        // One window per command the queue holds, made now so a NIC
+        // without windows refuses the login, not the first command.
+        let mut windows = Vec::new();
+        if cfg.register_always {
+            for _ in 0..queue {
+                match p.alloc_mw(pd, MwType::Type2, 0) {
+                    Ok(w) => windows.push(w),
+                    Err(e) => {
+                        for (w, _) in windows {
+                            let _ = p.dealloc_mw(w);
+                        }
+                        teardown(
+                            p,
+                            ca,
+                            pd,
+                            cq,
+                            qp,
+                            &[recv_mr.handle, send_mr.handle, pool_mr.handle],
+                        );
+                        return Err(SessionError::Verbs {
+                            what: "allocate a memory window for register_always (a NIC \
+                                   without them: log in without register_always)",
+                            err: e,
+                        });
+                    }
+                }
+            }
+        }
         p.req_notify_cq(cq, false).map_err(verbs_err("arm CQ"))?;
         let pages = pool.len() / PAGE;
         let inner = Arc::new(Inner {
@@ -292,6 +337,7 @@ impl Session {
             cmd_sg_entries: cfg.channel.cmd_sg_entries,
             allow_ext_sg: cfg.channel.allow_ext_sg,
             sg_tablesize: cfg.sg_tablesize.max(1),
+            register_always: cfg.register_always,
             negotiated,
             probe_interval: cfg.probe_interval,
             changes: cfg.changes.clone(),
@@ -320,6 +366,9 @@ impl Session {
                 timer_sleep: None,
                 quiet_since: rdma_types::Instant::ZERO,
                 probe_out: false,
+                windows_made: windows.iter().map(|(w, _)| *w).collect(),
+                windows,
+                bound: IdMap::default(),
             }),
             cv: Condvar::new(),
             events: Mutex::new(tx),
@@ -361,6 +410,12 @@ pub(super) fn shutdown(inner: &Inner, poller: Option<JoinHandle<()>>) {
     let _ = inner.events.lock().map(|tx| tx.send(Ev::Stop));
     if let Some(h) = poller {
         let _ = h.join();
+    }
+    // Windows first: the pool's registration is refused while one is
+    // bound to it.
+    let windows = std::mem::take(&mut inner.lock().windows_made);
+    for w in windows {
+        let _ = inner.provider.dealloc_mw(w);
     }
     teardown(
         &inner.provider,

@@ -29,7 +29,7 @@
 //! after the link is back. A [`PortWatch`] tells whoever retries (the
 //! remote port, [`crate::remote`]) when the port is ACTIVE again.
 
-use rdma_types::{AccessFlags, Gid, Guid, Lid, Mtu, Pkey, PortNum, Psn, QpState, Qpn};
+use rdma_types::{AccessFlags, Gid, Guid, Lid, Mtu, Pkey, PortNum, Psn, QpState, Qpn, Rkey};
 use rdma_types::{IdMap, WcOpcode, WcStatus};
 use srp::initiator::{
     Channel, ChannelConfig, Command, Completion, Data, Event, Negotiated, Output, SendId, Status,
@@ -41,8 +41,9 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use verbs::nested::Counted;
 use verbs::{
-    AhAttr, CaHandle, CqHandle, CqInit, EventHandler, MemBuf, MrInfo, PdHandle, Provider, QpAttr,
-    QpHandle, QpInit, RecvWr, SendOpcode, SendWr, Sge, WorkCompletion,
+    AhAttr, CaHandle, CqHandle, CqInit, EventHandler, MemBuf, MrInfo, MwBind, MwHandle, MwType,
+    PdHandle, Provider, QpAttr, QpHandle, QpInit, RecvWr, SendFlags, SendOpcode, SendWr, Sge,
+    WorkCompletion,
 };
 
 mod config;
@@ -182,6 +183,8 @@ struct Inner {
     allow_ext_sg: bool,
     /// Descriptors one command may carry ([`SessionConfig::sg_tablesize`]).
     sg_tablesize: u32,
+    /// Each command's pages get a window ([`SessionConfig::register_always`]).
+    register_always: bool,
     negotiated: Negotiated,
     probe_interval: Option<rdma_types::Duration>,
     /// What the target says changed, for a rescan ([`SessionConfig::changes`]).
@@ -253,6 +256,14 @@ struct State {
     quiet_since: rdma_types::Instant,
     /// A liveness probe is in flight.
     probe_out: bool,
+    /// Memory windows free to bind, each with its current R_Key
+    /// ([`SessionConfig::register_always`]).
+    windows: Vec<(MwHandle, Rkey)>,
+    /// Every window the session allocated (deallocated at logout).
+    windows_made: Vec<MwHandle>,
+    /// The windows bound for each command in flight, invalidated when
+    /// its answer comes.
+    bound: IdMap<Tag, Vec<(MwHandle, Rkey)>>,
 }
 
 /// The session lock, counted so a completion callback on this thread
@@ -303,6 +314,15 @@ impl Drop for Locked<'_> {
 const KIND_RECV: u64 = 1 << 56;
 const KIND_SEND: u64 = 2 << 56;
 const KIND_PROBE: u64 = 3 << 56;
+/// A window bound or invalidated (unsignaled: seen only when it fails).
+const KIND_MW: u64 = 4 << 56;
+/// Most windows one command binds with register_always (segments and a
+/// descriptor table): ib_srp's `mr_per_cmd` in spirit. A buffer of more
+/// segments is refused (`TooManySegments`), and the disk layer's largest
+/// transfer follows ([`Session::max_transfer_by_segments`]).
+pub const WINDOWS_PER_CMD: usize = 4;
+/// The slot of a queued post that is no SEND of an IU (a window's).
+const NO_SLOT: u32 = u32::MAX;
 const KIND_MASK: u64 = 0xff << 56;
 const PAGE: usize = 4096;
 
@@ -518,7 +538,7 @@ impl Session {
             }
             st = inner.wait_cv(st);
         };
-        let segs = inner.segments(&runs, len);
+        let mut segs = inner.segments(&runs, len);
         let immediate = match xfer {
             Xfer::Out(d) => st
                 .channel
@@ -542,6 +562,35 @@ impl Session {
                 st = inner.lock();
             }
         }
+        let mut table = table_run.map(|(start, pages)| DirectBuf {
+            va: inner.pool.addr() + (start * inner.page) as u64,
+            key: inner.pool_mr.rkey,
+            len: (pages * inner.page) as u32,
+        });
+        // register_always: a window of its own for each segment and the
+        // descriptor table, bound ahead of the SRP_CMD on the same queue.
+        let mut windows = Vec::new();
+        let mut binds = Vec::new();
+        if inner.register_always && !immediate {
+            for d in segs.iter_mut().chain(table.as_mut()) {
+                match inner.window_for(&mut st, d) {
+                    Ok((w, bind)) => {
+                        windows.push(w);
+                        binds.push(bind);
+                    }
+                    Err(e) => {
+                        st.windows
+                            .extend(windows.iter().map(|&(w, old, _)| (w, old)));
+                        inner.free(&mut st, &runs);
+                        if let Some((start, pages)) = table_run {
+                            inner.free(&mut st, &[(start, pages)]);
+                        }
+                        inner.cv.notify_all();
+                        return Err(e);
+                    }
+                }
+            }
+        }
         let data = match xfer {
             Xfer::None => Data::None,
             Xfer::In(_) | Xfer::InTo(_) => Data::In(&segs),
@@ -550,11 +599,7 @@ impl Session {
         };
         let mut cmd = Command::new(lun, cdb, data);
         cmd.attr = attr;
-        cmd.desc_table = table_run.map(|(start, pages)| DirectBuf {
-            va: inner.pool.addr() + (start * inner.page) as u64,
-            key: inner.pool_mr.rkey,
-            len: (pages * inner.page) as u32,
-        });
+        cmd.desc_table = table;
         let runs: Vec<(usize, usize)> = runs.into_iter().chain(table_run).collect();
         // Queue full or no credit: wait for a completion and try again.
         let tag = loop {
@@ -567,6 +612,15 @@ impl Session {
                 Ok(tag) => {
                     if let Some(t) = cmd.desc_table {
                         st.tables.insert(tag, t.va);
+                    }
+                    if !windows.is_empty() {
+                        // Ahead of the SRP_CMD, which `flush_outputs_here`
+                        // queues next.
+                        for wr in binds.drain(..) {
+                            st.posts.push((SendId(0), NO_SLOT, wr));
+                        }
+                        st.bound
+                            .insert(tag, windows.iter().map(|&(w, _, new)| (w, new)).collect());
                     }
                     if retry {
                         st.retried.insert(tag, ());
@@ -582,6 +636,8 @@ impl Session {
                 }
                 Err(e) => {
                     inner.free(&mut st, &runs);
+                    st.windows
+                        .extend(windows.iter().map(|&(w, old, _)| (w, old)));
                     inner.cv.notify_all();
                     return Err(if st.closed {
                         SessionError::Closed
@@ -863,7 +919,7 @@ impl Inner {
             // What is left in `sent` was not posted.
             let mut st = self.lock();
             if !sent.is_empty() {
-                for (id, slot) in sent.drain(..) {
+                for (id, slot) in sent.drain(..).filter(|&(_, slot)| slot != NO_SLOT) {
                     st.slot_of.remove(&id);
                     st.free_slots.push(slot);
                 }

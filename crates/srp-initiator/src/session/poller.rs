@@ -144,6 +144,9 @@ impl Inner {
                     self.lost(st);
                 }
             }
+            // A bind or an invalidation failed: its window is in an
+            // unknown state, and so is the connection.
+            KIND_MW if !ok => self.lost(st),
             KIND_SEND => {
                 let id = SendId(wc.wr_id & !KIND_MASK);
                 if let Some(slot) = st.slot_of.remove(&id) {
@@ -236,6 +239,9 @@ impl Inner {
                 Status::Reset => st.stats.reset_ended += 1,
                 Status::Aborted => st.stats.aborted += 1,
                 _ => {}
+            }
+            if let Some(w) = st.bound.remove(&c.tag) {
+                self.invalidate(st, w);
             }
             if let Some(t) = st.parked.remove(&c.tag) {
                 t.unpark();

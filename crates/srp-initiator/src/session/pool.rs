@@ -11,6 +11,15 @@ impl Inner {
     /// fit in the IU (`cmd_sg_entries`), as ib_srp limits `sg_tablesize`
     /// to `cmd_sg_entries` when it cannot use external tables.
     pub(super) fn max_descriptors(&self) -> usize {
+        if self.register_always {
+            // A window per descriptor and one for a table, within the
+            // send queue's room (see `WINDOWS_PER_CMD`).
+            return (WINDOWS_PER_CMD - 1).min(if self.allow_ext_sg {
+                usize::MAX
+            } else {
+                usize::from(self.cmd_sg_entries)
+            });
+        }
         let sg = (self.sg_tablesize as usize).min(MAX_EXT_DESCRIPTORS);
         if self.allow_ext_sg {
             sg
@@ -59,6 +68,62 @@ impl Inner {
             for p in &mut st.pages[start..start + n] {
                 *p = false;
             }
+        }
+    }
+
+    /// A free window (a new one when none is) for the bytes `d` points
+    /// at, with the R_Key it gets (the window's key with the next value
+    /// in its low byte, IBA 10.6.7.2.1), written into `d`: the window,
+    /// its key before and after, and the work request that binds it.
+    ///
+    /// # Errors
+    /// A NIC that cannot make another window.
+    pub(super) fn window_for(
+        &self,
+        st: &mut State,
+        d: &mut DirectBuf,
+    ) -> Result<((MwHandle, Rkey, Rkey), SendWr), SessionError> {
+        let (w, old) = match st.windows.pop() {
+            Some(w) => w,
+            None => {
+                let w = self
+                    .provider
+                    .alloc_mw(self.pd, MwType::Type2, 0)
+                    .map_err(|err| SessionError::Verbs {
+                        what: "allocate a memory window (register_always)",
+                        err,
+                    })?;
+                st.windows_made.push(w.0);
+                w
+            }
+        };
+        let new = Rkey((old.0 & !0xff) | (old.0.wrapping_add(1) & 0xff));
+        d.key = new;
+        let mut wr = SendWr::new(KIND_MW, SendOpcode::BindMw, Vec::new());
+        // Unsignaled: a failed bind still completes (in error) and fails
+        // the connection; the SRP_CMD behind it is what the target sees.
+        wr.flags = SendFlags(0);
+        wr.bind_mw = Some(MwBind {
+            mw: w,
+            rkey: new,
+            mr: self.pool_mr.handle,
+            addr: d.va,
+            len: u64::from(d.len),
+            access: AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE,
+        });
+        Ok(((w, old, new), wr))
+    }
+
+    /// Invalidates the windows of a command that has its answer (queued
+    /// behind whatever this thread posts next) and frees them: a later
+    /// bind of one is behind the invalidation on the same queue.
+    pub(super) fn invalidate(&self, st: &mut State, windows: Vec<(MwHandle, Rkey)>) {
+        for (w, rkey) in windows {
+            let mut wr = SendWr::new(KIND_MW, SendOpcode::LocalInv, Vec::new());
+            wr.flags = SendFlags(0);
+            wr.invalidate_rkey = rkey;
+            st.posts.push((SendId(0), NO_SLOT, wr));
+            st.windows.push((w, rkey));
         }
     }
 
