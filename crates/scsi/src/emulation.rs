@@ -51,6 +51,15 @@ pub struct DeviceConfig {
     /// initiators together); one more gets TASK SET FULL without running
     /// (SAM-5 5.3.1). At least 1.
     pub queue_depth: u32,
+    /// A removable medium (SCST's `removable`): standard INQUIRY's RMB
+    /// bit, which Linux shows as the disk's `removable` attribute.
+    pub removable: bool,
+    /// The store sits behind a non-volatile cache (SCST's `nv_cache`, for
+    /// a target on a UPS or with battery-backed memory): a write is
+    /// stable once it reaches the store, so neither FUA nor SYNCHRONIZE
+    /// CACHE makes it flush, and Extended INQUIRY (VPD 86h) says NV_SUP.
+    /// Off: FUA and SYNCHRONIZE CACHE flush the store.
+    pub nv_cache: bool,
 }
 
 impl Default for DeviceConfig {
@@ -70,6 +79,8 @@ impl Default for DeviceConfig {
             protection: None,
             rotational: false,
             queue_depth: DEFAULT_QUEUE_DEPTH,
+            removable: false,
+            nv_cache: false,
         }
     }
 }
@@ -580,9 +591,11 @@ impl Device {
             }
             Command::SyncCache { lba, blocks } => {
                 self.check_range(lba, blocks)?;
-                self.backend
-                    .flush()
-                    .map_err(|_| Sense::new(SenseKey::MediumError, Asc::WRITE_ERROR))?;
+                if !self.config.nv_cache {
+                    self.backend
+                        .flush()
+                        .map_err(|_| Sense::new(SenseKey::MediumError, Asc::WRITE_ERROR))?;
+                }
                 Ok(Vec::new())
             }
             Command::Verify {
@@ -723,7 +736,7 @@ impl Device {
     /// configuration or MODE SELECT), which makes every write
     /// write-through (SBC-3 6.4.5).
     fn durable(&self, fua: bool) -> bool {
-        fua || !self.mode_state().wce
+        !self.config.nv_cache && (fua || !self.mode_state().wce)
     }
 
     fn writable(&self) -> Result<(), Sense> {
@@ -842,6 +855,9 @@ impl Device {
             // SPC-4 6.6.2 standard INQUIRY data, 36 bytes + version descriptors.
             let mut d = vec![0u8; 36];
             d[0] = 0x00; // connected, direct-access block device
+            if c.removable {
+                d[1] = 0x80; // RMB
+            }
             d[2] = 0x06; // SPC-4
             d[3] = 0x02; // response data format 2
             if c.norm_aca {
@@ -885,6 +901,9 @@ impl Device {
                     }
                 }
                 b[1] = 0x07; // HEADSUP, ORDSUP, SIMPSUP
+                if c.nv_cache {
+                    b[2] = 0x02; // NV_SUP
+                }
                 b
             }
             0xb0 => {

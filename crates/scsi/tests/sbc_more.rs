@@ -254,6 +254,45 @@ fn synchronize_cache_flushes_and_fua_reaches_the_store() {
     assert_eq!(c.counts(), (2, 1, 2), "no I/O from them");
 }
 
+/// `nv_cache`: FUA, write-through and SYNCHRONIZE CACHE reach the store
+/// as plain writes and no flush, and VPD 86h says NV_SUP; `removable`:
+/// standard INQUIRY's RMB. Neither is there by default.
+#[test]
+fn nv_cache_drops_flushes_and_removable_sets_rmb() {
+    let (t, n, c) = counting(DeviceConfig::default());
+    assert_eq!(vpd(&t, &n, 0x86)[6] & 0x02, 0, "no NV_SUP by default");
+    let std_inq = ok(&t, &n, &[0x12, 0, 0, 0, 36, 0], &[], 36);
+    assert_eq!(std_inq[1] & 0x80, 0, "not removable by default");
+    drop((t, n, c));
+
+    let (t, n, c) = counting(DeviceConfig {
+        nv_cache: true,
+        removable: true,
+        ..Default::default()
+    });
+    assert_eq!(vpd(&t, &n, 0x86)[6] & 0x02, 0x02, "NV_SUP");
+    let std_inq = ok(&t, &n, &[0x12, 0, 0, 0, 36, 0], &[], 36);
+    assert_eq!(std_inq[1] & 0x80, 0x80, "RMB");
+    // WRITE(10) with FUA, SYNCHRONIZE CACHE(10) and (16).
+    ok(
+        &t,
+        &n,
+        &[0x2a, 0x08, 0, 0, 0, 1, 0, 0, 1, 0],
+        &[7; 512],
+        512,
+    );
+    ok(&t, &n, &[0x35, 0, 0, 0, 0, 0, 0, 0, 0, 0], &[], 0);
+    let sc16 = [0x91, 0, 0, 0, 0, 0, 0, 0, 0, 8, 0, 0, 0, 16, 0, 0];
+    ok(&t, &n, &sc16, &[], 0);
+    assert_eq!(c.counts(), (1, 0, 0), "one plain write, no FUA, no flush");
+    assert!(read10(&t, &n, 1, 1).iter().all(|&b| b == 7));
+    // Its range is still checked.
+    let mut bad = sc16;
+    bad[9] = 60;
+    let r = t.execute(&n, l0(), &bad, &[], 0);
+    assert_eq!(r.sense.unwrap().asc, Asc::LBA_OUT_OF_RANGE);
+}
+
 /// MODE SENSE(6), DBD, one page with page control `pc`: the page bytes.
 fn mode_page(t: &Target, n: &Nexus, pc: u8, page: u8) -> Vec<u8> {
     let d = ok(t, n, &[0x1a, 0x08, pc << 6 | page, 0, 255, 0], &[], 255);

@@ -1149,6 +1149,20 @@ fn verified_io(disk: &srp_initiator::disk::Disk, backing: &Path, seed: u8) {
     }
 }
 
+/// `lun`'s answer to the INQUIRY `cdb` (64 bytes at most).
+fn inquiry(s: &Session, lun: u64, cdb: [u8; 6]) -> Vec<u8> {
+    let mut d = vec![0u8; 64];
+    let r = s
+        .execute(
+            srp::wire::Lun::from_u64(lun << 48),
+            &cdb,
+            Xfer::InTo(&mut d),
+        )
+        .unwrap();
+    assert!(r.good(), "INQUIRY: {}", srp_initiator::disk::describe(&r));
+    d
+}
+
 /// MEDIUM ROTATION RATE of `lun`'s VPD page B1h (SBC-3 6.5.2).
 fn rotation_rate(s: &Session, lun: u64) -> u16 {
     let mut page = vec![0u8; 64];
@@ -1217,9 +1231,15 @@ fn blockio_lun_over_a_file_and_a_loop_device() {
             .into_iter()
             .enumerate()
         {
+            // The first behind a non-volatile cache, on a removable medium.
+            let more = if i == 0 {
+                "removable = true\nnv_cache = true\n"
+            } else {
+                ""
+            };
             t += &format!(
                 "[[device]]\nname = \"{name}\"\nhandler = \"vdisk_blockio\"\n\
-                 filename = \"{}\"\nblock_size = {bs}\n[[lun]]\nlun = {i}\ndevice = \"{name}\"\n",
+                 filename = \"{}\"\nblock_size = {bs}\n{more}[[lun]]\nlun = {i}\ndevice = \"{name}\"\n",
                 path.display()
             );
         }
@@ -1263,6 +1283,13 @@ fn blockio_lun_over_a_file_and_a_loop_device() {
     // rotational device, 0001h (non-rotating) for the others.
     assert_eq!(rotation_rate(&session, 2), 0);
     assert_eq!(rotation_rate(&session, 0), 1);
+    // RMB in standard INQUIRY and NV_SUP in VPD 86h: LUN 0's, not LUN 1's.
+    for (lun, set) in [(0u64, true), (1, false)] {
+        let inq = inquiry(&session, lun, [0x12, 0, 0, 0, 36, 0]);
+        assert_eq!(inq[1] & 0x80 != 0, set, "LUN {lun} RMB");
+        let vpd = inquiry(&session, lun, [0x12, 1, 0x86, 0, 64, 0]);
+        assert_eq!(vpd[6] & 0x02 != 0, set, "LUN {lun} NV_SUP");
+    }
     let devs = d.adm(&["devices"]).unwrap();
     let fd = devs
         .as_array()

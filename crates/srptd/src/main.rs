@@ -145,6 +145,8 @@ fn default_config(a: &Args) -> Result<Config, String> {
         read_only: false,
         thin: false,
         rotational: false,
+        removable: false,
+        nv_cache: false,
         write_through: false,
         o_direct: false,
         t10_vendor_id: None,

@@ -19,6 +19,8 @@
 //! write_through = false     # fileio: durable before completion
 //! o_direct = false          # fileio: bypass the page cache
 //! rotational = false        # report a rotating medium (VPD B1h)
+//! removable = false         # report a removable medium (INQUIRY RMB)
+//! nv_cache = false          # the store's cache survives power loss: no flushes
 //!
 //! [[lun]]                   # the default LUNs (SCST's target LUNs)
 //! lun = 0
@@ -447,6 +449,13 @@ pub struct DeviceSection {
     /// takes as rotational); off: non-rotating (SCST vdisk `rotational`).
     #[serde(default)]
     pub rotational: bool,
+    /// A removable medium (INQUIRY RMB; SCST vdisk `removable`).
+    #[serde(default)]
+    pub removable: bool,
+    /// The store is behind a non-volatile cache (SCST vdisk `nv_cache`):
+    /// FUA and SYNCHRONIZE CACHE flush nothing, VPD 86h says NV_SUP.
+    #[serde(default)]
+    pub nv_cache: bool,
     /// vdisk_fileio: every write is durable before it completes (SCST
     /// `write_through`).
     #[serde(default)]
@@ -758,6 +767,15 @@ impl Config {
                         format!("{k} is a vdisk_fileio option, not {}", handler.name()),
                     ));
                 }
+            }
+            if d.nv_cache && d.write_through {
+                return Err(bad(
+                    &d.name,
+                    key("nv_cache"),
+                    "nv_cache says writes are safe in the store's cache, write_through that \
+                     each must reach the disk first: set one of them"
+                        .to_string(),
+                ));
             }
             match handler {
                 Handler::FileIo | Handler::BlockIo if d.filename.is_none() => {

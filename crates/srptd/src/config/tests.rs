@@ -248,6 +248,17 @@ fn fileio_options_belong_to_fileio() {
         !d.o_direct && !d.write_through && !d.rotational,
         "all off by default"
     );
+    // removable and nv_cache too, but nv_cache contradicts write_through.
+    let r = "[[device]]\nname = \"r\"\nhandler = \"ram\"\nsize = \"1M\"\nremovable = true\nnv_cache = true\n";
+    let d = &parse(r).unwrap().devices[0];
+    assert!(d.removable && d.nv_cache);
+    assert!(!parse(&dev("vdisk_fileio", "")).unwrap().devices[0].nv_cache);
+    let e = err_of(&dev(
+        "vdisk_fileio",
+        "nv_cache = true\nwrite_through = true\n",
+    ));
+    assert_eq!(e.key, "device[0].nv_cache", "{e}");
+    assert!(e.message.contains("set one of them"), "{e}");
     // rotational suits every handler; the others are fileio's.
     let ram = "[[device]]\nname = \"r\"\nhandler = \"ram\"\nsize = \"1M\"\nrotational = true\n";
     assert!(parse(ram).unwrap().devices[0].rotational);

@@ -402,6 +402,8 @@ pub(super) fn device_on(
         read_only: d.read_only,
         thin: d.thin,
         rotational: d.rotational,
+        removable: d.removable,
+        nv_cache: d.nv_cache,
         serial: usn.map_or_else(|| format!("{:08x}", fnv(&key) as u32), str::to_string),
         naa: 0x5001_4050_0000_0000 | (fnv(&key) & 0xf_ffff_ffff),
         ..Default::default()
