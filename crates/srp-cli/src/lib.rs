@@ -3,11 +3,13 @@
 //! Linux's `ib_srp` sysfs files are to a Linux host.
 //!
 //! The library part is [`initd`], srpd's registry of logins and its
-//! control socket, and [`args`], what the two command lines share; the SRP
+//! control socket, [`args`], what the two command lines share, and
+//! [`device`], logins from an rdma-core device (`--device`); the SRP
 //! initiator itself (sessions, the remote port
 //! state machine, multipath, discovery, connectors) is `srp-initiator`.
 
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod args;
+pub mod device;
 pub mod initd;

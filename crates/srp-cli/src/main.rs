@@ -398,12 +398,13 @@ fn device_paths(
     l: &Login,
     spec: &rdmacore::DeviceSpec,
 ) -> Result<Vec<Arc<srp_initiator::path_login::PathLogin>>, String> {
-    if l.service_id.is_some() {
-        return Err(
-            "--service-id (IB CM) is not served on an rdma-core device yet: log in by RDMA CM \
-             (--dest ip:port)"
-                .into(),
-        );
+    if let Some(sid) = l.service_id {
+        return Err(srp_cli::device::DeviceError::IbCm {
+            what: format!("--service-id {sid:x}"),
+            device: spec.name.clone(),
+            soft: "",
+        }
+        .to_string());
     }
     let Some(id_ext) = l.id_ext else {
         return Err(format!(
@@ -414,50 +415,26 @@ fn device_paths(
             l.dest[0]
         ));
     };
-    let core = rdmacore::RdmaCore::new().map_err(|e| e.to_string())?;
-    let guid = core.guid_of(&spec.name).map_err(|e| e.to_string())?;
-    let cm = Arc::new(rdmacore::RdmaCm::start(&core, guid).map_err(|e| e.to_string())?);
+    let dev = srp_cli::device::DeviceCa::open(spec).map_err(|e| e.to_string())?;
     let src =
         match l.ip.as_slice() {
-            [] => cm
-                .addresses()
-                .iter()
-                .find(|a| a.is_ipv4())
-                .or(cm.addresses().first())
-                .copied()
-                .ok_or_else(|| format!("{} has no address", spec.name))?,
-            [ip] if cm.addresses().contains(ip) => *ip,
-            [ip] => {
-                return Err(format!(
-                    "{ip} is not an address of {} (it has {:?}): give one of them to --ip, or none",
-                    spec.name,
-                    cm.addresses()
-                ))
-            }
+            [] => dev.source(None),
+            [ip] => dev.source(Some(*ip)),
             _ => return Err(
                 "with --device, give at most one --ip: every path leaves from the device's port"
                     .into(),
             ),
-        };
-    let provider: Arc<dyn verbs::Provider> = core;
-    let access = rdma_access::resource::AccessLayer::new(provider);
-    let sessions: Arc<dyn verbs::Provider> = access.client("srp initiator").into_provider();
+        }
+        .map_err(|e| e.to_string())?;
     let mut out = Vec::new();
     for dest in &l.dest {
-        let connector: Arc<dyn srp_initiator::session::Connector> =
-            Arc::new(srp_initiator::connectors::RdmaCmConnector {
-                agent: cm.clone(),
-                src,
-                dst: *dest,
-                timeout: Duration::from_secs(10),
-            });
         out.push(path_login(
             l,
             format!("{}:{src} -> {dest}", spec.name),
-            &sessions,
-            guid,
-            rdma_types::PortNum(spec.port),
-            connector,
+            dev.sessions(),
+            dev.guid(),
+            dev.port(),
+            dev.connector(src, *dest, Duration::from_secs(10)),
             id_ext,
         ));
     }
