@@ -2,7 +2,9 @@
 //! `add_target` file.
 //!
 //! The daemon owns a soft RoCE NIC (one CA per local address) and a CM
-//! agent per CA, and keeps logins for as long as it runs. A login is a
+//! agent per CA, or a port of an rdma-core device (`srpd --device`, see
+//! [`crate::device`]: a real RDMA NIC or Linux rxe, its logins by the
+//! kernel's RDMA CM), or both, and keeps logins for as long as it runs. A login is a
 //! Linux `ib_srp` login string (`id_ext=…,ioc_guid=…,dest=ip:port` or
 //! `…,dgid=…,pkey=…,service_id=…`), written to the control socket by
 //! `srp login`. Each login gets a name (given, or `t<N>`) and a directory
@@ -26,7 +28,8 @@
 //! demand and answers what changed.
 //!
 //! Login-string keys and what they do here: `id_ext`, `ioc_guid`, `dest`
-//! (`src` picks the local CA), `dgid`/`pkey`/`service_id` (IB CM),
+//! (`src` picks the local CA: the one with that address; without it, the
+//! first, which is the device when there is one), `dgid`/`pkey`/`service_id` (IB CM),
 //! `initiator_ext`, `queue_size` (commands per channel), `ch_count`,
 //! `cmd_sg_entries`, `max_it_iu_size`, `io_class`, `max_sect` (the largest
 //! transfer of one command; longer I/O is split), `max_cmd_per_lun`
@@ -47,10 +50,17 @@
 //! P_Key table, and the session's QP uses the index holding it (its
 //! packets carry that partition's key, so a target QP in another
 //! partition drops them).
+//!
+//! On an rdma-core device only `dest=` logins are made: IB CM
+//! (`service_id=`, `dgid=`) needs the kernel's `ib_cm` and SA, not served
+//! yet, so such a login goes to the first soft RoCE CA, and is refused
+//! with the reason and the fix when there is none.
 
 use crate::args::SrptdHints;
+use crate::device::{DeviceCa, DeviceError};
 use rdma_access::subnet::{IbPort, IbPortError};
 use rdma_types::Guid;
+use rdma_types::PortNum;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use srp_initiator::changes::TargetChanges;
@@ -97,8 +107,12 @@ pub enum InitRequest {
 /// How `srpd` runs.
 #[derive(Debug, Clone)]
 pub struct InitdConfig {
-    /// Local addresses, one soft RoCE CA each (the first is the default).
+    /// Local addresses, one soft RoCE CA each (the first is the default
+    /// when there is no `device`).
     pub ips: Vec<IpAddr>,
+    /// A port of an rdma-core device: a CA whose logins go by the kernel's
+    /// RDMA CM, the default one (before the soft CAs).
+    pub device: Option<rdmacore::DeviceSpec>,
     /// RoCEv2 UDP port.
     pub udp_port: u16,
     /// Path MTU.
@@ -206,25 +220,62 @@ impl Rescan {
     }
 }
 
+/// One local CA logins leave from.
 struct LocalCa {
-    ip: IpAddr,
+    /// Its addresses (a soft RoCE CA has one; `src=` picks by them).
+    addrs: Vec<IpAddr>,
     guid: Guid,
-    agent: Arc<rdma_access::CmAgent>,
-    /// The port on the managed subnet (`ib` fabric).
-    ib: Option<Arc<IbPort>>,
+    port: PortNum,
+    /// What its sessions make their verbs objects on: a client of an
+    /// access layer, which tracks every object they make.
+    sessions: Arc<dyn Provider>,
+    via: Via,
 }
 
-/// The running initiator daemon.
-pub struct Initd {
-    cfg: InitdConfig,
-    /// What sessions reach the NIC through: a client of the access layer,
-    /// which tracks every verbs object they make.
-    provider: Arc<dyn Provider>,
+/// How a CA's logins reach the target.
+enum Via {
+    /// Our soft RoCE NIC: our CM agent on its QP1.
+    Soft {
+        agent: Arc<rdma_access::CmAgent>,
+        /// The port on the managed subnet (`ib` fabric).
+        ib: Option<Arc<IbPort>>,
+    },
+    /// An rdma-core device: the kernel's RDMA CM.
+    Device(DeviceCa),
+}
+
+impl LocalCa {
+    /// The CA in words: `127.0.0.2`, `rxe0:1 (10.0.0.2)`.
+    fn name(&self) -> String {
+        let addrs = || {
+            self.addrs
+                .iter()
+                .map(|a| a.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        match &self.via {
+            Via::Soft { .. } => addrs(),
+            Via::Device(d) => format!("{}:{} ({})", d.name(), self.port.0, addrs()),
+        }
+    }
+}
+
+/// The soft RoCE NIC's access layer.
+struct SoftNic {
     access: rdma_access::resource::AccessLayer,
     /// The client the CM agents are tracked in: their CM ids, MAD agents
     /// and SA subscriptions, and (soft RoCE fabric) their QP1 objects.
     /// Closed at shutdown, once the logins are gone.
     cm: Arc<rdma_access::resource::TrackedProvider>,
+}
+
+/// The running initiator daemon.
+pub struct Initd {
+    cfg: InitdConfig,
+    /// The soft RoCE NIC, when srpd has CAs on it (`--ip`).
+    soft: Option<SoftNic>,
+    /// The device CA first (when there is one), then the soft ones.
     cas: Vec<LocalCa>,
     logins: Mutex<BTreeMap<String, Entry>>,
     /// Logins in progress, by name, so two requests cannot take one name.
@@ -239,8 +290,18 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// Why [`Initd::start`] failed.
 #[derive(Debug, thiserror::Error)]
 pub enum InitdStartError {
-    #[error("srpd needs at least one local address (--ip)")]
+    #[error("srpd needs a CA: a local address (--ip) or an rdma-core device (--device)")]
     NoAddress,
+    /// `--fabric ib` with a device: that fabric is our soft NIC's.
+    #[error(
+        "--fabric ib runs our soft RoCE ports on a subnet our SM manages; an rdma-core device's \
+         ports are the kernel's: drop --fabric ib to use --device"
+    )]
+    IbFabricDevice,
+    /// The rdma-core device (libibverbs missing, no such device, no
+    /// RDMA CM there).
+    #[error(transparent)]
+    Device(#[from] DeviceError),
     #[error("mount root {} is not a directory", .0.display())]
     MountRoot(PathBuf),
     /// The reconnect timers (`--reconnect-delay` and the others).
@@ -277,8 +338,11 @@ pub enum InitdError {
     BadName(String),
     #[error("a login named `{0}` exists")]
     NameTaken(String),
-    #[error("src={0}: srpd has no NIC with that address")]
-    NoSuchSource(IpAddr),
+    #[error("src={src}: srpd has no CA with that address (it has {has})")]
+    NoSuchSource { src: IpAddr, has: String },
+    /// A login the device CA cannot make (IB CM).
+    #[error(transparent)]
+    Device(#[from] DeviceError),
     /// The login's partition is not in the port's P_Key table.
     #[error(transparent)]
     Pkey(#[from] IbPortError),
@@ -331,19 +395,58 @@ fn check_name(name: &str) -> Result<(), InitdError> {
 }
 
 impl Initd {
-    /// Starts the NIC and a CM agent on every local address.
+    /// Starts the device's RDMA CM (with `device`), and the soft RoCE NIC
+    /// and a CM agent on every local address.
     ///
     /// # Errors
-    /// No address, a NIC or CM agent that cannot start, or a mount root
-    /// that is not a directory.
+    /// No CA, a NIC, device or CM agent that cannot start, or a mount
+    /// root that is not a directory.
     pub fn start(cfg: InitdConfig) -> Result<Initd, InitdStartError> {
-        if cfg.ips.is_empty() {
+        if cfg.ips.is_empty() && cfg.device.is_none() {
             return Err(InitdStartError::NoAddress);
         }
         if !cfg.mount_root.is_dir() {
             return Err(InitdStartError::MountRoot(cfg.mount_root.clone()));
         }
         cfg.rport.validate()?;
+        let ib = cfg.fabric == rdma_access::subnet::Fabric::Ib;
+        if ib && cfg.device.is_some() {
+            return Err(InitdStartError::IbFabricDevice);
+        }
+        let mut cas = Vec::new();
+        if let Some(spec) = &cfg.device {
+            let dev = DeviceCa::open(spec)?;
+            cas.push(LocalCa {
+                addrs: dev.addresses().to_vec(),
+                guid: dev.guid(),
+                port: dev.port(),
+                sessions: dev.sessions().clone(),
+                via: Via::Device(dev),
+            });
+        }
+        let soft = if cfg.ips.is_empty() {
+            None
+        } else {
+            Some(Initd::start_soft(&cfg, &mut cas)?)
+        };
+        for ca in &cas {
+            if let Via::Soft { ib: Some(p), .. } = &ca.via {
+                p.wait_active(cfg.sm_wait)?;
+            }
+        }
+        Ok(Initd {
+            cfg,
+            soft,
+            cas,
+            logins: Mutex::new(BTreeMap::new()),
+            pending: Mutex::new(Vec::new()),
+            next: Mutex::new(0),
+        })
+    }
+
+    /// The soft RoCE NIC with a CA and a CM agent on every local address
+    /// (added to `cas`).
+    fn start_soft(cfg: &InitdConfig, cas: &mut Vec<LocalCa>) -> Result<SoftNic, InitdStartError> {
         crate::args::check_local(&cfg.ips, cfg.udp_port)?;
         let ib = cfg.fabric == rdma_access::subnet::Fabric::Ib;
         // Every port has the GUID of its address, in either fabric.
@@ -356,7 +459,7 @@ impl Initd {
         );
         let access = rdma_access::resource::AccessLayer::new(provider.clone());
         let cm = access.client("cm").into_provider();
-        let mut cas = Vec::new();
+        let sessions: Arc<dyn Provider> = access.client("srp initiator").into_provider();
         for (k, ca) in soft.iter().enumerate() {
             let first_comm_id = (std::process::id() << 8) | k as u32;
             let (agent, port) = if ib {
@@ -385,26 +488,23 @@ impl Initd {
                 .track_in(cm.client())
                 .map_err(|source| InitdStartError::TrackCmAgent { ip: ca.ip, source })?;
             cas.push(LocalCa {
-                ip: ca.ip,
+                addrs: vec![ca.ip],
                 guid: ca.guid,
-                agent,
-                ib: port,
+                port: PortNum(1),
+                sessions: sessions.clone(),
+                via: Via::Soft { agent, ib: port },
             });
         }
-        for p in cas.iter().filter_map(|c| c.ib.as_ref()) {
-            p.wait_active(cfg.sm_wait)?;
-        }
-        let sessions = access.client("srp initiator").into_provider();
-        Ok(Initd {
-            cfg,
-            provider: sessions,
-            access,
-            cm,
-            cas,
-            logins: Mutex::new(BTreeMap::new()),
-            pending: Mutex::new(Vec::new()),
-            next: Mutex::new(0),
-        })
+        Ok(SoftNic { access, cm })
+    }
+
+    /// The CAs in words, the default first: `rxe0:1 (10.0.0.2), 127.0.0.2`.
+    pub fn cas(&self) -> String {
+        self.cas
+            .iter()
+            .map(LocalCa::name)
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 
     /// Answers one control request.
@@ -483,32 +583,75 @@ impl Initd {
         Ok(answer)
     }
 
-    fn login_named(&self, name: &str, target: &str, o: &LoginOptions) -> Result<Login, InitdError> {
-        let (ca, connector): (&LocalCa, Arc<dyn Connector>) = match &o.address {
+    /// The CA a login leaves from, the path's source in words, and the
+    /// connector that logs in: by RDMA CM from the CA `src=` names (the
+    /// default CA without it), by IB CM from the first soft RoCE CA.
+    fn connector_for(
+        &self,
+        address: &TargetAddress,
+    ) -> Result<(&LocalCa, String, Arc<dyn Connector>), InitdError> {
+        let timeout = self.cfg.login_timeout;
+        match address {
             TargetAddress::RdmaCm { dest, src } => {
                 let ca = match src {
-                    Some(ip) => self
-                        .cas
-                        .iter()
-                        .find(|c| c.ip == *ip)
-                        .ok_or(InitdError::NoSuchSource(*ip))?,
+                    Some(ip) => {
+                        self.cas
+                            .iter()
+                            .find(|c| c.addrs.contains(ip))
+                            .ok_or_else(|| InitdError::NoSuchSource {
+                                src: *ip,
+                                has: self.cas(),
+                            })?
+                    }
                     None => &self.cas[0],
                 };
-                let conn = Arc::new(srp_initiator::connectors::RdmaCmConnector {
-                    agent: ca.agent.clone(),
-                    src: ca.ip,
-                    dst: *dest,
-                    timeout: self.cfg.login_timeout,
-                });
-                (ca, Arc::new(SrptdHints(conn)))
+                let (from, conn): (IpAddr, Arc<dyn Connector>) = match &ca.via {
+                    Via::Soft { agent, .. } => {
+                        let from = ca.addrs[0];
+                        let conn = Arc::new(srp_initiator::connectors::RdmaCmConnector {
+                            agent: agent.clone(),
+                            src: from,
+                            dst: *dest,
+                            timeout,
+                        });
+                        (from, conn)
+                    }
+                    Via::Device(d) => {
+                        let from = d.source(*src)?;
+                        (from, d.connector(from, *dest, timeout))
+                    }
+                };
+                let name = match &ca.via {
+                    Via::Soft { .. } => from.to_string(),
+                    Via::Device(d) => format!("{}:{from}", d.name()),
+                };
+                Ok((ca, name, Arc::new(SrptdHints(conn))))
             }
             TargetAddress::IbCm {
                 dgid,
                 service_id,
                 pkey,
             } => {
-                let ca = &self.cas[0];
-                let conn: Arc<dyn Connector> = match &ca.ib {
+                let soft = self.cas.iter().find_map(|c| match &c.via {
+                    Via::Soft { agent, ib } => Some((c, agent, ib)),
+                    Via::Device(_) => None,
+                });
+                let Some((ca, agent, ib)) = soft else {
+                    let dev = match self.cas.first().map(|c| &c.via) {
+                        Some(Via::Device(d)) => d.name().to_string(),
+                        _ => "?".to_string(),
+                    };
+                    return Err(DeviceError::IbCm {
+                        what: format!(
+                            "service_id={service_id:016x},dgid={}",
+                            srp_initiator::login::dgid_hex(dgid)
+                        ),
+                        device: dev,
+                        soft: "; or give srpd --ip too: a soft RoCE CA makes IB CM logins",
+                    }
+                    .into());
+                };
+                let conn: Arc<dyn Connector> = match ib {
                     // A managed subnet: paths from the SA, in the login's
                     // partition.
                     Some(port) => {
@@ -518,30 +661,35 @@ impl Initd {
                             dgid: *dgid,
                             pkey: *pkey,
                             service_id: *service_id,
-                            timeout: self.cfg.login_timeout,
+                            timeout,
                             max_paths: 4,
                         })
                     }
                     None => Arc::new(srp_initiator::connectors::IbCmConnector {
-                        agent: ca.agent.clone(),
+                        agent: agent.clone(),
                         dgid: *dgid,
                         service_id: *service_id,
-                        timeout: self.cfg.login_timeout,
+                        timeout,
                     }),
                 };
-                (ca, Arc::new(SrptdHints(conn)))
+                Ok((ca, ca.addrs[0].to_string(), Arc::new(SrptdHints(conn))))
             }
-        };
+        }
+    }
+
+    fn login_named(&self, name: &str, target: &str, o: &LoginOptions) -> Result<Login, InitdError> {
+        let (ca, src, connector) = self.connector_for(&o.address)?;
         // Every key of the login string takes effect here, as in ib_srp
         // (see `LoginOptions::session_config` and `apply_to_disk`).
         let mut scfg = o.session_config(ca.guid);
+        scfg.port = ca.port;
         let changes = Arc::new(TargetChanges::new());
         scfg.changes = Some(changes.clone());
         let ch_count = o.ch_count.unwrap_or(1).clamp(1, 64) as u16;
         let path = Arc::new(
             PathLogin::new(
-                format!("{} -> {}", ca.ip, address_text(&o.address)),
-                self.provider.clone(),
+                format!("{src} -> {}", address_text(&o.address)),
+                ca.sessions.clone(),
                 ca.guid,
                 connector,
                 scfg,
@@ -622,13 +770,24 @@ impl Initd {
     /// Objects the sessions and the CM agents hold now: verbs objects,
     /// CM ids, MAD agents, SA subscriptions (0 once every login is gone
     /// and [`Initd::shutdown`] closed the agents).
+    /// On a device CA, its sessions' verbs objects and the connections its
+    /// RDMA CM holds.
     pub fn verbs_objects(&self) -> i64 {
-        self.access.live_total()
+        let soft = self.soft.as_ref().map_or(0, |s| s.access.live_total());
+        let devices: i64 = self
+            .cas
+            .iter()
+            .map(|c| match &c.via {
+                Via::Device(d) => d.live(),
+                Via::Soft { .. } => 0,
+            })
+            .sum();
+        soft + devices
     }
 
-    /// Live objects of one kind (e.g. `Kind::CmId`).
+    /// Live objects of one kind (e.g. `Kind::CmId`) on the soft RoCE NIC.
     pub fn live(&self, kind: rdma_access::resource::Kind) -> i64 {
-        self.access.live(kind)
+        self.soft.as_ref().map_or(0, |s| s.access.live(kind))
     }
 
     /// Logs every login out (at exit), then closes the CM agents' client
@@ -645,7 +804,14 @@ impl Initd {
                 eprintln!("srpd: {e}");
             }
         }
-        self.cm.client().close();
+        if let Some(s) = &self.soft {
+            s.cm.client().close();
+        }
+        for c in &self.cas {
+            if let Via::Device(d) = &c.via {
+                d.close();
+            }
+        }
         n
     }
 }

@@ -1,7 +1,8 @@
 //! `srpd`: the resident SRP initiator (see `srp_cli::initd`). It keeps
 //! logins made with `srp login` (Linux `ib_srp` login strings) and shows
 //! each LUN as a file under `--mount-root/<login name>/`, until SIGTERM or
-//! SIGINT, when it logs every target out.
+//! SIGINT, when it logs every target out. Its CAs are our soft RoCE NIC
+//! (`--ip`) or a port of an rdma-core device (`--device`), or both.
 
 #![forbid(unsafe_code)]
 
@@ -23,9 +24,17 @@ use std::time::Duration;
 )]
 struct Args {
     /// Address of a local soft RoCE NIC (several: one CA each; a login's
-    /// `src=` picks one, the first is the default).
-    #[arg(long, default_value = "127.0.0.2")]
+    /// `src=` picks one, the first is the default) [default: 127.0.0.2;
+    /// none with --device].
+    #[arg(long)]
     ip: Vec<IpAddr>,
+    /// Log in through this rdma-core device (a real RDMA NIC, Linux rxe
+    /// or siw), NAME or NAME:PORT as `ibv_devices` lists it, by the
+    /// kernel's RDMA CM: logins with `dest=ip:port` (a login's `src=` may
+    /// pick one of the device's addresses). It is the default CA; --ip
+    /// adds soft RoCE CAs beside it. Needs rdma-core's libibverbs.
+    #[arg(long, value_name = "NAME[:PORT]", value_parser = parse_device)]
+    device: Option<rdmacore::DeviceSpec>,
     /// RoCEv2 UDP port.
     #[arg(long, default_value_t = 4791)]
     udp_port: u16,
@@ -72,6 +81,11 @@ struct Args {
     sm_wait_ms: Duration,
 }
 
+/// `--device`: NAME or NAME:PORT.
+fn parse_device(s: &str) -> Result<rdmacore::DeviceSpec, String> {
+    s.parse()
+}
+
 fn run(a: Args) -> Result<(), String> {
     let mtu = rdma_types::Mtu::from_bytes(a.mtu)
         .map_err(|_| format!("MTU {} is not 256, 512, 1024, 2048 or 4096", a.mtu))?;
@@ -80,25 +94,35 @@ fn run(a: Args) -> Result<(), String> {
         fast_io_fail_tmo: a.fast_io_fail_tmo.rport(),
         dev_loss_tmo: a.dev_loss_tmo.rport(),
     };
+    let nic = rnic::softroce::NicOptions::from_env().map_err(|e| e.to_string())?;
     let sock = a.control_socket.clone();
     let signals = daemon_ctl::signals::block_term();
     let control =
         bind_control(&sock).map_err(|e| format!("control socket {}: {e}", sock.display()))?;
-    let initd = Arc::new(
-        Initd::start(InitdConfig {
-            ips: a.ip.clone(),
-            udp_port: a.udp_port,
-            mtu,
-            mount_root: a.mount_root.clone(),
-            rport,
-            login_timeout: a.login_timeout_ms.max(Duration::from_millis(1)),
-            allow_other: a.allow_other,
-            fabric: a.fabric,
-            sm_wait: a.sm_wait_ms,
-            nic: rnic::softroce::NicOptions::from_env().map_err(|e| e.to_string())?,
-        })
-        .map_err(|e| e.to_string())?,
-    );
+    let started = Initd::start(InitdConfig {
+        ips: match (&a.device, a.ip.is_empty()) {
+            (None, true) => vec![IpAddr::from([127, 0, 0, 2])],
+            _ => a.ip.clone(),
+        },
+        device: a.device.clone(),
+        udp_port: a.udp_port,
+        mtu,
+        mount_root: a.mount_root.clone(),
+        rport,
+        login_timeout: a.login_timeout_ms.max(Duration::from_millis(1)),
+        allow_other: a.allow_other,
+        fabric: a.fabric,
+        sm_wait: a.sm_wait_ms,
+        nic,
+    });
+    let initd = match started {
+        Ok(i) => Arc::new(i),
+        Err(e) => {
+            // Nothing will answer there.
+            let _ = std::fs::remove_file(&sock);
+            return Err(e.to_string());
+        }
+    };
     for s in &a.login {
         let v = initd
             .handle(InitRequest::Login {
@@ -111,12 +135,9 @@ fn run(a: Args) -> Result<(), String> {
     serve_control(initd.clone(), control);
     // Scripts wait for this line.
     println!(
-        "srpd: ready on {}, NICs {}, LUN files under {}",
+        "srpd: ready on {}, CAs {}, LUN files under {}",
         sock.display(),
-        a.ip.iter()
-            .map(|i| i.to_string())
-            .collect::<Vec<_>>()
-            .join(", "),
+        initd.cas(),
         a.mount_root.display()
     );
     let _ = std::io::Write::flush(&mut std::io::stdout());

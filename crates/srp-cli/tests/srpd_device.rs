@@ -1,0 +1,92 @@
+//! `srpd --device` where this host can run it: the refusals that come
+//! before any device is touched, and a device that cannot be opened (no
+//! libibverbs, or no RDMA in the kernel: test hosts have neither rxe nor
+//! an RDMA NIC), which must end srpd with one line saying why and leave
+//! no control socket behind. Logins through a device are proven in the
+//! project's VMs (`interop/run scenario vm-srp-rdmacore-initiator`).
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+/// A scratch directory with a mount root in it.
+fn scratch(tag: &str) -> (PathBuf, PathBuf) {
+    let dir = std::env::temp_dir().join(format!("srpd-device-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let root = dir.join("mnt");
+    std::fs::create_dir_all(&root).unwrap();
+    (dir, root)
+}
+
+fn srpd(dir: &std::path::Path, root: &std::path::Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_srpd"))
+        .args(args)
+        .arg("--mount-root")
+        .arg(root)
+        .arg("--control-socket")
+        .arg(dir.join("srpd.sock"))
+        .output()
+        .unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn a_device_that_cannot_open_ends_srpd_in_one_line_without_a_socket_left() {
+    let (dir, root) = scratch("open");
+    // No device has this name on any host.
+    let o = srpd(&dir, &root, &["--device", "nosuchdev9:1"]);
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{e}");
+    let lines: Vec<&str> = e.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "{e}");
+    let line = lines[0];
+    assert!(line.starts_with("srpd: "), "{line}");
+    // Whichever step this host fails at, the line names the cause and
+    // what to do about it.
+    let said = [
+        // No libibverbs: the package to install.
+        "apt-get install libibverbs1",
+        // libibverbs, but no RDMA in this kernel.
+        "load ib_uverbs",
+        // RDMA, but no such device: the devices there are.
+        "no RDMA device named nosuchdev9",
+    ];
+    assert!(said.iter().any(|s| line.contains(s)), "{line}");
+    assert!(
+        !dir.join("srpd.sock").exists(),
+        "control socket left behind"
+    );
+    assert!(String::from_utf8_lossy(&o.stdout).is_empty());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_ib_fabric_is_refused_with_a_device_before_it_is_opened() {
+    let (dir, root) = scratch("ib");
+    let o = srpd(&dir, &root, &["--device", "rxe0", "--fabric", "ib"]);
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{e}");
+    assert!(
+        e.starts_with("srpd: --fabric ib runs our soft RoCE ports")
+            && e.trim_end().ends_with("drop --fabric ib to use --device"),
+        "{e}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_device_name_that_is_no_name_is_a_usage_error() {
+    let (dir, root) = scratch("name");
+    for bad in ["rxe 0", "rxe0:0"] {
+        let o = srpd(&dir, &root, &["--device", bad]);
+        let e = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{bad}: {e}");
+        assert!(
+            e.contains("--device") && (e.contains("NAME:PORT") || e.contains("from 1 to 255")),
+            "{bad}: {e}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
