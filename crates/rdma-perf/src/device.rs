@@ -338,6 +338,12 @@ impl Nic {
     }
 }
 
+impl std::fmt::Debug for Nic {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Nic({} port {})", self.name, self.port.0)
+    }
+}
+
 impl Drop for Nic {
     /// Closes the CA (the tool destroys its objects first).
     fn drop(&mut self) {

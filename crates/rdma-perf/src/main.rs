@@ -1,8 +1,11 @@
-//! `rperf`: see the library docs (`rdma_perf`).
+//! `rperf`: see the library docs (`rdma_perf`). Runs on our soft RoCE
+//! NIC at `--bind`, or with `--device` on an rdma-core device
+//! (`rdma_perf::device`).
 
 #![forbid(unsafe_code)]
 
 use clap::{Parser, Subcommand};
+use rdma_perf::device::{DeviceArgs, Nic, NicChoice};
 use rdma_perf::{parse_faults, run_client, run_server, ClientConfig, Common, Op, PerfError};
 use rdma_types::Mtu;
 use std::net::{SocketAddr, TcpListener};
@@ -11,7 +14,8 @@ use std::process::ExitCode;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-/// Bandwidth and latency of the soft RoCE NIC between two processes.
+/// Bandwidth and latency of the soft RoCE NIC (or of an rdma-core device,
+/// --device) between two processes.
 #[derive(Parser)]
 #[command(name = "rperf", version)]
 struct Cli {
@@ -21,16 +25,23 @@ struct Cli {
 
 #[derive(clap::Args, Clone)]
 struct CommonArgs {
-    /// RoCE address of this node (ip:port; port 4791 for interop).
-    #[arg(long, default_value = "127.0.0.1:4791")]
-    bind: SocketAddr,
-    /// Path MTU in bytes: 256, 512, 1024, 2048 or 4096.
+    /// RoCE address of this node, our soft RoCE NIC's (ip:port; port 4791
+    /// for interop) [default: 127.0.0.1:4791]. Not with --device, whose
+    /// port and GID (the one rdma-core's tools pick) are used.
+    #[arg(long)]
+    bind: Option<SocketAddr>,
+    #[command(flatten)]
+    device: DeviceArgs,
+    /// Path MTU in bytes: 256, 512, 1024, 2048 or 4096 (with --device, at
+    /// most the port's active MTU).
     #[arg(long, default_value_t = 4096, value_parser = parse_mtu)]
     mtu: usize,
-    /// Faults on this node's send path, e.g. "loss=0.01,reorder=0.01,seed=7".
+    /// Faults on this node's send path, e.g. "loss=0.01,reorder=0.01,seed=7"
+    /// (our soft NIC's; not with --device).
     #[arg(long)]
     faults: Option<String>,
-    /// Write this node's packets to a pcap file.
+    /// Write this node's packets to a pcap file (our soft NIC's; not with
+    /// --device).
     #[arg(long)]
     capture: Option<PathBuf>,
     /// Registered buffer size in bytes (K, M, G suffixes).
@@ -103,9 +114,42 @@ fn parse_mtu(s: &str) -> Result<usize, String> {
         .map_err(|_| format!("MTU must be 256, 512, 1024, 2048 or 4096, not {n}"))
 }
 
+/// Our soft NIC's address when --bind is not given.
+const DEFAULT_BIND: &str = "127.0.0.1:4791";
+
+/// The options that only mean something on our soft RoCE NIC, refused
+/// with an rdma-core device (`baseline`: the client's --baseline, plain
+/// UDP from --bind's address).
+fn soft_only(a: &CommonArgs, baseline: bool) -> Result<(), String> {
+    let Some(spec) = a.device.rdma_core() else {
+        return Ok(());
+    };
+    let given = [
+        (a.bind.is_some(), "--bind", "our soft RoCE NIC's address and UDP port: on a device the port and its GID are used"),
+        (a.faults.is_some(), "--faults", "faults are injected by our soft RoCE NIC"),
+        (a.capture.is_some(), "--capture", "our soft RoCE NIC writes the capture: capture a device's traffic with tcpdump or dumpcap on its network interface"),
+        (baseline, "--baseline", "it measures plain UDP between --bind addresses against our soft RoCE NIC"),
+    ];
+    match given.iter().find(|(on, ..)| *on) {
+        Some((_, opt, why)) => Err(format!(
+            "{opt} does not go with --device {spec}: {why}; drop {opt}, or --device to run on our soft NIC"
+        )),
+        None => Ok(()),
+    }
+}
+
+/// The shared settings; with --device, the device's port opened (ACTIVE).
 fn common(a: &CommonArgs, stop: &Arc<AtomicBool>) -> Result<Common, String> {
+    let device = match a.device.rdma_core() {
+        Some(spec) => Some(Arc::new(
+            Nic::open(&NicChoice::RdmaCore(spec.clone())).map_err(|e| e.to_string())?,
+        )),
+        None => None,
+    };
     Ok(Common {
-        bind: a.bind,
+        bind: a
+            .bind
+            .unwrap_or_else(|| DEFAULT_BIND.parse().expect("literal address")),
         mtu: Mtu::from_bytes(a.mtu).map_err(|e| e.to_string())?,
         faults: a
             .faults
@@ -117,6 +161,7 @@ fn common(a: &CommonArgs, stop: &Arc<AtomicBool>) -> Result<Common, String> {
         buffer: a.buffer,
         gso: softroce::gso_from_env(),
         stop: stop.clone(),
+        device,
     })
 }
 
@@ -130,6 +175,7 @@ fn demo(iters: u64, stop: &Arc<AtomicBool>) -> Result<(), String> {
         buffer: 64 << 20,
         gso: softroce::gso_from_env(),
         stop: stop.clone(),
+        device: None,
     };
     let oob: SocketAddr = "127.0.0.2:18515".parse().expect("literal address");
     let listener = TcpListener::bind(oob).map_err(|e| format!("cannot listen on {oob}: {e}"))?;
@@ -184,11 +230,15 @@ fn main() -> ExitCode {
             oob,
             clients,
         } => (|| {
+            soft_only(&c, false)?;
             let c = common(&c, &stop)?;
             let listener =
                 TcpListener::bind(oob).map_err(|e| format!("cannot listen on {oob}: {e}"))?;
             // Scripts wait for this line before starting a client.
-            println!("rperf server: listening on {oob}");
+            match &c.device {
+                Some(nic) => println!("rperf server: listening on {oob}, on {}", nic.name()),
+                None => println!("rperf server: listening on {oob}"),
+            }
             let _ = std::io::Write::flush(&mut std::io::stdout());
             for served in 0..clients {
                 match run_server(&c, &listener) {
@@ -223,6 +273,7 @@ fn main() -> ExitCode {
             baseline,
             json,
         } => (|| {
+            soft_only(&c, baseline)?;
             if size == 0 || size > (1 << 30) {
                 return Err(format!("--size must be 1..=1 GiB, not {size}"));
             }
