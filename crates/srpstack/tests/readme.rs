@@ -200,6 +200,24 @@ const NOT_HERE: &[NotHere] = &[
         refused_with: NO_DEVICE,
     },
     NotHere {
+        line: "target/release/srpd --device rxe0 --mount-root /mnt",
+        why: "needs the rdma-core device rxe0 (Linux rxe)",
+        covered_by: "interop vm-srp-rdmacore-initiator",
+        refused_with: NO_DEVICE,
+    },
+    NotHere {
+        line: "target/release/rperf server --device rxe0 --oob 10.0.0.1:18515",
+        why: "needs the rdma-core device rxe0 (Linux rxe) and the address 10.0.0.1",
+        covered_by: "interop rperf-rdmacore",
+        refused_with: NO_DEVICE,
+    },
+    NotHere {
+        line: "target/release/rperf client --device rxe0 --server 10.0.0.1:18515 --op write --verify",
+        why: "needs the rdma-core device rxe0 (Linux rxe) and a server at 10.0.0.1",
+        covered_by: "interop rperf-rdmacore",
+        refused_with: NO_DEVICE,
+    },
+    NotHere {
         line: "cargo bench -p rdma-wire --bench wire",
         why: "a benchmark: a release build and minutes of measuring",
         covered_by: "run by hand",
