@@ -11,7 +11,9 @@
 # login` (an IB CM one first, which must be refused with its reason), LIO's
 # LUN 0 appears as a file under srpd's mount root (FUSE), a dd pattern
 # written through it reads back identical and fio's crc32c verify passes;
-# `srp logout` removes the file, and SIGTERM leaves 0 verbs objects.
+# `srp logout` removes the file; a second login reads the pattern back
+# through its file, and SIGTERM with it still logged in leaves 0 verbs
+# objects.
 # Needs the binaries: cargo build --release -p srp-cli (SRP_CLI, SRPD
 # override).
 
@@ -87,14 +89,22 @@ srpd_on_device() {
   /interop/bin/srp list --control-socket $sock
   /interop/bin/srp logout --control-socket $sock lio || fail "srp logout lio failed"
   [ ! -e $mnt/lio ] || fail "$mnt/lio is still there after the logout"
+  step "logged out: $mnt/lio is gone"
+  /interop/bin/srp login --control-socket $sock --name again \
+      "id_ext=$TGT_GUID,ioc_guid=$TGT_GUID,dest=$a:$SRP_PORT,initiator_ext=0" >/tmp/login2.txt 2>&1 ||
+    { cat /tmp/login2.txt /tmp/srpd.txt; fail "the second login through srpd --device rxe0 failed"; }
+  dd if=$mnt/again/lun0 of=/tmp/srpd-readback2 bs=64k count=64 iflag=direct 2>&1 | tail -1
+  cmp /tmp/srpd-pattern /tmp/srpd-readback2 || fail "the second login read back other data"
+  step "logged in again: the pattern reads back through $mnt/again/lun0; SIGTERM with the login live"
   kill -TERM $pid
   rc=0
   wait $pid || rc=$?
   cat /tmp/srpd.txt
   [ $rc = 0 ] || fail "srpd exited $rc after SIGTERM"
-  grep -q "^srpd: 0 logins ended; 0 verbs objects left; stopped" /tmp/srpd.txt ||
-    fail "srpd did not end with 0 verbs objects left"
-  step "srpd --device rxe0: logged out, stopped with 0 verbs objects left"
+  grep -q "^srpd: 1 logins ended; 0 verbs objects left; stopped" /tmp/srpd.txt ||
+    fail "srpd did not end its login with 0 verbs objects left"
+  [ ! -e $mnt/again ] || fail "$mnt/again is still there after srpd stopped"
+  step "srpd --device rxe0: SIGTERM logged out, stopped with 0 verbs objects left"
 }
 
 guest_initiator() {

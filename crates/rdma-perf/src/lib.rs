@@ -208,8 +208,9 @@ pub struct Common {
     pub stop: Arc<AtomicBool>,
     /// Run on this NIC through the verbs (`rperf --device`: an rdma-core
     /// device) instead of a soft RoCE node at `bind`; `bind`, `faults`,
-    /// `capture` and `gso` are then unused, and the QP counters of the
-    /// reports are 0 (the device keeps its own).
+    /// `capture` and `gso` are then unused, the QP counters of the
+    /// reports are 0 (the device keeps its own), and so is a WRITE or
+    /// READ server's CPU per byte (the device answers without it).
     pub device: Option<Arc<device::Nic>>,
 }
 

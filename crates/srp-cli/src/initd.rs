@@ -4,8 +4,8 @@
 //! The daemon owns a soft RoCE NIC (one CA per local address) and a CM
 //! agent per CA, or a port of an rdma-core device (`srpd --device`, see
 //! [`crate::device`]: a real RDMA NIC or Linux rxe, its logins by the
-//! kernel's RDMA CM), or both, and keeps logins for as long as it runs. A login is a
-//! Linux `ib_srp` login string (`id_ext=…,ioc_guid=…,dest=ip:port` or
+//! kernel's RDMA CM), or both, and keeps logins for as long as it runs.
+//! A login is a Linux `ib_srp` login string (`id_ext=…,ioc_guid=…,dest=ip:port` or
 //! `…,dgid=…,pkey=…,service_id=…`), written to the control socket by
 //! `srp login`. Each login gets a name (given, or `t<N>`) and a directory
 //! `<mount root>/<name>` in which every LUN the target shows this initiator
@@ -29,7 +29,8 @@
 //!
 //! Login-string keys and what they do here: `id_ext`, `ioc_guid`, `dest`
 //! (`src` picks the local CA: the one with that address; without it, the
-//! first, which is the device when there is one), `dgid`/`pkey`/`service_id` (IB CM),
+//! first, which is the device when there is one), `dgid`/`pkey`/
+//! `service_id` (IB CM),
 //! `initiator_ext`, `queue_size` (commands per channel), `ch_count`,
 //! `cmd_sg_entries`, `max_it_iu_size`, `io_class`, `max_sect` (the largest
 //! transfer of one command; longer I/O is split), `max_cmd_per_lun`
@@ -59,8 +60,7 @@
 use crate::args::SrptdHints;
 use crate::device::{DeviceCa, DeviceError};
 use rdma_access::subnet::{IbPort, IbPortError};
-use rdma_types::Guid;
-use rdma_types::PortNum;
+use rdma_types::{Guid, PortNum};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use srp_initiator::changes::TargetChanges;
