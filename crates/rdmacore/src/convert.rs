@@ -137,11 +137,10 @@ pub(crate) fn send_flags(f: SendFlags) -> u32 {
     r
 }
 
-/// `IBV_WR_*` of an opcode this provider posts (windows are not served
-/// yet).
-pub(crate) fn wr_opcode(op: SendOpcode) -> Result<u32, VerbsError> {
+/// `IBV_WR_*` of an opcode.
+pub(crate) fn wr_opcode(op: SendOpcode) -> u32 {
     use raw::wr_opcode::*;
-    Ok(match op {
+    match op {
         SendOpcode::Send => SEND,
         SendOpcode::SendWithImm => SEND_WITH_IMM,
         SendOpcode::SendWithInv => SEND_WITH_INV,
@@ -151,8 +150,8 @@ pub(crate) fn wr_opcode(op: SendOpcode) -> Result<u32, VerbsError> {
         SendOpcode::AtomicCmpSwp => ATOMIC_CMP_AND_SWP,
         SendOpcode::AtomicFetchAdd => ATOMIC_FETCH_AND_ADD,
         SendOpcode::LocalInv => LOCAL_INV,
-        SendOpcode::BindMw => return Err(VerbsError::NotSupported("memory windows")),
-    })
+        SendOpcode::BindMw => BIND_MW,
+    }
 }
 
 /// Whether a QP of type `t` can carry `op` (IBA 11.4.1.1: UD sends only;
@@ -338,11 +337,10 @@ mod tests {
         assert!(opcode_allowed(QpType::Uc, SendOpcode::RdmaWriteWithImm));
         assert!(!opcode_allowed(QpType::Ud, SendOpcode::RdmaWrite));
         assert!(opcode_allowed(QpType::Ud, SendOpcode::SendWithImm));
-        assert_eq!(wr_opcode(SendOpcode::Send), Ok(raw::wr_opcode::SEND));
-        assert_eq!(
-            wr_opcode(SendOpcode::BindMw),
-            Err(VerbsError::NotSupported("memory windows"))
-        );
+        assert_eq!(wr_opcode(SendOpcode::Send), raw::wr_opcode::SEND);
+        assert_eq!(wr_opcode(SendOpcode::BindMw), 8);
+        assert_eq!(wr_opcode(SendOpcode::LocalInv), 7);
+        assert_eq!(wr_opcode(SendOpcode::SendWithInv), 9);
         for s in [
             QpState::Reset,
             QpState::Init,

@@ -10,10 +10,10 @@
 //! `rdmacore-conformance-ours` runs this binary in a VM with two Linux rxe
 //! devices on a veth pair.
 //!
-//! What the fixture declares missing: QP0/QP1 (the kernel's), memory
-//! windows and APM (not served yet), port control (a test cannot pull a
-//! kernel device's cable or set its LID), atomics or SRQs when the device
-//! says it has none, and per driver what it is known to lack (rxe: the SQE
+//! What the fixture declares missing: QP0/QP1 (the kernel's), APM (not
+//! served yet), port control (a test cannot pull a kernel device's cable
+//! or set its LID), memory windows, atomics or SRQs when the device says
+//! it has none, and per driver what it is known to lack (rxe: the SQE
 //! state; a UC send error takes its QP to ERR).
 
 mod common;
@@ -111,12 +111,10 @@ fn setup() -> Result<Devices, String> {
     let attr = p.query_ca(ca).map_err(|e| format!("query {a}: {e}"));
     let _ = p.close_ca(ca);
     let attr = attr?;
-    let mut lacks = vec![
-        Feature::SpecialQp,
-        Feature::Mw,
-        Feature::PortControl,
-        Feature::Apm,
-    ];
+    let mut lacks = vec![Feature::SpecialQp, Feature::PortControl, Feature::Apm];
+    if attr.max_mw == 0 {
+        lacks.push(Feature::Mw);
+    }
     if !attr.atomics {
         lacks.push(Feature::Atomics);
     }
@@ -131,8 +129,9 @@ fn setup() -> Result<Devices, String> {
     let mut out = std::io::stderr().lock();
     let _ = writeln!(
         out,
-        "rdmacore conformance: {a} ({:?}) and {b} ({:?}), declared gaps {lacks:?}",
-        guids.0, guids.1
+        "rdmacore conformance: {a} ({:?}) and {b} ({:?}), max_mw {}, max_inline_data {}, \
+         declared gaps {lacks:?}",
+        guids.0, guids.1, attr.max_mw, attr.max_inline_data
     );
     Ok(Devices { p, guids, lacks })
 }

@@ -14,8 +14,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::thread::{JoinHandle, ThreadId};
 use verbs::{
-    CaAttr, CaHandle, Context, EventHandler, Handle, PdHandle, PortAttr, PortState, ResourceKind,
-    Result, VerbsError,
+    CaAttr, CaHandle, Context, EventHandler, Handle, MwType, PdHandle, PortAttr, PortState,
+    ResourceKind, Result, VerbsError,
 };
 
 /// One open of a CA: its own libibverbs context (so its asynchronous
@@ -48,6 +48,9 @@ pub(crate) struct CaRt {
     pub(super) dispatched: Condvar,
     pub(super) thread: Mutex<Option<JoinHandle<()>>>,
     pub(super) thread_id: OnceLock<ThreadId>,
+    /// The largest inline size an RC QP gets (probed once, see
+    /// [`CaRt::max_inline`]).
+    max_inline: OnceLock<u32>,
 }
 
 fn guard<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -151,6 +154,76 @@ impl CaRt {
     pub(super) fn cq_list(&self) -> MutexGuard<'_, Vec<Arc<CqRt>>> {
         guard(&self.cqs)
     }
+
+    /// The most inline data bytes an RC QP of one SGE takes on this
+    /// device. `ibv_device_attr` does not say, so it is asked the way the
+    /// rdma-core man pages advise: create QPs asking for a size, keep the
+    /// largest the device accepts, and read back what it granted there.
+    /// Probed on first use with a PD and CQ of its own (a dozen QP
+    /// creations), then kept; 0 when the device takes none or the probe
+    /// cannot run.
+    pub(super) fn max_inline(&self) -> u32 {
+        *self.max_inline.get_or_init(|| {
+            let probe = || -> std::result::Result<u32, sys::Errno> {
+                let pd = sys::Pd::new(&self.dev)?;
+                let cq = Arc::new(sys::Cq::new(&self.dev, 1, 0)?);
+                Ok(largest_inline(|inline| {
+                    let c = sys::QpCreate {
+                        qp_type: raw::IBV_QPT_RC,
+                        send_cq: &cq,
+                        recv_cq: &cq,
+                        srq: None,
+                        cap: raw::ibv_qp_cap {
+                            max_send_wr: 1,
+                            max_recv_wr: 1,
+                            max_send_sge: 1,
+                            max_recv_sge: 1,
+                            max_inline_data: inline,
+                        },
+                        sq_sig_all: false,
+                        qp_context: 0,
+                    };
+                    sys::Qp::new(&pd, &c)
+                        .ok()
+                        .map(|(_qp, cap)| cap.max_inline_data)
+                }))
+            };
+            probe().unwrap_or_else(|e| {
+                tracing::warn!(device = %self.dev.name(), "cannot probe the inline data limit ({e}); reporting 0");
+                0
+            })
+        })
+    }
+}
+
+/// The most inline bytes asked for that a probe accepts.
+const INLINE_PROBE_MAX: u32 = 4096;
+
+/// What a device grants at the largest inline size `create` accepts
+/// (`None`: refused) up to [`INLINE_PROBE_MAX`], found by bisection:
+/// devices refuse every size above their limit. What it grants there is
+/// the answer (at least the size asked, when the device rounds up; less,
+/// when it ignores the request).
+fn largest_inline(create: impl Fn(u32) -> Option<u32>) -> u32 {
+    let Some(mut granted) = create(0) else {
+        return 0;
+    };
+    if let Some(g) = create(INLINE_PROBE_MAX) {
+        return g;
+    }
+    // `lo` is accepted, `hi` refused.
+    let (mut lo, mut hi) = (0, INLINE_PROBE_MAX);
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        match create(mid) {
+            Some(g) => {
+                lo = mid;
+                granted = g;
+            }
+            None => hi = mid,
+        }
+    }
+    granted
 }
 
 /// A non-negative `int` limit as `u32`.
@@ -215,6 +288,7 @@ impl RdmaCore {
             dispatched: Condvar::new(),
             thread: Mutex::new(None),
             thread_id: OnceLock::new(),
+            max_inline: OnceLock::new(),
         });
         let h = self.lock().insert(
             Obj::Ca {
@@ -252,11 +326,12 @@ impl RdmaCore {
             max_pd: limit(a.max_pd),
             max_qp_rd_atom: u8::try_from(a.max_qp_rd_atom.max(0)).unwrap_or(u8::MAX),
             max_srq: limit(a.max_srq),
-            // Windows are not served yet (see the crate docs).
-            max_mw: 0,
-            // ibv_device_attr does not say; a QP created with more than
-            // the device takes is refused then.
-            max_inline_data: 0,
+            max_mw: if rt.has_windows(MwType::Type1) || rt.has_windows(MwType::Type2) {
+                limit(a.max_mw)
+            } else {
+                0
+            },
+            max_inline_data: rt.max_inline(),
             atomics: a.atomic_cap != 0,
         })
     }
@@ -364,5 +439,41 @@ impl RdmaCore {
         drop(hw);
         events::retire(&rt, pd.0, ResourceKind::Pd, ctx);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+
+    /// A device that takes up to `limit` inline bytes and grants what it
+    /// is asked rounded up to `round`, counting the QPs made.
+    fn device(limit: u32, round: u32, made: &Cell<u32>) -> impl Fn(u32) -> Option<u32> + '_ {
+        move |asked| {
+            made.set(made.get() + 1);
+            (asked <= limit).then(|| asked.div_ceil(round) * round)
+        }
+    }
+
+    #[test]
+    fn the_inline_probe_finds_the_largest_size_the_device_takes() {
+        let made = Cell::new(0);
+        // Linux rxe: 256, granted as asked (one SGE is 16 bytes).
+        assert_eq!(largest_inline(device(256, 1, &made)), 256);
+        assert!(made.get() <= 14, "{} QPs", made.get());
+        // A device that rounds up what it grants reports the grant.
+        assert_eq!(largest_inline(device(220, 16, &Cell::new(0))), 224);
+        for limit in [0, 1, 63, 64, 4095] {
+            assert_eq!(largest_inline(device(limit, 1, &Cell::new(0))), limit);
+        }
+        // Takes anything: the grant at the probe's largest ask.
+        assert_eq!(
+            largest_inline(device(u32::MAX, 1, &Cell::new(0))),
+            INLINE_PROBE_MAX
+        );
+        // Takes no QP at all, or ignores the ask.
+        assert_eq!(largest_inline(|_| None), 0);
+        assert_eq!(largest_inline(|a| (a <= 512).then_some(0)), 0);
     }
 }

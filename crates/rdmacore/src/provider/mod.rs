@@ -5,6 +5,7 @@ mod ca;
 mod cq;
 mod events;
 mod mr;
+mod mw;
 mod objects;
 mod post;
 mod qp;
@@ -190,7 +191,7 @@ fn bad(msg: impl Into<String>) -> VerbsError {
 }
 
 /// Each verb but a few one-liners is the inherent method of the same name
-/// in the file of its object (`ca`, `cq`, `qp`, `mr`, `post`).
+/// in the file of its object (`ca`, `cq`, `qp`, `mr`, `mw`, `post`).
 impl Provider for RdmaCore {
     fn name(&self) -> &'static str {
         "rdmacore"
@@ -297,14 +298,14 @@ impl Provider for RdmaCore {
     fn dereg_mr(&self, mr: MrHandle) -> Result<()> {
         RdmaCore::dereg_mr(self, mr)
     }
-    fn alloc_mw(&self, _pd: PdHandle, _kind: MwType, _ctx: Context) -> Result<(MwHandle, Rkey)> {
-        Err(VerbsError::NotSupported("memory windows"))
+    fn alloc_mw(&self, pd: PdHandle, kind: MwType, ctx: Context) -> Result<(MwHandle, Rkey)> {
+        RdmaCore::alloc_mw(self, pd, kind, ctx)
     }
-    fn bind_mw(&self, _qp: QpHandle, _bind: &MwBind) -> Result<Rkey> {
-        Err(VerbsError::NotSupported("memory windows"))
+    fn bind_mw(&self, qp: QpHandle, bind: &MwBind) -> Result<Rkey> {
+        RdmaCore::bind_mw(self, qp, bind)
     }
-    fn dealloc_mw(&self, _mw: MwHandle) -> Result<()> {
-        Err(VerbsError::NotSupported("memory windows"))
+    fn dealloc_mw(&self, mw: MwHandle) -> Result<()> {
+        RdmaCore::dealloc_mw(self, mw)
     }
     fn post_send(&self, qp: QpHandle, wrs: &[SendWr]) -> Result<()> {
         RdmaCore::post_send(self, qp, wrs)

@@ -8,7 +8,7 @@ use crate::convert;
 use crate::sys;
 use rdma_types::{AccessFlags, Lkey, Rkey};
 use std::sync::Arc;
-use verbs::{Context, MemBuf, MrHandle, MrInfo, PdHandle, ResourceKind, Result};
+use verbs::{Context, MemBuf, MrHandle, MrInfo, PdHandle, ResourceKind, Result, VerbsError};
 
 /// The checks every registration makes before the device sees it.
 fn check(buf: &MemBuf, addr: u64, len: u64, access: AccessFlags) -> Result<()> {
@@ -23,6 +23,12 @@ fn check(buf: &MemBuf, addr: u64, len: u64, access: AccessFlags) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// Why an MR with a window on it stays (IBA 10.6.7.1: a region with
+/// bound windows cannot be deregistered).
+fn bound_window() -> VerbsError {
+    VerbsError::Busy("MR has a memory window bound (or a type 2 window the peer may have invalidated): deallocate the window, or bind it elsewhere, first")
 }
 
 fn info(handle: MrHandle, mr: &sys::Mr, addr: u64, len: u64) -> MrInfo {
@@ -65,6 +71,8 @@ impl RdmaCore {
                 pd: p,
                 mr: mr.clone(),
                 ctx,
+                access,
+                windows: 0,
             },
             None,
         ));
@@ -85,6 +93,7 @@ impl RdmaCore {
         let hw_pd = {
             let st = self.lock();
             match st.obj(st.mr(mr)?) {
+                Obj::Mr { windows, .. } if *windows > 0 => return Err(bound_window()),
                 Obj::Mr { pd, .. } => st.pd_of(*pd).1,
                 _ => unreachable!("checked MR"),
             }
@@ -97,7 +106,14 @@ impl RdmaCore {
             let mut st = self.lock();
             let i = st.mr(mr)?;
             match st.obj_mut(i) {
-                Obj::Mr { mr: m, .. } => std::mem::replace(m, new.clone()),
+                // A window bound meanwhile keeps the old registration.
+                Obj::Mr { windows, .. } if *windows > 0 => return Err(bound_window()),
+                Obj::Mr {
+                    mr: m, access: a, ..
+                } => {
+                    *a = access;
+                    std::mem::replace(m, new.clone())
+                }
                 _ => unreachable!("checked MR"),
             }
         };
@@ -109,8 +125,15 @@ impl RdmaCore {
         let (rt, hw, ctx) = {
             let mut st = self.lock();
             let i = st.mr(mr)?;
+            if let Obj::Mr { windows, .. } = st.obj(i) {
+                if *windows > 0 {
+                    return Err(bound_window());
+                }
+            }
             let (ca, pd, hw, ctx) = match st.remove(i, None) {
-                Some(Obj::Mr { ca, pd, mr, ctx }) => (ca, pd, mr, ctx),
+                Some(Obj::Mr {
+                    ca, pd, mr, ctx, ..
+                }) => (ca, pd, mr, ctx),
                 _ => unreachable!("checked MR"),
             };
             st.adjust(pd, -1);

@@ -4,11 +4,11 @@
 use super::ca::CaRt;
 use super::cq::CqRt;
 use crate::sys;
-use rdma_types::QpState;
+use rdma_types::{AccessFlags, QpState};
 use std::collections::HashMap;
 use std::sync::Arc;
 use verbs::kit::handle_table::HandleTable;
-use verbs::{Context, Handle, QpAttr, QpInit, Result, VerbsError};
+use verbs::{Context, Handle, MwType, QpAttr, QpInit, Result, VerbsError};
 
 pub(super) enum Obj {
     Ca {
@@ -54,6 +54,21 @@ pub(super) enum Obj {
         pd: usize,
         mr: Arc<sys::Mr>,
         ctx: Context,
+        /// The rights it was registered with.
+        access: AccessFlags,
+        /// Windows bound to it, or that may still be (a type 2 window
+        /// invalidated by a peer counts until it is deallocated or bound
+        /// elsewhere: the provider does not see the invalidation).
+        windows: u32,
+    },
+    Mw {
+        ca: usize,
+        pd: usize,
+        mw: Arc<sys::Mw>,
+        kind: MwType,
+        ctx: Context,
+        /// The MR slot it was last bound to.
+        bound: Option<usize>,
     },
 }
 
@@ -105,6 +120,7 @@ impl State {
         qp: verbs::QpHandle => Obj::Qp(_),
         ah: verbs::AhHandle => Obj::Ah { .. },
         mr: verbs::MrHandle => Obj::Mr { .. },
+        mw: verbs::MwHandle => Obj::Mw { .. },
     }
 
     pub(super) fn obj(&self, i: usize) -> &Obj {
@@ -186,6 +202,29 @@ impl State {
     pub(super) fn by_key(&self, key: u64) -> Option<(Handle, usize)> {
         let h = *self.by_key.get(&key)?;
         self.objs.slot(h).ok().map(|i| (h, i))
+    }
+
+    /// Records that window slot `mw` is now bound to MR slot `mr` (and no
+    /// longer to the one before), for the MRs' window counts.
+    pub(super) fn note_bind(&mut self, mw: usize, mr: usize) {
+        let before = match self.obj_mut(mw) {
+            Obj::Mw { bound, .. } => bound.replace(mr),
+            _ => unreachable!("a MW slot"),
+        };
+        if before == Some(mr) {
+            return;
+        }
+        if let Some(old) = before {
+            self.count_window(old, -1);
+        }
+        self.count_window(mr, 1);
+    }
+
+    /// Counts a window in (`+1`) or out (`-1`) of MR slot `mr`.
+    pub(super) fn count_window(&mut self, mr: usize, delta: i32) {
+        if let Obj::Mr { windows, .. } = self.obj_mut(mr) {
+            *windows = windows.wrapping_add_signed(delta);
+        }
     }
 
     /// The MRs of CA slot `ca` (inline data must come from one of them).

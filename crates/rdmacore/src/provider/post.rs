@@ -2,14 +2,17 @@
 //! to the driver in one call, the first bad one reported by index
 //! (`BadWr`), as the verbs contract has it.
 
-use super::objects::Obj;
+use super::objects::{Obj, State};
 use super::{bad, RdmaCore};
 use crate::convert;
 use crate::sys::{self, raw::ibv_sge, PostError, Remote, SendDesc};
 use rdma_types::{QpState, QpType};
 use std::ops::Range;
 use std::sync::Arc;
-use verbs::{QpHandle, RecvWr, Result, SendOpcode, SendWr, Sge, SrqHandle, VerbsError};
+use verbs::{
+    MrHandle, MwBind, MwHandle, MwType, QpHandle, RecvWr, Result, SendOpcode, SendWr, Sge,
+    SrqHandle, VerbsError,
+};
 
 fn sge(s: &Sge) -> ibv_sge {
     ibv_sge {
@@ -42,9 +45,25 @@ fn flatten<'a>(lists: impl Iterator<Item = &'a [Sge]>) -> (Vec<ibv_sge>, Vec<Ran
     (flat, ranges)
 }
 
-/// What a send WR needs beyond itself: its AH (UD).
+/// What a send WR needs beyond itself: its AH (UD), its window and
+/// region (a bind).
 struct Checked {
     ah: Option<Arc<sys::Ah>>,
+    bind: Option<BindObjs>,
+}
+
+/// The objects a type 2 bind WR names.
+struct BindObjs {
+    mw: Arc<sys::Mw>,
+    mr: Arc<sys::Mr>,
+    named: Named,
+}
+
+/// A window and a region: their handles and slots.
+#[derive(Clone, Copy)]
+struct Named {
+    mw: (MwHandle, usize),
+    mr: (MrHandle, usize),
 }
 
 impl RdmaCore {
@@ -65,7 +84,6 @@ impl RdmaCore {
                     if matches!(q.state, QpState::Reset | QpState::Init | QpState::Rtr) {
                         return Err(VerbsError::InvalidState(q.state));
                     }
-                    convert::wr_opcode(w.opcode)?;
                     if !convert::opcode_allowed(qp_type, w.opcode) {
                         return Err(bad(format!("{:?} on a {qp_type} QP", w.opcode)));
                     }
@@ -97,7 +115,14 @@ impl RdmaCore {
                         (QpType::Ud, None) => return Err(bad("a UD send needs a destination")),
                         _ => None,
                     };
-                    Ok(Checked { ah })
+                    let bind = match (w.opcode, &w.bind_mw) {
+                        (SendOpcode::BindMw, Some(b)) => Some(bind_objs(&st, q.ca, b)?),
+                        (SendOpcode::BindMw, None) => {
+                            return Err(bad("a BindMw work request without its bind_mw"))
+                        }
+                        _ => None,
+                    };
+                    Ok(Checked { ah, bind })
                 })();
                 match r {
                     Ok(c) => checked.push(c),
@@ -119,9 +144,30 @@ impl RdmaCore {
                 .zip(ranges)
                 .map(|((w, c), r)| desc(w, c, &flat[r]))
                 .collect();
-            posted("post_send", hw.post_send(&descs, &regions))?;
+            let r = hw.post_send(&descs, &regions);
+            let done = r.as_ref().map_or_else(|e| e.index, |()| n);
+            let binds: Vec<Named> = checked[..done]
+                .iter()
+                .filter_map(|c| c.bind.as_ref().map(|b| b.named))
+                .collect();
+            if !binds.is_empty() {
+                self.note_binds(&binds);
+            }
+            posted("post_send", r)?;
         }
         refused.map_or(Ok(()), Err)
+    }
+
+    /// Counts the windows of bind WRs handed to the device as bound to
+    /// their regions (see `mw`), those whose handles still name the
+    /// objects the post used.
+    fn note_binds(&self, binds: &[Named]) {
+        let mut st = self.lock();
+        for b in binds {
+            if st.mw(b.mw.0) == Ok(b.mw.1) && st.mr(b.mr.0) == Ok(b.mr.1) {
+                st.note_bind(b.mw.1, b.mr.1);
+            }
+        }
     }
 
     pub(super) fn post_recv(&self, qp: QpHandle, wrs: &[RecvWr]) -> Result<()> {
@@ -172,6 +218,37 @@ impl RdmaCore {
     }
 }
 
+/// The window (type 2, of CA slot `ca`) and region a bind WR names.
+fn bind_objs(st: &State, ca: usize, b: &MwBind) -> Result<BindObjs> {
+    let w = st.mw(b.mw)?;
+    let mw = match st.obj(w) {
+        Obj::Mw { ca: c, .. } if *c != ca => return Err(VerbsError::InvalidHandle),
+        Obj::Mw {
+            kind: MwType::Type1,
+            ..
+        } => {
+            return Err(bad(
+                "a type 1 window is bound with bind_mw, not a work request",
+            ))
+        }
+        Obj::Mw { mw, .. } => mw.clone(),
+        _ => unreachable!("checked MW"),
+    };
+    let m = st.mr(b.mr)?;
+    let mr = match st.obj(m) {
+        Obj::Mr { ca: c, mr, .. } if *c == ca => mr.clone(),
+        _ => return Err(VerbsError::InvalidHandle),
+    };
+    Ok(BindObjs {
+        mw,
+        mr,
+        named: Named {
+            mw: (b.mw, w),
+            mr: (b.mr, m),
+        },
+    })
+}
+
 /// `post` over `wrs` as the driver takes receive WRs (their SGEs in one
 /// flat array).
 fn with_recv_descs<R>(wrs: &[RecvWr], post: impl FnOnce(&[sys::RecvDesc<'_>]) -> R) -> R {
@@ -205,6 +282,18 @@ fn desc<'a>(w: &SendWr, c: &'a Checked, sges: &'a [ibv_sge]) -> SendDesc<'a> {
             addr: w.remote.addr,
             rkey: w.remote.rkey.0,
         },
+        (BindMw, _, _) => match (&c.bind, &w.bind_mw) {
+            (Some(o), Some(b)) => Remote::Bind {
+                mw: &o.mw,
+                rkey: b.rkey.0,
+                mr: &o.mr,
+                addr: b.addr,
+                len: b.len,
+                access: b.access.bits(),
+            },
+            // Checked before.
+            _ => Remote::None,
+        },
         (AtomicCmpSwp | AtomicFetchAdd, _, _) => Remote::Atomic {
             addr: w.remote.addr,
             compare_add: w.compare_add,
@@ -215,8 +304,7 @@ fn desc<'a>(w: &SendWr, c: &'a Checked, sges: &'a [ibv_sge]) -> SendDesc<'a> {
     };
     SendDesc {
         wr_id: w.wr_id,
-        // Checked before.
-        opcode: convert::wr_opcode(w.opcode).unwrap_or(0),
+        opcode: convert::wr_opcode(w.opcode),
         flags: convert::send_flags(w.flags),
         imm_or_inv,
         sges,

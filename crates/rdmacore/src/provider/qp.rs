@@ -37,6 +37,15 @@ impl RdmaCore {
             };
             (st.rt(ca), hw_pd, scq, rcq, srq)
         };
+        let max_inline = rt.max_inline();
+        if init.caps.max_inline > max_inline {
+            return Err(bad(format!(
+                "{} inline data bytes asked for; {} takes at most {max_inline} \
+                 (CaAttr::max_inline_data): ask for that or less",
+                init.caps.max_inline,
+                rt.dev.name()
+            )));
+        }
         let mut cap = raw::ibv_qp_cap {
             max_send_wr: init.caps.max_send_wr,
             max_recv_wr: init.caps.max_recv_wr,
@@ -61,7 +70,21 @@ impl RdmaCore {
                 qp_context: key,
             },
         )
-        .map_err(|e| convert::error("create_qp", e))?;
+        .map_err(|e| match convert::error("create_qp", e) {
+            VerbsError::InvalidArgument(m) => bad(format!(
+                "{m} ({} asked for {} send and {} receive WRs of {} and {} SGEs, {} inline \
+                 bytes; it has max_qp_wr {}, max_sge {}, inline up to {max_inline} on RC)",
+                rt.dev.name(),
+                cap.max_send_wr,
+                cap.max_recv_wr,
+                cap.max_send_sge,
+                cap.max_recv_sge,
+                cap.max_inline_data,
+                rt.attr.max_qp_wr,
+                rt.attr.max_sge
+            )),
+            other => other,
+        })?;
         let qpn = hw.num();
         let mut st = self.lock();
         // Everything named must still be there (and is kept by the counts).

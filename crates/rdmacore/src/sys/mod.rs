@@ -444,6 +444,11 @@ impl Mr {
         unsafe { (*self.mr.as_ptr()).rkey }
     }
 
+    /// The registered range: start address and length.
+    pub(crate) fn range(&self) -> (u64, u64) {
+        (self.addr, self.len)
+    }
+
     /// Whether `[addr, addr + len)` lies inside the registered range.
     pub(crate) fn covers(&self, addr: u64, len: u64) -> bool {
         addr >= self.addr
@@ -451,6 +456,131 @@ impl Mr {
                 .checked_add(len)
                 .is_some_and(|e| e <= self.addr + self.len)
             && self.buf.contains(addr, len)
+    }
+}
+
+/// A memory window. It keeps the MR it was last bound to (and so that
+/// MR's buffer) alive until the device has deallocated it: a peer may
+/// reach the buffer through the window until then.
+pub(crate) struct Mw {
+    pd: Arc<Pd>,
+    mw: NonNull<ibv_mw>,
+    bound: std::sync::Mutex<Option<Arc<Mr>>>,
+}
+
+// SAFETY: see `Device`. The one field written after allocation, the
+// R_Key, is written through an atomic (see `Mw::set_rkey`).
+unsafe impl Send for Mw {}
+// SAFETY: as above.
+unsafe impl Sync for Mw {}
+
+impl Drop for Mw {
+    fn drop(&mut self) {
+        // SAFETY: the inline `ibv_dealloc_mw`: the driver's function from
+        // the ops table on a window allocated by `Mw::new`, deallocated
+        // once; the MR it was bound to is released after (a field).
+        let rc = unsafe {
+            match (*self.pd.dev.ctx()).ops.dealloc_mw {
+                Some(f) => f(self.mw.as_ptr()),
+                None => libc::ENOSYS,
+            }
+        };
+        if rc != 0 {
+            tracing::warn!(device = %self.pd.dev.name, "ibv_dealloc_mw failed: {}", Errno(rc.abs()));
+        }
+    }
+}
+
+impl Mw {
+    /// `ibv_alloc_mw` of `mw_type` (`IBV_MW_TYPE_*`).
+    pub(crate) fn new(pd: &Arc<Pd>, mw_type: u32) -> Result<Mw, Errno> {
+        // SAFETY: the inline `ibv_alloc_mw`: the driver's function from the
+        // ops table (libibverbs' stub sets EOPNOTSUPP when the driver has
+        // none) on a live PD.
+        let mw = unsafe {
+            match (*pd.dev.ctx()).ops.alloc_mw {
+                Some(f) => f(pd.pd.as_ptr(), mw_type),
+                None => std::ptr::null_mut(),
+            }
+        };
+        let mw = NonNull::new(mw).ok_or_else(|| Errno::last(libc::EOPNOTSUPP))?;
+        Ok(Mw {
+            pd: pd.clone(),
+            mw,
+            bound: std::sync::Mutex::new(None),
+        })
+    }
+
+    /// The field the R_Key lives in, as an atomic.
+    fn rkey_cell(&self) -> &std::sync::atomic::AtomicU32 {
+        // SAFETY: the window is live and the field is a 4-aligned u32 the
+        // library allocated; every access of ours goes through this view.
+        unsafe {
+            std::sync::atomic::AtomicU32::from_ptr(std::ptr::addr_of_mut!((*self.mw.as_ptr()).rkey))
+        }
+    }
+
+    /// The window's R_Key: the one it was allocated with or last bound to.
+    pub(crate) fn rkey(&self) -> u32 {
+        self.rkey_cell().load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Records a type 2 bind WR's new R_Key (the driver builds the next
+    /// bind from the window's current key, as `ibv_bind_mw` leaves it for
+    /// type 1).
+    fn set_rkey(&self, rkey: u32) {
+        self.rkey_cell()
+            .store(rkey, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Keeps `mr` alive for as long as the window may reach it.
+    fn bound_to(&self, mr: &Arc<Mr>) {
+        *self.bound.lock().unwrap_or_else(|e| e.into_inner()) = Some(mr.clone());
+    }
+
+    /// `ibv_bind_mw` of a type 1 window to `[addr, addr + len)` of `mr`
+    /// with `access` (`IBV_ACCESS_*`), by an unsignaled bind WR on `qp`'s
+    /// send queue (the driver posts it; with `sq_sig_all` it completes as
+    /// a BIND_MW of wr_id 0). Returns the new R_Key. `EPERM` when the
+    /// window and the MR are in different PDs, as `ibv_bind_mw` says.
+    pub(crate) fn bind(
+        &self,
+        qp: &Qp,
+        mr: &Arc<Mr>,
+        addr: u64,
+        len: u64,
+        access: u32,
+    ) -> Result<u32, Errno> {
+        if !Arc::ptr_eq(&self.pd, &mr.pd) {
+            return Err(Errno(libc::EPERM));
+        }
+        let mut b = ibv_mw_bind {
+            wr_id: 0,
+            send_flags: 0,
+            bind_info: ibv_mw_bind_info {
+                mr: mr.mr.as_ptr(),
+                addr,
+                length: len,
+                mw_access_flags: access,
+            },
+        };
+        // Binds of one window are serialised by this lock, held across
+        // the call (the driver rewrites the window's R_Key field).
+        let mut guard = self.bound.lock().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: the inline `ibv_bind_mw` (its type and PD checks made
+        // above and by the caller): the driver's function from the ops
+        // table on a live QP, window and MR. The driver reads `b` during
+        // the call only.
+        let rc = unsafe {
+            match (*self.pd.dev.ctx()).ops.bind_mw {
+                Some(f) => f(qp.qp.as_ptr(), self.mw.as_ptr(), &mut b),
+                None => libc::ENOSYS,
+            }
+        };
+        Errno::check(rc)?;
+        *guard = Some(mr.clone());
+        drop(guard);
+        Ok(self.rkey())
     }
 }
 
@@ -677,6 +807,15 @@ pub(crate) enum Remote<'a> {
     },
     /// UD.
     Ud { ah: &'a Ah, qpn: u32, qkey: u32 },
+    /// A type 2 window bind.
+    Bind {
+        mw: &'a Arc<Mw>,
+        rkey: u32,
+        mr: &'a Arc<Mr>,
+        addr: u64,
+        len: u64,
+        access: u32,
+    },
 }
 
 /// A send work request.
@@ -698,6 +837,20 @@ pub(crate) struct SendDesc<'a> {
 pub(crate) struct PostError {
     pub index: usize,
     pub errno: Errno,
+}
+
+/// What the bind WRs among `posted` (handed to the driver) did to their
+/// windows: each has its new R_Key (the next bind of it starts from
+/// there) and keeps its MR alive. A bind that then completes in error
+/// leaves the window as it was on the device; its next bind fails too,
+/// as after a failed `ibv_bind_mw`.
+fn bound(posted: &[SendDesc<'_>]) {
+    for w in posted {
+        if let Remote::Bind { mw, rkey, mr, .. } = w.remote {
+            mw.set_rkey(rkey);
+            mw.bound_to(mr);
+        }
+    }
 }
 
 /// Index of `bad` in `list`, or 0 when it points elsewhere.
@@ -886,6 +1039,25 @@ impl Qp {
                     rkey,
                 } => r.set_atomic(addr, compare_add, swap, rkey),
                 Remote::Ud { ah, qpn, qkey } => r.set_ud(ah.ah.as_ptr(), qpn, qkey),
+                Remote::Bind {
+                    mw,
+                    rkey,
+                    mr,
+                    addr,
+                    len,
+                    access,
+                } => {
+                    r.bind_mw = wr_bind_mw {
+                        mw: mw.mw.as_ptr(),
+                        rkey,
+                        bind_info: ibv_mw_bind_info {
+                            mr: mr.mr.as_ptr(),
+                            addr,
+                            length: len,
+                            mw_access_flags: access,
+                        },
+                    }
+                }
             }
             list.push(r);
         }
@@ -906,9 +1078,15 @@ impl Qp {
                     None => libc::ENOSYS,
                 }
             };
+            let posted = if rc == 0 {
+                list.len()
+            } else {
+                index_of(&list, bad)
+            };
+            bound(&wrs[..posted]);
             if rc != 0 {
                 return Err(PostError {
-                    index: index_of(&list, bad),
+                    index: posted,
                     errno: Errno(rc.abs()),
                 });
             }

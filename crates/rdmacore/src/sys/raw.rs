@@ -56,11 +56,17 @@ pub type PostSendFn =
     unsafe extern "C" fn(*mut ibv_qp, *mut ibv_send_wr, *mut *mut ibv_send_wr) -> c_int;
 pub type PostRecvFn =
     unsafe extern "C" fn(*mut ibv_qp, *mut ibv_recv_wr, *mut *mut ibv_recv_wr) -> c_int;
+pub type AllocMwFn = unsafe extern "C" fn(*mut ibv_pd, u32) -> *mut ibv_mw;
+pub type BindMwFn = unsafe extern "C" fn(*mut ibv_qp, *mut ibv_mw, *mut ibv_mw_bind) -> c_int;
+pub type DeallocMwFn = unsafe extern "C" fn(*mut ibv_mw) -> c_int;
 
-/// `struct ibv_context_ops`: the data path of `verbs.h`'s inline functions
-/// (`ibv_poll_cq`, `ibv_req_notify_cq`, `ibv_post_send`, `ibv_post_recv`,
-/// `ibv_post_srq_recv` call through it). 32 pointers; the `_compat_*`
-/// slots are never called.
+/// `struct ibv_context_ops`: what `verbs.h`'s inline functions call
+/// through (`ibv_poll_cq`, `ibv_req_notify_cq`, `ibv_post_send`,
+/// `ibv_post_recv`, `ibv_post_srq_recv`, and the window verbs
+/// `ibv_alloc_mw`, `ibv_bind_mw`, `ibv_dealloc_mw`). 32 pointers; the
+/// `_compat_*` slots are never called. libibverbs fills every slot it
+/// calls with a stub answering `EOPNOTSUPP` when the driver has no such
+/// verb.
 #[repr(C)]
 pub struct ibv_context_ops {
     _compat_query_device: *mut c_void,
@@ -70,9 +76,9 @@ pub struct ibv_context_ops {
     _compat_reg_mr: *mut c_void,
     _compat_rereg_mr: *mut c_void,
     _compat_dereg_mr: *mut c_void,
-    _alloc_mw: *mut c_void,
-    _bind_mw: *mut c_void,
-    _dealloc_mw: *mut c_void,
+    pub alloc_mw: Option<AllocMwFn>,
+    pub bind_mw: Option<BindMwFn>,
+    pub dealloc_mw: Option<DeallocMwFn>,
     _compat_create_cq: *mut c_void,
     pub poll_cq: Option<PollCqFn>,
     pub req_notify_cq: Option<ReqNotifyCqFn>,
@@ -200,6 +206,16 @@ impl Default for ibv_device_attr {
             phys_port_cnt: 0,
         }
     }
+}
+
+/// `enum ibv_device_cap_flags`: the bits of `device_cap_flags` read here.
+pub mod device_cap {
+    /// Type 1 memory windows.
+    pub const MEM_WINDOW: u32 = 1 << 17;
+    /// Type 2A windows (associated with a QP, any QP of the PD binds).
+    pub const MEM_WINDOW_TYPE_2A: u32 = 1 << 23;
+    /// Type 2B windows (associated with the QP that bound them).
+    pub const MEM_WINDOW_TYPE_2B: u32 = 1 << 24;
 }
 
 /// `struct ibv_port_attr` (whole, 52 bytes). The exported
@@ -333,6 +349,42 @@ pub struct ibv_mr {
     pub handle: u32,
     pub lkey: u32,
     pub rkey: u32,
+}
+
+/// `enum ibv_mw_type`.
+pub const IBV_MW_TYPE_1: u32 = 1;
+pub const IBV_MW_TYPE_2: u32 = 2;
+
+/// `struct ibv_mw`: its R_Key is the one the next bind starts from (the
+/// library updates it for a type 1 bind; the owner for a type 2 bind WR).
+#[repr(C)]
+pub struct ibv_mw {
+    pub context: *mut ibv_context,
+    pub pd: *mut ibv_pd,
+    pub rkey: u32,
+    pub handle: u32,
+    /// `enum ibv_mw_type`.
+    pub mw_type: u32,
+}
+
+/// `struct ibv_mw_bind_info`: what a window is bound to.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ibv_mw_bind_info {
+    pub mr: *mut ibv_mr,
+    pub addr: u64,
+    pub length: u64,
+    /// `IBV_ACCESS_*`.
+    pub mw_access_flags: c_uint,
+}
+
+/// `struct ibv_mw_bind`: a type 1 bind (`ibv_bind_mw`).
+#[repr(C)]
+pub struct ibv_mw_bind {
+    pub wr_id: u64,
+    /// `IBV_SEND_*`.
+    pub send_flags: c_uint,
+    pub bind_info: ibv_mw_bind_info,
 }
 
 /// `struct ibv_global_route`.
@@ -535,6 +587,7 @@ pub mod wr_opcode {
     pub const ATOMIC_CMP_AND_SWP: u32 = 5;
     pub const ATOMIC_FETCH_AND_ADD: u32 = 6;
     pub const LOCAL_INV: u32 = 7;
+    pub const BIND_MW: u32 = 8;
     pub const SEND_WITH_INV: u32 = 9;
 }
 
@@ -557,8 +610,18 @@ pub struct wr_union {
     pub d: u32,
 }
 
-/// `struct ibv_send_wr` (128 bytes). The `bind_mw`/`tso` union at the end
-/// is never used here (no memory windows yet) and stays zero.
+/// The `bind_mw` member of the union that ends `struct ibv_send_wr` (the
+/// other, `tso`, is never used here): a type 2 bind.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct wr_bind_mw {
+    pub mw: *mut ibv_mw,
+    /// The window's new R_Key.
+    pub rkey: u32,
+    pub bind_info: ibv_mw_bind_info,
+}
+
+/// `struct ibv_send_wr` (128 bytes).
 #[repr(C)]
 pub struct ibv_send_wr {
     pub wr_id: u64,
@@ -572,7 +635,7 @@ pub struct ibv_send_wr {
     pub wr: wr_union,
     /// `qp_type.xrc.remote_srqn`.
     pub xrc_remote_srqn: u32,
-    _bind_mw: [u64; 6],
+    pub bind_mw: wr_bind_mw,
 }
 
 impl ibv_send_wr {
@@ -588,7 +651,16 @@ impl ibv_send_wr {
             imm_or_inv: 0,
             wr: wr_union::default(),
             xrc_remote_srqn: 0,
-            _bind_mw: [0; 6],
+            bind_mw: wr_bind_mw {
+                mw: std::ptr::null_mut(),
+                rkey: 0,
+                bind_info: ibv_mw_bind_info {
+                    mr: std::ptr::null_mut(),
+                    addr: 0,
+                    length: 0,
+                    mw_access_flags: 0,
+                },
+            },
         }
     }
 
@@ -680,7 +752,17 @@ const _: () = {
     assert!(offset_of!(ibv_send_wr, wr) == 40);
     assert!(offset_of!(ibv_send_wr, wr) + offset_of!(wr_union, d) == 64);
     assert!(offset_of!(ibv_send_wr, xrc_remote_srqn) == 72);
-    assert!(offset_of!(ibv_send_wr, _bind_mw) == 80);
+    assert!(offset_of!(ibv_send_wr, bind_mw) == 80);
+    assert!(offset_of!(ibv_send_wr, bind_mw) + offset_of!(wr_bind_mw, rkey) == 88);
+    assert!(offset_of!(ibv_send_wr, bind_mw) + offset_of!(wr_bind_mw, bind_info) == 96);
+    assert!(size_of::<ibv_mw_bind_info>() == 32);
+    assert!(offset_of!(ibv_mw_bind_info, mw_access_flags) == 24);
+    assert!(size_of::<ibv_mw_bind>() == 48);
+    assert!(offset_of!(ibv_mw_bind, bind_info) == 16);
+    assert!(offset_of!(ibv_mw, rkey) == 16);
+    assert!(offset_of!(ibv_mw, mw_type) == 24);
+    assert!(offset_of!(ibv_context, ops) + offset_of!(ibv_context_ops, alloc_mw) == 64);
+    assert!(offset_of!(ibv_context, ops) + offset_of!(ibv_context_ops, dealloc_mw) == 80);
     assert!(size_of::<ibv_recv_wr>() == 32);
     assert!(size_of::<ibv_qp_init_attr>() == 64);
     assert!(offset_of!(ibv_qp_init_attr, cap) == 32);
