@@ -79,11 +79,13 @@
 pub mod cm;
 mod convert;
 mod gid;
+mod port;
 mod provider;
 mod spec;
 mod sys;
 
 pub use cm::{CmStartError, RdmaCm};
+pub use port::PortDown;
 pub use provider::{DeviceInfo, DeviceLookupError, Options, RdmaCore};
 pub use spec::DeviceSpec;
 pub use sys::ucma::RDMA_CM_DEVICE;
@@ -148,7 +150,8 @@ mod tests {
             }
             // No RDMA in this kernel at all: said so, not a panic.
             Err(DeviceLookupError::NoKernelSupport(m)) => assert!(m.contains("os error 38"), "{m}"),
-            Err(DeviceLookupError::List(_)) => {}
+            Err(e @ DeviceLookupError::List(_)) => assert!(!e.to_string().is_empty()),
+            Err(e) => panic!("a name lookup answered {e}"),
             Ok(g) => panic!("found {g:?}"),
         }
         let e = DeviceLookupError::NoSuchDevice {

@@ -133,6 +133,32 @@ impl CaRt {
             })
     }
 
+    /// Refuses a path MTU above `port`'s active MTU, naming both (and the
+    /// interface under the port, whose MTU sets it on RoCE): the device
+    /// would take it and its packets would be dropped on the way.
+    pub(super) fn check_path_mtu(&self, port: u8, mtu: rdma_types::Mtu) -> Result<()> {
+        let p = self.query_port_raw(port)?;
+        if !(1..=5).contains(&p.active_mtu) {
+            return Ok(());
+        }
+        let active = convert::mtu(p.active_mtu);
+        if mtu <= active {
+            return Ok(());
+        }
+        let root = std::path::Path::new(crate::port::SYSFS);
+        let netdev = crate::port::netdev(root, self.dev.name(), port).map(|n| {
+            let m = crate::port::netdev_mtu(root, &n);
+            (n, m)
+        });
+        Err(bad(crate::port::path_mtu_too_large(
+            mtu,
+            active,
+            self.dev.name(),
+            port,
+            netdev,
+        )))
+    }
+
     /// The number of P_Key table entries of `port`.
     pub(super) fn pkey_table_len(&self, port: u8) -> Result<u16> {
         Ok(self.query_port_raw(port)?.pkey_tbl_len)

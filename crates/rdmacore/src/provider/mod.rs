@@ -70,6 +70,27 @@ pub enum DeviceLookupError {
     /// libibverbs could not list its devices.
     #[error("cannot list RDMA devices: {0}")]
     List(String),
+    /// The device has no such port.
+    #[error("{name} has no port {port} (it has {ports}, numbered from 1)")]
+    NoSuchPort {
+        /// The device.
+        name: String,
+        /// The port asked for.
+        port: u8,
+        /// How many it has.
+        ports: u8,
+    },
+    /// The port is not ACTIVE (the message says what to do).
+    #[error("{0}")]
+    PortNotActive(crate::PortDown),
+    /// The device could not be opened or its port queried.
+    #[error("cannot query {name}: {reason}")]
+    Query {
+        /// The device.
+        name: String,
+        /// The device's errno in words.
+        reason: String,
+    },
 }
 
 fn list_or_none(names: &[String]) -> String {
@@ -157,6 +178,56 @@ impl RdmaCore {
                 name: name.to_string(),
                 known: devs.into_iter().map(|d| d.name).collect(),
             })
+    }
+
+    /// The GUID of the device `spec` names, once its port is there and
+    /// ACTIVE: what a tool opening `--device NAME[:PORT]` calls before
+    /// `open_ca`, so a port it cannot use is refused up front, saying
+    /// why and what to do (see [`crate::PortDown`]).
+    ///
+    /// # Errors
+    /// No such device or port, the port not ACTIVE, or the device could
+    /// not be queried.
+    pub fn find_port(
+        &self,
+        spec: &crate::DeviceSpec,
+    ) -> std::result::Result<Guid, DeviceLookupError> {
+        let guid = self.guid_of(&spec.name)?;
+        let query = |e: sys::Errno| DeviceLookupError::Query {
+            name: spec.name.clone(),
+            reason: e.to_string(),
+        };
+        let dev = match sys::Device::open(&self.verbs, guid.0) {
+            Ok(Some(d)) => d,
+            // Gone since it was listed.
+            Ok(None) => {
+                return Err(DeviceLookupError::NoSuchDevice {
+                    name: spec.name.clone(),
+                    known: self.devices()?.into_iter().map(|d| d.name).collect(),
+                })
+            }
+            Err(e) => return Err(query(e)),
+        };
+        let ports = dev.query_device().map_err(query)?.phys_port_cnt;
+        if spec.port == 0 || spec.port > ports {
+            return Err(DeviceLookupError::NoSuchPort {
+                name: spec.name.clone(),
+                port: spec.port,
+                ports,
+            });
+        }
+        let attr = dev.query_port(spec.port).map_err(query)?;
+        if !matches!(
+            attr.state,
+            sys::raw::IBV_PORT_ACTIVE | sys::raw::IBV_PORT_ACTIVE_DEFER
+        ) {
+            let root = std::path::Path::new(crate::port::SYSFS);
+            let netdev = crate::port::netdev(root, &spec.name, spec.port);
+            return Err(DeviceLookupError::PortNotActive(crate::PortDown::new(
+                &spec.name, spec.port, &attr, netdev,
+            )));
+        }
+        Ok(guid)
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {

@@ -140,12 +140,21 @@ impl RdmaCore {
 
     pub(super) fn modify_qp(&self, qp: QpHandle, attr: &QpAttr) -> Result<()> {
         let (hw, from) = self.qp_now(qp)?;
-        let (qp_type, rt) = {
+        let (qp_type, rt, port_before) = {
             let st = self.lock();
             let q = st.qp_obj(st.qp(qp)?);
-            (q.init.qp_type, st.rt(q.ca))
+            (q.init.qp_type, st.rt(q.ca), q.attr.port)
         };
         let to = qp_table::check(qp_type, from, attr)?;
+        if let Some(mtu) = attr.path_mtu {
+            let port = attr
+                .av
+                .map(|av| av.port)
+                .or(attr.port)
+                .or(port_before)
+                .map_or(1, |p| p.0);
+            rt.check_path_mtu(port, mtu)?;
+        }
         if let Some(p) = attr.port {
             rt.check_port(p.0)?;
         }
