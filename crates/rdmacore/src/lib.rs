@@ -8,7 +8,8 @@
 //! opens them, and serves the verbs over the device's own objects: PDs,
 //! CQs, SRQs, RC, UC and UD QPs, address handles, MRs over the consumer's
 //! [`verbs::MemBuf`] memory (its address is the virtual address the device
-//! is given), batched post and poll. Every handle is a `verbs::Handle`
+//! is given), memory windows where the device has them, batched post and
+//! poll. Every handle is a `verbs::Handle`
 //! (index + generation, `verbs::kit::handle_table`) into one table; a
 //! stale one is refused with `InvalidHandle`, and a modify-QP is checked
 //! against the verbs' transition table (`verbs::kit::qp_table`) before
@@ -26,8 +27,29 @@
 //!   device; MADs go through libibumad and connections through the kernel's
 //!   RDMA CM (`cm`)
 //!   (the next stage).
-//! - Memory windows, alternate paths (APM), port control (`modify_port`):
-//!   `NotSupported`, not yet served.
+//! - Memory windows of a type the device's capability flags do not list
+//!   (`NotSupported`; `CaAttr::max_mw` is 0 when it has neither). Where it
+//!   has them, a type 1 window is bound by `bind_mw` (an unsignaled bind
+//!   WR the driver posts on the QP, applied in send-queue order) and a
+//!   type 2 window by a `BindMw` work request; a bind of a type 1 window
+//!   outside its MR, or without the rights the MR must give (MW_BIND,
+//!   LOCAL_WRITE under a writable window), is refused at once. An MR a
+//!   window is bound to, or may still be, is not deregistered or
+//!   re-registered (`Busy`): the provider does not see a peer invalidate
+//!   a type 2 window, so it counts until the window is deallocated or
+//!   bound elsewhere.
+//! - Alternate paths (APM), port control (`modify_port`): `NotSupported`,
+//!   not yet served.
+//! - A QP asking for more inline data than the device takes: the limit
+//!   is `CaAttr::max_inline_data`, found by creating QPs (the device does
+//!   not report it) the first time it is needed.
+//! - A path MTU above the port's active MTU (the message names both, and
+//!   the interface under a RoCE port): the device would take it and drop
+//!   the packets that do not fit.
+//! - A port that is missing or not ACTIVE, in [`RdmaCore::find_port`]
+//!   (what a tool opening `--device NAME[:PORT]` calls first): the error
+//!   ([`PortDown`]) says the port's state and what to do, e.g. `ip link
+//!   set <netdev> up` with the interface read from sysfs.
 //! - An inline send whose bytes are not inside an MR of the CA (the
 //!   library copies them from the process' memory at post time).
 //! - Whatever the device refuses, with the device's errno in words.
@@ -41,8 +63,9 @@
 //! a one-line [`LoadError`] naming the package to install, and nothing
 //! panics. The ABI is written by hand from rdma-core's `verbs.h` (the
 //! `sys` module, the only unsafe code of the crate, each block with its
-//! reason); the data-path verbs that `verbs.h` defines inline (post, poll,
-//! arm) call through the context's `ops` table as the header does.
+//! reason); the verbs that `verbs.h` defines inline (post, poll, arm,
+//! and the window verbs) call through the context's `ops` table as the
+//! header does.
 //!
 //! # Threads and locks
 //!
