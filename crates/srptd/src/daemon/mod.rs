@@ -411,6 +411,14 @@ fn device_live(
     opts: &StartOptions,
 ) -> Result<Live, String> {
     let guid = core.guid_of(&spec.name).map_err(|e| e.to_string())?;
+    // A port not ACTIVE yet still gets its target (logins wait for the
+    // link); what to do about it is said now.
+    if let Err(e) = core.find_port(spec) {
+        log.emit(
+            crate::log::Record::warn("port_not_active", e.to_string())
+                .field("device", spec.to_string()),
+        );
+    }
     let provider: Arc<dyn verbs::Provider> = core.clone();
     let access = rdma_access::resource::AccessLayer::new(provider);
     let cm = access.client("cm").into_provider();
