@@ -57,9 +57,24 @@ pub(crate) fn wc_opcode(op: u32) -> WcOpcode {
     }
 }
 
+/// The `wc_flags` bit a device sets for a receive that invalidated an
+/// R_Key: libibverbs' `IBV_WC_WITH_INV`, except on Linux rxe (vendor id
+/// 0xffffff, as SPDK tells it), whose kernel driver writes its own
+/// `IB_WC_WITH_INVALIDATE` (bit 2, `IBV_WC_IP_CSUM_OK` to libibverbs,
+/// which rxe never sets) into the completions user space reads.
+pub(crate) fn with_inv_flag(vendor_id: u32) -> u32 {
+    const RXE_VENDOR_ID: u32 = 0xff_ffff;
+    const RXE_WITH_INVALIDATE: u32 = 1 << 2;
+    if vendor_id == RXE_VENDOR_ID {
+        RXE_WITH_INVALIDATE
+    } else {
+        raw::IBV_WC_WITH_INV
+    }
+}
+
 /// A work completion from the device's, with the consumer context of
-/// its QP.
-pub(crate) fn work_completion(w: &ibv_wc, qp_ctx: u64) -> WorkCompletion {
+/// its QP; `with_inv` is the device's invalidation bit ([`with_inv_flag`]).
+pub(crate) fn work_completion(w: &ibv_wc, qp_ctx: u64, with_inv: u32) -> WorkCompletion {
     let mut wc = WorkCompletion::new(w.wr_id, wc_status(w.status), wc_opcode(w.opcode), qp_ctx);
     wc.byte_len = w.byte_len;
     if w.wc_flags & raw::IBV_WC_WITH_IMM != 0 {
@@ -67,7 +82,7 @@ pub(crate) fn work_completion(w: &ibv_wc, qp_ctx: u64) -> WorkCompletion {
         wc.imm = u32::from_be(w.imm_or_inv);
         wc.wc_flags = wc.wc_flags | WcFlags::WITH_IMM;
     }
-    if w.wc_flags & raw::IBV_WC_WITH_INV != 0 {
+    if w.wc_flags & with_inv != 0 {
         wc.invalidated_rkey = Rkey(w.imm_or_inv);
         wc.wc_flags = wc.wc_flags | WcFlags::WITH_INV;
     }
@@ -294,7 +309,7 @@ mod tests {
             slid: 9,
             ..Default::default()
         };
-        let wc = work_completion(&raw, 20);
+        let wc = work_completion(&raw, 20, raw::IBV_WC_WITH_INV);
         assert_eq!(
             (wc.wr_id, wc.opcode, wc.byte_len, wc.imm, wc.qp_ctx),
             (7, WcOpcode::Recv, 12, 0xabcd, 20)
@@ -310,9 +325,27 @@ mod tests {
             wc_flags: raw::IBV_WC_WITH_INV,
             ..raw
         };
-        let wc = work_completion(&inv, 0);
+        let wc = work_completion(&inv, 0, raw::IBV_WC_WITH_INV);
         assert_eq!(wc.invalidated_rkey, Rkey(0x1234));
         assert_eq!(wc.imm, 0);
+        // rxe's receive of a SEND with invalidate carries the kernel's bit.
+        let rxe = with_inv_flag(0xff_ffff);
+        let from_rxe = ibv_wc {
+            wc_flags: 1 << 2,
+            ..inv
+        };
+        let wc = work_completion(&from_rxe, 0, rxe);
+        assert!(wc.wc_flags.contains(WcFlags::WITH_INV));
+        assert_eq!(wc.invalidated_rkey, Rkey(0x1234));
+        // Elsewhere that bit is IBV_WC_IP_CSUM_OK, not an invalidation.
+        let csum = work_completion(&from_rxe, 0, with_inv_flag(0x02c9));
+        assert!(!csum.wc_flags.contains(WcFlags::WITH_INV));
+        assert_eq!(csum.invalidated_rkey, Rkey(0));
+        let wc = work_completion(&inv, 0, rxe);
+        assert!(
+            !wc.wc_flags.contains(WcFlags::WITH_INV),
+            "bit 3 means nothing on rxe"
+        );
     }
 
     #[test]

@@ -35,6 +35,9 @@ pub(crate) struct CaRt {
     /// The open's own handle, set once it is in the table.
     pub(super) handle: OnceLock<Handle>,
     pub(super) attr: raw::ibv_device_attr,
+    /// The `wc_flags` bit of an invalidating receive on this device
+    /// (`convert::with_inv_flag`).
+    pub(super) with_inv: u32,
     gid_override: Option<u32>,
     /// GID views by port, dropped when the device says its table changed.
     gids: Mutex<HashMap<u8, GidView>>,
@@ -303,6 +306,7 @@ impl RdmaCore {
             handler,
             ctx,
             handle: OnceLock::new(),
+            with_inv: convert::with_inv_flag(attr.vendor_id),
             attr,
             gid_override: self.opts.gid_index,
             gids: Mutex::new(HashMap::new()),

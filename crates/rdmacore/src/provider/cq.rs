@@ -119,7 +119,7 @@ impl CqRt {
         let mut n = 0;
         while n < out.len() {
             let Some(w) = a.taken.pop_front() else { break };
-            out[n] = convert::work_completion(&w, rt.qp_ctx(w.qp_num));
+            out[n] = convert::work_completion(&w, rt.qp_ctx(w.qp_num), rt.with_inv);
             n += 1;
         }
         let mut buf = [ibv_wc::default(); WAIT_BATCH];
@@ -130,7 +130,7 @@ impl CqRt {
                 .poll(&mut buf[..want])
                 .map_err(|e| convert::error("poll_cq", e))?;
             for w in &buf[..got] {
-                out[n] = convert::work_completion(w, rt.qp_ctx(w.qp_num));
+                out[n] = convert::work_completion(w, rt.qp_ctx(w.qp_num), rt.with_inv);
                 n += 1;
             }
             if got < want {
@@ -255,7 +255,34 @@ impl RdmaCore {
 
     pub(super) fn poll_cq(&self, cq: CqHandle, out: &mut [WorkCompletion]) -> Result<usize> {
         let (c, rt) = self.cq_and_ca(cq)?;
-        c.poll(&rt, out)
+        let n = c.poll(&rt, out)?;
+        let invalidated = out[..n]
+            .iter()
+            .filter(|w| w.wc_flags.contains(verbs::WcFlags::WITH_INV))
+            .map(|w| w.invalidated_rkey.0);
+        self.note_invalidated(cq, invalidated);
+        Ok(n)
+    }
+
+    /// A peer's SEND with invalidate unbound these R_Keys of this CA's
+    /// type 2 windows (see `mw`).
+    fn note_invalidated(&self, cq: CqHandle, rkeys: impl Iterator<Item = u32>) {
+        let mut rkeys = rkeys.peekable();
+        if rkeys.peek().is_none() {
+            return;
+        }
+        let mut st = self.lock();
+        let Ok(ca) = st.cq(cq).map(|i| match st.obj(i) {
+            Obj::Cq { ca, .. } => *ca,
+            _ => unreachable!("checked CQ"),
+        }) else {
+            return;
+        };
+        for k in rkeys {
+            if let Some((w, _)) = st.type2_window(ca, k) {
+                st.unbind(w);
+            }
+        }
     }
 
     pub(super) fn req_notify_cq(&self, cq: CqHandle, solicited_only: bool) -> Result<()> {

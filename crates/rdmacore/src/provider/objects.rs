@@ -220,6 +220,32 @@ impl State {
         self.count_window(mr, 1);
     }
 
+    /// CA slot `ca`'s type 2 window whose R_Key is `rkey`: its slot and
+    /// whether it is bound (as far as the provider saw).
+    pub(super) fn type2_window(&self, ca: usize, rkey: u32) -> Option<(usize, bool)> {
+        self.objs.iter().find_map(|(i, o)| match o {
+            Obj::Mw {
+                ca: c,
+                kind: MwType::Type2,
+                mw,
+                bound,
+                ..
+            } if *c == ca && mw.rkey() == rkey => Some((i, bound.is_some())),
+            _ => None,
+        })
+    }
+
+    /// Window slot `mw` is no longer bound (invalidated).
+    pub(super) fn unbind(&mut self, mw: usize) {
+        let before = match self.obj_mut(mw) {
+            Obj::Mw { bound, .. } => bound.take(),
+            _ => None,
+        };
+        if let Some(m) = before {
+            self.count_window(m, -1);
+        }
+    }
+
     /// Counts a window in (`+1`) or out (`-1`) of MR slot `mr`.
     pub(super) fn count_window(&mut self, mr: usize, delta: i32) {
         if let Obj::Mr { windows, .. } = self.obj_mut(mr) {

@@ -6,7 +6,7 @@ use super::objects::{Obj, State};
 use super::{bad, RdmaCore};
 use crate::convert;
 use crate::sys::{self, raw::ibv_sge, PostError, Remote, SendDesc};
-use rdma_types::{QpState, QpType};
+use rdma_types::{QpState, QpType, Rkey};
 use std::ops::Range;
 use std::sync::Arc;
 use verbs::{
@@ -46,10 +46,12 @@ fn flatten<'a>(lists: impl Iterator<Item = &'a [Sge]>) -> (Vec<ibv_sge>, Vec<Ran
 }
 
 /// What a send WR needs beyond itself: its AH (UD), its window and
-/// region (a bind).
+/// region (a bind), the key of a type 2 window a local invalidate
+/// unbinds.
 struct Checked {
     ah: Option<Arc<sys::Ah>>,
     bind: Option<BindObjs>,
+    window: Option<Rkey>,
 }
 
 /// The objects a type 2 bind WR names.
@@ -71,7 +73,7 @@ impl RdmaCore {
         if wrs.is_empty() {
             return Ok(());
         }
-        let (hw, checked, refused, regions) = {
+        let (hw, ca, checked, refused, regions) = {
             let st = self.lock();
             let q = st.qp_obj(st.qp(qp)?);
             let qp_type = q.init.qp_type;
@@ -79,6 +81,8 @@ impl RdmaCore {
             let mut checked = Vec::with_capacity(wrs.len());
             let mut refused = None;
             let mut inline = false;
+            // Type 2 windows bound by earlier WRs of this batch.
+            let mut bound_here = Vec::new();
             for (i, w) in wrs.iter().enumerate() {
                 let r = (|| {
                     if matches!(q.state, QpState::Reset | QpState::Init | QpState::Rtr) {
@@ -122,10 +126,21 @@ impl RdmaCore {
                         }
                         _ => None,
                     };
-                    Ok(Checked { ah, bind })
+                    let window = match w.opcode {
+                        SendOpcode::LocalInv => {
+                            local_inv_window(&st, q.ca, w.invalidate_rkey, &bound_here)?
+                        }
+                        _ => None,
+                    };
+                    Ok(Checked { ah, bind, window })
                 })();
                 match r {
-                    Ok(c) => checked.push(c),
+                    Ok(c) => {
+                        if let (Some(_), Some(b)) = (&c.bind, &w.bind_mw) {
+                            bound_here.push(b.rkey);
+                        }
+                        checked.push(c)
+                    }
                     Err(e) => {
                         refused = Some(bad_wr(i, e));
                         break;
@@ -133,7 +148,7 @@ impl RdmaCore {
                 }
             }
             let regions = if inline { st.mrs_of(q.ca) } else { Vec::new() };
-            (q.qp.clone(), checked, refused, regions)
+            (q.qp.clone(), q.ca, checked, refused, regions)
         };
         let n = checked.len();
         if n > 0 {
@@ -150,8 +165,9 @@ impl RdmaCore {
                 .iter()
                 .filter_map(|c| c.bind.as_ref().map(|b| b.named))
                 .collect();
-            if !binds.is_empty() {
-                self.note_binds(&binds);
+            let unbinds: Vec<Rkey> = checked[..done].iter().filter_map(|c| c.window).collect();
+            if !binds.is_empty() || !unbinds.is_empty() {
+                self.note_binds(ca, &binds, &unbinds);
             }
             posted("post_send", r)?;
         }
@@ -161,11 +177,19 @@ impl RdmaCore {
     /// Counts the windows of bind WRs handed to the device as bound to
     /// their regions (see `mw`), those whose handles still name the
     /// objects the post used.
-    fn note_binds(&self, binds: &[Named]) {
+    /// The local invalidates among them unbind the windows of CA slot
+    /// `ca` with those keys (`unbinds`; after the binds: a batch binding
+    /// and invalidating one window leaves it unbound).
+    fn note_binds(&self, ca: usize, binds: &[Named], unbinds: &[Rkey]) {
         let mut st = self.lock();
         for b in binds {
             if st.mw(b.mw.0) == Ok(b.mw.1) && st.mr(b.mr.0) == Ok(b.mr.1) {
                 st.note_bind(b.mw.1, b.mr.1);
+            }
+        }
+        for k in unbinds {
+            if let Some((w, _)) = st.type2_window(ca, k.0) {
+                st.unbind(w);
             }
         }
     }
@@ -247,6 +271,33 @@ fn bind_objs(st: &State, ca: usize, b: &MwBind) -> Result<BindObjs> {
             mr: (b.mr, m),
         },
     })
+}
+
+/// The type 2 window of CA slot `ca` a local invalidate of `rkey` names,
+/// if any (an MR's key, or a key of another CA's, is the device's to
+/// judge). One that is not bound, neither on the provider's books nor by
+/// a bind earlier in the batch (`bound_here`: window slot and new key),
+/// is refused: the IBA completes it in error, but Linux 6.1's rxe
+/// dereferences the window's cleared QP on a second invalidation and
+/// takes the kernel down, so it never reaches the device.
+fn local_inv_window(
+    st: &State,
+    ca: usize,
+    rkey: Rkey,
+    bound_here: &[Rkey],
+) -> Result<Option<Rkey>> {
+    if bound_here.contains(&rkey) {
+        return Ok(Some(rkey));
+    }
+    match st.type2_window(ca, rkey.0) {
+        Some((_, true)) => Ok(Some(rkey)),
+        Some((_, false)) => Err(bad(format!(
+            "local invalidate of R_Key {:#x}: that type 2 window is not bound (never bound, \
+             or already invalidated here or by the peer)",
+            rkey.0
+        ))),
+        None => Ok(None),
+    }
 }
 
 /// `post` over `wrs` as the driver takes receive WRs (their SGEs in one
