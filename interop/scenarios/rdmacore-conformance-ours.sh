@@ -43,9 +43,20 @@ SCENARIO_VMS=("a 11 suite")
 # - rc_send: no COMM_EST event when the first message reaches a QP in RTR;
 # - remote_access_errors_and_flush: no affiliated error event at the
 #   responder that refused an R_Key (its QP goes to ERR silently);
+# - mw_type1: an RDMA WRITE through a type 1 window, past the window's
+#   end but inside its MR, succeeds (rxe checks the range of the MR, not
+#   the window's);
+# - mw_refusals: a SEND with invalidate of an MR's R_Key completes
+#   successfully at the sender (rxe refuses the invalidation at the
+#   responder only: "rxe_invalidate_mr: mr->type (3) is wrong type");
+# - mw_type2_and_invalidate: a second local invalidate of a type 2 window
+#   is refused at post by the provider instead of completing MW_BIND_ERR
+#   (rxe would invalidate the free window again and dereference its
+#   cleared QP pointer in the kernel);
 # - skip_list_matches_gaps: runs every case, so fails with the first above.
 RXE_DEVIATIONS="cq_notify_wait_overflow local_protection_error sqe_and_resume receive_too_small
-  remote_operational_error rc_atomics rc_send remote_access_errors_and_flush skip_list_matches_gaps"
+  remote_operational_error rc_atomics rc_send remote_access_errors_and_flush mw_type1 mw_refusals
+  mw_type2_and_invalidate skip_list_matches_gaps"
 SCENARIO_GUEST_TIMEOUT=1500
 
 # newest_test NAME: the newest release build of test binary NAME.

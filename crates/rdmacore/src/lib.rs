@@ -34,10 +34,11 @@
 //!   type 2 window by a `BindMw` work request; a bind of a type 1 window
 //!   outside its MR, or without the rights the MR must give (MW_BIND,
 //!   LOCAL_WRITE under a writable window), is refused at once. An MR a
-//!   window is bound to, or may still be, is not deregistered or
-//!   re-registered (`Busy`): the provider does not see a peer invalidate
-//!   a type 2 window, so it counts until the window is deallocated or
-//!   bound elsewhere.
+//!   window is bound to is not deregistered or re-registered (`Busy`)
+//!   until the provider sees the window unbound (deallocated, bound
+//!   elsewhere, its key invalidated by a local invalidate posted or by a
+//!   receive polled). A local invalidate of a type 2 window that is not
+//!   bound is refused at post (Linux 6.1's rxe would crash on it).
 //! - Alternate paths (APM), port control (`modify_port`): `NotSupported`,
 //!   not yet served.
 //! - A QP asking for more inline data than the device takes: the limit

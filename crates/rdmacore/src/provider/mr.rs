@@ -28,7 +28,9 @@ fn check(buf: &MemBuf, addr: u64, len: u64, access: AccessFlags) -> Result<()> {
 /// Why an MR with a window on it stays (IBA 10.6.7.1: a region with
 /// bound windows cannot be deregistered).
 fn bound_window() -> VerbsError {
-    VerbsError::Busy("MR has a memory window bound (or a type 2 window the peer may have invalidated): deallocate the window, or bind it elsewhere, first")
+    VerbsError::Busy(
+        "MR has a memory window bound: deallocate or invalidate the window, or bind it elsewhere, first",
+    )
 }
 
 fn info(handle: MrHandle, mr: &sys::Mr, addr: u64, len: u64) -> MrInfo {

@@ -4,9 +4,12 @@
 //!
 //! A window keeps the MR it was bound to from being deregistered
 //! (`Busy`): the device refuses to deregister such a region, and the
-//! buffer must outlive every key a peer may still use. The provider does
-//! not see a peer's SEND with invalidate, so a type 2 window counts as
-//! bound until it is deallocated or bound to another region.
+//! buffer must outlive every key a peer may still use. A window counts
+//! as bound from the post of its bind until the provider sees it
+//! unbound: deallocated, bound to another region, or (type 2) a local
+//! invalidate of its key posted, or a receive that invalidated it
+//! polled. A local invalidate of a type 2 window that is not bound is
+//! refused at post (`post`), as Linux 6.1's rxe cannot take it.
 
 use super::ca::CaRt;
 use super::events;

@@ -56,9 +56,7 @@ pub(super) enum Obj {
         ctx: Context,
         /// The rights it was registered with.
         access: AccessFlags,
-        /// Windows bound to it, or that may still be (a type 2 window
-        /// invalidated by a peer counts until it is deallocated or bound
-        /// elsewhere: the provider does not see the invalidation).
+        /// Windows bound to it, as far as the provider saw (see `mw`).
         windows: u32,
     },
     Mw {
