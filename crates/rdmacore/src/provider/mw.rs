@@ -116,6 +116,9 @@ impl RdmaCore {
         let p = st.pd(pd)?;
         let ca = st.pd_of(p).0;
         st.adjust(p, 1);
+        if kind == MwType::Type2 {
+            st.type2_windows += 1;
+        }
         let h = st.insert(
             Obj::Mw {
                 ca,
@@ -198,8 +201,13 @@ impl RdmaCore {
                     mw,
                     ctx,
                     bound,
-                    ..
-                }) => (ca, pd, mw, ctx, bound),
+                    kind,
+                }) => {
+                    if kind == MwType::Type2 {
+                        st.type2_windows -= 1;
+                    }
+                    (ca, pd, mw, ctx, bound)
+                }
                 _ => unreachable!("checked MW"),
             };
             if let Some(m) = bound {

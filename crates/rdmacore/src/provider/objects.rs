@@ -95,6 +95,9 @@ pub(super) struct QpObj {
 pub(super) struct State {
     pub(super) objs: HandleTable<Obj>,
     pub(super) by_key: HashMap<u64, Handle>,
+    /// Type 2 windows alive: while there are none, a local invalidate or
+    /// an invalidating receive looks for no window.
+    pub(super) type2_windows: usize,
 }
 
 macro_rules! lookup {
@@ -221,6 +224,9 @@ impl State {
     /// CA slot `ca`'s type 2 window whose R_Key is `rkey`: its slot and
     /// whether it is bound (as far as the provider saw).
     pub(super) fn type2_window(&self, ca: usize, rkey: u32) -> Option<(usize, bool)> {
+        if self.type2_windows == 0 {
+            return None;
+        }
         self.objs.iter().find_map(|(i, o)| match o {
             Obj::Mw {
                 ca: c,

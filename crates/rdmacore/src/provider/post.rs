@@ -174,12 +174,12 @@ impl RdmaCore {
         refused.map_or(Ok(()), Err)
     }
 
-    /// Counts the windows of bind WRs handed to the device as bound to
-    /// their regions (see `mw`), those whose handles still name the
-    /// objects the post used.
-    /// The local invalidates among them unbind the windows of CA slot
-    /// `ca` with those keys (`unbinds`; after the binds: a batch binding
-    /// and invalidating one window leaves it unbound).
+    /// What the WRs handed to the device did to windows (see `mw`): the
+    /// bind WRs' windows are bound to their regions (`binds`, where the
+    /// handles still name the objects the post used), then the local
+    /// invalidates' type 2 windows of CA slot `ca` are unbound
+    /// (`unbinds`: a batch that binds and invalidates one window leaves
+    /// it unbound).
     fn note_binds(&self, ca: usize, binds: &[Named], unbinds: &[Rkey]) {
         let mut st = self.lock();
         for b in binds {
@@ -276,8 +276,8 @@ fn bind_objs(st: &State, ca: usize, b: &MwBind) -> Result<BindObjs> {
 /// The type 2 window of CA slot `ca` a local invalidate of `rkey` names,
 /// if any (an MR's key, or a key of another CA's, is the device's to
 /// judge). One that is not bound, neither on the provider's books nor by
-/// a bind earlier in the batch (`bound_here`: window slot and new key),
-/// is refused: the IBA completes it in error, but Linux 6.1's rxe
+/// a bind earlier in the batch (`bound_here`: the keys those gave), is
+/// refused: the IBA completes it in error, but Linux 6.1's rxe
 /// dereferences the window's cleared QP on a second invalidation and
 /// takes the kernel down, so it never reaches the device.
 fn local_inv_window(

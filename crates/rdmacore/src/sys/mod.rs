@@ -514,7 +514,10 @@ impl Mw {
     /// The field the R_Key lives in, as an atomic.
     fn rkey_cell(&self) -> &std::sync::atomic::AtomicU32 {
         // SAFETY: the window is live and the field is a 4-aligned u32 the
-        // library allocated; every access of ours goes through this view.
+        // library allocated. Every access of ours goes through this view;
+        // the driver writes it only inside a type 1 bind (`Mw::bind`,
+        // under the window's lock, after which ours read it), and reads
+        // it while posting a type 2 bind, before ours store the new key.
         unsafe {
             std::sync::atomic::AtomicU32::from_ptr(std::ptr::addr_of_mut!((*self.mw.as_ptr()).rkey))
         }
