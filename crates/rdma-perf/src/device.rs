@@ -204,7 +204,7 @@ impl Nic {
     /// As [`Nic::open`].
     pub fn open_rdma_core(spec: &DeviceSpec, opts: rdmacore::Options) -> Result<Nic, NicError> {
         let core = rdmacore::RdmaCore::with_options(opts)?;
-        let guid = core.guid_of(&spec.name)?;
+        let guid = core.find_port(spec)?;
         let p: Arc<dyn Provider> = core.clone();
         Nic::on(
             p,
