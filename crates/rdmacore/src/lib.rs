@@ -186,4 +186,25 @@ mod tests {
             .to_string()
             .starts_with("no RDMA device named rxe9 (rdma-core lists: none; "));
     }
+
+    /// `find_port` of a device that is not there answers as `guid_of`
+    /// does (it looks the name up first), before opening anything.
+    #[test]
+    fn find_port_of_an_unknown_device_is_the_name_lookups_error() {
+        let Ok(p) = RdmaCore::new() else {
+            return;
+        };
+        let spec: DeviceSpec = "no-such-device0:2".parse().unwrap();
+        let by_name = p.guid_of("no-such-device0").expect_err("no such device");
+        assert_eq!(p.find_port(&spec), Err(by_name));
+        let e = DeviceLookupError::NoSuchPort {
+            name: "rxe0".into(),
+            port: 2,
+            ports: 1,
+        };
+        assert_eq!(
+            e.to_string(),
+            "rxe0 has no port 2 (it has 1, numbered from 1)"
+        );
+    }
 }
