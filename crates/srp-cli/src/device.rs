@@ -106,7 +106,7 @@ impl DeviceCa {
     /// As [`DeviceCa::open`].
     pub fn open_with(spec: &DeviceSpec, opts: rdmacore::Options) -> Result<DeviceCa, DeviceError> {
         let core = rdmacore::RdmaCore::with_options(opts)?;
-        let guid = core.guid_of(&spec.name)?;
+        let guid = core.find_port(spec)?;
         let cm = RdmaCm::start(&core, guid).map_err(|source| DeviceError::Cm {
             device: spec.name.clone(),
             source,
