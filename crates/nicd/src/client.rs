@@ -22,18 +22,28 @@
 //! closes the connection (the daemon releases what is left) and calls no
 //! handler.
 //!
-//! Not yet: QP0/QP1 (the daemon refuses them), and the data path through
-//! shared-memory rings (see [`crate::proto`]): each post and poll is a
-//! round trip on the socket.
+//! The data path (protocol version 2, when the daemon serves it):
+//! SQ, RQ, SRQ and CQ are rings in shared memory (see [`crate::proto`]
+//! and the `rings` module), so a post or a poll on a busy queue makes
+//! no system call; [`NicdProvider::counters`] counts the ones made.
+//! [`NicdProvider::connect_with`] can keep every verb on the socket.
+//!
+//! Not yet: QP0/QP1 (the daemon refuses them).
 
-use crate::proto::{self, Answer, ClientReport, Event, Kind, Reply, Request, VERSION};
+mod rings;
+
+pub use rings::Counters;
+
+use crate::proto::{
+    self, Answer, ClientReport, Event, Kind, Reply, Request, OLDEST_VERSION, VERSION,
+};
 use crate::sock::{send_frame, FrameReader, ReadError};
 use rdma_types::{AccessFlags, Guid, PortNum, Qpn, Rkey};
 use std::collections::HashMap;
 use std::os::fd::BorrowedFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
@@ -88,12 +98,17 @@ struct Conn {
     /// The consumer dropped the provider: the connection's end is ours,
     /// not the daemon's, and no handler hears of it.
     dropped: AtomicBool,
+    /// Requests sent.
+    calls: AtomicU64,
 }
 
 /// A [`Provider`] whose CAs are the NIC daemon's (see the module docs).
 pub struct NicdProvider {
     conn: Arc<Conn>,
     daemon_pid: u32,
+    /// The data path's rings (protocol version 2), unless the daemon is
+    /// older or the consumer asked for the socket.
+    rings: Option<rings::Rings>,
 }
 
 /// What the event thread is handed.
@@ -107,11 +122,54 @@ enum Dispatch {
 }
 
 impl NicdProvider {
-    /// Connects to the daemon at `socket`.
+    /// Connects to the daemon at `socket`, posts and polls through
+    /// shared-memory rings when it serves them (protocol version 2; an
+    /// older daemon is asked for version 1, every verb on the socket).
     ///
     /// # Errors
     /// See [`ConnectError`].
     pub fn connect(socket: &Path) -> std::result::Result<Arc<NicdProvider>, ConnectError> {
+        NicdProvider::connect_with(socket, true)
+    }
+
+    /// [`NicdProvider::connect`]; every verb on the socket unless
+    /// `rings` (to compare the two, or to rule the rings out).
+    ///
+    /// # Errors
+    /// See [`ConnectError`]; with `rings`, the refusal of version 2 when
+    /// version 1 is refused too.
+    pub fn connect_with(
+        socket: &Path,
+        rings: bool,
+    ) -> std::result::Result<Arc<NicdProvider>, ConnectError> {
+        if !rings {
+            return NicdProvider::open(socket, OLDEST_VERSION).map(Arc::new);
+        }
+        let mut p = match NicdProvider::open(socket, VERSION) {
+            Ok(p) => p,
+            Err(e @ ConnectError::Refused { .. }) => {
+                // An older daemon closed that connection: ask it for
+                // version 1 on a new one.
+                return NicdProvider::open(socket, OLDEST_VERSION)
+                    .map(Arc::new)
+                    .map_err(|_| e);
+            }
+            Err(e) => return Err(e),
+        };
+        // Without a doorbell the rings stay off and the socket serves.
+        match rings::new_doorbell() {
+            Ok(fd) => {
+                let r = rings::Rings::new(fd);
+                if let Ok(Reply::Unit {}) = p.conn.call(&Request::Doorbell {}, Some(r.doorbell())) {
+                    p.rings = Some(r);
+                }
+            }
+            Err(e) => tracing::warn!("nicd client: no eventfd for a doorbell ({e}): socket only"),
+        }
+        Ok(Arc::new(p))
+    }
+
+    fn open(socket: &Path, version: u32) -> std::result::Result<NicdProvider, ConnectError> {
         let sock = UnixStream::connect(socket).map_err(|source| ConnectError::NoDaemon {
             path: socket.to_owned(),
             source,
@@ -128,6 +186,7 @@ impl NicdProvider {
             seq: AtomicU32::new(0),
             handlers: Mutex::new(HashMap::new()),
             dropped: AtomicBool::new(false),
+            calls: AtomicU64::new(0),
         });
         let (tx, rx) = channel::<Dispatch>();
         let c = conn.clone();
@@ -148,18 +207,37 @@ impl NicdProvider {
         let mut p = NicdProvider {
             conn,
             daemon_pid: 0,
+            rings: None,
         };
         let refused = |reason| ConnectError::Refused {
             path: socket.to_owned(),
             reason,
         };
-        p.daemon_pid = match p.conn.call(&Request::Hello { version: VERSION }, None) {
+        p.daemon_pid = match p.conn.call(&Request::Hello { version }, None) {
             Ok(Reply::Hello { pid, .. }) => pid,
             Ok(other) => return Err(refused(unexpected("Hello", &other))),
             Err(reason) => return Err(refused(reason)),
         };
         MemBuf::set_shared_by_default(true);
-        Ok(Arc::new(p))
+        Ok(p)
+    }
+
+    /// Whether posts and polls go through shared-memory rings.
+    pub fn uses_rings(&self) -> bool {
+        self.rings.is_some()
+    }
+
+    /// What this client did so far (requests on the socket, doorbells,
+    /// ring posts and polls): the system calls of the data path are the
+    /// requests and the doorbells.
+    pub fn counters(&self) -> Counters {
+        let mut c = self
+            .rings
+            .as_ref()
+            .map(|r| r.count.get())
+            .unwrap_or_default();
+        c.socket_calls = self.conn.calls.load(Ordering::Relaxed);
+        c
     }
 
     /// The daemon's process ID (from its hello).
@@ -291,6 +369,7 @@ impl Conn {
             seq = self.seq.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
         }
         let frame = proto::frame(Kind::Request, seq, req);
+        self.calls.fetch_add(1, Ordering::Relaxed);
         {
             let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
             if p.closed {
@@ -349,6 +428,13 @@ fn shared_fd(buf: &MemBuf) -> Result<BorrowedFd<'_>> {
 }
 
 impl NicdProvider {
+    /// Forgets the rings of a destroyed object.
+    fn forget(&self, h: verbs::Handle) {
+        if let Some(r) = &self.rings {
+            r.forget(h);
+        }
+    }
+
     /// The daemon's clients and what each holds (this one among them).
     ///
     /// # Errors
@@ -419,14 +505,44 @@ impl Provider for NicdProvider {
 
     fn create_cq(&self, pd: PdHandle, init: &CqInit, ctx: Context) -> Result<CqHandle> {
         let init = *init;
-        call!(self, Request::CreateCq { pd, init, ctx }, Reply::Cq { cq } => cq)
+        let layout = self
+            .rings
+            .as_ref()
+            .and_then(|r| rings::Rings::cq_layout(init.cqe).map(|l| (r, l)));
+        let Some((r, layout)) = layout else {
+            return call!(self, Request::CreateCq { pd, init, ctx }, Reply::Cq { cq } => cq);
+        };
+        let (buf, ring) = layout?;
+        let req = Request::CreateCqRing {
+            pd,
+            init,
+            ctx,
+            len: buf.len() as u64,
+            ring,
+        };
+        let cq = {
+            let fd = shared_fd(&buf)?;
+            call!(self, req, Some(fd), Reply::Cq { cq } => cq)?
+        };
+        r.add_cq(cq.0, buf, ring)?;
+        Ok(cq)
     }
 
     fn destroy_cq(&self, cq: CqHandle) -> Result<()> {
-        call!(self, Request::DestroyCq { cq }, Reply::Unit {} => ())
+        call!(self, Request::DestroyCq { cq }, Reply::Unit {} => ())?;
+        self.forget(cq.0);
+        Ok(())
     }
 
     fn poll_cq(&self, cq: CqHandle, out: &mut [WorkCompletion]) -> Result<usize> {
+        if let Some(r) = &self.rings {
+            match r.poll_cq(cq.0, out) {
+                Some(Ok((n, false))) => return Ok(n),
+                Some(Err(e)) => return Err(e),
+                // No ring, or a delegated one found empty.
+                Some(Ok((_, true))) | None => {}
+            }
+        }
         let max = out.len().min(u32::MAX as usize) as u32;
         let wcs = call!(self, Request::PollCq { cq, max }, Reply::Wcs { wcs } => wcs)?;
         let n = wcs.len().min(out.len());
@@ -435,17 +551,43 @@ impl Provider for NicdProvider {
     }
 
     fn req_notify_cq(&self, cq: CqHandle, solicited_only: bool) -> Result<()> {
+        if !solicited_only && self.rings.as_ref().is_some_and(|r| r.arm(cq.0)) {
+            return Ok(());
+        }
         call!(self, Request::ReqNotifyCq { cq, solicited_only }, Reply::Unit {} => ())
     }
 
     fn wait_cq(&self, cq: CqHandle, timeout: Duration) -> Result<()> {
+        if let Some(true) = self.rings.as_ref().and_then(|r| r.cq_ready(cq.0)) {
+            return Ok(());
+        }
         let timeout_us = timeout.as_micros().min(u64::MAX as u128) as u64;
         call!(self, Request::WaitCq { cq, timeout_us }, Reply::Unit {} => ())
     }
 
     fn create_srq(&self, pd: PdHandle, attr: &SrqAttr, ctx: Context) -> Result<SrqHandle> {
         let attr = *attr;
-        call!(self, Request::CreateSrq { pd, attr, ctx }, Reply::Srq { srq } => srq)
+        let layout = self
+            .rings
+            .as_ref()
+            .and_then(|r| rings::Rings::srq_layout(&attr).map(|l| (r, l)));
+        let Some((r, layout)) = layout else {
+            return call!(self, Request::CreateSrq { pd, attr, ctx }, Reply::Srq { srq } => srq);
+        };
+        let (buf, ring) = layout?;
+        let req = Request::CreateSrqRing {
+            pd,
+            attr,
+            ctx,
+            len: buf.len() as u64,
+            ring,
+        };
+        let srq = {
+            let fd = shared_fd(&buf)?;
+            call!(self, req, Some(fd), Reply::Srq { srq } => srq)?
+        };
+        r.add_srq(srq.0, &attr, buf, ring)?;
+        Ok(srq)
     }
 
     fn modify_srq(&self, srq: SrqHandle, limit: u32) -> Result<()> {
@@ -457,12 +599,35 @@ impl Provider for NicdProvider {
     }
 
     fn destroy_srq(&self, srq: SrqHandle) -> Result<()> {
-        call!(self, Request::DestroySrq { srq }, Reply::Unit {} => ())
+        call!(self, Request::DestroySrq { srq }, Reply::Unit {} => ())?;
+        self.forget(srq.0);
+        Ok(())
     }
 
     fn create_qp(&self, pd: PdHandle, init: &QpInit, ctx: Context) -> Result<QpHandle> {
         let init = *init;
-        call!(self, Request::CreateQp { pd, init, ctx }, Reply::Qp { qp } => qp)
+        let layout = self
+            .rings
+            .as_ref()
+            .and_then(|r| rings::Rings::qp_layout(&init).map(|l| (r, l)));
+        let Some((r, layout)) = layout else {
+            return call!(self, Request::CreateQp { pd, init, ctx }, Reply::Qp { qp } => qp);
+        };
+        let (buf, sq, rq) = layout?;
+        let req = Request::CreateQpRing {
+            pd,
+            init,
+            ctx,
+            len: buf.len() as u64,
+            sq,
+            rq,
+        };
+        let qp = {
+            let fd = shared_fd(&buf)?;
+            call!(self, req, Some(fd), Reply::Qp { qp } => qp)?
+        };
+        r.add_qp(qp.0, &init, pd.0, buf, sq, rq)?;
+        Ok(qp)
     }
 
     fn qp_num(&self, qp: QpHandle) -> Result<Qpn> {
@@ -471,7 +636,11 @@ impl Provider for NicdProvider {
 
     fn modify_qp(&self, qp: QpHandle, attr: &QpAttr) -> Result<()> {
         let attr = *attr;
-        call!(self, Request::ModifyQp { qp, attr }, Reply::Unit {} => ())
+        call!(self, Request::ModifyQp { qp, attr }, Reply::Unit {} => ())?;
+        if let (Some(r), Some(state)) = (&self.rings, attr.state) {
+            r.set_state(qp.0, state);
+        }
+        Ok(())
     }
 
     fn query_qp(&self, qp: QpHandle) -> Result<QpAttr> {
@@ -479,7 +648,9 @@ impl Provider for NicdProvider {
     }
 
     fn destroy_qp(&self, qp: QpHandle) -> Result<()> {
-        call!(self, Request::DestroyQp { qp }, Reply::Unit {} => ())
+        call!(self, Request::DestroyQp { qp }, Reply::Unit {} => ())?;
+        self.forget(qp.0);
+        Ok(())
     }
 
     fn create_ah(&self, pd: PdHandle, attr: &AhAttr) -> Result<AhHandle> {
@@ -510,7 +681,11 @@ impl Provider for NicdProvider {
             access,
             ctx,
         };
-        call!(self, req, Some(fd), Reply::Mr { info } => info)
+        let info = call!(self, req, Some(fd), Reply::Mr { info } => info)?;
+        if let Some(r) = &self.rings {
+            r.add_mr(info.handle.0, Some(pd.0), info.addr, info.len);
+        }
+        Ok(info)
     }
 
     fn rereg_mr(
@@ -530,11 +705,17 @@ impl Provider for NicdProvider {
             len,
             access,
         };
-        call!(self, req, Some(fd), Reply::Mr { info } => info)
+        let info = call!(self, req, Some(fd), Reply::Mr { info } => info)?;
+        if let Some(r) = &self.rings {
+            r.add_mr(mr.0, None, info.addr, info.len);
+        }
+        Ok(info)
     }
 
     fn dereg_mr(&self, mr: MrHandle) -> Result<()> {
-        call!(self, Request::DeregMr { mr }, Reply::Unit {} => ())
+        call!(self, Request::DeregMr { mr }, Reply::Unit {} => ())?;
+        self.forget(mr.0);
+        Ok(())
     }
 
     fn alloc_mw(&self, pd: PdHandle, kind: MwType, ctx: Context) -> Result<(MwHandle, Rkey)> {
@@ -551,17 +732,35 @@ impl Provider for NicdProvider {
     }
 
     fn post_send(&self, qp: QpHandle, wrs: &[SendWr]) -> Result<()> {
-        let wrs = wrs.to_vec();
-        call!(self, Request::PostSend { qp, wrs }, Reply::Unit {} => ())
+        let socket = |wrs: &[SendWr]| {
+            let wrs = wrs.to_vec();
+            call!(self, Request::PostSend { qp, wrs }, Reply::Unit {} => ())
+        };
+        match &self.rings {
+            Some(r) => r.post_send(qp.0, wrs, socket),
+            None => socket(wrs),
+        }
     }
 
     fn post_recv(&self, qp: QpHandle, wrs: &[RecvWr]) -> Result<()> {
-        let wrs = wrs.to_vec();
-        call!(self, Request::PostRecv { qp, wrs }, Reply::Unit {} => ())
+        let socket = |wrs: &[RecvWr]| {
+            let wrs = wrs.to_vec();
+            call!(self, Request::PostRecv { qp, wrs }, Reply::Unit {} => ())
+        };
+        match &self.rings {
+            Some(r) => r.post_recv(qp.0, false, wrs, socket),
+            None => socket(wrs),
+        }
     }
 
     fn post_srq_recv(&self, srq: SrqHandle, wrs: &[RecvWr]) -> Result<()> {
-        let wrs = wrs.to_vec();
-        call!(self, Request::PostSrqRecv { srq, wrs }, Reply::Unit {} => ())
+        let socket = |wrs: &[RecvWr]| {
+            let wrs = wrs.to_vec();
+            call!(self, Request::PostSrqRecv { srq, wrs }, Reply::Unit {} => ())
+        };
+        match &self.rings {
+            Some(r) => r.post_recv(srq.0, true, wrs, socket),
+            None => socket(wrs),
+        }
     }
 }

@@ -5,20 +5,22 @@
 //!
 //! - [`proto`]: the control socket's protocol (frames, the hello and its
 //!   version, one request per verb, events), and the layout of the
-//!   shared-memory rings the next increment serves.
+//!   shared-memory rings of the data path (version 2).
+//! - [`ring`]: a view of one ring, for both ends.
 //! - [`server`]: the daemon. Clients on a Unix stream socket, known by
 //!   their credentials (`SO_PEERCRED`); each client's objects in a table
 //!   of handles of its own; every verb forwarded to the in-process
 //!   provider (the soft RoCE NIC); a client's whole resource tree
 //!   released, children first, when its connection ends.
 //! - [`client`]: [`NicdProvider`], the `verbs::Provider` that sends each
-//!   verb over the socket and runs the consumer's handlers on a thread of
-//!   its own. Registered memory is a memfd the daemon maps
+//!   slow-path verb over the socket, posts and polls through the rings,
+//!   and runs the consumer's handlers on a thread of its own. Registered
+//!   memory and rings are memfds the daemon maps
 //!   (`verbs::MemBuf::new_shared`), passed with `SCM_RIGHTS`.
 //!
-//! What it does not do yet: the data path through shared-memory rings
-//! (posts and polls are round trips on the socket; see [`proto`] for the
-//! layout), QP0/QP1 and the CM through the daemon (its MAD services: a
+//! What it does not do yet: UD, atomics, window binds and inline data
+//! while the daemon's poller sleeps go on the socket, not the rings;
+//! QP0/QP1 and the CM through the daemon (its MAD services: a
 //! client cannot create QP0/QP1, and a peer of a dead client learns of it
 //! at its next request, not by a DREQ), starting the daemon on demand.
 //!
@@ -31,6 +33,7 @@
 pub mod client;
 pub mod fuzz;
 pub mod proto;
+pub mod ring;
 pub mod server;
 mod sock;
 

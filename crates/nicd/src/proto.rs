@@ -35,37 +35,63 @@
 //! another kind or of an earlier daemon) is refused with `InvalidHandle`.
 //! Contexts are the client's own and come back as they went in.
 //!
-//! # The next increment: rings in shared memory (layout version 1, not
-//! # yet served)
+//! # Rings in shared memory (version 2; layout version 1)
 //!
-//! Posts and polls over the socket cost a system call and a round trip
-//! each. The intended data path, negotiated in `Hello` by a future
-//! version, gives each SQ, RQ, SRQ and CQ a ring in a memfd the client
-//! creates and passes with `CreateQp`/`CreateSrq`/`CreateCq`:
+//! Posts and polls over the socket cost system calls and a round trip
+//! each. A client that says version 2 in its `Hello` gives the daemon an
+//! eventfd, its doorbell ([`Request::Doorbell`]), and may then create
+//! CQs, QPs and SRQs with rings ([`Request::CreateCqRing`],
+//! [`Request::CreateQpRing`], [`Request::CreateSrqRing`]) in a memfd it
+//! made (sealed against shrinking, as registered memory is) and passes
+//! with the request. The request says where each ring is and how it is
+//! cut ([`RingSpec`]); the daemon checks that and never reads the
+//! header's copy. A ring, from its offset (see [`crate::ring`]):
 //!
 //! ```text
-//! offset  size  field
-//! 0       4     magic "NRG1" (layout version 1)
-//! 4       4     entry size in bytes (a power of two, >= 64)
-//! 8       4     entries (a power of two)
-//! 12      4     flags (bit 0: the consumer sleeps; ring the doorbell)
-//! 64      8     producer index (u64, only grows; its own cache line)
-//! 128     8     consumer index (u64, only grows; its own cache line)
-//! 192     8     armed sequence of req_notify (CQ only)
-//! 4096    ...   entries; entry i at 4096 + (index % entries) * size
+//! offset  size  field                                         written by
+//! 0       8     magic "NRG1" (u32) | entry size << 32          client
+//! 8       8     slots (u32) | capacity << 32                   client
+//! 64      8     flags: 1 SLEEPING, 2 DEAD, 4 DELEGATED         daemon
+//! 128     8     producer index (only grows)                    producer
+//! 192     8     consumer index (only grows)                    consumer
+//! 256     8     arm sequence (CQ: req_notify_cq)               client
+//! 4096    ...   entries; entry i at 4096 + (i % slots) * size
 //! ```
 //!
-//! A WQE entry is the [`Wire`] encoding of a `SendWr`/`RecvWr` with the
-//! client's handles (a bind's MW and MR, a datagram's AH) and a length
-//! prefix; a CQE entry that of a `WorkCompletion`. The producer writes
-//! the entry, then the index with release ordering; the consumer reads
-//! the index with acquire ordering. Doorbells are eventfds passed with
-//! the create request: the client writes the SQ/RQ eventfd after a post
-//! only when the daemon said (flags bit 0) it sleeps; the daemon writes
-//! the CQ eventfd for an armed CQ, and the client's event thread reads
-//! it and runs `on_completion`. The daemon checks every WQE as it checks
-//! a post over the socket today (handles, inline ranges), so a ring a
-//! client scribbles on hurts only that client.
+//! Every field is a little-endian u64 read and written as an 8-byte
+//! atomic; the producer writes entries, then its index with release
+//! ordering; the consumer reads the index with acquire ordering, copies
+//! each entry out once and decodes the copy. An entry is a u32 length
+//! and the [`Wire`] encoding of a `SendWr` or `RecvWr` (with the
+//! client's handles, as in a post on the socket) or a
+//! `WorkCompletion`. At most `capacity` entries are produced and not
+//! consumed.
+//!
+//! Work queues: the client produces, the daemon consumes. After a post
+//! the client writes its doorbell only when `SLEEPING` is set (the
+//! daemon sets it, then looks at the producer index once more, before
+//! it sleeps). The daemon checks every entry as it checks a post on the
+//! socket; a bad one, or a producer index more than `capacity` past its
+//! own consumer index, kills the ring (`DEAD`, the QP in the error
+//! state, a `QpFatal` event), and the client posts on the socket from
+//! then on. A post on the socket to a QP or SRQ with a ring, and a
+//! `ModifyQp`, are served after what the ring holds; an empty post waits
+//! for exactly that.
+//!
+//! CQs: the daemon produces (as completions arrive), the client
+//! consumes. The ring's capacity is the CQ's depth: more completions
+//! than that overrun it (`DEAD`, a `CqError` event). Bumping the arm
+//! sequence arms the CQ for any completion: the next completion the
+//! daemon moves after it sends [`Event::Completion`]. A solicited-only
+//! arm is a [`Request::ReqNotifyCq`] on the socket and makes the ring
+//! `DELEGATED` for good: completions stay in the daemon's CQ, and the
+//! client polls them with [`Request::PollCq`] once its ring is empty.
+//! A `WaitCq` on a ring CQ waits until the ring holds a completion.
+//!
+//! A daemon of version 1 refuses a version 2 `Hello` and closes the
+//! connection; the client then connects again saying version 1, and
+//! every verb goes on the socket. A version 1 client is served as
+//! before.
 
 use rdma_types::{
     AccessFlags, Gid, Guid, Lid, Lkey, Mtu, Pkey, PkeyViolation, PortNum, Psn, Qkey, QpState,
@@ -81,8 +107,14 @@ use verbs::{
     WcFlags, WorkCompletion,
 };
 
-/// The protocol version this build speaks.
-pub const VERSION: u32 = 1;
+/// The protocol version this build speaks: 2, the data path through
+/// shared-memory rings ([`Request::Doorbell`] and the `Create*Ring`
+/// requests). The daemon serves every version from [`OLDEST_VERSION`]
+/// on.
+pub const VERSION: u32 = 2;
+
+/// The oldest version the daemon serves: 1, every verb on the socket.
+pub const OLDEST_VERSION: u32 = 1;
 
 /// The longest frame accepted (after its length field).
 pub const MAX_FRAME: usize = 16 << 20;
@@ -473,6 +505,25 @@ wire_struct! {
     ClientReport { peer, objects }
 }
 
+/// Where a ring is in its memfd and how it is cut: what the create
+/// request says, checked by [`RingSpec::check`] (the header's copy is
+/// informational and never read by the daemon).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RingSpec {
+    /// Bytes from the memfd's start (a multiple of 4096).
+    pub offset: u64,
+    /// Bytes per entry (a power of two, 64..=[`crate::ring::MAX_ENTRY`]).
+    pub entry_size: u32,
+    /// Slots (a power of two, 1..=[`crate::ring::MAX_SLOTS`]).
+    pub slots: u32,
+    /// Most entries produced and not yet consumed (1..=slots).
+    pub capacity: u32,
+}
+
+wire_struct! {
+    RingSpec { offset, entry_size, slots, capacity }
+}
+
 /// Most distinct error texts [`interned`] keeps.
 const MAX_TEXTS: usize = 4096;
 
@@ -695,6 +746,21 @@ messages! {
         /// The daemon's clients and what each holds (root and the
         /// daemon's user only).
         Clients = 35 {},
+        /// Version 2: the client's doorbell, an eventfd the frame carries
+        /// (written after a post when a ring's flags say the daemon
+        /// sleeps). Sent once, before any ring is made.
+        Doorbell = 36 {},
+        /// Version 2: `create_cq` with its completions in `ring` of the
+        /// memfd of `len` bytes the frame carries.
+        CreateCqRing = 37 { pd: PdHandle, init: CqInit, ctx: u64, len: u64, ring: RingSpec },
+        /// Version 2: `create_qp` with its SQ (and RQ, without an SRQ) in
+        /// rings of the memfd of `len` bytes the frame carries.
+        CreateQpRing = 38 {
+            pd: PdHandle, init: QpInit, ctx: u64, len: u64, sq: RingSpec, rq: Option<RingSpec>,
+        },
+        /// Version 2: `create_srq` with its receives in `ring` of the
+        /// memfd of `len` bytes the frame carries.
+        CreateSrqRing = 39 { pd: PdHandle, attr: SrqAttr, ctx: u64, len: u64, ring: RingSpec },
     }
 
     /// Daemon to client: what a request returns.

@@ -34,10 +34,14 @@
 //! `RetryExcErr`); telling it at once, as a DREQ does, needs the CM
 //! through the daemon (a later increment).
 
-use crate::proto::{self, Answer, Event, Kind, Reply, Request, VERSION};
+mod rings;
+
+use crate::proto::{self, Answer, Event, Kind, Reply, Request, OLDEST_VERSION, VERSION};
 pub use crate::proto::{ClientReport, Peer};
+use crate::ring::Ring;
 use crate::sock::{send_frame, FrameReader, ReadError};
 use rdma_types::Lkey;
+use rings::{ConnRings, CqRing, WqKind, WqRing};
 use std::collections::HashMap;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -92,6 +96,8 @@ struct Obj {
     pd: u32,
     /// An MR's registered range.
     range: Option<MrRange>,
+    /// A PD's CA (the client's index; else 0).
+    ca: u32,
 }
 
 /// What an MR registered: `[addr, addr+len)` under `lkey`.
@@ -133,7 +139,16 @@ pub struct Server {
     limit_refusals: AtomicU64,
     /// The daemon's own opening of each CA ([`Server::claim_nics`]).
     claimed: Mutex<Vec<CaHandle>>,
+    /// Ring entries and indices refused ([`Server::ring_refusals`]).
+    ring_refusals: AtomicU64,
+    /// How long a ring poller spins after its last work, in ns.
+    ring_spin_ns: AtomicU64,
 }
+
+/// How long a ring poller spins after its last work by default: a
+/// stream of posts finds it awake (no doorbell, no system call), a
+/// ping-pong's next post mostly does not.
+pub const DEFAULT_RING_SPIN: Duration = Duration::from_micros(50);
 
 /// Where a connection's frames go: to its writer thread, until the
 /// connection ends.
@@ -154,11 +169,20 @@ impl Outbox {
     }
 }
 
+/// What a request is served with: who asks, where its frames go, its
+/// rings.
+struct Conn<'a> {
+    peer: &'a Peer,
+    out: &'a Arc<Outbox>,
+    rings: &'a Arc<ConnRings>,
+}
+
 /// The handler the daemon opens a CA with for a client: each callback
 /// becomes an event frame for that client's CA.
 struct Forward {
     out: Arc<Outbox>,
     ca: CaHandle,
+    rings: Arc<ConnRings>,
 }
 
 impl Forward {
@@ -169,6 +193,9 @@ impl Forward {
 
 impl EventHandler for Forward {
     fn on_completion(&self, cq_ctx: u64) {
+        if !self.rings.on_completion(self.ca, cq_ctx) {
+            return;
+        }
         self.event(Event::Completion {
             ca: self.ca,
             cq_ctx,
@@ -250,6 +277,8 @@ impl Server {
             limits,
             limit_refusals: AtomicU64::new(0),
             claimed: Mutex::new(Vec::new()),
+            ring_refusals: AtomicU64::new(0),
+            ring_spin_ns: AtomicU64::new(DEFAULT_RING_SPIN.as_nanos() as u64),
         })
     }
 
@@ -320,6 +349,23 @@ impl Server {
     /// destroy (each logged): 0 unless the release order is wrong.
     pub fn release_failures(&self) -> u64 {
         self.release_failures.load(Ordering::Relaxed)
+    }
+
+    /// How many ring entries or indices were refused (each ring that
+    /// had one is dead, its QP in the error state; see [`rings`]).
+    pub fn ring_refusals(&self) -> u64 {
+        self.ring_refusals.load(Ordering::Relaxed)
+    }
+
+    /// How long each client's ring poller spins after its last work
+    /// before it sleeps on the client's doorbell ([`DEFAULT_RING_SPIN`]).
+    pub fn set_ring_spin(&self, spin: Duration) {
+        let ns = spin.as_nanos().min(u64::MAX as u128) as u64;
+        self.ring_spin_ns.store(ns, Ordering::Relaxed);
+    }
+
+    fn ring_spin(&self) -> Duration {
+        Duration::from_nanos(self.ring_spin_ns.load(Ordering::Relaxed))
     }
 
     /// How many verbs were refused for a client's [`Limits`].
@@ -420,6 +466,8 @@ impl Server {
             });
         let mut reader = FrameReader::new(rsock);
         let mut hello = false;
+        let mut version = 0;
+        let rings = ConnRings::new(self.provider.clone(), out.clone());
         loop {
             let f = match reader.next() {
                 Ok(f) => f,
@@ -456,12 +504,16 @@ impl Server {
             };
             if !hello {
                 let a: Answer = match req {
-                    Request::Hello { version } if version == VERSION => Ok(Reply::Hello {
-                        version: VERSION,
-                        pid: std::process::id(),
-                    }),
+                    Request::Hello { version: v } if (OLDEST_VERSION..=VERSION).contains(&v) => {
+                        version = v;
+                        Ok(Reply::Hello {
+                            version: v,
+                            pid: std::process::id(),
+                        })
+                    }
                     Request::Hello { version } => Err(bad(format!(
-                        "protocol version {version} not served: this nicd speaks version {VERSION}"
+                        "protocol version {version} not served: this nicd speaks versions \
+                         {OLDEST_VERSION} to {VERSION}"
                     ))),
                     _ => Err(bad("the first request must be Hello")),
                 };
@@ -472,10 +524,32 @@ impl Server {
                 }
                 continue;
             }
-            if let Some(a) = self.answer(&peer, &out, seq, req, &mut reader) {
+            let ring_req = matches!(
+                req,
+                Request::Doorbell {}
+                    | Request::CreateCqRing { .. }
+                    | Request::CreateQpRing { .. }
+                    | Request::CreateSrqRing { .. }
+            );
+            if ring_req && version < 2 {
+                while reader.take_fd().is_some() {}
+                let a: Answer = Err(bad(format!(
+                    "rings need protocol version 2; this connection said {version} in its Hello"
+                )));
+                out.send(proto::frame(Kind::Response, seq, &a));
+                continue;
+            }
+            let conn = Conn {
+                peer: &peer,
+                out: &out,
+                rings: &rings,
+            };
+            if let Some(a) = self.answer(&conn, seq, req, &mut reader) {
                 out.send(proto::frame(Kind::Response, seq, &a));
             }
         }
+        // The poller first: it posts with handles released below.
+        rings.stop();
         self.release_all(id);
         out.close();
         if let Ok(w) = writer {
@@ -588,6 +662,7 @@ impl Server {
                 raw,
                 pd,
                 range,
+                ca: 0,
             },
         );
         self.changed.notify_all();
@@ -648,19 +723,108 @@ impl Server {
         Ok(wr)
     }
 
+    /// `create_qp` for client `me`: the provider's QP and the client's
+    /// handle.
+    fn create_qp(
+        &self,
+        me: u64,
+        pd: PdHandle,
+        mut init: verbs::QpInit,
+        ctx: u64,
+    ) -> Result<(QpHandle, Handle)> {
+        use ResourceKind as K;
+        if matches!(
+            init.qp_type,
+            rdma_types::QpType::Smi | rdma_types::QpType::Gsi
+        ) {
+            return Err(VerbsError::NotSupported(
+                "QP0/QP1 through nicd (its MAD services are a later increment)",
+            ));
+        }
+        let (qps, _) = self.holdings(me, None);
+        self.limit(
+            qps < self.limits.max_qps,
+            "this client's QP limit (nicd --max-qps)",
+        )?;
+        init.send_cq = CqHandle(self.raw(me, K::Cq, init.send_cq.0)?);
+        init.recv_cq = CqHandle(self.raw(me, K::Cq, init.recv_cq.0)?);
+        if let Some(s) = &mut init.srq {
+            *s = SrqHandle(self.raw(me, K::Srq, s.0)?);
+        }
+        let raw = self
+            .provider
+            .create_qp(PdHandle(self.raw(me, K::Pd, pd.0)?), &init, ctx)?;
+        Ok((raw, self.add(me, K::Qp, raw.0, pd.0.index)))
+    }
+
+    /// `post_send` of client `me`'s WRs on its QP `qp` of PD `pd`.
+    fn post_send(&self, me: u64, qp: QpHandle, pd: u32, wrs: Vec<SendWr>) -> Result<()> {
+        let mut ok = Vec::with_capacity(wrs.len());
+        let mut refused = None;
+        for (i, w) in wrs.into_iter().enumerate() {
+            match self.send_wr(me, pd, w) {
+                Ok(w) => ok.push(w),
+                Err(e) => {
+                    refused = Some((i, e));
+                    break;
+                }
+            }
+        }
+        // Those before a refused WR are posted (the verb's contract),
+        // then its refusal reported.
+        if !ok.is_empty() || refused.is_none() {
+            self.provider.post_send(qp, &ok)?;
+        }
+        match refused {
+            Some((index, cause)) => Err(VerbsError::BadWr {
+                index,
+                cause: Box::new(cause),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// [`Server::destroy`] of a QP or SRQ, its rings taken from the
+    /// poller first (and given back if the provider refuses).
+    fn destroy_with_rings(
+        &self,
+        c: &Conn<'_>,
+        kind: ResourceKind,
+        h: Handle,
+        destroy: impl FnOnce(Handle) -> Result<()>,
+    ) -> Answer {
+        // Only this connection's rings are found by index.
+        let rings = c.rings.remove_wqs(h.index);
+        let r = self.destroy(c.peer.id, kind, h, destroy);
+        if r.is_err() {
+            rings.into_iter().for_each(|w| c.rings.add_wq(w));
+        }
+        r
+    }
+
+    /// The client's handle of the CA of its PD `pd`.
+    fn pd_ca(&self, owner: u64, pd: PdHandle) -> Result<CaHandle> {
+        self.raw(owner, ResourceKind::Pd, pd.0)?;
+        let ca = self.lock().objs.get(&pd.0.index).map_or(0, |o| o.ca);
+        Ok(CaHandle(Handle {
+            index: ca,
+            generation: self.generation(ResourceKind::Ca),
+        }))
+    }
+
     /// Serves one request; `None` when the answer is sent later.
     fn answer(
         self: &Arc<Self>,
-        peer: &Peer,
-        out: &Arc<Outbox>,
+        c: &Conn<'_>,
         seq: u32,
         req: Request,
         reader: &mut FrameReader,
     ) -> Option<Answer> {
         use ResourceKind as K;
+        let (peer, out) = (c.peer, c.out);
         let me = peer.id;
         if let Request::WaitCq { cq, timeout_us } = req {
-            return self.wait_cq(me, out, seq, cq, timeout_us);
+            return self.wait_cq(me, c, seq, cq, timeout_us);
         }
         let p = &*self.provider;
         let a = || -> Answer {
@@ -674,6 +838,7 @@ impl Server {
                     let fwd = Arc::new(Forward {
                         out: out.clone(),
                         ca: CaHandle(h),
+                        rings: c.rings.clone(),
                     });
                     let raw = p.open_ca(guid, ctx, fwd)?;
                     self.insert(me, K::Ca, h, raw.0, 0, None);
@@ -714,9 +879,11 @@ impl Server {
                 }
                 Request::AllocPd { ca, ctx } => {
                     let raw = p.alloc_pd(CaHandle(self.raw(me, K::Ca, ca.0)?), ctx)?;
-                    Reply::Pd {
-                        pd: PdHandle(self.add(me, K::Pd, raw.0, 0)),
+                    let pd = self.add(me, K::Pd, raw.0, 0);
+                    if let Some(o) = self.lock().objs.get_mut(&pd.index) {
+                        o.ca = ca.0.index;
                     }
+                    Reply::Pd { pd: PdHandle(pd) }
                 }
                 Request::DeallocPd { pd } => {
                     return self.destroy(me, K::Pd, pd.0, |r| p.dealloc_pd(PdHandle(r)))
@@ -728,10 +895,16 @@ impl Server {
                     }
                 }
                 Request::DestroyCq { cq } => {
-                    return self.destroy(me, K::Cq, cq.0, |r| p.destroy_cq(CqHandle(r)))
+                    let ring = c.rings.remove_cq(cq.0.index);
+                    let r = self.destroy(me, K::Cq, cq.0, |r| p.destroy_cq(CqHandle(r)));
+                    if let (Err(_), Some(ring)) = (&r, ring) {
+                        c.rings.add_cq(ring);
+                    }
+                    return r;
                 }
                 Request::PollCq { cq, max } => {
                     let raw = CqHandle(self.raw(me, K::Cq, cq.0)?);
+                    let ring = c.rings.cq(cq.0.index);
                     let blank = WorkCompletion::new(
                         0,
                         rdma_types::WcStatus::GeneralErr,
@@ -739,12 +912,19 @@ impl Server {
                         0,
                     );
                     let mut wcs = vec![blank; max.min(MAX_POLL) as usize];
-                    let n = p.poll_cq(raw, &mut wcs)?;
+                    let n = match ring {
+                        Some(ring) => ring.poll_socket(p, out, &mut wcs)?,
+                        None => p.poll_cq(raw, &mut wcs)?,
+                    };
                     wcs.truncate(n);
                     Reply::Wcs { wcs }
                 }
                 Request::ReqNotifyCq { cq, solicited_only } => {
-                    p.req_notify_cq(CqHandle(self.raw(me, K::Cq, cq.0)?), solicited_only)?;
+                    let raw = CqHandle(self.raw(me, K::Cq, cq.0)?);
+                    match c.rings.cq(cq.0.index) {
+                        Some(ring) => ring.arm_socket(p, out, solicited_only)?,
+                        None => p.req_notify_cq(raw, solicited_only)?,
+                    }
                     Reply::Unit {}
                 }
                 Request::WaitCq { .. } => unreachable!("served by wait_cq"),
@@ -762,48 +942,49 @@ impl Server {
                     attr: p.query_srq(SrqHandle(self.raw(me, K::Srq, srq.0)?))?,
                 },
                 Request::DestroySrq { srq } => {
-                    return self.destroy(me, K::Srq, srq.0, |r| p.destroy_srq(SrqHandle(r)))
+                    return self
+                        .destroy_with_rings(c, K::Srq, srq.0, |r| p.destroy_srq(SrqHandle(r)))
                 }
                 Request::PostSrqRecv { srq, wrs } => {
-                    p.post_srq_recv(SrqHandle(self.raw(me, K::Srq, srq.0)?), &wrs)?;
+                    let raw = SrqHandle(self.raw(me, K::Srq, srq.0)?);
+                    let post = || match wrs.is_empty() {
+                        true => Ok(()),
+                        false => p.post_srq_recv(raw, &wrs),
+                    };
+                    match c.rings.wq(srq.0.index, WqKind::Srq) {
+                        Some(w) => w.after_drain(self, me, out, true, post)?,
+                        None => post()?,
+                    }
                     Reply::Unit {}
                 }
-                Request::CreateQp { pd, mut init, ctx } => {
-                    if matches!(
-                        init.qp_type,
-                        rdma_types::QpType::Smi | rdma_types::QpType::Gsi
-                    ) {
-                        return Err(VerbsError::NotSupported(
-                            "QP0/QP1 through nicd (its MAD services are a later increment)",
-                        ));
-                    }
-                    let (qps, _) = self.holdings(me, None);
-                    self.limit(
-                        qps < self.limits.max_qps,
-                        "this client's QP limit (nicd --max-qps)",
-                    )?;
-                    init.send_cq = CqHandle(self.raw(me, K::Cq, init.send_cq.0)?);
-                    init.recv_cq = CqHandle(self.raw(me, K::Cq, init.recv_cq.0)?);
-                    if let Some(s) = &mut init.srq {
-                        *s = SrqHandle(self.raw(me, K::Srq, s.0)?);
-                    }
-                    let raw = p.create_qp(PdHandle(self.raw(me, K::Pd, pd.0)?), &init, ctx)?;
-                    Reply::Qp {
-                        qp: QpHandle(self.add(me, K::Qp, raw.0, pd.0.index)),
-                    }
+                Request::CreateQp { pd, init, ctx } => {
+                    let (_, qp) = self.create_qp(me, pd, init, ctx)?;
+                    Reply::Qp { qp: QpHandle(qp) }
                 }
                 Request::QpNum { qp } => Reply::Qpn {
                     qpn: p.qp_num(QpHandle(self.raw(me, K::Qp, qp.0)?))?,
                 },
                 Request::ModifyQp { qp, attr } => {
-                    p.modify_qp(QpHandle(self.raw(me, K::Qp, qp.0)?), &attr)?;
+                    let raw = QpHandle(self.raw(me, K::Qp, qp.0)?);
+                    // What the rings hold was posted before this.
+                    let modify = || p.modify_qp(raw, &attr);
+                    let sq = c.rings.wq(qp.0.index, WqKind::Send { pd: 0 });
+                    let rq = c.rings.wq(qp.0.index, WqKind::Recv);
+                    let rq_then = || match &rq {
+                        Some(r) => r.after_drain(self, me, out, false, modify),
+                        None => modify(),
+                    };
+                    match &sq {
+                        Some(s) => s.after_drain(self, me, out, false, rq_then)?,
+                        None => rq_then()?,
+                    }
                     Reply::Unit {}
                 }
                 Request::QueryQp { qp } => Reply::QpAttr {
                     attr: p.query_qp(QpHandle(self.raw(me, K::Qp, qp.0)?))?,
                 },
                 Request::DestroyQp { qp } => {
-                    return self.destroy(me, K::Qp, qp.0, |r| p.destroy_qp(QpHandle(r)))
+                    return self.destroy_with_rings(c, K::Qp, qp.0, |r| p.destroy_qp(QpHandle(r)))
                 }
                 Request::CreateAh { pd, attr } => {
                     let raw = p.create_ah(PdHandle(self.raw(me, K::Pd, pd.0)?), &attr)?;
@@ -886,36 +1067,114 @@ impl Server {
                     return self.destroy(me, K::Mw, mw.0, |r| p.dealloc_mw(MwHandle(r)))
                 }
                 Request::PostSend { qp, wrs } => {
-                    let (qp, pd) = self.raw_in_pd(me, K::Qp, qp.0)?;
-                    let qp = QpHandle(qp);
-                    let n = wrs.len();
-                    let mut ok = Vec::with_capacity(n);
-                    let mut refused = None;
-                    for (i, w) in wrs.into_iter().enumerate() {
-                        match self.send_wr(me, pd, w) {
-                            Ok(w) => ok.push(w),
-                            Err(e) => {
-                                refused = Some((i, e));
-                                break;
-                            }
-                        }
-                    }
-                    // Those before a refused WR are posted (the verb's
-                    // contract), then its refusal reported.
-                    if !ok.is_empty() || refused.is_none() {
-                        p.post_send(qp, &ok)?;
-                    }
-                    if let Some((index, cause)) = refused {
-                        return Err(VerbsError::BadWr {
-                            index,
-                            cause: Box::new(cause),
-                        });
+                    let (raw, pd) = self.raw_in_pd(me, K::Qp, qp.0)?;
+                    // Nothing: a client's wait for its ring to be taken.
+                    let post = || match wrs.is_empty() {
+                        true => Ok(()),
+                        false => self.post_send(me, QpHandle(raw), pd, wrs),
+                    };
+                    match c.rings.wq(qp.0.index, WqKind::Send { pd }) {
+                        Some(w) => w.after_drain(self, me, out, true, post)?,
+                        None => post()?,
                     }
                     Reply::Unit {}
                 }
                 Request::PostRecv { qp, wrs } => {
-                    p.post_recv(QpHandle(self.raw(me, K::Qp, qp.0)?), &wrs)?;
+                    let raw = QpHandle(self.raw(me, K::Qp, qp.0)?);
+                    // Nothing: a client's wait for its ring to be taken.
+                    let post = || match wrs.is_empty() {
+                        true => Ok(()),
+                        false => p.post_recv(raw, &wrs),
+                    };
+                    match c.rings.wq(qp.0.index, WqKind::Recv) {
+                        Some(w) => w.after_drain(self, me, out, true, post)?,
+                        None => post()?,
+                    }
                     Reply::Unit {}
+                }
+                Request::Doorbell {} => {
+                    let fd = reader
+                        .take_fd()
+                        .ok_or_else(|| bad("Doorbell without its eventfd (SCM_RIGHTS)"))?;
+                    c.rings.start(self, me, fd)?;
+                    Reply::Unit {}
+                }
+                Request::CreateCqRing {
+                    pd,
+                    init,
+                    ctx,
+                    len,
+                    ring,
+                } => {
+                    let buf = map_rings(reader, len)?;
+                    let ring = Ring::new(buf, ring).map_err(bad)?;
+                    if ring.spec().entry_size < crate::ring::CQE_SIZE {
+                        return Err(bad(format!(
+                            "CQ ring entries of {} bytes: they take {}",
+                            ring.spec().entry_size,
+                            crate::ring::CQE_SIZE
+                        )));
+                    }
+                    let ca = self.pd_ca(me, pd)?;
+                    let raw = p.create_cq(PdHandle(self.raw(me, K::Pd, pd.0)?), &init, ctx)?;
+                    let h = self.add(me, K::Cq, raw.0, 0);
+                    let cq = Arc::new(CqRing::new(ring, raw, h.index, ca, ctx));
+                    c.rings.add_cq(cq.clone());
+                    // Arms the provider's CQ for the pumps to come.
+                    cq.pump(p, out);
+                    Reply::Cq { cq: CqHandle(h) }
+                }
+                Request::CreateQpRing {
+                    pd,
+                    init,
+                    ctx,
+                    len,
+                    sq,
+                    rq,
+                } => {
+                    let buf = map_rings(reader, len)?;
+                    if !c.rings.has_doorbell() {
+                        return Err(bad("a QP ring before the Doorbell request"));
+                    }
+                    if init.srq.is_some() == rq.is_some() {
+                        return Err(bad(
+                            "an RQ ring goes with a QP without an SRQ, and only with one",
+                        ));
+                    }
+                    if rq.is_some_and(|r| r.offset < sq.end() && sq.offset < r.end()) {
+                        return Err(bad("the SQ and RQ rings overlap"));
+                    }
+                    let sq = Ring::new(buf.clone(), sq).map_err(bad)?;
+                    let rq = rq.map(|r| Ring::new(buf, r)).transpose().map_err(bad)?;
+                    let ca = self.pd_ca(me, pd)?;
+                    let (raw, qp) = self.create_qp(me, pd, init, ctx)?;
+                    let send = WqKind::Send { pd: pd.0.index };
+                    c.rings
+                        .add_wq(WqRing::new(sq, send, raw.0, qp.index, ca, ctx));
+                    if let Some(rq) = rq {
+                        c.rings
+                            .add_wq(WqRing::new(rq, WqKind::Recv, raw.0, qp.index, ca, ctx));
+                    }
+                    Reply::Qp { qp: QpHandle(qp) }
+                }
+                Request::CreateSrqRing {
+                    pd,
+                    attr,
+                    ctx,
+                    len,
+                    ring,
+                } => {
+                    let buf = map_rings(reader, len)?;
+                    if !c.rings.has_doorbell() {
+                        return Err(bad("an SRQ ring before the Doorbell request"));
+                    }
+                    let ring = Ring::new(buf, ring).map_err(bad)?;
+                    let ca = self.pd_ca(me, pd)?;
+                    let raw = p.create_srq(PdHandle(self.raw(me, K::Pd, pd.0)?), &attr, ctx)?;
+                    let h = self.add(me, K::Srq, raw.0, 0);
+                    c.rings
+                        .add_wq(WqRing::new(ring, WqKind::Srq, raw.0, h.index, ca, ctx));
+                    Reply::Srq { srq: SrqHandle(h) }
                 }
             })
         };
@@ -923,20 +1182,29 @@ impl Server {
     }
 
     /// `WaitCq`: answered at once when the CQ has a completion (or the
-    /// handle is bad), else by a thread that waits.
+    /// handle is bad), else by a thread that waits (on the provider, or
+    /// for a CQ with a ring on the ring's pumps).
     fn wait_cq(
         self: &Arc<Self>,
         me: u64,
-        out: &Arc<Outbox>,
+        c: &Conn<'_>,
         seq: u32,
         cq: CqHandle,
         timeout_us: u64,
     ) -> Option<Answer> {
+        let out = c.out;
         let raw = match self.raw(me, ResourceKind::Cq, cq.0) {
             Ok(r) => CqHandle(r),
             Err(e) => return Some(Err(e)),
         };
-        match self.provider.wait_cq(raw, Duration::ZERO) {
+        let ring = c.rings.cq(cq.0.index).filter(|r| !r.delegated());
+        let provider = self.provider.clone();
+        let wait = move |timeout: Duration, out: &Outbox| match &ring {
+            Some(r) if r.wait(&*provider, out, timeout) => Ok(()),
+            Some(_) => Err(VerbsError::Timeout),
+            None => provider.wait_cq(raw, timeout),
+        };
+        match wait(Duration::ZERO, out) {
             Err(VerbsError::Timeout) if timeout_us > 0 => {}
             r => return Some(r.map(|()| Reply::Unit {})),
         }
@@ -947,14 +1215,11 @@ impl Server {
                     .map(|()| Reply::Unit {}),
             );
         }
-        let (me, waiter) = (self.clone(), out.clone());
+        let waiter = out.clone();
         let spawned = std::thread::Builder::new()
             .name("nicd-wait".into())
             .spawn(move || {
-                let r = me
-                    .provider
-                    .wait_cq(raw, Duration::from_micros(timeout_us))
-                    .map(|()| Reply::Unit {});
+                let r = wait(Duration::from_micros(timeout_us), &waiter).map(|()| Reply::Unit {});
                 waiter.waits.fetch_sub(1, Ordering::Relaxed);
                 waiter.send(proto::frame(Kind::Response, seq, &r));
             });
@@ -994,6 +1259,21 @@ pub fn bind(path: &std::path::Path, everyone: bool) -> std::io::Result<UnixListe
     let l = UnixListener::bind(path)?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))?;
     Ok(l)
+}
+
+/// Maps the rings whose memfd came with the request.
+fn map_rings(reader: &mut FrameReader, len: u64) -> Result<MemBuf> {
+    let fd = reader
+        .take_fd()
+        .ok_or_else(|| bad("a ring request without its memfd (SCM_RIGHTS)"))?;
+    if len > crate::ring::MAX_RINGS_LEN {
+        return Err(bad(format!(
+            "a rings memfd of {len} bytes: at most {} served",
+            crate::ring::MAX_RINGS_LEN
+        )));
+    }
+    let len = usize::try_from(len).map_err(|_| bad("rings length"))?;
+    MemBuf::map_shared(fd, len, 0).map_err(|e| bad(format!("the rings' memfd: {e}")))
 }
 
 /// Maps the buffer whose memfd came with the request.
