@@ -352,7 +352,7 @@ impl Server {
     }
 
     /// How many ring entries or indices were refused (each ring that
-    /// had one is dead, its QP in the error state; see [`rings`]).
+    /// had one is dead, its QP in the error state; see [`crate::proto`]).
     pub fn ring_refusals(&self) -> u64 {
         self.ring_refusals.load(Ordering::Relaxed)
     }

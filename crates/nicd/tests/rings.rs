@@ -1,0 +1,472 @@
+//! The shared-memory rings against a client that writes garbage into
+//! them, and a client killed while it posts through them.
+//!
+//! The hostile client speaks the protocol itself (a raw socket, its own
+//! memfds), so it can write what the client provider never would: a
+//! handle not its own, inline data outside its memory, an entry that
+//! does not decode, a producer index past the ring. Each kills only the
+//! ring it was written to (its QP in the error state, a `QpFatal`
+//! event), and a well-behaved client of the same daemon is served
+//! throughout.
+
+mod common;
+
+use common::{fresh_ip, Daemon, One};
+use nicd::proto::{self, Answer, Event, Kind, Reply, Request, RingSpec};
+use nicd::ring::{encode_entry, flags, Ring, CQE_SIZE};
+use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
+use rdma_types::{Qkey, QpState, QpType, WcStatus};
+use std::io::{BufRead, BufReader, IoSlice, Read, Write};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+use verbs::conformance::{connect, Node};
+use verbs::{
+    AsyncEventKind, CqHandle, CqInit, MemBuf, PdHandle, QpCaps, QpHandle, QpInit, RecvWr,
+    SendFlags, SendOpcode, SendWr, Sge, UdDest, VerbsError,
+};
+
+const THIRD: u8 = 120;
+
+/// A client that speaks the protocol by hand.
+struct Raw {
+    s: UnixStream,
+    seq: u32,
+    doorbell: OwnedFd,
+}
+
+fn read_frame(s: &mut UnixStream) -> Vec<u8> {
+    let mut len = [0; 4];
+    s.read_exact(&mut len).expect("a frame from nicd in time");
+    let mut f = vec![0; u32::from_le_bytes(len) as usize];
+    s.read_exact(&mut f).expect("the frame's body");
+    f
+}
+
+impl Raw {
+    /// Connects with version 2 and gives the daemon a doorbell.
+    fn connect(d: &Daemon) -> Raw {
+        let s = UnixStream::connect(&d.path).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        // SAFETY: no pointers; the descriptor returned is ours.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        assert!(fd >= 0);
+        // SAFETY: just made, owned by nobody else.
+        let doorbell = unsafe { OwnedFd::from_raw_fd(fd) };
+        let mut r = Raw {
+            s,
+            seq: 0,
+            doorbell,
+        };
+        let v = proto::VERSION;
+        assert!(matches!(
+            r.call(&Request::Hello { version: v }, None),
+            Ok(Reply::Hello { version: 2, .. })
+        ));
+        let db = r.doorbell.try_clone().unwrap();
+        assert_eq!(
+            r.call(&Request::Doorbell {}, Some(db.as_fd())),
+            Ok(Reply::Unit {})
+        );
+        r
+    }
+
+    /// Sends `req` (with `fd`) and reads up to its answer (events on
+    /// the way are dropped).
+    fn call(&mut self, req: &Request, fd: Option<BorrowedFd<'_>>) -> Answer {
+        self.seq += 1;
+        let f = proto::frame(Kind::Request, self.seq, req);
+        match fd {
+            None => self.s.write_all(&f).unwrap(),
+            Some(fd) => {
+                let fds = [fd.as_raw_fd()];
+                let cmsg = [ControlMessage::ScmRights(&fds)];
+                let iov = [IoSlice::new(&f)];
+                let n = sendmsg::<()>(self.s.as_raw_fd(), &iov, &cmsg, MsgFlags::empty(), None)
+                    .unwrap();
+                self.s.write_all(&f[n..]).unwrap();
+            }
+        }
+        loop {
+            let f = read_frame(&mut self.s);
+            let (kind, seq, body) = proto::split(&f).unwrap();
+            if kind == Kind::Response && seq == self.seq {
+                return proto::decode::<Answer>(body).unwrap();
+            }
+        }
+    }
+
+    /// Reads events until one that `want` accepts.
+    fn await_event(&mut self, want: impl Fn(&Event) -> bool) -> Event {
+        for _ in 0..1000 {
+            let f = read_frame(&mut self.s);
+            let (kind, _, body) = proto::split(&f).unwrap();
+            if kind == Kind::Event {
+                let e = proto::decode::<Event>(body).unwrap();
+                if want(&e) {
+                    return e;
+                }
+            }
+        }
+        panic!("no such event in 1000 frames");
+    }
+
+    fn ring_doorbell(&self) {
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: 8 bytes from a live array to our eventfd.
+        let n = unsafe { libc::write(self.doorbell.as_raw_fd(), one.as_ptr().cast(), 8) };
+        assert_eq!(n, 8);
+    }
+}
+
+/// The hostile client's CA, PD and CQ (with its ring).
+struct Setup {
+    pd: PdHandle,
+    cq: CqHandle,
+    _cq_ring: MemBuf,
+}
+
+fn setup(r: &mut Raw, guid: rdma_types::Guid) -> Setup {
+    let Ok(Reply::Ca { ca }) = r.call(&Request::OpenCa { guid, ctx: 1 }, None) else {
+        panic!("open");
+    };
+    let Ok(Reply::Pd { pd }) = r.call(&Request::AllocPd { ca, ctx: 2 }, None) else {
+        panic!("pd");
+    };
+    let spec = RingSpec::new(0, CQE_SIZE as usize, 16);
+    let buf = MemBuf::new_shared(spec.end() as usize).unwrap();
+    let req = Request::CreateCqRing {
+        pd,
+        init: CqInit { cqe: 16 },
+        ctx: 3,
+        len: buf.len() as u64,
+        ring: spec,
+    };
+    let Ok(Reply::Cq { cq }) = r.call(&req, buf.shared_fd()) else {
+        panic!("cq");
+    };
+    Setup {
+        pd,
+        cq,
+        _cq_ring: buf,
+    }
+}
+
+/// A QP with rings: its handle, its SQ and its RQ.
+fn qp(r: &mut Raw, s: &Setup, ctx: u64) -> (QpHandle, Ring, Ring) {
+    let sq = RingSpec::new(0, 512, 16);
+    let rq = RingSpec::new(sq.end().next_multiple_of(4096), 256, 16);
+    let buf = MemBuf::new_shared(rq.end() as usize).unwrap();
+    let init = QpInit {
+        qp_type: QpType::Rc,
+        send_cq: s.cq,
+        recv_cq: s.cq,
+        srq: None,
+        caps: QpCaps::default(),
+        sq_sig_all: false,
+        port: None,
+    };
+    let req = Request::CreateQpRing {
+        pd: s.pd,
+        init,
+        ctx,
+        len: buf.len() as u64,
+        sq,
+        rq: Some(rq),
+    };
+    let Ok(Reply::Qp { qp }) = r.call(&req, buf.shared_fd()) else {
+        panic!("qp");
+    };
+    let (sq, rq) = (
+        Ring::new(buf.clone(), sq).unwrap(),
+        Ring::new(buf, rq).unwrap(),
+    );
+    (qp, sq, rq)
+}
+
+/// Writes `entries` raw into `ring` from index 0 and publishes them.
+fn scribble(r: &Raw, ring: &Ring, entries: &[Vec<u8>]) {
+    for (i, e) in entries.iter().enumerate() {
+        assert!(ring.write(i as u64, e));
+    }
+    ring.set_producer(entries.len() as u64);
+    r.ring_doorbell();
+}
+
+fn entry<T: proto::Wire>(v: &T) -> Vec<u8> {
+    let mut b = Vec::new();
+    encode_entry(v, &mut b);
+    b
+}
+
+/// Waits for QP `ctx`'s `QpFatal`, then checks the ring is dead and the
+/// QP in the error state.
+fn refused(r: &mut Raw, qp: QpHandle, ctx: u64, ring: &Ring) {
+    r.await_event(|e| {
+        matches!(e, Event::Async { event, .. }
+            if event.kind == AsyncEventKind::QpFatal && event.ctx == ctx)
+    });
+    assert_ne!(ring.flags() & flags::DEAD, 0, "the ring is dead");
+    match r.call(&Request::QueryQp { qp }, None) {
+        Ok(Reply::QpAttr { attr }) => assert_eq!(attr.state, Some(QpState::Err)),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Each kind of garbage kills its own ring and nothing else; the
+/// daemon counts them; a good client's SEND goes through after.
+#[test]
+fn malformed_ring_entries_are_refused_without_harm_to_others() {
+    let d = Daemon::start(&[fresh_ip(THIRD), fresh_ip(THIRD)]);
+    let (g1, g2) = (d.guids[0], d.guids[1]);
+    let good = d.client();
+    assert!(good.uses_rings());
+    let (ga, gb) = (One(good.clone(), g1), One(good.clone(), g2));
+    let (a, b) = (Node::open(&ga, g1, 64), Node::open(&gb, g2, 64));
+    let (qa, qb) = (a.qp(QpType::Rc, None, 1), b.qp(QpType::Rc, None, 2));
+    connect(&a, qa, &b, qb, QpType::Rc, 7);
+    // A handle of the good client's, for the hostile one to name.
+    let their_ah = a.p.create_ah(a.pd, &b.av()).unwrap();
+
+    let mut r = Raw::connect(&d);
+    let s = setup(&mut r, g1);
+    let sge_in = |len| Sge {
+        addr: 4096,
+        length: len,
+        lkey: rdma_types::Lkey(1),
+    };
+
+    // A handle not its own: the good client's AH.
+    let (q, sq, _) = qp(&mut r, &s, 10);
+    let mut w = SendWr::new(1, SendOpcode::Send, vec![]);
+    w.ud = Some(UdDest {
+        ah: their_ah,
+        remote_qpn: rdma_types::Qpn::new(5).unwrap(),
+        remote_qkey: Qkey(0),
+    });
+    scribble(&r, &sq, &[entry(&w)]);
+    refused(&mut r, q, 10, &sq);
+
+    // Inline data outside any registration of its own (it has none;
+    // the address is one of the good client's).
+    let (q, sq, _) = qp(&mut r, &s, 11);
+    let mut w = SendWr::new(2, SendOpcode::Send, vec![a.sge(0, 16)]);
+    w.flags = SendFlags::SIGNALED | SendFlags::INLINE;
+    scribble(&r, &sq, &[entry(&w)]);
+    refused(&mut r, q, 11, &sq);
+
+    // Bytes that do not decode.
+    let (q, sq, _) = qp(&mut r, &s, 12);
+    let mut junk = vec![0xa7u8; 64];
+    junk[..4].copy_from_slice(&60u32.to_le_bytes());
+    scribble(&r, &sq, &[junk]);
+    refused(&mut r, q, 12, &sq);
+    assert_eq!(sq.consumer(), 0, "nothing taken");
+
+    // A length prefix past the slot, in the RQ.
+    let (q, _, rq) = qp(&mut r, &s, 13);
+    let mut long = entry(&RecvWr {
+        wr_id: 4,
+        sges: vec![sge_in(8)],
+    });
+    long[..4].copy_from_slice(&u32::MAX.to_le_bytes());
+    scribble(&r, &rq, &[long]);
+    refused(&mut r, q, 13, &rq);
+
+    // A producer index far past the ring's 16 entries.
+    let (q, sq, _) = qp(&mut r, &s, 14);
+    sq.set_producer(1 << 40);
+    r.ring_doorbell();
+    refused(&mut r, q, 14, &sq);
+
+    assert_eq!(d.server.ring_refusals(), 5);
+    // The hostile client is still served on its socket.
+    assert!(matches!(
+        r.call(&Request::ListCas {}, None),
+        Ok(Reply::Guids { .. })
+    ));
+
+    // The good client: its AH untouched, its SEND delivered and checked.
+    b.p.post_recv(
+        qb,
+        &[RecvWr {
+            wr_id: 7,
+            sges: vec![b.sge(0, 4096)],
+        }],
+    )
+    .unwrap();
+    let msg: Vec<u8> = (0..3000u32).map(|i| (i * 7 % 253) as u8).collect();
+    a.buf.write_at(0, &msg);
+    a.p.post_send(
+        qa,
+        &[SendWr::new(1, SendOpcode::Send, vec![a.sge(0, 3000)])],
+    )
+    .unwrap();
+    let wc = b.wc();
+    assert_eq!(
+        (wc.wr_id, wc.status, wc.byte_len),
+        (7, WcStatus::Success, 3000)
+    );
+    assert_eq!(b.buf.to_vec(0, 3000), msg);
+    assert_eq!(a.wc().status, WcStatus::Success);
+    a.p.destroy_ah(their_ah).unwrap();
+    let c = good.counters();
+    assert!(c.ring_posts >= 1, "the SEND went through its ring: {c:?}");
+}
+
+/// A client's ring post on the socket goes after what its ring holds,
+/// and a `BadWr` of a mixed batch counts from the call's first WR.
+#[test]
+fn ring_and_socket_posts_keep_their_order() {
+    let d = Daemon::start(&[fresh_ip(THIRD)]);
+    let g = d.guids[0];
+    let c = One(d.client(), g);
+    let (a, b) = (Node::open(&c, g, 64), Node::open(&c, g, 64));
+    let (qa, qb) = (a.qp(QpType::Rc, None, 1), b.qp(QpType::Rc, None, 2));
+    connect(&a, qa, &b, qb, QpType::Rc, 7);
+    let recvs: Vec<RecvWr> = (0..4)
+        .map(|i| RecvWr {
+            wr_id: i,
+            sges: vec![b.sge(i * 64, 64)],
+        })
+        .collect();
+    b.p.post_recv(qb, &recvs).unwrap();
+    // Two ring sends, an atomic (socket: not a ring opcode), one more,
+    // then one the provider refuses (64 SGEs): index 4.
+    let mut batch: Vec<SendWr> = (0..2)
+        .map(|i| SendWr::new(i, SendOpcode::Send, vec![a.sge(i * 64, 8)]))
+        .collect();
+    let mut fa = SendWr::new(2, SendOpcode::AtomicFetchAdd, vec![a.sge(1024, 8)]);
+    fa.remote = verbs::RemoteAddr {
+        addr: b.buf.addr() + 2048,
+        rkey: b.mr.rkey,
+    };
+    fa.compare_add = 5;
+    batch.push(fa);
+    batch.push(SendWr::new(3, SendOpcode::Send, vec![a.sge(192, 8)]));
+    batch.push(SendWr::new(4, SendOpcode::Send, vec![a.sge(0, 1); 64]));
+    let e = a.p.post_send(qa, &batch).unwrap_err();
+    assert!(matches!(e, VerbsError::BadWr { index: 4, .. }), "{e:?}");
+    let ids: Vec<u64> = (0..4).map(|_| a.wc().wr_id).collect();
+    assert_eq!(ids, vec![0, 1, 2, 3], "in the order posted");
+    let recvd: Vec<u64> = (0..3).map(|_| b.wc().wr_id).collect();
+    assert_eq!(recvd, vec![0, 1, 2]);
+    assert_eq!(b.buf.to_vec(2048, 8), vec![5, 0, 0, 0, 0, 0, 0, 0]);
+    a.no_wc();
+}
+
+const CHILD_ENV: &str = "NICD_RINGS_CHILD";
+
+/// The child: posts WRITEs between two QPs of its own as fast as it
+/// can, says so once it is under way, and goes on until killed.
+fn child(spec: &str) {
+    let f: Vec<&str> = spec.split(' ').collect();
+    let p = nicd::NicdProvider::connect(std::path::Path::new(f[0])).unwrap();
+    assert!(p.uses_rings());
+    let guid = rdma_types::Guid(f[1].parse().unwrap());
+    let c = One(p.clone(), guid);
+    let (a, b) = (Node::open(&c, guid, 256), Node::open(&c, guid, 256));
+    let (qa, qb) = (a.qp(QpType::Rc, None, 1), b.qp(QpType::Rc, None, 2));
+    connect(&a, qa, &b, qb, QpType::Rc, 7);
+    let blank = verbs::WorkCompletion::new(0, WcStatus::GeneralErr, rdma_types::WcOpcode::Send, 0);
+    let mut wcs = [blank; 16];
+    let mut posted = 0u64;
+    let mut done = 0u64;
+    let mut said = false;
+    loop {
+        while posted - done < 16 {
+            let mut w = SendWr::new(posted, SendOpcode::RdmaWrite, vec![a.sge(0, 512)]);
+            w.remote = verbs::RemoteAddr {
+                addr: b.buf.addr() + (posted % 64) * 512,
+                rkey: b.mr.rkey,
+            };
+            a.p.post_send(qa, &[w]).unwrap();
+            posted += 1;
+        }
+        done += a.p.poll_cq(a.cq, &mut wcs).unwrap() as u64;
+        if posted >= 1000 && !said {
+            said = true;
+            let mut out = std::io::stdout().lock();
+            writeln!(out, "CHILD POSTING").unwrap();
+            out.flush().unwrap();
+        }
+    }
+}
+
+/// `kill -9` of a client while it posts through its rings: the daemon
+/// stops its poller and releases all it held; another client goes on.
+#[test]
+fn a_client_killed_mid_post_is_released() {
+    if let Ok(spec) = std::env::var(CHILD_ENV) {
+        return child(&spec);
+    }
+    let d = Daemon::start(&[fresh_ip(THIRD)]);
+    let g = d.guids[0];
+    let me = One(d.client(), g);
+    let (a, b) = (Node::open(&me, g, 64), Node::open(&me, g, 64));
+    let (qa, qb) = (a.qp(QpType::Rc, None, 1), b.qp(QpType::Rc, None, 2));
+    connect(&a, qa, &b, qb, QpType::Rc, 7);
+    let mine = d.server.live_objects();
+
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "a_client_killed_mid_post_is_released",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD_ENV, format!("{} {}", d.path.display(), g.0))
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id() as i32;
+    let (reported, watch) = std::sync::mpsc::channel::<()>();
+    std::thread::spawn(move || {
+        if watch.recv_timeout(Duration::from_secs(60)).is_err() {
+            // SAFETY: a signal to our own child, not yet waited for.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    });
+    let mut lines = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    loop {
+        line.clear();
+        assert!(lines.read_line(&mut line).unwrap() > 0, "the child ended");
+        if line.contains("CHILD POSTING") {
+            break;
+        }
+    }
+    let _ = reported.send(());
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(
+        d.server.wait_until(Duration::from_secs(20), |c, live| {
+            c.iter().all(|c| c.peer.pid != pid) && live == mine
+        }),
+        "the child's objects were not released: {:?}",
+        d.server.clients()
+    );
+    assert_eq!(d.server.release_failures(), 0);
+    assert_eq!(
+        d.server.ring_refusals(),
+        0,
+        "nothing it left was taken for garbage"
+    );
+
+    // We go on.
+    b.p.post_recv(
+        qb,
+        &[RecvWr {
+            wr_id: 9,
+            sges: vec![b.sge(0, 64)],
+        }],
+    )
+    .unwrap();
+    a.buf.write_at(0, b"still here");
+    a.p.post_send(qa, &[SendWr::new(1, SendOpcode::Send, vec![a.sge(0, 10)])])
+        .unwrap();
+    assert_eq!(b.wc().byte_len, 10);
+    assert_eq!(b.buf.to_vec(0, 10), b"still here");
+    assert_eq!(a.wc().status, WcStatus::Success);
+}
