@@ -27,8 +27,14 @@
 //! linearly for a client's holdings and inline ranges: fine for
 //! thousands of objects, an index per client when there are more.
 //!
+//! A client of protocol version 2 posts and polls through rings in
+//! shared memory instead (see [`crate::proto`]; the daemon's side is the
+//! `rings` module): a poller thread per connection takes its posts and
+//! checks each as above; the provider's completion callback fills its
+//! CQ rings.
+//!
 //! When a connection ends (the client closed it, exited or was killed),
-//! the daemon destroys what it left in the seeds' hierarchical order: QPs,
+//! the daemon stops its poller, then destroys what it left in the seeds' hierarchical order: QPs,
 //! then MWs, AHs, SRQs, CQs and MRs, then PDs, then CAs. A peer of a
 //! destroyed RC QP sees it gone at its next request (retries exhausted:
 //! `RetryExcErr`); telling it at once, as a DREQ does, needs the CM
