@@ -52,6 +52,7 @@
 //! 0       8     magic "NRG1" (u32) | entry size << 32          client
 //! 8       8     slots (u32) | capacity << 32                   client
 //! 64      8     flags: 1 SLEEPING, 2 DEAD, 4 DELEGATED         daemon
+//!                      8 RUNG                                  client
 //! 128     8     producer index (only grows)                    producer
 //! 192     8     consumer index (only grows)                    consumer
 //! 256     8     arm sequence (CQ: req_notify_cq)               client
@@ -68,9 +69,10 @@
 //! consumed.
 //!
 //! Work queues: the client produces, the daemon consumes. After a post
-//! the client writes its doorbell only when `SLEEPING` is set (the
-//! daemon sets it, then looks at the producer index once more, before
-//! it sleeps). The daemon checks every entry as it checks a post on the
+//! the client writes its doorbell only when `SLEEPING` is set and it
+//! is the first to set `RUNG` (the daemon clears `RUNG`, sets
+//! `SLEEPING`, then looks at the producer index once more before it
+//! sleeps; it clears both when it wakes). The daemon checks every entry as it checks a post on the
 //! socket; a bad one, or a producer index more than `capacity` past its
 //! own consumer index, kills the ring (`DEAD`, the QP in the error
 //! state, a `QpFatal` event), and the client posts on the socket from

@@ -27,7 +27,7 @@ mod field {
     pub const MAGIC_SIZE: usize = 0;
     /// Slots (low 32 bits) and capacity (high 32).
     pub const SLOTS_CAP: usize = 8;
-    /// Written by the daemon only: [`super::flags`].
+    /// [`super::flags`]: the daemon's, but for `RUNG`.
     pub const FLAGS: usize = 64;
     /// Written by the producer only.
     pub const PRODUCER: usize = 128;
@@ -39,7 +39,8 @@ mod field {
     pub const ENTRIES: usize = 4096;
 }
 
-/// Bits of the flags word (the daemon writes it, the client reads it).
+/// Bits of the flags word (the daemon writes them, but for [`RUNG`],
+/// which the client sets).
 pub mod flags {
     /// Work queue: the daemon's poller sleeps; a post writes the
     /// doorbell.
@@ -47,6 +48,10 @@ pub mod flags {
     /// The daemon stopped serving this ring (a bad entry or index, a CQ
     /// overrun): the QP is in the error state or the CQ overran.
     pub const DEAD: u64 = 2;
+    /// Work queue: a client saw `SLEEPING` and wrote the doorbell; the
+    /// posts after it need not (the daemon clears it before it sets
+    /// `SLEEPING` and after it wakes).
+    pub const RUNG: u64 = 8;
     /// CQ: the client armed solicited-only, so completions stay in the
     /// provider's CQ and reach the client by `PollCq` on the socket
     /// once the ring is empty (the daemon cannot tell a solicited
@@ -196,9 +201,9 @@ impl Ring {
         self.word(field::FLAGS).load(Ordering::SeqCst)
     }
 
-    /// Sets `bits` in the flags word (the daemon).
-    pub fn set_flags(&self, bits: u64) {
-        self.word(field::FLAGS).fetch_or(bits, Ordering::SeqCst);
+    /// Sets `bits` in the flags word; the word before.
+    pub fn set_flags(&self, bits: u64) -> u64 {
+        self.word(field::FLAGS).fetch_or(bits, Ordering::SeqCst)
     }
 
     /// Clears `bits` in the flags word (the daemon).

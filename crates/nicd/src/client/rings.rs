@@ -466,7 +466,10 @@ impl Rings {
             r.ring.set_producer(g.prod);
             // Dekker with the poller: publish, then read its flag.
             fence(Ordering::SeqCst);
-            if r.ring.flags() & flags::SLEEPING != 0 {
+            // The first post to see the poller asleep wakes it.
+            if r.ring.flags() & flags::SLEEPING != 0
+                && r.ring.set_flags(flags::RUNG) & flags::RUNG == 0
+            {
                 let one = 1u64.to_ne_bytes();
                 // SAFETY: writes 8 bytes from a live local array to our
                 // eventfd.

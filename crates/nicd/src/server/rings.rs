@@ -223,13 +223,17 @@ impl ConnRings {
             }
             // Dekker with the client: flag, then look; it stores its
             // producer index, then reads the flag.
-            wqs.iter().for_each(|w| w.ring.set_flags(flags::SLEEPING));
+            for w in wqs.iter() {
+                w.ring.clear_flags(flags::RUNG);
+                w.ring.set_flags(flags::SLEEPING);
+            }
             fence(Ordering::SeqCst);
             if !wqs.iter().any(|w| w.has_work()) {
                 let wait = if stalled { STALL_RETRY } else { SLEEP_MAX };
                 sleep_on(doorbell, wait);
             }
-            wqs.iter().for_each(|w| w.ring.clear_flags(flags::SLEEPING));
+            let awake = flags::SLEEPING | flags::RUNG;
+            wqs.iter().for_each(|w| w.ring.clear_flags(awake));
             idle = Instant::now();
         }
     }
@@ -441,7 +445,7 @@ impl WqRing {
     /// error state and tell the client (see the module docs).
     fn kill(&self, st: &mut WqState, server: &Server, p: &dyn Provider, out: &Outbox, why: &str) {
         st.dead = true;
-        self.ring.set_flags(flags::DEAD);
+        let _ = self.ring.set_flags(flags::DEAD);
         server.ring_refusals.fetch_add(1, Ordering::Relaxed);
         tracing::warn!("nicd: a client's {:?} ring refused: {why}", self.kind);
         if matches!(self.kind, WqKind::Srq) {
@@ -649,7 +653,7 @@ impl CqRing {
     /// The CQ overran (IBA 11.4.2.1: an affiliated CQ error).
     fn overrun(&self, st: &mut CqState, out: &Outbox, why: &str) {
         st.dead = true;
-        self.ring.set_flags(flags::DEAD);
+        let _ = self.ring.set_flags(flags::DEAD);
         tracing::info!("nicd: a client's CQ ring overran: {why}");
         let e = Event::Async {
             ca: self.ca,
@@ -683,7 +687,7 @@ impl CqRing {
         self.pump_locked(&mut st, p, out);
         st.delegated = true;
         st.stale_any = !st.dead;
-        self.ring.set_flags(flags::DELEGATED);
+        let _ = self.ring.set_flags(flags::DELEGATED);
         p.req_notify_cq(self.raw, true)
     }
 
