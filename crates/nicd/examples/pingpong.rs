@@ -9,7 +9,9 @@
 //! cargo run --release -p nicd --example pingpong -- [ITERATIONS] [MODE...] [WAIT]
 //! ```
 //!
-//! MODE is `inproc`, `socket` or `rings` (all three by default). WAIT is
+//! MODE is `inproc`, `socket` or `rings` (all three by default);
+//! `spin-us=N` sets how long the daemon's ring poller spins after its
+//! last work (`Server::set_ring_spin`, 50 by default). WAIT is
 //! how a side waits for its message: `spin` (poll without pause),
 //! `yield` (poll, and give the CPU up between empty polls: the default,
 //! as the NIC's own threads need it on a small machine) or `notify`
@@ -17,9 +19,11 @@
 //! it prints the round trip's median and mean, and for a client of the
 //! daemon its system calls of the data path per round trip (requests on
 //! the socket and doorbells, from `NicdProvider::counters`), posts and
-//! polls. Each side polls its CQ without sleeping, as a latency test
-//! does. Under `strace -c -f` the whole process's calls are counted
-//! (the daemon's and the NIC's threads too).
+//! polls. Then a stream on the same QPs: 64-byte RDMA WRITEs, 32 in
+//! flight, ten times ITERATIONS of them: the rate, and the system calls
+//! per WRITE (a busy queue, where the rings make none). Under
+//! `strace -c -f` the whole process's calls are counted (the daemon's
+//! and the NIC's threads too).
 
 use nicd::{NicdProvider, Server};
 use rdma_types::{Guid, Lid, QpType, WcOpcode, WcStatus};
@@ -137,7 +141,7 @@ fn ping(n: &Node, qp: verbs::QpHandle, answer: bool, wait: Wait, last: &mut Opti
     }
 }
 
-fn run(mode: Mode, iters: u64, m: u8, wait: Wait) {
+fn run(mode: Mode, iters: u64, m: u8, wait: Wait, spin: Option<Duration>) {
     let ip = |x| IpAddr::V4(Ipv4Addr::new(127, 29, m, x));
     let (g1, g2) = (Guid(0x2901), Guid(0x2902));
     let cas = vec![
@@ -157,7 +161,11 @@ fn run(mode: Mode, iters: u64, m: u8, wait: Wait) {
         Mode::InProc => (soft.clone(), soft.clone()),
         Mode::Socket | Mode::Rings => {
             let l = nicd::server::bind(&path, false).expect("bind the daemon's socket");
-            Server::new(soft.clone()).serve(l);
+            let server = Server::new(soft.clone());
+            if let Some(spin) = spin {
+                server.set_ring_spin(spin);
+            }
+            server.serve(l);
             let rings = mode == Mode::Rings;
             let a = NicdProvider::connect_with(&path, rings).expect("client a");
             let b = NicdProvider::connect_with(&path, rings).expect("client b");
@@ -216,7 +224,70 @@ fn run(mode: Mode, iters: u64, m: u8, wait: Wait) {
         );
     }
     println!();
+    stream(&a, qa, &b, iters * 10, &clients, mode);
     let _ = std::fs::remove_file(&path);
+}
+
+/// WRITEs in flight in the stream.
+const DEPTH: u64 = 32;
+
+/// `n` signaled 64-byte WRITEs from `a` into `b`'s memory, [`DEPTH`] in
+/// flight, polled as they complete.
+fn stream(
+    a: &Node,
+    qa: verbs::QpHandle,
+    b: &Node,
+    n: u64,
+    clients: &[Arc<NicdProvider>],
+    mode: Mode,
+) {
+    let blank = WorkCompletion::new(0, WcStatus::GeneralErr, WcOpcode::Send, 0);
+    let mut wcs = [blank; 16];
+    let before: Vec<_> = clients.iter().map(|c| c.counters()).collect();
+    let t = Instant::now();
+    let (mut posted, mut done, mut polls) = (0u64, 0u64, 0u64);
+    while done < n {
+        while posted < n && posted - done < DEPTH {
+            let mut w = SendWr::new(posted, SendOpcode::RdmaWrite, vec![a.sge(0, MSG)]);
+            w.remote = verbs::RemoteAddr {
+                addr: b.buf.addr() + 8192 + (posted % 64) * 64,
+                rkey: b.mr.rkey,
+            };
+            a.p.post_send(qa, &[w]).expect("write");
+            posted += 1;
+        }
+        let k = a.p.poll_cq(a.cq, &mut wcs).expect("poll");
+        polls += 1;
+        for wc in &wcs[..k] {
+            assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
+        }
+        done += k as u64;
+        if k == 0 {
+            std::thread::yield_now();
+        }
+        assert!(
+            t.elapsed() < STALL * 10,
+            "the stream stalled at {done} of {n}"
+        );
+    }
+    let secs = t.elapsed().as_secs_f64();
+    print!(
+        "{:<7} stream {n} WRITEs of {MSG} B, {DEPTH} in flight: {:8.0} per s, {:.1} polls per WRITE",
+        format!("{mode:?}").to_lowercase(),
+        n as f64 / secs,
+        polls as f64 / n as f64
+    );
+    if let (Some(c), Some(b)) = (clients.first(), before.first()) {
+        let now = c.counters();
+        let per = |x: u64, y: u64| (x - y) as f64 / n as f64;
+        print!(
+            " | writer: {:.3} socket calls + {:.3} doorbells per WRITE ({:.2} through the ring)",
+            per(now.socket_calls, b.socket_calls),
+            per(now.doorbells, b.doorbells),
+            per(now.ring_posts, b.ring_posts),
+        );
+    }
+    println!();
 }
 
 fn main() {
@@ -226,6 +297,7 @@ fn main() {
         .map(|a| a.parse().expect("ITERATIONS: a number"))
         .unwrap_or(2000);
     let mut wait = Wait::Yield;
+    let mut spin = None;
     let mut modes = Vec::new();
     for a in args {
         match a.as_str() {
@@ -235,7 +307,11 @@ fn main() {
             "spin" => wait = Wait::Spin,
             "yield" => wait = Wait::Yield,
             "notify" => wait = Wait::Notify,
-            other => panic!("{other:?}: inproc, socket, rings, spin, yield or notify"),
+            s if s.starts_with("spin-us=") => {
+                let us = s["spin-us=".len()..].parse().expect("spin-us=MICROSECONDS");
+                spin = Some(Duration::from_micros(us));
+            }
+            other => panic!("{other:?}: inproc, socket, rings, spin, yield, notify or spin-us=N"),
         }
     }
     let modes = if modes.is_empty() {
@@ -244,6 +320,6 @@ fn main() {
         modes
     };
     for (m, mode) in modes.into_iter().enumerate() {
-        run(mode, iters, m as u8 + 1, wait);
+        run(mode, iters, m as u8 + 1, wait, spin);
     }
 }
