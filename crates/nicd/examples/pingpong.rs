@@ -216,9 +216,10 @@ fn run(mode: Mode, iters: u64, m: u8, wait: Wait, spin: Option<Duration>) {
         let n = c.counters();
         let per = |x: u64, y: u64| (x - y) as f64 / iters as f64;
         print!(
-            " | client: {:.2} socket calls + {:.2} doorbells per round trip ({:.2} ring posts, {:.0} ring polls)",
+            " | client: {:.2} socket calls + {:.2} doorbells + {:.2} futex waits per round trip ({:.2} ring posts, {:.0} ring polls)",
             per(n.socket_calls, b.socket_calls),
             per(n.doorbells, b.doorbells),
+            per(n.take_waits, b.take_waits),
             per(n.ring_posts, b.ring_posts),
             per(n.ring_polls, b.ring_polls),
         );
@@ -281,9 +282,10 @@ fn stream(
         let now = c.counters();
         let per = |x: u64, y: u64| (x - y) as f64 / n as f64;
         print!(
-            " | writer: {:.3} socket calls + {:.3} doorbells per WRITE ({:.2} through the ring)",
+            " | writer: {:.3} socket calls + {:.3} doorbells + {:.3} futex waits per WRITE ({:.2} through the ring)",
             per(now.socket_calls, b.socket_calls),
             per(now.doorbells, b.doorbells),
+            per(now.take_waits, b.take_waits),
             per(now.ring_posts, b.ring_posts),
         );
     }

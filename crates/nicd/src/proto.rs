@@ -52,7 +52,7 @@
 //! 0       8     magic "NRG1" (u32) | entry size << 32          client
 //! 8       8     slots (u32) | capacity << 32                   client
 //! 64      8     flags: 1 SLEEPING, 2 DEAD, 4 DELEGATED         daemon
-//!                      8 RUNG                                  client
+//!                      8 RUNG, 16 WAITER                       client
 //! 128     8     producer index (only grows)                    producer
 //! 192     8     consumer index (only grows)                    consumer
 //! 256     8     arm sequence (CQ: req_notify_cq)               client
@@ -78,7 +78,10 @@
 //! state, a `QpFatal` event), and the client posts on the socket from
 //! then on. A post on the socket to a QP or SRQ with a ring, and a
 //! `ModifyQp`, are served after what the ring holds; an empty post waits
-//! for exactly that.
+//! for exactly that. A client that must know its receive (or inline
+//! send) was taken sets `WAITER` and sleeps on the low 32 bits of the
+//! consumer index (a futex); the daemon clears `WAITER` and wakes it
+//! after it moves the index.
 //!
 //! CQs: the daemon produces (as completions arrive), the client
 //! consumes. The ring's capacity is the CQ's depth: more completions

@@ -52,6 +52,10 @@ pub mod flags {
     /// posts after it need not (the daemon clears it before it sets
     /// `SLEEPING` and after it wakes).
     pub const RUNG: u64 = 8;
+    /// Work queue: a client sleeps on the consumer index (a futex on its
+    /// low 32 bits) until the daemon takes its entries; the daemon
+    /// clears it and wakes the client after it moves the index.
+    pub const WAITER: u64 = 16;
     /// CQ: the client armed solicited-only, so completions stay in the
     /// provider's CQ and reach the client by `PollCq` on the socket
     /// once the ring is empty (the daemon cannot tell a solicited
@@ -194,6 +198,38 @@ impl Ring {
     /// Frees slots up to `i` (release: the entries were read before).
     pub fn set_consumer(&self, i: u64) {
         self.word(field::CONSUMER).store(i, Ordering::Release);
+    }
+
+    /// Sleeps while the consumer index's low 32 bits are `low`, at most
+    /// `timeout` (a futex shared with the other process; any wake-up,
+    /// early or spurious, returns).
+    pub fn wait_consumer(&self, low: u32, timeout: std::time::Duration) {
+        let ts = libc::timespec {
+            tv_sec: timeout.as_secs() as libc::time_t,
+            tv_nsec: timeout.subsec_nanos() as libc::c_long,
+        };
+        let w: *const AtomicU64 = self.word(field::CONSUMER);
+        // SAFETY: the word is mapped, 8-aligned and lives while `self`
+        // does; the kernel reads its first (low, little-endian) 4 bytes
+        // atomically and writes nothing; `ts` is a live local.
+        unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                w.cast::<u32>(),
+                libc::FUTEX_WAIT,
+                low,
+                &ts as *const libc::timespec,
+            );
+        }
+    }
+
+    /// Wakes the clients sleeping in [`Ring::wait_consumer`].
+    pub fn wake_consumer(&self) {
+        let w: *const AtomicU64 = self.word(field::CONSUMER);
+        // SAFETY: as in `wait_consumer`; a wake reads no memory.
+        unsafe {
+            libc::syscall(libc::SYS_futex, w.cast::<u32>(), libc::FUTEX_WAKE, i32::MAX);
+        }
     }
 
     /// The flags word.

@@ -12,7 +12,11 @@
 //! provider's (`BadWr` indices counted from the first WR of the call).
 //!
 //! After a post the client writes the doorbell only when the ring's
-//! flags say the daemon's poller sleeps. A poll reads the CQ ring; a
+//! flags say the daemon's poller sleeps (and no post before it did).
+//! A receive, and a send with inline data, return only once the daemon
+//! took them (a peer may send to the receive at once; the inline bytes
+//! are the caller's again): the post spins briefly, then sleeps on the
+//! ring's consumer index (a futex the daemon wakes, [`flags::WAITER`]). A poll reads the CQ ring; a
 //! `wait_cq` on an empty ring and a solicited-only arm go on the socket;
 //! an arm for any completion bumps the ring's arm word.
 
@@ -23,6 +27,7 @@ use std::collections::HashMap;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::{Duration, Instant};
 use verbs::{
     Handle, MemBuf, QpInit, RecvWr, SendFlags, SendOpcode, SendWr, Sge, SrqAttr, VerbsError,
     WorkCompletion,
@@ -40,6 +45,9 @@ pub struct Counters {
     pub socket_calls: u64,
     /// Doorbells written (a `write` each).
     pub doorbells: u64,
+    /// Sleeps on a ring's consumer index until the daemon took a
+    /// receive or an inline send (a `futex` each).
+    pub take_waits: u64,
     /// WRs posted through a ring.
     pub ring_posts: u64,
     /// Polls served from a ring.
@@ -49,6 +57,7 @@ pub struct Counters {
 #[derive(Default)]
 pub(super) struct Count {
     doorbells: AtomicU64,
+    take_waits: AtomicU64,
     ring_posts: AtomicU64,
     ring_polls: AtomicU64,
 }
@@ -59,6 +68,7 @@ impl Count {
         Counters {
             socket_calls: 0,
             doorbells: l(&self.doorbells),
+            take_waits: l(&self.take_waits),
             ring_posts: l(&self.ring_posts),
             ring_polls: l(&self.ring_polls),
         }
@@ -368,18 +378,14 @@ impl Rings {
         let mut g = lock(&q.sq.prod);
         let open = *lock(&q.state) == QpState::Rts;
         // Inline data is the daemon's to copy before the post returns
-        // (the buffer is the caller's again after): through the ring
-        // only while the poller is awake to take it now.
-        let awake = q.sq.ring.flags() & flags::SLEEPING == 0;
+        // (the buffer is the caller's again after).
         let inline = |w: &SendWr| w.flags.contains(SendFlags::INLINE);
         let n = if open {
-            self.produce(&q.sq, &mut g, wrs, |w| {
-                self.send_fits(&q, w) && (awake || !inline(w))
-            })
+            self.produce(&q.sq, &mut g, wrs, |w| self.send_fits(&q, w))
         } else {
             0
         };
-        if wrs[..n].iter().any(inline) && !taken(&q.sq, g.prod) {
+        if wrs[..n].iter().any(inline) && !taken(&q.sq, g.prod, &self.count) {
             rest(&[])?;
         }
         finish(n, wrs, rest)
@@ -413,18 +419,15 @@ impl Rings {
             return rest(wrs);
         };
         let mut g = lock(&r.prod);
-        // A receive must be the NIC's when the post returns (a peer told
-        // of it may send at once): through the ring only while the
-        // poller is awake to take it now.
-        let awake = r.ring.flags() & flags::SLEEPING == 0;
-        let n = if open && awake {
+        let n = if open {
             self.produce(r, &mut g, wrs, |w| w.sges.len() <= r.max_sge)
         } else {
             0
         };
-        if n > 0 && !taken(r, g.prod) {
-            // The poller went to sleep meanwhile: the socket's post of
-            // nothing takes the ring first.
+        // A receive must be the NIC's when the post returns (a peer told
+        // of it may send at once).
+        if n > 0 && !taken(r, g.prod, &self.count) {
+            // The socket's post of nothing takes the ring first.
             rest(&[])?;
         }
         finish(n, wrs, rest)
@@ -542,23 +545,42 @@ impl Rings {
     }
 }
 
-/// How long a receive post waits for the poller to take its entries
-/// before it asks on the socket.
-const TAKE_SPIN: std::time::Duration = std::time::Duration::from_micros(30);
+/// How long a post that must be taken spins for the poller (awake)
+/// before it sleeps on the ring's consumer index.
+const TAKE_SPIN: Duration = Duration::from_micros(20);
+
+/// Longest sleep for the poller to take a post, before the post asks on
+/// the socket instead.
+const TAKE_SLEEP: Duration = Duration::from_millis(50);
 
 /// Whether the daemon took the ring's entries up to `prod` (or gave the
-/// ring up), waiting at most [`TAKE_SPIN`].
-fn taken(r: &WqRing, prod: u64) -> bool {
-    let start = std::time::Instant::now();
-    loop {
-        if r.ring.consumer() == prod || r.ring.flags() & flags::DEAD != 0 {
+/// ring up): spins [`TAKE_SPIN`], then sleeps on the consumer index (a
+/// futex the daemon wakes), [`TAKE_SLEEP`] at most.
+fn taken(r: &WqRing, prod: u64, count: &Count) -> bool {
+    let done = || r.ring.consumer() == prod || r.ring.flags() & flags::DEAD != 0;
+    let start = Instant::now();
+    while start.elapsed() < TAKE_SPIN {
+        if done() {
             return true;
-        }
-        if start.elapsed() >= TAKE_SPIN {
-            return false;
         }
         std::hint::spin_loop();
     }
+    // Bounded: each round sleeps until a wake-up or the time left.
+    for _ in 0..64 {
+        let left = TAKE_SLEEP.saturating_sub(start.elapsed());
+        if left.is_zero() {
+            break;
+        }
+        // Dekker with the daemon: flag, then index.
+        let _ = r.ring.set_flags(flags::WAITER);
+        let cons = r.ring.consumer();
+        if done() {
+            return true;
+        }
+        r.ring.wait_consumer(cons as u32, left);
+        count.take_waits.fetch_add(1, Ordering::Relaxed);
+    }
+    done()
 }
 
 /// A work queue held while posting.

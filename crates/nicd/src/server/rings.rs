@@ -429,6 +429,12 @@ impl WqRing {
             st.cons += posted as u64;
             done += posted;
             self.ring.set_consumer(st.cons);
+            // Dekker with a client that waits: index, then its flag.
+            fence(Ordering::SeqCst);
+            if posted > 0 && self.ring.flags() & flags::WAITER != 0 {
+                self.ring.clear_flags(flags::WAITER);
+                self.ring.wake_consumer();
+            }
             match outcome {
                 None => {}
                 Some(Outcome::Full) => return (done, true),
@@ -446,6 +452,7 @@ impl WqRing {
     fn kill(&self, st: &mut WqState, server: &Server, p: &dyn Provider, out: &Outbox, why: &str) {
         st.dead = true;
         let _ = self.ring.set_flags(flags::DEAD);
+        self.ring.wake_consumer();
         server.ring_refusals.fetch_add(1, Ordering::Relaxed);
         tracing::warn!("nicd: a client's {:?} ring refused: {why}", self.kind);
         if matches!(self.kind, WqKind::Srq) {
