@@ -39,8 +39,8 @@ mod field {
     pub const ENTRIES: usize = 4096;
 }
 
-/// Bits of the flags word (the daemon writes them, but for [`RUNG`],
-/// which the client sets).
+/// Bits of the flags word (the daemon writes them, but for `RUNG` and
+/// `WAITER`, which the client sets).
 pub mod flags {
     /// Work queue: the daemon's poller sleeps; a post writes the
     /// doorbell.

@@ -470,3 +470,75 @@ fn a_client_killed_mid_post_is_released() {
     assert_eq!(b.buf.to_vec(0, 10), b"still here");
     assert_eq!(a.wc().status, WcStatus::Success);
 }
+
+/// A client that asks for version 1 is served as before: every verb on
+/// the socket, nothing through rings.
+#[test]
+fn a_version_1_client_is_served_on_the_socket() {
+    let d = Daemon::start(&[fresh_ip(THIRD)]);
+    let g = d.guids[0];
+    let old = nicd::NicdProvider::connect_with(&d.path, false).unwrap();
+    assert!(!old.uses_rings());
+    let c = One(old.clone(), g);
+    let (a, b) = (Node::open(&c, g, 64), Node::open(&c, g, 64));
+    let (qa, qb) = (a.qp(QpType::Rc, None, 1), b.qp(QpType::Rc, None, 2));
+    connect(&a, qa, &b, qb, QpType::Rc, 7);
+    b.p.post_recv(
+        qb,
+        &[RecvWr {
+            wr_id: 1,
+            sges: vec![b.sge(0, 64)],
+        }],
+    )
+    .unwrap();
+    a.buf.write_at(0, b"version 1");
+    a.p.post_send(qa, &[SendWr::new(2, SendOpcode::Send, vec![a.sge(0, 9)])])
+        .unwrap();
+    assert_eq!(b.wc().byte_len, 9);
+    assert_eq!(b.buf.to_vec(0, 9), b"version 1");
+    assert_eq!(a.wc().status, WcStatus::Success);
+    let n = old.counters();
+    assert_eq!(
+        (n.ring_posts, n.ring_polls, n.doorbells),
+        (0, 0, 0),
+        "{n:?}"
+    );
+}
+
+/// A daemon of version 1 refuses version 2 and closes; the client asks
+/// again for version 1 on a new connection and is served on the socket.
+#[test]
+fn a_new_client_falls_back_to_an_old_daemon() {
+    let path = std::env::temp_dir().join(format!("nicd-v1-{}.sock", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let l = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    let old_daemon = std::thread::spawn(move || {
+        for (want, answer) in [
+            (
+                2,
+                Err(VerbsError::InvalidArgument(
+                    "protocol version 2 not served: this nicd speaks version 1".into(),
+                )),
+            ),
+            (1, Ok(Reply::Hello { version: 1, pid: 1 })),
+        ] {
+            let (mut s, _) = l.accept().unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+            let f = read_frame(&mut s);
+            let (_, seq, body) = proto::split(&f).unwrap();
+            assert_eq!(
+                proto::decode::<Request>(body).unwrap(),
+                Request::Hello { version: want }
+            );
+            let a: Answer = answer;
+            s.write_all(&proto::frame(Kind::Response, seq, &a)).unwrap();
+            // The client lets go of the connection (refused, or dropped).
+            assert_eq!(s.read(&mut [0; 1]).unwrap(), 0);
+        }
+    });
+    let p = nicd::NicdProvider::connect(&path).unwrap();
+    assert!(!p.uses_rings(), "an old daemon: the socket only");
+    drop(p);
+    old_daemon.join().unwrap();
+    let _ = std::fs::remove_file(&path);
+}
