@@ -10,7 +10,8 @@
 //! ```
 //!
 //! MODE is `inproc`, `socket` or `rings` (all three by default);
-//! `spin-us=N` sets how long the daemon's ring poller spins after its
+//! `stream` runs the stream alone (no ping-pong, e.g. under `strace -ff`
+//! to count the writing thread's calls); `spin-us=N` sets how long the daemon's ring poller spins after its
 //! last work (`Server::set_ring_spin`, 50 by default). WAIT is
 //! how a side waits for its message: `spin` (poll without pause),
 //! `yield` (poll, and give the CPU up between empty polls: the default,
@@ -141,7 +142,7 @@ fn ping(n: &Node, qp: verbs::QpHandle, answer: bool, wait: Wait, last: &mut Opti
     }
 }
 
-fn run(mode: Mode, iters: u64, m: u8, wait: Wait, spin: Option<Duration>) {
+fn run(mode: Mode, iters: u64, m: u8, wait: Wait, spin: Option<Duration>, pingpong: bool) {
     let ip = |x| IpAddr::V4(Ipv4Addr::new(127, 29, m, x));
     let (g1, g2) = (Guid(0x2901), Guid(0x2902));
     let cas = vec![
@@ -181,6 +182,11 @@ fn run(mode: Mode, iters: u64, m: u8, wait: Wait, spin: Option<Duration>) {
     for i in 0..RECVS {
         a.p.post_recv(qa, &[recv(&a, i)]).expect("recv a");
         b.p.post_recv(qb, &[recv(&b, i)]).expect("recv b");
+    }
+    if !pingpong {
+        stream(&a, qa, &b, iters * 10, &clients, mode);
+        let _ = std::fs::remove_file(&path);
+        return;
     }
     let total = WARMUP + iters;
     let mut rtts = Vec::with_capacity(iters as usize);
@@ -300,6 +306,7 @@ fn main() {
         .unwrap_or(2000);
     let mut wait = Wait::Yield;
     let mut spin = None;
+    let mut pingpong = true;
     let mut modes = Vec::new();
     for a in args {
         match a.as_str() {
@@ -309,11 +316,14 @@ fn main() {
             "spin" => wait = Wait::Spin,
             "yield" => wait = Wait::Yield,
             "notify" => wait = Wait::Notify,
+            "stream" => pingpong = false,
             s if s.starts_with("spin-us=") => {
                 let us = s["spin-us=".len()..].parse().expect("spin-us=MICROSECONDS");
                 spin = Some(Duration::from_micros(us));
             }
-            other => panic!("{other:?}: inproc, socket, rings, spin, yield, notify or spin-us=N"),
+            other => {
+                panic!("{other:?}: inproc, socket, rings, spin, yield, notify, stream or spin-us=N")
+            }
         }
     }
     let modes = if modes.is_empty() {
@@ -322,6 +332,6 @@ fn main() {
         modes
     };
     for (m, mode) in modes.into_iter().enumerate() {
-        run(mode, iters, m as u8 + 1, wait, spin);
+        run(mode, iters, m as u8 + 1, wait, spin, pingpong);
     }
 }
