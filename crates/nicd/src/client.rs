@@ -558,8 +558,10 @@ impl Provider for NicdProvider {
     }
 
     fn wait_cq(&self, cq: CqHandle, timeout: Duration) -> Result<()> {
-        if let Some(true) = self.rings.as_ref().and_then(|r| r.cq_ready(cq.0)) {
-            return Ok(());
+        match self.rings.as_ref().and_then(|r| r.wait_cq(cq.0, timeout)) {
+            Some(true) => return Ok(()),
+            Some(false) => return Err(VerbsError::Timeout),
+            None => {}
         }
         let timeout_us = timeout.as_micros().min(u64::MAX as u128) as u64;
         call!(self, Request::WaitCq { cq, timeout_us }, Reply::Unit {} => ())

@@ -91,7 +91,10 @@
 //! arm is a [`Request::ReqNotifyCq`] on the socket and makes the ring
 //! `DELEGATED` for good: completions stay in the daemon's CQ, and the
 //! client polls them with [`Request::PollCq`] once its ring is empty.
-//! A `WaitCq` on a ring CQ waits until the ring holds a completion.
+//! A client waits for a ring CQ itself: it sets `WAITER` and sleeps on
+//! the low 32 bits of the producer index (a futex the daemon wakes
+//! after it moves a completion in); a `WaitCq` on the socket for a ring
+//! CQ waits until the ring holds a completion.
 //!
 //! A daemon of version 1 refuses a version 2 `Hello` and closes the
 //! connection; the client then connects again saying version 1, and

@@ -54,7 +54,9 @@ pub mod flags {
     pub const RUNG: u64 = 8;
     /// Work queue: a client sleeps on the consumer index (a futex on its
     /// low 32 bits) until the daemon takes its entries; the daemon
-    /// clears it and wakes the client after it moves the index.
+    /// clears it and wakes the client after it moves the index. CQ: a
+    /// client sleeps on the producer index (`wait_cq`) until the daemon
+    /// moves a completion in.
     pub const WAITER: u64 = 16;
     /// CQ: the client armed solicited-only, so completions stay in the
     /// provider's CQ and reach the client by `PollCq` on the socket
@@ -204,11 +206,30 @@ impl Ring {
     /// `timeout` (a futex shared with the other process; any wake-up,
     /// early or spurious, returns).
     pub fn wait_consumer(&self, low: u32, timeout: std::time::Duration) {
+        self.futex_wait(field::CONSUMER, low, timeout);
+    }
+
+    /// Wakes the clients sleeping in [`Ring::wait_consumer`].
+    pub fn wake_consumer(&self) {
+        self.futex_wake(field::CONSUMER);
+    }
+
+    /// [`Ring::wait_consumer`] on the producer index (a CQ's waiter).
+    pub fn wait_producer(&self, low: u32, timeout: std::time::Duration) {
+        self.futex_wait(field::PRODUCER, low, timeout);
+    }
+
+    /// Wakes the clients sleeping in [`Ring::wait_producer`].
+    pub fn wake_producer(&self) {
+        self.futex_wake(field::PRODUCER);
+    }
+
+    fn futex_wait(&self, off: usize, low: u32, timeout: std::time::Duration) {
         let ts = libc::timespec {
             tv_sec: timeout.as_secs() as libc::time_t,
             tv_nsec: timeout.subsec_nanos() as libc::c_long,
         };
-        let w: *const AtomicU64 = self.word(field::CONSUMER);
+        let w: *const AtomicU64 = self.word(off);
         // SAFETY: the word is mapped, 8-aligned and lives while `self`
         // does; the kernel reads its first (low, little-endian) 4 bytes
         // atomically and writes nothing; `ts` is a live local.
@@ -223,10 +244,9 @@ impl Ring {
         }
     }
 
-    /// Wakes the clients sleeping in [`Ring::wait_consumer`].
-    pub fn wake_consumer(&self) {
-        let w: *const AtomicU64 = self.word(field::CONSUMER);
-        // SAFETY: as in `wait_consumer`; a wake reads no memory.
+    fn futex_wake(&self, off: usize) {
+        let w: *const AtomicU64 = self.word(off);
+        // SAFETY: as in `futex_wait`; a wake reads no memory.
         unsafe {
             libc::syscall(libc::SYS_futex, w.cast::<u32>(), libc::FUTEX_WAKE, i32::MAX);
         }

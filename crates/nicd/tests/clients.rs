@@ -427,14 +427,15 @@ fn per_client_limits_are_enforced_and_counted() {
     m.p.reg_mr(m.pd, &b2, b2.addr(), 64 << 10, all, 1).unwrap();
 }
 
-/// Each blocked `wait_cq` holds a thread of the daemon: a client gets 64
-/// at once, the 65th is refused at once (counted), and the 64 all end
-/// when the CQ gets a completion.
+/// Each blocked `wait_cq` on the socket holds a thread of the daemon: a
+/// client gets 64 at once, the 65th is refused at once (counted), and
+/// the 64 all end when the CQ gets a completion. (A CQ with a ring is
+/// waited for in the client and holds none: `tests/rings.rs`.)
 #[test]
 fn blocked_waits_are_bounded_per_client() {
     let d = Daemon::start(&[fresh_ip(THIRD)]);
     let g = d.guids[0];
-    let c = One(d.client(), g);
+    let c = One(nicd::NicdProvider::connect_with(&d.path, false).unwrap(), g);
     let n = std::sync::Arc::new(Node::open(&c, g, 256));
     let (tx, rx) = std::sync::mpsc::channel();
     for _ in 0..65 {

@@ -542,3 +542,59 @@ fn a_new_client_falls_back_to_an_old_daemon() {
     old_daemon.join().unwrap();
     let _ = std::fs::remove_file(&path);
 }
+
+/// `wait_cq` on a CQ with a ring sleeps in the client (on the ring's
+/// producer index) and holds no thread of the daemon: 65 waiters are
+/// not refused, and all of them return on one completion.
+#[test]
+fn ring_waits_hold_no_daemon_thread() {
+    let d = Daemon::start(&[fresh_ip(THIRD)]);
+    let g = d.guids[0];
+    let c = One(d.client(), g);
+    let n = std::sync::Arc::new(Node::open(&c, g, 256));
+    let (tx, rx) = std::sync::mpsc::channel();
+    for _ in 0..65 {
+        let (n, tx) = (n.clone(), tx.clone());
+        std::thread::spawn(move || {
+            let _ = tx.send(n.p.wait_cq(n.cq, Duration::from_secs(60)));
+        });
+    }
+    let q = n.qp(QpType::Rc, None, 1);
+    n.p.modify_qp(
+        q,
+        &verbs::QpAttr {
+            state: Some(QpState::Init),
+            pkey_index: Some(0),
+            port: Some(rdma_types::PortNum(1)),
+            access: Some(rdma_types::AccessFlags::NONE),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    n.p.post_recv(
+        q,
+        &[RecvWr {
+            wr_id: 1,
+            sges: vec![n.sge(0, 16)],
+        }],
+    )
+    .unwrap();
+    n.p.modify_qp(
+        q,
+        &verbs::QpAttr {
+            state: Some(QpState::Err),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    for _ in 0..65 {
+        assert_eq!(rx.recv().unwrap(), Ok(()));
+    }
+    assert_eq!(d.server.limit_refusals(), 0);
+    assert_eq!(n.wc().status, WcStatus::WrFlushErr);
+    // A wait with nothing to come times out in the client.
+    assert_eq!(
+        n.p.wait_cq(n.cq, Duration::from_millis(5)),
+        Err(VerbsError::Timeout)
+    );
+}

@@ -16,9 +16,12 @@
 //! A receive, and a send with inline data, return only once the daemon
 //! took them (a peer may send to the receive at once; the inline bytes
 //! are the caller's again): the post spins briefly, then sleeps on the
-//! ring's consumer index (a futex the daemon wakes, [`flags::WAITER`]). A poll reads the CQ ring; a
-//! `wait_cq` on an empty ring and a solicited-only arm go on the socket;
-//! an arm for any completion bumps the ring's arm word.
+//! ring's consumer index (a futex the daemon wakes, [`flags::WAITER`]).
+//!
+//! A poll reads the CQ ring; `wait_cq` sleeps on its producer index (the
+//! same way); an arm for any completion bumps the ring's arm word. A
+//! solicited-only arm goes on the socket, and so do the polls and waits
+//! of the ring it delegates ([`flags::DELEGATED`]) once it is empty.
 
 use crate::proto::RingSpec;
 use crate::ring::{decode_entry, encode_entry, flags, Ring, CQE_SIZE, MAX_SLOTS};
@@ -45,8 +48,9 @@ pub struct Counters {
     pub socket_calls: u64,
     /// Doorbells written (a `write` each).
     pub doorbells: u64,
-    /// Sleeps on a ring's consumer index until the daemon took a
-    /// receive or an inline send (a `futex` each).
+    /// Sleeps on a ring's index: until the daemon took a receive or an
+    /// inline send, or moved a completion in for `wait_cq` (a `futex`
+    /// each).
     pub take_waits: u64,
     /// WRs posted through a ring.
     pub ring_posts: u64,
@@ -537,11 +541,38 @@ impl Rings {
         true
     }
 
-    /// Whether CQ `index`'s ring holds a completion (`None`: no ring).
-    pub(super) fn cq_ready(&self, index: Handle) -> Option<bool> {
+    /// `wait_cq` on CQ `index`'s ring: `None` when it must go on the
+    /// socket (no ring, or a delegated one); else whether a completion
+    /// (or the CQ's overrun) came within `timeout`. Sleeps on the ring's
+    /// producer index (a futex the daemon wakes), never longer than
+    /// `timeout`.
+    pub(super) fn wait_cq(&self, index: Handle, timeout: Duration) -> Option<bool> {
         let c = read(&self.cqs).get(&index).cloned()?;
-        let g = lock(&c.cons);
-        Some(c.ring.producer() != g.cons)
+        let cons = lock(&c.cons).cons;
+        let ready = || c.ring.producer() != cons || c.ring.flags() & flags::DEAD != 0;
+        if ready() {
+            return Some(true);
+        }
+        if c.ring.flags() & flags::DELEGATED != 0 {
+            return None;
+        }
+        let start = Instant::now();
+        // Bounded: each round sleeps until a wake-up or the time left.
+        for _ in 0..1024 {
+            let left = timeout.saturating_sub(start.elapsed());
+            if left.is_zero() {
+                break;
+            }
+            // Dekker with the daemon's pump: flag, then index.
+            let _ = c.ring.set_flags(flags::WAITER);
+            let prod = c.ring.producer();
+            if ready() {
+                return Some(true);
+            }
+            c.ring.wait_producer(prod as u32, left);
+            self.count.take_waits.fetch_add(1, Ordering::Relaxed);
+        }
+        Some(ready())
     }
 }
 

@@ -600,6 +600,10 @@ impl CqRing {
             return;
         }
         fence(Ordering::SeqCst);
+        if self.ring.flags() & flags::WAITER != 0 {
+            self.ring.clear_flags(flags::WAITER);
+            self.ring.wake_producer();
+        }
         let arm = self.ring.arm();
         if arm != st.fired || st.socket_armed {
             st.fired = arm;
@@ -661,6 +665,7 @@ impl CqRing {
     fn overrun(&self, st: &mut CqState, out: &Outbox, why: &str) {
         st.dead = true;
         let _ = self.ring.set_flags(flags::DEAD);
+        self.ring.wake_producer();
         tracing::info!("nicd: a client's CQ ring overran: {why}");
         let e = Event::Async {
             ca: self.ca,
