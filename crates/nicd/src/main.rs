@@ -33,6 +33,11 @@ struct Args {
     /// with a unit (64G).
     #[arg(long, value_parser = rdma_types::units::size::<u64>, default_value = "64G")]
     max_registered: u64,
+    /// How long each client's ring poller spins after its last work
+    /// before it sleeps on the client's doorbell, in microseconds
+    /// (longer: fewer doorbells on a busy queue, more CPU spent).
+    #[arg(long, default_value_t = nicd::server::DEFAULT_RING_SPIN.as_micros() as u64)]
+    ring_spin_us: u64,
     /// Print the running daemon's clients (process, user, what each
     /// holds) and exit.
     #[arg(long)]
@@ -75,6 +80,7 @@ fn main() -> ExitCode {
         max_registered: args.max_registered,
     };
     let server = nicd::Server::with_limits(provider, limits);
+    server.set_ring_spin(std::time::Duration::from_micros(args.ring_spin_us));
     if let Err((guid, e)) = server.claim_nics() {
         let ip = ips.iter().find(|ip| rnic::softroce::ip_guid(**ip) == guid);
         let ip = ip.map_or_else(|| format!("{guid:?}"), |ip| ip.to_string());

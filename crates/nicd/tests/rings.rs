@@ -34,6 +34,8 @@ struct Raw {
     s: UnixStream,
     seq: u32,
     doorbell: OwnedFd,
+    /// Events read while waiting for an answer.
+    events: Vec<Event>,
 }
 
 fn read_frame(s: &mut UnixStream) -> Vec<u8> {
@@ -58,6 +60,7 @@ impl Raw {
             s,
             seq: 0,
             doorbell,
+            events: Vec::new(),
         };
         let v = proto::VERSION;
         assert!(matches!(
@@ -73,7 +76,7 @@ impl Raw {
     }
 
     /// Sends `req` (with `fd`) and reads up to its answer (events on
-    /// the way are dropped).
+    /// the way are kept).
     fn call(&mut self, req: &Request, fd: Option<BorrowedFd<'_>>) -> Answer {
         self.seq += 1;
         let f = proto::frame(Kind::Request, self.seq, req);
@@ -91,14 +94,21 @@ impl Raw {
         loop {
             let f = read_frame(&mut self.s);
             let (kind, seq, body) = proto::split(&f).unwrap();
-            if kind == Kind::Response && seq == self.seq {
-                return proto::decode::<Answer>(body).unwrap();
+            match kind {
+                Kind::Response if seq == self.seq => {
+                    return proto::decode::<Answer>(body).unwrap();
+                }
+                Kind::Event => self.events.push(proto::decode::<Event>(body).unwrap()),
+                _ => {}
             }
         }
     }
 
     /// Reads events until one that `want` accepts.
     fn await_event(&mut self, want: impl Fn(&Event) -> bool) -> Event {
+        if let Some(i) = self.events.iter().position(&want) {
+            return self.events.remove(i);
+        }
         for _ in 0..1000 {
             let f = read_frame(&mut self.s);
             let (kind, _, body) = proto::split(&f).unwrap();
@@ -124,7 +134,7 @@ impl Raw {
 struct Setup {
     pd: PdHandle,
     cq: CqHandle,
-    _cq_ring: MemBuf,
+    cq_ring: Ring,
 }
 
 fn setup(r: &mut Raw, guid: rdma_types::Guid) -> Setup {
@@ -149,7 +159,7 @@ fn setup(r: &mut Raw, guid: rdma_types::Guid) -> Setup {
     Setup {
         pd,
         cq,
-        _cq_ring: buf,
+        cq_ring: Ring::new(buf, spec).unwrap(),
     }
 }
 
@@ -597,4 +607,56 @@ fn ring_waits_hold_no_daemon_thread() {
         n.p.wait_cq(n.cq, Duration::from_millis(5)),
         Err(VerbsError::Timeout)
     );
+}
+
+/// A CQ consumer index from nowhere (past the producer's): the next
+/// completion overruns that CQ (`CqError`, the ring dead), and the
+/// client's other CQ and the daemon are untouched.
+#[test]
+fn a_cq_consumer_index_from_nowhere_overruns_only_that_cq() {
+    let d = Daemon::start(&[fresh_ip(THIRD)]);
+    let g = d.guids[0];
+    let mut r = Raw::connect(&d);
+    let s = setup(&mut r, g);
+    let other = setup(&mut r, g);
+    let (q, _, _) = qp(&mut r, &s, 20);
+    s.cq_ring.set_consumer(1 << 40);
+    // A receive flushed by ERR is a completion for the CQ.
+    let init = verbs::QpAttr {
+        state: Some(QpState::Init),
+        pkey_index: Some(0),
+        port: Some(rdma_types::PortNum(1)),
+        access: Some(rdma_types::AccessFlags::NONE),
+        ..Default::default()
+    };
+    assert_eq!(
+        r.call(&Request::ModifyQp { qp: q, attr: init }, None),
+        Ok(Reply::Unit {})
+    );
+    let wrs = vec![RecvWr {
+        wr_id: 1,
+        sges: vec![],
+    }];
+    assert_eq!(
+        r.call(&Request::PostRecv { qp: q, wrs }, None),
+        Ok(Reply::Unit {})
+    );
+    let err = verbs::QpAttr {
+        state: Some(QpState::Err),
+        ..Default::default()
+    };
+    assert_eq!(
+        r.call(&Request::ModifyQp { qp: q, attr: err }, None),
+        Ok(Reply::Unit {})
+    );
+    r.await_event(|e| {
+        matches!(e, Event::Async { event, .. }
+            if event.kind == AsyncEventKind::CqError && event.ctx == 3)
+    });
+    assert_ne!(s.cq_ring.flags() & flags::DEAD, 0);
+    assert_eq!(other.cq_ring.flags() & flags::DEAD, 0, "the other CQ lives");
+    assert!(matches!(
+        r.call(&Request::ListCas {}, None),
+        Ok(Reply::Guids { .. })
+    ));
 }
