@@ -18,8 +18,9 @@
 //!   memory and rings are memfds the daemon maps
 //!   (`verbs::MemBuf::new_shared`), passed with `SCM_RIGHTS`.
 //!
-//! What it does not do yet: UD, atomics, window binds and inline data
-//! while the daemon's poller sleeps go on the socket, not the rings;
+//! What it does not do yet: UD sends, atomics and window binds go on
+//! the socket, not the rings (as do a solicited-only arm and what it
+//! delegates); ring memory does not count toward [`Limits`];
 //! QP0/QP1 and the CM through the daemon (its MAD services: a
 //! client cannot create QP0/QP1, and a peer of a dead client learns of it
 //! at its next request, not by a DREQ), starting the daemon on demand.

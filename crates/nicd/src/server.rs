@@ -1065,9 +1065,14 @@ impl Server {
                 Request::BindMw { qp, mut bind } => {
                     bind.mw = MwHandle(self.raw(me, K::Mw, bind.mw.0)?);
                     bind.mr = MrHandle(self.raw(me, K::Mr, bind.mr.0)?);
-                    Reply::Rkey {
-                        rkey: p.bind_mw(QpHandle(self.raw(me, K::Qp, qp.0)?), &bind)?,
-                    }
+                    let raw = QpHandle(self.raw(me, K::Qp, qp.0)?);
+                    // After the sends its ring holds, as on its SQ.
+                    let bind = || p.bind_mw(raw, &bind);
+                    let rkey = match c.rings.wq(qp.0.index, WqKind::Send { pd: 0 }) {
+                        Some(w) => w.after_drain(self, me, out, false, bind)?,
+                        None => bind()?,
+                    };
+                    Reply::Rkey { rkey }
                 }
                 Request::DeallocMw { mw } => {
                     return self.destroy(me, K::Mw, mw.0, |r| p.dealloc_mw(MwHandle(r)))
