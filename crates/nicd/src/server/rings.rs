@@ -30,10 +30,17 @@
 //! provider's CQ, and the client polls them on the socket once the ring
 //! is empty (a `WorkCompletion` does not say whether it was solicited).
 //!
-//! Locking: each ring's state has a mutex; the pump never holds one
-//! while calling a verb that may call back (only `poll_cq` and
-//! `req_notify_cq`, which do not), and a work queue's drain holds its
-//! own and no CQ's.
+//! Waiters: a client that must know its receive (or inline send) was
+//! taken, or that waits for a completion, sleeps on a futex on the
+//! ring's consumer (producer) index with [`flags::WAITER`] set; the
+//! drain (pump) wakes it after it moves the index.
+//!
+//! Locking: each ring's state has a mutex. A work queue's comes before
+//! a CQ's, never after: a drain (and a socket verb served after it)
+//! holds its work queue's while it posts or moves the QP to ERR, whose
+//! completion callbacks (inline, with soft RoCE) pump CQ rings; a pump
+//! holds its CQ's across `poll_cq` and `req_notify_cq` only, which call
+//! nothing back.
 
 use super::{bad, Outbox, Server};
 use crate::proto::{self, Event, Kind};
