@@ -520,9 +520,15 @@ impl Provider for NicdProvider {
             len: buf.len() as u64,
             ring,
         };
-        let cq = {
-            let fd = shared_fd(&buf)?;
-            call!(self, req, Some(fd), Reply::Cq { cq } => cq)?
+        let fd = shared_fd(&buf)?;
+        let cq = match self.conn.call(&req, Some(fd)) {
+            Ok(Reply::Cq { cq }) => cq,
+            Ok(other) => return Err(unexpected("CreateCqRing", &other)),
+            // Rings beyond this client's memory limit: the socket serves.
+            Err(VerbsError::OutOfResources(m)) if m == crate::server::MEMORY_LIMIT => {
+                return call!(self, Request::CreateCq { pd, init, ctx }, Reply::Cq { cq } => cq);
+            }
+            Err(e) => return Err(e),
         };
         r.add_cq(cq.0, buf, ring)?;
         Ok(cq)
@@ -584,9 +590,15 @@ impl Provider for NicdProvider {
             len: buf.len() as u64,
             ring,
         };
-        let srq = {
-            let fd = shared_fd(&buf)?;
-            call!(self, req, Some(fd), Reply::Srq { srq } => srq)?
+        let fd = shared_fd(&buf)?;
+        let srq = match self.conn.call(&req, Some(fd)) {
+            Ok(Reply::Srq { srq }) => srq,
+            Ok(other) => return Err(unexpected("CreateSrqRing", &other)),
+            // Rings beyond this client's memory limit: the socket serves.
+            Err(VerbsError::OutOfResources(m)) if m == crate::server::MEMORY_LIMIT => {
+                return call!(self, Request::CreateSrq { pd, attr, ctx }, Reply::Srq { srq } => srq);
+            }
+            Err(e) => return Err(e),
         };
         r.add_srq(srq.0, &attr, buf, ring)?;
         Ok(srq)
@@ -624,9 +636,15 @@ impl Provider for NicdProvider {
             sq,
             rq,
         };
-        let qp = {
-            let fd = shared_fd(&buf)?;
-            call!(self, req, Some(fd), Reply::Qp { qp } => qp)?
+        let fd = shared_fd(&buf)?;
+        let qp = match self.conn.call(&req, Some(fd)) {
+            Ok(Reply::Qp { qp }) => qp,
+            Ok(other) => return Err(unexpected("CreateQpRing", &other)),
+            // Rings beyond this client's memory limit: the socket serves.
+            Err(VerbsError::OutOfResources(m)) if m == crate::server::MEMORY_LIMIT => {
+                return call!(self, Request::CreateQp { pd, init, ctx }, Reply::Qp { qp } => qp);
+            }
+            Err(e) => return Err(e),
         };
         r.add_qp(qp.0, &init, pd.0, buf, sq, rq)?;
         Ok(qp)

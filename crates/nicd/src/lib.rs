@@ -20,7 +20,7 @@
 //!
 //! What it does not do yet: UD sends, atomics and window binds go on
 //! the socket, not the rings (as do a solicited-only arm and what it
-//! delegates); ring memory does not count toward [`Limits`];
+//! delegates);
 //! QP0/QP1 and the CM through the daemon (its MAD services: a
 //! client cannot create QP0/QP1, and a peer of a dead client learns of it
 //! at its next request, not by a DREQ), starting the daemon on demand.

@@ -29,8 +29,8 @@ struct Args {
     /// Most QPs one client may hold at once.
     #[arg(long, default_value_t = nicd::Limits::default().max_qps)]
     max_qps: usize,
-    /// Most memory one client may have registered at once, in bytes or
-    /// with a unit (64G).
+    /// Most memory one client may have registered at once (its rings'
+    /// memory counts too), in bytes or with a unit (64G).
     #[arg(long, value_parser = rdma_types::units::size::<u64>, default_value = "64G")]
     max_registered: u64,
     /// How long each client's ring poller spins after its last work

@@ -79,7 +79,9 @@ const MAX_POLL: u32 = 4096;
 pub struct Limits {
     /// QPs at once.
     pub max_qps: usize,
-    /// Bytes of memory registered at once (the sum of its MRs' lengths).
+    /// Bytes of memory registered at once: the sum of its MRs' lengths
+    /// and of its rings' memfds (a ring beyond it is refused, and the
+    /// client provider makes that queue without rings).
     pub max_registered: u64,
 }
 
@@ -104,6 +106,10 @@ struct Obj {
     range: Option<MrRange>,
     /// A PD's CA (the client's index; else 0).
     ca: u32,
+    /// Bytes of the memfd of its rings (a CQ, QP or SRQ with rings):
+    /// memory the daemon reads and writes for the client, counted as
+    /// registered.
+    ring_bytes: u64,
 }
 
 /// What an MR registered: `[addr, addr+len)` under `lkey`.
@@ -150,6 +156,10 @@ pub struct Server {
     /// How long a ring poller spins after its last work, in ns.
     ring_spin_ns: AtomicU64,
 }
+
+/// The refusal of memory (registered or rings) beyond a client's
+/// [`Limits::max_registered`].
+pub const MEMORY_LIMIT: &str = "this client's registered memory limit (nicd --max-registered)";
 
 /// How long a ring poller spins after its last work by default: a
 /// stream of posts finds it awake (no doorbell, no system call), a
@@ -392,10 +402,13 @@ impl Server {
     fn holdings(&self, owner: u64, but: Option<u32>) -> (usize, u64) {
         let t = self.lock();
         let mine = t.objs.iter().filter(|(_, o)| o.owner == owner);
-        mine.fold((0, 0), |(q, b), (i, o)| match (o.kind, o.range) {
-            (ResourceKind::Qp, _) => (q + 1, b),
-            (ResourceKind::Mr, Some(r)) if Some(*i) != but => (q, b + r.len),
-            _ => (q, b),
+        mine.fold((0, 0), |(q, b), (i, o)| {
+            let b = b + o.ring_bytes;
+            match (o.kind, o.range) {
+                (ResourceKind::Qp, _) => (q + 1, b),
+                (ResourceKind::Mr, Some(r)) if Some(*i) != but => (q, b + r.len),
+                _ => (q, b),
+            }
         })
     }
 
@@ -618,14 +631,14 @@ impl Server {
         }
     }
 
-    /// Refuses a registration of `len` more bytes (in place of MR `but`)
-    /// beyond the client's limit.
+    /// Refuses a registration (or rings) of `len` more bytes (in place
+    /// of MR `but`) beyond the client's limit.
     fn within_registered(&self, owner: u64, but: Option<u32>, len: u64) -> Result<()> {
         let (_, held) = self.holdings(owner, but);
         self.limit(
             held.checked_add(len)
                 .is_some_and(|t| t <= self.limits.max_registered),
-            "this client's registered memory limit (nicd --max-registered)",
+            MEMORY_LIMIT,
         )
     }
 
@@ -669,6 +682,7 @@ impl Server {
                 pd,
                 range,
                 ca: 0,
+                ring_bytes: 0,
             },
         );
         self.changed.notify_all();
@@ -806,6 +820,13 @@ impl Server {
             rings.into_iter().for_each(|w| c.rings.add_wq(w));
         }
         r
+    }
+
+    /// Counts `len` bytes of rings to object `h` (so to its client).
+    fn charge_rings(&self, h: Handle, len: u64) {
+        if let Some(o) = self.lock().objs.get_mut(&h.index) {
+            o.ring_bytes = len;
+        }
     }
 
     /// The client's handle of the CA of its PD `pd`.
@@ -1119,16 +1140,20 @@ impl Server {
                 } => {
                     let buf = map_rings(reader, len)?;
                     let ring = Ring::new(buf, ring).map_err(bad)?;
-                    if ring.spec().entry_size < crate::ring::CQE_SIZE {
+                    // Exactly: the daemon writes every entry, and a page
+                    // per 64 bytes would be its memory, not the client's.
+                    if ring.spec().entry_size != crate::ring::CQE_SIZE {
                         return Err(bad(format!(
-                            "CQ ring entries of {} bytes: they take {}",
+                            "CQ ring entries of {} bytes: they are {}",
                             ring.spec().entry_size,
                             crate::ring::CQE_SIZE
                         )));
                     }
                     let ca = self.pd_ca(me, pd)?;
+                    self.within_registered(me, None, len)?;
                     let raw = p.create_cq(PdHandle(self.raw(me, K::Pd, pd.0)?), &init, ctx)?;
                     let h = self.add(me, K::Cq, raw.0, 0);
+                    self.charge_rings(h, len);
                     let cq = Arc::new(CqRing::new(ring, raw, h.index, ca, ctx));
                     c.rings.add_cq(cq.clone());
                     // Arms the provider's CQ for the pumps to come.
@@ -1158,7 +1183,9 @@ impl Server {
                     let sq = Ring::new(buf.clone(), sq).map_err(bad)?;
                     let rq = rq.map(|r| Ring::new(buf, r)).transpose().map_err(bad)?;
                     let ca = self.pd_ca(me, pd)?;
+                    self.within_registered(me, None, len)?;
                     let (raw, qp) = self.create_qp(me, pd, init, ctx)?;
+                    self.charge_rings(qp, len);
                     let send = WqKind::Send { pd: pd.0.index };
                     c.rings
                         .add_wq(WqRing::new(sq, send, raw.0, qp.index, ca, ctx));
@@ -1181,8 +1208,10 @@ impl Server {
                     }
                     let ring = Ring::new(buf, ring).map_err(bad)?;
                     let ca = self.pd_ca(me, pd)?;
+                    self.within_registered(me, None, len)?;
                     let raw = p.create_srq(PdHandle(self.raw(me, K::Pd, pd.0)?), &attr, ctx)?;
                     let h = self.add(me, K::Srq, raw.0, 0);
+                    self.charge_rings(h, len);
                     c.rings
                         .add_wq(WqRing::new(ring, WqKind::Srq, raw.0, h.index, ca, ctx));
                     Reply::Srq { srq: SrqHandle(h) }

@@ -389,7 +389,9 @@ fn per_client_limits_are_enforced_and_counted() {
     };
     let d = Daemon::start_with(&[fresh_ip(THIRD)], limits);
     let g = d.guids[0];
-    let c = One(d.client(), g);
+    // On the socket: rings count toward the memory limit too
+    // (tests/rings.rs), and this counts registrations alone.
+    let c = One(nicd::NicdProvider::connect_with(&d.path, false).unwrap(), g);
     // Node::open registers 64 KiB.
     let n = Node::open(&c, g, 16);
     let all = verbs::conformance::all_access();
@@ -421,7 +423,7 @@ fn per_client_limits_are_enforced_and_counted() {
         .unwrap();
     assert_eq!(d.server.limit_refusals(), 2);
     // Another client has limits of its own.
-    let other = One(d.client(), g);
+    let other = One(nicd::NicdProvider::connect_with(&d.path, false).unwrap(), g);
     let m = Node::open(&other, g, 16);
     let b2 = MemBuf::new(64 << 10);
     m.p.reg_mr(m.pd, &b2, b2.addr(), 64 << 10, all, 1).unwrap();

@@ -660,3 +660,45 @@ fn a_cq_consumer_index_from_nowhere_overruns_only_that_cq() {
         Ok(Reply::Guids { .. })
     ));
 }
+
+/// Rings count toward a client's memory limit (the daemon reads and
+/// writes them for it): QPs whose rings would pass it are made on the
+/// socket instead (the refusal counted) and work; the CQ's ring, which
+/// fits, serves the polls.
+#[test]
+fn rings_count_toward_the_memory_limit() {
+    // Node::open: a 64 KiB registration and a CQ of 64 (an 8 KiB ring);
+    // 1 KiB more holds no QP's rings (a 4 KiB header each).
+    let limits = nicd::Limits {
+        max_qps: 16,
+        max_registered: (64 << 10) + (8 << 10) + 1024,
+    };
+    let d = Daemon::start_with(&[fresh_ip(THIRD)], limits);
+    let g = d.guids[0];
+    let p = d.client();
+    let c = One(p.clone(), g);
+    let n = Node::open(&c, g, 64);
+    assert_eq!(d.server.limit_refusals(), 0, "the CQ's ring fits");
+    let (qa, qb) = (n.qp(QpType::Rc, None, 1), n.qp(QpType::Rc, None, 2));
+    assert_eq!(d.server.limit_refusals(), 2, "neither QP's rings fit");
+    connect(&n, qa, &n, qb, QpType::Rc, 7);
+    let before = p.counters();
+    n.p.post_recv(
+        qb,
+        &[RecvWr {
+            wr_id: 5,
+            sges: vec![n.sge(4096, 64)],
+        }],
+    )
+    .unwrap();
+    n.buf.write_at(0, b"no rings");
+    n.p.post_send(qa, &[SendWr::new(6, SendOpcode::Send, vec![n.sge(0, 8)])])
+        .unwrap();
+    let mut got = [n.wc(), n.wc()];
+    got.sort_by_key(|w| w.wr_id);
+    assert_eq!((got[0].wr_id, got[0].byte_len), (5, 8));
+    assert_eq!(n.buf.to_vec(4096, 8), b"no rings");
+    let after = p.counters();
+    assert_eq!(after.ring_posts, before.ring_posts, "posts on the socket");
+    assert!(after.ring_polls > before.ring_polls, "polls from the ring");
+}
