@@ -12,7 +12,7 @@
 //! MODE is `inproc`, `socket` or `rings` (all three by default);
 //! `stream` runs the stream alone (no ping-pong, e.g. under `strace -ff`
 //! to count the writing thread's calls); `spin-us=N` sets how long the daemon's ring poller spins after its
-//! last work (`Server::set_ring_spin`, 50 by default). WAIT is
+//! last work (`Server::set_ring_spin`, 5 by default). WAIT is
 //! how a side waits for its message: `spin` (poll without pause),
 //! `yield` (poll, and give the CPU up between empty polls: the default,
 //! as the NIC's own threads need it on a small machine) or `notify`
