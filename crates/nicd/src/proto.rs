@@ -535,7 +535,7 @@ wire_struct! {
 /// Most distinct error texts [`interned`] keeps.
 const MAX_TEXTS: usize = 4096;
 
-/// The text an error gets, once [`MAX_TEXTS`] distinct ones are kept, in
+/// The text an error gets, once 4096 distinct ones are kept, in
 /// place of the daemon's (the one decoding that does not give back the
 /// bytes it read).
 pub const TEXTS_OVERFLOW: &str = "(an error text of nicd's: too many distinct ones to keep)";

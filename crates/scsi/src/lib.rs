@@ -116,6 +116,8 @@ pub use lun::Lun;
 pub use opcode::Opcode;
 pub use pi::{crc16_t10dif, PiType};
 pub use sense::{Asc, Sense, SenseKey};
-pub use target::{GroupMap, LunMaps, Nexus, Residual, ScsiResponse, Status, Target, TaskAttr};
+pub use target::{
+    GroupMap, LunMaps, Nexus, PortMap, Residual, ScsiResponse, Status, Target, TaskAttr,
+};
 pub use task::{ServiceResponse, Tmf, TmfResponse};
 pub use transport_id::{ProtocolId, TransportId};

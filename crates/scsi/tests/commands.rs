@@ -433,12 +433,12 @@ fn named_groups_with_initiator_patterns() {
     t.add_initiator("hosts-a", "0xaa01");
     t.add_initiator("hosts-a", "0xaa02");
     t.add_initiator("hosts-b", "0xbb*");
-    assert_eq!(t.visible_luns("0xaa01"), vec![lun(1), lun(2)]);
-    assert_eq!(t.visible_luns("0xaa02"), vec![lun(1), lun(2)]);
+    assert_eq!(t.visible_luns("0xaa01", "p"), vec![lun(1), lun(2)]);
+    assert_eq!(t.visible_luns("0xaa02", "p"), vec![lun(1), lun(2)]);
     // In a group without LUNs: sees nothing, not the default set.
-    assert!(t.visible_luns("0xbb77").is_empty());
+    assert!(t.visible_luns("0xbb77", "p").is_empty());
     // Outside every group: the default LUNs.
-    assert_eq!(t.visible_luns("0xcc00"), vec![lun(0)]);
+    assert_eq!(t.visible_luns("0xcc00", "p"), vec![lun(0)]);
     let maps = t.lun_maps();
     assert_eq!(maps.default.len(), 1);
     let names: Vec<&str> = maps.groups.iter().map(|g| g.name.as_str()).collect();
@@ -457,7 +457,7 @@ fn named_groups_with_initiator_patterns() {
     }
     assert!(t.remove_initiator("hosts-a", "0xaa01"));
     assert!(!t.remove_initiator("hosts-a", "0xaa01"));
-    assert_eq!(t.visible_luns("0xaa01"), vec![lun(0)]);
+    assert_eq!(t.visible_luns("0xaa01", "p"), vec![lun(0)]);
     good(&t.execute(&a2, lun(1), &[0; 6], &[], 0));
     check(
         &t.execute(&a1, lun(0), &[0; 6], &[], 0),
@@ -472,7 +472,64 @@ fn named_groups_with_initiator_patterns() {
     );
     assert!(t.remove_group("hosts-a"));
     assert!(!t.remove_group("hosts-a"));
-    assert_eq!(t.visible_luns("0xaa02"), vec![lun(0)]);
+    assert_eq!(t.visible_luns("0xaa02", "p"), vec![lun(0)]);
+}
+
+/// A target port with default LUNs of its own: initiators outside every
+/// group see them through that port and the target's default set through
+/// the others; a group still wins; a change to the port's set is a LUN
+/// inventory change for that port's nexuses only.
+#[test]
+fn a_port_with_its_own_default_luns() {
+    let t = Target::new();
+    t.add_lun(None, lun(0), ram_device(512, false));
+    t.add_lun(Some("g"), lun(7), ram_device(512, false));
+    t.add_initiator("g", "0xgg");
+    assert!(t
+        .add_port_lun("own", lun(3), ram_device(512, false))
+        .is_none());
+    assert_eq!(t.visible_luns("0xaa", "own"), vec![lun(3)]);
+    assert_eq!(t.visible_luns("0xaa", "shared"), vec![lun(0)]);
+    assert_eq!(t.visible_luns("0xgg", "own"), vec![lun(7)]);
+    let maps = t.lun_maps();
+    assert_eq!(maps.ports.len(), 1);
+    assert_eq!(maps.ports[0].port, "own");
+
+    let via_own = Nexus::new("0xaa", "own");
+    let via_shared = Nexus::new("0xaa", "shared");
+    for (n, l) in [(&via_own, lun(3)), (&via_shared, lun(0))] {
+        check(
+            &t.execute(n, l, &[0; 6], &[], 0),
+            SenseKey::UnitAttention,
+            Asc::POWER_ON_RESET,
+        );
+        good(&t.execute(n, l, &[0; 6], &[], 0));
+    }
+    // LUN 0 is not there through the port with its own set.
+    check(
+        &t.execute(&via_own, lun(0), &[0; 6], &[], 0),
+        SenseKey::IllegalRequest,
+        Asc::LOGICAL_UNIT_NOT_SUPPORTED,
+    );
+    // A second LUN on the port: its nexus is told, the other is not.
+    t.add_port_lun("own", lun(4), ram_device(512, false));
+    check(
+        &t.execute(&via_own, lun(3), &[0; 6], &[], 0),
+        SenseKey::UnitAttention,
+        Asc::REPORTED_LUNS_DATA_CHANGED,
+    );
+    good(&t.execute(&via_shared, lun(0), &[0; 6], &[], 0));
+    // And the target's default set changing is not the port's business.
+    t.add_lun(None, lun(1), ram_device(512, false));
+    good(&t.execute(&via_own, lun(3), &[0; 6], &[], 0));
+    check(
+        &t.execute(&via_shared, lun(0), &[0; 6], &[], 0),
+        SenseKey::UnitAttention,
+        Asc::REPORTED_LUNS_DATA_CHANGED,
+    );
+    assert!(t.remove_port_lun("own", lun(4)).is_some());
+    assert!(t.remove_port_lun("own", lun(4)).is_none());
+    assert_eq!(t.visible_luns("0xaa", "own"), vec![lun(3)]);
 }
 
 #[test]

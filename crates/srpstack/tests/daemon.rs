@@ -1853,6 +1853,73 @@ fn two_targets(dir: &Path) -> String {
     )
 }
 
+/// A `[[target]]` with default LUNs of its own (SCST's LUNs per target):
+/// through it an initiator sees those, through the other port the file's
+/// `[[lun]]` set; `srptadm sessions` lists each session's LUNs;
+/// write-config keeps the list; a device it names that does not exist is
+/// refused with file, line and key.
+#[test]
+fn a_target_with_luns_of_its_own() {
+    let text = |dir: &Path| {
+        format!(
+            "[[target]]\nip = \"127.0.173.11\"\nrdma_cm_port = 5555\nrel_tgt_id = 1\n\
+             control_socket = \"{}\"\n\n\
+             [[target]]\nip = \"127.0.173.12\"\nrdma_cm_port = 5556\nrel_tgt_id = 2\n\
+             lun = [{{ lun = 0, device = \"own\" }}, {{ lun = 5, device = \"own5\" }}]\n\n\
+             [[device]]\nname = \"disk\"\nhandler = \"ram\"\nsize = \"2M\"\n\
+             [[device]]\nname = \"own\"\nhandler = \"ram\"\nsize = \"1M\"\n\
+             [[device]]\nname = \"own5\"\nhandler = \"ram\"\nsize = \"1M\"\n\n\
+             [[lun]]\nlun = 0\ndevice = \"disk\"\n",
+            dir.join("ctl.sock").display()
+        )
+    };
+    let d = start_with("ownluns", text);
+    d.wait_line(&format!(
+        "target {} listening on 127.0.173.12:5556",
+        target_name("127.0.173.12")
+    ));
+    let shared = luns_of("127.0.173.11:5555", "127.0.173.13", INIT_A);
+    assert_eq!(shared, [(0, naa_of(&d, "disk"))]);
+    let own = luns_of("127.0.173.12:5556", "127.0.173.14", INIT_B);
+    assert_eq!(own, [(0, naa_of(&d, "own")), (5, naa_of(&d, "own5"))]);
+
+    let s1 = login("127.0.173.13", "127.0.173.11:5555", INIT_A, 0x7d00);
+    let s2 = login("127.0.173.14", "127.0.173.12:5556", INIT_B, 0x7e00);
+    let sessions = d.adm(&["sessions"]).unwrap();
+    let luns: Vec<Value> = sessions
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["luns"].clone())
+        .collect();
+    assert_eq!(luns, [serde_json::json!([0]), serde_json::json!([0, 5])]);
+    drop((s1, s2));
+
+    let saved = d.dir.join("saved.toml");
+    d.adm(&["write-config", saved.to_str().unwrap()]).unwrap();
+    let again = srptd::config::Config::load(&saved).unwrap();
+    let devs = |t: usize| -> Vec<String> {
+        again.targets[t]
+            .luns
+            .iter()
+            .map(|l| l.device.get_ref().clone())
+            .collect()
+    };
+    assert!(devs(0).is_empty());
+    assert_eq!(devs(1), ["own", "own5"]);
+
+    let broken = d.dir.join("broken.toml");
+    let bad = text(&d.dir).replace("device = \"own5\" }]", "device = \"gone\" }]");
+    std::fs::write(&broken, &bad).unwrap();
+    let out = check(&broken);
+    let err = String::from_utf8_lossy(&out.stderr);
+    let at = place(&bad, "gone", "target[1].lun[1].device");
+    assert!(
+        !out.status.success() && err.contains(&at) && err.contains("no device named `gone`"),
+        "want `{at}`:\n{err}"
+    );
+}
+
 #[test]
 fn two_targets_in_one_file_serve_two_initiators() {
     let d = start_with("twotgt", two_targets);

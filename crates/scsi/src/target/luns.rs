@@ -20,6 +20,15 @@ pub struct GroupMap {
 pub struct LunMaps {
     pub default: Vec<(Lun, Arc<Device>)>,
     pub groups: Vec<GroupMap>,
+    /// Target ports with a default set of their own, by port name.
+    pub ports: Vec<PortMap>,
+}
+
+/// A target port's own default set in [`LunMaps`].
+#[derive(Clone)]
+pub struct PortMap {
+    pub port: String,
+    pub luns: Vec<(Lun, Arc<Device>)>,
 }
 
 /// Initiator name matching: exact, or by prefix when `pattern` ends in `*`
@@ -42,6 +51,10 @@ pub(super) struct State {
     /// Initiator name patterns -> group name, in the order added; the
     /// first match wins. A pattern ending in `*` matches by prefix.
     pub(super) members: Vec<(String, String)>,
+    /// Target ports whose initiators outside every group see a default
+    /// set of the port's own instead of the target's (SCST's LUNs per
+    /// target), by port name.
+    pub(super) port_sets: HashMap<String, LunSet>,
     pub(super) ua: FastMap<(Nexus, Lun), UaQueue>,
     /// (nexus, LUN) pairs that have seen their power-on unit attention.
     pub(super) known: FastSet<(Nexus, Lun)>,
@@ -71,11 +84,13 @@ impl State {
             .or_else(|| self.groups.contains_key(initiator).then_some(initiator))
     }
 
-    pub(super) fn set_for(&self, initiator: &str) -> &LunSet {
+    /// The LUNs `initiator` sees through target port `port`: its
+    /// group's, else the port's own default set, else the target's.
+    pub(super) fn set_for(&self, initiator: &str, port: &str) -> &LunSet {
         static EMPTY: LunSet = BTreeMap::new();
         match self.group_of(initiator) {
             Some(g) => self.groups.get(g).unwrap_or(&EMPTY),
-            None => &self.default,
+            None => self.port_sets.get(port).unwrap_or(&self.default),
         }
     }
 
@@ -86,6 +101,23 @@ impl State {
             .known
             .iter()
             .filter(|(n, _)| which(&n.initiator))
+            .cloned()
+            .collect();
+        for key in affected {
+            self.ua
+                .entry(key)
+                .or_default()
+                .push(Asc::REPORTED_LUNS_DATA_CHANGED);
+        }
+    }
+
+    /// Raises REPORTED LUNS DATA HAS CHANGED on every known nexus through
+    /// `port` of an initiator outside every group.
+    pub(super) fn port_luns_changed(&mut self, port: &str) {
+        let affected: Vec<(Nexus, Lun)> = self
+            .known
+            .iter()
+            .filter(|(n, _)| &*n.target_port == port && self.group_of(&n.initiator).is_none())
             .cloned()
             .collect();
         for key in affected {
@@ -109,12 +141,16 @@ impl State {
     }
 
     /// Raises REPORTED LUNS DATA HAS CHANGED on every known nexus of the
-    /// initiators whose visible set changed (`None`: those using the default).
+    /// initiators whose visible set changed (`None`: those using the
+    /// target's default set, through a port without a set of its own).
     pub(super) fn luns_changed(&mut self, group: Option<&str>) {
         let affected: Vec<(Nexus, Lun)> = self
             .known
             .iter()
-            .filter(|(n, _)| self.group_of(&n.initiator) == group)
+            .filter(|(n, _)| {
+                let g = self.group_of(&n.initiator);
+                g == group && (g.is_some() || !self.port_sets.contains_key(&*n.target_port))
+            })
             .cloned()
             .collect();
         for key in affected {
@@ -147,6 +183,32 @@ impl Target {
         };
         if old.is_some() {
             st.luns_changed(group);
+        }
+        old
+    }
+
+    /// Maps `dev` at `lun` in target port `port`'s own default set, which
+    /// from then on replaces the target's default set for the initiators
+    /// outside every group that come through that port (SCST's LUNs of
+    /// one target). Returns the device it replaces.
+    pub fn add_port_lun(&self, port: &str, lun: Lun, dev: Arc<Device>) -> Option<Arc<Device>> {
+        let mut st = self.lock();
+        let old = st
+            .port_sets
+            .entry(port.to_string())
+            .or_default()
+            .insert(lun, dev);
+        st.port_luns_changed(port);
+        old
+    }
+
+    /// Unmaps `lun` from port `port`'s own set (which stays, perhaps
+    /// empty, in place of the target's default set).
+    pub fn remove_port_lun(&self, port: &str, lun: Lun) -> Option<Arc<Device>> {
+        let mut st = self.lock();
+        let old = st.port_sets.get_mut(port).and_then(|s| s.remove(&lun));
+        if old.is_some() {
+            st.port_luns_changed(port);
         }
         old
     }
@@ -220,9 +282,19 @@ impl Target {
             })
             .collect();
         groups.sort_by(|a, b| a.name.cmp(&b.name));
+        let mut ports: Vec<PortMap> = st
+            .port_sets
+            .iter()
+            .map(|(p, set)| PortMap {
+                port: p.clone(),
+                luns: luns(set),
+            })
+            .collect();
+        ports.sort_by(|a, b| a.port.cmp(&b.port));
         LunMaps {
             default: luns(&st.default),
             groups,
+            ports,
         }
     }
 
@@ -245,9 +317,14 @@ impl Target {
         Ok(())
     }
 
-    /// The LUNs `initiator` sees, as REPORT LUNS would list them.
-    pub fn visible_luns(&self, initiator: &str) -> Vec<Lun> {
-        self.lock().set_for(initiator).keys().copied().collect()
+    /// The LUNs `initiator` sees through target port `port`, as REPORT
+    /// LUNS would list them.
+    pub fn visible_luns(&self, initiator: &str, port: &str) -> Vec<Lun> {
+        self.lock()
+            .set_for(initiator, port)
+            .keys()
+            .copied()
+            .collect()
     }
 
     /// Resizes the device mapped at `lun` (in `group` or the default set) to
@@ -279,7 +356,7 @@ impl Target {
             .filter(|(n, l)| {
                 which(n)
                     && st
-                        .set_for(&n.initiator)
+                        .set_for(&n.initiator, &n.target_port)
                         .get(l)
                         .is_some_and(|d| Arc::ptr_eq(d, dev))
             })

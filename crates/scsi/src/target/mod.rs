@@ -19,7 +19,7 @@ mod ordering;
 mod run;
 
 use luns::State;
-pub use luns::{GroupMap, LunMaps};
+pub use luns::{GroupMap, LunMaps, PortMap};
 use ordering::*;
 use run::{is_write, naca_supported};
 
@@ -241,7 +241,10 @@ impl Target {
     /// The device `nexus` reaches at `lun` (what a transport labels its
     /// per-LUN counters with).
     pub fn device(&self, nexus: &Nexus, lun: Lun) -> Option<Arc<Device>> {
-        self.lock().set_for(&nexus.initiator).get(&lun).cloned()
+        self.lock()
+            .set_for(&nexus.initiator, &nexus.target_port)
+            .get(&lun)
+            .cloned()
     }
 
     /// Runs `f` on the task sets and ACA conditions; when it ends a

@@ -21,7 +21,10 @@ impl Target {
         };
         let mut st = self.lock();
         let rtpi = st.port_id(&nexus.target_port);
-        let dev = st.set_for(&nexus.initiator).get(&lun).cloned();
+        let dev = st
+            .set_for(&nexus.initiator, &nexus.target_port)
+            .get(&lun)
+            .cloned();
         let bs = dev.as_ref().map_or(512, |d| d.block_size());
         let d_sense = dev.as_ref().is_some_and(|d| d.mode_state().d_sense);
         if let Err(s) = naca_supported(dev.as_deref(), cdb) {
@@ -32,7 +35,11 @@ impl Target {
         }
         let result = match (&cmd, dev) {
             (Command::ReportLuns { select, .. }, _) => {
-                let luns: Vec<Lun> = st.set_for(&nexus.initiator).keys().copied().collect();
+                let luns: Vec<Lun> = st
+                    .set_for(&nexus.initiator, &nexus.target_port)
+                    .keys()
+                    .copied()
+                    .collect();
                 if dev_known(&st, nexus, lun) {
                     st.ua_mut(nexus, lun).clear(Asc::REPORTED_LUNS_DATA_CHANGED);
                 }
@@ -86,7 +93,7 @@ impl Target {
                                 .get(24..)
                                 .and_then(|b| TransportId::parse(b).ok())
                                 .is_none_or(|(id, _)| {
-                                    st.set_for(&id.initiator_name())
+                                    st.set_for(&id.initiator_name(), &nexus.target_port)
                                         .values()
                                         .any(|d| Arc::ptr_eq(d, &dev))
                                 }),
@@ -260,7 +267,8 @@ pub(super) fn add_relative_port(page: &mut Vec<u8>, rtpi: u16) {
 }
 
 pub(super) fn dev_known(st: &State, nexus: &Nexus, lun: Lun) -> bool {
-    st.set_for(&nexus.initiator).contains_key(&lun)
+    st.set_for(&nexus.initiator, &nexus.target_port)
+        .contains_key(&lun)
 }
 
 /// SPC-4 6.33 REPORT LUNS parameter data. SELECT REPORT 0, 1 (well-known:

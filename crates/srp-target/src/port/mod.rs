@@ -776,7 +776,7 @@ impl TargetPort {
             .map(|(id, c)| (*id, c.channel, c.nexus.clone()))
             .collect();
         for (id, channel, nexus) in conns {
-            for lun in scsi.visible_luns(&nexus.initiator) {
+            for lun in scsi.visible_luns(&nexus.initiator, &nexus.target_port) {
                 let seen = scsi.device(&nexus, lun);
                 if !seen.is_some_and(|d| Arc::ptr_eq(&d, device)) {
                     continue;

@@ -36,7 +36,8 @@
 //! each on its own address (its own GID, hence its own target name) with
 //! its own `rdma_cm_port`, `enabled`, `rel_tgt_id`, `pkey` and SRP
 //! parameters. They are ports of one SCSI target, as SCST's targets on
-//! several HCA ports are: the devices, default LUNs and groups are shared,
+//! several HCA ports are: the devices, default LUNs and groups are shared
+//! (a `[[target]]` may have default LUNs of its own, its `lun` list),
 //! and `rel_tgt_id` tells the ports apart (VPD 83h, persistent
 //! reservations), so no two may have the same. `control_socket` and
 //! `metrics` belong to the daemon and are read from the first target.
@@ -264,6 +265,12 @@ pub struct TargetSection {
     /// only the first target may set it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub metrics: Option<Spanned<MetricsAddr>>,
+    /// This port's own default LUNs (`lun = [{ lun = 0, device = "d" }]`,
+    /// SCST's LUNs of one target): initiators outside every group that
+    /// log in through this port see these instead of the file's `[[lun]]`
+    /// set. Empty: the file's default LUNs, as every port shares them.
+    #[serde(rename = "lun", skip_serializing_if = "Vec::is_empty")]
+    pub luns: Vec<LunEntry>,
 }
 
 /// Where the metrics endpoint listens (`target.metrics`, `--metrics`): an
@@ -388,6 +395,7 @@ impl Default for TargetSection {
             keepalive_ms: Spanned::new(0..0, 15_000),
             control_socket: Spanned::new(0..0, default_control_socket()),
             metrics: None,
+            luns: Vec::new(),
         }
     }
 }
@@ -862,6 +870,9 @@ impl Config {
             Ok(())
         };
         check_luns(&self.luns, "")?;
+        for (i, t) in self.targets.iter().enumerate() {
+            check_luns(&t.luns, &format!("{}.", self.target_key(i)))?;
+        }
         let mut groups = HashSet::new();
         for (i, g) in self.groups.iter().enumerate() {
             let at = format!("group[{i}].");

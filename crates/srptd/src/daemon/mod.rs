@@ -576,6 +576,13 @@ impl Daemon {
         for (i, t) in cfg.targets.iter().enumerate() {
             let rt = TargetRt::start(t, i as u32, &scsi, log.clone(), opts)
                 .map_err(|(span, k, m)| cfg.error(span, format!("{}.{k}", cfg.target_key(i)), m))?;
+            // The port's own default LUNs. A login that came in the
+            // moment since the port started gets REPORTED LUNS DATA HAS
+            // CHANGED for them.
+            for (j, l) in t.luns.iter().enumerate() {
+                let n = lun_at(l, format!("{}.lun[{j}].lun", cfg.target_key(i)))?;
+                scsi.add_port_lun(rt.port().name(), n, devices[l.device.get_ref()].clone());
+            }
             targets.push(rt);
         }
         created.into_iter().for_each(CreatedFile::keep);

@@ -133,7 +133,7 @@ impl Daemon {
                     "target": target,
                     "conn": s.conn.0,
                     "initiator": s.initiator,
-                    "luns": self.scsi.visible_luns(&s.initiator).iter().map(|l| l.value()).collect::<Vec<_>>(),
+                    "luns": self.scsi.visible_luns(&s.initiator, &target).iter().map(|l| l.value()).collect::<Vec<_>>(),
                     "window": s.window,
                     "credits": s.credits,
                     "in_flight": s.in_flight,
