@@ -94,13 +94,13 @@ impl State {
         }
     }
 
-    /// Raises REPORTED LUNS DATA HAS CHANGED on every known nexus of the
-    /// initiators `which` accepts.
-    pub(super) fn luns_changed_for(&mut self, which: impl Fn(&str) -> bool) {
+    /// Raises REPORTED LUNS DATA HAS CHANGED on every known nexus that
+    /// `which` accepts (it sees the maps as they are now).
+    fn inventory_changed(&mut self, which: impl Fn(&State, &Nexus) -> bool) {
         let affected: Vec<(Nexus, Lun)> = self
             .known
             .iter()
-            .filter(|(n, _)| which(&n.initiator))
+            .filter(|(n, _)| which(self, n))
             .cloned()
             .collect();
         for key in affected {
@@ -111,21 +111,17 @@ impl State {
         }
     }
 
-    /// Raises REPORTED LUNS DATA HAS CHANGED on every known nexus through
-    /// `port` of an initiator outside every group.
+    /// [`State::inventory_changed`] for the initiators `which` accepts.
+    pub(super) fn luns_changed_for(&mut self, which: impl Fn(&str) -> bool) {
+        self.inventory_changed(|_, n| which(&n.initiator));
+    }
+
+    /// [`State::inventory_changed`] for the nexuses through `port` of
+    /// initiators outside every group.
     pub(super) fn port_luns_changed(&mut self, port: &str) {
-        let affected: Vec<(Nexus, Lun)> = self
-            .known
-            .iter()
-            .filter(|(n, _)| &*n.target_port == port && self.group_of(&n.initiator).is_none())
-            .cloned()
-            .collect();
-        for key in affected {
-            self.ua
-                .entry(key)
-                .or_default()
-                .push(Asc::REPORTED_LUNS_DATA_CHANGED);
-        }
+        self.inventory_changed(|st, n| {
+            &*n.target_port == port && st.group_of(&n.initiator).is_none()
+        });
     }
 
     pub(super) fn ua_mut(&mut self, nexus: &Nexus, lun: Lun) -> &mut UaQueue {
@@ -140,25 +136,14 @@ impl State {
         self.ua.entry(key).or_default()
     }
 
-    /// Raises REPORTED LUNS DATA HAS CHANGED on every known nexus of the
-    /// initiators whose visible set changed (`None`: those using the
-    /// target's default set, through a port without a set of its own).
+    /// [`State::inventory_changed`] for the initiators whose visible set
+    /// changed (`None`: those using the target's default set, through a
+    /// port without a set of its own).
     pub(super) fn luns_changed(&mut self, group: Option<&str>) {
-        let affected: Vec<(Nexus, Lun)> = self
-            .known
-            .iter()
-            .filter(|(n, _)| {
-                let g = self.group_of(&n.initiator);
-                g == group && (g.is_some() || !self.port_sets.contains_key(&*n.target_port))
-            })
-            .cloned()
-            .collect();
-        for key in affected {
-            self.ua
-                .entry(key)
-                .or_default()
-                .push(Asc::REPORTED_LUNS_DATA_CHANGED);
-        }
+        self.inventory_changed(|st, n| {
+            let g = st.group_of(&n.initiator);
+            g == group && (g.is_some() || !st.port_sets.contains_key(&*n.target_port))
+        });
     }
 }
 
