@@ -13,7 +13,8 @@
 //! Layers, bottom up, each a module that names only those below it:
 //! [`mpa`] (request/reply frames, FPDU framing and CRC32c, the stream
 //! receiver), [`ddp`] (segment headers, segmentation), [`rdmap`] (opcodes,
-//! Read Request), [`terminate`] (the error table and TERMINATE body).
+//! Read Request), [`terminate`] (the error table and TERMINATE body), and
+//! [`Connection`], the state machine that joins them.
 //!
 //! What it refuses to do: markers (never requested; a peer that asks for
 //! them is rejected), MPA revision 2's peer-to-peer RTR exchange (not
@@ -30,7 +31,16 @@ pub mod rdmap;
 pub mod terminate;
 mod types;
 
+mod conn;
+
+pub use conn::{
+    Access, Completion, Config, ConfigError, Connection, Event, Memory, MemoryError, MpaRefusal,
+    RecvWqe, Role, SendOp, SendWqe, Sge, State, WcKind, WcStatus,
+};
 pub use terminate::{TermCause, TermCode};
+
+#[doc(hidden)]
+pub mod fuzz;
 pub use types::{Msn, STag};
 
 #[cfg(test)]

@@ -1,1 +1,3 @@
+mod conn;
+mod stream;
 mod wire;

@@ -253,14 +253,14 @@ fn ddp_header_checks() {
     v[1] = (v[1] & 0x3f) | 0x80; // RDMAP version 2
     assert_eq!(parse(&v), Err(TermCause::RdmapVersion));
     let mut v = b.clone();
-    v[1] = 0x40 | 0x0; // RDMA Write with T=0
+    v[1] = 0x40; // RV=1, opcode 0 (RDMA Write) with T=0
     assert_eq!(parse(&v), Err(TermCause::RdmapUnexpectedOpcode));
     let mut v = b.clone();
     v[1] = 0x40 | 0x9; // undefined opcode
     assert_eq!(parse(&v), Err(TermCause::RdmapUnexpectedOpcode));
     let mut v = b.clone();
     v[0] |= ddp::FLAG_TAGGED; // Send with T=1
-    v[0] = (v[0] & !3) | 0; // and DDP version 0: the tagged version error
+    v[0] &= !3; // and DDP version 0: the tagged version error
     assert_eq!(parse(&v), Err(TermCause::DdpTaggedVersion));
 }
 
