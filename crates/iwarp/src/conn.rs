@@ -605,7 +605,7 @@ impl Connection {
     fn establish(&mut self, peer_private_data: Vec<u8>) {
         self.state = State::Established;
         self.deadline = None;
-        self.rx = Some(FpduReceiver::new(self.crc));
+        self.rx = Some(FpduReceiver::new(self.crc, TAGGED_HEADER_LEN));
         self.events.push_back(Event::Established {
             private_data: peer_private_data,
             crc: self.crc,

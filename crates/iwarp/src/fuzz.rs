@@ -161,7 +161,7 @@ impl<'a> Input<'a> {
 /// byte and that many stream bytes. Returns the ULPDUs delivered.
 pub fn receiver(data: &[u8]) -> usize {
     let mut input = Input(data);
-    let mut rx = FpduReceiver::new(input.u8() & 1 == 1);
+    let mut rx = FpduReceiver::new(input.u8() & 1 == 1, crate::ddp::TAGGED_HEADER_LEN);
     let mut delivered = 0;
     while !input.0.is_empty() {
         let n = usize::from(input.u8());

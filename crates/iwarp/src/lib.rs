@@ -10,17 +10,19 @@
 //! produces. Memory is reached only through the [`Memory`] trait, so every
 //! STag is checked before a byte is placed.
 //!
-//! Layers, bottom up, each a module that names only those below it:
-//! [`mpa`] (request/reply frames, FPDU framing and CRC32c, the stream
-//! receiver), [`ddp`] (segment headers, segmentation), [`rdmap`] (opcodes,
-//! Read Request), [`terminate`] (the error table and TERMINATE body), and
-//! [`Connection`], the state machine that joins them.
+//! Modules, bottom up: [`mpa`] (request/reply frames, FPDU framing and
+//! CRC32c, the stream receiver; it knows nothing of what the ULPDUs hold),
+//! [`ddp`] (the segment header with the RDMAP control byte it carries,
+//! segmentation), [`rdmap`] (the opcode table, Read Request), and
+//! [`Connection`], the state machine that joins them. [`terminate`] is the
+//! one table of TERMINATE causes every layer reports through, and the
+//! TERMINATE body.
 //!
 //! What it refuses to do: markers (never requested; a peer that asks for
-//! them is rejected), MPA revision 2's peer-to-peer RTR exchange (not
-//! requested; a request that asks for it is rejected), pick addresses or
-//! open sockets. Any bytes from the peer give a value or a TERMINATE with
-//! the RFCs' layer, error type and code, never a panic, and buffering is
+//! them gets a reject reply), MPA revision 2's RTR exchange (never offered;
+//! a reply that demands one is terminated), choose addresses or open
+//! sockets. Any bytes from the peer give a value or a TERMINATE with the
+//! RFCs' layer, error type and code, never a panic, and buffering is
 //! bounded by one FPDU plus one MPA frame.
 
 #![forbid(unsafe_code)]

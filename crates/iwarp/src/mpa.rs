@@ -5,7 +5,6 @@
 //! refused (the reply's R bit), so an FPDU on the wire is: ULPDU Length (2),
 //! ULPDU, 0-3 pad bytes to a 4-byte boundary, CRC32c (4) over all of those.
 
-use crate::ddp::TAGGED_HEADER_LEN;
 use crate::terminate::TermCause;
 
 /// Key of a request frame (RFC 5044 7.1).
@@ -281,13 +280,12 @@ pub const TCP_IPV6_OVERHEAD: u32 = 72;
 
 /// MULPDU, the largest ULPDU that keeps one FPDU in one TCP segment, for a
 /// path MTU and the IP+TCP overhead of a segment (RFC 5044 section 8, markers
-/// off: MULPDU = EMSS - (6 + EMSS mod 4)). Never below a tagged header plus
-/// one byte, so segmentation always moves data, and never above 65535.
+/// off: MULPDU = EMSS - (6 + EMSS mod 4)), at most 65535. A path too small
+/// gives a value the connection's configuration check refuses.
 pub fn mulpdu(path_mtu: u32, tcp_overhead: u32) -> u16 {
     let emss = path_mtu.saturating_sub(tcp_overhead);
     let m = emss.saturating_sub(6 + emss % 4);
-    let floor = TAGGED_HEADER_LEN as u32 + 1;
-    m.clamp(floor, u32::from(u16::MAX)) as u16
+    m.min(u32::from(u16::MAX)) as u16
 }
 
 /// The receiving half of MPA's FPDU framing over a byte stream: bytes in,
@@ -298,6 +296,7 @@ pub fn mulpdu(path_mtu: u32, tcp_overhead: u32) -> u16 {
 #[derive(Debug)]
 pub struct FpduReceiver {
     crc: bool,
+    min_ulpdu: usize,
     buf: Vec<u8>,
     /// The whole FPDU's length once its ULPDU Length field is in.
     need: Option<usize>,
@@ -307,10 +306,13 @@ pub struct FpduReceiver {
 }
 
 impl FpduReceiver {
-    /// A receiver; `crc` is whether the connection negotiated CRCs.
-    pub fn new(crc: bool) -> Self {
+    /// A receiver; `crc` is whether the connection negotiated CRCs, and a
+    /// ULPDU Length below `min_ulpdu` (the ULP's smallest header) cannot
+    /// begin an FPDU.
+    pub fn new(crc: bool, min_ulpdu: usize) -> Self {
         FpduReceiver {
             crc,
+            min_ulpdu,
             buf: Vec::new(),
             need: None,
             delivered: false,
@@ -325,8 +327,8 @@ impl FpduReceiver {
     ///
     /// # Errors
     /// The TERMINATE cause: [`TermCause::MpaCrc`] for a CRC mismatch,
-    /// [`TermCause::MpaFraming`] for a ULPDU Length too short to hold a DDP
-    /// header (no such FPDU exists, so the framing is lost).
+    /// [`TermCause::MpaFraming`] for a ULPDU Length below `min_ulpdu` (no
+    /// such FPDU exists, so the framing is lost).
     pub fn poll(&mut self, input: &mut &[u8]) -> Result<Option<&[u8]>, TermCause> {
         if let Some(c) = self.failed {
             return Err(c);
@@ -346,7 +348,7 @@ impl FpduReceiver {
             }
             if self.need.is_none() {
                 let ulpdu_len = usize::from(u16::from_be_bytes([self.buf[0], self.buf[1]]));
-                if ulpdu_len < TAGGED_HEADER_LEN {
+                if ulpdu_len < self.min_ulpdu {
                     self.failed = Some(TermCause::MpaFraming);
                     return Err(TermCause::MpaFraming);
                 }

@@ -621,7 +621,7 @@ fn the_initiator_gives_up_on_a_missing_reply() {
 fn sent_terminate(c: &mut Connection, mem: &mut TestMemory, crc: bool) -> TerminateRepr {
     let mut out = Vec::new();
     while c.poll_transmit(Instant::ZERO, mem, &mut out) {}
-    let mut rx = FpduReceiver::new(crc);
+    let mut rx = FpduReceiver::new(crc, crate::ddp::TAGGED_HEADER_LEN);
     let mut s = &out[..];
     let mut last = None;
     while let Some(u) = rx.poll(&mut s).unwrap() {

@@ -55,7 +55,7 @@ fn fpdus_split_and_joined_anywhere() {
         let crc = seed % 4 != 3;
         let count = 1 + rng.below(40) as usize;
         let (sent, bytes) = stream(&mut rng, count, crc);
-        let mut rx = FpduReceiver::new(crc);
+        let mut rx = FpduReceiver::new(crc, TAGGED_HEADER_LEN);
         let (got, err) = receive(&mut rng, &mut rx, &bytes);
         assert_eq!(err, None, "seed {seed}");
         assert_eq!(got, sent, "seed {seed}");
@@ -67,7 +67,7 @@ fn fpdus_split_and_joined_anywhere() {
 fn one_byte_at_a_time() {
     let mut rng = Rng::new(7);
     let (sent, bytes) = stream(&mut rng, 5, true);
-    let mut rx = FpduReceiver::new(true);
+    let mut rx = FpduReceiver::new(true, TAGGED_HEADER_LEN);
     let mut got = Vec::new();
     for b in bytes.chunks(1) {
         let mut c = b;
@@ -90,7 +90,7 @@ fn corruption_is_a_crc_terminate() {
         let len = mpa::fpdu_len(sent[victim].len());
         let at = start + 2 + rng.below(len as u64 - 2) as usize;
         bytes[at] ^= 1 << rng.below(8);
-        let mut rx = FpduReceiver::new(true);
+        let mut rx = FpduReceiver::new(true, TAGGED_HEADER_LEN);
         let (got, err) = receive(&mut rng, &mut rx, &bytes);
         assert_eq!(err, Some(TermCause::MpaCrc), "seed {seed}");
         assert_eq!(
@@ -101,7 +101,7 @@ fn corruption_is_a_crc_terminate() {
         // Failed for good.
         assert_eq!(rx.poll(&mut &[0u8; 8][..]), Err(TermCause::MpaCrc));
         // Without CRCs the same stream passes, corrupted byte and all.
-        let mut rx = FpduReceiver::new(false);
+        let mut rx = FpduReceiver::new(false, TAGGED_HEADER_LEN);
         let (got, err) = receive(&mut rng, &mut rx, &bytes);
         assert_eq!((got.len(), err), (sent.len(), None), "seed {seed}");
     }
@@ -110,12 +110,12 @@ fn corruption_is_a_crc_terminate() {
 #[test]
 fn impossible_length_is_a_framing_terminate() {
     for len in 0..TAGGED_HEADER_LEN as u16 {
-        let mut rx = FpduReceiver::new(true);
+        let mut rx = FpduReceiver::new(true, TAGGED_HEADER_LEN);
         let b = len.to_be_bytes();
         assert_eq!(rx.poll(&mut &b[..]), Err(TermCause::MpaFraming), "{len}");
     }
     // The largest length is possible: it buffers, bounded, and waits.
-    let mut rx = FpduReceiver::new(true);
+    let mut rx = FpduReceiver::new(true, TAGGED_HEADER_LEN);
     let mut b = &[0xff, 0xff, 0, 0, 0][..];
     assert_eq!(rx.poll(&mut b), Ok(None));
     assert!(rx.mid_fpdu());
