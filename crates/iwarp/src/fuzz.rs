@@ -7,6 +7,8 @@
 //!   DDP and RDMAP) fed arbitrary bytes in arbitrary chunks, with posts in
 //!   between; it must never panic, and once it has sent a TERMINATE every
 //!   work request must have completed.
+//! - [`setup`]: arbitrary bytes into a fresh initiator or responder, so the
+//!   MPA request/reply parser and negotiation see them first.
 
 use std::collections::HashMap;
 
@@ -289,4 +291,38 @@ pub fn connection(data: &[u8]) -> (Vec<crate::Event>, usize) {
         }
     }
     (events, completed)
+}
+
+/// Fuzz body: arbitrary bytes into a fresh connection, from its MPA
+/// exchange on. Byte 0 picks the role (bit 0: initiator) and whether the
+/// responder accepts (bit 1) or rejects; then chunks, each a length byte
+/// and that many stream bytes. Returns the events seen.
+pub fn setup(data: &[u8]) -> Vec<crate::Event> {
+    let mut input = Input(data);
+    let mode = input.u8();
+    let role = if mode & 1 == 1 {
+        Role::Initiator
+    } else {
+        Role::Responder
+    };
+    let mut mem = TestMemory::default();
+    let mut c =
+        Connection::new(Config::new(role), Instant::ZERO).unwrap_or_else(|e| unreachable!("{e}"));
+    let mut out = Vec::new();
+    let mut events = Vec::new();
+    while !input.0.is_empty() {
+        let n = usize::from(input.u8());
+        c.handle_bytes(Instant::ZERO, input.take(n), &mut mem);
+        if c.state() == State::RequestReceived {
+            if mode & 2 == 2 {
+                c.accept(b"ok").unwrap_or_else(|e| unreachable!("{e}"));
+            } else {
+                c.reject(b"no");
+            }
+        }
+        out.clear();
+        while c.poll_transmit(Instant::ZERO, &mut mem, &mut out) {}
+        events.extend(std::iter::from_fn(|| c.poll_event()));
+    }
+    events
 }

@@ -1290,3 +1290,58 @@ fn memory_refusing_our_own_send_or_read_response_terminates() {
     let t = sent_terminate(&mut c, &mut mem, false);
     assert_eq!(t.code, TermCause::RdmapInvalidStag.code());
 }
+
+#[test]
+fn fuzz_setup_seeds_and_garbage() {
+    let n = rdma_testkit::fuzz::replay(env!("CARGO_MANIFEST_DIR"), "setup", |d| {
+        crate::fuzz::setup(d);
+    });
+    assert!(n >= 5);
+    let seed = |name: &str| {
+        std::fs::read(format!(
+            "{}/fuzz/seeds/setup/{name}",
+            env!("CARGO_MANIFEST_DIR")
+        ))
+        .unwrap()
+    };
+    let ev = crate::fuzz::setup(&seed("request-accept"));
+    assert!(
+        matches!(
+            &ev[..],
+            [
+                Event::ConnectRequest { .. },
+                Event::Established {
+                    ird: 16,
+                    ord: 8,
+                    ..
+                }
+            ]
+        ),
+        "{ev:?}"
+    );
+    let ev = crate::fuzz::setup(&seed("request-markers"));
+    assert_eq!(
+        ev,
+        [Event::MpaRefused {
+            reason: MpaRefusal::MarkersRequired
+        }]
+    );
+    let ev = crate::fuzz::setup(&seed("reply"));
+    assert!(
+        matches!(&ev[..], [Event::Established { ord: 8, .. }]),
+        "{ev:?}"
+    );
+    let ev = crate::fuzz::setup(&seed("reply-reject"));
+    assert_eq!(
+        ev,
+        [Event::Rejected {
+            private_data: b"no".to_vec()
+        }]
+    );
+    for s in 0..300 {
+        let mut rng = Rng::new(20_000 + s);
+        let mut d = vec![0; rng.below(800) as usize];
+        rng.fill(&mut d);
+        crate::fuzz::setup(&d);
+    }
+}
