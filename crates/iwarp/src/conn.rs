@@ -541,7 +541,7 @@ impl Connection {
         };
         let revision = req.revision.min(self.cfg.revision);
         let ird_ord = req.ird_ord.filter(|_| revision == 2).map(|peer| {
-            // RFC 6581 9.1: we issue no more reads than the peer serves.
+            // RFC 6581: we issue no more reads than the peer serves.
             self.ord = self.ord.min(peer.ird);
             IrdOrd {
                 ird: self.ird,
@@ -652,7 +652,7 @@ impl Connection {
             match self.state {
                 State::AwaitingReply | State::AwaitingRequest => self.take_frame(&mut data),
                 State::RequestReceived => {
-                    // RFC 5044 7.1.2: nothing may follow the request before
+                    // RFC 5044: nothing may follow the request before
                     // the reply.
                     self.events.push_back(Event::MpaRefused {
                         reason: MpaRefusal::EarlyData,
@@ -713,7 +713,7 @@ impl Connection {
         match kind {
             FrameKind::Request => {
                 if frame.markers {
-                    // RFC 5044 7.1.1: we cannot insert markers; refuse.
+                    // RFC 5044: we cannot insert markers; refuse.
                     self.send_reject(frame.revision.min(self.cfg.revision), &[]);
                     return self.refuse_frame(MpaRefusal::MarkersRequired);
                 }
@@ -741,7 +741,7 @@ impl Connection {
             return self.close();
         }
         self.crc = rep.crc;
-        // RFC 6581 9.1: IRD/ORD only when both sides speak revision 2.
+        // RFC 6581: IRD/ORD only when both sides speak revision 2.
         let io = rep
             .ird_ord
             .filter(|_| self.cfg.revision == 2 && rep.revision == 2);
@@ -756,11 +756,11 @@ impl Connection {
         }
         if let Some(io) = io {
             if io.peer_to_peer {
-                // The responder wants an RTR; we offered none (RFC 6581 5).
+                // The responder wants an RTR; we offered none (RFC 6581).
                 return self.terminate(TermCause::MpaNoMatchingRtr, None);
             }
             if io.ord > self.ird {
-                // It would issue more reads than we serve (RFC 6581 9.1).
+                // It would issue more reads than we serve (RFC 6581).
                 self.terminate(TermCause::MpaInsufficientIrd, None);
             }
         }
@@ -813,7 +813,7 @@ impl Connection {
         }
     }
 
-    /// Checks and places one DDP segment (RFC 5041 7, RFC 5040 5 and 7).
+    /// Checks and places one DDP segment (RFC 5041, RFC 5040).
     fn place(&mut self, ulpdu: &[u8], mem: &mut (impl Memory + ?Sized)) -> Result<(), TermCause> {
         let p = DdpPacket::new_checked(ulpdu)?;
         let seg = SegmentRepr::parse(&p)?;
@@ -961,7 +961,7 @@ impl Connection {
         // Queue 1's buffers hold exactly one 28-byte request.
         let req = ReadRequestRepr::parse(data).ok_or(TermCause::DdpTooLong)?;
         if self.in_reads.len() >= usize::from(self.ird) {
-            // RFC 5040 6.5: more reads than our IRD: no buffer on queue 1.
+            // RFC 5040: more reads than our IRD: no buffer on queue 1.
             return Err(TermCause::DdpNoBuffer);
         }
         req.src_to
@@ -1069,7 +1069,7 @@ impl Connection {
                 remote_to,
             } => {
                 if self.out_reads.len() >= usize::from(self.ord) {
-                    return false; // RFC 5040 6.5: wait for ORD credit.
+                    return false; // RFC 5040: wait for ORD credit.
                 }
                 let hdr = SegmentRepr {
                     last: true,
@@ -1155,7 +1155,7 @@ impl Connection {
             if matches!(w.op, SendOp::Send { .. }) {
                 self.tx_send_msn = self.tx_send_msn.next();
             }
-            // RFC 5040 5.1: a Send or Write completes once handed to the LLP.
+            // RFC 5040: a Send or Write completes once handed to the LLP.
             self.completions
                 .push_back(success(w.wr_id, send_kind(&w.op), local.len));
         } else {

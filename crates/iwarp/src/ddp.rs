@@ -1,5 +1,5 @@
-//! DDP segment headers (RFC 5041 section 4) with the RDMAP control byte
-//! (RFC 5040 4.2) they carry, and message segmentation.
+//! DDP segment headers (RFC 5041) with the RDMAP control byte
+//! (RFC 5040) they carry, and message segmentation.
 //!
 //! Byte 0 is DDP's: T (tagged), L (last), 4 reserved bits, DV (version).
 //! Byte 1 is the ULP's (RsvdULP); RDMAP puts RV (version), 2 reserved bits
@@ -9,7 +9,7 @@ use crate::rdmap::{Opcode, RDMAP_VERSION};
 use crate::terminate::TermCause;
 use crate::types::{Msn, STag};
 
-/// DDP version (RFC 5041 4.2).
+/// DDP version (RFC 5041).
 pub const DDP_VERSION: u8 = 1;
 /// Length of a tagged header.
 pub const TAGGED_HEADER_LEN: usize = 14;
@@ -130,14 +130,14 @@ impl<T: AsRef<[u8]>> DdpPacket<T> {
 /// Where a segment goes: the DDP buffer model's fields.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Placement {
-    /// Tagged buffer model (RFC 5041 4.3).
+    /// Tagged buffer model (RFC 5041).
     Tagged {
         /// Data sink STag.
         stag: STag,
         /// Data sink tagged offset of this segment's first byte.
         to: u64,
     },
-    /// Untagged buffer model (RFC 5041 4.4).
+    /// Untagged buffer model (RFC 5041).
     Untagged {
         /// RsvdULP: RDMAP's Invalidate STag (zero unless Send with Invalidate).
         inv_stag: STag,
@@ -165,8 +165,8 @@ impl SegmentRepr {
     /// Checks versions and that the opcode fits the buffer model.
     ///
     /// # Errors
-    /// The TERMINATE cause: DDP version (RFC 5041 7.2, per model), RDMAP
-    /// version, or unexpected opcode (RFC 5040 7.2).
+    /// The TERMINATE cause: DDP version (RFC 5041, per model), RDMAP
+    /// version, or unexpected opcode (RFC 5040).
     pub fn parse<T: AsRef<[u8]>>(p: &DdpPacket<T>) -> Result<Self, TermCause> {
         if p.ddp_version() != DDP_VERSION {
             return Err(if p.tagged() {
@@ -245,7 +245,7 @@ impl SegmentRepr {
 
 /// Splits a message of `len` bytes into segments whose ULPDU (header of
 /// `header_len` plus payload) fits in `mulpdu`: yields (offset, length,
-/// last). A zero-length message is one empty segment (RFC 5041 5.1).
+/// last). A zero-length message is one empty segment (RFC 5041).
 ///
 /// # Panics
 /// If `mulpdu` leaves no room for payload (`mulpdu <= header_len`);

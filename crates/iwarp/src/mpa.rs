@@ -257,9 +257,9 @@ pub const fn fpdu_len(ulpdu_len: usize) -> usize {
     2 + ulpdu_len + pad_len(ulpdu_len) + 4
 }
 
-/// Appends the FPDU around `ulpdu` (at most 65535 bytes) to `out`; the CRC
-/// field is zero when `crc` is off (RFC 5044 4.1 says its value is then
-/// ignored).
+/// Appends the FPDU around `ulpdu` (at most 65535 bytes) to `out`. The CRC
+/// field is always there; with CRCs off we send zero and the receiver
+/// ignores it.
 ///
 /// # Panics
 /// If `ulpdu` is longer than 65535 bytes.
@@ -279,7 +279,7 @@ pub const TCP_IPV4_OVERHEAD: u32 = 52;
 pub const TCP_IPV6_OVERHEAD: u32 = 72;
 
 /// MULPDU, the largest ULPDU that keeps one FPDU in one TCP segment, for a
-/// path MTU and the IP+TCP overhead of a segment (RFC 5044 section 8, markers
+/// path MTU and the IP+TCP overhead of a segment (RFC 5044, markers
 /// off: MULPDU = EMSS - (6 + EMSS mod 4)), at most 65535. A path too small
 /// gives a value the connection's configuration check refuses.
 pub fn mulpdu(path_mtu: u32, tcp_overhead: u32) -> u16 {

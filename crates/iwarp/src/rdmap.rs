@@ -1,13 +1,13 @@
-//! RDMAP opcodes and the Read Request header (RFC 5040 section 4).
+//! RDMAP opcodes and the Read Request header (RFC 5040).
 
 use core::fmt;
 
 use crate::types::STag;
 
-/// RDMAP version carried in every segment (RFC 5040 4.3).
+/// RDMAP version carried in every segment (RFC 5040).
 pub const RDMAP_VERSION: u8 = 1;
 
-/// DDP untagged queue numbers RDMAP uses (RFC 5040 5.1).
+/// DDP untagged queue numbers RDMAP uses (RFC 5040).
 pub mod qn {
     /// Send, Send with Invalidate, Send with SE (and Invalidate).
     pub const SEND: u32 = 0;
@@ -17,7 +17,7 @@ pub mod qn {
     pub const TERMINATE: u32 = 2;
 }
 
-/// What an opcode carries and where: one row per RFC 5040 4.3 opcode.
+/// What an opcode carries and where: one row per RFC 5040 opcode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OpcodeInfo {
     /// Uses the tagged buffer model.

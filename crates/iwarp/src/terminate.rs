@@ -1,6 +1,6 @@
-//! TERMINATE causes (RFC 5040 section 7; RFC 5041 section 7; RFC 5044
-//! section 8; RFC 6581 section 7) and the TERMINATE message body (RFC 5040
-//! section 4.8).
+//! TERMINATE causes (the error codes of RFC 5040, RFC 5041, RFC 5044 and
+//! RFC 6581, as Linux siw numbers them too) and the TERMINATE message body
+//! (RFC 5040 4.8).
 //!
 //! One table holds every (layer, error type, error code) triple this crate
 //! sends or names; parsing never fails on a triple outside it ([`TermCode`]
@@ -79,70 +79,70 @@ macro_rules! term_causes {
 
 // Layer 0 RDMAP, 1 DDP, 2 LLP (MPA, error type 0).
 term_causes! {
-    /// RFC 5040 7.2: local catastrophic error.
+    /// RFC 5040: local catastrophic error.
     RdmapLocalCatastrophic = (0, 0x0, 0x00, "RDMAP local catastrophic error"),
-    /// RFC 5040 7.2: remote protection, invalid STag.
+    /// RFC 5040: remote protection, invalid STag.
     RdmapInvalidStag = (0, 0x1, 0x00, "RDMAP remote protection error: invalid STag"),
-    /// RFC 5040 7.2: remote protection, base or bounds violation.
+    /// RFC 5040: remote protection, base or bounds violation.
     RdmapBaseBounds = (0, 0x1, 0x01, "RDMAP remote protection error: base or bounds violation"),
-    /// RFC 5040 7.2: remote protection, access rights violation.
+    /// RFC 5040: remote protection, access rights violation.
     RdmapAccessRights = (0, 0x1, 0x02, "RDMAP remote protection error: access rights violation"),
-    /// RFC 5040 7.2: remote protection, STag not associated with the stream.
+    /// RFC 5040: remote protection, STag not associated with the stream.
     RdmapStagNotAssociated = (0, 0x1, 0x03, "RDMAP remote protection error: STag not associated with RDMAP stream"),
-    /// RFC 5040 7.2: remote protection, tagged offset wrap.
+    /// RFC 5040: remote protection, tagged offset wrap.
     RdmapToWrap = (0, 0x1, 0x04, "RDMAP remote protection error: TO wrap"),
-    /// RFC 5040 7.2: remote protection, STag cannot be invalidated.
+    /// RFC 5040: remote protection, STag cannot be invalidated.
     RdmapCannotInvalidate = (0, 0x1, 0x09, "RDMAP remote protection error: STag cannot be invalidated"),
-    /// RFC 5040 7.2: remote protection, unspecified.
+    /// RFC 5040: remote protection, unspecified.
     RdmapProtectionUnspecified = (0, 0x1, 0xff, "RDMAP remote protection error: unspecified"),
-    /// RFC 5040 7.2: remote operation, invalid RDMAP version.
+    /// RFC 5040: remote operation, invalid RDMAP version.
     RdmapVersion = (0, 0x2, 0x05, "RDMAP remote operation error: invalid RDMAP version"),
-    /// RFC 5040 7.2: remote operation, unexpected opcode.
+    /// RFC 5040: remote operation, unexpected opcode.
     RdmapUnexpectedOpcode = (0, 0x2, 0x06, "RDMAP remote operation error: unexpected opcode"),
-    /// RFC 5040 7.2: remote operation, catastrophic error local to the stream.
+    /// RFC 5040: remote operation, catastrophic error local to the stream.
     RdmapStreamCatastrophic = (0, 0x2, 0x07, "RDMAP remote operation error: catastrophic error localized to RDMAP stream"),
-    /// RFC 5040 7.2: remote operation, catastrophic global error.
+    /// RFC 5040: remote operation, catastrophic global error.
     RdmapGlobalCatastrophic = (0, 0x2, 0x08, "RDMAP remote operation error: catastrophic error global"),
-    /// RFC 5040 7.2: remote operation, unspecified.
+    /// RFC 5040: remote operation, unspecified.
     RdmapOperationUnspecified = (0, 0x2, 0xff, "RDMAP remote operation error: unspecified"),
-    /// RFC 5041 7.2: local catastrophic.
+    /// RFC 5041: local catastrophic.
     DdpLocalCatastrophic = (1, 0x0, 0x00, "DDP local catastrophic error"),
-    /// RFC 5041 7.2: tagged buffer, invalid STag.
+    /// RFC 5041: tagged buffer, invalid STag.
     DdpInvalidStag = (1, 0x1, 0x00, "DDP tagged buffer error: invalid STag"),
-    /// RFC 5041 7.2: tagged buffer, base or bounds violation.
+    /// RFC 5041: tagged buffer, base or bounds violation.
     DdpBaseBounds = (1, 0x1, 0x01, "DDP tagged buffer error: base or bounds violation"),
-    /// RFC 5041 7.2: tagged buffer, STag not associated with the stream.
+    /// RFC 5041: tagged buffer, STag not associated with the stream.
     DdpStagNotAssociated = (1, 0x1, 0x02, "DDP tagged buffer error: STag not associated with DDP stream"),
-    /// RFC 5041 7.2: tagged buffer, TO wrap.
+    /// RFC 5041: tagged buffer, TO wrap.
     DdpToWrap = (1, 0x1, 0x03, "DDP tagged buffer error: TO wrap"),
-    /// RFC 5041 7.2: tagged buffer, invalid DDP version.
+    /// RFC 5041: tagged buffer, invalid DDP version.
     DdpTaggedVersion = (1, 0x1, 0x04, "DDP tagged buffer error: invalid DDP version"),
-    /// RFC 5041 7.2: untagged buffer, invalid QN.
+    /// RFC 5041: untagged buffer, invalid QN.
     DdpInvalidQn = (1, 0x2, 0x01, "DDP untagged buffer error: invalid QN"),
-    /// RFC 5041 7.2: untagged buffer, invalid MSN, no buffer available.
+    /// RFC 5041: untagged buffer, invalid MSN, no buffer available.
     DdpNoBuffer = (1, 0x2, 0x02, "DDP untagged buffer error: invalid MSN - no buffer available"),
-    /// RFC 5041 7.2: untagged buffer, invalid MSN, MSN range.
+    /// RFC 5041: untagged buffer, invalid MSN, MSN range.
     DdpMsnRange = (1, 0x2, 0x03, "DDP untagged buffer error: invalid MSN - MSN range"),
-    /// RFC 5041 7.2: untagged buffer, invalid MO.
+    /// RFC 5041: untagged buffer, invalid MO.
     DdpInvalidMo = (1, 0x2, 0x04, "DDP untagged buffer error: invalid MO"),
-    /// RFC 5041 7.2: untagged buffer, message too long for the buffer.
+    /// RFC 5041: untagged buffer, message too long for the buffer.
     DdpTooLong = (1, 0x2, 0x05, "DDP untagged buffer error: DDP message too long for available buffer"),
-    /// RFC 5041 7.2: untagged buffer, invalid DDP version.
+    /// RFC 5041: untagged buffer, invalid DDP version.
     DdpUntaggedVersion = (1, 0x2, 0x06, "DDP untagged buffer error: invalid DDP version"),
-    /// RFC 5044 8: TCP connection closed, terminated or lost.
+    /// RFC 5044: TCP connection closed, terminated or lost.
     MpaConnectionLost = (2, 0x0, 0x01, "MPA error: TCP connection closed, terminated or lost"),
-    /// RFC 5044 8: received MPA CRC does not match.
+    /// RFC 5044: received MPA CRC does not match.
     MpaCrc = (2, 0x0, 0x02, "MPA error: received MPA CRC does not match"),
-    /// RFC 5044 8: marker and ULPDU Length mismatch. Without markers we use
+    /// RFC 5044: marker and ULPDU Length mismatch. Without markers we use
     /// it for a ULPDU Length that cannot start an FPDU (framing is lost).
     MpaFraming = (2, 0x0, 0x03, "MPA error: received MPA marker and ULPDU Length field mismatch"),
-    /// RFC 5044 8: invalid MPA request or reply frame.
+    /// RFC 5044: invalid MPA request or reply frame.
     MpaInvalidFrame = (2, 0x0, 0x04, "MPA error: received invalid MPA request or reply frame"),
-    /// RFC 6581 7: local catastrophic.
+    /// RFC 6581: local catastrophic.
     MpaLocalCatastrophic = (2, 0x0, 0x05, "MPA error: local catastrophic"),
-    /// RFC 6581 7: insufficient IRD resources.
+    /// RFC 6581: insufficient IRD resources.
     MpaInsufficientIrd = (2, 0x0, 0x06, "MPA error: insufficient IRD resources"),
-    /// RFC 6581 7: no matching RTR option.
+    /// RFC 6581: no matching RTR option.
     MpaNoMatchingRtr = (2, 0x0, 0x07, "MPA error: no matching RTR option"),
 }
 

@@ -2,7 +2,7 @@
 
 use core::fmt;
 
-/// A steering tag naming a tagged buffer (RFC 5041 3).
+/// A steering tag naming a tagged buffer (RFC 5041).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct STag(pub u32);
 
@@ -12,7 +12,7 @@ impl fmt::Display for STag {
     }
 }
 
-/// A DDP message sequence number of one untagged queue (RFC 5041 5.2:
+/// A DDP message sequence number of one untagged queue (RFC 5041:
 /// starts at 1 and wraps modulo 2^32).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Msn(pub u32);
