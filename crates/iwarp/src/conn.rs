@@ -449,19 +449,13 @@ impl Connection {
             cfg,
         };
         if c.cfg.role == Role::Initiator {
-            let req = FrameRepr {
-                kind: FrameKind::Request,
-                markers: false,
-                crc: c.cfg.crc,
-                reject: false,
-                revision: c.cfg.revision,
-                ird_ord: (c.cfg.revision == 2).then_some(IrdOrd {
-                    ird: c.cfg.ird,
-                    ord: c.cfg.ord,
-                    ..IrdOrd::default()
-                }),
-                private_data: c.cfg.private_data.clone(),
-            };
+            let req = FrameRepr::ours(
+                FrameKind::Request,
+                c.cfg.crc,
+                c.cfg.revision,
+                (c.cfg.revision == 2).then_some((c.cfg.ird, c.cfg.ord)),
+                &c.cfg.private_data,
+            );
             let mut out = Vec::with_capacity(req.buffer_len());
             req.emit(&mut out);
             c.frame_out = Some(out);
@@ -543,11 +537,7 @@ impl Connection {
         let ird_ord = req.ird_ord.filter(|_| revision == 2).map(|peer| {
             // RFC 6581: we issue no more reads than the peer serves.
             self.ord = self.ord.min(peer.ird);
-            IrdOrd {
-                ird: self.ird,
-                ord: self.ord,
-                ..IrdOrd::default()
-            }
+            (self.ird, self.ord)
         });
         let max = MAX_PRIVATE_DATA - ird_ord.map_or(0, |_| IRD_ORD_LEN);
         if private_data.len() > max {
@@ -558,15 +548,7 @@ impl Connection {
             });
         }
         self.crc = self.cfg.crc || req.crc;
-        let rep = FrameRepr {
-            kind: FrameKind::Reply,
-            markers: false,
-            crc: self.crc,
-            reject: false,
-            revision,
-            ird_ord,
-            private_data: private_data.to_vec(),
-        };
+        let rep = FrameRepr::ours(FrameKind::Reply, self.crc, revision, ird_ord, private_data);
         let mut out = Vec::with_capacity(rep.buffer_len());
         rep.emit(&mut out);
         self.frame_out = Some(out);
@@ -589,13 +571,14 @@ impl Connection {
 
     fn send_reject(&mut self, revision: u8, private_data: &[u8]) {
         let rep = FrameRepr {
-            kind: FrameKind::Reply,
-            markers: false,
-            crc: self.cfg.crc,
             reject: true,
-            revision,
-            ird_ord: None,
-            private_data: private_data[..private_data.len().min(MAX_PRIVATE_DATA)].to_vec(),
+            ..FrameRepr::ours(
+                FrameKind::Reply,
+                self.cfg.crc,
+                revision,
+                None,
+                &private_data[..private_data.len().min(MAX_PRIVATE_DATA)],
+            )
         };
         let mut out = Vec::new();
         rep.emit(&mut out);

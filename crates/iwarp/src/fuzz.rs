@@ -199,19 +199,7 @@ pub fn established_responder() -> (Connection, TestMemory) {
     let mut cfg = Config::new(Role::Responder);
     cfg.crc = false;
     let mut c = Connection::new(cfg, Instant::ZERO).unwrap_or_else(|e| unreachable!("{e}"));
-    let req = FrameRepr {
-        kind: FrameKind::Request,
-        markers: false,
-        crc: false,
-        reject: false,
-        revision: 2,
-        ird_ord: Some(crate::mpa::IrdOrd {
-            ird: 4,
-            ord: 4,
-            ..Default::default()
-        }),
-        private_data: Vec::new(),
-    };
+    let req = FrameRepr::ours(FrameKind::Request, false, 2, Some((4, 4)), &[]);
     let mut b = Vec::new();
     req.emit(&mut b);
     c.handle_bytes(Instant::ZERO, &b, &mut mem);

@@ -173,6 +173,30 @@ impl FrameRepr {
         Ok((repr, total))
     }
 
+    /// A frame as this crate sends it: no markers, no reject, and for an
+    /// `ird_ord` of (IRD, ORD) the RFC 6581 block without RTR flags.
+    pub fn ours(
+        kind: FrameKind,
+        crc: bool,
+        revision: u8,
+        ird_ord: Option<(u16, u16)>,
+        private_data: &[u8],
+    ) -> Self {
+        FrameRepr {
+            kind,
+            markers: false,
+            crc,
+            reject: false,
+            revision,
+            ird_ord: ird_ord.map(|(ird, ord)| IrdOrd {
+                ird,
+                ord,
+                ..IrdOrd::default()
+            }),
+            private_data: private_data.to_vec(),
+        }
+    }
+
     /// The whole frame's length from its first [`FRAME_HEADER_LEN`] bytes
     /// (PD_Length capped at 512: a longer one is refused by `parse`).
     pub fn wire_len(header: &[u8]) -> usize {

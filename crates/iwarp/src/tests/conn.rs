@@ -533,13 +533,8 @@ fn a_peer_wanting_markers_is_refused_with_a_reject_reply() {
     let mut c = Connection::new(Config::new(Role::Responder), Instant::ZERO).unwrap();
     let mut mem = TestMemory::default();
     let req = FrameRepr {
-        kind: FrameKind::Request,
         markers: true,
-        crc: true,
-        reject: false,
-        revision: 1,
-        ird_ord: None,
-        private_data: vec![],
+        ..FrameRepr::ours(FrameKind::Request, true, 1, None, &[])
     };
     let mut b = Vec::new();
     req.emit(&mut b);
@@ -651,19 +646,7 @@ fn reply_to(c: &mut Connection, mem: &mut TestMemory, rep: FrameRepr) {
 
 #[test]
 fn replies_we_cannot_live_with_terminate() {
-    let base = FrameRepr {
-        kind: FrameKind::Reply,
-        markers: false,
-        crc: true,
-        reject: false,
-        revision: 2,
-        ird_ord: Some(IrdOrd {
-            ird: 4,
-            ord: 4,
-            ..IrdOrd::default()
-        }),
-        private_data: vec![],
-    };
+    let base = FrameRepr::ours(FrameKind::Reply, true, 2, Some((4, 4)), &[]);
     let cases = [
         (
             FrameRepr {
@@ -726,16 +709,7 @@ fn bytes_before_the_reply_are_refused() {
     let mut c = Connection::new(Config::new(Role::Responder), Instant::ZERO).unwrap();
     let mut mem = TestMemory::default();
     let mut b = Vec::new();
-    FrameRepr {
-        kind: FrameKind::Request,
-        markers: false,
-        crc: true,
-        reject: false,
-        revision: 1,
-        ird_ord: None,
-        private_data: vec![1, 2],
-    }
-    .emit(&mut b);
+    FrameRepr::ours(FrameKind::Request, true, 1, None, &[1, 2]).emit(&mut b);
     b.extend_from_slice(&[0, 14]);
     c.handle_bytes(Instant::ZERO, &b, &mut mem);
     assert!(matches!(c.poll_event(), Some(Event::ConnectRequest { .. })));
@@ -1173,20 +1147,7 @@ fn a_v1_responder_answers_a_v2_request_in_v1() {
         .poll_transmit(net.now, &mut net.a.mem, &mut Vec::new())
     {}
     let mut req = Vec::new();
-    FrameRepr {
-        kind: FrameKind::Request,
-        markers: false,
-        crc: true,
-        reject: false,
-        revision: 2,
-        ird_ord: Some(IrdOrd {
-            ird: 1,
-            ord: 1,
-            ..IrdOrd::default()
-        }),
-        private_data: vec![],
-    }
-    .emit(&mut req);
+    FrameRepr::ours(FrameKind::Request, true, 2, Some((1, 1)), &[]).emit(&mut req);
     net.b.c.handle_bytes(net.now, &req, &mut net.b.mem);
     net.b.c.accept(b"ok").unwrap();
     let mut out = Vec::new();
