@@ -5,6 +5,7 @@ use crate::bufs::Buffers;
 use crate::cdb::Command;
 use crate::cdb::Expected;
 use crate::opcode::Opcode;
+use crate::passthrough::PassThrough;
 use crate::pi::{Checks, PiType, Tuple, Want, PI_LEN};
 use crate::sense::{Asc, Sense, SenseKey};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -111,6 +112,27 @@ pub struct Device {
     /// Persistent reservations of this logical unit.
     pub(crate) pr: std::sync::Mutex<crate::pr::PrState>,
     stats: Counters,
+    /// A pass-through unit's handler: its commands go to the device, not
+    /// to the emulation or `backend` (which then holds nothing).
+    pass: Option<PassThrough>,
+}
+
+/// The store of a pass-through unit: none (its commands never reach it).
+struct NoStore;
+
+impl Backend for NoStore {
+    fn size(&self) -> u64 {
+        0
+    }
+    fn read(&self, _: u64, _: &mut [u8]) -> std::io::Result<()> {
+        Err(std::io::ErrorKind::Unsupported.into())
+    }
+    fn write(&self, _: u64, _: &[u8], _: bool) -> std::io::Result<()> {
+        Err(std::io::ErrorKind::Unsupported.into())
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        Err(std::io::ErrorKind::Unsupported.into())
+    }
 }
 
 #[derive(Default)]
@@ -149,7 +171,7 @@ pub struct ModeState {
     pub d_sense: bool,
 }
 
-fn pad(s: &str, n: usize) -> Vec<u8> {
+pub(crate) fn pad(s: &str, n: usize) -> Vec<u8> {
     let mut v: Vec<u8> = s
         .bytes()
         .filter(|b| b.is_ascii_graphic() || *b == b' ')
@@ -253,7 +275,43 @@ impl Device {
             }),
             pr: std::sync::Mutex::new(pr),
             stats: Counters::default(),
+            pass: None,
         })
+    }
+
+    /// A pass-through unit ([`crate::passthrough`]): commands go to the
+    /// device `handler` runs them on. From `config` it keeps the identity
+    /// the handler's [`crate::passthrough::Identity`] overrides, the queue
+    /// depth and the PR file; NACA is refused (`norm_aca` is cleared) and
+    /// the block size, size and emulation options mean nothing.
+    ///
+    /// # Errors
+    /// What [`Device::new`] says of the PR file and the queue depth.
+    pub fn pass_through(
+        mut config: DeviceConfig,
+        handler: PassThrough,
+    ) -> Result<Device, DeviceError> {
+        config.norm_aca = false;
+        config.protection = None;
+        let size = config.block_size as u64;
+        // Checked as an emulated unit of one block, then given no store.
+        let mut dev = Device::new(config, Arc::new(crate::NullIo::new(size)))?;
+        dev.backend = Arc::new(NoStore);
+        dev.pass = Some(handler);
+        Ok(dev)
+    }
+
+    /// The pass-through handler, for a pass-through unit.
+    pub fn pass_through_handler(&self) -> Option<&PassThrough> {
+        self.pass.as_ref()
+    }
+
+    /// Counts a command a pass-through unit ran on its device.
+    pub(crate) fn count_passed(&self, status: crate::Status) {
+        self.stats.commands.fetch_add(1, Relaxed);
+        if status == crate::Status::CheckCondition {
+            self.stats.errors.fetch_add(1, Relaxed);
+        }
     }
 
     /// Counters since the device was created.
@@ -849,7 +907,7 @@ impl Device {
         Ok(())
     }
 
-    fn inquiry(&self, evpd: bool, page: u8) -> Result<Vec<u8>, Sense> {
+    pub(crate) fn inquiry(&self, evpd: bool, page: u8) -> Result<Vec<u8>, Sense> {
         let c = &self.config;
         if !evpd {
             // SPC-4 6.6.2 standard INQUIRY data, 36 bytes + version descriptors.

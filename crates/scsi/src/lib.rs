@@ -31,6 +31,14 @@
 //! SELECT) every write reaches the store as FUA, so fileio and blockio
 //! make it durable before it completes.
 //!
+//! Pass-through ([`passthrough`], SCST's `scst_disk`): a unit made with
+//! [`Device::pass_through`] sends its commands to a real device
+//! ([`SgDevice`]: SG_IO on `/dev/sgN`) with the direction and length the
+//! transport gives, and returns the device's status and sense as they
+//! came; REPORT LUNS, unit attentions, persistent reservations and a
+//! configured identity stay the target's, and LOGICAL UNIT RESET resets
+//! the device.
+//!
 //! Thin provisioning (`DeviceConfig::thin`): UNMAP, and WRITE SAME with
 //! UNMAP of a zero block, ask the store to deallocate
 //! ([`Backend::unmap`]): fileio punches a hole (fallocate PUNCH_HOLE |
@@ -100,6 +108,7 @@ pub mod emulation;
 pub mod fuzz;
 pub mod lun;
 pub mod opcode;
+pub mod passthrough;
 pub mod pi;
 pub mod pr;
 pub mod sense;
@@ -114,6 +123,7 @@ pub use cdb::{Command, DataDir, Plan};
 pub use emulation::{Device, DeviceConfig, DeviceError, DeviceStats};
 pub use lun::Lun;
 pub use opcode::Opcode;
+pub use passthrough::{PassThrough, SgDevice};
 pub use pi::{crc16_t10dif, PiType};
 pub use sense::{Asc, Sense, SenseKey};
 pub use target::{

@@ -128,6 +128,29 @@ impl PrState {
         }
     }
 
+    /// SPC-4 5.9.1 for a pass-through unit's command: the rule of
+    /// [`PrState::conflicts`] when the opcode table knows the command;
+    /// otherwise one that moves data-in reads (a conflict under the
+    /// exclusive access types), and any other may change the medium (a
+    /// conflict under every type; a tape's REWIND or a changer's MOVE
+    /// MEDIUM from a non-holder must not run).
+    pub fn conflicts_passed(&self, n: &Nexus, cdb: &[u8], data_in: bool) -> bool {
+        if let Ok((_, cmd)) = Command::parse(cdb) {
+            return self.conflicts(n, &cmd);
+        }
+        let Some((_, t)) = &self.reservation else {
+            return false;
+        };
+        if self.holds(n) || (t.registrants_share() && self.keys.contains_key(n)) {
+            return false;
+        }
+        if data_in {
+            t.exclusive_access()
+        } else {
+            true
+        }
+    }
+
     /// PERSISTENT RESERVE IN: READ KEYS (0), READ RESERVATION (1), REPORT
     /// CAPABILITIES (2), READ FULL STATUS (3).
     pub fn pr_in(&self, sa: u8, env: PrEnv<'_>) -> Result<Vec<u8>, Sense> {

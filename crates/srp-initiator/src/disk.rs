@@ -161,6 +161,7 @@ pub fn describe(r: &CmdResult) -> String {
         Some(S::ReservationConflict) => "RESERVATION CONFLICT".into(),
         Some(S::TaskSetFull) => "TASK SET FULL".into(),
         Some(S::TaskAborted) => "TASK ABORTED".into(),
+        Some(S::ConditionMet) => "CONDITION MET".into(),
         Some(S::Good | S::AcaActive) | None => format!("SCSI status {code:#04x}"),
     }
 }

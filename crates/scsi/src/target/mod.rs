@@ -21,6 +21,7 @@ mod run;
 use luns::State;
 pub use luns::{GroupMap, LunMaps, PortMap};
 use ordering::*;
+pub(crate) use run::add_relative_port;
 use run::{is_write, naca_supported};
 
 /// An I_T nexus: initiator port name and target port name. Every command
@@ -85,6 +86,9 @@ impl Nexus {
 pub enum Status {
     Good = 0x00,
     CheckCondition = 0x02,
+    /// A pass-through device's PRE-FETCH found the blocks' cache room
+    /// (SBC-3 5.9); the emulation never answers it.
+    ConditionMet = 0x04,
     /// A command from a nexus other than the faulted one, NACA=0, while an
     /// ACA condition is in effect (SAM-5 5.9.2.3).
     Busy = 0x08,
@@ -99,9 +103,10 @@ pub enum Status {
 }
 
 impl Status {
-    const ALL: [Status; 7] = [
+    const ALL: [Status; 8] = [
         Status::Good,
         Status::CheckCondition,
+        Status::ConditionMet,
         Status::Busy,
         Status::ReservationConflict,
         Status::AcaActive,
@@ -115,8 +120,7 @@ impl Status {
     }
 
     /// The status a received code names; `None` for the codes this core
-    /// never answers with (CONDITION MET, INTERMEDIATE, obsolete and
-    /// reserved values).
+    /// never answers with (INTERMEDIATE, obsolete and reserved values).
     pub fn from_code(code: u8) -> Option<Status> {
         Status::ALL.into_iter().find(|s| s.code() == code)
     }
@@ -155,6 +159,9 @@ impl Residual {
 pub struct ScsiResponse {
     pub status: Status,
     pub sense: Option<Sense>,
+    /// Sense data as a pass-through device gave it, sent instead of
+    /// `sense` (which then holds its key and ASC, when they could be read).
+    pub device_sense: Option<Vec<u8>>,
     pub data_in: Vec<u8>,
     pub residual: Residual,
     /// The LU's control page D_SENSE: transports send descriptor sense.
@@ -164,6 +171,9 @@ pub struct ScsiResponse {
 impl ScsiResponse {
     /// Sense bytes in the format the LU's control page selects (SPC-4 7.5.8).
     pub fn sense_bytes(&self) -> Option<Vec<u8>> {
+        if let Some(d) = &self.device_sense {
+            return Some(d.clone());
+        }
         self.sense.map(|s| {
             if self.descriptor_sense {
                 s.to_descriptor()
@@ -185,6 +195,7 @@ impl ScsiResponse {
         ScsiResponse {
             status,
             sense: None,
+            device_sense: None,
             data_in: Vec::new(),
             residual: if expected > 0 {
                 Residual::Under(expected)
@@ -394,16 +405,26 @@ impl Target {
         bufs: Option<&mut Buffers<'_, '_>>,
     ) -> ScsiResponse {
         // Only a WRITE takes its data-out in pieces; anything else that
-        // has data-out parses it, so it gets it in one.
+        // has data-out parses it, so it gets it in one. A pass-through
+        // device takes any command's pieces, but PERSISTENT RESERVE OUT
+        // (the core's).
+        let dev = self.device(nexus, lun);
+        let passed = dev
+            .as_ref()
+            .is_some_and(|d| d.pass_through_handler().is_some());
         let gathered;
         let (data_out, bufs) = match bufs {
-            Some(b) if b.has_data_out() && !is_write(cdb) => {
+            Some(b)
+                if b.has_data_out()
+                    && !is_write(cdb)
+                    && !(passed && !crate::passthrough::core_parses_data_out(cdb)) =>
+            {
                 gathered = b.gather_data_out();
                 (&gathered[..], None)
             }
             b => (data_out, b),
         };
-        let Some(dev) = self.device(nexus, lun) else {
+        let Some(dev) = dev else {
             // No logical unit: no task set, nothing but an error to run.
             return self.run_in_order(None, attr, nexus, lun, tag, cdb, data_out, expected, bufs);
         };
@@ -594,6 +615,12 @@ impl Target {
             Tmf::LogicalUnitReset => {
                 tasks.abort(|_, l, _| l == lun);
                 drop(tasks);
+                // A pass-through device is reset too (SG_SCSI_RESET): the
+                // commands it holds end, and so does whatever the reset
+                // clears in the device. This thread waits for it.
+                if let Some(p) = dev.pass_through_handler() {
+                    p.reset();
+                }
                 // A reset ends the LU's ACA condition (SAM-5 5.9.3).
                 self.clear_aca(false, |key, _| key == k);
                 // SAM-5 7.7: a unit attention for every nexus, including this one.
@@ -622,6 +649,9 @@ impl Target {
 
     /// Direction and length a CDB implies for this nexus and LUN, before
     /// execution. A CDB that will fail gives its CHECK CONDITION now.
+    /// A pass-through device's commands are not parsed: the transport
+    /// decides (see [`crate::passthrough`]), and this says `Err` for a CDB
+    /// the opcode table does not know.
     pub fn plan(&self, nexus: &Nexus, lun: Lun, cdb: &[u8]) -> Result<Plan, Sense> {
         let (_, cmd) = Command::parse(cdb)?;
         let dev = self.device(nexus, lun);
@@ -682,7 +712,9 @@ mod tests {
         }
         assert_eq!(Status::CheckCondition.code(), 0x02);
         assert_eq!(Status::TaskSetFull.code(), 0x28);
-        // CONDITION MET is a status, but not one this core answers with.
-        assert_eq!(Status::from_code(0x04), None);
+        // CONDITION MET passes from a pass-through device; INTERMEDIATE
+        // (10h, obsolete) is a status this core never answers with.
+        assert_eq!(Status::from_code(0x04), Some(Status::ConditionMet));
+        assert_eq!(Status::from_code(0x10), None);
     }
 }

@@ -15,16 +15,31 @@ impl Target {
         expected: u64,
         mut bufs: Option<&mut Buffers<'_, '_>>,
     ) -> ScsiResponse {
-        let cmd = match Command::parse(cdb) {
-            Ok((_, c)) => c,
-            Err(s) => return ScsiResponse::check(s, expected),
-        };
+        let parsed = Command::parse(cdb);
         let mut st = self.lock();
         let rtpi = st.port_id(&nexus.target_port);
         let dev = st
             .set_for(&nexus.initiator, &nexus.target_port)
             .get(&lun)
             .cloned();
+        if let Some(d) = dev.as_ref().filter(|d| d.pass_through_handler().is_some()) {
+            // A pass-through unit's commands go to the device, but those
+            // the core keeps: REPORT LUNS, persistent reservations, and
+            // REQUEST SENSE of a pending unit attention.
+            let keeps = match cdb.first() {
+                Some(0xa0 | 0x5e | 0x5f) => true,
+                Some(0x03) => !st.ua_mut(nexus, lun).is_empty(),
+                _ => false,
+            };
+            if !keeps {
+                let d = d.clone();
+                return self.run_passed(st, nexus, lun, &d, rtpi, cdb, data_out, expected, bufs);
+            }
+        }
+        let cmd = match parsed {
+            Ok((_, c)) => c,
+            Err(s) => return ScsiResponse::check(s, expected),
+        };
         let bs = dev.as_ref().map_or(512, |d| d.block_size());
         let d_sense = dev.as_ref().is_some_and(|d| d.mode_state().d_sense);
         if let Err(s) = naca_supported(dev.as_deref(), cdb) {
@@ -227,12 +242,80 @@ impl Target {
                 ScsiResponse {
                     status: Status::Good,
                     sense: None,
+                    device_sense: None,
                     data_in: data,
                     residual: Residual::of(expected, plan.len, moved),
                     descriptor_sense: d_sense,
                 }
             }
         }
+    }
+}
+
+impl Target {
+    /// Runs a command of a pass-through unit the core does not keep (see
+    /// [`crate::passthrough`]): unit attentions and reservations first,
+    /// then the device.
+    #[allow(clippy::too_many_arguments)]
+    fn run_passed(
+        &self,
+        mut st: MutexGuard<'_, State>,
+        nexus: &Nexus,
+        lun: Lun,
+        dev: &Arc<Device>,
+        rtpi: u16,
+        cdb: &[u8],
+        data_out: &[u8],
+        expected: u64,
+        bufs: Option<&mut Buffers<'_, '_>>,
+    ) -> ScsiResponse {
+        let Some(handler) = dev.pass_through_handler() else {
+            return ScsiResponse::check(
+                Sense::new(SenseKey::IllegalRequest, Asc::LOGICAL_UNIT_NOT_SUPPORTED),
+                expected,
+            );
+        };
+        if let Err(s) = naca_supported(Some(dev), cdb) {
+            return ScsiResponse::check(s, expected);
+        }
+        // SPC-2 RESERVE/RELEASE(6/10): the emulated units do not have
+        // them either, and the device must not hold a reservation of the
+        // target's (every initiator would share it).
+        if matches!(cdb.first(), Some(0x16 | 0x17 | 0x56 | 0x57)) {
+            return ScsiResponse::check(
+                Sense::new(
+                    SenseKey::IllegalRequest,
+                    Asc::INVALID_COMMAND_OPERATION_CODE,
+                ),
+                expected,
+            );
+        }
+        // INQUIRY is never blocked by a unit attention (SAM-5 5.14).
+        if cdb.first() != Some(&0x12) {
+            if let Some(asc) = st.ua_mut(nexus, lun).pop() {
+                return ScsiResponse::check(Sense::new(SenseKey::UnitAttention, asc), expected);
+            }
+        }
+        drop(st);
+        let dir = match crate::passthrough::transfer(data_out, bufs.as_deref(), expected) {
+            Ok((dir, _)) => dir,
+            Err(s) => return ScsiResponse::check(s, expected),
+        };
+        let conflict = dev
+            .pr
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .conflicts_passed(nexus, cdb, dir == DataDir::In);
+        if conflict {
+            return ScsiResponse::status_only(Status::ReservationConflict, expected);
+        }
+        let passed = handler.run(dev, rtpi, cdb, data_out, bufs, expected);
+        if let Some(asc) = passed.unit_attention {
+            // What the device told this nexus, the others learn too.
+            self.raise_where(dev, asc, |x| x != nexus);
+        }
+        dev.count_passed(passed.response.status);
+        passed.response
     }
 }
 
@@ -257,7 +340,7 @@ pub(super) fn naca_supported(dev: Option<&Device>, cdb: &[u8]) -> Result<(), Sen
 /// device identification VPD data (SPC-4 7.8.6.6: association 01b target
 /// port, type 4, PIV 0), so an initiator learns the identifier REGISTER AND
 /// MOVE takes.
-pub(super) fn add_relative_port(page: &mut Vec<u8>, rtpi: u16) {
+pub(crate) fn add_relative_port(page: &mut Vec<u8>, rtpi: u16) {
     page.extend_from_slice(&[0x01, 0x14, 0x00, 0x04, 0, 0]);
     page.extend_from_slice(&rtpi.to_be_bytes());
     let len = (page.len().saturating_sub(4)).min(0xffff) as u16;

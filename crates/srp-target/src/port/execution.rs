@@ -301,6 +301,7 @@ impl Inner {
                 return scsi::ScsiResponse {
                     status: scsi::Status::TaskAborted,
                     sense: None,
+                    device_sense: None,
                     data_in: Vec::new(),
                     residual: scsi::Residual::None,
                     descriptor_sense: false,

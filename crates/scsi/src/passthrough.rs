@@ -1,0 +1,842 @@
+//! The pass-through device handler (SCST's `scst_disk`): a logical unit
+//! whose commands go to a real SCSI device, so disks, RAID volumes, tapes
+//! and changers are exported as they are.
+//!
+//! The handler knows no opcode table: direction and length come from the
+//! transport (an SRP command's data descriptors), so a command the core
+//! has never heard of (a tape's REWIND, a changer's MOVE MEDIUM) passes.
+//! The device's status and sense go back as the device gave them.
+//!
+//! What stays the target's (see [`crate::Target`]): REPORT LUNS and
+//! REQUEST SENSE of a pending unit attention, unit attentions of every
+//! nexus, persistent reservations (emulated: the device sees one
+//! initiator, the target; PERSISTENT RESERVE IN/OUT never reach it, and
+//! SPC-2 RESERVE/RELEASE are refused as the emulated devices refuse them),
+//! NACA (refused: the device's ACA would hold every nexus at once), and
+//! the identity the configuration overrides ([`Identity`]): vendor and
+//! product are written over the device's standard INQUIRY data; a
+//! configured serial makes the target answer VPD 80h and 83h itself
+//! (serial, NAA from the serial, relative target port), with the device's
+//! peripheral byte. Unset, the device's own identity passes.
+//!
+//! A LOGICAL UNIT RESET resets the device ([`Executor::reset_device`];
+//! the unit attention the device then reports once is the one the core
+//! already gave every nexus, so it is not passed on). A unit attention
+//! the device reports otherwise (capacity or mode parameters changed) goes
+//! to the nexus whose command met it and is queued for every other one.
+//!
+//! A device that is gone (ENODEV or ENXIO from the ioctl, the host's "no
+//! connect") ends the logical unit: every command from then on is ILLEGAL
+//! REQUEST / LOGICAL UNIT NOT SUPPORTED, at once, without touching the node.
+//!
+//! Execution is synchronous on the caller's thread ([`crate::Backend`]
+//! `never_blocks` is false, so a transport runs it on a worker).
+//! [`SgDevice`] is the Linux executor: SG_IO on a `/dev/sgN` node, the
+//! data moved straight between the transport's pieces and the device by
+//! the ioctl's scatter list (`iovec_count`).
+
+use crate::bufs::Buffers;
+use crate::cdb::DataDir;
+use crate::sense::{decode_key_asc, Asc, Sense, SenseKey};
+use crate::target::{Residual, ScsiResponse, Status};
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+
+/// Most bytes one command moves through the handler; a transport asking
+/// for more gets ILLEGAL REQUEST (the sg driver would refuse it anyway,
+/// later and less clearly).
+pub const MAX_TRANSFER: usize = 32 << 20;
+
+/// Most pieces one command's data may be in (the kernel's UIO_MAXIOV).
+pub const MAX_PIECES: usize = 1024;
+
+/// Longest sense data kept (SPC-4 4.5.1: 252 bytes at most).
+pub const MAX_SENSE: usize = 252;
+
+/// How long a command may take before the host gives up on it.
+pub const DEFAULT_TIMEOUT_MS: u32 = 60_000;
+
+/// A command's data as the executor moves it.
+pub enum Data<'a, 'b> {
+    None,
+    /// Data-in, filled from the front.
+    In(&'a mut [&'b mut [u8]]),
+    /// Data-out, sent in order.
+    Out(&'a [&'b [u8]]),
+}
+
+impl Data<'_, '_> {
+    /// Bytes the pieces hold together.
+    pub fn len(&self) -> usize {
+        match self {
+            Data::None => 0,
+            Data::In(p) => p.iter().map(|p| p.len()).sum(),
+            Data::Out(p) => p.iter().map(|p| p.len()).sum(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn dir(&self) -> DataDir {
+        match self {
+            Data::None => DataDir::None,
+            Data::In(_) => DataDir::In,
+            Data::Out(_) => DataDir::Out,
+        }
+    }
+}
+
+/// What the device answered to one command.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    /// The status byte (SAM-5 table 33), as the device sent it.
+    pub status: u8,
+    /// Sense data as the device sent it (empty: none).
+    pub sense: Vec<u8>,
+    /// Bytes of the transfer that did not move (data-in the device did
+    /// not send, data-out it did not take).
+    pub resid: usize,
+}
+
+/// Why an executor could not get an answer from the device.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    /// The device (or its node) is gone: the logical unit ends.
+    #[error("the device is gone ({0}): it was removed or went offline")]
+    Gone(String),
+    /// The host adapter or its driver failed the command, not the
+    /// device (a timeout, a bus reset): the initiator may retry.
+    #[error("host status {host:#04x}, driver status {driver:#04x}")]
+    Transport { host: u16, driver: u16 },
+    /// The request itself was refused (EINVAL, ENOMEM: too many or too
+    /// large pieces for the host).
+    #[error("the device refused the request: {0}")]
+    Refused(std::io::Error),
+}
+
+/// Runs CDBs on one device. [`SgDevice`] does it with SG_IO; tests put a
+/// fake here to see what the handler sends and what it makes of answers.
+pub trait Executor: Send + Sync {
+    /// Runs `cdb` moving `data`, waiting at most `timeout_ms`.
+    ///
+    /// # Errors
+    /// [`ExecError`]: no answer from the device.
+    fn execute(&self, cdb: &[u8], data: Data<'_, '_>, timeout_ms: u32)
+        -> Result<Answer, ExecError>;
+
+    /// Resets the device (a LOGICAL UNIT RESET from an initiator).
+    ///
+    /// # Errors
+    /// [`ExecError`] when the host cannot reset it.
+    fn reset_device(&self) -> Result<(), ExecError>;
+}
+
+/// The identity the configuration overrides; what is `false` here comes
+/// from the device. Values are the device's [`crate::DeviceConfig`]'s.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Identity {
+    /// Standard INQUIRY's T10 VENDOR IDENTIFICATION.
+    pub vendor: bool,
+    /// Standard INQUIRY's PRODUCT IDENTIFICATION.
+    pub product: bool,
+    /// VPD 80h and 83h answered by the target from `serial` and `naa`.
+    pub serial: bool,
+}
+
+/// The handler of one pass-through logical unit.
+pub struct PassThrough {
+    exec: Box<dyn Executor>,
+    identity: Identity,
+    timeout_ms: u32,
+    gone: AtomicBool,
+    /// The device was reset by a LOGICAL UNIT RESET and will report it
+    /// once; the core has told every nexus already.
+    reset_reported: AtomicBool,
+}
+
+/// What the target does after a passed command besides answering it.
+pub(crate) struct Passed {
+    pub(crate) response: ScsiResponse,
+    /// A unit attention the device reported, for the other nexuses.
+    pub(crate) unit_attention: Option<Asc>,
+}
+
+impl PassThrough {
+    pub fn new(exec: Box<dyn Executor>, identity: Identity) -> PassThrough {
+        PassThrough {
+            exec,
+            identity,
+            timeout_ms: DEFAULT_TIMEOUT_MS,
+            gone: AtomicBool::new(false),
+            reset_reported: AtomicBool::new(false),
+        }
+    }
+
+    /// The per-command timeout, in milliseconds (at least 1).
+    pub fn with_timeout_ms(mut self, ms: u32) -> PassThrough {
+        self.timeout_ms = ms.max(1);
+        self
+    }
+
+    pub fn identity(&self) -> Identity {
+        self.identity
+    }
+
+    /// Whether the device went away; the logical unit then answers every
+    /// command with LOGICAL UNIT NOT SUPPORTED.
+    pub fn is_gone(&self) -> bool {
+        self.gone.load(SeqCst)
+    }
+
+    /// Resets the device for a LOGICAL UNIT RESET; false when it could
+    /// not be (gone, or the host refused).
+    pub(crate) fn reset(&self) -> bool {
+        if self.is_gone() {
+            return false;
+        }
+        match self.exec.reset_device() {
+            Ok(()) => {
+                self.reset_reported.store(true, SeqCst);
+                true
+            }
+            Err(ExecError::Gone(_)) => {
+                self.gone.store(true, SeqCst);
+                false
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Sends `cdb` to the device once, handling what the handler handles
+    /// (a gone device, the reset's own unit attention).
+    fn send(&self, cdb: &[u8], mut data: Data<'_, '_>) -> Result<Answer, Sense> {
+        if self.is_gone() {
+            return Err(gone_sense());
+        }
+        // The unit attention of a reset the core reported already is
+        // skipped once: the command runs again.
+        for _ in 0..2 {
+            let d = match &mut data {
+                Data::None => Data::None,
+                Data::In(p) => Data::In(&mut p[..]),
+                Data::Out(p) => Data::Out(p),
+            };
+            match self.exec.execute(cdb, d, self.timeout_ms) {
+                Ok(a) => {
+                    let reset_ua = a.status == Status::CheckCondition.code()
+                        && matches!(
+                            decode_key_asc(&a.sense),
+                            Some((SenseKey::UnitAttention, Asc(0x29, _)))
+                        );
+                    if reset_ua && self.reset_reported.swap(false, SeqCst) {
+                        continue;
+                    }
+                    return Ok(a);
+                }
+                Err(ExecError::Gone(_)) => {
+                    self.gone.store(true, SeqCst);
+                    return Err(gone_sense());
+                }
+                // SAM-5: a failure of the service delivery, not the
+                // device's: ABORTED COMMAND, which an initiator retries.
+                Err(ExecError::Transport { .. }) => {
+                    return Err(Sense::new(
+                        SenseKey::AbortedCommand,
+                        Asc::INTERNAL_TARGET_FAILURE,
+                    ))
+                }
+                Err(ExecError::Refused(_)) => {
+                    return Err(Sense::new(
+                        SenseKey::IllegalRequest,
+                        Asc::INVALID_FIELD_IN_CDB,
+                    ))
+                }
+            }
+        }
+        Err(Sense::new(SenseKey::UnitAttention, Asc::BUS_DEVICE_RESET))
+    }
+
+    /// Runs one command on the device: data-out from `data_out` (flat) or
+    /// the data-out pieces of `bufs`; data-in into the data-in pieces of
+    /// `bufs`, or into the response's vector (`expected` bytes at most).
+    /// The direction is the transport's: data-out when there is any,
+    /// else data-in when `expected` is not 0.
+    pub(crate) fn run(
+        &self,
+        dev: &crate::Device,
+        rtpi: u16,
+        cdb: &[u8],
+        data_out: &[u8],
+        bufs: Option<&mut Buffers<'_, '_>>,
+        expected: u64,
+    ) -> Passed {
+        let r = self.run_inner(dev, rtpi, cdb, data_out, bufs, expected);
+        let (response, unit_attention) = match r {
+            Ok((answer, data_in, moved)) => answer_response(answer, data_in, moved, expected),
+            Err(s) => (
+                ScsiResponse {
+                    status: Status::CheckCondition,
+                    sense: Some(s),
+                    device_sense: None,
+                    data_in: Vec::new(),
+                    residual: under(expected, 0),
+                    descriptor_sense: false,
+                },
+                None,
+            ),
+        };
+        Passed {
+            response,
+            unit_attention,
+        }
+    }
+
+    /// The answer, the data-in in a vector (when there were no pieces)
+    /// and the bytes moved.
+    fn run_inner(
+        &self,
+        dev: &crate::Device,
+        rtpi: u16,
+        cdb: &[u8],
+        data_out: &[u8],
+        bufs: Option<&mut Buffers<'_, '_>>,
+        expected: u64,
+    ) -> Result<(Answer, Vec<u8>, u64), Sense> {
+        let (dir, len) = transfer(data_out, bufs.as_deref(), expected)?;
+        if let Some(page) = inquiry_page(cdb) {
+            return self.inquiry(dev, rtpi, cdb, page, len, bufs);
+        }
+        match (dir, bufs) {
+            (DataDir::None, _) => {
+                let a = self.send(cdb, Data::None)?;
+                Ok((a, Vec::new(), 0))
+            }
+            (DataDir::Out, b) => {
+                let pieces = match b {
+                    Some(b) if data_out.is_empty() => b.data_out_for(len).ok_or_else(too_many)?,
+                    _ => vec![data_out.get(..len).unwrap_or(data_out)],
+                };
+                if pieces.len() > MAX_PIECES {
+                    return Err(too_many());
+                }
+                let a = self.send(cdb, Data::Out(&pieces))?;
+                let moved = len.saturating_sub(a.resid) as u64;
+                Ok((a, Vec::new(), moved))
+            }
+            (DataDir::In, Some(b)) if b.has_data_in() => {
+                let mut pieces = b.data_in_for(len);
+                if pieces.len() > MAX_PIECES {
+                    return Err(too_many());
+                }
+                let a = self.send(cdb, Data::In(&mut pieces))?;
+                let moved = len.saturating_sub(a.resid);
+                b.placed = Some(moved);
+                Ok((a, Vec::new(), moved as u64))
+            }
+            (DataDir::In, _) => {
+                let mut v = vec![0u8; len];
+                let a = self.send(cdb, Data::In(&mut [&mut v[..]]))?;
+                v.truncate(len.saturating_sub(a.resid));
+                let moved = v.len() as u64;
+                Ok((a, v, moved))
+            }
+        }
+    }
+
+    /// INQUIRY: the device's answer with the configured vendor and
+    /// product written over it, or VPD 80h/83h from the configuration.
+    fn inquiry(
+        &self,
+        dev: &crate::Device,
+        rtpi: u16,
+        cdb: &[u8],
+        page: Option<u8>,
+        len: usize,
+        bufs: Option<&mut Buffers<'_, '_>>,
+    ) -> Result<(Answer, Vec<u8>, u64), Sense> {
+        let mut v = vec![0u8; len];
+        let answer = match page {
+            Some(p @ (0x80 | 0x83)) if self.identity.serial => {
+                // The peripheral byte is the device's (its type: a tape
+                // stays a tape).
+                let mut std = [0u8; 36];
+                let probe = [0x12, 0, 0, 0, std.len() as u8, 0];
+                let peripheral = match self.send(&probe, Data::In(&mut [&mut std[..]])) {
+                    Ok(a) if a.status == Status::Good.code() && a.resid < std.len() => std[0],
+                    _ => 0,
+                };
+                let mut d = dev.inquiry(true, p)?;
+                if p == 0x83 {
+                    crate::target::add_relative_port(&mut d, rtpi);
+                }
+                d[0] = peripheral;
+                let n = d.len().min(len);
+                v.truncate(n);
+                v.copy_from_slice(&d[..n]);
+                Answer {
+                    status: Status::Good.code(),
+                    sense: Vec::new(),
+                    resid: len - n,
+                }
+            }
+            _ => {
+                let a = self.send(cdb, Data::In(&mut [&mut v[..]]))?;
+                v.truncate(len.saturating_sub(a.resid));
+                if page.is_none() && a.status == Status::Good.code() {
+                    self.patch_standard(dev, &mut v);
+                }
+                a
+            }
+        };
+        let moved = v.len() as u64;
+        match bufs {
+            Some(b) if b.has_data_in() => {
+                b.copy_in(&v);
+                Ok((answer, Vec::new(), moved))
+            }
+            _ => Ok((answer, v, moved)),
+        }
+    }
+
+    /// Writes the configured identity over standard INQUIRY data (SPC-4
+    /// 6.6.2), as far as the data goes, and clears NORMACA (the target
+    /// refuses NACA=1 for a passed device).
+    fn patch_standard(&self, dev: &crate::Device, d: &mut [u8]) {
+        fn put(d: &mut [u8], at: usize, s: &str, n: usize) {
+            let field = crate::emulation::pad(s, n);
+            for (k, b) in field.into_iter().enumerate() {
+                if let Some(x) = d.get_mut(at + k) {
+                    *x = b;
+                }
+            }
+        }
+        if let Some(b) = d.get_mut(3) {
+            *b &= !0x20;
+        }
+        if self.identity.vendor {
+            put(d, 8, &dev.config.vendor, 8);
+        }
+        if self.identity.product {
+            put(d, 16, &dev.config.product, 16);
+        }
+    }
+}
+
+/// Whether the core parses the command's data-out itself (PERSISTENT
+/// RESERVE OUT: the reservations are the core's), so it gathers it.
+pub(crate) fn core_parses_data_out(cdb: &[u8]) -> bool {
+    cdb.first() == Some(&0x5f)
+}
+
+fn gone_sense() -> Sense {
+    Sense::new(SenseKey::IllegalRequest, Asc::LOGICAL_UNIT_NOT_SUPPORTED)
+}
+
+fn too_many() -> Sense {
+    Sense::new(SenseKey::IllegalRequest, Asc::INVALID_FIELD_IN_CDB)
+}
+
+fn under(expected: u64, moved: u64) -> Residual {
+    if moved < expected {
+        Residual::Under(expected - moved)
+    } else {
+        Residual::None
+    }
+}
+
+/// INQUIRY's page: `Some(None)` for standard data, `Some(Some(p))` for
+/// VPD page `p`, `None` for another command (or a CDB too short to say).
+fn inquiry_page(cdb: &[u8]) -> Option<Option<u8>> {
+    match cdb {
+        [0x12, b1, page, ..] if cdb.len() >= 6 => Some((b1 & 0x01 != 0).then_some(*page)),
+        _ => None,
+    }
+}
+
+/// Direction and length of a command's transfer, from what the transport
+/// brought: data-out when it brought any (flat or in pieces), else
+/// data-in of `expected` bytes (at most what the pieces hold).
+///
+/// # Errors
+/// ILLEGAL REQUEST / INVALID FIELD IN CDB past [`MAX_TRANSFER`].
+pub(crate) fn transfer(
+    data_out: &[u8],
+    bufs: Option<&Buffers<'_, '_>>,
+    expected: u64,
+) -> Result<(DataDir, usize), Sense> {
+    let pieces_out = bufs.map_or(0, |b| b.data_out_len());
+    let (dir, len) = if !data_out.is_empty() {
+        (DataDir::Out, data_out.len() as u64)
+    } else if pieces_out > 0 {
+        (DataDir::Out, pieces_out as u64)
+    } else if expected > 0 {
+        let room = match bufs {
+            Some(b) if b.has_data_in() => (b.capacity() as u64).min(expected),
+            _ => expected,
+        };
+        (DataDir::In, room)
+    } else {
+        (DataDir::None, 0)
+    };
+    if len > MAX_TRANSFER as u64 {
+        return Err(too_many());
+    }
+    Ok((dir, len as usize))
+}
+
+/// The response to a device's answer, and the unit attention it carries
+/// for the other nexuses (not a reset's: see the module docs).
+fn answer_response(
+    a: Answer,
+    data_in: Vec<u8>,
+    moved: u64,
+    expected: u64,
+) -> (ScsiResponse, Option<Asc>) {
+    let mut sense = a.sense;
+    sense.truncate(MAX_SENSE);
+    let decoded = decode_key_asc(&sense);
+    let (status, sense, device_sense) = match Status::from_code(a.status) {
+        Some(s) if s == Status::CheckCondition && sense.is_empty() => {
+            // A CHECK CONDITION without sense: say so rather than send an
+            // empty one (SPC-4 4.5.1 wants sense with it).
+            let s = Sense::new(SenseKey::HardwareError, Asc::INTERNAL_TARGET_FAILURE);
+            (Status::CheckCondition, Some(s), None)
+        }
+        Some(s) => {
+            let keep = s == Status::CheckCondition || !sense.is_empty();
+            let parsed = decoded.map(|(k, asc)| Sense::new(k, asc));
+            (s, parsed.filter(|_| keep), keep.then_some(sense))
+        }
+        // A status the core has no name for (obsolete, reserved).
+        None => {
+            let s = Sense::new(SenseKey::HardwareError, Asc::INTERNAL_TARGET_FAILURE);
+            (Status::CheckCondition, Some(s), None)
+        }
+    };
+    let ua = match (status, decoded) {
+        (Status::CheckCondition, Some((SenseKey::UnitAttention, asc))) if asc.0 != 0x29 => {
+            Some(asc)
+        }
+        _ => None,
+    };
+    let good = matches!(status, Status::Good | Status::ConditionMet);
+    let response = ScsiResponse {
+        status,
+        sense,
+        device_sense,
+        data_in: if good || status == Status::CheckCondition {
+            data_in
+        } else {
+            Vec::new()
+        },
+        residual: under(expected, moved),
+        descriptor_sense: false,
+    };
+    (response, ua)
+}
+
+pub use sg::SgDevice;
+
+/// SG_IO on a Linux sg node (`/dev/sgN`).
+mod sg {
+    use super::*;
+    use std::os::fd::AsRawFd;
+
+    /// `sg_io_hdr_t` of `<scsi/sg.h>` (interface version 3).
+    #[repr(C)]
+    struct SgIoHdr {
+        interface_id: libc::c_int,
+        dxfer_direction: libc::c_int,
+        cmd_len: libc::c_uchar,
+        mx_sb_len: libc::c_uchar,
+        iovec_count: libc::c_ushort,
+        dxfer_len: libc::c_uint,
+        dxferp: *mut libc::c_void,
+        cmdp: *const libc::c_uchar,
+        sbp: *mut libc::c_uchar,
+        timeout: libc::c_uint,
+        flags: libc::c_uint,
+        pack_id: libc::c_int,
+        usr_ptr: *mut libc::c_void,
+        status: libc::c_uchar,
+        masked_status: libc::c_uchar,
+        msg_status: libc::c_uchar,
+        sb_len_wr: libc::c_uchar,
+        host_status: libc::c_ushort,
+        driver_status: libc::c_ushort,
+        resid: libc::c_int,
+        duration: libc::c_uint,
+        info: libc::c_uint,
+    }
+
+    // The layout the kernel reads on 64-bit Linux (pahole of sg_io_hdr).
+    #[cfg(target_pointer_width = "64")]
+    const _: () = {
+        assert!(std::mem::size_of::<SgIoHdr>() == 88);
+        assert!(std::mem::offset_of!(SgIoHdr, dxferp) == 16);
+        assert!(std::mem::offset_of!(SgIoHdr, usr_ptr) == 56);
+        assert!(std::mem::offset_of!(SgIoHdr, status) == 64);
+        assert!(std::mem::offset_of!(SgIoHdr, resid) == 72);
+        assert!(std::mem::offset_of!(SgIoHdr, info) == 80);
+    };
+
+    const SG_IO: libc::c_ulong = 0x2285;
+    const SG_SCSI_RESET: libc::c_ulong = 0x2284;
+    const SG_SCSI_RESET_DEVICE: libc::c_int = 1;
+    const SG_GET_VERSION_NUM: libc::c_ulong = 0x2282;
+    const SG_DXFER_NONE: libc::c_int = -1;
+    const SG_DXFER_TO_DEV: libc::c_int = -2;
+    const SG_DXFER_FROM_DEV: libc::c_int = -3;
+    /// Host status "no connect": the device is gone (Linux DID_NO_CONNECT).
+    const DID_NO_CONNECT: u16 = 0x01;
+    /// Driver status bits other than "sense follows" mean the driver
+    /// failed the command (Linux DRIVER_SENSE is 08h).
+    const DRIVER_SENSE: u16 = 0x08;
+
+    /// The sg driver's character major (Documentation/admin-guide/devices.txt).
+    pub const SG_MAJOR: u32 = 21;
+
+    /// An open sg node.
+    pub struct SgDevice {
+        file: std::fs::File,
+    }
+
+    /// Why a path cannot be a pass-through device.
+    #[derive(Debug, thiserror::Error)]
+    pub enum SgOpenError {
+        #[error("cannot open {path} read-write: {source}")]
+        Open {
+            path: String,
+            #[source]
+            source: std::io::Error,
+        },
+        #[error("{path} is not a character device: name the sg node of the device (lsscsi -g)")]
+        NotChar { path: String },
+        #[error(
+            "{path} is character device {major}:{minor}, not one of the sg driver (major 21): \
+             name the sg node of the device (lsscsi -g; modprobe sg)"
+        )]
+        NotSg {
+            path: String,
+            major: u32,
+            minor: u32,
+        },
+        #[error("{path}: the sg driver does not answer SG_GET_VERSION_NUM: {source}")]
+        NoVersion {
+            path: String,
+            #[source]
+            source: std::io::Error,
+        },
+    }
+
+    impl SgDevice {
+        /// Opens `path` read-write, refusing anything but a node of the sg
+        /// driver.
+        ///
+        /// # Errors
+        /// [`SgOpenError`], with what to do.
+        pub fn open(path: &std::path::Path) -> Result<SgDevice, SgOpenError> {
+            use std::os::unix::fs::{FileTypeExt, MetadataExt};
+            let shown = path.display().to_string();
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(path)
+                .map_err(|source| SgOpenError::Open {
+                    path: shown.clone(),
+                    source,
+                })?;
+            let meta = file.metadata().map_err(|source| SgOpenError::Open {
+                path: shown.clone(),
+                source,
+            })?;
+            if !meta.file_type().is_char_device() {
+                return Err(SgOpenError::NotChar { path: shown });
+            }
+            let rdev = meta.rdev();
+            let (major, minor) = (libc::major(rdev), libc::minor(rdev));
+            if major != SG_MAJOR {
+                return Err(SgOpenError::NotSg {
+                    path: shown,
+                    major,
+                    minor,
+                });
+            }
+            let mut version: libc::c_int = 0;
+            // SAFETY: SG_GET_VERSION_NUM writes one int to the pointer,
+            // which points at `version`, alive for the call.
+            let r = unsafe { libc::ioctl(file.as_raw_fd(), SG_GET_VERSION_NUM as _, &mut version) };
+            if r < 0 {
+                return Err(SgOpenError::NoVersion {
+                    path: shown,
+                    source: std::io::Error::last_os_error(),
+                });
+            }
+            Ok(SgDevice { file })
+        }
+    }
+
+    fn gone_or(e: std::io::Error) -> ExecError {
+        match e.raw_os_error() {
+            Some(libc::ENODEV | libc::ENXIO) => ExecError::Gone(e.to_string()),
+            _ => ExecError::Refused(e),
+        }
+    }
+
+    impl Executor for SgDevice {
+        fn execute(
+            &self,
+            cdb: &[u8],
+            data: Data<'_, '_>,
+            timeout_ms: u32,
+        ) -> Result<Answer, ExecError> {
+            let bad = |m: &str| ExecError::Refused(std::io::Error::other(m.to_string()));
+            if cdb.is_empty() || cdb.len() > 255 {
+                return Err(bad("CDB length"));
+            }
+            let len = data.len();
+            // The pieces stay borrowed by the caller for the whole call;
+            // data-in pointers come from the mutable borrow.
+            let (dir, mut iov): (libc::c_int, Vec<libc::iovec>) = match data {
+                Data::None => (SG_DXFER_NONE, Vec::new()),
+                Data::In(p) => (
+                    SG_DXFER_FROM_DEV,
+                    p.iter_mut()
+                        .map(|b| libc::iovec {
+                            iov_base: b.as_mut_ptr().cast(),
+                            iov_len: b.len(),
+                        })
+                        .collect(),
+                ),
+                Data::Out(p) => (
+                    SG_DXFER_TO_DEV,
+                    p.iter()
+                        .map(|b| libc::iovec {
+                            iov_base: b.as_ptr() as *mut libc::c_void,
+                            iov_len: b.len(),
+                        })
+                        .collect(),
+                ),
+            };
+            iov.retain(|v| v.iov_len > 0);
+            if iov.len() > MAX_PIECES || len > MAX_TRANSFER {
+                return Err(bad("transfer too large"));
+            }
+            let dir = if iov.is_empty() { SG_DXFER_NONE } else { dir };
+            let mut sense = [0u8; MAX_SENSE];
+            let mut h = SgIoHdr {
+                interface_id: b'S' as libc::c_int,
+                dxfer_direction: dir,
+                cmd_len: cdb.len() as u8,
+                mx_sb_len: sense.len() as u8,
+                iovec_count: iov.len() as u16,
+                dxfer_len: len as u32,
+                dxferp: if iov.is_empty() {
+                    std::ptr::null_mut()
+                } else {
+                    iov.as_mut_ptr().cast()
+                },
+                cmdp: cdb.as_ptr(),
+                sbp: sense.as_mut_ptr(),
+                timeout: timeout_ms,
+                flags: 0,
+                pack_id: 0,
+                usr_ptr: std::ptr::null_mut(),
+                status: 0,
+                masked_status: 0,
+                msg_status: 0,
+                sb_len_wr: 0,
+                host_status: 0,
+                driver_status: 0,
+                resid: 0,
+                duration: 0,
+                info: 0,
+            };
+            // SAFETY: `h` points at the CDB, the sense buffer and the iovec
+            // array, whose bases are the caller's pieces: all alive and
+            // unmoved for the call, each the length the header says. The
+            // kernel writes data-in only into the pieces (borrowed mutably
+            // as `Data::In`) and sense only into `sense` (mx_sb_len bytes);
+            // data-out pieces are only read.
+            let r = unsafe { libc::ioctl(self.file.as_raw_fd(), SG_IO as _, &mut h) };
+            if r < 0 {
+                return Err(gone_or(std::io::Error::last_os_error()));
+            }
+            if h.host_status == DID_NO_CONNECT {
+                return Err(ExecError::Gone("host status DID_NO_CONNECT".into()));
+            }
+            if h.host_status != 0 || h.driver_status & !DRIVER_SENSE != 0 {
+                return Err(ExecError::Transport {
+                    host: h.host_status,
+                    driver: h.driver_status,
+                });
+            }
+            let written = (h.sb_len_wr as usize).min(sense.len());
+            Ok(Answer {
+                status: h.status,
+                sense: sense[..written].to_vec(),
+                resid: usize::try_from(h.resid).unwrap_or(0).min(len),
+            })
+        }
+
+        fn reset_device(&self) -> Result<(), ExecError> {
+            let mut what: libc::c_int = SG_SCSI_RESET_DEVICE;
+            // SAFETY: SG_SCSI_RESET reads one int from the pointer, which
+            // points at `what`, alive for the call.
+            let r = unsafe { libc::ioctl(self.file.as_raw_fd(), SG_SCSI_RESET as _, &mut what) };
+            if r < 0 {
+                return Err(gone_or(std::io::Error::last_os_error()));
+            }
+            Ok(())
+        }
+    }
+}
+
+pub use sg::{SgOpenError, SG_MAJOR};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_an_sg_node_opens() {
+        let e = SgDevice::open(std::path::Path::new("/dev/null"))
+            .err()
+            .unwrap();
+        assert!(matches!(e, SgOpenError::NotSg { major: 1, .. }), "{e}");
+        assert!(e.to_string().contains("major 21"), "{e}");
+        let dir = std::env::temp_dir().join(format!("pt-open-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("plain");
+        std::fs::write(&file, b"x").unwrap();
+        let e = SgDevice::open(&file).err().unwrap();
+        assert!(matches!(e, SgOpenError::NotChar { .. }), "{e}");
+        let e = SgDevice::open(&dir.join("absent")).err().unwrap();
+        match e {
+            SgOpenError::Open { source, .. } => {
+                assert_eq!(source.kind(), std::io::ErrorKind::NotFound)
+            }
+            e => panic!("{e}"),
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_transport_decides_direction_and_length() {
+        assert_eq!(transfer(&[], None, 0).unwrap(), (DataDir::None, 0));
+        assert_eq!(transfer(&[], None, 4096).unwrap(), (DataDir::In, 4096));
+        assert_eq!(transfer(&[1; 10], None, 10).unwrap(), (DataDir::Out, 10));
+        // Pieces smaller than the expected length bound the data-in.
+        let mut a = [0u8; 100];
+        let mut p: Vec<&mut [u8]> = vec![&mut a];
+        let b = Buffers::data_in(&mut p);
+        assert_eq!(transfer(&[], Some(&b), 4096).unwrap(), (DataDir::In, 100));
+        let big = MAX_TRANSFER as u64 + 1;
+        let s = transfer(&[], None, big).unwrap_err();
+        assert_eq!(s.key, SenseKey::IllegalRequest);
+        assert_eq!(inquiry_page(&[0x12, 1, 0x80, 0, 255, 0]), Some(Some(0x80)));
+        assert_eq!(inquiry_page(&[0x12, 0, 0, 0, 36, 0]), Some(None));
+        assert_eq!(inquiry_page(&[0x12, 1]), None, "too short to be an INQUIRY");
+    }
+}

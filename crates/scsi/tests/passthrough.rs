@@ -1,0 +1,561 @@
+//! The pass-through handler over a fake executor: what reaches the device
+//! (CDB, direction and length from the transport), what the core keeps
+//! (REPORT LUNS, reservations, unit attentions, identity), and what comes
+//! back (the device's sense as it gave it).
+
+mod common;
+
+use common::{l0, target};
+use scsi::passthrough::{Answer, Data, ExecError, Executor, Identity, MAX_TRANSFER};
+use scsi::*;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
+
+/// What the fake device was asked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Call {
+    cdb: Vec<u8>,
+    dir: DataDir,
+    len: usize,
+    pieces: usize,
+    out: Vec<u8>,
+}
+
+/// A scripted answer: data-in to send (cut to the transfer), the answer.
+type Scripted = Result<(Vec<u8>, Answer), ExecError>;
+
+/// A device that records every command and answers from a script; with
+/// the script empty, GOOD with data-in bytes `k as u8`.
+#[derive(Default)]
+struct Fake {
+    calls: Mutex<Vec<Call>>,
+    script: Mutex<VecDeque<Scripted>>,
+    resets: AtomicUsize,
+}
+
+impl Fake {
+    fn then(&self, s: Scripted) {
+        self.script.lock().unwrap().push_back(s);
+    }
+    fn calls(&self) -> Vec<Call> {
+        self.calls.lock().unwrap().clone()
+    }
+}
+
+fn good() -> Answer {
+    Answer {
+        status: 0,
+        sense: Vec::new(),
+        resid: 0,
+    }
+}
+
+/// The executor the handler owns, sharing the fake with the test.
+struct Shared(Arc<Fake>);
+
+impl Executor for Shared {
+    fn execute(&self, cdb: &[u8], data: Data<'_, '_>, _t: u32) -> Result<Answer, ExecError> {
+        let f = &self.0;
+        let (dir, len) = (data.dir(), data.len());
+        let (pieces, out) = match &data {
+            Data::Out(p) => (p.len(), p.concat()),
+            Data::In(p) => (p.len(), Vec::new()),
+            Data::None => (0, Vec::new()),
+        };
+        f.calls.lock().unwrap().push(Call {
+            cdb: cdb.to_vec(),
+            dir,
+            len,
+            pieces,
+            out,
+        });
+        let (fill, answer) = match f.script.lock().unwrap().pop_front() {
+            Some(s) => s?,
+            None => ((0..len).map(|k| k as u8).collect(), good()),
+        };
+        if let Data::In(p) = data {
+            let mut src = fill.iter();
+            for piece in p.iter_mut() {
+                for b in piece.iter_mut() {
+                    match src.next() {
+                        Some(x) => *b = *x,
+                        None => break,
+                    }
+                }
+            }
+        }
+        Ok(answer)
+    }
+
+    fn reset_device(&self) -> Result<(), ExecError> {
+        self.0.resets.fetch_add(1, SeqCst);
+        Ok(())
+    }
+}
+
+fn passed(identity: Identity, config: DeviceConfig) -> (Arc<Fake>, Device) {
+    let fake = Arc::new(Fake::default());
+    let h = PassThrough::new(Box::new(Shared(fake.clone())), identity);
+    (fake, Device::pass_through(config, h).unwrap())
+}
+
+/// A target with a pass-through LUN 0, nexus `a` past its power-on UA.
+fn setup() -> (Arc<Fake>, Target, Nexus) {
+    let (fake, dev) = passed(Identity::default(), DeviceConfig::default());
+    let (t, n) = target(dev);
+    (fake, t, n)
+}
+
+/// Another nexus, past its power-on UA (REQUEST SENSE: the core's).
+fn other(t: &Target, name: &str) -> Nexus {
+    let n = Nexus::new(name, "p");
+    let r = t.execute(&n, l0(), &[0x03, 0, 0, 0, 18, 0], &[], 18);
+    assert_eq!(r.status, Status::Good);
+    assert_eq!(r.data_in[12], 0x29, "REQUEST SENSE reports the power-on UA");
+    n
+}
+
+#[test]
+fn direction_and_length_come_from_the_transport_not_an_opcode_table() {
+    let (fake, t, n) = setup();
+    // A tape's REWIND (01h): no data; the core's opcode table has no 01h.
+    let r = t.execute(&n, l0(), &[0x01, 0, 0, 0, 0, 0], &[], 0);
+    assert_eq!(r.status, Status::Good);
+    // A tape's READ(6) of a 1000-byte variable block (08h, SILI): the
+    // transport says 1000 bytes in.
+    let r = t.execute(&n, l0(), &[0x08, 0x02, 0, 0x03, 0xe8, 0], &[], 1000);
+    assert_eq!(r.status, Status::Good);
+    assert_eq!(r.data_in.len(), 1000);
+    assert_eq!(r.data_in[999], (999 % 256) as u8);
+    // A vendor opcode with 300 bytes out.
+    let out: Vec<u8> = (0..300).map(|k| (k * 7) as u8).collect();
+    let r = t.execute(&n, l0(), &[0xd5, 0, 0, 0, 0, 0, 0, 0, 0, 0], &out, 300);
+    assert_eq!(r.status, Status::Good);
+    let calls = fake.calls();
+    assert_eq!(calls.len(), 3);
+    assert_eq!((calls[0].dir, calls[0].len), (DataDir::None, 0));
+    assert_eq!((calls[1].dir, calls[1].len), (DataDir::In, 1000));
+    assert_eq!(calls[1].cdb, [0x08, 0x02, 0, 0x03, 0xe8, 0]);
+    assert_eq!((calls[2].dir, calls[2].len), (DataDir::Out, 300));
+    assert_eq!(calls[2].out, out);
+}
+
+#[test]
+fn data_moves_between_the_transports_pieces_and_the_device() {
+    let (fake, t, n) = setup();
+    // Data-in into three pieces, handed to the device as three.
+    let (mut a, mut b, mut c) = (vec![0u8; 100], vec![0u8; 50], vec![0u8; 200]);
+    let mut pieces: Vec<&mut [u8]> = vec![&mut a, &mut b, &mut c];
+    let mut bufs = Buffers::data_in(&mut pieces);
+    let cdb = [0x3c, 0x02, 0, 0, 0, 0, 0, 1, 0x5e, 0]; // READ BUFFER
+    let r = t.submit_attr_into(
+        &n,
+        l0(),
+        1,
+        TaskAttr::Simple,
+        &cdb,
+        &[],
+        350,
+        Some(&mut bufs),
+    );
+    assert_eq!(r.status, Status::Good);
+    assert_eq!(bufs.placed(), 350);
+    assert!(bufs.read_direct(), "the device wrote into the pieces");
+    assert_eq!(c[199], (349 % 256) as u8);
+    assert_eq!(b[0], 100);
+    // Data-out from two pieces, for a command the core does not parse
+    // (WRITE BUFFER): not gathered, the device gets the pieces.
+    let (x, y) = (vec![1u8; 64], vec![2u8; 32]);
+    let out: Vec<&[u8]> = vec![&x, &y];
+    let mut bufs = Buffers::data_out(&out);
+    let cdb = [0x3b, 0x02, 0, 0, 0, 0, 0, 0, 96, 0];
+    let r = t.submit_attr_into(
+        &n,
+        l0(),
+        2,
+        TaskAttr::Simple,
+        &cdb,
+        &[],
+        96,
+        Some(&mut bufs),
+    );
+    assert_eq!(r.status, Status::Good);
+    let calls = fake.calls();
+    assert_eq!(
+        (calls[0].dir, calls[0].len, calls[0].pieces),
+        (DataDir::In, 350, 3)
+    );
+    assert_eq!(
+        (calls[1].dir, calls[1].len, calls[1].pieces),
+        (DataDir::Out, 96, 2)
+    );
+    assert_eq!(calls[1].out, [x, y].concat());
+}
+
+#[test]
+fn short_transfers_are_residuals_and_huge_ones_never_reach_the_device() {
+    let (fake, t, n) = setup();
+    fake.then(Ok((
+        vec![9; 512],
+        Answer {
+            resid: 3584,
+            ..good()
+        },
+    )));
+    let r = t.execute(&n, l0(), &[0x08, 0, 0, 0, 8, 0], &[], 4096);
+    assert_eq!(r.status, Status::Good);
+    assert_eq!(r.data_in, vec![9; 512]);
+    assert_eq!(r.residual, Residual::Under(3584));
+    // A resid beyond the transfer (a device answering garbage) is capped.
+    fake.then(Ok((
+        Vec::new(),
+        Answer {
+            resid: 1 << 40,
+            ..good()
+        },
+    )));
+    let r = t.execute(&n, l0(), &[0x08, 0, 0, 0, 1, 0], &[], 512);
+    assert_eq!((r.data_in.len(), r.residual), (0, Residual::Under(512)));
+    let calls = fake.calls().len();
+    let r = t.execute(
+        &n,
+        l0(),
+        &[0x08, 0, 0, 0, 1, 0],
+        &[],
+        MAX_TRANSFER as u64 + 1,
+    );
+    assert_eq!(r.status, Status::CheckCondition);
+    assert_eq!(r.sense.unwrap().key, SenseKey::IllegalRequest);
+    assert_eq!(fake.calls().len(), calls, "not sent");
+}
+
+#[test]
+fn the_devices_sense_goes_back_as_it_gave_it() {
+    let (fake, t, n) = setup();
+    // Descriptor sense: MEDIUM ERROR, 11/00, an information descriptor
+    // and a vendor-specific descriptor (type 80h) the core knows nothing of.
+    let sense = vec![
+        0x72, 0x03, 0x11, 0x00, 0, 0, 0, 0x14, // header, 20 more bytes
+        0x00, 0x0a, 0x80, 0, 0, 0, 0, 0, 0, 0, 0x12, 0x34, // information 1234h
+        0x80, 0x06, 1, 2, 3, 4, 5, 6, // vendor
+    ];
+    fake.then(Ok((
+        Vec::new(),
+        Answer {
+            status: 0x02,
+            sense: sense.clone(),
+            resid: 512,
+        },
+    )));
+    let r = t.execute(&n, l0(), &[0x28, 0, 0, 0, 0x12, 0x34, 0, 0, 1, 0], &[], 512);
+    assert_eq!(r.status, Status::CheckCondition);
+    assert_eq!(r.sense_bytes().unwrap(), sense);
+    let s = r.sense.unwrap();
+    assert_eq!(
+        (s.key, s.asc),
+        (SenseKey::MediumError, Asc::UNRECOVERED_READ_ERROR)
+    );
+    // A CHECK CONDITION without sense, and a status nobody defines, are
+    // the target's HARDWARE ERROR, not an empty sense or a bad status.
+    fake.then(Ok((
+        Vec::new(),
+        Answer {
+            status: 0x02,
+            ..good()
+        },
+    )));
+    fake.then(Ok((
+        Vec::new(),
+        Answer {
+            status: 0x3e,
+            ..good()
+        },
+    )));
+    for _ in 0..2 {
+        let r = t.execute(&n, l0(), &[0x00; 6], &[], 0);
+        assert_eq!(r.status, Status::CheckCondition);
+        let s = r.sense.unwrap();
+        assert_eq!(
+            (s.key, s.asc),
+            (SenseKey::HardwareError, Asc::INTERNAL_TARGET_FAILURE)
+        );
+        assert_eq!(r.sense_bytes().unwrap()[2] & 0x0f, 0x04);
+    }
+    // CONDITION MET (a PRE-FETCH) passes as it is.
+    fake.then(Ok((
+        Vec::new(),
+        Answer {
+            status: 0x04,
+            ..good()
+        },
+    )));
+    let r = t.execute(&n, l0(), &[0x34, 0, 0, 0, 0, 0, 0, 0, 1, 0], &[], 0);
+    assert_eq!(r.status, Status::ConditionMet);
+}
+
+#[test]
+fn report_luns_and_reservations_stay_the_targets() {
+    let (fake, t, a) = setup();
+    let b = other(&t, "b");
+    let r = t.execute(&a, l0(), &[0xa0, 0, 0, 0, 0, 0, 0, 0, 0, 16, 0, 0], &[], 16);
+    assert_eq!(r.status, Status::Good);
+    assert_eq!(&r.data_in[..4], &[0, 0, 0, 8], "one LUN, from the core");
+    // a registers and reserves WRITE EXCLUSIVE; none of it reaches the device.
+    let pr = |n: &Nexus, sa: u8, ty: u8, key: u64| {
+        let mut p = key.to_be_bytes().to_vec();
+        if sa == 0 {
+            p = [0u64.to_be_bytes(), key.to_be_bytes()].concat();
+        }
+        p.resize(24, 0);
+        t.execute(n, l0(), &[0x5f, sa, ty, 0, 0, 0, 0, 0, 24, 0], &p, 24)
+    };
+    assert_eq!(pr(&a, 0, 0, 0xaa).status, Status::Good);
+    assert_eq!(pr(&a, 1, 0x01, 0xaa).status, Status::Good);
+    let r = t.execute(&a, l0(), &[0x5e, 0x01, 0, 0, 0, 0, 0, 0, 24, 0], &[], 24);
+    assert_eq!(
+        r.data_in[8..16],
+        0xaau64.to_be_bytes(),
+        "READ RESERVATION: a's key"
+    );
+    assert_eq!(
+        fake.calls(),
+        vec![],
+        "REPORT LUNS and PR never reach the device"
+    );
+    // b: a WRITE(10), a tape's REWIND and an unknown data-out command
+    // conflict; its READ(10) and INQUIRY run (write exclusive).
+    let w10 = [0x2a, 0, 0, 0, 0, 0, 0, 0, 1, 0];
+    assert_eq!(
+        t.execute(&b, l0(), &w10, &[0; 512], 512).status,
+        Status::ReservationConflict
+    );
+    assert_eq!(
+        t.execute(&b, l0(), &[0x01, 0, 0, 0, 0, 0], &[], 0).status,
+        Status::ReservationConflict
+    );
+    let vendor_out = [0xd5, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+    assert_eq!(
+        t.execute(&b, l0(), &vendor_out, &[1; 8], 8).status,
+        Status::ReservationConflict
+    );
+    assert_eq!(fake.calls(), vec![]);
+    let r10 = [0x28, 0, 0, 0, 0, 0, 0, 0, 1, 0];
+    assert_eq!(t.execute(&b, l0(), &r10, &[], 512).status, Status::Good);
+    assert_eq!(
+        t.execute(&b, l0(), &[0x12, 0, 0, 0, 36, 0], &[], 36).status,
+        Status::Good
+    );
+    // The holder's write goes to the device.
+    assert_eq!(
+        t.execute(&a, l0(), &w10, &[0; 512], 512).status,
+        Status::Good
+    );
+    let sent: Vec<u8> = fake.calls().iter().map(|c| c.cdb[0]).collect();
+    assert_eq!(sent, [0x28, 0x12, 0x2a]);
+    // SPC-2 RESERVE(6)/RELEASE(6) are refused, not passed.
+    for op in [0x16u8, 0x17, 0x56, 0x57] {
+        let r = t.execute(&a, l0(), &[op, 0, 0, 0, 0, 0, 0, 0, 0, 0], &[], 0);
+        assert_eq!(r.sense.unwrap().asc, Asc::INVALID_COMMAND_OPERATION_CODE);
+    }
+    assert_eq!(fake.calls().len(), 3);
+}
+
+#[test]
+fn a_device_that_goes_away_ends_the_lun_without_touching_it_again() {
+    let (fake, t, n) = setup();
+    fake.then(Err(ExecError::Gone("ENODEV".into())));
+    let r = t.execute(&n, l0(), &[0x28, 0, 0, 0, 0, 0, 0, 0, 1, 0], &[], 512);
+    assert_eq!(r.status, Status::CheckCondition);
+    assert_eq!(r.sense.unwrap().asc, Asc::LOGICAL_UNIT_NOT_SUPPORTED);
+    for cdb in [
+        vec![0x00; 6],
+        vec![0x12, 0, 0, 0, 36, 0],
+        vec![0x01, 0, 0, 0, 0, 0],
+    ] {
+        let r = t.execute(&n, l0(), &cdb, &[], 36);
+        assert_eq!(r.sense.unwrap().asc, Asc::LOGICAL_UNIT_NOT_SUPPORTED);
+    }
+    assert_eq!(fake.calls().len(), 1, "only the command that found it gone");
+    let dev = t.device(&n, l0()).unwrap();
+    assert!(dev.pass_through_handler().unwrap().is_gone());
+    // REPORT LUNS still answers (the core's), and a reset does not try.
+    let r = t.execute(&n, l0(), &[0xa0, 0, 0, 0, 0, 0, 0, 0, 0, 16, 0, 0], &[], 16);
+    assert_eq!(r.status, Status::Good);
+    t.tmf(&n, l0(), Tmf::LogicalUnitReset);
+    assert_eq!(fake.resets.load(SeqCst), 0);
+    // A host failure (timeout, bus reset) is ABORTED COMMAND: retryable.
+    let (fake, t, n) = setup();
+    fake.then(Err(ExecError::Transport { host: 3, driver: 0 }));
+    let r = t.execute(&n, l0(), &[0x00; 6], &[], 0);
+    assert_eq!(r.sense.unwrap().key, SenseKey::AbortedCommand);
+    assert_eq!(t.execute(&n, l0(), &[0x00; 6], &[], 0).status, Status::Good);
+}
+
+#[test]
+fn lun_reset_resets_the_device_and_every_nexus_hears_of_it_once() {
+    let (fake, t, a) = setup();
+    let b = other(&t, "b");
+    assert_eq!(
+        t.tmf(&a, l0(), Tmf::LogicalUnitReset),
+        ServiceResponse::FunctionComplete
+    );
+    assert_eq!(fake.resets.load(SeqCst), 1);
+    for n in [&a, &b] {
+        let r = t.execute(n, l0(), &[0x00; 6], &[], 0);
+        assert_eq!(r.sense.unwrap().asc, Asc::BUS_DEVICE_RESET, "the core's UA");
+    }
+    assert_eq!(fake.calls().len(), 0);
+    // The device's own report of the reset is not passed on a second time:
+    // the command runs again and its answer goes back.
+    let ua = Sense::new(SenseKey::UnitAttention, Asc::POWER_ON_RESET).to_fixed();
+    fake.then(Ok((
+        Vec::new(),
+        Answer {
+            status: 2,
+            sense: ua.clone(),
+            resid: 0,
+        },
+    )));
+    assert_eq!(t.execute(&a, l0(), &[0x00; 6], &[], 0).status, Status::Good);
+    assert_eq!(fake.calls().len(), 2);
+    // Only once: a later reset UA from the device (someone else reset
+    // it) goes back as it came.
+    fake.then(Ok((
+        Vec::new(),
+        Answer {
+            status: 2,
+            sense: ua.clone(),
+            resid: 0,
+        },
+    )));
+    let r = t.execute(&b, l0(), &[0x00; 6], &[], 0);
+    assert_eq!(r.sense_bytes().unwrap(), ua);
+}
+
+#[test]
+fn a_unit_attention_the_device_reports_reaches_every_nexus() {
+    let (fake, t, a) = setup();
+    let b = other(&t, "b");
+    let ua = Sense::new(SenseKey::UnitAttention, Asc::CAPACITY_DATA_CHANGED).to_fixed();
+    fake.then(Ok((
+        Vec::new(),
+        Answer {
+            status: 2,
+            sense: ua.clone(),
+            resid: 0,
+        },
+    )));
+    let r = t.execute(&a, l0(), &[0x00; 6], &[], 0);
+    assert_eq!(r.sense_bytes().unwrap(), ua);
+    // b hears it from the core, without asking the device.
+    let r = t.execute(&b, l0(), &[0x00; 6], &[], 0);
+    assert_eq!(r.sense.unwrap().asc, Asc::CAPACITY_DATA_CHANGED);
+    assert_eq!(fake.calls().len(), 1);
+    // a is not told twice.
+    assert_eq!(t.execute(&a, l0(), &[0x00; 6], &[], 0).status, Status::Good);
+}
+
+/// Standard INQUIRY data of a tape drive (type 01h), 36 bytes, NORMACA set.
+fn tape_inquiry() -> Vec<u8> {
+    let mut d = vec![0x01, 0x80, 0x06, 0x22, 31, 0, 0, 0x02];
+    d.extend_from_slice(b"HP      Ultrium 5-SCSI  Z6ED");
+    d
+}
+
+#[test]
+fn the_configured_identity_is_the_luns() {
+    let config = DeviceConfig {
+        vendor: "ACME".into(),
+        serial: "SN-42".into(),
+        ..DeviceConfig::default()
+    };
+    let identity = Identity {
+        vendor: true,
+        product: false,
+        serial: true,
+    };
+    let (fake, dev) = passed(identity, config);
+    let (t, n) = target(dev);
+    fake.then(Ok((tape_inquiry(), good())));
+    let d = t
+        .execute(&n, l0(), &[0x12, 0, 0, 0, 36, 0], &[], 36)
+        .data_in;
+    assert_eq!(d[0], 0x01, "still a tape");
+    assert_eq!(&d[8..16], b"ACME    ", "vendor configured");
+    assert_eq!(&d[16..32], b"Ultrium 5-SCSI  ", "product the device's");
+    assert_eq!(d[3] & 0x20, 0, "NORMACA cleared: the target refuses NACA=1");
+    // Allocation shorter than the vendor field: patched as far as it goes.
+    fake.then(Ok((tape_inquiry(), good())));
+    let d = t
+        .execute(&n, l0(), &[0x12, 0, 0, 0, 12, 0], &[], 12)
+        .data_in;
+    assert_eq!(&d[8..12], b"ACME");
+    // VPD 80h: the configured serial, the device's peripheral byte (the
+    // handler asks the device for its standard data, not for page 80h).
+    fake.then(Ok((tape_inquiry(), good())));
+    let d = t
+        .execute(&n, l0(), &[0x12, 1, 0x80, 0, 255, 0], &[], 255)
+        .data_in;
+    assert_eq!(&d[..4], &[0x01, 0x80, 0, 5]);
+    assert_eq!(&d[4..], b"SN-42");
+    // VPD 83h: NAA and T10 designators, and the relative target port.
+    fake.then(Ok((tape_inquiry(), good())));
+    let d = t
+        .execute(&n, l0(), &[0x12, 1, 0x83, 0, 255, 0], &[], 255)
+        .data_in;
+    assert_eq!(&d[..2], &[0x01, 0x83]);
+    assert_eq!(&d[4..8], &[0x01, 0x03, 0x00, 0x08], "NAA");
+    assert!(
+        d.windows(4).any(|w| w == [0x01, 0x14, 0x00, 0x04]),
+        "relative port"
+    );
+    let asked: Vec<Vec<u8>> = fake.calls().into_iter().map(|c| c.cdb).collect();
+    assert!(
+        asked.iter().all(|c| c[1] & 1 == 0),
+        "no VPD request reached the device"
+    );
+    // Without a configured serial, the device's pages pass.
+    let (fake, dev) = passed(Identity::default(), DeviceConfig::default());
+    let (t, n) = target(dev);
+    let page = vec![0x01, 0x80, 0, 3, b'X', b'Y', b'Z'];
+    fake.then(Ok((
+        page,
+        Answer {
+            resid: 248,
+            ..good()
+        },
+    )));
+    let d = t
+        .execute(&n, l0(), &[0x12, 1, 0x80, 0, 255, 0], &[], 255)
+        .data_in;
+    assert_eq!(d, [0x01, 0x80, 0, 3, b'X', b'Y', b'Z']);
+}
+
+#[test]
+fn naca_is_refused_and_pr_out_data_in_pieces_is_the_cores() {
+    let (fake, t, n) = setup();
+    let r = t.execute(&n, l0(), &[0x00, 0, 0, 0, 0, 0x04], &[], 0);
+    assert_eq!(r.sense.unwrap().asc, Asc::INVALID_FIELD_IN_CDB);
+    // PR OUT REGISTER with its parameter list in two pieces: gathered
+    // for the core, which registers the key.
+    let mut p = [0u64.to_be_bytes(), 0x77u64.to_be_bytes()].concat();
+    p.resize(24, 0);
+    let out: Vec<&[u8]> = vec![&p[..10], &p[10..]];
+    let mut bufs = Buffers::data_out(&out);
+    let cdb = [0x5f, 0, 0, 0, 0, 0, 0, 0, 24, 0];
+    let r = t.submit_attr_into(
+        &n,
+        l0(),
+        1,
+        TaskAttr::Simple,
+        &cdb,
+        &[],
+        24,
+        Some(&mut bufs),
+    );
+    assert_eq!(r.status, Status::Good);
+    let r = t.execute(&n, l0(), &[0x5e, 0, 0, 0, 0, 0, 0, 0, 16, 0], &[], 16);
+    assert_eq!(r.data_in[8..16], 0x77u64.to_be_bytes());
+    assert!(fake.calls().is_empty());
+}
