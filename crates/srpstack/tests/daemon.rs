@@ -339,6 +339,7 @@ fn check_opens_every_path_a_start_opens_and_start_errors_name_the_key() {
         format!("handler = \"vdisk_fileio\"\nfilename = \"{path}\"\n{more}")
     };
     let blockio = |path: &str| format!("handler = \"vdisk_blockio\"\nfilename = \"{path}\"");
+    let passthrough = |path: &str| format!("handler = \"pass-through\"\nfilename = \"{path}\"");
     let long = format!("{d}/{}.sock", "s".repeat(120));
     // (what, file, the line's needle, key, a word of the fix)
     let mut cases: Vec<(&str, String, String, &str, &str)> = vec![
@@ -433,6 +434,27 @@ fn check_opens_every_path_a_start_opens_and_start_errors_name_the_key() {
             "images".into(),
             "device[1].filename",
             "name a file",
+        ),
+        (
+            "pass-through on a missing sg node",
+            with_f0(&dir, "", &passthrough(&format!("{d}/sg-absent"))),
+            "sg-absent".into(),
+            "device[1].filename",
+            "lsscsi -g",
+        ),
+        (
+            "pass-through on a character device of another driver",
+            with_f0(&dir, "", &passthrough("/dev/null")),
+            "/dev/null".into(),
+            "device[1].filename",
+            "not one of the sg driver (major 21)",
+        ),
+        (
+            "pass-through on a regular file",
+            with_f0(&dir, "", &passthrough(&format!("{d}/odd.img"))),
+            "odd.img".into(),
+            "device[1].filename",
+            "not a character device",
         ),
         (
             "control socket in a missing directory",

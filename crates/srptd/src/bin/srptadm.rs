@@ -35,10 +35,12 @@ enum Cmd {
     AddDevice {
         /// The device's name (LUNs map it by this name).
         name: String,
-        /// vdisk_fileio, vdisk_blockio, vdisk_nullio or ram.
+        /// vdisk_fileio, vdisk_blockio, vdisk_nullio, ram or pass-through
+        /// (SCST's dev_disk; --filename /dev/sgN).
         #[arg(long)]
         handler: String,
-        /// The file or block device (vdisk_fileio, vdisk_blockio).
+        /// The file or block device (vdisk_fileio, vdisk_blockio), or the
+        /// sg node (pass-through).
         #[arg(long)]
         filename: Option<PathBuf>,
         /// Size in bytes or with K, M, G, T, e.g. 64M (ram, nullio;

@@ -405,9 +405,14 @@ pub fn default_control_socket() -> PathBuf {
     daemon_ctl::control_socket_of("srptd")
 }
 
-/// The device handlers (SCST's `vdisk_*` names).
+/// The device handlers (SCST's `vdisk_*` names; `pass-through` is SCST's
+/// `dev_disk`, whose module is `scst_disk`: both names are taken too).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 pub enum Handler {
+    /// Commands passed to a real SCSI device through its sg node
+    /// (`filename = "/dev/sgN"`; `scsi::passthrough`).
+    #[serde(rename = "pass-through", alias = "dev_disk", alias = "scst_disk")]
+    PassThrough,
     #[serde(rename = "vdisk_fileio")]
     FileIo,
     #[serde(rename = "vdisk_blockio")]
@@ -425,6 +430,7 @@ impl Handler {
             Handler::BlockIo => "vdisk_blockio",
             Handler::NullIo => "vdisk_nullio",
             Handler::Ram => "ram",
+            Handler::PassThrough => "pass-through",
         }
     }
 }
@@ -435,7 +441,8 @@ impl Handler {
 pub struct DeviceSection {
     pub name: Spanned<String>,
     pub handler: Spanned<Handler>,
-    /// File or block device (fileio, blockio).
+    /// File or block device (fileio, blockio); the sg node of the device
+    /// (pass-through, `/dev/sgN`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub filename: Option<Spanned<PathBuf>>,
     /// Size in bytes, a number or a string with a K/M/G/T suffix (ram,
@@ -785,7 +792,39 @@ impl Config {
                         .to_string(),
                 ));
             }
+            if handler == Handler::PassThrough {
+                // The device has its own geometry and media options.
+                let span = |set: bool| set.then(|| d.name.span());
+                for (span, k) in [
+                    (d.size.as_ref().map(|s| s.span()), "size"),
+                    (span(d.block_size.span() != (0..0)), "block_size"),
+                    (span(d.read_only), "read_only"),
+                    (span(d.thin), "thin"),
+                    (span(d.rotational), "rotational"),
+                    (span(d.removable), "removable"),
+                    (span(d.nv_cache), "nv_cache"),
+                ] {
+                    if let Some(span) = span {
+                        return Err((
+                            span,
+                            key(k),
+                            format!(
+                                "{k} is not a pass-through option: the device behind the sg \
+                                 node has its own; remove the key"
+                            ),
+                        ));
+                    }
+                }
+            }
             match handler {
+                Handler::PassThrough if d.filename.is_none() => {
+                    return Err(bad(
+                        &d.handler,
+                        key("filename"),
+                        "handler pass-through needs a filename: the device's sg node, e.g. \
+                         filename = \"/dev/sg1\" (lsscsi -g lists them)",
+                    ));
+                }
                 Handler::FileIo | Handler::BlockIo if d.filename.is_none() => {
                     return Err(bad(
                         &d.handler,

@@ -400,3 +400,55 @@ fn initiator_patterns() {
     assert!(check_initiator("0xZZ*").is_err());
     assert!(refused("0xAA*").contains("lower case"));
 }
+
+#[test]
+fn pass_through_takes_an_sg_node_under_its_own_name_or_scsts() {
+    let dev = |handler: &str, more: &str| {
+        format!("[[device]]\nname = \"t\"\nhandler = \"{handler}\"\n{more}")
+    };
+    for name in ["pass-through", "dev_disk", "scst_disk"] {
+        let c = parse(&dev(name, "filename = \"/dev/sg1\"\nusn = \"tape-7\"\n")).unwrap();
+        assert_eq!(
+            *c.devices[0].handler.get_ref(),
+            Handler::PassThrough,
+            "{name}"
+        );
+        // Written back under our name.
+        assert!(
+            c.to_toml().contains("handler = \"pass-through\""),
+            "{}",
+            c.to_toml()
+        );
+    }
+    let e = err_of(&dev("pass-through", ""));
+    assert_eq!((e.key.as_str(), e.line), ("device[0].filename", 3), "{e}");
+    assert!(
+        e.message.contains("/dev/sg1") && e.message.contains("lsscsi -g"),
+        "{e}"
+    );
+    // The device has its own geometry and media: those keys are refused.
+    for (k, v) in [
+        ("size", "\"1G\""),
+        ("block_size", "4096"),
+        ("read_only", "true"),
+        ("thin", "true"),
+        ("rotational", "true"),
+        ("removable", "true"),
+        ("nv_cache", "true"),
+    ] {
+        let e = err_of(&dev(
+            "pass-through",
+            &format!("filename = \"/dev/sg1\"\n{k} = {v}\n"),
+        ));
+        assert_eq!(e.key, format!("device[0].{k}"), "{e}");
+        assert!(e.message.contains("not a pass-through option"), "{e}");
+        assert!(e.line > 0, "{e}");
+    }
+    for k in ["o_direct", "write_through"] {
+        let e = err_of(&dev(
+            "pass-through",
+            &format!("filename = \"/dev/sg1\"\n{k} = true\n"),
+        ));
+        assert!(e.message.contains("not pass-through"), "{k}: {e}");
+    }
+}

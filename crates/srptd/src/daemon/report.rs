@@ -172,6 +172,8 @@ impl Daemon {
                     "o_direct": d.o_direct,
                     "serial": dev.config.serial,
                     "naa": format!("{:016x}", dev.config.naa),
+                    // A pass-through device whose node went away.
+                    "gone": dev.pass_through_handler().is_some_and(|p| p.is_gone()),
                     "stats": {
                         "commands": s.commands, "reads": s.reads, "writes": s.writes,
                         "read_bytes": s.read_bytes, "write_bytes": s.write_bytes,

@@ -387,18 +387,13 @@ pub(super) fn create_file(
     })
 }
 
-/// Device `d` over `backend`: its SCSI identity and geometry, checked as
-/// [`scsi::Device::new`] checks them.
-pub(super) fn device_on(
-    d: &DeviceSection,
-    backend: Arc<dyn scsi::Backend>,
-) -> Result<scsi::Device, DeviceError> {
+/// Device `d`'s identity (serial, NAA, vendor, product) as configured.
+fn identity_of(d: &DeviceSection) -> scsi::DeviceConfig {
     let name = d.name.get_ref();
-    let bs = *d.block_size.get_ref();
     let usn = d.usn.as_ref().map(|u| u.get_ref().as_str());
     let key = identity_key(usn, name, host_id());
     let mut cfg = scsi::DeviceConfig {
-        block_size: bs,
+        block_size: *d.block_size.get_ref(),
         read_only: d.read_only,
         thin: d.thin,
         rotational: d.rotational,
@@ -414,7 +409,50 @@ pub(super) fn device_on(
     if let Some(p) = &d.t10_product_id {
         cfg.product = p.get_ref().clone();
     }
-    scsi::Device::new(cfg, backend).map_err(|e| (d.block_size.span(), "block_size", e.to_string()))
+    cfg
+}
+
+/// Device `d` over `backend`: its SCSI identity and geometry, checked as
+/// [`scsi::Device::new`] checks them.
+pub(super) fn device_on(
+    d: &DeviceSection,
+    backend: Arc<dyn scsi::Backend>,
+) -> Result<scsi::Device, DeviceError> {
+    scsi::Device::new(identity_of(d), backend)
+        .map_err(|e| (d.block_size.span(), "block_size", e.to_string()))
+}
+
+/// Opens a pass-through device's sg node read-write (what a start does,
+/// and `--check`): it must be a character device of the sg driver (major
+/// 21) that answers the driver's version ioctl. The device gets the
+/// configured vendor, product and usn over its own (see
+/// `scsi::passthrough::Identity`).
+pub(super) fn pass_through(d: &DeviceSection) -> Result<scsi::Device, DeviceError> {
+    let file = d.filename.as_ref().ok_or_else(|| {
+        let m = "handler pass-through needs a filename: the device's sg node (/dev/sgN)";
+        (d.handler.span(), "filename", m.to_string())
+    })?;
+    let bad = |m: String| (file.span(), "filename", m);
+    let sg = scsi::SgDevice::open(file.get_ref()).map_err(|e| {
+        let fix = match &e {
+            scsi::passthrough::SgOpenError::Open { source, .. } => match source.raw_os_error() {
+                Some(libc::ENOENT) => ": no such node (modprobe sg; lsscsi -g names the device's)",
+                Some(libc::EACCES | libc::EPERM) => ": run srptd as root or give it the node",
+                Some(libc::ENXIO | libc::ENODEV) => ": the device behind it is gone",
+                _ => "",
+            },
+            _ => "",
+        };
+        bad(format!("{e}{fix}"))
+    })?;
+    let identity = scsi::passthrough::Identity {
+        vendor: d.t10_vendor_id.is_some(),
+        product: d.t10_product_id.is_some(),
+        serial: d.usn.is_some(),
+    };
+    let handler = scsi::PassThrough::new(Box::new(sg), identity);
+    scsi::Device::pass_through(identity_of(d), handler)
+        .map_err(|e| (d.handler.span(), "handler", e.to_string()))
 }
 
 /// Opens device `d` and builds it, as a start does; the image file it
@@ -423,6 +461,9 @@ pub(super) fn device_on(
 pub(super) fn build_device(
     d: &DeviceSection,
 ) -> Result<(Arc<scsi::Device>, Option<CreatedFile>), DeviceError> {
+    if *d.handler.get_ref() == Handler::PassThrough {
+        return Ok((Arc::new(pass_through(d)?), None));
+    }
     let store = open_store(d, false)?;
     let device = device_on(d, store.backend)?;
     Ok((Arc::new(device), store.created))
@@ -430,7 +471,12 @@ pub(super) fn build_device(
 
 /// What [`build_device`] would meet, tried without creating or changing
 /// anything.
+/// A pass-through device's node is opened as a start opens it (and
+/// closed again): opening an sg node changes nothing.
 pub(super) fn probe_device(d: &DeviceSection) -> Result<(), DeviceError> {
+    if *d.handler.get_ref() == Handler::PassThrough {
+        return pass_through(d).map(drop);
+    }
     device_on(d, open_store(d, true)?.backend).map(drop)
 }
 
