@@ -417,7 +417,7 @@ impl Target {
             Some(b)
                 if b.has_data_out()
                     && !is_write(cdb)
-                    && !(passed && !crate::passthrough::core_parses_data_out(cdb)) =>
+                    && (!passed || crate::passthrough::core_parses_data_out(cdb)) =>
             {
                 gathered = b.gather_data_out();
                 (&gathered[..], None)
