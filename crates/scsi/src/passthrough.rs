@@ -109,8 +109,13 @@ pub enum ExecError {
     /// device (a timeout, a bus reset): the initiator may retry.
     #[error("host status {host:#04x}, driver status {driver:#04x}")]
     Transport { host: u16, driver: u16 },
-    /// The request itself was refused (EINVAL, ENOMEM: too many or too
-    /// large pieces for the host).
+    /// The host has no room for the command now (the sg driver's 16
+    /// requests per open node, EDOM; EAGAIN, EBUSY, ENOMEM, EINTR): BUSY,
+    /// which an initiator retries.
+    #[error("the host has no room for the command now: {0}")]
+    Busy(std::io::Error),
+    /// The request itself was refused (EINVAL: too many or too large
+    /// pieces for the host).
     #[error("the device refused the request: {0}")]
     Refused(std::io::Error),
 }
@@ -214,6 +219,7 @@ impl PassThrough {
         if self.is_gone() {
             return Err(gone_sense());
         }
+        let len = data.len();
         // The unit attention of a reset the core reported already is
         // skipped once: the command runs again.
         for _ in 0..2 {
@@ -245,6 +251,13 @@ impl PassThrough {
                         SenseKey::AbortedCommand,
                         Asc::INTERNAL_TARGET_FAILURE,
                     ))
+                }
+                Err(ExecError::Busy(_)) => {
+                    return Ok(Answer {
+                        status: Status::Busy.code(),
+                        sense: Vec::new(),
+                        resid: len,
+                    })
                 }
                 Err(ExecError::Refused(_)) => {
                     return Err(Sense::new(
@@ -680,6 +693,9 @@ mod sg {
     fn gone_or(e: std::io::Error) -> ExecError {
         match e.raw_os_error() {
             Some(libc::ENODEV | libc::ENXIO) => ExecError::Gone(e.to_string()),
+            Some(libc::EDOM | libc::EAGAIN | libc::EBUSY | libc::ENOMEM | libc::EINTR) => {
+                ExecError::Busy(e)
+            }
             _ => ExecError::Refused(e),
         }
     }

@@ -384,6 +384,15 @@ fn a_device_that_goes_away_ends_the_lun_without_touching_it_again() {
     assert_eq!(r.status, Status::Good);
     t.tmf(&n, l0(), Tmf::LogicalUnitReset);
     assert_eq!(fake.resets.load(SeqCst), 0);
+    // A host without room now (the sg driver's 16 requests per node) is
+    // BUSY, nothing moved.
+    let (fake, t, n) = setup();
+    fake.then(Err(ExecError::Busy(std::io::Error::from_raw_os_error(
+        libc_edom(),
+    ))));
+    let r = t.execute(&n, l0(), &[0x08, 0, 0, 0, 1, 0], &[], 512);
+    assert_eq!((r.status, r.residual), (Status::Busy, Residual::Under(512)));
+    assert!(r.data_in.is_empty() && r.sense_bytes().is_none());
     // A host failure (timeout, bus reset) is ABORTED COMMAND: retryable.
     let (fake, t, n) = setup();
     fake.then(Err(ExecError::Transport { host: 3, driver: 0 }));
@@ -558,4 +567,9 @@ fn naca_is_refused_and_pr_out_data_in_pieces_is_the_cores() {
     let r = t.execute(&n, l0(), &[0x5e, 0, 0, 0, 0, 0, 0, 0, 16, 0], &[], 16);
     assert_eq!(r.data_in[8..16], 0x77u64.to_be_bytes());
     assert!(fake.calls().is_empty());
+}
+
+/// EDOM, what SG_IO says past the sg driver's requests per node.
+fn libc_edom() -> i32 {
+    33
 }
