@@ -79,6 +79,17 @@ TOML
   step "srptd ready, waiting for the initiator"
   done_msg=$(msg_recv 7001 "${DONE_TIMEOUT:-900}")
   [ "$done_msg" = done ] || fail "initiator reported '$done_msg'"
+  # The initiator's LUN reset reached the device (SG_SCSI_RESET): scsi_debug
+  # counts the device resets its host was asked for.
+  local resets
+  resets=$(cat /proc/scsi/scsi_debug/* 2>/dev/null | grep -o "RESETs: device=[0-9]*" | head -1 || true)
+  case $resets in
+    # Debian's kernel has no /proc/scsi (SCSI_PROC_FS off), where
+    # scsi_debug shows its counters.
+    "") step "NOTE: no scsi_debug reset counter (no /proc/scsi): the device reset is not checked" ;;
+    *device=0) fail "the LUN reset did not reach the device ($resets)" ;;
+    *) step "scsi_debug $resets: the LUN reset reached the device" ;;
+  esac
   grep -qi "panic" /tmp/srptd.log && { cat /tmp/srptd.log; fail "srptd panicked"; }
   tail -5 /tmp/srptd.log
 }
