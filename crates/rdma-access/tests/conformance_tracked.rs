@@ -2,7 +2,10 @@
 //! (`Client::into_provider`) over the loopback provider: a consumer written
 //! against the verbs interface sees the provider's behaviour unchanged,
 //! refusals included, while every object it makes is in the client's tree.
+//! And through a set of providers (`rdma_access::multi::Providers`) whose
+//! first is a decoy fabric, so every handle the suite uses carries a tag.
 
+use rdma_access::multi::Providers;
 use rdma_access::resource::{AccessLayer, Kind, TrackedProvider};
 use rdma_types::{Guid, Lid, Pkey, PortNum};
 use rnic::loopback::{CaConfig, Fabric};
@@ -10,27 +13,49 @@ use std::sync::Arc;
 use verbs::conformance::{Feature, Fixture};
 use verbs::{Provider, Result};
 
+/// The loopback fabric's two dual-port CAs (port 2 carries the
+/// alternate path of the APM cases), reached through `provider`.
 struct Tracked {
     fabric: Arc<Fabric>,
     al: AccessLayer,
     proxy: Arc<TrackedProvider>,
+    provider: Arc<dyn Provider>,
 }
 
 impl Tracked {
-    fn new() -> Tracked {
+    fn fabric() -> Arc<Fabric> {
         let fabric = Fabric::new();
-        // Port 2 carries the alternate path of the APM cases.
         fabric.add_ca(CaConfig::dual_port(0x1111, 1)).unwrap();
         fabric.add_ca(CaConfig::dual_port(0x2222, 2)).unwrap();
+        fabric
+    }
+
+    /// Through the tracking proxy.
+    fn new() -> Tracked {
+        let fabric = Self::fabric();
         let al = AccessLayer::new(fabric.clone());
         let proxy = al.client("conformance").into_provider();
-        Tracked { fabric, al, proxy }
+        Tracked {
+            provider: proxy.clone(),
+            fabric,
+            al,
+            proxy,
+        }
+    }
+
+    /// Through a set whose first provider is a decoy fabric (one CA).
+    fn tagged() -> Tracked {
+        let mut t = Tracked::new();
+        let decoy = Fabric::new();
+        decoy.add_ca(CaConfig::dual_port(0x9999, 9)).unwrap();
+        t.provider = Arc::new(Providers::new(vec![decoy, t.fabric.clone()]).unwrap());
+        t
     }
 }
 
 impl Fixture for Tracked {
     fn provider(&self) -> Arc<dyn Provider> {
-        self.proxy.clone()
+        self.provider.clone()
     }
     fn guids(&self) -> (Guid, Guid) {
         (Guid(0x1111), Guid(0x2222))
@@ -53,6 +78,11 @@ impl Fixture for Tracked {
 }
 
 verbs::conformance_tests!(Tracked::new());
+
+mod through_a_set {
+    use super::*;
+    verbs::conformance_tests!(Tracked::tagged());
+}
 
 /// After a case, whatever it left open is in the tree, and closing the
 /// client takes it all: the provider's own objects go too.

@@ -1,67 +1,18 @@
-//! Several providers as one (`rdma_access::multi::Providers`): the verbs
-//! conformance suite through a set whose first provider is another
-//! fabric (so every handle the suite uses carries a tag), and the soft
+//! Several providers as one (`rdma_access::multi::Providers`): the soft
 //! RoCE NIC beside the loopback fabric in one set and one access layer:
 //! both carry traffic at once, objects of one never mix with the other's,
-//! and the access layer's counts cover both.
+//! and the access layer's counts cover both. (The conformance suite
+//! through a set is in conformance_tracked.rs.)
 
 use rdma_access::multi::Providers;
 use rdma_access::resource::AccessLayer;
-use rdma_types::{Guid, Lid, Pkey, PortNum, QpType};
+use rdma_types::{Guid, Lid, PortNum, QpType};
 use rnic::loopback::{CaConfig, Fabric};
 use rnic::softroce::{SoftCa, SoftRoce, ROCE_PORT};
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use verbs::conformance::{connect, Feature, Fixture, Node};
 use verbs::{Provider, QpInit, RecvWr, Result, SendOpcode, SendWr, VerbsError};
-
-/// The loopback fabric's two dual-port CAs, reached through a set that
-/// lists a decoy fabric (one CA) first.
-struct Tagged {
-    fabric: Arc<Fabric>,
-    set: Arc<Providers>,
-}
-
-impl Tagged {
-    fn new() -> Tagged {
-        let decoy = Fabric::new();
-        decoy.add_ca(CaConfig::dual_port(0x9999, 9)).unwrap();
-        let fabric = Fabric::new();
-        fabric.add_ca(CaConfig::dual_port(0x1111, 1)).unwrap();
-        fabric.add_ca(CaConfig::dual_port(0x2222, 2)).unwrap();
-        let set = Providers::new(vec![decoy.clone(), fabric.clone()]).unwrap();
-        Tagged {
-            fabric,
-            set: Arc::new(set),
-        }
-    }
-}
-
-impl Fixture for Tagged {
-    fn provider(&self) -> Arc<dyn Provider> {
-        self.set.clone()
-    }
-    fn guids(&self) -> (Guid, Guid) {
-        (Guid(0x1111), Guid(0x2222))
-    }
-    fn set_port_active(&self, guid: Guid, active: bool) -> Result<()> {
-        self.fabric.set_port_active(guid, PortNum(1), active)
-    }
-    fn set_lid(&self, guid: Guid, lid: Lid) -> Result<()> {
-        self.fabric.set_lid(guid, PortNum(1), lid)
-    }
-    fn remove_ca(&self, guid: Guid) -> Result<()> {
-        self.fabric.remove_ca(guid)
-    }
-    fn set_pkeys(&self, guid: Guid, pkeys: &[Pkey]) -> Result<()> {
-        self.fabric.set_pkeys(guid, PortNum(1), pkeys.to_vec())
-    }
-    fn lacks(&self) -> Vec<Feature> {
-        Vec::new()
-    }
-}
-
-verbs::conformance_tests!(Tagged::new());
 
 /// The loopback fabric and a soft RoCE pair (real UDP on loopback
 /// addresses) in one set.
@@ -71,11 +22,13 @@ struct Mixed {
     set: Arc<Providers>,
 }
 
-fn mixed() -> Mixed {
+/// `net`: the third octet of the soft pair's addresses, one per test (tests
+/// run at once).
+fn mixed(net: u8) -> Mixed {
     let fabric = Fabric::new();
     fabric.add_ca(CaConfig::dual_port(0x1111, 1)).unwrap();
     fabric.add_ca(CaConfig::dual_port(0x2222, 2)).unwrap();
-    let ip = |k| IpAddr::V4(Ipv4Addr::new(127, 78, 0, k));
+    let ip = |k| IpAddr::V4(Ipv4Addr::new(127, 78, net, k));
     let cas = SoftCa::at_each(&[ip(1), ip(2)]);
     let soft = (cas[0].guid, cas[1].guid);
     let nic = SoftRoce::new(cas, ROCE_PORT);
@@ -142,7 +95,7 @@ fn send(a: &Node, b: &Node, text: &[u8]) {
 
 #[test]
 fn the_soft_nic_and_the_loopback_fabric_carry_traffic_side_by_side() {
-    let m = mixed();
+    let m = mixed(1);
     let cas = m.set.list_cas();
     for g in [Guid(0x1111), Guid(0x2222), m.soft.0, m.soft.1] {
         assert!(cas.contains(&g), "{g:?} not in {cas:?}");
@@ -157,7 +110,7 @@ fn the_soft_nic_and_the_loopback_fabric_carry_traffic_side_by_side() {
     );
     let (sa, sb) = (Node::open(&so, m.soft.0, 16), Node::open(&so, m.soft.1, 16));
     send(&la, &lb, b"through the loopback fabric");
-    send(&sa, &sb, b"through soft RoCE, UDP on 127.78.0.x");
+    send(&sa, &sb, b"through soft RoCE, UDP on 127.78.1.x");
 
     // A CQ of the loopback fabric named for a soft RoCE QP, or the other
     // way round, is another NIC's object: refused, nothing made.
@@ -190,7 +143,7 @@ fn the_soft_nic_and_the_loopback_fabric_carry_traffic_side_by_side() {
 /// counted together and all go when the client goes.
 #[test]
 fn one_access_layer_holds_objects_of_both_providers() {
-    let m = mixed();
+    let m = mixed(2);
     let access = AccessLayer::new(m.set.clone());
     let p = access.client("both").into_provider();
     let lo = Pair(&m, (Guid(0x1111), Guid(0x2222)));
