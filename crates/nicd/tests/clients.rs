@@ -454,34 +454,7 @@ fn blocked_waits_are_bounded_per_client() {
     );
     assert_eq!(d.server.limit_refusals(), 1);
     // A flushed receive is a completion: every waiter returns.
-    let q = n.qp(QpType::Rc, None, 1);
-    n.p.modify_qp(
-        q,
-        &verbs::QpAttr {
-            state: Some(rdma_types::QpState::Init),
-            pkey_index: Some(0),
-            port: Some(rdma_types::PortNum(1)),
-            access: Some(rdma_types::AccessFlags::NONE),
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    n.p.post_recv(
-        q,
-        &[RecvWr {
-            wr_id: 1,
-            sges: vec![n.sge(0, 16)],
-        }],
-    )
-    .unwrap();
-    n.p.modify_qp(
-        q,
-        &verbs::QpAttr {
-            state: Some(rdma_types::QpState::Err),
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    common::flush_a_receive(&n);
     for _ in 0..64 {
         assert_eq!(rx.recv().unwrap(), Ok(()));
     }

@@ -569,34 +569,7 @@ fn ring_waits_hold_no_daemon_thread() {
             let _ = tx.send(n.p.wait_cq(n.cq, Duration::from_secs(60)));
         });
     }
-    let q = n.qp(QpType::Rc, None, 1);
-    n.p.modify_qp(
-        q,
-        &verbs::QpAttr {
-            state: Some(QpState::Init),
-            pkey_index: Some(0),
-            port: Some(rdma_types::PortNum(1)),
-            access: Some(rdma_types::AccessFlags::NONE),
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    n.p.post_recv(
-        q,
-        &[RecvWr {
-            wr_id: 1,
-            sges: vec![n.sge(0, 16)],
-        }],
-    )
-    .unwrap();
-    n.p.modify_qp(
-        q,
-        &verbs::QpAttr {
-            state: Some(QpState::Err),
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    common::flush_a_receive(&n);
     for _ in 0..65 {
         assert_eq!(rx.recv().unwrap(), Ok(()));
     }

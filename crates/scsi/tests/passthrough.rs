@@ -43,6 +43,15 @@ impl Fake {
     }
 }
 
+/// CHECK CONDITION with `sense`, nothing moved.
+fn check_condition(sense: Vec<u8>) -> Answer {
+    Answer {
+        status: 2,
+        sense,
+        resid: 0,
+    }
+}
+
 fn good() -> Answer {
     Answer {
         status: 0,
@@ -418,26 +427,12 @@ fn lun_reset_resets_the_device_and_every_nexus_hears_of_it_once() {
     // The device's own report of the reset is not passed on a second time:
     // the command runs again and its answer goes back.
     let ua = Sense::new(SenseKey::UnitAttention, Asc::POWER_ON_RESET).to_fixed();
-    fake.then(Ok((
-        Vec::new(),
-        Answer {
-            status: 2,
-            sense: ua.clone(),
-            resid: 0,
-        },
-    )));
+    fake.then(Ok((Vec::new(), check_condition(ua.clone()))));
     assert_eq!(t.execute(&a, l0(), &[0x00; 6], &[], 0).status, Status::Good);
     assert_eq!(fake.calls().len(), 2);
     // Only once: a later reset UA from the device (someone else reset
     // it) goes back as it came.
-    fake.then(Ok((
-        Vec::new(),
-        Answer {
-            status: 2,
-            sense: ua.clone(),
-            resid: 0,
-        },
-    )));
+    fake.then(Ok((Vec::new(), check_condition(ua.clone()))));
     let r = t.execute(&b, l0(), &[0x00; 6], &[], 0);
     assert_eq!(r.sense_bytes().unwrap(), ua);
 }
@@ -447,14 +442,7 @@ fn a_unit_attention_the_device_reports_reaches_every_nexus() {
     let (fake, t, a) = setup();
     let b = other(&t, "b");
     let ua = Sense::new(SenseKey::UnitAttention, Asc::CAPACITY_DATA_CHANGED).to_fixed();
-    fake.then(Ok((
-        Vec::new(),
-        Answer {
-            status: 2,
-            sense: ua.clone(),
-            resid: 0,
-        },
-    )));
+    fake.then(Ok((Vec::new(), check_condition(ua.clone()))));
     let r = t.execute(&a, l0(), &[0x00; 6], &[], 0);
     assert_eq!(r.sense_bytes().unwrap(), ua);
     // b hears it from the core, without asking the device.

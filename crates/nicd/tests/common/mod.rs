@@ -192,3 +192,30 @@ pub fn rc_to(n: &Node, q: QpHandle, peer_av: verbs::AhAttr, dest: rdma_types::Qp
     )
     .unwrap();
 }
+
+/// A new RC QP of `n` taken to INIT with one receive posted, then to ERR:
+/// the receive completes flushed (what a test waiting on `n`'s CQ needs
+/// one completion for).
+pub fn flush_a_receive(n: &Node) {
+    let q = n.qp(rdma_types::QpType::Rc, None, 1);
+    let step = |a: QpAttr| n.p.modify_qp(q, &a).unwrap();
+    step(QpAttr {
+        state: Some(QpState::Init),
+        pkey_index: Some(0),
+        port: Some(PortNum(1)),
+        access: Some(rdma_types::AccessFlags::NONE),
+        ..Default::default()
+    });
+    n.p.post_recv(
+        q,
+        &[verbs::RecvWr {
+            wr_id: 1,
+            sges: vec![n.sge(0, 16)],
+        }],
+    )
+    .unwrap();
+    step(QpAttr {
+        state: Some(QpState::Err),
+        ..Default::default()
+    });
+}
