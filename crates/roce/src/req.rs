@@ -642,8 +642,33 @@ impl Qp {
             let window = self.req.window;
             let every = self.req.pkts_since_ack_req + 1 >= ack_every.min((window / 2).max(1));
             let fills = psn.next().diff(self.req.una) >= window as i32;
-            pkt.bth.ack_req =
-                pos.ends() || every || fills || kind != Kind::Send && kind != Kind::RdmaWrite;
+            // A message's last packet asks for an ACK, but for an RDMA
+            // WRITE with a SEND or WRITE already queued behind it: that
+            // one's ACK covers both (ACKs are cumulative), so a WRITE
+            // chained to the SEND that follows it (a target's data and
+            // response) costs the peer one ACK, not two. SENDs keep one
+            // ACK each, so that one lost ACK never leaves two of them to
+            // the timer (see `resp::AckRepeat`). A resend always asks:
+            // what follows may never be sent (a drain, an error), and a
+            // duplicate that asks nothing gets no ACK.
+            let resend = psn.diff(self.req.max_sent) < 0;
+            let covered = kind == Kind::RdmaWrite
+                && !resend
+                && self.req.sq.get(idx + 1).is_some_and(|next| {
+                    next.error.is_none()
+                        && matches!(
+                            next.wqe.op,
+                            SendOp::Send
+                                | SendOp::SendImm(_)
+                                | SendOp::SendInv(_)
+                                | SendOp::Write { .. }
+                                | SendOp::WriteImm { .. }
+                        )
+                });
+            pkt.bth.ack_req = pos.ends() && !covered
+                || every
+                || fills
+                || kind != Kind::Send && kind != Kind::RdmaWrite;
             self.req.pkts_since_ack_req = if pkt.bth.ack_req {
                 0
             } else {

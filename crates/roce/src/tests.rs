@@ -544,6 +544,76 @@ fn ack_req_at_least_every_n_packets() {
     assert_eq!(b_bytes(&n, 0, 2560), a_bytes(&n, 0, 2560));
 }
 
+/// A WRITE with a SEND queued behind it asks for no ACK: the SEND's ACK
+/// covers both, so the pair costs the responder one ACK (and its copy).
+/// Alone, or resent, a WRITE asks for its own.
+#[test]
+fn write_chained_to_send_shares_its_ack() {
+    let mut n = Net::new(QpType::Rc, |_| {});
+    n.record = true;
+    n.b.qp.post_recv(RecvWqe {
+        wr_id: 9,
+        sges: sge(B_BUF, 8192, 64),
+    });
+    let write = SendWqe::new(
+        1,
+        SendOp::Write {
+            raddr: B_BUF,
+            rkey: rkey_of(B_BUF),
+        },
+        sge(A_BUF, 0, 512),
+    );
+    n.a.qp.post_send(write.clone());
+    n.a.qp.post_send(SendWqe::new(2, SendOp::Send, sge(A_BUF, 1024, 64)));
+    n.settle();
+    let asks: Vec<(u8, bool)> =
+        n.a.sent.iter().map(|p| (p.bth.opcode.code(), p.bth.ack_req)).collect();
+    // RDMA WRITE Only (0x0A) asks nothing; SEND Only (0x04) asks.
+    assert_eq!(asks, vec![(0x0A, false), (0x04, true)]);
+    let acks: Vec<u32> = n.b.sent.iter().map(|p| p.bth.psn.value()).collect();
+    assert_eq!(acks, vec![1, 1], "one ACK for the SEND's PSN and its copy");
+    let done: Vec<(u64, WcStatus)> = n.a.wcs.iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(done, vec![(1, WcStatus::Success), (2, WcStatus::Success)]);
+    assert_eq!(b_bytes(&n, 0, 512), a_bytes(&n, 0, 512));
+    assert_eq!(b_bytes(&n, 8192, 64), a_bytes(&n, 1024, 64));
+
+    // A WRITE with nothing behind it asks for its own ACK.
+    n.a.sent.clear();
+    n.a.qp.post_send(write);
+    n.settle();
+    assert!(n.a.sent.iter().all(|p| p.bth.ack_req));
+    assert_eq!(n.a.wcs.len(), 3);
+}
+
+/// The SEND behind an ACK-less WRITE is lost: the resend of the WRITE
+/// asks for an ACK, as what was to cover it may never come.
+#[test]
+fn resent_write_asks_for_its_ack() {
+    let mut n = Net::new(QpType::Rc, |_| {});
+    n.record = true;
+    n.b.qp.post_recv(RecvWqe {
+        wr_id: 9,
+        sges: sge(B_BUF, 8192, 64),
+    });
+    n.a.lose = vec![1];
+    n.a.qp.post_send(SendWqe::new(
+        1,
+        SendOp::Write {
+            raddr: B_BUF,
+            rkey: rkey_of(B_BUF),
+        },
+        sge(A_BUF, 0, 512),
+    ));
+    n.a.qp.post_send(SendWqe::new(2, SendOp::Send, sge(A_BUF, 1024, 64)));
+    assert!(n.run(Duration::from_secs(30), |n| n.a.wcs.len() == 2));
+    let asks: Vec<(u32, bool)> =
+        n.a.sent.iter().map(|p| (p.bth.psn.value(), p.bth.ack_req)).collect();
+    assert_eq!(asks[0], (0, false), "first WRITE asks nothing");
+    assert!(asks[1..].contains(&(0, true)), "its resend asks: {asks:?}");
+    assert!(n.a.wcs.iter().all(|w| w.status == WcStatus::Success));
+    assert_eq!(b_bytes(&n, 8192, 64), a_bytes(&n, 1024, 64));
+}
+
 #[test]
 fn rc_write_read_and_atomics() {
     let mut n = Net::new(QpType::Rc, |_| {});
