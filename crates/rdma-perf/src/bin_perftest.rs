@@ -84,6 +84,10 @@ struct Cli {
 }
 
 fn main() -> ExitCode {
+    // `--write-docs DIR`: man pages and completions (dist/README.md).
+    if let Some(code) = cli_docs::write_if_asked(<Cli as clap::CommandFactory>::command, "1") {
+        return code;
+    }
     daemon_ctl::log_to_stderr();
     let cli = Cli::parse();
     // Before any thread starts, so all of them inherit the mask.

@@ -66,6 +66,10 @@ struct Args {
 }
 
 fn main() -> ExitCode {
+    // `--write-docs DIR`: man pages and completions (dist/README.md).
+    if let Some(code) = cli_docs::write_if_asked(<Args as clap::CommandFactory>::command, "1") {
+        return code;
+    }
     daemon_ctl::log_to_stderr();
     let a = Args::parse();
     // Before any thread starts, so all of them inherit the mask.

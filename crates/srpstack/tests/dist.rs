@@ -15,11 +15,19 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// Every binary with a command line and its man section.
-const BINARIES: [(&str, &str); 4] = [
+const BINARIES: [(&str, &str); 12] = [
     ("srptd", "8"),
     ("srptadm", "8"),
     ("srpd", "8"),
     ("srp", "1"),
+    ("ibsm", "8"),
+    ("ibstat", "8"),
+    ("saquery", "8"),
+    ("rperf", "1"),
+    ("rperftest", "1"),
+    ("rpingpong", "1"),
+    ("rrping", "1"),
+    ("srpstack", "1"),
 ];
 
 /// A fresh directory under the temp dir.

@@ -480,6 +480,10 @@ fn run(cmd: Cmd) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
+    // `--write-docs DIR`: man pages and completions (dist/README.md).
+    if let Some(code) = cli_docs::write_if_asked(<Cli as clap::CommandFactory>::command, "8") {
+        return code;
+    }
     match run(Cli::parse().cmd) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

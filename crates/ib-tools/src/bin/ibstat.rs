@@ -187,6 +187,10 @@ fn soft_cas(cli: &Cli) -> Result<Vec<CaInfo>, String> {
 }
 
 fn main() -> ExitCode {
+    // `--write-docs DIR`: man pages and completions (dist/README.md).
+    if let Some(code) = cli_docs::write_if_asked(<Cli as clap::CommandFactory>::command, "8") {
+        return code;
+    }
     let cli = Cli::parse();
     match run(&cli) {
         Ok(cas) => {

@@ -230,6 +230,10 @@ fn run(cli: Cli) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
+    // `--write-docs DIR`: man pages and completions (dist/README.md).
+    if let Some(code) = cli_docs::write_if_asked(<Cli as clap::CommandFactory>::command, "8") {
+        return code;
+    }
     match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
