@@ -564,10 +564,14 @@ fn write_chained_to_send_shares_its_ack() {
         sge(A_BUF, 0, 512),
     );
     n.a.qp.post_send(write.clone());
-    n.a.qp.post_send(SendWqe::new(2, SendOp::Send, sge(A_BUF, 1024, 64)));
+    n.a.qp
+        .post_send(SendWqe::new(2, SendOp::Send, sge(A_BUF, 1024, 64)));
     n.settle();
     let asks: Vec<(u8, bool)> =
-        n.a.sent.iter().map(|p| (p.bth.opcode.code(), p.bth.ack_req)).collect();
+        n.a.sent
+            .iter()
+            .map(|p| (p.bth.opcode.code(), p.bth.ack_req))
+            .collect();
     // RDMA WRITE Only (0x0A) asks nothing; SEND Only (0x04) asks.
     assert_eq!(asks, vec![(0x0A, false), (0x04, true)]);
     let acks: Vec<u32> = n.b.sent.iter().map(|p| p.bth.psn.value()).collect();
@@ -604,10 +608,14 @@ fn resent_write_asks_for_its_ack() {
         },
         sge(A_BUF, 0, 512),
     ));
-    n.a.qp.post_send(SendWqe::new(2, SendOp::Send, sge(A_BUF, 1024, 64)));
+    n.a.qp
+        .post_send(SendWqe::new(2, SendOp::Send, sge(A_BUF, 1024, 64)));
     assert!(n.run(Duration::from_secs(30), |n| n.a.wcs.len() == 2));
     let asks: Vec<(u32, bool)> =
-        n.a.sent.iter().map(|p| (p.bth.psn.value(), p.bth.ack_req)).collect();
+        n.a.sent
+            .iter()
+            .map(|p| (p.bth.psn.value(), p.bth.ack_req))
+            .collect();
     assert_eq!(asks[0], (0, false), "first WRITE asks nothing");
     assert!(asks[1..].contains(&(0, true)), "its resend asks: {asks:?}");
     assert!(n.a.wcs.iter().all(|w| w.status == WcStatus::Success));
