@@ -237,7 +237,7 @@ fn run(s: &Shared) {
             s.posted.store(false, Ordering::SeqCst);
             let mut now = Instant::from_std(s.epoch, StdInstant::now());
             for _ in 0..ROUNDS {
-                if !node.poll(now) {
+                if !node.poll_holding(now) {
                     break;
                 }
                 now = Instant::from_std(s.epoch, StdInstant::now());
@@ -255,6 +255,12 @@ fn run(s: &Shared) {
                 for qp in &ready {
                     cb(*qp);
                 }
+            }
+            // What the rounds held (`Node::poll_holding`) leaves now, in
+            // one batch with what the callbacks posted.
+            let mut node = s.node.lock().unwrap_or_else(|e| e.into_inner());
+            if node.send_posted(Instant::from_std(s.epoch, StdInstant::now())) {
+                continue;
             }
         }
         if s.posted.load(Ordering::SeqCst) {

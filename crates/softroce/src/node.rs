@@ -741,6 +741,29 @@ impl Node {
         busy
     }
 
+    /// As [`Node::poll`], but when the round made completions to deliver,
+    /// what it made to send (the ACKs of what it received) stays in the
+    /// node until [`Node::send_posted`]: the driver thread calls that once
+    /// it has handed the completions over, so an ACK leaves in one batch
+    /// with what the consumer posted in answer (a target's ACK of a
+    /// command with the command's data and response), and the peer wakes
+    /// once for all of them, not once for the ACK and again for the rest.
+    pub fn poll_holding(&mut self, now: Instant) -> bool {
+        let mut busy = self.receive(now);
+        for s in self.qps.values_mut() {
+            if s.qp.poll_timeout().is_some_and(|t| t <= now) {
+                s.qp.handle_timeout(now);
+                busy = true;
+            }
+        }
+        busy |= self.build_out(now);
+        self.collect();
+        if self.ready.is_empty() {
+            self.flush_out(now);
+        }
+        busy
+    }
+
     /// What a posting thread does so the driver thread need not wake for
     /// it (as Linux siw sends from `post_send`): transmits what the QPs
     /// have to send now. Returns whether completions or events came of it
@@ -814,6 +837,13 @@ impl Node {
 
     #[inline(never)]
     fn transmit(&mut self, now: Instant) -> bool {
+        let produced = self.build_out(now);
+        self.flush_out(now);
+        produced
+    }
+
+    /// Builds what the QPs have to send now into the outgoing batch.
+    fn build_out(&mut self, now: Instant) -> bool {
         let local = self.local;
         let mut keys = std::mem::take(&mut self.tx_keys);
         keys.clear();
@@ -896,7 +926,6 @@ impl Node {
             }
         }
         self.tx_keys = keys;
-        self.flush_out(now);
         produced
     }
 

@@ -229,8 +229,15 @@ fn a_captured_loss_shows_one_sequence_nak_and_go_back_n_in_order() {
         "first pass without {missing}, then go-back-N from it"
     );
     // One NAK (PSN sequence error: syndrome 011 00000) naming the missing
-    // PSN, then the ACK of the last PSN (credit code 0: no receives posted).
-    assert_eq!(responses, vec![(missing, 0x60), (PKTS - 1, 0x00)]);
+    // PSN, then the ACK of the last PSN (credit code 0: no receives posted),
+    // and its copy if B polled 2 ms after it before A's completion ended the
+    // run (`AckRepeat`: on a loaded machine it sometimes does).
+    let copies = responses.len().saturating_sub(2);
+    assert!(copies <= 1, "{responses:?}");
+    assert_eq!(
+        responses,
+        [vec![(missing, 0x60)], vec![(PKTS - 1, 0x00); 1 + copies]].concat()
+    );
     // The NAK comes before any retransmission in B's capture.
     let nak_at = pkts.iter().position(|p| p.0 == 0x11).unwrap();
     let first_pass_end = want.len() - (PKTS - missing) as usize;
