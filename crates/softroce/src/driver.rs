@@ -230,14 +230,17 @@ impl Driver {
 fn run(s: &Shared) {
     while !s.stop.load(Ordering::Acquire) {
         s.loops.fetch_add(1, Ordering::Relaxed);
-        let (ready, deadline, now) = {
+        let (ready, mut deadline, mut now) = {
             let mut node = s.node.lock().unwrap_or_else(|e| e.into_inner());
             // Posts made before this point are in the node: this round
             // sees them.
             s.posted.store(false, Ordering::SeqCst);
             let mut now = Instant::from_std(s.epoch, StdInstant::now());
+            // Another round only when this one left work behind: an empty
+            // receive would cost a system call, and what arrives meanwhile
+            // wakes the sleep below at once.
             for _ in 0..ROUNDS {
-                if !node.poll_holding(now) {
+                if !node.poll_holding(now) || !node.has_more() {
                     break;
                 }
                 now = Instant::from_std(s.epoch, StdInstant::now());
@@ -257,11 +260,16 @@ fn run(s: &Shared) {
                 }
             }
             // What the rounds held (`Node::poll_holding`) leaves now, in
-            // one batch with what the callbacks posted.
+            // one batch with what the callbacks posted; posts made after
+            // this point are seen by the check below.
             let mut node = s.node.lock().unwrap_or_else(|e| e.into_inner());
-            if node.send_posted(Instant::from_std(s.epoch, StdInstant::now())) {
+            s.posted.store(false, Ordering::SeqCst);
+            now = Instant::from_std(s.epoch, StdInstant::now());
+            if node.send_posted(now) {
                 continue;
             }
+            // What was sent may have armed a retransmission timer.
+            deadline = node.next_deadline();
         }
         if s.posted.load(Ordering::SeqCst) {
             continue;

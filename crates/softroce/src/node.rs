@@ -253,6 +253,8 @@ pub struct Node {
     /// QP numbers of a transmit round, kept for the next round (a poll
     /// allocates nothing when there is nothing to do).
     tx_keys: Vec<u32>,
+    /// The last round stopped at a budget ([`Node::has_more`]).
+    more: bool,
     /// ICRC states of the IP and UDP headers by peer and length.
     header_crcs: HeaderCrcs,
 }
@@ -452,6 +454,7 @@ impl Node {
             ready: Vec::new(),
             spare: Vec::new(),
             tx_keys: Vec::new(),
+            more: false,
             header_crcs: HeaderCrcs::default(),
         })
     }
@@ -749,6 +752,7 @@ impl Node {
     /// command with the command's data and response), and the peer wakes
     /// once for all of them, not once for the ACK and again for the rest.
     pub fn poll_holding(&mut self, now: Instant) -> bool {
+        self.more = false;
         let mut busy = self.receive(now);
         for s in self.qps.values_mut() {
             if s.qp.poll_timeout().is_some_and(|t| t <= now) {
@@ -762,6 +766,12 @@ impl Node {
             self.flush_out(now);
         }
         busy
+    }
+
+    /// Whether the last [`Node::poll_holding`] stopped at a budget (a full
+    /// receive batch, or a QP with more to send than one round sends).
+    pub fn has_more(&self) -> bool {
+        self.more
     }
 
     /// What a posting thread does so the driver thread need not wake for
@@ -832,6 +842,7 @@ impl Node {
             }
         });
         stats.rx_gro_buffers += sock.stats().gro_buffers - gro_before;
+        self.more |= n >= RX_BUDGET;
         n > 0
     }
 
@@ -861,10 +872,12 @@ impl Node {
             let Some(slot) = self.qps.get_mut(k) else {
                 continue;
             };
+            let mut built = 0;
             for _ in 0..TX_BUDGET_PER_QP {
                 if !slot.qp.poll_transmit_into(now, &mut *slot.mem, &mut pkt) {
                     break;
                 }
+                built += 1;
                 produced = true;
                 let dst = match pkt.ud_dest {
                     Some(ud) => self.ahs.get(ud.ah as usize).map(|&(dst, pkey)| {
@@ -924,6 +937,8 @@ impl Node {
                     tail_len: pad + rdma_wire::ICRC_LEN,
                 });
             }
+            // At its budget the QP may have more for the next round.
+            self.more |= built == TX_BUDGET_PER_QP;
         }
         self.tx_keys = keys;
         produced
