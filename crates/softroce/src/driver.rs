@@ -41,7 +41,7 @@ struct Shared {
     /// completion callback, which runs on the thread itself).
     sleeping: AtomicBool,
     /// Set before `sleeping`: when the sleeping thread wakes by itself
-    /// (nanoseconds since `epoch`).
+    /// (the node's clock: microseconds since `epoch`, as the deadlines).
     sleep_until: AtomicU64,
     epoch: StdInstant,
     callback: Option<CompletionCallback>,
@@ -162,12 +162,13 @@ impl Driver {
         let mut node = self.lock();
         let r = f(&mut node);
         if self.shared.sleeping.load(Ordering::SeqCst) {
-            let now_std = StdInstant::now();
-            let now = Instant::from_std(self.shared.epoch, now_std);
+            let now = Instant::from_std(self.shared.epoch, StdInstant::now());
             let ready = node.send_posted(now);
+            // On the node's own clock, as the thread computed its wake-up:
+            // a deadline it already slept for is never "sooner" by the
+            // microseconds between its reading of the clock and its sleep.
             let sooner = node.next_deadline().is_some_and(|d| {
-                let at = (now_std - self.shared.epoch) + d.saturating_since(now).to_std();
-                (at.as_nanos() as u64) < self.shared.sleep_until.load(Ordering::SeqCst)
+                d.total_micros() < self.shared.sleep_until.load(Ordering::SeqCst)
             });
             drop(node);
             if ready || sooner {
@@ -278,9 +279,8 @@ fn run(s: &Shared) {
             d.saturating_since(now).to_std().min(IDLE_SLEEP)
         });
         if !sleep.is_zero() {
-            let until = StdInstant::now() + sleep - s.epoch;
-            s.sleep_until
-                .store(until.as_nanos() as u64, Ordering::SeqCst);
+            let until = now.total_micros() + sleep.as_micros() as u64;
+            s.sleep_until.store(until, Ordering::SeqCst);
             s.sleeping.store(true, Ordering::SeqCst);
             if !s.posted.load(Ordering::SeqCst) {
                 let _ = wait_readable(s.fd, Some(&s.waker), sleep);
