@@ -1,0 +1,45 @@
+//! libibverbs for the NIC daemon: a shared library with rdma-core's
+//! `libibverbs.so.1` ABI (its SONAME and symbol versions), so Debian's
+//! own RDMA binaries, unmodified, run on the soft RoCE NIC of `nicd`
+//! when it is found first (`LD_LIBRARY_PATH=DIR`, DIR holding
+//! `libibverbs.so.1` as a copy or link of this crate's
+//! `libibverbs_abi.so`). No kernel module, no rdma-core package.
+//!
+//! Covered: rdma-core 44.0 (Debian bookworm) on x86_64, the verbs its
+//! `ibv_devinfo`, `ibv_devices`, `ibv_rc_pingpong` and `ibv_ud_pingpong`
+//! import: device list, open/close, query device/port/GID/P_Key (with the
+//! GID type RoCE v2), PD, MR, completion channels, CQ (poll and arm
+//! through the context's ops, events by `ibv_get_cq_event`), SRQ, RC/UC/UD
+//! QPs (create, modify, query, destroy; post send/recv through the ops
+//! table the header's inline functions call), AH, async events, the
+//! `*_str` helpers, `ibv_fork_init`. The layouts are [`abi`], checked
+//! against Debian's header by the test `header_layout`; the symbol
+//! versions are `exports.map` (what `objdump -T` shows Debian's binaries
+//! need).
+//!
+//! What it refuses: every extended verb (the `verbs_context` before the
+//! context is all NULL, so the header's inline `ibv_*_ex` helpers answer
+//! `EOPNOTSUPP` or NULL), memory windows, `ibv_create_ah_from_wc`,
+//! multicast, `ibv_resize_cq`, `ibv_rereg_mr`, an MR whose I/O virtual
+//! address is not its address: each with `EOPNOTSUPP`, never a crash.
+//! QP0/QP1 are the daemon's ([`nicd`] refuses them).
+//!
+//! Memory: the application's pages move into a memfd the daemon maps,
+//! at the same addresses, when it registers them ([`mr`], where the cost
+//! is written down). The data path is the daemon client's: posts and
+//! polls through shared-memory rings.
+//!
+//! Configuration, read once at the first `ibv_get_device_list` (this
+//! library is the application's edge, as a binary's `main` is): the
+//! daemon's socket from `NICD_SOCKET`, else [`nicd::default_socket`].
+//! No daemon: an empty device list and one line on stderr saying how to
+//! start one (rdma-core prints its warnings there too).
+
+#![deny(clippy::undocumented_unsafe_blocks)]
+
+pub mod abi;
+pub mod exports;
+pub mod mr;
+mod objects;
+
+pub use objects::errno_of;
