@@ -23,7 +23,7 @@ use crate::abi::*;
 use crate::mr;
 use crate::objects::*;
 use rdma_types::{
-    AccessFlags, Gid, Lid, Lkey, Mtu, PortNum, Psn, QpState, QpType, Qkey, Qpn, Rkey, WcOpcode,
+    AccessFlags, Gid, Lid, Lkey, Mtu, PortNum, Psn, Qkey, QpState, QpType, Qpn, Rkey, WcOpcode,
     WcStatus,
 };
 use std::os::fd::AsRawFd;
@@ -114,7 +114,10 @@ pub unsafe extern "C" fn ibv_free_device_list(list: *mut *mut ibv_device) {
             while !(*list.add(n)).is_null() {
                 n += 1;
             }
-            drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(list, n + 1)));
+            drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(
+                list,
+                n + 1,
+            )));
         }
     })
 }
@@ -241,7 +244,11 @@ pub unsafe extern "C" fn ibv_query_device(c: *mut ibv_context, out: *mut ibv_dev
         d.max_qp_rd_atom = a.max_qp_rd_atom as c_int;
         d.max_res_rd_atom = a.max_qp_rd_atom as c_int;
         d.max_qp_init_rd_atom = a.max_qp_rd_atom as c_int;
-        d.atomic_cap = if a.atomics { IBV_ATOMIC_HCA } else { IBV_ATOMIC_NONE };
+        d.atomic_cap = if a.atomics {
+            IBV_ATOMIC_HCA
+        } else {
+            IBV_ATOMIC_NONE
+        };
         d.max_mw = 0;
         d.max_ah = i(a.max_qp);
         d.max_srq = i(a.max_srq);
@@ -258,7 +265,11 @@ pub unsafe extern "C" fn ibv_query_device(c: *mut ibv_context, out: *mut ibv_dev
 
 /// The old `ibv_query_port` (IBVERBS_1.1), what the header's inline one
 /// calls: fills the fields up to `link_layer` ([`COMPAT_PORT_ATTR_LEN`]).
-pub unsafe extern "C" fn ibv_query_port(c: *mut ibv_context, port: u8, out: *mut ibv_port_attr) -> c_int {
+pub unsafe extern "C" fn ibv_query_port(
+    c: *mut ibv_context,
+    port: u8,
+    out: *mut ibv_port_attr,
+) -> c_int {
     guard(libc::EIO, || {
         // SAFETY: contract.
         let ctx = unsafe { ctx_of(c) };
@@ -286,7 +297,11 @@ pub unsafe extern "C" fn ibv_query_port(c: *mut ibv_context, port: u8, out: *mut
             // LinkUp (5) when active, else Polling (2).
             phys_state: if state == IBV_PORT_ACTIVE { 5 } else { 2 },
             // No LID: a RoCE port (the daemon's `roce` personality).
-            link_layer: if p.lid.0 == 0 { IBV_LINK_LAYER_ETHERNET } else { 1 },
+            link_layer: if p.lid.0 == 0 {
+                IBV_LINK_LAYER_ETHERNET
+            } else {
+                1
+            },
             ..Default::default()
         };
         // SAFETY: `out` has room for the old struct at least (contract);
@@ -304,15 +319,26 @@ pub unsafe extern "C" fn ibv_query_port(c: *mut ibv_context, port: u8, out: *mut
 
 fn gid_at(ctx: &Context, port: u32, index: u32) -> Result<Gid, c_int> {
     let port = u8::try_from(port).map_err(|_| libc::EINVAL)?;
-    let p = ctx.provider.query_port(ctx.ca, PortNum(port)).map_err(verr)?;
+    let p = ctx
+        .provider
+        .query_port(ctx.ca, PortNum(port))
+        .map_err(verr)?;
     p.gids.get(index as usize).copied().ok_or(libc::EINVAL)
 }
 
-pub unsafe extern "C" fn ibv_query_gid(c: *mut ibv_context, port: u8, index: c_int, gid: *mut ibv_gid) -> c_int {
+pub unsafe extern "C" fn ibv_query_gid(
+    c: *mut ibv_context,
+    port: u8,
+    index: c_int,
+    gid: *mut ibv_gid,
+) -> c_int {
     guard(-1, || {
         // SAFETY: contract.
         let ctx = unsafe { ctx_of(c) };
-        match u32::try_from(index).map_err(|_| libc::EINVAL).and_then(|i| gid_at(ctx, port as u32, i)) {
+        match u32::try_from(index)
+            .map_err(|_| libc::EINVAL)
+            .and_then(|i| gid_at(ctx, port as u32, i))
+        {
             Ok(g) => {
                 // SAFETY: a valid `union ibv_gid *` (contract).
                 unsafe { gid.write(ibv_gid { raw: g.0 }) };
@@ -351,7 +377,9 @@ pub unsafe extern "C" fn _ibv_query_gid_ex(
                 };
                 let n = entry_size.min(std::mem::size_of::<ibv_gid_entry>());
                 // SAFETY: `entry` has `entry_size` bytes (contract).
-                unsafe { std::ptr::copy_nonoverlapping((&raw const e).cast::<u8>(), entry.cast(), n) };
+                unsafe {
+                    std::ptr::copy_nonoverlapping((&raw const e).cast::<u8>(), entry.cast(), n)
+                };
                 0
             }
             Err(e) => e,
@@ -361,7 +389,12 @@ pub unsafe extern "C" fn _ibv_query_gid_ex(
 
 /// rdma-core's private `ibv_query_gid_type` (`ibv_devinfo` uses it):
 /// every GID of ours is RoCE v2.
-pub unsafe extern "C" fn ibv_query_gid_type(c: *mut ibv_context, port: u8, index: c_uint, ty: *mut u32) -> c_int {
+pub unsafe extern "C" fn ibv_query_gid_type(
+    c: *mut ibv_context,
+    port: u8,
+    index: c_uint,
+    ty: *mut u32,
+) -> c_int {
     guard(-1, || {
         // SAFETY: contract.
         let ctx = unsafe { ctx_of(c) };
@@ -379,12 +412,21 @@ pub unsafe extern "C" fn ibv_query_gid_type(c: *mut ibv_context, port: u8, index
     })
 }
 
-pub unsafe extern "C" fn ibv_query_pkey(c: *mut ibv_context, port: u8, index: c_int, pkey: *mut u16) -> c_int {
+pub unsafe extern "C" fn ibv_query_pkey(
+    c: *mut ibv_context,
+    port: u8,
+    index: c_int,
+    pkey: *mut u16,
+) -> c_int {
     guard(-1, || {
         // SAFETY: contract.
         let ctx = unsafe { ctx_of(c) };
         let p = ctx.provider.query_port(ctx.ca, PortNum(port));
-        match p.ok().and_then(|p| usize::try_from(index).ok().and_then(|i| p.pkeys.get(i).copied())) {
+        match p.ok().and_then(|p| {
+            usize::try_from(index)
+                .ok()
+                .and_then(|i| p.pkeys.get(i).copied())
+        }) {
             Some(k) => {
                 // SAFETY: a valid `__be16 *`.
                 unsafe { *pkey = k.0.to_be() };
@@ -421,13 +463,20 @@ pub unsafe extern "C" fn ibv_alloc_pd(c: *mut ibv_context) -> *mut ibv_pd {
     guard(null_mut(), || {
         // SAFETY: contract.
         let ctx = unsafe { ctx_of(c) };
-        ptr(ctx.provider.alloc_pd(ctx.ca, 0).map_err(verr).map(|handle| {
-            boxed(Pd {
-                ibv: ibv_pd { context: c, handle: handle.0.index },
-                handle,
-            })
-            .cast()
-        }))
+        ptr(ctx
+            .provider
+            .alloc_pd(ctx.ca, 0)
+            .map_err(verr)
+            .map(|handle| {
+                boxed(Pd {
+                    ibv: ibv_pd {
+                        context: c,
+                        handle: handle.0.index,
+                    },
+                    handle,
+                })
+                .cast()
+            }))
     })
 }
 
@@ -449,7 +498,13 @@ pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
     })
 }
 
-fn reg(pd: *mut ibv_pd, addr: *mut c_void, len: usize, iova: u64, access: c_int) -> Result<*mut ibv_mr, c_int> {
+fn reg(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    len: usize,
+    iova: u64,
+    access: c_int,
+) -> Result<*mut ibv_mr, c_int> {
     if iova != addr as u64 {
         return Err(libc::EOPNOTSUPP);
     }
@@ -466,7 +521,10 @@ fn reg(pd: *mut ibv_pd, addr: *mut c_void, len: usize, iova: u64, access: c_int)
         eprintln!("libibverbs (ibverbs-abi): ibv_reg_mr: {}", r.why);
         r.errno
     })?;
-    let info = match ctx.provider.reg_mr(h, &region, addr as u64, len as u64, access, 0) {
+    let info = match ctx
+        .provider
+        .reg_mr(h, &region, addr as u64, len as u64, access, 0)
+    {
         Ok(i) => i,
         Err(e) => {
             mr::release(region.addr());
@@ -489,7 +547,12 @@ fn reg(pd: *mut ibv_pd, addr: *mut c_void, len: usize, iova: u64, access: c_int)
     .cast())
 }
 
-pub unsafe extern "C" fn ibv_reg_mr(pd: *mut ibv_pd, addr: *mut c_void, len: usize, access: c_int) -> *mut ibv_mr {
+pub unsafe extern "C" fn ibv_reg_mr(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    len: usize,
+    access: c_int,
+) -> *mut ibv_mr {
     guard(null_mut(), || ptr(reg(pd, addr, len, addr as u64, access)))
 }
 
@@ -510,7 +573,9 @@ pub unsafe extern "C" fn ibv_reg_mr_iova2(
     iova: u64,
     access: c_uint,
 ) -> *mut ibv_mr {
-    guard(null_mut(), || ptr(reg(pd, addr, len, iova, access as c_int)))
+    guard(null_mut(), || {
+        ptr(reg(pd, addr, len, iova, access as c_int))
+    })
 }
 
 pub unsafe extern "C" fn ibv_dereg_mr(m: *mut ibv_mr) -> c_int {
@@ -565,7 +630,11 @@ pub unsafe extern "C" fn ibv_create_comp_channel(c: *mut ibv_context) -> *mut ib
             Err(e) => return ptr(Err(e.raw_os_error().unwrap_or(libc::EMFILE))),
         };
         boxed(Channel {
-            ibv: ibv_comp_channel { context: c, fd: r.as_raw_fd(), refcnt: 0 },
+            ibv: ibv_comp_channel {
+                context: c,
+                fd: r.as_raw_fd(),
+                refcnt: 0,
+            },
             r,
             w: Arc::new(w),
         })
@@ -693,7 +762,10 @@ pub unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -
         let (c, h) = unsafe { ((*cq).context, (*cq.cast::<Cq>()).handle) };
         // SAFETY: contract.
         let ctx = unsafe { ctx_of(c) };
-        rc(ctx.provider.req_notify_cq(h, solicited_only != 0).map_err(verr))
+        rc(ctx
+            .provider
+            .req_notify_cq(h, solicited_only != 0)
+            .map_err(verr))
     })
 }
 
@@ -780,7 +852,10 @@ pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, out: *mut ibv_wc) ->
 
 // ---- SRQ ------------------------------------------------------------------
 
-pub unsafe extern "C" fn ibv_create_srq(pd: *mut ibv_pd, init: *mut ibv_srq_init_attr) -> *mut ibv_srq {
+pub unsafe extern "C" fn ibv_create_srq(
+    pd: *mut ibv_pd,
+    init: *mut ibv_srq_init_attr,
+) -> *mut ibv_srq {
     guard(null_mut(), || {
         let p = pd.cast::<Pd>();
         // SAFETY: a PD of ours and a valid init struct (contract).
@@ -815,7 +890,11 @@ pub unsafe extern "C" fn ibv_create_srq(pd: *mut ibv_pd, init: *mut ibv_srq_init
     })
 }
 
-pub unsafe extern "C" fn ibv_modify_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_attr, mask: c_int) -> c_int {
+pub unsafe extern "C" fn ibv_modify_srq(
+    srq: *mut ibv_srq,
+    attr: *mut ibv_srq_attr,
+    mask: c_int,
+) -> c_int {
     guard(libc::EIO, || {
         // SAFETY: an SRQ of ours and a valid attr (contract).
         let (c, h, a) = unsafe { ((*srq).context, (*srq.cast::<Srq>()).handle, &*attr) };
@@ -883,7 +962,10 @@ fn qp_type_of(t: c_int) -> Result<QpType, c_int> {
     }
 }
 
-pub unsafe extern "C" fn ibv_create_qp(pd: *mut ibv_pd, init: *mut ibv_qp_init_attr) -> *mut ibv_qp {
+pub unsafe extern "C" fn ibv_create_qp(
+    pd: *mut ibv_pd,
+    init: *mut ibv_qp_init_attr,
+) -> *mut ibv_qp {
     guard(null_mut(), || ptr(create_qp(pd, init)))
 }
 
@@ -1091,7 +1173,11 @@ pub(crate) fn qp_attr_of(a: &ibv_qp_attr, mask: c_int) -> Result<QpAttr, c_int> 
     Ok(q)
 }
 
-pub unsafe extern "C" fn ibv_modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c_int) -> c_int {
+pub unsafe extern "C" fn ibv_modify_qp(
+    qp: *mut ibv_qp,
+    attr: *mut ibv_qp_attr,
+    mask: c_int,
+) -> c_int {
     guard(libc::EIO, || {
         let q = qp.cast::<Qp>();
         // SAFETY: a QP of ours and a valid attr (contract).
@@ -1252,14 +1338,19 @@ pub(crate) unsafe fn send_wr_of(w: &ibv_send_wr) -> Result<SendWr, c_int> {
     }
     wr.flags = flags;
     match opcode {
-        SendOpcode::SendWithImm | SendOpcode::RdmaWriteWithImm => wr.imm = u32::from_be(w.imm_or_inv),
+        SendOpcode::SendWithImm | SendOpcode::RdmaWriteWithImm => {
+            wr.imm = u32::from_be(w.imm_or_inv)
+        }
         SendOpcode::SendWithInv | SendOpcode::LocalInv => wr.invalidate_rkey = Rkey(w.imm_or_inv),
         _ => {}
     }
     match opcode {
         SendOpcode::RdmaWrite | SendOpcode::RdmaWriteWithImm | SendOpcode::RdmaRead => {
             let (addr, rkey) = w.wr.rdma();
-            wr.remote = verbs::RemoteAddr { addr, rkey: Rkey(rkey) };
+            wr.remote = verbs::RemoteAddr {
+                addr,
+                rkey: Rkey(rkey),
+            };
         }
         SendOpcode::AtomicCmpSwp | SendOpcode::AtomicFetchAdd => {
             wr.remote = verbs::RemoteAddr {
@@ -1274,11 +1365,21 @@ pub(crate) unsafe fn send_wr_of(w: &ibv_send_wr) -> Result<SendWr, c_int> {
     Ok(wr)
 }
 
-pub unsafe extern "C" fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad: *mut *mut ibv_send_wr) -> c_int {
+pub unsafe extern "C" fn post_send(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_send_wr,
+    bad: *mut *mut ibv_send_wr,
+) -> c_int {
     guard(libc::EIO, || {
         let q = qp.cast::<Qp>();
         // SAFETY: a QP of ours (contract).
-        let (c, h, ud) = unsafe { ((*q).ibv.context, (*q).handle, (*q).ibv.qp_type == IBV_QPT_UD) };
+        let (c, h, ud) = unsafe {
+            (
+                (*q).ibv.context,
+                (*q).handle,
+                (*q).ibv.qp_type == IBV_QPT_UD,
+            )
+        };
         // SAFETY: contract.
         let ctx = unsafe { ctx_of(c) };
         let mut ptrs = Vec::new();
@@ -1367,7 +1468,10 @@ unsafe fn recv_chain(
         let w = unsafe { &*wr };
         // SAFETY: per the contract.
         match unsafe { sges(w.sg_list, w.num_sge) } {
-            Ok(s) => wrs.push(RecvWr { wr_id: w.wr_id, sges: s }),
+            Ok(s) => wrs.push(RecvWr {
+                wr_id: w.wr_id,
+                sges: s,
+            }),
             Err(e) => {
                 if !bad.is_null() {
                     // SAFETY: a valid out pointer.
@@ -1382,7 +1486,11 @@ unsafe fn recv_chain(
     Ok((wrs, ptrs))
 }
 
-pub unsafe extern "C" fn post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr, bad: *mut *mut ibv_recv_wr) -> c_int {
+pub unsafe extern "C" fn post_recv(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_recv_wr,
+    bad: *mut *mut ibv_recv_wr,
+) -> c_int {
     guard(libc::EIO, || {
         // SAFETY: a QP of ours (contract).
         let (c, h) = unsafe { ((*qp).context, (*qp.cast::<Qp>()).handle) };
@@ -1396,7 +1504,11 @@ pub unsafe extern "C" fn post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr, bad: *
     })
 }
 
-pub unsafe extern "C" fn post_srq_recv(srq: *mut ibv_srq, wr: *mut ibv_recv_wr, bad: *mut *mut ibv_recv_wr) -> c_int {
+pub unsafe extern "C" fn post_srq_recv(
+    srq: *mut ibv_srq,
+    wr: *mut ibv_recv_wr,
+    bad: *mut *mut ibv_recv_wr,
+) -> c_int {
     guard(libc::EIO, || {
         // SAFETY: an SRQ of ours (contract).
         let (c, h) = unsafe { ((*srq).context, (*srq.cast::<Srq>()).handle) };
@@ -1425,7 +1537,11 @@ pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) 
             .map_err(verr)
             .map(|handle| {
                 boxed(Ah {
-                    ibv: ibv_ah { context: c, pd, handle: handle.0.index },
+                    ibv: ibv_ah {
+                        context: c,
+                        pd,
+                        handle: handle.0.index,
+                    },
                     handle,
                 })
                 .cast()
@@ -1471,17 +1587,28 @@ pub unsafe extern "C" fn ibv_init_ah_from_wc(
     libc::EOPNOTSUPP
 }
 
-pub unsafe extern "C" fn ibv_attach_mcast(_qp: *mut ibv_qp, _gid: *const ibv_gid, _lid: u16) -> c_int {
+pub unsafe extern "C" fn ibv_attach_mcast(
+    _qp: *mut ibv_qp,
+    _gid: *const ibv_gid,
+    _lid: u16,
+) -> c_int {
     libc::EOPNOTSUPP
 }
 
-pub unsafe extern "C" fn ibv_detach_mcast(_qp: *mut ibv_qp, _gid: *const ibv_gid, _lid: u16) -> c_int {
+pub unsafe extern "C" fn ibv_detach_mcast(
+    _qp: *mut ibv_qp,
+    _gid: *const ibv_gid,
+    _lid: u16,
+) -> c_int {
     libc::EOPNOTSUPP
 }
 
 // ---- async events -------------------------------------------------------
 
-pub unsafe extern "C" fn ibv_get_async_event(c: *mut ibv_context, ev: *mut ibv_async_event) -> c_int {
+pub unsafe extern "C" fn ibv_get_async_event(
+    c: *mut ibv_context,
+    ev: *mut ibv_async_event,
+) -> c_int {
     guard(-1, || {
         let mut rec = [0u8; 16];
         // SAFETY: a context of ours; `rec` has room for one record.
@@ -1513,10 +1640,28 @@ pub unsafe extern "C" fn ibv_ack_async_event(_ev: *mut ibv_async_event) {}
 const STATUSES: [WcStatus; 22] = {
     use WcStatus::*;
     [
-        Success, LocLenErr, LocQpOpErr, LocEecOpErr, LocProtErr, WrFlushErr, MwBindErr,
-        BadRespErr, LocAccessErr, RemInvReqErr, RemAccessErr, RemOpErr, RetryExcErr,
-        RnrRetryExcErr, LocRddViolErr, RemInvRdReqErr, RemAbortErr, InvEecnErr, InvEecStateErr,
-        FatalErr, RespTimeoutErr, GeneralErr,
+        Success,
+        LocLenErr,
+        LocQpOpErr,
+        LocEecOpErr,
+        LocProtErr,
+        WrFlushErr,
+        MwBindErr,
+        BadRespErr,
+        LocAccessErr,
+        RemInvReqErr,
+        RemAccessErr,
+        RemOpErr,
+        RetryExcErr,
+        RnrRetryExcErr,
+        LocRddViolErr,
+        RemInvRdReqErr,
+        RemAbortErr,
+        InvEecnErr,
+        InvEecStateErr,
+        FatalErr,
+        RespTimeoutErr,
+        GeneralErr,
     ]
 };
 
@@ -1532,7 +1677,10 @@ fn status_words() -> &'static [std::ffi::CString] {
 }
 
 pub unsafe extern "C" fn ibv_wc_status_str(status: c_int) -> *const c_char {
-    match usize::try_from(status).ok().and_then(|i| status_words().get(i)) {
+    match usize::try_from(status)
+        .ok()
+        .and_then(|i| status_words().get(i))
+    {
         Some(s) => s.as_ptr(),
         None => c"unknown".as_ptr(),
     }

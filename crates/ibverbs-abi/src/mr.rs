@@ -86,8 +86,7 @@ pub fn share(addr: u64, len: u64) -> Result<MemBuf, Refused> {
     if len == 0 {
         return Err(refused(libc::EINVAL, "an empty memory region"));
     }
-    let (lo, hi) =
-        page_span(addr, len).ok_or_else(|| refused(libc::EINVAL, "the range wraps"))?;
+    let (lo, hi) = page_span(addr, len).ok_or_else(|| refused(libc::EINVAL, "the range wraps"))?;
     let mut map = regions();
     // The region starting at or before `lo`, and any starting inside.
     if let Some((&start, r)) = map.range_mut(..=lo).next_back() {
@@ -183,7 +182,10 @@ fn move_pages(lo: u64, hi: u64) -> Result<MemBuf, Refused> {
     let size = (hi - lo) as usize;
     let sys = |what: &str| {
         let e = std::io::Error::last_os_error();
-        refused(e.raw_os_error().unwrap_or(libc::ENOMEM), format!("{what}: {e}"))
+        refused(
+            e.raw_os_error().unwrap_or(libc::ENOMEM),
+            format!("{what}: {e}"),
+        )
     };
     // SAFETY: the name is NUL-terminated; the descriptor is ours alone.
     let fd = unsafe {

@@ -44,7 +44,10 @@ static PROVIDER: Mutex<Option<Arc<NicdProvider>>> = Mutex::new(None);
 fn socket_path() -> std::path::PathBuf {
     match std::env::var_os(nicd::SOCKET_ENV) {
         Some(p) if !p.is_empty() => p.into(),
-        _ => nicd::default_socket(nicd::euid(), std::env::var_os("XDG_RUNTIME_DIR").map(Into::into)),
+        _ => nicd::default_socket(
+            nicd::euid(),
+            std::env::var_os("XDG_RUNTIME_DIR").map(Into::into),
+        ),
     }
 }
 
@@ -65,7 +68,10 @@ pub(crate) fn provider() -> Option<Arc<NicdProvider>> {
             Some(c)
         }
         Err(e) => {
-            eprintln!("libibverbs (ibverbs-abi): {e}; or set {} to its socket", nicd::SOCKET_ENV);
+            eprintln!(
+                "libibverbs (ibverbs-abi): {e}; or set {} to its socket",
+                nicd::SOCKET_ENV
+            );
             None
         }
     }

@@ -35,6 +35,12 @@ const PACKAGES: &[(&str, &str)] = &[
     ("sha1sum", "coreutils"),
     ("man", "man-db"),
     ("systemd-analyze", "systemd"),
+    ("ibv_devinfo", "ibverbs-utils"),
+    ("ibv_devices", "ibverbs-utils"),
+    ("ibv_rc_pingpong", "ibverbs-utils"),
+    ("ibv_ud_pingpong", "ibverbs-utils"),
+    ("objdump", "binutils"),
+    ("gcc", "gcc"),
 ];
 
 /// The Debian package that brings `tool`, if the table knows it.

@@ -1,0 +1,145 @@
+//! What the tests share: the built library under the name applications
+//! load, a NIC daemon in this process on 127.92.x.y, and a wait for a
+//! TCP listener (the pingpong servers' address exchange).
+
+#![allow(dead_code)]
+
+use rdma_types::Guid;
+use rnic::softroce::{SoftCa, SoftRoce, ROCE_PORT};
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// `libibverbs_abi.so`, built beside this test (cargo builds the
+/// library's cdylib with the rlib the test links).
+pub fn library() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    // <target>/<profile>/deps/<test>-<hash>
+    let lib = exe
+        .parent()
+        .and_then(Path::parent)
+        .unwrap()
+        .join("libibverbs_abi.so");
+    assert!(lib.exists(), "{} not built", lib.display());
+    lib
+}
+
+static NEXT: AtomicU32 = AtomicU32::new(0);
+
+/// A fresh directory holding the library as `libibverbs.so.1`: what
+/// `LD_LIBRARY_PATH` names.
+pub fn library_dir() -> PathBuf {
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("ibverbs-abi-lib-{}-{n}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(library(), dir.join("libibverbs.so.1")).unwrap();
+    dir
+}
+
+/// A NIC daemon on its own threads, serving a soft RoCE CA on `ip`.
+pub struct Daemon {
+    pub soft: Arc<SoftRoce>,
+    pub server: Arc<nicd::Server>,
+    pub socket: PathBuf,
+    pub libdir: PathBuf,
+}
+
+impl Daemon {
+    pub fn start(ip: IpAddr) -> Daemon {
+        let soft = SoftRoce::new(
+            vec![SoftCa {
+                guid: Guid(0x9201),
+                ip,
+            }],
+            ROCE_PORT,
+        );
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let socket =
+            std::env::temp_dir().join(format!("ibverbs-abi-nicd-{}-{n}.sock", std::process::id()));
+        let listener = nicd::server::bind(&socket, false).unwrap();
+        let server = nicd::Server::new(soft.clone());
+        server.serve(listener);
+        Daemon {
+            soft,
+            server,
+            socket,
+            libdir: library_dir(),
+        }
+    }
+
+    /// `tool args` through the library, on this daemon.
+    pub fn command(&self, tool: &str) -> Command {
+        let mut c = Command::new(tool);
+        c.env("LD_LIBRARY_PATH", &self.libdir)
+            .env(nicd::SOCKET_ENV, &self.socket)
+            .stdin(Stdio::null());
+        c
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.socket);
+        let _ = std::fs::remove_dir_all(&self.libdir);
+    }
+}
+
+/// Whether something listens on TCP `port` (any address, IPv4 or v6),
+/// from /proc/net/tcp{,6}: state 0A is LISTEN.
+pub fn listening(port: u16) -> bool {
+    let want = format!(":{port:04X}");
+    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
+        std::fs::read_to_string(f)
+            .unwrap_or_default()
+            .lines()
+            .any(|l| {
+                let mut c = l.split_whitespace();
+                let local = c.nth(1).unwrap_or("");
+                let state = c.nth(1).unwrap_or("");
+                local.ends_with(&want) && state == "0A"
+            })
+    })
+}
+
+/// Waits (bounded) until `child` listens on `port`; panics with its
+/// output if it exits or the time runs out.
+pub fn wait_listening(child: &mut Child, port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    for _ in 0..20_000 {
+        if listening(port) {
+            return;
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("the server exited ({status}) before listening on {port}");
+        }
+        assert!(
+            Instant::now() < deadline,
+            "nothing listens on {port} after 20 s"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    panic!("nothing listens on {port}");
+}
+
+/// The output of `child`, killed if it runs past `secs`.
+pub fn finish(mut child: Child, secs: u64) -> Output {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        match child.try_wait().unwrap() {
+            Some(_) => return child.wait_with_output().unwrap(),
+            None if Instant::now() > deadline => {
+                let _ = child.kill();
+                let out = child.wait_with_output().unwrap();
+                panic!(
+                    "still running after {secs} s: stdout {} stderr {}",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            None => std::thread::sleep(Duration::from_millis(10)),
+        }
+    }
+}

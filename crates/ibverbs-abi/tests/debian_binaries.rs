@@ -1,0 +1,135 @@
+//! Debian's own rdma-core binaries (ibverbs-utils), unmodified, through
+//! this library on one NIC daemon (issue 28's "must show", first part):
+//! each test runs its daemon in this process on an address of its own in
+//! 127.92.0.0/16 and the binaries as child processes with
+//! `LD_LIBRARY_PATH` naming the library.
+
+mod common;
+
+use common::{finish, wait_listening, Daemon};
+use rdma_testkit::need;
+use std::net::{IpAddr, Ipv4Addr};
+use std::process::Stdio;
+
+fn ip(last: u8) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(127, 92, 0, last))
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[test]
+fn ibv_devinfo_and_ibv_devices_show_the_daemons_nic() {
+    if !need::tools(&["ibv_devinfo", "ibv_devices"]) {
+        return;
+    }
+    let d = Daemon::start(ip(1));
+    let out = d.command("ibv_devinfo").arg("-v").output().unwrap();
+    let o = text(&out.stdout);
+    assert!(out.status.success(), "{o}{}", text(&out.stderr));
+    for want in [
+        "hca_id:\tnicd0",
+        "transport:\t\t\tInfiniBand (0)",
+        "phys_port_cnt:\t\t\t1",
+        "state:\t\t\tPORT_ACTIVE (4)",
+        "active_mtu:\t\t4096 (5)",
+        "link_layer:\t\tEthernet",
+        "GID[  0]:\t\t::ffff:127.92.0.1, RoCE v2",
+        "max_mw:\t\t\t\t0",
+    ] {
+        assert!(o.contains(want), "no {want:?} in\n{o}");
+    }
+    // The node GUID the daemon's CA has, as ibv_devinfo prints it.
+    assert!(o.contains("node_guid:\t\t\t0000:0000:0000:9201"), "{o}");
+    let out = d.command("ibv_devices").output().unwrap();
+    let o = text(&out.stdout);
+    assert!(out.status.success(), "{o}");
+    assert!(o.contains("nicd0") && o.contains("0000000000009201"), "{o}");
+}
+
+#[test]
+fn without_a_daemon_the_list_is_empty_and_says_how_to_start_one() {
+    if !need::tool("ibv_devinfo") {
+        return;
+    }
+    let libdir = common::library_dir();
+    let out = std::process::Command::new("ibv_devinfo")
+        .env("LD_LIBRARY_PATH", &libdir)
+        .env(nicd::SOCKET_ENV, "/nonexistent/ibverbs-abi/nicd.sock")
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&libdir);
+    let (o, e) = (text(&out.stdout), text(&out.stderr));
+    assert!(!out.status.success());
+    assert!(
+        e.contains("No IB devices found") || o.contains("No IB devices found"),
+        "{o}{e}"
+    );
+    assert!(
+        e.contains("no NIC daemon at /nonexistent/ibverbs-abi/nicd.sock")
+            && e.contains("nicd --ip ADDRESS"),
+        "{e}"
+    );
+}
+
+/// `ibv_rc_pingpong` server and client, validating every buffer (`-c`),
+/// over RoCE GID 0 (`-g 0`); `extra` adds options to both.
+fn rc_pingpong(last: u8, port: u16, extra: &[&str]) {
+    let d = Daemon::start(ip(last));
+    let port_s = port.to_string();
+    let mut args = vec!["-d", "nicd0", "-g", "0", "-p", &port_s, "-c", "-n", "200"];
+    args.extend_from_slice(extra);
+    let mut server = d
+        .command("ibv_rc_pingpong")
+        .args(&args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_listening(&mut server, port);
+    let client = d
+        .command("ibv_rc_pingpong")
+        .args(&args)
+        .arg(ip(last).to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let c = finish(client, 60);
+    let s = finish(server, 60);
+    for (who, out) in [("server", &s), ("client", &c)] {
+        let (o, e) = (text(&out.stdout), text(&out.stderr));
+        assert!(out.status.success(), "{who}: {o}{e}");
+        assert!(o.contains("200 iters in"), "{who}: {o}{e}");
+        assert!(o.contains("GID ::ffff:127.92.0."), "{who}: {o}");
+        assert!(
+            !e.contains("Couldn't") && !e.contains("Invalid"),
+            "{who}: {e}"
+        );
+    }
+}
+
+#[test]
+fn ibv_rc_pingpong_both_roles_exchange_and_validate() {
+    if !need::tool("ibv_rc_pingpong") {
+        return;
+    }
+    rc_pingpong(2, 19202, &[]);
+}
+
+#[test]
+fn ibv_rc_pingpong_sleeps_on_completion_events() {
+    if !need::tool("ibv_rc_pingpong") {
+        return;
+    }
+    rc_pingpong(3, 19203, &["-e"]);
+}
+
+#[test]
+fn ibv_rc_pingpong_with_large_messages_across_pages() {
+    if !need::tool("ibv_rc_pingpong") {
+        return;
+    }
+    rc_pingpong(4, 19204, &["-s", "65536", "-m", "1024"]);
+}
