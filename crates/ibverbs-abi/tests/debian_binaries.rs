@@ -73,15 +73,16 @@ fn without_a_daemon_the_list_is_empty_and_says_how_to_start_one() {
     );
 }
 
-/// `ibv_rc_pingpong` server and client, validating every buffer (`-c`),
-/// over RoCE GID 0 (`-g 0`); `extra` adds options to both.
-fn rc_pingpong(last: u8, port: u16, extra: &[&str]) {
+/// `tool` (`ibv_rc_pingpong` or `ibv_ud_pingpong`) as server and
+/// client, validating every buffer (`-c`), over RoCE GID 0 (`-g 0`);
+/// `extra` adds options to both.
+fn pingpong(tool: &str, last: u8, port: u16, extra: &[&str]) {
     let d = Daemon::start(ip(last));
     let port_s = port.to_string();
     let mut args = vec!["-d", "nicd0", "-g", "0", "-p", &port_s, "-c", "-n", "200"];
     args.extend_from_slice(extra);
     let mut server = d
-        .command("ibv_rc_pingpong")
+        .command(tool)
         .args(&args)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -89,7 +90,7 @@ fn rc_pingpong(last: u8, port: u16, extra: &[&str]) {
         .unwrap();
     wait_listening(&mut server, port);
     let client = d
-        .command("ibv_rc_pingpong")
+        .command(tool)
         .args(&args)
         .arg(ip(last).to_string())
         .stdout(Stdio::piped())
@@ -115,7 +116,7 @@ fn ibv_rc_pingpong_both_roles_exchange_and_validate() {
     if !need::tool("ibv_rc_pingpong") {
         return;
     }
-    rc_pingpong(2, 19202, &[]);
+    pingpong("ibv_rc_pingpong", 2, 19202, &[]);
 }
 
 #[test]
@@ -123,7 +124,7 @@ fn ibv_rc_pingpong_sleeps_on_completion_events() {
     if !need::tool("ibv_rc_pingpong") {
         return;
     }
-    rc_pingpong(3, 19203, &["-e"]);
+    pingpong("ibv_rc_pingpong", 3, 19203, &["-e"]);
 }
 
 #[test]
@@ -131,5 +132,23 @@ fn ibv_rc_pingpong_with_large_messages_across_pages() {
     if !need::tool("ibv_rc_pingpong") {
         return;
     }
-    rc_pingpong(4, 19204, &["-s", "65536", "-m", "1024"]);
+    pingpong("ibv_rc_pingpong", 4, 19204, &["-s", "65536", "-m", "1024"]);
+}
+
+/// UD: its receives are posted in INIT, its sends carry an AH with a
+/// GRH (RoCE), each receive holds the 40-byte GRH before the payload.
+#[test]
+fn ibv_ud_pingpong_both_roles_exchange_and_validate() {
+    if !need::tool("ibv_ud_pingpong") {
+        return;
+    }
+    pingpong("ibv_ud_pingpong", 5, 19205, &[]);
+}
+
+#[test]
+fn ibv_ud_pingpong_sleeps_on_completion_events() {
+    if !need::tool("ibv_ud_pingpong") {
+        return;
+    }
+    pingpong("ibv_ud_pingpong", 6, 19206, &["-e", "-s", "1024"]);
 }

@@ -178,10 +178,12 @@ impl SoftRoce {
                 return Ok(());
             }
             (QpState::Init, QpState::Rtr) | (QpState::Reset, QpState::Init)
-                if qp_type.is_datagram() || to == QpState::Rtr =>
+                if !q.engine && (qp_type.is_datagram() || to == QpState::Rtr) =>
             {
                 // Build the engine now that its attributes are known (UD,
-                // GSI: at INIT already, so receives land from the start).
+                // GSI: at INIT already, so receives land from the start;
+                // their INIT->RTR keeps that engine and the receives
+                // posted to it, as ibv_ud_pingpong posts them in INIT).
                 let mut cfg = engine_config(q, qp_type);
                 // The P_Key its index names (an ib port's table comes from
                 // the SM; QP0 keeps the default: SMPs are not partitioned).
