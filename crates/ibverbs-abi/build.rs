@@ -1,8 +1,9 @@
 //! Links the cdylib as rdma-core's libibverbs: its SONAME, and a version
 //! script naming each exported function under its version node. The
-//! functions and versions are the `symbols!` list at the end of
-//! src/exports.rs (one `name @ "VERSION",` per line), which also binds
-//! each with `.symver`; this script is written from that one list.
+//! functions and versions are the `symbols!` lists at the end of
+//! src/exports.rs and src/private.rs (one `name @ "VERSION",` per line),
+//! which also bind each with `.symver`; this script is written from
+//! those lists.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -26,29 +27,35 @@ const NODES: &[&str] = &[
 ];
 const PRIVATE: &str = "IBVERBS_PRIVATE_34";
 
+/// The files under `src/` with a `symbols!` list.
+const SOURCES: &[&str] = &["exports.rs", "private.rs"];
+
 fn main() {
     let dir = std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR");
     let out = std::env::var("OUT_DIR").expect("cargo sets OUT_DIR");
-    let src = format!("{dir}/src/exports.rs");
-    println!("cargo:rerun-if-changed={src}");
-    let text = std::fs::read_to_string(&src).expect("src/exports.rs");
-    let list = text
-        .split("\nsymbols! {\n")
-        .nth(1)
-        .and_then(|t| t.split("\n}").next())
-        .expect("a `symbols! {` list in src/exports.rs");
-    let mut by_node: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
-    for line in list.lines().map(str::trim).filter(|l| !l.is_empty()) {
-        let (name, ver) = line
-            .trim_end_matches(',')
-            .split_once(" @ ")
-            .unwrap_or_else(|| panic!("`name @ \"VERSION\",` expected in symbols!: {line}"));
-        let ver = ver.trim_matches('"');
-        assert!(
-            NODES.contains(&ver) || ver == PRIVATE,
-            "{name}: version {ver} is not one of build.rs's NODES"
-        );
-        by_node.entry(ver).or_default().push(name);
+    let mut by_node: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    for file in SOURCES {
+        let src = format!("{dir}/src/{file}");
+        println!("cargo:rerun-if-changed={src}");
+        let text = std::fs::read_to_string(&src).unwrap_or_else(|e| panic!("{src}: {e}"));
+        let list = text
+            .split("\nsymbols! {\n")
+            .nth(1)
+            .and_then(|t| t.split("\n}").next())
+            .unwrap_or_else(|| panic!("a `symbols! {{` list in {src}"));
+        for line in list.lines().map(str::trim).filter(|l| !l.is_empty()) {
+            let (name, ver) = line
+                .trim_end_matches(',')
+                .split_once(" @ ")
+                .unwrap_or_else(|| panic!("`name @ \"VERSION\",` expected in symbols!: {line}"));
+            let ver = ver.trim_matches('"');
+            let node = NODES
+                .iter()
+                .chain([&PRIVATE])
+                .find(|n| **n == ver)
+                .unwrap_or_else(|| panic!("{name}: version {ver} is not one of build.rs's NODES"));
+            by_node.entry(node).or_default().push(name.to_string());
+        }
     }
     let mut map = String::new();
     let mut prev: Option<&str> = None;

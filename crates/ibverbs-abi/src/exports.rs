@@ -26,11 +26,12 @@ use rdma_types::{
     AccessFlags, Gid, Lid, Lkey, Mtu, PortNum, Psn, Qkey, QpState, QpType, Qpn, Rkey, WcOpcode,
     WcStatus,
 };
+use std::collections::HashMap;
 use std::os::fd::AsRawFd;
 use std::os::raw::{c_char, c_int, c_uint, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr::null_mut;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use verbs::{
     AhAttr, CqInit, Provider, QpAttr, QpCaps, QpInit, RecvWr, SendFlags, SendOpcode, SendWr, Sge,
     SrqAttr, UdDest, VerbsError, WcFlags, WorkCompletion,
@@ -193,6 +194,7 @@ fn open(dev: *mut ibv_device) -> Result<*mut ibv_context, c_int> {
         cq_pd,
         shared,
         async_r,
+        live: Mutex::new(HashMap::new()),
     });
     // SAFETY: just made; the box is freed only by `ibv_close_device`.
     Ok(unsafe { &raw mut (*c).vctx.context })
@@ -205,6 +207,11 @@ pub unsafe extern "C" fn ibv_close_device(c: *mut ibv_context) -> c_int {
         }
         // SAFETY: a context of ours (contract); freed here, once.
         let ctx = unsafe { Box::from_raw((ctx_of(c) as *const Context).cast_mut()) };
+        // What the application left is released, children first, as the
+        // kernel does when a process closes its device (perftest's
+        // ib_send_bw client leaves a CQ); its structs stay allocated, in
+        // case the application still reads one.
+        ctx.release_leftovers();
         let _ = ctx.provider.dealloc_pd(ctx.cq_pd);
         rc(ctx.provider.close_ca(ctx.ca).map_err(verr))
     })
@@ -468,12 +475,15 @@ pub unsafe extern "C" fn ibv_alloc_pd(c: *mut ibv_context) -> *mut ibv_pd {
             .alloc_pd(ctx.ca, 0)
             .map_err(verr)
             .map(|handle| {
+                let id = next_id();
+                ctx.hold(id, Live::Pd(handle));
                 boxed(Pd {
                     ibv: ibv_pd {
                         context: c,
                         handle: handle.0.index,
                     },
                     handle,
+                    id,
                 })
                 .cast()
             }))
@@ -484,11 +494,12 @@ pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
     guard(libc::EIO, || {
         let p = pd.cast::<Pd>();
         // SAFETY: a PD of ours (contract).
-        let (c, h) = unsafe { ((*p).ibv.context, (*p).handle) };
+        let (c, h, id) = unsafe { ((*p).ibv.context, (*p).handle, (*p).id) };
         // SAFETY: contract.
         let ctx = unsafe { ctx_of(c) };
         match ctx.provider.dealloc_pd(h) {
             Ok(()) => {
+                ctx.drop_held(id);
                 // SAFETY: made by `ibv_alloc_pd`, freed once.
                 drop(unsafe { Box::from_raw(p) });
                 0
@@ -531,6 +542,8 @@ fn reg(
             return Err(verr(e));
         }
     };
+    let id = next_id();
+    ctx.hold(id, Live::Mr(info.handle, region.addr()));
     Ok(boxed(Mr {
         ibv: ibv_mr {
             context: c,
@@ -543,6 +556,7 @@ fn reg(
         },
         handle: info.handle,
         region,
+        id,
     })
     .cast())
 }
@@ -582,11 +596,12 @@ pub unsafe extern "C" fn ibv_dereg_mr(m: *mut ibv_mr) -> c_int {
     guard(libc::EIO, || {
         let m = m.cast::<Mr>();
         // SAFETY: an MR of ours (contract).
-        let (c, h) = unsafe { ((*m).ibv.context, (*m).handle) };
+        let (c, h, id) = unsafe { ((*m).ibv.context, (*m).handle, (*m).id) };
         // SAFETY: contract.
         let ctx = unsafe { ctx_of(c) };
         match ctx.provider.dereg_mr(h) {
             Ok(()) => {
+                ctx.drop_held(id);
                 // SAFETY: made by `reg`, freed once.
                 let m = unsafe { Box::from_raw(m) };
                 mr::release(m.region.addr());
@@ -696,6 +711,7 @@ pub unsafe extern "C" fn ibv_create_cq(
             id,
         });
         lock(&ctx.shared.objs).insert(id, Obj::Cq(cq as usize, w));
+        ctx.hold(id, Live::Cq(handle));
         cq.cast()
     })
 }
@@ -714,7 +730,7 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
         if let Err(e) = ctx.provider.destroy_cq(h) {
             return verr(e);
         }
-        lock(&ctx.shared.objs).remove(&id);
+        ctx.drop_held(id);
         if !ch.is_null() {
             // SAFETY: the CQ's channel, alive while it counts this CQ.
             unsafe { (*ch).refcnt -= 1 };
@@ -886,6 +902,7 @@ pub unsafe extern "C" fn ibv_create_srq(
             id,
         });
         lock(&ctx.shared.objs).insert(id, Obj::Srq(s as usize));
+        ctx.hold(id, Live::Srq(handle));
         s.cast()
     })
 }
@@ -944,7 +961,7 @@ pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
         if let Err(e) = ctx.provider.destroy_srq(h) {
             return verr(e);
         }
-        lock(&ctx.shared.objs).remove(&id);
+        ctx.drop_held(id);
         // SAFETY: made by `ibv_create_srq`, freed once.
         drop(unsafe { Box::from_raw(s) });
         0
@@ -1033,6 +1050,7 @@ fn create_qp(pd: *mut ibv_pd, init: *mut ibv_qp_init_attr) -> Result<*mut ibv_qp
         sq_sig_all: init.sq_sig_all != 0,
     });
     lock(&ctx.shared.objs).insert(id, Obj::Qp(qp as usize, qpn));
+    ctx.hold(id, Live::Qp(handle));
     Ok(qp.cast())
 }
 
@@ -1271,7 +1289,7 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
         if let Err(e) = ctx.provider.destroy_qp(h) {
             return verr(e);
         }
-        lock(&ctx.shared.objs).remove(&id);
+        ctx.drop_held(id);
         // SAFETY: made by `create_qp`, freed once.
         drop(unsafe { Box::from_raw(q) });
         0
@@ -1536,6 +1554,8 @@ pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) 
             .create_ah(h, &ah_attr_of(a))
             .map_err(verr)
             .map(|handle| {
+                let id = next_id();
+                ctx.hold(id, Live::Ah(handle));
                 boxed(Ah {
                     ibv: ibv_ah {
                         context: c,
@@ -1543,6 +1563,7 @@ pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) 
                         handle: handle.0.index,
                     },
                     handle,
+                    id,
                 })
                 .cast()
             }))
@@ -1553,11 +1574,12 @@ pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
     guard(libc::EIO, || {
         let a = ah.cast::<Ah>();
         // SAFETY: an AH of ours (contract).
-        let (c, h) = unsafe { ((*a).ibv.context, (*a).handle) };
+        let (c, h, id) = unsafe { ((*a).ibv.context, (*a).handle, (*a).id) };
         // SAFETY: contract.
         let ctx = unsafe { ctx_of(c) };
         match ctx.provider.destroy_ah(h) {
             Ok(()) => {
+                ctx.drop_held(id);
                 // SAFETY: made by `ibv_create_ah`, freed once.
                 drop(unsafe { Box::from_raw(a) });
                 0
@@ -1737,20 +1759,6 @@ pub unsafe extern "C" fn ibv_event_type_str(e: c_int) -> *const c_char {
         _ => c"unknown",
     };
     s.as_ptr()
-}
-
-/// Binds each function to its versioned name, as rdma-core 44 exports
-/// it (the version nodes are `exports.map`'s).
-macro_rules! symbols {
-    ($($f:ident @ $v:literal),* $(,)?) => {
-        std::arch::global_asm!(
-            $(concat!(".symver {", stringify!($f), "}, ", stringify!($f), "@@", $v),)*
-            $($f = sym $f,)*
-        );
-        /// The exported names and versions (the tests compare them with
-        /// what Debian's binaries import).
-        pub const EXPORTS: &[(&str, &str)] = &[$((stringify!($f), $v)),*];
-    };
 }
 
 symbols! {

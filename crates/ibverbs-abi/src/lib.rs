@@ -37,9 +37,26 @@
 
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+/// Binds each function to its versioned name, as rdma-core 44 exports
+/// it (the version nodes are those `build.rs` writes into the version
+/// script, from every `symbols!` list of `src/`). Each module binds its
+/// own functions: `.symver` needs the function in the same object.
+macro_rules! symbols {
+    ($($f:ident @ $v:literal),* $(,)?) => {
+        std::arch::global_asm!(
+            $(concat!(".symver {", stringify!($f), "}, ", stringify!($f), "@@", $v),)*
+            $($f = sym $f,)*
+        );
+        /// The exported names and versions (the tests compare them with
+        /// what Debian's binaries import).
+        pub const EXPORTS: &[(&str, &str)] = &[$((stringify!($f), $v)),*];
+    };
+}
+
 pub mod abi;
 pub mod exports;
 pub mod mr;
 mod objects;
+pub mod private;
 
 pub use objects::errno_of;

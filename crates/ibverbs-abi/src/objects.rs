@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use verbs::{
     AhHandle, AsyncEvent, AsyncEventKind, CaHandle, CqHandle, EventHandler, MemBuf, MrHandle,
-    PdHandle, QpHandle, SrqHandle, VerbsError,
+    PdHandle, Provider, QpHandle, SrqHandle, VerbsError,
 };
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -120,6 +120,11 @@ pub(crate) fn device_of(guid: Guid) -> *mut Device {
     let dev = Box::into_raw(Box::new(Device { ibv, guid }));
     all.push(dev as usize);
     dev
+}
+
+/// The place of `dev` in the device list, if it is one of ours.
+pub(crate) fn device_index(dev: *mut ibv_device) -> Option<usize> {
+    lock(&DEVICES).iter().position(|&d| d == dev as usize)
 }
 
 fn copy_str(dst: &mut [std::os::raw::c_char], s: &str) {
@@ -256,9 +261,65 @@ pub(crate) struct Context {
     pub cq_pd: PdHandle,
     pub shared: Arc<Shared>,
     pub async_r: OwnedFd,
+    /// The daemon's objects the application holds, by id.
+    pub live: Mutex<HashMap<u64, Live>>,
+}
+
+/// One of the daemon's objects an application holds, in the order
+/// [`Context::release_leftovers`] releases them (children first).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Live {
+    Qp(QpHandle),
+    Ah(AhHandle),
+    /// With the first address of its region of moved pages.
+    Mr(MrHandle, u64),
+    Srq(SrqHandle),
+    Cq(CqHandle),
+    Pd(PdHandle),
 }
 
 impl Context {
+    /// Notes an object the application now holds.
+    pub(crate) fn hold(&self, id: u64, what: Live) {
+        lock(&self.live).insert(id, what);
+    }
+
+    /// Forgets an object the application destroyed.
+    pub(crate) fn drop_held(&self, id: u64) {
+        lock(&self.live).remove(&id);
+        lock(&self.shared.objs).remove(&id);
+    }
+
+    /// Releases every object the application did not destroy, children
+    /// first (QPs, AHs, MRs, SRQs, CQs, PDs); errors are moot here.
+    pub(crate) fn release_leftovers(&self) {
+        let mut left: Vec<Live> = lock(&self.live).drain().map(|(_, l)| l).collect();
+        lock(&self.shared.objs).clear();
+        left.sort_by_key(|l| match l {
+            Live::Qp(_) => 0,
+            Live::Ah(_) => 1,
+            Live::Mr(..) => 2,
+            Live::Srq(_) => 3,
+            Live::Cq(_) => 4,
+            Live::Pd(_) => 5,
+        });
+        let p = &self.provider;
+        for l in left {
+            let _ = match l {
+                Live::Qp(h) => p.destroy_qp(h),
+                Live::Ah(h) => p.destroy_ah(h),
+                Live::Mr(h, region) => {
+                    let r = p.dereg_mr(h);
+                    crate::mr::release(region);
+                    r
+                }
+                Live::Srq(h) => p.destroy_srq(h),
+                Live::Cq(h) => p.destroy_cq(h),
+                Live::Pd(h) => p.dealloc_pd(h),
+            };
+        }
+    }
+
     /// The context of `ctx`.
     ///
     /// # Safety
@@ -277,6 +338,7 @@ impl Context {
 pub(crate) struct Pd {
     pub ibv: ibv_pd,
     pub handle: PdHandle,
+    pub id: u64,
 }
 
 /// A completion channel: the application reads `ibv.fd`, the read end
@@ -302,6 +364,7 @@ pub(crate) struct Mr {
     pub ibv: ibv_mr,
     pub handle: MrHandle,
     pub region: MemBuf,
+    pub id: u64,
 }
 
 /// An SRQ.
@@ -328,6 +391,7 @@ pub(crate) struct Qp {
 pub(crate) struct Ah {
     pub ibv: ibv_ah,
     pub handle: AhHandle,
+    pub id: u64,
 }
 
 /// Zeroed `pthread_mutex_t` / `pthread_cond_t` (glibc's initializers).

@@ -152,3 +152,78 @@ fn ibv_ud_pingpong_sleeps_on_completion_events() {
     }
     pingpong("ibv_ud_pingpong", 6, 19206, &["-e", "-s", "1024"]);
 }
+
+/// perftest's `tool` as server and client, `-n 200` iterations over RoCE
+/// GID 0: both end with success and print their result line.
+fn perftest(tool: &str, last: u8, port: u16) {
+    let d = Daemon::start(ip(last));
+    let port_s = port.to_string();
+    let args = ["-d", "nicd0", "-x", "0", "-p", &port_s, "-n", "200"];
+    let mut server = d
+        .command(tool)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_listening(&mut server, port);
+    let client = d
+        .command(tool)
+        .args(args)
+        .arg(ip(last).to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let c = finish(client, 120);
+    let s = finish(server, 120);
+    for (who, out) in [("server", &s), ("client", &c)] {
+        let (o, e) = (text(&out.stdout), text(&out.stderr));
+        assert!(out.status.success(), "{tool} {who}: {o}{e}");
+        assert!(o.contains("Device         : nicd0"), "{tool} {who}: {o}");
+        assert!(
+            o.contains("Link type       : Ethernet"),
+            "{tool} {who}: {o}"
+        );
+        // The result line: message size, then the iterations.
+        let result = o
+            .lines()
+            .skip_while(|l| !l.contains("#bytes"))
+            .nth(1)
+            .unwrap_or_default();
+        let words: Vec<&str> = result.split_whitespace().collect();
+        assert!(
+            words.len() >= 3 && words[1] == "200",
+            "{tool} {who}: no result line in {o}"
+        );
+    }
+}
+
+#[test]
+fn perftest_ib_write_bw_both_roles() {
+    if need::tool("ib_write_bw") {
+        perftest("ib_write_bw", 10, 19210);
+    }
+}
+
+#[test]
+fn perftest_ib_read_bw_both_roles() {
+    if need::tool("ib_read_bw") {
+        perftest("ib_read_bw", 11, 19211);
+    }
+}
+
+#[test]
+fn perftest_ib_send_bw_both_roles() {
+    // Its client leaves a CQ to ibv_close_device, which releases it.
+    if need::tool("ib_send_bw") {
+        perftest("ib_send_bw", 12, 19212);
+    }
+}
+
+#[test]
+fn perftest_ib_write_lat_both_roles() {
+    if need::tool("ib_write_lat") {
+        perftest("ib_write_lat", 13, 19213);
+    }
+}

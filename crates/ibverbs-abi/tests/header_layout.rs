@@ -151,9 +151,41 @@ fn the_library_exports_what_debians_verbs_tools_import() {
     let exported = imports_defined(&lib);
     assert_eq!(
         exported.len(),
-        ibverbs_abi::exports::EXPORTS.len(),
+        ibverbs_abi::exports::EXPORTS.len() + ibverbs_abi::private::EXPORTS.len(),
         "{exported:?}"
     );
+}
+
+/// perftest links librdmacm and two of rdma-core's provider libraries
+/// (libmlx5, libefa), all bound at load (`-z now`): every versioned name
+/// they import from libibverbs must be there.
+#[test]
+fn the_library_exports_what_perftest_and_its_libraries_import() {
+    if !need::tools(&["objdump", "ldd", "ib_write_bw"]) {
+        return;
+    }
+    let ours = imports_defined(&common::library());
+    let bin = need::which("ib_write_bw").unwrap();
+    let out = Command::new("ldd").arg(&bin).output().unwrap();
+    let libs: Vec<std::path::PathBuf> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split(" => ").nth(1)?.split(' ').next().map(Into::into))
+        .filter(|p: &std::path::PathBuf| {
+            ["librdmacm", "libmlx5", "libefa"]
+                .iter()
+                .any(|n| p.to_string_lossy().contains(n))
+        })
+        .collect();
+    assert_eq!(libs.len(), 3, "{libs:?}");
+    for file in libs.iter().chain([&bin]) {
+        for (name, ver) in imports(file) {
+            assert!(
+                ours.contains(&(name.clone(), ver.clone())),
+                "{} imports {name}@{ver}, which the library does not export",
+                file.display()
+            );
+        }
+    }
 }
 
 /// The versioned names `lib` defines (`objdump -T`).
@@ -162,7 +194,9 @@ fn imports_defined(lib: &std::path::Path) -> Vec<(String, String)> {
     assert!(out.status.success(), "objdump -T {}", lib.display());
     String::from_utf8_lossy(&out.stdout)
         .lines()
-        .filter(|l| l.contains(" g ") && l.contains(" DF ") && !l.contains("*UND*"))
+        .filter(|l| {
+            l.contains(" g ") && (l.contains(" DF ") || l.contains(" DO ")) && !l.contains("*UND*")
+        })
         .filter_map(|l| {
             let mut f = l.split_whitespace().rev();
             let name = f.next()?;

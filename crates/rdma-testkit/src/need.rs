@@ -41,6 +41,11 @@ const PACKAGES: &[(&str, &str)] = &[
     ("ibv_ud_pingpong", "ibverbs-utils"),
     ("objdump", "binutils"),
     ("gcc", "gcc"),
+    ("ib_write_bw", "perftest"),
+    ("ib_read_bw", "perftest"),
+    ("ib_send_bw", "perftest"),
+    ("ib_write_lat", "perftest"),
+    ("ldd", "libc-bin"),
 ];
 
 /// The Debian package that brings `tool`, if the table knows it.
