@@ -85,6 +85,7 @@ unsafe fn ctx_of<'a>(c: *mut ibv_context) -> &'a Context {
 
 // ---- devices ------------------------------------------------------------
 
+#[export_name = "ibverbs_abi_ibv_get_device_list"]
 pub unsafe extern "C" fn ibv_get_device_list(num: *mut c_int) -> *mut *mut ibv_device {
     guard(null_mut(), || {
         let guids = crate::objects::provider()
@@ -103,6 +104,7 @@ pub unsafe extern "C" fn ibv_get_device_list(num: *mut c_int) -> *mut *mut ibv_d
     })
 }
 
+#[export_name = "ibverbs_abi_ibv_free_device_list"]
 pub unsafe extern "C" fn ibv_free_device_list(list: *mut *mut ibv_device) {
     guard((), || {
         if list.is_null() {
@@ -123,6 +125,7 @@ pub unsafe extern "C" fn ibv_free_device_list(list: *mut *mut ibv_device) {
     })
 }
 
+#[export_name = "ibverbs_abi_ibv_get_device_name"]
 pub unsafe extern "C" fn ibv_get_device_name(dev: *mut ibv_device) -> *const c_char {
     if dev.is_null() {
         return std::ptr::null();
@@ -131,6 +134,7 @@ pub unsafe extern "C" fn ibv_get_device_name(dev: *mut ibv_device) -> *const c_c
     unsafe { (*dev).name.as_ptr() }
 }
 
+#[export_name = "ibverbs_abi_ibv_get_device_guid"]
 pub unsafe extern "C" fn ibv_get_device_guid(dev: *mut ibv_device) -> u64 {
     if dev.is_null() {
         return 0;
@@ -139,6 +143,7 @@ pub unsafe extern "C" fn ibv_get_device_guid(dev: *mut ibv_device) -> u64 {
     unsafe { (*dev.cast::<Device>()).guid.0.to_be() }
 }
 
+#[export_name = "ibverbs_abi_ibv_open_device"]
 pub unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_context {
     guard(null_mut(), || ptr(open(dev)))
 }
@@ -200,6 +205,7 @@ fn open(dev: *mut ibv_device) -> Result<*mut ibv_context, c_int> {
     Ok(unsafe { &raw mut (*c).vctx.context })
 }
 
+#[export_name = "ibverbs_abi_ibv_close_device"]
 pub unsafe extern "C" fn ibv_close_device(c: *mut ibv_context) -> c_int {
     guard(libc::EIO, || {
         if c.is_null() {
@@ -217,6 +223,7 @@ pub unsafe extern "C" fn ibv_close_device(c: *mut ibv_context) -> c_int {
     })
 }
 
+#[export_name = "ibverbs_abi_ibv_query_device"]
 pub unsafe extern "C" fn ibv_query_device(c: *mut ibv_context, out: *mut ibv_device_attr) -> c_int {
     guard(libc::EIO, || {
         // SAFETY: contract.
@@ -272,6 +279,7 @@ pub unsafe extern "C" fn ibv_query_device(c: *mut ibv_context, out: *mut ibv_dev
 
 /// The old `ibv_query_port` (IBVERBS_1.1), what the header's inline one
 /// calls: fills the fields up to `link_layer` ([`COMPAT_PORT_ATTR_LEN`]).
+#[export_name = "ibverbs_abi_ibv_query_port"]
 pub unsafe extern "C" fn ibv_query_port(
     c: *mut ibv_context,
     port: u8,
@@ -333,6 +341,7 @@ fn gid_at(ctx: &Context, port: u32, index: u32) -> Result<Gid, c_int> {
     p.gids.get(index as usize).copied().ok_or(libc::EINVAL)
 }
 
+#[export_name = "ibverbs_abi_ibv_query_gid"]
 pub unsafe extern "C" fn ibv_query_gid(
     c: *mut ibv_context,
     port: u8,
@@ -359,6 +368,7 @@ pub unsafe extern "C" fn ibv_query_gid(
     })
 }
 
+#[export_name = "ibverbs_abi__ibv_query_gid_ex"]
 pub unsafe extern "C" fn _ibv_query_gid_ex(
     c: *mut ibv_context,
     port: u32,
@@ -396,6 +406,7 @@ pub unsafe extern "C" fn _ibv_query_gid_ex(
 
 /// rdma-core's private `ibv_query_gid_type` (`ibv_devinfo` uses it):
 /// every GID of ours is RoCE v2.
+#[export_name = "ibverbs_abi_ibv_query_gid_type"]
 pub unsafe extern "C" fn ibv_query_gid_type(
     c: *mut ibv_context,
     port: u8,
@@ -419,6 +430,7 @@ pub unsafe extern "C" fn ibv_query_gid_type(
     })
 }
 
+#[export_name = "ibverbs_abi_ibv_query_pkey"]
 pub unsafe extern "C" fn ibv_query_pkey(
     c: *mut ibv_context,
     port: u8,
@@ -449,6 +461,7 @@ pub unsafe extern "C" fn ibv_query_pkey(
 
 /// No sysfs behind our devices: nothing to read (what libibverbs
 /// answers for a missing file).
+#[export_name = "ibverbs_abi_ibv_read_sysfs_file"]
 pub unsafe extern "C" fn ibv_read_sysfs_file(
     _dir: *const c_char,
     _file: *const c_char,
@@ -459,6 +472,7 @@ pub unsafe extern "C" fn ibv_read_sysfs_file(
     -1
 }
 
+#[export_name = "ibverbs_abi_ibv_fork_init"]
 pub unsafe extern "C" fn ibv_fork_init() -> c_int {
     // Registered pages are MADV_DONTFORK already (crate::mr).
     0
@@ -466,6 +480,7 @@ pub unsafe extern "C" fn ibv_fork_init() -> c_int {
 
 // ---- PD and MR ----------------------------------------------------------
 
+#[export_name = "ibverbs_abi_ibv_alloc_pd"]
 pub unsafe extern "C" fn ibv_alloc_pd(c: *mut ibv_context) -> *mut ibv_pd {
     guard(null_mut(), || {
         // SAFETY: contract.
@@ -490,6 +505,7 @@ pub unsafe extern "C" fn ibv_alloc_pd(c: *mut ibv_context) -> *mut ibv_pd {
     })
 }
 
+#[export_name = "ibverbs_abi_ibv_dealloc_pd"]
 pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
     guard(libc::EIO, || {
         let p = pd.cast::<Pd>();
@@ -561,6 +577,7 @@ fn reg(
     .cast())
 }
 
+#[export_name = "ibverbs_abi_ibv_reg_mr"]
 pub unsafe extern "C" fn ibv_reg_mr(
     pd: *mut ibv_pd,
     addr: *mut c_void,
@@ -570,6 +587,7 @@ pub unsafe extern "C" fn ibv_reg_mr(
     guard(null_mut(), || ptr(reg(pd, addr, len, addr as u64, access)))
 }
 
+#[export_name = "ibverbs_abi_ibv_reg_mr_iova"]
 pub unsafe extern "C" fn ibv_reg_mr_iova(
     pd: *mut ibv_pd,
     addr: *mut c_void,
@@ -580,6 +598,7 @@ pub unsafe extern "C" fn ibv_reg_mr_iova(
     guard(null_mut(), || ptr(reg(pd, addr, len, iova, access)))
 }
 
+#[export_name = "ibverbs_abi_ibv_reg_mr_iova2"]
 pub unsafe extern "C" fn ibv_reg_mr_iova2(
     pd: *mut ibv_pd,
     addr: *mut c_void,
@@ -592,6 +611,7 @@ pub unsafe extern "C" fn ibv_reg_mr_iova2(
     })
 }
 
+#[export_name = "ibverbs_abi_ibv_dereg_mr"]
 pub unsafe extern "C" fn ibv_dereg_mr(m: *mut ibv_mr) -> c_int {
     guard(libc::EIO, || {
         let m = m.cast::<Mr>();
@@ -612,6 +632,7 @@ pub unsafe extern "C" fn ibv_dereg_mr(m: *mut ibv_mr) -> c_int {
     })
 }
 
+#[export_name = "ibverbs_abi_ibv_rereg_mr"]
 pub unsafe extern "C" fn ibv_rereg_mr(
     _mr: *mut ibv_mr,
     _flags: c_int,
@@ -638,6 +659,7 @@ pub unsafe extern "C" fn dealloc_mw(_mw: *mut c_void) -> c_int {
 
 // ---- completion channels and CQs ---------------------------------------
 
+#[export_name = "ibverbs_abi_ibv_create_comp_channel"]
 pub unsafe extern "C" fn ibv_create_comp_channel(c: *mut ibv_context) -> *mut ibv_comp_channel {
     guard(null_mut(), || {
         let (r, w) = match pipe() {
@@ -657,6 +679,7 @@ pub unsafe extern "C" fn ibv_create_comp_channel(c: *mut ibv_context) -> *mut ib
     })
 }
 
+#[export_name = "ibverbs_abi_ibv_destroy_comp_channel"]
 pub unsafe extern "C" fn ibv_destroy_comp_channel(ch: *mut ibv_comp_channel) -> c_int {
     guard(libc::EIO, || {
         // SAFETY: a channel of ours (contract).
@@ -669,6 +692,7 @@ pub unsafe extern "C" fn ibv_destroy_comp_channel(ch: *mut ibv_comp_channel) -> 
     })
 }
 
+#[export_name = "ibverbs_abi_ibv_create_cq"]
 pub unsafe extern "C" fn ibv_create_cq(
     c: *mut ibv_context,
     cqe: c_int,
@@ -716,10 +740,12 @@ pub unsafe extern "C" fn ibv_create_cq(
     })
 }
 
+#[export_name = "ibverbs_abi_ibv_resize_cq"]
 pub unsafe extern "C" fn ibv_resize_cq(_cq: *mut ibv_cq, _cqe: c_int) -> c_int {
     libc::EOPNOTSUPP
 }
 
+#[export_name = "ibverbs_abi_ibv_destroy_cq"]
 pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
     guard(libc::EIO, || {
         let q = cq.cast::<Cq>();
@@ -741,6 +767,7 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
     })
 }
 
+#[export_name = "ibverbs_abi_ibv_get_cq_event"]
 pub unsafe extern "C" fn ibv_get_cq_event(
     ch: *mut ibv_comp_channel,
     cq: *mut *mut ibv_cq,
@@ -767,6 +794,7 @@ pub unsafe extern "C" fn ibv_get_cq_event(
     })
 }
 
+#[export_name = "ibverbs_abi_ibv_ack_cq_events"]
 pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut ibv_cq, n: c_uint) {
     // SAFETY: a CQ of ours (contract).
     unsafe { (*cq).comp_events_completed = (*cq).comp_events_completed.wrapping_add(n) };
@@ -868,6 +896,7 @@ pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, out: *mut ibv_wc) ->
 
 // ---- SRQ ------------------------------------------------------------------
 
+#[export_name = "ibverbs_abi_ibv_create_srq"]
 pub unsafe extern "C" fn ibv_create_srq(
     pd: *mut ibv_pd,
     init: *mut ibv_srq_init_attr,
@@ -907,6 +936,7 @@ pub unsafe extern "C" fn ibv_create_srq(
     })
 }
 
+#[export_name = "ibverbs_abi_ibv_modify_srq"]
 pub unsafe extern "C" fn ibv_modify_srq(
     srq: *mut ibv_srq,
     attr: *mut ibv_srq_attr,
@@ -928,6 +958,7 @@ pub unsafe extern "C" fn ibv_modify_srq(
     })
 }
 
+#[export_name = "ibverbs_abi_ibv_query_srq"]
 pub unsafe extern "C" fn ibv_query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_attr) -> c_int {
     guard(libc::EIO, || {
         // SAFETY: an SRQ of ours (contract).
@@ -951,6 +982,7 @@ pub unsafe extern "C" fn ibv_query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_att
     })
 }
 
+#[export_name = "ibverbs_abi_ibv_destroy_srq"]
 pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
     guard(libc::EIO, || {
         let s = srq.cast::<Srq>();
@@ -979,6 +1011,7 @@ fn qp_type_of(t: c_int) -> Result<QpType, c_int> {
     }
 }
 
+#[export_name = "ibverbs_abi_ibv_create_qp"]
 pub unsafe extern "C" fn ibv_create_qp(
     pd: *mut ibv_pd,
     init: *mut ibv_qp_init_attr,
@@ -1191,6 +1224,7 @@ pub(crate) fn qp_attr_of(a: &ibv_qp_attr, mask: c_int) -> Result<QpAttr, c_int> 
     Ok(q)
 }
 
+#[export_name = "ibverbs_abi_ibv_modify_qp"]
 pub unsafe extern "C" fn ibv_modify_qp(
     qp: *mut ibv_qp,
     attr: *mut ibv_qp_attr,
@@ -1219,6 +1253,7 @@ pub unsafe extern "C" fn ibv_modify_qp(
     })
 }
 
+#[export_name = "ibverbs_abi_ibv_query_qp"]
 pub unsafe extern "C" fn ibv_query_qp(
     qp: *mut ibv_qp,
     attr: *mut ibv_qp_attr,
@@ -1279,6 +1314,7 @@ pub unsafe extern "C" fn ibv_query_qp(
     })
 }
 
+#[export_name = "ibverbs_abi_ibv_destroy_qp"]
 pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
     guard(libc::EIO, || {
         let q = qp.cast::<Qp>();
@@ -1298,6 +1334,7 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
 
 /// Rdma-core answers NULL for a QP not created by `ibv_create_qp_ex`,
 /// which is every QP here.
+#[export_name = "ibverbs_abi_ibv_qp_to_qp_ex"]
 pub unsafe extern "C" fn ibv_qp_to_qp_ex(_qp: *mut ibv_qp) -> *mut c_void {
     null_mut()
 }
@@ -1542,6 +1579,7 @@ pub unsafe extern "C" fn post_srq_recv(
 
 // ---- AH -------------------------------------------------------------------
 
+#[export_name = "ibverbs_abi_ibv_create_ah"]
 pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut ibv_ah {
     guard(null_mut(), || {
         let p = pd.cast::<Pd>();
@@ -1570,6 +1608,7 @@ pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) 
     })
 }
 
+#[export_name = "ibverbs_abi_ibv_destroy_ah"]
 pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
     guard(libc::EIO, || {
         let a = ah.cast::<Ah>();
@@ -1589,6 +1628,7 @@ pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
     })
 }
 
+#[export_name = "ibverbs_abi_ibv_create_ah_from_wc"]
 pub unsafe extern "C" fn ibv_create_ah_from_wc(
     _pd: *mut ibv_pd,
     _wc: *mut ibv_wc,
@@ -1599,6 +1639,7 @@ pub unsafe extern "C" fn ibv_create_ah_from_wc(
     null_mut()
 }
 
+#[export_name = "ibverbs_abi_ibv_init_ah_from_wc"]
 pub unsafe extern "C" fn ibv_init_ah_from_wc(
     _c: *mut ibv_context,
     _port: u8,
@@ -1609,6 +1650,7 @@ pub unsafe extern "C" fn ibv_init_ah_from_wc(
     libc::EOPNOTSUPP
 }
 
+#[export_name = "ibverbs_abi_ibv_attach_mcast"]
 pub unsafe extern "C" fn ibv_attach_mcast(
     _qp: *mut ibv_qp,
     _gid: *const ibv_gid,
@@ -1617,6 +1659,7 @@ pub unsafe extern "C" fn ibv_attach_mcast(
     libc::EOPNOTSUPP
 }
 
+#[export_name = "ibverbs_abi_ibv_detach_mcast"]
 pub unsafe extern "C" fn ibv_detach_mcast(
     _qp: *mut ibv_qp,
     _gid: *const ibv_gid,
@@ -1627,6 +1670,7 @@ pub unsafe extern "C" fn ibv_detach_mcast(
 
 // ---- async events -------------------------------------------------------
 
+#[export_name = "ibverbs_abi_ibv_get_async_event"]
 pub unsafe extern "C" fn ibv_get_async_event(
     c: *mut ibv_context,
     ev: *mut ibv_async_event,
@@ -1654,6 +1698,7 @@ pub unsafe extern "C" fn ibv_get_async_event(
     })
 }
 
+#[export_name = "ibverbs_abi_ibv_ack_async_event"]
 pub unsafe extern "C" fn ibv_ack_async_event(_ev: *mut ibv_async_event) {}
 
 // ---- words ----------------------------------------------------------------
@@ -1698,6 +1743,7 @@ fn status_words() -> &'static [std::ffi::CString] {
     })
 }
 
+#[export_name = "ibverbs_abi_ibv_wc_status_str"]
 pub unsafe extern "C" fn ibv_wc_status_str(status: c_int) -> *const c_char {
     match usize::try_from(status)
         .ok()
@@ -1708,6 +1754,7 @@ pub unsafe extern "C" fn ibv_wc_status_str(status: c_int) -> *const c_char {
     }
 }
 
+#[export_name = "ibverbs_abi_ibv_port_state_str"]
 pub unsafe extern "C" fn ibv_port_state_str(state: c_int) -> *const c_char {
     let s: &std::ffi::CStr = match state {
         0 => c"PORT_NOP",
@@ -1721,6 +1768,7 @@ pub unsafe extern "C" fn ibv_port_state_str(state: c_int) -> *const c_char {
     s.as_ptr()
 }
 
+#[export_name = "ibverbs_abi_ibv_node_type_str"]
 pub unsafe extern "C" fn ibv_node_type_str(t: c_int) -> *const c_char {
     let s: &std::ffi::CStr = match t {
         1 => c"InfiniBand channel adapter",
@@ -1735,6 +1783,7 @@ pub unsafe extern "C" fn ibv_node_type_str(t: c_int) -> *const c_char {
     s.as_ptr()
 }
 
+#[export_name = "ibverbs_abi_ibv_event_type_str"]
 pub unsafe extern "C" fn ibv_event_type_str(e: c_int) -> *const c_char {
     let s: &std::ffi::CStr = match e {
         0 => c"CQ error",

@@ -40,7 +40,10 @@
 /// Binds each function to its versioned name, as rdma-core 44 exports
 /// it (the version nodes are those `build.rs` writes into the version
 /// script, from every `symbols!` list of `src/`). Each module binds its
-/// own functions: `.symver` needs the function in the same object.
+/// own functions: `.symver` needs the function in the same object. Each
+/// function is also exported, unversioned, as `ibverbs_abi_<name>`
+/// (`#[export_name]`): a function rustc does not export is local in a
+/// release build's object, and so would its versioned name be.
 macro_rules! symbols {
     ($($f:ident @ $v:literal),* $(,)?) => {
         std::arch::global_asm!(

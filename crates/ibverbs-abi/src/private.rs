@@ -27,6 +27,7 @@ fn set_errno(e: c_int) {
 /// Driver-interface functions returning an `int`: `EOPNOTSUPP`.
 macro_rules! refuse_int {
     ($($f:ident),* $(,)?) => {$(
+        #[export_name = concat!("ibverbs_abi_", stringify!($f))]
         pub unsafe extern "C" fn $f() -> c_int {
             set_errno(libc::EOPNOTSUPP);
             libc::EOPNOTSUPP
@@ -37,6 +38,7 @@ macro_rules! refuse_int {
 /// Driver-interface functions returning nothing: nothing done.
 macro_rules! ignore {
     ($($f:ident),* $(,)?) => {$(
+        #[export_name = concat!("ibverbs_abi_", stringify!($f))]
         pub unsafe extern "C" fn $f() {}
     )*};
 }
@@ -113,6 +115,7 @@ ignore!(
 );
 
 /// A driver's context allocation: none here (NULL, `EOPNOTSUPP`).
+#[export_name = "ibverbs_abi__verbs_init_and_alloc_context"]
 pub unsafe extern "C" fn _verbs_init_and_alloc_context() -> *mut c_void {
     set_errno(libc::EOPNOTSUPP);
     std::ptr::null_mut()
@@ -120,20 +123,24 @@ pub unsafe extern "C" fn _verbs_init_and_alloc_context() -> *mut c_void {
 
 /// The driver-interface flag drivers may set; nothing reads it here.
 #[allow(non_upper_case_globals)]
+#[export_name = "ibverbs_abi_verbs_allow_disassociate_destroy"]
 pub static verbs_allow_disassociate_destroy: AtomicBool = AtomicBool::new(false);
 
 /// Where libibverbs looks for sysfs: there is none behind our devices,
 /// but librdmacm asks.
+#[export_name = "ibverbs_abi_ibv_get_sysfs_path"]
 pub unsafe extern "C" fn ibv_get_sysfs_path() -> *const c_char {
     c"/sys".as_ptr()
 }
 
 /// `madvise(MADV_DONTFORK)` over the pages of a range, as libibverbs.
+#[export_name = "ibverbs_abi_ibv_dontfork_range"]
 pub unsafe extern "C" fn ibv_dontfork_range(base: *mut c_void, size: usize) -> c_int {
     advise(base, size, libc::MADV_DONTFORK)
 }
 
 /// `madvise(MADV_DOFORK)` over the pages of a range, as libibverbs.
+#[export_name = "ibverbs_abi_ibv_dofork_range"]
 pub unsafe extern "C" fn ibv_dofork_range(base: *mut c_void, size: usize) -> c_int {
     advise(base, size, libc::MADV_DOFORK)
 }
@@ -153,11 +160,13 @@ fn advise(base: *mut c_void, size: usize, advice: c_int) -> c_int {
 }
 
 /// A device's index (its place in our list: `nicd0` is 0).
+#[export_name = "ibverbs_abi_ibv_get_device_index"]
 pub unsafe extern "C" fn ibv_get_device_index(dev: *mut crate::abi::ibv_device) -> c_int {
     crate::objects::device_index(dev).map_or(-1, |i| i as c_int)
 }
 
 /// The index of P_Key `pkey` (network order) in a port's table, or -1.
+#[export_name = "ibverbs_abi_ibv_get_pkey_index"]
 pub unsafe extern "C" fn ibv_get_pkey_index(
     c: *mut crate::abi::ibv_context,
     port: u8,
