@@ -6,7 +6,8 @@
 //! `libibverbs_abi.so`). No kernel module, no rdma-core package.
 //!
 //! Covered: rdma-core 44.0 (Debian bookworm) on x86_64, the verbs its
-//! `ibv_devinfo`, `ibv_devices`, `ibv_rc_pingpong` and `ibv_ud_pingpong`
+//! `ibv_devinfo`, `ibv_devices`, `ibv_rc_pingpong`, `ibv_ud_pingpong` and
+//! perftest (`ib_write_bw`, `ib_read_bw`, `ib_send_bw`, `ib_*_lat`)
 //! import: device list, open/close, query device/port/GID/P_Key (with the
 //! GID type RoCE v2), PD, MR, completion channels, CQ (poll and arm
 //! through the context's ops, events by `ibv_get_cq_event`), SRQ, RC/UC/UD
@@ -14,15 +15,18 @@
 //! table the header's inline functions call), AH, async events, the
 //! `*_str` helpers, `ibv_fork_init`. The layouts are [`abi`], checked
 //! against Debian's header by the test `header_layout`; the symbol
-//! versions are `exports.map` (what `objdump -T` shows Debian's binaries
-//! need).
+//! versions are the `symbols!` lists (what `objdump -T` shows Debian's
+//! binaries need), written into a version script by `build.rs`.
+//! [`private`] holds what librdmacm and the provider libraries perftest
+//! links bind at load (rdma-core's driver interface, refusing).
 //!
 //! What it refuses: every extended verb (the `verbs_context` before the
 //! context is all NULL, so the header's inline `ibv_*_ex` helpers answer
 //! `EOPNOTSUPP` or NULL), memory windows, `ibv_create_ah_from_wc`,
 //! multicast, `ibv_resize_cq`, `ibv_rereg_mr`, an MR whose I/O virtual
 //! address is not its address: each with `EOPNOTSUPP`, never a crash.
-//! QP0/QP1 are the daemon's ([`nicd`] refuses them).
+//! QP0/QP1 are the daemon's ([`nicd`] refuses them). Not yet: librdmacm's
+//! ABI (`rping`, perftest's `-R`).
 //!
 //! Memory: the application's pages move into a memfd the daemon maps,
 //! at the same addresses, when it registers them ([`mr`], where the cost
