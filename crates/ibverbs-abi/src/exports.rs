@@ -1861,3 +1861,198 @@ symbols! {
     ibv_node_type_str @ "IBVERBS_1.1",
     ibv_event_type_str @ "IBVERBS_1.1",
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_modify_mask_becomes_the_attributes_it_names() {
+        let a = ibv_qp_attr {
+            qp_state: 2,
+            path_mtu: 3,
+            dest_qp_num: 0x12_3456,
+            rq_psn: 0x65_4321,
+            max_dest_rd_atomic: 4,
+            min_rnr_timer: 12,
+            ah_attr: ibv_ah_attr {
+                grh: ibv_global_route {
+                    dgid: ibv_gid { raw: [7; 16] },
+                    sgid_index: 1,
+                    hop_limit: 1,
+                    ..Default::default()
+                },
+                is_global: 1,
+                port_num: 1,
+                ..Default::default()
+            },
+            // Not in the mask: left out.
+            qkey: 0x1111,
+            ..Default::default()
+        };
+        let mask = IBV_QP_STATE
+            | IBV_QP_AV
+            | IBV_QP_PATH_MTU
+            | IBV_QP_DEST_QPN
+            | IBV_QP_RQ_PSN
+            | IBV_QP_MAX_DEST_RD_ATOMIC
+            | IBV_QP_MIN_RNR_TIMER;
+        let q = qp_attr_of(&a, mask).unwrap();
+        assert_eq!(q.state, Some(QpState::Rtr));
+        assert_eq!(q.path_mtu, Some(Mtu::Mtu1024));
+        assert_eq!(q.dest_qpn.map(|n| n.value()), Some(0x12_3456));
+        assert_eq!(q.rq_psn, Some(Psn::new(0x65_4321)));
+        assert_eq!((q.max_dest_rd_atomic, q.min_rnr_timer), (Some(4), Some(12)));
+        let av = q.av.unwrap();
+        assert!(av.grh);
+        assert_eq!((av.dgid, av.sgid_index, av.hop_limit), (Gid([7; 16]), 1, 1));
+        assert_eq!((q.qkey, q.sq_psn, q.access), (None, None, None));
+        // Not served: alternate paths, path migration, resizing.
+        for m in [IBV_QP_ALT_PATH, IBV_QP_PATH_MIG_STATE, IBV_QP_CAP] {
+            assert_eq!(qp_attr_of(&a, IBV_QP_STATE | m), Err(libc::EOPNOTSUPP));
+        }
+        // Out of range values: EINVAL.
+        let bad_state = ibv_qp_attr { qp_state: 9, ..a };
+        assert_eq!(qp_attr_of(&bad_state, IBV_QP_STATE), Err(libc::EINVAL));
+        let bad_mtu = ibv_qp_attr { path_mtu: 6, ..a };
+        assert_eq!(qp_attr_of(&bad_mtu, IBV_QP_PATH_MTU), Err(libc::EINVAL));
+        let bad_qpn = ibv_qp_attr {
+            dest_qp_num: 1 << 24,
+            ..a
+        };
+        assert_eq!(qp_attr_of(&bad_qpn, IBV_QP_DEST_QPN), Err(libc::EINVAL));
+    }
+
+    fn wr(opcode: c_int, sge: &mut ibv_sge) -> ibv_send_wr {
+        ibv_send_wr {
+            wr_id: 9,
+            next: null_mut(),
+            sg_list: sge,
+            num_sge: 1,
+            opcode,
+            send_flags: IBV_SEND_SIGNALED | IBV_SEND_INLINE,
+            imm_or_inv: 0x1234u32.to_be(),
+            wr: SendWrUnion::default(),
+            remote_srqn: 0,
+            bind_mw: SendWrBindMw {
+                mw: null_mut(),
+                rkey: 0,
+                bind_info: ibv_mw_bind_info {
+                    mr: null_mut(),
+                    addr: 0,
+                    length: 0,
+                    mw_access_flags: 0,
+                },
+            },
+        }
+    }
+
+    #[test]
+    fn a_send_wr_reads_its_union_as_its_opcode_says() {
+        let mut sge = ibv_sge {
+            addr: 0x1000,
+            length: 64,
+            lkey: 5,
+        };
+        let mut w = wr(IBV_WR_RDMA_WRITE_WITH_IMM, &mut sge);
+        // wr.rdma: remote_addr, then the R_Key at 8.
+        w.wr.remote_addr = 0xdead_0000;
+        w.wr.compare_add = 0x77;
+        // SAFETY: `w` and its SGE are valid.
+        let v = unsafe { send_wr_of(&w) }.unwrap();
+        assert_eq!(v.opcode, SendOpcode::RdmaWriteWithImm);
+        assert_eq!((v.remote.addr, v.remote.rkey), (0xdead_0000, Rkey(0x77)));
+        assert_eq!(v.imm, 0x1234, "immediate data in host order");
+        assert!(v.flags.contains(SendFlags::SIGNALED) && v.flags.contains(SendFlags::INLINE));
+        assert!(!v.flags.contains(SendFlags::SOLICITED));
+        assert_eq!(
+            v.sges,
+            vec![Sge {
+                addr: 0x1000,
+                length: 64,
+                lkey: Lkey(5)
+            }]
+        );
+        // wr.atomic: remote_addr, compare_add, swap, rkey at 24.
+        let mut w = wr(IBV_WR_ATOMIC_CMP_AND_SWP, &mut sge);
+        w.wr = SendWrUnion {
+            remote_addr: 0x2000,
+            compare_add: 1,
+            swap: 2,
+            rkey: 0x99,
+        };
+        // SAFETY: as above.
+        let v = unsafe { send_wr_of(&w) }.unwrap();
+        assert_eq!(
+            (v.remote.addr, v.remote.rkey, v.compare_add, v.swap),
+            (0x2000, Rkey(0x99), 1, 2)
+        );
+        // wr.ud: the AH, remote QPN at 8, Q_Key at 12.
+        let u = SendWrUnion {
+            remote_addr: 0x5000,
+            compare_add: (0x1111_1111u64 << 32) | 0x42,
+            ..Default::default()
+        };
+        assert_eq!(u.ud(), (0x5000 as *mut ibv_ah, 0x42, 0x1111_1111));
+        // Window binds and unknown opcodes: EOPNOTSUPP.
+        for op in [8, 10, 99] {
+            let w = wr(op, &mut sge);
+            // SAFETY: as above.
+            assert_eq!(unsafe { send_wr_of(&w) }.unwrap_err(), libc::EOPNOTSUPP);
+        }
+    }
+
+    #[test]
+    fn a_completion_reads_as_libibverbs_writes_it() {
+        let mut w = WorkCompletion::new(5, WcStatus::RemAccessErr, WcOpcode::RecvRdmaWithImm, 0);
+        w.byte_len = 100;
+        w.imm = 0xabcd;
+        w.wc_flags = WcFlags::WITH_IMM | WcFlags::GRH;
+        w.src_qp = Qpn::from_bits(0x33);
+        let c = ibv_wc_of(&w, 0x77);
+        assert_eq!(
+            (c.wr_id, c.status, c.opcode),
+            (5, 10, IBV_WC_RECV_RDMA_WITH_IMM)
+        );
+        assert_eq!((c.byte_len, c.qp_num, c.src_qp), (100, 0x77, 0x33));
+        assert_eq!(c.imm_or_inv, 0xabcdu32.to_be(), "network order in the WC");
+        assert_eq!(c.wc_flags, IBV_WC_WITH_IMM | IBV_WC_GRH);
+        let mut w = WorkCompletion::new(6, WcStatus::Success, WcOpcode::Recv, 0);
+        w.wc_flags = WcFlags::WITH_INV;
+        w.invalidated_rkey = Rkey(0x4242);
+        let c = ibv_wc_of(&w, 1);
+        assert_eq!((c.imm_or_inv, c.wc_flags), (0x4242, IBV_WC_WITH_INV));
+    }
+
+    #[test]
+    fn each_refusal_has_rdma_cores_errno() {
+        assert_eq!(errno_of(&VerbsError::NotSupported("x")), libc::EOPNOTSUPP);
+        assert_eq!(errno_of(&VerbsError::QueueFull), libc::ENOMEM);
+        assert_eq!(errno_of(&VerbsError::Busy("x")), libc::EBUSY);
+        assert_eq!(errno_of(&VerbsError::NoSuchCa), libc::ENODEV);
+        let bad = VerbsError::BadWr {
+            index: 1,
+            cause: Box::new(VerbsError::OutOfResources("sge")),
+        };
+        assert_eq!(errno_of(&bad), libc::ENOMEM);
+        assert_eq!(errno_of(&VerbsError::InvalidHandle), libc::EINVAL);
+    }
+
+    #[test]
+    fn status_words_are_rdma_cores() {
+        let w = |s| {
+            // SAFETY: the function returns a static C string.
+            unsafe { std::ffi::CStr::from_ptr(ibv_wc_status_str(s)) }
+                .to_str()
+                .unwrap()
+                .to_owned()
+        };
+        assert_eq!(w(0), "success");
+        assert_eq!(w(5), "Work Request Flushed Error");
+        assert_eq!(w(12), "transport retry counter exceeded");
+        assert_eq!(w(21), "general error");
+        assert_eq!(w(22), "unknown");
+        assert_eq!(w(-1), "unknown");
+        assert!(STATUSES.iter().enumerate().all(|(i, s)| *s as usize == i));
+    }
+}
