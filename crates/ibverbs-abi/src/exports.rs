@@ -33,8 +33,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr::null_mut;
 use std::sync::{Arc, Mutex};
 use verbs::{
-    AhAttr, CqInit, Provider, QpAttr, QpCaps, QpInit, RecvWr, SendFlags, SendOpcode, SendWr, Sge,
-    SrqAttr, UdDest, VerbsError, WcFlags, WorkCompletion,
+    AhAttr, CqInit, MemBuf, Provider, QpAttr, QpCaps, QpInit, RecvWr, SendFlags, SendOpcode,
+    SendWr, Sge, SrqAttr, UdDest, VerbsError, WcFlags, WorkCompletion,
 };
 
 fn set_errno(e: c_int) {
@@ -1061,6 +1061,13 @@ fn create_qp(pd: *mut ibv_pd, init: *mut ibv_qp_init_attr) -> Result<*mut ibv_qp
             return Err(verr(e));
         }
     };
+    let bounce = match bounce_for(ctx, h, &init.cap) {
+        Ok(b) => b,
+        Err(e) => {
+            let _ = ctx.provider.destroy_qp(handle);
+            return Err(e);
+        }
+    };
     let qp = boxed(Qp {
         ibv: ibv_qp {
             context: c,
@@ -1081,10 +1088,80 @@ fn create_qp(pd: *mut ibv_pd, init: *mut ibv_qp_init_attr) -> Result<*mut ibv_qp
         id,
         cap: init.cap,
         sq_sig_all: init.sq_sig_all != 0,
+        bounce,
     });
     lock(&ctx.shared.objs).insert(id, Obj::Qp(qp as usize, qpn));
     ctx.hold(id, Live::Qp(handle));
     Ok(qp.cast())
+}
+
+/// The inline bounce buffer of a QP with `max_inline_data` (see
+/// [`Bounce`]), registered in its PD.
+fn bounce_for(
+    ctx: &Context,
+    pd: verbs::PdHandle,
+    cap: &ibv_qp_cap,
+) -> Result<Option<Bounce>, c_int> {
+    if cap.max_inline_data == 0 {
+        return Ok(None);
+    }
+    let slot = cap.max_inline_data as usize;
+    let slots = cap.max_send_wr.clamp(1, BOUNCE_SLOTS) as usize;
+    let len = slot.checked_mul(slots).ok_or(libc::EINVAL)?;
+    let buf = MemBuf::new_shared(len).map_err(|e| e.raw_os_error().unwrap_or(libc::ENOMEM))?;
+    let mr = ctx
+        .provider
+        .reg_mr(
+            pd,
+            &buf,
+            buf.addr(),
+            len as u64,
+            AccessFlags::LOCAL_WRITE,
+            0,
+        )
+        .map_err(verr)?;
+    let id = next_id();
+    ctx.hold(id, Live::Mr(mr.handle, 0));
+    Ok(Some(Bounce {
+        buf,
+        mr,
+        slot,
+        slots,
+        lock: Mutex::new(()),
+        id,
+    }))
+}
+
+/// Copies the bytes of each inline WR of `wrs` (the first `slots`) into
+/// its slot of `b` and points the WR there.
+///
+/// # Safety
+/// The SGEs of inline WRs name memory readable for their lengths (the
+/// application's part of the contract: libibverbs reads it at post).
+unsafe fn bounce_inline(b: &Bounce, wrs: &mut [SendWr]) {
+    let inline = wrs
+        .iter_mut()
+        .filter(|w| w.flags.contains(SendFlags::INLINE));
+    for (k, w) in inline.enumerate() {
+        let total = w.total_len();
+        if k == b.slots || total > b.slot as u64 {
+            // Left as given: the daemon refuses what it cannot take.
+            return;
+        }
+        let mut at = k * b.slot;
+        for g in w.sges.iter().filter(|g| g.length > 0) {
+            // SAFETY: per the contract.
+            let bytes =
+                unsafe { std::slice::from_raw_parts(g.addr as *const u8, g.length as usize) };
+            b.buf.write_at(at, bytes);
+            at += bytes.len();
+        }
+        w.sges = vec![Sge {
+            addr: b.buf.addr() + (k * b.slot) as u64,
+            length: total as u32,
+            lkey: b.mr.lkey,
+        }];
+    }
 }
 
 fn qp_state_of(s: c_int) -> Result<QpState, c_int> {
@@ -1327,7 +1404,11 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
         }
         ctx.drop_held(id);
         // SAFETY: made by `create_qp`, freed once.
-        drop(unsafe { Box::from_raw(q) });
+        let q = unsafe { Box::from_raw(q) };
+        if let Some(b) = &q.bounce {
+            let _ = ctx.provider.dereg_mr(b.mr.handle);
+            ctx.drop_held(b.id);
+        }
         0
     })
 }
@@ -1463,6 +1544,13 @@ pub unsafe extern "C" fn post_send(
             wrs.push(v);
             ptrs.push(at);
             at = w.next;
+        }
+        // SAFETY: a QP of ours (contract).
+        let bounce = unsafe { (*q).bounce.as_ref() };
+        let _held = bounce.map(|b| lock(&b.lock));
+        if let Some(b) = bounce {
+            // SAFETY: the WRs' SGEs per the contract.
+            unsafe { bounce_inline(b, &mut wrs) };
         }
         post_result(ctx.provider.post_send(h, &wrs), &ptrs, bad)
     })

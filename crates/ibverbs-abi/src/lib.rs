@@ -31,7 +31,9 @@
 //! Memory: the application's pages move into a memfd the daemon maps,
 //! at the same addresses, when it registers them ([`mr`], where the cost
 //! is written down). The data path is the daemon client's: posts and
-//! polls through shared-memory rings.
+//! polls through shared-memory rings. Inline sends may come from any
+//! memory, as in libibverbs: their bytes are copied at post into a
+//! registered bounce buffer of the QP (at most `max_inline_data` each).
 //!
 //! Configuration, read once at the first `ibv_get_device_list` (this
 //! library is the application's edge, as a binary's `main` is): the

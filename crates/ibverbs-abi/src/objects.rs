@@ -384,7 +384,31 @@ pub(crate) struct Qp {
     pub id: u64,
     pub cap: ibv_qp_cap,
     pub sq_sig_all: bool,
+    /// Where inline sends' bytes go (a QP with `max_inline_data`).
+    pub bounce: Option<Bounce>,
 }
+
+/// A QP's inline bounce buffer: registered memory in the QP's PD the
+/// bytes of each inline send are copied into when it is posted, so the
+/// application may send inline from any memory (a stack buffer, with no
+/// L_Key, as libibverbs allows), while the daemon takes inline data only
+/// from registered memory of the client. One slot per WR of a post; a
+/// post returns once the daemon took the data, so slots are free again.
+pub(crate) struct Bounce {
+    pub buf: MemBuf,
+    pub mr: verbs::MrInfo,
+    /// Bytes per slot (`max_inline_data`).
+    pub slot: usize,
+    /// Slots (WRs of one post).
+    pub slots: usize,
+    /// Held from the copy to the post's return.
+    pub lock: Mutex<()>,
+    /// Its id in the context's held objects.
+    pub id: u64,
+}
+
+/// Most inline WRs one post bounces; more go as the application gave them.
+pub(crate) const BOUNCE_SLOTS: u32 = 64;
 
 /// An AH.
 #[repr(C)]

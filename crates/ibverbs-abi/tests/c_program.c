@@ -89,7 +89,8 @@ int main(void)
 
 	struct ibv_qp_init_attr qia = {
 		.send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,
-		.cap = { .max_send_wr = 8, .max_recv_wr = 8, .max_send_sge = 1, .max_recv_sge = 1 },
+		.cap = { .max_send_wr = 8, .max_recv_wr = 8, .max_send_sge = 2, .max_recv_sge = 1,
+			 .max_inline_data = 64 },
 		.sq_sig_all = 1,
 	};
 	struct ibv_qp *qp = ibv_create_qp(pd, &qia);
@@ -133,7 +134,7 @@ int main(void)
 	struct ibv_qp_init_attr qi;
 	CHECK(ibv_query_qp(qp, &a, IBV_QP_STATE | IBV_QP_CAP, &qi) == 0);
 	CHECK(a.qp_state == IBV_QPS_RTS && a.dest_qp_num == qp->qp_num &&
-	      qi.cap.max_send_wr == 8 && qi.send_cq == cq);
+	      qi.cap.max_send_wr == 8 && qi.cap.max_inline_data == 64 && qi.send_cq == cq);
 
 	/* SEND with immediate from page 0 into page 1. */
 	struct ibv_sge rs = { .addr = (uintptr_t)buf + 4096, .length = 64, .lkey = mr->lkey };
@@ -177,6 +178,31 @@ int main(void)
 	for (int i = 0; i < 256; i++)
 		CHECK(buf[8192 + i] == 0x3c);
 	CHECK(buf[8192 + 256] == (unsigned char)((8192 + 256) * 7));
+
+	/* Inline from memory nobody registered (a stack buffer, no L_Key),
+	 * gathered from two pieces, as libibverbs allows. */
+	unsigned char stackbuf[48];
+	memset(stackbuf, 0x6b, sizeof(stackbuf));
+	stackbuf[47] = 0x01;
+	struct ibv_sge two[2] = {
+		{ .addr = (uintptr_t)stackbuf, .length = 40, .lkey = 0 },
+		{ .addr = (uintptr_t)stackbuf + 40, .length = 8, .lkey = 0 },
+	};
+	memset(buf + 4096, 0, 64);
+	CHECK(ibv_post_recv(qp, &rwr, &rbad) == 0);
+	struct ibv_send_wr iwr = { .wr_id = 55, .sg_list = two, .num_sge = 2,
+				   .opcode = IBV_WR_SEND, .send_flags = IBV_SEND_INLINE }, *ibad;
+	CHECK(ibv_post_send(qp, &iwr, &ibad) == 0);
+	/* The buffer is the program's again at once. */
+	memset(stackbuf, 0, sizeof(stackbuf));
+	for (int k = 0; k < 2; k++) {
+		CHECK(poll_one(cq, &wc) == 1 && wc.status == IBV_WC_SUCCESS);
+		if (wc.wr_id == 11)
+			CHECK(wc.byte_len == 48);
+	}
+	for (int i = 0; i < 47; i++)
+		CHECK(buf[4096 + i] == 0x6b);
+	CHECK(buf[4096 + 47] == 0x01);
 
 	/* An armed CQ's event on the channel. */
 	CHECK(ibv_req_notify_cq(cq, 0) == 0);

@@ -10,21 +10,36 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-/// `libibverbs_abi.so`, built beside this test (cargo builds the
-/// library's cdylib with the rlib the test links).
+/// `libibverbs_abi.so` of this test's profile, built first: cargo builds
+/// only the rlib of the library for its tests, so a cdylib left from an
+/// earlier build could be stale (the way srpstack's tests build their
+/// binaries).
 pub fn library() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    // <target>/<profile>/deps/<test>-<hash>
-    let lib = exe
-        .parent()
-        .and_then(Path::parent)
-        .unwrap()
-        .join("libibverbs_abi.so");
-    assert!(lib.exists(), "{} not built", lib.display());
-    lib
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let exe = std::env::current_exe().unwrap();
+            // <target>/<profile>/deps/<test>-<hash>
+            let profile = exe.parent().and_then(Path::parent).unwrap().to_path_buf();
+            let mut cmd = Command::new(env!("CARGO"));
+            cmd.args(["build", "-q", "-p", "ibverbs-abi", "--lib", "--target-dir"])
+                .arg(profile.parent().unwrap())
+                .current_dir(env!("CARGO_MANIFEST_DIR"));
+            if profile.file_name().is_some_and(|n| n == "release") {
+                cmd.arg("--release");
+            }
+            assert!(
+                cmd.status().unwrap().success(),
+                "cargo build -p ibverbs-abi --lib"
+            );
+            let lib = profile.join("libibverbs_abi.so");
+            assert!(lib.exists(), "{} not built", lib.display());
+            lib
+        })
+        .clone()
 }
 
 static NEXT: AtomicU32 = AtomicU32::new(0);
