@@ -2,7 +2,8 @@
 //! ibv_ud_pingpong posts its whole receive queue in INIT. Soft RoCE
 //! built a UD QP's engine at RESET->INIT and again at INIT->RTR, and the
 //! second engine had lost them (found running ibv_ud_pingpong through
-//! crates/ibverbs-abi).
+//! crates/ibverbs-abi). A Q_Key given at INIT->RTR still reaches the
+//! engine built at INIT.
 
 use rdma_types::{AccessFlags, Guid, PortNum, Psn, Qkey, QpState, QpType, WcOpcode, WcStatus};
 use rnic::softroce::{SoftCa, SoftRoce, ROCE_PORT};
@@ -44,7 +45,8 @@ fn ud_receives_posted_in_init_take_datagrams() {
             state: Some(QpState::Init),
             port: Some(PortNum(1)),
             pkey_index: Some(0),
-            qkey: Some(qkey),
+            // The Q_Key in force comes at INIT->RTR below.
+            qkey: Some(Qkey(0x2222)),
             ..Default::default()
         };
         p.modify_qp(q, &init).unwrap();
@@ -62,6 +64,7 @@ fn ud_receives_posted_in_init_take_datagrams() {
     for q in [qa, qb] {
         let rtr = QpAttr {
             state: Some(QpState::Rtr),
+            qkey: Some(qkey),
             ..Default::default()
         };
         p.modify_qp(q, &rtr).unwrap();

@@ -219,6 +219,24 @@ impl SoftRoce {
                 created.map_err(|e| bad(format!("cannot create the QP engine: {e}")))?;
                 q.engine = true;
             }
+            (QpState::Init, QpState::Rtr) if qp_type.is_datagram() => {
+                // The engine built at INIT stays (with its receives); the
+                // Q_Key and P_Key index INIT->RTR may carry reach it.
+                let qkey = engine_config(q, qp_type).qkey;
+                let ix = usize::from(q.attr.pkey_index.unwrap_or(0));
+                let pkey = rt.pkey_table().get(ix).copied();
+                let smi = qp_type == QpType::Smi;
+                rt.node(|n| {
+                    if let Some(e) = n.qp_mut(softroce::QpHandle(qpn)) {
+                        e.update_config(|c| {
+                            c.qkey = qkey;
+                            if let (false, Some(k)) = (smi, pkey) {
+                                c.pkey = k;
+                            }
+                        });
+                    }
+                });
+            }
             (QpState::Rts, QpState::Sqd) => {
                 rt.node(|n| {
                     if let Some(e) = n.qp_mut(softroce::QpHandle(qpn)) {
