@@ -227,3 +227,105 @@ fn perftest_ib_write_lat_both_roles() {
         perftest("ib_write_lat", 13, 19213);
     }
 }
+
+/// Debian's pingpong `tool` through the library against our own
+/// `rpingpong` on its own soft RoCE node (`ud`: `--ud`), each role once:
+/// the exchange is ibv_rc_pingpong's, the packets RoCEv2 between two
+/// addresses.
+fn against_rpingpong(tool: &str, ud: bool, last: u8, ports: [u16; 2]) {
+    let d = Daemon::start(ip(last));
+    let ours = ip(last + 1).to_string();
+    let rp = common::rpingpong();
+    let rp_args = |port: u16| {
+        let mut a = vec![
+            "--bind".to_string(),
+            ours.clone(),
+            "-p".into(),
+            port.to_string(),
+            "-n".into(),
+            "100".into(),
+            "-s".into(),
+            "1024".into(),
+            "-g".into(),
+            "0".into(),
+        ];
+        if ud {
+            a.push("--ud".into());
+        }
+        a
+    };
+    let tool_args = |port: u16| {
+        ["-d", "nicd0", "-g", "0", "-n", "100", "-s", "1024", "-p"]
+            .iter()
+            .map(|s| s.to_string())
+            .chain([port.to_string()])
+            .collect::<Vec<_>>()
+    };
+    // rpingpong serves, Debian's tool is the client.
+    let mut server = std::process::Command::new(&rp)
+        .args(rp_args(ports[0]))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_listening(&mut server, ports[0]);
+    let client = d
+        .command(tool)
+        .args(tool_args(ports[0]))
+        .arg(&ours)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let c = finish(client, 60);
+    let s = finish(server, 60);
+    let (co, so) = (text(&c.stdout), text(&s.stdout));
+    assert!(c.status.success(), "{tool} client: {co}{}", text(&c.stderr));
+    assert!(
+        s.status.success(),
+        "rpingpong server: {so}{}",
+        text(&s.stderr)
+    );
+    assert!(co.contains("100 iters in"), "{co}");
+    // Debian's tool serves, rpingpong is the client.
+    let mut server = d
+        .command(tool)
+        .args(tool_args(ports[1]))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_listening(&mut server, ports[1]);
+    let client = std::process::Command::new(&rp)
+        .args(rp_args(ports[1]))
+        .arg(ip(last).to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let c = finish(client, 60);
+    let s = finish(server, 60);
+    let so = text(&s.stdout);
+    assert!(
+        c.status.success(),
+        "rpingpong client: {}{}",
+        text(&c.stdout),
+        text(&c.stderr)
+    );
+    assert!(s.status.success(), "{tool} server: {so}{}", text(&s.stderr));
+    assert!(so.contains("100 iters in"), "{so}");
+}
+
+#[test]
+fn ibv_rc_pingpong_through_the_library_and_our_rpingpong_both_roles() {
+    if need::tool("ibv_rc_pingpong") {
+        against_rpingpong("ibv_rc_pingpong", false, 20, [19220, 19221]);
+    }
+}
+
+#[test]
+fn ibv_ud_pingpong_through_the_library_and_our_rpingpong_both_roles() {
+    if need::tool("ibv_ud_pingpong") {
+        against_rpingpong("ibv_ud_pingpong", true, 22, [19222, 19223]);
+    }
+}
