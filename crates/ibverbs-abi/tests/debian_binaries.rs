@@ -235,7 +235,7 @@ fn perftest_ib_write_lat_both_roles() {
 fn against_rpingpong(tool: &str, ud: bool, last: u8, ports: [u16; 2]) {
     let d = Daemon::start(ip(last));
     let ours = ip(last + 1).to_string();
-    let rp = common::rpingpong();
+    let rp = common::rdma_perf_bin("rpingpong");
     let rp_args = |port: u16| {
         let mut a = vec![
             "--bind".to_string(),
@@ -327,5 +327,94 @@ fn ibv_rc_pingpong_through_the_library_and_our_rpingpong_both_roles() {
 fn ibv_ud_pingpong_through_the_library_and_our_rpingpong_both_roles() {
     if need::tool("ibv_ud_pingpong") {
         against_rpingpong("ibv_ud_pingpong", true, 22, [19222, 19223]);
+    }
+}
+
+/// perftest's `tool` through the library against our `rperftest VERB`
+/// on its own soft RoCE node, each side in both roles; rperftest checks
+/// the data (`verified:`).
+fn against_rperftest(tool: &str, verb: &str, last: u8, ports: [u16; 2]) {
+    let d = Daemon::start(ip(last));
+    let ours = ip(last + 1).to_string();
+    let rp = common::rdma_perf_bin("rperftest");
+    let rp_args = |port: u16| {
+        [verb, "--bind", &ours, "-x", "0", "-n", "200", "-p"]
+            .iter()
+            .map(|s| s.to_string())
+            .chain([port.to_string()])
+            .collect::<Vec<_>>()
+    };
+    let tool_args = |port: u16| {
+        ["-d", "nicd0", "-x", "0", "-n", "200", "-p"]
+            .iter()
+            .map(|s| s.to_string())
+            .chain([port.to_string()])
+            .collect::<Vec<_>>()
+    };
+    let check = |who: &str, out: &std::process::Output| {
+        let (o, e) = (text(&out.stdout), text(&out.stderr));
+        assert!(out.status.success(), "{who}: {o}{e}");
+        o + &e
+    };
+    // rperftest serves.
+    let mut server = std::process::Command::new(&rp)
+        .args(rp_args(ports[0]))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_listening(&mut server, ports[0]);
+    let client = d
+        .command(tool)
+        .args(tool_args(ports[0]))
+        .arg(&ours)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let c = finish(client, 120);
+    let s = finish(server, 120);
+    let co = check(&format!("{tool} client"), &c);
+    let so = check("rperftest server", &s);
+    assert!(co.contains("Device         : nicd0"), "{co}");
+    assert!(so.contains("verified:"), "{so}");
+    // perftest's tool serves.
+    let mut server = d
+        .command(tool)
+        .args(tool_args(ports[1]))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_listening(&mut server, ports[1]);
+    let client = std::process::Command::new(&rp)
+        .args(rp_args(ports[1]))
+        .arg(ip(last).to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let c = finish(client, 120);
+    let s = finish(server, 120);
+    let co = check("rperftest client", &c);
+    check(&format!("{tool} server"), &s);
+    assert!(co.contains("verified:"), "{co}");
+}
+
+#[test]
+fn perftest_through_the_library_and_our_rperftest_both_roles() {
+    for (i, (tool, verb)) in [
+        ("ib_write_bw", "write"),
+        ("ib_read_bw", "read"),
+        ("ib_send_bw", "send"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        if need::tool(tool) {
+            let i = i as u8;
+            let port = 19230 + 2 * u16::from(i);
+            against_rperftest(tool, verb, 30 + 2 * i, [port, port + 1]);
+        }
     }
 }

@@ -42,36 +42,28 @@ pub fn library() -> PathBuf {
         .clone()
 }
 
-/// Our `rpingpong` (crates/rdma-perf) of this test's profile, built
-/// first.
-pub fn rpingpong() -> PathBuf {
+/// Our tool `name` of crates/rdma-perf (`rpingpong`, `rperftest`) of
+/// this test's profile, built first.
+pub fn rdma_perf_bin(name: &str) -> PathBuf {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT
         .get_or_init(|| {
             let exe = std::env::current_exe().unwrap();
             let profile = exe.parent().and_then(Path::parent).unwrap().to_path_buf();
             let mut cmd = Command::new(env!("CARGO"));
-            cmd.args([
-                "build",
-                "-q",
-                "-p",
-                "rdma-perf",
-                "--bin",
-                "rpingpong",
-                "--target-dir",
-            ])
-            .arg(profile.parent().unwrap())
-            .current_dir(env!("CARGO_MANIFEST_DIR"));
+            cmd.args(["build", "-q", "-p", "rdma-perf", "--bins", "--target-dir"])
+                .arg(profile.parent().unwrap())
+                .current_dir(env!("CARGO_MANIFEST_DIR"));
             if profile.file_name().is_some_and(|n| n == "release") {
                 cmd.arg("--release");
             }
             assert!(
                 cmd.status().unwrap().success(),
-                "cargo build -p rdma-perf --bin rpingpong"
+                "cargo build -p rdma-perf --bins"
             );
-            profile.join("rpingpong")
+            profile
         })
-        .clone()
+        .join(name)
 }
 
 static NEXT: AtomicU32 = AtomicU32::new(0);
