@@ -170,6 +170,12 @@ pub enum WcStatus {
     /// Receives: the data arrived but the STag the Send asked us to
     /// invalidate was refused (the connection terminates).
     InvalidateRefused,
+    /// Receives: the Send was longer than the buffer (RFC 5041 untagged
+    /// error "message too long"; the connection terminates).
+    LocalLength,
+    /// Reads: the peer refused the Read Request with a TERMINATE naming a
+    /// remote protection or tagged buffer error (RFC 5040 4.8).
+    RemoteAccess,
 }
 
 /// A completed work request.
@@ -311,6 +317,9 @@ pub enum Event {
         /// Why.
         cause: TermCause,
     },
+    /// The stream ended (the peer closed or reset it, or the driver
+    /// gave up on it) before a TERMINATE or a clean end; all work flushed.
+    StreamClosed,
     /// The peer sent a TERMINATE.
     TerminateReceived {
         /// The peer's cause fields (may be outside our table).
@@ -518,6 +527,24 @@ impl Connection {
                 }
             }
         }
+    }
+
+    /// The driver saw the stream end (EOF, reset, a send error). Unless a
+    /// TERMINATE or negotiation failure ended the connection already, it
+    /// reports [`Event::StreamClosed`] and flushes all work.
+    pub fn handle_stream_closed(&mut self) {
+        if !matches!(self.state, State::Terminated | State::Closed) {
+            self.events.push_back(Event::StreamClosed);
+            self.close();
+        }
+    }
+
+    /// The consumer ends the connection (its QP went to error): all work
+    /// flushes, nothing more is sent or taken, and no event is reported.
+    pub fn abort(&mut self) {
+        self.frame_out = None;
+        self.terminate_out = None;
+        self.close();
     }
 
     /// Responder: accepts the request with our private data.
@@ -852,6 +879,17 @@ impl Connection {
                     _ => {
                         let body = TerminateRepr::parse(data)
                             .map_err(|_| TermCause::RdmapOperationUnspecified)?;
+                        let c = body.code;
+                        if (c.layer, c.etype) == (0, 1) || (c.layer, c.etype) == (1, 1) {
+                            // A protection error ends our oldest Read: the
+                            // peer refused its request (RFC 5040 4.8).
+                            if let Some(r) = self.out_reads.pop_front() {
+                                self.completions.push_back(Completion {
+                                    status: WcStatus::RemoteAccess,
+                                    ..success(r.wr_id, WcKind::Read, 0)
+                                });
+                            }
+                        }
                         self.events
                             .push_back(Event::TerminateReceived { code: body.code });
                         self.state = State::Terminated;
@@ -884,24 +922,37 @@ impl Connection {
         };
         let result = (|| {
             if mo != a.received {
-                return Err(TermCause::DdpInvalidMo);
+                return Err((TermCause::DdpInvalidMo, WcStatus::Flushed));
             }
             let end = u64::from(mo) + data.len() as u64;
             if end > u64::from(a.wqe.buf.len) {
-                return Err(TermCause::DdpTooLong);
+                return Err((TermCause::DdpTooLong, WcStatus::LocalLength));
             }
             mem.write_local(
                 a.wqe.buf.stag,
                 a.wqe.buf.to.wrapping_add(u64::from(mo)),
                 data,
             )
-            .map_err(|_| TermCause::DdpLocalCatastrophic)?;
+            .map_err(|_| (TermCause::DdpLocalCatastrophic, WcStatus::LocalProtection))?;
             a.received = end as u32;
             Ok(())
         })();
-        // Either way the buffer is this message's now (flushed on error).
-        self.active_recv = Some(a);
-        result?;
+        match result {
+            Ok(()) => self.active_recv = Some(a),
+            // The buffer is this message's: flushed, or completed with the
+            // local error that refused the data.
+            Err((cause, WcStatus::Flushed)) => {
+                self.active_recv = Some(a);
+                return Err(cause);
+            }
+            Err((cause, status)) => {
+                self.completions.push_back(Completion {
+                    status,
+                    ..success(a.wqe.wr_id, WcKind::Recv, a.received)
+                });
+                return Err(cause);
+            }
+        }
         if !seg.last {
             return Ok(());
         }
@@ -1053,6 +1104,16 @@ impl Connection {
             } => {
                 if self.out_reads.len() >= usize::from(self.ord) {
                     return false; // RFC 5040: wait for ORD credit.
+                }
+                // The sink must take the responses before we ask for them.
+                if mem.write_local(local.stag, local.to, &[]).is_err() {
+                    self.sq.pop_front();
+                    self.completions.push_back(Completion {
+                        status: WcStatus::LocalProtection,
+                        ..success(w.wr_id, WcKind::Read, 0)
+                    });
+                    self.terminate(TermCause::RdmapLocalCatastrophic, None);
+                    return false;
                 }
                 let hdr = SegmentRepr {
                     last: true,

@@ -1,0 +1,826 @@
+//! One NIC: its listener, its streams, its key table and its IO thread.
+//!
+//! Everything here runs under the provider's one lock; the IO thread
+//! takes it for each batch of readiness events and gives it back before
+//! it calls any consumer handler ([`Cb`], queued by whoever produced it
+//! and delivered by the IO thread in order). A verb that queued a
+//! callback wakes the thread ([`Dev::kick`]); one that only sent bytes
+//! does not.
+//!
+//! Each poll does bounded work: at most [`READS_PER_EVENT`] reads of a
+//! stream per readiness (a stream with more is revisited at once, after
+//! the others), and the transmit loop stops once [`OUT_HIGH`] bytes wait
+//! for the socket (the rest goes when the socket is writable again).
+
+use std::collections::HashMap;
+use std::io::{ErrorKind, Read, Write};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use iwarp::{Connection, Event, RecvWqe, Role, SendWqe, State};
+use mio::net::{TcpListener, TcpStream};
+use mio::{Events, Interest, Poll, Registry, Token, Waker};
+use rdma_types::{Instant, QpState};
+use verbs::kit::keys::KeyTable;
+use verbs::{AsyncEvent, AsyncEventKind, EventHandler, ResourceKind};
+
+use crate::mem::{NoMem, QpMem};
+use crate::rendezvous::Rendezvous;
+use crate::{gid_ip, to_wc, Inner, NicOptions, Obj, Shared, SoftIwarp};
+
+const LISTENER: Token = Token(0);
+const WAKER: Token = Token(1);
+
+/// Reads of one stream per readiness event.
+const READS_PER_EVENT: usize = 16;
+
+/// Bytes queued for a socket before the transmit loop stops.
+const OUT_HIGH: usize = 1 << 20;
+
+/// A consumer callback, delivered by the IO thread with no lock held.
+pub(crate) enum Cb {
+    Completion(Arc<dyn EventHandler>, u64),
+    Async(Arc<dyn EventHandler>, AsyncEvent),
+    Destroyed(Arc<dyn EventHandler>, ResourceKind, u64),
+}
+
+impl Cb {
+    fn deliver(self) {
+        match self {
+            Cb::Completion(h, ctx) => h.on_completion(ctx),
+            Cb::Async(h, ev) => h.on_async_event(ev),
+            Cb::Destroyed(h, kind, ctx) => h.on_destroyed(kind, ctx),
+        }
+    }
+}
+
+/// One TCP stream and its engine.
+pub(crate) struct Conn {
+    stream: TcpStream,
+    /// The iWARP connection on the stream.
+    engine: Connection,
+    /// The QP it carries, once bound.
+    qp: Option<usize>,
+    /// Bytes the socket has not taken yet.
+    out: Vec<u8>,
+    peer: SocketAddr,
+    /// A responder's MPA request waiting for its QP to reach RTR.
+    parked: Option<Rendezvous>,
+    /// Close once `out` is written.
+    closing: bool,
+}
+
+/// A running NIC.
+pub(crate) struct Dev {
+    pub(crate) keys: KeyTable,
+    pub(crate) qpns: HashMap<u32, usize>,
+    conns: HashMap<Token, Conn>,
+    listener: TcpListener,
+    registry: Registry,
+    waker: Arc<Waker>,
+    pending: Vec<Cb>,
+    next_qpn: u32,
+    next_token: usize,
+    stopping: bool,
+    ip: IpAddr,
+    port: u16,
+    base: iwarp::Config,
+}
+
+impl Dev {
+    /// Binds the listener and starts the IO thread.
+    pub(crate) fn start(
+        shared: &Arc<Shared>,
+        guid: u64,
+        ip: IpAddr,
+        options: &NicOptions,
+    ) -> std::io::Result<Dev> {
+        let poll = Poll::new()?;
+        let mut listener = TcpListener::bind(SocketAddr::new(ip, options.port))?;
+        poll.registry()
+            .register(&mut listener, LISTENER, Interest::READABLE)?;
+        let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
+        let registry = poll.registry().try_clone()?;
+        let mut base = iwarp::Config::new(Role::Responder);
+        base.revision = options.mpa_revision;
+        base.crc = options.crc;
+        base.mulpdu = iwarp::mpa::mulpdu(options.path_mtu, iwarp::mpa::TCP_IPV4_OVERHEAD);
+        let sh = Arc::clone(shared);
+        std::thread::Builder::new()
+            .name(format!("iwarp-{ip}"))
+            .spawn(move || run(sh, guid, poll))?;
+        Ok(Dev {
+            keys: KeyTable::new(),
+            qpns: HashMap::new(),
+            conns: HashMap::new(),
+            listener,
+            registry,
+            waker,
+            pending: Vec::new(),
+            next_qpn: 16,
+            next_token: 2,
+            stopping: false,
+            ip,
+            port: options.port,
+            base,
+        })
+    }
+
+    pub(crate) fn defer(&mut self, cb: Cb) {
+        self.pending.push(cb);
+    }
+
+    /// Wakes the IO thread if callbacks wait for it.
+    pub(crate) fn kick(&mut self) {
+        if !self.pending.is_empty() {
+            let _ = self.waker.wake();
+        }
+    }
+
+    pub(crate) fn stop(&mut self) {
+        self.stopping = true;
+        let _ = self.waker.wake();
+    }
+
+    pub(crate) fn new_qpn(&mut self) -> u32 {
+        loop {
+            let n = self.next_qpn;
+            self.next_qpn = if n >= 0xff_fff0 { 16 } else { n + 1 };
+            if !self.qpns.contains_key(&n) {
+                return n;
+            }
+        }
+    }
+
+    fn token(&mut self) -> Token {
+        self.next_token += 1;
+        Token(self.next_token)
+    }
+
+    fn config(&self, role: Role, private_data: Vec<u8>) -> iwarp::Config {
+        iwarp::Config {
+            role,
+            private_data,
+            ..self.base.clone()
+        }
+    }
+}
+
+/// The IO thread of NIC `guid`.
+fn run(shared: Arc<Shared>, guid: u64, mut poll: Poll) {
+    let mut events = Events::with_capacity(256);
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut again: Vec<Token> = Vec::new();
+    let mut timeout: Option<Duration> = None;
+    loop {
+        let t = if again.is_empty() {
+            timeout
+        } else {
+            Some(Duration::ZERO)
+        };
+        if let Err(e) = poll.poll(&mut events, t) {
+            if e.kind() == ErrorKind::Interrupted {
+                continue;
+            }
+            tracing::error!(%e, "iWARP NIC IO thread: poll failed; the NIC stops");
+            return;
+        }
+        let cbs = {
+            let mut st = shared.lock();
+            let now = shared.now();
+            match st.devs.get(&guid) {
+                Some(d) if !d.stopping => {}
+                _ => {
+                    st.devs.remove(&guid);
+                    return;
+                }
+            }
+            let mut ready: Vec<(Token, bool, bool)> = events
+                .iter()
+                .map(|e| {
+                    (
+                        e.token(),
+                        e.is_readable() || e.is_read_closed() || e.is_error(),
+                        e.is_writable() || e.is_error(),
+                    )
+                })
+                .collect();
+            ready.extend(again.drain(..).map(|t| (t, true, false)));
+            for (tok, readable, writable) in ready {
+                match tok {
+                    LISTENER => accept(&mut st, guid, now),
+                    WAKER => {}
+                    _ => {
+                        if readable && read(&mut st, guid, tok, now, &mut buf) {
+                            again.push(tok);
+                        }
+                        let _ = writable;
+                        pump(&mut st, guid, tok, now);
+                    }
+                }
+            }
+            timeout = timers(&mut st, guid, now);
+            st.devs
+                .get_mut(&guid)
+                .map(|d| std::mem::take(&mut d.pending))
+                .unwrap_or_default()
+        };
+        for cb in cbs {
+            cb.deliver();
+        }
+    }
+}
+
+/// Runs due engine timers; returns how long until the next.
+fn timers(st: &mut Inner, guid: u64, now: Instant) -> Option<Duration> {
+    let d = st.devs.get_mut(&guid)?;
+    let mut due = Vec::new();
+    let mut next: Option<Instant> = None;
+    for (t, c) in d.conns.iter_mut() {
+        if let Some(at) = c.engine.poll_timeout() {
+            if at <= now {
+                c.engine.handle_timeout(now);
+                due.push(*t);
+            } else {
+                next = Some(next.map_or(at, |n| n.min(at)));
+            }
+        }
+    }
+    for t in due {
+        pump(st, guid, t, now);
+    }
+    next.map(|at| Duration::from_micros(at.total_micros().saturating_sub(now.total_micros())))
+}
+
+fn accept(st: &mut Inner, guid: u64, now: Instant) {
+    let Some(d) = st.devs.get_mut(&guid) else {
+        return;
+    };
+    for _ in 0..64 {
+        let (mut stream, peer) = match d.listener.accept() {
+            Ok(x) => x,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => return,
+            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+            Err(e) => {
+                tracing::warn!(%e, ip = %d.ip, "iWARP NIC: accept failed");
+                return;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let tok = d.token();
+        if let Err(e) =
+            d.registry
+                .register(&mut stream, tok, Interest::READABLE | Interest::WRITABLE)
+        {
+            tracing::warn!(%e, %peer, "iWARP NIC: cannot watch an accepted stream");
+            continue;
+        }
+        let cfg = d.config(Role::Responder, Vec::new());
+        let Ok(engine) = Connection::new(cfg, now) else {
+            continue;
+        };
+        d.conns.insert(
+            tok,
+            Conn {
+                stream,
+                engine,
+                qp: None,
+                out: Vec::new(),
+                peer,
+                parked: None,
+                closing: false,
+            },
+        );
+    }
+}
+
+/// Reads what the stream has into its engine. True when it may have more
+/// (the read budget ran out first).
+fn read(st: &mut Inner, guid: u64, tok: Token, now: Instant, buf: &mut [u8]) -> bool {
+    let Inner { objs, devs } = st;
+    let Some(d) = devs.get_mut(&guid) else {
+        return false;
+    };
+    let Dev { keys, conns, .. } = d;
+    let Some(c) = conns.get_mut(&tok) else {
+        return false;
+    };
+    let qp = c.qp.and_then(|s| match objs.get(s) {
+        Obj::Qp(q) => Some(q),
+        _ => None,
+    });
+    for _ in 0..READS_PER_EVENT {
+        if c.closing {
+            return false;
+        }
+        match c.stream.read(buf) {
+            Ok(0) => {
+                c.engine.handle_stream_closed();
+                return false;
+            }
+            Ok(n) => match qp {
+                Some(q) => {
+                    let mut mem = QpMem {
+                        keys,
+                        pd: q.pd as u32,
+                        qpn: q.qpn,
+                        access: q.attr.access.unwrap_or(rdma_types::AccessFlags::NONE),
+                        sgls: &q.sgls,
+                    };
+                    c.engine.handle_bytes(now, &buf[..n], &mut mem);
+                }
+                None => c.engine.handle_bytes(now, &buf[..n], &mut NoMem),
+            },
+            Err(e) if e.kind() == ErrorKind::WouldBlock => return false,
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => {
+                tracing::debug!(%e, peer = %c.peer, "iWARP stream read failed");
+                c.engine.handle_stream_closed();
+                return false;
+            }
+        }
+        // A responder holds further bytes until it answers the request.
+        if c.engine.state() == State::RequestReceived {
+            return false;
+        }
+    }
+    true
+}
+
+/// Moves the engine's output to the socket and its events and completions
+/// to the QP, until nothing changes (bounded).
+pub(crate) fn pump(st: &mut Inner, guid: u64, tok: Token, now: Instant) {
+    for _ in 0..8 {
+        let Some((events, completions, qp, close)) = step(st, guid, tok, now) else {
+            return;
+        };
+        if let Some(i) = qp {
+            for c in &completions {
+                complete(st, i, c);
+            }
+        }
+        let quiet = events.is_empty();
+        for ev in events {
+            on_event(st, guid, tok, ev, now);
+        }
+        if close {
+            close_conn(st, guid, tok);
+            return;
+        }
+        if quiet {
+            return;
+        }
+    }
+}
+
+type Step = (Vec<Event>, Vec<iwarp::Completion>, Option<usize>, bool);
+
+/// One round: transmit, write, collect.
+fn step(st: &mut Inner, guid: u64, tok: Token, now: Instant) -> Option<Step> {
+    let Inner { objs, devs } = st;
+    let d = devs.get_mut(&guid)?;
+    let Dev { keys, conns, .. } = d;
+    let c = conns.get_mut(&tok)?;
+    let qp = c.qp.and_then(|s| match objs.get(s) {
+        Obj::Qp(q) => Some(q),
+        _ => None,
+    });
+    match qp {
+        Some(q) => {
+            let mut mem = QpMem {
+                keys,
+                pd: q.pd as u32,
+                qpn: q.qpn,
+                access: q.attr.access.unwrap_or(rdma_types::AccessFlags::NONE),
+                sgls: &q.sgls,
+            };
+            while c.out.len() < OUT_HIGH && c.engine.poll_transmit(now, &mut mem, &mut c.out) {}
+        }
+        None => {
+            while c.out.len() < OUT_HIGH && c.engine.poll_transmit(now, &mut NoMem, &mut c.out) {}
+        }
+    }
+    let mut written = 0;
+    while written < c.out.len() {
+        match c.stream.write(&c.out[written..]) {
+            Ok(0) => break,
+            Ok(n) => written += n,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == ErrorKind::NotConnected => break,
+            Err(e) => {
+                tracing::debug!(%e, peer = %c.peer, "iWARP stream write failed");
+                c.engine.handle_stream_closed();
+                c.out.clear();
+                c.closing = true;
+                written = 0;
+                break;
+            }
+        }
+    }
+    c.out.drain(..written);
+    let mut events = Vec::new();
+    while let Some(e) = c.engine.poll_event() {
+        events.push(e);
+    }
+    let mut completions = Vec::new();
+    while let Some(x) = c.engine.poll_completion() {
+        completions.push(x);
+    }
+    let done = matches!(c.engine.state(), State::Terminated | State::Closed);
+    if done {
+        c.closing = true;
+    }
+    let close = c.closing && c.out.is_empty() && events.is_empty();
+    Some((events, completions, c.qp, close))
+}
+
+fn on_event(st: &mut Inner, guid: u64, tok: Token, ev: Event, now: Instant) {
+    let _ = now;
+    match ev {
+        Event::ConnectRequest { private_data, .. } => request(st, guid, tok, &private_data),
+        Event::Established { .. } => {}
+        ev => {
+            let qp = st
+                .devs
+                .get(&guid)
+                .and_then(|d| d.conns.get(&tok))
+                .and_then(|c| c.qp);
+            let peer = st
+                .devs
+                .get(&guid)
+                .and_then(|d| d.conns.get(&tok))
+                .map(|c| c.peer);
+            tracing::debug!(?ev, ?peer, "iWARP connection ended");
+            if let Some(i) = qp {
+                qp_fatal(st, i);
+            }
+        }
+    }
+}
+
+/// A responder's MPA request: bind it to its QP, park it, or refuse it.
+fn request(st: &mut Inner, guid: u64, tok: Token, pd: &[u8]) {
+    let Some(r) = Rendezvous::parse(pd) else {
+        // Not ours: a connection manager's streams come another way.
+        reject(st, guid, tok, b"no listener for this private data");
+        return;
+    };
+    let Some(c) = st.devs.get_mut(&guid).and_then(|d| d.conns.get_mut(&tok)) else {
+        return;
+    };
+    c.parked = Some(r);
+    let slot = st
+        .devs
+        .get(&guid)
+        .and_then(|d| d.qpns.get(&r.responder_qpn).copied());
+    match slot {
+        Some(i) => {
+            let st_q = st.qp_mut(i).state;
+            if matches!(st_q, QpState::Reset | QpState::Init) {
+                return; // parked until the QP reaches RTR
+            }
+            if !try_bind_parked(st, guid, tok, i) {
+                reject(st, guid, tok, b"the QP does not expect this peer");
+            }
+        }
+        None => reject(st, guid, tok, b"no such QP"),
+    }
+}
+
+fn reject(st: &mut Inner, guid: u64, tok: Token, why: &[u8]) {
+    if let Some(c) = st.devs.get_mut(&guid).and_then(|d| d.conns.get_mut(&tok)) {
+        tracing::debug!(peer = %c.peer, why = %String::from_utf8_lossy(why), "iWARP MPA request refused");
+        c.parked = None;
+        c.engine.reject(why);
+    }
+}
+
+/// Binds parked connection `tok` to QP `i` if the request is for it, from
+/// the address and QP it expects, and answers it.
+fn try_bind_parked(st: &mut Inner, guid: u64, tok: Token, i: usize) -> bool {
+    let q = st.qp_mut(i);
+    let (qpn, dest, want_ip, state, has_conn) = (
+        q.qpn,
+        q.attr.dest_qpn.map(|n| n.value()),
+        q.attr.av.map(|a| gid_ip(a.dgid)),
+        q.state,
+        q.conn.is_some(),
+    );
+    if has_conn || !matches!(state, QpState::Rtr | QpState::Rts) {
+        return false;
+    }
+    let Some(c) = st.devs.get_mut(&guid).and_then(|d| d.conns.get_mut(&tok)) else {
+        return false;
+    };
+    let Some(r) = c.parked else { return false };
+    if r.responder_qpn != qpn || Some(r.initiator_qpn) != dest || Some(c.peer.ip()) != want_ip {
+        return false;
+    }
+    c.parked = None;
+    let reply = r.emit();
+    if c.engine.accept(&reply).is_err() {
+        return false;
+    }
+    bind(st, guid, tok, i);
+    true
+}
+
+/// Joins stream `tok` and QP `i`, handing the engine what waited.
+fn bind(st: &mut Inner, guid: u64, tok: Token, i: usize) {
+    let q = st.qp_mut(i);
+    q.conn = Some(tok);
+    let sq: Vec<SendWqe> = q.wait_sq.drain(..).collect();
+    let rq: Vec<RecvWqe> = q.wait_rq.drain(..).collect();
+    if let Some(c) = st.devs.get_mut(&guid).and_then(|d| d.conns.get_mut(&tok)) {
+        c.qp = Some(i);
+        for w in rq {
+            c.engine.post_recv(w);
+        }
+        for w in sq {
+            c.engine.post_send(w);
+        }
+    }
+}
+
+fn close_conn(st: &mut Inner, guid: u64, tok: Token) {
+    let Some(d) = st.devs.get_mut(&guid) else {
+        return;
+    };
+    let Some(mut c) = d.conns.remove(&tok) else {
+        return;
+    };
+    let _ = d.registry.deregister(&mut c.stream);
+    if let Some(i) = c.qp {
+        if let Obj::Qp(q) = st.objs.get_mut(i) {
+            if q.conn == Some(tok) {
+                q.conn = None;
+            }
+        }
+    }
+    // Dropping the stream closes it (a reset if the peer sent unread bytes).
+}
+
+/// The connection failed under QP `i`: the QP is in error, its owner told.
+fn qp_fatal(st: &mut Inner, i: usize) {
+    let q = st.qp_mut(i);
+    if matches!(q.state, QpState::Err | QpState::Reset) {
+        return;
+    }
+    q.state = QpState::Err;
+    let ev = AsyncEvent {
+        kind: AsyncEventKind::QpFatal,
+        ctx: q.ctx,
+        port: None,
+    };
+    let (h, guid) = (q.handler.clone(), q.guid);
+    st.defer(guid, Cb::Async(h, ev));
+    flush_waiting(st, i);
+}
+
+/// Completes what waited for an engine as flushed.
+fn flush_waiting(st: &mut Inner, i: usize) {
+    let q = st.qp_mut(i);
+    let mut done: Vec<iwarp::Completion> = Vec::new();
+    let flushed = |wr_id, kind| iwarp::Completion {
+        wr_id,
+        kind,
+        status: iwarp::WcStatus::Flushed,
+        byte_len: 0,
+        invalidated: None,
+        solicited: false,
+    };
+    for w in q.wait_rq.drain(..) {
+        done.push(flushed(w.wr_id, iwarp::WcKind::Recv));
+    }
+    for w in q.wait_sq.drain(..) {
+        let kind = match w.op {
+            iwarp::SendOp::Send { .. } => iwarp::WcKind::Send,
+            iwarp::SendOp::Write { .. } => iwarp::WcKind::Write,
+            iwarp::SendOp::Read { .. } => iwarp::WcKind::Read,
+        };
+        done.push(flushed(w.wr_id, kind));
+    }
+    for c in &done {
+        complete(st, i, c);
+    }
+}
+
+/// Delivers an engine completion of QP `i` to its CQ.
+fn complete(st: &mut Inner, i: usize, c: &iwarp::Completion) {
+    let q = st.qp_mut(i);
+    let Some((wc, recv, solicited)) = to_wc(q, c) else {
+        return;
+    };
+    let mut cbs = Vec::new();
+    if recv && wc.status.is_success() && q.state == QpState::Rtr && !q.comm_established {
+        // IBA 11.6.3.1: the first message reaching an RTR QP.
+        q.comm_established = true;
+        cbs.push(Cb::Async(
+            q.handler.clone(),
+            AsyncEvent {
+                kind: AsyncEventKind::CommEstablished,
+                ctx: q.ctx,
+                port: None,
+            },
+        ));
+    }
+    let cq = if recv { q.rcq.clone() } else { q.scq.clone() };
+    let out = cq.cq.push(wc, solicited);
+    if out.notify {
+        cbs.push(Cb::Completion(cq.handler.clone(), cq.ctx));
+    }
+    if out.overflow {
+        cbs.push(Cb::Async(
+            cq.handler.clone(),
+            AsyncEvent {
+                kind: AsyncEventKind::CqError,
+                ctx: cq.ctx,
+                port: None,
+            },
+        ));
+    }
+    let guid = q.guid;
+    for cb in cbs {
+        st.defer(guid, cb);
+    }
+}
+
+/// A send WR for QP `i`'s engine, or its wait queue, or flushed.
+pub(crate) fn qp_post_send(st: &mut Inner, i: usize, w: SendWqe) {
+    let q = st.qp_mut(i);
+    let (guid, conn, err) = (q.guid, q.conn, q.state == QpState::Err);
+    if let Some(c) = conn.and_then(|t| st.devs.get_mut(&guid).and_then(|d| d.conns.get_mut(&t))) {
+        c.engine.post_send(w);
+        return;
+    }
+    st.qp_mut(i).wait_sq.push_back(w);
+    if err {
+        flush_waiting(st, i);
+    }
+}
+
+/// A receive WR for QP `i`'s engine, or its wait queue, or flushed.
+pub(crate) fn qp_post_recv(st: &mut Inner, i: usize, w: RecvWqe) {
+    let q = st.qp_mut(i);
+    let (guid, conn, err) = (q.guid, q.conn, q.state == QpState::Err);
+    if let Some(c) = conn.and_then(|t| st.devs.get_mut(&guid).and_then(|d| d.conns.get_mut(&t))) {
+        c.engine.post_recv(w);
+        return;
+    }
+    st.qp_mut(i).wait_rq.push_back(w);
+    if err {
+        flush_waiting(st, i);
+    }
+}
+
+/// Sends what QP `i`'s engine has now (a verb's thread).
+pub(crate) fn qp_pump(st: &mut Inner, i: usize, now: Instant) {
+    let q = st.qp_mut(i);
+    if let Some(t) = q.conn {
+        let guid = q.guid;
+        pump(st, guid, t, now);
+    }
+}
+
+/// The consumer moved QP `i` to ERR (or it failed): flush everything and
+/// close its stream.
+pub(crate) fn qp_error(st: &mut Inner, i: usize, _fatal: bool) {
+    let q = st.qp_mut(i);
+    let (guid, conn) = (q.guid, q.conn);
+    if let Some(t) = conn {
+        if let Some(c) = st.devs.get_mut(&guid).and_then(|d| d.conns.get_mut(&t)) {
+            c.engine.abort();
+            c.closing = true;
+        }
+        pump(st, guid, t, Instant::ZERO);
+    }
+    flush_waiting(st, i);
+}
+
+/// Back to RESET: the stream goes, work is forgotten.
+pub(crate) fn qp_reset(st: &mut Inner, i: usize) {
+    qp_detach(st, i, true);
+    let q = st.qp_mut(i);
+    q.wait_sq.clear();
+    q.wait_rq.clear();
+    q.wrs.clear();
+    q.sgls.clear();
+    q.sq_out = 0;
+    q.rq_out = 0;
+    q.comm_established = false;
+    q.attr = verbs::QpAttr::default();
+}
+
+/// Drops QP `i`'s stream without completing anything.
+pub(crate) fn qp_detach(st: &mut Inner, i: usize, _quiet: bool) {
+    let q = st.qp_mut(i);
+    let (guid, conn) = (q.guid, q.conn.take());
+    if let Some(t) = conn {
+        if let Some(c) = st.devs.get_mut(&guid).and_then(|d| d.conns.get_mut(&t)) {
+            c.qp = None;
+            c.engine.abort();
+            while c.engine.poll_completion().is_some() {}
+        }
+        close_conn(st, guid, t);
+    }
+}
+
+/// INIT->RTR: connect to the peer, or answer its parked request.
+pub(crate) fn qp_rtr(st: &mut Inner, i: usize, p: &SoftIwarp, now: Instant) {
+    let q = st.qp_mut(i);
+    let (guid, qpn) = (q.guid, q.qpn);
+    let (Some(av), Some(dest)) = (q.attr.av, q.attr.dest_qpn) else {
+        return;
+    };
+    let peer_ip = gid_ip(av.dgid);
+    let Some(local_ip) = crate::ca_ip(p, guid) else {
+        return;
+    };
+    let dest = dest.value();
+    if (local_ip, qpn) < (peer_ip, dest) {
+        let r = Rendezvous {
+            initiator_qpn: qpn,
+            responder_qpn: dest,
+        };
+        match connect(st, guid, local_ip, crate::peer_addr(p, peer_ip), r, now) {
+            Ok(tok) => {
+                bind(st, guid, tok, i);
+                pump(st, guid, tok, now);
+            }
+            Err(e) => {
+                tracing::warn!(%e, %peer_ip, "iWARP NIC: cannot connect");
+                qp_fatal(st, i);
+            }
+        }
+        return;
+    }
+    let parked: Vec<Token> = st
+        .devs
+        .get(&guid)
+        .map(|d| {
+            d.conns
+                .iter()
+                .filter(|(_, c)| c.parked.is_some_and(|r| r.responder_qpn == qpn))
+                .map(|(t, _)| *t)
+                .collect()
+        })
+        .unwrap_or_default();
+    for t in parked {
+        if try_bind_parked(st, guid, t, i) {
+            pump(st, guid, t, now);
+            return;
+        }
+    }
+}
+
+fn connect(
+    st: &mut Inner,
+    guid: u64,
+    local: IpAddr,
+    peer: SocketAddr,
+    r: Rendezvous,
+    now: Instant,
+) -> std::io::Result<Token> {
+    let d = st
+        .devs
+        .get_mut(&guid)
+        .ok_or_else(|| std::io::Error::other("the NIC is not running"))?;
+    let domain = if peer.is_ipv4() {
+        socket2::Domain::IPV4
+    } else {
+        socket2::Domain::IPV6
+    };
+    let s = socket2::Socket::new(domain, socket2::Type::STREAM, Some(socket2::Protocol::TCP))?;
+    s.set_nonblocking(true)?;
+    s.set_nodelay(true)?;
+    // Leave from the CA's own address, which the peer checks.
+    s.bind(&SocketAddr::new(local, 0).into())?;
+    match s.connect(&peer.into()) {
+        Ok(()) => {}
+        Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
+        Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+        Err(e) => return Err(e),
+    }
+    let mut stream = TcpStream::from_std(std::net::TcpStream::from(s));
+    let tok = d.token();
+    d.registry
+        .register(&mut stream, tok, Interest::READABLE | Interest::WRITABLE)?;
+    let cfg = d.config(Role::Initiator, r.emit());
+    let engine = Connection::new(cfg, now).map_err(std::io::Error::other)?;
+    let _ = d.port;
+    d.conns.insert(
+        tok,
+        Conn {
+            stream,
+            engine,
+            qp: None,
+            out: Vec::new(),
+            peer,
+            parked: None,
+            closing: false,
+        },
+    );
+    Ok(tok)
+}
