@@ -62,6 +62,8 @@ impl Fixture for Iwarp {
             Feature::Atomics,
             Feature::PortControl,
             Feature::Apm,
+            Feature::Immediate,
+            Feature::RemoteErrorCompletion,
         ]
     }
 }

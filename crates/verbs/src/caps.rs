@@ -32,4 +32,18 @@ pub enum Feature {
     /// P_Key tables set by the fixture as an SM would (the conformance
     /// fixture's `set_pkeys`); a RoCE port's table is fixed.
     PkeyControl,
+    /// Immediate data (SEND and RDMA WRITE with immediate). iWARP's RDMAP
+    /// (RFC 5040) has none; a provider lacking it refuses those opcodes
+    /// with `NotSupported`.
+    Immediate,
+    /// The responder's verdict in the requester's completion: a SEND or
+    /// RDMA WRITE the responder refuses completes with RemAccessErr,
+    /// RemInvReqErr or RemOpErr, and a SEND finding no receive waits (RNR)
+    /// or fails with RnrRetryExcErr. iWARP lacks it: a Send or Write
+    /// completes once TCP took it (RFC 5040 5.x), a refusal comes back as
+    /// a TERMINATE that takes the requester's QP to ERR with `QpFatal`,
+    /// and a Send with no receive posted is such a refusal; a requester's
+    /// local error ends the stream too, flushing the responder's
+    /// receives. The cases check that behaviour instead.
+    RemoteErrorCompletion,
 }

@@ -23,6 +23,15 @@
 //! owners get `PathMigrated`. A provider lacking APM refuses an alternate
 //! path with `NotSupported` (soft RoCE today).
 //!
+//! iWARP's model ([`Feature::Immediate`], [`Feature::RemoteErrorCompletion`]):
+//! a provider without immediate data refuses those opcodes, and the SEND
+//! and WRITE cases run without them; one whose requesters complete a SEND
+//! or WRITE when it is sent learns of the responder's refusal by a
+//! TERMINATE, so the error cases check the requester's `QpFatal` and ERR
+//! state instead of the responder's status in its completion
+//! ([`refused_at_requester`]), and `rnr` checks that a SEND with no
+//! receive ends both QPs.
+//!
 //! Completions are awaited with `wait_cq` (bounded by a generous timeout),
 //! never by sleeping, so asynchronous providers run the same cases.
 //!
@@ -417,6 +426,67 @@ fn unsupported<T: core::fmt::Debug>(r: Result<T>) {
         _ => false,
     };
     assert!(ok, "lacking provider must answer NotSupported, got {r:?}");
+}
+
+/// The affiliated `QpFatal` of the QP with context `ctx`.
+pub fn qp_fatal(ctx: u64) -> Ev {
+    Ev::Async(AsyncEvent {
+        kind: AsyncEventKind::QpFatal,
+        ctx,
+        port: None,
+    })
+}
+
+/// Whether requesters see the responder's verdict (else iWARP's TERMINATE
+/// model, [`Feature::RemoteErrorCompletion`]).
+pub fn remote_status(f: &dyn Fixture) -> bool {
+    !f.lacks().contains(&Feature::RemoteErrorCompletion)
+}
+
+/// A requester's SEND or WRITE the responder refused: its completion says
+/// `want`, or (lacking [`Feature::RemoteErrorCompletion`]) it completed
+/// when sent and the requester's QP (context `ctx`) is in ERR by a
+/// TERMINATE with `QpFatal`.
+pub fn refused_at_requester(
+    f: &dyn Fixture,
+    a: &Node,
+    qa: QpHandle,
+    ctx: u64,
+    wr_id: u64,
+    want: WcStatus,
+) {
+    let wc = a.wc();
+    if remote_status(f) {
+        assert_eq!((wc.wr_id, wc.status), (wr_id, want));
+    } else {
+        assert_eq!((wc.wr_id, wc.status), (wr_id, WcStatus::Success));
+        assert!(
+            a.rec.wait_for(|e| *e == qp_fatal(ctx)),
+            "requester: no QpFatal"
+        );
+    }
+    assert_eq!(a.p.query_qp(qa).unwrap().state, Some(QpState::Err));
+}
+
+/// Returns once the WRITEs `a` posted on `qa` are placed at `b`. With
+/// completions that carry the responder's verdict they are already;
+/// otherwise (iWARP) a 1-byte RDMA READ behind them proves it, since a
+/// responder serves a Read only after the messages before it (RFC 5040
+/// 5.5). The READ lands in the last byte of `a`'s buffer.
+pub fn until_placed(f: &dyn Fixture, a: &Node, qa: QpHandle, b: &Node) {
+    if remote_status(f) {
+        return;
+    }
+    let w = rdma(
+        0xfe_11ce,
+        SendOpcode::RdmaRead,
+        vec![a.sge(65535, 1)],
+        b.buf.addr(),
+        b.mr.rkey,
+    );
+    a.p.post_send(qa, &[w]).unwrap();
+    let wc = a.wc();
+    assert_eq!((wc.wr_id, wc.status), (0xfe_11ce, WcStatus::Success));
 }
 
 /// The cases, one function each.

@@ -21,6 +21,7 @@ pub fn mr_rereg_dereg(f: &dyn Fixture) -> Outcome {
         b.p.rereg_mr(m.handle, &b.buf, b.buf.addr() + 4096, 4096, all_access())
             .unwrap();
     assert_ne!(m.rkey, m2.rkey);
+    a.buf.write_at(0, &[0xa5; 8]);
     a.p.post_send(
         qa,
         &[rdma(
@@ -44,7 +45,13 @@ pub fn mr_rereg_dereg(f: &dyn Fixture) -> Outcome {
         )],
     )
     .unwrap();
-    assert_eq!(a.wc().status, WcStatus::RemAccessErr, "old key must die");
+    // The old key must die.
+    refused_at_requester(f, &a, qa, 10, 2, WcStatus::RemAccessErr);
+    assert_eq!(
+        b.buf.to_vec(0, 8),
+        vec![0; 8],
+        "written through the old key"
+    );
     if f.lacks().contains(&Feature::Mw) {
         unsupported(b.p.alloc_mw(b.pd, MwType::Type1, 0));
         return Outcome::Skipped(Feature::Mw);

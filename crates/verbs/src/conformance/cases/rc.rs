@@ -10,9 +10,15 @@ pub fn rc_send(f: &dyn Fixture) -> Outcome {
     a.buf.write_at(100, b"world");
     b.p.post_recv(qb, &[recv(7, vec![b.sge(1000, 4), b.sge(2000, 100)])])
         .unwrap();
-    let mut w = send(1, SendOpcode::SendWithImm, vec![a.sge(0, 7), a.sge(100, 5)]);
-    w.imm = 0xabcd;
-    a.p.post_send(qa, &[w]).unwrap();
+    let imm = !f.lacks().contains(&Feature::Immediate);
+    let op = if imm {
+        SendOpcode::SendWithImm
+    } else {
+        SendOpcode::Send
+    };
+    let mut w = send(1, op, vec![a.sge(0, 7), a.sge(100, 5)]);
+    w.imm = if imm { 0xabcd } else { 0 };
+    a.p.post_send(qa, &[w.clone()]).unwrap();
     let wc = a.wc();
     assert_eq!(
         (wc.wr_id, wc.status, wc.opcode, wc.qp_ctx),
@@ -21,9 +27,9 @@ pub fn rc_send(f: &dyn Fixture) -> Outcome {
     let r = b.wc();
     assert_eq!(
         (r.wr_id, r.status, r.opcode, r.byte_len, r.imm, r.qp_ctx),
-        (7, WcStatus::Success, WcOpcode::Recv, 12, 0xabcd, 20)
+        (7, WcStatus::Success, WcOpcode::Recv, 12, w.imm, 20)
     );
-    assert!(r.wc_flags.contains(WcFlags::WITH_IMM));
+    assert_eq!(r.wc_flags.contains(WcFlags::WITH_IMM), imm);
     assert_eq!(b.buf.to_vec(1000, 4), b"hell");
     assert_eq!(b.buf.to_vec(2000, 8), b"o, world");
     assert!(
@@ -60,6 +66,10 @@ pub fn rc_send(f: &dyn Fixture) -> Outcome {
             ..
         })
     )));
+    if !imm {
+        unsupported(a.p.post_send(qa, &[send(2, SendOpcode::SendWithImm, vec![])]));
+        return Outcome::Skipped(Feature::Immediate);
+    }
     Outcome::Passed
 }
 
@@ -83,10 +93,22 @@ pub fn rc_write(f: &dyn Fixture) -> Outcome {
         (wc.status, wc.opcode),
         (WcStatus::Success, WcOpcode::RdmaWrite)
     );
+    until_placed(f, &a, qa, &b);
     assert_eq!(b.buf.to_vec(8192, 4096), vec![0x5a; 4096]);
     assert_eq!(b.buf.to_vec(8191, 1), [0]);
     assert_eq!(b.buf.to_vec(8192 + 4096, 1), [0]);
     b.no_wc();
+    if f.lacks().contains(&Feature::Immediate) {
+        let w = rdma(
+            2,
+            SendOpcode::RdmaWriteWithImm,
+            vec![],
+            b.buf.addr(),
+            b.mr.rkey,
+        );
+        unsupported(a.p.post_send(qa, &[w]));
+        return Outcome::Skipped(Feature::Immediate);
+    }
     b.p.post_recv(qb, &[recv(9, vec![])]).unwrap();
     let mut w = rdma(
         2,
@@ -187,7 +209,9 @@ pub fn rc_atomics(f: &dyn Fixture) -> Outcome {
 /// Bad R_Key, out of range, missing right: RemAccessErr, memory
 /// untouched, QP to ERR, later WRs and receives flushed. The responder
 /// goes to ERR too, with an affiliated QpFatal (no receive WQE reports
-/// its LocAccessErr; IBA 9.9.3.1).
+/// its LocAccessErr; IBA 9.9.3.1). Lacking
+/// [`Feature::RemoteErrorCompletion`], a WRITE completes when sent and
+/// the requester learns by `QpFatal` (a READ still fails RemAccessErr).
 pub fn remote_access_errors_and_flush(f: &dyn Fixture) -> Outcome {
     for case in 0..4 {
         let (a, qa, b, qb) = rc_pair(f);
@@ -218,12 +242,16 @@ pub fn remote_access_errors_and_flush(f: &dyn Fixture) -> Outcome {
             .unwrap();
         a.p.post_send(qa, &[rdma(1, op, vec![a.sge(0, 64)], addr, rkey)])
             .unwrap();
-        let wc = a.wc();
-        assert_eq!(
-            (wc.wr_id, wc.status),
-            (1, WcStatus::RemAccessErr),
-            "case {case}"
-        );
+        if op == SendOpcode::RdmaRead {
+            let wc = a.wc();
+            assert_eq!(
+                (wc.wr_id, wc.status),
+                (1, WcStatus::RemAccessErr),
+                "case {case}"
+            );
+        } else {
+            refused_at_requester(f, &a, qa, 10, 1, WcStatus::RemAccessErr);
+        }
         assert_eq!(
             b.buf.to_vec(0, 65536),
             vec![0; 65536],
@@ -231,11 +259,7 @@ pub fn remote_access_errors_and_flush(f: &dyn Fixture) -> Outcome {
         );
         assert_eq!(a.buf.to_vec(64, 8), vec![0; 8]);
         assert_eq!(a.p.query_qp(qa).unwrap().state, Some(QpState::Err));
-        let fatal = Ev::Async(AsyncEvent {
-            kind: AsyncEventKind::QpFatal,
-            ctx: 20,
-            port: None,
-        });
+        let fatal = qp_fatal(20);
         // The event comes on its own, with no completion to carry it.
         assert!(b.rec.wait_for(|e| *e == fatal), "case {case}: no QpFatal");
         // A receive posted now flushes.
@@ -250,10 +274,14 @@ pub fn remote_access_errors_and_flush(f: &dyn Fixture) -> Outcome {
         let w = a.wc();
         assert_eq!((w.wr_id, w.status), (2, WcStatus::WrFlushErr));
     }
+    if !remote_status(f) {
+        return Outcome::Skipped(Feature::RemoteErrorCompletion);
+    }
     Outcome::Passed
 }
 
-/// Bad L_Key: LocProtErr.
+/// Bad L_Key: LocProtErr. (Lacking [`Feature::RemoteErrorCompletion`],
+/// the error ends the stream too, so the peer's receive flushes.)
 pub fn local_protection_error(f: &dyn Fixture) -> Outcome {
     let (a, qa, b, qb) = rc_pair(f);
     b.p.post_recv(qb, &[recv(1, vec![b.sge(0, 64)])]).unwrap();
@@ -262,7 +290,15 @@ pub fn local_protection_error(f: &dyn Fixture) -> Outcome {
     a.p.post_send(qa, &[send(1, SendOpcode::Send, vec![s])])
         .unwrap();
     assert_eq!(a.wc().status, WcStatus::LocProtErr);
-    b.no_wc();
+    if remote_status(f) {
+        b.no_wc();
+    } else {
+        // The requester's error ends the stream (a TERMINATE): nothing
+        // arrives, the receive flushes.
+        let r = b.wc();
+        assert_eq!((r.wr_id, r.status), (1, WcStatus::WrFlushErr));
+        assert_eq!(b.buf.to_vec(0, 64), vec![0; 64]);
+    }
     // RDMA READ into a buffer registered without LOCAL_WRITE.
     let (a, qa, b, _) = rc_pair(f);
     let ro =
@@ -295,15 +331,29 @@ pub fn receive_too_small(f: &dyn Fixture) -> Outcome {
     a.p.post_send(qa, &[send(2, SendOpcode::Send, vec![a.sge(0, 8)])])
         .unwrap();
     assert_eq!(b.wc().status, WcStatus::LocLenErr);
-    assert_eq!(a.wc().status, WcStatus::RemInvReqErr);
+    refused_at_requester(f, &a, qa, 10, 2, WcStatus::RemInvReqErr);
+    if !remote_status(f) {
+        return Outcome::Skipped(Feature::RemoteErrorCompletion);
+    }
     Outcome::Passed
 }
 
 /// RNR: rnr_retry 0 fails at once; 7 waits for a receive.
 pub fn rnr(f: &dyn Fixture) -> Outcome {
-    let (a, qa, _b, _qb) = rc_pair(f);
+    let (a, qa, b, qb) = rc_pair(f);
     a.p.post_send(qa, &[send(1, SendOpcode::Send, vec![a.sge(0, 8)])])
         .unwrap();
+    if !remote_status(f) {
+        // No RNR: a Send finding no receive ends both QPs (RFC 5041 7.x,
+        // "no buffer available").
+        refused_at_requester(f, &a, qa, 10, 1, WcStatus::RnrRetryExcErr);
+        assert!(
+            b.rec.wait_for(|e| *e == qp_fatal(20)),
+            "responder: no QpFatal"
+        );
+        assert_eq!(b.p.query_qp(qb).unwrap().state, Some(QpState::Err));
+        return Outcome::Skipped(Feature::RemoteErrorCompletion);
+    }
     assert_eq!(a.wc().status, WcStatus::RnrRetryExcErr);
     let (g1, g2) = f.guids();
     let (a, b) = (Node::open(f, g1, 64), Node::open(f, g2, 64));
