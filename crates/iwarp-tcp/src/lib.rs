@@ -206,7 +206,6 @@ pub(crate) struct CqRef {
 }
 
 pub(crate) struct Qp {
-    pub(crate) ca: usize,
     pub(crate) pd: usize,
     pub(crate) guid: u64,
     pub(crate) init: QpInit,
@@ -403,14 +402,14 @@ impl Provider for SoftIwarp {
     ) -> Result<CaHandle> {
         let cfg = self.ca_cfg(guid.0).ok_or(VerbsError::NoSuchCa)?.clone();
         let mut st = self.lock();
-        if !st.devs.contains_key(&guid.0) {
+        if let std::collections::hash_map::Entry::Vacant(v) = st.devs.entry(guid.0) {
             let d = Dev::start(&self.shared, guid.0, cfg.ip, &self.options).map_err(|e| {
                 bad(format!(
                     "iWARP NIC {}: cannot listen on {}:{}: {e} (is the address on an interface, the port free?)",
                     guid, cfg.ip, self.options.port
                 ))
             })?;
-            st.devs.insert(guid.0, d);
+            v.insert(d);
         }
         Ok(CaHandle(st.objs.alloc(Obj::Ca {
             guid: guid.0,
@@ -614,7 +613,6 @@ impl Provider for SoftIwarp {
         st.adjust(rcq, 1);
         let handler = st.handler(ca);
         let h = st.objs.alloc(Obj::Qp(Box::new(Qp {
-            ca,
             pd: p,
             guid,
             init: *init,
@@ -683,17 +681,16 @@ impl Provider for SoftIwarp {
                 let now = self.shared.now();
                 dev::qp_rtr(&mut st, i, self, now);
             }
-            (QpState::Rts, QpState::Sqd) => {
-                if attr.en_sqd_async_notify == Some(true) {
-                    let q = st.qp_mut(i);
-                    let ev = AsyncEvent {
-                        kind: AsyncEventKind::SqDrained,
-                        ctx: q.ctx,
-                        port: None,
-                    };
-                    let h = q.handler.clone();
-                    st.defer(guid, Cb::Async(h, ev));
-                }
+            // TCP took what was sent; the SQ is drained at once.
+            (QpState::Rts, QpState::Sqd) if attr.en_sqd_async_notify == Some(true) => {
+                let q = st.qp_mut(i);
+                let ev = AsyncEvent {
+                    kind: AsyncEventKind::SqDrained,
+                    ctx: q.ctx,
+                    port: None,
+                };
+                let h = q.handler.clone();
+                st.defer(guid, Cb::Async(h, ev));
             }
             _ => {}
         }
