@@ -69,6 +69,20 @@ pub(crate) struct Conn {
     parked: Option<Rendezvous>,
     /// Close once `out` is written.
     closing: bool,
+    /// When the stream was accepted or connected.
+    born: Instant,
+}
+
+/// Keepalive and user timeout from [`NicOptions::dead_peer`], no Nagle
+/// (we write whole FPDUs).
+fn tune(s: socket2::SockRef<'_>, dead_peer: Duration) {
+    let _ = s.set_nodelay(true);
+    let ka = socket2::TcpKeepalive::new()
+        .with_time((dead_peer / 2).max(Duration::from_secs(1)))
+        .with_interval((dead_peer / 6).max(Duration::from_secs(1)))
+        .with_retries(3);
+    let _ = s.set_tcp_keepalive(&ka);
+    let _ = s.set_tcp_user_timeout(Some(dead_peer));
 }
 
 /// A running NIC.
@@ -86,6 +100,7 @@ pub(crate) struct Dev {
     ip: IpAddr,
     port: u16,
     base: iwarp::Config,
+    dead_peer: Duration,
 }
 
 impl Dev {
@@ -124,6 +139,7 @@ impl Dev {
             ip,
             port: options.port,
             base,
+            dead_peer: options.dead_peer,
         })
     }
 
@@ -237,7 +253,21 @@ fn timers(st: &mut Inner, guid: u64, now: Instant) -> Option<Duration> {
     let d = st.devs.get_mut(&guid)?;
     let mut due = Vec::new();
     let mut next: Option<Instant> = None;
+    let limit = d.dead_peer.as_micros() as u64;
     for (t, c) in d.conns.iter_mut() {
+        if c.qp.is_none() && !c.closing {
+            // A stream no QP took in time: a peer that never sent its
+            // request, or asked for a QP that never reached RTR.
+            let at = Instant::from_micros(c.born.total_micros().saturating_add(limit));
+            if at <= now {
+                tracing::debug!(peer = %c.peer, "iWARP stream closed: no QP took it in time");
+                c.engine.abort();
+                c.closing = true;
+                due.push(*t);
+                continue;
+            }
+            next = Some(next.map_or(at, |n| n.min(at)));
+        }
         if let Some(at) = c.engine.poll_timeout() {
             if at <= now {
                 c.engine.handle_timeout(now);
@@ -267,7 +297,7 @@ fn accept(st: &mut Inner, guid: u64, now: Instant) {
                 return;
             }
         };
-        let _ = stream.set_nodelay(true);
+        tune(socket2::SockRef::from(&stream), d.dead_peer);
         let tok = d.token();
         if let Err(e) =
             d.registry
@@ -290,6 +320,7 @@ fn accept(st: &mut Inner, guid: u64, now: Instant) {
                 peer,
                 parked: None,
                 closing: false,
+                born: now,
             },
         );
     }
@@ -794,7 +825,7 @@ fn connect(
     };
     let s = socket2::Socket::new(domain, socket2::Type::STREAM, Some(socket2::Protocol::TCP))?;
     s.set_nonblocking(true)?;
-    s.set_nodelay(true)?;
+    tune(socket2::SockRef::from(&s), d.dead_peer);
     // Leave from the CA's own address, which the peer checks.
     s.bind(&SocketAddr::new(local, 0).into())?;
     match s.connect(&peer.into()) {
@@ -820,6 +851,7 @@ fn connect(
             peer,
             parked: None,
             closing: false,
+            born: now,
         },
     );
     Ok(tok)

@@ -121,6 +121,12 @@ pub struct NicOptions {
     pub mpa_revision: u8,
     /// Whether we ask for CRC32c (used when either side asks).
     pub crc: bool,
+    /// How long a silent peer may hold a stream: TCP keepalive probes
+    /// start after half of it and the kernel gives up on unacknowledged
+    /// data after all of it (`TCP_USER_TIMEOUT`), which ends the QP in
+    /// error like a reset. A stream no QP took (an MPA request never sent,
+    /// or for a QP that never reached RTR) is closed after it too.
+    pub dead_peer: std::time::Duration,
 }
 
 impl Default for NicOptions {
@@ -130,6 +136,7 @@ impl Default for NicOptions {
             path_mtu: 1500,
             mpa_revision: 2,
             crc: true,
+            dead_peer: std::time::Duration::from_secs(30),
         }
     }
 }

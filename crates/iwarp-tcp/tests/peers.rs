@@ -308,3 +308,29 @@ fn a_killed_peer_process_ends_the_qp_in_error() {
     assert_eq!((wc.wr_id, wc.status), (2, WcStatus::WrFlushErr));
     assert_eq!(b.p.query_qp(qb).unwrap().state, Some(QpState::Err));
 }
+
+#[test]
+fn a_stream_that_never_asks_for_a_qp_is_closed() {
+    let options = iwarp_tcp::NicOptions {
+        dead_peer: Duration::from_secs(1),
+        ..Default::default()
+    };
+    let f = common::pair_with(ip(204, 1), ip(204, 2), options);
+    let _b = Node::open(&f, f.guids.1, 16);
+    let mut s = std::net::TcpStream::connect_timeout(
+        &SocketAddr::new(ip(204, 2), VERBS_PORT),
+        Duration::from_secs(10),
+    )
+    .unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let started = std::time::Instant::now();
+    let mut buf = [0u8; 64];
+    // No MPA request: the NIC closes the stream (EOF) after `dead_peer`.
+    let n = std::io::Read::read(&mut s, &mut buf);
+    assert!(matches!(n, Ok(0)), "expected EOF, got {n:?}");
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(900) && waited < Duration::from_secs(9),
+        "closed after {waited:?}"
+    );
+}

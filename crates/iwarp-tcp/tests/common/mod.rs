@@ -8,7 +8,7 @@
 use iwarp::fuzz::TestMemory;
 use iwarp::{Completion, Config, Connection, Event, Role};
 use iwarp_tcp::rendezvous::Rendezvous;
-use iwarp_tcp::{IwarpCa, SoftIwarp};
+use iwarp_tcp::{IwarpCa, NicOptions, SoftIwarp};
 use rdma_types::{AccessFlags, Gid, Guid, Lid, Mtu, Psn, QpState, Qpn};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpStream};
@@ -25,10 +25,15 @@ pub struct Iwarp {
 
 /// A provider of NICs at `a` and `b`.
 pub fn pair(a: IpAddr, b: IpAddr) -> Iwarp {
+    pair_with(a, b, NicOptions::default())
+}
+
+/// A provider of NICs at `a` and `b` with `options`.
+pub fn pair_with(a: IpAddr, b: IpAddr, options: NicOptions) -> Iwarp {
     let (a, b) = (IwarpCa::at(a), IwarpCa::at(b));
     let guids = (a.guid, b.guid);
     Iwarp {
-        p: SoftIwarp::new(vec![a, b]),
+        p: SoftIwarp::with_options(vec![a, b], options),
         guids,
     }
 }
