@@ -15,6 +15,7 @@
 use std::collections::HashMap;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{IpAddr, SocketAddr};
+use std::sync::mpsc::Sender;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,6 +26,7 @@ use rdma_types::{Instant, QpState};
 use verbs::kit::keys::KeyTable;
 use verbs::{AsyncEvent, AsyncEventKind, EventHandler, ResourceKind};
 
+use crate::cm::{CmConnected, CmError, CmRequest};
 use crate::mem::{NoMem, QpMem};
 use crate::rendezvous::Rendezvous;
 use crate::{gid_ip, to_wc, Inner, NicOptions, Obj, Shared, SoftIwarp};
@@ -43,6 +45,10 @@ pub(crate) enum Cb {
     Completion(Arc<dyn EventHandler>, u64),
     Async(Arc<dyn EventHandler>, AsyncEvent),
     Destroyed(Arc<dyn EventHandler>, ResourceKind, u64),
+    /// A CM-made stream under a QP ended (the CM's disconnect hook).
+    Closed(crate::cm::ClosedHook, rdma_types::Guid, rdma_types::Qpn),
+    /// An MPA request for a CM listener's consumer.
+    Request(Sender<CmRequest>, CmRequest),
 }
 
 impl Cb {
@@ -51,6 +57,13 @@ impl Cb {
             Cb::Completion(h, ctx) => h.on_completion(ctx),
             Cb::Async(h, ev) => h.on_async_event(ev),
             Cb::Destroyed(h, kind, ctx) => h.on_destroyed(kind, ctx),
+            Cb::Closed(h, guid, qpn) => h(guid, qpn),
+            Cb::Request(tx, req) => {
+                // A listener dropped meanwhile: the request is refused.
+                if let Err(e) = tx.send(req) {
+                    e.0.reject(b"");
+                }
+            }
         }
     }
 }
@@ -71,6 +84,22 @@ pub(crate) struct Conn {
     closing: bool,
     /// When the stream was accepted or connected.
     born: Instant,
+    /// Who made the stream and wants its negotiation's outcome.
+    origin: Origin,
+}
+
+/// Who made a stream.
+pub(crate) enum Origin {
+    /// The verbs-only setup (INIT->RTR), its listener or its connect.
+    Verbs,
+    /// A CM listener (its token): the MPA request goes to its consumer.
+    CmListen(Token),
+    /// A CM connect for QP slot `qp`: bound once the reply accepts, the
+    /// outcome sent to the waiting caller.
+    CmConnect {
+        qp: usize,
+        waiter: Option<Sender<std::result::Result<CmConnected, CmError>>>,
+    },
 }
 
 /// Keepalive and user timeout from [`NicOptions::dead_peer`], no Nagle
@@ -101,6 +130,11 @@ pub(crate) struct Dev {
     port: u16,
     base: iwarp::Config,
     dead_peer: Duration,
+    /// CM listeners by token.
+    pub(crate) cm_listeners: HashMap<Token, (TcpListener, Sender<CmRequest>)>,
+    /// Called when a CM-made stream under a QP ends.
+    pub(crate) on_closed: Option<crate::cm::ClosedHook>,
+    pub(crate) shared: std::sync::Weak<Shared>,
 }
 
 impl Dev {
@@ -140,6 +174,9 @@ impl Dev {
             port: options.port,
             base,
             dead_peer: options.dead_peer,
+            cm_listeners: HashMap::new(),
+            on_closed: None,
+            shared: Arc::downgrade(shared),
         })
     }
 
@@ -159,6 +196,20 @@ impl Dev {
         let _ = self.waker.wake();
     }
 
+    pub(crate) fn ip(&self) -> IpAddr {
+        self.ip
+    }
+
+    pub(crate) fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    pub(crate) fn remove_cm_listener(&mut self, tok: Token) {
+        if let Some((mut l, _)) = self.cm_listeners.remove(&tok) {
+            let _ = self.registry.deregister(&mut l);
+        }
+    }
+
     pub(crate) fn new_qpn(&mut self) -> u32 {
         loop {
             let n = self.next_qpn;
@@ -169,12 +220,12 @@ impl Dev {
         }
     }
 
-    fn token(&mut self) -> Token {
+    pub(crate) fn token(&mut self) -> Token {
         self.next_token += 1;
         Token(self.next_token)
     }
 
-    fn config(&self, role: Role, private_data: Vec<u8>) -> iwarp::Config {
+    pub(crate) fn config(&self, role: Role, private_data: Vec<u8>) -> iwarp::Config {
         iwarp::Config {
             role,
             private_data,
@@ -225,8 +276,15 @@ fn run(shared: Arc<Shared>, guid: u64, mut poll: Poll) {
             ready.extend(again.drain(..).map(|t| (t, true, false)));
             for (tok, readable, writable) in ready {
                 match tok {
-                    LISTENER => accept(&mut st, guid, now),
+                    LISTENER => accept(&mut st, guid, tok, now),
                     WAKER => {}
+                    _ if st
+                        .devs
+                        .get(&guid)
+                        .is_some_and(|d| d.cm_listeners.contains_key(&tok)) =>
+                    {
+                        accept(&mut st, guid, tok, now)
+                    }
                     _ => {
                         if readable && read(&mut st, guid, tok, now, &mut buf) {
                             again.push(tok);
@@ -283,12 +341,21 @@ fn timers(st: &mut Inner, guid: u64, now: Instant) -> Option<Duration> {
     next.map(|at| Duration::from_micros(at.total_micros().saturating_sub(now.total_micros())))
 }
 
-fn accept(st: &mut Inner, guid: u64, now: Instant) {
+/// Takes the streams waiting on listener `l` (the verbs one or a CM's).
+fn accept(st: &mut Inner, guid: u64, l: Token, now: Instant) {
     let Some(d) = st.devs.get_mut(&guid) else {
         return;
     };
     for _ in 0..64 {
-        let (mut stream, peer) = match d.listener.accept() {
+        let got = if l == LISTENER {
+            d.listener.accept()
+        } else {
+            match d.cm_listeners.get(&l) {
+                Some((listener, _)) => listener.accept(),
+                None => return,
+            }
+        };
+        let (mut stream, peer) = match got {
             Ok(x) => x,
             Err(e) if e.kind() == ErrorKind::WouldBlock => return,
             Err(e) if e.kind() == ErrorKind::Interrupted => continue,
@@ -321,6 +388,11 @@ fn accept(st: &mut Inner, guid: u64, now: Instant) {
                 parked: None,
                 closing: false,
                 born: now,
+                origin: if l == LISTENER {
+                    Origin::Verbs
+                } else {
+                    Origin::CmListen(l)
+                },
             },
         );
     }
@@ -469,10 +541,68 @@ fn step(st: &mut Inner, guid: u64, tok: Token, now: Instant) -> Option<Step> {
 
 fn on_event(st: &mut Inner, guid: u64, tok: Token, ev: Event, now: Instant) {
     let _ = now;
-    match ev {
-        Event::ConnectRequest { private_data, .. } => request(st, guid, tok, &private_data),
-        Event::Established { .. } => {}
-        ev => {
+    let cm = st
+        .devs
+        .get_mut(&guid)
+        .and_then(|d| d.conns.get_mut(&tok))
+        .map(|c| match &mut c.origin {
+            Origin::Verbs => None,
+            Origin::CmListen(l) => Some((None, Some(*l), None)),
+            Origin::CmConnect { qp, waiter } => Some((Some(*qp), None, waiter.take())),
+        });
+    let Some(cm) = cm else { return };
+    match (ev, cm) {
+        (Event::ConnectRequest { private_data, .. }, None) => request(st, guid, tok, &private_data),
+        (
+            Event::ConnectRequest {
+                private_data,
+                ird_ord,
+            },
+            Some((_, Some(l), _)),
+        ) => cm_request(st, guid, tok, l, private_data, ird_ord),
+        (Event::Established { .. }, None) => {}
+        (
+            Event::Established {
+                private_data,
+                ird,
+                ord,
+                ..
+            },
+            Some((qp, _, waiter)),
+        ) => {
+            let local = st
+                .devs
+                .get(&guid)
+                .and_then(|d| d.conns.get(&tok))
+                .and_then(|c| c.stream.local_addr().ok());
+            match (qp, waiter, local) {
+                (Some(i), Some(w), Some(local)) => {
+                    bind(st, guid, tok, i);
+                    let _ = w.send(Ok(CmConnected {
+                        private_data,
+                        ird,
+                        ord,
+                        local,
+                    }));
+                }
+                // A listener's stream, accepted already; or a connect
+                // whose caller gave up: nothing waits.
+                (None, _, _) => {}
+                _ => {
+                    if let Some(c) = st.devs.get_mut(&guid).and_then(|d| d.conns.get_mut(&tok)) {
+                        c.engine.abort();
+                        c.closing = true;
+                    }
+                }
+            }
+        }
+        (Event::Rejected { private_data }, Some((_, _, Some(w)))) => {
+            let _ = w.send(Err(CmError::Rejected { private_data }));
+        }
+        (ev, Some((_, _, Some(w)))) => {
+            let _ = w.send(Err(CmError::Failed(format!("{ev:?}"))));
+        }
+        (ev, cm) => {
             let qp = st
                 .devs
                 .get(&guid)
@@ -485,10 +615,112 @@ fn on_event(st: &mut Inner, guid: u64, tok: Token, ev: Event, now: Instant) {
                 .map(|c| c.peer);
             tracing::debug!(?ev, ?peer, "iWARP connection ended");
             if let Some(i) = qp {
+                if cm.is_some() {
+                    closed_hook(st, guid, i);
+                }
                 qp_fatal(st, i);
             }
         }
     }
+}
+
+/// Tells the CM that the stream under QP `i` ended.
+fn closed_hook(st: &mut Inner, guid: u64, i: usize) {
+    let qpn = rdma_types::Qpn::from_bits(st.qp_mut(i).qpn);
+    if let Some(d) = st.devs.get_mut(&guid) {
+        if let Some(h) = d.on_closed.clone() {
+            d.defer(Cb::Closed(h, rdma_types::Guid(guid), qpn));
+        }
+    }
+}
+
+/// A CM listener's MPA request: to its consumer, answered by
+/// [`CmRequest::accept`] or [`CmRequest::reject`].
+fn cm_request(
+    st: &mut Inner,
+    guid: u64,
+    tok: Token,
+    l: Token,
+    private_data: Vec<u8>,
+    ird_ord: Option<iwarp::mpa::IrdOrd>,
+) {
+    let Some(d) = st.devs.get_mut(&guid) else {
+        return;
+    };
+    let Some(tx) = d.cm_listeners.get(&l).map(|(_, tx)| tx.clone()) else {
+        reject(st, guid, tok, b"");
+        return;
+    };
+    let Some(c) = d.conns.get(&tok) else { return };
+    let req = CmRequest {
+        local: c.stream.local_addr().unwrap_or(SocketAddr::new(d.ip, 0)),
+        peer: c.peer,
+        private_data,
+        ird_ord: ird_ord.map(|x| (x.ird, x.ord)),
+        guid: rdma_types::Guid(guid),
+        tok,
+        shared: d.shared.clone(),
+    };
+    d.defer(Cb::Request(tx, req));
+}
+
+/// Answers the MPA request on `tok` by binding QP `qpn` to it.
+pub(crate) fn cm_accept(
+    st: &mut Inner,
+    guid: u64,
+    tok: Token,
+    qpn: u32,
+    private_data: &[u8],
+    now: Instant,
+) -> std::result::Result<(), CmError> {
+    let i = qp_for_cm(st, guid, qpn)?;
+    let c = st
+        .devs
+        .get_mut(&guid)
+        .and_then(|d| d.conns.get_mut(&tok))
+        .filter(|c| c.engine.state() == State::RequestReceived)
+        .ok_or(CmError::Gone)?;
+    c.engine
+        .accept(private_data)
+        .map_err(|e| CmError::PrivateData(e.to_string()))?;
+    bind(st, guid, tok, i);
+    pump(st, guid, tok, now);
+    Ok(())
+}
+
+/// Refuses the MPA request on `tok`.
+pub(crate) fn cm_reject(st: &mut Inner, guid: u64, tok: Token, private_data: &[u8], now: Instant) {
+    reject(st, guid, tok, private_data);
+    pump(st, guid, tok, now);
+}
+
+/// The QP a CM may give a stream: of this NIC, INIT to RTS, streamless.
+pub(crate) fn qp_for_cm(
+    st: &mut Inner,
+    guid: u64,
+    qpn: u32,
+) -> std::result::Result<usize, CmError> {
+    let i = st
+        .devs
+        .get(&guid)
+        .and_then(|d| d.qpns.get(&qpn).copied())
+        .ok_or(CmError::NoSuchQp(qpn))?;
+    let q = st.qp_mut(i);
+    if q.conn.is_some() || !matches!(q.state, QpState::Init | QpState::Rtr | QpState::Rts) {
+        return Err(CmError::QpNotReady(qpn));
+    }
+    Ok(i)
+}
+
+/// Abandons a CM connect: its stream closes.
+pub(crate) fn cm_abandon(st: &mut Inner, guid: u64, tok: Token, now: Instant) {
+    if let Some(c) = st.devs.get_mut(&guid).and_then(|d| d.conns.get_mut(&tok)) {
+        if c.qp.is_none() {
+            c.engine.abort();
+            c.closing = true;
+        }
+    }
+    pump(st, guid, tok, now);
 }
 
 /// A responder's MPA request: bind it to its QP, park it, or refuse it.
@@ -770,12 +1002,17 @@ pub(crate) fn qp_rtr(st: &mut Inner, i: usize, p: &SoftIwarp, now: Instant) {
         return;
     };
     let dest = dest.value();
+    if q.conn.is_some() || dest == crate::CM_QPN.value() {
+        // A CM gave (or will give) the QP its stream.
+        return;
+    }
     if (local_ip, qpn) < (peer_ip, dest) {
         let r = Rendezvous {
             initiator_qpn: qpn,
             responder_qpn: dest,
         };
-        match connect(st, guid, local_ip, crate::peer_addr(p, peer_ip), r, now) {
+        let to = crate::peer_addr(p, peer_ip);
+        match connect(st, guid, local_ip, to, r.emit(), Origin::Verbs, now) {
             Ok(tok) => {
                 bind(st, guid, tok, i);
                 pump(st, guid, tok, now);
@@ -806,12 +1043,13 @@ pub(crate) fn qp_rtr(st: &mut Inner, i: usize, p: &SoftIwarp, now: Instant) {
     }
 }
 
-fn connect(
+pub(crate) fn connect(
     st: &mut Inner,
     guid: u64,
     local: IpAddr,
     peer: SocketAddr,
-    r: Rendezvous,
+    private_data: Vec<u8>,
+    origin: Origin,
     now: Instant,
 ) -> std::io::Result<Token> {
     let d = st
@@ -838,7 +1076,7 @@ fn connect(
     let tok = d.token();
     d.registry
         .register(&mut stream, tok, Interest::READABLE | Interest::WRITABLE)?;
-    let cfg = d.config(Role::Initiator, r.emit());
+    let cfg = d.config(Role::Initiator, private_data);
     let engine = Connection::new(cfg, now).map_err(std::io::Error::other)?;
     let _ = d.port;
     d.conns.insert(
@@ -852,6 +1090,7 @@ fn connect(
             parked: None,
             closing: false,
             born: now,
+            origin,
         },
     );
     Ok(tok)

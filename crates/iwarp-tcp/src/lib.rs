@@ -58,10 +58,12 @@ use verbs::{
     ResourceKind, Result, SendOpcode, SendWr, VerbsError, WcFlags, WorkCompletion,
 };
 
+pub mod cm;
 mod dev;
 mod mem;
 pub mod rendezvous;
 
+pub use cm::{CmConnected, CmError, CmListener, CmRequest, CM_QPN};
 use dev::{Cb, Dev};
 use mem::Sgl;
 
