@@ -60,6 +60,8 @@ use verbs::{
 
 pub mod cm;
 mod dev;
+#[doc(hidden)]
+pub mod fuzz;
 mod mem;
 pub mod rendezvous;
 
