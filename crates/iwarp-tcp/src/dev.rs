@@ -26,6 +26,7 @@ use rdma_types::{Instant, QpState};
 use verbs::kit::keys::KeyTable;
 use verbs::{AsyncEvent, AsyncEventKind, EventHandler, ResourceKind};
 
+use crate::capture::Capture;
 use crate::cm::{CmConnected, CmError, CmRequest};
 use crate::mem::{NoMem, QpMem};
 use crate::rendezvous::Rendezvous;
@@ -135,6 +136,7 @@ pub(crate) struct Dev {
     /// Called when a CM-made stream under a QP ends.
     pub(crate) on_closed: Option<crate::cm::ClosedHook>,
     pub(crate) shared: std::sync::Weak<Shared>,
+    capture: Option<Capture>,
 }
 
 impl Dev {
@@ -155,6 +157,10 @@ impl Dev {
         base.revision = options.mpa_revision;
         base.crc = options.crc;
         base.mulpdu = iwarp::mpa::mulpdu(options.path_mtu, iwarp::mpa::TCP_IPV4_OVERHEAD);
+        let capture = match &options.capture_dir {
+            Some(dir) => Some(Capture::create(&dir.join(format!("iwarp-{ip}.pcap")))?),
+            None => None,
+        };
         let sh = Arc::clone(shared);
         std::thread::Builder::new()
             .name(format!("iwarp-{ip}"))
@@ -177,6 +183,7 @@ impl Dev {
             cm_listeners: HashMap::new(),
             on_closed: None,
             shared: Arc::downgrade(shared),
+            capture,
         })
     }
 
@@ -377,6 +384,9 @@ fn accept(st: &mut Inner, guid: u64, l: Token, now: Instant) {
         let Ok(engine) = Connection::new(cfg, now) else {
             continue;
         };
+        if let (Some(cap), Ok(local)) = (d.capture.as_mut(), stream.local_addr()) {
+            cap.open(tok, local, peer, false);
+        }
         d.conns.insert(
             tok,
             Conn {
@@ -405,12 +415,17 @@ fn read(st: &mut Inner, guid: u64, tok: Token, now: Instant, buf: &mut [u8]) -> 
     let Some(d) = devs.get_mut(&guid) else {
         return false;
     };
-    let Dev { keys, conns, .. } = d;
+    let Dev {
+        keys,
+        conns,
+        capture,
+        ..
+    } = d;
     let Some(c) = conns.get_mut(&tok) else {
         return false;
     };
     let qp = c.qp.and_then(|s| match objs.get(s) {
-        Obj::Qp(q) => Some(q),
+        Obj::Qp(q) => Some(&**q),
         _ => None,
     });
     for _ in 0..READS_PER_EVENT {
@@ -419,22 +434,18 @@ fn read(st: &mut Inner, guid: u64, tok: Token, now: Instant, buf: &mut [u8]) -> 
         }
         match c.stream.read(buf) {
             Ok(0) => {
+                if let Some(cap) = capture.as_mut() {
+                    cap.close(tok, false);
+                }
                 c.engine.handle_stream_closed();
                 return false;
             }
-            Ok(n) => match qp {
-                Some(q) => {
-                    let mut mem = QpMem {
-                        keys,
-                        pd: q.pd as u32,
-                        qpn: q.qpn,
-                        access: q.attr.access.unwrap_or(rdma_types::AccessFlags::NONE),
-                        sgls: &q.sgls,
-                    };
-                    c.engine.handle_bytes(now, &buf[..n], &mut mem);
+            Ok(n) => {
+                if let Some(cap) = capture.as_mut() {
+                    cap.data(tok, false, &buf[..n]);
                 }
-                None => c.engine.handle_bytes(now, &buf[..n], &mut NoMem),
-            },
+                feed(c, qp, keys, now, &buf[..n]);
+            }
             Err(e) if e.kind() == ErrorKind::WouldBlock => return false,
             Err(e) if e.kind() == ErrorKind::Interrupted => {}
             Err(e) => {
@@ -449,6 +460,24 @@ fn read(st: &mut Inner, guid: u64, tok: Token, now: Instant, buf: &mut [u8]) -> 
         }
     }
     true
+}
+
+/// Hands bytes the stream delivered to its engine, with the QP's memory
+/// (none while no QP has the stream).
+fn feed(c: &mut Conn, qp: Option<&crate::Qp>, keys: &KeyTable, now: Instant, bytes: &[u8]) {
+    match qp {
+        Some(q) => {
+            let mut mem = QpMem {
+                keys,
+                pd: q.pd as u32,
+                qpn: q.qpn,
+                access: q.attr.access.unwrap_or(rdma_types::AccessFlags::NONE),
+                sgls: &q.sgls,
+            };
+            c.engine.handle_bytes(now, bytes, &mut mem);
+        }
+        None => c.engine.handle_bytes(now, bytes, &mut NoMem),
+    }
 }
 
 /// Moves the engine's output to the socket and its events and completions
@@ -483,7 +512,12 @@ type Step = (Vec<Event>, Vec<iwarp::Completion>, Option<usize>, bool);
 fn step(st: &mut Inner, guid: u64, tok: Token, now: Instant) -> Option<Step> {
     let Inner { objs, devs } = st;
     let d = devs.get_mut(&guid)?;
-    let Dev { keys, conns, .. } = d;
+    let Dev {
+        keys,
+        conns,
+        capture,
+        ..
+    } = d;
     let c = conns.get_mut(&tok)?;
     let qp = c.qp.and_then(|s| match objs.get(s) {
         Obj::Qp(q) => Some(q),
@@ -521,6 +555,9 @@ fn step(st: &mut Inner, guid: u64, tok: Token, now: Instant) -> Option<Step> {
                 break;
             }
         }
+    }
+    if let Some(cap) = capture.as_mut().filter(|_| written > 0) {
+        cap.data(tok, true, &c.out[..written]);
     }
     c.out.drain(..written);
     let mut events = Vec::new();
@@ -815,6 +852,9 @@ fn close_conn(st: &mut Inner, guid: u64, tok: Token) {
         return;
     };
     let _ = d.registry.deregister(&mut c.stream);
+    if let Some(cap) = d.capture.as_mut() {
+        cap.close(tok, true);
+    }
     if let Some(i) = c.qp {
         if let Obj::Qp(q) = st.objs.get_mut(i) {
             if q.conn == Some(tok) {
@@ -1076,6 +1116,9 @@ pub(crate) fn connect(
     let tok = d.token();
     d.registry
         .register(&mut stream, tok, Interest::READABLE | Interest::WRITABLE)?;
+    if let (Some(cap), Ok(at)) = (d.capture.as_mut(), stream.local_addr()) {
+        cap.open(tok, at, peer, true);
+    }
     let cfg = d.config(Role::Initiator, private_data);
     let engine = Connection::new(cfg, now).map_err(std::io::Error::other)?;
     let _ = d.port;

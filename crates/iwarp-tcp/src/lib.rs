@@ -58,6 +58,7 @@ use verbs::{
     ResourceKind, Result, SendOpcode, SendWr, VerbsError, WcFlags, WorkCompletion,
 };
 
+mod capture;
 pub mod cm;
 mod dev;
 #[doc(hidden)]
@@ -131,6 +132,9 @@ pub struct NicOptions {
     /// error like a reset. A stream no QP took (an MPA request never sent,
     /// or for a QP that never reached RTR) is closed after it too.
     pub dead_peer: std::time::Duration,
+    /// Where each NIC writes a pcap of its streams (`iwarp-<ip>.pcap`,
+    /// see `capture`), for tshark's iWARP dissectors; none by default.
+    pub capture_dir: Option<std::path::PathBuf>,
 }
 
 impl Default for NicOptions {
@@ -141,6 +145,7 @@ impl Default for NicOptions {
             mpa_revision: 2,
             crc: true,
             dead_peer: std::time::Duration::from_secs(30),
+            capture_dir: None,
         }
     }
 }
