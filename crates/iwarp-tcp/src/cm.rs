@@ -34,6 +34,10 @@ pub const CM_QPN: Qpn = Qpn::from_bits(0);
 /// the QP whose CM-made stream ended.
 pub type ClosedHook = Arc<dyn Fn(Guid, Qpn) + Send + Sync>;
 
+/// Takes a listener's requests (on the NIC's IO thread, no lock held; it
+/// may answer them at once).
+pub type RequestSink = Arc<dyn Fn(CmRequest) + Send + Sync>;
+
 /// Why a CM operation failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CmError {
@@ -134,10 +138,10 @@ pub struct CmConnected {
     pub local: SocketAddr,
 }
 
-/// A CM listener: requests arrive on [`CmListener::requests`] until it is
-/// dropped.
+/// A CM listener: requests arrive on [`CmListener::requests`] (or at the
+/// sink of [`SoftIwarp::cm_listen_with`]) until it is dropped.
 pub struct CmListener {
-    rx: Receiver<CmRequest>,
+    rx: Option<Receiver<CmRequest>>,
     guid: Guid,
     tok: Token,
     shared: Weak<Shared>,
@@ -146,9 +150,9 @@ pub struct CmListener {
 }
 
 impl CmListener {
-    /// The requests.
-    pub fn requests(&self) -> &Receiver<CmRequest> {
-        &self.rx
+    /// The requests (`None` for a listener with a sink of its own).
+    pub fn requests(&self) -> Option<&Receiver<CmRequest>> {
+        self.rx.as_ref()
     }
 }
 
@@ -170,6 +174,28 @@ impl SoftIwarp {
     /// # Errors
     /// The NIC is not open, or the port is taken.
     pub fn cm_listen(&self, guid: Guid, port: u16) -> Result<CmListener, CmError> {
+        let (tx, rx) = channel();
+        let sink: RequestSink = Arc::new(move |req: CmRequest| {
+            // The listener was dropped: nobody answers, so refuse.
+            if let Err(e) = tx.send(req) {
+                e.0.reject(b"");
+            }
+        });
+        let mut l = self.cm_listen_with(guid, port, sink)?;
+        l.rx = Some(rx);
+        Ok(l)
+    }
+
+    /// [`SoftIwarp::cm_listen`] handing each request to `sink`.
+    ///
+    /// # Errors
+    /// As [`SoftIwarp::cm_listen`].
+    pub fn cm_listen_with(
+        &self,
+        guid: Guid,
+        port: u16,
+        sink: RequestSink,
+    ) -> Result<CmListener, CmError> {
         let mut st = self.shared.lock();
         let d = st
             .devs
@@ -182,10 +208,9 @@ impl SoftIwarp {
         d.registry()
             .register(&mut l, tok, Interest::READABLE)
             .map_err(|e| CmError::Io(e.to_string()))?;
-        let (tx, rx) = channel();
-        d.cm_listeners.insert(tok, (l, tx));
+        d.cm_listeners.insert(tok, (l, sink));
         Ok(CmListener {
-            rx,
+            rx: None,
             guid,
             tok,
             shared: Arc::downgrade(&self.shared),
@@ -236,11 +261,41 @@ impl SoftIwarp {
         }
     }
 
-    /// Sets the hook told when a stream a CM made ends under its QP.
-    pub fn cm_on_closed(&self, guid: Guid, hook: ClosedHook) {
+    /// Disconnects QP `qpn` of NIC `guid`: its stream closes (the peer
+    /// sees it end) and the QP goes to ERR, its work flushed.
+    ///
+    /// # Errors
+    /// No such QP.
+    pub fn cm_disconnect(&self, guid: Guid, qpn: Qpn) -> Result<(), CmError> {
+        let mut st = self.shared.lock();
+        let i = st
+            .devs
+            .get(&guid.0)
+            .and_then(|d| d.qpns.get(&qpn.value()).copied())
+            .ok_or(CmError::NoSuchQp(qpn.value()))?;
+        let q = st.qp_mut(i);
+        if q.conn.is_some() && q.state != rdma_types::QpState::Reset {
+            q.state = rdma_types::QpState::Err;
+            dev::qp_error(&mut st, i, false);
+        }
+        if let Some(d) = st.devs.get_mut(&guid.0) {
+            d.kick();
+        }
+        Ok(())
+    }
+
+    /// Runs `f` on NIC `guid`'s IO thread with no lock held (a CM's hooks
+    /// that must not run inside the caller's call).
+    pub fn cm_defer(&self, guid: Guid, f: Box<dyn FnOnce() + Send>) {
         let mut st = self.shared.lock();
         if let Some(d) = st.devs.get_mut(&guid.0) {
-            d.on_closed = Some(hook);
+            d.defer(dev::Cb::Call(f));
+            d.kick();
         }
+    }
+
+    /// Sets the hook told when a stream a CM made ends under its QP.
+    pub fn cm_on_closed(&self, guid: Guid, hook: ClosedHook) {
+        self.shared.lock().cm_closed.insert(guid.0, hook);
     }
 }

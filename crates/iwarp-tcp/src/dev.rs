@@ -28,7 +28,7 @@ use verbs::{AsyncEvent, AsyncEventKind, EventHandler, ResourceKind};
 
 use crate::capture::Capture;
 use crate::cm::{CmConnected, CmError, CmRequest};
-use crate::mem::{NoMem, QpMem};
+use crate::mem::{NoMem, QpMem, Taken};
 use crate::rendezvous::Rendezvous;
 use crate::{gid_ip, to_wc, Inner, NicOptions, Obj, Shared, SoftIwarp};
 
@@ -49,7 +49,9 @@ pub(crate) enum Cb {
     /// A CM-made stream under a QP ended (the CM's disconnect hook).
     Closed(crate::cm::ClosedHook, rdma_types::Guid, rdma_types::Qpn),
     /// An MPA request for a CM listener's consumer.
-    Request(Sender<CmRequest>, CmRequest),
+    Request(crate::cm::RequestSink, CmRequest),
+    /// A CM's deferred call.
+    Call(Box<dyn FnOnce() + Send>),
 }
 
 impl Cb {
@@ -59,12 +61,8 @@ impl Cb {
             Cb::Async(h, ev) => h.on_async_event(ev),
             Cb::Destroyed(h, kind, ctx) => h.on_destroyed(kind, ctx),
             Cb::Closed(h, guid, qpn) => h(guid, qpn),
-            Cb::Request(tx, req) => {
-                // A listener dropped meanwhile: the request is refused.
-                if let Err(e) = tx.send(req) {
-                    e.0.reject(b"");
-                }
-            }
+            Cb::Request(sink, req) => sink(req),
+            Cb::Call(f) => f(),
         }
     }
 }
@@ -132,9 +130,7 @@ pub(crate) struct Dev {
     base: iwarp::Config,
     dead_peer: Duration,
     /// CM listeners by token.
-    pub(crate) cm_listeners: HashMap<Token, (TcpListener, Sender<CmRequest>)>,
-    /// Called when a CM-made stream under a QP ends.
-    pub(crate) on_closed: Option<crate::cm::ClosedHook>,
+    pub(crate) cm_listeners: HashMap<Token, (TcpListener, crate::cm::RequestSink)>,
     pub(crate) shared: std::sync::Weak<Shared>,
     capture: Option<Capture>,
 }
@@ -181,7 +177,6 @@ impl Dev {
             base,
             dead_peer: options.dead_peer,
             cm_listeners: HashMap::new(),
-            on_closed: None,
             shared: Arc::downgrade(shared),
             capture,
         })
@@ -411,7 +406,7 @@ fn accept(st: &mut Inner, guid: u64, l: Token, now: Instant) {
 /// Reads what the stream has into its engine. True when it may have more
 /// (the read budget ran out first).
 fn read(st: &mut Inner, guid: u64, tok: Token, now: Instant, buf: &mut [u8]) -> bool {
-    let Inner { objs, devs } = st;
+    let Inner { objs, devs, .. } = st;
     let Some(d) = devs.get_mut(&guid) else {
         return false;
     };
@@ -419,15 +414,12 @@ fn read(st: &mut Inner, guid: u64, tok: Token, now: Instant, buf: &mut [u8]) -> 
         keys,
         conns,
         capture,
+        pending,
         ..
     } = d;
     let Some(c) = conns.get_mut(&tok) else {
         return false;
     };
-    let qp = c.qp.and_then(|s| match objs.get(s) {
-        Obj::Qp(q) => Some(&**q),
-        _ => None,
-    });
     for _ in 0..READS_PER_EVENT {
         if c.closing {
             return false;
@@ -444,7 +436,16 @@ fn read(st: &mut Inner, guid: u64, tok: Token, now: Instant, buf: &mut [u8]) -> 
                 if let Some(cap) = capture.as_mut() {
                     cap.data(tok, false, &buf[..n]);
                 }
-                feed(c, qp, keys, now, &buf[..n]);
+                let qp = c.qp.and_then(|s| match objs.get(s) {
+                    Obj::Qp(q) => Some(&**q),
+                    _ => None,
+                });
+                let taken = feed(c, qp, keys, now, &buf[..n]);
+                if let (Some(t), Some(s)) = (taken, c.qp) {
+                    if let Obj::Qp(q) = objs.get_mut(s) {
+                        keep_taken(q, t, pending);
+                    }
+                }
             }
             Err(e) if e.kind() == ErrorKind::WouldBlock => return false,
             Err(e) if e.kind() == ErrorKind::Interrupted => {}
@@ -462,21 +463,71 @@ fn read(st: &mut Inner, guid: u64, tok: Token, now: Instant, buf: &mut [u8]) -> 
     true
 }
 
+/// Keeps what QP `q`'s engine took from its SRQ, and raises the SRQ's
+/// limit event if it fired.
+fn keep_taken(q: &mut crate::Qp, t: Taken, pending: &mut Vec<Cb>) {
+    q.next_srq_id = t.next_id;
+    for (stag, l) in t.sgls {
+        q.sgls.insert(stag, l);
+    }
+    for (id, wr_id) in t.wrs {
+        q.wrs.insert(
+            id,
+            crate::WrInfo {
+                wr_id,
+                opcode: rdma_types::WcOpcode::Recv,
+                signaled: true,
+                srq: true,
+            },
+        );
+    }
+    if let (true, Some(srq)) = (t.limit_fired, q.srq.as_ref()) {
+        pending.push(Cb::Async(
+            srq.handler.clone(),
+            AsyncEvent {
+                kind: AsyncEventKind::SrqLimitReached,
+                ctx: srq.ctx,
+                port: None,
+            },
+        ));
+    }
+}
+
 /// Hands bytes the stream delivered to its engine, with the QP's memory
 /// (none while no QP has the stream).
-fn feed(c: &mut Conn, qp: Option<&crate::Qp>, keys: &KeyTable, now: Instant, bytes: &[u8]) {
+fn feed(
+    c: &mut Conn,
+    qp: Option<&crate::Qp>,
+    keys: &KeyTable,
+    now: Instant,
+    bytes: &[u8],
+) -> Option<Taken> {
     match qp {
         Some(q) => {
-            let mut mem = QpMem {
-                keys,
-                pd: q.pd as u32,
-                qpn: q.qpn,
-                access: q.attr.access.unwrap_or(rdma_types::AccessFlags::NONE),
-                sgls: &q.sgls,
-            };
+            let mut mem = qp_mem(q, keys);
             c.engine.handle_bytes(now, bytes, &mut mem);
+            Some(mem.taken).filter(|t| !t.wrs.is_empty())
         }
-        None => c.engine.handle_bytes(now, bytes, &mut NoMem),
+        None => {
+            c.engine.handle_bytes(now, bytes, &mut NoMem);
+            None
+        }
+    }
+}
+
+/// QP `q`'s memory for its engine.
+fn qp_mem<'a>(q: &'a crate::Qp, keys: &'a KeyTable) -> QpMem<'a> {
+    QpMem {
+        keys,
+        pd: q.pd as u32,
+        qpn: q.qpn,
+        access: q.attr.access.unwrap_or(rdma_types::AccessFlags::NONE),
+        sgls: &q.sgls,
+        srq: q.srq.as_ref(),
+        taken: Taken {
+            next_id: q.next_srq_id,
+            ..Taken::default()
+        },
     }
 }
 
@@ -510,7 +561,7 @@ type Step = (Vec<Event>, Vec<iwarp::Completion>, Option<usize>, bool);
 
 /// One round: transmit, write, collect.
 fn step(st: &mut Inner, guid: u64, tok: Token, now: Instant) -> Option<Step> {
-    let Inner { objs, devs } = st;
+    let Inner { objs, devs, .. } = st;
     let d = devs.get_mut(&guid)?;
     let Dev {
         keys,
@@ -525,13 +576,8 @@ fn step(st: &mut Inner, guid: u64, tok: Token, now: Instant) -> Option<Step> {
     });
     match qp {
         Some(q) => {
-            let mut mem = QpMem {
-                keys,
-                pd: q.pd as u32,
-                qpn: q.qpn,
-                access: q.attr.access.unwrap_or(rdma_types::AccessFlags::NONE),
-                sgls: &q.sgls,
-            };
+            // Sending takes no receive: nothing is taken from the SRQ.
+            let mut mem = qp_mem(q, keys);
             while c.out.len() < OUT_HIGH && c.engine.poll_transmit(now, &mut mem, &mut c.out) {}
         }
         None => {
@@ -664,10 +710,8 @@ fn on_event(st: &mut Inner, guid: u64, tok: Token, ev: Event, now: Instant) {
 /// Tells the CM that the stream under QP `i` ended.
 fn closed_hook(st: &mut Inner, guid: u64, i: usize) {
     let qpn = rdma_types::Qpn::from_bits(st.qp_mut(i).qpn);
-    if let Some(d) = st.devs.get_mut(&guid) {
-        if let Some(h) = d.on_closed.clone() {
-            d.defer(Cb::Closed(h, rdma_types::Guid(guid), qpn));
-        }
+    if let Some(h) = st.cm_closed.get(&guid).cloned() {
+        st.defer(guid, Cb::Closed(h, rdma_types::Guid(guid), qpn));
     }
 }
 
@@ -684,7 +728,7 @@ fn cm_request(
     let Some(d) = st.devs.get_mut(&guid) else {
         return;
     };
-    let Some(tx) = d.cm_listeners.get(&l).map(|(_, tx)| tx.clone()) else {
+    let Some(sink) = d.cm_listeners.get(&l).map(|(_, sink)| sink.clone()) else {
         reject(st, guid, tok, b"");
         return;
     };
@@ -698,7 +742,7 @@ fn cm_request(
         tok,
         shared: d.shared.clone(),
     };
-    d.defer(Cb::Request(tx, req));
+    d.defer(Cb::Request(sink, req));
 }
 
 /// Answers the MPA request on `tok` by binding QP `qpn` to it.

@@ -64,11 +64,15 @@ mod dev;
 #[doc(hidden)]
 pub mod fuzz;
 mod mem;
+pub mod rdmacm;
 pub mod rendezvous;
 
 pub use cm::{CmConnected, CmError, CmListener, CmRequest, CM_QPN};
 use dev::{Cb, Dev};
-use mem::Sgl;
+use mem::{Sgl, SrqRef};
+pub use rdmacm::IwarpCm;
+use verbs::kit::rq::RecvQueue;
+use verbs::{SrqAttr, SrqHandle};
 
 /// The TCP port the verbs-only connection setup uses when none is given
 /// (no IANA number exists for it; any port both ends agree on works).
@@ -176,6 +180,8 @@ pub(crate) struct Inner {
     pub(crate) objs: HandleTable<Obj>,
     /// Running NICs by GUID.
     pub(crate) devs: HashMap<u64, Dev>,
+    /// The CM's hook per NIC (set before or after the NIC starts).
+    pub(crate) cm_closed: HashMap<u64, cm::ClosedHook>,
 }
 
 pub(crate) enum Obj {
@@ -198,6 +204,13 @@ pub(crate) enum Obj {
         users: u32,
     },
     Qp(Box<Qp>),
+    Srq {
+        ca: usize,
+        pd: usize,
+        ctx: Context,
+        rq: Arc<Mutex<RecvQueue>>,
+        users: u32,
+    },
     Mr {
         ca: usize,
         pd: usize,
@@ -211,6 +224,8 @@ pub(crate) struct WrInfo {
     pub(crate) wr_id: u64,
     pub(crate) opcode: WcOpcode,
     pub(crate) signaled: bool,
+    /// A receive taken from the QP's SRQ.
+    pub(crate) srq: bool,
 }
 
 /// A CQ as a QP reaches it.
@@ -245,6 +260,10 @@ pub(crate) struct Qp {
     pub(crate) sq_out: u32,
     pub(crate) rq_out: u32,
     pub(crate) comm_established: bool,
+    /// The shared receive queue, if the QP has one.
+    pub(crate) srq: Option<SrqRef>,
+    /// Next id of a receive taken from the SRQ.
+    pub(crate) next_srq_id: u32,
 }
 
 impl Qp {
@@ -252,7 +271,8 @@ impl Qp {
         // Ids double as local STags: never 0, unique among those in use.
         loop {
             self.next_id = self.next_id.wrapping_add(1);
-            let id = self.next_id & 0xffff_ffff;
+            // The top bit of a 32-bit id is the SRQ's (mem::SRQ_ID).
+            let id = self.next_id & 0x7fff_ffff;
             if id != 0 && !self.wrs.contains_key(&id) {
                 return id;
             }
@@ -284,6 +304,9 @@ impl Inner {
     }
     fn qp(&self, h: QpHandle) -> Result<usize> {
         self.slot_of(h.0, |o| matches!(o, Obj::Qp(_)))
+    }
+    fn srq(&self, h: SrqHandle) -> Result<usize> {
+        self.slot_of(h.0, |o| matches!(o, Obj::Srq { .. }))
     }
     fn mr(&self, h: MrHandle) -> Result<usize> {
         self.slot_of(h.0, |o| matches!(o, Obj::Mr { .. }))
@@ -317,7 +340,9 @@ impl Inner {
             Obj::Ca { children, .. } | Obj::Pd { children, .. } => {
                 *children = children.wrapping_add_signed(delta)
             }
-            Obj::Cq { users, .. } => *users = users.wrapping_add_signed(delta),
+            Obj::Cq { users, .. } | Obj::Srq { users, .. } => {
+                *users = users.wrapping_add_signed(delta)
+            }
             _ => {}
         }
     }
@@ -356,6 +381,7 @@ impl SoftIwarp {
                 st: Mutex::new(Inner {
                     objs: HandleTable::new(),
                     devs: HashMap::new(),
+                    cm_closed: HashMap::new(),
                 }),
                 epoch: std::time::Instant::now(),
             }),
@@ -449,7 +475,7 @@ impl Provider for SoftIwarp {
             max_mr: 1 << 20,
             max_pd: 1 << 16,
             max_qp_rd_atom: 16,
-            max_srq: 0,
+            max_srq: 1 << 16,
             max_mw: 0,
             max_inline_data: 0,
             atomics: false,
@@ -603,9 +629,6 @@ impl Provider for SoftIwarp {
                 return Err(VerbsError::NotSupported("special QPs (QP0/QP1) on iWARP"))
             }
         }
-        if init.srq.is_some() {
-            return Err(VerbsError::NotSupported("SRQs on this iWARP NIC"));
-        }
         let c = init.caps;
         if c.max_send_wr > MAX_QP_WR || c.max_recv_wr > MAX_QP_WR {
             return Err(bad(format!("queue depth above {MAX_QP_WR}")));
@@ -617,6 +640,21 @@ impl Provider for SoftIwarp {
         let p = st.pd(pd)?;
         let ca = st.ca_of_pd(p);
         let (scq, rcq) = (st.cq(init.send_cq)?, st.cq(init.recv_cq)?);
+        let srq = init.srq.map(|h| st.srq(h)).transpose()?;
+        let srq_ref = srq.map(|i| match st.objs.get(i) {
+            Obj::Srq {
+                rq, pd, ctx, ca, ..
+            } => SrqRef {
+                rq: rq.clone(),
+                pd: *pd as u32,
+                ctx: *ctx,
+                handler: st.handler(*ca),
+            },
+            _ => unreachable!("an SRQ slot"),
+        });
+        if let Some(i) = srq {
+            st.adjust(i, 1);
+        }
         let guid = st.guid_of(ca);
         let qpn = st
             .devs
@@ -648,6 +686,8 @@ impl Provider for SoftIwarp {
             sq_out: 0,
             rq_out: 0,
             comm_established: false,
+            srq: srq_ref,
+            next_srq_id: 0,
         })));
         let slot = st.objs.slot(h).unwrap_or_else(|_| unreachable!());
         if let Some(d) = st.devs.get_mut(&guid) {
@@ -739,12 +779,99 @@ impl Provider for SoftIwarp {
                 st.adjust(c, -1);
             }
         }
+        if let Some(s) = q.init.srq.and_then(|h| st.srq(h).ok()) {
+            st.adjust(s, -1);
+        }
         st.defer(
             q.guid,
             Cb::Destroyed(q.handler.clone(), ResourceKind::Qp, q.ctx),
         );
         Self::kick(&mut st, q.guid);
         Ok(())
+    }
+
+    fn create_srq(&self, pd: PdHandle, attr: &SrqAttr, ctx: Context) -> Result<SrqHandle> {
+        if attr.max_wr == 0 || attr.max_wr > MAX_QP_WR || attr.max_sge > MAX_SGE {
+            return Err(bad(format!(
+                "SRQ of {} WRs of {} SGEs (at most {MAX_QP_WR} of {MAX_SGE})",
+                attr.max_wr, attr.max_sge
+            )));
+        }
+        let mut rq = RecvQueue::new(attr.max_wr, attr.max_sge.max(1));
+        rq.set_limit(attr.limit)?;
+        let mut st = self.lock();
+        let p = st.pd(pd)?;
+        let ca = st.ca_of_pd(p);
+        st.adjust(p, 1);
+        Ok(SrqHandle(st.objs.alloc(Obj::Srq {
+            ca,
+            pd: p,
+            ctx,
+            rq: Arc::new(Mutex::new(rq)),
+            users: 0,
+        })))
+    }
+
+    fn modify_srq(&self, srq: SrqHandle, limit: u32) -> Result<()> {
+        let st = self.lock();
+        let i = st.srq(srq)?;
+        match st.objs.get(i) {
+            Obj::Srq { rq, .. } => rq
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .set_limit(limit),
+            _ => unreachable!("an SRQ slot"),
+        }
+    }
+
+    fn query_srq(&self, srq: SrqHandle) -> Result<SrqAttr> {
+        let st = self.lock();
+        let i = st.srq(srq)?;
+        match st.objs.get(i) {
+            Obj::Srq { rq, .. } => {
+                let rq = rq.lock().unwrap_or_else(|e| e.into_inner());
+                Ok(SrqAttr {
+                    max_wr: rq.max_wr(),
+                    max_sge: rq.max_sge(),
+                    limit: rq.limit(),
+                })
+            }
+            _ => unreachable!("an SRQ slot"),
+        }
+    }
+
+    fn destroy_srq(&self, srq: SrqHandle) -> Result<()> {
+        let mut st = self.lock();
+        let i = st.srq(srq)?;
+        let (ca, pd, ctx, users) = match st.objs.get(i) {
+            Obj::Srq {
+                ca, pd, ctx, users, ..
+            } => (*ca, *pd, *ctx, *users),
+            _ => unreachable!(),
+        };
+        if users > 0 {
+            return Err(VerbsError::Busy("a QP uses the SRQ"));
+        }
+        st.objs.release(i);
+        st.adjust(pd, -1);
+        let (guid, h) = (st.guid_of(ca), st.handler(ca));
+        st.defer(guid, Cb::Destroyed(h, ResourceKind::Srq, ctx));
+        Self::kick(&mut st, guid);
+        Ok(())
+    }
+
+    fn post_srq_recv(&self, srq: SrqHandle, wrs: &[RecvWr]) -> Result<()> {
+        let rq = {
+            let st = self.lock();
+            let i = st.srq(srq)?;
+            match st.objs.get(i) {
+                Obj::Srq { rq, .. } => rq.clone(),
+                _ => unreachable!("an SRQ slot"),
+            }
+        };
+        // Checked when a Send takes one (the QP's PD and keys then).
+        let r = rq.lock().unwrap_or_else(|e| e.into_inner()).post(wrs);
+        r
     }
 
     fn reg_mr(
@@ -907,6 +1034,7 @@ fn post_one_send(st: &mut Inner, i: usize, wr: &SendWr) -> Result<()> {
             wr_id: wr.wr_id,
             opcode,
             signaled: q.init.sq_sig_all || wr.flags.contains(verbs::SendFlags::SIGNALED),
+            srq: false,
         },
     );
     q.sq_out += 1;
@@ -940,6 +1068,9 @@ fn post_one_send(st: &mut Inner, i: usize, wr: &SendWr) -> Result<()> {
 fn post_one_recv(st: &mut Inner, i: usize, wr: &RecvWr) -> Result<()> {
     let guid = st.qp_mut(i).guid;
     let q = st.qp_mut(i);
+    if q.srq.is_some() {
+        return Err(bad("the QP takes its receives from its SRQ"));
+    }
     if q.state == QpState::Reset {
         return Err(VerbsError::InvalidState(QpState::Reset));
     }
@@ -971,6 +1102,7 @@ fn post_one_recv(st: &mut Inner, i: usize, wr: &RecvWr) -> Result<()> {
             wr_id: wr.wr_id,
             opcode: WcOpcode::Recv,
             signaled: true,
+            srq: false,
         },
     );
     q.rq_out += 1;
@@ -992,9 +1124,9 @@ pub(crate) fn to_wc(q: &mut Qp, c: &iwarp::Completion) -> Option<(WorkCompletion
     let info = q.wrs.remove(&c.wr_id)?;
     q.sgls.remove(&(c.wr_id as u32));
     let recv = c.kind == iwarp::WcKind::Recv;
-    if recv {
+    if recv && !info.srq {
         q.rq_out = q.rq_out.saturating_sub(1);
-    } else {
+    } else if !recv {
         q.sq_out = q.sq_out.saturating_sub(1);
     }
     let status = match c.status {

@@ -9,10 +9,12 @@
 //! refused, and it completes with a local protection error in queue order.
 
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use iwarp::{Access, Memory, MemoryError, STag};
 use rdma_types::{AccessFlags, Rkey};
 use verbs::kit::keys::{KeyTable, Target};
+use verbs::kit::rq::RecvQueue;
 use verbs::Sge;
 
 /// One checked piece of a scatter/gather list.
@@ -90,6 +92,45 @@ pub(crate) struct QpMem<'a> {
     /// The QP's remote access rights (modify-QP `access`).
     pub(crate) access: AccessFlags,
     pub(crate) sgls: &'a HashMap<u32, Sgl>,
+    /// The QP's shared receive queue.
+    pub(crate) srq: Option<&'a SrqRef>,
+    /// What was taken from the SRQ meanwhile, for the driver to keep.
+    pub(crate) taken: Taken,
+}
+
+/// A QP's shared receive queue as its engine reaches it.
+#[derive(Clone)]
+pub(crate) struct SrqRef {
+    pub(crate) rq: Arc<Mutex<RecvQueue>>,
+    pub(crate) pd: u32,
+    pub(crate) ctx: u64,
+    pub(crate) handler: Arc<dyn verbs::EventHandler>,
+}
+
+/// Receives a QP's engine took from its SRQ while it ran: their lists
+/// (under STags with the top bit set, which the QP's own never use),
+/// engine id to the consumer's WR id, and whether the SRQ's limit fired.
+#[derive(Default)]
+pub(crate) struct Taken {
+    pub(crate) sgls: Vec<(u32, Sgl)>,
+    pub(crate) wrs: Vec<(u64, u64)>,
+    pub(crate) next_id: u32,
+    pub(crate) limit_fired: bool,
+}
+
+/// The bit that marks a local STag (and engine id) of an SRQ receive.
+pub(crate) const SRQ_ID: u32 = 0x8000_0000;
+
+impl QpMem<'_> {
+    fn sgl(&self, stag: STag) -> Option<&Sgl> {
+        self.sgls.get(&stag.0).or_else(|| {
+            self.taken
+                .sgls
+                .iter()
+                .find(|(s, _)| *s == stag.0)
+                .map(|(_, l)| l)
+        })
+    }
 }
 
 fn needs(access: Access) -> AccessFlags {
@@ -129,14 +170,14 @@ impl QpMem<'_> {
 
 impl Memory for QpMem<'_> {
     fn read_local(&mut self, stag: STag, to: u64, out: &mut [u8]) -> Result<(), MemoryError> {
-        let sgl = self.sgls.get(&stag.0).ok_or(MemoryError::InvalidStag)?;
+        let sgl = self.sgl(stag).ok_or(MemoryError::InvalidStag)?;
         sgl.walk(to, out.len(), |t, off, r| {
             t.buf.read_at(t.off + off, &mut out[r])
         })
     }
 
     fn write_local(&mut self, stag: STag, to: u64, data: &[u8]) -> Result<(), MemoryError> {
-        let sgl = self.sgls.get(&stag.0).ok_or(MemoryError::InvalidStag)?;
+        let sgl = self.sgl(stag).ok_or(MemoryError::InvalidStag)?;
         if !sgl.writable {
             return Err(MemoryError::NoAccess);
         }
@@ -172,6 +213,29 @@ impl Memory for QpMem<'_> {
         // may invalidate (RFC 5040 6.10: an STag that cannot be
         // invalidated terminates the stream).
         Err(MemoryError::InvalidStag)
+    }
+
+    fn shared_recv(&mut self) -> Option<iwarp::RecvWqe> {
+        let srq = self.srq?;
+        let (wr, fire) = srq.rq.lock().unwrap_or_else(|e| e.into_inner()).take()?;
+        self.taken.limit_fired |= fire;
+        let id = SRQ_ID | (self.taken.next_id & !SRQ_ID);
+        self.taken.next_id = self.taken.next_id.wrapping_add(1);
+        let len: u64 = wr.sges.iter().map(|s| u64::from(s.length)).sum();
+        // A list that fails its check gets no entry: the first byte for
+        // it is refused, the receive completes with a protection error.
+        if let Some(l) = Sgl::check(self.keys, srq.pd, &wr.sges, true) {
+            self.taken.sgls.push((id, l));
+        }
+        self.taken.wrs.push((u64::from(id), wr.wr_id));
+        Some(iwarp::RecvWqe {
+            wr_id: u64::from(id),
+            buf: iwarp::Sge {
+                stag: STag(id),
+                to: 0,
+                len: u32::try_from(len).unwrap_or(u32::MAX),
+            },
+        })
     }
 }
 

@@ -46,6 +46,7 @@ fn listen_connect_accept_reject_and_close() {
     let t = std::thread::spawn(move || p.cm_connect(g, n, dst, b"first", Duration::from_secs(10)));
     let req = listener
         .requests()
+        .unwrap()
         .recv_timeout(Duration::from_secs(10))
         .unwrap();
     assert_eq!(req.private_data, b"first");
@@ -68,6 +69,7 @@ fn listen_connect_accept_reject_and_close() {
     let t = std::thread::spawn(move || p.cm_connect(g, n, dst, b"login", Duration::from_secs(10)));
     let req = listener
         .requests()
+        .unwrap()
         .recv_timeout(Duration::from_secs(10))
         .unwrap();
     assert_eq!(req.private_data, b"login");
@@ -157,7 +159,7 @@ fn a_connect_nobody_answers_times_out() {
     );
     assert_eq!(r, Err(CmError::TimedOut));
     // The request reached the listener; nobody answered it.
-    assert!(listener.requests().try_recv().is_ok());
+    assert!(listener.requests().unwrap().try_recv().is_ok());
     // The QP is free for another attempt.
     assert_eq!(a.p.query_qp(qa).unwrap().state, Some(QpState::Init));
 }

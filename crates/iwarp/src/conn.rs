@@ -82,6 +82,12 @@ pub trait Memory {
     fn remote_read(&mut self, stag: STag, to: u64, out: &mut [u8]) -> Result<(), MemoryError>;
     /// Invalidates `stag` (Send with Invalidate).
     fn invalidate(&mut self, stag: STag) -> Result<(), MemoryError>;
+    /// A receive buffer from a queue the connection shares with others
+    /// (a shared receive queue), taken when a Send finds none of the
+    /// connection's own; `None` when there is none.
+    fn shared_recv(&mut self) -> Option<RecvWqe> {
+        None
+    }
 }
 
 /// A local buffer: STag, tagged offset and length.
@@ -916,7 +922,11 @@ impl Connection {
         let mut a = match self.active_recv.take() {
             Some(a) => a,
             None => {
-                let wqe = self.rq.pop_front().ok_or(TermCause::DdpNoBuffer)?;
+                let wqe = self
+                    .rq
+                    .pop_front()
+                    .or_else(|| mem.shared_recv())
+                    .ok_or(TermCause::DdpNoBuffer)?;
                 ActiveRecv { wqe, received: 0 }
             }
         };

@@ -59,7 +59,6 @@ impl Fixture for Iwarp {
             Feature::Uc,
             Feature::Ud,
             Feature::SpecialQp,
-            Feature::Srq,
             Feature::Mw,
             Feature::Atomics,
             Feature::PortControl,
