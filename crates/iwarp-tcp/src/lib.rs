@@ -23,13 +23,20 @@
 //!   ([`rendezvous`]); the other side's IO thread answers it once its QP
 //!   has reached RTR with the matching destination (a request for a QP
 //!   still in INIT waits for it, bounded by the initiator's MPA timeout).
-//! - through a connection manager (item 3, next): the RDMA CM hands a QP
-//!   a stream it connected or accepted and the private data it carries;
-//!   the QP's engine starts on that stream the same way.
+//! - through a connection manager ([`cm`]: listen, connect, accept,
+//!   reject with private data, what Linux's iw_cm asks of a driver; and
+//!   [`rdmacm::IwarpCm`], the access layer's RDMA CM `Service` over it):
+//!   the QP names [`CM_QPN`] as its destination and takes the stream the
+//!   CM connected or accepted.
+//!
+//! A NIC can write a pcap of its streams for tshark ([`NicOptions::capture_dir`],
+//! module `capture`). A shared receive queue serves its QPs' Sends as
+//! they arrive (the engine asks for a buffer through
+//! `iwarp::Memory::shared_recv`).
 //!
 //! What a NIC cannot do, per RFC 5040 and as siw: UD, UC and the special
-//! QPs, atomics, immediate data (RFC 7306 is not implemented), memory
-//! windows and SRQs (not yet) are `NotSupported`. Completion semantics
+//! QPs, atomics, immediate data (RFC 7306 is not implemented) and memory
+//! windows (not yet) are `NotSupported`. Completion semantics
 //! are iWARP's: a Send or RDMA Write completes once TCP took it (RFC 5040
 //! 5.x); a responder's refusal (bad STag, bounds, no receive buffer,
 //! receive too small) comes back as a TERMINATE that puts the requester's
