@@ -242,6 +242,7 @@ impl SoftIwarp {
             let ip = crate::ca_ip(self, guid.0).ok_or(CmError::Io("no such NIC".into()))?;
             let origin = Origin::CmConnect {
                 qp: i,
+                qpn: qpn.value(),
                 waiter: Some(tx),
             };
             let tok = dev::connect(&mut st, guid.0, ip, dst, private_data.to_vec(), origin, now)

@@ -38,8 +38,11 @@ const WAKER: Token = Token(1);
 /// Reads of one stream per readiness event.
 const READS_PER_EVENT: usize = 16;
 
-/// Bytes queued for a socket before the transmit loop stops.
+/// Bytes queued for a socket before the transmit loop writes them.
 const OUT_HIGH: usize = 1 << 20;
+
+/// Fill-and-write rounds of one stream per pump.
+const WRITE_ROUNDS: usize = 8;
 
 /// A consumer callback, delivered by the IO thread with no lock held.
 pub(crate) enum Cb {
@@ -97,6 +100,8 @@ pub(crate) enum Origin {
     /// outcome sent to the waiting caller.
     CmConnect {
         qp: usize,
+        /// The QP's number, to know it is still the QP in that slot.
+        qpn: u32,
         waiter: Option<Sender<std::result::Result<CmConnected, CmError>>>,
     },
 }
@@ -133,6 +138,8 @@ pub(crate) struct Dev {
     pub(crate) cm_listeners: HashMap<Token, (TcpListener, crate::cm::RequestSink)>,
     pub(crate) shared: std::sync::Weak<Shared>,
     capture: Option<Capture>,
+    /// Streams with more to send than one pump sent.
+    again: Vec<Token>,
 }
 
 impl Dev {
@@ -179,6 +186,7 @@ impl Dev {
             cm_listeners: HashMap::new(),
             shared: Arc::downgrade(shared),
             capture,
+            again: Vec::new(),
         })
     }
 
@@ -276,6 +284,9 @@ fn run(shared: Arc<Shared>, guid: u64, mut poll: Poll) {
                 })
                 .collect();
             ready.extend(again.drain(..).map(|t| (t, true, false)));
+            if let Some(d) = st.devs.get_mut(&guid) {
+                ready.extend(d.again.drain(..).map(|t| (t, false, true)));
+            }
             for (tok, readable, writable) in ready {
                 match tok {
                     LISTENER => accept(&mut st, guid, tok, now),
@@ -567,45 +578,77 @@ fn step(st: &mut Inner, guid: u64, tok: Token, now: Instant) -> Option<Step> {
         keys,
         conns,
         capture,
+        again,
+        waker,
         ..
     } = d;
     let c = conns.get_mut(&tok)?;
     let qp = c.qp.and_then(|s| match objs.get(s) {
-        Obj::Qp(q) => Some(q),
+        Obj::Qp(q) => Some(&**q),
         _ => None,
     });
-    match qp {
-        Some(q) => {
-            // Sending takes no receive: nothing is taken from the SRQ.
-            let mut mem = qp_mem(q, keys);
-            while c.out.len() < OUT_HIGH && c.engine.poll_transmit(now, &mut mem, &mut c.out) {}
-        }
-        None => {
-            while c.out.len() < OUT_HIGH && c.engine.poll_transmit(now, &mut NoMem, &mut c.out) {}
-        }
-    }
-    let mut written = 0;
-    while written < c.out.len() {
-        match c.stream.write(&c.out[written..]) {
-            Ok(0) => break,
-            Ok(n) => written += n,
-            Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-            Err(e) if e.kind() == ErrorKind::Interrupted => {}
-            Err(e) if e.kind() == ErrorKind::NotConnected => break,
-            Err(e) => {
-                tracing::debug!(%e, peer = %c.peer, "iWARP stream write failed");
-                c.engine.handle_stream_closed();
-                c.out.clear();
-                c.closing = true;
-                written = 0;
+    // Rounds of filling `out` and writing it, until the socket is full
+    // (its writable edge resumes us) or the engine has nothing more; a
+    // stream that still has more after the last round is revisited by the
+    // IO thread (`again`), so one busy stream cannot starve the others.
+    let mut mem: Box<dyn iwarp::Memory> = match qp {
+        // Sending takes no receive: nothing is taken from the SRQ.
+        Some(q) => Box::new(qp_mem(q, keys)),
+        None => Box::new(NoMem),
+    };
+    let mut more = false;
+    for _ in 0..WRITE_ROUNDS {
+        // Full before the engine ran dry: it may have more.
+        more = true;
+        while c.out.len() < OUT_HIGH {
+            if !c.engine.poll_transmit(now, &mut *mem, &mut c.out) {
+                more = false;
                 break;
             }
         }
+        let mut written = 0;
+        let mut blocked = false;
+        while written < c.out.len() {
+            match c.stream.write(&c.out[written..]) {
+                Ok(0) => {
+                    blocked = true;
+                    break;
+                }
+                Ok(n) => written += n,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    blocked = true;
+                    break;
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == ErrorKind::NotConnected => {
+                    blocked = true;
+                    break;
+                }
+                Err(e) => {
+                    tracing::debug!(%e, peer = %c.peer, "iWARP stream write failed");
+                    c.engine.handle_stream_closed();
+                    c.out.clear();
+                    c.closing = true;
+                    written = 0;
+                    blocked = true;
+                    break;
+                }
+            }
+        }
+        if let Some(cap) = capture.as_mut().filter(|_| written > 0) {
+            cap.data(tok, true, &c.out[..written]);
+        }
+        c.out.drain(..written);
+        if blocked || !more {
+            more = false;
+            break;
+        }
     }
-    if let Some(cap) = capture.as_mut().filter(|_| written > 0) {
-        cap.data(tok, true, &c.out[..written]);
+    drop(mem);
+    if more {
+        again.push(tok);
+        let _ = waker.wake();
     }
-    c.out.drain(..written);
     let mut events = Vec::new();
     while let Some(e) = c.engine.poll_event() {
         events.push(e);
@@ -631,7 +674,7 @@ fn on_event(st: &mut Inner, guid: u64, tok: Token, ev: Event, now: Instant) {
         .map(|c| match &mut c.origin {
             Origin::Verbs => None,
             Origin::CmListen(l) => Some((None, Some(*l), None)),
-            Origin::CmConnect { qp, waiter } => Some((Some(*qp), None, waiter.take())),
+            Origin::CmConnect { qp, qpn, waiter } => Some((Some((*qp, *qpn)), None, waiter.take())),
         });
     let Some(cm) = cm else { return };
     match (ev, cm) {
@@ -658,7 +701,12 @@ fn on_event(st: &mut Inner, guid: u64, tok: Token, ev: Event, now: Instant) {
                 .get(&guid)
                 .and_then(|d| d.conns.get(&tok))
                 .and_then(|c| c.stream.local_addr().ok());
-            match (qp, waiter, local) {
+            // The QP may have been destroyed (its slot reused) meanwhile.
+            let live = qp.filter(|&(i, qpn)| {
+                let here = st.devs.get(&guid).and_then(|d| d.qpns.get(&qpn)) == Some(&i);
+                here && matches!(st.objs.get(i), Obj::Qp(q) if q.conn.is_none())
+            });
+            match (live.map(|(i, _)| i), waiter, local) {
                 (Some(i), Some(w), Some(local)) => {
                     bind(st, guid, tok, i);
                     let _ = w.send(Ok(CmConnected {
@@ -668,9 +716,8 @@ fn on_event(st: &mut Inner, guid: u64, tok: Token, ev: Event, now: Instant) {
                         local,
                     }));
                 }
-                // A listener's stream, accepted already; or a connect
-                // whose caller gave up: nothing waits.
-                (None, _, _) => {}
+                // A listener's stream, accepted already.
+                (None, _, _) if qp.is_none() => {}
                 _ => {
                     if let Some(c) = st.devs.get_mut(&guid).and_then(|d| d.conns.get_mut(&tok)) {
                         c.engine.abort();
