@@ -277,7 +277,7 @@ impl SoftIwarp {
         let q = st.qp_mut(i);
         if q.conn.is_some() && q.state != rdma_types::QpState::Reset {
             q.state = rdma_types::QpState::Err;
-            dev::qp_error(&mut st, i, false);
+            dev::qp_error(&mut st, i);
         }
         if let Some(d) = st.devs.get_mut(&guid.0) {
             d.kick();

@@ -131,7 +131,6 @@ pub(crate) struct Dev {
     next_token: usize,
     stopping: bool,
     ip: IpAddr,
-    port: u16,
     base: iwarp::Config,
     dead_peer: Duration,
     /// CM listeners by token.
@@ -180,7 +179,6 @@ impl Dev {
             next_token: 2,
             stopping: false,
             ip,
-            port: options.port,
             base,
             dead_peer: options.dead_peer,
             cm_listeners: HashMap::new(),
@@ -273,21 +271,20 @@ fn run(shared: Arc<Shared>, guid: u64, mut poll: Poll) {
                     return;
                 }
             }
-            let mut ready: Vec<(Token, bool, bool)> = events
+            // Each stream named is read if it may have bytes, and pumped
+            // (what waits is written, what came is handled) in any case.
+            let mut ready: Vec<(Token, bool)> = events
                 .iter()
                 .map(|e| {
-                    (
-                        e.token(),
-                        e.is_readable() || e.is_read_closed() || e.is_error(),
-                        e.is_writable() || e.is_error(),
-                    )
+                    let r = e.is_readable() || e.is_read_closed() || e.is_error();
+                    (e.token(), r)
                 })
                 .collect();
-            ready.extend(again.drain(..).map(|t| (t, true, false)));
+            ready.extend(again.drain(..).map(|t| (t, true)));
             if let Some(d) = st.devs.get_mut(&guid) {
-                ready.extend(d.again.drain(..).map(|t| (t, false, true)));
+                ready.extend(d.again.drain(..).map(|t| (t, false)));
             }
-            for (tok, readable, writable) in ready {
+            for (tok, readable) in ready {
                 match tok {
                     LISTENER => accept(&mut st, guid, tok, now),
                     WAKER => {}
@@ -302,7 +299,6 @@ fn run(shared: Arc<Shared>, guid: u64, mut poll: Poll) {
                         if readable && read(&mut st, guid, tok, now, &mut buf) {
                             again.push(tok);
                         }
-                        let _ = writable;
                         pump(&mut st, guid, tok, now);
                     }
                 }
@@ -556,7 +552,7 @@ pub(crate) fn pump(st: &mut Inner, guid: u64, tok: Token, now: Instant) {
         }
         let quiet = events.is_empty();
         for ev in events {
-            on_event(st, guid, tok, ev, now);
+            on_event(st, guid, tok, ev);
         }
         if close {
             close_conn(st, guid, tok);
@@ -665,8 +661,7 @@ fn step(st: &mut Inner, guid: u64, tok: Token, now: Instant) -> Option<Step> {
     Some((events, completions, c.qp, close))
 }
 
-fn on_event(st: &mut Inner, guid: u64, tok: Token, ev: Event, now: Instant) {
-    let _ = now;
+fn on_event(st: &mut Inner, guid: u64, tok: Token, ev: Event) {
     let cm = st
         .devs
         .get_mut(&guid)
@@ -1080,7 +1075,7 @@ pub(crate) fn qp_pump(st: &mut Inner, i: usize, now: Instant) {
 
 /// The consumer moved QP `i` to ERR (or it failed): flush everything and
 /// close its stream.
-pub(crate) fn qp_error(st: &mut Inner, i: usize, _fatal: bool) {
+pub(crate) fn qp_error(st: &mut Inner, i: usize) {
     let q = st.qp_mut(i);
     let (guid, conn) = (q.guid, q.conn);
     if let Some(t) = conn {
@@ -1095,7 +1090,7 @@ pub(crate) fn qp_error(st: &mut Inner, i: usize, _fatal: bool) {
 
 /// Back to RESET: the stream goes, work is forgotten.
 pub(crate) fn qp_reset(st: &mut Inner, i: usize) {
-    qp_detach(st, i, true);
+    qp_detach(st, i);
     let q = st.qp_mut(i);
     q.wait_sq.clear();
     q.wait_rq.clear();
@@ -1108,7 +1103,7 @@ pub(crate) fn qp_reset(st: &mut Inner, i: usize) {
 }
 
 /// Drops QP `i`'s stream without completing anything.
-pub(crate) fn qp_detach(st: &mut Inner, i: usize, _quiet: bool) {
+pub(crate) fn qp_detach(st: &mut Inner, i: usize) {
     let q = st.qp_mut(i);
     let (guid, conn) = (q.guid, q.conn.take());
     if let Some(t) = conn {
@@ -1212,7 +1207,6 @@ pub(crate) fn connect(
     }
     let cfg = d.config(Role::Initiator, private_data);
     let engine = Connection::new(cfg, now).map_err(std::io::Error::other)?;
-    let _ = d.port;
     d.conns.insert(
         tok,
         Conn {

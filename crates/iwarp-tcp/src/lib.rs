@@ -738,7 +738,7 @@ impl Provider for SoftIwarp {
             q.state = to;
         }
         match (from, to) {
-            (_, QpState::Err) => dev::qp_error(&mut st, i, false),
+            (_, QpState::Err) => dev::qp_error(&mut st, i),
             (_, QpState::Reset) => dev::qp_reset(&mut st, i),
             (QpState::Init, QpState::Rtr) => {
                 let now = self.shared.now();
@@ -773,7 +773,7 @@ impl Provider for SoftIwarp {
     fn destroy_qp(&self, qp: QpHandle) -> Result<()> {
         let mut st = self.lock();
         let i = st.qp(qp)?;
-        dev::qp_detach(&mut st, i, true);
+        dev::qp_detach(&mut st, i);
         let Some(Obj::Qp(q)) = st.objs.release(i) else {
             unreachable!("a QP slot")
         };
