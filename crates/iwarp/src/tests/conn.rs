@@ -1425,3 +1425,238 @@ fn mixed_traffic_both_ways_byte_for_byte() {
         }
     }
 }
+
+/// An established responder whose reply went out and whose events were
+/// taken.
+fn quiet_responder() -> (Connection, TestMemory) {
+    let (mut c, mut mem) = established_responder();
+    while c.poll_event().is_some() {}
+    let mut out = Vec::new();
+    while c.poll_transmit(Instant::ZERO, &mut mem, &mut out) {}
+    (c, mem)
+}
+
+/// One Send FPDU (CRC off) of `data`, MSN `msn`, for an established
+/// responder.
+fn send_fpdu(msn: u32, data: &[u8]) -> Vec<u8> {
+    let mut f = Vec::new();
+    mpa::emit_fpdu(
+        &ulpdu(untagged(Opcode::Send, qn::SEND, msn, 0, true, 0), data),
+        false,
+        &mut f,
+    );
+    f
+}
+
+#[test]
+fn a_receive_that_cannot_take_the_send_completes_with_the_local_error() {
+    // Too small: the receive says so, the peer gets "too long".
+    let (mut c, mut mem) = quiet_responder();
+    let small = Sge {
+        stag: STag(2),
+        to: 0,
+        len: 4,
+    };
+    c.post_recv(RecvWqe {
+        wr_id: 1,
+        buf: small,
+    });
+    c.handle_bytes(Instant::ZERO, &send_fpdu(1, b"eight by"), &mut mem);
+    assert_eq!(
+        c.poll_completion().map(|c| (c.wr_id, c.status)),
+        Some((1, WcStatus::LocalLength))
+    );
+    assert_eq!(c.poll_completion(), None, "completed once");
+    assert_eq!(
+        sent_terminate(&mut c, &mut mem, false).code,
+        TermCause::DdpTooLong.code()
+    );
+    // A buffer memory refuses: a protection error, nothing placed.
+    let (mut c, mut mem) = quiet_responder();
+    let gone = Sge {
+        stag: STag(99),
+        to: 0,
+        len: 64,
+    };
+    c.post_recv(RecvWqe {
+        wr_id: 2,
+        buf: gone,
+    });
+    c.handle_bytes(Instant::ZERO, &send_fpdu(1, b"data"), &mut mem);
+    assert_eq!(
+        c.poll_completion().map(|c| (c.wr_id, c.status)),
+        Some((2, WcStatus::LocalProtection))
+    );
+    assert_eq!(
+        sent_terminate(&mut c, &mut mem, false).code,
+        TermCause::DdpLocalCatastrophic.code()
+    );
+}
+
+/// A memory with a shared receive queue in front of [`TestMemory`].
+struct Shared {
+    mem: TestMemory,
+    queue: VecDeque<RecvWqe>,
+}
+
+impl crate::Memory for Shared {
+    fn read_local(&mut self, s: STag, to: u64, out: &mut [u8]) -> Result<(), crate::MemoryError> {
+        self.mem.read_local(s, to, out)
+    }
+    fn write_local(&mut self, s: STag, to: u64, d: &[u8]) -> Result<(), crate::MemoryError> {
+        self.mem.write_local(s, to, d)
+    }
+    fn remote_check(
+        &mut self,
+        s: STag,
+        to: u64,
+        len: u64,
+        a: crate::Access,
+    ) -> Result<(), crate::MemoryError> {
+        self.mem.remote_check(s, to, len, a)
+    }
+    fn remote_write(&mut self, s: STag, to: u64, d: &[u8]) -> Result<(), crate::MemoryError> {
+        self.mem.remote_write(s, to, d)
+    }
+    fn remote_read(&mut self, s: STag, to: u64, o: &mut [u8]) -> Result<(), crate::MemoryError> {
+        self.mem.remote_read(s, to, o)
+    }
+    fn invalidate(&mut self, s: STag) -> Result<(), crate::MemoryError> {
+        self.mem.invalidate(s)
+    }
+    fn shared_recv(&mut self) -> Option<RecvWqe> {
+        self.queue.pop_front()
+    }
+}
+
+#[test]
+fn a_send_with_no_receive_of_its_own_takes_a_shared_one() {
+    let (mut c, mem) = quiet_responder();
+    let mut m = Shared {
+        mem,
+        queue: VecDeque::new(),
+    };
+    let buf = Sge {
+        stag: STag(2),
+        to: 100,
+        len: 64,
+    };
+    m.queue.push_back(RecvWqe { wr_id: 7, buf });
+    c.handle_bytes(Instant::ZERO, &send_fpdu(1, b"shared"), &mut m);
+    let done = c.poll_completion().unwrap();
+    assert_eq!(
+        (done.wr_id, done.status, done.byte_len),
+        (7, WcStatus::Success, 6)
+    );
+    assert_eq!(&m.mem.bytes(STag(2))[100..106], b"shared");
+    // The next finds the queue empty: no buffer.
+    c.handle_bytes(Instant::ZERO, &send_fpdu(2, b"again"), &mut m);
+    assert_eq!(
+        c.poll_event(),
+        Some(Event::TerminateSent {
+            cause: TermCause::DdpNoBuffer
+        })
+    );
+}
+
+#[test]
+fn a_read_into_a_refused_sink_is_never_asked_for() {
+    let (mut c, mut mem) = quiet_responder();
+    let sink = Sge {
+        stag: STag(42),
+        to: 0,
+        len: 16,
+    };
+    c.post_send(SendWqe {
+        wr_id: 3,
+        op: SendOp::Read {
+            local: sink,
+            remote_stag: STag(9),
+            remote_to: 0,
+        },
+    });
+    // Only a TERMINATE goes out, no Read Request.
+    let t = sent_terminate(&mut c, &mut mem, false);
+    assert_eq!(t.code, TermCause::RdmapLocalCatastrophic.code());
+    assert_eq!(
+        c.poll_completion().map(|c| (c.wr_id, c.status)),
+        Some((3, WcStatus::LocalProtection))
+    );
+}
+
+#[test]
+fn a_read_the_peer_refuses_completes_with_remote_access() {
+    let (mut c, mut mem) = quiet_responder();
+    let sink = Sge {
+        stag: STag(2),
+        to: 0,
+        len: 16,
+    };
+    c.post_send(SendWqe {
+        wr_id: 4,
+        op: SendOp::Read {
+            local: sink,
+            remote_stag: STag(9),
+            remote_to: 0,
+        },
+    });
+    let mut out = Vec::new();
+    while c.poll_transmit(Instant::ZERO, &mut mem, &mut out) {}
+    let mut body = Vec::new();
+    TerminateRepr {
+        code: TermCause::RdmapInvalidStag.code(),
+        segment_len: None,
+        ddp_header: None,
+        rdma_header: None,
+    }
+    .emit(&mut body);
+    let mut f = Vec::new();
+    mpa::emit_fpdu(
+        &ulpdu(
+            untagged(Opcode::Terminate, qn::TERMINATE, 1, 0, true, 0),
+            &body,
+        ),
+        false,
+        &mut f,
+    );
+    c.handle_bytes(Instant::ZERO, &f, &mut mem);
+    assert_eq!(
+        c.poll_completion().map(|c| (c.wr_id, c.status)),
+        Some((4, WcStatus::RemoteAccess))
+    );
+}
+
+#[test]
+fn a_closed_stream_flushes_with_an_event_and_an_abort_without() {
+    let (mut c, mut mem) = quiet_responder();
+    let buf = Sge {
+        stag: STag(2),
+        to: 0,
+        len: 16,
+    };
+    c.post_recv(RecvWqe { wr_id: 1, buf });
+    c.handle_stream_closed();
+    assert_eq!(c.poll_event(), Some(Event::StreamClosed));
+    assert_eq!(
+        c.poll_completion().map(|c| (c.wr_id, c.status)),
+        Some((1, WcStatus::Flushed))
+    );
+    // Once ended, a second close says nothing.
+    c.handle_stream_closed();
+    assert_eq!(c.poll_event(), None);
+
+    let (mut c, mut mem2) = quiet_responder();
+    c.post_recv(RecvWqe { wr_id: 2, buf });
+    c.abort();
+    assert_eq!(c.poll_event(), None);
+    assert_eq!(
+        c.poll_completion().map(|c| (c.wr_id, c.status)),
+        Some((2, WcStatus::Flushed))
+    );
+    let mut out = Vec::new();
+    assert!(
+        !c.poll_transmit(Instant::ZERO, &mut mem2, &mut out),
+        "nothing sent"
+    );
+    let _ = &mut mem;
+}
