@@ -1026,10 +1026,12 @@ fn post_one_send(st: &mut Inner, i: usize, wr: &SendWr) -> Result<()> {
     let len = u32::try_from(wr.total_len()).map_err(|_| bad("message longer than 4 GiB"))?;
     let pd = q.pd as u32;
     let writable = opcode == WcOpcode::RdmaRead;
+    let inline = wr.flags.contains(verbs::SendFlags::INLINE) && !writable;
     let sgl = st
         .devs
         .get(&guid)
-        .and_then(|d| Sgl::check(&d.keys, pd, &wr.sges, writable));
+        .and_then(|d| Sgl::check(&d.keys, pd, &wr.sges, writable))
+        .map(|l| if inline { l.snapshot() } else { l });
     let q = st.qp_mut(i);
     let id = q.next_id();
     if let Some(s) = sgl {

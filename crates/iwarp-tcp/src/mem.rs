@@ -53,6 +53,27 @@ impl Sgl {
         Some(Sgl { pieces, writable })
     }
 
+    /// The list's bytes copied now into a buffer of its own (inline
+    /// sends: the consumer may reuse its buffers once the post returns).
+    pub(crate) fn snapshot(&self) -> Sgl {
+        let len: usize = self.pieces.iter().map(|p| p.len).sum();
+        let buf = verbs::MemBuf::new_private(len.max(1));
+        let mut at = 0;
+        for p in &self.pieces {
+            let mut tmp = vec![0u8; p.len];
+            p.target.buf.read_at(p.target.off, &mut tmp);
+            buf.write_at(at, &tmp);
+            at += p.len;
+        }
+        Sgl {
+            pieces: vec![Piece {
+                target: Target { buf, off: 0 },
+                len,
+            }],
+            writable: false,
+        }
+    }
+
     /// Visits the pieces covering `[to, to + len)` as (target, offset in
     /// the piece, range of the caller's bytes).
     fn walk(

@@ -96,3 +96,39 @@ fn twelve_mib_each_way_byte_for_byte() {
     assert!(bb.to_vec(LEN, LEN) == write, "WRITE data differs");
     assert!(ba.to_vec(2 * LEN, LEN) == read, "READ data differs");
 }
+
+#[test]
+fn an_inline_send_carries_the_bytes_of_its_post() {
+    let f = pair(ip(3), ip(4));
+    let (a, b) = (Node::open(&f, f.guids.0, 64), Node::open(&f, f.guids.1, 64));
+    let (qa, qb) = (a.qp(QpType::Rc, None, 10), b.qp(QpType::Rc, None, 20));
+    let (na, nb) = (
+        a.p.qp_num(qa).unwrap().value(),
+        b.p.qp_num(qb).unwrap().value(),
+    );
+    // a is ready; b not yet: a's sends wait for the stream.
+    ready(&a, qa, ip(4), nb);
+    a.buf.write_at(0, b"first");
+    let mut w = SendWr::new(1, SendOpcode::Send, vec![a.sge(0, 5)]);
+    w.flags = verbs::SendFlags::SIGNALED | verbs::SendFlags::INLINE;
+    a.p.post_send(qa, &[w]).unwrap();
+    a.buf.write_at(0, b"later");
+    a.p.post_send(qa, &[SendWr::new(2, SendOpcode::Send, vec![a.sge(0, 5)])])
+        .unwrap();
+    common::init(&b, qb);
+    for id in 1..=2 {
+        b.p.post_recv(
+            qb,
+            &[RecvWr {
+                wr_id: id,
+                sges: vec![b.sge(100 * id, 16)],
+            }],
+        )
+        .unwrap();
+    }
+    common::connect(&b, qb, ip(3), na);
+    assert_eq!(b.wc().wr_id, 1);
+    assert_eq!(b.wc().wr_id, 2);
+    assert_eq!(b.buf.to_vec(100, 5), b"first", "the inline send's bytes");
+    assert_eq!(b.buf.to_vec(200, 5), b"later");
+}
