@@ -334,3 +334,83 @@ fn a_stream_that_never_asks_for_a_qp_is_closed() {
         "closed after {waited:?}"
     );
 }
+
+#[test]
+fn a_client_that_speaks_no_mpa_is_refused_and_the_nic_serves_on() {
+    let (_f, b, qb, mut r) = nic_and_peer(209);
+    // Junk where an MPA request belongs: the NIC closes that stream.
+    let mut junk = std::net::TcpStream::connect_timeout(
+        &SocketAddr::new(ip(209, 2), VERBS_PORT),
+        Duration::from_secs(10),
+    )
+    .unwrap();
+    junk.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    junk.write_all(b"GET / HTTP/1.0\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut buf = [0u8; 64];
+    let n = std::io::Read::read(&mut junk, &mut buf);
+    assert!(
+        matches!(n, Ok(0))
+            || n.as_ref()
+                .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset),
+        "expected the stream closed, got {n:?}"
+    );
+    // An MPA request for a QP the NIC does not have: a reject reply.
+    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    s.bind(&SocketAddr::new(ip(209, 1), 0).into()).unwrap();
+    s.connect_timeout(
+        &SocketAddr::new(ip(209, 2), VERBS_PORT).into(),
+        Duration::from_secs(10),
+    )
+    .unwrap();
+    let mut s = std::net::TcpStream::from(s);
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let pd = iwarp_tcp::rendezvous::Rendezvous {
+        initiator_qpn: 9,
+        responder_qpn: 0x00ab_cdef,
+    }
+    .emit();
+    let req =
+        iwarp::mpa::FrameRepr::ours(iwarp::mpa::FrameKind::Request, true, 2, Some((4, 4)), &pd);
+    let mut bytes = Vec::new();
+    req.emit(&mut bytes);
+    s.write_all(&bytes).unwrap();
+    let mut got = Vec::new();
+    let _ = std::io::Read::read_to_end(&mut s, &mut got);
+    let (rep, _) = iwarp::mpa::FrameRepr::parse(&got, iwarp::mpa::FrameKind::Reply).unwrap();
+    assert!(rep.reject, "{rep:?}");
+    assert_eq!(rep.private_data, b"no such QP");
+    // The good connection still carries data.
+    recv(&b, qb, 1, 0, 64);
+    raw_send(&mut r, 1, b"still here");
+    let wc = b.wc();
+    assert_eq!(
+        (wc.wr_id, wc.status, wc.byte_len),
+        (1, WcStatus::Success, 10)
+    );
+    assert_eq!(b.buf.to_vec(0, 10), b"still here");
+}
+
+#[test]
+fn destroying_a_qp_ends_its_peer_in_error() {
+    let f = pair(ip(210, 1), ip(210, 2));
+    let (a, b) = (Node::open(&f, f.guids.0, 64), Node::open(&f, f.guids.1, 64));
+    let (qa, qb) = (a.qp(QpType::Rc, None, 10), b.qp(QpType::Rc, None, 20));
+    let (na, nb) = (
+        a.p.qp_num(qa).unwrap().value(),
+        b.p.qp_num(qb).unwrap().value(),
+    );
+    ready(&a, qa, ip(210, 2), nb);
+    ready(&b, qb, ip(210, 1), na);
+    recv(&b, qb, 1, 0, 64);
+    a.buf.write_at(0, b"bye");
+    a.p.post_send(qa, &[SendWr::new(1, SendOpcode::Send, vec![a.sge(0, 3)])])
+        .unwrap();
+    assert_eq!(b.wc().byte_len, 3);
+    recv(&b, qb, 2, 0, 64);
+    a.p.destroy_qp(qa).unwrap();
+    assert!(b.rec.wait_for(|e| *e == qp_fatal(20)), "no QpFatal");
+    let wc = b.wc();
+    assert_eq!((wc.wr_id, wc.status), (2, WcStatus::WrFlushErr));
+}
