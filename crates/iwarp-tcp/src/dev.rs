@@ -587,17 +587,24 @@ fn step(st: &mut Inner, guid: u64, tok: Token, now: Instant) -> Option<Step> {
     // (its writable edge resumes us) or the engine has nothing more; a
     // stream that still has more after the last round is revisited by the
     // IO thread (`again`), so one busy stream cannot starve the others.
-    let mut mem: Box<dyn iwarp::Memory> = match qp {
+    let (mut qm, mut none);
+    let mem: &mut dyn iwarp::Memory = match qp {
         // Sending takes no receive: nothing is taken from the SRQ.
-        Some(q) => Box::new(qp_mem(q, keys)),
-        None => Box::new(NoMem),
+        Some(q) => {
+            qm = qp_mem(q, keys);
+            &mut qm
+        }
+        None => {
+            none = NoMem;
+            &mut none
+        }
     };
     let mut more = false;
     for _ in 0..WRITE_ROUNDS {
         // Full before the engine ran dry: it may have more.
         more = true;
         while c.out.len() < OUT_HIGH {
-            if !c.engine.poll_transmit(now, &mut *mem, &mut c.out) {
+            if !c.engine.poll_transmit(now, mem, &mut c.out) {
                 more = false;
                 break;
             }
@@ -640,7 +647,6 @@ fn step(st: &mut Inner, guid: u64, tok: Token, now: Instant) -> Option<Step> {
             break;
         }
     }
-    drop(mem);
     if more {
         again.push(tok);
         let _ = waker.wake();
