@@ -29,8 +29,9 @@ use verbs::{AsyncEvent, AsyncEventKind, EventHandler, ResourceKind};
 use crate::capture::Capture;
 use crate::cm::{CmConnected, CmError, CmRequest};
 use crate::mem::{NoMem, QpMem, Taken};
+use crate::post::to_wc;
 use crate::rendezvous::Rendezvous;
-use crate::{gid_ip, to_wc, Inner, NicOptions, Obj, Shared, SoftIwarp};
+use crate::{gid_ip, Inner, NicOptions, Obj, Shared, SoftIwarp};
 
 const LISTENER: Token = Token(0);
 const WAKER: Token = Token(1);
