@@ -132,3 +132,39 @@ fn an_inline_send_carries_the_bytes_of_its_post() {
     assert_eq!(b.buf.to_vec(100, 5), b"first", "the inline send's bytes");
     assert_eq!(b.buf.to_vec(200, 5), b"later");
 }
+
+#[test]
+fn a_zero_length_write_with_no_key_is_a_harmless_probe() {
+    let f = pair(ip(5), ip(6));
+    let (a, b) = (Node::open(&f, f.guids.0, 64), Node::open(&f, f.guids.1, 64));
+    let (qa, qb) = (a.qp(QpType::Rc, None, 10), b.qp(QpType::Rc, None, 20));
+    let (na, nb) = (
+        a.p.qp_num(qa).unwrap().value(),
+        b.p.qp_num(qb).unwrap().value(),
+    );
+    ready(&a, qa, ip(6), nb);
+    ready(&b, qb, ip(5), na);
+    // srp_initiator's liveness probe: no SGE, address 0, R_Key 0.
+    a.p.post_send(qa, &[SendWr::new(1, SendOpcode::RdmaWrite, vec![])])
+        .unwrap();
+    assert_eq!(a.wc().status, WcStatus::Success);
+    // A SEND behind it arrives: the stream lives.
+    b.p.post_recv(
+        qb,
+        &[RecvWr {
+            wr_id: 2,
+            sges: vec![b.sge(0, 16)],
+        }],
+    )
+    .unwrap();
+    a.buf.write_at(0, b"alive");
+    a.p.post_send(qa, &[SendWr::new(3, SendOpcode::Send, vec![a.sge(0, 5)])])
+        .unwrap();
+    assert_eq!(a.wc().status, WcStatus::Success);
+    let wc = b.wc();
+    assert_eq!(
+        (wc.wr_id, wc.status, wc.byte_len),
+        (2, WcStatus::Success, 5)
+    );
+    assert_eq!(b.buf.to_vec(0, 5), b"alive");
+}

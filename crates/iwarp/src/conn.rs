@@ -839,6 +839,12 @@ impl Connection {
             Placement::Tagged { stag, to } => {
                 to.checked_add(len).ok_or(TermCause::DdpToWrap)?;
                 if seg.opcode == Opcode::RdmaWrite {
+                    // A zero-length Write names no memory: nothing is
+                    // checked or placed (as IBA C9-88 has it for RDMA over
+                    // IB; peers use it as a liveness probe with STag 0).
+                    if data.is_empty() {
+                        return Ok(());
+                    }
                     return mem.remote_write(stag, to, data).map_err(tagged_cause);
                 }
                 // Read Response: it must answer our oldest Read.
@@ -1011,13 +1017,16 @@ impl Connection {
         req.src_to
             .checked_add(u64::from(req.size))
             .ok_or(TermCause::RdmapToWrap)?;
-        mem.remote_check(
-            req.src_stag,
-            req.src_to,
-            u64::from(req.size),
-            Access::RemoteRead,
-        )
-        .map_err(rdmap_cause)?;
+        // A zero-length Read names no memory either (see `place`).
+        if req.size > 0 {
+            mem.remote_check(
+                req.src_stag,
+                req.src_to,
+                u64::from(req.size),
+                Access::RemoteRead,
+            )
+            .map_err(rdmap_cause)?;
+        }
         self.rx_read_msn = self.rx_read_msn.next();
         self.in_reads.push_back(InRead { req, off: 0 });
         Ok(())
@@ -1067,11 +1076,16 @@ impl Connection {
         let n = (r.req.size - r.off).min(room);
         let last = r.off + n == r.req.size;
         let mut payload = vec![0; n as usize];
-        if let Err(e) = mem.remote_read(
-            r.req.src_stag,
-            r.req.src_to + u64::from(r.off),
-            &mut payload,
-        ) {
+        let read = if payload.is_empty() {
+            Ok(())
+        } else {
+            mem.remote_read(
+                r.req.src_stag,
+                r.req.src_to + u64::from(r.off),
+                &mut payload,
+            )
+        };
+        if let Err(e) = read {
             // Invalidated since the request was checked.
             self.terminate(rdmap_cause(e), None);
             return false;

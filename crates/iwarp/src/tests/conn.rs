@@ -1660,3 +1660,41 @@ fn a_closed_stream_flushes_with_an_event_and_an_abort_without() {
     );
     let _ = &mut mem;
 }
+
+#[test]
+fn zero_length_writes_and_reads_name_no_memory() {
+    let (mut c, mut mem) = quiet_responder();
+    // A zero-length Write to STag 0 (a liveness probe): nothing happens.
+    let mut f = Vec::new();
+    mpa::emit_fpdu(&ulpdu(tagged(Opcode::RdmaWrite, 0, 0), &[]), false, &mut f);
+    c.handle_bytes(Instant::ZERO, &f, &mut mem);
+    assert_eq!((c.poll_event(), c.state()), (None, State::Established));
+    // A zero-length Read of STag 0: an empty last Read Response.
+    let mut f = Vec::new();
+    mpa::emit_fpdu(
+        &ulpdu(
+            untagged(Opcode::ReadRequest, qn::READ_REQUEST, 1, 0, true, 0),
+            &read_req(0, 0, 0),
+        ),
+        false,
+        &mut f,
+    );
+    c.handle_bytes(Instant::ZERO, &f, &mut mem);
+    assert_eq!((c.poll_event(), c.state()), (None, State::Established));
+    let mut out = Vec::new();
+    assert!(c.poll_transmit(Instant::ZERO, &mut mem, &mut out));
+    let mut rx = FpduReceiver::new(false, crate::ddp::TAGGED_HEADER_LEN);
+    let mut s = &out[..];
+    let u = rx.poll(&mut s).unwrap().unwrap().to_vec();
+    let p = DdpPacket::new_checked(&u[..]).unwrap();
+    let seg = SegmentRepr::parse(&p).unwrap();
+    assert_eq!(
+        (seg.opcode, seg.last, p.payload().len()),
+        (Opcode::ReadResponse, true, 0)
+    );
+    // A non-empty Write to STag 0 still terminates.
+    let mut f = Vec::new();
+    mpa::emit_fpdu(&ulpdu(tagged(Opcode::RdmaWrite, 0, 0), b"x"), false, &mut f);
+    c.handle_bytes(Instant::ZERO, &f, &mut mem);
+    assert!(matches!(c.poll_event(), Some(Event::TerminateSent { .. })));
+}
