@@ -1,7 +1,7 @@
 //! pcap capture of a NIC's streams, decoded by tshark's iWARP dissectors
 //! (`iwarp_mpa`, `iwarp_ddp_rdmap`): the MPA request and reply, then
-//! SEND, RDMA WRITE, RDMA Read Request and Read Response FPDUs with their
-//! CRCs, no packet malformed and no expert warning.
+//! SEND, RDMA WRITE, RDMA Read Request, Read Response and TERMINATE FPDUs
+//! with their CRCs, no packet malformed and no expert warning.
 
 mod common;
 
@@ -9,7 +9,7 @@ use common::{pair_with, ready};
 use iwarp_tcp::NicOptions;
 use rdma_types::{QpType, WcStatus};
 use std::net::{IpAddr, Ipv4Addr};
-use verbs::conformance::Node;
+use verbs::conformance::{qp_fatal, Node};
 use verbs::{RecvWr, RemoteAddr, SendOpcode, SendWr};
 
 fn ip(d: u8) -> IpAddr {
@@ -65,6 +65,15 @@ fn tshark_decodes_every_frame_of_a_capture() {
     assert_eq!(b.wc().byte_len, 5000);
     assert_eq!(b.buf.to_vec(0, 5000), data);
     assert_eq!(a.buf.to_vec(20_000, 2000), data[..2000]);
+    // A WRITE past b's registration: b's TERMINATE is captured too.
+    let mut bad = SendWr::new(4, SendOpcode::RdmaWrite, vec![a.sge(0, 64)]);
+    bad.remote = RemoteAddr {
+        addr: b.buf.addr() + 65536 - 16,
+        rkey: b.mr.rkey,
+    };
+    a.p.post_send(qa, &[bad]).unwrap();
+    assert_eq!(a.wc().wr_id, 4);
+    assert!(a.rec.wait_for(|e| *e == qp_fatal(10)), "no TERMINATE came");
     let pcap = dir.join(format!("iwarp-{}.pcap", ip(1)));
     let Some(rows) = rdma_testkit::tshark_fields(
         "tshark_decodes_every_frame_of_a_capture",
@@ -106,6 +115,7 @@ fn tshark_decodes_every_frame_of_a_capture() {
         ("0x00", "RDMA Write"),
         ("0x01", "Read Request"),
         ("0x02", "Read Response"),
+        ("0x07", "Terminate"),
     ] {
         assert!(ops.iter().any(|o| o == op), "no {what} ({op}) in {ops:?}");
     }
