@@ -15,7 +15,14 @@
 //!    passed (the only timer: the initiator's wait for the MPA reply; TCP
 //!    retransmits, so there is no transport timer);
 //! 6. [`Connection::poll_completion`] and [`Connection::poll_event`] until
-//!    `None`.
+//!    `None`;
+//! 7. [`Connection::handle_stream_closed`] when the stream ends under it
+//!    (EOF, a reset), [`Connection::abort`] when the consumer ends it.
+//!
+//! Memory may lend receive buffers from a queue shared by several
+//! connections ([`Memory::shared_recv`]): a Send that finds none of the
+//! connection's own takes one there. A zero-length RDMA Write or Read
+//! names no memory and is neither checked nor placed.
 //!
 //! After [`Event::TerminateSent`] or [`Event::TerminateReceived`] the
 //! driver sends what `poll_transmit` still gives and closes the stream;
