@@ -163,3 +163,28 @@ fn a_connect_nobody_answers_times_out() {
     // The QP is free for another attempt.
     assert_eq!(a.p.query_qp(qa).unwrap().state, Some(QpState::Init));
 }
+
+#[test]
+fn a_connect_to_a_port_nobody_listens_on_fails_at_once() {
+    let f = pair(ip(5), ip(6));
+    let a = Node::open(&f, f.guids.0, 16);
+    let _b = Node::open(&f, f.guids.1, 16);
+    let qa = a.qp(QpType::Rc, None, 10);
+    init(&a, qa);
+    let n = a.p.qp_num(qa).unwrap();
+    let started = std::time::Instant::now();
+    let r = f.p.cm_connect(
+        f.guids.0,
+        n,
+        SocketAddr::new(ip(6), 5999),
+        b"anyone?",
+        Duration::from_secs(10),
+    );
+    assert!(matches!(r, Err(CmError::Failed(_))), "{r:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        started.elapsed()
+    );
+    assert_eq!(a.p.query_qp(qa).unwrap().state, Some(QpState::Init));
+}

@@ -414,3 +414,19 @@ fn destroying_a_qp_ends_its_peer_in_error() {
     let wc = b.wc();
     assert_eq!((wc.wr_id, wc.status), (2, WcStatus::WrFlushErr));
 }
+
+#[test]
+fn a_peer_nic_that_is_not_there_ends_the_qp_in_error() {
+    // Only the first NIC is opened; the second address has no listener.
+    let f = pair(ip(211, 1), ip(211, 2));
+    let a = Node::open(&f, f.guids.0, 16);
+    let qa = a.qp(QpType::Rc, None, 10);
+    init(&a, qa);
+    recv(&a, qa, 1, 0, 64);
+    // The connect is refused (at once, or by the time RTS is asked for).
+    common::rtr(&a, qa, ip(211, 2), 99);
+    assert!(a.rec.wait_for(|e| *e == qp_fatal(10)), "no QpFatal");
+    let wc = a.wc();
+    assert_eq!((wc.wr_id, wc.status), (1, WcStatus::WrFlushErr));
+    assert_eq!(a.p.query_qp(qa).unwrap().state, Some(QpState::Err));
+}

@@ -92,8 +92,13 @@ pub fn init(n: &Node, qp: QpHandle) {
 
 /// Takes `qp` of `n` from INIT to RTS towards QP `peer_qpn` at `peer`.
 pub fn connect(n: &Node, qp: QpHandle, peer: IpAddr, peer_qpn: u32) {
-    let p = &n.p;
-    p.modify_qp(
+    rtr(n, qp, peer, peer_qpn);
+    rts(n, qp);
+}
+
+/// Takes `qp` of `n` from INIT to RTR towards QP `peer_qpn` at `peer`.
+pub fn rtr(n: &Node, qp: QpHandle, peer: IpAddr, peer_qpn: u32) {
+    n.p.modify_qp(
         qp,
         &QpAttr {
             state: Some(QpState::Rtr),
@@ -107,7 +112,11 @@ pub fn connect(n: &Node, qp: QpHandle, peer: IpAddr, peer_qpn: u32) {
         },
     )
     .unwrap();
-    p.modify_qp(
+}
+
+/// Takes `qp` of `n` from RTR to RTS.
+pub fn rts(n: &Node, qp: QpHandle) {
+    n.p.modify_qp(
         qp,
         &QpAttr {
             state: Some(QpState::Rts),
