@@ -167,9 +167,9 @@ impl Driver {
             // On the node's own clock, as the thread computed its wake-up:
             // a deadline it already slept for is never "sooner" by the
             // microseconds between its reading of the clock and its sleep.
-            let sooner = node.next_deadline().is_some_and(|d| {
-                d.total_micros() < self.shared.sleep_until.load(Ordering::SeqCst)
-            });
+            let sooner = node
+                .next_deadline()
+                .is_some_and(|d| d.total_micros() < self.shared.sleep_until.load(Ordering::SeqCst));
             drop(node);
             if ready || sooner {
                 self.shared.posted.store(true, Ordering::SeqCst);
