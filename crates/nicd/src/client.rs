@@ -28,8 +28,14 @@
 //! no system call; [`NicdProvider::counters`] counts the ones made.
 //! [`NicdProvider::connect_with`] can keep every verb on the socket.
 //!
-//! Not yet: QP0/QP1 (the daemon refuses them).
+//! QP1: a GSI QP made here is this client's place at the daemon's
+//! shared QP1 (see [`crate::mads`]), served by this provider (the `gsi`
+//! module): the access layer's CM, SA client and MAD agents run over it
+//! unchanged, and tell the daemon what they serve and listen on with
+//! [`Provider::gsi_register`] and [`Provider::gsi_listen`]. QP0 is
+//! refused (the daemon's).
 
+mod gsi;
 mod rings;
 
 pub use rings::Counters;
@@ -38,7 +44,7 @@ use crate::proto::{
     self, Answer, ClientReport, Event, Kind, Reply, Request, OLDEST_VERSION, VERSION,
 };
 use crate::sock::{send_frame, FrameReader, ReadError};
-use rdma_types::{AccessFlags, Guid, PortNum, Qpn, Rkey};
+use rdma_types::{AccessFlags, Guid, PortNum, QpType, Qpn, Rkey};
 use std::collections::HashMap;
 use std::os::fd::BorrowedFd;
 use std::os::unix::net::UnixStream;
@@ -100,6 +106,11 @@ struct Conn {
     dropped: AtomicBool,
     /// Requests sent.
     calls: AtomicU64,
+    /// What this side serves itself: GSI QPs and what they need to know.
+    local: Mutex<gsi::Local>,
+    /// The event thread, for GSI completions made by a verb (taken when
+    /// the connection ends, so that thread ends too).
+    kick: Mutex<Option<Sender<Dispatch>>>,
 }
 
 /// A [`Provider`] whose CAs are the NIC daemon's (see the module docs).
@@ -119,6 +130,8 @@ enum Dispatch {
     Event(Event),
     /// The daemon is gone: `CaRemoval` to every open CA.
     Gone,
+    /// CQ `.0` has a GSI completion: its handler hears if it is armed.
+    Kick(u32),
 }
 
 impl NicdProvider {
@@ -178,6 +191,7 @@ impl NicdProvider {
             path: socket.to_owned(),
             source,
         })?;
+        let (tx, rx) = channel::<Dispatch>();
         let conn = Arc::new(Conn {
             sock,
             write: Mutex::new(()),
@@ -187,8 +201,9 @@ impl NicdProvider {
             handlers: Mutex::new(HashMap::new()),
             dropped: AtomicBool::new(false),
             calls: AtomicU64::new(0),
+            local: Mutex::new(gsi::Local::default()),
+            kick: Mutex::new(Some(tx.clone())),
         });
-        let (tx, rx) = channel::<Dispatch>();
         let c = conn.clone();
         std::thread::Builder::new()
             .name("nicd-client-rx".into())
@@ -310,6 +325,18 @@ impl Conn {
         if !self.dropped.load(Ordering::Relaxed) {
             let _ = events.send(Dispatch::Gone);
         }
+        self.kick.lock().unwrap_or_else(|e| e.into_inner()).take();
+    }
+
+    fn local(&self) -> std::sync::MutexGuard<'_, gsi::Local> {
+        self.local.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Has the event thread tell CQ `cq`'s handler of a GSI completion.
+    fn kick(&self, cq: u32) {
+        if let Some(tx) = &*self.kick.lock().unwrap_or_else(|e| e.into_inner()) {
+            let _ = tx.send(Dispatch::Kick(cq));
+        }
     }
 
     /// Runs the handler an event is for, holding no lock.
@@ -319,11 +346,34 @@ impl Conn {
             Dispatch::Register(ca, h) => {
                 handlers().insert(ca, h);
             }
+            Dispatch::Kick(cq) => {
+                let hear = self.local().notify(cq);
+                if let Some((ca, ctx)) = hear {
+                    if let Some(h) = handlers().get(&ca).cloned() {
+                        h.on_completion(ctx);
+                    }
+                }
+            }
+            Dispatch::Event(Event::Mad {
+                qp,
+                sgid,
+                pkey_index,
+                mad,
+                ..
+            }) => {
+                let hear = self.local().receive(qp.0.index, sgid, pkey_index, &mad);
+                if let Some((ca, ctx)) = hear {
+                    if let Some(h) = handlers().get(&ca).cloned() {
+                        h.on_completion(ctx);
+                    }
+                }
+            }
             Dispatch::Event(e) => {
                 let ca = match &e {
                     Event::Completion { ca, .. }
                     | Event::Async { ca, .. }
-                    | Event::Destroyed { ca, .. } => ca.0.index,
+                    | Event::Destroyed { ca, .. }
+                    | Event::Mad { ca, .. } => ca.0.index,
                 };
                 let Some(h) = handlers().get(&ca).cloned() else {
                     return;
@@ -337,6 +387,7 @@ impl Conn {
                             handlers().remove(&ca);
                         }
                     }
+                    Event::Mad { .. } => {}
                 }
             }
             Dispatch::Gone => {
@@ -445,6 +496,73 @@ impl NicdProvider {
     }
 }
 
+/// The CQ verbs as the daemon serves them (GSI completions aside).
+impl NicdProvider {
+    fn create_cq_here(&self, pd: PdHandle, init: &CqInit, ctx: Context) -> Result<CqHandle> {
+        let init = *init;
+        let layout = self
+            .rings
+            .as_ref()
+            .and_then(|r| rings::Rings::cq_layout(init.cqe).map(|l| (r, l)));
+        let Some((r, layout)) = layout else {
+            return call!(self, Request::CreateCq { pd, init, ctx }, Reply::Cq { cq } => cq);
+        };
+        let (buf, ring) = layout?;
+        let req = Request::CreateCqRing {
+            pd,
+            init,
+            ctx,
+            len: buf.len() as u64,
+            ring,
+        };
+        let fd = shared_fd(&buf)?;
+        let cq = match self.conn.call(&req, Some(fd)) {
+            Ok(Reply::Cq { cq }) => cq,
+            Ok(other) => return Err(unexpected("CreateCqRing", &other)),
+            // Rings beyond this client's memory limit: the socket serves.
+            Err(VerbsError::OutOfResources(m)) if m == crate::server::MEMORY_LIMIT => {
+                return call!(self, Request::CreateCq { pd, init, ctx }, Reply::Cq { cq } => cq);
+            }
+            Err(e) => return Err(e),
+        };
+        r.add_cq(cq.0, buf, ring)?;
+        Ok(cq)
+    }
+
+    fn poll_cq_here(&self, cq: CqHandle, out: &mut [WorkCompletion]) -> Result<usize> {
+        if let Some(r) = &self.rings {
+            match r.poll_cq(cq.0, out) {
+                Some(Ok((n, false))) => return Ok(n),
+                Some(Err(e)) => return Err(e),
+                // No ring, or a delegated one found empty.
+                Some(Ok((_, true))) | None => {}
+            }
+        }
+        let max = out.len().min(u32::MAX as usize) as u32;
+        let wcs = call!(self, Request::PollCq { cq, max }, Reply::Wcs { wcs } => wcs)?;
+        let n = wcs.len().min(out.len());
+        out[..n].copy_from_slice(&wcs[..n]);
+        Ok(n)
+    }
+
+    fn req_notify_cq_here(&self, cq: CqHandle, solicited_only: bool) -> Result<()> {
+        if !solicited_only && self.rings.as_ref().is_some_and(|r| r.arm(cq.0)) {
+            return Ok(());
+        }
+        call!(self, Request::ReqNotifyCq { cq, solicited_only }, Reply::Unit {} => ())
+    }
+
+    fn wait_cq_here(&self, cq: CqHandle, timeout: Duration) -> Result<()> {
+        match self.rings.as_ref().and_then(|r| r.wait_cq(cq.0, timeout)) {
+            Some(true) => return Ok(()),
+            Some(false) => return Err(VerbsError::Timeout),
+            None => {}
+        }
+        let timeout_us = timeout.as_micros().min(u64::MAX as u128) as u64;
+        call!(self, Request::WaitCq { cq, timeout_us }, Reply::Unit {} => ())
+    }
+}
+
 impl Provider for NicdProvider {
     fn name(&self) -> &'static str {
         "nicd"
@@ -496,81 +614,63 @@ impl Provider for NicdProvider {
     }
 
     fn alloc_pd(&self, ca: CaHandle, ctx: Context) -> Result<PdHandle> {
-        call!(self, Request::AllocPd { ca, ctx }, Reply::Pd { pd } => pd)
+        let pd = call!(self, Request::AllocPd { ca, ctx }, Reply::Pd { pd } => pd)?;
+        self.conn.local().pds.insert(pd.0.index, ca.0.index);
+        Ok(pd)
     }
 
     fn dealloc_pd(&self, pd: PdHandle) -> Result<()> {
-        call!(self, Request::DeallocPd { pd }, Reply::Unit {} => ())
+        call!(self, Request::DeallocPd { pd }, Reply::Unit {} => ())?;
+        self.conn.local().pds.remove(&pd.0.index);
+        Ok(())
     }
 
     fn create_cq(&self, pd: PdHandle, init: &CqInit, ctx: Context) -> Result<CqHandle> {
-        let init = *init;
-        let layout = self
-            .rings
-            .as_ref()
-            .and_then(|r| rings::Rings::cq_layout(init.cqe).map(|l| (r, l)));
-        let Some((r, layout)) = layout else {
-            return call!(self, Request::CreateCq { pd, init, ctx }, Reply::Cq { cq } => cq);
-        };
-        let (buf, ring) = layout?;
-        let req = Request::CreateCqRing {
-            pd,
-            init,
-            ctx,
-            len: buf.len() as u64,
-            ring,
-        };
-        let fd = shared_fd(&buf)?;
-        let cq = match self.conn.call(&req, Some(fd)) {
-            Ok(Reply::Cq { cq }) => cq,
-            Ok(other) => return Err(unexpected("CreateCqRing", &other)),
-            // Rings beyond this client's memory limit: the socket serves.
-            Err(VerbsError::OutOfResources(m)) if m == crate::server::MEMORY_LIMIT => {
-                return call!(self, Request::CreateCq { pd, init, ctx }, Reply::Cq { cq } => cq);
-            }
-            Err(e) => return Err(e),
-        };
-        r.add_cq(cq.0, buf, ring)?;
+        let cq = self.create_cq_here(pd, init, ctx)?;
+        let mut l = self.conn.local();
+        let ca = l.pds.get(&pd.0.index).copied().unwrap_or(0);
+        l.cqs.insert(cq.0.index, (ca, ctx));
         Ok(cq)
     }
 
     fn destroy_cq(&self, cq: CqHandle) -> Result<()> {
         call!(self, Request::DestroyCq { cq }, Reply::Unit {} => ())?;
         self.forget(cq.0);
+        let mut l = self.conn.local();
+        l.cqs.remove(&cq.0.index);
+        l.done.remove(&cq.0.index);
+        l.armed.remove(&cq.0.index);
         Ok(())
     }
 
     fn poll_cq(&self, cq: CqHandle, out: &mut [WorkCompletion]) -> Result<usize> {
-        if let Some(r) = &self.rings {
-            match r.poll_cq(cq.0, out) {
-                Some(Ok((n, false))) => return Ok(n),
-                Some(Err(e)) => return Err(e),
-                // No ring, or a delegated one found empty.
-                Some(Ok((_, true))) | None => {}
-            }
+        // GSI completions first; the CQ's own on the next call.
+        let n = self.conn.local().poll(cq.0.index, out);
+        if n > 0 {
+            return Ok(n);
         }
-        let max = out.len().min(u32::MAX as usize) as u32;
-        let wcs = call!(self, Request::PollCq { cq, max }, Reply::Wcs { wcs } => wcs)?;
-        let n = wcs.len().min(out.len());
-        out[..n].copy_from_slice(&wcs[..n]);
-        Ok(n)
+        self.poll_cq_here(cq, out)
     }
 
     fn req_notify_cq(&self, cq: CqHandle, solicited_only: bool) -> Result<()> {
-        if !solicited_only && self.rings.as_ref().is_some_and(|r| r.arm(cq.0)) {
-            return Ok(());
+        let pending = {
+            let mut l = self.conn.local();
+            l.armed.insert(cq.0.index);
+            l.done.get(&cq.0.index).is_some_and(|d| !d.is_empty())
+        };
+        if pending {
+            self.conn.kick(cq.0.index);
         }
-        call!(self, Request::ReqNotifyCq { cq, solicited_only }, Reply::Unit {} => ())
+        self.req_notify_cq_here(cq, solicited_only)
     }
 
     fn wait_cq(&self, cq: CqHandle, timeout: Duration) -> Result<()> {
-        match self.rings.as_ref().and_then(|r| r.wait_cq(cq.0, timeout)) {
-            Some(true) => return Ok(()),
-            Some(false) => return Err(VerbsError::Timeout),
-            None => {}
+        let l = self.conn.local();
+        if l.done.get(&cq.0.index).is_some_and(|d| !d.is_empty()) {
+            return Ok(());
         }
-        let timeout_us = timeout.as_micros().min(u64::MAX as u128) as u64;
-        call!(self, Request::WaitCq { cq, timeout_us }, Reply::Unit {} => ())
+        drop(l);
+        self.wait_cq_here(cq, timeout)
     }
 
     fn create_srq(&self, pd: PdHandle, attr: &SrqAttr, ctx: Context) -> Result<SrqHandle> {
@@ -619,6 +719,15 @@ impl Provider for NicdProvider {
     }
 
     fn create_qp(&self, pd: PdHandle, init: &QpInit, ctx: Context) -> Result<QpHandle> {
+        match init.qp_type {
+            QpType::Smi => {
+                return Err(VerbsError::NotSupported(
+                    "QP0 is the NIC daemon's own: no client gets it",
+                ))
+            }
+            QpType::Gsi => return self.open_gsi(pd, init, ctx),
+            _ => {}
+        }
         let init = *init;
         let layout = self
             .rings
@@ -651,10 +760,22 @@ impl Provider for NicdProvider {
     }
 
     fn qp_num(&self, qp: QpHandle) -> Result<Qpn> {
+        if self.conn.local().gsis.contains_key(&qp.0.index) {
+            return Ok(Qpn::GSI);
+        }
         call!(self, Request::QpNum { qp }, Reply::Qpn { qpn } => qpn)
     }
 
     fn modify_qp(&self, qp: QpHandle, attr: &QpAttr) -> Result<()> {
+        if let Some(g) = self.conn.local().gsis.get_mut(&qp.0.index) {
+            if let Some(s) = attr.state {
+                g.state = s;
+            }
+            if let Some(i) = attr.pkey_index {
+                g.pkey_index = i;
+            }
+            return Ok(());
+        }
         let attr = *attr;
         call!(self, Request::ModifyQp { qp, attr }, Reply::Unit {} => ())?;
         if let (Some(r), Some(state)) = (&self.rings, attr.state) {
@@ -664,22 +785,35 @@ impl Provider for NicdProvider {
     }
 
     fn query_qp(&self, qp: QpHandle) -> Result<QpAttr> {
+        if let Some(g) = self.conn.local().gsis.get(&qp.0.index) {
+            return Ok(QpAttr {
+                state: Some(g.state),
+                pkey_index: Some(g.pkey_index),
+                qkey: Some(rdma_types::Qkey::GSI),
+                ..Default::default()
+            });
+        }
         call!(self, Request::QueryQp { qp }, Reply::QpAttr { attr } => attr)
     }
 
     fn destroy_qp(&self, qp: QpHandle) -> Result<()> {
         call!(self, Request::DestroyQp { qp }, Reply::Unit {} => ())?;
         self.forget(qp.0);
+        self.conn.local().gsis.remove(&qp.0.index);
         Ok(())
     }
 
     fn create_ah(&self, pd: PdHandle, attr: &AhAttr) -> Result<AhHandle> {
         let attr = *attr;
-        call!(self, Request::CreateAh { pd, attr }, Reply::Ah { ah } => ah)
+        let ah = call!(self, Request::CreateAh { pd, attr }, Reply::Ah { ah } => ah)?;
+        self.conn.local().ahs.insert(ah.0.index, attr.dgid);
+        Ok(ah)
     }
 
     fn destroy_ah(&self, ah: AhHandle) -> Result<()> {
-        call!(self, Request::DestroyAh { ah }, Reply::Unit {} => ())
+        call!(self, Request::DestroyAh { ah }, Reply::Unit {} => ())?;
+        self.conn.local().ahs.remove(&ah.0.index);
+        Ok(())
     }
 
     fn reg_mr(
@@ -705,6 +839,8 @@ impl Provider for NicdProvider {
         if let Some(r) = &self.rings {
             r.add_mr(info.handle.0, Some(pd.0), info.addr, info.len);
         }
+        let mr = (buf.clone(), info.addr, info.len, info.lkey);
+        self.conn.local().mrs.insert(info.handle.0.index, mr);
         Ok(info)
     }
 
@@ -729,12 +865,15 @@ impl Provider for NicdProvider {
         if let Some(r) = &self.rings {
             r.add_mr(mr.0, None, info.addr, info.len);
         }
+        let held = (buf.clone(), info.addr, info.len, info.lkey);
+        self.conn.local().mrs.insert(mr.0.index, held);
         Ok(info)
     }
 
     fn dereg_mr(&self, mr: MrHandle) -> Result<()> {
         call!(self, Request::DeregMr { mr }, Reply::Unit {} => ())?;
         self.forget(mr.0);
+        self.conn.local().mrs.remove(&mr.0.index);
         Ok(())
     }
 
@@ -752,6 +891,9 @@ impl Provider for NicdProvider {
     }
 
     fn post_send(&self, qp: QpHandle, wrs: &[SendWr]) -> Result<()> {
+        if self.conn.local().gsis.contains_key(&qp.0.index) {
+            return self.gsi_send(qp, wrs);
+        }
         let socket = |wrs: &[SendWr]| {
             let wrs = wrs.to_vec();
             call!(self, Request::PostSend { qp, wrs }, Reply::Unit {} => ())
@@ -763,6 +905,10 @@ impl Provider for NicdProvider {
     }
 
     fn post_recv(&self, qp: QpHandle, wrs: &[RecvWr]) -> Result<()> {
+        if let Some(g) = self.conn.local().gsis.get_mut(&qp.0.index) {
+            g.recvs.extend(wrs.iter().cloned());
+            return Ok(());
+        }
         let socket = |wrs: &[RecvWr]| {
             let wrs = wrs.to_vec();
             call!(self, Request::PostRecv { qp, wrs }, Reply::Unit {} => ())
@@ -782,5 +928,111 @@ impl Provider for NicdProvider {
             Some(r) => r.post_recv(srq.0, true, wrs, socket),
             None => socket(wrs),
         }
+    }
+
+    fn gsi_register(
+        &self,
+        qp: QpHandle,
+        class: u8,
+        version: u8,
+        methods: &[u8],
+        serve: bool,
+    ) -> Result<()> {
+        let req = Request::GsiRegister {
+            qp,
+            class,
+            version,
+            methods: methods.to_vec(),
+            serve,
+        };
+        call!(self, req, Reply::Unit {} => ())
+    }
+
+    fn gsi_listen(&self, qp: QpHandle, service_id: u64, listen: bool) -> Result<()> {
+        let req = Request::GsiListen {
+            qp,
+            service_id,
+            listen,
+        };
+        call!(self, req, Reply::Unit {} => ())
+    }
+}
+
+/// GSI QPs (see the `gsi` module).
+impl NicdProvider {
+    fn open_gsi(&self, pd: PdHandle, init: &QpInit, ctx: Context) -> Result<QpHandle> {
+        if init.port.is_some_and(|p| p != PortNum(1)) {
+            return Err(VerbsError::InvalidArgument(
+                "the NIC daemon's CAs have one port: a GSI QP of port 1".into(),
+            ));
+        }
+        let qp = call!(self, Request::OpenGsi { pd, ctx }, Reply::Qp { qp } => qp)?;
+        self.conn.local().gsis.insert(
+            qp.0.index,
+            gsi::Gsi {
+                ctx,
+                send_cq: init.send_cq.0.index,
+                recv_cq: init.recv_cq.0.index,
+                sig_all: init.sq_sig_all,
+                state: rdma_types::QpState::Reset,
+                pkey_index: 0,
+                recvs: Default::default(),
+            },
+        );
+        Ok(qp)
+    }
+
+    /// Each WR's MAD to the daemon; its completion here.
+    fn gsi_send(&self, qp: QpHandle, wrs: &[SendWr]) -> Result<()> {
+        let bad = |index, cause: VerbsError| VerbsError::BadWr {
+            index,
+            cause: Box::new(cause),
+        };
+        for (i, wr) in wrs.iter().enumerate() {
+            let (mad, dgid, pkey_index, cq, ctx, signal) = {
+                let l = self.conn.local();
+                let Some(g) = l.gsis.get(&qp.0.index) else {
+                    return Err(VerbsError::InvalidHandle);
+                };
+                if g.state != rdma_types::QpState::Rts {
+                    return Err(bad(i, VerbsError::InvalidState(g.state)));
+                }
+                let Some(ud) = wr.ud.filter(|u| u.remote_qpn == Qpn::GSI) else {
+                    return Err(bad(
+                        i,
+                        VerbsError::InvalidArgument(
+                            "a send on the NIC daemon's QP1 goes to QP1 of a port (UD, QPN 1)"
+                                .into(),
+                        ),
+                    ));
+                };
+                let Some(dgid) = l.ahs.get(&ud.ah.0.index).copied() else {
+                    return Err(bad(i, VerbsError::InvalidHandle));
+                };
+                let mad = l.gather(&wr.sges, 256).map_err(|e| bad(i, e))?;
+                let signal = g.sig_all || wr.flags.contains(verbs::SendFlags::SIGNALED);
+                let pkey_index = wr.pkey_index.unwrap_or(g.pkey_index);
+                (mad, dgid, pkey_index, g.send_cq, g.ctx, signal)
+            };
+            let req = Request::GsiSend {
+                qp,
+                dgid,
+                pkey_index,
+                mad,
+            };
+            call!(self, req, Reply::Unit {} => ()).map_err(|e| bad(i, e))?;
+            if signal {
+                let wc = WorkCompletion::new(
+                    wr.wr_id,
+                    rdma_types::WcStatus::Success,
+                    rdma_types::WcOpcode::Send,
+                    ctx,
+                );
+                // The handler hears on the event thread, never in a verb.
+                self.conn.local().push(cq, wc);
+                self.conn.kick(cq);
+            }
+        }
+        Ok(())
     }
 }

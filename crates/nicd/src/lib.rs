@@ -33,6 +33,7 @@
 
 pub mod client;
 pub mod fuzz;
+pub mod mads;
 pub mod proto;
 pub mod ring;
 pub mod server;

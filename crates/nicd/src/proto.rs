@@ -769,6 +769,21 @@ messages! {
         /// Version 2: `create_srq` with its receives in `ring` of the
         /// memfd of `len` bytes the frame carries.
         CreateSrqRing = 39 { pd: PdHandle, attr: SrqAttr, ctx: u64, len: u64, ring: RingSpec },
+        /// `create_qp` of a GSI QP (QP1) of port 1 of the PD's CA: the
+        /// client's place at the port's shared QP1 (see
+        /// [`crate::mads`]), answered with a QP handle the client serves
+        /// itself: its sends are [`Request::GsiSend`]s, its receives
+        /// [`Event::Mad`]s.
+        OpenGsi = 40 { pd: PdHandle, ctx: u64 },
+        /// `gsi_register`: unsolicited requests of `methods` of `class`,
+        /// `version` come to this client (`serve`) or no longer.
+        GsiRegister = 41 { qp: QpHandle, class: u8, version: u8, methods: Vec<u8>, serve: bool },
+        /// `gsi_listen`: CM REQs for `service_id` come to this client
+        /// (`listen`) or no longer.
+        GsiListen = 42 { qp: QpHandle, service_id: u64, listen: bool },
+        /// A MAD (256 bytes) to QP1 of the port at `dgid`, sent with
+        /// P_Key index `pkey_index` (a post on the client's GSI QP).
+        GsiSend = 43 { qp: QpHandle, dgid: Gid, pkey_index: u16, mad: Vec<u8> },
     }
 
     /// Daemon to client: what a request returns.
@@ -824,6 +839,9 @@ messages! {
         Async = 1 { ca: CaHandle, event: AsyncEvent },
         /// `on_destroyed`.
         Destroyed = 2 { ca: CaHandle, kind: ResourceKind, ctx: u64 },
+        /// A MAD for the client's GSI QP `qp` (a receive on it): from the
+        /// port at `sgid`, in the partition of P_Key index `pkey_index`.
+        Mad = 3 { ca: CaHandle, qp: QpHandle, sgid: Gid, pkey_index: u16, mad: Vec<u8> },
     }
 }
 

@@ -40,6 +40,7 @@
 //! `RetryExcErr`); telling it at once, as a DREQ does, needs the CM
 //! through the daemon (a later increment).
 
+mod gsi;
 mod rings;
 
 use crate::proto::{self, Answer, Event, Kind, Reply, Request, OLDEST_VERSION, VERSION};
@@ -134,7 +135,17 @@ struct Table {
     objs: HashMap<u32, Obj>,
     next: u32,
     clients: HashMap<u64, Peer>,
+    /// The port each client's GSI QP is a place at, by its index.
+    gsi: HashMap<u32, Arc<gsi::GsiPort>>,
 }
+
+/// The provider's "handle" of a client's GSI QP: none (the client's
+/// place at the daemon's QP1 is no QP of the provider; a verb on it is
+/// refused there as an unknown handle).
+const GSI_RAW: Handle = Handle {
+    index: u32::MAX,
+    generation: u32::MAX,
+};
 
 /// The daemon's state: the provider and every client's objects.
 pub struct Server {
@@ -155,6 +166,11 @@ pub struct Server {
     ring_refusals: AtomicU64,
     /// How long a ring poller spins after its last work, in ns.
     ring_spin_ns: AtomicU64,
+    /// The daemon's QP1 of each CA, opened for the first client that
+    /// asks ([`Request::OpenGsi`]).
+    gsi_ports: Mutex<HashMap<rdma_types::Guid, Arc<gsi::GsiPort>>>,
+    /// Registrations, listens and MADs of clients refused at QP1.
+    gsi_refusals: AtomicU64,
 }
 
 /// The refusal of memory (registered or rings) beyond a client's
@@ -297,6 +313,8 @@ impl Server {
             claimed: Mutex::new(Vec::new()),
             ring_refusals: AtomicU64::new(0),
             ring_spin_ns: AtomicU64::new(DEFAULT_RING_SPIN.as_nanos() as u64),
+            gsi_ports: Mutex::new(HashMap::new()),
+            gsi_refusals: AtomicU64::new(0),
         })
     }
 
@@ -384,6 +402,59 @@ impl Server {
 
     fn ring_spin(&self) -> Duration {
         Duration::from_nanos(self.ring_spin_ns.load(Ordering::Relaxed))
+    }
+
+    /// How many registrations, listens and MADs of clients were refused
+    /// at the shared QP1 (see [`crate::mads`]).
+    pub fn gsi_refusals(&self) -> u64 {
+        self.gsi_refusals.load(Ordering::Relaxed)
+    }
+
+    /// The counters of the shared QP1 of CA `guid`, once a client opened
+    /// it.
+    pub fn gsi_stats(&self, guid: rdma_types::Guid) -> Option<crate::mads::Stats> {
+        let ports = self.gsi_ports.lock().unwrap_or_else(|e| e.into_inner());
+        ports.get(&guid).map(|p| p.stats())
+    }
+
+    /// The shared QP1 of the CA of client `me`'s PD `pd` (opened now if
+    /// no client opened it before).
+    fn gsi_port(&self, me: u64, pd: PdHandle) -> Result<Arc<gsi::GsiPort>> {
+        let ca = self.pd_ca(me, pd)?;
+        let raw = CaHandle(self.raw(me, ResourceKind::Ca, ca.0)?);
+        let guid = self.provider.query_ca(raw)?.guid;
+        let mut ports = self.gsi_ports.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(p) = ports.get(&guid) {
+            return Ok(p.clone());
+        }
+        let port = gsi::GsiPort::open(self.provider.clone(), guid)?;
+        ports.insert(guid, port.clone());
+        Ok(port)
+    }
+
+    /// The port of client `me`'s GSI QP `qp`.
+    fn gsi_of(&self, me: u64, qp: QpHandle) -> Result<Arc<gsi::GsiPort>> {
+        if self.raw(me, ResourceKind::Qp, qp.0)? != GSI_RAW {
+            return Err(bad(
+                "not a GSI QP: MAD services are for the QP1 OpenGsi gave",
+            ));
+        }
+        self.lock()
+            .gsi
+            .get(&qp.0.index)
+            .cloned()
+            .ok_or(VerbsError::InvalidHandle)
+    }
+
+    /// A refusal at QP1 in the verbs' words, counted.
+    fn gsi_refused(&self, r: crate::mads::Refused) -> VerbsError {
+        use crate::mads::Refused as R;
+        self.gsi_refusals.fetch_add(1, Ordering::Relaxed);
+        match r {
+            R::Taken { .. } => VerbsError::Busy("served by another nicd client"),
+            R::Listened(_) => VerbsError::Busy("listened on by another nicd client"),
+            other => bad(other.to_string()),
+        }
     }
 
     /// How many verbs were refused for a client's [`Limits`].
@@ -595,6 +666,12 @@ impl Server {
         let p = &self.provider;
         for (_, index, kind, raw) in mine {
             let r = match kind {
+                ResourceKind::Qp if raw == GSI_RAW => {
+                    if let Some(port) = self.lock().gsi.remove(&index) {
+                        port.leave(id);
+                    }
+                    Ok(())
+                }
                 ResourceKind::Qp => p.destroy_qp(QpHandle(raw)),
                 ResourceKind::Mw => p.dealloc_mw(MwHandle(raw)),
                 ResourceKind::Ah => p.destroy_ah(AhHandle(raw)),
@@ -760,7 +837,8 @@ impl Server {
             rdma_types::QpType::Smi | rdma_types::QpType::Gsi
         ) {
             return Err(VerbsError::NotSupported(
-                "QP0/QP1 through nicd (its MAD services are a later increment)",
+                "QP0 and QP1 are nicd's own: a client's place at QP1 is OpenGsi \
+                 (NicdProvider::create_qp of a GSI QP asks for it), and QP0 no client gets",
             ));
         }
         let (qps, _) = self.holdings(me, None);
@@ -1013,7 +1091,69 @@ impl Server {
                     attr: p.query_qp(QpHandle(self.raw(me, K::Qp, qp.0)?))?,
                 },
                 Request::DestroyQp { qp } => {
-                    return self.destroy_with_rings(c, K::Qp, qp.0, |r| p.destroy_qp(QpHandle(r)))
+                    if let Ok(port) = self.gsi_of(me, qp) {
+                        self.lock().gsi.remove(&qp.0.index);
+                        port.leave(me);
+                        return self.destroy(me, K::Qp, qp.0, |_| Ok(()));
+                    }
+                    return self.destroy_with_rings(c, K::Qp, qp.0, |r| p.destroy_qp(QpHandle(r)));
+                }
+                Request::OpenGsi { pd, ctx: _ } => {
+                    let (qps, _) = self.holdings(me, None);
+                    self.limit(
+                        qps < self.limits.max_qps,
+                        "this client's QP limit (nicd --max-qps)",
+                    )?;
+                    let port = self.gsi_port(me, pd)?;
+                    let ca = self.pd_ca(me, pd)?;
+                    let mine = {
+                        let t = self.lock();
+                        t.gsi.iter().any(|(i, g)| {
+                            Arc::ptr_eq(g, &port) && t.objs.get(i).is_some_and(|o| o.owner == me)
+                        })
+                    };
+                    if mine {
+                        return Err(VerbsError::Busy("this client has its GSI QP on this port"));
+                    }
+                    let h = self.reserve(K::Qp);
+                    self.insert(me, K::Qp, h, GSI_RAW, pd.0.index, None);
+                    self.lock().gsi.insert(h.index, port.clone());
+                    let privileged = peer.uid == 0 || peer.uid == self.uid;
+                    port.join(me, privileged, out.clone(), ca, QpHandle(h));
+                    Reply::Qp { qp: QpHandle(h) }
+                }
+                Request::GsiRegister {
+                    qp,
+                    class,
+                    version,
+                    methods,
+                    serve,
+                } => {
+                    let port = self.gsi_of(me, qp)?;
+                    port.register(me, class, version, &methods, serve)
+                        .map_err(|r| self.gsi_refused(r))?;
+                    Reply::Unit {}
+                }
+                Request::GsiListen {
+                    qp,
+                    service_id,
+                    listen,
+                } => {
+                    let port = self.gsi_of(me, qp)?;
+                    port.listen(me, service_id, listen)
+                        .map_err(|r| self.gsi_refused(r))?;
+                    Reply::Unit {}
+                }
+                Request::GsiSend {
+                    qp,
+                    dgid,
+                    pkey_index,
+                    mad,
+                } => {
+                    let port = self.gsi_of(me, qp)?;
+                    port.send(me, dgid, pkey_index, &mad)
+                        .map_err(|r| self.gsi_refused(r))?;
+                    Reply::Unit {}
                 }
                 Request::CreateAh { pd, attr } => {
                     let raw = p.create_ah(PdHandle(self.raw(me, K::Pd, pd.0)?), &attr)?;

@@ -391,4 +391,21 @@ impl Provider for Providers {
         let (p, _, srq) = self.on(srq)?;
         p.post_srq_recv(srq, wrs)
     }
+
+    fn gsi_register(
+        &self,
+        qp: QpHandle,
+        class: u8,
+        version: u8,
+        methods: &[u8],
+        serve: bool,
+    ) -> Result<()> {
+        let (p, _, qp) = self.on(qp)?;
+        p.gsi_register(qp, class, version, methods, serve)
+    }
+
+    fn gsi_listen(&self, qp: QpHandle, service_id: u64, listen: bool) -> Result<()> {
+        let (p, _, qp) = self.on(qp)?;
+        p.gsi_listen(qp, service_id, listen)
+    }
 }

@@ -1054,4 +1054,19 @@ impl Provider for TrackedProvider {
     fn post_srq_recv(&self, srq: SrqHandle, wrs: &[verbs::RecvWr]) -> Result<(), VerbsError> {
         self.client.provider().post_srq_recv(srq, wrs)
     }
+    fn gsi_register(
+        &self,
+        qp: QpHandle,
+        class: u8,
+        version: u8,
+        methods: &[u8],
+        serve: bool,
+    ) -> Result<(), VerbsError> {
+        self.client
+            .provider()
+            .gsi_register(qp, class, version, methods, serve)
+    }
+    fn gsi_listen(&self, qp: QpHandle, service_id: u64, listen: bool) -> Result<(), VerbsError> {
+        self.client.provider().gsi_listen(qp, service_id, listen)
+    }
 }

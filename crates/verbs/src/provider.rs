@@ -260,6 +260,34 @@ pub trait Provider: Send + Sync {
     fn post_srq_recv(&self, srq: SrqHandle, wrs: &[RecvWr]) -> Result<()> {
         unsupported!("post_srq_recv")
     }
+
+    // ---- QP1 shared by processes ----
+    // Unlike the verbs above these default to success: on a provider whose
+    // port's QP1 belongs to the consumer alone (every provider but the NIC
+    // daemon's client) there is nothing to tell.
+    /// Tells a provider whose port's QP1 several processes share (the NIC
+    /// daemon's client) that the owner of GSI QP `qp` serves unsolicited
+    /// requests of `methods` of management class `class`, version
+    /// `version` (`serve`), so the daemon hands them to it, or serves
+    /// them no longer (`!serve`). Refused (`Busy`) when another process
+    /// serves one of them, or (`InvalidArgument`) for a class the caller
+    /// may not serve.
+    fn gsi_register(
+        &self,
+        qp: QpHandle,
+        class: u8,
+        version: u8,
+        methods: &[u8],
+        serve: bool,
+    ) -> Result<()> {
+        Ok(())
+    }
+    /// As [`Provider::gsi_register`] for the CM: connection requests for
+    /// `service_id` go to the owner of GSI QP `qp` (`listen`) or no longer
+    /// (`!listen`). Refused (`Busy`) when another process listens on it.
+    fn gsi_listen(&self, qp: QpHandle, service_id: u64, listen: bool) -> Result<()> {
+        Ok(())
+    }
 }
 
 #[cfg(test)]

@@ -51,6 +51,26 @@ fn every_message_kind_round_trips() {
     });
     round(Request::Hello { version: VERSION });
     round(Request::ListCas {});
+    round(Request::GsiRegister {
+        qp: QpHandle(h),
+        class: 0x06,
+        version: 1,
+        methods: vec![0x01, 0x02],
+        serve: true,
+    });
+    round(Request::GsiSend {
+        qp: QpHandle(h),
+        dgid: Gid([7; 16]),
+        pkey_index: 2,
+        mad: vec![0xa5; 256],
+    });
+    round(Event::Mad {
+        ca: CaHandle(h),
+        qp: QpHandle(h),
+        sgid: Gid([9; 16]),
+        pkey_index: 1,
+        mad: vec![0x5a; 256],
+    });
     let mut wc = WorkCompletion::new(1, WcStatus::RemAccessErr, WcOpcode::RecvRdmaWithImm, 5);
     wc.wc_flags = WcFlags::GRH | WcFlags::WITH_IMM;
     round::<Answer>(Ok(Reply::Wcs { wcs: vec![wc; 3] }));

@@ -9,19 +9,40 @@ impl CmAgent {
     /// channel.
     /// On a tracked agent ([`CmAgent::track_in`]) the listen is a CM id
     /// of the client, ended when it closes; a closed client's agent
-    /// listens no more (the channel is disconnected at once).
+    /// listens no more (the channel is disconnected at once), nor does
+    /// one whose provider refuses the listen ([`CmAgent::try_listen`]
+    /// says why).
     pub fn listen(&self, service_id: u64) -> Receiver<Incoming> {
+        match self.try_listen(service_id) {
+            Ok(rx) => rx,
+            Err(_) => mpsc::channel().1,
+        }
+    }
+
+    /// [`CmAgent::listen`], or why not: the agent is stopped or its
+    /// client closed ([`CmError::Stopped`]), or, where QP1 is shared (the
+    /// NIC daemon's client), another process listens on the service
+    /// ([`CmError::Verbs`], `Busy`).
+    ///
+    /// # Errors
+    /// As above.
+    pub fn try_listen(&self, service_id: u64) -> Result<Receiver<Incoming>, CmError> {
         let (tx, rx) = mpsc::channel();
         let mut st = self.inner.lock();
-        if self
-            .inner
-            .track(&mut st, TrackKey::Listen(service_id))
-            .is_ok()
-        {
-            st.cm.listen(service_id);
-            st.listeners.insert(service_id, tx);
+        self.inner.track(&mut st, TrackKey::Listen(service_id))?;
+        // Where QP1 is shared, the service's REQs come here only once the
+        // provider knows of the listen.
+        let i = &self.inner;
+        if let Err(err) = i.provider.gsi_listen(i.qp, service_id, true) {
+            i.untrack(&mut st, TrackKey::Listen(service_id));
+            return Err(CmError::Verbs {
+                what: "listen on a shared QP1",
+                err,
+            });
         }
-        rx
+        st.cm.listen(service_id);
+        st.listeners.insert(service_id, tx);
+        Ok(rx)
     }
 
     /// Connects to `service_id` at the port with GID `peer`, offering QP

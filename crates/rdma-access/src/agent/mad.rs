@@ -126,6 +126,20 @@ impl CmAgent {
             st.gsi.unregister(id);
             return Err(e);
         }
+        if !methods.is_empty() {
+            let told =
+                self.inner
+                    .provider
+                    .gsi_register(self.inner.qp, class, version, methods, true);
+            if let Err(e) = told {
+                st.gsi.unregister(id);
+                self.inner.untrack(&mut st, TrackKey::Agent(id));
+                return Err(CmError::Mad(format!(
+                    "class {class:#04x} version {version} on the shared QP1: {e}"
+                )));
+            }
+            st.gsi_regs.insert(id, (class, version, methods.to_vec()));
+        }
         let (tx, rx) = mpsc::channel();
         st.mad_rx.insert(id, tx);
         Ok(MadAgent {
@@ -336,6 +350,7 @@ impl Drop for MadAgent {
     fn drop(&mut self) {
         let mut st = self.port.lock();
         st.gsi.unregister(self.id);
+        self.port.gsi_unregister(&mut st, self.id);
         st.mad_rx.remove(&self.id);
         self.port.untrack(&mut st, TrackKey::Agent(self.id));
     }
@@ -367,6 +382,15 @@ pub fn source_gid(grh: &[u8]) -> Gid {
 }
 
 impl Inner {
+    /// Tells the provider agent `id` serves nothing more (a shared QP1).
+    pub(super) fn gsi_unregister(&self, st: &mut State, id: AgentId) {
+        if let Some((class, version, methods)) = st.gsi_regs.remove(&id) {
+            let _ = self
+                .provider
+                .gsi_register(self.qp, class, version, &methods, false);
+        }
+    }
+
     pub(super) fn drain_cq(&self) {
         let mut wcs = [WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0); 16];
         let mut armed = false;

@@ -158,6 +158,9 @@ struct State {
     loss: Option<(rdma_sim::Rng, f64)>,
     /// Test knob: what this port does instead of sending an RTU.
     rtu_fault: RtuFault,
+    /// What each MAD agent serves (class, version, methods), as told to
+    /// the provider ([`Provider::gsi_register`]).
+    gsi_regs: HashMap<AgentId, (u8, u8, Vec<u8>)>,
     /// Where each MAD agent's unsolicited requests go.
     mad_rx: HashMap<AgentId, Sender<(Gid, Box<MadBytes>)>>,
     /// Callers blocked on a request, by transaction ID.
@@ -339,6 +342,15 @@ impl CmAgent {
                 &[u8::from(rdma_mad::mad::Method::Send)],
             )
             .map_err(|e| CmError::Mad(e.to_string()))?;
+        // Where QP1 is shared (the NIC daemon's client), the CM class is
+        // this process's too; its REQs come by the listens it declares.
+        let cm_class = (
+            u8::from(rdma_mad::mad::MgmtClass::Cm),
+            rdma_mad::cm::CM_CLASS_VERSION,
+        );
+        let send = [u8::from(rdma_mad::mad::Method::Send)];
+        p.gsi_register(qp, cm_class.0, cm_class.1, &send, true)
+            .map_err(|e| CmError::Mad(format!("the CM class on a shared QP1: {e}")))?;
         let inner = Arc::new_cyclic(|me| Inner {
             me: me.clone(),
             provider: provider.clone(),
@@ -369,6 +381,7 @@ impl CmAgent {
                 cm_agent,
                 gsi_misrouted: 0,
                 loss: None,
+                gsi_regs: HashMap::new(),
                 mad_rx: HashMap::new(),
                 mad_waiters: HashMap::new(),
                 next_tid: (first_comm_id as u64) << 32,

@@ -423,10 +423,13 @@ impl Inner {
                 }
             },
             TrackKey::Listen(service_id) => {
-                st.listeners.remove(&service_id);
+                if st.listeners.remove(&service_id).is_some() {
+                    let _ = self.provider.gsi_listen(self.qp, service_id, false);
+                }
             }
             TrackKey::Agent(id) => {
                 st.gsi.unregister(id);
+                self.gsi_unregister(&mut st, id);
                 st.mad_rx.remove(&id);
                 // Its callers waiting on a response hear at once.
                 st.mad_waiters.retain(|tid, _| (tid >> 32) as u32 != id.0);
