@@ -1,6 +1,8 @@
 //! Bodies of the fuzz targets in `fuzz/`, shared with the deterministic
 //! test `tests/fuzz_inputs.rs`: [`frame`] (a frame of the control
-//! socket) and [`ring_entry`] (an entry of a shared-memory ring).
+//! socket), [`ring_entry`] (an entry of a shared-memory ring) and
+//! [`qp1_router`] (MADs from the wire and from clients through the
+//! shared QP1's router).
 //!
 //! `frame`: Any bytes
 //! get a value or an error, never a panic; and the encoding is canonical:
@@ -62,5 +64,68 @@ pub fn ring_entry(data: &[u8]) {
         0 => check::<SendWr>(slot),
         1 => check::<RecvWr>(slot),
         _ => check::<WorkCompletion>(slot),
+    }
+}
+
+/// `data` as steps through one port's [`crate::mads::Router`]: each
+/// step an operation byte, a "who" byte, and what the operation takes
+/// (a MAD is 256 bytes, from the wire or from a client; a listen, a
+/// registration, a client leaving or joining). Whatever the bytes, no
+/// panic, and every MAD the router sends or hands over is whole; a
+/// client's MADs that it sends back to the wire as a peer would keep
+/// the connection tables in use (tombstones, offers, stamps).
+pub fn qp1_router(data: &[u8]) {
+    use crate::mads::{Out, Router};
+    use rdma_types::Gid;
+    let gids = [Gid([0xfe; 16]), Gid::from_ip([127, 91, 9, 9].into())];
+    let mut r = Router::new(u32::MAX - 3);
+    for c in 1..=3 {
+        r.join(c, c == 3);
+    }
+    let mut d = data;
+    let mut take = |n: usize| {
+        let (a, b) = d.split_at(n.min(d.len()));
+        d = b;
+        a
+    };
+    loop {
+        let step = take(2);
+        let [op, who] = step else { return };
+        let client = u64::from(who % 3) + 1;
+        let gid = gids[usize::from(who / 3 % 2)];
+        let outs = match op % 6 {
+            0 => r.from_wire(gid, 0, take(256)),
+            1 => r.from_client(client, gid, 0, take(256)).unwrap_or_default(),
+            2 => {
+                let b = take(8);
+                let sid = b.iter().fold(0u64, |a, x| a << 8 | u64::from(*x)) % 4;
+                let _ = r.listen(client, sid, who & 0x80 == 0);
+                Vec::new()
+            }
+            3 => {
+                let b = take(4);
+                if let [class, version, m @ ..] = b {
+                    let _ = r.register(client, *class, *version, m, who & 0x80 == 0);
+                }
+                Vec::new()
+            }
+            4 => {
+                let outs = r.leave(client);
+                r.join(client, who & 1 == 1);
+                outs
+            }
+            _ => Vec::new(),
+        };
+        // What went out comes back as a peer's answer would: with the
+        // IDs swapped for CM messages, as is for the rest.
+        for o in outs {
+            if let Out::ToWire { dgid, mut mad, .. } = o {
+                if mad[1] == 0x07 {
+                    let (a, b) = mad[24..32].split_at_mut(4);
+                    a.swap_with_slice(b);
+                }
+                let _ = r.from_wire(dgid, 0, &mad[..]);
+            }
+        }
     }
 }

@@ -81,10 +81,11 @@ impl Fixture for Spawned {
             "port control of another process's NIC",
         ))
     }
-    /// Soft RoCE's gaps, QP0/QP1 (not through the daemon yet), and port
-    /// control (the pkey_change case asks for it first).
+    /// Soft RoCE's gaps, raw QP1 sends (the daemon's QP1 is shared and
+    /// routes by contents), and port control (the pkey_change case asks
+    /// for it first).
     fn lacks(&self) -> Vec<Feature> {
-        vec![Feature::Apm, Feature::PortControl, Feature::SpecialQp]
+        vec![Feature::Apm, Feature::PortControl, Feature::RawGsi]
     }
 }
 

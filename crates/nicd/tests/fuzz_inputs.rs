@@ -156,3 +156,40 @@ fn ring_entry_seeds_decode_and_mutations_never_panic() {
         nicd::fuzz::ring_entry(&f);
     }
 }
+
+#[test]
+fn qp1_router_replays_its_committed_inputs() {
+    rdma_testkit::fuzz::replay(
+        env!("CARGO_MANIFEST_DIR"),
+        "qp1_router",
+        nicd::fuzz::qp1_router,
+    );
+}
+
+#[test]
+fn qp1_router_survives_mutated_seeds() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds/qp1_router");
+    let mut all: Vec<Vec<u8>> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| std::fs::read(e.unwrap().path()).unwrap())
+        .collect();
+    all.sort();
+    assert!(all.len() >= 5);
+    let mut x: u64 = 0x9191_0001;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    for round in 0..5_000 {
+        let mut f = all[round % all.len()].clone();
+        for _ in 0..1 + next() % 8 {
+            let at = (next() as usize) % f.len().max(1);
+            if !f.is_empty() {
+                f[at] = next() as u8;
+            }
+        }
+        nicd::fuzz::qp1_router(&f);
+    }
+}

@@ -1,7 +1,8 @@
 //! Credentials decide what a client may do: a process of another user
 //! (nobody) is served, but its port changes are refused in words where
-//! root's reach the provider, and QP1 is refused to it as to everyone
-//! for now. Needs root (to run the client as nobody).
+//! root's reach the provider; it gets a place at the daemon's QP1 but
+//! not QP0, and may not serve a class only privileged clients serve
+//! (subnet administration). Needs root (to run the client as nobody).
 //!
 //! The client is this test binary run again as nobody with
 //! `NICD_TEST_UNPRIVILEGED` naming the socket and the CA.
@@ -45,10 +46,23 @@ fn child(spec: &str) {
         matches!(&e, VerbsError::InvalidArgument(m) if m.contains("need root")),
         "{e:?}"
     );
+    // A place at the daemon's QP1 (its CM needs one), not QP0, and no
+    // serving of a class only privileged clients serve.
+    let q1 = n.p.create_qp(n.pd, &gsi(&n), 0).unwrap();
+    let qp0 = QpInit {
+        qp_type: QpType::Smi,
+        ..gsi(&n)
+    };
     assert!(matches!(
-        n.p.create_qp(n.pd, &gsi(&n), 0),
+        n.p.create_qp(n.pd, &qp0, 0),
         Err(VerbsError::NotSupported(_))
     ));
+    let e = n.p.gsi_register(q1, 0x03, 2, &[0x01], true).unwrap_err();
+    assert!(
+        matches!(&e, VerbsError::InvalidArgument(m) if m.contains("needs root")),
+        "{e:?}"
+    );
+    n.p.gsi_register(q1, 0x06, 1, &[0x01], true).unwrap();
     let e = c.0.daemon_clients().unwrap_err();
     assert!(
         matches!(&e, VerbsError::InvalidArgument(m) if m.contains("needs root")),

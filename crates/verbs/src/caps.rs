@@ -46,4 +46,11 @@ pub enum Feature {
     /// local error ends the stream too, flushing the responder's
     /// receives. The cases check that behaviour instead.
     RemoteErrorCompletion,
+    /// A QP1 that carries whatever a consumer posts to the QP1 it names.
+    /// A provider whose QP1 is a place at a port several processes share
+    /// (the NIC daemon's client: the daemon picks each MAD's process by
+    /// its contents, and refuses what is not a MAD a client may send)
+    /// makes GSI QPs but lacks this: the special-QP case checks them made
+    /// (QPN 1, one per port, no QP0 on RoCE) and skips the raw send.
+    RawGsi,
 }

@@ -117,10 +117,10 @@ impl Fixture for Two {
         self.daemon.soft.remove_ca(guid)
     }
     /// As the soft RoCE fixture: a `roce` port's P_Key table is fixed;
-    /// no alternate paths on soft RoCE; QP0/QP1 not through the daemon
-    /// yet (its MAD services are a later increment).
+    /// no alternate paths on soft RoCE; QP1 is a place at the daemon's
+    /// shared QP1, which routes MADs by their contents (no raw sends).
     fn lacks(&self) -> Vec<Feature> {
-        vec![Feature::Apm, Feature::PkeyControl, Feature::SpecialQp]
+        vec![Feature::Apm, Feature::PkeyControl, Feature::RawGsi]
     }
 }
 

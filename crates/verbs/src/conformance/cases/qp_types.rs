@@ -104,6 +104,9 @@ pub fn special_qps(f: &dyn Fixture) -> Outcome {
         let smi = a.qp(QpType::Smi, None, 3);
         assert_eq!(a.p.qp_num(smi).unwrap().value(), 0);
     }
+    if f.lacks().contains(&Feature::RawGsi) {
+        return Outcome::Skipped(Feature::RawGsi);
+    }
     for (n, q) in [(&a, qa), (&b, qb)] {
         to_init(n, q, QpType::Gsi);
         n.p.modify_qp(
