@@ -60,6 +60,45 @@ pub fn default_socket(euid: u32, runtime_dir: Option<PathBuf>) -> PathBuf {
     }
 }
 
+/// The daemon's socket a tool's `--nicd [SOCKET]` names: `given`
+/// unless empty (the option without a value), else `$NICD_SOCKET`, else
+/// [`default_socket`] for this user.
+pub fn socket_for(given: &std::path::Path) -> PathBuf {
+    if !given.as_os_str().is_empty() {
+        return given.to_owned();
+    }
+    if let Some(s) = std::env::var_os(SOCKET_ENV).filter(|s| !s.is_empty()) {
+        return s.into();
+    }
+    default_socket(
+        euid(),
+        std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from),
+    )
+}
+
+/// A tool's client of the daemon at `socket` and the GUID of the NIC it
+/// serves at `ip` (`rnic::softroce::ip_guid`, as `nicd --ip` names it).
+///
+/// # Errors
+/// No daemon there, or none serving `ip`: in words that say what to
+/// start.
+pub fn connect_at(
+    socket: &std::path::Path,
+    ip: std::net::IpAddr,
+) -> Result<(std::sync::Arc<NicdProvider>, rdma_types::Guid), String> {
+    use verbs::Provider;
+    let p = NicdProvider::connect(socket).map_err(|e| e.to_string())?;
+    let guid = rnic::softroce::ip_guid(ip);
+    if !p.list_cas().contains(&guid) {
+        return Err(format!(
+            "the NIC daemon at {} serves no NIC at {ip}: start one with `nicd --ip {ip}` (or give \
+             an address it serves)",
+            socket.display()
+        ));
+    }
+    Ok((p, guid))
+}
+
 /// This process's effective user ID.
 pub fn euid() -> u32 {
     // SAFETY: geteuid has no preconditions.

@@ -68,6 +68,13 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if cli.device.nicd.is_some() {
+        eprintln!(
+            "rpingpong: --nicd is not served by rpingpong yet: run it on a NIC of its own \
+             (--bind) or an rdma-core device (--device); rperf and rrping take --nicd"
+        );
+        return ExitCode::FAILURE;
+    }
     let device = cli.device.rdma_core().cloned();
     let bind = match (cli.bind, &device) {
         (Some(b), _) => b,

@@ -9,6 +9,10 @@
 //! device (where the kernel owns QP1), behind one
 //! [`rdma_access::rdmacm::Service`].
 //!
+//! `--nicd` runs on the NIC daemon's soft RoCE NIC at the tool's
+//! address instead of one of the tool's own (`nicd::NicdProvider`): many
+//! processes on one address, the daemon's QP1 carrying RDMA CM.
+//!
 //! libibverbs is loaded at run time: without rdma-core installed, the
 //! soft NIC works as before and `--device` fails with one line naming
 //! the package to install ([`rdmacore::LoadError`]).
@@ -38,6 +42,19 @@ pub struct DeviceArgs {
         value_name = "NAME[:PORT]"
     )]
     pub device: Option<DeviceSpec>,
+    /// Run on the NIC daemon's soft RoCE NIC at this node's address
+    /// instead of one of this process's own, so other processes can use
+    /// the address too: through the daemon's socket SOCKET [default:
+    /// $NICD_SOCKET, else nicd's default]. Start the daemon with `nicd
+    /// --ip ADDRESS`.
+    #[arg(
+        long,
+        value_name = "SOCKET",
+        num_args = 0..=1,
+        default_missing_value = "",
+        conflicts_with = "device"
+    )]
+    pub nicd: Option<std::path::PathBuf>,
 }
 
 impl DeviceArgs {
@@ -65,6 +82,18 @@ pub enum NicChoice {
     },
     /// A port of an rdma-core device.
     RdmaCore(DeviceSpec),
+    /// The NIC daemon's soft RoCE NIC at `ip`, through its socket.
+    Nicd {
+        /// The daemon's socket.
+        socket: std::path::PathBuf,
+        /// The CA's address.
+        ip: IpAddr,
+    },
+}
+
+/// The daemon's socket `--nicd` names ([`nicd::socket_for`]).
+pub fn nicd_socket(given: &std::path::Path) -> std::path::PathBuf {
+    nicd::socket_for(given)
 }
 
 impl NicChoice {
@@ -86,6 +115,12 @@ impl NicChoice {
             return Ok(NicChoice::RdmaCore(spec.clone()));
         }
         let ip = ip.ok_or_else(|| NicError::NoAddress(what.to_string()))?;
+        if let Some(s) = &dev.nicd {
+            return Ok(NicChoice::Nicd {
+                socket: nicd_socket(s),
+                ip,
+            });
+        }
         let opts = rnic::softroce::NicOptions::from_env()
             .map_err(|e| NicError::Environment(e.to_string()))?;
         Ok(NicChoice::Soft {
@@ -138,6 +173,9 @@ pub enum NicError {
         /// Its state.
         state: PortState,
     },
+    /// The NIC daemon is not there, or serves no NIC at the address.
+    #[error("{0}")]
+    Nicd(String),
     /// RDMA CM could not start on the CA.
     #[error("start RDMA CM on {device}: {reason}")]
     Cm {
@@ -154,6 +192,9 @@ enum Kind {
         ip: IpAddr,
     },
     Core(Arc<rdmacore::RdmaCore>),
+    Nicd {
+        ip: IpAddr,
+    },
 }
 
 /// An open CA and port of the chosen NIC.
@@ -194,6 +235,11 @@ impl Nic {
                 Nic::on(p, guid, PortNum(1), name, Kind::Soft { nic, ip: *ip })
             }
             NicChoice::RdmaCore(spec) => Nic::open_rdma_core(spec, rdmacore::Options::default()),
+            NicChoice::Nicd { socket, ip } => {
+                let (p, guid) = nicd::connect_at(socket, *ip).map_err(NicError::Nicd)?;
+                let name = format!("{SOFT_DEVICE} ({ip}, nicd at {})", socket.display());
+                Nic::on(p, guid, PortNum(1), name, Kind::Nicd { ip: *ip })
+            }
         }
     }
 
@@ -306,7 +352,7 @@ impl Nic {
     pub fn soft_counters(&self) -> Option<rnic::softroce::SoftCaCounters> {
         match &self.kind {
             Kind::Soft { nic, .. } => nic.counters(self.guid),
-            Kind::Core(_) => None,
+            Kind::Core(_) | Kind::Nicd { .. } => None,
         }
     }
 
@@ -325,6 +371,11 @@ impl Nic {
         match &self.kind {
             Kind::Soft { nic, ip } => {
                 let agent = rdma_access::CmAgent::start(nic.clone(), self.guid, first_comm_id)
+                    .map_err(|e| err(e.to_string()))?;
+                Ok((agent, vec![*ip]))
+            }
+            Kind::Nicd { ip } => {
+                let agent = rdma_access::CmAgent::start(self.p.clone(), self.guid, first_comm_id)
                     .map_err(|e| err(e.to_string()))?;
                 Ok((agent, vec![*ip]))
             }

@@ -1405,7 +1405,15 @@ impl Report {
             if self.verified { "yes" } else { "no" }
         );
         if let Some(d) = &self.device {
-            s += &format!(" on rdma-core device {d} (retrans and timeouts are the device's own: not counted here)\n");
+            // The NIC daemon's soft NIC is a device of another process too.
+            let kind = if d.contains("nicd at") {
+                "the NIC daemon's"
+            } else {
+                "rdma-core device"
+            };
+            s += &format!(
+                " on {kind} {d} (retrans and timeouts are the device's own: not counted here)\n"
+            );
         }
         if self.interrupted {
             s += &format!(

@@ -121,6 +121,31 @@ const DEFAULT_BIND: &str = "127.0.0.1:4791";
 /// with an rdma-core device (`baseline`: the client's --baseline, plain
 /// UDP from --bind's address).
 fn soft_only(a: &CommonArgs, baseline: bool) -> Result<(), String> {
+    if a.device.nicd.is_some() {
+        let given = [
+            (
+                a.faults.is_some(),
+                "--faults",
+                "faults are injected by this process's own soft NIC",
+            ),
+            (
+                a.capture.is_some(),
+                "--capture",
+                "this process's own soft NIC writes the capture",
+            ),
+            (
+                baseline,
+                "--baseline",
+                "it compares plain UDP with this process's own soft NIC",
+            ),
+        ];
+        return match given.iter().find(|(on, ..)| *on) {
+            Some((_, opt, why)) => Err(format!(
+                "{opt} does not go with --nicd: {why}; drop {opt}, or --nicd to run on a NIC of rperf's own"
+            )),
+            None => Ok(()),
+        };
+    }
     let Some(spec) = a.device.rdma_core() else {
         return Ok(());
     };
@@ -140,16 +165,26 @@ fn soft_only(a: &CommonArgs, baseline: bool) -> Result<(), String> {
 
 /// The shared settings; with --device, the device's port opened (ACTIVE).
 fn common(a: &CommonArgs, stop: &Arc<AtomicBool>) -> Result<Common, String> {
-    let device = match a.device.rdma_core() {
-        Some(spec) => Some(Arc::new(
+    let bind = a
+        .bind
+        .unwrap_or_else(|| DEFAULT_BIND.parse().expect("literal address"));
+    let device = match (a.device.rdma_core(), &a.device.nicd) {
+        (Some(spec), _) => Some(Arc::new(
             Nic::open(&NicChoice::RdmaCore(spec.clone())).map_err(|e| e.to_string())?,
         )),
-        None => None,
+        (None, Some(s)) => {
+            let choice = NicChoice::Nicd {
+                socket: rdma_perf::device::nicd_socket(s),
+                ip: bind.ip(),
+            };
+            let nic = Nic::open(&choice).map_err(|e| e.to_string())?;
+            eprintln!("rperf: NIC {}", nic.name());
+            Some(Arc::new(nic))
+        }
+        (None, None) => None,
     };
     Ok(Common {
-        bind: a
-            .bind
-            .unwrap_or_else(|| DEFAULT_BIND.parse().expect("literal address")),
+        bind,
         mtu: Mtu::from_bytes(a.mtu).map_err(|e| e.to_string())?,
         faults: a
             .faults

@@ -58,6 +58,19 @@ struct Login {
     /// needed (ib_srp's login string has it too).
     #[arg(long, value_name = "NAME[:PORT]", value_parser = parse_device)]
     device: Option<rdmacore::DeviceSpec>,
+    /// Use the NIC daemon's soft RoCE NIC at --ip, through the daemon's
+    /// socket SOCKET [default: $NICD_SOCKET, else nicd's default],
+    /// instead of a NIC of srp's own: other processes (srptd, srpd,
+    /// rperf) can then use the address too. Start the daemon with `nicd
+    /// --ip ADDRESS`.
+    #[arg(
+        long,
+        value_name = "SOCKET",
+        num_args = 0..=1,
+        default_missing_value = "",
+        conflicts_with = "device"
+    )]
+    nicd: Option<std::path::PathBuf>,
     /// RoCEv2 UDP port.
     #[arg(long, default_value_t = 4791)]
     udp_port: u16,
@@ -282,6 +295,13 @@ enum Cmd {
         /// Address of our soft RoCE NIC.
         #[arg(long, default_value = "127.0.0.2")]
         ip: IpAddr,
+        /// Use the NIC daemon's soft RoCE NIC at --ip, through the daemon's
+        /// socket SOCKET [default: $NICD_SOCKET, else nicd's default],
+        /// instead of a NIC of srp's own: other processes (srptd, srpd,
+        /// rperf) can then use the address too. Start the daemon with `nicd
+        /// --ip ADDRESS`.
+        #[arg(long, value_name = "SOCKET", num_args = 0..=1, default_missing_value = "")]
+        nicd: Option<std::path::PathBuf>,
         /// RoCEv2 UDP port.
         #[arg(long, default_value_t = 4791)]
         udp_port: u16,
@@ -468,10 +488,30 @@ fn paths(l: &Login) -> Result<Vec<Arc<srp_initiator::path_login::PathLogin>>, St
         (i, d) if i == d => ip.clone(),
         (i, d) => return Err(format!("{i} --ip for {d} --dest: give one --ip per --dest")),
     };
-    srp_cli::args::check_local(&ips, l.udp_port).map_err(|e| e.to_string())?;
     let cas = rnic::softroce::SoftCa::at_each(&ips);
-    let nic = rnic::softroce::NicOptions::from_env().map_err(|e| e.to_string())?;
-    let provider = rnic::softroce::SoftRoce::with_options(cas.clone(), l.udp_port, mtu, nic);
+    let provider: Arc<dyn verbs::Provider> = match &l.nicd {
+        Some(s) => {
+            let socket = nicd::socket_for(s);
+            let mut client = None;
+            for ip in &ips {
+                client = Some(nicd::connect_at(&socket, *ip)?.0);
+            }
+            eprintln!(
+                "srp: NIC: the NIC daemon's at {}, through {}",
+                ips.iter()
+                    .map(|i| i.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                socket.display()
+            );
+            client.ok_or("no --ip")?
+        }
+        None => {
+            srp_cli::args::check_local(&ips, l.udp_port).map_err(|e| e.to_string())?;
+            let nic = rnic::softroce::NicOptions::from_env().map_err(|e| e.to_string())?;
+            rnic::softroce::SoftRoce::with_options(cas.clone(), l.udp_port, mtu, nic)
+        }
+    };
     // Sessions reach the NIC through a client of the access layer, which
     // tracks every verbs object they make; the CM agents through another,
     // which tracks their CM ids and MAD agents too (each agent holds it).
@@ -951,6 +991,7 @@ fn run(cmd: Cmd) -> Result<bool, String> {
             pkey,
             sm_wait_ms,
             ip,
+            nicd,
             udp_port,
             rules,
             login,
@@ -988,6 +1029,7 @@ fn run(cmd: Cmd) -> Result<bool, String> {
             };
             let local = Local {
                 ip,
+                nicd: nicd.as_deref().map(nicd::socket_for),
                 udp_port,
                 ib: (sa || fabric == rdma_access::subnet::Fabric::Ib).then_some(IbMode {
                     pkey,
@@ -1039,6 +1081,8 @@ struct IbMode {
 /// `srp discover`: our port, and how it joins the fabric.
 struct Local {
     ip: IpAddr,
+    /// The NIC daemon's socket, to use its NIC at `ip`.
+    nicd: Option<std::path::PathBuf>,
     udp_port: u16,
     ib: Option<IbMode>,
 }
@@ -1146,24 +1190,49 @@ fn discover(
     socket: std::path::PathBuf,
     verbose: bool,
 ) -> Result<bool, String> {
-    let Local { ip, udp_port, ib } = local;
+    let Local {
+        ip,
+        nicd,
+        udp_port,
+        ib,
+    } = local;
     // Before any thread starts, so all of them inherit the mask.
     let signals = cfg.rescan.map(|_| daemon_ctl::signals::block_term());
     // The CM agent is tracked in a client of the access layer: its CM
     // ids, MAD agents and trap subscriptions (and, on soft RoCE, its QP1
     // objects). `_cm`, dropped first, closes them before the port goes.
     let guid = rnic::softroce::ip_guid(ip);
-    let provider = rnic::softroce::SoftRoce::with_options(
-        vec![rnic::softroce::SoftCa { guid, ip }],
-        udp_port,
-        rdma_types::Mtu::Mtu4096,
-        rnic::softroce::NicOptions::from_env().map_err(|e| e.to_string())?,
-    );
+    let (provider, soft): (Arc<dyn verbs::Provider>, _) = match &nicd {
+        Some(socket) => {
+            if ib.is_some() {
+                return Err(
+                    "--sa and --fabric ib need a soft RoCE NIC of srp's own (its port's \
+                            SMA): drop --nicd, or discover with --target"
+                        .into(),
+                );
+            }
+            let (p, _) = nicd::connect_at(socket, ip)?;
+            eprintln!(
+                "srp: NIC: the NIC daemon's at {ip}, through {}",
+                socket.display()
+            );
+            (p as Arc<dyn verbs::Provider>, None)
+        }
+        None => {
+            let soft = rnic::softroce::SoftRoce::with_options(
+                vec![rnic::softroce::SoftCa { guid, ip }],
+                udp_port,
+                rdma_types::Mtu::Mtu4096,
+                rnic::softroce::NicOptions::from_env().map_err(|e| e.to_string())?,
+            );
+            (soft.clone() as Arc<dyn verbs::Provider>, Some(soft))
+        }
+    };
     let cm = rdma_access::resource::AccessLayer::new(provider.clone())
         .client("cm")
         .into_provider();
-    let (agent, port) = match &ib {
-        Some(m) => {
+    let (agent, port) = match (&ib, soft) {
+        (Some(m), Some(provider)) => {
             provider
                 .set_personality(guid, rnic::softroce::Personality::Ib)
                 .map_err(|source| IbPortError::Personality { ip, guid, source }.to_string())?;
@@ -1193,7 +1262,7 @@ fn discover(
             }
             (port.agent().clone(), Some(port))
         }
-        None => (
+        _ => (
             rdma_access::CmAgent::start(cm.clone(), guid, std::process::id() << 8)
                 .map_err(|e| format!("start the CM agent on {ip}: {e}"))?,
             None,

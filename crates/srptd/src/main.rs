@@ -42,6 +42,19 @@ struct Args {
     /// [default: 127.0.0.1].
     #[arg(long)]
     ip: Option<IpAddr>,
+    /// Run the target port on the NIC daemon's soft RoCE NIC at --ip,
+    /// through the daemon's socket SOCKET [default: $NICD_SOCKET, else
+    /// nicd's default], instead of a NIC of srptd's own: other processes
+    /// (srp, srpd, rperf) can then use the address too. Start the daemon
+    /// with `nicd --ip ADDRESS`; the `roce` fabric only.
+    #[arg(
+        long,
+        value_name = "SOCKET",
+        num_args = 0..=1,
+        default_missing_value = "",
+        conflicts_with = "device"
+    )]
+    nicd: Option<std::path::PathBuf>,
     /// RoCEv2 UDP port (overrides the file's `udp_port`) [default: 4791].
     #[arg(long)]
     udp_port: Option<u16>,
@@ -212,7 +225,7 @@ fn run(a: &Args, log: &Log) -> Result<(), String> {
     // The options may have changed what the file said.
     cfg.check().map_err(|e| e.to_string())?;
     // What a start would open and bind, tried before anything is made.
-    let found = preflight(&cfg).map_err(|e| e.to_string())?;
+    let found = preflight(&cfg, a.nicd.is_some()).map_err(|e| e.to_string())?;
     if a.check {
         println!(
             "srptd: {}: valid ({}{} devices, {} default LUNs, {} groups)",
@@ -251,7 +264,14 @@ fn run(a: &Args, log: &Log) -> Result<(), String> {
     let opts = srptd::daemon::StartOptions {
         nic: rnic::softroce::NicOptions::from_env().map_err(|e| e.to_string())?,
         inline_max: srp_target::PortOptions::inline_max_from_env(),
+        nicd: a.nicd.as_deref().map(nicd::socket_for),
     };
+    if let Some(s) = &opts.nicd {
+        eprintln!(
+            "srptd: NIC: the NIC daemon's at each target's address, through {}",
+            s.display()
+        );
+    }
     let daemon = Daemon::start(cfg.clone(), a.config.clone(), log.clone(), &opts)
         .map_err(|e| e.to_string())?;
     serve_control(daemon.clone(), control);

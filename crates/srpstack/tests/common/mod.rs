@@ -100,9 +100,9 @@ impl Drop for Proc {
 }
 
 /// The packages whose binaries these tests run: srptd (srptd, srptadm),
-/// srp-cli (srp, srpd), ib-tools (ibsm, ibstat, saquery) and rdma-perf
-/// (rperf, rperftest, rpingpong, rrping).
-const BIN_PACKAGES: [&str; 4] = ["srptd", "srp-cli", "ib-tools", "rdma-perf"];
+/// srp-cli (srp, srpd), ib-tools (ibsm, ibstat, saquery), rdma-perf
+/// (rperf, rperftest, rpingpong, rrping) and nicd.
+const BIN_PACKAGES: [&str; 5] = ["srptd", "srp-cli", "ib-tools", "rdma-perf", "nicd"];
 
 /// Every binary of [`BIN_PACKAGES`] (srpstack's own is
 /// `CARGO_BIN_EXE_srpstack`).

@@ -107,6 +107,10 @@ pub struct StartOptions {
     pub nic: rnic::softroce::NicOptions,
     /// Every target port's [`srp_target::PortOptions::inline_max`].
     pub inline_max: u32,
+    /// Run every soft RoCE target on the NIC daemon's NIC at its
+    /// address, through the daemon at this socket, instead of a NIC of
+    /// srptd's own (`roce` fabric only).
+    pub nicd: Option<std::path::PathBuf>,
 }
 
 impl Default for StartOptions {
@@ -114,6 +118,7 @@ impl Default for StartOptions {
         StartOptions {
             nic: rnic::softroce::NicOptions::default(),
             inline_max: srp_target::INLINE_MAX,
+            nicd: None,
         }
     }
 }
@@ -285,20 +290,36 @@ impl TargetRt {
         // HCA's GUID), which Linux ib_srp keeps unique per initiator port:
         // two targets with one ID cannot both be logged in to.
         let guid = rnic::softroce::ip_guid(*t.ip.get_ref());
-        let provider = rnic::softroce::SoftRoce::with_options(
-            vec![rnic::softroce::SoftCa {
-                guid,
-                ip: *t.ip.get_ref(),
-            }],
-            *t.udp_port.get_ref(),
-            // Checked with the file (`Config::validate`).
-            rdma_types::Mtu::from_bytes(*t.mtu.get_ref() as usize)
-                .unwrap_or(rdma_types::Mtu::Mtu4096),
-            opts.nic.clone(),
-        );
+        // The NIC daemon's NIC at the address, or one of our own.
+        let (provider, soft): (Arc<dyn verbs::Provider>, _) = match &opts.nicd {
+            Some(socket) => {
+                if ib {
+                    return Err(nic_err(
+                        "the ib fabric needs a soft RoCE NIC of srptd's own (its port's SMA and \
+                         QP0): drop --nicd, or serve this target on the roce fabric"
+                            .into(),
+                    ));
+                }
+                let (p, _) = nicd::connect_at(socket, *t.ip.get_ref()).map_err(nic_err)?;
+                (p as Arc<dyn verbs::Provider>, None)
+            }
+            None => {
+                let soft = rnic::softroce::SoftRoce::with_options(
+                    vec![rnic::softroce::SoftCa {
+                        guid,
+                        ip: *t.ip.get_ref(),
+                    }],
+                    *t.udp_port.get_ref(),
+                    // Checked with the file (`Config::validate`).
+                    rdma_types::Mtu::from_bytes(*t.mtu.get_ref() as usize)
+                        .unwrap_or(rdma_types::Mtu::Mtu4096),
+                    opts.nic.clone(),
+                );
+                (soft.clone() as Arc<dyn verbs::Provider>, Some(soft))
+            }
+        };
         // MAD transaction IDs of this process's agents, apart per target.
         let tid_base = (std::process::id() << 8) | (n & 0xff);
-        let nic = provider.clone();
         // The target port and the CM agent reach the NIC through clients
         // of the access layer, which track every verbs object they make
         // and, for the CM agent, its CM ids, MAD agents and subscriptions.
@@ -307,15 +328,14 @@ impl TargetRt {
         // The ib personality is set before the CA is first opened: the
         // port, its SMA and MAD driver start here, and the SM's sweep
         // brings it ACTIVE (waited for at the end, once everything serves).
-        let ib_port = if ib {
+        let ib_port = if let (true, Some(soft)) = (ib, &soft) {
             let ip = *t.ip.get_ref();
-            provider
-                .set_personality(guid, rnic::softroce::Personality::Ib)
+            soft.set_personality(guid, rnic::softroce::Personality::Ib)
                 .map_err(|source| {
                     nic_err(IbPortError::Personality { ip, guid, source }.to_string())
                 })?;
             let port = IbPort::start(
-                provider.clone(),
+                soft.clone(),
                 guid,
                 ip,
                 &format!("srptd {ip}"),
@@ -377,7 +397,7 @@ impl TargetRt {
                 cm,
                 rdma_cm: None,
             })),
-            nic: Some(nic),
+            nic: soft,
             _dm: Some((ioc, dm)),
             ib_port,
             stopping: Arc::default(),

@@ -549,8 +549,10 @@ pub struct Preflight {
 /// file, line and key, and what to do; ports and sockets in use are
 /// returned instead. srptd runs no log file, pid file or persistent
 /// reservation state file (logs go to standard output, APTPL is not
-/// persisted), so there is nothing else to try.
-pub fn preflight(cfg: &Config) -> Result<Preflight, ConfigError> {
+/// persisted), so there is nothing else to try. With `nicd` (the
+/// targets run on the NIC daemon's NICs) the RoCE UDP addresses are the
+/// daemon's and not tried.
+pub fn preflight(cfg: &Config, nicd: bool) -> Result<Preflight, ConfigError> {
     use std::io::ErrorKind;
     for (i, d) in cfg.devices.iter().enumerate() {
         probe_device(d).map_err(|e| device_error(cfg, i, e))?;
@@ -587,6 +589,9 @@ pub fn preflight(cfg: &Config) -> Result<Preflight, ConfigError> {
                 .map_err(|e| cfg.error(d.span(), key(i, "device"), e.to_string()))?;
             core.guid_of(&spec.name)
                 .map_err(|e| cfg.error(d.span(), key(i, "device"), e.to_string()))?;
+            continue;
+        }
+        if nicd {
             continue;
         }
         let (ip, port) = (*t.ip.get_ref(), *t.udp_port.get_ref());

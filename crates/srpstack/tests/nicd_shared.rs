@@ -1,0 +1,120 @@
+//! One address, one NIC daemon, the tools at once (issue 27): on
+//! 127.91.0.1 `nicd` owns the soft RoCE NIC (UDP port 4791), and
+//! `srptd`, `srp discover`, `srp io` and `rperf server`/`client` all run
+//! on it together through their `--nicd` option, the logins and
+//! discovery through the daemon's shared QP1. `srp io` verifies what it
+//! reads back and `rperf --verify` its WRITEs, both running at the same
+//! time. Without the daemon each would need an address of its own.
+//!
+//! Addresses: 127.91.0.1 only (no other test uses 127.91.0.0/16).
+
+mod common;
+
+use common::{bin_of, sock_of, srp_bin, srptd_bin, Proc};
+use std::process::{Command, Stdio};
+
+const IP: &str = "127.91.0.1";
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[test]
+fn srptd_srp_and_rperf_share_one_address_through_nicd() {
+    let sock = sock_of("nicd_shared", "nicd");
+    let _ = std::fs::remove_file(&sock);
+    let nicd = Proc::start(
+        "nicd",
+        Command::new(bin_of("nicd"))
+            .args(["--ip", IP, "--socket"])
+            .arg(&sock),
+    );
+    nicd.wait_line("serving", 60);
+
+    let target = Proc::start(
+        "srptd",
+        Command::new(srptd_bin())
+            .arg("--nicd")
+            .arg(&sock)
+            .args(["--ip", IP, "--ram-mib", "16", "--control-socket"])
+            .arg(sock_of("nicd_shared", "srptd")),
+    );
+    target.wait_line("listening on 127.91.0.1:5555", 60);
+    let perf_server = Proc::start(
+        "rperf server",
+        Command::new(bin_of("rperf"))
+            .args(["server", "--nicd"])
+            .arg(&sock)
+            .args(["--bind", "127.91.0.1:4791", "--oob", "127.91.0.1:18791"]),
+    );
+    perf_server.wait_line("listening on 127.91.0.1:18791", 60);
+
+    // Discovery asks srptd's DM agent through the daemon's QP1.
+    let found = Command::new(srp_bin())
+        .args(["discover", "--nicd"])
+        .arg(&sock)
+        .args(["--ip", IP, "--target", IP])
+        .output()
+        .unwrap();
+    let out = text(&found.stdout);
+    assert!(found.status.success(), "{out}{}", text(&found.stderr));
+    // srptd's port GUID is its address's (0002c903, then 127.91.0.1).
+    assert!(
+        out.contains("id_ext=0002c9037f5b0001")
+            && out.contains("dgid=00000000000000000000ffff7f5b0001"),
+        "{out}"
+    );
+    assert!(
+        text(&found.stderr).contains("NIC: the NIC daemon's at 127.91.0.1"),
+        "{}",
+        text(&found.stderr)
+    );
+
+    // Verified SRP I/O and verified RDMA WRITEs at the same time.
+    let io = Command::new(srp_bin())
+        .args(["io", "--nicd"])
+        .arg(&sock)
+        .args(["--ip", IP, "--dest", "127.91.0.1:5555", "--size", "8388608"])
+        .args(["--rw", "randrw", "--bs", "4096"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let perf = Command::new(bin_of("rperf"))
+        .args(["client", "--nicd"])
+        .arg(&sock)
+        .args(["--bind", "127.91.0.1:4791", "--server", "127.91.0.1:18791"])
+        .args(["--iters", "2000", "--verify"])
+        .output()
+        .unwrap();
+    let io = io.wait_with_output().unwrap();
+    let (io_out, perf_out) = (text(&io.stdout), text(&perf.stdout));
+    assert!(io.status.success(), "{io_out}{}", text(&io.stderr));
+    assert!(
+        io_out.contains(", 0 verify failures, 0 I/O errors") && io_out.contains("verified"),
+        "{io_out}"
+    );
+    assert!(perf.status.success(), "{perf_out}{}", text(&perf.stderr));
+    let row = perf_out
+        .lines()
+        .find(|l| l.trim_start().starts_with("write"))
+        .unwrap_or_else(|| panic!("no result row: {perf_out}"));
+    assert!(row.trim_end().ends_with("yes"), "not verified: {row}");
+    assert!(perf_out.contains("on the NIC daemon's"), "{perf_out}");
+
+    // The daemon lists srptd among its clients; one NIC served them all.
+    let clients = Command::new(bin_of("nicd"))
+        .args(["--clients", "--socket"])
+        .arg(&sock)
+        .output()
+        .unwrap();
+    let listed = text(&clients.stdout);
+    assert!(
+        listed.contains(&format!("pid {}", target.child.id())),
+        "{listed}"
+    );
+    drop(perf_server);
+    drop(target);
+    drop(nicd);
+    let _ = std::fs::remove_file(&sock);
+}
