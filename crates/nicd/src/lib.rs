@@ -17,17 +17,34 @@
 //!   and runs the consumer's handlers on a thread of its own. Registered
 //!   memory and rings are memfds the daemon maps
 //!   (`verbs::MemBuf::new_shared`), passed with `SCM_RIGHTS`.
+//! - [`mads`]: the MAD services of each port, sans-IO: the daemon owns
+//!   the port's QP1 and routes each MAD to the client it belongs to (CM
+//!   REQs by listened service ID, other CM messages by the communication
+//!   ID the daemon gave the client's connection, responses by a
+//!   transaction ID it stamped, unsolicited requests by registered
+//!   class and method). A client's GSI QP is its place at that QP1,
+//!   served by the client provider, so the access layer's CM, SA client
+//!   and DM agent (`rdma-access`) run in the client unchanged: the CM
+//!   state machine stays in one place. A client that goes has its
+//!   connections ended by the daemon (DREQ, or REJ half way).
+//! - [`connect_at`] and [`socket_for`]: what the tools' `--nicd [SOCKET]`
+//!   option (srptd, srp, rperf, rrping, rperftest) uses.
 //!
 //! What it does not do yet: UD sends, atomics and window binds go on
 //! the socket, not the rings (as do a solicited-only arm and what it
-//! delegates);
-//! QP0/QP1 and the CM through the daemon (its MAD services: a
-//! client cannot create QP0/QP1, and a peer of a dead client learns of it
-//! at its next request, not by a DREQ), starting the daemon on demand.
+//! delegates); SIDR through the daemon; a DREQ for a dead client is sent
+//! once (no retries); starting the daemon on demand, and the tools using
+//! it by default (they take `--nicd`; their in-process NIC stays the
+//! default); `srpd`, `rpingpong` and the `ib` fabric (SMA, QP0) through
+//! it.
 //!
 //! What it refuses: a client's handle that is not its own, memory not
-//! shared with it, QP0/QP1, port changes from users other than root and
-//! its own, QPs and registered memory beyond a client's [`Limits`].
+//! shared with it, QP0, QP1 MADs it may not send (SMPs, responses of a
+//! class it does not serve, CM messages for another client's
+//! connections), serving subnet administration or performance
+//! management, and port changes, from users other than root and its
+//! own, a method or service another client serves or listens on, QPs
+//! and registered memory beyond a client's [`Limits`].
 
 #![deny(clippy::undocumented_unsafe_blocks)]
 

@@ -19,9 +19,12 @@
 //! address). L_Keys and R_Keys are the provider's own and checked by
 //! it: an L_Key of another client's PD is a protection error there.
 //!
-//! Privilege: QP0 and QP1 are refused to every client for now (the
-//! daemon's MAD services are a later increment); port changes
-//! (`modify_port`) only to root and the daemon's own user. Each client
+//! Privilege: QP0 is refused to every client; QP1 is the daemon's own
+//! (the `gsi` module, one per CA, opened for the first client that asks
+//! with `OpenGsi`), where each client gets a place and the router of
+//! [`crate::mads`] checks every MAD it sends (see there for what a
+//! non-privileged client may not do); port changes (`modify_port`)
+//! only to root and the daemon's own user. Each client
 //! stays within [`Limits`] (QPs, registered memory) and 64 blocked
 //! `wait_cq` calls; refusals are counted. The table is searched
 //! linearly for a client's holdings and inline ranges: fine for
@@ -35,10 +38,12 @@
 //!
 //! When a connection ends (the client closed it, exited or was killed),
 //! the daemon stops its poller, then destroys what it left in the seeds' hierarchical order: QPs,
-//! then MWs, AHs, SRQs, CQs and MRs, then PDs, then CAs. A peer of a
-//! destroyed RC QP sees it gone at its next request (retries exhausted:
-//! `RetryExcErr`); telling it at once, as a DREQ does, needs the CM
-//! through the daemon (a later increment).
+//! then MWs, AHs, SRQs, CQs and MRs, then PDs, then CAs. Its place at
+//! QP1 goes first (with the QPs): the daemon ends the connections its
+//! CM made there, established ones with a DREQ, others with a REJ, so
+//! their peers learn at once; a peer of an RC QP connected some other
+//! way sees it gone at its next request (retries exhausted:
+//! `RetryExcErr`).
 
 mod gsi;
 mod rings;
