@@ -134,6 +134,9 @@ pub struct InitdConfig {
     /// The soft RoCE NIC's options (`srpd` maps the environment onto
     /// them: `rnic::softroce::NicOptions::from_env`).
     pub nic: rnic::softroce::NicOptions,
+    /// The soft RoCE CAs are the NIC daemon's at `ips`, through its
+    /// socket here, instead of a NIC of srpd's own (`roce` fabric only).
+    pub nicd: Option<PathBuf>,
 }
 
 /// One login: its path, its LUNs and their files. Shared by the registry
@@ -302,6 +305,10 @@ pub enum InitdStartError {
     /// RDMA CM there).
     #[error(transparent)]
     Device(#[from] DeviceError),
+    /// The NIC daemon is not there, serves no NIC at an address, or was
+    /// asked for the `ib` fabric (in words).
+    #[error("{0}")]
+    Nicd(String),
     #[error("mount root {} is not a directory", .0.display())]
     MountRoot(PathBuf),
     /// The reconnect timers (`--reconnect-delay` and the others).
@@ -447,31 +454,55 @@ impl Initd {
     /// The soft RoCE NIC with a CA and a CM agent on every local address
     /// (added to `cas`).
     fn start_soft(cfg: &InitdConfig, cas: &mut Vec<LocalCa>) -> Result<SoftNic, InitdStartError> {
-        crate::args::check_local(&cfg.ips, cfg.udp_port)?;
         let ib = cfg.fabric == rdma_access::subnet::Fabric::Ib;
         // Every port has the GUID of its address, in either fabric.
         let soft = rnic::softroce::SoftCa::at_each(&cfg.ips);
-        let provider = rnic::softroce::SoftRoce::with_options(
-            soft.clone(),
-            cfg.udp_port,
-            cfg.mtu,
-            cfg.nic.clone(),
-        );
+        // The NIC daemon's NIC at the addresses, or one of our own.
+        let (provider, own): (Arc<dyn Provider>, _) = match &cfg.nicd {
+            Some(socket) => {
+                if ib {
+                    return Err(InitdStartError::Nicd(
+                        "--fabric ib needs a soft RoCE NIC of srpd's own (its ports' SMAs): drop \
+                         --nicd, or use the roce fabric"
+                            .into(),
+                    ));
+                }
+                let mut client = None;
+                for ip in &cfg.ips {
+                    client = Some(
+                        nicd::connect_at(socket, *ip)
+                            .map_err(InitdStartError::Nicd)?
+                            .0,
+                    );
+                }
+                let client = client.ok_or(InitdStartError::NoAddress)?;
+                (client as Arc<dyn Provider>, None)
+            }
+            None => {
+                crate::args::check_local(&cfg.ips, cfg.udp_port)?;
+                let nic = rnic::softroce::SoftRoce::with_options(
+                    soft.clone(),
+                    cfg.udp_port,
+                    cfg.mtu,
+                    cfg.nic.clone(),
+                );
+                (nic.clone() as Arc<dyn Provider>, Some(nic))
+            }
+        };
         let access = rdma_access::resource::AccessLayer::new(provider.clone());
         let cm = access.client("cm").into_provider();
         let sessions: Arc<dyn Provider> = access.client("srp initiator").into_provider();
         for (k, ca) in soft.iter().enumerate() {
             let first_comm_id = (std::process::id() << 8) | k as u32;
-            let (agent, port) = if ib {
-                provider
-                    .set_personality(ca.guid, rnic::softroce::Personality::Ib)
+            let (agent, port) = if let (true, Some(own)) = (ib, &own) {
+                own.set_personality(ca.guid, rnic::softroce::Personality::Ib)
                     .map_err(|source| IbPortError::Personality {
                         ip: ca.ip,
                         guid: ca.guid,
                         source,
                     })?;
                 let port = IbPort::start(
-                    provider.clone(),
+                    own.clone(),
                     ca.guid,
                     ca.ip,
                     &format!("srpd {}", ca.ip),

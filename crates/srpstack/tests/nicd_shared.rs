@@ -1,16 +1,20 @@
 //! One address, one NIC daemon, the tools at once (issue 27): on
 //! 127.91.0.1 `nicd` owns the soft RoCE NIC (UDP port 4791), and
-//! `srptd`, `srp discover`, `srp io` and `rperf server`/`client` all run
-//! on it together through their `--nicd` option, the logins and
-//! discovery through the daemon's shared QP1. `srp io` verifies what it
-//! reads back and `rperf --verify` its WRITEs, both running at the same
-//! time. Without the daemon each would need an address of its own.
+//! `srptd`, `srpd` (logged in to srptd, its LUN a file under its mount
+//! root), `srp discover`, `srp io` and `rperf server`/`client` all run on
+//! it together through their `--nicd` option, the logins and discovery
+//! through the daemon's shared QP1. `srp io` verifies what it reads
+//! back, `rperf --verify` its WRITEs, and a pattern written through
+//! srpd's LUN file reads back, all at the same time. Without the daemon
+//! each would need an address of its own. The srpd part is skipped
+//! without FUSE (a failure under `CI=true`).
 //!
 //! Addresses: 127.91.0.1 only (no other test uses 127.91.0.0/16).
 
 mod common;
 
-use common::{bin_of, sock_of, srp_bin, srptd_bin, Proc};
+use common::{bin_of, sock_of, srp, srp_bin, srpd_bin, srptd_bin, Proc};
+use std::io::{Read, Seek, SeekFrom, Write};
 use std::process::{Command, Stdio};
 
 const IP: &str = "127.91.0.1";
@@ -70,11 +74,66 @@ fn srptd_srp_and_rperf_share_one_address_through_nicd() {
         text(&found.stderr)
     );
 
+    // srpd logged in to srptd: its LUN 0 a file under its mount root.
+    let dir = std::env::temp_dir().join(format!("nicd_shared-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let root = dir.join("mnt");
+    std::fs::create_dir_all(&root).unwrap();
+    let srpd_sock = dir.join("srpd.sock");
+    let srpd = rdma_testkit::need::part("the srpd part").fuse().then(|| {
+        let p = Proc::start(
+            "srpd",
+            Command::new(srpd_bin())
+                .arg("--nicd")
+                .arg(&sock)
+                .args(["--ip", IP, "--mount-root"])
+                .arg(&root)
+                .arg("--control-socket")
+                .arg(&srpd_sock),
+        );
+        p.wait_line("srpd: ready on", 60);
+        let target = "id_ext=0002c9037f5b0001,ioc_guid=0002c9037f5b0001,dest=127.91.0.1:5555";
+        let login = srp(&srpd_sock, &["login", target, "--name", "tgt"]);
+        assert!(
+            login.status.success(),
+            "{}{}",
+            text(&login.stdout),
+            text(&login.stderr)
+        );
+        p
+    });
+    let lun_file = root.join("tgt/lun0");
+    let file_io = srpd.as_ref().map(|_| {
+        let lun_file = lun_file.clone();
+        std::thread::spawn(move || {
+            let mut f = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&lun_file)
+                .unwrap();
+            for round in 0..8u32 {
+                let pattern: Vec<u8> = (0..65536u32)
+                    .map(|i| (i.wrapping_mul(31) ^ round) as u8)
+                    .collect();
+                // Past `srp io`'s region (the LUN's first 8 MiB).
+                let at = u64::from(8 + round) << 20;
+                f.seek(SeekFrom::Start(at)).unwrap();
+                f.write_all(&pattern).unwrap();
+                f.sync_all().unwrap();
+                let mut back = vec![0u8; pattern.len()];
+                f.seek(SeekFrom::Start(at)).unwrap();
+                f.read_exact(&mut back).unwrap();
+                assert!(back == pattern, "srpd's LUN file read back other data");
+            }
+        })
+    });
+
     // Verified SRP I/O and verified RDMA WRITEs at the same time.
     let io = Command::new(srp_bin())
         .args(["io", "--nicd"])
         .arg(&sock)
-        .args(["--ip", IP, "--dest", "127.91.0.1:5555", "--size", "8388608"])
+        .args(["--ip", IP, "--dest", "127.91.0.1:5555", "--size", "8M"])
+        .args(["--region", "8M"])
         .args(["--rw", "randrw", "--bs", "4096"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -88,6 +147,9 @@ fn srptd_srp_and_rperf_share_one_address_through_nicd() {
         .output()
         .unwrap();
     let io = io.wait_with_output().unwrap();
+    if let Some(t) = file_io {
+        t.join().expect("srpd's file I/O verified");
+    }
     let (io_out, perf_out) = (text(&io.stdout), text(&perf.stdout));
     assert!(io.status.success(), "{io_out}{}", text(&io.stderr));
     assert!(
@@ -113,6 +175,16 @@ fn srptd_srp_and_rperf_share_one_address_through_nicd() {
         listed.contains(&format!("pid {}", target.child.id())),
         "{listed}"
     );
+    if let Some(p) = &srpd {
+        assert!(
+            listed.contains(&format!("pid {}", p.child.id())),
+            "{listed}"
+        );
+        let out = srp(&srpd_sock, &["logout", "tgt"]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+    }
+    drop(srpd);
+    let _ = std::fs::remove_dir_all(&dir);
     drop(perf_server);
     drop(target);
     drop(nicd);

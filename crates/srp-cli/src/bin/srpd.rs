@@ -35,6 +35,13 @@ struct Args {
     /// adds soft RoCE CAs beside it. Needs rdma-core's libibverbs.
     #[arg(long, value_name = "NAME[:PORT]", value_parser = parse_device)]
     device: Option<rdmacore::DeviceSpec>,
+    /// Use the NIC daemon's soft RoCE NIC at each --ip, through the
+    /// daemon's socket SOCKET [default: $NICD_SOCKET, else nicd's
+    /// default], instead of a NIC of srpd's own: other processes (srptd,
+    /// srp, rperf) can then use the addresses too. Start the daemon with
+    /// `nicd --ip ADDRESS`; the roce fabric only.
+    #[arg(long, value_name = "SOCKET", num_args = 0..=1, default_missing_value = "")]
+    nicd: Option<PathBuf>,
     /// RoCEv2 UDP port.
     #[arg(long, default_value_t = 4791)]
     udp_port: u16,
@@ -99,6 +106,12 @@ fn run(a: Args) -> Result<(), String> {
     let signals = daemon_ctl::signals::block_term();
     let control =
         bind_control(&sock).map_err(|e| format!("control socket {}: {e}", sock.display()))?;
+    if let Some(s) = a.nicd.as_deref().map(nicd::socket_for) {
+        eprintln!(
+            "srpd: NIC: the NIC daemon's at each --ip, through {}",
+            s.display()
+        );
+    }
     let started = Initd::start(InitdConfig {
         ips: match (&a.device, a.ip.is_empty()) {
             (None, true) => vec![IpAddr::from([127, 0, 0, 2])],
@@ -114,6 +127,7 @@ fn run(a: Args) -> Result<(), String> {
         fabric: a.fabric,
         sm_wait: a.sm_wait_ms,
         nic,
+        nicd: a.nicd.as_deref().map(nicd::socket_for),
     });
     let initd = match started {
         Ok(i) => Arc::new(i),
