@@ -96,6 +96,16 @@
 //! after it moves a completion in); a `WaitCq` on the socket for a ring
 //! CQ waits until the ring holds a completion.
 //!
+//! # The shared QP1
+//!
+//! [`Request::OpenGsi`], [`Request::GsiRegister`], [`Request::GsiListen`],
+//! [`Request::GsiSend`] and [`Event::Mad`] (see [`crate::mads`]) came
+//! after version 2's rings, without a new version: a daemon without them
+//! answers them as malformed requests, and sends the event only to a
+//! client that opened a GSI QP.
+//!
+//! # Versions
+//!
 //! A daemon of version 1 refuses a version 2 `Hello` and closes the
 //! connection; the client then connects again saying version 1, and
 //! every verb goes on the socket. A version 1 client is served as

@@ -151,7 +151,8 @@ fn a_killed_client_is_released_and_its_peer_sees_the_end() {
     assert_eq!(d.server.release_failures(), 0, "the provider refused none");
 
     // Our QP learns at its next request: retries exhausted, the QP in
-    // error (no DREQ yet: the CM through the daemon is a later increment).
+    // error (connected without the CM, so no DREQ: tests/cm.rs has the
+    // DREQ the daemon sends for a killed client's CM connections).
     let mut w = SendWr::new(3, SendOpcode::RdmaWrite, vec![a.sge(0, 11)]);
     w.remote = RemoteAddr { addr, rkey };
     a.p.post_send(qa, &[w]).unwrap();
