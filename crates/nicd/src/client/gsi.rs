@@ -177,3 +177,126 @@ fn grh(sgid: Gid) -> Vec<u8> {
     }
     g
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn local_with_qp() -> (Local, MemBuf, Lkey) {
+        let mut l = Local::default();
+        let buf = MemBuf::new_private(4096);
+        let lkey = Lkey(0x77);
+        l.mrs.insert(1, (buf.clone(), buf.addr(), 4096, lkey));
+        l.cqs.insert(5, (2, 0xc0));
+        l.gsis.insert(
+            9,
+            Gsi {
+                ctx: 0x99,
+                send_cq: 5,
+                recv_cq: 5,
+                sig_all: true,
+                state: QpState::Rts,
+                pkey_index: 0,
+                recvs: VecDeque::new(),
+            },
+        );
+        (l, buf, lkey)
+    }
+
+    #[test]
+    fn a_mad_fills_the_next_receive_behind_a_grh_as_a_nic_writes_it() {
+        let (mut l, buf, lkey) = local_with_qp();
+        // A receive cut in two pieces: the GRH and part of the MAD, then the rest.
+        let sges = vec![
+            Sge {
+                addr: buf.addr(),
+                length: 100,
+                lkey,
+            },
+            Sge {
+                addr: buf.addr() + 1000,
+                length: 196,
+                lkey,
+            },
+        ];
+        l.gsis
+            .get_mut(&9)
+            .unwrap()
+            .recvs
+            .push_back(RecvWr { wr_id: 42, sges });
+        let mad: Vec<u8> = (0..=255u8).collect();
+        let v4 = Gid::from_ip([127, 91, 7, 7].into());
+        // Not armed: nobody is told, the completion waits.
+        assert_eq!(l.receive(9, v4, 3, &mad), None);
+        let mut wcs = [WorkCompletion::new(0, WcStatus::GeneralErr, WcOpcode::Send, 0); 4];
+        assert_eq!(l.poll(5, &mut wcs), 1);
+        let wc = wcs[0];
+        assert_eq!(
+            (
+                wc.wr_id,
+                wc.status,
+                wc.byte_len,
+                wc.src_qp,
+                wc.pkey_index,
+                wc.qp_ctx
+            ),
+            (42, WcStatus::Success, 296, Qpn::GSI, 3, 0x99)
+        );
+        // RoCEv2 over IPv4: an IPv4 header in the GRH's last 20 bytes.
+        assert_eq!(buf.to_vec(20, 1), vec![0x45]);
+        assert_eq!(buf.to_vec(32, 4), vec![127, 91, 7, 7]);
+        assert_eq!(buf.to_vec(40, 60), mad[..60].to_vec());
+        assert_eq!(buf.to_vec(1000, 196), mad[60..].to_vec());
+        // Armed, the next one tells the CQ's CA and context (once).
+        let one = vec![Sge {
+            addr: buf.addr() + 2000,
+            length: 296,
+            lkey,
+        }];
+        let g = l.gsis.get_mut(&9).unwrap();
+        g.recvs.push_back(RecvWr {
+            wr_id: 43,
+            sges: one.clone(),
+        });
+        g.recvs.push_back(RecvWr {
+            wr_id: 44,
+            sges: one,
+        });
+        l.armed.insert(5);
+        assert_eq!(l.receive(9, v4, 0, &mad), Some((2, 0xc0)));
+        assert_eq!(l.receive(9, v4, 0, &mad), None);
+        assert_eq!(l.poll(5, &mut wcs), 2);
+        // None posted: dropped and counted.
+        assert_eq!(l.receive(9, v4, 0, &mad), None);
+        assert_eq!(l.overruns, 1);
+    }
+
+    #[test]
+    fn sends_gather_only_from_registered_memory() {
+        let (l, buf, lkey) = local_with_qp();
+        buf.write_at(8, &[1, 2, 3, 4]);
+        let inside = Sge {
+            addr: buf.addr() + 8,
+            length: 4,
+            lkey,
+        };
+        assert_eq!(l.gather(&[inside], 256).unwrap(), vec![1, 2, 3, 4]);
+        let wrong_key = Sge {
+            lkey: Lkey(1),
+            ..inside
+        };
+        assert!(l.gather(&[wrong_key], 256).is_err());
+        let past_end = Sge {
+            addr: buf.addr() + 4090,
+            length: 16,
+            lkey,
+        };
+        assert!(l.gather(&[past_end], 256).is_err());
+        let too_long = Sge {
+            addr: buf.addr(),
+            length: 300,
+            lkey,
+        };
+        assert!(l.gather(&[too_long], 256).is_err());
+    }
+}
