@@ -51,6 +51,9 @@
 //! ends its connections as Linux's CM does for a destroyed ID (IBA
 //! 12.9.6): established ones with a DREQ, those half way with a REJ
 //! (consumer defined), a REQ it was handed and never answered with a REJ.
+//! A passive connection whose RTU the daemon has not seen gets both a
+//! REJ and a DREQ: the peer may have sent its RTU (then it is
+//! established and takes the DREQ) or not (it takes the REJ).
 //! Their IDs stay behind as tombstones, so a REP that comes later gets a
 //! REJ and a DREQ a DREP, and the peer never waits for a time-out. A
 //! DREQ is sent once (the peer's own keepalive covers its loss).
@@ -790,8 +793,8 @@ impl Router {
                 pkey_index: c.pkey_index,
                 mad,
             };
-            let end = match c.phase {
-                Phase::Established => Some(cm_mad(CmAttr::Dreq, 0, |b| {
+            let dreq = || {
+                cm_mad(CmAttr::Dreq, 0, |b| {
                     DreqRepr {
                         local_comm_id: id,
                         remote_comm_id: c.peer_comm,
@@ -799,33 +802,20 @@ impl Router {
                         private_data: [0; rdma_mad::cm::private_len::DREQ],
                     }
                     .emit(b)
-                })),
-                Phase::ReqRcvd => Some(rej(
-                    0,
-                    id,
-                    c.peer_comm,
-                    MsgRef::Req,
-                    RejReason::ConsumerDefined,
-                )),
-                Phase::RepRcvd => Some(rej(
-                    0,
-                    id,
-                    c.peer_comm,
-                    MsgRef::Rep,
-                    RejReason::ConsumerDefined,
-                )),
-                Phase::RepSent => Some(rej(
-                    0,
-                    id,
-                    c.peer_comm,
-                    MsgRef::Other,
-                    RejReason::ConsumerDefined,
-                )),
-                Phase::ReqSent | Phase::Closing => None,
+                })
             };
-            if let Some(mad) = end {
-                out.push(to(mad));
-            }
+            let rej_of = |what| rej(0, id, c.peer_comm, what, RejReason::ConsumerDefined);
+            let end = match c.phase {
+                Phase::Established => vec![dreq()],
+                Phase::ReqRcvd => vec![rej_of(MsgRef::Req)],
+                Phase::RepRcvd => vec![rej_of(MsgRef::Rep)],
+                // The peer may have sent its RTU already (it is
+                // established, and takes the DREQ) or not (it takes the
+                // REJ and ignores the DREQ).
+                Phase::RepSent => vec![rej_of(MsgRef::Other), dreq()],
+                Phase::ReqSent | Phase::Closing => Vec::new(),
+            };
+            out.extend(end.into_iter().map(to));
             self.bury(id);
         }
         self.stats.ended_for_dead += out.len() as u64;

@@ -102,13 +102,25 @@ fn a_departed_client_has_its_peers_told() {
     let id = u32_at(&wire(&rep)[0][..], 24);
     r.from_wire(peer(), 0, &cm(CmAttr::Rtu, 0x700, id, 0));
     r.from_wire(peer(), 0, &cm(CmAttr::Req, 0x701, 0, 0x42));
+    // And one whose REP went out but whose RTU has not come (yet).
+    r.from_wire(peer(), 0, &cm(CmAttr::Req, 0x702, 0, 0x42));
+    r.from_client(A, peer(), 0, &cm(CmAttr::Rep, 4, 0x702, 0))
+        .unwrap();
     let out = r.leave(A);
-    let mut told: Vec<(CmAttr, u32)> = wire(&out)
+    let mut told: Vec<(u32, CmAttr)> = wire(&out)
         .iter()
-        .map(|m| (attr_of(&m[..]), u32_at(&m[..], 28)))
+        .map(|m| (u32_at(&m[..], 28), attr_of(&m[..])))
         .collect();
-    told.sort_by_key(|t| t.1);
-    assert_eq!(told, vec![(CmAttr::Dreq, 0x700), (CmAttr::Rej, 0x701)]);
+    told.sort_by_key(|t| (t.0, u16::from(t.1)));
+    assert_eq!(
+        told,
+        vec![
+            (0x700, CmAttr::Dreq),
+            (0x701, CmAttr::Rej),
+            (0x702, CmAttr::Rej),
+            (0x702, CmAttr::Dreq)
+        ]
+    );
     // The peer's DREQ crossing ours gets a DREP from the tombstone.
     let out = r.from_wire(peer(), 0, &cm(CmAttr::Dreq, 0x700, id, 0));
     assert_eq!(attr_of(&wire(&out)[0][..]), CmAttr::Drep);
