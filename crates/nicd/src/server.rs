@@ -715,6 +715,22 @@ impl Server {
         }
     }
 
+    /// Refuses (counted) a QP beyond client `me`'s limit.
+    fn within_qps(&self, me: u64) -> Result<()> {
+        let (qps, _) = self.holdings(me, None);
+        self.limit(
+            qps < self.limits.max_qps,
+            "this client's QP limit (nicd --max-qps)",
+        )
+    }
+
+    /// Whether `peer` is root or the daemon's own user: it may change
+    /// ports, list the clients, and serve every class at QP1 but the
+    /// SMPs'.
+    fn privileged(&self, peer: &Peer) -> bool {
+        peer.uid == 0 || peer.uid == self.uid
+    }
+
     /// Refuses a registration (or rings) of `len` more bytes (in place
     /// of MR `but`) beyond the client's limit.
     fn within_registered(&self, owner: u64, but: Option<u32>, len: u64) -> Result<()> {
@@ -846,11 +862,7 @@ impl Server {
                  (NicdProvider::create_qp of a GSI QP asks for it), and QP0 no client gets",
             ));
         }
-        let (qps, _) = self.holdings(me, None);
-        self.limit(
-            qps < self.limits.max_qps,
-            "this client's QP limit (nicd --max-qps)",
-        )?;
+        self.within_qps(me)?;
         init.send_cq = CqHandle(self.raw(me, K::Cq, init.send_cq.0)?);
         init.recv_cq = CqHandle(self.raw(me, K::Cq, init.recv_cq.0)?);
         if let Some(s) = &mut init.srq {
@@ -966,7 +978,7 @@ impl Server {
                     attr: p.query_port(CaHandle(self.raw(me, K::Ca, ca.0)?), port)?,
                 },
                 Request::ModifyPort { ca, port, modify } => {
-                    if peer.uid != 0 && peer.uid != self.uid {
+                    if !self.privileged(peer) {
                         return Err(bad(format!(
                             "port changes need root or the daemon's user (uid {}); client uid {}",
                             self.uid, peer.uid
@@ -979,7 +991,7 @@ impl Server {
                     v: p.take_pkey_violations(CaHandle(self.raw(me, K::Ca, ca.0)?), port)?,
                 },
                 Request::Clients {} => {
-                    if peer.uid != 0 && peer.uid != self.uid {
+                    if !self.privileged(peer) {
                         return Err(bad(format!(
                             "listing the clients needs root or the daemon's user (uid {}); client uid {}",
                             self.uid, peer.uid
@@ -1104,11 +1116,7 @@ impl Server {
                     return self.destroy_with_rings(c, K::Qp, qp.0, |r| p.destroy_qp(QpHandle(r)));
                 }
                 Request::OpenGsi { pd, ctx: _ } => {
-                    let (qps, _) = self.holdings(me, None);
-                    self.limit(
-                        qps < self.limits.max_qps,
-                        "this client's QP limit (nicd --max-qps)",
-                    )?;
+                    self.within_qps(me)?;
                     let port = self.gsi_port(me, pd)?;
                     let ca = self.pd_ca(me, pd)?;
                     let mine = {
@@ -1123,8 +1131,7 @@ impl Server {
                     let h = self.reserve(K::Qp);
                     self.insert(me, K::Qp, h, GSI_RAW, pd.0.index, None);
                     self.lock().gsi.insert(h.index, port.clone());
-                    let privileged = peer.uid == 0 || peer.uid == self.uid;
-                    port.join(me, privileged, out.clone(), ca, QpHandle(h));
+                    port.join(me, self.privileged(peer), out.clone(), ca, QpHandle(h));
                     Reply::Qp { qp: QpHandle(h) }
                 }
                 Request::GsiRegister {

@@ -91,11 +91,6 @@ pub enum NicChoice {
     },
 }
 
-/// The daemon's socket `--nicd` names ([`nicd::socket_for`]).
-pub fn nicd_socket(given: &std::path::Path) -> std::path::PathBuf {
-    nicd::socket_for(given)
-}
-
 impl NicChoice {
     /// `--device` if it names an rdma-core device, else the soft NIC at
     /// `ip` with the environment's options.
@@ -117,7 +112,7 @@ impl NicChoice {
         let ip = ip.ok_or_else(|| NicError::NoAddress(what.to_string()))?;
         if let Some(s) = &dev.nicd {
             return Ok(NicChoice::Nicd {
-                socket: nicd_socket(s),
+                socket: nicd::socket_for(s),
                 ip,
             });
         }

@@ -174,7 +174,7 @@ fn common(a: &CommonArgs, stop: &Arc<AtomicBool>) -> Result<Common, String> {
         )),
         (None, Some(s)) => {
             let choice = NicChoice::Nicd {
-                socket: rdma_perf::device::nicd_socket(s),
+                socket: nicd::socket_for(s),
                 ip: bind.ip(),
             };
             let nic = Nic::open(&choice).map_err(|e| e.to_string())?;
