@@ -70,7 +70,8 @@ pub fn ring_entry(data: &[u8]) {
 /// `data` as steps through one port's [`crate::mads::Router`]: each
 /// step an operation byte, a "who" byte, and what the operation takes
 /// (a MAD is 256 bytes, from the wire or from a client; a listen, a
-/// registration, a client leaving or joining). Whatever the bytes, no
+/// registration, a client leaving and joining again, a round of
+/// resends). Whatever the bytes, no
 /// panic, and every MAD the router sends or hands over is whole; a
 /// client's MADs that it sends back to the wire as a peer would keep
 /// the connection tables in use (tombstones, offers, stamps).
@@ -114,7 +115,7 @@ pub fn qp1_router(data: &[u8]) {
                 r.join(client, who & 1 == 1);
                 outs
             }
-            _ => Vec::new(),
+            _ => r.retransmit(),
         };
         // What went out comes back as a peer's answer would: with the
         // IDs swapped for CM messages, as is for the rest.

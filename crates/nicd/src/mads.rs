@@ -56,7 +56,9 @@
 //! established and takes the DREQ) or not (it takes the REJ).
 //! Their IDs stay behind as tombstones, so a REP that comes later gets a
 //! REJ and a DREQ a DREP, and the peer never waits for a time-out. A
-//! DREQ is sent once (the peer's own keepalive covers its loss).
+//! DREQ is sent again at each [`Router::retransmit`] (the driver calls
+//! it once a second) until the peer's DREP, at most [`DREQ_RESENDS`]
+//! times.
 
 use rdma_mad::cm::{
     CmAttr, DreqRepr, IdsRepr, MsgRef, RejReason, RejRepr, RepRepr, ReqRepr, CM_CLASS_VERSION,
@@ -73,6 +75,9 @@ pub type MadBytes = Box<[u8; MAD_SIZE]>;
 
 /// Transaction IDs remembered for responses (oldest forgotten first).
 pub const MAX_TIDS: usize = 4096;
+
+/// How many times a DREQ for a departed client is sent again.
+pub const DREQ_RESENDS: u8 = 3;
 
 /// Connections of departed clients kept to answer their peers, and REQs
 /// handed to clients and not answered yet (oldest forgotten first).
@@ -178,6 +183,8 @@ struct Conn {
     peer_qpn: Qpn,
     pkey_index: u16,
     phase: Phase,
+    /// Resends left of the DREQ sent for a departed client.
+    dreq_resends: u8,
 }
 
 /// A REQ handed to a client, not answered yet.
@@ -235,6 +242,19 @@ fn cm_mad(attr: CmAttr, tid: u64, emit: impl FnOnce(&mut [u8])) -> MadBytes {
     rdma_mad::cm::CmMadRepr::header_for(attr, tid).emit(&mut m[..]);
     emit(&mut m[HEADER_LEN..]);
     m
+}
+
+/// The DREQ of connection `id` for its departed client.
+fn dreq_for(id: u32, c: &Conn) -> MadBytes {
+    cm_mad(CmAttr::Dreq, 0, |b| {
+        DreqRepr {
+            local_comm_id: id,
+            remote_comm_id: c.peer_comm,
+            remote_qpn: c.peer_qpn,
+            private_data: [0; rdma_mad::cm::private_len::DREQ],
+        }
+        .emit(b)
+    })
 }
 
 fn rej(tid: u64, local: u32, remote: u32, what: MsgRef, reason: RejReason) -> MadBytes {
@@ -501,6 +521,7 @@ impl Router {
                         peer_qpn: Qpn::from_bits(0),
                         pkey_index: 0,
                         phase: Phase::ReqSent,
+                        dreq_resends: 0,
                     },
                 );
                 self.local_ids.insert((client, local), id);
@@ -547,6 +568,7 @@ impl Router {
                         peer_qpn: o.peer_qpn,
                         pkey_index: o.pkey_index,
                         phase: Phase::ReqRcvd,
+                        dreq_resends: 0,
                     },
                 );
                 self.local_ids.insert((client, local), id);
@@ -752,6 +774,30 @@ impl Router {
         self.deliver(client, sgid, pkey_index, m)
     }
 
+    /// The DREQs of departed clients' connections whose peers have not
+    /// answered, sent again (each at most [`DREQ_RESENDS`] times; the
+    /// driver calls this once a second).
+    pub fn retransmit(&mut self) -> Vec<Out> {
+        let mut out = Vec::new();
+        let mut ids: Vec<u32> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.client.is_none() && c.dreq_resends > 0)
+            .map(|(id, _)| *id)
+            .collect();
+        ids.sort_unstable();
+        for id in ids {
+            let c = self.conns.get_mut(&id).expect("listed");
+            c.dreq_resends -= 1;
+            out.push(Out::ToWire {
+                dgid: c.peer,
+                pkey_index: c.pkey_index,
+                mad: dreq_for(id, c),
+            });
+        }
+        out
+    }
+
     /// `client` is gone: its registrations, listens and stamps are
     /// forgotten and its connections ended (see the module docs).
     pub fn leave(&mut self, client: ClientId) -> Vec<Out> {
@@ -786,6 +832,9 @@ impl Router {
         for id in mine {
             let c = self.conns.get_mut(&id).expect("listed");
             c.client = None;
+            if matches!(c.phase, Phase::Established | Phase::RepSent) {
+                c.dreq_resends = DREQ_RESENDS;
+            }
             let c = c.clone();
             self.local_ids.remove(&(client, c.local));
             let to = |mad| Out::ToWire {
@@ -793,17 +842,7 @@ impl Router {
                 pkey_index: c.pkey_index,
                 mad,
             };
-            let dreq = || {
-                cm_mad(CmAttr::Dreq, 0, |b| {
-                    DreqRepr {
-                        local_comm_id: id,
-                        remote_comm_id: c.peer_comm,
-                        remote_qpn: c.peer_qpn,
-                        private_data: [0; rdma_mad::cm::private_len::DREQ],
-                    }
-                    .emit(b)
-                })
-            };
+            let dreq = || dreq_for(id, &c);
             let rej_of = |what| rej(0, id, c.peer_comm, what, RejReason::ConsumerDefined);
             let end = match c.phase {
                 Phase::Established => vec![dreq()],

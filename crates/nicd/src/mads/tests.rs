@@ -121,9 +121,24 @@ fn a_departed_client_has_its_peers_told() {
             (0x702, CmAttr::Dreq)
         ]
     );
-    // The peer's DREQ crossing ours gets a DREP from the tombstone.
+    // Unanswered DREQs go again, at most DREQ_RESENDS times.
+    let again = r.retransmit();
+    let again: Vec<u32> = wire(&again).iter().map(|m| u32_at(&m[..], 28)).collect();
+    assert_eq!(again, vec![0x700, 0x702]);
+    // The peer's DREQ crossing ours gets a DREP from the tombstone, and
+    // ends the resends; so does the other peer's DREP.
     let out = r.from_wire(peer(), 0, &cm(CmAttr::Dreq, 0x700, id, 0));
     assert_eq!(attr_of(&wire(&out)[0][..]), CmAttr::Drep);
+    let other = r
+        .conns
+        .iter()
+        .find(|(_, c)| c.peer_comm == 0x702)
+        .map(|(i, _)| *i)
+        .unwrap();
+    assert!(r
+        .from_wire(peer(), 0, &cm(CmAttr::Drep, 0x702, other, 0))
+        .is_empty());
+    assert!(r.retransmit().is_empty());
     // The listen is gone with it.
     assert!(r.listen(B, 0x42, true).is_ok());
 }
@@ -179,4 +194,22 @@ fn registrations_are_exclusive_and_privileged_classes_refused() {
     assert_eq!((m[3], u16::from_be_bytes([m[4], m[5]])), (0x81, 1 << 2));
     // Responses and SMPs from the wire nobody takes are dropped.
     assert!(r.from_wire(peer(), 0, &gmp(0x81, 0x01, 3)).is_empty());
+}
+
+#[test]
+fn a_dreq_nobody_answers_is_sent_a_bounded_number_of_times() {
+    let mut r = Router::new(1);
+    r.join(A, false);
+    let out = r
+        .from_client(A, peer(), 0, &cm(CmAttr::Req, 1, 0, 5))
+        .unwrap();
+    let id = u32_at(&wire(&out)[0][..], 24);
+    r.from_wire(peer(), 0, &cm(CmAttr::Rep, 0x900, id, 0));
+    r.from_client(A, peer(), 0, &cm(CmAttr::Rtu, 1, 0x900, 0))
+        .unwrap();
+    assert_eq!(wire(&r.leave(A)).len(), 1);
+    for _ in 0..DREQ_RESENDS {
+        assert_eq!(wire(&r.retransmit()).len(), 1);
+    }
+    assert!(r.retransmit().is_empty());
 }

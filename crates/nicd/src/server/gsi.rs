@@ -3,7 +3,9 @@
 //! client's [`Request::OpenGsi`](crate::proto::Request::OpenGsi), kept
 //! while the daemon runs. A thread takes the QP's completions: each MAD
 //! received goes through the router, and what it says goes to clients
-//! (an [`Event::Mad`] on their connection) or back on the wire.
+//! (an [`Event::Mad`] on their connection) or back on the wire; once a
+//! second it has the router send again the DREQs of departed clients
+//! nobody answered.
 
 use super::Outbox;
 use crate::mads::{ClientId, Out, Refused, Router, Stats};
@@ -296,13 +298,32 @@ fn seed() -> u32 {
     (t.subsec_nanos() ^ std::process::id().rotate_left(16)) & 0x7fff_ffff
 }
 
+/// How often the DREQs of departed clients go again
+/// ([`Router::retransmit`]).
+const RESEND_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
 fn run(port: std::sync::Weak<GsiPort>, rx: Receiver<()>) {
+    use std::sync::mpsc::RecvTimeoutError;
     let blank = WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0);
     let mut wcs = [blank; 16];
-    while rx.recv().is_ok() {
+    let mut next_resend = std::time::Instant::now() + RESEND_EVERY;
+    loop {
+        let wait = next_resend.saturating_duration_since(std::time::Instant::now());
+        let woken = rx.recv_timeout(wait);
         let Some(port) = port.upgrade() else {
             return;
         };
+        if std::time::Instant::now() >= next_resend {
+            next_resend = std::time::Instant::now() + RESEND_EVERY;
+            let mut st = port.lock();
+            let outs = st.router.retransmit();
+            port.carry_out(&mut st, outs);
+        }
+        match woken {
+            Ok(()) => {}
+            Err(RecvTimeoutError::Timeout) => continue,
+            Err(RecvTimeoutError::Disconnected) => return,
+        }
         let mut armed = false;
         loop {
             let n = port.provider.poll_cq(port.cq, &mut wcs).unwrap_or(0);
