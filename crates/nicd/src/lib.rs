@@ -32,8 +32,7 @@
 //!
 //! What it does not do yet: UD sends, atomics and window binds go on
 //! the socket, not the rings (as do a solicited-only arm and what it
-//! delegates); SIDR through the daemon; a DREQ for a dead client is sent
-//! once (no retries); starting the daemon on demand, and the tools using
+//! delegates); SIDR through the daemon; starting the daemon on demand, and the tools using
 //! it by default (they take `--nicd`; their in-process NIC stays the
 //! default); `srpd`, `rpingpong` and the `ib` fabric (SMA, QP0) through
 //! it.
