@@ -28,14 +28,14 @@
 //!   state machine stays in one place. A client that goes has its
 //!   connections ended by the daemon (DREQ, or REJ half way).
 //! - [`connect_at`] and [`socket_for`]: what the tools' `--nicd [SOCKET]`
-//!   option (srptd, srp, rperf, rrping, rperftest) uses.
+//!   option (srptd, srpd, srp, rperf, rrping, rperftest) uses.
 //!
 //! What it does not do yet: UD sends, atomics and window binds go on
 //! the socket, not the rings (as do a solicited-only arm and what it
-//! delegates); SIDR through the daemon; starting the daemon on demand, and the tools using
-//! it by default (they take `--nicd`; their in-process NIC stays the
-//! default); `srpd`, `rpingpong` and the `ib` fabric (SMA, QP0) through
-//! it.
+//! delegates); SIDR through the daemon; starting the daemon on demand,
+//! and the tools using it by default (they take `--nicd`; their
+//! in-process NIC stays the default); `rpingpong`, `ibsm`, `ibstat`,
+//! `saquery` and the `ib` fabric (SMA, QP0) through it.
 //!
 //! What it refuses: a client's handle that is not its own, memory not
 //! shared with it, QP0, QP1 MADs it may not send (SMPs, responses of a
