@@ -133,6 +133,16 @@ pub enum Command {
         select: u8,
         alloc: u32,
     },
+    /// REPORT TARGET PORT GROUPS (SPC-4 6.36); `extended`: PARAMETER DATA
+    /// FORMAT 001b.
+    ReportTargetPortGroups {
+        extended: bool,
+        alloc: u32,
+    },
+    /// SET TARGET PORT GROUPS (SPC-4 6.44).
+    SetTargetPortGroups {
+        param_len: u32,
+    },
 }
 
 /// Length of the CDB an operation code starts: the opcode table's, or for
@@ -443,6 +453,14 @@ impl Command {
                 }
             }
             Opcode::MaintenanceIn => match c[1] & 0x1f {
+                0x0a => match c[1] >> 5 {
+                    // PARAMETER DATA FORMAT: 000b length only, 001b extended.
+                    f @ (0 | 1) => Command::ReportTargetPortGroups {
+                        extended: f == 1,
+                        alloc: be(&c[6..10]) as u32,
+                    },
+                    _ => return Err(Sense::invalid_field(1, Some(7))),
+                },
                 0x0c => {
                     let options = c[2] & 0x07;
                     if options > 1 || c[2] & 0x80 != 0 {
@@ -454,6 +472,12 @@ impl Command {
                         alloc: be(&c[6..10]) as u32,
                     }
                 }
+                _ => return Err(Sense::invalid_field(1, Some(4))),
+            },
+            Opcode::MaintenanceOut => match c[1] & 0x1f {
+                0x0a => Command::SetTargetPortGroups {
+                    param_len: be(&c[6..10]) as u32,
+                },
                 _ => return Err(Sense::invalid_field(1, Some(4))),
             },
             Opcode::SynchronizeCache10 => Command::SyncCache {
@@ -500,7 +524,8 @@ impl Command {
             | Command::ModeSense { alloc, .. }
             | Command::ReadCapacity16 { alloc }
             | Command::ReportLuns { alloc, .. }
-            | Command::ReportOpcodes { alloc, .. } => Plan {
+            | Command::ReportOpcodes { alloc, .. }
+            | Command::ReportTargetPortGroups { alloc, .. } => Plan {
                 dir: DataDir::In,
                 len: alloc as u64,
             },
@@ -536,7 +561,7 @@ impl Command {
                 dir: DataDir::Out,
                 len: param_len as u64,
             },
-            Command::Unmap { param_len } => Plan {
+            Command::Unmap { param_len } | Command::SetTargetPortGroups { param_len } => Plan {
                 dir: DataDir::Out,
                 len: param_len as u64,
             },

@@ -779,7 +779,9 @@ impl Device {
             Command::RequestSense { .. }
             | Command::ReportLuns { .. }
             | Command::PrIn { .. }
-            | Command::PrOut { .. } => {
+            | Command::PrOut { .. }
+            | Command::ReportTargetPortGroups { .. }
+            | Command::SetTargetPortGroups { .. } => {
                 // Target-level commands: they need the nexus and LUN map.
                 Err(Sense::new(
                     SenseKey::IllegalRequest,

@@ -6,7 +6,10 @@ use std::sync::Arc;
 
 /// Input: byte 0 = CDB length (bits 5..0, modulo 33) and protection
 /// information (bits 7..6: none, type 1, type 2, type 3), then the
-/// CDB, then data-out. Executes it on a small thin-provisioned ram LUN;
+/// CDB, then data-out. Executes it on a small thin-provisioned ram LUN,
+/// through a port of an active/optimized target port group and then
+/// through one of a standby group (explicit ALUA, so SET TARGET PORT
+/// GROUPS parses the data-out and may swap them);
 /// the data-out is also parsed as a TransportID. Panics only if the core
 /// misbehaves:
 /// a CDB with an unknown opcode or fewer bytes than its opcode's CDB length
@@ -47,9 +50,24 @@ pub fn cdb_execute(data: &[u8]) {
         return;
     };
     t.add_lun(None, lun, dev);
+    let group = |id, state, port: &str| PortGroup {
+        id,
+        state,
+        preferred: false,
+        ports: vec![port.into()],
+        status: Default::default(),
+    };
+    t.set_alua(Alua {
+        groups: vec![
+            group(1, AccessState::ActiveOptimized, "p"),
+            group(2, AccessState::Standby, "s"),
+        ],
+        explicit: true,
+        transition_secs: 0,
+    });
+    let expected = out.len().max(512) as u64;
     let nexus = Nexus::new("fuzz", "p");
     t.execute(&nexus, lun, &[0; 6], &[], 0);
-    let expected = out.len().max(512) as u64;
     let r = t.execute(&nexus, lun, cdb, out, expected);
     let op = Opcode::from(cdb.first().copied().unwrap_or(0));
     let malformed = match op.cdb_len() {
@@ -63,4 +81,10 @@ pub fn cdb_execute(data: &[u8]) {
     if let Some(s) = r.sense {
         assert!(s.to_fixed().len() == 18 && s.to_descriptor().len() <= 252);
     }
+    // The same through the standby port (after the first: an ACA the
+    // first command set makes this one's answer ACA ACTIVE or BUSY).
+    let standby = Nexus::new("fuzz", "s");
+    t.execute(&standby, lun, &[0; 6], &[], 0);
+    let r = t.execute(&standby, lun, cdb, out, expected);
+    assert!(r.data_in.len() as u64 <= expected);
 }

@@ -67,6 +67,20 @@
 //! target ports get relative target port identifiers from 1 in the order
 //! they are first seen ([`Target::relative_port_id`], reported in VPD 83h).
 //!
+//! ALUA ([`alua`], SPC-4 5.16): [`Target::set_alua`] sets target port
+//! groups (which target ports, each group's asymmetric access state:
+//! active/optimized, active/non-optimized, standby, unavailable,
+//! transitioning; PREF); INQUIRY reports TPGS (implicit, or implicit and
+//! explicit when SET TARGET PORT GROUPS is allowed), VPD 83h the port's
+//! group beside its relative port, REPORT TARGET PORT GROUPS both header
+//! formats. A state refuses the commands SPC-4 5.16.2.4 does not let it
+//! run with NOT READY and 04/0Ah, 04/0Bh or 04/0Ch; every change
+//! ([`Target::set_group_state`], a new configuration, SET TARGET PORT
+//! GROUPS) raises ASYMMETRIC ACCESS STATE CHANGED (2A/06) on every nexus
+//! that has reached a logical unit (but the one that sent the SET). The
+//! groups are the target's, one logical unit group for every unit; a
+//! pass-through unit's commands are not refused by state.
+//!
 //! Task management ([`task`]): ABORT TASK, ABORT TASK SET, CLEAR TASK
 //! SET, LOGICAL UNIT RESET, I_T NEXUS RESET mark commands submitted with
 //! [`Target::submit`] aborted; they complete as TASK ABORTED.
@@ -101,6 +115,7 @@
 
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+pub mod alua;
 pub mod backend;
 pub mod bufs;
 pub mod cdb;
@@ -117,6 +132,7 @@ pub mod task;
 pub mod transport_id;
 pub mod ua;
 
+pub use alua::{AccessState, Alua, PortGroup};
 pub use backend::{Backend, BlockIo, FileIo, NullIo, Ram};
 pub use bufs::Buffers;
 pub use cdb::{Command, DataDir, Plan};

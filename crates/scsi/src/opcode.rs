@@ -103,7 +103,8 @@ opcodes! {
     WriteSame16 = 0x93, "WRITE SAME(16)", 16, Out, [];
     ServiceActionIn16 = 0x9e, "SERVICE ACTION IN(16)", 16, In, [0x10];
     ReportLuns = 0xa0, "REPORT LUNS", 12, In, [];
-    MaintenanceIn = 0xa3, "MAINTENANCE IN", 12, In, [0x0c];
+    MaintenanceIn = 0xa3, "MAINTENANCE IN", 12, In, [0x0a, 0x0c];
+    MaintenanceOut = 0xa4, "MAINTENANCE OUT", 12, Out, [0x0a];
     Read12 = 0xa8, "READ(12)", 12, In, [];
     Write12 = 0xaa, "WRITE(12)", 12, Out, [];
 }

@@ -61,6 +61,8 @@ pub(super) struct State {
     /// Relative target port identifiers (SPC-4 3.1.120) by target port
     /// name, numbered from 1 as ports are first seen.
     pub(super) ports: BTreeMap<String, u16>,
+    /// Target port groups and their asymmetric access states.
+    pub(super) alua: crate::alua::Alua,
 }
 
 impl State {

@@ -14,10 +14,12 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+mod groups;
 mod luns;
 mod ordering;
 mod run;
 
+pub use groups::AluaError;
 use luns::State;
 pub use luns::{GroupMap, LunMaps, PortMap};
 use ordering::*;

@@ -18,6 +18,7 @@ impl Target {
         let parsed = Command::parse(cdb);
         let mut st = self.lock();
         let rtpi = st.port_id(&nexus.target_port);
+        let (tpgs, port_group) = st.alua_inquiry(&nexus.target_port);
         let dev = st
             .set_for(&nexus.initiator, &nexus.target_port)
             .get(&lun)
@@ -94,9 +95,15 @@ impl Target {
                 let ua = st.ua_mut(nexus, lun);
                 // INQUIRY is never blocked by a unit attention (SAM-5 5.14).
                 let blocked = !matches!(cmd, Command::Inquiry { .. });
-                match if blocked { ua.pop() } else { None } {
-                    Some(asc) => Err(Sense::new(SenseKey::UnitAttention, asc)),
-                    None => {
+                let pending = if blocked { ua.pop() } else { None };
+                let alua = match pending {
+                    Some(_) => None,
+                    None => st.alua_command(nexus, cmd, cdb, data_out),
+                };
+                match (pending, alua) {
+                    (Some(asc), _) => Err(Sense::new(SenseKey::UnitAttention, asc)),
+                    (None, Some(answer)) => answer,
+                    (None, None) => {
                         let ports = match cmd {
                             Command::PrIn { .. } | Command::PrOut { .. } => st.ports.clone(),
                             _ => BTreeMap::new(),
@@ -185,16 +192,27 @@ impl Target {
                                 let before = dev.mode_state();
                                 let mut r =
                                     dev.execute_into(cmd, cdb, data_out, bufs.as_deref_mut());
-                                if let (
-                                    Command::Inquiry {
-                                        page: 0x83,
-                                        evpd: true,
-                                        ..
-                                    },
-                                    Ok(d),
-                                ) = (cmd, &mut r)
-                                {
-                                    add_relative_port(d, rtpi);
+                                match (cmd, &mut r) {
+                                    (
+                                        Command::Inquiry {
+                                            page: 0x83,
+                                            evpd: true,
+                                            ..
+                                        },
+                                        Ok(d),
+                                    ) => {
+                                        add_relative_port(d, rtpi);
+                                        if let Some(g) = port_group {
+                                            crate::alua::add_group_designator(d, g);
+                                        }
+                                    }
+                                    // SPC-4 6.6.2: TPGS, byte 5 bits 5..4.
+                                    (Command::Inquiry { evpd: false, .. }, Ok(d)) => {
+                                        if let Some(b) = d.get_mut(5) {
+                                            *b |= tpgs << 4;
+                                        }
+                                    }
+                                    _ => {}
                                 }
                                 if dev.mode_state() != before {
                                     // SPC-4 6.9: other nexuses learn of the change.
