@@ -5,8 +5,12 @@
 //!
 //! The groups are the target's: every logical unit of a [`crate::Target`]
 //! is in one logical unit group, so a port group's state holds for all of
-//! them (SCST's device group holding every device). A target port in no
-//! group is not asymmetric: every command runs through it and REPORT
+//! them (SCST's device group holding every device). Ports are named by
+//! relative target port identifier, so a group may hold ports of another
+//! target that serves the same logical units (another host on a
+//! replicated disk, SCST's remote targets): they are reported, and only
+//! the local ones run commands here. A target port in no group is not
+//! asymmetric: every command runs through it and REPORT
 //! TARGET PORT GROUPS does not list it. With no group at all the target
 //! reports no ALUA (INQUIRY TPGS 00b) and refuses both commands.
 
@@ -191,8 +195,9 @@ pub struct PortGroup {
     pub state: AccessState,
     /// PREF: this group is a preferred path (SPC-4 6.36).
     pub preferred: bool,
-    /// Target port names (as the nexuses name them).
-    pub ports: Vec<String>,
+    /// Relative target port identifiers of its ports (SPC-4 3.1.120;
+    /// [`crate::Target::set_relative_port_id`] gives local ports theirs).
+    pub ports: Vec<u16>,
     pub status: StatusCode,
 }
 
@@ -209,11 +214,9 @@ pub struct Alua {
 }
 
 impl Alua {
-    /// The group holding target port `port`.
-    pub fn group_of(&self, port: &str) -> Option<&PortGroup> {
-        self.groups
-            .iter()
-            .find(|g| g.ports.iter().any(|p| p == port))
+    /// The group holding the target port of relative identifier `rtpi`.
+    pub fn group_of(&self, rtpi: u16) -> Option<&PortGroup> {
+        self.groups.iter().find(|g| g.ports.contains(&rtpi))
     }
 
     /// INQUIRY's TPGS field (SPC-4 6.6.2, byte 5 bits 5..4): 00b no ALUA,
@@ -228,10 +231,10 @@ impl Alua {
 
     /// REPORT TARGET PORT GROUPS parameter data (SPC-4 6.36), every group
     /// in order of its identifier, each port by its relative target port
-    /// identifier (`rtpi`). `extended` is PARAMETER DATA FORMAT 001b: the
+    /// identifier. `extended` is PARAMETER DATA FORMAT 001b: the
     /// 8-byte header with FORMAT TYPE and IMPLICIT TRANSITION TIME, not
     /// the 4-byte length.
-    pub fn report(&self, extended: bool, mut rtpi: impl FnMut(&str) -> u16) -> Vec<u8> {
+    pub fn report(&self, extended: bool) -> Vec<u8> {
         let mut d = vec![0u8; if extended { 8 } else { 4 }];
         if extended {
             d[4] = 0x10; // FORMAT TYPE 001b (bits 6..4)
@@ -250,7 +253,7 @@ impl Alua {
             d.push(ports.len() as u8); // TARGET PORT COUNT
             for p in ports {
                 d.extend_from_slice(&[0, 0]); // obsolete
-                d.extend_from_slice(&rtpi(p).to_be_bytes());
+                d.extend_from_slice(&p.to_be_bytes());
             }
         }
         // RETURN DATA LENGTH: the bytes after the first four.

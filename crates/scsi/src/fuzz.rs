@@ -50,17 +50,20 @@ pub fn cdb_execute(data: &[u8]) {
         return;
     };
     t.add_lun(None, lun, dev);
-    let group = |id, state, port: &str| PortGroup {
+    // "p" is relative port 1, "s" 2; group 2 also holds a remote port.
+    let _ = t.set_relative_port_id("p", 1);
+    let _ = t.set_relative_port_id("s", 2);
+    let group = |id, state, ports: &[u16]| PortGroup {
         id,
         state,
         preferred: false,
-        ports: vec![port.into()],
+        ports: ports.to_vec(),
         status: Default::default(),
     };
     t.set_alua(Alua {
         groups: vec![
-            group(1, AccessState::ActiveOptimized, "p"),
-            group(2, AccessState::Standby, "s"),
+            group(1, AccessState::ActiveOptimized, &[1]),
+            group(2, AccessState::Standby, &[2, 7]),
         ],
         explicit: true,
         transition_secs: 0,

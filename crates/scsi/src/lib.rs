@@ -68,7 +68,8 @@
 //! they are first seen ([`Target::relative_port_id`], reported in VPD 83h).
 //!
 //! ALUA ([`alua`], SPC-4 5.16): [`Target::set_alua`] sets target port
-//! groups (which target ports, each group's asymmetric access state:
+//! groups (which target ports, by relative target port identifier, so a
+//! group may list ports of another target on the same LU; each group's asymmetric access state:
 //! active/optimized, active/non-optimized, standby, unavailable,
 //! transitioning; PREF); INQUIRY reports TPGS (implicit, or implicit and
 //! explicit when SET TARGET PORT GROUPS is allowed), VPD 83h the port's

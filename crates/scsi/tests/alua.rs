@@ -17,15 +17,15 @@ fn two_groups(a: AccessState, b: AccessState, explicit: bool) -> (Target, Nexus,
     t.add_lun(None, l0(), Arc::new(dev));
     t.set_relative_port_id("pa", 1).unwrap();
     t.set_relative_port_id("pb", 2).unwrap();
-    let group = |id, state, port: &str| PortGroup {
+    let group = |id, state, rtpi| PortGroup {
         id,
         state,
         preferred: id == 1,
-        ports: vec![port.to_string()],
+        ports: vec![rtpi],
         status: Default::default(),
     };
     t.set_alua(Alua {
-        groups: vec![group(1, a, "pa"), group(2, b, "pb")],
+        groups: vec![group(1, a, 1), group(2, b, 2)],
         explicit,
         transition_secs: 10,
     });
@@ -367,4 +367,26 @@ fn a_port_outside_every_group_is_symmetric() {
     // It is not listed: two descriptors of one port each.
     let d = ok(&t, &nc, &rtpg(0, 512), &[], 512);
     assert_eq!(&d[..4], &[0, 0, 0, 24]);
+}
+
+#[test]
+fn a_group_may_hold_another_targets_ports() {
+    // Group 2 holds relative port 2 here and port 12 of another host
+    // serving the same LU: both are listed, only the local one runs here.
+    let (t, na, nb) = two_groups(AccessState::ActiveOptimized, AccessState::Standby, false);
+    let mut alua = t.alua();
+    alua.groups[1].ports.push(12);
+    assert!(t.set_alua(alua));
+    let r = t.execute(&na, l0(), &[0; 6], &[], 0);
+    assert_eq!(r.sense.unwrap().asc, Asc::ASYMMETRIC_ACCESS_STATE_CHANGED);
+    let d = ok(&t, &na, &rtpg(0, 512), &[], 512);
+    assert_eq!(&d[..4], &[0, 0, 0, 28]);
+    assert_eq!(
+        &d[16..],
+        &[0x02, 0x8f, 0, 2, 0, 0, 0, 2, 0, 0, 0, 2, 0, 0, 0, 12]
+    );
+    let r = t.execute(&nb, l0(), &[0; 6], &[], 0);
+    assert_eq!(r.sense.unwrap().asc, Asc::ASYMMETRIC_ACCESS_STATE_CHANGED);
+    let r = t.execute(&nb, l0(), &[0; 6], &[], 0);
+    assert_eq!(r.sense.unwrap().asc, Asc::LU_NOT_ACCESSIBLE_STANDBY);
 }

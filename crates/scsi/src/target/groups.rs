@@ -64,7 +64,7 @@ impl Target {
 /// Whether two settings differ in what an initiator sees of the groups.
 fn alua_differs(a: &Alua, b: &Alua) -> bool {
     let key = |x: &Alua| {
-        let mut v: Vec<(u16, AccessState, bool, Vec<String>)> = x
+        let mut v: Vec<(u16, AccessState, bool, Vec<u16>)> = x
             .groups
             .iter()
             .map(|g| {
@@ -112,7 +112,8 @@ impl State {
         cdb: &[u8],
         data_out: &[u8],
     ) -> Option<Result<Vec<u8>, Sense>> {
-        if let Some(g) = self.alua.group_of(&nexus.target_port) {
+        let rtpi = self.port_id(&nexus.target_port);
+        if let Some(g) = self.alua.group_of(rtpi) {
             if let Err(s) = g.state.admit(cdb) {
                 return Some(Err(s));
             }
@@ -125,8 +126,7 @@ impl State {
                 Some(if self.alua.groups.is_empty() {
                     Err(unsupported)
                 } else {
-                    let alua = self.alua.clone();
-                    Ok(alua.report(extended, |p| self.port_id(p)))
+                    Ok(self.alua.report(extended))
                 })
             }
             Command::SetTargetPortGroups { param_len } => {
@@ -156,7 +156,8 @@ impl State {
 
     /// What INQUIRY adds for ALUA: the TPGS field, and the group of the
     /// nexus's port for VPD 83h.
-    pub(super) fn alua_inquiry(&self, port: &str) -> (u8, Option<u16>) {
-        (self.alua.tpgs(), self.alua.group_of(port).map(|g| g.id))
+    pub(super) fn alua_inquiry(&mut self, port: &str) -> (u8, Option<u16>) {
+        let rtpi = self.port_id(port);
+        (self.alua.tpgs(), self.alua.group_of(rtpi).map(|g| g.id))
     }
 }
