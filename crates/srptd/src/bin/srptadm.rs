@@ -327,6 +327,48 @@ fn human(req: &Request, v: &Value) -> String {
                 }
             }
         }
+        Request::TargetGroups => {
+            let rows: Vec<Vec<String>> = v["groups"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|g| {
+                    let ports: Vec<String> = g["ports"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .map(|p| match p["target"].as_str() {
+                            Some(t) => format!("{} ({t})", s(&p["rel_tgt_id"])),
+                            None => format!("{} (remote)", s(&p["rel_tgt_id"])),
+                        })
+                        .collect();
+                    vec![
+                        s(&g["group_id"]),
+                        s(&g["name"]),
+                        s(&g["state"]),
+                        if g["preferred"] == Value::Bool(true) {
+                            "yes".into()
+                        } else {
+                            "no".into()
+                        },
+                        ports.join(", "),
+                    ]
+                })
+                .collect();
+            if rows.is_empty() {
+                out += "no target port groups (ALUA off)\n";
+            } else {
+                out += &table(&[">group_id", "name", "state", "preferred", "ports"], &rows);
+                out += &format!(
+                    "explicit transitions (SET TARGET PORT GROUPS): {}\n",
+                    if v["explicit"] == Value::Bool(true) {
+                        "allowed"
+                    } else {
+                        "refused"
+                    }
+                );
+            }
+        }
         _ => {
             out += &srptd::daemon::answer_text(req, v).unwrap_or_else(|| v.to_string());
             out += "\n";

@@ -53,6 +53,33 @@
 //! pkey = 0x8010
 //! ```
 //!
+//! ALUA (SPC-4 5.16; SCST's device and target groups): `[[target_group]]`
+//! tables put target ports, named by `rel_tgt_id`, in groups with an
+//! asymmetric access state. With any group, every `[[target]]` must be in
+//! one; an ID no `[[target]]` has is a port of another host serving the
+//! same LUs (SCST's remote target: same `usn`, a replicated disk), reported
+//! to initiators but served there. `srptadm set-group-state` changes a
+//! state at run time; so does a reload.
+//!
+//! ```toml
+//! [alua]
+//! explicit = false               # accept SET TARGET PORT GROUPS from initiators
+//! implicit_transition_time = 10  # seconds, REPORT TARGET PORT GROUPS' extended header
+//!
+//! [[target_group]]               # SCST's TARGET_GROUP
+//! name = "local"
+//! group_id = 1
+//! state = "active"               # active | nonoptimized | standby | unavailable | transitioning
+//! preferred = true
+//! targets = [1]                  # rel_tgt_id of each port in the group
+//!
+//! [[target_group]]
+//! name = "peer"
+//! group_id = 2
+//! state = "standby"
+//! targets = [2]
+//! ```
+//!
 //! Sizes (`size`, `block_size`, `srp_max_*_size`) are bytes, as a number
 //! or a string with K, M, G or T (`"64K"`, powers of 1024); durations
 //! (`*_ms`) are milliseconds, as a number or a string with a unit
@@ -88,6 +115,16 @@ pub struct Config {
     pub luns: Vec<LunEntry>,
     #[serde(default, rename = "group", skip_serializing_if = "Vec::is_empty")]
     pub groups: Vec<GroupSection>,
+    /// ALUA settings of the whole target (`[alua]`).
+    #[serde(default, skip_serializing_if = "AluaSection::is_default")]
+    pub alua: AluaSection,
+    /// Target port groups (`[[target_group]]`); none: no ALUA.
+    #[serde(
+        default,
+        rename = "target_group",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub target_groups: Vec<TargetGroupSection>,
     /// The file it was read from, so that a problem found after parsing
     /// (opening a device at `--check` or start) names its line.
     #[serde(skip)]
@@ -140,6 +177,8 @@ impl Default for Config {
             devices: Vec::new(),
             luns: Vec::new(),
             groups: Vec::new(),
+            alua: AluaSection::default(),
+            target_groups: Vec::new(),
             origin: Origin::default(),
         }
     }
@@ -513,6 +552,160 @@ pub struct GroupSection {
     pub initiators: Vec<Spanned<String>>,
     #[serde(default, rename = "lun")]
     pub luns: Vec<LunEntry>,
+}
+
+/// `[alua]`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AluaSection {
+    /// Initiators may change the groups' states with SET TARGET PORT
+    /// GROUPS (INQUIRY TPGS 11b); off, only srptd's configuration and
+    /// `srptadm` do (TPGS 01b).
+    pub explicit: bool,
+    /// IMPLICIT TRANSITION TIME (seconds) that REPORT TARGET PORT GROUPS
+    /// tells initiators to allow a transition (0: not said; Linux then
+    /// waits 60 s).
+    pub implicit_transition_time: u8,
+}
+
+impl AluaSection {
+    fn is_default(&self) -> bool {
+        *self == AluaSection::default()
+    }
+}
+
+/// `[[target_group]]`: one target port group (SCST's TARGET_GROUP).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct TargetGroupSection {
+    pub name: Spanned<String>,
+    /// TARGET PORT GROUP, 1..=65535 (SCST's `group_id`).
+    pub group_id: Spanned<u16>,
+    /// `active`, `nonoptimized`, `standby`, `unavailable` or
+    /// `transitioning` (SCST's words).
+    pub state: Spanned<String>,
+    /// PREF: initiators should prefer this group's ports.
+    #[serde(default)]
+    pub preferred: bool,
+    /// The ports' `rel_tgt_id`s: a `[[target]]`'s, or another host's.
+    #[serde(default)]
+    pub targets: Vec<Spanned<u16>>,
+}
+
+impl TargetGroupSection {
+    /// The group's state (checked when the file was read).
+    pub fn access_state(&self) -> scsi::AccessState {
+        self.state
+            .get_ref()
+            .parse()
+            .unwrap_or(scsi::AccessState::Unavailable)
+    }
+}
+
+impl Config {
+    /// The SCSI core's ALUA settings this file describes.
+    pub fn alua(&self) -> scsi::Alua {
+        scsi::Alua {
+            groups: self
+                .target_groups
+                .iter()
+                .map(|g| scsi::PortGroup {
+                    id: *g.group_id.get_ref(),
+                    state: g.access_state(),
+                    preferred: g.preferred,
+                    ports: g.targets.iter().map(|t| *t.get_ref()).collect(),
+                    status: Default::default(),
+                })
+                .collect(),
+            explicit: self.alua.explicit,
+            transition_secs: self.alua.implicit_transition_time,
+        }
+    }
+
+    /// Checks `[alua]` and `[[target_group]]`.
+    fn validate_alua(&self) -> Result<(), (std::ops::Range<usize>, String, String)> {
+        let mut names = HashSet::new();
+        let mut ids = HashSet::new();
+        let mut ports: std::collections::HashMap<u16, String> = Default::default();
+        for (i, g) in self.target_groups.iter().enumerate() {
+            let at = |k: &str| format!("target_group[{i}].{k}");
+            let name = g.name.get_ref();
+            if name.is_empty() || !names.insert(name.clone()) {
+                return Err((
+                    g.name.span(),
+                    at("name"),
+                    format!("target group name `{name}` is empty or used twice"),
+                ));
+            }
+            let id = *g.group_id.get_ref();
+            if id == 0 {
+                return Err((
+                    g.group_id.span(),
+                    at("group_id"),
+                    "must be 1..=65535 (as SCST's group_id)".into(),
+                ));
+            }
+            if !ids.insert(id) {
+                return Err((
+                    g.group_id.span(),
+                    at("group_id"),
+                    format!("group_id {id} is another target group's too"),
+                ));
+            }
+            if let Err(e) = g.state.get_ref().parse::<scsi::AccessState>() {
+                return Err((g.state.span(), at("state"), e.to_string()));
+            }
+            if g.targets.is_empty() {
+                return Err((
+                    g.name.span(),
+                    at("targets"),
+                    "a target group needs at least one port: targets = [rel_tgt_id, ...]".into(),
+                ));
+            }
+            for (j, t) in g.targets.iter().enumerate() {
+                let rel = *t.get_ref();
+                if rel == 0 {
+                    return Err((
+                        t.span(),
+                        format!("target_group[{i}].targets[{j}]"),
+                        "rel_tgt_id 0 is reserved".into(),
+                    ));
+                }
+                if let Some(other) = ports.insert(rel, name.clone()) {
+                    return Err((
+                        t.span(),
+                        format!("target_group[{i}].targets[{j}]"),
+                        format!("rel_tgt_id {rel} is in target group `{other}` too: a port is in one group"),
+                    ));
+                }
+            }
+        }
+        if self.target_groups.is_empty() {
+            if self.alua.explicit {
+                return Err((
+                    0..0,
+                    "alua.explicit".into(),
+                    "explicit transitions need target port groups: add [[target_group]] tables"
+                        .into(),
+                ));
+            }
+            return Ok(());
+        }
+        for (i, t) in self.targets.iter().enumerate() {
+            let rel = *t.rel_tgt_id.get_ref();
+            if !ports.contains_key(&rel) {
+                return Err((
+                    t.rel_tgt_id.span(),
+                    format!("{}.rel_tgt_id", self.target_key(i)),
+                    format!(
+                        "rel_tgt_id {rel} is in no [[target_group]]: with target groups every \
+                         port needs one (add {rel} to a group's targets)"
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// A configuration error: where and what.
@@ -928,7 +1121,7 @@ impl Config {
             }
             check_luns(&g.luns, &at)?;
         }
-        Ok(())
+        self.validate_alua()
     }
 
     /// Checks target `i` alone and against the targets before it.

@@ -452,3 +452,107 @@ fn pass_through_takes_an_sg_node_under_its_own_name_or_scsts() {
         assert!(e.message.contains("not pass-through"), "{k}: {e}");
     }
 }
+
+#[test]
+fn target_groups_parse_validate_and_round_trip() {
+    let c = parse(include_str!("../../../../etc/srptd-alua.toml")).unwrap();
+    let alua = c.alua();
+    assert_eq!(alua.groups.len(), 2);
+    assert_eq!(
+        (
+            alua.groups[0].id,
+            alua.groups[0].state,
+            alua.groups[0].preferred
+        ),
+        (1, scsi::AccessState::ActiveOptimized, true)
+    );
+    assert_eq!(alua.groups[1].state, scsi::AccessState::Standby);
+    assert_eq!(alua.groups[1].ports, vec![2]);
+    assert_eq!((alua.explicit, alua.transition_secs), (false, 10));
+    let again = parse(&c.to_toml()).unwrap();
+    assert_eq!(again.alua(), alua);
+    // No groups: no ALUA, nothing written.
+    let plain = parse(GOOD).unwrap();
+    assert!(plain.alua().groups.is_empty());
+    assert!(!plain.to_toml().contains("alua"), "{}", plain.to_toml());
+}
+
+#[test]
+fn target_group_errors_name_line_and_key() {
+    const TWO: &str = "[[target]]\nip = \"127.0.0.1\"\nrel_tgt_id = 1\n\
+                       [[target]]\nip = \"127.0.0.2\"\nrel_tgt_id = 2\n";
+    let group = |name: &str, id: &str, state: &str, targets: &str| {
+        format!(
+            "[[target_group]]\nname = \"{name}\"\ngroup_id = {id}\nstate = \"{state}\"\ntargets = {targets}\n"
+        )
+    };
+    let ok2 = format!(
+        "{TWO}{}{}",
+        group("a", "1", "active", "[1]"),
+        group("b", "2", "standby", "[2, 9]")
+    );
+    assert_eq!(parse(&ok2).unwrap().alua().groups[1].ports, vec![2, 9]);
+
+    // A misspelt state: its line, its key, the words allowed.
+    let e = err_of(&format!(
+        "{TWO}{}{}",
+        group("a", "1", "optimized", "[1]"),
+        group("b", "2", "standby", "[2]")
+    ));
+    assert_eq!(
+        (e.line, e.key.as_str()),
+        (10, "target_group[0].state"),
+        "{e}"
+    );
+    assert!(
+        e.message.contains("`optimized`") && e.message.contains("nonoptimized"),
+        "{e}"
+    );
+    // A port in two groups.
+    let e = err_of(&format!(
+        "{TWO}{}{}",
+        group("a", "1", "active", "[1]"),
+        group("b", "2", "standby", "[2, 1]")
+    ));
+    assert_eq!(
+        (e.line, e.key.as_str()),
+        (16, "target_group[1].targets[1]"),
+        "{e}"
+    );
+    assert!(e.message.contains("target group `a` too"), "{e}");
+    // The same group_id twice; group_id 0.
+    let e = err_of(&format!(
+        "{TWO}{}{}",
+        group("a", "1", "active", "[1]"),
+        group("b", "1", "standby", "[2]")
+    ));
+    assert_eq!(
+        (e.line, e.key.as_str()),
+        (14, "target_group[1].group_id"),
+        "{e}"
+    );
+    let e = err_of(&format!(
+        "{TWO}{}{}",
+        group("a", "0", "active", "[1]"),
+        group("b", "2", "standby", "[2]")
+    ));
+    assert_eq!(e.key, "target_group[0].group_id", "{e}");
+    // A [[target]] in no group.
+    let e = err_of(&format!("{TWO}{}", group("a", "1", "active", "[1]")));
+    assert_eq!((e.line, e.key.as_str()), (6, "target[1].rel_tgt_id"), "{e}");
+    assert!(e.message.contains("add 2 to a group's targets"), "{e}");
+    // A group without ports; a duplicate name; an unknown key.
+    let e = err_of(&format!("{TWO}{}", group("a", "1", "active", "[]")));
+    assert_eq!(e.key, "target_group[0].targets", "{e}");
+    let e = err_of(&format!(
+        "{TWO}{}{}",
+        group("a", "1", "active", "[1]"),
+        group("a", "2", "standby", "[2]")
+    ));
+    assert!(e.message.contains("used twice"), "{e}");
+    let e = err_of(&format!("{ok2}[alua]\nexplicitly = true\n"));
+    assert!(e.message.contains("explicitly"), "{e}");
+    // Explicit transitions without groups.
+    let e = err_of("[alua]\nexplicit = true\n");
+    assert_eq!(e.key, "alua.explicit", "{e}");
+}

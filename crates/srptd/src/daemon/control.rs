@@ -107,6 +107,21 @@ pub enum Request {
         #[serde(default)]
         target: Option<String>,
     },
+    /// The target port groups (ALUA): ID, state, ports.
+    #[command(about = "Target port groups (ALUA): group_id, state, preferred, ports")]
+    TargetGroups,
+    /// An implicit ALUA transition of one target port group.
+    #[command(
+        about = "Set a target port group's asymmetric access state (active, nonoptimized, \
+                 standby, unavailable, transitioning): every session gets ASYMMETRIC ACCESS \
+                 STATE CHANGED"
+    )]
+    SetGroupState {
+        /// The group's name or group_id.
+        group: String,
+        /// active, nonoptimized, standby, unavailable or transitioning.
+        state: StateArg,
+    },
     /// Saves the running configuration (to the file it was loaded from
     /// when `path` is absent).
     #[command(
@@ -131,9 +146,12 @@ impl Request {
     /// changed anything (queries are logged at debug level).
     pub(super) fn event(&self) -> (&'static str, bool) {
         match self {
-            Request::Show | Request::Sessions | Request::Devices | Request::Luns => {
-                ("admin_query", false)
-            }
+            Request::Show
+            | Request::Sessions
+            | Request::Devices
+            | Request::Luns
+            | Request::TargetGroups => ("admin_query", false),
+            Request::SetGroupState { .. } => ("group_state_set", true),
             Request::AddDevice { .. } => ("device_added", true),
             Request::RemoveDevice { .. } => ("device_removed", true),
             Request::Resize { .. } => ("device_resized", true),
@@ -149,6 +167,33 @@ impl Request {
             Request::Reload => ("reloaded", true),
             Request::SetLogLevel { .. } => ("log_level_set", true),
         }
+    }
+}
+
+/// An asymmetric access state on the command line and in the request's
+/// JSON, as its word (`standby`): a misspelt one is refused by `srptadm`
+/// before the daemon is asked, and by the daemon when the JSON came
+/// from elsewhere.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StateArg(pub scsi::AccessState);
+
+impl std::str::FromStr for StateArg {
+    type Err = scsi::alua::UnknownState;
+    fn from_str(s: &str) -> Result<StateArg, Self::Err> {
+        s.parse().map(StateArg)
+    }
+}
+
+impl Serialize for StateArg {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.0.name())
+    }
+}
+
+impl<'de> Deserialize<'de> for StateArg {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<StateArg, D::Error> {
+        let w = String::deserialize(d)?;
+        w.parse().map_err(serde::de::Error::custom)
     }
 }
 
@@ -172,7 +217,25 @@ pub fn answer_text(req: &Request, v: &Value) -> Option<String> {
         n => format!("{n} sessions told (unit attention and SRP_AER_REQ)"),
     };
     Some(match req {
-        Request::Show | Request::Sessions | Request::Devices | Request::Luns => return None,
+        Request::Show
+        | Request::Sessions
+        | Request::Devices
+        | Request::Luns
+        | Request::TargetGroups => return None,
+        Request::SetGroupState { .. } if v["state"] == v["was"] => format!(
+            "target port group {} ({}) is {} already; nothing changed",
+            s(&v["group"]),
+            s(&v["group_id"]),
+            s(&v["state"])
+        ),
+        Request::SetGroupState { .. } => format!(
+            "target port group {} ({}): {} -> {}; every session gets ASYMMETRIC ACCESS STATE \
+             CHANGED",
+            s(&v["group"]),
+            s(&v["group_id"]),
+            s(&v["was"]),
+            s(&v["state"])
+        ),
         Request::AddDevice { .. } => {
             format!("added device {} ({})", s(&v["added"]), size(&v["size"]))
         }
@@ -266,6 +329,10 @@ pub fn answer_text(req: &Request, v: &Value) -> Option<String> {
                 .flatten()
                 .map(s)
                 .collect();
+            if v["alua_changed"] == Value::Bool(true) {
+                t += "; target port groups changed (every session gets ASYMMETRIC ACCESS STATE \
+                      CHANGED)";
+            }
             if !restart.is_empty() {
                 t += &format!("; not applied until srptd restarts: {}", restart.join("; "));
             }

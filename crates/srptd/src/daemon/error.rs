@@ -82,6 +82,8 @@ pub enum AdminError {
     InitiatorInGroup { initiator: String, group: String },
     #[error("`{initiator}` is not in group `{group}`")]
     InitiatorNotInGroup { initiator: String, group: String },
+    #[error("no target port group `{group}` (give its name or group_id; the groups are {known})")]
+    NoTargetGroup { group: String, known: String },
     #[error("no target `{0}` (give its name or address)")]
     NoTarget(String),
     /// `reload` of a daemon started without `--config`.

@@ -592,6 +592,9 @@ impl Daemon {
                 scsi.add_lun(Some(name), n, devices[l.device.get_ref()].clone());
             }
         }
+        // Target port groups before any port starts: no command runs
+        // through a port before its group's state applies to it.
+        scsi.set_alua(cfg.alua());
         let mut targets = Vec::new();
         for (i, t) in cfg.targets.iter().enumerate() {
             let rt = TargetRt::start(t, i as u32, &scsi, log.clone(), opts)
@@ -667,6 +670,94 @@ impl Daemon {
             names.push(t.port().name().to_string());
         }
         Ok(json!({ "enabled": on, "targets": names }))
+    }
+
+    /// The target port groups as the SCSI core has them now.
+    fn target_groups(&self) -> Value {
+        let cfg = lock(&self.cfg);
+        let alua = self.scsi.alua();
+        let groups: Vec<Value> = alua
+            .groups
+            .iter()
+            .map(|g| {
+                let name = cfg
+                    .target_groups
+                    .iter()
+                    .find(|t| *t.group_id.get_ref() == g.id)
+                    .map(|t| t.name.get_ref().clone());
+                // A port no [[target]] has is another host's.
+                let ports: Vec<Value> = g
+                    .ports
+                    .iter()
+                    .map(|rel| {
+                        let local = cfg
+                            .targets
+                            .iter()
+                            .zip(&self.targets)
+                            .find(|(t, _)| t.rel_tgt_id.get_ref() == rel)
+                            .map(|(_, rt)| rt.port().name().to_string());
+                        json!({ "rel_tgt_id": rel, "target": local })
+                    })
+                    .collect();
+                json!({
+                    "name": name,
+                    "group_id": g.id,
+                    "state": g.state.name(),
+                    "preferred": g.preferred,
+                    "ports": ports,
+                })
+            })
+            .collect();
+        json!({
+            "explicit": alua.explicit,
+            "implicit_transition_time": alua.transition_secs,
+            "groups": groups,
+        })
+    }
+
+    /// An implicit ALUA transition: group `which` (name or group_id)
+    /// goes to `state`; every session learns of it by a unit attention
+    /// (2A/06). The running configuration keeps it.
+    fn set_group_state(&self, which: &str, state: StateArg) -> Result<Value, AdminError> {
+        let state = state.0;
+        let mut cfg = lock(&self.cfg);
+        let known = || {
+            let names: Vec<String> = cfg
+                .target_groups
+                .iter()
+                .map(|g| format!("{} ({})", g.name.get_ref(), g.group_id.get_ref()))
+                .collect();
+            if names.is_empty() {
+                "none: add [[target_group]] tables".to_string()
+            } else {
+                names.join(", ")
+            }
+        };
+        let Some(i) = cfg
+            .target_groups
+            .iter()
+            .position(|g| g.name.get_ref() == which || g.group_id.get_ref().to_string() == which)
+        else {
+            return Err(AdminError::NoTargetGroup {
+                group: which.to_string(),
+                known: known(),
+            });
+        };
+        let id = *cfg.target_groups[i].group_id.get_ref();
+        let was = self
+            .scsi
+            .set_group_state(id, state)
+            .map_err(|e| AdminError::NoTargetGroup {
+                group: e.to_string(),
+                known: known(),
+            })?;
+        cfg.target_groups[i].state = spanned(state.name().to_string());
+        Ok(json!({
+            "group": cfg.target_groups[i].name.get_ref(),
+            "group_id": id,
+            "state": state.name(),
+            "was": was.name(),
+        }))
     }
 
     /// Tells every target's channels the LUN maps changed (SRP_AER_REQ);
@@ -785,6 +876,8 @@ impl Daemon {
             }),
             Request::Enable { target } => self.set_enabled(target, true),
             Request::Disable { target } => self.set_enabled(target, false),
+            Request::TargetGroups => Ok(self.target_groups()),
+            Request::SetGroupState { group, state } => self.set_group_state(&group, state),
             Request::SetLogLevel { level } => {
                 let was = self.log.set_level(level);
                 Ok(json!({ "log_level": level, "was": was }))

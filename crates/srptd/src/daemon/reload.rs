@@ -235,6 +235,10 @@ impl Daemon {
             applied.targets[i].enabled = t.enabled;
             enabled.push(t.enabled);
         }
+        // Target port groups: the file's states and members (a state
+        // `srptadm set-group-state` gave and the file does not say is
+        // lost, as any runtime edit not written with write-config).
+        let alua_changed = self.scsi.set_alua(applied.alua());
         *cfg = applied;
         drop(cfg);
         let told = if lun_changes > 0 {
@@ -249,6 +253,7 @@ impl Daemon {
             // One target: its state, as before several were possible.
             "enabled": if enabled.len() == 1 { json!(enabled[0]) } else { json!(enabled) },
             "needs_restart": restart,
+            "alua_changed": alua_changed,
         }))
     }
 
