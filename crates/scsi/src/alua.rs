@@ -125,9 +125,14 @@ impl AccessState {
         let allowed = match self {
             // Standby also: MODE SENSE/SELECT, PERSISTENT RESERVE IN/OUT
             // (so a reservation can be moved to the standby side first),
-            // SET TARGET PORT GROUPS.
+            // SET TARGET PORT GROUPS; and READ CAPACITY(10/16), which
+            // SPC-4 leaves to the device server (LIO answers it too), so
+            // an initiator can size a standby path before it fails over.
             AccessState::Standby => {
-                always || stpg || matches!(op, 0x15 | 0x1a | 0x55 | 0x5a | 0x5e | 0x5f)
+                always
+                    || stpg
+                    || matches!(op, 0x15 | 0x1a | 0x55 | 0x5a | 0x5e | 0x5f | 0x25)
+                    || (op == 0x9e && sa == 0x10)
             }
             AccessState::Unavailable => always || stpg,
             _ => always,
@@ -263,6 +268,92 @@ impl Alua {
     }
 }
 
+/// One target port group descriptor of REPORT TARGET PORT GROUPS data,
+/// as an initiator reads it: the state as its code, since a target may
+/// report states this one never takes (offline, logical block dependent).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReportedGroup {
+    pub id: u16,
+    /// ASYMMETRIC ACCESS STATE (byte 0 bits 3..0).
+    pub state_code: u8,
+    pub preferred: bool,
+    /// STATUS CODE (byte 5).
+    pub status: u8,
+    /// Relative target port identifiers.
+    pub ports: Vec<u16>,
+}
+
+impl ReportedGroup {
+    /// The state, when it is one of [`AccessState`]'s.
+    pub fn state(&self) -> Option<AccessState> {
+        AccessState::from_code(self.state_code)
+    }
+}
+
+/// REPORT TARGET PORT GROUPS data that does not hold what it says.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReportError {
+    #[error("REPORT TARGET PORT GROUPS data is {have} bytes, fewer than its {need}-byte header")]
+    Short { have: usize, need: usize },
+    #[error(
+        "REPORT TARGET PORT GROUPS descriptor at byte {at} runs past the data's end ({len} bytes)"
+    )]
+    Cut { at: usize, len: usize },
+}
+
+/// Reads REPORT TARGET PORT GROUPS parameter data (SPC-4 6.36) of either
+/// header format (the FORMAT TYPE of byte 4 tells the extended one): the
+/// groups, and the IMPLICIT TRANSITION TIME when the header has it. The
+/// descriptors end where RETURN DATA LENGTH or the data ends, whichever is
+/// first (an allocation length may have cut the data).
+///
+/// # Errors
+/// A header shorter than its format, or a descriptor cut in the middle.
+pub fn parse_report(data: &[u8]) -> Result<(Vec<ReportedGroup>, Option<u8>), ReportError> {
+    let short = |need| ReportError::Short {
+        have: data.len(),
+        need,
+    };
+    let len = data.get(0..4).ok_or(short(4))?;
+    let end = (u32::from_be_bytes([len[0], len[1], len[2], len[3]]) as usize)
+        .saturating_add(4)
+        .min(data.len());
+    let extended = data.get(4).is_some_and(|b| b & 0x70 == 0x10);
+    let (mut at, time) = if extended {
+        (8, Some(*data.get(5).ok_or(short(8))?))
+    } else {
+        (4, None)
+    };
+    if extended && data.len() < 8 {
+        return Err(short(8));
+    }
+    let mut groups = Vec::new();
+    while at < end {
+        let cut = ReportError::Cut { at, len: end };
+        let d = data
+            .get(at..at + 8)
+            .filter(|_| at + 8 <= end)
+            .ok_or(cut.clone())?;
+        let count = d[7] as usize;
+        let ports = data
+            .get(at + 8..at + 8 + 4 * count)
+            .filter(|_| at + 8 + 4 * count <= end)
+            .ok_or(cut)?;
+        groups.push(ReportedGroup {
+            id: u16::from_be_bytes([d[2], d[3]]),
+            state_code: d[0] & 0x0f,
+            preferred: d[0] & 0x80 != 0,
+            status: d[5],
+            ports: ports
+                .chunks(4)
+                .map(|p| u16::from_be_bytes([p[2], p[3]]))
+                .collect(),
+        });
+        at += 8 + 4 * count;
+    }
+    Ok((groups, time))
+}
+
 /// SET TARGET PORT GROUPS parameter list (SPC-4 6.44): four reserved
 /// bytes, then 4-byte descriptors (byte 0 bits 3..0 the state asked
 /// for, bytes 2..3 the group). Each group must be known and named once,
@@ -324,6 +415,69 @@ mod tests {
         assert_eq!(AccessState::from_code(0xe), None);
         assert_eq!(AccessState::supported_bits(), 0x8f);
         let e = "optimized".parse::<AccessState>().unwrap_err();
+        assert!(e.to_string().contains("`optimized`"), "{e}");
         assert!(e.to_string().contains("nonoptimized, standby"), "{e}");
+    }
+
+    #[test]
+    fn report_parses_back_in_both_formats() {
+        let alua = Alua {
+            groups: vec![
+                PortGroup {
+                    id: 7,
+                    state: AccessState::Standby,
+                    preferred: false,
+                    ports: vec![3, 300],
+                    status: StatusCode::Implicit,
+                },
+                PortGroup {
+                    id: 1,
+                    state: AccessState::ActiveOptimized,
+                    preferred: true,
+                    ports: vec![1],
+                    status: StatusCode::None,
+                },
+            ],
+            explicit: false,
+            transition_secs: 30,
+        };
+        for extended in [false, true] {
+            let (groups, time) = parse_report(&alua.report(extended)).unwrap();
+            assert_eq!(time, extended.then_some(30));
+            let group = |id, state: AccessState, preferred, status, ports: &[u16]| ReportedGroup {
+                id,
+                state_code: state.code(),
+                preferred,
+                status,
+                ports: ports.to_vec(),
+            };
+            assert_eq!(
+                groups,
+                vec![
+                    group(1, AccessState::ActiveOptimized, true, 0, &[1]),
+                    group(7, AccessState::Standby, false, 2, &[3, 300]),
+                ]
+            );
+        }
+        // Offline (Eh) is read as its code.
+        let d = [0, 0, 0, 8, 0x0e, 0x8f, 0, 9, 0, 0, 0, 0];
+        let (g, _) = parse_report(&d).unwrap();
+        assert_eq!((g[0].id, g[0].state_code, g[0].state()), (9, 0x0e, None));
+        // Cut by the allocation length: the whole descriptors only... a
+        // descriptor cut in the middle is an error, not a guess.
+        let full = alua.report(false);
+        assert_eq!(parse_report(&full[..4]).unwrap().0, vec![]);
+        assert!(matches!(
+            parse_report(&full[..10]),
+            Err(ReportError::Cut { at: 4, .. })
+        ));
+        assert_eq!(
+            parse_report(&[0, 0]),
+            Err(ReportError::Short { have: 2, need: 4 })
+        );
+        assert_eq!(
+            parse_report(&[0, 0, 0, 4, 0x10, 0]),
+            Err(ReportError::Short { have: 6, need: 8 })
+        );
     }
 }

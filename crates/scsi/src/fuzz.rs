@@ -26,6 +26,11 @@ pub fn cdb_execute(data: &[u8]) {
     };
     let n = ((n & 0x3f) as usize % 33).min(rest.len());
     let (cdb, out) = rest.split_at(n);
+    // The data-out read as REPORT TARGET PORT GROUPS data, as an
+    // initiator reads a target's.
+    if let Ok((groups, _)) = crate::alua::parse_report(out) {
+        assert!(groups.iter().map(|g| 8 + 4 * g.ports.len()).sum::<usize>() <= out.len());
+    }
     if let Ok((id, used)) = TransportId::parse(out) {
         assert!(used <= out.len());
         let name = id.initiator_name();

@@ -167,12 +167,13 @@ fn every_state_refuses_what_spc4_says() {
     let report_luns = vec![0xa0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0];
     let request_sense = vec![0x03, 0, 0, 0, 18, 0];
     let sync = vec![0x35, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+    let read_capacity16 = vec![0x9e, 0x10, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 32, 0, 0];
     let transition = Some(Asc::LU_NOT_ACCESSIBLE_TRANSITION);
     let standby = Some(Asc::LU_NOT_ACCESSIBLE_STANDBY);
     let unavailable = Some(Asc::LU_NOT_ACCESSIBLE_UNAVAILABLE);
     type Row<'a> = (&'a str, &'a [u8], [Option<Asc>; 3]);
     // Columns: standby, unavailable, transitioning.
-    let rows: [Row; 10] = [
+    let rows: [Row; 11] = [
         ("TEST UNIT READY", &tur, [standby, unavailable, transition]),
         ("READ(10)", &read10, [standby, unavailable, transition]),
         ("WRITE(10)", &write10, [standby, unavailable, transition]),
@@ -189,6 +190,11 @@ fn every_state_refuses_what_spc4_says() {
         (
             "PERSISTENT RESERVE IN",
             &pr_in,
+            [None, unavailable, transition],
+        ),
+        (
+            "READ CAPACITY(16)",
+            &read_capacity16,
             [None, unavailable, transition],
         ),
         ("INQUIRY", &inquiry, [None, None, None]),
