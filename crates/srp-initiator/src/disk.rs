@@ -36,6 +36,62 @@ pub struct DiskInfo {
     pub blocks: u64,
     /// The NAA designator of VPD page 0x83, if any (hex).
     pub naa: Option<String>,
+    /// What the LU says of ALUA on this path, when INQUIRY's TPGS is not
+    /// 00b.
+    pub alua: Option<PathAlua>,
+}
+
+/// ALUA as one path sees it (SPC-4 5.16): INQUIRY's TPGS field and the
+/// target port's designators of VPD page 0x83.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PathAlua {
+    /// TPGS: 01b implicit, 10b explicit, 11b both.
+    pub tpgs: u8,
+    /// The relative target port identifier of the port this path uses.
+    pub relative_port: Option<u16>,
+    /// The target port group of that port.
+    pub group: Option<u16>,
+}
+
+/// A command a target port refused for its asymmetric access state
+/// (NOT READY, LOGICAL UNIT NOT ACCESSIBLE 04/0Ah, 04/0Bh, 04/0Ch): the
+/// command did not run, so it may be sent down another path (or again,
+/// after a transition) without doubt. The payload of the `io::Error`
+/// the disk returns; [`alua_refusal`] finds it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{what}: target port {state} (NOT READY, ASC/ASCQ 04/{ascq:02x})")]
+pub struct AluaRefusal {
+    pub what: String,
+    /// The state the sense names: standby, unavailable or transitioning.
+    pub state: scsi::AccessState,
+    ascq: u8,
+}
+
+impl AluaRefusal {
+    /// The refusal `sense` reports, if it is one.
+    pub fn of_sense(what: &str, sense: &[u8]) -> Option<AluaRefusal> {
+        use scsi::{AccessState as S, Asc};
+        let (key, asc) = scsi::sense::decode_key_asc(sense)?;
+        if key != SenseKey::NotReady {
+            return None;
+        }
+        let state = match asc {
+            Asc::LU_NOT_ACCESSIBLE_TRANSITION => S::Transitioning,
+            Asc::LU_NOT_ACCESSIBLE_STANDBY => S::Standby,
+            Asc::LU_NOT_ACCESSIBLE_UNAVAILABLE => S::Unavailable,
+            _ => return None,
+        };
+        Some(AluaRefusal {
+            what: what.to_string(),
+            state,
+            ascq: asc.1,
+        })
+    }
+}
+
+/// The ALUA refusal an I/O error carries, if any.
+pub fn alua_refusal(e: &io::Error) -> Option<AluaRefusal> {
+    e.get_ref()?.downcast_ref::<AluaRefusal>().cloned()
 }
 
 /// A bound on commands in flight, shared by whoever it limits: one LUN
@@ -221,6 +277,13 @@ impl Disk {
                 break;
             }
             session.note_sense(&r.sense);
+            if AluaRefusal::of_sense("TEST UNIT READY", &r.sense).is_some() {
+                // The LU is there; this port's group does not serve media
+                // access now (standby, unavailable, in transition). The
+                // path opens, and a multipath device routes by the state.
+                ready = true;
+                break;
+            }
             if sense_key(&r.sense) != SenseKey::UnitAttention {
                 return Err(io::Error::other(format!(
                     "LUN {} not ready: {}",
@@ -246,7 +309,18 @@ impl Disk {
                 .to_string()
         };
         let (blocks, block_size) = Self::read_capacity(&session, lun)?;
-        let naa = Self::naa(&session, lun);
+        let vpd83 = Self::vpd83(&session, lun);
+        let naa = vpd83.as_deref().and_then(naa_of);
+        // SPC-4 6.6.2: TPGS, byte 5 bits 5..4.
+        let tpgs = inq.data.get(5).map_or(0, |b| (b >> 4) & 3);
+        let alua = (tpgs != 0).then(|| {
+            let (relative_port, group) = vpd83.as_deref().map_or((None, None), port_designators);
+            PathAlua {
+                tpgs,
+                relative_port,
+                group,
+            }
+        });
         // Like sd: the block limits page's MAXIMUM TRANSFER LENGTH caps one
         // command, and so does what the descriptors of one SRP_CMD can
         // describe (sg_tablesize = cmd_sg_entries without external tables).
@@ -277,6 +351,7 @@ impl Disk {
                 block_size,
                 blocks,
                 naa,
+                alua,
             },
             blocks: std::sync::atomic::AtomicU64::new(blocks),
             channels: vec![session.clone()],
@@ -352,7 +427,12 @@ impl Disk {
 
     /// The NAA designator of the device identification VPD page, if any.
     fn naa(session: &Session, lun: Lun) -> Option<String> {
-        let vpd = Self::cmd(
+        Self::vpd83(session, lun).as_deref().and_then(naa_of)
+    }
+
+    /// The device identification VPD page (0x83), if it could be read.
+    fn vpd83(session: &Session, lun: Lun) -> Option<Vec<u8>> {
+        Self::cmd(
             session,
             lun,
             &[0x12, 1, 0x83, 1, 0, 0],
@@ -360,8 +440,39 @@ impl Disk {
             "INQUIRY VPD 0x83",
             None,
         )
-        .ok();
-        vpd.and_then(|v| naa_of(&v.data))
+        .ok()
+        .map(|v| v.data)
+    }
+
+    /// REPORT TARGET PORT GROUPS (SPC-4 6.36, extended header): the
+    /// target port groups and their states as the target says now.
+    ///
+    /// # Errors
+    /// The command failed (a target without ALUA refuses it) or its data
+    /// does not parse.
+    pub fn report_target_port_groups(&self) -> io::Result<Vec<scsi::alua::ReportedGroup>> {
+        let alloc: u32 = 4096;
+        let mut cdb = [0u8; 12];
+        cdb[0] = 0xa3;
+        cdb[1] = 0x20 | 0x0a; // PARAMETER DATA FORMAT 001b, SERVICE ACTION 0Ah
+        cdb[6..10].copy_from_slice(&alloc.to_be_bytes());
+        let r = Self::cmd(
+            &self.session,
+            self.lun,
+            &cdb,
+            Xfer::In(alloc as usize),
+            "REPORT TARGET PORT GROUPS",
+            None,
+        )?;
+        scsi::alua::parse_report(&r.data)
+            .map(|(groups, _)| groups)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+    }
+
+    /// ASYMMETRIC ACCESS STATE CHANGED unit attentions the disk's
+    /// channels met (see [`Session::alua_changes`]).
+    pub fn alua_changes(&self) -> u64 {
+        self.channels.iter().map(|c| c.alua_changes()).sum()
     }
 
     /// Logical blocks now (see [`Disk::recheck`]).
@@ -450,6 +561,9 @@ impl Disk {
             };
             tries += 1;
             if !retry || tries > 5 {
+                if let Some(a) = AluaRefusal::of_sense(what, &r.sense) {
+                    return Err(io::Error::other(a));
+                }
                 return Err(status_error(what, &r, io::ErrorKind::Other));
             }
         }
@@ -642,6 +756,38 @@ fn unmap_list(lba: u64, blocks: u32) -> [u8; 24] {
     list[8..16].copy_from_slice(&lba.to_be_bytes());
     list[16..20].copy_from_slice(&blocks.to_be_bytes());
     list
+}
+
+/// The relative target port identifier and target port group
+/// designators (association 01b, types 4h and 5h, SPC-4 7.8.6.5 and
+/// 7.8.6.7) of a device identification VPD page.
+fn port_designators(page: &[u8]) -> (Option<u16>, Option<u16>) {
+    let (mut rel, mut group) = (None, None);
+    let Some(len) = page
+        .get(2..4)
+        .map(|b| u16::from_be_bytes([b[0], b[1]]) as usize)
+    else {
+        return (None, None);
+    };
+    let body = page.get(4..(4 + len).min(page.len())).unwrap_or(&[]);
+    let mut at = 0;
+    while at + 4 <= body.len() {
+        let dlen = body[at + 3] as usize;
+        let Some(d) = body.get(at + 4..at + 4 + dlen) else {
+            break;
+        };
+        let assoc_target_port = body[at + 1] & 0x30 == 0x10;
+        if assoc_target_port && dlen == 4 {
+            let v = u16::from_be_bytes([d[2], d[3]]);
+            match body[at + 1] & 0x0f {
+                4 => rel = Some(v),
+                5 => group = Some(v),
+                _ => {}
+            }
+        }
+        at += 4 + dlen;
+    }
+    (rel, group)
 }
 
 /// The first NAA designator of a device identification VPD page, in hex.
@@ -1013,4 +1159,72 @@ pub fn report_luns(session: &Session) -> io::Result<Vec<u16>> {
             .collect());
     }
     Err(io::Error::other("REPORT LUNS: the list keeps changing"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use scsi::{Asc, Sense};
+
+    #[test]
+    fn vpd83_port_designators() {
+        // NAA (LU), then relative target port 2 and target port group 7
+        // (association 01b), as srptd sends them; a group designator of
+        // the LU association (00b) is not the port's.
+        let page = [
+            0x00, 0x83, 0x00, 0x24, //
+            0x01, 0x03, 0x00, 0x08, 0x50, 1, 2, 3, 4, 5, 6, 7, // NAA
+            0x01, 0x14, 0x00, 0x04, 0, 0, 0, 2, // relative target port 2
+            0x01, 0x05, 0x00, 0x04, 0, 0, 0, 9, // type 5 of the LU: ignored
+            0x01, 0x15, 0x00, 0x04, 0, 0, 0, 7, // target port group 7
+        ];
+        assert_eq!(port_designators(&page), (Some(2), Some(7)));
+        assert_eq!(naa_of(&page).as_deref(), Some("5001020304050607"));
+        // Cut pages give what they hold, never a panic.
+        assert_eq!(port_designators(&page[..28]), (Some(2), None));
+        assert_eq!(port_designators(&page[..3]), (None, None));
+    }
+
+    #[test]
+    fn alua_refusals_are_the_three_not_ready_codes() {
+        let of = |key, asc| {
+            let s = Sense::new(key, asc);
+            (
+                AluaRefusal::of_sense("READ(16)", &s.to_fixed()).map(|r| r.state),
+                AluaRefusal::of_sense("READ(16)", &s.to_descriptor()).map(|r| r.state),
+            )
+        };
+        let nr = SenseKey::NotReady;
+        assert_eq!(
+            of(nr, Asc::LU_NOT_ACCESSIBLE_STANDBY),
+            (
+                Some(scsi::AccessState::Standby),
+                Some(scsi::AccessState::Standby)
+            )
+        );
+        assert_eq!(
+            of(nr, Asc::LU_NOT_ACCESSIBLE_UNAVAILABLE).0,
+            Some(scsi::AccessState::Unavailable)
+        );
+        assert_eq!(
+            of(nr, Asc::LU_NOT_ACCESSIBLE_TRANSITION).0,
+            Some(scsi::AccessState::Transitioning)
+        );
+        assert_eq!(of(nr, Asc(0x04, 0x01)).0, None, "becoming ready");
+        assert_eq!(
+            of(SenseKey::UnitAttention, Asc::LU_NOT_ACCESSIBLE_STANDBY).0,
+            None
+        );
+        let s = Sense::new(nr, Asc::LU_NOT_ACCESSIBLE_STANDBY).to_fixed();
+        let e = io::Error::other(AluaRefusal::of_sense("WRITE(16)", &s).unwrap());
+        assert_eq!(
+            e.to_string(),
+            "WRITE(16): target port standby (NOT READY, ASC/ASCQ 04/0b)"
+        );
+        assert_eq!(
+            alua_refusal(&e).map(|r| r.state),
+            Some(scsi::AccessState::Standby)
+        );
+        assert_eq!(alua_refusal(&io::Error::other("x")), None);
+    }
 }

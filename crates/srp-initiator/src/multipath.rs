@@ -22,6 +22,20 @@
 //! contract of any block device whose caller has not seen the write
 //! complete.
 //!
+//! ALUA (SPC-4 5.16), as dm-multipath's `prio alua` with Linux's
+//! `scsi_dh_alua`: when the LU reports target port groups (INQUIRY TPGS,
+//! the group of each path's port in VPD 0x83), the device reads their
+//! states with REPORT TARGET PORT GROUPS at the first I/O, again whenever
+//! a path's commands met ASYMMETRIC ACCESS STATE CHANGED (2A/06) or a
+//! path reconnected, and whenever a port refused a command for its state.
+//! I/O goes to the paths of active/optimized groups (and paths that
+//! report no group); to active/non-optimized ones only when no optimized
+//! path is up; never to standby, unavailable or transitioning ones. A
+//! command a port refused for its state (NOT READY 04/0Ah, 04/0Bh,
+//! 04/0Ch) did not run: it goes to the next path, or, when no path is in
+//! an active group (a transition under way), is sent again every
+//! [`ALUA_RETRY`] with the states read again, until `no_path_timeout`.
+//!
 //! When a path fails, every I/O on it is sent elsewhere at once, as
 //! dm-multipath's fail_path and requeue: the session fails all its
 //! outstanding commands (`TransportFailed`) the moment its QP errors or
@@ -35,12 +49,15 @@
 //! only then may the caller write the block again, and by then no old
 //! copy is left to land over the newer data. Reads are not held.
 
+use crate::disk::alua_refusal;
 use crate::fence::{Doubt, IN_DOUBT_HOLD};
 use crate::remote::RemoteDisk;
 use crate::rport::RportState;
 use blockload::BlockDevice;
+use scsi::alua::ReportedGroup;
+use scsi::AccessState;
 use std::io;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -62,6 +79,23 @@ pub trait PathDevice: BlockDevice {
     /// `unmap`, with its doubt as for [`PathDevice::write_unsettled`].
     fn unmap_unsettled(&self, lba: u64, blocks: u64) -> (io::Result<()>, Doubt) {
         unsettled(self.unmap(lba, blocks))
+    }
+    /// The target port group of the path's target port, when the LU
+    /// reports ALUA (INQUIRY TPGS, VPD 0x83); `None`: no ALUA here.
+    fn target_port_group(&self) -> Option<u16> {
+        None
+    }
+    /// A number that changes when the path's commands met ASYMMETRIC
+    /// ACCESS STATE CHANGED, or its session was replaced.
+    fn alua_changes(&self) -> u64 {
+        0
+    }
+    /// REPORT TARGET PORT GROUPS through this path.
+    fn report_target_port_groups(&self) -> io::Result<Vec<ReportedGroup>> {
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "this path does not report target port groups",
+        ))
     }
 }
 
@@ -90,7 +124,24 @@ impl PathDevice for RemoteDisk {
     fn unmap_unsettled(&self, lba: u64, blocks: u64) -> (io::Result<()>, Doubt) {
         self.io(|d| d.unmap(lba, blocks))
     }
+    fn target_port_group(&self) -> Option<u16> {
+        self.info().alua.and_then(|a| a.group)
+    }
+    fn alua_changes(&self) -> u64 {
+        RemoteDisk::alua_changes(self)
+    }
+    fn report_target_port_groups(&self) -> io::Result<Vec<ReportedGroup>> {
+        RemoteDisk::report_target_port_groups(self)
+    }
 }
+
+/// How long I/O waits before it is sent again when no path is in an
+/// active target port group (a transition under way), the states read
+/// again each time.
+pub const ALUA_RETRY: Duration = Duration::from_millis(100);
+
+/// A path's ALUA state not known (or no ALUA): the path is used.
+const STATE_UNKNOWN: u8 = 0xff;
 
 /// How I/O is spread over the paths that are up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -128,6 +179,12 @@ pub struct PathStats {
     pub ios: u64,
     /// I/Os that failed on it with a transport error (and went elsewhere).
     pub failures: u64,
+    /// Its target port group's asymmetric access state as last read
+    /// (`None`: no ALUA, or not read yet; `Some("offline")` and the like
+    /// for states read as a code [`AccessState`] does not name).
+    pub alua: Option<String>,
+    /// Commands its port refused for the group's state.
+    pub refusals: u64,
 }
 
 /// A failed-over I/O: it failed on one path and completed on another.
@@ -151,6 +208,37 @@ struct Slot {
     dev: Arc<dyn PathDevice>,
     ios: AtomicU64,
     failures: AtomicU64,
+    refusals: AtomicU64,
+    /// Its group's ASYMMETRIC ACCESS STATE code, or [`STATE_UNKNOWN`].
+    alua_state: AtomicU8,
+    /// [`PathDevice::alua_changes`] when the states were last read.
+    alua_seen: AtomicU64,
+}
+
+impl Slot {
+    /// Where the path stands for I/O: 0 active/optimized (or no ALUA),
+    /// 1 active/non-optimized, `None` not to be used.
+    fn rank(&self) -> Option<u8> {
+        match self.alua_state.load(Ordering::Relaxed) {
+            STATE_UNKNOWN => Some(0),
+            code => match AccessState::from_code(code) {
+                Some(AccessState::ActiveOptimized) => Some(0),
+                Some(AccessState::ActiveNonOptimized) => Some(1),
+                _ => None,
+            },
+        }
+    }
+
+    fn alua_name(&self) -> Option<String> {
+        match self.alua_state.load(Ordering::Relaxed) {
+            STATE_UNKNOWN => None,
+            code => Some(match AccessState::from_code(code) {
+                Some(s) => s.name().to_string(),
+                None if code == 0xe => "offline".into(),
+                None => format!("state {code:#x}"),
+            }),
+        }
+    }
 }
 
 /// One LU reached over several paths.
@@ -164,6 +252,12 @@ pub struct Multipath {
     blocks: u64,
     failovers: Mutex<Vec<Failover>>,
     in_doubt_hold: Duration,
+    /// Some path reports a target port group.
+    alua: bool,
+    /// The states must be read again (first I/O, a refusal).
+    alua_stale: AtomicBool,
+    /// One reader of the states at a time.
+    alua_reading: Mutex<()>,
 }
 
 /// Transport errors: the path failed, not the command.
@@ -213,6 +307,7 @@ impl Multipath {
                 )));
             }
         }
+        let alua = paths.iter().any(|(_, d)| d.target_port_group().is_some());
         Ok(Multipath {
             paths: paths
                 .into_iter()
@@ -221,6 +316,9 @@ impl Multipath {
                     dev,
                     ios: AtomicU64::new(0),
                     failures: AtomicU64::new(0),
+                    refusals: AtomicU64::new(0),
+                    alua_state: AtomicU8::new(STATE_UNKNOWN),
+                    alua_seen: AtomicU64::new(0),
                 })
                 .collect(),
             policy,
@@ -231,6 +329,9 @@ impl Multipath {
             blocks,
             failovers: Mutex::new(Vec::new()),
             in_doubt_hold: IN_DOUBT_HOLD,
+            alua,
+            alua_stale: AtomicBool::new(alua),
+            alua_reading: Mutex::new(()),
         })
     }
 
@@ -255,8 +356,91 @@ impl Multipath {
                 up: p.dev.is_up(),
                 ios: p.ios.load(Ordering::Relaxed),
                 failures: p.failures.load(Ordering::Relaxed),
+                alua: p.alua_name(),
+                refusals: p.refusals.load(Ordering::Relaxed),
             })
             .collect()
+    }
+
+    /// Reads the target port groups' states again if a path met a state
+    /// change (or reconnected) since, or a refusal made them stale: REPORT
+    /// TARGET PORT GROUPS through the first path that is up and answers.
+    /// Another thread reading them meanwhile is not waited for.
+    fn refresh_alua(&self) {
+        if !self.alua {
+            return;
+        }
+        let moved = self
+            .paths
+            .iter()
+            .any(|p| p.dev.alua_changes() != p.alua_seen.load(Ordering::Relaxed));
+        if !moved && !self.alua_stale.load(Ordering::Relaxed) {
+            return;
+        }
+        let Ok(_reading) = self.alua_reading.try_lock() else {
+            return;
+        };
+        // Noted before asking: a change during the question asks again.
+        for p in &self.paths {
+            p.alua_seen.store(p.dev.alua_changes(), Ordering::Relaxed);
+        }
+        self.alua_stale.store(false, Ordering::Relaxed);
+        for asked in self.paths.iter().filter(|p| p.dev.is_up()) {
+            let Ok(groups) = asked.dev.report_target_port_groups() else {
+                continue;
+            };
+            for p in &self.paths {
+                let code = p
+                    .dev
+                    .target_port_group()
+                    .and_then(|g| groups.iter().find(|r| r.id == g))
+                    .map_or(STATE_UNKNOWN, |r| r.state_code);
+                let was = p.alua_state.swap(code, Ordering::Relaxed);
+                if was != code {
+                    tracing::debug!(
+                        lu = %self.id,
+                        path = %p.name,
+                        state = p.alua_name().as_deref().unwrap_or("unknown"),
+                        "target port group state"
+                    );
+                }
+            }
+            return;
+        }
+        self.alua_stale.store(true, Ordering::Relaxed);
+    }
+
+    /// The paths one I/O tries, in order: those that are up in the best
+    /// rank present first (active/optimized or no ALUA, then
+    /// active/non-optimized), each rank in the policy's order.
+    fn candidates(&self) -> Vec<usize> {
+        let order: Vec<usize> = self.order().collect();
+        let mut out = Vec::with_capacity(order.len());
+        for rank in 0..=1 {
+            out.extend(
+                order
+                    .iter()
+                    .copied()
+                    .filter(|&i| self.paths[i].rank() == Some(rank) && self.paths[i].dev.is_up()),
+            );
+        }
+        out
+    }
+
+    /// The paths and their states, for an error.
+    fn states(&self) -> String {
+        let list: Vec<String> = self
+            .paths
+            .iter()
+            .map(|p| {
+                let up = if p.dev.is_up() { "up" } else { "down" };
+                match p.alua_name() {
+                    Some(s) => format!("{} {up}, {s}", p.name),
+                    None => format!("{} {up}", p.name),
+                }
+            })
+            .collect();
+        list.join("; ")
     }
 
     /// The first failed-over I/Os (at most 64).
@@ -288,11 +472,9 @@ impl Multipath {
         let mut first_failure: Option<(usize, Instant)> = None;
         let mut last_error = None;
         loop {
-            for i in self.order() {
+            self.refresh_alua();
+            for i in self.candidates() {
                 let p = &self.paths[i];
-                if !p.dev.is_up() {
-                    continue;
-                }
                 let (r, d) = f(p.dev.as_ref());
                 doubt.merge(d);
                 match r {
@@ -311,36 +493,55 @@ impl Multipath {
                         }
                         return (Ok(v), doubt);
                     }
-                    Err(e) if is_path_error(&e) => {
-                        p.failures.fetch_add(1, Ordering::Relaxed);
-                        first_failure.get_or_insert((i, Instant::now()));
-                        last_error = Some(e);
+                    Err(e) => {
+                        if let Some(refusal) = alua_refusal(&e) {
+                            // Not run: the port's group is not active
+                            // (any more). Next path; the states are read
+                            // again before the next try.
+                            p.alua_state.store(refusal.state.code(), Ordering::Relaxed);
+                            p.refusals.fetch_add(1, Ordering::Relaxed);
+                            self.alua_stale.store(true, Ordering::Relaxed);
+                            first_failure.get_or_insert((i, Instant::now()));
+                            last_error = Some(e);
+                        } else if is_path_error(&e) {
+                            p.failures.fetch_add(1, Ordering::Relaxed);
+                            first_failure.get_or_insert((i, Instant::now()));
+                            last_error = Some(e);
+                        } else {
+                            return (Err(e), doubt);
+                        }
                     }
-                    Err(e) => return (Err(e), doubt),
                 }
             }
-            // No path took it: wait for one to come back.
-            let mut woke = false;
-            while !woke {
-                let left = self.no_path_timeout.saturating_sub(start.elapsed());
-                if left.is_zero() {
-                    let e = io::Error::new(
-                        io::ErrorKind::NotConnected,
-                        format!(
-                            "no path to LU {} for {:?}{}",
-                            self.id,
-                            self.no_path_timeout,
-                            last_error
-                                .as_ref()
-                                .map(|e| format!(" (last error: {e})"))
-                                .unwrap_or_default()
-                        ),
-                    );
-                    return (Err(e), doubt);
-                }
-                let slice = left.min(Duration::from_millis(20));
-                woke = self.paths.iter().any(|p| p.dev.wait_up(slice));
+            // No path took it.
+            let left = self.no_path_timeout.saturating_sub(start.elapsed());
+            if left.is_zero() {
+                let e = io::Error::new(
+                    io::ErrorKind::NotConnected,
+                    format!(
+                        "no path to LU {} for {:?} ({}){}",
+                        self.id,
+                        self.no_path_timeout,
+                        self.states(),
+                        last_error
+                            .as_ref()
+                            .map(|e| format!("; last error: {e}"))
+                            .unwrap_or_default()
+                    ),
+                );
+                return (Err(e), doubt);
             }
+            if self.alua && self.paths.iter().any(|p| p.dev.is_up()) {
+                // Paths are up but none in an active group: a transition
+                // (or a failover between groups) under way. Ask again
+                // after a while, as scsi_dh_alua does.
+                self.alua_stale.store(true, Ordering::Relaxed);
+                std::thread::sleep(left.min(ALUA_RETRY));
+                continue;
+            }
+            // Wait for a path to come back.
+            let slice = left.min(Duration::from_millis(20));
+            let _ = self.paths.iter().any(|p| p.dev.wait_up(slice));
         }
     }
 }
@@ -753,5 +954,226 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("`best`"));
+    }
+
+    /// The target side of ALUA for [`AluaPath`]s: each group's state
+    /// code, and a count of the state changes the paths have "seen".
+    struct Groups {
+        states: Mutex<Vec<(u16, u8)>>,
+        changes: AtomicU64,
+        rtpg: AtomicU64,
+    }
+
+    impl Groups {
+        fn new(states: &[(u16, AccessState)]) -> Arc<Groups> {
+            Arc::new(Groups {
+                states: Mutex::new(states.iter().map(|(g, s)| (*g, s.code())).collect()),
+                changes: AtomicU64::new(0),
+                rtpg: AtomicU64::new(0),
+            })
+        }
+        fn set(&self, group: u16, state: AccessState) {
+            for e in self.states.lock().unwrap().iter_mut() {
+                if e.0 == group {
+                    e.1 = state.code();
+                }
+            }
+        }
+        fn state(&self, group: u16) -> Option<AccessState> {
+            let st = self.states.lock().unwrap();
+            st.iter()
+                .find(|e| e.0 == group)
+                .and_then(|e| AccessState::from_code(e.1))
+        }
+    }
+
+    /// A path through a port of target port group `group`: media access
+    /// refused as the target refuses it (NOT READY and the state's ASC)
+    /// unless the group is active.
+    struct AluaPath {
+        lu: Arc<RamDevice>,
+        groups: Arc<Groups>,
+        group: u16,
+    }
+
+    impl AluaPath {
+        fn check(&self, what: &str) -> io::Result<()> {
+            use scsi::{Asc, Sense, SenseKey};
+            let asc = match self.groups.state(self.group) {
+                Some(s) if s.is_active() => return Ok(()),
+                Some(AccessState::Standby) => Asc::LU_NOT_ACCESSIBLE_STANDBY,
+                Some(AccessState::Unavailable) => Asc::LU_NOT_ACCESSIBLE_UNAVAILABLE,
+                _ => Asc::LU_NOT_ACCESSIBLE_TRANSITION,
+            };
+            let sense = Sense::new(SenseKey::NotReady, asc).to_fixed();
+            let r = crate::disk::AluaRefusal::of_sense(what, &sense).unwrap();
+            Err(io::Error::other(r))
+        }
+    }
+
+    impl BlockDevice for AluaPath {
+        fn block_size(&self) -> u32 {
+            512
+        }
+        fn num_blocks(&self) -> u64 {
+            64
+        }
+        fn read_at(&self, lba: u64, buf: &mut [u8]) -> io::Result<()> {
+            self.check("READ(16)")?;
+            self.lu.read_at(lba, buf)
+        }
+        fn write_at(&self, lba: u64, buf: &[u8]) -> io::Result<()> {
+            self.check("WRITE(16)")?;
+            self.lu.write_at(lba, buf)
+        }
+    }
+
+    impl PathDevice for AluaPath {
+        fn device_id(&self) -> Option<String> {
+            Some("naa1".into())
+        }
+        fn is_up(&self) -> bool {
+            true
+        }
+        fn wait_up(&self, _: Duration) -> bool {
+            true
+        }
+        fn target_port_group(&self) -> Option<u16> {
+            Some(self.group)
+        }
+        fn alua_changes(&self) -> u64 {
+            self.groups.changes.load(Ordering::SeqCst)
+        }
+        fn report_target_port_groups(&self) -> io::Result<Vec<ReportedGroup>> {
+            self.groups.rtpg.fetch_add(1, Ordering::SeqCst);
+            let st = self.groups.states.lock().unwrap();
+            Ok(st
+                .iter()
+                .map(|&(id, code)| ReportedGroup {
+                    id,
+                    state_code: code,
+                    preferred: false,
+                    status: 0,
+                    ports: vec![id],
+                })
+                .collect())
+        }
+    }
+
+    fn alua_pair(groups: &Arc<Groups>, policy: Policy) -> Multipath {
+        let lu = Arc::new(RamDevice::new(512, 64));
+        let path = |group| {
+            Arc::new(AluaPath {
+                lu: lu.clone(),
+                groups: groups.clone(),
+                group,
+            }) as Arc<dyn PathDevice>
+        };
+        Multipath::new(
+            vec![("a".into(), path(1)), ("b".into(), path(2))],
+            policy,
+            Duration::from_secs(20),
+        )
+        .unwrap()
+    }
+
+    fn ios_refusals(m: &Multipath) -> [(u64, u64); 2] {
+        let s = m.path_stats();
+        [(s[0].ios, s[0].refusals), (s[1].ios, s[1].refusals)]
+    }
+
+    #[test]
+    fn alua_sends_io_to_the_active_group_only_and_follows_changes() {
+        use AccessState::*;
+        let groups = Groups::new(&[(1, Standby), (2, ActiveOptimized)]);
+        // Round robin would use both paths; the standby one gets nothing,
+        // not even a refused try: the states are read before the first I/O.
+        let m = alua_pair(&groups, Policy::RoundRobin);
+        for i in 0..10u8 {
+            m.write_at(i as u64, &[i; 512]).unwrap();
+        }
+        assert_eq!(ios_refusals(&m), [(0, 0), (10, 0)]);
+        let s = m.path_stats();
+        assert_eq!(s[0].alua.as_deref(), Some("standby"));
+        assert_eq!(s[1].alua.as_deref(), Some("active"));
+
+        // A change the paths were told of (2A/06): read again before the
+        // next I/O, which goes to the newly active group at once.
+        groups.set(1, ActiveOptimized);
+        groups.set(2, Standby);
+        groups.changes.fetch_add(1, Ordering::SeqCst);
+        for i in 0..10u8 {
+            m.write_at(i as u64, &[i + 1; 512]).unwrap();
+        }
+        assert_eq!(ios_refusals(&m), [(10, 0), (10, 0)]);
+
+        // A change nobody was told of yet: the refused I/O goes to the
+        // other path, which the fresh states name active.
+        groups.set(1, Standby);
+        groups.set(2, ActiveOptimized);
+        m.write_at(0, &[9; 512]).unwrap();
+        assert_eq!(ios_refusals(&m), [(10, 1), (11, 0)]);
+        let mut buf = [0u8; 512];
+        m.read_at(0, &mut buf).unwrap();
+        assert_eq!(buf, [9; 512]);
+
+        // Non-optimized only while no optimized path is up.
+        groups.set(1, ActiveNonOptimized);
+        groups.changes.fetch_add(1, Ordering::SeqCst);
+        m.write_at(1, &[1; 512]).unwrap();
+        assert_eq!(ios_refusals(&m)[1].0, 13, "b (optimized) took it");
+        groups.set(2, Unavailable);
+        groups.changes.fetch_add(1, Ordering::SeqCst);
+        m.write_at(1, &[1; 512]).unwrap();
+        assert_eq!(ios_refusals(&m), [(11, 1), (13, 0)], "a (non-optimized)");
+    }
+
+    #[test]
+    fn alua_transition_waits_for_an_active_group() {
+        use AccessState::*;
+        let groups = Groups::new(&[(1, Transitioning), (2, Standby)]);
+        let m = Arc::new(alua_pair(&groups, Policy::Failover));
+        let writer = {
+            let m = m.clone();
+            std::thread::spawn(move || m.write_at(5, &[5; 512]))
+        };
+        // The writer keeps reading the states while no group is active.
+        let end = Instant::now() + Duration::from_secs(10);
+        while groups.rtpg.load(Ordering::SeqCst) < 3 {
+            assert!(Instant::now() < end, "the states were not read again");
+            std::thread::yield_now();
+        }
+        assert!(
+            !writer.is_finished(),
+            "the write completed with no active group"
+        );
+        groups.set(2, ActiveOptimized);
+        writer.join().unwrap().unwrap();
+        assert_eq!(ios_refusals(&m)[1].0, 1);
+        // With no group ever active, the wait ends at no_path_timeout
+        // with the paths' states in the error.
+        groups.set(2, Unavailable);
+        groups.set(1, Standby);
+        groups.changes.fetch_add(1, Ordering::SeqCst);
+        let lu = Arc::new(RamDevice::new(512, 64));
+        let path = |group| {
+            Arc::new(AluaPath {
+                lu: lu.clone(),
+                groups: groups.clone(),
+                group,
+            }) as Arc<dyn PathDevice>
+        };
+        let short = Multipath::new(
+            vec![("a".into(), path(1)), ("b".into(), path(2))],
+            Policy::Failover,
+            Duration::from_millis(300),
+        )
+        .unwrap();
+        let e = short.write_at(0, &[1; 512]).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::NotConnected);
+        assert!(
+            e.to_string().contains("(a up, standby; b up, unavailable)"),
+            "{e}"
+        );
     }
 }

@@ -367,6 +367,24 @@ impl RemoteDisk {
         self.shared.lock().in_doubt_hold = hold;
     }
 
+    /// REPORT TARGET PORT GROUPS on the current session (waiting for a
+    /// reconnect as any command does).
+    ///
+    /// # Errors
+    /// As [`Disk::report_target_port_groups`].
+    pub fn report_target_port_groups(&self) -> io::Result<Vec<scsi::alua::ReportedGroup>> {
+        self.io(|d| d.report_target_port_groups()).0
+    }
+
+    /// A number that changes when the current session met an ASYMMETRIC
+    /// ACCESS STATE CHANGED unit attention, or the session was replaced
+    /// by a reconnect (which may have crossed a change unseen).
+    pub fn alua_changes(&self) -> u64 {
+        let st = self.shared.lock();
+        let seen = st.disk.as_ref().map_or(0, |d| d.alua_changes());
+        (st.generation << 32).wrapping_add(seen)
+    }
+
     /// Runs `f` on the current session's disk; on a transport failure,
     /// waits for the reconnect and runs it again. Beside the result: the
     /// doubt an attempt left, for the caller to settle.

@@ -341,6 +341,7 @@ impl Session {
             negotiated,
             probe_interval: cfg.probe_interval,
             changes: cfg.changes.clone(),
+            alua_changes: Default::default(),
             handle: connected.handle,
             epoch,
             span,

@@ -189,6 +189,8 @@ struct Inner {
     probe_interval: Option<rdma_types::Duration>,
     /// What the target says changed, for a rescan ([`SessionConfig::changes`]).
     changes: Option<Arc<crate::changes::TargetChanges>>,
+    /// ASYMMETRIC ACCESS STATE CHANGED unit attentions seen (2A/06).
+    alua_changes: std::sync::atomic::AtomicU64,
     handle: u64,
     epoch: std::time::Instant,
     /// The session's `srp_session` span: parent of its events (login,
@@ -395,6 +397,25 @@ impl Session {
         if let Some(c) = &self.inner.changes {
             c.note_sense(sense);
         }
+        if scsi::sense::decode_key_asc(sense)
+            == Some((
+                scsi::SenseKey::UnitAttention,
+                scsi::Asc::ASYMMETRIC_ACCESS_STATE_CHANGED,
+            ))
+        {
+            self.inner
+                .alua_changes
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// ASYMMETRIC ACCESS STATE CHANGED unit attentions this session's
+    /// commands met so far (SPC-4 5.16.2.6): a multipath device reads the
+    /// target port groups again when it grows.
+    pub fn alua_changes(&self) -> u64 {
+        self.inner
+            .alua_changes
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Whether the connection is gone.
