@@ -1,0 +1,232 @@
+//! ALUA end to end (issue 30 item 1): one `srptd` with two `[[target]]`
+//! ports (127.93.1.1 and .3) in two target port groups, `a` active and
+//! `b` standby, and `srp io` over both paths with the round-robin policy,
+//! which without ALUA would spread I/O over both. The verified workload
+//! must go to `a` only; `srptadm set-group-state` then fails over to `b`
+//! and back to `a`, and each time the I/O moves (the sessions' command
+//! counts on the target say where it goes), with no error and every block
+//! read back as last written.
+
+mod common;
+
+use common::Proc;
+use serde_json::Value;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+fn srptadm(sock: &Path, args: &[&str]) -> (bool, String) {
+    common::run(
+        Command::new(common::srptadm_bin())
+            .arg("--socket")
+            .arg(sock)
+            .args(args),
+    )
+}
+
+fn json_of(sock: &Path, args: &[&str]) -> Value {
+    let mut all = vec!["--json"];
+    all.extend_from_slice(args);
+    let (ok, out) = srptadm(sock, &all);
+    assert!(ok, "srptadm {args:?}: {out}");
+    serde_json::from_str(out.lines().next().unwrap_or("")).unwrap_or_else(|e| panic!("{e}: {out}"))
+}
+
+/// Commands each group's port has accepted, all sessions together:
+/// (group a, group b).
+fn commands(sock: &Path, names: &(String, String)) -> (u64, u64) {
+    let sessions = json_of(sock, &["sessions"]);
+    let of = |name: &str| {
+        sessions
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|s| s["target"] == name)
+            .filter_map(|s| s["commands"].as_u64())
+            .sum()
+    };
+    (of(&names.0), of(&names.1))
+}
+
+/// Waits (bounded) until the port of `which` (0: a, 1: b) has accepted
+/// `more` commands beyond `from`; returns the counts then.
+fn wait_for_commands(
+    sock: &Path,
+    names: &(String, String),
+    which: usize,
+    from: (u64, u64),
+    more: u64,
+) -> (u64, u64) {
+    let end = Instant::now() + Duration::from_secs(90);
+    loop {
+        let now = commands(sock, names);
+        let (got, base) = if which == 0 {
+            (now.0, from.0)
+        } else {
+            (now.1, from.1)
+        };
+        if got >= base + more {
+            return now;
+        }
+        assert!(
+            Instant::now() < end,
+            "port {} never got {more} more commands: {now:?} from {from:?}",
+            ["a", "b"][which]
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn srp_io_follows_target_port_groups_through_failover_and_back() {
+    let dir = std::env::temp_dir().join(format!("srp-alua-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let sock = dir.join("srptd.sock");
+    let cfg = dir.join("srptd.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[[target]]\nip = \"127.93.1.1\"\nrel_tgt_id = 1\ncontrol_socket = \"{}\"\n\n\
+             [[target]]\nip = \"127.93.1.3\"\nrel_tgt_id = 2\n\n\
+             [alua]\nimplicit_transition_time = 5\n\n\
+             [[target_group]]\nname = \"a\"\ngroup_id = 1\nstate = \"active\"\npreferred = true\ntargets = [1]\n\n\
+             [[target_group]]\nname = \"b\"\ngroup_id = 2\nstate = \"standby\"\ntargets = [2]\n\n\
+             [[device]]\nname = \"disk0\"\nhandler = \"ram\"\nsize = \"32M\"\nusn = \"alua-e2e\"\n\n\
+             [[lun]]\nlun = 0\ndevice = \"disk0\"\n",
+            sock.display()
+        ),
+    )
+    .unwrap();
+    // `--check` accepts the file; a misspelt state is refused naming it.
+    let (ok, out) = common::run(
+        Command::new(common::srptd_bin())
+            .args(["--check", "--config"])
+            .arg(&cfg),
+    );
+    assert!(ok, "{out}");
+    let bad = dir.join("bad.toml");
+    std::fs::write(
+        &bad,
+        std::fs::read_to_string(&cfg)
+            .unwrap()
+            .replace("\"standby\"", "\"stand-by\""),
+    )
+    .unwrap();
+    let (ok, out) = common::run(
+        Command::new(common::srptd_bin())
+            .args(["--check", "--config"])
+            .arg(&bad),
+    );
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains(
+            "bad.toml:23: target_group[1].state: unknown asymmetric access state `stand-by`"
+        ),
+        "{out}"
+    );
+
+    let _d = common::start_srptd(&cfg);
+    let groups = json_of(&sock, &["target-groups"]);
+    let port_of = |i: usize| {
+        groups["groups"][i]["ports"][0]["target"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let names = (port_of(0), port_of(1));
+    assert_eq!(groups["groups"][1]["state"], "standby", "{groups}");
+    let (ok, text) = srptadm(&sock, &["target-groups"]);
+    assert!(
+        ok && text.contains("standby") && !text.contains("(remote)"),
+        "{text}"
+    );
+
+    let io = Proc::start(
+        "srp io",
+        Command::new(common::srp_bin()).args([
+            "io",
+            "--dest",
+            "127.93.1.1:5555",
+            "--ip",
+            "127.93.1.2",
+            "--dest",
+            "127.93.1.3:5555",
+            "--ip",
+            "127.93.1.4",
+            "--path-policy",
+            "round-robin",
+            "--region",
+            "4M",
+            "--size",
+            "160M",
+        ]),
+    );
+    let first = io.wait_line("srp: logged in", 30);
+    assert!(first.contains("(2 paths"), "{first}");
+
+    // Round robin, but only a serves: b's port sees the opening commands
+    // (TEST UNIT READY, INQUIRY, READ CAPACITY, VPD pages) and no I/O.
+    let start = commands(&sock, &names);
+    let at_a = wait_for_commands(&sock, &names, 0, start, 500);
+    assert!(at_a.1 < 20, "I/O went to the standby port: {at_a:?}");
+
+    // Fail over: b active first, then a standby (as a cluster manager
+    // would promote, then demote).
+    let (ok, out) = srptadm(&sock, &["set-group-state", "b", "active"]);
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("target port group b (2): standby -> active; every session gets ASYMMETRIC ACCESS STATE CHANGED"),
+        "{out}"
+    );
+    let (ok, out) = srptadm(&sock, &["set-group-state", "1", "standby"]);
+    assert!(ok, "{out}");
+    let moved = commands(&sock, &names);
+    let at_b = wait_for_commands(&sock, &names, 1, moved, 500);
+    assert!(
+        at_b.0 - moved.0 < 60,
+        "I/O still went to a after it went standby: {moved:?} -> {at_b:?}"
+    );
+
+    // And back.
+    assert!(srptadm(&sock, &["set-group-state", "a", "active"]).0);
+    assert!(srptadm(&sock, &["set-group-state", "b", "standby"]).0);
+    let back = commands(&sock, &names);
+    let again = wait_for_commands(&sock, &names, 0, back, 500);
+    assert!(
+        again.1 - back.1 < 60,
+        "I/O still went to b after it went standby: {back:?} -> {again:?}"
+    );
+    let groups = json_of(&sock, &["target-groups"]);
+    assert_eq!(
+        (
+            groups["groups"][0]["state"].as_str(),
+            groups["groups"][1]["state"].as_str()
+        ),
+        (Some("active"), Some("standby"))
+    );
+
+    // The whole run: no error, every block read back as last written.
+    let rest = io.rest(240).join("\n");
+    println!("{first}\n{rest}");
+    let verified = common::report::verified_clean(&rest);
+    assert!(verified >= 4 << 20, "{rest}");
+    let mut io = io;
+    assert!(io.child.wait().unwrap().success(), "{rest}");
+
+    // An unknown group is refused with the groups there are.
+    let (ok, out) = srptadm(&sock, &["set-group-state", "c", "active"]);
+    assert!(!ok);
+    assert!(
+        out.contains(
+            "no target port group `c` (give its name or group_id; the groups are a (1), b (2))"
+        ),
+        "{out}"
+    );
+    let (ok, out) = srptadm(&sock, &["set-group-state", "a", "optimal"]);
+    assert!(
+        !ok && out.contains("unknown asymmetric access state `optimal`"),
+        "{out}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
