@@ -46,6 +46,7 @@ const PACKAGES: &[(&str, &str)] = &[
     ("ib_send_bw", "perftest"),
     ("ib_write_lat", "perftest"),
     ("ldd", "libc-bin"),
+    ("ocf-tester", "resource-agents"),
 ];
 
 /// The Debian package that brings `tool`, if the table knows it.
