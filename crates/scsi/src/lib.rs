@@ -79,8 +79,10 @@
 //! ([`Target::set_group_state`], a new configuration, SET TARGET PORT
 //! GROUPS) raises ASYMMETRIC ACCESS STATE CHANGED (2A/06) on every nexus
 //! that has reached a logical unit (but the one that sent the SET). The
-//! groups are the target's, one logical unit group for every unit; a
-//! pass-through unit's commands are not refused by state.
+//! groups are the target's, one logical unit group for every unit. A
+//! pass-through unit's commands are refused by state too and the core
+//! answers REPORT/SET TARGET PORT GROUPS for it, but its INQUIRY data is
+//! the device's (no TPGS bits added yet).
 //!
 //! Task management ([`task`]): ABORT TASK, ABORT TASK SET, CLEAR TASK
 //! SET, LOGICAL UNIT RESET, I_T NEXUS RESET mark commands submitted with

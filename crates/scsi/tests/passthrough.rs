@@ -561,3 +561,44 @@ fn naca_is_refused_and_pr_out_data_in_pieces_is_the_cores() {
 fn libc_edom() -> i32 {
     33
 }
+
+#[test]
+fn alua_states_refuse_before_the_device_and_groups_are_the_targets() {
+    let (fake, t, a) = setup();
+    t.set_relative_port_id("p", 1).unwrap();
+    t.set_alua(Alua {
+        groups: vec![PortGroup {
+            id: 5,
+            state: AccessState::Standby,
+            preferred: false,
+            ports: vec![1],
+            status: Default::default(),
+        }],
+        explicit: false,
+        transition_secs: 0,
+    });
+    let r = t.execute(&a, l0(), &[0; 6], &[], 0);
+    assert_eq!(r.sense.unwrap().asc, Asc::ASYMMETRIC_ACCESS_STATE_CHANGED);
+    let r10 = [0x28, 0, 0, 0, 0, 0, 0, 0, 1, 0];
+    let r = t.execute(&a, l0(), &r10, &[], 512);
+    assert_eq!(
+        (r.status, r.sense.map(|s| (s.key, s.asc))),
+        (
+            Status::CheckCondition,
+            Some((SenseKey::NotReady, Asc::LU_NOT_ACCESSIBLE_STANDBY))
+        )
+    );
+    // REPORT TARGET PORT GROUPS is the core's: group 5, standby, port 1.
+    let rtpg = [0xa3, 0x0a, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0];
+    let r = t.execute(&a, l0(), &rtpg, &[], 256);
+    assert_eq!(r.status, Status::Good);
+    assert_eq!(
+        &r.data_in[..],
+        &[0, 0, 0, 12, 0x02, 0x8f, 0, 5, 0, 0, 0, 1, 0, 0, 0, 1]
+    );
+    assert_eq!(fake.calls(), vec![], "nothing reached the device");
+    // INQUIRY still reaches it.
+    let r = t.execute(&a, l0(), &[0x12, 0, 0, 0, 36, 0], &[], 36);
+    assert_eq!(r.status, Status::Good);
+    assert_eq!(fake.calls().len(), 1);
+}

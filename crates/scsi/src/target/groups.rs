@@ -105,14 +105,15 @@ impl State {
     /// The ALUA side of a command to a mapped logical unit, after unit
     /// attentions: `Some` with the answer when ALUA decides it (a state
     /// refusing it, REPORT or SET TARGET PORT GROUPS), `None` to run it.
+    /// `rtpi` is the relative identifier of the nexus's target port.
     pub(super) fn alua_command(
         &mut self,
         nexus: &Nexus,
+        rtpi: u16,
         cmd: &Command,
         cdb: &[u8],
         data_out: &[u8],
     ) -> Option<Result<Vec<u8>, Sense>> {
-        let rtpi = self.port_id(&nexus.target_port);
         if let Some(g) = self.alua.group_of(rtpi) {
             if let Err(s) = g.state.admit(cdb) {
                 return Some(Err(s));
@@ -155,9 +156,8 @@ impl State {
     }
 
     /// What INQUIRY adds for ALUA: the TPGS field, and the group of the
-    /// nexus's port for VPD 83h.
-    pub(super) fn alua_inquiry(&mut self, port: &str) -> (u8, Option<u16>) {
-        let rtpi = self.port_id(port);
+    /// target port of relative identifier `rtpi` for VPD 83h.
+    pub(super) fn alua_inquiry(&self, rtpi: u16) -> (u8, Option<u16>) {
         (self.alua.tpgs(), self.alua.group_of(rtpi).map(|g| g.id))
     }
 }

@@ -18,7 +18,7 @@ impl Target {
         let parsed = Command::parse(cdb);
         let mut st = self.lock();
         let rtpi = st.port_id(&nexus.target_port);
-        let (tpgs, port_group) = st.alua_inquiry(&nexus.target_port);
+        let (tpgs, port_group) = st.alua_inquiry(rtpi);
         let dev = st
             .set_for(&nexus.initiator, &nexus.target_port)
             .get(&lun)
@@ -30,6 +30,11 @@ impl Target {
             let keeps = match cdb.first() {
                 Some(0xa0 | 0x5e | 0x5f) => true,
                 Some(0x03) => !st.ua_mut(nexus, lun).is_empty(),
+                // REPORT and SET TARGET PORT GROUPS: the groups are the
+                // target's, when it has any.
+                Some(0xa3 | 0xa4) => {
+                    cdb.get(1).is_some_and(|b| b & 0x1f == 0x0a) && !st.alua.groups.is_empty()
+                }
                 _ => false,
             };
             if !keeps {
@@ -98,7 +103,7 @@ impl Target {
                 let pending = if blocked { ua.pop() } else { None };
                 let alua = match pending {
                     Some(_) => None,
-                    None => st.alua_command(nexus, cmd, cdb, data_out),
+                    None => st.alua_command(nexus, rtpi, cmd, cdb, data_out),
                 };
                 match (pending, alua) {
                     (Some(asc), _) => Err(Sense::new(SenseKey::UnitAttention, asc)),
@@ -313,6 +318,11 @@ impl Target {
             if let Some(asc) = st.ua_mut(nexus, lun).pop() {
                 return ScsiResponse::check(Sense::new(SenseKey::UnitAttention, asc), expected);
             }
+        }
+        // The port's group state refuses what it does not serve, before
+        // the device sees it (SPC-4 5.16.2.4).
+        if let Some(Err(s)) = st.alua.group_of(rtpi).map(|g| g.state.admit(cdb)) {
+            return ScsiResponse::check(s, expected);
         }
         drop(st);
         let dir = match crate::passthrough::transfer(data_out, bufs.as_deref(), expected) {
