@@ -48,11 +48,14 @@ ensure_host_tools() {
 # Prints "package version" lines for everything the image is built from.
 package_versions() {
   local p v kpkg
+  # awk reads to the end (no `exit`): apt-cache still writing into a
+  # closed pipe dies of SIGPIPE (exit 100 when it is ignored), which
+  # pipefail turns into a failed build.
   kpkg=$(apt-cache depends "$KERNEL_META" 2>/dev/null |
-    awk '/Depends: linux-image-/ {print $2; exit}')
+    awk '/Depends: linux-image-/ && !k {k = $2} END {print k}')
   [ -n "$kpkg" ] || return 1
   for p in "$KERNEL_META" "$kpkg" "${GUEST_PACKAGES[@]}"; do
-    v=$(apt-cache show --no-all-versions "$p" 2>/dev/null | awk '/^Version:/ {print $2; exit}')
+    v=$(apt-cache show --no-all-versions "$p" 2>/dev/null | awk '/^Version:/ && !v {v = $2} END {print v}')
     [ -n "$v" ] || return 1
     echo "$p $v"
   done
