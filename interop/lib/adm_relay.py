@@ -5,15 +5,16 @@ can change our target's LUN maps at a moment the guest chooses.
 usage: adm_relay.py LISTEN_IP PORT SRPTADM CONTROL_SOCKET
 
 One request per connection: a line of srptadm arguments. The answer is
-"OK" or "ERR" on the first line, then srptadm's output. Only LUN and device
-commands are relayed; the relay exits after 15 idle minutes.
+"OK" or "ERR" on the first line, then srptadm's output. Only LUN, device and
+ALUA target port group commands are relayed; the relay exits after 15 idle minutes.
 """
 import socket
 import subprocess
 import sys
 
 ALLOWED = {"add-device", "remove-device", "add-lun", "remove-lun",
-           "show", "sessions", "devices", "luns"}
+           "show", "sessions", "devices", "luns",
+           "target-groups", "set-group-state"}
 
 
 def main():
