@@ -110,7 +110,7 @@ two_disks() { [ "$(our_disks | wc -l)" -eq 2 ]; }
 
 # rel_port DEV: the relative target port VPD 0x83 names for DEV's path.
 rel_port() {
-  sg_vpd -p di "$1" | awk -F: '/Relative target port/ { gsub(/ /, "", $2); print $2; exit }'
+  sg_vpd -p di "$1" | awk -F: '/Relative target port: / { gsub(/ /, "", $2); print $2; exit }'
 }
 
 # rtpg_state DEV GROUP: GROUP's (hex, no 0x) asymmetric access state code
@@ -140,12 +140,14 @@ guest_initiator() {
   local d A= B=
   for d in $(our_disks); do
     wait_until 30 "/dev/$d" test -b "/dev/$d"
+    step "$d: VPD 0x83"
+    sg_vpd -p di "/dev/$d" 2>&1 | sed 's/^/  /'
     case "$(rel_port /dev/$d)" in
       0x1) A=/dev/$d ;;
       0x2) B=/dev/$d ;;
     esac
   done
-  [ -n "$A" ] && [ -n "$B" ] || { sg_vpd -p di /dev/sd* ; fail "no disk per relative port (a=$A b=$B)"; }
+  [ -n "$A" ] && [ -n "$B" ] || fail "no disk per relative port (a=$A b=$B)"
   step "path a is $A, path b is $B"
 
   sg_inq "$A" | sed 's/^/  /'
@@ -169,7 +171,10 @@ guest_initiator() {
   if dd if="$B" of=/dev/null bs=4k count=1 iflag=direct 2>/dev/null; then
     fail "the standby path served a read"
   fi
-  sg_turs -v "$B" 2>&1 | sed 's/^/  /'
+  # TEST UNIT READY through b: NOT READY, 04/0B (sg_turs exits 2).
+  sg_turs -v "$B" >/tmp/turs 2>&1 && fail "TEST UNIT READY through the standby path was GOOD"
+  sed 's/^/  /' /tmp/turs
+  grep -q "target port in standby state" /tmp/turs || fail "standby TEST UNIT READY: not 04/0B"
   step "active path a wrote 1 MiB; standby path b refused a read"
 
   adm set-group-state b active || fail "srptadm set-group-state b active"
