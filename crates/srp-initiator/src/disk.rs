@@ -761,7 +761,7 @@ fn unmap_list(lba: u64, blocks: u32) -> [u8; 24] {
 /// The relative target port identifier and target port group
 /// designators (association 01b, types 4h and 5h, SPC-4 7.8.6.5 and
 /// 7.8.6.7) of a device identification VPD page.
-fn port_designators(page: &[u8]) -> (Option<u16>, Option<u16>) {
+pub(crate) fn port_designators(page: &[u8]) -> (Option<u16>, Option<u16>) {
     let (mut rel, mut group) = (None, None);
     let Some(len) = page
         .get(2..4)
@@ -791,7 +791,7 @@ fn port_designators(page: &[u8]) -> (Option<u16>, Option<u16>) {
 }
 
 /// The first NAA designator of a device identification VPD page, in hex.
-fn naa_of(page: &[u8]) -> Option<String> {
+pub(crate) fn naa_of(page: &[u8]) -> Option<String> {
     let len = u16::from_be_bytes([*page.get(2)?, *page.get(3)?]) as usize;
     let body = page.get(4..(4 + len).min(page.len()))?;
     let mut at = 0;

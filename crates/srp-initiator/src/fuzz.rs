@@ -24,6 +24,23 @@ pub fn rules_file(data: &[u8]) {
     let _ = Rules::parse(text);
 }
 
+/// What a target answers and the initiator reads, from arbitrary bytes:
+/// a device identification VPD page (its NAA designator and the target
+/// port's designators), sense data (is it an ALUA refusal?) and REPORT
+/// TARGET PORT GROUPS data. None of it panics; what is read lies inside
+/// the data.
+pub fn target_answers(data: &[u8]) {
+    let _ = crate::disk::naa_of(data);
+    let _ = crate::disk::port_designators(data);
+    if let Some(r) = crate::disk::AluaRefusal::of_sense("fuzz", data) {
+        assert!(!r.state.is_active(), "{r}");
+    }
+    if let Ok((groups, _)) = scsi::alua::parse_report(data) {
+        let used: usize = groups.iter().map(|g| 8 + 4 * g.ports.len()).sum();
+        assert!(used <= data.len());
+    }
+}
+
 #[cfg(test)]
 mod tests {
     /// Mutates valid seeds byte by byte (deterministically) and feeds them in.
@@ -69,6 +86,51 @@ mod tests {
     fn rules_files_survive_mutation() {
         let seeds = ["d dgid=fe800000000000000002c90200402bd5\na ioc_guid=00a0b80200402bd7\na queue_size=128\nd\n"];
         assert_eq!(mutations(&seeds, super::rules_file), 2000);
+    }
+
+    #[test]
+    fn target_answers_survive_mutation() {
+        // VPD 0x83 as srptd sends it; REPORT TARGET PORT GROUPS data
+        // (extended header); NOT READY 04/0B fixed sense.
+        let vpd: &[u8] = &[
+            0, 0x83, 0, 0x1c, 1, 3, 0, 8, 0x50, 1, 2, 3, 4, 5, 6, 7, 1, 0x14, 0, 4, 0, 0, 0, 2, 1,
+            0x15, 0, 4, 0, 0, 0, 2,
+        ];
+        let rtpg: &[u8] = &[
+            0, 0, 0, 28, 0x10, 7, 0, 0, 0x80, 0x8f, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 2, 0x8f, 0, 2, 0,
+            0, 0, 1, 0, 0, 0, 2,
+        ];
+        let sense: &[u8] = &[0x70, 0, 2, 0, 0, 0, 0, 10, 0, 0, 0, 0, 4, 0x0b, 0, 0, 0, 0];
+        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut n = 0;
+        for seed in [vpd, rtpg, sense] {
+            for _ in 0..2000 {
+                let mut b = seed.to_vec();
+                for _ in 0..1 + (x % 4) {
+                    x = x
+                        .wrapping_mul(6_364_136_223_846_793_005)
+                        .wrapping_add(1_442_695_040_888_963_407);
+                    let pos = (x >> 33) as usize % (b.len() + 1);
+                    match (x >> 60) % 3 {
+                        0 if pos < b.len() => b[pos] = (x >> 20) as u8,
+                        1 => b.insert(pos, (x >> 20) as u8),
+                        _ if pos < b.len() => b.truncate(pos),
+                        _ => {}
+                    }
+                }
+                super::target_answers(&b);
+                n += 1;
+            }
+        }
+        assert_eq!(n, 6000);
+    }
+
+    /// The `target_answers` target's committed seeds and regression inputs.
+    #[test]
+    fn target_answers_replays_its_committed_inputs() {
+        rdma_testkit::fuzz::replay(env!("CARGO_MANIFEST_DIR"), "target_answers", |data| {
+            super::target_answers(data);
+        });
     }
 
     /// The `login_string` target's committed seeds and regression inputs
