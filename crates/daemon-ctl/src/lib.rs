@@ -160,14 +160,27 @@ pub fn bind_control(path: &Path) -> std::io::Result<UnixListener> {
             ))
         }
     }
-    // SAFETY: umask only changes this process's file creation mask.
-    let old = unsafe { libc::umask(0o177) };
-    let l = UnixListener::bind(path);
-    // SAFETY: as above, restoring the previous mask.
-    unsafe { libc::umask(old) };
-    let l = l?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
-    Ok(l)
+    // Bound in a directory only we can enter, made 0600 there, then moved
+    // into place: nobody else can connect before the mode is set. (A
+    // umask would do it too, but it is the whole process's: a thread
+    // creating files meanwhile, or a child started meanwhile, got 0600
+    // files; a test's `cargo build` once made binaries nobody could run.)
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
+    let dir = dir.unwrap_or(Path::new("."));
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    let private = dir.join(format!(".{name}.{}.bind", std::process::id()));
+    let _ = std::fs::remove_dir_all(&private);
+    std::os::unix::fs::DirBuilderExt::mode(&mut std::fs::DirBuilder::new(), 0o700)
+        .create(&private)?;
+    let bound = (|| {
+        let tmp = private.join("s");
+        let l = UnixListener::bind(&tmp)?;
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))?;
+        std::fs::rename(&tmp, path)?;
+        Ok(l)
+    })();
+    let _ = std::fs::remove_dir_all(&private);
+    bound
 }
 
 /// Serves a control socket whose requests and answers are lines of JSON:
@@ -324,6 +337,53 @@ mod tests {
                 .starts_with(&format!("no srpd at {}", stale.display())),
             "{e}"
         );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// The socket is 0600 and answers at its path, and the process's
+    /// umask is never changed (a thread creating files meanwhile would get
+    /// it): a file made while binding keeps the usual mode.
+    #[test]
+    fn the_control_socket_is_private_without_touching_the_umask() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("daemon-ctl-mode-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("ctl.sock");
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let watcher = {
+            let stop = stop.clone();
+            let dir = dir.clone();
+            std::thread::spawn(move || {
+                let mut modes = Vec::new();
+                for i in 0..2000 {
+                    if stop.load(std::sync::atomic::Ordering::Relaxed) && i > 10 {
+                        break;
+                    }
+                    let f = dir.join(format!("f{}", i % 4));
+                    std::fs::write(&f, b"x").unwrap();
+                    modes.push(std::fs::metadata(&f).unwrap().permissions().mode() & 0o777);
+                    std::fs::remove_file(&f).unwrap();
+                }
+                modes
+            })
+        };
+        for _ in 0..20 {
+            let l = bind_control(&path).unwrap();
+            let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o600);
+            let _c = UnixStream::connect(&path).unwrap();
+            let (_s, _) = l.accept().unwrap();
+            drop(l);
+            std::fs::remove_file(&path).unwrap();
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let modes = watcher.join().unwrap();
+        let first = modes[0];
+        // With the old umask 0177 while binding, files made meanwhile came
+        // out 0600 now and then.
+        assert!(modes.iter().all(|m| *m == first), "modes seen: {modes:?}");
+        let leftovers: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
+        assert!(leftovers.is_empty(), "{leftovers:?}");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
