@@ -1791,40 +1791,11 @@ pub unsafe extern "C" fn ibv_ack_async_event(_ev: *mut ibv_async_event) {}
 
 // ---- words ----------------------------------------------------------------
 
-/// Every completion status, in code order (0..=21).
-const STATUSES: [WcStatus; 22] = {
-    use WcStatus::*;
-    [
-        Success,
-        LocLenErr,
-        LocQpOpErr,
-        LocEecOpErr,
-        LocProtErr,
-        WrFlushErr,
-        MwBindErr,
-        BadRespErr,
-        LocAccessErr,
-        RemInvReqErr,
-        RemAccessErr,
-        RemOpErr,
-        RetryExcErr,
-        RnrRetryExcErr,
-        LocRddViolErr,
-        RemInvRdReqErr,
-        RemAbortErr,
-        InvEecnErr,
-        InvEecStateErr,
-        FatalErr,
-        RespTimeoutErr,
-        GeneralErr,
-    ]
-};
-
 /// `WcStatus::as_str` of each code, as C strings made once.
 fn status_words() -> &'static [std::ffi::CString] {
     static WORDS: std::sync::OnceLock<Vec<std::ffi::CString>> = std::sync::OnceLock::new();
     WORDS.get_or_init(|| {
-        STATUSES
+        WcStatus::ALL
             .iter()
             .map(|s| std::ffi::CString::new(s.as_str()).expect("no NUL in the words"))
             .collect()
@@ -2141,6 +2112,9 @@ mod tests {
         assert_eq!(w(21), "general error");
         assert_eq!(w(22), "unknown");
         assert_eq!(w(-1), "unknown");
-        assert!(STATUSES.iter().enumerate().all(|(i, s)| *s as usize == i));
+        assert!(WcStatus::ALL
+            .iter()
+            .enumerate()
+            .all(|(i, s)| *s as usize == i));
     }
 }

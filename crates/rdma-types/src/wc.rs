@@ -51,6 +51,43 @@ pub enum WcStatus {
 }
 
 impl WcStatus {
+    /// Every status, in code order (libibverbs' `enum ibv_wc_status`,
+    /// 0..=21).
+    pub const ALL: [WcStatus; 22] = {
+        use WcStatus::*;
+        [
+            Success,
+            LocLenErr,
+            LocQpOpErr,
+            LocEecOpErr,
+            LocProtErr,
+            WrFlushErr,
+            MwBindErr,
+            BadRespErr,
+            LocAccessErr,
+            RemInvReqErr,
+            RemAccessErr,
+            RemOpErr,
+            RetryExcErr,
+            RnrRetryExcErr,
+            LocRddViolErr,
+            RemInvRdReqErr,
+            RemAbortErr,
+            InvEecnErr,
+            InvEecStateErr,
+            FatalErr,
+            RespTimeoutErr,
+            GeneralErr,
+        ]
+    };
+
+    /// The status of code `code` (libibverbs' numbering), if there is one.
+    pub fn from_code(code: u32) -> Option<WcStatus> {
+        usize::try_from(code)
+            .ok()
+            .and_then(|i| Self::ALL.get(i).copied())
+    }
+
     /// Whether the status is a success.
     pub const fn is_success(self) -> bool {
         matches!(self, WcStatus::Success)

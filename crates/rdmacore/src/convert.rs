@@ -9,35 +9,7 @@ use verbs::{AhAttr, QpAttr, SendFlags, SendOpcode, VerbsError, WcFlags, WorkComp
 /// `enum ibv_wc_status`; our numbering is libibverbs' (0..=21), anything
 /// newer (tag matching) is a general error.
 pub(crate) fn wc_status(s: u32) -> WcStatus {
-    use WcStatus::*;
-    const ALL: [WcStatus; 22] = [
-        Success,
-        LocLenErr,
-        LocQpOpErr,
-        LocEecOpErr,
-        LocProtErr,
-        WrFlushErr,
-        MwBindErr,
-        BadRespErr,
-        LocAccessErr,
-        RemInvReqErr,
-        RemAccessErr,
-        RemOpErr,
-        RetryExcErr,
-        RnrRetryExcErr,
-        LocRddViolErr,
-        RemInvRdReqErr,
-        RemAbortErr,
-        InvEecnErr,
-        InvEecStateErr,
-        FatalErr,
-        RespTimeoutErr,
-        GeneralErr,
-    ];
-    usize::try_from(s)
-        .ok()
-        .and_then(|i| ALL.get(i).copied())
-        .unwrap_or(GeneralErr)
+    WcStatus::from_code(s).unwrap_or(WcStatus::GeneralErr)
 }
 
 /// `enum ibv_wc_opcode` (an error completion's opcode is not defined by

@@ -13,29 +13,34 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-/// `libibverbs_abi.so` of this test's profile, built first: cargo builds
-/// only the rlib of the library for its tests, so a cdylib left from an
-/// earlier build could be stale (the way srpstack's tests build their
-/// binaries).
+/// Runs `cargo build -q ARGS` into this test's target dir and profile
+/// and returns the profile's directory: cargo builds only the rlib of the
+/// library and no other package's binaries for these tests, so what an
+/// earlier build left there could be stale (the way srpstack's tests
+/// build their binaries).
+fn build_in_profile(args: &[&str]) -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    // <target>/<profile>/deps/<test>-<hash>
+    let profile = exe.parent().and_then(Path::parent).unwrap().to_path_buf();
+    let mut cmd = Command::new(env!("CARGO"));
+    cmd.args(["build", "-q"])
+        .args(args)
+        .arg("--target-dir")
+        .arg(profile.parent().unwrap())
+        .current_dir(env!("CARGO_MANIFEST_DIR"));
+    if profile.file_name().is_some_and(|n| n == "release") {
+        cmd.arg("--release");
+    }
+    assert!(cmd.status().unwrap().success(), "cargo build {args:?}");
+    profile
+}
+
+/// `libibverbs_abi.so` of this test's profile, built first.
 pub fn library() -> PathBuf {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT
         .get_or_init(|| {
-            let exe = std::env::current_exe().unwrap();
-            // <target>/<profile>/deps/<test>-<hash>
-            let profile = exe.parent().and_then(Path::parent).unwrap().to_path_buf();
-            let mut cmd = Command::new(env!("CARGO"));
-            cmd.args(["build", "-q", "-p", "ibverbs-abi", "--lib", "--target-dir"])
-                .arg(profile.parent().unwrap())
-                .current_dir(env!("CARGO_MANIFEST_DIR"));
-            if profile.file_name().is_some_and(|n| n == "release") {
-                cmd.arg("--release");
-            }
-            assert!(
-                cmd.status().unwrap().success(),
-                "cargo build -p ibverbs-abi --lib"
-            );
-            let lib = profile.join("libibverbs_abi.so");
+            let lib = build_in_profile(&["-p", "ibverbs-abi", "--lib"]).join("libibverbs_abi.so");
             assert!(lib.exists(), "{} not built", lib.display());
             lib
         })
@@ -47,22 +52,7 @@ pub fn library() -> PathBuf {
 pub fn rdma_perf_bin(name: &str) -> PathBuf {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT
-        .get_or_init(|| {
-            let exe = std::env::current_exe().unwrap();
-            let profile = exe.parent().and_then(Path::parent).unwrap().to_path_buf();
-            let mut cmd = Command::new(env!("CARGO"));
-            cmd.args(["build", "-q", "-p", "rdma-perf", "--bins", "--target-dir"])
-                .arg(profile.parent().unwrap())
-                .current_dir(env!("CARGO_MANIFEST_DIR"));
-            if profile.file_name().is_some_and(|n| n == "release") {
-                cmd.arg("--release");
-            }
-            assert!(
-                cmd.status().unwrap().success(),
-                "cargo build -p rdma-perf --bins"
-            );
-            profile
-        })
+        .get_or_init(|| build_in_profile(&["-p", "rdma-perf", "--bins"]))
         .join(name)
 }
 
