@@ -6,10 +6,9 @@
 
 mod common;
 
-use common::{finish, wait_listening, Daemon};
+use common::{serve_and_connect, Daemon};
 use rdma_testkit::need;
 use std::net::{IpAddr, Ipv4Addr};
-use std::process::Stdio;
 
 fn ip(last: u8) -> IpAddr {
     IpAddr::V4(Ipv4Addr::new(127, 92, 0, last))
@@ -81,24 +80,12 @@ fn pingpong(tool: &str, last: u8, port: u16, extra: &[&str]) {
     let port_s = port.to_string();
     let mut args = vec!["-d", "nicd0", "-g", "0", "-p", &port_s, "-c", "-n", "200"];
     args.extend_from_slice(extra);
-    let mut server = d
-        .command(tool)
-        .args(&args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    wait_listening(&mut server, port);
-    let client = d
-        .command(tool)
-        .args(&args)
-        .arg(ip(last).to_string())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let c = finish(client, 60);
-    let s = finish(server, 60);
+    let (c, s) = serve_and_connect(
+        d.command(tool).args(&args),
+        port,
+        d.command(tool).args(&args).arg(ip(last).to_string()),
+        60,
+    );
     for (who, out) in [("server", &s), ("client", &c)] {
         let (o, e) = (text(&out.stdout), text(&out.stderr));
         assert!(out.status.success(), "{who}: {o}{e}");
@@ -159,24 +146,12 @@ fn perftest(tool: &str, last: u8, port: u16) {
     let d = Daemon::start(ip(last));
     let port_s = port.to_string();
     let args = ["-d", "nicd0", "-x", "0", "-p", &port_s, "-n", "200"];
-    let mut server = d
-        .command(tool)
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    wait_listening(&mut server, port);
-    let client = d
-        .command(tool)
-        .args(args)
-        .arg(ip(last).to_string())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let c = finish(client, 120);
-    let s = finish(server, 120);
+    let (c, s) = serve_and_connect(
+        d.command(tool).args(args),
+        port,
+        d.command(tool).args(args).arg(ip(last).to_string()),
+        120,
+    );
     for (who, out) in [("server", &s), ("client", &c)] {
         let (o, e) = (text(&out.stdout), text(&out.stderr));
         assert!(out.status.success(), "{tool} {who}: {o}{e}");
@@ -262,23 +237,12 @@ fn against_rpingpong(tool: &str, ud: bool, last: u8, ports: [u16; 2]) {
             .collect::<Vec<_>>()
     };
     // rpingpong serves, Debian's tool is the client.
-    let mut server = std::process::Command::new(&rp)
-        .args(rp_args(ports[0]))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    wait_listening(&mut server, ports[0]);
-    let client = d
-        .command(tool)
-        .args(tool_args(ports[0]))
-        .arg(&ours)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let c = finish(client, 60);
-    let s = finish(server, 60);
+    let (c, s) = serve_and_connect(
+        std::process::Command::new(&rp).args(rp_args(ports[0])),
+        ports[0],
+        d.command(tool).args(tool_args(ports[0])).arg(&ours),
+        60,
+    );
     let (co, so) = (text(&c.stdout), text(&s.stdout));
     assert!(c.status.success(), "{tool} client: {co}{}", text(&c.stderr));
     assert!(
@@ -288,23 +252,14 @@ fn against_rpingpong(tool: &str, ud: bool, last: u8, ports: [u16; 2]) {
     );
     assert!(co.contains("100 iters in"), "{co}");
     // Debian's tool serves, rpingpong is the client.
-    let mut server = d
-        .command(tool)
-        .args(tool_args(ports[1]))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    wait_listening(&mut server, ports[1]);
-    let client = std::process::Command::new(&rp)
-        .args(rp_args(ports[1]))
-        .arg(ip(last).to_string())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let c = finish(client, 60);
-    let s = finish(server, 60);
+    let (c, s) = serve_and_connect(
+        d.command(tool).args(tool_args(ports[1])),
+        ports[1],
+        std::process::Command::new(&rp)
+            .args(rp_args(ports[1]))
+            .arg(ip(last).to_string()),
+        60,
+    );
     let so = text(&s.stdout);
     assert!(
         c.status.success(),
@@ -357,45 +312,25 @@ fn against_rperftest(tool: &str, verb: &str, last: u8, ports: [u16; 2]) {
         o + &e
     };
     // rperftest serves.
-    let mut server = std::process::Command::new(&rp)
-        .args(rp_args(ports[0]))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    wait_listening(&mut server, ports[0]);
-    let client = d
-        .command(tool)
-        .args(tool_args(ports[0]))
-        .arg(&ours)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let c = finish(client, 120);
-    let s = finish(server, 120);
+    let (c, s) = serve_and_connect(
+        std::process::Command::new(&rp).args(rp_args(ports[0])),
+        ports[0],
+        d.command(tool).args(tool_args(ports[0])).arg(&ours),
+        120,
+    );
     let co = check(&format!("{tool} client"), &c);
     let so = check("rperftest server", &s);
     assert!(co.contains("Device         : nicd0"), "{co}");
     assert!(so.contains("verified:"), "{so}");
     // perftest's tool serves.
-    let mut server = d
-        .command(tool)
-        .args(tool_args(ports[1]))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    wait_listening(&mut server, ports[1]);
-    let client = std::process::Command::new(&rp)
-        .args(rp_args(ports[1]))
-        .arg(ip(last).to_string())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let c = finish(client, 120);
-    let s = finish(server, 120);
+    let (c, s) = serve_and_connect(
+        d.command(tool).args(tool_args(ports[1])),
+        ports[1],
+        std::process::Command::new(&rp)
+            .args(rp_args(ports[1]))
+            .arg(ip(last).to_string()),
+        120,
+    );
     let co = check("rperftest client", &c);
     check(&format!("{tool} server"), &s);
     assert!(co.contains("verified:"), "{co}");

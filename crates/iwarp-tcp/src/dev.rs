@@ -12,7 +12,7 @@
 //! the others), and the transmit loop stops once [`OUT_HIGH`] bytes wait
 //! for the socket (the rest goes when the socket is writable again).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::mpsc::Sender;
@@ -1045,27 +1045,30 @@ fn complete(st: &mut Inner, i: usize, c: &iwarp::Completion) {
 
 /// A send WR for QP `i`'s engine, or its wait queue, or flushed.
 pub(crate) fn qp_post_send(st: &mut Inner, i: usize, w: SendWqe) {
-    let q = st.qp_mut(i);
-    let (guid, conn, err) = (q.guid, q.conn, q.state == QpState::Err);
-    if let Some(c) = conn.and_then(|t| st.devs.get_mut(&guid).and_then(|d| d.conns.get_mut(&t))) {
-        c.engine.post_send(w);
-        return;
-    }
-    st.qp_mut(i).wait_sq.push_back(w);
-    if err {
-        flush_waiting(st, i);
-    }
+    qp_post(st, i, w, Connection::post_send, |q| &mut q.wait_sq);
 }
 
 /// A receive WR for QP `i`'s engine, or its wait queue, or flushed.
 pub(crate) fn qp_post_recv(st: &mut Inner, i: usize, w: RecvWqe) {
+    qp_post(st, i, w, Connection::post_recv, |q| &mut q.wait_rq);
+}
+
+/// `w` to QP `i`'s engine when it has a connection, else to its wait
+/// queue (`queue`), flushed at once if the QP is in error.
+fn qp_post<W>(
+    st: &mut Inner,
+    i: usize,
+    w: W,
+    to_engine: fn(&mut Connection, W),
+    queue: fn(&mut crate::Qp) -> &mut VecDeque<W>,
+) {
     let q = st.qp_mut(i);
     let (guid, conn, err) = (q.guid, q.conn, q.state == QpState::Err);
     if let Some(c) = conn.and_then(|t| st.devs.get_mut(&guid).and_then(|d| d.conns.get_mut(&t))) {
-        c.engine.post_recv(w);
+        to_engine(&mut c.engine, w);
         return;
     }
-    st.qp_mut(i).wait_rq.push_back(w);
+    queue(st.qp_mut(i)).push_back(w);
     if err {
         flush_waiting(st, i);
     }

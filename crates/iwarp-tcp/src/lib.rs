@@ -365,6 +365,28 @@ impl Inner {
             _ => unreachable!("a CQ slot"),
         }
     }
+    /// Destroys the CQ or SRQ in slot `i` unless a QP uses it (`busy`
+    /// says so), and queues its destroyed-callback.
+    fn release_shared(&mut self, i: usize, kind: ResourceKind, busy: &'static str) -> Result<u64> {
+        let (ca, pd, ctx, users) = match self.objs.get(i) {
+            Obj::Cq {
+                ca, pd, ctx, users, ..
+            }
+            | Obj::Srq {
+                ca, pd, ctx, users, ..
+            } => (*ca, *pd, *ctx, *users),
+            _ => unreachable!("a CQ or SRQ slot"),
+        };
+        if users > 0 {
+            return Err(VerbsError::Busy(busy));
+        }
+        self.objs.release(i);
+        self.adjust(pd, -1);
+        let (guid, h) = (self.guid_of(ca), self.handler(ca));
+        self.defer(guid, Cb::Destroyed(h, kind, ctx));
+        Ok(guid)
+    }
+
     /// Queues a callback for the NIC's IO thread.
     pub(crate) fn defer(&mut self, guid: u64, cb: Cb) {
         if let Some(d) = self.devs.get_mut(&guid) {

@@ -151,19 +151,7 @@ impl Provider for SoftIwarp {
     fn destroy_cq(&self, cq: CqHandle) -> Result<()> {
         let mut st = self.lock();
         let i = st.cq(cq)?;
-        let (ca, pd, ctx, users) = match st.objs.get(i) {
-            Obj::Cq {
-                ca, pd, ctx, users, ..
-            } => (*ca, *pd, *ctx, *users),
-            _ => unreachable!(),
-        };
-        if users > 0 {
-            return Err(VerbsError::Busy("a QP uses the CQ"));
-        }
-        st.objs.release(i);
-        st.adjust(pd, -1);
-        let (guid, h) = (st.guid_of(ca), st.handler(ca));
-        st.defer(guid, Cb::Destroyed(h, ResourceKind::Cq, ctx));
+        let guid = st.release_shared(i, ResourceKind::Cq, "a QP uses the CQ")?;
         Self::kick(&mut st, guid);
         Ok(())
     }
@@ -420,19 +408,7 @@ impl Provider for SoftIwarp {
     fn destroy_srq(&self, srq: SrqHandle) -> Result<()> {
         let mut st = self.lock();
         let i = st.srq(srq)?;
-        let (ca, pd, ctx, users) = match st.objs.get(i) {
-            Obj::Srq {
-                ca, pd, ctx, users, ..
-            } => (*ca, *pd, *ctx, *users),
-            _ => unreachable!(),
-        };
-        if users > 0 {
-            return Err(VerbsError::Busy("a QP uses the SRQ"));
-        }
-        st.objs.release(i);
-        st.adjust(pd, -1);
-        let (guid, h) = (st.guid_of(ca), st.handler(ca));
-        st.defer(guid, Cb::Destroyed(h, ResourceKind::Srq, ctx));
+        let guid = st.release_shared(i, ResourceKind::Srq, "a QP uses the SRQ")?;
         Self::kick(&mut st, guid);
         Ok(())
     }

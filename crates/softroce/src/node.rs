@@ -732,15 +732,8 @@ impl Node {
     /// One bounded round of work at `now`: receive, transmit, timers.
     /// Returns whether anything happened.
     pub fn poll(&mut self, now: Instant) -> bool {
-        let mut busy = self.receive(now);
-        for s in self.qps.values_mut() {
-            if s.qp.poll_timeout().is_some_and(|t| t <= now) {
-                s.qp.handle_timeout(now);
-                busy = true;
-            }
-        }
-        busy |= self.transmit(now);
-        self.collect();
+        let busy = self.round(now);
+        self.flush_out(now);
         busy
     }
 
@@ -752,6 +745,16 @@ impl Node {
     /// command with the command's data and response), and the peer wakes
     /// once for all of them, not once for the ACK and again for the rest.
     pub fn poll_holding(&mut self, now: Instant) -> bool {
+        let busy = self.round(now);
+        if self.ready.is_empty() {
+            self.flush_out(now);
+        }
+        busy
+    }
+
+    /// Receive, timers, and what the QPs have to send built into the
+    /// outgoing batch (not sent); completions collected.
+    fn round(&mut self, now: Instant) -> bool {
         self.more = false;
         let mut busy = self.receive(now);
         for s in self.qps.values_mut() {
@@ -762,9 +765,6 @@ impl Node {
         }
         busy |= self.build_out(now);
         self.collect();
-        if self.ready.is_empty() {
-            self.flush_out(now);
-        }
         busy
     }
 

@@ -153,6 +153,27 @@ pub fn wait_listening(child: &mut Child, port: u16) {
     panic!("nothing listens on {port}");
 }
 
+/// Starts `server`, waits until it listens on `port`, then runs `client`
+/// against it: the outputs of both (client, server), each killed if it
+/// runs past `secs`.
+pub fn serve_and_connect(
+    server: &mut Command,
+    port: u16,
+    client: &mut Command,
+    secs: u64,
+) -> (Output, Output) {
+    let piped = |c: &mut Command| {
+        c.stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let mut s = piped(server);
+    wait_listening(&mut s, port);
+    let c = piped(client);
+    (finish(c, secs), finish(s, secs))
+}
+
 /// The output of `child`, killed if it runs past `secs`.
 pub fn finish(mut child: Child, secs: u64) -> Output {
     let deadline = Instant::now() + Duration::from_secs(secs);
