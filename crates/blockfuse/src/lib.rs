@@ -332,17 +332,22 @@ impl Mount {
         let Some(done) = self.done.take() else {
             return Ok(());
         };
+        // Who kept the mount busy, for the error if it has to be aborted.
+        let mut busy = None;
         if let Some(mut u) = self.unmounter.take() {
-            if u.unmount().is_err() {
+            if let Err(e) = u.unmount() {
+                busy = Some((e, holders(&self.mountpoint)));
                 // Busy: take it out of the namespace now; the session ends
                 // when the last user lets go (or we abort below).
                 lazy_detach(&self.mountpoint);
             }
         }
         let mut aborted = false;
+        let mut in_flight = 0;
         let result = match done.recv_timeout(self.timeout) {
             Ok(r) => r,
             Err(_) => {
+                in_flight = self.stats().iter().map(|(_, s)| s.in_flight).sum();
                 aborted = self.conn.is_some_and(abort_connection);
                 match done.recv_timeout(self.timeout) {
                     Ok(r) => r,
@@ -360,13 +365,68 @@ impl Mount {
             let _ = t.join();
         }
         if aborted && result.is_ok() {
+            let why = match &busy {
+                Some((e, users)) if users.is_empty() => {
+                    format!("unmount said \"{e}\"; no process had a file or directory open in it")
+                }
+                Some((e, users)) => format!("unmount said \"{e}\"; in use by {}", users.join(", ")),
+                None => "unmounted, but the session went on".to_string(),
+            };
             return Err(io::Error::other(format!(
-                "{} stayed busy; the FUSE connection was aborted",
-                self.mountpoint.display()
+                "{} stayed busy for {:?} ({why}; {in_flight} requests inside a device call); \
+                 the FUSE connection was aborted",
+                self.mountpoint.display(),
+                self.timeout
             )));
         }
         result
     }
+}
+
+/// The processes with a descriptor, working directory or root under
+/// `mountpoint`, as "pid N (comm)", and the loop devices over its files;
+/// what `fuser -m` would list, read from /proc and /sys (processes we may
+/// not look at are left out).
+fn holders(mountpoint: &Path) -> Vec<String> {
+    let under = |p: &Path| p.starts_with(mountpoint);
+    let mut found = Vec::new();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return found;
+    };
+    for entry in procs.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
+        else {
+            continue;
+        };
+        let dir = entry.path();
+        let link = |n: &str| std::fs::read_link(dir.join(n)).ok();
+        let mut uses =
+            link("cwd").is_some_and(|p| under(&p)) || link("root").is_some_and(|p| under(&p));
+        if !uses {
+            if let Ok(fds) = std::fs::read_dir(dir.join("fd")) {
+                uses = fds
+                    .flatten()
+                    .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|p| under(&p)));
+            }
+        }
+        if uses {
+            let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+            found.push(format!("pid {pid} ({})", comm.trim()));
+        }
+    }
+    // A loop device holds its backing file from the kernel.
+    if let Ok(blocks) = std::fs::read_dir("/sys/block") {
+        for b in blocks.flatten() {
+            let backing = std::fs::read_to_string(b.path().join("loop/backing_file"));
+            if backing.is_ok_and(|f| under(Path::new(f.trim()))) {
+                found.push(format!("/dev/{}", b.file_name().to_string_lossy()));
+            }
+        }
+    }
+    found
 }
 
 impl Drop for Mount {

@@ -471,7 +471,8 @@ impl AlignedBuf {
 }
 
 /// Unmounting while a file is open detaches, aborts the connection after
-/// the timeout, and returns rather than hanging.
+/// the timeout, returns rather than hanging, and names the process that
+/// held the file.
 #[test]
 fn unmount_of_a_busy_mount_is_bounded() {
     if !fuse() {
@@ -491,6 +492,9 @@ fn unmount_of_a_busy_mount_is_bounded() {
     let r = m.unmount();
     let e = r.expect_err("busy unmount must say it aborted");
     assert!(e.to_string().contains("aborted"), "{e}");
+    // It names who kept it busy: this test, through `f`.
+    let me = format!("pid {} (", std::process::id());
+    assert!(e.to_string().contains(&me), "{e}");
     assert!(
         f.read_at(&mut [0u8; 16], 0).is_err(),
         "I/O after abort fails"
