@@ -523,11 +523,8 @@ impl Inner {
     /// soft RoCE. Each QP's run of requests is one post.
     pub(super) fn flush_posts(&self, mut posts: VecDeque<Post>) {
         loop {
-            posts
-                .make_contiguous()
-                .sort_by_key(|p| matches!(p.kind, Posted::Send { .. }));
             let mut failed = Vec::new();
-            let mut rest = Vec::from(posts);
+            let mut rest = rdma_first(posts);
             while !rest.is_empty() {
                 let qp = rest[0].qp;
                 let run = rest.iter().take_while(|p| p.qp == qp).count();
@@ -618,4 +615,19 @@ impl Inner {
             self.pump(st, conn);
         }
     }
+}
+
+/// `posts` with the RDMA READs and WRITEs ahead of the IUs, each in the
+/// order queued (a stable partition). A batch is most often in that
+/// order already (one command's WRITE, then its response): then it is
+/// only checked, each post moved once into the `Vec`.
+fn rdma_first(posts: VecDeque<Post>) -> Vec<Post> {
+    let is_iu = |p: &Post| matches!(p.kind, Posted::Send { .. });
+    let first_iu = posts.iter().position(is_iu).unwrap_or(posts.len());
+    if posts.iter().skip(first_iu).all(is_iu) {
+        return Vec::from(posts);
+    }
+    let (mut rdma, ius): (Vec<Post>, Vec<Post>) = posts.into_iter().partition(|p| !is_iu(p));
+    rdma.extend(ius);
+    rdma
 }

@@ -10,7 +10,7 @@ use crate::wire::{
     DirectBuf, Error as WireError, ILogout, Iu, IuType, Lun, PortId, Rsp, RspCode, RspFlags,
     TLogout, TLogoutReason, Tag, TaskAttr, TmFunc, TskMgmt, AER_REQ_FIXED_LEN, RSP_FIXED_LEN,
 };
-use rdma_types::Rkey;
+use rdma_types::{IdMap, Rkey};
 use std::collections::{BTreeMap, VecDeque};
 
 mod commands;
@@ -124,9 +124,13 @@ enum Wr {
 pub struct Channel {
     p: Params,
     state: ChannelState,
-    tasks: BTreeMap<CmdId, Task>,
+    /// Our own ids: hashed cheaply ([`IdMap`]); where the order of
+    /// commands shows (aborts, releases), their ids are sorted (arrival).
+    tasks: IdMap<CmdId, Task>,
+    /// The initiator's tags, which it chooses: a B-tree, which no choice
+    /// of keys makes slow.
     tags: BTreeMap<Tag, CmdId>,
-    ops: BTreeMap<OpId, RdmaOp>,
+    ops: IdMap<OpId, RdmaOp>,
     next_cmd: u64,
     next_op: u64,
     next_tag: u64,
@@ -160,9 +164,9 @@ impl Channel {
             window: p.window,
             p,
             state: ChannelState::Live,
-            tasks: BTreeMap::new(),
+            tasks: IdMap::default(),
             tags: BTreeMap::new(),
-            ops: BTreeMap::new(),
+            ops: IdMap::default(),
             next_cmd: 1,
             next_op: 1,
             next_tag: 1,
@@ -457,7 +461,9 @@ impl Channel {
         self.ops.clear();
         self.wr_out = 0;
         self.sends_out = 0;
-        for id in std::mem::take(&mut self.tasks).into_keys() {
+        let mut ids: Vec<CmdId> = std::mem::take(&mut self.tasks).into_keys().collect();
+        ids.sort_unstable();
+        for id in ids {
             self.events.push_back(Output::Release(id));
         }
     }
@@ -637,7 +643,8 @@ impl Channel {
         self.aer_queued = false;
         self.aer_backlog.clear();
         self.tags.clear();
-        let ids: Vec<CmdId> = self.tasks.keys().copied().collect();
+        let mut ids: Vec<CmdId> = self.tasks.keys().copied().collect();
+        ids.sort_unstable();
         for id in ids {
             if let Some(t) = self.tasks.get_mut(&id) {
                 if matches!(t.phase, Phase::Core | Phase::Tmf { rsp: None, .. }) && !t.aborted {
