@@ -83,7 +83,12 @@ impl State {
             .iter()
             .find(|(pat, _)| initiator_matches(pat, initiator))
             .map(|(_, g)| g.as_str())
-            .or_else(|| self.groups.contains_key(initiator).then_some(initiator))
+            .or_else(|| {
+                // Asked on every command: no hashing of the name when
+                // there are no groups.
+                (!self.groups.is_empty() && self.groups.contains_key(initiator))
+                    .then_some(initiator)
+            })
     }
 
     /// The LUNs `initiator` sees through target port `port`: its
@@ -92,6 +97,7 @@ impl State {
         static EMPTY: LunSet = BTreeMap::new();
         match self.group_of(initiator) {
             Some(g) => self.groups.get(g).unwrap_or(&EMPTY),
+            None if self.port_sets.is_empty() => &self.default,
             None => self.port_sets.get(port).unwrap_or(&self.default),
         }
     }

@@ -29,12 +29,24 @@ use run::{is_write, naca_supported};
 /// An I_T nexus: initiator port name and target port name. Every command
 /// names one, and the core keys its task sets, tasks and unit attentions
 /// by it: a clone shares the names, and a hash is the one made once.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Eq, PartialOrd, Ord)]
 pub struct Nexus {
     pub initiator: Arc<str>,
     pub target_port: Arc<str>,
     /// A hash of both names (last: the order is the names').
     hash: u64,
+}
+
+/// Equal names, as derived, but asked cheaply first: different hashes
+/// differ, and clones of one nexus (what map lookups on every command
+/// compare) share their names.
+impl PartialEq for Nexus {
+    fn eq(&self, other: &Nexus) -> bool {
+        self.hash == other.hash
+            && (Arc::ptr_eq(&self.initiator, &other.initiator) || self.initiator == other.initiator)
+            && (Arc::ptr_eq(&self.target_port, &other.target_port)
+                || self.target_port == other.target_port)
+    }
 }
 
 impl std::hash::Hash for Nexus {
