@@ -87,10 +87,36 @@ impl CmdResult {
 #[must_use = "a started command holds pool pages until finished"]
 pub struct Started {
     tag: Tag,
+    /// The thread that started it, registered then as the one to wake at
+    /// its answer: a wait on its own commands registers nothing.
+    owner: std::thread::ThreadId,
     runs: Vec<(usize, usize)>,
     segs: Vec<DirectBuf>,
     len: usize,
     reading: bool,
+}
+
+/// The key of the first of `cmds` that has its answer in `done`.
+fn first_done<'a, K>(
+    done: &IdMap<Tag, Completion>,
+    cmds: impl Iterator<Item = (K, &'a Started)>,
+) -> Option<K> {
+    let mut cmds = cmds;
+    if done.is_empty() {
+        return None;
+    }
+    // A few answers wait, as a rule, for a queue of many commands:
+    // compare each command's tag with theirs instead of hashing it.
+    let mut few = [Tag::default(); 8];
+    if done.len() <= few.len() {
+        for (slot, tag) in few.iter_mut().zip(done.keys()) {
+            *slot = *tag;
+        }
+        let few = &few[..done.len()];
+        return cmds.find(|(_, c)| few.contains(&c.tag)).map(|(k, _)| k);
+    }
+    cmds.find(|(_, c)| done.contains_key(&c.tag))
+        .map(|(k, _)| k)
 }
 
 /// Most descriptors one external table holds (ib_srp's largest
@@ -631,6 +657,9 @@ impl Session {
             }
             match st.channel.submit(now, &cmd) {
                 Ok(tag) => {
+                    // Woken at the answer from now on (the answer may
+                    // come while the lock is let go below).
+                    st.parked.insert(tag, std::thread::current());
                     if let Some(t) = cmd.desc_table {
                         st.tables.insert(tag, t.va);
                     }
@@ -672,6 +701,7 @@ impl Session {
         inner.kick_if_timer_earlier(&st);
         Ok(Started {
             tag,
+            owner: std::thread::current().id(),
             runs,
             segs,
             len,
@@ -698,28 +728,18 @@ impl Session {
         let mut st = inner.lock();
         let mut registered = false;
         loop {
-            let mut any = false;
-            let mut found = None;
-            for (k, c) in cmds.clone() {
-                any = true;
-                if st.done.contains_key(&c.tag) {
-                    found = Some(k);
-                    break;
-                }
+            // No command: nothing to wait for.
+            cmds.clone().next()?;
+            if let Some(k) = first_done(&st.done, cmds.clone()) {
+                return Some(k);
             }
-            if found.is_some() || !any {
-                if registered {
-                    for (_, c) in cmds.clone() {
-                        st.parked.remove(&c.tag);
-                    }
-                }
-                return found;
-            }
-            // Once: the poll thread takes a tag's entry only when that tag
-            // is answered, which ends the wait above.
+            // Once, and only for commands another thread started (their
+            // starter is registered): the poll thread takes a tag's entry
+            // when that tag is answered, which ends the wait above. An
+            // entry left behind costs at most a spurious wake-up.
             if !registered {
                 let me = std::thread::current();
-                for (_, c) in cmds.clone() {
+                for (_, c) in cmds.clone().filter(|(_, c)| c.owner != me.id()) {
                     st.parked.insert(c.tag, me.clone());
                 }
                 registered = true;
@@ -740,6 +760,7 @@ impl Session {
         let inner = &self.inner;
         let Started {
             tag,
+            owner,
             runs,
             segs,
             len,
@@ -755,7 +776,9 @@ impl Session {
                 st.retried.remove(&tag);
                 break c;
             }
-            st.parked.insert(tag, std::thread::current());
+            if owner != std::thread::current().id() {
+                st.parked.insert(tag, std::thread::current());
+            }
             // What this thread batched goes out as the lock is let go.
             st.stop_batching();
             drop(st);
