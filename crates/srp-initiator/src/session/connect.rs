@@ -358,6 +358,7 @@ impl Session {
                 stats: SessionStats::default(),
                 closed: false,
                 parked: IdMap::default(),
+                wake: Vec::new(),
                 retried: IdMap::default(),
                 cv_waiters: 0,
                 posts: Vec::new(),

@@ -256,6 +256,10 @@ struct State {
     closed: bool,
     /// Callers waiting for their command's answer, woken one by one.
     parked: IdMap<Tag, std::thread::Thread>,
+    /// Waiters whose answer came under this hold of the lock: woken once
+    /// it is let go ([`Locked`]'s drop), so a waiter does not wake only to
+    /// block on the lock its waker still holds.
+    wake: Vec<std::thread::Thread>,
     /// Commands sent again after an abort or reset ([`Session::execute_retry`]):
     /// [`Session::abort_oldest`] passes them by.
     retried: IdMap<Tag, ()>,
@@ -329,13 +333,23 @@ impl Drop for Locked<'_> {
         let Some(st) = self.st.as_mut() else {
             return;
         };
-        if st.flushing || st.posts.is_empty() || st.batching == Some(std::thread::current().id()) {
-            return;
-        }
-        st.flushing = true;
-        let posts = std::mem::take(&mut st.posts);
+        let wake = std::mem::take(&mut st.wake);
+        let posts = if st.flushing
+            || st.posts.is_empty()
+            || st.batching == Some(std::thread::current().id())
+        {
+            None
+        } else {
+            st.flushing = true;
+            Some(std::mem::take(&mut st.posts))
+        };
         drop(self.st.take());
-        self.inner.flush_posts(posts);
+        for t in wake {
+            t.unpark();
+        }
+        if let Some(posts) = posts {
+            self.inner.flush_posts(posts);
+        }
     }
 }
 

@@ -244,7 +244,7 @@ impl Inner {
                 self.invalidate(st, w);
             }
             if let Some(t) = st.parked.remove(&c.tag) {
-                t.unpark();
+                st.wake.push(t);
             }
             st.done.insert(c.tag, c);
         }
@@ -287,9 +287,10 @@ impl Inner {
     pub(super) fn wait_cv<'a>(&self, mut st: Locked<'a>) -> Locked<'a> {
         let inner = st.inner;
         st.stop_batching();
-        if !st.posts.is_empty() {
+        if !st.posts.is_empty() || !st.wake.is_empty() {
             // What we wait for may need them: post them first (a wake-up
-            // as a condition variable may have any time).
+            // as a condition variable may have any time); and the waiters
+            // owed a wake-up get it.
             drop(st);
             return inner.lock();
         }
