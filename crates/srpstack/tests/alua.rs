@@ -237,3 +237,101 @@ fn srp_io_follows_target_port_groups_through_failover_and_back() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// An initiator's SET TARGET PORT GROUPS (explicit ALUA) changes the
+/// states in force, and `srptadm write-config` saves those, not the ones
+/// the file was started with: a restart from the saved file keeps the
+/// initiator's choice.
+#[test]
+fn a_state_set_by_an_initiator_is_what_write_config_saves() {
+    use rdma_access::CmAgent;
+    use rdma_types::Guid;
+    use rnic::softroce::{SoftCa, SoftRoce, ROCE_PORT};
+    use srp::initiator::ChannelConfig;
+    use srp_initiator::session::{Session, SessionConfig, Xfer};
+    use std::sync::Arc;
+
+    let dir = std::env::temp_dir().join(format!("srp-alua-stpg-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let sock = dir.join("srptd.sock");
+    let cfg = dir.join("srptd.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[[target]]\nip = \"127.93.2.1\"\nrel_tgt_id = 1\ncontrol_socket = \"{}\"\n\n\
+             [[target]]\nip = \"127.93.2.3\"\nrel_tgt_id = 2\n\n\
+             [alua]\nexplicit = true\n\n\
+             [[target_group]]\nname = \"a\"\ngroup_id = 1\nstate = \"active\"\ntargets = [1]\n\n\
+             [[target_group]]\nname = \"b\"\ngroup_id = 2\nstate = \"standby\"\ntargets = [2]\n\n\
+             [[device]]\nname = \"disk0\"\nhandler = \"ram\"\nsize = \"8M\"\n\n\
+             [[lun]]\nlun = 0\ndevice = \"disk0\"\n",
+            sock.display()
+        ),
+    )
+    .unwrap();
+    let _d = common::start_srptd(&cfg);
+
+    // Our initiator, in this process, through group a's port.
+    let guid = Guid(0x0002_c903_7f5d_0202);
+    let p = SoftRoce::new(
+        vec![SoftCa {
+            guid,
+            ip: "127.93.2.2".parse().unwrap(),
+        }],
+        ROCE_PORT,
+    );
+    let agent = CmAgent::start(p.clone(), guid, 0x9302).unwrap();
+    let target = 0x0002_c903_7f5d_0201;
+    let chan = ChannelConfig::new(1, guid, target, Guid(target));
+    let mut scfg = SessionConfig::new(chan);
+    scfg.pool_bytes = 1 << 20;
+    let connector = Arc::new(srp_initiator::connectors::RdmaCmConnector {
+        agent,
+        src: "127.93.2.2".parse().unwrap(),
+        dst: "127.93.2.1:5555".parse().unwrap(),
+        timeout: Duration::from_secs(10),
+    });
+    let session = Session::connect(p, guid, connector, scfg).unwrap();
+
+    // SET TARGET PORT GROUPS (SPC-4 6.36): b active/optimized, a standby.
+    let mut params = vec![0u8; 4];
+    params.extend_from_slice(&[0x00, 0, 0, 2]);
+    params.extend_from_slice(&[0x02, 0, 0, 1]);
+    let mut cdb = [0u8; 12];
+    cdb[0] = 0xa4;
+    cdb[1] = 0x0a;
+    cdb[6..10].copy_from_slice(&(params.len() as u32).to_be_bytes());
+    let lun0 = srp::wire::Lun::from_u64(0);
+    // The login's first command gets the power-on unit attention.
+    let tur = session.execute(lun0, &[0u8; 6], Xfer::None).unwrap();
+    assert_eq!(tur.sense.get(2).map(|k| k & 0xf), Some(6), "{tur:?}");
+    let r = session.execute(lun0, &cdb, Xfer::Out(&params)).unwrap();
+    assert!(r.good(), "SET TARGET PORT GROUPS: {r:?}");
+    let groups = json_of(&sock, &["target-groups"]);
+    let states = |g: &Value| {
+        (
+            g["groups"][0]["state"].as_str().map(str::to_string),
+            g["groups"][1]["state"].as_str().map(str::to_string),
+        )
+    };
+    let want = (Some("standby".to_string()), Some("active".to_string()));
+    assert_eq!(states(&groups), want, "{groups}");
+
+    // Saved as in force; the file's other lines stay.
+    let (ok, out) = srptadm(&sock, &["write-config"]);
+    assert!(ok, "{out}");
+    let saved = srptd::config::Config::load(&cfg).unwrap();
+    let of = |name: &str| {
+        saved
+            .target_groups
+            .iter()
+            .find(|g| g.name.get_ref() == name)
+            .map(|g| g.state.get_ref().clone())
+    };
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    assert_eq!((of("a"), of("b")), want, "{text}");
+    assert!(saved.alua().explicit, "{text}");
+    session.close();
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -769,9 +769,20 @@ impl Daemon {
             .sum()
     }
 
-    /// The running configuration.
+    /// The running configuration. The target port groups' states are the
+    /// SCSI core's: an initiator's SET TARGET PORT GROUPS changes them
+    /// there, and `srptadm write-config` must save what is in force.
     pub fn config(&self) -> Config {
-        lock(&self.cfg).clone()
+        let mut cfg = lock(&self.cfg).clone();
+        let alua = self.scsi.alua();
+        for g in &mut cfg.target_groups {
+            if let Some(now) = alua.groups.iter().find(|a| a.id == *g.group_id.get_ref()) {
+                if g.access_state() != now.state {
+                    g.state = spanned(now.state.name().to_string());
+                }
+            }
+        }
+        cfg
     }
 
     /// Executes one admin request and logs it; `Err` is the message for
@@ -891,7 +902,7 @@ impl Daemon {
                 let path = path
                     .or_else(|| self.cfg_path.clone())
                     .ok_or(AdminError::NoFileToWrite)?;
-                let text = lock(&self.cfg).to_toml();
+                let text = self.config().to_toml();
                 let tmp = path.with_extension("tmp-srptd");
                 std::fs::write(&tmp, &text)
                     .and_then(|()| std::fs::rename(&tmp, &path))
