@@ -1177,7 +1177,7 @@ fn qp_state_of(s: c_int) -> Result<QpState, c_int> {
     })
 }
 
-fn qp_state_code(s: QpState) -> c_int {
+pub(crate) fn qp_state_code(s: QpState) -> c_int {
     match s {
         QpState::Reset => 0,
         QpState::Init => 1,

@@ -67,5 +67,6 @@ pub mod exports;
 pub mod mr;
 mod objects;
 pub mod private;
+pub mod rdmacm;
 
 pub use objects::errno_of;
