@@ -24,10 +24,11 @@
 //!   refused (`EINVAL`), since moving it would change what others see.
 //! - The moved pages are marked `MADV_DONTFORK` (what `ibv_fork_init`
 //!   asks of registered memory), so a child never shares them.
-//! - A range that partly overlaps pages an earlier live registration
-//!   moved is refused (`EINVAL`): the earlier region's memfd would no
-//!   longer be the pages the application sees. A range inside one is
-//!   served from that memfd.
+//! - A range inside pages an earlier live registration moved is served
+//!   from that memfd; one that starts inside them and goes past their
+//!   end grows that memfd (the earlier registration keeps its start);
+//!   any other partial overlap is refused (`EINVAL`): the earlier
+//!   region's memfd would no longer be the pages the application sees.
 
 use std::collections::BTreeMap;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -89,13 +90,26 @@ pub fn share(addr: u64, len: u64) -> Result<MemBuf, Refused> {
     let (lo, hi) = page_span(addr, len).ok_or_else(|| refused(libc::EINVAL, "the range wraps"))?;
     let mut map = regions();
     // The region starting at or before `lo`, and any starting inside.
-    if let Some((&start, r)) = map.range_mut(..=lo).next_back() {
-        let end = start + r.buf.len() as u64;
+    if let Some((&start, len)) = map.range(..=lo).next_back().map(|(s, r)| (s, r.buf.len())) {
+        let end = start + len as u64;
+        let clear_above = map.range(end..hi.max(end)).next().is_none();
+        let r = map.get_mut(&start).expect("the region just found");
         if lo >= start && hi <= end {
             r.users += 1;
             return Ok(r.buf.clone());
         }
         if lo < end {
+            // Past the region's end only (two buffers of one struct
+            // registered one after the other, as fio's rdma engine
+            // does): the region grows, so both registrations stay on
+            // one memfd whose start the earlier one's MR maps.
+            if hi > end && clear_above {
+                check_private_writable(end, hi)?;
+                let buf = grow(&r.buf, end, hi)?;
+                r.buf = buf.clone();
+                r.users += 1;
+                return Ok(buf);
+            }
             return Err(overlap(lo, hi, start, end));
         }
     }
@@ -175,6 +189,64 @@ fn check_private_writable(lo: u64, hi: u64) -> Result<(), Refused> {
         libc::EFAULT,
         format!("pages {lo:#x}..{at:#x}..{hi:#x} are not all mapped"),
     ))
+}
+
+/// Grows region `buf` (ending at `end`) to `hi`: pages `end..hi` are
+/// copied onto the end of its memfd, which is then mapped over them; the
+/// registrations on the region keep the memfd's first part.
+fn grow(buf: &MemBuf, end: u64, hi: u64) -> Result<MemBuf, Refused> {
+    let sys = |what: &str| {
+        let e = std::io::Error::last_os_error();
+        refused(
+            e.raw_os_error().unwrap_or(libc::ENOMEM),
+            format!("{what}: {e}"),
+        )
+    };
+    let fd = buf
+        .shared_fd()
+        .ok_or_else(|| refused(libc::EINVAL, "a region that is not a memfd"))?
+        .try_clone_to_owned()
+        .map_err(|_| sys("dup of the region's memfd"))?;
+    let old = (end - buf.addr()) as usize;
+    let add = (hi - end) as usize;
+    // SAFETY: `end..hi` is mapped readable (checked by the caller);
+    // pwrite only reads it. Growing a memfd sealed against shrinking is
+    // allowed, and the daemon's mappings of its first part stay.
+    let copied = unsafe {
+        libc::ftruncate(fd.as_raw_fd(), (old + add) as libc::off_t) == 0
+            && libc::pwrite(
+                fd.as_raw_fd(),
+                end as *const libc::c_void,
+                add,
+                old as libc::off_t,
+            ) == add as isize
+    };
+    if !copied {
+        return Err(sys("copying the pages onto the region's memfd"));
+    }
+    // SAFETY: as in `move_pages`: the application's private pages
+    // `end..hi` replaced by the memfd part holding their copy.
+    let p = unsafe {
+        libc::mmap(
+            end as *mut libc::c_void,
+            add,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_FIXED,
+            fd.as_raw_fd(),
+            old as libc::off_t,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(sys("mapping the memfd over the pages"));
+    }
+    // SAFETY: advice on pages just mapped; failure only loses the advice.
+    unsafe { libc::madvise(p, add, libc::MADV_DONTFORK) };
+    MemBuf::map_shared(fd, old + add, buf.addr()).map_err(|e| {
+        refused(
+            e.raw_os_error().unwrap_or(libc::ENOMEM),
+            format!("a view of the memfd: {e}"),
+        )
+    })
 }
 
 /// Copies pages `lo..hi` into a new memfd and maps it over them.
@@ -262,39 +334,54 @@ mod tests {
         let v: &mut [u8] = unsafe {
             let p = libc::mmap(
                 std::ptr::null_mut(),
-                3 * 4096,
+                5 * 4096,
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
                 -1,
                 0,
             );
             assert_ne!(p, libc::MAP_FAILED);
-            std::slice::from_raw_parts_mut(p.cast(), 3 * 4096)
+            std::slice::from_raw_parts_mut(p.cast(), 5 * 4096)
         };
         for (i, b) in v.iter_mut().enumerate() {
             *b = i as u8;
         }
-        let addr = v.as_ptr() as u64 + 100;
+        // From the second page: the first stays the application's own.
+        let base = v.as_ptr() as u64;
+        let addr = base + 4096 + 100;
         let buf = share(addr, 5000).unwrap();
-        assert_eq!(buf.addr(), v.as_ptr() as u64);
+        assert_eq!(buf.addr(), base + 4096);
         // The application still sees its bytes at its addresses.
         assert!(v.iter().enumerate().all(|(i, b)| *b == i as u8));
         // The memfd holds the same pages: a write through the
         // application's address shows in the shared buffer.
-        v[200] = 0xee;
-        let off = (v.as_ptr() as u64 + 200 - buf.addr()) as usize;
+        v[4096 + 200] = 0xee;
+        let off = (base + 4096 + 200 - buf.addr()) as usize;
         let mut one = [0u8];
         buf.read_at(off, &mut one);
         assert_eq!(one[0], 0xee);
-        // A second registration inside shares the region; a partly
-        // overlapping one is refused.
+        // A second registration inside shares the region.
         let again = share(addr + 8, 16).unwrap();
         assert_eq!(again.addr(), buf.addr());
         let (lo, hi) = page_span(addr, 5000).unwrap();
         assert_eq!(hi - lo, 2 * 4096);
-        let err = share(hi - 8, 4096).unwrap_err();
+        // One from inside past the end grows it: one memfd, the first
+        // registration's bytes where they were, the new page's bytes
+        // kept and shared.
+        let grown = share(hi - 8, 4096).unwrap();
+        assert_eq!((grown.addr(), grown.len()), (lo, 3 * 4096));
+        assert!(v.iter().enumerate().all(|(i, b)| *b == i as u8 || i == 4096 + 200));
+        v[3 * 4096 + 7] = 0x5a;
+        grown.read_at(2 * 4096 + 7, &mut one);
+        assert_eq!(one[0], 0x5a);
+        buf.read_at(off, &mut one);
+        assert_eq!(one[0], 0xee);
+        // One starting before the region and ending inside is refused.
+        let err = share(lo - 8, 16).unwrap_err();
         assert_eq!(err.errno, libc::EINVAL, "{}", err.why);
         release(lo);
+        release(lo);
+        assert!(regions().get(&lo).is_some());
         release(lo);
         assert!(regions().get(&lo).is_none());
         assert_eq!(share(0, 0).unwrap_err().errno, libc::EINVAL);

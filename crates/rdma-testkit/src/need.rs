@@ -45,6 +45,7 @@ const PACKAGES: &[(&str, &str)] = &[
     ("ib_read_bw", "perftest"),
     ("ib_send_bw", "perftest"),
     ("ib_write_lat", "perftest"),
+    ("rping", "rdmacm-utils"),
     ("ldd", "libc-bin"),
     ("ocf-tester", "resource-agents"),
 ];

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 /// library and no other package's binaries for these tests, so what an
 /// earlier build left there could be stale (the way srpstack's tests
 /// build their binaries).
-fn build_in_profile(args: &[&str]) -> PathBuf {
+pub fn build_in_profile(args: &[&str]) -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     // <target>/<profile>/deps/<test>-<hash>
     let profile = exe.parent().and_then(Path::parent).unwrap().to_path_buf();
@@ -192,4 +192,80 @@ pub fn finish(mut child: Child, secs: u64) -> Output {
             None => std::thread::sleep(Duration::from_millis(10)),
         }
     }
+}
+
+/// Compiles (gcc) and runs a program including `<header>` that prints
+/// the value of each of `exprs`; the values as the C side has them.
+pub fn c_values(header: &str, exprs: &[&str]) -> Vec<i64> {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("ibverbs-abi-layout-{}-{n}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut src = String::from(
+        format!(
+        "#include <stddef.h>\n#include <stdio.h>\n#include <{header}>\nint main(void) {{\n"
+    ),
+    );
+    for e in exprs {
+        src.push_str(&format!("  printf(\"%lld\\n\", (long long)({e}));\n"));
+    }
+    src.push_str("  return 0;\n}\n");
+    let c = dir.join("layout.c");
+    let exe = dir.join("layout");
+    std::fs::write(&c, src).unwrap();
+    let out = Command::new("gcc")
+        .arg(&c)
+        .arg("-o")
+        .arg(&exe)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "gcc against <{header}>: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = Command::new(&exe).output().unwrap();
+    assert!(out.status.success());
+    let _ = std::fs::remove_dir_all(&dir);
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| l.parse().unwrap())
+        .collect()
+}
+
+/// The versioned names a binary imports under versions containing
+/// `node` (`IBVERBS`, `RDMACM`) (`objdump -T`).
+pub fn imports(bin: &Path, node: &str) -> Vec<(String, String)> {
+    let out = Command::new("objdump").arg("-T").arg(bin).output().unwrap();
+    assert!(out.status.success(), "objdump -T {}", bin.display());
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains("*UND*") && l.contains(node))
+        .filter_map(|l| {
+            let mut f = l.split_whitespace().rev();
+            let name = f.next()?;
+            let ver = f.next()?.trim_matches(|c| c == '(' || c == ')');
+            Some((name.to_string(), ver.to_string()))
+        })
+        .collect()
+}
+
+/// The versioned names `lib` defines (`objdump -T`; each function's
+/// unversioned twin left out).
+pub fn imports_defined(lib: &Path) -> Vec<(String, String)> {
+    let out = Command::new("objdump").arg("-T").arg(lib).output().unwrap();
+    assert!(out.status.success(), "objdump -T {}", lib.display());
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| {
+            l.contains(" g ") && (l.contains(" DF ") || l.contains(" DO ")) && !l.contains("*UND*")
+        })
+        .filter_map(|l| {
+            let mut f = l.split_whitespace().rev();
+            let name = f.next()?;
+            let ver = f.next()?.trim_matches(|c| c == '(' || c == ')');
+            (ver != "Base").then(|| (name.to_string(), ver.to_string()))
+        })
+        .collect()
 }

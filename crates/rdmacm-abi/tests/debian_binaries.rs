@@ -1,0 +1,215 @@
+//! Debian's own RDMA CM programs, unmodified, through this crate's
+//! `librdmacm.so.1` and ibverbs-abi's `libibverbs.so.1` on one NIC daemon
+//! (issue 28's "must show"): rping (rdmacm-utils) in both roles with its
+//! data validated, against our `rrping` both ways, perftest's `-R`, and
+//! fio's `rdma` engine. Each test runs its daemon in this process on an
+//! address of its own in 127.128.0.0/16 and the programs as child
+//! processes with `LD_LIBRARY_PATH` naming both libraries.
+
+mod common;
+
+use common::{connect_when_listening, daemon, finish, spawn};
+use rdma_testkit::need;
+use std::io::BufRead;
+use std::net::{IpAddr, Ipv4Addr};
+use std::process::{Command, Output};
+
+fn ip(last: u8) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(127, 128, 0, last))
+}
+
+fn text(out: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// rping's `-v` lines of a client that pinged `n` times: `ping data:
+/// rdma-ping-<i>: ` and the rotating letters rping writes.
+fn assert_pings(who: &str, out: &str, prefix: &str, n: usize) {
+    let lines: Vec<&str> = out
+        .lines()
+        .filter(|l| l.starts_with(prefix))
+        .collect();
+    assert_eq!(lines.len(), n, "{who}: {out}");
+    for (i, l) in lines.iter().enumerate() {
+        let want = format!("{prefix}rdma-ping-{i}: ");
+        assert!(l.starts_with(&want), "{who}: {l}");
+        // The run of letters starts one later each ping (rping.c).
+        let first = (b'A' + (i % 58) as u8) as char;
+        assert!(l[want.len()..].starts_with(first), "{who}: {l}");
+    }
+}
+
+#[test]
+fn rping_both_roles_through_the_libraries_validate_every_ping() {
+    if !need::tool("rping") {
+        return;
+    }
+    let d = daemon(ip(1));
+    let a = ip(1).to_string();
+    let server = spawn(
+        d.command("rping")
+            .args(["-s", "-v", "-a", &a, "-p", "17101", "-C", "20"]),
+    );
+    let c = connect_when_listening(
+        &mut || {
+            let mut c = d.command("rping");
+            c.args(["-c", "-v", "-V", "-a", &a, "-p", "17101", "-C", "20"]);
+            c
+        },
+        "RDMA_CM_EVENT_REJECTED",
+        60,
+    );
+    let s = finish(server, 60);
+    let ((co, ce), (so, se)) = (text(&c), text(&s));
+    assert!(c.status.success(), "client: {co}{ce}");
+    assert!(!ce.contains("mismatch"), "client: {ce}");
+    assert_pings("client", &co, "ping data: ", 20);
+    assert_pings("server", &so, "server ping data: ", 20);
+    assert!(se.contains("server DISCONNECT EVENT"), "server: {so}{se}");
+}
+
+/// Starts `rrping ARGS` and waits (bounded) for its "listening" line.
+fn rrping_server(args: &[&str]) -> std::process::Child {
+    let rp = common::rdma_perf_bin("rrping");
+    let mut child = spawn(Command::new(rp).args(args));
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    // A line at most, or EOF if it exits: bounded by rrping's own
+    // `--timeout`, which the callers give.
+    out.read_line(&mut line).unwrap();
+    assert!(line.contains("server listening"), "rrping: {line:?}");
+    child
+}
+
+#[test]
+fn rping_against_our_rrping_both_ways() {
+    if !need::tool("rping") {
+        return;
+    }
+    let d = daemon(ip(2));
+    let (lib, ours) = (ip(2).to_string(), ip(3).to_string());
+    // rrping (its own soft RoCE node) serves; rping through the libraries
+    // connects from the daemon's address.
+    let server = rrping_server(&[
+        "-s", "-a", &ours, "-p", "17102", "-C", "10", "--timeout", "30",
+    ]);
+    let c = finish(
+        spawn(d.command("rping").args([
+            "-c", "-v", "-V", "-a", &ours, "-I", &lib, "-p", "17102", "-C", "10",
+        ])),
+        60,
+    );
+    let s = finish(server, 60);
+    let ((co, ce), (so, se)) = (text(&c), text(&s));
+    assert!(c.status.success(), "rping client: {co}{ce}");
+    assert_pings("rping client", &co, "ping data: ", 10);
+    assert!(s.status.success(), "rrping server: {so}{se}");
+    assert!(so.contains("rrping: 10 pings"), "{so}");
+    // rping through the libraries serves; rrping connects and validates.
+    let server = spawn(
+        d.command("rping")
+            .args(["-s", "-v", "-a", &lib, "-p", "17103", "-C", "10"]),
+    );
+    let rp = common::rdma_perf_bin("rrping");
+    let c = connect_when_listening(
+        &mut || {
+            let mut c = Command::new(&rp);
+            c.args([
+                "-c", "-v", "-V", "-a", &lib, "-I", &ours, "-p", "17103", "-C", "10",
+            ]);
+            c
+        },
+        "rejected",
+        60,
+    );
+    let s = finish(server, 60);
+    let ((co, ce), (so, se)) = (text(&c), text(&s));
+    assert!(c.status.success(), "rrping client: {co}{ce}");
+    assert!(co.contains("rrping: 10 pings, 10 validated"), "{co}");
+    assert_pings("rrping client", &co, "ping data: ", 10);
+    assert_pings("rping server", &so, "server ping data: ", 10);
+    assert!(!se.contains("mismatch"), "{se}");
+}
+
+/// perftest's `tool -R` (connections by RDMA CM) as server and client.
+fn perftest_rdma_cm(tool: &str, last: u8, port: u16) {
+    let d = daemon(ip(last));
+    let port = port.to_string();
+    let args = ["-R", "-d", "nicd0", "-p", &port, "-n", "200"];
+    let server = spawn(d.command(tool).args(args));
+    let c = connect_when_listening(
+        &mut || {
+            let mut c = d.command(tool);
+            c.args(args).arg(ip(last).to_string());
+            c
+        },
+        "Unexpected CM event",
+        120,
+    );
+    let s = finish(server, 120);
+    for (who, out) in [("client", &c), ("server", &s)] {
+        let (o, e) = text(out);
+        assert!(out.status.success(), "{tool} {who}: {o}{e}");
+        assert!(o.contains("Data ex. method : rdma_cm"), "{who}: {o}");
+        // The result row: 65536-byte messages, 200 of them.
+        assert!(
+            o.lines().any(|l| l.trim_start().starts_with("65536      200")),
+            "{tool} {who}: {o}"
+        );
+        assert!(!e.contains("Couldn't") && !e.contains("Unable"), "{who}: {e}");
+    }
+}
+
+#[test]
+fn perftest_ib_write_bw_over_rdma_cm_both_roles() {
+    if need::tool("ib_write_bw") {
+        perftest_rdma_cm("ib_write_bw", 10, 17110);
+    }
+}
+
+#[test]
+fn perftest_ib_send_bw_over_rdma_cm_both_roles() {
+    if need::tool("ib_send_bw") {
+        perftest_rdma_cm("ib_send_bw", 11, 17111);
+    }
+}
+
+/// fio's `rdma` engine: a server (`rw=read`) and a client (`rw=write`)
+/// moving 8 MiB with RDMA `verb`.
+fn fio_rdma(verb: &str, last: u8, port: u16) {
+    let d = daemon(ip(last));
+    let port = format!("--port={port}");
+    let common = ["--ioengine=rdma", "--bs=64k", "--size=8m", "--iodepth=4", &port];
+    let server = spawn(d.command("fio").arg("--name=server").args(common).arg("--rw=read"));
+    let host = format!("--hostname={}", ip(last));
+    let verb = format!("--verb={verb}");
+    let c = connect_when_listening(
+        &mut || {
+            let mut c = d.command("fio");
+            c.arg("--name=client")
+                .args(common)
+                .args(["--rw=write", &host, &verb]);
+            c
+        },
+        "RDMA_CM_EVENT_REJECTED",
+        60,
+    );
+    let s = finish(server, 60);
+    let ((co, ce), (so, se)) = (text(&c), text(&s));
+    assert!(c.status.success(), "fio client: {co}{ce}");
+    assert!(s.status.success(), "fio server: {so}{se}");
+    assert!(co.contains("err= 0") && co.contains("io=8192KiB"), "{co}");
+    assert!(so.contains("err= 0"), "{so}");
+}
+
+#[test]
+fn fio_rdma_engine_writes_and_reads_through_the_libraries() {
+    if !need::tool("fio") {
+        return;
+    }
+    fio_rdma("write", 20, 17120);
+    fio_rdma("read", 21, 17121);
+}
