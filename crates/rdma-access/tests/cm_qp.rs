@@ -176,11 +176,11 @@ fn connect_and_send(kind: &str, host: u8) {
     assert_eq!((qa.dest_qpn, qb.dest_qpn), (Some(sb.qpn()), Some(sa.qpn())));
     assert_eq!(
         (qa.sq_psn, qa.rq_psn),
-        (Some(Psn::new(0x1111)), Some(Psn::new(0x2222)))
+        (Some(Psn::new(0x2222)), Some(Psn::new(0x1111)))
     );
     assert_eq!(
         (qb.sq_psn, qb.rq_psn),
-        (Some(Psn::new(0x2222)), Some(Psn::new(0x1111)))
+        (Some(Psn::new(0x1111)), Some(Psn::new(0x2222)))
     );
     assert_eq!(qa.path_mtu, Some(a.mtu()));
     assert_eq!(qb.path_mtu, Some(b.mtu()));

@@ -71,8 +71,9 @@ fn rping_both_roles_through_the_libraries_validate_every_ping() {
     assert!(se.contains("server DISCONNECT EVENT"), "server: {so}{se}");
 }
 
-/// Starts `rrping ARGS` and waits (bounded) for its "listening" line.
-fn rrping_server(args: &[&str]) -> std::process::Child {
+/// Starts `rrping ARGS` and waits (bounded) for its "listening" line;
+/// the child, and a thread gathering the rest of its stdout.
+fn rrping_server(args: &[&str]) -> (std::process::Child, std::thread::JoinHandle<String>) {
     let rp = common::rdma_perf_bin("rrping");
     let mut child = spawn(Command::new(rp).args(args));
     let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
@@ -81,7 +82,12 @@ fn rrping_server(args: &[&str]) -> std::process::Child {
     // `--timeout`, which the callers give.
     out.read_line(&mut line).unwrap();
     assert!(line.contains("server listening"), "rrping: {line:?}");
-    child
+    let rest = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = std::io::Read::read_to_string(&mut out, &mut s);
+        s
+    });
+    (child, rest)
 }
 
 #[test]
@@ -93,7 +99,7 @@ fn rping_against_our_rrping_both_ways() {
     let (lib, ours) = (ip(2).to_string(), ip(3).to_string());
     // rrping (its own soft RoCE node) serves; rping through the libraries
     // connects from the daemon's address.
-    let server = rrping_server(&[
+    let (server, rest) = rrping_server(&[
         "-s", "-a", &ours, "-p", "17102", "-C", "10", "--timeout", "30",
     ]);
     let c = finish(
@@ -103,7 +109,8 @@ fn rping_against_our_rrping_both_ways() {
         60,
     );
     let s = finish(server, 60);
-    let ((co, ce), (so, se)) = (text(&c), text(&s));
+    let ((co, ce), (_, se)) = (text(&c), text(&s));
+    let so = rest.join().unwrap();
     assert!(c.status.success(), "rping client: {co}{ce}");
     assert_pings("rping client", &co, "ping data: ", 10);
     assert!(s.status.success(), "rrping server: {so}{se}");

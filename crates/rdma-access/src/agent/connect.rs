@@ -128,9 +128,11 @@ impl CmAgent {
 
     /// Connects `qp` over `path` and readies it, as Linux `rdma_connect`
     /// with a QP: INIT (from RESET) in the path's partition before the
-    /// REQ; on the REP, RTR with the responder's QPN and PSN, the path
-    /// MTU and the READs it may have outstanding (at most `qp.params`),
-    /// then RTS from `psn` with the REQ's retry count, the REP's RNR
+    /// REQ; on the REP, RTR with the responder's QPN, receiving from
+    /// `psn` (the REQ's starting PSN: what this side expects, IBA
+    /// 12.7.25), the path MTU and the READs it may have outstanding (at
+    /// most `qp.params`), then RTS sending from the REP's starting PSN,
+    /// with the REQ's retry count, the REP's RNR
     /// retry count, the path's local ACK timeout (packet lifetime + 1)
     /// and the READs the responder takes, and only then the RTU. If a
     /// transition fails the REP is rejected (consumer defined) and the

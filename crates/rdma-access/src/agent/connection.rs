@@ -56,8 +56,9 @@ impl Default for QpParams {
 
 /// A consumer's RC QP that the CM moves through its states, as Linux
 /// `rdma_connect` / `rdma_accept` do with an `rdma_cm_id`'s QP: to INIT
-/// (from RESET, on connect or accept), to RTR with the peer's QPN, first
-/// PSN, the path MTU and the responder resources, and to RTS with the
+/// (from RESET, on connect or accept), to RTR with the peer's QPN, the
+/// PSN this side announced, the path MTU and the responder resources,
+/// and to RTS sending from the peer's announced PSN, with the
 /// retry counts and the local ACK timeout of the path (its packet
 /// lifetime + 1). A QP on the agent's provider, or on one wrapping it (a
 /// tracking client's).
@@ -140,7 +141,11 @@ impl ConnQp {
                 av: Some(AhAttr::roce(to.peer)),
                 path_mtu: Some(to.mtu),
                 dest_qpn: Some(to.remote_qpn),
-                rq_psn: Some(to.remote_psn),
+                // A CM message's starting PSN is the first its sender
+                // expects to receive (IBA 12.7.25; Linux ib_cm makes the
+                // peer's the QP's send PSN): ours announced, the peer's
+                // ours to send from.
+                rq_psn: Some(to.psn),
                 max_dest_rd_atomic: Some(to.responder_resources),
                 min_rnr_timer: Some(self.min_rnr_timer),
                 ..Default::default()
@@ -151,7 +156,7 @@ impl ConnQp {
             self.qp,
             &QpAttr {
                 state: Some(QpState::Rts),
-                sq_psn: Some(to.psn),
+                sq_psn: Some(to.remote_psn),
                 timeout: Some(to.timeout),
                 retry_cnt: Some(to.retry_count.min(7)),
                 rnr_retry: Some(to.rnr_retry.min(7)),
@@ -282,9 +287,11 @@ impl Incoming {
 
     /// Readies `qp` for the requester and answers with a REP, as Linux
     /// `rdma_accept` with a QP: INIT (from RESET) in the REQ's partition,
-    /// RTR with the requester's QPN and PSN, the smaller of both path
-    /// MTUs and READs the requester may have outstanding (at most
-    /// `qp.params`), RTS from `psn` with the REQ's retry counts and local
+    /// RTR with the requester's QPN, receiving from `psn` (the REP's
+    /// starting PSN, IBA 12.7.25), the smaller of both path MTUs and
+    /// READs the requester may have outstanding (at most `qp.params`),
+    /// RTS sending from the REQ's starting PSN, with the REQ's retry
+    /// counts and local
     /// ACK timeout. The REP offers what was negotiated. If a transition
     /// fails, the REQ is rejected (consumer defined, no private data).
     ///
