@@ -25,8 +25,11 @@
 //! `EOPNOTSUPP` or NULL), memory windows, `ibv_create_ah_from_wc`,
 //! multicast, `ibv_resize_cq`, `ibv_rereg_mr`, an MR whose I/O virtual
 //! address is not its address: each with `EOPNOTSUPP`, never a crash.
-//! QP0/QP1 are the daemon's ([`nicd`] refuses them). Not yet: librdmacm's
-//! ABI (`rping`, perftest's `-R`).
+//! QP0/QP1 are the daemon's ([`nicd`] refuses them).
+//!
+//! [`rdmacm`] is librdmacm's connection manager, here so that its ids'
+//! contexts, QPs and PDs are this library's; crates/rdmacm-abi's
+//! `librdmacm.so.1` gives its functions rdma-core's names and versions.
 //!
 //! Memory: the application's pages move into a memfd the daemon maps,
 //! at the same addresses, when it registers them ([`mr`], where the cost

@@ -370,7 +370,10 @@ mod tests {
         // kept and shared.
         let grown = share(hi - 8, 4096).unwrap();
         assert_eq!((grown.addr(), grown.len()), (lo, 3 * 4096));
-        assert!(v.iter().enumerate().all(|(i, b)| *b == i as u8 || i == 4096 + 200));
+        assert!(v
+            .iter()
+            .enumerate()
+            .all(|(i, b)| *b == i as u8 || i == 4096 + 200));
         v[3 * 4096 + 7] = 0x5a;
         grown.read_at(2 * 4096 + 7, &mut one);
         assert_eq!(one[0], 0x5a);

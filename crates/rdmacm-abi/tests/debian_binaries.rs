@@ -28,10 +28,7 @@ fn text(out: &Output) -> (String, String) {
 /// rping's `-v` lines of a client that pinged `n` times: `ping data:
 /// rdma-ping-<i>: ` and the rotating letters rping writes.
 fn assert_pings(who: &str, out: &str, prefix: &str, n: usize) {
-    let lines: Vec<&str> = out
-        .lines()
-        .filter(|l| l.starts_with(prefix))
-        .collect();
+    let lines: Vec<&str> = out.lines().filter(|l| l.starts_with(prefix)).collect();
     assert_eq!(lines.len(), n, "{who}: {out}");
     for (i, l) in lines.iter().enumerate() {
         let want = format!("{prefix}rdma-ping-{i}: ");
@@ -100,7 +97,15 @@ fn rping_against_our_rrping_both_ways() {
     // rrping (its own soft RoCE node) serves; rping through the libraries
     // connects from the daemon's address.
     let (server, rest) = rrping_server(&[
-        "-s", "-a", &ours, "-p", "17102", "-C", "10", "--timeout", "30",
+        "-s",
+        "-a",
+        &ours,
+        "-p",
+        "17102",
+        "-C",
+        "10",
+        "--timeout",
+        "30",
     ]);
     let c = finish(
         spawn(d.command("rping").args([
@@ -163,10 +168,14 @@ fn perftest_rdma_cm(tool: &str, last: u8, port: u16) {
         assert!(o.contains("Data ex. method : rdma_cm"), "{who}: {o}");
         // The result row: 65536-byte messages, 200 of them.
         assert!(
-            o.lines().any(|l| l.trim_start().starts_with("65536      200")),
+            o.lines()
+                .any(|l| l.trim_start().starts_with("65536      200")),
             "{tool} {who}: {o}"
         );
-        assert!(!e.contains("Couldn't") && !e.contains("Unable"), "{who}: {e}");
+        assert!(
+            !e.contains("Couldn't") && !e.contains("Unable"),
+            "{who}: {e}"
+        );
     }
 }
 
@@ -189,8 +198,19 @@ fn perftest_ib_send_bw_over_rdma_cm_both_roles() {
 fn fio_rdma(verb: &str, last: u8, port: u16) {
     let d = daemon(ip(last));
     let port = format!("--port={port}");
-    let common = ["--ioengine=rdma", "--bs=64k", "--size=8m", "--iodepth=4", &port];
-    let server = spawn(d.command("fio").arg("--name=server").args(common).arg("--rw=read"));
+    let common = [
+        "--ioengine=rdma",
+        "--bs=64k",
+        "--size=8m",
+        "--iodepth=4",
+        &port,
+    ];
+    let server = spawn(
+        d.command("fio")
+            .arg("--name=server")
+            .args(common)
+            .arg("--rw=read"),
+    );
     let host = format!("--hostname={}", ip(last));
     let verb = format!("--verb={verb}");
     let c = connect_when_listening(

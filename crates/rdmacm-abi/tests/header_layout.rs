@@ -84,9 +84,16 @@ fn the_library_exports_what_rping_perftest_and_fio_import() {
             );
         }
     }
-    let out = Command::new("objdump").arg("-p").arg(&lib).output().unwrap();
+    let out = Command::new("objdump")
+        .arg("-p")
+        .arg(&lib)
+        .output()
+        .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("SONAME               librdmacm.so.1"), "{text}");
+    assert!(
+        text.contains("SONAME               librdmacm.so.1"),
+        "{text}"
+    );
     // Exactly the list, and the list is the one ibverbs-abi implements.
     let mut listed: Vec<(String, String)> = rdmacm_abi::EXPORTS
         .iter()
@@ -110,7 +117,10 @@ fn the_library_exports_what_rping_perftest_and_fio_import() {
     let verbs = String::from_utf8_lossy(&verbs.stdout);
     for (name, _) in rdmacm_abi::EXPORTS {
         let want = format!(" ibverbs_abi_{name}\n");
-        assert!(verbs.contains(&want), "libibverbs.so.1 lacks ibverbs_abi_{name}");
+        assert!(
+            verbs.contains(&want),
+            "libibverbs.so.1 lacks ibverbs_abi_{name}"
+        );
     }
 }
 
@@ -174,11 +184,19 @@ int main(void) {
         .args(["-lrdmacm", "-libverbs"])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let out = d.command(exe.to_str().unwrap()).output().unwrap();
     let _ = std::fs::remove_dir_all(&dir);
     let o = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{o}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{o}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     for want in [
         "udp -1 1",
         "establish -1 1",

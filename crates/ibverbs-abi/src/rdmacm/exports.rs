@@ -341,8 +341,8 @@ pub unsafe extern "C" fn rdma_resolve_addr(
         let i = unsafe { id_of(id)? };
         // SAFETY: socket addresses (contract).
         let dst = unsafe { sockaddr_in(dst) }.ok_or(libc::EINVAL)?;
-        // SAFETY: as above.
         let bound = lock(&i.inner.st).bound;
+        // SAFETY: as above.
         let src = unsafe { sockaddr_in(src) }.or(bound);
         let agents = agents()?;
         let r = match rdma_access::rdmacm::resolve_addr(&agents, dst.ip(), src.map(|s| s.ip())) {
@@ -372,11 +372,10 @@ pub unsafe extern "C" fn rdma_resolve_addr(
             dgid: crate::abi::ibv_gid { raw: r.dgid.0 },
             pkey: 0xffffu16.to_be(),
         };
-        i.inner.post_with(
-            RDMA_CM_EVENT_ADDR_RESOLVED,
-            EventArgs::default(),
-            |s| s.resolved = Some(r),
-        );
+        i.inner
+            .post_with(RDMA_CM_EVENT_ADDR_RESOLVED, EventArgs::default(), |s| {
+                s.resolved = Some(r)
+            });
         Ok(())
     })
 }
@@ -949,8 +948,7 @@ pub unsafe extern "C" fn rdma_reject(
             Vec::new()
         } else {
             // SAFETY: `len` bytes at `private_data` (contract).
-            unsafe { std::slice::from_raw_parts(private_data.cast::<u8>(), len as usize) }
-                .to_vec()
+            unsafe { std::slice::from_raw_parts(private_data.cast::<u8>(), len as usize) }.to_vec()
         };
         inc.reject(data);
         Ok(())
@@ -994,14 +992,13 @@ pub unsafe extern "C" fn rdma_disconnect(id: *mut rdma_cm_id) -> c_int {
         std::thread::Builder::new()
             .name("rdmacm disconnect".into())
             .spawn(move || {
-                conn.agent.disconnect_wait(conn.conn, Duration::from_secs(2));
+                conn.agent
+                    .disconnect_wait(conn.conn, Duration::from_secs(2));
                 let done = lock(&inner.st).ended;
                 if !done {
-                    inner.post_with(
-                        RDMA_CM_EVENT_DISCONNECTED,
-                        EventArgs::default(),
-                        |s| s.ended = true,
-                    );
+                    inner.post_with(RDMA_CM_EVENT_DISCONNECTED, EventArgs::default(), |s| {
+                        s.ended = true
+                    });
                 }
             })
             .map_err(|_| libc::EAGAIN)?;
@@ -1040,7 +1037,10 @@ pub unsafe extern "C" fn rdma_free_devices(list: *mut *mut ibv_context) {
         while !(*list.add(n)).is_null() {
             n += 1;
         }
-        drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(list, n + 1)));
+        drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(
+            list,
+            n + 1,
+        )));
     }
 }
 
@@ -1143,7 +1143,11 @@ pub unsafe extern "C" fn rdma_freeaddrinfo(res: *mut rdma_addrinfo) {
 // ---- rsocket's poll and select, for programs that call them on plain fds --------
 
 #[export_name = "ibverbs_abi_rpoll"]
-pub unsafe extern "C" fn rpoll(fds: *mut libc::pollfd, nfds: libc::nfds_t, timeout: c_int) -> c_int {
+pub unsafe extern "C" fn rpoll(
+    fds: *mut libc::pollfd,
+    nfds: libc::nfds_t,
+    timeout: c_int,
+) -> c_int {
     // No rsockets here: every descriptor is the kernel's.
     // SAFETY: as `poll(2)` (contract).
     unsafe { libc::poll(fds, nfds, timeout) }

@@ -482,7 +482,8 @@ pub(crate) fn write_sockaddr(out: &mut libc::sockaddr_storage, a: SocketAddr) {
     match a {
         SocketAddr::V4(v4) => {
             // SAFETY: a `sockaddr_storage` holds a `sockaddr_in`.
-            let s = unsafe { &mut *(out as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
+            let s =
+                unsafe { &mut *(out as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
             s.sin_family = libc::AF_INET as u16;
             s.sin_port = v4.port().to_be();
             s.sin_addr.s_addr = u32::from_be_bytes(v4.ip().octets()).to_be();

@@ -1,6 +1,7 @@
 //! What the tests share: the built library under the name applications
-//! load, a NIC daemon in this process on 127.92.x.y, and a wait for a
-//! TCP listener (the pingpong servers' address exchange).
+//! load, a NIC daemon in this process on 127.92.x.y, a wait for a TCP
+//! listener (the pingpong servers' address exchange), C programs against
+//! Debian's headers and `objdump -T` (rdmacm-abi's tests use them too).
 
 #![allow(dead_code)]
 
@@ -201,10 +202,8 @@ pub fn c_values(header: &str, exprs: &[&str]) -> Vec<i64> {
     let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let dir = std::env::temp_dir().join(format!("ibverbs-abi-layout-{}-{n}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let mut src = String::from(
-        format!(
+    let mut src = format!(
         "#include <stddef.h>\n#include <stdio.h>\n#include <{header}>\nint main(void) {{\n"
-    ),
     );
     for e in exprs {
         src.push_str(&format!("  printf(\"%lld\\n\", (long long)({e}));\n"));

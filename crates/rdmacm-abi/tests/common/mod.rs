@@ -37,7 +37,10 @@ pub fn daemon(ip: IpAddr) -> Daemon {
 
 /// Spawns `c` with its output piped.
 pub fn spawn(c: &mut Command) -> Child {
-    c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap()
+    c.stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
 }
 
 /// Runs `client` until it is not refused for want of a listener
