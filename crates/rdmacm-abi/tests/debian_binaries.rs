@@ -240,3 +240,43 @@ fn fio_rdma_engine_writes_and_reads_through_the_libraries() {
     fio_rdma("write", 20, 17120);
     fio_rdma("read", 21, 17121);
 }
+
+/// An address the daemon does not serve: rping fails, and the line on
+/// stderr says why and how to serve it (a server's bind, a client's
+/// resolve).
+#[test]
+fn an_address_the_daemon_does_not_serve_is_refused_with_what_to_do() {
+    if !need::tool("rping") {
+        return;
+    }
+    let d = daemon(ip(60));
+    let other = ip(61).to_string();
+    let s = finish(
+        spawn(
+            d.command("rping")
+                .args(["-s", "-a", &other, "-p", "17160", "-C", "1"]),
+        ),
+        30,
+    );
+    let (so, se) = text(&s);
+    assert!(!s.status.success(), "{so}{se}");
+    assert!(
+        se.contains(&format!("no NIC of the daemon has address {other}"))
+            && se.contains(&format!("nicd --ip {other}")),
+        "{se}"
+    );
+    let c = finish(
+        spawn(
+            d.command("rping")
+                .args(["-c", "-a", &other, "-p", "17160", "-C", "1"]),
+        ),
+        30,
+    );
+    let (co, ce) = text(&c);
+    assert!(!c.status.success(), "{co}{ce}");
+    assert!(ce.contains("RDMA_CM_EVENT_ADDR_ERROR"), "{ce}");
+    assert!(
+        ce.contains(&format!("resolve {other}:17160")) && ce.contains("nicd --ip"),
+        "{ce}"
+    );
+}
