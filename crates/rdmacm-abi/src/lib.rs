@@ -28,7 +28,9 @@
 //! `rdma_reject` / `rdma_disconnect` with private data, `rdma_get_cm_event`
 //! / `rdma_ack_cm_event`, `rdma_event_str`, `rdma_set_option` (taken,
 //! without effect), `rdma_get_devices` / `rdma_free_devices`,
-//! `rdma_get_src_port` / `rdma_get_dst_port`, `rdma_getaddrinfo` /
+//! `rdma_get_src_port` / `rdma_get_dst_port`, an id without a QP (the
+//! application's own, `param->qp_num`: `CONNECT_RESPONSE`,
+//! `rdma_init_qp_attr`, `rdma_establish`), `rdma_getaddrinfo` /
 //! `rdma_freeaddrinfo`, and rsocket's `rpoll` / `rselect` (plain
 //! `poll`/`select`: there are no rsockets). The connections are Linux
 //! rdma_cm's (service ID from the TCP port, `cma_hdr`), so the peer may be
@@ -37,8 +39,7 @@
 //!
 //! Refused with -1 and `ENOSYS`: endpoints (`rdma_create_ep`), SRQs on
 //! ids, `rdma_get_request`, multicast, `rdma_migrate_id`, `rdma_notify`,
-//! `rdma_establish` and `rdma_init_qp_attr` (an id without a QP: rping's
-//! `-q`), ECE; with `EOPNOTSUPP`: the UDP, IB and IPoIB port spaces, an
+//! ECE; with `EOPNOTSUPP`: the UDP, IB and IPoIB port spaces, an
 //! id without a channel, a QP without CQs or other than RC, the extended
 //! QP (`rdma_create_qp_ex` with more than a PD). The rest of rsocket
 //! (`rsocket`, `rsend`, ...) is not exported.

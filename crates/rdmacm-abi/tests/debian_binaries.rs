@@ -39,21 +39,22 @@ fn assert_pings(who: &str, out: &str, prefix: &str, n: usize) {
     }
 }
 
-#[test]
-fn rping_both_roles_through_the_libraries_validate_every_ping() {
-    if !need::tool("rping") {
-        return;
-    }
-    let d = daemon(ip(1));
-    let a = ip(1).to_string();
+/// Debian's rping as server and client through the libraries, `extra`
+/// added to both, every ping validated (`-V`) and printed (`-v`).
+fn rping_both_roles(last: u8, port: u16, extra: &[&str]) {
+    let d = daemon(ip(last));
+    let a = ip(last).to_string();
+    let port = port.to_string();
     let server = spawn(
         d.command("rping")
-            .args(["-s", "-v", "-a", &a, "-p", "17101", "-C", "20"]),
+            .args(["-s", "-v", "-a", &a, "-p", &port, "-C", "20"])
+            .args(extra),
     );
     let c = connect_when_listening(
         &mut || {
             let mut c = d.command("rping");
-            c.args(["-c", "-v", "-V", "-a", &a, "-p", "17101", "-C", "20"]);
+            c.args(["-c", "-v", "-V", "-a", &a, "-p", &port, "-C", "20"])
+                .args(extra);
             c
         },
         "RDMA_CM_EVENT_REJECTED",
@@ -66,6 +67,22 @@ fn rping_both_roles_through_the_libraries_validate_every_ping() {
     assert_pings("client", &co, "ping data: ", 20);
     assert_pings("server", &so, "server ping data: ", 20);
     assert!(se.contains("server DISCONNECT EVENT"), "server: {so}{se}");
+}
+
+#[test]
+fn rping_both_roles_through_the_libraries_validate_every_ping() {
+    if need::tool("rping") {
+        rping_both_roles(1, 17101, &[]);
+    }
+}
+
+/// `-q`: each side makes its QP itself and moves it with
+/// `rdma_init_qp_attr`; the client calls `rdma_establish`.
+#[test]
+fn rping_with_its_own_qps_both_roles() {
+    if need::tool("rping") {
+        rping_both_roles(4, 17104, &["-q"]);
+    }
 }
 
 /// Starts `rrping ARGS` and waits (bounded) for its "listening" line;

@@ -153,8 +153,8 @@ int main(void) {
     printf("udp %d %d\n", r, errno == EOPNOTSUPP);
     if (rdma_create_id(ch, &id, NULL, RDMA_PS_TCP)) { perror("create_id"); return 1; }
     errno = 0;
-    r = rdma_establish(id);
-    printf("establish %d %d\n", r, errno == ENOSYS);
+    r = rdma_notify(id, IBV_EVENT_COMM_EST);
+    printf("notify %d %d\n", r, errno == ENOSYS);
     errno = 0;
     r = rdma_migrate_id(id, ch);
     printf("migrate %d %d\n", r, errno == ENOSYS);
@@ -199,7 +199,7 @@ int main(void) {
     );
     for want in [
         "udp -1 1",
-        "establish -1 1",
+        "notify -1 1",
         "migrate -1 1",
         "accept -1 1",
         "poll 0",

@@ -651,6 +651,9 @@ pub unsafe extern "C" fn rdma_connect(id: *mut rdma_cm_id, param: *mut rdma_conn
                 _ => return Err(libc::EINVAL),
             }
         };
+        if i.ibv.qp.is_null() {
+            return connect_own_qp(i, param, path, r);
+        }
         let (qp, qpn) = conn_qp(i, param)?;
         let agent = agent_of(r.ca)?;
         let dst = read_sockaddr(&i.ibv.route.addr.dst).ok_or(libc::EINVAL)?;
@@ -660,24 +663,7 @@ pub unsafe extern "C" fn rdma_connect(id: *mut rdma_cm_id, param: *mut rdma_conn
             src.set_port(0xc000 | (qpn as u16 & 0x3fff));
             write_sockaddr(&mut i.ibv.route.addr.src, src);
         }
-        let user = private_of(param);
-        if user.len() > 92 - CMA_HDR_LEN {
-            return Err(libc::EINVAL);
-        }
-        let ip_bytes = |ip: IpAddr| match ip {
-            IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
-            IpAddr::V6(v6) => v6.octets(),
-        };
-        let hdr = CmaHdrRepr {
-            cma_version: 0,
-            ip_version: if dst.is_ipv4() { 4 } else { 6 },
-            src_port: src.port(),
-            src_addr: ip_bytes(src.ip()),
-            dst_addr: ip_bytes(dst.ip()),
-        };
-        let mut pd = vec![0u8; CMA_HDR_LEN];
-        hdr.emit(&mut pd);
-        pd.extend_from_slice(&user);
+        let pd = req_private(src, dst, param)?;
         let inner = i.inner.clone();
         let qp_ptr = i.ibv.qp as usize;
         let psn = fresh_psn();
@@ -693,6 +679,107 @@ pub unsafe extern "C" fn rdma_connect(id: *mut rdma_cm_id, param: *mut rdma_conn
     })
 }
 
+/// The REQ's private data: the `cma_hdr` from `src` to `dst`, then the
+/// application's.
+fn req_private(
+    src: SocketAddr,
+    dst: SocketAddr,
+    param: *const rdma_conn_param,
+) -> Result<Vec<u8>, c_int> {
+    let user = private_of(param);
+    if user.len() > 92 - CMA_HDR_LEN {
+        return Err(libc::EINVAL);
+    }
+    let ip_bytes = |ip: IpAddr| match ip {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+        IpAddr::V6(v6) => v6.octets(),
+    };
+    let hdr = CmaHdrRepr {
+        cma_version: 0,
+        ip_version: if dst.is_ipv4() { 4 } else { 6 },
+        src_port: src.port(),
+        src_addr: ip_bytes(src.ip()),
+        dst_addr: ip_bytes(dst.ip()),
+    };
+    let mut pd = vec![0u8; CMA_HDR_LEN];
+    hdr.emit(&mut pd);
+    pd.extend_from_slice(&user);
+    Ok(pd)
+}
+
+/// `rdma_connect` of an id without a QP: the REQ names the
+/// application's QP (`param->qp_num`); the REP gives `CONNECT_RESPONSE`,
+/// after which the application readies its QP with
+/// `rdma_init_qp_attr`. The CM sends the RTU on the REP already, so
+/// `rdma_establish` has nothing left to send.
+fn connect_own_qp(
+    i: &mut Id,
+    param: *mut rdma_conn_param,
+    path: Path,
+    r: Resolved,
+) -> Result<(), c_int> {
+    if param.is_null() {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: a valid param (contract).
+    let p = unsafe { *param };
+    if p.qp_num == 0 {
+        return Err(libc::EINVAL);
+    }
+    let agent = agent_of(r.ca)?;
+    let dst = read_sockaddr(&i.ibv.route.addr.dst).ok_or(libc::EINVAL)?;
+    let mut src = read_sockaddr(&i.ibv.route.addr.src).ok_or(libc::EINVAL)?;
+    if src.port() == 0 {
+        src.set_port(0xc000 | (p.qp_num as u16 & 0x3fff));
+        write_sockaddr(&mut i.ibv.route.addr.src, src);
+    }
+    let pd = req_private(src, dst, param)?;
+    let inner = i.inner.clone();
+    let psn = fresh_psn();
+    std::thread::Builder::new()
+        .name("rdmacm connect".into())
+        .spawn(move || {
+            let sid = rdma_access::rdmacm::service_id(dst.port());
+            let qpn = rdma_types::Qpn::from_bits(p.qp_num);
+            let res = agent.connect_path(&path, sid, qpn, psn, pd, CONNECT_WAIT);
+            let est = match res {
+                Ok(est) => est,
+                Err(e) => return connect_failed(&inner, e),
+            };
+            note_conn(agent.ca_guid(), est.conn, &inner);
+            let own = SelfQp {
+                peer: path.dgid,
+                mtu: path.mtu,
+                remote_qpn: est.remote_qpn.value(),
+                rq_psn: psn,
+                sq_psn: est.remote_psn,
+                responder_resources: p.responder_resources,
+                initiator_depth: p.initiator_depth,
+                timeout: 14,
+                retry: p.retry_count.min(7),
+                rnr_retry: p.rnr_retry_count.min(7),
+            };
+            let conn = Conn {
+                agent: agent.clone(),
+                conn: est.conn,
+            };
+            let a = EventArgs {
+                private: est.private_data,
+                responder_resources: p.responder_resources,
+                initiator_depth: p.initiator_depth,
+                qp_num: est.remote_qpn.value(),
+                ..Default::default()
+            };
+            inner.post_with(RDMA_CM_EVENT_CONNECT_RESPONSE, a, move |s| {
+                s.conn = Some(conn);
+                s.established = true;
+                s.self_qp = Some(own);
+            });
+        })
+        .map_err(|_| libc::EAGAIN)?;
+    Ok(())
+}
+
 /// The end of a connect: `ESTABLISHED`, or why not.
 fn connected(
     inner: &Arc<IdInner>,
@@ -701,7 +788,6 @@ fn connected(
     qp: &ConnQp,
     res: Result<rdma_access::Established, rdma_access::CmError>,
 ) {
-    use rdma_access::CmError as E;
     match res {
         Ok(est) => {
             note_conn(agent.ca_guid(), est.conn, inner);
@@ -731,9 +817,18 @@ fn connected(
                 s.established = true;
             });
         }
-        Err(E::Rejected {
+        Err(e) => connect_failed(inner, e),
+    }
+}
+
+/// A connect that did not establish: `REJECTED` (the REJ's reason and
+/// private data), `UNREACHABLE` (no answer), or `CONNECT_ERROR`.
+fn connect_failed(inner: &Arc<IdInner>, e: rdma_access::CmError) {
+    use rdma_access::CmError as E;
+    match e {
+        E::Rejected {
             code, private_data, ..
-        }) => inner.post(
+        } => inner.post(
             RDMA_CM_EVENT_REJECTED,
             EventArgs {
                 // librdmacm's status of a REJ on IB: its reason.
@@ -742,14 +837,14 @@ fn connected(
                 ..Default::default()
             },
         ),
-        Err(E::TimedOut) => inner.post(
+        E::TimedOut => inner.post(
             RDMA_CM_EVENT_UNREACHABLE,
             EventArgs {
                 status: -libc::ETIMEDOUT,
                 ..Default::default()
             },
         ),
-        Err(e) => {
+        e => {
             warn(format_args!("connect: {e}"));
             let status = match &e {
                 E::Verbs { err, .. } => -crate::errno_of(err),
@@ -893,11 +988,28 @@ fn listener(
             drop(unsafe { Box::from_raw(id.cast::<Id>()) });
             return;
         }
+        let own = SelfQp {
+            peer: inc.peer,
+            mtu: if inc.mtu.bytes() < agent.mtu().bytes() {
+                inc.mtu
+            } else {
+                agent.mtu()
+            },
+            remote_qpn: inc.remote_qpn.value(),
+            rq_psn: fresh_psn(),
+            sq_psn: inc.remote_psn,
+            responder_resources: inc.params.initiator_depth.min(16),
+            initiator_depth: inc.params.responder_resources.min(16),
+            timeout: inc.timing.local_ack_timeout().value(),
+            retry: inc.params.retry_count.min(7),
+            rnr_retry: inc.params.rnr_retry_count.min(7),
+        };
         let agent2 = agent.clone();
         child
             .inner
             .post_with(RDMA_CM_EVENT_CONNECT_REQUEST, a, move |s| {
                 s.incoming = Some((agent2, inc));
+                s.self_qp = Some(own);
             });
     }
 }
@@ -907,6 +1019,9 @@ pub unsafe extern "C" fn rdma_accept(id: *mut rdma_cm_id, param: *mut rdma_conn_
     int(|| {
         // SAFETY: contract.
         let i = unsafe { id_of(id)? };
+        if i.ibv.qp.is_null() {
+            return accept_own_qp(i, param);
+        }
         let (qp, _) = conn_qp(i, param)?;
         let (agent, inc) = lock(&i.inner.st).incoming.take().ok_or(libc::EINVAL)?;
         let private = private_of(param);
@@ -930,6 +1045,134 @@ pub unsafe extern "C" fn rdma_accept(id: *mut rdma_cm_id, param: *mut rdma_conn_
                     _ => libc::ECONNABORTED,
                 })
             }
+        }
+    })
+}
+
+/// `rdma_accept` of an id without a QP: the REP names the
+/// application's QP (`param->qp_num`), which it readied itself with
+/// `rdma_init_qp_attr`; `ESTABLISHED` comes with the RTU.
+fn accept_own_qp(i: &mut Id, param: *mut rdma_conn_param) -> Result<(), c_int> {
+    if param.is_null() {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: a valid param (contract).
+    let p = unsafe { *param };
+    let (own, taken) = {
+        let mut st = lock(&i.inner.st);
+        (st.self_qp, st.incoming.take())
+    };
+    let (Some(own), Some((agent, inc))) = (own, taken) else {
+        return Err(libc::EINVAL);
+    };
+    if p.qp_num == 0 {
+        lock(&i.inner.st).incoming = Some((agent, inc));
+        return Err(libc::EINVAL);
+    }
+    let conn = inc.conn;
+    note_conn(agent.ca_guid(), conn, &i.inner);
+    lock(&i.inner.st).conn = Some(Conn {
+        agent: agent.clone(),
+        conn,
+    });
+    let mine = QpParams {
+        responder_resources: p.responder_resources,
+        initiator_depth: p.initiator_depth,
+        retry_count: 7,
+        rnr_retry_count: p.rnr_retry_count.min(7),
+    };
+    let qpn = rdma_types::Qpn::from_bits(p.qp_num);
+    if inc.accept_offering(qpn, own.rq_psn, mine, private_of(param)) {
+        Ok(())
+    } else {
+        lock(&i.inner.st).conn = None;
+        Err(libc::ECONNABORTED)
+    }
+}
+
+#[export_name = "ibverbs_abi_rdma_init_qp_attr"]
+pub unsafe extern "C" fn rdma_init_qp_attr(
+    id: *mut rdma_cm_id,
+    attr: *mut crate::abi::ibv_qp_attr,
+    mask: *mut c_int,
+) -> c_int {
+    int(|| {
+        use crate::abi::consts::*;
+        // SAFETY: contract.
+        let i = unsafe { id_of(id)? };
+        if attr.is_null() || mask.is_null() {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: a valid attr (contract).
+        let a = unsafe { &mut *attr };
+        let own = lock(&i.inner.st).self_qp;
+        let m = match (a.qp_state, own) {
+            // INIT as ib_cm's: port 1, P_Key index 0, remote access.
+            (1, _) => {
+                a.pkey_index = 0;
+                a.port_num = 1;
+                a.qp_access_flags = (AccessFlags::LOCAL_WRITE
+                    | AccessFlags::REMOTE_WRITE
+                    | AccessFlags::REMOTE_READ)
+                    .bits();
+                IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS
+            }
+            (2, Some(o)) => {
+                a.ah_attr = crate::abi::ibv_ah_attr {
+                    grh: crate::abi::ibv_global_route {
+                        dgid: crate::abi::ibv_gid { raw: o.peer.0 },
+                        hop_limit: 64,
+                        ..Default::default()
+                    },
+                    is_global: 1,
+                    port_num: 1,
+                    ..Default::default()
+                };
+                a.path_mtu = o.mtu.code() as c_int;
+                a.dest_qp_num = o.remote_qpn;
+                a.rq_psn = o.rq_psn.value();
+                a.max_dest_rd_atomic = o.responder_resources;
+                a.min_rnr_timer = 12;
+                IBV_QP_STATE
+                    | IBV_QP_AV
+                    | IBV_QP_PATH_MTU
+                    | IBV_QP_DEST_QPN
+                    | IBV_QP_RQ_PSN
+                    | IBV_QP_MAX_DEST_RD_ATOMIC
+                    | IBV_QP_MIN_RNR_TIMER
+            }
+            (3, Some(o)) => {
+                a.sq_psn = o.sq_psn.value();
+                a.timeout = o.timeout;
+                a.retry_cnt = o.retry;
+                a.rnr_retry = o.rnr_retry;
+                a.max_rd_atomic = o.initiator_depth;
+                IBV_QP_STATE
+                    | IBV_QP_SQ_PSN
+                    | IBV_QP_TIMEOUT
+                    | IBV_QP_RETRY_CNT
+                    | IBV_QP_RNR_RETRY
+                    | IBV_QP_MAX_QP_RD_ATOMIC
+            }
+            _ => return Err(libc::EINVAL),
+        };
+        // SAFETY: a valid out pointer (contract).
+        unsafe { *mask = m };
+        Ok(())
+    })
+}
+
+#[export_name = "ibverbs_abi_rdma_establish"]
+pub unsafe extern "C" fn rdma_establish(id: *mut rdma_cm_id) -> c_int {
+    int(|| {
+        // SAFETY: contract.
+        let i = unsafe { id_of(id)? };
+        let st = lock(&i.inner.st);
+        // The CM sent the RTU with the REP's arrival (see
+        // `connect_own_qp`): nothing is left to send.
+        match (&st.self_qp, &st.conn) {
+            (Some(_), Some(_)) => Ok(()),
+            _ => Err(libc::EINVAL),
         }
     })
 }
@@ -1189,8 +1432,6 @@ refused! {
     rdma_leave_multicast(id: *mut rdma_cm_id, addr: *mut libc::sockaddr);
     rdma_migrate_id(id: *mut rdma_cm_id, ch: *mut rdma_event_channel);
     rdma_notify(id: *mut rdma_cm_id, event: c_int);
-    rdma_establish(id: *mut rdma_cm_id);
-    rdma_init_qp_attr(id: *mut rdma_cm_id, attr: *mut c_void, mask: *mut c_int);
     rdma_set_local_ece(id: *mut rdma_cm_id, ece: *mut c_void);
     rdma_get_remote_ece(id: *mut rdma_cm_id, ece: *mut c_void);
     rdma_reject_ece(id: *mut rdma_cm_id, data: *const c_void, len: u8);

@@ -213,6 +213,31 @@ pub(crate) struct IdState {
     pub ended: bool,
     /// A listen's end: its threads stop when this is false.
     pub listening: Option<Arc<std::sync::atomic::AtomicBool>>,
+    /// What `rdma_init_qp_attr` gives a QP the application made itself
+    /// (an id without a QP, rping's `-q`): known at `CONNECT_RESPONSE`
+    /// (active) or `CONNECT_REQUEST` (passive).
+    pub self_qp: Option<SelfQp>,
+}
+
+/// The attributes of a connection for a QP the application moves
+/// itself: a CM message's starting PSN is the first PSN its sender
+/// expects to receive (IBA 12.7.25), so `rq_psn` is what this side
+/// announced and `sq_psn` what the peer did.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SelfQp {
+    pub peer: rdma_types::Gid,
+    pub mtu: rdma_types::Mtu,
+    pub remote_qpn: u32,
+    pub rq_psn: rdma_types::Psn,
+    pub sq_psn: rdma_types::Psn,
+    /// READs the peer may have outstanding here (`max_dest_rd_atomic`).
+    pub responder_resources: u8,
+    /// READs this side may have outstanding (`max_rd_atomic`).
+    pub initiator_depth: u8,
+    /// Local ACK timeout exponent.
+    pub timeout: u8,
+    pub retry: u8,
+    pub rnr_retry: u8,
 }
 
 /// What an id's threads and the agents' hooks share.
