@@ -50,6 +50,7 @@
 pub mod client;
 pub mod fuzz;
 pub mod mads;
+pub mod ondemand;
 pub mod proto;
 pub mod ring;
 pub mod server;

@@ -42,6 +42,11 @@ struct Args {
     /// holds) and exit.
     #[arg(long)]
     clients: bool,
+    /// Leave after this long without a client (a duration: 30s, 500ms;
+    /// a plain number is seconds) [default: never]. Tools that start
+    /// the daemon on demand give it (`NICD_IDLE_EXIT`, else 30s).
+    #[arg(long, value_parser = rdma_types::units::secs)]
+    idle_exit: Option<std::time::Duration>,
     /// The clients' socket [default: /run/nicd.sock for root,
     /// $XDG_RUNTIME_DIR/nicd.sock, else $TMPDIR/nicd-<uid>.sock].
     #[arg(long, env = nicd::SOCKET_ENV)]
@@ -81,7 +86,21 @@ fn main() -> ExitCode {
     };
     let server = nicd::Server::with_limits(provider, limits);
     server.set_ring_spin(std::time::Duration::from_micros(args.ring_spin_us));
-    if let Err((guid, e)) = server.claim_nics() {
+    // A daemon started on demand may follow one that is leaving for
+    // want of clients, whose NICs let go of their UDP ports a moment
+    // after its socket went: it tries again for a little while.
+    let patience = if args.idle_exit.is_some() {
+        std::time::Duration::from_secs(3)
+    } else {
+        std::time::Duration::ZERO
+    };
+    let began = std::time::Instant::now();
+    let mut claimed = server.claim_nics();
+    while claimed.is_err() && began.elapsed() < patience {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        claimed = server.claim_nics();
+    }
+    if let Err((guid, e)) = claimed {
         let ip = ips.iter().find(|ip| rnic::softroce::ip_guid(**ip) == guid);
         let ip = ip.map_or_else(|| format!("{guid:?}"), |ip| ip.to_string());
         eprintln!("nicd: {ip} (UDP port {}): {e}", args.udp_port);
@@ -95,6 +114,9 @@ fn main() -> ExitCode {
         }
     };
     server.serve(listener);
+    if let Some(idle) = args.idle_exit {
+        leave_when_idle(server.clone(), socket.clone(), idle);
+    }
     let shown: Vec<String> = ips.iter().map(|i| i.to_string()).collect();
     tracing::info!("nicd: serving {} on {}", shown.join(", "), socket.display());
     println!("nicd: serving {} on {}", shown.join(", "), socket.display());
@@ -102,6 +124,47 @@ fn main() -> ExitCode {
     tracing::info!("nicd: {}: stopping", daemon_ctl::signals::name(sig));
     let _ = std::fs::remove_file(&socket);
     ExitCode::SUCCESS
+}
+
+/// `--idle-exit`: a thread that ends the process once it has had no
+/// client for `idle`. It decides holding the start lock of the socket
+/// (`nicd::ondemand`), so a tool that found this daemon and is
+/// connecting under that lock is served, and one that comes after finds
+/// no socket and starts a daemon anew.
+fn leave_when_idle(
+    server: std::sync::Arc<nicd::Server>,
+    socket: PathBuf,
+    idle: std::time::Duration,
+) {
+    let long = std::time::Duration::from_secs(3600);
+    let spawned = std::thread::Builder::new()
+        .name("nicd-idle".into())
+        .spawn(move || loop {
+            if !server.wait_until(long, |c, _| c.is_empty()) {
+                continue;
+            }
+            if server.wait_until(idle, |c, _| !c.is_empty()) {
+                continue;
+            }
+            let lock = match nicd::ondemand::lock(&socket) {
+                Ok(l) => l,
+                Err(e) => {
+                    tracing::warn!("nicd: idle, but {e}: staying");
+                    continue;
+                }
+            };
+            if !server.clients().is_empty() {
+                continue;
+            }
+            let _ = std::fs::remove_file(&socket);
+            tracing::info!("nicd: no client for {idle:?}: leaving");
+            println!("nicd: no client for {idle:?}: leaving");
+            drop(lock);
+            std::process::exit(0);
+        });
+    if let Err(e) = spawned {
+        tracing::warn!("nicd: no idle watch ({e}): staying until stopped");
+    }
 }
 
 /// `--clients`: one line per client of the daemon at `socket`.

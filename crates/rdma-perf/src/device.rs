@@ -88,6 +88,9 @@ pub enum NicChoice {
         socket: std::path::PathBuf,
         /// The CA's address.
         ip: IpAddr,
+        /// How to start the daemon when none answers (binaries map the
+        /// environment onto it: [`nicd::ondemand::OnDemand::from_env`]).
+        start: nicd::ondemand::OnDemand,
     },
 }
 
@@ -114,6 +117,7 @@ impl NicChoice {
             return Ok(NicChoice::Nicd {
                 socket: nicd::socket_for(s),
                 ip,
+                start: nicd::ondemand::OnDemand::from_env().map_err(NicError::Environment)?,
             });
         }
         let opts = rnic::softroce::NicOptions::from_env()
@@ -230,8 +234,14 @@ impl Nic {
                 Nic::on(p, guid, PortNum(1), name, Kind::Soft { nic, ip: *ip })
             }
             NicChoice::RdmaCore(spec) => Nic::open_rdma_core(spec, rdmacore::Options::default()),
-            NicChoice::Nicd { socket, ip } => {
+            NicChoice::Nicd { socket, ip, start } => {
+                let held = nicd::ondemand::ensure(socket, &[*ip], start)
+                    .map_err(|e| NicError::Nicd(e.to_string()))?;
+                if let Some(s) = &held.started {
+                    eprintln!("{}: {s}", nicd::ondemand::tool_name());
+                }
                 let (p, guid) = nicd::connect_at(socket, *ip).map_err(NicError::Nicd)?;
+                drop(held);
                 let name = format!("{SOFT_DEVICE} ({ip}, nicd at {})", socket.display());
                 Nic::on(p, guid, PortNum(1), name, Kind::Nicd { ip: *ip })
             }

@@ -176,6 +176,7 @@ fn common(a: &CommonArgs, stop: &Arc<AtomicBool>) -> Result<Common, String> {
             let choice = NicChoice::Nicd {
                 socket: nicd::socket_for(s),
                 ip: bind.ip(),
+                start: nicd::ondemand::OnDemand::from_env()?,
             };
             let nic = Nic::open(&choice).map_err(|e| e.to_string())?;
             eprintln!("rperf: NIC {}", nic.name());

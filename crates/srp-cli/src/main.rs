@@ -492,6 +492,12 @@ fn paths(l: &Login) -> Result<Vec<Arc<srp_initiator::path_login::PathLogin>>, St
     let provider: Arc<dyn verbs::Provider> = match &l.nicd {
         Some(s) => {
             let socket = nicd::socket_for(s);
+            let held =
+                nicd::ondemand::ensure(&socket, &ips, &nicd::ondemand::OnDemand::from_env()?)
+                    .map_err(|e| e.to_string())?;
+            if let Some(s) = &held.started {
+                eprintln!("srp: {s}");
+            }
             let mut client = None;
             for ip in &ips {
                 client = Some(nicd::connect_at(&socket, *ip)?.0);
@@ -1211,7 +1217,14 @@ fn discover(
                         .into(),
                 );
             }
+            let held =
+                nicd::ondemand::ensure(socket, &[ip], &nicd::ondemand::OnDemand::from_env()?)
+                    .map_err(|e| e.to_string())?;
+            if let Some(s) = &held.started {
+                eprintln!("srp: {s}");
+            }
             let (p, _) = nicd::connect_at(socket, ip)?;
+            drop(held);
             eprintln!(
                 "srp: NIC: the NIC daemon's at {ip}, through {}",
                 socket.display()

@@ -266,7 +266,22 @@ fn run(a: &Args, log: &Log) -> Result<(), String> {
         inline_max: srp_target::PortOptions::inline_max_from_env(),
         nicd: a.nicd.as_deref().map(nicd::socket_for),
     };
+    // A daemon started for the targets' addresses if none answers;
+    // connected to under its start lock (held until the targets start).
+    let mut held = None;
     if let Some(s) = &opts.nicd {
+        let ips: Vec<std::net::IpAddr> = cfg
+            .targets
+            .iter()
+            .filter(|t| t.device.is_none())
+            .map(|t| *t.ip.get_ref())
+            .collect();
+        let how = nicd::ondemand::OnDemand::from_env()?;
+        let e = nicd::ondemand::ensure(s, &ips, &how).map_err(|e| e.to_string())?;
+        if let Some(started) = &e.started {
+            eprintln!("srptd: {started}");
+        }
+        held = Some(e);
         eprintln!(
             "srptd: NIC: the NIC daemon's at each target's address, through {}",
             s.display()
@@ -274,6 +289,7 @@ fn run(a: &Args, log: &Log) -> Result<(), String> {
     }
     let daemon = Daemon::start(cfg.clone(), a.config.clone(), log.clone(), &opts)
         .map_err(|e| e.to_string())?;
+    drop(held);
     serve_control(daemon.clone(), control);
     let metrics = match &t.metrics {
         Some(m) => {

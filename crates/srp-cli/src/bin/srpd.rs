@@ -106,17 +106,27 @@ fn run(a: Args) -> Result<(), String> {
     let signals = daemon_ctl::signals::block_term();
     let control =
         bind_control(&sock).map_err(|e| format!("control socket {}: {e}", sock.display()))?;
+    let ips = match (&a.device, a.ip.is_empty()) {
+        (None, true) => vec![IpAddr::from([127, 0, 0, 2])],
+        _ => a.ip.clone(),
+    };
+    // A daemon started for us if none answers; connected to under its
+    // start lock (held until `Initd::start` returns).
+    let mut held = None;
     if let Some(s) = a.nicd.as_deref().map(nicd::socket_for) {
+        let how = nicd::ondemand::OnDemand::from_env()?;
+        let e = nicd::ondemand::ensure(&s, &ips, &how).map_err(|e| e.to_string())?;
+        if let Some(started) = &e.started {
+            eprintln!("srpd: {started}");
+        }
+        held = Some(e);
         eprintln!(
             "srpd: NIC: the NIC daemon's at each --ip, through {}",
             s.display()
         );
     }
     let started = Initd::start(InitdConfig {
-        ips: match (&a.device, a.ip.is_empty()) {
-            (None, true) => vec![IpAddr::from([127, 0, 0, 2])],
-            _ => a.ip.clone(),
-        },
+        ips,
         device: a.device.clone(),
         udp_port: a.udp_port,
         mtu,
@@ -129,6 +139,7 @@ fn run(a: Args) -> Result<(), String> {
         nic,
         nicd: a.nicd.as_deref().map(nicd::socket_for),
     });
+    drop(held);
     let initd = match started {
         Ok(i) => Arc::new(i),
         Err(e) => {
