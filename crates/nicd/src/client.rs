@@ -88,7 +88,7 @@ struct Pending {
     /// Answers by sequence number; `None` while awaited.
     slots: HashMap<u32, Option<Answer>>,
     /// The handler of each `OpenCa` awaited, by sequence number.
-    opening: HashMap<u32, Arc<dyn EventHandler>>,
+    opening: HashMap<u32, Opened>,
     /// The connection is gone.
     closed: bool,
 }
@@ -100,7 +100,7 @@ struct Conn {
     answered: Condvar,
     seq: AtomicU32,
     /// The consumer's handler of each open CA, by the daemon's CA index.
-    handlers: Mutex<HashMap<u32, Arc<dyn EventHandler>>>,
+    handlers: Mutex<HashMap<u32, Opened>>,
     /// The consumer dropped the provider: the connection's end is ours,
     /// not the daemon's, and no handler hears of it.
     dropped: AtomicBool,
@@ -111,27 +111,41 @@ struct Conn {
     /// The event thread, for GSI completions made by a verb (taken when
     /// the connection ends, so that thread ends too).
     kick: Mutex<Option<Sender<Dispatch>>>,
+    /// The session's rings, ended with the connection (so a wait on one
+    /// returns at once).
+    rings: Mutex<Option<Arc<rings::Rings>>>,
 }
 
-/// A [`Provider`] whose CAs are the NIC daemon's (see the module docs).
-pub struct NicdProvider {
+/// One connection to the daemon and what lives on it: a [`Provider`]
+/// until the connection ends (see [`NicdProvider`], which replaces it).
+struct Session {
     conn: Arc<Conn>,
     daemon_pid: u32,
     /// The data path's rings (protocol version 2), unless the daemon is
     /// older or the consumer asked for the socket.
-    rings: Option<rings::Rings>,
+    rings: Option<Arc<rings::Rings>>,
 }
 
-/// What the event thread is handed.
-enum Dispatch {
-    /// A CA opened: its handler, in place before any event read after
-    /// the reply.
-    Register(u32, Arc<dyn EventHandler>),
-    Event(Event),
-    /// The daemon is gone: `CaRemoval` to every open CA.
-    Gone,
-    /// CQ `.0` has a GSI completion: its handler hears if it is armed.
-    Kick(u32),
+/// A [`Provider`] whose CAs are the NIC daemon's (see the module docs):
+/// a session with the daemon, replaced by a new one when the daemon
+/// went and came back.
+///
+/// When the connection ends, every open CA hears `CaRemoval` and verbs
+/// on its objects fail (`NoSuchCa`, or `InvalidHandle` once a new
+/// session serves: the daemon mixes a value of its own into every
+/// handle, so an earlier daemon's are refused). The next
+/// [`Provider::list_cas`] or [`Provider::open_ca`] (or
+/// [`NicdProvider::reconnect`]) connects again, so a consumer that
+/// follows a removed CA, as the access layer's do, finds it back when
+/// the daemon returns.
+pub struct NicdProvider {
+    socket: PathBuf,
+    rings: bool,
+    cur: std::sync::RwLock<Arc<Session>>,
+    /// Held while a new session is made (one at a time).
+    renewing: Mutex<()>,
+    /// Sessions made after the first.
+    reconnects: AtomicU64,
 }
 
 impl NicdProvider {
@@ -155,17 +169,191 @@ impl NicdProvider {
         socket: &Path,
         rings: bool,
     ) -> std::result::Result<Arc<NicdProvider>, ConnectError> {
-        if !rings {
-            return NicdProvider::open(socket, OLDEST_VERSION).map(Arc::new);
+        let s = Session::connect_with(socket, rings)?;
+        Ok(Arc::new(NicdProvider {
+            socket: socket.to_owned(),
+            rings,
+            cur: std::sync::RwLock::new(Arc::new(s)),
+            renewing: Mutex::new(()),
+            reconnects: AtomicU64::new(0),
+        }))
+    }
+
+    /// The session now.
+    fn s(&self) -> Arc<Session> {
+        self.cur.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The session now, a new one first when the daemon went (and is
+    /// back); the ended one when it is not back.
+    fn live(&self) -> Arc<Session> {
+        let s = self.s();
+        if !s.closed() {
+            return s;
         }
-        let mut p = match NicdProvider::open(socket, VERSION) {
+        let _ = self.reconnect();
+        self.s()
+    }
+
+    /// Connects anew when the connection ended; whether a new session
+    /// serves now (`false`: the old one is still up).
+    ///
+    /// # Errors
+    /// The daemon is not back (see [`ConnectError`]).
+    pub fn reconnect(&self) -> std::result::Result<bool, ConnectError> {
+        let _one = self.renewing.lock().unwrap_or_else(|e| e.into_inner());
+        if !self.s().closed() {
+            return Ok(false);
+        }
+        let new = Arc::new(Session::connect_with(&self.socket, self.rings)?);
+        let pid = new.daemon_pid;
+        *self.cur.write().unwrap_or_else(|e| e.into_inner()) = new;
+        self.reconnects.fetch_add(1, Ordering::Relaxed);
+        tracing::info!(
+            "nicd client: connected again to {} (daemon pid {pid})",
+            self.socket.display()
+        );
+        Ok(true)
+    }
+
+    /// Whether the connection now is up.
+    pub fn connected(&self) -> bool {
+        !self.s().closed()
+    }
+
+    /// How many times a new session replaced an ended one.
+    pub fn reconnects(&self) -> u64 {
+        self.reconnects.load(Ordering::Relaxed)
+    }
+
+    /// The daemon's socket.
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// Whether posts and polls go through shared-memory rings.
+    pub fn uses_rings(&self) -> bool {
+        self.s().uses_rings()
+    }
+
+    /// What this session did so far (requests on the socket, doorbells,
+    /// ring posts and polls): the system calls of the data path are the
+    /// requests and the doorbells.
+    pub fn counters(&self) -> Counters {
+        self.s().counters()
+    }
+
+    /// The daemon's process ID (from its hello).
+    pub fn daemon_pid(&self) -> u32 {
+        self.s().daemon_pid
+    }
+
+    /// The daemon's clients and what each holds (this one among them).
+    ///
+    /// # Errors
+    /// `InvalidArgument` for a client that is neither root nor the
+    /// daemon's user; `NoSuchCa` when the daemon is gone.
+    pub fn daemon_clients(&self) -> Result<Vec<ClientReport>> {
+        self.live().daemon_clients()
+    }
+}
+
+/// Each verb the current session's ([`NicdProvider::s`]).
+macro_rules! to_session {
+    ($(fn $name:ident(&self $(, $arg:ident: $ty:ty)* $(,)?) -> $ret:ty;)*) => {
+        $(
+            fn $name(&self $(, $arg: $ty)*) -> $ret {
+                Provider::$name(&*self.s() $(, $arg)*)
+            }
+        )*
+    };
+}
+
+impl Provider for NicdProvider {
+    fn name(&self) -> &'static str {
+        "nicd"
+    }
+
+    fn list_cas(&self) -> Vec<Guid> {
+        self.live().list_cas()
+    }
+
+    fn open_ca(
+        &self,
+        guid: Guid,
+        ctx: Context,
+        handler: Arc<dyn EventHandler>,
+    ) -> Result<CaHandle> {
+        self.live().open_ca(guid, ctx, handler)
+    }
+
+    to_session! {
+        fn query_ca(&self, ca: CaHandle) -> Result<CaAttr>;
+        fn close_ca(&self, ca: CaHandle) -> Result<()>;
+        fn query_port(&self, ca: CaHandle, port: PortNum) -> Result<PortAttr>;
+        fn modify_port(&self, ca: CaHandle, port: PortNum, modify: &PortModify) -> Result<()>;
+        fn take_pkey_violations(&self, ca: CaHandle, port: PortNum) -> Result<Option<PkeyViolations>>;
+        fn alloc_pd(&self, ca: CaHandle, ctx: Context) -> Result<PdHandle>;
+        fn dealloc_pd(&self, pd: PdHandle) -> Result<()>;
+        fn create_cq(&self, pd: PdHandle, init: &CqInit, ctx: Context) -> Result<CqHandle>;
+        fn destroy_cq(&self, cq: CqHandle) -> Result<()>;
+        fn poll_cq(&self, cq: CqHandle, out: &mut [WorkCompletion]) -> Result<usize>;
+        fn req_notify_cq(&self, cq: CqHandle, solicited_only: bool) -> Result<()>;
+        fn wait_cq(&self, cq: CqHandle, timeout: Duration) -> Result<()>;
+        fn create_srq(&self, pd: PdHandle, attr: &SrqAttr, ctx: Context) -> Result<SrqHandle>;
+        fn modify_srq(&self, srq: SrqHandle, limit: u32) -> Result<()>;
+        fn query_srq(&self, srq: SrqHandle) -> Result<SrqAttr>;
+        fn destroy_srq(&self, srq: SrqHandle) -> Result<()>;
+        fn create_qp(&self, pd: PdHandle, init: &QpInit, ctx: Context) -> Result<QpHandle>;
+        fn qp_num(&self, qp: QpHandle) -> Result<Qpn>;
+        fn modify_qp(&self, qp: QpHandle, attr: &QpAttr) -> Result<()>;
+        fn query_qp(&self, qp: QpHandle) -> Result<QpAttr>;
+        fn destroy_qp(&self, qp: QpHandle) -> Result<()>;
+        fn create_ah(&self, pd: PdHandle, attr: &AhAttr) -> Result<AhHandle>;
+        fn destroy_ah(&self, ah: AhHandle) -> Result<()>;
+        fn reg_mr(&self, pd: PdHandle, buf: &MemBuf, addr: u64, len: u64, access: AccessFlags, ctx: Context) -> Result<MrInfo>;
+        fn rereg_mr(&self, mr: MrHandle, buf: &MemBuf, addr: u64, len: u64, access: AccessFlags) -> Result<MrInfo>;
+        fn dereg_mr(&self, mr: MrHandle) -> Result<()>;
+        fn alloc_mw(&self, pd: PdHandle, kind: MwType, ctx: Context) -> Result<(MwHandle, Rkey)>;
+        fn bind_mw(&self, qp: QpHandle, bind: &MwBind) -> Result<Rkey>;
+        fn dealloc_mw(&self, mw: MwHandle) -> Result<()>;
+        fn post_send(&self, qp: QpHandle, wrs: &[SendWr]) -> Result<()>;
+        fn post_recv(&self, qp: QpHandle, wrs: &[RecvWr]) -> Result<()>;
+        fn post_srq_recv(&self, srq: SrqHandle, wrs: &[RecvWr]) -> Result<()>;
+        fn gsi_register(&self, qp: QpHandle, class: u8, version: u8, methods: &[u8], serve: bool) -> Result<()>;
+        fn gsi_listen(&self, qp: QpHandle, service_id: u64, listen: bool) -> Result<()>;
+    }
+}
+
+/// An open CA's handler and the consumer's context of the open (its
+/// `CaRemoval` carries it).
+type Opened = (Arc<dyn EventHandler>, u64);
+
+/// What the event thread is handed.
+enum Dispatch {
+    /// A CA opened: its handler, in place before any event read after
+    /// the reply.
+    Register(u32, Opened),
+    Event(Event),
+    /// The daemon is gone: `CaRemoval` to every open CA.
+    Gone,
+    /// CQ `.0` has a GSI completion: its handler hears if it is armed.
+    Kick(u32),
+}
+
+impl Session {
+    /// A session with the daemon at `socket` (see
+    /// [`NicdProvider::connect_with`]).
+    fn connect_with(socket: &Path, rings: bool) -> std::result::Result<Session, ConnectError> {
+        if !rings {
+            return Session::open(socket, OLDEST_VERSION);
+        }
+        let mut p = match Session::open(socket, VERSION) {
             Ok(p) => p,
             Err(e @ ConnectError::Refused { .. }) => {
                 // An older daemon closed that connection: ask it for
                 // version 1 on a new one.
-                return NicdProvider::open(socket, OLDEST_VERSION)
-                    .map(Arc::new)
-                    .map_err(|_| e);
+                return Session::open(socket, OLDEST_VERSION).map_err(|_| e);
             }
             Err(e) => return Err(e),
         };
@@ -174,15 +362,26 @@ impl NicdProvider {
             Ok(fd) => {
                 let r = rings::Rings::new(fd);
                 if let Ok(Reply::Unit {}) = p.conn.call(&Request::Doorbell {}, Some(r.doorbell())) {
+                    let r = Arc::new(r);
+                    *p.conn.rings.lock().unwrap_or_else(|e| e.into_inner()) = Some(r.clone());
                     p.rings = Some(r);
                 }
             }
             Err(e) => tracing::warn!("nicd client: no eventfd for a doorbell ({e}): socket only"),
         }
-        Ok(Arc::new(p))
+        Ok(p)
     }
 
-    fn open(socket: &Path, version: u32) -> std::result::Result<NicdProvider, ConnectError> {
+    /// Whether the connection ended (the daemon went, or closed it).
+    fn closed(&self) -> bool {
+        self.conn
+            .pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .closed
+    }
+
+    fn open(socket: &Path, version: u32) -> std::result::Result<Session, ConnectError> {
         let sock = UnixStream::connect(socket).map_err(|source| ConnectError::NoDaemon {
             path: socket.to_owned(),
             source,
@@ -203,6 +402,7 @@ impl NicdProvider {
             calls: AtomicU64::new(0),
             local: Mutex::new(gsi::Local::default()),
             kick: Mutex::new(Some(tx.clone())),
+            rings: Mutex::new(None),
         });
         let c = conn.clone();
         std::thread::Builder::new()
@@ -219,7 +419,7 @@ impl NicdProvider {
             })
             .expect("spawn the event thread");
         // Dropped on a refusal, which ends the connection and its threads.
-        let mut p = NicdProvider {
+        let mut p = Session {
             conn,
             daemon_pid: 0,
             rings: None,
@@ -237,15 +437,11 @@ impl NicdProvider {
         Ok(p)
     }
 
-    /// Whether posts and polls go through shared-memory rings.
-    pub fn uses_rings(&self) -> bool {
+    fn uses_rings(&self) -> bool {
         self.rings.is_some()
     }
 
-    /// What this client did so far (requests on the socket, doorbells,
-    /// ring posts and polls): the system calls of the data path are the
-    /// requests and the doorbells.
-    pub fn counters(&self) -> Counters {
+    fn counters(&self) -> Counters {
         let mut c = self
             .rings
             .as_ref()
@@ -254,14 +450,9 @@ impl NicdProvider {
         c.socket_calls = self.conn.calls.load(Ordering::Relaxed);
         c
     }
-
-    /// The daemon's process ID (from its hello).
-    pub fn daemon_pid(&self) -> u32 {
-        self.daemon_pid
-    }
 }
 
-impl Drop for NicdProvider {
+impl Drop for Session {
     fn drop(&mut self) {
         // Ends the reader (and so the event thread); the daemon releases
         // what is left.
@@ -322,6 +513,9 @@ impl Conn {
             .unwrap_or_else(|e| e.into_inner())
             .closed = true;
         self.answered.notify_all();
+        if let Some(r) = self.rings.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            r.end_all();
+        }
         if !self.dropped.load(Ordering::Relaxed) {
             let _ = events.send(Dispatch::Gone);
         }
@@ -349,7 +543,7 @@ impl Conn {
             Dispatch::Kick(cq) => {
                 let hear = self.local().notify(cq);
                 if let Some((ca, ctx)) = hear {
-                    if let Some(h) = handlers().get(&ca).cloned() {
+                    if let Some((h, _)) = handlers().get(&ca).cloned() {
                         h.on_completion(ctx);
                     }
                 }
@@ -363,7 +557,7 @@ impl Conn {
             }) => {
                 let hear = self.local().receive(qp.0.index, sgid, pkey_index, &mad);
                 if let Some((ca, ctx)) = hear {
-                    if let Some(h) = handlers().get(&ca).cloned() {
+                    if let Some((h, _)) = handlers().get(&ca).cloned() {
                         h.on_completion(ctx);
                     }
                 }
@@ -375,7 +569,7 @@ impl Conn {
                     | Event::Destroyed { ca, .. }
                     | Event::Mad { ca, .. } => ca.0.index,
                 };
-                let Some(h) = handlers().get(&ca).cloned() else {
+                let Some((h, _)) = handlers().get(&ca).cloned() else {
                     return;
                 };
                 match e {
@@ -391,11 +585,11 @@ impl Conn {
                 }
             }
             Dispatch::Gone => {
-                let all: Vec<_> = handlers().drain().map(|(_, h)| h).collect();
-                for h in all {
+                let all: Vec<_> = handlers().drain().map(|(_, o)| o).collect();
+                for (h, ctx) in all {
                     h.on_async_event(AsyncEvent {
                         kind: AsyncEventKind::CaRemoval,
-                        ctx: 0,
+                        ctx,
                         port: None,
                     });
                 }
@@ -413,7 +607,7 @@ impl Conn {
         &self,
         req: &Request,
         fd: Option<BorrowedFd<'_>>,
-        handler: Option<Arc<dyn EventHandler>>,
+        handler: Option<Opened>,
     ) -> Answer {
         let mut seq = self.seq.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
         if seq == 0 {
@@ -478,7 +672,7 @@ fn shared_fd(buf: &MemBuf) -> Result<BorrowedFd<'_>> {
     })
 }
 
-impl NicdProvider {
+impl Session {
     /// Forgets the rings of a destroyed object.
     fn forget(&self, h: verbs::Handle) {
         if let Some(r) = &self.rings {
@@ -486,18 +680,13 @@ impl NicdProvider {
         }
     }
 
-    /// The daemon's clients and what each holds (this one among them).
-    ///
-    /// # Errors
-    /// `InvalidArgument` for a client that is neither root nor the
-    /// daemon's user; `NoSuchCa` when the daemon is gone.
-    pub fn daemon_clients(&self) -> Result<Vec<ClientReport>> {
+    fn daemon_clients(&self) -> Result<Vec<ClientReport>> {
         call!(self, Request::Clients {}, Reply::Clients { clients } => clients)
     }
 }
 
 /// The CQ verbs as the daemon serves them (GSI completions aside).
-impl NicdProvider {
+impl Session {
     fn create_cq_here(&self, pd: PdHandle, init: &CqInit, ctx: Context) -> Result<CqHandle> {
         let init = *init;
         let layout = self
@@ -554,6 +743,8 @@ impl NicdProvider {
 
     fn wait_cq_here(&self, cq: CqHandle, timeout: Duration) -> Result<()> {
         match self.rings.as_ref().and_then(|r| r.wait_cq(cq.0, timeout)) {
+            // Woken by the connection's end, not a completion.
+            Some(true) if self.closed() => return Err(VerbsError::NoSuchCa),
             Some(true) => return Ok(()),
             Some(false) => return Err(VerbsError::Timeout),
             None => {}
@@ -563,7 +754,7 @@ impl NicdProvider {
     }
 }
 
-impl Provider for NicdProvider {
+impl Provider for Session {
     fn name(&self) -> &'static str {
         "nicd"
     }
@@ -585,7 +776,7 @@ impl Provider for NicdProvider {
         // reply, before it reads any event for the CA.
         match self
             .conn
-            .call_opening(&Request::OpenCa { guid, ctx }, None, Some(handler))?
+            .call_opening(&Request::OpenCa { guid, ctx }, None, Some((handler, ctx)))?
         {
             Reply::Ca { ca } => Ok(ca),
             other => Err(unexpected("OpenCa", &other)),
@@ -959,7 +1150,7 @@ impl Provider for NicdProvider {
 }
 
 /// GSI QPs (see the `gsi` module).
-impl NicdProvider {
+impl Session {
     fn open_gsi(&self, pd: PdHandle, init: &QpInit, ctx: Context) -> Result<QpHandle> {
         if init.port.is_some_and(|p| p != PortNum(1)) {
             return Err(VerbsError::InvalidArgument(

@@ -305,11 +305,18 @@ impl Server {
         let t = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default();
+        let salt = (t.as_nanos() as u32 ^ std::process::id().rotate_left(16)) & 0x00ff_ffff;
         Arc::new(Server {
             provider,
-            salt: (t.as_nanos() as u32 ^ std::process::id().rotate_left(16)) & 0x00ff_ffff,
+            salt,
             uid: crate::euid(),
-            st: Mutex::new(Table::default()),
+            // Indices start apart from an earlier daemon's too, so a
+            // client's state kept by index after it connected again
+            // never mistakes an old handle for a new object.
+            st: Mutex::new(Table {
+                next: salt << 8,
+                ..Table::default()
+            }),
             changed: Condvar::new(),
             next_client: AtomicU64::new(1),
             release_failures: AtomicU64::new(0),

@@ -528,6 +528,24 @@ impl Rings {
         Some(Ok((n, false)))
     }
 
+    /// The connection ended: every ring is dead (posts go to the socket,
+    /// which refuses them) and whoever sleeps on one is woken.
+    pub(super) fn end_all(&self) {
+        for c in read(&self.cqs).values() {
+            c.ring.set_flags(flags::DEAD);
+            c.ring.wake_producer();
+        }
+        let qps = read(&self.qps);
+        let wqs = qps
+            .values()
+            .flat_map(|q| std::iter::once(&q.sq).chain(q.rq.as_ref()));
+        let srqs = read(&self.srqs);
+        for w in wqs.chain(srqs.values().map(|w| &**w)) {
+            w.ring.set_flags(flags::DEAD);
+            w.ring.wake_consumer();
+        }
+    }
+
     /// Arms CQ `index` for any completion through its ring: `false` when
     /// it must go on the socket.
     pub(super) fn arm(&self, index: Handle) -> bool {
