@@ -237,9 +237,10 @@ struct LocalCa {
 
 /// How a CA's logins reach the target.
 enum Via {
-    /// Our soft RoCE NIC: our CM agent on its QP1.
+    /// Our soft RoCE NIC (or the NIC daemon's): our CM agent on its QP1
+    /// (a new one after the daemon's restart, `crate::rejoin`).
     Soft {
-        agent: Arc<rdma_access::CmAgent>,
+        agent: Arc<crate::rejoin::AgentSlot>,
         /// The port on the managed subnet (`ib` fabric).
         ib: Option<Arc<IbPort>>,
     },
@@ -271,6 +272,8 @@ struct SoftNic {
     /// and SA subscriptions, and (soft RoCE fabric) their QP1 objects.
     /// Closed at shutdown, once the logins are gone.
     cm: Arc<rdma_access::resource::TrackedProvider>,
+    /// Ends the watcher of the NIC daemon's CAs (`crate::rejoin`).
+    stop: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// The running initiator daemon.
@@ -492,6 +495,7 @@ impl Initd {
         let access = rdma_access::resource::AccessLayer::new(provider.clone());
         let cm = access.client("cm").into_provider();
         let sessions: Arc<dyn Provider> = access.client("srp initiator").into_provider();
+        let mut watched = Vec::new();
         for (k, ca) in soft.iter().enumerate() {
             let first_comm_id = (std::process::id() << 8) | k as u32;
             let (agent, port) = if let (true, Some(own)) = (ib, &own) {
@@ -518,6 +522,13 @@ impl Initd {
             agent
                 .track_in(cm.client())
                 .map_err(|source| InitdStartError::TrackCmAgent { ip: ca.ip, source })?;
+            let agent = crate::rejoin::AgentSlot::new(agent);
+            watched.push(crate::rejoin::Watched {
+                ip: ca.ip,
+                guid: ca.guid,
+                slot: agent.clone(),
+                first_comm_id,
+            });
             cas.push(LocalCa {
                 addrs: vec![ca.ip],
                 guid: ca.guid,
@@ -526,7 +537,15 @@ impl Initd {
                 via: Via::Soft { agent, ib: port },
             });
         }
-        Ok(SoftNic { access, cm })
+        // Through the daemon, a new CM agent on each CA when it comes
+        // back after a restart.
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        if cfg.nicd.is_some() {
+            crate::rejoin::watch(watched, cm.clone(), stop.clone()).map_err(|e| {
+                InitdStartError::Nicd(format!("cannot start the rejoin thread: {e}"))
+            })?;
+        }
+        Ok(SoftNic { access, cm, stop })
     }
 
     /// The CAs in words, the default first: `rxe0:1 (10.0.0.2), 127.0.0.2`.
@@ -664,7 +683,7 @@ impl Initd {
                 pkey,
             } => {
                 let soft = self.cas.iter().find_map(|c| match &c.via {
-                    Via::Soft { agent, ib } => Some((c, agent, ib)),
+                    Via::Soft { agent, ib } => Some((c, agent.get(), ib)),
                     Via::Device(_) => None,
                 });
                 let Some((ca, agent, ib)) = soft else {
@@ -836,6 +855,7 @@ impl Initd {
             }
         }
         if let Some(s) = &self.soft {
+            s.stop.store(true, std::sync::atomic::Ordering::Release);
             s.cm.client().close();
         }
         for c in &self.cas {

@@ -13,3 +13,4 @@
 pub mod args;
 pub mod device;
 pub mod initd;
+pub mod rejoin;

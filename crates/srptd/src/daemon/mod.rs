@@ -70,9 +70,6 @@ struct TargetRt {
     live: Arc<Mutex<Live>>,
     /// Its soft RoCE NIC (counters); `None` on an rdma-core device.
     nic: Option<Arc<rnic::softroce::SoftRoce>>,
-    /// The I/O controller offered to discovery, and the DM agent (dropped
-    /// in this order); soft RoCE NIC only.
-    _dm: Option<(rdma_access::dm::IocHandle, rdma_access::dm::DmService)>,
     /// The port's SMA and MAD driver in the `ib` fabric.
     ib_port: Option<IbPort>,
     /// Set at shutdown: a device watcher stops.
@@ -94,6 +91,9 @@ struct Live {
     /// On an rdma-core device: the kernel's RDMA CM the logins come
     /// through, closed at shutdown.
     rdma_cm: Option<Arc<rdmacore::RdmaCm>>,
+    /// The I/O controller offered to discovery, and the DM agent (dropped
+    /// in this order); soft RoCE NIC only.
+    _dm: Option<Arc<(rdma_access::dm::IocHandle, rdma_access::dm::DmService)>>,
 }
 
 /// What every target takes from outside the configuration file: its soft
@@ -251,7 +251,6 @@ impl TargetRt {
         let rt = TargetRt {
             live: Arc::new(Mutex::new(live)),
             nic: None,
-            _dm: None,
             ib_port: None,
             stopping: Arc::default(),
         };
@@ -272,7 +271,9 @@ impl TargetRt {
         Ok(rt)
     }
 
-    /// Starts target `t` (the `n`th) on its own soft RoCE NIC.
+    /// Starts target `t` (the `n`th) on its own soft RoCE NIC, or on the
+    /// NIC daemon's (`--nicd`), where a watcher starts it again after
+    /// the daemon's restart ([`watch_nicd`]).
     fn start_soft(
         t: &crate::config::TargetSection,
         n: u32,
@@ -301,7 +302,29 @@ impl TargetRt {
                     ));
                 }
                 let (p, _) = nicd::connect_at(socket, *t.ip.get_ref()).map_err(nic_err)?;
-                (p as Arc<dyn verbs::Provider>, None)
+                let (live, _) = TargetRt::soft_live(t, n, scsi, &log, opts, p.clone(), None)?;
+                let rt = TargetRt {
+                    live: Arc::new(Mutex::new(live)),
+                    nic: None,
+                    ib_port: None,
+                    stopping: Arc::default(),
+                };
+                let w = NicdWatch {
+                    t: t.clone(),
+                    n,
+                    socket: socket.clone(),
+                    client: p,
+                    scsi: scsi.clone(),
+                    log,
+                    opts: opts.clone(),
+                    live: rt.live.clone(),
+                    stopping: rt.stopping.clone(),
+                };
+                std::thread::Builder::new()
+                    .name(format!("watch nicd {}", t.ip.get_ref()))
+                    .spawn(move || watch_nicd(w))
+                    .map_err(|e| nic_err(format!("cannot start the NIC daemon watcher: {e}")))?;
+                return Ok(rt);
             }
             None => {
                 let soft = rnic::softroce::SoftRoce::with_options(
@@ -318,6 +341,31 @@ impl TargetRt {
                 (soft.clone() as Arc<dyn verbs::Provider>, Some(soft))
             }
         };
+        let (live, ib_port) = TargetRt::soft_live(t, n, scsi, &log, opts, provider, soft.as_ref())?;
+        Ok(TargetRt {
+            live: Arc::new(Mutex::new(live)),
+            nic: soft,
+            ib_port,
+            stopping: Arc::default(),
+        })
+    }
+
+    /// The target port of `t` (the `n`th) on the soft RoCE CA of its
+    /// address that `provider` serves (`soft`: our own NIC, whose port
+    /// the `ib` fabric's SMA runs), its CM agent, DM agent and logins;
+    /// and the `ib` fabric's port.
+    fn soft_live(
+        t: &crate::config::TargetSection,
+        n: u32,
+        scsi: &Arc<scsi::Target>,
+        log: &crate::log::Log,
+        opts: &StartOptions,
+        provider: Arc<dyn verbs::Provider>,
+        soft: Option<&Arc<rnic::softroce::SoftRoce>>,
+    ) -> Result<(Live, Option<IbPort>), StartError> {
+        let nic_err = |m: String| (t.ip.span(), "ip", m);
+        let ib = t.fabric == rdma_access::subnet::Fabric::Ib;
+        let guid = rnic::softroce::ip_guid(*t.ip.get_ref());
         // MAD transaction IDs of this process's agents, apart per target.
         let tid_base = (std::process::id() << 8) | (n & 0xff);
         // The target port and the CM agent reach the NIC through clients
@@ -328,7 +376,7 @@ impl TargetRt {
         // The ib personality is set before the CA is first opened: the
         // port, its SMA and MAD driver start here, and the SM's sweep
         // brings it ACTIVE (waited for at the end, once everything serves).
-        let ib_port = if let (true, Some(soft)) = (ib, &soft) {
+        let ib_port = if let (true, Some(soft)) = (ib, soft) {
             let ip = *t.ip.get_ref();
             soft.set_personality(guid, rnic::softroce::Personality::Ib)
                 .map_err(|source| {
@@ -380,8 +428,14 @@ impl TargetRt {
             // ib_srpt listens on the ioc_guid.
             ib_service_id: t.ib_cm.then_some(guid.0),
         };
-        logins::serve_logins(agent.clone(), Some(agent), port.clone(), listen, log)
-            .map_err(|e| nic_err(format!("listen for logins: {e}")))?;
+        logins::serve_logins(
+            agent.clone(),
+            Some(agent),
+            port.clone(),
+            listen,
+            log.clone(),
+        )
+        .map_err(|e| nic_err(format!("listen for logins: {e}")))?;
         // Everything serves: now the SM may bring the port up (a trap 64
         // subscriber then finds the I/O controller at once).
         if let Some(p) = &ib_port {
@@ -389,19 +443,15 @@ impl TargetRt {
             p.wait_active(std::time::Duration::from_millis(wait))
                 .map_err(|e| (t.sm_wait_ms.span(), "sm_wait_ms", e.to_string()))?;
         }
-        Ok(TargetRt {
-            live: Arc::new(Mutex::new(Live {
-                port,
-                guid,
-                access,
-                cm,
-                rdma_cm: None,
-            })),
-            nic: soft,
-            _dm: Some((ioc, dm)),
-            ib_port,
-            stopping: Arc::default(),
-        })
+        let live = Live {
+            port,
+            guid,
+            access,
+            cm,
+            rdma_cm: None,
+            _dm: Some(Arc::new((ioc, dm))),
+        };
+        Ok((live, ib_port))
     }
 
     /// What runs on the CA now.
@@ -474,6 +524,7 @@ fn device_live(
         access,
         cm,
         rdma_cm: Some(rdma_cm),
+        _dm: None,
     })
 }
 
@@ -487,6 +538,97 @@ struct DeviceWatch {
     opts: StartOptions,
     live: Arc<Mutex<Live>>,
     stopping: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// What a NIC daemon watcher needs to start the target port again.
+struct NicdWatch {
+    t: crate::config::TargetSection,
+    n: u32,
+    socket: std::path::PathBuf,
+    /// The connection the target port runs on now.
+    client: Arc<nicd::NicdProvider>,
+    scsi: Arc<scsi::Target>,
+    log: crate::log::Log,
+    opts: StartOptions,
+    live: Arc<Mutex<Live>>,
+    stopping: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// How often a NIC daemon watcher looks (its going ends the port's
+/// sessions at once through the CA's removal; this finds it gone and
+/// back).
+const WATCH_NICD_EVERY: Duration = Duration::from_millis(200);
+
+/// Watches a target on the NIC daemon's NIC until shutdown: when the
+/// daemon went (killed, restarted), the port's sessions have ended
+/// with the CA's removal; the watcher stops the old port, waits for a
+/// daemon serving the address on the socket, and starts the target
+/// port, its CM and DM agents on it again, as after a device's return.
+fn watch_nicd(mut w: NicdWatch) {
+    use crate::log::Record;
+    use std::sync::atomic::Ordering;
+    let ip = *w.t.ip.get_ref();
+    let socket = w.socket.display().to_string();
+    // A connection made again by any verb counts as the daemon's going
+    // too: the objects of the port were on the old one.
+    let mut seen = w.client.reconnects();
+    while !w.stopping.load(Ordering::Acquire) {
+        std::thread::sleep(WATCH_NICD_EVERY);
+        if w.client.connected() && w.client.reconnects() == seen {
+            continue;
+        }
+        let cur = lock(&w.live).clone();
+        w.log.emit(
+            Record::warn(
+                "nicd_gone",
+                format!(
+                    "the NIC daemon at {socket} went away: target {} on {ip} is gone until it \
+                     returns",
+                    cur.port.name()
+                ),
+            )
+            .target(cur.port.name())
+            .field("nicd", &socket),
+        );
+        cur.cm.client().close();
+        cur.port.stop();
+        drop(cur);
+        let mut last_err = String::new();
+        loop {
+            if w.stopping.load(Ordering::Acquire) {
+                return;
+            }
+            std::thread::sleep(WATCH_NICD_EVERY);
+            let back = nicd::connect_at(&w.socket, ip).and_then(|(p, _)| {
+                let provider = p.clone() as Arc<dyn verbs::Provider>;
+                TargetRt::soft_live(&w.t, w.n, &w.scsi, &w.log, &w.opts, provider, None)
+                    .map(|(live, _)| (p, live))
+                    .map_err(|(_, _, m)| m)
+            });
+            match back {
+                Ok((p, live)) => {
+                    let port = live.port.name().to_string();
+                    *lock(&w.live) = live;
+                    seen = p.reconnects();
+                    w.client = p;
+                    w.log.emit(
+                        Record::info(
+                            "nicd_back",
+                            format!("the NIC daemon is back: target {port} takes logins again"),
+                        )
+                        .target(port)
+                        .field("nicd", &socket),
+                    );
+                    break;
+                }
+                Err(e) if e != last_err => {
+                    tracing::debug!(nicd = %socket, "not back yet: {e}");
+                    last_err = e;
+                }
+                Err(_) => {}
+            }
+        }
+    }
 }
 
 /// How often a device watcher looks (a removal ends the port at once
