@@ -1,0 +1,74 @@
+//! The NIC daemon started on demand by the tools (issue 27): srptd
+//! given `--nicd` finds no daemon on the socket, starts `nicd` (the one
+//! beside it) for its address and says so in one line; `srp discover
+//! --nicd` then finds that daemon and starts none; once srptd is gone
+//! the daemon leaves after its idle time (`NICD_IDLE_EXIT`), removing
+//! its socket.
+//!
+//! Addresses: 127.127.29.1 only.
+
+mod common;
+
+use common::{bin_of, sock_of, srp_bin, srptd_bin, wait_for, Proc};
+use std::process::{Command, Stdio};
+
+const IP: &str = "127.127.29.1";
+
+#[test]
+fn srptd_starts_the_daemon_and_srp_uses_it() {
+    // The daemon the tools run is the one beside them.
+    let _ = bin_of("nicd");
+    let sock = sock_of("nicd_ondemand", "nicd");
+    let _ = std::fs::remove_file(&sock);
+    // `<socket>.log` and `<socket>.lock` (nicd::ondemand).
+    let log = std::path::PathBuf::from(format!("{}.log", sock.display()));
+    let lock = std::path::PathBuf::from(format!("{}.lock", sock.display()));
+    let _ = std::fs::remove_file(&log);
+    let err_path = sock.with_extension("srptd-stderr");
+    let err = std::fs::File::create(&err_path).unwrap();
+    let target = Proc::start(
+        "srptd",
+        Command::new(srptd_bin())
+            .arg("--nicd")
+            .arg(&sock)
+            .args(["--ip", IP, "--ram-mib", "16", "--control-socket"])
+            .arg(sock_of("nicd_ondemand", "srptd"))
+            .env("NICD_IDLE_EXIT", "1s")
+            .stderr(Stdio::from(err)),
+    );
+    target.wait_line("listening on 127.127.29.1:5555", 60);
+    let said = std::fs::read_to_string(&err_path).unwrap();
+    let started: Vec<&str> = said
+        .lines()
+        .filter(|l| l.starts_with("srptd: started the NIC daemon ("))
+        .collect();
+    assert_eq!(started.len(), 1, "{said}");
+    assert!(
+        started[0].contains("leaves after 1s without a client"),
+        "{said}"
+    );
+
+    let found = Command::new(srp_bin())
+        .args(["discover", "--nicd"])
+        .arg(&sock)
+        .args(["--ip", IP, "--target", IP])
+        .output()
+        .unwrap();
+    let (out, err) = (
+        String::from_utf8_lossy(&found.stdout),
+        String::from_utf8_lossy(&found.stderr),
+    );
+    assert!(found.status.success(), "{out}{err}");
+    assert!(out.contains("id_ext=0002c9037f7f1d01"), "{out}");
+    assert!(!err.contains("started the NIC daemon"), "{err}");
+
+    // srptd gone: no client left, the daemon leaves within its idle
+    // time and takes its socket with it.
+    drop(target);
+    wait_for("the daemon to leave", 60, || !sock.exists());
+    let said = std::fs::read_to_string(&log).unwrap();
+    assert!(said.contains("no client for 1s: leaving"), "{said}");
+    for p in [err_path, log, lock] {
+        let _ = std::fs::remove_file(p);
+    }
+}
