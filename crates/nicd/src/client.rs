@@ -18,9 +18,11 @@
 //! consumer that allocates after it connects needs no change.
 //!
 //! When the daemon goes away, every open CA's handler gets `CaRemoval`
-//! and every verb after it fails with `NoSuchCa`. Dropping the provider
-//! closes the connection (the daemon releases what is left) and calls no
-//! handler.
+//! (with the context of its open), every ring is dead and whoever waits
+//! on one is woken, and verbs on the session's objects fail with
+//! `NoSuchCa`; the next `list_cas` or `open_ca` connects again (a new
+//! session, see [`NicdProvider`]). Dropping the provider closes the
+//! connection (the daemon releases what is left) and calls no handler.
 //!
 //! The data path (protocol version 2, when the daemon serves it):
 //! SQ, RQ, SRQ and CQ are rings in shared memory (see [`crate::proto`]

@@ -27,15 +27,23 @@
 //!   and DM agent (`rdma-access`) run in the client unchanged: the CM
 //!   state machine stays in one place. A client that goes has its
 //!   connections ended by the daemon (DREQ, or REJ half way).
+//! - [`ondemand`]: a tool's `--nicd` starts the daemon when none
+//!   answers (one daemon however many tools start at once, under a lock
+//!   beside the socket), which leaves after `--idle-exit` without a
+//!   client.
 //! - [`connect_at`] and [`socket_for`]: what the tools' `--nicd [SOCKET]`
-//!   option (srptd, srpd, srp, rperf, rrping, rperftest) uses.
+//!   option (srptd, srpd, srp, rperf, rrping, rperftest, ibstat) uses.
+//!
+//! When the daemon dies, its clients hear the removal of every open CA
+//! and [`NicdProvider`] connects again once one is back (srpd and srptd
+//! then start their CM agents and target ports anew).
 //!
 //! What it does not do yet: UD sends, atomics and window binds go on
 //! the socket, not the rings (as do a solicited-only arm and what it
-//! delegates); SIDR through the daemon; starting the daemon on demand,
-//! and the tools using it by default (they take `--nicd`; their
-//! in-process NIC stays the default); `rpingpong`, `ibsm`, `ibstat`,
-//! `saquery` and the `ib` fabric (SMA, QP0) through it.
+//! delegates); SIDR through the daemon; the tools using it by default
+//! (they take `--nicd`; their in-process NIC stays the default); a
+//! running daemon taking a NIC at another address; `rpingpong`,
+//! `ibsm`, `saquery` and the `ib` fabric (SMA, QP0) through it.
 //!
 //! What it refuses: a client's handle that is not its own, memory not
 //! shared with it, QP0, QP1 MADs it may not send (SMPs, responses of a
@@ -97,8 +105,8 @@ pub fn socket_for(given: &std::path::Path) -> PathBuf {
 /// serves at `ip` (`rnic::softroce::ip_guid`, as `nicd --ip` names it).
 ///
 /// # Errors
-/// No daemon there, or none serving `ip`: in words that say what to
-/// start.
+/// No daemon there, or one serving other addresses: in words that say
+/// what to do.
 pub fn connect_at(
     socket: &std::path::Path,
     ip: std::net::IpAddr,
@@ -106,11 +114,20 @@ pub fn connect_at(
     use verbs::Provider;
     let p = NicdProvider::connect(socket).map_err(|e| e.to_string())?;
     let guid = rnic::softroce::ip_guid(ip);
-    if !p.list_cas().contains(&guid) {
+    let served = p.list_cas();
+    if !served.contains(&guid) {
+        let others: Vec<String> = served.iter().map(|g| format!("{:#018x}", g.0)).collect();
         return Err(format!(
-            "the NIC daemon at {} serves no NIC at {ip}: start one with `nicd --ip {ip}` (or give \
-             an address it serves)",
-            socket.display()
+            "the NIC daemon at {} (pid {}) serves no NIC at {ip} (its NICs: {}): give --nicd \
+             another socket (a daemon is started there for {ip}), or restart this one with every \
+             address (`nicd --ip ... --ip {ip}`)",
+            socket.display(),
+            p.daemon_pid(),
+            if others.is_empty() {
+                "none".into()
+            } else {
+                others.join(", ")
+            }
         ));
     }
     Ok((p, guid))

@@ -45,8 +45,9 @@ pub struct DeviceArgs {
     /// Run on the NIC daemon's soft RoCE NIC at this node's address
     /// instead of one of this process's own, so other processes can use
     /// the address too: through the daemon's socket SOCKET [default:
-    /// $NICD_SOCKET, else nicd's default]. Start the daemon with `nicd
-    /// --ip ADDRESS`.
+    /// $NICD_SOCKET, else nicd's default]. With no daemon there one is
+    /// started for the address (`nicd` beside this tool or on PATH); it
+    /// leaves after $NICD_IDLE_EXIT (30s) without a client.
     #[arg(
         long,
         value_name = "SOCKET",

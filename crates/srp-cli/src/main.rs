@@ -61,8 +61,9 @@ struct Login {
     /// Use the NIC daemon's soft RoCE NIC at --ip, through the daemon's
     /// socket SOCKET [default: $NICD_SOCKET, else nicd's default],
     /// instead of a NIC of srp's own: other processes (srptd, srpd,
-    /// rperf) can then use the address too. Start the daemon with `nicd
-    /// --ip ADDRESS`.
+    /// rperf) can then use the address too. With no daemon there one is
+    /// started for the address (`nicd` beside this tool or on PATH); it
+    /// leaves after $NICD_IDLE_EXIT (30s) without a client.
     #[arg(
         long,
         value_name = "SOCKET",
@@ -298,8 +299,9 @@ enum Cmd {
         /// Use the NIC daemon's soft RoCE NIC at --ip, through the daemon's
         /// socket SOCKET [default: $NICD_SOCKET, else nicd's default],
         /// instead of a NIC of srp's own: other processes (srptd, srpd,
-        /// rperf) can then use the address too. Start the daemon with `nicd
-        /// --ip ADDRESS`.
+        /// rperf) can then use the address too. With no daemon there one is
+        /// started for the address (`nicd` beside this tool or on PATH); it
+        /// leaves after $NICD_IDLE_EXIT (30s) without a client.
         #[arg(long, value_name = "SOCKET", num_args = 0..=1, default_missing_value = "")]
         nicd: Option<std::path::PathBuf>,
         /// RoCEv2 UDP port.

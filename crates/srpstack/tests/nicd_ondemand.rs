@@ -62,6 +62,30 @@ fn srptd_starts_the_daemon_and_srp_uses_it() {
     assert!(out.contains("id_ext=0002c9037f7f1d01"), "{out}");
     assert!(!err.contains("started the NIC daemon"), "{err}");
 
+    // ibstat lists the daemon's CA and its clients: srptd, with what it
+    // holds.
+    let stat = Command::new(bin_of("ibstat"))
+        .arg("--nicd")
+        .arg(&sock)
+        .output()
+        .unwrap();
+    let listed = String::from_utf8_lossy(&stat.stdout);
+    assert!(
+        stat.status.success(),
+        "{listed}{}",
+        String::from_utf8_lossy(&stat.stderr)
+    );
+    assert!(listed.contains("CA 'nicd 127.127.29.1'"), "{listed}");
+    assert!(listed.contains("State: Active"), "{listed}");
+    let srptd_line = listed
+        .lines()
+        .find(|l| l.contains(&format!("pid {} ", target.child.id())))
+        .unwrap_or_else(|| panic!("srptd is no client: {listed}"));
+    assert!(
+        srptd_line.ends_with("(srptd)") && srptd_line.contains(" QP"),
+        "{srptd_line}"
+    );
+
     // srptd gone: no client left, the daemon leaves within its idle
     // time and takes its socket with it.
     drop(target);

@@ -45,8 +45,9 @@ struct Args {
     /// Run the target port on the NIC daemon's soft RoCE NIC at --ip,
     /// through the daemon's socket SOCKET [default: $NICD_SOCKET, else
     /// nicd's default], instead of a NIC of srptd's own: other processes
-    /// (srp, srpd, rperf) can then use the address too. Start the daemon
-    /// with `nicd --ip ADDRESS`; the `roce` fabric only.
+    /// (srp, srpd, rperf) can then use the address too. With no daemon there one is
+    /// started for the address (`nicd` beside this tool or on PATH); it
+    /// leaves after $NICD_IDLE_EXIT (30s) without a client; the `roce` fabric only.
     #[arg(
         long,
         value_name = "SOCKET",

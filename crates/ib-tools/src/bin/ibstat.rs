@@ -9,7 +9,9 @@
 //! then listed. `--device` lists rdma-core devices (real NICs, Linux
 //! rxe/siw) through the rdma-core provider beside them, and with neither
 //! option every device rdma-core finds is listed, as infiniband-diags'
-//! `ibstat` does.
+//! `ibstat` does. `--nicd` lists the NIC daemon's CAs (those at `--ip`,
+//! or every one it serves) through its socket, then the daemon's clients
+//! and what each holds (root and the daemon's user only).
 
 #![forbid(unsafe_code)]
 
@@ -61,6 +63,12 @@ struct Cli {
     /// JSON instead of text.
     #[arg(long)]
     json: bool,
+    /// List the NIC daemon's CAs (those at --ip, else every one it
+    /// serves) and its clients, through its socket SOCKET [default:
+    /// $NICD_SOCKET, else nicd's default]; with --ip a daemon is started
+    /// for the addresses when none answers. The roce fabric only.
+    #[arg(long, value_name = "SOCKET", num_args = 0..=1, default_missing_value = "")]
+    nicd: Option<std::path::PathBuf>,
 }
 
 struct Quiet;
@@ -119,6 +127,99 @@ fn run(cli: &Cli) -> Result<Vec<CaInfo>, String> {
         return Ok(cas);
     }
     soft_cas(cli)
+}
+
+/// `--nicd`: the daemon's CAs (those of `--ip`, else all) and its
+/// clients (`Err` in words when it refuses to list them).
+fn nicd_cas(cli: &Cli, socket: &std::path::Path) -> Result<NicdListing, String> {
+    if cli.fabric == Fabric::Ib || !cli.device.is_empty() {
+        return Err(
+            "--nicd lists the NIC daemon's soft RoCE CAs (the roce fabric): drop --fabric ib and \
+             --device, or --nicd"
+                .into(),
+        );
+    }
+    let socket = nicd::socket_for(socket);
+    let held = if cli.ip.is_empty() {
+        None
+    } else {
+        let how = nicd::ondemand::OnDemand::from_env()?;
+        let e = nicd::ondemand::ensure(&socket, &cli.ip, &how).map_err(|e| e.to_string())?;
+        if let Some(s) = &e.started {
+            eprintln!("ibstat: {s}");
+        }
+        Some(e)
+    };
+    let p = nicd::NicdProvider::connect(&socket).map_err(|e| e.to_string())?;
+    drop(held);
+    let served = p.list_cas();
+    let guids: Vec<(rdma_types::Guid, Option<IpAddr>)> = if cli.ip.is_empty() {
+        served.iter().map(|g| (*g, None)).collect()
+    } else {
+        let mut v = Vec::new();
+        for ip in &cli.ip {
+            let g = ip_guid(*ip);
+            if !served.contains(&g) {
+                return Err(format!(
+                    "the NIC daemon at {} serves no NIC at {ip}: start one with `nicd --ip {ip}`",
+                    socket.display()
+                ));
+            }
+            v.push((g, Some(*ip)));
+        }
+        v
+    };
+    let mut cas = Vec::new();
+    for (guid, ip) in guids {
+        let dev = p
+            .open_ca(guid, 0, Arc::new(Quiet))
+            .map_err(|e| format!("open the NIC daemon's CA {:#018x}: {e}", guid.0))?;
+        let ip = ip.or_else(|| {
+            p.query_port(dev, rdma_types::PortNum(1))
+                .ok()
+                .and_then(|a| a.gids.first().map(|g| g.to_ip()))
+        });
+        let name = match ip {
+            Some(ip) => format!("nicd {ip}"),
+            None => format!("nicd {:#018x}", guid.0),
+        };
+        let info = devinfo::query(p.as_ref(), dev, &name, "Ethernet", cap::IS_CM_SUPPORTED);
+        let _ = p.close_ca(dev);
+        cas.push(info.map_err(|e| format!("query {name}: {e}"))?);
+    }
+    let clients = p
+        .daemon_clients()
+        .map(|cs| {
+            cs.into_iter()
+                .filter(|c| i64::from(c.peer.pid) != i64::from(std::process::id()))
+                .map(|c| {
+                    let comm = std::fs::read_to_string(format!("/proc/{}/comm", c.peer.pid))
+                        .map(|s| s.trim().to_string())
+                        .unwrap_or_default();
+                    if comm.is_empty() {
+                        c.to_string()
+                    } else {
+                        format!("{c} ({comm})")
+                    }
+                })
+                .collect()
+        })
+        .map_err(|e| format!("the daemon does not list its clients to this user: {e}"));
+    Ok(NicdListing {
+        socket,
+        pid: p.daemon_pid(),
+        cas,
+        clients,
+    })
+}
+
+/// What `--nicd` lists.
+struct NicdListing {
+    socket: std::path::PathBuf,
+    pid: u32,
+    cas: Vec<CaInfo>,
+    /// One line per client (this tool's own connection left out).
+    clients: Result<Vec<String>, String>,
 }
 
 /// The soft RoCE CAs of `--ip`.
@@ -192,6 +293,34 @@ fn main() -> ExitCode {
         return code;
     }
     let cli = Cli::parse();
+    if let Some(s) = &cli.nicd {
+        return match nicd_cas(&cli, s) {
+            Ok(l) => {
+                if cli.json {
+                    println!("{}", devinfo::json(&l.cas));
+                    return ExitCode::SUCCESS;
+                }
+                for c in &l.cas {
+                    print!("{}", c.human());
+                }
+                println!(
+                    "NIC daemon pid {} on {}: clients",
+                    l.pid,
+                    l.socket.display()
+                );
+                match &l.clients {
+                    Ok(lines) if lines.is_empty() => println!("\tnone"),
+                    Ok(lines) => lines.iter().for_each(|c| println!("\t{c}")),
+                    Err(e) => println!("\t({e})"),
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("ibstat: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     match run(&cli) {
         Ok(cas) => {
             if cli.json {

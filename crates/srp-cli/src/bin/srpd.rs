@@ -38,8 +38,9 @@ struct Args {
     /// Use the NIC daemon's soft RoCE NIC at each --ip, through the
     /// daemon's socket SOCKET [default: $NICD_SOCKET, else nicd's
     /// default], instead of a NIC of srpd's own: other processes (srptd,
-    /// srp, rperf) can then use the addresses too. Start the daemon with
-    /// `nicd --ip ADDRESS`; the roce fabric only.
+    /// srp, rperf) can then use the addresses too. With no daemon there one is
+    /// started for the address (`nicd` beside this tool or on PATH); it
+    /// leaves after $NICD_IDLE_EXIT (30s) without a client; the roce fabric only.
     #[arg(long, value_name = "SOCKET", num_args = 0..=1, default_missing_value = "")]
     nicd: Option<PathBuf>,
     /// RoCEv2 UDP port.
