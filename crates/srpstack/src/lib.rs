@@ -61,6 +61,18 @@ pub enum Transport {
         /// RoCEv2 UDP port both NICs use.
         udp_port: u16,
     },
+    /// The NIC daemon's soft RoCE NICs at two addresses it serves,
+    /// through its socket: both ends' verbs go through one client
+    /// connection (its rings), the NICs run in the daemon. The CAs have
+    /// the GUIDs of their addresses (`rnic::softroce::ip_guid`).
+    Nicd {
+        /// The daemon's socket.
+        socket: PathBuf,
+        /// Address of the target's NIC.
+        target: std::net::IpAddr,
+        /// Address of the initiator's NIC.
+        initiator: std::net::IpAddr,
+    },
 }
 
 impl Transport {
@@ -226,6 +238,9 @@ pub enum StackError {
     BlockSize(u32),
     #[error("LUN size {0} must be at least 1 MiB and a multiple of the block size")]
     LunSize(u64),
+    /// The NIC daemon is not there or serves neither address (in words).
+    #[error("{0}")]
+    Nicd(String),
     /// The loopback fabric refused a CA (`which`: target or initiator).
     #[error("add {which} CA: {source}")]
     AddCa {
@@ -289,6 +304,16 @@ impl Stack {
             return Err(StackError::LunSize(cfg.size));
         }
         let mut soft = None;
+        // The CAs' GUIDs: the daemon's are those of their addresses.
+        let (tguid, iguid) = match &cfg.transport {
+            Transport::Nicd {
+                target, initiator, ..
+            } => (
+                rnic::softroce::ip_guid(*target),
+                rnic::softroce::ip_guid(*initiator),
+            ),
+            _ => (Guid(TARGET_GUID), Guid(INITIATOR_GUID)),
+        };
         let (fabric, provider, target_lid): (Arc<dyn verbs::Provider>, &'static str, Lid) =
             match &cfg.transport {
                 Transport::Loopback => {
@@ -329,6 +354,21 @@ impl Stack {
                     );
                     soft = Some(p.clone());
                     (p, "softroce", Lid(0))
+                }
+                Transport::Nicd {
+                    socket,
+                    target,
+                    initiator,
+                } => {
+                    let (p, _) = nicd::connect_at(socket, *target).map_err(StackError::Nicd)?;
+                    if !verbs::Provider::list_cas(p.as_ref()).contains(&iguid) {
+                        return Err(StackError::Nicd(format!(
+                            "the NIC daemon at {} serves no NIC at {initiator}: start it with \
+                             both addresses (`nicd --ip {target} --ip {initiator}`)",
+                            socket.display()
+                        )));
+                    }
+                    (p, "nicd", Lid(0))
                 }
             };
 
@@ -387,8 +427,7 @@ impl Stack {
         let scsi = Arc::new(scsi::Target::new());
         scsi.add_lun(None, scsi::Lun::new(0).expect("LUN 0"), Arc::new(dev));
 
-        let mut chan =
-            ChannelConfig::new(0x1, Guid(INITIATOR_GUID), TARGET_GUID, Guid(TARGET_GUID));
+        let mut chan = ChannelConfig::new(0x1, iguid, tguid.0, tguid);
         chan.can_queue = cfg.queue;
         let tcfg = TargetConfig::new(chan.target_port_id(), "srpstack");
         // The target and the initiator each reach the provider through a
@@ -399,7 +438,7 @@ impl Stack {
         let initiator_side = al.client("srp initiator").into_provider();
         let port = match TargetPort::start(
             target_side.clone(),
-            Guid(TARGET_GUID),
+            tguid,
             tcfg,
             scsi,
             PortOptions {
@@ -416,7 +455,7 @@ impl Stack {
         let direct = Arc::new(Direct::new(port.clone(), target_lid));
         let session = match Session::connect(
             initiator_side.clone(),
-            Guid(INITIATOR_GUID),
+            iguid,
             direct,
             SessionConfig {
                 register_always: cfg.register_always,

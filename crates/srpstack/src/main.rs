@@ -105,6 +105,12 @@ struct NetArgs {
     /// Soft RoCE: the RoCEv2 UDP port.
     #[arg(long, default_value_t = 4791)]
     udp_port: u16,
+    /// Run both NICs in the NIC daemon (at --target-ip and
+    /// --initiator-ip), through its socket SOCKET [default: $NICD_SOCKET,
+    /// else nicd's default], instead of in this process; one is started
+    /// for the two addresses when none answers.
+    #[arg(long, value_name = "SOCKET", num_args = 0..=1, default_missing_value = "")]
+    nicd: Option<std::path::PathBuf>,
     /// Give each command's data an R_Key of its own (a memory window
     /// bound per command, ib_srp's register_always) instead of one for
     /// the initiator's whole buffer pool.
@@ -116,6 +122,18 @@ impl NetArgs {
     fn transport(&self) -> Result<Transport, String> {
         match self.provider.as_str() {
             "loopback" => Ok(Transport::Loopback),
+            "softroce" if self.nicd.is_some() => {
+                if self.target_ip == self.initiator_ip {
+                    return Err("the target and initiator NICs need different addresses".into());
+                }
+                Ok(Transport::Nicd {
+                    socket: nicd::socket_for(
+                        self.nicd.as_deref().unwrap_or(std::path::Path::new("")),
+                    ),
+                    target: self.target_ip,
+                    initiator: self.initiator_ip,
+                })
+            }
             "softroce" => {
                 if self.target_ip == self.initiator_ip {
                     return Err("the target and initiator NICs need different addresses".into());
@@ -141,7 +159,7 @@ fn env_options(transport: Transport) -> Result<StackConfig, String> {
         Transport::SoftRoce { .. } => {
             rnic::softroce::NicOptions::from_env().map_err(|e| e.to_string())?
         }
-        Transport::Loopback => rnic::softroce::NicOptions::default(),
+        Transport::Loopback | Transport::Nicd { .. } => rnic::softroce::NicOptions::default(),
     };
     Ok(StackConfig {
         transport,
@@ -251,6 +269,30 @@ fn run_with_bars(
 }
 
 /// A run time of zero runs for a second, as it always did.
+/// `--nicd`: a daemon answering for both addresses (started when none
+/// does), its start lock held until the stack has connected.
+fn nicd_for(transport: &Transport) -> Result<Option<nicd::ondemand::Ensured>, String> {
+    let Transport::Nicd {
+        socket,
+        target,
+        initiator,
+    } = transport
+    else {
+        return Ok(None);
+    };
+    let how = nicd::ondemand::OnDemand::from_env()?;
+    let e =
+        nicd::ondemand::ensure(socket, &[*target, *initiator], &how).map_err(|e| e.to_string())?;
+    if let Some(s) = &e.started {
+        eprintln!("srpstack: {s}");
+    }
+    eprintln!(
+        "srpstack: NIC: the NIC daemon's at {target} and {initiator}, through {}",
+        socket.display()
+    );
+    Ok(Some(e))
+}
+
 fn at_least_a_second(runtime: Duration) -> Duration {
     if runtime.is_zero() {
         Duration::from_secs(1)
@@ -278,7 +320,9 @@ fn quickstart(
         ..env_options(net.transport()?)?
     };
     let t0 = std::time::Instant::now();
+    let held = nicd_for(&cfg.transport)?;
     let stack = Stack::start(&cfg).map_err(|e| e.to_string())?;
+    drop(held);
     let info = stack.disk.info().clone();
     let sessions = stack.port.sessions();
     let session = sessions
@@ -293,6 +337,14 @@ fn quickstart(
             udp_port,
         } => println!(
             "  provider     softroce: RoCEv2 over UDP, target NIC {target}:{udp_port}, initiator NIC {initiator}:{udp_port}"
+        ),
+        Transport::Nicd {
+            socket,
+            target,
+            initiator,
+        } => println!(
+            "  provider     nicd: the NIC daemon's soft RoCE NICs {target} (target) and {initiator} (initiator), through {}",
+            socket.display()
         ),
     }
     println!("  target       {}", stack.port.name());
@@ -452,7 +504,11 @@ fn bench(
     stop: &Interrupt,
 ) -> Result<bool, String> {
     let transport = net.transport()?;
-    let provider = net.provider.as_str();
+    let provider = if net.nicd.is_some() {
+        "nicd"
+    } else {
+        net.provider.as_str()
+    };
     if iodepth == 0 || iodepth > 256 {
         return Err(format!("iodepth {iodepth} must be 1..=256"));
     }
@@ -470,6 +526,7 @@ fn bench(
             .checked_mul(bs.into())
             .ok_or_else(|| format!("--ios {n} of {bs} bytes is more bytes than can be counted"))?,
     };
+    let held = nicd_for(&transport)?;
     let stack = Stack::start(&StackConfig {
         size: ram,
         backing: Backing::Ram,
@@ -478,6 +535,7 @@ fn bench(
         ..env_options(transport)?
     })
     .map_err(|e| e.to_string())?;
+    drop(held);
     let dev: Arc<dyn blockload::BlockDevice> = stack.disk.clone();
     let mut w = Workload::new(rw);
     w.bs = bs;

@@ -96,3 +96,38 @@ fn srptd_starts_the_daemon_and_srp_uses_it() {
         let _ = std::fs::remove_file(p);
     }
 }
+
+/// `srpstack bench --nicd`: both ends' NICs in a daemon it starts for
+/// their two addresses; every read verified. (Addresses 127.127.29.2
+/// and .3.)
+#[test]
+fn bench_runs_through_a_daemon_it_starts() {
+    let _ = bin_of("nicd");
+    let sock = sock_of("nicd_ondemand", "bench");
+    let _ = std::fs::remove_file(&sock);
+    let out = Command::new(env!("CARGO_BIN_EXE_srpstack"))
+        .args(["bench", "--nicd"])
+        .arg(&sock)
+        .args([
+            "--target-ip",
+            "127.127.29.2",
+            "--initiator-ip",
+            "127.127.29.3",
+        ])
+        .args(["--ram", "16M", "--rw", "randrw", "--iodepth", "8"])
+        .args(["--ios", "2000", "--verify"])
+        .env("NICD_IDLE_EXIT", "1s")
+        .output()
+        .unwrap();
+    let (so, se) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{so}{se}");
+    assert!(se.contains("srpstack: started the NIC daemon ("), "{se}");
+    assert!(so.contains(", 0 verify failures, 0 I/O errors"), "{so}");
+    wait_for("the daemon to leave", 60, || !sock.exists());
+    for ext in ["log", "lock"] {
+        let _ = std::fs::remove_file(format!("{}.{ext}", sock.display()));
+    }
+}
