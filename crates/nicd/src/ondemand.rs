@@ -111,7 +111,9 @@ impl std::fmt::Display for Started {
 pub struct Ensured {
     /// The daemon this call started, if it did.
     pub started: Option<Started>,
-    _lock: File,
+    /// `None` when the lock file could not be made but a daemon answers
+    /// (another user's daemon, its socket in a directory of theirs).
+    _lock: Option<File>,
 }
 
 /// Why [`ensure`] found no daemon and could not start one.
@@ -220,11 +222,22 @@ pub fn answers(socket: &Path) -> bool {
 /// # Errors
 /// See [`StartError`].
 pub fn ensure(socket: &Path, ips: &[IpAddr], how: &OnDemand) -> Result<Ensured, StartError> {
-    let lock = lock(socket)?;
+    let lock = match lock(socket) {
+        Ok(l) => l,
+        // Not ours to start (a directory we cannot write in): use the
+        // daemon that answers, if one does.
+        Err(_) if answers(socket) => {
+            return Ok(Ensured {
+                started: None,
+                _lock: None,
+            })
+        }
+        Err(e) => return Err(e),
+    };
     if answers(socket) {
         return Ok(Ensured {
             started: None,
-            _lock: lock,
+            _lock: Some(lock),
         });
     }
     let program = how.program.clone().unwrap_or_else(beside_us);
@@ -293,7 +306,7 @@ pub fn ensure(socket: &Path, ips: &[IpAddr], how: &OnDemand) -> Result<Ensured, 
             log,
             idle_exit: how.idle_exit,
         }),
-        _lock: lock,
+        _lock: Some(lock),
     })
 }
 

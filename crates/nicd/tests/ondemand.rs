@@ -2,7 +2,7 @@
 //! daemon at once end with one, both its clients; it leaves once it has
 //! had no client for its idle time, and the next tool starts another.
 //!
-//! Addresses: 127.127.27.1 only.
+//! Addresses: 127.127.27.1 and 127.127.27.3.
 
 use nicd::ondemand::{answers, ensure, OnDemand};
 use std::net::{IpAddr, Ipv4Addr};
@@ -145,4 +145,54 @@ fn a_daemon_that_cannot_start_is_reported_with_its_words() {
     ] {
         let _ = std::fs::remove_file(p);
     }
+}
+
+/// A daemon whose lock file this user cannot make (here: a directory in
+/// its place) is still used when it answers; with none answering, the
+/// lock is the error, naming it.
+#[test]
+fn a_daemon_that_answers_is_used_without_its_lock() {
+    let socket =
+        std::env::temp_dir().join(format!("nicd-ondemand-nolock-{}.sock", std::process::id()));
+    let _ = std::fs::remove_file(&socket);
+    let lock = nicd::ondemand::lock_path(&socket);
+    let _ = std::fs::remove_dir(&lock);
+    std::fs::create_dir(&lock).unwrap();
+    let how = OnDemand {
+        idle_exit: Duration::from_millis(400),
+        program: Some(env!("CARGO_BIN_EXE_nicd").into()),
+        wait: Duration::from_secs(30),
+    };
+    let ip = IpAddr::V4(Ipv4Addr::new(127, 127, 27, 3));
+    let e = ensure(&socket, &[ip], &how)
+        .err()
+        .expect("no lock, no daemon");
+    assert!(
+        e.to_string()
+            .contains(&format!("cannot lock {}", lock.display())),
+        "{e}"
+    );
+    let mut daemon = std::process::Command::new(env!("CARGO_BIN_EXE_nicd"))
+        .args(["--ip", &ip.to_string(), "--socket"])
+        .arg(&socket)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let _reap = Reap(daemon.id());
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(daemon.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert!(line.starts_with("nicd: serving"), "{line}");
+    let held = ensure(&socket, &[ip], &how).unwrap();
+    assert!(held.started.is_none());
+    let (p, _) = nicd::connect_at(&socket, ip).unwrap();
+    assert_eq!(p.daemon_pid(), daemon.id());
+    drop((held, p));
+    let _ = daemon.kill();
+    let _ = daemon.wait();
+    let _ = std::fs::remove_dir(&lock);
+    let _ = std::fs::remove_file(&socket);
 }
