@@ -1084,6 +1084,10 @@ impl Provider for Session {
     }
 
     fn post_send(&self, qp: QpHandle, wrs: &[SendWr]) -> Result<()> {
+        // Receives posted before this send are the NIC's before it goes.
+        if let Some(r) = &self.rings {
+            r.fence();
+        }
         if self.conn.local().gsis.contains_key(&qp.0.index) {
             return self.gsi_send(qp, wrs);
         }

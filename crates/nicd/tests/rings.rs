@@ -675,3 +675,71 @@ fn rings_count_toward_the_memory_limit() {
     assert_eq!(after.ring_posts, before.ring_posts, "posts on the socket");
     assert!(after.ring_polls > before.ring_polls, "polls from the ring");
 }
+
+/// A receive posted on a running QP returns without waiting for the
+/// daemon to take it; the poster's next send waits for it instead, so
+/// a peer that learns of the receives from that send finds every one in
+/// the NIC: here 64 SENDs answer the message at once on a QP with no
+/// RNR retry (a missing receive would fail one with `RnrRetryExcErr`).
+#[test]
+fn receives_on_a_running_queue_are_fenced_by_the_next_send() {
+    let d = Daemon::start(&[fresh_ip(THIRD)]);
+    let g = d.guids[0];
+    let (ca, cb) = (One(d.client(), g), One(d.client(), g));
+    let (a, b) = (Node::open(&ca, g, 256), Node::open(&cb, g, 256));
+    let (qa, qb) = (a.qp(QpType::Rc, None, 1), b.qp(QpType::Rc, None, 2));
+    connect(&a, qa, &b, qb, QpType::Rc, 0);
+    // The first receive of each side's ring is waited for.
+    a.p.post_recv(
+        qa,
+        &[RecvWr {
+            wr_id: 900,
+            sges: vec![a.sge(8192, 64)],
+        }],
+    )
+    .unwrap();
+    b.p.post_recv(
+        qb,
+        &[RecvWr {
+            wr_id: 0,
+            sges: vec![b.sge(0, 64)],
+        }],
+    )
+    .unwrap();
+    let before = cb.0.counters();
+    for i in 1..=64u64 {
+        let wr = RecvWr {
+            wr_id: i,
+            sges: vec![b.sge(i * 64, 64)],
+        };
+        b.p.post_recv(qb, &[wr]).unwrap();
+    }
+    let mid = cb.0.counters();
+    assert_eq!(
+        mid.deferred_receives - before.deferred_receives,
+        64,
+        "{mid:?}"
+    );
+    // b tells a it may send: the send is fenced behind the receives.
+    b.p.post_send(
+        qb,
+        &[SendWr::new(1000, SendOpcode::Send, vec![b.sge(16384, 8)])],
+    )
+    .unwrap();
+    assert_eq!(cb.0.counters().fenced_sends - before.fenced_sends, 1);
+    assert_eq!(b.wc().status, WcStatus::Success);
+    assert_eq!(a.wc().wr_id, 900);
+    let sends: Vec<SendWr> = (0..64)
+        .map(|i| SendWr::new(2000 + i, SendOpcode::Send, vec![a.sge(i * 64, 8)]))
+        .collect();
+    for chunk in sends.chunks(16) {
+        a.p.post_send(qa, chunk).unwrap();
+    }
+    for _ in 0..64 {
+        let wc = a.wc();
+        assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
+    }
+    // In the order posted: the first (waited for), then the deferred.
+    let got: Vec<u64> = (0..64).map(|_| b.wc().wr_id).collect();
+    assert_eq!(got, (0..64).collect::<Vec<u64>>());
+}

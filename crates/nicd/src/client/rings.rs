@@ -13,10 +13,15 @@
 //!
 //! After a post the client writes the doorbell only when the ring's
 //! flags say the daemon's poller sleeps (and no post before it did).
-//! A receive, and a send with inline data, return only once the daemon
-//! took them (a peer may send to the receive at once; the inline bytes
-//! are the caller's again): the post spins briefly, then sleeps on the
-//! ring's consumer index (a futex the daemon wakes, [`flags::WAITER`]).
+//! A send with inline data returns only once the daemon took it (the
+//! inline bytes are the caller's again), and so does a receive on a
+//! queue being filled before its QP runs (a peer told of it out of band
+//! may send at once): the post spins briefly, then sleeps on the ring's
+//! consumer index (a futex the daemon wakes, [`flags::WAITER`]). A
+//! receive on a running queue (an RTS QP's, or an SRQ, the daemon took
+//! from before) returns at once, and the client's next send waits for
+//! it instead ([`Rings::fence`]), so a peer that learns of it from us
+//! finds it in the NIC.
 //!
 //! A poll reads the CQ ring; `wait_cq` sleeps on its producer index (the
 //! same way); an arm for any completion bumps the ring's arm word. A
@@ -56,6 +61,11 @@ pub struct Counters {
     pub ring_posts: u64,
     /// Polls served from a ring.
     pub ring_polls: u64,
+    /// Receive posts on a running queue that returned without waiting
+    /// for the daemon to take them (a later send waited instead).
+    pub deferred_receives: u64,
+    /// Sends that waited for such receives first.
+    pub fenced_sends: u64,
 }
 
 #[derive(Default)]
@@ -64,6 +74,8 @@ pub(super) struct Count {
     take_waits: AtomicU64,
     ring_posts: AtomicU64,
     ring_polls: AtomicU64,
+    deferred_receives: AtomicU64,
+    fenced_sends: AtomicU64,
 }
 
 impl Count {
@@ -75,6 +87,8 @@ impl Count {
             take_waits: l(&self.take_waits),
             ring_posts: l(&self.ring_posts),
             ring_polls: l(&self.ring_polls),
+            deferred_receives: l(&self.deferred_receives),
+            fenced_sends: l(&self.fenced_sends),
         }
     }
 }
@@ -150,6 +164,12 @@ pub(super) struct Rings {
     srqs: RwLock<HashMap<Handle, Arc<WqRing>>>,
     /// The client's registrations: (MR, PD, addr, len).
     mrs: RwLock<Vec<(Handle, Handle, u64, u64)>>,
+    /// Receives posted without waiting for the daemon to take them, by
+    /// ring (up to which producer index): every send waits for them
+    /// first ([`Rings::fence`]).
+    unconfirmed: Mutex<Vec<(WqHold, u64)>>,
+    /// Whether `unconfirmed` may hold any (a send's cheap look).
+    any_unconfirmed: std::sync::atomic::AtomicBool,
     pub(super) count: Count,
 }
 
@@ -189,6 +209,8 @@ impl Rings {
             qps: RwLock::new(HashMap::new()),
             srqs: RwLock::new(HashMap::new()),
             mrs: RwLock::new(Vec::new()),
+            unconfirmed: Mutex::new(Vec::new()),
+            any_unconfirmed: std::sync::atomic::AtomicBool::new(false),
             count: Count::default(),
         }
     }
@@ -305,9 +327,18 @@ impl Rings {
     /// Forgets the rings of object `index` (destroyed).
     pub(super) fn forget(&self, index: Handle) {
         write(&self.cqs).remove(&index);
-        write(&self.qps).remove(&index);
-        write(&self.srqs).remove(&index);
+        let q = write(&self.qps).remove(&index);
+        let s = write(&self.srqs).remove(&index);
         write(&self.mrs).retain(|m| m.0 != index);
+        // A destroyed queue's receives are nobody's to wait for.
+        let gone: Option<*const WqRing> = match (&q, &s) {
+            (Some(q), _) => q.rq.as_ref().map(|r| r as *const WqRing),
+            (_, Some(s)) => Some(&**s as *const WqRing),
+            _ => None,
+        };
+        if let Some(gone) = gone {
+            lock(&self.unconfirmed).retain(|(h, _)| !std::ptr::eq(h.ring_ptr(), gone));
+        }
     }
 
     /// Notes a registration (inline data may lie in it); `pd` `None`
@@ -365,6 +396,33 @@ impl Rings {
                             .is_some_and(|e| e <= len)
                 })
             })
+    }
+
+    /// Waits until the daemon took every receive posted without waiting
+    /// (see [`Rings::post_recv`]): called before any send leaves, so a
+    /// peer that learns of a receive from it finds it in the NIC. Free
+    /// when there are none.
+    pub(super) fn fence(&self) {
+        if !self.any_unconfirmed.load(Ordering::Acquire) {
+            return;
+        }
+        let pending = {
+            let mut u = lock(&self.unconfirmed);
+            self.any_unconfirmed.store(false, Ordering::Release);
+            std::mem::take(&mut *u)
+        };
+        if !pending.is_empty() {
+            self.count.fenced_sends.fetch_add(1, Ordering::Relaxed);
+        }
+        for (h, prod) in pending {
+            if let Some(r) = h.ring() {
+                if r.ring.consumer() < prod && !taken(r, prod, &self.count) {
+                    // The daemon is slow to take it (its poller has the
+                    // doorbell): the send goes anyway.
+                    tracing::debug!("nicd client: a receive not taken within the fence's wait");
+                }
+            }
+        }
     }
 
     /// Posts the first WRs of `wrs` that fit into the SQ ring of QP
@@ -428,8 +486,29 @@ impl Rings {
         } else {
             0
         };
-        // A receive must be the NIC's when the post returns (a peer told
-        // of it may send at once).
+        // A receive must be the NIC's before a peer can be told of it.
+        // On a queue that runs (an RTS QP's, or an SRQ, the daemon took
+        // from before) the peer learns of it by a send of ours, so the
+        // receive is left to the daemon and every later send waits for
+        // it ([`Rings::fence`]): a server that answers each completion
+        // with a new receive does not wait for the daemon each time.
+        // Otherwise (a queue being filled before its QP is announced,
+        // perhaps out of band) the post waits here.
+        let running = match &wq {
+            WqHold::Qp(q) => *lock(&q.state) == QpState::Rts,
+            WqHold::Srq(_) => true,
+        };
+        if n > 0 && running && r.ring.consumer() > 0 {
+            let prod = g.prod;
+            let mut u = lock(&self.unconfirmed);
+            match u.iter_mut().find(|(h, _)| std::ptr::eq(h.ring_ptr(), r)) {
+                Some((_, p)) => *p = prod,
+                None => u.push((wq.clone(), prod)),
+            }
+            self.any_unconfirmed.store(true, Ordering::Release);
+            self.count.deferred_receives.fetch_add(1, Ordering::Relaxed);
+            return finish(n, wrs, rest);
+        }
         if n > 0 && !taken(r, g.prod, &self.count) {
             // The socket's post of nothing takes the ring first.
             rest(&[])?;
@@ -633,12 +712,18 @@ fn taken(r: &WqRing, prod: u64, count: &Count) -> bool {
 }
 
 /// A work queue held while posting.
+#[derive(Clone)]
 enum WqHold {
     Qp(Arc<QpRings>),
     Srq(Arc<WqRing>),
 }
 
 impl WqHold {
+    /// The receive ring's address (to know it again).
+    fn ring_ptr(&self) -> *const WqRing {
+        self.ring().map_or(std::ptr::null(), |r| r as *const WqRing)
+    }
+
     fn ring(&self) -> Option<&WqRing> {
         match self {
             WqHold::Qp(q) => q.rq.as_ref(),
