@@ -254,8 +254,16 @@ pub fn ensure(socket: &Path, ips: &[IpAddr], how: &OnDemand) -> Result<Ensured, 
         .open(&log)
         .map_err(spawn_err)?;
     let err = out.try_clone().map_err(spawn_err)?;
-    let mut cmd = Command::new(&program);
-    cmd.arg("--socket").arg(socket);
+    // It runs in `/`: paths given relative to here are made absolute
+    // (a bare program name is looked up on PATH).
+    let abs = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_owned());
+    let exe = if program.components().count() > 1 {
+        abs(&program)
+    } else {
+        program.clone()
+    };
+    let mut cmd = Command::new(&exe);
+    cmd.arg("--socket").arg(abs(socket));
     for ip in ips {
         cmd.arg("--ip").arg(ip.to_string());
     }
@@ -264,8 +272,10 @@ pub fn ensure(socket: &Path, ips: &[IpAddr], how: &OnDemand) -> Result<Ensured, 
         .stdin(Stdio::null())
         .stdout(out)
         .stderr(err);
-    // Its own process group: the tool's Ctrl-C is not its end.
+    // Its own process group: the tool's Ctrl-C is not its end. In `/`,
+    // so it holds no directory of the tool's busy (a mount to unmount).
     std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+    cmd.current_dir("/");
     let mut child = cmd.spawn().map_err(spawn_err)?;
     let pid = child.id();
     let start = Instant::now();

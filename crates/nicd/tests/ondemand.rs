@@ -72,6 +72,11 @@ fn two_tools_start_one_daemon_which_leaves_when_idle() {
     assert_eq!(started.len(), 1, "{started:?}");
     let pid = started[0].pid;
     let _reap = Reap(pid);
+    // It keeps no directory of the tool's busy.
+    assert_eq!(
+        std::fs::read_link(format!("/proc/{pid}/cwd")).unwrap(),
+        std::path::Path::new("/")
+    );
     // Both are clients of the one daemon started, which serves the NIC.
     for (_, p, guid) in &got {
         assert_eq!(p.daemon_pid(), pid);
