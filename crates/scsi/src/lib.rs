@@ -80,9 +80,10 @@
 //! GROUPS) raises ASYMMETRIC ACCESS STATE CHANGED (2A/06) on every nexus
 //! that has reached a logical unit (but the one that sent the SET). The
 //! groups are the target's, one logical unit group for every unit. A
-//! pass-through unit's commands are refused by state too and the core
-//! answers REPORT/SET TARGET PORT GROUPS for it, but its INQUIRY data is
-//! the device's (no TPGS bits added yet).
+//! pass-through unit's commands are refused by state too, the core
+//! answers REPORT/SET TARGET PORT GROUPS for it, and its INQUIRY data
+//! carries the target's TPGS and VPD 83h the port's relative port and
+//! group in place of the device's own.
 //!
 //! Task management ([`task`]): ABORT TASK, ABORT TASK SET, CLEAR TASK
 //! SET, LOGICAL UNIT RESET, I_T NEXUS RESET mark commands submitted with

@@ -19,6 +19,13 @@
 //! (serial, NAA from the serial, relative target port), with the device's
 //! peripheral byte. Unset, the device's own identity passes.
 //!
+//! ALUA is the target's too: with target port groups configured, standard
+//! INQUIRY data carries the target's TPGS field in place of the device's,
+//! and VPD 83h the port's relative target port and target port group
+//! designators in place of any target-port ones of the device (SPC-4
+//! 7.8.6.6, 7.8.6.7), as for an emulated unit, so an initiator matches
+//! REPORT TARGET PORT GROUPS (the core's) to the path it came by.
+//!
 //! A LOGICAL UNIT RESET resets the device ([`Executor::reset_device`];
 //! the unit attention the device then reports once is the one the core
 //! already gave every nexus, so it is not passed on). A unit attention
@@ -160,6 +167,16 @@ pub struct PassThrough {
     reset_reported: AtomicBool,
 }
 
+/// The target port a command came through, as INQUIRY shows it: its
+/// relative target port identifier and, with ALUA groups configured, the
+/// TPGS field (SPC-4 6.6.2; 0 without groups) and the port's group.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct PortView {
+    pub(crate) rtpi: u16,
+    pub(crate) tpgs: u8,
+    pub(crate) group: Option<u16>,
+}
+
 /// What the target does after a passed command besides answering it.
 pub(crate) struct Passed {
     pub(crate) response: ScsiResponse,
@@ -278,13 +295,13 @@ impl PassThrough {
     pub(crate) fn run(
         &self,
         dev: &crate::Device,
-        rtpi: u16,
+        port: PortView,
         cdb: &[u8],
         data_out: &[u8],
         bufs: Option<&mut Buffers<'_, '_>>,
         expected: u64,
     ) -> Passed {
-        let r = self.run_inner(dev, rtpi, cdb, data_out, bufs, expected);
+        let r = self.run_inner(dev, port, cdb, data_out, bufs, expected);
         let (response, unit_attention) = match r {
             Ok((answer, data_in, moved)) => answer_response(answer, data_in, moved, expected),
             Err(s) => (
@@ -310,7 +327,7 @@ impl PassThrough {
     fn run_inner(
         &self,
         dev: &crate::Device,
-        rtpi: u16,
+        port: PortView,
         cdb: &[u8],
         data_out: &[u8],
         bufs: Option<&mut Buffers<'_, '_>>,
@@ -318,7 +335,7 @@ impl PassThrough {
     ) -> Result<(Answer, Vec<u8>, u64), Sense> {
         let (dir, len) = transfer(data_out, bufs.as_deref(), expected)?;
         if let Some(page) = inquiry_page(cdb) {
-            return self.inquiry(dev, rtpi, cdb, page, len, bufs);
+            return self.inquiry(dev, port, cdb, page, len, bufs);
         }
         match (dir, bufs) {
             (DataDir::None, _) => {
@@ -358,11 +375,13 @@ impl PassThrough {
     }
 
     /// INQUIRY: the device's answer with the configured vendor and
-    /// product written over it, or VPD 80h/83h from the configuration.
+    /// product (and the target's TPGS) written over it, or VPD 80h/83h
+    /// from the configuration, or the device's VPD 83h with the port's
+    /// designators when ALUA groups are configured.
     fn inquiry(
         &self,
         dev: &crate::Device,
-        rtpi: u16,
+        port: PortView,
         cdb: &[u8],
         page: Option<u8>,
         len: usize,
@@ -381,23 +400,30 @@ impl PassThrough {
                 };
                 let mut d = dev.inquiry(true, p)?;
                 if p == 0x83 {
-                    crate::target::add_relative_port(&mut d, rtpi);
+                    add_port_designators(&mut d, port);
                 }
                 d[0] = peripheral;
-                let n = d.len().min(len);
-                v.truncate(n);
-                v.copy_from_slice(&d[..n]);
-                Answer {
-                    status: Status::Good.code(),
-                    sense: Vec::new(),
-                    resid: len - n,
+                good_from(&mut v, &d)
+            }
+            Some(0x83) if port.group.is_some() => {
+                // The whole page, whatever the initiator's allocation, so
+                // the designators go after the device's last one.
+                let mut d = vec![0u8; VPD_83_MAX];
+                let probe = [0x12, 0x01, 0x83, 0x10, 0x00, 0];
+                let a = self.send(&probe, Data::In(&mut [&mut d[..]]))?;
+                if a.status != Status::Good.code() {
+                    return Ok((a, Vec::new(), 0));
                 }
+                d.truncate(VPD_83_MAX.saturating_sub(a.resid));
+                let mut d = without_port_designators(&d);
+                add_port_designators(&mut d, port);
+                good_from(&mut v, &d)
             }
             _ => {
                 let a = self.send(cdb, Data::In(&mut [&mut v[..]]))?;
                 v.truncate(len.saturating_sub(a.resid));
                 if page.is_none() && a.status == Status::Good.code() {
-                    self.patch_standard(dev, &mut v);
+                    self.patch_standard(dev, port, &mut v);
                 }
                 a
             }
@@ -413,9 +439,10 @@ impl PassThrough {
     }
 
     /// Writes the configured identity over standard INQUIRY data (SPC-4
-    /// 6.6.2), as far as the data goes, and clears NORMACA (the target
-    /// refuses NACA=1 for a passed device).
-    fn patch_standard(&self, dev: &crate::Device, d: &mut [u8]) {
+    /// 6.6.2), as far as the data goes, clears NORMACA (the target
+    /// refuses NACA=1 for a passed device) and, with ALUA groups, puts
+    /// the target's TPGS in byte 5 bits 5..4.
+    fn patch_standard(&self, dev: &crate::Device, port: PortView, d: &mut [u8]) {
         fn put(d: &mut [u8], at: usize, s: &str, n: usize) {
             let field = crate::emulation::pad(s, n);
             for (k, b) in field.into_iter().enumerate() {
@@ -427,6 +454,11 @@ impl PassThrough {
         if let Some(b) = d.get_mut(3) {
             *b &= !0x20;
         }
+        if port.tpgs != 0 {
+            if let Some(b) = d.get_mut(5) {
+                *b = (*b & !0x30) | (port.tpgs << 4);
+            }
+        }
         if self.identity.vendor {
             put(d, 8, &dev.config.vendor, 8);
         }
@@ -434,6 +466,56 @@ impl PassThrough {
             put(d, 16, &dev.config.product, 16);
         }
     }
+}
+
+/// Most bytes of a device's VPD 83h the handler reads to add the port's
+/// designators (the page's length field allows 64 KiB; devices send a
+/// few hundred bytes).
+const VPD_83_MAX: usize = 4096;
+
+/// GOOD with `d` as the data-in, cut to `v`'s length (the allocation).
+fn good_from(v: &mut Vec<u8>, d: &[u8]) -> Answer {
+    let n = d.len().min(v.len());
+    let resid = v.len() - n;
+    v.truncate(n);
+    v.copy_from_slice(&d[..n]);
+    Answer {
+        status: Status::Good.code(),
+        sense: Vec::new(),
+        resid,
+    }
+}
+
+/// The port's relative target port designator and, with ALUA groups, its
+/// target port group designator, appended to VPD 83h data.
+fn add_port_designators(d: &mut Vec<u8>, port: PortView) {
+    crate::target::add_relative_port(d, port.rtpi);
+    if let Some(g) = port.group {
+        crate::alua::add_group_designator(d, g);
+    }
+}
+
+/// A device's VPD 83h page without its relative target port and target
+/// port group designators (association 01b, types 4h and 5h: SPC-4
+/// 7.8.6.6, 7.8.6.7), which are the target's; the rest as it was, its
+/// PAGE LENGTH recomputed. A designator running past the data ends it.
+fn without_port_designators(d: &[u8]) -> Vec<u8> {
+    let mut out: Vec<u8> = d.iter().take(4).copied().collect();
+    out.resize(4, 0);
+    let mut at = 4;
+    while let Some(h) = d.get(at..at + 4) {
+        let end = at + 4 + usize::from(h[3]);
+        let Some(whole) = d.get(at..end) else { break };
+        let association = (h[1] >> 4) & 0x3;
+        let kind = h[1] & 0x0f;
+        if !(association == 1 && matches!(kind, 4 | 5)) {
+            out.extend_from_slice(whole);
+        }
+        at = end;
+    }
+    let len = (out.len() - 4).min(0xffff) as u16;
+    out[2..4].copy_from_slice(&len.to_be_bytes());
+    out
 }
 
 /// Whether the core parses the command's data-out itself (PERSISTENT
@@ -836,6 +918,37 @@ mod tests {
             e => panic!("{e}"),
         }
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_devices_port_designators_give_way_to_the_targets() {
+        // T10 vendor ID (LU), relative port 3 (01b/4h), group 9 (01b/5h),
+        // an NAA of the target port (01b/3h, kept), then a designator
+        // whose length runs past the data (dropped: the page was cut).
+        let mut d = vec![0x00, 0x83, 0, 0];
+        d.extend_from_slice(&[0x02, 0x01, 0, 4, b'A', b'B', b'C', b'D']);
+        d.extend_from_slice(&[0x01, 0x14, 0, 4, 0, 0, 0, 3]);
+        d.extend_from_slice(&[0x01, 0x15, 0, 4, 0, 0, 0, 9]);
+        d.extend_from_slice(&[0x01, 0x13, 0, 8, 0x50, 1, 2, 3, 4, 5, 6, 7]);
+        d.extend_from_slice(&[0x01, 0x03, 0, 16, 0x60]);
+        let mut out = without_port_designators(&d);
+        assert_eq!(&out[4..12], &d[4..12]);
+        assert_eq!(&out[12..24], &d[28..40]);
+        assert_eq!(out.len(), 24);
+        assert_eq!(u16::from_be_bytes([out[2], out[3]]), 20);
+        let port = PortView {
+            rtpi: 2,
+            tpgs: 1,
+            group: Some(0x0102),
+        };
+        add_port_designators(&mut out, port);
+        assert_eq!(
+            &out[24..],
+            &[1, 0x14, 0, 4, 0, 0, 0, 2, 1, 0x15, 0, 4, 0, 0, 1, 2]
+        );
+        assert_eq!(u16::from_be_bytes([out[2], out[3]]), 36);
+        // Less than a header: an empty page.
+        assert_eq!(without_port_designators(&[0, 0x83]), [0, 0x83, 0, 0]);
     }
 
     #[test]

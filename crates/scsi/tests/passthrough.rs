@@ -79,11 +79,13 @@ impl Executor for Shared {
             pieces,
             out,
         });
-        let (fill, answer) = match f.script.lock().unwrap().pop_front() {
+        let (fill, mut answer) = match f.script.lock().unwrap().pop_front() {
             Some(s) => s?,
             None => ((0..len).map(|k| k as u8).collect(), good()),
         };
         if let Data::In(p) = data {
+            // Data-in the device did not send is a residual, as SG_IO says.
+            answer.resid = answer.resid.max(len.saturating_sub(fill.len()));
             let mut src = fill.iter();
             for piece in p.iter_mut() {
                 for b in piece.iter_mut() {
@@ -601,4 +603,141 @@ fn alua_states_refuse_before_the_device_and_groups_are_the_targets() {
     let r = t.execute(&a, l0(), &[0x12, 0, 0, 0, 36, 0], &[], 36);
     assert_eq!(r.status, Status::Good);
     assert_eq!(fake.calls().len(), 1);
+}
+
+/// VPD 83h of a device: an NAA designator (LU), and its own relative
+/// target port designator (port 9), which is not the target's.
+fn device_vpd83() -> Vec<u8> {
+    let mut d = vec![0x00, 0x83, 0, 0];
+    // NAA 6, LU association (00b), 16 bytes.
+    d.extend_from_slice(&[0x01, 0x03, 0x00, 0x10]);
+    d.extend_from_slice(&[0x60, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]);
+    // Relative target port 9 (association 01b, type 4h).
+    d.extend_from_slice(&[0x01, 0x14, 0x00, 0x04, 0, 0, 0, 9]);
+    let n = (d.len() - 4) as u16;
+    d[2..4].copy_from_slice(&n.to_be_bytes());
+    d
+}
+
+/// The designators of VPD 83h data: (association and type byte, value).
+fn designators(d: &[u8]) -> Vec<(u8, Vec<u8>)> {
+    let n = usize::from(u16::from_be_bytes([d[2], d[3]]));
+    assert_eq!(d.len(), 4 + n, "PAGE LENGTH covers the page");
+    let mut out = Vec::new();
+    let mut at = 4;
+    while at < d.len() {
+        let l = usize::from(d[at + 3]);
+        out.push((d[at + 1], d[at + 4..at + 4 + l].to_vec()));
+        at += 4 + l;
+    }
+    out
+}
+
+#[test]
+fn with_alua_groups_inquiry_shows_the_targets_tpgs_and_the_ports_group() {
+    let (fake, t, a) = setup();
+    t.set_relative_port_id("p", 2).unwrap();
+    // No groups yet: the device's TPGS bits (11b) and its VPD 83h pass.
+    let mut std = tape_inquiry();
+    std[5] = 0x30;
+    fake.then(Ok((std.clone(), good())));
+    let d = t
+        .execute(&a, l0(), &[0x12, 0, 0, 0, 36, 0], &[], 36)
+        .data_in;
+    assert_eq!(d[5] & 0x30, 0x30, "the device's own TPGS without groups");
+    fake.then(Ok((device_vpd83(), good())));
+    let d = t
+        .execute(&a, l0(), &[0x12, 1, 0x83, 0, 255, 0], &[], 255)
+        .data_in;
+    assert_eq!(d, device_vpd83());
+
+    t.set_alua(Alua {
+        groups: vec![PortGroup {
+            id: 7,
+            state: AccessState::ActiveOptimized,
+            preferred: false,
+            ports: vec![2],
+            status: Default::default(),
+        }],
+        explicit: false,
+        transition_secs: 0,
+    });
+    // The state change's unit attention first (INQUIRY is not held by it).
+    let r = t.execute(&a, l0(), &[0; 6], &[], 0);
+    assert_eq!(r.sense.unwrap().asc, Asc::ASYMMETRIC_ACCESS_STATE_CHANGED);
+    fake.then(Ok((std, good())));
+    let d = t
+        .execute(&a, l0(), &[0x12, 0, 0, 0, 36, 0], &[], 36)
+        .data_in;
+    assert_eq!(d[5] & 0x30, 0x10, "TPGS 01b: implicit ALUA, the target's");
+    assert_eq!(d[5] & !0x30, 0, "the rest of byte 5 is the device's");
+    assert_eq!(d[0], 0x01, "still the device's type");
+
+    fake.then(Ok((device_vpd83(), good())));
+    let d = t
+        .execute(&a, l0(), &[0x12, 1, 0x83, 0, 255, 0], &[], 255)
+        .data_in;
+    assert_eq!(
+        designators(&d),
+        vec![
+            (0x03, device_vpd83()[8..24].to_vec()),
+            (0x14, vec![0, 0, 0, 2]),
+            (0x15, vec![0, 0, 0, 7]),
+        ],
+        "the device's NAA; the target's relative port and group, not the device's port 9"
+    );
+    let probe = fake.calls().last().unwrap().cdb.clone();
+    assert_eq!(
+        probe,
+        [0x12, 1, 0x83, 0x10, 0, 0],
+        "the whole page was asked for"
+    );
+    // An allocation shorter than the page: the same bytes, cut.
+    fake.then(Ok((device_vpd83(), good())));
+    let r = t.execute(&a, l0(), &[0x12, 1, 0x83, 0, 30, 0], &[], 30);
+    assert_eq!(r.data_in, d[..30]);
+    assert_eq!(r.residual, Residual::None);
+    // The device refusing the page: its answer passes.
+    let refusal = Sense::new(SenseKey::IllegalRequest, Asc::INVALID_FIELD_IN_CDB).to_fixed();
+    fake.then(Ok((Vec::new(), check_condition(refusal.clone()))));
+    let r = t.execute(&a, l0(), &[0x12, 1, 0x83, 0, 255, 0], &[], 255);
+    assert_eq!(r.status, Status::CheckCondition);
+    assert_eq!(r.sense_bytes().unwrap(), refusal);
+
+    // With a configured serial the target's page carries the group too.
+    let config = DeviceConfig {
+        serial: "SN-7".into(),
+        ..DeviceConfig::default()
+    };
+    let identity = Identity {
+        serial: true,
+        ..Identity::default()
+    };
+    let (fake, dev) = passed(identity, config);
+    let (t, n) = target(dev);
+    t.set_relative_port_id("p", 2).unwrap();
+    t.set_alua(Alua {
+        groups: vec![PortGroup {
+            id: 7,
+            state: AccessState::ActiveOptimized,
+            preferred: false,
+            ports: vec![2],
+            status: Default::default(),
+        }],
+        explicit: true,
+        transition_secs: 0,
+    });
+    let _ = t.execute(&n, l0(), &[0; 6], &[], 0);
+    fake.then(Ok((tape_inquiry(), good())));
+    let d = t
+        .execute(&n, l0(), &[0x12, 1, 0x83, 0, 255, 0], &[], 255)
+        .data_in;
+    let ds = designators(&d);
+    assert!(ds.contains(&(0x14, vec![0, 0, 0, 2])), "{ds:?}");
+    assert!(ds.contains(&(0x15, vec![0, 0, 0, 7])), "{ds:?}");
+    fake.then(Ok((tape_inquiry(), good())));
+    let d = t
+        .execute(&n, l0(), &[0x12, 0, 0, 0, 36, 0], &[], 36)
+        .data_in;
+    assert_eq!(d[5] & 0x30, 0x30, "TPGS 11b: explicit allowed");
 }

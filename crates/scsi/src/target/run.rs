@@ -39,7 +39,12 @@ impl Target {
             };
             if !keeps {
                 let d = d.clone();
-                return self.run_passed(st, nexus, lun, &d, rtpi, cdb, data_out, expected, bufs);
+                let port = crate::passthrough::PortView {
+                    rtpi,
+                    tpgs,
+                    group: port_group,
+                };
+                return self.run_passed(st, nexus, lun, &d, port, cdb, data_out, expected, bufs);
             }
         }
         let cmd = match parsed {
@@ -286,7 +291,7 @@ impl Target {
         nexus: &Nexus,
         lun: Lun,
         dev: &Arc<Device>,
-        rtpi: u16,
+        port: crate::passthrough::PortView,
         cdb: &[u8],
         data_out: &[u8],
         expected: u64,
@@ -321,7 +326,7 @@ impl Target {
         }
         // The port's group state refuses what it does not serve, before
         // the device sees it (SPC-4 5.16.2.4).
-        if let Some(Err(s)) = st.alua.group_of(rtpi).map(|g| g.state.admit(cdb)) {
+        if let Some(Err(s)) = st.alua.group_of(port.rtpi).map(|g| g.state.admit(cdb)) {
             return ScsiResponse::check(s, expected);
         }
         drop(st);
@@ -337,7 +342,7 @@ impl Target {
         if conflict {
             return ScsiResponse::status_only(Status::ReservationConflict, expected);
         }
-        let passed = handler.run(dev, rtpi, cdb, data_out, bufs, expected);
+        let passed = handler.run(dev, port, cdb, data_out, bufs, expected);
         if let Some(asc) = passed.unit_attention {
             // What the device told this nexus, the others learn too.
             self.raise_where(dev, asc, |x| x != nexus);
