@@ -741,3 +741,332 @@ fn with_alua_groups_inquiry_shows_the_targets_tpgs_and_the_ports_group() {
         .data_in;
     assert_eq!(d[5] & 0x30, 0x30, "TPGS 11b: explicit allowed");
 }
+
+/// A tape drive in fixed-block mode (SSC-3), as small as the test needs:
+/// READ(6)/WRITE(6) with FIXED=1, WRITE FILEMARKS(6), REWIND, SPACE
+/// (blocks and filemarks) and READ POSITION's short form. A record is a
+/// block or a filemark (`None`); `at` is the position in records. Each
+/// command is recorded with the direction and length the executor got.
+struct Tape {
+    block: usize,
+    records: Mutex<(Vec<Option<Vec<u8>>>, usize)>,
+    calls: Mutex<Vec<(u8, DataDir, usize, usize)>>,
+}
+
+impl Tape {
+    fn new(block: usize) -> Arc<Tape> {
+        Arc::new(Tape {
+            block,
+            records: Mutex::new((Vec::new(), 0)),
+            calls: Mutex::new(Vec::new()),
+        })
+    }
+}
+
+/// Fixed sense with the tape's FILEMARK/EOM/ILI bits and an INFORMATION
+/// field (SSC-3 4.2.6: the residue in blocks).
+fn tape_sense(key: u8, bits: u8, info: u32, asc: (u8, u8)) -> Vec<u8> {
+    let mut s = vec![0u8; 18];
+    s[0] = 0xf0; // VALID, current, fixed
+    s[2] = bits | key;
+    s[3..7].copy_from_slice(&info.to_be_bytes());
+    s[7] = 10;
+    (s[12], s[13]) = asc;
+    s
+}
+
+struct TapeExec(Arc<Tape>);
+
+impl Executor for TapeExec {
+    fn execute(&self, cdb: &[u8], data: Data<'_, '_>, _t: u32) -> Result<Answer, ExecError> {
+        let tape = &self.0;
+        let pieces = match &data {
+            Data::In(p) => p.len(),
+            Data::Out(p) => p.len(),
+            Data::None => 0,
+        };
+        tape.calls
+            .lock()
+            .unwrap()
+            .push((cdb[0], data.dir(), data.len(), pieces));
+        let mut g = tape.records.lock().unwrap();
+        let (records, at) = &mut *g;
+        let count24 = || u32::from_be_bytes([0, cdb[2], cdb[3], cdb[4]]) as usize;
+        let bad = || Ok(check_condition(tape_sense(0x05, 0, 0, (0x24, 0))));
+        match (cdb[0], data) {
+            (0x01, Data::None) => {
+                *at = 0;
+                Ok(good())
+            }
+            (0x0a, Data::Out(p)) if cdb[1] & 1 == 1 => {
+                let bytes = p.concat();
+                if bytes.len() != count24() * tape.block {
+                    return bad();
+                }
+                // Writing ends the medium's data at the position.
+                records.truncate(*at);
+                for b in bytes.chunks(tape.block) {
+                    records.push(Some(b.to_vec()));
+                }
+                *at = records.len();
+                Ok(good())
+            }
+            (0x10, Data::None) => {
+                records.truncate(*at);
+                records.extend((0..count24()).map(|_| None));
+                *at = records.len();
+                Ok(good())
+            }
+            (0x08, Data::In(p)) if cdb[1] & 1 == 1 => {
+                let want = count24();
+                let mut out = Vec::new();
+                let mut sense = None;
+                for k in 0..want {
+                    match records.get(*at) {
+                        Some(Some(b)) => {
+                            out.extend_from_slice(b);
+                            *at += 1;
+                        }
+                        // A filemark: read stops past it, FILEMARK set.
+                        Some(None) => {
+                            *at += 1;
+                            sense = Some(tape_sense(0, 0x80, (want - k) as u32, (0, 1)));
+                            break;
+                        }
+                        // End of data: BLANK CHECK.
+                        None => {
+                            sense = Some(tape_sense(0x08, 0, (want - k) as u32, (0, 5)));
+                            break;
+                        }
+                    }
+                }
+                let mut src = out.iter();
+                for piece in p.iter_mut() {
+                    for b in piece.iter_mut() {
+                        if let Some(x) = src.next() {
+                            *b = *x;
+                        }
+                    }
+                }
+                let resid = want * tape.block - out.len();
+                Ok(match sense {
+                    Some(s) => Answer {
+                        resid,
+                        ..check_condition(s)
+                    },
+                    None => good(),
+                })
+            }
+            (0x11, Data::None) => {
+                // SPACE: a 24-bit two's complement count of blocks (code
+                // 0) or filemarks (code 1).
+                let n = i32::from_be_bytes([cdb[2], cdb[3], cdb[4], 0]) >> 8;
+                match cdb[1] & 0x0f {
+                    0 => {
+                        let to = *at as i64 + i64::from(n);
+                        if to < 0 || to as usize > records.len() {
+                            return bad();
+                        }
+                        *at = to as usize;
+                    }
+                    1 if n > 0 => {
+                        for _ in 0..n {
+                            match records[*at..].iter().position(Option::is_none) {
+                                Some(k) => *at += k + 1,
+                                None => return bad(),
+                            }
+                        }
+                    }
+                    _ => return bad(),
+                }
+                Ok(good())
+            }
+            (0x34, Data::In(p)) => {
+                // Short form (SSC-3 7.7.2): BOP, then first and last
+                // block locations.
+                let mut d = [0u8; 20];
+                d[0] = if *at == 0 { 0x80 } else { 0 };
+                d[4..8].copy_from_slice(&(*at as u32).to_be_bytes());
+                d[8..12].copy_from_slice(&(*at as u32).to_be_bytes());
+                let mut src = d.iter();
+                for piece in p.iter_mut() {
+                    for b in piece.iter_mut() {
+                        if let Some(x) = src.next() {
+                            *b = *x;
+                        }
+                    }
+                }
+                Ok(good())
+            }
+            (0x12, Data::In(p)) => {
+                let d = tape_inquiry();
+                let mut src = d.iter();
+                let mut n = 0;
+                for piece in p.iter_mut() {
+                    for b in piece.iter_mut() {
+                        if let Some(x) = src.next() {
+                            *b = *x;
+                            n += 1;
+                        }
+                    }
+                }
+                let len: usize = p.iter().map(|x| x.len()).sum();
+                Ok(Answer {
+                    resid: len - n,
+                    ..good()
+                })
+            }
+            _ => Ok(check_condition(tape_sense(0x05, 0, 0, (0x20, 0)))),
+        }
+    }
+
+    fn reset_device(&self) -> Result<(), ExecError> {
+        Ok(())
+    }
+}
+
+/// Runs `cdb` through the target with the data in `pieces` of the given
+/// sizes (data-out `out`, or data-in of `expect` bytes), as a transport
+/// brings them: the response and the data-in gathered.
+fn through_pieces(
+    t: &Target,
+    n: &Nexus,
+    cdb: &[u8],
+    out: &[u8],
+    expect: usize,
+    cut: usize,
+) -> (ScsiResponse, Vec<u8>) {
+    if !out.is_empty() {
+        let pieces: Vec<&[u8]> = out.chunks(cut).collect();
+        let mut bufs = Buffers::data_out(&pieces);
+        let r = t.submit_attr_into(
+            n,
+            l0(),
+            1,
+            TaskAttr::Simple,
+            cdb,
+            &[],
+            out.len() as u64,
+            Some(&mut bufs),
+        );
+        return (r, Vec::new());
+    }
+    let mut backing = vec![0u8; expect];
+    let mut pieces: Vec<&mut [u8]> = backing.chunks_mut(cut.max(1)).collect();
+    let mut bufs = Buffers::data_in(&mut pieces);
+    let r = t.submit_attr_into(
+        n,
+        l0(),
+        1,
+        TaskAttr::Simple,
+        cdb,
+        &[],
+        expect as u64,
+        Some(&mut bufs),
+    );
+    let got = match bufs.placed() {
+        0 => r.data_in.clone(),
+        placed => backing[..placed].to_vec(),
+    };
+    (r, got)
+}
+
+#[test]
+fn a_tape_drive_passes_its_commands_with_the_transports_directions_and_lengths() {
+    const BLOCK: usize = 512;
+    let tape = Tape::new(BLOCK);
+    let h = PassThrough::new(Box::new(TapeExec(tape.clone())), Identity::default());
+    let dev = Device::pass_through(DeviceConfig::default(), h).unwrap();
+    let (t, n) = target(dev);
+    // Every byte of block k says k and where in the block it is.
+    let blocks = |from: usize, count: usize| -> Vec<u8> {
+        (from..from + count)
+            .flat_map(|k| (0..BLOCK).map(move |i| (k * 7 + i) as u8))
+            .collect()
+    };
+    let inq = t
+        .execute(&n, l0(), &[0x12, 0, 0, 0, 36, 0], &[], 36)
+        .data_in;
+    assert_eq!(
+        inq[0], 0x01,
+        "a sequential-access device, the device's type"
+    );
+
+    // WRITE(6) FIXED: 5 blocks from pieces of 700 bytes (not block
+    // aligned), then a filemark, then 3 more blocks.
+    let (r, _) = through_pieces(&t, &n, &[0x0a, 0x01, 0, 0, 5, 0], &blocks(0, 5), 0, 700);
+    assert_eq!(r.status, Status::Good);
+    let r = t.execute(&n, l0(), &[0x10, 0x01, 0, 0, 1, 0], &[], 0);
+    assert_eq!(r.status, Status::Good);
+    let (r, _) = through_pieces(&t, &n, &[0x0a, 0x01, 0, 0, 3, 0], &blocks(5, 3), 0, 512);
+    assert_eq!(r.status, Status::Good);
+
+    // REWIND, READ POSITION: beginning of partition, block 0.
+    assert_eq!(
+        t.execute(&n, l0(), &[0x01, 0, 0, 0, 0, 0], &[], 0).status,
+        Status::Good
+    );
+    let (r, pos) = through_pieces(&t, &n, &[0x34, 0, 0, 0, 0, 0, 0, 0, 0, 0], &[], 20, 7);
+    assert_eq!(r.status, Status::Good);
+    assert_eq!(pos[0] & 0x80, 0x80, "BOP");
+    assert_eq!(&pos[4..8], &[0, 0, 0, 0]);
+
+    // SPACE 2 blocks forward, READ(6) FIXED 3 blocks into 300-byte
+    // pieces: blocks 2, 3, 4 byte for byte.
+    let r = t.execute(&n, l0(), &[0x11, 0x00, 0, 0, 2, 0], &[], 0);
+    assert_eq!(r.status, Status::Good);
+    let (r, got) = through_pieces(&t, &n, &[0x08, 0x01, 0, 0, 3, 0], &[], 3 * BLOCK, 300);
+    assert_eq!(r.status, Status::Good);
+    assert!(got == blocks(2, 3), "blocks 2..5 read back as written");
+
+    // READ(6) of 2 blocks at the filemark: CHECK CONDITION with the
+    // drive's FILEMARK bit and INFORMATION (2 blocks not read), the
+    // whole transfer a residual.
+    let (r, _) = through_pieces(&t, &n, &[0x08, 0x01, 0, 0, 2, 0], &[], 2 * BLOCK, 512);
+    assert_eq!(r.status, Status::CheckCondition);
+    let s = r.sense_bytes().unwrap();
+    assert_eq!(
+        s,
+        tape_sense(0, 0x80, 2, (0, 1)),
+        "the drive's sense as it gave it"
+    );
+    assert_eq!(r.residual, Residual::Under(2 * BLOCK as u64));
+
+    // SPACE back one filemark is refused by this drive; SPACE -1 block
+    // (24-bit two's complement) is taken: the position is the filemark.
+    let r = t.execute(&n, l0(), &[0x11, 0x00, 0xff, 0xff, 0xff, 0], &[], 0);
+    assert_eq!(r.status, Status::Good);
+    let (_, pos) = through_pieces(&t, &n, &[0x34, 0, 0, 0, 0, 0, 0, 0, 0, 0], &[], 20, 20);
+    assert_eq!(&pos[4..8], &[0, 0, 0, 5], "at the filemark (record 5)");
+    // Past it, the last 3 blocks; then BLANK CHECK at the end of data.
+    let r = t.execute(&n, l0(), &[0x11, 0x01, 0, 0, 1, 0], &[], 0);
+    assert_eq!(r.status, Status::Good);
+    let (r, got) = through_pieces(&t, &n, &[0x08, 0x01, 0, 0, 4, 0], &[], 4 * BLOCK, 1000);
+    assert_eq!(r.status, Status::CheckCondition);
+    assert_eq!(r.sense.unwrap().key, SenseKey::from(0x08), "BLANK CHECK");
+    assert_eq!(r.residual, Residual::Under(BLOCK as u64));
+    assert!(
+        got[..3 * BLOCK] == blocks(5, 3),
+        "the 3 blocks past the filemark"
+    );
+
+    // What the drive was asked: every direction and length the
+    // transport's, in as many pieces as the transport brought.
+    let calls = tape.calls.lock().unwrap().clone();
+    let want = [
+        (0x12, DataDir::In, 36, 1),
+        (0x0a, DataDir::Out, 5 * BLOCK, 4),
+        (0x10, DataDir::None, 0, 0),
+        (0x0a, DataDir::Out, 3 * BLOCK, 3),
+        (0x01, DataDir::None, 0, 0),
+        (0x34, DataDir::In, 20, 3),
+        (0x11, DataDir::None, 0, 0),
+        (0x08, DataDir::In, 3 * BLOCK, 6),
+        (0x08, DataDir::In, 2 * BLOCK, 2),
+        (0x11, DataDir::None, 0, 0),
+        (0x34, DataDir::In, 20, 1),
+        (0x11, DataDir::None, 0, 0),
+        (0x08, DataDir::In, 4 * BLOCK, 3),
+    ];
+    assert_eq!(calls, want);
+}
