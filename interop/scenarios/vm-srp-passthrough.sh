@@ -1,18 +1,25 @@
 # shellcheck shell=bash
 # vm-srp-passthrough: srptd exporting a real SCSI device by pass-through
 # (issue 29 item 1, SCST's scst_disk). VM a loads scsi_debug (a 16 MiB
-# disk whose reads of LBAs 30000..30007 fail with MEDIUM ERROR: opts=2),
-# finds its sg node, checks the config with `srptd --check` (and that a
-# pass-through on /dev/null is refused naming the key), and runs srptd
-# with that node as LUN 0 (handler = "pass-through", vendor and usn
+# disk whose reads of LBAs 30000..30007 fail with MEDIUM ERROR, device
+# resets logged: opts=0x2002; commands answered in the submitting thread,
+# delay=0), finds its sg node, checks the config with `srptd --check` (and
+# that a pass-through on /dev/null is refused naming the key), and runs
+# srptd with that node as LUN 0 (handler = "pass-through", vendor and usn
 # overridden). VM b logs in with Linux ib_srp (vm-srp's initiator login)
 # and checks: INQUIRY shows the configured vendor over the device's
 # product, VPD 80h the configured usn; a dd pattern written and read back;
 # fio crc32c verify; the injected medium error reaches the initiator with
 # the device's own sense (sg_raw shows its INFORMATION field, the LBA);
-# PERSISTENT RESERVE OUT/IN answered by srptd (scsi_debug has no PR); a
-# LUN reset (sg_reset --device, SG_SCSI_RESET on the target's side) and
-# I/O after it; logout.
+# PERSISTENT RESERVE OUT/IN answered by srptd (scsi_debug has no PR). A
+# second ib_srp login with another initiator_ext (another initiator port
+# ID, so another I_T nexus and a second disk) shows the reservations are
+# per initiator: with the first holding WRITE EXCLUSIVE, the second's
+# WRITE and RESERVE get RESERVATION CONFLICT, its READ passes, and after
+# the release its WRITE passes. A LUN reset (sg_reset --device, SG_SCSI_RESET
+# on the target's side) with no I/O and one while a fio crc32c verify job
+# runs (the job still passes); VM a then counts scsi_debug's device resets
+# in its kernel log (at least the two). Logout of both logins.
 # Needs the binary: cargo build --release -p srptd (SRPTD overrides).
 
 # shellcheck source=vm-srp-ours.sh
@@ -36,7 +43,7 @@ guest_target() {
   local ip guid_b sg tgt_guid done_msg
   ip=$(my_ip)
   modprobe sg
-  modprobe scsi_debug dev_size_mb=16 opts=2 medium_error_start=$MEDIUM_ERROR_LBA medium_error_count=8 ||
+  modprobe scsi_debug dev_size_mb=16 opts=0x2002 delay=0 medium_error_start=$MEDIUM_ERROR_LBA medium_error_count=8 ||
     fail "modprobe scsi_debug (is it in the image's GUEST_MODULES?)"
   wait_until 30 "scsi_debug's sg node" sg_of_scsi_debug
   sg=$(sg_of_scsi_debug)
@@ -79,17 +86,13 @@ TOML
   step "srptd ready, waiting for the initiator"
   done_msg=$(msg_recv 7001 "${DONE_TIMEOUT:-900}")
   [ "$done_msg" = done ] || fail "initiator reported '$done_msg'"
-  # The initiator's LUN reset reached the device (SG_SCSI_RESET): scsi_debug
-  # counts the device resets its host was asked for.
+  # The initiator's LUN resets reached the device (SG_SCSI_RESET): with
+  # opts' reset noise (0x2000) scsi_debug logs each device reset it is
+  # asked for (Debian's kernel has no /proc/scsi, where it counts them).
   local resets
-  resets=$(cat /proc/scsi/scsi_debug/* 2>/dev/null | grep -o "RESETs: device=[0-9]*" | head -1 || true)
-  case $resets in
-    # Debian's kernel has no /proc/scsi (SCSI_PROC_FS off), where
-    # scsi_debug shows its counters.
-    "") step "NOTE: no scsi_debug reset counter (no /proc/scsi): the device reset is not checked" ;;
-    *device=0) fail "the LUN reset did not reach the device ($resets)" ;;
-    *) step "scsi_debug $resets: the LUN reset reached the device" ;;
-  esac
+  resets=$(dmesg | grep -cE "scsi_debug_device_reset|doing device reset" || true)
+  [ "$resets" -ge 2 ] || { dmesg | tail -20; fail "scsi_debug saw $resets device resets, not the initiator's 2"; }
+  step "scsi_debug logged $resets device resets: the LUN resets reached the device"
   grep -qi "panic" /tmp/srptd.log && { cat /tmp/srptd.log; fail "srptd panicked"; }
   tail -5 /tmp/srptd.log
 }
@@ -143,10 +146,16 @@ guest_initiator() {
   sg_persist --out --register --param-rk=0x1234abcd --param-sark=0 "$dev" >/dev/null 2>&1 || fail "PR OUT unregister"
   step "PR: register, reserve (write exclusive), read keys/reservation, release, unregister"
 
+  second_nexus_reservations "$dev"
+
   sg_reset --device "$dev" || fail "sg_reset --device"
   dd if="$dev" of=/tmp/readback bs=64k count=64 iflag=direct 2>&1 | tail -1
   cmp /tmp/pattern /tmp/readback || fail "data differs after the LUN reset"
   step "LUN reset: device reset, 4 MiB read back identical after it"
+
+  reset_under_io "$dev"
+  dd if="$dev" of=/tmp/readback bs=64k count=64 iflag=direct 2>&1 | tail -1
+  cmp /tmp/pattern /tmp/readback || fail "data differs after the LUN reset under I/O"
 
   local p
   for p in /sys/class/srp_remote_ports/port-*; do
@@ -154,4 +163,90 @@ guest_initiator() {
   done
   wait_until 60 "disk removal" sh -c '! ls /sys/block | grep -q "^sd"'
   msg_send "$a" 7001 120 done
+}
+
+# Prints every sdX whose SCSI vendor is DISK_VENDOR, one a line.
+our_disks() {
+  local d
+  for d in /sys/block/sd*; do
+    [ -e "$d/device/vendor" ] || continue
+    grep -q "$DISK_VENDOR" "$d/device/vendor" && echo "${d##*/}"
+  done
+  return 0
+}
+
+# second_nexus_reservations DEV: a second ib_srp login (initiator_ext 2,
+# so another initiator port ID) gives a second disk on the same LU; the
+# reservation one nexus holds is enforced on the other (SPC-4 5.13).
+second_nexus_reservations() {
+  local dev1=$1 dev2 a tgt add out rc
+  a=$(host_ip a)
+  tgt=$(our_guid "$a")
+  add=/sys/class/infiniband_srp/srp-rxe0-1/add_target
+  retry 120 "second SRP login" sh -c "echo id_ext=$tgt,ioc_guid=$tgt,dest=$a:$SRP_PORT,initiator_ext=0000000000000002 >$add"
+  wait_until 120 "a second $DISK_VENDOR disk" sh -c "[ \$(grep -l $DISK_VENDOR /sys/block/sd*/device/vendor | wc -l) -ge 2 ]"
+  dev2=/dev/$(our_disks | grep -vx "${dev1#/dev/}" | head -1)
+  wait_until 30 "$dev2 node" test -b "$dev2"
+  step "second login (initiator_ext 2): $dev2, the same LU as $dev1"
+  head -c 512 /dev/urandom >/tmp/blk
+  # LBA 20480 (10 MiB), in the region fio overwrites later.
+  local wr=(2a 00 00 00 50 00 00 00 01 00) rd=(28 00 00 00 50 00 00 00 01 00)
+
+  sg_persist --out --register --param-sark=0xa1 "$dev1" >/dev/null 2>&1 || fail "PR OUT REGISTER (first nexus)"
+  sg_persist --out --reserve --param-rk=0xa1 --prout-type=1 "$dev1" >/dev/null 2>&1 || fail "PR OUT RESERVE (first nexus)"
+  sg_persist --out --register --param-sark=0xb2 "$dev2" >/dev/null 2>&1 || fail "PR OUT REGISTER (second nexus)"
+  out=$(sg_persist --in --read-keys "$dev2" 2>&1)
+  echo "$out" | sed 's/^/  /'
+  echo "$out" | grep -qi "0xa1" && echo "$out" | grep -qi "0xb2" || fail "READ KEYS through the second nexus lacks a key"
+  out=$(sg_persist --in --read-reservation "$dev2" 2>&1)
+  echo "$out" | grep -qi "Key=0xa1" && echo "$out" | grep -qi "Write Exclusive" ||
+    { echo "$out"; fail "the second nexus does not see the first's Write Exclusive reservation"; }
+
+  # The second nexus: WRITE and RESERVE conflict, READ passes.
+  rc=0; out=$(sg_raw -s 512 -i /tmp/blk "$dev2" "${wr[@]}" 2>&1) || rc=$?
+  echo "$out" | sed 's/^/  /'
+  echo "$out" | grep -qi "Reservation Conflict" ||
+    fail "the second nexus's WRITE under the first's reservation: no RESERVATION CONFLICT (rc $rc)"
+  rc=0; sg_persist --out --reserve --param-rk=0xb2 --prout-type=1 "$dev2" >/tmp/res2.out 2>&1 || rc=$?
+  [ $rc -ne 0 ] && grep -qi "conflict" /tmp/res2.out ||
+    { cat /tmp/res2.out; fail "the second nexus's RESERVE under the first's reservation: no RESERVATION CONFLICT (exit $rc)"; }
+  sg_raw -r 512 "$dev2" "${rd[@]}" >/dev/null 2>&1 || fail "the second nexus's READ under Write Exclusive was refused"
+  sg_raw -s 512 -i /tmp/blk "$dev1" "${wr[@]}" >/dev/null 2>&1 || fail "the holder's WRITE was refused"
+  step "PR across nexuses: first holds Write Exclusive; second's WRITE and RESERVE get RESERVATION CONFLICT, its READ passes"
+
+  sg_persist --out --release --param-rk=0xa1 --prout-type=1 "$dev1" >/dev/null 2>&1 || fail "PR OUT RELEASE"
+  sg_raw -s 512 -i /tmp/blk "$dev2" "${wr[@]}" >/dev/null 2>&1 || fail "the second nexus's WRITE after the release was refused"
+  sg_persist --out --register --param-rk=0xa1 --param-sark=0 "$dev1" >/dev/null 2>&1 || fail "PR OUT unregister (first)"
+  sg_persist --out --register --param-rk=0xb2 --param-sark=0 "$dev2" >/dev/null 2>&1 || fail "PR OUT unregister (second)"
+  out=$(sg_persist --in --read-keys "$dev1" 2>&1)
+  echo "$out" | grep -qiE "0xa1|0xb2" && { echo "$out"; fail "keys left after unregistering"; }
+  step "PR: after the release the second nexus writes; both keys unregistered"
+}
+
+# reset_under_io DEV: a fio crc32c verify job on DEV, a LUN reset sent
+# while it writes (its write count has moved and it still runs), and the
+# job's verify passing.
+reset_under_io() {
+  local dev=$1 sd base now fio_pid n rc=0
+  sd=${dev#/dev/}
+  base=$(awk '{print $5}' "/sys/block/$sd/stat")
+  fio --name=ptreset --filename="$dev" --direct=1 --rw=randwrite --bs=4k --iodepth=8 \
+    --ioengine=libaio --offset=8m --size=4m --verify=crc32c --do_verify=1 \
+    --output-format=terse --minimal >/tmp/fio-reset.out 2>&1 &
+  fio_pid=$!
+  # Bounded: 300 looks, 0.1 s apart, for fio's first completed writes.
+  for ((n = 0; n < 300; n++)); do
+    now=$(awk '{print $5}' "/sys/block/$sd/stat")
+    [ "$now" -gt $((base + 16)) ] && break
+    kill -0 $fio_pid 2>/dev/null || break
+    sleep 0.1
+  done
+  [ "$now" -gt $((base + 16)) ] || { cat /tmp/fio-reset.out; fail "fio wrote nothing in 30 s"; }
+  kill -0 $fio_pid 2>/dev/null || fail "fio ended before the LUN reset (make the job longer)"
+  sg_reset --device "$dev" || fail "sg_reset --device under I/O"
+  local during=$(( $(awk '{print $5}' "/sys/block/$sd/stat") - base ))
+  kill -0 $fio_pid 2>/dev/null || fail "fio ended before the LUN reset returned (make the job longer)"
+  wait $fio_pid || rc=$?
+  [ $rc -eq 0 ] || { cat /tmp/fio-reset.out; fail "fio verify across the LUN reset failed (rc $rc)"; }
+  step "LUN reset under I/O: sent after $during of fio's writes; crc32c verify passed ($(cut -d';' -f1-8 /tmp/fio-reset.out | head -1))"
 }
