@@ -115,6 +115,8 @@ pub struct Device {
     /// A pass-through unit's handler: its commands go to the device, not
     /// to the emulation or `backend` (which then holds nothing).
     pass: Option<PassThrough>,
+    /// The virtual CD-ROM, for a `vcdrom` unit.
+    cdrom: Option<crate::VCdrom>,
 }
 
 /// The store of a pass-through unit: none (its commands never reach it).
@@ -276,6 +278,7 @@ impl Device {
             pr: std::sync::Mutex::new(pr),
             stats: Counters::default(),
             pass: None,
+            cdrom: None,
         })
     }
 
@@ -299,6 +302,31 @@ impl Device {
         dev.backend = Arc::new(NoStore);
         dev.pass = Some(handler);
         Ok(dev)
+    }
+
+    /// A virtual CD-ROM unit ([`crate::vcdrom`]) over `cdrom`: from
+    /// `config` it keeps the identity (vendor, product, revision, serial,
+    /// NAA), the queue depth and the PR file; NACA and protection are
+    /// cleared, and the block size, size and emulation options mean
+    /// nothing (the medium has 2048-byte blocks).
+    ///
+    /// # Errors
+    /// What [`Device::new`] says of the PR file and the queue depth.
+    pub fn vcdrom(mut config: DeviceConfig, cdrom: crate::VCdrom) -> Result<Device, DeviceError> {
+        config.norm_aca = false;
+        config.protection = None;
+        config.read_only = true;
+        config.removable = true;
+        let size = config.block_size as u64;
+        let mut dev = Device::new(config, Arc::new(crate::NullIo::new(size)))?;
+        dev.backend = Arc::new(NoStore);
+        dev.cdrom = Some(cdrom);
+        Ok(dev)
+    }
+
+    /// The virtual CD-ROM, for a `vcdrom` unit.
+    pub fn vcdrom_handler(&self) -> Option<&crate::VCdrom> {
+        self.cdrom.as_ref()
     }
 
     /// The pass-through handler, for a pass-through unit.

@@ -85,6 +85,13 @@
 //! carries the target's TPGS and VPD 83h the port's relative port and
 //! group in place of the device's own.
 //!
+//! Virtual CD-ROM ([`vcdrom`], SCST's `vcdrom`): a read-only MMC unit
+//! (type 05h, removable, 2048-byte blocks) over an ISO image, with READ
+//! TOC, GET CONFIGURATION, GET EVENT STATUS NOTIFICATION, page 2Ah, no
+//! medium as NOT READY 3A/00, writes as DATA PROTECT, and the image
+//! changed or ejected at run time ([`Target::change_medium`], 28/00 to
+//! every nexus).
+//!
 //! Task management ([`task`]): ABORT TASK, ABORT TASK SET, CLEAR TASK
 //! SET, LOGICAL UNIT RESET, I_T NEXUS RESET mark commands submitted with
 //! [`Target::submit`] aborted; they complete as TASK ABORTED.
@@ -135,6 +142,7 @@ pub mod target;
 pub mod task;
 pub mod transport_id;
 pub mod ua;
+pub mod vcdrom;
 
 pub use alua::{AccessState, Alua, PortGroup};
 pub use backend::{Backend, BlockIo, FileIo, NullIo, Ram};
@@ -151,3 +159,4 @@ pub use target::{
 };
 pub use task::{ServiceResponse, Tmf, TmfResponse};
 pub use transport_id::{ProtocolId, TransportId};
+pub use vcdrom::VCdrom;

@@ -542,7 +542,7 @@ fn under(expected: u64, moved: u64) -> Residual {
 
 /// INQUIRY's page: `Some(None)` for standard data, `Some(Some(p))` for
 /// VPD page `p`, `None` for another command (or a CDB too short to say).
-fn inquiry_page(cdb: &[u8]) -> Option<Option<u8>> {
+pub(crate) fn inquiry_page(cdb: &[u8]) -> Option<Option<u8>> {
     match cdb {
         [0x12, b1, page, ..] if cdb.len() >= 6 => Some((b1 & 0x01 != 0).then_some(*page)),
         _ => None,

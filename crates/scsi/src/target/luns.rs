@@ -339,6 +339,33 @@ impl Target {
         Ok(())
     }
 
+    /// Changes the medium of the virtual CD-ROM `dev` (see
+    /// [`crate::vcdrom`]): the image at `image`, or none (eject), and
+    /// raises NOT READY TO READY CHANGE, MEDIUM MAY HAVE CHANGED on every
+    /// known nexus that reaches it (MMC-6 4.1.6.2), as a drive does when
+    /// its tray closes on another disc.
+    ///
+    /// # Errors
+    /// The image cannot be the medium (the drive keeps what it had), or
+    /// `dev` is not a virtual CD-ROM ([`crate::vcdrom::ImageError::NotCdrom`]).
+    pub fn change_medium(
+        &self,
+        dev: &Arc<Device>,
+        image: Option<&std::path::Path>,
+    ) -> Result<(), crate::vcdrom::ImageError> {
+        let cd = dev
+            .vcdrom_handler()
+            .ok_or(crate::vcdrom::ImageError::NotCdrom)?;
+        match image {
+            Some(p) => cd.load(p)?,
+            None => {
+                cd.eject();
+            }
+        }
+        self.raise_where(dev, Asc::NOT_READY_TO_READY_CHANGE, |_| true);
+        Ok(())
+    }
+
     /// Queues `asc` for every known nexus accepted by `which` that reaches
     /// `dev` through any LUN.
     pub(super) fn raise_where(&self, dev: &Arc<Device>, asc: Asc, which: impl Fn(&Nexus) -> bool) {

@@ -47,6 +47,27 @@ impl Target {
                 return self.run_passed(st, nexus, lun, &d, port, cdb, data_out, expected, bufs);
             }
         }
+        if let Some(d) = dev.as_ref().filter(|d| d.vcdrom_handler().is_some()) {
+            // A virtual CD-ROM answers its MMC commands; the core keeps
+            // REPORT LUNS, REQUEST SENSE, persistent reservations and the
+            // target port groups, as for a pass-through unit.
+            let keeps = match cdb.first() {
+                Some(0xa0 | 0x5e | 0x5f | 0x03) => true,
+                Some(0xa3 | 0xa4) => {
+                    cdb.get(1).is_some_and(|b| b & 0x1f == 0x0a) && !st.alua.groups.is_empty()
+                }
+                _ => false,
+            };
+            if !keeps {
+                let d = d.clone();
+                let port = crate::passthrough::PortView {
+                    rtpi,
+                    tpgs,
+                    group: port_group,
+                };
+                return self.run_cdrom(st, nexus, lun, &d, port, cdb, expected, bufs);
+            }
+        }
         let cmd = match parsed {
             Ok((_, c)) => c,
             Err(s) => return ScsiResponse::check(s, expected),
@@ -349,6 +370,88 @@ impl Target {
         }
         dev.count_passed(passed.response.status);
         passed.response
+    }
+}
+
+impl Target {
+    /// Runs a command of a virtual CD-ROM unit the core does not keep
+    /// (see [`crate::vcdrom`]): unit attentions, the port's ALUA state and
+    /// reservations first, then the drive.
+    #[allow(clippy::too_many_arguments)]
+    fn run_cdrom(
+        &self,
+        mut st: MutexGuard<'_, State>,
+        nexus: &Nexus,
+        lun: Lun,
+        dev: &Arc<Device>,
+        port: crate::passthrough::PortView,
+        cdb: &[u8],
+        expected: u64,
+        bufs: Option<&mut Buffers<'_, '_>>,
+    ) -> ScsiResponse {
+        let Some(cd) = dev.vcdrom_handler() else {
+            return ScsiResponse::check(
+                Sense::new(SenseKey::IllegalRequest, Asc::LOGICAL_UNIT_NOT_SUPPORTED),
+                expected,
+            );
+        };
+        if let Err(s) = naca_supported(Some(dev), cdb) {
+            return ScsiResponse::check(s, expected);
+        }
+        // INQUIRY is never blocked by a unit attention (SAM-5 5.14).
+        if cdb.first() != Some(&0x12) {
+            if let Some(asc) = st.ua_mut(nexus, lun).pop() {
+                return ScsiResponse::check(Sense::new(SenseKey::UnitAttention, asc), expected);
+            }
+        }
+        if let Some(Err(s)) = st.alua.group_of(port.rtpi).map(|g| g.state.admit(cdb)) {
+            return ScsiResponse::check(s, expected);
+        }
+        drop(st);
+        let conflict = dev
+            .pr
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .conflicts_passed(nexus, cdb, expected > 0);
+        if conflict {
+            return ScsiResponse::status_only(Status::ReservationConflict, expected);
+        }
+        let alloc = usize::try_from(expected).unwrap_or(usize::MAX);
+        let mut data = match cd.execute(dev, cdb, alloc) {
+            Ok(d) => d,
+            Err(s) => return ScsiResponse::check(s, expected),
+        };
+        match crate::passthrough::inquiry_page(cdb) {
+            Some(Some(0x83)) => {
+                add_relative_port(&mut data, port.rtpi);
+                if let Some(g) = port.group {
+                    crate::alua::add_group_designator(&mut data, g);
+                }
+                data.truncate(alloc);
+            }
+            Some(None) => {
+                if let Some(b) = data.get_mut(5) {
+                    *b |= port.tpgs << 4;
+                }
+            }
+            _ => {}
+        }
+        let moved = data.len() as u64;
+        let data = match bufs {
+            Some(b) if b.has_data_in() => {
+                b.copy_in(&data);
+                Vec::new()
+            }
+            _ => data,
+        };
+        ScsiResponse {
+            status: Status::Good,
+            sense: None,
+            device_sense: None,
+            data_in: data,
+            residual: Residual::of(expected, moved, moved),
+            descriptor_sense: false,
+        }
     }
 }
 
