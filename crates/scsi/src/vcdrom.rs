@@ -3,8 +3,8 @@
 //! with 2048-byte blocks (MMC-6 4.2.2: a data CD's user data per sector).
 //!
 //! What it answers (MMC-6, SPC-4): INQUIRY (type 5, RMB; VPD pages as the
-//! emulated disks give them), TEST UNIT READY, READ CAPACITY(10), READ(10)
-//! and READ(12), READ TOC/PMA/ATIP formats 0 (the one data track and the
+//! emulated disks give them), TEST UNIT READY, READ CAPACITY(10) and
+//! (16), READ(10), READ(12) and READ(16), READ TOC/PMA/ATIP formats 0 (the one data track and the
 //! lead-out, LBA or MSF) and 1 (session information), GET CONFIGURATION
 //! (profile CD-ROM, features Profile List, Core, Removable Medium, Random
 //! Readable, CD Read), GET EVENT STATUS NOTIFICATION (media class, polled),
@@ -181,6 +181,28 @@ impl VCdrom {
                 let lba = u32::from_be_bytes([cdb[2], cdb[3], cdb[4], cdb[5]]);
                 let n = u16::from_be_bytes([cdb[7], cdb[8]]) as u32;
                 self.read(lba, n, 7)?
+            }
+            // READ(16) and READ CAPACITY(16), which initiators written
+            // for disks send (SCST's vcdrom takes them too).
+            0x88 => {
+                need(16)?;
+                let lba = u64::from_be_bytes(cdb[2..10].try_into().expect("8 bytes"));
+                let n = u32::from_be_bytes([cdb[10], cdb[11], cdb[12], cdb[13]]);
+                let lba = u32::try_from(lba).map_err(|_| {
+                    let mut s = Sense::new(SenseKey::IllegalRequest, Asc::LBA_OUT_OF_RANGE);
+                    s.information = Some(lba);
+                    s
+                })?;
+                self.read(lba, n, 10)?
+            }
+            0x9e if cdb.get(1).is_some_and(|b| b & 0x1f == 0x10) => {
+                need(16)?;
+                self.with_medium(|m| {
+                    let mut d = vec![0u8; 32];
+                    d[..8].copy_from_slice(&(m.blocks - 1).to_be_bytes());
+                    d[8..12].copy_from_slice(&(CD_BLOCK as u32).to_be_bytes());
+                    Ok(d)
+                })?
             }
             0xa8 => {
                 need(12)?;

@@ -61,6 +61,18 @@ fn an_image_reads_back_byte_for_byte_as_a_read_only_mmc_drive() {
     let cdb12 = [0xa8, 0, 0, 0, 0, 250, 0, 0, 0, 50, 0, 0];
     let r = t.execute(&n, l0(), &cdb12, &[], 50 * 2048);
     assert!(r.data_in == want[250 * 2048..]);
+    // READ(16) and READ CAPACITY(16), as initiators written for disks
+    // send them.
+    let mut cdb16 = [0u8; 16];
+    cdb16[0] = 0x88;
+    cdb16[9] = 100;
+    cdb16[13] = 2;
+    let r = t.execute(&n, l0(), &cdb16, &[], 4096);
+    assert!(r.data_in == want[100 * 2048..102 * 2048]);
+    let rc16 = [0x9e, 0x10, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 32, 0, 0];
+    let cap = t.execute(&n, l0(), &rc16, &[], 32).data_in;
+    assert_eq!(cap[..8], (BLOCKS - 1).to_be_bytes());
+    assert_eq!(cap[8..12], 2048u32.to_be_bytes());
     let mut back = Vec::new();
     for lba in (0..BLOCKS as u32).step_by(32) {
         let count = (BLOCKS as u32 - lba).min(32) as u16;

@@ -35,12 +35,13 @@ enum Cmd {
     AddDevice {
         /// The device's name (LUNs map it by this name).
         name: String,
-        /// vdisk_fileio, vdisk_blockio, vdisk_nullio, ram or pass-through
-        /// (SCST's dev_disk; --filename /dev/sgN).
+        /// vdisk_fileio, vdisk_blockio, vdisk_nullio, ram, pass-through
+        /// (SCST's dev_disk; --filename /dev/sgN) or vcdrom (--filename an
+        /// ISO image, none: no disc).
         #[arg(long)]
         handler: String,
-        /// The file or block device (vdisk_fileio, vdisk_blockio), or the
-        /// sg node (pass-through).
+        /// The file or block device (vdisk_fileio, vdisk_blockio), the sg
+        /// node (pass-through), or the ISO image (vcdrom).
         #[arg(long)]
         filename: Option<PathBuf>,
         /// Size in bytes or with K, M, G, T, e.g. 64M (ram, nullio;

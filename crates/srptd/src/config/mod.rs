@@ -15,6 +15,7 @@
 //! [[device]]
 //! name = "disk0"
 //! handler = "vdisk_fileio"  # vdisk_fileio | vdisk_blockio | vdisk_nullio | ram
+//!                           # | pass-through (an sg node) | vcdrom (an ISO image)
 //! filename = "/var/lib/srptd/disk0.img"
 //! write_through = false     # fileio: durable before completion
 //! o_direct = false          # fileio: bypass the page cache
@@ -460,6 +461,10 @@ pub enum Handler {
     NullIo,
     #[serde(rename = "ram")]
     Ram,
+    /// A read-only CD-ROM whose disc is an ISO image (`filename`; none or
+    /// an empty file: no disc; `scsi::vcdrom`), SCST's `vcdrom`.
+    #[serde(rename = "vcdrom")]
+    VCdrom,
 }
 
 impl Handler {
@@ -470,6 +475,7 @@ impl Handler {
             Handler::NullIo => "vdisk_nullio",
             Handler::Ram => "ram",
             Handler::PassThrough => "pass-through",
+            Handler::VCdrom => "vcdrom",
         }
     }
 }
@@ -985,27 +991,33 @@ impl Config {
                         .to_string(),
                 ));
             }
-            if handler == Handler::PassThrough {
-                // The device has its own geometry and media options.
+            if handler == Handler::PassThrough || handler == Handler::VCdrom {
+                // The device (or the disc) has its own geometry and media
+                // options; a CD-ROM is always read-only and removable.
                 let span = |set: bool| set.then(|| d.name.span());
+                let why = if handler == Handler::PassThrough {
+                    "is not a pass-through option: the device behind the sg node has its own"
+                } else {
+                    "is not a vcdrom option: the disc has 2048-byte blocks, the image's size, \
+                     and is read-only and removable"
+                };
                 for (span, k) in [
                     (d.size.as_ref().map(|s| s.span()), "size"),
                     (span(d.block_size.span() != (0..0)), "block_size"),
-                    (span(d.read_only), "read_only"),
+                    (
+                        span(d.read_only && handler == Handler::PassThrough),
+                        "read_only",
+                    ),
                     (span(d.thin), "thin"),
                     (span(d.rotational), "rotational"),
-                    (span(d.removable), "removable"),
+                    (
+                        span(d.removable && handler == Handler::PassThrough),
+                        "removable",
+                    ),
                     (span(d.nv_cache), "nv_cache"),
                 ] {
                     if let Some(span) = span {
-                        return Err((
-                            span,
-                            key(k),
-                            format!(
-                                "{k} is not a pass-through option: the device behind the sg \
-                                 node has its own; remove the key"
-                            ),
-                        ));
+                        return Err((span, key(k), format!("{k} {why}; remove the key")));
                     }
                 }
             }

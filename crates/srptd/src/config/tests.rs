@@ -556,3 +556,39 @@ fn target_group_errors_name_line_and_key() {
     let e = err_of("[alua]\nexplicit = true\n");
     assert_eq!(e.key, "alua.explicit", "{e}");
 }
+
+#[test]
+fn vcdrom_takes_an_image_or_none_and_refuses_geometry_keys() {
+    let dev = |more: &str| format!("[[device]]\nname = \"cd\"\nhandler = \"vcdrom\"\n{more}");
+    let c = parse(&dev("filename = \"/srv/iso/debian.iso\"\n")).unwrap();
+    assert_eq!(*c.devices[0].handler.get_ref(), Handler::VCdrom);
+    assert!(
+        c.to_toml().contains("handler = \"vcdrom\""),
+        "{}",
+        c.to_toml()
+    );
+    // No filename: a drive with no disc. A CD-ROM is read-only and
+    // removable anyway: saying so is accepted.
+    parse(&dev("")).unwrap();
+    parse(&dev("read_only = true\nremovable = true\n")).unwrap();
+    for (k, v, line) in [
+        ("size", "\"650M\"", 5),
+        ("block_size", "2048", 5),
+        // The device's name line: the key is what must go.
+        ("thin", "true", 2),
+        ("rotational", "true", 2),
+        ("nv_cache", "true", 2),
+    ] {
+        let e = err_of(&dev(&format!("filename = \"/x.iso\"\n{k} = {v}\n")));
+        assert_eq!(e.key, format!("device[0].{k}"), "{e}");
+        assert!(
+            e.message.contains("not a vcdrom option") || e.message.contains("not 512 or 4096"),
+            "{e}"
+        );
+        assert_eq!(e.line, line, "{e}");
+    }
+    for k in ["o_direct", "write_through"] {
+        let e = err_of(&dev(&format!("{k} = true\n")));
+        assert!(e.message.contains("not vcdrom"), "{k}: {e}");
+    }
+}

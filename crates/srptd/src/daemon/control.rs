@@ -4,6 +4,7 @@
 
 use super::*;
 use daemon_ctl::{request_to, serve_lines, RequestError};
+use std::path::PathBuf;
 
 /// One admin request, as JSON on the control socket (`{"cmd": "..."}`).
 /// The same type is `srptadm`'s command line (each variant a subcommand,
@@ -46,6 +47,18 @@ pub enum Request {
         /// The new size: bytes, or with K, M, G, T (64M, 1G).
         #[arg(value_parser = crate::config::size_arg)]
         size: String,
+    },
+    /// Puts another ISO image in a vcdrom device, or takes its disc out
+    /// (SCST's vcdrom `filename` attribute).
+    #[command(
+        about = "Put another ISO image in a vcdrom device (no IMAGE: eject its disc): \
+                 initiators that see it get NOT READY TO READY CHANGE (28/00)"
+    )]
+    ChangeMedium {
+        /// The vcdrom device's name.
+        device: String,
+        /// The image file (an empty file: no disc); absent: eject.
+        image: Option<PathBuf>,
     },
     /// Maps a device; `group` absent means the default LUNs.
     #[command(about = "Map a device at a LUN (of a group, or the default LUNs)")]
@@ -155,6 +168,7 @@ impl Request {
             Request::AddDevice { .. } => ("device_added", true),
             Request::RemoveDevice { .. } => ("device_removed", true),
             Request::Resize { .. } => ("device_resized", true),
+            Request::ChangeMedium { .. } => ("medium_changed", true),
             Request::AddLun { .. } => ("lun_added", true),
             Request::RemoveLun { .. } => ("lun_removed", true),
             Request::AddGroup { .. } => ("group_added", true),
@@ -252,6 +266,17 @@ pub fn answer_text(req: &Request, v: &Value) -> Option<String> {
             size(&v["size"]),
             told(v)
         ),
+        Request::ChangeMedium { .. } => match v["image"].as_str() {
+            Some(i) => format!(
+                "device {}: disc {i} ({}) in; every session that sees it gets 28/00",
+                s(&v["device"]),
+                size(&v["size"])
+            ),
+            None => format!(
+                "device {}: no disc; every session that sees it gets 28/00",
+                s(&v["device"])
+            ),
+        },
         Request::AddLun { .. } => format!(
             "added LUN {} ({}, {}) to {}; {}",
             s(&v["lun"]),

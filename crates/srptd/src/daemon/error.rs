@@ -57,6 +57,19 @@ pub enum AdminError {
         device: String,
         handler: &'static str,
     },
+    #[error(
+        "device `{device}`: a {handler} device has no disc to change (only vcdrom devices have)"
+    )]
+    NoMedium {
+        device: String,
+        handler: &'static str,
+    },
+    #[error("device `{device}`: {source}")]
+    Medium {
+        device: String,
+        #[source]
+        source: scsi::vcdrom::ImageError,
+    },
     #[error("device `{0}` is not mapped at any LUN; map it first, or remove it and add it with the new size")]
     NotMapped(String),
     /// The SCSI core could not resize the device.

@@ -976,6 +976,7 @@ impl Daemon {
             Request::AddDevice { toml } => self.add_device(&toml),
             Request::RemoveDevice { name } => self.remove_device(&name),
             Request::Resize { device, size } => self.resize(&device, &size),
+            Request::ChangeMedium { device, image } => self.change_medium(&device, image),
             Request::AddLun { group, lun, device } => self.add_lun(group, lun, device),
             Request::RemoveLun { group, lun } => self.remove_lun(group, lun),
             Request::AddGroup { name } => self.edit(|c| {

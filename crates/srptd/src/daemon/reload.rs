@@ -394,6 +394,48 @@ impl Daemon {
         })
     }
 
+    /// Puts `image` (none: no disc) in the vcdrom device `name`; the
+    /// running configuration's `filename` follows.
+    pub(super) fn change_medium(
+        &self,
+        name: &str,
+        image: Option<std::path::PathBuf>,
+    ) -> Result<Value, AdminError> {
+        self.edit(|c| {
+            let d = c
+                .devices
+                .iter_mut()
+                .find(|d| d.name.get_ref() == name)
+                .ok_or_else(|| AdminError::NoDevice(name.to_string()))?;
+            let handler = *d.handler.get_ref();
+            if handler != Handler::VCdrom {
+                return Err(AdminError::NoMedium {
+                    device: name.to_string(),
+                    handler: handler.name(),
+                });
+            }
+            let dev = lock(&self.devices)
+                .get(name)
+                .cloned()
+                .ok_or_else(|| AdminError::NoDevice(name.to_string()))?;
+            self.scsi
+                .change_medium(&dev, image.as_deref())
+                .map_err(|source| AdminError::Medium {
+                    device: name.to_string(),
+                    source,
+                })?;
+            let cd = dev.vcdrom_handler();
+            let loaded = cd.and_then(|c| c.image());
+            let size = cd.map_or(0, |c| c.blocks() * scsi::vcdrom::CD_BLOCK);
+            d.filename = image.map(spanned);
+            Ok(json!({
+                "device": name,
+                "image": loaded.map(|p| p.display().to_string()),
+                "size": size,
+            }))
+        })
+    }
+
     pub(super) fn add_lun(
         &self,
         group: Option<String>,

@@ -455,6 +455,27 @@ pub(super) fn pass_through(d: &DeviceSection) -> Result<scsi::Device, DeviceErro
         .map_err(|e| (d.handler.span(), "handler", e.to_string()))
 }
 
+/// A virtual CD-ROM with the ISO image `filename` in it (none, or an
+/// empty file: no disc), opened read-only as a start does and `--check`
+/// (which changes nothing); the configured identity is the unit's.
+pub(super) fn vcdrom(d: &DeviceSection) -> Result<scsi::Device, DeviceError> {
+    let image = d.filename.as_ref();
+    let cd = scsi::VCdrom::new(image.map(|f| f.get_ref().as_path())).map_err(|e| {
+        let fix = match &e {
+            scsi::vcdrom::ImageError::Open { source, .. } => match source.raw_os_error() {
+                Some(libc::ENOENT) => ": no such file (remove `filename` for a drive with no disc)",
+                Some(libc::EACCES | libc::EPERM) => ": give srptd read access to it",
+                _ => "",
+            },
+            _ => "",
+        };
+        let span = image.map_or(d.handler.span(), |f| f.span());
+        (span, "filename", format!("{e}{fix}"))
+    })?;
+    scsi::Device::vcdrom(identity_of(d), cd)
+        .map_err(|e| (d.handler.span(), "handler", e.to_string()))
+}
+
 /// Opens device `d` and builds it, as a start does; the image file it
 /// created, if any, is removed when the returned guard is dropped unless
 /// kept.
@@ -464,6 +485,9 @@ pub(super) fn build_device(
     if *d.handler.get_ref() == Handler::PassThrough {
         return Ok((Arc::new(pass_through(d)?), None));
     }
+    if *d.handler.get_ref() == Handler::VCdrom {
+        return Ok((Arc::new(vcdrom(d)?), None));
+    }
     let store = open_store(d, false)?;
     let device = device_on(d, store.backend)?;
     Ok((Arc::new(device), store.created))
@@ -472,10 +496,14 @@ pub(super) fn build_device(
 /// What [`build_device`] would meet, tried without creating or changing
 /// anything.
 /// A pass-through device's node is opened as a start opens it (and
-/// closed again): opening an sg node changes nothing.
+/// closed again): opening an sg node changes nothing; so is a vcdrom's
+/// image (read-only).
 pub(super) fn probe_device(d: &DeviceSection) -> Result<(), DeviceError> {
     if *d.handler.get_ref() == Handler::PassThrough {
         return pass_through(d).map(drop);
+    }
+    if *d.handler.get_ref() == Handler::VCdrom {
+        return vcdrom(d).map(drop);
     }
     device_on(d, open_store(d, true)?.backend).map(drop)
 }
