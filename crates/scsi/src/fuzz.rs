@@ -96,3 +96,96 @@ pub fn cdb_execute(data: &[u8]) {
     let r = t.execute(&standby, lun, cdb, out, expected);
     assert!(r.data_in.len() as u64 <= expected);
 }
+
+/// Blocks of the image [`vcdrom_execute`] reads.
+const FUZZ_DISC_BLOCKS: u64 = 8;
+
+/// The image every [`vcdrom_execute`] run reads: made once per process in
+/// the temporary directory, each byte a function of its offset.
+fn fuzz_disc() -> Option<&'static std::path::Path> {
+    static DISC: std::sync::OnceLock<Option<std::path::PathBuf>> = std::sync::OnceLock::new();
+    DISC.get_or_init(|| {
+        let p = std::env::temp_dir().join(format!("scsi-fuzz-disc-{}.iso", std::process::id()));
+        std::fs::write(&p, fuzz_disc_bytes()).ok()?;
+        Some(p)
+    })
+    .as_deref()
+}
+
+fn fuzz_disc_bytes() -> Vec<u8> {
+    (0..FUZZ_DISC_BLOCKS * crate::vcdrom::CD_BLOCK)
+        .map(|i| (i as u8) ^ ((i >> 11) as u8).wrapping_mul(77))
+        .collect()
+}
+
+/// Input: commands, each a byte (bits 4..0: CDB length modulo 17; bit 5:
+/// eject first; bit 6: load the disc first; bit 7: expected length 64
+/// bytes instead of 20 KiB), then the CDB. Executes them on a virtual
+/// CD-ROM LUN over an 8-block image. Panics only if the handler
+/// misbehaves: data-in never exceeds the expected length, a READ that
+/// answers GOOD returns the image's bytes at its LBA, and an opcode the
+/// drive does not know gets CHECK CONDITION.
+pub fn vcdrom_execute(data: &[u8]) {
+    let Some(disc) = fuzz_disc() else {
+        return;
+    };
+    let Ok(cd) = VCdrom::new(Some(disc)) else {
+        return;
+    };
+    let Ok(dev) = Device::vcdrom(DeviceConfig::default(), cd) else {
+        return;
+    };
+    let dev = Arc::new(dev);
+    let t = Target::new();
+    let Ok(lun) = Lun::new(0) else {
+        return;
+    };
+    t.add_lun(None, lun, dev.clone());
+    let nexus = Nexus::new("fuzz", "p");
+    t.execute(&nexus, lun, &[0; 6], &[], 0);
+    let bytes = fuzz_disc_bytes();
+    let mut rest = data;
+    for _ in 0..64 {
+        let Some((&b, after)) = rest.split_first() else {
+            return;
+        };
+        let n = (b as usize & 0x1f) % 17;
+        let (cdb, after) = after.split_at(n.min(after.len()));
+        rest = after;
+        if b & 0x20 != 0 {
+            let _ = t.change_medium(&dev, None);
+        }
+        if b & 0x40 != 0 {
+            let _ = t.change_medium(&dev, Some(disc));
+        }
+        let expected: u64 = if b & 0x80 != 0 { 64 } else { 20 << 10 };
+        let r = t.execute(&nexus, lun, cdb, &[], expected);
+        assert!(r.data_in.len() as u64 <= expected, "{cdb:02x?}");
+        let lba = match cdb {
+            [0x28, _, a, b, c, d, ..] if cdb.len() >= 10 => {
+                Some(u32::from_be_bytes([*a, *b, *c, *d]) as u64)
+            }
+            [0xa8, _, a, b, c, d, ..] if cdb.len() >= 12 => {
+                Some(u32::from_be_bytes([*a, *b, *c, *d]) as u64)
+            }
+            [0x88, _, rest @ ..] if cdb.len() >= 16 => {
+                Some(u64::from_be_bytes(rest[..8].try_into().expect("8 bytes")))
+            }
+            _ => None,
+        };
+        if let (Some(lba), Status::Good) = (lba, r.status) {
+            let at = (lba * crate::vcdrom::CD_BLOCK) as usize;
+            assert!(
+                bytes.get(at..at + r.data_in.len()) == Some(&r.data_in[..]),
+                "READ at {lba} returned other bytes"
+            );
+        }
+        let known = [
+            0x00, 0x03, 0x12, 0x25, 0x28, 0xa8, 0x88, 0x9e, 0x43, 0x46, 0x4a, 0x1a, 0x5a, 0x1e,
+            0x1b, 0x35, 0xa0, 0x5e, 0x5f, 0xa3, 0xa4,
+        ];
+        if cdb.first().is_some_and(|op| !known.contains(op)) {
+            assert_eq!(r.status, Status::CheckCondition, "{cdb:02x?}");
+        }
+    }
+}

@@ -105,3 +105,36 @@ fn cdb_execute_replays_its_committed_inputs() {
         scsi::fuzz::cdb_execute(data);
     });
 }
+
+/// The `vcdrom_execute` target on stable: its committed inputs, then
+/// sequences of MMC commands, ejects and loads made from them.
+#[test]
+fn vcdrom_execute_body() {
+    rdma_testkit::fuzz::replay(env!("CARGO_MANIFEST_DIR"), "vcdrom_execute", |data| {
+        scsi::fuzz::vcdrom_execute(data);
+    });
+    let cmds: [&[u8]; 8] = [
+        &[10, 0x28, 0, 0, 0, 0, 6, 0, 0, 2, 0],
+        &[12, 0xa8, 0, 0, 0, 0, 1, 0, 0, 0, 3, 0, 0],
+        &[16, 0x88, 0, 0, 0, 0, 0, 0, 0, 0, 7, 0, 0, 0, 1, 0, 0],
+        &[10, 0x43, 2, 0, 0, 0, 0, 0, 0, 100, 0],
+        &[10, 0x46, 0, 0, 0, 0, 0, 0, 1, 0, 0],
+        &[10, 0x4a, 1, 0, 0, 0x10, 0, 0, 0, 8, 0],
+        &[6, 0x1e, 0, 0, 0, 1, 0],
+        &[6, 0x1b, 0, 0, 0, 2, 0],
+    ];
+    let mut x = 0x9e37_79b9_7f4a_7c15;
+    for _ in 0..1500 {
+        let mut input = Vec::new();
+        for _ in 0..(1 + xorshift(&mut x) % 6) {
+            let mut c = cmds[(xorshift(&mut x) % cmds.len() as u64) as usize].to_vec();
+            c[0] |= (xorshift(&mut x) as u8) & 0xe0;
+            let k = (xorshift(&mut x) % c.len() as u64) as usize;
+            if k > 0 && xorshift(&mut x) % 2 == 0 {
+                c[k] = xorshift(&mut x) as u8;
+            }
+            input.extend_from_slice(&c);
+        }
+        scsi::fuzz::vcdrom_execute(&input);
+    }
+}
