@@ -61,6 +61,11 @@ pub struct DeviceConfig {
     /// CACHE makes it flush, and Extended INQUIRY (VPD 86h) says NV_SUP.
     /// Off: FUA and SYNCHRONIZE CACHE flush the store.
     pub nv_cache: bool,
+    /// Threads of the unit's own for its commands' blocking I/O (SCST's
+    /// `threads_num`): a transport runs the unit's commands that may
+    /// block on that many threads kept for it, so a slow device does not
+    /// hold up the others' commands. 0: the transport's shared workers.
+    pub threads_num: u32,
 }
 
 impl Default for DeviceConfig {
@@ -82,6 +87,7 @@ impl Default for DeviceConfig {
             queue_depth: DEFAULT_QUEUE_DEPTH,
             removable: false,
             nv_cache: false,
+            threads_num: 0,
         }
     }
 }

@@ -54,7 +54,11 @@
 //! - **SCSI commands** run on a small worker pool (the SCSI core is
 //!   synchronous), outside the lock, or inline on the thread that took
 //!   the lock when the command is small and its store never blocks (run
-//!   to completion); results come back under the lock.
+//!   to completion); results come back under the lock. A device with
+//!   threads of its own (`scsi::DeviceConfig::threads_num`, SCST's
+//!   `threads_num`) has its commands run on those instead, started the
+//!   first time the port runs one of its commands and joined at stop, so
+//!   a device whose I/O hangs holds up no other device's commands.
 //! - **Work requests** are queued under the lock and posted once it is
 //!   let go, in order, by one thread at a time: a provider that calls back
 //!   on the posting thread (the loopback fabric) may then have the

@@ -166,6 +166,7 @@ fn default_config(a: &Args) -> Result<Config, String> {
         t10_vendor_id: None,
         t10_product_id: None,
         usn: None,
+        threads_num: None,
     });
     c.luns.push(LunEntry {
         lun: Spanned::new(0..0, 0),

@@ -98,7 +98,16 @@ impl Inner {
             st.inline_jobs.push(job);
             return;
         }
-        if let Err(mpsc::SendError(job)) = st.jobs.send(job) {
+        let pool = scsi::Lun::decode(job.req.lun.0)
+            .ok()
+            .and_then(|lun| self.scsi.device(&job.nexus, lun))
+            .filter(|d| d.config.threads_num > 0)
+            .and_then(|d| self.device_queue(st, &d));
+        let sent = match pool {
+            Some(q) => q.send(job),
+            None => st.jobs.send(job),
+        };
+        if let Err(mpsc::SendError(job)) = sent {
             // Shutting down: answer BUSY so the initiator retries elsewhere.
             if let Some((_, parts)) = &job.chunks {
                 st.free_chunks.extend(parts.iter().map(|p| p.1));
@@ -114,6 +123,52 @@ impl Inner {
                 ch.handle_scsi_done(done);
             }
         }
+    }
+
+    /// The job queue of `dev`, which has threads of its own
+    /// (`threads_num`, SCST's per-device threads): made with its threads
+    /// the first time the port runs one of its commands, kept until the
+    /// port stops. `None` (the shared workers take the job) while the
+    /// port stops, or when no thread could be started.
+    fn device_queue(&self, st: &mut State, dev: &Arc<scsi::Device>) -> Option<Sender<Job>> {
+        let key = Arc::as_ptr(dev) as usize;
+        if let Some((_, q)) = st.dev_jobs.get(&key) {
+            return Some(q.clone());
+        }
+        let me = self.me.get().and_then(std::sync::Weak::upgrade)?;
+        if st.stopping {
+            return None;
+        }
+        let (tx, rx) = mpsc::channel::<Job>();
+        let rx = Arc::new(Mutex::new(rx));
+        let mut started = Vec::new();
+        for i in 0..dev.config.threads_num {
+            let (w, rx) = (me.clone(), rx.clone());
+            let spawned = std::thread::Builder::new()
+                .name(format!("srpt-dev-{i}"))
+                .spawn(move || w.worker_loop(rx));
+            match spawned {
+                Ok(t) => started.push(t),
+                Err(e) => {
+                    tracing::warn!(
+                        "device threads: thread {i} of {} did not start ({e}); the \
+                         device's commands run on the port's workers",
+                        dev.config.threads_num
+                    );
+                    break;
+                }
+            }
+        }
+        let any = !started.is_empty();
+        self.dev_threads
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend(started);
+        if !any {
+            return None;
+        }
+        st.dev_jobs.insert(key, (dev.clone(), tx.clone()));
+        Some(tx)
     }
 
     pub(super) fn run_tmf(&self, st: &mut State, conn: ConnId, req: TmfRequest) {

@@ -10,7 +10,7 @@ use srp::target::{
     ScsiRequest, Target, TargetConfig, TmfRequest,
 };
 use srp::wire::{LoginRej, LoginRejReason, RspCode, TLogoutReason, TmFunc};
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -223,6 +223,10 @@ struct Inner {
     /// [`PortDrive::Caller`]: the events the poll thread would take, for
     /// [`TargetPort::poll_at`], and the caller's clock.
     caller: Option<Mutex<CallerDrive>>,
+    /// The port itself, for the device pools' threads.
+    me: std::sync::OnceLock<std::sync::Weak<Inner>>,
+    /// The device pools' threads (see `device_queue`), joined at stop.
+    dev_threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
 struct CallerDrive {
@@ -370,6 +374,12 @@ struct State {
     waiting: VecDeque<(ConnId, Output)>,
     next_conn: u64,
     jobs: Sender<Job>,
+    /// The job queues of devices with threads of their own
+    /// (`scsi::DeviceConfig::threads_num`), by the device's address (the
+    /// device kept alive with its queue, so the address is not reused).
+    dev_jobs: HashMap<usize, (Arc<scsi::Device>, Sender<Job>)>,
+    /// The port stops: no device pool starts any more.
+    stopping: bool,
     /// When the keepalive sweep last ran.
     last_sweep: std::time::Instant,
     /// Channels the target closed whose disconnect hook has not run yet
@@ -614,6 +624,8 @@ impl TargetPort {
                 inline_here: false,
                 next_conn: 1,
                 jobs: jobs_tx,
+                dev_jobs: HashMap::new(),
+                stopping: false,
                 last_sweep: std::time::Instant::now(),
                 closed: Vec::new(),
                 posts: VecDeque::new(),
@@ -624,7 +636,10 @@ impl TargetPort {
             hook: Mutex::new(None),
             caller,
             opts,
+            me: std::sync::OnceLock::new(),
+            dev_threads: Mutex::new(Vec::new()),
         });
+        let _ = inner.me.set(Arc::downgrade(&inner));
         let recvs: Vec<RecvWr> = (0..srq_len).map(|i| inner.recv_wr(i)).collect();
         p.post_srq_recv(srq, &recvs)
             .map_err(verbs_err("post receive buffers"))?;
@@ -958,9 +973,18 @@ impl TargetPort {
             // Workers leave when the job queue closes.
             let (dead, _) = mpsc::channel();
             st.jobs = dead;
+            st.dev_jobs.clear();
+            st.stopping = true;
         }
         let _ = self.inner.events.lock().map(|tx| tx.send(Event::Stop));
-        for t in threads {
+        let pools = std::mem::take(
+            &mut *self
+                .inner
+                .dev_threads
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()),
+        );
+        for t in threads.into_iter().chain(pools) {
             let _ = t.join();
         }
         let p = &self.inner.provider;

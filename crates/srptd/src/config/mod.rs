@@ -22,6 +22,7 @@
 //! rotational = false        # report a rotating medium (VPD B1h)
 //! removable = false         # report a removable medium (INQUIRY RMB)
 //! nv_cache = false          # the store's cache survives power loss: no flushes
+//! threads_num = 4           # threads of its own for its I/O (0: the port's workers)
 //!
 //! [[lun]]                   # the default LUNs (SCST's target LUNs)
 //! lun = 0
@@ -445,6 +446,9 @@ pub fn default_control_socket() -> PathBuf {
     daemon_ctl::control_socket_of("srptd")
 }
 
+/// Most threads of its own a device may have (`threads_num`).
+pub const MAX_DEVICE_THREADS: u32 = 64;
+
 /// The device handlers (SCST's `vdisk_*` names; `pass-through` is SCST's
 /// `dev_disk`, whose module is `scst_disk`: both names are taken too).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
@@ -535,6 +539,11 @@ pub struct DeviceSection {
     /// the device name: unique per host.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usn: Option<Spanned<String>>,
+    /// Threads of the device's own for its commands (SCST's
+    /// `threads_num`), per target port; absent or 0: the port's shared
+    /// workers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub threads_num: Option<Spanned<u32>>,
 }
 
 fn default_block_size() -> Spanned<u32> {
@@ -979,6 +988,19 @@ impl Config {
                         &d.handler,
                         key(k),
                         format!("{k} is a vdisk_fileio option, not {}", handler.name()),
+                    ));
+                }
+            }
+            if let Some(n) = &d.threads_num {
+                if *n.get_ref() > MAX_DEVICE_THREADS {
+                    return Err(bad(
+                        n,
+                        key("threads_num"),
+                        format!(
+                            "{} threads is more than {MAX_DEVICE_THREADS}: a device's commands \
+                             run on at most that many threads of its own; lower it",
+                            n.get_ref()
+                        ),
                     ));
                 }
             }

@@ -592,3 +592,28 @@ fn vcdrom_takes_an_image_or_none_and_refuses_geometry_keys() {
         assert!(e.message.contains("not vcdrom"), "{k}: {e}");
     }
 }
+
+#[test]
+fn threads_num_is_a_devices_own_threads_up_to_a_bound() {
+    let dev = |more: &str| {
+        format!("[[device]]\nname = \"f\"\nhandler = \"vdisk_fileio\"\nfilename = \"/x\"\n{more}")
+    };
+    let c = parse(&dev("threads_num = 4\n")).unwrap();
+    assert_eq!(
+        c.devices[0].threads_num.as_ref().map(|n| *n.get_ref()),
+        Some(4)
+    );
+    assert!(c.to_toml().contains("threads_num = 4"), "{}", c.to_toml());
+    assert!(parse(&dev("")).unwrap().devices[0].threads_num.is_none());
+    let e = err_of(&dev("threads_num = 65\n"));
+    assert_eq!(
+        (e.key.as_str(), e.line),
+        ("device[0].threads_num", 5),
+        "{e}"
+    );
+    assert!(e.message.contains("more than 64"), "{e}");
+    // A value of the wrong type: the line and the value (serde's words).
+    let e = err_of(&dev("threads_num = -1\n"));
+    assert_eq!(e.line, 5, "{e}");
+    assert!(e.message.contains("-1"), "{e}");
+}

@@ -399,6 +399,7 @@ fn identity_of(d: &DeviceSection) -> scsi::DeviceConfig {
         rotational: d.rotational,
         removable: d.removable,
         nv_cache: d.nv_cache,
+        threads_num: d.threads_num.as_ref().map_or(0, |n| *n.get_ref()),
         serial: usn.map_or_else(|| format!("{:08x}", fnv(&key) as u32), str::to_string),
         naa: 0x5001_4050_0000_0000 | (fnv(&key) & 0xf_ffff_ffff),
         ..Default::default()
