@@ -371,8 +371,13 @@ impl Device {
         self.backend.resize(blocks * self.config.block_size as u64)
     }
 
+    /// The logical block size: the configured one, or a CD's 2048 bytes
+    /// for a virtual CD-ROM.
     pub fn block_size(&self) -> u32 {
-        self.config.block_size
+        match self.cdrom {
+            Some(_) => crate::vcdrom::CD_BLOCK as u32,
+            None => self.config.block_size,
+        }
     }
 
     /// Whether the unit takes the command's protection fields (SBC-3
@@ -460,8 +465,13 @@ impl Device {
             .map(|_| self.pi_lock.write().unwrap_or_else(|e| e.into_inner()))
     }
 
+    /// Blocks of the store (of the disc in the drive, for a virtual
+    /// CD-ROM; 0 without one).
     pub fn blocks(&self) -> u64 {
-        self.backend.size() / self.config.block_size as u64
+        match &self.cdrom {
+            Some(cd) => cd.blocks(),
+            None => self.backend.size() / self.config.block_size as u64,
+        }
     }
 
     fn check_range(&self, lba: u64, blocks: u32) -> Result<(), Sense> {

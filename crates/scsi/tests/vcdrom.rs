@@ -249,7 +249,9 @@ fn no_medium_and_a_changed_medium() {
     let second = dir.path("second.iso");
     std::fs::write(&second, image_bytes(20)).unwrap();
     let dev = t.device(&a, l0()).unwrap();
+    assert_eq!((dev.block_size(), dev.blocks()), (2048, 10));
     t.change_medium(&dev, Some(&second)).unwrap();
+    assert_eq!(dev.blocks(), 20, "the new disc's blocks");
     assert_eq!(dev.vcdrom_handler().unwrap().image(), Some(second.clone()));
     for n in [&a, &b] {
         let r = t.execute(n, l0(), &[0; 6], &[], 0);

@@ -90,6 +90,25 @@ fn our_initiator_reads_a_vcdrom_image_byte_for_byte_and_srptadm_changes_the_disc
             .unwrap();
         (o.status.success(), common::text(&o))
     };
+    let (ok, out) = adm(&["--json", "devices"]);
+    assert!(ok, "{out}");
+    let devs: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let cd = &devs[0];
+    assert_eq!(
+        (
+            &cd["handler"],
+            &cd["size"],
+            &cd["block_size"],
+            &cd["read_only"]
+        ),
+        (
+            &"vcdrom".into(),
+            &(1000 * 2048).into(),
+            &2048.into(),
+            &true.into()
+        ),
+        "{cd}"
+    );
     let (ok, out) = adm(&["change-medium", "cd0", second.to_str().unwrap()]);
     assert!(ok, "{out}");
     assert!(out.contains("second.iso") && out.contains("28/00"), "{out}");
