@@ -118,6 +118,34 @@ fn our_initiator_reads_a_vcdrom_image_byte_for_byte_and_srptadm_changes_the_disc
     assert!(!ok, "an odd-sized image was taken: {out}");
     assert!(out.contains("2048-byte"), "{out}");
 
+    // A drive added at run time with no disc, then given one; a RAM
+    // device has no disc to change.
+    let (ok, out) = adm(&[
+        "add-device",
+        "cd1",
+        "--handler",
+        "vcdrom",
+        "--threads-num",
+        "2",
+    ]);
+    assert!(ok, "{out}");
+    let (ok, out) = adm(&["change-medium", "cd1", first.to_str().unwrap()]);
+    assert!(ok, "{out}");
+    let (ok, out) = adm(&["--json", "devices"]);
+    assert!(ok, "{out}");
+    let devs: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let cd1 = &devs[1];
+    assert_eq!(
+        (&cd1["name"], &cd1["size"]),
+        (&"cd1".into(), &(1000 * 2048).into()),
+        "{cd1}"
+    );
+    assert_eq!(cd1["threads_num"], 2, "{cd1}");
+    let (ok, out) = adm(&["add-device", "r0", "--handler", "ram", "--size", "1M"]);
+    assert!(ok, "{out}");
+    let (ok, out) = adm(&["change-medium", "r0"]);
+    assert!(!ok && out.contains("no disc to change"), "{out}");
+
     // The second disc (the bad one left it in), read by a new login.
     let fuse = mount(&mnt);
     let back = std::fs::read(mnt.join("lun0")).unwrap();

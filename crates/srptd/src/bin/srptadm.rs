@@ -48,9 +48,14 @@ enum Cmd {
         /// creates a missing fileio file).
         #[arg(long, value_parser = srptd::config::size_arg)]
         size: Option<String>,
-        /// Logical block size in bytes (512, 4k).
-        #[arg(long, default_value = "512", value_parser = rdma_types::units::size::<u32>)]
-        block_size: u32,
+        /// Logical block size in bytes (512, 4k; default 512). Not for
+        /// pass-through or vcdrom, whose device or disc has its own.
+        #[arg(long, value_parser = rdma_types::units::size::<u32>)]
+        block_size: Option<u32>,
+        /// Threads of the device's own for its commands (SCST's
+        /// threads_num; default 0: the target port's shared workers).
+        #[arg(long)]
+        threads_num: Option<u32>,
         #[arg(long)]
         read_only: bool,
         /// Report a rotating medium (VPD B1h).
@@ -98,6 +103,7 @@ fn main() -> ExitCode {
             filename,
             size,
             block_size,
+            threads_num,
             read_only,
             rotational,
             write_through,
@@ -105,11 +111,19 @@ fn main() -> ExitCode {
         } => {
             // JSON strings are valid TOML basic strings.
             let mut t = format!(
-                "name = {}\nhandler = {}\nblock_size = {block_size}\nread_only = {read_only}\n\
+                "name = {}\nhandler = {}\nread_only = {read_only}\n\
                  rotational = {rotational}\nwrite_through = {write_through}\no_direct = {o_direct}\n",
                 toml_str(&name),
                 toml_str(&handler)
             );
+            // Only when given: the pass-through and vcdrom handlers refuse
+            // the key (their device or disc has its own).
+            if let Some(b) = block_size {
+                t += &format!("block_size = {b}\n");
+            }
+            if let Some(n) = threads_num {
+                t += &format!("threads_num = {n}\n");
+            }
             if let Some(f) = filename {
                 t += &format!("filename = {}\n", toml_str(&f.to_string_lossy()));
             }
