@@ -143,7 +143,8 @@ impl VCdrom {
 
     /// Runs one command (not one the target keeps): data-in, or the sense
     /// of a CHECK CONDITION. `dev` gives the identity; `alloc` is the
-    /// transport's expected data-in length.
+    /// transport's expected data-in length, at which data other than a
+    /// READ's is cut (a READ's is all the CDB asks for: see [`is_read`]).
     pub(crate) fn execute(
         &self,
         dev: &crate::Device,
@@ -255,7 +256,11 @@ impl VCdrom {
             }
             _ => return Err(invalid_opcode()),
         };
-        d.truncate(alloc);
+        // A READ's data is what the CDB asks for (the caller tells an
+        // overflow); other data is cut at the allocation length.
+        if !is_read(cdb) {
+            d.truncate(alloc);
+        }
         Ok(d)
     }
 
@@ -452,6 +457,11 @@ impl VCdrom {
         }
         Ok(d)
     }
+}
+
+/// READ(10), READ(12), READ(16): data-in of the length the CDB gives.
+pub(crate) fn is_read(cdb: &[u8]) -> bool {
+    matches!(cdb.first(), Some(0x28 | 0xa8 | 0x88))
 }
 
 fn invalid_opcode() -> Sense {

@@ -99,6 +99,14 @@ fn an_image_reads_back_byte_for_byte_as_a_read_only_mmc_drive() {
     }
     assert!(back == want, "the whole image, byte for byte");
 
+    // Two blocks asked for, room for one: the first, and an overflow.
+    let r = t.execute(&n, l0(), &[0x28, 0, 0, 0, 0, 7, 0, 0, 2, 0], &[], 2048);
+    assert_eq!((r.status, r.residual), (Status::Good, Residual::Over(2048)));
+    assert!(r.data_in == want[7 * 2048..8 * 2048]);
+    // Less TOC than the transport's room: an underrun, not an overflow.
+    let r = t.execute(&n, l0(), &[0x43, 0, 0, 0, 0, 0, 0, 0, 100, 0], &[], 100);
+    assert_eq!((r.data_in.len(), r.residual), (20, Residual::Under(80)));
+
     // Past the end: LBA OUT OF RANGE. Writes: DATA PROTECT.
     let r = t.execute(&n, l0(), &[0x28, 0, 0, 0, 1, 0x2b, 0, 0, 2, 0], &[], 4096);
     assert_eq!(check(&r), (SenseKey::IllegalRequest, Asc::LBA_OUT_OF_RANGE));

@@ -436,7 +436,16 @@ impl Target {
             }
             _ => {}
         }
+        // A READ asking for more than the transport expects overflows
+        // (its data is cut); other data was cut at the allocation length.
+        let wanted = data.len() as u64;
+        data.truncate(alloc);
         let moved = data.len() as u64;
+        let wanted = if crate::vcdrom::is_read(cdb) {
+            wanted
+        } else {
+            moved
+        };
         let data = match bufs {
             Some(b) if b.has_data_in() => {
                 b.copy_in(&data);
@@ -449,7 +458,7 @@ impl Target {
             sense: None,
             device_sense: None,
             data_in: data,
-            residual: Residual::of(expected, moved, moved),
+            residual: Residual::of(expected, wanted, moved),
             descriptor_sense: false,
         }
     }
