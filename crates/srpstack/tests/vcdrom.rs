@@ -146,6 +146,26 @@ fn our_initiator_reads_a_vcdrom_image_byte_for_byte_and_srptadm_changes_the_disc
     let (ok, out) = adm(&["change-medium", "r0"]);
     assert!(!ok && out.contains("no disc to change"), "{out}");
 
+    // A reload whose config names another image for cd0 changes the disc
+    // (the drive is mapped: it is not rebuilt); a reload naming an image
+    // that is not whole blocks is refused and changes nothing.
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    let third = dir.join("third.iso");
+    std::fs::write(&third, image(700, 7)).unwrap();
+    std::fs::write(&cfg, text.replace("first.iso", "third.iso")).unwrap();
+    let (ok, out) = adm(&["--json", "reload"]);
+    assert!(ok, "{out}");
+    assert!(out.contains("third.iso"), "{out}");
+    std::fs::write(&cfg, text.replace("first.iso", "odd.iso")).unwrap();
+    let (ok, out) = adm(&["reload"]);
+    assert!(!ok && out.contains("2048-byte"), "{out}");
+    let (_, out) = adm(&["--json", "devices"]);
+    let devs: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(devs[0]["size"], 700 * 2048, "{out}");
+    std::fs::write(&cfg, text.replace("first.iso", "second.iso")).unwrap();
+    let (ok, out) = adm(&["reload"]);
+    assert!(ok, "{out}");
+
     // The second disc (the bad one left it in), read by a new login.
     let fuse = mount(&mnt);
     let back = std::fs::read(mnt.join("lun0")).unwrap();

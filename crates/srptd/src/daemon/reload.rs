@@ -10,7 +10,9 @@ impl Daemon {
     /// attentions and SRP_AER_REQ as for `srptadm` changes), `enabled` is
     /// followed. Sessions stay up. A mapped ram device whose `size` alone
     /// grew is resized in place, as `srptadm resize` does (CAPACITY DATA
-    /// HAS CHANGED and an SRP_AER_REQ to whoever sees it). Refused as a
+    /// HAS CHANGED and an SRP_AER_REQ to whoever sees it); a vcdrom device
+    /// whose `filename` alone changed gets the new disc, as `srptadm
+    /// change-medium` gives it (28/00 to whoever sees it). Refused as a
     /// whole, with nothing changed, when a device that stays mapped
     /// changed its definition otherwise or shrank; target parameters that
     /// need a restart are kept and named.
@@ -50,11 +52,22 @@ impl Daemon {
         };
         // Mapped ram devices that only grew: resized below, not rebuilt.
         let mut grown: Vec<(String, u64)> = Vec::new();
+        // vcdrom devices whose image alone changed: their disc is changed
+        // below (as `srptadm change-medium` does), not rebuilt.
+        let mut discs: Vec<(String, Option<std::path::PathBuf>)> = Vec::new();
         changed.retain(|name| {
             let find = |c: &Config| c.devices.iter().find(|d| d.name.get_ref() == name).cloned();
             let (Some(old), Some(new)) = (find(&cfg), find(&next)) else {
                 return true;
             };
+            if *new.handler.get_ref() == Handler::VCdrom {
+                let mut same = new.clone();
+                same.filename = old.filename.clone();
+                if text(&same) == text(&old) {
+                    discs.push((name.clone(), new.filename.map(|f| f.get_ref().clone())));
+                    return false;
+                }
+            }
             let mut same = new.clone();
             same.size = old.size.clone();
             let bytes = new
@@ -100,6 +113,13 @@ impl Daemon {
             .find(|d| mapped(&old_maps, d) || mapped(&new_maps, d))
         {
             return Err(AdminError::ChangedWhileMapped(d.clone()));
+        }
+        // Every new disc must open before anything changes.
+        for (name, image) in &discs {
+            scsi::VCdrom::new(image.as_deref()).map_err(|source| AdminError::Medium {
+                device: name.clone(),
+                source,
+            })?;
         }
         // Open new and changed devices before touching any map.
         let (mut opened, mut created) = (BTreeMap::new(), Vec::new());
@@ -169,6 +189,24 @@ impl Daemon {
             .map(|d| d.name.get_ref().clone())
             .collect();
         devices.retain(|name, _| kept.contains(name));
+        // New discs in vcdrom drives (checked above; a file that changed
+        // since is refused here, the drive keeping its disc).
+        let mut media = Vec::new();
+        for (name, image) in &discs {
+            let Some(dev) = devices.get(name).cloned() else {
+                continue;
+            };
+            self.scsi
+                .change_medium(&dev, image.as_deref())
+                .map_err(|source| AdminError::Medium {
+                    device: name.clone(),
+                    source,
+                })?;
+            media.push(json!({
+                "device": name,
+                "image": image.as_ref().map(|p| p.display().to_string()),
+            }));
+        }
         // Grown devices, through a LUN that maps them now.
         let mut resized = Vec::new();
         let mut capacity_told = 0;
@@ -249,6 +287,7 @@ impl Daemon {
         Ok(json!({
             "lun_map_changes": lun_changes,
             "resized": resized,
+            "media_changed": media,
             "aer_sent": told + capacity_told,
             // One target: its state, as before several were possible.
             "enabled": if enabled.len() == 1 { json!(enabled[0]) } else { json!(enabled) },
