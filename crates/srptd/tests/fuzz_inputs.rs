@@ -44,5 +44,5 @@ fn the_hand_written_seeds_are_valid() {
             parsed += 1;
         }
     }
-    assert_eq!(parsed, 16, "one request per command");
+    assert_eq!(parsed, 17, "one request per command");
 }

@@ -502,7 +502,13 @@ pub struct DeviceSection {
         skip_serializing_if = "Option::is_none"
     )]
     pub size: Option<Spanned<String>>,
-    #[serde(default = "default_block_size", deserialize_with = "de_block_size")]
+    /// Written back only when not the default 512 (the pass-through and
+    /// vcdrom handlers refuse the key, so a saved file must not name it).
+    #[serde(
+        default = "default_block_size",
+        deserialize_with = "de_block_size",
+        skip_serializing_if = "is_default_block_size"
+    )]
     pub block_size: Spanned<u32>,
     #[serde(default)]
     pub read_only: bool,
@@ -548,6 +554,10 @@ pub struct DeviceSection {
 
 fn default_block_size() -> Spanned<u32> {
     Spanned::new(0..0, 512)
+}
+
+fn is_default_block_size(b: &Spanned<u32>) -> bool {
+    *b.get_ref() == 512
 }
 
 /// One LUN mapping.
