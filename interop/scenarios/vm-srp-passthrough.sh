@@ -243,9 +243,8 @@ reset_under_io() {
   done
   [ "$now" -gt $((base + 16)) ] || { cat /tmp/fio-reset.out; fail "fio wrote nothing in 30 s"; }
   kill -0 $fio_pid 2>/dev/null || fail "fio ended before the LUN reset (make the job longer)"
+  local during=$((now - base))
   sg_reset --device "$dev" || fail "sg_reset --device under I/O"
-  local during=$(( $(awk '{print $5}' "/sys/block/$sd/stat") - base ))
-  kill -0 $fio_pid 2>/dev/null || fail "fio ended before the LUN reset returned (make the job longer)"
   wait $fio_pid || rc=$?
   [ $rc -eq 0 ] || { cat /tmp/fio-reset.out; fail "fio verify across the LUN reset failed (rc $rc)"; }
   step "LUN reset under I/O: sent after $during of fio's writes; crc32c verify passed ($(cut -d';' -f1-8 /tmp/fio-reset.out | head -1))"
