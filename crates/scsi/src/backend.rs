@@ -29,8 +29,8 @@ pub trait Backend: Send + Sync {
         Ok(buf)
     }
     /// Reads consecutive bytes at `offset` into the buffers in order (a
-    /// scatter list; [`crate::DataInSink`]). The default reads each piece
-    /// in turn.
+    /// scatter list, as [`crate::Buffers`] hands them over). The default
+    /// reads each piece in turn.
     fn read_vectored(&self, offset: u64, bufs: &mut [&mut [u8]]) -> io::Result<()> {
         let mut at = offset;
         for b in bufs.iter_mut() {
