@@ -81,9 +81,9 @@ pub mod subnet;
 mod wire;
 
 pub use agent::{
-    hook_for, recv_ring, recv_wr, send_ring, source_gid, special_qp, Call, CmAgent, CmError,
-    ConnQp, Established, Incoming, MadAgent, MadAgentCloser, MadWait, Path, QpParams, Removed,
-    RtuFault,
+    hook_for, recv_ring, recv_wr, send_ring, source_gid, special_qp, ud_grh, Call, CmAgent,
+    CmError, ConnQp, Established, Incoming, MadAgent, MadAgentCloser, MadWait, Path, QpParams,
+    Removed, RtuFault,
 };
 pub use ib_node::{IbNode, IbNodeError};
 pub use rdma_cm::{CmConfig, ConnId, Timing};

@@ -23,10 +23,13 @@
 //!
 //! # What it refuses
 //!
-//! - QP0 and QP1 (`NotSupported`): the kernel owns them on an rdma-core
-//!   device; MADs go through libibumad and connections through the kernel's
-//!   RDMA CM (`cm`)
-//!   (the next stage).
+//! - QP0 (`NotSupported`): the kernel owns it. QP1 is the kernel's too; a
+//!   GSI QP here is served through the kernel's user MAD interface
+//!   (`/dev/infiniband/umadN`, no library: see `umad` and `provider::gsi`),
+//!   so the access layer's DM agent and SA client run over it unchanged.
+//!   The CM class stays the kernel CM's: `gsi_listen` is refused and
+//!   connections go through the kernel's RDMA CM (`cm`). On a RoCE port a
+//!   MAD to the SA is refused ([`NO_SA_ON_ROCE`]): there is none.
 //! - Memory windows of a type the device's capability flags do not list
 //!   (`NotSupported`; `CaAttr::max_mw` is 0 when it has neither). Where it
 //!   has them, a type 1 window is bound by `bind_mw` (an unsignaled bind
@@ -107,13 +110,28 @@ mod port;
 mod provider;
 mod spec;
 mod sys;
+mod umad;
 
 pub use cm::{CmStartError, RdmaCm};
 pub use port::PortDown;
+pub use provider::NO_SA_ON_ROCE;
 pub use provider::{DeviceInfo, DeviceLookupError, Options, RdmaCore};
 pub use spec::DeviceSpec;
 pub use sys::ucma::RDMA_CM_DEVICE;
 pub use sys::{LoadError, LIBIBVERBS};
+pub use umad::UmadError;
+
+/// Whether MADs can flow through the kernel on port `port` of device
+/// `device` (what a GSI QP there needs): its user MAD device is listed
+/// and this process may open it. The error is one line with the fix
+/// (`modprobe ib_umad`, permissions).
+///
+/// # Errors
+/// No user MAD module, no device for the port, the file missing or not
+/// ours to open.
+pub fn user_mad_ready(device: &str, port: u8) -> Result<(), UmadError> {
+    sys::umad::UmadFile::open(device, port).map(drop)
+}
 
 #[cfg(test)]
 mod tests {

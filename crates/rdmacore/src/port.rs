@@ -70,7 +70,7 @@ pub(crate) fn phys_state_name(phys: u8) -> &'static str {
 }
 
 /// `IBV_LINK_LAYER_INFINIBAND`.
-const LINK_LAYER_IB: u8 = 1;
+pub(crate) const LINK_LAYER_IB: u8 = 1;
 
 /// A port that is not ACTIVE, with what was found about it.
 #[derive(Debug, Clone, PartialEq, Eq)]

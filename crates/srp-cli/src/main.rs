@@ -265,7 +265,11 @@ enum Cmd {
     /// --all (-a) is given, as srp_daemon leaves out targets connected
     /// through the local port. The ports to ask: --target addresses, or
     /// with --sa every port the subnet administrator lists with device
-    /// management. srp_daemon's short options: -o, -a, -c, -e, -f, -R, -t.
+    /// management. With --device, from a port of an rdma-core device
+    /// through the kernel's user MAD interface (ib_umad), printing RDMA CM
+    /// login strings (dest=ADDRESS:--rdma-cm-port) that `srp --device`
+    /// logs in with. srp_daemon's short options: -o, -a, -c, -e, -f, -R,
+    /// -t.
     Discover {
         /// Address (GID) of a port to ask; repeat for several.
         #[arg(long, required_unless_present = "sa", conflicts_with = "sa")]
@@ -304,6 +308,18 @@ enum Cmd {
         /// leaves after $NICD_IDLE_EXIT (30s) without a client.
         #[arg(long, value_name = "SOCKET", num_args = 0..=1, default_missing_value = "")]
         nicd: Option<std::path::PathBuf>,
+        /// Ask from this rdma-core device's port (a real RDMA NIC, Linux
+        /// rxe or siw), NAME or NAME:PORT as `ibv_devices` lists it: the
+        /// DM queries go through the kernel's user MAD interface
+        /// (/dev/infiniband/umadN; modprobe ib_umad), to --target
+        /// addresses (a RoCE port has no subnet administrator).
+        #[arg(long, value_name = "NAME[:PORT]", value_parser = parse_device,
+              conflicts_with_all = ["nicd", "login"])]
+        device: Option<rdmacore::DeviceSpec>,
+        /// With --device: the targets' RDMA CM port, put in the login
+        /// strings printed (srptd's rdma_cm_port).
+        #[arg(long, default_value_t = 5555, requires = "device")]
+        rdma_cm_port: u16,
         /// RoCEv2 UDP port.
         #[arg(long, default_value_t = 4791)]
         udp_port: u16,
@@ -1000,6 +1016,8 @@ fn run(cmd: Cmd) -> Result<bool, String> {
             sm_wait_ms,
             ip,
             nicd,
+            device,
+            rdma_cm_port,
             udp_port,
             rules,
             login,
@@ -1011,6 +1029,13 @@ fn run(cmd: Cmd) -> Result<bool, String> {
             all,
             login_strings: _,
         } => {
+            if device.is_some() && (sa || fabric == rdma_access::subnet::Fabric::Ib) {
+                return Err(format!(
+                    "srp discover --device: {} (--target ADDRESS); an InfiniBand port's SA \
+                     is not asked through the kernel yet",
+                    rdmacore::NO_SA_ON_ROCE
+                ));
+            }
             if rescan.is_some_and(|d| d < Duration::from_secs(1)) {
                 return Err("--rescan must be at least 1 second".into());
             }
@@ -1038,6 +1063,7 @@ fn run(cmd: Cmd) -> Result<bool, String> {
             let local = Local {
                 ip,
                 nicd: nicd.as_deref().map(nicd::socket_for),
+                device: device.map(|d| (d, rdma_cm_port)),
                 udp_port,
                 ib: (sa || fabric == rdma_access::subnet::Fabric::Ib).then_some(IbMode {
                     pkey,
@@ -1091,6 +1117,8 @@ struct Local {
     ip: IpAddr,
     /// The NIC daemon's socket, to use its NIC at `ip`.
     nicd: Option<std::path::PathBuf>,
+    /// An rdma-core device's port instead, and the targets' RDMA CM port.
+    device: Option<(rdmacore::DeviceSpec, u16)>,
     udp_port: u16,
     ib: Option<IbMode>,
 }
@@ -1103,6 +1131,9 @@ struct Printer {
     verbose: bool,
     rescan: bool,
     signals: Option<daemon_ctl::signals::TermSignals>,
+    /// Print RDMA CM login strings to this port (found from a device's
+    /// RoCE port by address) instead of IB CM ones.
+    rdma_cm_port: Option<u16>,
 }
 
 impl Host for Printer {
@@ -1154,7 +1185,10 @@ impl Host for Printer {
                 t.login_string()
             ),
             Event::Held(t) if verbose => println!("# logged in already: {}", t.login_string()),
-            Event::Target(t) => println!("{}", t.login_string()),
+            Event::Target(t) => match self.rdma_cm_port {
+                Some(port) => println!("{}", t.rdma_cm_login_string(port)),
+                None => println!("{}", t.login_string()),
+            },
             Event::LoggedIn { name } => println!("# logged in as {name}"),
             Event::Failed(e) => eprintln!("srp: {e}"),
             Event::ScanDone { round, found } if scans => {
@@ -1201,11 +1235,22 @@ fn discover(
     let Local {
         ip,
         nicd,
+        device,
         udp_port,
         ib,
     } = local;
     // Before any thread starts, so all of them inherit the mask.
     let signals = cfg.rescan.map(|_| daemon_ctl::signals::block_term());
+    if let Some((spec, rdma_cm_port)) = device {
+        let host = Printer {
+            socket,
+            verbose,
+            rescan: cfg.rescan.is_some(),
+            signals,
+            rdma_cm_port: Some(rdma_cm_port),
+        };
+        return discover_on_device(&spec, cfg, host);
+    }
     // The CM agent is tracked in a client of the access layer: its CM
     // ids, MAD agents and trap subscriptions (and, on soft RoCE, its QP1
     // objects). `_cm`, dropped first, closes them before the port goes.
@@ -1291,9 +1336,41 @@ fn discover(
         verbose,
         rescan: cfg.rescan.is_some(),
         signals,
+        rdma_cm_port: None,
     };
     let subnet = port.as_ref().map(|p| p as &dyn SubnetPort);
     let ok = Discovery::new(&agent, subnet, cfg).run(&mut host);
+    drop(cm);
+    Ok(ok)
+}
+
+/// `srp discover --device`: the walk from port `spec` of an rdma-core
+/// device, its MADs through the kernel's user MAD interface (the
+/// provider's GSI QP), the CM agent tracked as on soft RoCE.
+fn discover_on_device(
+    spec: &rdmacore::DeviceSpec,
+    cfg: DiscoveryConfig,
+    mut host: Printer,
+) -> Result<bool, String> {
+    let core = rdmacore::RdmaCore::new().map_err(|e| e.to_string())?;
+    let guid = core.find_port(spec).map_err(|e| e.to_string())?;
+    if spec.port != 1 {
+        return Err(format!(
+            "{spec}: discovery asks from port 1 of a device only, for now"
+        ));
+    }
+    // Said in one line with the fix before anything starts.
+    rdmacore::user_mad_ready(&spec.name, spec.port).map_err(|e| e.to_string())?;
+    let provider: Arc<dyn verbs::Provider> = core;
+    let cm = rdma_access::resource::AccessLayer::new(provider)
+        .client("cm")
+        .into_provider();
+    let agent = rdma_access::CmAgent::start(cm.clone(), guid, std::process::id() << 8)
+        .map_err(|e| format!("start the MAD agent on {spec}: {e}"))?;
+    agent
+        .track_in(cm.client())
+        .map_err(|e| format!("track the MAD agent on {spec}: {e}"))?;
+    let ok = Discovery::new(&agent, None, cfg).run(&mut host);
     drop(cm);
     Ok(ok)
 }

@@ -128,6 +128,28 @@ impl Found {
         s
     }
 
+    /// The login string by RDMA CM (`dest=ADDRESS:port`), for a RoCE port
+    /// found by its address: the port's GID is that address, and its
+    /// target listens for RDMA CM logins on `port` (srptd's
+    /// `rdma_cm_port`, ib_srpt's `rdma_cm_port`). With the allowing rule's
+    /// options.
+    pub fn rdma_cm_login_string(&self, port: u16) -> String {
+        let i = &self.info;
+        let mut s = target_keys(
+            i.id_ext,
+            i.ioc_guid,
+            &TargetAddress::RdmaCm {
+                dest: std::net::SocketAddr::new(i.dgid.to_ip(), port),
+                src: None,
+            },
+        );
+        if !self.decision.options.is_empty() {
+            s.push(',');
+            s.push_str(&self.decision.options);
+        }
+        s
+    }
+
     /// Whether one of `held` (login strings) is a login to this target
     /// port: the same id_ext, ioc_guid and dgid.
     pub fn held_in(&self, held: &[String]) -> bool {
@@ -575,6 +597,11 @@ mod tests {
                 "id_ext=0000000000001122,ioc_guid=0002c9037f000001,\
                  dgid=00000000000000000000ffff7f000001,pkey=ffff,service_id=0000000000003344",
             ]
+        );
+        // A RoCE port found by its address: the same target by RDMA CM.
+        assert_eq!(
+            found[1].rdma_cm_login_string(5555),
+            "id_ext=0000000000001122,ioc_guid=0002c9037f000001,dest=127.0.0.1:5555"
         );
         // Held: the same id_ext, ioc_guid and dgid, whatever the options.
         let held = vec![format!("{},max_sect=256", strings[1])];

@@ -14,8 +14,6 @@ use rdma_types::{Gid, Lkey, QpState, Qpn, WcOpcode, WcStatus};
 use std::collections::{HashMap, HashSet, VecDeque};
 use verbs::{MemBuf, RecvWr, Sge, VerbsError, WcFlags, WorkCompletion};
 
-const GRH: usize = 40;
-
 /// One GSI QP's state on this side.
 pub(super) struct Gsi {
     pub(super) ctx: u64,
@@ -143,7 +141,7 @@ impl Local {
             return None;
         };
         let (cq, ctx) = (g.recv_cq, g.ctx);
-        let mut bytes = grh(sgid);
+        let mut bytes = rdma_access::ud_grh(sgid).to_vec();
         bytes.extend_from_slice(mad);
         let (status, len) = match self.scatter(&wr.sges, &bytes) {
             Some(n) if n == bytes.len() => (WcStatus::Success, n),
@@ -158,24 +156,6 @@ impl Local {
         self.push(cq, wc);
         self.notify(cq)
     }
-}
-
-/// The 40 bytes in front of a UD receive from `sgid`: on RoCEv2 over
-/// IPv4 an IPv4 header in the last 20 (source address at 32), else an
-/// IB GRH (source GID at 8), as the NIC writes them.
-fn grh(sgid: Gid) -> Vec<u8> {
-    let mut g = vec![0u8; GRH];
-    match sgid.to_ipv4().filter(|_| sgid.is_ipv4_mapped()) {
-        Some(v4) => {
-            g[20] = 0x45;
-            g[32..36].copy_from_slice(&v4.octets());
-        }
-        None => {
-            g[0] = 0x60;
-            g[8..24].copy_from_slice(&sgid.0);
-        }
-    }
-    g
 }
 
 #[cfg(test)]

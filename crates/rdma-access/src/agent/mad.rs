@@ -381,6 +381,25 @@ pub fn source_gid(grh: &[u8]) -> Gid {
     }
 }
 
+/// The 40 bytes a UD receive holds in front of a MAD from `sgid`, as a
+/// NIC writes them (what [`source_gid`] reads): on RoCEv2 over IPv4 an
+/// IPv4 header in the last 20 (source address at 32), else an IB GRH
+/// (source GID at 8). For providers that fill GSI receives themselves.
+pub fn ud_grh(sgid: Gid) -> [u8; GRH] {
+    let mut g = [0u8; GRH];
+    match sgid.to_ipv4().filter(|_| sgid.is_ipv4_mapped()) {
+        Some(v4) => {
+            g[20] = 0x45;
+            g[32..36].copy_from_slice(&v4.octets());
+        }
+        None => {
+            g[0] = 0x60;
+            g[8..24].copy_from_slice(&sgid.0);
+        }
+    }
+    g
+}
+
 impl Inner {
     /// Tells the provider agent `id` serves nothing more (a shared QP1).
     pub(super) fn gsi_unregister(&self, st: &mut State, id: AgentId) {
@@ -484,5 +503,21 @@ impl Inner {
             }
         }
         calls
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_area_a_provider_writes_reads_back_as_its_sender() {
+        for ip in ["10.77.0.11", "fe80::1"] {
+            let gid = Gid::from_ip(ip.parse().unwrap());
+            assert_eq!(source_gid(&ud_grh(gid)), gid, "{ip}");
+        }
+        let v4 = ud_grh(Gid::from_ip([10, 77, 0, 11].into()));
+        assert_eq!((v4[20], &v4[32..36]), (0x45, &[10u8, 77, 0, 11][..]));
+        assert_eq!(ud_grh(Gid::from_ip("fe80::1".parse().unwrap()))[0], 0x60);
     }
 }

@@ -45,6 +45,8 @@ pub(crate) struct CaRt {
     qp_ctx: Mutex<HashMap<u32, Context>>,
     /// The CQs whose channels the event thread waits on.
     pub(super) cqs: Mutex<Vec<Arc<CqRt>>>,
+    /// The GSI QPs whose user MAD files the event thread waits on.
+    pub(super) gsis: Mutex<Vec<Arc<super::gsi::GsiRt>>>,
     pub(super) waker: sys::Waker,
     pub(super) stop: AtomicBool,
     pub(super) dispatch: Mutex<Dispatch>,
@@ -184,6 +186,15 @@ impl CaRt {
         guard(&self.cqs)
     }
 
+    pub(super) fn gsi_list(&self) -> MutexGuard<'_, Vec<Arc<super::gsi::GsiRt>>> {
+        guard(&self.gsis)
+    }
+
+    /// Whether `port` is Ethernet (RoCE): no LIDs, no SA, GMPs with a GRH.
+    pub(super) fn is_roce(&self, port: u8) -> Result<bool> {
+        Ok(self.query_port_raw(port)?.link_layer != crate::port::LINK_LAYER_IB)
+    }
+
     /// The most inline data bytes an RC QP of one SGE takes on this
     /// device. `ibv_device_attr` does not say, so it is asked the way the
     /// rdma-core man pages advise: create QPs asking for a size, keep the
@@ -312,6 +323,7 @@ impl RdmaCore {
             gids: Mutex::new(HashMap::new()),
             qp_ctx: Mutex::new(HashMap::new()),
             cqs: Mutex::new(Vec::new()),
+            gsis: Mutex::new(Vec::new()),
             waker,
             stop: AtomicBool::new(false),
             dispatch: Mutex::new(Dispatch::default()),

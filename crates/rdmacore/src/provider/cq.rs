@@ -38,6 +38,9 @@ const SOLICITED_POLL: Duration = Duration::from_millis(1);
 
 #[derive(Default)]
 struct Arms {
+    /// Completions of GSI QPs (`gsi`), which no device queue holds: they
+    /// come out first.
+    soft: VecDeque<WorkCompletion>,
     /// Completions `wait_cq` took from the device, oldest first.
     taken: VecDeque<ibv_wc>,
     /// The consumer's arm: `Some(solicited_only)`.
@@ -58,6 +61,9 @@ pub(crate) struct CqRt {
     /// The channel broke (the device went away): the event thread leaves
     /// it out.
     pub(super) broken: AtomicBool,
+    /// A GSI completion fired the consumer's arm outside the event
+    /// thread: the thread calls the handler.
+    soft_fired: AtomicBool,
 }
 
 impl CqRt {
@@ -102,6 +108,30 @@ impl CqRt {
         fired
     }
 
+    /// A GSI QP's completion: queued ahead of the device's, waiters
+    /// woken; whether it fired the consumer's arm (the caller then has
+    /// the event thread call the handler).
+    pub(super) fn push_soft(&self, wc: WorkCompletion) -> bool {
+        let mut a = self.arms();
+        a.soft.push_back(wc);
+        a.events += 1;
+        self.event.notify_all();
+        a.consumer.take().is_some()
+    }
+
+    /// Marks that the consumer's handler is owed a call (see
+    /// [`CqRt::push_soft`]).
+    pub(super) fn note_soft_fired(&self) {
+        self.soft_fired
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Whether a call is owed (cleared).
+    pub(super) fn take_soft_fired(&self) -> bool {
+        self.soft_fired
+            .swap(false, std::sync::atomic::Ordering::AcqRel)
+    }
+
     /// Takes up to `WAIT_BATCH` completions from the device into
     /// `a.taken`.
     fn take(&self, a: &mut Arms) -> Result<usize> {
@@ -117,6 +147,11 @@ impl CqRt {
     fn poll(&self, rt: &CaRt, out: &mut [WorkCompletion]) -> Result<usize> {
         let mut a = self.arms();
         let mut n = 0;
+        while n < out.len() {
+            let Some(w) = a.soft.pop_front() else { break };
+            out[n] = w;
+            n += 1;
+        }
         while n < out.len() {
             let Some(w) = a.taken.pop_front() else { break };
             out[n] = convert::work_completion(&w, rt.qp_ctx(w.qp_num), rt.with_inv);
@@ -144,7 +179,7 @@ impl CqRt {
         let deadline = Instant::now() + timeout;
         let mut a = self.arms();
         loop {
-            if !a.taken.is_empty() || self.take(&mut a)? > 0 {
+            if !a.soft.is_empty() || !a.taken.is_empty() || self.take(&mut a)? > 0 {
                 return Ok(());
             }
             let left = deadline.saturating_duration_since(Instant::now());
@@ -197,6 +232,7 @@ impl RdmaCore {
             arms: Mutex::new(Arms::default()),
             event: Condvar::new(),
             broken: AtomicBool::new(false),
+            soft_fired: AtomicBool::new(false),
         });
         let h = {
             let mut st = self.lock();

@@ -16,6 +16,7 @@
 
 use super::ca::CaRt;
 use super::cq::CqRt;
+use super::gsi::GsiRt;
 use super::objects::{Obj, State};
 use crate::sys::{self, raw::event, AsyncEventInfo, Element, Ready};
 use rdma_types::PortNum;
@@ -101,8 +102,15 @@ fn run(rt: &Arc<CaRt>, st: &Mutex<State>) {
             .filter(|c| !c.broken.load(Ordering::Relaxed))
             .cloned()
             .collect();
+        let gsis: Vec<Arc<GsiRt>> = rt
+            .gsi_list()
+            .iter()
+            .filter(|g| !g.broken.load(Ordering::Relaxed))
+            .cloned()
+            .collect();
         let mut fds = vec![rt.waker.fd(), async_fd];
         fds.extend(cqs.iter().map(|c| c.hw.fd()));
+        fds.extend(gsis.iter().map(|g| g.fd()));
         let ready = match sys::poll_readable(&fds, -1) {
             Ok(r) => r,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
@@ -140,6 +148,19 @@ fn run(rt: &Arc<CaRt>, st: &Mutex<State>) {
             }
             Ready::Broken => async_fd = -1,
         }
+        for (g, r) in gsis.iter().zip(&ready[2 + cqs.len()..]) {
+            match r {
+                Ready::Readable if g.drain() => notify(rt, st, &g.recv_cq),
+                Ready::Broken => g.broken.store(true, Ordering::Relaxed),
+                _ => {}
+            }
+        }
+        // GSI completions that fired an arm in a verb (sends).
+        for cq in &cqs {
+            if cq.take_soft_fired() {
+                notify(rt, st, cq);
+            }
+        }
         for (cq, r) in cqs.iter().zip(&ready[2..]) {
             let mut n = 0;
             if *r == Ready::Readable {
@@ -156,9 +177,13 @@ fn run(rt: &Arc<CaRt>, st: &Mutex<State>) {
 }
 
 fn on_cq_event(rt: &CaRt, st: &Mutex<State>, cq: &CqRt) {
-    if !cq.on_event() {
-        return;
+    if cq.on_event() {
+        notify(rt, st, cq);
     }
+}
+
+/// Calls the consumer's completion handler of `cq`, if it is still there.
+fn notify(rt: &CaRt, st: &Mutex<State>, cq: &CqRt) {
     let key = cq.key;
     dispatch(
         rt,

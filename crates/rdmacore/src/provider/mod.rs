@@ -4,6 +4,7 @@
 mod ca;
 mod cq;
 mod events;
+mod gsi;
 mod mr;
 mod mw;
 mod objects;
@@ -11,6 +12,7 @@ mod post;
 mod qp;
 
 use crate::sys::{self, loader::Verbs, LoadError};
+pub use gsi::NO_SA_ON_ROCE;
 use objects::State;
 use rdma_types::{AccessFlags, Guid, PortNum, Qpn, Rkey};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -379,12 +381,49 @@ impl Provider for RdmaCore {
         RdmaCore::dealloc_mw(self, mw)
     }
     fn post_send(&self, qp: QpHandle, wrs: &[SendWr]) -> Result<()> {
-        RdmaCore::post_send(self, qp, wrs)
+        // A GSI QP is no device QP: looked for only when the handle is
+        // not one, so the data path pays nothing for it.
+        match RdmaCore::post_send(self, qp, wrs) {
+            Err(VerbsError::InvalidHandle) => match self.gsi_of(qp) {
+                Some((g, rt)) => self.gsi_post_send(qp, &g, &rt, wrs),
+                None => Err(VerbsError::InvalidHandle),
+            },
+            r => r,
+        }
     }
     fn post_recv(&self, qp: QpHandle, wrs: &[RecvWr]) -> Result<()> {
-        RdmaCore::post_recv(self, qp, wrs)
+        match RdmaCore::post_recv(self, qp, wrs) {
+            Err(VerbsError::InvalidHandle) => match self.gsi_of(qp) {
+                Some((g, _)) => self.gsi_post_recv(qp, &g, wrs),
+                None => Err(VerbsError::InvalidHandle),
+            },
+            r => r,
+        }
     }
     fn post_srq_recv(&self, srq: SrqHandle, wrs: &[RecvWr]) -> Result<()> {
         RdmaCore::post_srq_recv(self, srq, wrs)
+    }
+    /// The kernel owns the device's QP1: serving a class is registering a
+    /// kernel agent for it on the GSI QP's user MAD file (see `gsi`); the
+    /// CM class stays the kernel CM's.
+    fn gsi_register(
+        &self,
+        qp: QpHandle,
+        class: u8,
+        version: u8,
+        methods: &[u8],
+        serve: bool,
+    ) -> Result<()> {
+        self.gsi_serve(qp, class, version, methods, serve)
+    }
+    /// Refused: connection requests reach the kernel's CM, which hands
+    /// them to RDMA CM (`crate::cm`), never to a GSI QP.
+    fn gsi_listen(&self, _qp: QpHandle, _service_id: u64, listen: bool) -> Result<()> {
+        if !listen {
+            return Ok(());
+        }
+        Err(VerbsError::NotSupported(
+            "IB CM listens on an rdma-core device: the kernel's CM owns them; listen by RDMA CM",
+        ))
     }
 }

@@ -48,6 +48,18 @@ pub(super) enum Obj {
         ca: usize,
         pd: usize,
         ah: Arc<sys::Ah>,
+        /// What it was made with, and the device's index of its source
+        /// GID: what a MAD sent through the kernel (`gsi`) is addressed by.
+        attr: verbs::AhAttr,
+        sgid: u8,
+    },
+    /// A GSI QP, served through the kernel's user MAD interface (`gsi`).
+    Gsi {
+        ca: usize,
+        pd: usize,
+        send_cq: usize,
+        recv_cq: usize,
+        gsi: Arc<super::gsi::GsiRt>,
     },
     Mr {
         ca: usize,
@@ -119,6 +131,7 @@ impl State {
         cq: verbs::CqHandle => Obj::Cq { .. },
         srq: verbs::SrqHandle => Obj::Srq { .. },
         qp: verbs::QpHandle => Obj::Qp(_),
+        gsi: verbs::QpHandle => Obj::Gsi { .. },
         ah: verbs::AhHandle => Obj::Ah { .. },
         mr: verbs::MrHandle => Obj::Mr { .. },
         mw: verbs::MwHandle => Obj::Mw { .. },

@@ -21,6 +21,9 @@ use verbs::{
 
 impl RdmaCore {
     pub(super) fn create_qp(&self, pd: PdHandle, init: &QpInit, ctx: Context) -> Result<QpHandle> {
+        if init.qp_type == rdma_types::QpType::Gsi {
+            return self.create_gsi(pd, init, ctx);
+        }
         let qp_type = convert::qp_type_raw(init.qp_type)?;
         let (rt, hw_pd, scq, rcq, srq) = {
             let st = self.lock();
@@ -119,6 +122,9 @@ impl RdmaCore {
 
     pub(super) fn qp_num(&self, qp: QpHandle) -> Result<Qpn> {
         let st = self.lock();
+        if st.gsi(qp).is_ok() {
+            return Ok(Qpn::GSI);
+        }
         Ok(Qpn::from_bits(st.qp_obj(st.qp(qp)?).qp.num()))
     }
 
@@ -139,6 +145,10 @@ impl RdmaCore {
     }
 
     pub(super) fn modify_qp(&self, qp: QpHandle, attr: &QpAttr) -> Result<()> {
+        if let Some((g, _)) = self.gsi_of(qp) {
+            Self::modify_gsi(&g, attr);
+            return Ok(());
+        }
         let (hw, from) = self.qp_now(qp)?;
         let (qp_type, rt, port_before) = {
             let st = self.lock();
@@ -182,6 +192,9 @@ impl RdmaCore {
     }
 
     pub(super) fn query_qp(&self, qp: QpHandle) -> Result<QpAttr> {
+        if let Some((g, _)) = self.gsi_of(qp) {
+            return Ok(Self::query_gsi(&g));
+        }
         let (_, state) = self.qp_now(qp)?;
         let st = self.lock();
         let mut a = st.qp_obj(st.qp(qp)?).attr;
@@ -190,6 +203,9 @@ impl RdmaCore {
     }
 
     pub(super) fn destroy_qp(&self, qp: QpHandle) -> Result<()> {
+        if self.gsi_of(qp).is_some() {
+            return self.destroy_gsi(qp);
+        }
         let (rt, hw, ctx) = {
             let mut st = self.lock();
             let i = st.qp(qp)?;
@@ -231,6 +247,8 @@ impl RdmaCore {
                 ca,
                 pd: p,
                 ah: Arc::new(ah),
+                attr: *attr,
+                sgid,
             },
             None,
         )))

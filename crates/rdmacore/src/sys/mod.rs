@@ -22,6 +22,7 @@
 pub(crate) mod loader;
 pub(crate) mod raw;
 pub(crate) mod ucma;
+pub(crate) mod umad;
 
 use loader::Verbs;
 use raw::*;
@@ -403,6 +404,11 @@ impl Drop for Mr {
 }
 
 impl Mr {
+    /// The buffer it is registered over.
+    pub(crate) fn buf(&self) -> &MemBuf {
+        &self.buf
+    }
+
     /// Registers `[addr, addr + len)`, which must lie inside `buf`
     /// (`EINVAL` otherwise), with `access` (`IBV_ACCESS_*` bits).
     pub(crate) fn new(

@@ -91,9 +91,44 @@ struct Live {
     /// On an rdma-core device: the kernel's RDMA CM the logins come
     /// through, closed at shutdown.
     rdma_cm: Option<Arc<rdmacore::RdmaCm>>,
-    /// The I/O controller offered to discovery, and the DM agent (dropped
-    /// in this order); soft RoCE NIC only.
-    _dm: Option<Arc<(rdma_access::dm::IocHandle, rdma_access::dm::DmService)>>,
+    /// The I/O controller offered to discovery and the DM agent
+    /// answering for it: on the soft RoCE NIC's QP1, or on an rdma-core
+    /// device's through the kernel's user MAD interface (`None` where
+    /// that cannot start: warned).
+    _dm: Option<Arc<DmAgent>>,
+}
+
+/// A target's DM agent: the controller's slot, the service answering DM
+/// Gets, and (on an rdma-core device) the agent on the device's QP1 they
+/// run on, dropped in that order. On the soft NIC they run on the
+/// target's own CM agent.
+struct DmAgent {
+    _ioc: rdma_access::dm::IocHandle,
+    _dm: rdma_access::dm::DmService,
+    _agent: Option<Arc<rdma_access::CmAgent>>,
+}
+
+/// Starts the DM agent of target `t` on port 1 of device CA `guid`,
+/// through `cm` (which tracks its objects, MAD agents included).
+fn device_dm(
+    t: &crate::config::TargetSection,
+    cm: &Arc<rdma_access::resource::TrackedProvider>,
+    guid: Guid,
+) -> Result<DmAgent, String> {
+    let agent = rdma_access::CmAgent::start(cm.clone(), guid, std::process::id() << 8)
+        .map_err(|e| e.to_string())?;
+    agent
+        .track_in(cm.client())
+        .map_err(|e| format!("track the MAD agent: {e}"))?;
+    let dm = rdma_access::dm::DmService::start(&agent).map_err(|e| e.to_string())?;
+    let ioc = dm
+        .register_ioc(srp_target::cm::ioc(guid, &tcfg_summary(t)))
+        .map_err(|e| e.to_string())?;
+    Ok(DmAgent {
+        _ioc: ioc,
+        _dm: dm,
+        _agent: Some(agent),
+    })
 }
 
 /// What every target takes from outside the configuration file: its soft
@@ -232,9 +267,9 @@ impl TargetRt {
 
     /// Starts target `t` on rdma-core device `d` (`NAME[:PORT]`): the
     /// port's verbs objects on the device, its logins by the kernel's RDMA
-    /// CM on the device's addresses. IB CM logins and device
-    /// management (discovery) are not served there yet: the kernel owns
-    /// QP1. A thread watches for the device's removal and return
+    /// CM on the device's addresses, and a DM agent through the kernel's
+    /// user MAD interface for discovery. IB CM logins are not served there
+    /// yet: the kernel's CM owns them. A thread watches for the device's removal and return
     /// ([`watch_device`]).
     fn start_on_device(
         t: &crate::config::TargetSection,
@@ -449,7 +484,11 @@ impl TargetRt {
             access,
             cm,
             rdma_cm: None,
-            _dm: Some(Arc::new((ioc, dm))),
+            _dm: Some(Arc::new(DmAgent {
+                _ioc: ioc,
+                _dm: dm,
+                _agent: None,
+            })),
         };
         Ok((live, ib_port))
     }
@@ -518,13 +557,56 @@ fn device_live(
         port.stop();
         return Err(e.to_string());
     }
+    // Discovery (`srp discover --device`, srp_daemon): a DM agent on the
+    // device's QP1 through the kernel's user MAD interface, as ib_srpt
+    // offers its ports. Without it logins still work: said, not fatal.
+    let dm = if spec.port != 1 {
+        log.emit(
+            crate::log::Record::warn(
+                "no_dm_agent",
+                format!("{spec}: no device management agent on a port but port 1 yet"),
+            )
+            .field("device", spec.to_string()),
+        );
+        None
+    } else {
+        match device_dm(t, &cm, guid) {
+            Ok(d) => {
+                log.emit(
+                    crate::log::Record::info(
+                        "dm_agent",
+                        format!(
+                            "{spec}: device management agent serving I/O controller {:016x} \
+                             (through the kernel's user MAD interface)",
+                            guid.0
+                        ),
+                    )
+                    .field("device", spec.to_string()),
+                );
+                Some(Arc::new(d))
+            }
+            Err(e) => {
+                log.emit(
+                    crate::log::Record::warn(
+                        "no_dm_agent",
+                        format!(
+                            "{spec}: no device management agent, discovery will not find \
+                             this target: {e}"
+                        ),
+                    )
+                    .field("device", spec.to_string()),
+                );
+                None
+            }
+        }
+    };
     Ok(Live {
         port,
         guid,
         access,
         cm,
         rdma_cm: Some(rdma_cm),
-        _dm: None,
+        _dm: dm,
     })
 }
 
