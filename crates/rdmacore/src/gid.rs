@@ -70,6 +70,20 @@ pub(crate) fn view(entries: &[ibv_gid_entry], override_index: Option<u32>) -> (G
     (v, override_index.is_none() || forced.is_some())
 }
 
+/// The device index of the port's first RoCE v2 entry that is not an
+/// IPv4 address (its interface's IPv6 link-local address, on rxe): what
+/// MADs go from when they must carry a GRH (see `umad::neighbour_link_local`).
+pub(crate) fn ipv6_roce_v2(entries: &[ibv_gid_entry]) -> Option<u32> {
+    entries
+        .iter()
+        .find(|e| {
+            e.gid_type == IBV_GID_TYPE_ROCE_V2
+                && e.gid.raw != [0; 16]
+                && !Gid(e.gid.raw).is_ipv4_mapped()
+        })
+        .map(|e| e.gid_index)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -92,6 +106,24 @@ mod tests {
 
     fn v4(last: u8) -> Gid {
         Gid::from_ip(IpAddr::V4(Ipv4Addr::new(10, 77, 0, last)))
+    }
+
+    /// MADs that need a GRH go from the RoCE v2 entry of the link-local
+    /// address: rxe's first entry, a ConnectX's second; none where the
+    /// port has only IPv4 entries or only RoCE v1 ones.
+    #[test]
+    fn mads_go_from_the_roce_v2_link_local_entry() {
+        let rxe = [e(0, link_local(), 2), e(1, v4(11), 2)];
+        assert_eq!(ipv6_roce_v2(&rxe), Some(0));
+        let cx = [
+            e(0, link_local(), 1),
+            e(1, link_local(), 2),
+            e(2, v4(11), 1),
+            e(3, v4(11), 2),
+        ];
+        assert_eq!(ipv6_roce_v2(&cx), Some(1));
+        assert_eq!(ipv6_roce_v2(&[e(0, v4(11), 2)]), None);
+        assert_eq!(ipv6_roce_v2(&[e(0, link_local(), 1)]), None);
     }
 
     /// rxe's table: fe80:: from the MAC, then the interface's IPv4

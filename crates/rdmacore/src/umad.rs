@@ -325,6 +325,48 @@ impl TidMap {
     }
 }
 
+/// The IPv6 link-local GID of the neighbour at `ip`, from the kernel's
+/// ARP table (`/proc/net/arp`, given as `arp`): `fe80::` and the modified
+/// EUI-64 of its MAC, the GID a RoCE port's table holds for its
+/// interface's link-local address (RFC 4291 2.5.1, as Linux forms it
+/// unless told otherwise). `None` without a complete entry.
+///
+/// Why: the kernel's MAD layer matches a response to its request by
+/// comparing the request's source GID with the response's GRH, and a
+/// RoCEv2 packet over IPv4 has no GRH (the receive holds an IPv4
+/// header), so responses to requests sent by IPv4 are dropped; over
+/// IPv6 the header is a GRH and they match.
+pub(crate) fn neighbour_link_local(arp: &str, ip: std::net::Ipv4Addr) -> Option<Gid> {
+    let ip = ip.to_string();
+    arp.lines().skip(1).find_map(|line| {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        // IP address, HW type, Flags, HW address, Mask, Device.
+        if f.len() < 4 || f[0] != ip || f[2] == "0x0" {
+            return None;
+        }
+        let mac: Vec<u8> = f[3]
+            .split(':')
+            .map(|b| u8::from_str_radix(b, 16))
+            .collect::<Result<_, _>>()
+            .ok()?;
+        if mac.len() != 6 || mac.iter().all(|&b| b == 0) {
+            return None;
+        }
+        let mut g = [0u8; 16];
+        g[0] = 0xfe;
+        g[1] = 0x80;
+        g[8] = mac[0] ^ 0x02;
+        g[9] = mac[1];
+        g[10] = mac[2];
+        g[11] = 0xff;
+        g[12] = 0xfe;
+        g[13] = mac[3];
+        g[14] = mac[4];
+        g[15] = mac[5];
+        Some(Gid(g))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -456,6 +498,22 @@ mod tests {
         ] {
             assert!(!m.contains('\n'), "{m}");
         }
+    }
+
+    /// A /proc/net/arp as a Debian guest shows it: the complete entry
+    /// gives the link-local GID rxe lists for that interface; an
+    /// incomplete one (flags 0x0) and an unknown address give none.
+    #[test]
+    fn a_neighbours_link_local_gid_comes_from_its_mac() {
+        let arp =
+            "IP address       HW type     Flags       HW address            Mask     Device\n\
+                   10.77.0.11       0x1         0x2         52:54:00:77:00:0b     *        eth0\n\
+                   10.77.0.13       0x1         0x0         00:00:00:00:00:00     *        eth0\n";
+        let g = neighbour_link_local(arp, [10, 77, 0, 11].into()).unwrap();
+        assert_eq!(g, Gid::from_ip("fe80::5054:ff:fe77:b".parse().unwrap()));
+        assert_eq!(neighbour_link_local(arp, [10, 77, 0, 13].into()), None);
+        assert_eq!(neighbour_link_local(arp, [10, 77, 0, 14].into()), None);
+        assert_eq!(neighbour_link_local("", [10, 77, 0, 11].into()), None);
     }
 
     #[test]

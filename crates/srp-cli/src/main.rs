@@ -318,7 +318,7 @@ enum Cmd {
         device: Option<rdmacore::DeviceSpec>,
         /// With --device: the targets' RDMA CM port, put in the login
         /// strings printed (srptd's rdma_cm_port).
-        #[arg(long, default_value_t = 5555, requires = "device")]
+        #[arg(long, default_value_t = 5555)]
         rdma_cm_port: u16,
         /// RoCEv2 UDP port.
         #[arg(long, default_value_t = 4791)]

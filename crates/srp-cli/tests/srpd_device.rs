@@ -90,3 +90,67 @@ fn a_device_name_that_is_no_name_is_a_usage_error() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+fn srp(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_srp"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// A RoCE port has no subnet administrator: `srp discover --device --sa`
+/// says so and what to give instead, before any device is opened (so on
+/// every host), rather than waiting for an SA that never answers.
+#[test]
+fn discovery_from_a_device_by_sa_is_refused_with_what_to_give_instead() {
+    let o = srp(&["discover", "--device", "rxe0", "--sa"]);
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{e}");
+    assert_eq!(
+        e.trim_end(),
+        "srp: srp discover --device: no subnet administrator on a RoCE port; give the \
+         target's GID/IP (--target ADDRESS); an InfiniBand port's SA is not asked through \
+         the kernel yet"
+    );
+}
+
+/// `srp discover --device` on a device this host cannot open: one line
+/// with the cause and the fix, whichever step fails here.
+#[test]
+fn discovery_from_a_device_that_cannot_open_says_why_in_one_line() {
+    let o = srp(&[
+        "discover",
+        "--device",
+        "nosuchdev9",
+        "--target",
+        "127.124.0.1",
+        "--timeout-ms",
+        "10",
+    ]);
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{e}");
+    let lines: Vec<&str> = e.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "{e}");
+    let said = [
+        "apt-get install libibverbs1",
+        "load ib_uverbs",
+        "no RDMA device named nosuchdev9",
+    ];
+    assert!(said.iter().any(|s| lines[0].contains(s)), "{e}");
+}
+
+/// `--device` and `--login` do not go together yet (srpd takes the
+/// printed RDMA CM strings with `srp login`): a usage error.
+#[test]
+fn discovery_from_a_device_does_not_log_in_itself() {
+    let o = srp(&[
+        "discover",
+        "--device",
+        "rxe0",
+        "--target",
+        "127.124.0.1",
+        "--login",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--login"), "{}", stderr(&o));
+}

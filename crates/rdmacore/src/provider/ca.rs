@@ -190,6 +190,34 @@ impl CaRt {
         guard(&self.gsis)
     }
 
+    /// The device's GID index an AH to `dgid` goes from, given view
+    /// position `pos`: that entry, unless it is an IPv4 address and `dgid`
+    /// is not (a peer known by its IPv6 GID, such as one whose MADs came
+    /// from its link-local GID): then the port's IPv6 RoCE v2 entry, as
+    /// RoCEv2 cannot carry an IPv4 source to an IPv6 destination.
+    pub(super) fn sgid_for(&self, port: u8, pos: u8, dgid: rdma_types::Gid) -> Result<u8> {
+        let dev = self.device_gid_index(port, pos)?;
+        let v = self.gid_view(port, None)?;
+        let mapped = v
+            .gids
+            .get(usize::from(pos))
+            .is_some_and(|g| g.is_ipv4_mapped());
+        if mapped && !dgid.is_ipv4_mapped() {
+            if let Some(i) = self.mad_gid_index(port)? {
+                return Ok(i);
+            }
+        }
+        Ok(dev)
+    }
+
+    /// The device index of `port`'s IPv6 RoCE v2 GID, which MADs needing
+    /// a GRH go from (`gid::ipv6_roce_v2`).
+    pub(super) fn mad_gid_index(&self, port: u8) -> Result<Option<u8>> {
+        let len = usize::try_from(self.query_port_raw(port)?.gid_tbl_len).unwrap_or(0);
+        let entries = self.dev.gid_table(port, len);
+        Ok(crate::gid::ipv6_roce_v2(&entries).and_then(|i| u8::try_from(i).ok()))
+    }
+
     /// Whether `port` is Ethernet (RoCE): no LIDs, no SA, GMPs with a GRH.
     pub(super) fn is_roce(&self, port: u8) -> Result<bool> {
         Ok(self.query_port_raw(port)?.link_layer != crate::port::LINK_LAYER_IB)

@@ -77,6 +77,9 @@ struct GsiState {
     /// Kernel agents that only send requests, by class and version.
     clients: HashMap<(u8, u8), u32>,
     tids: TidMap,
+    /// Peers reached by their link-local GID in place of the IPv4 one
+    /// the consumer named (see [`GsiRt::route`]): link-local to IPv4.
+    peers: HashMap<Gid, Gid>,
     /// MADs dropped for want of a posted receive.
     overruns: u64,
 }
@@ -86,6 +89,8 @@ pub(crate) struct GsiRt {
     file: UmadFile,
     pub(super) ctx: Context,
     roce: bool,
+    /// The device index of the port's IPv6 RoCE v2 GID (RoCE only).
+    v6_sgid: Option<u8>,
     sig_all: bool,
     pub(super) send_cq: Arc<CqRt>,
     pub(super) recv_cq: Arc<CqRt>,
@@ -107,6 +112,37 @@ fn bad_wr(index: usize, cause: VerbsError) -> VerbsError {
 }
 
 impl GsiRt {
+    /// Where a MAD to `attr`'s GID goes, and from which of our GIDs. On
+    /// RoCE a peer named by IPv4 address is sent to by its IPv6
+    /// link-local GID (from the ARP entry its AH's creation made), from
+    /// ours: the kernel pairs a response with its request by GRH, which
+    /// RoCEv2 over IPv4 lacks (`umad::neighbour_link_local`), and what
+    /// comes back from that GID is reported as from the IPv4 one. A peer
+    /// named by an IPv6 GID is answered from our IPv6 GID.
+    fn route(&self, st: &mut GsiState, mut attr: verbs::AhAttr, sgid: u8) -> (verbs::AhAttr, u8) {
+        let Some(v6) = self.v6_sgid.filter(|_| self.roce) else {
+            return (attr, sgid);
+        };
+        let Some(v4) = attr.dgid.to_ipv4().filter(|_| attr.dgid.is_ipv4_mapped()) else {
+            return (attr, v6);
+        };
+        let arp = std::fs::read_to_string("/proc/net/arp").unwrap_or_default();
+        match crate::umad::neighbour_link_local(&arp, v4) {
+            Some(ll) => {
+                if st.peers.len() >= TidMap::CAP {
+                    st.peers.clear();
+                }
+                st.peers.insert(ll, attr.dgid);
+                attr.dgid = ll;
+                (attr, v6)
+            }
+            None => {
+                tracing::debug!(peer = %v4, "no ARP entry: a MAD goes by IPv4, its response may be dropped");
+                (attr, sgid)
+            }
+        }
+    }
+
     /// The descriptor the event thread polls.
     pub(super) fn fd(&self) -> std::os::fd::RawFd {
         self.file.fd()
@@ -177,8 +213,9 @@ impl GsiRt {
                 continue;
             };
             let pkey_index = h.pkey_index;
-            drop(st);
             let sgid = h.grh.map_or(Gid([0; 16]), |g| g.gid);
+            let sgid = st.peers.get(&sgid).copied().unwrap_or(sgid);
+            drop(st);
             let mut bytes = rdma_access::ud_grh(sgid).to_vec();
             bytes.extend_from_slice(&mad);
             let room: usize = r.sges.iter().map(|s| s.2).sum();
@@ -206,6 +243,43 @@ impl GsiRt {
     }
 }
 
+/// The header a MAD goes out with through kernel agent `agent`: to the
+/// AH's address (a GRH whenever the AH has one, and always on RoCE, where
+/// the kernel resolves the peer's MAC from it; our GID is `sgid`, the
+/// device's index), to the WR's QP and Q_Key, in partition `pkey_index`;
+/// a request waits [`KERNEL_WAIT_MS`] for its response, which the kernel
+/// never resends.
+fn send_header(
+    agent: u32,
+    attr: &verbs::AhAttr,
+    sgid: u8,
+    roce: bool,
+    ud: &verbs::UdDest,
+    pkey_index: u16,
+    response: bool,
+) -> UmadHeader {
+    UmadHeader {
+        agent,
+        status: 0,
+        timeout_ms: if response { 0 } else { KERNEL_WAIT_MS },
+        retries: 0,
+        length: 0,
+        qpn: ud.remote_qpn.value(),
+        qkey: ud.remote_qkey.0,
+        lid: attr.dlid.0,
+        sl: attr.sl,
+        grh: (attr.grh || roce).then_some(Grh {
+            gid: attr.dgid,
+            gid_index: sgid,
+            // A hop limit of 0 would be an IP TTL of 0 on RoCEv2.
+            hop_limit: attr.hop_limit.max(1),
+            traffic_class: 0,
+            flow_label: 0,
+        }),
+        pkey_index,
+    }
+}
+
 impl RdmaCore {
     /// Creates a GSI QP: the user MAD file of its port.
     pub(super) fn create_gsi(&self, pd: PdHandle, init: &QpInit, ctx: Context) -> Result<QpHandle> {
@@ -220,12 +294,14 @@ impl RdmaCore {
         };
         rt.check_port(port)?;
         let roce = rt.is_roce(port)?;
+        let v6_sgid = if roce { rt.mad_gid_index(port)? } else { None };
         let file = UmadFile::open(rt.dev.name(), port)
             .map_err(|e| VerbsError::InvalidArgument(e.to_string()))?;
         let gsi = Arc::new(GsiRt {
             file,
             ctx,
             roce,
+            v6_sgid,
             sig_all: init.sq_sig_all,
             send_cq: scq,
             recv_cq: rcq,
@@ -236,6 +312,7 @@ impl RdmaCore {
                 servers: HashMap::new(),
                 clients: HashMap::new(),
                 tids: TidMap::default(),
+                peers: HashMap::new(),
                 overruns: 0,
             }),
             broken: std::sync::atomic::AtomicBool::new(false),
@@ -447,27 +524,9 @@ impl RdmaCore {
                     let wire = st.tids.sent(tid);
                     mad[8..16].copy_from_slice(&wire.to_be_bytes());
                 }
-                let grh = (attr.grh || g.roce).then_some(Grh {
-                    gid: attr.dgid,
-                    gid_index: sgid,
-                    hop_limit: attr.hop_limit.max(1),
-                    traffic_class: 0,
-                    flow_label: 0,
-                });
-                UmadHeader {
-                    agent,
-                    status: 0,
-                    timeout_ms: if response { 0 } else { KERNEL_WAIT_MS },
-                    retries: 0,
-                    length: 0,
-                    qpn: ud.remote_qpn.value(),
-                    qkey: ud.remote_qkey.0,
-                    lid: attr.dlid.0,
-                    sl: attr.sl,
-                    grh,
-                    pkey_index: wr.pkey_index.unwrap_or(st.pkey_index),
-                }
-                .emit(&mut out);
+                let pkey_index = wr.pkey_index.unwrap_or(st.pkey_index);
+                let (attr, sgid) = g.route(&mut st, attr, sgid);
+                send_header(agent, &attr, sgid, g.roce, &ud, pkey_index, response).emit(&mut out);
             }
             out[HDR_LEN..].copy_from_slice(&mad);
             g.file
@@ -515,5 +574,54 @@ impl RdmaCore {
             st.servers.insert((class, version), a);
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rdma_types::{Lid, Qkey};
+
+    fn ud() -> verbs::UdDest {
+        verbs::UdDest {
+            ah: verbs::AhHandle(verbs::Handle {
+                index: 0,
+                generation: 0,
+            }),
+            remote_qpn: Qpn::GSI,
+            remote_qkey: Qkey::GSI,
+        }
+    }
+
+    /// What the access layer's CM agent asks for a RoCE peer
+    /// (`AhAttr::roce`) becomes a header addressed by GID, with our GID's
+    /// device index; a request waits in the kernel, a response does not.
+    #[test]
+    fn a_roce_peer_is_addressed_by_gid_and_only_requests_wait() {
+        let peer = Gid::from_ip([10, 77, 0, 11].into());
+        let attr = verbs::AhAttr::roce(peer);
+        let h = send_header(4, &attr, 1, true, &ud(), 0, false);
+        assert_eq!((h.agent, h.qpn, h.qkey, h.lid), (4, 1, 0x8001_0000, 0));
+        assert_eq!((h.timeout_ms, h.retries), (KERNEL_WAIT_MS, 0));
+        let g = h.grh.expect("RoCE needs a GRH");
+        assert_eq!((g.gid, g.gid_index, g.hop_limit), (peer, 1, 64));
+        let r = send_header(4, &attr, 1, true, &ud(), 3, true);
+        assert_eq!((r.timeout_ms, r.pkey_index), (0, 3));
+        // On RoCE a GRH even when the AH has none; TTL never 0.
+        let bare = verbs::AhAttr {
+            grh: false,
+            hop_limit: 0,
+            ..attr
+        };
+        let g = send_header(4, &bare, 0, true, &ud(), 0, false).grh.unwrap();
+        assert_eq!(g.hop_limit, 1);
+        // On InfiniBand a LID-routed peer goes without one.
+        let ib = verbs::AhAttr {
+            grh: false,
+            dlid: Lid(7),
+            ..attr
+        };
+        let h = send_header(4, &ib, 0, false, &ud(), 0, false);
+        assert_eq!((h.lid, h.grh), (7, None));
     }
 }

@@ -235,7 +235,11 @@ impl RdmaCore {
             let (ca, hw_pd) = st.pd_of(st.pd(pd)?);
             (st.rt(ca), hw_pd)
         };
-        let sgid = rt.device_gid_index(attr.port.0, attr.sgid_index)?;
+        let sgid = if attr.grh {
+            rt.sgid_for(attr.port.0, attr.sgid_index, attr.dgid)?
+        } else {
+            rt.device_gid_index(attr.port.0, attr.sgid_index)?
+        };
         let ah = sys::Ah::new(&hw_pd, &convert::ah_attr(attr, sgid))
             .map_err(|e| convert::error("create_ah", e))?;
         let mut st = self.lock();
