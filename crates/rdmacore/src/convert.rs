@@ -102,8 +102,10 @@ pub(crate) fn qp_type_raw(t: QpType) -> Result<u32, VerbsError> {
         QpType::Rc => Ok(raw::IBV_QPT_RC),
         QpType::Uc => Ok(raw::IBV_QPT_UC),
         QpType::Ud => Ok(raw::IBV_QPT_UD),
+        // QP1 is served through the kernel's user MAD interface
+        // (`provider::gsi`), never as a device QP.
         QpType::Smi | QpType::Gsi => Err(VerbsError::NotSupported(
-            "QP0/QP1: the kernel owns them on an rdma-core device",
+            "QP0/QP1 as device QPs: the kernel owns them on an rdma-core device",
         )),
     }
 }

@@ -111,7 +111,9 @@ fn setup() -> Result<Devices, String> {
     let attr = p.query_ca(ca).map_err(|e| format!("query {a}: {e}"));
     let _ = p.close_ca(ca);
     let attr = attr?;
-    let mut lacks = vec![Feature::SpecialQp, Feature::PortControl, Feature::Apm];
+    // GSI QPs are made (through the kernel's user MAD interface), but
+    // carry only MADs the kernel lets a user agent send: no raw QP1 sends.
+    let mut lacks = vec![Feature::RawGsi, Feature::PortControl, Feature::Apm];
     if attr.max_mw == 0 {
         lacks.push(Feature::Mw);
     }

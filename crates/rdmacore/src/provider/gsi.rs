@@ -89,6 +89,8 @@ pub(crate) struct GsiRt {
     file: UmadFile,
     pub(super) ctx: Context,
     roce: bool,
+    /// The port it is QP1 of.
+    port: u8,
     /// The device index of the port's IPv6 RoCE v2 GID (RoCE only).
     v6_sgid: Option<u8>,
     sig_all: bool,
@@ -301,6 +303,7 @@ impl RdmaCore {
             file,
             ctx,
             roce,
+            port,
             v6_sgid,
             sig_all: init.sq_sig_all,
             send_cq: scq,
@@ -323,6 +326,15 @@ impl RdmaCore {
             let s = st.cq(init.send_cq)?;
             let r = st.cq(init.recv_cq)?;
             let ca = st.pd_of(p).0;
+            // One QP1 per port (IBA 10.2.5), per open of the CA here.
+            let taken = st.objs.iter().any(
+                |(_, o)| matches!(o, Obj::Gsi { ca: c, gsi, .. } if *c == ca && gsi.port == port),
+            );
+            if taken {
+                return Err(VerbsError::Busy(
+                    "this CA open has a GSI QP on the port already",
+                ));
+            }
             for i in [p, s, r] {
                 st.adjust(i, 1);
             }
