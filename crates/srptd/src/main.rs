@@ -33,9 +33,10 @@ struct Args {
     check: bool,
     /// Run the target port on this rdma-core device (a real RDMA NIC,
     /// Linux rxe or siw), NAME or NAME:PORT as `ibv_devices` lists it;
-    /// logins come by the kernel's RDMA CM on the device's addresses
-    /// (overrides the file's `device`) [default: srptd's own soft RoCE
-    /// NIC at --ip].
+    /// logins come by the kernel's RDMA CM on the device's addresses,
+    /// discovery (`srp discover --device`, srp_daemon) through a DM agent
+    /// on the kernel's user MAD interface (modprobe ib_umad) (overrides
+    /// the file's `device`) [default: srptd's own soft RoCE NIC at --ip].
     #[arg(long, value_name = "NAME[:PORT]", value_parser = parse_device)]
     device: Option<rdmacore::DeviceSpec>,
     /// Address of the target's NIC (overrides the file's `ip`)
