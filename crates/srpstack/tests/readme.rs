@@ -59,7 +59,35 @@ const NO_DEVICE: &[&str] = &["no RDMA in this kernel", "libibverbs", "rxe0"];
 const LIBIBVERBS_WHY: &str = "the libibverbs ABI section: a shell session (the library's directory on LD_LIBRARY_PATH for the lines after it, the daemon left running), and rdma-core's tools from ibverbs-utils";
 const LIBIBVERBS_COVERED: &str = "crates/ibverbs-abi/tests/debian_binaries.rs (the same tools through the library on a NIC daemon, both pingpong roles validated)";
 
+/// The same for the librdmacm ABI section.
+const LIBRDMACM_WHY: &str = "the librdmacm ABI section: a shell session (both libraries' directory on LD_LIBRARY_PATH, the daemon left running), and rping from rdmacm-utils";
+const LIBRDMACM_COVERED: &str = "crates/rdmacm-abi/tests/debian_binaries.rs (Debian's rping through both libraries on a NIC daemon, both roles, every ping validated)";
+
 const NOT_HERE: &[NotHere] = &[
+    NotHere {
+        line: "cargo build --release -p ibverbs-abi -p rdmacm-abi -p nicd",
+        why: LIBRDMACM_WHY,
+        covered_by: LIBRDMACM_COVERED,
+        refused_with: &[],
+    },
+    NotHere {
+        line: "cp target/release/librdmacm_abi.so /tmp/nicd-verbs/librdmacm.so.1",
+        why: LIBRDMACM_WHY,
+        covered_by: LIBRDMACM_COVERED,
+        refused_with: &[],
+    },
+    NotHere {
+        line: "LD_LIBRARY_PATH=/tmp/nicd-verbs rping -s -a 127.0.0.1 -v &",
+        why: LIBRDMACM_WHY,
+        covered_by: LIBRDMACM_COVERED,
+        refused_with: &[],
+    },
+    NotHere {
+        line: "LD_LIBRARY_PATH=/tmp/nicd-verbs rping -c -a 127.0.0.1 -v -V -C 10",
+        why: LIBRDMACM_WHY,
+        covered_by: LIBRDMACM_COVERED,
+        refused_with: &[],
+    },
     NotHere {
         line: "cargo build --release -p ibverbs-abi -p nicd",
         why: LIBIBVERBS_WHY,
