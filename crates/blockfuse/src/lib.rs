@@ -226,9 +226,7 @@ pub fn mount(
     // must be running to answer.
     let conn = std::fs::metadata(&mountpoint).ok().map(|m| {
         use std::os::unix::fs::MetadataExt;
-        // fusectl names a connection by the kernel's dev_t (major << 20 | minor).
-        let dev = m.dev();
-        (u64::from(libc::major(dev)) << 20) | u64::from(libc::minor(dev))
+        conn_of(m.dev())
     });
     Ok(Mount {
         mountpoint,
@@ -318,7 +316,11 @@ impl Mount {
     /// If the files are busy (open, or a loop device over them), the mount
     /// is detached lazily; if the session has not ended within the timeout
     /// the FUSE connection is aborted (pending and later I/O on the files
-    /// fails with `ENOTCONN`).
+    /// fails with `ENOTCONN`). A mount that unmounted at once but whose
+    /// session goes on is held only by a copy in another mount namespace
+    /// (made by `ip netns exec` or `unshare -m` while it was mounted, with
+    /// private propagation): its connection is aborted after a second, and
+    /// the unmount succeeds.
     ///
     /// # Errors
     /// The session's own error, `TimedOut` if even the abort did not end
@@ -342,9 +344,21 @@ impl Mount {
                 lazy_detach(&self.mountpoint);
             }
         }
+        // Unmounted, yet the session may go on: a mount namespace made
+        // while we were mounted (`ip netns exec`, `unshare -m`) holds a
+        // copy of the mount, and with private propagation (no `shared:`
+        // in mountinfo, as on most containers) our unmount never reaches
+        // it. Nobody here uses the files any more: after a short wait the
+        // connection is aborted, which ends the copy's I/O as it ends ours,
+        // and that is no error.
+        let first_wait = if busy.is_none() {
+            self.timeout.min(COPY_WAIT)
+        } else {
+            self.timeout
+        };
         let mut aborted = false;
         let mut in_flight = 0;
-        let result = match done.recv_timeout(self.timeout) {
+        let result = match done.recv_timeout(first_wait) {
             Ok(r) => r,
             Err(_) => {
                 in_flight = self.stats().iter().map(|(_, s)| s.in_flight).sum();
@@ -365,12 +379,19 @@ impl Mount {
             let _ = t.join();
         }
         if aborted && result.is_ok() {
-            let why = match &busy {
-                Some((e, users)) if users.is_empty() => {
-                    format!("unmount said \"{e}\"; no process had a file or directory open in it")
+            let Some((e, users)) = &busy else {
+                // Only another namespace's copy kept it (see above). Should
+                // the unmount have done nothing after all, the dead mount
+                // goes too.
+                if still_ours(&self.mountpoint, self.conn) {
+                    lazy_detach(&self.mountpoint);
                 }
-                Some((e, users)) => format!("unmount said \"{e}\"; in use by {}", users.join(", ")),
-                None => "unmounted, but the session went on".to_string(),
+                return Ok(());
+            };
+            let why = if users.is_empty() {
+                format!("unmount said \"{e}\"; no process had a file or directory open in it")
+            } else {
+                format!("unmount said \"{e}\"; in use by {}", users.join(", "))
             };
             return Err(io::Error::other(format!(
                 "{} stayed busy for {:?} ({why}; {in_flight} requests inside a device call); \
@@ -429,10 +450,30 @@ fn holders(mountpoint: &Path) -> Vec<String> {
     found
 }
 
+/// How long a session may go on after a successful unmount before its
+/// connection is aborted: only a mount namespace's copy of the mount keeps
+/// it then (see [`Mount::unmount`]).
+const COPY_WAIT: Duration = Duration::from_secs(1);
+
 impl Drop for Mount {
     fn drop(&mut self) {
         let _ = self.shutdown();
     }
+}
+
+/// Whether `path` is still the root of connection `conn`'s mount here
+/// (an aborted one answers `ENOTCONN`).
+fn still_ours(path: &Path, conn: Option<u64>) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match std::fs::metadata(path) {
+        Err(e) => e.raw_os_error() == Some(libc::ENOTCONN),
+        Ok(m) => conn == Some(conn_of(m.dev())),
+    }
+}
+
+/// fusectl's name of a connection: the kernel's dev_t, major << 20 | minor.
+fn conn_of(dev: u64) -> u64 {
+    (u64::from(libc::major(dev)) << 20) | u64::from(libc::minor(dev))
 }
 
 fn lazy_detach(path: &Path) {

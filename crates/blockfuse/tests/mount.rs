@@ -501,6 +501,75 @@ fn unmount_of_a_busy_mount_is_bounded() {
     );
 }
 
+/// A mount namespace made while the directory is mounted (`unshare -m`,
+/// as `ip netns exec` does) keeps a copy of the mount that our unmount
+/// never reaches (private propagation). The unmount still succeeds, in
+/// about a second rather than the whole timeout, and the copy's files
+/// answer `ENOTCONN` afterwards (the connection is gone).
+#[test]
+fn a_copy_in_another_mount_namespace_does_not_hold_the_unmount() {
+    // A mount namespace of its own needs root (CAP_SYS_ADMIN).
+    if !fuse() || !need::root() || !need::tool("unshare") || !need::tool("nsenter") {
+        return;
+    }
+    let dir = TempDir::new("nscopy");
+    let dev = Arc::new(RamDevice::new(512, 64));
+    let m = mount_one(
+        &dir,
+        dev,
+        Options {
+            unmount_timeout: Duration::from_secs(20),
+            ..Options::default()
+        },
+    );
+    let file = m.path_of("lun0").unwrap();
+    // A namespace holding a copy, until we kill it (bounded: 120 s).
+    let mut holder = Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sleep", "120"])
+        .spawn()
+        .expect("unshare");
+    let ours = std::fs::read_link("/proc/self/ns/mnt").unwrap();
+    let ns = format!("/proc/{}/ns/mnt", holder.id());
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while std::fs::read_link(&ns).map_or(true, |n| n == ours) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "unshare made no namespace"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let in_copy = |args: &[&str]| {
+        Command::new("nsenter")
+            .arg(format!("--mount={ns}"))
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let seen = in_copy(&["stat", "-c", "%s", file.to_str().unwrap()]);
+    assert_eq!(
+        String::from_utf8_lossy(&seen.stdout).trim(),
+        "32768",
+        "{seen:?}"
+    );
+
+    let started = std::time::Instant::now();
+    let r = m.unmount();
+    let took = started.elapsed();
+    let after = in_copy(&["stat", file.to_str().unwrap()]);
+    let _ = holder.kill();
+    let _ = holder.wait();
+    r.expect("an unmount held only by another namespace's copy succeeds");
+    assert!(took < Duration::from_secs(10), "took {took:?}");
+    assert!(
+        !after.status.success(),
+        "the copy's file still answers: {after:?}"
+    );
+    assert!(
+        String::from_utf8_lossy(&after.stderr).contains("not connected"),
+        "{after:?}"
+    );
+}
+
 fn fio_json(out: &Output) -> serde_json::Value {
     let text = String::from_utf8_lossy(&out.stdout);
     // fio may print notes before the JSON object.

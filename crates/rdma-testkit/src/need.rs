@@ -47,6 +47,8 @@ const PACKAGES: &[(&str, &str)] = &[
     ("ib_write_lat", "perftest"),
     ("rping", "rdmacm-utils"),
     ("ldd", "libc-bin"),
+    ("unshare", "util-linux"),
+    ("nsenter", "util-linux"),
     ("ocf-tester", "resource-agents"),
 ];
 

@@ -275,6 +275,12 @@ const NOT_HERE: &[NotHere] = &[
         refused_with: NO_DEVICE,
     },
     NotHere {
+        line: "target/release/srp discover --device rxe0 --target 10.0.0.2",
+        why: "needs the rdma-core device rxe0 (Linux rxe), ib_umad, and a target at 10.0.0.2",
+        covered_by: "interop vm-srp-discover-rdmacore",
+        refused_with: NO_DEVICE,
+    },
+    NotHere {
         line: "target/release/srpd --device rxe0 --mount-root /mnt",
         why: "needs the rdma-core device rxe0 (Linux rxe)",
         covered_by: "interop vm-srp-rdmacore-initiator",
