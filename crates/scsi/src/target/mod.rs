@@ -359,13 +359,19 @@ impl Target {
     /// on its own thread. A hint: a task submitted meanwhile can still make
     /// the command wait.
     pub fn runs_without_blocking(&self, nexus: &Nexus, lun: Lun) -> bool {
-        let Some(dev) = self.device(nexus, lun) else {
-            return true; // answered from the LUN map alone
-        };
+        match self.device(nexus, lun) {
+            Some(dev) => self.device_runs_without_blocking(&dev),
+            None => true, // answered from the LUN map alone
+        }
+    }
+
+    /// [`Target::runs_without_blocking`] for a command to `dev`, which the
+    /// caller looked up already ([`Target::device`]).
+    pub fn device_runs_without_blocking(&self, dev: &Arc<Device>) -> bool {
         if !dev.never_blocks() {
             return false;
         }
-        let key = lu_key(&dev);
+        let key = lu_key(dev);
         let order = self.order.lock().unwrap_or_else(|e| e.into_inner());
         !order.aca.contains_key(&key)
             && order

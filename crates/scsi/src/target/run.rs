@@ -301,6 +301,32 @@ impl Target {
     }
 }
 
+/// What the core answers for a unit it does not emulate (pass-through,
+/// vcdrom) before the unit sees the command: a pending unit attention
+/// (never for INQUIRY, SAM-5 5.14), then the port's group state refusing
+/// what it does not serve (SPC-4 5.16.2.4). `None`: the unit runs it.
+fn unit_gate(
+    st: &mut State,
+    nexus: &Nexus,
+    lun: Lun,
+    rtpi: u16,
+    cdb: &[u8],
+    expected: u64,
+) -> Option<ScsiResponse> {
+    if cdb.first() != Some(&0x12) {
+        if let Some(asc) = st.ua_mut(nexus, lun).pop() {
+            return Some(ScsiResponse::check(
+                Sense::new(SenseKey::UnitAttention, asc),
+                expected,
+            ));
+        }
+    }
+    match st.alua.group_of(rtpi).map(|g| g.state.admit(cdb)) {
+        Some(Err(s)) => Some(ScsiResponse::check(s, expected)),
+        _ => None,
+    }
+}
+
 impl Target {
     /// Runs a command of a pass-through unit the core does not keep (see
     /// [`crate::passthrough`]): unit attentions and reservations first,
@@ -339,16 +365,8 @@ impl Target {
                 expected,
             );
         }
-        // INQUIRY is never blocked by a unit attention (SAM-5 5.14).
-        if cdb.first() != Some(&0x12) {
-            if let Some(asc) = st.ua_mut(nexus, lun).pop() {
-                return ScsiResponse::check(Sense::new(SenseKey::UnitAttention, asc), expected);
-            }
-        }
-        // The port's group state refuses what it does not serve, before
-        // the device sees it (SPC-4 5.16.2.4).
-        if let Some(Err(s)) = st.alua.group_of(port.rtpi).map(|g| g.state.admit(cdb)) {
-            return ScsiResponse::check(s, expected);
+        if let Some(refused) = unit_gate(&mut st, nexus, lun, port.rtpi, cdb, expected) {
+            return refused;
         }
         drop(st);
         let dir = match crate::passthrough::transfer(data_out, bufs.as_deref(), expected) {
@@ -398,14 +416,8 @@ impl Target {
         if let Err(s) = naca_supported(Some(dev), cdb) {
             return ScsiResponse::check(s, expected);
         }
-        // INQUIRY is never blocked by a unit attention (SAM-5 5.14).
-        if cdb.first() != Some(&0x12) {
-            if let Some(asc) = st.ua_mut(nexus, lun).pop() {
-                return ScsiResponse::check(Sense::new(SenseKey::UnitAttention, asc), expected);
-            }
-        }
-        if let Some(Err(s)) = st.alua.group_of(port.rtpi).map(|g| g.state.admit(cdb)) {
-            return ScsiResponse::check(s, expected);
+        if let Some(refused) = unit_gate(&mut st, nexus, lun, port.rtpi, cdb, expected) {
+            return refused;
         }
         drop(st);
         let conflict = dev

@@ -78,12 +78,18 @@ impl Inner {
         // thread once the lock is released, however many are in flight:
         // two thread hand-offs less (to a worker and back to the NIC) for
         // what takes a microsecond.
+        // The device, looked up once: whether the command may run here,
+        // and else whose threads take it.
+        let lun = scsi::Lun::decode(req.lun.0).ok();
+        let dev = lun.and_then(|lun| self.scsi.device(&c.nexus, lun));
         let inline = st.inline_here
             && req.data_in_len.max(out_len) <= self.inline_max
             && self.inline_max > 0
             && matches!(req.attr, srp::wire::TaskAttr::Simple)
-            && scsi::Lun::decode(req.lun.0)
-                .is_ok_and(|lun| self.scsi.runs_without_blocking(&c.nexus, lun));
+            && lun.is_some()
+            && dev
+                .as_ref()
+                .is_none_or(|d| self.scsi.device_runs_without_blocking(d));
         let job = Job {
             conn,
             nexus: c.nexus.clone(),
@@ -98,9 +104,7 @@ impl Inner {
             st.inline_jobs.push(job);
             return;
         }
-        let pool = scsi::Lun::decode(job.req.lun.0)
-            .ok()
-            .and_then(|lun| self.scsi.device(&job.nexus, lun))
+        let pool = dev
             .filter(|d| d.config.threads_num > 0)
             .and_then(|d| self.device_queue(st, &d));
         let sent = match pool {
