@@ -133,6 +133,7 @@ guest_target() {
 # soak_fail REASON: tell the target (which then shows what it saw), fail.
 soak_fail() {
   local hc=/sys/class/infiniband/rxe0/ports/1/hw_counters f
+  soak_dump_report
   for f in "$hc"/*; do echo "  rxe ${f##*/} $(cat "$f")"; done
   dmesg | grep -iE "srp|scsi" | grep -v "abort" >/tmp/srp-dmesg.txt || true
   sed -n 1,20p /tmp/srp-dmesg.txt
@@ -143,11 +144,46 @@ soak_fail() {
 # soak_job NAME BS OFFSET SIZE DEPTH: verified random writes of BS on DEV
 # for SOAK_SECS in the background, the written blocks read back and checked
 # as it goes.
+# A block that fails verification is dumped (fio's verify_dump: what was
+# read and what was written) into /tmp/dump-NAME, for `soak_dump_report`.
 soak_job() {
-  fio --name="$1" --filename="$DEV" --direct=1 --ioengine=libaio --rw=randwrite \
-    --bs="$2" --offset="$3" --size="$4" --iodepth="$5" --verify=crc32c --do_verify=1 \
-    --verify_backlog=8 --verify_fatal=1 --time_based --runtime="$SOAK_SECS" \
-    --output-format=terse --minimal >"/tmp/$1.out" 2>&1 &
+  mkdir -p "/tmp/dump-$1"
+  (cd "/tmp/dump-$1" && exec fio --name="$1" --filename="$DEV" --direct=1 --ioengine=libaio \
+    --rw=randwrite --bs="$2" --offset="$3" --size="$4" --iodepth="$5" --verify=crc32c \
+    --do_verify=1 --verify_backlog=8 --verify_fatal=1 --verify_dump=1 --time_based \
+    --runtime="$SOAK_SECS" --output-format=terse --minimal >"/tmp/$1.out" 2>&1) &
+}
+
+# soak_dump_report: for each block fio dumped, which 1 KiB pieces (rxe's
+# path MTU, so one RoCE packet each) differ from what was written, and what
+# each wrong piece holds instead: zeroes, a piece of the written block at
+# another offset, or something else (older data). A packet placed at the
+# wrong offset, a stale chunk and a lost packet look different here.
+soak_dump_report() {
+  local f
+  for f in /tmp/dump-*/*.received; do
+    [ -e "$f" ] || continue
+    python3 - "$f" "${f%.received}.expected" <<'EOF_PY'
+import sys
+got = open(sys.argv[1], "rb").read()
+want = open(sys.argv[2], "rb").read()
+P = 1024
+print(f"  dump {sys.argv[1]}: {len(got)} bytes read, {len(want)} expected")
+pieces = {want[i:i + P]: i for i in range(0, len(want), P)}
+bad = [i for i in range(0, min(len(got), len(want)), P) if got[i:i + P] != want[i:i + P]]
+print(f"  {len(bad)} of {len(want) // P} pieces of {P} bytes differ")
+for i in bad[:32]:
+    g = got[i:i + P]
+    first = next(k for k in range(P) if g[k:k + 1] != want[i + k:i + k + 1])
+    if g == bytes(P):
+        what = "zeroes"
+    elif g in pieces:
+        what = f"the written piece at {pieces[g]:#x}"
+    else:
+        what = f"other data, first wrong byte at +{first:#x}"
+    print(f"    piece {i:#07x}: {what}")
+EOF_PY
+  done
 }
 
 guest_initiator() {
