@@ -21,7 +21,7 @@ GUEST_MODULES=(
   rdma_rxe ib_core ib_uverbs rdma_cm rdma_ucm ib_umad ib_cm iw_cm
   ib_srp scsi_transport_srp ib_srpt
   target_core_mod target_core_file target_core_iblock tcm_loop
-  sd_mod sg loop configfs crc32c_generic libcrc32c ext4 fuse scsi_debug
+  sd_mod sg sr_mod loop configfs crc32c_generic libcrc32c ext4 fuse scsi_debug
   crc32_generic crc32_pclmul crc32c_intel
 )
 

@@ -19,16 +19,35 @@
 # the release its WRITE passes. A LUN reset (sg_reset --device, SG_SCSI_RESET
 # on the target's side) with no I/O and one while a fio crc32c verify job
 # runs (the job still passes); VM a then counts scsi_debug's device resets
-# in its kernel log (at least the two). Logout of both logins.
-# Needs the binary: cargo build --release -p srptd (SRPTD overrides).
+# in its kernel log (at least the two). Last, the device is deleted on VM
+# a (sysfs `delete`, as a pulled disk) while fio writes through the LUN:
+# fio must end with an I/O error within a minute, not hang, the initiator's
+# kernel log show the target's LOGICAL UNIT NOT SUPPORTED, srptd report
+# the device gone (`srptadm --json devices`) and the logout still work.
+# LUN 1 is a vcdrom (SCST's virtual CD-ROM) over a 2 MiB image: Linux's
+# sr driver reads it as /dev/srN, byte for byte the image; an eject (START
+# STOP UNIT through its sg node) leaves the drive with no medium.
+# PT_NODE=bsg (vm-srp-passthrough-bsg) names the device by its bsg node
+# (/dev/bsg/H:C:T:L, SG_IO version 4) instead of its sg node; its LUN
+# resets then go through the device's sg node.
+# Needs the binaries: cargo build --release -p srptd (SRPTD, SRPTADM
+# override).
 
 # shellcheck source=vm-srp-ours.sh
 . "$(dirname "${BASH_SOURCE[0]}")/vm-srp-ours.sh"
 
 SCENARIO_GUEST_TIMEOUT=900
+SRPTADM=${SRPTADM:-$(dirname "$SRPTD")/srptadm}
+SCENARIO_GUEST_BINS="$SRPTD $SRPTADM"
 # The scsi_debug LBA whose reads fail, and how many after it.
 MEDIUM_ERROR_LBA=30000
 USN=pt-scsi-debug-1
+# The vcdrom's image, made the same way on both VMs.
+CD_IMAGE=/tmp/disc.iso
+make_cd_image() {
+  python3 -c 'import random, sys; open(sys.argv[1], "wb").write(random.Random(29).randbytes(2 << 20))' "$CD_IMAGE"
+}
+PT_NODE=${PT_NODE:-sg}
 
 # sg_of_scsi_debug: the sg node of scsi_debug's disk.
 sg_of_scsi_debug() {
@@ -49,8 +68,17 @@ guest_target() {
   sg=$(sg_of_scsi_debug)
   wait_until 10 "$sg" test -c "$sg"
   step "scsi_debug disk at $sg: $(cat /sys/class/scsi_generic/${sg#/dev/}/device/vendor) $(cat /sys/class/scsi_generic/${sg#/dev/}/device/model)"
+  local sysdev node
+  sysdev=$(readlink -f "/sys/class/scsi_generic/${sg#/dev/}/device")
+  node=$sg
+  if [ "$PT_NODE" = bsg ]; then
+    node=/dev/bsg/${sysdev##*/}
+    wait_until 10 "$node" test -c "$node"
+    step "exporting it by its bsg node $node"
+  fi
   rdma link delete rxe0 2>/dev/null || true
   modprobe -r rdma_rxe 2>/dev/null || true
+  make_cd_image
   cat >/tmp/pt.toml <<TOML
 [target]
 ip = "$ip"
@@ -60,22 +88,31 @@ control_socket = "/tmp/srptd.sock"
 [[device]]
 name = "pt0"
 handler = "pass-through"
-filename = "$sg"
+filename = "$node"
 t10_vendor_id = "RUSTSCST"
 usn = "$USN"
 
 [[lun]]
 lun = 0
 device = "pt0"
+
+[[device]]
+name = "cd0"
+handler = "vcdrom"
+filename = "$CD_IMAGE"
+
+[[lun]]
+lun = 1
+device = "cd0"
 TOML
   /interop/bin/srptd --check -c /tmp/pt.toml >/tmp/check.out 2>&1 || { cat /tmp/check.out; fail "srptd --check refused the pass-through config"; }
-  sed 's|/dev/sg[0-9]*|/dev/null|' /tmp/pt.toml >/tmp/bad.toml
+  sed 's|^filename = .*|filename = "/dev/null"|' /tmp/pt.toml >/tmp/bad.toml
   if /interop/bin/srptd --check -c /tmp/bad.toml >/tmp/bad.out 2>&1; then
     fail "srptd --check took /dev/null for an sg node"
   fi
   grep -q "bad.toml:9: device\[0\].filename: .*not one of the sg driver" /tmp/bad.out ||
     { cat /tmp/bad.out; fail "--check of /dev/null: no file:line:key"; }
-  step "--check: $sg accepted; /dev/null refused: $(head -1 /tmp/bad.out)"
+  step "--check: $node accepted; /dev/null refused: $(head -1 /tmp/bad.out)"
   /interop/bin/srptd -c /tmp/pt.toml >/tmp/srptd.log 2>&1 &
   wait_until 30 "srptd to listen" grep -q "listening on" /tmp/srptd.log
   step "$(head -1 /tmp/srptd.log)"
@@ -84,8 +121,20 @@ TOML
   [[ $guid_b =~ ^[0-9a-f]{16}$ ]] || fail "bad initiator GUID message '$guid_b'"
   msg_send "$(host_ip b)" "${READY_PORT:-7002}" 300 "ready $tgt_guid"
   step "srptd ready, waiting for the initiator"
+  # The initiator's last step: the device deleted under its I/O.
+  done_msg=$(msg_recv 7003 "${DONE_TIMEOUT:-900}")
+  [ "$done_msg" = remove ] || fail "initiator reported '$done_msg'"
+  echo 1 >"$sysdev/delete" || fail "cannot delete $sysdev"
+  wait_until 30 "$sg to go" sh -c "! test -e /sys/class/scsi_generic/${sg#/dev/}"
+  step "scsi_debug's disk deleted ($sysdev) under the initiator's I/O"
+  msg_send "$(host_ip b)" 7004 60 removed
   done_msg=$(msg_recv 7001 "${DONE_TIMEOUT:-900}")
   [ "$done_msg" = done ] || fail "initiator reported '$done_msg'"
+  local gone
+  gone=$(/interop/bin/srptadm --socket /tmp/srptd.sock --json devices |
+    python3 -c 'import json,sys; print([d["gone"] for d in json.load(sys.stdin) if d["name"] == "pt0"])')
+  [ "$gone" = "[True]" ] || fail "srptadm devices: pt0 gone is $gone, not [True]"
+  step "srptadm devices: pt0 is gone"
   # The initiator's LUN resets reached the device (SG_SCSI_RESET): with
   # opts' reset noise (0x2000) scsi_debug logs each device reset it is
   # asked for (Debian's kernel has no /proc/scsi, where it counts them).
@@ -100,6 +149,7 @@ TOML
 guest_initiator() {
   local dev a inq out
   a=$(host_ip a)
+  modprobe sr_mod || fail "modprobe sr_mod (is it in the image's GUEST_MODULES?)"
   srp_login
   dev=$DEV
   step "disk $dev: $(cat /sys/block/${dev#/dev/}/size) sectors"
@@ -148,6 +198,8 @@ guest_initiator() {
 
   second_nexus_reservations "$dev"
 
+  vcdrom_read
+
   sg_reset --device "$dev" || fail "sg_reset --device"
   dd if="$dev" of=/tmp/readback bs=64k count=64 iflag=direct 2>&1 | tail -1
   cmp /tmp/pattern /tmp/readback || fail "data differs after the LUN reset"
@@ -156,6 +208,8 @@ guest_initiator() {
   reset_under_io "$dev"
   dd if="$dev" of=/tmp/readback bs=64k count=64 iflag=direct 2>&1 | tail -1
   cmp /tmp/pattern /tmp/readback || fail "data differs after the LUN reset under I/O"
+
+  removal_under_io "$dev"
 
   local p
   for p in /sys/class/srp_remote_ports/port-*; do
@@ -248,4 +302,66 @@ reset_under_io() {
   wait $fio_pid || rc=$?
   [ $rc -eq 0 ] || { cat /tmp/fio-reset.out; fail "fio verify across the LUN reset failed (rc $rc)"; }
   step "LUN reset under I/O: sent after $during of fio's writes; crc32c verify passed ($(cut -d';' -f1-8 /tmp/fio-reset.out | head -1))"
+}
+
+# removal_under_io DEV: fio writes to DEV while VM a deletes the device
+# behind the LUN; fio must end with an error within a minute (the target
+# answers LOGICAL UNIT NOT SUPPORTED, which Linux does not retry), not
+# hang until its runtime.
+removal_under_io() {
+  local dev=$1 sd base now fio_pid n rc=0 a
+  a=$(host_ip a)
+  sd=${dev#/dev/}
+  base=$(awk '{print $5}' "/sys/block/$sd/stat")
+  dmesg -c >/dev/null
+  fio --name=ptgone --filename="$dev" --direct=1 --rw=randwrite --bs=4k --iodepth=4 \
+    --ioengine=libaio --offset=8m --size=4m --time_based --runtime=300 \
+    --output-format=terse --minimal >/tmp/fio-gone.out 2>&1 &
+  fio_pid=$!
+  # Bounded: 300 looks, 0.1 s apart, for fio's first completed writes.
+  for ((n = 0; n < 300; n++)); do
+    now=$(awk '{print $5}' "/sys/block/$sd/stat")
+    [ "$now" -gt $((base + 16)) ] && break
+    sleep 0.1
+  done
+  [ "$now" -gt $((base + 16)) ] || { cat /tmp/fio-gone.out; fail "fio wrote nothing in 30 s"; }
+  msg_send "$a" 7003 60 remove
+  [ "$(msg_recv 7004 120)" = removed ] || fail "the target did not remove the device"
+  # Bounded: 600 looks, 0.1 s apart.
+  for ((n = 0; n < 600; n++)); do
+    kill -0 $fio_pid 2>/dev/null || break
+    sleep 0.1
+  done
+  if kill -0 $fio_pid 2>/dev/null; then
+    kill $fio_pid
+    fail "fio still runs 60 s after the device behind the LUN was removed"
+  fi
+  wait $fio_pid || rc=$?
+  [ $rc -ne 0 ] || { cat /tmp/fio-gone.out; fail "fio passed although the device was removed under it"; }
+  dmesg | grep -i "sense" | head -3 | sed 's/^/  /'
+  dmesg | grep -qi "Logical unit not supported" ||
+    { dmesg | tail -20; fail "no LOGICAL UNIT NOT SUPPORTED in the kernel log"; }
+  step "device removed under I/O: fio ended with an error (rc $rc) after $((n / 10)) s, LOGICAL UNIT NOT SUPPORTED"
+}
+
+# vcdrom_read: LUN 1, the vcdrom, is Linux's CD-ROM drive srN: its size and
+# bytes are the image's; an eject through its sg node leaves no medium.
+vcdrom_read() {
+  local sr sgcd out
+  wait_until 60 "the vcdrom's sr node" sh -c 'ls /sys/block | grep -q "^sr"'
+  sr=$(ls /sys/block | grep "^sr" | head -1)
+  wait_until 30 "/dev/$sr" test -b "/dev/$sr"
+  sg_inq "/dev/$sr" | grep -E "PDT|Vendor|Product" | sed 's/^/  /'
+  sg_inq "/dev/$sr" | grep -q "PDT=5" || fail "/dev/$sr is not a CD-ROM (peripheral type 5)"
+  [ "$(cat "/sys/block/$sr/size")" -eq 4096 ] || fail "/dev/$sr has $(cat "/sys/block/$sr/size") sectors, not the image's 4096"
+  make_cd_image
+  dd if="/dev/$sr" of=/tmp/disc.read bs=2048 iflag=direct 2>&1 | tail -1
+  cmp "$CD_IMAGE" /tmp/disc.read || fail "/dev/$sr differs from the vcdrom's image"
+  step "vcdrom: /dev/$sr is a CD-ROM of 2 MiB, read back identical to the image"
+  sgcd=/dev/$(ls "/sys/block/$sr/device/scsi_generic" | head -1)
+  sg_start --eject "$sgcd" || fail "sg_start --eject $sgcd"
+  out=$(sg_turs -v "$sgcd" 2>&1) && fail "TEST UNIT READY passed with the disc ejected"
+  echo "$out" | sed 's/^/  /' | head -3
+  echo "$out" | grep -qi "medium not present" || fail "TEST UNIT READY after the eject: no MEDIUM NOT PRESENT"
+  step "vcdrom: ejected through $sgcd, TEST UNIT READY says medium not present"
 }

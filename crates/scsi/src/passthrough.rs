@@ -40,7 +40,14 @@
 //! `never_blocks` is false, so a transport runs it on a worker).
 //! [`SgDevice`] is the Linux executor: SG_IO on a `/dev/sgN` node, the
 //! data moved straight between the transport's pieces and the device by
-//! the ioctl's scatter list (`iovec_count`).
+//! the ioctl's scatter list (`iovec_count`); or SG_IO on the device's
+//! block SCSI generic node (`/dev/bsg/H:C:T:L`, interface version 4),
+//! which takes one flat buffer (pieces are gathered into one and
+//! scattered back) and no reset, so a LOGICAL UNIT RESET goes through
+//! the device's sg or disk node found in sysfs. The host gives a command
+//! [`DEFAULT_TIMEOUT_MS`], or [`LONG_TIMEOUT_MS`] when it may move a
+//! medium or work on all of it ([`is_long_opcode`]: a tape's REWIND, a
+//! changer's MOVE MEDIUM), as SCST's tape and changer handlers do.
 
 use crate::bufs::Buffers;
 use crate::cdb::DataDir;
@@ -61,6 +68,43 @@ pub const MAX_SENSE: usize = 252;
 
 /// How long a command may take before the host gives up on it.
 pub const DEFAULT_TIMEOUT_MS: u32 = 60_000;
+
+/// How long a command that moves a medium or works on all of it may take
+/// (a tape's REWIND or ERASE, a changer's MOVE MEDIUM, a disk's FORMAT
+/// UNIT): four hours, SCST's long timeout for tapes and changers
+/// (14000 s), rounded up.
+pub const LONG_TIMEOUT_MS: u32 = 4 * 3600 * 1000;
+
+/// Whether `opcode` may run for minutes or hours on some device type:
+/// REWIND / REZERO UNIT, FORMAT UNIT / FORMAT MEDIUM, REASSIGN BLOCKS /
+/// INITIALIZE ELEMENT STATUS, WRITE FILEMARKS, SPACE(6), ERASE(6), START
+/// STOP UNIT / LOAD UNLOAD, LOCATE(10), SYNCHRONIZE CACHE(10),
+/// INITIALIZE ELEMENT STATUS WITH RANGE, SANITIZE, SPACE(16) /
+/// SYNCHRONIZE CACHE(16), LOCATE(16), ERASE(16), MOVE MEDIUM, EXCHANGE
+/// MEDIUM, MOVE MEDIUM ATTACHED. The handler knows no device type, so
+/// an opcode long on any type gets the long timeout on all (a disk's
+/// obsolete REZERO UNIT included).
+pub fn is_long_opcode(opcode: u8) -> bool {
+    matches!(
+        opcode,
+        0x01 | 0x04
+            | 0x07
+            | 0x10
+            | 0x11
+            | 0x19
+            | 0x1b
+            | 0x2b
+            | 0x35
+            | 0x37
+            | 0x48
+            | 0x91
+            | 0x92
+            | 0x93
+            | 0xa5
+            | 0xa6
+            | 0xa7
+    )
+}
 
 /// A command's data as the executor moves it.
 pub enum Data<'a, 'b> {
@@ -195,7 +239,8 @@ impl PassThrough {
         }
     }
 
-    /// The per-command timeout, in milliseconds (at least 1).
+    /// The timeout of an ordinary command, in milliseconds (at least 1);
+    /// [`is_long_opcode`] commands get at least [`LONG_TIMEOUT_MS`].
     pub fn with_timeout_ms(mut self, ms: u32) -> PassThrough {
         self.timeout_ms = ms.max(1);
         self
@@ -245,7 +290,12 @@ impl PassThrough {
                 Data::In(p) => Data::In(&mut p[..]),
                 Data::Out(p) => Data::Out(p),
             };
-            match self.exec.execute(cdb, d, self.timeout_ms) {
+            let timeout = if cdb.first().is_some_and(|&op| is_long_opcode(op)) {
+                self.timeout_ms.max(LONG_TIMEOUT_MS)
+            } else {
+                self.timeout_ms
+            };
+            match self.exec.execute(cdb, d, timeout) {
                 Ok(a) => {
                     let reset_ua = a.status == Status::CheckCondition.code()
                         && matches!(
@@ -637,6 +687,7 @@ pub use sg::SgDevice;
 mod sg {
     use super::*;
     use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
 
     /// `sg_io_hdr_t` of `<scsi/sg.h>` (interface version 3).
     #[repr(C)]
@@ -692,9 +743,74 @@ mod sg {
     /// The sg driver's character major (Documentation/admin-guide/devices.txt).
     pub const SG_MAJOR: u32 = 21;
 
-    /// An open sg node.
+    /// `struct sg_io_v4` of `<linux/bsg.h>`: what SG_IO on a bsg node
+    /// takes (pointers as u64, data flat: the SCSI bsg ignores iovec
+    /// counts and refuses data both ways).
+    #[repr(C)]
+    #[derive(Default)]
+    struct SgIoV4 {
+        guard: i32,
+        protocol: u32,
+        subprotocol: u32,
+        request_len: u32,
+        request: u64,
+        request_tag: u64,
+        request_attr: u32,
+        request_priority: u32,
+        request_extra: u32,
+        max_response_len: u32,
+        response: u64,
+        dout_iovec_count: u32,
+        dout_xfer_len: u32,
+        din_iovec_count: u32,
+        din_xfer_len: u32,
+        dout_xferp: u64,
+        din_xferp: u64,
+        timeout: u32,
+        flags: u32,
+        usr_ptr: u64,
+        spare_in: u32,
+        driver_status: u32,
+        transport_status: u32,
+        device_status: u32,
+        retry_delay: u32,
+        info: u32,
+        duration: u32,
+        response_len: u32,
+        din_resid: i32,
+        dout_resid: i32,
+        generated_tag: u64,
+        spare_out: u32,
+        padding: u32,
+    }
+
+    // The layout of <linux/bsg.h> (offsetof of Debian's header; no pointers,
+    // so the same on every ABI).
+    const _: () = {
+        assert!(std::mem::size_of::<SgIoV4>() == 160);
+        assert!(std::mem::offset_of!(SgIoV4, response) == 48);
+        assert!(std::mem::offset_of!(SgIoV4, dout_xferp) == 72);
+        assert!(std::mem::offset_of!(SgIoV4, timeout) == 88);
+        assert!(std::mem::offset_of!(SgIoV4, device_status) == 116);
+        assert!(std::mem::offset_of!(SgIoV4, din_resid) == 136);
+        assert!(std::mem::offset_of!(SgIoV4, generated_tag) == 144);
+    };
+
+    /// An open sg node, or a bsg node.
     pub struct SgDevice {
         file: std::fs::File,
+        /// A bsg node: the sysfs directory of its SCSI device (where the
+        /// nodes a reset can go through are listed).
+        bsg: Option<std::path::PathBuf>,
+    }
+
+    /// The sysfs directory of the SCSI device behind bsg node `major:minor`
+    /// (`/sys/dev/char/M:m` is `.../H:C:T:L/bsg/H:C:T:L`); `None` when the
+    /// node is not a bsg one.
+    fn bsg_device_dir(major: u32, minor: u32) -> Option<std::path::PathBuf> {
+        let class = std::fs::canonicalize(format!("/sys/dev/char/{major}:{minor}")).ok()?;
+        let parent = class.parent()?;
+        (parent.file_name()? == "bsg").then(|| parent.parent().map(|p| p.to_path_buf()))?
     }
 
     /// Why a path cannot be a pass-through device.
@@ -709,15 +825,16 @@ mod sg {
         #[error("{path} is not a character device: name the sg node of the device (lsscsi -g)")]
         NotChar { path: String },
         #[error(
-            "{path} is character device {major}:{minor}, not one of the sg driver (major 21): \
-             name the sg node of the device (lsscsi -g; modprobe sg)"
+            "{path} is character device {major}:{minor}, not one of the sg driver (major 21) \
+             nor a bsg node: name the sg node of the device (lsscsi -g; modprobe sg) or its \
+             /dev/bsg/H:C:T:L node"
         )]
         NotSg {
             path: String,
             major: u32,
             minor: u32,
         },
-        #[error("{path}: the sg driver does not answer SG_GET_VERSION_NUM: {source}")]
+        #[error("{path}: the node does not answer SG_GET_VERSION_NUM: {source}")]
         NoVersion {
             path: String,
             #[source]
@@ -727,7 +844,7 @@ mod sg {
 
     impl SgDevice {
         /// Opens `path` read-write, refusing anything but a node of the sg
-        /// driver.
+        /// driver or a bsg node.
         ///
         /// # Errors
         /// [`SgOpenError`], with what to do.
@@ -751,13 +868,15 @@ mod sg {
             }
             let rdev = meta.rdev();
             let (major, minor) = (libc::major(rdev), libc::minor(rdev));
-            if major != SG_MAJOR {
-                return Err(SgOpenError::NotSg {
-                    path: shown,
+            let bsg = if major == SG_MAJOR {
+                None
+            } else {
+                Some(bsg_device_dir(major, minor).ok_or(SgOpenError::NotSg {
+                    path: shown.clone(),
                     major,
                     minor,
-                });
-            }
+                })?)
+            };
             let mut version: libc::c_int = 0;
             // SAFETY: SG_GET_VERSION_NUM writes one int to the pointer,
             // which points at `version`, alive for the call.
@@ -768,7 +887,110 @@ mod sg {
                     source: std::io::Error::last_os_error(),
                 });
             }
-            Ok(SgDevice { file })
+            Ok(SgDevice { file, bsg })
+        }
+
+        /// Whether this is a bsg node.
+        pub fn is_bsg(&self) -> bool {
+            self.bsg.is_some()
+        }
+
+        /// SG_IO version 4 on a bsg node: one flat buffer, gathered from
+        /// the pieces and scattered back when there are several.
+        fn execute_bsg(
+            &self,
+            cdb: &[u8],
+            data: Data<'_, '_>,
+            timeout_ms: u32,
+        ) -> Result<Answer, ExecError> {
+            let len = data.len();
+            if len > MAX_TRANSFER {
+                return Err(ExecError::Refused(std::io::Error::other(
+                    "transfer too large",
+                )));
+            }
+            let mut sense = [0u8; MAX_SENSE];
+            let mut h = SgIoV4 {
+                guard: b'Q' as i32,
+                request_len: cdb.len() as u32,
+                request: cdb.as_ptr() as u64,
+                max_response_len: sense.len() as u32,
+                response: sense.as_mut_ptr() as u64,
+                timeout: timeout_ms,
+                ..SgIoV4::default()
+            };
+            let mut bounce = Vec::new();
+            let mut data = data;
+            match &mut data {
+                Data::None => {}
+                Data::Out(p) => {
+                    if let [one] = &p[..] {
+                        h.dout_xferp = one.as_ptr() as u64;
+                    } else {
+                        bounce = p.concat();
+                        h.dout_xferp = bounce.as_ptr() as u64;
+                    }
+                    h.dout_xfer_len = len as u32;
+                }
+                Data::In(p) => {
+                    if let [one] = &mut p[..] {
+                        h.din_xferp = one.as_mut_ptr() as u64;
+                    } else {
+                        bounce = vec![0u8; len];
+                        h.din_xferp = bounce.as_mut_ptr() as u64;
+                    }
+                    h.din_xfer_len = len as u32;
+                }
+            }
+            if len == 0 {
+                (h.dout_xfer_len, h.din_xfer_len) = (0, 0);
+            }
+            // SAFETY: `h` points at the CDB, the sense buffer and one data
+            // buffer (a piece of the caller's, borrowed for the call, or
+            // `bounce`), each alive and unmoved for the call and at least
+            // as long as the header says. The kernel writes data-in only
+            // into the din buffer (mutably borrowed or ours) and sense
+            // only into `sense` (max_response_len bytes).
+            let r = unsafe { libc::ioctl(self.file.as_raw_fd(), SG_IO as _, &mut h) };
+            if r < 0 {
+                return Err(gone_or(std::io::Error::last_os_error()));
+            }
+            let host = h.transport_status as u16;
+            if host == DID_NO_CONNECT {
+                return Err(ExecError::Gone("host status DID_NO_CONNECT".into()));
+            }
+            let driver = h.driver_status as u16;
+            if host != 0 || driver & !DRIVER_SENSE != 0 {
+                return Err(ExecError::Transport { host, driver });
+            }
+            let resid = if h.din_xfer_len > 0 {
+                h.din_resid
+            } else {
+                h.dout_resid
+            };
+            if let (Data::In(pieces), false) = (&mut data, bounce.is_empty()) {
+                let mut at = 0;
+                for piece in pieces.iter_mut() {
+                    let n = piece.len();
+                    piece.copy_from_slice(&bounce[at..at + n]);
+                    at += n;
+                }
+            }
+            let written = (h.response_len as usize).min(sense.len());
+            Ok(Answer {
+                status: h.device_status as u8,
+                sense: sense[..written].to_vec(),
+                resid: usize::try_from(resid).unwrap_or(0).min(len),
+            })
+        }
+
+        /// The node a bsg device's reset goes through: its sg node, else
+        /// its disk (both take SG_SCSI_RESET; a bsg node does not).
+        fn reset_node(dir: &std::path::Path) -> Option<std::path::PathBuf> {
+            ["scsi_generic", "block"].iter().find_map(|sub| {
+                let name = std::fs::read_dir(dir.join(sub)).ok()?.flatten().next()?;
+                Some(std::path::Path::new("/dev").join(name.file_name()))
+            })
         }
     }
 
@@ -792,6 +1014,9 @@ mod sg {
             let bad = |m: &str| ExecError::Refused(std::io::Error::other(m.to_string()));
             if cdb.is_empty() || cdb.len() > 255 {
                 return Err(bad("CDB length"));
+            }
+            if self.bsg.is_some() {
+                return self.execute_bsg(cdb, data, timeout_ms);
             }
             let len = data.len();
             // The pieces stay borrowed by the caller for the whole call;
@@ -879,10 +1104,32 @@ mod sg {
         }
 
         fn reset_device(&self) -> Result<(), ExecError> {
+            let other;
+            let fd = match &self.bsg {
+                None => self.file.as_raw_fd(),
+                Some(dir) => {
+                    if !dir.exists() {
+                        return Err(ExecError::Gone(format!("{} is gone", dir.display())));
+                    }
+                    let node = Self::reset_node(dir).ok_or_else(|| {
+                        ExecError::Refused(std::io::Error::other(
+                            "a bsg node cannot reset its device, and the device has no sg or \
+                             disk node to do it through (modprobe sg)",
+                        ))
+                    })?;
+                    other = std::fs::OpenOptions::new()
+                        .read(true)
+                        .write(true)
+                        .custom_flags(libc::O_NONBLOCK)
+                        .open(&node)
+                        .map_err(gone_or)?;
+                    other.as_raw_fd()
+                }
+            };
             let mut what: libc::c_int = SG_SCSI_RESET_DEVICE;
             // SAFETY: SG_SCSI_RESET reads one int from the pointer, which
             // points at `what`, alive for the call.
-            let r = unsafe { libc::ioctl(self.file.as_raw_fd(), SG_SCSI_RESET as _, &mut what) };
+            let r = unsafe { libc::ioctl(fd, SG_SCSI_RESET as _, &mut what) };
             if r < 0 {
                 return Err(gone_or(std::io::Error::last_os_error()));
             }

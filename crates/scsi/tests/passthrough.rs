@@ -6,7 +6,9 @@
 mod common;
 
 use common::{l0, target};
-use scsi::passthrough::{Answer, Data, ExecError, Executor, Identity, MAX_TRANSFER};
+use scsi::passthrough::{
+    Answer, Data, ExecError, Executor, Identity, DEFAULT_TIMEOUT_MS, LONG_TIMEOUT_MS, MAX_TRANSFER,
+};
 use scsi::*;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
@@ -751,6 +753,8 @@ struct Tape {
     block: usize,
     records: Mutex<(Vec<Option<Vec<u8>>>, usize)>,
     calls: Mutex<Vec<(u8, DataDir, usize, usize)>>,
+    /// The timeout each command was given, in order.
+    timeouts: Mutex<Vec<u32>>,
 }
 
 impl Tape {
@@ -758,6 +762,7 @@ impl Tape {
         Arc::new(Tape {
             block,
             records: Mutex::new((Vec::new(), 0)),
+            timeouts: Mutex::default(),
             calls: Mutex::new(Vec::new()),
         })
     }
@@ -778,8 +783,9 @@ fn tape_sense(key: u8, bits: u8, info: u32, asc: (u8, u8)) -> Vec<u8> {
 struct TapeExec(Arc<Tape>);
 
 impl Executor for TapeExec {
-    fn execute(&self, cdb: &[u8], data: Data<'_, '_>, _t: u32) -> Result<Answer, ExecError> {
+    fn execute(&self, cdb: &[u8], data: Data<'_, '_>, t: u32) -> Result<Answer, ExecError> {
         let tape = &self.0;
+        tape.timeouts.lock().unwrap().push(t);
         let pieces = match &data {
             Data::In(p) => p.len(),
             Data::Out(p) => p.len(),
@@ -1069,4 +1075,15 @@ fn a_tape_drive_passes_its_commands_with_the_transports_directions_and_lengths()
         (0x08, DataDir::In, 4 * BLOCK, 3),
     ];
     assert_eq!(calls, want);
+    // Positioning and filemarks may take minutes on a real drive: they
+    // get the long timeout, data transfers and INQUIRY the ordinary one.
+    let timeouts = tape.timeouts.lock().unwrap().clone();
+    let expect: Vec<u32> = want
+        .iter()
+        .map(|c| match c.0 {
+            0x01 | 0x10 | 0x11 => LONG_TIMEOUT_MS,
+            _ => DEFAULT_TIMEOUT_MS,
+        })
+        .collect();
+    assert_eq!(timeouts, expect);
 }

@@ -15,7 +15,7 @@
 //! [[device]]
 //! name = "disk0"
 //! handler = "vdisk_fileio"  # vdisk_fileio | vdisk_blockio | vdisk_nullio | ram
-//!                           # | pass-through (an sg node) | vcdrom (an ISO image)
+//!                           # | pass-through (an sg or bsg node) | vcdrom (an ISO image)
 //! filename = "/var/lib/srptd/disk0.img"
 //! write_through = false     # fileio: durable before completion
 //! o_direct = false          # fileio: bypass the page cache
@@ -454,7 +454,8 @@ pub const MAX_DEVICE_THREADS: u32 = 64;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 pub enum Handler {
     /// Commands passed to a real SCSI device through its sg node
-    /// (`filename = "/dev/sgN"`; `scsi::passthrough`).
+    /// (`filename = "/dev/sgN"`) or its bsg node (`/dev/bsg/H:C:T:L`;
+    /// `scsi::passthrough`).
     #[serde(rename = "pass-through", alias = "dev_disk", alias = "scst_disk")]
     PassThrough,
     #[serde(rename = "vdisk_fileio")]
@@ -490,8 +491,8 @@ impl Handler {
 pub struct DeviceSection {
     pub name: Spanned<String>,
     pub handler: Spanned<Handler>,
-    /// File or block device (fileio, blockio); the sg node of the device
-    /// (pass-through, `/dev/sgN`).
+    /// File or block device (fileio, blockio); the sg or bsg node of the
+    /// device (pass-through, `/dev/sgN` or `/dev/bsg/H:C:T:L`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub filename: Option<Spanned<PathBuf>>,
     /// Size in bytes, a number or a string with a K/M/G/T suffix (ram,
@@ -1059,7 +1060,8 @@ impl Config {
                         &d.handler,
                         key("filename"),
                         "handler pass-through needs a filename: the device's sg node, e.g. \
-                         filename = \"/dev/sg1\" (lsscsi -g lists them)",
+                         filename = \"/dev/sg1\" (lsscsi -g lists them), or its bsg node \
+                         (/dev/bsg/H:C:T:L)",
                     ));
                 }
                 Handler::FileIo | Handler::BlockIo if d.filename.is_none() => {

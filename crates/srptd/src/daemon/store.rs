@@ -423,14 +423,16 @@ pub(super) fn device_on(
         .map_err(|e| (d.block_size.span(), "block_size", e.to_string()))
 }
 
-/// Opens a pass-through device's sg node read-write (what a start does,
-/// and `--check`): it must be a character device of the sg driver (major
-/// 21) that answers the driver's version ioctl. The device gets the
+/// Opens a pass-through device's sg or bsg node read-write (what a start
+/// does, and `--check`): it must be a character device of the sg driver
+/// (major 21) or of the block SCSI generic class (`/dev/bsg/H:C:T:L`) that
+/// answers the version ioctl. The device gets the
 /// configured vendor, product and usn over its own (see
 /// `scsi::passthrough::Identity`).
 pub(super) fn pass_through(d: &DeviceSection) -> Result<scsi::Device, DeviceError> {
     let file = d.filename.as_ref().ok_or_else(|| {
-        let m = "handler pass-through needs a filename: the device's sg node (/dev/sgN)";
+        let m = "handler pass-through needs a filename: the device's sg node (/dev/sgN) or bsg \
+                 node (/dev/bsg/H:C:T:L)";
         (d.handler.span(), "filename", m.to_string())
     })?;
     let bad = |m: String| (file.span(), "filename", m);
