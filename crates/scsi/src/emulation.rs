@@ -66,6 +66,21 @@ pub struct DeviceConfig {
     /// block on that many threads kept for it, so a slow device does not
     /// hold up the others' commands. 0: the transport's shared workers.
     pub threads_num: u32,
+    /// Whose those threads are (SCST's `threads_pool_type`).
+    pub threads_pool: ThreadsPool,
+}
+
+/// Whose a unit's own threads ([`DeviceConfig::threads_num`]) are.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ThreadsPool {
+    /// Each session (I_T nexus) gets `threads_num` threads of its own for
+    /// the unit, ending with the session, so one initiator's slow commands
+    /// never wait behind another's (SCST's `per_initiator`, its default).
+    #[default]
+    PerInitiator,
+    /// One pool of `threads_num` threads for every session of a target
+    /// port (SCST's `shared`).
+    Shared,
 }
 
 impl Default for DeviceConfig {
@@ -88,6 +103,7 @@ impl Default for DeviceConfig {
             removable: false,
             nv_cache: false,
             threads_num: 0,
+            threads_pool: ThreadsPool::PerInitiator,
         }
     }
 }

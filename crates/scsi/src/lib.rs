@@ -148,7 +148,7 @@ pub use alua::{AccessState, Alua, PortGroup};
 pub use backend::{Backend, BlockIo, FileIo, NullIo, Ram};
 pub use bufs::Buffers;
 pub use cdb::{Command, DataDir, Plan};
-pub use emulation::{Device, DeviceConfig, DeviceError, DeviceStats};
+pub use emulation::{Device, DeviceConfig, DeviceError, DeviceStats, ThreadsPool};
 pub use lun::Lun;
 pub use opcode::Opcode;
 pub use passthrough::{PassThrough, SgDevice};

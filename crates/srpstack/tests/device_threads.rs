@@ -1,8 +1,9 @@
 //! `threads_num` (SCST's per-device threads, issue 29 item 4): a device
 //! that has threads of its own runs its commands on them, not on the
 //! port's shared workers, so a device whose I/O hangs holds up no other
-//! device's commands. The target port and our initiator in this process
-//! over soft RoCE on 127.129.29.11/.12.
+//! device's commands; per initiator (SCST's `threads_pool_type`), each
+//! session has them to itself. The target port and our initiator in this
+//! process over soft RoCE on 127.129.29.x.
 
 use rdma_types::{Guid, Lid};
 use rnic::softroce::{SoftCa, SoftRoce, ROCE_PORT};
@@ -74,11 +75,40 @@ impl scsi::Backend for Noting {
 }
 
 fn device(store: Arc<Noting>, threads_num: u32) -> Arc<scsi::Device> {
+    pooled(store, threads_num, scsi::ThreadsPool::Shared)
+}
+
+fn pooled(store: Arc<Noting>, threads_num: u32, pool: scsi::ThreadsPool) -> Arc<scsi::Device> {
     let cfg = scsi::DeviceConfig {
         threads_num,
+        threads_pool: pool,
         ..Default::default()
     };
     Arc::new(scsi::Device::new(cfg, store).unwrap())
+}
+
+/// The tests here count this process's device threads: one at a time.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// Threads of this process named as a device's own (`srpt-dev-N`).
+fn device_threads() -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .flatten()
+        .filter(|t| {
+            std::fs::read_to_string(t.path().join("comm"))
+                .is_ok_and(|n| n.trim_end().starts_with("srpt-dev-"))
+        })
+        .count()
+}
+
+/// Waits (bounded: 20 s) until `f` holds.
+fn eventually(what: &str, f: impl Fn() -> bool) {
+    let end = std::time::Instant::now() + Duration::from_secs(20);
+    while !f() {
+        assert!(std::time::Instant::now() < end, "{what}: not within 20 s");
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 fn lun(n: u64) -> Lun {
@@ -95,6 +125,7 @@ fn read(s: &Session, l: Lun) {
 
 #[test]
 fn a_device_with_threads_of_its_own_runs_on_them_and_holds_up_no_other() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let ca = |guid: u64, last: u8| SoftCa {
         guid: Guid(guid),
         ip: std::net::Ipv4Addr::new(127, 129, 29, last).into(),
@@ -162,4 +193,89 @@ fn a_device_with_threads_of_its_own_runs_on_them_and_holds_up_no_other() {
     }
     drop(s);
     port.stop();
+}
+
+/// Two sessions to one device with one thread of its own. Per initiator
+/// (SCST's default): the second session's read reaches the store while
+/// the first's is held there, on a thread of the second's, which ends
+/// with its session. Shared: both sessions' commands run on one thread.
+#[test]
+fn per_initiator_pools_are_each_sessions_own_and_end_with_it() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    for (pool, last) in [
+        (scsi::ThreadsPool::PerInitiator, 21),
+        (scsi::ThreadsPool::Shared, 31),
+    ] {
+        let ca = |guid: u64, last: u8| SoftCa {
+            guid: Guid(guid),
+            ip: std::net::Ipv4Addr::new(127, 129, 29, last).into(),
+        };
+        let p = SoftRoce::new(vec![ca(TGT, last), ca(INI, last + 1)], ROCE_PORT);
+        let (store, arrived) = Noting::new();
+        let scsi = Arc::new(scsi::Target::new());
+        scsi.add_lun(
+            None,
+            scsi::Lun::new(0).unwrap(),
+            pooled(store.clone(), 1, pool),
+        );
+        let chan = |ext: u64| ChannelConfig::new(ext, Guid(INI), TGT, Guid(TGT));
+        let tcfg = TargetConfig::new(chan(1).target_port_id(), "device-pools");
+        let port = Arc::new(
+            TargetPort::start(p.clone(), Guid(TGT), tcfg, scsi, PortOptions::default()).unwrap(),
+        );
+        let direct = Arc::new(srpstack::Direct::new(port.clone(), Lid(0)));
+        let connect = |ext: u64| {
+            let s = Session::connect(
+                p.clone(),
+                Guid(INI),
+                direct.clone(),
+                SessionConfig::new(chan(ext)),
+            )
+            .unwrap();
+            let tur = [0u8; 6];
+            let good = (0..5).any(|_| s.execute(lun(0), &tur, Xfer::None).unwrap().good());
+            assert!(good, "TEST UNIT READY never GOOD");
+            s
+        };
+        let (s1, s2) = (connect(1), connect(2));
+        read(&s1, lun(0));
+        read(&s2, lun(0));
+        let want = if pool == scsi::ThreadsPool::PerInitiator {
+            2
+        } else {
+            1
+        };
+        assert_eq!(device_threads(), want, "{pool:?}: the device's threads");
+        while arrived.try_recv().is_ok() {}
+        if pool == scsi::ThreadsPool::PerInitiator {
+            store.set_open(false);
+            let c1 = s1
+                .start(lun(0), &READ8, &Xfer::In(4096), TaskAttr::Simple)
+                .unwrap();
+            arrived
+                .recv_timeout(Duration::from_secs(20))
+                .expect("the first session's read reached the store");
+            let c2 = s2
+                .start(lun(0), &READ8, &Xfer::In(4096), TaskAttr::Simple)
+                .unwrap();
+            arrived
+                .recv_timeout(Duration::from_secs(20))
+                .expect("the second session's read reached the store while the first's was held");
+            store.set_open(true);
+            assert!(s1.finish(c1, Xfer::In(4096)).good());
+            assert!(s2.finish(c2, Xfer::In(4096)).good());
+        }
+        drop(s2);
+        eventually("the second session's device thread ends", || {
+            device_threads() == 1
+        });
+        read(&s1, lun(0));
+        drop(s1);
+        port.stop();
+        assert_eq!(
+            device_threads(),
+            0,
+            "{pool:?}: threads left after the port stopped"
+        );
+    }
 }

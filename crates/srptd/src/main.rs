@@ -168,6 +168,7 @@ fn default_config(a: &Args) -> Result<Config, String> {
         t10_product_id: None,
         usn: None,
         threads_num: None,
+        threads_pool_type: None,
     });
     c.luns.push(LunEntry {
         lun: Spanned::new(0..0, 0),

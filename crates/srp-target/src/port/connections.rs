@@ -852,6 +852,9 @@ impl Inner {
                 .flat_map(|v| v.iter().map(|&(_, ch, _)| ch)),
         );
         st.waiting.retain(|(w, _)| *w != conn);
+        // Its per-initiator device pools: their queues close, their
+        // threads end once the jobs queued there are done.
+        st.dev_jobs.retain(|(_, owner), _| *owner != Some(conn));
         let p = &self.provider;
         let _ = p.destroy_qp(c.qp);
         let _ = p.dereg_mr(c.send_mr.handle);

@@ -106,7 +106,7 @@ impl Inner {
         }
         let pool = dev
             .filter(|d| d.config.threads_num > 0)
-            .and_then(|d| self.device_queue(st, &d));
+            .and_then(|d| self.device_queue(st, &d, conn));
         let sent = match pool {
             Some(q) => q.send(job),
             None => st.jobs.send(job),
@@ -130,12 +130,19 @@ impl Inner {
     }
 
     /// The job queue of `dev`, which has threads of its own
-    /// (`threads_num`, SCST's per-device threads): made with its threads
-    /// the first time the port runs one of its commands, kept until the
-    /// port stops. `None` (the shared workers take the job) while the
-    /// port stops, or when no thread could be started.
-    fn device_queue(&self, st: &mut State, dev: &Arc<scsi::Device>) -> Option<Sender<Job>> {
-        let key = Arc::as_ptr(dev) as usize;
+    /// (`threads_num`, SCST's per-device threads), for connection `conn`:
+    /// made with its threads the first time it runs one of the device's
+    /// commands, kept until the connection goes (a per-initiator pool) or
+    /// the port stops (a shared one). `None` (the shared workers take the
+    /// job) while the port stops, or when no thread could be started.
+    fn device_queue(
+        &self,
+        st: &mut State,
+        dev: &Arc<scsi::Device>,
+        conn: ConnId,
+    ) -> Option<Sender<Job>> {
+        let owner = (dev.config.threads_pool == scsi::ThreadsPool::PerInitiator).then_some(conn);
+        let key = (Arc::as_ptr(dev) as usize, owner);
         if let Some((_, q)) = st.dev_jobs.get(&key) {
             return Some(q.clone());
         }
@@ -164,10 +171,12 @@ impl Inner {
             }
         }
         let any = !started.is_empty();
-        self.dev_threads
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .extend(started);
+        {
+            let mut threads = self.dev_threads.lock().unwrap_or_else(|e| e.into_inner());
+            // The threads of pools whose connections went have ended.
+            threads.retain(|t| !t.is_finished());
+            threads.extend(started);
+        }
         if !any {
             return None;
         }

@@ -270,6 +270,10 @@ struct Queued {
     aborted: Arc<std::sync::atomic::AtomicBool>,
 }
 
+/// A device pool's key: the device's address and, for a per-initiator
+/// pool, its connection.
+type PoolKey = (usize, Option<ConnId>);
+
 struct Conn {
     channel: ChannelId,
     qp: QpHandle,
@@ -376,8 +380,10 @@ struct State {
     jobs: Sender<Job>,
     /// The job queues of devices with threads of their own
     /// (`scsi::DeviceConfig::threads_num`), by the device's address (the
-    /// device kept alive with its queue, so the address is not reused).
-    dev_jobs: HashMap<usize, (Arc<scsi::Device>, Sender<Job>)>,
+    /// device kept alive with its queue, so the address is not reused)
+    /// and, for a per-initiator pool, the connection whose it is (its
+    /// queue closes, and its threads end, when the connection goes).
+    dev_jobs: HashMap<PoolKey, (Arc<scsi::Device>, Sender<Job>)>,
     /// The port stops: no device pool starts any more.
     stopping: bool,
     /// When the keepalive sweep last ran.

@@ -23,6 +23,7 @@
 //! removable = false         # report a removable medium (INQUIRY RMB)
 //! nv_cache = false          # the store's cache survives power loss: no flushes
 //! threads_num = 4           # threads of its own for its I/O (0: the port's workers)
+//! threads_pool_type = "per_initiator"  # each session its own threads | "shared" by all
 //!
 //! [[lun]]                   # the default LUNs (SCST's target LUNs)
 //! lun = 0
@@ -547,10 +548,23 @@ pub struct DeviceSection {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usn: Option<Spanned<String>>,
     /// Threads of the device's own for its commands (SCST's
-    /// `threads_num`), per target port; absent or 0: the port's shared
-    /// workers.
+    /// `threads_num`); absent or 0: the port's shared workers.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub threads_num: Option<Spanned<u32>>,
+    /// Whose those threads are (SCST's `threads_pool_type`): each
+    /// session's own (`per_initiator`, the default) or one pool per
+    /// target port for every session (`shared`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub threads_pool_type: Option<ThreadsPoolType>,
+}
+
+/// `threads_pool_type`'s values, SCST's names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+pub enum ThreadsPoolType {
+    #[serde(rename = "per_initiator")]
+    PerInitiator,
+    #[serde(rename = "shared")]
+    Shared,
 }
 
 fn default_block_size() -> Spanned<u32> {
@@ -879,6 +893,47 @@ fn de_device_size<'de, D: serde::Deserializer<'de>>(
     Ok(Some(Spanned::new(span, text)))
 }
 
+/// The dotted key (`device[2].handler`) of the value at byte `at` of a
+/// TOML text, read from the text itself: the table headers before it
+/// (`[[device]]` counted per name) and the `key =` of its line. Empty
+/// when the line has no key (a header, a broken line). For errors the
+/// parser reports by place only (a wrong type, an unknown value).
+fn key_at(text: &str, at: usize) -> String {
+    let mut table = String::new();
+    let mut counts: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    let mut start = 0;
+    for line in text.split_inclusive('\n') {
+        let end = start + line.len();
+        let t = line.trim();
+        let here = at >= start && (at < end || end == text.len());
+        if let Some(name) = t.strip_prefix("[[").and_then(|r| r.split("]]").next()) {
+            let name = name.trim().to_string();
+            let n = counts.entry(name.clone()).or_insert(0);
+            table = format!("{name}[{n}]");
+            *n += 1;
+        } else if let Some(name) = t.strip_prefix('[').and_then(|r| r.split(']').next()) {
+            table = name.trim().to_string();
+        } else if here {
+            let key = t.split('=').next().unwrap_or("").trim();
+            let bare = !key.is_empty()
+                && t.contains('=')
+                && key
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.');
+            return match (bare, table.is_empty()) {
+                (false, _) => String::new(),
+                (true, true) => key.to_string(),
+                (true, false) => format!("{table}.{key}"),
+            };
+        }
+        if here {
+            return String::new();
+        }
+        start = end;
+    }
+    String::new()
+}
+
 impl Config {
     /// Reads and validates `path`.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
@@ -895,11 +950,9 @@ impl Config {
     pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
         let origin = Origin::new(text, path);
         let mut cfg: Config = toml::from_str(text).map_err(|e| {
-            origin.error(
-                e.span().unwrap_or(0..0),
-                String::new(),
-                e.message().trim().to_string(),
-            )
+            let span = e.span().unwrap_or(0..0);
+            let key = key_at(text, span.start);
+            origin.error(span, key, e.message().trim().to_string())
         })?;
         cfg.validate()
             .map_err(|(span, key, message)| origin.error(span, key, message))?;

@@ -617,3 +617,49 @@ fn threads_num_is_a_devices_own_threads_up_to_a_bound() {
     assert_eq!(e.line, 5, "{e}");
     assert!(e.message.contains("-1"), "{e}");
 }
+
+#[test]
+fn threads_pool_type_takes_scsts_two_names() {
+    let dev = |extra: &str| {
+        format!(
+            "[target]\nip = \"127.0.0.1\"\n[[device]]\nname = \"d\"\nhandler = \"ram\"\nsize = \"1M\"\nthreads_num = 2\n{extra}[[lun]]\nlun = 0\ndevice = \"d\"\n"
+        )
+    };
+    for (text, want) in [
+        (
+            "threads_pool_type = \"shared\"\n",
+            Some(ThreadsPoolType::Shared),
+        ),
+        (
+            "threads_pool_type = \"per_initiator\"\n",
+            Some(ThreadsPoolType::PerInitiator),
+        ),
+        ("", None),
+    ] {
+        let c = parse(&dev(text)).unwrap();
+        assert_eq!(c.devices[0].threads_pool_type, want, "{text}");
+        // Written back as read (absent stays absent).
+        let again = parse(&c.to_toml()).unwrap();
+        assert_eq!(again.devices[0].threads_pool_type, want, "{}", c.to_toml());
+    }
+    let e = err_of(&dev("threads_pool_type = \"per_session\"\n"));
+    assert_eq!(
+        (e.key.as_str(), e.line),
+        ("device[0].threads_pool_type", 8),
+        "{e}"
+    );
+    assert!(e.to_string().contains("per_initiator"), "{e}");
+}
+
+/// A value of the wrong type, which the parser reports by place only,
+/// names its key too (read off the text: headers, `[[...]]` counted).
+#[test]
+fn a_value_of_the_wrong_type_names_its_key() {
+    let text = "[target]\nip = \"127.0.0.1\"\n[[device]]\nname = \"a\"\nhandler = \"ram\"\nsize = \"1M\"\n\
+                [[device]]\nname = \"b\"\nhandler = \"ram\"\nsize = \"1M\"\nread_only = \"yes\"\n\
+                [[lun]]\nlun = 0\ndevice = \"a\"\n";
+    let e = err_of(text);
+    assert_eq!((e.key.as_str(), e.line), ("device[1].read_only", 11), "{e}");
+    let e = err_of("[target]\nip = 7\n");
+    assert_eq!(e.key, "target.ip", "{e}");
+}

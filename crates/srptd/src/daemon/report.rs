@@ -168,6 +168,10 @@ impl Daemon {
                     "block_size": dev.block_size(),
                     "read_only": dev.config.read_only,
                     "threads_num": dev.config.threads_num,
+                    "threads_pool_type": match dev.config.threads_pool {
+                        scsi::ThreadsPool::PerInitiator => "per_initiator",
+                        scsi::ThreadsPool::Shared => "shared",
+                    },
                     "rotational": d.rotational,
                     "write_through": d.write_through,
                     "o_direct": d.o_direct,

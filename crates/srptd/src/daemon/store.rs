@@ -400,6 +400,12 @@ fn identity_of(d: &DeviceSection) -> scsi::DeviceConfig {
         removable: d.removable,
         nv_cache: d.nv_cache,
         threads_num: d.threads_num.as_ref().map_or(0, |n| *n.get_ref()),
+        threads_pool: match d.threads_pool_type {
+            Some(crate::config::ThreadsPoolType::Shared) => scsi::ThreadsPool::Shared,
+            Some(crate::config::ThreadsPoolType::PerInitiator) | None => {
+                scsi::ThreadsPool::PerInitiator
+            }
+        },
         serial: usn.map_or_else(|| format!("{:08x}", fnv(&key) as u32), str::to_string),
         naa: 0x5001_4050_0000_0000 | (fnv(&key) & 0xf_ffff_ffff),
         ..Default::default()
