@@ -1,0 +1,153 @@
+# shellcheck shell=bash
+# shims-rxe: Debian's own rdma-core programs, unmodified, on the host
+# through our libibverbs.so.1 and librdmacm.so.1 (crates/ibverbs-abi,
+# crates/rdmacm-abi) on our NIC daemon (nicd at 10.77.0.2 inside the
+# namespace, MTU 1024), against the same programs on Linux rxe in VM a
+# (issue 28). Round 1: the VM serves, the host's program connects; round
+# 2: the host serves, the VM's program connects. Each run: ibv_rc_pingpong
+# and ibv_ud_pingpong (every buffer validated, -c), rping (-V: every
+# buffer verified), ib_write_bw, ib_read_bw, ib_send_bw and ib_write_lat
+# (perftest's own TCP exchange), and ib_write_bw -R (connected by
+# librdmacm). Every run must complete on both sides, and the daemon must
+# still be running at the end.
+# Needs: cargo build --release -p nicd -p ibverbs-abi -p rdmacm-abi
+# (NICD, LIBIBVERBS_ABI, LIBRDMACM_ABI override), and on the host
+# ibverbs-utils, rdmacm-utils and perftest.
+
+SCENARIO_VMS=("a 11 peer")
+SCENARIO_GUEST_TIMEOUT=900
+# SEND Only (pingpong, rping), RDMA WRITE Only (ib_write_lat), READ
+# Request and Response First (64 KiB READs at MTU 1024), UD SEND Only, the
+# CM's REQ (rping, ib_write_bw -R).
+SCENARIO_EXPECT_PROTOCOLS="infiniband.bth.opcode==4 infiniband.bth.opcode==10 infiniband.bth.opcode==12 infiniband.bth.opcode==13 infiniband.bth.opcode==100 infiniband.mad.attributeid==0x0010"
+# The SENDs' payloads are the programs' own bytes, which the RPC-over-RDMA
+# heuristic would take for malformed RPC messages.
+SCENARIO_TSHARK_ARGS="--disable-heuristic rpcrdma_infiniband"
+
+REL=${CARGO_TARGET_DIR:-$INTEROP_DIR/../target}/release
+NICD=${NICD:-$REL/nicd}
+LIBIBVERBS_ABI=${LIBIBVERBS_ABI:-$REL/libibverbs_abi.so}
+LIBRDMACM_ABI=${LIBRDMACM_ABI:-$REL/librdmacm_abi.so}
+HOST_IP=10.77.0.2
+VM_IP=10.77.0.11
+# name:port:host-side args (the VM side adds its own device and GID).
+# perftest runs move 64 KiB messages (ib_write_lat: 64 bytes).
+SHIM_RUNS="ibv_rc_pingpong:19301 ibv_ud_pingpong:19302 rping:19303 ib_write_bw:19304
+  ib_read_bw:19305 ib_send_bw:19306 ib_write_lat:19307 ib_write_bw-R:19308"
+# What a client prints while the VM's server is not up yet (retried).
+NOT_UP="Couldn't connect|Couldn't read remote address|rdma_connect|REJECTED|UNREACHABLE|ADDR_ERROR|ROUTE_ERROR|Unable to perform rdma_client|Connection refused|No route to host"
+
+# shim_args TOOL PORT SIDE [SERVER]: the arguments of TOOL on SIDE (host
+# or vm), as a client of SERVER when given.
+shim_args() {
+  local tool=$1 port=$2 side=$3 server=${4:-} dev gid
+  if [ "$side" = host ]; then dev=nicd0 gid=0; else dev=rxe0 gid=$GID_INDEX; fi
+  case $tool in
+    ibv_rc_pingpong) echo "-d $dev -g $gid -p $port -m 1024 -c -n 100 $server" ;;
+    ibv_ud_pingpong) echo "-d $dev -g $gid -p $port -s 512 -c -n 100 $server" ;;
+    rping)
+      if [ -n "$server" ]; then echo "-c -a $server -p $port -C 20 -S 4096 -V"
+      elif [ "$side" = host ]; then echo "-s -a $HOST_IP -p $port -C 20 -S 4096 -V"
+      else echo "-s -a $VM_IP -p $port -C 20 -S 4096 -V"; fi ;;
+    ib_write_lat) echo "-d $dev -x $gid -F -p $port -s 64 -n 200 $server" ;;
+    ib_write_bw-R) echo "-d $dev -R -F -p $port -s 65536 -n 100 --report_gbits $server" ;;
+    *) echo "-d $dev -x $gid -F -p $port -s 65536 -n 100 --report_gbits $server" ;;
+  esac
+}
+
+# shim_done TOOL FILE: TOOL's output says it finished its iterations.
+shim_done() {
+  case $1 in
+    ibv_*_pingpong) grep -q "100 iters in" "$2" ;;
+    rping) ! grep -qiE "error|fail|miscompare" "$2" ;;
+    ib_write_lat) grep -qE "^ *64 +200 " "$2" ;;
+    *) grep -qE "^ *65536 +100 " "$2" ;;
+  esac
+}
+
+host_main() {
+  local f t
+  for f in "$NICD" "$LIBIBVERBS_ABI" "$LIBRDMACM_ABI"; do
+    [ -e "$f" ] || { host_fail "missing $f: cargo build --release -p nicd -p ibverbs-abi -p rdmacm-abi"; return 1; }
+  done
+  for t in ibv_rc_pingpong ibv_ud_pingpong rping ib_write_bw ib_read_bw ib_send_bw ib_write_lat; do
+    command -v "$t" >/dev/null || { host_fail "missing $t on the host: apt-get install ibverbs-utils rdmacm-utils perftest"; return 1; }
+  done
+  ns_add_ip "$HOST_IP"
+  local lib=$RUN_DIR/shims sock=$RUN_DIR/nicd.sock
+  mkdir -p "$lib"
+  cp "$LIBIBVERBS_ABI" "$lib/libibverbs.so.1"
+  cp "$LIBRDMACM_ABI" "$lib/librdmacm.so.1"
+  ns_bg nicd 1500 "$NICD" --ip "$HOST_IP" --mtu 1024 --socket "$sock"
+  local n
+  for ((n = 0; n < 100; n++)); do [ -S "$sock" ] && break; sleep 0.1; done
+  [ -S "$sock" ] || { cat "$RUN_DIR/host-nicd.log"; host_fail "nicd did not make $sock"; return 1; }
+  local shim=(env LD_LIBRARY_PATH="$lib" NICD_SOCKET="$sock")
+  "${shim[@]}" ibv_devinfo -d nicd0 | sed 's/^/  /' | head -20
+  local run tool port bin out
+  # Round 1: the VM serves, we connect (retrying while it starts each server).
+  for run in $SHIM_RUNS; do
+    IFS=: read -r tool port <<< "$run"
+    bin=${tool%-R}
+    out=$RUN_DIR/host-client-$tool.txt
+    # shellcheck disable=SC2046
+    retry_if_not_up 600 "$tool client through the shims" "$NOT_UP" "$out" \
+      ns_run 180 "${shim[@]}" "$bin" $(shim_args "$tool" "$port" host "$VM_IP") || return 1
+    shim_done "$tool" "$out" || { host_fail "$tool client: no finished run in its output"; return 1; }
+    echo "round 1 $tool: Linux rxe serves, Debian's $bin through our shims connects: passed"
+  done
+  # Round 2: we serve, the VM connects.
+  for run in $SHIM_RUNS; do
+    IFS=: read -r tool port <<< "$run"
+    bin=${tool%-R}
+    out=$RUN_DIR/host-server-$tool.txt
+    # shellcheck disable=SC2046
+    ns_run 400 "${shim[@]}" "$bin" $(shim_args "$tool" "$port" host) >"$out" 2>&1 ||
+      { cat "$out"; host_fail "$tool server through the shims failed"; return 1; }
+    cat "$out"
+    shim_done "$tool" "$out" || { host_fail "$tool server: no finished run in its output"; return 1; }
+    echo "round 2 $tool: Debian's $bin through our shims serves, Linux rxe connects: passed"
+  done
+  kill -0 "$HOST_PID_nicd" 2>/dev/null || { host_fail "nicd is gone after the runs"; return 1; }
+}
+
+# The index of rxe0's IPv4-mapped (RoCE v2) GID.
+ipv4_gid_index() {
+  local f n g
+  for f in /sys/class/infiniband/rxe0/ports/1/gids/*; do
+    n=${f##*/}
+    g=$(cat "$f" 2>/dev/null) || continue
+    case $g in
+      0000:0000:0000:0000:0000:ffff:*)
+        [ "$(cat "/sys/class/infiniband/rxe0/ports/1/gid_attrs/types/$n" 2>/dev/null)" = "RoCE v2" ] &&
+          { echo "$n"; return 0; } ;;
+    esac
+  done
+  return 1
+}
+
+guest_peer() {
+  local run tool port bin
+  wait_until 60 "an IPv4 RoCE v2 GID on rxe0" ipv4_gid_index
+  GID_INDEX=$(ipv4_gid_index)
+  step "rxe0 IPv4 GID index $GID_INDEX"
+  for run in $SHIM_RUNS; do
+    IFS=: read -r tool port <<< "$run"
+    bin=${tool%-R}
+    step "$tool server for the host's shims"
+    # shellcheck disable=SC2046
+    timeout 600 "$bin" $(shim_args "$tool" "$port" vm) >/tmp/server.txt 2>&1 ||
+      { cat /tmp/server.txt; fail "$tool server exited $?"; }
+    cat /tmp/server.txt
+    shim_done "$tool" /tmp/server.txt || fail "$tool server: no finished run in its output"
+  done
+  for run in $SHIM_RUNS; do
+    IFS=: read -r tool port <<< "$run"
+    bin=${tool%-R}
+    step "$tool client against the host's shims"
+    # shellcheck disable=SC2046
+    retry_if 300 "$tool client" "$NOT_UP" timeout 180 "$bin" $(shim_args "$tool" "$port" vm "$HOST_IP") ||
+      fail "$tool client failed"
+    shim_done "$tool" /tmp/retry-if.out || fail "$tool client: no finished run in its output"
+  done
+}
