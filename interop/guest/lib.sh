@@ -26,6 +26,21 @@ host_ip() {
 
 my_ip() { echo "${INTEROP_IP%/*}"; }
 
+# The index of rxe0's IPv4-mapped (RoCE v2) GID, as show_gids would list it.
+ipv4_gid_index() {
+  local f n g
+  for f in /sys/class/infiniband/rxe0/ports/1/gids/*; do
+    n=${f##*/}
+    g=$(cat "$f" 2>/dev/null) || continue
+    case $g in
+      0000:0000:0000:0000:0000:ffff:*)
+        [ "$(cat "/sys/class/infiniband/rxe0/ports/1/gid_attrs/types/$n" 2>/dev/null)" = "RoCE v2" ] &&
+          { echo "$n"; return 0; } ;;
+    esac
+  done
+  return 1
+}
+
 # wait_until SECONDS DESC CMD...: poll CMD once a second until it succeeds.
 wait_until() {
   local t=$1 desc=$2 end

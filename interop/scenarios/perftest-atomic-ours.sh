@@ -23,7 +23,8 @@
 # replaying our duplicated atomics and ours rxe's (115 repeats answered).
 # Needs the binary: cargo build --release -p rdma-perf (RPERFTEST overrides).
 
-# ipv4_gid_index, perftest_recovered, perftest_bw_line and RPERFTEST.
+# perftest_recovered, perftest_bw_line and RPERFTEST (ipv4_gid_index is in
+# the guest library).
 # shellcheck source=perftest-ours.sh
 . "$(dirname "${BASH_SOURCE[0]}")/perftest-ours.sh"
 

@@ -111,21 +111,6 @@ host_main() {
   kill -0 "$HOST_PID_nicd" 2>/dev/null || { host_fail "nicd is gone after the runs"; return 1; }
 }
 
-# The index of rxe0's IPv4-mapped (RoCE v2) GID.
-ipv4_gid_index() {
-  local f n g
-  for f in /sys/class/infiniband/rxe0/ports/1/gids/*; do
-    n=${f##*/}
-    g=$(cat "$f" 2>/dev/null) || continue
-    case $g in
-      0000:0000:0000:0000:0000:ffff:*)
-        [ "$(cat "/sys/class/infiniband/rxe0/ports/1/gid_attrs/types/$n" 2>/dev/null)" = "RoCE v2" ] &&
-          { echo "$n"; return 0; } ;;
-    esac
-  done
-  return 1
-}
-
 guest_peer() {
   local run tool port bin
   wait_until 60 "an IPv4 RoCE v2 GID on rxe0" ipv4_gid_index
