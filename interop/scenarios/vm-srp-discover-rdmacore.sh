@@ -9,10 +9,15 @@
 # target port ID as id_ext, as an RDMA CM login string; `--sa` must be
 # refused as a RoCE port has no SA. b then logs in with exactly what
 # discovery printed (`srp io --device rxe0`) and verifies 4 MiB of random
-# I/O. Finally srptd must stop cleanly with 0 verbs objects left (its MAD
-# agent's QP1 objects included).
+# I/O. Then srp_daemon's -e: `srpd --device rxe0` runs, and `srp discover
+# --device rxe0 --target <a> --login` hands it the target found (by RDMA
+# CM); its LUN file must appear and read back what was written through it,
+# and a second `--login` walk must see the login held and not log in
+# twice. srpd stops with 0 verbs objects left. Finally srptd must stop
+# cleanly with 0 verbs objects left (its MAD agent's QP1 objects
+# included).
 # Needs the binaries: cargo build --release -p srptd -p srp-cli (SRPTD,
-# SRPTADM, SRP_CLI).
+# SRPTADM, SRP_CLI, SRPD).
 
 SCENARIO_VMS=("a 11 target" "b 12 initiator")
 SCENARIO_GUEST_TIMEOUT=600
@@ -27,11 +32,12 @@ SRP_PORT=5555
 SRPTD=${SRPTD:-${CARGO_TARGET_DIR:-${INTEROP_DIR:-.}/../target}/release/srptd}
 SRPTADM=${SRPTADM:-$(dirname "$SRPTD")/srptadm}
 SRP_CLI=${SRP_CLI:-$(dirname "$SRPTD")/srp}
-SCENARIO_GUEST_BINS="$SRPTD $SRPTADM $SRP_CLI"
+SRPD=${SRPD:-$(dirname "$SRP_CLI")/srpd}
+SCENARIO_GUEST_BINS="$SRPTD $SRPTADM $SRP_CLI $SRPD"
 
 host_main() {
   local b
-  for b in "$SRPTD" "$SRPTADM" "$SRP_CLI"; do
+  for b in "$SRPTD" "$SRPTADM" "$SRP_CLI" "$SRPD"; do
     [ -x "$b" ] || { echo "missing $b: run cargo build --release -p srptd -p srp-cli"; return 1; }
   done
 }
@@ -105,5 +111,43 @@ guest_initiator() {
   grep -q "verified [1-9][0-9.]* [KMGTPE]*i*B" /tmp/io.txt || fail "srp io verified nothing"
   grep -q " 0 verify failures, 0 I/O errors" /tmp/io.txt || fail "srp io had failures"
   step "logged in with what discovery found and verified I/O"
+  discover_login "$a"
   msg_send "$a" 7001 120 done
+}
+
+# discover_login A: srp discover --device rxe0 --login logs srpd --device
+# rxe0 in to the target at A, once however often it walks.
+discover_login() {
+  local a=$1 mnt=/tmp/srpd-mnt sock=/tmp/srpd.sock pid rc=0
+  modprobe fuse
+  mkdir -p $mnt
+  /interop/bin/srpd --device rxe0 --mount-root $mnt --control-socket $sock >/tmp/srpd.txt 2>&1 &
+  pid=$!
+  wait_until 30 "srpd ready" grep -q "^srpd: ready on" /tmp/srpd.txt
+  /interop/bin/srp discover --device rxe0 --target "$a" --login --control-socket $sock \
+    >/tmp/disc-login.txt 2>&1 || { cat /tmp/disc-login.txt /tmp/srpd.txt; fail "srp discover --login failed"; }
+  cat /tmp/disc-login.txt
+  grep -q "^# logged in as t0$" /tmp/disc-login.txt || fail "srp discover --login did not log srpd in"
+  /interop/bin/srp list --control-socket $sock | tee /tmp/list.txt
+  grep -q "rxe0:.* -> $a:$SRP_PORT" /tmp/list.txt || fail "srpd's login is not by RDMA CM from rxe0 to $a:$SRP_PORT"
+  [ -f $mnt/t0/lun0 ] || fail "no LUN file $mnt/t0/lun0"
+  head -c 1048576 /dev/urandom >/tmp/disc-pattern
+  dd if=/tmp/disc-pattern of=$mnt/t0/lun0 bs=64k oflag=direct conv=notrunc,fsync 2>&1 | tail -1
+  dd if=$mnt/t0/lun0 of=/tmp/disc-readback bs=64k count=16 iflag=direct 2>&1 | tail -1
+  cmp /tmp/disc-pattern /tmp/disc-readback || fail "the pattern read back through $mnt/t0/lun0 differs"
+  step "srp discover --device rxe0 --login: srpd logged in (t0), 1 MiB through its LUN file read back identical"
+  /interop/bin/srp discover --device rxe0 --target "$a" --login -v --control-socket $sock \
+    >/tmp/disc-again.txt 2>&1 || { cat /tmp/disc-again.txt; fail "the second srp discover --login failed"; }
+  cat /tmp/disc-again.txt
+  grep -q "^# logged in already: id_ext=" /tmp/disc-again.txt || fail "the second walk did not see the login held"
+  ! grep -q "^# logged in as" /tmp/disc-again.txt || fail "the second walk logged in again"
+  [ "$(/interop/bin/srp list --json --control-socket $sock | python3 -c 'import json,sys; print(len(json.load(sys.stdin)))')" = 1 ] ||
+    fail "srpd holds more than one login after the second walk"
+  step "a second --login walk sees the login held and makes none"
+  kill -TERM $pid
+  wait $pid || rc=$?
+  [ $rc = 0 ] || fail "srpd exited $rc after SIGTERM: $(tail -3 /tmp/srpd.txt)"
+  grep -q "^srpd: 1 logins ended; 0 verbs objects left; stopped" /tmp/srpd.txt ||
+    fail "srpd did not stop with 0 verbs objects left: $(tail -2 /tmp/srpd.txt)"
+  step "srpd stopped: 1 login ended, 0 verbs objects left"
 }

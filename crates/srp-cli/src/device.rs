@@ -11,12 +11,21 @@
 //! need the kernel's `ib_cm` and SA through `ib_umad`, which are not served
 //! yet ([`DeviceError::IbCm`] says so and names the fix).
 //!
+//! The device may go away under the logins (`rdma link delete rxe0`, a
+//! hot unplug) and come back: the kernel's RDMA CM says so, the provider
+//! tells the sessions (their LUNs wait or fail as the remote port timers
+//! say, their verbs objects are released so the kernel can let the device
+//! go), and [`DeviceCa::comeback`] is what srpd's watcher
+//! (`crate::rejoin`) starts the RDMA CM on it with again once it is back
+//! under the same GUID, so the logins reconnect.
+//!
 //! libibverbs is loaded at run time: without rdma-core, [`DeviceCa::open`]
 //! fails with one line naming the package to install
 //! ([`rdmacore::LoadError`]).
 
+use crate::rejoin::{Comeback, Slot};
 use rdma_types::{Guid, PortNum};
-use rdmacore::{DeviceSpec, RdmaCm};
+use rdmacore::{DeviceSpec, RdmaCm, RdmaCore};
 use srp_initiator::session::Connector;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -84,7 +93,9 @@ fn list(a: &[IpAddr]) -> String {
 pub struct DeviceCa {
     spec: DeviceSpec,
     guid: Guid,
-    cm: Arc<RdmaCm>,
+    core: Arc<RdmaCore>,
+    /// The RDMA CM now (a new one after the device's return).
+    cm: Arc<Slot<RdmaCm>>,
     access: rdma_access::resource::AccessLayer,
     sessions: Arc<dyn verbs::Provider>,
 }
@@ -111,13 +122,14 @@ impl DeviceCa {
             device: spec.name.clone(),
             source,
         })?;
-        let provider: Arc<dyn verbs::Provider> = core;
+        let provider: Arc<dyn verbs::Provider> = core.clone();
         let access = rdma_access::resource::AccessLayer::new(provider);
         let sessions = access.client("srp initiator").into_provider();
         Ok(DeviceCa {
             spec: spec.clone(),
             guid,
-            cm: Arc::new(cm),
+            core,
+            cm: Slot::new(Arc::new(cm)),
             access,
             sessions,
         })
@@ -139,8 +151,8 @@ impl DeviceCa {
     }
 
     /// The device's IP addresses, which logins may come from.
-    pub fn addresses(&self) -> &[IpAddr] {
-        self.cm.addresses()
+    pub fn addresses(&self) -> Vec<IpAddr> {
+        self.cm.get().addresses().to_vec()
     }
 
     /// The provider sessions make their verbs objects on (a tracked
@@ -161,7 +173,7 @@ impl DeviceCa {
             Some(ip) => Err(DeviceError::NotItsAddress {
                 ip,
                 device: self.spec.name.clone(),
-                has: has.to_vec(),
+                has,
             }),
             // `RdmaCm::start` refuses a device without an address.
             None => has
@@ -190,15 +202,126 @@ impl DeviceCa {
     }
 
     /// Verbs objects the sessions hold on the device, and connections
-    /// and listens of its RDMA CM (0 once every session ended).
+    /// and listens of its RDMA CM (0 once every session ended, and once
+    /// the device was removed).
     pub fn live(&self) -> i64 {
-        self.access.live_total() + self.cm.live_ids() as i64
+        self.access.live_total() + self.cm.get().live_ids() as i64
     }
 
     /// Ends what the RDMA CM still holds and stops its thread (at
     /// shutdown, once the sessions are gone).
     pub fn close(&self) {
-        self.cm.close();
+        self.cm.get().close();
+    }
+
+    /// What srpd's watcher brings the device's RDMA CM back with after
+    /// its removal (see the module docs).
+    pub fn comeback(&self) -> Box<dyn Comeback> {
+        Box::new(DeviceComeback {
+            spec: self.spec.clone(),
+            guid: self.guid,
+            core: self.core.clone(),
+            cm: self.cm.clone(),
+        })
+    }
+}
+
+/// A device port's RDMA CM, started again once the device is back.
+struct DeviceComeback {
+    spec: DeviceSpec,
+    guid: Guid,
+    core: Arc<RdmaCore>,
+    cm: Arc<Slot<RdmaCm>>,
+}
+
+impl Comeback for DeviceComeback {
+    fn gone(&self) -> bool {
+        self.cm.get().is_removed()
+    }
+
+    fn again(&mut self) -> Result<(), String> {
+        // The removed one's thread ends; it holds no id of the device.
+        self.cm.get().close();
+        let guid = self.core.find_port(&self.spec).map_err(|e| e.to_string())?;
+        if guid != self.guid {
+            // The sessions' initiator port IDs and opens name the old
+            // GUID: a new device under the name is not the one they had.
+            return Err(format!(
+                "{} is back with node GUID {guid}, not {}: its logins cannot move to another \
+                 device; log them in again (srp logout, srp login)",
+                self.spec.name, self.guid
+            ));
+        }
+        let cm = RdmaCm::start(&self.core, guid).map_err(|e| e.to_string())?;
+        self.cm.replace(Arc::new(cm));
+        Ok(())
+    }
+
+    fn went(&self) -> String {
+        format!(
+            "{} was removed: its logins' LUNs wait for it (reconnect_delay, fast_io_fail_tmo, \
+             dev_loss_tmo)",
+            self.spec
+        )
+    }
+
+    fn back(&self) -> String {
+        format!("{} is back: logins reconnect through it", self.spec)
+    }
+}
+
+/// A target discovery found from a device's RoCE port by its address
+/// (`srp discover --device --login`), as the login srpd makes on the
+/// device: discovery hands out IB CM login strings (`dgid=`, `pkey=`,
+/// `service_id=`, as srp_daemon writes them), which a device cannot make
+/// (see [`DeviceError::IbCm`]); the port's GID is its address, so the
+/// same target port is `dest=<that address>:<rdma_cm_port>`. The other
+/// keys (the rules' options) stay as they were.
+///
+/// # Errors
+/// `login` is no login string.
+pub fn discovered_by_rdma_cm(
+    login: &str,
+    rdma_cm_port: u16,
+) -> Result<String, srp_initiator::login::LoginError> {
+    use srp_initiator::login::{target_keys, LoginOptions, TargetAddress};
+    let o = LoginOptions::parse(login)?;
+    let TargetAddress::IbCm { dgid, .. } = o.address else {
+        return Ok(login.to_string());
+    };
+    let dest = TargetAddress::RdmaCm {
+        dest: SocketAddr::new(dgid.to_ip(), rdma_cm_port),
+        src: None,
+    };
+    let mut out = target_keys(o.id_ext, o.ioc_guid, &dest);
+    for kv in login.split(',') {
+        let key = kv.split('=').next().unwrap_or_default();
+        if !matches!(key, "id_ext" | "ioc_guid" | "dgid" | "pkey" | "service_id") {
+            out.push(',');
+            out.push_str(kv);
+        }
+    }
+    Ok(out)
+}
+
+/// A login srpd holds by RDMA CM (`dest=`), as discovery recognises a
+/// login to a target port it found by address: `id_ext`, `ioc_guid` and
+/// the `dgid` that is `dest`'s address (what `Found::held_in` compares),
+/// so `srp discover --device --login` never logs in twice to one target.
+/// Any other login string is as it was.
+pub fn held_as_discovered(held: &str) -> String {
+    use srp_initiator::login::{dgid_hex, LoginOptions, TargetAddress};
+    match LoginOptions::parse(held) {
+        Ok(LoginOptions {
+            id_ext,
+            ioc_guid,
+            address: TargetAddress::RdmaCm { dest, .. },
+            ..
+        }) => format!(
+            "id_ext={id_ext:016x},ioc_guid={ioc_guid:016x},dgid={},",
+            dgid_hex(&rdma_types::Gid::from_ip(dest.ip()))
+        ),
+        _ => held.to_string(),
     }
 }
 
@@ -246,5 +369,49 @@ mod tests {
                 && m.contains("log in by RDMA CM with dest=ip:port"),
             "{m}"
         );
+    }
+
+    /// What `srp discover --device --login` hands srpd, and how it knows
+    /// what srpd holds: the login string discovery made for srptd's
+    /// target at 10.77.0.11 (its GID the address), with a rule's option.
+    #[test]
+    fn a_discovered_target_is_logged_in_to_by_rdma_cm_and_known_when_held() {
+        let found = srp_initiator::discovery::Found {
+            probe: "10.77.0.11".into(),
+            info: srp_initiator::rules::TargetInfo {
+                id_ext: 0x5054_00ff_fe77_000b,
+                ioc_guid: 0x5054_00ff_fe77_000b,
+                dgid: rdma_types::Gid::from_ip("10.77.0.11".parse().unwrap()),
+                service_id: 0x5054_00ff_fe77_000b,
+                pkey: rdma_types::Pkey(0xffff),
+            },
+            decision: srp_initiator::rules::Decision {
+                allow: true,
+                line: Some(1),
+                options: "max_cmd_per_lun=8".into(),
+            },
+        };
+        let ib = found.login_string();
+        assert!(
+            ib.contains(",dgid=00000000000000000000ffff0a4d000b,"),
+            "{ib}"
+        );
+        let by_cm = discovered_by_rdma_cm(&ib, 5555).unwrap();
+        assert_eq!(by_cm, found.rdma_cm_login_string(5555));
+        assert_eq!(
+            by_cm,
+            "id_ext=505400fffe77000b,ioc_guid=505400fffe77000b,dest=10.77.0.11:5555,\
+             max_cmd_per_lun=8"
+        );
+        // srpd lists the login by the string it was given; discovery sees
+        // it held, and no other target port.
+        assert!(found.held_in(&[held_as_discovered(&by_cm)]));
+        let other = by_cm.replace("10.77.0.11", "10.77.0.12");
+        assert!(!found.held_in(&[held_as_discovered(&other)]));
+        // An IB CM login srpd holds (a soft CA's) is compared as it is.
+        assert!(found.held_in(&[held_as_discovered(&ib)]));
+        // An RDMA CM login string is handed on unchanged.
+        assert_eq!(discovered_by_rdma_cm(&by_cm, 4000).unwrap(), by_cm);
+        assert!(discovered_by_rdma_cm("id_ext=1", 5555).is_err());
     }
 }

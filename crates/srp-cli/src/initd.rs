@@ -52,6 +52,15 @@
 //! packets carry that partition's key, so a target QP in another
 //! partition drops them).
 //!
+//! A CA that goes away and comes back keeps its logins: the NIC daemon
+//! restarting (`--nicd`) or the rdma-core device deleted and added again
+//! (`rdma link delete rxe0`, `rdma link add rxe0 type rxe netdev eth0`).
+//! The removal fails the sessions and releases their verbs objects (the
+//! kernel lets a deleted device go only once its users did); the LUN
+//! files stay and wait or fail as the remote port timers say; a watcher
+//! starts the CA's CM service again once it is back, and the LUNs'
+//! reconnects log in through it ([`crate::rejoin`]).
+//!
 //! On an rdma-core device only `dest=` logins are made: IB CM
 //! (`service_id=`, `dgid=`) needs the kernel's `ib_cm` and SA, not served
 //! yet, so such a login goes to the first soft RoCE CA, and is refused
@@ -272,8 +281,6 @@ struct SoftNic {
     /// and SA subscriptions, and (soft RoCE fabric) their QP1 objects.
     /// Closed at shutdown, once the logins are gone.
     cm: Arc<rdma_access::resource::TrackedProvider>,
-    /// Ends the watcher of the NIC daemon's CAs (`crate::rejoin`).
-    stop: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// The running initiator daemon.
@@ -287,6 +294,11 @@ pub struct Initd {
     /// Logins in progress, by name, so two requests cannot take one name.
     pending: Mutex<Vec<String>>,
     next: Mutex<u32>,
+    /// Ends the watcher.
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    /// The watcher of CAs that go and come back (the NIC daemon's, an
+    /// rdma-core device: `crate::rejoin`), joined at shutdown.
+    watcher: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -335,6 +347,9 @@ pub enum InitdStartError {
         #[source]
         source: rdma_access::CmError,
     },
+    /// The thread that follows CAs going and coming back.
+    #[error("cannot start the thread that follows CAs going and coming back: {0}")]
+    Watcher(#[source] std::io::Error),
 }
 
 /// Why a control request of srpd (`srp login`, `srp logout`) failed.
@@ -424,10 +439,13 @@ impl Initd {
             return Err(InitdStartError::IbFabricDevice);
         }
         let mut cas = Vec::new();
+        // What the watcher brings back after a CA's removal and return.
+        let mut comebacks: Vec<Box<dyn crate::rejoin::Comeback>> = Vec::new();
         if let Some(spec) = &cfg.device {
             let dev = DeviceCa::open(spec)?;
+            comebacks.push(dev.comeback());
             cas.push(LocalCa {
-                addrs: dev.addresses().to_vec(),
+                addrs: dev.addresses(),
                 guid: dev.guid(),
                 port: dev.port(),
                 sessions: dev.sessions().clone(),
@@ -437,13 +455,19 @@ impl Initd {
         let soft = if cfg.ips.is_empty() {
             None
         } else {
-            Some(Initd::start_soft(&cfg, &mut cas)?)
+            Some(Initd::start_soft(&cfg, &mut cas, &mut comebacks)?)
         };
         for ca in &cas {
             if let Via::Soft { ib: Some(p), .. } = &ca.via {
                 p.wait_active(cfg.sm_wait)?;
             }
         }
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let watcher = if comebacks.is_empty() {
+            None
+        } else {
+            Some(crate::rejoin::watch(comebacks, stop.clone()).map_err(InitdStartError::Watcher)?)
+        };
         Ok(Initd {
             cfg,
             soft,
@@ -451,12 +475,18 @@ impl Initd {
             logins: Mutex::new(BTreeMap::new()),
             pending: Mutex::new(Vec::new()),
             next: Mutex::new(0),
+            stop,
+            watcher: Mutex::new(watcher),
         })
     }
 
     /// The soft RoCE NIC with a CA and a CM agent on every local address
     /// (added to `cas`).
-    fn start_soft(cfg: &InitdConfig, cas: &mut Vec<LocalCa>) -> Result<SoftNic, InitdStartError> {
+    fn start_soft(
+        cfg: &InitdConfig,
+        cas: &mut Vec<LocalCa>,
+        comebacks: &mut Vec<Box<dyn crate::rejoin::Comeback>>,
+    ) -> Result<SoftNic, InitdStartError> {
         let ib = cfg.fabric == rdma_access::subnet::Fabric::Ib;
         // Every port has the GUID of its address, in either fabric.
         let soft = rnic::softroce::SoftCa::at_each(&cfg.ips);
@@ -495,7 +525,6 @@ impl Initd {
         let access = rdma_access::resource::AccessLayer::new(provider.clone());
         let cm = access.client("cm").into_provider();
         let sessions: Arc<dyn Provider> = access.client("srp initiator").into_provider();
-        let mut watched = Vec::new();
         for (k, ca) in soft.iter().enumerate() {
             let first_comm_id = (std::process::id() << 8) | k as u32;
             let (agent, port) = if let (true, Some(own)) = (ib, &own) {
@@ -523,12 +552,18 @@ impl Initd {
                 .track_in(cm.client())
                 .map_err(|source| InitdStartError::TrackCmAgent { ip: ca.ip, source })?;
             let agent = crate::rejoin::AgentSlot::new(agent);
-            watched.push(crate::rejoin::Watched {
-                ip: ca.ip,
-                guid: ca.guid,
-                slot: agent.clone(),
-                first_comm_id,
-            });
+            // Through the daemon, a new CM agent on each CA when it comes
+            // back after a restart.
+            if cfg.nicd.is_some() {
+                comebacks.push(Box::new(crate::rejoin::Watched {
+                    ip: ca.ip,
+                    guid: ca.guid,
+                    slot: agent.clone(),
+                    first_comm_id,
+                    cm: cm.clone(),
+                    round: 0,
+                }));
+            }
             cas.push(LocalCa {
                 addrs: vec![ca.ip],
                 guid: ca.guid,
@@ -537,15 +572,7 @@ impl Initd {
                 via: Via::Soft { agent, ib: port },
             });
         }
-        // Through the daemon, a new CM agent on each CA when it comes
-        // back after a restart.
-        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        if cfg.nicd.is_some() {
-            crate::rejoin::watch(watched, cm.clone(), stop.clone()).map_err(|e| {
-                InitdStartError::Nicd(format!("cannot start the rejoin thread: {e}"))
-            })?;
-        }
-        Ok(SoftNic { access, cm, stop })
+        Ok(SoftNic { access, cm })
     }
 
     /// The CAs in words, the default first: `rxe0:1 (10.0.0.2), 127.0.0.2`.
@@ -854,8 +881,12 @@ impl Initd {
                 eprintln!("srpd: {e}");
             }
         }
+        // No CM service comes back after this.
+        self.stop.store(true, std::sync::atomic::Ordering::Release);
+        if let Some(t) = lock(&self.watcher).take() {
+            let _ = t.join();
+        }
         if let Some(s) = &self.soft {
-            s.stop.store(true, std::sync::atomic::Ordering::Release);
             s.cm.client().close();
         }
         for c in &self.cas {

@@ -312,9 +312,10 @@ enum Cmd {
         /// rxe or siw), NAME or NAME:PORT as `ibv_devices` lists it: the
         /// DM queries go through the kernel's user MAD interface
         /// (/dev/infiniband/umadN; modprobe ib_umad), to --target
-        /// addresses (a RoCE port has no subnet administrator).
+        /// addresses (a RoCE port has no subnet administrator). With
+        /// --login, srpd logs in by RDMA CM (srpd --device).
         #[arg(long, value_name = "NAME[:PORT]", value_parser = parse_device,
-              conflicts_with_all = ["nicd", "login"])]
+              conflicts_with = "nicd")]
         device: Option<rdmacore::DeviceSpec>,
         /// With --device: the targets' RDMA CM port, put in the login
         /// strings printed (srptd's rdma_cm_port).
@@ -1132,33 +1133,38 @@ struct Printer {
     rescan: bool,
     signals: Option<daemon_ctl::signals::TermSignals>,
     /// Print RDMA CM login strings to this port (found from a device's
-    /// RoCE port by address) instead of IB CM ones.
+    /// RoCE port by address) instead of IB CM ones, and log in with them
+    /// (srpd makes only RDMA CM logins on a device).
     rdma_cm_port: Option<u16>,
 }
 
 impl Host for Printer {
     fn held(&mut self) -> Vec<String> {
         // No srpd: nothing is held.
-        srpd(&self.socket, &InitRequest::List)
+        let held = srpd(&self.socket, &InitRequest::List)
             .ok()
             .and_then(|v| v.as_array().cloned())
             .unwrap_or_default()
-            .iter()
-            .filter_map(|l| l["target"].as_str().map(str::to_string))
-            .collect()
+            .into_iter()
+            .filter_map(|l| l["target"].as_str().map(str::to_string));
+        match self.rdma_cm_port {
+            // srpd's device logins are by RDMA CM (`dest=`).
+            Some(_) => held
+                .map(|h| srp_cli::device::held_as_discovered(&h))
+                .collect(),
+            None => held.collect(),
+        }
     }
 
     fn login(
         &mut self,
         login_string: &str,
     ) -> Result<String, Box<dyn std::error::Error + Send + Sync>> {
-        let v = srpd(
-            &self.socket,
-            &InitRequest::Login {
-                target: login_string.to_string(),
-                name: None,
-            },
-        )?;
+        let target = match self.rdma_cm_port {
+            Some(port) => srp_cli::device::discovered_by_rdma_cm(login_string, port)?,
+            None => login_string.to_string(),
+        };
+        let v = srpd(&self.socket, &InitRequest::Login { target, name: None })?;
         Ok(v["name"].as_str().unwrap_or("?").to_string())
     }
 

@@ -1,15 +1,21 @@
-//! `srpd --nicd` across a restart of the NIC daemon: each soft CA's CM
-//! agent sits in an [`AgentSlot`], which its logins' connectors reach
-//! RDMA CM through, and a watcher thread starts a new agent in the slot
-//! when the daemon's return brings the CA back.
+//! srpd across a CA's removal and return: the NIC daemon restarting
+//! (`srpd --nicd`), or an rdma-core device deleted and added again
+//! (`srpd --device`, Linux `rdma link delete rxe0` / `rdma link add`).
 //!
-//! When the daemon dies, the client provider tells every open CA of its
-//! removal: each login's channels fail and its LUNs wait in the remote
-//! port state machine (their files stay), and the CA's CM agent is
-//! removed. The watcher sees that, and every [`WATCH_EVERY`] tries to
-//! start an agent on the CA again (the provider connects anew when the
-//! daemon is back); then the LUNs' next reconnect logs in through it,
-//! and their files serve again under the same names.
+//! Each CA's CM service (our CM agent on a soft CA, the kernel's RDMA CM
+//! on a device) sits in a [`Slot`], which its logins' connectors reach
+//! RDMA CM through, and a watcher thread puts a new service in the slot
+//! when the CA comes back.
+//!
+//! When the CA goes, the provider tells every open of it of the removal:
+//! each login's channels fail and its LUNs wait in the remote port state
+//! machine (their files stay, their I/O fails or waits as
+//! `fast_io_fail_tmo` says), the access layer releases the sessions'
+//! verbs objects, and the CA's CM service ends with it. The watcher sees
+//! that, and every [`WATCH_EVERY`] tries to start a service on the CA
+//! again ([`Comeback::again`]); then the LUNs' next reconnect
+//! (`reconnect_delay`) logs in through it, and their files serve again
+//! under the same names.
 
 use rdma_access::rdmacm::{ConnHook, Listened, Service};
 use rdma_access::{CmAgent, CmError, ConnId, Established};
@@ -20,48 +26,51 @@ use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-/// How often the watcher looks for a removed agent, and tries again to
-/// start one while the daemon is away.
+/// How often the watcher looks for a removed service, and tries again to
+/// start one while its CA is away.
 pub const WATCH_EVERY: Duration = Duration::from_millis(200);
 
-/// The CM agent of one soft CA now; a new one replaces it after the
-/// CA's removal and return.
-pub struct AgentSlot {
-    cur: RwLock<Arc<CmAgent>>,
-    /// The hooks set through [`Service`], set again on each new agent.
+/// The CM service of one CA now; a new one replaces it after the CA's
+/// removal and return.
+pub struct Slot<S> {
+    cur: RwLock<Arc<S>>,
+    /// The hooks set through [`Service`], set again on each new service.
     hooks: Mutex<(Option<ConnHook>, Option<ConnHook>)>,
 }
 
-impl AgentSlot {
-    /// A slot holding `agent`.
-    pub fn new(agent: Arc<CmAgent>) -> Arc<AgentSlot> {
-        Arc::new(AgentSlot {
-            cur: RwLock::new(agent),
+/// The slot of a soft CA's CM agent.
+pub type AgentSlot = Slot<CmAgent>;
+
+impl<S: Service> Slot<S> {
+    /// A slot holding `service`.
+    pub fn new(service: Arc<S>) -> Arc<Slot<S>> {
+        Arc::new(Slot {
+            cur: RwLock::new(service),
             hooks: Mutex::new((None, None)),
         })
     }
 
-    /// The agent now.
-    pub fn get(&self) -> Arc<CmAgent> {
+    /// The service now.
+    pub fn get(&self) -> Arc<S> {
         self.cur.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    /// Puts `agent` in place of the removed one.
-    fn replace(&self, agent: Arc<CmAgent>) {
+    /// Puts `service` in place of the removed one.
+    pub fn replace(&self, service: Arc<S>) {
         let (disc, est) = self.hooks.lock().unwrap_or_else(|e| e.into_inner()).clone();
         if let Some(h) = disc {
-            Service::on_disconnect(&*agent, h);
+            service.on_disconnect(h);
         }
         if let Some(h) = est {
-            Service::on_established(&*agent, h);
+            service.on_established(h);
         }
-        *self.cur.write().unwrap_or_else(|e| e.into_inner()) = agent;
+        *self.cur.write().unwrap_or_else(|e| e.into_inner()) = service;
     }
 }
 
-impl Service for AgentSlot {
+impl<S: Service> Service for Slot<S> {
     fn listen(&self, port: u16) -> Result<Receiver<Listened>, CmError> {
-        Service::listen(&*self.get(), port)
+        self.get().listen(port)
     }
 
     fn connect(
@@ -73,29 +82,48 @@ impl Service for AgentSlot {
         private_data: &[u8],
         timeout: Duration,
     ) -> Result<Established, CmError> {
-        Service::connect(&*self.get(), src, dst, qpn, psn, private_data, timeout)
+        self.get()
+            .connect(src, dst, qpn, psn, private_data, timeout)
     }
 
     fn disconnect(&self, conn: ConnId) {
-        Service::disconnect(&*self.get(), conn)
+        self.get().disconnect(conn)
     }
 
     fn disconnect_wait(&self, conn: ConnId, within: Duration) -> bool {
-        Service::disconnect_wait(&*self.get(), conn, within)
+        self.get().disconnect_wait(conn, within)
     }
 
     fn on_disconnect(&self, hook: ConnHook) {
         self.hooks.lock().unwrap_or_else(|e| e.into_inner()).0 = Some(hook.clone());
-        Service::on_disconnect(&*self.get(), hook)
+        self.get().on_disconnect(hook)
     }
 
     fn on_established(&self, hook: ConnHook) {
         self.hooks.lock().unwrap_or_else(|e| e.into_inner()).1 = Some(hook.clone());
-        Service::on_established(&*self.get(), hook)
+        self.get().on_established(hook)
     }
 }
 
-/// One soft CA the watcher keeps an agent on.
+/// A CA whose CM service the watcher keeps: how to see it gone and
+/// bring it back. Called on the watcher thread only.
+pub trait Comeback: Send {
+    /// Whether the CA's service ended with the CA's removal.
+    fn gone(&self) -> bool;
+    /// One try to start the service on the CA again and put it in its
+    /// slot.
+    ///
+    /// # Errors
+    /// The CA is not back yet (or came back unusable), in words.
+    fn again(&mut self) -> Result<(), String>;
+    /// What srpd says when the CA went.
+    fn went(&self) -> String;
+    /// What srpd says when it is back.
+    fn back(&self) -> String;
+}
+
+/// A soft CA of the NIC daemon, whose agent the watcher starts again when
+/// the daemon is back (the client provider connects anew by itself).
 pub struct Watched {
     /// The CA's address (for the log).
     pub ip: IpAddr,
@@ -106,52 +134,81 @@ pub struct Watched {
     /// The first communication ID of its agents (each new one moves
     /// past the last's).
     pub first_comm_id: u32,
+    /// The provider agents are made on, tracked in its client.
+    pub cm: Arc<rdma_access::resource::TrackedProvider>,
+    /// Agents started again so far.
+    pub round: u32,
 }
 
-/// Starts the watcher of `cas`: agents are made on `cm` and tracked in
-/// its client. It ends once `stop` is set.
+impl Comeback for Watched {
+    fn gone(&self) -> bool {
+        self.slot.get().is_removed()
+    }
+
+    fn again(&mut self) -> Result<(), String> {
+        self.round = self.round.wrapping_add(1);
+        let first = self.first_comm_id.wrapping_add(self.round << 20);
+        let agent = CmAgent::start(self.cm.clone(), self.guid, first).map_err(|e| e.to_string())?;
+        if let Err(e) = agent.track_in(self.cm.client()) {
+            tracing::warn!("srpd: {}: track the new CM agent: {e}", self.ip);
+        }
+        self.slot.replace(agent);
+        Ok(())
+    }
+
+    fn went(&self) -> String {
+        format!(
+            "{}: the NIC daemon's CA went away; its LUNs wait for it",
+            self.ip
+        )
+    }
+
+    fn back(&self) -> String {
+        format!(
+            "{}: the NIC daemon is back; logins reconnect through it",
+            self.ip
+        )
+    }
+}
+
+/// Starts the watcher of `cas`, which ends once `stop` is set. Its
+/// events go to srpd's standard output, where scripts read its others.
 ///
 /// # Errors
 /// The thread cannot be started.
 pub fn watch(
-    cas: Vec<Watched>,
-    cm: Arc<rdma_access::resource::TrackedProvider>,
+    mut cas: Vec<Box<dyn Comeback>>,
     stop: Arc<AtomicBool>,
-) -> std::io::Result<()> {
+) -> std::io::Result<std::thread::JoinHandle<()>> {
     std::thread::Builder::new()
         .name("srpd-rejoin".into())
         .spawn(move || {
-            let mut round: u32 = 0;
-            let mut waiting = vec![false; cas.len()];
+            let mut away = vec![None::<String>; cas.len()];
             while !stop.load(Ordering::Acquire) {
                 std::thread::sleep(WATCH_EVERY);
-                for (w, away) in cas.iter().zip(waiting.iter_mut()) {
-                    if !w.slot.get().is_removed() {
-                        continue;
+                for (w, away) in cas.iter_mut().zip(away.iter_mut()) {
+                    if away.is_none() {
+                        if !w.gone() {
+                            continue;
+                        }
+                        println!("srpd: {}", w.went());
+                        *away = Some(String::new());
                     }
-                    if !*away {
-                        *away = true;
-                        eprintln!(
-                            "srpd: {}: the NIC daemon's CA went away; its LUNs wait for it",
-                            w.ip
-                        );
+                    match w.again() {
+                        Ok(()) => {
+                            *away = None;
+                            println!("srpd: {}", w.back());
+                        }
+                        // Each new reason once, at debug level: the
+                        // device may take a while to come back.
+                        Err(e) if away.as_deref() != Some(e.as_str()) => {
+                            tracing::debug!("srpd: not back yet: {e}");
+                            *away = Some(e);
+                        }
+                        Err(_) => {}
                     }
-                    round = round.wrapping_add(1);
-                    let first = w.first_comm_id.wrapping_add(round << 20);
-                    let Ok(agent) = CmAgent::start(cm.clone(), w.guid, first) else {
-                        continue;
-                    };
-                    if let Err(e) = agent.track_in(cm.client()) {
-                        tracing::warn!("srpd: {}: track the new CM agent: {e}", w.ip);
-                    }
-                    w.slot.replace(agent);
-                    *away = false;
-                    eprintln!(
-                        "srpd: {}: the NIC daemon is back; logins reconnect through it",
-                        w.ip
-                    );
+                    let _ = std::io::Write::flush(&mut std::io::stdout());
                 }
             }
         })
-        .map(|_| ())
 }

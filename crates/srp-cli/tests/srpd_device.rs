@@ -139,18 +139,40 @@ fn discovery_from_a_device_that_cannot_open_says_why_in_one_line() {
     assert!(said.iter().any(|s| lines[0].contains(s)), "{e}");
 }
 
-/// `--device` and `--login` do not go together yet (srpd takes the
-/// printed RDMA CM strings with `srp login`): a usage error.
+/// `--device` with `--login` (srp_daemon -e through srpd --device) is a
+/// walk like any other: on a device this host cannot open it ends in one
+/// line with the cause and the fix, before srpd is asked anything (there
+/// is none at this socket). What it hands srpd is checked by the unit
+/// test of `srp_cli::device::discovered_by_rdma_cm`, the login itself in
+/// the VMs (`interop/run scenario vm-srp-discover-rdmacore`).
 #[test]
-fn discovery_from_a_device_does_not_log_in_itself() {
+fn discovery_from_a_device_with_login_opens_the_device_first() {
+    let dir = std::env::temp_dir().join(format!("srp-disc-login-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let sock = dir.join("srpd.sock");
     let o = srp(&[
         "discover",
         "--device",
-        "rxe0",
+        "nosuchdev9",
         "--target",
-        "127.124.0.1",
+        "127.24.0.1",
         "--login",
+        "--control-socket",
+        sock.to_str().unwrap(),
+        "--timeout-ms",
+        "10",
     ]);
-    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
-    assert!(stderr(&o).contains("--login"), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{e}");
+    let lines: Vec<&str> = e.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "{e}");
+    let said = [
+        "apt-get install libibverbs1",
+        "load ib_uverbs",
+        "no RDMA device named nosuchdev9",
+    ];
+    assert!(said.iter().any(|s| lines[0].contains(s)), "{e}");
+    assert!(!sock.exists());
+    let _ = std::fs::remove_dir_all(&dir);
 }
