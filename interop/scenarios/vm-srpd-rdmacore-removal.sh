@@ -194,14 +194,14 @@ guest_initiator() {
 
   # 2. fast_io_fail_tmo off: I/O waits for the device.
   start_srpd wait off
-  fio_job waiting 16m --loops=8
+  fio_job waiting 16m --loops=20
   base=$(completed)
   wait_until 60 "fio to be under way" io_beyond $((base + 200))
   fio_running || { cat /tmp/waiting.out; fail "fio ended before the removal"; }
   t0=$SECONDS
   remove_rxe0
   fio_running || { cat /tmp/waiting.out; fail "fio ended while rxe0 was away"; }
-  lun_state_is blocked || fail "LUN 0 is $(lun_field state), not blocked, with fast_io_fail_tmo off"
+  wait_until 30 "LUN 0 blocked (fast_io_fail_tmo off)" lun_state_is blocked
   step "with rxe0 away: fio waits, srp list answers, LUN 0 blocked"
   add_rxe0
   fio_wait waiting
