@@ -212,3 +212,109 @@ pub fn watch(
             }
         })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc::{channel, Sender};
+
+    /// A CM service that only records the hooks it was given.
+    #[derive(Default)]
+    struct Hooks {
+        set: Mutex<Vec<&'static str>>,
+    }
+
+    impl Service for Hooks {
+        fn listen(&self, _port: u16) -> Result<Receiver<Listened>, CmError> {
+            Err(CmError::Stopped)
+        }
+        fn connect(
+            &self,
+            _src: IpAddr,
+            _dst: std::net::SocketAddr,
+            _qpn: Qpn,
+            _psn: Psn,
+            _private_data: &[u8],
+            _timeout: Duration,
+        ) -> Result<Established, CmError> {
+            Err(CmError::Stopped)
+        }
+        fn disconnect(&self, _conn: ConnId) {}
+        fn disconnect_wait(&self, _conn: ConnId, _within: Duration) -> bool {
+            true
+        }
+        fn on_disconnect(&self, _hook: ConnHook) {
+            self.set.lock().unwrap().push("disconnect");
+        }
+        fn on_established(&self, _hook: ConnHook) {
+            self.set.lock().unwrap().push("established");
+        }
+    }
+
+    #[test]
+    fn a_new_service_in_the_slot_gets_the_hooks_the_old_one_had() {
+        let first = Arc::new(Hooks::default());
+        let slot = Slot::new(first.clone());
+        slot.on_disconnect(Arc::new(|_| {}));
+        slot.on_established(Arc::new(|_| {}));
+        assert_eq!(*first.set.lock().unwrap(), ["disconnect", "established"]);
+        let second = Arc::new(Hooks::default());
+        slot.replace(second.clone());
+        assert_eq!(*second.set.lock().unwrap(), ["disconnect", "established"]);
+        assert!(Arc::ptr_eq(&slot.get(), &second));
+    }
+
+    /// A CA that went and answers "not back" twice before it is.
+    struct Flaky {
+        gone: Arc<AtomicBool>,
+        tries: u32,
+        back: Sender<u32>,
+    }
+
+    impl Comeback for Flaky {
+        fn gone(&self) -> bool {
+            self.gone.load(Ordering::Acquire)
+        }
+        fn again(&mut self) -> Result<(), String> {
+            self.tries += 1;
+            if self.tries < 3 {
+                return Err("not yet".into());
+            }
+            self.gone.store(false, Ordering::Release);
+            let _ = self.back.send(self.tries);
+            Ok(())
+        }
+        fn went(&self) -> String {
+            "flaky went".into()
+        }
+        fn back(&self) -> String {
+            "flaky is back".into()
+        }
+    }
+
+    #[test]
+    fn the_watcher_tries_again_until_the_ca_is_back_and_ends_when_told() {
+        let gone = Arc::new(AtomicBool::new(false));
+        let (tx, rx) = channel();
+        let stop = Arc::new(AtomicBool::new(false));
+        let t = watch(
+            vec![Box::new(Flaky {
+                gone: gone.clone(),
+                tries: 0,
+                back: tx,
+            })],
+            stop.clone(),
+        )
+        .unwrap();
+        // Nothing is tried while the CA is there.
+        assert!(rx.recv_timeout(WATCH_EVERY * 3).is_err());
+        gone.store(true, Ordering::Release);
+        let tries = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("the watcher brought the CA back");
+        assert_eq!(tries, 3);
+        assert!(!gone.load(Ordering::Acquire));
+        stop.store(true, Ordering::Release);
+        t.join().unwrap();
+    }
+}
