@@ -139,7 +139,7 @@ discover_login() {
   /interop/bin/srp discover --device rxe0 --target "$a" --login -v --control-socket $sock \
     >/tmp/disc-again.txt 2>&1 || { cat /tmp/disc-again.txt; fail "the second srp discover --login failed"; }
   cat /tmp/disc-again.txt
-  grep -q "^# logged in already: id_ext=" /tmp/disc-again.txt || fail "the second walk did not see the login held"
+  grep -q "^# logged in already: id_ext=$guid,ioc_guid=$guid,dest=$a:$SRP_PORT$" /tmp/disc-again.txt || fail "the second walk did not see the login held"
   ! grep -q "^# logged in as" /tmp/disc-again.txt || fail "the second walk logged in again"
   [ "$(/interop/bin/srp list --json --control-socket $sock | python3 -c 'import json,sys; print(len(json.load(sys.stdin)))')" = 1 ] ||
     fail "srpd holds more than one login after the second walk"

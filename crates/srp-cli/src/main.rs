@@ -1138,6 +1138,16 @@ struct Printer {
     rdma_cm_port: Option<u16>,
 }
 
+impl Printer {
+    /// A target found, as the login string its login takes.
+    fn login_string(&self, t: &srp_initiator::discovery::Found) -> String {
+        match self.rdma_cm_port {
+            Some(port) => t.rdma_cm_login_string(port),
+            None => t.login_string(),
+        }
+    }
+}
+
 impl Host for Printer {
     fn held(&mut self) -> Vec<String> {
         // No srpd: nothing is held.
@@ -1188,13 +1198,12 @@ impl Host for Printer {
             Event::Denied(t) if verbose => println!(
                 "# denied by rules line {}: {}",
                 t.decision.line.unwrap_or(0),
-                t.login_string()
+                self.login_string(t)
             ),
-            Event::Held(t) if verbose => println!("# logged in already: {}", t.login_string()),
-            Event::Target(t) => match self.rdma_cm_port {
-                Some(port) => println!("{}", t.rdma_cm_login_string(port)),
-                None => println!("{}", t.login_string()),
-            },
+            Event::Held(t) if verbose => {
+                println!("# logged in already: {}", self.login_string(t))
+            }
+            Event::Target(t) => println!("{}", self.login_string(t)),
             Event::LoggedIn { name } => println!("# logged in as {name}"),
             Event::Failed(e) => eprintln!("srp: {e}"),
             Event::ScanDone { round, found } if scans => {
