@@ -32,7 +32,10 @@ struct Args {
     /// or siw), NAME or NAME:PORT as `ibv_devices` lists it, by the
     /// kernel's RDMA CM: logins with `dest=ip:port` (a login's `src=` may
     /// pick one of the device's addresses). It is the default CA; --ip
-    /// adds soft RoCE CAs beside it. Needs rdma-core's libibverbs.
+    /// adds soft RoCE CAs beside it. When the device goes away (`rdma
+    /// link delete`, a hot unplug) its LUNs wait or fail as the timers
+    /// below say, and when it is back its logins reconnect under the
+    /// same files. Needs rdma-core's libibverbs.
     #[arg(long, value_name = "NAME[:PORT]", value_parser = parse_device)]
     device: Option<rdmacore::DeviceSpec>,
     /// Use the NIC daemon's soft RoCE NIC at each --ip, through the
