@@ -30,7 +30,7 @@ d = [int(y) - int(x) for x, y in zip(a, b)]
 names = ["user", "system", "iowait", "irq", "softirq", "idle"]
 print(f"CPU {label} (s): " + ", ".join(f"{n} {v / 100:.1f}" for n, v in zip(names, d)))
 PY
-  pid=$(grep -lx srptd /proc/[0-9]*/comm 2>/dev/null | head -1 | cut -d/ -f3)
+  pid=$(grep -lx srptd /proc/[0-9]*/comm 2>/dev/null | head -1 | cut -d/ -f3 || true)
   [ -z "$pid" ] || echo "CPU $label srptd process (s): user $(awk '{print $14 / 100}' /proc/"$pid"/stat), system $(awk '{print $15 / 100}' /proc/"$pid"/stat)"
 }
 
