@@ -9,7 +9,7 @@
 GUEST_PACKAGES=(
   kmod iproute2 procps busybox python3 dbus
   rdma-core ibverbs-utils rdmacm-utils perftest
-  targetcli-fb fio sg3-utils
+  targetcli-fb fio sg3-utils tgt open-iscsi mt-st
 )
 KERNEL_META=linux-image-amd64
 SUITE=bookworm
@@ -21,7 +21,7 @@ GUEST_MODULES=(
   rdma_rxe ib_core ib_uverbs rdma_cm rdma_ucm ib_umad ib_cm iw_cm
   ib_srp scsi_transport_srp ib_srpt
   target_core_mod target_core_file target_core_iblock tcm_loop
-  sd_mod sg sr_mod loop configfs crc32c_generic libcrc32c ext4 fuse scsi_debug
+  sd_mod sg sr_mod st iscsi_tcp loop configfs crc32c_generic libcrc32c ext4 fuse scsi_debug
   crc32_generic crc32_pclmul crc32c_intel
 )
 
