@@ -30,11 +30,11 @@
 //! plus at most two compare-and-swaps for the ends of a write. On x86-64
 //! processors with AVX, long copies move 16 bytes per instruction instead
 //! (see [`wide`]): those processors carry out an aligned 16-byte SSE load
-//! or store (`movdqa`) as one atomic access (Intel SDM vol. 3, 8.1.1;
-//! AMD APM vol. 2, 7.3.2), which is one of the executions of the two
-//! relaxed 8-byte atomics on the same bytes that the contract promises:
-//! to every racing access it looks the same as those two, issued back to
-//! back.
+//! or store (`movdqa`) as one atomic access (Intel SDM vol. 3A,
+//! "Guaranteed Atomic Operations"; AMD APM vol. 2, "Access Atomicity"),
+//! which is one of the executions of the two relaxed 8-byte atomics on
+//! the same bytes that the contract promises: to every racing access it
+//! looks the same as those two, issued back to back.
 //!
 //! # Shared buffers (another process's view)
 //!
