@@ -270,61 +270,6 @@ impl Comeback for DeviceComeback {
     }
 }
 
-/// A target discovery found from a device's RoCE port by its address
-/// (`srp discover --device --login`), as the login srpd makes on the
-/// device: discovery hands out IB CM login strings (`dgid=`, `pkey=`,
-/// `service_id=`, as srp_daemon writes them), which a device cannot make
-/// (see [`DeviceError::IbCm`]); the port's GID is its address, so the
-/// same target port is `dest=<that address>:<rdma_cm_port>`. The other
-/// keys (the rules' options) stay as they were.
-///
-/// # Errors
-/// `login` is no login string.
-pub fn discovered_by_rdma_cm(
-    login: &str,
-    rdma_cm_port: u16,
-) -> Result<String, srp_initiator::login::LoginError> {
-    use srp_initiator::login::{target_keys, LoginOptions, TargetAddress};
-    let o = LoginOptions::parse(login)?;
-    let TargetAddress::IbCm { dgid, .. } = o.address else {
-        return Ok(login.to_string());
-    };
-    let dest = TargetAddress::RdmaCm {
-        dest: SocketAddr::new(dgid.to_ip(), rdma_cm_port),
-        src: None,
-    };
-    let mut out = target_keys(o.id_ext, o.ioc_guid, &dest);
-    for kv in login.split(',') {
-        let key = kv.split('=').next().unwrap_or_default();
-        if !matches!(key, "id_ext" | "ioc_guid" | "dgid" | "pkey" | "service_id") {
-            out.push(',');
-            out.push_str(kv);
-        }
-    }
-    Ok(out)
-}
-
-/// A login srpd holds by RDMA CM (`dest=`), as discovery recognises a
-/// login to a target port it found by address: `id_ext`, `ioc_guid` and
-/// the `dgid` that is `dest`'s address (what `Found::held_in` compares),
-/// so `srp discover --device --login` never logs in twice to one target.
-/// Any other login string is as it was.
-pub fn held_as_discovered(held: &str) -> String {
-    use srp_initiator::login::{dgid_hex, LoginOptions, TargetAddress};
-    match LoginOptions::parse(held) {
-        Ok(LoginOptions {
-            id_ext,
-            ioc_guid,
-            address: TargetAddress::RdmaCm { dest, .. },
-            ..
-        }) => format!(
-            "id_ext={id_ext:016x},ioc_guid={ioc_guid:016x},dgid={},",
-            dgid_hex(&rdma_types::Gid::from_ip(dest.ip()))
-        ),
-        _ => held.to_string(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -369,49 +314,5 @@ mod tests {
                 && m.contains("log in by RDMA CM with dest=ip:port"),
             "{m}"
         );
-    }
-
-    /// What `srp discover --device --login` hands srpd, and how it knows
-    /// what srpd holds: the login string discovery made for srptd's
-    /// target at 10.77.0.11 (its GID the address), with a rule's option.
-    #[test]
-    fn a_discovered_target_is_logged_in_to_by_rdma_cm_and_known_when_held() {
-        let found = srp_initiator::discovery::Found {
-            probe: "10.77.0.11".into(),
-            info: srp_initiator::rules::TargetInfo {
-                id_ext: 0x5054_00ff_fe77_000b,
-                ioc_guid: 0x5054_00ff_fe77_000b,
-                dgid: rdma_types::Gid::from_ip("10.77.0.11".parse().unwrap()),
-                service_id: 0x5054_00ff_fe77_000b,
-                pkey: rdma_types::Pkey(0xffff),
-            },
-            decision: srp_initiator::rules::Decision {
-                allow: true,
-                line: Some(1),
-                options: "max_cmd_per_lun=8".into(),
-            },
-        };
-        let ib = found.login_string();
-        assert!(
-            ib.contains(",dgid=00000000000000000000ffff0a4d000b,"),
-            "{ib}"
-        );
-        let by_cm = discovered_by_rdma_cm(&ib, 5555).unwrap();
-        assert_eq!(by_cm, found.rdma_cm_login_string(5555));
-        assert_eq!(
-            by_cm,
-            "id_ext=505400fffe77000b,ioc_guid=505400fffe77000b,dest=10.77.0.11:5555,\
-             max_cmd_per_lun=8"
-        );
-        // srpd lists the login by the string it was given; discovery sees
-        // it held, and no other target port.
-        assert!(found.held_in(&[held_as_discovered(&by_cm)]));
-        let other = by_cm.replace("10.77.0.11", "10.77.0.12");
-        assert!(!found.held_in(&[held_as_discovered(&other)]));
-        // An IB CM login srpd holds (a soft CA's) is compared as it is.
-        assert!(found.held_in(&[held_as_discovered(&ib)]));
-        // An RDMA CM login string is handed on unchanged.
-        assert_eq!(discovered_by_rdma_cm(&by_cm, 4000).unwrap(), by_cm);
-        assert!(discovered_by_rdma_cm("id_ext=1", 5555).is_err());
     }
 }

@@ -1151,29 +1151,20 @@ impl Printer {
 impl Host for Printer {
     fn held(&mut self) -> Vec<String> {
         // No srpd: nothing is held.
-        let held = srpd(&self.socket, &InitRequest::List)
+        srpd(&self.socket, &InitRequest::List)
             .ok()
             .and_then(|v| v.as_array().cloned())
             .unwrap_or_default()
             .into_iter()
-            .filter_map(|l| l["target"].as_str().map(str::to_string));
-        match self.rdma_cm_port {
-            // srpd's device logins are by RDMA CM (`dest=`).
-            Some(_) => held
-                .map(|h| srp_cli::device::held_as_discovered(&h))
-                .collect(),
-            None => held.collect(),
-        }
+            .filter_map(|l| l["target"].as_str().map(str::to_string))
+            .collect()
     }
 
     fn login(
         &mut self,
-        login_string: &str,
+        t: &srp_initiator::discovery::Found,
     ) -> Result<String, Box<dyn std::error::Error + Send + Sync>> {
-        let target = match self.rdma_cm_port {
-            Some(port) => srp_cli::device::discovered_by_rdma_cm(login_string, port)?,
-            None => login_string.to_string(),
-        };
+        let target = self.login_string(t);
         let v = srpd(&self.socket, &InitRequest::Login { target, name: None })?;
         Ok(v["name"].as_str().unwrap_or("?").to_string())
     }

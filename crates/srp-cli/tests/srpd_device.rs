@@ -148,9 +148,10 @@ fn says_in_one_line_why_nosuchdev9_cannot_open(o: &std::process::Output) {
 /// `--device` with `--login` (srp_daemon -e through srpd --device) is a
 /// walk like any other: on a device this host cannot open it ends in one
 /// line with the cause and the fix, before srpd is asked anything (there
-/// is none at this socket). What it hands srpd is checked by the unit
-/// test of `srp_cli::device::discovered_by_rdma_cm`, the login itself in
-/// the VMs (`interop/run scenario vm-srp-discover-rdmacore`).
+/// is none at this socket). The RDMA CM login string it hands srpd is
+/// `Found::rdma_cm_login_string` (srp-initiator's discovery tests), the
+/// login itself is shown in the VMs (`interop/run scenario
+/// vm-srp-discover-rdmacore`).
 #[test]
 fn discovery_from_a_device_with_login_opens_the_device_first() {
     let dir = std::env::temp_dir().join(format!("srp-disc-login-{}", std::process::id()));

@@ -19,7 +19,7 @@
 //! not a sans-IO core.
 
 use crate::connectors::{SaPortError, SubnetPort};
-use crate::login::{dgid_hex, target_keys, TargetAddress};
+use crate::login::{target_keys, LoginOptions, TargetAddress};
 use crate::rules::{Decision, Rules, TargetInfo};
 use rdma_access::dm::Ioc;
 use rdma_access::sa::SaClient;
@@ -151,15 +151,22 @@ impl Found {
     }
 
     /// Whether one of `held` (login strings) is a login to this target
-    /// port: the same id_ext, ioc_guid and dgid.
+    /// port: the same id_ext and ioc_guid, and its address: the same
+    /// dgid by IB CM, or by RDMA CM the address that is the port's GID (a
+    /// RoCE port found by its address, logged in to as
+    /// [`Found::rdma_cm_login_string`] says).
     pub fn held_in(&self, held: &[String]) -> bool {
-        let key = format!(
-            "id_ext={:016x},ioc_guid={:016x},dgid={},",
-            self.info.id_ext,
-            self.info.ioc_guid,
-            dgid_hex(&self.info.dgid)
-        );
-        held.iter().any(|h| h.starts_with(&key))
+        let i = &self.info;
+        held.iter()
+            .filter_map(|h| LoginOptions::parse(h).ok())
+            .any(|o| {
+                o.id_ext == i.id_ext
+                    && o.ioc_guid == i.ioc_guid
+                    && match o.address {
+                        TargetAddress::IbCm { dgid, .. } => dgid == i.dgid,
+                        TargetAddress::RdmaCm { dest, .. } => dest.ip() == i.dgid.to_ip(),
+                    }
+            })
     }
 }
 
@@ -340,14 +347,13 @@ pub enum Event<'a> {
 pub trait Host {
     /// Login strings of the logins held now (none if nobody holds any).
     fn held(&mut self) -> Vec<String>;
-    /// Logs in with `login_string`; the login's name.
+    /// Logs in to `target` (with [`Found::login_string`], or the RDMA CM
+    /// form where the host logs in by RDMA CM); the login's name.
     ///
     /// # Errors
     /// Whatever the logging-in party said.
-    fn login(
-        &mut self,
-        login_string: &str,
-    ) -> Result<String, Box<dyn std::error::Error + Send + Sync>>;
+    fn login(&mut self, target: &Found)
+        -> Result<String, Box<dyn std::error::Error + Send + Sync>>;
     /// Reports what the walk does.
     fn event(&mut self, event: Event<'_>);
     /// Waits at most `timeout` for a termination signal (rescans only).
@@ -467,7 +473,7 @@ impl<'a> Discovery<'a> {
                     }
                     host.event(Event::Target(&t));
                     if cfg.login && !logged_in {
-                        match host.login(&t.login_string()) {
+                        match host.login(&t) {
                             Ok(name) => host.event(Event::LoggedIn { name: &name }),
                             Err(source) => {
                                 host.event(Event::Failed(DiscoveryError::Login {
@@ -607,6 +613,13 @@ mod tests {
         let held = vec![format!("{},max_sect=256", strings[1])];
         assert!(!found[0].held_in(&held));
         assert!(found[1].held_in(&held));
+        // Held by RDMA CM (srpd --device): the address is the port's GID;
+        // another address is another port.
+        let by_cm = vec![found[1].rdma_cm_login_string(5555)];
+        assert!(found[1].held_in(&by_cm));
+        assert!(!found[0].held_in(&by_cm));
+        let elsewhere = vec![by_cm[0].replace("127.0.0.1", "127.0.0.2")];
+        assert!(!found[1].held_in(&elsewhere));
     }
 
     #[test]
@@ -639,9 +652,9 @@ mod tests {
         }
         fn login(
             &mut self,
-            login_string: &str,
+            target: &Found,
         ) -> Result<String, Box<dyn std::error::Error + Send + Sync>> {
-            self.logins.push(login_string.to_string());
+            self.logins.push(target.login_string());
             Ok(format!("t{}", self.logins.len()))
         }
         fn event(&mut self, event: Event<'_>) {
