@@ -94,18 +94,8 @@ TOML
 
 # tape_login: ib_srp logs in to VM a's srptd; waits for its tape.
 tape_login() {
-  local guid ready tgt_guid a add
-  a=$(host_ip a)
-  modprobe ib_srp
   modprobe st
-  modprobe sg 2>/dev/null || true
-  guid=$(cut -d: -f5- </sys/class/infiniband/rxe0/ports/1/gids/0 | tr -d :)
-  msg_send "$a" 7001 600 "$guid"
-  ready=$(msg_recv 7002 600)
-  tgt_guid=${ready#ready }
-  [[ $tgt_guid =~ ^[0-9a-f]{16}$ ]] || fail "bad ready message '$ready'"
-  add=/sys/class/infiniband_srp/srp-rxe0-1/add_target
-  retry 120 "SRP login" sh -c "echo id_ext=$tgt_guid,ioc_guid=$tgt_guid,dest=$a:$SRP_PORT >$add"
+  srp_add_target
   wait_until 120 "a tape drive (st)" test -e /sys/class/scsi_tape/nst0
   wait_until 30 "/dev/nst0" test -c /dev/nst0
 }

@@ -77,9 +77,19 @@ lio_disk() {
   return 1
 }
 
-# srp_login: ib_srp logs in to the target in VM a (our port GUID to a:7001,
-# its GUID from b:7002) and DEV is set to the new disk.
+# srp_login: ib_srp logs in to the target in VM a (srp_add_target) and DEV
+# is set to the new disk.
 srp_login() {
+  srp_add_target
+  wait_until 120 "$DISK_VENDOR disk" lio_disk
+  DEV=/dev/$(lio_disk)
+  wait_until 30 "$DEV node" test -b "$DEV"
+}
+
+# srp_add_target: ib_srp logs in to the target in VM a (our port GUID to
+# a:7001, its GUID from b:7002); what it exports is the caller's to wait
+# for.
+srp_add_target() {
   local guid ready tgt_guid a
   a=$(host_ip a)
   modprobe ib_srp
@@ -95,9 +105,6 @@ srp_login() {
   [ -e $add ] || fail "$add missing"
   step "add_target id_ext=$tgt_guid,ioc_guid=$tgt_guid,dest=$a:$SRP_PORT"
   retry 120 "SRP login" sh -c "echo id_ext=$tgt_guid,ioc_guid=$tgt_guid,dest=$a:$SRP_PORT >$add"
-  wait_until 120 "$DISK_VENDOR disk" lio_disk
-  DEV=/dev/$(lio_disk)
-  wait_until 30 "$DEV node" test -b "$DEV"
 }
 
 guest_initiator() {
