@@ -161,16 +161,14 @@ fn run(rt: &Arc<CaRt>, st: &Mutex<State>) {
                 notify(rt, st, cq);
             }
         }
+        // One event per CQ and round: a CQ fires once per arm, and a
+        // second read would mostly find nothing (a system call each
+        // time); one still pending makes the next poll return at once.
         for (cq, r) in cqs.iter().zip(&ready[2..]) {
-            let mut n = 0;
-            if *r == Ready::Readable {
-                while cq.hw.take_event() {
-                    n += 1;
-                    on_cq_event(rt, st, cq);
-                }
-            }
-            if *r == Ready::Broken || (*r == Ready::Readable && n == 0) {
-                cq.broken.store(true, Ordering::Relaxed);
+            match r {
+                Ready::Readable if cq.hw.take_event() => on_cq_event(rt, st, cq),
+                Ready::Readable | Ready::Broken => cq.broken.store(true, Ordering::Relaxed),
+                Ready::No => {}
             }
         }
     }
