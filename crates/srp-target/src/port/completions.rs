@@ -488,9 +488,12 @@ impl Inner {
         // A WRITE out of a memory store holds nothing of the pool, so it
         // can wait for the response queued behind it to say it is done
         // (its data is sent before the response either way): one
-        // completion per command, not one per WRITE. At most a quarter of
-        // the send queue in a row, so a signaled request always follows.
-        if store && c.unsignaled.len() < (c.slot_seq.len() / 4).max(1) {
+        // completion per command, not one per WRITE. At most half the
+        // send queue waits so (a read of 1 MiB at QD8 is 128 WRITEs of
+        // srp_max_rdma_size), so a signaled request always follows; the
+        // channel counts them as out until then, so the queue never
+        // overflows.
+        if store && c.unsignaled.len() < (c.slot_seq.len() / 2).max(1) {
             wr.flags = SendFlags(wr.flags.0 & !SendFlags::SIGNALED.0);
             c.unsignaled.push_back((c.queued_wrs, op.id));
         }

@@ -82,9 +82,17 @@ impl Inner {
         // and else whose threads take it.
         let lun = scsi::Lun::decode(req.lun.0).ok();
         let dev = lun.and_then(|lun| self.scsi.device(&c.nexus, lun));
+        // Below `inline_max` any command; above it only a READ out of a
+        // memory store, which goes out of the store itself (no copy: its
+        // size costs nothing here).
+        let small = req.data_in_len.max(out_len) <= self.inline_max;
         let inline = st.inline_here
-            && req.data_in_len.max(out_len) <= self.inline_max
             && self.inline_max > 0
+            && (small
+                || (out_len == 0
+                    && dev
+                        .as_ref()
+                        .is_some_and(|d| reads_out_of_store(d, &req.cdb, req.data_in_len))))
             && matches!(req.attr, srp::wire::TaskAttr::Simple)
             && lun.is_some()
             && dev
@@ -492,5 +500,45 @@ impl Inner {
             _ => {}
         }
         (done, data_in)
+    }
+}
+
+/// Whether `cdb` is a READ of `len` bytes that the port sends straight out
+/// of `dev`'s memory store (see `execute`).
+fn reads_out_of_store(dev: &scsi::Device, cdb: &[u8], len: u32) -> bool {
+    use scsi::Opcode::{Read10, Read12, Read16, Read6};
+    len >= DIRECT_IN_MIN
+        && cdb
+            .first()
+            .is_some_and(|&op| matches!(scsi::Opcode::from(op), Read6 | Read10 | Read12 | Read16))
+        && dev
+            .backend()
+            .memory()
+            .is_some_and(|m| m.downcast_ref::<crate::MemStore>().is_some())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn device(backend: Arc<dyn scsi::Backend>) -> scsi::Device {
+        scsi::Device::new(scsi::DeviceConfig::default(), backend).unwrap()
+    }
+
+    #[test]
+    fn only_reads_out_of_a_memory_store_count_as_copy_free() {
+        let mem = device(Arc::new(crate::MemStore::new(4 << 20).unwrap()));
+        let ram = device(Arc::new(scsi::Ram::new(4 << 20)));
+        let read10 = [0x28, 0, 0, 0, 0, 0, 0, 0x08, 0, 0];
+        let read16 = [0x88, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x08, 0, 0, 0];
+        let write10 = [0x2a, 0, 0, 0, 0, 0, 0, 0x08, 0, 0];
+        assert!(reads_out_of_store(&mem, &read10, 1 << 20));
+        assert!(reads_out_of_store(&mem, &read16, 1 << 20));
+        // A WRITE copies into the store; a short READ goes in chunks.
+        assert!(!reads_out_of_store(&mem, &write10, 1 << 20));
+        assert!(!reads_out_of_store(&mem, &read10, DIRECT_IN_MIN - 1));
+        // A store that is not memory the port sends from copies.
+        assert!(!reads_out_of_store(&ram, &read10, 1 << 20));
+        assert!(!reads_out_of_store(&mem, &[], 1 << 20));
     }
 }
