@@ -110,7 +110,7 @@ fn special(
     qkey: Qkey,
     tag: u64,
 ) -> Result<Ring, SmPortError> {
-    let qp = rdma_access::special_qp(p, pd, cq, qp_type, qkey)
+    let qp = rdma_access::special_qp(p, pd, cq, qp_type, qkey, PortNum(1))
         .map_err(err("bring a special QP to RTS"))?;
     let (buf, mr) = match rdma_access::recv_ring(p, pd) {
         Ok(r) => r,

@@ -297,3 +297,88 @@ fn a_qp_that_cannot_be_readied_refuses_the_connection() {
     let e = connect(&sa).unwrap_err();
     refused_at(&e, "QP to INIT");
 }
+
+/// Agents on port 2 of two-port CAs (a device's second port, as
+/// `srptd --device mlx5_0:2` serves it): the connection's QPs are readied
+/// on port 2 and carry a SEND, and the DM agent answers at port 2's GID
+/// while port 1, which has no agent, answers nothing.
+#[test]
+fn agents_on_a_second_port_ready_qps_and_serve_dm_there() {
+    let f = rnic::loopback::Fabric::new();
+    f.add_ca(rnic::loopback::CaConfig::dual_port(0xa, 1))
+        .unwrap();
+    f.add_ca(rnic::loopback::CaConfig::dual_port(0xb, 2))
+        .unwrap();
+    let p: Arc<dyn Provider> = f;
+    let two = rdma_types::PortNum(2);
+    let a = CmAgent::start_on(p.clone(), Guid(0xa), two, 0x300, cm()).unwrap();
+    let b = CmAgent::start_on(p.clone(), Guid(0xb), two, 0x400, cm()).unwrap();
+    let port_gid = |guid, port| {
+        p.query_port(
+            p.open_ca(Guid(guid), 0, Arc::new(IgnoreEvents)).unwrap(),
+            port,
+        )
+        .unwrap()
+        .gids[0]
+    };
+    assert_eq!(b.gid(), port_gid(0xb, two));
+    assert_ne!(b.gid(), port_gid(0xb, rdma_types::PortNum(1)));
+
+    let dm = rdma_access::dm::DmService::start(&b).unwrap();
+    let ioc =
+        rdma_access::dm::Ioc::srp(Guid(0xb), &rdma_access::dm::IocLimits::default(), "port 2");
+    let _slot = dm.register_ioc(ioc).unwrap();
+    let found = rdma_access::dm::query_iocs(&a, b.gid(), Duration::from_millis(500), 2).unwrap();
+    assert_eq!(found.len(), 1);
+    assert_eq!(found[0].1.profile.guid, Guid(0xb));
+    let nobody = rdma_access::dm::query_iocs(
+        &a,
+        port_gid(0xb, rdma_types::PortNum(1)),
+        Duration::from_millis(200),
+        0,
+    );
+    assert!(nobody.is_err(), "port 1 has no DM agent: {nobody:?}");
+
+    let (sa, sb) = (Side::new(&p, Guid(0xa)), Side::new(&p, Guid(0xb)));
+    let requests = b.listen(SVC);
+    let server = std::thread::spawn(move || {
+        let inc = requests.recv_timeout(T).expect("a request");
+        inc.accept_qp(&sb.conn_qp(PASSIVE), Psn::new(0x2222), Vec::new())
+            .unwrap();
+        sb
+    });
+    a.connect_qp(
+        &a.path_to(b.gid()),
+        SVC,
+        &sa.conn_qp(ACTIVE),
+        Psn::new(0x1111),
+        Vec::new(),
+        T,
+    )
+    .unwrap();
+    let sb = server.join().unwrap();
+    let (qa, qb) = (sa.attr(), sb.attr());
+    assert_eq!(
+        (qa.state, qb.state),
+        (Some(QpState::Rts), Some(QpState::Rts))
+    );
+    assert_eq!((qa.port, qb.port), (Some(two), Some(two)));
+    sb.p.post_recv(
+        sb.qp,
+        &[RecvWr {
+            wr_id: 9,
+            sges: sb.sge(4096),
+        }],
+    )
+    .unwrap();
+    sa.buf.write_at(0, b"over port 2");
+    p.post_send(sa.qp, &[SendWr::new(1, SendOpcode::Send, sa.sge(11))])
+        .unwrap();
+    assert_eq!(sa.completion().status, WcStatus::Success);
+    let wc = sb.completion();
+    assert_eq!(
+        (wc.wr_id, wc.status, wc.byte_len),
+        (9, WcStatus::Success, 11)
+    );
+    assert_eq!(sb.buf.to_vec(0, 11), b"over port 2");
+}

@@ -73,7 +73,7 @@ impl GsiPort {
         let made = (|| {
             let pd = p.alloc_pd(ca, 0)?;
             let cq = p.create_cq(pd, &CqInit { cqe: 2 * SLOTS + 1 }, 0)?;
-            let qp = special_qp(p, pd, cq, QpType::Gsi, Qkey::GSI)?;
+            let qp = special_qp(p, pd, cq, QpType::Gsi, Qkey::GSI, PortNum(1))?;
             let (recv_buf, recv_mr) = recv_ring(p, pd)?;
             let (send_buf, send_mr) = send_ring(p, pd)?;
             let recvs: Vec<_> = (0..SLOTS)

@@ -161,7 +161,7 @@ impl CmAgent {
                     path.pkey.0
                 )),
             })?;
-        let qpn = qp.init(index as u16)?;
+        let qpn = qp.init(self.inner.port, index as u16)?;
         let offer = Offer {
             params: qp.params,
             mtu: path.mtu,

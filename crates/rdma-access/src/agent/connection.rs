@@ -95,10 +95,10 @@ impl ConnQp {
         }
     }
 
-    /// RESET -> INIT on port 1 at `pkey_index`, remote writes allowed
+    /// RESET -> INIT on `port` at `pkey_index`, remote writes allowed
     /// and, with responder resources, remote READs and atomics (as Linux
     /// ib_cm's INIT attributes); a QP already in INIT stays.
-    pub(super) fn init(&self, pkey_index: u16) -> Result<Qpn, CmError> {
+    pub(super) fn init(&self, port: PortNum, pkey_index: u16) -> Result<Qpn, CmError> {
         let p = &self.provider;
         let state = p
             .query_qp(self.qp)
@@ -113,7 +113,7 @@ impl ConnQp {
                 self.qp,
                 &QpAttr {
                     state: Some(QpState::Init),
-                    port: Some(PortNum(1)),
+                    port: Some(port),
                     pkey_index: Some(pkey_index),
                     access: Some(access),
                     ..Default::default()
@@ -328,7 +328,7 @@ impl Incoming {
             })?;
             Ok(qpn)
         };
-        let qpn = match qp.init(index).and_then(ready) {
+        let qpn = match qp.init(self.agent.port, index).and_then(ready) {
             Ok(q) => q,
             Err(e) => {
                 self.reject(Vec::new());

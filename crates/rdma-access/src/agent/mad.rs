@@ -22,6 +22,7 @@ pub fn special_qp(
     cq: CqHandle,
     qp_type: QpType,
     qkey: Qkey,
+    port: PortNum,
 ) -> Result<QpHandle, verbs::VerbsError> {
     let qp = p.create_qp(
         pd,
@@ -38,7 +39,7 @@ pub fn special_qp(
                 max_inline: 0,
             },
             sq_sig_all: true,
-            port: Some(PortNum(1)),
+            port: Some(port),
         },
         0,
     )?;

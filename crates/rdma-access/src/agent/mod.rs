@@ -203,6 +203,9 @@ pub(crate) struct Inner {
     smi: Option<Smi>,
     send_buf: MemBuf,
     send_mr: MrInfo,
+    /// The port whose QP1 (and QP0) the agent serves, and its connections
+    /// use.
+    port: PortNum,
     local: Local,
     epoch: std::time::Instant,
     st: Mutex<State>,
@@ -275,6 +278,18 @@ impl CmAgent {
         first_comm_id: u32,
         cm: CmConfig,
     ) -> Result<Arc<CmAgent>, CmError> {
+        CmAgent::start_on(provider, guid, PortNum(1), first_comm_id, cm)
+    }
+
+    /// As [`CmAgent::start_with`], on port `port` of the CA: its QP1 (and
+    /// QP0), its GID and P_Keys, and the port of the QPs it connects.
+    pub fn start_on(
+        provider: Arc<dyn Provider>,
+        guid: Guid,
+        port_num: PortNum,
+        first_comm_id: u32,
+        cm: CmConfig,
+    ) -> Result<Arc<CmAgent>, CmError> {
         let (tx, rx) = mpsc::channel();
         let p = &provider;
         let wake = Arc::new(Wake {
@@ -285,7 +300,7 @@ impl CmAgent {
             .open_ca(guid, 0, wake.clone())
             .map_err(verbs_err("open CA"))?;
         let port = p
-            .query_port(ca, PortNum(1))
+            .query_port(ca, port_num)
             .map_err(verbs_err("query port"))?;
         let gid = port.gids.first().copied().ok_or(CmError::Verbs {
             what: "port GID",
@@ -301,12 +316,13 @@ impl CmAgent {
                 0,
             )
             .map_err(verbs_err("create CQ"))?;
-        let qp = special_qp(p, pd, cq, QpType::Gsi, Qkey::GSI).map_err(verbs_err("GSI QP"))?;
+        let qp =
+            special_qp(p, pd, cq, QpType::Gsi, Qkey::GSI, port_num).map_err(verbs_err("GSI QP"))?;
         let (recv_buf, recv_mr) =
             recv_ring(p, pd).map_err(verbs_err("register MAD receive buffers"))?;
         // QP0 where the provider has one (soft RoCE has none: RoCE carries
         // no SMPs).
-        let smi = match special_qp(p, pd, cq, QpType::Smi, Qkey(0)) {
+        let smi = match special_qp(p, pd, cq, QpType::Smi, Qkey(0), port_num) {
             Ok(q) => match recv_ring(p, pd) {
                 Ok((buf, mr)) => {
                     let recvs: Vec<RecvWr> = (0..RECVS)
@@ -363,6 +379,7 @@ impl CmAgent {
             smi,
             send_buf,
             send_mr,
+            port: port_num,
             local: Local {
                 guid,
                 gid,
@@ -428,7 +445,11 @@ impl CmAgent {
     /// The port's GID table as the provider reports it now (the GID the
     /// agent answers on alone if the provider cannot say).
     pub fn gids(&self) -> Vec<Gid> {
-        match self.inner.provider.query_port(self.inner.ca, PortNum(1)) {
+        match self
+            .inner
+            .provider
+            .query_port(self.inner.ca, self.inner.port)
+        {
             Ok(p) if !p.gids.is_empty() => p.gids,
             _ => vec![self.gid()],
         }
@@ -534,7 +555,7 @@ impl Inner {
     }
 
     fn pkeys(&self) -> Vec<Pkey> {
-        match self.provider.query_port(self.ca, PortNum(1)) {
+        match self.provider.query_port(self.ca, self.port) {
             Ok(p) if !p.pkeys.is_empty() => p.pkeys,
             _ => vec![Pkey::DEFAULT],
         }

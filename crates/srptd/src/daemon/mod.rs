@@ -108,15 +108,22 @@ struct DmAgent {
     _agent: Option<Arc<rdma_access::CmAgent>>,
 }
 
-/// Starts the DM agent of target `t` on port 1 of device CA `guid`,
+/// Starts the DM agent of target `t` on port `port` of device CA `guid`,
 /// through `cm` (which tracks its objects, MAD agents included).
 fn device_dm(
     t: &crate::config::TargetSection,
     cm: &Arc<rdma_access::resource::TrackedProvider>,
     guid: Guid,
+    port: rdma_types::PortNum,
 ) -> Result<DmAgent, String> {
-    let agent = rdma_access::CmAgent::start(cm.clone(), guid, std::process::id() << 8)
-        .map_err(|e| e.to_string())?;
+    let agent = rdma_access::CmAgent::start_on(
+        cm.clone(),
+        guid,
+        port,
+        std::process::id() << 8,
+        rdma_access::CmConfig::default(),
+    )
+    .map_err(|e| e.to_string())?;
     agent
         .track_in(cm.client())
         .map_err(|e| format!("track the MAD agent: {e}"))?;
@@ -560,44 +567,33 @@ fn device_live(
     // Discovery (`srp discover --device`, srp_daemon): a DM agent on the
     // device's QP1 through the kernel's user MAD interface, as ib_srpt
     // offers its ports. Without it logins still work: said, not fatal.
-    let dm = if spec.port != 1 {
-        log.emit(
-            crate::log::Record::warn(
-                "no_dm_agent",
-                format!("{spec}: no device management agent on a port but port 1 yet"),
-            )
-            .field("device", spec.to_string()),
-        );
-        None
-    } else {
-        match device_dm(t, &cm, guid) {
-            Ok(d) => {
-                log.emit(
-                    crate::log::Record::info(
-                        "dm_agent",
-                        format!(
-                            "{spec}: device management agent serving I/O controller {:016x} \
-                             (through the kernel's user MAD interface)",
-                            guid.0
-                        ),
-                    )
-                    .field("device", spec.to_string()),
-                );
-                Some(Arc::new(d))
-            }
-            Err(e) => {
-                log.emit(
-                    crate::log::Record::warn(
-                        "no_dm_agent",
-                        format!(
-                            "{spec}: no device management agent, discovery will not find \
-                             this target: {e}"
-                        ),
-                    )
-                    .field("device", spec.to_string()),
-                );
-                None
-            }
+    let dm = match device_dm(t, &cm, guid, rdma_types::PortNum(spec.port)) {
+        Ok(d) => {
+            log.emit(
+                crate::log::Record::info(
+                    "dm_agent",
+                    format!(
+                        "{spec}: device management agent serving I/O controller {:016x} \
+                         (through the kernel's user MAD interface)",
+                        guid.0
+                    ),
+                )
+                .field("device", spec.to_string()),
+            );
+            Some(Arc::new(d))
+        }
+        Err(e) => {
+            log.emit(
+                crate::log::Record::warn(
+                    "no_dm_agent",
+                    format!(
+                        "{spec}: no device management agent, discovery will not find \
+                         this target: {e}"
+                    ),
+                )
+                .field("device", spec.to_string()),
+            );
+            None
         }
     };
     Ok(Live {
