@@ -57,7 +57,7 @@ use rings::{ConnRings, CqRing, WqKind, WqRing};
 use std::collections::HashMap;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::mpsc::{channel, Sender};
+use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use verbs::{
@@ -71,6 +71,12 @@ type Result<T> = verbs::Result<T>;
 /// How long a write to a client may block before the client is taken
 /// for dead.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Most frames waiting for one client's writer: a client that sends
+/// requests (or arms CQs) and stops reading the answers is disconnected
+/// when it has this many unread, instead of growing the daemon's memory
+/// without bound.
+const OUTBOX_FRAMES: usize = 4096;
 
 /// Most `WaitCq`s of one client blocked at once (each holds a thread).
 const MAX_WAITS: usize = 64;
@@ -192,15 +198,27 @@ pub const DEFAULT_RING_SPIN: Duration = Duration::from_micros(5);
 /// Where a connection's frames go: to its writer thread, until the
 /// connection ends.
 struct Outbox {
-    tx: Mutex<Option<Sender<Vec<u8>>>>,
+    tx: Mutex<Option<SyncSender<Vec<u8>>>>,
     /// `WaitCq`s waiting on threads of their own.
     waits: AtomicUsize,
+    /// The client's socket, shut down when it leaves `OUTBOX_FRAMES`
+    /// frames unread (its reader then ends and its resources go).
+    sock: UnixStream,
+    client: u64,
 }
 
 impl Outbox {
     fn send(&self, frame: Vec<u8>) {
-        if let Some(tx) = &*self.tx.lock().unwrap_or_else(|e| e.into_inner()) {
-            let _ = tx.send(frame);
+        let mut tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(t) = &*tx else { return };
+        if let Err(TrySendError::Full(_)) = t.try_send(frame) {
+            tracing::warn!(
+                "nicd: client {} left {OUTBOX_FRAMES} answers and events unread: disconnected \
+                 (its resources are released)",
+                self.client
+            );
+            tx.take();
+            let _ = self.sock.shutdown(std::net::Shutdown::Both);
         }
     }
     fn close(&self) {
@@ -541,7 +559,9 @@ impl Server {
                 return;
             }
         };
-        let (Ok(rsock), Ok(wsock)) = (sock.try_clone(), sock.try_clone()) else {
+        let (Ok(rsock), Ok(wsock), Ok(osock)) =
+            (sock.try_clone(), sock.try_clone(), sock.try_clone())
+        else {
             return;
         };
         tracing::info!(
@@ -554,10 +574,12 @@ impl Server {
         // A client that stops reading holds up only its own writer, and
         // not for long: its frames are dropped with the connection.
         let _ = wsock.set_write_timeout(Some(WRITE_TIMEOUT));
-        let (tx, rx) = channel::<Vec<u8>>();
+        let (tx, rx) = sync_channel::<Vec<u8>>(OUTBOX_FRAMES);
         let out = Arc::new(Outbox {
             tx: Mutex::new(Some(tx)),
             waits: AtomicUsize::new(0),
+            sock: osock,
+            client: id,
         });
         let writer = std::thread::Builder::new()
             .name("nicd-writer".into())

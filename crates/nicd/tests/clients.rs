@@ -500,3 +500,53 @@ fn a_refused_hello_is_a_connect_error() {
     let e = nicd::NicdProvider::connect(&path).err().expect("no daemon");
     assert!(e.to_string().contains("nicd --ip"), "{e}");
 }
+
+/// A client that sends requests and never reads the answers is
+/// disconnected once thousands are unread (the daemon's queue for it is
+/// bounded), and its seat is given up; another client is served all the
+/// while.
+#[test]
+fn a_client_that_never_reads_is_disconnected() {
+    let d = Daemon::start(&[fresh_ip(THIRD)]);
+    let g = d.guids[0];
+    let good = One(d.client(), g);
+    let n = Node::open(&good, g, 16);
+    let mut s = UnixStream::connect(&d.path).unwrap();
+    assert!(matches!(
+        raw_call(&mut s, 1, &Request::Hello { version: VERSION }),
+        Ok(Reply::Hello { .. })
+    ));
+    assert_eq!(d.server.clients().len(), 2);
+    let frame = proto::frame(Kind::Request, 2, &Request::ListCas {});
+    let mut sent = 0u32;
+    let refused = loop {
+        // Bounded: far more than the daemon's queue plus the socket's
+        // buffers hold.
+        assert!(
+            sent < 1_000_000,
+            "{sent} requests unread and still connected"
+        );
+        if let Err(e) = s.write_all(&frame) {
+            break e;
+        }
+        sent += 1;
+    };
+    assert!(
+        matches!(
+            refused.kind(),
+            std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset
+        ),
+        "after {sent} requests: {refused}"
+    );
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while d.server.clients().len() != 1 {
+        assert!(
+            std::time::Instant::now() < end,
+            "the reader is still a client"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    // The other client was served throughout and still is.
+    assert_eq!(good.0.daemon_clients().unwrap().len(), 1);
+    drop(n);
+}
