@@ -78,6 +78,12 @@ const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 /// without bound.
 const OUTBOX_FRAMES: usize = 4096;
 
+/// A blocked `WaitCq` looks this often whether its CQ and its client are
+/// still there: a CQ destroyed under it, or a client gone, ends it then
+/// (it would hold its thread until its own timeout, which the client
+/// chooses).
+const WAIT_SLICE: Duration = Duration::from_millis(100);
+
 /// Most `WaitCq`s of one client blocked at once (each holds a thread).
 const MAX_WAITS: usize = 64;
 
@@ -167,6 +173,8 @@ pub struct Server {
     st: Mutex<Table>,
     changed: Condvar,
     next_client: AtomicU64,
+    /// `WaitCq`s blocked on threads now, of every client.
+    blocked_waits: AtomicUsize,
     /// Objects of departed clients the provider refused to destroy.
     release_failures: AtomicU64,
     limits: Limits,
@@ -223,6 +231,10 @@ impl Outbox {
     }
     fn close(&self) {
         self.tx.lock().unwrap_or_else(|e| e.into_inner()).take();
+    }
+    /// Whether the client is still served (not closed, not cut off).
+    fn is_open(&self) -> bool {
+        self.tx.lock().unwrap_or_else(|e| e.into_inner()).is_some()
     }
 }
 
@@ -337,6 +349,7 @@ impl Server {
             }),
             changed: Condvar::new(),
             next_client: AtomicU64::new(1),
+            blocked_waits: AtomicUsize::new(0),
             release_failures: AtomicU64::new(0),
             limits,
             limit_refusals: AtomicU64::new(0),
@@ -403,6 +416,12 @@ impl Server {
                 }
             })
             .expect("spawn the accept thread")
+    }
+
+    /// `WaitCq` calls blocked on threads of their own now (each ends with
+    /// its completion, its timeout, its CQ or its client).
+    pub fn blocked_waits(&self) -> usize {
+        self.blocked_waits.load(Ordering::Relaxed)
     }
 
     /// The clients connected now and what each holds.
@@ -1439,17 +1458,38 @@ impl Server {
             );
         }
         let waiter = out.clone();
+        let server = self.clone();
+        self.blocked_waits.fetch_add(1, Ordering::Relaxed);
         let spawned = std::thread::Builder::new()
             .name("nicd-wait".into())
             .spawn(move || {
-                let r = wait(Duration::from_micros(timeout_us), &waiter).map(|()| Reply::Unit {});
+                // No deadline when the client's timeout runs past what the
+                // clock can count.
+                let deadline = Instant::now().checked_add(Duration::from_micros(timeout_us));
+                let r = loop {
+                    let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+                    let slice = left.map_or(WAIT_SLICE, |l| l.min(WAIT_SLICE));
+                    match wait(slice, &waiter) {
+                        Err(VerbsError::Timeout) if left.is_none_or(|l| l > slice) => {
+                            if !waiter.is_open()
+                                || server.raw(me, ResourceKind::Cq, cq.0) != Ok(raw.0)
+                            {
+                                break Err(VerbsError::InvalidHandle);
+                            }
+                        }
+                        r => break r,
+                    }
+                }
+                .map(|()| Reply::Unit {});
                 waiter.waits.fetch_sub(1, Ordering::Relaxed);
+                server.blocked_waits.fetch_sub(1, Ordering::Relaxed);
                 waiter.send(proto::frame(Kind::Response, seq, &r));
             });
         match spawned {
             Ok(_) => None,
             Err(_) => {
                 out.waits.fetch_sub(1, Ordering::Relaxed);
+                self.blocked_waits.fetch_sub(1, Ordering::Relaxed);
                 Some(Err(VerbsError::OutOfResources("nicd threads")))
             }
         }

@@ -550,3 +550,101 @@ fn a_client_that_never_reads_is_disconnected() {
     assert_eq!(good.0.daemon_clients().unwrap().len(), 1);
     drop(n);
 }
+
+/// The answer to request `seq`, past the event frames before it (the
+/// CQ's destruction is one).
+fn answer_past_events(s: &mut UnixStream, seq: u32) -> Answer {
+    for _ in 0..16 {
+        let mut len = [0; 4];
+        s.read_exact(&mut len).unwrap();
+        let mut f = vec![0; u32::from_le_bytes(len) as usize];
+        s.read_exact(&mut f).unwrap();
+        let (kind, got, body) = proto::split(&f).unwrap();
+        if kind == Kind::Event {
+            continue;
+        }
+        assert_eq!((kind, got), (Kind::Response, seq));
+        return proto::decode::<Answer>(body).unwrap();
+    }
+    panic!("no answer to request {seq} among 16 frames");
+}
+
+/// A raw client's CQ: Hello, OpenCa, AllocPd, CreateCq.
+fn raw_cq(d: &Daemon) -> (UnixStream, verbs::CqHandle) {
+    let mut s = UnixStream::connect(&d.path).unwrap();
+    assert!(matches!(
+        raw_call(&mut s, 1, &Request::Hello { version: VERSION }),
+        Ok(Reply::Hello { .. })
+    ));
+    let Ok(Reply::Ca { ca }) = raw_call(
+        &mut s,
+        2,
+        &Request::OpenCa {
+            guid: d.guids[0],
+            ctx: 0,
+        },
+    ) else {
+        panic!("open CA")
+    };
+    let Ok(Reply::Pd { pd }) = raw_call(&mut s, 3, &Request::AllocPd { ca, ctx: 0 }) else {
+        panic!("allocate PD")
+    };
+    let init = verbs::CqInit { cqe: 16 };
+    let Ok(Reply::Cq { cq }) = raw_call(&mut s, 4, &Request::CreateCq { pd, init, ctx: 0 }) else {
+        panic!("create CQ")
+    };
+    (s, cq)
+}
+
+/// A `WaitCq` with no end (the longest timeout a client can ask) ends
+/// when its CQ is destroyed (answered: invalid handle) or its client goes
+/// (its thread ends): a client cannot leave the daemon's threads blocked
+/// behind it. The timeout itself is no panic.
+#[test]
+fn an_endless_wait_ends_with_its_cq_or_its_client() {
+    let d = Daemon::start(&[fresh_ip(THIRD)]);
+    let (mut s, cq) = raw_cq(&d);
+    let wait = Request::WaitCq {
+        cq,
+        timeout_us: u64::MAX,
+    };
+    s.write_all(&proto::frame(Kind::Request, 5, &wait)).unwrap();
+    // The destroy is answered first; then the wait, with an error.
+    s.write_all(&proto::frame(Kind::Request, 6, &Request::DestroyCq { cq }))
+        .unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    assert!(matches!(answer_past_events(&mut s, 6), Ok(Reply::Unit {})));
+    assert!(matches!(
+        answer_past_events(&mut s, 5),
+        Err(VerbsError::InvalidHandle)
+    ));
+
+    drop(s);
+    // Another endless wait, and the client goes away under it.
+    assert_eq!(d.server.blocked_waits(), 0);
+    let (mut s, cq) = raw_cq(&d);
+    s.write_all(&proto::frame(
+        Kind::Request,
+        5,
+        &Request::WaitCq {
+            cq,
+            timeout_us: u64::MAX,
+        },
+    ))
+    .unwrap();
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while d.server.blocked_waits() == 0 {
+        assert!(std::time::Instant::now() < end, "the wait never blocked");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    drop(s);
+    while d.server.blocked_waits() > 0 || !d.server.clients().is_empty() {
+        assert!(
+            std::time::Instant::now() < end,
+            "{} waits still blocked after their client left",
+            d.server.blocked_waits()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
