@@ -176,13 +176,14 @@ impl CqRt {
     }
 
     fn wait(&self, timeout: Duration) -> Result<()> {
-        let deadline = Instant::now() + timeout;
+        // A timeout past the clock's range waits for ever.
+        let deadline = Instant::now().checked_add(timeout);
         let mut a = self.arms();
         loop {
             if !a.soft.is_empty() || !a.taken.is_empty() || self.take(&mut a)? > 0 {
                 return Ok(());
             }
-            let left = deadline.saturating_duration_since(Instant::now());
+            let left = deadline.map_or(timeout, |d| d.saturating_duration_since(Instant::now()));
             if left.is_zero() {
                 return Err(VerbsError::Timeout);
             }

@@ -171,7 +171,8 @@ pub fn qp_state_machine(f: &dyn Fixture) -> Outcome {
     Outcome::Passed
 }
 
-/// CQ: arm/notify, solicited-only, blocking wait timeout, overflow event.
+/// CQ: arm/notify, solicited-only, blocking wait timeout (and one of
+/// `Duration::MAX`), overflow event.
 pub fn cq_notify_wait_overflow(f: &dyn Fixture) -> Outcome {
     let (a, qa, b, qb) = rc_pair(f);
     assert_eq!(
@@ -184,6 +185,10 @@ pub fn cq_notify_wait_overflow(f: &dyn Fixture) -> Outcome {
     a.p.post_send(qa, &[send(1, SendOpcode::Send, vec![])])
         .unwrap();
     b.wc();
+    // The longest timeout there is (what a consumer that means "for
+    // ever" passes) waits for the SEND's completion: no deadline
+    // overflows.
+    assert_eq!(a.p.wait_cq(a.cq, Duration::MAX), Ok(()));
     assert!(
         !b.rec.events().contains(&Ev::Completion(100)),
         "solicited-only arm fired on unsolicited"
