@@ -214,14 +214,22 @@ fn raw_call(s: &mut UnixStream, seq: u32, req: &Request) -> Answer {
     read_answer(s, seq)
 }
 
+/// The answer to request `seq`, past the event frames before it (a CQ's
+/// destruction is one).
 fn read_answer(s: &mut UnixStream, seq: u32) -> Answer {
-    let mut len = [0; 4];
-    s.read_exact(&mut len).unwrap();
-    let mut f = vec![0; u32::from_le_bytes(len) as usize];
-    s.read_exact(&mut f).unwrap();
-    let (kind, got, body) = proto::split(&f).unwrap();
-    assert_eq!((kind, got), (Kind::Response, seq));
-    proto::decode::<Answer>(body).unwrap()
+    for _ in 0..16 {
+        let mut len = [0; 4];
+        s.read_exact(&mut len).unwrap();
+        let mut f = vec![0; u32::from_le_bytes(len) as usize];
+        s.read_exact(&mut f).unwrap();
+        let (kind, got, body) = proto::split(&f).unwrap();
+        if kind == Kind::Event {
+            continue;
+        }
+        assert_eq!((kind, got), (Kind::Response, seq));
+        return proto::decode::<Answer>(body).unwrap();
+    }
+    panic!("no answer to request {seq} among 16 frames");
 }
 
 /// A wrong version, a request before the hello, a malformed request, a
@@ -551,24 +559,6 @@ fn a_client_that_never_reads_is_disconnected() {
     drop(n);
 }
 
-/// The answer to request `seq`, past the event frames before it (the
-/// CQ's destruction is one).
-fn answer_past_events(s: &mut UnixStream, seq: u32) -> Answer {
-    for _ in 0..16 {
-        let mut len = [0; 4];
-        s.read_exact(&mut len).unwrap();
-        let mut f = vec![0; u32::from_le_bytes(len) as usize];
-        s.read_exact(&mut f).unwrap();
-        let (kind, got, body) = proto::split(&f).unwrap();
-        if kind == Kind::Event {
-            continue;
-        }
-        assert_eq!((kind, got), (Kind::Response, seq));
-        return proto::decode::<Answer>(body).unwrap();
-    }
-    panic!("no answer to request {seq} among 16 frames");
-}
-
 /// A raw client's CQ: Hello, OpenCa, AllocPd, CreateCq.
 fn raw_cq(d: &Daemon) -> (UnixStream, verbs::CqHandle) {
     let mut s = UnixStream::connect(&d.path).unwrap();
@@ -614,9 +604,9 @@ fn an_endless_wait_ends_with_its_cq_or_its_client() {
         .unwrap();
     s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
         .unwrap();
-    assert!(matches!(answer_past_events(&mut s, 6), Ok(Reply::Unit {})));
+    assert!(matches!(read_answer(&mut s, 6), Ok(Reply::Unit {})));
     assert!(matches!(
-        answer_past_events(&mut s, 5),
+        read_answer(&mut s, 5),
         Err(VerbsError::InvalidHandle)
     ));
 

@@ -80,6 +80,14 @@ impl Side {
         self.p.query_qp(self.qp).unwrap()
     }
 
+    /// Posts a receive of the whole buffer.
+    fn recv(&self, wr_id: u64) {
+        let sges = self.sge(4096);
+        self.p
+            .post_recv(self.qp, &[RecvWr { wr_id, sges }])
+            .unwrap();
+    }
+
     fn qpn(&self) -> Qpn {
         self.p.qp_num(self.qp).unwrap()
     }
@@ -137,14 +145,7 @@ fn connect_and_send(kind: &str, host: u8) {
         },
     )
     .unwrap();
-    sb.p.post_recv(
-        sb.qp,
-        &[RecvWr {
-            wr_id: 9,
-            sges: sb.sge(4096),
-        }],
-    )
-    .unwrap();
+    sb.recv(9);
     let server = std::thread::spawn(move || {
         let inc = requests.recv_timeout(T).expect("a request");
         assert_eq!(inc.params, ACTIVE, "what the REQ offered");
@@ -363,14 +364,7 @@ fn agents_on_a_second_port_ready_qps_and_serve_dm_there() {
         (Some(QpState::Rts), Some(QpState::Rts))
     );
     assert_eq!((qa.port, qb.port), (Some(two), Some(two)));
-    sb.p.post_recv(
-        sb.qp,
-        &[RecvWr {
-            wr_id: 9,
-            sges: sb.sge(4096),
-        }],
-    )
-    .unwrap();
+    sb.recv(9);
     sa.buf.write_at(0, b"over port 2");
     p.post_send(sa.qp, &[SendWr::new(1, SendOpcode::Send, sa.sge(11))])
         .unwrap();
