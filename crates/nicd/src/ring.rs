@@ -225,8 +225,10 @@ impl Ring {
     }
 
     fn futex_wait(&self, off: usize, low: u32, timeout: std::time::Duration) {
+        // Clamped: a longer wait (`Duration::MAX`, "for ever") would
+        // turn negative as a time_t, which the kernel refuses at once.
         let ts = libc::timespec {
-            tv_sec: timeout.as_secs() as libc::time_t,
+            tv_sec: timeout.as_secs().min(i32::MAX as u64) as libc::time_t,
             tv_nsec: timeout.subsec_nanos() as libc::c_long,
         };
         let w: *const AtomicU64 = self.word(off);

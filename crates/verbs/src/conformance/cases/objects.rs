@@ -182,13 +182,19 @@ pub fn cq_notify_wait_overflow(f: &dyn Fixture) -> Outcome {
     b.p.req_notify_cq(b.cq, true).unwrap();
     b.p.post_recv(qb, &[recv(1, vec![]), recv(2, vec![])])
         .unwrap();
-    a.p.post_send(qa, &[send(1, SendOpcode::Send, vec![])])
-        .unwrap();
-    b.wc();
     // The longest timeout there is (what a consumer that means "for
-    // ever" passes) waits for the SEND's completion: no deadline
-    // overflows.
-    assert_eq!(a.p.wait_cq(a.cq, Duration::MAX), Ok(()));
+    // ever" passes) blocks until the SEND, posted from another thread a
+    // moment later, completes: no deadline overflows or turns negative.
+    // (Were the post first, the wait might find its completion there.)
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(20));
+            a.p.post_send(qa, &[send(1, SendOpcode::Send, vec![])])
+                .unwrap();
+        });
+        assert_eq!(a.p.wait_cq(a.cq, Duration::MAX), Ok(()));
+    });
+    b.wc();
     assert!(
         !b.rec.events().contains(&Ev::Completion(100)),
         "solicited-only arm fired on unsolicited"
