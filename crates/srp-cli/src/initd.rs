@@ -234,7 +234,8 @@ impl Rescan {
 
 /// One local CA logins leave from.
 struct LocalCa {
-    /// Its addresses (a soft RoCE CA has one; `src=` picks by them).
+    /// A soft RoCE CA's address (one); a device's are asked for each
+    /// time ([`LocalCa::addrs`]).
     addrs: Vec<IpAddr>,
     guid: Guid,
     port: PortNum,
@@ -258,10 +259,19 @@ enum Via {
 }
 
 impl LocalCa {
+    /// Its addresses, which `src=` picks by: a device's as they are now
+    /// (it may come back from a removal with others).
+    fn addrs(&self) -> Vec<IpAddr> {
+        match &self.via {
+            Via::Device(d) => d.addresses(),
+            Via::Soft { .. } => self.addrs.clone(),
+        }
+    }
+
     /// The CA in words: `127.0.0.2`, `rxe0:1 (10.0.0.2)`.
     fn name(&self) -> String {
         let addrs = || {
-            self.addrs
+            self.addrs()
                 .iter()
                 .map(|a| a.to_string())
                 .collect::<Vec<_>>()
@@ -445,7 +455,7 @@ impl Initd {
             let dev = DeviceCa::open(spec)?;
             comebacks.push(dev.comeback());
             cas.push(LocalCa {
-                addrs: dev.addresses(),
+                addrs: Vec::new(),
                 guid: dev.guid(),
                 port: dev.port(),
                 sessions: dev.sessions().clone(),
@@ -671,15 +681,14 @@ impl Initd {
         match address {
             TargetAddress::RdmaCm { dest, src } => {
                 let ca = match src {
-                    Some(ip) => {
-                        self.cas
-                            .iter()
-                            .find(|c| c.addrs.contains(ip))
-                            .ok_or_else(|| InitdError::NoSuchSource {
-                                src: *ip,
-                                has: self.cas(),
-                            })?
-                    }
+                    Some(ip) => self
+                        .cas
+                        .iter()
+                        .find(|c| c.addrs().contains(ip))
+                        .ok_or_else(|| InitdError::NoSuchSource {
+                            src: *ip,
+                            has: self.cas(),
+                        })?,
                     None => &self.cas[0],
                 };
                 let (from, conn): (IpAddr, Arc<dyn Connector>) = match &ca.via {
