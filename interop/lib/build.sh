@@ -10,6 +10,7 @@ GUEST_PACKAGES=(
   kmod iproute2 procps busybox python3 dbus
   rdma-core ibverbs-utils rdmacm-utils perftest
   targetcli-fb fio sg3-utils tgt open-iscsi mt-st
+  drbd-utils multipath-tools
 )
 KERNEL_META=linux-image-amd64
 SUITE=bookworm
@@ -23,6 +24,7 @@ GUEST_MODULES=(
   target_core_mod target_core_file target_core_iblock tcm_loop
   sd_mod sg sr_mod st iscsi_tcp loop configfs crc32c_generic libcrc32c ext4 fuse scsi_debug
   crc32_generic crc32_pclmul crc32c_intel
+  drbd dm_mod dm_multipath dm_round_robin dm_service_time dm_queue_length scsi_dh_alua
 )
 
 HOST_TOOLS=(qemu-system-x86_64:qemu-system-x86 debootstrap:debootstrap
@@ -132,7 +134,7 @@ image_build() {
   done
   cp "$tmp/kx/lib/modules/$kver"/modules.{order,builtin,builtin.modinfo} "$root/lib/modules/$kver/" 2>/dev/null || true
   depmod -b "$root" "$kver"
-  for m in rdma_rxe ib_srp ib_srpt target_core_file virtio_net; do
+  for m in rdma_rxe ib_srp ib_srpt target_core_file virtio_net drbd dm_multipath; do
     modprobe -d "$root" -S "$kver" --show-depends "$m" >/dev/null 2>&1 ||
       die "module $m missing from the image"
   done
