@@ -15,6 +15,15 @@ use std::sync::RwLock;
 /// already checked against [`Backend::size`] by the core.
 pub trait Backend: Send + Sync {
     fn size(&self) -> u64;
+    /// Holds the store for one command: a store that can close
+    /// ([`crate::Detachable`]) is not closed while the hold lives, and
+    /// refuses the hold while closed. The default never closes.
+    ///
+    /// # Errors
+    /// The store is closed.
+    fn hold(&self) -> Result<crate::detach::Hold<'_>, crate::detach::Closed> {
+        Ok(crate::detach::Hold::free())
+    }
     fn read(&self, offset: u64, buf: &mut [u8]) -> io::Result<()>;
     /// `fua`: data must be on stable storage before returning.
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> io::Result<()>;

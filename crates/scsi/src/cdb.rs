@@ -497,6 +497,21 @@ impl Command {
         Ok((op, cmd))
     }
 
+    /// Whether the command reads or writes the medium (or flushes it):
+    /// what a closed store ([`crate::Detachable`]) refuses.
+    pub fn uses_store(&self) -> bool {
+        matches!(
+            self,
+            Command::Read { .. }
+                | Command::Write { .. }
+                | Command::Verify { .. }
+                | Command::WriteSame { .. }
+                | Command::Unmap { .. }
+                | Command::CompareAndWrite { .. }
+                | Command::SyncCache { .. }
+        )
+    }
+
     /// RDPROTECT or WRPROTECT of a READ or WRITE (0 for other commands).
     pub fn protect(&self) -> u8 {
         match *self {

@@ -519,7 +519,18 @@ impl Device {
         data_out: &[u8],
         bufs: Option<&mut Buffers<'_, '_>>,
     ) -> Result<Vec<u8>, Sense> {
-        let r = self.execute_inner(cmd, cdb, data_out, bufs);
+        // A closed store (a DRBD device while this host is secondary)
+        // answers what needs no medium and refuses the rest; an open
+        // one is held so that it does not close under the command.
+        let held = self.backend.hold();
+        let r = match held {
+            Err(_) if cmd.uses_store() => Err(Sense::new(
+                SenseKey::NotReady,
+                Asc::LU_NOT_ACCESSIBLE_STANDBY,
+            )),
+            _ => self.execute_inner(cmd, cdb, data_out, bufs),
+        };
+        drop(held);
         let c = &self.stats;
         c.commands.fetch_add(1, Relaxed);
         match (cmd, &r) {

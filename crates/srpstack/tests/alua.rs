@@ -327,7 +327,7 @@ fn a_state_set_by_an_initiator_is_what_write_config_saves() {
             .target_groups
             .iter()
             .find(|g| g.name.get_ref() == name)
-            .map(|g| g.state.get_ref().clone())
+            .and_then(|g| g.state.as_ref().map(|s| s.get_ref().clone()))
     };
     let text = std::fs::read_to_string(&cfg).unwrap();
     assert_eq!((of("a"), of("b")), want, "{text}");

@@ -8,6 +8,8 @@
 //!   SRP target port per `[[target]]`, logins by RDMA CM and IB CM), the
 //!   admin [`daemon::Request`]s of the control socket (one type, the
 //!   daemon's and `srptadm`'s alike), reload, reports and metrics;
+//! - [`drbd`]: DRBD roles read from DRBD 8.4's status file, and when a
+//!   device that follows one should be open (sans-IO);
 //! - [`log`]: srptd's log records, as text or JSON lines.
 //!
 //! The SRP and SCSI logic is below, in `srp-target` and `scsi`; the
@@ -17,6 +19,7 @@
 
 pub mod config;
 pub mod daemon;
+pub mod drbd;
 #[doc(hidden)]
 pub mod fuzz;
 pub mod log;

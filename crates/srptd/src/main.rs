@@ -169,6 +169,7 @@ fn default_config(a: &Args) -> Result<Config, String> {
         usn: None,
         threads_num: None,
         threads_pool_type: None,
+        drbd_minor: None,
     });
     c.luns.push(LunEntry {
         lun: Spanned::new(0..0, 0),

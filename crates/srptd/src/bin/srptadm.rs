@@ -384,6 +384,50 @@ fn human(req: &Request, v: &Value) -> String {
                 );
             }
         }
+        Request::Roles => {
+            let rows: Vec<Vec<String>> = v["devices"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|d| {
+                    let groups: Vec<String> = d["groups"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .map(s)
+                        .collect();
+                    vec![
+                        s(&d["device"]),
+                        s(&d["minor"]),
+                        d["status_file_says"].as_str().unwrap_or("-").to_string(),
+                        s(&d["following"]),
+                        if d["open"] == Value::Bool(true) {
+                            "open".into()
+                        } else {
+                            "closed".into()
+                        },
+                        groups.join(","),
+                        d["error"].as_str().unwrap_or("").to_string(),
+                    ]
+                })
+                .collect();
+            if rows.is_empty() {
+                out += "no DRBD devices (no [[device]] has drbd_minor)\n";
+            } else {
+                out += &table(
+                    &[
+                        "device",
+                        ">minor",
+                        "status_file",
+                        "following",
+                        "store",
+                        "groups",
+                        "last_error",
+                    ],
+                    &rows,
+                );
+            }
+        }
         _ => {
             out += &srptd::daemon::answer_text(req, v).unwrap_or_else(|| v.to_string());
             out += "\n";

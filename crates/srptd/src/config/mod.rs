@@ -83,6 +83,48 @@
 //! targets = [2]
 //! ```
 //!
+//! A LUN on a DRBD device (issue 30; seed 003's High availability) is
+//! opened only while this host is DRBD Primary for it: DRBD refuses to
+//! open a Secondary's device at all. `drbd_minor` on the `[[device]]` says
+//! whose role it follows, and a `[[target_group]]` with `follow` takes its
+//! state from that role: `active` while Primary, `standby` while Secondary
+//! (SPC-4 5.16.2.4.4: a standby port can become active when asked; an
+//! initiator keeps the path and READ CAPACITY still answers), and
+//! `transitioning` while the device is being closed. A group of only
+//! another host's ports (its peer's) takes the opposite state, since DRBD
+//! has one Primary. srptd reads the roles from `[drbd]`'s `status_file`
+//! (DRBD 8.4's `/proc/drbd`, its `ro:` field) every `poll_interval_ms`
+//! and follows each change it sees; `srptadm set-role DEVICE primary` or
+//! `secondary` (the OCF agent's promote and demote) tells it too, and
+//! `secondary` returns once in-flight commands finished and the device is
+//! closed, so `drbdadm secondary` can follow.
+//!
+//! ```toml
+//! [drbd]
+//! status_file = "/proc/drbd"    # where roles are read (DRBD 8.4's format)
+//! poll_interval_ms = 500        # 0: never polled; only srptadm set-role
+//! drain_ms = "30s"              # demotion: how long in-flight commands may take
+//!
+//! [[device]]
+//! name = "r0"
+//! handler = "vdisk_blockio"
+//! filename = "/dev/drbd0"
+//! usn = "r0"                    # the same on both hosts: one LU to initiators
+//! drbd_minor = 0                # opened only while this host is Primary for minor 0
+//!
+//! [[target_group]]
+//! name = "here"
+//! group_id = 1
+//! targets = [1]
+//! follow = "r0"                 # active while Primary for r0, standby while Secondary
+//!
+//! [[target_group]]
+//! name = "peer"
+//! group_id = 2
+//! targets = [2]                 # the other host's port
+//! follow = "r0"                 # the opposite
+//! ```
+//!
 //! Sizes (`size`, `block_size`, `srp_max_*_size`) are bytes, as a number
 //! or a string with K, M, G or T (`"64K"`, powers of 1024); durations
 //! (`*_ms`) are milliseconds, as a number or a string with a unit
@@ -128,6 +170,10 @@ pub struct Config {
         skip_serializing_if = "Vec::is_empty"
     )]
     pub target_groups: Vec<TargetGroupSection>,
+    /// Where DRBD roles come from (`[drbd]`), for devices with
+    /// `drbd_minor`.
+    #[serde(default, skip_serializing_if = "DrbdSection::is_default")]
+    pub drbd: DrbdSection,
     /// The file it was read from, so that a problem found after parsing
     /// (opening a device at `--check` or start) names its line.
     #[serde(skip)]
@@ -182,6 +228,7 @@ impl Default for Config {
             groups: Vec::new(),
             alua: AluaSection::default(),
             target_groups: Vec::new(),
+            drbd: DrbdSection::default(),
             origin: Origin::default(),
         }
     }
@@ -547,6 +594,11 @@ pub struct DeviceSection {
     /// the device name: unique per host.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usn: Option<Spanned<String>>,
+    /// The DRBD minor this device is (`/dev/drbdN`): srptd opens it only
+    /// while this host is Primary for that minor, and closes it (after
+    /// its in-flight commands) when told or seen to become Secondary.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub drbd_minor: Option<Spanned<u32>>,
     /// Threads of the device's own for its commands (SCST's
     /// `threads_num`); absent or 0: the port's shared workers.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -622,8 +674,14 @@ pub struct TargetGroupSection {
     /// TARGET PORT GROUP, 1..=65535 (SCST's `group_id`).
     pub group_id: Spanned<u16>,
     /// `active`, `nonoptimized`, `standby`, `unavailable` or
-    /// `transitioning` (SCST's words).
-    pub state: Spanned<String>,
+    /// `transitioning` (SCST's words); absent only with `follow`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<Spanned<String>>,
+    /// A `[[device]]` with `drbd_minor` whose DRBD role sets the state:
+    /// a group of this host's ports is active while Primary and standby
+    /// while Secondary; a group of another host's ports the opposite.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub follow: Option<Spanned<String>>,
     /// PREF: initiators should prefer this group's ports.
     #[serde(default)]
     pub preferred: bool,
@@ -636,10 +694,54 @@ impl TargetGroupSection {
     /// The group's state (checked when the file was read).
     pub fn access_state(&self) -> scsi::AccessState {
         self.state
-            .get_ref()
-            .parse()
-            .unwrap_or(scsi::AccessState::Unavailable)
+            .as_ref()
+            .and_then(|s| s.get_ref().parse().ok())
+            .unwrap_or(scsi::AccessState::Standby)
     }
+}
+
+/// `[drbd]`: where srptd reads DRBD roles for the devices with
+/// `drbd_minor`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DrbdSection {
+    /// DRBD 8.4's status (`/proc/drbd`): a line per minor with its
+    /// `ro:` (local/peer role). A missing file: every minor Secondary.
+    pub status_file: PathBuf,
+    /// How often the roles are read, in milliseconds; 0: never (only
+    /// `srptadm set-role` changes them).
+    #[serde(deserialize_with = "de_poll_ms")]
+    pub poll_interval_ms: Spanned<u64>,
+    /// How long a demotion waits for in-flight commands before it gives
+    /// up (the device stays closed to new ones), in milliseconds.
+    #[serde(deserialize_with = "de_drain_ms")]
+    pub drain_ms: Spanned<u64>,
+}
+
+impl Default for DrbdSection {
+    fn default() -> Self {
+        DrbdSection {
+            status_file: PathBuf::from("/proc/drbd"),
+            poll_interval_ms: Spanned::new(0..0, 500),
+            drain_ms: Spanned::new(0..0, 30_000),
+        }
+    }
+}
+
+impl DrbdSection {
+    fn is_default(&self) -> bool {
+        self.status_file == Path::new("/proc/drbd")
+            && *self.poll_interval_ms.get_ref() == 500
+            && *self.drain_ms.get_ref() == 30_000
+    }
+}
+
+fn de_poll_ms<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Spanned<u64>, D::Error> {
+    de_millis(d, "poll_interval_ms")
+}
+
+fn de_drain_ms<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Spanned<u64>, D::Error> {
+    de_millis(d, "drain_ms")
 }
 
 impl Config {
@@ -692,8 +794,68 @@ impl Config {
                     format!("group_id {id} is another target group's too"),
                 ));
             }
-            if let Err(e) = g.state.get_ref().parse::<scsi::AccessState>() {
-                return Err((g.state.span(), at("state"), e.to_string()));
+            match (&g.state, &g.follow) {
+                (Some(s), _) => {
+                    if let Err(e) = s.get_ref().parse::<scsi::AccessState>() {
+                        return Err((s.span(), at("state"), e.to_string()));
+                    }
+                }
+                (None, None) => {
+                    return Err((
+                        g.name.span(),
+                        at("state"),
+                        "a target group needs a state (active, nonoptimized, standby, \
+                         unavailable, transitioning), or follow = \"DEVICE\" to take it from a \
+                         DRBD device's role"
+                            .into(),
+                    ))
+                }
+                (None, Some(_)) => {}
+            }
+            if let Some(f) = &g.follow {
+                let dev = self
+                    .devices
+                    .iter()
+                    .find(|d| d.name.get_ref() == f.get_ref());
+                match dev {
+                    None => {
+                        return Err((
+                            f.span(),
+                            at("follow"),
+                            format!("no [[device]] named `{}`", f.get_ref()),
+                        ))
+                    }
+                    Some(d) if d.drbd_minor.is_none() => {
+                        return Err((
+                            f.span(),
+                            at("follow"),
+                            format!(
+                                "device `{}` has no drbd_minor: a group follows a DRBD \
+                                 device's role (add drbd_minor = N to the device)",
+                                f.get_ref()
+                            ),
+                        ))
+                    }
+                    Some(_) => {}
+                }
+                let local: Vec<bool> = g
+                    .targets
+                    .iter()
+                    .map(|t| {
+                        self.targets
+                            .iter()
+                            .any(|p| p.rel_tgt_id.get_ref() == t.get_ref())
+                    })
+                    .collect();
+                if local.contains(&true) && local.contains(&false) {
+                    return Err((
+                        f.span(),
+                        at("follow"),
+                        "a group that follows a DRBD role holds either this host's ports or \
+                         the peer's, not both: split it in two groups"
+                            .into(),
+                    ));
+                }
             }
             if g.targets.is_empty() {
                 return Err((
@@ -1065,6 +1227,28 @@ impl Config {
                              run on at most that many threads of its own; lower it",
                             n.get_ref()
                         ),
+                    ));
+                }
+            }
+            if let Some(m) = &d.drbd_minor {
+                if handler != Handler::BlockIo && handler != Handler::FileIo {
+                    return Err(bad(
+                        m,
+                        key("drbd_minor"),
+                        format!(
+                            "a {} device cannot follow a DRBD role: use handler = \
+                             \"vdisk_blockio\" on /dev/drbd{}",
+                            handler.name(),
+                            m.get_ref()
+                        ),
+                    ));
+                }
+                if d.read_only {
+                    return Err(bad(
+                        m,
+                        key("drbd_minor"),
+                        "a read_only device need not follow a DRBD role: remove read_only or \
+                         drbd_minor",
                     ));
                 }
             }

@@ -135,6 +135,29 @@ pub enum Request {
         /// active, nonoptimized, standby, unavailable or transitioning.
         state: StateArg,
     },
+    /// DRBD devices: the role each follows, what the status file says,
+    /// whether srptd holds it open.
+    #[command(
+        about = "DRBD devices (drbd_minor): the role the status file says, the role srptd \
+                 follows, whether it holds the device open"
+    )]
+    Roles,
+    /// This host is (about to be) `role` for a DRBD device: `primary`
+    /// opens it and makes its target port groups active; `secondary`
+    /// makes them transitioning, waits for in-flight commands, closes
+    /// the device and makes them standby (then `drbdadm secondary` can
+    /// run).
+    #[command(
+        about = "Follow a DRBD role: primary opens DEVICE and makes its target port groups \
+                 active; secondary waits for its in-flight commands, closes it (so drbdadm \
+                 secondary can run) and makes them standby"
+    )]
+    SetRole {
+        /// The `[[device]]` with `drbd_minor`.
+        device: String,
+        /// primary or secondary.
+        role: RoleArg,
+    },
     /// Saves the running configuration (to the file it was loaded from
     /// when `path` is absent).
     #[command(
@@ -163,7 +186,9 @@ impl Request {
             | Request::Sessions
             | Request::Devices
             | Request::Luns
-            | Request::TargetGroups => ("admin_query", false),
+            | Request::TargetGroups
+            | Request::Roles => ("admin_query", false),
+            Request::SetRole { .. } => ("role_set", true),
             Request::SetGroupState { .. } => ("group_state_set", true),
             Request::AddDevice { .. } => ("device_added", true),
             Request::RemoveDevice { .. } => ("device_removed", true),
@@ -235,7 +260,25 @@ pub fn answer_text(req: &Request, v: &Value) -> Option<String> {
         | Request::Sessions
         | Request::Devices
         | Request::Luns
-        | Request::TargetGroups => return None,
+        | Request::TargetGroups
+        | Request::Roles => return None,
+        Request::SetRole { .. } if v["open"] == v["was_open"] => format!(
+            "device {} follows {} already; nothing changed",
+            s(&v["device"]),
+            s(&v["role"])
+        ),
+        Request::SetRole { .. } if v["open"] == Value::Bool(true) => format!(
+            "device {} (DRBD minor {}): primary; opened, its target port groups active; every \
+             session gets ASYMMETRIC ACCESS STATE CHANGED",
+            s(&v["device"]),
+            s(&v["minor"])
+        ),
+        Request::SetRole { .. } => format!(
+            "device {} (DRBD minor {}): secondary; in-flight commands done, closed (drbdadm \
+             secondary may run), its target port groups standby",
+            s(&v["device"]),
+            s(&v["minor"])
+        ),
         Request::SetGroupState { .. } if v["state"] == v["was"] => format!(
             "target port group {} ({}) is {} already; nothing changed",
             s(&v["group"]),

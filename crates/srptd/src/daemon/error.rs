@@ -97,6 +97,16 @@ pub enum AdminError {
     InitiatorNotInGroup { initiator: String, group: String },
     #[error("no target port group `{group}` (give its name or group_id; the groups are {known})")]
     NoTargetGroup { group: String, known: String },
+    #[error("target port group `{group}` follows DRBD device `{device}`: its state is the role's (srptadm set-role {device} primary|secondary)")]
+    GroupFollows { group: String, device: String },
+    #[error("no DRBD device `{device}` (those with drbd_minor: {known})")]
+    NotDrbd { device: String, known: String },
+    /// A DRBD device could not be opened or closed.
+    #[error("{0}")]
+    Role(String),
+    /// A reload or add-device would change what follows DRBD.
+    #[error("{0} changes only at a restart of srptd")]
+    DrbdNeedsRestart(String),
     #[error("no target `{0}` (give its name or address)")]
     NoTarget(String),
     /// `reload` of a daemon started without `--config`.

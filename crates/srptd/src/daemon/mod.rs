@@ -44,11 +44,13 @@ mod error;
 mod logins;
 mod reload;
 mod report;
+mod roles;
 mod store;
 
 pub use control::*;
 pub use error::AdminError;
 use reload::group_mut;
+pub use roles::RoleArg;
 pub use store::*;
 
 /// The running daemon.
@@ -60,6 +62,10 @@ pub struct Daemon {
     /// One per `[[target]]`, in the file's order.
     targets: Vec<TargetRt>,
     log: crate::log::Log,
+    /// Devices that follow a DRBD role (`drbd_minor`), fixed at start.
+    drbd: Vec<roles::Followed>,
+    /// Set at shutdown: the role poller stops.
+    stop: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// One target port at work: its NIC, the port, its CM agent and I/O
@@ -789,7 +795,39 @@ impl Daemon {
         let scsi = Arc::new(scsi::Target::new());
         let mut devices = BTreeMap::new();
         let mut created = Vec::new();
+        let mut drbd = Vec::new();
         for (i, d) in cfg.devices.iter().enumerate() {
+            if let Some(minor) = &d.drbd_minor {
+                // Closed until this host is Primary: the poller or
+                // `srptadm set-role` opens it.
+                let (size, lbs) = roles::drbd_geometry(d).map_err(|e| device_error(&cfg, i, e))?;
+                let store = Arc::new(scsi::Detachable::closed(size, lbs));
+                let device = device_on(d, store.clone()).map_err(|e| device_error(&cfg, i, e))?;
+                let name = d.name.get_ref().clone();
+                let groups = cfg
+                    .target_groups
+                    .iter()
+                    .filter(|g| g.follow.as_ref().is_some_and(|f| *f.get_ref() == name))
+                    .map(|g| {
+                        let local = g.targets.iter().any(|t| {
+                            cfg.targets
+                                .iter()
+                                .any(|p| p.rel_tgt_id.get_ref() == t.get_ref())
+                        });
+                        (*g.group_id.get_ref(), local)
+                    })
+                    .collect();
+                drbd.push(roles::Followed {
+                    name: name.clone(),
+                    minor: *minor.get_ref(),
+                    section: d.clone(),
+                    store,
+                    groups,
+                    state: Mutex::new((crate::drbd::Follower::new(), None)),
+                });
+                devices.insert(name, Arc::new(device));
+                continue;
+            }
             let (device, made) = build_device(d).map_err(|e| device_error(&cfg, i, e))?;
             created.extend(made);
             devices.insert(d.name.get_ref().clone(), device);
@@ -813,8 +851,23 @@ impl Daemon {
             }
         }
         // Target port groups before any port starts: no command runs
-        // through a port before its group's state applies to it.
+        // through a port before its group's state applies to it. Those
+        // that follow a DRBD role get it below, before the ports too.
         scsi.set_alua(cfg.alua());
+        let poll = *cfg.drbd.poll_interval_ms.get_ref();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let pre = Daemon {
+            cfg: Mutex::new(cfg.clone()),
+            cfg_path: None,
+            scsi: scsi.clone(),
+            devices: Mutex::new(BTreeMap::new()),
+            targets: Vec::new(),
+            log: log.clone(),
+            drbd,
+            stop: stop.clone(),
+        };
+        pre.start_roles();
+        let drbd = pre.drbd;
         let mut targets = Vec::new();
         for (i, t) in cfg.targets.iter().enumerate() {
             let rt = TargetRt::start(t, i as u32, &scsi, log.clone(), opts)
@@ -829,14 +882,29 @@ impl Daemon {
             targets.push(rt);
         }
         created.into_iter().for_each(CreatedFile::keep);
-        Ok(Arc::new(Daemon {
+        let daemon = Arc::new(Daemon {
             cfg: Mutex::new(cfg),
             cfg_path,
             scsi,
             devices: Mutex::new(devices),
             targets,
             log,
-        }))
+            drbd,
+            stop: stop.clone(),
+        });
+        if poll > 0 && !daemon.drbd.is_empty() {
+            let weak = Arc::downgrade(&daemon);
+            std::thread::Builder::new()
+                .name("srptd-drbd".into())
+                .spawn(move || roles::watch_roles(weak, Duration::from_millis(poll), stop))
+                .map_err(|e| ConfigError {
+                    file: PathBuf::new(),
+                    line: 0,
+                    key: "drbd.poll_interval_ms".into(),
+                    message: format!("cannot start the DRBD role poller: {e}"),
+                })?;
+        }
+        Ok(daemon)
     }
 
     /// The running targets, in the configuration's order.
@@ -964,6 +1032,12 @@ impl Daemon {
             });
         };
         let id = *cfg.target_groups[i].group_id.get_ref();
+        if let Some(device) = self.group_follows(id) {
+            return Err(AdminError::GroupFollows {
+                group: which.to_string(),
+                device: device.to_string(),
+            });
+        }
         let was = self
             .scsi
             .set_group_state(id, state)
@@ -971,7 +1045,7 @@ impl Daemon {
                 group: e.to_string(),
                 known: known(),
             })?;
-        cfg.target_groups[i].state = spanned(state.name().to_string());
+        cfg.target_groups[i].state = Some(spanned(state.name().to_string()));
         Ok(json!({
             "group": cfg.target_groups[i].name.get_ref(),
             "group_id": id,
@@ -997,8 +1071,8 @@ impl Daemon {
         let alua = self.scsi.alua();
         for g in &mut cfg.target_groups {
             if let Some(now) = alua.groups.iter().find(|a| a.id == *g.group_id.get_ref()) {
-                if g.access_state() != now.state {
-                    g.state = spanned(now.state.name().to_string());
+                if g.follow.is_none() && g.access_state() != now.state {
+                    g.state = Some(spanned(now.state.name().to_string()));
                 }
             }
         }
@@ -1109,6 +1183,8 @@ impl Daemon {
             Request::Enable { target } => self.set_enabled(target, true),
             Request::Disable { target } => self.set_enabled(target, false),
             Request::TargetGroups => Ok(self.target_groups()),
+            Request::Roles => Ok(self.roles()),
+            Request::SetRole { device, role } => self.set_role(&device, role),
             Request::SetGroupState { group, state } => self.set_group_state(&group, state),
             Request::SetLogLevel { level } => {
                 let was = self.log.set_level(level);
@@ -1144,6 +1220,7 @@ impl Daemon {
     /// Returns the channels still open at the deadline and the objects
     /// left (both 0 after a clean stop).
     pub fn shutdown(&self, within: std::time::Duration) -> (usize, i64) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
         for t in &self.targets {
             t.port().logout_all(srp::wire::TLogoutReason::NoReason);
         }

@@ -20,6 +20,31 @@ impl Daemon {
         use std::collections::{BTreeMap, BTreeSet};
         let mut cfg = lock(&self.cfg);
         let text = |d: &DeviceSection| toml::to_string(d).unwrap_or_default();
+        // What follows DRBD is fixed at start (its poller and stores).
+        let drbd = |c: &Config| {
+            let devs: Vec<String> = c
+                .devices
+                .iter()
+                .filter(|d| d.drbd_minor.is_some())
+                .map(text)
+                .collect();
+            let follows: Vec<(u16, Option<String>)> = c
+                .target_groups
+                .iter()
+                .map(|g| {
+                    (
+                        *g.group_id.get_ref(),
+                        g.follow.as_ref().map(|f| f.get_ref().clone()),
+                    )
+                })
+                .collect();
+            (c.drbd.clone(), devs, follows)
+        };
+        if drbd(&cfg) != drbd(&next) {
+            return Err(AdminError::DrbdNeedsRestart(
+                "[drbd], a device with drbd_minor or a target group's follow".into(),
+            ));
+        }
         let old_devs: BTreeMap<String, String> = cfg
             .devices
             .iter()
@@ -276,7 +301,16 @@ impl Daemon {
         // Target port groups: the file's states and members (a state
         // `srptadm set-group-state` gave and the file does not say is
         // lost, as any runtime edit not written with write-config).
-        let alua_changed = self.scsi.set_alua(applied.alua());
+        let mut alua = applied.alua();
+        let now = self.scsi.alua();
+        for g in &mut alua.groups {
+            if self.group_follows(g.id).is_some() {
+                if let Some(n) = now.groups.iter().find(|n| n.id == g.id) {
+                    g.state = n.state;
+                }
+            }
+        }
+        let alua_changed = self.scsi.set_alua(alua);
         *cfg = applied;
         drop(cfg);
         let told = if lun_changes > 0 {
@@ -312,6 +346,11 @@ impl Daemon {
     pub(super) fn add_device(&self, text: &str) -> Result<Value, AdminError> {
         let d: DeviceSection = toml::from_str(text).map_err(AdminError::DeviceToml)?;
         let name = d.name.get_ref().clone();
+        if d.drbd_minor.is_some() {
+            return Err(AdminError::DrbdNeedsRestart(format!(
+                "device `{name}` with drbd_minor"
+            )));
+        }
         let mut cfg = lock(&self.cfg);
         let mut next = cfg.clone();
         next.devices.push(d.clone());

@@ -514,6 +514,18 @@ pub(super) fn probe_device(d: &DeviceSection) -> Result<(), DeviceError> {
     if *d.handler.get_ref() == Handler::VCdrom {
         return vcdrom(d).map(drop);
     }
+    if d.drbd_minor.is_some() {
+        // A Secondary's DRBD device cannot be opened: only its geometry.
+        let (size, min_block_size) = super::roles::drbd_geometry(d)?;
+        return device_on(
+            d,
+            Arc::new(Geometry {
+                size,
+                min_block_size,
+            }),
+        )
+        .map(drop);
+    }
     device_on(d, open_store(d, true)?.backend).map(drop)
 }
 
