@@ -173,3 +173,65 @@ fn ocf_tester_passes() {
     assert!(o.status.success(), "{out}");
     assert!(out.contains("passed all tests"), "{out}");
 }
+
+/// With `drbd_device`, promote and demote are `srptadm set-role`: srptd
+/// opens the DRBD device (a fake: an image file and a status file in
+/// /proc/drbd's format saying Secondary) and its following group goes
+/// active; demote closes it and the group goes standby.
+#[test]
+fn agent_promotes_and_demotes_a_drbd_device() {
+    let dir = std::env::temp_dir().join(format!("srp-ocf-drbd-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let sock = dir.join("srptd.sock");
+    let cfg = dir.join("srptd.toml");
+    let img = dir.join("r0.img");
+    std::fs::write(&img, vec![0u8; 1 << 20]).unwrap();
+    let status = dir.join("drbd");
+    std::fs::write(
+        &status,
+        "version: 8.4.11 (api:1/proto:86-101)\n 0: cs:Connected ro:Secondary/Secondary \
+         ds:UpToDate/UpToDate C r-----\n",
+    )
+    .unwrap();
+    std::fs::write(
+        &cfg,
+        format!(
+            "[[target]]\nip = \"127.30.2.1\"\nrel_tgt_id = 1\ncontrol_socket = \"{}\"\n\n\
+             [drbd]\nstatus_file = \"{}\"\npoll_interval_ms = 0\n\n\
+             [[device]]\nname = \"r0\"\nhandler = \"vdisk_blockio\"\nfilename = \"{}\"\ndrbd_minor = 0\n\n\
+             [[lun]]\nlun = 0\ndevice = \"r0\"\n\n\
+             [[target_group]]\nname = \"local\"\ngroup_id = 1\ntargets = [1]\nfollow = \"r0\"\n",
+            sock.display(),
+            status.display(),
+            img.display()
+        ),
+    )
+    .unwrap();
+    let s = Setup { dir, cfg, sock };
+    let drbd = [("group", ""), ("drbd_device", "r0")];
+    assert_eq!(s.run("validate-all", &drbd).0, OCF_SUCCESS);
+    // group and drbd_device together: not configured.
+    assert_eq!(
+        s.run("validate-all", &[("drbd_device", "r0")]).0,
+        OCF_ERR_CONFIGURED
+    );
+    let (code, out) = s.run("start", &drbd);
+    assert_eq!(code, OCF_SUCCESS, "{out}");
+    assert_eq!(s.state(), "standby");
+    assert_eq!(s.run("monitor", &drbd).0, OCF_SUCCESS);
+    let (code, out) = s.run("promote", &drbd);
+    assert_eq!(code, OCF_SUCCESS, "{out}");
+    assert_eq!(s.state(), "active");
+    assert_eq!(s.run("monitor", &drbd).0, OCF_RUNNING_MASTER);
+    let (code, out) = s.run("demote", &drbd);
+    assert_eq!(code, OCF_SUCCESS, "{out}");
+    assert_eq!(s.state(), "standby");
+    assert_eq!(s.run("monitor", &drbd).0, OCF_SUCCESS);
+    // A device srptd does not follow: not configured.
+    assert_eq!(
+        s.run("monitor", &[("group", ""), ("drbd_device", "r9")]).0,
+        OCF_ERR_CONFIGURED
+    );
+    assert_eq!(s.run("stop", &drbd).0, OCF_SUCCESS);
+}
