@@ -558,6 +558,56 @@ fn target_group_errors_name_line_and_key() {
 }
 
 #[test]
+fn drbd_keys_and_their_errors() {
+    const BASE: &str = "[target]\nip = \"127.0.0.1\"\nrel_tgt_id = 1\n\
+                        [[device]]\nname = \"r0\"\nhandler = \"vdisk_blockio\"\n\
+                        filename = \"/dev/drbd0\"\ndrbd_minor = 0\n";
+    let here = "[[target_group]]\nname = \"here\"\ngroup_id = 1\ntargets = [1]\nfollow = \"r0\"\n";
+    let peer = "[[target_group]]\nname = \"peer\"\ngroup_id = 2\ntargets = [2]\nfollow = \"r0\"\n";
+    let c = parse(&format!(
+        "{BASE}{here}{peer}[drbd]\nstatus_file = \"/tmp/x\"\npoll_interval_ms = \"2s\"\n"
+    ))
+    .unwrap();
+    assert_eq!(*c.devices[0].drbd_minor.as_ref().unwrap().get_ref(), 0);
+    assert_eq!(*c.drbd.poll_interval_ms.get_ref(), 2000);
+    assert_eq!(*c.drbd.drain_ms.get_ref(), 30_000);
+    // Written back and read again the same (a followed group has no state).
+    let again = parse(&c.to_toml()).unwrap();
+    assert_eq!(again.drbd, c.drbd);
+    assert!(again.target_groups[0].state.is_none(), "{}", c.to_toml());
+    // Defaults are not written.
+    let plain = parse(&format!("{BASE}{here}")).unwrap();
+    assert!(!plain.to_toml().contains("[drbd]"), "{}", plain.to_toml());
+
+    // follow naming a device without drbd_minor, or no device.
+    let e = err_of(&format!("{}{here}", BASE.replace("drbd_minor = 0\n", "")));
+    assert_eq!((e.line, e.key.as_str()), (12, "target_group[0].follow"), "{e}");
+    assert!(e.message.contains("add drbd_minor = N"), "{e}");
+    let e = err_of(&format!("{BASE}{}", here.replace("\"r0\"", "\"r9\"")));
+    assert!(e.message.contains("no [[device]] named `r9`"), "{e}");
+    // Neither state nor follow.
+    let e = err_of(&format!(
+        "{BASE}[[target_group]]\nname = \"x\"\ngroup_id = 1\ntargets = [1]\n"
+    ));
+    assert_eq!(e.key, "target_group[0].state", "{e}");
+    assert!(e.message.contains("follow = \"DEVICE\""), "{e}");
+    // A followed group of this host's port and the peer's.
+    let e = err_of(&format!("{BASE}{}", here.replace("[1]", "[1, 2]")));
+    assert!(e.message.contains("not both"), "{e}");
+    // drbd_minor on a ram device; on a read_only one.
+    let e = err_of(
+        "[[device]]\nname = \"m\"\nhandler = \"ram\"\nsize = \"1M\"\ndrbd_minor = 1\n",
+    );
+    assert_eq!((e.line, e.key.as_str()), (5, "device[0].drbd_minor"), "{e}");
+    assert!(e.message.contains("vdisk_blockio"), "{e}");
+    let e = err_of(&format!("{BASE}read_only = true\n"));
+    assert_eq!(e.key, "device[0].drbd_minor", "{e}");
+    // A bad poll interval names its key.
+    let e = err_of(&format!("{BASE}[drbd]\npoll_interval_ms = \"soon\"\n"));
+    assert!(e.to_string().contains("poll_interval_ms"), "{e}");
+}
+
+#[test]
 fn vcdrom_takes_an_image_or_none_and_refuses_geometry_keys() {
     let dev = |more: &str| format!("[[device]]\nname = \"cd\"\nhandler = \"vcdrom\"\n{more}");
     let c = parse(&dev("filename = \"/srv/iso/debian.iso\"\n")).unwrap();
