@@ -40,14 +40,16 @@ SRP_PORT=5555
 FAILOVER_LIMIT=${FAILOVER_LIMIT:-90}
 
 host_main() {
-  local b
+  local b v
   for b in "$SRPTD" "$SRPTADM"; do
     [ -x "$b" ] || { host_fail "missing $b: run cargo build --release -p srptd"; return 1; }
   done
   # Wait (bounded) for c's "kill a"; give up when c is gone.
   local end=$(( $(date +%s) + $(tmo 1400) )) msg=
   while [ "$(date +%s)" -lt "$end" ]; do
-    kill -0 "${VM_PIDS[c]}" 2>/dev/null || { host_fail "VM c ended before it asked for the kill"; return 1; }
+    for v in a b c; do
+      kill -0 "${VM_PIDS[$v]}" 2>/dev/null || { host_fail "VM $v ended before c asked for the kill"; return 1; }
+    done
     msg=$(ns_run 15 python3 - 10.77.0.1 7100 10 <<'PY' || true
 import socket, sys
 host, port, t = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
@@ -116,6 +118,8 @@ guest_target() {
   case $me in a) rel=1 ;; b) rel=2 ;; *) fail "target VM $me is neither a nor b" ;; esac
   modprobe loop
   modprobe drbd
+  # drbdadm's lock files (/var/lock is /run/lock, a fresh tmpfs here).
+  mkdir -p /run/lock
   truncate -s 64M /tmp/r0.img
   local loopdev
   loopdev=$(losetup -f --show /tmp/r0.img)

@@ -63,7 +63,54 @@ const LIBIBVERBS_COVERED: &str = "crates/ibverbs-abi/tests/debian_binaries.rs (t
 const LIBRDMACM_WHY: &str = "the librdmacm ABI section: a shell session (both libraries' directory on LD_LIBRARY_PATH, the daemon left running), and rping from rdmacm-utils";
 const LIBRDMACM_COVERED: &str = "crates/rdmacm-abi/tests/debian_binaries.rs (Debian's rping through both libraries on a NIC daemon, both roles, every ping validated)";
 
+/// Why the High availability section's lines are not run here, and what
+/// runs them.
+const HA_WHY: &str = "the High availability section: a DRBD resource r0 (the drbd kernel module, drbd-utils) on a target host whose srptd exports /dev/drbd0";
+const HA_COVERED: &str = "interop ha-drbd-linux and ha-drbd-ours (in the target VMs: drbdadm primary, the OCF agent's promote = srptadm set-role r0 primary, srptadm roles); crates/srpstack/tests/drbd_role.rs and ocf.rs (set-role both ways and roles against srptd on a fake DRBD device)";
+
 const NOT_HERE: &[NotHere] = &[
+    NotHere {
+        line: "drbdadm primary r0",
+        why: HA_WHY,
+        covered_by: HA_COVERED,
+        refused_with: &[],
+    },
+    NotHere {
+        line: "target/release/srptadm set-role r0 primary",
+        why: HA_WHY,
+        covered_by: HA_COVERED,
+        refused_with: &[],
+    },
+    NotHere {
+        line: "target/release/srptadm roles",
+        why: HA_WHY,
+        covered_by: HA_COVERED,
+        refused_with: &[],
+    },
+    NotHere {
+        line: "target/release/srptadm set-role r0 secondary",
+        why: HA_WHY,
+        covered_by: HA_COVERED,
+        refused_with: &[],
+    },
+    NotHere {
+        line: "drbdadm secondary r0",
+        why: HA_WHY,
+        covered_by: HA_COVERED,
+        refused_with: &[],
+    },
+    NotHere {
+        line: "interop/run scenario ha-drbd-linux",
+        why: "builds a Debian VM image and runs three qemu VMs as root",
+        covered_by: "interop ha-drbd-linux (a documented one-command run, not in CI's list)",
+        refused_with: &[],
+    },
+    NotHere {
+        line: "interop/run scenario ha-drbd-ours",
+        why: "builds a Debian VM image and runs three qemu VMs as root",
+        covered_by: "interop ha-drbd-ours (a documented one-command run, not in CI's list)",
+        refused_with: &[],
+    },
     NotHere {
         line: "cargo build --release -p ibverbs-abi -p rdmacm-abi -p nicd",
         why: LIBRDMACM_WHY,
