@@ -213,7 +213,9 @@ EOF
   local done_msg
   done_msg=$(msg_recv 7001 1200)
   [ "$done_msg" = done ] || fail "initiator reported '$done_msg'"
-  grep -E "drbd_role|role_set" /tmp/srptd.log | tail -5 | sed 's/^/  /'
+  # srptd's own account of the takeover.
+  grep -q "DRBD minor 0.*opened" /tmp/srptd.log || fail "srptd on b logged no opening of r0"
+  grep "DRBD minor 0" /tmp/srptd.log | tail -n 3 | sed 's/^/  /'
 }
 
 # ha_readies: waits for both targets' "ready NAME GUID"; sets GUID_a, GUID_b.

@@ -28,7 +28,7 @@ guest_initiator() {
   ha_readies
   /interop/bin/srp io --dest "$a:$SRP_PORT" --ip "$(my_ip)" --dest "$b:$SRP_PORT" --ip "$ip2" \
     --mtu 1024 --path-policy failover --rw randrw --bs 4k --iodepth 4 \
-    --region 16M --size 24M >/tmp/io.out 2>&1 &
+    --region 16M --size 64M >/tmp/io.out 2>&1 &
   local io=$!
   wait_until 120 "srp io to log in over both paths" grep -q "srp: logged in .*(2 paths" /tmp/io.out
   step "$(grep 'srp: logged in' /tmp/io.out)"
