@@ -581,7 +581,11 @@ fn drbd_keys_and_their_errors() {
 
     // follow naming a device without drbd_minor, or no device.
     let e = err_of(&format!("{}{here}", BASE.replace("drbd_minor = 0\n", "")));
-    assert_eq!((e.line, e.key.as_str()), (12, "target_group[0].follow"), "{e}");
+    assert_eq!(
+        (e.line, e.key.as_str()),
+        (12, "target_group[0].follow"),
+        "{e}"
+    );
     assert!(e.message.contains("add drbd_minor = N"), "{e}");
     let e = err_of(&format!("{BASE}{}", here.replace("\"r0\"", "\"r9\"")));
     assert!(e.message.contains("no [[device]] named `r9`"), "{e}");
@@ -595,9 +599,7 @@ fn drbd_keys_and_their_errors() {
     let e = err_of(&format!("{BASE}{}", here.replace("[1]", "[1, 2]")));
     assert!(e.message.contains("not both"), "{e}");
     // drbd_minor on a ram device; on a read_only one.
-    let e = err_of(
-        "[[device]]\nname = \"m\"\nhandler = \"ram\"\nsize = \"1M\"\ndrbd_minor = 1\n",
-    );
+    let e = err_of("[[device]]\nname = \"m\"\nhandler = \"ram\"\nsize = \"1M\"\ndrbd_minor = 1\n");
     assert_eq!((e.line, e.key.as_str()), (5, "device[0].drbd_minor"), "{e}");
     assert!(e.message.contains("vdisk_blockio"), "{e}");
     let e = err_of(&format!("{BASE}read_only = true\n"));
