@@ -1020,3 +1020,68 @@ fn helps_of(bin: &Path, sub: &mut Vec<String>, out: &mut Vec<(String, String)>) 
         sub.pop();
     }
 }
+
+/// The first fenced block after the line of README.md that starts with
+/// `intro`, without its fences.
+fn block_after(readme: &str, intro: &str) -> String {
+    let from = readme
+        .find(intro)
+        .unwrap_or_else(|| panic!("README.md has no `{intro}`"));
+    let rest = &readme[from..];
+    let open = rest.find("\n```").expect("a fenced block") + 1;
+    let body = &rest[open..];
+    let body = &body[body.find('\n').expect("fence line") + 1..];
+    body[..body.find("\n```").expect("a closing fence")].to_string()
+}
+
+/// The here-document `cat >PATH <<...` of a scenario file, with `vars`
+/// put in for their values.
+fn heredoc(scenario: &str, path: &str, vars: &[(&str, &str)]) -> String {
+    let file = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../interop/scenarios")
+        .join(scenario);
+    let text = std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+    let start = text
+        .lines()
+        .position(|l| l.trim_start().starts_with(&format!("cat >{path} <<")))
+        .unwrap_or_else(|| panic!("{scenario} writes no {path}"));
+    let mut body: Vec<&str> = Vec::new();
+    for l in text.lines().skip(start + 1) {
+        if l == "EOF" {
+            break;
+        }
+        body.push(l);
+    }
+    let mut s = body.join("\n");
+    for (k, v) in vars {
+        s = s.replace(k, v);
+    }
+    s
+}
+
+/// The High availability section shows "the exact configs the scenarios
+/// use": the scenarios' here-documents, as host a writes them.
+#[test]
+fn the_high_availability_configs_are_the_scenarios() {
+    let r = readme();
+    let a = [
+        ("$ip", "10.77.0.11"),
+        ("$SRP_PORT", "5555"),
+        ("$rel", "1"),
+        ("$loopdev", "/dev/loop0"),
+        ("$a", "10.77.0.11"),
+        ("$b", "10.77.0.12"),
+    ];
+    assert_eq!(
+        block_after(&r, "The configuration both target hosts"),
+        heredoc("_ha-drbd.sh", "/etc/srptd.toml", &a)
+    );
+    assert_eq!(
+        block_after(&r, "Their DRBD resource"),
+        heredoc("_ha-drbd.sh", "/etc/drbd.conf", &a)
+    );
+    assert_eq!(
+        block_after(&r, "The Linux initiator's `/etc/multipath.conf`"),
+        heredoc("ha-drbd-linux.sh", "/etc/multipath.conf", &[])
+    );
+}
