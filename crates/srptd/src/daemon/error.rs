@@ -102,8 +102,8 @@ pub enum AdminError {
     #[error("no DRBD device `{device}` (those with drbd_minor: {known})")]
     NotDrbd { device: String, known: String },
     /// A DRBD device could not be opened or closed.
-    #[error("{0}")]
-    Role(String),
+    #[error(transparent)]
+    Role(#[from] super::roles::RoleError),
     /// A reload or add-device would change what follows DRBD.
     #[error("{0} changes only at a restart of srptd")]
     DrbdNeedsRestart(String),

@@ -50,7 +50,7 @@ mod store;
 pub use control::*;
 pub use error::AdminError;
 use reload::group_mut;
-pub use roles::RoleArg;
+pub use roles::{RoleArg, RoleError};
 pub use store::*;
 
 /// The running daemon.

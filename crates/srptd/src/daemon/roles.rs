@@ -27,7 +27,7 @@ pub(super) struct Followed {
     /// The follower, and the last error logged (not repeated every poll).
     /// Held while the store opens or closes: the poller and `set-role`
     /// take turns.
-    pub(super) state: Mutex<(Follower, Option<String>)>,
+    pub(super) state: Mutex<(Follower, Option<RoleError>)>,
 }
 
 /// Where a followed store is: what the groups say.
@@ -36,6 +36,40 @@ enum Phase {
     Open,
     Closing,
     Closed,
+}
+
+/// Why a followed device's store could not be opened or closed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RoleError {
+    /// The device did not open (a Secondary's DRBD device never does).
+    #[error(
+        "device {device} (DRBD minor {minor}): {key}: {message}; DRBD opens a device only on \
+         its Primary: make this host Primary first (drbdadm primary RESOURCE)"
+    )]
+    Open {
+        device: String,
+        minor: u32,
+        key: &'static str,
+        message: String,
+    },
+    /// It opened with another size than the logical unit's.
+    #[error("device {device}: {source}")]
+    Size {
+        device: String,
+        #[source]
+        source: scsi::detach::SizeChanged,
+    },
+    /// Commands were still running at the end of `drain_ms`.
+    #[error(
+        "device {device} (DRBD minor {minor}): {source}; it takes no new command and is \
+         closed when they end (try set-role again)"
+    )]
+    Drain {
+        device: String,
+        minor: u32,
+        #[source]
+        source: scsi::detach::StillRunning,
+    },
 }
 
 /// A role `srptadm set-role` gives.
@@ -140,8 +174,8 @@ impl Daemon {
     fn drive(
         &self,
         f: &Followed,
-        st: &mut (Follower, Option<String>),
-    ) -> Result<Option<Action>, String> {
+        st: &mut (Follower, Option<RoleError>),
+    ) -> Result<Option<Action>, RoleError> {
         let Some(action) = st.0.next() else {
             return Ok(None);
         };
@@ -168,7 +202,7 @@ impl Daemon {
             }
             Err(e) if st.1.as_ref() != Some(e) => {
                 self.log
-                    .emit(crate::log::Record::warn("drbd_role_failed", e.clone()));
+                    .emit(crate::log::Record::warn("drbd_role_failed", e.to_string()));
                 st.1 = Some(e.clone());
             }
             Err(_) => {}
@@ -176,30 +210,30 @@ impl Daemon {
         r.map(|()| Some(action))
     }
 
-    fn open_followed(&self, f: &Followed) -> Result<(), String> {
-        let store = open_store(&f.section, false).map_err(|(_, key, m)| {
-            format!(
-                "device {} (DRBD minor {}): {key}: {m}; DRBD opens a device only on its Primary: \
-                 make this host Primary first (drbdadm primary RESOURCE)",
-                f.name, f.minor
-            )
+    fn open_followed(&self, f: &Followed) -> Result<(), RoleError> {
+        let store = open_store(&f.section, false).map_err(|(_, key, message)| RoleError::Open {
+            device: f.name.clone(),
+            minor: f.minor,
+            key,
+            message,
         })?;
         f.store
             .open_with(store.backend)
-            .map_err(|e| format!("device {}: {e}", f.name))?;
+            .map_err(|source| RoleError::Size {
+                device: f.name.clone(),
+                source,
+            })?;
         self.set_phase(f, Phase::Open);
         Ok(())
     }
 
-    fn close_followed(&self, f: &Followed) -> Result<(), String> {
+    fn close_followed(&self, f: &Followed) -> Result<(), RoleError> {
         self.set_phase(f, Phase::Closing);
         let drain = Duration::from_millis(*lock(&self.cfg).drbd.drain_ms.get_ref());
-        f.store.close(drain).map_err(|e| {
-            format!(
-                "device {} (DRBD minor {}): {e}; it takes no new command and is closed when \
-                 they end (try set-role again)",
-                f.name, f.minor
-            )
+        f.store.close(drain).map_err(|source| RoleError::Drain {
+            device: f.name.clone(),
+            minor: f.minor,
+            source,
         })?;
         self.set_phase(f, Phase::Closed);
         Ok(())
@@ -271,7 +305,7 @@ impl Daemon {
                     "following": st.0.wanted().name(),
                     "open": st.0.is_open(),
                     "groups": f.groups.iter().map(|g| g.0).collect::<Vec<_>>(),
-                    "error": st.1,
+                    "error": st.1.as_ref().map(|e| e.to_string()),
                 })
             })
             .collect();
