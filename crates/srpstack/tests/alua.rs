@@ -10,33 +10,16 @@
 
 mod common;
 
-use common::Proc;
+use common::{srptadm, srptadm_json, Proc};
 use serde_json::Value;
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-fn srptadm(sock: &Path, args: &[&str]) -> (bool, String) {
-    common::run(
-        Command::new(common::srptadm_bin())
-            .arg("--socket")
-            .arg(sock)
-            .args(args),
-    )
-}
-
-fn json_of(sock: &Path, args: &[&str]) -> Value {
-    let mut all = vec!["--json"];
-    all.extend_from_slice(args);
-    let (ok, out) = srptadm(sock, &all);
-    assert!(ok, "srptadm {args:?}: {out}");
-    serde_json::from_str(out.lines().next().unwrap_or("")).unwrap_or_else(|e| panic!("{e}: {out}"))
-}
-
 /// Commands each group's port has accepted, all sessions together:
 /// (group a, group b).
 fn commands(sock: &Path, names: &(String, String)) -> (u64, u64) {
-    let sessions = json_of(sock, &["sessions"]);
+    let sessions = srptadm_json(sock, &["sessions"]);
     let of = |name: &str| {
         sessions
             .as_array()
@@ -128,7 +111,7 @@ fn srp_io_follows_target_port_groups_through_failover_and_back() {
     );
 
     let _d = common::start_srptd(&cfg);
-    let groups = json_of(&sock, &["target-groups"]);
+    let groups = srptadm_json(&sock, &["target-groups"]);
     let port_of = |i: usize| {
         groups["groups"][i]["ports"][0]["target"]
             .as_str()
@@ -204,7 +187,7 @@ fn srp_io_follows_target_port_groups_through_failover_and_back() {
         again.1 - back.1 < 60,
         "I/O still went to b after it went standby: {back:?} -> {again:?}"
     );
-    let groups = json_of(&sock, &["target-groups"]);
+    let groups = srptadm_json(&sock, &["target-groups"]);
     assert_eq!(
         (
             groups["groups"][0]["state"].as_str(),
@@ -308,7 +291,7 @@ fn a_state_set_by_an_initiator_is_what_write_config_saves() {
     assert_eq!(tur.sense.get(2).map(|k| k & 0xf), Some(6), "{tur:?}");
     let r = session.execute(lun0, &cdb, Xfer::Out(&params)).unwrap();
     assert!(r.good(), "SET TARGET PORT GROUPS: {r:?}");
-    let groups = json_of(&sock, &["target-groups"]);
+    let groups = srptadm_json(&sock, &["target-groups"]);
     let states = |g: &Value| {
         (
             g["groups"][0]["state"].as_str().map(str::to_string),

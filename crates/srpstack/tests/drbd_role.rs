@@ -15,6 +15,7 @@
 
 mod common;
 
+use common::{srptadm, srptadm_json};
 use rdma_access::CmAgent;
 use rdma_types::Guid;
 use rnic::softroce::{SoftCa, SoftRoce, ROCE_PORT};
@@ -29,23 +30,6 @@ use std::time::{Duration, Instant};
 
 const BS: usize = 512;
 const IMAGE: usize = 4 << 20;
-
-fn srptadm(sock: &Path, args: &[&str]) -> (bool, String) {
-    common::run(
-        Command::new(common::srptadm_bin())
-            .arg("--socket")
-            .arg(sock)
-            .args(args),
-    )
-}
-
-fn json_of(sock: &Path, args: &[&str]) -> Value {
-    let mut all = vec!["--json"];
-    all.extend_from_slice(args);
-    let (ok, out) = srptadm(sock, &all);
-    assert!(ok, "srptadm {args:?}: {out}");
-    serde_json::from_str(out.lines().next().unwrap_or("")).unwrap_or_else(|e| panic!("{e}: {out}"))
-}
 
 fn status(role: &str) -> String {
     let peer = if role == "Primary" {
@@ -101,11 +85,11 @@ fn image_block(img: &Path, lba: u32) -> Vec<u8> {
 }
 
 fn roles(sock: &Path) -> Value {
-    json_of(sock, &["roles"])["devices"][0].clone()
+    srptadm_json(sock, &["roles"])["devices"][0].clone()
 }
 
 fn states(sock: &Path) -> (String, String) {
-    let g = json_of(sock, &["target-groups"]);
+    let g = srptadm_json(sock, &["target-groups"]);
     let s = |i: usize| g["groups"][i]["state"].as_str().unwrap_or("?").to_string();
     (s(0), s(1))
 }

@@ -271,6 +271,25 @@ pub fn run(cmd: &mut Command) -> (bool, String) {
     (o.status.success(), text(&o))
 }
 
+/// `srptadm --socket SOCK ARGS...` to its end: success, and its output.
+#[allow(dead_code)]
+pub fn srptadm(sock: &std::path::Path, args: &[&str]) -> (bool, String) {
+    run(Command::new(srptadm_bin())
+        .arg("--socket")
+        .arg(sock)
+        .args(args))
+}
+
+/// `srptadm --json ARGS...`, which must succeed: its answer, parsed.
+#[allow(dead_code)]
+pub fn srptadm_json(sock: &std::path::Path, args: &[&str]) -> serde_json::Value {
+    let mut all = vec!["--json"];
+    all.extend_from_slice(args);
+    let (ok, out) = srptadm(sock, &all);
+    assert!(ok, "srptadm {args:?}: {out}");
+    serde_json::from_str(out.lines().next().unwrap_or("")).unwrap_or_else(|e| panic!("{e}: {out}"))
+}
+
 /// A finished process's stdout then stderr.
 #[allow(dead_code)]
 pub fn text(o: &Output) -> String {
