@@ -284,7 +284,7 @@ impl Daemon {
         Ok(json!({
             "device": f.name,
             "minor": f.minor,
-            "role": match role { RoleArg::Primary => "primary", RoleArg::Secondary => "secondary" },
+            "role": role,
             "open": st.0.is_open(),
             "was_open": was_open,
         }))
