@@ -100,6 +100,17 @@ retry_if() {
   done
 }
 
+# our_disks [VENDOR]: every sdX whose SCSI vendor is VENDOR (default
+# DISK_VENDOR, else RUSTSCST: srptd's), one a line.
+our_disks() {
+  local d vendor=${1:-${DISK_VENDOR:-RUSTSCST}}
+  for d in /sys/block/sd*; do
+    [ -e "$d/device/vendor" ] || continue
+    grep -q "$vendor" "$d/device/vendor" && echo "${d##*/}"
+  done
+  return 0
+}
+
 # msg_recv PORT SECONDS: accept one TCP connection, print the line it sends.
 msg_recv() {
   python3 - "$1" "$2" <<'PY' || fail "no message on port $1 within $2 s"

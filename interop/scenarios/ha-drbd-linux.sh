@@ -17,15 +17,8 @@
 # shellcheck source=_ha-drbd.sh
 . "$(dirname "${BASH_SOURCE[0]}")/_ha-drbd.sh"
 
-# our_paths: the sdX of our disks (vendor RUSTSCST), one per line.
-our_paths() {
-  local d
-  for d in /sys/block/sd*; do
-    [ -e "$d/device/vendor" ] || continue
-    grep -q RUSTSCST "$d/device/vendor" && echo "${d##*/}"
-  done
-}
-two_paths() { [ "$(our_paths | wc -l)" -eq 2 ]; }
+# Two sdX of ours (the guest library's our_disks): the two paths.
+two_paths() { [ "$(our_disks | wc -l)" -eq 2 ]; }
 
 # The map's dm-N (multipath -ll's first line), once it has two paths.
 map_dm() { multipath -ll 2>/dev/null | awk '/RUSTSCST/ { for (i = 1; i <= NF; i++) if ($i ~ /^dm-/) { print $i; exit } }'; }
@@ -117,7 +110,7 @@ EOF
   step "fio verify passed, and a read-only verify of all 16 MiB found every acknowledged write"
   multipath -ll | sed 's/^/  /'
   local bdev
-  for bdev in $(our_paths); do
+  for bdev in $(our_disks); do
     case "$(sg_vpd -p di /dev/$bdev 2>/dev/null | awk -F: '/Relative target port: / { gsub(/ /, "", $2); print $2; exit }')" in
       0x2) multipath -ll | grep " $bdev " | grep -q "active ready" ||
              fail "b's path $bdev is not active ready after the failover" ;;

@@ -97,15 +97,6 @@ sys.exit(0 if out.startswith("OK") else 1)
 PY
 }
 
-# The sdX of our disks (vendor RUSTSCST), one per line.
-our_disks() {
-  local d
-  for d in /sys/block/sd*; do
-    [ -e "$d/device/vendor" ] || continue
-    grep -q RUSTSCST "$d/device/vendor" && echo "${d##*/}"
-  done
-}
-
 two_disks() { [ "$(our_disks | wc -l)" -eq 2 ]; }
 
 # rel_port DEV: the relative target port VPD 0x83 names for DEV's path.

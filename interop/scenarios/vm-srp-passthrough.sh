@@ -219,16 +219,6 @@ guest_initiator() {
   msg_send "$a" 7001 120 done
 }
 
-# Prints every sdX whose SCSI vendor is DISK_VENDOR, one a line.
-our_disks() {
-  local d
-  for d in /sys/block/sd*; do
-    [ -e "$d/device/vendor" ] || continue
-    grep -q "$DISK_VENDOR" "$d/device/vendor" && echo "${d##*/}"
-  done
-  return 0
-}
-
 # second_nexus_reservations DEV: a second ib_srp login (initiator_ext 2,
 # so another initiator port ID) gives a second disk on the same LU; the
 # reservation one nexus holds is enforced on the other (SPC-4 5.13).
