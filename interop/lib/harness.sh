@@ -460,6 +460,21 @@ scenario_run() {
   rm -f "$RUN_DIR/initrd.cpio" "$RUN_DIR/overlay.cpio"
   echo "INTEROP-FAIL $name: $reason${retried:+ [$retried]}${NOTES:+ [guest notes: $NOTES]}"
   log "logs and capture kept in $RUN_DIR"
+  # CI keeps only the tail of its log, and the summary is printed last: a
+  # failure's reason and the end of each guest's console go there too, so
+  # a failure in CI can be read without its kept logs.
+  if [ -n "${CI_SUMMARY:-}" ]; then
+    {
+      echo "INTEROP-FAIL $name: $reason"
+      for v in "${SCENARIO_VMS[@]}"; do
+        read -r vname voct vrole <<<"$v"
+        echo "  --- last lines of vm $vname's console"
+        tr -d '\r' <"$RUN_DIR/console-$vname.log" 2>/dev/null | grep -a -v '^[[:space:]]*$' |
+          tail -n "${CI_SUMMARY_LINES:-40}" | cut -c1-300 | sed 's/^/  /'
+      done
+      [ "$host_rc" -eq 0 ] || { echo "  --- last lines of host.log"; tail -n 15 "$RUN_DIR/host.log" | sed 's/^/  /'; }
+    } >>"$CI_SUMMARY" 2>/dev/null || true
+  fi
   return 1
 }
 
