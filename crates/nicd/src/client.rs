@@ -258,6 +258,17 @@ impl NicdProvider {
     pub fn daemon_clients(&self) -> Result<Vec<ClientReport>> {
         self.live().daemon_clients()
     }
+
+    /// Has the daemon serve a NIC at `ip` from now on (or finds the one
+    /// it serves there) and names its GUID.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for a client that is neither root nor the
+    /// daemon's user, or a NIC that would not open there (in words);
+    /// `NotSupported` from a daemon that cannot add NICs.
+    pub fn add_nic(&self, ip: std::net::IpAddr) -> Result<Guid> {
+        self.live().add_nic(ip)
+    }
 }
 
 /// Each verb the current session's ([`NicdProvider::s`]).
@@ -684,6 +695,14 @@ impl Session {
 
     fn daemon_clients(&self) -> Result<Vec<ClientReport>> {
         call!(self, Request::Clients {}, Reply::Clients { clients } => clients)
+    }
+
+    fn add_nic(&self, ip: std::net::IpAddr) -> Result<Guid> {
+        let guids = call!(self, Request::AddNic { ip }, Reply::Guids { guids } => guids)?;
+        guids
+            .first()
+            .copied()
+            .ok_or_else(|| unexpected("Request::AddNic", &Reply::Guids { guids }))
     }
 }
 

@@ -38,11 +38,16 @@
 //! and [`NicdProvider`] connects again once one is back (srpd and srptd
 //! then start their CM agents and target ports anew).
 //!
+//! A running daemon serves a NIC at another address when a client of
+//! root or the daemon's user asks ([`Request::AddNic`](proto::Request),
+//! [`NicdProvider::add_nic`]; [`connect_at`] asks for the address it
+//! is given), as `rdma link add` makes an rxe device.
+//!
 //! What it does not do yet: UD sends, atomics and window binds go on
 //! the socket, not the rings (as do a solicited-only arm and what it
 //! delegates); SIDR through the daemon; the tools using it by default
-//! (they take `--nicd`; their in-process NIC stays the default); a
-//! running daemon taking a NIC at another address; `rpingpong`,
+//! (they take `--nicd`; their in-process NIC stays the default);
+//! `rpingpong`,
 //! `ibsm`, `saquery` and the `ib` fabric (SMA, QP0) through it.
 //!
 //! What it refuses: a client's handle that is not its own, memory not
@@ -103,10 +108,12 @@ pub fn socket_for(given: &std::path::Path) -> PathBuf {
 
 /// A tool's client of the daemon at `socket` and the GUID of the NIC it
 /// serves at `ip` (`rnic::softroce::ip_guid`, as `nicd --ip` names it).
+/// A daemon that serves no NIC there is asked to add one
+/// ([`NicdProvider::add_nic`]: for root and the daemon's own user).
 ///
 /// # Errors
-/// No daemon there, or one serving other addresses: in words that say
-/// what to do.
+/// No daemon there, or one serving other addresses that would not add
+/// this one: in words that say what to do.
 pub fn connect_at(
     socket: &std::path::Path,
     ip: std::net::IpAddr,
@@ -115,22 +122,35 @@ pub fn connect_at(
     let p = NicdProvider::connect(socket).map_err(|e| e.to_string())?;
     let guid = rnic::softroce::ip_guid(ip);
     let served = p.list_cas();
-    if !served.contains(&guid) {
-        let others: Vec<String> = served.iter().map(|g| format!("{:#018x}", g.0)).collect();
-        return Err(format!(
-            "the NIC daemon at {} (pid {}) serves no NIC at {ip} (its NICs: {}): give --nicd \
-             another socket (a daemon is started there for {ip}), or restart this one with every \
-             address (`nicd --ip ... --ip {ip}`)",
+    if served.contains(&guid) {
+        return Ok((p, guid));
+    }
+    match p.add_nic(ip) {
+        Ok(added) if added == guid => Ok((p, guid)),
+        Ok(other) => Err(format!(
+            "the NIC daemon at {} (pid {}) added a NIC at {ip} as {:#018x}, not {:#018x}: is it \
+             another build of nicd?",
             socket.display(),
             p.daemon_pid(),
-            if others.is_empty() {
-                "none".into()
-            } else {
-                others.join(", ")
-            }
-        ));
+            other.0,
+            guid.0
+        )),
+        Err(e) => {
+            let others: Vec<String> = served.iter().map(|g| format!("{:#018x}", g.0)).collect();
+            Err(format!(
+                "the NIC daemon at {} (pid {}) serves no NIC at {ip} (its NICs: {}) and would not \
+                 add one ({e}): give --nicd another socket (a daemon is started there for {ip}), \
+                 or restart this one with every address (`nicd --ip ... --ip {ip}`)",
+                socket.display(),
+                p.daemon_pid(),
+                if others.is_empty() {
+                    "none".into()
+                } else {
+                    others.join(", ")
+                }
+            ))
+        }
     }
-    Ok((p, guid))
 }
 
 /// This process's effective user ID.

@@ -9,6 +9,7 @@ use rnic::softroce::{NicOptions, SoftCa, SoftRoce, ROCE_PORT};
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 #[derive(Parser)]
 #[command(
@@ -84,7 +85,9 @@ fn main() -> ExitCode {
         max_qps: args.max_qps,
         max_registered: args.max_registered,
     };
-    let server = nicd::Server::with_limits(provider, limits);
+    let server = nicd::Server::with_limits(provider.clone(), limits);
+    // A client (root or this user) may have it serve another address.
+    server.add_nics_with(Arc::new(provider));
     server.set_ring_spin(std::time::Duration::from_micros(args.ring_spin_us));
     // A daemon started on demand may follow one that is leaving for
     // want of clients, whose NICs let go of their UDP ports a moment

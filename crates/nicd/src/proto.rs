@@ -115,6 +115,7 @@ use rdma_types::{
     AccessFlags, Gid, Guid, Lid, Lkey, Mtu, Pkey, PkeyViolation, PortNum, Psn, Qkey, QpState,
     QpType, Qpn, Rkey, WcOpcode, WcStatus,
 };
+use std::net::IpAddr;
 use std::collections::HashSet;
 use std::sync::Mutex;
 use verbs::{
@@ -314,6 +315,21 @@ impl Wire for Gid {
     }
     fn get(d: &mut Dec<'_>) -> PResult<Self> {
         Ok(Gid(d.take(16, "GID")?.try_into().expect("sized")))
+    }
+}
+
+/// An address as 16 bytes, IPv4 mapped into IPv6.
+impl Wire for IpAddr {
+    fn put(&self, e: &mut Enc) {
+        let v6 = match self {
+            IpAddr::V4(a) => a.to_ipv6_mapped(),
+            IpAddr::V6(a) => *a,
+        };
+        e.0.extend_from_slice(&v6.octets());
+    }
+    fn get(d: &mut Dec<'_>) -> PResult<Self> {
+        let b: [u8; 16] = d.take(16, "IP address")?.try_into().expect("sized");
+        Ok(std::net::Ipv6Addr::from(b).to_canonical())
     }
 }
 
@@ -794,6 +810,10 @@ messages! {
         /// A MAD (256 bytes) to QP1 of the port at `dgid`, sent with
         /// P_Key index `pkey_index` (a post on the client's GSI QP).
         GsiSend = 43 { qp: QpHandle, dgid: Gid, pkey_index: u16, mad: Vec<u8> },
+        /// A NIC at `ip` served from now on (root and the daemon's user
+        /// only), answered with its GUID (one [`Reply::Guids`]); one the
+        /// daemon serves already is named.
+        AddNic = 44 { ip: IpAddr },
     }
 
     /// Daemon to client: what a request returns.

@@ -164,6 +164,34 @@ const GSI_RAW: Handle = Handle {
     generation: u32::MAX,
 };
 
+/// What lets a running daemon serve a NIC at another address: the
+/// daemon's provider (`nicd` gives its soft RoCE NICs'), seen from the
+/// server, which knows only `verbs::Provider`.
+pub trait AddNics: Send + Sync {
+    /// Makes the provider list a NIC at `ip` (or finds the one it has)
+    /// and names its GUID.
+    ///
+    /// # Errors
+    /// Why the provider will not (in words).
+    fn add(&self, ip: std::net::IpAddr) -> Result<rdma_types::Guid>;
+    /// Takes back a NIC [`AddNics::add`] made that would not open.
+    fn forget(&self, guid: rdma_types::Guid);
+}
+
+/// The soft RoCE NICs: one at each address, named by it
+/// ([`rnic::softroce::ip_guid`]), bound when the daemon claims it.
+impl AddNics for Arc<rnic::softroce::SoftRoce> {
+    fn add(&self, ip: std::net::IpAddr) -> Result<rdma_types::Guid> {
+        let ca = rnic::softroce::SoftCa::at(ip);
+        let guid = ca.guid;
+        self.add_ca(ca)?;
+        Ok(guid)
+    }
+    fn forget(&self, guid: rdma_types::Guid) {
+        let _ = self.forget_ca(guid);
+    }
+}
+
 /// The daemon's state: the provider and every client's objects.
 pub struct Server {
     provider: Arc<dyn Provider>,
@@ -179,8 +207,11 @@ pub struct Server {
     release_failures: AtomicU64,
     limits: Limits,
     limit_refusals: AtomicU64,
-    /// The daemon's own opening of each CA ([`Server::claim_nics`]).
-    claimed: Mutex<Vec<CaHandle>>,
+    /// The daemon's own opening of each CA ([`Server::claim_nics`],
+    /// [`Server::add_nic`]).
+    claimed: Mutex<Vec<(rdma_types::Guid, CaHandle)>>,
+    /// What makes a NIC at another address ([`Server::add_nics_with`]).
+    nic_maker: Mutex<Option<Arc<dyn AddNics>>>,
     /// Ring entries and indices refused ([`Server::ring_refusals`]).
     ring_refusals: AtomicU64,
     /// How long a ring poller spins after its last work, in ns.
@@ -354,6 +385,7 @@ impl Server {
             limits,
             limit_refusals: AtomicU64::new(0),
             claimed: Mutex::new(Vec::new()),
+            nic_maker: Mutex::new(None),
             ring_refusals: AtomicU64::new(0),
             ring_spin_ns: AtomicU64::new(DEFAULT_RING_SPIN.as_nanos() as u64),
             gsi_ports: Mutex::new(HashMap::new()),
@@ -381,9 +413,9 @@ impl Server {
                 .provider
                 .open_ca(guid, 0, Arc::new(verbs::IgnoreEvents))
             {
-                Ok(ca) => claimed.push(ca),
+                Ok(ca) => claimed.push((guid, ca)),
                 Err(e) => {
-                    for ca in claimed.drain(..) {
+                    for (_, ca) in claimed.drain(..) {
                         let _ = self.provider.close_ca(ca);
                     }
                     return Err((guid, e));
@@ -391,6 +423,47 @@ impl Server {
             }
         }
         Ok(())
+    }
+
+    /// Lets the running daemon serve NICs at more addresses
+    /// ([`Server::add_nic`], a client's [`Request::AddNic`]).
+    pub fn add_nics_with(&self, maker: Arc<dyn AddNics>) {
+        *self.nic_maker.lock().unwrap_or_else(|e| e.into_inner()) = Some(maker);
+    }
+
+    /// Serves a NIC at `ip` from now on, as [`Server::claim_nics`] does
+    /// those it started with (its socket bound now), and names its GUID;
+    /// one it serves already is named at once.
+    ///
+    /// # Errors
+    /// `NotSupported` when the daemon was not given [`Server::add_nics_with`];
+    /// the maker's refusal, or why the new NIC would not open (the
+    /// address is not this host's, another process holds its port), in
+    /// words naming the address.
+    pub fn add_nic(&self, ip: std::net::IpAddr) -> Result<rdma_types::Guid> {
+        let maker = self.nic_maker.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let maker = maker.ok_or(VerbsError::NotSupported(
+            "this daemon serves only the NICs it started with (restart it with another --ip)",
+        ))?;
+        let mut claimed = self.claimed.lock().unwrap_or_else(|e| e.into_inner());
+        let guid = maker.add(ip)?;
+        if claimed.iter().any(|(g, _)| *g == guid) {
+            return Ok(guid);
+        }
+        match self
+            .provider
+            .open_ca(guid, 0, Arc::new(verbs::IgnoreEvents))
+        {
+            Ok(ca) => {
+                claimed.push((guid, ca));
+                tracing::info!("nicd: serving a NIC at {ip} ({guid:?}) from now on");
+                Ok(guid)
+            }
+            Err(e) => {
+                maker.forget(guid);
+                Err(bad(format!("no NIC at {ip}: {e}")))
+            }
+        }
     }
 
     /// Accepts clients on `listener` until it fails, each on threads of
@@ -1038,6 +1111,17 @@ impl Server {
                 Request::TakePkeyViolations { ca, port } => Reply::PkeyViolations {
                     v: p.take_pkey_violations(CaHandle(self.raw(me, K::Ca, ca.0)?), port)?,
                 },
+                Request::AddNic { ip } => {
+                    if !self.privileged(peer) {
+                        return Err(bad(format!(
+                            "adding a NIC needs root or the daemon's user (uid {}); client uid {}",
+                            self.uid, peer.uid
+                        )));
+                    }
+                    Reply::Guids {
+                        guids: vec![self.add_nic(ip)?],
+                    }
+                }
                 Request::Clients {} => {
                     if !self.privileged(peer) {
                         return Err(bad(format!(

@@ -2,13 +2,16 @@
 //! socket, clients of another process through it, and its end seen by
 //! them as the CA's removal.
 
-use rdma_types::{Gid, PortNum};
+mod common;
+
+use rdma_types::{Gid, PortNum, QpType, WcStatus};
 use std::io::{BufRead, BufReader};
 use std::net::{IpAddr, Ipv4Addr};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use verbs::conformance::{Ev, Recorder};
-use verbs::{AsyncEventKind, Provider, VerbsError};
+use verbs::conformance::Node;
+use verbs::{AsyncEventKind, Provider, RecvWr, SendOpcode, SendWr, VerbsError};
 
 /// Kills the daemon should the test fail before it ends it.
 struct Reap(i32);
@@ -136,4 +139,78 @@ fn nicd_has_a_man_page_and_its_unit_verifies() {
         String::from_utf8_lossy(&out.stderr)
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A running daemon takes a NIC at an address it was not started with
+/// when a client (here the daemon's own user) asks: `connect_at` adds it,
+/// an RC connection runs between the old NIC and the new, and an address
+/// that is not this host's is refused in words and not listed.
+#[test]
+fn a_running_nicd_adds_the_nic_a_client_asks_for() {
+    let a_ip = IpAddr::V4(Ipv4Addr::new(127, 27, 231, 1));
+    let b_ip = IpAddr::V4(Ipv4Addr::new(127, 27, 231, 2));
+    let socket = std::env::temp_dir().join(format!("nicd-add-{}.sock", std::process::id()));
+    let mut nicd = Command::new(env!("CARGO_BIN_EXE_nicd"))
+        .args(["--ip", &a_ip.to_string(), "--socket"])
+        .arg(&socket)
+        .env("SOFTROCE_FOLLOW_LINK", "0")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let reap = Reap(nicd.id() as i32);
+    let mut line = String::new();
+    BufReader::new(nicd.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.starts_with("nicd: serving 127.27.231.1 on "), "{line}");
+
+    let (pa, ga) = nicd::connect_at(&socket, a_ip).unwrap();
+    assert_eq!(pa.list_cas(), vec![ga]);
+    let (pb, gb) = nicd::connect_at(&socket, b_ip).unwrap();
+    assert_eq!(gb, rnic::softroce::ip_guid(b_ip));
+    assert_eq!(pa.list_cas(), vec![ga, gb]);
+    // Asking again names the same NIC and adds none.
+    assert_eq!(pa.add_nic(b_ip), Ok(gb));
+    assert_eq!(pb.list_cas().len(), 2);
+
+    // A SEND from the NIC it started with to the one it added.
+    let a = Node::open(&common::One(pa.clone(), ga), ga, 64);
+    let b = Node::open(&common::One(pb.clone(), gb), gb, 64);
+    assert_eq!(b.av().dgid, Gid::from_ip(b_ip));
+    let (qa, qb) = (a.qp(QpType::Rc, None, 1), b.qp(QpType::Rc, None, 2));
+    common::rc_to(&a, qa, b.av(), b.p.qp_num(qb).unwrap());
+    common::rc_to(&b, qb, a.av(), a.p.qp_num(qa).unwrap());
+    b.p.post_recv(
+        qb,
+        &[RecvWr {
+            wr_id: 7,
+            sges: vec![b.sge(0, 64)],
+        }],
+    )
+    .unwrap();
+    a.buf.write_at(0, b"through a NIC added later");
+    a.p.post_send(qa, &[SendWr::new(1, SendOpcode::Send, vec![a.sge(0, 25)])])
+        .unwrap();
+    assert_eq!(a.wc().status, WcStatus::Success);
+    let got = b.wc();
+    assert_eq!((got.status, got.wr_id, got.byte_len), (WcStatus::Success, 7, 25));
+    let mut seen = [0u8; 25];
+    b.buf.read_at(0, &mut seen);
+    assert_eq!(&seen, b"through a NIC added later");
+
+    // 192.0.2.1 (TEST-NET-1) is no address of this host: the NIC cannot
+    // bind there, so the daemon refuses and lists it not.
+    let far = IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1));
+    let err = nicd::connect_at(&socket, far).err().expect("refused");
+    assert!(
+        err.contains("serves no NIC at 192.0.2.1") && err.contains("would not add one"),
+        "{err}"
+    );
+    assert_eq!(pa.list_cas(), vec![ga, gb]);
+
+    drop((a, b));
+    // SAFETY: a signal to our own child, not yet waited for.
+    unsafe { libc::kill(nicd.id() as i32, libc::SIGTERM) };
+    assert!(nicd.wait().unwrap().success());
+    std::mem::forget(reap);
 }

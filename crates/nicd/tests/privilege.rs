@@ -2,7 +2,7 @@
 //! (nobody) is served, but its port changes are refused in words where
 //! root's reach the provider; it gets a place at the daemon's QP1 but
 //! not QP0, and may not serve a class only privileged clients serve
-//! (subnet administration). Needs root (to run the client as nobody).
+//! (subnet administration) or add a NIC. Needs root (to run the client as nobody).
 //!
 //! The client is this test binary run again as nobody with
 //! `NICD_TEST_UNPRIVILEGED` naming the socket and the CA.
@@ -63,6 +63,12 @@ fn child(spec: &str) {
         "{e:?}"
     );
     n.p.gsi_register(q1, 0x06, 1, &[0x01], true).unwrap();
+    // Nor may it have the daemon take another address.
+    let e = c.0.add_nic([127, 27, 240, 250].into()).unwrap_err();
+    assert!(
+        matches!(&e, VerbsError::InvalidArgument(m) if m.contains("adding a NIC needs root")),
+        "{e:?}"
+    );
     let e = c.0.daemon_clients().unwrap_err();
     assert!(
         matches!(&e, VerbsError::InvalidArgument(m) if m.contains("needs root")),

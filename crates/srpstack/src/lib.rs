@@ -361,12 +361,17 @@ impl Stack {
                     initiator,
                 } => {
                     let (p, _) = nicd::connect_at(socket, *target).map_err(StackError::Nicd)?;
+                    // The initiator's NIC from the same daemon, added
+                    // when it serves only the target's.
                     if !verbs::Provider::list_cas(p.as_ref()).contains(&iguid) {
-                        return Err(StackError::Nicd(format!(
-                            "the NIC daemon at {} serves no NIC at {initiator}: start it with \
-                             both addresses (`nicd --ip {target} --ip {initiator}`)",
-                            socket.display()
-                        )));
+                        p.add_nic(*initiator).map_err(|e| {
+                            StackError::Nicd(format!(
+                                "the NIC daemon at {} serves no NIC at {initiator} and would not \
+                                 add one ({e}): start it with both addresses (`nicd --ip \
+                                 {target} --ip {initiator}`)",
+                                socket.display()
+                            ))
+                        })?;
                     }
                     (p, "nicd", Lid(0))
                 }

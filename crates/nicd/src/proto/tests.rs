@@ -51,6 +51,12 @@ fn every_message_kind_round_trips() {
     });
     round(Request::Hello { version: VERSION });
     round(Request::ListCas {});
+    round(Request::AddNic {
+        ip: "127.27.0.9".parse().unwrap(),
+    });
+    round(Request::AddNic {
+        ip: "fd00::27".parse().unwrap(),
+    });
     round(Request::GsiRegister {
         qp: QpHandle(h),
         class: 0x06,

@@ -205,11 +205,7 @@ impl SoftRoce {
         ctx: Context,
         handler: Arc<dyn EventHandler>,
     ) -> Result<CaHandle> {
-        let cfg = self
-            .cas
-            .iter()
-            .find(|c| c.guid == guid)
-            .ok_or(VerbsError::NoSuchCa)?;
+        let cfg = self.ca_config(guid).ok_or(VerbsError::NoSuchCa)?;
         // The previous node of this CA may still hold its socket: the last
         // reference to a closed CA can be a completion callback on its NIC
         // thread, which cannot be joined there, so the node goes when the

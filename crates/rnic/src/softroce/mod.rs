@@ -188,7 +188,9 @@ impl SoftCa {
 pub struct SoftRoce {
     udp_port: u16,
     mtu: Mtu,
-    cas: Vec<SoftCa>,
+    /// The CAs, in the order they were given and added
+    /// ([`SoftRoce::add_ca`]).
+    cas: std::sync::RwLock<Vec<SoftCa>>,
     options: NicOptions,
     st: Mutex<State>,
     /// What the provider keeps of each CA, open or not, by GUID: one slot
@@ -255,18 +257,75 @@ impl SoftRoce {
             options,
             st: Mutex::new(State::default()),
             slots: Mutex::new(slots.collect()),
-            cas,
+            cas: std::sync::RwLock::new(Vec::new()),
         });
-        // A CA's port follows the link under its address, as rxe's follows
-        // its netdev (`softroce::link`; unless the options say not to, and
-        // on failure only timeouts find a dead link).
         if follow {
-            let ips: Vec<IpAddr> = p.cas.iter().map(|c| c.ip).collect();
-            let _ = softroce::link::follow(Arc::downgrade(&p), &ips, |p: &SoftRoce, k, up| {
-                let _ = p.set_port_active(p.cas[k].guid, up);
-            });
+            p.follow_links(&cas);
         }
+        *p.cas.write().unwrap_or_else(|e| e.into_inner()) = cas;
         p
+    }
+
+    /// A CA's port follows the link under its address, as rxe's follows
+    /// its netdev (`softroce::link`; unless the options say not to, and
+    /// on failure only timeouts find a dead link).
+    fn follow_links(self: &Arc<Self>, cas: &[SoftCa]) {
+        let guids: Vec<Guid> = cas.iter().map(|c| c.guid).collect();
+        let ips: Vec<IpAddr> = cas.iter().map(|c| c.ip).collect();
+        let _ = softroce::link::follow(Arc::downgrade(self), &ips, move |p: &SoftRoce, k, up| {
+            let _ = p.set_port_active(guids[k], up);
+        });
+    }
+
+    /// Adds `ca` to a running provider (as `rdma link add` does a device):
+    /// it is listed at once and bound at its first open. Adding a CA the
+    /// provider has (same GUID and address) again does nothing.
+    ///
+    /// # Errors
+    /// `InvalidArgument` when another CA has its GUID.
+    pub fn add_ca(self: &Arc<Self>, ca: SoftCa) -> Result<()> {
+        {
+            let mut cas = self.cas.write().unwrap_or_else(|e| e.into_inner());
+            if let Some(old) = cas.iter().find(|c| c.guid == ca.guid) {
+                if old.ip == ca.ip {
+                    return Ok(());
+                }
+                return Err(bad(format!(
+                    "GUID {:#018x} is the CA at {} already",
+                    ca.guid.0, old.ip
+                )));
+            }
+            self.slots().entry(ca.guid.0).or_default();
+            cas.push(ca.clone());
+        }
+        if self.options.follow_link {
+            self.follow_links(std::slice::from_ref(&ca));
+        }
+        Ok(())
+    }
+
+    /// Takes CA `guid` off the list again, as `rdma link delete` does a
+    /// device nobody uses (an open CA is removed with [`SoftRoce::remove_ca`]).
+    ///
+    /// # Errors
+    /// `NoSuchCa` for an unknown GUID; `Busy` while the CA is open.
+    pub fn forget_ca(&self, guid: Guid) -> Result<()> {
+        let mut cas = self.cas.write().unwrap_or_else(|e| e.into_inner());
+        let mut slots = self.slots();
+        match slots.get(&guid.0) {
+            None => return Err(VerbsError::NoSuchCa),
+            Some(s) if s.open.is_some() => return Err(VerbsError::Busy("the CA is open")),
+            Some(_) => {}
+        }
+        slots.remove(&guid.0);
+        cas.retain(|c| c.guid != guid);
+        Ok(())
+    }
+
+    /// The CA `guid` as given or added.
+    pub(super) fn ca_config(&self, guid: Guid) -> Option<SoftCa> {
+        let cas = self.cas.read().unwrap_or_else(|e| e.into_inner());
+        cas.iter().find(|c| c.guid == guid).cloned()
     }
 
     /// The options the provider was made with.
@@ -288,7 +347,8 @@ impl Provider for SoftRoce {
     }
 
     fn list_cas(&self) -> Vec<Guid> {
-        self.cas.iter().map(|c| c.guid).collect()
+        let cas = self.cas.read().unwrap_or_else(|e| e.into_inner());
+        cas.iter().map(|c| c.guid).collect()
     }
 
     fn take_pkey_violations(&self, ca: CaHandle, port: PortNum) -> Result<Option<PkeyViolations>> {
