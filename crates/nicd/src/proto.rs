@@ -115,8 +115,8 @@ use rdma_types::{
     AccessFlags, Gid, Guid, Lid, Lkey, Mtu, Pkey, PkeyViolation, PortNum, Psn, Qkey, QpState,
     QpType, Qpn, Rkey, WcOpcode, WcStatus,
 };
-use std::net::IpAddr;
 use std::collections::HashSet;
+use std::net::IpAddr;
 use std::sync::Mutex;
 use verbs::{
     AhAttr, AhHandle, AltPath, AsyncEvent, AsyncEventKind, CaAttr, CaHandle, CqHandle, CqInit,

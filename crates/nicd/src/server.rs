@@ -441,7 +441,11 @@ impl Server {
     /// address is not this host's, another process holds its port), in
     /// words naming the address.
     pub fn add_nic(&self, ip: std::net::IpAddr) -> Result<rdma_types::Guid> {
-        let maker = self.nic_maker.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let maker = self
+            .nic_maker
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
         let maker = maker.ok_or(VerbsError::NotSupported(
             "this daemon serves only the NICs it started with (restart it with another --ip)",
         ))?;

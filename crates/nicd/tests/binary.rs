@@ -9,8 +9,8 @@ use std::io::{BufRead, BufReader};
 use std::net::{IpAddr, Ipv4Addr};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
-use verbs::conformance::{Ev, Recorder};
 use verbs::conformance::Node;
+use verbs::conformance::{Ev, Recorder};
 use verbs::{AsyncEventKind, Provider, RecvWr, SendOpcode, SendWr, VerbsError};
 
 /// Kills the daemon should the test fail before it ends it.
@@ -193,7 +193,10 @@ fn a_running_nicd_adds_the_nic_a_client_asks_for() {
         .unwrap();
     assert_eq!(a.wc().status, WcStatus::Success);
     let got = b.wc();
-    assert_eq!((got.status, got.wr_id, got.byte_len), (WcStatus::Success, 7, 25));
+    assert_eq!(
+        (got.status, got.wr_id, got.byte_len),
+        (WcStatus::Success, 7, 25)
+    );
     let mut seen = [0u8; 25];
     b.buf.read_at(0, &mut seen);
     assert_eq!(&seen, b"through a NIC added later");
