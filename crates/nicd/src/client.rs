@@ -1103,14 +1103,23 @@ impl Provider for Session {
     }
 
     fn post_send(&self, qp: QpHandle, wrs: &[SendWr]) -> Result<()> {
-        // Receives posted before this send are the NIC's before it goes.
-        if let Some(r) = &self.rings {
-            r.fence();
-        }
+        // Receives posted before this send are the NIC's before it goes:
+        // a send on the socket waits until the daemon took them (one on
+        // the SQ ring needs not: the daemon's poller takes every receive
+        // ring before the sends it has seen).
+        let fence = || {
+            if let Some(r) = &self.rings {
+                r.fence();
+            }
+        };
         if self.conn.local().gsis.contains_key(&qp.0.index) {
+            fence();
             return self.gsi_send(qp, wrs);
         }
         let socket = |wrs: &[SendWr]| {
+            if !wrs.is_empty() {
+                fence();
+            }
             let wrs = wrs.to_vec();
             call!(self, Request::PostSend { qp, wrs }, Reply::Unit {} => ())
         };

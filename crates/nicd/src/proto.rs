@@ -78,7 +78,10 @@
 //! state, a `QpFatal` event), and the client posts on the socket from
 //! then on. A post on the socket to a QP or SRQ with a ring, and a
 //! `ModifyQp`, are served after what the ring holds; an empty post waits
-//! for exactly that. A client that must know its receive (or inline
+//! for exactly that. In each pass the daemon reads the SQ rings'
+//! producer indices, then takes every receive ring, then the SQs up to
+//! the indices read: a receive produced before a send is posted first.
+//! A client that must know its receive (or inline
 //! send) was taken sets `WAITER` and sleeps on the low 32 bits of the
 //! consumer index (a futex); the daemon clears `WAITER` and wakes it
 //! after it moves the index.

@@ -270,12 +270,9 @@ impl VerbsQp {
         if !sleep {
             return Ok(false);
         }
-        // Armed, then polled again: a completion that came in between
-        // is not left waiting for the next one.
-        let _ = p.req_notify_cq(self.cq, false);
-        if take(self)? > 0 {
-            return Ok(true);
-        }
+        // `wait_cq` looks at the CQ itself: no arm (the CA's handler
+        // ignores events, and through the NIC daemon each armed
+        // completion would cost an event on its socket).
         let _ = p.wait_cq(self.cq, std::time::Duration::from_millis(1));
         Ok(take(self)? > 0)
     }

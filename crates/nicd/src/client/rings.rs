@@ -399,9 +399,10 @@ impl Rings {
     }
 
     /// Waits until the daemon took every receive posted without waiting
-    /// (see [`Rings::post_recv`]): called before any send leaves, so a
-    /// peer that learns of a receive from it finds it in the NIC. Free
-    /// when there are none.
+    /// (see [`Rings::post_recv`]): called before a send leaves on the
+    /// socket, so a peer that learns of a receive from it finds it in the
+    /// NIC (a send on a ring needs not: the daemon's poller takes the
+    /// receive rings before the sends it saw). Free when there are none.
     pub(super) fn fence(&self) {
         if !self.any_unconfirmed.load(Ordering::Acquire) {
             return;
@@ -489,9 +490,10 @@ impl Rings {
         // A receive must be the NIC's before a peer can be told of it.
         // On a queue that runs (an RTS QP's, or an SRQ, the daemon took
         // from before) the peer learns of it by a send of ours, so the
-        // receive is left to the daemon and every later send waits for
-        // it ([`Rings::fence`]): a server that answers each completion
-        // with a new receive does not wait for the daemon each time.
+        // receive is left to the daemon, which takes it before any later
+        // send of the rings (a send on the socket waits for it,
+        // [`Rings::fence`]): a server that answers each completion with
+        // a new receive does not wait for the daemon each time.
         // Otherwise (a queue being filled before its QP is announced,
         // perhaps out of band) the post waits here.
         let running = match &wq {

@@ -3,7 +3,10 @@
 //! Work queues (SQ, RQ, SRQ): one poller thread per connection takes
 //! what the client produced, checks every entry as a post on the socket
 //! is checked ([`Server::send_wr`]: handles the client's own, inline
-//! data inside its registrations) and posts it to the provider. It spins
+//! data inside its registrations) and posts it to the provider: in each
+//! pass the receive rings before the sends whose producer index it read
+//! before them, so a receive posted before a send is the NIC's before
+//! the send leaves. It spins
 //! a while ([`Server::set_ring_spin`]) after its last work, then sets
 //! [`flags::SLEEPING`] in every ring, looks once more, and sleeps on the
 //! client's doorbell eventfd (at most [`SLEEP_MAX`], so a connection's
@@ -208,6 +211,7 @@ impl ConnRings {
 
     fn poll_loop(&self, server: &Server, owner: u64, doorbell: &OwnedFd) {
         let mut idle = Instant::now();
+        let mut sends = Vec::new();
         loop {
             if self.stop.load(Ordering::SeqCst) {
                 return;
@@ -215,8 +219,27 @@ impl ConnRings {
             let wqs = lock(&self.wqs).clone();
             let mut work = 0;
             let mut stalled = false;
+            // Receives before sends: each SQ's producer index is read
+            // first, then every receive ring is taken, then each SQ up
+            // to the index read. A receive the client posted before a
+            // send is the NIC's before that send leaves, so a peer that
+            // answers the send finds it (and the client's send need not
+            // wait for its receives to be taken).
+            sends.clear();
+            sends.extend(wqs.iter().map(|w| w.ring.producer()));
             for w in wqs.iter() {
-                let (n, s) = w.drain(server, &*self.provider, &self.out, owner);
+                if matches!(w.kind, WqKind::Send { .. }) {
+                    continue;
+                }
+                let (n, s) = w.drain(server, &*self.provider, &self.out, owner, None);
+                work += n;
+                stalled |= s;
+            }
+            for (w, &upto) in wqs.iter().zip(&sends) {
+                if !matches!(w.kind, WqKind::Send { .. }) {
+                    continue;
+                }
+                let (n, s) = w.drain(server, &*self.provider, &self.out, owner, Some(upto));
                 work += n;
                 stalled |= s;
             }
@@ -338,11 +361,19 @@ impl WqRing {
         !st.dead && self.ring.producer() != st.cons
     }
 
-    /// Takes what the client produced: how many entries, and whether
-    /// the provider's queue was full.
-    fn drain(&self, server: &Server, p: &dyn Provider, out: &Outbox, owner: u64) -> (usize, bool) {
+    /// Takes what the client produced (up to producer index `upto`
+    /// when given, an index read earlier): how many entries, and
+    /// whether the provider's queue was full.
+    fn drain(
+        &self,
+        server: &Server,
+        p: &dyn Provider,
+        out: &Outbox,
+        owner: u64,
+        upto: Option<u64>,
+    ) -> (usize, bool) {
         let mut st = lock(&self.st);
-        self.drain_locked(&mut st, server, p, out, owner)
+        self.drain_locked(&mut st, server, p, out, owner, upto)
     }
 
     /// Runs `then` (a post or `modify_qp` on the socket) after what the
@@ -358,7 +389,7 @@ impl WqRing {
     ) -> verbs::Result<T> {
         let mut st = lock(&self.st);
         let p = &*server.provider;
-        let (_, stalled) = self.drain_locked(&mut st, server, p, out, owner);
+        let (_, stalled) = self.drain_locked(&mut st, server, p, out, owner, None);
         if stalled && is_post {
             return Err(VerbsError::BadWr {
                 index: 0,
@@ -375,11 +406,17 @@ impl WqRing {
         p: &dyn Provider,
         out: &Outbox,
         owner: u64,
+        upto: Option<u64>,
     ) -> (usize, bool) {
         if st.dead {
             return (0, false);
         }
-        let prod = self.ring.producer();
+        let prod = match upto {
+            // A socket verb's drain took more meanwhile.
+            Some(i) if i <= st.cons => return (0, false),
+            Some(i) => i,
+            None => self.ring.producer(),
+        };
         let avail = prod.wrapping_sub(st.cons);
         if avail > self.ring.spec().capacity as u64 {
             let why = format!(
