@@ -207,6 +207,10 @@ guest_initiator() {
     step "$j: read $(cut -d';' -f6 "/tmp/$j.out" | head -1) KiB, wrote $(cut -d';' -f47 "/tmp/$j.out" | head -1) KiB"
   done
   [ $rc = 0 ] || soak_fail "fio verify failed under the soak"
+  # rxe's retries after a lost ACK (all of our copies lost: see roce's
+  # AckRepeat), the way a soak goes wrong on a lossy link.
+  local hc=/sys/class/infiniband/rxe0/ports/1/hw_counters
+  step "rxe: completer_retry_err $(cat $hc/completer_retry_err 2>/dev/null), out_of_seq_request $(cat $hc/out_of_seq_request 2>/dev/null), duplicate_request $(cat $hc/duplicate_request 2>/dev/null)"
   local closes
   closes=$(dmesg | grep -ciE "connection closed|reconnect|failed (send|recv|receive) status|DREQ|disconnected|queuecommand|abort|reset" || true)
   [ "$closes" = 0 ] || soak_fail "ib_srp saw $closes disconnects, aborts or failed work requests during the soak"
