@@ -24,13 +24,11 @@ impl Drop for Reap {
     }
 }
 
-#[test]
-fn nicd_serves_a_client_and_its_end_removes_the_ca() {
-    let ip = IpAddr::V4(Ipv4Addr::new(127, 27, 230, 1));
-    let socket = std::env::temp_dir().join(format!("nicd-bin-{}.sock", std::process::id()));
+/// `nicd --ip IP --socket SOCKET` started, once it says it serves.
+fn start_nicd(ip: IpAddr, socket: &std::path::Path) -> (std::process::Child, Reap) {
     let mut nicd = Command::new(env!("CARGO_BIN_EXE_nicd"))
         .args(["--ip", &ip.to_string(), "--socket"])
-        .arg(&socket)
+        .arg(socket)
         .env("SOFTROCE_FOLLOW_LINK", "0")
         .stdout(Stdio::piped())
         .spawn()
@@ -40,7 +38,18 @@ fn nicd_serves_a_client_and_its_end_removes_the_ca() {
     BufReader::new(nicd.stdout.take().unwrap())
         .read_line(&mut line)
         .unwrap();
-    assert!(line.starts_with("nicd: serving 127.27.230.1 on "), "{line}");
+    assert!(
+        line.starts_with(&format!("nicd: serving {ip} on ")),
+        "{line}"
+    );
+    (nicd, reap)
+}
+
+#[test]
+fn nicd_serves_a_client_and_its_end_removes_the_ca() {
+    let ip = IpAddr::V4(Ipv4Addr::new(127, 27, 230, 1));
+    let socket = std::env::temp_dir().join(format!("nicd-bin-{}.sock", std::process::id()));
+    let (mut nicd, reap) = start_nicd(ip, &socket);
 
     let p = nicd::NicdProvider::connect(&socket).unwrap();
     assert_eq!(p.daemon_pid(), nicd.id());
@@ -150,19 +159,7 @@ fn a_running_nicd_adds_the_nic_a_client_asks_for() {
     let a_ip = IpAddr::V4(Ipv4Addr::new(127, 27, 231, 1));
     let b_ip = IpAddr::V4(Ipv4Addr::new(127, 27, 231, 2));
     let socket = std::env::temp_dir().join(format!("nicd-add-{}.sock", std::process::id()));
-    let mut nicd = Command::new(env!("CARGO_BIN_EXE_nicd"))
-        .args(["--ip", &a_ip.to_string(), "--socket"])
-        .arg(&socket)
-        .env("SOFTROCE_FOLLOW_LINK", "0")
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let reap = Reap(nicd.id() as i32);
-    let mut line = String::new();
-    BufReader::new(nicd.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert!(line.starts_with("nicd: serving 127.27.231.1 on "), "{line}");
+    let (mut nicd, reap) = start_nicd(a_ip, &socket);
 
     let (pa, ga) = nicd::connect_at(&socket, a_ip).unwrap();
     assert_eq!(pa.list_cas(), vec![ga]);

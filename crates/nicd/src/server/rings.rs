@@ -227,21 +227,17 @@ impl ConnRings {
             // wait for its receives to be taken).
             sends.clear();
             sends.extend(wqs.iter().map(|w| w.ring.producer()));
-            for w in wqs.iter() {
-                if matches!(w.kind, WqKind::Send { .. }) {
-                    continue;
+            for sends_now in [false, true] {
+                for (w, &upto) in wqs.iter().zip(&sends) {
+                    let send = matches!(w.kind, WqKind::Send { .. });
+                    if send != sends_now {
+                        continue;
+                    }
+                    let upto = send.then_some(upto);
+                    let (n, s) = w.drain(server, &*self.provider, &self.out, owner, upto);
+                    work += n;
+                    stalled |= s;
                 }
-                let (n, s) = w.drain(server, &*self.provider, &self.out, owner, None);
-                work += n;
-                stalled |= s;
-            }
-            for (w, &upto) in wqs.iter().zip(&sends) {
-                if !matches!(w.kind, WqKind::Send { .. }) {
-                    continue;
-                }
-                let (n, s) = w.drain(server, &*self.provider, &self.out, owner, Some(upto));
-                work += n;
-                stalled |= s;
             }
             if work > 0 {
                 idle = Instant::now();
