@@ -931,14 +931,10 @@ impl Provider for Session {
     }
 
     fn create_qp(&self, pd: PdHandle, init: &QpInit, ctx: Context) -> Result<QpHandle> {
-        match init.qp_type {
-            QpType::Smi => {
-                return Err(VerbsError::NotSupported(
-                    "QP0 is the NIC daemon's own: no client gets it",
-                ))
-            }
-            QpType::Gsi => return self.open_gsi(pd, init, ctx),
-            _ => {}
+        // QP1 is a place at the daemon's; QP0 (root's or the daemon's
+        // user's, on an `ib` port nobody holds yet) goes on the socket.
+        if init.qp_type == QpType::Gsi {
+            return self.open_gsi(pd, init, ctx);
         }
         let init = *init;
         let layout = self

@@ -43,20 +43,29 @@
 //! [`NicdProvider::add_nic`]; [`connect_at`] asks for the address it
 //! is given), as `rdma link add` makes an rxe device.
 //!
+//! `nicd --fabric ib` makes its ports those of a managed subnet: each
+//! waits in INIT until a subnet manager (`ibsm run --node IP`) brings it
+//! ACTIVE with a LID. The daemon answers the SM itself: each port's SMA
+//! (`rdma_access::IbNode`) runs on a client of the daemon's own, which
+//! holds the port's QP0 (a privileged client may hold a QP0 nobody
+//! holds; nobody else shares it).
+//!
 //! What it does not do yet: UD sends, atomics and window binds go on
 //! the socket, not the rings (as do a solicited-only arm and what it
 //! delegates); SIDR through the daemon; the tools using it by default
 //! (they take `--nicd`; their in-process NIC stays the default);
-//! `rpingpong`,
-//! `ibsm`, `saquery` and the `ib` fabric (SMA, QP0) through it.
+//! `rpingpong`, `ibsm` and `saquery` through it (an SM through the
+//! daemon needs QP0 shared between the port's SMA and the SM, as QP1
+//! is); a NIC added to a running `ib` daemon (it would need its SMA).
 //!
 //! What it refuses: a client's handle that is not its own, memory not
-//! shared with it, QP0, QP1 MADs it may not send (SMPs, responses of a
-//! class it does not serve, CM messages for another client's
-//! connections), serving subnet administration or performance
-//! management, and port changes, from users other than root and its
-//! own, a method or service another client serves or listens on, QPs
-//! and registered memory beyond a client's [`Limits`].
+//! shared with it, QP0 (and a QP0 another holds to anyone), QP1 MADs it
+//! may not send (SMPs, responses of a class it does not serve, CM
+//! messages for another client's connections), serving subnet
+//! administration or performance management, and port changes, from
+//! users other than root and its own, a method or service another
+//! client serves or listens on, QPs and registered memory beyond a
+//! client's [`Limits`].
 
 #![deny(clippy::undocumented_unsafe_blocks)]
 

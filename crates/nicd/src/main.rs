@@ -5,7 +5,8 @@
 #![forbid(unsafe_code)]
 
 use clap::Parser;
-use rnic::softroce::{NicOptions, SoftCa, SoftRoce, ROCE_PORT};
+use rdma_access::subnet::Fabric;
+use rnic::softroce::{NicOptions, Personality, SoftCa, SoftRoce, ROCE_PORT};
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -24,6 +25,12 @@ struct Args {
     /// RoCEv2 UDP port of every NIC.
     #[arg(long, default_value_t = ROCE_PORT)]
     udp_port: u16,
+    /// The fabric of every NIC: `roce` (ports ACTIVE at once, no subnet
+    /// manager) or `ib` (a managed subnet: each port waits in INIT until
+    /// a subnet manager, such as `ibsm run --node IP`, brings it ACTIVE
+    /// with a LID; the daemon answers its SMPs on QP0).
+    #[arg(long, value_enum, default_value_t = Fabric::Roce)]
+    fabric: Fabric,
     /// Path MTU in bytes: 256, 512, 1024, 2048 or 4096.
     #[arg(long, value_parser = rdma_types::Mtu::parse, default_value = "4096")]
     mtu: rdma_types::Mtu,
@@ -85,9 +92,20 @@ fn main() -> ExitCode {
         max_qps: args.max_qps,
         max_registered: args.max_registered,
     };
+    if args.fabric == Fabric::Ib {
+        for guid in verbs::Provider::list_cas(provider.as_ref()) {
+            if let Err(e) = provider.set_personality(guid, Personality::Ib) {
+                eprintln!("nicd: the ib fabric: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
     let server = nicd::Server::with_limits(provider.clone(), limits);
-    // A client (root or this user) may have it serve another address.
-    server.add_nics_with(Arc::new(provider));
+    // A client (root or this user) may have it serve another address (on
+    // a `roce` fabric: an `ib` port would need its SMA started too).
+    if args.fabric == Fabric::Roce {
+        server.add_nics_with(Arc::new(provider));
+    }
     server.set_ring_spin(std::time::Duration::from_micros(args.ring_spin_us));
     // A daemon started on demand may follow one that is leaving for
     // want of clients, whose NICs let go of their UDP ports a moment
@@ -120,6 +138,20 @@ fn main() -> ExitCode {
     if let Some(idle) = args.idle_exit {
         leave_when_idle(server.clone(), socket.clone(), idle);
     }
+    // On an `ib` fabric each port's SMA, through a client of our own
+    // (privileged: this user), so its MADs go by the daemon's QP1 like
+    // every client's; kept until the daemon stops.
+    let _smas = match args.fabric {
+        Fabric::Roce => Vec::new(),
+        Fabric::Ib => match serve_smas(&socket, &ips) {
+            Ok(n) => n,
+            Err(e) => {
+                eprintln!("nicd: the ib fabric's SMAs: {e}");
+                let _ = std::fs::remove_file(&socket);
+                return ExitCode::FAILURE;
+            }
+        },
+    };
     let shown: Vec<String> = ips.iter().map(|i| i.to_string()).collect();
     tracing::info!("nicd: serving {} on {}", shown.join(", "), socket.display());
     println!("nicd: serving {} on {}", shown.join(", "), socket.display());
@@ -127,6 +159,32 @@ fn main() -> ExitCode {
     tracing::info!("nicd: {}: stopping", daemon_ctl::signals::name(sig));
     let _ = std::fs::remove_file(&socket);
     ExitCode::SUCCESS
+}
+
+/// The SMA of the port of each address (`--fabric ib`): an
+/// [`rdma_access::IbNode`] on the daemon's NIC through a client of the
+/// daemon at `socket`, holding the port's QP0.
+fn serve_smas(
+    socket: &std::path::Path,
+    ips: &[IpAddr],
+) -> Result<Vec<rdma_access::IbNode>, String> {
+    let client = nicd::NicdProvider::connect(socket).map_err(|e| e.to_string())?;
+    let mut nodes = Vec::new();
+    for (k, ip) in ips.iter().enumerate() {
+        let guid = rnic::softroce::ip_guid(*ip);
+        // Communication IDs of their own, apart from the clients'.
+        let first_comm_id = 0x7e00_0000 | ((k as u32) << 16);
+        let node = rdma_access::IbNode::start(
+            client.clone(),
+            guid,
+            &format!("nicd {ip}"),
+            false,
+            first_comm_id,
+        )
+        .map_err(|e| format!("{ip}: {e}"))?;
+        nodes.push(node);
+    }
+    Ok(nodes)
 }
 
 /// `--idle-exit`: a thread that ends the process once it has had no

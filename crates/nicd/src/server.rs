@@ -970,22 +970,34 @@ impl Server {
 
     /// `create_qp` for client `me`: the provider's QP and the client's
     /// handle.
+    /// Client `me`'s QP (`privileged`: root's or the daemon's user's).
+    /// QP1 is the daemon's own (a client's place at it is `OpenGsi`);
+    /// QP0 of an `ib` port goes whole to the first privileged client
+    /// that asks, on `nicd --fabric ib` the daemon's own SMA.
     fn create_qp(
         &self,
         me: u64,
+        privileged: bool,
         pd: PdHandle,
         mut init: verbs::QpInit,
         ctx: u64,
     ) -> Result<(QpHandle, Handle)> {
         use ResourceKind as K;
-        if matches!(
-            init.qp_type,
-            rdma_types::QpType::Smi | rdma_types::QpType::Gsi
-        ) {
-            return Err(VerbsError::NotSupported(
-                "QP0 and QP1 are nicd's own: a client's place at QP1 is OpenGsi \
-                 (NicdProvider::create_qp of a GSI QP asks for it), and QP0 no client gets",
-            ));
+        match init.qp_type {
+            rdma_types::QpType::Gsi => {
+                return Err(VerbsError::NotSupported(
+                    "QP1 is nicd's own: a client's place at QP1 is OpenGsi \
+                     (NicdProvider::create_qp of a GSI QP asks for it)",
+                ))
+            }
+            rdma_types::QpType::Smi if !privileged => {
+                return Err(bad(format!(
+                    "QP0 needs root or the daemon's user (uid {}), and nicd --fabric ib serves \
+                     its ports' SMPs itself",
+                    self.uid
+                )))
+            }
+            _ => {}
         }
         self.within_qps(me)?;
         init.send_cq = CqHandle(self.raw(me, K::Cq, init.send_cq.0)?);
@@ -995,7 +1007,13 @@ impl Server {
         }
         let raw = self
             .provider
-            .create_qp(PdHandle(self.raw(me, K::Pd, pd.0)?), &init, ctx)?;
+            .create_qp(PdHandle(self.raw(me, K::Pd, pd.0)?), &init, ctx)
+            .map_err(|e| match (init.qp_type, e) {
+                (rdma_types::QpType::Smi, VerbsError::Busy(_)) => VerbsError::Busy(
+                    "QP0 of this port has its holder (nicd's SMA, or another client)",
+                ),
+                (_, e) => e,
+            })?;
         Ok((raw, self.add(me, K::Qp, raw.0, pd.0.index)))
     }
 
@@ -1218,7 +1236,7 @@ impl Server {
                     Reply::Unit {}
                 }
                 Request::CreateQp { pd, init, ctx } => {
-                    let (_, qp) = self.create_qp(me, pd, init, ctx)?;
+                    let (_, qp) = self.create_qp(me, self.privileged(peer), pd, init, ctx)?;
                     Reply::Qp { qp: QpHandle(qp) }
                 }
                 Request::QpNum { qp } => Reply::Qpn {
@@ -1474,7 +1492,7 @@ impl Server {
                     let rq = rq.map(|r| Ring::new(buf, r)).transpose().map_err(bad)?;
                     let ca = self.pd_ca(me, pd)?;
                     self.within_registered(me, None, len)?;
-                    let (raw, qp) = self.create_qp(me, pd, init, ctx)?;
+                    let (raw, qp) = self.create_qp(me, self.privileged(peer), pd, init, ctx)?;
                     self.charge_rings(qp, len);
                     let send = WqKind::Send { pd: pd.0.index };
                     c.rings

@@ -26,9 +26,19 @@ impl Drop for Reap {
 
 /// `nicd --ip IP --socket SOCKET` started, once it says it serves.
 fn start_nicd(ip: IpAddr, socket: &std::path::Path) -> (std::process::Child, Reap) {
+    start_nicd_with(ip, socket, &[])
+}
+
+/// [`start_nicd`] with more arguments.
+fn start_nicd_with(
+    ip: IpAddr,
+    socket: &std::path::Path,
+    more: &[&str],
+) -> (std::process::Child, Reap) {
     let mut nicd = Command::new(env!("CARGO_BIN_EXE_nicd"))
         .args(["--ip", &ip.to_string(), "--socket"])
         .arg(socket)
+        .args(more)
         .env("SOFTROCE_FOLLOW_LINK", "0")
         .stdout(Stdio::piped())
         .spawn()
@@ -209,6 +219,81 @@ fn a_running_nicd_adds_the_nic_a_client_asks_for() {
     assert_eq!(pa.list_cas(), vec![ga, gb]);
 
     drop((a, b));
+    // SAFETY: a signal to our own child, not yet waited for.
+    unsafe { libc::kill(nicd.id() as i32, libc::SIGTERM) };
+    assert!(nicd.wait().unwrap().success());
+    std::mem::forget(reap);
+}
+
+/// `nicd --fabric ib`: the daemon's port waits in INIT until a subnet
+/// manager (here one on a soft RoCE port of this process) sweeps it, and
+/// the daemon's SMA answers that SM on the port's QP0: the port comes
+/// ACTIVE with the LID the SM gave, which a client reads. QP0 is then
+/// the SMA's: a client asking for it is told so.
+#[test]
+fn nicd_on_an_ib_fabric_serves_its_ports_sma() {
+    use ib_sm::port::SmPort;
+    use rnic::softroce::{NicOptions, Personality, SoftCa, SoftRoce, ROCE_PORT};
+    use std::time::{Duration, Instant};
+    let sm_ip = IpAddr::V4(Ipv4Addr::new(127, 27, 232, 1));
+    let ip = IpAddr::V4(Ipv4Addr::new(127, 27, 232, 2));
+    let socket = std::env::temp_dir().join(format!("nicd-ib-{}.sock", std::process::id()));
+    let (mut nicd, reap) = start_nicd_with(ip, &socket, &["--fabric", "ib"]);
+
+    let p = nicd::NicdProvider::connect(&socket).unwrap();
+    let guid = rnic::softroce::ip_guid(ip);
+    let ca = p.open_ca(guid, 0, Arc::new(verbs::IgnoreEvents)).unwrap();
+    let port = p.query_port(ca, PortNum(1)).unwrap();
+    assert_eq!(port.state, verbs::PortState::Init, "{port:?}");
+
+    let options = NicOptions {
+        follow_link: false,
+        ..NicOptions::default()
+    };
+    let sm_nic = SoftRoce::with_options(
+        vec![SoftCa::at(sm_ip)],
+        ROCE_PORT,
+        rdma_types::Mtu::Mtu4096,
+        options,
+    );
+    let sm_guid = rnic::softroce::ip_guid(sm_ip);
+    sm_nic.set_personality(sm_guid, Personality::Ib).unwrap();
+    let mut sm = SmPort::open(
+        sm_nic.clone(),
+        sm_guid,
+        ib_sm::SmConfig::new(sm_guid),
+        &[Gid::from_ip(ip)],
+    )
+    .unwrap();
+    let end = Instant::now() + Duration::from_secs(20);
+    let port = loop {
+        sm.step(Duration::from_millis(20));
+        let port = p.query_port(ca, PortNum(1)).unwrap();
+        if port.state == verbs::PortState::Active {
+            break port;
+        }
+        assert!(Instant::now() < end, "never ACTIVE: {port:?}");
+    };
+    assert_ne!(port.lid, rdma_types::Lid(0), "{port:?}");
+
+    // QP0 is held by the daemon's SMA.
+    let n = Node::open(&common::One(p.clone(), guid), guid, 16);
+    let qp0 = verbs::QpInit {
+        qp_type: QpType::Smi,
+        send_cq: n.cq,
+        recv_cq: n.cq,
+        srq: None,
+        caps: verbs::QpCaps::default(),
+        sq_sig_all: true,
+        port: Some(PortNum(1)),
+    };
+    let e = n.p.create_qp(n.pd, &qp0, 0).unwrap_err();
+    assert!(
+        matches!(&e, VerbsError::Busy(m) if m.contains("QP0 of this port has its holder")),
+        "{e:?}"
+    );
+
+    drop((n, sm));
     // SAFETY: a signal to our own child, not yet waited for.
     unsafe { libc::kill(nicd.id() as i32, libc::SIGTERM) };
     assert!(nicd.wait().unwrap().success());

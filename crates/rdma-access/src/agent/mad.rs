@@ -127,7 +127,9 @@ impl CmAgent {
             st.gsi.unregister(id);
             return Err(e);
         }
-        if !methods.is_empty() {
+        // SMP classes are served on QP0, which this agent holds itself
+        // where it has one: the shared QP1's owner has nothing to route.
+        if !methods.is_empty() && !is_smp(class) {
             let told =
                 self.inner
                     .provider
