@@ -47,16 +47,17 @@
 //! waits in INIT until a subnet manager (`ibsm run --node IP`) brings it
 //! ACTIVE with a LID. The daemon answers the SM itself: each port's SMA
 //! (`rdma_access::IbNode`) runs on a client of the daemon's own, which
-//! holds the port's QP0 (a privileged client may hold a QP0 nobody
-//! holds; nobody else shares it).
+//! holds the port's QP0. A privileged client that asks for a QP0 (a
+//! subnet manager, `ibsm run --nicd`) is lent it: the SMA of that port
+//! stops, and starts again when the client's QP0 is gone
+//! ([`server::Qp0Keeper`]).
 //!
 //! What it does not do yet: UD sends, atomics and window binds go on
 //! the socket, not the rings (as do a solicited-only arm and what it
 //! delegates); SIDR through the daemon; the tools using it by default
 //! (they take `--nicd`; their in-process NIC stays the default);
-//! `rpingpong`, `ibsm` and `saquery` through it (an SM through the
-//! daemon needs QP0 shared between the port's SMA and the SM, as QP1
-//! is); a NIC added to a running `ib` daemon (it would need its SMA).
+//! `rpingpong` and `saquery` through it; a NIC added to a running `ib`
+//! daemon (it would need its SMA).
 //!
 //! What it refuses: a client's handle that is not its own, memory not
 //! shared with it, QP0 (and a QP0 another holds to anyone), QP1 MADs it

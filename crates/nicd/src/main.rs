@@ -141,17 +141,17 @@ fn main() -> ExitCode {
     // On an `ib` fabric each port's SMA, through a client of our own
     // (privileged: this user), so its MADs go by the daemon's QP1 like
     // every client's; kept until the daemon stops.
-    let _smas = match args.fabric {
-        Fabric::Roce => Vec::new(),
-        Fabric::Ib => match serve_smas(&socket, &ips) {
-            Ok(n) => n,
+    if args.fabric == Fabric::Ib {
+        match Smas::start(&socket, &ips) {
+            // A subnet manager through the daemon borrows its port's QP0.
+            Ok(smas) => server.keep_qp0_with(smas),
             Err(e) => {
                 eprintln!("nicd: the ib fabric's SMAs: {e}");
                 let _ = std::fs::remove_file(&socket);
                 return ExitCode::FAILURE;
             }
-        },
-    };
+        }
+    }
     let shown: Vec<String> = ips.iter().map(|i| i.to_string()).collect();
     tracing::info!("nicd: serving {} on {}", shown.join(", "), socket.display());
     println!("nicd: serving {} on {}", shown.join(", "), socket.display());
@@ -163,28 +163,81 @@ fn main() -> ExitCode {
 
 /// The SMA of the port of each address (`--fabric ib`): an
 /// [`rdma_access::IbNode`] on the daemon's NIC through a client of the
-/// daemon at `socket`, holding the port's QP0.
-fn serve_smas(
-    socket: &std::path::Path,
-    ips: &[IpAddr],
-) -> Result<Vec<rdma_access::IbNode>, String> {
-    let client = nicd::NicdProvider::connect(socket).map_err(|e| e.to_string())?;
-    let mut nodes = Vec::new();
-    for (k, ip) in ips.iter().enumerate() {
-        let guid = rnic::softroce::ip_guid(*ip);
+/// daemon, holding the port's QP0 except while a subnet manager of the
+/// port (a privileged client) borrows it.
+struct Smas {
+    client: Arc<nicd::NicdProvider>,
+    ips: Vec<IpAddr>,
+    nodes: std::sync::Mutex<std::collections::HashMap<rdma_types::Guid, rdma_access::IbNode>>,
+}
+
+impl Smas {
+    /// Starts the SMA of each address's port, through the daemon at
+    /// `socket`.
+    fn start(socket: &std::path::Path, ips: &[IpAddr]) -> Result<Arc<Smas>, String> {
+        let client = nicd::NicdProvider::connect(socket).map_err(|e| e.to_string())?;
+        let smas = Arc::new(Smas {
+            client,
+            ips: ips.to_vec(),
+            nodes: std::sync::Mutex::new(std::collections::HashMap::new()),
+        });
+        for ip in ips {
+            smas.start_one(*ip)?;
+        }
+        Ok(smas)
+    }
+
+    fn start_one(&self, ip: IpAddr) -> Result<(), String> {
+        let guid = rnic::softroce::ip_guid(ip);
+        let k = self.ips.iter().position(|i| *i == ip).unwrap_or(0) as u32;
         // Communication IDs of their own, apart from the clients'.
-        let first_comm_id = 0x7e00_0000 | ((k as u32) << 16);
+        let first_comm_id = 0x7e00_0000 | (k << 16);
         let node = rdma_access::IbNode::start(
-            client.clone(),
+            self.client.clone(),
             guid,
             &format!("nicd {ip}"),
             false,
             first_comm_id,
         )
         .map_err(|e| format!("{ip}: {e}"))?;
-        nodes.push(node);
+        self.nodes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(guid, node);
+        Ok(())
     }
-    Ok(nodes)
+}
+
+impl nicd::server::Qp0Keeper for Smas {
+    fn lend(&self, guid: rdma_types::Guid) -> bool {
+        let node = self
+            .nodes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&guid);
+        let lent = node.is_some();
+        // Stopped: its QPs, QP0 among them, are gone when this returns.
+        drop(node);
+        if lent {
+            tracing::info!("nicd: the SMA of {guid:?} lends its QP0 to a subnet manager");
+        }
+        lent
+    }
+
+    fn take_back(&self, guid: rdma_types::Guid) {
+        let Some(ip) = self
+            .ips
+            .iter()
+            .copied()
+            .find(|ip| rnic::softroce::ip_guid(*ip) == guid)
+        else {
+            return;
+        };
+        match self.start_one(ip) {
+            Ok(()) => tracing::info!("nicd: the SMA of {ip} has its QP0 back"),
+            Err(e) => tracing::warn!("nicd: the SMA of {ip} did not start again: {e}"),
+        }
+    }
 }
 
 /// `--idle-exit`: a thread that ends the process once it has had no

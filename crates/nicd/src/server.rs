@@ -192,6 +192,17 @@ impl AddNics for Arc<rnic::softroce::SoftRoce> {
     }
 }
 
+/// Who holds each `ib` port's QP0 when no client does: the daemon's SMA
+/// (`nicd --fabric ib`). A privileged client that asks for a QP0 (a
+/// subnet manager on the port) is lent it: the SMA lets go of it, and
+/// takes it back when the client's QP0 is gone.
+pub trait Qp0Keeper: Send + Sync {
+    /// Lets go of CA `guid`'s QP0 for a client; whether it held it.
+    fn lend(&self, guid: rdma_types::Guid) -> bool;
+    /// Takes CA `guid`'s QP0 back (its client destroyed it or left).
+    fn take_back(&self, guid: rdma_types::Guid);
+}
+
 /// The daemon's state: the provider and every client's objects.
 pub struct Server {
     provider: Arc<dyn Provider>,
@@ -212,6 +223,10 @@ pub struct Server {
     claimed: Mutex<Vec<(rdma_types::Guid, CaHandle)>>,
     /// What makes a NIC at another address ([`Server::add_nics_with`]).
     nic_maker: Mutex<Option<Arc<dyn AddNics>>>,
+    /// Who holds QP0s no client holds ([`Server::keep_qp0_with`]).
+    qp0_keeper: Mutex<Option<Arc<dyn Qp0Keeper>>>,
+    /// QP0s lent to clients: the provider's QP and its CA.
+    qp0_lent: Mutex<HashMap<Handle, rdma_types::Guid>>,
     /// Ring entries and indices refused ([`Server::ring_refusals`]).
     ring_refusals: AtomicU64,
     /// How long a ring poller spins after its last work, in ns.
@@ -386,6 +401,8 @@ impl Server {
             limit_refusals: AtomicU64::new(0),
             claimed: Mutex::new(Vec::new()),
             nic_maker: Mutex::new(None),
+            qp0_keeper: Mutex::new(None),
+            qp0_lent: Mutex::new(HashMap::new()),
             ring_refusals: AtomicU64::new(0),
             ring_spin_ns: AtomicU64::new(DEFAULT_RING_SPIN.as_nanos() as u64),
             gsi_ports: Mutex::new(HashMap::new()),
@@ -429,6 +446,36 @@ impl Server {
     /// ([`Server::add_nic`], a client's [`Request::AddNic`]).
     pub fn add_nics_with(&self, maker: Arc<dyn AddNics>) {
         *self.nic_maker.lock().unwrap_or_else(|e| e.into_inner()) = Some(maker);
+    }
+
+    /// Has `keeper` hold the QP0s no client holds, and lend them to
+    /// privileged clients that ask ([`Qp0Keeper`]).
+    pub fn keep_qp0_with(&self, keeper: Arc<dyn Qp0Keeper>) {
+        *self.qp0_keeper.lock().unwrap_or_else(|e| e.into_inner()) = Some(keeper);
+    }
+
+    /// A client's QP `raw` is gone: if it was a lent QP0, its keeper
+    /// takes it back (on a thread of its own: it makes requests of the
+    /// daemon).
+    fn qp0_returned(&self, raw: Handle) {
+        let Some(guid) = self
+            .qp0_lent
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&raw)
+        else {
+            return;
+        };
+        let keeper = self
+            .qp0_keeper
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if let Some(k) = keeper {
+            let _ = std::thread::Builder::new()
+                .name("nicd-qp0-back".into())
+                .spawn(move || k.take_back(guid));
+        }
     }
 
     /// Serves a NIC at `ip` from now on, as [`Server::claim_nics`] does
@@ -802,7 +849,11 @@ impl Server {
                     }
                     Ok(())
                 }
-                ResourceKind::Qp => p.destroy_qp(QpHandle(raw)),
+                ResourceKind::Qp => {
+                    let r = p.destroy_qp(QpHandle(raw));
+                    self.qp0_returned(raw);
+                    r
+                }
                 ResourceKind::Mw => p.dealloc_mw(MwHandle(raw)),
                 ResourceKind::Ah => p.destroy_ah(AhHandle(raw)),
                 ResourceKind::Srq => p.destroy_srq(SrqHandle(raw)),
@@ -1005,16 +1056,55 @@ impl Server {
         if let Some(s) = &mut init.srq {
             *s = SrqHandle(self.raw(me, K::Srq, s.0)?);
         }
-        let raw = self
-            .provider
-            .create_qp(PdHandle(self.raw(me, K::Pd, pd.0)?), &init, ctx)
-            .map_err(|e| match (init.qp_type, e) {
-                (rdma_types::QpType::Smi, VerbsError::Busy(_)) => VerbsError::Busy(
-                    "QP0 of this port has its holder (nicd's SMA, or another client)",
-                ),
-                (_, e) => e,
-            })?;
+        let raw_pd = PdHandle(self.raw(me, K::Pd, pd.0)?);
+        let raw = match self.provider.create_qp(raw_pd, &init, ctx) {
+            Err(VerbsError::Busy(_)) if init.qp_type == rdma_types::QpType::Smi => {
+                self.borrow_qp0(me, pd, raw_pd, &init, ctx)?
+            }
+            r => r?,
+        };
         Ok((raw, self.add(me, K::Qp, raw.0, pd.0.index)))
+    }
+
+    /// QP0 for client `me` (privileged) while another holds it: lent by
+    /// the daemon's SMA ([`Qp0Keeper`]), never taken from a client.
+    fn borrow_qp0(
+        &self,
+        me: u64,
+        pd: PdHandle,
+        raw_pd: PdHandle,
+        init: &verbs::QpInit,
+        ctx: u64,
+    ) -> Result<QpHandle> {
+        let held = VerbsError::Busy("QP0 of this port has its holder (another client)");
+        let keeper = self
+            .qp0_keeper
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let Some(keeper) = keeper else {
+            return Err(held);
+        };
+        let ca = self.pd_ca(me, pd)?;
+        let raw_ca = CaHandle(self.raw(me, ResourceKind::Ca, ca.0)?);
+        let guid = self.provider.query_ca(raw_ca)?.guid;
+        if !keeper.lend(guid) {
+            return Err(held);
+        }
+        match self.provider.create_qp(raw_pd, init, ctx) {
+            Ok(qp) => {
+                self.qp0_lent
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(qp.0, guid);
+                tracing::info!("nicd: client {me} holds QP0 of {guid:?}; its SMA waits");
+                Ok(qp)
+            }
+            Err(e) => {
+                keeper.take_back(guid);
+                Err(e)
+            }
+        }
     }
 
     /// `post_send` of client `me`'s WRs on its QP `qp` of PD `pd`.
@@ -1267,7 +1357,11 @@ impl Server {
                         port.leave(me);
                         return self.destroy(me, K::Qp, qp.0, |_| Ok(()));
                     }
-                    return self.destroy_with_rings(c, K::Qp, qp.0, |r| p.destroy_qp(QpHandle(r)));
+                    return self.destroy_with_rings(c, K::Qp, qp.0, |r| {
+                        p.destroy_qp(QpHandle(r))?;
+                        self.qp0_returned(r);
+                        Ok(())
+                    });
                 }
                 Request::OpenGsi { pd, ctx: _ } => {
                     self.within_qps(me)?;

@@ -48,10 +48,7 @@ fn start_nicd_with(
     BufReader::new(nicd.stdout.take().unwrap())
         .read_line(&mut line)
         .unwrap();
-    assert!(
-        line.starts_with(&format!("nicd: serving {ip} on ")),
-        "{line}"
-    );
+    assert!(line.starts_with(&format!("nicd: serving {ip}")), "{line}");
     (nicd, reap)
 }
 
@@ -228,8 +225,7 @@ fn a_running_nicd_adds_the_nic_a_client_asks_for() {
 /// `nicd --fabric ib`: the daemon's port waits in INIT until a subnet
 /// manager (here one on a soft RoCE port of this process) sweeps it, and
 /// the daemon's SMA answers that SM on the port's QP0: the port comes
-/// ACTIVE with the LID the SM gave, which a client reads. QP0 is then
-/// the SMA's: a client asking for it is told so.
+/// ACTIVE with the LID the SM gave, which a client reads.
 #[test]
 fn nicd_on_an_ib_fabric_serves_its_ports_sma() {
     use ib_sm::port::SmPort;
@@ -276,24 +272,98 @@ fn nicd_on_an_ib_fabric_serves_its_ports_sma() {
     };
     assert_ne!(port.lid, rdma_types::Lid(0), "{port:?}");
 
-    // QP0 is held by the daemon's SMA.
-    let n = Node::open(&common::One(p.clone(), guid), guid, 16);
-    let qp0 = verbs::QpInit {
-        qp_type: QpType::Smi,
-        send_cq: n.cq,
-        recv_cq: n.cq,
-        srq: None,
-        caps: verbs::QpCaps::default(),
-        sq_sig_all: true,
-        port: Some(PortNum(1)),
-    };
-    let e = n.p.create_qp(n.pd, &qp0, 0).unwrap_err();
-    assert!(
-        matches!(&e, VerbsError::Busy(m) if m.contains("QP0 of this port has its holder")),
-        "{e:?}"
-    );
+    drop(sm);
+    // SAFETY: a signal to our own child, not yet waited for.
+    unsafe { libc::kill(nicd.id() as i32, libc::SIGTERM) };
+    assert!(nicd.wait().unwrap().success());
+    std::mem::forget(reap);
+}
 
-    drop((n, sm));
+/// A subnet manager through the daemon (a privileged client's SmPort on
+/// the daemon's port A) borrows A's QP0 from the daemon's SMA, brings
+/// the daemon's port B ACTIVE through B's SMA, and when it goes the SMA
+/// of A has its QP0 back: an SM elsewhere then gives A a LID of its own.
+#[test]
+fn a_subnet_manager_through_nicd_borrows_its_ports_qp0() {
+    use ib_sm::port::SmPort;
+    use rnic::softroce::{NicOptions, Personality, SoftCa, SoftRoce, ROCE_PORT};
+    use std::time::{Duration, Instant};
+    let a_ip = IpAddr::V4(Ipv4Addr::new(127, 27, 233, 1));
+    let b_ip = IpAddr::V4(Ipv4Addr::new(127, 27, 233, 2));
+    let c_ip = IpAddr::V4(Ipv4Addr::new(127, 27, 233, 3));
+    let socket = std::env::temp_dir().join(format!("nicd-sm-{}.sock", std::process::id()));
+    let (mut nicd, reap) = start_nicd_with(
+        a_ip,
+        &socket,
+        &["--fabric", "ib", "--ip", &b_ip.to_string()],
+    );
+    let (ga, gb) = (rnic::softroce::ip_guid(a_ip), rnic::softroce::ip_guid(b_ip));
+
+    let p = nicd::NicdProvider::connect(&socket).unwrap();
+    let ca = p.open_ca(ga, 0, Arc::new(verbs::IgnoreEvents)).unwrap();
+    let cb = p.open_ca(gb, 0, Arc::new(verbs::IgnoreEvents)).unwrap();
+    let provider: Arc<dyn Provider> = p.clone();
+    let mut sm = SmPort::open(
+        provider,
+        ga,
+        ib_sm::SmConfig::new(ga),
+        &[Gid::from_ip(b_ip)],
+    )
+    .unwrap();
+    // The SM's own port is configured directly, as `ibsm run` does.
+    let own = verbs::PortModify::new()
+        .lid(rdma_types::Lid(1))
+        .sm_lid(rdma_types::Lid(1))
+        .state(verbs::PortState::Active);
+    p.modify_port(ca, PortNum(1), &own).unwrap();
+    let end = Instant::now() + Duration::from_secs(20);
+    let port = loop {
+        sm.step(Duration::from_millis(20));
+        let port = p.query_port(cb, PortNum(1)).unwrap();
+        if port.state == verbs::PortState::Active {
+            break port;
+        }
+        assert!(Instant::now() < end, "B never ACTIVE: {port:?}");
+    };
+    assert_ne!(port.lid, rdma_types::Lid(0), "{port:?}");
+    assert_eq!(port.sm_lid, rdma_types::Lid(1), "{port:?}");
+    drop(sm);
+
+    // The SMA of A is back: an SM at C (LID 1 its own) sweeps A and gives
+    // it another LID.
+    let options = NicOptions {
+        follow_link: false,
+        ..NicOptions::default()
+    };
+    let c_nic = SoftRoce::with_options(
+        vec![SoftCa::at(c_ip)],
+        ROCE_PORT,
+        rdma_types::Mtu::Mtu4096,
+        options,
+    );
+    let gc = rnic::softroce::ip_guid(c_ip);
+    c_nic.set_personality(gc, Personality::Ib).unwrap();
+    let mut sm_c = SmPort::open(
+        c_nic.clone(),
+        gc,
+        ib_sm::SmConfig::new(gc),
+        &[Gid::from_ip(a_ip)],
+    )
+    .unwrap();
+    let end = Instant::now() + Duration::from_secs(20);
+    loop {
+        sm_c.step(Duration::from_millis(20));
+        let port = p.query_port(ca, PortNum(1)).unwrap();
+        if port.lid != rdma_types::Lid(1) && port.lid != rdma_types::Lid(0) {
+            break;
+        }
+        assert!(
+            Instant::now() < end,
+            "A's SMA never answered C's SM: {port:?}"
+        );
+    }
+
+    drop(sm_c);
     // SAFETY: a signal to our own child, not yet waited for.
     unsafe { libc::kill(nicd.id() as i32, libc::SIGTERM) };
     assert!(nicd.wait().unwrap().success());

@@ -15,7 +15,9 @@
 //! SMP), `--mkey-protect N` its protection level and `--mkey-lease-secs`
 //! its lease; a port that refuses the SM's key, or reports a bad key
 //! (trap 256), is logged. `--lmc N` gives every node's port 2^N LIDs
-//! (base aligned) and the SA a path per LID pair.
+//! (base aligned) and the SA a path per LID pair. `--nicd` runs the SM on
+//! the NIC daemon's port at `--addr` (`nicd --fabric ib`), whose SMA
+//! lends it the port's QP0 until it ends.
 
 #![deny(clippy::undocumented_unsafe_blocks)]
 
@@ -77,6 +79,12 @@ struct RunArgs {
     /// The SM's own address (its soft RoCE CA binds it).
     #[arg(long)]
     addr: IpAddr,
+    /// Run on the NIC daemon's port at --addr (`nicd --fabric ib`), whose
+    /// SMA lends the SM the port's QP0, instead of a soft RoCE NIC of
+    /// this process: through its socket SOCKET [default: $NICD_SOCKET,
+    /// else nicd's default]. Needs root or the daemon's user.
+    #[arg(long, value_name = "SOCKET", num_args = 0..=1, default_missing_value = "")]
+    nicd: Option<PathBuf>,
     /// A node's address (repeat for each).
     #[arg(long = "node")]
     nodes: Vec<IpAddr>,
@@ -251,24 +259,53 @@ fn run_sm(args: RunArgs) -> Result<(), String> {
     cfg.mkey_protect = args.mkey_protect;
     cfg.mkey_lease = args.mkey_lease_secs;
     cfg.lmc = args.lmc;
-    let nic = SoftRoce::with_options(
-        vec![SoftCa {
-            guid,
-            ip: args.addr,
-        }],
-        args.udp_port,
-        Mtu::Mtu4096,
-        NicOptions::from_env().map_err(|e| e.to_string())?,
-    );
-    nic.set_personality(guid, Personality::Ib)
-        .map_err(|e| e.to_string())?;
     let gids: Vec<Gid> = nodes.iter().map(|a| Gid::from_ip(*a)).collect();
-    let mut port = SmPort::open(nic.clone(), guid, cfg, &gids).map_err(|e| e.to_string())?;
-    // The SM configures its own port directly: it is the master here.
-    nic.set_lid(guid, Lid(args.lid))
-        .and_then(|()| nic.set_sm_lid(guid, Lid(args.lid)))
-        .and_then(|()| nic.set_port_state(guid, verbs::PortState::Active))
-        .map_err(|e| format!("own port: {e}"))?;
+    let (mut port, _own) = match &args.nicd {
+        None => {
+            let nic = SoftRoce::with_options(
+                vec![SoftCa {
+                    guid,
+                    ip: args.addr,
+                }],
+                args.udp_port,
+                Mtu::Mtu4096,
+                NicOptions::from_env().map_err(|e| e.to_string())?,
+            );
+            nic.set_personality(guid, Personality::Ib)
+                .map_err(|e| e.to_string())?;
+            let port = SmPort::open(nic.clone(), guid, cfg, &gids).map_err(|e| e.to_string())?;
+            // The SM configures its own port directly: it is the master here.
+            nic.set_lid(guid, Lid(args.lid))
+                .and_then(|()| nic.set_sm_lid(guid, Lid(args.lid)))
+                .and_then(|()| nic.set_port_state(guid, verbs::PortState::Active))
+                .map_err(|e| format!("own port: {e}"))?;
+            (port, None)
+        }
+        Some(socket) => {
+            let socket = nicd::socket_for(socket);
+            let (p, guid) = nicd::connect_at(&socket, args.addr)?;
+            cfg.guid = guid;
+            let provider: std::sync::Arc<dyn verbs::Provider> = p.clone();
+            let port = SmPort::open(provider.clone(), guid, cfg, &gids).map_err(|e| {
+                format!(
+                    "{e} (the daemon at {} must run --fabric ib)",
+                    socket.display()
+                )
+            })?;
+            // Its own port through the daemon's port control.
+            let ca = provider
+                .open_ca(guid, 0, std::sync::Arc::new(verbs::IgnoreEvents))
+                .map_err(|e| format!("own port: {e}"))?;
+            let own = verbs::PortModify::new()
+                .lid(Lid(args.lid))
+                .sm_lid(Lid(args.lid))
+                .state(verbs::PortState::Active);
+            provider
+                .modify_port(ca, rdma_types::PortNum(1), &own)
+                .map_err(|e| format!("own port: {e}"))?;
+            (port, Some((provider, ca)))
+        }
+    };
     println!(
         "ibsm: SM and SA at {} (LID {}), {} nodes, sweeps every {} ms, LMC {}",
         args.addr,
