@@ -23,9 +23,12 @@ two_paths() { [ "$(our_disks | wc -l)" -eq 2 ]; }
 # The map's dm-N (multipath -ll's first line), once it has two paths.
 map_dm() { multipath -ll 2>/dev/null | awk '/RUSTSCST/ { for (i = 1; i <= NF; i++) if ($i ~ /^dm-/) { print $i; exit } }'; }
 map_has_two() { [ "$(multipath -ll 2>/dev/null | grep -c ' sd[a-z]* ')" -eq 2 ]; }
+# groups_ok: a's path group prio 50 active, b's prio 1 enabled (the
+# last `multipath -ll` kept in /tmp/mpll.txt, shown if it never gets
+# there).
 groups_ok() {
-  multipath -ll 2>/dev/null | grep -q "prio=50 status=active" &&
-    multipath -ll 2>/dev/null | grep -q "prio=1 status=enabled"
+  multipath -ll >/tmp/mpll.txt 2>&1
+  grep -q "prio=50 status=active" /tmp/mpll.txt && grep -q "prio=1 status=enabled" /tmp/mpll.txt
 }
 
 guest_initiator() {
@@ -72,7 +75,15 @@ EOF
   udevadm settle --timeout=60 || true
   multipathd reconfigure >/dev/null 2>&1 || true
   wait_until 120 "a multipath map with both paths" map_has_two
-  wait_until 60 "path groups by ALUA prio (50 active, 1 enabled)" groups_ok
+  local end=$((SECONDS + 60))
+  until groups_ok; do
+    [ $SECONDS -lt $end ] || {
+      sed 's/^/  mpll: /' /tmp/mpll.txt
+      for d in $(our_disks); do sg_rtpg -d "/dev/$d" 2>&1 | sed "s/^/  rtpg $d: /"; done
+      fail "timeout after 60s waiting for path groups by ALUA prio (50 active, 1 enabled)"
+    }
+    sleep 1
+  done
   multipath -ll | sed 's/^/  /'
   local dm
   dm=$(map_dm)
