@@ -25,8 +25,12 @@ map_dm() { multipath -ll 2>/dev/null | awk '/RUSTSCST/ { for (i = 1; i <= NF; i+
 map_has_two() { [ "$(multipath -ll 2>/dev/null | grep -c ' sd[a-z]* ')" -eq 2 ]; }
 # groups_ok: a's path group prio 50 active, b's prio 1 enabled (the
 # last `multipath -ll` kept in /tmp/mpll.txt, shown if it never gets
-# there).
+# there). dm-multipath makes a group active at the map's first I/O, so
+# one block is read through the map first (it goes by the best group).
 groups_ok() {
+  local dm
+  dm=$(map_dm)
+  [ -n "$dm" ] && dd if="/dev/$dm" of=/dev/null bs=4096 count=1 iflag=direct 2>/dev/null
   multipath -ll >/tmp/mpll.txt 2>&1
   grep -q "prio=50 status=active" /tmp/mpll.txt && grep -q "prio=1 status=enabled" /tmp/mpll.txt
 }
