@@ -90,8 +90,9 @@ pub const VERBS_PORT: u16 = 4794;
 /// Most SGEs per work request.
 pub const MAX_SGE: u32 = 16;
 
-/// Most work requests per queue.
-pub const MAX_QP_WR: u32 = 4096;
+/// Most work requests per queue: siw's (`SIW_MAX_QP_WR`), which SCST's
+/// and srptd's default send queue of 4096 (plus its extra slots) fits.
+pub const MAX_QP_WR: u32 = 32 * 1024;
 
 /// One CA: its GUID and the address its NIC binds.
 #[derive(Debug, Clone)]

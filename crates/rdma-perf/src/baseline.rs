@@ -1,5 +1,5 @@
 //! rperf's baseline (`--baseline`): the same bytes over a plain UDP
-//! socket pair in the same run, with the same checks on the receiving
+//! socket pair (plain TCP for a test on our soft iWARP NIC) in the same run, with the same checks on the receiving
 //! side (the floor sink), so a ratio against it means something.
 
 use super::*;
@@ -198,6 +198,134 @@ pub(super) fn udp_phase(
             "expected baseline result, got {other:?}"
         ))),
     }
+}
+
+/// The plain-TCP baseline of a test on our soft iWARP NIC: the client
+/// connects from its address to the server's (`dst`) and writes `chunk`
+/// bytes at a time from a region of `region` bytes, walked in order, for
+/// `BASELINE_SECS`; the server reads each chunk into a region as large
+/// (the copy into place iWARP's placement does too) until the stream
+/// ends, then answers with the bytes it took. The rate is those bytes
+/// over the time from the first write to that answer.
+pub(super) fn tcp_phase(
+    common: &Common,
+    region: usize,
+    chunk: usize,
+    dst: SocketAddr,
+    reader: &mut BufReader<TcpStream>,
+    writer: &mut TcpStream,
+) -> Result<UdpPhase, PerfError> {
+    send_line(
+        writer,
+        &Control::TcpBaseline {
+            port: dst.port(),
+            region,
+            chunk,
+        },
+    )?;
+    reader.get_mut().set_nonblocking(false)?;
+    match read_line::<Control>(reader)? {
+        Control::TcpReady => {}
+        other => {
+            return Err(PerfError::Protocol(format!(
+                "expected the TCP baseline's listener, got {other:?}"
+            )))
+        }
+    }
+    let sock = socket2::Socket::new(
+        socket2::Domain::for_address(dst),
+        socket2::Type::STREAM,
+        Some(socket2::Protocol::TCP),
+    )?;
+    sock.bind(&SocketAddr::new(common.bind.ip(), 0).into())?;
+    sock.connect_timeout(&dst.into(), std::time::Duration::from_secs(10))?;
+    let mut stream: TcpStream = sock.into();
+    let chunk = chunk.max(1);
+    let data: Vec<u8> = (0..region.max(chunk)).map(pattern).collect();
+    let t0 = StdInstant::now();
+    let cpu0 = thread_cpu_seconds();
+    let blast = std::time::Duration::from_secs_f64(BASELINE_SECS);
+    let (mut at, mut sent) = (0usize, 0u64);
+    while t0.elapsed() < blast {
+        if at + chunk > data.len() {
+            at = 0;
+        }
+        std::io::Write::write_all(&mut stream, &data[at..at + chunk])?;
+        at += chunk;
+        sent += chunk as u64;
+    }
+    stream.shutdown(std::net::Shutdown::Write)?;
+    let sender_cpu = thread_cpu_seconds() - cpu0;
+    match read_line::<Control>(reader)? {
+        Control::BaselineResult {
+            bytes, cpu_seconds, ..
+        } => {
+            let secs = t0.elapsed().as_secs_f64();
+            Ok(UdpPhase {
+                gbit_per_s: bytes as f64 * 8.0 / secs / 1e9,
+                pkt_per_s: (bytes / chunk as u64) as f64 / secs,
+                client_cpu_ns_per_byte: per_byte_ns(sender_cpu, sent),
+                server_cpu_ns_per_byte: cpu_seconds.map(|c| per_byte_ns(c, bytes)),
+            })
+        }
+        other => Err(PerfError::Protocol(format!(
+            "expected baseline result, got {other:?}"
+        ))),
+    }
+}
+
+/// The server's end of [`tcp_phase`]: listens at `addr`, says so, takes
+/// one connection and reads it to its end (bounded: 10 s for the
+/// connection, 10 s per read, a minute in all).
+pub(super) fn tcp_sink(
+    addr: SocketAddr,
+    region: usize,
+    chunk: usize,
+    writer: &mut TcpStream,
+) -> Result<Control, PerfError> {
+    let listener = std::net::TcpListener::bind(addr)?;
+    listener.set_nonblocking(true)?;
+    send_line(writer, &Control::TcpReady)?;
+    let start = StdInstant::now();
+    let mut stream = loop {
+        match listener.accept() {
+            Ok((s, _)) => break s,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if start.elapsed() > std::time::Duration::from_secs(10) {
+                    return Err(PerfError::Protocol(
+                        "the TCP baseline's client never connected".into(),
+                    ));
+                }
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    };
+    stream.set_nonblocking(false)?;
+    stream.set_read_timeout(Some(std::time::Duration::from_secs(10)))?;
+    let chunk = chunk.clamp(1, 1 << 24);
+    let mut buf = vec![0u8; region.clamp(chunk, 1 << 30)];
+    let (mut at, mut bytes) = (0usize, 0u64);
+    let cpu0 = thread_cpu_seconds();
+    loop {
+        if at + chunk > buf.len() {
+            at = 0;
+        }
+        let n = std::io::Read::read(&mut stream, &mut buf[at..at + chunk])?;
+        if n == 0 {
+            break;
+        }
+        at += n;
+        bytes += n as u64;
+        if start.elapsed() > std::time::Duration::from_secs(60) {
+            return Err(PerfError::Protocol("TCP baseline never ended".into()));
+        }
+    }
+    Ok(Control::BaselineResult {
+        datagrams: 0,
+        bytes,
+        cpu_seconds: Some(thread_cpu_seconds() - cpu0),
+    })
 }
 
 #[cfg(test)]

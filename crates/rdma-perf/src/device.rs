@@ -9,6 +9,9 @@
 //! device (where the kernel owns QP1), behind one
 //! [`rdma_access::rdmacm::Service`].
 //!
+//! `--iwarp` runs on our soft iWARP NIC at the tool's address
+//! (`iwarp_tcp`, RDMA over TCP), RDMA CM being `iwarp_tcp::IwarpCm`.
+//!
 //! `--nicd` runs on the NIC daemon's soft RoCE NIC at the tool's
 //! address instead of one of the tool's own (`nicd::NicdProvider`): many
 //! processes on one address, the daemon's QP1 carrying RDMA CM.
@@ -27,6 +30,9 @@ use verbs::{AhAttr, CaHandle, PortAttr, PortState, Provider};
 /// What `--device softroce0` names: our soft RoCE NIC, as without
 /// `--device` (perftest's `-d` takes a device name; this is ours).
 pub const SOFT_DEVICE: &str = "softroce0";
+
+/// How our soft iWARP NIC (`--iwarp`) is named in reports.
+pub const IWARP_DEVICE: &str = "softiwarp0";
 
 /// `--device NAME[:PORT]`, the same on every tool of the crate.
 #[derive(Debug, Clone, Default, clap::Args)]
@@ -56,6 +62,12 @@ pub struct DeviceArgs {
         conflicts_with = "device"
     )]
     pub nicd: Option<std::path::PathBuf>,
+    /// Run on our soft iWARP NIC at this node's address (RDMA over TCP,
+    /// what Linux siw speaks) instead of soft RoCE: RDMA CM is a TCP
+    /// connection and the MPA exchange; QPs set up by the verbs alone
+    /// meet at TCP port 4794 of the peer's address.
+    #[arg(long, conflicts_with_all = ["device", "nicd"])]
+    pub iwarp: bool,
 }
 
 impl DeviceArgs {
@@ -83,6 +95,13 @@ pub enum NicChoice {
     },
     /// A port of an rdma-core device.
     RdmaCore(DeviceSpec),
+    /// Our soft iWARP NIC, one CA at `ip`.
+    Iwarp {
+        /// The CA's address.
+        ip: IpAddr,
+        /// The NIC's options.
+        opts: iwarp_tcp::NicOptions,
+    },
     /// The NIC daemon's soft RoCE NIC at `ip`, through its socket.
     Nicd {
         /// The daemon's socket.
@@ -114,6 +133,12 @@ impl NicChoice {
             return Ok(NicChoice::RdmaCore(spec.clone()));
         }
         let ip = ip.ok_or_else(|| NicError::NoAddress(what.to_string()))?;
+        if dev.iwarp {
+            return Ok(NicChoice::Iwarp {
+                ip,
+                opts: iwarp_tcp::NicOptions::default(),
+            });
+        }
         if let Some(s) = &dev.nicd {
             return Ok(NicChoice::Nicd {
                 socket: nicd::socket_for(s),
@@ -195,6 +220,10 @@ enum Kind {
     Nicd {
         ip: IpAddr,
     },
+    Iwarp {
+        nic: Arc<iwarp_tcp::SoftIwarp>,
+        ip: IpAddr,
+    },
 }
 
 /// An open CA and port of the chosen NIC.
@@ -235,6 +264,14 @@ impl Nic {
                 Nic::on(p, guid, PortNum(1), name, Kind::Soft { nic, ip: *ip })
             }
             NicChoice::RdmaCore(spec) => Nic::open_rdma_core(spec, rdmacore::Options::default()),
+            NicChoice::Iwarp { ip, opts } => {
+                let ca = iwarp_tcp::IwarpCa::at(*ip);
+                let guid = ca.guid;
+                let nic = iwarp_tcp::SoftIwarp::with_options(vec![ca], opts.clone());
+                let p: Arc<dyn Provider> = nic.clone();
+                let name = format!("{IWARP_DEVICE} ({ip})");
+                Nic::on(p, guid, PortNum(1), name, Kind::Iwarp { nic, ip: *ip })
+            }
             NicChoice::Nicd { socket, ip, start } => {
                 let held = nicd::ondemand::ensure(socket, &[*ip], start)
                     .map_err(|e| NicError::Nicd(e.to_string()))?;
@@ -353,12 +390,17 @@ impl Nic {
         }
     }
 
+    /// Whether this is our soft iWARP NIC (its baseline is plain TCP).
+    pub fn is_iwarp(&self) -> bool {
+        matches!(self.kind, Kind::Iwarp { .. })
+    }
+
     /// The soft NIC's counters (retransmissions, timeouts); `None` on an
     /// rdma-core device.
     pub fn soft_counters(&self) -> Option<rnic::softroce::SoftCaCounters> {
         match &self.kind {
             Kind::Soft { nic, .. } => nic.counters(self.guid),
-            Kind::Core(_) | Kind::Nicd { .. } => None,
+            Kind::Core(_) | Kind::Nicd { .. } | Kind::Iwarp { .. } => None,
         }
     }
 
@@ -385,6 +427,7 @@ impl Nic {
                     .map_err(|e| err(e.to_string()))?;
                 Ok((agent, vec![*ip]))
             }
+            Kind::Iwarp { nic, ip } => Ok((iwarp_tcp::IwarpCm::new(nic.clone(), self.guid), vec![*ip])),
             Kind::Core(core) => {
                 let cm =
                     rdmacore::RdmaCm::start(core, self.guid).map_err(|e| err(e.to_string()))?;

@@ -175,6 +175,16 @@ enum Control {
         #[serde(default)]
         region: usize,
     },
+    /// Client: a plain-TCP baseline (a test on our soft iWARP NIC):
+    /// listen on this port and read `chunk` bytes at a time into a region
+    /// of `region` bytes until the stream ends.
+    TcpBaseline {
+        port: u16,
+        region: usize,
+        chunk: usize,
+    },
+    /// Server: the TCP baseline's listener is up.
+    TcpReady,
     /// Server: datagrams and bytes of the baseline received, and the CPU
     /// time receiving them took.
     BaselineResult {
@@ -277,6 +287,9 @@ pub struct Report {
     pub baseline_pkt_per_s: Option<f64>,
     /// Our goodput over the baseline's.
     pub ratio_to_baseline: Option<f64>,
+    /// What the baseline ran over: `UDP` (soft RoCE, a device) or `TCP`
+    /// (our soft iWARP NIC).
+    pub baseline_over: Option<&'static str>,
     /// CPU time of the client's polls that had work, per byte moved,
     /// nanoseconds (sampled: see the crate docs).
     pub client_cpu_ns_per_byte: f64,
@@ -1126,6 +1139,17 @@ pub fn run_server(common: &Common, listener: &TcpListener) -> Result<Served, Per
                     let r = baseline_sink(addr, &mut reader, Sink::new(floor, region))?;
                     send_line(&mut writer, &r)?;
                 }
+                Ok(Control::TcpBaseline {
+                    port,
+                    region,
+                    chunk,
+                }) => {
+                    let addr = SocketAddr::new(common.bind.ip(), port);
+                    reader.get_mut().set_nonblocking(false)?;
+                    let r = tcp_sink(addr, region, chunk, &mut writer)?;
+                    reader.get_mut().set_nonblocking(true)?;
+                    send_line(&mut writer, &r)?;
+                }
                 Ok(other) => return Err(PerfError::Protocol(format!("unexpected {other:?}"))),
                 Err(e) => return Err(PerfError::Protocol(format!("bad message {line:?}: {e}"))),
             },
@@ -1336,6 +1360,7 @@ pub fn run_client(cfg: &ClientConfig) -> Result<Report, PerfError> {
         baseline_gbit_per_s: None,
         baseline_pkt_per_s: None,
         ratio_to_baseline: None,
+        baseline_over: None,
         client_cpu_ns_per_byte: per_byte_ns(client_cpu, iters * size),
         server_cpu_ns_per_byte: server_cpu.map(|c| per_byte_ns(c, iters * size)),
         baseline_client_cpu_ns_per_byte: None,
@@ -1350,7 +1375,29 @@ pub fn run_client(cfg: &ClientConfig) -> Result<Report, PerfError> {
             .as_ref()
             .map(|n| format!("{} port {}", n.name(), n.port().0)),
     };
-    if cfg.baseline && !interrupted {
+    let iwarp = common.device.as_ref().is_some_and(|n| n.is_iwarp());
+    if cfg.baseline && !interrupted && iwarp {
+        // iWARP runs over TCP: its baseline is plain TCP between the
+        // same two addresses, no floor (TCP has no datagrams to check).
+        let port = peer.roce.port().wrapping_add(1000);
+        let dst = SocketAddr::new(peer.roce.ip(), port);
+        let plain = tcp_phase(
+            &common,
+            cfg.size * slots,
+            cfg.size,
+            dst,
+            &mut reader,
+            &mut writer,
+        )?;
+        report.baseline_over = Some("TCP");
+        report.baseline_gbit_per_s = Some(plain.gbit_per_s);
+        report.baseline_pkt_per_s = Some(plain.pkt_per_s);
+        report.ratio_to_baseline =
+            (plain.gbit_per_s > 0.0).then(|| report.gbit_per_s / plain.gbit_per_s);
+        report.baseline_client_cpu_ns_per_byte = Some(plain.client_cpu_ns_per_byte);
+        report.baseline_server_cpu_ns_per_byte = plain.server_cpu_ns_per_byte;
+    } else if cfg.baseline && !interrupted {
+        report.baseline_over = Some("UDP");
         let port = peer.roce.port().wrapping_add(1000);
         let dst = SocketAddr::new(peer.roce.ip(), port);
         let plain = udp_phase(
@@ -1408,6 +1455,8 @@ impl Report {
             // The NIC daemon's soft NIC is a device of another process too.
             let kind = if d.contains("nicd at") {
                 "the NIC daemon's"
+            } else if d.starts_with(device::IWARP_DEVICE) {
+                "our soft iWARP NIC"
             } else {
                 "rdma-core device"
             };
@@ -1429,10 +1478,15 @@ impl Report {
             self.baseline_pkt_per_s,
             self.ratio_to_baseline,
         ) {
-            s += &format!(
-                " baseline plain UDP: {b:.3} Gb/s, {:.0} datagrams/s; ours/baseline = {r:.2}\n",
-                p
-            );
+            s += &match self.baseline_over {
+                Some("TCP") => format!(
+                    " baseline plain TCP: {b:.3} Gb/s, {p:.0} writes/s of {} B; ours/baseline = {r:.2}\n",
+                    self.size
+                ),
+                _ => format!(
+                    " baseline plain UDP: {b:.3} Gb/s, {p:.0} datagrams/s; ours/baseline = {r:.2}\n"
+                ),
+            };
         }
         if let (Some(f), Some(r), Some(b)) = (
             self.floor_gbit_per_s,

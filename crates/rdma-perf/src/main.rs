@@ -95,7 +95,8 @@ enum Role {
         /// Check every byte moved.
         #[arg(long)]
         verify: bool,
-        /// Also measure plain UDP between the same addresses.
+        /// Also measure plain UDP between the same addresses (plain TCP
+        /// with --iwarp) and print ours/baseline.
         #[arg(long)]
         baseline: bool,
         /// WRITE only: the server writes back as much at the same time.
@@ -121,6 +122,27 @@ const DEFAULT_BIND: &str = "127.0.0.1:4791";
 /// with an rdma-core device (`baseline`: the client's --baseline, plain
 /// UDP from --bind's address).
 fn soft_only(a: &CommonArgs, baseline: bool) -> Result<(), String> {
+    if a.device.iwarp {
+        let given = [
+            (
+                a.faults.is_some(),
+                "--faults",
+                "faults are injected by our soft RoCE NIC",
+            ),
+            (
+                a.capture.is_some(),
+                "--capture",
+                "our soft RoCE NIC writes this capture: capture iWARP's TCP streams with tcpdump",
+            ),
+        ];
+        let _ = baseline; // on iWARP the baseline is plain TCP
+        return match given.iter().find(|(on, ..)| *on) {
+            Some((_, opt, why)) => Err(format!(
+                "{opt} does not go with --iwarp: {why}; drop {opt}, or --iwarp"
+            )),
+            None => Ok(()),
+        };
+    }
     if a.device.nicd.is_some() {
         let given = [
             (
@@ -180,6 +202,14 @@ fn common(a: &CommonArgs, stop: &Arc<AtomicBool>) -> Result<Common, String> {
             };
             let nic = Nic::open(&choice).map_err(|e| e.to_string())?;
             eprintln!("rperf: NIC {}", nic.name());
+            Some(Arc::new(nic))
+        }
+        (None, None) if a.device.iwarp => {
+            let choice = NicChoice::Iwarp {
+                ip: bind.ip(),
+                opts: iwarp_tcp::NicOptions::default(),
+            };
+            let nic = Nic::open(&choice).map_err(|e| e.to_string())?;
             Some(Arc::new(nic))
         }
         (None, None) => None,

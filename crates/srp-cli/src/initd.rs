@@ -146,6 +146,9 @@ pub struct InitdConfig {
     /// The soft RoCE CAs are the NIC daemon's at `ips`, through its
     /// socket here, instead of a NIC of srpd's own (`roce` fabric only).
     pub nicd: Option<PathBuf>,
+    /// The CAs at `ips` are our soft iWARP NIC's (`srpd --iwarp`, see
+    /// [`crate::iwarp`]) instead of soft RoCE's: RDMA CM logins only.
+    pub iwarp: bool,
 }
 
 /// One login: its path, its LUNs and their files. Shared by the registry
@@ -256,6 +259,11 @@ enum Via {
     },
     /// An rdma-core device: the kernel's RDMA CM.
     Device(DeviceCa),
+    /// CA `k` of our soft iWARP NIC: RDMA CM over TCP and MPA.
+    Iwarp {
+        nic: Arc<crate::iwarp::IwarpCas>,
+        k: usize,
+    },
 }
 
 impl LocalCa {
@@ -264,7 +272,7 @@ impl LocalCa {
     fn addrs(&self) -> Vec<IpAddr> {
         match &self.via {
             Via::Device(d) => d.addresses(),
-            Via::Soft { .. } => self.addrs.clone(),
+            Via::Soft { .. } | Via::Iwarp { .. } => self.addrs.clone(),
         }
     }
 
@@ -279,6 +287,7 @@ impl LocalCa {
         };
         match &self.via {
             Via::Soft { .. } => addrs(),
+            Via::Iwarp { .. } => format!("{} (iWARP)", addrs()),
             Via::Device(d) => format!("{}:{} ({})", d.name(), self.port.0, addrs()),
         }
     }
@@ -298,6 +307,8 @@ pub struct Initd {
     cfg: InitdConfig,
     /// The soft RoCE NIC, when srpd has CAs on it (`--ip`).
     soft: Option<SoftNic>,
+    /// The soft iWARP NIC, when srpd has CAs on it (`--ip` with `--iwarp`).
+    iwarp: Option<Arc<crate::iwarp::IwarpCas>>,
     /// The device CA first (when there is one), then the soft ones.
     cas: Vec<LocalCa>,
     logins: Mutex<BTreeMap<String, Entry>>,
@@ -326,6 +337,15 @@ pub enum InitdStartError {
          ports are the kernel's: drop --fabric ib to use --device"
     )]
     IbFabricDevice,
+    /// `--fabric ib` or `--nicd` with `--iwarp`.
+    #[error(
+        "{0} does not go with --iwarp: it is a soft RoCE NIC's (iWARP has no subnet manager \
+         and no NIC daemon); drop {0}, or --iwarp"
+    )]
+    IwarpWith(&'static str),
+    /// The soft iWARP NIC's addresses.
+    #[error(transparent)]
+    Iwarp(#[from] crate::iwarp::IwarpError),
     /// The rdma-core device (libibverbs missing, no such device, no
     /// RDMA CM there).
     #[error(transparent)]
@@ -378,6 +398,9 @@ pub enum InitdError {
     /// A login the device CA cannot make (IB CM).
     #[error(transparent)]
     Device(#[from] DeviceError),
+    /// A login an iWARP CA cannot make (IB CM).
+    #[error(transparent)]
+    Iwarp(#[from] crate::iwarp::IwarpError),
     /// The login's partition is not in the port's P_Key table.
     #[error(transparent)]
     Pkey(#[from] IbPortError),
@@ -448,6 +471,12 @@ impl Initd {
         if ib && cfg.device.is_some() {
             return Err(InitdStartError::IbFabricDevice);
         }
+        if cfg.iwarp && ib {
+            return Err(InitdStartError::IwarpWith("--fabric ib"));
+        }
+        if cfg.iwarp && cfg.nicd.is_some() {
+            return Err(InitdStartError::IwarpWith("--nicd"));
+        }
         let mut cas = Vec::new();
         // What the watcher brings back after a CA's removal and return.
         let mut comebacks: Vec<Box<dyn crate::rejoin::Comeback>> = Vec::new();
@@ -462,7 +491,27 @@ impl Initd {
                 via: Via::Device(dev),
             });
         }
+        let mut iwarp = None;
         let soft = if cfg.ips.is_empty() {
+            None
+        } else if cfg.iwarp {
+            let nic = Arc::new(crate::iwarp::IwarpCas::open(
+                &cfg.ips,
+                iwarp_tcp::NicOptions::default(),
+            )?);
+            for (k, (ip, guid, _)) in nic.cas().iter().enumerate() {
+                cas.push(LocalCa {
+                    addrs: vec![*ip],
+                    guid: *guid,
+                    port: PortNum(1),
+                    sessions: nic.sessions().clone(),
+                    via: Via::Iwarp {
+                        nic: nic.clone(),
+                        k,
+                    },
+                });
+            }
+            iwarp = Some(nic);
             None
         } else {
             Some(Initd::start_soft(&cfg, &mut cas, &mut comebacks)?)
@@ -481,6 +530,7 @@ impl Initd {
         Ok(Initd {
             cfg,
             soft,
+            iwarp,
             cas,
             logins: Mutex::new(BTreeMap::new()),
             pending: Mutex::new(Vec::new()),
@@ -706,9 +756,11 @@ impl Initd {
                         let from = d.source(*src)?;
                         (from, d.connector(from, *dest, timeout))
                     }
+                    Via::Iwarp { nic, k } => (ca.addrs[0], nic.connector(*k, *dest, timeout)),
                 };
                 let name = match &ca.via {
                     Via::Soft { .. } => from.to_string(),
+                    Via::Iwarp { .. } => format!("{from} (iWARP)"),
                     Via::Device(d) => format!("{}:{from}", d.name()),
                 };
                 Ok((ca, name, Arc::new(SrptdHints(conn))))
@@ -720,18 +772,22 @@ impl Initd {
             } => {
                 let soft = self.cas.iter().find_map(|c| match &c.via {
                     Via::Soft { agent, ib } => Some((c, agent.get(), ib)),
-                    Via::Device(_) => None,
+                    Via::Device(_) | Via::Iwarp { .. } => None,
                 });
                 let Some((ca, agent, ib)) = soft else {
+                    let what = format!(
+                        "service_id={service_id:016x},dgid={}",
+                        srp_initiator::login::dgid_hex(dgid)
+                    );
+                    if self.iwarp.is_some() {
+                        return Err(crate::iwarp::IwarpError::IbCm { what }.into());
+                    }
                     let dev = match self.cas.first().map(|c| &c.via) {
                         Some(Via::Device(d)) => d.name().to_string(),
                         _ => "?".to_string(),
                     };
                     return Err(DeviceError::IbCm {
-                        what: format!(
-                            "service_id={service_id:016x},dgid={}",
-                            srp_initiator::login::dgid_hex(dgid)
-                        ),
+                        what,
                         device: dev,
                         soft: "; or give srpd --ip too: a soft RoCE CA makes IB CM logins",
                     }
@@ -859,13 +915,14 @@ impl Initd {
     /// On a device CA, its sessions' verbs objects and the connections its
     /// RDMA CM holds.
     pub fn verbs_objects(&self) -> i64 {
-        let soft = self.soft.as_ref().map_or(0, |s| s.access.live_total());
+        let soft = self.soft.as_ref().map_or(0, |s| s.access.live_total())
+            + self.iwarp.as_ref().map_or(0, |n| n.live());
         let devices: i64 = self
             .cas
             .iter()
             .map(|c| match &c.via {
                 Via::Device(d) => d.live(),
-                Via::Soft { .. } => 0,
+                Via::Soft { .. } | Via::Iwarp { .. } => 0,
             })
             .sum();
         soft + devices

@@ -4,7 +4,8 @@
 //!
 //! The library part is [`initd`], srpd's registry of logins and its
 //! control socket, [`args`], what the two command lines share, and
-//! [`device`], logins from an rdma-core device (`--device`); the SRP
+//! [`device`], logins from an rdma-core device (`--device`), and
+//! [`iwarp`], logins over our soft iWARP NIC (`--iwarp`); the SRP
 //! initiator itself (sessions, the remote port
 //! state machine, multipath, discovery, connectors) is `srp-initiator`.
 
@@ -13,4 +14,5 @@
 pub mod args;
 pub mod device;
 pub mod initd;
+pub mod iwarp;
 pub mod rejoin;

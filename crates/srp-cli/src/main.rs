@@ -72,6 +72,12 @@ struct Login {
         conflicts_with = "device"
     )]
     nicd: Option<std::path::PathBuf>,
+    /// Log in over our soft iWARP NIC at --ip (RDMA over TCP, what Linux
+    /// siw speaks) instead of soft RoCE: RDMA CM is then a TCP connection
+    /// to --dest and the MPA exchange; the target's id_ext defaults as
+    /// over RoCE. RDMA CM logins only (no --service-id).
+    #[arg(long, conflicts_with_all = ["device", "nicd", "service_id"])]
+    iwarp: bool,
     /// RoCEv2 UDP port.
     #[arg(long, default_value_t = 4791)]
     udp_port: u16,
@@ -489,6 +495,42 @@ fn device_paths(
     Ok(out)
 }
 
+/// The paths of `--iwarp`: one [`PathLogin`] per `--dest`, each from its
+/// own CA of our soft iWARP NIC (`ips`, one per dest), by RDMA CM.
+fn iwarp_paths(
+    l: &Login,
+    ips: &[IpAddr],
+) -> Result<Vec<Arc<srp_initiator::path_login::PathLogin>>, String> {
+    let nic = srp_cli::iwarp::IwarpCas::open(ips, iwarp_tcp::NicOptions::default())
+        .map_err(|e| e.to_string())?;
+    let mut out = Vec::new();
+    for (k, dest) in l.dest.iter().enumerate() {
+        let (ip, guid, _) = &nic.cas()[k];
+        let connector = Arc::new(SrptdHints(nic.connector(k, *dest, Duration::from_secs(10))));
+        out.push(path_login(
+            l,
+            format!("{ip} -> {dest} (iWARP)"),
+            nic.sessions(),
+            *guid,
+            rdma_types::PortNum(1),
+            connector,
+            // srptd's port GUID comes from its address over iWARP too.
+            l.id_ext
+                .unwrap_or(rnic::softroce::ip_guid(dest.ip()).0),
+        ));
+    }
+    eprintln!(
+        "srp: logging in to {} over iWARP ...",
+        l.dest
+            .iter()
+            .zip(ips)
+            .map(|(d, ip)| format!("{d} from {ip}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    Ok(out)
+}
+
 /// One [`PathLogin`] per `--dest`, each on its own soft RoCE CA, or all
 /// on the rdma-core device `--device` names.
 fn paths(l: &Login) -> Result<Vec<Arc<srp_initiator::path_login::PathLogin>>, String> {
@@ -507,6 +549,9 @@ fn paths(l: &Login) -> Result<Vec<Arc<srp_initiator::path_login::PathLogin>>, St
         (i, d) if i == d => ip.clone(),
         (i, d) => return Err(format!("{i} --ip for {d} --dest: give one --ip per --dest")),
     };
+    if l.iwarp {
+        return iwarp_paths(l, &ips);
+    }
     let cas = rnic::softroce::SoftCa::at_each(&ips);
     let provider: Arc<dyn verbs::Provider> = match &l.nicd {
         Some(s) => {

@@ -39,6 +39,12 @@ struct Args {
     /// the file's `device`) [default: srptd's own soft RoCE NIC at --ip].
     #[arg(long, value_name = "NAME[:PORT]", value_parser = parse_device)]
     device: Option<rdmacore::DeviceSpec>,
+    /// Run the target port on srptd's own soft iWARP NIC at --ip (RDMA
+    /// over TCP, what Linux siw speaks) instead of soft RoCE; logins by
+    /// RDMA CM (TCP and MPA) at --rdma-cm-port, with the login strings of
+    /// a soft RoCE target there (sets the file's `iwarp`).
+    #[arg(long, conflicts_with_all = ["device", "nicd"])]
+    iwarp: bool,
     /// Address of the target's NIC (overrides the file's `ip`)
     /// [default: 127.0.0.1].
     #[arg(long)]
@@ -186,6 +192,7 @@ fn run(a: &Args, log: &Log) -> Result<(), String> {
     // The port options override one target; the daemon's (control
     // socket, metrics) go to the first, where the file keeps them.
     let port_opts = a.device.is_some()
+        || a.iwarp
         || a.ip.is_some()
         || a.udp_port.is_some()
         || a.mtu.is_some()
@@ -194,7 +201,7 @@ fn run(a: &Args, log: &Log) -> Result<(), String> {
         || a.sm_wait_ms.is_some();
     if port_opts && cfg.targets.len() > 1 {
         return Err(format!(
-            "--device, --ip, --udp-port, --mtu, --rdma-cm-port, --fabric and --sm-wait-ms override a single target; {} has {}",
+            "--device, --iwarp, --ip, --udp-port, --mtu, --rdma-cm-port, --fabric and --sm-wait-ms override a single target; {} has {}",
             a.config.as_ref().map_or("the configuration".into(), |p| p.display().to_string()),
             cfg.targets.len()
         ));
@@ -202,6 +209,9 @@ fn run(a: &Args, log: &Log) -> Result<(), String> {
     let t = &mut cfg.targets[0];
     if let Some(d) = &a.device {
         t.device = Some(Spanned::new(0..0, d.to_string()));
+    }
+    if a.iwarp {
+        t.iwarp = Spanned::new(0..0, true);
     }
     if let Some(ip) = a.ip {
         t.ip = Spanned::new(0..0, ip);
@@ -270,6 +280,7 @@ fn run(a: &Args, log: &Log) -> Result<(), String> {
         nic: rnic::softroce::NicOptions::from_env().map_err(|e| e.to_string())?,
         inline_max: srp_target::PortOptions::inline_max_from_env(),
         nicd: a.nicd.as_deref().map(nicd::socket_for),
+        iwarp: iwarp_tcp::NicOptions::default(),
     };
     // A daemon started for the targets' addresses if none answers;
     // connected to under its start lock (held until the targets start).
@@ -278,7 +289,7 @@ fn run(a: &Args, log: &Log) -> Result<(), String> {
         let ips: Vec<std::net::IpAddr> = cfg
             .targets
             .iter()
-            .filter(|t| t.device.is_none())
+            .filter(|t| t.device.is_none() && !*t.iwarp.get_ref())
             .map(|t| *t.ip.get_ref())
             .collect();
         let how = nicd::ondemand::OnDemand::from_env()?;
@@ -320,7 +331,8 @@ fn run(a: &Args, log: &Log) -> Result<(), String> {
                 .field("lid", lid),
             );
         }
-        let ib_sid = (t.ib_cm && run.device.is_none()).then(|| format!("{guid:016x}"));
+        let iwarp = *t.iwarp.get_ref();
+        let ib_sid = (t.ib_cm && run.device.is_none() && !iwarp).then(|| format!("{guid:016x}"));
         log.emit(
             Record::info("target_listening", format!(
                 "target {} listening on {}{}, {} devices, {} default LUNs{}, {} groups, id_ext {:016x} ioc_guid {:016x}, control {}",
@@ -330,6 +342,7 @@ fn run(a: &Args, log: &Log) -> Result<(), String> {
                         "{} of {dev} (RDMA CM through the kernel)",
                         addrs.iter().map(|a| std::net::SocketAddr::new(*a, p).to_string()).collect::<Vec<_>>().join(", ")
                     ),
+                    (None, p) if iwarp => format!("{ip}:{p} (RDMA CM over our soft iWARP NIC)"),
                     (None, 0) => format!("{ip} (RDMA CM off)"),
                     (None, p) => format!("{ip}:{p} (RDMA CM)"),
                 },

@@ -2,7 +2,8 @@
 //! logins made with `srp login` (Linux `ib_srp` login strings) and shows
 //! each LUN as a file under `--mount-root/<login name>/`, until SIGTERM or
 //! SIGINT, when it logs every target out. Its CAs are our soft RoCE NIC
-//! (`--ip`) or a port of an rdma-core device (`--device`), or both.
+//! (`--ip`; our soft iWARP NIC with `--iwarp`) or a port of an rdma-core
+//! device (`--device`), or both.
 
 #![forbid(unsafe_code)]
 
@@ -46,6 +47,12 @@ struct Args {
     /// leaves after $NICD_IDLE_EXIT (30s) without a client; the roce fabric only.
     #[arg(long, value_name = "SOCKET", num_args = 0..=1, default_missing_value = "")]
     nicd: Option<PathBuf>,
+    /// The CAs at --ip are our soft iWARP NIC's (RDMA over TCP, what
+    /// Linux siw speaks) instead of soft RoCE's: logins by RDMA CM
+    /// (`dest=ip:port`, a TCP connection and the MPA exchange), with the
+    /// login strings of RoCE; no IB CM logins.
+    #[arg(long, conflicts_with = "nicd")]
+    iwarp: bool,
     /// RoCEv2 UDP port.
     #[arg(long, default_value_t = 4791)]
     udp_port: u16,
@@ -142,6 +149,7 @@ fn run(a: Args) -> Result<(), String> {
         sm_wait: a.sm_wait_ms,
         nic,
         nicd: a.nicd.as_deref().map(nicd::socket_for),
+        iwarp: a.iwarp,
     });
     drop(held);
     let initd = match started {

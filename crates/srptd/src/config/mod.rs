@@ -277,6 +277,14 @@ pub struct TargetSection {
     /// logins through the kernel's RDMA CM on the device's addresses.
     /// Unset: the port is srptd's own soft RoCE NIC at `ip`/`udp_port`.
     pub device: Option<Spanned<String>>,
+    /// Run the port on srptd's own soft iWARP NIC at `ip` (RDMA over
+    /// TCP: MPA, DDP and RDMAP, what Linux siw speaks) instead of soft
+    /// RoCE: logins by RDMA CM, which on iWARP is a TCP connection to
+    /// `rdma_cm_port` and the MPA exchange. iWARP has no QP1, so no IB CM
+    /// logins and no DM agent for discovery; not with `device` or
+    /// `fabric = "ib"`.
+    #[serde(skip_serializing_if = "is_false")]
+    pub iwarp: Spanned<bool>,
     pub ip: Spanned<IpAddr>,
     pub udp_port: Spanned<u16>,
     /// Who runs the port: `roce` (no SM) or `ib` (`ibsm run` configures
@@ -462,6 +470,7 @@ impl Default for TargetSection {
         let s = |v| Spanned::new(0..0, v);
         TargetSection {
             device: None,
+            iwarp: Spanned::new(0..0, false),
             ip: Spanned::new(0..0, IpAddr::from([127, 0, 0, 1])),
             udp_port: Spanned::new(0..0, 4791),
             fabric: rdma_access::subnet::Fabric::Roce,
@@ -487,6 +496,11 @@ impl Default for TargetSection {
             luns: Vec::new(),
         }
     }
+}
+
+/// A key left out of a written file when off.
+fn is_false(b: &Spanned<bool>) -> bool {
+    !*b.get_ref()
 }
 
 /// `/run/srptd.sock` for root, `$TMPDIR/srptd-<uid>.sock` for others.
@@ -1482,6 +1496,27 @@ impl Config {
                     "on an rdma-core device logins come by RDMA CM only, and rdma_cm_port = 0 \
                      turns it off: set rdma_cm_port (ib_srpt's usual is 5555)",
                 ));
+            }
+        }
+        if *t.iwarp.get_ref() {
+            let refuse = |m: &str| Err(bad(&t.iwarp, format!("{at}.iwarp"), m));
+            if t.device.is_some() {
+                return refuse(
+                    "iwarp and device both choose the port's NIC (srptd's own soft iWARP NIC, or \
+                     an rdma-core device such as Linux siw): remove one",
+                );
+            }
+            if t.fabric == rdma_access::subnet::Fabric::Ib {
+                return refuse(
+                    "the ib fabric is a subnet our SM manages over soft RoCE; iWARP has none: \
+                     remove fabric = \"ib\" (or iwarp)",
+                );
+            }
+            if t.rdma_cm_port == 0 {
+                return refuse(
+                    "on iWARP logins come by RDMA CM only (TCP and MPA), and rdma_cm_port = 0 \
+                     turns it off: set rdma_cm_port (ib_srpt's usual is 5555)",
+                );
             }
         }
         if *t.rel_tgt_id.get_ref() == 0 {

@@ -159,6 +159,8 @@ pub struct StartOptions {
     /// address, through the daemon at this socket, instead of a NIC of
     /// srptd's own (`roce` fabric only).
     pub nicd: Option<std::path::PathBuf>,
+    /// Every `iwarp` target's soft iWARP NIC.
+    pub iwarp: iwarp_tcp::NicOptions,
 }
 
 impl Default for StartOptions {
@@ -167,6 +169,7 @@ impl Default for StartOptions {
             nic: rnic::softroce::NicOptions::default(),
             inline_max: srp_target::INLINE_MAX,
             nicd: None,
+            iwarp: iwarp_tcp::NicOptions::default(),
         }
     }
 }
@@ -220,8 +223,74 @@ impl TargetRt {
     ) -> Result<TargetRt, StartError> {
         match &t.device {
             Some(d) => TargetRt::start_on_device(t, d, scsi, log, opts),
+            None if *t.iwarp.get_ref() => TargetRt::start_iwarp(t, scsi, log, opts),
             None => TargetRt::start_soft(t, n, scsi, log, opts),
         }
+    }
+
+    /// Starts target `t` on its own soft iWARP NIC at its address: the
+    /// port's verbs objects on it and its logins by RDMA CM over TCP and
+    /// MPA (`iwarp_tcp::IwarpCm`) on `rdma_cm_port`. The CA has the GUID
+    /// of its address as on soft RoCE, so the target port ID, and with it
+    /// the login strings, are those of a soft RoCE target there. No IB
+    /// CM, no DM agent: iWARP has no QP1.
+    fn start_iwarp(
+        t: &crate::config::TargetSection,
+        scsi: &Arc<scsi::Target>,
+        log: crate::log::Log,
+        opts: &StartOptions,
+    ) -> Result<TargetRt, StartError> {
+        let nic_err = |m: String| (t.ip.span(), "ip", m);
+        if opts.nicd.is_some() {
+            return Err((
+                t.iwarp.span(),
+                "iwarp",
+                "the NIC daemon serves soft RoCE NICs; an iwarp target runs on a NIC of \
+                 srptd's own: drop --nicd, or iwarp"
+                    .into(),
+            ));
+        }
+        let ip = *t.ip.get_ref();
+        let guid = rnic::softroce::ip_guid(ip);
+        let nic =
+            iwarp_tcp::SoftIwarp::with_options(vec![iwarp_tcp::IwarpCa { guid, ip }], opts.iwarp.clone());
+        let access = rdma_access::resource::AccessLayer::new(nic.clone() as Arc<dyn verbs::Provider>);
+        let cm = access.client("cm").into_provider();
+        let port = TargetRt::target_port(
+            t,
+            access.client("srp target").into_provider(),
+            guid,
+            rdma_types::PortNum(1),
+            scsi,
+            opts,
+            &|m| nic_err(format!("iWARP NIC at {ip}: {m}")),
+        )?;
+        let listen = srp_target::cm::Listen {
+            rdma_cm_port: Some(t.rdma_cm_port),
+            ib_service_id: None,
+        };
+        let rdma_cm = iwarp_tcp::IwarpCm::new(nic, guid);
+        if let Err(e) = logins::serve_logins(rdma_cm, None, port.clone(), listen, log) {
+            port.stop();
+            return Err(nic_err(format!(
+                "listen for logins on TCP {ip}:{}: {e}",
+                t.rdma_cm_port
+            )));
+        }
+        let live = Live {
+            port,
+            guid,
+            access,
+            cm,
+            rdma_cm: None,
+            _dm: None,
+        };
+        Ok(TargetRt {
+            live: Arc::new(Mutex::new(live)),
+            nic: None,
+            ib_port: None,
+            stopping: Arc::default(),
+        })
     }
 
     /// The target port on `provider`'s CA `guid` (port `port`), with the

@@ -640,6 +640,33 @@ pub fn preflight(cfg: &Config, nicd: bool) -> Result<Preflight, ConfigError> {
                 .map_err(|e| cfg.error(d.span(), key(i, "device"), e.to_string()))?;
             continue;
         }
+        if *t.iwarp.get_ref() {
+            // The iWARP NIC listens on TCP: logins at rdma_cm_port.
+            let (ip, port) = (*t.ip.get_ref(), t.rdma_cm_port);
+            match std::net::TcpListener::bind((ip, port)) {
+                Ok(_) => {}
+                Err(e) if e.kind() == ErrorKind::AddrInUse => found.busy.push(cfg.error(
+                    t.ip.span(),
+                    key(i, "rdma_cm_port"),
+                    format!("TCP {ip}:{port} is in use (is srptd running?): stop what holds it or choose another rdma_cm_port"),
+                )),
+                Err(e) if e.kind() == ErrorKind::AddrNotAvailable => {
+                    return Err(cfg.error(
+                        t.ip.span(),
+                        key(i, "ip"),
+                        format!("{ip} is not an address of this host ({e}): give one of its addresses for the iWARP NIC"),
+                    ))
+                }
+                Err(e) => {
+                    return Err(cfg.error(
+                        t.ip.span(),
+                        key(i, "ip"),
+                        format!("cannot listen on TCP {ip}:{port}: {e}"),
+                    ))
+                }
+            }
+            continue;
+        }
         if nicd {
             continue;
         }
