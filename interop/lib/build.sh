@@ -25,9 +25,11 @@ GUEST_MODULES=(
   sd_mod sg sr_mod st iscsi_tcp loop configfs crc32c_generic libcrc32c ext4 fuse scsi_debug
   crc32_generic crc32_pclmul crc32c_intel
   drbd dm_mod dm_multipath dm_round_robin dm_service_time dm_queue_length scsi_dh_alua
+  siw
 )
 
 HOST_TOOLS=(qemu-system-x86_64:qemu-system-x86 debootstrap:debootstrap
+  gcc-12:gcc-12 make:make xz:xz-utils
   tshark:tshark dumpcap:tshark ip:iproute2 cpio:cpio dpkg-deb:dpkg
   timeout:coreutils depmod:kmod modprobe:kmod ping:iputils-ping)
 
@@ -91,6 +93,48 @@ image_ensure() {
   image_build "$key"
 }
 
+# build_siw TMP KPKG KVER: Linux's soft iWARP driver, which Debian's
+# kernel config leaves out (CONFIG_RDMA_SIW is not set), built as an
+# out-of-tree module for exactly the guest's kernel: its sources from
+# linux-source-6.1 of the kernel package's version (only
+# drivers/infiniband/sw/siw is unpacked), compiled against that
+# version's linux-headers (Module.symvers, so modversions match) with
+# the compiler Debian built the kernel with (gcc-12). The module lands in
+# TMP/kx/lib/modules/KVER/extra, where the module closure finds it, and a
+# copy stays beside the image (siw.ko). Unsigned: the kernel loads it
+# tainted, as it does any out-of-tree module.
+build_siw() {
+  local tmp=$1 kpkg=$2 kver=$3 ver flavour src hdr
+  ver=$(awk -v k="$kpkg" '$1 == k {print $2}' "$tmp/host-apt-versions.txt")
+  flavour=${kver#*-*-}          # 6.1.0-57-amd64 -> amd64
+  mkdir -p "$tmp/siwdeb" "$tmp/siwx"
+  src=linux-source-$(echo "$kver" | cut -d. -f1-2)
+  (cd "$tmp/siwdeb" && timeout 900 apt-get download -q "$src=$ver" \
+      "linux-headers-$kver=$ver" "linux-headers-${kver%-"$flavour"}-common=$ver" \
+      "linux-kbuild-$(echo "$kver" | cut -d. -f1-2)=$ver" >"$tmp/siw-download.log" 2>&1) ||
+    die "apt-get download of $src and the headers of $kver ($ver) failed (log: $tmp/siw-download.log)"
+  local d
+  for d in "$tmp"/siwdeb/linux-headers-*.deb "$tmp"/siwdeb/linux-kbuild-*.deb; do
+    dpkg-deb -x "$d" "$tmp/siwx"
+  done
+  hdr=$tmp/siwx/usr/src/linux-headers-$kver
+  [ -f "$hdr/Module.symvers" ] || die "no Module.symvers in linux-headers-$kver"
+  # The flavour's Makefile includes the common headers by absolute path.
+  sed -i "s|^include /usr/src/|include $tmp/siwx/usr/src/|" "$hdr/Makefile"
+  dpkg-deb --fsys-tarfile "$tmp"/siwdeb/"$src"_*.deb |
+    tar -xO "./usr/src/$src.tar.xz" | xz -dc |
+    tar -x -C "$tmp/siwx" --wildcards "$src/drivers/infiniband/sw/siw/*" ||
+    die "cannot unpack drivers/infiniband/sw/siw from $src"
+  timeout 900 make -C "$hdr" M="$tmp/siwx/$src/drivers/infiniband/sw/siw" CONFIG_RDMA_SIW=m \
+      modules >"$tmp/siw-build.log" 2>&1 ||
+    { tail -20 "$tmp/siw-build.log" >&2; die "siw.ko did not build (log: $tmp/siw-build.log)"; }
+  mkdir -p "$tmp/kx/lib/modules/$kver/extra"
+  cp "$tmp/siwx/$src/drivers/infiniband/sw/siw/siw.ko" "$tmp/kx/lib/modules/$kver/extra/siw.ko"
+  cp "$tmp/siwx/$src/drivers/infiniband/sw/siw/siw.ko" "$tmp/siw.ko"
+  rm -rf "$tmp/siwdeb" "$tmp/siwx"
+  log "siw.ko built for $kver from $src $ver"
+}
+
 image_build() {
   local key=$1 tmp root kpkg kver t0 mods
   t0=$(date +%s)
@@ -121,6 +165,7 @@ image_build() {
   kver=$(ls "$tmp/kx/lib/modules" | head -1)
   [ -n "$kver" ] || die "no modules in $kpkg"
   cp "$tmp/kx/boot/vmlinuz-$kver" "$tmp/vmlinuz"
+  build_siw "$tmp" "$kpkg" "$kver"
   depmod -b "$tmp/kx" "$kver"
   mods=$(for m in "${GUEST_MODULES[@]}"; do
       modprobe -d "$tmp/kx" -S "$kver" --show-depends "$m" 2>/dev/null || true
@@ -134,7 +179,7 @@ image_build() {
   done
   cp "$tmp/kx/lib/modules/$kver"/modules.{order,builtin,builtin.modinfo} "$root/lib/modules/$kver/" 2>/dev/null || true
   depmod -b "$root" "$kver"
-  for m in rdma_rxe ib_srp ib_srpt target_core_file virtio_net drbd dm_multipath; do
+  for m in rdma_rxe siw ib_srp ib_srpt target_core_file virtio_net drbd dm_multipath; do
     modprobe -d "$root" -S "$kver" --show-depends "$m" >/dev/null 2>&1 ||
       die "module $m missing from the image"
   done

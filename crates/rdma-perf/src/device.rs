@@ -427,7 +427,9 @@ impl Nic {
                     .map_err(|e| err(e.to_string()))?;
                 Ok((agent, vec![*ip]))
             }
-            Kind::Iwarp { nic, ip } => Ok((iwarp_tcp::IwarpCm::new(nic.clone(), self.guid), vec![*ip])),
+            Kind::Iwarp { nic, ip } => {
+                Ok((iwarp_tcp::IwarpCm::new(nic.clone(), self.guid), vec![*ip]))
+            }
             Kind::Core(core) => {
                 let cm =
                     rdmacore::RdmaCm::start(core, self.guid).map_err(|e| err(e.to_string()))?;

@@ -515,8 +515,7 @@ fn iwarp_paths(
             rdma_types::PortNum(1),
             connector,
             // srptd's port GUID comes from its address over iWARP too.
-            l.id_ext
-                .unwrap_or(rnic::softroce::ip_guid(dest.ip()).0),
+            l.id_ext.unwrap_or(rnic::softroce::ip_guid(dest.ip()).0),
         ));
     }
     eprintln!(

@@ -168,11 +168,8 @@ fn iwarp_configurations_that_cannot_work_are_refused_with_the_fix() {
         "{m}"
     );
     // The binaries' flags: what iWARP cannot go with.
-    let (ok, out) = common::run(Command::new(common::srptd_bin()).args([
-        "--iwarp",
-        "--device",
-        "siw0",
-    ]));
+    let (ok, out) =
+        common::run(Command::new(common::srptd_bin()).args(["--iwarp", "--device", "siw0"]));
     assert!(!ok && out.contains("cannot be used with"), "{out}");
     let (ok, e) = common::run(
         Command::new(common::srpd_bin())
@@ -183,8 +180,5 @@ fn iwarp_configurations_that_cannot_work_are_refused_with_the_fix() {
             .arg(dir.join("x.sock")),
     );
     assert!(!ok, "{e}");
-    assert!(
-        e.contains("--fabric ib does not go with --iwarp"),
-        "{e}"
-    );
+    assert!(e.contains("--fabric ib does not go with --iwarp"), "{e}");
 }

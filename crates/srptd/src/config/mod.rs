@@ -11,6 +11,9 @@
 //! mtu = 4096                # path MTU; 1024 on a 1500-byte Ethernet link
 //! pkey = "all"              # partitions served: "all" of the port's P_Key table,
 //!                           # or one P_Key (0x8010) or a list ([0x8010, 0xffff])
+//! iwarp = false             # true: srptd's own soft iWARP NIC at ip (RDMA over
+//!                           # TCP, Linux siw's peer) instead of soft RoCE; RDMA
+//!                           # CM logins only, with the same login strings
 //!
 //! [[device]]
 //! name = "disk0"

@@ -715,3 +715,23 @@ fn a_value_of_the_wrong_type_names_its_key() {
     let e = err_of("[target]\nip = 7\n");
     assert_eq!(e.key, "target.ip", "{e}");
 }
+
+#[test]
+fn an_iwarp_target_is_parsed_written_and_refused_with_what_it_cannot_go_with() {
+    let c = parse("[target]\nip = \"127.0.0.3\"\niwarp = true\n").unwrap();
+    assert!(*c.target().iwarp.get_ref());
+    assert!(c.to_toml().contains("iwarp = true"), "{}", c.to_toml());
+    // Off is the default, and not written.
+    let c = parse("[target]\nip = \"127.0.0.3\"\n").unwrap();
+    assert!(!*c.target().iwarp.get_ref());
+    assert!(!c.to_toml().contains("iwarp"), "{}", c.to_toml());
+    for (extra, words) in [
+        ("device = \"siw0\"", "iwarp and device both choose the port's NIC"),
+        ("fabric = \"ib\"", "remove fabric = \"ib\" (or iwarp)"),
+        ("rdma_cm_port = 0", "set rdma_cm_port"),
+    ] {
+        let e = err_of(&format!("[target]\niwarp = true\n{extra}\n"));
+        assert_eq!((e.line, e.key.as_str()), (2, "target.iwarp"), "{e}");
+        assert!(e.message.contains(words), "{e}");
+    }
+}

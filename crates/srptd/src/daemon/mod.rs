@@ -252,9 +252,12 @@ impl TargetRt {
         }
         let ip = *t.ip.get_ref();
         let guid = rnic::softroce::ip_guid(ip);
-        let nic =
-            iwarp_tcp::SoftIwarp::with_options(vec![iwarp_tcp::IwarpCa { guid, ip }], opts.iwarp.clone());
-        let access = rdma_access::resource::AccessLayer::new(nic.clone() as Arc<dyn verbs::Provider>);
+        let nic = iwarp_tcp::SoftIwarp::with_options(
+            vec![iwarp_tcp::IwarpCa { guid, ip }],
+            opts.iwarp.clone(),
+        );
+        let access =
+            rdma_access::resource::AccessLayer::new(nic.clone() as Arc<dyn verbs::Provider>);
         let cm = access.client("cm").into_provider();
         let port = TargetRt::target_port(
             t,

@@ -1,0 +1,130 @@
+# shellcheck shell=bash
+# siw-ours: Linux's soft iWARP driver (siw, built for the guest's kernel
+# in the image build) in VM a against our soft iWARP NIC (our binaries at
+# 10.77.0.2 inside the namespace, RDMA over TCP):
+#  1. librdmacm's rping on siw against our rrping --iwarp, both roles, 10
+#     pings each with the data validated (RDMA READ and WRITE, SENDs);
+#  2. Linux's ib_srp over siw logs in to our srptd --iwarp by RDMA CM
+#     (dest=10.77.0.2:5555, the login string of a soft RoCE target there):
+#     dd pattern write and read-back, fio randrw crc32c verify, 8 MiB
+#     direct I/O in one request, logout and a second login verified.
+# The capture must decode as MPA/DDP/RDMAP (tshark's iwarp_mpa and
+# iwarp_ddp_rdmap) with nothing malformed and no expert errors.
+# perftest's ib_write_bw/ib_read_bw need RDMA CM (-R) on iWARP, which our
+# rperftest does not speak: not run here.
+# Needs the binaries: cargo build --release -p rdma-perf -p srptd
+# (RRPING, SRPTD override).
+
+SCENARIO_VMS=("a 11 siw")
+SCENARIO_GUEST_TIMEOUT=900
+# SRP payloads are not RPC-over-RDMA (see linux-srp-initiator-ours).
+# SMB Direct neither.
+SCENARIO_TSHARK_ARGS="--disable-heuristic rpcrdma_iwarp --disable-heuristic smb_direct_iwarp"
+# MPA request and reply; RDMAP WRITE, READ request, READ response, SEND.
+SCENARIO_EXPECT_PROTOCOLS="iwarp_mpa.key.req iwarp_mpa.key.rep iwarp_rdma.opcode==0 iwarp_rdma.opcode==1 iwarp_rdma.opcode==2 iwarp_rdma.opcode==3"
+
+BIN=${CARGO_TARGET_DIR:-$INTEROP_DIR/../target}/release
+RRPING=${RRPING:-$BIN/rrping}
+SRPTD=${SRPTD:-$BIN/srptd}
+# srptd's target port over iWARP: the GUID of its address, as on soft
+# RoCE: 0002c903 and 10.77.0.2.
+OUR_TARGET_GUID=0002c9030a4d0002
+
+host_main() {
+  [ -x "$RRPING" ] || { echo "missing $RRPING: run cargo build --release -p rdma-perf"; return 1; }
+  [ -x "$SRPTD" ] || { echo "missing $SRPTD: run cargo build --release -p srptd"; return 1; }
+  ns_add_ip 10.77.0.2
+  # Round 1: Linux rping serves on siw; retry while the VM boots (a TCP
+  # connect refused or unanswered), never a validation.
+  retry_if_not_up 600 "rrping --iwarp client" '^rrping: .*(refused|[Nn]o route|unreachable|timed out|TimedOut)' \
+    "$RUN_DIR/rping1.txt" ns_run 90 "$RRPING" --iwarp -c -a 10.77.0.11 -I 10.77.0.2 -C 10 -v -V --timeout 5 ||
+    return 1
+  grep -q "rrping: 10 pings, 10 validated" "$RUN_DIR/rping1.txt" ||
+    { host_fail "our client did not validate 10 pings"; return 1; }
+  echo "rping round 1 passed: our client (iWARP) validated 10 pings from rping on siw"
+  # Round 2: we serve; Linux's client connects and validates.
+  ns_run 400 "$RRPING" --iwarp -s -a 10.77.0.2 -C 10 -v --timeout 300 >"$RUN_DIR/rping2.txt" 2>&1 ||
+    { cat "$RUN_DIR/rping2.txt"; host_fail "our rrping --iwarp server failed"; return 1; }
+  cat "$RUN_DIR/rping2.txt"
+  grep -q "rrping: 10 pings" "$RUN_DIR/rping2.txt" || { host_fail "our server did not serve 10 pings"; return 1; }
+  echo "rping round 2 passed: rping client on siw, our server (iWARP)"
+  # The SRP target for the guest's ib_srp.
+  ns_bg srptd 900 "$SRPTD" --iwarp --ip 10.77.0.2 --ram-mib 32 --rdma-cm-port 5555 \
+    --control-socket "$RUN_DIR/srptd.sock"
+  local i
+  for i in $(seq 1 100); do
+    grep -q "listening on" "$RUN_DIR/host-srptd.log" 2>/dev/null && break
+    sleep 0.1
+  done
+  grep -q "listening on" "$RUN_DIR/host-srptd.log" || { cat "$RUN_DIR/host-srptd.log"; return 1; }
+  cat "$RUN_DIR/host-srptd.log"
+}
+
+siw_active() { grep -q ACTIVE /sys/class/infiniband/siw0/ports/1/state; }
+
+# Prints the sdX whose SCSI vendor is ours.
+siw_our_disk() { our_disks | head -1; }
+
+# siw_login: add_target over siw0; sets DEV.
+siw_login() {
+  local add=/sys/class/infiniband_srp/srp-siw0-1/add_target
+  [ -e $add ] || fail "$add missing"
+  retry 300 "SRP login over siw" sh -c \
+    "echo id_ext=$OUR_TARGET_GUID,ioc_guid=$OUR_TARGET_GUID,dest=10.77.0.2:5555 >$add"
+  wait_until 120 "our disk" siw_our_disk
+  DEV=/dev/$(siw_our_disk)
+  wait_until 30 "$DEV node" test -b "$DEV"
+}
+
+siw_logout() {
+  local p
+  for p in /sys/class/srp_remote_ports/port-*; do
+    [ -e "$p/delete" ] && echo 1 >"$p/delete"
+  done
+  wait_until 60 "disk removal" sh -c '! ls /sys/block | grep -q "^sd"'
+  wait_until 60 "remote port removal" sh -c '! ls /sys/class/srp_remote_ports | grep -q port'
+}
+
+guest_siw() {
+  step "siw0 on eth0 (rxe0 removed, so RDMA CM picks siw)"
+  rdma link delete rxe0 || fail "rdma link delete rxe0"
+  modprobe siw || fail "modprobe siw (built into the image for $(uname -r))"
+  rdma link add siw0 type siw netdev eth0 || fail "rdma link add siw0"
+  wait_until 60 "siw0 port ACTIVE" siw_active
+  rdma link show | sed 's/^/  /'
+
+  step "rping server on siw for our client"
+  timeout 600 rping -s -a 10.77.0.11 -C 10 -v || fail "rping server exited $?"
+  step "rping client on siw against our server"
+  retry_if 300 "rping client" 'cma event RDMA_CM_EVENT_(REJECTED|UNREACHABLE|ADDR_ERROR|ROUTE_ERROR|CONNECT_ERROR)' \
+    timeout 60 rping -c -a 10.77.0.2 -C 10 -v -V
+
+  modprobe ib_srp
+  modprobe sd_mod 2>/dev/null || true
+  step "ib_srp over siw logs in to our srptd (iWARP)"
+  siw_login
+  [ "$(cat /sys/block/${DEV#/dev/}/size)" -eq 65536 ] || fail "disk is not 32 MiB"
+  head -c 4194304 /dev/urandom >/tmp/pattern
+  dd if=/tmp/pattern of="$DEV" bs=64k oflag=direct conv=fsync 2>&1 | tail -1
+  dd if="$DEV" of=/tmp/readback bs=64k count=64 iflag=direct 2>&1 | tail -1
+  cmp /tmp/pattern /tmp/readback || fail "read-back data differs from the written pattern"
+  step "dd: 4 MiB pattern written and read back identical"
+  fio --name=siwverify --filename="$DEV" --direct=1 --rw=randrw --bs=4k --iodepth=8 \
+    --ioengine=libaio --offset=8m --size=8m --verify=crc32c --do_verify=1 \
+    --output-format=terse --minimal >/tmp/fio.out 2>&1 || { cat /tmp/fio.out; fail "fio verify failed"; }
+  [ "$(cut -d';' -f5 /tmp/fio.out | head -1)" = 0 ] || { cat /tmp/fio.out; fail "fio errors"; }
+  step "fio randrw crc32c verify ok"
+  head -c 8388608 /dev/urandom >/tmp/big
+  dd if=/tmp/big of="$DEV" bs=8M count=1 oflag=direct conv=fsync 2>/dev/null || fail "dd write 8 MiB"
+  dd if="$DEV" of=/tmp/big.back bs=8M count=1 iflag=direct 2>/dev/null || fail "dd read 8 MiB"
+  cmp /tmp/big /tmp/big.back || fail "8 MiB read back differs"
+  step "8 MiB direct I/O in one request verified"
+  siw_logout
+  step "logged out; logging in again"
+  siw_login
+  dd if="$DEV" of=/tmp/big.back2 bs=8M count=1 iflag=direct 2>/dev/null || fail "dd read 8 MiB again"
+  cmp /tmp/big /tmp/big.back2 || fail "8 MiB differs after the second login"
+  siw_logout
+  step "second login: the 8 MiB written before read back identical; logged out"
+  dmesg | grep -iE "srp|siw" | tail -8
+}
