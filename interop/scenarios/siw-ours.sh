@@ -85,16 +85,26 @@ siw_logout() {
   wait_until 60 "remote port removal" sh -c '! ls /sys/class/srp_remote_ports | grep -q port'
 }
 
+# siw_fail WHY: what siw logged (its debug messages when dynamic debug
+# could be turned on), then the failure.
+siw_fail() {
+  dmesg | grep -iE "siw|iw_cm|rdma" | tail -60
+  fail "$1"
+}
+
 guest_siw() {
+  # siw's own account of each connection and error, for a failure's log.
+  mountpoint -q /sys/kernel/debug || mount -t debugfs debugfs /sys/kernel/debug 2>/dev/null || true
   step "siw0 on eth0 (rxe0 removed, so RDMA CM picks siw)"
   rdma link delete rxe0 || fail "rdma link delete rxe0"
   modprobe siw || fail "modprobe siw (built into the image for $(uname -r))"
+  echo 'module siw +p' >/sys/kernel/debug/dynamic_debug/control 2>/dev/null || true
   rdma link add siw0 type siw netdev eth0 || fail "rdma link add siw0"
   wait_until 60 "siw0 port ACTIVE" siw_active
   rdma link show | sed 's/^/  /'
 
   step "rping server on siw for our client"
-  timeout 600 rping -s -a 10.77.0.11 -C 10 -v || fail "rping server exited $?"
+  timeout 600 rping -s -a 10.77.0.11 -C 10 -v || siw_fail "rping server exited $?"
   step "rping client on siw against our server"
   retry_if 300 "rping client" 'cma event RDMA_CM_EVENT_(REJECTED|UNREACHABLE|ADDR_ERROR|ROUTE_ERROR|CONNECT_ERROR)' \
     timeout 60 rping -c -a 10.77.0.2 -C 10 -v -V

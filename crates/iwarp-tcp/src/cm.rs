@@ -47,6 +47,9 @@ pub enum CmError {
         /// The reject's private data.
         private_data: Vec<u8>,
     },
+    /// The peer's TCP refused the connection: nothing listens there.
+    #[error("TCP connection to {0} refused: nothing listens there")]
+    Refused(SocketAddr),
     /// No reply within the time given.
     #[error("no MPA reply within the timeout")]
     TimedOut,

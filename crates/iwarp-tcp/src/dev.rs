@@ -87,6 +87,9 @@ pub(crate) struct Conn {
     closing: bool,
     /// When the stream was accepted or connected.
     born: Instant,
+    /// Why the socket failed, when it did (a connect refused, a reset):
+    /// what a CM connect waiting on it is told.
+    failed: Option<ErrorKind>,
     /// Who made the stream and wants its negotiation's outcome.
     origin: Origin,
 }
@@ -401,6 +404,7 @@ fn accept(st: &mut Inner, guid: u64, l: Token, now: Instant) {
                 parked: None,
                 closing: false,
                 born: now,
+                failed: None,
                 origin: if l == LISTENER {
                     Origin::Verbs
                 } else {
@@ -459,6 +463,9 @@ fn read(st: &mut Inner, guid: u64, tok: Token, now: Instant, buf: &mut [u8]) -> 
             Err(e) if e.kind() == ErrorKind::Interrupted => {}
             Err(e) => {
                 tracing::debug!(%e, peer = %c.peer, "iWARP stream read failed");
+                // The first cause: a failed connect's (SO_ERROR) before what
+                // later calls on the dead socket say (EPIPE).
+                c.failed = c.failed.or_else(|| cause(&c.stream, &e));
                 c.engine.handle_stream_closed();
                 return false;
             }
@@ -630,6 +637,9 @@ fn step(st: &mut Inner, guid: u64, tok: Token, now: Instant) -> Option<Step> {
                 }
                 Err(e) => {
                     tracing::debug!(%e, peer = %c.peer, "iWARP stream write failed");
+                    // The first cause: a failed connect's (SO_ERROR) before what
+                    // later calls on the dead socket say (EPIPE).
+                    c.failed = c.failed.or_else(|| cause(&c.stream, &e));
                     c.engine.handle_stream_closed();
                     c.out.clear();
                     c.closing = true;
@@ -666,6 +676,15 @@ fn step(st: &mut Inner, guid: u64, tok: Token, now: Instant) -> Option<Step> {
     }
     let close = c.closing && c.out.is_empty() && events.is_empty();
     Some((events, completions, c.qp, close))
+}
+
+/// Why a socket call failed: the socket's pending error (a connect that
+/// failed: refused, unreachable) when it has one, else `e`'s.
+fn cause(stream: &TcpStream, e: &std::io::Error) -> Option<ErrorKind> {
+    match stream.take_error() {
+        Ok(Some(pending)) => Some(pending.kind()),
+        _ => Some(e.kind()),
+    }
 }
 
 fn on_event(st: &mut Inner, guid: u64, tok: Token, ev: Event) {
@@ -732,7 +751,19 @@ fn on_event(st: &mut Inner, guid: u64, tok: Token, ev: Event) {
             let _ = w.send(Err(CmError::Rejected { private_data }));
         }
         (ev, Some((_, _, Some(w)))) => {
-            let _ = w.send(Err(CmError::Failed(format!("{ev:?}"))));
+            let c = st.devs.get(&guid).and_then(|d| d.conns.get(&tok));
+            let peer = c.map(|c| c.peer);
+            let e = match (c.and_then(|c| c.failed), peer) {
+                (Some(ErrorKind::ConnectionRefused), Some(peer)) => CmError::Refused(peer),
+                (Some(kind), _) => CmError::Failed(format!(
+                    "the TCP connection failed before the MPA reply: {kind}"
+                )),
+                (None, _) if ev == Event::StreamClosed => CmError::Failed(
+                    "the peer closed the TCP connection without an MPA reply".into(),
+                ),
+                (None, _) => CmError::Failed(format!("{ev:?}")),
+            };
+            let _ = w.send(Err(e));
         }
         (ev, cm) => {
             let qp = st
@@ -1228,6 +1259,7 @@ pub(crate) fn connect(
             parked: None,
             closing: false,
             born: now,
+            failed: None,
             origin,
         },
     );

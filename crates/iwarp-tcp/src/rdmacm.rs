@@ -147,6 +147,13 @@ fn to_access(e: cm::CmError) -> CmError {
             code: CONSUMER_REJECT,
             private_data,
         },
+        // What RDMA CM over IB says when nothing listens (a REJ for the
+        // service ID), so consumers tell "no listener" apart the same way.
+        e @ cm::CmError::Refused(_) => CmError::Rejected {
+            reason: e.to_string(),
+            code: rdma_mad::cm::RejReason::InvalidServiceId.into(),
+            private_data: Vec::new(),
+        },
         cm::CmError::TimedOut => CmError::TimedOut,
         e => CmError::Library(format!("iWARP: {e}")),
     }

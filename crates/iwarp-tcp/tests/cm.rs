@@ -180,7 +180,14 @@ fn a_connect_to_a_port_nobody_listens_on_fails_at_once() {
         b"anyone?",
         Duration::from_secs(10),
     );
-    assert!(matches!(r, Err(CmError::Failed(_))), "{r:?}");
+    // Refused, naming where: what RDMA CM reports as a REJ for the
+    // service ID (no listener), not a stream that merely ended.
+    let dst = SocketAddr::new(ip(6), 5999);
+    assert_eq!(r, Err(CmError::Refused(dst)));
+    assert_eq!(
+        r.unwrap_err().to_string(),
+        "TCP connection to 127.94.205.6:5999 refused: nothing listens there"
+    );
     assert!(
         started.elapsed() < Duration::from_secs(5),
         "took {:?}",

@@ -167,6 +167,20 @@ fn iwarp_configurations_that_cannot_work_are_refused_with_the_fix() {
             && m.contains("iWARP"),
         "{m}"
     );
+    // A login where nothing listens: said at once, with srptd's port.
+    let (ok, out) = common::run(Command::new(common::srp_bin()).args([
+        "io",
+        "--iwarp",
+        "--ip",
+        "127.31.0.6",
+        "--dest",
+        "127.31.0.5:5556",
+    ]));
+    assert!(
+        !ok && out.contains("nothing listens for SRP logins at 127.31.0.5:5556")
+            && out.contains("srptd's default is 5555"),
+        "{out}"
+    );
     // The binaries' flags: what iWARP cannot go with.
     let (ok, out) =
         common::run(Command::new(common::srptd_bin()).args(["--iwarp", "--device", "siw0"]));
