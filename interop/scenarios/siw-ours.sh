@@ -7,13 +7,16 @@
 #  2. Linux's ib_srp over siw logs in to our srptd --iwarp by RDMA CM
 #     (dest=10.77.0.2:5555, the login string of a soft RoCE target there):
 #     dd pattern write and read-back, fio randrw crc32c verify, 8 MiB
-#     direct I/O in one request, logout and a second login verified.
+#     direct I/O in one request, logout and a second login verified;
+#  3. our srp io --iwarp (at 10.77.0.3) against LIO's ib_srpt on siw in
+#     the VM (its RDMA CM port 5555): verified random I/O, then 4 MiB
+#     transfers (RDMA READ and WRITE of many FPDUs).
 # The capture must decode as MPA/DDP/RDMAP (tshark's iwarp_mpa and
 # iwarp_ddp_rdmap) with nothing malformed and no expert errors.
 # perftest's ib_write_bw/ib_read_bw need RDMA CM (-R) on iWARP, which our
 # rperftest does not speak: not run here.
-# Needs the binaries: cargo build --release -p rdma-perf -p srptd
-# (RRPING, SRPTD override).
+# Needs the binaries: cargo build --release -p rdma-perf -p srptd -p srp-cli
+# (RRPING, SRPTD, SRP_CLI override).
 
 SCENARIO_VMS=("a 11 siw")
 SCENARIO_GUEST_TIMEOUT=900
@@ -26,6 +29,14 @@ SCENARIO_EXPECT_PROTOCOLS="iwarp_mpa.key.req iwarp_mpa.key.rep iwarp_rdma.opcode
 BIN=${CARGO_TARGET_DIR:-$INTEROP_DIR/../target}/release
 RRPING=${RRPING:-$BIN/rrping}
 SRPTD=${SRPTD:-$BIN/srptd}
+SRP_CLI=${SRP_CLI:-$BIN/srp}
+# LIO's target port ID: siw0's node GUID, EUI-64 of VM a's MAC.
+LIO_GUID=505400fffe77000b
+# Our initiator port at 10.77.0.3: initiator_ext 1 and the GUID of its
+# address.
+OUR_PORT_ID=00000000000000010002c9030a4d0003
+# What srp io says while LIO is not listening yet; nothing else is retried.
+SRP_NOT_UP='^srp: open LUN [0-9]+ over .*: login: .*(nothing (answered|listens for) SRP logins|host unreachable|timed out)' 
 # srptd's target port over iWARP: the GUID of its address, as on soft
 # RoCE: 0002c903 and 10.77.0.2.
 OUR_TARGET_GUID=0002c9030a4d0002
@@ -33,6 +44,7 @@ OUR_TARGET_GUID=0002c9030a4d0002
 host_main() {
   [ -x "$RRPING" ] || { echo "missing $RRPING: run cargo build --release -p rdma-perf"; return 1; }
   [ -x "$SRPTD" ] || { echo "missing $SRPTD: run cargo build --release -p srptd"; return 1; }
+  [ -x "$SRP_CLI" ] || { echo "missing $SRP_CLI: run cargo build --release -p srp-cli"; return 1; }
   ns_add_ip 10.77.0.2
   # Round 1: Linux rping serves on siw; retry while the VM boots (a TCP
   # connect refused or unanswered), never a validation.
@@ -58,6 +70,31 @@ host_main() {
   done
   grep -q "listening on" "$RUN_DIR/host-srptd.log" || { cat "$RUN_DIR/host-srptd.log"; return 1; }
   cat "$RUN_DIR/host-srptd.log"
+  # Part 3, once the guest's ib_srp part is done and LIO listens: our
+  # initiator over iWARP against LIO on siw (srptd keeps 10.77.0.2).
+  ns_add_ip 10.77.0.3
+  local ok=1 bs
+  retry_if_not_up 300 "srp io --iwarp against LIO" "$SRP_NOT_UP" "$RUN_DIR/lio.txt" \
+    ns_run 120 "$SRP_CLI" io --iwarp --dest 10.77.0.11:5555 --ip 10.77.0.3 \
+      --id-ext $LIO_GUID --ioc-guid $LIO_GUID --size 8388608 --region 4194304 || ok=0
+  [ $ok = 0 ] || grep -q "verified [1-9][0-9.]* [KMGTPE]*i*B" "$RUN_DIR/lio.txt" ||
+    { ok=0; host_fail "srp io --iwarp against LIO verified nothing"; }
+  for bs in 65536 4194304; do
+    [ $ok = 1 ] || break
+    ns_run 120 "$SRP_CLI" io --iwarp --dest 10.77.0.11:5555 --ip 10.77.0.3 \
+      --id-ext $LIO_GUID --ioc-guid $LIO_GUID --bs $bs --iodepth 2 --rw randrw \
+      --size $((bs * 16)) --region 16777216 | tee "$RUN_DIR/lio-$bs.txt" ||
+      { ok=0; host_fail "srp io --iwarp --bs $bs against LIO failed"; }
+    grep -q " 0 verify failures, 0 I/O errors" "$RUN_DIR/lio-$bs.txt" ||
+      { ok=0; host_fail "srp io --iwarp --bs $bs against LIO: verify failures or I/O errors"; }
+  done
+  ns_run 60 python3 -c 'import socket,time
+for _ in range(50):
+    try:
+        socket.create_connection(("10.77.0.11", 7001), timeout=2).sendall(b"done\n"); break
+    except OSError: time.sleep(1)'
+  [ $ok = 1 ] || return 1
+  echo "our srp io --iwarp: verified I/O against LIO ib_srpt on siw"
 }
 
 siw_active() { grep -q ACTIVE /sys/class/infiniband/siw0/ports/1/state; }
@@ -136,5 +173,30 @@ guest_siw() {
   cmp /tmp/big /tmp/big.back2 || fail "8 MiB differs after the second login"
   siw_logout
   step "second login: the 8 MiB written before read back identical; logged out"
-  dmesg | grep -iE "srp|siw" | tail -8
+
+  step "LIO ib_srpt on siw0 for our srp io --iwarp"
+  local gid0 wwn tpg acl
+  mkdir -p /run/dbus
+  dbus-daemon --system --fork || fail "dbus-daemon did not start"
+  modprobe target_core_mod
+  modprobe target_core_file
+  modprobe ib_srpt || fail "modprobe ib_srpt"
+  [ "$(tr -d : </sys/class/infiniband/siw0/node_guid)" = $LIO_GUID ] ||
+    fail "siw0 node GUID $(cat /sys/class/infiniband/siw0/node_guid) is not $LIO_GUID"
+  gid0=$(cat /sys/class/infiniband/siw0/ports/1/gids/0)
+  wwn=ib.${gid0//:/}
+  (cd /tmp && targetcli /backstores/fileio create f0 /tmp/f0.img 32M >/dev/null) || fail "fileio backstore"
+  targetcli /srpt create "$wwn" >/dev/null || siw_fail "targetcli /srpt create $wwn"
+  targetcli "/srpt/$wwn/luns" create /backstores/fileio/f0 >/dev/null || fail "LUN 0"
+  tpg=$(ls -d /sys/kernel/config/target/srpt/*/tpgt_1 | head -1)
+  [ -d "$tpg/lun/lun_0" ] || fail "LUN 0 missing under $tpg"
+  acl=$tpg/acls/0x$OUR_PORT_ID
+  mkdir "$acl" && mkdir "$acl/lun_0" && ln -s "$tpg/lun/lun_0" "$acl/lun_0/map0" || fail "ACL"
+  echo 5555 >/sys/kernel/config/target/srpt/discovery_auth/rdma_cm_port
+  [ "$(cat "$tpg/enable")" = 1 ] || echo 1 >"$tpg/enable"
+  step "LIO ready on siw0 ($wwn), waiting for our initiator"
+  local done_msg
+  done_msg=$(msg_recv 7001 400)
+  [ "$done_msg" = done ] || siw_fail "host reported '$done_msg'"
+  dmesg | grep -iE "ib_srpt|srp" | grep -v "siw0: " | tail -8
 }
