@@ -137,6 +137,8 @@ pub(crate) struct Dev {
     ip: IpAddr,
     base: iwarp::Config,
     dead_peer: Duration,
+    /// [`NicOptions::cm_first_fpdu_hold`], in the engine's time.
+    cm_first_fpdu_hold: rdma_types::Duration,
     /// CM listeners by token.
     pub(crate) cm_listeners: HashMap<Token, (TcpListener, crate::cm::RequestSink)>,
     pub(crate) shared: std::sync::Weak<Shared>,
@@ -185,6 +187,7 @@ impl Dev {
             ip,
             base,
             dead_peer: options.dead_peer,
+            cm_first_fpdu_hold: rdma_types::Duration::from_std(options.cm_first_fpdu_hold),
             cm_listeners: HashMap::new(),
             shared: Arc::downgrade(shared),
             capture,
@@ -1246,7 +1249,13 @@ pub(crate) fn connect(
     if let (Some(cap), Ok(at)) = (d.capture.as_mut(), stream.local_addr()) {
         cap.open(tok, at, peer, true);
     }
-    let cfg = d.config(Role::Initiator, private_data);
+    let mut cfg = d.config(Role::Initiator, private_data);
+    // A CM's peer may be Linux siw, which is not ready for FPDUs the
+    // moment its reply is out (`iwarp::Config::first_fpdu_hold`); the
+    // verbs-only setup's peer is one of ours.
+    if matches!(origin, Origin::CmConnect { .. }) {
+        cfg.first_fpdu_hold = d.cm_first_fpdu_hold;
+    }
     let engine = Connection::new(cfg, now).map_err(std::io::Error::other)?;
     d.conns.insert(
         tok,

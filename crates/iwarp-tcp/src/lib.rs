@@ -149,6 +149,13 @@ pub struct NicOptions {
     /// Where each NIC writes a pcap of its streams (`iwarp-<ip>.pcap`,
     /// see `capture`), for tshark's iWARP dissectors; none by default.
     pub capture_dir: Option<std::path::PathBuf>,
+    /// How long a CM connect holds its first FPDU after the MPA reply
+    /// (`iwarp::Config::first_fpdu_hold`): Linux siw (6.1) hands its
+    /// socket to the QP only after sending its reply, and an FPDU that
+    /// arrives in between waits unread until the next segment (seen in
+    /// the siw-ours interop scenario: rping's server never saw our first
+    /// Send). Once per connection; zero turns it off.
+    pub cm_first_fpdu_hold: std::time::Duration,
 }
 
 impl Default for NicOptions {
@@ -160,6 +167,7 @@ impl Default for NicOptions {
             crc: true,
             dead_peer: std::time::Duration::from_secs(30),
             capture_dir: None,
+            cm_first_fpdu_hold: std::time::Duration::from_millis(50),
         }
     }
 }

@@ -12,7 +12,9 @@
 //! 4. [`Connection::poll_transmit`] until it returns `false` (bounded: one
 //!    MPA frame or one FPDU per call), writing what it appended in order;
 //! 5. [`Connection::handle_timeout`] once [`Connection::poll_timeout`] has
-//!    passed (the only timer: the initiator's wait for the MPA reply; TCP
+//!    passed (the timers: the initiator's wait for the MPA reply, and its
+//!    hold of the first FPDU after it, [`Config::first_fpdu_hold`], during
+//!    which `poll_transmit` gives only MPA frames and TERMINATEs; TCP
 //!    retransmits, so there is no transport timer);
 //! 6. [`Connection::poll_completion`] and [`Connection::poll_event`] until
 //!    `None`;
@@ -236,6 +238,13 @@ pub struct Config {
     pub private_data: Vec<u8>,
     /// How long the initiator waits for the MPA reply.
     pub mpa_timeout: Duration,
+    /// How long the initiator holds its first FPDU after the MPA reply
+    /// (0: not at all). RFC 5044 lets it send at once, and a responder
+    /// must take FPDUs once its reply is out; Linux siw (6.1) moves its
+    /// socket under the QP only after sending the reply, so an FPDU
+    /// arriving in between waits in its socket until the next segment
+    /// comes, which for a Send its peer must answer is never.
+    pub first_fpdu_hold: Duration,
 }
 
 impl Config {
@@ -251,6 +260,7 @@ impl Config {
             ord: 16,
             private_data: Vec::new(),
             mpa_timeout: Duration::from_secs(10),
+            first_fpdu_hold: Duration::ZERO,
         }
     }
 }
@@ -379,6 +389,8 @@ pub struct Connection {
     cfg: Config,
     state: State,
     deadline: Option<Instant>,
+    /// The initiator's FPDUs wait until then ([`Config::first_fpdu_hold`]).
+    held_until: Option<Instant>,
     /// MPA frame bytes (incoming), at most a header plus 512.
     frame_in: Vec<u8>,
     /// An MPA frame to send.
@@ -447,6 +459,7 @@ impl Connection {
         let mut c = Connection {
             state: State::AwaitingRequest,
             deadline: None,
+            held_until: None,
             frame_in: Vec::new(),
             frame_out: None,
             peer_req: None,
@@ -526,11 +539,18 @@ impl Connection {
 
     /// When [`Connection::handle_timeout`] is due.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.deadline
+        match (self.deadline, self.held_until) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
-    /// Runs the timer if due: the initiator gives up on the MPA reply.
+    /// Runs the timers that are due: the initiator gives up on the MPA
+    /// reply, or its first FPDU's hold ends (transmit again).
     pub fn handle_timeout(&mut self, now: Instant) {
+        if self.held_until.is_some_and(|h| now >= h) {
+            self.held_until = None;
+        }
         if let Some(d) = self.deadline {
             if now >= d {
                 self.deadline = None;
@@ -640,6 +660,7 @@ impl Connection {
     fn close(&mut self) {
         self.state = State::Closed;
         self.deadline = None;
+        self.held_until = None;
         self.flush();
     }
 
@@ -670,10 +691,19 @@ impl Connection {
         mut data: &[u8],
         mem: &mut (impl Memory + ?Sized),
     ) {
-        let _ = now;
         while !data.is_empty() {
             match self.state {
-                State::AwaitingReply | State::AwaitingRequest => self.take_frame(&mut data),
+                State::AwaitingReply | State::AwaitingRequest => {
+                    let was = self.state;
+                    self.take_frame(&mut data);
+                    let hold = self.cfg.first_fpdu_hold.total_micros();
+                    if was == State::AwaitingReply && self.state == State::Established && hold > 0
+                    {
+                        self.held_until = Some(Instant::from_micros(
+                            now.total_micros().saturating_add(hold),
+                        ));
+                    }
+                }
                 State::RequestReceived => {
                     // RFC 5044: nothing may follow the request before
                     // the reply.
@@ -1047,7 +1077,6 @@ impl Connection {
         mem: &mut (impl Memory + ?Sized),
         out: &mut Vec<u8>,
     ) -> bool {
-        let _ = now;
         if let Some(f) = self.frame_out.take() {
             out.extend_from_slice(&f);
             return true;
@@ -1058,6 +1087,12 @@ impl Connection {
         }
         if self.state != State::Established {
             return false;
+        }
+        if let Some(h) = self.held_until {
+            if now < h {
+                return false;
+            }
+            self.held_until = None;
         }
         // Whole messages: a Read Response starts only between SQ messages.
         let sent = if self.sq_off == 0 && !self.in_reads.is_empty() {

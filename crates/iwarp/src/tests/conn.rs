@@ -1698,3 +1698,67 @@ fn zero_length_writes_and_reads_name_no_memory() {
     c.handle_bytes(Instant::ZERO, &f, &mut mem);
     assert!(matches!(c.poll_event(), Some(Event::TerminateSent { .. })));
 }
+
+#[test]
+fn the_initiator_holds_its_first_fpdu_after_the_reply_as_configured() {
+    let mut c = Connection::new(
+        Config {
+            first_fpdu_hold: Duration::from_millis(20),
+            ..Config::new(Role::Initiator)
+        },
+        Instant::ZERO,
+    )
+    .unwrap();
+    let mut mem = TestMemory::default();
+    // The request goes at once, hold or not.
+    let mut out = Vec::new();
+    assert!(c.poll_transmit(Instant::ZERO, &mut mem, &mut out));
+    c.post_send(SendWqe {
+        wr_id: 7,
+        op: SendOp::Send {
+            local: Sge {
+                stag: STag(0),
+                to: 0,
+                len: 0,
+            },
+            solicited: false,
+            invalidate: None,
+        },
+    });
+    let rep = FrameRepr::ours(FrameKind::Reply, true, 2, Some((16, 16)), &[]);
+    let mut b = Vec::new();
+    rep.emit(&mut b);
+    c.handle_bytes(Instant::from_millis(5), &b, &mut mem);
+    assert_eq!(c.state(), State::Established);
+    // Held: nothing to send until 5 + 20 ms, which is the next timer.
+    assert_eq!(c.poll_timeout(), Some(Instant::from_millis(25)));
+    out.clear();
+    assert!(!c.poll_transmit(Instant::from_millis(24), &mut mem, &mut out));
+    assert!(out.is_empty());
+    c.handle_timeout(Instant::from_millis(24));
+    assert_eq!(c.poll_timeout(), Some(Instant::from_millis(25)));
+    c.handle_timeout(Instant::from_millis(25));
+    assert_eq!(c.poll_timeout(), None);
+    assert!(c.poll_transmit(Instant::from_millis(25), &mut mem, &mut out));
+    assert!(!out.is_empty(), "the Send after the hold");
+    // Without a hold (the default) the Send goes with the reply's arrival.
+    let mut d = Connection::new(Config::new(Role::Initiator), Instant::ZERO).unwrap();
+    out.clear();
+    assert!(d.poll_transmit(Instant::ZERO, &mut mem, &mut out));
+    d.post_send(SendWqe {
+        wr_id: 8,
+        op: SendOp::Send {
+            local: Sge {
+                stag: STag(0),
+                to: 0,
+                len: 0,
+            },
+            solicited: false,
+            invalidate: None,
+        },
+    });
+    d.handle_bytes(Instant::from_millis(5), &b, &mut mem);
+    assert_eq!(d.poll_timeout(), None);
+    out.clear();
+    assert!(d.poll_transmit(Instant::from_millis(5), &mut mem, &mut out));
+}
