@@ -697,8 +697,7 @@ impl Connection {
                     let was = self.state;
                     self.take_frame(&mut data);
                     let hold = self.cfg.first_fpdu_hold.total_micros();
-                    if was == State::AwaitingReply && self.state == State::Established && hold > 0
-                    {
+                    if was == State::AwaitingReply && self.state == State::Established && hold > 0 {
                         self.held_until = Some(Instant::from_micros(
                             now.total_micros().saturating_add(hold),
                         ));
