@@ -8,9 +8,13 @@
 #     (dest=10.77.0.2:5555, the login string of a soft RoCE target there):
 #     dd pattern write and read-back, fio randrw crc32c verify, 8 MiB
 #     direct I/O in one request, logout and a second login verified;
-#  3. our srp io --iwarp (at 10.77.0.3) against LIO's ib_srpt on siw in
-#     the VM (its RDMA CM port 5555): verified random I/O, then 4 MiB
-#     transfers (RDMA READ and WRITE of many FPDUs).
+#  3. our srp io --iwarp (at fd77::3) against LIO's ib_srpt on siw in
+#     the VM (its RDMA CM port 5555): verified random I/O, then 64 KiB
+#     and 4 MiB transfers (RDMA READ and WRITE of many FPDUs). Over IPv6:
+#     ib_srpt listens on the IPv6 wildcard, and siw (6.1) accepts IPv4
+#     there as a v4-mapped address that RDMA CM cannot translate to a
+#     device, so it refuses every IPv4 login (no private data) before
+#     ib_srpt sees it.
 # The capture must decode as MPA/DDP/RDMAP (tshark's iwarp_mpa and
 # iwarp_ddp_rdmap) with nothing malformed and no expert errors.
 # perftest's ib_write_bw/ib_read_bw need RDMA CM (-R) on iWARP, which our
@@ -32,9 +36,9 @@ SRPTD=${SRPTD:-$BIN/srptd}
 SRP_CLI=${SRP_CLI:-$BIN/srp}
 # LIO's target port ID: siw0's node GUID, EUI-64 of VM a's MAC.
 LIO_GUID=505400fffe77000b
-# Our initiator port at 10.77.0.3: initiator_ext 1 and the GUID of its
-# address.
-OUR_PORT_ID=00000000000000010002c9030a4d0003
+# Our initiator port at fd77::3: initiator_ext 1 and the GUID of its
+# address (rnic::softroce::ip_guid: 0002c903 and an FNV-1a fold of it).
+OUR_PORT_ID=00000000000000010002c90363c476b3
 # What srp io says while LIO is not listening yet; nothing else is retried.
 SRP_NOT_UP='^srp: open LUN [0-9]+ over .*: login: .*(nothing (answered|listens for) SRP logins|host unreachable|timed out)' 
 # srptd's target port over iWARP: the GUID of its address, as on soft
@@ -72,16 +76,16 @@ host_main() {
   cat "$RUN_DIR/host-srptd.log"
   # Part 3, once the guest's ib_srp part is done and LIO listens: our
   # initiator over iWARP against LIO on siw (srptd keeps 10.77.0.2).
-  ns_add_ip 10.77.0.3
+  nsx ip -6 addr add fd77::3/64 dev "$BRIDGE" nodad
   local ok=1 bs
   retry_if_not_up 300 "srp io --iwarp against LIO" "$SRP_NOT_UP" "$RUN_DIR/lio.txt" \
-    ns_run 120 "$SRP_CLI" io --iwarp --dest 10.77.0.11:5555 --ip 10.77.0.3 \
+    ns_run 120 "$SRP_CLI" io --iwarp --dest '[fd77::11]:5555' --ip fd77::3 \
       --id-ext $LIO_GUID --ioc-guid $LIO_GUID --size 8388608 --region 4194304 || ok=0
   [ $ok = 0 ] || grep -q "verified [1-9][0-9.]* [KMGTPE]*i*B" "$RUN_DIR/lio.txt" ||
     { ok=0; host_fail "srp io --iwarp against LIO verified nothing"; }
   for bs in 65536 4194304; do
     [ $ok = 1 ] || break
-    ns_run 120 "$SRP_CLI" io --iwarp --dest 10.77.0.11:5555 --ip 10.77.0.3 \
+    ns_run 120 "$SRP_CLI" io --iwarp --dest '[fd77::11]:5555' --ip fd77::3 \
       --id-ext $LIO_GUID --ioc-guid $LIO_GUID --bs $bs --iodepth 2 --rw randrw \
       --size $((bs * 16)) --region 16777216 | tee "$RUN_DIR/lio-$bs.txt" ||
       { ok=0; host_fail "srp io --iwarp --bs $bs against LIO failed"; }
@@ -175,7 +179,7 @@ guest_siw() {
   step "second login: the 8 MiB written before read back identical; logged out"
 
   step "LIO ib_srpt on siw0 for our srp io --iwarp"
-  local gid0 wwn tpg acl
+  local gid0 wwn tpg
   mkdir -p /run/dbus
   dbus-daemon --system --fork || fail "dbus-daemon did not start"
   modprobe target_core_mod
@@ -190,8 +194,9 @@ guest_siw() {
   targetcli "/srpt/$wwn/luns" create /backstores/fileio/f0 >/dev/null || fail "LUN 0"
   tpg=$(ls -d /sys/kernel/config/target/srpt/*/tpgt_1 | head -1)
   [ -d "$tpg/lun/lun_0" ] || fail "LUN 0 missing under $tpg"
-  acl=$tpg/acls/0x$OUR_PORT_ID
+  local acl=$tpg/acls/0x$OUR_PORT_ID
   mkdir "$acl" && mkdir "$acl/lun_0" && ln -s "$tpg/lun/lun_0" "$acl/lun_0/map0" || fail "ACL"
+  ip -6 addr add fd77::11/64 dev eth0 nodad || fail "ip -6 addr add fd77::11"
   echo 5555 >/sys/kernel/config/target/srpt/discovery_auth/rdma_cm_port
   [ "$(cat "$tpg/enable")" = 1 ] || echo 1 >"$tpg/enable"
   step "LIO ready on siw0 ($wwn), waiting for our initiator"
