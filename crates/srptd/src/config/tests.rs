@@ -726,7 +726,10 @@ fn an_iwarp_target_is_parsed_written_and_refused_with_what_it_cannot_go_with() {
     assert!(!*c.target().iwarp.get_ref());
     assert!(!c.to_toml().contains("iwarp"), "{}", c.to_toml());
     for (extra, words) in [
-        ("device = \"siw0\"", "iwarp and device both choose the port's NIC"),
+        (
+            "device = \"siw0\"",
+            "iwarp and device both choose the port's NIC",
+        ),
         ("fabric = \"ib\"", "remove fabric = \"ib\" (or iwarp)"),
         ("rdma_cm_port = 0", "set rdma_cm_port"),
     ] {
