@@ -5,6 +5,8 @@
 //! `--fabric ib` puts the port on a managed subnet (`rdma_access::subnet`): it
 //! waits for `ibsm run` to activate it, offers device management to
 //! srp_daemon-style discovery through the SA, and takes IB CM logins.
+//! `--iwarp` (the file's `iwarp = true`) puts it on srptd's own soft iWARP
+//! NIC instead (RDMA over TCP; RDMA CM logins only).
 
 #![forbid(unsafe_code)]
 
