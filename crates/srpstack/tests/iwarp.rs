@@ -167,6 +167,19 @@ fn iwarp_configurations_that_cannot_work_are_refused_with_the_fix() {
             && m.contains("iWARP"),
         "{m}"
     );
+    // Another process's iWARP NIC on the address: refused before start.
+    let held = std::net::TcpListener::bind(("127.31.0.7", 4794)).unwrap();
+    let (ok, out) = common::run(
+        Command::new(common::srptd_bin())
+            .args(["--iwarp", "--ip", "127.31.0.7", "--ram-mib", "8"])
+            .arg("--control-socket")
+            .arg(dir.join("y.sock")),
+    );
+    assert!(
+        !ok && out.contains("TCP 127.31.0.7:4794, the iWARP NIC's own port, is in use"),
+        "{out}"
+    );
+    drop(held);
     // A login where nothing listens: said at once, with srptd's port.
     let (ok, out) = common::run(Command::new(common::srp_bin()).args([
         "io",

@@ -665,6 +665,17 @@ pub fn preflight(cfg: &Config, nicd: bool) -> Result<Preflight, ConfigError> {
                     ))
                 }
             }
+            // The NIC's own listener (QPs set up by the verbs alone).
+            let verbs = iwarp_tcp::VERBS_PORT;
+            if let Err(e) = std::net::TcpListener::bind((ip, verbs)) {
+                if e.kind() == ErrorKind::AddrInUse {
+                    found.busy.push(cfg.error(
+                        t.ip.span(),
+                        key(i, "ip"),
+                        format!("TCP {ip}:{verbs}, the iWARP NIC's own port, is in use: another process (srptd? srp --iwarp?) has its iWARP NIC on {ip}: give this target its own address"),
+                    ));
+                }
+            }
             continue;
         }
         if nicd {
