@@ -147,7 +147,8 @@ guest_siw() {
   step "rping server on siw for our client"
   timeout 600 rping -s -a 10.77.0.11 -C 10 -v || siw_fail "rping server exited $?"
   step "rping client on siw against our server"
-  retry_if 300 "rping client" 'cma event RDMA_CM_EVENT_(REJECTED|UNREACHABLE|ADDR_ERROR|ROUTE_ERROR|CONNECT_ERROR)' \
+  # Our server not listening yet: on iWARP a TCP connection refused.
+  retry_if 300 "rping client" 'cma event RDMA_CM_EVENT_(REJECTED|UNREACHABLE|ADDR_ERROR|ROUTE_ERROR|CONNECT_ERROR)|rdma_connect: Connection refused' \
     timeout 60 rping -c -a 10.77.0.2 -C 10 -v -V
 
   modprobe ib_srp
