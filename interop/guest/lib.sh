@@ -111,6 +111,18 @@ our_disks() {
   return 0
 }
 
+# srp_remove_all: Linux ib_srp logs out of every target (each remote
+# port's delete), then waits for the disks and the remote ports to go (a
+# login before the port is gone fails with EIO).
+srp_remove_all() {
+  local p
+  for p in /sys/class/srp_remote_ports/port-*; do
+    [ -e "$p/delete" ] && echo 1 >"$p/delete"
+  done
+  wait_until 60 "disk removal" sh -c '! ls /sys/block | grep -q "^sd"'
+  wait_until 60 "remote port removal" sh -c '! ls /sys/class/srp_remote_ports | grep -q port'
+}
+
 # msg_recv PORT SECONDS: accept one TCP connection, print the line it sends.
 msg_recv() {
   python3 - "$1" "$2" <<'PY' || fail "no message on port $1 within $2 s"

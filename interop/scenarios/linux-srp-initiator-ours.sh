@@ -115,17 +115,6 @@ login() {
   wait_until 30 "$DEV node" test -b "$DEV"
 }
 
-logout() {
-  local p
-  for p in /sys/class/srp_remote_ports/port-*; do
-    [ -e "$p/delete" ] && echo 1 >"$p/delete"
-  done
-  wait_until 60 "disk removal" sh -c '! ls /sys/block | grep -q "^sd"'
-  # ib_srp removes the remote port after the disk; a login before that
-  # fails with EIO.
-  wait_until 60 "remote port removal" sh -c '! ls /sys/class/srp_remote_ports | grep -q port'
-}
-
 # big_io MIB: one O_DIRECT write and read of MIB MiB in a single request, compared.
 big_io() {
   head -c $(( $1 * 1048576 )) /dev/urandom >/tmp/big
@@ -209,7 +198,7 @@ guest_initiator() {
   umount /mnt/srp
   fsck.ext4 -fn "$DEV" >/tmp/fsck.out 2>&1 || { cat /tmp/fsck.out; fail "fsck found errors"; }
   step "ext4: mkfs, 4 files written and read back after a remount, fsck -fn clean"
-  logout
+  srp_remove_all
 
   local sg
   for sg in 1 255; do
@@ -217,7 +206,7 @@ guest_initiator() {
     big_io 4
     big_io 8
     step "cmd_sg_entries=$sg: 4 MiB and 8 MiB direct I/O verified"
-    logout
+    srp_remove_all
   done
 
   local n
@@ -226,7 +215,7 @@ guest_initiator() {
     dd if=/tmp/pattern of="$DEV" bs=64k oflag=direct 2>/dev/null
     dd if="$DEV" of=/tmp/readback bs=64k count=64 iflag=direct 2>/dev/null
     cmp /tmp/pattern /tmp/readback || fail "login $n: data differs"
-    logout
+    srp_remove_all
   done
   step "20 more logins and logouts, 4 MiB verified in each"
   dmesg | grep -i srp | tail -8

@@ -117,15 +117,6 @@ siw_login() {
   wait_until 30 "$DEV node" test -b "$DEV"
 }
 
-siw_logout() {
-  local p
-  for p in /sys/class/srp_remote_ports/port-*; do
-    [ -e "$p/delete" ] && echo 1 >"$p/delete"
-  done
-  wait_until 60 "disk removal" sh -c '! ls /sys/block | grep -q "^sd"'
-  wait_until 60 "remote port removal" sh -c '! ls /sys/class/srp_remote_ports | grep -q port'
-}
-
 # siw_fail WHY: what siw logged (its debug messages when dynamic debug
 # could be turned on), then the failure.
 siw_fail() {
@@ -171,12 +162,12 @@ guest_siw() {
   dd if="$DEV" of=/tmp/big.back bs=8M count=1 iflag=direct 2>/dev/null || fail "dd read 8 MiB"
   cmp /tmp/big /tmp/big.back || fail "8 MiB read back differs"
   step "8 MiB direct I/O in one request verified"
-  siw_logout
+  srp_remove_all
   step "logged out; logging in again"
   siw_login
   dd if="$DEV" of=/tmp/big.back2 bs=8M count=1 iflag=direct 2>/dev/null || fail "dd read 8 MiB again"
   cmp /tmp/big /tmp/big.back2 || fail "8 MiB differs after the second login"
-  siw_logout
+  srp_remove_all
   step "second login: the 8 MiB written before read back identical; logged out"
 
   step "LIO ib_srpt on siw0 for our srp io --iwarp"
