@@ -125,6 +125,6 @@ guest_initiator() {
   fio_wait removal
   dmesg | grep -i "srp" | tail -6
   step "fio across the removal and return: every block verified, no I/O error"
-  logout
+  srp_remove_all
   msg_send "$a" 7001 120 done
 }
