@@ -1713,18 +1713,7 @@ fn the_initiator_holds_its_first_fpdu_after_the_reply_as_configured() {
     // The request goes at once, hold or not.
     let mut out = Vec::new();
     assert!(c.poll_transmit(Instant::ZERO, &mut mem, &mut out));
-    c.post_send(SendWqe {
-        wr_id: 7,
-        op: SendOp::Send {
-            local: Sge {
-                stag: STag(0),
-                to: 0,
-                len: 0,
-            },
-            solicited: false,
-            invalidate: None,
-        },
-    });
+    c.post_send(empty_send(7));
     let rep = FrameRepr::ours(FrameKind::Reply, true, 2, Some((16, 16)), &[]);
     let mut b = Vec::new();
     rep.emit(&mut b);
@@ -1745,8 +1734,17 @@ fn the_initiator_holds_its_first_fpdu_after_the_reply_as_configured() {
     let mut d = Connection::new(Config::new(Role::Initiator), Instant::ZERO).unwrap();
     out.clear();
     assert!(d.poll_transmit(Instant::ZERO, &mut mem, &mut out));
-    d.post_send(SendWqe {
-        wr_id: 8,
+    d.post_send(empty_send(8));
+    d.handle_bytes(Instant::from_millis(5), &b, &mut mem);
+    assert_eq!(d.poll_timeout(), None);
+    out.clear();
+    assert!(d.poll_transmit(Instant::from_millis(5), &mut mem, &mut out));
+}
+
+/// A zero-length SEND with `wr_id` (no memory touched).
+fn empty_send(wr_id: u64) -> SendWqe {
+    SendWqe {
+        wr_id,
         op: SendOp::Send {
             local: Sge {
                 stag: STag(0),
@@ -1756,9 +1754,5 @@ fn the_initiator_holds_its_first_fpdu_after_the_reply_as_configured() {
             solicited: false,
             invalidate: None,
         },
-    });
-    d.handle_bytes(Instant::from_millis(5), &b, &mut mem);
-    assert_eq!(d.poll_timeout(), None);
-    out.clear();
-    assert!(d.poll_transmit(Instant::from_millis(5), &mut mem, &mut out));
+    }
 }
