@@ -111,6 +111,26 @@ our_disks() {
   return 0
 }
 
+# pattern_rw DEV: 4 MiB of random data written to DEV with O_DIRECT and
+# read back identical.
+pattern_rw() {
+  head -c 4194304 /dev/urandom >/tmp/pattern
+  dd if=/tmp/pattern of="$1" bs=64k oflag=direct conv=fsync 2>&1 | tail -1
+  dd if="$1" of=/tmp/readback bs=64k count=64 iflag=direct 2>&1 | tail -1
+  cmp /tmp/pattern /tmp/readback || fail "read-back data differs from the written pattern"
+  step "dd: 4 MiB pattern written and read back identical"
+}
+
+# fio_verify NAME DEV: fio random read/write with crc32c verify on 8 MiB
+# of DEV at 8 MiB, no error.
+fio_verify() {
+  fio --name="$1" --filename="$2" --direct=1 --rw=randrw --bs=4k --iodepth=8 \
+    --ioengine=libaio --offset=8m --size=8m --verify=crc32c --do_verify=1 \
+    --output-format=terse --minimal >/tmp/fio.out 2>&1 || { cat /tmp/fio.out; fail "fio verify failed"; }
+  [ "$(cut -d';' -f5 /tmp/fio.out | head -1)" = 0 ] || { cat /tmp/fio.out; fail "fio errors"; }
+  step "fio randrw crc32c verify ok"
+}
+
 # srp_remove_all: Linux ib_srp logs out of every target (each remote
 # port's delete), then waits for the disks and the remote ports to go (a
 # login before the port is gone fails with EIO).

@@ -75,6 +75,17 @@ ns_run() {
   ip netns exec "$NS" timeout -k 5 "$(tmo "$t")" "$@"
 }
 
+# ns_tell IP PORT MSG: from the namespace, one line MSG to a guest's
+# msg_recv at IP:PORT, trying for up to 50 s (the guest may not listen
+# yet); a scenario's host side says it is done so the VM powers off.
+ns_tell() {
+  ns_run 60 python3 -c 'import socket,sys,time
+for _ in range(50):
+    try:
+        socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=2).sendall(sys.argv[3].encode() + b"\n"); break
+    except OSError: time.sleep(1)' "$1" "$2" "$3"
+}
+
 # ns_bg NAME SECONDS CMD...: start a host-side process in the namespace in
 # the background, output to $RUN_DIR/host-NAME.log; its pid goes to
 # HOST_PID_<NAME>. It is killed at teardown at the latest.

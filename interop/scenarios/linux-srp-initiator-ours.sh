@@ -139,16 +139,9 @@ guest_initiator() {
   sg_vpd -p di "$DEV" | sed 's/^/  /'
   sg_vpd -p di "$DEV" | grep -qi "naa" || fail "no NAA designator in VPD 0x83"
 
-  head -c 4194304 /dev/urandom >/tmp/pattern
-  dd if=/tmp/pattern of="$DEV" bs=64k oflag=direct conv=fsync 2>&1 | tail -1
-  dd if="$DEV" of=/tmp/readback bs=64k count=64 iflag=direct 2>&1 | tail -1
-  cmp /tmp/pattern /tmp/readback || fail "read-back data differs from the written pattern"
-  step "dd: 4 MiB pattern written and read back identical"
+  pattern_rw "$DEV"
 
-  fio --name=srpverify --filename="$DEV" --direct=1 --rw=randrw --bs=4k --iodepth=8 \
-    --ioengine=libaio --offset=8m --size=8m --verify=crc32c --do_verify=1 \
-    --output-format=terse --minimal >/tmp/fio.out 2>&1 || { cat /tmp/fio.out; fail "fio verify failed"; }
-  step "fio randrw crc32c verify ok"
+  fio_verify srpverify "$DEV"
 
   step "LUN 1 added and removed on our target while fio verifies LUN 0"
   fio_bg lunchange

@@ -143,11 +143,7 @@ for _ in range(30):
     [ $ok = 1 ] && echo "our initiator: LIO-side LUN removal surfaced as $(grep -o "first I/O error.*" "$RUN_DIR/removal.txt")"
   fi
   # Tell the VM we are done either way, so it powers off.
-  ns_run 60 python3 -c 'import socket,time
-for _ in range(50):
-    try:
-        socket.create_connection(("10.77.0.11", 7001), timeout=2).sendall(b"done\n"); break
-    except OSError: time.sleep(1)'
+  ns_tell 10.77.0.11 7001 done
   [ $ok = 1 ] || return 1
   echo "our initiator: verified I/O against LIO ib_srpt"
 }

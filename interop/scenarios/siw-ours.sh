@@ -92,11 +92,7 @@ host_main() {
     grep -q " 0 verify failures, 0 I/O errors" "$RUN_DIR/lio-$bs.txt" ||
       { ok=0; host_fail "srp io --iwarp --bs $bs against LIO: verify failures or I/O errors"; }
   done
-  ns_run 60 python3 -c 'import socket,time
-for _ in range(50):
-    try:
-        socket.create_connection(("10.77.0.11", 7001), timeout=2).sendall(b"done\n"); break
-    except OSError: time.sleep(1)'
+  ns_tell 10.77.0.11 7001 done
   [ $ok = 1 ] || return 1
   echo "our srp io --iwarp: verified I/O against LIO ib_srpt on siw"
 }
@@ -147,16 +143,8 @@ guest_siw() {
   step "ib_srp over siw logs in to our srptd (iWARP)"
   siw_login
   [ "$(cat /sys/block/${DEV#/dev/}/size)" -eq 65536 ] || fail "disk is not 32 MiB"
-  head -c 4194304 /dev/urandom >/tmp/pattern
-  dd if=/tmp/pattern of="$DEV" bs=64k oflag=direct conv=fsync 2>&1 | tail -1
-  dd if="$DEV" of=/tmp/readback bs=64k count=64 iflag=direct 2>&1 | tail -1
-  cmp /tmp/pattern /tmp/readback || fail "read-back data differs from the written pattern"
-  step "dd: 4 MiB pattern written and read back identical"
-  fio --name=siwverify --filename="$DEV" --direct=1 --rw=randrw --bs=4k --iodepth=8 \
-    --ioengine=libaio --offset=8m --size=8m --verify=crc32c --do_verify=1 \
-    --output-format=terse --minimal >/tmp/fio.out 2>&1 || { cat /tmp/fio.out; fail "fio verify failed"; }
-  [ "$(cut -d';' -f5 /tmp/fio.out | head -1)" = 0 ] || { cat /tmp/fio.out; fail "fio errors"; }
-  step "fio randrw crc32c verify ok"
+  pattern_rw "$DEV"
+  fio_verify siwverify "$DEV"
   head -c 8388608 /dev/urandom >/tmp/big
   dd if=/tmp/big of="$DEV" bs=8M count=1 oflag=direct conv=fsync 2>/dev/null || fail "dd write 8 MiB"
   dd if="$DEV" of=/tmp/big.back bs=8M count=1 iflag=direct 2>/dev/null || fail "dd read 8 MiB"
