@@ -14,7 +14,7 @@
 use crate::sm::{QP_GSI, QP_SMI};
 use crate::{SmConfig, SmEvent, SubnetManager};
 use rdma_access::gsi::MadBytes;
-use rdma_mad::mad::MAD_SIZE;
+use rdma_mad::mad::{Method, MgmtClass, MAD_SIZE};
 use rdma_types::{Gid, Guid, Instant, PortNum, Qkey, QpType};
 use rdma_types::{Qpn, WcOpcode, WcStatus};
 use std::collections::{HashMap, VecDeque};
@@ -172,6 +172,19 @@ impl SmPort {
             made.extend([Undo::Qp(smi.qp), Undo::Mr(smi.mr.handle)]);
             let gsi = special(p, pd, cq, QpType::Gsi, Qkey::GSI, 0)?;
             made.extend([Undo::Qp(gsi.qp), Undo::Mr(gsi.mr.handle)]);
+            // Where several processes share the port's QP1 (the NIC
+            // daemon's), the SA's requests come to us only once asked for.
+            let sa_methods = [
+                Method::Get,
+                Method::Set,
+                Method::GetTable,
+                Method::GetTraceTable,
+                Method::GetMulti,
+                Method::Delete,
+            ]
+            .map(u8::from);
+            p.gsi_register(gsi.qp, MgmtClass::SubnAdm.into(), 2, &sa_methods, true)
+                .map_err(err("serve the SA's requests at QP1"))?;
             let (send_buf, send_mr) =
                 rdma_access::send_ring(p, pd).map_err(err("register send buffers"))?;
             Ok((gid, pd, cq, [smi, gsi], send_buf, send_mr))

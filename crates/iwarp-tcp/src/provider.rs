@@ -97,6 +97,7 @@ impl Provider for SoftIwarp {
             active_mtu: Mtu::Mtu1024,
             lid: Lid(0),
             sm_lid: Lid(0),
+            sm_gid: None,
             gids: vec![Gid::from_ip(ip)],
             pkeys: vec![Pkey::DEFAULT],
         })

@@ -813,12 +813,13 @@ impl Provider for Session {
     }
 
     fn query_port(&self, ca: CaHandle, port: PortNum) -> Result<PortAttr> {
-        call!(self, Request::QueryPort { ca, port }, Reply::PortAttr { attr } => attr)
+        call!(self, Request::QueryPortSm { ca, port }, Reply::PortSm { attr, sm_gid } => PortAttr { sm_gid, ..attr })
     }
 
     fn modify_port(&self, ca: CaHandle, port: PortNum, modify: &PortModify) -> Result<()> {
         let modify = modify.clone();
-        call!(self, Request::ModifyPort { ca, port, modify }, Reply::Unit {} => ())
+        let sm_gid = modify.sm_gid;
+        call!(self, Request::ModifyPortSm { ca, port, modify, sm_gid }, Reply::Unit {} => ())
     }
 
     fn take_pkey_violations(&self, ca: CaHandle, port: PortNum) -> Result<Option<PkeyViolations>> {

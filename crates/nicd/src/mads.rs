@@ -34,7 +34,10 @@
 //!   ([`Router::register`]); one nobody serves is answered with a status
 //!   (IBA 13.4.7: bad version when nobody serves the class, method
 //!   unsupported when someone does), except Send, Trap, Report and
-//!   TrapRepress, which are never answered.
+//!   TrapRepress, which are never answered. The SA's Reports (class
+//!   0x03) go to every client that registered for them: an SA client
+//!   takes them to learn of its subscriptions' events, it serves nothing,
+//!   so any client may, and each answers with its ReportResp.
 //!
 //! # Refusals
 //!
@@ -87,6 +90,7 @@ const CLASS_CM: u8 = 0x07;
 const CLASS_SA: u8 = 0x03;
 const CLASS_PERF: u8 = 0x04;
 const METHOD_SEND: u8 = 0x03;
+const METHOD_REPORT: u8 = 0x06;
 const RESPONSE: u8 = 0x80;
 
 fn is_smp(class: u8) -> bool {
@@ -200,6 +204,8 @@ struct Offer {
 pub struct Router {
     privileged: HashMap<ClientId, bool>,
     serves: HashMap<(u8, u8, u8), ClientId>,
+    /// The SA's Reports by class version: every client that takes them.
+    reports: HashMap<u8, Vec<ClientId>>,
     listens: HashMap<u64, ClientId>,
     /// Stamped TID → client and its TID.
     tids: HashMap<u64, (ClientId, u64)>,
@@ -318,6 +324,17 @@ impl Router {
         methods: &[u8],
         serve: bool,
     ) -> Result<(), Refused> {
+        // The SA's Reports (its notices to subscribers, IBA 15.4.8): an SA
+        // client takes them, it does not serve the class. Each client of
+        // the port that subscribed gets every one; any client may.
+        if class == CLASS_SA && methods == [METHOD_REPORT] {
+            let takers = self.reports.entry(version).or_default();
+            takers.retain(|c| *c != client);
+            if serve {
+                takers.push(client);
+            }
+            return Ok(());
+        }
         if !serve {
             for &m in methods {
                 if self.serves.get(&(class, version, m)) == Some(&client) {
@@ -358,6 +375,11 @@ impl Router {
             self.serves.insert((class, version, m), client);
         }
         Ok(())
+    }
+
+    /// Whether some client serves requests of management class `class`.
+    pub fn serves_class(&self, class: u8) -> bool {
+        self.serves.keys().any(|&(c, _, _)| c == class)
     }
 
     /// `client` listens on `service_id` (`listen`), or no longer.
@@ -469,7 +491,13 @@ impl Router {
             let serves = self
                 .serves
                 .iter()
-                .any(|(&(c, v, _), &who)| c == class && v == version && who == client);
+                .any(|(&(c, v, _), &who)| c == class && v == version && who == client)
+                || (class == CLASS_SA
+                    && method == METHOD_REPORT | RESPONSE
+                    && self
+                        .reports
+                        .get(&version)
+                        .is_some_and(|t| t.contains(&client)));
             let tid = tid_of(&m[..]);
             match self.stamps.get(&(client, tid)) {
                 // An RMPP ACK of a response to this client's request.
@@ -613,6 +641,16 @@ impl Router {
             };
             set_tid(&mut m[..], tid);
             return self.deliver(client, sgid, pkey_index, m);
+        }
+        if class == CLASS_SA && method == METHOD_REPORT {
+            let takers = self.reports.get(&version).cloned().unwrap_or_default();
+            if !takers.is_empty() {
+                let mut out = Vec::new();
+                for client in takers {
+                    out.extend(self.deliver(client, sgid, pkey_index, m.clone()));
+                }
+                return out;
+            }
         }
         if let Some(&client) = self.serves.get(&(class, version, method)) {
             return self.deliver(client, sgid, pkey_index, m);
@@ -803,6 +841,9 @@ impl Router {
     pub fn leave(&mut self, client: ClientId) -> Vec<Out> {
         self.privileged.remove(&client);
         self.serves.retain(|_, c| *c != client);
+        self.reports
+            .values_mut()
+            .for_each(|t| t.retain(|c| *c != client));
         self.listens.retain(|_, c| *c != client);
         self.tids.retain(|_, (c, _)| *c != client);
         self.stamps.retain(|(c, _), _| *c != client);

@@ -169,6 +169,9 @@ struct Smas {
     client: Arc<nicd::NicdProvider>,
     ips: Vec<IpAddr>,
     nodes: std::sync::Mutex<std::collections::HashMap<rdma_types::Guid, rdma_access::IbNode>>,
+    /// Ports where a client serves device management (their SMA says so
+    /// again when it starts anew after lending its QP0).
+    dm: std::sync::Mutex<std::collections::HashMap<rdma_types::Guid, bool>>,
 }
 
 impl Smas {
@@ -180,6 +183,7 @@ impl Smas {
             client,
             ips: ips.to_vec(),
             nodes: std::sync::Mutex::new(std::collections::HashMap::new()),
+            dm: std::sync::Mutex::new(std::collections::HashMap::new()),
         });
         for ip in ips {
             smas.start_one(*ip)?;
@@ -192,11 +196,18 @@ impl Smas {
         let k = self.ips.iter().position(|i| *i == ip).unwrap_or(0) as u32;
         // Communication IDs of their own, apart from the clients'.
         let first_comm_id = 0x7e00_0000 | (k << 16);
+        let dm = self
+            .dm
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&guid)
+            .copied()
+            .unwrap_or(false);
         let node = rdma_access::IbNode::start(
             self.client.clone(),
             guid,
             &format!("nicd {ip}"),
-            false,
+            dm,
             first_comm_id,
         )
         .map_err(|e| format!("{ip}: {e}"))?;
@@ -222,6 +233,19 @@ impl nicd::server::Qp0Keeper for Smas {
             tracing::info!("nicd: the SMA of {guid:?} lends its QP0 to a subnet manager");
         }
         lent
+    }
+
+    fn device_management(&self, guid: rdma_types::Guid, served: bool) {
+        let nodes = self.nodes.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(node) = nodes.get(&guid) {
+            // Trap 144 tells the SM, whose PortInfoRecords then show it.
+            node.sma()
+                .set_capability_mask(rdma_access::sma::ca_capability_mask(served));
+        }
+        self.dm
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(guid, served);
     }
 
     fn take_back(&self, guid: rdma_types::Guid) {

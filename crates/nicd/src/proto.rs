@@ -107,6 +107,16 @@
 //! answers them as malformed requests, and sends the event only to a
 //! client that opened a GSI QP.
 //!
+//! # The SM's address
+//!
+//! [`Request::QueryPortSm`], [`Request::ModifyPortSm`] and
+//! [`Reply::PortSm`] came later too, without a new version: they carry
+//! `PortAttr::sm_gid` and `PortModify::sm_gid`, which `PortAttr` and
+//! `PortModify` leave out on the wire (as version 2 had them), so an SA
+//! client through the daemon finds the SM its port's SMA (the daemon's)
+//! was set up by. A daemon without them answers them as malformed
+//! requests.
+//!
 //! # Versions
 //!
 //! A daemon of version 1 refuses a version 2 `Hello` and closes the
@@ -437,6 +447,58 @@ wire_enum! {
     }
 }
 
+// `PortAttr` and `PortModify` as version 2 had them: the SM's GID goes
+// in `QueryPortSm`/`ModifyPortSm` (see "The SM's address" above).
+impl Wire for PortAttr {
+    fn put(&self, e: &mut Enc) {
+        self.port.put(e);
+        self.state.put(e);
+        self.max_mtu.put(e);
+        self.active_mtu.put(e);
+        self.lid.put(e);
+        self.sm_lid.put(e);
+        self.gids.put(e);
+        self.pkeys.put(e);
+    }
+    fn get(d: &mut Dec<'_>) -> PResult<Self> {
+        Ok(PortAttr {
+            port: Wire::get(d)?,
+            state: Wire::get(d)?,
+            max_mtu: Wire::get(d)?,
+            active_mtu: Wire::get(d)?,
+            lid: Wire::get(d)?,
+            sm_lid: Wire::get(d)?,
+            sm_gid: None,
+            gids: Wire::get(d)?,
+            pkeys: Wire::get(d)?,
+        })
+    }
+}
+
+impl Wire for PortModify {
+    fn put(&self, e: &mut Enc) {
+        self.lid.put(e);
+        self.lmc.put(e);
+        self.sm_lid.put(e);
+        self.sm_sl.put(e);
+        self.state.put(e);
+        self.pkeys.put(e);
+        self.alias_guids.put(e);
+    }
+    fn get(d: &mut Dec<'_>) -> PResult<Self> {
+        Ok(PortModify {
+            lid: Wire::get(d)?,
+            lmc: Wire::get(d)?,
+            sm_lid: Wire::get(d)?,
+            sm_gid: None,
+            sm_sl: Wire::get(d)?,
+            state: Wire::get(d)?,
+            pkeys: Wire::get(d)?,
+            alias_guids: Wire::get(d)?,
+        })
+    }
+}
+
 /// Structs: their fields in order.
 macro_rules! wire_struct {
     ($($t:ident { $($f:ident),* $(,)? })*) => {$(
@@ -456,7 +518,6 @@ wire_struct! {
         guid, num_ports, max_qp, max_qp_wr, max_sge, max_cq, max_cqe, max_mr, max_pd,
         max_qp_rd_atom, max_srq, max_mw, max_inline_data, atomics,
     }
-    PortAttr { port, state, max_mtu, active_mtu, lid, sm_lid, gids, pkeys }
     CqInit { cqe }
     SrqAttr { max_wr, max_sge, limit }
     QpCaps { max_send_wr, max_recv_wr, max_send_sge, max_recv_sge, max_inline }
@@ -483,7 +544,6 @@ wire_struct! {
         wc_flags, qp_ctx,
     }
     AsyncEvent { kind, ctx, port }
-    PortModify { lid, lmc, sm_lid, sm_sl, state, pkeys, alias_guids }
     PkeyViolations { count, latest }
     PkeyViolation { pkey, src_gid, dst_gid, src_qp, dest_qp }
 }
@@ -817,6 +877,11 @@ messages! {
         /// only), answered with its GUID (one [`Reply::Guids`]); one the
         /// daemon serves already is named.
         AddNic = 44 { ip: IpAddr },
+        /// `query_port` with where the port's master SM answers
+        /// ([`Reply::PortSm`]).
+        QueryPortSm = 45 { ca: CaHandle, port: PortNum },
+        /// `modify_port` with where the master SM answers.
+        ModifyPortSm = 46 { ca: CaHandle, port: PortNum, modify: PortModify, sm_gid: Option<Gid> },
     }
 
     /// Daemon to client: what a request returns.
@@ -861,6 +926,8 @@ messages! {
         Rkey = 18 { rkey: Rkey },
         /// The daemon's clients.
         Clients = 19 { clients: Vec<ClientReport> },
+        /// Port attributes and the master SM's GID (`PortAttr::sm_gid`).
+        PortSm = 20 { attr: PortAttr, sm_gid: Option<Gid> },
     }
 
     /// Daemon to client: a callback of the provider, for the handler of

@@ -201,6 +201,13 @@ pub trait Qp0Keeper: Send + Sync {
     fn lend(&self, guid: rdma_types::Guid) -> bool;
     /// Takes CA `guid`'s QP0 back (its client destroyed it or left).
     fn take_back(&self, guid: rdma_types::Guid);
+    /// Whether a client serves device management on CA `guid`'s port
+    /// now (a DM agent registered, or the last one went): the port's
+    /// PortInfo says IsDeviceManagementSupported while one does, as
+    /// srp_daemon's walk asks of the SA.
+    fn device_management(&self, guid: rdma_types::Guid, served: bool) {
+        let _ = (guid, served);
+    }
 }
 
 /// The daemon's state: the provider and every client's objects.
@@ -227,6 +234,9 @@ pub struct Server {
     qp0_keeper: Mutex<Option<Arc<dyn Qp0Keeper>>>,
     /// QP0s lent to clients: the provider's QP and its CA.
     qp0_lent: Mutex<HashMap<Handle, rdma_types::Guid>>,
+    /// Ports whose keeper was last told that a client serves device
+    /// management there.
+    dm_served: Mutex<std::collections::HashSet<rdma_types::Guid>>,
     /// Ring entries and indices refused ([`Server::ring_refusals`]).
     ring_refusals: AtomicU64,
     /// How long a ring poller spins after its last work, in ns.
@@ -403,6 +413,7 @@ impl Server {
             nic_maker: Mutex::new(None),
             qp0_keeper: Mutex::new(None),
             qp0_lent: Mutex::new(HashMap::new()),
+            dm_served: Mutex::new(std::collections::HashSet::new()),
             ring_refusals: AtomicU64::new(0),
             ring_spin_ns: AtomicU64::new(DEFAULT_RING_SPIN.as_nanos() as u64),
             gsi_ports: Mutex::new(HashMap::new()),
@@ -452,6 +463,28 @@ impl Server {
     /// privileged clients that ask ([`Qp0Keeper`]).
     pub fn keep_qp0_with(&self, keeper: Arc<dyn Qp0Keeper>) {
         *self.qp0_keeper.lock().unwrap_or_else(|e| e.into_inner()) = Some(keeper);
+    }
+
+    /// After a registration or a departure at `port`'s QP1: tells the
+    /// keeper when device management became served or unserved there.
+    fn note_dm(&self, port: &gsi::GsiPort) {
+        let (guid, now) = (port.guid(), port.serves_dm());
+        let changed = {
+            let mut s = self.dm_served.lock().unwrap_or_else(|e| e.into_inner());
+            if now {
+                s.insert(guid)
+            } else {
+                s.remove(&guid)
+            }
+        };
+        let keeper = self
+            .qp0_keeper
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if let (true, Some(k)) = (changed, keeper) {
+            k.device_management(guid, now);
+        }
     }
 
     /// A client's QP `raw` is gone: if it was a lent QP0, its keeper
@@ -844,8 +877,10 @@ impl Server {
         for (_, index, kind, raw) in mine {
             let r = match kind {
                 ResourceKind::Qp if raw == GSI_RAW => {
-                    if let Some(port) = self.lock().gsi.remove(&index) {
+                    let port = self.lock().gsi.remove(&index);
+                    if let Some(port) = port {
                         port.leave(id);
+                        self.note_dm(&port);
                     }
                     Ok(())
                 }
@@ -905,6 +940,26 @@ impl Server {
     /// SMPs'.
     fn privileged(&self, peer: &Peer) -> bool {
         peer.uid == 0 || peer.uid == self.uid
+    }
+
+    /// `modify_port` for client `me`: root or the daemon's user only.
+    fn port_change(
+        &self,
+        me: u64,
+        peer: &Peer,
+        ca: CaHandle,
+        port: rdma_types::PortNum,
+        modify: verbs::PortModify,
+    ) -> Result<Reply> {
+        if !self.privileged(peer) {
+            return Err(bad(format!(
+                "port changes need root or the daemon's user (uid {}); client uid {}",
+                self.uid, peer.uid
+            )));
+        }
+        let raw = self.raw(me, ResourceKind::Ca, ca.0)?;
+        self.provider.modify_port(CaHandle(raw), port, &modify)?;
+        Ok(Reply::Unit {})
     }
 
     /// Refuses a registration (or rings) of `len` more bytes (in place
@@ -1210,15 +1265,24 @@ impl Server {
                 Request::QueryPort { ca, port } => Reply::PortAttr {
                     attr: p.query_port(CaHandle(self.raw(me, K::Ca, ca.0)?), port)?,
                 },
-                Request::ModifyPort { ca, port, modify } => {
-                    if !self.privileged(peer) {
-                        return Err(bad(format!(
-                            "port changes need root or the daemon's user (uid {}); client uid {}",
-                            self.uid, peer.uid
-                        )));
+                Request::QueryPortSm { ca, port } => {
+                    let attr = p.query_port(CaHandle(self.raw(me, K::Ca, ca.0)?), port)?;
+                    Reply::PortSm {
+                        sm_gid: attr.sm_gid,
+                        attr,
                     }
-                    p.modify_port(CaHandle(self.raw(me, K::Ca, ca.0)?), port, &modify)?;
-                    Reply::Unit {}
+                }
+                Request::ModifyPort { ca, port, modify } => {
+                    self.port_change(me, peer, ca, port, modify)?
+                }
+                Request::ModifyPortSm {
+                    ca,
+                    port,
+                    mut modify,
+                    sm_gid,
+                } => {
+                    modify.sm_gid = sm_gid;
+                    self.port_change(me, peer, ca, port, modify)?
                 }
                 Request::TakePkeyViolations { ca, port } => Reply::PkeyViolations {
                     v: p.take_pkey_violations(CaHandle(self.raw(me, K::Ca, ca.0)?), port)?,
@@ -1355,6 +1419,7 @@ impl Server {
                     if let Ok(port) = self.gsi_of(me, qp) {
                         self.lock().gsi.remove(&qp.0.index);
                         port.leave(me);
+                        self.note_dm(&port);
                         return self.destroy(me, K::Qp, qp.0, |_| Ok(()));
                     }
                     return self.destroy_with_rings(c, K::Qp, qp.0, |r| {
@@ -1392,6 +1457,7 @@ impl Server {
                     let port = self.gsi_of(me, qp)?;
                     port.register(me, class, version, &methods, serve)
                         .map_err(|r| self.gsi_refused(r))?;
+                    self.note_dm(&port);
                     Reply::Unit {}
                 }
                 Request::GsiListen {

@@ -164,6 +164,7 @@ pub fn port_control(p: Arc<dyn Provider>, ca: CaHandle) -> impl Fn(SmaAction, &S
             SmaAction::State(s) if s == state::ACTIVE => PortModify::new().state(PortState::Active),
             SmaAction::State(_) => PortModify::new().state(PortState::Init),
             SmaAction::Pkeys => PortModify::new().pkeys(sma.pkeys().to_vec()),
+            SmaAction::SmGid(g) => PortModify::new().sm_gid(g),
         };
         // The CA is open while its SMA runs; a failure here means it is
         // closing, and the port goes with it.

@@ -106,6 +106,10 @@ pub enum SmaAction {
     State(u8),
     /// The P_Key table changed.
     Pkeys,
+    /// The master SM now answers at this GID: the Sets come from it (an
+    /// action of [`crate::sma_agent::SmaAgent`], which sees where an SMP
+    /// came from; never of [`Sma::handle`]).
+    SmGid(Gid),
 }
 
 /// Who the node and port are.

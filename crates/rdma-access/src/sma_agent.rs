@@ -293,12 +293,15 @@ fn answer(sh: &Shared, agent: &MadAgent, apply: &Apply, peer: Gid, smp: &[u8]) {
     let (resp, actions, after) = {
         let mut st = sh.lock();
         let now = st.now();
-        let Some((resp, actions)) = st.sma.handle(now, smp) else {
+        let Some((resp, mut actions)) = st.sma.handle(now, smp) else {
             return;
         };
         st.smps += 1;
-        if Method::from(smp[3]) == Method::Set {
+        if Method::from(smp[3]) == Method::Set && st.sm != Some(peer) {
             st.sm = Some(peer);
+            // Before the Set's own effects: when the port reads ACTIVE
+            // its consumers find the SA where it is.
+            actions.insert(0, SmaAction::SmGid(peer));
         }
         (resp, actions, st.sma.clone())
     };

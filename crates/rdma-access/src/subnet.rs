@@ -13,6 +13,10 @@
 //!
 //! The provider's CA must already be in the `ib` personality (for soft
 //! RoCE, `SoftRoce::set_personality` before the CA's first open).
+//! [`IbPort::join`] is the same for a port whose SMA is another's (the
+//! NIC daemon's, `nicd --fabric ib`): QP1 only, and the port's state,
+//! LID, SM LID, P_Keys and SM GID read from the provider, as that SMA
+//! set them.
 //!
 //! Partitions on the data path: an initiator's session QP uses the index
 //! of its port's P_Key table holding the login's `pkey`; a target's QPs
@@ -127,10 +131,127 @@ pub trait SubnetPort: Send + Sync {
 
 /// A port in the `ib` personality, ACTIVE (see the module docs).
 pub struct IbPort {
-    node: IbNode,
+    node: Node,
     ip: IpAddr,
     timing: SaTiming,
     sa: Mutex<Option<Arc<SaClient>>>,
+}
+
+/// Who answers the port's SMPs.
+enum Node {
+    /// Our own SMA ([`IbPort::start`]).
+    Own(IbNode),
+    /// Another's, the NIC daemon's ([`IbPort::join`]): the port as the
+    /// SM set it is read from the provider.
+    Shared(SharedPort),
+}
+
+/// A port whose SMA is another's: our MAD driver on its QP1 and an open
+/// of its CA to read the port by.
+struct SharedPort {
+    p: Arc<dyn verbs::Provider>,
+    guid: Guid,
+    ca: verbs::CaHandle,
+    agent: Arc<CmAgent>,
+}
+
+impl SharedPort {
+    /// Port 1 as the provider reports it (`None`: the CA is gone).
+    fn attr(&self) -> Option<verbs::PortAttr> {
+        self.p.query_port(self.ca, rdma_types::PortNum(1)).ok()
+    }
+}
+
+impl Drop for SharedPort {
+    fn drop(&mut self) {
+        let _ = self.p.close_ca(self.ca);
+    }
+}
+
+/// What [`IbPort`] reads of its port, from whichever SMA runs it.
+struct PortNow {
+    active: bool,
+    state: &'static str,
+    lid: u16,
+    sm_lid: u16,
+    sm_gid: Option<Gid>,
+    pkeys: Vec<Pkey>,
+}
+
+impl Node {
+    fn guid(&self) -> Guid {
+        match self {
+            Node::Own(n) => n.guid(),
+            Node::Shared(s) => s.guid,
+        }
+    }
+
+    fn agent(&self) -> &Arc<CmAgent> {
+        match self {
+            Node::Own(n) => n.agent(),
+            Node::Shared(s) => &s.agent,
+        }
+    }
+
+    fn now(&self) -> PortNow {
+        match self {
+            Node::Own(n) => {
+                let sma = n.sma();
+                let st = sma.port_state();
+                PortNow {
+                    active: st == state::ACTIVE,
+                    state: state::name(st).unwrap_or("in an unknown state"),
+                    lid: sma.lid(),
+                    sm_lid: sma.sm_lid(),
+                    sm_gid: sma.sm_gid(),
+                    pkeys: sma.pkeys().to_vec(),
+                }
+            }
+            Node::Shared(s) => match s.attr() {
+                Some(a) => PortNow {
+                    active: a.state == verbs::PortState::Active,
+                    state: match a.state {
+                        verbs::PortState::Active => "ACTIVE",
+                        verbs::PortState::Init => "INIT",
+                        _ => "DOWN",
+                    },
+                    lid: a.lid.0,
+                    sm_lid: a.sm_lid.0,
+                    sm_gid: a.sm_gid,
+                    pkeys: a.pkeys,
+                },
+                None => PortNow {
+                    active: false,
+                    state: "gone (its CA was removed)",
+                    lid: 0,
+                    sm_lid: 0,
+                    sm_gid: None,
+                    pkeys: Vec::new(),
+                },
+            },
+        }
+    }
+
+    /// Waits at most `wait` for the port to be ACTIVE.
+    fn wait_active(&self, wait: Duration) -> bool {
+        match self {
+            Node::Own(n) => n.sma().wait_state(state::ACTIVE, wait),
+            Node::Shared(_) => {
+                // The daemon's SMA tells us nothing but port events; a
+                // look every 20 ms, bounded by `wait`.
+                let end = std::time::Instant::now() + wait;
+                loop {
+                    if self.now().active {
+                        return true;
+                    }
+                    if std::time::Instant::now() >= end {
+                        return false;
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+        }
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -198,6 +319,16 @@ pub enum IbPortError {
         /// port).
         last: Option<Box<SaPortError>>,
     },
+    /// The port to join is ACTIVE with no LID: nobody manages it (a NIC
+    /// daemon serving the `roce` fabric).
+    #[error(
+        "port {ip} is not on a managed subnet (ACTIVE with no LID, as a roce port is): run the \
+         NIC daemon with --fabric ib, or use the roce fabric"
+    )]
+    NotManaged {
+        /// The port's address.
+        ip: IpAddr,
+    },
     /// The SM did not put the port in the partition: add the port to it
     /// in the SM's partitions file, or use one of the table's.
     #[error(
@@ -233,7 +364,54 @@ impl IbPort {
         let node = IbNode::start(p, guid, description, dm, first_comm_id)
             .map_err(|source| IbPortError::Node { ip, source })?;
         Ok(IbPort {
-            node,
+            node: Node::Own(node),
+            ip,
+            timing: SaTiming::default(),
+            sa: Mutex::new(None),
+        })
+    }
+
+    /// Joins CA `guid` at `ip` of `p`, an `ib` port whose SMA is
+    /// another's (the NIC daemon's, `nicd --fabric ib`): our MAD driver
+    /// on its QP1 (never its QP0, which that SMA holds), and the port's
+    /// state, LID, SM and P_Keys read from the provider, as that SMA set
+    /// them. See [`IbPort::wait_active`].
+    ///
+    /// # Errors
+    /// The CA is unknown, or its QP1 cannot be had.
+    pub fn join(
+        p: Arc<dyn verbs::Provider>,
+        guid: Guid,
+        ip: IpAddr,
+        first_comm_id: u32,
+    ) -> Result<IbPort, IbPortError> {
+        let node_err = |err| IbPortError::Node {
+            ip,
+            source: IbNodeError::Open { guid, err },
+        };
+        let ca = p
+            .open_ca(guid, 0, Arc::new(verbs::IgnoreEvents))
+            .map_err(node_err)?;
+        let agent = match CmAgent::start_without_qp0(p.clone(), guid, first_comm_id) {
+            Ok(a) => a,
+            Err(err) => {
+                let _ = p.close_ca(ca);
+                return Err(IbPortError::Node {
+                    ip,
+                    source: IbNodeError::Port { guid, err },
+                });
+            }
+        };
+        let shared = SharedPort { p, guid, ca, agent };
+        // An `ib` port is INIT until an SM activates it, with a LID.
+        if shared
+            .attr()
+            .is_some_and(|a| a.state == verbs::PortState::Active && a.lid.0 == 0)
+        {
+            return Err(IbPortError::NotManaged { ip });
+        }
+        Ok(IbPort {
+            node: Node::Shared(shared),
             ip,
             timing: SaTiming::default(),
             sa: Mutex::new(None),
@@ -247,9 +425,8 @@ impl IbPort {
     /// # Errors
     /// No SM did, in words.
     pub fn wait_active(&self, wait: Duration) -> Result<(), IbPortError> {
-        let sma = self.node.sma();
         let end = std::time::Instant::now() + wait;
-        if sma.wait_state(state::ACTIVE, wait) {
+        if self.node.wait_active(wait) {
             loop {
                 let last = match self.sa().and_then(|sa| {
                     sa.node_records(Some(self.lid()))
@@ -273,7 +450,7 @@ impl IbPort {
         Err(IbPortError::NotActive {
             ip: self.ip,
             guid: self.node.guid(),
-            state: state::name(sma.port_state()).unwrap_or("in an unknown state"),
+            state: self.node.now().state,
             waited: wait,
         })
     }
@@ -296,20 +473,20 @@ impl IbPort {
 
     /// The port's LID.
     pub fn lid(&self) -> u16 {
-        self.node.sma().lid()
+        self.node.now().lid
     }
 
     /// The master SM's LID as the port knows it (it changes when another
     /// SM takes over).
     pub fn sm_lid(&self) -> u16 {
-        self.node.sma().sm_lid()
+        self.node.now().sm_lid
     }
 
     /// The P_Keys of the port's table the SM filled in.
     pub fn pkeys(&self) -> Vec<Pkey> {
         self.node
-            .sma()
-            .pkeys()
+            .now()
+            .pkeys
             .into_iter()
             .filter(|k| k.0 & 0x7fff != 0)
             .collect()
@@ -337,7 +514,7 @@ impl IbPort {
     /// # Errors
     /// No SM has set the port yet, or the client cannot register.
     pub fn sa(&self) -> Result<Arc<SaClient>, SaPortError> {
-        let gid = self.node.sma().sm_gid().ok_or_else(|| SaPortError::NoSm {
+        let gid = self.node.now().sm_gid.ok_or_else(|| SaPortError::NoSm {
             port: self.ip.to_string(),
         })?;
         let mut g = lock(&self.sa);

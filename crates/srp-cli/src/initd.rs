@@ -144,7 +144,8 @@ pub struct InitdConfig {
     /// them: `rnic::softroce::NicOptions::from_env`).
     pub nic: rnic::softroce::NicOptions,
     /// The soft RoCE CAs are the NIC daemon's at `ips`, through its
-    /// socket here, instead of a NIC of srpd's own (`roce` fabric only).
+    /// socket here, instead of a NIC of srpd's own (on the `ib` fabric
+    /// the daemon's must be `nicd --fabric ib`; its SMAs run the ports).
     pub nicd: Option<PathBuf>,
     /// The CAs at `ips` are our soft iWARP NIC's (`srpd --iwarp`, see
     /// [`crate::iwarp`]) instead of soft RoCE's: RDMA CM logins only.
@@ -553,13 +554,6 @@ impl Initd {
         // The NIC daemon's NIC at the addresses, or one of our own.
         let (provider, own): (Arc<dyn Provider>, _) = match &cfg.nicd {
             Some(socket) => {
-                if ib {
-                    return Err(InitdStartError::Nicd(
-                        "--fabric ib needs a soft RoCE NIC of srpd's own (its ports' SMAs): drop \
-                         --nicd, or use the roce fabric"
-                            .into(),
-                    ));
-                }
                 let mut client = None;
                 for ip in &cfg.ips {
                     client = Some(
@@ -603,6 +597,11 @@ impl Initd {
                     first_comm_id,
                 )?;
                 (port.agent().clone(), Some(Arc::new(port)))
+            } else if ib {
+                // The NIC daemon's ib port (`nicd --fabric ib`): its SMA
+                // is the daemon's; we take a place at its QP1.
+                let port = IbPort::join(provider.clone(), ca.guid, ca.ip, first_comm_id)?;
+                (port.agent().clone(), Some(Arc::new(port)))
             } else {
                 let agent = rdma_access::CmAgent::start(cm.clone(), ca.guid, first_comm_id)
                     .map_err(|source| InitdStartError::CmAgent { ip: ca.ip, source })?;
@@ -613,8 +612,9 @@ impl Initd {
                 .map_err(|source| InitdStartError::TrackCmAgent { ip: ca.ip, source })?;
             let agent = crate::rejoin::AgentSlot::new(agent);
             // Through the daemon, a new CM agent on each CA when it comes
-            // back after a restart.
-            if cfg.nicd.is_some() {
+            // back after a restart (on the roce fabric: an ib port's place
+            // is not made anew).
+            if cfg.nicd.is_some() && !ib {
                 comebacks.push(Box::new(crate::rejoin::Watched {
                     ip: ca.ip,
                     guid: ca.guid,

@@ -1307,13 +1307,6 @@ fn discover(
     let guid = rnic::softroce::ip_guid(ip);
     let (provider, soft): (Arc<dyn verbs::Provider>, _) = match &nicd {
         Some(socket) => {
-            if ib.is_some() {
-                return Err(
-                    "--sa and --fabric ib need a soft RoCE NIC of srp's own (its port's \
-                            SMA): drop --nicd, or discover with --target"
-                        .into(),
-                );
-            }
             let held =
                 nicd::ondemand::ensure(socket, &[ip], &nicd::ondemand::OnDemand::from_env()?)
                     .map_err(|e| e.to_string())?;
@@ -1342,18 +1335,25 @@ fn discover(
         .client("cm")
         .into_provider();
     let (agent, port) = match (&ib, soft) {
-        (Some(m), Some(provider)) => {
-            provider
-                .set_personality(guid, rnic::softroce::Personality::Ib)
-                .map_err(|source| IbPortError::Personality { ip, guid, source }.to_string())?;
-            let port = IbPort::start(
-                provider,
-                guid,
-                ip,
-                &format!("srp discover {ip}"),
-                false,
-                std::process::id() << 8,
-            )
+        (Some(m), soft) => {
+            let port = match soft {
+                Some(own) => {
+                    own.set_personality(guid, rnic::softroce::Personality::Ib)
+                        .map_err(|source| {
+                            IbPortError::Personality { ip, guid, source }.to_string()
+                        })?;
+                    IbPort::start(
+                        own,
+                        guid,
+                        ip,
+                        &format!("srp discover {ip}"),
+                        false,
+                        std::process::id() << 8,
+                    )
+                }
+                // The NIC daemon's ib port: its SMA is the daemon's.
+                None => IbPort::join(provider.clone(), guid, ip, std::process::id() << 8),
+            }
             .map_err(|e| e.to_string())?
             .with_timing(rdma_access::sa::SaTiming {
                 timeout: cfg.timeout,

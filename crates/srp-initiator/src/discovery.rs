@@ -200,10 +200,11 @@ pub fn srp_targets(probe: &Probe, ioc: &Ioc, rules: &Rules) -> Vec<Found> {
         .collect()
 }
 
-/// srp_daemon's query: every other port whose CapabilityMask has
+/// srp_daemon's query: every port whose CapabilityMask has
 /// IsDeviceManagementSupported, each with its first path from `port` in
 /// partition `pkey` (any partition when `None`); ports without such a
-/// path are left out.
+/// path are left out. Our own port is among them when it says so: on a
+/// port processes share (the NIC daemon's) a target may serve there.
 ///
 /// # Errors
 /// The SA did not answer or answered an error.
@@ -212,9 +213,8 @@ pub fn dm_ports(port: &dyn SubnetPort, pkey: Option<Pkey>) -> Result<Vec<PathRec
     let recs = sa
         .port_info_records(None, Some(rdma_mad::smp::cap::IS_DEVICE_MGMT_SUPPORTED))
         .map_err(|e| port.sa_error(&sa, e))?;
-    let me = port.lid();
     let mut out = Vec::new();
-    for r in recs.iter().filter(|r| r.lid != me) {
+    for r in &recs {
         let paths = sa
             .paths_to_lid(port.agent().gid(), r.lid, pkey)
             .map_err(|e| port.sa_error(&sa, e))?;

@@ -56,7 +56,8 @@ struct Args {
     /// nicd's default], instead of a NIC of srptd's own: other processes
     /// (srp, srpd, rperf) can then use the address too. With no daemon there one is
     /// started for the address (`nicd` beside this tool or on PATH); it
-    /// leaves after $NICD_IDLE_EXIT (30s) without a client; the `roce` fabric only.
+    /// leaves after $NICD_IDLE_EXIT (30s) without a client. A target on the
+    /// `ib` fabric needs a daemon started by hand with `nicd --fabric ib`.
     #[arg(
         long,
         value_name = "SOCKET",

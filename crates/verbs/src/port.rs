@@ -14,7 +14,7 @@
 //! LID and LMC, master SM LID and SL, port state (IBA 14.2.5.6), the
 //! P_Key table (14.2.5.7) and the alias GUIDs (GUIDInfo, 14.2.5.5).
 
-use rdma_types::{Guid, Lid, Pkey};
+use rdma_types::{Gid, Guid, Lid, Pkey};
 
 use crate::PortState;
 
@@ -32,6 +32,11 @@ pub struct PortModify {
     /// The master SM's LID (PortInfo:MasterSMLID); a change raises
     /// `SmChange`.
     pub sm_lid: Option<Lid>,
+    /// Where the master SM answers on a fabric where a LID routes
+    /// nothing (soft RoCE's `ib` personality): the GID its Sets came
+    /// from, which the port's SMA knows and its other consumers (an SA
+    /// client in another process) read back in `PortAttr::sm_gid`.
+    pub sm_gid: Option<Gid>,
     /// The SL to reach the master SM (PortInfo:MasterSMSL, 0..=15).
     pub sm_sl: Option<u8>,
     /// The port's logical state as the SM moves it (PortInfo:PortState);
@@ -66,6 +71,12 @@ impl PortModify {
     /// Sets the master SM LID.
     pub fn sm_lid(mut self, lid: Lid) -> PortModify {
         self.sm_lid = Some(lid);
+        self
+    }
+
+    /// Sets where the master SM answers (see the field).
+    pub fn sm_gid(mut self, gid: Gid) -> PortModify {
+        self.sm_gid = Some(gid);
         self
     }
 

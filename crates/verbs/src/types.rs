@@ -66,6 +66,12 @@ pub struct PortAttr {
     pub lid: Lid,
     /// LID of the subnet manager.
     pub sm_lid: Lid,
+    /// Where the master SM (and its SA) answers, on a fabric where a LID
+    /// routes nothing (soft RoCE's `ib` personality, reached by GID):
+    /// the GID its Sets came from, as the port's SMA set it
+    /// ([`PortModify::sm_gid`](crate::PortModify::sm_gid)). `None` where
+    /// the SM LID routes, or no SM has set the port up.
+    pub sm_gid: Option<rdma_types::Gid>,
     /// GID table.
     pub gids: Vec<Gid>,
     /// P_Key table.

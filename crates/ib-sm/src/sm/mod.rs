@@ -89,6 +89,11 @@ pub struct SmConfig {
     /// to `2^lmc`, as opensm's `lmc` option does. The SM's own port keeps
     /// its single LID.
     pub lmc: u8,
+    /// The SM's own port says IsDeviceManagementSupported: where the
+    /// port is shared with other processes (the NIC daemon's), a DM
+    /// agent of one of them (srptd's) may serve on it, and discovery
+    /// asks the SA for such ports.
+    pub own_device_management: bool,
 }
 
 impl SmConfig {
@@ -108,6 +113,7 @@ impl SmConfig {
             mkey_protect: 0,
             mkey_lease: 0,
             lmc: 0,
+            own_device_management: false,
         }
     }
 }
@@ -373,7 +379,8 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
             node_guid: cfg.guid,
             port_guid: cfg.guid,
             description: "ib-sm".into(),
-            capability_mask: rdma_access::sma::ca_capability_mask(false) | cap::IS_SM,
+            capability_mask: rdma_access::sma::ca_capability_mask(cfg.own_device_management)
+                | cap::IS_SM,
         }));
         own.assume(cfg.lid, cfg.lid, state::ACTIVE);
         SubnetManager {

@@ -73,7 +73,9 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
     }
 
     /// True if the range of `2^lmc` LIDs from `base` is free: unicast,
-    /// aligned, clear of the SM's own LID and of every range assigned.
+    /// aligned, clear of the SM's own LID (unless `owner` is the SM's own
+    /// port, swept as a node where other processes share it: the NIC
+    /// daemon's) and of every range assigned.
     /// For the port `owner` keeping the LID it reported, that is all; a
     /// fresh range (`owner` `None`) must also miss every LID a port
     /// reported (it may keep it yet).
@@ -85,7 +87,7 @@ impl<P: Copy + Eq + std::fmt::Debug> SubnetManager<P> {
         base != 0
             && base.is_multiple_of(span)
             && end <= 0xc000
-            && !hits(self.lid_now(), 1)
+            && (owner == Some(self.cfg.guid) || !hits(self.lid_now(), 1))
             && !self
                 .lid_of
                 .iter()

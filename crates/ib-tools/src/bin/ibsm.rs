@@ -179,7 +179,7 @@ fn node_addrs(args: &RunArgs) -> Result<Vec<IpAddr>, String> {
     }
     let mut seen = std::collections::HashSet::new();
     out.retain(|a| seen.insert(*a));
-    if out.contains(&args.addr) {
+    if out.contains(&args.addr) && args.nicd.is_none() {
         return Err(format!("{} is the SM's own address, not a node", args.addr));
     }
     if out.is_empty() {
@@ -285,6 +285,10 @@ fn run_sm(args: RunArgs) -> Result<(), String> {
             let socket = nicd::socket_for(socket);
             let (p, guid) = nicd::connect_at(&socket, args.addr)?;
             cfg.guid = guid;
+            // Other clients of the daemon share the port: srptd's DM
+            // agent may serve on it (the daemon answers DM requests with
+            // a status when none does).
+            cfg.own_device_management = true;
             let provider: std::sync::Arc<dyn verbs::Provider> = p.clone();
             let port = SmPort::open(provider.clone(), guid, cfg, &gids).map_err(|e| {
                 format!(
@@ -296,9 +300,12 @@ fn run_sm(args: RunArgs) -> Result<(), String> {
             let ca = provider
                 .open_ca(guid, 0, std::sync::Arc::new(verbs::IgnoreEvents))
                 .map_err(|e| format!("own port: {e}"))?;
+            // The SA is here: the daemon's other clients on this port
+            // find it by the port's SM GID.
             let own = verbs::PortModify::new()
                 .lid(Lid(args.lid))
                 .sm_lid(Lid(args.lid))
+                .sm_gid(gid)
                 .state(verbs::PortState::Active);
             provider
                 .modify_port(ca, rdma_types::PortNum(1), &own)

@@ -197,6 +197,40 @@ fn registrations_are_exclusive_and_privileged_classes_refused() {
 }
 
 #[test]
+fn the_sas_reports_go_to_every_client_that_takes_them() {
+    let mut r = Router::new(1);
+    r.join(A, false);
+    r.join(B, false);
+    // A Report nobody takes is dropped, never answered (IBA 13.4.7).
+    assert!(r.from_wire(peer(), 0, &gmp(0x03, 0x06, 5)).is_empty());
+    // SA clients take Reports without serving the class: no privilege,
+    // and not exclusive.
+    r.register(A, 0x03, 1, &[0x06], true).unwrap();
+    r.register(B, 0x03, 1, &[0x06], true).unwrap();
+    assert!(!r.serves_class(0x03));
+    let out = r.from_wire(peer(), 0, &gmp(0x03, 0x06, 5));
+    let mut got: Vec<ClientId> = out
+        .iter()
+        .filter_map(|o| match o {
+            Out::ToClient { client, mad, .. } => {
+                assert_eq!(tid_of(&mad[..]), 5);
+                Some(*client)
+            }
+            Out::ToWire { .. } => None,
+        })
+        .collect();
+    got.sort_unstable();
+    assert_eq!(got, vec![A, B]);
+    // Each answers with its ReportResp; a client that takes none may not.
+    assert!(r.from_client(A, peer(), 0, &gmp(0x03, 0x86, 5)).is_ok());
+    r.register(B, 0x03, 1, &[0x06], false).unwrap();
+    assert!(r.from_client(B, peer(), 0, &gmp(0x03, 0x86, 5)).is_err());
+    // A client that leaves takes no more.
+    r.leave(A);
+    assert!(r.from_wire(peer(), 0, &gmp(0x03, 0x06, 6)).is_empty());
+}
+
+#[test]
 fn a_dreq_nobody_answers_is_sent_a_bounded_number_of_times() {
     let mut r = Router::new(1);
     r.join(A, false);

@@ -45,6 +45,7 @@ struct State {
 /// The daemon's QP1 of one port.
 pub(super) struct GsiPort {
     provider: Arc<dyn Provider>,
+    guid: Guid,
     pd: PdHandle,
     cq: CqHandle,
     qp: QpHandle,
@@ -84,6 +85,7 @@ impl GsiPort {
             let _ = p.query_port(ca, PortNum(1))?;
             Ok(GsiPort {
                 provider: provider.clone(),
+                guid,
                 pd,
                 cq,
                 qp,
@@ -155,6 +157,17 @@ impl GsiPort {
         self.lock()
             .router
             .register(client, class, version, methods, serve)
+    }
+
+    /// The port's CA.
+    pub(super) fn guid(&self) -> Guid {
+        self.guid
+    }
+
+    /// Whether a client serves device management (class 0x06) here: the
+    /// port's SMA then says IsDeviceManagementSupported.
+    pub(super) fn serves_dm(&self) -> bool {
+        self.lock().router.serves_class(0x06)
     }
 
     /// [`Router::listen`].

@@ -290,6 +290,35 @@ impl CmAgent {
         first_comm_id: u32,
         cm: CmConfig,
     ) -> Result<Arc<CmAgent>, CmError> {
+        CmAgent::start_port(provider, guid, port_num, first_comm_id, cm, true)
+    }
+
+    /// As [`CmAgent::start`], QP1 only: on a port whose SMPs another
+    /// serves (the NIC daemon's SMA), where asking for QP0 would take it
+    /// from that SMA.
+    pub fn start_without_qp0(
+        provider: Arc<dyn Provider>,
+        guid: Guid,
+        first_comm_id: u32,
+    ) -> Result<Arc<CmAgent>, CmError> {
+        CmAgent::start_port(
+            provider,
+            guid,
+            PortNum(1),
+            first_comm_id,
+            CmConfig::default(),
+            false,
+        )
+    }
+
+    fn start_port(
+        provider: Arc<dyn Provider>,
+        guid: Guid,
+        port_num: PortNum,
+        first_comm_id: u32,
+        cm: CmConfig,
+        qp0: bool,
+    ) -> Result<Arc<CmAgent>, CmError> {
         let (tx, rx) = mpsc::channel();
         let p = &provider;
         let wake = Arc::new(Wake {
@@ -322,7 +351,12 @@ impl CmAgent {
             recv_ring(p, pd).map_err(verbs_err("register MAD receive buffers"))?;
         // QP0 where the provider has one (soft RoCE has none: RoCE carries
         // no SMPs).
-        let smi = match special_qp(p, pd, cq, QpType::Smi, Qkey(0), port_num) {
+        let smi = if qp0 {
+            special_qp(p, pd, cq, QpType::Smi, Qkey(0), port_num)
+        } else {
+            Err(verbs::VerbsError::NotSupported("QP0 not asked for"))
+        };
+        let smi = match smi {
             Ok(q) => match recv_ring(p, pd) {
                 Ok((buf, mr)) => {
                     let recvs: Vec<RecvWr> = (0..RECVS)

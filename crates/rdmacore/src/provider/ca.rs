@@ -459,6 +459,8 @@ impl RdmaCore {
             active_mtu: convert::mtu(p.active_mtu),
             lid: Lid(p.lid),
             sm_lid: Lid(p.sm_lid),
+            // The SM LID routes on a device's fabric.
+            sm_gid: None,
             gids: view.gids,
             pkeys,
         })

@@ -24,6 +24,7 @@ impl Fabric {
                 active_mtu: p.mtu,
                 lid: p.lid,
                 sm_lid: Lid(1),
+                sm_gid: None,
                 gids: vec![p.gid],
                 pkeys: p.pkeys.clone(),
             })

@@ -127,6 +127,12 @@ impl Fabric {
                 (std::mem::replace(&mut p.sm_lid, lid) != lid).then_some(AsyncEventKind::SmChange)
             })?;
         }
+        if let Some(gid) = m.sm_gid {
+            self.port_event(guid, port, |p| {
+                p.sm_gid = Some(gid);
+                None
+            })?;
+        }
         if let Some(pkeys) = &m.pkeys {
             let table = pkeys.iter().copied().filter(|k| k.0 & 0x7fff != 0);
             self.set_pkeys(guid, port, table.collect())?;

@@ -272,6 +272,7 @@ impl SoftRoce {
                         },
                         lid: Lid(0),
                         sm_lid: Lid(0),
+                        sm_gid: None,
                         pkeys: Vec::new(),
                     }),
                     personality,

@@ -8,6 +8,8 @@ pub(super) struct PortStatus {
     pub(super) state: PortState,
     pub(super) lid: Lid,
     pub(super) sm_lid: Lid,
+    /// Where the master SM answers (`PortModify::sm_gid`).
+    pub(super) sm_gid: Option<Gid>,
     /// The P_Key table an SM set (`ib`); empty: the default partition.
     pub(super) pkeys: Vec<Pkey>,
 }
@@ -123,6 +125,9 @@ impl SoftRoce {
             if old != lid {
                 port_event(&opens, AsyncEventKind::SmChange);
             }
+        }
+        if let Some(gid) = m.sm_gid {
+            rt.port.lock().unwrap_or_else(|e| e.into_inner()).sm_gid = Some(gid);
         }
         if let Some(pkeys) = &m.pkeys {
             self.replace_pkeys(&rt, pkeys);
@@ -249,6 +254,7 @@ impl SoftRoce {
             active_mtu: self.mtu,
             lid: ps.lid,
             sm_lid: ps.sm_lid,
+            sm_gid: ps.sm_gid,
             gids: vec![rt.gid],
             pkeys,
         })

@@ -44,7 +44,8 @@ struct Args {
     /// default], instead of a NIC of srpd's own: other processes (srptd,
     /// srp, rperf) can then use the addresses too. With no daemon there one is
     /// started for the address (`nicd` beside this tool or on PATH); it
-    /// leaves after $NICD_IDLE_EXIT (30s) without a client; the roce fabric only.
+    /// leaves after $NICD_IDLE_EXIT (30s) without a client. With --fabric ib
+    /// the daemon must be one started by hand with `nicd --fabric ib`.
     #[arg(long, value_name = "SOCKET", num_args = 0..=1, default_missing_value = "")]
     nicd: Option<PathBuf>,
     /// The CAs at --ip are our soft iWARP NIC's (RDMA over TCP, what

@@ -102,6 +102,10 @@ struct Live {
     /// device's through the kernel's user MAD interface (`None` where
     /// that cannot start: warned).
     _dm: Option<Arc<DmAgent>>,
+    /// On the NIC daemon's `ib` port: our place on it (its MAD driver;
+    /// the port's SMA is the daemon's). Made anew with the rest when the
+    /// daemon comes back.
+    shared_ib: Option<Arc<IbPort>>,
 }
 
 /// A target's DM agent: the controller's slot, the service answering DM
@@ -157,7 +161,8 @@ pub struct StartOptions {
     pub inline_max: u32,
     /// Run every soft RoCE target on the NIC daemon's NIC at its
     /// address, through the daemon at this socket, instead of a NIC of
-    /// srptd's own (`roce` fabric only).
+    /// srptd's own (on the `ib` fabric the daemon must run
+    /// `--fabric ib`: its SMA runs the port).
     pub nicd: Option<std::path::PathBuf>,
     /// Every `iwarp` target's soft iWARP NIC.
     pub iwarp: iwarp_tcp::NicOptions,
@@ -287,6 +292,7 @@ impl TargetRt {
             cm,
             rdma_cm: None,
             _dm: None,
+            shared_ib: None,
         };
         Ok(TargetRt {
             live: Arc::new(Mutex::new(live)),
@@ -404,7 +410,6 @@ impl TargetRt {
         // What fails here fails on the port's NIC, at its address, unless
         // said otherwise.
         let nic_err = |m: String| (t.ip.span(), "ip", m);
-        let ib = t.fabric == rdma_access::subnet::Fabric::Ib;
         // Every port has its own GUID, from its address (rnic::softroce::ip_guid): on a
         // managed subnet the SM keys LIDs by it, and in either mode it is
         // the target port ID (id_ext and ioc_guid, as ib_srpt's are its
@@ -414,13 +419,6 @@ impl TargetRt {
         // The NIC daemon's NIC at the address, or one of our own.
         let (provider, soft): (Arc<dyn verbs::Provider>, _) = match &opts.nicd {
             Some(socket) => {
-                if ib {
-                    return Err(nic_err(
-                        "the ib fabric needs a soft RoCE NIC of srptd's own (its port's SMA and \
-                         QP0): drop --nicd, or serve this target on the roce fabric"
-                            .into(),
-                    ));
-                }
                 let (p, _) = nicd::connect_at(socket, *t.ip.get_ref()).map_err(nic_err)?;
                 let (live, _) = TargetRt::soft_live(t, n, scsi, &log, opts, p.clone(), None)?;
                 let rt = TargetRt {
@@ -496,8 +494,8 @@ impl TargetRt {
         // The ib personality is set before the CA is first opened: the
         // port, its SMA and MAD driver start here, and the SM's sweep
         // brings it ACTIVE (waited for at the end, once everything serves).
+        let ip = *t.ip.get_ref();
         let ib_port = if let (true, Some(soft)) = (ib, soft) {
-            let ip = *t.ip.get_ref();
             soft.set_personality(guid, rnic::softroce::Personality::Ib)
                 .map_err(|source| {
                     nic_err(IbPortError::Personality { ip, guid, source }.to_string())
@@ -511,6 +509,12 @@ impl TargetRt {
                 tid_base,
             )
             .map_err(|e| nic_err(e.to_string()))?;
+            Some(port)
+        } else if ib {
+            // The NIC daemon's ib port (`nicd --fabric ib`): its SMA is
+            // the daemon's, we take a place at its QP1.
+            let port = IbPort::join(provider.clone(), guid, ip, tid_base)
+                .map_err(|e| nic_err(e.to_string()))?;
             Some(port)
         } else {
             None
@@ -563,6 +567,12 @@ impl TargetRt {
             p.wait_active(std::time::Duration::from_millis(wait))
                 .map_err(|e| (t.sm_wait_ms.span(), "sm_wait_ms", e.to_string()))?;
         }
+        // Our own NIC's port lives with the target; the daemon's is made
+        // anew with the rest after a restart of the daemon.
+        let (ib_port, shared_ib) = match soft {
+            Some(_) => (ib_port, None),
+            None => (None, ib_port.map(Arc::new)),
+        };
         let live = Live {
             port,
             guid,
@@ -574,6 +584,7 @@ impl TargetRt {
                 _dm: dm,
                 _agent: None,
             })),
+            shared_ib,
         };
         Ok((live, ib_port))
     }
@@ -590,7 +601,8 @@ impl TargetRt {
 
     /// The LID the SM gave the port (`ib` fabric only).
     fn lid(&self) -> Option<u16> {
-        self.ib_port.as_ref().map(|p| p.lid())
+        let shared = || lock(&self.live).shared_ib.as_ref().map(|p| p.lid());
+        self.ib_port.as_ref().map(|p| p.lid()).or_else(shared)
     }
 }
 
@@ -681,6 +693,7 @@ fn device_live(
         cm,
         rdma_cm: Some(rdma_cm),
         _dm: dm,
+        shared_ib: None,
     })
 }
 
