@@ -4,7 +4,8 @@
 //! `srptd` (its DM agent and logins at the daemon's QP1), `srp discover
 //! --sa` (the SA's records, then srptd's DM agent), `srpd` (logged in to
 //! srptd by the string discovery printed, its LUN a file under its mount
-//! root) and `rperf server`/`client` all run at once through the daemon.
+//! root) and `rperf server`/`client` all run at once through the daemon;
+//! `saquery --nicd` asks the same SA from the same port.
 //! fio verifies srpd's LUN file while `rperf --verify` runs, and the
 //! daemon lists every one of them among its clients. Without the daemon
 //! each would need an address of its own. Skipped without FUSE or fio (a
@@ -84,6 +85,23 @@ fn sm_target_initiator_discovery_and_rperf_on_one_address() {
         .find(|l| l.starts_with(&format!("id_ext={guid:016x},ioc_guid={guid:016x},dgid=")))
         .unwrap_or_else(|| panic!("no login string for srptd's port: {out}"))
         .to_string();
+
+    // saquery at the daemon's port: its SA by default (the port's SM),
+    // which lists the port as one with device management (srptd's).
+    let q = Command::new(bin_of("saquery"))
+        .args(["--nicd"])
+        .arg(&sock)
+        .args(["--ip", IP, "ports", "--dm"])
+        .output()
+        .unwrap();
+    let out = text(&q);
+    assert!(q.status.success(), "{out}");
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("1 ") && l.contains("ACTIVE")),
+        "{out}"
+    );
+    assert!(out.contains("1 port records"), "{out}");
 
     // srpd logs in by that string, along the SA's path.
     let dir = std::env::temp_dir().join(format!("nicd_one_address-{}", std::process::id()));
@@ -205,6 +223,20 @@ fn the_ib_fabric_on_a_roce_daemon_is_refused_in_words() {
         .unwrap();
     assert!(!found.status.success());
     assert!(text(&found).contains(want), "{}", text(&found));
+    // saquery has no SM to default to there.
+    let q = Command::new(bin_of("saquery"))
+        .arg("--nicd")
+        .arg(&sock)
+        .args(["--ip", "127.97.0.2", "nodes"])
+        .output()
+        .unwrap();
+    assert!(!q.status.success());
+    assert!(
+        text(&q).contains("the NIC daemon's port at 127.97.0.2 knows no SM")
+            && text(&q).contains("give --sa ADDRESS"),
+        "{}",
+        text(&q)
+    );
     drop(nicd);
     let _ = std::fs::remove_file(&sock);
 }

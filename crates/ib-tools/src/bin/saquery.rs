@@ -2,7 +2,10 @@
 //! infiniband-diags' saquery does: nodes, ports (LID, state, MTU,
 //! capabilities: the ibstat view of every port of the fabric), paths and
 //! services. It opens a soft RoCE NIC of its own on `--ip` (which must be
-//! free) and sends SA MADs from its QP1.
+//! free) and sends SA MADs from its QP1, or with `--nicd` takes a place
+//! at the QP1 of the NIC daemon's port at `--ip` (where, on `nicd
+//! --fabric ib`, the SA is the one that manages that port unless `--sa`
+//! says otherwise).
 
 #![forbid(unsafe_code)]
 
@@ -22,12 +25,19 @@ use std::process::ExitCode;
     about = "Query the subnet administrator (ibsm run)"
 )]
 struct Cli {
-    /// Address of the SA's port (where `ibsm run` listens).
-    #[arg(long)]
-    sa: IpAddr,
-    /// Address of our own soft RoCE NIC for the query.
+    /// Address of the SA's port (where `ibsm run` listens). With --nicd
+    /// on a managed port: the SA of its SM by default.
+    #[arg(long, required_unless_present = "nicd")]
+    sa: Option<IpAddr>,
+    /// Address of our own soft RoCE NIC for the query (with --nicd: of
+    /// the daemon's NIC).
     #[arg(long, default_value = "127.0.0.9")]
     ip: IpAddr,
+    /// Query through the NIC daemon's NIC at --ip, through its socket
+    /// SOCKET [default: $NICD_SOCKET, else nicd's default], instead of a
+    /// NIC of our own (the address may then be in use by others).
+    #[arg(long, value_name = "SOCKET", num_args = 0..=1, default_missing_value = "")]
+    nicd: Option<std::path::PathBuf>,
     /// RoCEv2 UDP port.
     #[arg(long, default_value_t = 4791)]
     udp_port: u16,
@@ -108,23 +118,66 @@ fn fmt_gid(g: Gid) -> String {
         .join(":")
 }
 
-fn run(cli: Cli) -> Result<(), String> {
-    let guid = Guid(0x0002_c903_00ee_0000 | u64::from(std::process::id() & 0xffff));
-    let provider = SoftRoce::with_options(
-        vec![SoftCa { guid, ip: cli.ip }],
-        cli.udp_port,
-        Mtu::Mtu4096,
-        NicOptions::from_env().map_err(|e| e.to_string())?,
+/// Our MAD driver for the queries and the SA's GID: on a NIC of our own,
+/// or at the NIC daemon's port (`--nicd`).
+fn port(cli: &Cli) -> Result<(std::sync::Arc<CmAgent>, Option<Gid>), String> {
+    let first_comm_id = std::process::id() << 8;
+    let Some(socket) = &cli.nicd else {
+        let guid = Guid(0x0002_c903_00ee_0000 | u64::from(std::process::id() & 0xffff));
+        let provider = SoftRoce::with_options(
+            vec![SoftCa { guid, ip: cli.ip }],
+            cli.udp_port,
+            Mtu::Mtu4096,
+            NicOptions::from_env().map_err(|e| e.to_string())?,
+        );
+        let agent = CmAgent::start(provider, guid, first_comm_id)
+            .map_err(|e| format!("open our NIC on {}: {e}", cli.ip))?;
+        return Ok((agent, cli.sa.map(Gid::from_ip)));
+    };
+    let socket = nicd::socket_for(socket);
+    let (p, guid) = nicd::connect_at(&socket, cli.ip)?;
+    eprintln!(
+        "saquery: NIC: the NIC daemon's at {}, through {}",
+        cli.ip,
+        socket.display()
     );
-    let agent = CmAgent::start(provider, guid, std::process::id() << 8)
-        .map_err(|e| format!("open our NIC on {}: {e}", cli.ip))?;
+    let provider: std::sync::Arc<dyn verbs::Provider> = p;
+    // Its SM's address as the port's SMA (the daemon's) keeps it.
+    let ca = provider
+        .open_ca(guid, 0, std::sync::Arc::new(verbs::IgnoreEvents))
+        .map_err(|e| format!("{}: {e}", cli.ip))?;
+    let sm_gid = provider
+        .query_port(ca, rdma_types::PortNum(1))
+        .map(|a| a.sm_gid)
+        .unwrap_or(None);
+    let _ = provider.close_ca(ca);
+    // QP1 only: the port's QP0 is its SMA's.
+    let agent = CmAgent::start_without_qp0(provider, guid, first_comm_id)
+        .map_err(|e| format!("the NIC daemon's port at {}: {e}", cli.ip))?;
+    let sa = match cli.sa {
+        Some(ip) => Gid::from_ip(ip),
+        None => sm_gid.ok_or_else(|| {
+            format!(
+                "the NIC daemon's port at {} knows no SM (not managed yet, or the daemon \
+                 serves the roce fabric): give --sa ADDRESS",
+                cli.ip
+            )
+        })?,
+    };
+    Ok((agent, Some(sa)))
+}
+
+fn run(cli: Cli) -> Result<(), String> {
+    let (agent, sa_gid) = port(&cli)?;
+    // clap requires --sa without --nicd.
+    let sa_gid = sa_gid.ok_or("give --sa ADDRESS")?;
     let timing = SaTiming {
         timeout: cli.timeout_ms.max(std::time::Duration::from_millis(1)),
         ..SaTiming::default()
     };
-    let sa = SaClient::new(&agent, Gid::from_ip(cli.sa), timing)
-        .map_err(|e| format!("SA client: {e}"))?;
-    let q = |e: rdma_access::sa::SaError| format!("SA at {}: {e}", cli.sa);
+    let sa = SaClient::new(&agent, sa_gid, timing).map_err(|e| format!("SA client: {e}"))?;
+    let sa_name = sa_gid.to_ip();
+    let q = |e: rdma_access::sa::SaError| format!("SA at {sa_name}: {e}");
     match cli.cmd {
         Cmd::Nodes { lid } => {
             let recs = sa.node_records(lid).map_err(q)?;
