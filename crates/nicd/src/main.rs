@@ -102,9 +102,16 @@ fn main() -> ExitCode {
     }
     let server = nicd::Server::with_limits(provider.clone(), limits);
     // A client (root or this user) may have it serve another address (on
-    // a `roce` fabric: an `ib` port would need its SMA started too).
-    if args.fabric == Fabric::Roce {
-        server.add_nics_with(Arc::new(provider));
+    // an `ib` fabric with the port's SMA, once the SMAs run).
+    let ib_nics = (args.fabric == Fabric::Ib).then(|| {
+        Arc::new(IbNics {
+            soft: provider.clone(),
+            smas: std::sync::OnceLock::new(),
+        })
+    });
+    match &ib_nics {
+        Some(n) => server.add_nics_with(n.clone()),
+        None => server.add_nics_with(Arc::new(provider)),
     }
     server.set_ring_spin(std::time::Duration::from_micros(args.ring_spin_us));
     // A daemon started on demand may follow one that is leaving for
@@ -144,7 +151,12 @@ fn main() -> ExitCode {
     if args.fabric == Fabric::Ib {
         match Smas::start(&socket, &ips) {
             // A subnet manager through the daemon borrows its port's QP0.
-            Ok(smas) => server.keep_qp0_with(smas),
+            Ok(smas) => {
+                server.keep_qp0_with(smas.clone());
+                if let Some(n) = &ib_nics {
+                    let _ = n.smas.set(smas);
+                }
+            }
             Err(e) => {
                 eprintln!("nicd: the ib fabric's SMAs: {e}");
                 let _ = std::fs::remove_file(&socket);
@@ -161,13 +173,46 @@ fn main() -> ExitCode {
     ExitCode::SUCCESS
 }
 
+/// NICs added to an `ib` fabric: in the `ib` personality, each with its
+/// port's SMA once the daemon serves it.
+struct IbNics {
+    soft: Arc<SoftRoce>,
+    smas: std::sync::OnceLock<Arc<Smas>>,
+}
+
+impl nicd::server::AddNics for IbNics {
+    fn add(&self, ip: IpAddr) -> verbs::Result<rdma_types::Guid> {
+        let guid = nicd::server::AddNics::add(&self.soft, ip)?;
+        if let Err(e) = self.soft.set_personality(guid, Personality::Ib) {
+            nicd::server::AddNics::forget(&self.soft, guid);
+            return Err(e);
+        }
+        Ok(guid)
+    }
+
+    fn forget(&self, guid: rdma_types::Guid) {
+        nicd::server::AddNics::forget(&self.soft, guid);
+    }
+
+    fn added(&self, ip: IpAddr, _guid: rdma_types::Guid) {
+        let Some(smas) = self.smas.get() else {
+            tracing::warn!("nicd: {ip} added before the SMAs started: no SMA on its port");
+            return;
+        };
+        match smas.add(ip) {
+            Ok(()) => tracing::info!("nicd: the SMA of {ip} runs"),
+            Err(e) => tracing::warn!("nicd: the SMA of {ip} did not start: {e}"),
+        }
+    }
+}
+
 /// The SMA of the port of each address (`--fabric ib`): an
 /// [`rdma_access::IbNode`] on the daemon's NIC through a client of the
 /// daemon, holding the port's QP0 except while a subnet manager of the
 /// port (a privileged client) borrows it.
 struct Smas {
     client: Arc<nicd::NicdProvider>,
-    ips: Vec<IpAddr>,
+    ips: std::sync::Mutex<Vec<IpAddr>>,
     nodes: std::sync::Mutex<std::collections::HashMap<rdma_types::Guid, rdma_access::IbNode>>,
     /// Ports where a client serves device management (their SMA says so
     /// again when it starts anew after lending its QP0).
@@ -181,7 +226,7 @@ impl Smas {
         let client = nicd::NicdProvider::connect(socket).map_err(|e| e.to_string())?;
         let smas = Arc::new(Smas {
             client,
-            ips: ips.to_vec(),
+            ips: std::sync::Mutex::new(ips.to_vec()),
             nodes: std::sync::Mutex::new(std::collections::HashMap::new()),
             dm: std::sync::Mutex::new(std::collections::HashMap::new()),
         });
@@ -191,9 +236,27 @@ impl Smas {
         Ok(smas)
     }
 
+    /// Starts the SMA of an address added to the daemon.
+    fn add(&self, ip: IpAddr) -> Result<(), String> {
+        {
+            let mut ips = self.ips.lock().unwrap_or_else(|e| e.into_inner());
+            if ips.contains(&ip) {
+                return Ok(());
+            }
+            ips.push(ip);
+        }
+        self.start_one(ip)
+    }
+
     fn start_one(&self, ip: IpAddr) -> Result<(), String> {
         let guid = rnic::softroce::ip_guid(ip);
-        let k = self.ips.iter().position(|i| *i == ip).unwrap_or(0) as u32;
+        let k = self
+            .ips
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .position(|i| *i == ip)
+            .unwrap_or(0) as u32;
         // Communication IDs of their own, apart from the clients'.
         let first_comm_id = 0x7e00_0000 | (k << 16);
         let dm = self
@@ -249,12 +312,14 @@ impl nicd::server::Qp0Keeper for Smas {
     }
 
     fn take_back(&self, guid: rdma_types::Guid) {
-        let Some(ip) = self
+        let ip = self
             .ips
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
             .iter()
             .copied()
-            .find(|ip| rnic::softroce::ip_guid(*ip) == guid)
-        else {
+            .find(|ip| rnic::softroce::ip_guid(*ip) == guid);
+        let Some(ip) = ip else {
             return;
         };
         match self.start_one(ip) {
@@ -275,13 +340,16 @@ fn leave_when_idle(
     idle: std::time::Duration,
 ) {
     let long = std::time::Duration::from_secs(3600);
+    // The daemon's own clients (an `ib` fabric's SMAs) are not users.
+    let own = std::process::id() as i32;
+    let none = move |c: &[nicd::proto::ClientReport]| c.iter().all(|r| r.peer.pid == own);
     let spawned = std::thread::Builder::new()
         .name("nicd-idle".into())
         .spawn(move || loop {
-            if !server.wait_until(long, |c, _| c.is_empty()) {
+            if !server.wait_until(long, |c, _| none(c)) {
                 continue;
             }
-            if server.wait_until(idle, |c, _| !c.is_empty()) {
+            if server.wait_until(idle, |c, _| !none(c)) {
                 continue;
             }
             let lock = match nicd::ondemand::lock(&socket) {
@@ -291,7 +359,7 @@ fn leave_when_idle(
                     continue;
                 }
             };
-            if !server.clients().is_empty() {
+            if !none(&server.clients()) {
                 continue;
             }
             let _ = std::fs::remove_file(&socket);

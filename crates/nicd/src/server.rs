@@ -176,6 +176,12 @@ pub trait AddNics: Send + Sync {
     fn add(&self, ip: std::net::IpAddr) -> Result<rdma_types::Guid>;
     /// Takes back a NIC [`AddNics::add`] made that would not open.
     fn forget(&self, guid: rdma_types::Guid);
+    /// The NIC at `ip` that [`AddNics::add`] made is served now (the
+    /// daemon holds it open): what runs on its port may start (an `ib`
+    /// port's SMA).
+    fn added(&self, ip: std::net::IpAddr, guid: rdma_types::Guid) {
+        let _ = (ip, guid);
+    }
 }
 
 /// The soft RoCE NICs: one at each address, named by it
@@ -540,7 +546,9 @@ impl Server {
         {
             Ok(ca) => {
                 claimed.push((guid, ca));
+                drop(claimed);
                 tracing::info!("nicd: serving a NIC at {ip} ({guid:?}) from now on");
+                maker.added(ip, guid);
                 Ok(guid)
             }
             Err(e) => {
