@@ -12,8 +12,8 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::process::ExitCode;
 
 /// Tests compatible with perftest's ib_write_bw, ib_read_bw, ib_send_bw,
-/// ib_atomic_bw and ib_atomic_lat (RC over RoCEv2, perftest's TCP
-/// exchange).
+/// ib_atomic_bw and ib_atomic_lat (RC over RoCEv2 or iWARP, perftest's
+/// TCP exchange or its RDMA CM mode).
 #[derive(Parser)]
 #[command(name = "rperftest", version)]
 struct Cli {
@@ -28,9 +28,14 @@ struct Cli {
     bind: Option<IpAddr>,
     #[command(flatten)]
     device: DeviceArgs,
-    /// TCP port of the exchange.
+    /// TCP port of the exchange (with -R: the RDMA CM port).
     #[arg(short = 'p', long, default_value_t = DEFAULT_PORT)]
     port: u16,
+    /// perftest's RDMA CM mode: connect through RDMA CM and swap the
+    /// exchange as SENDs on a connection of its own (what perftest needs
+    /// over iWARP). Both sides must give it.
+    #[arg(short = 'R', long = "rdma_cm")]
+    rdma_cm: bool,
     /// RoCEv2 UDP port (4791 everywhere but in tests).
     #[arg(long, default_value_t = 4791)]
     udp_port: u16,
@@ -115,6 +120,7 @@ fn main() -> ExitCode {
         bind: cli.bind.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED)),
         server: cli.server,
         port: cli.port,
+        rdma_cm: cli.rdma_cm,
         size: cli
             .size
             .unwrap_or(if cli.verb == Verb::Atomic { 8 } else { 65536 }),

@@ -75,6 +75,7 @@
 //! socket and the soft RoCE NIC (`rnic::softroce`).
 
 pub mod atomic;
+mod cm;
 
 pub use atomic::AtomicOp;
 use atomic::{AtomicModel, ATOMIC_SIZE};
@@ -86,6 +87,8 @@ mod report;
 mod session;
 mod traffic;
 
+use cm::CmLink;
+pub use cm::DEST_BIN_LEN;
 pub use exchange::*;
 use nic::*;
 pub use report::*;
@@ -229,8 +232,13 @@ pub enum Step {
     Check,
     /// Swap the five report fields.
     Reports,
-    /// Write `"done\0"` and close.
+    /// Write `"done\0"` and close (RDMA CM mode: disconnect).
     Done,
+    /// RDMA CM mode: swap zeroed dest structs (the fences around the
+    /// test's connection).
+    Fence,
+    /// RDMA CM mode: connect the test's QP through RDMA CM.
+    CmConnect,
 }
 
 /// The steps of a test, in order, as perftest's tools run them
@@ -270,6 +278,17 @@ pub fn script(verb: Verb, latency: bool, client: bool) -> &'static [Step] {
             Version, SysData, Mtu, Dest, Connect, Dest, Dest, Run, Dest, Reports, Check, Dest, Done,
         ],
     }
+}
+
+/// The steps of a test: [`script`], with perftest's RDMA CM mode's
+/// connection of the test QP (`rdma_cm`) fenced in after the MTU swap.
+pub fn steps(verb: Verb, latency: bool, client: bool, rdma_cm: bool) -> Vec<Step> {
+    let mut s = script(verb, latency, client).to_vec();
+    if rdma_cm {
+        let at = s.iter().position(|x| *x == Step::Mtu).map_or(0, |i| i + 1);
+        s.splice(at..at, [Step::Fence, Step::CmConnect, Step::Fence]);
+    }
+    s
 }
 
 /// Where message `k` lands in a buffer, relative to its start: perftest's
@@ -333,8 +352,11 @@ pub struct PerftestConfig {
     pub bind: IpAddr,
     /// The server to connect to; `None` serves.
     pub server: Option<IpAddr>,
-    /// TCP port of the exchange.
+    /// TCP port of the exchange (RDMA CM mode: the RDMA CM port).
     pub port: u16,
+    /// perftest's RDMA CM mode (`-R`): the exchange and the test's QP
+    /// connect through RDMA CM.
+    pub rdma_cm: bool,
     /// Message size (`-s`).
     pub size: usize,
     /// Messages (`-n`; at most, with `duration`).
@@ -442,6 +464,12 @@ impl PerftestConfig {
                 )));
             }
         }
+        if self.rdma_cm && (self.verb == Verb::Atomic || self.latency) {
+            return Err(PerftestError::Usage(
+                "-R (RDMA CM) works with write, read and send; atomics use perftest's TCP exchange"
+                    .into(),
+            ));
+        }
         if let Some(d) = self.duration {
             if self.verb == Verb::Send {
                 return Err(PerftestError::Usage(
@@ -481,34 +509,45 @@ pub fn run(cfg: &PerftestConfig) -> Result<PerftestReport, PerftestError> {
     // said at once.
     let dev = crate::device::Nic::open(&cfg.nic).map_err(PerftestError::Device)?;
     let client = cfg.server.is_some();
-    let stream = if let Some(server) = cfg.server {
-        let to = SocketAddr::new(server, cfg.port);
-        TcpStream::connect_timeout(&to, cfg.timeout)
-            .map_err(|e| PerftestError::Io(format!("connect to {to}"), e))?
-    } else {
-        let at = SocketAddr::new(cfg.bind, cfg.port);
-        let l =
-            TcpListener::bind(at).map_err(|e| PerftestError::Io(format!("listen on {at}"), e))?;
+    let waiting = || {
         println!();
         println!("************************************");
         println!("* Waiting for client to connect... *");
         println!("************************************");
         let _ = std::io::stdout().flush();
-        accept_within(&l, cfg.timeout, &cfg.stop).map_err(|e| match e.kind() {
-            std::io::ErrorKind::Interrupted => PerftestError::Interrupted,
-            _ => PerftestError::Io(format!("accept on {at}"), e),
-        })?
     };
-    let io = |e| PerftestError::Io("socket options".into(), e);
-    stream
-        .set_read_timeout(Some(crate::STOP_POLL))
-        .map_err(io)?;
-    stream.set_write_timeout(Some(cfg.timeout)).map_err(io)?;
-    stream.set_nodelay(true).map_err(io)?;
+    let chan = if cfg.rdma_cm {
+        if !client {
+            waiting();
+        }
+        Chan::Cm(Box::new(CmLink::open(cfg, &dev)?))
+    } else {
+        let stream = if let Some(server) = cfg.server {
+            let to = SocketAddr::new(server, cfg.port);
+            TcpStream::connect_timeout(&to, cfg.timeout)
+                .map_err(|e| PerftestError::Io(format!("connect to {to}"), e))?
+        } else {
+            let at = SocketAddr::new(cfg.bind, cfg.port);
+            let l = TcpListener::bind(at)
+                .map_err(|e| PerftestError::Io(format!("listen on {at}"), e))?;
+            waiting();
+            accept_within(&l, cfg.timeout, &cfg.stop).map_err(|e| match e.kind() {
+                std::io::ErrorKind::Interrupted => PerftestError::Interrupted,
+                _ => PerftestError::Io(format!("accept on {at}"), e),
+            })?
+        };
+        let io = |e| PerftestError::Io("socket options".into(), e);
+        stream
+            .set_read_timeout(Some(crate::STOP_POLL))
+            .map_err(io)?;
+        stream.set_write_timeout(Some(cfg.timeout)).map_err(io)?;
+        stream.set_nodelay(true).map_err(io)?;
+        Chan::Tcp(stream)
+    };
     let mut s = Session {
         cfg,
         link: Link {
-            s: stream,
+            chan,
             client,
             timeout: cfg.timeout,
             stop: cfg.stop.clone(),
@@ -533,7 +572,7 @@ pub fn run(cfg: &PerftestConfig) -> Result<PerftestReport, PerftestError> {
     // reports what completed) or in a wait for the peer.
     let mut interrupted = false;
     let mut result = Ok(());
-    for &step in script(cfg.verb, cfg.latency, client) {
+    for step in steps(cfg.verb, cfg.latency, client, cfg.rdma_cm) {
         interrupted = cfg.stop.load(Ordering::Relaxed);
         if interrupted {
             break;
@@ -545,6 +584,10 @@ pub fn run(cfg: &PerftestConfig) -> Result<PerftestReport, PerftestError> {
         }
     }
     let counters = s.nic.as_ref().and_then(|n| n.dev.soft_counters());
+    // The exchange's QP before the CA closes with the test's objects.
+    if let Chan::Cm(l) = &mut s.link.chan {
+        l.close();
+    }
     if let Some(n) = s.nic.take() {
         n.close();
     }
@@ -831,6 +874,7 @@ mod tests {
             bind: "127.0.0.1".parse().unwrap(),
             server: None,
             port: DEFAULT_PORT,
+            rdma_cm: false,
             size: 8,
             iters: 1000,
             duration: None,

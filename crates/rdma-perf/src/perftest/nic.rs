@@ -3,11 +3,18 @@
 
 use super::*;
 
-/// The TCP link, with perftest's swap rule.
+/// How the exchange travels.
+pub(super) enum Chan {
+    /// perftest's TCP socket. Read with a short timeout
+    /// ([`crate::STOP_POLL`]), so a wait for the peer sees the stop flag.
+    Tcp(TcpStream),
+    /// RDMA CM mode (`-R`): SENDs on a QP of its own.
+    Cm(Box<CmLink>),
+}
+
+/// The link to the peer, with perftest's swap rule.
 pub(super) struct Link {
-    /// Read with a short timeout ([`crate::STOP_POLL`]), so a wait for
-    /// the peer sees the stop flag.
-    pub(super) s: TcpStream,
+    pub(super) chan: Chan,
     pub(super) client: bool,
     /// How long the peer may be silent.
     pub(super) timeout: Duration,
@@ -21,6 +28,10 @@ impl Link {
         len: usize,
         what: &str,
     ) -> Result<Vec<u8>, PerftestError> {
+        let s = match &mut self.chan {
+            Chan::Tcp(s) => s,
+            Chan::Cm(l) => return l.swap(self.client, mine, len, what, self.timeout, &self.stop),
+        };
         let mut theirs = vec![0u8; len];
         let io = |e: std::io::Error| {
             if e.kind() == std::io::ErrorKind::Interrupted {
@@ -44,43 +55,49 @@ impl Link {
                 PerftestError::Io(format!("swapping {what}"), e)
             }
         };
+        let stop = &*self.stop;
         if self.client {
-            self.s.write_all(mine).map_err(io)?;
-            self.read_exact(&mut theirs).map_err(io)?;
+            s.write_all(mine).map_err(io)?;
+            read_exact(s, &mut theirs, self.timeout, stop).map_err(io)?;
         } else {
-            self.read_exact(&mut theirs).map_err(io)?;
-            self.s.write_all(mine).map_err(io)?;
+            read_exact(s, &mut theirs, self.timeout, stop).map_err(io)?;
+            s.write_all(mine).map_err(io)?;
         }
         Ok(theirs)
     }
+}
 
-    /// Fills `buf` from the peer: `TimedOut` after `timeout` without a
-    /// byte, `Interrupted` once the stop flag is set.
-    fn read_exact(&mut self, buf: &mut [u8]) -> std::io::Result<()> {
-        use std::io::ErrorKind;
-        let mut got = 0;
-        let mut last = Instant::now();
-        while got < buf.len() {
-            match self.s.read(&mut buf[got..]) {
-                Ok(0) => return Err(ErrorKind::UnexpectedEof.into()),
-                Ok(n) => {
-                    got += n;
-                    last = Instant::now();
-                }
-                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
-                    if self.stop.load(Ordering::Relaxed) {
-                        return Err(ErrorKind::Interrupted.into());
-                    }
-                    if last.elapsed() >= self.timeout {
-                        return Err(e);
-                    }
-                }
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
+/// Fills `buf` from the peer: `TimedOut` after `timeout` without a
+/// byte, `Interrupted` once the stop flag is set.
+fn read_exact(
+    s: &mut TcpStream,
+    buf: &mut [u8],
+    timeout: Duration,
+    stop: &AtomicBool,
+) -> std::io::Result<()> {
+    use std::io::ErrorKind;
+    let mut got = 0;
+    let mut last = Instant::now();
+    while got < buf.len() {
+        match s.read(&mut buf[got..]) {
+            Ok(0) => return Err(ErrorKind::UnexpectedEof.into()),
+            Ok(n) => {
+                got += n;
+                last = Instant::now();
             }
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                if stop.load(Ordering::Relaxed) {
+                    return Err(ErrorKind::Interrupted.into());
+                }
+                if last.elapsed() >= timeout {
+                    return Err(e);
+                }
+            }
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
         }
-        Ok(())
     }
+    Ok(())
 }
 
 /// The verbs objects of one test.
@@ -208,13 +225,8 @@ impl Nic {
         self.mem.addr() + self.half as u64
     }
 
-    pub(super) fn connect(
-        &self,
-        verb: Verb,
-        mine: &Dest,
-        peer: &Dest,
-        mtu: Mtu,
-    ) -> Result<(), PerftestError> {
+    /// The QP to INIT with the access the test needs.
+    pub(super) fn init(&self, verb: Verb) -> Result<(), PerftestError> {
         let access = match verb {
             Verb::Write => AccessFlags::REMOTE_WRITE,
             Verb::Read => AccessFlags::REMOTE_READ,
@@ -235,7 +247,22 @@ impl Nic {
                 access: Some(access),
                 ..Default::default()
             },
-        )?;
+        )
+    }
+
+    pub(super) fn connect(
+        &self,
+        verb: Verb,
+        mine: &Dest,
+        peer: &Dest,
+        mtu: Mtu,
+    ) -> Result<(), PerftestError> {
+        self.init(verb)?;
+        let step = |what: &str, attr: QpAttr| {
+            self.p
+                .modify_qp(self.qp, &attr)
+                .map_err(|e| PerftestError::Setup(format!("QP to {what}: {e}")))
+        };
         step(
             "RTR",
             QpAttr {

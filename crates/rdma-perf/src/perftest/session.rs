@@ -119,10 +119,17 @@ impl Session<'_> {
             }
             Step::Dest => {
                 let m = *need(&self.mine, "our dest")?;
-                let theirs = self.link.swap(&m.to_msg(), DEST_LEN, "QP addresses")?;
-                let d = Dest::from_msg(&theirs)?;
+                let d = if cfg.rdma_cm {
+                    let theirs = self.link.swap(&m.to_bin(), DEST_BIN_LEN, "QP addresses")?;
+                    Dest::from_bin(&theirs)?
+                } else {
+                    let theirs = self.link.swap(&m.to_msg(), DEST_LEN, "QP addresses")?;
+                    Dest::from_msg(&theirs)?
+                };
                 if self.peer.is_none() {
-                    if d.gid.is_ipv4_mapped() != m.gid.is_ipv4_mapped() {
+                    // With RDMA CM perftest checks no GID types (the CM
+                    // found the path; an iWARP GID is no address).
+                    if !cfg.rdma_cm && d.gid.is_ipv4_mapped() != m.gid.is_ipv4_mapped() {
                         return Err(bad(format!(
                             "GID types differ (ours {}, the peer's {}): use an IPv4 GID on both sides (-x)",
                             m.gid, d.gid
@@ -131,12 +138,30 @@ impl Session<'_> {
                     self.peer = Some(d);
                 }
             }
+            Step::Fence => {
+                self.link.swap(
+                    &[0u8; DEST_BIN_LEN],
+                    DEST_BIN_LEN,
+                    "the fence around the test's RDMA CM connection",
+                )?;
+            }
+            Step::CmConnect => {
+                let n = need(&self.nic, "the NIC")?;
+                n.init(cfg.verb)?;
+                let Chan::Cm(l) = &mut self.link.chan else {
+                    return Err(bad("internal: an RDMA CM step without RDMA CM"));
+                };
+                l.connect_test(cfg, n)?;
+            }
             Step::Connect => {
                 let (m, d) = (
                     *need(&self.mine, "our dest")?,
                     *need(&self.peer, "the peer's dest")?,
                 );
-                need(&self.nic, "the NIC")?.connect(cfg.verb, &m, &d, self.mtu)?;
+                // With RDMA CM the CM connected the QP already.
+                if !cfg.rdma_cm {
+                    need(&self.nic, "the NIC")?.connect(cfg.verb, &m, &d, self.mtu)?;
+                }
                 self.print_header(&m, &d);
             }
             Step::PostReceives => {
@@ -203,12 +228,17 @@ impl Session<'_> {
             }
             Step::Done => {
                 println!("{RESULT_LINE}");
-                // perftest writes "done" and closes without reading; read
-                // the peer's so neither side sees a reset.
-                let _ = self.link.s.write_all(b"done\0");
-                let mut tail = [0u8; 5];
-                let _ = self.link.s.set_read_timeout(Some(Duration::from_secs(2)));
-                let _ = self.link.s.read_exact(&mut tail);
+                match &mut self.link.chan {
+                    // perftest writes "done" and closes without reading;
+                    // read the peer's so neither side sees a reset.
+                    Chan::Tcp(s) => {
+                        let _ = s.write_all(b"done\0");
+                        let mut tail = [0u8; 5];
+                        let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+                        let _ = s.read_exact(&mut tail);
+                    }
+                    Chan::Cm(l) => l.finish(self.link.client, cfg.timeout),
+                }
             }
         }
         Ok(())
