@@ -15,12 +15,21 @@
 #     there as a v4-mapped address that RDMA CM cannot translate to a
 #     device, so it refuses every IPv4 login (no private data) before
 #     ib_srpt sees it.
+#  4. perftest's ib_write_bw and ib_read_bw with -R (RDMA CM: on iWARP
+#     the exchange rides SENDs on a connection of its own) on siw against
+#     our rperftest --iwarp -R, both roles, 64 KiB x 100: both sides must
+#     print a bandwidth line for exactly that size and count; our WRITE
+#     server checks every slot was written, our READ client that repeated
+#     READs of a slot brought back the same bytes, our READ server that its
+#     source was not written.
 # The capture must decode as MPA/DDP/RDMAP (tshark's iwarp_mpa and
 # iwarp_ddp_rdmap) with nothing malformed and no expert errors.
-# perftest's ib_write_bw/ib_read_bw need RDMA CM (-R) on iWARP, which our
-# rperftest does not speak: not run here.
 # Needs the binaries: cargo build --release -p rdma-perf -p srptd -p srp-cli
-# (RRPING, SRPTD, SRP_CLI override).
+# (RRPING, SRPTD, SRP_CLI, RPERFTEST override).
+
+# perftest_bw_line and RPERFTEST.
+# shellcheck source=perftest-ours.sh
+. "$(dirname "${BASH_SOURCE[0]}")/perftest-ours.sh"
 
 SCENARIO_VMS=("a 11 siw")
 SCENARIO_GUEST_TIMEOUT=900
@@ -34,6 +43,12 @@ BIN=${CARGO_TARGET_DIR:-$INTEROP_DIR/../target}/release
 RRPING=${RRPING:-$BIN/rrping}
 SRPTD=${SRPTD:-$BIN/srptd}
 SRP_CLI=${SRP_CLI:-$BIN/srp}
+# perftest over iWARP: test:size:iterations, in this order in both roles.
+SIW_PERFTEST_RUNS="write:65536:100 read:65536:100"
+# What our -R client says while perftest's server is not listening yet.
+SIW_PERFTEST_NOT_UP='^rperftest: NIC setup failed: RDMA CM connect for the exchange to .*(refused|[Nn]o route|unreachable|timed out)'
+# What perftest's -R client says while ours is not listening yet.
+SIW_LINUX_NOT_UP='Unexpected CM event|Unable to perform rdma_client function'
 # LIO's target port ID: siw0's node GUID, EUI-64 of VM a's MAC.
 LIO_GUID=505400fffe77000b
 # Our initiator port at fd77::3: initiator_ext 1 and the GUID of its
@@ -49,6 +64,7 @@ host_main() {
   [ -x "$RRPING" ] || { echo "missing $RRPING: run cargo build --release -p rdma-perf"; return 1; }
   [ -x "$SRPTD" ] || { echo "missing $SRPTD: run cargo build --release -p srptd"; return 1; }
   [ -x "$SRP_CLI" ] || { echo "missing $SRP_CLI: run cargo build --release -p srp-cli"; return 1; }
+  [ -x "$RPERFTEST" ] || { echo "missing $RPERFTEST: run cargo build --release -p rdma-perf"; return 1; }
   ns_add_ip 10.77.0.2
   # Round 1: Linux rping serves on siw; retry while the VM boots (a TCP
   # connect refused or unanswered), never a validation.
@@ -64,6 +80,7 @@ host_main() {
   cat "$RUN_DIR/rping2.txt"
   grep -q "rrping: 10 pings" "$RUN_DIR/rping2.txt" || { host_fail "our server did not serve 10 pings"; return 1; }
   echo "rping round 2 passed: rping client on siw, our server (iWARP)"
+  siw_perftest_host || return 1
   # The SRP target for the guest's ib_srp.
   ns_bg srptd 900 "$SRPTD" --iwarp --ip 10.77.0.2 --ram-mib 32 --rdma-cm-port 5555 \
     --control-socket "$RUN_DIR/srptd.sock"
@@ -95,6 +112,62 @@ host_main() {
   ns_tell 10.77.0.11 7001 done
   [ $ok = 1 ] || return 1
   echo "our srp io --iwarp: verified I/O against LIO ib_srpt on siw"
+}
+
+# Rounds 3 and 4: perftest -R on siw serves, our client runs each test;
+# then we serve and its client runs them.
+siw_perftest_host() {
+  local run op size n out
+  for run in $SIW_PERFTEST_RUNS; do
+    IFS=: read -r op size n <<< "$run"
+    out=$RUN_DIR/perftest-ours-client-$op.txt
+    retry_if_not_up 300 "rperftest $op --iwarp -R client" "$SIW_PERFTEST_NOT_UP" "$out" \
+      ns_run 120 "$RPERFTEST" "$op" 10.77.0.11 --iwarp --bind 10.77.0.2 -R -F --report_gbits \
+        --timeout 60 -s "$size" -n "$n" || return 1
+    perftest_bw_line "$out" "$size" "$n" > /dev/null ||
+      { host_fail "our $op -R client printed no bandwidth"; return 1; }
+    echo "perftest round 3 $op passed: our client (iWARP, -R), ib_${op}_bw -R server on siw: $(perftest_bw_line "$out" "$size" "$n")"
+  done
+  grep -q "every READ of a slot brought back the same bytes" "$RUN_DIR/perftest-ours-client-read.txt" ||
+    { host_fail "our READ client did not check what the READs brought back"; return 1; }
+  for run in $SIW_PERFTEST_RUNS; do
+    IFS=: read -r op size n <<< "$run"
+    out=$RUN_DIR/perftest-ours-server-$op.txt
+    ns_run 400 "$RPERFTEST" "$op" --iwarp --bind 10.77.0.2 -R -F --report_gbits --timeout 300 \
+        -s "$size" -n "$n" > "$out" 2>&1 || { cat "$out"; host_fail "our $op -R server failed"; return 1; }
+    cat "$out"
+    perftest_bw_line "$out" "$size" "$n" > /dev/null ||
+      { host_fail "our $op -R server printed no bandwidth"; return 1; }
+    echo "perftest round 4 $op passed: ib_${op}_bw -R client on siw, our server (iWARP, -R): $(perftest_bw_line "$out" "$size" "$n")"
+  done
+  grep -q "verified: all .* written" "$RUN_DIR/perftest-ours-server-write.txt" ||
+    { host_fail "our WRITE server did not check the written slots"; return 1; }
+}
+
+# perftest -R on siw: servers for our client, then clients against our
+# servers; every run prints a bandwidth line for its size and count.
+siw_perftest_guest() {
+  local run op size n
+  step "perftest $(ib_write_bw --version 2>&1 | tr '\n' ' ')"
+  for run in $SIW_PERFTEST_RUNS; do
+    IFS=: read -r op size n <<< "$run"
+    step "ib_${op}_bw -R server on siw for our client"
+    timeout 300 "ib_${op}_bw" -R -d siw0 -F --report_gbits -s "$size" -n "$n" > /tmp/server.txt 2>&1 ||
+      { cat /tmp/server.txt; siw_fail "ib_${op}_bw -R server exited $?"; }
+    cat /tmp/server.txt
+    perftest_bw_line /tmp/server.txt "$size" "$n" > /dev/null ||
+      fail "ib_${op}_bw -R server printed no bandwidth"
+  done
+  for run in $SIW_PERFTEST_RUNS; do
+    IFS=: read -r op size n <<< "$run"
+    step "ib_${op}_bw -R client on siw against our server"
+    retry_if 300 "ib_${op}_bw -R client" "$SIW_LINUX_NOT_UP" timeout 120 "ib_${op}_bw" -R -d siw0 -F \
+        --report_gbits -s "$size" -n "$n" 10.77.0.2 > /tmp/client.txt 2>&1 ||
+      { cat /tmp/client.txt; siw_fail "ib_${op}_bw -R client failed"; }
+    cat /tmp/client.txt
+    perftest_bw_line /tmp/client.txt "$size" "$n" > /dev/null ||
+      fail "ib_${op}_bw -R client printed no bandwidth"
+  done
 }
 
 siw_active() { grep -q ACTIVE /sys/class/infiniband/siw0/ports/1/state; }
@@ -137,6 +210,7 @@ guest_siw() {
   # Our server not listening yet: on iWARP a TCP connection refused.
   retry_if 300 "rping client" 'cma event RDMA_CM_EVENT_(REJECTED|UNREACHABLE|ADDR_ERROR|ROUTE_ERROR|CONNECT_ERROR)|rdma_connect: Connection refused' \
     timeout 60 rping -c -a 10.77.0.2 -C 10 -v -V
+  siw_perftest_guest
 
   modprobe ib_srp
   modprobe sd_mod 2>/dev/null || true

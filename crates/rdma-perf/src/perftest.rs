@@ -517,10 +517,15 @@ pub fn run(cfg: &PerftestConfig) -> Result<PerftestReport, PerftestError> {
         let _ = std::io::stdout().flush();
     };
     let chan = if cfg.rdma_cm {
+        let mut l = CmLink::open(cfg, &dev)?;
         if !client {
             waiting();
         }
-        Chan::Cm(Box::new(CmLink::open(cfg, &dev)?))
+        if let Err(e) = l.start(cfg, &dev) {
+            l.close();
+            return Err(e);
+        }
+        Chan::Cm(Box::new(l))
     } else {
         let stream = if let Some(server) = cfg.server {
             let to = SocketAddr::new(server, cfg.port);

@@ -228,6 +228,7 @@ impl Session<'_> {
             }
             Step::Done => {
                 println!("{RESULT_LINE}");
+                let ours = self.peer_is_ours();
                 match &mut self.link.chan {
                     // perftest writes "done" and closes without reading;
                     // read the peer's so neither side sees a reset.
@@ -237,7 +238,7 @@ impl Session<'_> {
                         let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
                         let _ = s.read_exact(&mut tail);
                     }
-                    Chan::Cm(l) => l.finish(self.link.client, cfg.timeout),
+                    Chan::Cm(l) => l.finish(self.link.client, ours, cfg.timeout),
                 }
             }
         }
