@@ -2,7 +2,7 @@
 //! Linux's `ib_write_bw`, `ib_read_bw`, `ib_send_bw`, `ib_atomic_bw` and
 //! `ib_atomic_lat` (perftest 4.5-0.17 as packaged in Debian bookworm,
 //! which calls itself version 6.06) can be the peer in either role. RC
-//! transport over RoCEv2.
+//! transport over RoCEv2, or over iWARP with `-R`.
 //!
 //! The exchange (perftest `src/perftest_communication.c`, `write_bw.c`,
 //! `read_bw.c`, `send_bw.c`), on a TCP connection to port 18515 by default.
@@ -66,16 +66,20 @@
 //! each slot's final value against the client's count (bandwidth: the
 //! client's report; latency: our `-n`) and that nothing else changed.
 //!
+//! RDMA CM mode (`-R`, what perftest needs on iWARP): the same steps,
+//! carried as SENDs on an RDMA CM connection of their own, with the test
+//! QP connected by RDMA CM; see [`cm`]. WRITE, READ and SEND only.
+//!
 //! Not supported (the command line refuses them): UC/UD/XRC/DC (`-c`),
-//! several QPs (`-q`), bidirectional (`-b`), all sizes (`-a`), RDMA CM
-//! (`-R`), events, inline, post lists.
+//! several QPs (`-q`), bidirectional (`-b`), all sizes (`-a`), atomics
+//! and latency with `-R`, events, inline, post lists.
 //!
 //! The codec below is pure (byte vectors in, values out); [`script`] is
 //! the order of steps for a role and verb, and [`run`] drives it over a
 //! socket and the soft RoCE NIC (`rnic::softroce`).
 
 pub mod atomic;
-mod cm;
+pub mod cm;
 
 pub use atomic::AtomicOp;
 use atomic::{AtomicModel, ATOMIC_SIZE};
