@@ -147,13 +147,14 @@ siw_perftest_host() {
 # perftest -R on siw: servers for our client, then clients against our
 # servers; every run prints a bandwidth line for its size and count.
 siw_perftest_guest() {
-  local run op size n
+  local run op size n rc
   step "perftest $(ib_write_bw --version 2>&1 | tr '\n' ' ')"
   for run in $SIW_PERFTEST_RUNS; do
     IFS=: read -r op size n <<< "$run"
     step "ib_${op}_bw -R server on siw for our client"
-    timeout 300 "ib_${op}_bw" -R -d siw0 -F --report_gbits -s "$size" -n "$n" > /tmp/server.txt 2>&1 ||
-      { cat /tmp/server.txt; siw_fail "ib_${op}_bw -R server exited $?"; }
+    rc=0
+    timeout 300 "ib_${op}_bw" -R -d siw0 -F --report_gbits -s "$size" -n "$n" > /tmp/server.txt 2>&1 || rc=$?
+    [ $rc = 0 ] || { cat /tmp/server.txt; siw_fail "ib_${op}_bw -R server exited $rc"; }
     cat /tmp/server.txt
     perftest_bw_line /tmp/server.txt "$size" "$n" > /dev/null ||
       fail "ib_${op}_bw -R server printed no bandwidth"

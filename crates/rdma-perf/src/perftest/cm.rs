@@ -16,6 +16,11 @@
 //! exchanged values (the CM did it); only the RKEY and VADDR are used.
 //! The close is the last dest swap; no `"done"` follows. The client then
 //! disconnects the test connection; both ends drop the exchange's.
+//!
+//! Not spoken: `ib_send_bw` on an iWARP device (`send_bw.c`) returns
+//! receive credits to its client by RDMA WRITEs to a buffer named in the
+//! dest swap, which our SEND client neither offers nor our server writes;
+//! `send -R` works between two `rperftest`s (not tried against perftest).
 
 use super::*;
 use rdma_access::rdmacm::Service;
