@@ -390,6 +390,55 @@ impl Nic {
         }
     }
 
+    /// Brings `qp` (in INIT) of this CA to RTR and RTS on a connection
+    /// RDMA CM made to `peer`: `remote_qpn` and `remote_psn` as the CM
+    /// reported them, `rq_psn` ours (unless the CM chose it), `depth` the
+    /// RDMA READs in flight each way, the path MTU at most `mtu`.
+    ///
+    /// # Errors
+    /// The provider refused a transition.
+    #[allow(clippy::too_many_arguments)]
+    pub fn cm_rtr_rts(
+        &self,
+        qp: verbs::QpHandle,
+        peer: rdma_types::Gid,
+        remote_qpn: rdma_types::Qpn,
+        remote_psn: rdma_types::Psn,
+        rq_psn: rdma_types::Psn,
+        mtu: Mtu,
+        depth: u8,
+    ) -> Result<(), verbs::VerbsError> {
+        use rdma_types::QpState;
+        self.p.modify_qp(
+            qp,
+            &verbs::QpAttr {
+                state: Some(QpState::Rtr),
+                av: Some(self.av(peer)),
+                path_mtu: Some(self.path_mtu(mtu)),
+                dest_qpn: Some(remote_qpn),
+                // A CM starting PSN is the first PSN its sender expects to
+                // receive (IBA 12.7.25): ours is our receive PSN, the
+                // peer's our send PSN.
+                rq_psn: Some(rq_psn),
+                max_dest_rd_atomic: Some(depth.max(1)),
+                min_rnr_timer: Some(12),
+                ..Default::default()
+            },
+        )?;
+        self.p.modify_qp(
+            qp,
+            &verbs::QpAttr {
+                state: Some(QpState::Rts),
+                sq_psn: Some(remote_psn),
+                timeout: Some(14),
+                retry_cnt: Some(7),
+                rnr_retry: Some(7),
+                max_rd_atomic: Some(depth.max(1)),
+                ..Default::default()
+            },
+        )
+    }
+
     /// Whether this is our soft iWARP NIC (its baseline is plain TCP).
     pub fn is_iwarp(&self) -> bool {
         matches!(self.kind, Kind::Iwarp { .. })

@@ -348,37 +348,8 @@ pub fn run(cfg: &RpingConfig) -> Result<RpingReport, RpingError> {
     // `rq_psn`: ours, unless the CM chose it (the kernel's announces its
     // own).
     let to_rtr_rts = |peer: Gid, remote_qpn: Qpn, remote_psn: Psn, rq_psn: Psn, mtu: Mtu| {
-        p.modify_qp(
-            qp,
-            &QpAttr {
-                state: Some(QpState::Rtr),
-                av: Some(nic.av(peer)),
-                path_mtu: Some(nic.path_mtu(mtu)),
-                dest_qpn: Some(remote_qpn),
-                // A CM starting PSN is the first PSN its sender expects to
-                // receive (IBA 12.7.25): ours is our receive PSN, the
-                // peer's our send PSN.
-                rq_psn: Some(rq_psn),
-                max_dest_rd_atomic: Some(16),
-                min_rnr_timer: Some(12),
-                ..Default::default()
-            },
-        )
-        .and_then(|_| {
-            p.modify_qp(
-                qp,
-                &QpAttr {
-                    state: Some(QpState::Rts),
-                    sq_psn: Some(remote_psn),
-                    timeout: Some(14),
-                    retry_cnt: Some(7),
-                    rnr_retry: Some(7),
-                    max_rd_atomic: Some(16),
-                    ..Default::default()
-                },
-            )
-        })
-        .map_err(RpingError::ConnectQp)
+        nic.cm_rtr_rts(qp, peer, remote_qpn, remote_psn, rq_psn, mtu, 16)
+            .map_err(RpingError::ConnectQp)
     };
     let g = gone.clone();
     cm.on_disconnect(Arc::new(move |_| g.store(true, Ordering::SeqCst)));

@@ -496,38 +496,13 @@ fn attach(
         .qp_num(qp)
         .map_err(|e| PerftestError::Setup(e.to_string()))?;
     let to_rts = |peer: Gid, remote_qpn: Qpn, remote_psn: Psn, rq_psn: Psn, mtu: Mtu| {
-        p.modify_qp(
-            qp,
-            &QpAttr {
-                state: Some(QpState::Rtr),
-                av: Some(dev.av(peer)),
-                path_mtu: Some(dev.path_mtu(if mtu.bytes() < cfg.mtu.bytes() {
-                    mtu
-                } else {
-                    cfg.mtu
-                })),
-                dest_qpn: Some(remote_qpn),
-                rq_psn: Some(rq_psn),
-                max_dest_rd_atomic: Some(depth.max(1)),
-                min_rnr_timer: Some(12),
-                ..Default::default()
-            },
-        )
-        .and_then(|_| {
-            p.modify_qp(
-                qp,
-                &QpAttr {
-                    state: Some(QpState::Rts),
-                    sq_psn: Some(remote_psn),
-                    timeout: Some(14),
-                    retry_cnt: Some(7),
-                    rnr_retry: Some(7),
-                    max_rd_atomic: Some(depth.max(1)),
-                    ..Default::default()
-                },
-            )
-        })
-        .map_err(|e| PerftestError::Setup(format!("QP of {what} to RTR/RTS: {e}")))
+        let mtu = if mtu.bytes() < cfg.mtu.bytes() {
+            mtu
+        } else {
+            cfg.mtu
+        };
+        dev.cm_rtr_rts(qp, peer, remote_qpn, remote_psn, rq_psn, mtu, depth)
+            .map_err(|e| PerftestError::Setup(format!("QP of {what} to RTR/RTS: {e}")))
     };
     if let Some(rx) = requests {
         let end = Instant::now() + cfg.timeout;
