@@ -3,7 +3,7 @@
 #![forbid(unsafe_code)]
 
 use clap::Parser;
-use rdma_perf::device::{DeviceArgs, NicError};
+use rdma_perf::device::{DeviceArgs, NicChoice, NicError};
 use rdma_perf::pingpong::{run, PingPongConfig};
 use rdma_types::Mtu;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -68,13 +68,6 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    if cli.device.nicd.is_some() {
-        eprintln!(
-            "rpingpong: --nicd is not served by rpingpong yet: run it on a NIC of its own \
-             (--bind) or an rdma-core device (--device); rperf and rrping take --nicd"
-        );
-        return ExitCode::FAILURE;
-    }
     let device = cli.device.rdma_core().cloned();
     let bind = match (cli.bind, &device) {
         (Some(b), _) => b,
@@ -83,6 +76,19 @@ fn main() -> ExitCode {
             eprintln!("rpingpong: {}", NicError::NoAddress("--bind".into()));
             return ExitCode::FAILURE;
         }
+    };
+    // Through the verbs: an rdma-core device, or the NIC daemon's NIC at
+    // --bind; else a soft RoCE node of our own.
+    let nic = if device.is_some() || cli.device.nicd.is_some() {
+        match NicChoice::from_args(&cli.device, Some(bind), "--bind", cli.roce_port, mtu) {
+            Ok(c) => Some(c),
+            Err(e) => {
+                eprintln!("rpingpong: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    } else {
+        None
     };
     let cfg = PingPongConfig {
         bind: SocketAddr::new(bind, cli.roce_port),
@@ -95,7 +101,7 @@ fn main() -> ExitCode {
         rx_depth: cli.rx_depth,
         ud: cli.ud,
         gso: softroce::gso_from_env(),
-        device,
+        nic,
         stop: interrupt.flag(),
     };
     let result = run(&cfg);

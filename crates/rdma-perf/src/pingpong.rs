@@ -11,9 +11,9 @@
 //! which `-g 1` selects on Linux rxe; our node's address is that GID's IP
 //! with UDP port 4791.
 //!
-//! With `--device`, the QP is an rdma-core device's (RC only), made
-//! through the verbs; the exchange and the turn rule ([`Turns`]) are the
-//! same.
+//! With `--device` (an rdma-core device's port) or `--nicd` (the NIC
+//! daemon's soft RoCE NIC at `--bind`), the QP is made through the verbs
+//! (RC only); the exchange and the turn rule ([`Turns`]) are the same.
 //!
 //! An interrupt ([`PingPongConfig::stop`]) ends the ping-pong where it is
 //! (and a server's wait for its client): the two lines count the
@@ -114,10 +114,11 @@ pub struct PingPongConfig {
     /// UDP GSO and GRO on our node's socket (`NodeConfig::gso`/`gro`;
     /// `rpingpong` maps `SOFTROCE_GSO` onto it: [`softroce::gso_from_env`]).
     pub gso: bool,
-    /// An rdma-core device's port instead of our soft RoCE node (`bind`
-    /// then unused); it announces the port's GID 0 (the one rdma-core's
+    /// A NIC through the verbs instead of our own soft RoCE node: an
+    /// rdma-core device's port (`bind` then unused) or the NIC daemon's
+    /// NIC at `bind`; it announces the port's GID 0 (the one rdma-core's
     /// tools pick) whatever `gid_index` says.
-    pub device: Option<rdmacore::DeviceSpec>,
+    pub nic: Option<NicChoice>,
     /// Set on an interrupt: the ping-pong ends where it is and reports
     /// the exchanges done ([`PingPongResult::interrupted`]).
     pub stop: Arc<AtomicBool>,
@@ -194,7 +195,7 @@ pub enum PingPongError {
         received: u64,
         iters: u64,
     },
-    #[error("--ud is served on our soft RoCE NIC only, not with --device")]
+    #[error("--ud is served on rpingpong's own soft RoCE NIC only, not with --device or --nicd")]
     UdOnDevice,
     /// The stop flag ended the wait for a client.
     #[error("interrupted while waiting for a client on {0}")]
@@ -323,8 +324,8 @@ pub fn run(cfg: &PingPongConfig) -> Result<PingPongResult, PingPongError> {
     if cfg.size > cfg.mtu.bytes() * 1024 {
         return Err(PingPongError::TooLarge(cfg.size));
     }
-    if let Some(spec) = &cfg.device {
-        return run_device(cfg, spec);
+    if let Some(choice) = &cfg.nic {
+        return run_verbs(cfg, choice);
     }
     let mut ncfg = NodeConfig::new(cfg.bind);
     ncfg.gso = cfg.gso;
@@ -514,15 +515,14 @@ fn first_psn() -> u32 {
     (std::process::id().wrapping_mul(2_654_435_761) ^ 0x5a5a5a) & 0xFF_FFFF
 }
 
-/// [`run`] on an rdma-core device's port: one RC QP through the verbs.
-fn run_device(
-    cfg: &PingPongConfig,
-    spec: &rdmacore::DeviceSpec,
-) -> Result<PingPongResult, PingPongError> {
+/// [`run`] on a NIC through the verbs (an rdma-core device's port, the
+/// NIC daemon's): one RC QP.
+fn run_verbs(cfg: &PingPongConfig, choice: &NicChoice) -> Result<PingPongResult, PingPongError> {
     if cfg.ud {
         return Err(PingPongError::UdOnDevice);
     }
-    let nic = Nic::open(&NicChoice::RdmaCore(spec.clone()))?;
+    let nic = Nic::open(choice)?;
+    eprintln!("rpingpong: NIC {}", nic.name());
     let p = nic.provider().clone();
     let v = |what: &'static str| move |source| PingPongError::Verbs { what, source };
     let depth = u32::try_from(cfg.rx_depth)

@@ -9,7 +9,11 @@
 //! each would need an address of its own. The srpd part is skipped
 //! without FUSE (a failure under `CI=true`).
 //!
-//! Addresses: 127.91.0.1 only (no other test uses 127.91.0.0/16).
+//! `rpingpong --nicd`: both ends of an ibv_rc_pingpong exchange on one
+//! address, through the daemon.
+//!
+//! Addresses: 127.91.0.1 and 127.91.0.2 (no other test uses
+//! 127.91.0.0/16).
 
 mod common;
 
@@ -187,6 +191,56 @@ fn srptd_srp_and_rperf_share_one_address_through_nicd() {
     let _ = std::fs::remove_dir_all(&dir);
     drop(perf_server);
     drop(target);
+    drop(nicd);
+    let _ = std::fs::remove_file(&sock);
+}
+
+#[test]
+fn rpingpong_server_and_client_on_one_address_through_nicd() {
+    let sock = sock_of("nicd_shared_pingpong", "nicd");
+    let _ = std::fs::remove_file(&sock);
+    let nicd = Proc::start(
+        "nicd",
+        Command::new(bin_of("nicd"))
+            .args(["--ip", "127.91.0.2", "--socket"])
+            .arg(&sock),
+    );
+    nicd.wait_line("serving", 60);
+    let pingpong = || {
+        let mut c = Command::new(bin_of("rpingpong"));
+        c.args([
+            "--bind",
+            "127.91.0.2",
+            "-p",
+            "18652",
+            "-n",
+            "300",
+            "-s",
+            "3000",
+        ])
+        .arg("--nicd")
+        .arg(&sock);
+        c
+    };
+    let server = Proc::start("rpingpong server", &mut pingpong());
+    server.wait_line("waiting on", 30);
+    let out = pingpong().arg("127.91.0.2").output().unwrap();
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert!(stdout.contains("1800000 bytes in"), "{stdout}");
+    assert!(
+        stderr.contains("rpingpong: NIC softroce0 (127.91.0.2, nicd at"),
+        "{stderr}"
+    );
+    // The server ran its 300 exchanges too, on the same NIC.
+    assert!(
+        server
+            .rest(30)
+            .iter()
+            .any(|l| l.contains("1800000 bytes in")),
+        "the server did not finish its exchanges"
+    );
+    drop(server);
     drop(nicd);
     let _ = std::fs::remove_file(&sock);
 }
