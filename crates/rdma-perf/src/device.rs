@@ -157,6 +157,31 @@ impl NicChoice {
     }
 }
 
+/// An RC QP of a tool's own, with its PD, CQ and registered buffer
+/// ([`Nic::rc_qp`]).
+pub struct RcQp {
+    /// The PD.
+    pub pd: verbs::PdHandle,
+    /// The QP's one CQ (sends and receives).
+    pub cq: verbs::CqHandle,
+    /// The QP.
+    pub qp: verbs::QpHandle,
+    /// The buffer.
+    pub mem: verbs::MemBuf,
+    /// Its registration.
+    pub mr: verbs::MrInfo,
+}
+
+impl RcQp {
+    /// Gives everything back to `p`, children first.
+    pub fn release(&self, p: &dyn Provider) {
+        let _ = p.destroy_qp(self.qp);
+        let _ = p.dereg_mr(self.mr.handle);
+        let _ = p.destroy_cq(self.cq);
+        let _ = p.dealloc_pd(self.pd);
+    }
+}
+
 /// Why a NIC could not be opened; each says what to do.
 #[derive(Debug, thiserror::Error)]
 pub enum NicError {
@@ -372,6 +397,58 @@ impl Nic {
     /// The NIC in words: `rxe0`, `softroce0 (10.0.0.1)`.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// An RC QP of the tool's own on the NIC (`send` and `recv` WRs
+    /// deep, one CQ of `cqe`) and a buffer of `len` bytes registered for
+    /// local access: what `rpingpong` and `rperftest -R`'s exchange use.
+    ///
+    /// # Errors
+    /// The verb that failed, named; what was made by then is given back.
+    pub fn rc_qp(
+        &self,
+        cqe: u32,
+        send: u32,
+        recv: u32,
+        len: usize,
+    ) -> Result<RcQp, (&'static str, verbs::VerbsError)> {
+        let p = &self.p;
+        let pd = p.alloc_pd(self.ca, 0).map_err(|e| ("allocate a PD", e))?;
+        let made = (|| {
+            let cq = p
+                .create_cq(pd, &verbs::CqInit { cqe }, 0)
+                .map_err(|e| ("create the CQ", e))?;
+            let qp = match p.create_qp(pd, &verbs::QpInit::rc(cq, send, recv), 0) {
+                Ok(qp) => qp,
+                Err(e) => {
+                    let _ = p.destroy_cq(cq);
+                    return Err(("create the QP", e));
+                }
+            };
+            let mem = verbs::MemBuf::new(len);
+            let access = rdma_types::AccessFlags::LOCAL_WRITE;
+            match p.reg_mr(pd, &mem, mem.addr(), len as u64, access, 0) {
+                Ok(mr) => Ok((cq, qp, mem, mr)),
+                Err(e) => {
+                    let _ = p.destroy_qp(qp);
+                    let _ = p.destroy_cq(cq);
+                    Err(("register the buffer", e))
+                }
+            }
+        })();
+        match made {
+            Ok((cq, qp, mem, mr)) => Ok(RcQp {
+                pd,
+                cq,
+                qp,
+                mem,
+                mr,
+            }),
+            Err(e) => {
+                let _ = p.dealloc_pd(pd);
+                Err(e)
+            }
+        }
     }
 
     /// The path MTU to use with a peer that wants `wanted`: at most the

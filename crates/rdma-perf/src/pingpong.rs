@@ -524,35 +524,15 @@ fn run_verbs(cfg: &PingPongConfig, choice: &NicChoice) -> Result<PingPongResult,
     let nic = Nic::open(choice)?;
     eprintln!("rpingpong: NIC {}", nic.name());
     let p = nic.provider().clone();
-    let v = |what: &'static str| move |source| PingPongError::Verbs { what, source };
     let depth = u32::try_from(cfg.rx_depth)
         .unwrap_or(u32::MAX)
         .clamp(1, 4096);
-    let pd = p.alloc_pd(nic.ca(), 0).map_err(v("allocate a PD"))?;
-    let cq = p
-        .create_cq(pd, &verbs::CqInit { cqe: depth + 2 }, 0)
-        .map_err(v("create the CQ"))?;
-    let qp = p
-        .create_qp(pd, &verbs::QpInit::rc(cq, 2, depth), 0)
-        .map_err(v("create the QP"))?;
     // [send buffer | receive buffer]
-    let size = cfg.size.max(1);
-    let mem = verbs::MemBuf::new(size * 2);
-    let mr = p
-        .reg_mr(
-            pd,
-            &mem,
-            mem.addr(),
-            mem.len() as u64,
-            AccessFlags::LOCAL_WRITE,
-            0,
-        )
-        .map_err(v("register the buffer"))?;
-    let result = pingpong_verbs(cfg, &nic, qp, cq, &mem, mr.lkey);
-    let _ = p.destroy_qp(qp);
-    let _ = p.dereg_mr(mr.handle);
-    let _ = p.destroy_cq(cq);
-    let _ = p.dealloc_pd(pd);
+    let rc = nic
+        .rc_qp(depth + 2, 2, depth, cfg.size.max(1) * 2)
+        .map_err(|(what, source)| PingPongError::Verbs { what, source })?;
+    let result = pingpong_verbs(cfg, &nic, rc.qp, rc.cq, &rc.mem, rc.mr.lkey);
+    rc.release(p.as_ref());
     result
 }
 

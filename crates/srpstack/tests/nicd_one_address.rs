@@ -15,7 +15,7 @@
 
 mod common;
 
-use common::{bin_of, ibsm_bin, sock_of, srp, srp_bin, srpd_bin, srptd_bin, text, Proc};
+use common::{bin_of, ibsm_bin, sock_of, srp, srp_bin, srptd_bin, start_srpd, text, Proc};
 use std::process::Command;
 
 const IP: &str = "127.97.0.1";
@@ -109,18 +109,20 @@ fn sm_target_initiator_discovery_and_rperf_on_one_address() {
     let root = dir.join("mnt");
     std::fs::create_dir_all(&root).unwrap();
     let srpd_sock = dir.join("srpd.sock");
-    let srpd = Proc::start(
-        "srpd",
-        Command::new(srpd_bin())
-            .arg("--nicd")
-            .arg(&sock)
-            .args(["--fabric", "ib", "--sm-wait-ms", "10000"])
-            .args(["--ip", IP, "--mount-root"])
-            .arg(&root)
-            .arg("--control-socket")
-            .arg(&srpd_sock),
+    let nicd_arg = sock.to_str().unwrap();
+    let srpd = start_srpd(
+        IP,
+        &root,
+        &srpd_sock,
+        &[
+            "--nicd",
+            nicd_arg,
+            "--fabric",
+            "ib",
+            "--sm-wait-ms",
+            "10000",
+        ],
     );
-    srpd.wait_line("srpd: ready on", 30);
     let out = srp(&srpd_sock, &["login", &login, "--name", "tgt"]);
     assert!(out.status.success(), "{}", text(&out));
 

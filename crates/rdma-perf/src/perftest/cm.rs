@@ -128,11 +128,7 @@ pub(super) struct CmLink {
     /// The address a client connects from.
     src: IpAddr,
     p: Arc<dyn Provider>,
-    pd: verbs::PdHandle,
-    cq: verbs::CqHandle,
-    qp: verbs::QpHandle,
-    mem: MemBuf,
-    mr: verbs::MrInfo,
+    rc: crate::device::RcQp,
     conn: Option<ConnId>,
     /// The test's connection, once made.
     data: Option<ConnId>,
@@ -192,34 +188,15 @@ impl CmLink {
             g.conns.lock().unwrap_or_else(|e| e.into_inner()).push(c)
         }));
         let p = dev.provider().clone();
-        let pd = p.alloc_pd(dev.ca(), 0).map_err(setup("allocate a PD"))?;
-        let cq = p
-            .create_cq(pd, &CqInit { cqe: 16 }, 0)
-            .map_err(setup("create the CQ"))?;
-        let qp = p
-            .create_qp(pd, &QpInit::rc(cq, 4, 4), 0)
-            .map_err(setup("create the QP"))?;
-        let mem = MemBuf::new(SEND_AT + RECV_LEN);
-        let mr = p
-            .reg_mr(
-                pd,
-                &mem,
-                mem.addr(),
-                mem.len() as u64,
-                AccessFlags::LOCAL_WRITE,
-                0,
-            )
-            .map_err(setup("register the buffer"))?;
+        let rc = dev
+            .rc_qp(16, 4, 4, SEND_AT + RECV_LEN)
+            .map_err(|(what, e)| setup(what)(e))?;
         Ok(CmLink {
             cm,
             requests,
             src,
             p,
-            pd,
-            cq,
-            qp,
-            mem,
-            mr,
+            rc,
             conn: None,
             data: None,
             gone,
@@ -237,7 +214,7 @@ impl CmLink {
         let setup = |e: verbs::VerbsError| PerftestError::Setup(format!("RDMA CM exchange: {e}"));
         self.p
             .modify_qp(
-                self.qp,
+                self.rc.qp,
                 &QpAttr {
                     state: Some(QpState::Init),
                     port: Some(dev.port()),
@@ -256,7 +233,7 @@ impl CmLink {
             self.requests.as_ref(),
             self.src,
             &self.p,
-            self.qp,
+            self.rc.qp,
             psn,
             1,
             "the exchange",
@@ -268,13 +245,13 @@ impl CmLink {
     fn post_recv(&self) -> Result<(), PerftestError> {
         self.p
             .post_recv(
-                self.qp,
+                self.rc.qp,
                 &[RecvWr {
                     wr_id: RECV_ID,
                     sges: vec![Sge {
-                        addr: self.mem.addr(),
+                        addr: self.rc.mem.addr(),
                         length: RECV_LEN as u32,
-                        lkey: self.mr.lkey,
+                        lkey: self.rc.mr.lkey,
                     }],
                 }],
             )
@@ -300,7 +277,7 @@ impl CmLink {
         loop {
             let n = self
                 .p
-                .poll_cq(self.cq, &mut wc)
+                .poll_cq(self.rc.cq, &mut wc)
                 .map_err(|e| bad(format!("poll the exchange's CQ: {e}")))?;
             if n == 1 {
                 let c = wc[0];
@@ -347,8 +324,8 @@ impl CmLink {
             if Instant::now() >= end {
                 return Err(bad(format!("peer silent while swapping {what}")));
             }
-            let _ = self.p.req_notify_cq(self.cq, false);
-            let _ = self.p.wait_cq(self.cq, crate::STOP_POLL);
+            let _ = self.p.req_notify_cq(self.rc.cq, false);
+            let _ = self.p.wait_cq(self.rc.cq, crate::STOP_POLL);
         }
     }
 
@@ -359,17 +336,17 @@ impl CmLink {
         timeout: Duration,
         stop: &AtomicBool,
     ) -> Result<(), PerftestError> {
-        self.mem.write_at(SEND_AT, mine);
+        self.rc.mem.write_at(SEND_AT, mine);
         self.p
             .post_send(
-                self.qp,
+                self.rc.qp,
                 &[SendWr::new(
                     SEND_ID,
                     SendOpcode::Send,
                     vec![Sge {
-                        addr: self.mem.addr() + SEND_AT as u64,
+                        addr: self.rc.mem.addr() + SEND_AT as u64,
                         length: mine.len() as u32,
-                        lkey: self.mr.lkey,
+                        lkey: self.rc.mr.lkey,
                     }],
                 )],
             )
@@ -385,7 +362,7 @@ impl CmLink {
         stop: &AtomicBool,
     ) -> Result<Vec<u8>, PerftestError> {
         let c = self.wait(true, what, timeout, stop)?;
-        let got = self.mem.to_vec(0, (c.byte_len as usize).min(RECV_LEN));
+        let got = self.rc.mem.to_vec(0, (c.byte_len as usize).min(RECV_LEN));
         self.post_recv()?;
         if c.byte_len as usize != len {
             return Err(bad(format!(
@@ -469,10 +446,7 @@ impl CmLink {
                 self.cm.disconnect(c);
             }
         }
-        let _ = self.p.destroy_qp(self.qp);
-        let _ = self.p.dereg_mr(self.mr.handle);
-        let _ = self.p.destroy_cq(self.cq);
-        let _ = self.p.dealloc_pd(self.pd);
+        self.rc.release(self.p.as_ref());
     }
 }
 
