@@ -803,7 +803,7 @@ mod rdma_cm {
     use rdma_types::{AccessFlags, Gid, Mtu, Psn, QpState, WcStatus};
     use std::net::SocketAddr;
     use std::sync::Arc;
-    use verbs::{CqInit, MemBuf, QpAttr, QpInit, RecvWr, SendOpcode, SendWr, Sge, WorkCompletion};
+    use verbs::{MemBuf, QpAttr, RecvWr, SendOpcode, SendWr, Sge, WorkCompletion};
 
     /// The result line for `size` x `iters` in `out`, its average above 0.
     fn bw_line(out: &str, size: &str, iters: &str) -> f64 {
@@ -972,13 +972,11 @@ mod rdma_cm {
             .unwrap();
             let (cm, _) = nic.rdma_cm(7 << 8).unwrap();
             let p = nic.provider().clone();
-            let pd = p.alloc_pd(nic.ca(), 0).unwrap();
-            let cq = p.create_cq(pd, &CqInit { cqe: 16 }, 0).unwrap();
-            let qp = p.create_qp(pd, &QpInit::rc(cq, 4, 4), 0).unwrap();
-            let mem = MemBuf::new(256);
-            let mr = p
-                .reg_mr(pd, &mem, mem.addr(), 256, AccessFlags::LOCAL_WRITE, 0)
-                .unwrap();
+            let rdma_perf::device::RcQp {
+                cq, qp, mem, mr, ..
+            } = nic
+                .rc_qp(16, 4, 4, 256)
+                .unwrap_or_else(|(what, e)| panic!("{what}: {e}"));
             p.modify_qp(
                 qp,
                 &QpAttr {

@@ -15,7 +15,9 @@
 
 mod common;
 
-use common::{bin_of, ibsm_bin, sock_of, srp, srp_bin, srptd_bin, start_srpd, text, Proc};
+use common::{
+    assert_nicd_clients, bin_of, ibsm_bin, sock_of, srp, srp_bin, srptd_bin, start_srpd, text, Proc,
+};
 use std::process::Command;
 
 const IP: &str = "127.97.0.1";
@@ -168,18 +170,7 @@ fn sm_target_initiator_discovery_and_rperf_on_one_address() {
     assert!(row.trim_end().ends_with("yes"), "not verified: {row}");
 
     // One daemon served them all.
-    let clients = Command::new(bin_of("nicd"))
-        .args(["--clients", "--socket"])
-        .arg(&sock)
-        .output()
-        .unwrap();
-    let listed = String::from_utf8_lossy(&clients.stdout).into_owned();
-    for (who, p) in [("ibsm", &sm), ("srptd", &target), ("srpd", &srpd)] {
-        assert!(
-            listed.contains(&format!("pid {}", p.child.id())),
-            "{who} is not a client of the daemon: {listed}"
-        );
-    }
+    assert_nicd_clients(&sock, &[("ibsm", &sm), ("srptd", &target), ("srpd", &srpd)]);
     let out = srp(&srpd_sock, &["logout", "tgt"]);
     assert!(out.status.success(), "{}", text(&out));
     drop(srpd);

@@ -9,7 +9,9 @@
 
 mod common;
 
-use common::{bin_of, sock_of, srp, srpd_bin, srptd_bin, text, write_read_back, Proc};
+use common::{
+    assert_nicd_clients, bin_of, sock_of, srp, srpd_bin, srptd_bin, text, write_read_back, Proc,
+};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -104,18 +106,7 @@ fn srptd_and_srpd_come_back_with_the_nic_daemon() {
     assert!(list.status.success(), "{}", text(&list));
     assert!(text(&list).contains("tgt"), "{}", text(&list));
     // Both are clients of the new daemon.
-    let clients = Command::new(bin_of("nicd"))
-        .args(["--clients", "--socket"])
-        .arg(&sock)
-        .output()
-        .unwrap();
-    let listed = String::from_utf8_lossy(&clients.stdout).into_owned();
-    for p in [&target, &srpd] {
-        assert!(
-            listed.contains(&format!("pid {}", p.child.id())),
-            "{listed}"
-        );
-    }
+    assert_nicd_clients(&sock, &[("srptd", &target), ("srpd", &srpd)]);
     let out = srp(&srpd_sock, &["logout", "tgt"]);
     assert!(out.status.success(), "{}", text(&out));
     drop(srpd);

@@ -17,7 +17,7 @@
 
 mod common;
 
-use common::{bin_of, sock_of, srp, srp_bin, srpd_bin, srptd_bin, Proc};
+use common::{assert_nicd_clients, bin_of, sock_of, srp, srp_bin, srpd_bin, srptd_bin, Proc};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::process::{Command, Stdio};
 
@@ -169,21 +169,9 @@ fn srptd_srp_and_rperf_share_one_address_through_nicd() {
     assert!(perf_out.contains("on the NIC daemon's"), "{perf_out}");
 
     // The daemon lists srptd among its clients; one NIC served them all.
-    let clients = Command::new(bin_of("nicd"))
-        .args(["--clients", "--socket"])
-        .arg(&sock)
-        .output()
-        .unwrap();
-    let listed = text(&clients.stdout);
-    assert!(
-        listed.contains(&format!("pid {}", target.child.id())),
-        "{listed}"
-    );
+    assert_nicd_clients(&sock, &[("srptd", &target)]);
     if let Some(p) = &srpd {
-        assert!(
-            listed.contains(&format!("pid {}", p.child.id())),
-            "{listed}"
-        );
+        assert_nicd_clients(&sock, &[("srpd", p)]);
         let out = srp(&srpd_sock, &["logout", "tgt"]);
         assert!(out.status.success(), "{}", text(&out.stderr));
     }

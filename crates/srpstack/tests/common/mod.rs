@@ -236,6 +236,25 @@ pub fn start_srptd(cfg: &std::path::Path) -> Proc {
     p
 }
 
+/// Asserts that the NIC daemon at `sock` lists each of `procs` (by
+/// name, for the message) among its clients (`nicd --clients`).
+#[allow(dead_code)]
+pub fn assert_nicd_clients(sock: &std::path::Path, procs: &[(&str, &Proc)]) {
+    let out = Command::new(bin_of("nicd"))
+        .args(["--clients", "--socket"])
+        .arg(sock)
+        .output()
+        .unwrap();
+    let listed = String::from_utf8_lossy(&out.stdout).into_owned();
+    for (who, p) in procs {
+        assert!(
+            listed.contains(&format!("pid {}", p.child.id())),
+            "{who} is not a client of the daemon at {}: {listed}",
+            sock.display()
+        );
+    }
+}
+
 /// `srpd` on `ip` with its LUN files under `root` and its control socket
 /// at `sock` (and `more` arguments), once it is ready.
 #[allow(dead_code)]
