@@ -399,9 +399,32 @@ impl Nic {
         &self.name
     }
 
+    /// Moves QP `qp` of this NIC to INIT on its port (P_Key index 0),
+    /// peers allowed `access`.
+    ///
+    /// # Errors
+    /// The provider refused the transition.
+    pub fn init_qp(
+        &self,
+        qp: verbs::QpHandle,
+        access: rdma_types::AccessFlags,
+    ) -> Result<(), verbs::VerbsError> {
+        self.p.modify_qp(
+            qp,
+            &verbs::QpAttr {
+                state: Some(rdma_types::QpState::Init),
+                port: Some(self.port),
+                pkey_index: Some(0),
+                access: Some(access),
+                ..Default::default()
+            },
+        )
+    }
+
     /// An RC QP of the tool's own on the NIC (`send` and `recv` WRs
-    /// deep, one CQ of `cqe`) and a buffer of `len` bytes registered for
-    /// local access: what `rpingpong` and `rperftest -R`'s exchange use.
+    /// deep, one CQ of `cqe`) and a buffer of `len` bytes registered with
+    /// `access`: what `rpingpong`, `rrping` and `rperftest -R`'s exchange
+    /// use.
     ///
     /// # Errors
     /// The verb that failed, named; what was made by then is given back.
@@ -411,6 +434,7 @@ impl Nic {
         send: u32,
         recv: u32,
         len: usize,
+        access: rdma_types::AccessFlags,
     ) -> Result<RcQp, (&'static str, verbs::VerbsError)> {
         let p = &self.p;
         let pd = p.alloc_pd(self.ca, 0).map_err(|e| ("allocate a PD", e))?;
@@ -426,7 +450,6 @@ impl Nic {
                 }
             };
             let mem = verbs::MemBuf::new(len);
-            let access = rdma_types::AccessFlags::LOCAL_WRITE;
             match p.reg_mr(pd, &mem, mem.addr(), len as u64, access, 0) {
                 Ok(mr) => Ok((cq, qp, mem, mr)),
                 Err(e) => {

@@ -1389,15 +1389,8 @@ pub fn run_client(cfg: &ClientConfig) -> Result<Report, PerfError> {
             &mut reader,
             &mut writer,
         )?;
-        report.baseline_over = Some("TCP");
-        report.baseline_gbit_per_s = Some(plain.gbit_per_s);
-        report.baseline_pkt_per_s = Some(plain.pkt_per_s);
-        report.ratio_to_baseline =
-            (plain.gbit_per_s > 0.0).then(|| report.gbit_per_s / plain.gbit_per_s);
-        report.baseline_client_cpu_ns_per_byte = Some(plain.client_cpu_ns_per_byte);
-        report.baseline_server_cpu_ns_per_byte = plain.server_cpu_ns_per_byte;
+        report.set_baseline("TCP", &plain);
     } else if cfg.baseline && !interrupted {
-        report.baseline_over = Some("UDP");
         let port = peer.roce.port().wrapping_add(1000);
         let dst = SocketAddr::new(peer.roce.ip(), port);
         let plain = udp_phase(
@@ -1408,12 +1401,7 @@ pub fn run_client(cfg: &ClientConfig) -> Result<Report, PerfError> {
             &mut reader,
             &mut writer,
         )?;
-        report.baseline_gbit_per_s = Some(plain.gbit_per_s);
-        report.baseline_pkt_per_s = Some(plain.pkt_per_s);
-        report.ratio_to_baseline =
-            (plain.gbit_per_s > 0.0).then(|| report.gbit_per_s / plain.gbit_per_s);
-        report.baseline_client_cpu_ns_per_byte = Some(plain.client_cpu_ns_per_byte);
-        report.baseline_server_cpu_ns_per_byte = plain.server_cpu_ns_per_byte;
+        report.set_baseline("UDP", &plain);
         let floor = udp_phase(
             &common,
             cfg.size * slots,
@@ -1432,6 +1420,18 @@ pub fn run_client(cfg: &ClientConfig) -> Result<Report, PerfError> {
 }
 
 impl Report {
+    /// Takes the baseline measured `over` plain TCP or UDP, and our ratio
+    /// to it.
+    fn set_baseline(&mut self, over: &'static str, plain: &baseline::UdpPhase) {
+        self.baseline_over = Some(over);
+        self.baseline_gbit_per_s = Some(plain.gbit_per_s);
+        self.baseline_pkt_per_s = Some(plain.pkt_per_s);
+        self.ratio_to_baseline =
+            (plain.gbit_per_s > 0.0).then(|| self.gbit_per_s / plain.gbit_per_s);
+        self.baseline_client_cpu_ns_per_byte = Some(plain.client_cpu_ns_per_byte);
+        self.baseline_server_cpu_ns_per_byte = plain.server_cpu_ns_per_byte;
+    }
+
     /// A perftest-like table.
     pub fn table(&self) -> String {
         let mut s = String::new();

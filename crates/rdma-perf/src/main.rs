@@ -135,13 +135,8 @@ fn soft_only(a: &CommonArgs, baseline: bool) -> Result<(), String> {
                 "our soft RoCE NIC writes this capture: capture iWARP's TCP streams with tcpdump",
             ),
         ];
-        let _ = baseline; // on iWARP the baseline is plain TCP
-        return match given.iter().find(|(on, ..)| *on) {
-            Some((_, opt, why)) => Err(format!(
-                "{opt} does not go with --iwarp: {why}; drop {opt}, or --iwarp"
-            )),
-            None => Ok(()),
-        };
+        // On iWARP --baseline measures plain TCP.
+        return refuse_first(&given, "--iwarp", "--iwarp");
     }
     if a.device.nicd.is_some() {
         let given = [
@@ -161,12 +156,7 @@ fn soft_only(a: &CommonArgs, baseline: bool) -> Result<(), String> {
                 "it compares plain UDP with this process's own soft NIC",
             ),
         ];
-        return match given.iter().find(|(on, ..)| *on) {
-            Some((_, opt, why)) => Err(format!(
-                "{opt} does not go with --nicd: {why}; drop {opt}, or --nicd to run on a NIC of rperf's own"
-            )),
-            None => Ok(()),
-        };
+        return refuse_first(&given, "--nicd", "--nicd to run on a NIC of rperf's own");
     }
     let Some(spec) = a.device.rdma_core() else {
         return Ok(());
@@ -177,9 +167,19 @@ fn soft_only(a: &CommonArgs, baseline: bool) -> Result<(), String> {
         (a.capture.is_some(), "--capture", "our soft RoCE NIC writes the capture: capture a device's traffic with tcpdump or dumpcap on its network interface"),
         (baseline, "--baseline", "it measures plain UDP between --bind addresses against our soft RoCE NIC"),
     ];
+    refuse_first(
+        &given,
+        &format!("--device {spec}"),
+        "--device to run on our soft NIC",
+    )
+}
+
+/// The first option given (`(given, option, why)`) that does not go with
+/// `with`, refused in words: drop it, or drop `or`.
+fn refuse_first(given: &[(bool, &str, &str)], with: &str, or: &str) -> Result<(), String> {
     match given.iter().find(|(on, ..)| *on) {
         Some((_, opt, why)) => Err(format!(
-            "{opt} does not go with --device {spec}: {why}; drop {opt}, or --device to run on our soft NIC"
+            "{opt} does not go with {with}: {why}; drop {opt}, or {or}"
         )),
         None => Ok(()),
     }

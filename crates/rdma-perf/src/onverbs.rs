@@ -154,18 +154,12 @@ impl VerbsQp {
             p.modify_qp(self.qp, &attr)
                 .map_err(|e| format!("QP to {what} on {}: {e}", self.nic.name()))
         };
-        step(
-            "INIT",
-            QpAttr {
-                state: Some(QpState::Init),
-                port: Some(self.nic.port()),
-                pkey_index: Some(0),
-                access: Some(
-                    AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE,
-                ),
-                ..Default::default()
-            },
-        )?;
+        self.nic
+            .init_qp(
+                self.qp,
+                AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE,
+            )
+            .map_err(|e| format!("QP to INIT on {}: {e}", self.nic.name()))?;
         step(
             "RTR",
             QpAttr {

@@ -529,7 +529,13 @@ fn run_verbs(cfg: &PingPongConfig, choice: &NicChoice) -> Result<PingPongResult,
         .clamp(1, 4096);
     // [send buffer | receive buffer]
     let rc = nic
-        .rc_qp(depth + 2, 2, depth, cfg.size.max(1) * 2)
+        .rc_qp(
+            depth + 2,
+            2,
+            depth,
+            cfg.size.max(1) * 2,
+            AccessFlags::LOCAL_WRITE,
+        )
         .map_err(|(what, source)| PingPongError::Verbs { what, source })?;
     let result = pingpong_verbs(cfg, &nic, rc.qp, rc.cq, &rc.mem, rc.mr.lkey);
     rc.release(p.as_ref());
@@ -547,16 +553,8 @@ fn pingpong_verbs(
     let p = nic.provider();
     let v = |what: &'static str| move |source| PingPongError::Verbs { what, source };
     let modify = |what, attr: verbs::QpAttr| p.modify_qp(qp, &attr).map_err(v(what));
-    modify(
-        "QP to INIT",
-        verbs::QpAttr {
-            state: Some(QpState::Init),
-            port: Some(nic.port()),
-            pkey_index: Some(0),
-            access: Some(AccessFlags::LOCAL_WRITE),
-            ..Default::default()
-        },
-    )?;
+    nic.init_qp(qp, AccessFlags::LOCAL_WRITE)
+        .map_err(v("QP to INIT"))?;
     let psn = first_psn();
     let mine = Dest {
         lid: nic.port_attr().lid.0,

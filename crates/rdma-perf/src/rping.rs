@@ -21,15 +21,12 @@
 //! ([`RpingReport::connected`]).
 
 use crate::device::{Nic, NicChoice, NicError};
-use rdma_types::{AccessFlags, Gid, Mtu, Psn, QpState, Qpn, WcStatus};
+use rdma_types::{AccessFlags, Gid, Mtu, Psn, Qpn, WcStatus};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use verbs::{
-    CqInit, MemBuf, Provider, QpAttr, QpInit, RecvWr, RemoteAddr, SendOpcode, SendWr, Sge,
-    WorkCompletion,
-};
+use verbs::{MemBuf, Provider, RecvWr, RemoteAddr, SendOpcode, SendWr, Sge, WorkCompletion};
 
 /// rping's default port.
 pub const RPING_PORT: u16 = 7174;
@@ -306,29 +303,23 @@ pub fn run(cfg: &RpingConfig) -> Result<RpingReport, RpingError> {
     let nic = Nic::open(&cfg.nic)?;
     let (cm, addrs) = nic.rdma_cm(std::process::id() << 8)?;
     let p = nic.provider().clone();
-    let pd = p.alloc_pd(nic.ca(), 0)?;
-    let cq = p.create_cq(pd, &CqInit { cqe: 64 }, 0)?;
-    let qp = p.create_qp(pd, &QpInit::rc(cq, 16, 4), 0)?;
-    let mem = MemBuf::new(RDMA + 2 * cfg.size);
-    let mr = p.reg_mr(
+    let remote = AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE;
+    let crate::device::RcQp {
         pd,
-        &mem,
-        mem.addr(),
-        mem.len() as u64,
-        AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE,
-        0,
-    )?;
-    p.modify_qp(
+        cq,
         qp,
-        &QpAttr {
-            state: Some(QpState::Init),
-            port: Some(nic.port()),
-            pkey_index: Some(0),
-            access: Some(AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE),
-            ..Default::default()
-        },
-    )
-    .map_err(RpingError::QpInit)?;
+        mem,
+        mr,
+    } = nic
+        .rc_qp(
+            64,
+            16,
+            4,
+            RDMA + 2 * cfg.size,
+            AccessFlags::LOCAL_WRITE | remote,
+        )
+        .map_err(|(_, e)| e)?;
+    nic.init_qp(qp, remote).map_err(RpingError::QpInit)?;
     let qpn = p.qp_num(qp)?;
     let psn = Psn::new(std::process::id() & 0xff_ffff);
     let gone = Arc::new(AtomicBool::new(false));

@@ -4,25 +4,10 @@
 //! verified RDMA WRITEs and READs (QPs set up by the verbs alone) with
 //! its baseline plain TCP between the same two addresses.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+mod common;
 
-/// Waits (bounded) for `child` to end; its status must be success.
-fn ends_well(child: &mut Child, what: &str) {
-    let waited = Instant::now();
-    loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            assert!(s.success(), "{what} exited {s}");
-            return;
-        }
-        assert!(
-            waited.elapsed() < Duration::from_secs(60),
-            "{what} did not end"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
+use common::{ends_well, serve};
+use std::process::{Command, Output};
 
 fn text(o: &Output) -> String {
     format!(
@@ -34,13 +19,10 @@ fn text(o: &Output) -> String {
 
 #[test]
 fn rrping_validates_every_ping_over_iwarp() {
-    let mut server = Command::new(env!("CARGO_BIN_EXE_rrping"))
-        .args(["--iwarp", "-s", "-a", "127.31.3.1", "-C", "20", "-S", "100"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(server.stdout.take().unwrap()).lines();
-    let first = lines.next().unwrap().unwrap();
+    let (mut server, first, _lines) = serve(
+        env!("CARGO_BIN_EXE_rrping"),
+        &["--iwarp", "-s", "-a", "127.31.3.1", "-C", "20", "-S", "100"],
+    );
     assert!(
         first.contains("listening") && first.contains("softiwarp0"),
         "{first}"
@@ -64,26 +46,23 @@ fn rrping_validates_every_ping_over_iwarp() {
     let out = text(&client);
     assert!(client.status.success(), "{out}");
     assert!(out.contains("rrping: 20 pings, 20 validated"), "{out}");
-    ends_well(&mut server, "rrping --iwarp server");
+    ends_well(&mut server, "rrping --iwarp server", 60, &out);
 }
 
 #[test]
 fn rperf_writes_and_reads_verified_over_iwarp_against_plain_tcp() {
     for (op, baseline) in [("write", true), ("read", false)] {
-        let mut server = Command::new(env!("CARGO_BIN_EXE_rperf"))
-            .args([
+        let (mut server, first, lines) = serve(
+            env!("CARGO_BIN_EXE_rperf"),
+            &[
                 "server",
                 "--iwarp",
                 "--bind",
                 "127.31.3.3:4791",
                 "--oob",
                 "127.31.3.3:18515",
-            ])
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(server.stdout.take().unwrap()).lines();
-        let first = lines.next().unwrap().unwrap();
+            ],
+        );
         assert!(first.contains("listening"), "{first}");
         let mut args = vec![
             "client",
@@ -125,7 +104,7 @@ fn rperf_writes_and_reads_verified_over_iwarp_against_plain_tcp() {
         }
         // Read to the end (the server's exit), so it never writes to a
         // closed pipe.
-        let _rest: Vec<String> = lines.map_while(Result::ok).collect();
-        ends_well(&mut server, "rperf --iwarp server");
+        let rest: Vec<String> = lines.map_while(Result::ok).collect();
+        ends_well(&mut server, "rperf --iwarp server", 60, &rest);
     }
 }

@@ -800,10 +800,10 @@ fn an_atomic_stream_outlives_the_retransmission_timer() {
 mod rdma_cm {
     use super::*;
     use rdma_perf::device::{Nic, NicChoice};
-    use rdma_types::{AccessFlags, Gid, Mtu, Psn, QpState, WcStatus};
+    use rdma_types::{AccessFlags, Gid, Mtu, Psn, WcStatus};
     use std::net::SocketAddr;
     use std::sync::Arc;
-    use verbs::{MemBuf, QpAttr, RecvWr, SendOpcode, SendWr, Sge, WorkCompletion};
+    use verbs::{MemBuf, RecvWr, SendOpcode, SendWr, Sge, WorkCompletion};
 
     /// The result line for `size` x `iters` in `out`, its average above 0.
     fn bw_line(out: &str, size: &str, iters: &str) -> f64 {
@@ -975,19 +975,9 @@ mod rdma_cm {
             let rdma_perf::device::RcQp {
                 cq, qp, mem, mr, ..
             } = nic
-                .rc_qp(16, 4, 4, 256)
+                .rc_qp(16, 4, 4, 256, AccessFlags::LOCAL_WRITE)
                 .unwrap_or_else(|(what, e)| panic!("{what}: {e}"));
-            p.modify_qp(
-                qp,
-                &QpAttr {
-                    state: Some(QpState::Init),
-                    port: Some(nic.port()),
-                    pkey_index: Some(0),
-                    access: Some(AccessFlags::LOCAL_WRITE),
-                    ..Default::default()
-                },
-            )
-            .unwrap();
+            nic.init_qp(qp, AccessFlags::LOCAL_WRITE).unwrap();
             let qpn = p.qp_num(qp).unwrap();
             let f = Fake {
                 nic,
@@ -1021,33 +1011,15 @@ mod rdma_cm {
         }
 
         fn rts(&self, peer: Gid, remote_qpn: rdma_types::Qpn, remote_psn: Psn) {
-            self.p
-                .modify_qp(
+            self.nic
+                .cm_rtr_rts(
                     self.qp,
-                    &QpAttr {
-                        state: Some(QpState::Rtr),
-                        av: Some(self.nic.av(peer)),
-                        path_mtu: Some(Mtu::Mtu1024),
-                        dest_qpn: Some(remote_qpn),
-                        rq_psn: Some(Psn::new(1)),
-                        max_dest_rd_atomic: Some(1),
-                        min_rnr_timer: Some(12),
-                        ..Default::default()
-                    },
-                )
-                .unwrap();
-            self.p
-                .modify_qp(
-                    self.qp,
-                    &QpAttr {
-                        state: Some(QpState::Rts),
-                        sq_psn: Some(remote_psn),
-                        timeout: Some(14),
-                        retry_cnt: Some(7),
-                        rnr_retry: Some(7),
-                        max_rd_atomic: Some(1),
-                        ..Default::default()
-                    },
+                    peer,
+                    remote_qpn,
+                    remote_psn,
+                    Psn::new(1),
+                    Mtu::Mtu1024,
+                    1,
                 )
                 .unwrap();
         }

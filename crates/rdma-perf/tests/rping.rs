@@ -2,19 +2,17 @@
 //! addresses over the soft RoCE NIC: every ping's data is read by the
 //! server, written back and validated by the client.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
-use std::time::Duration;
+mod common;
+
+use common::{ends_well, serve};
+use std::process::Command;
 
 #[test]
 fn rrping_client_and_server_validate_every_ping() {
-    let mut server = Command::new(env!("CARGO_BIN_EXE_rrping"))
-        .args(["-s", "-a", "127.0.118.1", "-C", "25", "-S", "100", "-v"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(server.stdout.take().unwrap()).lines();
-    let first = lines.next().unwrap().unwrap();
+    let (mut server, first, lines) = serve(
+        env!("CARGO_BIN_EXE_rrping"),
+        &["-s", "-a", "127.0.118.1", "-C", "25", "-S", "100", "-v"],
+    );
     assert!(first.contains("listening"), "{first}");
     let client = Command::new(env!("CARGO_BIN_EXE_rrping"))
         .args([
@@ -41,18 +39,7 @@ fn rrping_client_and_server_validate_every_ping() {
     assert!(out.contains("rrping: 25 pings, 25 validated"), "{out}");
     assert!(out.contains("ping data: rdma-ping-24: Y"), "{out}");
     let rest: Vec<String> = lines.map_while(Result::ok).collect();
-    let waited = std::time::Instant::now();
-    let status = loop {
-        if let Some(s) = server.try_wait().unwrap() {
-            break s;
-        }
-        assert!(
-            waited.elapsed() < Duration::from_secs(30),
-            "server did not end"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    assert!(status.success(), "{rest:?}");
+    ends_well(&mut server, "rrping server", 30, &rest);
     assert_eq!(
         rest.iter()
             .filter(|l| l.starts_with("server ping data: rdma-ping-"))

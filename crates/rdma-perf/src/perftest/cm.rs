@@ -189,7 +189,7 @@ impl CmLink {
         }));
         let p = dev.provider().clone();
         let rc = dev
-            .rc_qp(16, 4, 4, SEND_AT + RECV_LEN)
+            .rc_qp(16, 4, 4, SEND_AT + RECV_LEN, AccessFlags::LOCAL_WRITE)
             .map_err(|(what, e)| setup(what)(e))?;
         Ok(CmLink {
             cm,
@@ -212,17 +212,7 @@ impl CmLink {
         dev: &crate::device::Nic,
     ) -> Result<(), PerftestError> {
         let setup = |e: verbs::VerbsError| PerftestError::Setup(format!("RDMA CM exchange: {e}"));
-        self.p
-            .modify_qp(
-                self.rc.qp,
-                &QpAttr {
-                    state: Some(QpState::Init),
-                    port: Some(dev.port()),
-                    pkey_index: Some(0),
-                    access: Some(AccessFlags::LOCAL_WRITE),
-                    ..Default::default()
-                },
-            )
+        dev.init_qp(self.rc.qp, AccessFlags::LOCAL_WRITE)
             .map_err(setup)?;
         self.post_recv()?;
         let psn = our_psn(1);

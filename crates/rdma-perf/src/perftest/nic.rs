@@ -233,21 +233,9 @@ impl Nic {
             Verb::Send => AccessFlags::REMOTE_WRITE | AccessFlags::LOCAL_WRITE,
             Verb::Atomic => AccessFlags::REMOTE_ATOMIC,
         };
-        let step = |what: &str, attr: QpAttr| {
-            self.p
-                .modify_qp(self.qp, &attr)
-                .map_err(|e| PerftestError::Setup(format!("QP to {what}: {e}")))
-        };
-        step(
-            "INIT",
-            QpAttr {
-                state: Some(QpState::Init),
-                port: Some(self.dev.port()),
-                pkey_index: Some(0),
-                access: Some(access),
-                ..Default::default()
-            },
-        )
+        self.dev
+            .init_qp(self.qp, access)
+            .map_err(|e| PerftestError::Setup(format!("QP to INIT: {e}")))
     }
 
     pub(super) fn connect(
