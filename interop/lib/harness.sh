@@ -96,6 +96,19 @@ ns_bg() {
   printf -v "HOST_PID_$name" '%s' $!
 }
 
+# ns_bg_ready NAME WORDS: wait (10 s at most) until the ns_bg process
+# NAME has written WORDS to its log; without them, show the log and fail.
+ns_bg_ready() {
+  local log=$RUN_DIR/host-$1.log i
+  for i in $(seq 1 100); do
+    grep -q "$2" "$log" 2>/dev/null && return 0
+    sleep 0.1
+  done
+  grep -q "$2" "$log" 2>/dev/null && return 0
+  cat "$log"
+  return 1
+}
+
 # ns_add_ip ADDR: give a host-side stack its own address on the bridge.
 ns_add_ip() { nsx ip addr add "$1/24" dev "$BRIDGE"; }
 

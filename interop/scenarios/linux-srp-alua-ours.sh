@@ -64,19 +64,10 @@ lun = 0
 device = "disk0"
 TOML
   ns_bg srptd 600 "$SRPTD" --config "$RUN_DIR/srptd.toml"
-  local i
-  for i in $(seq 1 100); do
-    grep -q "listening on" "$RUN_DIR/host-srptd.log" 2>/dev/null && break
-    sleep 0.1
-  done
-  grep -q "listening on" "$RUN_DIR/host-srptd.log" || { cat "$RUN_DIR/host-srptd.log"; return 1; }
+  ns_bg_ready srptd "listening on" || return 1
   cat "$RUN_DIR/host-srptd.log"
   ns_bg relay 600 python3 "$INTEROP_DIR/lib/adm_relay.py" 10.77.0.1 7000 "$SRPTADM" "$RUN_DIR/srptd.sock"
-  for i in $(seq 1 100); do
-    grep -q "relay listening" "$RUN_DIR/host-relay.log" 2>/dev/null && break
-    sleep 0.1
-  done
-  grep -q "relay listening" "$RUN_DIR/host-relay.log" || { cat "$RUN_DIR/host-relay.log"; return 1; }
+  ns_bg_ready relay "relay listening" || return 1
 }
 
 # adm ARGS...: srptadm ARGS on the host, through the relay.

@@ -32,20 +32,11 @@ host_main() {
   [ -x "$SRPTADM" ] || { echo "missing $SRPTADM: run cargo build --release -p srptd -p srp-cli"; return 1; }
   ns_add_ip 10.77.0.2
   ns_bg srptd 900 "$SRPTD" --ip 10.77.0.2 --ram-mib 32 --rdma-cm-port 5555 --control-socket "$RUN_DIR/srptd.sock"
-  local i
-  for i in $(seq 1 100); do
-    grep -q "listening on" "$RUN_DIR/host-srptd.log" 2>/dev/null && break
-    sleep 0.1
-  done
-  grep -q "listening on" "$RUN_DIR/host-srptd.log" || { cat "$RUN_DIR/host-srptd.log"; return 1; }
+  ns_bg_ready srptd "listening on" || return 1
   cat "$RUN_DIR/host-srptd.log"
   # The guest changes our LUN maps through this relay (srptadm on the host).
   ns_bg relay 900 python3 "$INTEROP_DIR/lib/adm_relay.py" 10.77.0.1 7000 "$SRPTADM" "$RUN_DIR/srptd.sock"
-  for i in $(seq 1 100); do
-    grep -q "relay listening" "$RUN_DIR/host-relay.log" 2>/dev/null && break
-    sleep 0.1
-  done
-  grep -q "relay listening" "$RUN_DIR/host-relay.log" || { cat "$RUN_DIR/host-relay.log"; return 1; }
+  ns_bg_ready relay "relay listening" || return 1
 }
 
 # Where the srptadm relay listens (the host side; a scenario with our

@@ -84,12 +84,7 @@ host_main() {
   # The SRP target for the guest's ib_srp.
   ns_bg srptd 900 "$SRPTD" --iwarp --ip 10.77.0.2 --ram-mib 32 --rdma-cm-port 5555 \
     --control-socket "$RUN_DIR/srptd.sock"
-  local i
-  for i in $(seq 1 100); do
-    grep -q "listening on" "$RUN_DIR/host-srptd.log" 2>/dev/null && break
-    sleep 0.1
-  done
-  grep -q "listening on" "$RUN_DIR/host-srptd.log" || { cat "$RUN_DIR/host-srptd.log"; return 1; }
+  ns_bg_ready srptd "listening on" || return 1
   cat "$RUN_DIR/host-srptd.log"
   # Part 3, once the guest's ib_srp part is done and LIO listens: our
   # initiator over iWARP against LIO on siw (srptd keeps 10.77.0.2).
