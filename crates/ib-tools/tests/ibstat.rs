@@ -30,6 +30,7 @@ impl Drop for Kill {
 
 fn ibstat(args: &[&str]) -> (bool, String, String) {
     let o = Command::new(env!("CARGO_BIN_EXE_ibstat"))
+        .env("NICD_MODE", "own")
         .args(args)
         .output()
         .unwrap();

@@ -31,8 +31,12 @@
 //!   answers (one daemon however many tools start at once, under a lock
 //!   beside the socket), which leaves after `--idle-exit` without a
 //!   client.
+//! - [`choice`]: which NIC a tool runs on. The daemon's is the default
+//!   (srptd, srpd, srp, rperf, rpingpong, rrping, rperftest, ibstat);
+//!   `--own-nic`, `NICD_MODE=own` or an option only a NIC of the tool's own
+//!   honours give one in the tool's process.
 //! - [`connect_at`] and [`socket_for`]: what the tools' `--nicd [SOCKET]`
-//!   option (srptd, srpd, srp, rperf, rrping, rperftest, ibstat) uses.
+//!   option and the default use.
 //!
 //! When the daemon dies, its clients hear the removal of every open CA
 //! and [`NicdProvider`] connects again once one is back (srpd and srptd
@@ -54,10 +58,9 @@
 //!
 //! What it does not do yet: UD sends, atomics and window binds go on
 //! the socket, not the rings (as do a solicited-only arm and what it
-//! delegates); SIDR through the daemon; the tools using it by default
-//! (they take `--nicd`; their in-process NIC stays the default);
-//! `rpingpong` and `saquery` through it; a NIC added to a running `ib`
-//! daemon (it would need its SMA).
+//! delegates); SIDR through the daemon; the `ib` fabric by default
+//! (`ibsm`, `saquery` and tools given `--fabric ib` take `--nicd` to a
+//! daemon started by hand with `nicd --fabric ib`).
 //!
 //! What it refuses: a client's handle that is not its own, memory not
 //! shared with it, QP0 (and a QP0 another holds to anyone), QP1 MADs it
@@ -70,6 +73,7 @@
 
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+pub mod choice;
 pub mod client;
 pub mod fuzz;
 pub mod mads;
@@ -98,6 +102,16 @@ pub fn default_socket(euid: u32, runtime_dir: Option<PathBuf>) -> PathBuf {
         (_, Some(d)) if !d.as_os_str().is_empty() => d.join("nicd.sock"),
         (uid, _) => std::env::temp_dir().join(format!("nicd-{uid}.sock")),
     }
+}
+
+/// clap's parser of a tool's `--nicd [SOCKET]`: any path, and the empty
+/// one the option without a value stands for (clap's own path parser
+/// refuses it).
+///
+/// # Errors
+/// None.
+pub fn socket_arg(s: &str) -> Result<PathBuf, std::convert::Infallible> {
+    Ok(PathBuf::from(s))
 }
 
 /// The daemon's socket a tool's `--nicd [SOCKET]` names: `given`

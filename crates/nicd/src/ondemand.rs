@@ -131,7 +131,8 @@ pub enum StartError {
     #[error(
         "no NIC daemon at {socket}, and `{program}` would not start ({source}): install nicd \
          beside this tool or on PATH, name it with {PROGRAM_ENV}, or start it by hand with \
-         `nicd --ip ADDRESS --socket {socket}`"
+         `nicd --ip ADDRESS --socket {socket}`; or give the tool --own-nic for a NIC in its own \
+         process"
     )]
     Spawn {
         /// The socket.

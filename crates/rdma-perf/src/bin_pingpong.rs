@@ -79,16 +79,36 @@ fn main() -> ExitCode {
     };
     // Through the verbs: an rdma-core device, or the NIC daemon's NIC at
     // --bind; else a soft RoCE node of our own.
-    let nic = if device.is_some() || cli.device.nicd.is_some() {
-        match NicChoice::from_args(&cli.device, Some(bind), "--bind", cli.roce_port, mtu) {
+    let own_only = nicd::choice::first_given(&[
+        (
+            cli.roce_port != 4791,
+            format!("--roce-port {}", cli.roce_port),
+        ),
+        (
+            mtu != rdma_types::Mtu::Mtu4096,
+            format!("-m {}", mtu.bytes()),
+        ),
+    ]);
+    let which = match cli.device.which(own_only) {
+        Ok(w) => w,
+        Err(e) => {
+            eprintln!("rpingpong: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let nic = match which {
+        Some(own @ nicd::choice::Which::Own { .. }) if device.is_none() => {
+            eprintln!("{}", own.line("rpingpong", &bind.to_string(), None));
+            None
+        }
+        None if device.is_none() => None,
+        _ => match NicChoice::from_args(&cli.device, Some(bind), "--bind", cli.roce_port, mtu) {
             Ok(c) => Some(c),
             Err(e) => {
                 eprintln!("rpingpong: {e}");
                 return ExitCode::FAILURE;
             }
-        }
-    } else {
-        None
+        },
     };
     let cfg = PingPongConfig {
         bind: SocketAddr::new(bind, cli.roce_port),

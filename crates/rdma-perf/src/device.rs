@@ -49,24 +49,31 @@ pub struct DeviceArgs {
     )]
     pub device: Option<DeviceSpec>,
     /// Run on the NIC daemon's soft RoCE NIC at this node's address
-    /// instead of one of this process's own, so other processes can use
-    /// the address too: through the daemon's socket SOCKET [default:
-    /// $NICD_SOCKET, else nicd's default]. With no daemon there one is
-    /// started for the address (`nicd` beside this tool or on PATH); it
-    /// leaves after $NICD_IDLE_EXIT (30s) without a client.
+    /// through its socket SOCKET [default: $NICD_SOCKET, else nicd's
+    /// default]; the default, so other processes can use the address too.
+    /// With no daemon there one is started for the address (`nicd`
+    /// beside this tool or on PATH); it leaves after $NICD_IDLE_EXIT
+    /// (30s) without a client.
     #[arg(
         long,
         value_name = "SOCKET",
         num_args = 0..=1,
-        default_missing_value = "",
-        conflicts_with = "device"
+        default_missing_value = "", value_parser = nicd::socket_arg,
+        conflicts_with_all = ["device", "own_nic"]
     )]
     pub nicd: Option<std::path::PathBuf>,
+    /// Run on a soft RoCE NIC of this process's own, not the NIC
+    /// daemon's (one process per address and UDP port); also what
+    /// $NICD_MODE=own, or an option only such a NIC honours (a UDP port other
+    /// than 4791, an MTU other than 4096, faults, a capture, a baseline),
+    /// choose.
+    #[arg(long, conflicts_with = "device")]
+    pub own_nic: bool,
     /// Run on our soft iWARP NIC at this node's address (RDMA over TCP,
     /// what Linux siw speaks) instead of soft RoCE: RDMA CM is a TCP
     /// connection and the MPA exchange; QPs set up by the verbs alone
     /// meet at TCP port 4794 of the peer's address.
-    #[arg(long, conflicts_with_all = ["device", "nicd"])]
+    #[arg(long, conflicts_with_all = ["device", "nicd", "own_nic"])]
     pub iwarp: bool,
 }
 
@@ -74,6 +81,21 @@ impl DeviceArgs {
     /// The rdma-core device asked for; `None`: our soft RoCE NIC.
     pub fn rdma_core(&self) -> Option<&DeviceSpec> {
         self.device.as_ref().filter(|d| d.name != SOFT_DEVICE)
+    }
+
+    /// Whose soft RoCE NIC ([`nicd::choice`]): `None` on an rdma-core
+    /// device or iWARP. `own_only` is the first option given that only a
+    /// NIC of the tool's own honours.
+    ///
+    /// # Errors
+    /// `$NICD` that does not parse, or contradicting options.
+    pub fn which(&self, own_only: Option<String>) -> Result<Option<nicd::choice::Which>, String> {
+        if self.rdma_core().is_some() || self.iwarp {
+            return Ok(None);
+        }
+        let asked =
+            nicd::choice::Asked::from_env(self.nicd.as_deref(), self.own_nic, own_only, false);
+        nicd::choice::choose(&asked).map(Some)
     }
 }
 
@@ -139,12 +161,23 @@ impl NicChoice {
                 opts: iwarp_tcp::NicOptions::default(),
             });
         }
-        if let Some(s) = &dev.nicd {
-            return Ok(NicChoice::Nicd {
-                socket: nicd::socket_for(s),
-                ip,
-                start: nicd::ondemand::OnDemand::from_env().map_err(NicError::Environment)?,
-            });
+        let own_only = nicd::choice::first_given(&[
+            (udp_port != 4791, format!("UDP port {udp_port}")),
+            (mtu != Mtu::Mtu4096, format!("MTU {}", mtu.bytes())),
+        ]);
+        match dev.which(own_only).map_err(NicError::Environment)? {
+            Some(nicd::choice::Which::Daemon { socket }) => {
+                return Ok(NicChoice::Nicd {
+                    socket,
+                    ip,
+                    start: nicd::ondemand::OnDemand::from_env().map_err(NicError::Environment)?,
+                })
+            }
+            Some(own) => {
+                let tool = nicd::ondemand::tool_name();
+                eprintln!("{}", own.line(&tool, &ip.to_string(), None));
+            }
+            None => {}
         }
         let opts = rnic::softroce::NicOptions::from_env()
             .map_err(|e| NicError::Environment(e.to_string()))?;
@@ -305,6 +338,14 @@ impl Nic {
                 }
                 let (p, guid) = nicd::connect_at(socket, *ip).map_err(NicError::Nicd)?;
                 drop(held);
+                let which = nicd::choice::Which::Daemon {
+                    socket: socket.clone(),
+                };
+                let tool = nicd::ondemand::tool_name();
+                eprintln!(
+                    "{}",
+                    which.line(&tool, &ip.to_string(), Some(p.daemon_pid()))
+                );
                 let name = format!("{SOFT_DEVICE} ({ip}, nicd at {})", socket.display());
                 Nic::on(p, guid, PortNum(1), name, Kind::Nicd { ip: *ip })
             }

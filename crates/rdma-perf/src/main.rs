@@ -186,23 +186,33 @@ fn refuse_first(given: &[(bool, &str, &str)], with: &str, or: &str) -> Result<()
 }
 
 /// The shared settings; with --device, the device's port opened (ACTIVE).
-fn common(a: &CommonArgs, stop: &Arc<AtomicBool>) -> Result<Common, String> {
+fn common(a: &CommonArgs, baseline: bool, stop: &Arc<AtomicBool>) -> Result<Common, String> {
     let bind = a
         .bind
         .unwrap_or_else(|| DEFAULT_BIND.parse().expect("literal address"));
-    let device = match (a.device.rdma_core(), &a.device.nicd) {
+    let own_only = nicd::choice::first_given(&[
+        (bind.port() != 4791, format!("--bind {bind}")),
+        (a.mtu != 4096, format!("--mtu {}", a.mtu)),
+        (a.faults.is_some(), "--faults".into()),
+        (a.capture.is_some(), "--capture".into()),
+        (baseline, "--baseline".into()),
+    ]);
+    let which = a.device.which(own_only)?;
+    let device = match (a.device.rdma_core(), which) {
         (Some(spec), _) => Some(Arc::new(
             Nic::open(&NicChoice::RdmaCore(spec.clone())).map_err(|e| e.to_string())?,
         )),
-        (None, Some(s)) => {
+        (None, Some(nicd::choice::Which::Daemon { socket })) => {
             let choice = NicChoice::Nicd {
-                socket: nicd::socket_for(s),
+                socket,
                 ip: bind.ip(),
                 start: nicd::ondemand::OnDemand::from_env()?,
             };
-            let nic = Nic::open(&choice).map_err(|e| e.to_string())?;
-            eprintln!("rperf: NIC {}", nic.name());
-            Some(Arc::new(nic))
+            Some(Arc::new(Nic::open(&choice).map_err(|e| e.to_string())?))
+        }
+        (None, Some(own)) => {
+            eprintln!("{}", own.line("rperf", &bind.ip().to_string(), None));
+            None
         }
         (None, None) if a.device.iwarp => {
             let choice = NicChoice::Iwarp {
@@ -301,7 +311,7 @@ fn main() -> ExitCode {
             clients,
         } => (|| {
             soft_only(&c, false)?;
-            let c = common(&c, &stop)?;
+            let c = common(&c, false, &stop)?;
             let listener =
                 TcpListener::bind(oob).map_err(|e| format!("cannot listen on {oob}: {e}"))?;
             // Scripts wait for this line before starting a client.
@@ -358,7 +368,7 @@ fn main() -> ExitCode {
             }
             let iters = iters.unwrap_or(if duration.is_some() { u64::MAX } else { 1000 });
             let cfg = ClientConfig {
-                common: common(&c, &stop)?,
+                common: common(&c, baseline, &stop)?,
                 server,
                 op,
                 size,

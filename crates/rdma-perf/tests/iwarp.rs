@@ -28,6 +28,7 @@ fn rrping_validates_every_ping_over_iwarp() {
         "{first}"
     );
     let client = Command::new(env!("CARGO_BIN_EXE_rrping"))
+        .env("NICD_MODE", "own")
         .args([
             "--iwarp",
             "-c",
@@ -81,6 +82,7 @@ fn rperf_writes_and_reads_verified_over_iwarp_against_plain_tcp() {
             args.push("--baseline");
         }
         let client = Command::new(env!("CARGO_BIN_EXE_rperf"))
+            .env("NICD_MODE", "own")
             .args(&args)
             .output()
             .unwrap();

@@ -18,7 +18,9 @@ const SERVER: &str = "127.0.130.1";
 const CLIENT: &str = "127.0.130.2";
 
 fn rperftest() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_rperftest"))
+    let mut c = Command::new(env!("CARGO_BIN_EXE_rperftest"));
+    c.env("NICD_MODE", "own");
+    c
 }
 
 /// Starts a server and waits until it listens (its banner is printed once

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 fn two_rpingpong_processes_ping_pong() {
     let bin = env!("CARGO_BIN_EXE_rpingpong");
     let mut server = Command::new(bin)
+        .env("NICD_MODE", "own")
         .args([
             "--bind",
             "127.0.50.2",
@@ -46,6 +47,7 @@ fn two_rpingpong_processes_ping_pong() {
         assert!(Instant::now() < deadline, "server never waited");
     }
     let out = Command::new(bin)
+        .env("NICD_MODE", "own")
         .args([
             "127.0.50.2",
             "--bind",

@@ -10,6 +10,7 @@ use std::process::{Command, Output};
 
 fn rperf(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_rperf"))
+        .env("NICD_MODE", "own")
         .args(args)
         .output()
         .expect("run rperf")

@@ -15,6 +15,7 @@ fn rrping_client_and_server_validate_every_ping() {
     );
     assert!(first.contains("listening"), "{first}");
     let client = Command::new(env!("CARGO_BIN_EXE_rrping"))
+        .env("NICD_MODE", "own")
         .args([
             "-c",
             "-a",
@@ -53,6 +54,7 @@ fn rrping_client_and_server_validate_every_ping() {
 
     // A client with nobody to talk to fails with the reason.
     let alone = Command::new(env!("CARGO_BIN_EXE_rrping"))
+        .env("NICD_MODE", "own")
         .args([
             "-c",
             "-a",

@@ -6,7 +6,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 fn rperf() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_rperf"))
+    let mut c = Command::new(env!("CARGO_BIN_EXE_rperf"));
+    c.env("NICD_MODE", "own");
+    c
 }
 
 /// Starts a server and waits (bounded) for the line saying it listens.

@@ -154,6 +154,27 @@ impl Tmo {
     }
 }
 
+/// Whose soft RoCE NIC `srp` or `srpd` runs on ([`nicd::choice`]): the
+/// NIC daemon's unless `--own-nic`, `$NICD_MODE=own`, a `--udp-port` other
+/// than 4791, an `--mtu` other than 4096 or `$SOFTROCE_FAULTS` asks for
+/// one of its own; on the `ib` fabric only with `--nicd`.
+///
+/// # Errors
+/// Options that contradict each other, in words.
+pub fn nic_choice(
+    nicd: Option<&std::path::Path>,
+    own_nic: bool,
+    udp_port: u16,
+    mtu: usize,
+    ib: bool,
+) -> Result<nicd::choice::Which, String> {
+    let own_only = nicd::choice::first_given(&[
+        (udp_port != 4791, format!("--udp-port {udp_port}")),
+        (mtu != 4096, format!("--mtu {mtu}")),
+    ]);
+    nicd::choice::choose(&nicd::choice::Asked::from_env(nicd, own_nic, own_only, ib))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -301,6 +301,8 @@ struct SoftNic {
     /// and SA subscriptions, and (soft RoCE fabric) their QP1 objects.
     /// Closed at shutdown, once the logins are gone.
     cm: Arc<rdma_access::resource::TrackedProvider>,
+    /// The NIC daemon's process ID, when the NIC is its.
+    nicd_pid: Option<u32>,
 }
 
 /// The running initiator daemon.
@@ -321,6 +323,13 @@ pub struct Initd {
     /// The watcher of CAs that go and come back (the NIC daemon's, an
     /// rdma-core device: `crate::rejoin`), joined at shutdown.
     watcher: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl Initd {
+    /// The NIC daemon's process ID, when the soft RoCE CAs are its.
+    pub fn nicd_pid(&self) -> Option<u32> {
+        self.soft.as_ref().and_then(|s| s.nicd_pid)
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -552,6 +561,7 @@ impl Initd {
         // Every port has the GUID of its address, in either fabric.
         let soft = rnic::softroce::SoftCa::at_each(&cfg.ips);
         // The NIC daemon's NIC at the addresses, or one of our own.
+        let mut nicd_pid = None;
         let (provider, own): (Arc<dyn Provider>, _) = match &cfg.nicd {
             Some(socket) => {
                 let mut client = None;
@@ -563,6 +573,7 @@ impl Initd {
                     );
                 }
                 let client = client.ok_or(InitdStartError::NoAddress)?;
+                nicd_pid = Some(client.daemon_pid());
                 (client as Arc<dyn Provider>, None)
             }
             None => {
@@ -632,7 +643,11 @@ impl Initd {
                 via: Via::Soft { agent, ib: port },
             });
         }
-        Ok(SoftNic { access, cm })
+        Ok(SoftNic {
+            access,
+            cm,
+            nicd_pid,
+        })
     }
 
     /// The CAs in words, the default first: `rxe0:1 (10.0.0.2), 127.0.0.2`.

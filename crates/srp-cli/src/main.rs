@@ -58,20 +58,26 @@ struct Login {
     /// needed (ib_srp's login string has it too).
     #[arg(long, value_name = "NAME[:PORT]", value_parser = parse_device)]
     device: Option<rdmacore::DeviceSpec>,
-    /// Use the NIC daemon's soft RoCE NIC at --ip, through the daemon's
-    /// socket SOCKET [default: $NICD_SOCKET, else nicd's default],
-    /// instead of a NIC of srp's own: other processes (srptd, srpd,
-    /// rperf) can then use the address too. With no daemon there one is
-    /// started for the address (`nicd` beside this tool or on PATH); it
-    /// leaves after $NICD_IDLE_EXIT (30s) without a client.
+    /// Use the NIC daemon's soft RoCE NIC at --ip through its socket
+    /// SOCKET [default: $NICD_SOCKET, else nicd's default]; the default,
+    /// so other processes (srptd, srpd, rperf) can use the address too.
+    /// With no daemon there one is started for the address (`nicd` beside
+    /// this tool or on PATH); it leaves after $NICD_IDLE_EXIT (30s)
+    /// without a client.
     #[arg(
         long,
         value_name = "SOCKET",
         num_args = 0..=1,
-        default_missing_value = "",
-        conflicts_with = "device"
+        default_missing_value = "", value_parser = nicd::socket_arg,
+        conflicts_with_all = ["device", "own_nic"]
     )]
     nicd: Option<std::path::PathBuf>,
+    /// A soft RoCE NIC of srp's own, in its process (one process per
+    /// address and UDP port), not the NIC daemon's; also what $NICD_MODE=own,
+    /// a --udp-port other than 4791, an --mtu other than 4096 or
+    /// $SOFTROCE_FAULTS choose.
+    #[arg(long, conflicts_with = "device")]
+    own_nic: bool,
     /// Log in over our soft iWARP NIC at --ip (RDMA over TCP, what Linux
     /// siw speaks) instead of soft RoCE: RDMA CM is then a TCP connection
     /// to --dest and the MPA exchange; the target's id_ext defaults as
@@ -306,14 +312,20 @@ enum Cmd {
         /// Address of our soft RoCE NIC.
         #[arg(long, default_value = "127.0.0.2")]
         ip: IpAddr,
-        /// Use the NIC daemon's soft RoCE NIC at --ip, through the daemon's
-        /// socket SOCKET [default: $NICD_SOCKET, else nicd's default],
-        /// instead of a NIC of srp's own: other processes (srptd, srpd,
-        /// rperf) can then use the address too. With no daemon there one is
-        /// started for the address (`nicd` beside this tool or on PATH); it
-        /// leaves after $NICD_IDLE_EXIT (30s) without a client.
-        #[arg(long, value_name = "SOCKET", num_args = 0..=1, default_missing_value = "")]
+        /// Use the NIC daemon's soft RoCE NIC at --ip through its socket
+        /// SOCKET [default: $NICD_SOCKET, else nicd's default]; the default
+        /// on the roce fabric. With no daemon there one is started for the
+        /// address (`nicd` beside this tool or on PATH). With --sa or
+        /// --fabric ib only when given, from a daemon started by hand with
+        /// `nicd --fabric ib`.
+        #[arg(long, value_name = "SOCKET", num_args = 0..=1, default_missing_value = "", value_parser = nicd::socket_arg,
+              conflicts_with = "own_nic")]
         nicd: Option<std::path::PathBuf>,
+        /// A soft RoCE NIC of srp's own, in its process, not the NIC
+        /// daemon's; also what $NICD_MODE=own, a --udp-port other than 4791
+        /// or $SOFTROCE_FAULTS choose.
+        #[arg(long)]
+        own_nic: bool,
         /// Ask from this rdma-core device's port (a real RDMA NIC, Linux
         /// rxe or siw), NAME or NAME:PORT as `ibv_devices` lists it: the
         /// DM queries go through the kernel's user MAD interface
@@ -552,33 +564,33 @@ fn paths(l: &Login) -> Result<Vec<Arc<srp_initiator::path_login::PathLogin>>, St
         return iwarp_paths(l, &ips);
     }
     let cas = rnic::softroce::SoftCa::at_each(&ips);
-    let provider: Arc<dyn verbs::Provider> = match &l.nicd {
-        Some(s) => {
-            let socket = nicd::socket_for(s);
-            let held =
-                nicd::ondemand::ensure(&socket, &ips, &nicd::ondemand::OnDemand::from_env()?)
-                    .map_err(|e| e.to_string())?;
+    let which = srp_cli::args::nic_choice(l.nicd.as_deref(), l.own_nic, l.udp_port, l.mtu, false)?;
+    let at = ips
+        .iter()
+        .map(|i| i.to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
+    let provider: Arc<dyn verbs::Provider> = match which.socket() {
+        Some(socket) => {
+            let held = nicd::ondemand::ensure(socket, &ips, &nicd::ondemand::OnDemand::from_env()?)
+                .map_err(|e| e.to_string())?;
             if let Some(s) = &held.started {
                 eprintln!("srp: {s}");
             }
             let mut client = None;
             for ip in &ips {
-                client = Some(nicd::connect_at(&socket, *ip)?.0);
+                client = Some(nicd::connect_at(socket, *ip)?.0);
             }
-            eprintln!(
-                "srp: NIC: the NIC daemon's at {}, through {}",
-                ips.iter()
-                    .map(|i| i.to_string())
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                socket.display()
-            );
-            client.ok_or("no --ip")?
+            let client = client.ok_or("no --ip")?;
+            eprintln!("{}", which.line("srp", &at, Some(client.daemon_pid())));
+            client
         }
         None => {
             srp_cli::args::check_local(&ips, l.udp_port).map_err(|e| e.to_string())?;
             let nic = rnic::softroce::NicOptions::from_env().map_err(|e| e.to_string())?;
-            rnic::softroce::SoftRoce::with_options(cas.clone(), l.udp_port, mtu, nic)
+            let own = rnic::softroce::SoftRoce::with_options(cas.clone(), l.udp_port, mtu, nic);
+            eprintln!("{}", which.line("srp", &at, None));
+            own
         }
     };
     // Sessions reach the NIC through a client of the access layer, which
@@ -1061,6 +1073,7 @@ fn run(cmd: Cmd) -> Result<bool, String> {
             sm_wait_ms,
             ip,
             nicd,
+            own_nic,
             device,
             rdma_cm_port,
             udp_port,
@@ -1105,9 +1118,20 @@ fn run(cmd: Cmd) -> Result<bool, String> {
                 login,
                 all,
             };
+            let ib = sa || fabric == rdma_access::subnet::Fabric::Ib;
+            let which = match device {
+                Some(_) => None,
+                None => Some(srp_cli::args::nic_choice(
+                    nicd.as_deref(),
+                    own_nic,
+                    udp_port,
+                    4096,
+                    ib,
+                )?),
+            };
             let local = Local {
                 ip,
-                nicd: nicd.as_deref().map(nicd::socket_for),
+                nicd: which,
                 device: device.map(|d| (d, rdma_cm_port)),
                 udp_port,
                 ib: (sa || fabric == rdma_access::subnet::Fabric::Ib).then_some(IbMode {
@@ -1160,8 +1184,9 @@ struct IbMode {
 /// `srp discover`: our port, and how it joins the fabric.
 struct Local {
     ip: IpAddr,
-    /// The NIC daemon's socket, to use its NIC at `ip`.
-    nicd: Option<std::path::PathBuf>,
+    /// The NIC daemon's NIC at `ip` or one of our own (`None` with a
+    /// device).
+    nicd: Option<nicd::choice::Which>,
     /// An rdma-core device's port instead, and the targets' RDMA CM port.
     device: Option<(rdmacore::DeviceSpec, u16)>,
     udp_port: u16,
@@ -1305,7 +1330,10 @@ fn discover(
     // ids, MAD agents and trap subscriptions (and, on soft RoCE, its QP1
     // objects). `_cm`, dropped first, closes them before the port goes.
     let guid = rnic::softroce::ip_guid(ip);
-    let (provider, soft): (Arc<dyn verbs::Provider>, _) = match &nicd {
+    let which = nicd.unwrap_or(nicd::choice::Which::Own {
+        why: "--device".into(),
+    });
+    let (provider, soft): (Arc<dyn verbs::Provider>, _) = match which.socket() {
         Some(socket) => {
             let held =
                 nicd::ondemand::ensure(socket, &[ip], &nicd::ondemand::OnDemand::from_env()?)
@@ -1316,8 +1344,8 @@ fn discover(
             let (p, _) = nicd::connect_at(socket, ip)?;
             drop(held);
             eprintln!(
-                "srp: NIC: the NIC daemon's at {ip}, through {}",
-                socket.display()
+                "{}",
+                which.line("srp", &ip.to_string(), Some(p.daemon_pid()))
             );
             (p as Arc<dyn verbs::Provider>, None)
         }
@@ -1328,6 +1356,7 @@ fn discover(
                 rdma_types::Mtu::Mtu4096,
                 rnic::softroce::NicOptions::from_env().map_err(|e| e.to_string())?,
             );
+            eprintln!("{}", which.line("srp", &ip.to_string(), None));
             (soft.clone() as Arc<dyn verbs::Provider>, Some(soft))
         }
     };

@@ -19,6 +19,7 @@ fn scratch(tag: &str) -> (PathBuf, PathBuf) {
 
 fn srpd(dir: &std::path::Path, root: &std::path::Path, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_srpd"))
+        .env("NICD_MODE", "own")
         .args(args)
         .arg("--mount-root")
         .arg(root)
@@ -93,6 +94,7 @@ fn a_device_name_that_is_no_name_is_a_usage_error() {
 
 fn srp(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_srp"))
+        .env("NICD_MODE", "own")
         .args(args)
         .output()
         .unwrap()

@@ -109,7 +109,7 @@ struct NetArgs {
     /// --initiator-ip), through its socket SOCKET [default: $NICD_SOCKET,
     /// else nicd's default], instead of in this process; one is started
     /// for the two addresses when none answers.
-    #[arg(long, value_name = "SOCKET", num_args = 0..=1, default_missing_value = "")]
+    #[arg(long, value_name = "SOCKET", num_args = 0..=1, default_missing_value = "", value_parser = nicd::socket_arg)]
     nicd: Option<std::path::PathBuf>,
     /// Give each command's data an R_Key of its own (a memory window
     /// bound per command, ib_srp's register_always) instead of one for

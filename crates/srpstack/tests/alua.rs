@@ -13,7 +13,6 @@ mod common;
 use common::{srptadm, srptadm_json, Proc};
 use serde_json::Value;
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// Commands each group's port has accepted, all sessions together:
@@ -84,7 +83,7 @@ fn srp_io_follows_target_port_groups_through_failover_and_back() {
     .unwrap();
     // `--check` accepts the file; a misspelt state is refused naming it.
     let (ok, out) = common::run(
-        Command::new(common::srptd_bin())
+        common::tool(common::srptd_bin())
             .args(["--check", "--config"])
             .arg(&cfg),
     );
@@ -98,7 +97,7 @@ fn srp_io_follows_target_port_groups_through_failover_and_back() {
     )
     .unwrap();
     let (ok, out) = common::run(
-        Command::new(common::srptd_bin())
+        common::tool(common::srptd_bin())
             .args(["--check", "--config"])
             .arg(&bad),
     );
@@ -128,7 +127,7 @@ fn srp_io_follows_target_port_groups_through_failover_and_back() {
 
     let io = Proc::start(
         "srp io",
-        Command::new(common::srp_bin()).args([
+        common::tool(common::srp_bin()).args([
             "io",
             "--dest",
             "127.93.1.1:5555",

@@ -88,12 +88,12 @@ fn fio_and_ext4_on_a_remote_lun_through_fuse() {
     .unwrap();
     let _target = Proc::start(
         "srptd",
-        Command::new(common::srptd_bin()).arg("--config").arg(&cfg),
+        common::tool(common::srptd_bin()).arg("--config").arg(&cfg),
     );
     _target.wait_line("listening on", 20);
     let mut fuse = Proc::start(
         "srp fuse",
-        Command::new(common::srp_bin())
+        common::tool(common::srp_bin())
             .args([
                 "fuse",
                 "--dest",
@@ -217,14 +217,14 @@ fn fio_nbd_engine_and_qemu_img_on_a_remote_lun() {
     std::fs::create_dir_all(&dir).unwrap();
     let target = Proc::start(
         "srptd",
-        Command::new(common::srptd_bin())
+        common::tool(common::srptd_bin())
             .args(["--ip", "127.0.96.5", "--ram-mib", "32", "--control-socket"])
             .arg(dir.join("ctl.sock")),
     );
     target.wait_line("listening on", 20);
     let mut srv = Proc::start(
         "srp nbd",
-        Command::new(common::srp_bin()).args([
+        common::tool(common::srp_bin()).args([
             "nbd",
             "--dest",
             "127.0.96.5:5555",

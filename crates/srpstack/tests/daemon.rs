@@ -72,7 +72,7 @@ impl Daemon {
 
 /// `srptd --check --config path`.
 fn check(path: &Path) -> std::process::Output {
-    Command::new(common::srptd_bin())
+    common::tool(common::srptd_bin())
         .args(["--check", "--config"])
         .arg(path)
         .output()
@@ -139,7 +139,7 @@ fn start_args(tag: &str, args: &[&str], text: impl FnOnce(&Path) -> String) -> D
     std::fs::write(&cfg, text(&dir)).unwrap();
     let proc = Proc::start(
         "srptd",
-        Command::new(common::srptd_bin())
+        common::tool(common::srptd_bin())
             .args(args)
             .arg("--config")
             .arg(&cfg),
@@ -209,7 +209,7 @@ fn login(ip: &str, dest: &'static str, ext: u64, tid_base: u32) -> Arc<Session> 
 
 /// `srp luns` from another process: the LUN numbers and device IDs shown.
 fn luns_of(dest: &str, ip: &str, ext: u64) -> Vec<(u64, String)> {
-    let out = Command::new(common::srp_bin())
+    let out = common::tool(common::srp_bin())
         .args(["luns", "--json", "--dest", dest, "--ip", ip])
         .args(["--initiator-ext", &format!("{ext:x}")])
         .output()
@@ -271,7 +271,7 @@ fn check_reports_file_line_and_key() {
 /// `srptd --config path` where it must refuse to start: its standard
 /// error. Fails the test if srptd is still running after 30 s.
 fn start_refused(cfg: &Path) -> String {
-    let mut child = Command::new(common::srptd_bin())
+    let mut child = common::tool(common::srptd_bin())
         .arg("--config")
         .arg(cfg)
         .stdout(std::process::Stdio::null())
@@ -2109,7 +2109,7 @@ fn check_names_the_target_that_clashes() {
     // several targets are refused rather than applied to one.
     std::fs::write(&cfg, &good).unwrap();
     assert!(check(&cfg).status.success());
-    let out = Command::new(common::srptd_bin())
+    let out = common::tool(common::srptd_bin())
         .args(["--ip", "127.0.172.20", "--config"])
         .arg(&cfg)
         .output()
@@ -2257,7 +2257,7 @@ fn text_logs_stay_the_default_and_fatal_errors_follow_the_format() {
     let cfg = dir.join("bad.toml");
     std::fs::write(&cfg, "[target]\nip = \"127.0.172.30\"\nrel_tgt_id = 0\n").unwrap();
     let run = |fmt: &[&str]| {
-        let out = Command::new(common::srptd_bin())
+        let out = common::tool(common::srptd_bin())
             .args(fmt)
             .arg("--config")
             .arg(&cfg)
@@ -2450,7 +2450,7 @@ fn mtu_is_set_shown_and_checked() {
     assert!(r.good() || !r.sense.is_empty(), "commands flow at MTU 1024");
     drop(s);
 
-    let bad = Command::new(common::srptd_bin())
+    let bad = common::tool(common::srptd_bin())
         .args(["--mtu", "1500", "--ram-mib", "1"])
         .output()
         .unwrap();

@@ -48,7 +48,7 @@ fn srptd_on_a_device_it_cannot_use_says_why_at_once() {
 
 #[test]
 fn srptd_refuses_a_device_spec_it_cannot_parse() {
-    let (ok, out) = run(Command::new(common::srptd_bin()).args(["--device", "rxe0:0"]));
+    let (ok, out) = run(common::tool(common::srptd_bin()).args(["--device", "rxe0:0"]));
     assert!(!ok, "{out}");
     assert!(out.contains("from 1 to 255"), "{out}");
 }
@@ -56,7 +56,7 @@ fn srptd_refuses_a_device_spec_it_cannot_parse() {
 #[test]
 fn srp_on_a_device_needs_the_target_port_id_and_a_usable_device() {
     // Without --id-ext: said before any device is looked at.
-    let (ok, out) = run(Command::new(common::srp_bin()).args([
+    let (ok, out) = run(common::tool(common::srp_bin()).args([
         "io",
         "--device",
         "rxe9",
@@ -89,7 +89,7 @@ fn srp_on_a_device_needs_the_target_port_id_and_a_usable_device() {
     );
 
     // IB CM is not served on a device yet: said, not tried.
-    let (ok, out) = run(Command::new(common::srp_bin()).args([
+    let (ok, out) = run(common::tool(common::srp_bin()).args([
         "luns",
         "--device",
         "rxe9",

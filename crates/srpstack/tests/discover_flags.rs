@@ -10,7 +10,7 @@
 mod common;
 
 use common::{text, Proc};
-use std::process::{Command, Output};
+use std::process::Output;
 use std::time::{Duration, Instant};
 
 /// srptd at 127.0.178.17: its GUID (0002c903 and the address) is the
@@ -38,7 +38,7 @@ fn srp_daemon_options_once_all_and_login_strings() {
     std::fs::create_dir_all(&root).unwrap();
     let target = Proc::start(
         "srptd",
-        Command::new(common::srptd_bin())
+        common::tool(common::srptd_bin())
             .args(["--ip", "127.0.178.17", "--ram-mib", "8"])
             .arg("--control-socket")
             .arg(dir.join("srptd.sock")),
@@ -47,7 +47,7 @@ fn srp_daemon_options_once_all_and_login_strings() {
     let sock = dir.join("srpd.sock");
     let srpd = Proc::start(
         "srpd",
-        Command::new(common::srpd_bin())
+        common::tool(common::srpd_bin())
             .args(["--ip", "127.0.178.18"])
             .arg("--mount-root")
             .arg(&root)
@@ -58,7 +58,7 @@ fn srp_daemon_options_once_all_and_login_strings() {
     let sock_s = sock.to_str().unwrap().to_string();
     let discover = |flags: &[&str]| -> (Output, Duration) {
         let t = Instant::now();
-        let o = Command::new(common::srp_bin())
+        let o = common::tool(common::srp_bin())
             .args([
                 "discover",
                 "--target",
@@ -73,7 +73,7 @@ fn srp_daemon_options_once_all_and_login_strings() {
         (o, t.elapsed())
     };
     let logins = || -> Vec<serde_json::Value> {
-        let o = Command::new(common::srp_bin())
+        let o = common::tool(common::srp_bin())
             .args(["list", "--json", "--control-socket", &sock_s])
             .output()
             .unwrap();

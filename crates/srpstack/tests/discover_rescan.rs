@@ -9,12 +9,11 @@ mod common;
 
 use common::Proc;
 use std::path::Path;
-use std::process::Command;
 
 fn srptd(ip: &str, sock: &Path) -> Proc {
     let p = Proc::start(
         "srptd",
-        Command::new(common::srptd_bin())
+        common::tool(common::srptd_bin())
             .args(["--ip", ip, "--ram-mib", "8"])
             .arg("--control-socket")
             .arg(sock),
@@ -36,7 +35,7 @@ fn rescans_log_in_to_targets_that_appear_and_only_once() {
     let sock = dir.join("srpd.sock");
     let srpd = Proc::start(
         "srpd",
-        Command::new(common::srpd_bin())
+        common::tool(common::srpd_bin())
             .args(["--ip", "127.0.119.3"])
             .arg("--mount-root")
             .arg(&root)
@@ -47,7 +46,7 @@ fn rescans_log_in_to_targets_that_appear_and_only_once() {
 
     let mut discover = Proc::start(
         "srp discover",
-        Command::new(common::srp_bin())
+        common::tool(common::srp_bin())
             .args([
                 "discover",
                 "--target",
@@ -85,7 +84,7 @@ fn rescans_log_in_to_targets_that_appear_and_only_once() {
     let status = discover.child.wait().unwrap();
     assert!(status.success());
     // srpd holds exactly the two logins, one per target.
-    let out = Command::new(common::srp_bin())
+    let out = common::tool(common::srp_bin())
         .args(["list", "--json", "--control-socket"])
         .arg(&sock)
         .output()

@@ -164,6 +164,15 @@ fn systemd_units_verify() {
         "{srptd}"
     );
     assert!(srpd.contains("--mount-root /run/srp"), "{srpd}");
+    // Both run on the NIC daemon's NICs by default: its unit, not one
+    // they start in their own cgroups.
+    for unit in [&srptd, &srpd] {
+        assert!(
+            unit.contains("Wants=network-online.target nicd.service"),
+            "{unit}"
+        );
+    }
+    let nicd = std::fs::read_to_string(units.join("nicd.service")).unwrap();
     if !need::tool("systemd-analyze") {
         return;
     }
@@ -172,7 +181,11 @@ fn systemd_units_verify() {
     let dir = tempdir("units");
     let bins = bin_of("srptd").parent().unwrap().to_path_buf();
     let mut paths = Vec::new();
-    for (name, body) in [("srptd.service", &srptd), ("srpd.service", &srpd)] {
+    for (name, body) in [
+        ("srptd.service", &srptd),
+        ("srpd.service", &srpd),
+        ("nicd.service", &nicd),
+    ] {
         let p = dir.join(name);
         let here = format!("{}/", bins.display());
         std::fs::write(&p, body.replace("/usr/local/sbin/", &here)).unwrap();

@@ -23,7 +23,6 @@ use serde_json::Value;
 use srp::initiator::ChannelConfig;
 use srp_initiator::session::{CmdResult, Session, SessionConfig, Xfer};
 use std::path::Path;
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -119,7 +118,7 @@ fn srptd_serves_a_drbd_lun_only_while_primary_and_drains_on_demotion() {
     std::fs::write(&cfg, &text).unwrap();
     let check = |path: &Path| {
         common::run(
-            Command::new(common::srptd_bin())
+            common::tool(common::srptd_bin())
                 .args(["--check", "--config"])
                 .arg(path),
         )

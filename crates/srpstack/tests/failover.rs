@@ -11,7 +11,6 @@ use rdma_types::Guid;
 use srp_initiator::remote::RemoteDisk;
 use srp_initiator::rport::RportConfig;
 use srp_initiator::session::{Session, SessionConfig};
-use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -19,7 +18,7 @@ use std::time::{Duration, Instant};
 fn srptd(cfg: &std::path::Path) -> Proc {
     let p = Proc::start(
         "srptd",
-        Command::new(common::srptd_bin()).arg("--config").arg(cfg),
+        common::tool(common::srptd_bin()).arg("--config").arg(cfg),
     );
     p.wait_line("listening on", 20);
     p

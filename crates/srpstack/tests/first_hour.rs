@@ -24,7 +24,7 @@ fn srptd(ip: &str, tag: &str) -> Proc {
 }
 
 fn srp(args: &[&str]) -> (bool, String) {
-    run(Command::new(common::srp_bin()).args(args))
+    run(common::tool(common::srp_bin()).args(args))
 }
 
 /// README, "SRP between processes": `srp io --dest 127.0.0.1:5555 --ip
@@ -123,7 +123,7 @@ fn wrong_port_own_address_and_bad_dest_say_what_to_do() {
 /// end says what nothing answered and what to check.
 #[test]
 fn no_target_says_it_waits_and_what_to_check() {
-    let mut child = Command::new(common::srp_bin())
+    let mut child = common::tool(common::srp_bin())
         .args(["io", "--dest", "127.0.201.21", "--ip", "127.0.201.22"])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -195,7 +195,7 @@ fn no_daemon_at_the_control_socket_says_start_it() {
             &["logout", "t1"],
             &["login", "id_ext=1,ioc_guid=1,dest=127.0.201.31:5555"],
         ] {
-            let (ok, out) = run(Command::new(common::srp_bin())
+            let (ok, out) = run(common::tool(common::srp_bin())
                 .args(args)
                 .arg("--control-socket")
                 .arg(path));
@@ -231,7 +231,7 @@ fn every_binary_answers_version_and_srptd_help_shows_defaults() {
             "{name} --version: {out}"
         );
     }
-    let (ok, help) = run(Command::new(common::srptd_bin()).arg("--help"));
+    let (ok, help) = run(common::tool(common::srptd_bin()).arg("--help"));
     assert!(ok, "{help}");
     for (opt, default) in [
         ("--ip", "[default: 127.0.0.1]"),

@@ -48,9 +48,7 @@ fn srptd(ip: &str, extra: &str) -> (common::Proc, PathBuf, PathBuf) {
     .unwrap();
     let d = common::Proc::start(
         "srptd",
-        std::process::Command::new(common::srptd_bin())
-            .arg("--config")
-            .arg(&conf),
+        common::tool(common::srptd_bin()).arg("--config").arg(&conf),
     );
     d.wait_line("listening on", 20);
     (d, sock, conf)
@@ -456,7 +454,7 @@ fn a_killed_initiators_session_is_freed_and_a_live_idle_one_is_kept() {
     // Another process holding a session: `srp nbd` logs in and waits.
     let nbd = common::Proc::start(
         "srp nbd",
-        std::process::Command::new(common::srp_bin()).args([
+        common::tool(common::srp_bin()).args([
             "nbd",
             "--dest",
             &format!("{T}:5555"),

@@ -14,7 +14,7 @@
 
 mod common;
 
-use common::{gid_hex as gid_of, ibsm_bin, run, Proc};
+use common::{gid_hex as gid_of, ibsm_bin, run, tool, Proc};
 use rdma_types::Gid;
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::Path;
@@ -33,7 +33,7 @@ fn ip(last: u8) -> IpAddr {
 /// `ibsm run` at 127.0.140.`at` for the nodes `nodes`, sweeping every
 /// 200 ms unless `extra` (arguments after those) says otherwise.
 fn ibsm(at: u8, nodes: &[u8], extra: &[&str]) -> Proc {
-    let mut cmd = Command::new(ibsm_bin());
+    let mut cmd = tool(ibsm_bin());
     cmd.args(["run", "--addr", &ip(at).to_string()]);
     for n in nodes {
         cmd.args(["--node", &ip(*n).to_string()]);
@@ -51,7 +51,7 @@ fn ibsm(at: u8, nodes: &[u8], extra: &[&str]) -> Proc {
 fn srptd(last: u8, sock: &Path) -> Proc {
     let p = Proc::start(
         "srptd",
-        Command::new(common::srptd_bin())
+        common::tool(common::srptd_bin())
             .args(["--fabric", "ib", "--sm-wait-ms", "10000"])
             .args(["--ip", &ip(last).to_string(), "--ram-mib", "8"])
             .arg("--control-socket")
@@ -64,7 +64,7 @@ fn srptd(last: u8, sock: &Path) -> Proc {
 }
 
 fn srp() -> Command {
-    Command::new(common::srp_bin())
+    common::tool(common::srp_bin())
 }
 
 #[test]
@@ -107,7 +107,7 @@ fn discovery_login_and_traps_through_the_sa() {
     let sock = dir.join("srpd.sock");
     let srpd = Proc::start(
         "srpd",
-        Command::new(common::srpd_bin())
+        common::tool(common::srpd_bin())
             .args(["--fabric", "ib", "--sm-wait-ms", "10000"])
             .args(["--ip", &ip(3).to_string()])
             .arg("--mount-root")
@@ -244,7 +244,7 @@ fn discovery_login_and_traps_through_the_sa() {
 fn without_an_sm_or_with_a_foreign_pkey_the_errors_are_clear() {
     // No SM sweeps .20 or .21: bounded waits, then errors that say why.
     let sock = std::env::temp_dir().join(format!("srp-ibmode-nosm-{}.sock", std::process::id()));
-    let (ok, out) = run(Command::new(common::srptd_bin())
+    let (ok, out) = run(common::tool(common::srptd_bin())
         .args([
             "--fabric",
             "ib",

@@ -136,7 +136,7 @@ fn srp_io_running(tag: &str, target: &str, ours: &str) -> (Proc, Proc) {
     let d = srptd(target, tag);
     let io = Proc::start(
         "srp io",
-        Command::new(common::srp_bin())
+        common::tool(common::srp_bin())
             .args(["io", "--dest", target, "--ip", ours])
             .args(["--size", "100G", "--region", "8M"])
             .stderr(Stdio::piped()),
@@ -285,7 +285,7 @@ fn srp_nbd(tag: &str, target: &str, ours: &str) -> (Proc, Proc, NbdClient, PathB
     let _ = std::fs::remove_file(&nbd_sock);
     let nbd = Proc::start(
         "srp nbd",
-        Command::new(common::srp_bin())
+        common::tool(common::srp_bin())
             .args(["nbd", "--dest", target, "--ip", ours, "--socket"])
             .arg(&nbd_sock)
             .stderr(Stdio::piped()),
@@ -453,7 +453,7 @@ fn short_commands_waiting_on_a_silent_target_exit_within_a_second() {
     for (cmd, sig, code) in [("luns", libc::SIGINT, 130), ("reset", libc::SIGTERM, 143)] {
         // Nothing listens at 127.0.203.40: the login waits for the CM's
         // answer until its timeout.
-        let mut child = Command::new(&bin)
+        let mut child = common::tool(&bin)
             .args([cmd, "--dest", "127.0.203.40:5555", "--ip", "127.0.203.41"])
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -565,7 +565,7 @@ fn srp_fuse(target: &str, ours: &str, tag: &str) -> (Proc, PathBuf) {
     std::fs::create_dir_all(&mnt).unwrap();
     let fuse = Proc::start(
         "srp fuse",
-        Command::new(common::srp_bin())
+        common::tool(common::srp_bin())
             .args(["fuse", "--dest", target, "--ip", ours, "--mountpoint"])
             .arg(&mnt)
             .stderr(Stdio::piped()),
@@ -738,7 +738,7 @@ struct Tool {
 
 impl Tool {
     fn start(bin: &str, args: &[&str]) -> Tool {
-        let mut child = Command::new(common::bin_of(bin))
+        let mut child = common::tool(common::bin_of(bin))
             .args(args)
             .env("RUST_LOG", "rdma_perf=info")
             .stdout(Stdio::piped())

@@ -10,7 +10,6 @@ mod common;
 
 use common::{srp, text, wait_for};
 use std::path::Path;
-use std::process::Command;
 
 // srptd's target port ID is the GUID of its address, over iWARP as over
 // RoCE: 0002c903 and 127.31.0.1.
@@ -54,7 +53,7 @@ fn srp_io_and_srpd_log_in_to_srptd_over_iwarp() {
     let _ = &target;
 
     // srp io: the same --dest as over RoCE, verified random I/O.
-    let out = Command::new(common::srp_bin())
+    let out = common::tool(common::srp_bin())
         .args([
             "io",
             "--iwarp",
@@ -125,7 +124,7 @@ fn srp_io_and_srpd_log_in_to_srptd_over_iwarp() {
 /// `srptd --check` of `cfg`: its failure's text.
 fn refused(cfg: &Path) -> String {
     let (ok, out) = common::run(
-        Command::new(common::srptd_bin())
+        common::tool(common::srptd_bin())
             .arg("--check")
             .arg("--config")
             .arg(cfg),
@@ -170,7 +169,7 @@ fn iwarp_configurations_that_cannot_work_are_refused_with_the_fix() {
     // Another process's iWARP NIC on the address: refused before start.
     let held = std::net::TcpListener::bind(("127.31.0.7", 4794)).unwrap();
     let (ok, out) = common::run(
-        Command::new(common::srptd_bin())
+        common::tool(common::srptd_bin())
             .args(["--iwarp", "--ip", "127.31.0.7", "--ram-mib", "8"])
             .arg("--control-socket")
             .arg(dir.join("y.sock")),
@@ -181,7 +180,7 @@ fn iwarp_configurations_that_cannot_work_are_refused_with_the_fix() {
     );
     drop(held);
     // A login where nothing listens: said at once, with srptd's port.
-    let (ok, out) = common::run(Command::new(common::srp_bin()).args([
+    let (ok, out) = common::run(common::tool(common::srp_bin()).args([
         "io",
         "--iwarp",
         "--ip",
@@ -196,10 +195,10 @@ fn iwarp_configurations_that_cannot_work_are_refused_with_the_fix() {
     );
     // The binaries' flags: what iWARP cannot go with.
     let (ok, out) =
-        common::run(Command::new(common::srptd_bin()).args(["--iwarp", "--device", "siw0"]));
+        common::run(common::tool(common::srptd_bin()).args(["--iwarp", "--device", "siw0"]));
     assert!(!ok && out.contains("cannot be used with"), "{out}");
     let (ok, e) = common::run(
-        Command::new(common::srpd_bin())
+        common::tool(common::srpd_bin())
             .args(["--iwarp", "--fabric", "ib", "--ip", "127.31.0.4"])
             .arg("--mount-root")
             .arg(&dir)

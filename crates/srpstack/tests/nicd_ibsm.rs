@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{bin_of, sock_of, Proc};
+use common::{bin_of, sock_of, tool, Proc};
 use std::net::IpAddr;
 use std::process::Command;
 use std::sync::Arc;
@@ -39,7 +39,7 @@ fn ibsm_runs_through_the_nic_daemon() {
     );
     daemon.wait_line("nicd: serving 127.127.33.1, 127.127.33.2", 30);
 
-    let out = Command::new(bin_of("ibsm"))
+    let out = tool(bin_of("ibsm"))
         .args([
             "run",
             "--addr",
@@ -96,7 +96,7 @@ fn an_added_ib_port_comes_up_and_the_daemon_still_idles_out() {
     daemon.wait_line("nicd: serving 127.127.33.5", 30);
     let mut sm = Proc::start(
         "ibsm",
-        Command::new(bin_of("ibsm"))
+        tool(bin_of("ibsm"))
             .args(["run", "--addr", &a.to_string(), "--node", &b.to_string()])
             .args([
                 "--sweep-interval-ms",

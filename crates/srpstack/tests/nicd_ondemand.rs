@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{bin_of, sock_of, srp_bin, srptd_bin, wait_for, Proc};
+use common::{bin_of, sock_of, srp_bin, srptd_bin, tool, wait_for, Proc};
 use std::process::{Command, Stdio};
 
 const IP: &str = "127.127.29.1";
@@ -28,7 +28,7 @@ fn srptd_starts_the_daemon_and_srp_uses_it() {
     let err = std::fs::File::create(&err_path).unwrap();
     let target = Proc::start(
         "srptd",
-        Command::new(srptd_bin())
+        tool(srptd_bin())
             .arg("--nicd")
             .arg(&sock)
             .args(["--ip", IP, "--ram-mib", "16", "--control-socket"])
@@ -48,7 +48,7 @@ fn srptd_starts_the_daemon_and_srp_uses_it() {
         "{said}"
     );
 
-    let found = Command::new(srp_bin())
+    let found = tool(srp_bin())
         .args(["discover", "--nicd"])
         .arg(&sock)
         .args(["--ip", IP, "--target", IP])
@@ -64,7 +64,7 @@ fn srptd_starts_the_daemon_and_srp_uses_it() {
 
     // ibstat lists the daemon's CA and its clients: srptd, with what it
     // holds.
-    let stat = Command::new(bin_of("ibstat"))
+    let stat = tool(bin_of("ibstat"))
         .arg("--nicd")
         .arg(&sock)
         .output()

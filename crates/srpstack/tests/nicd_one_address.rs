@@ -16,7 +16,8 @@
 mod common;
 
 use common::{
-    assert_nicd_clients, bin_of, ibsm_bin, sock_of, srp, srp_bin, srptd_bin, start_srpd, text, Proc,
+    assert_nicd_clients, bin_of, ibsm_bin, sock_of, srp, srp_bin, srptd_bin, start_srpd, text,
+    tool, Proc,
 };
 use std::process::Command;
 
@@ -42,7 +43,7 @@ fn sm_target_initiator_discovery_and_rperf_on_one_address() {
     // one every other tool here uses.
     let sm = Proc::start(
         "ibsm",
-        Command::new(ibsm_bin())
+        tool(ibsm_bin())
             .args(["run", "--addr", IP, "--node", IP, "--nicd"])
             .arg(&sock)
             .args(["--sweep-interval-ms", "200", "--timeout-ms", "100"]),
@@ -51,7 +52,7 @@ fn sm_target_initiator_discovery_and_rperf_on_one_address() {
 
     let target = Proc::start(
         "srptd",
-        Command::new(srptd_bin())
+        tool(srptd_bin())
             .arg("--nicd")
             .arg(&sock)
             .args(["--fabric", "ib", "--sm-wait-ms", "10000"])
@@ -64,7 +65,7 @@ fn sm_target_initiator_discovery_and_rperf_on_one_address() {
 
     let perf_server = Proc::start(
         "rperf server",
-        Command::new(bin_of("rperf"))
+        tool(bin_of("rperf"))
             .args(["server", "--nicd"])
             .arg(&sock)
             .args(["--bind", "127.97.0.1:4791", "--oob", "127.97.0.1:18797"]),
@@ -73,7 +74,7 @@ fn sm_target_initiator_discovery_and_rperf_on_one_address() {
 
     // Discovery through the SA (the SM's, on this very port) finds srptd's
     // I/O controller at the daemon's QP1.
-    let found = Command::new(srp_bin())
+    let found = tool(srp_bin())
         .args(["discover", "--sa", "--nicd"])
         .arg(&sock)
         .args(["--ip", IP, "--timeout-ms", "500", "--pkey", "ffff"])
@@ -90,7 +91,7 @@ fn sm_target_initiator_discovery_and_rperf_on_one_address() {
 
     // saquery at the daemon's port: its SA by default (the port's SM),
     // which lists the port as one with device management (srptd's).
-    let q = Command::new(bin_of("saquery"))
+    let q = tool(bin_of("saquery"))
         .args(["--nicd"])
         .arg(&sock)
         .args(["--ip", IP, "ports", "--dm"])
@@ -140,7 +141,7 @@ fn sm_target_initiator_discovery_and_rperf_on_one_address() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let perf = Command::new(bin_of("rperf"))
+    let perf = tool(bin_of("rperf"))
         .args(["client", "--nicd"])
         .arg(&sock)
         .args(["--bind", "127.97.0.1:4791", "--server", "127.97.0.1:18797"])
@@ -198,7 +199,7 @@ fn the_ib_fabric_on_a_roce_daemon_is_refused_in_words() {
     nicd.wait_line("nicd: serving 127.97.0.2", 30);
     let want = "port 127.97.0.2 is not on a managed subnet (ACTIVE with no LID, as a roce port \
                 is): run the NIC daemon with --fabric ib";
-    let target = Command::new(srptd_bin())
+    let target = tool(srptd_bin())
         .arg("--nicd")
         .arg(&sock)
         .args(["--fabric", "ib", "--ip", "127.97.0.2", "--ram-mib", "8"])
@@ -208,7 +209,7 @@ fn the_ib_fabric_on_a_roce_daemon_is_refused_in_words() {
         .unwrap();
     assert!(!target.status.success());
     assert!(text(&target).contains(want), "{}", text(&target));
-    let found = Command::new(srp_bin())
+    let found = tool(srp_bin())
         .args(["discover", "--sa", "--nicd"])
         .arg(&sock)
         .args(["--ip", "127.97.0.2"])
@@ -217,7 +218,7 @@ fn the_ib_fabric_on_a_roce_daemon_is_refused_in_words() {
     assert!(!found.status.success());
     assert!(text(&found).contains(want), "{}", text(&found));
     // saquery has no SM to default to there.
-    let q = Command::new(bin_of("saquery"))
+    let q = tool(bin_of("saquery"))
         .arg("--nicd")
         .arg(&sock)
         .args(["--ip", "127.97.0.2", "nodes"])

@@ -10,7 +10,8 @@
 mod common;
 
 use common::{
-    assert_nicd_clients, bin_of, sock_of, srp, srpd_bin, srptd_bin, text, write_read_back, Proc,
+    assert_nicd_clients, bin_of, sock_of, srp, srpd_bin, srptd_bin, text, tool, write_read_back,
+    Proc,
 };
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -38,7 +39,7 @@ fn srptd_and_srpd_come_back_with_the_nic_daemon() {
     let mut daemon = nicd(&sock);
     let target = Proc::start(
         "srptd",
-        Command::new(srptd_bin())
+        tool(srptd_bin())
             .arg("--nicd")
             .arg(&sock)
             .args(["--ip", IP, "--ram-mib", "16", "--control-socket"])
@@ -53,7 +54,7 @@ fn srptd_and_srpd_come_back_with_the_nic_daemon() {
     let srpd_sock = dir.join("srpd.sock");
     let srpd = Proc::start(
         "srpd",
-        Command::new(srpd_bin())
+        tool(srpd_bin())
             .arg("--nicd")
             .arg(&sock)
             .args(["--ip", IP, "--mount-root"])

@@ -17,7 +17,7 @@
 
 mod common;
 
-use common::{assert_nicd_clients, bin_of, sock_of, srp, srp_bin, srpd_bin, srptd_bin, Proc};
+use common::{assert_nicd_clients, bin_of, sock_of, srp, srp_bin, srpd_bin, srptd_bin, tool, Proc};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::process::{Command, Stdio};
 
@@ -41,7 +41,7 @@ fn srptd_srp_and_rperf_share_one_address_through_nicd() {
 
     let target = Proc::start(
         "srptd",
-        Command::new(srptd_bin())
+        tool(srptd_bin())
             .arg("--nicd")
             .arg(&sock)
             .args(["--ip", IP, "--ram-mib", "16", "--control-socket"])
@@ -50,7 +50,7 @@ fn srptd_srp_and_rperf_share_one_address_through_nicd() {
     target.wait_line("listening on 127.91.0.1:5555", 60);
     let perf_server = Proc::start(
         "rperf server",
-        Command::new(bin_of("rperf"))
+        tool(bin_of("rperf"))
             .args(["server", "--nicd"])
             .arg(&sock)
             .args(["--bind", "127.91.0.1:4791", "--oob", "127.91.0.1:18791"]),
@@ -58,7 +58,7 @@ fn srptd_srp_and_rperf_share_one_address_through_nicd() {
     perf_server.wait_line("listening on 127.91.0.1:18791", 60);
 
     // Discovery asks srptd's DM agent through the daemon's QP1.
-    let found = Command::new(srp_bin())
+    let found = tool(srp_bin())
         .args(["discover", "--nicd"])
         .arg(&sock)
         .args(["--ip", IP, "--target", IP])
@@ -73,7 +73,8 @@ fn srptd_srp_and_rperf_share_one_address_through_nicd() {
         "{out}"
     );
     assert!(
-        text(&found.stderr).contains("NIC: the NIC daemon's at 127.91.0.1"),
+        text(&found.stderr)
+            .contains("srp: NIC: the NIC daemon's soft RoCE NIC at 127.91.0.1 (pid "),
         "{}",
         text(&found.stderr)
     );
@@ -87,7 +88,7 @@ fn srptd_srp_and_rperf_share_one_address_through_nicd() {
     let srpd = rdma_testkit::need::part("the srpd part").fuse().then(|| {
         let p = Proc::start(
             "srpd",
-            Command::new(srpd_bin())
+            tool(srpd_bin())
                 .arg("--nicd")
                 .arg(&sock)
                 .args(["--ip", IP, "--mount-root"])
@@ -133,7 +134,7 @@ fn srptd_srp_and_rperf_share_one_address_through_nicd() {
     });
 
     // Verified SRP I/O and verified RDMA WRITEs at the same time.
-    let io = Command::new(srp_bin())
+    let io = tool(srp_bin())
         .args(["io", "--nicd"])
         .arg(&sock)
         .args(["--ip", IP, "--dest", "127.91.0.1:5555", "--size", "8M"])
@@ -143,7 +144,7 @@ fn srptd_srp_and_rperf_share_one_address_through_nicd() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let perf = Command::new(bin_of("rperf"))
+    let perf = tool(bin_of("rperf"))
         .args(["client", "--nicd"])
         .arg(&sock)
         .args(["--bind", "127.91.0.1:4791", "--server", "127.91.0.1:18791"])
@@ -195,7 +196,7 @@ fn rpingpong_server_and_client_on_one_address_through_nicd() {
     );
     nicd.wait_line("serving", 60);
     let pingpong = || {
-        let mut c = Command::new(bin_of("rpingpong"));
+        let mut c = tool(bin_of("rpingpong"));
         c.args([
             "--bind",
             "127.91.0.2",

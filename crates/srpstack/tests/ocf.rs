@@ -41,6 +41,8 @@ impl Setup {
             .arg(action)
             .env("PATH", path_with_bins())
             .env("OCF_RESOURCE_INSTANCE", "srptd-test")
+            // srptd on a NIC of its own, at the test's address.
+            .env("NICD_MODE", "own")
             .env("OCF_RESKEY_config", &self.cfg)
             .env("OCF_RESKEY_socket", &self.sock)
             .env("OCF_RESKEY_pidfile", self.dir.join("srptd.pid"))

@@ -42,7 +42,7 @@
 
 mod common;
 
-use common::{gid_hex, ibsm_bin, run, Proc};
+use common::{gid_hex, ibsm_bin, run, tool, Proc};
 use srp::initiator::ChannelConfig;
 use srp_initiator::session::{Session, SessionConfig};
 use std::net::{IpAddr, Ipv4Addr};
@@ -97,7 +97,7 @@ impl Subnet {
             ),
         )
         .unwrap();
-        let mut sm = Command::new(ibsm_bin());
+        let mut sm = tool(ibsm_bin());
         sm.args(["run", "--addr", &ip(1).to_string()]);
         for n in (2..3 + initiators).chain(others.iter().copied()) {
             sm.args(["--node", &ip(n).to_string()]);
@@ -109,7 +109,7 @@ impl Subnet {
         sm.wait_line("ibsm: SM and SA at", 20);
         let target = Proc::start(
             "srptd",
-            Command::new(common::srptd_bin()).arg("--config").arg(&conf),
+            common::tool(common::srptd_bin()).arg("--config").arg(&conf),
         );
         target.wait_line("ACTIVE on the managed subnet", 20);
         target.wait_line("listening on", 20);
@@ -119,7 +119,7 @@ impl Subnet {
                 std::fs::create_dir_all(&root).unwrap();
                 let p = Proc::start(
                     "srpd",
-                    Command::new(common::srpd_bin())
+                    common::tool(common::srpd_bin())
                         .args(["--fabric", "ib", "--sm-wait-ms", "10000"])
                         .args(["--ip", &ip(n).to_string()])
                         .arg("--mount-root")
@@ -153,7 +153,7 @@ impl Subnet {
     /// Initiator `last` (3, 4, ...) logs in as `name` in `pkey`.
     fn login(&self, last: u8, pkey: &str, name: &str) -> (bool, String) {
         let sock = &self.initiators[usize::from(last - 3)].2;
-        run(Command::new(common::srp_bin())
+        run(common::tool(common::srp_bin())
             .args(["login", &self.login_string(pkey), "--name", name])
             .arg("--control-socket")
             .arg(sock))
@@ -531,7 +531,7 @@ fn a_port_of_another_partition_reaches_the_target_by_no_path() {
     );
 
     // The command, from another port of B's partition.
-    let (ok, out) = run(Command::new(common::srp_bin())
+    let (ok, out) = run(common::tool(common::srp_bin())
         .args(["discover", "--fabric", "ib", "--target", &ip(2).to_string()])
         .args(["--ip", &ip(5).to_string(), "--timeout-ms", "200"]));
     assert!(!ok && !out.contains("id_ext="), "{out}");

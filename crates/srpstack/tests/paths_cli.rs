@@ -44,7 +44,7 @@ fn srp_io_over_two_paths_survives_one_target_killed() {
 
     let io = Proc::start(
         "srp io",
-        Command::new(common::srp_bin()).args([
+        common::tool(common::srp_bin()).args([
             "io",
             "--dest",
             "127.0.89.1:5555",
@@ -95,7 +95,7 @@ fn srp_io_spreads_over_four_channels_of_one_nexus() {
     let (_d, sock) = common::srptd_sharing(&dir, "127.0.89.11", "c");
     let io = Proc::start(
         "srp io",
-        Command::new(common::srp_bin()).args([
+        common::tool(common::srp_bin()).args([
             "io",
             "--dest",
             "127.0.89.11:5555",

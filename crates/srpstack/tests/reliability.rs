@@ -1080,7 +1080,7 @@ fn srptd_refuses_absurd_cm_logins_then_serves_verified_io() {
     let sock = std::env::temp_dir().join(format!("srptd-rel-{}.sock", std::process::id()));
     let d = common::Proc::start(
         "srptd",
-        std::process::Command::new(common::srptd_bin())
+        common::tool(common::srptd_bin())
             .args([
                 "--ip",
                 "127.0.92.101",
@@ -1144,7 +1144,7 @@ fn srptd_refuses_absurd_cm_logins_then_serves_verified_io() {
     }
     drop(cm);
     // Still up, and serving: verified I/O from another process.
-    let out = std::process::Command::new(common::srp_bin())
+    let out = common::tool(common::srp_bin())
         .args(["io", "--dest", "127.0.92.101:5555", "--ip", "127.0.92.103"])
         .args(["--size", "8388608", "--region", "2097152", "--json"])
         .output()
@@ -1165,7 +1165,7 @@ fn srptd_refuses_absurd_cm_logins_then_serves_verified_io() {
 fn srptd_on(ip: &str, sock: &std::path::Path) -> common::Proc {
     let d = common::Proc::start(
         "srptd",
-        std::process::Command::new(common::srptd_bin())
+        common::tool(common::srptd_bin())
             .args(["--ip", ip, "--ram-mib", "16", "--control-socket"])
             .arg(sock),
     );
@@ -1200,7 +1200,7 @@ fn srptd_killed_under_io_initiator_fails_cleanly_and_restart_serves() {
     let sock = std::env::temp_dir().join(format!("srptd-kill-{}.sock", std::process::id()));
     let mut d = srptd_on("127.0.93.101", &sock);
     let io = |ip: &str, size: &str| {
-        std::process::Command::new(common::srp_bin())
+        common::tool(common::srp_bin())
             .args(["io", "--dest", "127.0.93.101:5555", "--ip", ip])
             .args(["--size", size, "--region", "2097152", "--json"])
             .stdout(std::process::Stdio::piped())

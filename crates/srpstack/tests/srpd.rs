@@ -186,7 +186,7 @@ fn srp_discover_finds_srptd_and_logs_in_through_srpd() {
     let tsock = dir.join("srptd.sock");
     let _target = Proc::start(
         "srptd",
-        Command::new(common::srptd_bin())
+        common::tool(common::srptd_bin())
             .args(["--ip", "127.0.117.1", "--ram-mib", "8"])
             .arg("--control-socket")
             .arg(&tsock),
@@ -194,7 +194,7 @@ fn srp_discover_finds_srptd_and_logs_in_through_srpd() {
     _target.wait_line("listening on", 20);
 
     let discover = |extra: &[&str]| {
-        Command::new(common::srp_bin())
+        common::tool(common::srp_bin())
             .args(["discover", "--target", "127.0.117.1", "--ip", "127.0.117.2"])
             .args(extra)
             .output()
@@ -223,7 +223,7 @@ fn srp_discover_finds_srptd_and_logs_in_through_srpd() {
     assert!(!text(&out).contains("id_ext="), "{}", text(&out));
 
     // Nobody at .9: a clear failure.
-    let out = Command::new(common::srp_bin())
+    let out = common::tool(common::srp_bin())
         .args(["discover", "--target", "127.0.117.9", "--ip", "127.0.117.2"])
         .args(["--timeout-ms", "50"])
         .output()
@@ -241,7 +241,7 @@ fn srp_discover_finds_srptd_and_logs_in_through_srpd() {
     let sock = dir.join("srpd.sock");
     let _srpd = Proc::start(
         "srpd",
-        Command::new(common::srpd_bin())
+        common::tool(common::srpd_bin())
             .args(["--ip", "127.0.117.3"])
             .arg("--mount-root")
             .arg(&root)

@@ -64,7 +64,7 @@ impl Pair {
             tsock: PathBuf::new(),
             _srpd: Proc::start(
                 "srpd",
-                Command::new(common::srpd_bin())
+                common::tool(common::srpd_bin())
                     .args(["--ip", &format!("127.0.178.{}", t + 1)])
                     .args(if timers.contains(&"--login-timeout-ms") {
                         &[][..]
@@ -93,7 +93,7 @@ impl Pair {
         let sock = self.dir.join(format!("srptd-{round}.sock"));
         let t = Proc::start(
             "srptd",
-            Command::new(common::srptd_bin())
+            common::tool(common::srptd_bin())
                 .arg("--config")
                 .arg(&self.tcfg)
                 .arg("--control-socket")

@@ -5,7 +5,7 @@ mod common;
 use common::report;
 
 use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 
 struct Daemon(Child);
 
@@ -26,7 +26,7 @@ fn control_socket(ip: &str) -> std::path::PathBuf {
 /// `srptd` on `ip` with a 16 MiB RAM LUN, listening; its log after the
 /// first line is the caller's to read.
 fn srptd_logging(ip: &str) -> (Daemon, Log) {
-    let mut child = Command::new(common::srptd_bin())
+    let mut child = common::tool(common::srptd_bin())
         .args(["--ip", ip, "--ram-mib", "16", "--control-socket"])
         .arg(control_socket(ip))
         .stdout(Stdio::piped())
@@ -49,7 +49,7 @@ fn srptd(ip: &str) -> Daemon {
 #[test]
 fn login_by_rdma_cm_and_verified_io_between_processes() {
     let _d = srptd("127.0.99.1");
-    let out = Command::new(common::srp_bin())
+    let out = common::tool(common::srp_bin())
         .args([
             "io",
             "--dest",
@@ -80,7 +80,7 @@ fn login_by_rdma_cm_and_verified_io_between_processes() {
     );
 
     // A port nobody listens on: the CM refuses, and the user is told why.
-    let out = Command::new(common::srp_bin())
+    let out = common::tool(common::srp_bin())
         .args(["io", "--dest", "127.0.99.1:5556", "--ip", "127.0.99.3"])
         .output()
         .expect("run srp");
@@ -94,7 +94,7 @@ fn login_by_rdma_cm_and_verified_io_between_processes() {
 
     // The same target by IB CM: service ID = ioc_guid, the 64-byte login
     // as the REQ private data (ib_srp's service_id=).
-    let out = Command::new(common::srp_bin())
+    let out = common::tool(common::srp_bin())
         .args(["io", "--dest", "127.0.99.1:5555", "--ip", "127.0.99.4"])
         .args([
             "--service-id",
@@ -118,7 +118,7 @@ fn login_by_rdma_cm_and_verified_io_between_processes() {
         "{r}"
     );
     assert!(r["verified_bytes"].as_u64().unwrap() > 0, "{r}");
-    let out = Command::new(common::srp_bin())
+    let out = common::tool(common::srp_bin())
         .args(["io", "--dest", "127.0.99.1:5555", "--ip", "127.0.99.5"])
         .args(["--service-id", "1234"])
         .output()
@@ -131,7 +131,7 @@ fn login_by_rdma_cm_and_verified_io_between_processes() {
 #[test]
 fn abort_task_under_io_is_answered_and_loses_nothing() {
     let _d = srptd("127.0.99.21");
-    let out = Command::new(common::srp_bin())
+    let out = common::tool(common::srp_bin())
         .args(["io", "--dest", "127.0.99.21:5555", "--ip", "127.0.99.22"])
         .args(["--bs", "1048576", "--iodepth", "8", "--size", "67108864"])
         .args(["--region", "8388608", "--abort-every-ms", "20"])
@@ -177,7 +177,7 @@ fn two_hosts_with_default_names_stay_logged_in_side_by_side() {
     let mut io: Vec<_> = hosts
         .iter()
         .map(|ip| {
-            Command::new(common::srp_bin())
+            common::tool(common::srp_bin())
                 .args(["io", "--dest", "127.0.98.1:5555", "--ip", ip])
                 .args(["--size", "68719476736", "--region", "1048576"])
                 .stdout(Stdio::null())
@@ -221,7 +221,7 @@ fn two_hosts_with_default_names_stay_logged_in_side_by_side() {
 fn a_login_to_another_target_port_id_is_refused_and_logged_with_both_ids() {
     let ip = "127.0.98.11";
     let (_d, lines) = srptd_logging(ip);
-    let out = Command::new(common::srp_bin())
+    let out = common::tool(common::srp_bin())
         .args(["io", "--dest", "127.0.98.11:5555", "--ip", "127.0.98.12"])
         .args([
             "--id-ext",

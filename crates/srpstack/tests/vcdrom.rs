@@ -26,7 +26,7 @@ fn image(blocks: u64, seed: u8) -> Vec<u8> {
 fn mount(mnt: &Path) -> Proc {
     let p = Proc::start(
         "srp fuse",
-        Command::new(common::srp_bin())
+        common::tool(common::srp_bin())
             .args([
                 "fuse",
                 "--dest",

@@ -51,21 +51,28 @@ struct Args {
     /// [default: 127.0.0.1].
     #[arg(long)]
     ip: Option<IpAddr>,
-    /// Run the target port on the NIC daemon's soft RoCE NIC at --ip,
-    /// through the daemon's socket SOCKET [default: $NICD_SOCKET, else
-    /// nicd's default], instead of a NIC of srptd's own: other processes
-    /// (srp, srpd, rperf) can then use the address too. With no daemon there one is
-    /// started for the address (`nicd` beside this tool or on PATH); it
-    /// leaves after $NICD_IDLE_EXIT (30s) without a client. A target on the
-    /// `ib` fabric needs a daemon started by hand with `nicd --fabric ib`.
+    /// Run the soft RoCE target ports on the NIC daemon's NICs through
+    /// its socket SOCKET [default: $NICD_SOCKET, else nicd's default]; the
+    /// default for the roce fabric, so other processes (srp, srpd, rperf)
+    /// can use the address too. With no daemon there one is started for
+    /// the addresses (`nicd` beside this tool or on PATH); it leaves after
+    /// $NICD_IDLE_EXIT (30s) without a client. A target on the `ib`
+    /// fabric takes it only when given, from a daemon started by hand with
+    /// `nicd --fabric ib`.
     #[arg(
         long,
         value_name = "SOCKET",
         num_args = 0..=1,
-        default_missing_value = "",
-        conflicts_with = "device"
+        default_missing_value = "", value_parser = nicd::socket_arg,
+        conflicts_with_all = ["device", "own_nic"]
     )]
     nicd: Option<std::path::PathBuf>,
+    /// Run the soft RoCE target ports on NICs of srptd's own, in its
+    /// process (one process per address and UDP port), not the NIC
+    /// daemon's; also what $NICD_MODE=own, a udp_port other than 4791, an mtu
+    /// other than 4096 or $SOFTROCE_FAULTS choose.
+    #[arg(long)]
+    own_nic: bool,
     /// RoCEv2 UDP port (overrides the file's `udp_port`) [default: 4791].
     #[arg(long)]
     udp_port: Option<u16>,
@@ -187,6 +194,44 @@ fn default_config(a: &Args) -> Result<Config, String> {
     Ok(c)
 }
 
+/// The targets on a soft RoCE NIC (neither an rdma-core device nor
+/// iWARP).
+fn soft_targets(cfg: &Config) -> impl Iterator<Item = &srptd::config::TargetSection> {
+    cfg.targets
+        .iter()
+        .filter(|t| t.device.is_none() && !*t.iwarp.get_ref())
+}
+
+/// Whose NICs the soft RoCE targets run on (`nicd::choice`); `None`
+/// when there are none. The `ib` fabric and iWARP targets beside them
+/// keep srptd's own unless `--nicd` is given; an iWARP target beside
+/// them, a udp_port, mtu or $SOFTROCE_FAULTS that only a NIC of srptd's
+/// own honours choose it.
+fn nic_choice(a: &Args, cfg: &Config) -> Result<Option<nicd::choice::Which>, String> {
+    use rdma_access::subnet::Fabric;
+    let soft: Vec<_> = soft_targets(cfg).collect();
+    if soft.is_empty() {
+        return Ok(None);
+    }
+    let key = |i: usize, k: &str| format!("{}.{k}", cfg.target_key(i));
+    let own_only = cfg.targets.iter().enumerate().find_map(|(i, t)| {
+        if t.device.is_some() {
+            None
+        } else if *t.iwarp.get_ref() {
+            Some(format!("{} = true", key(i, "iwarp")))
+        } else if *t.udp_port.get_ref() != 4791 {
+            Some(format!("{} = {}", key(i, "udp_port"), t.udp_port.get_ref()))
+        } else if *t.mtu.get_ref() != 4096 {
+            Some(format!("{} = {}", key(i, "mtu"), t.mtu.get_ref()))
+        } else {
+            None
+        }
+    });
+    let ib = soft.iter().any(|t| t.fabric == Fabric::Ib);
+    let asked = nicd::choice::Asked::from_env(a.nicd.as_deref(), a.own_nic, own_only, ib);
+    nicd::choice::choose(&asked).map(Some)
+}
+
 fn run(a: &Args, log: &Log) -> Result<(), String> {
     let mut cfg = match &a.config {
         Some(p) => Config::load(p).map_err(|e| e.to_string())?,
@@ -242,8 +287,11 @@ fn run(a: &Args, log: &Log) -> Result<(), String> {
     }
     // The options may have changed what the file said.
     cfg.check().map_err(|e| e.to_string())?;
+    // The daemon's NICs or srptd's own, for the soft RoCE targets.
+    let nic = nic_choice(a, &cfg)?;
     // What a start would open and bind, tried before anything is made.
-    let found = preflight(&cfg, a.nicd.is_some()).map_err(|e| e.to_string())?;
+    let found = preflight(&cfg, nic.as_ref().is_some_and(|w| w.socket().is_some()))
+        .map_err(|e| e.to_string())?;
     if a.check {
         println!(
             "srptd: {}: valid ({}{} devices, {} default LUNs, {} groups)",
@@ -282,7 +330,10 @@ fn run(a: &Args, log: &Log) -> Result<(), String> {
     let opts = srptd::daemon::StartOptions {
         nic: rnic::softroce::NicOptions::from_env().map_err(|e| e.to_string())?,
         inline_max: srp_target::PortOptions::inline_max_from_env(),
-        nicd: a.nicd.as_deref().map(nicd::socket_for),
+        nicd: nic
+            .as_ref()
+            .and_then(|w| w.socket())
+            .map(std::path::Path::to_owned),
         iwarp: iwarp_tcp::NicOptions::default(),
     };
     // A daemon started for the targets' addresses if none answers;
@@ -301,14 +352,17 @@ fn run(a: &Args, log: &Log) -> Result<(), String> {
             eprintln!("srptd: {started}");
         }
         held = Some(e);
-        eprintln!(
-            "srptd: NIC: the NIC daemon's at each target's address, through {}",
-            s.display()
-        );
     }
     let daemon = Daemon::start(cfg.clone(), a.config.clone(), log.clone(), &opts)
         .map_err(|e| e.to_string())?;
     drop(held);
+    if let Some(w) = &nic {
+        let at: Vec<String> = soft_targets(&cfg)
+            .map(|t| t.ip.get_ref().to_string())
+            .collect();
+        let pid = daemon.nicd_pid();
+        eprintln!("{}", w.line("srptd", &at.join(", "), pid));
+    }
     serve_control(daemon.clone(), control);
     let metrics = match &t.metrics {
         Some(m) => {

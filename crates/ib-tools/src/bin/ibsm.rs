@@ -83,7 +83,7 @@ struct RunArgs {
     /// SMA lends the SM the port's QP0, instead of a soft RoCE NIC of
     /// this process: through its socket SOCKET [default: $NICD_SOCKET,
     /// else nicd's default]. Needs root or the daemon's user.
-    #[arg(long, value_name = "SOCKET", num_args = 0..=1, default_missing_value = "")]
+    #[arg(long, value_name = "SOCKET", num_args = 0..=1, default_missing_value = "", value_parser = nicd::socket_arg)]
     nicd: Option<PathBuf>,
     /// A node's address (repeat for each).
     #[arg(long = "node")]
@@ -279,6 +279,9 @@ fn run_sm(args: RunArgs) -> Result<(), String> {
                 .and_then(|()| nic.set_sm_lid(guid, Lid(args.lid)))
                 .and_then(|()| nic.set_port_state(guid, verbs::PortState::Active))
                 .map_err(|e| format!("own port: {e}"))?;
+            let own =
+                nicd::choice::choose(&nicd::choice::Asked::from_env(None, false, None, true))?;
+            eprintln!("{}", own.line("ibsm", &args.addr.to_string(), None));
             (port, None)
         }
         Some(socket) => {
@@ -310,6 +313,11 @@ fn run_sm(args: RunArgs) -> Result<(), String> {
             provider
                 .modify_port(ca, rdma_types::PortNum(1), &own)
                 .map_err(|e| format!("own port: {e}"))?;
+            let which = nicd::choice::Which::Daemon { socket };
+            eprintln!(
+                "{}",
+                which.line("ibsm", &args.addr.to_string(), Some(p.daemon_pid()))
+            );
             (port, Some((provider, ca)))
         }
     };

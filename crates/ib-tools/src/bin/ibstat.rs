@@ -65,10 +65,17 @@ struct Cli {
     json: bool,
     /// List the NIC daemon's CAs (those at --ip, else every one it
     /// serves) and its clients, through its socket SOCKET [default:
-    /// $NICD_SOCKET, else nicd's default]; with --ip a daemon is started
-    /// for the addresses when none answers. The roce fabric only.
-    #[arg(long, value_name = "SOCKET", num_args = 0..=1, default_missing_value = "")]
+    /// $NICD_SOCKET, else nicd's default]; what --ip lists by default on
+    /// the roce fabric, a daemon being started for the addresses when none
+    /// answers.
+    #[arg(long, value_name = "SOCKET", num_args = 0..=1, default_missing_value = "", value_parser = nicd::socket_arg,
+          conflicts_with = "own_nic")]
     nicd: Option<std::path::PathBuf>,
+    /// Open the CAs at --ip on a soft RoCE NIC of this process's own, not
+    /// the NIC daemon's; also what $NICD_MODE=own, --fabric ib or a --udp-port
+    /// other than 4791 choose.
+    #[arg(long)]
+    own_nic: bool,
 }
 
 struct Quiet;
@@ -293,7 +300,39 @@ fn main() -> ExitCode {
         return code;
     }
     let cli = Cli::parse();
-    if let Some(s) = &cli.nicd {
+    // --ip: the daemon's CAs there, or CAs of our own.
+    let which = match (&cli.nicd, cli.ip.is_empty()) {
+        (None, true) => None,
+        _ => {
+            // Beside rdma-core devices, CAs of our own (nicd_cas refuses
+            // --device with --nicd).
+            let own_only = nicd::choice::first_given(&[
+                (
+                    cli.nicd.is_none() && !cli.device.is_empty(),
+                    "--device beside --ip".into(),
+                ),
+                (cli.udp_port != 4791, format!("--udp-port {}", cli.udp_port)),
+            ]);
+            let asked = nicd::choice::Asked::from_env(
+                cli.nicd.as_deref(),
+                cli.own_nic,
+                own_only,
+                cli.fabric == Fabric::Ib,
+            );
+            match nicd::choice::choose(&asked) {
+                Ok(w) => Some(w),
+                Err(e) => {
+                    eprintln!("ibstat: {e}");
+                    return ExitCode::FAILURE;
+                }
+            }
+        }
+    };
+    if let Some(own @ nicd::choice::Which::Own { .. }) = &which {
+        let at: Vec<String> = cli.ip.iter().map(|i| i.to_string()).collect();
+        eprintln!("{}", own.line("ibstat", &at.join(", "), None));
+    }
+    if let Some(s) = which.as_ref().and_then(|w| w.socket()) {
         return match nicd_cas(&cli, s) {
             Ok(l) => {
                 if cli.json {

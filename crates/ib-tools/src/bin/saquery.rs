@@ -36,7 +36,7 @@ struct Cli {
     /// Query through the NIC daemon's NIC at --ip, through its socket
     /// SOCKET [default: $NICD_SOCKET, else nicd's default], instead of a
     /// NIC of our own (the address may then be in use by others).
-    #[arg(long, value_name = "SOCKET", num_args = 0..=1, default_missing_value = "")]
+    #[arg(long, value_name = "SOCKET", num_args = 0..=1, default_missing_value = "", value_parser = nicd::socket_arg)]
     nicd: Option<std::path::PathBuf>,
     /// RoCEv2 UDP port.
     #[arg(long, default_value_t = 4791)]
@@ -132,14 +132,18 @@ fn port(cli: &Cli) -> Result<(std::sync::Arc<CmAgent>, Option<Gid>), String> {
         );
         let agent = CmAgent::start(provider, guid, first_comm_id)
             .map_err(|e| format!("open our NIC on {}: {e}", cli.ip))?;
+        let own = nicd::choice::choose(&nicd::choice::Asked::from_env(None, false, None, true))?;
+        eprintln!("{}", own.line("saquery", &cli.ip.to_string(), None));
         return Ok((agent, cli.sa.map(Gid::from_ip)));
     };
     let socket = nicd::socket_for(socket);
     let (p, guid) = nicd::connect_at(&socket, cli.ip)?;
+    let which = nicd::choice::Which::Daemon {
+        socket: socket.clone(),
+    };
     eprintln!(
-        "saquery: NIC: the NIC daemon's at {}, through {}",
-        cli.ip,
-        socket.display()
+        "{}",
+        which.line("saquery", &cli.ip.to_string(), Some(p.daemon_pid()))
     );
     let provider: std::sync::Arc<dyn verbs::Provider> = p;
     // Its SM's address as the port's SMA (the daemon's) keeps it.

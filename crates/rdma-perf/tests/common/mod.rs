@@ -5,11 +5,13 @@ use std::io::{BufRead, BufReader, Lines};
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// Starts tool `bin` with `args`, its stdout piped: the child, its
-/// first line (a server's banner: it listens by then) and the lines
+/// Starts tool `bin` with `args` on a NIC of its own (`NICD_MODE=own`; a
+/// test of the NIC daemon gives `--nicd`), its stdout piped: the child,
+/// its first line (a server's banner: it listens by then) and the lines
 /// after it.
 pub fn serve(bin: &str, args: &[&str]) -> (Child, String, Lines<BufReader<ChildStdout>>) {
     let mut child = Command::new(bin)
+        .env("NICD_MODE", "own")
         .args(args)
         .stdout(Stdio::piped())
         .spawn()

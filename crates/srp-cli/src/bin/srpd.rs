@@ -39,15 +39,22 @@ struct Args {
     /// same files. Needs rdma-core's libibverbs.
     #[arg(long, value_name = "NAME[:PORT]", value_parser = parse_device)]
     device: Option<rdmacore::DeviceSpec>,
-    /// Use the NIC daemon's soft RoCE NIC at each --ip, through the
-    /// daemon's socket SOCKET [default: $NICD_SOCKET, else nicd's
-    /// default], instead of a NIC of srpd's own: other processes (srptd,
-    /// srp, rperf) can then use the addresses too. With no daemon there one is
-    /// started for the address (`nicd` beside this tool or on PATH); it
-    /// leaves after $NICD_IDLE_EXIT (30s) without a client. With --fabric ib
-    /// the daemon must be one started by hand with `nicd --fabric ib`.
-    #[arg(long, value_name = "SOCKET", num_args = 0..=1, default_missing_value = "")]
+    /// Use the NIC daemon's soft RoCE NIC at each --ip through its socket
+    /// SOCKET [default: $NICD_SOCKET, else nicd's default]; the default on
+    /// the roce fabric, so other processes (srptd, srp, rperf) can use
+    /// the addresses too. With no daemon there one is started for the
+    /// addresses (`nicd` beside this tool or on PATH); it leaves after
+    /// $NICD_IDLE_EXIT (30s) without a client. With --fabric ib only when
+    /// given, from a daemon started by hand with `nicd --fabric ib`.
+    #[arg(long, value_name = "SOCKET", num_args = 0..=1, default_missing_value = "", value_parser = nicd::socket_arg,
+          conflicts_with = "own_nic")]
     nicd: Option<PathBuf>,
+    /// Soft RoCE NICs of srpd's own, in its process (one process per
+    /// address and UDP port), not the NIC daemon's; also what $NICD_MODE=own,
+    /// a --udp-port other than 4791, an --mtu other than 4096 or
+    /// $SOFTROCE_FAULTS choose.
+    #[arg(long)]
+    own_nic: bool,
     /// The CAs at --ip are our soft iWARP NIC's (RDMA over TCP, what
     /// Linux siw speaks) instead of soft RoCE's: logins by RDMA CM
     /// (`dest=ip:port`, a TCP connection and the MPA exchange), with the
@@ -122,21 +129,31 @@ fn run(a: Args) -> Result<(), String> {
         (None, true) => vec![IpAddr::from([127, 0, 0, 2])],
         _ => a.ip.clone(),
     };
+    // The NIC daemon's NICs at the soft RoCE addresses, or srpd's own.
+    let which = if a.iwarp || (a.device.is_some() && a.ip.is_empty()) {
+        None
+    } else {
+        Some(srp_cli::args::nic_choice(
+            a.nicd.as_deref(),
+            a.own_nic,
+            a.udp_port,
+            a.mtu,
+            a.fabric == rdma_access::subnet::Fabric::Ib,
+        )?)
+    };
+    let socket = which.as_ref().and_then(|w| w.socket()).map(PathBuf::from);
     // A daemon started for us if none answers; connected to under its
     // start lock (held until `Initd::start` returns).
     let mut held = None;
-    if let Some(s) = a.nicd.as_deref().map(nicd::socket_for) {
+    if let Some(s) = &socket {
         let how = nicd::ondemand::OnDemand::from_env()?;
-        let e = nicd::ondemand::ensure(&s, &ips, &how).map_err(|e| e.to_string())?;
+        let e = nicd::ondemand::ensure(s, &ips, &how).map_err(|e| e.to_string())?;
         if let Some(started) = &e.started {
             eprintln!("srpd: {started}");
         }
         held = Some(e);
-        eprintln!(
-            "srpd: NIC: the NIC daemon's at each --ip, through {}",
-            s.display()
-        );
     }
+    let at: Vec<String> = ips.iter().map(|i| i.to_string()).collect();
     let started = Initd::start(InitdConfig {
         ips,
         device: a.device.clone(),
@@ -149,7 +166,7 @@ fn run(a: Args) -> Result<(), String> {
         fabric: a.fabric,
         sm_wait: a.sm_wait_ms,
         nic,
-        nicd: a.nicd.as_deref().map(nicd::socket_for),
+        nicd: socket,
         iwarp: a.iwarp,
     });
     drop(held);
@@ -161,6 +178,9 @@ fn run(a: Args) -> Result<(), String> {
             return Err(e.to_string());
         }
     };
+    if let Some(w) = &which {
+        eprintln!("{}", w.line("srpd", &at.join(", "), initd.nicd_pid()));
+    }
     for s in &a.login {
         let v = initd
             .handle(InitRequest::Login {

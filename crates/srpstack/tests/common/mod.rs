@@ -155,6 +155,18 @@ pub fn bin_of(name: &str) -> std::path::PathBuf {
         .join(name)
 }
 
+/// A command of one of the tools, on a soft RoCE NIC of its own
+/// (`NICD_MODE=own`): the tests start their processes at addresses of their
+/// own and look at what each one's NIC does. A test of the NIC daemon
+/// gives `--nicd`, which wins over `NICD_MODE=own`; the daemon as the
+/// default is tested with `NICD` removed (`nicd_default`).
+#[allow(dead_code)]
+pub fn tool(path: impl AsRef<std::ffi::OsStr>) -> Command {
+    let mut c = Command::new(path);
+    c.env("NICD_MODE", "own");
+    c
+}
+
 /// `srptd`, built if need be ([`bin_of`]).
 #[allow(dead_code)]
 pub fn srptd_bin() -> std::path::PathBuf {
@@ -174,7 +186,7 @@ pub fn sock_of(test: &str, tag: &str) -> std::path::PathBuf {
 pub fn srptd_ram64(ip: &str, sock: &std::path::Path) -> Proc {
     let d = Proc::start(
         "srptd",
-        Command::new(srptd_bin())
+        tool(srptd_bin())
             .args(["--ip", ip, "--ram-mib", "64", "--control-socket"])
             .arg(sock),
     );
@@ -231,7 +243,7 @@ pub fn ibsm_bin() -> std::path::PathBuf {
 /// `srptd --config cfg`, once it listens.
 #[allow(dead_code)]
 pub fn start_srptd(cfg: &std::path::Path) -> Proc {
-    let p = Proc::start("srptd", Command::new(srptd_bin()).arg("--config").arg(cfg));
+    let p = Proc::start("srptd", tool(srptd_bin()).arg("--config").arg(cfg));
     p.wait_line("listening on", 20);
     p
 }
@@ -261,7 +273,7 @@ pub fn assert_nicd_clients(sock: &std::path::Path, procs: &[(&str, &Proc)]) {
 pub fn start_srpd(ip: &str, root: &std::path::Path, sock: &std::path::Path, more: &[&str]) -> Proc {
     let p = Proc::start(
         "srpd",
-        Command::new(srpd_bin())
+        tool(srpd_bin())
             .args(["--ip", ip])
             .args(more)
             .arg("--mount-root")
@@ -322,7 +334,7 @@ pub fn text(o: &Output) -> String {
 /// Runs the `srp` CLI with `args` against the `srpd` behind `sock`.
 #[allow(dead_code)]
 pub fn srp(sock: &std::path::Path, args: &[&str]) -> Output {
-    Command::new(srp_bin())
+    tool(srp_bin())
         .args(args)
         .arg("--control-socket")
         .arg(sock)

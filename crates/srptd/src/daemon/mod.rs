@@ -80,6 +80,8 @@ struct TargetRt {
     ib_port: Option<IbPort>,
     /// Set at shutdown: a device watcher stops.
     stopping: Arc<std::sync::atomic::AtomicBool>,
+    /// The NIC daemon's process ID when the port is on its NIC.
+    nicd_pid: Option<u32>,
 }
 
 /// The target port on its CA and what it reaches the CA through.
@@ -299,6 +301,7 @@ impl TargetRt {
             nic: None,
             ib_port: None,
             stopping: Arc::default(),
+            nicd_pid: None,
         })
     }
 
@@ -379,6 +382,7 @@ impl TargetRt {
             nic: None,
             ib_port: None,
             stopping: Arc::default(),
+            nicd_pid: None,
         };
         let w = DeviceWatch {
             t: t.clone(),
@@ -426,6 +430,7 @@ impl TargetRt {
                     nic: None,
                     ib_port: None,
                     stopping: Arc::default(),
+                    nicd_pid: Some(p.daemon_pid()),
                 };
                 let w = NicdWatch {
                     t: t.clone(),
@@ -465,6 +470,7 @@ impl TargetRt {
             nic: soft,
             ib_port,
             stopping: Arc::default(),
+            nicd_pid: None,
         })
     }
 
@@ -993,6 +999,11 @@ impl Daemon {
     }
 
     /// The running targets, in the configuration's order.
+    /// The NIC daemon's process ID, when a target port is on its NIC.
+    pub fn nicd_pid(&self) -> Option<u32> {
+        self.targets.iter().find_map(|t| t.nicd_pid)
+    }
+
     pub fn targets(&self) -> Vec<TargetSummary> {
         self.targets
             .iter()

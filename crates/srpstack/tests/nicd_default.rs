@@ -1,0 +1,215 @@
+//! The NIC daemon as every tool's default (issue 27): with no option
+//! and no `NICD_MODE`, `srptd`, `srp`, `rperf` and `ibstat` run on the
+//! daemon's soft RoCE NIC, one started on demand for the first of them,
+//! and all share one address; each says so in one line. `--own-nic`,
+//! `NICD_MODE=own` and the options only a NIC of the tool's own honours
+//! give one, and the line says why; contradictions are refused in words.
+//!
+//! Each test has a daemon socket of its own (`NICD_SOCKET`), so no
+//! daemon of the host is touched, and a short `NICD_IDLE_EXIT`, so the
+//! daemon a test started leaves once its clients have.
+//!
+//! Addresses: 127.126.0.0/16 (no other test uses it).
+
+mod common;
+
+use common::{bin_of, sock_of, srp_bin, srptd_bin, text, wait_for, Proc};
+use std::process::Command;
+
+/// A tool with the daemon as its default: no `NICD_MODE`, the daemon at
+/// `sock`, leaving 500 ms after its last client.
+fn by_default(bin: std::path::PathBuf, sock: &std::path::Path) -> Command {
+    let mut c = Command::new(bin);
+    c.env_remove("NICD_MODE")
+        .env("NICD_SOCKET", sock)
+        .env("NICD_IDLE_EXIT", "500ms");
+    c
+}
+
+/// srptd's stderr, kept in a file.
+fn stderr_file(tag: &str) -> (std::fs::File, std::path::PathBuf) {
+    let p = std::env::temp_dir().join(format!("nicd_default-{}-{tag}.err", std::process::id()));
+    (std::fs::File::create(&p).unwrap(), p)
+}
+
+#[test]
+fn srptd_srp_rperf_and_ibstat_share_one_address_through_the_daemon_by_default() {
+    const IP: &str = "127.126.0.1";
+    let sock = sock_of("nicd_default", "nicd");
+    let _ = std::fs::remove_file(&sock);
+    let (err, err_path) = stderr_file("srptd");
+    let target = Proc::start(
+        "srptd",
+        by_default(srptd_bin(), &sock)
+            .args(["--ip", IP, "--ram-mib", "16", "--control-socket"])
+            .arg(sock_of("nicd_default", "srptd"))
+            .stderr(err),
+    );
+    target.wait_line("listening on 127.126.0.1:5555", 60);
+    let said = std::fs::read_to_string(&err_path).unwrap();
+    assert!(
+        said.contains("srptd: started the NIC daemon")
+            && said.contains(&format!(
+                "srptd: NIC: the NIC daemon's soft RoCE NIC at {IP} (pid "
+            ))
+            && said.contains(&format!(
+                "{}; --own-nic for one of srptd's own)",
+                sock.display()
+            )),
+        "{said}"
+    );
+
+    // srp at the same address: its own NIC would find UDP 4791 taken.
+    let io = by_default(srp_bin(), &sock)
+        .args(["io", "--dest", "127.126.0.1:5555", "--ip", IP])
+        .args(["--rw", "randrw", "--bs", "4096", "--size", "2M"])
+        .output()
+        .unwrap();
+    let out = text(&io);
+    assert!(io.status.success(), "{out}");
+    assert!(
+        out.contains(&format!(
+            "srp: NIC: the NIC daemon's soft RoCE NIC at {IP} (pid "
+        )) && !out.contains("started the NIC daemon"),
+        "{out}"
+    );
+
+    // rperf, server and client, on the same address too.
+    let server = Proc::start(
+        "rperf server",
+        by_default(bin_of("rperf"), &sock).args([
+            "server",
+            "--bind",
+            "127.126.0.1:4791",
+            "--oob",
+            "127.126.0.1:18726",
+        ]),
+    );
+    server.wait_line("listening on 127.126.0.1:18726", 60);
+    // ibstat --ip lists the daemon's CA and its clients: srptd and the
+    // rperf server.
+    let st = by_default(bin_of("ibstat"), &sock)
+        .args(["--ip", IP])
+        .output()
+        .unwrap();
+    let listed = text(&st);
+    assert!(st.status.success(), "{listed}");
+    assert!(listed.contains(&format!("nicd {IP}")), "{listed}");
+    for (who, p) in [("srptd", &target), ("rperf server", &server)] {
+        assert!(
+            listed.contains(&format!("pid {}", p.child.id())),
+            "{who} is not listed among the daemon's clients: {listed}"
+        );
+    }
+    let client = by_default(bin_of("rperf"), &sock)
+        .args(["client", "--bind", "127.126.0.1:4791"])
+        .args(["--server", "127.126.0.1:18726", "--op", "write"])
+        .args(["--size", "4096", "--iters", "200", "--verify"])
+        .output()
+        .unwrap();
+    let out = text(&client);
+    assert!(client.status.success(), "{out}");
+    assert!(
+        out.contains(&format!(
+            "rperf: NIC: the NIC daemon's soft RoCE NIC at {IP} (pid "
+        )),
+        "{out}"
+    );
+
+    drop(server);
+    drop(target);
+    // Without clients the daemon started on demand leaves, and takes its
+    // socket with it (watched without connecting: a connection is a
+    // client).
+    wait_for("the daemon started on demand to leave", 20, || {
+        !sock.exists()
+    });
+    let _ = std::fs::remove_file(&err_path);
+}
+
+/// srptd's NIC line when started as `args` (with `env`), and that no
+/// daemon answers at its socket: the NIC was its own.
+fn own_nic_line(tag: &str, ip: &str, args: &[&str], env: &[(&str, &str)]) -> String {
+    let sock = sock_of("nicd_default", tag);
+    let _ = std::fs::remove_file(&sock);
+    let (err, err_path) = stderr_file(tag);
+    let mut cmd = by_default(srptd_bin(), &sock);
+    cmd.args(["--ip", ip, "--ram-mib", "16", "--control-socket"])
+        .arg(sock_of("nicd_default", &format!("{tag}-srptd")))
+        .args(args)
+        .envs(env.iter().copied())
+        .stderr(err);
+    let target = Proc::start("srptd", &mut cmd);
+    target.wait_line(&format!("listening on {ip}:5555"), 60);
+    drop(target);
+    assert!(
+        std::os::unix::net::UnixStream::connect(&sock).is_err(),
+        "a daemon answers at {}",
+        sock.display()
+    );
+    let said = std::fs::read_to_string(&err_path).unwrap();
+    let _ = std::fs::remove_file(&err_path);
+    said.lines()
+        .find(|l| l.starts_with("srptd: NIC: "))
+        .unwrap_or_else(|| panic!("no NIC line: {said}"))
+        .to_string()
+}
+
+#[test]
+fn a_nic_of_its_own_when_asked_and_the_line_says_why() {
+    assert_eq!(
+        own_nic_line("own", "127.126.1.1", &["--own-nic"], &[]),
+        "srptd: NIC: its own soft RoCE NIC at 127.126.1.1 (--own-nic)"
+    );
+    assert_eq!(
+        own_nic_line("env", "127.126.1.2", &[], &[("NICD_MODE", "own")]),
+        "srptd: NIC: its own soft RoCE NIC at 127.126.1.2 (NICD_MODE=own)"
+    );
+    assert_eq!(
+        own_nic_line("port", "127.126.1.3", &["--udp-port", "4796"], &[]),
+        "srptd: NIC: its own soft RoCE NIC at 127.126.1.3 (target.udp_port = 4796)"
+    );
+    assert_eq!(
+        own_nic_line("mtu", "127.126.1.4", &["--mtu", "1024"], &[]),
+        "srptd: NIC: its own soft RoCE NIC at 127.126.1.4 (target.mtu = 1024)"
+    );
+}
+
+#[test]
+fn contradictions_are_refused_in_words() {
+    let sock = sock_of("nicd_default", "refused");
+    // Both at once: clap names the conflict.
+    let o = by_default(srptd_bin(), &sock)
+        .args(["--nicd", "--own-nic", "--ip", "127.126.2.1"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(text(&o).contains("cannot be used with"), "{}", text(&o));
+    // --nicd with an option only a NIC of srp's own honours.
+    let o = by_default(srp_bin(), &sock)
+        .args(["luns", "--dest", "127.126.2.1:5555", "--ip", "127.126.2.2"])
+        .args(["--udp-port", "4796", "--nicd"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains("--udp-port 4796 sets up a NIC of this tool's own")
+            && text(&o).contains("drop --udp-port 4796, or --nicd"),
+        "{}",
+        text(&o)
+    );
+    // A NICD_MODE that is neither.
+    let o = by_default(srp_bin(), &sock)
+        .args(["luns", "--dest", "127.126.2.1:5555", "--ip", "127.126.2.2"])
+        .env("NICD_MODE", "shared")
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains("NICD_MODE=shared: give NICD_MODE=own"),
+        "{}",
+        text(&o)
+    );
+    // Nothing was started for any of them.
+    assert!(std::os::unix::net::UnixStream::connect(&sock).is_err());
+}
