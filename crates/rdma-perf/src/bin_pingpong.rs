@@ -79,16 +79,8 @@ fn main() -> ExitCode {
     };
     // Through the verbs: an rdma-core device, or the NIC daemon's NIC at
     // --bind; else a soft RoCE node of our own.
-    let own_only = nicd::choice::first_given(&[
-        (
-            cli.roce_port != 4791,
-            format!("--roce-port {}", cli.roce_port),
-        ),
-        (
-            mtu != rdma_types::Mtu::Mtu4096,
-            format!("-m {}", mtu.bytes()),
-        ),
-    ]);
+    // -m is the QP's path MTU, set through the verbs on either NIC.
+    let own_only = (cli.roce_port != 4791).then(|| format!("--roce-port {}", cli.roce_port));
     let which = match cli.device.which(own_only) {
         Ok(w) => w,
         Err(e) => {

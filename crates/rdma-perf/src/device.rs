@@ -161,10 +161,8 @@ impl NicChoice {
                 opts: iwarp_tcp::NicOptions::default(),
             });
         }
-        let own_only = nicd::choice::first_given(&[
-            (udp_port != 4791, format!("UDP port {udp_port}")),
-            (mtu != Mtu::Mtu4096, format!("MTU {}", mtu.bytes())),
-        ]);
+        // The path MTU is the QP's (set through the verbs on either NIC).
+        let own_only = (udp_port != 4791).then(|| format!("UDP port {udp_port}"));
         match dev.which(own_only).map_err(NicError::Environment)? {
             Some(nicd::choice::Which::Daemon { socket }) => {
                 return Ok(NicChoice::Nicd {

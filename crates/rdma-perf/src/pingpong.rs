@@ -522,7 +522,10 @@ fn run_verbs(cfg: &PingPongConfig, choice: &NicChoice) -> Result<PingPongResult,
         return Err(PingPongError::UdOnDevice);
     }
     let nic = Nic::open(choice)?;
-    eprintln!("rpingpong: NIC {}", nic.name());
+    // The daemon's NIC said its line as it opened.
+    if !matches!(choice, NicChoice::Nicd { .. }) {
+        eprintln!("rpingpong: NIC {}", nic.name());
+    }
     let p = nic.provider().clone();
     let depth = u32::try_from(cfg.rx_depth)
         .unwrap_or(u32::MAX)

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// Every binary with a command line and its man section.
-const BINARIES: [(&str, &str); 12] = [
+const BINARIES: [(&str, &str); 13] = [
     ("srptd", "8"),
     ("srptadm", "8"),
     ("srpd", "8"),
@@ -28,6 +28,7 @@ const BINARIES: [(&str, &str); 12] = [
     ("rpingpong", "1"),
     ("rrping", "1"),
     ("srpstack", "1"),
+    ("nicd", "8"),
 ];
 
 /// A fresh directory under the temp dir.

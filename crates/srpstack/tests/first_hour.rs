@@ -140,9 +140,16 @@ fn no_target_says_it_waits_and_what_to_check() {
     });
     let first = lines
         .recv_timeout(Duration::from_secs(20))
-        .expect("srp says it is logging in");
+        .expect("srp says which NIC it runs on");
     assert_eq!(
         first,
+        "srp: NIC: its own soft RoCE NIC at 127.0.201.22 (NICD_MODE=own)"
+    );
+    let second = lines
+        .recv_timeout(Duration::from_secs(20))
+        .expect("srp says it is logging in");
+    assert_eq!(
+        second,
         "srp: logging in to 127.0.201.21:5555 from 127.0.201.22 ..."
     );
     // Said while the attempt runs, not after it.

@@ -218,7 +218,7 @@ fn rpingpong_server_and_client_on_one_address_through_nicd() {
     assert!(out.status.success(), "{stdout}{stderr}");
     assert!(stdout.contains("1800000 bytes in"), "{stdout}");
     assert!(
-        stderr.contains("rpingpong: NIC softroce0 (127.91.0.2, nicd at"),
+        stderr.contains("rpingpong: NIC: the NIC daemon's soft RoCE NIC at 127.91.0.2 (pid "),
         "{stderr}"
     );
     // The server ran its 300 exchanges too, on the same NIC.

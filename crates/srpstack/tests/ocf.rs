@@ -158,6 +158,8 @@ fn ocf_tester_passes() {
     let tester = rdma_testkit::need::which("ocf-tester").unwrap();
     let o = Command::new(tester)
         .env("PATH", path_with_bins())
+        // srptd on a NIC of its own, at the test's address.
+        .env("NICD_MODE", "own")
         .args(["-n", "srptd-test"])
         .arg("-o")
         .arg(format!("config={}", s.cfg.display()))

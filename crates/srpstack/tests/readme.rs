@@ -577,7 +577,12 @@ impl Program {
                     "{n}: no such binary of ours at {}",
                     p.display()
                 );
-                Command::new(p)
+                // The tools' default NIC is the NIC daemon's, as for a
+                // user; one they start leaves soon after its last
+                // client, so each block starts with none ([`nicd_gone`]).
+                let mut c = Command::new(p);
+                c.env_remove("NICD_MODE").env("NICD_IDLE_EXIT", "200ms");
+                c
             }
             Program::Host(n) => Command::new(n),
         }
@@ -878,6 +883,11 @@ fn the_readme_runs_as_written() {
             path.display()
         );
     }
+    assert!(
+        std::os::unix::net::UnixStream::connect(nicd_socket()).is_err(),
+        "a NIC daemon serves at {} already; the README's commands use that default socket",
+        nicd_socket().display()
+    );
     let dir = scratch();
     let etc = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../etc");
     std::fs::create_dir_all(dir.join("etc")).unwrap();
@@ -946,12 +956,49 @@ fn the_readme_runs_as_written() {
             stop_all(&mut bg);
             stop_all(&mut under);
             needs.clear();
+            nicd_gone();
         }
     }
     assert!(ran > 30, "ran only {ran} commands");
     // `srptadm write-config` wrote the copy srptd was started with.
     let written = std::fs::read_to_string(dir.join("etc/srptd.toml")).unwrap();
     assert!(written.contains("\"extra\""), "{written}");
+}
+
+/// The NIC daemon's default socket for this user (the README's tools
+/// start a daemon there when none serves).
+fn nicd_socket() -> PathBuf {
+    nicd::socket_for(Path::new(""))
+}
+
+/// Waits (bounded) for a NIC daemon a block's tools started to leave,
+/// which it does once they have (`NICD_IDLE_EXIT`, 200 ms here), so the
+/// next block's NICs of their own find their addresses free. Its socket
+/// goes with it; watched without connecting, since a connection is a
+/// client.
+fn nicd_gone() {
+    let sock = nicd_socket();
+    let start = std::time::Instant::now();
+    let mut tried = start;
+    while sock.exists() {
+        let now = std::time::Instant::now();
+        assert!(
+            now < start + std::time::Duration::from_secs(20),
+            "the NIC daemon at {} is still there 20 s after its block's tools ended",
+            sock.display()
+        );
+        // Once a second: a socket nothing listens on is one a daemon
+        // that failed to start left behind.
+        if now > tried + std::time::Duration::from_secs(1) {
+            tried = now;
+            if std::os::unix::net::UnixStream::connect(&sock)
+                .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused)
+            {
+                return;
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
 }
 
 /// Files and directories a run made, removed when it ends.
