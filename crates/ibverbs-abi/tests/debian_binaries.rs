@@ -238,7 +238,9 @@ fn against_rpingpong(tool: &str, ud: bool, last: u8, ports: [u16; 2]) {
     };
     // rpingpong serves, Debian's tool is the client.
     let (c, s) = serve_and_connect(
-        std::process::Command::new(&rp).args(rp_args(ports[0])),
+        std::process::Command::new(&rp)
+            .env("NICD_MODE", "own")
+            .args(rp_args(ports[0])),
         ports[0],
         d.command(tool).args(tool_args(ports[0])).arg(&ours),
         60,
@@ -256,6 +258,7 @@ fn against_rpingpong(tool: &str, ud: bool, last: u8, ports: [u16; 2]) {
         d.command(tool).args(tool_args(ports[1])),
         ports[1],
         std::process::Command::new(&rp)
+            .env("NICD_MODE", "own")
             .args(rp_args(ports[1]))
             .arg(ip(last).to_string()),
         60,
@@ -313,7 +316,9 @@ fn against_rperftest(tool: &str, verb: &str, last: u8, ports: [u16; 2]) {
     };
     // rperftest serves.
     let (c, s) = serve_and_connect(
-        std::process::Command::new(&rp).args(rp_args(ports[0])),
+        std::process::Command::new(&rp)
+            .env("NICD_MODE", "own")
+            .args(rp_args(ports[0])),
         ports[0],
         d.command(tool).args(tool_args(ports[0])).arg(&ours),
         120,
@@ -327,6 +332,7 @@ fn against_rperftest(tool: &str, verb: &str, last: u8, ports: [u16; 2]) {
         d.command(tool).args(tool_args(ports[1])),
         ports[1],
         std::process::Command::new(&rp)
+            .env("NICD_MODE", "own")
             .args(rp_args(ports[1]))
             .arg(ip(last).to_string()),
         120,

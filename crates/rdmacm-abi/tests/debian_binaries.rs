@@ -89,7 +89,8 @@ fn rping_with_its_own_qps_both_roles() {
 /// the child, and a thread gathering the rest of its stdout.
 fn rrping_server(args: &[&str]) -> (std::process::Child, std::thread::JoinHandle<String>) {
     let rp = common::rdma_perf_bin("rrping");
-    let mut child = spawn(Command::new(rp).args(args));
+    // rrping on a NIC of its own, at the test's address.
+    let mut child = spawn(Command::new(rp).env("NICD_MODE", "own").args(args));
     let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
     let mut line = String::new();
     // A line at most, or EOF if it exits: bounded by rrping's own
@@ -146,6 +147,7 @@ fn rping_against_our_rrping_both_ways() {
     let c = connect_when_listening(
         &mut || {
             let mut c = Command::new(&rp);
+            c.env("NICD_MODE", "own");
             c.args([
                 "-c", "-v", "-V", "-a", &lib, "-I", &ours, "-p", "17103", "-C", "10",
             ]);

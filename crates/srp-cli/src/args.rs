@@ -43,7 +43,7 @@ pub enum LocalAddrError {
     /// Another process (an srptd on the same address, say) holds the
     /// RoCEv2 UDP port there.
     #[error(
-        "UDP {ip}:{port} (RoCEv2) is in use: another process (srptd?) has its NIC on {ip}; pick another local address with --ip"
+        "UDP {ip}:{port} (RoCEv2) is in use: another process (srptd? the NIC daemon? `nicd --clients` lists its clients) has its NIC on {ip}; pick another local address with --ip, or drop --own-nic to share the daemon's NIC"
     )]
     InUse {
         /// The address.

@@ -101,8 +101,8 @@ fn wrong_port_own_address_and_bad_dest_say_what_to_do() {
     assert!(!ok, "{out}");
     assert!(
         out.contains("UDP 127.0.201.11:4791 (RoCEv2) is in use")
-            && out.contains("(srptd?)")
-            && out.contains("pick another local address with --ip"),
+            && out.contains("(srptd? the NIC daemon? `nicd --clients` lists its clients)")
+            && out.contains("pick another local address with --ip, or drop --own-nic"),
         "{out}"
     );
     assert!(

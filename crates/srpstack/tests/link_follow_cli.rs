@@ -122,7 +122,8 @@ fn cut_under_srp_io(tag: &str, side: &str, follow: &str) -> Option<Cut> {
             .args(["--reconnect-delay", reconnect_delay, "--region", "4194304"])
             // Enough to outlast the cut and path A's login after it.
             .args(["--size", "100663296"])
-            .env("SOFTROCE_FOLLOW_LINK", follow),
+            .env("SOFTROCE_FOLLOW_LINK", follow)
+            .env("NICD_MODE", "own"),
     );
     let first = io.wait_line("srp: logged in", 30);
     assert!(first.contains("(2 paths, 1 channel each)"), "{first}");

@@ -135,7 +135,8 @@ impl Netns {
         cmd.args(["netns", "exec", self.target()])
             .arg(super::srptd_bin())
             .arg("--config")
-            .arg(&cfg);
+            .arg(&cfg)
+            .env("NICD_MODE", "own");
         for (k, v) in env {
             cmd.env(k, v);
         }

@@ -687,7 +687,7 @@ pub fn preflight(cfg: &Config, nicd: bool) -> Result<Preflight, ConfigError> {
             Err(e) if e.kind() == ErrorKind::AddrInUse => found.busy.push(cfg.error(
                 t.udp_port.span(),
                 key(i, "udp_port"),
-                format!("UDP {ip}:{port} is in use (is srptd running?): stop what holds it or choose another udp_port"),
+                format!("UDP {ip}:{port} is in use (is srptd running, or the NIC daemon serving {ip}? `nicd --clients` lists its clients): stop what holds it, choose another udp_port, or drop --own-nic to share the daemon's NIC"),
             )),
             Err(e) if e.kind() == ErrorKind::AddrNotAvailable => {
                 return Err(cfg.error(
