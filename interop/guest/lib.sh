@@ -1,6 +1,10 @@
 # shellcheck shell=bash
 # Helpers for guest-side scenario code (sourced in the VM).
 
+# Our tools in the guest run on soft RoCE NICs of their own, as on the
+# host side (interop/run): no NIC daemon is installed in the guests.
+export NICD_MODE=own
+
 # step MSG: progress line with seconds since the guest reached user space.
 step() {
   local now
