@@ -1,7 +1,8 @@
 //! The NIC daemon as every tool's default (issue 27): with no option
 //! and no `NICD_MODE`, `srptd`, `srp`, `rperf` and `ibstat` run on the
 //! daemon's soft RoCE NIC, one started on demand for the first of them,
-//! and all share one address; each says so in one line. `--own-nic`,
+//! and all share one address; each says so in one line. Plain `ibstat`
+//! lists the daemon's CA. `--own-nic`,
 //! `NICD_MODE=own` and the options only a NIC of the tool's own honours
 //! give one, and the line says why; contradictions are refused in words.
 //!
@@ -101,6 +102,17 @@ fn srptd_srp_rperf_and_ibstat_share_one_address_through_the_daemon_by_default() 
             "{who} is not listed among the daemon's clients: {listed}"
         );
     }
+    // Plain `ibstat` lists the daemon that serves, as it lists rdma-core
+    // devices (none on this host's kernel, or some: either way the
+    // daemon's CA is there).
+    let st = by_default(bin_of("ibstat"), &sock).output().unwrap();
+    let bare = text(&st);
+    assert!(st.status.success(), "{bare}");
+    assert!(
+        bare.contains(&format!("CA 'nicd {IP}'"))
+            && bare.contains(&format!("pid {}", target.child.id())),
+        "{bare}"
+    );
     let client = by_default(bin_of("rperf"), &sock)
         .args(["client", "--bind", "127.126.0.1:4791"])
         .args(["--server", "127.126.0.1:18726", "--op", "write"])

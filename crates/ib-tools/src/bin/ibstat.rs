@@ -47,7 +47,8 @@ struct Cli {
     #[arg(long)]
     ip: Vec<IpAddr>,
     /// An rdma-core device to list (rxe0, mlx5_0; repeat for several);
-    /// with neither --ip nor --device, every device rdma-core finds.
+    /// with neither --ip nor --device, every device rdma-core finds, and
+    /// the NIC daemon's CAs and clients when one serves.
     #[arg(long, value_name = "NAME")]
     device: Vec<String>,
     /// Port personality.
@@ -301,7 +302,17 @@ fn main() -> ExitCode {
     }
     let cli = Cli::parse();
     // --ip: the daemon's CAs there, or CAs of our own.
+    // Neither --ip, --device nor --nicd: every rdma-core device, and the
+    // NIC daemon's CAs when one serves at the default socket (none is
+    // started for a listing).
+    let bare = cli.ip.is_empty() && cli.device.is_empty() && cli.nicd.is_none();
     let which = match (&cli.nicd, cli.ip.is_empty()) {
+        (None, true) if bare && cli.fabric == Fabric::Roce => {
+            let asked = nicd::choice::Asked::from_env(None, cli.own_nic, None, false);
+            nicd::choice::choose(&asked)
+                .ok()
+                .filter(|w| w.socket().is_some_and(nicd::ondemand::answers))
+        }
         (None, true) => None,
         _ => {
             // Beside rdma-core devices, CAs of our own (nicd_cas refuses
@@ -335,11 +346,18 @@ fn main() -> ExitCode {
     if let Some(s) = which.as_ref().and_then(|w| w.socket()) {
         return match nicd_cas(&cli, s) {
             Ok(l) => {
+                // The rdma-core devices beside them, if there are any.
+                let devices = if bare {
+                    rdma_core_cas(&[]).unwrap_or_default()
+                } else {
+                    Vec::new()
+                };
                 if cli.json {
-                    println!("{}", devinfo::json(&l.cas));
+                    let all: Vec<CaInfo> = l.cas.iter().chain(&devices).cloned().collect();
+                    println!("{}", devinfo::json(&all));
                     return ExitCode::SUCCESS;
                 }
-                for c in &l.cas {
+                for c in l.cas.iter().chain(&devices) {
                     print!("{}", c.human());
                 }
                 println!(
