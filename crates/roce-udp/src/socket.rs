@@ -176,6 +176,28 @@ impl RoceSocket {
         })
     }
 
+    /// A second handle on the same socket (a duplicated descriptor), with
+    /// its own receive buffers and counters: one thread may send through
+    /// one handle while another receives through the other, neither
+    /// waiting for a lock the other holds. Its offload settings start as
+    /// this handle's.
+    ///
+    /// # Errors
+    /// The descriptor could not be duplicated (out of descriptors).
+    pub fn try_clone(&self) -> io::Result<RoceSocket> {
+        Ok(RoceSocket {
+            sock: self.sock.try_clone()?,
+            local: self.local,
+            stats: SocketStats::default(),
+            bufs: Vec::new(),
+            names: Vec::new(),
+            cmsgs: Vec::new(),
+            hdrs: RecvHeaders::default(),
+            gso: self.gso,
+            gro: self.gro,
+        })
+    }
+
     /// Whether sends are grouped into segmented (GSO) sends.
     pub fn gso(&self) -> bool {
         self.gso
@@ -654,6 +676,23 @@ mod tests {
         }
         assert!(a.stats().send_calls < 150, "batched: {:?}", a.stats());
         assert!(b.stats().recv_calls < 150, "batched: {:?}", b.stats());
+    }
+
+    /// A clone is the same socket: what it sends leaves from the bound
+    /// address, and what arrives is received through either handle.
+    #[test]
+    fn a_clone_sends_and_receives_as_the_same_socket() {
+        let (a, mut b) = pair();
+        let mut a2 = a.try_clone().unwrap();
+        assert_eq!(a2.local_addr(), a.local_addr());
+        let d: &[u8] = b"clone";
+        assert_eq!(a2.send_batch(&[(b.local_addr(), d)]), 1);
+        let got = recv_all(&mut b, 1);
+        assert_eq!(got, vec![(a.local_addr(), d.to_vec())]);
+        assert_eq!(b.send_batch(&[(a.local_addr(), d)]), 1);
+        let mut a = a;
+        assert_eq!(recv_all(&mut a, 1), vec![(b.local_addr(), d.to_vec())]);
+        assert_eq!((a2.stats().sent, a.stats().received), (1, 1));
     }
 
     #[test]

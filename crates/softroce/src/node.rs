@@ -200,6 +200,54 @@ impl Out {
     }
 }
 
+/// Datagrams taken out of a node to be sent without its lock
+/// ([`Node::take_batch`]): in the order the engines produced them, grouped
+/// into the runs the socket sends as one GSO buffer each.
+pub(crate) struct TxBatch {
+    outs: Vec<Out>,
+    runs: Vec<std::ops::Range<usize>>,
+    /// Runs the kernel took (from the first).
+    sent_runs: usize,
+    gso_sends: u64,
+    /// The kernel refused segmentation on this send.
+    gso_off: bool,
+}
+
+impl TxBatch {
+    /// Whether there is nothing to send.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.outs.is_empty()
+    }
+
+    /// Sends the batch through `sock` (a handle on the node's socket). A
+    /// full socket buffer is retried a bounded number of times, then the
+    /// rest is dropped like a congested wire; retransmission recovers RC.
+    pub(crate) fn send(&mut self, sock: &mut RoceSocket) {
+        if self.outs.is_empty() {
+            return;
+        }
+        let parts: Vec<[&[u8]; 3]> = self.outs.iter().map(Out::parts).collect();
+        let refs: Vec<(SocketAddr, &[&[u8]])> = self
+            .outs
+            .iter()
+            .zip(&parts)
+            .map(|(o, p)| (o.dst, &p[..]))
+            .collect();
+        let (gso_before, gso_was) = (sock.stats().gso_sends, sock.gso());
+        let mut done = 0;
+        for _ in 0..64 {
+            done += sock.send_runs_vectored(&refs, &self.runs[done..]);
+            if done == self.runs.len() {
+                break;
+            }
+            let _ = sock.wait(None, std::time::Duration::from_micros(100));
+        }
+        self.sent_runs = done;
+        self.gso_sends = sock.stats().gso_sends - gso_before;
+        self.gso_off = gso_was && !sock.gso();
+    }
+}
+
 /// Room for the BTH and the longest extension-header list.
 const HEAD_ROOM: usize = 64;
 
@@ -414,7 +462,7 @@ const SPARE_BUFFERS: usize = 256;
 /// Packets a QP may emit per poll: bounded work, fair between QPs.
 const TX_BUDGET_PER_QP: usize = 64;
 /// Datagrams received per poll.
-const RX_BUDGET: usize = 64;
+pub(crate) const RX_BUDGET: usize = 64;
 
 impl Node {
     /// Binds the node's socket and opens its capture file.
@@ -732,31 +780,19 @@ impl Node {
     /// One bounded round of work at `now`: receive, transmit, timers.
     /// Returns whether anything happened.
     pub fn poll(&mut self, now: Instant) -> bool {
-        let busy = self.round(now);
+        self.more = false;
+        let busy = self.receive(now);
+        let busy = self.after_receive(now) | busy;
         self.flush_out(now);
         busy
     }
 
-    /// As [`Node::poll`], but when the round made completions to deliver,
-    /// what it made to send (the ACKs of what it received) stays in the
-    /// node until [`Node::send_posted`]: the driver thread calls that once
-    /// it has handed the completions over, so an ACK leaves in one batch
-    /// with what the consumer posted in answer (a target's ACK of a
-    /// command with the command's data and response), and the peer wakes
-    /// once for all of them, not once for the ACK and again for the rest.
-    pub fn poll_holding(&mut self, now: Instant) -> bool {
-        let busy = self.round(now);
-        if self.ready.is_empty() {
-            self.flush_out(now);
-        }
-        busy
-    }
-
-    /// Receive, timers, and what the QPs have to send built into the
-    /// outgoing batch (not sent); completions collected.
-    fn round(&mut self, now: Instant) -> bool {
-        self.more = false;
-        let mut busy = self.receive(now);
+    /// The rest of a round once a receive batch is delivered: timers fired,
+    /// what the QPs have to send built into the outgoing batch (not sent:
+    /// [`Node::take_batch`]), completions collected. A driver that received
+    /// without the node's lock first calls [`Node::received`] for the batch.
+    pub(crate) fn after_receive(&mut self, now: Instant) -> bool {
+        let mut busy = false;
         for s in self.qps.values_mut() {
             if s.qp.poll_timeout().is_some_and(|t| t <= now) {
                 s.qp.handle_timeout(now);
@@ -768,20 +804,45 @@ impl Node {
         busy
     }
 
-    /// Whether the last [`Node::poll_holding`] stopped at a budget (a full
-    /// receive batch, or a QP with more to send than one round sends).
+    /// Starts a round that a driver received for without the node's lock:
+    /// notes its batch (`buffers` system-call buffers, `gro` of them
+    /// coalesced), a full one meaning more may be waiting.
+    pub(crate) fn begin_round(&mut self, buffers: usize, gro: u64) {
+        self.more = false;
+        self.received(buffers, gro);
+    }
+
+    /// Whether the last round stopped at a budget (a full receive batch,
+    /// or a QP with more to send than one round sends).
     pub fn has_more(&self) -> bool {
         self.more
     }
 
-    /// What a posting thread does so the driver thread need not wake for
-    /// it (as Linux siw sends from `post_send`): transmits what the QPs
-    /// have to send now. Returns whether completions or events came of it
-    /// (the driver thread delivers those).
-    pub fn send_posted(&mut self, now: Instant) -> bool {
-        self.transmit(now);
+    /// What the QPs have to send now, with what an earlier round built,
+    /// taken out of the node as a batch to send without its lock
+    /// ([`TxBatch::send`], then [`Node::finish_batch`]): framed, through
+    /// the fault injector, grouped into GSO runs with their segments'
+    /// ICRCs corrected. Completions and events that came of it (a UD
+    /// send's, a failed WR's) are collected.
+    pub(crate) fn take_batch(&mut self, now: Instant) -> TxBatch {
+        self.build_out(now);
         self.collect();
+        self.prepare_batch(now)
+    }
+
+    /// Whether QPs got completions or events not yet taken by
+    /// [`Node::take_ready`].
+    pub(crate) fn has_ready(&self) -> bool {
         !self.ready.is_empty()
+    }
+
+    /// A second handle on the node's socket, for a driver that sends or
+    /// receives without the node's lock.
+    ///
+    /// # Errors
+    /// The descriptor could not be duplicated.
+    pub(crate) fn socket_handle(&self) -> io::Result<RoceSocket> {
+        self.sock.try_clone()
     }
 
     /// Moves the engines' completions and events to their QPs' queues and
@@ -811,8 +872,7 @@ impl Node {
     // `callgrind --toggle-collect` can name each path (send_path bench).
     #[inline(never)]
     fn receive(&mut self, now: Instant) -> bool {
-        let local = self.local;
-        let up = self.link_up;
+        let (local, up) = (self.local, self.link_up);
         let Node {
             sock,
             qps,
@@ -823,34 +883,45 @@ impl Node {
             ready,
             ..
         } = self;
-        // Each datagram is handled in the socket's own buffer: no copy.
         let gro_before = sock.stats().gro_buffers;
+        // Each datagram is handled in the socket's own buffer: no copy.
         let n = sock.recv_batch(RX_BUDGET, |r, data| {
-            stats.rx_datagrams += 1;
-            if up {
-                let rx = Rx {
-                    qps: &mut *qps,
-                    stats: &mut *stats,
-                    header_crcs: &mut *header_crcs,
-                    partitions: &mut *partitions,
-                    ready: &mut *ready,
-                    pcap: pcap.as_mut(),
-                };
-                deliver(now, r, local, data, rx);
-            } else {
-                stats.link_down_drops += 1;
-            }
+            let rx = Rx {
+                qps: &mut *qps,
+                stats: &mut *stats,
+                header_crcs: &mut *header_crcs,
+                partitions: &mut *partitions,
+                ready: &mut *ready,
+                pcap: pcap.as_mut(),
+            };
+            deliver_if_up(now, r, local, up, data, rx);
         });
-        stats.rx_gro_buffers += sock.stats().gro_buffers - gro_before;
-        self.more |= n >= RX_BUDGET;
+        let gro = sock.stats().gro_buffers - gro_before;
+        self.received(n, gro);
         n > 0
     }
 
-    #[inline(never)]
-    fn transmit(&mut self, now: Instant) -> bool {
-        let produced = self.build_out(now);
-        self.flush_out(now);
-        produced
+    /// Hands one received datagram to its QP (ICRC, P_Key and headers
+    /// checked): what a driver that receives without the node's lock does
+    /// with each datagram once it holds the lock again.
+    pub(crate) fn deliver_one(&mut self, now: Instant, r: roce_udp::Received, data: &[u8]) {
+        let (local, up) = (self.local, self.link_up);
+        let rx = Rx {
+            qps: &mut self.qps,
+            stats: &mut self.stats,
+            header_crcs: &mut self.header_crcs,
+            partitions: &mut self.partitions,
+            ready: &mut self.ready,
+            pcap: self.pcap.as_mut(),
+        };
+        deliver_if_up(now, r, local, up, data, rx);
+    }
+
+    /// Notes a receive batch: `buffers` system-call buffers, `gro` of them
+    /// coalesced. A full batch means more may be waiting ([`Node::has_more`]).
+    pub(crate) fn received(&mut self, buffers: usize, gro: u64) {
+        self.stats.rx_gro_buffers += gro;
+        self.more |= buffers >= RX_BUDGET;
     }
 
     /// Builds what the QPs have to send now into the outgoing batch.
@@ -944,18 +1015,40 @@ impl Node {
         produced
     }
 
+    /// Sends the outgoing batch through the node's own socket.
+    #[inline(never)]
     fn flush_out(&mut self, now: Instant) {
-        if self.out.is_empty() && self.faults.is_none() {
-            return;
+        let mut batch = self.prepare_batch(now);
+        if !batch.is_empty() {
+            batch.send(&mut self.sock);
         }
-        let mut batch = std::mem::take(&mut self.out);
+        self.finish_batch(batch);
+    }
+
+    /// The outgoing batch taken out of the node, ready to send: dropped
+    /// while the link is down, through the fault injector, grouped into
+    /// GSO runs with each segment's ICRC corrected for its IPv4
+    /// Identification.
+    fn prepare_batch(&mut self, now: Instant) -> TxBatch {
+        let mut batch = TxBatch {
+            outs: Vec::new(),
+            runs: Vec::new(),
+            sent_runs: 0,
+            gso_sends: 0,
+            gso_off: false,
+        };
+        if self.out.is_empty() && self.faults.is_none() {
+            return batch;
+        }
+        batch.outs = std::mem::take(&mut self.out);
         if !self.link_up {
-            self.stats.link_down_drops += batch.len() as u64;
-            self.recycle(batch);
-            return;
+            self.stats.link_down_drops += batch.outs.len() as u64;
+            let outs = std::mem::take(&mut batch.outs);
+            self.recycle(outs);
+            return batch;
         }
         if let Some(f) = self.faults.as_mut() {
-            for o in batch.drain(..) {
+            for o in batch.outs.drain(..) {
                 let (d, qpn, payload) = o.flatten();
                 f.push(now, d);
                 if let (Some(s), Payload::Owned(b)) = (self.qps.get_mut(&qpn), payload) {
@@ -963,25 +1056,24 @@ impl Node {
                 }
             }
             while let Some(d) = f.pop_ready(now) {
-                batch.extend(Out::from_flat(d));
+                batch.outs.extend(Out::from_flat(d));
             }
         }
-        if batch.is_empty() {
-            self.out = batch;
-            return;
+        if batch.outs.is_empty() {
+            return batch;
         }
-        let lens: Vec<(SocketAddr, usize)> = batch.iter().map(|o| (o.dst, o.len())).collect();
-        let runs = self.sock.gso_runs_by_len(&lens);
+        let lens: Vec<(SocketAddr, usize)> = batch.outs.iter().map(|o| (o.dst, o.len())).collect();
+        batch.runs = self.sock.gso_runs_by_len(&lens);
         // Segment k of a GSO send leaves with IPv4 Identification k; its
         // ICRC was computed for 0. A run's segments have one length, but
         // for a shorter last one.
-        for run in runs.iter().filter(|r| r.len() > 1) {
-            let segs = &mut batch[run.clone()];
+        for run in batch.runs.iter().filter(|r| r.len() > 1) {
+            let segs = &mut batch.outs[run.clone()];
             if !segs[0].dst.is_ipv4() {
                 continue;
             }
             // The corrections are kept with the header CRC state of each
-            // (peer, length) that `transmit` used.
+            // (peer, length) that `build_out` used.
             let (local, dst) = (self.local, segs[0].dst);
             let mut delta_for = |len| self.header_crcs.entry(local, dst, false, len)?.ident;
             let ib_len = |o: &Out| o.len().saturating_sub(rdma_wire::ICRC_LEN);
@@ -1002,33 +1094,26 @@ impl Node {
                 o.set_icrc(o.icrc() ^ d);
             }
         }
-        let parts: Vec<[&[u8]; 3]> = batch.iter().map(Out::parts).collect();
-        let refs: Vec<(SocketAddr, &[&[u8]])> = batch
-            .iter()
-            .zip(&parts)
-            .map(|(o, p)| (o.dst, &p[..]))
-            .collect();
-        let gso_before = self.sock.stats().gso_sends;
-        let mut done = 0;
-        // A full socket buffer: retry a bounded number of times, then drop
-        // the rest like a congested wire; retransmission recovers RC.
-        for _ in 0..64 {
-            done += self.sock.send_runs_vectored(&refs, &runs[done..]);
-            if done == runs.len() {
-                break;
-            }
-            let _ = self.sock.wait(None, std::time::Duration::from_micros(100));
+        batch
+    }
+
+    /// Counts what a batch sent and gives its buffers back (a batch from
+    /// [`Node::take_batch`], sent or not).
+    pub(crate) fn finish_batch(&mut self, mut batch: TxBatch) {
+        let runs = &batch.runs[..batch.sent_runs];
+        self.stats.tx_packets += runs.iter().map(|r| r.len() as u64).sum::<u64>();
+        self.stats.tx_gso_sends += batch.gso_sends;
+        if batch.gso_off {
+            // The kernel refused segmentation: later batches go unsegmented.
+            self.sock.set_gso(false);
         }
-        self.stats.tx_packets += runs[..done].iter().map(|r| r.len() as u64).sum::<u64>();
-        self.stats.tx_gso_sends += self.sock.stats().gso_sends - gso_before;
-        drop(refs);
-        drop(parts);
-        self.recycle(batch);
+        let outs = std::mem::take(&mut batch.outs);
+        self.recycle(outs);
     }
 
     /// Gives sent (or dropped) datagrams' buffers back: payloads to their
     /// QP's engine, headers to the spare list; the emptied batch becomes
-    /// the next one (its capacity kept).
+    /// the next one (its capacity kept) unless another was begun meanwhile.
     fn recycle(&mut self, mut batch: Vec<Out>) {
         for o in batch.drain(..) {
             // A lent payload releases its region here.
@@ -1039,7 +1124,7 @@ impl Node {
                 self.spare.push(o.head);
             }
         }
-        if self.out.is_empty() {
+        if self.out.is_empty() && batch.capacity() > self.out.capacity() {
             self.out = batch;
         }
     }
@@ -1053,6 +1138,24 @@ struct Rx<'a> {
     partitions: &'a mut Partitions,
     ready: &'a mut Vec<QpHandle>,
     pcap: Option<&'a mut PcapWriter<File>>,
+}
+
+/// Counts a received datagram and delivers it, or drops it while the
+/// link is down.
+fn deliver_if_up(
+    now: Instant,
+    r: roce_udp::Received,
+    local: SocketAddr,
+    up: bool,
+    data: &[u8],
+    rx: Rx<'_>,
+) {
+    rx.stats.rx_datagrams += 1;
+    if up {
+        deliver(now, r, local, data, rx);
+    } else {
+        rx.stats.link_down_drops += 1;
+    }
 }
 
 /// Parses, ICRC-checks, P_Key-checks and dispatches one datagram.
