@@ -5,7 +5,7 @@ use rdma_types::{Gid, Instant, Pkey, PkeyViolation, QpType, Qpn};
 use rdma_wire::pcap::{LinkType, PcapWriter};
 use rdma_wire::{icrc, IbRepr, IpRepr, RoceRepr, UdpChecksum, UdpRepr};
 use roce::{Completion, Memory, Packet, Payload, Qp, QpConfig, QpCounters, QpEvent};
-use roce_udp::{RoceSocket, Waker};
+use roce_udp::{Gather, RoceSocket, Waker};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fs::File;
 use std::io;
@@ -200,6 +200,18 @@ impl Out {
     }
 }
 
+impl Gather for Out {
+    fn dst(&self) -> SocketAddr {
+        self.dst
+    }
+    fn pieces(&self) -> impl Iterator<Item = &[u8]> {
+        self.parts().into_iter()
+    }
+    fn len(&self) -> usize {
+        Out::len(self)
+    }
+}
+
 /// Datagrams taken out of a node to be sent without its lock
 /// ([`Node::take_batch`]): in the order the engines produced them, grouped
 /// into the runs the socket sends as one GSO buffer each.
@@ -226,17 +238,10 @@ impl TxBatch {
         if self.outs.is_empty() {
             return;
         }
-        let parts: Vec<[&[u8]; 3]> = self.outs.iter().map(Out::parts).collect();
-        let refs: Vec<(SocketAddr, &[&[u8]])> = self
-            .outs
-            .iter()
-            .zip(&parts)
-            .map(|(o, p)| (o.dst, &p[..]))
-            .collect();
         let (gso_before, gso_was) = (sock.stats().gso_sends, sock.gso());
         let mut done = 0;
         for _ in 0..64 {
-            done += sock.send_runs_vectored(&refs, &self.runs[done..]);
+            done += sock.send_runs_gather(&self.outs, &self.runs[done..]);
             if done == self.runs.len() {
                 break;
             }
@@ -301,6 +306,8 @@ pub struct Node {
     /// QP numbers of a transmit round, kept for the next round (a poll
     /// allocates nothing when there is nothing to do).
     tx_keys: Vec<u32>,
+    /// The GSO runs of a sent batch, for the next one.
+    spare_runs: Vec<std::ops::Range<usize>>,
     /// The last round stopped at a budget ([`Node::has_more`]).
     more: bool,
     /// ICRC states of the IP and UDP headers by peer and length.
@@ -502,6 +509,7 @@ impl Node {
             ready: Vec::new(),
             spare: Vec::new(),
             tx_keys: Vec::new(),
+            spare_runs: Vec::new(),
             more: false,
             header_crcs: HeaderCrcs::default(),
         })
@@ -1062,8 +1070,13 @@ impl Node {
         if batch.outs.is_empty() {
             return batch;
         }
-        let lens: Vec<(SocketAddr, usize)> = batch.outs.iter().map(|o| (o.dst, o.len())).collect();
-        batch.runs = self.sock.gso_runs_by_len(&lens);
+        batch.runs = std::mem::take(&mut self.spare_runs);
+        let outs = &batch.outs;
+        self.sock.gso_runs_into(
+            outs.len(),
+            |i| (outs[i].dst, outs[i].len()),
+            &mut batch.runs,
+        );
         // Segment k of a GSO send leaves with IPv4 Identification k; its
         // ICRC was computed for 0. A run's segments have one length, but
         // for a shorter last one.
@@ -1109,6 +1122,9 @@ impl Node {
         }
         let outs = std::mem::take(&mut batch.outs);
         self.recycle(outs);
+        if batch.runs.capacity() > self.spare_runs.capacity() {
+            self.spare_runs = batch.runs;
+        }
     }
 
     /// Gives sent (or dropped) datagrams' buffers back: payloads to their
