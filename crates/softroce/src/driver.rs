@@ -68,6 +68,10 @@ struct Shared {
     /// as the deadlines), 0 while it is awake and will compute it again:
     /// a sender compares its QPs' deadlines with it under the same lock.
     planned: AtomicU64,
+    /// Until when the ACKs the thread built after its callbacks wait for a
+    /// post to ride with (node clock, microseconds; 0: none held), set and
+    /// cleared under the node's lock.
+    acks_held_until: AtomicU64,
     epoch: StdInstant,
     callback: Option<CompletionCallback>,
     /// Set when this is dropped: fields drop in declaration order, so the
@@ -133,6 +137,8 @@ impl Shared {
             self.pending.store(false, Ordering::SeqCst);
             let mut node = held.take().unwrap_or_else(|| self.lock());
             let mut batch = node.take_batch(self.now());
+            // Held ACKs, if any, are in this batch.
+            self.acks_held_until.store(0, Ordering::Relaxed);
             if node.has_more() {
                 self.pending.store(true, Ordering::SeqCst);
             }
@@ -249,6 +255,7 @@ impl Driver {
             posted: AtomicBool::new(false),
             sleeping: AtomicBool::new(false),
             planned: AtomicU64::new(0),
+            acks_held_until: AtomicU64::new(0),
             epoch: StdInstant::now(),
             callback,
             released: SetOnDrop(released.clone()),
@@ -382,17 +389,30 @@ fn run(s: &Shared, mut rx: RoceSocket) {
                 }
             }
             s.pending.store(true, Ordering::SeqCst);
-            s.flush(None);
+            let mut node = s.lock();
+            let now = s.now();
+            node.build_pending(now);
+            if !hold_acks(s, &node, now) {
+                s.flush(Some(node));
+            }
         }
         let node = s.lock();
         if node.has_ready() || s.posted.load(Ordering::SeqCst) {
             continue;
         }
-        // What was sent may have armed a retransmission timer.
+        // What was sent may have armed a retransmission timer; held ACKs
+        // leave by their own deadline.
         let now = s.now();
-        let sleep = node.next_deadline().map_or(IDLE_SLEEP, |d| {
-            d.saturating_since(now).to_std().min(IDLE_SLEEP)
-        });
+        let held = s.acks_held_until.load(Ordering::Relaxed);
+        let acks = (held != 0).then(|| Instant::from_micros(held));
+        let sleep = node
+            .next_deadline()
+            .into_iter()
+            .chain(acks)
+            .min()
+            .map_or(IDLE_SLEEP, |d| {
+                d.saturating_since(now).to_std().min(IDLE_SLEEP)
+            });
         if sleep.is_zero() {
             continue;
         }
@@ -407,6 +427,32 @@ fn run(s: &Shared, mut rx: RoceSocket) {
         }
         s.sleeping.store(false, Ordering::SeqCst);
     }
+}
+
+/// How long the ACKs a round made wait after its callbacks for a post to
+/// ride with. A consumer woken by a completion usually posts its next
+/// request within microseconds; its ACK then leaves in the same send, and
+/// the peer wakes once for both. Far below any retransmission timeout
+/// (IBA 9.7.6.1.3: the least is 8 µs times 2^timeout, and peers use 14 or
+/// more, ~67 ms), and longer than a loopback round trip, so the thread
+/// seldom wakes for the deadline alone.
+const ACK_HOLD: Duration = Duration::from_micros(200);
+
+/// After the callbacks, under the node's lock with what they posted built:
+/// whether the outgoing batch is plain ACKs that may wait for a post to
+/// ride with ([`ACK_HOLD`], from the first such round on: a hold is never
+/// extended). A posting thread's send takes them along.
+fn hold_acks(s: &Shared, node: &Node, now: Instant) -> bool {
+    if !node.only_acks_out() {
+        return false;
+    }
+    let held = s.acks_held_until.load(Ordering::Relaxed);
+    if held == 0 {
+        let until = now.total_micros() + ACK_HOLD.as_micros() as u64;
+        s.acks_held_until.store(until, Ordering::Relaxed);
+        return true;
+    }
+    held > now.total_micros()
 }
 
 impl Drop for Driver {

@@ -3,7 +3,7 @@
 use rdma_sim::{FaultConfig, FaultInjector, Payload as SimPayload};
 use rdma_types::{Gid, Instant, Pkey, PkeyViolation, QpType, Qpn};
 use rdma_wire::pcap::{LinkType, PcapWriter};
-use rdma_wire::{icrc, IbRepr, IpRepr, RoceRepr, UdpChecksum, UdpRepr};
+use rdma_wire::{icrc, IbRepr, IpRepr, Opcode, RoceRepr, Syndrome, UdpChecksum, UdpRepr};
 use roce::{Completion, Memory, Packet, Payload, Qp, QpConfig, QpCounters, QpEvent};
 use roce_udp::{Gather, RoceSocket, Waker};
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -143,6 +143,9 @@ struct Out {
     /// Pad (0-3 zero bytes) then the ICRC; `tail_len` bytes are used.
     tail: [u8; 3 + rdma_wire::ICRC_LEN],
     tail_len: usize,
+    /// A plain RC ACK (no NAK): nothing waits on it but the peer's
+    /// send completions, so it may wait for a packet to ride with.
+    ack: bool,
 }
 
 impl Out {
@@ -196,6 +199,7 @@ impl Out {
             payload: Payload::default(),
             tail,
             tail_len: rdma_wire::ICRC_LEN,
+            ack: false,
         })
     }
 }
@@ -833,9 +837,22 @@ impl Node {
     /// ICRCs corrected. Completions and events that came of it (a UD
     /// send's, a failed WR's) are collected.
     pub(crate) fn take_batch(&mut self, now: Instant) -> TxBatch {
+        self.build_pending(now);
+        self.prepare_batch(now)
+    }
+
+    /// What the QPs have to send now built into the outgoing batch (not
+    /// taken out: [`Node::take_batch`]), completions collected.
+    pub(crate) fn build_pending(&mut self, now: Instant) {
         self.build_out(now);
         self.collect();
-        self.prepare_batch(now)
+    }
+
+    /// Whether the outgoing batch holds packets and all are plain RC ACKs
+    /// ([`Node::build_pending`] first), which may wait a little for a
+    /// packet to ride with.
+    pub(crate) fn only_acks_out(&self) -> bool {
+        !self.out.is_empty() && self.out.iter().all(|o| o.ack)
     }
 
     /// Whether QPs got completions or events not yet taken by
@@ -1006,6 +1023,8 @@ impl Node {
                     continue;
                 };
                 tail[pad..pad + rdma_wire::ICRC_LEN].copy_from_slice(&crc.to_le_bytes());
+                let ack = ib.bth.opcode == Opcode::RcAcknowledge
+                    && matches!(ib.ext.aeth, Some(a) if matches!(a.syndrome, Syndrome::Ack(_)));
                 self.out.push(Out {
                     dst,
                     qpn: *k,
@@ -1014,6 +1033,7 @@ impl Node {
                     payload: std::mem::take(&mut pkt.payload),
                     tail,
                     tail_len: pad + rdma_wire::ICRC_LEN,
+                    ack,
                 });
             }
             // At its budget the QP may have more for the next round.

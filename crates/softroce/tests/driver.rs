@@ -2,7 +2,7 @@
 //! for completions, get callbacks, and an idle NIC sleeps.
 
 use rdma_types::{Lkey, Qpn, Rkey, WcStatus};
-use roce::{QpConfig, SendOp, SendWqe, Sge};
+use roce::{QpConfig, RecvWqe, SendOp, SendWqe, Sge};
 use softroce::{Driver, FlatMemory, Node, NodeConfig, QpHandle};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -238,4 +238,67 @@ fn concurrent_posters_keep_each_qps_packets_in_order() {
         "packets overtook earlier ones: responder {kb:?}, requester {ka:?}"
     );
     assert!(kb.rx_packets >= THREADS * EACH * 3, "{kb:?}");
+}
+
+/// The ACK of a received SEND may wait after the callbacks for a post to
+/// ride with; with none coming it still leaves (by its own 200 µs
+/// deadline, and at the latest when the responder's ACK repeat falls due,
+/// 2 ms on), long before the sender's retransmission timer (here ~1 s) or
+/// the receiver's idle sleep (5 s): the sender sees every SEND complete
+/// and never times out.
+#[test]
+fn a_held_ack_leaves_by_its_deadline_when_nothing_is_posted() {
+    const SENDS: u64 = 20;
+    let mut a = Node::bind(NodeConfig::new("127.125.20.3:0".parse().unwrap())).unwrap();
+    let mut b = Node::bind(NodeConfig::new("127.125.20.4:0".parse().unwrap())).unwrap();
+    let mut cfg = QpConfig::rc(Qpn::from_bits(0), Qpn::from_bits(0));
+    cfg.timeout = 18;
+    let qa = a.create_qp(cfg.clone(), Box::new(FlatMemory::new(1, 1 << 16)));
+    let qb = b.create_qp(cfg, Box::new(FlatMemory::new(1, 1 << 16)));
+    Node::connect_pair(&mut a, qa, &mut b, qb);
+    for i in 0..SENDS {
+        let sges = vec![Sge {
+            addr: i * 64,
+            len: 64,
+            lkey: Lkey(1),
+        }];
+        a.qp_mut(qa).unwrap().post_recv(RecvWqe { wr_id: i, sges });
+    }
+    let received = Arc::new(AtomicU64::new(0));
+    let cb: softroce::CompletionCallback = {
+        let received = received.clone();
+        Box::new(move |_qp| {
+            received.fetch_add(1, Ordering::Relaxed);
+        })
+    };
+    let _da = Driver::start(a, Some(cb)).unwrap();
+    let db = Driver::start(b, None).unwrap();
+    let started = std::time::Instant::now();
+    for i in 0..SENDS {
+        let sge = Sge {
+            addr: 0,
+            len: 64,
+            lkey: Lkey(1),
+        };
+        db.with_node(|n| {
+            n.qp_mut(qb)
+                .unwrap()
+                .post_send(SendWqe::new(i, SendOp::Send, vec![sge]))
+        });
+        let c = db
+            .wait_completion(qb, Duration::from_secs(20))
+            .expect("the SEND completed");
+        assert_eq!((c.wr_id, c.status), (i, WcStatus::Success));
+    }
+    let took = started.elapsed();
+    let k = db.inspect(|n| n.qp_mut(qb).unwrap().counters());
+    assert_eq!(
+        (k.timeouts, k.retransmits),
+        (0, 0),
+        "an ACK waited for the sender's timer ({SENDS} SENDs took {took:?})"
+    );
+    assert!(
+        received.load(Ordering::Relaxed) >= 1,
+        "the receiver's callback ran"
+    );
 }
