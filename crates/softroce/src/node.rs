@@ -1090,6 +1090,14 @@ impl Node {
         if batch.outs.is_empty() {
             return batch;
         }
+        // Plain ACKs go last (each QP's ACKs and each QP's requests keep
+        // their order: two sequences that never wait on each other). A
+        // request and the shorter ACK after it to the same peer then ride
+        // one GSO send (a run may end in one shorter datagram) and reach
+        // the peer as one buffer, not two it may wake for one by one.
+        if batch.outs.iter().skip_while(|o| !o.ack).any(|o| !o.ack) {
+            batch.outs.sort_by_key(|o| o.ack);
+        }
         batch.runs = std::mem::take(&mut self.spare_runs);
         let outs = &batch.outs;
         self.sock.gso_runs_into(

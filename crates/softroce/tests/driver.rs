@@ -302,3 +302,110 @@ fn a_held_ack_leaves_by_its_deadline_when_nothing_is_posted() {
         "the receiver's callback ran"
     );
 }
+
+/// What a completion callback posts leaves with the ACKs its round made,
+/// the request first and the (shorter) ACK after it, so both ride one GSO
+/// send, one buffer at the peer; each arrives with its ICRC right (segment
+/// 1 carries the Identification-1 correction) and does its work: B's SEND
+/// completes, A's answer lands.
+#[test]
+fn an_answer_posted_from_a_callback_and_its_rounds_ack_ride_one_gso_send() {
+    let mut a = Node::bind(NodeConfig::new("127.125.20.5:0".parse().unwrap())).unwrap();
+    let mut b = Node::bind(NodeConfig::new("127.125.20.6:0".parse().unwrap())).unwrap();
+    let cfg = QpConfig::rc(Qpn::from_bits(0), Qpn::from_bits(0));
+    let ma = FlatMemory::new(1, 1 << 12);
+    ma.with(|m| m.iter_mut().enumerate().for_each(|(i, x)| *x = i as u8));
+    let mb = FlatMemory::new(1, 1 << 12);
+    let qa = a.create_qp(cfg.clone(), Box::new(ma.clone()));
+    let qb = b.create_qp(cfg, Box::new(mb.clone()));
+    Node::connect_pair(&mut a, qa, &mut b, qb);
+    let sge = |addr, len| {
+        vec![Sge {
+            addr,
+            len,
+            lkey: Lkey(1),
+        }]
+    };
+    a.qp_mut(qa).unwrap().post_recv(RecvWqe {
+        wr_id: 9,
+        sges: sge(0, 256),
+    });
+    b.qp_mut(qb).unwrap().post_recv(RecvWqe {
+        wr_id: 8,
+        sges: sge(0, 256),
+    });
+    // A answers B's SEND from its completion callback.
+    let slot: Arc<std::sync::OnceLock<Driver>> = Arc::new(std::sync::OnceLock::new());
+    let weak = Arc::downgrade(&slot);
+    let cb: softroce::CompletionCallback = Box::new(move |qp| {
+        let Some(slot) = weak.upgrade() else { return };
+        let Some(d) = slot.get() else { return };
+        d.with_node(|n| {
+            while n.poll_completion(qp).is_some() {
+                let answer = SendWqe::new(2, SendOp::Send, sge(64, 100));
+                n.qp_mut(qp).unwrap().post_send(answer);
+            }
+        });
+    });
+    let _ = slot.set(Driver::start(a, Some(cb)).unwrap());
+    let da = slot.get().unwrap();
+    b.qp_mut(qb)
+        .unwrap()
+        .post_send(SendWqe::new(1, SendOp::Send, sge(0, 40)));
+    let epoch = std::time::Instant::now();
+    let deadline = epoch + Duration::from_secs(10);
+    let mut got = Vec::new();
+    while got.len() < 2 {
+        assert!(std::time::Instant::now() < deadline, "B got {got:?}");
+        b.poll(rdma_types::Instant::from_std(
+            epoch,
+            std::time::Instant::now(),
+        ));
+        while let Some(c) = b.poll_completion(qb) {
+            got.push((c.wr_id, c.status));
+        }
+        let _ = b.wait(Duration::from_millis(50));
+    }
+    got.sort_by_key(|(id, _)| *id);
+    assert_eq!(got, [(1, WcStatus::Success), (8, WcStatus::Success)]);
+    assert_eq!(b.stats().rx_bad_icrc, 0, "{:?}", b.stats());
+    assert_eq!(
+        mb.with(|m| m[..100].to_vec()),
+        ma.with(|m| m[64..164].to_vec())
+    );
+    // The answer and the ACK left as one GSO send; later copies of the
+    // ACK (the responder repeats its newest after 2 ms) go alone.
+    let sa = da.inspect(|n| n.stats());
+    if sa.tx_gso_sends == 0 && !gso_works() {
+        rdma_testkit::need::WHOLE.skip("UDP GSO: no send was segmented", "Linux 4.18 or later");
+        return;
+    }
+    assert_eq!(sa.tx_gso_sends, 1, "{sa:?}");
+}
+
+/// Whether this kernel segments UDP sends (GSO), by trying it: a 32 KiB
+/// WRITE is 32 equal packets.
+fn gso_works() -> bool {
+    gso_probe().unwrap_or(false)
+}
+
+fn gso_probe() -> Option<bool> {
+    let mut a = Node::bind(NodeConfig::new("127.125.20.7:0".parse().ok()?)).ok()?;
+    let mut b = Node::bind(NodeConfig::new("127.125.20.8:0".parse().ok()?)).ok()?;
+    let cfg = QpConfig::rc(Qpn::from_bits(0), Qpn::from_bits(0));
+    let qa = a.create_qp(cfg.clone(), Box::new(FlatMemory::new(1, 1 << 16)));
+    let qb = b.create_qp(cfg, Box::new(FlatMemory::new(1, 1 << 16)));
+    Node::connect_pair(&mut a, qa, &mut b, qb);
+    let op = SendOp::Write {
+        raddr: 0,
+        rkey: Rkey(1),
+    };
+    let sges = vec![Sge {
+        addr: 0,
+        len: 1 << 15,
+        lkey: Lkey(1),
+    }];
+    a.qp_mut(qa).unwrap().post_send(SendWqe::new(0, op, sges));
+    a.poll(rdma_types::Instant::from_micros(1));
+    Some(a.stats().tx_gso_sends > 0)
+}
