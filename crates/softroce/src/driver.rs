@@ -10,7 +10,9 @@
 //! itself, as Linux siw sends from `post_send`, so a request never waits
 //! for the NIC thread to wake. A post made from a completion callback (on
 //! the thread itself) is sent once the callbacks are done, in one batch
-//! with the ACKs of what the round received.
+//! with the ACKs of what the round received; when the callbacks posted
+//! nothing, those ACKs wait up to [`ACK_HOLD`] for another thread's post
+//! (the consumer they woke) to ride with.
 //!
 //! Locking: the node's lock is never held across a system call. A sender
 //! takes a batch out of the node under the lock, lets go, sends, and takes
