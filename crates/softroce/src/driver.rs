@@ -141,7 +141,8 @@ impl Shared {
             let mut batch = node.take_batch(self.now());
             // Held ACKs, if any, are in this batch.
             self.acks_held_until.store(0, Ordering::Relaxed);
-            if node.has_more() {
+            if node.has_touched() {
+                // A QP stopped at its send budget: another turn.
                 self.pending.store(true, Ordering::SeqCst);
             }
             let wake = self.note_work(&node);

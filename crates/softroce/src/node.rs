@@ -312,6 +312,12 @@ pub struct Node {
     tx_keys: Vec<u32>,
     /// The GSO runs of a sent batch, for the next one.
     spare_runs: Vec<std::ops::Range<usize>>,
+    /// QPs changed since the last build outside a receive round (posts,
+    /// state changes, new engines) or left at their send budget: what a
+    /// posting thread's send builds ([`Node::take_batch`]).
+    touched: Vec<u32>,
+    /// The list's other buffer, swapped in while one is walked.
+    touched_spare: Vec<u32>,
     /// The last round stopped at a budget ([`Node::has_more`]).
     more: bool,
     /// ICRC states of the IP and UDP headers by peer and length.
@@ -514,6 +520,8 @@ impl Node {
             spare: Vec::new(),
             tx_keys: Vec::new(),
             spare_runs: Vec::new(),
+            touched: Vec::new(),
+            touched_spare: Vec::new(),
             more: false,
             header_crcs: HeaderCrcs::default(),
         })
@@ -674,6 +682,7 @@ impl Node {
                 events: VecDeque::new(),
             },
         );
+        self.touch(qpn.value());
         QpHandle(qpn)
     }
 
@@ -718,7 +727,13 @@ impl Node {
 
     /// The engine of a QP (to post work, change state, read counters).
     pub fn qp_mut(&mut self, qp: QpHandle) -> Option<&mut Qp> {
-        self.qps.get_mut(&qp.0.value()).map(|s| &mut s.qp)
+        let n = qp.0.value();
+        if !self.qps.contains_key(&n) {
+            return None;
+        }
+        // Whatever is done to it may give it something to send.
+        self.touch(n);
+        self.qps.get_mut(&n).map(|s| &mut s.qp)
     }
 
     /// Creates an address handle for UD sends.
@@ -841,11 +856,11 @@ impl Node {
         self.prepare_batch(now)
     }
 
-    /// What the QPs have to send now built into the outgoing batch (not
-    /// taken out: [`Node::take_batch`]), completions collected.
+    /// What posts since the last build made to send, built into the
+    /// outgoing batch (not taken out: [`Node::take_batch`]), and their
+    /// completions collected.
     pub(crate) fn build_pending(&mut self, now: Instant) {
-        self.build_out(now);
-        self.collect();
+        self.build_touched(now);
     }
 
     /// Whether the outgoing batch holds packets and all are plain RC ACKs
@@ -853,6 +868,12 @@ impl Node {
     /// packet to ride with.
     pub(crate) fn only_acks_out(&self) -> bool {
         !self.out.is_empty() && self.out.iter().all(|o| o.ack)
+    }
+
+    /// Whether QPs are left with something to build (stopped at their
+    /// send budget, or changed since the last build).
+    pub(crate) fn has_touched(&self) -> bool {
+        !self.touched.is_empty()
     }
 
     /// Whether QPs got completions or events not yet taken by
@@ -874,21 +895,15 @@ impl Node {
     /// notes the QPs that have new ones.
     fn collect(&mut self) {
         for (qpn, s) in self.qps.iter_mut() {
-            let before = (s.completions.len(), s.events.len());
-            while let Some(c) = s.qp.poll_completion() {
-                s.completions.push_back((c, None));
-            }
-            while let Some(e) = s.qp.poll_event() {
-                s.events.push_back(e);
-            }
-            // Ready for a new completion or a new event alike: an event
-            // with no completion (the responder's QP fatal) must not wait
-            // for some later completion to be delivered.
-            if (s.completions.len(), s.events.len()) != before {
-                let h = QpHandle(Qpn::from_bits(*qpn));
-                if !self.ready.contains(&h) {
-                    self.ready.push(h);
-                }
+            collect_slot(*qpn, s, &mut self.ready);
+        }
+    }
+
+    /// [`Node::collect`] for the QPs numbered in `qpns`.
+    fn collect_from(&mut self, qpns: &[u32]) {
+        for qpn in qpns {
+            if let Some(s) = self.qps.get_mut(qpn) {
+                collect_slot(*qpn, s, &mut self.ready);
             }
         }
     }
@@ -951,10 +966,11 @@ impl Node {
 
     /// Builds what the QPs have to send now into the outgoing batch.
     fn build_out(&mut self, now: Instant) -> bool {
-        let local = self.local;
         let mut keys = std::mem::take(&mut self.tx_keys);
         keys.clear();
         keys.extend(self.qps.keys().copied());
+        // Every QP is looked at: none is left over from posts.
+        self.touched.clear();
         if keys.is_empty() {
             self.tx_keys = keys;
             return false;
@@ -964,83 +980,123 @@ impl Node {
         let mut produced = false;
         // The engine builds each packet in this one slot.
         let mut pkt = Packet::default();
-        for k in keys[start..].iter().chain(&keys[..start]) {
-            let Some(slot) = self.qps.get_mut(k) else {
-                continue;
-            };
-            let mut built = 0;
-            for _ in 0..TX_BUDGET_PER_QP {
-                if !slot.qp.poll_transmit_into(now, &mut *slot.mem, &mut pkt) {
-                    break;
-                }
-                built += 1;
-                produced = true;
-                let dst = match pkt.ud_dest {
-                    Some(ud) => self.ahs.get(ud.ah as usize).map(|&(dst, pkey)| {
-                        if let Some(k) = pkey {
-                            pkt.bth.pkey = k;
-                        }
-                        dst
-                    }),
-                    None => slot.remote,
-                };
-                let Some(dst) = dst else {
-                    self.stats.tx_frame_errors += 1;
-                    continue;
-                };
-                // The IP and UDP headers are built only for a capture: the
-                // socket adds the real ones, and the ICRC's share of them
-                // comes from `header_crcs` (which refuses a family
-                // mismatch).
-                let ib = pkt.ib_repr();
-                if let Some(p) = self.pcap.as_mut() {
-                    let Some(roce) = framing(local, dst, ib) else {
-                        self.stats.tx_frame_errors += 1;
-                        continue;
-                    };
-                    let mut ip_packet = vec![0u8; roce.buffer_len()];
-                    if let Ok(n) = roce.emit(&mut ip_packet) {
-                        let _ = p.write_packet(now, &ip_packet[..n]);
-                    }
-                }
-                // What the socket sends: BTH onward plus ICRC, gathered
-                // from a header buffer of an earlier batch, the payload
-                // buffer the engine filled and the pad + ICRC bytes.
-                let mut head = self.spare.pop().unwrap_or_default();
-                if head.len() < HEAD_ROOM {
-                    head.resize(HEAD_ROOM, 0);
-                }
-                let Ok(head_len) = ib.emit_headers(&mut head) else {
-                    self.stats.tx_frame_errors += 1;
-                    continue;
-                };
-                let pad = usize::from(ib.bth.pad_count & 3);
-                let mut tail = [0u8; 3 + rdma_wire::ICRC_LEN];
-                let parts: [&[u8]; 3] = [&head[..head_len], &pkt.payload[..], &tail[..pad]];
-                // Identification 0; GSO segments are corrected in flush_out.
-                let Some(crc) = self.header_crcs.icrc(local, dst, false, 0, &parts) else {
-                    self.stats.tx_frame_errors += 1;
-                    continue;
-                };
-                tail[pad..pad + rdma_wire::ICRC_LEN].copy_from_slice(&crc.to_le_bytes());
-                let ack = ib.bth.opcode == Opcode::RcAcknowledge
-                    && matches!(ib.ext.aeth, Some(a) if matches!(a.syndrome, Syndrome::Ack(_)));
-                self.out.push(Out {
-                    dst,
-                    qpn: *k,
-                    head,
-                    head_len,
-                    payload: std::mem::take(&mut pkt.payload),
-                    tail,
-                    tail_len: pad + rdma_wire::ICRC_LEN,
-                    ack,
-                });
-            }
-            // At its budget the QP may have more for the next round.
-            self.more |= built == TX_BUDGET_PER_QP;
+        for &k in keys[start..].iter().chain(&keys[..start]) {
+            produced |= self.build_qp(k, now, &mut pkt);
         }
         self.tx_keys = keys;
         produced
+    }
+
+    /// [`Node::build_out`] for the QPs changed since the last build
+    /// ([`Node::qp_mut`], a new engine) only, and their completions
+    /// collected: what a post can have made, at a cost that does not grow
+    /// with the node's other QPs. Packets a receive round makes are built
+    /// by the round itself, for every QP.
+    fn build_touched(&mut self, now: Instant) {
+        if self.touched.is_empty() {
+            return;
+        }
+        let spare = std::mem::take(&mut self.touched_spare);
+        let mut list = std::mem::replace(&mut self.touched, spare);
+        let mut pkt = Packet::default();
+        for &k in &list {
+            self.build_qp(k, now, &mut pkt);
+        }
+        self.collect_from(&list);
+        list.clear();
+        self.touched_spare = list;
+    }
+
+    /// Builds what QP `k` has to send now (up to its budget) into the
+    /// outgoing batch, each packet in `pkt`; whether it built any. A QP
+    /// stopped at its budget stays touched ([`Node::has_more`]).
+    fn build_qp(&mut self, k: u32, now: Instant, pkt: &mut Packet<Payload>) -> bool {
+        let local = self.local;
+        let Some(slot) = self.qps.get_mut(&k) else {
+            return false;
+        };
+        let mut produced = false;
+        let mut built = 0;
+        for _ in 0..TX_BUDGET_PER_QP {
+            if !slot.qp.poll_transmit_into(now, &mut *slot.mem, pkt) {
+                break;
+            }
+            built += 1;
+            produced = true;
+            let dst = match pkt.ud_dest {
+                Some(ud) => self.ahs.get(ud.ah as usize).map(|&(dst, pkey)| {
+                    if let Some(k) = pkey {
+                        pkt.bth.pkey = k;
+                    }
+                    dst
+                }),
+                None => slot.remote,
+            };
+            let Some(dst) = dst else {
+                self.stats.tx_frame_errors += 1;
+                continue;
+            };
+            // The IP and UDP headers are built only for a capture: the
+            // socket adds the real ones, and the ICRC's share of them
+            // comes from `header_crcs` (which refuses a family
+            // mismatch).
+            let ib = pkt.ib_repr();
+            if let Some(p) = self.pcap.as_mut() {
+                let Some(roce) = framing(local, dst, ib) else {
+                    self.stats.tx_frame_errors += 1;
+                    continue;
+                };
+                let mut ip_packet = vec![0u8; roce.buffer_len()];
+                if let Ok(n) = roce.emit(&mut ip_packet) {
+                    let _ = p.write_packet(now, &ip_packet[..n]);
+                }
+            }
+            // What the socket sends: BTH onward plus ICRC, gathered
+            // from a header buffer of an earlier batch, the payload
+            // buffer the engine filled and the pad + ICRC bytes.
+            let mut head = self.spare.pop().unwrap_or_default();
+            if head.len() < HEAD_ROOM {
+                head.resize(HEAD_ROOM, 0);
+            }
+            let Ok(head_len) = ib.emit_headers(&mut head) else {
+                self.stats.tx_frame_errors += 1;
+                continue;
+            };
+            let pad = usize::from(ib.bth.pad_count & 3);
+            let mut tail = [0u8; 3 + rdma_wire::ICRC_LEN];
+            let parts: [&[u8]; 3] = [&head[..head_len], &pkt.payload[..], &tail[..pad]];
+            // Identification 0; GSO segments are corrected in flush_out.
+            let Some(crc) = self.header_crcs.icrc(local, dst, false, 0, &parts) else {
+                self.stats.tx_frame_errors += 1;
+                continue;
+            };
+            tail[pad..pad + rdma_wire::ICRC_LEN].copy_from_slice(&crc.to_le_bytes());
+            let ack = ib.bth.opcode == Opcode::RcAcknowledge
+                && matches!(ib.ext.aeth, Some(a) if matches!(a.syndrome, Syndrome::Ack(_)));
+            self.out.push(Out {
+                dst,
+                qpn: k,
+                head,
+                head_len,
+                payload: std::mem::take(&mut pkt.payload),
+                tail,
+                tail_len: pad + rdma_wire::ICRC_LEN,
+                ack,
+            });
+        }
+        // At its budget the QP may have more for the next round.
+        if built == TX_BUDGET_PER_QP {
+            self.more = true;
+            self.touch(k);
+        }
+        produced
+    }
+
+    /// Notes that QP `n` may have something to send or complete.
+    fn touch(&mut self, n: u32) {
+        if !self.touched.contains(&n) {
+            self.touched.push(n);
+        }
     }
 
     /// Sends the outgoing batch through the node's own socket.
@@ -1170,6 +1226,27 @@ impl Node {
         }
         if self.out.is_empty() && batch.capacity() > self.out.capacity() {
             self.out = batch;
+        }
+    }
+}
+
+/// Moves QP `qpn`'s completions and events from its engine to its queues,
+/// and notes it in `ready` when it got new ones.
+fn collect_slot(qpn: u32, s: &mut Slot, ready: &mut Vec<QpHandle>) {
+    let before = (s.completions.len(), s.events.len());
+    while let Some(c) = s.qp.poll_completion() {
+        s.completions.push_back((c, None));
+    }
+    while let Some(e) = s.qp.poll_event() {
+        s.events.push_back(e);
+    }
+    // Ready for a new completion or a new event alike: an event with no
+    // completion (the responder's QP fatal) must not wait for some later
+    // completion to be delivered.
+    if (s.completions.len(), s.events.len()) != before {
+        let h = QpHandle(Qpn::from_bits(qpn));
+        if !ready.contains(&h) {
+            ready.push(h);
         }
     }
 }
