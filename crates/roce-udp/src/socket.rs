@@ -217,7 +217,13 @@ impl RoceSocket {
             .local_addr()?
             .as_socket()
             .ok_or_else(|| io::Error::other("bound address is not IP"))?;
-        Ok(RoceSocket {
+        Ok(RoceSocket::on(sock, local, gso, gro))
+    }
+
+    /// A handle on `sock`, bound at `local`, with fresh buffers and
+    /// counters.
+    fn on(sock: Socket, local: SocketAddr, gso: bool, gro: bool) -> RoceSocket {
+        RoceSocket {
             sock,
             local,
             stats: SocketStats::default(),
@@ -228,7 +234,7 @@ impl RoceSocket {
             send: SendScratch::default(),
             gso,
             gro,
-        })
+        }
     }
 
     /// A second handle on the same socket (a duplicated descriptor), with
@@ -240,18 +246,8 @@ impl RoceSocket {
     /// # Errors
     /// The descriptor could not be duplicated (out of descriptors).
     pub fn try_clone(&self) -> io::Result<RoceSocket> {
-        Ok(RoceSocket {
-            sock: self.sock.try_clone()?,
-            local: self.local,
-            stats: SocketStats::default(),
-            bufs: Vec::new(),
-            names: Vec::new(),
-            cmsgs: Vec::new(),
-            hdrs: RecvHeaders::default(),
-            send: SendScratch::default(),
-            gso: self.gso,
-            gro: self.gro,
-        })
+        let sock = self.sock.try_clone()?;
+        Ok(RoceSocket::on(sock, self.local, self.gso, self.gro))
     }
 
     /// Whether sends are grouped into segmented (GSO) sends.

@@ -8,19 +8,36 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// Nodes at `a` and `b` (port 0) with an RC QP each, connected, over
+/// `ma` and `mb`, made with `cfg` (its QP numbers are the nodes' to pick).
+fn rc_pair(
+    a: &str,
+    b: &str,
+    cfg: QpConfig,
+    ma: FlatMemory,
+    mb: FlatMemory,
+) -> (Node, Node, QpHandle, QpHandle) {
+    let mut na = Node::bind(NodeConfig::new(format!("{a}:0").parse().unwrap())).unwrap();
+    let mut nb = Node::bind(NodeConfig::new(format!("{b}:0").parse().unwrap())).unwrap();
+    let qa = na.create_qp(cfg.clone(), Box::new(ma));
+    let qb = nb.create_qp(cfg, Box::new(mb));
+    Node::connect_pair(&mut na, qa, &mut nb, qb);
+    (na, nb, qa, qb)
+}
+
+/// The default RC configuration.
+fn rc() -> QpConfig {
+    QpConfig::rc(Qpn::from_bits(0), Qpn::from_bits(0))
+}
+
 fn driver_pair(cb_count: Arc<AtomicU64>) -> (Driver, Driver, QpHandle, FlatMemory, FlatMemory) {
-    let mut a = Node::bind(NodeConfig::new("127.0.70.1:0".parse().unwrap())).unwrap();
-    let mut b = Node::bind(NodeConfig::new("127.0.70.2:0".parse().unwrap())).unwrap();
     let (ma, mb) = (FlatMemory::new(1, 1 << 20), FlatMemory::new(1, 1 << 20));
     ma.with(|m| {
         m.iter_mut()
             .enumerate()
             .for_each(|(i, x)| *x = (i % 253) as u8)
     });
-    let cfg = QpConfig::rc(Qpn::from_bits(0), Qpn::from_bits(0));
-    let qa = a.create_qp(cfg.clone(), Box::new(ma.clone()));
-    let qb = b.create_qp(cfg, Box::new(mb.clone()));
-    Node::connect_pair(&mut a, qa, &mut b, qb);
+    let (a, b, qa, _) = rc_pair("127.0.70.1", "127.0.70.2", rc(), ma.clone(), mb.clone());
     let cb: softroce::CompletionCallback = Box::new(move |_qp| {
         cb_count.fetch_add(1, Ordering::Relaxed);
     });
@@ -92,12 +109,8 @@ fn an_idle_driver_sleeps_in_the_kernel() {
 #[test]
 fn a_post_from_the_completion_callback_goes_out_before_the_thread_sleeps() {
     const CHAIN: u64 = 40;
-    let mut a = Node::bind(NodeConfig::new("127.0.160.30:0".parse().unwrap())).unwrap();
-    let mut b = Node::bind(NodeConfig::new("127.0.160.31:0".parse().unwrap())).unwrap();
-    let cfg = QpConfig::rc(Qpn::from_bits(0), Qpn::from_bits(0));
-    let qa = a.create_qp(cfg.clone(), Box::new(FlatMemory::new(1, 1 << 16)));
-    let qb = b.create_qp(cfg, Box::new(FlatMemory::new(1, 1 << 16)));
-    Node::connect_pair(&mut a, qa, &mut b, qb);
+    let mem = || FlatMemory::new(1, 1 << 16);
+    let (a, b, qa, _) = rc_pair("127.0.160.30", "127.0.160.31", rc(), mem(), mem());
     let write = |i: u64| {
         let op = SendOp::Write {
             raddr: 0,
@@ -178,8 +191,6 @@ fn concurrent_posters_keep_each_qps_packets_in_order() {
     const THREADS: u64 = 3;
     const EACH: u64 = 60;
     const LEN: u64 = 4096 * 3;
-    let mut a = Node::bind(NodeConfig::new("127.125.20.1:0".parse().unwrap())).unwrap();
-    let mut b = Node::bind(NodeConfig::new("127.125.20.2:0".parse().unwrap())).unwrap();
     let size = (THREADS * EACH * LEN) as usize;
     let (ma, mb) = (FlatMemory::new(1, size), FlatMemory::new(1, size));
     ma.with(|m| {
@@ -187,10 +198,7 @@ fn concurrent_posters_keep_each_qps_packets_in_order() {
             .enumerate()
             .for_each(|(i, x)| *x = (i % 251) as u8)
     });
-    let cfg = QpConfig::rc(Qpn::from_bits(0), Qpn::from_bits(0));
-    let qa = a.create_qp(cfg.clone(), Box::new(ma.clone()));
-    let qb = b.create_qp(cfg, Box::new(mb.clone()));
-    Node::connect_pair(&mut a, qa, &mut b, qb);
+    let (a, b, qa, qb) = rc_pair("127.125.20.1", "127.125.20.2", rc(), ma.clone(), mb.clone());
     let da = Arc::new(Driver::start(a, None).unwrap());
     let db = Driver::start(b, None).unwrap();
     let posters: Vec<_> = (0..THREADS)
@@ -249,13 +257,10 @@ fn concurrent_posters_keep_each_qps_packets_in_order() {
 #[test]
 fn a_held_ack_leaves_by_its_deadline_when_nothing_is_posted() {
     const SENDS: u64 = 20;
-    let mut a = Node::bind(NodeConfig::new("127.125.20.3:0".parse().unwrap())).unwrap();
-    let mut b = Node::bind(NodeConfig::new("127.125.20.4:0".parse().unwrap())).unwrap();
-    let mut cfg = QpConfig::rc(Qpn::from_bits(0), Qpn::from_bits(0));
+    let mut cfg = rc();
     cfg.timeout = 18;
-    let qa = a.create_qp(cfg.clone(), Box::new(FlatMemory::new(1, 1 << 16)));
-    let qb = b.create_qp(cfg, Box::new(FlatMemory::new(1, 1 << 16)));
-    Node::connect_pair(&mut a, qa, &mut b, qb);
+    let mem = || FlatMemory::new(1, 1 << 16);
+    let (mut a, b, qa, qb) = rc_pair("127.125.20.3", "127.125.20.4", cfg, mem(), mem());
     for i in 0..SENDS {
         let sges = vec![Sge {
             addr: i * 64,
@@ -310,15 +315,11 @@ fn a_held_ack_leaves_by_its_deadline_when_nothing_is_posted() {
 /// completes, A's answer lands.
 #[test]
 fn an_answer_posted_from_a_callback_and_its_rounds_ack_ride_one_gso_send() {
-    let mut a = Node::bind(NodeConfig::new("127.125.20.5:0".parse().unwrap())).unwrap();
-    let mut b = Node::bind(NodeConfig::new("127.125.20.6:0".parse().unwrap())).unwrap();
-    let cfg = QpConfig::rc(Qpn::from_bits(0), Qpn::from_bits(0));
     let ma = FlatMemory::new(1, 1 << 12);
     ma.with(|m| m.iter_mut().enumerate().for_each(|(i, x)| *x = i as u8));
     let mb = FlatMemory::new(1, 1 << 12);
-    let qa = a.create_qp(cfg.clone(), Box::new(ma.clone()));
-    let qb = b.create_qp(cfg, Box::new(mb.clone()));
-    Node::connect_pair(&mut a, qa, &mut b, qb);
+    let (mut a, mut b, qa, qb) =
+        rc_pair("127.125.20.5", "127.125.20.6", rc(), ma.clone(), mb.clone());
     let sge = |addr, len| {
         vec![Sge {
             addr,
@@ -390,12 +391,8 @@ fn gso_works() -> bool {
 }
 
 fn gso_probe() -> Option<bool> {
-    let mut a = Node::bind(NodeConfig::new("127.125.20.7:0".parse().ok()?)).ok()?;
-    let mut b = Node::bind(NodeConfig::new("127.125.20.8:0".parse().ok()?)).ok()?;
-    let cfg = QpConfig::rc(Qpn::from_bits(0), Qpn::from_bits(0));
-    let qa = a.create_qp(cfg.clone(), Box::new(FlatMemory::new(1, 1 << 16)));
-    let qb = b.create_qp(cfg, Box::new(FlatMemory::new(1, 1 << 16)));
-    Node::connect_pair(&mut a, qa, &mut b, qb);
+    let mem = || FlatMemory::new(1, 1 << 16);
+    let (mut a, _b, qa, _) = rc_pair("127.125.20.7", "127.125.20.8", rc(), mem(), mem());
     let op = SendOp::Write {
         raddr: 0,
         rkey: Rkey(1),
