@@ -247,7 +247,9 @@ impl SoftRoce {
                             RELEASE_WAIT.as_secs()
                         ),
                         _ if e.kind() == std::io::ErrorKind::AddrInUse => {
-                            " (held by another provider or process)".to_string()
+                            " (held by another provider or process: another tool's NIC, or the \
+                             NIC daemon's, whose clients `nicd --clients` lists)"
+                                .to_string()
                         }
                         _ => String::new(),
                     };
