@@ -80,7 +80,8 @@ fn main() -> ExitCode {
     // Through the verbs: an rdma-core device, or the NIC daemon's NIC at
     // --bind; else a soft RoCE node of our own.
     // -m is the QP's path MTU, set through the verbs on either NIC.
-    let own_only = (cli.roce_port != 4791).then(|| format!("--roce-port {}", cli.roce_port));
+    let own_only = (cli.roce_port != rnic::softroce::ROCE_PORT)
+        .then(|| format!("--roce-port {}", cli.roce_port));
     let which = match cli.device.which(own_only) {
         Ok(w) => w,
         Err(e) => {

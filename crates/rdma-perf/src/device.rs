@@ -162,7 +162,8 @@ impl NicChoice {
             });
         }
         // The path MTU is the QP's (set through the verbs on either NIC).
-        let own_only = (udp_port != 4791).then(|| format!("UDP port {udp_port}"));
+        let own_only =
+            (udp_port != rnic::softroce::ROCE_PORT).then(|| format!("UDP port {udp_port}"));
         match dev.which(own_only).map_err(NicError::Environment)? {
             Some(nicd::choice::Which::Daemon { socket }) => {
                 return Ok(NicChoice::Nicd {

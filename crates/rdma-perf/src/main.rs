@@ -191,7 +191,10 @@ fn common(a: &CommonArgs, baseline: bool, stop: &Arc<AtomicBool>) -> Result<Comm
         .bind
         .unwrap_or_else(|| DEFAULT_BIND.parse().expect("literal address"));
     let own_only = nicd::choice::first_given(&[
-        (bind.port() != 4791, format!("--bind {bind}")),
+        (
+            bind.port() != rnic::softroce::ROCE_PORT,
+            format!("--bind {bind}"),
+        ),
         (a.mtu != 4096, format!("--mtu {}", a.mtu)),
         (a.faults.is_some(), "--faults".into()),
         (a.capture.is_some(), "--capture".into()),

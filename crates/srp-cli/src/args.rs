@@ -169,7 +169,10 @@ pub fn nic_choice(
     ib: bool,
 ) -> Result<nicd::choice::Which, String> {
     let own_only = nicd::choice::first_given(&[
-        (udp_port != 4791, format!("--udp-port {udp_port}")),
+        (
+            udp_port != rnic::softroce::ROCE_PORT,
+            format!("--udp-port {udp_port}"),
+        ),
         (mtu != 4096, format!("--mtu {mtu}")),
     ]);
     nicd::choice::choose(&nicd::choice::Asked::from_env(nicd, own_nic, own_only, ib))

@@ -27,6 +27,21 @@ fn by_default(bin: std::path::PathBuf, sock: &std::path::Path) -> Command {
     c
 }
 
+/// Runs `cmd` (tool `tool`) to its end, which must succeed having said
+/// it ran on the daemon's NIC at `ip`; its output.
+fn on_the_daemons_nic(tool: &str, ip: &str, cmd: &mut Command) -> String {
+    let o = cmd.output().unwrap();
+    let out = text(&o);
+    assert!(o.status.success(), "{out}");
+    assert!(
+        out.contains(&format!(
+            "{tool}: NIC: the NIC daemon's soft RoCE NIC at {ip} (pid "
+        )),
+        "{out}"
+    );
+    out
+}
+
 /// srptd's stderr, kept in a file.
 fn stderr_file(tag: &str) -> (std::fs::File, std::path::PathBuf) {
     let p = std::env::temp_dir().join(format!("nicd_default-{}-{tag}.err", std::process::id()));
@@ -61,19 +76,14 @@ fn srptd_srp_rperf_and_ibstat_share_one_address_through_the_daemon_by_default() 
     );
 
     // srp at the same address: its own NIC would find UDP 4791 taken.
-    let io = by_default(srp_bin(), &sock)
-        .args(["io", "--dest", "127.126.0.1:5555", "--ip", IP])
-        .args(["--rw", "randrw", "--bs", "4096", "--size", "2M"])
-        .output()
-        .unwrap();
-    let out = text(&io);
-    assert!(io.status.success(), "{out}");
-    assert!(
-        out.contains(&format!(
-            "srp: NIC: the NIC daemon's soft RoCE NIC at {IP} (pid "
-        )) && !out.contains("started the NIC daemon"),
-        "{out}"
+    let out = on_the_daemons_nic(
+        "srp",
+        IP,
+        by_default(srp_bin(), &sock)
+            .args(["io", "--dest", "127.126.0.1:5555", "--ip", IP])
+            .args(["--rw", "randrw", "--bs", "4096", "--size", "2M"]),
     );
+    assert!(!out.contains("started the NIC daemon"), "{out}");
 
     // rperf, server and client, on the same address too.
     let server = Proc::start(
@@ -113,19 +123,13 @@ fn srptd_srp_rperf_and_ibstat_share_one_address_through_the_daemon_by_default() 
             && bare.contains(&format!("pid {}", target.child.id())),
         "{bare}"
     );
-    let client = by_default(bin_of("rperf"), &sock)
-        .args(["client", "--bind", "127.126.0.1:4791"])
-        .args(["--server", "127.126.0.1:18726", "--op", "write"])
-        .args(["--size", "4096", "--iters", "200", "--verify"])
-        .output()
-        .unwrap();
-    let out = text(&client);
-    assert!(client.status.success(), "{out}");
-    assert!(
-        out.contains(&format!(
-            "rperf: NIC: the NIC daemon's soft RoCE NIC at {IP} (pid "
-        )),
-        "{out}"
+    on_the_daemons_nic(
+        "rperf",
+        IP,
+        by_default(bin_of("rperf"), &sock)
+            .args(["client", "--bind", "127.126.0.1:4791"])
+            .args(["--server", "127.126.0.1:18726", "--op", "write"])
+            .args(["--size", "4096", "--iters", "200", "--verify"]),
     );
 
     drop(server);

@@ -219,7 +219,7 @@ fn nic_choice(a: &Args, cfg: &Config) -> Result<Option<nicd::choice::Which>, Str
             None
         } else if *t.iwarp.get_ref() {
             Some(format!("{} = true", key(i, "iwarp")))
-        } else if *t.udp_port.get_ref() != 4791 {
+        } else if *t.udp_port.get_ref() != rnic::softroce::ROCE_PORT {
             Some(format!("{} = {}", key(i, "udp_port"), t.udp_port.get_ref()))
         } else if *t.mtu.get_ref() != 4096 {
             Some(format!("{} = {}", key(i, "mtu"), t.mtu.get_ref()))

@@ -322,7 +322,10 @@ fn main() -> ExitCode {
                     cli.nicd.is_none() && !cli.device.is_empty(),
                     "--device beside --ip".into(),
                 ),
-                (cli.udp_port != 4791, format!("--udp-port {}", cli.udp_port)),
+                (
+                    cli.udp_port != rnic::softroce::ROCE_PORT,
+                    format!("--udp-port {}", cli.udp_port),
+                ),
             ]);
             let asked = nicd::choice::Asked::from_env(
                 cli.nicd.as_deref(),
