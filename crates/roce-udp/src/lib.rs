@@ -24,7 +24,8 @@
 //!
 //! A datagram may be handed over in pieces ([`RoceSocket::send_runs_vectored`]):
 //! the kernel gathers them (iovecs), so a sender need not copy headers and
-//! payload into one buffer first.
+//! payload into one buffer first; with [`RoceSocket::send_runs_gather`]
+//! and [`RoceSocket::gso_runs_into`] a send allocates nothing.
 //!
 //! [`Waker`] lets another thread interrupt [`RoceSocket::wait`], so a driver
 //! loop can sleep in the kernel when idle instead of spinning a core.
@@ -37,5 +38,5 @@
 mod socket;
 mod waker;
 
-pub use socket::{wait_readable, Received, RoceSocket, SocketStats, ROCE_PORT};
+pub use socket::{wait_readable, Gather, Received, RoceSocket, SocketStats, ROCE_PORT};
 pub use waker::Waker;

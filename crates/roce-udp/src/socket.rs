@@ -95,6 +95,58 @@ impl std::fmt::Debug for RecvHeaders {
     }
 }
 
+/// A datagram to send in pieces the kernel gathers (iovecs): where it
+/// goes and its bytes, piece by piece in order ([`RoceSocket::send_runs_gather`]).
+pub trait Gather {
+    /// The destination.
+    fn dst(&self) -> SocketAddr;
+    /// The pieces, in order (empty ones are skipped).
+    fn pieces(&self) -> impl Iterator<Item = &[u8]>;
+    /// The datagram's length: the pieces' lengths summed.
+    fn len(&self) -> usize {
+        self.pieces().map(<[u8]>::len).sum()
+    }
+    /// Whether the datagram is empty.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl Gather for (SocketAddr, &[&[u8]]) {
+    fn dst(&self) -> SocketAddr {
+        self.0
+    }
+    fn pieces(&self) -> impl Iterator<Item = &[u8]> {
+        self.1.iter().copied()
+    }
+}
+
+/// The `sendmmsg` arrays of a send, kept between calls so a send
+/// allocates nothing once they have grown to a batch's size. Between calls
+/// they are empty: no pointer outlives the call that made it.
+#[derive(Default)]
+struct SendScratch {
+    addrs: Vec<SockAddr>,
+    iovs: Vec<libc::iovec>,
+    /// Per run: where its iovecs start and how many it has.
+    spans: Vec<(usize, usize)>,
+    cmsgs: Vec<[u64; CMSG_ROOM / 8]>,
+    msgs: Vec<libc::mmsghdr>,
+}
+
+// SAFETY: the raw pointers in the arrays are made and used within one
+// `send_runs_gather` call (through `&mut RoceSocket`) and cleared before
+// it returns.
+unsafe impl Send for SendScratch {}
+// SAFETY: as for Send; between calls the arrays are empty.
+unsafe impl Sync for SendScratch {}
+
+impl std::fmt::Debug for SendScratch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SendScratch").finish_non_exhaustive()
+    }
+}
+
 /// A UDP socket bound to one node address.
 #[derive(Debug)]
 pub struct RoceSocket {
@@ -109,6 +161,8 @@ pub struct RoceSocket {
     cmsgs: Vec<[u64; CMSG_ROOM / 8]>,
     /// The message headers pointing at them.
     hdrs: RecvHeaders,
+    /// The arrays of a send, reused.
+    send: SendScratch,
     /// The kernel segments our sends (`UDP_SEGMENT`) and we use it.
     gso: bool,
     /// The kernel may coalesce received datagrams (`UDP_GRO` is on).
@@ -163,7 +217,13 @@ impl RoceSocket {
             .local_addr()?
             .as_socket()
             .ok_or_else(|| io::Error::other("bound address is not IP"))?;
-        Ok(RoceSocket {
+        Ok(RoceSocket::on(sock, local, gso, gro))
+    }
+
+    /// A handle on `sock`, bound at `local`, with fresh buffers and
+    /// counters.
+    fn on(sock: Socket, local: SocketAddr, gso: bool, gro: bool) -> RoceSocket {
+        RoceSocket {
             sock,
             local,
             stats: SocketStats::default(),
@@ -171,9 +231,23 @@ impl RoceSocket {
             names: Vec::new(),
             cmsgs: Vec::new(),
             hdrs: RecvHeaders::default(),
+            send: SendScratch::default(),
             gso,
             gro,
-        })
+        }
+    }
+
+    /// A second handle on the same socket (a duplicated descriptor), with
+    /// its own receive buffers and counters: one thread may send through
+    /// one handle while another receives through the other, neither
+    /// waiting for a lock the other holds. Its offload settings start as
+    /// this handle's.
+    ///
+    /// # Errors
+    /// The descriptor could not be duplicated (out of descriptors).
+    pub fn try_clone(&self) -> io::Result<RoceSocket> {
+        let sock = self.sock.try_clone()?;
+        Ok(RoceSocket::on(sock, self.local, self.gso, self.gro))
     }
 
     /// Whether sends are grouped into segmented (GSO) sends.
@@ -221,22 +295,34 @@ impl RoceSocket {
     /// [`RoceSocket::send_runs_vectored`]).
     pub fn gso_runs_by_len(&self, batch: &[(SocketAddr, usize)]) -> Vec<std::ops::Range<usize>> {
         let mut runs = Vec::new();
+        self.gso_runs_into(batch.len(), |i| batch[i], &mut runs);
+        runs
+    }
+
+    /// [`RoceSocket::gso_runs_by_len`] into `runs` (cleared first), the
+    /// destination and length of datagram `i` of `count` given by `at(i)`:
+    /// no allocation once `runs` has grown.
+    pub fn gso_runs_into(
+        &self,
+        count: usize,
+        at: impl Fn(usize) -> (SocketAddr, usize),
+        runs: &mut Vec<std::ops::Range<usize>>,
+    ) {
+        runs.clear();
         let mut i = 0;
-        while i < batch.len() {
-            let (dst, size) = batch[i];
+        while i < count {
+            let (dst, size) = at(i);
             let mut j = i + 1;
             let mut bytes = size;
             if self.gso && size > 0 {
-                while j < batch.len()
-                    && j - i < GSO_MAX_SEGMENTS
-                    && batch[j].0 == dst
-                    && batch[j].1 <= size
-                    && bytes + batch[j].1 <= GSO_MAX_BYTES
-                    && batch[j].1 != 0
-                {
-                    bytes += batch[j].1;
+                while j < count && j - i < GSO_MAX_SEGMENTS {
+                    let (d, len) = at(j);
+                    if d != dst || len > size || bytes + len > GSO_MAX_BYTES || len == 0 {
+                        break;
+                    }
+                    bytes += len;
                     j += 1;
-                    if batch[j - 1].1 < size {
+                    if len < size {
                         break; // a shorter datagram ends the run
                     }
                 }
@@ -244,7 +330,6 @@ impl RoceSocket {
             runs.push(i..j);
             i = j;
         }
-        runs
     }
 
     /// Sends `batch` grouped as `runs` (from [`RoceSocket::gso_runs`] on the
@@ -278,90 +363,42 @@ impl RoceSocket {
         batch: &[(SocketAddr, &[&[u8]])],
         runs: &[std::ops::Range<usize>],
     ) -> usize {
-        let dgram_len = |parts: &[&[u8]]| parts.iter().map(|p| p.len()).sum::<usize>();
+        self.send_runs_gather(batch, runs)
+    }
+
+    /// [`RoceSocket::send_runs_vectored`] for any datagrams that say where
+    /// they go and hand over their pieces ([`Gather`]): the socket keeps
+    /// the system call's arrays between calls, so a send allocates nothing.
+    pub fn send_runs_gather<G: Gather>(
+        &mut self,
+        batch: &[G],
+        runs: &[std::ops::Range<usize>],
+    ) -> usize {
         let mut done = 0;
         while done < runs.len() {
             let chunk = &runs[done..runs.len().min(done + 64)];
-            let addrs: Vec<SockAddr> = chunk
-                .iter()
-                .map(|r| SockAddr::from(batch[r.start].0))
-                .collect();
-            // Per run: where its iovecs start and how many it has (empty
-            // pieces are left out).
-            let mut iovs: Vec<libc::iovec> = Vec::new();
-            let mut spans: Vec<(usize, usize)> = Vec::with_capacity(chunk.len());
-            for r in chunk {
-                let at = iovs.len();
-                for (_, parts) in &batch[r.clone()] {
-                    for p in parts.iter().filter(|p| !p.is_empty()) {
-                        iovs.push(libc::iovec {
-                            iov_base: p.as_ptr() as *mut libc::c_void,
-                            iov_len: p.len(),
-                        });
-                    }
-                }
-                spans.push((at, iovs.len() - at));
-            }
-            let mut cmsgs = vec![[0u64; CMSG_ROOM / 8]; chunk.len()];
-            let mut msgs: Vec<libc::mmsghdr> = Vec::with_capacity(chunk.len());
-            for (k, r) in chunk.iter().enumerate() {
-                // SAFETY: all-zero is a valid mmsghdr.
-                let mut m: libc::mmsghdr = unsafe { std::mem::zeroed() };
-                m.msg_hdr.msg_name = addrs[k].as_ptr() as *mut libc::c_void;
-                m.msg_hdr.msg_namelen = addrs[k].len();
-                let (at, count) = spans[k];
-                // SAFETY: `at + count <= iovs.len()`; an empty datagram has
-                // no iovec and a one-past-the-end pointer that is never read.
-                m.msg_hdr.msg_iov = unsafe { iovs.as_mut_ptr().add(at) };
-                m.msg_hdr.msg_iovlen = count as _;
-                if r.len() > 1 {
-                    let seg = dgram_len(batch[r.start].1) as u16;
-                    let room = &mut cmsgs[k];
-                    m.msg_hdr.msg_control = room.as_mut_ptr().cast();
-                    // SAFETY: CMSG_SPACE of a u16 fits CMSG_ROOM bytes.
-                    m.msg_hdr.msg_controllen = unsafe { libc::CMSG_SPACE(2) } as _;
-                    // SAFETY: msg_control points at CMSG_ROOM aligned bytes
-                    // that hold one header and its u16 payload.
-                    unsafe {
-                        let c = libc::CMSG_FIRSTHDR(&m.msg_hdr);
-                        (*c).cmsg_level = libc::IPPROTO_UDP;
-                        (*c).cmsg_type = UDP_SEGMENT;
-                        (*c).cmsg_len = libc::CMSG_LEN(2) as _;
-                        std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), seg);
-                    }
-                }
-                msgs.push(m);
-            }
-            // SAFETY: every pointer in msgs refers to addrs/iovs/cmsgs/batch,
-            // which outlive the call; the count matches the vector length.
-            let n = unsafe {
-                libc::sendmmsg(
-                    self.sock.as_raw_fd(),
-                    msgs.as_mut_ptr(),
-                    msgs.len() as libc::c_uint,
-                    0,
-                )
-            };
+            let n = self.send_chunk(batch, chunk);
             self.stats.send_calls += 1;
-            if n < 0 {
-                let err = io::Error::last_os_error();
-                if err.kind() == io::ErrorKind::WouldBlock {
-                    return done;
+            let n = match n {
+                Ok(n) => n,
+                Err(err) => {
+                    if err.kind() == io::ErrorKind::WouldBlock {
+                        return done;
+                    }
+                    let r = &chunk[0];
+                    if r.len() > 1
+                        && matches!(
+                            err.raw_os_error(),
+                            Some(libc::EINVAL | libc::EIO | libc::EOPNOTSUPP | libc::ENOPROTOOPT)
+                        )
+                    {
+                        self.gso = false;
+                    }
+                    self.stats.send_errors += r.len() as u64;
+                    done += 1;
+                    continue;
                 }
-                let r = &chunk[0];
-                if r.len() > 1
-                    && matches!(
-                        err.raw_os_error(),
-                        Some(libc::EINVAL | libc::EIO | libc::EOPNOTSUPP | libc::ENOPROTOOPT)
-                    )
-                {
-                    self.gso = false;
-                }
-                self.stats.send_errors += r.len() as u64;
-                done += 1;
-                continue;
-            }
-            let n = n as usize;
+            };
             for r in &chunk[..n] {
                 self.stats.sent += r.len() as u64;
                 if r.len() > 1 {
@@ -371,6 +408,83 @@ impl RoceSocket {
             done += n;
         }
         done
+    }
+
+    /// One `sendmmsg` of up to 64 runs; how many the kernel took.
+    fn send_chunk<G: Gather>(
+        &mut self,
+        batch: &[G],
+        chunk: &[std::ops::Range<usize>],
+    ) -> io::Result<usize> {
+        let sc = &mut self.send;
+        sc.addrs.clear();
+        sc.addrs
+            .extend(chunk.iter().map(|r| SockAddr::from(batch[r.start].dst())));
+        // Every iovec is in place before any header points into the array.
+        sc.iovs.clear();
+        sc.spans.clear();
+        for r in chunk {
+            let at = sc.iovs.len();
+            for d in &batch[r.clone()] {
+                for p in d.pieces().filter(|p| !p.is_empty()) {
+                    sc.iovs.push(libc::iovec {
+                        iov_base: p.as_ptr() as *mut libc::c_void,
+                        iov_len: p.len(),
+                    });
+                }
+            }
+            sc.spans.push((at, sc.iovs.len() - at));
+        }
+        sc.cmsgs.clear();
+        sc.cmsgs.resize(chunk.len(), [0u64; CMSG_ROOM / 8]);
+        sc.msgs.clear();
+        for (k, r) in chunk.iter().enumerate() {
+            // SAFETY: all-zero is a valid mmsghdr.
+            let mut m: libc::mmsghdr = unsafe { std::mem::zeroed() };
+            m.msg_hdr.msg_name = sc.addrs[k].as_ptr() as *mut libc::c_void;
+            m.msg_hdr.msg_namelen = sc.addrs[k].len();
+            let (at, count) = sc.spans[k];
+            // SAFETY: `at + count <= iovs.len()`; an empty datagram has
+            // no iovec and a one-past-the-end pointer that is never read.
+            m.msg_hdr.msg_iov = unsafe { sc.iovs.as_mut_ptr().add(at) };
+            m.msg_hdr.msg_iovlen = count as _;
+            if r.len() > 1 {
+                let seg = batch[r.start].len() as u16;
+                let room = &mut sc.cmsgs[k];
+                m.msg_hdr.msg_control = room.as_mut_ptr().cast();
+                // SAFETY: CMSG_SPACE of a u16 fits CMSG_ROOM bytes.
+                m.msg_hdr.msg_controllen = unsafe { libc::CMSG_SPACE(2) } as _;
+                // SAFETY: msg_control points at CMSG_ROOM aligned bytes
+                // that hold one header and its u16 payload.
+                unsafe {
+                    let c = libc::CMSG_FIRSTHDR(&m.msg_hdr);
+                    (*c).cmsg_level = libc::IPPROTO_UDP;
+                    (*c).cmsg_type = UDP_SEGMENT;
+                    (*c).cmsg_len = libc::CMSG_LEN(2) as _;
+                    std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), seg);
+                }
+            }
+            sc.msgs.push(m);
+        }
+        // SAFETY: every pointer in msgs refers to addrs/iovs/cmsgs/batch,
+        // which outlive the call; the count matches the vector length.
+        let n = unsafe {
+            libc::sendmmsg(
+                self.sock.as_raw_fd(),
+                sc.msgs.as_mut_ptr(),
+                sc.msgs.len() as libc::c_uint,
+                0,
+            )
+        };
+        let r = if n < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(n as usize)
+        };
+        // No pointer into the batch is kept past the call.
+        sc.iovs.clear();
+        sc.msgs.clear();
+        r
     }
 
     /// The bound address (with the real port when 0 was asked for).
@@ -654,6 +768,23 @@ mod tests {
         }
         assert!(a.stats().send_calls < 150, "batched: {:?}", a.stats());
         assert!(b.stats().recv_calls < 150, "batched: {:?}", b.stats());
+    }
+
+    /// A clone is the same socket: what it sends leaves from the bound
+    /// address, and what arrives is received through either handle.
+    #[test]
+    fn a_clone_sends_and_receives_as_the_same_socket() {
+        let (a, mut b) = pair();
+        let mut a2 = a.try_clone().unwrap();
+        assert_eq!(a2.local_addr(), a.local_addr());
+        let d: &[u8] = b"clone";
+        assert_eq!(a2.send_batch(&[(b.local_addr(), d)]), 1);
+        let got = recv_all(&mut b, 1);
+        assert_eq!(got, vec![(a.local_addr(), d.to_vec())]);
+        assert_eq!(b.send_batch(&[(a.local_addr(), d)]), 1);
+        let mut a = a;
+        assert_eq!(recv_all(&mut a, 1), vec![(b.local_addr(), d.to_vec())]);
+        assert_eq!((a2.stats().sent, a.stats().received), (1, 1));
     }
 
     #[test]

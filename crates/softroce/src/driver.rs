@@ -1,16 +1,35 @@
 //! A node on its own thread: the event loop of the soft RoCE NIC.
 //!
-//! The thread polls the node (bounded rounds), hands completion
-//! notifications to a callback and to blocked waiters, and sleeps in the
-//! kernel on the socket and a waker until traffic, a timer deadline, or a
-//! consumer's post arrives: an idle NIC costs no CPU. A post made from a
-//! completion callback (on the thread itself) needs no wake-up: the thread
-//! polls again before it sleeps.
+//! The thread receives, fires timers, hands completion notifications to a
+//! callback and to blocked waiters, and sleeps in the kernel on the socket
+//! and a waker until traffic, a timer deadline, or work for it arrives: an
+//! idle NIC costs no CPU.
+//!
+//! Sending is not the thread's alone. A post ([`Driver::with_node`]) hands
+//! work to the engines and sends what they make from the posting thread
+//! itself, as Linux siw sends from `post_send`, so a request never waits
+//! for the NIC thread to wake. A post made from a completion callback (on
+//! the thread itself) is sent once the callbacks are done, in one batch
+//! with the ACKs of what the round received; when the callbacks posted
+//! nothing, those ACKs wait up to [`ACK_HOLD`] for another thread's post
+//! (the consumer they woke) to ride with.
+//!
+//! Locking: the node's lock is never held across a system call. A sender
+//! takes a batch out of the node under the lock, lets go, sends, and takes
+//! the lock again to give the buffers back; the thread receives into its
+//! own buffers without the lock and takes it to hand the datagrams to the
+//! QPs. One thread at a time sends (the `sending` flag): batches leave in
+//! the order they were taken out, and each holds its packets in the order
+//! the engines made them, so no packet of a QP overtakes an earlier one.
+//! A thread that finds another sending leaves its work `pending`, and the
+//! sender sends it before it lets go of the flag. (A node with a capture
+//! file writes it under the lock: a diagnostic mode, not the fast path.)
 
-use crate::node::{Node, QpHandle};
+use crate::node::{Node, QpHandle, RX_BUDGET};
 use rdma_types::Instant;
 use roce::Completion;
-use roce_udp::{wait_readable, Waker};
+use roce_udp::{wait_readable, RoceSocket, Waker};
+use std::cell::Cell;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
@@ -32,22 +51,122 @@ struct Shared {
     /// lock): without any, the thread skips the condvar wake-up, a system
     /// call per round with completions.
     waiters: AtomicU64,
-    /// Work was handed to the node since the thread's last round began:
-    /// poll again before sleeping.
+    /// A thread is sending: only it uses `tx`.
+    sending: AtomicBool,
+    /// Work was handed to the node that may not have been sent yet: the
+    /// sender looks again before it lets go of `sending`.
+    pending: AtomicBool,
+    /// The sender's handle on the node's socket (taken only by the thread
+    /// that set `sending`, so never waited for).
+    tx: Mutex<RoceSocket>,
+    /// The thread has work to do before it sleeps: completions a sender
+    /// collected, or a timer sooner than its planned wake-up.
     posted: AtomicBool,
     /// The thread is about to sleep or sleeping in the kernel: only then
-    /// does a post write the waker (two system calls and an empty round
-    /// saved per post while the thread is awake, and for every post from a
-    /// completion callback, which runs on the thread itself).
+    /// does `posted` need the waker (a system call).
     sleeping: AtomicBool,
-    /// Set before `sleeping`: when the sleeping thread wakes by itself
-    /// (the node's clock: microseconds since `epoch`, as the deadlines).
-    sleep_until: AtomicU64,
+    /// When the thread plans to wake by itself, set under the node's lock
+    /// when it computes it (the node's clock: microseconds since `epoch`,
+    /// as the deadlines), 0 while it is awake and will compute it again:
+    /// a sender compares its QPs' deadlines with it under the same lock.
+    planned: AtomicU64,
+    /// Until when the ACKs the thread built after its callbacks wait for a
+    /// post to ride with (node clock, microseconds; 0: none held), set and
+    /// cleared under the node's lock.
+    acks_held_until: AtomicU64,
     epoch: StdInstant,
     callback: Option<CompletionCallback>,
     /// Set when this is dropped: fields drop in declaration order, so the
     /// node (and its socket) is gone by then.
     released: SetOnDrop,
+}
+
+thread_local! {
+    /// The driver whose thread this is (null on any other thread): a post
+    /// made from its completion callbacks is sent after them.
+    static DRIVING: Cell<*const Shared> = const { Cell::new(std::ptr::null()) };
+}
+
+/// Rounds of taking out and sending a post's batch before the posting
+/// thread leaves what is still pending to the NIC thread (bounded work
+/// for a poster while other threads keep posting).
+const FLUSH_TURNS: usize = 8;
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Node> {
+        self.node.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn now(&self) -> Instant {
+        Instant::from_std(self.epoch, StdInstant::now())
+    }
+
+    fn on_own_thread(&self) -> bool {
+        DRIVING.with(|d| std::ptr::eq(d.get(), self))
+    }
+
+    /// Under the node's lock, after work was handed to it from another
+    /// thread: whether the NIC thread must do something before it sleeps
+    /// (deliver completions, or wake sooner for a timer), noted in
+    /// `posted`. Returns whether it must be woken for it (after the lock
+    /// is let go: the waker is a system call).
+    fn note_work(&self, node: &Node) -> bool {
+        let planned = self.planned.load(Ordering::Relaxed);
+        // On the node's own clock, as the thread computed its wake-up: a
+        // deadline it already planned for is never "sooner".
+        let sooner = planned != 0
+            && node
+                .next_deadline()
+                .is_some_and(|d| d.total_micros() < planned);
+        if !(node.has_ready() || sooner) {
+            return false;
+        }
+        // Either the thread sees `posted` before it sleeps, or this sees
+        // `sleeping` and wakes it (both SeqCst: one of the two loads
+        // observes the other side's store).
+        self.posted.store(true, Ordering::SeqCst);
+        self.sleeping.load(Ordering::SeqCst) && !self.on_own_thread()
+    }
+
+    /// Sends what the node has to send, unless another thread is sending
+    /// (it sends this too: `pending` is set). `held` is the node's lock
+    /// when the caller has it.
+    fn flush<'a>(&'a self, mut held: Option<MutexGuard<'a, Node>>) {
+        for _ in 0..FLUSH_TURNS {
+            if self.sending.swap(true, Ordering::SeqCst) {
+                return;
+            }
+            self.pending.store(false, Ordering::SeqCst);
+            let mut node = held.take().unwrap_or_else(|| self.lock());
+            let mut batch = node.take_batch(self.now());
+            // Held ACKs, if any, are in this batch.
+            self.acks_held_until.store(0, Ordering::Relaxed);
+            if node.has_touched() {
+                // A QP stopped at its send budget: another turn.
+                self.pending.store(true, Ordering::SeqCst);
+            }
+            let wake = self.note_work(&node);
+            drop(node);
+            if wake {
+                self.waker.wake();
+            }
+            if !batch.is_empty() {
+                batch.send(&mut self.tx.lock().unwrap_or_else(|e| e.into_inner()));
+                self.lock().finish_batch(batch);
+            }
+            // Whoever set `pending` before this store either found the
+            // flag taken (and this sees `pending`) or takes it itself.
+            self.sending.store(false, Ordering::SeqCst);
+            if !self.pending.load(Ordering::SeqCst) {
+                return;
+            }
+        }
+        // Still more after the bounded turns: the NIC thread sends it.
+        self.posted.store(true, Ordering::SeqCst);
+        if self.sleeping.load(Ordering::SeqCst) && !self.on_own_thread() {
+            self.waker.wake();
+        }
+    }
 }
 
 /// Tells when a [`Driver`]'s node is gone, socket closed: its address can
@@ -103,25 +222,28 @@ pub struct Driver {
 }
 
 /// Longest sleep with nothing to do. Every source of work wakes the thread
-/// itself (a datagram, a post, a timer deadline, the drop), so this is
-/// only a bound on a wake-up that went missing; it was 100 ms, which made
-/// an idle node wake 10 times a second (a few per cent of a core in a TCG
-/// guest).
+/// itself (a datagram, a timer deadline, completions a sender collected,
+/// the drop), so this is only a bound on a wake-up that went missing; it
+/// was 100 ms, which made an idle node wake 10 times a second (a few per
+/// cent of a core in a TCG guest).
 const IDLE_SLEEP: Duration = Duration::from_secs(5);
-/// Poll rounds per wake-up before sleeping again (bounded work).
+/// Receive rounds per wake-up before sleeping again (bounded work).
 const ROUNDS: usize = 16;
 
 impl Driver {
     /// Starts the thread.
     ///
     /// # Errors
-    /// The thread could not be spawned.
+    /// The thread could not be spawned, or the socket's descriptor not
+    /// duplicated (the thread receives through a handle of its own).
     pub fn start(node: Node, callback: Option<CompletionCallback>) -> std::io::Result<Driver> {
         let released = Released(Arc::new(Latch {
             done: Mutex::new(false),
             cond: Condvar::new(),
             thread: OnceLock::new(),
         }));
+        let tx = node.socket_handle()?;
+        let rx = node.socket_handle()?;
         let shared = Arc::new(Shared {
             waker: node.waker(),
             fd: node.raw_fd(),
@@ -130,9 +252,13 @@ impl Driver {
             stop: AtomicBool::new(false),
             loops: AtomicU64::new(0),
             waiters: AtomicU64::new(0),
+            sending: AtomicBool::new(false),
+            pending: AtomicBool::new(false),
+            tx: Mutex::new(tx),
             posted: AtomicBool::new(false),
             sleeping: AtomicBool::new(false),
-            sleep_until: AtomicU64::new(0),
+            planned: AtomicU64::new(0),
+            acks_held_until: AtomicU64::new(0),
             epoch: StdInstant::now(),
             callback,
             released: SetOnDrop(released.clone()),
@@ -140,7 +266,7 @@ impl Driver {
         let s = shared.clone();
         let thread = std::thread::Builder::new()
             .name("softroce".into())
-            .spawn(move || run(&s))?;
+            .spawn(move || run(&s, rx))?;
         let _ = released.0.thread.set(thread.thread().id());
         Ok(Driver {
             shared,
@@ -149,49 +275,32 @@ impl Driver {
     }
 
     fn lock(&self) -> MutexGuard<'_, Node> {
-        self.shared.node.lock().unwrap_or_else(|e| e.into_inner())
+        self.shared.lock()
     }
 
-    /// Runs `f` on the node (to post work, create QPs, read counters), and
-    /// sees that new work goes out at once: a running thread loops once
-    /// more; for a sleeping one, what `f` made to send is sent from here
-    /// (as Linux siw sends from `post_send`), and the thread is woken only
-    /// when that made completions to deliver or a timer (a retransmission)
-    /// falls before it would wake by itself.
+    /// Runs `f` on the node (to post work, create QPs, read counters), then
+    /// sends what it made from this thread (as Linux siw sends from
+    /// `post_send`), unless another thread is sending, which then sends it
+    /// too. The NIC thread is woken only when that made completions to
+    /// deliver or armed a timer (a retransmission) before it would wake by
+    /// itself. On the NIC thread (a completion callback) the post leaves
+    /// once the callbacks are done, with the round's ACKs.
     pub fn with_node<R>(&self, f: impl FnOnce(&mut Node) -> R) -> R {
+        let s = &*self.shared;
         let mut node = self.lock();
         let r = f(&mut node);
-        if self.shared.sleeping.load(Ordering::SeqCst) {
-            let now = Instant::from_std(self.shared.epoch, StdInstant::now());
-            let ready = node.send_posted(now);
-            // On the node's own clock, as the thread computed its wake-up:
-            // a deadline it already slept for is never "sooner" by the
-            // microseconds between its reading of the clock and its sleep.
-            let sooner = node
-                .next_deadline()
-                .is_some_and(|d| d.total_micros() < self.shared.sleep_until.load(Ordering::SeqCst));
-            drop(node);
-            if ready || sooner {
-                self.shared.posted.store(true, Ordering::SeqCst);
-                self.shared.waker.wake();
-            }
+        s.pending.store(true, Ordering::SeqCst);
+        if s.on_own_thread() {
             return r;
         }
-        drop(node);
-        // Either the thread sees `posted` before it sleeps, or this sees
-        // `sleeping` and wakes it (both SeqCst: one of the two loads
-        // observes the other side's store).
-        self.shared.posted.store(true, Ordering::SeqCst);
-        if self.shared.sleeping.load(Ordering::SeqCst) {
-            self.shared.waker.wake();
-        }
+        s.flush(Some(node));
         r
     }
 
     /// Runs `f` on the node to read it (counters, what the port kept)
     /// without waking the thread: a reader asking often costs the NIC no
-    /// wake-ups. Work handed to the node here waits for the thread's next
-    /// round; use [`Driver::with_node`] for that.
+    /// wake-ups. Work handed to the node here waits for the next send; use
+    /// [`Driver::with_node`] for that.
     pub fn inspect<R>(&self, f: impl FnOnce(&mut Node) -> R) -> R {
         f(&mut self.lock())
     }
@@ -228,26 +337,48 @@ impl Driver {
     }
 }
 
-fn run(s: &Shared) {
+/// The NIC thread: `rx` is its own handle on the node's socket.
+fn run(s: &Shared, mut rx: RoceSocket) {
+    DRIVING.with(|d| d.set(s));
     while !s.stop.load(Ordering::Acquire) {
         s.loops.fetch_add(1, Ordering::Relaxed);
-        let (ready, mut deadline, mut now) = {
-            let mut node = s.node.lock().unwrap_or_else(|e| e.into_inner());
-            // Posts made before this point are in the node: this round
-            // sees them.
+        let mut ready = Vec::new();
+        // Another round only when this one stopped at a budget: an empty
+        // receive would cost a system call, and what arrives meanwhile
+        // wakes the sleep below at once.
+        for _ in 0..ROUNDS {
+            let now = s.now();
+            // Received without the lock, taken for the first datagram.
+            let mut held = None;
+            let gro_before = rx.stats().gro_buffers;
+            let n = rx.recv_batch(RX_BUDGET, |r, data| {
+                held.get_or_insert_with(|| s.lock())
+                    .deliver_one(now, r, data)
+            });
+            let gro = rx.stats().gro_buffers - gro_before;
+            let mut node = held.unwrap_or_else(|| s.lock());
+            // Work noted for the thread before this point is seen by this
+            // round.
             s.posted.store(false, Ordering::SeqCst);
-            let mut now = Instant::from_std(s.epoch, StdInstant::now());
-            // Another round only when this one left work behind: an empty
-            // receive would cost a system call, and what arrives meanwhile
-            // wakes the sleep below at once.
-            for _ in 0..ROUNDS {
-                if !node.poll_holding(now) || !node.has_more() {
-                    break;
-                }
-                now = Instant::from_std(s.epoch, StdInstant::now());
+            s.planned.store(0, Ordering::Relaxed);
+            node.begin_round(n, gro);
+            node.after_receive(now);
+            let more = node.has_more();
+            if node.has_ready() {
+                // What the round built (the ACKs of what it received) is
+                // held back until the callbacks are done, so it leaves in
+                // one batch with what they post in answer (a target's
+                // ACK of a command with the command's data and response),
+                // and the peer wakes once for all of them.
+                ready = node.take_ready();
+                break;
             }
-            (node.take_ready(), node.next_deadline(), now)
-        };
+            s.pending.store(true, Ordering::SeqCst);
+            s.flush(Some(node));
+            if !more {
+                break;
+            }
+        }
         if !ready.is_empty() {
             // A waiter counted itself under the lock before this round's
             // poll (then it is seen here) or checks for completions after
@@ -260,34 +391,71 @@ fn run(s: &Shared) {
                     cb(*qp);
                 }
             }
-            // What the rounds held (`Node::poll_holding`) leaves now, in
-            // one batch with what the callbacks posted; posts made after
-            // this point are seen by the check below.
-            let mut node = s.node.lock().unwrap_or_else(|e| e.into_inner());
-            s.posted.store(false, Ordering::SeqCst);
-            now = Instant::from_std(s.epoch, StdInstant::now());
-            if node.send_posted(now) {
-                continue;
+            s.pending.store(true, Ordering::SeqCst);
+            let mut node = s.lock();
+            let now = s.now();
+            node.build_pending(now);
+            if !hold_acks(s, &node, now) {
+                s.flush(Some(node));
             }
-            // What was sent may have armed a retransmission timer.
-            deadline = node.next_deadline();
         }
-        if s.posted.load(Ordering::SeqCst) {
+        let node = s.lock();
+        if node.has_ready() || s.posted.load(Ordering::SeqCst) {
             continue;
         }
-        let sleep = deadline.map_or(IDLE_SLEEP, |d| {
-            d.saturating_since(now).to_std().min(IDLE_SLEEP)
-        });
-        if !sleep.is_zero() {
-            let until = now.total_micros() + sleep.as_micros() as u64;
-            s.sleep_until.store(until, Ordering::SeqCst);
-            s.sleeping.store(true, Ordering::SeqCst);
-            if !s.posted.load(Ordering::SeqCst) {
-                let _ = wait_readable(s.fd, Some(&s.waker), sleep);
-            }
-            s.sleeping.store(false, Ordering::SeqCst);
+        // What was sent may have armed a retransmission timer; held ACKs
+        // leave by their own deadline.
+        let now = s.now();
+        let held = s.acks_held_until.load(Ordering::Relaxed);
+        let acks = (held != 0).then(|| Instant::from_micros(held));
+        let sleep = node
+            .next_deadline()
+            .into_iter()
+            .chain(acks)
+            .min()
+            .map_or(IDLE_SLEEP, |d| {
+                d.saturating_since(now).to_std().min(IDLE_SLEEP)
+            });
+        if sleep.is_zero() {
+            continue;
         }
+        s.planned.store(
+            now.total_micros() + sleep.as_micros() as u64,
+            Ordering::Relaxed,
+        );
+        drop(node);
+        s.sleeping.store(true, Ordering::SeqCst);
+        if !s.posted.load(Ordering::SeqCst) {
+            let _ = wait_readable(s.fd, Some(&s.waker), sleep);
+        }
+        s.sleeping.store(false, Ordering::SeqCst);
     }
+}
+
+/// How long the ACKs a round made wait after its callbacks for a post to
+/// ride with. A consumer woken by a completion usually posts its next
+/// request within microseconds; its ACK then leaves in the same send, and
+/// the peer wakes once for both. Far below any retransmission timeout
+/// (IBA 9.7.6.1.3: the least is 8 µs times 2^timeout, and peers use 14 or
+/// more, ~67 ms), and longer than a loopback round trip, so the thread
+/// seldom wakes for the deadline alone.
+const ACK_HOLD: Duration = Duration::from_micros(200);
+
+/// After the callbacks, under the node's lock with what they posted built:
+/// whether the outgoing batch is plain ACKs that may wait for a post to
+/// ride with ([`ACK_HOLD`], from the first such round on: a hold is never
+/// extended). A posting thread's send takes them along.
+fn hold_acks(s: &Shared, node: &Node, now: Instant) -> bool {
+    if !node.only_acks_out() {
+        return false;
+    }
+    let held = s.acks_held_until.load(Ordering::Relaxed);
+    if held == 0 {
+        let until = now.total_micros() + ACK_HOLD.as_micros() as u64;
+        s.acks_held_until.store(until, Ordering::Relaxed);
+        return true;
+    }
+    held > now.total_micros()
 }
 
 impl Drop for Driver {

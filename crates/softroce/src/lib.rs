@@ -24,7 +24,10 @@
 //! It is still a library piece, not a verbs provider: memory is reached
 //! through the [`roce::Memory`] object each QP is created with, completions
 //! and events are drained per QP, and the caller decides threads and
-//! clocks. The verbs provider (`rnic`) wraps a node in a driver thread.
+//! clocks. The verbs provider (`rnic`) wraps a node in a [`Driver`]: a
+//! thread that receives and keeps the timers, while posting threads send
+//! what they post themselves; the node's lock is never held across a
+//! system call (but a capture's file writes).
 //!
 //! Optional per node: a pcap file of every packet sent and received (with
 //! IP and UDP headers, as Wireshark wants), and a seeded fault injector on

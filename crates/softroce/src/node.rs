@@ -3,9 +3,9 @@
 use rdma_sim::{FaultConfig, FaultInjector, Payload as SimPayload};
 use rdma_types::{Gid, Instant, Pkey, PkeyViolation, QpType, Qpn};
 use rdma_wire::pcap::{LinkType, PcapWriter};
-use rdma_wire::{icrc, IbRepr, IpRepr, RoceRepr, UdpChecksum, UdpRepr};
+use rdma_wire::{icrc, IbRepr, IpRepr, Opcode, RoceRepr, Syndrome, UdpChecksum, UdpRepr};
 use roce::{Completion, Memory, Packet, Payload, Qp, QpConfig, QpCounters, QpEvent};
-use roce_udp::{RoceSocket, Waker};
+use roce_udp::{Gather, RoceSocket, Waker};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fs::File;
 use std::io;
@@ -143,6 +143,9 @@ struct Out {
     /// Pad (0-3 zero bytes) then the ICRC; `tail_len` bytes are used.
     tail: [u8; 3 + rdma_wire::ICRC_LEN],
     tail_len: usize,
+    /// A plain RC ACK (no NAK): nothing waits on it but the peer's
+    /// send completions, so it may wait for a packet to ride with.
+    ack: bool,
 }
 
 impl Out {
@@ -196,7 +199,61 @@ impl Out {
             payload: Payload::default(),
             tail,
             tail_len: rdma_wire::ICRC_LEN,
+            ack: false,
         })
+    }
+}
+
+impl Gather for Out {
+    fn dst(&self) -> SocketAddr {
+        self.dst
+    }
+    fn pieces(&self) -> impl Iterator<Item = &[u8]> {
+        self.parts().into_iter()
+    }
+    fn len(&self) -> usize {
+        Out::len(self)
+    }
+}
+
+/// Datagrams taken out of a node to be sent without its lock
+/// ([`Node::take_batch`]): in the order the engines produced them, grouped
+/// into the runs the socket sends as one GSO buffer each.
+pub(crate) struct TxBatch {
+    outs: Vec<Out>,
+    runs: Vec<std::ops::Range<usize>>,
+    /// Runs the kernel took (from the first).
+    sent_runs: usize,
+    gso_sends: u64,
+    /// The kernel refused segmentation on this send.
+    gso_off: bool,
+}
+
+impl TxBatch {
+    /// Whether there is nothing to send.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.outs.is_empty()
+    }
+
+    /// Sends the batch through `sock` (a handle on the node's socket). A
+    /// full socket buffer is retried a bounded number of times, then the
+    /// rest is dropped like a congested wire; retransmission recovers RC.
+    pub(crate) fn send(&mut self, sock: &mut RoceSocket) {
+        if self.outs.is_empty() {
+            return;
+        }
+        let (gso_before, gso_was) = (sock.stats().gso_sends, sock.gso());
+        let mut done = 0;
+        for _ in 0..64 {
+            done += sock.send_runs_gather(&self.outs, &self.runs[done..]);
+            if done == self.runs.len() {
+                break;
+            }
+            let _ = sock.wait(None, std::time::Duration::from_micros(100));
+        }
+        self.sent_runs = done;
+        self.gso_sends = sock.stats().gso_sends - gso_before;
+        self.gso_off = gso_was && !sock.gso();
     }
 }
 
@@ -253,6 +310,14 @@ pub struct Node {
     /// QP numbers of a transmit round, kept for the next round (a poll
     /// allocates nothing when there is nothing to do).
     tx_keys: Vec<u32>,
+    /// The GSO runs of a sent batch, for the next one.
+    spare_runs: Vec<std::ops::Range<usize>>,
+    /// QPs changed since the last build outside a receive round (posts,
+    /// state changes, new engines) or left at their send budget: what a
+    /// posting thread's send builds ([`Node::take_batch`]).
+    touched: Vec<u32>,
+    /// The list's other buffer, swapped in while one is walked.
+    touched_spare: Vec<u32>,
     /// The last round stopped at a budget ([`Node::has_more`]).
     more: bool,
     /// ICRC states of the IP and UDP headers by peer and length.
@@ -414,7 +479,7 @@ const SPARE_BUFFERS: usize = 256;
 /// Packets a QP may emit per poll: bounded work, fair between QPs.
 const TX_BUDGET_PER_QP: usize = 64;
 /// Datagrams received per poll.
-const RX_BUDGET: usize = 64;
+pub(crate) const RX_BUDGET: usize = 64;
 
 impl Node {
     /// Binds the node's socket and opens its capture file.
@@ -454,6 +519,9 @@ impl Node {
             ready: Vec::new(),
             spare: Vec::new(),
             tx_keys: Vec::new(),
+            spare_runs: Vec::new(),
+            touched: Vec::new(),
+            touched_spare: Vec::new(),
             more: false,
             header_crcs: HeaderCrcs::default(),
         })
@@ -614,6 +682,7 @@ impl Node {
                 events: VecDeque::new(),
             },
         );
+        self.touch(qpn.value());
         QpHandle(qpn)
     }
 
@@ -658,7 +727,13 @@ impl Node {
 
     /// The engine of a QP (to post work, change state, read counters).
     pub fn qp_mut(&mut self, qp: QpHandle) -> Option<&mut Qp> {
-        self.qps.get_mut(&qp.0.value()).map(|s| &mut s.qp)
+        let n = qp.0.value();
+        if !self.qps.contains_key(&n) {
+            return None;
+        }
+        // Whatever is done to it may give it something to send.
+        self.touch(n);
+        self.qps.get_mut(&n).map(|s| &mut s.qp)
     }
 
     /// Creates an address handle for UD sends.
@@ -732,77 +807,119 @@ impl Node {
     /// One bounded round of work at `now`: receive, transmit, timers.
     /// Returns whether anything happened.
     pub fn poll(&mut self, now: Instant) -> bool {
-        let busy = self.round(now);
-        self.flush_out(now);
-        busy
-    }
-
-    /// As [`Node::poll`], but when the round made completions to deliver,
-    /// what it made to send (the ACKs of what it received) stays in the
-    /// node until [`Node::send_posted`]: the driver thread calls that once
-    /// it has handed the completions over, so an ACK leaves in one batch
-    /// with what the consumer posted in answer (a target's ACK of a
-    /// command with the command's data and response), and the peer wakes
-    /// once for all of them, not once for the ACK and again for the rest.
-    pub fn poll_holding(&mut self, now: Instant) -> bool {
-        let busy = self.round(now);
-        if self.ready.is_empty() {
-            self.flush_out(now);
-        }
-        busy
-    }
-
-    /// Receive, timers, and what the QPs have to send built into the
-    /// outgoing batch (not sent); completions collected.
-    fn round(&mut self, now: Instant) -> bool {
         self.more = false;
         let mut busy = self.receive(now);
+        busy |= self.fire_timers(now);
+        busy |= self.transmit(now);
+        self.collect();
+        busy
+    }
+
+    /// The rest of a round once a receive batch is delivered: timers fired,
+    /// what the QPs have to send built into the outgoing batch (not sent:
+    /// [`Node::take_batch`]), completions collected. A driver that received
+    /// without the node's lock first calls [`Node::begin_round`].
+    pub(crate) fn after_receive(&mut self, now: Instant) -> bool {
+        let busy = self.fire_timers(now);
+        let busy = self.build_out(now) | busy;
+        self.collect();
+        busy
+    }
+
+    /// Fires the QPs' due timers; whether any was.
+    fn fire_timers(&mut self, now: Instant) -> bool {
+        let mut busy = false;
         for s in self.qps.values_mut() {
             if s.qp.poll_timeout().is_some_and(|t| t <= now) {
                 s.qp.handle_timeout(now);
                 busy = true;
             }
         }
-        busy |= self.build_out(now);
-        self.collect();
         busy
     }
 
-    /// Whether the last [`Node::poll_holding`] stopped at a budget (a full
-    /// receive batch, or a QP with more to send than one round sends).
+    // Not inlined, as `receive`, so callgrind can name the send path of
+    // `poll` (send_path bench): what the QPs have to send, built and sent.
+    #[inline(never)]
+    fn transmit(&mut self, now: Instant) -> bool {
+        let produced = self.build_out(now);
+        self.flush_out(now);
+        produced
+    }
+
+    /// Starts a round that a driver received for without the node's lock:
+    /// notes its batch (`buffers` system-call buffers, `gro` of them
+    /// coalesced), a full one meaning more may be waiting.
+    pub(crate) fn begin_round(&mut self, buffers: usize, gro: u64) {
+        self.more = false;
+        self.received(buffers, gro);
+    }
+
+    /// Whether the last round stopped at a budget (a full receive batch,
+    /// or a QP with more to send than one round sends).
     pub fn has_more(&self) -> bool {
         self.more
     }
 
-    /// What a posting thread does so the driver thread need not wake for
-    /// it (as Linux siw sends from `post_send`): transmits what the QPs
-    /// have to send now. Returns whether completions or events came of it
-    /// (the driver thread delivers those).
-    pub fn send_posted(&mut self, now: Instant) -> bool {
-        self.transmit(now);
-        self.collect();
+    /// What the QPs have to send now, with what an earlier round built,
+    /// taken out of the node as a batch to send without its lock
+    /// ([`TxBatch::send`], then [`Node::finish_batch`]): framed, through
+    /// the fault injector, grouped into GSO runs with their segments'
+    /// ICRCs corrected. Completions and events that came of it (a UD
+    /// send's, a failed WR's) are collected.
+    pub(crate) fn take_batch(&mut self, now: Instant) -> TxBatch {
+        self.build_pending(now);
+        self.prepare_batch(now)
+    }
+
+    /// What posts since the last build made to send, built into the
+    /// outgoing batch (not taken out: [`Node::take_batch`]), and their
+    /// completions collected.
+    pub(crate) fn build_pending(&mut self, now: Instant) {
+        self.build_touched(now);
+    }
+
+    /// Whether the outgoing batch holds packets and all are plain RC ACKs
+    /// ([`Node::build_pending`] first), which may wait a little for a
+    /// packet to ride with.
+    pub(crate) fn only_acks_out(&self) -> bool {
+        !self.out.is_empty() && self.out.iter().all(|o| o.ack)
+    }
+
+    /// Whether QPs are left with something to build (stopped at their
+    /// send budget, or changed since the last build).
+    pub(crate) fn has_touched(&self) -> bool {
+        !self.touched.is_empty()
+    }
+
+    /// Whether QPs got completions or events not yet taken by
+    /// [`Node::take_ready`].
+    pub(crate) fn has_ready(&self) -> bool {
         !self.ready.is_empty()
+    }
+
+    /// A second handle on the node's socket, for a driver that sends or
+    /// receives without the node's lock.
+    ///
+    /// # Errors
+    /// The descriptor could not be duplicated.
+    pub(crate) fn socket_handle(&self) -> io::Result<RoceSocket> {
+        self.sock.try_clone()
     }
 
     /// Moves the engines' completions and events to their QPs' queues and
     /// notes the QPs that have new ones.
     fn collect(&mut self) {
         for (qpn, s) in self.qps.iter_mut() {
-            let before = (s.completions.len(), s.events.len());
-            while let Some(c) = s.qp.poll_completion() {
-                s.completions.push_back((c, None));
-            }
-            while let Some(e) = s.qp.poll_event() {
-                s.events.push_back(e);
-            }
-            // Ready for a new completion or a new event alike: an event
-            // with no completion (the responder's QP fatal) must not wait
-            // for some later completion to be delivered.
-            if (s.completions.len(), s.events.len()) != before {
-                let h = QpHandle(Qpn::from_bits(*qpn));
-                if !self.ready.contains(&h) {
-                    self.ready.push(h);
-                }
+            collect_slot(*qpn, s, &mut self.ready);
+        }
+    }
+
+    /// [`Node::collect`] for the QPs numbered in `qpns`.
+    fn collect_from(&mut self, qpns: &[u32]) {
+        for qpn in qpns {
+            if let Some(s) = self.qps.get_mut(qpn) {
+                collect_slot(*qpn, s, &mut self.ready);
             }
         }
     }
@@ -811,8 +928,7 @@ impl Node {
     // `callgrind --toggle-collect` can name each path (send_path bench).
     #[inline(never)]
     fn receive(&mut self, now: Instant) -> bool {
-        let local = self.local;
-        let up = self.link_up;
+        let (local, up) = (self.local, self.link_up);
         let Node {
             sock,
             qps,
@@ -823,42 +939,54 @@ impl Node {
             ready,
             ..
         } = self;
-        // Each datagram is handled in the socket's own buffer: no copy.
         let gro_before = sock.stats().gro_buffers;
+        // Each datagram is handled in the socket's own buffer: no copy.
         let n = sock.recv_batch(RX_BUDGET, |r, data| {
-            stats.rx_datagrams += 1;
-            if up {
-                let rx = Rx {
-                    qps: &mut *qps,
-                    stats: &mut *stats,
-                    header_crcs: &mut *header_crcs,
-                    partitions: &mut *partitions,
-                    ready: &mut *ready,
-                    pcap: pcap.as_mut(),
-                };
-                deliver(now, r, local, data, rx);
-            } else {
-                stats.link_down_drops += 1;
-            }
+            let rx = Rx {
+                qps: &mut *qps,
+                stats: &mut *stats,
+                header_crcs: &mut *header_crcs,
+                partitions: &mut *partitions,
+                ready: &mut *ready,
+                pcap: pcap.as_mut(),
+            };
+            deliver_if_up(now, r, local, up, data, rx);
         });
-        stats.rx_gro_buffers += sock.stats().gro_buffers - gro_before;
-        self.more |= n >= RX_BUDGET;
+        let gro = sock.stats().gro_buffers - gro_before;
+        self.received(n, gro);
         n > 0
     }
 
-    #[inline(never)]
-    fn transmit(&mut self, now: Instant) -> bool {
-        let produced = self.build_out(now);
-        self.flush_out(now);
-        produced
+    /// Hands one received datagram to its QP (ICRC, P_Key and headers
+    /// checked): what a driver that receives without the node's lock does
+    /// with each datagram once it holds the lock again.
+    pub(crate) fn deliver_one(&mut self, now: Instant, r: roce_udp::Received, data: &[u8]) {
+        let (local, up) = (self.local, self.link_up);
+        let rx = Rx {
+            qps: &mut self.qps,
+            stats: &mut self.stats,
+            header_crcs: &mut self.header_crcs,
+            partitions: &mut self.partitions,
+            ready: &mut self.ready,
+            pcap: self.pcap.as_mut(),
+        };
+        deliver_if_up(now, r, local, up, data, rx);
+    }
+
+    /// Notes a receive batch: `buffers` system-call buffers, `gro` of them
+    /// coalesced. A full batch means more may be waiting ([`Node::has_more`]).
+    pub(crate) fn received(&mut self, buffers: usize, gro: u64) {
+        self.stats.rx_gro_buffers += gro;
+        self.more |= buffers >= RX_BUDGET;
     }
 
     /// Builds what the QPs have to send now into the outgoing batch.
     fn build_out(&mut self, now: Instant) -> bool {
-        let local = self.local;
         let mut keys = std::mem::take(&mut self.tx_keys);
         keys.clear();
         keys.extend(self.qps.keys().copied());
+        // Every QP is looked at: none is left over from posts.
+        self.touched.clear();
         if keys.is_empty() {
             self.tx_keys = keys;
             return false;
@@ -868,94 +996,158 @@ impl Node {
         let mut produced = false;
         // The engine builds each packet in this one slot.
         let mut pkt = Packet::default();
-        for k in keys[start..].iter().chain(&keys[..start]) {
-            let Some(slot) = self.qps.get_mut(k) else {
-                continue;
-            };
-            let mut built = 0;
-            for _ in 0..TX_BUDGET_PER_QP {
-                if !slot.qp.poll_transmit_into(now, &mut *slot.mem, &mut pkt) {
-                    break;
-                }
-                built += 1;
-                produced = true;
-                let dst = match pkt.ud_dest {
-                    Some(ud) => self.ahs.get(ud.ah as usize).map(|&(dst, pkey)| {
-                        if let Some(k) = pkey {
-                            pkt.bth.pkey = k;
-                        }
-                        dst
-                    }),
-                    None => slot.remote,
-                };
-                let Some(dst) = dst else {
-                    self.stats.tx_frame_errors += 1;
-                    continue;
-                };
-                // The IP and UDP headers are built only for a capture: the
-                // socket adds the real ones, and the ICRC's share of them
-                // comes from `header_crcs` (which refuses a family
-                // mismatch).
-                let ib = pkt.ib_repr();
-                if let Some(p) = self.pcap.as_mut() {
-                    let Some(roce) = framing(local, dst, ib) else {
-                        self.stats.tx_frame_errors += 1;
-                        continue;
-                    };
-                    let mut ip_packet = vec![0u8; roce.buffer_len()];
-                    if let Ok(n) = roce.emit(&mut ip_packet) {
-                        let _ = p.write_packet(now, &ip_packet[..n]);
-                    }
-                }
-                // What the socket sends: BTH onward plus ICRC, gathered
-                // from a header buffer of an earlier batch, the payload
-                // buffer the engine filled and the pad + ICRC bytes.
-                let mut head = self.spare.pop().unwrap_or_default();
-                if head.len() < HEAD_ROOM {
-                    head.resize(HEAD_ROOM, 0);
-                }
-                let Ok(head_len) = ib.emit_headers(&mut head) else {
-                    self.stats.tx_frame_errors += 1;
-                    continue;
-                };
-                let pad = usize::from(ib.bth.pad_count & 3);
-                let mut tail = [0u8; 3 + rdma_wire::ICRC_LEN];
-                let parts: [&[u8]; 3] = [&head[..head_len], &pkt.payload[..], &tail[..pad]];
-                // Identification 0; GSO segments are corrected in flush_out.
-                let Some(crc) = self.header_crcs.icrc(local, dst, false, 0, &parts) else {
-                    self.stats.tx_frame_errors += 1;
-                    continue;
-                };
-                tail[pad..pad + rdma_wire::ICRC_LEN].copy_from_slice(&crc.to_le_bytes());
-                self.out.push(Out {
-                    dst,
-                    qpn: *k,
-                    head,
-                    head_len,
-                    payload: std::mem::take(&mut pkt.payload),
-                    tail,
-                    tail_len: pad + rdma_wire::ICRC_LEN,
-                });
-            }
-            // At its budget the QP may have more for the next round.
-            self.more |= built == TX_BUDGET_PER_QP;
+        for &k in keys[start..].iter().chain(&keys[..start]) {
+            produced |= self.build_qp(k, now, &mut pkt);
         }
         self.tx_keys = keys;
         produced
     }
 
-    fn flush_out(&mut self, now: Instant) {
-        if self.out.is_empty() && self.faults.is_none() {
+    /// [`Node::build_out`] for the QPs changed since the last build
+    /// ([`Node::qp_mut`], a new engine) only, and their completions
+    /// collected: what a post can have made, at a cost that does not grow
+    /// with the node's other QPs. Packets a receive round makes are built
+    /// by the round itself, for every QP.
+    fn build_touched(&mut self, now: Instant) {
+        if self.touched.is_empty() {
             return;
         }
-        let mut batch = std::mem::take(&mut self.out);
+        let spare = std::mem::take(&mut self.touched_spare);
+        let mut list = std::mem::replace(&mut self.touched, spare);
+        let mut pkt = Packet::default();
+        for &k in &list {
+            self.build_qp(k, now, &mut pkt);
+        }
+        self.collect_from(&list);
+        list.clear();
+        self.touched_spare = list;
+    }
+
+    /// Builds what QP `k` has to send now (up to its budget) into the
+    /// outgoing batch, each packet in `pkt`; whether it built any. A QP
+    /// stopped at its budget stays touched ([`Node::has_more`]).
+    fn build_qp(&mut self, k: u32, now: Instant, pkt: &mut Packet<Payload>) -> bool {
+        let local = self.local;
+        let Some(slot) = self.qps.get_mut(&k) else {
+            return false;
+        };
+        let mut produced = false;
+        let mut built = 0;
+        for _ in 0..TX_BUDGET_PER_QP {
+            if !slot.qp.poll_transmit_into(now, &mut *slot.mem, pkt) {
+                break;
+            }
+            built += 1;
+            produced = true;
+            let dst = match pkt.ud_dest {
+                Some(ud) => self.ahs.get(ud.ah as usize).map(|&(dst, pkey)| {
+                    if let Some(k) = pkey {
+                        pkt.bth.pkey = k;
+                    }
+                    dst
+                }),
+                None => slot.remote,
+            };
+            let Some(dst) = dst else {
+                self.stats.tx_frame_errors += 1;
+                continue;
+            };
+            // The IP and UDP headers are built only for a capture: the
+            // socket adds the real ones, and the ICRC's share of them
+            // comes from `header_crcs` (which refuses a family
+            // mismatch).
+            let ib = pkt.ib_repr();
+            if let Some(p) = self.pcap.as_mut() {
+                let Some(roce) = framing(local, dst, ib) else {
+                    self.stats.tx_frame_errors += 1;
+                    continue;
+                };
+                let mut ip_packet = vec![0u8; roce.buffer_len()];
+                if let Ok(n) = roce.emit(&mut ip_packet) {
+                    let _ = p.write_packet(now, &ip_packet[..n]);
+                }
+            }
+            // What the socket sends: BTH onward plus ICRC, gathered
+            // from a header buffer of an earlier batch, the payload
+            // buffer the engine filled and the pad + ICRC bytes.
+            let mut head = self.spare.pop().unwrap_or_default();
+            if head.len() < HEAD_ROOM {
+                head.resize(HEAD_ROOM, 0);
+            }
+            let Ok(head_len) = ib.emit_headers(&mut head) else {
+                self.stats.tx_frame_errors += 1;
+                continue;
+            };
+            let pad = usize::from(ib.bth.pad_count & 3);
+            let mut tail = [0u8; 3 + rdma_wire::ICRC_LEN];
+            let parts: [&[u8]; 3] = [&head[..head_len], &pkt.payload[..], &tail[..pad]];
+            // Identification 0; GSO segments are corrected in flush_out.
+            let Some(crc) = self.header_crcs.icrc(local, dst, false, 0, &parts) else {
+                self.stats.tx_frame_errors += 1;
+                continue;
+            };
+            tail[pad..pad + rdma_wire::ICRC_LEN].copy_from_slice(&crc.to_le_bytes());
+            let ack = ib.bth.opcode == Opcode::RcAcknowledge
+                && matches!(ib.ext.aeth, Some(a) if matches!(a.syndrome, Syndrome::Ack(_)));
+            self.out.push(Out {
+                dst,
+                qpn: k,
+                head,
+                head_len,
+                payload: std::mem::take(&mut pkt.payload),
+                tail,
+                tail_len: pad + rdma_wire::ICRC_LEN,
+                ack,
+            });
+        }
+        // At its budget the QP may have more for the next round.
+        if built == TX_BUDGET_PER_QP {
+            self.more = true;
+            self.touch(k);
+        }
+        produced
+    }
+
+    /// Notes that QP `n` may have something to send or complete.
+    fn touch(&mut self, n: u32) {
+        if !self.touched.contains(&n) {
+            self.touched.push(n);
+        }
+    }
+
+    /// Sends the outgoing batch through the node's own socket.
+    fn flush_out(&mut self, now: Instant) {
+        let mut batch = self.prepare_batch(now);
+        if !batch.is_empty() {
+            batch.send(&mut self.sock);
+        }
+        self.finish_batch(batch);
+    }
+
+    /// The outgoing batch taken out of the node, ready to send: dropped
+    /// while the link is down, through the fault injector, grouped into
+    /// GSO runs with each segment's ICRC corrected for its IPv4
+    /// Identification.
+    fn prepare_batch(&mut self, now: Instant) -> TxBatch {
+        let mut batch = TxBatch {
+            outs: Vec::new(),
+            runs: Vec::new(),
+            sent_runs: 0,
+            gso_sends: 0,
+            gso_off: false,
+        };
+        if self.out.is_empty() && self.faults.is_none() {
+            return batch;
+        }
+        batch.outs = std::mem::take(&mut self.out);
         if !self.link_up {
-            self.stats.link_down_drops += batch.len() as u64;
-            self.recycle(batch);
-            return;
+            self.stats.link_down_drops += batch.outs.len() as u64;
+            let outs = std::mem::take(&mut batch.outs);
+            self.recycle(outs);
+            return batch;
         }
         if let Some(f) = self.faults.as_mut() {
-            for o in batch.drain(..) {
+            for o in batch.outs.drain(..) {
                 let (d, qpn, payload) = o.flatten();
                 f.push(now, d);
                 if let (Some(s), Payload::Owned(b)) = (self.qps.get_mut(&qpn), payload) {
@@ -963,25 +1155,37 @@ impl Node {
                 }
             }
             while let Some(d) = f.pop_ready(now) {
-                batch.extend(Out::from_flat(d));
+                batch.outs.extend(Out::from_flat(d));
             }
         }
-        if batch.is_empty() {
-            self.out = batch;
-            return;
+        if batch.outs.is_empty() {
+            return batch;
         }
-        let lens: Vec<(SocketAddr, usize)> = batch.iter().map(|o| (o.dst, o.len())).collect();
-        let runs = self.sock.gso_runs_by_len(&lens);
+        // Plain ACKs go last (each QP's ACKs and each QP's requests keep
+        // their order: two sequences that never wait on each other). A
+        // request and the shorter ACK after it to the same peer then ride
+        // one GSO send (a run may end in one shorter datagram) and reach
+        // the peer as one buffer, not two it may wake for one by one.
+        if batch.outs.iter().skip_while(|o| !o.ack).any(|o| !o.ack) {
+            batch.outs.sort_by_key(|o| o.ack);
+        }
+        batch.runs = std::mem::take(&mut self.spare_runs);
+        let outs = &batch.outs;
+        self.sock.gso_runs_into(
+            outs.len(),
+            |i| (outs[i].dst, outs[i].len()),
+            &mut batch.runs,
+        );
         // Segment k of a GSO send leaves with IPv4 Identification k; its
         // ICRC was computed for 0. A run's segments have one length, but
         // for a shorter last one.
-        for run in runs.iter().filter(|r| r.len() > 1) {
-            let segs = &mut batch[run.clone()];
+        for run in batch.runs.iter().filter(|r| r.len() > 1) {
+            let segs = &mut batch.outs[run.clone()];
             if !segs[0].dst.is_ipv4() {
                 continue;
             }
             // The corrections are kept with the header CRC state of each
-            // (peer, length) that `transmit` used.
+            // (peer, length) that `build_out` used.
             let (local, dst) = (self.local, segs[0].dst);
             let mut delta_for = |len| self.header_crcs.entry(local, dst, false, len)?.ident;
             let ib_len = |o: &Out| o.len().saturating_sub(rdma_wire::ICRC_LEN);
@@ -1002,33 +1206,29 @@ impl Node {
                 o.set_icrc(o.icrc() ^ d);
             }
         }
-        let parts: Vec<[&[u8]; 3]> = batch.iter().map(Out::parts).collect();
-        let refs: Vec<(SocketAddr, &[&[u8]])> = batch
-            .iter()
-            .zip(&parts)
-            .map(|(o, p)| (o.dst, &p[..]))
-            .collect();
-        let gso_before = self.sock.stats().gso_sends;
-        let mut done = 0;
-        // A full socket buffer: retry a bounded number of times, then drop
-        // the rest like a congested wire; retransmission recovers RC.
-        for _ in 0..64 {
-            done += self.sock.send_runs_vectored(&refs, &runs[done..]);
-            if done == runs.len() {
-                break;
-            }
-            let _ = self.sock.wait(None, std::time::Duration::from_micros(100));
+        batch
+    }
+
+    /// Counts what a batch sent and gives its buffers back (a batch from
+    /// [`Node::take_batch`], sent or not).
+    pub(crate) fn finish_batch(&mut self, mut batch: TxBatch) {
+        let runs = &batch.runs[..batch.sent_runs];
+        self.stats.tx_packets += runs.iter().map(|r| r.len() as u64).sum::<u64>();
+        self.stats.tx_gso_sends += batch.gso_sends;
+        if batch.gso_off {
+            // The kernel refused segmentation: later batches go unsegmented.
+            self.sock.set_gso(false);
         }
-        self.stats.tx_packets += runs[..done].iter().map(|r| r.len() as u64).sum::<u64>();
-        self.stats.tx_gso_sends += self.sock.stats().gso_sends - gso_before;
-        drop(refs);
-        drop(parts);
-        self.recycle(batch);
+        let outs = std::mem::take(&mut batch.outs);
+        self.recycle(outs);
+        if batch.runs.capacity() > self.spare_runs.capacity() {
+            self.spare_runs = batch.runs;
+        }
     }
 
     /// Gives sent (or dropped) datagrams' buffers back: payloads to their
     /// QP's engine, headers to the spare list; the emptied batch becomes
-    /// the next one (its capacity kept).
+    /// the next one (its capacity kept) unless another was begun meanwhile.
     fn recycle(&mut self, mut batch: Vec<Out>) {
         for o in batch.drain(..) {
             // A lent payload releases its region here.
@@ -1039,8 +1239,29 @@ impl Node {
                 self.spare.push(o.head);
             }
         }
-        if self.out.is_empty() {
+        if self.out.is_empty() && batch.capacity() > self.out.capacity() {
             self.out = batch;
+        }
+    }
+}
+
+/// Moves QP `qpn`'s completions and events from its engine to its queues,
+/// and notes it in `ready` when it got new ones.
+fn collect_slot(qpn: u32, s: &mut Slot, ready: &mut Vec<QpHandle>) {
+    let before = (s.completions.len(), s.events.len());
+    while let Some(c) = s.qp.poll_completion() {
+        s.completions.push_back((c, None));
+    }
+    while let Some(e) = s.qp.poll_event() {
+        s.events.push_back(e);
+    }
+    // Ready for a new completion or a new event alike: an event with no
+    // completion (the responder's QP fatal) must not wait for some later
+    // completion to be delivered.
+    if (s.completions.len(), s.events.len()) != before {
+        let h = QpHandle(Qpn::from_bits(qpn));
+        if !ready.contains(&h) {
+            ready.push(h);
         }
     }
 }
@@ -1053,6 +1274,24 @@ struct Rx<'a> {
     partitions: &'a mut Partitions,
     ready: &'a mut Vec<QpHandle>,
     pcap: Option<&'a mut PcapWriter<File>>,
+}
+
+/// Counts a received datagram and delivers it, or drops it while the
+/// link is down.
+fn deliver_if_up(
+    now: Instant,
+    r: roce_udp::Received,
+    local: SocketAddr,
+    up: bool,
+    data: &[u8],
+    rx: Rx<'_>,
+) {
+    rx.stats.rx_datagrams += 1;
+    if up {
+        deliver(now, r, local, data, rx);
+    } else {
+        rx.stats.link_down_drops += 1;
+    }
 }
 
 /// Parses, ICRC-checks, P_Key-checks and dispatches one datagram.
