@@ -6,7 +6,11 @@ mod common;
 use std::process::Command;
 
 fn ibsm(args: &[&str]) -> (bool, String) {
-    common::output_of(Command::new(env!("CARGO_BIN_EXE_ibsm")).args(args))
+    common::output_of(
+        Command::new(env!("CARGO_BIN_EXE_ibsm"))
+            .env("NICD_MODE", "own")
+            .args(args),
+    )
 }
 
 #[test]

@@ -102,6 +102,7 @@ fn roce_cas_are_listed_as_text_and_json() {
 fn an_ib_ca_shows_what_the_sm_set() {
     let _sm = Kill(
         Command::new(env!("CARGO_BIN_EXE_ibsm"))
+            .env("NICD_MODE", "own")
             .args(["run", "--addr", "127.0.158.3", "--node", "127.0.158.4"])
             .args(["--sweep-interval-ms", "200", "--lid", "1"])
             .stdout(std::process::Stdio::null())

@@ -111,6 +111,7 @@ fn the_master_ibsm_logs_its_standby_found_and_gone() {
     // The SA answers on the master only.
     let sa = |at: &str| {
         let o = std::process::Command::new(env!("CARGO_BIN_EXE_saquery"))
+            .env("NICD_MODE", "own")
             .args(["--sa", at, "--ip", &ip(9), "--timeout-ms", "100", "ports"])
             .output()
             .unwrap();

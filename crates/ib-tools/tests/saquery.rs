@@ -56,6 +56,7 @@ fn saquery_lists_what_the_sa_knows() {
         .collect();
     let _sm = Kill(
         Command::new(env!("CARGO_BIN_EXE_ibsm"))
+            .env("NICD_MODE", "own")
             .args(["run", "--addr", "127.0.121.1", "--node", "127.0.121.2"])
             .args(["--node", "127.0.121.3", "--sweep-interval-ms", "300"])
             .stdout(std::process::Stdio::null())
@@ -147,6 +148,7 @@ fn saquery_lists_what_the_sa_knows() {
 #[test]
 fn saquery_without_an_sa_times_out_clearly() {
     let o = Command::new(env!("CARGO_BIN_EXE_saquery"))
+        .env("NICD_MODE", "own")
         .args([
             "--sa",
             "127.0.121.30",

@@ -14,6 +14,10 @@
 //! and on the daemon's otherwise, which is started when none answers
 //! ([`crate::ondemand`]). The tool says which in one line
 //! ([`Which::line`]), with the reason when it is its own.
+//!
+//! So on the `ib` fabric too: the daemon serves a port of a managed
+//! subnet at the tool's address (`nicd --ib-ip`, or added on demand,
+//! [`crate::connect_at`]) beside its RoCE ports at others.
 
 use std::path::{Path, PathBuf};
 
@@ -47,10 +51,6 @@ pub struct Asked<'a> {
     /// The first option given that only a NIC of the tool's own honours
     /// (`--udp-port 5000`), if any.
     pub own_only: Option<String>,
-    /// The port is on the `ib` fabric: the daemon's only with `--nicd`
-    /// (one started by hand with `nicd --fabric ib`; a daemon started on
-    /// demand is on the roce fabric).
-    pub ib: bool,
     /// `$NICD_MODE` (binaries read it; the library reads no environment).
     pub env: Option<String>,
 }
@@ -59,12 +59,7 @@ impl<'a> Asked<'a> {
     /// The options with `$NICD_MODE` read from the environment.
     /// `$SOFTROCE_FAULTS` stands in for `own_only` when that is `None`:
     /// faults are injected by a NIC of the tool's own.
-    pub fn from_env(
-        nicd: Option<&'a Path>,
-        own_nic: bool,
-        own_only: Option<String>,
-        ib: bool,
-    ) -> Self {
+    pub fn from_env(nicd: Option<&'a Path>, own_nic: bool, own_only: Option<String>) -> Self {
         let faults = rnic::softroce::FAULTS_ENV;
         let own_only = own_only.or_else(|| {
             std::env::var_os(faults)
@@ -75,7 +70,6 @@ impl<'a> Asked<'a> {
             nicd,
             own_nic,
             own_only,
-            ib,
             env: std::env::var(MODE_ENV).ok(),
         }
     }
@@ -111,10 +105,6 @@ pub fn choose(a: &Asked) -> Result<Which, String> {
             why: "--own-nic".into(),
         }),
         (None, false, Some(opt)) => Ok(Which::Own { why: opt.clone() }),
-        (None, false, None) if a.ib => Ok(Which::Own {
-            why: "the ib fabric: a port shared there is `nicd --fabric ib`'s, given with --nicd"
-                .into(),
-        }),
         (None, false, None) => match a.env.as_deref().map(str::trim) {
             Some("own") => Ok(Which::Own {
                 why: format!("{MODE_ENV}=own"),
@@ -170,7 +160,6 @@ mod tests {
             nicd,
             own_nic: own,
             own_only: only.map(str::to_owned),
-            ib: false,
             env: env.map(str::to_owned),
         }
     }
@@ -210,19 +199,6 @@ mod tests {
             Which::Own {
                 why: "NICD_MODE=own".into()
             }
-        );
-        let ib = Asked {
-            ib: true,
-            ..asked(None, false, None, None)
-        };
-        assert!(matches!(choose(&ib).unwrap(), Which::Own { why } if why.contains("ib fabric")));
-        let ib = Asked {
-            ib: true,
-            ..asked(Some(s), false, None, None)
-        };
-        assert!(
-            matches!(choose(&ib).unwrap(), Which::Daemon { .. }),
-            "--nicd on the ib fabric"
         );
         assert_eq!(
             first_given(&[(false, "a".into()), (true, "b".into()), (true, "c".into())]),

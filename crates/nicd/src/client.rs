@@ -46,6 +46,7 @@ use crate::proto::{
     self, Answer, ClientReport, Event, Kind, Reply, Request, OLDEST_VERSION, VERSION,
 };
 use crate::sock::{send_frame, FrameReader, ReadError};
+use rdma_access::subnet::Fabric;
 use rdma_types::{AccessFlags, Guid, PortNum, QpType, Qpn, Rkey};
 use std::collections::HashMap;
 use std::os::fd::BorrowedFd;
@@ -268,6 +269,18 @@ impl NicdProvider {
     /// `NotSupported` from a daemon that cannot add NICs.
     pub fn add_nic(&self, ip: std::net::IpAddr) -> Result<Guid> {
         self.live().add_nic(ip)
+    }
+
+    /// [`NicdProvider::add_nic`] on `fabric`. A NIC the daemon serves at
+    /// `ip` already is named to any client when it is on `fabric`.
+    ///
+    /// # Errors
+    /// As [`NicdProvider::add_nic`]'s (adding one needs root or the
+    /// daemon's user), and `InvalidArgument` in words when the daemon's
+    /// NIC at `ip` is on the other fabric; `NotSupported` from a daemon
+    /// older than the request.
+    pub fn add_nic_on(&self, ip: std::net::IpAddr, fabric: Fabric) -> Result<Guid> {
+        self.live().add_nic_on(ip, fabric)
     }
 }
 
@@ -703,6 +716,15 @@ impl Session {
             .first()
             .copied()
             .ok_or_else(|| unexpected("Request::AddNic", &Reply::Guids { guids }))
+    }
+
+    fn add_nic_on(&self, ip: std::net::IpAddr, fabric: Fabric) -> Result<Guid> {
+        let ib = fabric == Fabric::Ib;
+        let guids = call!(self, Request::AddNicOn { ip, ib }, Reply::Guids { guids } => guids)?;
+        guids
+            .first()
+            .copied()
+            .ok_or_else(|| unexpected("Request::AddNicOn", &Reply::Guids { guids }))
     }
 }
 

@@ -44,23 +44,24 @@
 //!
 //! A running daemon serves a NIC at another address when a client of
 //! root or the daemon's user asks ([`Request::AddNic`](proto::Request),
-//! [`NicdProvider::add_nic`]; [`connect_at`] asks for the address it
-//! is given), as `rdma link add` makes an rxe device.
+//! [`NicdProvider::add_nic_on`] on a fabric; [`connect_at`] asks for the
+//! address and fabric it is given), as `rdma link add` makes an rxe
+//! device.
 //!
-//! `nicd --fabric ib` makes its ports those of a managed subnet: each
-//! waits in INIT until a subnet manager (`ibsm run --node IP`) brings it
-//! ACTIVE with a LID. The daemon answers the SM itself: each port's SMA
-//! (`rdma_access::IbNode`) runs on a client of the daemon's own, which
-//! holds the port's QP0. A privileged client that asks for a QP0 (a
-//! subnet manager, `ibsm run --nicd`) is lent it: the SMA of that port
-//! stops, and starts again when the client's QP0 is gone
+//! `nicd --ib-ip IP` (every `--ip` with `--fabric ib`) makes a port one
+//! of a managed subnet: it waits in INIT until a subnet manager (`ibsm
+//! run --node IP`) brings it ACTIVE with a LID. One daemon serves such
+//! ports beside RoCE ones, each at an address of its own. The daemon
+//! answers the SM itself: each `ib` port's SMA (`rdma_access::IbNode`)
+//! runs on a client of the daemon's own, which holds the port's QP0 and
+//! starts before any other client is served. A privileged client that
+//! asks for a QP0 (a subnet manager, `ibsm run`) is lent it: the SMA of
+//! that port stops, and starts again when the client's QP0 is gone
 //! ([`server::Qp0Keeper`]).
 //!
 //! What it does not do yet: UD sends, atomics and window binds go on
 //! the socket, not the rings (as do a solicited-only arm and what it
-//! delegates); SIDR through the daemon; the `ib` fabric by default
-//! (`ibsm`, `saquery` and tools given `--fabric ib` take `--nicd` to a
-//! daemon started by hand with `nicd --fabric ib`).
+//! delegates); SIDR through the daemon.
 //!
 //! What it refuses: a client's handle that is not its own, memory not
 //! shared with it, QP0 (and a QP0 another holds to anyone), QP1 MADs it
@@ -84,6 +85,8 @@ pub mod server;
 mod sock;
 
 pub use client::{ConnectError, NicdProvider};
+/// The fabric of a NIC of the daemon ([`connect_at`], `nicd --ib-ip`).
+pub use rdma_access::subnet::Fabric;
 pub use server::{ClientReport, Limits, Peer, Server};
 
 use std::path::PathBuf;
@@ -131,25 +134,31 @@ pub fn socket_for(given: &std::path::Path) -> PathBuf {
 }
 
 /// A tool's client of the daemon at `socket` and the GUID of the NIC it
-/// serves at `ip` (`rnic::softroce::ip_guid`, as `nicd --ip` names it).
-/// A daemon that serves no NIC there is asked to add one
-/// ([`NicdProvider::add_nic`]: for root and the daemon's own user).
+/// serves at `ip` (`rnic::softroce::ip_guid`, as `nicd --ip` names it)
+/// on `fabric` (`None`: whichever it serves there, a new one on the
+/// daemon's `--fabric`). A daemon that serves no NIC there is asked to
+/// add one ([`NicdProvider::add_nic_on`]: for root and the daemon's own
+/// user).
 ///
 /// # Errors
-/// No daemon there, or one serving other addresses that would not add
-/// this one: in words that say what to do.
+/// No daemon there; its NIC at `ip` on the other fabric; or one serving
+/// other addresses that would not add this one: in words that say what
+/// to do.
 pub fn connect_at(
     socket: &std::path::Path,
     ip: std::net::IpAddr,
+    fabric: Option<rdma_access::subnet::Fabric>,
 ) -> Result<(std::sync::Arc<NicdProvider>, rdma_types::Guid), String> {
     use verbs::Provider;
     let p = NicdProvider::connect(socket).map_err(|e| e.to_string())?;
     let guid = rnic::softroce::ip_guid(ip);
     let served = p.list_cas();
-    if served.contains(&guid) {
-        return Ok((p, guid));
-    }
-    match p.add_nic(ip) {
+    let added = match fabric {
+        None if served.contains(&guid) => return Ok((p, guid)),
+        None => p.add_nic(ip),
+        Some(f) => p.add_nic_on(ip, f),
+    };
+    match added {
         Ok(added) if added == guid => Ok((p, guid)),
         Ok(other) => Err(format!(
             "the NIC daemon at {} (pid {}) added a NIC at {ip} as {:#018x}, not {:#018x}: is it \
@@ -158,6 +167,12 @@ pub fn connect_at(
             p.daemon_pid(),
             other.0,
             guid.0
+        )),
+        // Its NIC there is on the other fabric.
+        Err(verbs::VerbsError::InvalidArgument(why)) if served.contains(&guid) => Err(format!(
+            "{why} (the NIC daemon at {}, pid {})",
+            socket.display(),
+            p.daemon_pid()
         )),
         Err(e) => {
             let others: Vec<String> = served.iter().map(|g| format!("{:#018x}", g.0)).collect();

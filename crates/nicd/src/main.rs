@@ -19,16 +19,23 @@ use std::sync::Arc;
     about = "The NIC daemon: one soft RoCE NIC for every process"
 )]
 struct Args {
-    /// Address of a NIC to serve (repeat for several) [default: 127.0.0.1].
+    /// Address of a NIC to serve (repeat for several), on the --fabric
+    /// [default: 127.0.0.1, unless --ib-ip is given].
     #[arg(long)]
     ip: Vec<IpAddr>,
+    /// Address of a NIC to serve on the `ib` fabric whatever --fabric
+    /// says (repeat for several): one daemon serves RoCE ports and a
+    /// managed subnet's ports at once, each at an address of its own.
+    #[arg(long, value_name = "IP")]
+    ib_ip: Vec<IpAddr>,
     /// RoCEv2 UDP port of every NIC.
     #[arg(long, default_value_t = ROCE_PORT)]
     udp_port: u16,
-    /// The fabric of every NIC: `roce` (ports ACTIVE at once, no subnet
-    /// manager) or `ib` (a managed subnet: each port waits in INIT until
-    /// a subnet manager, such as `ibsm run --node IP`, brings it ACTIVE
-    /// with a LID; the daemon answers its SMPs on QP0).
+    /// The fabric of every --ip NIC, and of a NIC a client adds without
+    /// naming one: `roce` (ports ACTIVE at once, no subnet manager) or
+    /// `ib` (a managed subnet: each port waits in INIT until a subnet
+    /// manager, such as `ibsm run --node IP`, brings it ACTIVE with a
+    /// LID; the daemon answers its SMPs on QP0).
     #[arg(long, value_enum, default_value_t = Fabric::Roce)]
     fabric: Fabric,
     /// Path MTU in bytes: 256, 512, 1024, 2048 or 4096.
@@ -75,11 +82,21 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let ips = if args.ip.is_empty() {
-        vec![IpAddr::from([127, 0, 0, 1])]
-    } else {
-        args.ip
-    };
+    let mut ips = args.ip.clone();
+    if ips.is_empty() && args.ib_ip.is_empty() {
+        ips.push(IpAddr::from([127, 0, 0, 1]));
+    }
+    let mut ib_ips = args.ib_ip.clone();
+    if args.fabric == Fabric::Ib {
+        ib_ips.append(&mut ips);
+    }
+    if let Some(both) = ips.iter().find(|ip| ib_ips.contains(ip)) {
+        eprintln!(
+            "nicd: {both} is given with --ip and --ib-ip: one address is one port on one fabric"
+        );
+        return ExitCode::from(2);
+    }
+    let ips: Vec<IpAddr> = ips.into_iter().chain(ib_ips.iter().copied()).collect();
     let euid = nicd::euid();
     let socket = args.socket.unwrap_or_else(|| {
         nicd::default_socket(euid, std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from))
@@ -92,27 +109,24 @@ fn main() -> ExitCode {
         max_qps: args.max_qps,
         max_registered: args.max_registered,
     };
-    if args.fabric == Fabric::Ib {
-        for guid in verbs::Provider::list_cas(provider.as_ref()) {
-            if let Err(e) = provider.set_personality(guid, Personality::Ib) {
-                eprintln!("nicd: the ib fabric: {e}");
-                return ExitCode::FAILURE;
-            }
+    for ip in &ib_ips {
+        let guid = rnic::softroce::ip_guid(*ip);
+        if let Err(e) = provider.set_personality(guid, Personality::Ib) {
+            eprintln!("nicd: {ip} on the ib fabric: {e}");
+            return ExitCode::FAILURE;
         }
     }
     let server = nicd::Server::with_limits(provider.clone(), limits);
     // A client (root or this user) may have it serve another address (on
-    // an `ib` fabric with the port's SMA, once the SMAs run).
-    let ib_nics = (args.fabric == Fabric::Ib).then(|| {
-        Arc::new(IbNics {
-            soft: provider.clone(),
-            smas: std::sync::OnceLock::new(),
-        })
+    // the `ib` fabric with the port's SMA).
+    let nics = Arc::new(Nics {
+        soft: provider.clone(),
+        default: args.fabric,
+        socket: socket.clone(),
+        server: Arc::downgrade(&server),
+        smas: std::sync::Mutex::new(None),
     });
-    match &ib_nics {
-        Some(n) => server.add_nics_with(n.clone()),
-        None => server.add_nics_with(Arc::new(provider)),
-    }
+    server.add_nics_with(nics.clone());
     server.set_ring_spin(std::time::Duration::from_micros(args.ring_spin_us));
     // A daemon started on demand may follow one that is leaving for
     // want of clients, whose NICs let go of their UDP ports a moment
@@ -141,30 +155,40 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // On the `ib` fabric each port's SMA, through a client of our own
+    // (privileged: this user), so its MADs go by the daemon's QP1 like
+    // every client's; kept until the daemon stops. They start before any
+    // client is served (a tool that started this daemon connects as soon
+    // as the socket exists, and its requests wait in the socket's queue
+    // until then): through a socket of their own, gone once they run.
+    if !ib_ips.is_empty() {
+        let mut name = socket.file_name().unwrap_or_default().to_owned();
+        name.push(".smas");
+        let private = socket.with_file_name(name);
+        let started = nicd::server::bind(&private, false)
+            .map_err(|e| format!("{}: {e}", private.display()))
+            .and_then(|l| {
+                server.serve(l);
+                nics.start_smas(&private, &ib_ips)
+            });
+        let _ = std::fs::remove_file(&private);
+        if let Err(e) = started {
+            eprintln!("nicd: the ib fabric's SMAs: {e}");
+            let _ = std::fs::remove_file(&socket);
+            return ExitCode::FAILURE;
+        }
+    }
     server.serve(listener);
     if let Some(idle) = args.idle_exit {
         leave_when_idle(server.clone(), socket.clone(), idle);
     }
-    // On an `ib` fabric each port's SMA, through a client of our own
-    // (privileged: this user), so its MADs go by the daemon's QP1 like
-    // every client's; kept until the daemon stops.
-    if args.fabric == Fabric::Ib {
-        match Smas::start(&socket, &ips) {
-            // A subnet manager through the daemon borrows its port's QP0.
-            Ok(smas) => {
-                server.keep_qp0_with(smas.clone());
-                if let Some(n) = &ib_nics {
-                    let _ = n.smas.set(smas);
-                }
-            }
-            Err(e) => {
-                eprintln!("nicd: the ib fabric's SMAs: {e}");
-                let _ = std::fs::remove_file(&socket);
-                return ExitCode::FAILURE;
-            }
-        }
-    }
-    let shown: Vec<String> = ips.iter().map(|i| i.to_string()).collect();
+    let shown: Vec<String> = ips
+        .iter()
+        .map(|i| match ib_ips.contains(i) && args.fabric != Fabric::Ib {
+            true => format!("{i} (ib)"),
+            false => i.to_string(),
+        })
+        .collect();
     tracing::info!("nicd: serving {} on {}", shown.join(", "), socket.display());
     println!("nicd: serving {} on {}", shown.join(", "), socket.display());
     let sig = signals.wait();
@@ -173,33 +197,54 @@ fn main() -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// NICs added to an `ib` fabric: in the `ib` personality, each with its
-/// port's SMA once the daemon serves it.
-struct IbNics {
+/// The NICs a client adds: on the fabric it names, else the daemon's
+/// `--fabric`; an `ib` one with its port's SMA once the daemon serves it
+/// (the SMAs start with the first `ib` port).
+struct Nics {
     soft: Arc<SoftRoce>,
-    smas: std::sync::OnceLock<Arc<Smas>>,
+    default: Fabric,
+    socket: PathBuf,
+    server: std::sync::Weak<nicd::Server>,
+    smas: std::sync::Mutex<Option<Arc<Smas>>>,
 }
 
-impl nicd::server::AddNics for IbNics {
-    fn add(&self, ip: IpAddr) -> verbs::Result<rdma_types::Guid> {
-        let guid = nicd::server::AddNics::add(&self.soft, ip)?;
-        if let Err(e) = self.soft.set_personality(guid, Personality::Ib) {
-            nicd::server::AddNics::forget(&self.soft, guid);
-            return Err(e);
+impl Nics {
+    /// Starts the SMAs of the `ib` ports at `ips` (the first ones, as a
+    /// client at `socket`: the daemon's QP0 keeper from then on), or adds
+    /// theirs to those running.
+    fn start_smas(&self, socket: &std::path::Path, ips: &[IpAddr]) -> Result<(), String> {
+        let mut smas = self.smas.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = &*smas {
+            return ips.iter().try_for_each(|ip| s.add(*ip));
         }
-        Ok(guid)
+        let s = Smas::start(socket, ips)?;
+        // A subnet manager through the daemon borrows its port's QP0.
+        if let Some(server) = self.server.upgrade() {
+            server.keep_qp0_with(s.clone());
+        }
+        *smas = Some(s);
+        Ok(())
+    }
+}
+
+impl nicd::server::AddNics for Nics {
+    fn add(&self, ip: IpAddr, fabric: Option<Fabric>) -> verbs::Result<rdma_types::Guid> {
+        nicd::server::AddNics::add(&self.soft, ip, Some(fabric.unwrap_or(self.default)))
+    }
+
+    fn fabric_of(&self, guid: rdma_types::Guid) -> Option<Fabric> {
+        nicd::server::AddNics::fabric_of(&self.soft, guid)
     }
 
     fn forget(&self, guid: rdma_types::Guid) {
         nicd::server::AddNics::forget(&self.soft, guid);
     }
 
-    fn added(&self, ip: IpAddr, _guid: rdma_types::Guid) {
-        let Some(smas) = self.smas.get() else {
-            tracing::warn!("nicd: {ip} added before the SMAs started: no SMA on its port");
+    fn added(&self, ip: IpAddr, guid: rdma_types::Guid) {
+        if self.soft.personality(guid) != Personality::Ib {
             return;
-        };
-        match smas.add(ip) {
+        }
+        match self.start_smas(&self.socket, &[ip]) {
             Ok(()) => tracing::info!("nicd: the SMA of {ip} runs"),
             Err(e) => tracing::warn!("nicd: the SMA of {ip} did not start: {e}"),
         }

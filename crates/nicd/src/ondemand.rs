@@ -15,6 +15,7 @@
 //! the tool does not reach it), its output in `<socket>.log`, its
 //! readiness seen by its socket answering (polled, with a deadline).
 
+use rdma_access::subnet::Fabric;
 use std::fs::File;
 use std::net::IpAddr;
 use std::os::unix::net::UnixStream;
@@ -214,15 +215,21 @@ pub fn answers(socket: &Path) -> bool {
 }
 
 /// Makes sure a daemon answers at `socket`: when none does, starts
-/// `nicd --socket SOCKET --ip IP... --idle-exit D` as `how` says and
-/// waits (at most `how.wait`) for its socket to answer.
+/// `nicd --socket SOCKET --ip IP... --idle-exit D` (`--ib-ip IP...` on
+/// the `ib` fabric) as `how` says and waits (at most `how.wait`) for its
+/// socket to answer.
 ///
 /// A daemon that answers already is used whatever addresses it serves
-/// (connecting names one it does not serve).
+/// (connecting names one it does not serve, [`crate::connect_at`]).
 ///
 /// # Errors
 /// See [`StartError`].
-pub fn ensure(socket: &Path, ips: &[IpAddr], how: &OnDemand) -> Result<Ensured, StartError> {
+pub fn ensure(
+    socket: &Path,
+    ips: &[IpAddr],
+    fabric: Fabric,
+    how: &OnDemand,
+) -> Result<Ensured, StartError> {
     let lock = match lock(socket) {
         Ok(l) => l,
         // Not ours to start (a directory we cannot write in): use the
@@ -265,8 +272,12 @@ pub fn ensure(socket: &Path, ips: &[IpAddr], how: &OnDemand) -> Result<Ensured, 
     };
     let mut cmd = Command::new(&exe);
     cmd.arg("--socket").arg(abs(socket));
+    let flag = match fabric {
+        Fabric::Roce => "--ip",
+        Fabric::Ib => "--ib-ip",
+    };
     for ip in ips {
-        cmd.arg("--ip").arg(ip.to_string());
+        cmd.arg(flag).arg(ip.to_string());
     }
     cmd.arg("--idle-exit")
         .arg(format!("{}ms", how.idle_exit.as_millis()))

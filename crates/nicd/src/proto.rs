@@ -882,6 +882,12 @@ messages! {
         QueryPortSm = 45 { ca: CaHandle, port: PortNum },
         /// `modify_port` with where the master SM answers.
         ModifyPortSm = 46 { ca: CaHandle, port: PortNum, modify: PortModify, sm_gid: Option<Gid> },
+        /// [`Request::AddNic`] on a given fabric (`ib`: a managed
+        /// subnet's port, whose SMA the daemon runs; else RoCE), answered
+        /// the same way. A NIC the daemon serves already is named to any
+        /// client when it is on that fabric, and refused in words when
+        /// it is on the other.
+        AddNicOn = 47 { ip: IpAddr, ib: bool },
     }
 
     /// Daemon to client: what a request returns.

@@ -52,8 +52,10 @@ use crate::proto::{self, Answer, Event, Kind, Reply, Request, OLDEST_VERSION, VE
 pub use crate::proto::{ClientReport, Peer};
 use crate::ring::Ring;
 use crate::sock::{send_frame, FrameReader, ReadError};
+use rdma_access::subnet::Fabric;
 use rdma_types::Lkey;
 use rings::{ConnRings, CqRing, WqKind, WqRing};
+use rnic::softroce::Personality;
 use std::collections::HashMap;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -169,11 +171,18 @@ const GSI_RAW: Handle = Handle {
 /// server, which knows only `verbs::Provider`.
 pub trait AddNics: Send + Sync {
     /// Makes the provider list a NIC at `ip` (or finds the one it has)
-    /// and names its GUID.
+    /// on `fabric` (`None`: the daemon's default) and names its GUID.
     ///
     /// # Errors
-    /// Why the provider will not (in words).
-    fn add(&self, ip: std::net::IpAddr) -> Result<rdma_types::Guid>;
+    /// Why the provider will not (in words), or the NIC it has at `ip`
+    /// is on the other fabric.
+    fn add(&self, ip: std::net::IpAddr, fabric: Option<Fabric>) -> Result<rdma_types::Guid>;
+    /// The fabric of the NIC `guid` ([`AddNics::add`] or the daemon's
+    /// start made it), when the maker knows it.
+    fn fabric_of(&self, guid: rdma_types::Guid) -> Option<Fabric> {
+        let _ = guid;
+        None
+    }
     /// Takes back a NIC [`AddNics::add`] made that would not open.
     fn forget(&self, guid: rdma_types::Guid);
     /// The NIC at `ip` that [`AddNics::add`] made is served now (the
@@ -186,16 +195,54 @@ pub trait AddNics: Send + Sync {
 
 /// The soft RoCE NICs: one at each address, named by it
 /// ([`rnic::softroce::ip_guid`]), bound when the daemon claims it.
+/// `ib` ones in the `ib` personality.
 impl AddNics for Arc<rnic::softroce::SoftRoce> {
-    fn add(&self, ip: std::net::IpAddr) -> Result<rdma_types::Guid> {
+    fn add(&self, ip: std::net::IpAddr, fabric: Option<Fabric>) -> Result<rdma_types::Guid> {
         let ca = rnic::softroce::SoftCa::at(ip);
         let guid = ca.guid;
+        if self.list_cas().contains(&guid) {
+            let has = self.fabric_of(guid).unwrap_or_default();
+            return match fabric {
+                Some(want) if want != has => Err(bad(other_fabric(ip, has, want))),
+                _ => Ok(guid),
+            };
+        }
         self.add_ca(ca)?;
+        if fabric == Some(Fabric::Ib) {
+            if let Err(e) = self.set_personality(guid, Personality::Ib) {
+                let _ = self.forget_ca(guid);
+                return Err(e);
+            }
+        }
         Ok(guid)
+    }
+    fn fabric_of(&self, guid: rdma_types::Guid) -> Option<Fabric> {
+        Some(match self.personality(guid) {
+            Personality::Roce => Fabric::Roce,
+            Personality::Ib => Fabric::Ib,
+        })
     }
     fn forget(&self, guid: rdma_types::Guid) {
         let _ = self.forget_ca(guid);
     }
+}
+
+fn fabric_word(f: Fabric) -> &'static str {
+    match f {
+        Fabric::Roce => "roce",
+        Fabric::Ib => "ib",
+    }
+}
+
+/// The refusal of a NIC at `ip` on `want` where the daemon has one on
+/// `has`.
+fn other_fabric(ip: std::net::IpAddr, has: Fabric, want: Fabric) -> String {
+    format!(
+        "the NIC daemon serves {ip} on the {} fabric, not the {} one: one address is one \
+         port on one fabric; give this tool another address (or --own-nic)",
+        fabric_word(has),
+        fabric_word(want)
+    )
 }
 
 /// Who holds each `ib` port's QP0 when no client does: the daemon's SMA
@@ -527,6 +574,15 @@ impl Server {
     /// address is not this host's, another process holds its port), in
     /// words naming the address.
     pub fn add_nic(&self, ip: std::net::IpAddr) -> Result<rdma_types::Guid> {
+        self.add_nic_on(ip, None)
+    }
+
+    /// [`Server::add_nic`] on `fabric` (`None`: the daemon's default).
+    pub fn add_nic_on(
+        &self,
+        ip: std::net::IpAddr,
+        fabric: Option<Fabric>,
+    ) -> Result<rdma_types::Guid> {
         let maker = self
             .nic_maker
             .lock()
@@ -536,7 +592,7 @@ impl Server {
             "this daemon serves only the NICs it started with (restart it with another --ip)",
         ))?;
         let mut claimed = self.claimed.lock().unwrap_or_else(|e| e.into_inner());
-        let guid = maker.add(ip)?;
+        let guid = maker.add(ip, fabric)?;
         if claimed.iter().any(|(g, _)| *g == guid) {
             return Ok(guid);
         }
@@ -1305,6 +1361,38 @@ impl Server {
                     Reply::Guids {
                         guids: vec![self.add_nic(ip)?],
                     }
+                }
+                Request::AddNicOn { ip, ib } => {
+                    let want = if ib { Fabric::Ib } else { Fabric::Roce };
+                    let guid = rnic::softroce::ip_guid(ip);
+                    let served = self
+                        .claimed
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .iter()
+                        .any(|(g, _)| *g == guid);
+                    let maker = self
+                        .nic_maker
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .clone();
+                    let has = maker.and_then(|m| m.fabric_of(guid));
+                    match has {
+                        // Served already on that fabric: named to anyone.
+                        Some(has) if served && has == want => {}
+                        Some(has) if served => return Err(bad(other_fabric(ip, has, want))),
+                        _ if served => {}
+                        _ if !self.privileged(peer) => {
+                            return Err(bad(format!(
+                            "adding a NIC needs root or the daemon's user (uid {}); client uid {}",
+                            self.uid, peer.uid
+                        )))
+                        }
+                        _ => {
+                            self.add_nic_on(ip, Some(want))?;
+                        }
+                    }
+                    Reply::Guids { guids: vec![guid] }
                 }
                 Request::Clients {} => {
                     if !self.privileged(peer) {

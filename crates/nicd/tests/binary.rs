@@ -168,9 +168,9 @@ fn a_running_nicd_adds_the_nic_a_client_asks_for() {
     let socket = std::env::temp_dir().join(format!("nicd-add-{}.sock", std::process::id()));
     let (mut nicd, reap) = start_nicd(a_ip, &socket);
 
-    let (pa, ga) = nicd::connect_at(&socket, a_ip).unwrap();
+    let (pa, ga) = nicd::connect_at(&socket, a_ip, None).unwrap();
     assert_eq!(pa.list_cas(), vec![ga]);
-    let (pb, gb) = nicd::connect_at(&socket, b_ip).unwrap();
+    let (pb, gb) = nicd::connect_at(&socket, b_ip, None).unwrap();
     assert_eq!(gb, rnic::softroce::ip_guid(b_ip));
     assert_eq!(pa.list_cas(), vec![ga, gb]);
     // Asking again names the same NIC and adds none.
@@ -208,7 +208,7 @@ fn a_running_nicd_adds_the_nic_a_client_asks_for() {
     // 192.0.2.1 (TEST-NET-1) is no address of this host: the NIC cannot
     // bind there, so the daemon refuses and lists it not.
     let far = IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1));
-    let err = nicd::connect_at(&socket, far).err().expect("refused");
+    let err = nicd::connect_at(&socket, far, None).err().expect("refused");
     assert!(
         err.contains("serves no NIC at 192.0.2.1") && err.contains("would not add one"),
         "{err}"

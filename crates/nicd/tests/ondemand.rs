@@ -61,8 +61,8 @@ fn two_tools_start_one_daemon_which_leaves_when_idle() {
             let (socket, how, go) = (socket.clone(), how.clone(), go.clone());
             std::thread::spawn(move || {
                 go.wait();
-                let held = ensure(&socket, &[IP], &how).unwrap();
-                let (p, guid) = nicd::connect_at(&socket, IP).unwrap();
+                let held = ensure(&socket, &[IP], nicd::Fabric::Roce, &how).unwrap();
+                let (p, guid) = nicd::connect_at(&socket, IP, None).unwrap();
                 (held.started.clone(), p, guid)
             })
         })
@@ -107,11 +107,11 @@ fn two_tools_start_one_daemon_which_leaves_when_idle() {
     assert!(log.contains("no client for 400ms: leaving"), "{log}");
 
     // The next tool starts another (the port the first let go of).
-    let held = ensure(&socket, &[IP], &how).unwrap();
+    let held = ensure(&socket, &[IP], nicd::Fabric::Roce, &how).unwrap();
     let again = held.started.clone().expect("a new daemon");
     let _reap2 = Reap(again.pid);
     assert_ne!(again.pid, pid);
-    let (p, _) = nicd::connect_at(&socket, IP).unwrap();
+    let (p, _) = nicd::connect_at(&socket, IP, None).unwrap();
     drop(held);
     assert_eq!(p.daemon_pid(), again.pid);
     drop(p);
@@ -132,7 +132,9 @@ fn a_daemon_that_cannot_start_is_reported_with_its_words() {
     };
     // 192.0.2.1 (TEST-NET-1) is no address of this host.
     let bad = IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1));
-    let e = ensure(&socket, &[bad], &how).err().expect("no daemon");
+    let e = ensure(&socket, &[bad], nicd::Fabric::Roce, &how)
+        .err()
+        .expect("no daemon");
     let text = e.to_string();
     assert!(
         text.contains("stopped") && text.contains("192.0.2.1 (UDP port 4791)"),
@@ -142,7 +144,9 @@ fn a_daemon_that_cannot_start_is_reported_with_its_words() {
         program: Some("/nonexistent/nicd".into()),
         ..how
     };
-    let e = ensure(&socket, &[IP], &missing).err().expect("no program");
+    let e = ensure(&socket, &[IP], nicd::Fabric::Roce, &missing)
+        .err()
+        .expect("no program");
     assert!(e.to_string().contains("would not start"), "{e}");
     for p in [
         nicd::ondemand::lock_path(&socket),
@@ -169,7 +173,7 @@ fn a_daemon_that_answers_is_used_without_its_lock() {
         wait: Duration::from_secs(30),
     };
     let ip = IpAddr::V4(Ipv4Addr::new(127, 127, 27, 3));
-    let e = ensure(&socket, &[ip], &how)
+    let e = ensure(&socket, &[ip], nicd::Fabric::Roce, &how)
         .err()
         .expect("no lock, no daemon");
     assert!(
@@ -191,9 +195,9 @@ fn a_daemon_that_answers_is_used_without_its_lock() {
     )
     .unwrap();
     assert!(line.starts_with("nicd: serving"), "{line}");
-    let held = ensure(&socket, &[ip], &how).unwrap();
+    let held = ensure(&socket, &[ip], nicd::Fabric::Roce, &how).unwrap();
     assert!(held.started.is_none());
-    let (p, _) = nicd::connect_at(&socket, ip).unwrap();
+    let (p, _) = nicd::connect_at(&socket, ip, None).unwrap();
     assert_eq!(p.daemon_pid(), daemon.id());
     drop((held, p));
     let _ = daemon.kill();

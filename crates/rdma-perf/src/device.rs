@@ -93,8 +93,7 @@ impl DeviceArgs {
         if self.rdma_core().is_some() || self.iwarp {
             return Ok(None);
         }
-        let asked =
-            nicd::choice::Asked::from_env(self.nicd.as_deref(), self.own_nic, own_only, false);
+        let asked = nicd::choice::Asked::from_env(self.nicd.as_deref(), self.own_nic, own_only);
         nicd::choice::choose(&asked).map(Some)
     }
 }
@@ -330,12 +329,13 @@ impl Nic {
                 Nic::on(p, guid, PortNum(1), name, Kind::Iwarp { nic, ip: *ip })
             }
             NicChoice::Nicd { socket, ip, start } => {
-                let held = nicd::ondemand::ensure(socket, &[*ip], start)
+                let held = nicd::ondemand::ensure(socket, &[*ip], nicd::Fabric::Roce, start)
                     .map_err(|e| NicError::Nicd(e.to_string()))?;
                 if let Some(s) = &held.started {
                     eprintln!("{}: {s}", nicd::ondemand::tool_name());
                 }
-                let (p, guid) = nicd::connect_at(socket, *ip).map_err(NicError::Nicd)?;
+                let (p, guid) = nicd::connect_at(socket, *ip, Some(nicd::Fabric::Roce))
+                    .map_err(NicError::Nicd)?;
                 drop(held);
                 let which = nicd::choice::Which::Daemon {
                     socket: socket.clone(),

@@ -157,7 +157,7 @@ impl Tmo {
 /// Whose soft RoCE NIC `srp` or `srpd` runs on ([`nicd::choice`]): the
 /// NIC daemon's unless `--own-nic`, `$NICD_MODE=own`, a `--udp-port` other
 /// than 4791, an `--mtu` other than 4096 or `$SOFTROCE_FAULTS` asks for
-/// one of its own; on the `ib` fabric only with `--nicd`.
+/// one of its own (on the `ib` fabric too: the daemon's port there).
 ///
 /// # Errors
 /// Options that contradict each other, in words.
@@ -166,7 +166,6 @@ pub fn nic_choice(
     own_nic: bool,
     udp_port: u16,
     mtu: usize,
-    ib: bool,
 ) -> Result<nicd::choice::Which, String> {
     let own_only = nicd::choice::first_given(&[
         (
@@ -175,7 +174,7 @@ pub fn nic_choice(
         ),
         (mtu != 4096, format!("--mtu {mtu}")),
     ]);
-    nicd::choice::choose(&nicd::choice::Asked::from_env(nicd, own_nic, own_only, ib))
+    nicd::choice::choose(&nicd::choice::Asked::from_env(nicd, own_nic, own_only))
 }
 
 #[cfg(test)]

@@ -567,7 +567,7 @@ impl Initd {
                 let mut client = None;
                 for ip in &cfg.ips {
                     client = Some(
-                        nicd::connect_at(socket, *ip)
+                        nicd::connect_at(socket, *ip, Some(cfg.fabric))
                             .map_err(InitdStartError::Nicd)?
                             .0,
                     );

@@ -564,7 +564,7 @@ fn paths(l: &Login) -> Result<Vec<Arc<srp_initiator::path_login::PathLogin>>, St
         return iwarp_paths(l, &ips);
     }
     let cas = rnic::softroce::SoftCa::at_each(&ips);
-    let which = srp_cli::args::nic_choice(l.nicd.as_deref(), l.own_nic, l.udp_port, l.mtu, false)?;
+    let which = srp_cli::args::nic_choice(l.nicd.as_deref(), l.own_nic, l.udp_port, l.mtu)?;
     let at = ips
         .iter()
         .map(|i| i.to_string())
@@ -572,14 +572,15 @@ fn paths(l: &Login) -> Result<Vec<Arc<srp_initiator::path_login::PathLogin>>, St
         .join(", ");
     let provider: Arc<dyn verbs::Provider> = match which.socket() {
         Some(socket) => {
-            let held = nicd::ondemand::ensure(socket, &ips, &nicd::ondemand::OnDemand::from_env()?)
+            let how = nicd::ondemand::OnDemand::from_env()?;
+            let held = nicd::ondemand::ensure(socket, &ips, nicd::Fabric::Roce, &how)
                 .map_err(|e| e.to_string())?;
             if let Some(s) = &held.started {
                 eprintln!("srp: {s}");
             }
             let mut client = None;
             for ip in &ips {
-                client = Some(nicd::connect_at(socket, *ip)?.0);
+                client = Some(nicd::connect_at(socket, *ip, Some(nicd::Fabric::Roce))?.0);
             }
             let client = client.ok_or("no --ip")?;
             eprintln!("{}", which.line("srp", &at, Some(client.daemon_pid())));
@@ -1118,7 +1119,6 @@ fn run(cmd: Cmd) -> Result<bool, String> {
                 login,
                 all,
             };
-            let ib = sa || fabric == rdma_access::subnet::Fabric::Ib;
             let which = match device {
                 Some(_) => None,
                 None => Some(srp_cli::args::nic_choice(
@@ -1126,7 +1126,6 @@ fn run(cmd: Cmd) -> Result<bool, String> {
                     own_nic,
                     udp_port,
                     4096,
-                    ib,
                 )?),
             };
             let local = Local {
@@ -1335,13 +1334,18 @@ fn discover(
     });
     let (provider, soft): (Arc<dyn verbs::Provider>, _) = match which.socket() {
         Some(socket) => {
+            let fabric = if ib.is_some() {
+                nicd::Fabric::Ib
+            } else {
+                nicd::Fabric::Roce
+            };
+            let how = nicd::ondemand::OnDemand::from_env()?;
             let held =
-                nicd::ondemand::ensure(socket, &[ip], &nicd::ondemand::OnDemand::from_env()?)
-                    .map_err(|e| e.to_string())?;
+                nicd::ondemand::ensure(socket, &[ip], fabric, &how).map_err(|e| e.to_string())?;
             if let Some(s) = &held.started {
                 eprintln!("srp: {s}");
             }
-            let (p, _) = nicd::connect_at(socket, ip)?;
+            let (p, _) = nicd::connect_at(socket, ip, Some(fabric))?;
             drop(held);
             eprintln!(
                 "{}",

@@ -360,7 +360,8 @@ impl Stack {
                     target,
                     initiator,
                 } => {
-                    let (p, _) = nicd::connect_at(socket, *target).map_err(StackError::Nicd)?;
+                    let (p, _) = nicd::connect_at(socket, *target, Some(nicd::Fabric::Roce))
+                        .map_err(StackError::Nicd)?;
                     // The initiator's NIC from the same daemon, added
                     // when it serves only the target's.
                     if !verbs::Provider::list_cas(p.as_ref()).contains(&iguid) {

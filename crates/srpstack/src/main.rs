@@ -281,8 +281,8 @@ fn nicd_for(transport: &Transport) -> Result<Option<nicd::ondemand::Ensured>, St
         return Ok(None);
     };
     let how = nicd::ondemand::OnDemand::from_env()?;
-    let e =
-        nicd::ondemand::ensure(socket, &[*target, *initiator], &how).map_err(|e| e.to_string())?;
+    let e = nicd::ondemand::ensure(socket, &[*target, *initiator], nicd::Fabric::Roce, &how)
+        .map_err(|e| e.to_string())?;
     if let Some(s) = &e.started {
         eprintln!("srpstack: {s}");
     }

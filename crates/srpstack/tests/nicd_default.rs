@@ -5,6 +5,8 @@
 //! lists the daemon's CA. `--own-nic`,
 //! `NICD_MODE=own` and the options only a NIC of the tool's own honours
 //! give one, and the line says why; contradictions are refused in words.
+//! The `ib` fabric too: `ibsm`, `srptd --fabric ib` and `saquery` share
+//! one daemon, whose `ib` ports sit beside its RoCE ones.
 //!
 //! Each test has a daemon socket of its own (`NICD_SOCKET`), so no
 //! daemon of the host is touched, and a short `NICD_IDLE_EXIT`, so the
@@ -14,7 +16,7 @@
 
 mod common;
 
-use common::{bin_of, sock_of, srp_bin, srptd_bin, text, wait_for, Proc};
+use common::{bin_of, ibsm_bin, sock_of, srp_bin, srptd_bin, text, wait_for, Proc};
 use std::process::Command;
 
 /// A tool with the daemon as its default: no `NICD_MODE`, the daemon at
@@ -228,4 +230,93 @@ fn contradictions_are_refused_in_words() {
     );
     // Nothing was started for any of them.
     assert!(std::os::unix::net::UnixStream::connect(&sock).is_err());
+}
+
+/// The `ib` fabric through the daemon by default: `ibsm run` starts one
+/// on demand with an `ib` port at the SM's address; `srptd --fabric ib`
+/// at another address has it add an `ib` port there (with its SMA),
+/// which the SM brings ACTIVE; `saquery` at a third address asks the SA
+/// through the same daemon and finds srptd's port with device
+/// management. A RoCE tool at the SM's address is refused in words: one
+/// address is one port on one fabric.
+#[test]
+fn ibsm_srptd_on_ib_and_saquery_share_the_daemon_by_default() {
+    const SM: &str = "127.126.3.1";
+    const T: &str = "127.126.3.2";
+    const Q: &str = "127.126.3.3";
+    let sock = sock_of("nicd_default", "nicd-ib");
+    let _ = std::fs::remove_file(&sock);
+    let quiet = |mut c: Command| {
+        c.env("SOFTROCE_FOLLOW_LINK", "0");
+        c
+    };
+    let (err, err_path) = stderr_file("ibsm");
+    let sm = Proc::start(
+        "ibsm",
+        quiet(by_default(ibsm_bin(), &sock))
+            .args(["run", "--addr", SM, "--node", T])
+            .args(["--sweep-interval-ms", "200", "--timeout-ms", "100"])
+            .stderr(err),
+    );
+    sm.wait_line("ibsm: SM and SA at 127.126.3.1 (LID 1)", 60);
+    let said = std::fs::read_to_string(&err_path).unwrap();
+    assert!(
+        said.contains("ibsm: started the NIC daemon")
+            && said.contains(&format!(
+                "ibsm: NIC: the NIC daemon's soft RoCE NIC at {SM} (pid "
+            )),
+        "{said}"
+    );
+
+    let target = Proc::start(
+        "srptd",
+        quiet(by_default(srptd_bin(), &sock))
+            .args(["--fabric", "ib", "--sm-wait-ms", "20000"])
+            .args(["--ip", T, "--ram-mib", "16", "--control-socket"])
+            .arg(sock_of("nicd_default", "srptd-ib")),
+    );
+    let l = target.wait_line("ACTIVE on the managed subnet", 60);
+    assert!(l.contains("LID"), "{l}");
+    target.wait_line("listening on", 30);
+
+    let q = quiet(by_default(bin_of("saquery"), &sock))
+        .args(["--ip", Q, "--sa", SM, "ports", "--dm"])
+        .output()
+        .unwrap();
+    let out = text(&q);
+    assert!(q.status.success(), "{out}");
+    assert!(
+        out.contains(&format!(
+            "saquery: NIC: the NIC daemon's soft RoCE NIC at {Q} (pid "
+        )),
+        "{out}"
+    );
+    assert!(
+        out.lines().any(|l| l.contains("ACTIVE")) && out.contains("1 port records"),
+        "srptd's port, with device management, ACTIVE: {out}"
+    );
+
+    // The daemon serves the SM's address on the ib fabric.
+    let o = quiet(by_default(bin_of("rperf"), &sock))
+        .args([
+            "server",
+            "--bind",
+            "127.126.3.1:4791",
+            "--oob",
+            "127.126.3.1:18727",
+        ])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains("serves 127.126.3.1 on the ib fabric, not the roce one"),
+        "{}",
+        text(&o)
+    );
+
+    drop(target);
+    drop(sm);
+    wait_for("the daemon started on demand to leave", 20, || {
+        !sock.exists()
+    });
 }

@@ -110,7 +110,7 @@ fn an_added_ib_port_comes_up_and_the_daemon_still_idles_out() {
     sm.wait_line("ibsm: SM and SA at 127.127.33.5", 30);
 
     // b is not served yet: connecting there adds it.
-    let (p, gb) = nicd::connect_at(&sock, b).unwrap();
+    let (p, gb) = nicd::connect_at(&sock, b, None).unwrap();
     let cb = p.open_ca(gb, 0, Arc::new(verbs::IgnoreEvents)).unwrap();
     let end = std::time::Instant::now() + std::time::Duration::from_secs(20);
     let port = loop {

@@ -183,9 +183,10 @@ fn sm_target_initiator_discovery_and_rperf_on_one_address() {
     let _ = std::fs::remove_file(&sock);
 }
 
-/// `--fabric ib` through a daemon that serves the `roce` fabric: each tool
-/// says in one line that the port is not on a managed subnet and what to
-/// run, instead of waiting for an SM that cannot come (127.97.0.2).
+/// `--fabric ib` at an address a daemon serves on the `roce` fabric: each
+/// tool says in one line that the daemon's port there is on the other
+/// fabric and what to do, instead of waiting for an SM that cannot come
+/// (127.97.0.2); saquery, which takes either, finds no SM to ask.
 #[test]
 fn the_ib_fabric_on_a_roce_daemon_is_refused_in_words() {
     let sock = sock_of("nicd_one_address_roce", "nicd");
@@ -197,8 +198,8 @@ fn the_ib_fabric_on_a_roce_daemon_is_refused_in_words() {
             .arg(&sock),
     );
     nicd.wait_line("nicd: serving 127.97.0.2", 30);
-    let want = "port 127.97.0.2 is not on a managed subnet (ACTIVE with no LID, as a roce port \
-                is): run the NIC daemon with --fabric ib";
+    let want = "the NIC daemon serves 127.97.0.2 on the roce fabric, not the ib one: one address \
+                is one port on one fabric; give this tool another address (or --own-nic)";
     let target = tool(srptd_bin())
         .arg("--nicd")
         .arg(&sock)

@@ -208,7 +208,6 @@ fn soft_targets(cfg: &Config) -> impl Iterator<Item = &srptd::config::TargetSect
 /// them, a udp_port, mtu or $SOFTROCE_FAULTS that only a NIC of srptd's
 /// own honours choose it.
 fn nic_choice(a: &Args, cfg: &Config) -> Result<Option<nicd::choice::Which>, String> {
-    use rdma_access::subnet::Fabric;
     let soft: Vec<_> = soft_targets(cfg).collect();
     if soft.is_empty() {
         return Ok(None);
@@ -227,8 +226,7 @@ fn nic_choice(a: &Args, cfg: &Config) -> Result<Option<nicd::choice::Which>, Str
             None
         }
     });
-    let ib = soft.iter().any(|t| t.fabric == Fabric::Ib);
-    let asked = nicd::choice::Asked::from_env(a.nicd.as_deref(), a.own_nic, own_only, ib);
+    let asked = nicd::choice::Asked::from_env(a.nicd.as_deref(), a.own_nic, own_only);
     nicd::choice::choose(&asked).map(Some)
 }
 
@@ -340,14 +338,21 @@ fn run(a: &Args, log: &Log) -> Result<(), String> {
     // connected to under its start lock (held until the targets start).
     let mut held = None;
     if let Some(s) = &opts.nicd {
-        let ips: Vec<std::net::IpAddr> = cfg
+        let soft: Vec<_> = cfg
             .targets
             .iter()
             .filter(|t| t.device.is_none() && !*t.iwarp.get_ref())
+            .collect();
+        // A daemon started here serves the first target's fabric; the
+        // targets on the other are added as they connect.
+        let fabric = soft.first().map_or(nicd::Fabric::Roce, |t| t.fabric);
+        let ips: Vec<std::net::IpAddr> = soft
+            .iter()
+            .filter(|t| t.fabric == fabric)
             .map(|t| *t.ip.get_ref())
             .collect();
         let how = nicd::ondemand::OnDemand::from_env()?;
-        let e = nicd::ondemand::ensure(s, &ips, &how).map_err(|e| e.to_string())?;
+        let e = nicd::ondemand::ensure(s, &ips, fabric, &how).map_err(|e| e.to_string())?;
         if let Some(started) = &e.started {
             eprintln!("srptd: {started}");
         }

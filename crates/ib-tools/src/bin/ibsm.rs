@@ -15,9 +15,11 @@
 //! SMP), `--mkey-protect N` its protection level and `--mkey-lease-secs`
 //! its lease; a port that refuses the SM's key, or reports a bad key
 //! (trap 256), is logged. `--lmc N` gives every node's port 2^N LIDs
-//! (base aligned) and the SA a path per LID pair. `--nicd` runs the SM on
-//! the NIC daemon's port at `--addr` (`nicd --fabric ib`), whose SMA
-//! lends it the port's QP0 until it ends.
+//! (base aligned) and the SA a path per LID pair. The SM runs on the NIC
+//! daemon's port at `--addr` (an `ib` one, started or added on demand;
+//! `--nicd` names the daemon's socket), whose SMA lends it the port's QP0
+//! until it ends; `--own-nic` (or `NICD_MODE=own`, or a `--udp-port`
+//! other than 4791) gives it a soft RoCE NIC of its own.
 
 #![deny(clippy::undocumented_unsafe_blocks)]
 
@@ -79,12 +81,16 @@ struct RunArgs {
     /// The SM's own address (its soft RoCE CA binds it).
     #[arg(long)]
     addr: IpAddr,
-    /// Run on the NIC daemon's port at --addr (`nicd --fabric ib`), whose
-    /// SMA lends the SM the port's QP0, instead of a soft RoCE NIC of
-    /// this process: through its socket SOCKET [default: $NICD_SOCKET,
-    /// else nicd's default]. Needs root or the daemon's user.
+    /// The NIC daemon's socket SOCKET [default: $NICD_SOCKET, else nicd's
+    /// default]. The SM runs on the daemon's `ib` port at --addr (the
+    /// default; started or added when missing), whose SMA lends it the
+    /// port's QP0. Needs root or the daemon's user.
     #[arg(long, value_name = "SOCKET", num_args = 0..=1, default_missing_value = "", value_parser = nicd::socket_arg)]
     nicd: Option<PathBuf>,
+    /// A soft RoCE NIC of this process at --addr instead of the NIC
+    /// daemon's port.
+    #[arg(long)]
+    own_nic: bool,
     /// A node's address (repeat for each).
     #[arg(long = "node")]
     nodes: Vec<IpAddr>,
@@ -172,14 +178,14 @@ fn parse_hex_u64(s: &str) -> Result<u64, String> {
 
 /// The node addresses of `--node` and `--nodes-file`, in that order,
 /// without repeats.
-fn node_addrs(args: &RunArgs) -> Result<Vec<IpAddr>, String> {
+fn node_addrs(args: &RunArgs, own: bool) -> Result<Vec<IpAddr>, String> {
     let mut out = args.nodes.clone();
     if let Some(f) = &args.nodes_file {
         out.extend(read_nodes(f)?);
     }
     let mut seen = std::collections::HashSet::new();
     out.retain(|a| seen.insert(*a));
-    if out.contains(&args.addr) && args.nicd.is_none() {
+    if out.contains(&args.addr) && own {
         return Err(format!("{} is the SM's own address, not a node", args.addr));
     }
     if out.is_empty() {
@@ -238,7 +244,16 @@ impl Signals {
 
 fn run_sm(args: RunArgs) -> Result<(), String> {
     let signals = Signals::block();
-    let nodes = node_addrs(&args)?;
+    let own_only = nicd::choice::first_given(&[(
+        args.udp_port != rnic::softroce::ROCE_PORT,
+        format!("--udp-port {}", args.udp_port),
+    )]);
+    let which = nicd::choice::choose(&nicd::choice::Asked::from_env(
+        args.nicd.as_deref(),
+        args.own_nic,
+        own_only,
+    ))?;
+    let nodes = node_addrs(&args, which.socket().is_none())?;
     let mut cfg = SmConfig::new(Guid(0));
     if let Some(f) = &args.partitions {
         let text = std::fs::read_to_string(f).map_err(|e| format!("{}: {e}", f.display()))?;
@@ -260,7 +275,7 @@ fn run_sm(args: RunArgs) -> Result<(), String> {
     cfg.mkey_lease = args.mkey_lease_secs;
     cfg.lmc = args.lmc;
     let gids: Vec<Gid> = nodes.iter().map(|a| Gid::from_ip(*a)).collect();
-    let (mut port, _own) = match &args.nicd {
+    let (mut port, _own) = match which.socket().map(PathBuf::from) {
         None => {
             let nic = SoftRoce::with_options(
                 vec![SoftCa {
@@ -279,26 +294,26 @@ fn run_sm(args: RunArgs) -> Result<(), String> {
                 .and_then(|()| nic.set_sm_lid(guid, Lid(args.lid)))
                 .and_then(|()| nic.set_port_state(guid, verbs::PortState::Active))
                 .map_err(|e| format!("own port: {e}"))?;
-            let own =
-                nicd::choice::choose(&nicd::choice::Asked::from_env(None, false, None, true))?;
-            eprintln!("{}", own.line("ibsm", &args.addr.to_string(), None));
+            eprintln!("{}", which.line("ibsm", &args.addr.to_string(), None));
             (port, None)
         }
         Some(socket) => {
-            let socket = nicd::socket_for(socket);
-            let (p, guid) = nicd::connect_at(&socket, args.addr)?;
+            let how = nicd::ondemand::OnDemand::from_env()?;
+            let held = nicd::ondemand::ensure(&socket, &[args.addr], nicd::Fabric::Ib, &how)
+                .map_err(|e| e.to_string())?;
+            if let Some(s) = &held.started {
+                eprintln!("ibsm: {s}");
+            }
+            let (p, guid) = nicd::connect_at(&socket, args.addr, Some(nicd::Fabric::Ib))?;
+            drop(held);
             cfg.guid = guid;
             // Other clients of the daemon share the port: srptd's DM
             // agent may serve on it (the daemon answers DM requests with
             // a status when none does).
             cfg.own_device_management = true;
             let provider: std::sync::Arc<dyn verbs::Provider> = p.clone();
-            let port = SmPort::open(provider.clone(), guid, cfg, &gids).map_err(|e| {
-                format!(
-                    "{e} (the daemon at {} must run --fabric ib)",
-                    socket.display()
-                )
-            })?;
+            let port = SmPort::open(provider.clone(), guid, cfg, &gids)
+                .map_err(|e| format!("the NIC daemon's port at {}: {e}", args.addr))?;
             // Its own port through the daemon's port control.
             let ca = provider
                 .open_ca(guid, 0, std::sync::Arc::new(verbs::IgnoreEvents))
@@ -313,7 +328,6 @@ fn run_sm(args: RunArgs) -> Result<(), String> {
             provider
                 .modify_port(ca, rdma_types::PortNum(1), &own)
                 .map_err(|e| format!("own port: {e}"))?;
-            let which = nicd::choice::Which::Daemon { socket };
             eprintln!(
                 "{}",
                 which.line("ibsm", &args.addr.to_string(), Some(p.daemon_pid()))

@@ -152,7 +152,8 @@ fn nicd_cas(cli: &Cli, socket: &std::path::Path) -> Result<NicdListing, String> 
         None
     } else {
         let how = nicd::ondemand::OnDemand::from_env()?;
-        let e = nicd::ondemand::ensure(&socket, &cli.ip, &how).map_err(|e| e.to_string())?;
+        let e = nicd::ondemand::ensure(&socket, &cli.ip, nicd::Fabric::Roce, &how)
+            .map_err(|e| e.to_string())?;
         if let Some(s) = &e.started {
             eprintln!("ibstat: {s}");
         }
@@ -308,7 +309,7 @@ fn main() -> ExitCode {
     let bare = cli.ip.is_empty() && cli.device.is_empty() && cli.nicd.is_none();
     let which = match (&cli.nicd, cli.ip.is_empty()) {
         (None, true) if bare && cli.fabric == Fabric::Roce => {
-            let asked = nicd::choice::Asked::from_env(None, cli.own_nic, None, false);
+            let asked = nicd::choice::Asked::from_env(None, cli.own_nic, None);
             nicd::choice::choose(&asked)
                 .ok()
                 .filter(|w| w.socket().is_some_and(nicd::ondemand::answers))
@@ -326,13 +327,11 @@ fn main() -> ExitCode {
                     cli.udp_port != rnic::softroce::ROCE_PORT,
                     format!("--udp-port {}", cli.udp_port),
                 ),
+                // A port of its own in the ib personality, to see what an
+                // SM made of it; the daemon's are listed on the roce one.
+                (cli.fabric == Fabric::Ib, "--fabric ib".into()),
             ]);
-            let asked = nicd::choice::Asked::from_env(
-                cli.nicd.as_deref(),
-                cli.own_nic,
-                own_only,
-                cli.fabric == Fabric::Ib,
-            );
+            let asked = nicd::choice::Asked::from_env(cli.nicd.as_deref(), cli.own_nic, own_only);
             match nicd::choice::choose(&asked) {
                 Ok(w) => Some(w),
                 Err(e) => {

@@ -1,11 +1,12 @@
 //! `saquery`: ask a subnet's SA (`ibsm run`) what it knows, as
 //! infiniband-diags' saquery does: nodes, ports (LID, state, MTU,
 //! capabilities: the ibstat view of every port of the fabric), paths and
-//! services. It opens a soft RoCE NIC of its own on `--ip` (which must be
-//! free) and sends SA MADs from its QP1, or with `--nicd` takes a place
-//! at the QP1 of the NIC daemon's port at `--ip` (where, on `nicd
-//! --fabric ib`, the SA is the one that manages that port unless `--sa`
-//! says otherwise).
+//! services. It takes a place at the QP1 of the NIC daemon's port at
+//! `--ip` (started or added when missing; where that port is a managed
+//! one, the SA is the one that manages it unless `--sa` says otherwise),
+//! or with `--own-nic` (or `NICD_MODE=own`, or a `--udp-port` other than
+//! 4791) opens a soft RoCE NIC of its own on `--ip` (which must be free)
+//! and sends SA MADs from its QP1.
 
 #![forbid(unsafe_code)]
 
@@ -25,19 +26,21 @@ use std::process::ExitCode;
     about = "Query the subnet administrator (ibsm run)"
 )]
 struct Cli {
-    /// Address of the SA's port (where `ibsm run` listens). With --nicd
-    /// on a managed port: the SA of its SM by default.
-    #[arg(long, required_unless_present = "nicd")]
+    /// Address of the SA's port (where `ibsm run` listens). On the NIC
+    /// daemon's managed port: the SA of its SM by default.
+    #[arg(long)]
     sa: Option<IpAddr>,
-    /// Address of our own soft RoCE NIC for the query (with --nicd: of
-    /// the daemon's NIC).
+    /// Address of the NIC for the query: the NIC daemon's there (the
+    /// address may be in use by others), or with --own-nic our own.
     #[arg(long, default_value = "127.0.0.9")]
     ip: IpAddr,
-    /// Query through the NIC daemon's NIC at --ip, through its socket
-    /// SOCKET [default: $NICD_SOCKET, else nicd's default], instead of a
-    /// NIC of our own (the address may then be in use by others).
+    /// The NIC daemon's socket SOCKET [default: $NICD_SOCKET, else nicd's
+    /// default]: the daemon is the default.
     #[arg(long, value_name = "SOCKET", num_args = 0..=1, default_missing_value = "", value_parser = nicd::socket_arg)]
     nicd: Option<std::path::PathBuf>,
+    /// A soft RoCE NIC of our own at --ip instead of the NIC daemon's.
+    #[arg(long)]
+    own_nic: bool,
     /// RoCEv2 UDP port.
     #[arg(long, default_value_t = 4791)]
     udp_port: u16,
@@ -118,11 +121,24 @@ fn fmt_gid(g: Gid) -> String {
         .join(":")
 }
 
-/// Our MAD driver for the queries and the SA's GID: on a NIC of our own,
-/// or at the NIC daemon's port (`--nicd`).
-fn port(cli: &Cli) -> Result<(std::sync::Arc<CmAgent>, Option<Gid>), String> {
+/// Our MAD driver for the queries and the SA's GID: at the NIC daemon's
+/// port, or on a NIC of our own.
+fn port(cli: &Cli) -> Result<(std::sync::Arc<CmAgent>, Gid), String> {
     let first_comm_id = std::process::id() << 8;
-    let Some(socket) = &cli.nicd else {
+    let own_only = nicd::choice::first_given(&[(
+        cli.udp_port != rnic::softroce::ROCE_PORT,
+        format!("--udp-port {}", cli.udp_port),
+    )]);
+    let which = nicd::choice::choose(&nicd::choice::Asked::from_env(
+        cli.nicd.as_deref(),
+        cli.own_nic,
+        own_only,
+    ))?;
+    let Some(socket) = which.socket().map(std::path::PathBuf::from) else {
+        let sa = cli.sa.ok_or(
+            "give --sa ADDRESS: a NIC of saquery's own knows no SM (the NIC daemon's managed \
+             port does)",
+        )?;
         let guid = Guid(0x0002_c903_00ee_0000 | u64::from(std::process::id() & 0xffff));
         let provider = SoftRoce::with_options(
             vec![SoftCa { guid, ip: cli.ip }],
@@ -132,15 +148,19 @@ fn port(cli: &Cli) -> Result<(std::sync::Arc<CmAgent>, Option<Gid>), String> {
         );
         let agent = CmAgent::start(provider, guid, first_comm_id)
             .map_err(|e| format!("open our NIC on {}: {e}", cli.ip))?;
-        let own = nicd::choice::choose(&nicd::choice::Asked::from_env(None, false, None, true))?;
-        eprintln!("{}", own.line("saquery", &cli.ip.to_string(), None));
-        return Ok((agent, cli.sa.map(Gid::from_ip)));
+        eprintln!("{}", which.line("saquery", &cli.ip.to_string(), None));
+        return Ok((agent, Gid::from_ip(sa)));
     };
-    let socket = nicd::socket_for(socket);
-    let (p, guid) = nicd::connect_at(&socket, cli.ip)?;
-    let which = nicd::choice::Which::Daemon {
-        socket: socket.clone(),
-    };
+    // A port the daemon serves at --ip, of either fabric (a roce one is
+    // added when it serves none there).
+    let how = nicd::ondemand::OnDemand::from_env()?;
+    let held = nicd::ondemand::ensure(&socket, &[cli.ip], nicd::Fabric::Roce, &how)
+        .map_err(|e| e.to_string())?;
+    if let Some(s) = &held.started {
+        eprintln!("saquery: {s}");
+    }
+    let (p, guid) = nicd::connect_at(&socket, cli.ip, None)?;
+    drop(held);
     eprintln!(
         "{}",
         which.line("saquery", &cli.ip.to_string(), Some(p.daemon_pid()))
@@ -162,19 +182,17 @@ fn port(cli: &Cli) -> Result<(std::sync::Arc<CmAgent>, Option<Gid>), String> {
         Some(ip) => Gid::from_ip(ip),
         None => sm_gid.ok_or_else(|| {
             format!(
-                "the NIC daemon's port at {} knows no SM (not managed yet, or the daemon \
-                 serves the roce fabric): give --sa ADDRESS",
+                "the NIC daemon's port at {} knows no SM (not managed yet, or on the roce \
+                 fabric): give --sa ADDRESS",
                 cli.ip
             )
         })?,
     };
-    Ok((agent, Some(sa)))
+    Ok((agent, sa))
 }
 
 fn run(cli: Cli) -> Result<(), String> {
     let (agent, sa_gid) = port(&cli)?;
-    // clap requires --sa without --nicd.
-    let sa_gid = sa_gid.ok_or("give --sa ADDRESS")?;
     let timing = SaTiming {
         timeout: cli.timeout_ms.max(std::time::Duration::from_millis(1)),
         ..SaTiming::default()

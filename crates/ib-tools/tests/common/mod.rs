@@ -41,6 +41,7 @@ pub fn output_of(cmd: &mut Command) -> (bool, String) {
 pub fn saquery(sa: &str, ip: &str, args: &[&str]) -> (bool, String) {
     output_of(
         Command::new(env!("CARGO_BIN_EXE_saquery"))
+            .env("NICD_MODE", "own")
             .args(["--sa", sa, "--ip", ip, "--timeout-ms", "200"])
             .args(args),
     )
@@ -58,6 +59,7 @@ impl Ibsm {
         let out = std::env::temp_dir().join(format!("ibsm-{tag}-{}.out", std::process::id()));
         let file = std::fs::File::create(&out).unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_ibsm"))
+            .env("NICD_MODE", "own")
             .arg("run")
             .args(args)
             .stdout(Stdio::from(file.try_clone().unwrap()))

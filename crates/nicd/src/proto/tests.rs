@@ -57,6 +57,10 @@ fn every_message_kind_round_trips() {
     round(Request::AddNic {
         ip: "fd00::27".parse().unwrap(),
     });
+    round(Request::AddNicOn {
+        ip: "127.27.0.9".parse().unwrap(),
+        ib: true,
+    });
     round(Request::GsiRegister {
         qp: QpHandle(h),
         class: 0x06,

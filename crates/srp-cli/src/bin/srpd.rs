@@ -138,7 +138,6 @@ fn run(a: Args) -> Result<(), String> {
             a.own_nic,
             a.udp_port,
             a.mtu,
-            a.fabric == rdma_access::subnet::Fabric::Ib,
         )?)
     };
     let socket = which.as_ref().and_then(|w| w.socket()).map(PathBuf::from);
@@ -147,7 +146,7 @@ fn run(a: Args) -> Result<(), String> {
     let mut held = None;
     if let Some(s) = &socket {
         let how = nicd::ondemand::OnDemand::from_env()?;
-        let e = nicd::ondemand::ensure(s, &ips, &how).map_err(|e| e.to_string())?;
+        let e = nicd::ondemand::ensure(s, &ips, a.fabric, &how).map_err(|e| e.to_string())?;
         if let Some(started) = &e.started {
             eprintln!("srpd: {started}");
         }

@@ -423,7 +423,8 @@ impl TargetRt {
         // The NIC daemon's NIC at the address, or one of our own.
         let (provider, soft): (Arc<dyn verbs::Provider>, _) = match &opts.nicd {
             Some(socket) => {
-                let (p, _) = nicd::connect_at(socket, *t.ip.get_ref()).map_err(nic_err)?;
+                let (p, _) =
+                    nicd::connect_at(socket, *t.ip.get_ref(), Some(t.fabric)).map_err(nic_err)?;
                 let (live, _) = TargetRt::soft_live(t, n, scsi, &log, opts, p.clone(), None)?;
                 let rt = TargetRt {
                     live: Arc::new(Mutex::new(live)),
@@ -774,7 +775,7 @@ fn watch_nicd(mut w: NicdWatch) {
                 return;
             }
             std::thread::sleep(WATCH_NICD_EVERY);
-            let back = nicd::connect_at(&w.socket, ip).and_then(|(p, _)| {
+            let back = nicd::connect_at(&w.socket, ip, Some(w.t.fabric)).and_then(|(p, _)| {
                 let provider = p.clone() as Arc<dyn verbs::Provider>;
                 TargetRt::soft_live(&w.t, w.n, &w.scsi, &w.log, &w.opts, provider, None)
                     .map(|(live, _)| (p, live))
