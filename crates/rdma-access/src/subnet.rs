@@ -101,8 +101,9 @@ pub enum SaPortError {
 /// its current master SM. The daemons' soft RoCE port in the `ib`
 /// personality is one ([`IbPort`]).
 pub trait SubnetPort: Send + Sync {
-    /// The port's CM agent.
-    fn agent(&self) -> &Arc<CmAgent>;
+    /// The port's CM agent (now: a port made anew, after its NIC's
+    /// removal and return, has another).
+    fn agent(&self) -> Arc<CmAgent>;
     /// The port's LID.
     fn lid(&self) -> u16;
     /// The master SM's LID as the port knows it (it changes when another
@@ -546,8 +547,8 @@ impl IbPort {
 }
 
 impl SubnetPort for IbPort {
-    fn agent(&self) -> &Arc<CmAgent> {
-        IbPort::agent(self)
+    fn agent(&self) -> Arc<CmAgent> {
+        IbPort::agent(self).clone()
     }
 
     fn lid(&self) -> u16 {

@@ -68,6 +68,7 @@
 
 use crate::args::SrptdHints;
 use crate::device::{DeviceCa, DeviceError};
+use crate::rejoin::IbSlot;
 use rdma_access::subnet::{IbPort, IbPortError};
 use rdma_types::{Guid, PortNum};
 use serde::{Deserialize, Serialize};
@@ -255,8 +256,9 @@ enum Via {
     /// (a new one after the daemon's restart, `crate::rejoin`).
     Soft {
         agent: Arc<crate::rejoin::AgentSlot>,
-        /// The port on the managed subnet (`ib` fabric).
-        ib: Option<Arc<IbPort>>,
+        /// The port on the managed subnet (`ib` fabric; a new one after
+        /// the daemon's restart, `crate::rejoin`).
+        ib: Option<Arc<crate::rejoin::IbSlot>>,
     },
     /// An rdma-core device: the kernel's RDMA CM.
     Device(DeviceCa),
@@ -528,7 +530,7 @@ impl Initd {
         };
         for ca in &cas {
             if let Via::Soft { ib: Some(p), .. } = &ca.via {
-                p.wait_active(cfg.sm_wait)?;
+                p.get().wait_active(cfg.sm_wait)?;
             }
         }
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -562,6 +564,7 @@ impl Initd {
         let soft = rnic::softroce::SoftCa::at_each(&cfg.ips);
         // The NIC daemon's NIC at the addresses, or one of our own.
         let mut nicd_pid = None;
+        let mut daemon = None;
         let (provider, own): (Arc<dyn Provider>, _) = match &cfg.nicd {
             Some(socket) => {
                 let mut client = None;
@@ -574,6 +577,7 @@ impl Initd {
                 }
                 let client = client.ok_or(InitdStartError::NoAddress)?;
                 nicd_pid = Some(client.daemon_pid());
+                daemon = Some(client.clone());
                 (client as Arc<dyn Provider>, None)
             }
             None => {
@@ -607,12 +611,12 @@ impl Initd {
                     false,
                     first_comm_id,
                 )?;
-                (port.agent().clone(), Some(Arc::new(port)))
+                (port.agent().clone(), Some(IbSlot::new(Arc::new(port))))
             } else if ib {
-                // The NIC daemon's ib port (`nicd --fabric ib`): its SMA
-                // is the daemon's; we take a place at its QP1.
+                // The NIC daemon's ib port: its SMA is the daemon's; we
+                // take a place at its QP1.
                 let port = IbPort::join(provider.clone(), ca.guid, ca.ip, first_comm_id)?;
-                (port.agent().clone(), Some(Arc::new(port)))
+                (port.agent().clone(), Some(IbSlot::new(Arc::new(port))))
             } else {
                 let agent = rdma_access::CmAgent::start(cm.clone(), ca.guid, first_comm_id)
                     .map_err(|source| InitdStartError::CmAgent { ip: ca.ip, source })?;
@@ -623,17 +627,29 @@ impl Initd {
                 .map_err(|source| InitdStartError::TrackCmAgent { ip: ca.ip, source })?;
             let agent = crate::rejoin::AgentSlot::new(agent);
             // Through the daemon, a new CM agent on each CA when it comes
-            // back after a restart (on the roce fabric: an ib port's place
-            // is not made anew).
-            if cfg.nicd.is_some() && !ib {
-                comebacks.push(Box::new(crate::rejoin::Watched {
+            // back after a restart (on the ib fabric, a port that joins the
+            // subnet anew).
+            match (&daemon, &port) {
+                (Some(client), Some(port)) => comebacks.push(Box::new(crate::rejoin::WatchedIb {
+                    client: client.clone(),
+                    ip: ca.ip,
+                    guid: ca.guid,
+                    port: port.clone(),
+                    slot: agent.clone(),
+                    cm: cm.clone(),
+                    first_comm_id,
+                    round: 0,
+                    pending: None,
+                })),
+                (Some(_), None) => comebacks.push(Box::new(crate::rejoin::Watched {
                     ip: ca.ip,
                     guid: ca.guid,
                     slot: agent.clone(),
                     first_comm_id,
                     cm: cm.clone(),
                     round: 0,
-                }));
+                })),
+                (None, _) => {}
             }
             cas.push(LocalCa {
                 addrs: vec![ca.ip],
@@ -812,7 +828,7 @@ impl Initd {
                     // A managed subnet: paths from the SA, in the login's
                     // partition.
                     Some(port) => {
-                        port.check_pkey(*pkey)?;
+                        port.get().check_pkey(*pkey)?;
                         Arc::new(srp_initiator::connectors::SaPathConnector {
                             port: port.clone(),
                             dgid: *dgid,

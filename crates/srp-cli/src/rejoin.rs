@@ -5,7 +5,11 @@
 //! Each CA's CM service (our CM agent on a soft CA, the kernel's RDMA CM
 //! on a device) sits in a [`Slot`], which its logins' connectors reach
 //! RDMA CM through, and a watcher thread puts a new service in the slot
-//! when the CA comes back.
+//! when the CA comes back. A port of the NIC daemon on the `ib` fabric
+//! sits in an [`IbSlot`] the same way: its logins' paths come from the SA
+//! through whichever port the slot holds, and a new one joins the subnet
+//! once the daemon serves the address again and an SM brought it ACTIVE
+//! ([`WatchedIb`]).
 //!
 //! When the CA goes, the provider tells every open of it of the removal:
 //! each login's channels fail and its LUNs wait in the remote port state
@@ -18,6 +22,8 @@
 //! under the same names.
 
 use rdma_access::rdmacm::{ConnHook, Listened, Service};
+use rdma_access::sa::SaClient;
+use rdma_access::subnet::{IbPort, SaPortError, SubnetPort};
 use rdma_access::{CmAgent, CmError, ConnId, Established};
 use rdma_types::{Guid, Psn, Qpn};
 use std::net::IpAddr;
@@ -166,6 +172,124 @@ impl Comeback for Watched {
     fn back(&self) -> String {
         format!(
             "{}: the NIC daemon is back; logins reconnect through it",
+            self.ip
+        )
+    }
+}
+
+/// The NIC daemon's port on the managed subnet now; a port that joins
+/// again after the daemon's restart replaces it.
+pub struct IbSlot {
+    cur: RwLock<Arc<IbPort>>,
+}
+
+impl IbSlot {
+    /// A slot holding `port`.
+    pub fn new(port: Arc<IbPort>) -> Arc<IbSlot> {
+        Arc::new(IbSlot {
+            cur: RwLock::new(port),
+        })
+    }
+
+    /// The port now.
+    pub fn get(&self) -> Arc<IbPort> {
+        self.cur.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn replace(&self, port: Arc<IbPort>) {
+        *self.cur.write().unwrap_or_else(|e| e.into_inner()) = port;
+    }
+}
+
+impl SubnetPort for IbSlot {
+    fn agent(&self) -> Arc<CmAgent> {
+        self.get().agent().clone()
+    }
+    fn lid(&self) -> u16 {
+        self.get().lid()
+    }
+    fn sm_lid(&self) -> u16 {
+        self.get().sm_lid()
+    }
+    fn name(&self) -> String {
+        self.get().ip().to_string()
+    }
+    fn sa(&self) -> Result<Arc<SaClient>, SaPortError> {
+        self.get().sa()
+    }
+    fn renew_sa(&self) {
+        self.get().renew_sa()
+    }
+}
+
+/// A port of the NIC daemon on the `ib` fabric, which the watcher joins
+/// to the subnet again when the daemon is back: the daemon asked to serve
+/// the address on the `ib` fabric again (a daemon started anew may not),
+/// then the port joined once an SM made it ACTIVE. Its agent goes in
+/// `slot` too, for logins by RDMA CM.
+pub struct WatchedIb {
+    /// The daemon's client (it connects anew by itself).
+    pub client: Arc<nicd::NicdProvider>,
+    /// The port's address.
+    pub ip: IpAddr,
+    /// Its GUID.
+    pub guid: Guid,
+    /// The port.
+    pub port: Arc<IbSlot>,
+    /// Its agent.
+    pub slot: Arc<AgentSlot>,
+    /// The access layer's client its agents are tracked in.
+    pub cm: Arc<rdma_access::resource::TrackedProvider>,
+    /// The first communication ID of its agents (as [`Watched`]'s).
+    pub first_comm_id: u32,
+    /// Ports joined again so far.
+    pub round: u32,
+    /// A port joined again that no SM has made ACTIVE yet.
+    pub pending: Option<IbPort>,
+}
+
+impl Comeback for WatchedIb {
+    fn gone(&self) -> bool {
+        self.port.get().agent().is_removed()
+    }
+
+    fn again(&mut self) -> Result<(), String> {
+        let port = match self.pending.take() {
+            // One that an earlier daemon's removal ended is made anew.
+            Some(p) if !p.agent().is_removed() => p,
+            _ => {
+                self.client
+                    .add_nic_on(self.ip, nicd::Fabric::Ib)
+                    .map_err(|e| e.to_string())?;
+                self.round = self.round.wrapping_add(1);
+                let first = self.first_comm_id.wrapping_add(self.round << 20);
+                let p: Arc<dyn verbs::Provider> = self.client.clone();
+                IbPort::join(p, self.guid, self.ip, first).map_err(|e| e.to_string())?
+            }
+        };
+        if let Err(e) = port.wait_active(Duration::ZERO) {
+            self.pending = Some(port);
+            return Err(e.to_string());
+        }
+        let agent = port.agent().clone();
+        if let Err(e) = agent.track_in(self.cm.client()) {
+            tracing::warn!("srpd: {}: track the new CM agent: {e}", self.ip);
+        }
+        self.slot.replace(agent);
+        self.port.replace(Arc::new(port));
+        Ok(())
+    }
+
+    fn went(&self) -> String {
+        format!(
+            "{}: the NIC daemon's ib port went away; its LUNs wait for it",
+            self.ip
+        )
+    }
+
+    fn back(&self) -> String {
+        format!(
+            "{}: the NIC daemon's ib port is back on the subnet; logins reconnect through it",
             self.ip
         )
     }

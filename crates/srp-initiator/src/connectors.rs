@@ -285,7 +285,7 @@ impl Connector for SaPathConnector {
     }
 
     fn disconnect(&self, handle: u64) {
-        disconnect_and_wait(&**self.port.agent(), handle);
+        disconnect_and_wait(&*self.port.agent(), handle);
     }
 
     fn form(&self) -> LoginForm {
