@@ -51,6 +51,15 @@ fn srp_io_and_srpd_log_in_to_srptd_over_iwarp() {
     let tsock = dir.join("srptd.sock");
     let target = common::start_srptd(&config(&dir, ""));
     let _ = &target;
+    // `srptadm show` says the port is iWARP, and shows none of soft
+    // RoCE's settings (its UDP port, its fabric), which do not apply.
+    let show = common::srptadm_json(&tsock, &["show"]);
+    assert_eq!(show["iwarp"], true, "{show}");
+    assert_eq!(show["ip"], "127.31.0.1", "{show}");
+    assert!(
+        show.get("udp_port").is_none() && show.get("fabric").is_none(),
+        "{show}"
+    );
 
     // srp io: the same --dest as over RoCE, verified random I/O.
     let out = common::tool(common::srp_bin())

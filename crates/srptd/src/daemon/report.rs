@@ -72,8 +72,25 @@ impl Daemon {
             "mad_agents": live.access.live(rdma_access::resource::Kind::MadAgent),
             "sa_subscriptions": live.access.live(rdma_access::resource::Kind::SaSubscription),
         });
+        let device = t.device.as_ref().map(|d| d.get_ref().clone());
+        let iwarp = *t.iwarp.get_ref();
         drop(c);
         if let Value::Object(m) = &mut v {
+            // What the NIC is; on an rdma-core device or iWARP the soft
+            // RoCE settings (UDP port, MTU, fabric) do not apply, and the
+            // address is the one the device's GID holds.
+            if let Some(d) = device {
+                for k in ["udp_port", "mtu", "fabric"] {
+                    m.remove(k);
+                }
+                m.insert("device".into(), json!(d));
+                m.insert("ip".into(), json!(live.port.gid().to_ip().to_string()));
+            } else if iwarp {
+                for k in ["udp_port", "fabric"] {
+                    m.remove(k);
+                }
+                m.insert("iwarp".into(), json!(true));
+            }
             if let Some(c) = rt.nic.as_ref().and_then(|n| n.counters(live.guid)) {
                 for (k, n) in nic_counters(&c) {
                     m.insert(format!("nic_{k}"), json!(n));
