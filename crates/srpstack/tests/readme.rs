@@ -214,6 +214,12 @@ const NOT_HERE: &[NotHere] = &[
         refused_with: &[],
     },
     NotHere {
+        line: "bench/nicd",
+        why: "five rounds of four workloads each way: minutes of a busy machine",
+        covered_by: "tests/bench_nicd.rs (bench/nicd --quick --rounds 1, every row checked)",
+        refused_with: &[],
+    },
+    NotHere {
         line: "bench/cost",
         why: "runs srpstack under callgrind and perf stat for minutes (installs valgrind and perf with apt-get)",
         covered_by: "tests/cli.rs bench_counts_ios_and_reports_cost_per_io (srpstack bench --ios, the per-I/O report it reads); run by hand",
