@@ -46,6 +46,7 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod device;
+pub mod fuzz;
 mod onverbs;
 pub mod perftest;
 pub mod pingpong;
