@@ -12,13 +12,7 @@ fn frame_replays_its_committed_inputs() {
 }
 
 fn seeds() -> Vec<Vec<u8>> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds/frame");
-    let mut v: Vec<_> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| std::fs::read(e.unwrap().path()).unwrap())
-        .collect();
-    v.sort();
-    v
+    rdma_testkit::fuzz::seeds(env!("CARGO_MANIFEST_DIR"), "frame")
 }
 
 #[test]
@@ -38,28 +32,7 @@ fn every_seed_is_a_frame_that_decodes() {
 
 #[test]
 fn mutated_seeds_never_panic() {
-    let mut x: u64 = 0x2701_2701;
-    let mut next = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
-    let all = seeds();
-    for round in 0..20_000 {
-        let mut f = all[round % all.len()].clone();
-        for _ in 0..1 + next() % 4 {
-            let at = (next() as usize) % f.len().max(1);
-            match next() % 4 {
-                0 if !f.is_empty() => f[at] = next() as u8,
-                1 => f.truncate(at),
-                2 => f.insert(at.min(f.len()), next() as u8),
-                _ if !f.is_empty() => f[at] ^= 1 << (next() % 8),
-                _ => {}
-            }
-        }
-        nicd::fuzz::frame(&f);
-    }
+    rdma_testkit::fuzz::mutated(&seeds(), 20_000, 0x2701_2701, nicd::fuzz::frame);
 }
 
 /// A daemon that makes up error texts: past the client's cap each new one

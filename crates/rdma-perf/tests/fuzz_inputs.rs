@@ -5,7 +5,6 @@
 //! cut and added.
 
 use rdma_perf::{perftest, pingpong, rping};
-use std::path::Path;
 
 #[test]
 fn peer_messages_replays_its_committed_inputs() {
@@ -17,13 +16,7 @@ fn peer_messages_replays_its_committed_inputs() {
 }
 
 fn seeds() -> Vec<Vec<u8>> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds/peer_messages");
-    let mut v: Vec<_> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| std::fs::read(e.unwrap().path()).unwrap())
-        .collect();
-    v.sort();
-    v
+    rdma_testkit::fuzz::seeds(env!("CARGO_MANIFEST_DIR"), "peer_messages")
 }
 
 #[test]
@@ -48,27 +41,10 @@ fn every_seed_is_a_message_its_parser_takes() {
 
 #[test]
 fn mutated_seeds_never_panic() {
-    let all = seeds();
-    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-    let mut next = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
-    for _ in 0..20_000 {
-        let mut m = all[(next() % all.len() as u64) as usize].clone();
-        for _ in 0..=next() % 4 {
-            match next() % 4 {
-                0 if m.len() > 1 => {
-                    let i = 1 + (next() % (m.len() as u64 - 1)) as usize;
-                    m[i] = next() as u8;
-                }
-                1 => m.truncate((next() % (m.len() as u64 + 1)) as usize),
-                2 => m.push(next() as u8),
-                _ => {}
-            }
-        }
-        rdma_perf::fuzz::peer_messages(&m);
-    }
+    rdma_testkit::fuzz::mutated(
+        &seeds(),
+        20_000,
+        0x9e37_79b9_7f4a_7c15,
+        rdma_perf::fuzz::peer_messages,
+    );
 }

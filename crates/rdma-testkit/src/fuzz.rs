@@ -60,3 +60,51 @@ pub fn replay(crate_dir: &str, target: &str, body: impl Fn(&[u8])) -> usize {
     );
     inputs.len()
 }
+
+/// The seeds of `target` of the crate at `crate_dir` (its
+/// `CARGO_MANIFEST_DIR`), their contents in name order.
+///
+/// # Panics
+/// If `fuzz/seeds/<target>` cannot be read.
+pub fn seeds(crate_dir: &str, target: &str) -> Vec<Vec<u8>> {
+    let dir = Path::new(crate_dir).join("fuzz/seeds").join(target);
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_file())
+        .collect();
+    files.sort();
+    files
+        .iter()
+        .map(|p| std::fs::read(p).unwrap_or_else(|e| panic!("{}: {e}", p.display())))
+        .collect()
+}
+
+/// Runs `body` on `rounds` inputs made from `seeds` (taken in turn) by
+/// one to four random edits each: a byte overwritten or a bit flipped,
+/// the input cut short, a byte inserted. Deterministic for a given
+/// `salt`: a failure repeats.
+pub fn mutated(seeds: &[Vec<u8>], rounds: usize, salt: u64, body: impl Fn(&[u8])) {
+    assert!(!seeds.is_empty(), "no seeds to mutate");
+    let mut x = salt | 1;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    for round in 0..rounds {
+        let mut f = seeds[round % seeds.len()].clone();
+        for _ in 0..1 + next() % 4 {
+            let at = (next() as usize) % f.len().max(1);
+            match next() % 4 {
+                0 if !f.is_empty() => f[at] = next() as u8,
+                1 => f.truncate(at),
+                2 => f.insert(at.min(f.len()), next() as u8),
+                _ if !f.is_empty() => f[at] ^= 1 << (next() % 8),
+                _ => {}
+            }
+        }
+        body(&f);
+    }
+}
