@@ -358,6 +358,8 @@ impl Session {
                 stats: SessionStats::default(),
                 closed: false,
                 parked: IdMap::default(),
+                reaping: false,
+                spin: Default::default(),
                 wake: Vec::new(),
                 retried: IdMap::default(),
                 cv_waiters: 0,

@@ -4,8 +4,11 @@
 //! receive and send IU rings and a data pool, connects through a
 //! [`Connector`] (RDMA CM, IB CM, or a direct call in tests), and turns
 //! [`Session::execute`] calls into SRP_CMDs whose data descriptors point
-//! into the pool. One poller thread owns the CQ and the channel's timers;
-//! callers block on their own command only.
+//! into the pool. A caller waiting for its answer reaps the CQ itself
+//! while no other thread does, polling for a learned while before it
+//! sleeps (`reap`); the provider's callback reaps otherwise, and a poll
+//! thread keeps the channel's timers. Callers block on their own command
+//! only.
 //!
 //! The data pool is one memory region registered for remote read and write
 //! (the "pre-registered pool" mode of the issue): every command's buffer is
@@ -51,6 +54,7 @@ mod connect;
 mod connector;
 mod poller;
 mod pool;
+mod reap;
 mod watch;
 
 pub use config::*;
@@ -58,6 +62,7 @@ use connect::*;
 pub use connector::*;
 use poller::*;
 use pool::*;
+use reap::Spin;
 pub use watch::*;
 
 /// The outcome of one SCSI command.
@@ -256,6 +261,11 @@ struct State {
     closed: bool,
     /// Callers waiting for their command's answer, woken one by one.
     parked: IdMap<Tag, std::thread::Thread>,
+    /// A waiting caller is reaping the CQ ([`Inner::wait_answer`]): the CQ
+    /// stays unarmed until it gives the role up.
+    reaping: bool,
+    /// How long a reaping caller polls before it sleeps.
+    spin: Spin,
     /// Waiters whose answer came under this hold of the lock: woken once
     /// it is let go ([`Locked`]'s drop), so a waiter does not wake only to
     /// block on the lock its waker still holds.
@@ -739,18 +749,17 @@ impl Session {
         I: Iterator<Item = (K, &'a Started)> + Clone,
     {
         let inner = &self.inner;
-        let mut st = inner.lock();
+        // No command: nothing to wait for.
+        cmds.clone().next()?;
         let mut registered = false;
-        loop {
-            // No command: nothing to wait for.
-            cmds.clone().next()?;
+        let (_st, found) = inner.wait_answer(inner.lock(), |st| {
             if let Some(k) = first_done(&st.done, cmds.clone()) {
                 return Some(k);
             }
             // Once, and only for commands another thread started (their
-            // starter is registered): the poll thread takes a tag's entry
-            // when that tag is answered, which ends the wait above. An
-            // entry left behind costs at most a spurious wake-up.
+            // starter is registered): whoever handles a tag's answer takes
+            // its entry, which ends the wait. An entry left behind costs
+            // at most a spurious wake-up.
             if !registered {
                 let me = std::thread::current();
                 for (_, c) in cmds.clone().filter(|(_, c)| c.owner != me.id()) {
@@ -758,13 +767,9 @@ impl Session {
                 }
                 registered = true;
             }
-            // What this thread batched goes out as the lock is let go.
-            st.stop_batching();
-            drop(st);
-            // Bounded, so a lost wake-up costs time, never a hang.
-            std::thread::park_timeout(std::time::Duration::from_millis(200));
-            st = inner.lock();
-        }
+            None
+        });
+        Some(found)
     }
 
     /// Waits for `c`'s answer (at once after [`Session::wait_any`] chose
@@ -780,26 +785,21 @@ impl Session {
             len,
             reading,
         } = c;
-        let mut st = inner.lock();
-        // Parked until the poll thread hands this tag its answer: one
-        // wake-up per command, not one per completion for every caller.
-        let completion = loop {
+        // Until this tag's answer is in: reaped by this thread, or by
+        // another that wakes it (one wake-up per command, not one per
+        // completion for every caller).
+        let (mut st, completion) = inner.wait_answer(inner.lock(), |st| {
             if let Some(c) = st.done.remove(&tag) {
                 st.parked.remove(&tag);
                 st.tables.remove(&tag);
                 st.retried.remove(&tag);
-                break c;
+                return Some(c);
             }
             if owner != std::thread::current().id() {
                 st.parked.insert(tag, std::thread::current());
             }
-            // What this thread batched goes out as the lock is let go.
-            st.stop_batching();
-            drop(st);
-            // Bounded, so a lost wake-up costs time, never a hang.
-            std::thread::park_timeout(std::time::Duration::from_millis(200));
-            st = inner.lock();
-        };
+            None
+        });
         let mut out = Vec::new();
         if reading && completion.status == Status::Scsi(scsi::Status::Good.code()) {
             let got = match completion.data_in_residual {

@@ -85,12 +85,23 @@ impl Inner {
     }
 
     pub(super) fn drain_cq_locked(&self, st: &mut State) {
+        // A caller reaping the CQ arms it as it gives the role up.
+        self.poll_cq_locked(st, st.reaping);
+        self.drain_channel(st);
+    }
+
+    /// Polls the CQ until it is empty and hands each completion to the
+    /// channel; arms it once it is empty (then polls again: what came
+    /// before the arm raises no callback) unless `armed`. Returns how many
+    /// completions it handled.
+    pub(super) fn poll_cq_locked(&self, st: &mut State, mut armed: bool) -> usize {
         let mut wcs = [WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0); 32];
-        let mut armed = false;
+        let mut handled = 0;
         while let Ok(n) = self.provider.poll_cq(self.cq, &mut wcs) {
             for wc in &wcs[..n] {
                 self.on_wc(st, wc);
             }
+            handled += n;
             if n == 0 {
                 if armed || self.provider.req_notify_cq(self.cq, false).is_err() {
                     break;
@@ -98,7 +109,7 @@ impl Inner {
                 armed = true;
             }
         }
-        self.drain_channel(st);
+        handled
     }
 
     pub(super) fn on_wc(&self, st: &mut State, wc: &WorkCompletion) {

@@ -1,0 +1,188 @@
+//! A waiting caller drives the CQ itself: caller-driven progress.
+//!
+//! A caller whose answer has not come takes the reaper role, unless another
+//! thread holds it: it polls the CQ through the verbs API and handles what
+//! it finds with the same code as the provider's callback and the poll
+//! thread ([`Inner::drain_cq_locked`]), answers for other callers included
+//! (they are woken as ever, through `State::wake`). While a caller holds
+//! the role the CQ stays unarmed, so the provider calls nobody back and no
+//! thread is woken for a completion the caller is about to poll anyway.
+//! The caller polls for a while learned from how long answers take
+//! ([`Spin`]), then gives the role up: it arms the CQ, polls once more
+//! (what came before the arm), and parks until the callback's drain wakes
+//! it, as a waiter that is not the reaper always does.
+//!
+//! Invariants: one reaper at a time (`State::reaping`, under the session
+//! lock, as every poll of the CQ is, so completions are handled in the
+//! order the CQ gives them); the CQ is armed whenever no caller holds the
+//! role (a reaper arms as it leaves, and a drain by anyone else while it
+//! holds the role leaves the arming to it).
+
+use super::*;
+use std::time::{Duration, Instant};
+
+/// The longest a caller polls before it sleeps.
+const SPIN_MAX: Duration = Duration::from_micros(50);
+
+/// How long a reaping caller polls before it sleeps, learned from the
+/// recent waits: twice those the polling caught, and nothing after one it
+/// did not (a caller that polls in vain takes a core from the threads that
+/// make its answer: on a machine of few cores, its answer comes later).
+/// One wait in [`PROBE_EVERY`] polls the whole [`SPIN_MAX`] anyway, so a
+/// budget gone to nothing grows again when answers get quicker.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Spin {
+    /// The current budget.
+    budget: Duration,
+    /// Waits so far (wrapping), for the probes.
+    waits: u32,
+}
+
+/// One wait in this many polls for the whole [`SPIN_MAX`].
+const PROBE_EVERY: u32 = 64;
+
+impl Default for Spin {
+    fn default() -> Spin {
+        Spin {
+            budget: SPIN_MAX,
+            waits: 0,
+        }
+    }
+}
+
+impl Spin {
+    /// The budget for the next wait.
+    pub(super) fn next_budget(&mut self) -> Duration {
+        self.waits = self.waits.wrapping_add(1);
+        if self.waits.is_multiple_of(PROBE_EVERY) {
+            SPIN_MAX
+        } else {
+            self.budget
+        }
+    }
+
+    /// Learns from one wait that took `waited`, its answer found while
+    /// polling (`polled`) or after a sleep.
+    pub(super) fn learn(&mut self, waited: Duration, polled: bool) {
+        let goal = if polled {
+            (waited * 2).min(SPIN_MAX)
+        } else {
+            Duration::ZERO
+        };
+        // A moving average: one odd wait moves it a quarter of the way.
+        self.budget = (self.budget * 3 + goal) / 4;
+    }
+}
+
+impl Inner {
+    /// Waits until `answered` gives the answer, reaping the CQ while no
+    /// other thread does; returns the lock and the answer. `answered` is
+    /// called under the lock each time the state may have changed; when
+    /// it gives nothing it must leave the caller registered in
+    /// `State::parked` for what it waits for, so whoever handles that
+    /// answer wakes it.
+    pub(super) fn wait_answer<'a, T>(
+        &'a self,
+        mut st: Locked<'a>,
+        mut answered: impl FnMut(&mut State) -> Option<T>,
+    ) -> (Locked<'a>, T) {
+        let start = Instant::now();
+        let mut polled = false;
+        let answer = loop {
+            if let Some(a) = answered(&mut st) {
+                break a;
+            }
+            // What this thread batched goes out as the lock is let go.
+            st.stop_batching();
+            if !st.reaping {
+                let (s, found) = self.reap(st, &mut answered, start);
+                st = s;
+                if let Some(a) = found {
+                    polled = true;
+                    break a;
+                }
+            }
+            drop(st);
+            // Bounded, so a lost wake-up costs time, never a hang.
+            std::thread::park_timeout(Duration::from_millis(200));
+            st = self.lock();
+        };
+        st.spin.learn(start.elapsed(), polled);
+        (st, answer)
+    }
+
+    /// Holds the reaper role: polls the CQ until `answered` gives the
+    /// answer or the spin budget is spent, then gives the role up (arming
+    /// the CQ). Returns the lock and the answer, if it came.
+    fn reap<'a, T>(
+        &'a self,
+        mut st: Locked<'a>,
+        answered: &mut impl FnMut(&mut State) -> Option<T>,
+        start: Instant,
+    ) -> (Locked<'a>, Option<T>) {
+        st.reaping = true;
+        let until = start + st.spin.next_budget();
+        let found = loop {
+            // Let go between polls: the posts queued go out (a provider
+            // that completes work inside the post may answer right there),
+            // the callers owed a wake-up get it, and others may take the
+            // lock.
+            drop(st);
+            st = self.lock();
+            if let Some(a) = answered(&mut st) {
+                break Some(a);
+            }
+            if self.poll_cq_locked(&mut st, true) > 0 {
+                self.drain_channel(&mut st);
+                if let Some(a) = answered(&mut st) {
+                    break Some(a);
+                }
+            } else if Instant::now() >= until {
+                break None;
+            } else {
+                std::hint::spin_loop();
+            }
+        };
+        // Giving the role up: arm the CQ, then take what came before the
+        // arm (it raises no callback).
+        st.reaping = false;
+        let armed = self.provider.req_notify_cq(self.cq, false).is_ok();
+        if self.poll_cq_locked(&mut st, armed) > 0 {
+            self.drain_channel(&mut st);
+        }
+        let found = found.or_else(|| answered(&mut st));
+        (st, found)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_spin_follows_short_waits_and_fades_for_long_ones() {
+        let mut s = Spin::default();
+        assert_eq!(s.next_budget(), SPIN_MAX, "the first wait polls");
+        for _ in 0..32 {
+            s.learn(Duration::from_micros(10), true);
+        }
+        let b = s.next_budget();
+        assert!(
+            b > Duration::from_micros(15) && b <= Duration::from_micros(30),
+            "{b:?}"
+        );
+        for _ in 0..32 {
+            s.learn(Duration::from_micros(40), true);
+        }
+        assert_eq!(s.next_budget().as_micros(), 49, "capped at SPIN_MAX");
+        for _ in 0..32 {
+            s.learn(Duration::from_micros(40), false);
+        }
+        assert!(s.next_budget() < Duration::from_micros(1), "polled in vain");
+        // Faded, it still polls the whole time now and then.
+        let probes = (0..PROBE_EVERY)
+            .filter(|_| s.next_budget() == SPIN_MAX)
+            .count();
+        assert_eq!(probes, 1);
+    }
+}
