@@ -243,6 +243,11 @@ impl Provider for Providers {
         p.wait_cq(cq, timeout)
     }
 
+    fn drive_cq(&self, cq: CqHandle, timeout: std::time::Duration) -> Result<bool> {
+        let (p, _, cq) = self.on(cq)?;
+        p.drive_cq(cq, timeout)
+    }
+
     fn create_srq(&self, pd: PdHandle, attr: &SrqAttr, ctx: Context) -> Result<SrqHandle> {
         let (p, which, pd) = self.on(pd)?;
         Self::tag(which, p.create_srq(pd, attr, ctx)?)

@@ -14,6 +14,16 @@
 //! nothing, those ACKs wait up to [`ACK_HOLD`] for another thread's post
 //! (the consumer they woke) to ride with.
 //!
+//! Receiving is not the thread's alone either. A consumer thread waiting
+//! for its completions may receive for the node itself
+//! ([`Driver::drive`]): it sleeps on the socket in the NIC thread's place,
+//! runs the receive round, and delivers the completions of its own QPs on
+//! its thread (those of other QPs go to the NIC thread's callbacks). While
+//! a consumer drives, and for [`DRIVEN_RECENT`] after, the NIC thread
+//! leaves the socket to it and wakes every [`ACK_HOLD`] at the latest for
+//! timers, held ACKs and whatever arrived between two drives, so a packet
+//! wakes one thread, the one waiting for it.
+//!
 //! Locking: the node's lock is never held across a system call. A sender
 //! takes a batch out of the node under the lock, lets go, sends, and takes
 //! the lock again to give the buffers back; the thread receives into its
@@ -59,6 +69,19 @@ struct Shared {
     /// The sender's handle on the node's socket (taken only by the thread
     /// that set `sending`, so never waited for).
     tx: Mutex<RoceSocket>,
+    /// The receiver's handle: the NIC thread's, or a driving consumer's
+    /// (held across a receive round and its hand-over to the node, so
+    /// datagrams reach the node in the order they were received).
+    rx: Mutex<RoceSocket>,
+    /// A consumer thread is in [`Driver::drive`]: the NIC thread does not
+    /// receive.
+    driven: AtomicBool,
+    /// When a drive last began or ended (node clock, microseconds; 0:
+    /// never).
+    driven_at: AtomicU64,
+    /// QPs whose completions a driving consumer received but left to the
+    /// NIC thread's callbacks (not its own).
+    handed: Mutex<Vec<QpHandle>>,
     /// The thread has work to do before it sleeps: completions a sender
     /// collected, or a timer sooner than its planned wake-up.
     posted: AtomicBool,
@@ -99,6 +122,12 @@ impl Shared {
 
     fn now(&self) -> Instant {
         Instant::from_std(self.epoch, StdInstant::now())
+    }
+
+    /// A consumer drives now (for `driven_at`; never 0).
+    fn note_drive(&self) {
+        let now = self.now().total_micros().max(1);
+        self.driven_at.store(now, Ordering::Relaxed);
     }
 
     fn on_own_thread(&self) -> bool {
@@ -244,6 +273,7 @@ impl Driver {
         }));
         let tx = node.socket_handle()?;
         let rx = node.socket_handle()?;
+        let rx = Mutex::new(rx);
         let shared = Arc::new(Shared {
             waker: node.waker(),
             fd: node.raw_fd(),
@@ -255,6 +285,10 @@ impl Driver {
             sending: AtomicBool::new(false),
             pending: AtomicBool::new(false),
             tx: Mutex::new(tx),
+            rx,
+            driven: AtomicBool::new(false),
+            driven_at: AtomicU64::new(0),
+            handed: Mutex::new(Vec::new()),
             posted: AtomicBool::new(false),
             sleeping: AtomicBool::new(false),
             planned: AtomicU64::new(0),
@@ -266,7 +300,7 @@ impl Driver {
         let s = shared.clone();
         let thread = std::thread::Builder::new()
             .name("softroce".into())
-            .spawn(move || run(&s, rx))?;
+            .spawn(move || run(&s))?;
         let _ = released.0.thread.set(thread.thread().id());
         Ok(Driver {
             shared,
@@ -325,6 +359,47 @@ impl Driver {
         }
     }
 
+    /// Receives for the node on this thread, in the NIC thread's place:
+    /// waits up to `timeout` for a datagram on the socket, runs the
+    /// receive round, and calls `here` for each QP that got completions;
+    /// `here` delivers those of the caller's own QPs and says so, and the
+    /// others go to the NIC thread's callbacks. Returns false, having done
+    /// nothing, when another consumer drives or on the NIC thread itself;
+    /// the caller then waits its own way.
+    pub fn drive(&self, timeout: Duration, here: impl Fn(QpHandle) -> bool) -> bool {
+        let s = &*self.shared;
+        if s.on_own_thread() || s.driven.swap(true, Ordering::SeqCst) {
+            return false;
+        }
+        s.note_drive();
+        if wait_readable(s.fd, None, timeout).unwrap_or(false) {
+            let ready = {
+                let mut rx = s.rx.lock().unwrap_or_else(|e| e.into_inner());
+                receive_rounds(s, Some(&mut rx), false)
+            };
+            if !ready.is_empty() {
+                if s.waiters.load(Ordering::SeqCst) > 0 {
+                    s.ready.notify_all();
+                }
+                let others: Vec<QpHandle> = ready.into_iter().filter(|qp| !here(*qp)).collect();
+                if !others.is_empty() {
+                    s.handed
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .extend(others);
+                    s.posted.store(true, Ordering::SeqCst);
+                    if s.sleeping.load(Ordering::SeqCst) {
+                        s.waker.wake();
+                    }
+                }
+                after_callbacks(s);
+            }
+        }
+        s.note_drive();
+        s.driven.store(false, Ordering::SeqCst);
+        true
+    }
+
     /// What tells when the node is gone (after the driver is dropped):
     /// wait on it before binding the node's address again.
     pub fn released(&self) -> Released {
@@ -337,48 +412,101 @@ impl Driver {
     }
 }
 
-/// The NIC thread: `rx` is its own handle on the node's socket.
-fn run(s: &Shared, mut rx: RoceSocket) {
+/// Receive rounds: up to [`ROUNDS`] while each stops at its budget, with
+/// `rx` (none: no receiving, only the node's timers and what senders left
+/// ready), until one makes completions to deliver; returns their QPs, the
+/// round's ACKs held back for the callbacks' posts to ride with. `nic`:
+/// run by the NIC thread, which then has seen the work noted for it.
+fn receive_rounds(s: &Shared, mut rx: Option<&mut RoceSocket>, nic: bool) -> Vec<QpHandle> {
+    // Another round only when this one stopped at a budget: an empty
+    // receive would cost a system call, and what arrives meanwhile
+    // wakes the sleep at once.
+    for _ in 0..ROUNDS {
+        let now = s.now();
+        // Received without the lock, taken for the first datagram.
+        let mut held = None;
+        let (n, gro) = match rx.as_deref_mut() {
+            Some(rx) => {
+                let gro_before = rx.stats().gro_buffers;
+                let n = rx.recv_batch(RX_BUDGET, |r, data| {
+                    held.get_or_insert_with(|| s.lock())
+                        .deliver_one(now, r, data)
+                });
+                (n, rx.stats().gro_buffers - gro_before)
+            }
+            None => (0, 0),
+        };
+        let mut node = held.unwrap_or_else(|| s.lock());
+        if nic {
+            // Work noted for the thread before this point is seen by
+            // this round.
+            s.posted.store(false, Ordering::SeqCst);
+            s.planned.store(0, Ordering::Relaxed);
+        }
+        node.begin_round(n, gro);
+        node.after_receive(now);
+        let more = node.has_more();
+        if node.has_ready() {
+            // What the round built (the ACKs of what it received) is
+            // held back until the callbacks are done, so it leaves in
+            // one batch with what they post in answer (a target's ACK
+            // of a command with the command's data and response), and
+            // the peer wakes once for all of them.
+            return node.take_ready();
+        }
+        s.pending.store(true, Ordering::SeqCst);
+        s.flush(Some(node));
+        if !more || rx.is_none() {
+            break;
+        }
+    }
+    Vec::new()
+}
+
+/// After the callbacks of a round's completions: what they posted is
+/// built and sent with the round's ACKs, or, when there are only ACKs,
+/// those wait up to [`ACK_HOLD`] for a post to ride with.
+fn after_callbacks(s: &Shared) {
+    s.pending.store(true, Ordering::SeqCst);
+    let mut node = s.lock();
+    let now = s.now();
+    node.build_pending(now);
+    if !hold_acks(s, &node, now) {
+        s.flush(Some(node));
+        return;
+    }
+    if s.on_own_thread() {
+        return;
+    }
+    // A consumer held them: the NIC thread must wake by their deadline.
+    let until = s.acks_held_until.load(Ordering::Relaxed);
+    let planned = s.planned.load(Ordering::Relaxed);
+    if planned != 0 && planned > until {
+        s.posted.store(true, Ordering::SeqCst);
+        drop(node);
+        if s.sleeping.load(Ordering::SeqCst) {
+            s.waker.wake();
+        }
+    }
+}
+
+/// How long after a consumer's drive the NIC thread keeps leaving the
+/// socket to consumers (looking itself every [`ACK_HOLD`]): a consumer
+/// waiting for one answer after another drives again within microseconds.
+pub const DRIVEN_RECENT: Duration = Duration::from_millis(1);
+
+/// The NIC thread.
+fn run(s: &Shared) {
     DRIVING.with(|d| d.set(s));
     while !s.stop.load(Ordering::Acquire) {
         s.loops.fetch_add(1, Ordering::Relaxed);
-        let mut ready = Vec::new();
-        // Another round only when this one stopped at a budget: an empty
-        // receive would cost a system call, and what arrives meanwhile
-        // wakes the sleep below at once.
-        for _ in 0..ROUNDS {
-            let now = s.now();
-            // Received without the lock, taken for the first datagram.
-            let mut held = None;
-            let gro_before = rx.stats().gro_buffers;
-            let n = rx.recv_batch(RX_BUDGET, |r, data| {
-                held.get_or_insert_with(|| s.lock())
-                    .deliver_one(now, r, data)
-            });
-            let gro = rx.stats().gro_buffers - gro_before;
-            let mut node = held.unwrap_or_else(|| s.lock());
-            // Work noted for the thread before this point is seen by this
-            // round.
-            s.posted.store(false, Ordering::SeqCst);
-            s.planned.store(0, Ordering::Relaxed);
-            node.begin_round(n, gro);
-            node.after_receive(now);
-            let more = node.has_more();
-            if node.has_ready() {
-                // What the round built (the ACKs of what it received) is
-                // held back until the callbacks are done, so it leaves in
-                // one batch with what they post in answer (a target's
-                // ACK of a command with the command's data and response),
-                // and the peer wakes once for all of them.
-                ready = node.take_ready();
-                break;
-            }
-            s.pending.store(true, Ordering::SeqCst);
-            s.flush(Some(node));
-            if !more {
-                break;
-            }
-        }
+        let mut ready = if s.driven.load(Ordering::SeqCst) {
+            receive_rounds(s, None, true)
+        } else {
+            let mut rx = s.rx.lock().unwrap_or_else(|e| e.into_inner());
+            receive_rounds(s, Some(&mut rx), true)
+        };
+        ready.append(&mut s.handed.lock().unwrap_or_else(|e| e.into_inner()));
         if !ready.is_empty() {
             // A waiter counted itself under the lock before this round's
             // poll (then it is seen here) or checks for completions after
@@ -391,13 +519,7 @@ fn run(s: &Shared, mut rx: RoceSocket) {
                     cb(*qp);
                 }
             }
-            s.pending.store(true, Ordering::SeqCst);
-            let mut node = s.lock();
-            let now = s.now();
-            node.build_pending(now);
-            if !hold_acks(s, &node, now) {
-                s.flush(Some(node));
-            }
+            after_callbacks(s);
         }
         let node = s.lock();
         if node.has_ready() || s.posted.load(Ordering::SeqCst) {
@@ -408,7 +530,7 @@ fn run(s: &Shared, mut rx: RoceSocket) {
         let now = s.now();
         let held = s.acks_held_until.load(Ordering::Relaxed);
         let acks = (held != 0).then(|| Instant::from_micros(held));
-        let sleep = node
+        let mut sleep = node
             .next_deadline()
             .into_iter()
             .chain(acks)
@@ -416,6 +538,14 @@ fn run(s: &Shared, mut rx: RoceSocket) {
             .map_or(IDLE_SLEEP, |d| {
                 d.saturating_since(now).to_std().min(IDLE_SLEEP)
             });
+        // Consumers drive (or did a moment ago): the socket is theirs.
+        let driven_at = s.driven_at.load(Ordering::Relaxed);
+        let recent = driven_at != 0
+            && now.total_micros().saturating_sub(driven_at) < DRIVEN_RECENT.as_micros() as u64;
+        let leave_socket = s.driven.load(Ordering::SeqCst) || recent;
+        if leave_socket {
+            sleep = sleep.min(ACK_HOLD);
+        }
         if sleep.is_zero() {
             continue;
         }
@@ -426,7 +556,8 @@ fn run(s: &Shared, mut rx: RoceSocket) {
         drop(node);
         s.sleeping.store(true, Ordering::SeqCst);
         if !s.posted.load(Ordering::SeqCst) {
-            let _ = wait_readable(s.fd, Some(&s.waker), sleep);
+            let fd = if leave_socket { -1 } else { s.fd };
+            let _ = wait_readable(fd, Some(&s.waker), sleep);
         }
         s.sleeping.store(false, Ordering::SeqCst);
     }

@@ -26,8 +26,9 @@
 //! and events are drained per QP, and the caller decides threads and
 //! clocks. The verbs provider (`rnic`) wraps a node in a [`Driver`]: a
 //! thread that receives and keeps the timers, while posting threads send
-//! what they post themselves; the node's lock is never held across a
-//! system call (but a capture's file writes).
+//! what they post themselves and a consumer waiting for its completions
+//! may receive in the thread's place ([`Driver::drive`]); the node's lock
+//! is never held across a system call (but a capture's file writes).
 //!
 //! Optional per node: a pcap file of every packet sent and received (with
 //! IP and UDP headers, as Wireshark wants), and a seeded fault injector on

@@ -406,3 +406,74 @@ fn gso_probe() -> Option<bool> {
     a.poll(rdma_types::Instant::from_micros(1));
     Some(a.stats().tx_gso_sends > 0)
 }
+
+/// A consumer driving the receiving node ([`Driver::drive`]): the SENDs
+/// that reach it while it waits in `drive` are delivered on its thread
+/// (`here`), those of QPs it says are not its own go to the NIC thread's
+/// callback, and whichever thread receives, every completion arrives once.
+#[test]
+fn a_driving_consumer_receives_its_completions_and_hands_on_the_others() {
+    const SENDS: u64 = 40;
+    let mem = || FlatMemory::new(1, 1 << 16);
+    let (a, mut b, qa, qb) = rc_pair("127.125.21.1", "127.125.21.2", rc(), mem(), mem());
+    for i in 0..SENDS {
+        let sges = vec![Sge {
+            addr: (i % 16) * 64,
+            len: 64,
+            lkey: Lkey(1),
+        }];
+        b.qp_mut(qb).unwrap().post_recv(RecvWqe { wr_id: i, sges });
+    }
+    let by_nic = Arc::new(AtomicU64::new(0));
+    let cb: softroce::CompletionCallback = {
+        let by_nic = by_nic.clone();
+        Box::new(move |_qp| {
+            by_nic.fetch_add(1, Ordering::Relaxed);
+        })
+    };
+    let da = Driver::start(a, None).unwrap();
+    let db = Driver::start(b, Some(cb)).unwrap();
+    let received = |db: &Driver| -> u64 {
+        db.inspect(|n| std::iter::from_fn(|| n.poll_completion(qb)).count() as u64)
+    };
+    let (mut here, mut got) = (0u64, 0u64);
+    for round in 0..2u64 {
+        // First the consumer takes its QP's completions, then it leaves
+        // them to the NIC thread.
+        let mine = round == 0;
+        for i in round * SENDS / 2..(round + 1) * SENDS / 2 {
+            let sge = Sge {
+                addr: 0,
+                len: 64,
+                lkey: Lkey(1),
+            };
+            da.with_node(|n| {
+                n.qp_mut(qa)
+                    .unwrap()
+                    .post_send(SendWqe::new(i, SendOp::Send, vec![sge]))
+            });
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            loop {
+                let took = std::cell::Cell::new(0);
+                db.drive(Duration::from_millis(20), |qp| {
+                    assert_eq!(qp, qb);
+                    took.set(took.get() + u64::from(mine));
+                    mine
+                });
+                here += took.get();
+                got += received(&db);
+                if got > i {
+                    break;
+                }
+                assert!(std::time::Instant::now() < deadline, "SEND {i} lost");
+            }
+            let c = da
+                .wait_completion(qa, Duration::from_secs(10))
+                .expect("the SEND completed");
+            assert_eq!((c.wr_id, c.status), (i, WcStatus::Success));
+        }
+    }
+    assert_eq!(got, SENDS, "each receive completed once");
+    assert!(here > 0, "none came through the consumer");
+    assert!(by_nic.load(Ordering::Relaxed) > 0, "none was handed on");
+}

@@ -143,6 +143,20 @@ pub trait Provider: Send + Sync {
     fn wait_cq(&self, cq: CqHandle, timeout: std::time::Duration) -> Result<()> {
         unsupported!("wait_cq")
     }
+    /// For a consumer thread about to wait for completions on `cq`: waits
+    /// up to `timeout` doing on this thread what the provider's own thread
+    /// would do to make them (a software NIC receives and handles what
+    /// arrived for its port), so the one thread woken is the one waiting.
+    /// Completions of QPs whose CQs are all `cq` land in it here (an armed
+    /// `cq` calls its handler on this thread, which must hold no lock that
+    /// handler takes); those of other QPs are left to the provider's
+    /// threads. Returns `Ok(false)`, having waited for nothing, when the
+    /// provider has no such work for a consumer's thread (the default:
+    /// hardware, or another thread drives it now): the caller then waits
+    /// its own way (an armed CQ's callback, [`Provider::wait_cq`]).
+    fn drive_cq(&self, cq: CqHandle, timeout: std::time::Duration) -> Result<bool> {
+        Ok(false)
+    }
 
     // ---- SRQ ----
     /// Creates a shared receive queue.

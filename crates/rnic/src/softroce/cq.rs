@@ -57,6 +57,34 @@ impl SoftRoce {
         Ok(())
     }
 
+    /// The waiting consumer receives for the CA's node ([`Driver::drive`]):
+    /// the completions of QPs whose CQs are both `cq` are delivered on its
+    /// thread, the others by the NIC thread.
+    pub(super) fn drive_cq(&self, cq: CqHandle, timeout: std::time::Duration) -> Result<bool> {
+        let (rt, c) = {
+            let st = self.lock();
+            let i = st.cq(cq)?;
+            let pd = match st.obj(i) {
+                Obj::Cq { pd, .. } => *pd,
+                _ => unreachable!("checked CQ"),
+            };
+            (st.rt(st.pd_ca(pd)), st.cq_arc(i).0)
+        };
+        let Some(driver) = rt.driver.get() else {
+            return Ok(false);
+        };
+        Ok(driver.drive(timeout, |qp| {
+            let mine = rt
+                .routes_lock()
+                .get(&qp.0.value())
+                .is_some_and(|r| Arc::ptr_eq(&r.send_cq.0, &c) && Arc::ptr_eq(&r.recv_cq.0, &c));
+            if mine {
+                rt.deliver(qp);
+            }
+            mine
+        }))
+    }
+
     pub(super) fn wait_cq(&self, cq: CqHandle, timeout: std::time::Duration) -> Result<()> {
         let c = {
             let st = self.lock();

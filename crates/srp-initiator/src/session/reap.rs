@@ -8,7 +8,10 @@
 //! the role the CQ stays unarmed, so the provider calls nobody back and no
 //! thread is woken for a completion the caller is about to poll anyway.
 //! The caller polls for a while learned from how long answers take
-//! ([`Spin`]), then gives the role up: it arms the CQ, polls once more
+//! ([`Spin`]); then, where the provider lets a consumer's thread move its
+//! NIC ([`Provider::drive_cq`]: soft RoCE receives on it), it waits there,
+//! still the reaper, so the datagram with its answer wakes it and no NIC
+//! thread; then it gives the role up: it arms the CQ, polls once more
 //! (what came before the arm), and parks until the callback's drain wakes
 //! it, as a waiter that is not the reaper always does.
 //!
@@ -23,6 +26,28 @@ use std::time::{Duration, Instant};
 
 /// The longest a caller polls before it sleeps.
 const SPIN_MAX: Duration = Duration::from_micros(50);
+
+/// The longest a reaping caller waits in the provider
+/// ([`Provider::drive_cq`]) before it looks at the session again: how late
+/// it sees an answer another thread handled (a failed connection ends
+/// every command on the poll thread).
+const DRIVE_SLICE: Duration = Duration::from_millis(2);
+
+/// The most commands outstanding for which a reaping caller drives the
+/// provider: a deeper queue keeps the NIC thread at work, and it receives
+/// in larger batches, fewer system calls per answer, than a caller that
+/// drives for its one answer (soft RoCE, 4 KiB random reads at QD32: 0.45
+/// system calls per I/O driving, 0.26 not).
+const DRIVE_MAX_QUEUE: usize = 4;
+
+/// How a reaping caller's answer came.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Found {
+    /// While it polled the CQ.
+    Polling,
+    /// While it drove the provider, or as it gave the role up.
+    Driving,
+}
 
 /// How long a reaping caller polls before it sleeps, learned from the
 /// recent waits: twice those the polling caught, and nothing after one it
@@ -97,8 +122,8 @@ impl Inner {
             if !st.reaping {
                 let (s, found) = self.reap(st, &mut answered, start);
                 st = s;
-                if let Some(a) = found {
-                    polled = true;
+                if let Some((a, how)) = found {
+                    polled = how == Found::Polling;
                     break a;
                 }
             }
@@ -112,14 +137,16 @@ impl Inner {
     }
 
     /// Holds the reaper role: polls the CQ until `answered` gives the
-    /// answer or the spin budget is spent, then gives the role up (arming
-    /// the CQ). Returns the lock and the answer, if it came.
+    /// answer or the spin budget is spent, then, while the provider lets
+    /// this thread move its NIC ([`Provider::drive_cq`]), waits in it;
+    /// then gives the role up (arming the CQ). Returns the lock and the
+    /// answer, if it came, and how.
     fn reap<'a, T>(
         &'a self,
         mut st: Locked<'a>,
         answered: &mut impl FnMut(&mut State) -> Option<T>,
         start: Instant,
-    ) -> (Locked<'a>, Option<T>) {
+    ) -> (Locked<'a>, Option<(T, Found)>) {
         st.reaping = true;
         let until = start + st.spin.next_budget();
         let found = loop {
@@ -143,6 +170,22 @@ impl Inner {
                 std::hint::spin_loop();
             }
         };
+        let mut found = found.map(|a| (a, Found::Polling));
+        while found.is_none() && !st.closed && st.channel.outstanding() <= DRIVE_MAX_QUEUE {
+            drop(st);
+            let drove = self
+                .provider
+                .drive_cq(self.cq, DRIVE_SLICE)
+                .unwrap_or(false);
+            st = self.lock();
+            if self.poll_cq_locked(&mut st, true) > 0 {
+                self.drain_channel(&mut st);
+            }
+            found = answered(&mut st).map(|a| (a, Found::Driving));
+            if !drove {
+                break;
+            }
+        }
         // Giving the role up: arm the CQ, then take what came before the
         // arm (it raises no callback).
         st.reaping = false;
@@ -150,7 +193,7 @@ impl Inner {
         if self.poll_cq_locked(&mut st, armed) > 0 {
             self.drain_channel(&mut st);
         }
-        let found = found.or_else(|| answered(&mut st));
+        let found = found.or_else(|| answered(&mut st).map(|a| (a, Found::Driving)));
         (st, found)
     }
 }
