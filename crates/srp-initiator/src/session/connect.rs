@@ -360,6 +360,7 @@ impl Session {
                 parked: IdMap::default(),
                 reaping: false,
                 spin: Default::default(),
+                provider_drives: false,
                 wake: Vec::new(),
                 retried: IdMap::default(),
                 cv_waiters: 0,
@@ -374,6 +375,7 @@ impl Session {
                 windows,
                 bound: IdMap::default(),
             }),
+            reaper_polls: Default::default(),
             cv: Condvar::new(),
             events: Mutex::new(tx),
         });

@@ -228,6 +228,8 @@ struct Inner {
     /// errors, logout; none per command).
     span: tracing::Span,
     st: Mutex<State>,
+    /// `State::reaping`, for the CQ callback to read without the lock.
+    reaper_polls: std::sync::atomic::AtomicBool,
     cv: Condvar,
     events: Mutex<Sender<Ev>>,
 }
@@ -266,6 +268,9 @@ struct State {
     reaping: bool,
     /// How long a reaping caller polls before it sleeps.
     spin: Spin,
+    /// The provider's last `drive_cq` waited in it (soft RoCE): a reaping
+    /// caller drives at once instead of polling first.
+    provider_drives: bool,
     /// Waiters whose answer came under this hold of the lock: woken once
     /// it is let go ([`Locked`]'s drop), so a waiter does not wake only to
     /// block on the lock its waker still holds.

@@ -3,6 +3,7 @@
 //! (the command timeout, the liveness probe).
 
 use super::*;
+use std::sync::atomic::Ordering;
 
 /// The CA's callbacks. Completions are handled right on the provider's
 /// thread once the session exists (one thread hand-off less per answer);
@@ -15,6 +16,8 @@ pub(super) struct Wake {
 impl EventHandler for Wake {
     fn on_completion(&self, _cq_ctx: u64) {
         match self.inner.get().and_then(std::sync::Weak::upgrade) {
+            // A waiting caller polls the CQ: it takes this completion.
+            Some(inner) if inner.reaper_polls.load(Ordering::SeqCst) => {}
             // Our SENDs go out with no lock held (`State::posts`), so even
             // a provider that calls back from inside its calls may have
             // the completion handled right here.

@@ -19,9 +19,13 @@
 //! lock, as every poll of the CQ is, so completions are handled in the
 //! order the CQ gives them); the CQ is armed whenever no caller holds the
 //! role (a reaper arms as it leaves, and a drain by anyone else while it
-//! holds the role leaves the arming to it).
+//! holds the role leaves the arming to it). A callback that comes while a
+//! caller holds the role (from the arm before it) does nothing
+//! (`Inner::reaper_polls`): the reaper polls after it, and arms again as
+//! it leaves.
 
 use super::*;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 /// The longest a caller polls before it sleeps.
@@ -148,7 +152,17 @@ impl Inner {
         start: Instant,
     ) -> (Locked<'a>, Option<(T, Found)>) {
         st.reaping = true;
-        let until = start + st.spin.next_budget();
+        self.reaper_polls.store(true, Ordering::SeqCst);
+        // Where the provider lets this thread wait for the answer inside
+        // it, polling first only takes a core from the threads that make
+        // the answer (and the NIC thread, looking now and then, would
+        // hand it over to the poll): drive at once.
+        let drive = st.channel.outstanding() <= DRIVE_MAX_QUEUE;
+        let until = if drive && st.provider_drives {
+            start
+        } else {
+            start + st.spin.next_budget()
+        };
         let found = loop {
             // Let go between polls: the posts queued go out (a provider
             // that completes work inside the post may answer right there),
@@ -171,13 +185,14 @@ impl Inner {
             }
         };
         let mut found = found.map(|a| (a, Found::Polling));
-        while found.is_none() && !st.closed && st.channel.outstanding() <= DRIVE_MAX_QUEUE {
+        while found.is_none() && !st.closed && drive {
             drop(st);
             let drove = self
                 .provider
                 .drive_cq(self.cq, DRIVE_SLICE)
                 .unwrap_or(false);
             st = self.lock();
+            st.provider_drives = drove;
             if self.poll_cq_locked(&mut st, true) > 0 {
                 self.drain_channel(&mut st);
             }
@@ -189,6 +204,7 @@ impl Inner {
         // Giving the role up: arm the CQ, then take what came before the
         // arm (it raises no callback).
         st.reaping = false;
+        self.reaper_polls.store(false, Ordering::SeqCst);
         let armed = self.provider.req_notify_cq(self.cq, false).is_ok();
         if self.poll_cq_locked(&mut st, armed) > 0 {
             self.drain_channel(&mut st);
