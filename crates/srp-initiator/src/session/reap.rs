@@ -5,8 +5,9 @@
 //! it finds with the same code as the provider's callback and the poll
 //! thread ([`Inner::drain_cq_locked`]), answers for other callers included
 //! (they are woken as ever, through `State::wake`). While a caller holds
-//! the role the CQ stays unarmed, so the provider calls nobody back and no
-//! thread is woken for a completion the caller is about to poll anyway.
+//! the role nobody arms the CQ, and a callback the arm before it raises
+//! does nothing, so no thread works on a completion the caller is about to
+//! poll anyway.
 //! The caller polls for a while learned from how long answers take
 //! ([`Spin`]); then, where the provider lets a consumer's thread move its
 //! NIC ([`Provider::drive_cq`]: soft RoCE receives on it), it waits there,
