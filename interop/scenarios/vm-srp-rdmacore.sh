@@ -101,6 +101,14 @@ guest_target() {
   wait_until 30 "every channel closed" sh -c \
     "[ \$(grep -c 'closed by the initiator' /tmp/srptd.log) -eq $logins ]"
   /interop/bin/srptadm --socket /tmp/srptd.sock show | sed 's/^/  /'
+  # The port is rxe0's, at a's address: soft RoCE's settings (its UDP
+  # port, MTU, fabric) do not apply and are not shown.
+  /interop/bin/srptadm --socket /tmp/srptd.sock --json show | python3 -c '
+import json, sys
+v = json.load(sys.stdin)
+ok = v.get("device") == "rxe0" and v.get("ip") == sys.argv[1] and not {"udp_port", "mtu", "fabric"} & set(v)
+sys.exit(0 if ok else "srptadm show of a device target: " + json.dumps(v))' "$ip" ||
+    fail "srptadm show does not name rxe0 and a's address alone"
   kill -TERM "$SRPTD_PID"
   wait "$SRPTD_PID" || fail "srptd exited with an error: $(tail -3 /tmp/srptd.log)"
   grep -q "stopped cleanly, 0 verbs objects left" /tmp/srptd.log ||
