@@ -203,7 +203,7 @@ impl AddNics for Arc<rnic::softroce::SoftRoce> {
         if self.list_cas().contains(&guid) {
             let has = self.fabric_of(guid).unwrap_or_default();
             return match fabric {
-                Some(want) if want != has => Err(bad(other_fabric(ip, has, want))),
+                Some(want) if !serves(has, want) => Err(bad(other_fabric(ip, has, want))),
                 _ => Ok(guid),
             };
         }
@@ -234,13 +234,23 @@ fn fabric_word(f: Fabric) -> &'static str {
     }
 }
 
+/// Whether a port on `has` serves a tool that asked for `want`: an `ib`
+/// port serves RoCE tools too (RC and UD by GID, once an SM made it
+/// ACTIVE: rperf beside ibsm and srptd on one managed port), but a RoCE
+/// port has no SM to serve a tool of the managed subnet.
+fn serves(has: Fabric, want: Fabric) -> bool {
+    has == want || want == Fabric::Roce
+}
+
 /// The refusal of a NIC at `ip` on `want` where the daemon has one on
 /// `has`.
 fn other_fabric(ip: std::net::IpAddr, has: Fabric, want: Fabric) -> String {
     format!(
-        "the NIC daemon serves {ip} on the {} fabric, not the {} one: one address is one \
-         port on one fabric; give this tool another address (or --own-nic)",
+        "the NIC daemon serves {ip} on the {} fabric, not the {} one, and no subnet manager \
+         runs there: give this tool another address (the daemon adds an {} port there), or \
+         --own-nic",
         fabric_word(has),
+        fabric_word(want),
         fabric_word(want)
     )
 }
@@ -1379,7 +1389,7 @@ impl Server {
                     let has = maker.and_then(|m| m.fabric_of(guid));
                     match has {
                         // Served already on that fabric: named to anyone.
-                        Some(has) if served && has == want => {}
+                        Some(has) if served && serves(has, want) => {}
                         Some(has) if served => return Err(bad(other_fabric(ip, has, want))),
                         _ if served => {}
                         _ if !self.privileged(peer) => {

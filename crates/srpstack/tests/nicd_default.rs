@@ -236,9 +236,9 @@ fn contradictions_are_refused_in_words() {
 /// on demand with an `ib` port at the SM's address; `srptd --fabric ib`
 /// at another address has it add an `ib` port there (with its SMA),
 /// which the SM brings ACTIVE; `saquery` at a third address asks the SA
-/// through the same daemon and finds srptd's port with device
-/// management. A RoCE tool at the SM's address is refused in words: one
-/// address is one port on one fabric.
+/// through the same daemon (from a RoCE port the daemon adds there) and
+/// finds srptd's port with device management. A tool of the `ib` fabric
+/// at that RoCE port's address is refused in words: no SM runs there.
 #[test]
 fn ibsm_srptd_on_ib_and_saquery_share_the_daemon_by_default() {
     const SM: &str = "127.126.3.1";
@@ -296,20 +296,26 @@ fn ibsm_srptd_on_ib_and_saquery_share_the_daemon_by_default() {
         "srptd's port, with device management, ACTIVE: {out}"
     );
 
-    // The daemon serves the SM's address on the ib fabric.
-    let o = quiet(by_default(bin_of("rperf"), &sock))
+    // The daemon serves saquery's address on the roce fabric.
+    let o = quiet(by_default(srptd_bin(), &sock))
         .args([
-            "server",
-            "--bind",
-            "127.126.3.1:4791",
-            "--oob",
-            "127.126.3.1:18727",
+            "--fabric",
+            "ib",
+            "--ip",
+            Q,
+            "--ram-mib",
+            "8",
+            "--control-socket",
         ])
+        .arg(sock_of("nicd_default", "srptd-ib-refused"))
         .output()
         .unwrap();
     assert!(!o.status.success());
     assert!(
-        text(&o).contains("serves 127.126.3.1 on the ib fabric, not the roce one"),
+        text(&o).contains(
+            "the NIC daemon serves 127.126.3.3 on the roce fabric, not the ib one, and no subnet \
+             manager runs there"
+        ),
         "{}",
         text(&o)
     );

@@ -198,8 +198,9 @@ fn the_ib_fabric_on_a_roce_daemon_is_refused_in_words() {
             .arg(&sock),
     );
     nicd.wait_line("nicd: serving 127.97.0.2", 30);
-    let want = "the NIC daemon serves 127.97.0.2 on the roce fabric, not the ib one: one address \
-                is one port on one fabric; give this tool another address (or --own-nic)";
+    let want = "the NIC daemon serves 127.97.0.2 on the roce fabric, not the ib one, and no \
+                subnet manager runs there: give this tool another address (the daemon adds an \
+                ib port there), or --own-nic";
     let target = tool(srptd_bin())
         .arg("--nicd")
         .arg(&sock)
