@@ -17,6 +17,7 @@ use common::{
     assert_nicd_clients, bin_of, ibsm_bin, sock_of, srp, srpd_bin, srptd_bin, text, tool,
     write_read_back, Proc,
 };
+use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -50,25 +51,34 @@ fn comes_back(lun: &std::path::Path, seed: u32) {
     }
 }
 
-#[test]
-fn srptd_and_srpd_come_back_with_the_nic_daemon() {
-    if !rdma_testkit::need::part("nicd restart under srpd").fuse() {
-        return;
-    }
-    let sock = sock_of("nicd_restart", "nicd");
-    let _ = std::fs::remove_file(&sock);
-    let mut daemon = nicd(&sock);
+/// srptd through the daemon at `sock` with a 16 MiB RAM LUN, its
+/// control socket named by `tag`, `more` options before them; started
+/// once it listens.
+fn srptd_through(sock: &std::path::Path, tag: &str, more: &[&str]) -> Proc {
     let target = Proc::start(
         "srptd",
         tool(srptd_bin())
             .arg("--nicd")
-            .arg(&sock)
-            .args(["--ip", IP, "--ram-mib", "16", "--control-socket"])
-            .arg(sock_of("nicd_restart", "srptd")),
+            .arg(sock)
+            .args(more)
+            .args(["--ram-mib", "16", "--control-socket"])
+            .arg(sock_of("nicd_restart", tag)),
     );
-    target.wait_line("listening on 127.127.28.1:5555", 60);
+    target.wait_line("listening on", 60);
+    target
+}
 
-    let dir = std::env::temp_dir().join(format!("nicd_restart-{}", std::process::id()));
+/// srpd through the daemon at `sock` (`more`: its address and fabric),
+/// reconnecting every 300 ms and failing I/O after `fail_secs`, its
+/// mount root and control socket in a fresh directory named by `tag`:
+/// (srpd, the directory, the mount root, the control socket).
+fn srpd_through(
+    sock: &std::path::Path,
+    tag: &str,
+    more: &[&str],
+    fail_secs: &str,
+) -> (Proc, PathBuf, PathBuf, PathBuf) {
+    let dir = std::env::temp_dir().join(format!("{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let root = dir.join("mnt");
     std::fs::create_dir_all(&root).unwrap();
@@ -77,15 +87,29 @@ fn srptd_and_srpd_come_back_with_the_nic_daemon() {
         "srpd",
         tool(srpd_bin())
             .arg("--nicd")
-            .arg(&sock)
-            .args(["--ip", IP, "--mount-root"])
+            .arg(sock)
+            .args(more)
+            .arg("--mount-root")
             .arg(&root)
             .arg("--control-socket")
             .arg(&srpd_sock)
             .args(["--reconnect-delay", "300ms", "--dev-loss-tmo", "off"])
-            .args(["--fast-io-fail-tmo", "30"]),
+            .args(["--fast-io-fail-tmo", fail_secs]),
     );
     srpd.wait_line("srpd: ready on", 60);
+    (srpd, dir, root, srpd_sock)
+}
+
+#[test]
+fn srptd_and_srpd_come_back_with_the_nic_daemon() {
+    if !rdma_testkit::need::part("nicd restart under srpd").fuse() {
+        return;
+    }
+    let sock = sock_of("nicd_restart", "nicd");
+    let _ = std::fs::remove_file(&sock);
+    let mut daemon = nicd(&sock);
+    let target = srptd_through(&sock, "srptd", &["--ip", IP]);
+    let (srpd, dir, root, srpd_sock) = srpd_through(&sock, "nicd_restart", &["--ip", IP], "30");
     let login = srp(
         &srpd_sock,
         &[
@@ -163,36 +187,14 @@ fn srpd_on_the_ib_fabric_joins_again_after_the_daemon_restarts() {
     let sock = sock_of("nicd_restart", "nicd-ib");
     let _ = std::fs::remove_file(&sock);
     let (mut daemon, sm) = ib_subnet(&sock);
-    let target = Proc::start(
-        "srptd",
-        tool(srptd_bin())
-            .arg("--nicd")
-            .arg(&sock)
-            .args(["--fabric", "ib", "--sm-wait-ms", "20000"])
-            .args(["--ip", T, "--ram-mib", "16", "--control-socket"])
-            .arg(sock_of("nicd_restart", "srptd-ib")),
+    let ib = ["--fabric", "ib", "--sm-wait-ms", "20000"];
+    let target = srptd_through(&sock, "srptd-ib", &[&ib[..], &["--ip", T]].concat());
+    let (srpd, dir, root, srpd_sock) = srpd_through(
+        &sock,
+        "nicd_restart_ib",
+        &[&ib[..], &["--ip", I]].concat(),
+        "60",
     );
-    target.wait_line("listening on", 60);
-
-    let dir = std::env::temp_dir().join(format!("nicd_restart_ib-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let root = dir.join("mnt");
-    std::fs::create_dir_all(&root).unwrap();
-    let srpd_sock = dir.join("srpd.sock");
-    let srpd = Proc::start(
-        "srpd",
-        tool(srpd_bin())
-            .arg("--nicd")
-            .arg(&sock)
-            .args(["--fabric", "ib", "--sm-wait-ms", "20000", "--ip", I])
-            .arg("--mount-root")
-            .arg(&root)
-            .arg("--control-socket")
-            .arg(&srpd_sock)
-            .args(["--reconnect-delay", "300ms", "--dev-loss-tmo", "off"])
-            .args(["--fast-io-fail-tmo", "60"]),
-    );
-    srpd.wait_line("srpd: ready on", 60);
     // The login string by the SA's records, as srp_daemon finds it.
     let found = tool(bin_of("srp"))
         .args(["discover", "--sa", "--nicd"])
