@@ -81,6 +81,27 @@ pub fn first_given(given: &[(bool, String)]) -> Option<String> {
     given.iter().find(|(on, _)| *on).map(|(_, w)| w.clone())
 }
 
+/// [`choose`] for a tool given `--nicd`, `--own-nic`, a UDP port and
+/// `more` options only a NIC of its own honours (`(given, what)`), with
+/// `$NICD_MODE` and `$SOFTROCE_FAULTS` read ([`Asked::from_env`]): a UDP
+/// port other than 4791 asks for a NIC of the tool's own.
+///
+/// # Errors
+/// As [`choose`]'s.
+pub fn choose_for(
+    nicd: Option<&Path>,
+    own_nic: bool,
+    udp_port: u16,
+    more: &[(bool, String)],
+) -> Result<Which, String> {
+    let port = (
+        udp_port != rnic::softroce::ROCE_PORT,
+        format!("--udp-port {udp_port}"),
+    );
+    let given: Vec<(bool, String)> = std::iter::once(port).chain(more.iter().cloned()).collect();
+    choose(&Asked::from_env(nicd, own_nic, first_given(&given)))
+}
+
 /// Chooses as the module says.
 ///
 /// # Errors

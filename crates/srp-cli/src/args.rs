@@ -167,14 +167,12 @@ pub fn nic_choice(
     udp_port: u16,
     mtu: usize,
 ) -> Result<nicd::choice::Which, String> {
-    let own_only = nicd::choice::first_given(&[
-        (
-            udp_port != rnic::softroce::ROCE_PORT,
-            format!("--udp-port {udp_port}"),
-        ),
-        (mtu != 4096, format!("--mtu {mtu}")),
-    ]);
-    nicd::choice::choose(&nicd::choice::Asked::from_env(nicd, own_nic, own_only))
+    nicd::choice::choose_for(
+        nicd,
+        own_nic,
+        udp_port,
+        &[(mtu != 4096, format!("--mtu {mtu}"))],
+    )
 }
 
 #[cfg(test)]

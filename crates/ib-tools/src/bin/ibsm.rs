@@ -244,15 +244,7 @@ impl Signals {
 
 fn run_sm(args: RunArgs) -> Result<(), String> {
     let signals = Signals::block();
-    let own_only = nicd::choice::first_given(&[(
-        args.udp_port != rnic::softroce::ROCE_PORT,
-        format!("--udp-port {}", args.udp_port),
-    )]);
-    let which = nicd::choice::choose(&nicd::choice::Asked::from_env(
-        args.nicd.as_deref(),
-        args.own_nic,
-        own_only,
-    ))?;
+    let which = nicd::choice::choose_for(args.nicd.as_deref(), args.own_nic, args.udp_port, &[])?;
     let nodes = node_addrs(&args, which.socket().is_none())?;
     let mut cfg = SmConfig::new(Guid(0));
     if let Some(f) = &args.partitions {

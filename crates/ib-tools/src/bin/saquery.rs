@@ -125,15 +125,7 @@ fn fmt_gid(g: Gid) -> String {
 /// port, or on a NIC of our own.
 fn port(cli: &Cli) -> Result<(std::sync::Arc<CmAgent>, Gid), String> {
     let first_comm_id = std::process::id() << 8;
-    let own_only = nicd::choice::first_given(&[(
-        cli.udp_port != rnic::softroce::ROCE_PORT,
-        format!("--udp-port {}", cli.udp_port),
-    )]);
-    let which = nicd::choice::choose(&nicd::choice::Asked::from_env(
-        cli.nicd.as_deref(),
-        cli.own_nic,
-        own_only,
-    ))?;
+    let which = nicd::choice::choose_for(cli.nicd.as_deref(), cli.own_nic, cli.udp_port, &[])?;
     let Some(socket) = which.socket().map(std::path::PathBuf::from) else {
         let sa = cli.sa.ok_or(
             "give --sa ADDRESS: a NIC of saquery's own knows no SM (the NIC daemon's managed \
