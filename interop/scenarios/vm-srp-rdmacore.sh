@@ -106,7 +106,7 @@ guest_target() {
   /interop/bin/srptadm --socket /tmp/srptd.sock --json show | python3 -c '
 import json, sys
 v = json.load(sys.stdin)
-ok = v.get("device") == "rxe0" and v.get("ip") == sys.argv[1] and not {"udp_port", "mtu", "fabric"} & set(v)
+ok = v.get("device") in ("rxe0", "rxe0:1") and v.get("ip") == sys.argv[1] and not {"udp_port", "mtu", "fabric"} & set(v)
 sys.exit(0 if ok else "srptadm show of a device target: " + json.dumps(v))' "$ip" ||
     fail "srptadm show does not name rxe0 and a's address alone"
   kill -TERM "$SRPTD_PID"
