@@ -253,5 +253,8 @@ guest_siw() {
   local done_msg
   done_msg=$(msg_recv 7001 400)
   [ "$done_msg" = done ] || siw_fail "host reported '$done_msg'"
-  dmesg | grep -iE "ib_srpt|srp" | grep -v "siw0: " | tail -8
+  # For the log only: siw's debug lines may have pushed ib_srpt's out of
+  # the ring buffer, and a grep that finds nothing must not fail the
+  # scenario (pipefail).
+  { dmesg | grep -iE "ib_srpt|srp" | grep -v "siw0: " || true; } | tail -8
 }
