@@ -232,10 +232,6 @@ impl nicd::server::AddNics for Nics {
         nicd::server::AddNics::add(&self.soft, ip, Some(fabric.unwrap_or(self.default)))
     }
 
-    fn fabric_of(&self, guid: rdma_types::Guid) -> Option<Fabric> {
-        nicd::server::AddNics::fabric_of(&self.soft, guid)
-    }
-
     fn forget(&self, guid: rdma_types::Guid) {
         nicd::server::AddNics::forget(&self.soft, guid);
     }

@@ -175,14 +175,8 @@ pub trait AddNics: Send + Sync {
     ///
     /// # Errors
     /// Why the provider will not (in words), or the NIC it has at `ip`
-    /// is on the other fabric.
+    /// cannot serve a tool of `fabric` (an `ib` NIC serves RoCE tools too).
     fn add(&self, ip: std::net::IpAddr, fabric: Option<Fabric>) -> Result<rdma_types::Guid>;
-    /// The fabric of the NIC `guid` ([`AddNics::add`] or the daemon's
-    /// start made it), when the maker knows it.
-    fn fabric_of(&self, guid: rdma_types::Guid) -> Option<Fabric> {
-        let _ = guid;
-        None
-    }
     /// Takes back a NIC [`AddNics::add`] made that would not open.
     fn forget(&self, guid: rdma_types::Guid);
     /// The NIC at `ip` that [`AddNics::add`] made is served now (the
@@ -201,7 +195,10 @@ impl AddNics for Arc<rnic::softroce::SoftRoce> {
         let ca = rnic::softroce::SoftCa::at(ip);
         let guid = ca.guid;
         if self.list_cas().contains(&guid) {
-            let has = self.fabric_of(guid).unwrap_or_default();
+            let has = match self.personality(guid) {
+                Personality::Roce => Fabric::Roce,
+                Personality::Ib => Fabric::Ib,
+            };
             return match fabric {
                 Some(want) if !serves(has, want) => Err(bad(other_fabric(ip, has, want))),
                 _ => Ok(guid),
@@ -215,12 +212,6 @@ impl AddNics for Arc<rnic::softroce::SoftRoce> {
             }
         }
         Ok(guid)
-    }
-    fn fabric_of(&self, guid: rdma_types::Guid) -> Option<Fabric> {
-        Some(match self.personality(guid) {
-            Personality::Roce => Fabric::Roce,
-            Personality::Ib => Fabric::Ib,
-        })
     }
     fn forget(&self, guid: rdma_types::Guid) {
         let _ = self.forget_ca(guid);
@@ -598,10 +589,17 @@ impl Server {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone();
-        let maker = maker.ok_or(VerbsError::NotSupported(
-            "this daemon serves only the NICs it started with (restart it with another --ip)",
-        ))?;
         let mut claimed = self.claimed.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(maker) = maker else {
+            let guid = rnic::softroce::ip_guid(ip);
+            if claimed.iter().any(|(g, _)| *g == guid) {
+                return Ok(guid);
+            }
+            return Err(VerbsError::NotSupported(
+                "this daemon serves only the NICs it started with (restart it with another --ip)",
+            ));
+        };
+        // A NIC the maker has already is named, its fabric checked.
         let guid = maker.add(ip, fabric)?;
         if claimed.iter().any(|(g, _)| *g == guid) {
             return Ok(guid);
@@ -1016,6 +1014,17 @@ impl Server {
         peer.uid == 0 || peer.uid == self.uid
     }
 
+    /// Adding a NIC: root and the daemon's user only.
+    fn may_add_nic(&self, peer: &Peer) -> Result<()> {
+        if self.privileged(peer) {
+            return Ok(());
+        }
+        Err(bad(format!(
+            "adding a NIC needs root or the daemon's user (uid {}); client uid {}",
+            self.uid, peer.uid
+        )))
+    }
+
     /// `modify_port` for client `me`: root or the daemon's user only.
     fn port_change(
         &self,
@@ -1362,18 +1371,15 @@ impl Server {
                     v: p.take_pkey_violations(CaHandle(self.raw(me, K::Ca, ca.0)?), port)?,
                 },
                 Request::AddNic { ip } => {
-                    if !self.privileged(peer) {
-                        return Err(bad(format!(
-                            "adding a NIC needs root or the daemon's user (uid {}); client uid {}",
-                            self.uid, peer.uid
-                        )));
-                    }
+                    self.may_add_nic(peer)?;
                     Reply::Guids {
                         guids: vec![self.add_nic(ip)?],
                     }
                 }
                 Request::AddNicOn { ip, ib } => {
-                    let want = if ib { Fabric::Ib } else { Fabric::Roce };
+                    let fabric = if ib { Fabric::Ib } else { Fabric::Roce };
+                    // A NIC served already is named to anyone (its fabric
+                    // checked by `add_nic_on`); adding one is privileged.
                     let guid = rnic::softroce::ip_guid(ip);
                     let served = self
                         .claimed
@@ -1381,28 +1387,12 @@ impl Server {
                         .unwrap_or_else(|e| e.into_inner())
                         .iter()
                         .any(|(g, _)| *g == guid);
-                    let maker = self
-                        .nic_maker
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .clone();
-                    let has = maker.and_then(|m| m.fabric_of(guid));
-                    match has {
-                        // Served already on that fabric: named to anyone.
-                        Some(has) if served && serves(has, want) => {}
-                        Some(has) if served => return Err(bad(other_fabric(ip, has, want))),
-                        _ if served => {}
-                        _ if !self.privileged(peer) => {
-                            return Err(bad(format!(
-                            "adding a NIC needs root or the daemon's user (uid {}); client uid {}",
-                            self.uid, peer.uid
-                        )))
-                        }
-                        _ => {
-                            self.add_nic_on(ip, Some(want))?;
-                        }
+                    if !served {
+                        self.may_add_nic(peer)?;
                     }
-                    Reply::Guids { guids: vec![guid] }
+                    Reply::Guids {
+                        guids: vec![self.add_nic_on(ip, Some(fabric))?],
+                    }
                 }
                 Request::Clients {} => {
                     if !self.privileged(peer) {
