@@ -16,8 +16,8 @@
 mod common;
 
 use common::{
-    assert_nicd_clients, bin_of, ibsm_bin, sock_of, srp, srp_bin, srptd_bin, start_srpd, text,
-    tool, Proc,
+    assert_nicd_clients, bin_of, ibsm_bin, sa_login_string, sock_of, srp, srp_bin, srptd_bin,
+    start_srpd, text, tool, Proc,
 };
 use std::process::Command;
 
@@ -74,20 +74,7 @@ fn sm_target_initiator_discovery_and_rperf_on_one_address() {
 
     // Discovery through the SA (the SM's, on this very port) finds srptd's
     // I/O controller at the daemon's QP1.
-    let found = tool(srp_bin())
-        .args(["discover", "--sa", "--nicd"])
-        .arg(&sock)
-        .args(["--ip", IP, "--timeout-ms", "500", "--pkey", "ffff"])
-        .output()
-        .unwrap();
-    let out = text(&found);
-    assert!(found.status.success(), "{out}");
-    let guid = rnic::softroce::ip_guid(IP.parse().unwrap()).0;
-    let login = out
-        .lines()
-        .find(|l| l.starts_with(&format!("id_ext={guid:016x},ioc_guid={guid:016x},dgid=")))
-        .unwrap_or_else(|| panic!("no login string for srptd's port: {out}"))
-        .to_string();
+    let login = sa_login_string(&sock, IP, IP);
 
     // saquery at the daemon's port: its SA by default (the port's SM),
     // which lists the port as one with device management (srptd's).

@@ -14,8 +14,8 @@
 mod common;
 
 use common::{
-    assert_nicd_clients, bin_of, ibsm_bin, sock_of, srp, srpd_bin, srptd_bin, text, tool,
-    write_read_back, Proc,
+    assert_nicd_clients, bin_of, ibsm_bin, sa_login_string, sock_of, srp, srpd_bin, srptd_bin,
+    text, tool, write_read_back, Proc,
 };
 use std::path::PathBuf;
 use std::process::Command;
@@ -196,20 +196,7 @@ fn srpd_on_the_ib_fabric_joins_again_after_the_daemon_restarts() {
         "60",
     );
     // The login string by the SA's records, as srp_daemon finds it.
-    let found = tool(bin_of("srp"))
-        .args(["discover", "--sa", "--nicd"])
-        .arg(&sock)
-        .args(["--ip", I, "--timeout-ms", "500", "--pkey", "ffff"])
-        .output()
-        .unwrap();
-    let out = text(&found);
-    assert!(found.status.success(), "{out}");
-    let guid = rnic::softroce::ip_guid(T.parse().unwrap()).0;
-    let login = out
-        .lines()
-        .find(|l| l.starts_with(&format!("id_ext={guid:016x},ioc_guid={guid:016x},dgid=")))
-        .unwrap_or_else(|| panic!("no login string for srptd's port: {out}"))
-        .to_string();
+    let login = sa_login_string(&sock, I, T);
     let l = srp(&srpd_sock, &["login", &login, "--name", "tgt"]);
     assert!(l.status.success(), "{}", text(&l));
     let lun = root.join("tgt/lun0");

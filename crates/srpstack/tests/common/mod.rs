@@ -331,6 +331,27 @@ pub fn text(o: &Output) -> String {
     )
 }
 
+/// `srp discover --sa` at the NIC daemon's port at `ip` (daemon socket
+/// `nicd`), as srp_daemon finds targets: the login string it prints for
+/// the target port at `target` (srptd's, its ID the GUID of that
+/// address).
+#[allow(dead_code)]
+pub fn sa_login_string(nicd: &std::path::Path, ip: &str, target: &str) -> String {
+    let found = tool(srp_bin())
+        .args(["discover", "--sa", "--nicd"])
+        .arg(nicd)
+        .args(["--ip", ip, "--timeout-ms", "500", "--pkey", "ffff"])
+        .output()
+        .unwrap();
+    let out = text(&found);
+    assert!(found.status.success(), "{out}");
+    let guid = rnic::softroce::ip_guid(target.parse().unwrap()).0;
+    out.lines()
+        .find(|l| l.starts_with(&format!("id_ext={guid:016x},ioc_guid={guid:016x},dgid=")))
+        .unwrap_or_else(|| panic!("no login string for srptd's port at {target}: {out}"))
+        .to_string()
+}
+
 /// Runs the `srp` CLI with `args` against the `srpd` behind `sock`.
 #[allow(dead_code)]
 pub fn srp(sock: &std::path::Path, args: &[&str]) -> Output {
