@@ -342,9 +342,13 @@ fn an_answer_posted_from_a_callback_and_its_rounds_ack_ride_one_gso_send() {
         let Some(slot) = weak.upgrade() else { return };
         let Some(d) = slot.get() else { return };
         d.with_node(|n| {
-            while n.poll_completion(qp).is_some() {
-                let answer = SendWqe::new(2, SendOp::Send, sge(64, 100));
-                n.qp_mut(qp).unwrap().post_send(answer);
+            // Only B's SEND (receive 9) is answered: the answer's own
+            // completion must not post another.
+            while let Some(c) = n.poll_completion(qp) {
+                if c.wr_id == 9 {
+                    let answer = SendWqe::new(2, SendOp::Send, sge(64, 100));
+                    n.qp_mut(qp).unwrap().post_send(answer);
+                }
             }
         });
     });
@@ -381,7 +385,8 @@ fn an_answer_posted_from_a_callback_and_its_rounds_ack_ride_one_gso_send() {
         rdma_testkit::need::WHOLE.skip("UDP GSO: no send was segmented", "Linux 4.18 or later");
         return;
     }
-    assert_eq!(sa.tx_gso_sends, 1, "{sa:?}");
+    let ka = da.inspect(|n| n.qp_mut(qa).unwrap().counters());
+    assert_eq!(sa.tx_gso_sends, 1, "{sa:?} {ka:?}");
 }
 
 /// Whether this kernel segments UDP sends (GSO), by trying it: a 32 KiB
