@@ -38,5 +38,8 @@
 mod socket;
 mod waker;
 
-pub use socket::{wait_readable, Gather, Received, RoceSocket, SocketStats, ROCE_PORT};
+pub use socket::{
+    wait_readable, wait_readable_or, Gather, Received, RoceSocket, SocketStats, ROCE_PORT,
+    WAIT_ALSO_MAX,
+};
 pub use waker::Waker;

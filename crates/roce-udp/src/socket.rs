@@ -639,25 +639,40 @@ pub fn wait_readable(
     waker: Option<&Waker>,
     timeout: Duration,
 ) -> io::Result<bool> {
-    let mut fds = [
-        libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        },
-        libc::pollfd {
-            fd: waker.map_or(-1, |w| w.as_raw_fd()),
-            events: libc::POLLIN,
-            revents: 0,
-        },
-    ];
+    wait_readable_or(fd, waker, &[], timeout)
+}
+
+/// [`wait_readable`] that also wakes when one of `also` is readable
+/// (descriptors that say there is other work, such as a client's
+/// doorbell; the caller empties them). Returns whether `fd` is.
+///
+/// # Errors
+/// `ppoll` failed for another reason than a signal.
+pub fn wait_readable_or(
+    fd: std::os::fd::RawFd,
+    waker: Option<&Waker>,
+    also: &[std::os::fd::RawFd],
+    timeout: Duration,
+) -> io::Result<bool> {
+    let pfd = |fd| libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let mut fds = [pfd(-1); 2 + WAIT_ALSO_MAX];
+    fds[0].fd = fd;
+    fds[1].fd = waker.map_or(-1, |w| w.as_raw_fd());
+    let n = 2 + also.len().min(WAIT_ALSO_MAX);
+    for (slot, &a) in fds[2..n].iter_mut().zip(also) {
+        slot.fd = a;
+    }
     let ts = libc::timespec {
         tv_sec: timeout.as_secs().min(i32::MAX as u64) as libc::time_t,
         tv_nsec: libc::c_long::from(timeout.subsec_nanos() as i32),
     };
-    // SAFETY: fds is a valid array of two pollfd (a negative fd is
-    // ignored), ts a valid timespec, and no signal mask is passed.
-    let r = unsafe { libc::ppoll(fds.as_mut_ptr(), 2, &ts, std::ptr::null()) };
+    // SAFETY: fds holds n valid pollfd (a negative fd is ignored), ts a
+    // valid timespec, and no signal mask is passed.
+    let r = unsafe { libc::ppoll(fds.as_mut_ptr(), n as libc::nfds_t, &ts, std::ptr::null()) };
     if r < 0 {
         let e = io::Error::last_os_error();
         return if e.kind() == io::ErrorKind::Interrupted {
@@ -673,6 +688,11 @@ pub fn wait_readable(
     }
     Ok(fds[0].revents & libc::POLLIN != 0)
 }
+
+/// Most descriptors [`wait_readable_or`] watches beside the socket and
+/// the waker (more are not watched: their owner must be woken another
+/// way, or looked at by a bounded sleep).
+pub const WAIT_ALSO_MAX: usize = 30;
 
 /// The segment size of a coalesced receive (the `UDP_GRO` control
 /// message), if the kernel attached one.

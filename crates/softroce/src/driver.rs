@@ -24,6 +24,12 @@
 //! timers, held ACKs and whatever arrived between two drives, so a packet
 //! wakes one thread, the one waiting for it.
 //!
+//! Work can also come from elsewhere: a [`Feeder`] (a NIC daemon's
+//! client rings) is asked for it on every turn of the thread, its posts
+//! leave with the round's ACKs, and its descriptor (a doorbell) wakes the
+//! thread's sleep, so the thread that receives for the node is also the
+//! one that takes its consumers' work, and no other thread is woken.
+//!
 //! Locking: the node's lock is never held across a system call. A sender
 //! takes a batch out of the node under the lock, lets go, sends, and takes
 //! the lock again to give the buffers back; the thread receives into its
@@ -38,7 +44,7 @@
 use crate::node::{Node, QpHandle, RX_BUDGET};
 use rdma_types::Instant;
 use roce::Completion;
-use roce_udp::{wait_readable, RoceSocket, Waker};
+use roce_udp::{wait_readable, wait_readable_or, RoceSocket, Waker};
 use std::cell::Cell;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -49,6 +55,44 @@ use std::time::{Duration, Instant as StdInstant};
 /// Called on the driver thread, without locks held, for each QP that got
 /// completions.
 pub type CompletionCallback = Box<dyn Fn(QpHandle) + Send + Sync>;
+
+/// Work the NIC thread takes in on each turn, from producers outside the
+/// node (a NIC daemon's client rings; see the module docs). Called on
+/// the NIC thread without the node's lock; what it posts (through the
+/// provider, which reaches the node with [`Driver::with_node`]) is sent
+/// once the turn is over, with the round's ACKs.
+pub trait Feeder: Send + Sync {
+    /// Takes the work waiting and posts it.
+    fn feed(&self) -> Fed;
+    /// The thread is about to sleep: have the producers wake it (their
+    /// flags set) and look once more. `true`: work came meanwhile, the
+    /// thread does not sleep.
+    fn sleeping(&self) -> bool;
+    /// The thread is awake again: the descriptor emptied, the producers'
+    /// flags cleared.
+    fn awake(&self);
+    /// The descriptor that becomes readable when work comes in.
+    fn fd(&self) -> RawFd;
+}
+
+/// What [`Feeder::feed`] did.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Fed {
+    /// Work requests taken.
+    pub taken: usize,
+    /// A queue was full: work is left that no producer will announce,
+    /// so the thread asks again within [`FEED_RETRY`].
+    pub stalled: bool,
+}
+
+/// How soon the thread asks a stalled [`Feeder`] again.
+pub const FEED_RETRY: Duration = Duration::from_millis(1);
+
+/// A [`Feeder`]'s place at a driver ([`Driver::add_feeder`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FeederId(u64);
+
+type Feeders = Arc<Vec<(FeederId, Arc<dyn Feeder>)>>;
 
 struct Shared {
     node: Mutex<Node>,
@@ -97,8 +141,20 @@ struct Shared {
     /// post to ride with (node clock, microseconds; 0: none held), set and
     /// cleared under the node's lock.
     acks_held_until: AtomicU64,
+    /// Holds in a row whose ACKs left with no request beside them (by
+    /// their deadline, or with a post that sent nothing, a receive): the
+    /// consumer's answer, if any, comes too late to ride (a NIC daemon's
+    /// client, a process away) or never (a sink of one-way SENDs). From
+    /// [`HOLD_MISSES`] on, only every [`HOLD_PROBE`]th round holds.
+    hold_misses: AtomicU64,
+    /// Rounds that could have held since the last hold (for the probe).
+    hold_skipped: AtomicU64,
     epoch: StdInstant,
     callback: Option<CompletionCallback>,
+    /// The feeders, replaced (not changed) when one comes or goes, so
+    /// the thread takes a snapshot per turn.
+    feeders: Mutex<Feeders>,
+    next_feeder: AtomicU64,
     /// Set when this is dropped: fields drop in declaration order, so the
     /// node (and its socket) is gone by then.
     released: SetOnDrop,
@@ -128,6 +184,21 @@ impl Shared {
     fn note_drive(&self) {
         let now = self.now().total_micros().max(1);
         self.driven_at.store(now, Ordering::Relaxed);
+    }
+
+    /// Has the thread look again before it sleeps (the feeders changed).
+    fn poke(&self) {
+        self.posted.store(true, Ordering::SeqCst);
+        if self.sleeping.load(Ordering::SeqCst) && !self.on_own_thread() {
+            self.waker.wake();
+        }
+    }
+
+    fn feeders(&self) -> Feeders {
+        self.feeders
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     fn on_own_thread(&self) -> bool {
@@ -168,8 +239,15 @@ impl Shared {
             self.pending.store(false, Ordering::SeqCst);
             let mut node = held.take().unwrap_or_else(|| self.lock());
             let mut batch = node.take_batch(self.now());
-            // Held ACKs, if any, are in this batch.
-            self.acks_held_until.store(0, Ordering::Relaxed);
+            // Held ACKs, if any, are in this batch: whether a request
+            // rides with them tells whether holding pays.
+            if self.acks_held_until.swap(0, Ordering::Relaxed) != 0 {
+                let misses = match batch.only_acks() {
+                    true => self.hold_misses.load(Ordering::Relaxed) + 1,
+                    false => 0,
+                };
+                self.hold_misses.store(misses, Ordering::Relaxed);
+            }
             if node.has_touched() {
                 // A QP stopped at its send budget: another turn.
                 self.pending.store(true, Ordering::SeqCst);
@@ -293,8 +371,12 @@ impl Driver {
             sleeping: AtomicBool::new(false),
             planned: AtomicU64::new(0),
             acks_held_until: AtomicU64::new(0),
+            hold_misses: AtomicU64::new(0),
+            hold_skipped: AtomicU64::new(0),
             epoch: StdInstant::now(),
             callback,
+            feeders: Mutex::new(Arc::new(Vec::new())),
+            next_feeder: AtomicU64::new(1),
             released: SetOnDrop(released.clone()),
         });
         let s = shared.clone();
@@ -398,6 +480,40 @@ impl Driver {
         s.note_drive();
         s.driven.store(false, Ordering::SeqCst);
         true
+    }
+
+    /// Whether the round's ACKs wait for a post to ride with ([`ACK_HOLD`]):
+    /// false once [`HOLD_MISSES`] holds in a row had nothing ride (but
+    /// for the probe every [`HOLD_PROBE`]th round).
+    pub fn holds_acks(&self) -> bool {
+        self.shared.hold_misses.load(Ordering::Relaxed) < HOLD_MISSES
+    }
+
+    /// Has the NIC thread take in `f`'s work on every turn and wake at its
+    /// descriptor (at most [`roce_udp::WAIT_ALSO_MAX`] feeders wake it so;
+    /// the others are asked at its other wake-ups).
+    pub fn add_feeder(&self, f: Arc<dyn Feeder>) -> FeederId {
+        let s = &*self.shared;
+        let id = FeederId(s.next_feeder.fetch_add(1, Ordering::Relaxed));
+        {
+            let mut all = s.feeders.lock().unwrap_or_else(|e| e.into_inner());
+            let mut next = Vec::clone(&all);
+            next.push((id, f));
+            *all = Arc::new(next);
+        }
+        s.poke();
+        id
+    }
+
+    /// Stops asking feeder `id` (the thread may be in its last call).
+    pub fn remove_feeder(&self, id: FeederId) {
+        let s = &*self.shared;
+        {
+            let mut all = s.feeders.lock().unwrap_or_else(|e| e.into_inner());
+            let next: Vec<_> = all.iter().filter(|(i, _)| *i != id).cloned().collect();
+            *all = Arc::new(next);
+        }
+        s.poke();
     }
 
     /// What tells when the node is gone (after the driver is dropped):
@@ -519,10 +635,26 @@ fn run(s: &Shared) {
                     cb(*qp);
                 }
             }
+        }
+        // The feeders' work, after the callbacks (a receive they re-post
+        // in answer to a completion) and sent with the round's ACKs.
+        let feeders = s.feeders();
+        let mut fed = Fed::default();
+        for (_, f) in feeders.iter() {
+            let r = f.feed();
+            fed.taken += r.taken;
+            fed.stalled |= r.stalled;
+        }
+        if fed.taken > 0 {
+            // What the consumers answered is here (a receive re-posted
+            // sends nothing): the round's ACKs go with it, or now.
+            s.pending.store(true, Ordering::SeqCst);
+            s.flush(None);
+        } else if !ready.is_empty() {
             after_callbacks(s);
         }
         let node = s.lock();
-        if node.has_ready() || s.posted.load(Ordering::SeqCst) {
+        if node.has_ready() || s.posted.load(Ordering::SeqCst) || fed.taken > 0 {
             continue;
         }
         // What was sent may have armed a retransmission timer; held ACKs
@@ -546,6 +678,11 @@ fn run(s: &Shared) {
         if leave_socket {
             sleep = sleep.min(ACK_HOLD);
         }
+        // A stalled feeder, or one past those whose descriptor the
+        // sleep watches, is asked again soon.
+        if fed.stalled || feeders.len() > roce_udp::WAIT_ALSO_MAX {
+            sleep = sleep.min(FEED_RETRY);
+        }
         if sleep.is_zero() {
             continue;
         }
@@ -557,7 +694,17 @@ fn run(s: &Shared) {
         s.sleeping.store(true, Ordering::SeqCst);
         if !s.posted.load(Ordering::SeqCst) {
             let fd = if leave_socket { -1 } else { s.fd };
-            let _ = wait_readable(fd, Some(&s.waker), sleep);
+            // Every feeder sets its producers' flags before any sleep.
+            let came = feeders.iter().fold(false, |c, (_, f)| f.sleeping() | c);
+            if !came {
+                let mut also = [-1; roce_udp::WAIT_ALSO_MAX];
+                for (slot, (_, f)) in also.iter_mut().zip(feeders.iter()) {
+                    *slot = f.fd();
+                }
+                let n = feeders.len().min(also.len());
+                let _ = wait_readable_or(fd, Some(&s.waker), &also[..n], sleep);
+            }
+            feeders.iter().for_each(|(_, f)| f.awake());
         }
         s.sleeping.store(false, Ordering::SeqCst);
     }
@@ -572,16 +719,32 @@ fn run(s: &Shared) {
 /// seldom wakes for the deadline alone.
 const ACK_HOLD: Duration = Duration::from_micros(200);
 
+/// Holds in a row that nothing rode with, after which holding stops but
+/// for a probe now and then ([`HOLD_PROBE`]).
+const HOLD_MISSES: u64 = 2;
+
+/// While holding is off, one round in this many that could hold does, to
+/// learn whether answers ride again.
+const HOLD_PROBE: u64 = 32;
+
 /// After the callbacks, under the node's lock with what they posted built:
 /// whether the outgoing batch is plain ACKs that may wait for a post to
 /// ride with ([`ACK_HOLD`], from the first such round on: a hold is never
-/// extended). A posting thread's send takes them along.
+/// extended), as long as recent holds had a request ride with them
+/// ([`HOLD_MISSES`]). A posting thread's send takes them along.
 fn hold_acks(s: &Shared, node: &Node, now: Instant) -> bool {
     if !node.only_acks_out() {
         return false;
     }
     let held = s.acks_held_until.load(Ordering::Relaxed);
     if held == 0 {
+        if s.hold_misses.load(Ordering::Relaxed) >= HOLD_MISSES {
+            let skipped = s.hold_skipped.fetch_add(1, Ordering::Relaxed) + 1;
+            if skipped < HOLD_PROBE {
+                return false;
+            }
+        }
+        s.hold_skipped.store(0, Ordering::Relaxed);
         let until = now.total_micros() + ACK_HOLD.as_micros() as u64;
         s.acks_held_until.store(until, Ordering::Relaxed);
         return true;

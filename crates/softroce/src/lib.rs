@@ -55,7 +55,7 @@ mod driver;
 pub mod link;
 mod node;
 
-pub use driver::{CompletionCallback, Driver, Released};
+pub use driver::{CompletionCallback, Driver, Fed, Feeder, FeederId, Released, FEED_RETRY};
 pub use node::{gso_from_env, gso_from_var, AhId, Node, NodeConfig, NodeStats, QpHandle, GSO_ENV};
 pub use rdma_types::PkeyViolation;
 pub use roce::FlatMemory;

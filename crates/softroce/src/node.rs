@@ -235,6 +235,11 @@ impl TxBatch {
         self.outs.is_empty()
     }
 
+    /// Whether every packet is a plain RC ACK (none: false).
+    pub(crate) fn only_acks(&self) -> bool {
+        !self.outs.is_empty() && self.outs.iter().all(|o| o.ack)
+    }
+
     /// Sends the batch through `sock` (a handle on the node's socket). A
     /// full socket buffer is retried a bounded number of times, then the
     /// rest is dropped like a congested wire; retransmission recovers RC.

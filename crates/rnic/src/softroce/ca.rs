@@ -386,3 +386,49 @@ impl SoftRoce {
         Ok(())
     }
 }
+
+impl SoftRoce {
+    /// The CA that holds QP or SRQ `of`.
+    ///
+    /// # Errors
+    /// `InvalidHandle` when `of` is no QP or SRQ of this provider.
+    pub fn ca_of(&self, of: verbs::Handle) -> Result<Guid> {
+        let st = self.lock();
+        let ca = match st.qp(QpHandle(of)) {
+            Ok(i) => match st.obj(i) {
+                Obj::Qp(q) => q.ca,
+                _ => unreachable!("checked QP"),
+            },
+            Err(_) => match st.obj(st.srq(SrqHandle(of))?) {
+                Obj::Srq { ca, .. } => *ca,
+                _ => unreachable!("checked SRQ"),
+            },
+        };
+        Ok(st.rt(ca).guid)
+    }
+
+    /// Has the NIC thread of open CA `guid` take in `f`'s work on each of
+    /// its turns ([`softroce::Feeder`]): a NIC daemon's client rings then
+    /// need no thread of their own. Returns the feeder's place there,
+    /// for [`SoftRoce::remove_feeder`].
+    ///
+    /// # Errors
+    /// `NoSuchCa` when CA `guid` is not open.
+    pub fn add_feeder(
+        &self,
+        guid: Guid,
+        f: Arc<dyn softroce::Feeder>,
+    ) -> Result<softroce::FeederId> {
+        let rt = self.device(guid).ok_or(VerbsError::NoSuchCa)?;
+        let driver = rt.driver.get().ok_or(VerbsError::NoSuchCa)?;
+        Ok(driver.add_feeder(f))
+    }
+
+    /// Stops feeder `id` at CA `guid` (nothing when the CA is closed: its
+    /// thread is gone with its feeders).
+    pub fn remove_feeder(&self, guid: Guid, id: softroce::FeederId) {
+        if let Some(d) = self.device(guid).as_ref().and_then(|rt| rt.driver.get()) {
+            d.remove_feeder(id);
+        }
+    }
+}
