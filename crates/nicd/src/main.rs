@@ -50,9 +50,15 @@ struct Args {
     max_registered: u64,
     /// How long each client's ring poller spins after its last work
     /// before it sleeps on the client's doorbell, in microseconds
-    /// (longer: fewer doorbells on a busy queue, more CPU spent).
+    /// (longer: fewer doorbells on a busy queue, more CPU spent; only
+    /// with --ring-pollers).
     #[arg(long, default_value_t = nicd::server::DEFAULT_RING_SPIN.as_micros() as u64)]
     ring_spin_us: u64,
+    /// A thread per client polls its rings, as earlier builds did [default:
+    /// each NIC's own thread takes the rings of its queues, waking at the
+    /// clients' doorbells: one thread on the data path, not two].
+    #[arg(long)]
+    ring_pollers: bool,
     /// Print the running daemon's clients (process, user, what each
     /// holds) and exit.
     #[arg(long)]
@@ -128,6 +134,9 @@ fn main() -> ExitCode {
     });
     server.add_nics_with(nics.clone());
     server.set_ring_spin(std::time::Duration::from_micros(args.ring_spin_us));
+    if !args.ring_pollers {
+        server.set_data_path(Arc::new(provider.clone()));
+    }
     // A daemon started on demand may follow one that is leaving for
     // want of clients, whose NICs let go of their UDP ports a moment
     // after its socket went: it tries again for a little while.

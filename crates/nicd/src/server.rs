@@ -187,6 +187,46 @@ pub trait AddNics: Send + Sync {
     }
 }
 
+/// What lets the NICs' own threads serve the clients' rings (the
+/// daemon's provider, seen from the server): a ring of a QP or SRQ on a
+/// NIC that has such a thread is taken in by it on each of its turns
+/// ([`rnic::softroce::Feeder`]), so a client's post and the NIC's
+/// receiving wake one thread, not two. Without it (or for a NIC without
+/// such a thread) a thread per client polls its rings.
+pub trait DataPath: Send + Sync {
+    /// The NIC that holds the provider's QP or SRQ `of`, when its thread
+    /// takes feeders.
+    fn home(&self, of: Handle) -> Option<rdma_types::Guid>;
+    /// Has the thread of NIC `guid` ask `f` on each turn; `None` when it
+    /// will not.
+    fn attach(
+        &self,
+        guid: rdma_types::Guid,
+        f: Arc<dyn rnic::softroce::Feeder>,
+    ) -> Option<rnic::softroce::FeederId>;
+    /// Stops asking feeder `id` of NIC `guid`.
+    fn detach(&self, guid: rdma_types::Guid, id: rnic::softroce::FeederId);
+}
+
+/// The soft RoCE NICs' threads take the rings of their QPs and SRQs.
+impl DataPath for Arc<rnic::softroce::SoftRoce> {
+    fn home(&self, of: Handle) -> Option<rdma_types::Guid> {
+        self.ca_of(of).ok()
+    }
+
+    fn attach(
+        &self,
+        guid: rdma_types::Guid,
+        f: Arc<dyn rnic::softroce::Feeder>,
+    ) -> Option<rnic::softroce::FeederId> {
+        self.add_feeder(guid, f).ok()
+    }
+
+    fn detach(&self, guid: rdma_types::Guid, id: rnic::softroce::FeederId) {
+        self.remove_feeder(guid, id);
+    }
+}
+
 /// The soft RoCE NICs: one at each address, named by it
 /// ([`rnic::softroce::ip_guid`]), bound when the daemon claims it.
 /// `ib` ones in the `ib` personality.
@@ -295,6 +335,10 @@ pub struct Server {
     ring_refusals: AtomicU64,
     /// How long a ring poller spins after its last work, in ns.
     ring_spin_ns: AtomicU64,
+    /// The NICs' threads that take rings in ([`Server::set_data_path`]).
+    data_path: Mutex<Option<Arc<dyn DataPath>>>,
+    /// Ring poller threads running ([`Server::ring_pollers`]).
+    ring_pollers: AtomicUsize,
     /// The daemon's QP1 of each CA, opened for the first client that
     /// asks ([`Request::OpenGsi`]).
     gsi_ports: Mutex<HashMap<rdma_types::Guid, Arc<gsi::GsiPort>>>,
@@ -470,6 +514,8 @@ impl Server {
             dm_served: Mutex::new(std::collections::HashSet::new()),
             ring_refusals: AtomicU64::new(0),
             ring_spin_ns: AtomicU64::new(DEFAULT_RING_SPIN.as_nanos() as u64),
+            data_path: Mutex::new(None),
+            ring_pollers: AtomicUsize::new(0),
             gsi_ports: Mutex::new(HashMap::new()),
             gsi_refusals: AtomicU64::new(0),
         })
@@ -682,6 +728,18 @@ impl Server {
         Duration::from_nanos(self.ring_spin_ns.load(Ordering::Relaxed))
     }
 
+    /// How many clients' rings a thread of their own polls now (with a
+    /// [`DataPath`], only those of clients with queues on two NICs).
+    pub fn ring_pollers(&self) -> usize {
+        self.ring_pollers.load(Ordering::Relaxed)
+    }
+
+    /// Has the NICs' own threads serve the rings of clients that connect
+    /// from now on ([`DataPath`]): `nicd` gives its soft RoCE provider.
+    pub fn set_data_path(&self, d: Arc<dyn DataPath>) {
+        *self.data_path.lock().unwrap_or_else(|e| e.into_inner()) = Some(d);
+    }
+
     /// How many registrations, listens and MADs of clients were refused
     /// at the shared QP1 (see [`crate::mads`]).
     pub fn gsi_refusals(&self) -> u64 {
@@ -841,7 +899,12 @@ impl Server {
         let mut reader = FrameReader::new(rsock);
         let mut hello = false;
         let mut version = 0;
-        let rings = ConnRings::new(self.provider.clone(), out.clone());
+        let data_path = self
+            .data_path
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let rings = ConnRings::new(self.provider.clone(), out.clone(), data_path);
         loop {
             let f = match reader.next() {
                 Ok(f) => f,

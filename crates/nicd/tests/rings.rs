@@ -684,7 +684,21 @@ fn rings_count_toward_the_memory_limit() {
 /// RNR retry (a missing receive would fail one with `RnrRetryExcErr`).
 #[test]
 fn receives_on_a_running_queue_go_to_the_nic_before_the_next_send() {
-    let d = Daemon::start(&[fresh_ip(THIRD)]);
+    receives_before_the_next_send(Daemon::start(&[fresh_ip(THIRD)]));
+}
+
+/// The same with a thread per client polling its rings
+/// (`nicd --ring-pollers`).
+#[test]
+fn receives_go_before_the_next_send_with_ring_pollers() {
+    let d = Daemon::start_pollers(&[fresh_ip(THIRD)]);
+    let server = d.server.clone();
+    receives_before_the_next_send(d);
+    // Both clients had a poller (they end with the test's nodes).
+    assert!(server.ring_pollers() <= 2);
+}
+
+fn receives_before_the_next_send(d: Daemon) {
     let g = d.guids[0];
     let (ca, cb) = (One(d.client(), g), One(d.client(), g));
     let (a, b) = (Node::open(&ca, g, 256), Node::open(&cb, g, 256));
@@ -746,4 +760,84 @@ fn receives_on_a_running_queue_go_to_the_nic_before_the_next_send() {
     // In the order posted: the first (waited for), then the deferred.
     let got: Vec<u64> = (0..64).map(|_| b.wc().wr_id).collect();
     assert_eq!(got, (0..64).collect::<Vec<u64>>());
+}
+
+/// Two clients on one NIC: that NIC's thread takes their rings (no
+/// poller thread); a third client with queues on two NICs gets a poller
+/// for all of its rings (one thread keeps its receives ahead of its
+/// sends across the NICs), and its queues on both NICs keep working
+/// across the change.
+#[test]
+fn a_nics_thread_takes_the_rings_of_its_clients() {
+    let d = Daemon::start(&[fresh_ip(THIRD), fresh_ip(THIRD)]);
+    let (g0, g1) = (d.guids[0], d.guids[1]);
+    let (ca, cb) = (One(d.client(), g0), One(d.client(), g0));
+    let (a, b) = (Node::open(&ca, g0, 256), Node::open(&cb, g0, 256));
+    let (qa, qb) = (a.qp(QpType::Rc, None, 1), b.qp(QpType::Rc, None, 2));
+    connect(&a, qa, &b, qb, QpType::Rc, 7);
+    exchange(&a, qa, &b, qb, 10);
+    assert_eq!(
+        d.server.ring_pollers(),
+        0,
+        "a poller thread for one NIC's rings"
+    );
+    assert!(ca.0.counters().ring_posts > 0, "{:?}", ca.0.counters());
+    // One client, a QP on each NIC.
+    let c = d.client();
+    let (c0, c1) = (One(c.clone(), g0), One(c.clone(), g1));
+    let n0 = Node::open(&c0, g0, 256);
+    let q0 = n0.qp(QpType::Rc, None, 3);
+    let (pa, pq) = (b.qp(QpType::Rc, None, 4), q0);
+    connect(&b, pa, &n0, pq, QpType::Rc, 7);
+    exchange(&b, pa, &n0, pq, 3);
+    assert_eq!(d.server.ring_pollers(), 0);
+    let n1 = Node::open(&c1, g1, 256);
+    let q1 = n1.qp(QpType::Rc, None, 5);
+    assert_eq!(d.server.ring_pollers(), 1, "the two-NIC client's poller");
+    let e = One(d.client(), g1);
+    let m = Node::open(&e, g1, 256);
+    let qm = m.qp(QpType::Rc, None, 6);
+    connect(&m, qm, &n1, q1, QpType::Rc, 7);
+    exchange(&m, qm, &n1, q1, 3);
+    exchange(&b, pa, &n0, pq, 3);
+    exchange(&n0, pq, &b, pa, 3);
+}
+
+/// `n` SENDs from `a`'s QP `qa` to `b`'s `qb`, each received whole
+/// (the QPs retry RNR without end: two clients' rings may be taken by
+/// two threads, the receives after the SEND arrived).
+fn exchange(a: &Node, qa: QpHandle, b: &Node, qb: QpHandle, n: u64) {
+    for i in 0..n {
+        b.p.post_recv(
+            qb,
+            &[RecvWr {
+                wr_id: 500 + i,
+                sges: vec![b.sge(4096 + i * 64, 64)],
+            }],
+        )
+        .unwrap();
+    }
+    for i in 0..n {
+        a.p.post_send(
+            qa,
+            &[SendWr::new(
+                600 + i,
+                SendOpcode::Send,
+                vec![a.sge(i * 64, 32)],
+            )],
+        )
+        .unwrap();
+    }
+    for _ in 0..n {
+        let wc = a.wc();
+        assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
+    }
+    let got: Vec<(u64, WcStatus)> = (0..n)
+        .map(|_| {
+            let w = b.wc();
+            (w.wr_id, w.status)
+        })
+        .collect();
+    let want: Vec<(u64, WcStatus)> = (0..n).map(|i| (500 + i, WcStatus::Success)).collect();
+    assert_eq!(got, want);
 }

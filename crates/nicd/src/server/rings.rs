@@ -1,16 +1,28 @@
 //! The daemon's side of the shared-memory rings (protocol version 2).
 //!
-//! Work queues (SQ, RQ, SRQ): one poller thread per connection takes
-//! what the client produced, checks every entry as a post on the socket
-//! is checked ([`Server::send_wr`]: handles the client's own, inline
-//! data inside its registrations) and posts it to the provider: in each
-//! pass the receive rings before the sends whose producer index it read
-//! before them, so a receive posted before a send is the NIC's before
-//! the send leaves. It spins
-//! a while ([`Server::set_ring_spin`]) after its last work, then sets
-//! [`flags::SLEEPING`] in every ring, looks once more, and sleeps on the
-//! client's doorbell eventfd (at most [`SLEEP_MAX`], so a connection's
-//! end or a bogus descriptor never holds it).
+//! Work queues (SQ, RQ, SRQ): the thread of the NIC that holds the
+//! client's queues (with a [`DataPath`]: soft RoCE), or else one poller
+//! thread per connection, takes what the client produced, checks every
+//! entry as a post on the socket is checked ([`Server::send_wr`]:
+//! handles the client's own, inline data inside its registrations) and
+//! posts it to the provider: in each pass the receive rings before the
+//! sends whose producer index it read before them, so a receive posted
+//! before a send is the NIC's before the send leaves.
+//!
+//! The NIC's thread takes a connection's rings through its
+//! [`ConnFeeder`] there on every turn, after its receive round's
+//! completion callbacks, so what it takes leaves with the round's ACKs;
+//! before it sleeps it sets [`flags::SLEEPING`] in the rings and looks
+//! once more, and the client's doorbell eventfd is among what wakes it.
+//! It does not spin. A client with queues on a second NIC gets a poller
+//! for all of its rings from then on: the order of its receives and
+//! sends across the two NICs (one pass takes the receives first) needs
+//! one thread, and two would share its doorbell.
+//!
+//! The poller spins a while ([`Server::set_ring_spin`]) after its last
+//! work, then sets the flags, looks once more, and sleeps on the
+//! doorbell (at most [`SLEEP_MAX`], so a connection's end or a bogus
+//! descriptor never holds it).
 //!
 //! A ring the client broke (an index that jumped past the capacity, an
 //! entry that does not decode, a handle not its own, inline data outside
@@ -45,13 +57,13 @@
 //! holds its CQ's across `poll_cq` and `req_notify_cq` only, which call
 //! nothing back.
 
-use super::{bad, Outbox, Server};
+use super::{bad, DataPath, Outbox, Server};
 use crate::proto::{self, Event, Kind};
 use crate::ring::{decode_entry, encode_entry, flags, Ring};
 use rdma_types::{QpState, WcOpcode, WcStatus};
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::atomic::{fence, AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 use verbs::{
     AsyncEvent, AsyncEventKind, CaHandle, CqHandle, Handle, Provider, QpAttr, QpHandle, RecvWr,
@@ -82,10 +94,24 @@ pub(super) struct ConnRings {
     doorbell: Mutex<Option<Arc<OwnedFd>>>,
     stop: AtomicBool,
     poller: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// The NICs' threads that take rings in, when the daemon has them.
+    data_path: Option<Arc<dyn DataPath>>,
+    /// This connection's feeder at the NIC whose thread takes its rings
+    /// (one NIC at most: see [`ConnRings::feed`]).
+    feeders: Mutex<Vec<Arc<ConnFeeder>>>,
+    /// The client has queues on two NICs: the poller takes every ring.
+    pollers_only: AtomicBool,
+    /// The server and the client, from [`ConnRings::start`].
+    server: Mutex<Weak<Server>>,
+    owner: AtomicU64,
 }
 
 impl ConnRings {
-    pub(super) fn new(provider: Arc<dyn Provider>, out: Arc<Outbox>) -> Arc<ConnRings> {
+    pub(super) fn new(
+        provider: Arc<dyn Provider>,
+        out: Arc<Outbox>,
+        data_path: Option<Arc<dyn DataPath>>,
+    ) -> Arc<ConnRings> {
         Arc::new(ConnRings {
             provider,
             out,
@@ -94,10 +120,16 @@ impl ConnRings {
             doorbell: Mutex::new(None),
             stop: AtomicBool::new(false),
             poller: Mutex::new(None),
+            data_path,
+            feeders: Mutex::new(Vec::new()),
+            pollers_only: AtomicBool::new(false),
+            server: Mutex::new(Weak::new()),
+            owner: AtomicU64::new(0),
         })
     }
 
-    /// Takes the client's doorbell and starts the poller.
+    /// Takes the client's doorbell; starts the poller unless the NICs'
+    /// threads take the rings.
     pub(super) fn start(
         self: &Arc<Self>,
         server: &Arc<Server>,
@@ -118,12 +150,39 @@ impl ConnRings {
         }
         let fd = Arc::new(fd);
         *d = Some(fd.clone());
-        let (me, server) = (self.clone(), server.clone());
+        *lock(&self.server) = Arc::downgrade(server);
+        self.owner.store(owner, Ordering::SeqCst);
+        if self.data_path.is_some() {
+            return Ok(());
+        }
+        drop(d);
+        self.start_poller(server, owner, fd)
+    }
+
+    /// Starts the thread that polls the rings no NIC's thread takes.
+    fn start_poller(
+        self: &Arc<Self>,
+        server: &Arc<Server>,
+        owner: u64,
+        fd: Arc<OwnedFd>,
+    ) -> verbs::Result<()> {
+        let mut poller = lock(&self.poller);
+        if poller.is_some() {
+            return Ok(());
+        }
+        server.ring_pollers.fetch_add(1, Ordering::Relaxed);
+        let (me, s) = (self.clone(), server.clone());
         let h = std::thread::Builder::new()
             .name("nicd-rings".into())
-            .spawn(move || me.poll_loop(&server, owner, &fd))
-            .map_err(|_| VerbsError::OutOfResources("nicd threads"))?;
-        *lock(&self.poller) = Some(h);
+            .spawn(move || {
+                me.poll_loop(&s, owner, &fd);
+                s.ring_pollers.fetch_sub(1, Ordering::Relaxed);
+            })
+            .map_err(|_| {
+                server.ring_pollers.fetch_sub(1, Ordering::Relaxed);
+                VerbsError::OutOfResources("nicd threads")
+            })?;
+        *poller = Some(h);
         Ok(())
     }
 
@@ -132,9 +191,17 @@ impl ConnRings {
         lock(&self.doorbell).is_some()
     }
 
-    /// Stops the poller and waits for it (the connection ended).
+    /// Stops the poller and the feeders and waits for them (the
+    /// connection ended): no ring is taken in after this returns.
     pub(super) fn stop(&self) {
         self.stop.store(true, Ordering::SeqCst);
+        let feeders = std::mem::take(&mut *lock(&self.feeders));
+        for f in feeders {
+            f.stop();
+            if let (Some(dp), Some(id)) = (&self.data_path, f.id.get()) {
+                dp.detach(f.guid, *id);
+            }
+        }
         self.kick();
         if let Some(h) = lock(&self.poller).take() {
             let _ = h.join();
@@ -166,30 +233,116 @@ impl ConnRings {
         Some(c)
     }
 
-    pub(super) fn add_wq(&self, wq: Arc<WqRing>) {
+    pub(super) fn add_wq(self: &Arc<Self>, wq: Arc<WqRing>) {
+        let wq = match self.feed(wq) {
+            Ok(()) => return,
+            Err(wq) => wq,
+        };
         {
             let mut g = lock(&self.wqs);
             let mut v = (**g).clone();
             v.push(wq);
             *g = Arc::new(v);
         }
+        // A ring no NIC's thread takes: the poller's (started now, when
+        // NICs' threads took the others).
+        let server = lock(&self.server).upgrade();
+        let fd = lock(&self.doorbell).clone();
+        if let (Some(server), Some(fd)) = (server, fd) {
+            let owner = self.owner.load(Ordering::SeqCst);
+            if let Err(e) = self.start_poller(&server, owner, fd) {
+                tracing::warn!("nicd: no ring poller ({e}): the client's ring waits");
+            }
+        }
         self.kick();
+    }
+
+    /// Gives `wq` to the thread of the NIC that holds its QP or SRQ,
+    /// through this connection's feeder there (made and attached on
+    /// first use); back when there is no such thread.
+    fn feed(&self, wq: Arc<WqRing>) -> Result<(), Arc<WqRing>> {
+        let Some(dp) = &self.data_path else {
+            return Err(wq);
+        };
+        let Some(guid) = dp.home(wq.raw) else {
+            return Err(wq);
+        };
+        let mut feeders = lock(&self.feeders);
+        if self.stop.load(Ordering::SeqCst) || self.pollers_only.load(Ordering::SeqCst) {
+            return Err(wq);
+        }
+        if let Some(f) = feeders.first() {
+            if f.guid == guid {
+                f.add(wq);
+                return Ok(());
+            }
+            // A second NIC. Two NICs' threads would each take their own
+            // rings: a receive the client posted on one before a send on
+            // the other could reach its NIC after the send left (one pass
+            // takes receives before sends), and both would watch one
+            // doorbell. The poller takes every ring from now on.
+            self.pollers_only.store(true, Ordering::SeqCst);
+            let moved = std::mem::take(&mut *feeders);
+            drop(feeders);
+            let mut rings = Vec::new();
+            for f in moved {
+                f.stop();
+                if let Some(id) = f.id.get() {
+                    dp.detach(f.guid, *id);
+                }
+                rings.extend(lock(&f.rings).iter().cloned());
+            }
+            let mut g = lock(&self.wqs);
+            let mut v = (**g).clone();
+            v.extend(rings);
+            *g = Arc::new(v);
+            return Err(wq);
+        }
+        let (Some(doorbell), server) = (lock(&self.doorbell).clone(), lock(&self.server).clone())
+        else {
+            return Err(wq);
+        };
+        let f = Arc::new(ConnFeeder {
+            guid,
+            id: std::sync::OnceLock::new(),
+            rings: Mutex::new(Arc::new(vec![wq.clone()])),
+            doorbell,
+            server,
+            owner: self.owner.load(Ordering::SeqCst),
+            provider: self.provider.clone(),
+            out: self.out.clone(),
+            stopped: Mutex::new(false),
+            sends: Mutex::new(Vec::new()),
+        });
+        match dp.attach(guid, f.clone()) {
+            Some(id) => {
+                let _ = f.id.set(id);
+                feeders.push(f);
+                Ok(())
+            }
+            None => Err(wq),
+        }
     }
 
     /// The ring of `kind` of the client's object `index`.
     pub(super) fn wq(&self, index: u32, kind: WqKind) -> Option<Arc<WqRing>> {
-        let g = lock(&self.wqs);
-        g.iter()
-            .find(|w| w.index == index && w.kind.same(kind))
-            .cloned()
+        let found = |w: &&Arc<WqRing>| w.index == index && w.kind.same(kind);
+        if let Some(w) = lock(&self.wqs).iter().find(found) {
+            return Some(w.clone());
+        }
+        let feeders = lock(&self.feeders);
+        feeders
+            .iter()
+            .find_map(|f| lock(&f.rings).iter().find(found).cloned())
     }
 
     /// Takes the rings of object `index` out of the poller's hands
     /// (before it is destroyed); [`ConnRings::add_wq`] puts them back.
     pub(super) fn remove_wqs(&self, index: u32) -> Vec<Arc<WqRing>> {
-        let mut g = lock(&self.wqs);
-        let gone: Vec<_> = g.iter().filter(|w| w.index == index).cloned().collect();
-        *g = Arc::new(g.iter().filter(|w| w.index != index).cloned().collect());
+        let mut gone = take_out(&self.wqs, index);
+        for f in lock(&self.feeders).iter() {
+            gone.extend(take_out(&f.rings, index));
+        }
         // A pass of the poller in progress finishes with the ring's lock.
         for w in &gone {
             drop(lock(&w.st));
@@ -217,28 +370,8 @@ impl ConnRings {
                 return;
             }
             let wqs = lock(&self.wqs).clone();
-            let mut work = 0;
-            let mut stalled = false;
-            // Receives before sends: each SQ's producer index is read
-            // first, then every receive ring is taken, then each SQ up
-            // to the index read. A receive the client posted before a
-            // send is the NIC's before that send leaves, so a peer that
-            // answers the send finds it (and the client's send need not
-            // wait for its receives to be taken).
-            sends.clear();
-            sends.extend(wqs.iter().map(|w| w.ring.producer()));
-            for sends_now in [false, true] {
-                for (w, &upto) in wqs.iter().zip(&sends) {
-                    let send = matches!(w.kind, WqKind::Send { .. });
-                    if send != sends_now {
-                        continue;
-                    }
-                    let upto = send.then_some(upto);
-                    let (n, s) = w.drain(server, &*self.provider, &self.out, owner, upto);
-                    work += n;
-                    stalled |= s;
-                }
-            }
+            let (work, stalled) =
+                drain_pass(&wqs, server, &*self.provider, &self.out, owner, &mut sends);
             if work > 0 {
                 idle = Instant::now();
                 continue;
@@ -262,6 +395,136 @@ impl ConnRings {
             wqs.iter().for_each(|w| w.ring.clear_flags(awake));
             idle = Instant::now();
         }
+    }
+}
+
+/// One pass over `wqs`: receives before sends. Each SQ's producer index
+/// is read first, then every receive ring is taken, then each SQ up to
+/// the index read. A receive the client posted before a send is the
+/// NIC's before that send leaves, so a peer that answers the send finds
+/// it (and the client's send need not wait for its receives to be
+/// taken). Returns the entries taken and whether a provider queue was
+/// full.
+fn drain_pass(
+    wqs: &[Arc<WqRing>],
+    server: &Server,
+    p: &dyn Provider,
+    out: &Outbox,
+    owner: u64,
+    sends: &mut Vec<u64>,
+) -> (usize, bool) {
+    let mut work = 0;
+    let mut stalled = false;
+    sends.clear();
+    sends.extend(wqs.iter().map(|w| w.ring.producer()));
+    for sends_now in [false, true] {
+        for (w, &upto) in wqs.iter().zip(sends.iter()) {
+            let send = matches!(w.kind, WqKind::Send { .. });
+            if send != sends_now {
+                continue;
+            }
+            let upto = send.then_some(upto);
+            let (n, s) = w.drain(server, p, out, owner, upto);
+            work += n;
+            stalled |= s;
+        }
+    }
+    (work, stalled)
+}
+
+/// Takes the rings of object `index` out of `list`.
+fn take_out(list: &Mutex<Arc<Vec<Arc<WqRing>>>>, index: u32) -> Vec<Arc<WqRing>> {
+    let mut g = lock(list);
+    let gone: Vec<_> = g.iter().filter(|w| w.index == index).cloned().collect();
+    if !gone.is_empty() {
+        *g = Arc::new(g.iter().filter(|w| w.index != index).cloned().collect());
+    }
+    gone
+}
+
+/// A connection's rings on one NIC, taken in by that NIC's thread (see
+/// the module docs).
+pub(super) struct ConnFeeder {
+    guid: rdma_types::Guid,
+    id: std::sync::OnceLock<rnic::softroce::FeederId>,
+    rings: Mutex<Arc<Vec<Arc<WqRing>>>>,
+    doorbell: Arc<OwnedFd>,
+    server: Weak<Server>,
+    owner: u64,
+    provider: Arc<dyn Provider>,
+    out: Arc<Outbox>,
+    /// Held across a pass; set once the connection ended.
+    stopped: Mutex<bool>,
+    /// The SQs' producer indices of a pass.
+    sends: Mutex<Vec<u64>>,
+}
+
+impl ConnFeeder {
+    fn add(&self, wq: Arc<WqRing>) {
+        let mut g = lock(&self.rings);
+        let mut v = (**g).clone();
+        v.push(wq);
+        *g = Arc::new(v);
+    }
+
+    /// No pass after this returns (one in progress is waited for).
+    fn stop(&self) {
+        *lock(&self.stopped) = true;
+    }
+}
+
+impl rnic::softroce::Feeder for ConnFeeder {
+    fn feed(&self) -> rnic::softroce::Fed {
+        let stopped = lock(&self.stopped);
+        let Some(server) = self.server.upgrade().filter(|_| !*stopped) else {
+            return rnic::softroce::Fed::default();
+        };
+        let wqs = lock(&self.rings).clone();
+        let mut sends = lock(&self.sends);
+        let (taken, stalled) = drain_pass(
+            &wqs,
+            &server,
+            &*self.provider,
+            &self.out,
+            self.owner,
+            &mut sends,
+        );
+        rnic::softroce::Fed { taken, stalled }
+    }
+
+    fn sleeping(&self) -> bool {
+        if *lock(&self.stopped) {
+            return false;
+        }
+        // Dekker with the client: flag, then look; it stores its
+        // producer index, then reads the flag.
+        let wqs = lock(&self.rings).clone();
+        for w in wqs.iter() {
+            w.ring.clear_flags(flags::RUNG);
+            w.ring.set_flags(flags::SLEEPING);
+        }
+        fence(Ordering::SeqCst);
+        wqs.iter().any(|w| w.has_work())
+    }
+
+    fn awake(&self) {
+        // Once stopped, the doorbell is the poller's to empty.
+        let stopped = lock(&self.stopped);
+        if *stopped {
+            return;
+        }
+        let mut b = [0u8; 8];
+        // SAFETY: reads at most 8 bytes into a live local array; the
+        // descriptor is non-blocking.
+        let _ = unsafe { libc::read(self.doorbell.as_raw_fd(), b.as_mut_ptr().cast(), 8) };
+        let awake = flags::SLEEPING | flags::RUNG;
+        lock(&self.rings)
+            .iter()
+            .for_each(|w| w.ring.clear_flags(awake));
+    }
+
+    fn fd(&self) -> std::os::fd::RawFd {
+        self.doorbell.as_raw_fd()
     }
 }
 

@@ -47,8 +47,19 @@ impl Daemon {
     }
 
     /// [`Daemon::start_with`]; the socket open to every user when
-    /// `everyone` (as a root daemon's), else to ours only.
+    /// `everyone` (as a root daemon's), else to ours only. The NICs'
+    /// threads take the clients' rings, as `nicd`'s do.
     pub fn start_opts(ips: &[IpAddr], limits: nicd::Limits, everyone: bool) -> Daemon {
+        Daemon::start_bare(ips, limits, everyone, true)
+    }
+
+    /// [`Daemon::start`] with a thread per client polling its rings
+    /// (`nicd --ring-pollers`).
+    pub fn start_pollers(ips: &[IpAddr]) -> Daemon {
+        Daemon::start_bare(ips, nicd::Limits::default(), false, false)
+    }
+
+    fn start_bare(ips: &[IpAddr], limits: nicd::Limits, everyone: bool, feed: bool) -> Daemon {
         let cas: Vec<SoftCa> = ips
             .iter()
             .enumerate()
@@ -63,6 +74,9 @@ impl Daemon {
         let path = std::env::temp_dir().join(format!("nicd-test-{}-{n}.sock", std::process::id()));
         let listener = nicd::server::bind(&path, everyone).unwrap();
         let server = Server::with_limits(soft.clone(), limits);
+        if feed {
+            server.set_data_path(Arc::new(soft.clone()));
+        }
         server.serve(listener);
         Daemon {
             soft,
@@ -218,4 +232,43 @@ pub fn flush_a_receive(n: &Node) {
         state: Some(QpState::Err),
         ..Default::default()
     });
+}
+
+/// The conformance fixture on one NIC: both ends of every case on the
+/// one CA of a daemon, one client, so that NIC's thread takes all of the
+/// client's rings (`Two`'s client, on two NICs, has a poller).
+pub struct OneNic {
+    pub daemon: Daemon,
+    pub client: Arc<NicdProvider>,
+}
+
+impl OneNic {
+    pub fn new(third: u8) -> OneNic {
+        let daemon = Daemon::start(&[fresh_ip(third)]);
+        let client = daemon.client();
+        OneNic { daemon, client }
+    }
+}
+
+impl Fixture for OneNic {
+    fn provider(&self) -> Arc<dyn Provider> {
+        self.client.clone()
+    }
+    fn guids(&self) -> (Guid, Guid) {
+        (self.daemon.guids[0], self.daemon.guids[0])
+    }
+    fn set_port_active(&self, guid: Guid, active: bool) -> Result<()> {
+        self.daemon.soft.set_port_active(guid, active)
+    }
+    fn set_lid(&self, guid: Guid, lid: rdma_types::Lid) -> Result<()> {
+        self.daemon.soft.set_lid(guid, lid)
+    }
+    fn remove_ca(&self, guid: Guid) -> Result<()> {
+        self.daemon.soft.remove_ca(guid)
+    }
+    /// `Two`'s gaps but raw QP1 sends: `special_qps` is not run here (it
+    /// opens a QP1 at each end, and a client has one per port).
+    fn lacks(&self) -> Vec<Feature> {
+        vec![Feature::Apm, Feature::PkeyControl]
+    }
 }
