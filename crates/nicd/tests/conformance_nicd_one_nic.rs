@@ -7,7 +7,7 @@
 
 mod common;
 
-verbs::conformance_tests!(@cases common::OneNic::new(160);
+verbs::conformance_tests!(@cases common::Two::one_nic(160);
     query_ca_port, stale_handles_and_destroy, busy_resources, qp_state_machine, rc_send, rc_write, rc_read,
     rc_atomics, remote_access_errors_and_flush, local_protection_error, receive_too_small, rnr,
     batch_post_reports_index, cq_notify_wait_overflow, mr_rereg_dereg, mw_type1, mw_type2_and_invalidate, mw_refusals,
@@ -18,7 +18,7 @@ verbs::conformance_tests!(@cases common::OneNic::new(160);
 /// The rings of this suite's client are the NIC thread's: no poller.
 #[test]
 fn the_nics_thread_takes_the_rings() {
-    let f = common::OneNic::new(160);
+    let f = common::Two::one_nic(160);
     verbs::conformance::run("rc_send", &f, verbs::conformance::cases::rc_send);
     let posts = f.client.counters().ring_posts;
     assert!(posts > 0, "no post went by a ring");

@@ -98,7 +98,10 @@ impl Drop for Daemon {
     }
 }
 
-/// The conformance fixture: two CAs of one daemon, one client.
+/// The conformance fixture: two CAs of one daemon, one client (whose
+/// rings a poller takes: its queues are on two NICs); or, from
+/// [`Two::one_nic`], both ends of every case on one CA, whose own thread
+/// takes the client's rings.
 pub struct Two {
     pub daemon: Daemon,
     pub client: Arc<NicdProvider>,
@@ -110,6 +113,12 @@ impl Two {
         let client = daemon.client();
         Two { daemon, client }
     }
+
+    pub fn one_nic(third: u8) -> Two {
+        let daemon = Daemon::start(&[fresh_ip(third)]);
+        let client = daemon.client();
+        Two { daemon, client }
+    }
 }
 
 impl Fixture for Two {
@@ -117,7 +126,8 @@ impl Fixture for Two {
         self.client.clone()
     }
     fn guids(&self) -> (Guid, Guid) {
-        (self.daemon.guids[0], self.daemon.guids[1])
+        let g = &self.daemon.guids;
+        (g[0], g[g.len() - 1])
     }
     /// Port control is the daemon's NIC's (the tests act as its admin);
     /// the events reach the client through the daemon.
@@ -132,9 +142,15 @@ impl Fixture for Two {
     }
     /// As the soft RoCE fixture: a `roce` port's P_Key table is fixed;
     /// no alternate paths on soft RoCE; QP1 is a place at the daemon's
-    /// shared QP1, which routes MADs by their contents (no raw sends).
+    /// shared QP1, which routes MADs by their contents (no raw sends; on
+    /// one NIC `special_qps` is not run: it opens a QP1 at each end, and
+    /// a client has one per port).
     fn lacks(&self) -> Vec<Feature> {
-        vec![Feature::Apm, Feature::PkeyControl, Feature::RawGsi]
+        let mut gaps = vec![Feature::Apm, Feature::PkeyControl];
+        if self.daemon.guids.len() > 1 {
+            gaps.push(Feature::RawGsi);
+        }
+        gaps
     }
 }
 
@@ -232,43 +248,4 @@ pub fn flush_a_receive(n: &Node) {
         state: Some(QpState::Err),
         ..Default::default()
     });
-}
-
-/// The conformance fixture on one NIC: both ends of every case on the
-/// one CA of a daemon, one client, so that NIC's thread takes all of the
-/// client's rings (`Two`'s client, on two NICs, has a poller).
-pub struct OneNic {
-    pub daemon: Daemon,
-    pub client: Arc<NicdProvider>,
-}
-
-impl OneNic {
-    pub fn new(third: u8) -> OneNic {
-        let daemon = Daemon::start(&[fresh_ip(third)]);
-        let client = daemon.client();
-        OneNic { daemon, client }
-    }
-}
-
-impl Fixture for OneNic {
-    fn provider(&self) -> Arc<dyn Provider> {
-        self.client.clone()
-    }
-    fn guids(&self) -> (Guid, Guid) {
-        (self.daemon.guids[0], self.daemon.guids[0])
-    }
-    fn set_port_active(&self, guid: Guid, active: bool) -> Result<()> {
-        self.daemon.soft.set_port_active(guid, active)
-    }
-    fn set_lid(&self, guid: Guid, lid: rdma_types::Lid) -> Result<()> {
-        self.daemon.soft.set_lid(guid, lid)
-    }
-    fn remove_ca(&self, guid: Guid) -> Result<()> {
-        self.daemon.soft.remove_ca(guid)
-    }
-    /// `Two`'s gaps but raw QP1 sends: `special_qps` is not run here (it
-    /// opens a QP1 at each end, and a client has one per port).
-    fn lacks(&self) -> Vec<Feature> {
-        vec![Feature::Apm, Feature::PkeyControl]
-    }
 }
