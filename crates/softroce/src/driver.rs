@@ -186,7 +186,8 @@ impl Shared {
         self.driven_at.store(now, Ordering::Relaxed);
     }
 
-    /// Has the thread look again before it sleeps (the feeders changed).
+    /// Has the thread look again before it sleeps (work left for it, the
+    /// feeders changed), waking it if it sleeps.
     fn poke(&self) {
         self.posted.store(true, Ordering::SeqCst);
         if self.sleeping.load(Ordering::SeqCst) && !self.on_own_thread() {
@@ -269,10 +270,7 @@ impl Shared {
             }
         }
         // Still more after the bounded turns: the NIC thread sends it.
-        self.posted.store(true, Ordering::SeqCst);
-        if self.sleeping.load(Ordering::SeqCst) && !self.on_own_thread() {
-            self.waker.wake();
-        }
+        self.poke();
     }
 }
 

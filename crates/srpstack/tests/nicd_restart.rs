@@ -34,6 +34,28 @@ fn nicd(sock: &std::path::Path) -> Proc {
     p
 }
 
+/// `kill -9` of the daemon: no goodbye; its socket file stays behind.
+fn kill_9(mut daemon: Proc) {
+    daemon.child.kill().unwrap();
+    daemon.child.wait().unwrap();
+}
+
+/// srpd logs out of "tgt"; srpd and srptd stop; their files go.
+fn log_out_and_stop(
+    srpd_sock: &std::path::Path,
+    srpd: Proc,
+    target: Proc,
+    dir: &std::path::Path,
+    sock: &std::path::Path,
+) {
+    let out = srp(srpd_sock, &["logout", "tgt"]);
+    assert!(out.status.success(), "{}", text(&out));
+    drop(srpd);
+    drop(target);
+    let _ = std::fs::remove_dir_all(dir);
+    let _ = std::fs::remove_file(sock);
+}
+
 /// Writes and reads back `lun` until it works (after a reconnect), at
 /// most 90 s.
 fn comes_back(lun: &std::path::Path, seed: u32) {
@@ -107,7 +129,7 @@ fn srptd_and_srpd_come_back_with_the_nic_daemon() {
     }
     let sock = sock_of("nicd_restart", "nicd");
     let _ = std::fs::remove_file(&sock);
-    let mut daemon = nicd(&sock);
+    let daemon = nicd(&sock);
     let target = srptd_through(&sock, "srptd", &["--ip", IP]);
     let (srpd, dir, root, srpd_sock) = srpd_through(&sock, "nicd_restart", &["--ip", IP], "30");
     let login = srp(
@@ -123,10 +145,7 @@ fn srptd_and_srpd_come_back_with_the_nic_daemon() {
     let lun = root.join("tgt/lun0");
     write_read_back(&lun, 7);
 
-    // kill -9: no goodbye; the socket file stays behind.
-    daemon.child.kill().unwrap();
-    daemon.child.wait().unwrap();
-    drop(daemon);
+    kill_9(daemon);
     let _daemon = nicd(&sock);
 
     // srptd's port serves again on the new daemon (its log says so on
@@ -141,12 +160,7 @@ fn srptd_and_srpd_come_back_with_the_nic_daemon() {
     assert!(text(&list).contains("tgt"), "{}", text(&list));
     // Both are clients of the new daemon.
     assert_nicd_clients(&sock, &[("srptd", &target), ("srpd", &srpd)]);
-    let out = srp(&srpd_sock, &["logout", "tgt"]);
-    assert!(out.status.success(), "{}", text(&out));
-    drop(srpd);
-    drop(target);
-    let _ = std::fs::remove_dir_all(&dir);
-    let _ = std::fs::remove_file(&sock);
+    log_out_and_stop(&srpd_sock, srpd, target, &dir, &sock);
 }
 
 const SM: &str = "127.127.28.11";
@@ -186,7 +200,7 @@ fn srpd_on_the_ib_fabric_joins_again_after_the_daemon_restarts() {
     }
     let sock = sock_of("nicd_restart", "nicd-ib");
     let _ = std::fs::remove_file(&sock);
-    let (mut daemon, sm) = ib_subnet(&sock);
+    let (daemon, sm) = ib_subnet(&sock);
     let ib = ["--fabric", "ib", "--sm-wait-ms", "20000"];
     let target = srptd_through(&sock, "srptd-ib", &[&ib[..], &["--ip", T]].concat());
     let (srpd, dir, root, srpd_sock) = srpd_through(
@@ -203,19 +217,12 @@ fn srpd_on_the_ib_fabric_joins_again_after_the_daemon_restarts() {
     write_read_back(&lun, 5);
 
     // kill -9 of the daemon; the SM on it goes too.
-    daemon.child.kill().unwrap();
-    daemon.child.wait().unwrap();
-    drop(daemon);
+    kill_9(daemon);
     drop(sm);
     srpd.wait_line("the NIC daemon's ib port went away", 60);
     let (_daemon, _sm) = ib_subnet(&sock);
     srpd.wait_line("the NIC daemon's ib port is back on the subnet", 90);
     comes_back(&lun, 13);
     assert_nicd_clients(&sock, &[("srptd", &target), ("srpd", &srpd)]);
-    let out = srp(&srpd_sock, &["logout", "tgt"]);
-    assert!(out.status.success(), "{}", text(&out));
-    drop(srpd);
-    drop(target);
-    let _ = std::fs::remove_dir_all(&dir);
-    let _ = std::fs::remove_file(&sock);
+    log_out_and_stop(&srpd_sock, srpd, target, &dir, &sock);
 }

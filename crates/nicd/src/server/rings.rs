@@ -98,7 +98,7 @@ pub(super) struct ConnRings {
     data_path: Option<Arc<dyn DataPath>>,
     /// This connection's feeder at the NIC whose thread takes its rings
     /// (one NIC at most: see [`ConnRings::feed`]).
-    feeders: Mutex<Vec<Arc<ConnFeeder>>>,
+    feeder: Mutex<Option<Arc<ConnFeeder>>>,
     /// The client has queues on two NICs: the poller takes every ring.
     pollers_only: AtomicBool,
     /// The server and the client, from [`ConnRings::start`].
@@ -121,7 +121,7 @@ impl ConnRings {
             stop: AtomicBool::new(false),
             poller: Mutex::new(None),
             data_path,
-            feeders: Mutex::new(Vec::new()),
+            feeder: Mutex::new(None),
             pollers_only: AtomicBool::new(false),
             server: Mutex::new(Weak::new()),
             owner: AtomicU64::new(0),
@@ -195,12 +195,9 @@ impl ConnRings {
     /// connection ended): no ring is taken in after this returns.
     pub(super) fn stop(&self) {
         self.stop.store(true, Ordering::SeqCst);
-        let feeders = std::mem::take(&mut *lock(&self.feeders));
-        for f in feeders {
-            f.stop();
-            if let (Some(dp), Some(id)) = (&self.data_path, f.id.get()) {
-                dp.detach(f.guid, *id);
-            }
+        let feeder = lock(&self.feeder).take();
+        if let Some(f) = feeder {
+            self.retire(&f);
         }
         self.kick();
         if let Some(h) = lock(&self.poller).take() {
@@ -257,6 +254,15 @@ impl ConnRings {
         self.kick();
     }
 
+    /// Stops feeder `f` (a pass in progress is waited for) and takes it
+    /// from its NIC's thread.
+    fn retire(&self, f: &ConnFeeder) {
+        f.stop();
+        if let (Some(dp), Some(id)) = (&self.data_path, f.id.get()) {
+            dp.detach(f.guid, *id);
+        }
+    }
+
     /// Gives `wq` to the thread of the NIC that holds its QP or SRQ,
     /// through this connection's feeder there (made and attached on
     /// first use); back when there is no such thread.
@@ -267,34 +273,26 @@ impl ConnRings {
         let Some(guid) = dp.home(wq.raw) else {
             return Err(wq);
         };
-        let mut feeders = lock(&self.feeders);
+        let mut feeder = lock(&self.feeder);
         if self.stop.load(Ordering::SeqCst) || self.pollers_only.load(Ordering::SeqCst) {
             return Err(wq);
         }
-        if let Some(f) = feeders.first() {
-            if f.guid == guid {
-                f.add(wq);
-                return Ok(());
-            }
+        if let Some(f) = feeder.as_ref().filter(|f| f.guid == guid) {
+            f.add(wq);
+            return Ok(());
+        }
+        if let Some(f) = feeder.take() {
             // A second NIC. Two NICs' threads would each take their own
             // rings: a receive the client posted on one before a send on
             // the other could reach its NIC after the send left (one pass
             // takes receives before sends), and both would watch one
             // doorbell. The poller takes every ring from now on.
             self.pollers_only.store(true, Ordering::SeqCst);
-            let moved = std::mem::take(&mut *feeders);
-            drop(feeders);
-            let mut rings = Vec::new();
-            for f in moved {
-                f.stop();
-                if let Some(id) = f.id.get() {
-                    dp.detach(f.guid, *id);
-                }
-                rings.extend(lock(&f.rings).iter().cloned());
-            }
+            drop(feeder);
+            self.retire(&f);
             let mut g = lock(&self.wqs);
             let mut v = (**g).clone();
-            v.extend(rings);
+            v.extend(lock(&f.rings).iter().cloned());
             *g = Arc::new(v);
             return Err(wq);
         }
@@ -311,13 +309,12 @@ impl ConnRings {
             owner: self.owner.load(Ordering::SeqCst),
             provider: self.provider.clone(),
             out: self.out.clone(),
-            stopped: Mutex::new(false),
-            sends: Mutex::new(Vec::new()),
+            pass: Mutex::new(Pass::default()),
         });
         match dp.attach(guid, f.clone()) {
             Some(id) => {
                 let _ = f.id.set(id);
-                feeders.push(f);
+                *feeder = Some(f);
                 Ok(())
             }
             None => Err(wq),
@@ -330,17 +327,17 @@ impl ConnRings {
         if let Some(w) = lock(&self.wqs).iter().find(found) {
             return Some(w.clone());
         }
-        let feeders = lock(&self.feeders);
-        feeders
-            .iter()
-            .find_map(|f| lock(&f.rings).iter().find(found).cloned())
+        let feeder = lock(&self.feeder);
+        feeder
+            .as_ref()
+            .and_then(|f| lock(&f.rings).iter().find(found).cloned())
     }
 
     /// Takes the rings of object `index` out of the poller's hands
     /// (before it is destroyed); [`ConnRings::add_wq`] puts them back.
     pub(super) fn remove_wqs(&self, index: u32) -> Vec<Arc<WqRing>> {
         let mut gone = take_out(&self.wqs, index);
-        for f in lock(&self.feeders).iter() {
+        if let Some(f) = lock(&self.feeder).as_ref() {
             gone.extend(take_out(&f.rings, index));
         }
         // A pass of the poller in progress finishes with the ring's lock.
@@ -380,19 +377,11 @@ impl ConnRings {
                 std::hint::spin_loop();
                 continue;
             }
-            // Dekker with the client: flag, then look; it stores its
-            // producer index, then reads the flag.
-            for w in wqs.iter() {
-                w.ring.clear_flags(flags::RUNG);
-                w.ring.set_flags(flags::SLEEPING);
-            }
-            fence(Ordering::SeqCst);
-            if !wqs.iter().any(|w| w.has_work()) {
+            if !going_to_sleep(&wqs) {
                 let wait = if stalled { STALL_RETRY } else { SLEEP_MAX };
                 sleep_on(doorbell, wait);
             }
-            let awake = flags::SLEEPING | flags::RUNG;
-            wqs.iter().for_each(|w| w.ring.clear_flags(awake));
+            woken(&wqs);
             idle = Instant::now();
         }
     }
@@ -453,10 +442,17 @@ pub(super) struct ConnFeeder {
     owner: u64,
     provider: Arc<dyn Provider>,
     out: Arc<Outbox>,
-    /// Held across a pass; set once the connection ended.
-    stopped: Mutex<bool>,
+    /// Held across a pass.
+    pass: Mutex<Pass>,
+}
+
+/// A feeder's pass state.
+#[derive(Default)]
+struct Pass {
+    /// The connection ended, or its rings went to the poller.
+    stopped: bool,
     /// The SQs' producer indices of a pass.
-    sends: Mutex<Vec<u64>>,
+    sends: Vec<u64>,
 }
 
 impl ConnFeeder {
@@ -469,58 +465,43 @@ impl ConnFeeder {
 
     /// No pass after this returns (one in progress is waited for).
     fn stop(&self) {
-        *lock(&self.stopped) = true;
+        lock(&self.pass).stopped = true;
     }
 }
 
 impl rnic::softroce::Feeder for ConnFeeder {
     fn feed(&self) -> rnic::softroce::Fed {
-        let stopped = lock(&self.stopped);
-        let Some(server) = self.server.upgrade().filter(|_| !*stopped) else {
+        let mut pass = lock(&self.pass);
+        let Some(server) = self.server.upgrade().filter(|_| !pass.stopped) else {
             return rnic::softroce::Fed::default();
         };
         let wqs = lock(&self.rings).clone();
-        let mut sends = lock(&self.sends);
         let (taken, stalled) = drain_pass(
             &wqs,
             &server,
             &*self.provider,
             &self.out,
             self.owner,
-            &mut sends,
+            &mut pass.sends,
         );
         rnic::softroce::Fed { taken, stalled }
     }
 
     fn sleeping(&self) -> bool {
-        if *lock(&self.stopped) {
+        if lock(&self.pass).stopped {
             return false;
         }
-        // Dekker with the client: flag, then look; it stores its
-        // producer index, then reads the flag.
-        let wqs = lock(&self.rings).clone();
-        for w in wqs.iter() {
-            w.ring.clear_flags(flags::RUNG);
-            w.ring.set_flags(flags::SLEEPING);
-        }
-        fence(Ordering::SeqCst);
-        wqs.iter().any(|w| w.has_work())
+        going_to_sleep(&lock(&self.rings).clone())
     }
 
     fn awake(&self) {
         // Once stopped, the doorbell is the poller's to empty.
-        let stopped = lock(&self.stopped);
-        if *stopped {
+        let pass = lock(&self.pass);
+        if pass.stopped {
             return;
         }
-        let mut b = [0u8; 8];
-        // SAFETY: reads at most 8 bytes into a live local array; the
-        // descriptor is non-blocking.
-        let _ = unsafe { libc::read(self.doorbell.as_raw_fd(), b.as_mut_ptr().cast(), 8) };
-        let awake = flags::SLEEPING | flags::RUNG;
-        lock(&self.rings)
-            .iter()
-            .for_each(|w| w.ring.clear_flags(awake));
+        empty_doorbell(&self.doorbell);
+        woken(&lock(&self.rings));
     }
 
     fn fd(&self) -> std::os::fd::RawFd {
@@ -544,10 +525,34 @@ fn sleep_on(fd: &OwnedFd, wait: Duration) {
     };
     // SAFETY: one valid pollfd, for the call's duration.
     let _ = unsafe { libc::poll(&mut p, 1, wait.as_millis().max(1) as libc::c_int) };
+    empty_doorbell(fd);
+}
+
+/// Reads an eventfd back to zero (non-blocking: nothing to read is fine).
+fn empty_doorbell(fd: &OwnedFd) {
     let mut b = [0u8; 8];
     // SAFETY: reads at most 8 bytes into a live local array; the
     // descriptor is non-blocking.
     let _ = unsafe { libc::read(fd.as_raw_fd(), b.as_mut_ptr().cast(), 8) };
+}
+
+/// About to sleep on the client's doorbell: flags every ring `SLEEPING`
+/// (its `RUNG` cleared), then looks once more. Dekker with the client,
+/// which stores its producer index, then reads the flag. Returns whether
+/// work came meanwhile (then no sleep).
+fn going_to_sleep(wqs: &[Arc<WqRing>]) -> bool {
+    for w in wqs {
+        w.ring.clear_flags(flags::RUNG);
+        w.ring.set_flags(flags::SLEEPING);
+    }
+    fence(Ordering::SeqCst);
+    wqs.iter().any(|w| w.has_work())
+}
+
+/// Awake again: posts need not ring.
+fn woken(wqs: &[Arc<WqRing>]) {
+    let awake = flags::SLEEPING | flags::RUNG;
+    wqs.iter().for_each(|w| w.ring.clear_flags(awake));
 }
 
 /// What a work queue ring feeds.
