@@ -112,7 +112,7 @@ use verbs::{
 pub use guid::ip_guid;
 pub use options::{NicEnvError, NicOptions, FAULTS_ENV, FOLLOW_LINK_ENV};
 pub use rdma_sim::FaultConfig;
-pub use softroce::{Fed, Feeder, FeederId, PkeyViolation, FEED_RETRY};
+pub use softroce::{Fed, Feeder, FeederId, PkeyViolation};
 
 mod ca;
 mod cq;
