@@ -243,9 +243,14 @@ impl Provider for Providers {
         p.wait_cq(cq, timeout)
     }
 
-    fn drive_cq(&self, cq: CqHandle, timeout: std::time::Duration) -> Result<bool> {
+    fn drive_cq(
+        &self,
+        cq: CqHandle,
+        spin: std::time::Duration,
+        timeout: std::time::Duration,
+    ) -> Result<bool> {
         let (p, _, cq) = self.on(cq)?;
-        p.drive_cq(cq, timeout)
+        p.drive_cq(cq, spin, timeout)
     }
 
     fn create_srq(&self, pd: PdHandle, attr: &SrqAttr, ctx: Context) -> Result<SrqHandle> {

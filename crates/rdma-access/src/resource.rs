@@ -955,8 +955,13 @@ impl Provider for TrackedProvider {
     fn wait_cq(&self, cq: CqHandle, timeout: std::time::Duration) -> Result<(), VerbsError> {
         self.client.provider().wait_cq(cq, timeout)
     }
-    fn drive_cq(&self, cq: CqHandle, timeout: std::time::Duration) -> Result<bool, VerbsError> {
-        self.client.provider().drive_cq(cq, timeout)
+    fn drive_cq(
+        &self,
+        cq: CqHandle,
+        spin: std::time::Duration,
+        timeout: std::time::Duration,
+    ) -> Result<bool, VerbsError> {
+        self.client.provider().drive_cq(cq, spin, timeout)
     }
     fn create_srq(
         &self,

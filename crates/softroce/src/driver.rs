@@ -440,19 +440,25 @@ impl Driver {
     }
 
     /// Receives for the node on this thread, in the NIC thread's place:
-    /// waits up to `timeout` for a datagram on the socket, runs the
+    /// waits up to `timeout` for a datagram on the socket (looking without
+    /// sleeping for the first `spin` of it), runs the
     /// receive round, and calls `here` for each QP that got completions;
     /// `here` delivers those of the caller's own QPs and says so, and the
     /// others go to the NIC thread's callbacks. Returns false, having done
     /// nothing, when another consumer drives or on the NIC thread itself;
     /// the caller then waits its own way.
-    pub fn drive(&self, timeout: Duration, here: impl Fn(QpHandle) -> bool) -> bool {
+    pub fn drive(
+        &self,
+        spin: Duration,
+        timeout: Duration,
+        here: impl Fn(QpHandle) -> bool,
+    ) -> bool {
         let s = &*self.shared;
         if s.on_own_thread() || s.driven.swap(true, Ordering::SeqCst) {
             return false;
         }
         s.note_drive();
-        if wait_readable(s.fd, None, timeout).unwrap_or(false) {
+        if look_then_wait(s.fd, spin, timeout) {
             let ready = {
                 let mut rx = s.rx.lock().unwrap_or_else(|e| e.into_inner());
                 receive_rounds(s, Some(&mut rx), false)
@@ -524,6 +530,24 @@ impl Driver {
     pub fn loops(&self) -> u64 {
         self.shared.loops.load(Ordering::Relaxed)
     }
+}
+
+/// Whether `fd` became readable: looked at without sleeping (a `ppoll`
+/// that does not block) for up to `spin`, then waited for up to `timeout`.
+fn look_then_wait(fd: std::os::fd::RawFd, spin: Duration, timeout: Duration) -> bool {
+    if !spin.is_zero() {
+        let until = StdInstant::now() + spin;
+        loop {
+            if wait_readable(fd, None, Duration::ZERO).unwrap_or(false) {
+                return true;
+            }
+            if StdInstant::now() >= until {
+                break;
+            }
+            std::hint::spin_loop();
+        }
+    }
+    wait_readable(fd, None, timeout).unwrap_or(false)
 }
 
 /// Receive rounds: up to [`ROUNDS`] while each stops at its budget, with
@@ -761,5 +785,57 @@ impl Drop for Driver {
                 let _ = t.join();
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::UdpSocket;
+    use std::os::fd::AsRawFd;
+
+    /// Voluntary context switches of the calling thread so far.
+    fn voluntary_switches() -> i64 {
+        let mut ru = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+        // SAFETY: a valid out-pointer for getrusage.
+        let rc = unsafe { libc::getrusage(libc::RUSAGE_THREAD, ru.as_mut_ptr()) };
+        assert_eq!(rc, 0);
+        // SAFETY: getrusage filled it.
+        unsafe { ru.assume_init() }.ru_nvcsw
+    }
+
+    #[test]
+    fn a_datagram_within_the_spin_is_seen_without_sleeping() {
+        let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let to = rx.local_addr().unwrap();
+        let (go, ready) = std::sync::mpsc::channel::<()>();
+        let sender = std::thread::spawn(move || {
+            let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
+            ready.recv().unwrap();
+            std::thread::sleep(Duration::from_millis(5));
+            tx.send_to(b"x", to).unwrap();
+        });
+        let before = voluntary_switches();
+        go.send(()).unwrap();
+        let seen = look_then_wait(rx.as_raw_fd(), Duration::from_secs(10), Duration::ZERO);
+        let slept = voluntary_switches() - before;
+        sender.join().unwrap();
+        assert!(seen, "the datagram came within the spin");
+        assert_eq!(slept, 0, "the spin looked without sleeping");
+    }
+
+    #[test]
+    fn after_the_spin_the_wait_sleeps_until_its_timeout() {
+        let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let start = StdInstant::now();
+        let before = voluntary_switches();
+        let seen = look_then_wait(
+            rx.as_raw_fd(),
+            Duration::from_millis(2),
+            Duration::from_millis(20),
+        );
+        assert!(!seen, "nothing was sent");
+        assert!(start.elapsed() >= Duration::from_millis(20));
+        assert!(voluntary_switches() > before, "the wait slept");
     }
 }

@@ -460,7 +460,7 @@ fn a_driving_consumer_receives_its_completions_and_hands_on_the_others() {
             let deadline = std::time::Instant::now() + Duration::from_secs(10);
             loop {
                 let took = std::cell::Cell::new(0);
-                db.drive(Duration::from_millis(20), |qp| {
+                db.drive(Duration::ZERO, Duration::from_millis(20), |qp| {
                     assert_eq!(qp, qb);
                     took.set(took.get() + u64::from(mine));
                     mine

@@ -154,7 +154,15 @@ pub trait Provider: Send + Sync {
     /// provider has no such work for a consumer's thread (the default:
     /// hardware, or another thread drives it now): the caller then waits
     /// its own way (an armed CQ's callback, [`Provider::wait_cq`]).
-    fn drive_cq(&self, cq: CqHandle, timeout: std::time::Duration) -> Result<bool> {
+    /// For the first `spin` of the wait it looks without sleeping: a
+    /// consumer that expects its answer within that long saves the sleep
+    /// and the wake-up, which on a busy host cost more than the answer.
+    fn drive_cq(
+        &self,
+        cq: CqHandle,
+        spin: std::time::Duration,
+        timeout: std::time::Duration,
+    ) -> Result<bool> {
         Ok(false)
     }
 

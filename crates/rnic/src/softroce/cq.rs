@@ -60,7 +60,12 @@ impl SoftRoce {
     /// The waiting consumer receives for the CA's node ([`Driver::drive`]):
     /// the completions of QPs whose CQs are both `cq` are delivered on its
     /// thread, the others by the NIC thread.
-    pub(super) fn drive_cq(&self, cq: CqHandle, timeout: std::time::Duration) -> Result<bool> {
+    pub(super) fn drive_cq(
+        &self,
+        cq: CqHandle,
+        spin: std::time::Duration,
+        timeout: std::time::Duration,
+    ) -> Result<bool> {
         let (rt, c) = {
             let st = self.lock();
             let i = st.cq(cq)?;
@@ -73,7 +78,7 @@ impl SoftRoce {
         let Some(driver) = rt.driver.get() else {
             return Ok(false);
         };
-        Ok(driver.drive(timeout, |qp| {
+        Ok(driver.drive(spin, timeout, |qp| {
             let mine = rt
                 .routes_lock()
                 .get(&qp.0.value())

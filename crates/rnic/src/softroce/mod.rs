@@ -375,7 +375,7 @@ impl Provider for SoftRoce {
         fn poll_cq(&self, cq: CqHandle, out: &mut [WorkCompletion]) -> Result<usize>;
         fn req_notify_cq(&self, cq: CqHandle, solicited_only: bool) -> Result<()>;
         fn wait_cq(&self, cq: CqHandle, timeout: std::time::Duration) -> Result<()>;
-        fn drive_cq(&self, cq: CqHandle, timeout: std::time::Duration) -> Result<bool>;
+        fn drive_cq(&self, cq: CqHandle, spin: std::time::Duration, timeout: std::time::Duration) -> Result<bool>;
         fn create_srq(&self, pd: PdHandle, attr: &SrqAttr, ctx: Context) -> Result<SrqHandle>;
         fn modify_srq(&self, srq: SrqHandle, limit: u32) -> Result<()>;
         fn query_srq(&self, srq: SrqHandle) -> Result<SrqAttr>;

@@ -9,8 +9,9 @@
 //! does nothing, so no thread works on a completion the caller is about to
 //! poll anyway.
 //! The caller polls for a while learned from how long answers take
-//! ([`Spin`]); then, where the provider lets a consumer's thread move its
-//! NIC ([`Provider::drive_cq`]: soft RoCE receives on it), it waits there,
+//! ([`Spin`]); where the provider lets a consumer's thread move its NIC
+//! ([`Provider::drive_cq`]: soft RoCE receives on it), it spends that
+//! while looking at the NIC there instead, and then waits there,
 //! still the reaper, so the datagram with its answer wakes it and no NIC
 //! thread; then it gives the role up: it arms the CQ, polls once more
 //! (what came before the arm), and parks until the callback's drain wakes
@@ -48,7 +49,8 @@ const DRIVE_MAX_QUEUE: usize = 4;
 /// How a reaping caller's answer came.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Found {
-    /// While it polled the CQ.
+    /// While it polled the CQ, or within the spin budget while the
+    /// provider looked for it without sleeping.
     Polling,
     /// While it drove the provider, or as it gave the role up.
     Driving,
@@ -117,11 +119,14 @@ impl Inner {
         mut answered: impl FnMut(&mut State) -> Option<T>,
     ) -> (Locked<'a>, T) {
         let start = Instant::now();
-        let mut polled = false;
+        // An answer there at once (another caller's reaping brought it)
+        // says nothing of how long answers take: only a wait teaches.
+        let (mut waited, mut polled) = (false, false);
         let answer = loop {
             if let Some(a) = answered(&mut st) {
                 break a;
             }
+            waited = true;
             // What this thread batched goes out as the lock is let go.
             st.stop_batching();
             if !st.reaping {
@@ -137,7 +142,9 @@ impl Inner {
             std::thread::park_timeout(Duration::from_millis(200));
             st = self.lock();
         };
-        st.spin.learn(start.elapsed(), polled);
+        if waited {
+            st.spin.learn(start.elapsed(), polled);
+        }
         (st, answer)
     }
 
@@ -155,14 +162,17 @@ impl Inner {
         st.reaping = true;
         self.reaper_polls.store(true, Ordering::SeqCst);
         // Where the provider lets this thread wait for the answer inside
-        // it, polling first only takes a core from the threads that make
-        // the answer (and the NIC thread, looking now and then, would
-        // hand it over to the poll): drive at once.
+        // it, polling the CQ first only takes a core from the threads that
+        // make the answer (and the NIC thread, looking now and then, would
+        // hand it over to the poll): drive at once, the spin budget spent
+        // in the provider looking at its NIC without sleeping (soft RoCE
+        // at QD1: twice the I/Os a second of sleeping there at once).
         let drive = st.channel.outstanding() <= DRIVE_MAX_QUEUE;
-        let until = if drive && st.provider_drives {
-            start
+        let budget = st.spin.next_budget();
+        let (until, drive_spin) = if drive && st.provider_drives {
+            (start, budget)
         } else {
-            start + st.spin.next_budget()
+            (start + budget, Duration::ZERO)
         };
         let found = loop {
             // Let go between polls: the posts queued go out (a provider
@@ -190,14 +200,26 @@ impl Inner {
             drop(st);
             let drove = self
                 .provider
-                .drive_cq(self.cq, DRIVE_SLICE)
+                .drive_cq(
+                    self.cq,
+                    drive_spin.saturating_sub(start.elapsed()),
+                    DRIVE_SLICE,
+                )
                 .unwrap_or(false);
             st = self.lock();
             st.provider_drives = drove;
             if self.poll_cq_locked(&mut st, true) > 0 {
                 self.drain_channel(&mut st);
             }
-            found = answered(&mut st).map(|a| (a, Found::Driving));
+            // An answer within the longest spin teaches the spin as a
+            // poll's does, though this one's budget may have been shorter:
+            // the next wait looks for as long as this one took, twice.
+            let how = if start.elapsed() <= SPIN_MAX {
+                Found::Polling
+            } else {
+                Found::Driving
+            };
+            found = answered(&mut st).map(|a| (a, how));
             if !drove {
                 break;
             }
