@@ -419,8 +419,14 @@ fn fnv_update(h: u64, data: &[u8]) -> u64 {
         .fold(h, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
 }
 
-/// Empty polls before a tool's loop sleeps in the kernel.
+/// Empty polls before a tool's loop on its own soft RoCE node sleeps in
+/// the kernel (each poll is a receive: a system call).
 const SPIN_POLLS: u32 = 64;
+
+/// The longest a side on the verbs (an rdma-core device, the NIC daemon)
+/// polls its CQ before it sleeps ([`verbs::spin::Spin`]): its polls are
+/// cheap (no system call), so it polls by time, not by count.
+const VERBS_SPIN_MAX: std::time::Duration = std::time::Duration::from_micros(50);
 
 /// Receives a SEND test's server keeps posted.
 const RECVS_POSTED: u64 = 512;
@@ -512,6 +518,12 @@ struct Done {
 struct Side {
     engine: Engine,
     idle_polls: u32,
+    /// A verbs engine's idle spell: since when it found nothing to do,
+    /// and how long it polls before it sleeps in this one.
+    idle: Option<(StdInstant, std::time::Duration)>,
+    /// How long a verbs engine polls before it sleeps, learned from its
+    /// idle spells.
+    spin: verbs::spin::Spin,
     /// Turns so far, and the CPU time of the turns that had work,
     /// estimated from every [`CPU_SAMPLE_EVERY`]th turn.
     turns: u64,
@@ -560,6 +572,8 @@ impl Side {
         Ok(Side {
             engine,
             idle_polls: 0,
+            idle: None,
+            spin: verbs::spin::Spin::new(VERBS_SPIN_MAX),
             turns: 0,
             busy_cpu: 0.0,
             mem,
@@ -757,7 +771,11 @@ impl Side {
 
     /// Whether the side has been idle long enough to sleep in its turns.
     fn sleeps(&self) -> bool {
-        self.idle_polls >= SPIN_POLLS
+        match (&self.engine, self.idle) {
+            (Engine::Verbs(_), Some((since, budget))) => since.elapsed() >= budget,
+            (Engine::Verbs(_), None) => false,
+            _ => self.idle_polls >= SPIN_POLLS,
+        }
     }
 
     /// One round of work; sleeps briefly in the kernel when idle. Returns
@@ -767,7 +785,10 @@ impl Side {
         let sample = self.turns.is_multiple_of(CPU_SAMPLE_EVERY);
         let cpu0 = if sample { thread_cpu_seconds() } else { 0.0 };
         let now = self.now();
-        let sleep = self.idle_polls + 1 >= SPIN_POLLS;
+        let sleep = match &self.engine {
+            Engine::Verbs(_) => self.sleeps(),
+            Engine::Soft { .. } => self.idle_polls + 1 >= SPIN_POLLS,
+        };
         let busy = match &mut self.engine {
             Engine::Soft { node, .. } => node.poll(now),
             Engine::Verbs(q) => match q.poll(sleep) {
@@ -780,6 +801,12 @@ impl Side {
         };
         if busy {
             self.idle_polls = 0;
+            // A spell that ended within the longest spin teaches the
+            // spin, polled through or not: the next one polls that long.
+            if let Some((since, _)) = self.idle.take() {
+                let waited = since.elapsed();
+                self.spin.learn(waited, waited <= self.spin.max());
+            }
             if sample {
                 self.busy_cpu += (thread_cpu_seconds() - cpu0) * CPU_SAMPLE_EVERY as f64;
             }
@@ -790,6 +817,9 @@ impl Side {
         // switches. Bounded, so an idle tool still sleeps (a device's
         // poll above slept already).
         self.idle_polls += 1;
+        if matches!(self.engine, Engine::Verbs(_)) && self.idle.is_none() {
+            self.idle = Some((StdInstant::now(), self.spin.next_budget()));
+        }
         if self.idle_polls < SPIN_POLLS {
             return false;
         }

@@ -68,6 +68,7 @@ mod mem;
 pub mod nested;
 mod port;
 mod provider;
+pub mod spin;
 mod types;
 
 pub use caps::Feature;

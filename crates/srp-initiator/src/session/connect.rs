@@ -359,7 +359,7 @@ impl Session {
                 closed: false,
                 parked: IdMap::default(),
                 reaping: false,
-                spin: Default::default(),
+                spin: Spin::new(reap::SPIN_MAX),
                 provider_drives: false,
                 wake: Vec::new(),
                 retried: IdMap::default(),

@@ -62,7 +62,7 @@ use connect::*;
 pub use connector::*;
 use poller::*;
 use pool::*;
-use reap::Spin;
+use verbs::spin::Spin;
 pub use watch::*;
 
 /// The outcome of one SCSI command.

@@ -9,7 +9,7 @@
 //! does nothing, so no thread works on a completion the caller is about to
 //! poll anyway.
 //! The caller polls for a while learned from how long answers take
-//! ([`Spin`]); where the provider lets a consumer's thread move its NIC
+//! ([`verbs::spin::Spin`]); where the provider lets a consumer's thread move its NIC
 //! ([`Provider::drive_cq`]: soft RoCE receives on it), it spends that
 //! while looking at the NIC there instead, and then waits there,
 //! still the reaper, so the datagram with its answer wakes it and no NIC
@@ -31,7 +31,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 /// The longest a caller polls before it sleeps.
-const SPIN_MAX: Duration = Duration::from_micros(50);
+pub(super) const SPIN_MAX: Duration = Duration::from_micros(50);
 
 /// The longest a reaping caller waits in the provider
 /// ([`Provider::drive_cq`]) before it looks at the session again: how late
@@ -54,56 +54,6 @@ enum Found {
     Polling,
     /// While it drove the provider, or as it gave the role up.
     Driving,
-}
-
-/// How long a reaping caller polls before it sleeps, learned from the
-/// recent waits: twice those the polling caught, and nothing after one it
-/// did not (a caller that polls in vain takes a core from the threads that
-/// make its answer: on a machine of few cores, its answer comes later).
-/// One wait in [`PROBE_EVERY`] polls the whole [`SPIN_MAX`] anyway, so a
-/// budget gone to nothing grows again when answers get quicker.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Spin {
-    /// The current budget.
-    budget: Duration,
-    /// Waits so far (wrapping), for the probes.
-    waits: u32,
-}
-
-/// One wait in this many polls for the whole [`SPIN_MAX`].
-const PROBE_EVERY: u32 = 64;
-
-impl Default for Spin {
-    fn default() -> Spin {
-        Spin {
-            budget: SPIN_MAX,
-            waits: 0,
-        }
-    }
-}
-
-impl Spin {
-    /// The budget for the next wait.
-    pub(super) fn next_budget(&mut self) -> Duration {
-        self.waits = self.waits.wrapping_add(1);
-        if self.waits.is_multiple_of(PROBE_EVERY) {
-            SPIN_MAX
-        } else {
-            self.budget
-        }
-    }
-
-    /// Learns from one wait that took `waited`, its answer found while
-    /// polling (`polled`) or after a sleep.
-    pub(super) fn learn(&mut self, waited: Duration, polled: bool) {
-        let goal = if polled {
-            (waited * 2).min(SPIN_MAX)
-        } else {
-            Duration::ZERO
-        };
-        // A moving average: one odd wait moves it a quarter of the way.
-        self.budget = (self.budget * 3 + goal) / 4;
-    }
 }
 
 impl Inner {
@@ -234,37 +184,5 @@ impl Inner {
         }
         let found = found.or_else(|| answered(&mut st).map(|a| (a, Found::Driving)));
         (st, found)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_spin_follows_short_waits_and_fades_for_long_ones() {
-        let mut s = Spin::default();
-        assert_eq!(s.next_budget(), SPIN_MAX, "the first wait polls");
-        for _ in 0..32 {
-            s.learn(Duration::from_micros(10), true);
-        }
-        let b = s.next_budget();
-        assert!(
-            b > Duration::from_micros(15) && b <= Duration::from_micros(30),
-            "{b:?}"
-        );
-        for _ in 0..32 {
-            s.learn(Duration::from_micros(40), true);
-        }
-        assert_eq!(s.next_budget().as_micros(), 49, "capped at SPIN_MAX");
-        for _ in 0..32 {
-            s.learn(Duration::from_micros(40), false);
-        }
-        assert!(s.next_budget() < Duration::from_micros(1), "polled in vain");
-        // Faded, it still polls the whole time now and then.
-        let probes = (0..PROBE_EVERY)
-            .filter(|_| s.next_budget() == SPIN_MAX)
-            .count();
-        assert_eq!(probes, 1);
     }
 }
