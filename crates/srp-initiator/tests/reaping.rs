@@ -14,7 +14,7 @@ mod common;
 use common::{fabric, target_port, wait_for, Direct, Gate, Held, Hold};
 use rdma_types::{AccessFlags, Guid, PortNum, Qpn};
 use srp::initiator::ChannelConfig;
-use srp::wire::Lun;
+use srp::wire::{Lun, TaskAttr};
 use srp_initiator::session::{Session, SessionConfig, Xfer};
 use srp_target::PortOptions;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -126,7 +126,21 @@ impl Provider for Deaf {
     fn post_recv(&self, qp: QpHandle, wrs: &[RecvWr]) -> verbs::Result<()> {
         self.0.post_recv(qp, wrs)
     }
+    fn drive_cq(&self, cq: CqHandle, spin: Duration, timeout: Duration) -> verbs::Result<bool> {
+        if WATCHED.with(|w| w.get()) {
+            WATCHED_DRIVES.fetch_add(1, Ordering::SeqCst);
+        }
+        self.0.drive_cq(cq, spin, timeout)
+    }
 }
+
+thread_local! {
+    /// This thread's `drive_cq` calls are counted in [`WATCHED_DRIVES`].
+    static WATCHED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// `drive_cq` calls of the watched thread (one test watches one).
+static WATCHED_DRIVES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// A session over the deaf provider to a target port whose LUN 0 is a
 /// RAM store of `bytes` that holds WRITEs at `gate` while it is closed.
@@ -261,4 +275,50 @@ fn an_answer_reaped_by_another_caller_reaches_its_own() {
     b_done.store(true, Ordering::SeqCst);
     assert!(a.join().unwrap() > 0);
     assert_eq!(read(&s, 7), stamp(7));
+}
+
+#[test]
+fn a_lone_waiting_caller_drives_the_provider_with_many_commands_outstanding() {
+    let gate = Arc::new(Gate::default());
+    let (s, _port) = session(1 << 20, gate.clone());
+    // Eight WRITEs held at the target, and this thread the session's
+    // only waiting caller: it asks the provider to let it move the NIC
+    // (a deeper queue used to leave that to the NIC's thread).
+    gate.set(true);
+    WATCHED.with(|w| w.set(true));
+    let cmds: Vec<_> = (0..8u64)
+        .map(|i| {
+            s.start(
+                Lun::from_u64(0),
+                &rw16(true, i, 1),
+                &Xfer::Out(&stamp(i)),
+                TaskAttr::Simple,
+            )
+            .unwrap()
+        })
+        .collect();
+    let opener = {
+        let gate = gate.clone();
+        std::thread::spawn(move || {
+            // Open once the waiting caller drove, or after 10 s (then the
+            // assertion below says why).
+            let end = std::time::Instant::now() + Duration::from_secs(10);
+            while WATCHED_DRIVES.load(Ordering::SeqCst) == 0 && std::time::Instant::now() < end {
+                std::thread::yield_now();
+            }
+            gate.set(false);
+        })
+    };
+    let mut left: Vec<_> = cmds.into_iter().collect();
+    while !left.is_empty() {
+        let i = s.wait_any(&left.iter().collect::<Vec<_>>());
+        let r = s.finish(left.swap_remove(i), Xfer::None);
+        assert!(r.good(), "{r:?}");
+    }
+    WATCHED.with(|w| w.set(false));
+    opener.join().unwrap();
+    assert!(
+        WATCHED_DRIVES.load(Ordering::SeqCst) > 0,
+        "the lone caller with 8 commands outstanding never drove"
+    );
 }

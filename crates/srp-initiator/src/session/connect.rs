@@ -360,6 +360,7 @@ impl Session {
                 parked: IdMap::default(),
                 reaping: false,
                 spin: Spin::new(reap::SPIN_MAX),
+                waiting: 0,
                 provider_drives: false,
                 wake: Vec::new(),
                 retried: IdMap::default(),

@@ -268,6 +268,8 @@ struct State {
     reaping: bool,
     /// How long a reaping caller polls before it sleeps.
     spin: Spin,
+    /// Callers inside [`Inner::wait_answer`] now.
+    waiting: usize,
     /// The provider's last `drive_cq` waited in it (soft RoCE): a reaping
     /// caller drives at once instead of polling first.
     provider_drives: bool,
