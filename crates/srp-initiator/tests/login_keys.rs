@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{connect, ram, soft_pair, target_port};
+use common::{connect, ram, soft_pair, target_port, Gate, Held, Hold};
 use rdma_types::Guid;
 use srp_initiator::disk::Disk;
 use srp_initiator::login::LoginOptions;
@@ -25,13 +25,17 @@ struct Setup {
 
 /// A target port with `luns` RAM LUNs of 16 MiB on `fabric`.
 fn setup_on(fabric: Arc<dyn verbs::Provider>, luns: u16) -> Setup {
+    setup_with(fabric, (0..luns).map(|_| ram(16 << 20)).collect())
+}
+
+fn setup_with(fabric: Arc<dyn verbs::Provider>, luns: Vec<scsi::Device>) -> Setup {
     let chan = login("").channel_config(Guid(INIT_GUID));
     let port = target_port(
         &fabric,
         TARGET_GUID,
         chan.target_port_id(),
         "keys",
-        (0..luns).map(|_| ram(16 << 20)).collect(),
+        luns,
         PortOptions::default(),
     );
     Setup { fabric, port }
@@ -39,6 +43,17 @@ fn setup_on(fabric: Arc<dyn verbs::Provider>, luns: u16) -> Setup {
 
 fn setup(luns: u16) -> Setup {
     setup_on(common::fabric(&[TARGET_GUID, INIT_GUID]), luns)
+}
+
+/// [`setup`] with LUNs whose WRITEs wait at `gate` while it is closed.
+fn setup_held(luns: u16, gate: &Arc<Gate>) -> Setup {
+    let held = (0..luns)
+        .map(|_| {
+            let store = Held::new(16 << 20, gate.clone(), Hold::Writes);
+            scsi::Device::new(scsi::DeviceConfig::default(), Arc::new(store)).unwrap()
+        })
+        .collect();
+    setup_with(common::fabric(&[TARGET_GUID, INIT_GUID]), held)
 }
 
 /// A login string to this test's target with `extra` keys.
@@ -181,14 +196,42 @@ fn hammer(disks: &[Arc<Disk>], threads: usize, rounds: usize) {
     });
 }
 
+/// [`hammer`] with the target holding the WRITEs until `full` says the
+/// queue under test filled (or 10 s passed), so the peak it reaches does
+/// not depend on how the threads happen to be scheduled; whether it
+/// filled.
+fn hammer_held(
+    gate: &Gate,
+    disks: &[Arc<Disk>],
+    threads: usize,
+    rounds: usize,
+    full: impl Fn() -> bool,
+) -> bool {
+    gate.set(true);
+    std::thread::scope(|sc| {
+        sc.spawn(|| hammer(disks, threads, rounds));
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !full() && std::time::Instant::now() < end {
+            std::thread::yield_now();
+        }
+        let filled = full();
+        gate.set(false);
+        filled
+    })
+}
+
 #[test]
 fn max_cmd_per_lun_bounds_the_commands_of_one_lun_in_flight() {
-    let s = setup(1);
+    let gate = Arc::new(Gate::default());
+    let s = setup_held(1, &gate);
     let o = login("max_cmd_per_lun=2");
     let d = Arc::new(disk(&s, &o, 0));
     let q = d.lun_queue().unwrap().clone();
     assert_eq!(q.max(), 2);
-    hammer(std::slice::from_ref(&d), 8, 40);
+    let filled = hammer_held(&gate, std::slice::from_ref(&d), 8, 40, || {
+        q.in_flight() == 2
+    });
+    assert!(filled, "2 commands in flight within 10 s");
     assert_eq!(q.peak(), 2, "8 writers, max_cmd_per_lun=2");
     assert_eq!(q.in_flight(), 0);
 
@@ -209,13 +252,14 @@ fn max_cmd_per_lun_bounds_the_commands_of_one_lun_in_flight() {
     let d = Arc::new(disk(&s, &login(""), 0));
     let q = d.lun_queue().unwrap().clone();
     assert_eq!(q.max(), 64);
-    hammer(std::slice::from_ref(&d), 8, 40);
-    assert!(q.peak() > 2, "peak {} with 8 writers", q.peak());
+    let filled = hammer_held(&gate, std::slice::from_ref(&d), 8, 40, || q.in_flight() > 2);
+    assert!(filled, "peak {} with 8 writers", q.peak());
 }
 
 #[test]
 fn target_can_queue_bounds_every_lun_of_the_target_together() {
-    let s = setup(2);
+    let gate = Arc::new(Gate::default());
+    let s = setup_held(2, &gate);
     let o = login("target_can_queue=3");
     let target = o.target_queue().unwrap();
     let sess = session(&s, o.session_config(Guid(INIT_GUID)));
@@ -228,7 +272,8 @@ fn target_can_queue_bounds_every_lun_of_the_target_together() {
             ))
         })
         .collect();
-    hammer(&disks, 4, 30);
+    let filled = hammer_held(&gate, &disks, 4, 30, || target.in_flight() == 3);
+    assert!(filled, "3 commands in flight within 10 s");
     assert_eq!(target.peak(), 3, "8 writers on 2 LUNs, target_can_queue=3");
     assert_eq!(target.in_flight(), 0);
     // Without it, nothing bounds the target below the LUNs' depths.
