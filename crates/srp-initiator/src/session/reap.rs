@@ -9,12 +9,12 @@
 //! does nothing, so no thread works on a completion the caller is about to
 //! poll anyway.
 //! The caller polls for a while learned from how long answers take
-//! ([`verbs::spin::Spin`]); where the provider lets a consumer's thread move its NIC
-//! ([`Provider::drive_cq`]: soft RoCE receives on it), with few commands
-//! outstanding or as the session's only waiting caller, it spends that
-//! while looking at the NIC there instead, and then waits there,
-//! still the reaper, so the datagram with its answer wakes it and no NIC
-//! thread; then it gives the role up: it arms the CQ, polls once more
+//! ([`verbs::spin::Spin`]). Where the provider lets a consumer's thread
+//! move its NIC ([`Provider::drive_cq`]: soft RoCE receives on it), with
+//! few commands outstanding or as the session's only waiting caller, it
+//! spends that while looking at the NIC there instead, and then waits
+//! there, still the reaper, so the datagram with its answer wakes it and
+//! no NIC thread; then it gives the role up: it arms the CQ, polls once more
 //! (what came before the arm), and parks until the callback's drain wakes
 //! it, as a waiter that is not the reaper always does.
 //!
