@@ -771,10 +771,10 @@ impl Side {
 
     /// Whether the side has been idle long enough to sleep in its turns.
     fn sleeps(&self) -> bool {
-        match (&self.engine, self.idle) {
-            (Engine::Verbs(_), Some((since, budget))) => since.elapsed() >= budget,
-            (Engine::Verbs(_), None) => false,
-            _ => self.idle_polls >= SPIN_POLLS,
+        match self.idle {
+            // A verbs engine in an idle spell: by time.
+            Some((since, budget)) => since.elapsed() >= budget,
+            None => self.idle_polls >= SPIN_POLLS,
         }
     }
 

@@ -174,7 +174,7 @@ impl Inner {
             // An answer within the longest spin teaches the spin as a
             // poll's does, though this one's budget may have been shorter:
             // the next wait looks for as long as this one took, twice.
-            let how = if start.elapsed() <= SPIN_MAX {
+            let how = if start.elapsed() <= st.spin.max() {
                 Found::Polling
             } else {
                 Found::Driving
