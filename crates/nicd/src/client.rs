@@ -49,7 +49,7 @@ use crate::sock::{send_frame, FrameReader, ReadError};
 use rdma_access::subnet::Fabric;
 use rdma_types::{AccessFlags, Guid, PortNum, QpType, Qpn, Rkey};
 use std::collections::HashMap;
-use std::os::fd::BorrowedFd;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -117,6 +117,9 @@ struct Conn {
     /// The session's rings, ended with the connection (so a wait on one
     /// returns at once).
     rings: Mutex<Option<Arc<rings::Rings>>>,
+    /// The completion eventfd the daemon answers ring CQ arms on (taken
+    /// and written when the connection ends, so its thread ends too).
+    notice: Mutex<Option<Arc<OwnedFd>>>,
 }
 
 /// One connection to the daemon and what lives on it: a [`Provider`]
@@ -365,6 +368,9 @@ enum Dispatch {
     Gone,
     /// CQ `.0` has a GSI completion: its handler hears if it is armed.
     Kick(u32),
+    /// A ring CQ of CA `.0` with context `.1` was answered on the
+    /// completion eventfd before its CA's handler was in place.
+    Notice(u32, u64),
 }
 
 impl Session {
@@ -390,7 +396,8 @@ impl Session {
                 if let Ok(Reply::Unit {}) = p.conn.call(&Request::Doorbell {}, Some(r.doorbell())) {
                     let r = Arc::new(r);
                     *p.conn.rings.lock().unwrap_or_else(|e| e.into_inner()) = Some(r.clone());
-                    p.rings = Some(r);
+                    p.rings = Some(r.clone());
+                    p.conn.start_notice(&r);
                 }
             }
             Err(e) => tracing::warn!("nicd client: no eventfd for a doorbell ({e}): socket only"),
@@ -429,6 +436,7 @@ impl Session {
             local: Mutex::new(gsi::Local::default()),
             kick: Mutex::new(Some(tx.clone())),
             rings: Mutex::new(None),
+            notice: Mutex::new(None),
         });
         let c = conn.clone();
         std::thread::Builder::new()
@@ -542,6 +550,9 @@ impl Conn {
         if let Some(r) = self.rings.lock().unwrap_or_else(|e| e.into_inner()).take() {
             r.end_all();
         }
+        if let Some(fd) = self.notice.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            rings::write_eventfd(&fd);
+        }
         if !self.dropped.load(Ordering::Relaxed) {
             let _ = events.send(Dispatch::Gone);
         }
@@ -550,6 +561,72 @@ impl Conn {
 
     fn local(&self) -> std::sync::MutexGuard<'_, gsi::Local> {
         self.local.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Gives the daemon a completion eventfd and starts the thread that
+    /// waits on it (see [`Conn::notice_loop`]); a daemon that does not
+    /// know the request keeps sending `Completion` events.
+    fn start_notice(self: &Arc<Self>, r: &Arc<rings::Rings>) {
+        let fd = match rings::new_doorbell() {
+            Ok(fd) => Arc::new(fd),
+            Err(e) => {
+                tracing::warn!("nicd client: no eventfd for completions ({e}): events serve");
+                return;
+            }
+        };
+        let Ok(Reply::Unit {}) = self.call(&Request::CompletionNotice {}, Some(fd.as_fd())) else {
+            return;
+        };
+        *self.notice.lock().unwrap_or_else(|e| e.into_inner()) = Some(fd.clone());
+        let (c, r) = (self.clone(), r.clone());
+        let started = std::thread::Builder::new()
+            .name("nicd-client-cq".into())
+            .spawn(move || c.notice_loop(&fd, &r));
+        if let Err(e) = started {
+            // The daemon answers this connection's arms on a descriptor
+            // nobody reads: its CQ handlers would never run.
+            tracing::error!("nicd client: no completion thread ({e}): connection dropped");
+            let _ = self.sock.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    /// Until the connection ends: waits on the completion eventfd, then
+    /// runs the handler of every ring CQ the daemon answered since the
+    /// last look, holding no lock.
+    fn notice_loop(&self, fd: &OwnedFd, r: &rings::Rings) {
+        let mut fired = Vec::new();
+        loop {
+            rings::wait_eventfd(fd, Duration::from_secs(1));
+            if self
+                .pending
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .closed
+            {
+                return;
+            }
+            r.notified(&mut fired);
+            r.count
+                .notices
+                .fetch_add(fired.len() as u64, Ordering::Relaxed);
+            for (ca, ctx) in fired.drain(..) {
+                let h = self
+                    .handlers
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get(&ca)
+                    .cloned();
+                match h {
+                    Some((h, _)) => h.on_completion(ctx),
+                    // The event thread has its registration to make yet.
+                    None => {
+                        if let Some(tx) = &*self.kick.lock().unwrap_or_else(|e| e.into_inner()) {
+                            let _ = tx.send(Dispatch::Notice(ca, ctx));
+                        }
+                    }
+                }
+            }
+        }
     }
 
     /// Has the event thread tell CQ `cq`'s handler of a GSI completion.
@@ -565,6 +642,11 @@ impl Conn {
         match d {
             Dispatch::Register(ca, h) => {
                 handlers().insert(ca, h);
+            }
+            Dispatch::Notice(ca, ctx) => {
+                if let Some((h, _)) = handlers().get(&ca).cloned() {
+                    h.on_completion(ctx);
+                }
             }
             Dispatch::Kick(cq) => {
                 let hear = self.local().notify(cq);
@@ -757,7 +839,8 @@ impl Session {
             }
             Err(e) => return Err(e),
         };
-        r.add_cq(cq.0, buf, ring)?;
+        let ca = self.conn.local().pds.get(&pd.0.index).copied().unwrap_or(0);
+        r.add_cq(cq.0, buf, ring, ca, ctx)?;
         Ok(cq)
     }
 

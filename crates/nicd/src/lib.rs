@@ -14,7 +14,8 @@
 //!   released, children first, when its connection ends.
 //! - [`client`]: [`NicdProvider`], the `verbs::Provider` that sends each
 //!   slow-path verb over the socket, posts and polls through the rings,
-//!   and runs the consumer's handlers on a thread of its own. Registered
+//!   and runs the consumer's handlers on a thread of its own (a ring
+//!   CQ's on another, woken by an eventfd the daemon writes). Registered
 //!   memory and rings are memfds the daemon maps
 //!   (`verbs::MemBuf::new_shared`), passed with `SCM_RIGHTS`.
 //! - [`mads`]: the MAD services of each port, sans-IO: the daemon owns

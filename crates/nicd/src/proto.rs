@@ -56,6 +56,7 @@
 //! 128     8     producer index (only grows)                    producer
 //! 192     8     consumer index (only grows)                    consumer
 //! 256     8     arm sequence (CQ: req_notify_cq)               client
+//! 320     8     notified arm sequence (CQ, with a notice fd)   daemon
 //! 4096    ...   entries; entry i at 4096 + (i % slots) * size
 //! ```
 //!
@@ -94,6 +95,13 @@
 //! arm is a [`Request::ReqNotifyCq`] on the socket and makes the ring
 //! `DELEGATED` for good: completions stay in the daemon's CQ, and the
 //! client polls them with [`Request::PollCq`] once its ring is empty.
+//! A client that gave a completion eventfd
+//! ([`Request::CompletionNotice`]) hears of it there instead: the daemon
+//! writes the arm sequence it answers into the notified word, then
+//! writes 1 to the eventfd; the client, woken, runs the CQ handler of
+//! every ring whose notified word moved since it last looked. That skips
+//! the event socket's two threads (the daemon's writer, the client's
+//! reader) on every completion a consumer waits for by its handler.
 //! A client waits for a ring CQ itself: it sets `WAITER` and sleeps on
 //! the low 32 bits of the producer index (a futex the daemon wakes
 //! after it moves a completion in); a `WaitCq` on the socket for a ring
@@ -106,6 +114,13 @@
 //! after version 2's rings, without a new version: a daemon without them
 //! answers them as malformed requests, and sends the event only to a
 //! client that opened a GSI QP.
+//!
+//! # The completion eventfd
+//!
+//! [`Request::CompletionNotice`] and the ring's notified word came later
+//! too, without a new version: a daemon without them answers the request
+//! as malformed, and the client then hears of its ring CQs by
+//! [`Event::Completion`] as before.
 //!
 //! # The SM's address
 //!
@@ -888,6 +903,13 @@ messages! {
         /// client when it is on that fabric, and refused in words when
         /// it is on the other.
         AddNicOn = 47 { ip: IpAddr, ib: bool },
+        /// Version 2: the client's completion eventfd, which the frame
+        /// carries. From then on a ring CQ armed through its arm word is
+        /// answered there ([`crate::ring`]'s notified word, then a write
+        /// to the eventfd) instead of with [`Event::Completion`]. Sent
+        /// once, after the [`Request::Doorbell`] and before any ring is
+        /// made.
+        CompletionNotice = 48 {},
     }
 
     /// Daemon to client: what a request returns.

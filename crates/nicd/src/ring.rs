@@ -35,6 +35,9 @@ mod field {
     pub const CONSUMER: usize = 192;
     /// CQ only, written by the client: `req_notify_cq` sequence.
     pub const ARM: usize = 256;
+    /// CQ only, written by the daemon: the arm sequence it last answered
+    /// through the client's completion eventfd.
+    pub const NOTIFIED: usize = 320;
     /// The first entry.
     pub const ENTRIES: usize = 4096;
 }
@@ -277,6 +280,18 @@ impl Ring {
     /// Arms the CQ once more (the client).
     pub fn bump_arm(&self) {
         self.word(field::ARM).fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// The arm sequence the daemon last answered through the client's
+    /// completion eventfd.
+    pub fn notified(&self) -> u64 {
+        self.word(field::NOTIFIED).load(Ordering::SeqCst)
+    }
+
+    /// Answers arm sequence `arm` (the daemon, before it writes the
+    /// client's completion eventfd).
+    pub fn set_notified(&self, arm: u64) {
+        self.word(field::NOTIFIED).store(arm, Ordering::SeqCst);
     }
 
     fn slot(&self, i: u64) -> usize {

@@ -964,6 +964,7 @@ impl Server {
             let ring_req = matches!(
                 req,
                 Request::Doorbell {}
+                    | Request::CompletionNotice {}
                     | Request::CreateCqRing { .. }
                     | Request::CreateQpRing { .. }
                     | Request::CreateSrqRing { .. }
@@ -1758,6 +1759,13 @@ impl Server {
                     c.rings.start(self, me, fd)?;
                     Reply::Unit {}
                 }
+                Request::CompletionNotice {} => {
+                    let fd = reader
+                        .take_fd()
+                        .ok_or_else(|| bad("CompletionNotice without its eventfd (SCM_RIGHTS)"))?;
+                    c.rings.set_notice(fd)?;
+                    Reply::Unit {}
+                }
                 Request::CreateCqRing {
                     pd,
                     init,
@@ -1781,7 +1789,8 @@ impl Server {
                     let raw = p.create_cq(PdHandle(self.raw(me, K::Pd, pd.0)?), &init, ctx)?;
                     let h = self.add(me, K::Cq, raw.0, 0);
                     self.charge_rings(h, len);
-                    let cq = Arc::new(CqRing::new(ring, raw, h.index, ca, ctx));
+                    let notice = c.rings.notice();
+                    let cq = Arc::new(CqRing::new(ring, raw, h.index, ca, ctx, notice));
                     c.rings.add_cq(cq.clone());
                     // Arms the provider's CQ for the pumps to come.
                     cq.pump(p, out);

@@ -841,3 +841,139 @@ fn exchange(a: &Node, qa: QpHandle, b: &Node, qb: QpHandle, n: u64) {
     let want: Vec<(u64, WcStatus)> = (0..n).map(|i| (500 + i, WcStatus::Success)).collect();
     assert_eq!(got, want);
 }
+
+/// An eventfd of the test's own (blocking, as a client may make it).
+fn eventfd() -> OwnedFd {
+    // SAFETY: no pointers; the descriptor returned is ours.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+    assert!(fd >= 0);
+    // SAFETY: just made, owned by nobody else.
+    unsafe { OwnedFd::from_raw_fd(fd) }
+}
+
+/// Whether `fd` becomes readable within `ms` milliseconds.
+fn readable(fd: &OwnedFd, ms: i32) -> bool {
+    let mut p = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, for the call's duration.
+    unsafe { libc::poll(&mut p, 1, ms) == 1 }
+}
+
+/// A client that gave a completion eventfd hears of an armed ring CQ
+/// there (the notified word moved to its arm), not on the socket; the
+/// daemon refuses a descriptor that is no eventfd, a second one, and
+/// one after a CQ ring was made.
+#[test]
+fn an_armed_ring_cq_is_answered_on_the_completion_eventfd() {
+    let d = Daemon::start(&[fresh_ip(THIRD)]);
+    let g = d.guids[0];
+    let mut r = Raw::connect(&d);
+    let mut ends = [0; 2];
+    // SAFETY: a valid out-array of two descriptors.
+    assert_eq!(
+        unsafe { libc::pipe2(ends.as_mut_ptr(), libc::O_CLOEXEC) },
+        0
+    );
+    // SAFETY: just made, owned by nobody else.
+    let (rd, _wr) = unsafe { (OwnedFd::from_raw_fd(ends[0]), OwnedFd::from_raw_fd(ends[1])) };
+    match r.call(&Request::CompletionNotice {}, Some(rd.as_fd())) {
+        Err(VerbsError::InvalidArgument(m)) => assert!(m.contains("not an eventfd"), "{m}"),
+        other => panic!("a pipe taken for an eventfd: {other:?}"),
+    }
+    let notice = eventfd();
+    assert_eq!(
+        r.call(&Request::CompletionNotice {}, Some(notice.as_fd())),
+        Ok(Reply::Unit {})
+    );
+    // SAFETY: a plain fcntl on a descriptor we own.
+    let fl = unsafe { libc::fcntl(notice.as_raw_fd(), libc::F_GETFL) };
+    assert_ne!(fl & libc::O_NONBLOCK, 0, "the daemon made it non-blocking");
+    let again = eventfd();
+    assert!(matches!(
+        r.call(&Request::CompletionNotice {}, Some(again.as_fd())),
+        Err(VerbsError::InvalidArgument(_))
+    ));
+    let s = setup(&mut r, g);
+    let (q, _, _) = qp(&mut r, &s, 30);
+    assert!(!readable(&notice, 0), "nothing to hear of yet");
+    s.cq_ring.bump_arm();
+    // A receive flushed by ERR is a completion for the CQ.
+    let init = verbs::QpAttr {
+        state: Some(QpState::Init),
+        pkey_index: Some(0),
+        port: Some(rdma_types::PortNum(1)),
+        access: Some(rdma_types::AccessFlags::NONE),
+        ..Default::default()
+    };
+    assert_eq!(
+        r.call(&Request::ModifyQp { qp: q, attr: init }, None),
+        Ok(Reply::Unit {})
+    );
+    let wrs = vec![RecvWr {
+        wr_id: 1,
+        sges: vec![],
+    }];
+    assert_eq!(
+        r.call(&Request::PostRecv { qp: q, wrs }, None),
+        Ok(Reply::Unit {})
+    );
+    let err = verbs::QpAttr {
+        state: Some(QpState::Err),
+        ..Default::default()
+    };
+    assert_eq!(
+        r.call(&Request::ModifyQp { qp: q, attr: err }, None),
+        Ok(Reply::Unit {})
+    );
+    assert!(readable(&notice, 20_000), "the eventfd was written");
+    assert_eq!(s.cq_ring.notified(), 1, "the arm answered");
+    assert_eq!(
+        s.cq_ring.producer(),
+        1,
+        "the flushed receive is in the ring"
+    );
+    // The daemon sent no event for it: any would come before this answer.
+    assert!(matches!(
+        r.call(&Request::ListCas {}, None),
+        Ok(Reply::Guids { .. })
+    ));
+    assert!(
+        !r.events
+            .iter()
+            .any(|e| matches!(e, Event::Completion { .. })),
+        "{:?}",
+        r.events
+    );
+    let late = eventfd();
+    match r.call(&Request::CompletionNotice {}, Some(late.as_fd())) {
+        Err(VerbsError::InvalidArgument(m)) => assert!(m.contains("after a CQ ring"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// The client provider's CQ handlers run from its completion eventfd:
+/// an armed CQ's handler hears of a SEND's completion, counted as a
+/// notice.
+#[test]
+fn the_client_runs_cq_handlers_from_its_completion_eventfd() {
+    let d = Daemon::start(&[fresh_ip(THIRD)]);
+    let g = d.guids[0];
+    let (ca, cb) = (One(d.client(), g), One(d.client(), g));
+    let (a, b) = (Node::open(&ca, g, 64), Node::open(&cb, g, 64));
+    let (qa, qb) = (a.qp(QpType::Rc, None, 1), b.qp(QpType::Rc, None, 2));
+    connect(&a, qa, &b, qb, QpType::Rc, 7);
+    let before = cb.0.counters();
+    b.p.req_notify_cq(b.cq, false).unwrap();
+    exchange(&a, qa, &b, qb, 1);
+    assert!(
+        b.rec
+            .wait_for(|e| *e == verbs::conformance::Ev::Completion(100)),
+        "the handler heard: {:?}",
+        b.rec.events()
+    );
+    let after = cb.0.counters();
+    assert!(after.notices > before.notices, "{before:?} -> {after:?}");
+}

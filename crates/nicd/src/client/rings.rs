@@ -66,6 +66,9 @@ pub struct Counters {
     pub deferred_receives: u64,
     /// Sends that waited for such receives first.
     pub fenced_sends: u64,
+    /// CQ handlers run because the daemon answered an arm on the
+    /// completion eventfd (not with an event on the socket).
+    pub notices: u64,
 }
 
 #[derive(Default)]
@@ -76,6 +79,7 @@ pub(super) struct Count {
     ring_polls: AtomicU64,
     deferred_receives: AtomicU64,
     fenced_sends: AtomicU64,
+    pub(super) notices: AtomicU64,
 }
 
 impl Count {
@@ -89,6 +93,7 @@ impl Count {
             ring_polls: l(&self.ring_polls),
             deferred_receives: l(&self.deferred_receives),
             fenced_sends: l(&self.fenced_sends),
+            notices: l(&self.notices),
         }
     }
 }
@@ -102,6 +107,30 @@ pub(super) fn new_doorbell() -> std::io::Result<OwnedFd> {
     }
     // SAFETY: just returned by eventfd, owned by nobody else.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Writes 1 to an eventfd (a full one: nothing to do).
+pub(super) fn write_eventfd(fd: &OwnedFd) {
+    let one = 1u64.to_ne_bytes();
+    // SAFETY: writes 8 bytes from a live local array to our descriptor.
+    let _ = unsafe { libc::write(fd.as_raw_fd(), one.as_ptr().cast(), 8) };
+}
+
+/// Waits until eventfd `fd` (non-blocking) is readable or `timeout`
+/// passes, then reads it back to zero.
+pub(super) fn wait_eventfd(fd: &OwnedFd, timeout: Duration) {
+    let mut p = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as libc::c_int;
+    // SAFETY: one valid pollfd, for the call's duration.
+    let _ = unsafe { libc::poll(&mut p, 1, ms) };
+    let mut b = [0u8; 8];
+    // SAFETY: reads at most 8 bytes into a live local array; the
+    // descriptor is non-blocking.
+    let _ = unsafe { libc::read(fd.as_raw_fd(), b.as_mut_ptr().cast(), 8) };
 }
 
 struct Producer {
@@ -150,6 +179,11 @@ struct Consumer {
 pub(super) struct CqRing {
     ring: Ring,
     cons: Mutex<Consumer>,
+    /// The daemon's CA index of the CQ and its context (its handler's).
+    ca: u32,
+    ctx: u64,
+    /// The notified arm sequence last answered (the notice thread's).
+    seen: AtomicU64,
 }
 
 /// What a ring post did: how many WRs went in; the rest go on the
@@ -230,7 +264,15 @@ impl Rings {
         Some(rings_buf(spec.end()).map(|b| (b, spec)))
     }
 
-    pub(super) fn add_cq(&self, index: Handle, buf: MemBuf, spec: RingSpec) -> verbs::Result<()> {
+    /// Adds CQ `index` of the daemon's CA `ca` with context `ctx`.
+    pub(super) fn add_cq(
+        &self,
+        index: Handle,
+        buf: MemBuf,
+        spec: RingSpec,
+        ca: u32,
+        ctx: u64,
+    ) -> verbs::Result<()> {
         let ring = Ring::new(buf, spec).map_err(VerbsError::InvalidArgument)?;
         ring.init();
         let cq = CqRing {
@@ -239,6 +281,9 @@ impl Rings {
                 cons: 0,
                 entry: vec![0; spec.entry_size as usize],
             }),
+            ca,
+            ctx,
+            seen: AtomicU64::new(0),
         };
         write(&self.cqs).insert(index, Arc::new(cq));
         Ok(())
@@ -624,6 +669,18 @@ impl Rings {
         for w in wqs.chain(srqs.values().map(|w| &**w)) {
             w.ring.set_flags(flags::DEAD);
             w.ring.wake_consumer();
+        }
+    }
+
+    /// Appends the CA and context of each CQ whose notified word moved
+    /// since the last call (the daemon answered its arm through the
+    /// completion eventfd).
+    pub(super) fn notified(&self, out: &mut Vec<(u32, u64)>) {
+        for c in read(&self.cqs).values() {
+            let n = c.ring.notified();
+            if c.seen.swap(n, Ordering::SeqCst) != n {
+                out.push((c.ca, c.ctx));
+            }
         }
     }
 

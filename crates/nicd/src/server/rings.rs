@@ -39,8 +39,11 @@
 //! ring holds the CQ's `cqe` entries, so a consumer that lets more
 //! pile up overruns as with the provider's own CQ (`CqError`). The
 //! client arms `req_notify_cq` by bumping the ring's arm word; a pump
-//! that moves a completion after a bump sends `Completion` on the event
-//! socket. A solicited-only arm goes on the socket and turns the ring
+//! that moves a completion after a bump answers it: through the client's
+//! completion eventfd when it gave one (the ring's notified word set to
+//! the arm, then a write, from the NIC's thread: no other thread of the
+//! daemon or the client's reader wakes), else with `Completion` on the
+//! event socket. A solicited-only arm goes on the socket and turns the ring
 //! into [`flags::DELEGATED`] for good: completions stay in the
 //! provider's CQ, and the client polls them on the socket once the ring
 //! is empty (a `WorkCompletion` does not say whether it was solicited).
@@ -92,6 +95,8 @@ pub(super) struct ConnRings {
     /// Work queue rings (likewise, for the poller).
     wqs: Mutex<Arc<Vec<Arc<WqRing>>>>,
     doorbell: Mutex<Option<Arc<OwnedFd>>>,
+    /// The client's completion eventfd ([`proto::Request::CompletionNotice`]).
+    notice: Mutex<Option<Arc<OwnedFd>>>,
     stop: AtomicBool,
     poller: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// The NICs' threads that take rings in, when the daemon has them.
@@ -118,6 +123,7 @@ impl ConnRings {
             cqs: Mutex::new(Arc::new(Vec::new())),
             wqs: Mutex::new(Arc::new(Vec::new())),
             doorbell: Mutex::new(None),
+            notice: Mutex::new(None),
             stop: AtomicBool::new(false),
             poller: Mutex::new(None),
             data_path,
@@ -140,12 +146,7 @@ impl ConnRings {
         if d.is_some() {
             return Err(bad("the doorbell was already given"));
         }
-        // SAFETY: plain calls on a descriptor we own; no memory passed.
-        let ok = unsafe {
-            let fl = libc::fcntl(fd.as_raw_fd(), libc::F_GETFL);
-            fl >= 0 && libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, fl | libc::O_NONBLOCK) == 0
-        };
-        if !ok {
+        if !set_nonblocking(&fd) {
             return Err(bad("the doorbell descriptor cannot be made non-blocking"));
         }
         let fd = Arc::new(fd);
@@ -184,6 +185,36 @@ impl ConnRings {
             })?;
         *poller = Some(h);
         Ok(())
+    }
+
+    /// Takes the client's completion eventfd: the CQ rings made from now
+    /// on answer their arms there.
+    pub(super) fn set_notice(&self, fd: OwnedFd) -> verbs::Result<()> {
+        if !self.has_doorbell() {
+            return Err(bad("CompletionNotice before the Doorbell request"));
+        }
+        if !lock(&self.cqs).is_empty() {
+            return Err(bad("CompletionNotice after a CQ ring was made"));
+        }
+        let mut n = lock(&self.notice);
+        if n.is_some() {
+            return Err(bad("the completion eventfd was already given"));
+        }
+        // Written from the NIC's thread, which must never block on it
+        // (a client can fill an eventfd's counter): non-blocking, which
+        // the client shares, and so waits with poll before it reads.
+        if !is_eventfd(&fd) || !set_nonblocking(&fd) {
+            return Err(bad(
+                "the completion notice descriptor is not an eventfd that can be made non-blocking",
+            ));
+        }
+        *n = Some(Arc::new(fd));
+        Ok(())
+    }
+
+    /// The client's completion eventfd, if it gave one.
+    pub(super) fn notice(&self) -> Option<Arc<OwnedFd>> {
+        lock(&self.notice).clone()
     }
 
     /// Whether the client gave its doorbell (so rings may be made).
@@ -507,6 +538,23 @@ impl rnic::softroce::Feeder for ConnFeeder {
     fn fd(&self) -> std::os::fd::RawFd {
         self.doorbell.as_raw_fd()
     }
+}
+
+/// Makes `fd` non-blocking (its open file description, which the client
+/// shares); `false` when that fails.
+fn set_nonblocking(fd: &OwnedFd) -> bool {
+    // SAFETY: plain calls on a descriptor we own; no memory passed.
+    unsafe {
+        let fl = libc::fcntl(fd.as_raw_fd(), libc::F_GETFL);
+        fl >= 0 && libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, fl | libc::O_NONBLOCK) == 0
+    }
+}
+
+/// Whether `fd` is an eventfd (its `/proc` link names the kind of
+/// anonymous inode).
+fn is_eventfd(fd: &OwnedFd) -> bool {
+    std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+        .is_ok_and(|l| l.as_os_str() == "anon_inode:[eventfd]")
 }
 
 /// Writes 1 to an eventfd (a full or bogus one: nothing to do).
@@ -839,12 +887,21 @@ pub(super) struct CqRing {
     index: u32,
     ca: CaHandle,
     ctx: u64,
+    /// The client's completion eventfd: arms are answered there.
+    notice: Option<Arc<OwnedFd>>,
     st: Mutex<CqState>,
     changed: Condvar,
 }
 
 impl CqRing {
-    pub(super) fn new(ring: Ring, raw: CqHandle, index: u32, ca: CaHandle, ctx: u64) -> CqRing {
+    pub(super) fn new(
+        ring: Ring,
+        raw: CqHandle,
+        index: u32,
+        ca: CaHandle,
+        ctx: u64,
+        notice: Option<Arc<OwnedFd>>,
+    ) -> CqRing {
         let blank = WorkCompletion::new(0, WcStatus::GeneralErr, WcOpcode::Send, 0);
         let n = (ring.spec().capacity as usize).min(BATCH);
         CqRing {
@@ -853,6 +910,7 @@ impl CqRing {
             index,
             ca,
             ctx,
+            notice,
             st: Mutex::new(CqState {
                 prod: 0,
                 fired: 0,
@@ -915,12 +973,22 @@ impl CqRing {
         let arm = self.ring.arm();
         if arm != st.fired || st.socket_armed {
             st.fired = arm;
+            match &self.notice {
+                // An arm through the ring, answered through the
+                // client's eventfd (the notified word first).
+                Some(fd) if !st.socket_armed => {
+                    self.ring.set_notified(arm);
+                    ring_doorbell(fd);
+                }
+                _ => {
+                    let e = Event::Completion {
+                        ca: self.ca,
+                        cq_ctx: self.ctx,
+                    };
+                    out.send(proto::frame(Kind::Event, 0, &e));
+                }
+            }
             st.socket_armed = false;
-            let e = Event::Completion {
-                ca: self.ca,
-                cq_ctx: self.ctx,
-            };
-            out.send(proto::frame(Kind::Event, 0, &e));
         }
         self.changed.notify_all();
     }
