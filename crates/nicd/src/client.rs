@@ -329,6 +329,7 @@ impl Provider for NicdProvider {
         fn poll_cq(&self, cq: CqHandle, out: &mut [WorkCompletion]) -> Result<usize>;
         fn req_notify_cq(&self, cq: CqHandle, solicited_only: bool) -> Result<()>;
         fn wait_cq(&self, cq: CqHandle, timeout: Duration) -> Result<()>;
+        fn drive_cq(&self, cq: CqHandle, spin: Duration, timeout: Duration) -> Result<bool>;
         fn create_srq(&self, pd: PdHandle, attr: &SrqAttr, ctx: Context) -> Result<SrqHandle>;
         fn modify_srq(&self, srq: SrqHandle, limit: u32) -> Result<()>;
         fn query_srq(&self, srq: SrqHandle) -> Result<SrqAttr>;
@@ -868,7 +869,11 @@ impl Session {
     }
 
     fn wait_cq_here(&self, cq: CqHandle, timeout: Duration) -> Result<()> {
-        match self.rings.as_ref().and_then(|r| r.wait_cq(cq.0, timeout)) {
+        match self
+            .rings
+            .as_ref()
+            .and_then(|r| r.wait_cq(cq.0, Duration::ZERO, timeout))
+        {
             // Woken by the connection's end, not a completion.
             Some(true) if self.closed() => return Err(VerbsError::NoSuchCa),
             Some(true) => return Ok(()),
@@ -989,6 +994,32 @@ impl Provider for Session {
         }
         drop(l);
         self.wait_cq_here(cq, timeout)
+    }
+
+    /// A consumer's thread waits on the CQ's ring itself: it looks for
+    /// `spin` without a system call, then sleeps on the ring's producer
+    /// index, which the daemon's NIC thread wakes as it moves a
+    /// completion in (no thread of this process in between, and no arm).
+    /// `Ok(false)` for a CQ without a ring (or a delegated one).
+    fn drive_cq(&self, cq: CqHandle, spin: Duration, timeout: Duration) -> Result<bool> {
+        if self
+            .conn
+            .local()
+            .done
+            .get(&cq.0.index)
+            .is_some_and(|d| !d.is_empty())
+        {
+            return Ok(true);
+        }
+        match self
+            .rings
+            .as_ref()
+            .and_then(|r| r.wait_cq(cq.0, spin, timeout))
+        {
+            Some(_) if self.closed() => Err(VerbsError::NoSuchCa),
+            Some(_) => Ok(true),
+            None => Ok(false),
+        }
     }
 
     fn create_srq(&self, pd: PdHandle, attr: &SrqAttr, ctx: Context) -> Result<SrqHandle> {

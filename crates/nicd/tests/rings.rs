@@ -977,3 +977,67 @@ fn the_client_runs_cq_handlers_from_its_completion_eventfd() {
     let after = cb.0.counters();
     assert!(after.notices > before.notices, "{before:?} -> {after:?}");
 }
+
+/// `drive_cq` waits on the CQ's ring in the consumer's thread: it comes
+/// back with a completion that arrives meanwhile (and with none after
+/// its timeout, having waited); a client on the socket alone has no
+/// such wait (`false` at once).
+#[test]
+fn drive_cq_waits_on_the_ring() {
+    let d = Daemon::start(&[fresh_ip(THIRD)]);
+    let g = d.guids[0];
+    let (ca, cb) = (One(d.client(), g), One(d.client(), g));
+    let (a, b) = (Node::open(&ca, g, 64), Node::open(&cb, g, 64));
+    let (qa, qb) = (a.qp(QpType::Rc, None, 1), b.qp(QpType::Rc, None, 2));
+    connect(&a, qa, &b, qb, QpType::Rc, 7);
+    let t = std::time::Instant::now();
+    assert_eq!(
+        b.p.drive_cq(b.cq, Duration::from_micros(20), Duration::from_millis(50)),
+        Ok(true)
+    );
+    assert!(t.elapsed() >= Duration::from_millis(50), "it waited");
+    b.p.post_recv(
+        qb,
+        &[RecvWr {
+            wr_id: 9,
+            sges: vec![b.sge(0, 64)],
+        }],
+    )
+    .unwrap();
+    let sender = std::thread::spawn(move || {
+        a.p.post_send(qa, &[SendWr::new(1, SendOpcode::Send, vec![a.sge(0, 64)])])
+            .unwrap();
+        a
+    });
+    let t = std::time::Instant::now();
+    let mut got = None;
+    while got.is_none() && t.elapsed() < Duration::from_secs(20) {
+        assert_eq!(
+            b.p.drive_cq(b.cq, Duration::ZERO, Duration::from_secs(5)),
+            Ok(true)
+        );
+        let mut out = [verbs::WorkCompletion::new(
+            0,
+            WcStatus::GeneralErr,
+            rdma_types::WcOpcode::Send,
+            0,
+        )];
+        if b.p.poll_cq(b.cq, &mut out).unwrap() == 1 {
+            got = Some(out[0]);
+        }
+    }
+    let wc = got.expect("the receive's completion");
+    assert_eq!((wc.wr_id, wc.status), (9, WcStatus::Success));
+    let a = sender.join().unwrap();
+    assert_eq!(a.wc().status, WcStatus::Success);
+
+    let plain = nicd::NicdProvider::connect_with(&d.path, false).unwrap();
+    let c = One(plain.clone(), g);
+    let n = Node::open(&c, g, 64);
+    let t = std::time::Instant::now();
+    assert_eq!(
+        n.p.drive_cq(n.cq, Duration::ZERO, Duration::from_secs(5)),
+        Ok(false)
+    );
+    assert!(t.elapsed() < Duration::from_secs(1), "no wait");
+}

@@ -146,7 +146,9 @@ pub trait Provider: Send + Sync {
     /// For a consumer thread about to wait for completions on `cq`: waits
     /// up to `timeout` doing on this thread what the provider's own thread
     /// would do to make them (a software NIC receives and handles what
-    /// arrived for its port), so the one thread woken is the one waiting.
+    /// arrived for its port; a NIC daemon's client sleeps on the CQ's
+    /// shared ring, which the daemon wakes), so the one thread woken is
+    /// the one waiting.
     /// Completions of QPs whose CQs are all `cq` land in it here (an armed
     /// `cq` calls its handler on this thread, which must hold no lock that
     /// handler takes); those of other QPs are left to the provider's

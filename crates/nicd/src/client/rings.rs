@@ -697,12 +697,13 @@ impl Rings {
         true
     }
 
-    /// `wait_cq` on CQ `index`'s ring: `None` when it must go on the
+    /// `wait_cq` (and `drive_cq`) on CQ `index`'s ring: `None` when it must go on the
     /// socket (no ring, or a delegated one); else whether a completion
     /// (or the CQ's overrun) came within `timeout`. Sleeps on the ring's
     /// producer index (a futex the daemon wakes), never longer than
     /// `timeout`.
-    pub(super) fn wait_cq(&self, index: Handle, timeout: Duration) -> Option<bool> {
+    /// For the first `spin` it looks without sleeping (no system call).
+    pub(super) fn wait_cq(&self, index: Handle, spin: Duration, timeout: Duration) -> Option<bool> {
         let c = read(&self.cqs).get(&index).cloned()?;
         let cons = lock(&c.cons).cons;
         let ready = || c.ring.producer() != cons || c.ring.flags() & flags::DEAD != 0;
@@ -713,6 +714,13 @@ impl Rings {
             return None;
         }
         let start = Instant::now();
+        let spin = spin.min(timeout);
+        while start.elapsed() < spin {
+            if ready() {
+                return Some(true);
+            }
+            std::hint::spin_loop();
+        }
         // Bounded: each round sleeps until a wake-up or the time left.
         for _ in 0..1024 {
             let left = timeout.saturating_sub(start.elapsed());

@@ -10,7 +10,8 @@
 //! poll anyway.
 //! The caller polls for a while learned from how long answers take
 //! ([`verbs::spin::Spin`]). Where the provider lets a consumer's thread
-//! move its NIC ([`Provider::drive_cq`]: soft RoCE receives on it), with
+//! move its NIC ([`Provider::drive_cq`]: soft RoCE receives on it; the NIC
+//! daemon's client sleeps on the CQ's ring, which the daemon wakes), with
 //! few commands outstanding or as the session's only waiting caller, it
 //! spends that while looking at the NIC there instead, and then waits
 //! there, still the reaper, so the datagram with its answer wakes it and
