@@ -14,10 +14,11 @@
 //! completion callbacks, so what it takes leaves with the round's ACKs;
 //! before it sleeps it sets [`flags::SLEEPING`] in the rings and looks
 //! once more, and the client's doorbell eventfd is among what wakes it.
-//! It does not spin. A client with queues on a second NIC gets a poller
-//! for all of its rings from then on: the order of its receives and
-//! sends across the two NICs (one pass takes the receives first) needs
-//! one thread, and two would share its doorbell.
+//! It does not spin. A client with queues on a second NIC has them taken
+//! by the same thread, the first NIC's, whose posts to the second's
+//! queues send from it: the order of its receives and sends across the
+//! two NICs (one pass takes the receives first) needs one thread, and
+//! two would share its doorbell.
 //!
 //! The poller spins a while ([`Server::set_ring_spin`]) after its last
 //! work, then sets the flags, looks once more, and sleeps on the
@@ -102,10 +103,8 @@ pub(super) struct ConnRings {
     /// The NICs' threads that take rings in, when the daemon has them.
     data_path: Option<Arc<dyn DataPath>>,
     /// This connection's feeder at the NIC whose thread takes its rings
-    /// (one NIC at most: see [`ConnRings::feed`]).
+    /// (all of them, whatever NIC each is on: see [`ConnRings::feed`]).
     feeder: Mutex<Option<Arc<ConnFeeder>>>,
-    /// The client has queues on two NICs: the poller takes every ring.
-    pollers_only: AtomicBool,
     /// The server and the client, from [`ConnRings::start`].
     server: Mutex<Weak<Server>>,
     owner: AtomicU64,
@@ -128,7 +127,6 @@ impl ConnRings {
             poller: Mutex::new(None),
             data_path,
             feeder: Mutex::new(None),
-            pollers_only: AtomicBool::new(false),
             server: Mutex::new(Weak::new()),
             owner: AtomicU64::new(0),
         })
@@ -305,27 +303,18 @@ impl ConnRings {
             return Err(wq);
         };
         let mut feeder = lock(&self.feeder);
-        if self.stop.load(Ordering::SeqCst) || self.pollers_only.load(Ordering::SeqCst) {
+        if self.stop.load(Ordering::SeqCst) {
             return Err(wq);
         }
-        if let Some(f) = feeder.as_ref().filter(|f| f.guid == guid) {
+        if let Some(f) = feeder.as_ref() {
+            // On a second NIC too: two NICs' threads would each take
+            // their own rings, so a receive the client posted on one
+            // before a send on the other could reach its NIC after the
+            // send left (one pass takes receives before sends), and both
+            // would watch one doorbell. The first NIC's thread posts to
+            // the second's queues, which send from it.
             f.add(wq);
             return Ok(());
-        }
-        if let Some(f) = feeder.take() {
-            // A second NIC. Two NICs' threads would each take their own
-            // rings: a receive the client posted on one before a send on
-            // the other could reach its NIC after the send left (one pass
-            // takes receives before sends), and both would watch one
-            // doorbell. The poller takes every ring from now on.
-            self.pollers_only.store(true, Ordering::SeqCst);
-            drop(feeder);
-            self.retire(&f);
-            let mut g = lock(&self.wqs);
-            let mut v = (**g).clone();
-            v.extend(lock(&f.rings).iter().cloned());
-            *g = Arc::new(v);
-            return Err(wq);
         }
         let (Some(doorbell), server) = (lock(&self.doorbell).clone(), lock(&self.server).clone())
         else {
