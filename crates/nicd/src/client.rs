@@ -391,7 +391,7 @@ impl Session {
             Err(e) => return Err(e),
         };
         // Without a doorbell the rings stay off and the socket serves.
-        match rings::new_doorbell() {
+        match crate::efd::new() {
             Ok(fd) => {
                 let r = rings::Rings::new(fd);
                 if let Ok(Reply::Unit {}) = p.conn.call(&Request::Doorbell {}, Some(r.doorbell())) {
@@ -552,7 +552,7 @@ impl Conn {
             r.end_all();
         }
         if let Some(fd) = self.notice.lock().unwrap_or_else(|e| e.into_inner()).take() {
-            rings::write_eventfd(&fd);
+            crate::efd::write_one(&fd);
         }
         if !self.dropped.load(Ordering::Relaxed) {
             let _ = events.send(Dispatch::Gone);
@@ -568,7 +568,7 @@ impl Conn {
     /// waits on it (see [`Conn::notice_loop`]); a daemon that does not
     /// know the request keeps sending `Completion` events.
     fn start_notice(self: &Arc<Self>, r: &Arc<rings::Rings>) {
-        let fd = match rings::new_doorbell() {
+        let fd = match crate::efd::new() {
             Ok(fd) => Arc::new(fd),
             Err(e) => {
                 tracing::warn!("nicd client: no eventfd for completions ({e}): events serve");
@@ -597,7 +597,7 @@ impl Conn {
     fn notice_loop(&self, fd: &OwnedFd, r: &rings::Rings) {
         let mut fired = Vec::new();
         loop {
-            rings::wait_eventfd(fd, Duration::from_secs(1));
+            crate::efd::wait(fd, Duration::from_secs(1));
             if self
                 .pending
                 .lock()

@@ -77,6 +77,7 @@
 
 pub mod choice;
 pub mod client;
+mod efd;
 pub mod fuzz;
 pub mod mads;
 pub mod ondemand;

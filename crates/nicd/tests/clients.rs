@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{fresh_ip, Daemon, One};
+use common::{fresh_ip, rc_pair, Daemon, One, RcPair};
 use nicd::proto::{self, Answer, Kind, Reply, Request, VERSION};
 use rdma_types::{QpType, WcOpcode, WcStatus};
 use std::io::{Read, Write};
@@ -20,11 +20,9 @@ const THIRD: u8 = 100;
 #[test]
 fn two_clients_share_one_nic() {
     let d = Daemon::start(&[fresh_ip(THIRD)]);
-    let g = d.guids[0];
-    let (ca, cb) = (One(d.client(), g), One(d.client(), g));
-    let (a, b) = (Node::open(&ca, g, 64), Node::open(&cb, g, 64));
-    let (qa, qb) = (a.qp(QpType::Rc, None, 1), b.qp(QpType::Rc, None, 2));
-    connect(&a, qa, &b, qb, QpType::Rc, 7);
+    let RcPair {
+        ca, a, b, qa, qb, ..
+    } = rc_pair(&d, 64, 7);
     let clients = d.server.clients();
     assert_eq!(clients.len(), 2);
     for c in &clients {

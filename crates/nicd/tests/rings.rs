@@ -11,7 +11,7 @@
 
 mod common;
 
-use common::{fresh_ip, Daemon, One};
+use common::{fresh_ip, rc_pair, Daemon, One, RcPair};
 use nicd::proto::{self, Answer, Event, Kind, Reply, Request, RingSpec};
 use nicd::ring::{encode_entry, flags, Ring, CQE_SIZE};
 use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
@@ -193,6 +193,38 @@ fn qp(r: &mut Raw, s: &Setup, ctx: u64) -> (QpHandle, Ring, Ring) {
         Ring::new(buf, rq).unwrap(),
     );
     (qp, sq, rq)
+}
+
+/// Makes one completion for QP `q`'s CQ: a receive posted on the
+/// socket, flushed by moving the QP to ERR.
+fn flush_a_receive(r: &mut Raw, q: QpHandle) {
+    let init = verbs::QpAttr {
+        state: Some(QpState::Init),
+        pkey_index: Some(0),
+        port: Some(rdma_types::PortNum(1)),
+        access: Some(rdma_types::AccessFlags::NONE),
+        ..Default::default()
+    };
+    assert_eq!(
+        r.call(&Request::ModifyQp { qp: q, attr: init }, None),
+        Ok(Reply::Unit {})
+    );
+    let wrs = vec![RecvWr {
+        wr_id: 1,
+        sges: vec![],
+    }];
+    assert_eq!(
+        r.call(&Request::PostRecv { qp: q, wrs }, None),
+        Ok(Reply::Unit {})
+    );
+    let err = verbs::QpAttr {
+        state: Some(QpState::Err),
+        ..Default::default()
+    };
+    assert_eq!(
+        r.call(&Request::ModifyQp { qp: q, attr: err }, None),
+        Ok(Reply::Unit {})
+    );
 }
 
 /// Writes `entries` raw into `ring` from index 0 and publishes them.
@@ -594,34 +626,7 @@ fn a_cq_consumer_index_from_nowhere_overruns_only_that_cq() {
     let other = setup(&mut r, g);
     let (q, _, _) = qp(&mut r, &s, 20);
     s.cq_ring.set_consumer(1 << 40);
-    // A receive flushed by ERR is a completion for the CQ.
-    let init = verbs::QpAttr {
-        state: Some(QpState::Init),
-        pkey_index: Some(0),
-        port: Some(rdma_types::PortNum(1)),
-        access: Some(rdma_types::AccessFlags::NONE),
-        ..Default::default()
-    };
-    assert_eq!(
-        r.call(&Request::ModifyQp { qp: q, attr: init }, None),
-        Ok(Reply::Unit {})
-    );
-    let wrs = vec![RecvWr {
-        wr_id: 1,
-        sges: vec![],
-    }];
-    assert_eq!(
-        r.call(&Request::PostRecv { qp: q, wrs }, None),
-        Ok(Reply::Unit {})
-    );
-    let err = verbs::QpAttr {
-        state: Some(QpState::Err),
-        ..Default::default()
-    };
-    assert_eq!(
-        r.call(&Request::ModifyQp { qp: q, attr: err }, None),
-        Ok(Reply::Unit {})
-    );
+    flush_a_receive(&mut r, q);
     r.await_event(|e| {
         matches!(e, Event::Async { event, .. }
             if event.kind == AsyncEventKind::CqError && event.ctx == 3)
@@ -699,11 +704,9 @@ fn receives_go_before_the_next_send_with_ring_pollers() {
 }
 
 fn receives_before_the_next_send(d: Daemon) {
-    let g = d.guids[0];
-    let (ca, cb) = (One(d.client(), g), One(d.client(), g));
-    let (a, b) = (Node::open(&ca, g, 256), Node::open(&cb, g, 256));
-    let (qa, qb) = (a.qp(QpType::Rc, None, 1), b.qp(QpType::Rc, None, 2));
-    connect(&a, qa, &b, qb, QpType::Rc, 0);
+    let RcPair {
+        cb, a, b, qa, qb, ..
+    } = rc_pair(&d, 256, 0);
     // The first receive of each side's ring is waited for.
     a.p.post_recv(
         qa,
@@ -911,34 +914,7 @@ fn an_armed_ring_cq_is_answered_on_the_completion_eventfd() {
     let (q, _, _) = qp(&mut r, &s, 30);
     assert!(!readable(&notice, 0), "nothing to hear of yet");
     s.cq_ring.bump_arm();
-    // A receive flushed by ERR is a completion for the CQ.
-    let init = verbs::QpAttr {
-        state: Some(QpState::Init),
-        pkey_index: Some(0),
-        port: Some(rdma_types::PortNum(1)),
-        access: Some(rdma_types::AccessFlags::NONE),
-        ..Default::default()
-    };
-    assert_eq!(
-        r.call(&Request::ModifyQp { qp: q, attr: init }, None),
-        Ok(Reply::Unit {})
-    );
-    let wrs = vec![RecvWr {
-        wr_id: 1,
-        sges: vec![],
-    }];
-    assert_eq!(
-        r.call(&Request::PostRecv { qp: q, wrs }, None),
-        Ok(Reply::Unit {})
-    );
-    let err = verbs::QpAttr {
-        state: Some(QpState::Err),
-        ..Default::default()
-    };
-    assert_eq!(
-        r.call(&Request::ModifyQp { qp: q, attr: err }, None),
-        Ok(Reply::Unit {})
-    );
+    flush_a_receive(&mut r, q);
     assert!(readable(&notice, 20_000), "the eventfd was written");
     assert_eq!(s.cq_ring.notified(), 1, "the arm answered");
     assert_eq!(
@@ -971,11 +947,9 @@ fn an_armed_ring_cq_is_answered_on_the_completion_eventfd() {
 #[test]
 fn the_client_runs_cq_handlers_from_its_completion_eventfd() {
     let d = Daemon::start(&[fresh_ip(THIRD)]);
-    let g = d.guids[0];
-    let (ca, cb) = (One(d.client(), g), One(d.client(), g));
-    let (a, b) = (Node::open(&ca, g, 64), Node::open(&cb, g, 64));
-    let (qa, qb) = (a.qp(QpType::Rc, None, 1), b.qp(QpType::Rc, None, 2));
-    connect(&a, qa, &b, qb, QpType::Rc, 7);
+    let RcPair {
+        cb, a, b, qa, qb, ..
+    } = rc_pair(&d, 64, 7);
     let before = cb.0.counters();
     b.p.req_notify_cq(b.cq, false).unwrap();
     exchange(&a, qa, &b, qb, 1);
@@ -997,10 +971,7 @@ fn the_client_runs_cq_handlers_from_its_completion_eventfd() {
 fn drive_cq_waits_on_the_ring() {
     let d = Daemon::start(&[fresh_ip(THIRD)]);
     let g = d.guids[0];
-    let (ca, cb) = (One(d.client(), g), One(d.client(), g));
-    let (a, b) = (Node::open(&ca, g, 64), Node::open(&cb, g, 64));
-    let (qa, qb) = (a.qp(QpType::Rc, None, 1), b.qp(QpType::Rc, None, 2));
-    connect(&a, qa, &b, qb, QpType::Rc, 7);
+    let RcPair { a, b, qa, qb, .. } = rc_pair(&d, 64, 7);
     let t = std::time::Instant::now();
     assert_eq!(
         b.p.drive_cq(b.cq, Duration::from_micros(20), Duration::from_millis(50)),

@@ -32,7 +32,7 @@ use crate::proto::RingSpec;
 use crate::ring::{decode_entry, encode_entry, flags, Ring, CQE_SIZE, MAX_SLOTS};
 use rdma_types::{QpState, QpType};
 use std::collections::HashMap;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
@@ -96,41 +96,6 @@ impl Count {
             notices: l(&self.notices),
         }
     }
-}
-
-/// A client's eventfd doorbell.
-pub(super) fn new_doorbell() -> std::io::Result<OwnedFd> {
-    // SAFETY: no pointers; flags valid.
-    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: just returned by eventfd, owned by nobody else.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-/// Writes 1 to an eventfd (a full one: nothing to do).
-pub(super) fn write_eventfd(fd: &OwnedFd) {
-    let one = 1u64.to_ne_bytes();
-    // SAFETY: writes 8 bytes from a live local array to our descriptor.
-    let _ = unsafe { libc::write(fd.as_raw_fd(), one.as_ptr().cast(), 8) };
-}
-
-/// Waits until eventfd `fd` (non-blocking) is readable or `timeout`
-/// passes, then reads it back to zero.
-pub(super) fn wait_eventfd(fd: &OwnedFd, timeout: Duration) {
-    let mut p = libc::pollfd {
-        fd: fd.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as libc::c_int;
-    // SAFETY: one valid pollfd, for the call's duration.
-    let _ = unsafe { libc::poll(&mut p, 1, ms) };
-    let mut b = [0u8; 8];
-    // SAFETY: reads at most 8 bytes into a live local array; the
-    // descriptor is non-blocking.
-    let _ = unsafe { libc::read(fd.as_raw_fd(), b.as_mut_ptr().cast(), 8) };
 }
 
 struct Producer {

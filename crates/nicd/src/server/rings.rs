@@ -237,7 +237,7 @@ impl ConnRings {
     /// Wakes the poller.
     fn kick(&self) {
         if let Some(fd) = &*lock(&self.doorbell) {
-            ring_doorbell(fd);
+            crate::efd::write_one(fd);
         }
     }
 
@@ -399,7 +399,7 @@ impl ConnRings {
             }
             if !going_to_sleep(&wqs) {
                 let wait = if stalled { STALL_RETRY } else { SLEEP_MAX };
-                sleep_on(doorbell, wait);
+                crate::efd::wait(doorbell, wait);
             }
             woken(&wqs);
             idle = Instant::now();
@@ -520,7 +520,7 @@ impl rnic::softroce::Feeder for ConnFeeder {
         if pass.stopped {
             return;
         }
-        empty_doorbell(&self.doorbell);
+        crate::efd::drain(&self.doorbell);
         woken(&lock(&self.rings));
     }
 
@@ -544,33 +544,6 @@ fn set_nonblocking(fd: &OwnedFd) -> bool {
 fn is_eventfd(fd: &OwnedFd) -> bool {
     std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
         .is_ok_and(|l| l.as_os_str() == "anon_inode:[eventfd]")
-}
-
-/// Writes 1 to an eventfd (a full or bogus one: nothing to do).
-pub(super) fn ring_doorbell(fd: &OwnedFd) {
-    let one = 1u64.to_ne_bytes();
-    // SAFETY: writes 8 bytes from a live local array to our descriptor.
-    let _ = unsafe { libc::write(fd.as_raw_fd(), one.as_ptr().cast(), 8) };
-}
-
-/// Waits until `fd` is readable or `wait` passes, then empties it.
-fn sleep_on(fd: &OwnedFd, wait: Duration) {
-    let mut p = libc::pollfd {
-        fd: fd.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd, for the call's duration.
-    let _ = unsafe { libc::poll(&mut p, 1, wait.as_millis().max(1) as libc::c_int) };
-    empty_doorbell(fd);
-}
-
-/// Reads an eventfd back to zero (non-blocking: nothing to read is fine).
-fn empty_doorbell(fd: &OwnedFd) {
-    let mut b = [0u8; 8];
-    // SAFETY: reads at most 8 bytes into a live local array; the
-    // descriptor is non-blocking.
-    let _ = unsafe { libc::read(fd.as_raw_fd(), b.as_mut_ptr().cast(), 8) };
 }
 
 /// About to sleep on the client's doorbell: flags every ring `SLEEPING`
@@ -967,7 +940,7 @@ impl CqRing {
                 // client's eventfd (the notified word first).
                 Some(fd) if !st.socket_armed => {
                     self.ring.set_notified(arm);
-                    ring_doorbell(fd);
+                    crate::efd::write_one(fd);
                 }
                 _ => {
                     let e = Event::Completion {

@@ -178,6 +178,37 @@ impl Fixture for One {
     }
 }
 
+/// Two clients of `d`'s first NIC, each a conformance node with a CQ of
+/// `cqe`, and an RC QP of each (contexts 1 and 2) connected with
+/// `rnr_retry` `rnr` (`verbs::conformance::connect`).
+pub struct RcPair {
+    pub ca: One,
+    pub cb: One,
+    pub a: Node,
+    pub b: Node,
+    pub qa: QpHandle,
+    pub qb: QpHandle,
+}
+
+pub fn rc_pair(d: &Daemon, cqe: u32, rnr: u8) -> RcPair {
+    let g = d.guids[0];
+    let (ca, cb) = (One(d.client(), g), One(d.client(), g));
+    let (a, b) = (Node::open(&ca, g, cqe), Node::open(&cb, g, cqe));
+    let (qa, qb) = (
+        a.qp(rdma_types::QpType::Rc, None, 1),
+        b.qp(rdma_types::QpType::Rc, None, 2),
+    );
+    verbs::conformance::connect(&a, qa, &b, qb, rdma_types::QpType::Rc, rnr);
+    RcPair {
+        ca,
+        cb,
+        a,
+        b,
+        qa,
+        qb,
+    }
+}
+
 /// Takes RC QP `q` of `n` to RTS, connected to QP `dest` at `peer`'s
 /// port (PSNs 0, rnr_retry 7, retries 7 of about 67 ms each).
 pub fn rc_to(n: &Node, q: QpHandle, peer_av: verbs::AhAttr, dest: rdma_types::Qpn) {
