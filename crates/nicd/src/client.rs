@@ -611,23 +611,27 @@ impl Conn {
                 .notices
                 .fetch_add(fired.len() as u64, Ordering::Relaxed);
             for (ca, ctx) in fired.drain(..) {
-                let h = self
-                    .handlers
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .get(&ca)
-                    .cloned();
-                match h {
-                    Some((h, _)) => h.on_completion(ctx),
-                    // The event thread has its registration to make yet.
-                    None => {
-                        if let Some(tx) = &*self.kick.lock().unwrap_or_else(|e| e.into_inner()) {
-                            let _ = tx.send(Dispatch::Notice(ca, ctx));
-                        }
+                // Without a handler, the event thread has its
+                // registration to make yet.
+                if !self.complete(ca, ctx) {
+                    if let Some(tx) = &*self.kick.lock().unwrap_or_else(|e| e.into_inner()) {
+                        let _ = tx.send(Dispatch::Notice(ca, ctx));
                     }
                 }
             }
         }
+    }
+
+    /// Runs CA `ca`'s handler for a completion on the CQ of context
+    /// `ctx`, holding no lock; `false` when the CA has no handler (yet).
+    fn complete(&self, ca: u32, ctx: u64) -> bool {
+        let h = self
+            .handlers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&ca)
+            .cloned();
+        h.map(|(h, _)| h.on_completion(ctx)).is_some()
     }
 
     /// Has the event thread tell CQ `cq`'s handler of a GSI completion.
@@ -645,16 +649,12 @@ impl Conn {
                 handlers().insert(ca, h);
             }
             Dispatch::Notice(ca, ctx) => {
-                if let Some((h, _)) = handlers().get(&ca).cloned() {
-                    h.on_completion(ctx);
-                }
+                self.complete(ca, ctx);
             }
             Dispatch::Kick(cq) => {
                 let hear = self.local().notify(cq);
                 if let Some((ca, ctx)) = hear {
-                    if let Some((h, _)) = handlers().get(&ca).cloned() {
-                        h.on_completion(ctx);
-                    }
+                    self.complete(ca, ctx);
                 }
             }
             Dispatch::Event(Event::Mad {
@@ -666,9 +666,7 @@ impl Conn {
             }) => {
                 let hear = self.local().receive(qp.0.index, sgid, pkey_index, &mad);
                 if let Some((ca, ctx)) = hear {
-                    if let Some((h, _)) = handlers().get(&ca).cloned() {
-                        h.on_completion(ctx);
-                    }
+                    self.complete(ca, ctx);
                 }
             }
             Dispatch::Event(e) => {
@@ -813,7 +811,14 @@ impl Session {
 
 /// The CQ verbs as the daemon serves them (GSI completions aside).
 impl Session {
-    fn create_cq_here(&self, pd: PdHandle, init: &CqInit, ctx: Context) -> Result<CqHandle> {
+    /// `create_cq` on `pd` of the daemon's CA `ca`.
+    fn create_cq_here(
+        &self,
+        pd: PdHandle,
+        ca: u32,
+        init: &CqInit,
+        ctx: Context,
+    ) -> Result<CqHandle> {
         let init = *init;
         let layout = self
             .rings
@@ -840,7 +845,6 @@ impl Session {
             }
             Err(e) => return Err(e),
         };
-        let ca = self.conn.local().pds.get(&pd.0.index).copied().unwrap_or(0);
         r.add_cq(cq.0, buf, ring, ca, ctx)?;
         Ok(cq)
     }
@@ -868,17 +872,27 @@ impl Session {
         call!(self, Request::ReqNotifyCq { cq, solicited_only }, Reply::Unit {} => ())
     }
 
+    /// Waits on CQ `cq`'s ring, looking for `spin` without a system call
+    /// first: `None` when the CQ has none (or a delegated one); else
+    /// `Timeout`, or `NoSuchCa` for a wait the connection's end woke.
+    fn ring_wait(&self, cq: CqHandle, spin: Duration, timeout: Duration) -> Option<Result<()>> {
+        let came = self.rings.as_ref()?.wait_cq(cq.0, spin, timeout)?;
+        Some(match came {
+            true if self.closed() => Err(VerbsError::NoSuchCa),
+            true => Ok(()),
+            false => Err(VerbsError::Timeout),
+        })
+    }
+
+    /// Whether GSI CQ `cq` has completions this side made.
+    fn gsi_done(&self, cq: CqHandle) -> bool {
+        let l = self.conn.local();
+        l.done.get(&cq.0.index).is_some_and(|d| !d.is_empty())
+    }
+
     fn wait_cq_here(&self, cq: CqHandle, timeout: Duration) -> Result<()> {
-        match self
-            .rings
-            .as_ref()
-            .and_then(|r| r.wait_cq(cq.0, Duration::ZERO, timeout))
-        {
-            // Woken by the connection's end, not a completion.
-            Some(true) if self.closed() => return Err(VerbsError::NoSuchCa),
-            Some(true) => return Ok(()),
-            Some(false) => return Err(VerbsError::Timeout),
-            None => {}
+        if let Some(r) = self.ring_wait(cq, Duration::ZERO, timeout) {
+            return r;
         }
         let timeout_us = timeout.as_micros().min(u64::MAX as u128) as u64;
         call!(self, Request::WaitCq { cq, timeout_us }, Reply::Unit {} => ())
@@ -949,10 +963,9 @@ impl Provider for Session {
     }
 
     fn create_cq(&self, pd: PdHandle, init: &CqInit, ctx: Context) -> Result<CqHandle> {
-        let cq = self.create_cq_here(pd, init, ctx)?;
-        let mut l = self.conn.local();
-        let ca = l.pds.get(&pd.0.index).copied().unwrap_or(0);
-        l.cqs.insert(cq.0.index, (ca, ctx));
+        let ca = self.conn.local().pds.get(&pd.0.index).copied().unwrap_or(0);
+        let cq = self.create_cq_here(pd, ca, init, ctx)?;
+        self.conn.local().cqs.insert(cq.0.index, (ca, ctx));
         Ok(cq)
     }
 
@@ -988,11 +1001,9 @@ impl Provider for Session {
     }
 
     fn wait_cq(&self, cq: CqHandle, timeout: Duration) -> Result<()> {
-        let l = self.conn.local();
-        if l.done.get(&cq.0.index).is_some_and(|d| !d.is_empty()) {
+        if self.gsi_done(cq) {
             return Ok(());
         }
-        drop(l);
         self.wait_cq_here(cq, timeout)
     }
 
@@ -1002,23 +1013,13 @@ impl Provider for Session {
     /// completion in (no thread of this process in between, and no arm).
     /// `Ok(false)` for a CQ without a ring (or a delegated one).
     fn drive_cq(&self, cq: CqHandle, spin: Duration, timeout: Duration) -> Result<bool> {
-        if self
-            .conn
-            .local()
-            .done
-            .get(&cq.0.index)
-            .is_some_and(|d| !d.is_empty())
-        {
+        if self.gsi_done(cq) {
             return Ok(true);
         }
-        match self
-            .rings
-            .as_ref()
-            .and_then(|r| r.wait_cq(cq.0, spin, timeout))
-        {
-            Some(_) if self.closed() => Err(VerbsError::NoSuchCa),
-            Some(_) => Ok(true),
+        match self.ring_wait(cq, spin, timeout) {
             None => Ok(false),
+            Some(Ok(()) | Err(VerbsError::Timeout)) => Ok(true),
+            Some(Err(e)) => Err(e),
         }
     }
 
