@@ -494,11 +494,12 @@ impl Server {
             provider,
             salt,
             uid: crate::euid(),
-            // Indices start apart from an earlier daemon's too, so a
-            // client's state kept by index after it connected again
-            // never mistakes an old handle for a new object.
+            // Indices start apart from an earlier daemon's too (at a
+            // place of their own), so a consumer's state kept by index
+            // after it connected again seldom meets an old index for a
+            // new object; the generation refuses old handles anyway.
             st: Mutex::new(Table {
-                next: salt << 8,
+                next: salt % rdma_access::multi::INDEX_LIMIT,
                 ..Table::default()
             }),
             changed: Condvar::new(),
@@ -1128,12 +1129,15 @@ impl Server {
     }
 
     /// A new entry's client handle (reserved before the provider is asked,
-    /// so a CA's handler knows it).
+    /// so a CA's handler knows it). Its index is below
+    /// `multi::INDEX_LIMIT` and not 0, so a set of providers can hold a
+    /// client of ours beside others (`rdma_access::multi::Providers`
+    /// tags the top 8 bits).
     fn reserve(&self, kind: ResourceKind) -> Handle {
         let mut t = self.lock();
         loop {
-            t.next = t.next.wrapping_add(1);
-            if !t.objs.contains_key(&t.next) {
+            t.next = (t.next + 1) % rdma_access::multi::INDEX_LIMIT;
+            if t.next != 0 && !t.objs.contains_key(&t.next) {
                 return Handle {
                     index: t.next,
                     generation: self.generation(kind),

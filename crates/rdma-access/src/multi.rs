@@ -33,6 +33,10 @@ use verbs::{
 const INDEX_BITS: u32 = 24;
 /// Providers one set can hold (the tag is 8 bits).
 pub const MAX_PROVIDERS: usize = 1 << (32 - INDEX_BITS);
+/// A provider whose handles' indices stay below this can be in a set;
+/// a handle past it is refused (`OutOfResources`) when the set would
+/// hand it out.
+pub const INDEX_LIMIT: u32 = 1 << INDEX_BITS;
 
 /// Several providers as one (see the module docs).
 pub struct Providers {
