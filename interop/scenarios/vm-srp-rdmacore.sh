@@ -102,13 +102,16 @@ guest_target() {
     "[ \$(grep -c 'closed by the initiator' /tmp/srptd.log) -eq $logins ]"
   /interop/bin/srptadm --socket /tmp/srptd.sock show | sed 's/^/  /'
   # The port is rxe0's, at a's address: soft RoCE's settings (its UDP
-  # port, MTU, fabric) do not apply and are not shown.
+  # port, MTU, fabric) do not apply and are not shown; the port's state
+  # and active MTU, as rxe0 reports them (ibv_devinfo's), are.
+  want_mtu=$(ibv_devinfo -d rxe0 | awk '/active_mtu/ {print $2; exit}')
   /interop/bin/srptadm --socket /tmp/srptd.sock --json show | python3 -c '
 import json, sys
 v = json.load(sys.stdin)
 ok = v.get("device") in ("rxe0", "rxe0:1") and v.get("ip") == sys.argv[1] and not {"udp_port", "mtu", "fabric"} & set(v)
-sys.exit(0 if ok else "srptadm show of a device target: " + json.dumps(v))' "$ip" ||
-    fail "srptadm show does not name rxe0 and a's address alone"
+ok = ok and str(v.get("active_mtu")) == sys.argv[2] and v.get("port_state") == "Active"
+sys.exit(0 if ok else "srptadm show of a device target: " + json.dumps(v))' "$ip" "$want_mtu" ||
+    fail "srptadm show does not name rxe0, a's address alone and rxe0's active MTU ($want_mtu) and state"
   kill -TERM "$SRPTD_PID"
   wait "$SRPTD_PID" || fail "srptd exited with an error: $(tail -3 /tmp/srptd.log)"
   grep -q "stopped cleanly, 0 verbs objects left" /tmp/srptd.log ||

@@ -702,6 +702,18 @@ impl TargetPort {
         self.inner.gid
     }
 
+    /// The port's attributes now, as its provider reports them (state,
+    /// active MTU): what a device's port negotiated, which no setting of
+    /// ours names.
+    ///
+    /// # Errors
+    /// The provider refused the query (the CA went away).
+    pub fn port_attr(&self) -> verbs::Result<verbs::PortAttr> {
+        self.inner
+            .provider
+            .query_port(self.inner.ca, self.inner.opts.port)
+    }
+
     /// Called, with why, when the target closes a connection by itself
     /// (logout, protocol violation, failed work request, dead initiator,
     /// a login never established): the CM should send a DREQ (or a REJ,

@@ -85,6 +85,12 @@ impl Daemon {
                 }
                 m.insert("device".into(), json!(d));
                 m.insert("ip".into(), json!(live.port.gid().to_ip().to_string()));
+                // What the device's port runs at (its netdev's MTU picks
+                // the RoCE MTU), as ibv_devinfo shows it.
+                if let Ok(a) = live.port.port_attr() {
+                    m.insert("active_mtu".into(), json!(a.active_mtu.bytes()));
+                    m.insert("port_state".into(), json!(format!("{:?}", a.state)));
+                }
             } else if iwarp {
                 for k in ["udp_port", "fabric"] {
                     m.remove(k);
