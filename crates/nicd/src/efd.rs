@@ -45,3 +45,21 @@ pub(crate) fn drain(fd: &OwnedFd) {
     // descriptor is non-blocking.
     let _ = unsafe { libc::read(fd.as_raw_fd(), b.as_mut_ptr().cast(), 8) };
 }
+
+/// Makes `fd` non-blocking (its open file description, which a client's
+/// descriptor passed to the daemon shares); `false` when that fails.
+pub(crate) fn set_nonblocking(fd: &OwnedFd) -> bool {
+    // SAFETY: plain calls on a descriptor we own; no memory passed.
+    unsafe {
+        let fl = libc::fcntl(fd.as_raw_fd(), libc::F_GETFL);
+        fl >= 0 && libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, fl | libc::O_NONBLOCK) == 0
+    }
+}
+
+/// Whether `fd` is an eventfd (its `/proc` link names the kind of
+/// anonymous inode): a client's descriptor, checked before the daemon
+/// writes to it.
+pub(crate) fn is_eventfd(fd: &OwnedFd) -> bool {
+    std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+        .is_ok_and(|l| l.as_os_str() == "anon_inode:[eventfd]")
+}

@@ -10,7 +10,7 @@ use rdma_types::{QpType, WcOpcode, WcStatus};
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use verbs::conformance::{connect, Node};
-use verbs::{MemBuf, RecvWr, RemoteAddr, SendOpcode, SendWr, VerbsError};
+use verbs::{MemBuf, RemoteAddr, SendOpcode, SendWr, VerbsError};
 
 const THIRD: u8 = 100;
 
@@ -41,14 +41,7 @@ fn two_clients_share_one_nic() {
     );
 
     // SEND a -> b.
-    b.p.post_recv(
-        qb,
-        &[RecvWr {
-            wr_id: 7,
-            sges: vec![b.sge(0, 4096)],
-        }],
-    )
-    .unwrap();
+    b.post_one_recv(qb, 7, 0, 4096);
     let msg: Vec<u8> = (0..3000u32).map(|i| (i * 13 % 251) as u8).collect();
     a.buf.write_at(0, &msg);
     a.p.post_send(
@@ -67,14 +60,7 @@ fn two_clients_share_one_nic() {
 
     // An inline SEND a -> b: the daemon reads a's bytes at post time
     // from a's own registration.
-    b.p.post_recv(
-        qb,
-        &[RecvWr {
-            wr_id: 8,
-            sges: vec![b.sge(60_000, 64)],
-        }],
-    )
-    .unwrap();
+    b.post_one_recv(qb, 8, 60_000, 64);
     a.buf.write_at(100, b"inline through the daemon");
     let mut s = SendWr::new(4, SendOpcode::Send, vec![a.sge(100, 25)]);
     s.flags = verbs::SendFlags::SIGNALED | verbs::SendFlags::INLINE;

@@ -330,14 +330,7 @@ fn malformed_ring_entries_are_refused_without_harm_to_others() {
     ));
 
     // The good client: its AH untouched, its SEND delivered and checked.
-    b.p.post_recv(
-        qb,
-        &[RecvWr {
-            wr_id: 7,
-            sges: vec![b.sge(0, 4096)],
-        }],
-    )
-    .unwrap();
+    b.post_one_recv(qb, 7, 0, 4096);
     let msg: Vec<u8> = (0..3000u32).map(|i| (i * 7 % 253) as u8).collect();
     a.buf.write_at(0, &msg);
     a.p.post_send(
@@ -497,14 +490,7 @@ fn a_client_killed_mid_post_is_released() {
     );
 
     // We go on.
-    b.p.post_recv(
-        qb,
-        &[RecvWr {
-            wr_id: 9,
-            sges: vec![b.sge(0, 64)],
-        }],
-    )
-    .unwrap();
+    b.post_one_recv(qb, 9, 0, 64);
     a.buf.write_at(0, b"still here");
     a.p.post_send(qa, &[SendWr::new(1, SendOpcode::Send, vec![a.sge(0, 10)])])
         .unwrap();
@@ -525,14 +511,7 @@ fn a_version_1_client_is_served_on_the_socket() {
     let (a, b) = (Node::open(&c, g, 64), Node::open(&c, g, 64));
     let (qa, qb) = (a.qp(QpType::Rc, None, 1), b.qp(QpType::Rc, None, 2));
     connect(&a, qa, &b, qb, QpType::Rc, 7);
-    b.p.post_recv(
-        qb,
-        &[RecvWr {
-            wr_id: 1,
-            sges: vec![b.sge(0, 64)],
-        }],
-    )
-    .unwrap();
+    b.post_one_recv(qb, 1, 0, 64);
     a.buf.write_at(0, b"version 1");
     a.p.post_send(qa, &[SendWr::new(2, SendOpcode::Send, vec![a.sge(0, 9)])])
         .unwrap();
@@ -661,14 +640,7 @@ fn rings_count_toward_the_memory_limit() {
     assert_eq!(d.server.limit_refusals(), 2, "neither QP's rings fit");
     connect(&n, qa, &n, qb, QpType::Rc, 7);
     let before = p.counters();
-    n.p.post_recv(
-        qb,
-        &[RecvWr {
-            wr_id: 5,
-            sges: vec![n.sge(4096, 64)],
-        }],
-    )
-    .unwrap();
+    n.post_one_recv(qb, 5, 4096, 64);
     n.buf.write_at(0, b"no rings");
     n.p.post_send(qa, &[SendWr::new(6, SendOpcode::Send, vec![n.sge(0, 8)])])
         .unwrap();
@@ -708,22 +680,8 @@ fn receives_before_the_next_send(d: Daemon) {
         cb, a, b, qa, qb, ..
     } = rc_pair(&d, 256, 0);
     // The first receive of each side's ring is waited for.
-    a.p.post_recv(
-        qa,
-        &[RecvWr {
-            wr_id: 900,
-            sges: vec![a.sge(8192, 64)],
-        }],
-    )
-    .unwrap();
-    b.p.post_recv(
-        qb,
-        &[RecvWr {
-            wr_id: 0,
-            sges: vec![b.sge(0, 64)],
-        }],
-    )
-    .unwrap();
+    a.post_one_recv(qa, 900, 8192, 64);
+    b.post_one_recv(qb, 0, 0, 64);
     let before = cb.0.counters();
     for i in 1..=64u64 {
         let wr = RecvWr {
@@ -822,14 +780,7 @@ fn a_nics_thread_takes_the_rings_of_its_clients() {
 /// two threads, the receives after the SEND arrived).
 fn exchange(a: &Node, qa: QpHandle, b: &Node, qb: QpHandle, n: u64) {
     for i in 0..n {
-        b.p.post_recv(
-            qb,
-            &[RecvWr {
-                wr_id: 500 + i,
-                sges: vec![b.sge(4096 + i * 64, 64)],
-            }],
-        )
-        .unwrap();
+        b.post_one_recv(qb, 500 + i, 4096 + i * 64, 64);
     }
     for i in 0..n {
         a.p.post_send(
@@ -978,14 +929,7 @@ fn drive_cq_waits_on_the_ring() {
         Ok(true)
     );
     assert!(t.elapsed() >= Duration::from_millis(50), "it waited");
-    b.p.post_recv(
-        qb,
-        &[RecvWr {
-            wr_id: 9,
-            sges: vec![b.sge(0, 64)],
-        }],
-    )
-    .unwrap();
+    b.post_one_recv(qb, 9, 0, 64);
     let sender = std::thread::spawn(move || {
         a.p.post_send(qa, &[SendWr::new(1, SendOpcode::Send, vec![a.sge(0, 64)])])
             .unwrap();

@@ -144,7 +144,7 @@ impl ConnRings {
         if d.is_some() {
             return Err(bad("the doorbell was already given"));
         }
-        if !set_nonblocking(&fd) {
+        if !crate::efd::set_nonblocking(&fd) {
             return Err(bad("the doorbell descriptor cannot be made non-blocking"));
         }
         let fd = Arc::new(fd);
@@ -201,7 +201,7 @@ impl ConnRings {
         // Written from the NIC's thread, which must never block on it
         // (a client can fill an eventfd's counter): non-blocking, which
         // the client shares, and so waits with poll before it reads.
-        if !is_eventfd(&fd) || !set_nonblocking(&fd) {
+        if !crate::efd::is_eventfd(&fd) || !crate::efd::set_nonblocking(&fd) {
             return Err(bad(
                 "the completion notice descriptor is not an eventfd that can be made non-blocking",
             ));
@@ -527,23 +527,6 @@ impl rnic::softroce::Feeder for ConnFeeder {
     fn fd(&self) -> std::os::fd::RawFd {
         self.doorbell.as_raw_fd()
     }
-}
-
-/// Makes `fd` non-blocking (its open file description, which the client
-/// shares); `false` when that fails.
-fn set_nonblocking(fd: &OwnedFd) -> bool {
-    // SAFETY: plain calls on a descriptor we own; no memory passed.
-    unsafe {
-        let fl = libc::fcntl(fd.as_raw_fd(), libc::F_GETFL);
-        fl >= 0 && libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, fl | libc::O_NONBLOCK) == 0
-    }
-}
-
-/// Whether `fd` is an eventfd (its `/proc` link names the kind of
-/// anonymous inode).
-fn is_eventfd(fd: &OwnedFd) -> bool {
-    std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
-        .is_ok_and(|l| l.as_os_str() == "anon_inode:[eventfd]")
 }
 
 /// About to sleep on the client's doorbell: flags every ring `SLEEPING`

@@ -267,14 +267,7 @@ pub fn flush_a_receive(n: &Node) {
         access: Some(rdma_types::AccessFlags::NONE),
         ..Default::default()
     });
-    n.p.post_recv(
-        q,
-        &[verbs::RecvWr {
-            wr_id: 1,
-            sges: vec![n.sge(0, 16)],
-        }],
-    )
-    .unwrap();
+    n.post_one_recv(q, 1, 0, 16);
     step(QpAttr {
         state: Some(QpState::Err),
         ..Default::default()

@@ -227,6 +227,14 @@ impl Node {
         }
     }
 
+    /// Posts one receive `wr_id` on `q` into `[off, off+len)` of the node
+    /// buffer; panics if the provider refuses it.
+    pub fn post_one_recv(&self, q: QpHandle, wr_id: u64, off: u64, len: u32) {
+        self.p
+            .post_recv(q, &[recv(wr_id, vec![self.sge(off, len)])])
+            .unwrap();
+    }
+
     /// Address vector to this node's port 1.
     pub fn av(&self) -> AhAttr {
         AhAttr {
