@@ -766,7 +766,7 @@ impl Qp {
                 self.counters.dropped += 1;
             }
             if info.kind == Kind::RdmaReadResponse && psn.diff(self.req.una) < 0 {
-                self.stale_read_response(now);
+                self.responder_busy(now);
             }
             return;
         }
@@ -849,19 +849,25 @@ impl Qp {
         }
     }
 
-    /// A READ response to a READ already complete: the responder is still
-    /// answering an earlier re-request of ours in full (Linux rxe answers
-    /// every re-request it can match to its responder resources, in
-    /// order), and what we wait for comes after it. The retransmission
-    /// timer starts again: a timeout now would only queue one more full
-    /// pass behind the others, each one longer to answer than the timer,
-    /// until the retries run out. Seen in perftest-ours (issue 33): 16
-    /// 64 KiB READs against rxe in a TCG VM, one lost response packet,
-    /// then a re-request of all 16 every 67 ms while rxe replayed earlier
-    /// passes, and RetryExcErr after 39 of 100 READs. A responder that
-    /// never gets to what we wait for stops sending stale responses once
-    /// its queue is empty, and the timer runs out then.
-    fn stale_read_response(&mut self, now: Instant) {
+    /// A READ response that is not the one we wait for: of a READ already
+    /// complete, of a later READ, or of the front READ past a lost packet.
+    /// The responder is still answering requests it had before our latest
+    /// re-request, which comes after them (Linux rxe answers every
+    /// re-request it can match to its responder resources, in order), so
+    /// the retransmission timer starts again: a timeout now would only
+    /// queue one more full pass behind the others, each one longer to
+    /// answer than the timer, until the retries run out. Seen against rxe
+    /// in a TCG VM, 67 ms of timer each time:
+    /// - perftest-ours (issue 33): 16 64 KiB READs, one lost response
+    ///   packet, then a re-request of all 16 every 67 ms while rxe replayed
+    ///   READs already complete, and RetryExcErr after 39 of 100 READs;
+    /// - shims-rxe: 100 64 KiB READs in flight, one response packet lost,
+    ///   and rxe spent 52 ms on the 27 READs after it, whose responses we
+    ///   drop, before it answered the re-request.
+    ///
+    /// The responder's queue is finite: once it is answered and nothing we
+    /// wait for came, the timer runs out.
+    fn responder_busy(&mut self, now: Instant) {
         if self.req.outstanding() && self.req.rto_deadline.is_some() {
             self.req.rto_deadline = None;
             self.arm_rto(now);
@@ -919,10 +925,12 @@ impl Qp {
             // missing, once per gap; the retransmission timer covers a
             // re-request that is lost too.
             self.retry_gap(now);
+            self.responder_busy(now);
             self.counters.dropped += 1;
             return;
         }
         if !matches!(front.wqe.op, SendOp::Read { .. }) || !front.contains(psn) {
+            self.responder_busy(now);
             self.counters.dropped += 1;
             return;
         }
@@ -930,6 +938,7 @@ impl Qp {
             // A gap inside the READ response: re-request from what we miss.
             if psn.diff(self.req.una) > 0 {
                 self.retry_gap(now);
+                self.responder_busy(now);
             }
             return;
         }
