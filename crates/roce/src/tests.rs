@@ -1932,30 +1932,77 @@ fn losing_one_or_two_acks_never_leaves_two_requests_to_a_timeout() {
             patterns.push(vec![i, j]);
         }
     }
-    for lose in patterns {
-        let mut n = Net::new(QpType::Rc, |c| c.timeout = 14);
-        for id in 0..3 {
-            n.b.qp.post_recv(RecvWqe {
-                wr_id: id,
-                sges: sge(B_BUF, 64 * id, 64),
-            });
+    // Three requests, and eight (whose ACKs but the last two are folded).
+    for sends in [3, 8] {
+        for lose in &patterns {
+            let mut n = Net::new(QpType::Rc, |c| c.timeout = 14);
+            for id in 0..sends {
+                n.b.qp.post_recv(RecvWqe {
+                    wr_id: id,
+                    sges: sge(B_BUF, 64 * id, 64),
+                });
+            }
+            n.b.lose = lose.clone();
+            for id in 0..sends {
+                n.a.qp
+                    .post_send(SendWqe::new(id, SendOp::Send, sge(A_BUF, 0, 8)));
+            }
+            assert!(
+                n.run(Duration::from_secs(5), |n| n.a.wcs.len() == sends as usize),
+                "{sends} SENDs, losing B's packets {lose:?}: A did not complete"
+            );
+            assert!(n.a.wcs.iter().all(|c| c.status == WcStatus::Success));
+            let resent = n.a.qp.counters().retransmits;
+            assert!(
+                resent <= 1,
+                "{sends} SENDs, losing B's packets {lose:?}: A sent {resent} requests again"
+            );
         }
-        n.b.lose = lose.clone();
-        for id in 0..3 {
-            n.a.qp
-                .post_send(SendWqe::new(id, SendOp::Send, sge(A_BUF, 0, 8)));
-        }
-        assert!(
-            n.run(Duration::from_secs(5), |n| n.a.wcs.len() == 3),
-            "losing B's packets {lose:?}: A did not complete"
-        );
-        assert!(n.a.wcs.iter().all(|c| c.status == WcStatus::Success));
-        let resent = n.a.qp.counters().retransmits;
-        assert!(
-            resent <= 1,
-            "losing B's packets {lose:?}: A sent {resent} requests again"
-        );
     }
+}
+
+/// Requests answered in one pass cost two ACKs, of the last two, not one
+/// each: the older covers everything before it, and the last request
+/// keeps one of its own (see `losing_one_or_two_acks_...` for the losses).
+#[test]
+fn a_burst_answered_in_one_pass_costs_the_acks_of_its_last_two_requests() {
+    let mut n = Net::new(QpType::Rc, |_| {});
+    const SENDS: u64 = 8;
+    for id in 0..SENDS {
+        n.b.qp.post_recv(RecvWqe {
+            wr_id: id,
+            sges: sge(B_BUF, 64 * id, 64),
+        });
+        n.a.qp
+            .post_send(SendWqe::new(id, SendOp::Send, sge(A_BUF, 0, 8)));
+    }
+    let now = n.now;
+    let mut requests = Vec::new();
+    while let Some(p) = n.a.qp.poll_transmit(now, &mut n.a.mem) {
+        requests.push(p);
+    }
+    assert_eq!(requests.len(), SENDS as usize);
+    for p in &requests {
+        n.b.qp.handle_packet(now, &p.as_received(), &mut n.b.mem);
+    }
+    let mut acks = Vec::new();
+    while let Some(p) = n.b.qp.poll_transmit(now, &mut n.b.mem) {
+        acks.push(p);
+    }
+    let psns: Vec<_> = acks.iter().map(|p| p.bth.psn).collect();
+    let last_two: Vec<_> = requests[SENDS as usize - 2..]
+        .iter()
+        .map(|p| p.bth.psn)
+        .collect();
+    assert_eq!(psns, last_two, "one ACK each for the last two requests");
+    for p in &acks {
+        n.a.qp.handle_packet(now, &p.as_received(), &mut n.a.mem);
+    }
+    while let Some(c) = n.a.qp.poll_completion() {
+        n.a.wcs.push(c);
+    }
+    assert_eq!(n.a.wcs.len(), SENDS as usize, "the two ACKs cover all");
+    assert!(n.a.wcs.iter().all(|c| c.status == WcStatus::Success));
 }
 
 // ---------------------------------------------------------------- local operations
