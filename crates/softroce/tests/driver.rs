@@ -482,3 +482,39 @@ fn a_driving_consumer_receives_its_completions_and_hands_on_the_others() {
     assert!(here > 0, "none came through the consumer");
     assert!(by_nic.load(Ordering::Relaxed) > 0, "none was handed on");
 }
+
+/// Datagrams that come while the NIC thread looks (a stream of them, each
+/// sent right after the last) are found without a sleep; once they stop,
+/// the thread goes back to sleeping: its loop count stands still.
+#[test]
+fn a_nic_thread_looks_for_datagrams_under_load_and_sleeps_when_idle() {
+    let node = Node::bind(NodeConfig::new("127.0.70.11:0".parse().unwrap())).unwrap();
+    let to = node.local_addr();
+    let d = Driver::start(node, None).unwrap();
+    let tx = std::net::UdpSocket::bind("127.0.70.12:0").unwrap();
+    // Not RoCE: each is dropped on arrival, after it woke the thread.
+    for _ in 0..3000 {
+        tx.send_to(&[0u8; 64], to).unwrap();
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while d.looks_found() == 0 && std::time::Instant::now() < deadline {
+        for _ in 0..200 {
+            tx.send_to(&[0u8; 64], to).unwrap();
+        }
+    }
+    assert!(d.looks_found() > 0, "no datagram was found by a look");
+    // Idle: after a few looks in vain the thread sleeps (its idle sleep is
+    // seconds), so its loops stand still over a tenth of a second.
+    let settled = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let before = d.loops();
+        std::thread::sleep(Duration::from_millis(100));
+        if d.loops() == before {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < settled,
+            "the NIC thread kept looping while idle"
+        );
+    }
+}
