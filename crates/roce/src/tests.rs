@@ -242,6 +242,57 @@ impl Side {
             .map(|c| (c.wr_id, c.opcode, c.status))
             .collect()
     }
+
+    /// Every packet the QP has to send at `now`, taken by hand (no link).
+    fn transmit_all(&mut self, now: Instant) -> Vec<Sent> {
+        let mut out = Vec::new();
+        while let Some(p) = self.qp.poll_transmit(now, &mut self.mem) {
+            out.push(p);
+        }
+        out
+    }
+
+    /// Hands `pkts` to the QP at `now`, by hand.
+    fn receive_all<'a>(&mut self, now: Instant, pkts: impl IntoIterator<Item = &'a Sent>) {
+        for p in pkts {
+            self.qp.handle_packet(now, &p.as_received(), &mut self.mem);
+        }
+    }
+
+    /// Moves the QP's completions into `wcs`.
+    fn reap(&mut self) {
+        while let Some(c) = self.qp.poll_completion() {
+            self.wcs.push(c);
+        }
+    }
+}
+
+/// A packet as a QP sends it.
+type Sent = Packet<Vec<u8>>;
+
+/// Posts `count` READs of `len` bytes on A: READ i from B's buffer at
+/// `i * len` into A's at the same offset.
+fn post_reads(n: &mut Net, count: u64, len: u64) {
+    for i in 0..count {
+        n.a.qp.post_send(SendWqe::new(
+            i,
+            SendOp::Read {
+                raddr: B_BUF + i * len,
+                rkey: rkey_of(B_BUF),
+            },
+            sge(A_BUF, i * len, len as u32),
+        ));
+    }
+}
+
+/// One exchange by hand at `n.now`: every request A has to send, handed
+/// to B, and B's answers (returned with the requests; none handed to A).
+fn requests_and_answers(n: &mut Net) -> (Vec<Sent>, Vec<Sent>) {
+    let now = n.now;
+    let requests = n.a.transmit_all(now);
+    n.b.receive_all(now, &requests);
+    let answers = n.b.transmit_all(now);
+    (requests, answers)
 }
 
 struct Net {
@@ -1670,29 +1721,10 @@ fn a_lost_read_response_packet_costs_one_re_request_not_a_flood() {
     });
     n.record = true;
     const READS: u64 = 4;
-    for i in 0..READS {
-        n.a.qp.post_send(SendWqe::new(
-            i,
-            SendOp::Read {
-                raddr: B_BUF + i * 16_384,
-                rkey: rkey_of(B_BUF),
-            },
-            sge(A_BUF, i * 16_384, 16_384),
-        ));
-    }
+    post_reads(&mut n, READS, 16_384);
     let now = n.now;
-    let mut requests = Vec::new();
-    while let Some(p) = n.a.qp.poll_transmit(now, &mut n.a.mem) {
-        requests.push(p);
-    }
+    let (requests, responses) = requests_and_answers(&mut n);
     assert_eq!(requests.len(), READS as usize);
-    for p in &requests {
-        n.b.qp.handle_packet(now, &p.as_received(), &mut n.b.mem);
-    }
-    let mut responses = Vec::new();
-    while let Some(p) = n.b.qp.poll_transmit(now, &mut n.b.mem) {
-        responses.push(p);
-    }
     assert!(responses.len() >= 4 * 16, "{} responses", responses.len());
     for (i, p) in responses.iter().enumerate() {
         if i != 2 {
@@ -1737,37 +1769,14 @@ fn stale_read_responses_hold_off_the_retransmission_timer() {
         c.max_rd_atomic = 16;
         c.max_dest_rd_atomic = 16;
     });
-    for i in 0..2 {
-        n.a.qp.post_send(SendWqe::new(
-            i,
-            SendOp::Read {
-                raddr: B_BUF + i * 4096,
-                rkey: rkey_of(B_BUF),
-            },
-            sge(A_BUF, i * 4096, 4096),
-        ));
-    }
+    post_reads(&mut n, 2, 4096);
     let now = n.now;
-    let mut requests = Vec::new();
-    while let Some(p) = n.a.qp.poll_transmit(now, &mut n.a.mem) {
-        requests.push(p);
-    }
+    let (requests, responses) = requests_and_answers(&mut n);
     assert_eq!(requests.len(), 2);
-    for p in &requests {
-        n.b.qp.handle_packet(now, &p.as_received(), &mut n.b.mem);
-    }
-    let mut responses = Vec::new();
-    while let Some(p) = n.b.qp.poll_transmit(now, &mut n.b.mem) {
-        responses.push(p);
-    }
     // READ 0's responses arrive, READ 1's are lost.
     let read0 = responses.len() / 2;
-    for p in &responses[..read0] {
-        n.a.qp.handle_packet(now, &p.as_received(), &mut n.a.mem);
-    }
-    while let Some(c) = n.a.qp.poll_completion() {
-        n.a.wcs.push(c);
-    }
+    n.a.receive_all(now, &responses[..read0]);
+    n.a.reap();
     assert_eq!(n.a.wcs.len(), 1, "READ 0 complete");
     let rto = n.a.qp.poll_timeout().expect("READ 1's timer") - now;
     // For three timeouts, a replayed response of READ 0 every third of one.
@@ -1810,29 +1819,10 @@ fn later_read_responses_hold_off_the_retransmission_timer() {
         c.max_dest_rd_atomic = 16;
     });
     const READS: u64 = 3;
-    for i in 0..READS {
-        n.a.qp.post_send(SendWqe::new(
-            i,
-            SendOp::Read {
-                raddr: B_BUF + i * 4096,
-                rkey: rkey_of(B_BUF),
-            },
-            sge(A_BUF, i * 4096, 4096),
-        ));
-    }
+    post_reads(&mut n, READS, 4096);
     let now = n.now;
-    let mut requests = Vec::new();
-    while let Some(p) = n.a.qp.poll_transmit(now, &mut n.a.mem) {
-        requests.push(p);
-    }
+    let (requests, responses) = requests_and_answers(&mut n);
     assert_eq!(requests.len(), READS as usize);
-    for p in &requests {
-        n.b.qp.handle_packet(now, &p.as_received(), &mut n.b.mem);
-    }
-    let mut responses = Vec::new();
-    while let Some(p) = n.b.qp.poll_transmit(now, &mut n.b.mem) {
-        responses.push(p);
-    }
     let per_read = responses.len() / READS as usize;
     assert!(per_read >= 2, "{} responses", responses.len());
     // READ 0's second packet is lost: what follows it (the rest of READ 0,
@@ -1840,8 +1830,7 @@ fn later_read_responses_hold_off_the_retransmission_timer() {
     // again, for four timeouts; whatever A sends meanwhile is lost too.
     let rto = n.a.qp.poll_timeout().expect("the READs' timer") - now;
     let later: Vec<_> = responses[2..].to_vec();
-    n.a.qp
-        .handle_packet(now, &responses[0].as_received(), &mut n.a.mem);
+    n.a.receive_all(now, &responses[..1]);
     let mut t = now;
     for k in 0..12 {
         t += Duration::from_micros(rto.total_micros() / 3);
@@ -1857,9 +1846,7 @@ fn later_read_responses_hold_off_the_retransmission_timer() {
         0,
         "no timeout while the responder is busy"
     );
-    while let Some(c) = n.a.qp.poll_completion() {
-        n.a.wcs.push(c);
-    }
+    n.a.reap();
     assert!(n.a.wcs.is_empty(), "nothing completes past the hole");
     // Then the timer runs out, READ 0 is asked again from the hole, and
     // every READ completes with the responder's bytes.
@@ -1977,30 +1964,16 @@ fn a_burst_answered_in_one_pass_costs_the_acks_of_its_last_two_requests() {
             .post_send(SendWqe::new(id, SendOp::Send, sge(A_BUF, 0, 8)));
     }
     let now = n.now;
-    let mut requests = Vec::new();
-    while let Some(p) = n.a.qp.poll_transmit(now, &mut n.a.mem) {
-        requests.push(p);
-    }
+    let (requests, acks) = requests_and_answers(&mut n);
     assert_eq!(requests.len(), SENDS as usize);
-    for p in &requests {
-        n.b.qp.handle_packet(now, &p.as_received(), &mut n.b.mem);
-    }
-    let mut acks = Vec::new();
-    while let Some(p) = n.b.qp.poll_transmit(now, &mut n.b.mem) {
-        acks.push(p);
-    }
     let psns: Vec<_> = acks.iter().map(|p| p.bth.psn).collect();
     let last_two: Vec<_> = requests[SENDS as usize - 2..]
         .iter()
         .map(|p| p.bth.psn)
         .collect();
     assert_eq!(psns, last_two, "one ACK each for the last two requests");
-    for p in &acks {
-        n.a.qp.handle_packet(now, &p.as_received(), &mut n.a.mem);
-    }
-    while let Some(c) = n.a.qp.poll_completion() {
-        n.a.wcs.push(c);
-    }
+    n.a.receive_all(now, &acks);
+    n.a.reap();
     assert_eq!(n.a.wcs.len(), SENDS as usize, "the two ACKs cover all");
     assert!(n.a.wcs.iter().all(|c| c.status == WcStatus::Success));
 }
