@@ -9,51 +9,21 @@ mod common;
 
 use common::Two;
 use rdma_access::multi::Providers;
-use rdma_types::{Guid, Lid};
 use rnic::loopback::{CaConfig, Fabric};
 use std::sync::Arc;
-use verbs::conformance::{Feature, Fixture};
-use verbs::{Provider, Result};
+use verbs::conformance::Through;
 
 /// A daemon's two CAs and the loopback fabric's one, in one set (the
 /// fabric first, so the daemon's handles carry a tag other than 0).
-struct InSet {
-    two: Two,
-    set: Arc<Providers>,
-}
-
-impl InSet {
-    fn new(third: u8) -> InSet {
-        let two = Two::new(third);
-        let fabric = Fabric::new();
-        fabric.add_ca(CaConfig::dual_port(0x3333, 1)).unwrap();
-        let set = Providers::new(vec![fabric, two.client.clone()]).unwrap();
-        InSet {
-            two,
-            set: Arc::new(set),
-        }
+fn in_set(third: u8) -> Through<Two> {
+    let two = Two::new(third);
+    let fabric = Fabric::new();
+    fabric.add_ca(CaConfig::dual_port(0x3333, 1)).unwrap();
+    let set = Providers::new(vec![fabric, two.client.clone()]).unwrap();
+    Through {
+        inner: two,
+        provider: Arc::new(set),
     }
 }
 
-impl Fixture for InSet {
-    fn provider(&self) -> Arc<dyn Provider> {
-        self.set.clone()
-    }
-    fn guids(&self) -> (Guid, Guid) {
-        self.two.guids()
-    }
-    fn set_port_active(&self, guid: Guid, active: bool) -> Result<()> {
-        self.two.set_port_active(guid, active)
-    }
-    fn set_lid(&self, guid: Guid, lid: Lid) -> Result<()> {
-        self.two.set_lid(guid, lid)
-    }
-    fn remove_ca(&self, guid: Guid) -> Result<()> {
-        self.two.remove_ca(guid)
-    }
-    fn lacks(&self) -> Vec<Feature> {
-        self.two.lacks()
-    }
-}
-
-verbs::conformance_tests!(InSet::new(90));
+verbs::conformance_tests!(in_set(90));

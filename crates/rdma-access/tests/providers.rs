@@ -11,7 +11,7 @@ use rnic::loopback::{CaConfig, Fabric};
 use rnic::softroce::{SoftCa, SoftRoce, ROCE_PORT};
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
-use verbs::conformance::{connect, Feature, Fixture, Node};
+use verbs::conformance::{connect, Feature, Fixture, Node, Through};
 use verbs::{Provider, QpInit, RecvWr, Result, SendOpcode, SendWr, VerbsError};
 
 /// The loopback fabric and a soft RoCE pair (real UDP on loopback
@@ -150,28 +150,11 @@ fn one_access_layer_holds_objects_of_both_providers() {
     let so = Pair(&m, m.soft);
     {
         // Opened through the client's provider, as a consumer would.
-        struct Through<'a>(&'a dyn Fixture, Arc<dyn Provider>);
-        impl Fixture for Through<'_> {
-            fn provider(&self) -> Arc<dyn Provider> {
-                self.1.clone()
-            }
-            fn guids(&self) -> (Guid, Guid) {
-                self.0.guids()
-            }
-            fn set_port_active(&self, guid: Guid, active: bool) -> Result<()> {
-                self.0.set_port_active(guid, active)
-            }
-            fn set_lid(&self, guid: Guid, lid: Lid) -> Result<()> {
-                self.0.set_lid(guid, lid)
-            }
-            fn remove_ca(&self, guid: Guid) -> Result<()> {
-                self.0.remove_ca(guid)
-            }
-            fn lacks(&self) -> Vec<Feature> {
-                Vec::new()
-            }
-        }
-        let (tl, ts) = (Through(&lo, p.clone()), Through(&so, p.clone()));
+        let through = |inner| Through {
+            inner,
+            provider: p.clone(),
+        };
+        let (tl, ts) = (through(lo), through(so));
         let a = Node::open(&tl, Guid(0x1111), 16);
         let b = Node::open(&ts, m.soft.0, 16);
         let (qa, qb) = (a.qp(QpType::Rc, None, 1), b.qp(QpType::Rc, None, 2));

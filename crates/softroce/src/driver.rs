@@ -544,19 +544,25 @@ impl Driver {
 /// Whether `fd` became readable: looked at without sleeping (a `ppoll`
 /// that does not block) for up to `spin`, then waited for up to `timeout`.
 fn look_then_wait(fd: std::os::fd::RawFd, spin: Duration, timeout: Duration) -> bool {
-    if !spin.is_zero() {
-        let until = StdInstant::now() + spin;
-        loop {
-            if wait_readable(fd, None, Duration::ZERO).unwrap_or(false) {
-                return true;
-            }
-            if StdInstant::now() >= until {
-                break;
-            }
-            std::hint::spin_loop();
-        }
+    look(fd, spin, || false) || wait_readable(fd, None, timeout).unwrap_or(false)
+}
+
+/// Whether `fd` became readable or `also` said yes while looked at
+/// without sleeping (a `ppoll` that does not block) for up to `spin`.
+fn look(fd: std::os::fd::RawFd, spin: Duration, also: impl Fn() -> bool) -> bool {
+    if spin.is_zero() {
+        return false;
     }
-    wait_readable(fd, None, timeout).unwrap_or(false)
+    let until = StdInstant::now() + spin;
+    loop {
+        if also() || wait_readable(fd, None, Duration::ZERO).unwrap_or(false) {
+            return true;
+        }
+        if StdInstant::now() >= until {
+            return false;
+        }
+        std::hint::spin_loop();
+    }
 }
 
 /// Receive rounds: up to [`ROUNDS`] while each stops at its budget, with
@@ -803,22 +809,14 @@ fn spin_for_work(s: &Shared, spin: &mut NicSpin, sleep: Duration) -> bool {
     if !spin.look() {
         return false;
     }
-    let budget = NIC_SPIN_MAX.min(sleep);
-    let start = StdInstant::now();
-    loop {
-        if s.posted.load(Ordering::SeqCst)
-            || wait_readable(s.fd, None, Duration::ZERO).unwrap_or(false)
-        {
-            spin.learn(true);
-            s.looks_found.fetch_add(1, Ordering::Relaxed);
-            return true;
-        }
-        if start.elapsed() >= budget {
-            spin.learn(false);
-            return false;
-        }
-        std::hint::spin_loop();
+    let found = look(s.fd, NIC_SPIN_MAX.min(sleep), || {
+        s.posted.load(Ordering::SeqCst)
+    });
+    spin.learn(found);
+    if found {
+        s.looks_found.fetch_add(1, Ordering::Relaxed);
     }
+    found
 }
 
 /// How long the ACKs a round made wait after its callbacks for a post to

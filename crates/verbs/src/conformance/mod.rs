@@ -85,6 +85,39 @@ pub trait Fixture {
     fn lacks(&self) -> Vec<Feature>;
 }
 
+/// Fixture `inner`'s CAs, controls and gaps, its verbs reached through
+/// `provider`: something that holds `inner`'s provider (a set of
+/// providers, an access layer's client), whose handles must work as the
+/// inner provider's do.
+pub struct Through<F> {
+    pub inner: F,
+    pub provider: Arc<dyn Provider>,
+}
+
+impl<F: Fixture> Fixture for Through<F> {
+    fn provider(&self) -> Arc<dyn Provider> {
+        self.provider.clone()
+    }
+    fn guids(&self) -> (Guid, Guid) {
+        self.inner.guids()
+    }
+    fn set_port_active(&self, guid: Guid, active: bool) -> Result<()> {
+        self.inner.set_port_active(guid, active)
+    }
+    fn set_lid(&self, guid: Guid, lid: Lid) -> Result<()> {
+        self.inner.set_lid(guid, lid)
+    }
+    fn remove_ca(&self, guid: Guid) -> Result<()> {
+        self.inner.remove_ca(guid)
+    }
+    fn set_pkeys(&self, guid: Guid, pkeys: &[Pkey]) -> Result<()> {
+        self.inner.set_pkeys(guid, pkeys)
+    }
+    fn lacks(&self) -> Vec<Feature> {
+        self.inner.lacks()
+    }
+}
+
 /// Result of one case.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Outcome {
