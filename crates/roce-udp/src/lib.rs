@@ -30,14 +30,20 @@
 //! [`Waker`] lets another thread interrupt [`RoceSocket::wait`], so a driver
 //! loop can sleep in the kernel when idle instead of spinning a core.
 //!
+//! [`PortGroup`] shares one address and port between processes: a
+//! `SO_REUSEPORT` group whose kernel-side program gives each datagram to
+//! the socket of its destination QP number's block.
+//!
 //! What it refuses to do: connect sockets (that changes the IPv4 ID the
 //! kernel picks), or block without a timeout.
 
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+mod group;
 mod socket;
 mod waker;
 
+pub use group::{block_qpns, qpn_block, PortGroup, QPN_BLOCKS, QPN_BLOCK_BITS};
 pub use socket::{
     wait_readable, wait_readable_or, Gather, Received, RoceSocket, SocketStats, ROCE_PORT,
     WAIT_ALSO_MAX,

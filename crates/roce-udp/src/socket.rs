@@ -175,40 +175,20 @@ impl RoceSocket {
     /// # Errors
     /// The address is in use or not local, or an option was refused.
     pub fn bind(addr: SocketAddr) -> io::Result<RoceSocket> {
-        let domain = if addr.is_ipv4() {
-            Domain::IPV4
-        } else {
-            Domain::IPV6
-        };
-        let sock = Socket::new(
-            domain,
-            Type::DGRAM.nonblocking().cloexec(),
-            Some(Protocol::UDP),
-        )?;
+        RoceSocket::adopt(bound_socket(addr, false)?.into())
+    }
+
+    /// A handle on a socket made by [`bound_socket`] (in this process or,
+    /// its descriptor passed over, another: a member of a
+    /// [`crate::PortGroup`]), with the offloads set up as
+    /// [`RoceSocket::bind`] sets them.
+    ///
+    /// # Errors
+    /// The descriptor is not a bound IP socket.
+    pub fn adopt(fd: std::os::fd::OwnedFd) -> io::Result<RoceSocket> {
+        let sock = Socket::from(fd);
+        sock.set_nonblocking(true)?;
         let fd = sock.as_raw_fd();
-        match addr.ip() {
-            IpAddr::V4(_) => set_int(
-                fd,
-                libc::IPPROTO_IP,
-                libc::IP_MTU_DISCOVER,
-                libc::IP_PMTUDISC_DO,
-            )?,
-            IpAddr::V6(_) => {
-                sock.set_only_v6(true)?;
-                set_int(fd, libc::IPPROTO_UDP, UDP_NO_CHECK6_RX, 1)?;
-            }
-        }
-        // Room for bursts of full-MTU packets. The kernel clamps the plain
-        // option to net.core.rmem_max (often 208 KiB, a few dozen 4 KiB
-        // packets); with CAP_NET_ADMIN the FORCE variants lift the clamp.
-        const BUF: libc::c_int = 8 << 20;
-        if set_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, BUF).is_err() {
-            let _ = sock.set_recv_buffer_size(BUF as usize);
-        }
-        if set_int(fd, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, BUF).is_err() {
-            let _ = sock.set_send_buffer_size(BUF as usize);
-        }
-        sock.bind(&SockAddr::from(addr))?;
         // Offloads are optional: a kernel without them (before 4.18 / 5.0)
         // refuses the options and we send and receive one datagram at a time.
         let gso = set_int(fd, libc::IPPROTO_UDP, UDP_SEGMENT, 0).is_ok();
@@ -723,7 +703,54 @@ fn zeroed_storage() -> libc::sockaddr_storage {
     unsafe { std::mem::zeroed() }
 }
 
-fn set_int(
+/// A UDP socket bound to `addr` with the options of the crate docs;
+/// with `shared`, one of a `SO_REUSEPORT` group ([`crate::PortGroup`]):
+/// every socket of the group must say so, and be made by one user.
+///
+/// # Errors
+/// The address is in use or not local, or an option was refused.
+pub(crate) fn bound_socket(addr: SocketAddr, shared: bool) -> io::Result<Socket> {
+    let domain = if addr.is_ipv4() {
+        Domain::IPV4
+    } else {
+        Domain::IPV6
+    };
+    let sock = Socket::new(
+        domain,
+        Type::DGRAM.nonblocking().cloexec(),
+        Some(Protocol::UDP),
+    )?;
+    let fd = sock.as_raw_fd();
+    match addr.ip() {
+        IpAddr::V4(_) => set_int(
+            fd,
+            libc::IPPROTO_IP,
+            libc::IP_MTU_DISCOVER,
+            libc::IP_PMTUDISC_DO,
+        )?,
+        IpAddr::V6(_) => {
+            sock.set_only_v6(true)?;
+            set_int(fd, libc::IPPROTO_UDP, UDP_NO_CHECK6_RX, 1)?;
+        }
+    }
+    // Room for bursts of full-MTU packets. The kernel clamps the plain
+    // option to net.core.rmem_max (often 208 KiB, a few dozen 4 KiB
+    // packets); with CAP_NET_ADMIN the FORCE variants lift the clamp.
+    const BUF: libc::c_int = 8 << 20;
+    if set_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, BUF).is_err() {
+        let _ = sock.set_recv_buffer_size(BUF as usize);
+    }
+    if set_int(fd, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, BUF).is_err() {
+        let _ = sock.set_send_buffer_size(BUF as usize);
+    }
+    if shared {
+        sock.set_reuse_port(true)?;
+    }
+    sock.bind(&SockAddr::from(addr))?;
+    Ok(sock)
+}
+
+pub(crate) fn set_int(
     fd: libc::c_int,
     level: libc::c_int,
     opt: libc::c_int,

@@ -31,6 +31,13 @@ pub struct NodeConfig {
     pub gso: bool,
     /// Let the kernel coalesce received packets of one GSO send (GRO).
     pub gro: bool,
+    /// A socket bound already (a member of a `roce_udp::PortGroup`, whose
+    /// descriptor another process may have passed over) to use instead
+    /// of binding `bind`; the node uses a duplicate of it.
+    pub socket: Option<Arc<std::os::fd::OwnedFd>>,
+    /// The QP numbers the node hands out (QP0 and QP1 aside): all of them,
+    /// or the block of a port group's member (`roce_udp::block_qpns`).
+    pub qpns: std::ops::Range<u32>,
 }
 
 impl NodeConfig {
@@ -43,6 +50,8 @@ impl NodeConfig {
             first_qpn: 0x11,
             gso: true,
             gro: true,
+            socket: None,
+            qpns: 0..Qpn::MASK + 1,
         }
     }
 
@@ -55,8 +64,10 @@ impl NodeConfig {
         use std::hash::{BuildHasher, Hasher};
         let mut h = std::collections::hash_map::RandomState::new().build_hasher();
         h.write_u32(std::process::id());
-        // 0x100..0x800000: room to count up without wrapping soon.
-        self.first_qpn = 0x100 + (h.finish() % 0x7f_ff00) as u32;
+        // The first half of the numbers (0x100..0x800000 of all of them):
+        // room to count up without wrapping soon.
+        let span = u64::from((self.qpns.end - self.qpns.start) / 2).max(0x200) - 0x100;
+        self.first_qpn = self.qpns.start + 0x100 + (h.finish() % span) as u32;
         self
     }
 }
@@ -290,6 +301,8 @@ pub struct Node {
     /// Numbers handed out by `reserve_qpn` whose QP does not exist yet.
     reserved: std::collections::BTreeSet<u32>,
     next_qpn: u32,
+    /// Where `next_qpn` counts (`NodeConfig::qpns`, from 2).
+    qpns: std::ops::Range<u32>,
     /// Address handles: where a datagram goes, and for one made by
     /// [`Node::ah_in_partition`] the P_Key it leaves with.
     ahs: Vec<(SocketAddr, Option<Pkey>)>,
@@ -492,7 +505,10 @@ impl Node {
     /// # Errors
     /// The address cannot be bound, or the capture file cannot be created.
     pub fn bind(cfg: NodeConfig) -> io::Result<Node> {
-        let mut sock = RoceSocket::bind(cfg.bind)?;
+        let mut sock = match &cfg.socket {
+            Some(fd) => RoceSocket::adopt(fd.try_clone()?)?,
+            None => RoceSocket::bind(cfg.bind)?,
+        };
         if !cfg.gso {
             sock.set_gso(false);
         }
@@ -509,7 +525,8 @@ impl Node {
             local,
             qps: BTreeMap::new(),
             reserved: std::collections::BTreeSet::new(),
-            next_qpn: (cfg.first_qpn & Qpn::MASK).max(2),
+            next_qpn: (cfg.first_qpn & Qpn::MASK).clamp(cfg.qpns.start.max(2), cfg.qpns.end - 1),
+            qpns: cfg.qpns.start.max(2)..cfg.qpns.end,
             ahs: Vec::new(),
             ah_partitions: HashMap::new(),
             partitions: Partitions::new(local),
@@ -591,15 +608,7 @@ impl Node {
     /// Creates a QP with the next free number (QP0 and QP1 are created with
     /// [`Node::create_special_qp`]). `cfg.qpn` is overwritten.
     pub fn create_qp(&mut self, mut cfg: QpConfig, mem: Box<dyn Memory + Send>) -> QpHandle {
-        while self.qps.contains_key(&self.next_qpn)
-            || self.reserved.contains(&self.next_qpn)
-            || self.next_qpn < 2
-        {
-            self.next_qpn = (self.next_qpn + 1) & Qpn::MASK;
-        }
-        let qpn = Qpn::from_bits(self.next_qpn);
-        self.next_qpn = (self.next_qpn + 1) & Qpn::MASK;
-        cfg.qpn = qpn;
+        cfg.qpn = Qpn::from_bits(self.free_qpn());
         self.insert(cfg, mem)
     }
 
@@ -607,16 +616,21 @@ impl Node {
     /// [`Node::create_qp_at`]: verbs create a QP (and report its number)
     /// long before modify-QP to RTR gives what the engine is built from.
     pub fn reserve_qpn(&mut self) -> Qpn {
-        while self.qps.contains_key(&self.next_qpn)
-            || self.reserved.contains(&self.next_qpn)
-            || self.next_qpn < 2
-        {
-            self.next_qpn = (self.next_qpn + 1) & Qpn::MASK;
-        }
-        let qpn = self.next_qpn;
-        self.next_qpn = (self.next_qpn + 1) & Qpn::MASK;
+        let qpn = self.free_qpn();
         self.reserved.insert(qpn);
         Qpn::from_bits(qpn)
+    }
+
+    /// The next number of [`NodeConfig::qpns`] neither in use nor
+    /// reserved, counting on from the last one handed out.
+    fn free_qpn(&mut self) -> u32 {
+        let step = |n: u32, r: &std::ops::Range<u32>| if n + 1 >= r.end { r.start } else { n + 1 };
+        while self.qps.contains_key(&self.next_qpn) || self.reserved.contains(&self.next_qpn) {
+            self.next_qpn = step(self.next_qpn, &self.qpns);
+        }
+        let qpn = self.next_qpn;
+        self.next_qpn = step(qpn, &self.qpns);
+        qpn
     }
 
     /// Reserves `qpn` itself (a QP moved back to RESET keeps its number

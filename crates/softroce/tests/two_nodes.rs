@@ -378,6 +378,53 @@ fn qp_numbers_start_where_the_config_says() {
     assert!(draws.len() > 1, "{draws:?}");
 }
 
+#[test]
+fn qp_numbers_stay_in_the_configured_range_and_wrap_inside_it() {
+    let mut cfg = NodeConfig::new("127.0.0.1:0".parse().unwrap());
+    cfg.qpns = roce_udp::block_qpns(3);
+    let cfg = cfg.with_random_first_qpn();
+    assert!(
+        (0x3_0100..0x3_8000).contains(&cfg.first_qpn),
+        "{:#x}",
+        cfg.first_qpn
+    );
+    let mut cfg = NodeConfig::new("127.0.0.1:0".parse().unwrap());
+    cfg.qpns = 0x3_0000..0x3_0004;
+    cfg.first_qpn = 0x3_0002;
+    let mut n = Node::bind(cfg).unwrap();
+    let got: Vec<u32> = (0..4).map(|_| n.reserve_qpn().value()).collect();
+    assert_eq!(got, vec![0x3_0002, 0x3_0003, 0x3_0000, 0x3_0001]);
+    n.release_qpn(Qpn::from_bits(0x3_0000));
+    assert_eq!(n.reserve_qpn().value(), 0x3_0000, "the one given back");
+}
+
+/// A node on a member of a shared port (`roce_udp::PortGroup`) that
+/// numbers its QPs in the member's block gets its traffic, and the group's
+/// owner none of it.
+#[test]
+fn rc_traffic_through_a_lent_member_of_a_shared_port() {
+    let mut group = roce_udp::PortGroup::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let shared = group.local_addr();
+    let mut own = NodeConfig::new(shared);
+    own.socket = Some(std::sync::Arc::new(group.owner().unwrap()));
+    let mut owner = Node::bind(own).unwrap();
+    let (block, fd) = group.lend().unwrap();
+    let mut cb = NodeConfig::new(shared);
+    cb.socket = Some(std::sync::Arc::new(fd));
+    cb.qpns = roce_udp::block_qpns(block);
+    let cb = cb.with_random_first_qpn();
+    let b = Node::bind(cb).unwrap();
+    assert_eq!(b.local_addr(), shared);
+    let a = Node::bind(NodeConfig::new("127.0.0.1:0".parse().unwrap())).unwrap();
+    let mut p = Pair::from_nodes(a, b);
+    assert_eq!(roce_udp::qpn_block(p.qb.0.value()), block);
+    write_read_send_roundtrip(&mut p, 4096, 64);
+    let now = p.now();
+    owner.poll(now);
+    assert_eq!(owner.stats().rx_datagrams, 0, "{:?}", owner.stats());
+    assert!(p.b.stats().rx_datagrams >= 128, "{:?}", p.b.stats());
+}
+
 /// The datagrams leave in pieces (headers, the payload buffer, pad and
 /// ICRC gathered by the kernel): what a plain UDP socket receives must be,
 /// byte for byte, the UDP payload of the packet the capture framed in one
