@@ -182,7 +182,7 @@ const fn insn(code: u16, jt: u8, jf: u8, k: u32) -> libc::sock_filter {
 }
 
 // Classic BPF opcodes (linux/filter.h).
-const LD_W_ABS: u16 = 0x00 | 0x00 | 0x20; // BPF_LD | BPF_W | BPF_ABS
+const LD_W_ABS: u16 = 0x20; // BPF_LD (0) | BPF_W (0) | BPF_ABS (0x20)
 const ALU_AND_K: u16 = 0x04 | 0x50; // BPF_ALU | BPF_AND | BPF_K
 const ALU_RSH_K: u16 = 0x04 | 0x70; // BPF_ALU | BPF_RSH | BPF_K
 const JEQ_K: u16 = 0x05 | 0x10; // BPF_JMP | BPF_JEQ | BPF_K
