@@ -27,6 +27,25 @@ pub(super) struct CaSlot {
     /// When the latest node let go of its socket: a reopen waits for it
     /// (the node can outlive `close_ca` a little, see `open_ca`).
     pub(super) released: Option<softroce::Released>,
+    /// The member of a shared port the node uses instead of binding
+    /// (`SoftRoce::share_port`), and the QP numbers it hands out.
+    pub(super) shared: Option<SharedPort>,
+}
+
+/// A CA's place in a port shared by processes ([`SoftRoce::share_port`]).
+#[derive(Clone, Debug)]
+pub struct SharedPort {
+    /// A bound socket of the port's `roce_udp::PortGroup`.
+    pub socket: Arc<std::os::fd::OwnedFd>,
+    /// The QP numbers of the member's block.
+    pub qpns: std::ops::Range<u32>,
+}
+
+impl SharedPort {
+    /// Whether QP1 (and QP0) are this CA's: the block's owner has them.
+    pub(super) fn has_special_qps(&self) -> bool {
+        self.qpns.start <= 1
+    }
 }
 
 /// A CA's device, shared by every open of it: its node, key table and
@@ -41,6 +60,9 @@ pub(super) struct CaRt {
     pub(super) port: Mutex<PortStatus>,
     /// The port's personality.
     pub(super) personality: Personality,
+    /// QP0 and QP1 are the node's (not a member of a shared port that
+    /// lacks them).
+    pub(super) special_qps: bool,
 }
 
 impl CaRt {
@@ -143,6 +165,21 @@ impl SoftRoce {
         })
     }
 
+    /// Has CA `guid` run on `port`, a member of a port shared by
+    /// processes, from its next first open: its node receives on the
+    /// member's socket instead of binding the CA's address, and numbers
+    /// its QPs in the member's block. A CA whose block lacks QP1 refuses
+    /// GSI and SMI QPs (the block's owner, the NIC daemon, serves them).
+    /// `None`: bind the address as usual.
+    ///
+    /// # Errors
+    /// `NoSuchCa` for an unknown GUID; `Busy` when the CA is already open.
+    pub fn share_port(&self, guid: Guid, port: Option<SharedPort>) -> Result<()> {
+        self.closed_ca(guid, "the CA is open; share its port before", |s| {
+            s.shared = port
+        })
+    }
+
     /// Runs `f` on the slot of CA `guid` if the CA is not open (what a
     /// node takes at bind time may still change), else `Busy(busy)`.
     fn closed_ca(&self, guid: Guid, busy: &'static str, f: impl FnOnce(&mut CaSlot)) -> Result<()> {
@@ -235,7 +272,12 @@ impl SoftRoce {
             }
             None => {
                 let addr = SocketAddr::new(cfg.ip, self.udp_port);
-                let mut ncfg = NodeConfig::new(addr).with_random_first_qpn();
+                let mut ncfg = NodeConfig::new(addr);
+                if let Some(sp) = &s.shared {
+                    ncfg.socket = Some(sp.socket.clone());
+                    ncfg.qpns = sp.qpns.clone();
+                }
+                let mut ncfg = ncfg.with_random_first_qpn();
                 ncfg.faults = s.faults.clone().or_else(|| self.options.faults.clone());
                 ncfg.gso = self.options.gso;
                 ncfg.gro = self.options.gso;
@@ -278,6 +320,7 @@ impl SoftRoce {
                         pkeys: Vec::new(),
                     }),
                     personality,
+                    special_qps: s.shared.as_ref().is_none_or(SharedPort::has_special_qps),
                 });
                 let weak: Weak<CaRt> = Arc::downgrade(&rt);
                 let driver = Driver::start(

@@ -83,9 +83,15 @@
 //! the failed WR with its error, flushes the rest, keeps receiving, and
 //! the QP reads SQE until modify SQE->RTS resumes it (IBA 10.3.1.6).
 //!
+//! A port shared by processes ([`SoftRoce::share_port`], the NIC daemon
+//! and its clients): a CA's node then receives on a member of the port's
+//! `roce_udp::PortGroup` instead of binding its address, and numbers its
+//! QPs in the member's block; QP0 and QP1 are the block 0 owner's.
+//!
 //! What it refuses (`NotSupported`): alternate paths (no path migration:
 //! a CA has one address, and the engine no second destination; the APM
-//! conformance cases are declared skipped) and QP0 on a `roce` port.
+//! conformance cases are declared skipped), QP0 on a `roce` port, and QP0
+//! and QP1 on a shared port's member that is not its owner.
 //! (SQD, SQE and SRQ limit events, once on this list, are served.)
 
 use rdma_types::{AccessFlags, Gid, Guid, Lid, Lkey, Mtu, Pkey, PortNum, Psn, Qkey, QpState};
@@ -109,6 +115,7 @@ use verbs::{
     WorkCompletion,
 };
 
+pub use ca::SharedPort;
 pub use guid::ip_guid;
 pub use options::{NicEnvError, NicOptions, FAULTS_ENV, FOLLOW_LINK_ENV};
 pub use rdma_sim::FaultConfig;

@@ -18,6 +18,11 @@ impl SoftRoce {
         let rcq = st.cq(init.recv_cq)?;
         let srq = init.srq.map(|s| st.srq(s)).transpose()?;
         let rt = st.rt(ca);
+        if matches!(init.qp_type, QpType::Gsi | QpType::Smi) && !rt.special_qps {
+            return Err(VerbsError::NotSupported(
+                "QP0 and QP1 of a shared port are its owner's (the NIC daemon's)",
+            ));
+        }
         let qpn = match init.qp_type {
             QpType::Rc | QpType::Uc | QpType::Ud => rt.node(|n| n.reserve_qpn()),
             QpType::Gsi => Qpn::from_bits(1),

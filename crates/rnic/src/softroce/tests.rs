@@ -172,3 +172,95 @@ fn options_turn_gso_off_and_inject_faults_without_the_environment() {
     let (_, c) = one_big_send(&with(lossy, 215));
     assert!(c.retransmits > 0, "{c:?}");
 }
+
+/// A CA on a lent member of a shared port (as the NIC daemon lends one to
+/// a client): RC traffic with a peer flows through the member, its QP
+/// numbers are the member's block, QP1 is refused, and the port's owner
+/// (a provider on member 0 of the same address) sees none of it.
+#[test]
+fn a_ca_on_a_shared_port_runs_rc_in_its_block_and_leaves_qp1_to_the_owner() {
+    let ip = IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 91, 210));
+    let mut group = roce_udp::PortGroup::bind(SocketAddr::new(ip, 0)).unwrap();
+    let port = group.local_addr().port();
+    let one = |g: u64, ip| SoftRoce::new(vec![SoftCa { guid: Guid(g), ip }], port);
+    let owner = one(0xa1, ip);
+    owner
+        .share_port(
+            Guid(0xa1),
+            Some(SharedPort {
+                socket: Arc::new(group.owner().unwrap()),
+                qpns: roce_udp::block_qpns(0),
+            }),
+        )
+        .unwrap();
+    let client = one(0xa1, ip);
+    let (block, fd) = group.lend().unwrap();
+    client
+        .share_port(
+            Guid(0xa1),
+            Some(SharedPort {
+                socket: Arc::new(fd),
+                qpns: roce_udp::block_qpns(block),
+            }),
+        )
+        .unwrap();
+    let peer = one(0xb2, IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 91, 211)));
+    let o = TNode::open(&Two(owner.clone()), Guid(0xa1), 4096);
+    let (a, b) = (
+        TNode::open(&Two(client.clone()), Guid(0xa1), 1 << 16),
+        TNode::open(&Two(peer.clone()), Guid(0xb2), 1 << 16),
+    );
+    assert!(matches!(
+        client.share_port(Guid(0xa1), None),
+        Err(VerbsError::Busy(_))
+    ));
+    let gsi = a.p.create_qp(
+        a.pd,
+        &QpInit {
+            qp_type: QpType::Gsi,
+            send_cq: a.cq,
+            recv_cq: a.cq,
+            srq: None,
+            caps: verbs::QpCaps::default(),
+            sq_sig_all: false,
+            port: Some(PortNum(1)),
+        },
+        9,
+    );
+    assert!(
+        matches!(gsi, Err(VerbsError::NotSupported(m)) if m.contains("owner")),
+        "{gsi:?}"
+    );
+    // The owner keeps QP1.
+    o.qp(QpType::Gsi, None, 9);
+    let (qa, qb) = (a.qp(QpType::Rc, None, 1), b.qp(QpType::Rc, None, 2));
+    assert_eq!(roce_udp::qpn_block(a.p.qp_num(qa).unwrap().value()), block);
+    connect(&a, qa, &b, qb, QpType::Rc, 7);
+    const N: u64 = 16;
+    const LEN: u32 = 3000;
+    let recvs: Vec<RecvWr> = (0..N)
+        .map(|i| RecvWr {
+            wr_id: i,
+            sges: vec![a.sge(i * LEN as u64, LEN)],
+        })
+        .collect();
+    a.p.post_recv(qa, &recvs).unwrap();
+    for i in 0..N {
+        let at = (i * LEN as u64) as usize;
+        b.buf.write_at(at, &vec![i as u8 ^ 0x3c; LEN as usize]);
+        let w = SendWr::new(i, SendOpcode::Send, vec![b.sge(at as u64, LEN)]);
+        b.p.post_send(qb, &[w]).unwrap();
+    }
+    for i in 0..N {
+        let wc = a.wc();
+        assert_eq!(
+            (wc.wr_id, wc.status, wc.byte_len),
+            (i, WcStatus::Success, LEN)
+        );
+        let got = a.buf.to_vec((i * LEN as u64) as usize, LEN as usize);
+        assert!(got.iter().all(|&x| x == i as u8 ^ 0x3c), "message {i}");
+    }
+    let seen = owner.counters(Guid(0xa1)).unwrap();
+    assert_eq!(seen.rx_datagrams, 0, "{seen:?}");
+    assert!(client.counters(Guid(0xa1)).unwrap().rx_datagrams >= N);
+}
