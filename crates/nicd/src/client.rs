@@ -37,6 +37,7 @@
 //! [`Provider::gsi_register`] and [`Provider::gsi_listen`]. QP0 is
 //! refused (the daemon's).
 
+pub mod direct;
 mod gsi;
 mod rings;
 
@@ -92,6 +93,9 @@ struct Pending {
     slots: HashMap<u32, Option<Answer>>,
     /// The handler of each `OpenCa` awaited, by sequence number.
     opening: HashMap<u32, Opened>,
+    /// The descriptor an answer carried (a `SharePort`'s), by sequence
+    /// number, until its caller takes it.
+    fds: HashMap<u32, OwnedFd>,
     /// The connection is gone.
     closed: bool,
 }
@@ -261,6 +265,30 @@ impl NicdProvider {
     /// daemon's user; `NoSuchCa` when the daemon is gone.
     pub fn daemon_clients(&self) -> Result<Vec<ClientReport>> {
         self.live().daemon_clients()
+    }
+
+    /// A member of the shared port of this client's CA `ca`
+    /// ([`crate::shared`]): its block of QP numbers and its socket.
+    ///
+    /// # Errors
+    /// `NotSupported` where the daemon lends none (an `ib` port, a daemon
+    /// without shared ports, or older than the request); `NoSuchCa` when
+    /// the daemon is gone.
+    pub fn share_port(&self, ca: CaHandle) -> Result<(std::ops::Range<u32>, OwnedFd)> {
+        let s = self.s();
+        match s.conn.call_opening(&Request::SharePort { ca }, None, None) {
+            (
+                Ok(Reply::SharedPort {
+                    first_qpn, end_qpn, ..
+                }),
+                Some(fd),
+            ) => Ok((first_qpn..end_qpn, fd)),
+            (Ok(other), _) => Err(unexpected("SharePort", &other)),
+            (Err(VerbsError::InvalidArgument(m)), _) if m.starts_with("malformed request") => Err(
+                VerbsError::NotSupported("this daemon lends no shared ports"),
+            ),
+            (Err(e), _) => Err(e),
+        }
     }
 
     /// Has the daemon serve a NIC at `ip` from now on (or finds the one
@@ -511,7 +539,8 @@ impl Conn {
                     break;
                 }
             };
-            // Descriptors are never sent to clients.
+            // Only an answer carries one (a `SharePort`'s), at most one.
+            let fd = reader.take_fd();
             while reader.take_fd().is_some() {}
             let Ok((kind, seq, body)) = proto::split(&f) else {
                 break;
@@ -531,6 +560,9 @@ impl Conn {
                     }
                     if let Some(slot) = p.slots.get_mut(&seq) {
                         *slot = Some(a);
+                        if let Some(fd) = fd {
+                            p.fds.insert(seq, fd);
+                        }
                         self.answered.notify_all();
                     }
                 }
@@ -706,16 +738,17 @@ impl Conn {
 
     /// Sends `req` (with `fd`) and waits for its answer.
     fn call(&self, req: &Request, fd: Option<BorrowedFd<'_>>) -> Answer {
-        self.call_opening(req, fd, None)
+        self.call_opening(req, fd, None).0
     }
 
-    /// [`Conn::call`]; `handler` is an `OpenCa`'s.
+    /// [`Conn::call`]; `handler` is an `OpenCa`'s. With the descriptor
+    /// the answer carried.
     fn call_opening(
         &self,
         req: &Request,
         fd: Option<BorrowedFd<'_>>,
         handler: Option<Opened>,
-    ) -> Answer {
+    ) -> (Answer, Option<OwnedFd>) {
         let mut seq = self.seq.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
         if seq == 0 {
             seq = self.seq.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
@@ -725,7 +758,7 @@ impl Conn {
         {
             let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
             if p.closed {
-                return Err(VerbsError::NoSuchCa);
+                return (Err(VerbsError::NoSuchCa), None);
             }
             p.slots.insert(seq, None);
             if let Some(h) = handler {
@@ -740,15 +773,16 @@ impl Conn {
         if sent.is_err() {
             p.slots.remove(&seq);
             p.opening.remove(&seq);
-            return Err(VerbsError::NoSuchCa);
+            return (Err(VerbsError::NoSuchCa), None);
         }
         loop {
             if let Some(Some(_)) = p.slots.get(&seq) {
-                return p.slots.remove(&seq).flatten().expect("answered");
+                let fd = p.fds.remove(&seq);
+                return (p.slots.remove(&seq).flatten().expect("answered"), fd);
             }
             if p.closed {
                 p.slots.remove(&seq);
-                return Err(VerbsError::NoSuchCa);
+                return (Err(VerbsError::NoSuchCa), None);
             }
             p = self.answered.wait(p).unwrap_or_else(|e| e.into_inner());
         }
@@ -921,7 +955,8 @@ impl Provider for Session {
         // reply, before it reads any event for the CA.
         match self
             .conn
-            .call_opening(&Request::OpenCa { guid, ctx }, None, Some((handler, ctx)))?
+            .call_opening(&Request::OpenCa { guid, ctx }, None, Some((handler, ctx)))
+            .0?
         {
             Reply::Ca { ca } => Ok(ca),
             other => Err(unexpected("OpenCa", &other)),

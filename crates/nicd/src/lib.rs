@@ -28,6 +28,16 @@
 //!   and DM agent (`rdma-access`) run in the client unchanged: the CM
 //!   state machine stays in one place. A client that goes has its
 //!   connections ended by the daemon (DREQ, or REJ half way).
+//! - [`shared`]: each RoCE NIC's UDP port is a `SO_REUSEPORT` group whose
+//!   kernel-side program steers each datagram by its QP number's block;
+//!   the daemon lends a client a member and a block
+//!   ([`Request::SharePort`](proto::Request)).
+//! - [`Direct`] (`client::direct`): the client with its QPs' transport in
+//!   its own process, on a lent member (the data path of a NIC of its own,
+//!   no hand-off to the daemon); QP1, port attributes, limits and
+//!   registrations' accounting stay the daemon's. Tools take it with
+//!   `NICD_DATA=direct` ([`data_here`], [`data_path`]; `rperf` and
+//!   `srpstack` so far); the rings stay the default.
 //! - [`ondemand`]: a tool's `--nicd` starts the daemon when none
 //!   answers (one daemon however many tools start at once, under a lock
 //!   beside the socket), which leaves after `--idle-exit` without a
@@ -84,8 +94,10 @@ pub mod ondemand;
 pub mod proto;
 pub mod ring;
 pub mod server;
+pub mod shared;
 mod sock;
 
+pub use client::direct::Direct;
 pub use client::{ConnectError, NicdProvider};
 /// The fabric of a NIC of the daemon ([`connect_at`], `nicd --ib-ip`).
 pub use rdma_access::subnet::Fabric;
@@ -191,6 +203,32 @@ pub fn connect_at(
                 }
             ))
         }
+    }
+}
+
+/// The environment variable binaries read with [`data_here`]:
+/// `NICD_DATA=direct` runs a tool's QPs in the tool's process, on a
+/// member of the daemon's shared port ([`Direct`]), instead of in the
+/// daemon behind the shared-memory rings (the default, for now: `rperf`
+/// and `srpstack` read it so far).
+pub const DATA_ENV: &str = "NICD_DATA";
+
+/// For binaries: whether `NICD_DATA` asks for the QPs in this process.
+pub fn data_here() -> bool {
+    std::env::var_os(DATA_ENV).is_some_and(|v| v == "direct")
+}
+
+/// The provider a tool uses over the daemon's client `p`: with `here`,
+/// [`Direct`] (the data path in this process, on members of the
+/// daemon's shared ports), else `p` itself (every QP in the daemon).
+pub fn data_path(
+    p: std::sync::Arc<NicdProvider>,
+    here: bool,
+) -> std::sync::Arc<dyn verbs::Provider> {
+    if here {
+        Direct::new(p)
+    } else {
+        p
     }
 }
 

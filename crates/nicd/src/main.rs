@@ -59,6 +59,12 @@ struct Args {
     /// clients' doorbells: one thread on the data path, not two].
     #[arg(long)]
     ring_pollers: bool,
+    /// Lend clients no member of the NICs' UDP ports [default: each RoCE
+    /// port is shared, so a client runs its own QPs' transport on the
+    /// NIC's address (the kernel steers each datagram by its QP number);
+    /// QP1 and the rings' QPs stay here].
+    #[arg(long)]
+    no_shared_ports: bool,
     /// Print the running daemon's clients (process, user, what each
     /// holds) and exit.
     #[arg(long)]
@@ -125,8 +131,14 @@ fn main() -> ExitCode {
     let server = nicd::Server::with_limits(provider.clone(), limits);
     // A client (root or this user) may have it serve another address (on
     // the `ib` fabric with the port's SMA).
+    let shared = (!args.no_shared_ports)
+        .then(|| nicd::shared::SharedPorts::new(provider.clone(), args.udp_port));
+    if let Some(sh) = &shared {
+        server.lend_ports_with(sh.clone());
+    }
     let nics = Arc::new(Nics {
         soft: provider.clone(),
+        shared: shared.clone(),
         default: args.fabric,
         socket: socket.clone(),
         server: Arc::downgrade(&server),
@@ -146,10 +158,22 @@ fn main() -> ExitCode {
         std::time::Duration::ZERO
     };
     let began = std::time::Instant::now();
-    let mut claimed = server.claim_nics();
+    let share = || -> Result<(), (rdma_types::Guid, verbs::VerbsError)> {
+        let Some(sh) = &shared else { return Ok(()) };
+        for ip in ips.iter().filter(|ip| !ib_ips.contains(ip)) {
+            sh.share(*ip).map_err(|e| {
+                (
+                    rnic::softroce::ip_guid(*ip),
+                    verbs::VerbsError::InvalidArgument(e),
+                )
+            })?;
+        }
+        Ok(())
+    };
+    let mut claimed = share().and_then(|()| server.claim_nics());
     while claimed.is_err() && began.elapsed() < patience {
         std::thread::sleep(std::time::Duration::from_millis(20));
-        claimed = server.claim_nics();
+        claimed = share().and_then(|()| server.claim_nics());
     }
     if let Err((guid, e)) = claimed {
         let ip = ips.iter().find(|ip| rnic::softroce::ip_guid(**ip) == guid);
@@ -211,6 +235,7 @@ fn main() -> ExitCode {
 /// (the SMAs start with the first `ib` port).
 struct Nics {
     soft: Arc<SoftRoce>,
+    shared: Option<Arc<nicd::shared::SharedPorts>>,
     default: Fabric,
     socket: PathBuf,
     server: std::sync::Weak<nicd::Server>,
@@ -238,10 +263,25 @@ impl Nics {
 
 impl nicd::server::AddNics for Nics {
     fn add(&self, ip: IpAddr, fabric: Option<Fabric>) -> verbs::Result<rdma_types::Guid> {
-        nicd::server::AddNics::add(&self.soft, ip, Some(fabric.unwrap_or(self.default)))
+        let guid =
+            nicd::server::AddNics::add(&self.soft, ip, Some(fabric.unwrap_or(self.default)))?;
+        if let Some(sh) = &self.shared {
+            // A new RoCE NIC is shared before its first open (one served
+            // already is shared, or an `ib` one, which is not).
+            if self.soft.personality(guid) == Personality::Roce {
+                if let Err(e) = sh.share(ip) {
+                    nicd::server::AddNics::forget(&self.soft, guid);
+                    return Err(verbs::VerbsError::InvalidArgument(e));
+                }
+            }
+        }
+        Ok(guid)
     }
 
     fn forget(&self, guid: rdma_types::Guid) {
+        if let Some(sh) = &self.shared {
+            sh.unshare(guid);
+        }
         nicd::server::AddNics::forget(&self.soft, guid);
     }
 

@@ -910,6 +910,12 @@ messages! {
         /// once, after the [`Request::Doorbell`] and before any ring is
         /// made.
         CompletionNotice = 48 {},
+        /// A member of the shared port of the client's CA `ca`, for QPs
+        /// whose transport the client runs itself: answered with
+        /// [`Reply::SharedPort`], the member's socket in the frame (see
+        /// [`crate::shared`]). Refused where the daemon lends none (an
+        /// `ib` port, a daemon without shared ports).
+        SharePort = 49 { ca: CaHandle },
     }
 
     /// Daemon to client: what a request returns.
@@ -956,6 +962,9 @@ messages! {
         Clients = 19 { clients: Vec<ClientReport> },
         /// Port attributes and the master SM's GID (`PortAttr::sm_gid`).
         PortSm = 20 { attr: PortAttr, sm_gid: Option<Gid> },
+        /// A member of a shared port (its socket in the frame): the block
+        /// of QP numbers it receives, `first_qpn..end_qpn`.
+        SharedPort = 21 { block: u8, first_qpn: u32, end_qpn: u32 },
     }
 
     /// Daemon to client: a callback of the provider, for the handler of

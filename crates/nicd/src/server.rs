@@ -286,6 +286,20 @@ fn other_fabric(ip: std::net::IpAddr, has: Fabric, want: Fabric) -> String {
     )
 }
 
+/// What lends clients a member of a NIC's shared port
+/// ([`crate::shared::SharedPorts`] for the soft RoCE NICs), so a client
+/// runs its own QPs' transport on the NIC's address.
+pub trait PortLender: Send + Sync {
+    /// A member of NIC `guid`'s port: its block and socket.
+    ///
+    /// # Errors
+    /// In words: the NIC's port is not shared (an `ib` port), or every
+    /// block is lent.
+    fn lend(&self, guid: rdma_types::Guid) -> Result<(u8, std::os::fd::OwnedFd)>;
+    /// Takes back block `block` of NIC `guid`'s port (its client left).
+    fn give_back(&self, guid: rdma_types::Guid, block: u8);
+}
+
 /// Who holds each `ib` port's QP0 when no client does: the daemon's SMA
 /// (`nicd --fabric ib`). A privileged client that asks for a QP0 (a
 /// subnet manager on the port) is lent it: the SMA lets go of it, and
@@ -337,6 +351,8 @@ pub struct Server {
     ring_spin_ns: AtomicU64,
     /// The NICs' threads that take rings in ([`Server::set_data_path`]).
     data_path: Mutex<Option<Arc<dyn DataPath>>>,
+    /// Lends members of the NICs' shared ports ([`Request::SharePort`]).
+    lender: Mutex<Option<Arc<dyn PortLender>>>,
     /// Ring poller threads running ([`Server::ring_pollers`]).
     ring_pollers: AtomicUsize,
     /// The daemon's QP1 of each CA, opened for the first client that
@@ -357,10 +373,13 @@ pub const MEMORY_LIMIT: &str = "this client's registered memory limit (nicd --ma
 /// anyway, and the posts that find it asleep share one doorbell.
 pub const DEFAULT_RING_SPIN: Duration = Duration::from_micros(5);
 
+/// A frame for a client, and the descriptor it carries.
+type Framed = (Vec<u8>, Option<std::os::fd::OwnedFd>);
+
 /// Where a connection's frames go: to its writer thread, until the
 /// connection ends.
 struct Outbox {
-    tx: Mutex<Option<SyncSender<Vec<u8>>>>,
+    tx: Mutex<Option<SyncSender<Framed>>>,
     /// `WaitCq`s waiting on threads of their own.
     waits: AtomicUsize,
     /// The client's socket, shut down when it leaves `OUTBOX_FRAMES`
@@ -371,9 +390,13 @@ struct Outbox {
 
 impl Outbox {
     fn send(&self, frame: Vec<u8>) {
+        self.send_with(frame, None);
+    }
+    /// [`Outbox::send`] with a descriptor (`SCM_RIGHTS`).
+    fn send_with(&self, frame: Vec<u8>, fd: Option<std::os::fd::OwnedFd>) {
         let mut tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
         let Some(t) = &*tx else { return };
-        if let Err(TrySendError::Full(_)) = t.try_send(frame) {
+        if let Err(TrySendError::Full(_)) = t.try_send((frame, fd)) {
             tracing::warn!(
                 "nicd: client {} left {OUTBOX_FRAMES} answers and events unread: disconnected \
                  (its resources are released)",
@@ -516,6 +539,7 @@ impl Server {
             ring_refusals: AtomicU64::new(0),
             ring_spin_ns: AtomicU64::new(DEFAULT_RING_SPIN.as_nanos() as u64),
             data_path: Mutex::new(None),
+            lender: Mutex::new(None),
             ring_pollers: AtomicUsize::new(0),
             gsi_ports: Mutex::new(HashMap::new()),
             gsi_refusals: AtomicU64::new(0),
@@ -735,6 +759,48 @@ impl Server {
         self.ring_pollers.load(Ordering::Relaxed)
     }
 
+    /// Lends clients members of the NICs' shared ports from now on
+    /// ([`Request::SharePort`]).
+    pub fn lend_ports_with(&self, l: Arc<dyn PortLender>) {
+        *self.lender.lock().unwrap_or_else(|e| e.into_inner()) = Some(l);
+    }
+
+    /// Lends client `me` a member of the shared port of its CA `ca`, and
+    /// notes it in `lent` (given back when the client goes).
+    fn share_port(
+        &self,
+        me: u64,
+        ca: CaHandle,
+        lent: &mut Vec<(rdma_types::Guid, u8)>,
+    ) -> Result<(Reply, std::os::fd::OwnedFd)> {
+        let raw = CaHandle(self.raw(me, ResourceKind::Ca, ca.0)?);
+        let guid = self.provider.query_ca(raw)?.guid;
+        let lender = self
+            .lender
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let lender = lender.ok_or(VerbsError::NotSupported(
+            "this daemon lends no shared ports",
+        ))?;
+        if let Some((_, b)) = lent.iter().find(|(g, _)| *g == guid) {
+            return Err(bad(format!(
+                "this client holds block {b} of the port already: one member per client and NIC"
+            )));
+        }
+        let (block, fd) = lender.lend(guid)?;
+        lent.push((guid, block));
+        let qpns = roce_udp::block_qpns(block);
+        Ok((
+            Reply::SharedPort {
+                block,
+                first_qpn: qpns.start,
+                end_qpn: qpns.end,
+            },
+            fd,
+        ))
+    }
+
     /// Has the NICs' own threads serve the rings of clients that connect
     /// from now on ([`DataPath`]): `nicd` gives its soft RoCE provider.
     pub fn set_data_path(&self, d: Arc<dyn DataPath>) {
@@ -881,7 +947,7 @@ impl Server {
         // A client that stops reading holds up only its own writer, and
         // not for long: its frames are dropped with the connection.
         let _ = wsock.set_write_timeout(Some(WRITE_TIMEOUT));
-        let (tx, rx) = sync_channel::<Vec<u8>>(OUTBOX_FRAMES);
+        let (tx, rx) = sync_channel(OUTBOX_FRAMES);
         let out = Arc::new(Outbox {
             tx: Mutex::new(Some(tx)),
             waits: AtomicUsize::new(0),
@@ -891,8 +957,9 @@ impl Server {
         let writer = std::thread::Builder::new()
             .name("nicd-writer".into())
             .spawn(move || {
-                for f in rx {
-                    if send_frame(&wsock, &f, None).is_err() {
+                for (f, fd) in rx {
+                    let fd: Option<std::os::fd::OwnedFd> = fd;
+                    if send_frame(&wsock, &f, fd.as_ref().map(std::os::fd::AsFd::as_fd)).is_err() {
                         break;
                     }
                 }
@@ -906,6 +973,8 @@ impl Server {
             .unwrap_or_else(|e| e.into_inner())
             .clone();
         let rings = ConnRings::new(self.provider.clone(), out.clone(), data_path);
+        // Members of shared ports lent to this client.
+        let mut lent: Vec<(rdma_types::Guid, u8)> = Vec::new();
         loop {
             let f = match reader.next() {
                 Ok(f) => f,
@@ -978,6 +1047,14 @@ impl Server {
                 out.send(proto::frame(Kind::Response, seq, &a));
                 continue;
             }
+            if let Request::SharePort { ca } = req {
+                let (a, fd): (Answer, _) = match self.share_port(id, ca, &mut lent) {
+                    Ok((r, fd)) => (Ok(r), Some(fd)),
+                    Err(e) => (Err(e), None),
+                };
+                out.send_with(proto::frame(Kind::Response, seq, &a), fd);
+                continue;
+            }
             let conn = Conn {
                 peer: &peer,
                 out: &out,
@@ -990,6 +1067,16 @@ impl Server {
         // The poller first: it posts with handles released below.
         rings.stop();
         self.release_all(id);
+        let lender = self
+            .lender
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        for (guid, block) in lent {
+            if let Some(l) = &lender {
+                l.give_back(guid, block);
+            }
+        }
         out.close();
         if let Ok(w) = writer {
             let _ = w.join();
@@ -1393,6 +1480,8 @@ impl Server {
         let a = || -> Answer {
             Ok(match req {
                 Request::Hello { .. } => return Err(bad("Hello was already exchanged")),
+                // Answered with its descriptor where the connection reads.
+                Request::SharePort { .. } => return Err(bad("SharePort out of place")),
                 Request::ListCas {} => Reply::Guids {
                     guids: p.list_cas(),
                 },

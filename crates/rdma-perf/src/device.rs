@@ -346,6 +346,7 @@ impl Nic {
                     which.line(&tool, &ip.to_string(), Some(p.daemon_pid()))
                 );
                 let name = format!("{SOFT_DEVICE} ({ip}, nicd at {})", socket.display());
+                let p = nicd::data_path(p, nicd::data_here());
                 Nic::on(p, guid, PortNum(1), name, Kind::Nicd { ip: *ip })
             }
         }

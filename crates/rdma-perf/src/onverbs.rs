@@ -264,10 +264,16 @@ impl VerbsQp {
         if !sleep {
             return Ok(false);
         }
+        // A soft NIC in this process (the NIC daemon's client runs its
+        // QPs here) does its work on this thread while we wait: looking
+        // first, for a moment, then sleeping on its socket. Elsewhere
         // `wait_cq` looks at the CQ itself: no arm (the CA's handler
-        // ignores events, and through the NIC daemon each armed
+        // ignores events, and through the daemon's rings each armed
         // completion would cost an event on its socket).
-        let _ = p.wait_cq(self.cq, std::time::Duration::from_millis(1));
+        let ms = std::time::Duration::from_millis(1);
+        if !p.drive_cq(self.cq, DRIVE_SPIN, ms).unwrap_or(false) {
+            let _ = p.wait_cq(self.cq, ms);
+        }
         Ok(take(self)? > 0)
     }
 
@@ -276,6 +282,10 @@ impl VerbsQp {
         self.polled.pop_front()
     }
 }
+
+/// How long a wait for completions looks before it sleeps, where the
+/// provider lets this thread drive the NIC ([`verbs::Provider::drive_cq`]).
+const DRIVE_SPIN: std::time::Duration = std::time::Duration::from_micros(50);
 
 impl Drop for VerbsQp {
     /// The objects go children first; the CA stays open for the next

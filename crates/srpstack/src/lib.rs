@@ -374,7 +374,7 @@ impl Stack {
                             ))
                         })?;
                     }
-                    (p, "nicd", Lid(0))
+                    (nicd::data_path(p, nicd::data_here()), "nicd", Lid(0))
                 }
             };
 

@@ -1,0 +1,83 @@
+//! The daemon lends members of its NICs' shared ports (`nicd::shared`):
+//! one block per client and NIC, the QPs of a `nicd::Direct` client in
+//! it, and the block back in the daemon's hands once the client is gone.
+
+mod common;
+
+use common::fresh_ip;
+use nicd::server::PortLender;
+use rdma_types::{Guid, QpType};
+use rnic::softroce::{SoftCa, SoftRoce, ROCE_PORT};
+use std::sync::Arc;
+use std::time::Duration;
+use verbs::conformance::{Feature, Fixture, Node};
+use verbs::{Provider, Result, VerbsError};
+
+struct One(Arc<nicd::Direct>, Guid);
+
+impl Fixture for One {
+    fn provider(&self) -> Arc<dyn Provider> {
+        self.0.clone()
+    }
+    fn guids(&self) -> (Guid, Guid) {
+        (self.1, self.1)
+    }
+    fn set_port_active(&self, _: Guid, _: bool) -> Result<()> {
+        Err(VerbsError::NotSupported("port control"))
+    }
+    fn set_lid(&self, _: Guid, _: rdma_types::Lid) -> Result<()> {
+        Err(VerbsError::NotSupported("port control"))
+    }
+    fn remove_ca(&self, _: Guid) -> Result<()> {
+        Err(VerbsError::NotSupported("port control"))
+    }
+    fn lacks(&self) -> Vec<Feature> {
+        Vec::new()
+    }
+}
+
+#[test]
+fn a_clients_block_goes_back_when_it_leaves() {
+    let ip = fresh_ip(200);
+    let guid = rnic::softroce::ip_guid(ip);
+    let soft = SoftRoce::new(vec![SoftCa { guid, ip }], ROCE_PORT);
+    let shared = nicd::shared::SharedPorts::new(soft.clone(), ROCE_PORT);
+    shared.share(ip).unwrap();
+    let server = nicd::Server::new(soft.clone());
+    server.lend_ports_with(shared.clone());
+    server.claim_nics().unwrap();
+    let path = std::env::temp_dir().join(format!("nicd-shared-{}.sock", std::process::id()));
+    server.serve(nicd::server::bind(&path, false).unwrap());
+    let lent = || {
+        shared
+            .lent()
+            .into_iter()
+            .find(|(g, _)| *g == guid)
+            .unwrap()
+            .1
+    };
+    assert_eq!(lent(), vec![0]);
+
+    let client = nicd::Direct::new(nicd::NicdProvider::connect(&path).unwrap());
+    let f = One(client.clone(), guid);
+    let n = Node::open(&f, guid, 16);
+    let q = n.qp(QpType::Rc, None, 1);
+    let block = roce_udp::qpn_block(n.p.qp_num(q).unwrap().value());
+    assert_eq!(lent(), vec![0, block]);
+    // One member per client and NIC: a second open of the CA keeps it.
+    let again = Node::open(&f, guid, 16);
+    assert_eq!(lent(), vec![0, block]);
+    drop((n, again, f, client));
+    assert!(server.wait_until(Duration::from_secs(10), |clients, _| clients.is_empty()));
+    assert_eq!(lent(), vec![0], "given back");
+    // Lent again to the next client.
+    let next = nicd::Direct::new(nicd::NicdProvider::connect(&path).unwrap());
+    let f = One(next, guid);
+    let n = Node::open(&f, guid, 16);
+    let q = n.qp(QpType::Rc, None, 1);
+    assert_eq!(roce_udp::qpn_block(n.p.qp_num(q).unwrap().value()), block);
+    // A port the daemon does not share: refused in words.
+    let e = shared.lend(Guid(0x99)).unwrap_err();
+    assert!(matches!(e, VerbsError::NotSupported(m) if m.contains("not shared")));
+    let _ = std::fs::remove_file(&path);
+}
