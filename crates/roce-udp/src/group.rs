@@ -49,6 +49,12 @@ struct Member {
 pub struct PortGroup {
     addr: SocketAddr,
     members: Vec<Member>,
+    /// An abstract Unix socket named after the address: the kernel lets
+    /// any socket of the same user join a `SO_REUSEPORT` group, so a
+    /// second group owner on the address (another NIC daemon) would
+    /// share our datagrams; binding this name first makes it fail
+    /// instead. Released with the process, in its network namespace.
+    _guard: std::os::unix::net::UnixDatagram,
 }
 
 impl std::fmt::Debug for PortGroup {
@@ -69,14 +75,22 @@ impl PortGroup {
     /// The address is in use (by a socket outside any group, or another
     /// user's group) or not local, or the kernel refused the program.
     pub fn bind(addr: SocketAddr) -> io::Result<PortGroup> {
+        let guard = (addr.port() != 0).then(|| guard(addr)).transpose()?;
         let sock = bound_socket(addr, true)?;
         let addr = sock
             .local_addr()?
             .as_socket()
             .ok_or_else(|| io::Error::other("bound address is not IP"))?;
+        let guard = match guard {
+            Some(g) => g,
+            // The kernel picked the port: named now (nobody else can
+            // have it yet but a socket of this group).
+            None => self::guard(addr)?,
+        };
         let g = PortGroup {
             addr,
             members: vec![Member { sock, lent: true }],
+            _guard: guard,
         };
         g.steer()?;
         Ok(g)
@@ -160,6 +174,21 @@ impl PortGroup {
         let lent: Vec<u8> = self.lent().into_iter().filter(|&k| k != 0).collect();
         attach(&self.members[0].sock, &program(&lent))
     }
+}
+
+/// The guard of a group's address: an abstract Unix socket only one
+/// process binds at a time.
+fn guard(addr: SocketAddr) -> io::Result<std::os::unix::net::UnixDatagram> {
+    use std::os::linux::net::SocketAddrExt;
+    let name = format!("roce-udp port group {addr}");
+    let a = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())?;
+    std::os::unix::net::UnixDatagram::bind_addr(&a).map_err(|e| match e.kind() {
+        io::ErrorKind::AddrInUse => io::Error::new(
+            io::ErrorKind::AddrInUse,
+            format!("{addr} is shared by another process already (its port group)"),
+        ),
+        _ => e,
+    })
 }
 
 /// Drops what waits in `sock`'s queue.
@@ -334,9 +363,17 @@ mod tests {
     }
 
     #[test]
-    fn a_plain_socket_cannot_take_a_groups_address() {
+    fn neither_a_plain_socket_nor_a_second_group_takes_a_groups_address() {
         let g = PortGroup::bind("127.0.0.1:0".parse().unwrap()).unwrap();
         let e = RoceSocket::bind(g.local_addr()).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::AddrInUse);
+        // A second group of the same user would join ours: refused.
+        let e = PortGroup::bind(g.local_addr()).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::AddrInUse);
+        assert!(e.to_string().contains("another process"), "{e}");
+        // Free again once the group is gone.
+        let at = g.local_addr();
+        drop(g);
+        PortGroup::bind(at).unwrap();
     }
 }
