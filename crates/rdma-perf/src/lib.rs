@@ -698,6 +698,16 @@ impl Side {
         }
     }
 
+    /// Hands a device what was posted since the last turn (a soft node
+    /// takes each post at once).
+    fn flush(&mut self) {
+        if let Engine::Verbs(q) = &mut self.engine {
+            if let Err(e) = q.flush() {
+                self.failed.get_or_insert(e);
+            }
+        }
+    }
+
     /// Posts one receive of `len` bytes at offset `local`.
     fn post_recv(&mut self, wr_id: u64, local: u64, len: u32) {
         match &mut self.engine {
@@ -1065,6 +1075,7 @@ pub fn run_server(common: &Common, listener: &TcpListener) -> Result<Served, Per
             post_recv(&mut side, posted);
             posted += 1;
         }
+        side.flush();
     }
     // Bidirectional WRITE: write back from our upper region into the
     // client's third region while the client writes to us.
