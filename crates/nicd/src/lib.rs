@@ -35,9 +35,9 @@
 //! - [`Direct`] (`client::direct`): the client with its QPs' transport in
 //!   its own process, on a lent member (the data path of a NIC of its own,
 //!   no hand-off to the daemon); QP1, port attributes, limits and
-//!   registrations' accounting stay the daemon's. Tools take it with
-//!   `NICD_DATA=direct` ([`data_here`], [`data_path`]; `rperf` and
-//!   `srpstack` so far); the rings stay the default.
+//!   registrations' accounting stay the daemon's. Every tool's default
+//!   ([`data_here`], [`data_path`]); `NICD_DATA=daemon` keeps the QPs in
+//!   the daemon, behind the rings.
 //! - [`ondemand`]: a tool's `--nicd` starts the daemon when none
 //!   answers (one daemon however many tools start at once, under a lock
 //!   beside the socket), which leaves after `--idle-exit` without a
@@ -207,15 +207,15 @@ pub fn connect_at(
 }
 
 /// The environment variable binaries read with [`data_here`]:
-/// `NICD_DATA=direct` runs a tool's QPs in the tool's process, on a
-/// member of the daemon's shared port ([`Direct`]), instead of in the
-/// daemon behind the shared-memory rings (the default, for now: `rperf`
-/// and `srpstack` read it so far).
+/// `NICD_DATA=daemon` keeps a tool's QPs in the daemon, behind the
+/// shared-memory rings, instead of in the tool's process on a member of
+/// the daemon's shared port ([`Direct`], the default).
 pub const DATA_ENV: &str = "NICD_DATA";
 
-/// For binaries: whether `NICD_DATA` asks for the QPs in this process.
+/// For binaries: whether the QPs run in this process (unless `NICD_DATA`
+/// says `daemon`).
 pub fn data_here() -> bool {
-    std::env::var_os(DATA_ENV).is_some_and(|v| v == "direct")
+    std::env::var_os(DATA_ENV).is_none_or(|v| v != "daemon")
 }
 
 /// The provider a tool uses over the daemon's client `p`: with `here`,

@@ -158,20 +158,29 @@ fn main() -> ExitCode {
         std::time::Duration::ZERO
     };
     let began = std::time::Instant::now();
+    // Clients of a daemon that went hold members of its ports' groups
+    // until they close their NICs, which they do as they hear it went:
+    // a daemon started in its place waits for that.
+    let stale = std::sync::atomic::AtomicBool::new(false);
     let share = || -> Result<(), (rdma_types::Guid, verbs::VerbsError)> {
         let Some(sh) = &shared else { return Ok(()) };
         for ip in ips.iter().filter(|ip| !ib_ips.contains(ip)) {
             sh.share(*ip).map_err(|e| {
-                (
-                    rnic::softroce::ip_guid(*ip),
-                    verbs::VerbsError::InvalidArgument(e),
-                )
+                let busy = e.kind() == std::io::ErrorKind::ResourceBusy;
+                stale.store(busy, std::sync::atomic::Ordering::Relaxed);
+                let e = verbs::VerbsError::InvalidArgument(e.to_string());
+                (rnic::softroce::ip_guid(*ip), e)
             })?;
         }
         Ok(())
     };
+    const STALE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);
     let mut claimed = share().and_then(|()| server.claim_nics());
-    while claimed.is_err() && began.elapsed() < patience {
+    while claimed.is_err()
+        && (began.elapsed() < patience
+            || (stale.load(std::sync::atomic::Ordering::Relaxed)
+                && began.elapsed() < STALE_PATIENCE))
+    {
         std::thread::sleep(std::time::Duration::from_millis(20));
         claimed = share().and_then(|()| server.claim_nics());
     }
@@ -271,7 +280,7 @@ impl nicd::server::AddNics for Nics {
             if self.soft.personality(guid) == Personality::Roce {
                 if let Err(e) = sh.share(ip) {
                     nicd::server::AddNics::forget(&self.soft, guid);
-                    return Err(verbs::VerbsError::InvalidArgument(e));
+                    return Err(verbs::VerbsError::InvalidArgument(e.to_string()));
                 }
             }
         }

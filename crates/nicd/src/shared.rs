@@ -45,24 +45,26 @@ impl SharedPorts {
     /// shared already.
     ///
     /// # Errors
-    /// The port cannot be bound (in use, the address not local), or the
-    /// NIC is open already.
-    pub fn share(&self, ip: IpAddr) -> std::result::Result<(), String> {
+    /// The port cannot be bound (in use, the address not local; kind
+    /// `ResourceBusy` while clients of an earlier daemon still hold
+    /// members of its group), or the NIC is open already.
+    pub fn share(&self, ip: IpAddr) -> std::io::Result<()> {
         let guid = rnic::softroce::ip_guid(ip);
         let mut groups = self.groups.lock().unwrap_or_else(|e| e.into_inner());
         if groups.contains_key(&guid) {
             return Ok(());
         }
         let addr = SocketAddr::new(ip, self.udp_port);
-        let g = PortGroup::bind(addr).map_err(|e| format!("cannot bind {addr}: {e}"))?;
-        let owner = g.owner().map_err(|e| format!("{addr}: {e}"))?;
+        let g = PortGroup::bind(addr)
+            .map_err(|e| std::io::Error::new(e.kind(), format!("cannot bind {addr}: {e}")))?;
+        let owner = g.owner()?;
         let port = SharedPort {
             socket: Arc::new(owner),
             qpns: roce_udp::block_qpns(0),
         };
         self.soft
             .share_port(guid, Some(port))
-            .map_err(|e| format!("{addr}: {e}"))?;
+            .map_err(|e| std::io::Error::other(format!("{addr}: {e}")))?;
         groups.insert(guid, g);
         Ok(())
     }

@@ -72,8 +72,10 @@ impl PortGroup {
     /// steers everything to it.
     ///
     /// # Errors
-    /// The address is in use (by a socket outside any group, or another
-    /// user's group) or not local, or the kernel refused the program.
+    /// The address is in use (`AddrInUse`: by a socket outside any group,
+    /// another process's group, or another user's) or not local; sockets
+    /// of an earlier group of ours hold it still (`ResourceBusy`: try
+    /// again once they are closed); the kernel refused the program.
     pub fn bind(addr: SocketAddr) -> io::Result<PortGroup> {
         let guard = (addr.port() != 0).then(|| guard(addr)).transpose()?;
         let sock = bound_socket(addr, true)?;
@@ -87,6 +89,7 @@ impl PortGroup {
             // have it yet but a socket of this group).
             None => self::guard(addr)?,
         };
+        alone(&sock, addr)?;
         let g = PortGroup {
             addr,
             members: vec![Member { sock, lent: true }],
@@ -171,8 +174,11 @@ impl PortGroup {
 
     /// Attaches the program for the blocks lent now.
     fn steer(&self) -> io::Result<()> {
-        let lent: Vec<u8> = self.lent().into_iter().filter(|&k| k != 0).collect();
-        attach(&self.members[0].sock, &program(&lent))
+        let to: Vec<(u8, u32)> = (self.lent().into_iter())
+            .filter(|&k| k != 0)
+            .map(|k| (k, u32::from(k)))
+            .collect();
+        attach(&self.members[0].sock, &program(&to))
     }
 }
 
@@ -189,6 +195,58 @@ fn guard(addr: SocketAddr) -> io::Result<std::os::unix::net::UnixDatagram> {
         ),
         _ => e,
     })
+}
+
+/// Whether `sock`, just bound at `addr`, is its group's only member: a
+/// socket of an earlier group of ours (a client of a daemon that went
+/// holds its member until it closes its NIC) would have it join that
+/// group, under that group's program. With everything steered to member
+/// 0, a probe comes back to `sock` only when it is member 0: the kernel
+/// appends a newcomer, so it is not, in a group with others.
+fn alone(sock: &Socket, addr: SocketAddr) -> io::Result<()> {
+    attach(sock, &program(&[]))?;
+    let probe_from = std::net::UdpSocket::bind(SocketAddr::new(addr.ip(), 0))?;
+    let mut d = vec![0u8; 12];
+    d.extend_from_slice(&rand_tag());
+    probe_from.send_to(&d, addr)?;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(500);
+    let mut buf = [0u8; 64];
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::new(
+                io::ErrorKind::ResourceBusy,
+                format!(
+                    "{addr} is still held by sockets of an earlier port group (clients of a NIC \
+                     daemon that went keep theirs until they close their NICs): try again once \
+                     they have"
+                ),
+            ));
+        }
+        if !crate::wait_readable(sock.as_raw_fd(), None, left)? {
+            continue;
+        }
+        // SAFETY: reads into a live stack buffer of its length.
+        let n = unsafe {
+            libc::recv(
+                sock.as_raw_fd(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                libc::MSG_DONTWAIT,
+            )
+        };
+        if n == d.len() as isize && buf[..d.len()] == d[..] {
+            return Ok(());
+        }
+    }
+}
+
+/// Four bytes that differ from process to process and call to call.
+fn rand_tag() -> [u8; 4] {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    (h.finish() as u32).to_be_bytes()
 }
 
 /// Drops what waits in `sock`'s queue.
@@ -218,18 +276,18 @@ const JEQ_K: u16 = 0x05 | 0x10; // BPF_JMP | BPF_JEQ | BPF_K
 const RET_K: u16 = 0x06; // BPF_RET | BPF_K
 
 /// The steering program: the datagram's destination QP number (BTH bytes
-/// 5..8; the program sees the UDP payload), its block, and that block's
-/// member when it is one of `lent`, else member 0. A datagram too short
-/// to load from ends the program with 0, member 0 too.
-fn program(lent: &[u8]) -> Vec<libc::sock_filter> {
+/// 5..8; the program sees the UDP payload), its block, and the member
+/// `to` gives that block, else member 0. A datagram too short to load
+/// from ends the program with 0, member 0 too.
+fn program(to: &[(u8, u32)]) -> Vec<libc::sock_filter> {
     let mut p = vec![
         insn(LD_W_ABS, 0, 0, 4),
         insn(ALU_AND_K, 0, 0, 0xff_ffff),
         insn(ALU_RSH_K, 0, 0, QPN_BLOCK_BITS),
     ];
-    for &k in lent {
-        p.push(insn(JEQ_K, 0, 1, u32::from(k)));
-        p.push(insn(RET_K, 0, 0, u32::from(k)));
+    for &(block, member) in to {
+        p.push(insn(JEQ_K, 0, 1, u32::from(block)));
+        p.push(insn(RET_K, 0, 0, member));
     }
     p.push(insn(RET_K, 0, 0, 0));
     p
@@ -375,5 +433,26 @@ mod tests {
         let at = g.local_addr();
         drop(g);
         PortGroup::bind(at).unwrap();
+    }
+
+    #[test]
+    fn a_member_left_of_an_earlier_group_keeps_a_new_group_off_the_port() {
+        let mut g = PortGroup::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let at = g.local_addr();
+        let (_, kept) = g.lend().unwrap();
+        // The owner went; a client still holds its member.
+        drop(g);
+        let e = PortGroup::bind(at).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::ResourceBusy);
+        assert!(e.to_string().contains("earlier port group"), "{e}");
+        drop(kept);
+        let mut g = PortGroup::bind(at).unwrap();
+        let mut owner = RoceSocket::adopt(g.owner().unwrap()).unwrap();
+        let (b, _m) = g.lend().unwrap();
+        assert_eq!(b, 1);
+        let mut tx = RoceSocket::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let d = datagram(1, 30);
+        assert_eq!(tx.send_batch(&[(at, &d[..])]), 1);
+        assert_eq!(tags(&mut owner, 1), vec![30]);
     }
 }

@@ -99,6 +99,9 @@ struct Shared {
     ready: Condvar,
     waker: Arc<Waker>,
     fd: RawFd,
+    /// The descriptors of the send and receive handles (the node's is
+    /// `fd`), for [`Driver::retire_socket`].
+    handle_fds: [RawFd; 2],
     stop: AtomicBool,
     loops: AtomicU64,
     /// Looks before a sleep that found work ([`Driver::looks_found`]).
@@ -351,10 +354,15 @@ impl Driver {
         }));
         let tx = node.socket_handle()?;
         let rx = node.socket_handle()?;
+        let handle_fds = {
+            use std::os::fd::AsRawFd;
+            [tx.as_raw_fd(), rx.as_raw_fd()]
+        };
         let rx = Mutex::new(rx);
         let shared = Arc::new(Shared {
             waker: node.waker(),
             fd: node.raw_fd(),
+            handle_fds,
             node: Mutex::new(node),
             ready: Condvar::new(),
             stop: AtomicBool::new(false),
@@ -393,6 +401,39 @@ impl Driver {
 
     fn lock(&self) -> MutexGuard<'_, Node> {
         self.shared.lock()
+    }
+
+    /// Lets go of the node's socket: its three descriptors (the node's,
+    /// the send and the receive handle) refer to an unbound socket from
+    /// now on, so the bound one closes once nobody else holds it (a
+    /// member of a shared port whose owner went, which must not stay in
+    /// the port's group); the link is down, nothing more is sent or
+    /// received. For good: a CA opened again binds anew.
+    ///
+    /// # Errors
+    /// No socket for the swap, or `dup2` refused.
+    pub fn retire_socket(&self) -> std::io::Result<()> {
+        use std::os::fd::AsRawFd;
+        let s = &*self.shared;
+        let local = self.inspect(|n| n.local_addr());
+        let fresh = std::net::UdpSocket::bind(std::net::SocketAddr::new(
+            match local {
+                std::net::SocketAddr::V4(_) => std::net::Ipv4Addr::UNSPECIFIED.into(),
+                std::net::SocketAddr::V6(_) => std::net::Ipv6Addr::UNSPECIFIED.into(),
+            },
+            0,
+        ))?;
+        self.with_node(|n| n.set_link_up(false));
+        for fd in [s.fd, s.handle_fds[0], s.handle_fds[1]] {
+            // SAFETY: both descriptors are open (ours for the driver's
+            // life, `fresh` until the end of this function); dup2 swaps
+            // what `fd` refers to in one step.
+            if unsafe { libc::dup2(fresh.as_raw_fd(), fd) } < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+        s.poke();
+        Ok(())
     }
 
     /// Runs `f` on the node (to post work, create QPs, read counters), then

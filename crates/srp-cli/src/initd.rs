@@ -578,7 +578,7 @@ impl Initd {
                 let client = client.ok_or(InitdStartError::NoAddress)?;
                 nicd_pid = Some(client.daemon_pid());
                 daemon = Some(client.clone());
-                (client as Arc<dyn Provider>, None)
+                (nicd::data_path(client, nicd::data_here()), None)
             }
             None => {
                 crate::args::check_local(&cfg.ips, cfg.udp_port)?;

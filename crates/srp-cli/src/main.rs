@@ -584,7 +584,7 @@ fn paths(l: &Login) -> Result<Vec<Arc<srp_initiator::path_login::PathLogin>>, St
             }
             let client = client.ok_or("no --ip")?;
             eprintln!("{}", which.line("srp", &at, Some(client.daemon_pid())));
-            client
+            nicd::data_path(client, nicd::data_here())
         }
         None => {
             srp_cli::args::check_local(&ips, l.udp_port).map_err(|e| e.to_string())?;
@@ -1351,7 +1351,7 @@ fn discover(
                 "{}",
                 which.line("srp", &ip.to_string(), Some(p.daemon_pid()))
             );
-            (p as Arc<dyn verbs::Provider>, None)
+            (nicd::data_path(p, nicd::data_here()), None)
         }
         None => {
             let soft = rnic::softroce::SoftRoce::with_options(

@@ -67,10 +67,13 @@ struct State {
     lkeys: HashMap<u32, u32>,
     /// A paired MR's node L_Key, by its node handle.
     mr_lkeys: HashMap<Handle, u32>,
-    /// The member of each shared CA's port this client holds, by the
-    /// daemon session it was lent in (the daemon's pid).
-    lent: HashMap<Guid, (u32, Arc<std::os::fd::OwnedFd>, std::ops::Range<u32>)>,
 }
+
+/// The member of each shared CA's port this client holds, by the daemon
+/// session it was lent in (the daemon's pid): kept for the CA's next
+/// opens in that session, dropped when the daemon removes the CA (it
+/// went: a new daemon's group must not meet our socket).
+type Lent = HashMap<Guid, (u32, Arc<std::os::fd::OwnedFd>, std::ops::Range<u32>)>;
 
 fn kind(k: ResourceKind) -> u8 {
     k as u8
@@ -80,8 +83,9 @@ fn kind(k: ResourceKind) -> u8 {
 /// module docs).
 pub struct Direct {
     ctl: Arc<NicdProvider>,
-    nic: RwLock<Option<Arc<SoftRoce>>>,
+    nic: Arc<RwLock<Option<Arc<SoftRoce>>>>,
     st: Mutex<State>,
+    lent: Arc<Mutex<Lent>>,
     /// Whether any GSI QP lives (polls of other CQs skip the map).
     any_gsi: std::sync::atomic::AtomicBool,
 }
@@ -97,11 +101,12 @@ impl Direct {
     pub fn new(ctl: Arc<NicdProvider>) -> Arc<Direct> {
         Arc::new(Direct {
             ctl,
-            nic: RwLock::new(None),
+            nic: Arc::default(),
             st: Mutex::new(State {
                 next: 1,
                 ..State::default()
             }),
+            lent: Arc::default(),
             any_gsi: std::sync::atomic::AtomicBool::new(false),
         })
     }
@@ -189,14 +194,14 @@ impl Direct {
         handler: Arc<dyn EventHandler>,
     ) -> Result<Option<CaHandle>> {
         let session = self.ctl.daemon_pid();
-        let have = self.lock().lent.get(&guid).cloned();
+        let lent = || self.lent.lock().unwrap_or_else(|e| e.into_inner());
+        let have = lent().get(&guid).cloned();
         let (fd, qpns) = match have {
             Some((pid, fd, qpns)) if pid == session => (fd, qpns),
             _ => match self.ctl.share_port(ctl_ca) {
                 Ok((qpns, fd)) => {
                     let fd = Arc::new(fd);
-                    let at = (self.lock().lent).insert(guid, (session, fd.clone(), qpns.clone()));
-                    drop(at);
+                    lent().insert(guid, (session, fd.clone(), qpns.clone()));
                     (fd, qpns)
                 }
                 Err(VerbsError::NotSupported(_)) => return Ok(None),
@@ -324,17 +329,33 @@ impl Direct {
         }
     }
 
-    /// A GSI QP's send WR with the node's keys and AHs made the daemon's.
-    fn to_ctl_send(&self, mut w: SendWr) -> Result<SendWr> {
+    /// A send WR of a QP of the daemon client's with its AH (and, under
+    /// a paired PD, the node's keys) made the daemon's.
+    fn to_ctl_send(&self, paired: bool, mut w: SendWr) -> Result<SendWr> {
         let st = self.lock();
-        for s in &mut w.sges {
-            if let Some(k) = st.lkeys.get(&s.lkey.0) {
-                s.lkey = rdma_types::Lkey(*k);
+        if paired {
+            for s in &mut w.sges {
+                if let Some(k) = st.lkeys.get(&s.lkey.0) {
+                    s.lkey = rdma_types::Lkey(*k);
+                }
             }
         }
         if let Some(ud) = &mut w.ud {
-            if let Some(h) = st.halves.get(&(kind(ResourceKind::Ah), ud.ah.0)) {
-                ud.ah = AhHandle(*h);
+            let ah = (kind(ResourceKind::Ah), ud.ah.0);
+            let h = match ud.ah.0.index & SYNTHETIC {
+                0 => st.halves.get(&ah).copied(),
+                _ => st.ctl.get(&ah).map(|o| o.h),
+            };
+            ud.ah = AhHandle(h.ok_or(VerbsError::InvalidHandle)?);
+        }
+        if let Some(b) = &mut w.bind_mw {
+            for (k, h) in [
+                (ResourceKind::Mw, &mut b.mw.0),
+                (ResourceKind::Mr, &mut b.mr.0),
+            ] {
+                if let Some(o) = st.ctl.get(&(kind(k), *h)) {
+                    *h = o.h;
+                }
             }
         }
         Ok(w)
@@ -382,12 +403,28 @@ impl Provider for Direct {
         struct Late {
             to: Arc<dyn EventHandler>,
             alone: Arc<std::sync::atomic::AtomicBool>,
+            lent: Arc<Mutex<Lent>>,
+            nic: Arc<RwLock<Option<Arc<SoftRoce>>>>,
+            guid: Guid,
         }
         impl EventHandler for Late {
             fn on_completion(&self, c: Context) {
                 self.to.on_completion(c);
             }
             fn on_async_event(&self, e: AsyncEvent) {
+                if e.kind == verbs::AsyncEventKind::CaRemoval {
+                    // The daemon went: our member of its port's group
+                    // goes now, so a daemon in its place finds the port
+                    // free (it waits for that), whenever the consumer
+                    // closes the CA.
+                    let mut l = self.lent.lock().unwrap_or_else(|e| e.into_inner());
+                    l.remove(&self.guid);
+                    drop(l);
+                    let nic = self.nic.read().unwrap_or_else(|e| e.into_inner()).clone();
+                    if let Some(n) = nic {
+                        let _ = n.retire_socket(self.guid);
+                    }
+                }
                 self.to.on_async_event(e);
             }
             fn on_destroyed(&self, k: ResourceKind, ctx: Context) {
@@ -404,6 +441,9 @@ impl Provider for Direct {
             Arc::new(Late {
                 to: handler.clone(),
                 alone: alone.clone(),
+                lent: self.lent.clone(),
+                nic: self.nic.clone(),
+                guid,
             }),
         )?;
         match self.open_nic(guid, ctl_ca, ctx, handler) {
@@ -580,7 +620,13 @@ impl Provider for Direct {
                 Ok(QpHandle(mine))
             }
             At::Ctl(o) => {
-                let q = self.ctl.create_qp(PdHandle(o.h), init, ctx)?;
+                let mut ci = *init;
+                ci.send_cq = CqHandle(self.ctl_of(ResourceKind::Cq, init.send_cq.0)?);
+                ci.recv_cq = CqHandle(self.ctl_of(ResourceKind::Cq, init.recv_cq.0)?);
+                ci.srq = (init.srq)
+                    .map(|s| self.ctl_of(ResourceKind::Srq, s.0).map(SrqHandle))
+                    .transpose()?;
+                let q = self.ctl.create_qp(PdHandle(o.h), &ci, ctx)?;
                 Ok(QpHandle(self.adopt(ResourceKind::Qp, q.0, false)))
             }
         }
@@ -742,11 +788,8 @@ impl Provider for Direct {
         let At::Ctl(o) = self.at(ResourceKind::Qp, qp.0)? else {
             return Err(VerbsError::InvalidHandle);
         };
-        if !o.paired {
-            return self.ctl.post_send(QpHandle(o.h), wrs);
-        }
         let wrs: Vec<SendWr> = (wrs.iter().cloned())
-            .map(|w| self.to_ctl_send(w))
+            .map(|w| self.to_ctl_send(o.paired, w))
             .collect::<Result<_>>()?;
         self.ctl.post_send(QpHandle(o.h), &wrs)
     }

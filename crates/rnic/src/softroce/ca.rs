@@ -165,6 +165,27 @@ impl SoftRoce {
         })
     }
 
+    /// Lets go of open CA `guid`'s socket (a member of a shared port whose
+    /// owner went, which must not stay in the port's group): its port
+    /// goes down and its node neither sends nor receives again. The CA
+    /// stays open until closed; opened again after that, it binds (or
+    /// takes the shared port it is given) anew.
+    ///
+    /// # Errors
+    /// `NoSuchCa` when the CA is not open; the socket could not be let go.
+    pub fn retire_socket(&self, guid: Guid) -> Result<()> {
+        let rt = self.device(guid).ok_or(VerbsError::NoSuchCa)?;
+        // The slot's descriptor of the member too.
+        self.with_slot(guid, |s| s.shared = None)?;
+        rt.port.lock().unwrap_or_else(|e| e.into_inner()).state = PortState::Down;
+        match rt.driver.get() {
+            Some(d) => d
+                .retire_socket()
+                .map_err(|e| bad(format!("letting go of the CA's socket: {e}"))),
+            None => Ok(()),
+        }
+    }
+
     /// Has CA `guid` run on `port`, a member of a port shared by
     /// processes, from its next first open: its node receives on the
     /// member's socket instead of binding the CA's address, and numbers

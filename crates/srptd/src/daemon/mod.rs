@@ -425,7 +425,15 @@ impl TargetRt {
             Some(socket) => {
                 let (p, _) =
                     nicd::connect_at(socket, *t.ip.get_ref(), Some(t.fabric)).map_err(nic_err)?;
-                let (live, _) = TargetRt::soft_live(t, n, scsi, &log, opts, p.clone(), None)?;
+                let (live, _) = TargetRt::soft_live(
+                    t,
+                    n,
+                    scsi,
+                    &log,
+                    opts,
+                    nicd::data_path(p.clone(), nicd::data_here()),
+                    None,
+                )?;
                 let rt = TargetRt {
                     live: Arc::new(Mutex::new(live)),
                     nic: None,
@@ -776,7 +784,7 @@ fn watch_nicd(mut w: NicdWatch) {
             }
             std::thread::sleep(WATCH_NICD_EVERY);
             let back = nicd::connect_at(&w.socket, ip, Some(w.t.fabric)).and_then(|(p, _)| {
-                let provider = p.clone() as Arc<dyn verbs::Provider>;
+                let provider = nicd::data_path(p.clone(), nicd::data_here());
                 TargetRt::soft_live(&w.t, w.n, &w.scsi, &w.log, &w.opts, provider, None)
                     .map(|(live, _)| (p, live))
                     .map_err(|(_, _, m)| m)
