@@ -1,6 +1,7 @@
 //! `bench/nicd --quick` (issue 27's measurement of the NIC daemon) runs
 //! to its table with this build's tools: every workload measured on NICs
-//! of the tools' own and through the daemon, in the same run, with a
+//! of the tools' own, through the daemon (QPs in the tools' processes)
+//! and through its rings (`NICD_DATA=daemon`), in the same run, with a
 //! ratio (or a latency difference) for each. Tiny counts: this checks
 //! that the script works, not how fast anything is.
 //!
@@ -11,7 +12,7 @@ mod common;
 use std::process::Command;
 
 #[test]
-fn bench_nicd_prints_every_workload_both_ways_with_its_ratio() {
+fn bench_nicd_prints_every_workload_three_ways_with_its_ratios() {
     let rperf = common::bin_of("rperf");
     let bin = rperf.parent().unwrap();
     assert!(bin.join("srpstack").exists(), "{}", bin.display());
@@ -38,7 +39,15 @@ fn bench_nicd_prints_every_workload_both_ways_with_its_ratio() {
         let cols: Vec<&str> = line[row.len()..].split_whitespace().collect();
         let own: f64 = cols[0].parse().unwrap_or_else(|_| panic!("{line}"));
         let nicd: f64 = cols[1].parse().unwrap_or_else(|_| panic!("{line}"));
-        assert!(own > 0.0 && nicd > 0.0, "{line}");
-        assert!(line.contains(unit), "{line}");
+        // ... then the rings' cell and its ratio (a latency's: "+N us").
+        let rings = cols[cols.len() - if unit == "x" { 2 } else { 3 }];
+        let rings: f64 = rings.parse().unwrap_or_else(|_| panic!("{line}"));
+        assert!(own > 0.0 && nicd > 0.0 && rings > 0.0, "{line}");
+        // Both ratios there: through nicd's (before the goal), the rings'.
+        assert!(
+            cols[2].ends_with(unit.trim()) || cols[3] == unit.trim(),
+            "{line}"
+        );
+        assert!(line.ends_with(unit), "{line}");
     }
 }
