@@ -291,6 +291,22 @@ impl NicdProvider {
         }
     }
 
+    /// The members of shared ports the daemon has lent, and to whom.
+    ///
+    /// # Errors
+    /// As [`NicdProvider::daemon_clients`]; `NotSupported` from a daemon
+    /// older than the request.
+    pub fn lent_ports(&self) -> Result<Vec<crate::proto::LentPort>> {
+        match self.live().conn.call(&Request::LentPorts {}, None) {
+            Ok(Reply::Lent { lent }) => Ok(lent),
+            Ok(other) => Err(unexpected("LentPorts", &other)),
+            Err(VerbsError::InvalidArgument(m)) if m.starts_with("malformed request") => Err(
+                VerbsError::NotSupported("this daemon lends no shared ports"),
+            ),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Has the daemon serve a NIC at `ip` from now on (or finds the one
     /// it serves there) and names its GUID.
     ///

@@ -481,10 +481,23 @@ fn print_clients(socket: &std::path::Path) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // What each runs itself (an older daemon lends nothing).
+    let lent = p.lent_ports().unwrap_or_default();
     match p.daemon_clients() {
         Ok(clients) => {
             for c in clients {
                 println!("{c}");
+                for l in lent.iter().filter(|l| l.client == c.peer.id) {
+                    let qpns = roce_udp::block_qpns(l.block);
+                    println!(
+                        "  its own QPs on NIC {:#018x}: block {} of the shared port (QP numbers \
+                         {:#08x}-{:#08x})",
+                        l.guid.0,
+                        l.block,
+                        qpns.start,
+                        qpns.end - 1
+                    );
+                }
             }
             ExitCode::SUCCESS
         }

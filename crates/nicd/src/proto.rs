@@ -615,6 +615,19 @@ impl core::fmt::Display for ClientReport {
 wire_struct! {
     Peer { id, pid, uid, gid }
     ClientReport { peer, objects }
+    LentPort { client, guid, block }
+}
+
+/// A member of a NIC's shared port lent to a client
+/// ([`Request::LentPorts`]): the client runs the QPs of its block itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LentPort {
+    /// The client (its [`Peer::id`]).
+    pub client: u64,
+    /// The NIC.
+    pub guid: Guid,
+    /// The block of QP numbers (`roce_udp::block_qpns`).
+    pub block: u8,
 }
 
 /// Where a ring is in its memfd and how it is cut: what the create
@@ -916,6 +929,9 @@ messages! {
         /// [`crate::shared`]). Refused where the daemon lends none (an
         /// `ib` port, a daemon without shared ports).
         SharePort = 49 { ca: CaHandle },
+        /// The members of shared ports lent now, and to whom (root and
+        /// the daemon's user only).
+        LentPorts = 50 {},
     }
 
     /// Daemon to client: what a request returns.
@@ -965,6 +981,8 @@ messages! {
         /// A member of a shared port (its socket in the frame): the block
         /// of QP numbers it receives, `first_qpn..end_qpn`.
         SharedPort = 21 { block: u8, first_qpn: u32, end_qpn: u32 },
+        /// What [`Request::LentPorts`] asked for.
+        Lent = 22 { lent: Vec<LentPort> },
     }
 
     /// Daemon to client: a callback of the provider, for the handler of

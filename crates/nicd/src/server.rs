@@ -154,6 +154,8 @@ struct Table {
     objs: HashMap<u32, Obj>,
     next: u32,
     clients: HashMap<u64, Peer>,
+    /// The members of shared ports lent to each client: NIC and block.
+    lent: HashMap<u64, Vec<(rdma_types::Guid, u8)>>,
     /// The port each client's GSI QP is a place at, by its index.
     gsi: HashMap<u32, Arc<gsi::GsiPort>>,
 }
@@ -767,12 +769,7 @@ impl Server {
 
     /// Lends client `me` a member of the shared port of its CA `ca`, and
     /// notes it in `lent` (given back when the client goes).
-    fn share_port(
-        &self,
-        me: u64,
-        ca: CaHandle,
-        lent: &mut Vec<(rdma_types::Guid, u8)>,
-    ) -> Result<(Reply, std::os::fd::OwnedFd)> {
+    fn share_port(&self, me: u64, ca: CaHandle) -> Result<(Reply, std::os::fd::OwnedFd)> {
         let raw = CaHandle(self.raw(me, ResourceKind::Ca, ca.0)?);
         let guid = self.provider.query_ca(raw)?.guid;
         let lender = self
@@ -783,13 +780,14 @@ impl Server {
         let lender = lender.ok_or(VerbsError::NotSupported(
             "this daemon lends no shared ports",
         ))?;
-        if let Some((_, b)) = lent.iter().find(|(g, _)| *g == guid) {
+        let held = self.lock().lent.get(&me).cloned().unwrap_or_default();
+        if let Some((_, b)) = held.iter().find(|(g, _)| *g == guid) {
             return Err(bad(format!(
                 "this client holds block {b} of the port already: one member per client and NIC"
             )));
         }
         let (block, fd) = lender.lend(guid)?;
-        lent.push((guid, block));
+        self.lock().lent.entry(me).or_default().push((guid, block));
         let qpns = roce_udp::block_qpns(block);
         Ok((
             Reply::SharedPort {
@@ -973,8 +971,6 @@ impl Server {
             .unwrap_or_else(|e| e.into_inner())
             .clone();
         let rings = ConnRings::new(self.provider.clone(), out.clone(), data_path);
-        // Members of shared ports lent to this client.
-        let mut lent: Vec<(rdma_types::Guid, u8)> = Vec::new();
         loop {
             let f = match reader.next() {
                 Ok(f) => f,
@@ -1048,7 +1044,7 @@ impl Server {
                 continue;
             }
             if let Request::SharePort { ca } = req {
-                let (a, fd): (Answer, _) = match self.share_port(id, ca, &mut lent) {
+                let (a, fd): (Answer, _) = match self.share_port(id, ca) {
                     Ok((r, fd)) => (Ok(r), Some(fd)),
                     Err(e) => (Err(e), None),
                 };
@@ -1072,6 +1068,7 @@ impl Server {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone();
+        let lent = self.lock().lent.remove(&id).unwrap_or_default();
         for (guid, block) in lent {
             if let Some(l) = &lender {
                 l.give_back(guid, block);
@@ -1550,6 +1547,27 @@ impl Server {
                     Reply::Guids {
                         guids: vec![self.add_nic_on(ip, Some(fabric))?],
                     }
+                }
+                Request::LentPorts {} => {
+                    if !self.privileged(peer) {
+                        return Err(bad(format!(
+                            "listing the lent ports needs root or the daemon's user (uid {}); \
+                             client uid {}",
+                            self.uid, peer.uid
+                        )));
+                    }
+                    let t = self.lock();
+                    let mut lent: Vec<proto::LentPort> = (t.lent.iter())
+                        .flat_map(|(c, v)| {
+                            v.iter().map(|(guid, block)| proto::LentPort {
+                                client: *c,
+                                guid: *guid,
+                                block: *block,
+                            })
+                        })
+                        .collect();
+                    lent.sort_by_key(|l| (l.client, l.guid.0));
+                    Reply::Lent { lent }
                 }
                 Request::Clients {} => {
                     if !self.privileged(peer) {

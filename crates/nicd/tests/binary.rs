@@ -369,3 +369,60 @@ fn a_subnet_manager_through_nicd_borrows_its_ports_qp0() {
     assert!(nicd.wait().unwrap().success());
     std::mem::forget(reap);
 }
+
+/// `nicd --clients` shows which client runs its own QPs on which NIC's
+/// shared port, and `--no-shared-ports` lends none (the client's QPs then
+/// stay in the daemon).
+#[test]
+fn nicd_clients_names_the_members_it_lent_and_no_shared_ports_lends_none() {
+    for shared in [true, false] {
+        let ip = IpAddr::V4(Ipv4Addr::new(127, 27, 230, if shared { 7 } else { 8 }));
+        let socket =
+            std::env::temp_dir().join(format!("nicd-lent-{}-{shared}.sock", std::process::id()));
+        let more: &[&str] = if shared { &[] } else { &["--no-shared-ports"] };
+        let (mut nicd, reap) = start_nicd_with(ip, &socket, more);
+        let guid = rnic::softroce::ip_guid(ip);
+        let client = nicd::Direct::new(nicd::NicdProvider::connect(&socket).unwrap());
+        let ca = client
+            .open_ca(guid, 1, Arc::new(verbs::IgnoreEvents))
+            .unwrap();
+        let pd = client.alloc_pd(ca, 2).unwrap();
+        let cq = client.create_cq(pd, &verbs::CqInit { cqe: 4 }, 3).unwrap();
+        let init = verbs::QpInit {
+            qp_type: QpType::Rc,
+            send_cq: cq,
+            recv_cq: cq,
+            srq: None,
+            caps: verbs::QpCaps::default(),
+            sq_sig_all: false,
+            port: None,
+        };
+        let qp = client.create_qp(pd, &init, 4).unwrap();
+        let qpn = client.qp_num(qp).unwrap().value();
+        let out = Command::new(env!("CARGO_BIN_EXE_nicd"))
+            .arg("--clients")
+            .arg("--socket")
+            .arg(&socket)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{out:?}");
+        let line = format!(
+            "its own QPs on NIC {:#018x}: block 1 of the shared port",
+            guid.0
+        );
+        if shared {
+            assert_eq!(roce_udp::qpn_block(qpn), 1);
+            assert!(client.nic().is_some());
+            assert_eq!(text.matches(&line).count(), 1, "{text}");
+        } else {
+            // Not lent: the QP is the daemon's, no node here.
+            assert!(client.nic().is_none());
+            assert!(!text.contains("its own QPs"), "{text}");
+        }
+        // SAFETY: a signal to our own child, not yet waited for.
+        unsafe { libc::kill(nicd.id() as i32, libc::SIGTERM) };
+        assert!(nicd.wait().unwrap().success());
+        std::mem::forget(reap);
+    }
+}

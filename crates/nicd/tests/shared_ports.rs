@@ -64,12 +64,21 @@ fn a_clients_block_goes_back_when_it_leaves() {
     let q = n.qp(QpType::Rc, None, 1);
     let block = roce_udp::qpn_block(n.p.qp_num(q).unwrap().value());
     assert_eq!(lent(), vec![0, block]);
+    // An operator sees who holds it (`nicd --clients`).
+    let admin = nicd::NicdProvider::connect(&path).unwrap();
+    let who = admin.lent_ports().unwrap();
+    assert_eq!(who.len(), 1, "{who:?}");
+    assert_eq!((who[0].guid, who[0].block), (guid, block));
+    let me = admin.daemon_clients().unwrap();
+    assert!(me.iter().any(|c| c.peer.id == who[0].client), "{me:?}");
     // One member per client and NIC: a second open of the CA keeps it.
     let again = Node::open(&f, guid, 16);
     assert_eq!(lent(), vec![0, block]);
     drop((n, again, f, client));
-    assert!(server.wait_until(Duration::from_secs(10), |clients, _| clients.is_empty()));
+    // Only the operator's connection is left.
+    assert!(server.wait_until(Duration::from_secs(10), |clients, _| clients.len() == 1));
     assert_eq!(lent(), vec![0], "given back");
+    assert_eq!(admin.lent_ports().unwrap(), vec![]);
     // Lent again to the next client.
     let next = nicd::Direct::new(nicd::NicdProvider::connect(&path).unwrap());
     let f = One(next, guid);
