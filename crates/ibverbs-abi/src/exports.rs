@@ -33,8 +33,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr::null_mut;
 use std::sync::{Arc, Mutex};
 use verbs::{
-    AhAttr, CqInit, MemBuf, Provider, QpAttr, QpCaps, QpInit, RecvWr, SendFlags, SendOpcode,
-    SendWr, Sge, SrqAttr, UdDest, VerbsError, WcFlags, WorkCompletion,
+    AhAttr, CqInit, MemBuf, QpAttr, QpCaps, QpInit, RecvWr, SendFlags, SendOpcode, SendWr, Sge,
+    SrqAttr, UdDest, VerbsError, WcFlags, WorkCompletion,
 };
 
 fn set_errno(e: c_int) {

@@ -4,7 +4,7 @@
 //! what this library keeps (the daemon's handle, ...).
 
 use crate::abi::*;
-use nicd::NicdProvider;
+
 use rdma_types::Guid;
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use verbs::{
     AhHandle, AsyncEvent, AsyncEventKind, CaHandle, CqHandle, EventHandler, MemBuf, MrHandle,
-    PdHandle, Provider, QpHandle, SrqHandle, VerbsError,
+    PdHandle, QpHandle, SrqHandle, VerbsError,
 };
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -38,7 +38,7 @@ pub fn errno_of(e: &VerbsError) -> i32 {
 }
 
 /// The connection to the daemon, made at the first device listing.
-static PROVIDER: Mutex<Option<Arc<NicdProvider>>> = Mutex::new(None);
+static PROVIDER: Mutex<Option<Arc<dyn verbs::Provider>>> = Mutex::new(None);
 
 /// The daemon's socket: `NICD_SOCKET`, else the default for this user.
 fn socket_path() -> std::path::PathBuf {
@@ -53,17 +53,20 @@ fn socket_path() -> std::path::PathBuf {
 
 /// The daemon's client, connecting if there is none yet; `None` (after
 /// one line on stderr) when no daemon answers.
-pub(crate) fn provider() -> Option<Arc<NicdProvider>> {
+pub(crate) fn provider() -> Option<Arc<dyn verbs::Provider>> {
     let mut p = lock(&PROVIDER);
     if let Some(p) = p.as_ref() {
         return Some(p.clone());
     }
     let path = socket_path();
-    match NicdProvider::connect(&path) {
+    match nicd::NicdProvider::connect(&path) {
         Ok(c) => {
             // `MemBuf::new` in this process stays private: the
             // application's memory is moved by `mr`, not allocated here.
             MemBuf::set_shared_by_default(false);
+            // The QPs in this process, on members of the daemon's shared
+            // ports, as every tool's (`NICD_DATA=daemon`: in the daemon).
+            let c = nicd::data_path(c, nicd::data_here());
             *p = Some(c.clone());
             Some(c)
         }
@@ -254,7 +257,7 @@ impl EventHandler for Handler {
 #[repr(C)]
 pub(crate) struct Context {
     pub vctx: verbs_context,
-    pub provider: Arc<NicdProvider>,
+    pub provider: Arc<dyn verbs::Provider>,
     pub ca: CaHandle,
     /// The PD the daemon creates CQs in (a verbs CQ lives in a PD; an
     /// ibverbs CQ in a context).

@@ -174,7 +174,6 @@ pub unsafe extern "C" fn ibv_get_pkey_index(
 ) -> c_int {
     // SAFETY: a context of ours (the caller's contract).
     let ctx = unsafe { crate::objects::Context::of(c) };
-    use verbs::Provider;
     let want = u16::from_be(pkey);
     match ctx.provider.query_port(ctx.ca, rdma_types::PortNum(port)) {
         Ok(p) => p
