@@ -29,7 +29,7 @@ use crate::client::NicdProvider;
 use rdma_types::{AccessFlags, Guid, Pkey, PortNum, Qpn, Rkey};
 use rnic::softroce::{NicOptions, SharedPort, SoftCa, SoftRoce};
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use verbs::{
     AhAttr, AhHandle, AsyncEvent, CaAttr, CaHandle, Context, CqHandle, CqInit, EventHandler,
     Handle, MemBuf, MrHandle, MrInfo, MwBind, MwHandle, MwType, PdHandle, PkeyViolations, PortAttr,
@@ -83,7 +83,7 @@ fn kind(k: ResourceKind) -> u8 {
 /// module docs).
 pub struct Direct {
     ctl: Arc<NicdProvider>,
-    nic: Arc<RwLock<Option<Arc<SoftRoce>>>>,
+    nic: Arc<OnceLock<Arc<SoftRoce>>>,
     st: Mutex<State>,
     lent: Arc<Mutex<Lent>>,
     /// Whether any GSI QP lives (polls of other CQs skip the map).
@@ -119,7 +119,7 @@ impl Direct {
     /// The node provider of this process, once a CA is open on a shared
     /// port (its counters, for tools and tests).
     pub fn nic(&self) -> Option<Arc<SoftRoce>> {
-        self.nic.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.nic.get().cloned()
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -127,7 +127,7 @@ impl Direct {
     }
 
     fn nic_or(&self) -> Result<Arc<SoftRoce>> {
-        self.nic().ok_or(VerbsError::InvalidHandle)
+        self.nic.get().cloned().ok_or(VerbsError::InvalidHandle)
     }
 
     fn at(&self, k: ResourceKind, h: Handle) -> Result<At> {
@@ -171,16 +171,16 @@ impl Direct {
     /// The node provider, made with the first lent member (its UDP port
     /// is the daemon's).
     fn nic_for(&self, port: u16, mtu: rdma_types::Mtu) -> Arc<SoftRoce> {
-        let mut n = self.nic.write().unwrap_or_else(|e| e.into_inner());
-        n.get_or_insert_with(|| {
-            let options = NicOptions {
-                // The daemon's node follows the link and says so.
-                follow_link: false,
-                ..NicOptions::default()
-            };
-            SoftRoce::with_options(Vec::new(), port, mtu, options)
-        })
-        .clone()
+        self.nic
+            .get_or_init(|| {
+                let options = NicOptions {
+                    // The daemon's node follows the link and says so.
+                    follow_link: false,
+                    ..NicOptions::default()
+                };
+                SoftRoce::with_options(Vec::new(), port, mtu, options)
+            })
+            .clone()
     }
 
     /// Opens CA `guid` on the node, with a member of its shared port
@@ -404,7 +404,7 @@ impl Provider for Direct {
             to: Arc<dyn EventHandler>,
             alone: Arc<std::sync::atomic::AtomicBool>,
             lent: Arc<Mutex<Lent>>,
-            nic: Arc<RwLock<Option<Arc<SoftRoce>>>>,
+            nic: Arc<OnceLock<Arc<SoftRoce>>>,
             guid: Guid,
         }
         impl EventHandler for Late {
@@ -420,7 +420,7 @@ impl Provider for Direct {
                     let mut l = self.lent.lock().unwrap_or_else(|e| e.into_inner());
                     l.remove(&self.guid);
                     drop(l);
-                    let nic = self.nic.read().unwrap_or_else(|e| e.into_inner()).clone();
+                    let nic = self.nic.get().cloned();
                     if let Some(n) = nic {
                         let _ = n.retire_socket(self.guid);
                     }
