@@ -49,7 +49,15 @@ impl SharedPorts {
     /// `ResourceBusy` while clients of an earlier daemon still hold
     /// members of its group), or the NIC is open already.
     pub fn share(&self, ip: IpAddr) -> std::io::Result<()> {
-        let guid = rnic::softroce::ip_guid(ip);
+        self.share_ca(rnic::softroce::ip_guid(ip), ip)
+    }
+
+    /// [`SharedPorts::share`] for the provider's CA `guid` at `ip` (a
+    /// provider that names its CAs otherwise than by their addresses).
+    ///
+    /// # Errors
+    /// As [`SharedPorts::share`]'s.
+    pub fn share_ca(&self, guid: Guid, ip: IpAddr) -> std::io::Result<()> {
         let mut groups = self.groups.lock().unwrap_or_else(|e| e.into_inner());
         if groups.contains_key(&guid) {
             return Ok(());

@@ -32,13 +32,27 @@ fn gsi(n: &Node) -> QpInit {
 }
 
 fn child(spec: &str) {
-    let (path, guid) = spec.split_once(' ').unwrap();
+    let mut words = spec.split(' ');
+    let (path, guid, mode) = (
+        words.next().unwrap(),
+        words.next().unwrap(),
+        words.next().unwrap(),
+    );
     let p = nicd::NicdProvider::connect(std::path::Path::new(path)).unwrap();
     let g = Guid(guid.parse().unwrap());
-    let c = One(p, g);
-    // Served: a CA, memory, a QP.
-    let n = Node::open(&c, g, 16);
-    let _ = n.qp(QpType::Rc, None, 1);
+    let c = One(p.clone(), g);
+    // Served: a CA, memory, a QP (with its QPs in this process, a member
+    // of the daemon's shared port, which a root daemon lends nobody too).
+    let direct = (mode == "direct").then(|| common::OneDirect(nicd::Direct::new(p), g));
+    let n = match &direct {
+        Some(d) => Node::open(d, g, 16),
+        None => Node::open(&c, g, 16),
+    };
+    let q = n.qp(QpType::Rc, None, 1);
+    if let Some(d) = &direct {
+        assert!(d.0.nic().is_some(), "no node in this process");
+        assert_ne!(roce_udp::qpn_block(n.p.qp_num(q).unwrap().value()), 0);
+    }
     let e =
         n.p.modify_port(n.ca, PortNum(1), &PortModify::new().lid(Lid(7)))
             .unwrap_err();
@@ -86,7 +100,23 @@ fn an_unprivileged_client_is_served_but_cannot_change_ports() {
     if !rdma_testkit::need::root() {
         return;
     }
-    let d = Daemon::start_opts(&[fresh_ip(240)], nicd::Limits::default(), true);
+    unprivileged("rings");
+}
+
+/// The same refusals to a client whose QPs run in its own process.
+#[test]
+fn an_unprivileged_client_with_its_own_qps_is_refused_the_same() {
+    if let Ok(spec) = std::env::var(CHILD_ENV) {
+        return child(&spec);
+    }
+    if !rdma_testkit::need::root() {
+        return;
+    }
+    unprivileged("direct");
+}
+
+fn unprivileged(mode: &str) {
+    let d = Daemon::start_shared(&[fresh_ip(240)], nicd::Limits::default(), true);
     let g = d.guids[0];
     // Root's port change passes the daemon's check and reaches the
     // provider (whatever that says of a LID on a RoCE port).
@@ -100,15 +130,14 @@ fn an_unprivileged_client_is_served_but_cannot_change_ports() {
     );
 
     let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args([
-        "--exact",
-        "an_unprivileged_client_is_served_but_cannot_change_ports",
-        "--nocapture",
-        "--test-threads=1",
-    ])
-    .env(CHILD_ENV, format!("{} {}", d.path.display(), g.0))
-    .uid(65534)
-    .gid(65534);
+    let name = match mode {
+        "direct" => "an_unprivileged_client_with_its_own_qps_is_refused_the_same",
+        _ => "an_unprivileged_client_is_served_but_cannot_change_ports",
+    };
+    cmd.args(["--exact", name, "--nocapture", "--test-threads=1"])
+        .env(CHILD_ENV, format!("{} {} {mode}", d.path.display(), g.0))
+        .uid(65534)
+        .gid(65534);
     let child = cmd.stdout(std::process::Stdio::piped()).spawn().unwrap();
     let pid = child.id() as i32;
     let (done, watch) = std::sync::mpsc::channel::<()>();

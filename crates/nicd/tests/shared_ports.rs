@@ -90,3 +90,73 @@ fn a_clients_block_goes_back_when_it_leaves() {
     assert!(matches!(e, VerbsError::NotSupported(m) if m.contains("not shared")));
     let _ = std::fs::remove_file(&path);
 }
+
+/// Two clients with their QPs in their own processes, on one NIC: an RDMA
+/// WRITE of one with the other's R_Key past that registration (or with a
+/// key of its own) ends in a remote access error and changes nothing;
+/// registrations count against the client's limit at the daemon, and one
+/// past it is refused (in words, counted).
+#[test]
+fn clients_own_memory_stays_theirs_and_within_their_limit() {
+    use rdma_types::AccessFlags;
+    use rdma_types::WcStatus;
+    use verbs::{RemoteAddr, SendOpcode, SendWr};
+    let limits = nicd::Limits {
+        max_registered: 192 << 10,
+        ..nicd::Limits::default()
+    };
+    let d = common::Daemon::start_shared(&[fresh_ip(201)], limits, false);
+    let g = d.guids[0];
+    let client = || nicd::Direct::new(d.client());
+    let (fa, fb) = (
+        common::OneDirect(client(), g),
+        common::OneDirect(client(), g),
+    );
+    let (a, b) = (Node::open(&fa, g, 16), Node::open(&fb, g, 16));
+    let (qa, qb) = (a.qp(QpType::Rc, None, 1), b.qp(QpType::Rc, None, 2));
+    let block = |n: &Node, q| roce_udp::qpn_block(n.p.qp_num(q).unwrap().value());
+    assert!(block(&a, qa) != block(&b, qb) && block(&a, qa) != 0);
+    verbs::conformance::connect(&a, qa, &b, qb, QpType::Rc, 7);
+    a.buf.write_at(0, &[0x5a; 4096]);
+    b.buf.write_at(0, &[0xa5; 64]);
+    let write = |to: u64, rkey| {
+        let mut w = SendWr::new(7, SendOpcode::RdmaWrite, vec![b.sge(0, 64)]);
+        w.flags = verbs::SendFlags::SIGNALED;
+        w.remote = RemoteAddr { addr: to, rkey };
+        b.p.post_send(qb, &[w]).unwrap();
+        b.wc().status
+    };
+    // Past A's registration with A's key.
+    assert_eq!(
+        write(a.mr.addr + a.mr.len, a.mr.rkey),
+        WcStatus::RemAccessErr
+    );
+    assert_eq!(a.buf.to_vec(0, 4096), vec![0x5a; 4096]);
+    // A's memory with a key A never gave (each client's node has keys of
+    // its own: B's may be the same number as A's): the QP is in error
+    // now; a new pair.
+    let (qa, qb) = (a.qp(QpType::Rc, None, 3), b.qp(QpType::Rc, None, 4));
+    verbs::conformance::connect(&a, qa, &b, qb, QpType::Rc, 7);
+    let mut w = SendWr::new(8, SendOpcode::RdmaWrite, vec![b.sge(0, 64)]);
+    w.flags = verbs::SendFlags::SIGNALED;
+    w.remote = RemoteAddr {
+        addr: a.mr.addr,
+        rkey: rdma_types::Rkey(a.mr.rkey.0 ^ 0x00ff_ff00),
+    };
+    b.p.post_send(qb, &[w]).unwrap();
+    assert_eq!(b.wc().status, WcStatus::RemAccessErr);
+    assert_eq!(a.buf.to_vec(0, 4096), vec![0x5a; 4096]);
+
+    // 64 KiB each so far (the nodes' buffers) and the rings of the
+    // daemon's CQ halves; 64 more fit in 192, 128 more do not.
+    let more = verbs::MemBuf::new(64 << 10);
+    let all = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+    a.p.reg_mr(a.pd, &more, more.addr(), 64 << 10, all, 9)
+        .unwrap();
+    let past = verbs::MemBuf::new(128 << 10);
+    let e =
+        a.p.reg_mr(a.pd, &past, past.addr(), 128 << 10, all, 10)
+            .unwrap_err();
+    assert!(e.to_string().contains("limit"), "{e}");
+    assert_eq!(d.server.limit_refusals(), 1);
+}

@@ -59,6 +59,18 @@ impl Daemon {
         Daemon::start_bare(ips, nicd::Limits::default(), false, false)
     }
 
+    /// [`Daemon::start_opts`] with the NICs' ports shared (`nicd`'s
+    /// default): a `nicd::Direct` client runs its QPs in its process.
+    pub fn start_shared(ips: &[IpAddr], limits: nicd::Limits, everyone: bool) -> Daemon {
+        let d = Daemon::start_bare(ips, limits, everyone, true);
+        let shared = nicd::shared::SharedPorts::new(d.soft.clone(), ROCE_PORT);
+        for (ip, guid) in ips.iter().zip(&d.guids) {
+            shared.share_ca(*guid, *ip).unwrap();
+        }
+        d.server.lend_ports_with(shared);
+        d
+    }
+
     fn start_bare(ips: &[IpAddr], limits: nicd::Limits, everyone: bool, feed: bool) -> Daemon {
         let cas: Vec<SoftCa> = ips
             .iter()
@@ -156,6 +168,30 @@ impl Fixture for Two {
 
 /// One client's view of a CA, to open a conformance `Node` with.
 pub struct One(pub Arc<NicdProvider>, pub Guid);
+
+/// [`One`] with the client's QPs in this process (`nicd::Direct`).
+pub struct OneDirect(pub Arc<nicd::Direct>, pub Guid);
+
+impl Fixture for OneDirect {
+    fn provider(&self) -> Arc<dyn Provider> {
+        self.0.clone()
+    }
+    fn guids(&self) -> (Guid, Guid) {
+        (self.1, self.1)
+    }
+    fn set_port_active(&self, _: Guid, _: bool) -> Result<()> {
+        Err(verbs::VerbsError::NotSupported("port control"))
+    }
+    fn set_lid(&self, _: Guid, _: rdma_types::Lid) -> Result<()> {
+        Err(verbs::VerbsError::NotSupported("port control"))
+    }
+    fn remove_ca(&self, _: Guid) -> Result<()> {
+        Err(verbs::VerbsError::NotSupported("port control"))
+    }
+    fn lacks(&self) -> Vec<Feature> {
+        Vec::new()
+    }
+}
 
 impl Fixture for One {
     fn provider(&self) -> Arc<dyn Provider> {
