@@ -196,6 +196,8 @@ fn nicd_cas(cli: &Cli, socket: &std::path::Path) -> Result<NicdListing, String> 
         let _ = p.close_ca(dev);
         cas.push(info.map_err(|e| format!("query {name}: {e}"))?);
     }
+    // Which clients run their own QPs on a block of a NIC's shared port.
+    let lent = p.lent_ports().unwrap_or_default();
     let clients = p
         .daemon_clients()
         .map(|cs| {
@@ -205,11 +207,18 @@ fn nicd_cas(cli: &Cli, socket: &std::path::Path) -> Result<NicdListing, String> 
                     let comm = std::fs::read_to_string(format!("/proc/{}/comm", c.peer.pid))
                         .map(|s| s.trim().to_string())
                         .unwrap_or_default();
-                    if comm.is_empty() {
+                    let mut line = if comm.is_empty() {
                         c.to_string()
                     } else {
                         format!("{c} ({comm})")
+                    };
+                    for l in lent.iter().filter(|l| l.client == c.peer.id) {
+                        line.push_str(&format!(
+                            "; its own QPs on {:#018x}, block {}",
+                            l.guid.0, l.block
+                        ));
                     }
+                    line
                 })
                 .collect()
         })
