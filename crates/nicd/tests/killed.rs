@@ -18,15 +18,20 @@ use verbs::{AhAttr, RecvWr, RemoteAddr, SendOpcode, SendWr};
 
 const CHILD_ENV: &str = "NICD_TEST_CHILD";
 
-/// The child's side: `socket guid peer_qpn peer_gid`.
+/// The child's side: `socket guid peer_qpn peer_gid mode` (`direct`: its
+/// QPs in its own process, on a block of the daemon's shared port).
 fn child(spec: &str) {
     let f: Vec<&str> = spec.split(' ').collect();
     let p = nicd::NicdProvider::connect(std::path::Path::new(f[0])).unwrap();
     let guid = Guid(f[1].parse().unwrap());
     let peer_qpn = Qpn::from_bits(f[2].parse().unwrap());
     let peer_gid = Gid::parse_hex(f[3]).unwrap();
+    let direct = common::OneDirect(nicd::Direct::new(p.clone()), guid);
     let c = One(p, guid);
-    let n = Node::open(&c, guid, 64);
+    let n = match f[4] {
+        "direct" => Node::open(&direct, guid, 64),
+        _ => Node::open(&c, guid, 64),
+    };
     let q = n.qp(QpType::Rc, None, 1);
     rc_to(&n, q, AhAttr::roce(peer_gid), peer_qpn);
     n.p.post_recv(
@@ -63,7 +68,27 @@ fn a_killed_client_is_released_and_its_peer_sees_the_end() {
     if let Ok(spec) = std::env::var(CHILD_ENV) {
         return child(&spec);
     }
-    let d = Daemon::start(&[fresh_ip(200)]);
+    killed(
+        "rings",
+        "a_killed_client_is_released_and_its_peer_sees_the_end",
+    );
+}
+
+/// The same with the child's QPs in its own process: the daemon releases
+/// its halves and takes its block back; the peer's QP learns as before.
+#[test]
+fn a_killed_client_with_its_own_qps_is_released_the_same() {
+    if let Ok(spec) = std::env::var(CHILD_ENV) {
+        return child(&spec);
+    }
+    killed(
+        "direct",
+        "a_killed_client_with_its_own_qps_is_released_the_same",
+    );
+}
+
+fn killed(mode: &str, name: &str) {
+    let d = Daemon::start_shared(&[fresh_ip(200)], nicd::Limits::default(), false);
     let g = d.guids[0];
     let me = One(d.client(), g);
     let a = Node::open(&me, g, 64);
@@ -71,16 +96,11 @@ fn a_killed_client_is_released_and_its_peer_sees_the_end() {
     let mine = d.server.clients()[0].total();
 
     let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "a_killed_client_is_released_and_its_peer_sees_the_end",
-            "--nocapture",
-            "--test-threads=1",
-        ])
+        .args(["--exact", name, "--nocapture", "--test-threads=1"])
         .env(
             CHILD_ENV,
             format!(
-                "{} {} {} {}",
+                "{} {} {} {} {mode}",
                 d.path.display(),
                 g.0,
                 a.p.qp_num(qa).unwrap().value(),
@@ -119,13 +139,27 @@ fn a_killed_client_is_released_and_its_peer_sees_the_end() {
     let (qpn, rkey, addr) = (Qpn::from_bits(f[0] as u32), Rkey(f[1] as u32), f[2]);
     rc_to(&a, qa, a.av(), qpn);
 
-    // The child holds its tree: CA, PD, CQ, MR, QP.
+    // The child holds its tree: CA, PD, CQ, MR, QP (with its QPs in its
+    // process, the daemon has the halves of the first four, and the
+    // child a block of the port).
     let held = d.server.clients();
     let theirs = held
         .iter()
         .find(|c| c.peer.pid == pid)
         .expect("child known");
-    assert_eq!(theirs.total(), 5, "{theirs:?}");
+    let admin = d.client();
+    let lent = admin.lent_ports().unwrap();
+    if mode == "direct" {
+        assert_eq!(theirs.total(), 4, "{theirs:?}");
+        assert_eq!(roce_udp::qpn_block(qpn.value()), 1);
+        assert!(lent
+            .iter()
+            .any(|l| l.client == theirs.peer.id && l.block == 1));
+    } else {
+        assert_eq!(theirs.total(), 5, "{theirs:?}");
+        assert!(lent.is_empty(), "{lent:?}");
+    }
+    drop(admin);
 
     // Traffic works both ways: a SEND to its receive, a WRITE to its memory.
     a.buf.write_at(0, b"hello child");
@@ -147,8 +181,11 @@ fn a_killed_client_is_released_and_its_peer_sees_the_end() {
         "the child's objects were not released: {:?}",
         d.server.clients()
     );
-    assert_eq!(d.server.clients().len(), 1);
+    assert!(d
+        .server
+        .wait_until(Duration::from_secs(10), |c, _| c.len() == 1));
     assert_eq!(d.server.release_failures(), 0, "the provider refused none");
+    assert_eq!(d.client().lent_ports().unwrap(), vec![], "block given back");
 
     // Our QP learns at its next request: retries exhausted, the QP in
     // error (connected without the CM, so no DREQ: tests/cm.rs has the

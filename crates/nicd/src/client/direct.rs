@@ -127,7 +127,12 @@ impl Direct {
     }
 
     fn nic_or(&self) -> Result<Arc<SoftRoce>> {
-        self.nic.get().cloned().ok_or(VerbsError::InvalidHandle)
+        self.nic_ref().cloned()
+    }
+
+    /// The node provider, borrowed (the posts' and polls' way).
+    fn nic_ref(&self) -> Result<&Arc<SoftRoce>> {
+        self.nic.get().ok_or(VerbsError::InvalidHandle)
     }
 
     fn at(&self, k: ResourceKind, h: Handle) -> Result<At> {
@@ -525,7 +530,7 @@ impl Provider for Direct {
 
     fn poll_cq(&self, cq: CqHandle, out: &mut [WorkCompletion]) -> Result<usize> {
         if cq.0.index & SYNTHETIC == 0 {
-            let nic = self.nic_or()?;
+            let nic = self.nic_ref()?;
             let mut n = 0;
             if let Some(half) = self.gsi_half(cq) {
                 n = self.ctl.poll_cq(CqHandle(half), out)?;
@@ -541,7 +546,7 @@ impl Provider for Direct {
             if let Some(half) = self.gsi_half(cq) {
                 self.ctl.req_notify_cq(CqHandle(half), solicited_only)?;
             }
-            return self.nic_or()?.req_notify_cq(cq, solicited_only);
+            return self.nic_ref()?.req_notify_cq(cq, solicited_only);
         }
         either!(self, ResourceKind::Cq, cq, |p, h| p
             .req_notify_cq(CqHandle(h), solicited_only))
@@ -783,7 +788,7 @@ impl Provider for Direct {
 
     fn post_send(&self, qp: QpHandle, wrs: &[SendWr]) -> Result<()> {
         if qp.0.index & SYNTHETIC == 0 {
-            return self.nic_or()?.post_send(qp, wrs);
+            return self.nic_ref()?.post_send(qp, wrs);
         }
         let At::Ctl(o) = self.at(ResourceKind::Qp, qp.0)? else {
             return Err(VerbsError::InvalidHandle);
@@ -796,7 +801,7 @@ impl Provider for Direct {
 
     fn post_recv(&self, qp: QpHandle, wrs: &[RecvWr]) -> Result<()> {
         if qp.0.index & SYNTHETIC == 0 {
-            return self.nic_or()?.post_recv(qp, wrs);
+            return self.nic_ref()?.post_recv(qp, wrs);
         }
         let At::Ctl(o) = self.at(ResourceKind::Qp, qp.0)? else {
             return Err(VerbsError::InvalidHandle);
