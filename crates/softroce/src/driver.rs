@@ -22,7 +22,12 @@
 //! a consumer drives, and for [`DRIVEN_RECENT`] after, the NIC thread
 //! leaves the socket to it and wakes every [`ACK_HOLD`] at the latest for
 //! timers, held ACKs and whatever arrived between two drives, so a packet
-//! wakes one thread, the one waiting for it.
+//! wakes one thread, the one waiting for it. A wake that finds a consumer
+//! drove within the last 50 µs leaves the socket to it too; while wakes
+//! find consumers still driving, each comes twice as late, up to
+//! [`DRIVEN_RECENT`] (a datagram no consumer takes waits that long at
+//! most); one that finds them gone comes at [`ACK_HOLD`] again. Work a
+//! consumer hands over wakes the thread at once.
 //!
 //! Work can also come from elsewhere: a [`Feeder`] (a NIC daemon's
 //! client rings) is asked for it on every turn of the thread, its posts
@@ -684,6 +689,10 @@ fn after_callbacks(s: &Shared) {
     }
 }
 
+/// A consumer whose last drive is this recent is still at it: the NIC
+/// thread leaves its socket alone even between two of its drives.
+const CONSUMER_ACTIVE: Duration = Duration::from_micros(50);
+
 /// How long after a consumer's drive the NIC thread keeps leaving the
 /// socket to consumers (looking itself every [`ACK_HOLD`]): a consumer
 /// waiting for one answer after another drives again within microseconds.
@@ -693,15 +702,35 @@ pub const DRIVEN_RECENT: Duration = Duration::from_millis(1);
 fn run(s: &Shared) {
     DRIVING.with(|d| d.set(s));
     let mut spin = NicSpin::default();
+    // How long the thread sleeps while it leaves the socket to consumers,
+    // and whether its last sleep was one of those.
+    let mut hold = ACK_HOLD;
+    let mut left = false;
     while !s.stop.load(Ordering::Acquire) {
         s.loops.fetch_add(1, Ordering::Relaxed);
-        let mut ready = if s.driven.load(Ordering::SeqCst) {
+        // A consumer that drove a moment ago drives again within
+        // microseconds: what its socket holds is its to take.
+        let last = s.driven_at.load(Ordering::Relaxed);
+        let since = s.now().total_micros().saturating_sub(last);
+        let driving = s.driven.load(Ordering::SeqCst);
+        let active = driving || (last != 0 && since < CONSUMER_ACTIVE.as_micros() as u64);
+        let recent = driving || (last != 0 && since < DRIVEN_RECENT.as_micros() as u64);
+        let mut ready = if active {
             receive_rounds(s, None, true)
         } else {
             let mut rx = s.rx.lock().unwrap_or_else(|e| e.into_inner());
             receive_rounds(s, Some(&mut rx), true)
         };
         ready.append(&mut s.handed.lock().unwrap_or_else(|e| e.into_inner()));
+        // A wake while consumers drive that finds them still at it: the
+        // next comes later (up to DRIVEN_RECENT); one that finds them gone
+        // comes at ACK_HOLD again.
+        if std::mem::take(&mut left) {
+            hold = match recent {
+                true => (hold * 2).min(DRIVEN_RECENT),
+                false => ACK_HOLD,
+            };
+        }
         if !ready.is_empty() {
             // A waiter counted itself under the lock before this round's
             // poll (then it is seen here) or checks for completions after
@@ -755,7 +784,9 @@ fn run(s: &Shared) {
             && now.total_micros().saturating_sub(driven_at) < DRIVEN_RECENT.as_micros() as u64;
         let leave_socket = s.driven.load(Ordering::SeqCst) || recent;
         if leave_socket {
-            sleep = sleep.min(ACK_HOLD);
+            sleep = sleep.min(hold);
+        } else {
+            hold = ACK_HOLD;
         }
         // A stalled feeder, or one past those whose descriptor the
         // sleep watches, is asked again soon.
@@ -765,6 +796,7 @@ fn run(s: &Shared) {
         if sleep.is_zero() {
             continue;
         }
+        left = leave_socket;
         s.planned.store(
             now.total_micros() + sleep.as_micros() as u64,
             Ordering::Relaxed,
