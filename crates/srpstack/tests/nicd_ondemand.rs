@@ -81,8 +81,12 @@ fn srptd_starts_the_daemon_and_srp_uses_it() {
         .lines()
         .find(|l| l.contains(&format!("pid {} ", target.child.id())))
         .unwrap_or_else(|| panic!("srptd is no client: {listed}"));
+    // Its QP1 place at the daemon, and its own QPs on a block of the
+    // NIC's port.
     assert!(
-        srptd_line.ends_with("(srptd)") && srptd_line.contains(" QP"),
+        srptd_line.contains("(srptd)")
+            && srptd_line.contains(" QP")
+            && srptd_line.contains("its own QPs on"),
         "{srptd_line}"
     );
 
