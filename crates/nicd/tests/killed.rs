@@ -26,7 +26,7 @@ fn child(spec: &str) {
     let guid = Guid(f[1].parse().unwrap());
     let peer_qpn = Qpn::from_bits(f[2].parse().unwrap());
     let peer_gid = Gid::parse_hex(f[3]).unwrap();
-    let direct = common::OneDirect(nicd::Direct::new(p.clone()), guid);
+    let direct = One(nicd::Direct::new(p.clone()), guid);
     let c = One(p, guid);
     let n = match f[4] {
         "direct" => Node::open(&direct, guid, 64),

@@ -43,7 +43,7 @@ fn child(spec: &str) {
     let c = One(p.clone(), g);
     // Served: a CA, memory, a QP (with its QPs in this process, a member
     // of the daemon's shared port, which a root daemon lends nobody too).
-    let direct = (mode == "direct").then(|| common::OneDirect(nicd::Direct::new(p), g));
+    let direct = (mode == "direct").then(|| One(nicd::Direct::new(p), g));
     let n = match &direct {
         Some(d) => Node::open(d, g, 16),
         None => Node::open(&c, g, 16),

@@ -4,37 +4,14 @@
 
 mod common;
 
-use common::fresh_ip;
+use common::{fresh_ip, One};
 use nicd::server::PortLender;
 use rdma_types::{Guid, QpType};
 use rnic::softroce::{SoftCa, SoftRoce, ROCE_PORT};
-use std::sync::Arc;
+
 use std::time::Duration;
-use verbs::conformance::{Feature, Fixture, Node};
-use verbs::{Provider, Result, VerbsError};
-
-struct One(Arc<nicd::Direct>, Guid);
-
-impl Fixture for One {
-    fn provider(&self) -> Arc<dyn Provider> {
-        self.0.clone()
-    }
-    fn guids(&self) -> (Guid, Guid) {
-        (self.1, self.1)
-    }
-    fn set_port_active(&self, _: Guid, _: bool) -> Result<()> {
-        Err(VerbsError::NotSupported("port control"))
-    }
-    fn set_lid(&self, _: Guid, _: rdma_types::Lid) -> Result<()> {
-        Err(VerbsError::NotSupported("port control"))
-    }
-    fn remove_ca(&self, _: Guid) -> Result<()> {
-        Err(VerbsError::NotSupported("port control"))
-    }
-    fn lacks(&self) -> Vec<Feature> {
-        Vec::new()
-    }
-}
+use verbs::conformance::Node;
+use verbs::VerbsError;
 
 #[test]
 fn a_clients_block_goes_back_when_it_leaves() {
@@ -108,10 +85,7 @@ fn clients_own_memory_stays_theirs_and_within_their_limit() {
     let d = common::Daemon::start_shared(&[fresh_ip(201)], limits, false);
     let g = d.guids[0];
     let client = || nicd::Direct::new(d.client());
-    let (fa, fb) = (
-        common::OneDirect(client(), g),
-        common::OneDirect(client(), g),
-    );
+    let (fa, fb) = (One(client(), g), One(client(), g));
     let (a, b) = (Node::open(&fa, g, 16), Node::open(&fb, g, 16));
     let (qa, qb) = (a.qp(QpType::Rc, None, 1), b.qp(QpType::Rc, None, 2));
     let block = |n: &Node, q| roce_udp::qpn_block(n.p.qp_num(q).unwrap().value());

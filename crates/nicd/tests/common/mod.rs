@@ -166,34 +166,11 @@ impl Fixture for Two {
     }
 }
 
-/// One client's view of a CA, to open a conformance `Node` with.
-pub struct One(pub Arc<NicdProvider>, pub Guid);
+/// One client's view of a CA, to open a conformance `Node` with: the
+/// daemon's client itself, or `nicd::Direct` (its QPs in this process).
+pub struct One<P = NicdProvider>(pub Arc<P>, pub Guid);
 
-/// [`One`] with the client's QPs in this process (`nicd::Direct`).
-pub struct OneDirect(pub Arc<nicd::Direct>, pub Guid);
-
-impl Fixture for OneDirect {
-    fn provider(&self) -> Arc<dyn Provider> {
-        self.0.clone()
-    }
-    fn guids(&self) -> (Guid, Guid) {
-        (self.1, self.1)
-    }
-    fn set_port_active(&self, _: Guid, _: bool) -> Result<()> {
-        Err(verbs::VerbsError::NotSupported("port control"))
-    }
-    fn set_lid(&self, _: Guid, _: rdma_types::Lid) -> Result<()> {
-        Err(verbs::VerbsError::NotSupported("port control"))
-    }
-    fn remove_ca(&self, _: Guid) -> Result<()> {
-        Err(verbs::VerbsError::NotSupported("port control"))
-    }
-    fn lacks(&self) -> Vec<Feature> {
-        Vec::new()
-    }
-}
-
-impl Fixture for One {
+impl<P: Provider + 'static> Fixture for One<P> {
     fn provider(&self) -> Arc<dyn Provider> {
         self.0.clone()
     }
@@ -308,4 +285,83 @@ pub fn flush_a_receive(n: &Node) {
         state: Some(QpState::Err),
         ..Default::default()
     });
+}
+
+/// A `nicd` process serving two fresh addresses of 127.27.`third`.x on
+/// a socket of its own (as users run it), and a client of it: `wrap`
+/// makes the tests' provider of the daemon's client (itself, or
+/// `nicd::Direct`). Port control is the daemon's own NIC's, out of this
+/// process's reach: declared missing.
+pub struct Spawned<P> {
+    pub nicd: std::process::Child,
+    pub client: Arc<P>,
+    pub guids: (Guid, Guid),
+    pub socket: PathBuf,
+}
+
+impl<P> Spawned<P> {
+    pub fn start(third: u8, wrap: impl FnOnce(Arc<NicdProvider>) -> Arc<P>) -> Spawned<P> {
+        use std::io::BufRead;
+        let (a, b) = (fresh_ip(third), fresh_ip(third));
+        let socket =
+            std::env::temp_dir().join(format!("nicd-proc-{}-{a}.sock", std::process::id()));
+        let mut nicd = std::process::Command::new(env!("CARGO_BIN_EXE_nicd"))
+            .args(["--ip", &a.to_string(), "--ip", &b.to_string(), "--socket"])
+            .arg(&socket)
+            .env("SOFTROCE_FOLLOW_LINK", "0")
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(nicd.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert!(line.starts_with("nicd: serving"), "{line:?}");
+        let guid = |ip: IpAddr| rnic::softroce::ip_guid(ip);
+        let client = wrap(NicdProvider::connect(&socket).unwrap());
+        Spawned {
+            nicd,
+            client,
+            guids: (guid(a), guid(b)),
+            socket,
+        }
+    }
+}
+
+impl<P> Drop for Spawned<P> {
+    fn drop(&mut self) {
+        let _ = self.nicd.kill();
+        let _ = self.nicd.wait();
+        let _ = std::fs::remove_file(&self.socket);
+    }
+}
+
+impl<P: Provider + 'static> Fixture for Spawned<P> {
+    fn provider(&self) -> Arc<dyn Provider> {
+        self.client.clone()
+    }
+    fn guids(&self) -> (Guid, Guid) {
+        self.guids
+    }
+    fn set_port_active(&self, _: Guid, _: bool) -> Result<()> {
+        Err(verbs::VerbsError::NotSupported(
+            "port control of another process's NIC",
+        ))
+    }
+    fn set_lid(&self, _: Guid, _: rdma_types::Lid) -> Result<()> {
+        Err(verbs::VerbsError::NotSupported(
+            "port control of another process's NIC",
+        ))
+    }
+    fn remove_ca(&self, _: Guid) -> Result<()> {
+        Err(verbs::VerbsError::NotSupported(
+            "port control of another process's NIC",
+        ))
+    }
+    /// Soft RoCE's gaps, raw QP1 sends (the daemon's QP1 is shared and
+    /// routes by contents), and port control (the pkey_change case asks
+    /// for it first).
+    fn lacks(&self) -> Vec<Feature> {
+        vec![Feature::Apm, Feature::PortControl, Feature::RawGsi]
+    }
 }
