@@ -52,6 +52,19 @@ fn start_nicd_with(
     (nicd, reap)
 }
 
+/// What `nicd --clients` prints for the daemon at `socket` (it must
+/// succeed).
+fn clients_listed(socket: &std::path::Path) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_nicd"))
+        .arg("--clients")
+        .arg("--socket")
+        .arg(socket)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 #[test]
 fn nicd_serves_a_client_and_its_end_removes_the_ca() {
     let ip = IpAddr::V4(Ipv4Addr::new(127, 27, 230, 1));
@@ -85,14 +98,7 @@ fn nicd_serves_a_client_and_its_end_removes_the_ca() {
 
     // `nicd --clients` lists this process's connection and what it holds
     // (its own connection too, holding nothing).
-    let out = Command::new(env!("CARGO_BIN_EXE_nicd"))
-        .arg("--clients")
-        .arg("--socket")
-        .arg(&socket)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{out:?}");
+    let text = clients_listed(&socket);
     let me = format!(": pid {} uid ", std::process::id());
     let mine: Vec<&str> = text.lines().filter(|l| l.contains(&me)).collect();
     assert_eq!(mine.len(), 1, "{text}");
@@ -399,14 +405,7 @@ fn nicd_clients_names_the_members_it_lent_and_no_shared_ports_lends_none() {
         };
         let qp = client.create_qp(pd, &init, 4).unwrap();
         let qpn = client.qp_num(qp).unwrap().value();
-        let out = Command::new(env!("CARGO_BIN_EXE_nicd"))
-            .arg("--clients")
-            .arg("--socket")
-            .arg(&socket)
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(out.status.success(), "{out:?}");
+        let text = clients_listed(&socket);
         let line = format!(
             "its own QPs on NIC {:#018x}: block 1 of the shared port",
             guid.0

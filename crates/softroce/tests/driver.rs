@@ -421,21 +421,8 @@ fn a_driving_consumer_receives_its_completions_and_hands_on_the_others() {
     const SENDS: u64 = 40;
     let mem = || FlatMemory::new(1, 1 << 16);
     let (a, mut b, qa, qb) = rc_pair("127.125.21.1", "127.125.21.2", rc(), mem(), mem());
-    for i in 0..SENDS {
-        let sges = vec![Sge {
-            addr: (i % 16) * 64,
-            len: 64,
-            lkey: Lkey(1),
-        }];
-        b.qp_mut(qb).unwrap().post_recv(RecvWqe { wr_id: i, sges });
-    }
-    let by_nic = Arc::new(AtomicU64::new(0));
-    let cb: softroce::CompletionCallback = {
-        let by_nic = by_nic.clone();
-        Box::new(move |_qp| {
-            by_nic.fetch_add(1, Ordering::Relaxed);
-        })
-    };
+    post_64_byte_receives(&mut b, qb, SENDS);
+    let (by_nic, cb) = counted_callbacks();
     let da = Driver::start(a, None).unwrap();
     let db = Driver::start(b, Some(cb)).unwrap();
     let received = |db: &Driver| -> u64 {
@@ -483,6 +470,28 @@ fn a_driving_consumer_receives_its_completions_and_hands_on_the_others() {
     assert!(by_nic.load(Ordering::Relaxed) > 0, "none was handed on");
 }
 
+/// `n` receives of 64 bytes on `qb`, in 16 slots of its region.
+fn post_64_byte_receives(b: &mut softroce::Node, qb: QpHandle, n: u64) {
+    for i in 0..n {
+        let sges = vec![Sge {
+            addr: (i % 16) * 64,
+            len: 64,
+            lkey: Lkey(1),
+        }];
+        b.qp_mut(qb).unwrap().post_recv(RecvWqe { wr_id: i, sges });
+    }
+}
+
+/// A completion callback that counts its calls, and the count.
+fn counted_callbacks() -> (Arc<AtomicU64>, softroce::CompletionCallback) {
+    let n = Arc::new(AtomicU64::new(0));
+    let counter = n.clone();
+    let cb: softroce::CompletionCallback = Box::new(move |_qp| {
+        counter.fetch_add(1, Ordering::Relaxed);
+    });
+    (n, cb)
+}
+
 /// Datagrams that come while the NIC thread looks (a stream of them, each
 /// sent right after the last) are found without a sleep; once they stop,
 /// the thread goes back to sleeping: its loop count stands still.
@@ -527,21 +536,8 @@ fn a_nic_thread_looks_for_datagrams_under_load_and_sleeps_when_idle() {
 fn what_comes_after_a_busy_consumer_stopped_is_taken_by_the_nic_thread() {
     let mem = || FlatMemory::new(1, 1 << 16);
     let (a, mut b, qa, qb) = rc_pair("127.125.22.1", "127.125.22.2", rc(), mem(), mem());
-    for i in 0..4 {
-        let sges = vec![Sge {
-            addr: i * 64,
-            len: 64,
-            lkey: Lkey(1),
-        }];
-        b.qp_mut(qb).unwrap().post_recv(RecvWqe { wr_id: i, sges });
-    }
-    let by_nic = Arc::new(AtomicU64::new(0));
-    let cb: softroce::CompletionCallback = {
-        let by_nic = by_nic.clone();
-        Box::new(move |_qp| {
-            by_nic.fetch_add(1, Ordering::Relaxed);
-        })
-    };
+    post_64_byte_receives(&mut b, qb, 4);
+    let (by_nic, cb) = counted_callbacks();
     let da = Driver::start(a, None).unwrap();
     let db = Driver::start(b, Some(cb)).unwrap();
     // Busy: a few thousand drives that find nothing, 5 ms or more.

@@ -26,6 +26,43 @@ impl Fixture for Two {
     }
 }
 
+/// `n` signalled SENDs of `len` bytes from `from`'s QP `qf` to `to`'s
+/// `qt` (each filled with its number xor `mark`): every one lands in
+/// order, intact, in the receive posted for it.
+fn sends_arrive_in_order(
+    from: &TNode,
+    qf: QpHandle,
+    to: &TNode,
+    qt: QpHandle,
+    n: u64,
+    len: u32,
+    mark: u8,
+) {
+    let recvs: Vec<RecvWr> = (0..n)
+        .map(|i| RecvWr {
+            wr_id: i,
+            sges: vec![to.sge(i * u64::from(len), len)],
+        })
+        .collect();
+    to.p.post_recv(qt, &recvs).unwrap();
+    for i in 0..n {
+        let at = (i * u64::from(len)) as usize;
+        from.buf.write_at(at, &vec![i as u8 ^ mark; len as usize]);
+        let mut w = SendWr::new(i, SendOpcode::Send, vec![from.sge(at as u64, len)]);
+        w.flags = verbs::SendFlags::SIGNALED;
+        from.p.post_send(qf, &[w]).unwrap();
+    }
+    for i in 0..n {
+        let wc = to.wc();
+        assert_eq!(
+            (wc.wr_id, wc.status, wc.byte_len),
+            (i, WcStatus::Success, len)
+        );
+        let got = to.buf.to_vec((i * u64::from(len)) as usize, len as usize);
+        assert!(got.iter().all(|&x| x == i as u8 ^ mark), "message {i}");
+    }
+}
+
 /// A lossy sender still delivers every SEND in order, by retransmitting;
 /// the counters show it. Faults are refused once the CA is open.
 #[test]
@@ -54,30 +91,7 @@ fn seeded_loss_is_recovered_and_counted() {
     let (qa, qb) = (a.qp(QpType::Rc, None, 1), b.qp(QpType::Rc, None, 2));
     connect(&a, qa, &b, qb, QpType::Rc, 7);
     const N: u64 = 60;
-    const LEN: u32 = 1000;
-    let recvs: Vec<RecvWr> = (0..N)
-        .map(|i| RecvWr {
-            wr_id: i,
-            sges: vec![b.sge(i * LEN as u64, LEN)],
-        })
-        .collect();
-    b.p.post_recv(qb, &recvs).unwrap();
-    for i in 0..N {
-        let at = (i * LEN as u64) as usize;
-        a.buf.write_at(at, &vec![i as u8 ^ 0x5a; LEN as usize]);
-        let mut w = SendWr::new(i, SendOpcode::Send, vec![a.sge(at as u64, LEN)]);
-        w.flags = verbs::SendFlags::SIGNALED;
-        a.p.post_send(qa, &[w]).unwrap();
-    }
-    for i in 0..N {
-        let wc = b.wc();
-        assert_eq!(
-            (wc.wr_id, wc.status, wc.byte_len),
-            (i, WcStatus::Success, LEN)
-        );
-        let got = b.buf.to_vec((i * LEN as u64) as usize, LEN as usize);
-        assert!(got.iter().all(|&x| x == i as u8 ^ 0x5a), "message {i}");
-    }
+    sends_arrive_in_order(&a, qa, &b, qb, N, 1000, 0x5a);
     for i in 0..N {
         let wc = a.wc();
         assert_eq!((wc.wr_id, wc.status), (i, WcStatus::Success));
@@ -237,29 +251,7 @@ fn a_ca_on_a_shared_port_runs_rc_in_its_block_and_leaves_qp1_to_the_owner() {
     assert_eq!(roce_udp::qpn_block(a.p.qp_num(qa).unwrap().value()), block);
     connect(&a, qa, &b, qb, QpType::Rc, 7);
     const N: u64 = 16;
-    const LEN: u32 = 3000;
-    let recvs: Vec<RecvWr> = (0..N)
-        .map(|i| RecvWr {
-            wr_id: i,
-            sges: vec![a.sge(i * LEN as u64, LEN)],
-        })
-        .collect();
-    a.p.post_recv(qa, &recvs).unwrap();
-    for i in 0..N {
-        let at = (i * LEN as u64) as usize;
-        b.buf.write_at(at, &vec![i as u8 ^ 0x3c; LEN as usize]);
-        let w = SendWr::new(i, SendOpcode::Send, vec![b.sge(at as u64, LEN)]);
-        b.p.post_send(qb, &[w]).unwrap();
-    }
-    for i in 0..N {
-        let wc = a.wc();
-        assert_eq!(
-            (wc.wr_id, wc.status, wc.byte_len),
-            (i, WcStatus::Success, LEN)
-        );
-        let got = a.buf.to_vec((i * LEN as u64) as usize, LEN as usize);
-        assert!(got.iter().all(|&x| x == i as u8 ^ 0x3c), "message {i}");
-    }
+    sends_arrive_in_order(&b, qb, &a, qa, N, 3000, 0x3c);
     let seen = owner.counters(Guid(0xa1)).unwrap();
     assert_eq!(seen.rx_datagrams, 0, "{seen:?}");
     assert!(client.counters(Guid(0xa1)).unwrap().rx_datagrams >= N);
