@@ -12,7 +12,7 @@
 //! `rpingpong --nicd`: both ends of an ibv_rc_pingpong exchange on one
 //! address, through the daemon.
 //!
-//! Addresses: 127.91.0.1 and 127.91.0.2 (no other test uses
+//! Addresses: 127.91.0.1 to 127.91.0.3 (no other test uses
 //! 127.91.0.0/16).
 
 mod common;
@@ -232,4 +232,81 @@ fn rpingpong_server_and_client_on_one_address_through_nicd() {
     drop(server);
     drop(nicd);
     let _ = std::fs::remove_file(&sock);
+}
+
+/// `kill -9` of one `srp io` in the middle of its verified I/O, through
+/// the daemon (its QPs in its own process): srptd's channel for it
+/// closes (the daemon ends its CM connection with a DREQ), another
+/// `srp io` running meanwhile verifies to its end, and the daemon lists
+/// the killed one no more.
+#[test]
+fn a_killed_srp_io_ends_its_channel_and_the_others_io_verifies() {
+    const AT: &str = "127.91.0.3";
+    let sock = sock_of("nicd_shared", "nicd-kill");
+    let _ = std::fs::remove_file(&sock);
+    let nicd = Proc::start(
+        "nicd",
+        Command::new(bin_of("nicd"))
+            .args(["--ip", AT, "--socket"])
+            .arg(&sock),
+    );
+    nicd.wait_line("serving", 60);
+    let target = Proc::start(
+        "srptd",
+        tool(srptd_bin())
+            .arg("--nicd")
+            .arg(&sock)
+            .args(["--ip", AT, "--ram-mib", "16", "--control-socket"])
+            .arg(sock_of("nicd_shared", "srptd-kill")),
+    );
+    target.wait_line("listening on 127.91.0.3:5555", 60);
+    let io = |size: &str, region: &str| {
+        let mut c = tool(srp_bin());
+        c.args(["io", "--nicd"])
+            .arg(&sock)
+            .args(["--ip", AT, "--dest", "127.91.0.3:5555", "--size", size])
+            .args(["--region", region, "--rw", "randrw", "--bs", "4096"]);
+        c
+    };
+    // The victim: far more than it will do before it is killed.
+    let mut victim = io("64G", "4M")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let first = target.wait_line("accepted (channel", 60);
+    // The survivor, logged in and at work before the kill.
+    let survivor = io("96M", "4M")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    target.wait_line("accepted (channel", 60);
+    victim.kill().unwrap();
+    victim.wait().unwrap();
+    let channel = first
+        .split("(channel ")
+        .nth(1)
+        .and_then(|r| r.split(')').next())
+        .unwrap_or_else(|| panic!("no channel number: {first}"));
+    let closed = target.wait_line(&format!("channel {channel} of "), 60);
+    assert!(closed.contains("closed"), "{closed}");
+    let out = survivor.wait_with_output().unwrap();
+    let io_out = text(&out.stdout);
+    assert!(out.status.success(), "{io_out}{}", text(&out.stderr));
+    assert!(
+        io_out.contains(", 0 verify failures, 0 I/O errors") && io_out.contains("verified"),
+        "{io_out}"
+    );
+    let listed = Command::new(bin_of("nicd"))
+        .args(["--clients", "--socket"])
+        .arg(&sock)
+        .output()
+        .unwrap();
+    let listed = text(&listed.stdout);
+    assert!(
+        !listed.contains(&format!("pid {} ", victim.id())),
+        "the killed client is still listed: {listed}"
+    );
+    assert_nicd_clients(&sock, &[("srptd", &target)]);
 }
