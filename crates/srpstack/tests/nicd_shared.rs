@@ -27,27 +27,34 @@ fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
-#[test]
-fn srptd_srp_and_rperf_share_one_address_through_nicd() {
-    let sock = sock_of("nicd_shared", "nicd");
+/// `nicd` serving `ip` on a socket of its own (named with `tag`), and
+/// `srptd` through it with a 16 MiB RAM LUN, both ready: the socket and
+/// the two.
+fn nicd_and_srptd(ip: &str, tag: &str) -> (std::path::PathBuf, Proc, Proc) {
+    let sock = sock_of("nicd_shared", &format!("nicd{tag}"));
     let _ = std::fs::remove_file(&sock);
     let nicd = Proc::start(
         "nicd",
         Command::new(bin_of("nicd"))
-            .args(["--ip", IP, "--socket"])
+            .args(["--ip", ip, "--socket"])
             .arg(&sock),
     );
     nicd.wait_line("serving", 60);
-
     let target = Proc::start(
         "srptd",
         tool(srptd_bin())
             .arg("--nicd")
             .arg(&sock)
-            .args(["--ip", IP, "--ram-mib", "16", "--control-socket"])
-            .arg(sock_of("nicd_shared", "srptd")),
+            .args(["--ip", ip, "--ram-mib", "16", "--control-socket"])
+            .arg(sock_of("nicd_shared", &format!("srptd{tag}"))),
     );
-    target.wait_line("listening on 127.91.0.1:5555", 60);
+    target.wait_line(&format!("listening on {ip}:5555"), 60);
+    (sock, nicd, target)
+}
+
+#[test]
+fn srptd_srp_and_rperf_share_one_address_through_nicd() {
+    let (sock, nicd, target) = nicd_and_srptd(IP, "");
     let perf_server = Proc::start(
         "rperf server",
         tool(bin_of("rperf"))
@@ -242,24 +249,7 @@ fn rpingpong_server_and_client_on_one_address_through_nicd() {
 #[test]
 fn a_killed_srp_io_ends_its_channel_and_the_others_io_verifies() {
     const AT: &str = "127.91.0.3";
-    let sock = sock_of("nicd_shared", "nicd-kill");
-    let _ = std::fs::remove_file(&sock);
-    let nicd = Proc::start(
-        "nicd",
-        Command::new(bin_of("nicd"))
-            .args(["--ip", AT, "--socket"])
-            .arg(&sock),
-    );
-    nicd.wait_line("serving", 60);
-    let target = Proc::start(
-        "srptd",
-        tool(srptd_bin())
-            .arg("--nicd")
-            .arg(&sock)
-            .args(["--ip", AT, "--ram-mib", "16", "--control-socket"])
-            .arg(sock_of("nicd_shared", "srptd-kill")),
-    );
-    target.wait_line("listening on 127.91.0.3:5555", 60);
+    let (sock, _nicd, target) = nicd_and_srptd(AT, "-kill");
     let io = |size: &str, region: &str| {
         let mut c = tool(srp_bin());
         c.args(["io", "--nicd"])
