@@ -59,8 +59,6 @@ struct State {
     /// Synthetic handle -> the daemon client's object.
     ctl: HashMap<(u8, Handle), CtlObj>,
     next: u32,
-    /// Node CQs a GSI QP completes on, and how many such QPs.
-    gsi_cqs: HashMap<Handle, usize>,
     /// A GSI QP's CQs (node handles), to forget them with the QP.
     gsi_qp_cqs: HashMap<Handle, (CqHandle, CqHandle)>,
     /// Node L_Key -> the daemon's, of each paired MR.
@@ -75,6 +73,17 @@ struct State {
 /// went: a new daemon's group must not meet our socket).
 type Lent = HashMap<Guid, (u32, Arc<std::os::fd::OwnedFd>, std::ops::Range<u32>)>;
 
+impl State {
+    /// The node's L_Keys of paired MRs in `sges` made the daemon's.
+    fn ctl_keys(&self, sges: &mut [verbs::Sge]) {
+        for s in sges {
+            if let Some(k) = self.lkeys.get(&s.lkey.0) {
+                s.lkey = rdma_types::Lkey(*k);
+            }
+        }
+    }
+}
+
 fn kind(k: ResourceKind) -> u8 {
     k as u8
 }
@@ -86,8 +95,9 @@ pub struct Direct {
     nic: Arc<OnceLock<Arc<SoftRoce>>>,
     st: Mutex<State>,
     lent: Arc<Mutex<Lent>>,
-    /// Whether any GSI QP lives (polls of other CQs skip the map).
-    any_gsi: std::sync::atomic::AtomicBool,
+    /// Node CQs a GSI QP completes on: the daemon's half, and how many
+    /// such QPs (read on every poll and arm, apart from the other state).
+    gsi_cqs: std::sync::RwLock<HashMap<Handle, (Handle, usize)>>,
 }
 
 /// Which side a consumer's handle stands for.
@@ -107,7 +117,7 @@ impl Direct {
                 ..State::default()
             }),
             lent: Arc::default(),
-            any_gsi: std::sync::atomic::AtomicBool::new(false),
+            gsi_cqs: std::sync::RwLock::default(),
         })
     }
 
@@ -236,11 +246,17 @@ impl Direct {
 }
 
 /// The consumer's handler, as the daemon client calls it for a CA: the
-/// halves' destructions are the node's to tell; everything else passes.
+/// halves' destructions are the node's to tell; the CA's removal (the
+/// daemon went) also lets go of the member of its port; everything else
+/// passes.
 struct CtlSide {
     to: Arc<dyn EventHandler>,
-    /// The CA is served by the daemon client alone.
-    alone: bool,
+    /// The CA is served by the daemon client alone (set once the open
+    /// knows whether the daemon shares its port).
+    alone: Arc<std::sync::atomic::AtomicBool>,
+    lent: Arc<Mutex<Lent>>,
+    nic: Arc<OnceLock<Arc<SoftRoce>>>,
+    guid: Guid,
 }
 
 impl EventHandler for CtlSide {
@@ -248,10 +264,21 @@ impl EventHandler for CtlSide {
         self.to.on_completion(cq_ctx);
     }
     fn on_async_event(&self, event: AsyncEvent) {
+        if event.kind == verbs::AsyncEventKind::CaRemoval {
+            // Our member of the port's group goes now, so a daemon in
+            // this one's place finds the port free (it waits for that),
+            // whenever the consumer closes the CA.
+            let mut l = self.lent.lock().unwrap_or_else(|e| e.into_inner());
+            l.remove(&self.guid);
+            drop(l);
+            if let Some(n) = self.nic.get() {
+                let _ = n.retire_socket(self.guid);
+            }
+        }
         self.to.on_async_event(event);
     }
     fn on_destroyed(&self, k: ResourceKind, ctx: Context) {
-        if self.alone || k == ResourceKind::Qp {
+        if self.alone.load(std::sync::atomic::Ordering::Relaxed) || k == ResourceKind::Qp {
             self.to.on_destroyed(k, ctx);
         }
     }
@@ -339,11 +366,7 @@ impl Direct {
     fn to_ctl_send(&self, paired: bool, mut w: SendWr) -> Result<SendWr> {
         let st = self.lock();
         if paired {
-            for s in &mut w.sges {
-                if let Some(k) = st.lkeys.get(&s.lkey.0) {
-                    s.lkey = rdma_types::Lkey(*k);
-                }
-            }
+            st.ctl_keys(&mut w.sges);
         }
         if let Some(ud) = &mut w.ud {
             let ah = (kind(ResourceKind::Ah), ud.ah.0);
@@ -367,23 +390,14 @@ impl Direct {
     }
 
     fn to_ctl_recv(&self, mut w: RecvWr) -> RecvWr {
-        let st = self.lock();
-        for s in &mut w.sges {
-            if let Some(k) = st.lkeys.get(&s.lkey.0) {
-                s.lkey = rdma_types::Lkey(*k);
-            }
-        }
+        self.lock().ctl_keys(&mut w.sges);
         w
     }
 
     /// The daemon's half of node CQ `cq` when a GSI QP completes there.
     fn gsi_half(&self, cq: CqHandle) -> Option<Handle> {
-        if !self.any_gsi.load(std::sync::atomic::Ordering::Relaxed) {
-            return None;
-        }
-        let st = self.lock();
-        st.gsi_cqs.get(&cq.0)?;
-        st.halves.get(&(kind(ResourceKind::Cq), cq.0)).copied()
+        let g = self.gsi_cqs.read().unwrap_or_else(|e| e.into_inner());
+        g.get(&cq.0).map(|(half, _)| *half)
     }
 }
 
@@ -405,45 +419,10 @@ impl Provider for Direct {
         // The daemon client's CA first: whether it is shared decides what
         // its handler passes on, so that waits for the answer below.
         let alone = Arc::new(std::sync::atomic::AtomicBool::new(true));
-        struct Late {
-            to: Arc<dyn EventHandler>,
-            alone: Arc<std::sync::atomic::AtomicBool>,
-            lent: Arc<Mutex<Lent>>,
-            nic: Arc<OnceLock<Arc<SoftRoce>>>,
-            guid: Guid,
-        }
-        impl EventHandler for Late {
-            fn on_completion(&self, c: Context) {
-                self.to.on_completion(c);
-            }
-            fn on_async_event(&self, e: AsyncEvent) {
-                if e.kind == verbs::AsyncEventKind::CaRemoval {
-                    // The daemon went: our member of its port's group
-                    // goes now, so a daemon in its place finds the port
-                    // free (it waits for that), whenever the consumer
-                    // closes the CA.
-                    let mut l = self.lent.lock().unwrap_or_else(|e| e.into_inner());
-                    l.remove(&self.guid);
-                    drop(l);
-                    let nic = self.nic.get().cloned();
-                    if let Some(n) = nic {
-                        let _ = n.retire_socket(self.guid);
-                    }
-                }
-                self.to.on_async_event(e);
-            }
-            fn on_destroyed(&self, k: ResourceKind, ctx: Context) {
-                CtlSide {
-                    to: self.to.clone(),
-                    alone: self.alone.load(std::sync::atomic::Ordering::Relaxed),
-                }
-                .on_destroyed(k, ctx);
-            }
-        }
         let ctl_ca = self.ctl.open_ca(
             guid,
             ctx,
-            Arc::new(Late {
+            Arc::new(CtlSide {
                 to: handler.clone(),
                 alone: alone.clone(),
                 lent: self.lent.clone(),
@@ -615,13 +594,12 @@ impl Provider for Direct {
                     .ctl
                     .create_qp(PdHandle(self.half(ResourceKind::Pd, h)?), &ci, ctx)?;
                 let mine = self.adopt(ResourceKind::Qp, q.0, true);
-                let mut st = self.lock();
-                for c in [init.send_cq, init.recv_cq] {
-                    *st.gsi_cqs.entry(c.0).or_insert(0) += 1;
+                let mut g = self.gsi_cqs.write().unwrap_or_else(|e| e.into_inner());
+                for (c, half) in [(init.send_cq, ci.send_cq), (init.recv_cq, ci.recv_cq)] {
+                    g.entry(c.0).or_insert((half.0, 0)).1 += 1;
                 }
-                st.gsi_qp_cqs.insert(mine, (init.send_cq, init.recv_cq));
-                self.any_gsi
-                    .store(true, std::sync::atomic::Ordering::Relaxed);
+                drop(g);
+                (self.lock().gsi_qp_cqs).insert(mine, (init.send_cq, init.recv_cq));
                 Ok(QpHandle(mine))
             }
             At::Ctl(o) => {
@@ -652,13 +630,14 @@ impl Provider for Direct {
 
     fn destroy_qp(&self, qp: QpHandle) -> Result<()> {
         self.unmake(ResourceKind::Qp, qp.0, |p, h| p.destroy_qp(QpHandle(h)))?;
-        let mut st = self.lock();
-        if let Some((s, r)) = st.gsi_qp_cqs.remove(&qp.0) {
+        let cqs = self.lock().gsi_qp_cqs.remove(&qp.0);
+        if let Some((s, r)) = cqs {
+            let mut g = self.gsi_cqs.write().unwrap_or_else(|e| e.into_inner());
             for c in [s, r] {
-                if let Some(n) = st.gsi_cqs.get_mut(&c.0) {
+                if let Some((_, n)) = g.get_mut(&c.0) {
                     *n -= 1;
                     if *n == 0 {
-                        st.gsi_cqs.remove(&c.0);
+                        g.remove(&c.0);
                     }
                 }
             }
