@@ -101,8 +101,8 @@ pub struct Direct {
 }
 
 /// Which side a consumer's handle stands for.
-enum At {
-    Nic(Arc<SoftRoce>, Handle),
+enum At<'a> {
+    Nic(&'a SoftRoce, Handle),
     Ctl(CtlObj),
 }
 
@@ -136,21 +136,17 @@ impl Direct {
         self.st.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn nic_or(&self) -> Result<Arc<SoftRoce>> {
-        self.nic_ref().cloned()
-    }
-
     /// The node provider, borrowed (the posts' and polls' way).
     fn nic_ref(&self) -> Result<&Arc<SoftRoce>> {
         self.nic.get().ok_or(VerbsError::InvalidHandle)
     }
 
-    fn at(&self, k: ResourceKind, h: Handle) -> Result<At> {
+    fn at(&self, k: ResourceKind, h: Handle) -> Result<At<'_>> {
         if h.index & SYNTHETIC != 0 {
             let o = self.lock().ctl.get(&(kind(k), h)).copied();
             return o.map(At::Ctl).ok_or(VerbsError::InvalidHandle);
         }
-        Ok(At::Nic(self.nic_or()?, h))
+        Ok(At::Nic(self.nic_ref()?, h))
     }
 
     fn half(&self, k: ResourceKind, h: Handle) -> Result<Handle> {
@@ -316,14 +312,14 @@ impl Direct {
         match self.at(pk, parent)? {
             At::Nic(n, h) => {
                 let ctl_parent = self.half(pk, h)?;
-                let (out, nh) = make(&*n, h)?;
+                let (out, nh) = make(n, h)?;
                 match make(&*self.ctl, ctl_parent) {
                     Ok((_, ch)) => {
                         self.lock().halves.insert((kind(k), nh), ch);
                         Ok(out)
                     }
                     Err(e) => {
-                        undo(&*n, nh);
+                        undo(n, nh);
                         Err(e)
                     }
                 }
@@ -346,7 +342,7 @@ impl Direct {
         match self.at(k, h)? {
             At::Nic(n, h) => {
                 let half = self.half(k, h).ok();
-                destroy(&*n, h)?;
+                destroy(n, h)?;
                 if let Some(c) = half {
                     let _ = destroy(&*self.ctl, c);
                 }
