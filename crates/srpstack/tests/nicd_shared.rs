@@ -250,23 +250,34 @@ fn rpingpong_server_and_client_on_one_address_through_nicd() {
 fn a_killed_srp_io_ends_its_channel_and_the_others_io_verifies() {
     const AT: &str = "127.91.0.3";
     let (sock, _nicd, target) = nicd_and_srptd(AT, "-kill");
-    let io = |size: &str, region: &str| {
+    // Each client an initiator port of its own (a second login of one
+    // port would end the first's channels, as SRP has it).
+    let io = |size: &str, rw: &str, port: &str| {
         let mut c = tool(srp_bin());
         c.args(["io", "--nicd"])
             .arg(&sock)
             .args(["--ip", AT, "--dest", "127.91.0.3:5555", "--size", size])
-            .args(["--region", region, "--rw", "randrw", "--bs", "4096"]);
+            .args(["--region", "4M", "--rw", rw, "--bs", "4096"])
+            .args(["--initiator-ext", port]);
         c
     };
-    // The victim: far more than it will do before it is killed.
-    let mut victim = io("64G", "4M")
+    // The victim: far more than it will do before it is killed, reading
+    // only (the others verify what they write to the same blocks).
+    let mut victim = io("64G", "randread", "a1")
+        .arg("--no-verify")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
     let first = target.wait_line("accepted (channel", 60);
+    // A whole verified run of another client first: by its end the
+    // victim's login is long established (a kill before the CM's RTU
+    // would leave srptd's channel to its login timeout) and at work.
+    let before = io("16M", "randrw", "a2").output().unwrap();
+    assert!(before.status.success(), "{}", text(&before.stderr));
+    target.wait_line("accepted (channel", 60);
     // The survivor, logged in and at work before the kill.
-    let survivor = io("96M", "4M")
+    let survivor = io("96M", "randrw", "a3")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
