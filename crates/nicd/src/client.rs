@@ -291,6 +291,22 @@ impl NicdProvider {
         }
     }
 
+    /// Has the daemon count a QP this client runs itself under its PD
+    /// `pd` ([`Request::CountQp`]): a handle that `destroy_qp` ends, or
+    /// `None` from a daemon older than the request (nothing counted).
+    ///
+    /// # Errors
+    /// `OutOfResources` past the client's QP limit (`nicd --max-qps`);
+    /// `InvalidHandle` for a PD not the client's.
+    pub fn count_qp(&self, pd: PdHandle) -> Result<Option<QpHandle>> {
+        match self.live().conn.call(&Request::CountQp { pd }, None) {
+            Ok(Reply::Qp { qp }) => Ok(Some(qp)),
+            Ok(other) => Err(unexpected("CountQp", &other)),
+            Err(VerbsError::InvalidArgument(m)) if m.starts_with("malformed request") => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// The members of shared ports the daemon has lent, and to whom.
     ///
     /// # Errors

@@ -132,6 +132,12 @@
 //! was set up by. A daemon without them answers them as malformed
 //! requests.
 //!
+//! # QPs counted for their owner
+//!
+//! [`Request::CountQp`] came after the shared ports, without a new
+//! version: a daemon without it answers it as a malformed request, and
+//! a [`crate::Direct`] client then runs its QPs uncounted, as before.
+//!
 //! # Versions
 //!
 //! A daemon of version 1 refuses a version 2 `Hello` and closes the
@@ -932,6 +938,13 @@ messages! {
         /// The members of shared ports lent now, and to whom (root and
         /// the daemon's user only).
         LentPorts = 50 {},
+        /// A QP of the client's own transport (a [`crate::Direct`]
+        /// client's, on its block of a shared port) under the client's
+        /// PD `pd`, counted here: against the client's QP limit, in what
+        /// [`Request::Clients`] lists, released with the client. Answered
+        /// with [`Reply::Qp`], a handle that [`Request::DestroyQp`] ends
+        /// and no other verb takes (the QP is not the daemon's).
+        CountQp = 51 { pd: PdHandle },
     }
 
     /// Daemon to client: what a request returns.

@@ -168,6 +168,14 @@ const GSI_RAW: Handle = Handle {
     generation: u32::MAX,
 };
 
+/// The provider's "handle" of a QP counted for its owner
+/// ([`Request::CountQp`]): none either, the QP runs in the client's
+/// process; a verb on it is refused as an unknown handle.
+const COUNTED_RAW: Handle = Handle {
+    index: u32::MAX - 1,
+    generation: u32::MAX,
+};
+
 /// What lets a running daemon serve a NIC at another address: the
 /// daemon's provider (`nicd` gives its soft RoCE NICs'), seen from the
 /// server, which knows only `verbs::Provider`.
@@ -1105,6 +1113,7 @@ impl Server {
                     }
                     Ok(())
                 }
+                ResourceKind::Qp if raw == COUNTED_RAW => Ok(()),
                 ResourceKind::Qp => {
                     let r = p.destroy_qp(QpHandle(raw));
                     self.qp0_returned(raw);
@@ -1693,11 +1702,21 @@ impl Server {
                         self.note_dm(&port);
                         return self.destroy(me, K::Qp, qp.0, |_| Ok(()));
                     }
+                    if self.raw(me, K::Qp, qp.0)? == COUNTED_RAW {
+                        return self.destroy(me, K::Qp, qp.0, |_| Ok(()));
+                    }
                     return self.destroy_with_rings(c, K::Qp, qp.0, |r| {
                         p.destroy_qp(QpHandle(r))?;
                         self.qp0_returned(r);
                         Ok(())
                     });
+                }
+                Request::CountQp { pd } => {
+                    self.within_qps(me)?;
+                    self.raw(me, K::Pd, pd.0)?;
+                    let h = self.reserve(K::Qp);
+                    self.insert(me, K::Qp, h, COUNTED_RAW, pd.0.index, None);
+                    Reply::Qp { qp: QpHandle(h) }
                 }
                 Request::OpenGsi { pd, ctx: _ } => {
                     self.within_qps(me)?;

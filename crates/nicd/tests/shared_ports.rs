@@ -134,3 +134,49 @@ fn clients_own_memory_stays_theirs_and_within_their_limit() {
     assert!(e.to_string().contains("limit"), "{e}");
     assert_eq!(d.server.limit_refusals(), 1);
 }
+
+/// QPs a client runs itself count at the daemon: against its QP limit
+/// (one past it refused in words, counted), in what `nicd --clients`
+/// lists, and back to nothing once destroyed or once the client is gone.
+#[test]
+fn a_clients_own_qps_count_at_the_daemon() {
+    let limits = nicd::Limits {
+        max_qps: 2,
+        ..nicd::Limits::default()
+    };
+    let d = common::Daemon::start_shared(&[fresh_ip(202)], limits, false);
+    let g = d.guids[0];
+    let f = One(nicd::Direct::new(d.client()), g);
+    let n = Node::open(&f, g, 16);
+    let admin = d.client();
+    let qps_of = |admin: &nicd::NicdProvider| -> usize {
+        let all = admin.daemon_clients().unwrap();
+        all.iter()
+            .flat_map(|c| c.objects.iter())
+            .filter(|(k, _)| *k == verbs::ResourceKind::Qp)
+            .map(|(_, n)| n)
+            .sum()
+    };
+    let (q1, _q2) = (n.qp(QpType::Rc, None, 1), n.qp(QpType::Rc, None, 2));
+    // Both run in this process (on its block), and both are listed.
+    assert_ne!(roce_udp::qpn_block(n.p.qp_num(q1).unwrap().value()), 0);
+    assert_eq!(qps_of(&admin), 2);
+    let e =
+        n.p.create_qp(n.pd, &verbs::QpInit::rc(n.cq, 4, 4), 3)
+            .unwrap_err();
+    assert!(
+        matches!(&e, VerbsError::OutOfResources(m) if m.contains("--max-qps")),
+        "{e:?}"
+    );
+    assert_eq!(d.server.limit_refusals(), 1);
+    // What it destroys it may make again.
+    n.p.destroy_qp(q1).unwrap();
+    assert_eq!(qps_of(&admin), 1);
+    n.qp(QpType::Rc, None, 3);
+    assert_eq!(qps_of(&admin), 2);
+    drop((n, f));
+    assert!(d
+        .server
+        .wait_until(Duration::from_secs(10), |clients, _| clients.len() == 1));
+    assert_eq!(qps_of(&admin), 0);
+}

@@ -16,7 +16,9 @@
 //! A PD, CQ, MR and AH are made on both sides: the node's is the
 //! consumer's handle (and keys), the daemon's half serves a GSI QP (its
 //! sends read MADs through the daemon's registration; an MR registered
-//! here counts against the client's limit there). A GSI QP, and every
+//! here counts against the client's limit there). A QP's half is only
+//! counted there (`Request::CountQp`): against the client's QP limit,
+//! and in the daemon's list of who holds what. A GSI QP, and every
 //! object of a CA whose port the daemon does not share (an `ib` port),
 //! are the daemon client's alone, under handles of this provider's own
 //! ([`SYNTHETIC`]).
@@ -573,7 +575,25 @@ impl Provider for Direct {
         use rdma_types::QpType;
         match self.at(ResourceKind::Pd, pd.0)? {
             At::Nic(n, h) if !matches!(init.qp_type, QpType::Gsi | QpType::Smi) => {
-                n.create_qp(PdHandle(h), init, ctx)
+                // Counted at the daemon first (its QP limit, its list of
+                // who holds what), as the QP's half: `destroy_qp` ends
+                // both.
+                let counted = self
+                    .ctl
+                    .count_qp(PdHandle(self.half(ResourceKind::Pd, h)?))?;
+                let q = match n.create_qp(PdHandle(h), init, ctx) {
+                    Ok(q) => q,
+                    Err(e) => {
+                        if let Some(c) = counted {
+                            let _ = self.ctl.destroy_qp(c);
+                        }
+                        return Err(e);
+                    }
+                };
+                if let Some(c) = counted {
+                    (self.lock().halves).insert((kind(ResourceKind::Qp), q.0), c.0);
+                }
+                Ok(q)
             }
             At::Nic(_, h) => {
                 // QP1 (and QP0) are the daemon's port's: its halves.
