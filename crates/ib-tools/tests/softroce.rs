@@ -288,7 +288,7 @@ fn ibsm_run_brings_ib_nodes_up_and_serves_paths_connections_and_traps() {
         qb.qp,
         &[RecvWr {
             wr_id: 7,
-            sges: vec![qb.sge(64)],
+            sges: verbs::sges![qb.sge(64)],
         }],
     )
     .unwrap();
@@ -537,7 +537,7 @@ fn sm_port_sets_partitions_and_its_traffic_decodes_in_tshark() {
         let (qa, qb) = (Rc::new(&p, &n[from], ix), Rc::new(&p, &n[to], ix));
         let rwr = RecvWr {
             wr_id: 9,
-            sges: vec![qb.sge(64)],
+            sges: verbs::sges![qb.sge(64)],
         };
         qb.p.post_recv(qb.qp, &[rwr]).unwrap();
         let mut back = *path;

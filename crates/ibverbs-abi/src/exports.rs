@@ -1156,7 +1156,7 @@ unsafe fn bounce_inline(b: &Bounce, wrs: &mut [SendWr]) {
             b.buf.write_at(at, bytes);
             at += bytes.len();
         }
-        w.sges = vec![Sge {
+        w.sges = verbs::sges![Sge {
             addr: b.buf.addr() + (k * b.slot) as u64,
             length: total as u32,
             lkey: b.mr.lkey,
@@ -1613,7 +1613,7 @@ unsafe fn recv_chain(
         match unsafe { sges(w.sg_list, w.num_sge) } {
             Ok(s) => wrs.push(RecvWr {
                 wr_id: w.wr_id,
-                sges: s,
+                sges: s.into(),
             }),
             Err(e) => {
                 if !bad.is_null() {
@@ -2025,7 +2025,7 @@ mod tests {
         assert!(v.flags.contains(SendFlags::SIGNALED) && v.flags.contains(SendFlags::INLINE));
         assert!(!v.flags.contains(SendFlags::SOLICITED));
         assert_eq!(
-            v.sges,
+            v.sges.to_vec(),
             vec![Sge {
                 addr: 0x1000,
                 length: 64,

@@ -53,7 +53,7 @@ fn twelve_mib_each_way_byte_for_byte() {
         qb,
         &[RecvWr {
             wr_id: 1,
-            sges: vec![sge(&bb, mb.lkey, 0)],
+            sges: verbs::sges![sge(&bb, mb.lkey, 0)],
         }],
     )
     .unwrap();
@@ -121,7 +121,7 @@ fn an_inline_send_carries_the_bytes_of_its_post() {
             qb,
             &[RecvWr {
                 wr_id: id,
-                sges: vec![b.sge(100 * id, 16)],
+                sges: verbs::sges![b.sge(100 * id, 16)],
             }],
         )
         .unwrap();
@@ -153,7 +153,7 @@ fn a_zero_length_write_with_no_key_is_a_harmless_probe() {
         qb,
         &[RecvWr {
             wr_id: 2,
-            sges: vec![b.sge(0, 16)],
+            sges: verbs::sges![b.sge(0, 16)],
         }],
     )
     .unwrap();

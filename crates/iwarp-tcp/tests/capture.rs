@@ -39,7 +39,7 @@ fn tshark_decodes_every_frame_of_a_capture() {
         qb,
         &[RecvWr {
             wr_id: 1,
-            sges: vec![b.sge(0, 8192)],
+            sges: verbs::sges![b.sge(0, 8192)],
         }],
     )
     .unwrap();

@@ -80,7 +80,7 @@ fn listen_connect_accept_reject_and_close() {
         qb,
         &[RecvWr {
             wr_id: 1,
-            sges: vec![b.sge(0, 40_000)],
+            sges: verbs::sges![b.sge(0, 40_000)],
         }],
     )
     .unwrap();

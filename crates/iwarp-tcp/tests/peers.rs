@@ -27,7 +27,7 @@ fn recv(n: &Node, qp: verbs::QpHandle, wr_id: u64, off: u64, len: u32) {
         qp,
         &[RecvWr {
             wr_id,
-            sges: vec![n.sge(off, len)],
+            sges: verbs::sges![n.sge(off, len)],
         }],
     )
     .unwrap();

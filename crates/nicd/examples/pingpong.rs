@@ -78,7 +78,7 @@ enum Mode {
 fn recv(n: &Node, id: u64) -> RecvWr {
     RecvWr {
         wr_id: id,
-        sges: vec![n.sge(4096 + (id % RECVS) * 256, MSG)],
+        sges: verbs::sges![n.sge(4096 + (id % RECVS) * 256, MSG)],
     }
 }
 

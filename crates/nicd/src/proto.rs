@@ -321,6 +321,22 @@ impl<T: Wire> Wire for Vec<T> {
     }
 }
 
+/// A work request's SGEs: on the wire as a `Vec` of them.
+impl Wire for verbs::Sges {
+    fn put(&self, e: &mut Enc) {
+        (self.len() as u32).put(e);
+        self.iter().for_each(|v| v.put(e));
+    }
+    fn get(d: &mut Dec<'_>) -> PResult<Self> {
+        let n = u32::get(d)? as usize;
+        // As a `Vec`'s count: refused before allocating for it.
+        if n > d.0.len() {
+            return Err(ProtoError::Truncated("list"));
+        }
+        (0..n).map(|_| Sge::get(d)).collect()
+    }
+}
+
 impl Wire for String {
     fn put(&self, e: &mut Enc) {
         (self.len() as u32).put(e);

@@ -194,7 +194,7 @@ fn a_running_nicd_adds_the_nic_a_client_asks_for() {
         qb,
         &[RecvWr {
             wr_id: 7,
-            sges: vec![b.sge(0, 64)],
+            sges: verbs::sges![b.sge(0, 64)],
         }],
     )
     .unwrap();

@@ -34,7 +34,7 @@ fn qps_run_here_in_blocks_lent_to_this_client() {
         qb,
         &[RecvWr {
             wr_id: 5,
-            sges: vec![b.sge(0, 64)],
+            sges: verbs::sges![b.sge(0, 64)],
         }],
     )
     .unwrap();

@@ -38,7 +38,7 @@ fn child(spec: &str) {
         q,
         &[RecvWr {
             wr_id: 1,
-            sges: vec![n.sge(0, 4096)],
+            sges: verbs::sges![n.sge(0, 4096)],
         }],
     )
     .unwrap();

@@ -211,7 +211,7 @@ fn flush_a_receive(r: &mut Raw, q: QpHandle) {
     );
     let wrs = vec![RecvWr {
         wr_id: 1,
-        sges: vec![],
+        sges: verbs::sges![],
     }];
     assert_eq!(
         r.call(&Request::PostRecv { qp: q, wrs }, None),
@@ -310,7 +310,7 @@ fn malformed_ring_entries_are_refused_without_harm_to_others() {
     let (q, _, rq) = qp(&mut r, &s, 13);
     let mut long = entry(&RecvWr {
         wr_id: 4,
-        sges: vec![sge_in(8)],
+        sges: verbs::sges![sge_in(8)],
     });
     long[..4].copy_from_slice(&u32::MAX.to_le_bytes());
     scribble(&r, &rq, &[long]);
@@ -363,7 +363,7 @@ fn ring_and_socket_posts_keep_their_order() {
     let recvs: Vec<RecvWr> = (0..4)
         .map(|i| RecvWr {
             wr_id: i,
-            sges: vec![b.sge(i * 64, 64)],
+            sges: verbs::sges![b.sge(i * 64, 64)],
         })
         .collect();
     b.p.post_recv(qb, &recvs).unwrap();
@@ -686,7 +686,7 @@ fn receives_before_the_next_send(d: Daemon) {
     for i in 1..=64u64 {
         let wr = RecvWr {
             wr_id: i,
-            sges: vec![b.sge(i * 64, 64)],
+            sges: verbs::sges![b.sge(i * 64, 64)],
         };
         b.p.post_recv(qb, &[wr]).unwrap();
     }

@@ -84,7 +84,13 @@ impl Side {
     fn recv(&self, wr_id: u64) {
         let sges = self.sge(4096);
         self.p
-            .post_recv(self.qp, &[RecvWr { wr_id, sges }])
+            .post_recv(
+                self.qp,
+                &[RecvWr {
+                    wr_id,
+                    sges: sges.into(),
+                }],
+            )
             .unwrap();
     }
 

@@ -73,7 +73,7 @@ fn send(a: &Node, b: &Node, text: &[u8]) {
         qb,
         &[RecvWr {
             wr_id: 5,
-            sges: vec![b.sge(0, 256)],
+            sges: verbs::sges![b.sge(0, 256)],
         }],
     )
     .unwrap();

@@ -249,7 +249,7 @@ impl VerbsQp {
     pub(crate) fn post_recv(&mut self, wr_id: u64, local: u64, len: u32) -> Result<(), String> {
         let wr = RecvWr {
             wr_id,
-            sges: vec![Sge {
+            sges: verbs::sges![Sge {
                 addr: self.mem.addr() + local,
                 length: len,
                 lkey: self.mr.lkey,

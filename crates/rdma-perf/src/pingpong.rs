@@ -608,7 +608,7 @@ fn pingpong_verbs(
             qp,
             &[verbs::RecvWr {
                 wr_id: RECV,
-                sges: vec![sge(u64::from(size))],
+                sges: verbs::sges![sge(u64::from(size))],
             }],
         )
         .map_err(v("post a receive"))

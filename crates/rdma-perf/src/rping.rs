@@ -206,7 +206,7 @@ impl Link {
                 self.qp,
                 &[RecvWr {
                     wr_id: 1,
-                    sges: vec![Sge {
+                    sges: verbs::sges![Sge {
                         addr: self.addr(RECV),
                         length: 16,
                         lkey: self.mr.lkey,

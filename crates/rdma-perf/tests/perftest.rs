@@ -1002,7 +1002,7 @@ mod rdma_cm {
                     self.qp,
                     &[RecvWr {
                         wr_id: 1,
-                        sges: vec![Sge {
+                        sges: verbs::sges![Sge {
                             addr: self.mem.addr(),
                             length: 128,
                             lkey: self.mr.lkey,

@@ -185,7 +185,7 @@ fn main() {
             qb,
             &[RecvWr {
                 wr_id: i,
-                sges: vec![Sge {
+                sges: verbs::sges![Sge {
                     addr: dst.addr(),
                     length: 8,
                     lkey: dmr.lkey,

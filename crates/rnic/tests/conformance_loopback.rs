@@ -98,7 +98,7 @@ fn ud_stale_address_handle_is_loc_qp_op_err_then_sqe() {
         qb,
         &[RecvWr {
             wr_id: 9,
-            sges: vec![b.sge(0, 100)],
+            sges: verbs::sges![b.sge(0, 100)],
         }],
     )
     .unwrap();
@@ -166,7 +166,7 @@ fn apm_migrates_on_remote_port_down() {
         qb,
         &[RecvWr {
             wr_id: 5,
-            sges: vec![b.sge(0, 64)],
+            sges: verbs::sges![b.sge(0, 64)],
         }],
     )
     .unwrap();

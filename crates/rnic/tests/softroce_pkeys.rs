@@ -130,7 +130,7 @@ impl Gsi {
                 qp,
                 &[verbs::RecvWr {
                     wr_id: 100 + i,
-                    sges: vec![g.sge(RECV + i * 512, 40 + 256)],
+                    sges: verbs::sges![g.sge(RECV + i * 512, 40 + 256)],
                 }],
             )
             .unwrap();

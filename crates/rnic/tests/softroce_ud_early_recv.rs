@@ -54,7 +54,7 @@ fn ud_receives_posted_in_init_take_datagrams() {
     buf.write_at(0, &[0x5a; 64]);
     let recv = RecvWr {
         wr_id: 7,
-        sges: vec![Sge {
+        sges: verbs::sges![Sge {
             addr: buf.addr() + 4096,
             length: 40 + 64,
             lkey: mr.lkey,

@@ -161,7 +161,7 @@ impl Connector for Rogue {
                 qp,
                 &[RecvWr {
                     wr_id: i as u64,
-                    sges: vec![n.sge((i * IU) as u64, IU)],
+                    sges: verbs::sges![n.sge((i * IU) as u64, IU)],
                 }],
             )
             .unwrap();

@@ -515,7 +515,7 @@ impl Raw {
     fn post_recv(&self, i: u64) {
         let wr = RecvWr {
             wr_id: i,
-            sges: vec![Sge {
+            sges: verbs::sges![Sge {
                 addr: self.buf.addr() + i * SLOT as u64,
                 length: SLOT as u32,
                 lkey: self.mr.lkey,

@@ -81,5 +81,9 @@ pub use port::{PkeyViolations, PortModify};
 pub use provider::{Context, EventHandler, IgnoreEvents, Provider};
 pub use types::*;
 
+/// Builds [`Sges`] as `vec!` builds a `Vec`: `sges![sge]`,
+/// `sges![a, b]`, `sges![]`.
+pub use smallvec::smallvec as sges;
+
 /// Result of every verb.
 pub type Result<T> = core::result::Result<T, VerbsError>;

@@ -315,6 +315,11 @@ pub struct Sge {
     pub lkey: Lkey,
 }
 
+/// A work request's SGEs: up to two held in place (no allocation for
+/// the requests of a storage data path), more on the heap. Built with
+/// [`sges!`](crate::sges) as `vec!` builds a `Vec`, or from a `Vec`.
+pub type Sges = smallvec::SmallVec<[Sge; 2]>;
+
 /// Send work request opcode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SendOpcode {
@@ -412,7 +417,7 @@ pub struct SendWr {
     /// Operation.
     pub opcode: SendOpcode,
     /// Gather list (scatter list for READ / atomic result).
-    pub sges: Vec<Sge>,
+    pub sges: Sges,
     /// Flags.
     pub flags: SendFlags,
     /// Immediate data (with-imm opcodes), network order value.
@@ -439,11 +444,11 @@ pub struct SendWr {
 
 impl SendWr {
     /// A signaled WR of `opcode` with `sges`, all else zero.
-    pub fn new(wr_id: u64, opcode: SendOpcode, sges: Vec<Sge>) -> SendWr {
+    pub fn new(wr_id: u64, opcode: SendOpcode, sges: impl Into<Sges>) -> SendWr {
         SendWr {
             wr_id,
             opcode,
-            sges,
+            sges: sges.into(),
             flags: SendFlags::SIGNALED,
             imm: 0,
             remote: RemoteAddr::default(),
@@ -468,7 +473,7 @@ pub struct RecvWr {
     /// Consumer id.
     pub wr_id: u64,
     /// Scatter list.
-    pub sges: Vec<Sge>,
+    pub sges: Sges,
 }
 
 /// Work completion flags.

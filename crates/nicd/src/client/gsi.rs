@@ -199,11 +199,10 @@ mod tests {
                 lkey,
             },
         ];
-        l.gsis
-            .get_mut(&9)
-            .unwrap()
-            .recvs
-            .push_back(RecvWr { wr_id: 42, sges });
+        l.gsis.get_mut(&9).unwrap().recvs.push_back(RecvWr {
+            wr_id: 42,
+            sges: sges.into(),
+        });
         let mad: Vec<u8> = (0..=255u8).collect();
         let v4 = Gid::from_ip([127, 91, 7, 7].into());
         // Not armed: nobody is told, the completion waits.
@@ -236,11 +235,11 @@ mod tests {
         let g = l.gsis.get_mut(&9).unwrap();
         g.recvs.push_back(RecvWr {
             wr_id: 43,
-            sges: one.clone(),
+            sges: one.clone().into(),
         });
         g.recvs.push_back(RecvWr {
             wr_id: 44,
-            sges: one,
+            sges: one.into(),
         });
         l.armed.insert(5);
         assert_eq!(l.receive(9, v4, 0, &mad), Some((2, 0xc0)));

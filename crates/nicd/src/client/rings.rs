@@ -182,13 +182,13 @@ fn write<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
 
 /// Bytes of a ring entry holding a `T` with `sges` SGEs (`T` built by
 /// `f`), whole powers of two.
-fn entry_for<T: crate::proto::Wire>(f: impl Fn(Vec<Sge>) -> T, sges: u32) -> usize {
+fn entry_for<T: crate::proto::Wire>(f: impl Fn(verbs::Sges) -> T, sges: u32) -> usize {
     let widest = Sge {
         addr: u64::MAX,
         length: u32::MAX,
         lkey: rdma_types::Lkey(u32::MAX),
     };
-    let sges = vec![widest; sges.min(4096) as usize];
+    let sges = verbs::sges![widest; sges.min(4096) as usize];
     let mut b = Vec::new();
     encode_entry(&f(sges), &mut b);
     b.len()

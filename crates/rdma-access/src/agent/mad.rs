@@ -364,7 +364,7 @@ impl Drop for MadAgent {
 pub fn recv_wr(buf: &MemBuf, mr: &MrInfo, i: u32, tag: u64) -> RecvWr {
     RecvWr {
         wr_id: tag | i as u64,
-        sges: vec![Sge {
+        sges: verbs::sges![Sge {
             addr: buf.addr() + (i as usize * (GRH + MAD)) as u64,
             length: (GRH + MAD) as u32,
             lkey: mr.lkey,

@@ -238,7 +238,7 @@ impl CmLink {
                 self.rc.qp,
                 &[RecvWr {
                     wr_id: RECV_ID,
-                    sges: vec![Sge {
+                    sges: verbs::sges![Sge {
                         addr: self.rc.mem.addr(),
                         length: RECV_LEN as u32,
                         lkey: self.rc.mr.lkey,

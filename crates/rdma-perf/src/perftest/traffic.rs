@@ -216,7 +216,7 @@ impl Receiver {
                 nic.qp,
                 &[RecvWr {
                     wr_id: self.posted,
-                    sges: vec![Sge {
+                    sges: verbs::sges![Sge {
                         addr: nic.mem.addr() + off as u64,
                         length: cfg.size as u32,
                         lkey: nic.mr.lkey,

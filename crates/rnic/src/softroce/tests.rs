@@ -41,7 +41,7 @@ fn sends_arrive_in_order(
     let recvs: Vec<RecvWr> = (0..n)
         .map(|i| RecvWr {
             wr_id: i,
-            sges: vec![to.sge(i * u64::from(len), len)],
+            sges: verbs::sges![to.sge(i * u64::from(len), len)],
         })
         .collect();
     to.p.post_recv(qt, &recvs).unwrap();
@@ -127,7 +127,7 @@ fn one_big_send(p: &Arc<SoftRoce>) -> (u64, SoftCaCounters) {
         qb,
         &[RecvWr {
             wr_id: 1,
-            sges: vec![b.sge(0, LEN)],
+            sges: verbs::sges![b.sge(0, LEN)],
         }],
     )
     .unwrap();

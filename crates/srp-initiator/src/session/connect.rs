@@ -442,7 +442,7 @@ pub(super) fn shutdown(inner: &Inner, poller: Option<JoinHandle<()>>) {
 pub(super) fn recv_wr(buf: &MemBuf, mr: &MrInfo, size: u32, i: u32) -> RecvWr {
     RecvWr {
         wr_id: KIND_RECV | i as u64,
-        sges: vec![Sge {
+        sges: verbs::sges![Sge {
             addr: buf.addr() + (i * size) as u64,
             length: size,
             lkey: mr.lkey,

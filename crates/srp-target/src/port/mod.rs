@@ -1118,7 +1118,7 @@ impl Inner {
     fn recv_wr(&self, index: u32) -> RecvWr {
         RecvWr {
             wr_id: index as u64,
-            sges: vec![Sge {
+            sges: verbs::sges![Sge {
                 addr: self.srq_buf.addr() + (index * self.req_stride) as u64,
                 length: self.req_size,
                 lkey: self.srq_mr.lkey,

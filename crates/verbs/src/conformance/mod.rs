@@ -457,7 +457,10 @@ fn rdma(wr_id: u64, op: SendOpcode, sges: Vec<Sge>, addr: u64, rkey: Rkey) -> Se
 }
 
 fn recv(wr_id: u64, sges: Vec<Sge>) -> RecvWr {
-    RecvWr { wr_id, sges }
+    RecvWr {
+        wr_id,
+        sges: sges.into(),
+    }
 }
 
 fn unsupported<T: core::fmt::Debug>(r: Result<T>) {

@@ -109,7 +109,7 @@ mod tests {
     fn wr(id: u64) -> RecvWr {
         RecvWr {
             wr_id: id,
-            sges: vec![],
+            sges: crate::sges![],
         }
     }
 
