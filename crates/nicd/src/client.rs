@@ -307,6 +307,24 @@ impl NicdProvider {
         }
     }
 
+    /// Has the daemon count a registration of `len` bytes of memory it
+    /// cannot reach, made in this client's own node under its PD `pd`
+    /// ([`Request::CountMr`]): a handle that `dereg_mr` ends, or `None`
+    /// from a daemon older than the request (nothing counted).
+    ///
+    /// # Errors
+    /// `OutOfResources` past the client's memory limit
+    /// (`nicd --max-registered`); `InvalidHandle` for a PD not the
+    /// client's.
+    pub fn count_mr(&self, pd: PdHandle, len: u64) -> Result<Option<MrHandle>> {
+        match self.live().conn.call(&Request::CountMr { pd, len }, None) {
+            Ok(Reply::Mr { info }) => Ok(Some(info.handle)),
+            Ok(other) => Err(unexpected("CountMr", &other)),
+            Err(VerbsError::InvalidArgument(m)) if m.starts_with("malformed request") => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// The members of shared ports the daemon has lent, and to whom.
     ///
     /// # Errors

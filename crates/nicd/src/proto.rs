@@ -134,9 +134,10 @@
 //!
 //! # QPs counted for their owner
 //!
-//! [`Request::CountQp`] came after the shared ports, without a new
-//! version: a daemon without it answers it as a malformed request, and
-//! a [`crate::Direct`] client then runs its QPs uncounted, as before.
+//! [`Request::CountQp`] and [`Request::CountMr`] came after the shared
+//! ports, without a new version: a daemon without them answers them as
+//! malformed requests, and a [`crate::Direct`] client then runs its QPs
+//! uncounted, as before, and registers only memory the daemon can reach.
 //!
 //! # Versions
 //!
@@ -961,6 +962,14 @@ messages! {
         /// with [`Reply::Qp`], a handle that [`Request::DestroyQp`] ends
         /// and no other verb takes (the QP is not the daemon's).
         CountQp = 51 { pd: PdHandle },
+        /// A registration of `len` bytes of the client's own memory in
+        /// its own node (a [`crate::Direct`] client's, of memory the
+        /// daemon cannot reach) under the client's PD `pd`, counted here
+        /// as [`Request::CountQp`] counts a QP: against the client's
+        /// registered-memory limit. Answered with [`Reply::Mr`], a handle
+        /// (no keys: the daemon holds no registration) that
+        /// [`Request::DeregMr`] ends and no other verb takes.
+        CountMr = 52 { pd: PdHandle, len: u64 },
     }
 
     /// Daemon to client: what a request returns.

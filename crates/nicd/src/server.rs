@@ -130,6 +130,9 @@ struct Obj {
     /// memory the daemon reads and writes for the client, counted as
     /// registered.
     ring_bytes: u64,
+    /// Bytes of a registration in the client's own node
+    /// ([`Request::CountMr`]): counted as registered, never reached.
+    own_bytes: u64,
 }
 
 /// What an MR registered: `[addr, addr+len)` under `lkey`.
@@ -168,9 +171,10 @@ const GSI_RAW: Handle = Handle {
     generation: u32::MAX,
 };
 
-/// The provider's "handle" of a QP counted for its owner
-/// ([`Request::CountQp`]): none either, the QP runs in the client's
-/// process; a verb on it is refused as an unknown handle.
+/// The provider's "handle" of a QP or MR counted for its owner
+/// ([`Request::CountQp`], [`Request::CountMr`]): none either, the object
+/// is in the client's process; a verb on it is refused as an unknown
+/// handle.
 const COUNTED_RAW: Handle = Handle {
     index: u32::MAX - 1,
     generation: u32::MAX,
@@ -885,7 +889,7 @@ impl Server {
         let t = self.lock();
         let mine = t.objs.iter().filter(|(_, o)| o.owner == owner);
         mine.fold((0, 0), |(q, b), (i, o)| {
-            let b = b + o.ring_bytes;
+            let b = b + o.ring_bytes + o.own_bytes;
             match (o.kind, o.range) {
                 (ResourceKind::Qp, _) => (q + 1, b),
                 (ResourceKind::Mr, Some(r)) if Some(*i) != but => (q, b + r.len),
@@ -1113,7 +1117,7 @@ impl Server {
                     }
                     Ok(())
                 }
-                ResourceKind::Qp if raw == COUNTED_RAW => Ok(()),
+                ResourceKind::Qp | ResourceKind::Mr if raw == COUNTED_RAW => Ok(()),
                 ResourceKind::Qp => {
                     let r = p.destroy_qp(QpHandle(raw));
                     self.qp0_returned(raw);
@@ -1258,6 +1262,7 @@ impl Server {
                 range,
                 ca: 0,
                 ring_bytes: 0,
+                own_bytes: 0,
             },
         );
         self.changed.notify_all();
@@ -1831,7 +1836,28 @@ impl Server {
                     }
                 }
                 Request::DeregMr { mr } => {
-                    return self.destroy(me, K::Mr, mr.0, |r| p.dereg_mr(MrHandle(r)))
+                    return self.destroy(me, K::Mr, mr.0, |r| match r {
+                        COUNTED_RAW => Ok(()),
+                        r => p.dereg_mr(MrHandle(r)),
+                    })
+                }
+                Request::CountMr { pd, len } => {
+                    self.raw(me, K::Pd, pd.0)?;
+                    self.within_registered(me, None, len)?;
+                    let h = self.reserve(K::Mr);
+                    self.insert(me, K::Mr, h, COUNTED_RAW, pd.0.index, None);
+                    if let Some(o) = self.lock().objs.get_mut(&h.index) {
+                        o.own_bytes = len;
+                    }
+                    Reply::Mr {
+                        info: MrInfo {
+                            handle: MrHandle(h),
+                            lkey: Lkey(0),
+                            rkey: rdma_types::Rkey(0),
+                            addr: 0,
+                            len,
+                        },
+                    }
                 }
                 Request::AllocMw { pd, kind, ctx } => {
                     let (raw, rkey) =

@@ -180,3 +180,64 @@ fn a_clients_own_qps_count_at_the_daemon() {
         .wait_until(Duration::from_secs(10), |clients, _| clients.len() == 1));
     assert_eq!(qps_of(&admin), 0);
 }
+
+/// Memory the daemon cannot reach (private, as srptd's RAM store) still
+/// registers in a client's own node: a peer's RDMA WRITE lands in it,
+/// and its bytes count against the client's limit at the daemon (one
+/// past it refused, room again once deregistered).
+#[test]
+fn private_memory_registers_in_the_clients_node_and_counts_at_the_daemon() {
+    use rdma_types::AccessFlags;
+    use rdma_types::WcStatus;
+    use verbs::{RemoteAddr, SendOpcode, SendWr};
+    let limits = nicd::Limits {
+        max_registered: 256 << 10,
+        ..nicd::Limits::default()
+    };
+    let d = common::Daemon::start_shared(&[fresh_ip(203)], limits, false);
+    let g = d.guids[0];
+    let client = || nicd::Direct::new(d.client());
+    let (fa, fb) = (One(client(), g), One(client(), g));
+    let (a, b) = (Node::open(&fa, g, 16), Node::open(&fb, g, 16));
+    let (qa, qb) = (a.qp(QpType::Rc, None, 1), b.qp(QpType::Rc, None, 2));
+    verbs::conformance::connect(&a, qa, &b, qb, QpType::Rc, 7);
+    let mrs = || -> usize {
+        let all = d.client().daemon_clients().unwrap();
+        all.iter()
+            .flat_map(|c| c.objects.iter())
+            .filter(|(k, _)| *k == verbs::ResourceKind::Mr)
+            .map(|(_, n)| n)
+            .sum()
+    };
+    let before = mrs();
+    let private = verbs::MemBuf::new_private(64 << 10);
+    assert!(private.shared_fd().is_none());
+    let all = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+    let mr =
+        a.p.reg_mr(a.pd, &private, private.addr(), 64 << 10, all, 9)
+            .unwrap();
+    assert_eq!(mrs(), before + 1, "counted at the daemon");
+    b.buf.write_at(0, &[0xc3; 64]);
+    let mut w = SendWr::new(7, SendOpcode::RdmaWrite, vec![b.sge(0, 64)]);
+    w.remote = RemoteAddr {
+        addr: mr.addr + 4096,
+        rkey: mr.rkey,
+    };
+    b.p.post_send(qb, &[w]).unwrap();
+    assert_eq!(b.wc().status, WcStatus::Success);
+    assert_eq!(private.to_vec(4096, 64), vec![0xc3; 64]);
+    // 64 KiB for each node's buffer, the daemon's CQ halves' rings, and
+    // these 64: 128 more are past the 256.
+    let past = verbs::MemBuf::new_private(128 << 10);
+    let e =
+        a.p.reg_mr(a.pd, &past, past.addr(), 128 << 10, all, 10)
+            .unwrap_err();
+    assert!(e.to_string().contains("--max-registered"), "{e}");
+    assert_eq!(d.server.limit_refusals(), 1);
+    a.p.dereg_mr(mr.handle).unwrap();
+    assert_eq!(mrs(), before);
+    let mr =
+        a.p.reg_mr(a.pd, &past, past.addr(), 128 << 10, all, 10)
+            .unwrap();
+    a.p.dereg_mr(mr.handle).unwrap();
+}

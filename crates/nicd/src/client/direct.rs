@@ -67,6 +67,9 @@ struct State {
     lkeys: HashMap<u32, u32>,
     /// A paired MR's node L_Key, by its node handle.
     mr_lkeys: HashMap<Handle, u32>,
+    /// MRs of memory the daemon cannot reach (private memory), only
+    /// counted there: the daemon's half of their PD, by node handle.
+    counted_mrs: HashMap<Handle, Handle>,
 }
 
 /// The member of each shared CA's port this client holds, by the daemon
@@ -357,6 +360,40 @@ impl Direct {
                 Ok(())
             }
         }
+    }
+
+    /// A registration of private memory (no descriptor the daemon could
+    /// map): made in the node alone, and counted at the daemon against
+    /// this client's limit. A GSI QP's sends cannot read it (the daemon
+    /// holds no registration of it).
+    #[allow(clippy::too_many_arguments)]
+    fn reg_private(
+        &self,
+        n: &SoftRoce,
+        pd: Handle,
+        pd_half: Handle,
+        buf: &MemBuf,
+        addr: u64,
+        len: u64,
+        access: AccessFlags,
+        ctx: Context,
+    ) -> Result<MrInfo> {
+        let counted = self.ctl.count_mr(PdHandle(pd_half), len)?;
+        let i = match n.reg_mr(PdHandle(pd), buf, addr, len, access, ctx) {
+            Ok(i) => i,
+            Err(e) => {
+                if let Some(c) = counted {
+                    let _ = self.ctl.dereg_mr(c);
+                }
+                return Err(e);
+            }
+        };
+        let mut st = self.lock();
+        if let Some(c) = counted {
+            st.halves.insert((kind(ResourceKind::Mr), i.handle.0), c.0);
+        }
+        st.counted_mrs.insert(i.handle.0, pd_half);
+        Ok(i)
     }
 
     /// A send WR of a QP of the daemon client's with its AH (and, under
@@ -690,6 +727,9 @@ impl Provider for Direct {
         match self.at(ResourceKind::Pd, pd.0)? {
             At::Nic(n, h) => {
                 let half = self.half(ResourceKind::Pd, h)?;
+                if buf.shared_fd().is_none() {
+                    return self.reg_private(n, h, half, buf, addr, len, access, ctx);
+                }
                 let i = n.reg_mr(PdHandle(h), buf, addr, len, access, ctx)?;
                 // The daemon counts it against this client's limit (and a
                 // GSI QP's MADs are read through it).
@@ -728,6 +768,31 @@ impl Provider for Direct {
     ) -> Result<MrInfo> {
         match self.at(ResourceKind::Mr, mr.0)? {
             At::Nic(n, h) => {
+                let counted_under = self.lock().counted_mrs.get(&h).copied();
+                if let Some(pd_half) = counted_under {
+                    let old = self.half(ResourceKind::Mr, h).ok();
+                    // Counted anew for its new length, then the old count
+                    // goes; the daemon never held the memory.
+                    let c = self.ctl.count_mr(PdHandle(pd_half), len)?;
+                    let i = match n.rereg_mr(MrHandle(h), buf, addr, len, access) {
+                        Ok(i) => i,
+                        Err(e) => {
+                            if let Some(c) = c {
+                                let _ = self.ctl.dereg_mr(c);
+                            }
+                            return Err(e);
+                        }
+                    };
+                    if let Some(old) = old {
+                        let _ = self.ctl.dereg_mr(MrHandle(old));
+                    }
+                    let mut st = self.lock();
+                    match c {
+                        Some(c) => st.halves.insert((kind(ResourceKind::Mr), h), c.0),
+                        None => st.halves.remove(&(kind(ResourceKind::Mr), h)),
+                    };
+                    return Ok(i);
+                }
                 let half = self.half(ResourceKind::Mr, h)?;
                 let c = self.ctl.rereg_mr(MrHandle(half), buf, addr, len, access)?;
                 let i = n.rereg_mr(MrHandle(h), buf, addr, len, access)?;
@@ -749,6 +814,7 @@ impl Provider for Direct {
     fn dereg_mr(&self, mr: MrHandle) -> Result<()> {
         self.unmake(ResourceKind::Mr, mr.0, |p, h| p.dereg_mr(MrHandle(h)))?;
         let mut st = self.lock();
+        st.counted_mrs.remove(&mr.0);
         if let Some(k) = st.mr_lkeys.remove(&mr.0) {
             st.lkeys.remove(&k);
         }

@@ -62,18 +62,19 @@ impl Inner {
     /// The L_Key of a memory store's registration, registering it on its
     /// first READ; registrations of stores nobody else holds any more (a
     /// LUN removed, a store resized) are let go meanwhile. `None` when
-    /// registering fails (the READ is copied through chunks instead).
+    /// registering fails (the READ is copied through chunks instead): said
+    /// once, and not tried again for that store.
     pub(super) fn store_lkey(&self, mem: &MemBuf) -> Option<Lkey> {
         let mut stores = self.stores.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((_, mr, _)) = stores
             .iter()
             .find(|(m, ..)| m.addr() == mem.addr() && m.len() == mem.len())
         {
-            return Some(mr.lkey);
+            return mr.map(|mr| mr.lkey);
         }
         stores.retain(|(m, mr, ours)| {
             let held = m.holders() > *ours;
-            if !held {
+            if let (false, Some(mr)) = (held, mr) {
                 let _ = self.provider.dereg_mr(mr.handle);
             }
             held
@@ -89,14 +90,20 @@ impl Inner {
                 AccessFlags::LOCAL_WRITE,
                 0,
             )
-            .map_err(|e| tracing::warn!("cannot register a memory store for READs: {e}"))
-            .ok()?;
+            .map_err(|e| {
+                tracing::warn!(
+                    "cannot register a memory store of {} bytes for READs ({e}): \
+                     its READs are copied",
+                    mem.len()
+                )
+            })
+            .ok();
         // The holders the registration adds (the provider's, and this
         // list's): once no more hold it, the store has let it go and no
         // command still sends from it.
         let ours = mem.holders() - before + 1;
         stores.push((mem.clone(), mr, ours));
-        Some(mr.lkey)
+        mr.map(|mr| mr.lkey)
     }
 
     /// The SGEs of `[offset, offset + len)` of data-in held in reserved

@@ -194,9 +194,10 @@ struct Inner {
     chunk_buf: MemBuf,
     chunk_mr: MrInfo,
     /// Memory stores registered for READs to be sent straight out of
-    /// ([`crate::MemStore`]), each with its registration and how many of
-    /// its holders are that registration's (this list and the provider).
-    stores: Mutex<Vec<(MemBuf, MrInfo, usize)>>,
+    /// ([`crate::MemStore`]), each with its registration (`None`: the
+    /// provider refused it, not asked again) and how many of its holders
+    /// are that registration's (this list and the provider).
+    stores: Mutex<Vec<(MemBuf, Option<MrInfo>, usize)>>,
     req_size: u32,
     /// Bytes between receive buffers: `req_size` rounded up to a cache
     /// line, so every buffer starts word-aligned (a copy between aligned
@@ -1012,7 +1013,9 @@ impl TargetPort {
         for (_, mr, _) in
             std::mem::take(&mut *self.inner.stores.lock().unwrap_or_else(|e| e.into_inner()))
         {
-            let _ = p.dereg_mr(mr.handle);
+            if let Some(mr) = mr {
+                let _ = p.dereg_mr(mr.handle);
+            }
         }
         let _ = p.destroy_cq(self.inner.recv_cq);
         let _ = p.dealloc_pd(self.inner.pd);
