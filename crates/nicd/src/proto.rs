@@ -306,35 +306,38 @@ impl<T: Wire> Wire for Option<T> {
     }
 }
 
+/// A list: its count, then its items.
+fn put_list<T: Wire>(items: &[T], e: &mut Enc) {
+    (items.len() as u32).put(e);
+    items.iter().for_each(|v| v.put(e));
+}
+
+fn get_list<T: Wire, C: FromIterator<T>>(d: &mut Dec<'_>) -> PResult<C> {
+    let n = u32::get(d)? as usize;
+    // Every item takes a byte at least: a count beyond the bytes left
+    // is a lie, refused before allocating for it.
+    if n > d.0.len() {
+        return Err(ProtoError::Truncated("list"));
+    }
+    (0..n).map(|_| T::get(d)).collect()
+}
+
 impl<T: Wire> Wire for Vec<T> {
     fn put(&self, e: &mut Enc) {
-        (self.len() as u32).put(e);
-        self.iter().for_each(|v| v.put(e));
+        put_list(self, e);
     }
     fn get(d: &mut Dec<'_>) -> PResult<Self> {
-        let n = u32::get(d)? as usize;
-        // Every item takes a byte at least: a count beyond the bytes left
-        // is a lie, refused before allocating for it.
-        if n > d.0.len() {
-            return Err(ProtoError::Truncated("list"));
-        }
-        (0..n).map(|_| T::get(d)).collect()
+        get_list(d)
     }
 }
 
 /// A work request's SGEs: on the wire as a `Vec` of them.
 impl Wire for verbs::Sges {
     fn put(&self, e: &mut Enc) {
-        (self.len() as u32).put(e);
-        self.iter().for_each(|v| v.put(e));
+        put_list(self, e);
     }
     fn get(d: &mut Dec<'_>) -> PResult<Self> {
-        let n = u32::get(d)? as usize;
-        // As a `Vec`'s count: refused before allocating for it.
-        if n > d.0.len() {
-            return Err(ProtoError::Truncated("list"));
-        }
-        (0..n).map(|_| Sge::get(d)).collect()
+        get_list(d)
     }
 }
 

@@ -9,9 +9,10 @@ use nicd::server::PortLender;
 use rdma_types::{Guid, QpType};
 use rnic::softroce::{SoftCa, SoftRoce, ROCE_PORT};
 
+use rdma_types::{AccessFlags, WcStatus};
 use std::time::Duration;
 use verbs::conformance::Node;
-use verbs::VerbsError;
+use verbs::{RemoteAddr, SendOpcode, SendWr, VerbsError};
 
 #[test]
 fn a_clients_block_goes_back_when_it_leaves() {
@@ -68,6 +69,37 @@ fn a_clients_block_goes_back_when_it_leaves() {
     let _ = std::fs::remove_file(&path);
 }
 
+/// A daemon on a fresh address of `host` that lets each client register
+/// `max_registered` bytes, and two clients with their QPs in their own
+/// processes, each a node with an RC QP (A's 1 and B's 2), not yet
+/// connected.
+fn two_clients(host: u8, max_registered: u64) -> (common::Daemon, [(Node, verbs::QpHandle); 2]) {
+    let limits = nicd::Limits {
+        max_registered,
+        ..nicd::Limits::default()
+    };
+    let d = common::Daemon::start_shared(&[fresh_ip(host)], limits, false);
+    let g = d.guids[0];
+    let node = |n| {
+        let node = Node::open(&One(nicd::Direct::new(d.client()), g), g, 16);
+        let q = node.qp(QpType::Rc, None, n);
+        (node, q)
+    };
+    let pair = [node(1), node(2)];
+    (d, pair)
+}
+
+/// Registering all of `buf` on `n` is refused: past the client's limit
+/// (in words), the daemon's first such refusal.
+fn refused_past_the_limit(d: &common::Daemon, n: &Node, buf: &verbs::MemBuf) {
+    let all = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+    let e = (n.p)
+        .reg_mr(n.pd, buf, buf.addr(), buf.len() as u64, all, 10)
+        .unwrap_err();
+    assert!(e.to_string().contains("--max-registered"), "{e}");
+    assert_eq!(d.server.limit_refusals(), 1);
+}
+
 /// Two clients with their QPs in their own processes, on one NIC: an RDMA
 /// WRITE of one with the other's R_Key past that registration (or with a
 /// key of its own) ends in a remote access error and changes nothing;
@@ -75,19 +107,7 @@ fn a_clients_block_goes_back_when_it_leaves() {
 /// past it is refused (in words, counted).
 #[test]
 fn clients_own_memory_stays_theirs_and_within_their_limit() {
-    use rdma_types::AccessFlags;
-    use rdma_types::WcStatus;
-    use verbs::{RemoteAddr, SendOpcode, SendWr};
-    let limits = nicd::Limits {
-        max_registered: 192 << 10,
-        ..nicd::Limits::default()
-    };
-    let d = common::Daemon::start_shared(&[fresh_ip(201)], limits, false);
-    let g = d.guids[0];
-    let client = || nicd::Direct::new(d.client());
-    let (fa, fb) = (One(client(), g), One(client(), g));
-    let (a, b) = (Node::open(&fa, g, 16), Node::open(&fb, g, 16));
-    let (qa, qb) = (a.qp(QpType::Rc, None, 1), b.qp(QpType::Rc, None, 2));
+    let (d, [(a, qa), (b, qb)]) = two_clients(201, 192 << 10);
     let block = |n: &Node, q| roce_udp::qpn_block(n.p.qp_num(q).unwrap().value());
     assert!(block(&a, qa) != block(&b, qb) && block(&a, qa) != 0);
     verbs::conformance::connect(&a, qa, &b, qb, QpType::Rc, 7);
@@ -127,12 +147,7 @@ fn clients_own_memory_stays_theirs_and_within_their_limit() {
     let all = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
     a.p.reg_mr(a.pd, &more, more.addr(), 64 << 10, all, 9)
         .unwrap();
-    let past = verbs::MemBuf::new(128 << 10);
-    let e =
-        a.p.reg_mr(a.pd, &past, past.addr(), 128 << 10, all, 10)
-            .unwrap_err();
-    assert!(e.to_string().contains("limit"), "{e}");
-    assert_eq!(d.server.limit_refusals(), 1);
+    refused_past_the_limit(&d, &a, &verbs::MemBuf::new(128 << 10));
 }
 
 /// QPs a client runs itself count at the daemon: against its QP limit
@@ -187,19 +202,7 @@ fn a_clients_own_qps_count_at_the_daemon() {
 /// past it refused, room again once deregistered).
 #[test]
 fn private_memory_registers_in_the_clients_node_and_counts_at_the_daemon() {
-    use rdma_types::AccessFlags;
-    use rdma_types::WcStatus;
-    use verbs::{RemoteAddr, SendOpcode, SendWr};
-    let limits = nicd::Limits {
-        max_registered: 256 << 10,
-        ..nicd::Limits::default()
-    };
-    let d = common::Daemon::start_shared(&[fresh_ip(203)], limits, false);
-    let g = d.guids[0];
-    let client = || nicd::Direct::new(d.client());
-    let (fa, fb) = (One(client(), g), One(client(), g));
-    let (a, b) = (Node::open(&fa, g, 16), Node::open(&fb, g, 16));
-    let (qa, qb) = (a.qp(QpType::Rc, None, 1), b.qp(QpType::Rc, None, 2));
+    let (d, [(a, qa), (b, qb)]) = two_clients(203, 256 << 10);
     verbs::conformance::connect(&a, qa, &b, qb, QpType::Rc, 7);
     let mrs = || -> usize {
         let all = d.client().daemon_clients().unwrap();
@@ -229,11 +232,7 @@ fn private_memory_registers_in_the_clients_node_and_counts_at_the_daemon() {
     // 64 KiB for each node's buffer, the daemon's CQ halves' rings, and
     // these 64: 128 more are past the 256.
     let past = verbs::MemBuf::new_private(128 << 10);
-    let e =
-        a.p.reg_mr(a.pd, &past, past.addr(), 128 << 10, all, 10)
-            .unwrap_err();
-    assert!(e.to_string().contains("--max-registered"), "{e}");
-    assert_eq!(d.server.limit_refusals(), 1);
+    refused_past_the_limit(&d, &a, &past);
     a.p.dereg_mr(mr.handle).unwrap();
     assert_eq!(mrs(), before);
     let mr =

@@ -362,38 +362,19 @@ impl Direct {
         }
     }
 
-    /// A registration of private memory (no descriptor the daemon could
-    /// map): made in the node alone, and counted at the daemon against
-    /// this client's limit. A GSI QP's sends cannot read it (the daemon
-    /// holds no registration of it).
-    #[allow(clippy::too_many_arguments)]
-    fn reg_private(
+    /// `make`, and should it fail, the daemon's count `counted` (of
+    /// kind `k`, made for it) gone again.
+    fn or_uncount<T>(
         &self,
-        n: &SoftRoce,
-        pd: Handle,
-        pd_half: Handle,
-        buf: &MemBuf,
-        addr: u64,
-        len: u64,
-        access: AccessFlags,
-        ctx: Context,
-    ) -> Result<MrInfo> {
-        let counted = self.ctl.count_mr(PdHandle(pd_half), len)?;
-        let i = match n.reg_mr(PdHandle(pd), buf, addr, len, access, ctx) {
-            Ok(i) => i,
-            Err(e) => {
-                if let Some(c) = counted {
-                    let _ = self.ctl.dereg_mr(c);
-                }
-                return Err(e);
-            }
-        };
-        let mut st = self.lock();
-        if let Some(c) = counted {
-            st.halves.insert((kind(ResourceKind::Mr), i.handle.0), c.0);
-        }
-        st.counted_mrs.insert(i.handle.0, pd_half);
-        Ok(i)
+        counted: Option<Handle>,
+        k: ResourceKind,
+        make: impl FnOnce() -> Result<T>,
+    ) -> Result<T> {
+        make().inspect_err(|_| match (counted, k) {
+            (Some(c), ResourceKind::Qp) => drop(self.ctl.destroy_qp(QpHandle(c))),
+            (Some(c), _) => drop(self.ctl.dereg_mr(MrHandle(c))),
+            (None, _) => {}
+        })
     }
 
     /// A send WR of a QP of the daemon client's with its AH (and, under
@@ -615,20 +596,13 @@ impl Provider for Direct {
                 // Counted at the daemon first (its QP limit, its list of
                 // who holds what), as the QP's half: `destroy_qp` ends
                 // both.
-                let counted = self
-                    .ctl
-                    .count_qp(PdHandle(self.half(ResourceKind::Pd, h)?))?;
-                let q = match n.create_qp(PdHandle(h), init, ctx) {
-                    Ok(q) => q,
-                    Err(e) => {
-                        if let Some(c) = counted {
-                            let _ = self.ctl.destroy_qp(c);
-                        }
-                        return Err(e);
-                    }
-                };
+                let pd_half = PdHandle(self.half(ResourceKind::Pd, h)?);
+                let counted = self.ctl.count_qp(pd_half)?.map(|c| c.0);
+                let q = self.or_uncount(counted, ResourceKind::Qp, || {
+                    n.create_qp(PdHandle(h), init, ctx)
+                })?;
                 if let Some(c) = counted {
-                    (self.lock().halves).insert((kind(ResourceKind::Qp), q.0), c.0);
+                    (self.lock().halves).insert((kind(ResourceKind::Qp), q.0), c);
                 }
                 Ok(q)
             }
@@ -728,7 +702,20 @@ impl Provider for Direct {
             At::Nic(n, h) => {
                 let half = self.half(ResourceKind::Pd, h)?;
                 if buf.shared_fd().is_none() {
-                    return self.reg_private(n, h, half, buf, addr, len, access, ctx);
+                    // Private memory, which the daemon cannot map: made in
+                    // the node alone, and counted at the daemon against
+                    // this client's limit. A GSI QP's sends cannot read
+                    // it (the daemon holds no registration of it).
+                    let counted = self.ctl.count_mr(PdHandle(half), len)?.map(|c| c.0);
+                    let i = self.or_uncount(counted, ResourceKind::Mr, || {
+                        n.reg_mr(PdHandle(h), buf, addr, len, access, ctx)
+                    })?;
+                    let mut st = self.lock();
+                    if let Some(c) = counted {
+                        st.halves.insert((kind(ResourceKind::Mr), i.handle.0), c);
+                    }
+                    st.counted_mrs.insert(i.handle.0, half);
+                    return Ok(i);
                 }
                 let i = n.reg_mr(PdHandle(h), buf, addr, len, access, ctx)?;
                 // The daemon counts it against this client's limit (and a
@@ -773,22 +760,16 @@ impl Provider for Direct {
                     let old = self.half(ResourceKind::Mr, h).ok();
                     // Counted anew for its new length, then the old count
                     // goes; the daemon never held the memory.
-                    let c = self.ctl.count_mr(PdHandle(pd_half), len)?;
-                    let i = match n.rereg_mr(MrHandle(h), buf, addr, len, access) {
-                        Ok(i) => i,
-                        Err(e) => {
-                            if let Some(c) = c {
-                                let _ = self.ctl.dereg_mr(c);
-                            }
-                            return Err(e);
-                        }
-                    };
+                    let c = self.ctl.count_mr(PdHandle(pd_half), len)?.map(|c| c.0);
+                    let i = self.or_uncount(c, ResourceKind::Mr, || {
+                        n.rereg_mr(MrHandle(h), buf, addr, len, access)
+                    })?;
                     if let Some(old) = old {
                         let _ = self.ctl.dereg_mr(MrHandle(old));
                     }
                     let mut st = self.lock();
                     match c {
-                        Some(c) => st.halves.insert((kind(ResourceKind::Mr), h), c.0),
+                        Some(c) => st.halves.insert((kind(ResourceKind::Mr), h), c),
                         None => st.halves.remove(&(kind(ResourceKind::Mr), h)),
                     };
                     return Ok(i);
