@@ -221,15 +221,30 @@ pub fn data_here() -> bool {
 /// The provider a tool uses over the daemon's client `p`: with `here`,
 /// [`Direct`] (the data path in this process, on members of the
 /// daemon's shared ports), else `p` itself (every QP in the daemon).
+///
+/// The node of `Direct` takes the soft RoCE options a tool's own NIC
+/// takes from its environment (`SOFTROCE_GSO`, `SOFTROCE_FAULTS`:
+/// `rnic::softroce::NicOptions::from_env`); with a fault spec it cannot
+/// read, it says so and takes the defaults.
 pub fn data_path(
     p: std::sync::Arc<NicdProvider>,
     here: bool,
 ) -> std::sync::Arc<dyn verbs::Provider> {
     if here {
-        Direct::new(p)
+        direct(p)
     } else {
         p
     }
+}
+
+/// For binaries: [`Direct`] over the daemon's client `p`, its node with
+/// the options of this process's environment (see [`data_path`]).
+pub fn direct(p: std::sync::Arc<NicdProvider>) -> std::sync::Arc<Direct> {
+    let options = rnic::softroce::NicOptions::from_env().unwrap_or_else(|e| {
+        tracing::warn!("{e}: this tool's QPs run with the default soft RoCE options");
+        rnic::softroce::NicOptions::default()
+    });
+    Direct::with_options(p, options)
 }
 
 /// This process's effective user ID.

@@ -275,6 +275,9 @@ enum Kind {
     Core(Arc<rdmacore::RdmaCore>),
     Nicd {
         ip: IpAddr,
+        /// The QPs in this process (`nicd::Direct`, the default): its
+        /// node's counters are ours.
+        direct: Option<Arc<nicd::Direct>>,
     },
     Iwarp {
         nic: Arc<iwarp_tcp::SoftIwarp>,
@@ -346,8 +349,13 @@ impl Nic {
                     which.line(&tool, &ip.to_string(), Some(p.daemon_pid()))
                 );
                 let name = format!("{SOFT_DEVICE} ({ip}, nicd at {})", socket.display());
-                let p = nicd::data_path(p, nicd::data_here());
-                Nic::on(p, guid, PortNum(1), name, Kind::Nicd { ip: *ip })
+                let (p, direct): (Arc<dyn Provider>, _) = if nicd::data_here() {
+                    let d = nicd::direct(p);
+                    (d.clone(), Some(d))
+                } else {
+                    (p, None)
+                };
+                Nic::on(p, guid, PortNum(1), name, Kind::Nicd { ip: *ip, direct })
             }
         }
     }
@@ -585,11 +593,15 @@ impl Nic {
         matches!(self.kind, Kind::Iwarp { .. })
     }
 
-    /// The soft NIC's counters (retransmissions, timeouts); `None` on an
-    /// rdma-core device.
+    /// The soft NIC's counters (retransmissions, timeouts): our own NIC's,
+    /// or with the NIC daemon the node of this process's QPs; `None` on
+    /// an rdma-core device (and with the QPs in the daemon).
     pub fn soft_counters(&self) -> Option<rnic::softroce::SoftCaCounters> {
         match &self.kind {
             Kind::Soft { nic, .. } => nic.counters(self.guid),
+            Kind::Nicd {
+                direct: Some(d), ..
+            } => d.nic()?.counters(self.guid),
             Kind::Core(_) | Kind::Nicd { .. } | Kind::Iwarp { .. } => None,
         }
     }
@@ -612,7 +624,7 @@ impl Nic {
                     .map_err(|e| err(e.to_string()))?;
                 Ok((agent, vec![*ip]))
             }
-            Kind::Nicd { ip } => {
+            Kind::Nicd { ip, .. } => {
                 let agent = rdma_access::CmAgent::start(self.p.clone(), self.guid, first_comm_id)
                     .map_err(|e| err(e.to_string()))?;
                 Ok((agent, vec![*ip]))

@@ -328,3 +328,37 @@ fn ibsm_srptd_on_ib_and_saquery_share_the_daemon_by_default() {
         !sock.exists()
     });
 }
+
+/// rperftest on the daemon's NIC, its QPs in its own process, reports
+/// that node's counters as it does those of a NIC of its own.
+#[test]
+fn rperftest_on_the_daemons_nic_reports_its_qps_counters() {
+    const IP: &str = "127.126.4.1";
+    let sock = sock_of("nicd_default", "counters");
+    let _ = std::fs::remove_file(&sock);
+    let common = ["-p", "18539", "-s", "3000", "-n", "200", "--timeout", "20"];
+    let server = Proc::start(
+        "rperftest server",
+        by_default(bin_of("rperftest"), &sock)
+            .args(["write", "--bind", IP])
+            .args(common),
+    );
+    server.wait_line("Waiting for client", 60);
+    let out = on_the_daemons_nic(
+        "rperftest",
+        IP,
+        by_default(bin_of("rperftest"), &sock)
+            .args(["write", IP, "--bind", IP])
+            .args(common),
+    );
+    assert!(out.contains("verified: 200 completions"), "{out}");
+    let sent: u64 = out
+        .lines()
+        .find_map(|l| l.strip_prefix(" NIC: "))
+        .and_then(|l| l.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no NIC counters: {out}"));
+    // 200 WRITEs of 3000 bytes, one 4096-byte packet each.
+    assert!(sent >= 200, "{out}");
+    server.rest(30);
+}

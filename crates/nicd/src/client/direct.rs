@@ -97,6 +97,9 @@ fn kind(k: ResourceKind) -> u8 {
 /// module docs).
 pub struct Direct {
     ctl: Arc<NicdProvider>,
+    /// The node's options (link following aside: the daemon's node
+    /// follows the link and says so).
+    options: NicOptions,
     nic: Arc<OnceLock<Arc<SoftRoce>>>,
     st: Mutex<State>,
     lent: Arc<Mutex<Lent>>,
@@ -112,10 +115,17 @@ enum At<'a> {
 }
 
 impl Direct {
-    /// Over a connected daemon client.
+    /// Over a connected daemon client, its node with the default options.
     pub fn new(ctl: Arc<NicdProvider>) -> Arc<Direct> {
+        Direct::with_options(ctl, NicOptions::default())
+    }
+
+    /// Over a connected daemon client, its node with `options` (GSO and
+    /// faults as a tool's own NIC takes them: [`crate::data_path`]).
+    pub fn with_options(ctl: Arc<NicdProvider>, options: NicOptions) -> Arc<Direct> {
         Arc::new(Direct {
             ctl,
+            options,
             nic: Arc::default(),
             st: Mutex::new(State {
                 next: 1,
@@ -192,7 +202,7 @@ impl Direct {
                 let options = NicOptions {
                     // The daemon's node follows the link and says so.
                     follow_link: false,
-                    ..NicOptions::default()
+                    ..self.options.clone()
                 };
                 SoftRoce::with_options(Vec::new(), port, mtu, options)
             })
