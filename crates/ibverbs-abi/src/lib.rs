@@ -65,6 +65,18 @@ macro_rules! symbols {
     };
 }
 
+/// The library's own allocator (mimalloc), not the application's
+/// malloc: registering memory moves the pages around it into a memfd, a
+/// copy and then a remap, and a write to those pages in between is lost
+/// ([`mr`]). The heap's own bookkeeping lives in those pages, and this
+/// library's threads (the NIC's, the daemon client's) would write it on
+/// every allocation they free there. With glibc's malloc as Rust's,
+/// that is the likely cause of the one heap corruption seen: an
+/// `ibv_ud_pingpong` server through this library in an interop run
+/// (`shims-rxe`) aborted with `free(): double free detected in tcache 2`.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 pub mod abi;
 pub mod exports;
 pub mod mr;

@@ -18,7 +18,10 @@
 //!   still owns the memory; it reads and writes as before).
 //! - A write by another thread to those pages between the copy and the
 //!   `mmap` is lost: register memory no other thread is writing, as
-//!   rdma-core's documentation asks of fork safety anyway.
+//!   rdma-core's documentation asks of fork safety anyway. The threads
+//!   of this library allocate from an allocator of their own
+//!   (mimalloc, `lib.rs`), so they never write the application's heap
+//!   (whose bookkeeping sits in the pages around a `malloc`ed buffer).
 //! - Only private writable mappings are moved (heap, anonymous, a
 //!   program's data); a range in a shared or read-only mapping is
 //!   refused (`EINVAL`), since moving it would change what others see.
