@@ -126,13 +126,11 @@ struct Obj {
     range: Option<MrRange>,
     /// A PD's CA (the client's index; else 0).
     ca: u32,
-    /// Bytes of the memfd of its rings (a CQ, QP or SRQ with rings):
-    /// memory the daemon reads and writes for the client, counted as
-    /// registered.
-    ring_bytes: u64,
-    /// Bytes of a registration in the client's own node
-    /// ([`Request::CountMr`]): counted as registered, never reached.
-    own_bytes: u64,
+    /// Bytes counted as registered besides an MR's range: the memfd of
+    /// its rings (a CQ, QP or SRQ with rings), memory the daemon reads
+    /// and writes for the client, or a registration in the client's own
+    /// node ([`Request::CountMr`]), never reached.
+    charged: u64,
 }
 
 /// What an MR registered: `[addr, addr+len)` under `lkey`.
@@ -889,7 +887,7 @@ impl Server {
         let t = self.lock();
         let mine = t.objs.iter().filter(|(_, o)| o.owner == owner);
         mine.fold((0, 0), |(q, b), (i, o)| {
-            let b = b + o.ring_bytes + o.own_bytes;
+            let b = b + o.charged;
             match (o.kind, o.range) {
                 (ResourceKind::Qp, _) => (q + 1, b),
                 (ResourceKind::Mr, Some(r)) if Some(*i) != but => (q, b + r.len),
@@ -1261,8 +1259,7 @@ impl Server {
                 pd,
                 range,
                 ca: 0,
-                ring_bytes: 0,
-                own_bytes: 0,
+                charged: 0,
             },
         );
         self.changed.notify_all();
@@ -1456,10 +1453,20 @@ impl Server {
         r
     }
 
-    /// Counts `len` bytes of rings to object `h` (so to its client).
-    fn charge_rings(&self, h: Handle, len: u64) {
+    /// A record of client `owner`'s object of `kind` under its PD `pd`
+    /// that runs in the client ([`COUNTED_RAW`]): its handle.
+    fn count(&self, owner: u64, kind: ResourceKind, pd: PdHandle) -> Result<Handle> {
+        self.raw(owner, ResourceKind::Pd, pd.0)?;
+        let h = self.reserve(kind);
+        self.insert(owner, kind, h, COUNTED_RAW, pd.0.index, None);
+        Ok(h)
+    }
+
+    /// Counts `len` bytes to object `h` (so to its client): its rings',
+    /// or those of a registration in the client's own node.
+    fn charge(&self, h: Handle, len: u64) {
         if let Some(o) = self.lock().objs.get_mut(&h.index) {
-            o.ring_bytes = len;
+            o.charged = len;
         }
     }
 
@@ -1707,21 +1714,20 @@ impl Server {
                         self.note_dm(&port);
                         return self.destroy(me, K::Qp, qp.0, |_| Ok(()));
                     }
-                    if self.raw(me, K::Qp, qp.0)? == COUNTED_RAW {
-                        return self.destroy(me, K::Qp, qp.0, |_| Ok(()));
-                    }
-                    return self.destroy_with_rings(c, K::Qp, qp.0, |r| {
-                        p.destroy_qp(QpHandle(r))?;
-                        self.qp0_returned(r);
-                        Ok(())
+                    return self.destroy_with_rings(c, K::Qp, qp.0, |r| match r {
+                        COUNTED_RAW => Ok(()),
+                        r => {
+                            p.destroy_qp(QpHandle(r))?;
+                            self.qp0_returned(r);
+                            Ok(())
+                        }
                     });
                 }
                 Request::CountQp { pd } => {
                     self.within_qps(me)?;
-                    self.raw(me, K::Pd, pd.0)?;
-                    let h = self.reserve(K::Qp);
-                    self.insert(me, K::Qp, h, COUNTED_RAW, pd.0.index, None);
-                    Reply::Qp { qp: QpHandle(h) }
+                    Reply::Qp {
+                        qp: QpHandle(self.count(me, K::Qp, pd)?),
+                    }
                 }
                 Request::OpenGsi { pd, ctx: _ } => {
                     self.within_qps(me)?;
@@ -1844,11 +1850,8 @@ impl Server {
                 Request::CountMr { pd, len } => {
                     self.raw(me, K::Pd, pd.0)?;
                     self.within_registered(me, None, len)?;
-                    let h = self.reserve(K::Mr);
-                    self.insert(me, K::Mr, h, COUNTED_RAW, pd.0.index, None);
-                    if let Some(o) = self.lock().objs.get_mut(&h.index) {
-                        o.own_bytes = len;
-                    }
+                    let h = self.count(me, K::Mr, pd)?;
+                    self.charge(h, len);
                     Reply::Mr {
                         info: MrInfo {
                             handle: MrHandle(h),
@@ -1944,7 +1947,7 @@ impl Server {
                     self.within_registered(me, None, len)?;
                     let raw = p.create_cq(PdHandle(self.raw(me, K::Pd, pd.0)?), &init, ctx)?;
                     let h = self.add(me, K::Cq, raw.0, 0);
-                    self.charge_rings(h, len);
+                    self.charge(h, len);
                     let notice = c.rings.notice();
                     let cq = Arc::new(CqRing::new(ring, raw, h.index, ca, ctx, notice));
                     c.rings.add_cq(cq.clone());
@@ -1977,7 +1980,7 @@ impl Server {
                     let ca = self.pd_ca(me, pd)?;
                     self.within_registered(me, None, len)?;
                     let (raw, qp) = self.create_qp(me, self.privileged(peer), pd, init, ctx)?;
-                    self.charge_rings(qp, len);
+                    self.charge(qp, len);
                     let send = WqKind::Send { pd: pd.0.index };
                     c.rings
                         .add_wq(WqRing::new(sq, send, raw.0, qp.index, ca, ctx));
@@ -2003,7 +2006,7 @@ impl Server {
                     self.within_registered(me, None, len)?;
                     let raw = p.create_srq(PdHandle(self.raw(me, K::Pd, pd.0)?), &attr, ctx)?;
                     let h = self.add(me, K::Srq, raw.0, 0);
-                    self.charge_rings(h, len);
+                    self.charge(h, len);
                     c.rings
                         .add_wq(WqRing::new(ring, WqKind::Srq, raw.0, h.index, ca, ctx));
                     Reply::Srq { srq: SrqHandle(h) }

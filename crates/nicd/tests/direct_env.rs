@@ -20,12 +20,8 @@ fn the_node_of_a_tools_own_qps_takes_the_environments_options() {
         }
         let direct = nicd::direct(d.client());
         let _n = Node::open(&One(direct.clone(), g), g, 16);
-        let options = direct
-            .nic()
-            .expect("a node of this process")
-            .options()
-            .clone();
-        options
+        let node = direct.nic().expect("a node of this process");
+        node.options().clone()
     };
     let off = node_options(Some("0"));
     assert!(!off.gso, "{off:?}");

@@ -196,6 +196,13 @@ impl Shared {
         self.driven_at.store(now, Ordering::Relaxed);
     }
 
+    /// Whether a consumer drives, or drove within `window` before `now`.
+    fn driven_within(&self, now: Instant, window: Duration) -> bool {
+        let last = self.driven_at.load(Ordering::Relaxed);
+        self.driven.load(Ordering::SeqCst)
+            || (last != 0 && now.total_micros().saturating_sub(last) < window.as_micros() as u64)
+    }
+
     /// Has the thread look again before it sleeps (work left for it, the
     /// feeders changed), waking it if it sleeps.
     fn poke(&self) {
@@ -710,11 +717,9 @@ fn run(s: &Shared) {
         s.loops.fetch_add(1, Ordering::Relaxed);
         // A consumer that drove a moment ago drives again within
         // microseconds: what its socket holds is its to take.
-        let last = s.driven_at.load(Ordering::Relaxed);
-        let since = s.now().total_micros().saturating_sub(last);
-        let driving = s.driven.load(Ordering::SeqCst);
-        let active = driving || (last != 0 && since < CONSUMER_ACTIVE.as_micros() as u64);
-        let recent = driving || (last != 0 && since < DRIVEN_RECENT.as_micros() as u64);
+        let woke = s.now();
+        let active = s.driven_within(woke, CONSUMER_ACTIVE);
+        let recent = s.driven_within(woke, DRIVEN_RECENT);
         let mut ready = if active {
             receive_rounds(s, None, true)
         } else {
@@ -779,10 +784,7 @@ fn run(s: &Shared) {
                 d.saturating_since(now).to_std().min(IDLE_SLEEP)
             });
         // Consumers drive (or did a moment ago): the socket is theirs.
-        let driven_at = s.driven_at.load(Ordering::Relaxed);
-        let recent = driven_at != 0
-            && now.total_micros().saturating_sub(driven_at) < DRIVEN_RECENT.as_micros() as u64;
-        let leave_socket = s.driven.load(Ordering::SeqCst) || recent;
+        let leave_socket = s.driven_within(now, DRIVEN_RECENT);
         if leave_socket {
             sleep = sleep.min(hold);
         } else {
