@@ -120,11 +120,22 @@ pub(super) struct UdpPhase {
 /// the payload into place: the per-byte work no RoCE NIC in user space
 /// can leave out (the ICRC at both ends, and delivery into the memory
 /// region), with none of the transport's.
+///
+/// With `shape` (the test's message size), the datagrams of each message
+/// are sized as a RoCE NIC sends it: the first 16 bytes longer than the
+/// rest (a WRITE's RETH), the last 16 shorter, so the message's bytes
+/// stay the same. Grouped as our node groups them, such a message takes
+/// two segmented sends where equal datagrams take one (a send carries at
+/// most 65,000 bytes, and a shorter datagram ends it): the floor in the
+/// packet shape of a WRITE, whose cost per send the plain floor does not
+/// pay.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn udp_phase(
     common: &Common,
     region: usize,
     dst: SocketAddr,
     floor: bool,
+    shape: Option<usize>,
     reader: &mut BufReader<TcpStream>,
     writer: &mut TcpStream,
 ) -> Result<UdpPhase, PerfError> {
@@ -140,9 +151,15 @@ pub(super) fn udp_phase(
     let mtu = common.mtu.bytes();
     let chunks = region.div_ceil(mtu).max(BASELINE_BATCH);
     let data: Vec<u8> = (0..chunks * mtu).map(pattern).collect();
-    let batches: Vec<Vec<&[u8]>> = data
-        .chunks(mtu * BASELINE_BATCH)
-        .map(|b| b.chunks(mtu).collect())
+    let mut datagrams = Vec::new();
+    let mut at = 0;
+    for len in datagram_lens(data.len(), mtu, shape) {
+        datagrams.push(&data[at..at + len]);
+        at += len;
+    }
+    let batches: Vec<Vec<&[u8]>> = datagrams
+        .chunks(BASELINE_BATCH)
+        .map(<[&[u8]]>::to_vec)
         .collect();
     let tail_len = if floor { 4 } else { 0 };
     let runs: Vec<_> = batches
@@ -176,6 +193,7 @@ pub(super) fn udp_phase(
         next = (next + 1) % batches.len();
     }
     let sender_cpu = thread_cpu_seconds() - cpu0;
+    // Datagrams carry `mtu` bytes of data on average in either shape.
     let sent_bytes = sock.stats().sent * mtu as u64;
     std::thread::sleep(std::time::Duration::from_millis(50));
     send_line(writer, &Control::Done)?;
@@ -198,6 +216,35 @@ pub(super) fn udp_phase(
             "expected baseline result, got {other:?}"
         ))),
     }
+}
+
+/// The lengths `total` bytes of data are sent in (before the CRC): `mtu`
+/// each, the last shorter; with `shape` (a message size of at least two
+/// datagrams, the last over 16 bytes) each message's first 16 bytes
+/// longer and its last 16 shorter (see [`udp_phase`]), and what is left
+/// after whole messages as without. They add up to `total`.
+fn datagram_lens(total: usize, mtu: usize, shape: Option<usize>) -> Vec<usize> {
+    let plain = |n: usize| -> Vec<usize> {
+        let mut v = vec![mtu; n / mtu];
+        if !n.is_multiple_of(mtu) {
+            v.push(n % mtu);
+        }
+        v
+    };
+    let shaped = |&m: &usize| m > mtu && m - (m.div_ceil(mtu) - 1) * mtu > 16;
+    let Some(msg) = shape.filter(shaped) else {
+        return plain(total);
+    };
+    let mut one = plain(msg);
+    let last = one.len() - 1;
+    one[0] += 16;
+    one[last] -= 16;
+    let mut lens = Vec::new();
+    for _ in 0..total / msg {
+        lens.extend_from_slice(&one);
+    }
+    lens.extend(plain(total % msg));
+    lens
 }
 
 /// The plain-TCP baseline of a test on our soft iWARP NIC: the client
@@ -355,6 +402,26 @@ mod floor_tests {
         assert_eq!(&region[..100], &a[..]);
         assert_eq!(&region[100..130], &b[..]);
         assert!(region[130..].iter().all(|&x| x == 0));
+    }
+
+    #[test]
+    fn a_shaped_floor_sizes_each_message_as_a_write_and_keeps_its_bytes() {
+        use super::datagram_lens;
+        // 64 KiB messages of 4 KiB datagrams, two and a half of them.
+        let lens = datagram_lens(160 << 10, 4096, Some(64 << 10));
+        assert_eq!(lens.iter().sum::<usize>(), 160 << 10);
+        assert_eq!(lens.len(), 40);
+        for m in 0..2 {
+            let one = &lens[m * 16..(m + 1) * 16];
+            assert_eq!(one[0], 4096 + 16, "the first carries the RETH's room");
+            assert!(one[1..15].iter().all(|&l| l == 4096));
+            assert_eq!(one[15], 4096 - 16);
+        }
+        assert!(lens[32..].iter().all(|&l| l == 4096), "the rest as without");
+        // Unshaped, a message of one datagram, or a last one of 16 bytes.
+        assert_eq!(datagram_lens(10_000, 4096, None), [4096, 4096, 1808]);
+        assert_eq!(datagram_lens(8192, 4096, Some(4096)), [4096, 4096]);
+        assert_eq!(datagram_lens(8208, 4096, Some(4112)), [4096, 4096, 16]);
     }
 
     #[test]
