@@ -523,8 +523,13 @@ impl Inner {
     /// IUs, each in the order queued: a response moves only later, never
     /// ahead of its data, and same-size packets (the WRITEs of a batch of
     /// reads, their responses) leave back to back, one GSO send each on
-    /// soft RoCE. Each QP's run of requests is one post.
+    /// soft RoCE. Each QP's run of requests is one post, in which an
+    /// unsignaled WRITE joins the WRITE after it where the two are one
+    /// contiguous span at both ends (see [`joins`]).
     pub(super) fn flush_posts(&self, mut posts: VecDeque<Post>) {
+        let mut wrs: Vec<SendWr> = Vec::new();
+        // For each of `wrs`, the index of its last post in the run.
+        let mut ends: Vec<usize> = Vec::new();
         loop {
             let mut failed = Vec::new();
             let mut rest = rdma_first(posts);
@@ -532,17 +537,31 @@ impl Inner {
                 let qp = rest[0].qp;
                 let run = rest.iter().take_while(|p| p.qp == qp).count();
                 let tail = rest.split_off(run);
+                wrs.clear();
+                ends.clear();
                 // Moved out, not cloned: a failed post needs only its kind.
-                let wrs: Vec<SendWr> = rest
-                    .iter_mut()
-                    .map(|p| {
-                        std::mem::replace(&mut p.wr, SendWr::new(0, SendOpcode::Send, Vec::new()))
-                    })
-                    .collect();
+                for (i, p) in rest.iter_mut().enumerate() {
+                    let wr =
+                        std::mem::replace(&mut p.wr, SendWr::new(0, SendOpcode::Send, Vec::new()));
+                    match wrs.last_mut() {
+                        Some(prev) if joins(prev, &wr) => {
+                            prev.sges[0].length += wr.sges[0].length;
+                            prev.wr_id = wr.wr_id;
+                            prev.flags = wr.flags;
+                            *ends.last_mut().expect("one end a request") = i;
+                        }
+                        _ => {
+                            wrs.push(wr);
+                            ends.push(i);
+                        }
+                    }
+                }
                 match self.provider.post_send(qp, &wrs) {
                     Ok(()) => {}
                     Err(verbs::VerbsError::BadWr { index, .. }) => {
-                        failed.extend(rest.drain(index.min(run)..))
+                        // The requests before the refused one went out.
+                        let first = index.checked_sub(1).map_or(0, |k| ends[k] + 1);
+                        failed.extend(rest.drain(first.min(run)..))
                     }
                     Err(_) => failed.append(&mut rest),
                 }
@@ -620,6 +639,39 @@ impl Inner {
     }
 }
 
+/// Most bytes WRITEs joined into one request carry (see [`joins`]).
+const JOINED_MAX: u32 = 1 << 20;
+
+/// Whether `next`, posted right after `prev` on the same QP, can be one
+/// RDMA WRITE with it: both WRITEs of one local span and one remote span,
+/// `next` starting where `prev` ends at both ends (same L_Key, same
+/// R_Key), `prev` unsignaled, no other flag between them different, and
+/// JOINED_MAX bytes at most together. The data WRITEs of a command out of
+/// a memory store are such (the channel splits them at
+/// srp_max_rdma_size; Linux's ib_srpt posts one WRITE per descriptor).
+/// The joined request takes `next`'s id and flags: its completion, when
+/// signaled, is `next`'s, and `prev`'s is implied by it as by any later
+/// signaled request (`implied_done`). On soft RoCE a WRITE's first packet
+/// (with its RETH) starts a new segmented send, so fewer, longer WRITEs
+/// take fewer sends.
+fn joins(prev: &SendWr, next: &SendWr) -> bool {
+    let (SendOpcode::RdmaWrite, SendOpcode::RdmaWrite) = (prev.opcode, next.opcode) else {
+        return false;
+    };
+    let ([a], [b]) = (&prev.sges[..], &next.sges[..]) else {
+        return false;
+    };
+    !prev.flags.contains(SendFlags::SIGNALED)
+        && prev.flags.0 == next.flags.0 & !SendFlags::SIGNALED.0
+        && a.lkey == b.lkey
+        && a.addr.checked_add(u64::from(a.length)) == Some(b.addr)
+        && prev.remote.rkey == next.remote.rkey
+        && prev.remote.addr.checked_add(u64::from(a.length)) == Some(next.remote.addr)
+        && a.length
+            .checked_add(b.length)
+            .is_some_and(|n| n <= JOINED_MAX)
+}
+
 /// `posts` with the RDMA READs and WRITEs ahead of the IUs, each in the
 /// order queued (a stable partition). A batch is most often in that
 /// order already (one command's WRITE, then its response): then it is
@@ -633,4 +685,71 @@ fn rdma_first(posts: VecDeque<Post>) -> Vec<Post> {
     let (mut rdma, ius): (Vec<Post>, Vec<Post>) = posts.into_iter().partition(|p| !is_iu(p));
     rdma.extend(ius);
     rdma
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{joins, JOINED_MAX};
+    use rdma_types::{Lkey, Rkey};
+    use verbs::{RemoteAddr, SendFlags, SendOpcode, SendWr, Sge};
+
+    /// A WRITE of `len` bytes from `local` (L_Key 5) to `remote` (R_Key 9).
+    fn write(local: u64, remote: u64, len: u32, signaled: bool) -> SendWr {
+        let mut wr = SendWr::new(
+            local,
+            SendOpcode::RdmaWrite,
+            vec![Sge {
+                addr: local,
+                length: len,
+                lkey: Lkey(5),
+            }],
+        );
+        wr.remote = RemoteAddr {
+            addr: remote,
+            rkey: Rkey(9),
+        };
+        if !signaled {
+            wr.flags = SendFlags(0);
+        }
+        wr
+    }
+
+    #[test]
+    fn an_unsignaled_write_joins_the_write_that_continues_it_at_both_ends() {
+        let a = write(0x1000, 0x9000, 0x1000, false);
+        assert!(joins(&a, &write(0x2000, 0xa000, 0x1000, true)));
+        assert!(joins(&a, &write(0x2000, 0xa000, 0x1000, false)));
+        // A signaled WRITE keeps its own completion.
+        let signaled = write(0x1000, 0x9000, 0x1000, true);
+        assert!(!joins(&signaled, &write(0x2000, 0xa000, 0x1000, true)));
+        // Not contiguous here, or there, or another key.
+        assert!(!joins(&a, &write(0x2001, 0xa000, 0x1000, true)));
+        assert!(!joins(&a, &write(0x2000, 0xa008, 0x1000, true)));
+        let mut other_rkey = write(0x2000, 0xa000, 0x1000, true);
+        other_rkey.remote.rkey = Rkey(10);
+        assert!(!joins(&a, &other_rkey));
+        let mut other_lkey = write(0x2000, 0xa000, 0x1000, true);
+        other_lkey.sges[0].lkey = Lkey(6);
+        assert!(!joins(&a, &other_lkey));
+        // Not a WRITE, another flag, or too long together.
+        let mut read = write(0x2000, 0xa000, 0x1000, true);
+        read.opcode = SendOpcode::RdmaRead;
+        assert!(!joins(&a, &read));
+        let mut fenced = write(0x2000, 0xa000, 0x1000, true);
+        fenced.flags = SendFlags::SIGNALED | SendFlags::FENCE;
+        assert!(!joins(&a, &fenced));
+        let big = write(0x1000, 0x9000, JOINED_MAX, false);
+        assert!(!joins(
+            &big,
+            &write(
+                0x1000 + u64::from(JOINED_MAX),
+                0x9000 + u64::from(JOINED_MAX),
+                1,
+                true
+            )
+        ));
+        // An address that would wrap joins nothing.
+        let top = write(u64::MAX - 0xfff, 0x9000, 0x1000, false);
+        assert!(!joins(&top, &write(0, 0xa000, 0x1000, true)));
+    }
 }
