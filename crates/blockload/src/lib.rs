@@ -188,6 +188,13 @@ pub struct Workload {
     pub seed: u64,
     /// Bytes of the device to use from offset 0 (`None`: all of it).
     pub region: Option<u64>,
+    /// Set by the caller to end the timed part as the byte budget would:
+    /// the jobs start no more I/O, wait for what they have in flight
+    /// however long it takes, and read back what they wrote (`verify`).
+    /// For a run whose length depends on events the caller waits for,
+    /// where [`run_until`]'s stop flag would skip the read-back and leave
+    /// slow I/O behind.
+    pub end: Option<Arc<AtomicBool>>,
 }
 
 impl Workload {
@@ -203,6 +210,7 @@ impl Workload {
             verify: false,
             seed: 0x5eed,
             region: None,
+            end: None,
         }
     }
 }
@@ -275,6 +283,8 @@ pub enum Stopped {
     /// The caller's stop flag ([`run_until`]): the numbers are partial
     /// and the read-back was skipped.
     Interrupted,
+    /// The caller ended it ([`Workload::end`]) before its budgets ran out.
+    Ended,
 }
 
 /// Samples a latency percentile needs to be more than the largest value:
@@ -451,6 +461,7 @@ impl Report {
                 self.runtime_budget
             ),
             Stopped::IoError => format!("stopped by an I/O error after {moved}"),
+            Stopped::Ended => format!("ended by its caller after {moved}"),
             Stopped::Interrupted if self.jobs_waiting > 0 => format!(
                 "interrupted after {moved}: partial numbers, read-back skipped; {} of {} jobs \
                  still waiting on the device, their I/O in flight not counted",
@@ -913,14 +924,21 @@ fn account(
     }
 }
 
+/// Whether the caller ended the run ([`Workload::end`]).
+fn ended(w: &Workload) -> bool {
+    w.end.as_ref().is_some_and(|e| e.load(Ordering::Relaxed))
+}
+
 /// Why a job's timed part ended: its flags, in the order they count.
-fn why_stopped(failed: bool, shared: &Shared, moved: u64, budget: u64) -> Stopped {
+fn why_stopped(failed: bool, shared: &Shared, w: &Workload, moved: u64, budget: u64) -> Stopped {
     if shared.stopped() {
         Stopped::Interrupted
     } else if failed {
         Stopped::IoError
     } else if moved >= budget {
         Stopped::Size
+    } else if ended(w) {
+        Stopped::Ended
     } else {
         Stopped::Runtime
     }
@@ -969,7 +987,7 @@ fn run_job(
     let mut next_seq = 0u64;
     let mut moved = 0u64;
     let mut failed = false;
-    while moved < budget && !shared.stopped() && Instant::now() < deadline {
+    while moved < budget && !shared.stopped() && !ended(w) && Instant::now() < deadline {
         let (index, is_read) = next_op(w, slice, &mut rng, &mut next_seq);
         let block = slice.first + index;
         let lba = block * slice.lbas_per_io;
@@ -1000,7 +1018,7 @@ fn run_job(
         }
         moved += bs as u64;
     }
-    shared.result(job).stopped = why_stopped(failed, shared, moved, budget);
+    shared.result(job).stopped = why_stopped(failed, shared, w, moved, budget);
     end_timed(dev, slice, bs, (job, job_seed, start), shared, w.verify);
 }
 
@@ -1040,6 +1058,7 @@ fn run_job_queued(
                 || busy[slot].is_some()
                 || started >= budget
                 || shared.stopped()
+                || ended(w)
                 || Instant::now() >= deadline
             {
                 continue;
@@ -1119,7 +1138,7 @@ fn run_job_queued(
         }
     }
     drop(q);
-    shared.result(job).stopped = why_stopped(failed, shared, started, budget);
+    shared.result(job).stopped = why_stopped(failed, shared, w, started, budget);
     end_timed(dev, slice, bs, (job, job_seed, start), shared, w.verify);
 }
 
@@ -1206,6 +1225,7 @@ fn merge(w: &Workload, results: Vec<JobResult>, seconds: f64, size_budget: u64) 
     let order = [
         Stopped::Interrupted,
         Stopped::IoError,
+        Stopped::Ended,
         Stopped::Runtime,
         Stopped::Size,
     ];

@@ -630,3 +630,49 @@ fn percentiles_show_their_sample_count_and_hide_what_they_cannot_resolve() {
     let t = r.table();
     assert!(!t.contains(" - ") && !t.contains("needs"), "{t}");
 }
+
+/// A stop flag on a device that answers: every job finishes the I/O it
+/// has in flight and ends, none is left behind.
+#[test]
+fn a_stop_flag_ends_a_run_on_a_healthy_device_with_no_job_left_waiting() {
+    let dev = Arc::new(RamDevice::new(512, 2048));
+    let mut w = workload(Pattern::RandRw { read_pct: 50 }, 4, u64::MAX / 2);
+    w.region = Some(1 << 20);
+    w.runtime = Duration::from_secs(60);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let r = blockload::run_until(dev, &w, stop.clone(), |p| {
+        if p.bytes >= 4 << 20 {
+            stop.store(true, Ordering::Relaxed);
+        }
+    })
+    .unwrap();
+    let t = r.table();
+    assert_eq!(r.stopped, blockload::Stopped::Interrupted, "{t}");
+    assert_eq!(r.jobs_waiting, 0, "{t}");
+    assert!(r.ok(), "{t}");
+}
+
+/// A run its caller ends ([`Workload::end`]): the jobs finish what they
+/// have in flight and read back everything they wrote, as after a byte
+/// budget.
+#[test]
+fn a_run_its_caller_ends_reads_back_what_it_wrote() {
+    let dev = Arc::new(RamDevice::new(512, 2048));
+    let mut w = workload(Pattern::RandRw { read_pct: 50 }, 4, u64::MAX / 2);
+    w.region = Some(1 << 20);
+    w.verify = true;
+    w.runtime = Duration::from_secs(60);
+    let end = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    w.end = Some(end.clone());
+    let r = blockload::run(dev, &w, |p| {
+        if p.bytes >= 4 << 20 {
+            end.store(true, Ordering::Relaxed);
+        }
+    })
+    .unwrap();
+    let t = r.table();
+    assert_eq!(r.stopped, blockload::Stopped::Ended, "{t}");
+    assert!(r.ok(), "{t}");
+    assert!(r.read_back_bytes > 0, "{t}");
+    assert!(t.contains("ended by its caller after"), "{t}");
+}

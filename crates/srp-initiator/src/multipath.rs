@@ -250,7 +250,7 @@ pub struct Multipath {
     id: String,
     block_size: u32,
     blocks: u64,
-    failovers: Mutex<Vec<Failover>>,
+    failovers: Mutex<std::collections::VecDeque<Failover>>,
     in_doubt_hold: Duration,
     /// Some path reports a target port group.
     alua: bool,
@@ -327,7 +327,7 @@ impl Multipath {
             id,
             block_size,
             blocks,
-            failovers: Mutex::new(Vec::new()),
+            failovers: Mutex::new(std::collections::VecDeque::new()),
             in_doubt_hold: IN_DOUBT_HOLD,
             alua,
             alua_stale: AtomicBool::new(alua),
@@ -443,12 +443,11 @@ impl Multipath {
         list.join("; ")
     }
 
-    /// The first failed-over I/Os (at most 64).
+    /// The latest failed-over I/Os (at most 64), oldest first: a
+    /// failover long after the first ones still shows.
     pub fn failovers(&self) -> Vec<Failover> {
-        self.failovers
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        let log = self.failovers.lock().unwrap_or_else(|e| e.into_inner());
+        log.iter().cloned().collect()
     }
 
     /// Path indices in the order this I/O should try them.
@@ -482,14 +481,15 @@ impl Multipath {
                         p.ios.fetch_add(1, Ordering::Relaxed);
                         if let Some((from, failed_at)) = first_failure {
                             let mut log = self.failovers.lock().unwrap_or_else(|e| e.into_inner());
-                            if log.len() < KEEP_FAILOVERS {
-                                log.push(Failover {
-                                    from: self.paths[from].name.clone(),
-                                    to: p.name.clone(),
-                                    failed_at,
-                                    done_at: Instant::now(),
-                                });
+                            if log.len() == KEEP_FAILOVERS {
+                                log.pop_front();
                             }
+                            log.push_back(Failover {
+                                from: self.paths[from].name.clone(),
+                                to: p.name.clone(),
+                                failed_at,
+                                done_at: Instant::now(),
+                            });
                         }
                         return (Ok(v), doubt);
                     }

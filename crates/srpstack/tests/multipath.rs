@@ -23,7 +23,7 @@ use srp_initiator::remote::RemoteDisk;
 use srp_initiator::rport::RportConfig;
 use srp_initiator::session::{Session, SessionConfig};
 use srp_target::{PortOptions, TargetPort};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -83,19 +83,32 @@ fn fabric(base: u8) -> (Arc<SoftRoce>, Arc<TargetPort>, Arc<TargetPort>) {
 /// 8 MiB of `dev`, on its own thread; `moved` follows its progress.
 fn workload(
     dev: Arc<dyn blockload::BlockDevice>,
-    size: u64,
+    end: &Arc<AtomicBool>,
     moved: &Arc<AtomicU64>,
 ) -> std::thread::JoinHandle<blockload::Report> {
-    let moved = moved.clone();
+    let (moved, end) = (moved.clone(), end.clone());
     std::thread::spawn(move || {
         let mut w = blockload::Workload::new(blockload::Pattern::RandRw { read_pct: 50 });
         w.jobs = 4;
         w.verify = true;
         w.region = Some(8 << 20);
-        w.size = Some(size);
+        // Until the test has done its cuts and ends it (then the writes
+        // are read back): a byte budget would be over before a cut in a
+        // fast build, or long after it in a slow one.
+        w.size = Some(1 << 40);
         w.runtime = Duration::from_secs(120);
+        w.end = Some(end);
         blockload::run(dev, &w, |p| moved.store(p.bytes, Ordering::SeqCst)).unwrap()
     })
+}
+
+/// Waits (bounded, the workload still running) until `done` holds.
+fn wait_for(what: &str, run: &std::thread::JoinHandle<blockload::Report>, done: impl Fn() -> bool) {
+    let end = Instant::now() + Duration::from_secs(60);
+    while !done() {
+        assert!(Instant::now() < end && !run.is_finished(), "{what}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
 }
 
 /// A path: initiator CA `ini` logging in to `port`, kept up by a remote
@@ -141,16 +154,14 @@ fn two_paths(
     (a, b, Arc::new(m))
 }
 
-/// Waits (bounded) until the workload has moved `bytes`.
+/// Waits (bounded) until the workload has moved `bytes` more.
 fn wait_moved(moved: &AtomicU64, bytes: u64, run: &std::thread::JoinHandle<blockload::Report>) {
-    let end = Instant::now() + Duration::from_secs(90);
-    while moved.load(Ordering::SeqCst) < bytes {
-        assert!(
-            Instant::now() < end && !run.is_finished(),
-            "the workload stopped short of {bytes} bytes"
-        );
-        std::thread::sleep(Duration::from_millis(2));
-    }
+    let goal = moved.load(Ordering::SeqCst) + bytes;
+    wait_for(
+        &format!("the workload moved {bytes} more bytes"),
+        run,
+        || moved.load(Ordering::SeqCst) >= goal,
+    );
 }
 
 /// From `cut` to the first and the last failed-over I/O that failed after it.
@@ -170,36 +181,52 @@ fn two_paths_round_robin_survive_a_local_and_a_remote_cut_without_errors() {
     let (p, port_a, port_b) = fabric(0);
     let (a, b, m) = two_paths(&p, &port_a, &port_b, Policy::RoundRobin);
 
-    let moved = Arc::new(AtomicU64::new(0));
-    let run = workload(m.clone(), 40 << 20, &moved);
+    let (moved, end) = (
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let run = workload(m.clone(), &end, &moved);
 
     // Cut 1: the initiator's port of path A goes down.
     wait_moved(&moved, 6 << 20, &run);
     let cut1 = Instant::now();
     p.set_port_active(Guid(INI_A), false).unwrap();
-    wait_moved(&moved, 12 << 20, &run);
+    wait_for("path A fails I/O", &run, || a.stats().failures >= 1);
+    wait_moved(&moved, 2 << 20, &run);
     p.set_port_active(Guid(INI_A), true).unwrap();
     let back1 = Instant::now();
     assert!(a.wait_running(Duration::from_secs(20)), "path A came back");
     let a_before = m.path_stats()[0].ios;
+    // Read now: the log keeps the latest failovers, and cut 2's may push
+    // these out.
+    let (l_first, l_last, l_n) = failover_times(&m, cut1, back1);
+    wait_for(
+        "round robin uses path A again once it is back",
+        &run,
+        || m.path_stats()[0].ios > a_before,
+    );
 
     // Cut 2: the target's port of path B goes down; the initiator's port
     // stays up, so only the transport's retries find out.
-    wait_moved(&moved, 20 << 20, &run);
-    assert!(
-        m.path_stats()[0].ios > a_before,
-        "round robin uses path A again once it is back"
-    );
+    wait_moved(&moved, 2 << 20, &run);
     let cut2 = Instant::now();
     p.set_port_active(Guid(TGT_B), false).unwrap();
-    wait_moved(&moved, 28 << 20, &run);
+    wait_for("path B fails I/O", &run, || b.stats().failures >= 1);
+    wait_moved(&moved, 2 << 20, &run);
     p.set_port_active(Guid(TGT_B), true).unwrap();
     let back2 = Instant::now();
     assert!(b.wait_running(Duration::from_secs(20)), "path B came back");
+    let b_before = m.path_stats()[1].ios;
+    wait_for(
+        "round robin uses path B again once it is back",
+        &run,
+        || m.path_stats()[1].ios > b_before,
+    );
+    wait_moved(&moved, 2 << 20, &run);
+    end.store(true, Ordering::SeqCst);
 
     let r = run.join().unwrap();
     let stats = m.path_stats();
-    let (l_first, l_last, l_n) = failover_times(&m, cut1, back1);
     let (r_first, r_last, r_n) = failover_times(&m, cut2, back2);
     println!("{}", r.table());
     println!("paths: {stats:?}");
@@ -211,6 +238,7 @@ fn two_paths_round_robin_survive_a_local_and_a_remote_cut_without_errors() {
     );
     println!("path A {:?}\npath B {:?}", a.stats(), b.stats());
     assert!(r.ok(), "{}", r.table());
+    assert_eq!(r.stopped, blockload::Stopped::Ended, "{}", r.table());
     assert!(r.verified_bytes >= 8 << 20, "{}", r.table());
     assert!(l_n >= 1 && r_n >= 1, "both cuts caught I/O in flight");
     assert!(stats.iter().all(|s| s.up && s.ios > 0), "{stats:?}");
@@ -224,10 +252,13 @@ fn two_paths_round_robin_survive_a_local_and_a_remote_cut_without_errors() {
 fn repeated_logouts_and_a_hot_unplugged_device_under_multipath_io() {
     let (p, port_a, port_b) = fabric(10);
     let (a, b, m) = two_paths(&p, &port_a, &port_b, Policy::Failover);
-    let moved = Arc::new(AtomicU64::new(0));
-    let run = workload(m.clone(), 36 << 20, &moved);
-    let logout_b = |at: u64| {
-        wait_moved(&moved, at, &run);
+    let (moved, end) = (
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let run = workload(m.clone(), &end, &moved);
+    let logout_b = |after: u64| {
+        wait_moved(&moved, after, &run);
         let before = b.stats().reconnects;
         // SCST's enabled 0 then 1: every session logged out, logins
         // accepted again.
@@ -245,19 +276,22 @@ fn repeated_logouts_and_a_hot_unplugged_device_under_multipath_io() {
         }
     };
     // Failover policy: A carries the I/O; B is logged out and in 3 times.
-    for k in 1..=3 {
-        logout_b(k << 20);
+    for _ in 1..=3 {
+        logout_b(1 << 20);
     }
     // Path A's device goes away for good; B now carries everything.
-    wait_moved(&moved, 8 << 20, &run);
+    wait_moved(&moved, 2 << 20, &run);
     let b_before = m.path_stats()[1].ios;
     p.remove_ca(Guid(INI_A)).unwrap();
-    wait_moved(&moved, 14 << 20, &run);
-    assert!(m.path_stats()[1].ios > b_before, "path B took over");
+    wait_for("path B took over", &run, || {
+        m.path_stats()[1].ios > b_before
+    });
     // With A gone, each logout of B leaves no path: I/O waits for B.
-    for k in 0..3 {
-        logout_b((16 + 4 * k) << 20);
+    for _ in 0..3 {
+        logout_b(2 << 20);
     }
+    wait_moved(&moved, 2 << 20, &run);
+    end.store(true, Ordering::SeqCst);
     let r = run.join().unwrap();
     let stats = m.path_stats();
     println!(
@@ -270,6 +304,7 @@ B {:?}",
         b.stats()
     );
     assert!(r.ok(), "{}", r.table());
+    assert_eq!(r.stopped, blockload::Stopped::Ended, "{}", r.table());
     assert!(r.verified_bytes >= 8 << 20, "{}", r.table());
     assert!(!stats[0].up && stats[1].up, "{stats:?}");
     assert!(b.stats().reconnects >= 6, "{:?}", b.stats());
