@@ -95,10 +95,18 @@ pub struct Started {
     /// The thread that started it, registered then as the one to wake at
     /// its answer: a wait on its own commands registers nothing.
     owner: std::thread::ThreadId,
-    runs: Vec<(usize, usize)>,
-    segs: Vec<DirectBuf>,
+    runs: pool::Runs,
+    segs: pool::Segs,
     len: usize,
     reading: bool,
+}
+
+/// `f` on `map` unless it is empty (a map most commands leave empty
+/// costs nothing to them then).
+fn for_nonempty<V, R>(map: &mut IdMap<Tag, V>, f: impl FnOnce(&mut IdMap<Tag, V>) -> R) {
+    if !map.is_empty() {
+        f(map);
+    }
 }
 
 /// The key of the first of `cmds` that has its answer in `done`.
@@ -678,7 +686,8 @@ impl Session {
         let mut cmd = Command::new(lun, cdb, data);
         cmd.attr = attr;
         cmd.desc_table = table;
-        let runs: Vec<(usize, usize)> = runs.into_iter().chain(table_run).collect();
+        let mut runs = runs;
+        runs.extend(table_run);
         // Queue full or no credit: wait for a completion and try again.
         let tag = loop {
             let now = inner.now();
@@ -797,9 +806,10 @@ impl Session {
         // completion for every caller).
         let (mut st, completion) = inner.wait_answer(inner.lock(), |st| {
             if let Some(c) = st.done.remove(&tag) {
-                st.parked.remove(&tag);
-                st.tables.remove(&tag);
-                st.retried.remove(&tag);
+                // Mostly empty: not even looked into then.
+                for_nonempty(&mut st.parked, |m| m.remove(&tag));
+                for_nonempty(&mut st.tables, |m| m.remove(&tag));
+                for_nonempty(&mut st.retried, |m| m.remove(&tag));
                 return Some(c);
             }
             if owner != std::thread::current().id() {

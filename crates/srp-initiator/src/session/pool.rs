@@ -38,12 +38,12 @@ impl Inner {
 
     /// First-fit runs of free pages; split into runs of `max_segment` placed
     /// one page apart when segments are asked for.
-    pub(super) fn alloc(&self, st: &mut State, pages: usize) -> Option<Vec<(usize, usize)>> {
+    pub(super) fn alloc(&self, st: &mut State, pages: usize) -> Option<Runs> {
         if pages == 0 {
-            return Some(Vec::new());
+            return Some(Runs::new());
         }
         let seg_pages = self.seg_pages(pages);
-        let mut runs = Vec::new();
+        let mut runs = Runs::new();
         let mut left = pages;
         let mut from = 0;
         while left > 0 {
@@ -127,9 +127,9 @@ impl Inner {
         }
     }
 
-    pub(super) fn segments(&self, runs: &[(usize, usize)], len: usize) -> Vec<DirectBuf> {
+    pub(super) fn segments(&self, runs: &[(usize, usize)], len: usize) -> Segs {
         let mut left = len;
-        let mut segs = Vec::new();
+        let mut segs = Segs::new();
         for &(start, n) in runs {
             let bytes = (n * self.page).min(left);
             segs.push(DirectBuf {
@@ -142,6 +142,13 @@ impl Inner {
         segs
     }
 }
+
+/// A command's runs of pool pages (first page, pages): most commands
+/// have one or two, held without an allocation.
+pub(super) type Runs = smallvec::SmallVec<[(usize, usize); 4]>;
+
+/// A command's data descriptors, one per run.
+pub(super) type Segs = smallvec::SmallVec<[DirectBuf; 4]>;
 
 pub(super) fn find_free(pages: &[bool], from: usize, want: usize) -> Option<usize> {
     let mut run = 0;

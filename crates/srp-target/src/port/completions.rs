@@ -332,8 +332,14 @@ impl Inner {
                             st.free_chunks.extend(chunks);
                         }
                     }
-                    c.spilled.remove(&cmd);
-                    if let Some(chunks) = c.fetched.remove(&cmd) {
+                    // Only data-out fetched through the pool is in these.
+                    if !c.spilled.is_empty() {
+                        c.spilled.remove(&cmd);
+                    }
+                    if let Some(chunks) = (!c.fetched.is_empty())
+                        .then(|| c.fetched.remove(&cmd))
+                        .flatten()
+                    {
                         st.free_chunks
                             .extend(chunks.into_iter().map(|(_, ch, _)| ch));
                     }

@@ -87,7 +87,7 @@ pub use channel::{
     Channel, ChannelState, ChannelStats, CmdId, DataOut, Local, OpId, Output, RdmaOp, ScsiDone,
     ScsiRequest, TmfRequest,
 };
-pub use plan::{plan_rdma, Segment};
+pub use plan::{plan_rdma, Segment, Segments};
 
 use crate::wire::{
     BufFormats, LoginRej, LoginRejReason, LoginReq, LoginRsp, LoginRspFlags, MultiChannelAction,

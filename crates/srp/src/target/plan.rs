@@ -18,14 +18,18 @@ pub struct Segment {
     pub local_offset: u64,
 }
 
+/// The segments of one transfer: most have one or two, held without an
+/// allocation.
+pub type Segments = smallvec::SmallVec<[Segment; 4]>;
+
 /// Cut the first `len` bytes described by `descs` (in order, SRP r16a 5.5.3)
 /// into segments of at most `max_rdma_size` bytes that never cross a
 /// descriptor. Zero-length descriptors are skipped; if the descriptors hold
 /// fewer than `len` bytes, the segments cover what they hold. Remote
 /// addresses wrap rather than overflow (the initiator's HCA checks them).
-pub fn plan_rdma(descs: &[DirectBuf], len: u64, max_rdma_size: u32) -> Vec<Segment> {
+pub fn plan_rdma(descs: &[DirectBuf], len: u64, max_rdma_size: u32) -> Segments {
     let max = u64::from(max_rdma_size.max(1));
-    let mut out = Vec::new();
+    let mut out = Segments::new();
     let mut local = 0u64;
     for d in descs {
         let mut done = 0u64;

@@ -147,7 +147,7 @@ impl Channel {
             Xfer::Descs(d) if t.immediate.is_none() => {
                 plan_rdma(d, u64::from(t.out_total), self.p.max_rdma_size)
             }
-            _ => Vec::new(),
+            _ => Default::default(),
         };
         if segs.is_empty() {
             self.submit(id);

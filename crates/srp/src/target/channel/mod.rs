@@ -352,7 +352,7 @@ impl Channel {
         };
         let segs = match &t.inn {
             Xfer::Descs(d) => plan_rdma(d, u64::from(n), self.p.max_rdma_size),
-            _ => Vec::new(),
+            _ => Default::default(),
         };
         if segs.is_empty() {
             self.respond(id, rsp);
