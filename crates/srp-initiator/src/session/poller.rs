@@ -216,7 +216,7 @@ impl Inner {
                     let wr = SendWr::new(
                         KIND_SEND | t.id.0,
                         SendOpcode::Send,
-                        vec![Sge {
+                        verbs::sges![Sge {
                             addr: self.send_buf.addr() + off as u64,
                             length: n as u32,
                             lkey: self.send_mr.lkey,

@@ -115,9 +115,9 @@ impl Inner {
         placed: usize,
         offset: usize,
         len: usize,
-    ) -> Vec<Sge> {
+    ) -> verbs::Sges {
         let cs = self.chunk_size as usize;
-        let mut sges = Vec::with_capacity(2);
+        let mut sges = verbs::Sges::new();
         let (mut at, end) = (offset, offset + len);
         while at < end {
             let Some(&chunk) = chunks.get(at / cs) else {

@@ -382,7 +382,7 @@ impl Inner {
         let mut wr = SendWr::new(
             KIND_SEND | slot as u64,
             SendOpcode::Send,
-            vec![Sge {
+            verbs::sges![Sge {
                 addr: c.send_buf.addr() + off as u64,
                 length: bytes.len() as u32,
                 lkey: c.send_mr.lkey,
@@ -434,7 +434,7 @@ impl Inner {
                     return true;
                 }
                 store = true;
-                Some(vec![Sge {
+                Some(verbs::sges![Sge {
                     addr: mem.addr() + at + offset,
                     length: op.len,
                     lkey: *lkey,
@@ -450,7 +450,7 @@ impl Inner {
                 };
                 (
                     Some(chunk),
-                    vec![Sge {
+                    verbs::sges![Sge {
                         addr: self.chunk_buf.addr() + (chunk * cs) as u64,
                         length: op.len,
                         lkey: self.chunk_mr.lkey,
@@ -704,7 +704,7 @@ mod tests {
         let mut wr = SendWr::new(
             local,
             SendOpcode::RdmaWrite,
-            vec![Sge {
+            verbs::sges![Sge {
                 addr: local,
                 length: len,
                 lkey: Lkey(5),

@@ -79,7 +79,7 @@ impl Channel {
             tag,
             lun: cmd.lun,
             sol,
-            cdb: cmd.cdb.to_vec(),
+            cdb: Cdb::from_slice(cmd.cdb),
             attr: cmd.task_attr,
             out,
             out_total,
@@ -123,7 +123,9 @@ impl Channel {
         match d {
             DataDesc::None => Some((Xfer::None, 0)),
             DataDesc::Immediate { data, .. } => Some((Xfer::None, u32::try_from(data.len()).ok()?)),
-            DataDesc::Direct(b) => (b.len <= max).then(|| (Xfer::Descs(vec![*b]), b.len)),
+            DataDesc::Direct(b) => {
+                (b.len <= max).then(|| (Xfer::Descs(smallvec::smallvec![*b]), b.len))
+            }
             DataDesc::Indirect(i) => {
                 if i.total_len > max {
                     return None;
@@ -132,7 +134,7 @@ impl Channel {
                     let lim = self.p.max_table_len.min(self.p.max_rdma_size);
                     return (i.table.len <= lim).then_some((Xfer::External(i.table), i.total_len));
                 }
-                let v: Vec<DirectBuf> = i.descs.iter().collect();
+                let v: smallvec::SmallVec<[DirectBuf; 2]> = i.descs.iter().collect();
                 (sum_len(&v) == u64::from(i.total_len)).then_some((Xfer::Descs(v), i.total_len))
             }
         }
@@ -227,7 +229,7 @@ impl Channel {
             tag: tm.tag,
             lun: tm.lun,
             sol: tm.sol_not,
-            cdb: Vec::new(),
+            cdb: Cdb::new(),
             attr: TaskAttr::Simple,
             out: Xfer::None,
             out_total: 0,

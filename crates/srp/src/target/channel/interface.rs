@@ -77,7 +77,7 @@ pub struct ScsiRequest {
     /// LUN field.
     pub lun: Lun,
     /// CDB (16 bytes or more).
-    pub cdb: Vec<u8>,
+    pub cdb: Cdb,
     /// Task attribute.
     pub attr: TaskAttr,
     /// Data-out.
@@ -86,6 +86,10 @@ pub struct ScsiRequest {
     /// many into the command's data-in buffer.
     pub data_in_len: u32,
 }
+
+/// A CDB: 16 bytes held inline, longer ones (an additional CDB) on the
+/// heap.
+pub type Cdb = smallvec::SmallVec<[u8; 16]>;
 
 /// The SCSI core's answer to a [`ScsiRequest`].
 #[derive(Debug, Clone, PartialEq, Eq)]

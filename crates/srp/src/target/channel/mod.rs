@@ -41,7 +41,7 @@ pub(crate) struct Params {
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Xfer {
     None,
-    Descs(Vec<DirectBuf>),
+    Descs(smallvec::SmallVec<[DirectBuf; 2]>),
     /// Table still to fetch.
     External(DirectBuf),
 }
@@ -95,7 +95,7 @@ struct Task {
     tag: Tag,
     lun: Lun,
     sol: u8,
-    cdb: Vec<u8>,
+    cdb: Cdb,
     attr: TaskAttr,
     out: Xfer,
     out_total: u32,
@@ -834,9 +834,9 @@ impl Channel {
                 match descs {
                     Some(d) => {
                         if data_in {
-                            t.inn = Xfer::Descs(d);
+                            t.inn = Xfer::Descs(d.into());
                         } else {
-                            t.out = Xfer::Descs(d);
+                            t.out = Xfer::Descs(d.into());
                         }
                         if left == 0 {
                             self.start_data_out(id);
