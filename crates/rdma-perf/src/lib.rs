@@ -1444,43 +1444,30 @@ pub fn run_client(cfg: &ClientConfig) -> Result<Report, PerfError> {
     } else if cfg.baseline && !interrupted {
         let port = peer.roce.port().wrapping_add(1000);
         let dst = SocketAddr::new(peer.roce.ip(), port);
-        let plain = udp_phase(
-            &common,
-            cfg.size * slots,
-            dst,
-            false,
-            None,
-            &mut reader,
-            &mut writer,
-        )?;
-        report.set_baseline("UDP", &plain);
-        let floor = udp_phase(
-            &common,
-            cfg.size * slots,
-            dst,
-            true,
-            None,
-            &mut reader,
-            &mut writer,
-        )?;
-        report.floor_gbit_per_s = Some(floor.gbit_per_s);
-        report.ratio_to_floor =
-            (floor.gbit_per_s > 0.0).then(|| report.gbit_per_s / floor.gbit_per_s);
-        report.floor_client_cpu_ns_per_byte = Some(floor.client_cpu_ns_per_byte);
-        report.floor_server_cpu_ns_per_byte = floor.server_cpu_ns_per_byte;
-        if cfg.op == Op::Write && cfg.size > common.mtu.bytes() {
-            let shaped = udp_phase(
+        // Plain UDP, the floor, and for a WRITE of several packets the
+        // floor in its packet shape: one after the other, the same bytes.
+        let mut phase = |floor, shape| {
+            udp_phase(
                 &common,
                 cfg.size * slots,
                 dst,
-                true,
-                Some(cfg.size),
+                floor,
+                shape,
                 &mut reader,
                 &mut writer,
-            )?;
+            )
+        };
+        let plain = phase(false, None)?;
+        report.set_baseline("UDP", &plain);
+        let floor = phase(true, None)?;
+        report.floor_gbit_per_s = Some(floor.gbit_per_s);
+        report.ratio_to_floor = ratio_of(report.gbit_per_s, floor.gbit_per_s);
+        report.floor_client_cpu_ns_per_byte = Some(floor.client_cpu_ns_per_byte);
+        report.floor_server_cpu_ns_per_byte = floor.server_cpu_ns_per_byte;
+        if cfg.op == Op::Write && cfg.size > common.mtu.bytes() {
+            let shaped = phase(true, Some(cfg.size))?;
             report.shaped_floor_gbit_per_s = Some(shaped.gbit_per_s);
-            report.ratio_to_shaped_floor =
-                (shaped.gbit_per_s > 0.0).then(|| report.gbit_per_s / shaped.gbit_per_s);
+            report.ratio_to_shaped_floor = ratio_of(report.gbit_per_s, shaped.gbit_per_s);
         }
     }
     Ok(report)
@@ -1493,8 +1480,7 @@ impl Report {
         self.baseline_over = Some(over);
         self.baseline_gbit_per_s = Some(plain.gbit_per_s);
         self.baseline_pkt_per_s = Some(plain.pkt_per_s);
-        self.ratio_to_baseline =
-            (plain.gbit_per_s > 0.0).then(|| self.gbit_per_s / plain.gbit_per_s);
+        self.ratio_to_baseline = ratio_of(self.gbit_per_s, plain.gbit_per_s);
         self.baseline_client_cpu_ns_per_byte = Some(plain.client_cpu_ns_per_byte);
         self.baseline_server_cpu_ns_per_byte = plain.server_cpu_ns_per_byte;
     }
@@ -1598,6 +1584,11 @@ impl Report {
         s += "\n";
         s
     }
+}
+
+/// `ours` over `base`, when `base` moved anything.
+fn ratio_of(ours: f64, base: f64) -> Option<f64> {
+    (base > 0.0).then(|| ours / base)
 }
 
 /// Nanoseconds of CPU per byte (0 for no bytes).
