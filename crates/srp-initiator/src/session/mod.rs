@@ -109,6 +109,16 @@ fn for_nonempty<V, R>(map: &mut IdMap<Tag, V>, f: impl FnOnce(&mut IdMap<Tag, V>
     }
 }
 
+/// This thread's id, read once per thread: `std::thread::current()`
+/// clones the thread's handle (an atomic count up and down) on every call,
+/// and the session asks several times per command.
+fn current_id() -> std::thread::ThreadId {
+    thread_local! {
+        static ID: std::thread::ThreadId = std::thread::current().id();
+    }
+    ID.with(|id| *id)
+}
+
 /// The key of the first of `cmds` that has its answer in `done`.
 fn first_done<'a, K>(
     done: &IdMap<Tag, Completion>,
@@ -347,7 +357,7 @@ impl std::ops::DerefMut for Locked<'_> {
 impl State {
     /// This thread is about to wait: what it batched goes out now.
     fn stop_batching(&mut self) {
-        if self.batching == Some(std::thread::current().id()) {
+        if self.batching == Some(current_id()) {
             self.batching = None;
         }
     }
@@ -359,10 +369,7 @@ impl Drop for Locked<'_> {
             return;
         };
         let wake = std::mem::take(&mut st.wake);
-        let posts = if st.flushing
-            || st.posts.is_empty()
-            || st.batching == Some(std::thread::current().id())
-        {
+        let posts = if st.flushing || st.posts.is_empty() || st.batching == Some(current_id()) {
             None
         } else {
             st.flushing = true;
@@ -585,7 +592,7 @@ impl Session {
         }
         let mut st = inner.lock();
         if batch {
-            st.batching = Some(std::thread::current().id());
+            st.batching = Some(current_id());
         }
         // Wait for pool pages (other commands may hold them).
         let pages = len.div_ceil(inner.page);
@@ -741,7 +748,7 @@ impl Session {
         inner.kick_if_timer_earlier(&st);
         Ok(Started {
             tag,
-            owner: std::thread::current().id(),
+            owner: current_id(),
             runs,
             segs,
             len,
@@ -812,7 +819,7 @@ impl Session {
                 for_nonempty(&mut st.retried, |m| m.remove(&tag));
                 return Some(c);
             }
-            if owner != std::thread::current().id() {
+            if owner != current_id() {
                 st.parked.insert(tag, std::thread::current());
             }
             None

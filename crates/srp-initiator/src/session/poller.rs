@@ -131,14 +131,15 @@ impl Inner {
             KIND_RECV => {
                 let i = (wc.wr_id & !KIND_MASK) as u32;
                 if ok {
-                    st.quiet_since = self.now();
+                    // One clock read for both.
+                    let now = self.now();
+                    st.quiet_since = now;
                     let len = (wc.byte_len).min(self.recv_size) as usize;
                     // Read into a buffer kept for it: no allocation per IU.
                     let mut iu = std::mem::take(&mut st.iu_buf);
                     iu.resize(len, 0);
                     self.recv_buf
                         .read_at((i * self.recv_size) as usize, &mut iu);
-                    let now = self.now();
                     st.channel.handle_recv(now, &iu);
                     st.iu_buf = iu;
                     let _ = self.provider.post_recv(

@@ -272,18 +272,17 @@ impl Inner {
 
     /// Carries out every output the channel has.
     pub(super) fn pump(&self, st: &mut State, conn: ConnId) {
-        loop {
-            let Some(c) = st.conns.get(&conn) else {
-                return;
-            };
-            let channel = c.channel;
-            let Some(out) = st
-                .target
-                .channel_mut(channel)
-                .and_then(|ch| ch.poll_output())
-            else {
-                break;
-            };
+        // A connection's channel never changes, and the two go together
+        // (`maybe_finish` removes both): once an output has ended the
+        // connection, its channel is gone too and the loop stops.
+        let Some(channel) = st.conns.get(&conn).map(|c| c.channel) else {
+            return;
+        };
+        while let Some(out) = st
+            .target
+            .channel_mut(channel)
+            .and_then(|ch| ch.poll_output())
+        {
             self.carry_out(st, conn, out);
         }
         self.maybe_finish(st, conn);
