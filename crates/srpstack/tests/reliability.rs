@@ -591,10 +591,15 @@ impl Drop for Raw {
 }
 
 fn cmd_iu(tag: u64, cdb: &[u8], out: DataDesc<'_>, inn: DataDesc<'_>) -> Vec<u8> {
+    cmd_iu_at(0, tag, cdb, out, inn)
+}
+
+/// [`cmd_iu`] for LUN `n`.
+fn cmd_iu_at(n: u64, tag: u64, cdb: &[u8], out: DataDesc<'_>, inn: DataDesc<'_>) -> Vec<u8> {
     let c = Cmd {
         sol_not: 0,
         tag: Tag(tag),
-        lun: lun(0),
+        lun: lun(n),
         task_attr: TaskAttr::Simple,
         cdb,
         data_out: out,
@@ -676,6 +681,19 @@ fn judge(what: &str, r: &Reaction, want: Expect) -> String {
 #[test]
 fn rogue_initiator_garbage_next_to_verified_io() {
     let rig = rig(92, 16 * MIB, &[]);
+    // LUN 1, before anyone logs in: a memory store, whose READs go out of
+    // it as srptd's RAM LUNs' do (unsignaled WRITEs, joined).
+    let cfg = scsi::DeviceConfig {
+        block_size: 512,
+        serial: "rel-mem1".into(),
+        ..Default::default()
+    };
+    let store = Arc::new(srp_target::MemStore::new(MIB).unwrap());
+    rig.scsi.add_lun(
+        None,
+        scsi::Lun::new(1).unwrap(),
+        Arc::new(scsi::Device::new(cfg, store).unwrap()),
+    );
     // Keeps the rogue's NIC open across its logins: closing a soft RoCE CA
     // for the last time may leave its socket bound for a moment (the
     // driver thread can hold the last reference), so a reopen right after
@@ -760,6 +778,14 @@ fn rogue_initiator_garbage_next_to_verified_io() {
     let read10 = {
         let mut c = write10;
         c[0] = 0x28;
+        c
+    };
+    // 128 KiB: two data-in WRITEs of srp_max_rdma_size out of the RAM
+    // store, unsignaled and joined into one.
+    let read10_128k = {
+        let mut c = read10;
+        c[2..6].fill(0);
+        c[7..9].copy_from_slice(&((128u32 << 10) / 512).to_be_bytes()[2..]);
         c
     };
     let tur = cmd_iu(7, &[0; 6], DataDesc::None, DataDesc::None);
@@ -906,6 +932,28 @@ fn rogue_initiator_garbage_next_to_verified_io() {
     assert_eq!(rsp(&mut raw, 15).1, Some(RspCode::Complete), "CLEAR ACA");
     raw.send(&cmd_iu(16, &[0; 6], DataDesc::None, DataDesc::None));
     assert_eq!(rsp(&mut raw, 16).0, 0x00, "GOOD after CLEAR ACA");
+    drop(raw);
+
+    // A READ from LUN 1 (the memory store) whose data-in WRITEs fail at
+    // the rogue's NIC (a bogus R_Key, after a TEST UNIT READY has taken
+    // the login's unit attention): the two WRITEs are joined into one, so
+    // the first has no completion of its own, and the channel must still
+    // be released (checked below, with the others).
+    let mut raw = Raw::login(&rig, ROGUE, 0x780);
+    raw.send(&cmd_iu_at(1, 17, &[0; 6], DataDesc::None, DataDesc::None));
+    let _ = raw.answer();
+    raw.send(&cmd_iu_at(
+        1,
+        18,
+        &read10_128k,
+        DataDesc::None,
+        DataDesc::Direct(bogus(128 << 10)),
+    ));
+    let what = "READ(10) of 128 KiB at a bogus R_Key";
+    println!(
+        "{what}: {}",
+        judge(what, &raw.answer(), Expect::Logout(None))
+    );
     drop(raw);
 
     stop.store(true, Ordering::SeqCst);

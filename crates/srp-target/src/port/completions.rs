@@ -169,9 +169,7 @@ impl Inner {
                 let slot = (wc.wr_id & !KIND_MASK) as u32;
                 let seq = c.slot_seq.get(slot as usize).copied().unwrap_or(0);
                 c.free_slots.push(slot);
-                if ok {
-                    self.implied_done(st, conn, seq);
-                }
+                self.implied_done(st, conn, seq, ok);
                 if let Some(ch) = st.target.channel_mut(channel) {
                     ch.handle_send_done(ok);
                 }
@@ -181,9 +179,7 @@ impl Inner {
                 let Some(info) = c.ops.remove(&op) else {
                     return;
                 };
-                if ok {
-                    self.implied_done(st, conn, info.seq);
-                }
+                self.implied_done(st, conn, info.seq, ok);
                 self.rdma_done(st, conn, op, info, ok);
             }
             _ => {}
@@ -192,8 +188,14 @@ impl Inner {
     }
 
     /// The unsignaled WRITEs queued before request `seq`, which completed
-    /// well: they are done too.
-    fn implied_done(&self, st: &mut State, conn: ConnId, seq: u64) {
+    /// (`ok`: well): they are done too, as an RC send queue completes in
+    /// order. When it failed, they are counted failed with it: one may
+    /// have been joined into it (`joins`) and has no completion of its
+    /// own, and the QP is in error anyway. One that failed by itself had
+    /// its own (errors always complete) and is out of `ops` already.
+    /// Without this, a connection whose last signaled request failed kept
+    /// them outstanding and never finished closing.
+    fn implied_done(&self, st: &mut State, conn: ConnId, seq: u64, ok: bool) {
         loop {
             let Some(c) = st.conns.get_mut(&conn) else {
                 return;
@@ -208,7 +210,7 @@ impl Inner {
                 continue;
             };
             c.outstanding = c.outstanding.saturating_sub(1);
-            self.rdma_done(st, conn, op, info, true);
+            self.rdma_done(st, conn, op, info, ok);
         }
     }
 
