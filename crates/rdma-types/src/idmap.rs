@@ -19,6 +19,16 @@ pub type IdMap<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
 /// A `HashSet` for locally chosen integer keys (see the module docs).
 pub type IdSet<K> = HashSet<K, BuildHasherDefault<IdHasher>>;
 
+/// `map.remove(key)`, skipped when `map` is empty: a map most commands
+/// leave empty then costs them a length check, not a lookup.
+pub fn remove_if_any<K: std::hash::Hash + Eq, V>(map: &mut IdMap<K, V>, key: &K) -> Option<V> {
+    if map.is_empty() {
+        None
+    } else {
+        map.remove(key)
+    }
+}
+
 /// Multiplicative (Fibonacci) hashing of each word written: sequential
 /// keys spread over the high bits, which hashbrown uses for its control
 /// bytes.

@@ -26,7 +26,7 @@ mod wc;
 
 pub use fields::{CmRetries, TimeoutExp};
 pub use flags::AccessFlags;
-pub use idmap::{IdMap, IdSet};
+pub use idmap::{remove_if_any, IdMap, IdSet};
 pub use ids::{
     Gid, Guid, Lid, Lkey, Mtu, MtuError, Pkey, PortNum, Qkey, QpState, QpType, Qpn, Rkey,
 };

@@ -101,14 +101,6 @@ pub struct Started {
     reading: bool,
 }
 
-/// `f` on `map` unless it is empty (a map most commands leave empty
-/// costs nothing to them then).
-fn for_nonempty<V, R>(map: &mut IdMap<Tag, V>, f: impl FnOnce(&mut IdMap<Tag, V>) -> R) {
-    if !map.is_empty() {
-        f(map);
-    }
-}
-
 /// This thread's id, read once per thread: `std::thread::current()`
 /// clones the thread's handle (an atomic count up and down) on every call,
 /// and the session asks several times per command.
@@ -814,9 +806,9 @@ impl Session {
         let (mut st, completion) = inner.wait_answer(inner.lock(), |st| {
             if let Some(c) = st.done.remove(&tag) {
                 // Mostly empty: not even looked into then.
-                for_nonempty(&mut st.parked, |m| m.remove(&tag));
-                for_nonempty(&mut st.tables, |m| m.remove(&tag));
-                for_nonempty(&mut st.retried, |m| m.remove(&tag));
+                rdma_types::remove_if_any(&mut st.parked, &tag);
+                rdma_types::remove_if_any(&mut st.tables, &tag);
+                rdma_types::remove_if_any(&mut st.retried, &tag);
                 return Some(c);
             }
             if owner != current_id() {

@@ -334,13 +334,8 @@ impl Inner {
                         }
                     }
                     // Only data-out fetched through the pool is in these.
-                    if !c.spilled.is_empty() {
-                        c.spilled.remove(&cmd);
-                    }
-                    if let Some(chunks) = (!c.fetched.is_empty())
-                        .then(|| c.fetched.remove(&cmd))
-                        .flatten()
-                    {
+                    rdma_types::remove_if_any(&mut c.spilled, &cmd);
+                    if let Some(chunks) = rdma_types::remove_if_any(&mut c.fetched, &cmd) {
                         st.free_chunks
                             .extend(chunks.into_iter().map(|(_, ch, _)| ch));
                     }
