@@ -145,13 +145,17 @@ retry_if_not_up() {
       host_fail "$desc failed (attempt $n, exit status $rc; not a peer-not-up failure, so not retried): ${why:-no output}"
       return 1
     fi
-    printf '%s\t%s\n' "$desc" "$why" >>"$RUN_DIR/retries.txt"
+    host_retry_note "$desc: $why"
     vms_alive || { host_fail "$desc: the VMs stopped while it waited for the peer (attempt $n: $why)"; return 1; }
     [ "$(date +%s)" -lt "$end" ] ||
       { host_fail "$desc: the peer was not up after $(tmo "$t") s ($n attempts, last: $why)"; return 1; }
     sleep 3
   done
 }
+
+# host_retry_note "DESC: REASON": a host-side step done again, for the
+# verdict (as a guest's retry_note).
+host_retry_note() { printf '%s\t%s\n' "${1%%: *}" "${1#*: }" >>"$RUN_DIR/retries.txt"; }
 
 # What was retried while peers came up (host side: retries.txt; guests:
 # INTEROP-RETRY lines), as "DESC N times (REASON xK; ...)" per step.

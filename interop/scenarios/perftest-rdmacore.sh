@@ -56,19 +56,15 @@ guest_peer() {
     timeout 600 "ib_${op}_bw" -d rxe0 -x "$idx" -F --report_gbits -s "$size" -n "$n" \
         > /tmp/server.txt 2>&1 || { rc=$?; cat /tmp/server.txt; fail "ib_${op}_bw -s $size server exited $rc"; }
     cat /tmp/server.txt
-    perftest_bw_line /tmp/server.txt "$size" "$n" > /dev/null ||
+    perftest_linux_server_ok "$op" "$size" "$n" /tmp/server.txt ||
       fail "ib_${op}_bw -s $size server printed no bandwidth"
     step "round 1 ib_${op}_bw -s $size server: $(perftest_bw_line /tmp/server.txt "$size" "$n")"
   done
   for run in $PERFTEST_RUNS; do
     IFS=: read -r op size n <<< "$run"
     step "ib_${op}_bw -s $size client against our server"
-    retry_if 300 "ib_${op}_bw -s $size client" "$LINUX_NOT_UP" timeout 120 "ib_${op}_bw" -d rxe0 -x "$idx" -F \
-        --report_gbits -s "$size" -n "$n" "$b" > /tmp/client.txt 2>&1 ||
-      { cat /tmp/client.txt; fail "ib_${op}_bw -s $size client failed"; }
-    cat /tmp/client.txt
-    perftest_bw_line /tmp/client.txt "$size" "$n" > /dev/null ||
-      fail "ib_${op}_bw -s $size client printed no bandwidth"
+    perftest_linux_client fail "$size" "$n" "ib_${op}_bw -s $size client" "$LINUX_NOT_UP" \
+      timeout 120 "ib_${op}_bw" -d rxe0 -x "$idx" -F --report_gbits -s "$size" -n "$n" "$b"
     step "round 2 ib_${op}_bw -s $size client: $(perftest_bw_line /tmp/client.txt "$size" "$n")"
   done
   step "rping server for our client"
@@ -107,9 +103,8 @@ guest_ours() {
     IFS=: read -r op size n <<< "$run"
     out=/tmp/ours-server-$op-$size.txt
     step "rperftest $op -s $size --device rxe0 server"
-    timeout 400 /interop/bin/rperftest "$op" --device rxe0 -F --report_gbits --timeout 300 \
-        -s "$size" -n "$n" > "$out" 2>&1 || { cat "$out"; fail "our $op -s $size server failed"; }
-    cat "$out"
+    perftest_serve_ours retry_note "$out" "$size" "$n" timeout 400 /interop/bin/rperftest "$op" --device rxe0 \
+        -F --report_gbits --timeout 300 -s "$size" -n "$n" || fail "our $op -s $size server failed"
     perftest_bw_line "$out" "$size" "$n" > /dev/null || fail "our $op -s $size server printed no bandwidth"
     step "round 2 $op -s $size passed: Linux ib_${op}_bw client, our server on rxe0: $(perftest_bw_line "$out" "$size" "$n")"
   done

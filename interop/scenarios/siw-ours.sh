@@ -128,9 +128,8 @@ siw_perftest_host() {
   for run in $SIW_PERFTEST_RUNS; do
     IFS=: read -r op size n <<< "$run"
     out=$RUN_DIR/perftest-ours-server-$op.txt
-    ns_run 400 "$RPERFTEST" "$op" --iwarp --bind 10.77.0.2 -R -F --report_gbits --timeout 300 \
-        -s "$size" -n "$n" > "$out" 2>&1 || { cat "$out"; host_fail "our $op -R server failed"; return 1; }
-    cat "$out"
+    perftest_serve_ours host_retry_note "$out" "$size" "$n" ns_run 400 "$RPERFTEST" "$op" --iwarp --bind 10.77.0.2 \
+        -R -F --report_gbits --timeout 300 -s "$size" -n "$n" || { host_fail "our $op -R server failed"; return 1; }
     perftest_bw_line "$out" "$size" "$n" > /dev/null ||
       { host_fail "our $op -R server printed no bandwidth"; return 1; }
     echo "perftest round 4 $op passed: ib_${op}_bw -R client on siw, our server (iWARP, -R): $(perftest_bw_line "$out" "$size" "$n")"
@@ -151,18 +150,14 @@ siw_perftest_guest() {
     timeout 300 "ib_${op}_bw" -R -d siw0 -F --report_gbits -s "$size" -n "$n" > /tmp/server.txt 2>&1 || rc=$?
     [ $rc = 0 ] || { cat /tmp/server.txt; siw_fail "ib_${op}_bw -R server exited $rc"; }
     cat /tmp/server.txt
-    perftest_bw_line /tmp/server.txt "$size" "$n" > /dev/null ||
+    perftest_linux_server_ok "$op" "$size" "$n" /tmp/server.txt ||
       fail "ib_${op}_bw -R server printed no bandwidth"
   done
   for run in $SIW_PERFTEST_RUNS; do
     IFS=: read -r op size n <<< "$run"
     step "ib_${op}_bw -R client on siw against our server"
-    retry_if 300 "ib_${op}_bw -R client" "$SIW_LINUX_NOT_UP" timeout 120 "ib_${op}_bw" -R -d siw0 -F \
-        --report_gbits -s "$size" -n "$n" 10.77.0.2 > /tmp/client.txt 2>&1 ||
-      { cat /tmp/client.txt; siw_fail "ib_${op}_bw -R client failed"; }
-    cat /tmp/client.txt
-    perftest_bw_line /tmp/client.txt "$size" "$n" > /dev/null ||
-      fail "ib_${op}_bw -R client printed no bandwidth"
+    perftest_linux_client siw_fail "$size" "$n" "ib_${op}_bw -R client" "$SIW_LINUX_NOT_UP" \
+      timeout 120 "ib_${op}_bw" -R -d siw0 -F --report_gbits -s "$size" -n "$n" 10.77.0.2
   done
 }
 
