@@ -1045,7 +1045,8 @@ fn run_job_queued(
         .collect();
     // Per slot: (block, read?, generation, start time) while in flight.
     let mut busy: Vec<Option<(u64, bool, u32, Instant)>> = vec![None; depth];
-    let mut in_flight = std::collections::HashSet::new();
+    // Block numbers of our own choosing: hashed cheaply (asked on every I/O).
+    let mut in_flight = rdma_types::IdSet::default();
     let mut rng = Rng::new(w.seed ^ (job as u64).wrapping_mul(0x1000_0001));
     let job_seed = (w.seed as u32) ^ job;
     let mut next_seq = 0u64;

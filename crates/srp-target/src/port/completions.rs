@@ -519,30 +519,35 @@ impl Inner {
         true
     }
 
-    /// Posts `posts` and whatever other threads queue meanwhile, with the
-    /// lock let go (`PortLock`); a failed post is undone and its channel
-    /// told. In each batch the RDMA READs and WRITEs go first, then the
+    /// Posts the batch in `bufs.spare` and whatever other threads queue
+    /// meanwhile, with the lock let go (`PortLock`); a failed post is
+    /// undone and its channel told. In each batch the RDMA READs and WRITEs go first, then the
     /// IUs, each in the order queued: a response moves only later, never
     /// ahead of its data, and same-size packets (the WRITEs of a batch of
     /// reads, their responses) leave back to back, one GSO send each on
     /// soft RoCE. Each QP's run of requests is one post, in which an
     /// unsignaled WRITE joins the WRITE after it where the two are one
     /// contiguous span at both ends (see [`joins`]).
-    pub(super) fn flush_posts(&self, mut posts: VecDeque<Post>) {
-        let mut wrs: Vec<SendWr> = Vec::new();
-        // For each of `wrs`, the index of its last post in the run.
-        let mut ends: Vec<usize> = Vec::new();
+    pub(super) fn flush_posts(&self, mut bufs: FlushBufs) {
         loop {
-            let mut failed = Vec::new();
-            let mut rest = rdma_first(posts);
-            while !rest.is_empty() {
-                let qp = rest[0].qp;
-                let run = rest.iter().take_while(|p| p.qp == qp).count();
-                let tail = rest.split_off(run);
+            rdma_first(&mut bufs);
+            let FlushBufs {
+                ordered: all,
+                wrs,
+                ends,
+                ..
+            } = &mut bufs;
+            // Index ranges of `all` whose posts failed (rare: no
+            // allocation otherwise).
+            let mut failed: Vec<std::ops::Range<usize>> = Vec::new();
+            let mut start = 0;
+            while start < all.len() {
+                let qp = all[start].qp;
+                let run = all[start..].iter().take_while(|p| p.qp == qp).count();
                 wrs.clear();
                 ends.clear();
                 // Moved out, not cloned: a failed post needs only its kind.
-                for (i, p) in rest.iter_mut().enumerate() {
+                for (i, p) in all[start..start + run].iter_mut().enumerate() {
                     let wr =
                         std::mem::replace(&mut p.wr, SendWr::new(0, SendOpcode::Send, Vec::new()));
                     match wrs.last_mut() {
@@ -558,26 +563,30 @@ impl Inner {
                         }
                     }
                 }
-                match self.provider.post_send(qp, &wrs) {
+                match self.provider.post_send(qp, wrs) {
                     Ok(()) => {}
                     Err(verbs::VerbsError::BadWr { index, .. }) => {
                         // The requests before the refused one went out.
                         let first = index.checked_sub(1).map_or(0, |k| ends[k] + 1);
-                        failed.extend(rest.drain(first.min(run)..))
+                        failed.push(start + first.min(run)..start + run);
                     }
-                    Err(_) => failed.append(&mut rest),
+                    Err(_) => failed.push(start..start + run),
                 }
-                rest = tail;
+                start += run;
             }
+            wrs.clear();
             let mut st = self.lock();
-            for p in failed {
-                self.post_failed(&mut st, p);
+            for (i, p) in all.drain(..).enumerate() {
+                if failed.iter().any(|r| r.contains(&i)) {
+                    self.post_failed(&mut st, p);
+                }
             }
             if st.posts.is_empty() {
                 st.flushing = false;
+                st.flush_bufs = bufs;
                 return;
             }
-            posts = std::mem::take(&mut st.posts);
+            std::mem::swap(&mut st.posts, &mut bufs.spare);
         }
     }
 
@@ -674,19 +683,27 @@ fn joins(prev: &SendWr, next: &SendWr) -> bool {
             .is_some_and(|n| n <= JOINED_MAX)
 }
 
-/// `posts` with the RDMA READs and WRITEs ahead of the IUs, each in the
-/// order queued (a stable partition). A batch is most often in that
-/// order already (one command's WRITE, then its response): then it is
-/// only checked, each post moved once into the `Vec`.
-fn rdma_first(posts: VecDeque<Post>) -> Vec<Post> {
+/// Moves the batch (`bufs.spare`) into `bufs.ordered` with the RDMA
+/// READs and WRITEs ahead of the IUs, each in the order queued (a stable
+/// partition). A batch is often in that order already (one command's
+/// WRITE, then its response): then it is only checked. Either way each
+/// post moves once or twice, into buffers kept between batches.
+fn rdma_first(bufs: &mut FlushBufs) {
     let is_iu = |p: &Post| matches!(p.kind, Posted::Send { .. });
+    let posts = &mut bufs.spare;
     let first_iu = posts.iter().position(is_iu).unwrap_or(posts.len());
     if posts.iter().skip(first_iu).all(is_iu) {
-        return Vec::from(posts);
+        bufs.ordered.extend(posts.drain(..));
+        return;
     }
-    let (mut rdma, ius): (Vec<Post>, Vec<Post>) = posts.into_iter().partition(|p| !is_iu(p));
-    rdma.extend(ius);
-    rdma
+    for p in posts.drain(..) {
+        if is_iu(&p) {
+            bufs.ius.push(p);
+        } else {
+            bufs.ordered.push(p);
+        }
+    }
+    bufs.ordered.append(&mut bufs.ius);
 }
 
 #[cfg(test)]

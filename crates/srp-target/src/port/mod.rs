@@ -396,6 +396,23 @@ struct State {
     posts: VecDeque<Post>,
     /// A thread is posting `posts` (it takes what others queue meanwhile).
     flushing: bool,
+    /// The posting thread's buffers, kept between batches so a batch
+    /// allocates nothing (the flushing thread has them meanwhile).
+    flush_bufs: FlushBufs,
+}
+
+/// What `flush_posts` works in; empty between batches, with their
+/// capacity kept.
+#[derive(Default)]
+struct FlushBufs {
+    /// The batch's posts once taken from `posts` (which gets this
+    /// deque's twin back), and a batch in posting order.
+    spare: VecDeque<Post>,
+    ordered: Vec<Post>,
+    ius: Vec<Post>,
+    /// One QP run's requests, and for each the index of its last post.
+    wrs: Vec<SendWr>,
+    ends: Vec<usize>,
 }
 
 /// A work request queued under the port lock and posted once the lock is
@@ -458,16 +475,16 @@ impl Drop for PortLock<'_> {
         let Some(st) = self.st.as_mut() else {
             return;
         };
-        let posts = if st.flushing || st.posts.is_empty() {
-            VecDeque::new()
-        } else {
+        let batch = (!st.flushing && !st.posts.is_empty()).then(|| {
             st.flushing = true;
-            std::mem::take(&mut st.posts)
-        };
+            let mut bufs = std::mem::take(&mut st.flush_bufs);
+            std::mem::swap(&mut st.posts, &mut bufs.spare);
+            bufs
+        });
         let closed = std::mem::take(&mut st.closed);
         drop(self.st.take());
-        if !posts.is_empty() {
-            self.inner.flush_posts(posts);
+        if let Some(bufs) = batch {
+            self.inner.flush_posts(bufs);
         }
         if closed.is_empty() {
             return;
@@ -637,8 +654,9 @@ impl TargetPort {
                 closed: Vec::new(),
                 posts: VecDeque::new(),
                 flushing: false,
+                flush_bufs: FlushBufs::default(),
             }),
-            lun_stats: Mutex::new(LunTable::new()),
+            lun_stats: Mutex::new(LunTable::default()),
             events: Mutex::new(tx),
             hook: Mutex::new(None),
             caller,

@@ -74,6 +74,11 @@ pub struct LunStats {
 }
 
 /// The counters by (LUN, device address); the device is held weakly so
-/// counters of a device the daemon removed go with it.
+/// counters of a device the daemon removed go with it. An [`IdMap`]
+/// (counted on every command): an entry is made only for a LUN that
+/// addresses a device, so an initiator picks among the LUNs we mapped and
+/// cannot make keys collide.
+///
+/// [`IdMap`]: rdma_types::IdMap
 pub(super) type LunTable =
-    std::collections::HashMap<(u16, usize), (std::sync::Weak<scsi::Device>, LunCounters)>;
+    rdma_types::IdMap<(u16, usize), (std::sync::Weak<scsi::Device>, LunCounters)>;
