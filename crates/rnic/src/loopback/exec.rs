@@ -64,7 +64,6 @@ impl State {
     }
 
     /// Runs the send queue of `qi` as far as it goes.
-    /// Runs the send queue of `qi` as far as it goes.
     pub(super) fn progress(&mut self, qi: usize, out: &mut Vec<Cb>) {
         loop {
             let q = self.qp(qi);
@@ -76,6 +75,7 @@ impl State {
             };
             if !self.run_one(qi, &wr, out) {
                 self.qp(qi).pending.push_front(wr);
+                self.backlog = true;
                 return;
             }
         }
@@ -507,7 +507,11 @@ impl State {
         Ok(len as u32)
     }
 
+    /// Runs every RTS send queue that holds waiting WRs (see `backlog`).
     pub(super) fn progress_all(&mut self, out: &mut Vec<Cb>) {
+        if !self.backlog {
+            return;
+        }
         let waiting: Vec<usize> = self
             .objs
             .iter()
@@ -517,6 +521,10 @@ impl State {
         for i in waiting {
             self.progress(i, out);
         }
+        self.backlog = self
+            .objs
+            .iter()
+            .any(|(_, o)| matches!(o, Obj::Qp(q) if !q.pending.is_empty()));
     }
 }
 

@@ -97,6 +97,11 @@ pub(super) struct State {
     pub(super) gather: Vec<(Target, usize)>,
     /// Checked scatter list of the receive WR being filled, likewise.
     pub(super) scatter: Vec<(Target, usize)>,
+    /// Some QP may hold send WRs waiting (for a receive, or for RTS): set
+    /// whenever one is queued, cleared by `progress_all` once none is, so
+    /// the posts that call it (every receive) skip its scan of every
+    /// object when nothing waits.
+    pub(super) backlog: bool,
 }
 
 impl State {

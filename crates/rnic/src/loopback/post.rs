@@ -77,9 +77,11 @@ impl Fabric {
                     // Fast path: nothing queued ahead, run without copying the WR.
                     if !st.run_one(i, wr, out) {
                         st.qp(i).pending.push_back(wr.clone());
+                        st.backlog = true;
                     }
                 } else {
                     q.pending.push_back(wr.clone());
+                    st.backlog = true;
                     st.progress(i, out);
                 }
             }

@@ -367,6 +367,7 @@ impl Session {
                 cv_waiters: 0,
                 posts: Vec::new(),
                 flushing: false,
+                flush_bufs: Default::default(),
                 iu_buf: Vec::new(),
                 batching: None,
                 timer_sleep: None,

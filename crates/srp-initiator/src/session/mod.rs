@@ -300,6 +300,9 @@ struct State {
     posts: Vec<(SendId, u32, SendWr)>,
     /// A thread is posting `posts` (it takes what others queue meanwhile).
     flushing: bool,
+    /// The posting thread's buffers, kept between batches so a batch
+    /// allocates nothing (the flushing thread has them meanwhile).
+    flush_bufs: FlushBufs,
     /// Where a received IU is read to be parsed (kept: no allocation per IU).
     iu_buf: Vec<u8>,
     /// The thread whose letting go of the lock leaves `posts` queued
@@ -355,24 +358,37 @@ impl State {
     }
 }
 
+/// What `flush_posts` works in; empty between batches, with their
+/// capacity kept.
+#[derive(Default)]
+struct FlushBufs {
+    /// The batch taken from `posts` (which gets this vector's twin back).
+    batch: Vec<(SendId, u32, SendWr)>,
+    /// Its requests, and each one's id and slot.
+    wrs: Vec<SendWr>,
+    sent: Vec<(SendId, u32)>,
+}
+
 impl Drop for Locked<'_> {
     fn drop(&mut self) {
         let Some(st) = self.st.as_mut() else {
             return;
         };
         let wake = std::mem::take(&mut st.wake);
-        let posts = if st.flushing || st.posts.is_empty() || st.batching == Some(current_id()) {
+        let batch = if st.flushing || st.posts.is_empty() || st.batching == Some(current_id()) {
             None
         } else {
             st.flushing = true;
-            Some(std::mem::take(&mut st.posts))
+            let mut bufs = std::mem::take(&mut st.flush_bufs);
+            std::mem::swap(&mut st.posts, &mut bufs.batch);
+            Some(bufs)
         };
         drop(self.st.take());
         for t in wake {
             t.unpark();
         }
-        if let Some(posts) = posts {
-            self.inner.flush_posts(posts);
+        if let Some(bufs) = batch {
+            self.inner.flush_posts(bufs);
         }
     }
 }
@@ -970,26 +986,24 @@ impl Inner {
         }
     }
 
-    /// Posts `posts` and whatever other threads queue meanwhile, in order,
-    /// with the lock let go, each batch in one post; a failed post fails
-    /// the connection.
-    fn flush_posts(&self, mut posts: Vec<(SendId, u32, SendWr)>) {
+    /// Posts the batch in `bufs.batch` and whatever other threads queue
+    /// meanwhile, in order, with the lock let go, each batch in one post;
+    /// a failed post fails the connection.
+    fn flush_posts(&self, mut bufs: FlushBufs) {
         loop {
-            let mut sent = Vec::with_capacity(posts.len());
-            let wrs: Vec<SendWr> = posts
-                .drain(..)
-                .map(|(id, slot, wr)| {
-                    sent.push((id, slot));
-                    wr
-                })
-                .collect();
-            match self.provider.post_send(self.qp, &wrs) {
+            let FlushBufs { batch, wrs, sent } = &mut bufs;
+            for (id, slot, wr) in batch.drain(..) {
+                sent.push((id, slot));
+                wrs.push(wr);
+            }
+            match self.provider.post_send(self.qp, wrs) {
                 Ok(()) => sent.clear(),
                 Err(verbs::VerbsError::BadWr { index, .. }) => {
                     sent.drain(..index.min(sent.len()));
                 }
                 Err(_) => {}
             }
+            wrs.clear();
             // What is left in `sent` was not posted.
             let mut st = self.lock();
             if !sent.is_empty() {
@@ -1002,9 +1016,10 @@ impl Inner {
             }
             if st.posts.is_empty() {
                 st.flushing = false;
+                st.flush_bufs = bufs;
                 return;
             }
-            posts = std::mem::take(&mut st.posts);
+            std::mem::swap(&mut st.posts, &mut bufs.batch);
         }
     }
 
