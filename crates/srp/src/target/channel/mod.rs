@@ -119,6 +119,16 @@ enum Wr {
     Rdma { op: OpId, read: bool },
 }
 
+/// Drops `tag` from `tags` if it names command `id` (a later command may
+/// have reused the tag): one search of the tree.
+fn forget_tag(tags: &mut BTreeMap<Tag, CmdId>, tag: Tag, id: CmdId) {
+    if let std::collections::btree_map::Entry::Occupied(e) = tags.entry(tag) {
+        if *e.get() == id {
+            e.remove();
+        }
+    }
+}
+
 /// One RDMA channel of an I_T nexus (one accepted login).
 #[derive(Debug)]
 pub struct Channel {
@@ -689,10 +699,7 @@ impl Channel {
         };
         if !t.aborted {
             t.aborted = true;
-            let tag = t.tag;
-            if self.tags.get(&tag) == Some(&id) {
-                self.tags.remove(&tag);
-            }
+            forget_tag(&mut self.tags, t.tag, id);
             self.free_credit();
         }
         self.reap(id);
@@ -742,9 +749,7 @@ impl Channel {
     /// Finish a task with a response.
     fn respond(&mut self, id: CmdId, rsp: RspPlan) {
         if let Some(t) = self.tasks.remove(&id) {
-            if self.tags.get(&t.tag) == Some(&id) {
-                self.tags.remove(&t.tag);
-            }
+            forget_tag(&mut self.tags, t.tag, id);
             self.free_credit();
             self.wrs.push_back(Wr::Rsp(rsp));
             self.events.push_back(Output::Release(id));
@@ -756,9 +761,7 @@ impl Channel {
     /// stays until they complete.
     fn respond_draining(&mut self, id: CmdId, rsp: RspPlan) {
         if let Some(t) = self.tasks.get(&id) {
-            if self.tags.get(&t.tag) == Some(&id) {
-                self.tags.remove(&t.tag);
-            }
+            forget_tag(&mut self.tags, t.tag, id);
             self.free_credit();
             self.wrs.push_back(Wr::Rsp(rsp));
         }
