@@ -521,13 +521,13 @@ impl Inner {
 
     /// Posts the batch in `bufs.spare` and whatever other threads queue
     /// meanwhile, with the lock let go (`PortLock`); a failed post is
-    /// undone and its channel told. In each batch the RDMA READs and WRITEs go first, then the
-    /// IUs, each in the order queued: a response moves only later, never
-    /// ahead of its data, and same-size packets (the WRITEs of a batch of
-    /// reads, their responses) leave back to back, one GSO send each on
-    /// soft RoCE. Each QP's run of requests is one post, in which an
-    /// unsignaled WRITE joins the WRITE after it where the two are one
-    /// contiguous span at both ends (see [`joins`]).
+    /// undone and its channel told. In each batch the RDMA READs and
+    /// WRITEs go first, then the IUs, each in the order queued: a response
+    /// moves only later, never ahead of its data, and same-size packets
+    /// (the WRITEs of a batch of reads, their responses) leave back to
+    /// back, one GSO send each on soft RoCE. Each QP's run of requests is
+    /// one post, in which an unsignaled WRITE joins the WRITE after it
+    /// where the two are one contiguous span at both ends (see [`joins`]).
     pub(super) fn flush_posts(&self, mut bufs: FlushBufs) {
         loop {
             rdma_first(&mut bufs);
