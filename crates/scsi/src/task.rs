@@ -64,13 +64,13 @@ impl Tasks {
     /// Registers a task; `None` if the tag is already in use on the nexus
     /// (OVERLAPPED COMMANDS ATTEMPTED, SAM-5 5.8.3).
     pub(crate) fn start(&mut self, n: &Nexus, lun: Lun, tag: u64) -> Option<Arc<AtomicBool>> {
-        let key = (n.clone(), lun, tag);
-        if self.live.contains_key(&key) {
-            return None;
+        // One search, one clone of the nexus.
+        match self.live.entry((n.clone(), lun, tag)) {
+            std::collections::hash_map::Entry::Occupied(_) => None,
+            std::collections::hash_map::Entry::Vacant(v) => {
+                Some(v.insert(Arc::new(AtomicBool::new(false))).clone())
+            }
         }
-        let flag = Arc::new(AtomicBool::new(false));
-        self.live.insert(key, flag.clone());
-        Some(flag)
     }
 
     pub(crate) fn finish(&mut self, n: &Nexus, lun: Lun, tag: u64) {

@@ -133,15 +133,17 @@ impl State {
     }
 
     pub(super) fn ua_mut(&mut self, nexus: &Nexus, lun: Lun) -> &mut UaQueue {
-        let key = (nexus.clone(), lun);
-        if !self.known.contains(&key) {
-            self.known.insert(key.clone());
-            self.ua
-                .entry(key.clone())
-                .or_default()
-                .push(Asc::POWER_ON_RESET);
+        // `ua` holds a queue for every known nexus and LUN (nothing takes
+        // one out): one search finds it, or makes it at first sight.
+        match self.ua.entry((nexus.clone(), lun)) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(v) => {
+                self.known.insert(v.key().clone());
+                let q = v.insert(UaQueue::default());
+                q.push(Asc::POWER_ON_RESET);
+                q
+            }
         }
-        self.ua.entry(key).or_default()
     }
 
     /// [`State::inventory_changed`] for the initiators whose visible set
