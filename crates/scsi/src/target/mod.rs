@@ -480,7 +480,13 @@ impl Target {
                     let seq = set.next;
                     set.next += 1;
                     set.active.insert(seq, attr);
-                    *set.per_nexus.entry(nexus.clone()).or_default() += 1;
+                    // The nexus is cloned only for its first task here.
+                    match set.per_nexus.get_mut(nexus) {
+                        Some(n) => *n += 1,
+                        None => {
+                            set.per_nexus.insert(nexus.clone(), 1);
+                        }
+                    }
                     Ok((seq, aca_task.then_some((lun, tag)), attr))
                 }
             }
