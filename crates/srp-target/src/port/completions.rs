@@ -324,13 +324,13 @@ impl Inner {
             }
             Output::Release(cmd) => {
                 if let Some(c) = st.conns.get_mut(&conn) {
-                    if let Some(d) = c.data_in.remove(&cmd) {
-                        let chunks = d.chunks().to_vec();
-                        let busy = c.ops.values().any(|o| o.cmd == cmd && o.chunk.is_none());
-                        if busy && !chunks.is_empty() {
-                            c.parked.insert(cmd, chunks);
+                    // Data-in with chunks of the pool: the ops table is
+                    // searched (every op of the connection) only then.
+                    if let Some(d) = c.data_in.remove(&cmd).filter(|d| !d.chunks().is_empty()) {
+                        if c.ops.values().any(|o| o.cmd == cmd && o.chunk.is_none()) {
+                            c.parked.insert(cmd, d.chunks().to_vec());
                         } else {
-                            st.free_chunks.extend(chunks);
+                            st.free_chunks.extend_from_slice(d.chunks());
                         }
                     }
                     // Only data-out fetched through the pool is in these.
