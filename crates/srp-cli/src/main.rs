@@ -717,6 +717,27 @@ fn dropped_ius(paths: &[Arc<srp_initiator::path_login::PathLogin>]) -> Vec<Strin
 }
 
 /// LUN `lun` over every path, kept across connection loss.
+/// How long `srp io` waits for its cache flush after an interrupt: with
+/// blockload's STOP_WAIT for the I/O in flight, well within STOP_GRACE.
+const FLUSH_WAIT: Duration = Duration::from_millis(250);
+
+/// `disk.flush()` on a thread of its own, waited for up to `wait`: `None`
+/// when it did not answer in time (the thread is left to the exit).
+fn flush_within(
+    disk: &Arc<dyn blockload::BlockDevice>,
+    wait: Duration,
+) -> Option<std::io::Result<()>> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let d = disk.clone();
+    std::thread::Builder::new()
+        .name("flush".into())
+        .spawn(move || {
+            let _ = tx.send(d.flush());
+        })
+        .ok()?;
+    rx.recv_timeout(wait).ok()
+}
+
 fn open_kept(
     paths: &[Arc<srp_initiator::path_login::PathLogin>],
     keep: &Keep,
@@ -828,12 +849,24 @@ fn run(cmd: Cmd) -> Result<bool, String> {
             .map_err(|e| e.to_string())?;
             // Interrupted with I/O still waiting on a target that does not
             // answer: a cache flush or a logout would wait on it too.
-            let stuck = r.jobs_waiting > 0;
-            if !stuck {
-                disk.flush()
-                    .map_err(|e| format!("SYNCHRONIZE CACHE: {e}"))?;
-            }
+            let mut stuck = r.jobs_waiting > 0;
             let sig = interrupt.signal().map(daemon_ctl::signals::name);
+            // Interrupted with every job back, the flush may still meet a
+            // target that stopped answering just after it answered them
+            // (their answers were on the way): it gets FLUSH_WAIT, so the
+            // report still comes within the interrupt's grace.
+            let mut flush_unanswered = false;
+            if !stuck {
+                let flushed = if sig.is_some() {
+                    flush_within(&disk, FLUSH_WAIT)
+                } else {
+                    Some(disk.flush())
+                };
+                match flushed {
+                    Some(r) => r.map_err(|e| format!("SYNCHRONIZE CACHE: {e}"))?,
+                    None => (stuck, flush_unanswered) = (true, true),
+                }
+            }
             if let Some(sig) = &sig {
                 eprintln!("srp: {sig}: stopped; the report holds what was done so far");
             }
@@ -846,10 +879,18 @@ fn run(cmd: Cmd) -> Result<bool, String> {
                 }
             }
             if let Some(sig) = sig.as_deref().filter(|_| stuck) {
-                eprintln!(
-                    "srp: {sig}: I/O still waits on {}, which does not answer: exiting without SYNCHRONIZE CACHE or logout",
-                    dests(&l)
-                );
+                if flush_unanswered {
+                    eprintln!(
+                        "srp: {sig}: SYNCHRONIZE CACHE got no answer from {} within {} ms: exiting without it or logout",
+                        dests(&l),
+                        FLUSH_WAIT.as_millis()
+                    );
+                } else {
+                    eprintln!(
+                        "srp: {sig}: I/O still waits on {}, which does not answer: exiting without SYNCHRONIZE CACHE or logout",
+                        dests(&l)
+                    );
+                }
                 return Ok(r.ok());
             }
             // Logged out now, not when the target's keepalive notices.

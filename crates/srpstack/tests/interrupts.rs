@@ -487,7 +487,7 @@ fn short_commands_waiting_on_a_silent_target_exit_within_a_second() {
 fn srp_io_at_a_dead_target(dead: Dead, sig: i32, name: &str, tag: &str, target: &str, ours: &str) {
     let (mut d, mut io) = srp_io_running(tag, target, ours);
     // Its four jobs keep a command each at the target: from now on they
-    // wait on it.
+    // wait on it (or, its last answers on the way, the flush does).
     dead.make(&mut d);
 
     let (status, took, out, err) = stop(&mut io, sig);
@@ -496,11 +496,16 @@ fn srp_io_at_a_dead_target(dead: Dead, sig: i32, name: &str, tag: &str, target: 
     }
     assert!(took < WITHIN, "{name}: exit took {took:?}");
     assert_eq!(status.code(), Some(128 + sig), "{err}");
-    assert!(
-        out.contains("interrupted after")
-            && out.contains("jobs still waiting on the device, their I/O in flight not counted"),
-        "{out}"
-    );
+    assert!(out.contains("interrupted after"), "{out}");
+    // Mostly the jobs' commands wait on the target. But when its last
+    // answers were still on the way as it went (a loaded machine), the
+    // jobs come back; then the cache flush is what meets the silence,
+    // and it is given up within the grace.
+    let waiting = out.contains("jobs still waiting on the device, their I/O in flight not counted");
+    let flush_unanswered = err.contains(&format!(
+        "srp: {name}: SYNCHRONIZE CACHE got no answer from {target}:5555 within 250 ms: exiting without it or logout"
+    ));
+    assert!(waiting || flush_unanswered, "{out}\n{err}");
     assert!(out.contains("0 verify failures, 0 I/O errors"), "{out}");
     let total = out
         .lines()
@@ -513,9 +518,10 @@ fn srp_io_at_a_dead_target(dead: Dead, sig: i32, name: &str, tag: &str, target: 
     assert!(
         err.contains(&format!(
             "srp: {name}: stopped; the report holds what was done so far"
-        )) && err.contains(&format!(
-            "srp: {name}: I/O still waits on {target}:5555, which does not answer: exiting without SYNCHRONIZE CACHE or logout"
-        )),
+        )) && (flush_unanswered
+            || err.contains(&format!(
+                "srp: {name}: I/O still waits on {target}:5555, which does not answer: exiting without SYNCHRONIZE CACHE or logout"
+            ))),
         "{err}"
     );
 }
