@@ -716,7 +716,6 @@ fn dropped_ius(paths: &[Arc<srp_initiator::path_login::PathLogin>]) -> Vec<Strin
     out
 }
 
-/// LUN `lun` over every path, kept across connection loss.
 /// How long `srp io` waits for its cache flush after an interrupt: with
 /// blockload's STOP_WAIT for the I/O in flight, well within STOP_GRACE.
 const FLUSH_WAIT: Duration = Duration::from_millis(250);
@@ -738,6 +737,7 @@ fn flush_within(
     rx.recv_timeout(wait).ok()
 }
 
+/// LUN `lun` over every path, kept across connection loss.
 fn open_kept(
     paths: &[Arc<srp_initiator::path_login::PathLogin>],
     keep: &Keep,
