@@ -849,14 +849,14 @@ fn run(cmd: Cmd) -> Result<bool, String> {
             .map_err(|e| e.to_string())?;
             // Interrupted with I/O still waiting on a target that does not
             // answer: a cache flush or a logout would wait on it too.
-            let mut stuck = r.jobs_waiting > 0;
+            let waiting = r.jobs_waiting > 0;
             let sig = interrupt.signal().map(daemon_ctl::signals::name);
             // Interrupted with every job back, the flush may still meet a
             // target that stopped answering just after it answered them
             // (their answers were on the way): it gets FLUSH_WAIT, so the
             // report still comes within the interrupt's grace.
             let mut flush_unanswered = false;
-            if !stuck {
+            if !waiting {
                 let flushed = if sig.is_some() {
                     flush_within(&disk, FLUSH_WAIT)
                 } else {
@@ -864,7 +864,7 @@ fn run(cmd: Cmd) -> Result<bool, String> {
                 };
                 match flushed {
                     Some(r) => r.map_err(|e| format!("SYNCHRONIZE CACHE: {e}"))?,
-                    None => (stuck, flush_unanswered) = (true, true),
+                    None => flush_unanswered = true,
                 }
             }
             if let Some(sig) = &sig {
@@ -878,19 +878,20 @@ fn run(cmd: Cmd) -> Result<bool, String> {
                     println!("{line}");
                 }
             }
-            if let Some(sig) = sig.as_deref().filter(|_| stuck) {
-                if flush_unanswered {
-                    eprintln!(
-                        "srp: {sig}: SYNCHRONIZE CACHE got no answer from {} within {} ms: exiting without it or logout",
+            if let Some(sig) = sig.as_deref().filter(|_| waiting || flush_unanswered) {
+                let why = if flush_unanswered {
+                    format!(
+                        "SYNCHRONIZE CACHE got no answer from {} within {} ms: exiting without it or logout",
                         dests(&l),
                         FLUSH_WAIT.as_millis()
-                    );
+                    )
                 } else {
-                    eprintln!(
-                        "srp: {sig}: I/O still waits on {}, which does not answer: exiting without SYNCHRONIZE CACHE or logout",
+                    format!(
+                        "I/O still waits on {}, which does not answer: exiting without SYNCHRONIZE CACHE or logout",
                         dests(&l)
-                    );
-                }
+                    )
+                };
+                eprintln!("srp: {sig}: {why}");
                 return Ok(r.ok());
             }
             // Logged out now, not when the target's keepalive notices.

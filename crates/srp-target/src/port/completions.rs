@@ -685,19 +685,10 @@ fn joins(prev: &SendWr, next: &SendWr) -> bool {
 
 /// Moves the batch (`bufs.spare`) into `bufs.ordered` with the RDMA
 /// READs and WRITEs ahead of the IUs, each in the order queued (a stable
-/// partition). A batch is often in that order already (one command's
-/// WRITE, then its response): then it is only checked. Either way each
-/// post moves once or twice, into buffers kept between batches.
+/// partition), through buffers kept between batches.
 fn rdma_first(bufs: &mut FlushBufs) {
-    let is_iu = |p: &Post| matches!(p.kind, Posted::Send { .. });
-    let posts = &mut bufs.spare;
-    let first_iu = posts.iter().position(is_iu).unwrap_or(posts.len());
-    if posts.iter().skip(first_iu).all(is_iu) {
-        bufs.ordered.extend(posts.drain(..));
-        return;
-    }
-    for p in posts.drain(..) {
-        if is_iu(&p) {
+    for p in bufs.spare.drain(..) {
+        if matches!(p.kind, Posted::Send { .. }) {
             bufs.ius.push(p);
         } else {
             bufs.ordered.push(p);
