@@ -58,7 +58,14 @@ impl From<ServiceResponse> for TmfResponse {
 #[derive(Default)]
 pub(crate) struct Tasks {
     live: crate::target::FastMap<(Nexus, Lun, u64), Arc<AtomicBool>>,
+    /// Abort flags of ended tasks, for the next ones (no allocation per
+    /// task). An ended task's own copy is never read again: `finish`
+    /// hands it the flag's last value.
+    spare: Vec<Arc<AtomicBool>>,
 }
+
+/// Abort flags kept for reuse, at most.
+const SPARE_FLAGS: usize = 256;
 
 impl Tasks {
     /// Registers a task; `None` if the tag is already in use on the nexus
@@ -68,13 +75,29 @@ impl Tasks {
         match self.live.entry((n.clone(), lun, tag)) {
             std::collections::hash_map::Entry::Occupied(_) => None,
             std::collections::hash_map::Entry::Vacant(v) => {
-                Some(v.insert(Arc::new(AtomicBool::new(false))).clone())
+                let flag = match self.spare.pop() {
+                    Some(f) => {
+                        f.store(false, Ordering::SeqCst);
+                        f
+                    }
+                    None => Arc::new(AtomicBool::new(false)),
+                };
+                Some(v.insert(flag).clone())
             }
         }
     }
 
-    pub(crate) fn finish(&mut self, n: &Nexus, lun: Lun, tag: u64) {
-        self.live.remove(&(n.clone(), lun, tag));
+    /// Ends a task; whether it was aborted. Nothing marks it after this,
+    /// so the answer is final, and its flag may serve another task.
+    pub(crate) fn finish(&mut self, n: &Nexus, lun: Lun, tag: u64) -> bool {
+        let Some(flag) = self.live.remove(&(n.clone(), lun, tag)) else {
+            return false;
+        };
+        let aborted = flag.load(Ordering::SeqCst);
+        if self.spare.len() < SPARE_FLAGS {
+            self.spare.push(flag);
+        }
+        aborted
     }
 
     /// Marks matching tasks aborted; returns the nexuses that lost tasks.

@@ -58,6 +58,9 @@ impl std::hash::Hash for Nexus {
 /// Task sets kept while idle, at most (see `submit_attr_into`).
 const IDLE_TASK_SETS_KEPT: usize = 64;
 
+/// Nexuses a task set keeps a count for while it is 0, at most.
+const NEXUS_COUNTS_KEPT: usize = 64;
+
 /// Maps keyed by what the core makes itself (nexuses, LUNs, tags): a hash
 /// of a word, not SipHash over names on every command. A tag is the
 /// initiator's choice, but collisions it could make cost only its own
@@ -515,15 +518,17 @@ impl Target {
             o.settle(k, &dev, nexus, aca_task, cdb, r.status);
             if let Some(set) = o.sets.get_mut(&k) {
                 set.active.remove(&seq);
+                // A nexus's count stays at 0 (a command run to completion
+                // takes it there every time: no remove and insert each),
+                // unless the set counts for many nexuses.
                 if let Some(n) = set.per_nexus.get_mut(nexus) {
                     *n -= 1;
-                    if *n == 0 {
+                    if *n == 0 && set.per_nexus.len() > NEXUS_COUNTS_KEPT {
                         set.per_nexus.remove(nexus);
                     }
                 }
-                // An idle set is kept (its maps keep their room: a command
-                // run to completion empties it every time), unless many
-                // logical units have one.
+                // An idle set is kept (its maps keep their room), unless
+                // many logical units have one.
                 if set.active.is_empty() && o.sets.len() > IDLE_TASK_SETS_KEPT {
                     o.sets.remove(&k);
                 }
@@ -571,12 +576,16 @@ impl Target {
         } else {
             Some(self.run(nexus, lun, cdb, data_out, expected, bufs))
         };
-        self.tasks
+        // The flag's last value comes from `finish`: it may serve another
+        // task from then on.
+        drop(flag);
+        let aborted = self
+            .tasks
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .finish(nexus, lun, tag);
         match r {
-            Some(r) if !aborted() => r,
+            Some(r) if !aborted => r,
             _ => ScsiResponse::status_only(Status::TaskAborted, expected),
         }
     }
