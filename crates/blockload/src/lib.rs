@@ -1052,17 +1052,21 @@ fn run_job_queued(
     let mut next_seq = 0u64;
     let mut started = 0u64;
     let mut failed = false;
+    // Free slots, the lowest on top: a completion frees one, so a pass
+    // looks at that one, not at every slot.
+    let mut free: Vec<usize> = (0..depth).rev().collect();
+    // The clock read after the last completion was accounted: the next
+    // I/O's start (one read, not two, per I/O).
+    let mut fresh = None;
     loop {
         // Fill every free slot while the budget and the clock allow.
-        for slot in 0..depth {
-            if failed
-                || busy[slot].is_some()
-                || started >= budget
-                || shared.stopped()
-                || ended(w)
-                || Instant::now() >= deadline
-            {
-                continue;
+        while let Some(&slot) = free.last() {
+            if failed || started >= budget || shared.stopped() || ended(w) {
+                break;
+            }
+            let t0 = fresh.take().unwrap_or_else(Instant::now);
+            if t0 >= deadline {
+                break;
             }
             let mut pick = None;
             for _ in 0..8 {
@@ -1077,7 +1081,6 @@ fn run_job_queued(
                 break; // the slice is crowded: let something finish first
             };
             let lba = block * slice.lbas_per_io;
-            let t0 = Instant::now();
             let (res, gen) = if is_read {
                 (q.start_read(slot, lba, bs), 0)
             } else {
@@ -1094,6 +1097,7 @@ fn run_job_queued(
             };
             match res {
                 Ok(()) => {
+                    free.pop();
                     busy[slot] = Some((block, is_read, gen, t0));
                     in_flight.insert(block);
                     started += bs as u64;
@@ -1122,6 +1126,7 @@ fn run_job_queued(
             continue;
         };
         in_flight.remove(&block);
+        free.push(slot);
         let ns = t0.elapsed().as_nanos().max(1) as u64;
         if !account(
             &mut shared.result(job),
@@ -1137,6 +1142,7 @@ fn run_job_queued(
         ) {
             failed = true;
         }
+        fresh = Some(Instant::now());
     }
     drop(q);
     shared.result(job).stopped = why_stopped(failed, shared, w, started, budget);
