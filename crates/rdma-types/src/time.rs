@@ -49,7 +49,10 @@ impl Instant {
 
     /// Converts a `std::time::Instant` measured against `epoch`; for drivers.
     pub fn from_std(epoch: std::time::Instant, now: std::time::Instant) -> Self {
-        Instant::from_micros(now.saturating_duration_since(epoch).as_micros() as u64)
+        // In 64 bits (`as_micros` multiplies in 128): 584,000 years of
+        // microseconds fit.
+        let d = now.saturating_duration_since(epoch);
+        Instant::from_micros(d.as_secs() * 1_000_000 + u64::from(d.subsec_micros()))
     }
 }
 

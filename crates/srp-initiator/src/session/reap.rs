@@ -75,18 +75,20 @@ impl Inner {
         mut st: Locked<'a>,
         mut answered: impl FnMut(&mut State) -> Option<T>,
     ) -> (Locked<'a>, T) {
-        let start = Instant::now();
         // An answer there at once (another caller's reaping brought it)
-        // says nothing of how long answers take: only a wait teaches.
-        let (mut waited, mut polled) = (false, false);
+        // says nothing of how long answers take: only a wait teaches. The
+        // clock is read once there is something to wait for (`finish`
+        // after `wait_any` never waits).
+        let mut start = None;
+        let mut polled = false;
         let answer = loop {
             if let Some(a) = answered(&mut st) {
                 break a;
             }
-            if !waited {
+            if start.is_none() {
                 st.waiting += 1;
             }
-            waited = true;
+            let start = *start.get_or_insert_with(Instant::now);
             // What this thread batched goes out as the lock is let go.
             st.stop_batching();
             if !st.reaping {
@@ -102,7 +104,7 @@ impl Inner {
             std::thread::park_timeout(Duration::from_millis(200));
             st = self.lock();
         };
-        if waited {
+        if let Some(start) = start {
             st.waiting -= 1;
             st.spin.learn(start.elapsed(), polled);
         }
