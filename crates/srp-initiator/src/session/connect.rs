@@ -98,8 +98,9 @@ impl Session {
         let pd = p.alloc_pd(ca, 0).map_err(verbs_err("allocate PD"))?;
         let queue = u32::from(cfg.channel.can_queue) + 2;
         // Receives: every command's answer plus target requests (CRED_REQ,
-        // AER_REQ, T_LOGOUT) in flight at once.
-        let recv_count = queue + 8;
+        // AER_REQ, T_LOGOUT) in flight at once, and those handled but
+        // waiting to be posted again with their batch.
+        let recv_count = queue + 8 + REPOST_BATCH;
         // One send more than commands and answers need: the probe; with
         // register_always, each command's binds ahead of its SRP_CMD and
         // its invalidations after its answer (unsignaled: they hold their
@@ -369,6 +370,7 @@ impl Session {
                 flushing: false,
                 flush_bufs: Default::default(),
                 iu_buf: Vec::new(),
+                reposts: Vec::with_capacity(REPOST_BATCH as usize),
                 batching: None,
                 timer_sleep: None,
                 quiet_since: rdma_types::Instant::ZERO,

@@ -305,6 +305,9 @@ struct State {
     flush_bufs: FlushBufs,
     /// Where a received IU is read to be parsed (kept: no allocation per IU).
     iu_buf: Vec<u8>,
+    /// Receive buffers whose IUs were handled, posted again once
+    /// [`REPOST_BATCH`] of them wait (one call, not one per IU).
+    reposts: Vec<RecvWr>,
     /// The thread whose letting go of the lock leaves `posts` queued
     /// ([`Session::start_batched`]), until it has to sleep.
     batching: Option<std::thread::ThreadId>,
@@ -407,6 +410,9 @@ pub const WINDOWS_PER_CMD: usize = 4;
 const NO_SLOT: u32 = u32::MAX;
 const KIND_MASK: u64 = 0xff << 56;
 const PAGE: usize = 4096;
+/// Receive buffers posted again together, at most (`State::reposts`); the
+/// receive queue has this many more than answers in flight need.
+const REPOST_BATCH: u32 = 8;
 
 impl Session {
     /// A [`PortWatch`] on this session's port, calling `on_active` each

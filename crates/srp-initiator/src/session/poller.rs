@@ -142,10 +142,12 @@ impl Inner {
                         .read_at((i * self.recv_size) as usize, &mut iu);
                     st.channel.handle_recv(now, &iu);
                     st.iu_buf = iu;
-                    let _ = self.provider.post_recv(
-                        self.qp,
-                        &[recv_wr(&self.recv_buf, &self.recv_mr, self.recv_size, i)],
-                    );
+                    st.reposts
+                        .push(recv_wr(&self.recv_buf, &self.recv_mr, self.recv_size, i));
+                    if st.reposts.len() >= REPOST_BATCH as usize {
+                        let _ = self.provider.post_recv(self.qp, &st.reposts);
+                        st.reposts.clear();
+                    }
                 } else {
                     self.lost(st);
                 }

@@ -121,10 +121,13 @@ impl Inner {
                 self.pump(st, conn);
             }
         }
-        // The channel copied what it keeps: the buffer goes straight back.
-        let _ = self
-            .provider
-            .post_srq_recv(self.srq, &[self.recv_wr(index)]);
+        // The channel copied what it keeps: the buffer goes back, with the
+        // batch it completes (the SRQ's other entries meanwhile).
+        st.reposts.push(self.recv_wr(index));
+        if st.reposts.len() >= self.repost_batch {
+            let _ = self.provider.post_srq_recv(self.srq, &st.reposts);
+            st.reposts.clear();
+        }
     }
 
     pub(super) fn on_send_wc(&self, st: &mut State, conn: ConnId, wc: &WorkCompletion) {

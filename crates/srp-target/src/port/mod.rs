@@ -203,6 +203,9 @@ struct Inner {
     /// line, so every buffer starts word-aligned (a copy between aligned
     /// buffers moves whole words; 8260, ib_srpt's default, is not).
     req_stride: u32,
+    /// Receive buffers posted again together, at most (`State::reposts`):
+    /// a 64th of the SRQ, up to 16; 1 (each at once) below 128 entries.
+    repost_batch: usize,
     chunk_size: u32,
     /// Commands whose data-in the store read straight into reserved
     /// chunks (no copy before the RDMA WRITEs).
@@ -394,6 +397,9 @@ struct State {
     closed: Vec<(ConnId, CloseReason)>,
     /// Work requests queued under the lock, posted once it is let go.
     posts: VecDeque<Post>,
+    /// Receive buffers whose IUs were handled, posted again once
+    /// `Inner::repost_batch` of them wait (one call, not one each).
+    reposts: Vec<RecvWr>,
     /// A thread is posting `posts` (it takes what others queue meanwhile).
     flushing: bool,
     /// The posting thread's buffers, kept between batches so a batch
@@ -632,6 +638,7 @@ impl TargetPort {
             stores: Mutex::default(),
             req_size,
             req_stride,
+            repost_batch: (srq_len as usize / 64).clamp(1, 16),
             chunk_size,
             spill_below: (opts.chunks / 4).max(2),
             direct_in: Default::default(),
@@ -653,6 +660,7 @@ impl TargetPort {
                 last_sweep: std::time::Instant::now(),
                 closed: Vec::new(),
                 posts: VecDeque::new(),
+                reposts: Vec::new(),
                 flushing: false,
                 flush_bufs: FlushBufs::default(),
             }),
