@@ -669,18 +669,20 @@ mod wide {
     macro_rules! copy_blocks {
         ($name:ident, $load:literal, $store:literal) => {
             /// Copies `blocks` (at least 1) 64-byte blocks from `src` to
-            /// `dst`, first byte first.
+            /// `dst`, first byte first: an odd block alone, then two a
+            /// step (eight loads, then eight stores).
             ///
             /// # Safety
             /// `src` is readable and `dst` writable for `64 * blocks`
             /// bytes; a side accessed with `movdqa` is 16-byte aligned;
-            /// ranges that overlap have `dst` at least 64 bytes before
-            /// `src` (each block is loaded whole before it is stored);
-            /// AVX is [`available`].
+            /// ranges that overlap have `dst` before `src` (each step
+            /// loads all it moves before it stores, and stores only below
+            /// what later steps load); AVX is [`available`].
             pub(super) unsafe fn $name(dst: *mut u8, src: *const u8, blocks: usize) {
                 debug_assert!(blocks > 0);
                 std::arch::asm!(
-                    "2:",
+                    "test {n}, 1",
+                    "jz 3f",
                     concat!($load, " xmm0, [{s}]"),
                     concat!($load, " xmm1, [{s} + 16]"),
                     concat!($load, " xmm2, [{s} + 32]"),
@@ -691,8 +693,31 @@ mod wide {
                     concat!($store, " [{d} + 48], xmm3"),
                     "add {s}, 64",
                     "add {d}, 64",
+                    "3:",
+                    "shr {n}, 1",
+                    "jz 4f",
+                    "2:",
+                    concat!($load, " xmm0, [{s}]"),
+                    concat!($load, " xmm1, [{s} + 16]"),
+                    concat!($load, " xmm2, [{s} + 32]"),
+                    concat!($load, " xmm3, [{s} + 48]"),
+                    concat!($load, " xmm4, [{s} + 64]"),
+                    concat!($load, " xmm5, [{s} + 80]"),
+                    concat!($load, " xmm6, [{s} + 96]"),
+                    concat!($load, " xmm7, [{s} + 112]"),
+                    concat!($store, " [{d}], xmm0"),
+                    concat!($store, " [{d} + 16], xmm1"),
+                    concat!($store, " [{d} + 32], xmm2"),
+                    concat!($store, " [{d} + 48], xmm3"),
+                    concat!($store, " [{d} + 64], xmm4"),
+                    concat!($store, " [{d} + 80], xmm5"),
+                    concat!($store, " [{d} + 96], xmm6"),
+                    concat!($store, " [{d} + 112], xmm7"),
+                    "add {s}, 128",
+                    "add {d}, 128",
                     "dec {n}",
                     "jnz 2b",
+                    "4:",
                     s = inout(reg) src => _,
                     d = inout(reg) dst => _,
                     n = inout(reg) blocks => _,
@@ -700,6 +725,10 @@ mod wide {
                     out("xmm1") _,
                     out("xmm2") _,
                     out("xmm3") _,
+                    out("xmm4") _,
+                    out("xmm5") _,
+                    out("xmm6") _,
+                    out("xmm7") _,
                     options(nostack),
                 );
             }
