@@ -164,7 +164,7 @@ impl Driver {
     fn take(&mut self, o: Output) {
         match o {
             Output::Send { bytes, solicited } => {
-                self.sends.push(bytes);
+                self.sends.push(bytes.to_vec());
                 self.solicited.push(solicited);
                 self.pending.push_back(Pending::Send);
             }

@@ -128,6 +128,12 @@ pub enum Error {
 /// Result of parsing or emitting an IU.
 pub type Result<T> = core::result::Result<T, Error>;
 
+/// Bytes an [`IuBytes`] holds without allocating.
+pub const IU_INLINE: usize = 64;
+
+/// An emitted IU ([`Iu::to_bytes`]), held inline when short.
+pub type IuBytes = smallvec::SmallVec<[u8; IU_INLINE]>;
+
 /// The length check of the views (`rdma_types::view!`).
 pub(crate) fn need(iu: &'static str, need: usize, have: usize) -> Result<()> {
     if have < need {
@@ -399,6 +405,15 @@ impl<'a> Iu<'a> {
     /// As [`Iu::emit`].
     pub fn to_vec(&self) -> Result<Vec<u8>> {
         let mut v = vec![0; self.buffer_len()];
+        let n = self.emit(&mut v)?;
+        v.truncate(n);
+        Ok(v)
+    }
+
+    /// [`Iu::to_vec`] into an [`IuBytes`]: no allocation for an IU of
+    /// [`IU_INLINE`] bytes or fewer (an SRP_RSP without sense data).
+    pub fn to_bytes(&self) -> Result<IuBytes> {
+        let mut v = IuBytes::from_elem(0, self.buffer_len());
         let n = self.emit(&mut v)?;
         v.truncate(n);
         Ok(v)

@@ -330,7 +330,7 @@ impl Channel {
 pub(super) fn send(iu: Iu<'_>, solicited: bool) -> Output {
     // Emitting into a vector of buffer_len() bytes cannot fail.
     Output::Send {
-        bytes: iu.to_vec().unwrap_or_default(),
+        bytes: iu.to_bytes().unwrap_or_default(),
         solicited,
     }
 }

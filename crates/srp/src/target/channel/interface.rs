@@ -151,7 +151,7 @@ pub enum Output {
     /// completion with [`Channel::handle_send_done`].
     Send {
         /// The IU.
-        bytes: Vec<u8>,
+        bytes: crate::wire::IuBytes,
         /// Set the solicited event bit (the initiator asked, SRP r16a 6.9).
         solicited: bool,
     },
