@@ -427,11 +427,31 @@ impl Target {
         expected: u64,
         bufs: Option<&mut Buffers<'_, '_>>,
     ) -> ScsiResponse {
+        let dev = self.device(nexus, lun);
+        self.submit_to(dev, nexus, lun, tag, attr, cdb, data_out, expected, bufs)
+    }
+
+    /// [`Target::submit_attr_into`] for a transport that looked the
+    /// logical unit up already: `dev` is what [`Target::device`] gave it
+    /// for `nexus` and `lun` (a map change since counts the command
+    /// where it was addressed, as one during the command does).
+    #[allow(clippy::too_many_arguments)]
+    pub fn submit_to(
+        &self,
+        dev: Option<Arc<Device>>,
+        nexus: &Nexus,
+        lun: Lun,
+        tag: u64,
+        attr: TaskAttr,
+        cdb: &[u8],
+        data_out: &[u8],
+        expected: u64,
+        bufs: Option<&mut Buffers<'_, '_>>,
+    ) -> ScsiResponse {
         // Only a WRITE takes its data-out in pieces; anything else that
         // has data-out parses it, so it gets it in one. A pass-through
         // device takes any command's pieces, but PERSISTENT RESERVE OUT
         // (the core's).
-        let dev = self.device(nexus, lun);
         let passed = dev
             .as_ref()
             .is_some_and(|d| d.pass_through_handler().is_some());

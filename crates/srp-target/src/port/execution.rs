@@ -3,6 +3,9 @@
 
 use super::*;
 
+/// Abort flags kept for reuse (`State::spare_flags`), at most.
+const SPARE_FLAGS: usize = 256;
+
 impl Inner {
     /// A command came back from the SCSI core: its data-in and response
     /// go out from the calling thread (a worker), with no hop through the
@@ -28,7 +31,13 @@ impl Inner {
             return;
         };
         let (cmd, channel) = (done.cmd, c.channel);
-        c.queued.remove(&cmd);
+        // The job is gone (it ran): a flag nobody else holds serves the
+        // next command.
+        if let Some(mut q) = c.queued.remove(&cmd) {
+            if Arc::get_mut(&mut q.aborted).is_some() && st.spare_flags.len() < SPARE_FLAGS {
+                st.spare_flags.push(q.aborted);
+            }
+        }
         c.data_in.insert(cmd, data_in);
         let taken = st
             .target
@@ -64,8 +73,14 @@ impl Inner {
                 Some((*len, c.fetched.remove(&req.cmd).unwrap_or_default())),
             ),
         };
-        let spilled = c.spilled.remove(&req.cmd).unwrap_or_default();
-        let aborted = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let spilled = rdma_types::remove_if_any(&mut c.spilled, &req.cmd).unwrap_or_default();
+        let aborted = match st.spare_flags.pop() {
+            Some(f) => {
+                f.store(false, std::sync::atomic::Ordering::SeqCst);
+                f
+            }
+            None => Arc::new(std::sync::atomic::AtomicBool::new(false)),
+        };
         c.queued.insert(
             req.cmd,
             Queued {
@@ -107,6 +122,7 @@ impl Inner {
             spilled,
             direct_out: None,
             aborted,
+            dev: dev.clone(),
         };
         if inline {
             st.inline_jobs.push(job);
@@ -353,9 +369,9 @@ impl Inner {
             srp::wire::TaskAttr::Aca => scsi::TaskAttr::Aca,
             _ => scsi::TaskAttr::Simple,
         };
-        // Looked up before the command runs: a map change while it runs
-        // counts it where it was addressed.
-        let dev = self.scsi.device(&job.nexus, lun);
+        // Looked up before the command ran (`submit_scsi`): a map change
+        // since counts it where it was addressed.
+        let dev = job.dev.clone();
         let direct_in = !data_out_dir && req.data_in_len >= DIRECT_IN_MIN;
         // Parsed once: it picks the memory store's path and the counters.
         let kind = scsi::Command::parse(&req.cdb).map(|(_, c)| c);
@@ -383,8 +399,16 @@ impl Inner {
                     descriptor_sense: false,
                 };
             }
-            self.scsi.submit_attr_into(
-                &job.nexus, lun, req.tag.0, attr, &req.cdb, data_out, expected, bufs,
+            self.scsi.submit_to(
+                dev.clone(),
+                &job.nexus,
+                lun,
+                req.tag.0,
+                attr,
+                &req.cdb,
+                data_out,
+                expected,
+                bufs,
             )
         };
         let (r, data_in) = match (store, reserved) {

@@ -262,6 +262,9 @@ struct Job {
     /// Set by a task management function that reached the command before
     /// it entered the SCSI core (see [`Queued`]).
     aborted: Arc<std::sync::atomic::AtomicBool>,
+    /// The logical unit, looked up as the command was handed on (what
+    /// `scsi::Target::device` gave for its LUN; `None`: none there).
+    dev: Option<Arc<scsi::Device>>,
 }
 
 /// A command handed to a worker (or kept to run inline) and not yet
@@ -397,6 +400,9 @@ struct State {
     closed: Vec<(ConnId, CloseReason)>,
     /// Work requests queued under the lock, posted once it is let go.
     posts: VecDeque<Post>,
+    /// Abort flags of finished commands (`Queued::aborted`), for the next
+    /// ones: no allocation per command.
+    spare_flags: Vec<Arc<std::sync::atomic::AtomicBool>>,
     /// Receive buffers whose IUs were handled, posted again once
     /// `Inner::repost_batch` of them wait (one call, not one each).
     reposts: Vec<RecvWr>,
@@ -660,6 +666,7 @@ impl TargetPort {
                 last_sweep: std::time::Instant::now(),
                 closed: Vec::new(),
                 posts: VecDeque::new(),
+                spare_flags: Vec::new(),
                 reposts: Vec::new(),
                 flushing: false,
                 flush_bufs: FlushBufs::default(),
