@@ -16,6 +16,7 @@
 mod fields;
 mod flags;
 pub mod idmap;
+pub mod idring;
 mod ids;
 mod psn;
 mod time;
@@ -27,6 +28,7 @@ mod wc;
 pub use fields::{CmRetries, TimeoutExp};
 pub use flags::AccessFlags;
 pub use idmap::{remove_if_any, IdMap, IdSet};
+pub use idring::{IdRing, RingId};
 pub use ids::{
     Gid, Guid, Lid, Lkey, Mtu, MtuError, Pkey, PortNum, Qkey, QpState, QpType, Qpn, Rkey,
 };

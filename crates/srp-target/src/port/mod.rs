@@ -303,16 +303,16 @@ struct Conn {
     /// The P_Key at the QP's index: the session's partition.
     pkey: Pkey,
     nexus: scsi::Nexus,
-    ops: IdMap<OpId, OpInfo>,
+    ops: rdma_types::IdRing<OpId, OpInfo>,
     /// Data-out chunks fetched so far per command: (offset, chunk, len).
     fetched: IdMap<CmdId, Vec<Fetched>>,
     /// Data-out pieces copied out of their chunks while chunks ran short:
     /// a command with more pieces than the pool has chunks (an external
     /// table of a thousand small descriptors) must not hold them all.
     spilled: IdMap<CmdId, Vec<(u64, Vec<u8>)>>,
-    data_in: IdMap<CmdId, InData>,
+    data_in: rdma_types::IdRing<CmdId, InData>,
     /// Commands with the SCSI core (queued or running).
-    queued: IdMap<CmdId, Queued>,
+    queued: rdma_types::IdRing<CmdId, Queued>,
     /// Reserved data-in chunks of released commands whose WRITEs are still
     /// in flight: they go back to the pool when the last one completes,
     /// never while the NIC may still read them.

@@ -13,6 +13,19 @@ pub struct CmdId(pub u64);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct OpId(pub u64);
 
+// Both are issued in sequence by the channel.
+impl rdma_types::RingId for CmdId {
+    fn ring_index(self) -> u64 {
+        self.0
+    }
+}
+
+impl rdma_types::RingId for OpId {
+    fn ring_index(self) -> u64 {
+        self.0
+    }
+}
+
 /// Where the local side of an RDMA op lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Local {

@@ -10,7 +10,7 @@ use crate::wire::{
     DirectBuf, Error as WireError, ILogout, Iu, IuType, Lun, PortId, Rsp, RspCode, RspFlags,
     TLogout, TLogoutReason, Tag, TaskAttr, TmFunc, TskMgmt, AER_REQ_FIXED_LEN, RSP_FIXED_LEN,
 };
-use rdma_types::{IdMap, Rkey};
+use rdma_types::{IdRing, Rkey};
 use std::collections::{BTreeMap, VecDeque};
 
 mod commands;
@@ -134,13 +134,14 @@ fn forget_tag(tags: &mut BTreeMap<Tag, CmdId>, tag: Tag, id: CmdId) {
 pub struct Channel {
     p: Params,
     state: ChannelState,
-    /// Our own ids: hashed cheaply ([`IdMap`]); where the order of
-    /// commands shows (aborts, releases), their ids are sorted (arrival).
-    tasks: IdMap<CmdId, Task>,
+    /// Our own ids, issued in sequence: found by their low bits
+    /// ([`IdRing`]); where the order of commands shows (aborts,
+    /// releases), their ids are sorted (arrival).
+    tasks: IdRing<CmdId, Task>,
     /// The initiator's tags, which it chooses: a B-tree, which no choice
     /// of keys makes slow.
     tags: BTreeMap<Tag, CmdId>,
-    ops: IdMap<OpId, RdmaOp>,
+    ops: IdRing<OpId, RdmaOp>,
     next_cmd: u64,
     next_op: u64,
     next_tag: u64,
@@ -174,9 +175,9 @@ impl Channel {
             window: p.window,
             p,
             state: ChannelState::Live,
-            tasks: IdMap::default(),
+            tasks: IdRing::default(),
             tags: BTreeMap::new(),
-            ops: IdMap::default(),
+            ops: IdRing::default(),
             next_cmd: 1,
             next_op: 1,
             next_tag: 1,
@@ -471,7 +472,8 @@ impl Channel {
         self.ops.clear();
         self.wr_out = 0;
         self.sends_out = 0;
-        let mut ids: Vec<CmdId> = std::mem::take(&mut self.tasks).into_keys().collect();
+        let mut ids: Vec<CmdId> = self.tasks.keys().copied().collect();
+        self.tasks.clear();
         ids.sort_unstable();
         for id in ids {
             self.events.push_back(Output::Release(id));
