@@ -113,24 +113,14 @@ fn current_id() -> std::thread::ThreadId {
 
 /// The key of the first of `cmds` that has its answer in `done`.
 fn first_done<'a, K>(
-    done: &IdMap<Tag, Completion>,
-    cmds: impl Iterator<Item = (K, &'a Started)>,
+    done: &rdma_types::IdRing<u64, Completion>,
+    mut cmds: impl Iterator<Item = (K, &'a Started)>,
 ) -> Option<K> {
-    let mut cmds = cmds;
     if done.is_empty() {
         return None;
     }
-    // A few answers wait, as a rule, for a queue of many commands:
-    // compare each command's tag with theirs instead of hashing it.
-    let mut few = [Tag::default(); 8];
-    if done.len() <= few.len() {
-        for (slot, tag) in few.iter_mut().zip(done.keys()) {
-            *slot = *tag;
-        }
-        let few = &few[..done.len()];
-        return cmds.find(|(_, c)| few.contains(&c.tag)).map(|(k, _)| k);
-    }
-    cmds.find(|(_, c)| done.contains_key(&c.tag))
+    // A look at one slot of the ring per command.
+    cmds.find(|(_, c)| done.contains_key(&c.tag.0))
         .map(|(k, _)| k)
 }
 
@@ -257,10 +247,12 @@ struct State {
     channel: Channel,
     /// Free send slots.
     free_slots: Vec<u32>,
-    /// Send slot of each SendId in flight.
-    slot_of: IdMap<SendId, u32>,
-    /// Results of finished commands, by tag, until their caller takes them.
-    done: IdMap<Tag, Completion>,
+    /// The SendId in flight in each send slot (a SEND's work request id
+    /// names its slot: no search when it completes).
+    slot_ids: Vec<Option<SendId>>,
+    /// Results of finished commands, by the number of the tag (ours: its
+    /// low bits are the command's slot), until their caller takes them.
+    done: rdma_types::IdRing<u64, Completion>,
     /// Pool pages in use.
     pages: Vec<bool>,
     /// Where each command's external descriptor table lives in the pool.
@@ -271,8 +263,9 @@ struct State {
     last_tmf: Option<(TmFunc, Result<(), srp::initiator::TmfFailure>)>,
     stats: SessionStats,
     closed: bool,
-    /// Callers waiting for their command's answer, woken one by one.
-    parked: IdMap<Tag, std::thread::Thread>,
+    /// Callers waiting for their command's answer, woken one by one; by
+    /// the number of the tag (ours: its low bits are the command's slot).
+    parked: rdma_types::IdRing<u64, std::thread::Thread>,
     /// A waiting caller is reaping the CQ ([`Inner::wait_answer`]): the CQ
     /// stays unarmed until it gives the role up.
     reaping: bool,
@@ -720,7 +713,7 @@ impl Session {
                 Ok(tag) => {
                     // Woken at the answer from now on (the answer may
                     // come while the lock is let go below).
-                    st.parked.insert(tag, std::thread::current());
+                    st.parked.insert(tag.0, std::thread::current());
                     if let Some(t) = cmd.desc_table {
                         st.tables.insert(tag, t.va);
                     }
@@ -800,7 +793,7 @@ impl Session {
             if !registered {
                 let me = std::thread::current();
                 for (_, c) in cmds.clone().filter(|(_, c)| c.owner != me.id()) {
-                    st.parked.insert(c.tag, me.clone());
+                    st.parked.insert(c.tag.0, me.clone());
                 }
                 registered = true;
             }
@@ -826,15 +819,15 @@ impl Session {
         // another that wakes it (one wake-up per command, not one per
         // completion for every caller).
         let (mut st, completion) = inner.wait_answer(inner.lock(), |st| {
-            if let Some(c) = st.done.remove(&tag) {
+            if let Some(c) = st.done.remove(&tag.0) {
                 // Mostly empty: not even looked into then.
-                rdma_types::remove_if_any(&mut st.parked, &tag);
+                st.parked.remove(&tag.0);
                 rdma_types::remove_if_any(&mut st.tables, &tag);
                 rdma_types::remove_if_any(&mut st.retried, &tag);
                 return Some(c);
             }
             if owner != current_id() {
-                st.parked.insert(tag, std::thread::current());
+                st.parked.insert(tag.0, std::thread::current());
             }
             None
         });
@@ -1013,8 +1006,10 @@ impl Inner {
             // What is left in `sent` was not posted.
             let mut st = self.lock();
             if !sent.is_empty() {
-                for (id, slot) in sent.drain(..).filter(|&(_, slot)| slot != NO_SLOT) {
-                    st.slot_of.remove(&id);
+                for (_, slot) in sent.drain(..).filter(|&(_, slot)| slot != NO_SLOT) {
+                    if let Some(id) = st.slot_ids.get_mut(slot as usize) {
+                        *id = None;
+                    }
                     st.free_slots.push(slot);
                 }
                 self.lost(&mut st);

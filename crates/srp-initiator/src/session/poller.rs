@@ -165,11 +165,11 @@ impl Inner {
             // unknown state, and so is the connection.
             KIND_MW if !ok => self.lost(st),
             KIND_SEND => {
-                let id = SendId(wc.wr_id & !KIND_MASK);
-                if let Some(slot) = st.slot_of.remove(&id) {
-                    st.free_slots.push(slot);
+                let slot = (wc.wr_id & !KIND_MASK) as usize;
+                if let Some(id) = st.slot_ids.get_mut(slot).and_then(Option::take) {
+                    st.free_slots.push(slot as u32);
+                    st.channel.handle_send_done(id);
                 }
-                st.channel.handle_send_done(id);
                 if !ok {
                     self.lost(st);
                 }
@@ -217,7 +217,7 @@ impl Inner {
                     let n = t.bytes.len().min(self.slot_size as usize);
                     self.send_buf.write_at(off, &t.bytes[..n]);
                     let wr = SendWr::new(
-                        KIND_SEND | t.id.0,
+                        KIND_SEND | u64::from(slot),
                         SendOpcode::Send,
                         verbs::sges![Sge {
                             addr: self.send_buf.addr() + off as u64,
@@ -225,7 +225,9 @@ impl Inner {
                             lkey: self.send_mr.lkey,
                         }],
                     );
-                    st.slot_of.insert(t.id, slot);
+                    if let Some(id) = st.slot_ids.get_mut(slot as usize) {
+                        *id = Some(t.id);
+                    }
                     st.posts.push((t.id, slot, wr));
                 }
                 Output::Reconnect => {
@@ -260,10 +262,10 @@ impl Inner {
             if let Some(w) = st.bound.remove(&c.tag) {
                 self.invalidate(st, w);
             }
-            if let Some(t) = st.parked.remove(&c.tag) {
+            if let Some(t) = st.parked.remove(&c.tag.0) {
                 st.wake.push(t);
             }
-            st.done.insert(c.tag, c);
+            st.done.insert(c.tag.0, c);
         }
         while let Some(e) = st.channel.poll_event() {
             match &e {

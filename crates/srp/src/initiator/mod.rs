@@ -193,7 +193,7 @@ pub struct Channel {
     live: u32,
     next_send: u64,
     next_seq: u64,
-    sends: rdma_types::IdMap<SendId, SendWhat>,
+    sends: rdma_types::IdRing<SendId, SendWhat>,
     /// Answers waiting for a send slot.
     deferred: VecDeque<Transmit>,
     tmf: Option<Tmf>,
@@ -222,7 +222,7 @@ impl Channel {
             live: 0,
             next_send: 0,
             next_seq: 0,
-            sends: rdma_types::IdMap::default(),
+            sends: rdma_types::IdRing::default(),
             deferred: VecDeque::new(),
             tmf: None,
             tmf_seq: 0,

@@ -76,6 +76,13 @@ impl<'a> Command<'a> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SendId(pub u64);
 
+// Issued in sequence by the channel.
+impl rdma_types::RingId for SendId {
+    fn ring_index(self) -> u64 {
+        self.0
+    }
+}
+
 /// An IU to post as one RC SEND.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Transmit {
