@@ -93,7 +93,6 @@ use crate::wire::{
     BufFormats, LoginRej, LoginRejReason, LoginReq, LoginRsp, LoginRspFlags, MultiChannelAction,
     MultiChannelResult, PortId, TLogoutReason, CMD_FIXED_LEN, IMM_BUF_LEN,
 };
-use std::collections::BTreeMap;
 
 /// Receive buffers kept per channel beyond its credit window, for the IUs an
 /// initiator may send without a credit: one SRP_CRED_RSP and one SRP_AER_RSP
@@ -229,6 +228,13 @@ pub struct ConfigError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ChannelId(pub u64);
 
+// Issued in sequence by the target.
+impl rdma_types::RingId for ChannelId {
+    fn ring_index(self) -> u64 {
+        self.0
+    }
+}
+
 /// Which connection manager carried the login (the layouts differ).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LoginForm {
@@ -314,7 +320,9 @@ pub mod sense {
 #[derive(Debug)]
 pub struct Target {
     config: TargetConfig,
-    channels: BTreeMap<ChannelId, Channel>,
+    /// By id, issued in sequence: found by its low bits (asked several
+    /// times per command).
+    channels: rdma_types::IdRing<ChannelId, Channel>,
     next_id: u64,
     /// Credits promised: windows plus [`RESERVED_RECV`] per channel.
     promised: u64,
@@ -331,7 +339,7 @@ impl Target {
         config.validate()?;
         Ok(Target {
             config,
-            channels: BTreeMap::new(),
+            channels: Default::default(),
             next_id: 1,
             promised: 0,
             last_refusal: None,
@@ -534,17 +542,22 @@ impl Target {
 
     /// Ids of every channel not yet removed.
     pub fn channel_ids(&self) -> Vec<ChannelId> {
-        self.channels.keys().copied().collect()
+        let mut ids: Vec<ChannelId> = self.channels.keys().copied().collect();
+        ids.sort_unstable();
+        ids
     }
 
     /// Live channels of the I_T nexus (initiator port, this target port).
     pub fn nexus_channels(&self, initiator: PortId) -> Vec<ChannelId> {
         let nexus = (initiator, self.config.target_port_id);
-        self.channels
+        let mut ids: Vec<ChannelId> = self
+            .channels
             .iter()
             .filter(|(_, ch)| ch.nexus() == nexus && ch.state() == ChannelState::Live)
             .map(|(id, _)| *id)
-            .collect()
+            .collect();
+        ids.sort_unstable();
+        ids
     }
 
     /// Forget a channel whose connection is gone, with its credits.

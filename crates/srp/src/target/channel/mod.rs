@@ -485,6 +485,11 @@ impl Channel {
     /// Next thing for the driver to do, or `None`. Work requests are handed
     /// out only while fewer than `srpt_sq_size` are outstanding.
     pub fn poll_output(&mut self) -> Option<Output> {
+        // Nothing queued (the last of each round of calls): said before
+        // the loop below sets itself up.
+        if self.events.is_empty() && self.wrs.is_empty() && self.state == ChannelState::Live {
+            return None;
+        }
         loop {
             if let Some(e) = self.events.pop_front() {
                 return Some(e);
@@ -507,6 +512,7 @@ impl Channel {
         }
     }
 
+    #[inline(never)]
     fn emit(&mut self, wr: Wr) -> Option<Output> {
         match wr {
             Wr::Rdma { op, read } => {
