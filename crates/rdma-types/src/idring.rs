@@ -183,6 +183,15 @@ impl<K: RingId, V> IdRing<K, V> {
             .map(|(k, v)| (k, v))
     }
 
+    /// Every entry, the values to change, in no particular order.
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = (&K, &mut V)> {
+        self.slots
+            .iter_mut()
+            .flatten()
+            .chain(self.overflow.values_mut())
+            .map(|(k, v)| (&*k, v))
+    }
+
     /// Every key, in no particular order.
     pub fn keys(&self) -> impl Iterator<Item = &K> {
         self.iter().map(|(k, _)| k)
@@ -259,9 +268,15 @@ mod tests {
                 assert_eq!(ring.get(&k), model.get(&k));
                 assert_eq!(ring.len(), model.len());
             }
+            for (k, v) in ring.iter_mut() {
+                *v += k;
+            }
             let mut all: Vec<(u64, u64)> = ring.iter().map(|(k, v)| (*k, *v)).collect();
             all.sort();
-            assert_eq!(all, model.into_iter().collect::<Vec<_>>());
+            assert_eq!(
+                all,
+                model.into_iter().map(|(k, v)| (k, v + k)).collect::<Vec<_>>()
+            );
             assert!(ring.slots.len() <= RING_MAX);
         }
     }

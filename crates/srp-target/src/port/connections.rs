@@ -7,6 +7,13 @@ use super::*;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ConnId(pub u64);
 
+// Issued in sequence by the port.
+impl rdma_types::RingId for ConnId {
+    fn ring_index(self) -> u64 {
+        self.0
+    }
+}
+
 /// The initiator's end of a connection, from the CM REQ.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PeerQp {

@@ -147,7 +147,8 @@ impl Inner {
                 status: scsi::Status::Busy.code(),
                 ..ScsiDone::good(job.req.cmd, 0)
             };
-            if let Some(ch) = st.target.channel_mut(st.conns[&conn].channel) {
+            let channel = st.conns.get(&conn).map(|c| c.channel);
+            if let Some(ch) = channel.and_then(|c| st.target.channel_mut(c)) {
                 ch.handle_scsi_done(done);
             }
         }

@@ -378,7 +378,7 @@ struct State {
     /// The thread holding the lock will run `inline_jobs` afterwards.
     inline_here: bool,
     target: Target,
-    conns: IdMap<ConnId, Conn>,
+    conns: rdma_types::IdRing<ConnId, Conn>,
     by_channel: IdMap<ChannelId, ConnId>,
     free_chunks: Vec<usize>,
     /// RDMA ops waiting for a chunk.
@@ -652,7 +652,7 @@ impl TargetPort {
             inline_max: opts.inline_max,
             st: Mutex::new(State {
                 target,
-                conns: IdMap::default(),
+                conns: Default::default(),
                 by_channel: IdMap::default(),
                 free_chunks: (0..opts.chunks).rev().collect(),
                 waiting: VecDeque::new(),
