@@ -275,7 +275,10 @@ mod tests {
             all.sort();
             assert_eq!(
                 all,
-                model.into_iter().map(|(k, v)| (k, v + k)).collect::<Vec<_>>()
+                model
+                    .into_iter()
+                    .map(|(k, v)| (k, v + k))
+                    .collect::<Vec<_>>()
             );
             assert!(ring.slots.len() <= RING_MAX);
         }
