@@ -64,6 +64,7 @@ impl<K: RingId + std::fmt::Debug, V: std::fmt::Debug> std::fmt::Debug for IdRing
 }
 
 impl<K: RingId, V> IdRing<K, V> {
+    #[inline]
     fn slot(&self, k: K) -> usize {
         (k.ring_index() as usize) & (self.slots.len().wrapping_sub(1))
     }
@@ -79,6 +80,7 @@ impl<K: RingId, V> IdRing<K, V> {
     }
 
     /// The value of `k`.
+    #[inline]
     pub fn get(&self, k: &K) -> Option<&V> {
         if let Some(Some((key, v))) = self.slots.get(self.slot(*k)) {
             if key == k {
@@ -92,6 +94,7 @@ impl<K: RingId, V> IdRing<K, V> {
     }
 
     /// The value of `k`, to change.
+    #[inline]
     pub fn get_mut(&mut self, k: &K) -> Option<&mut V> {
         let i = self.slot(*k);
         // Two looks, so the borrow of the ring ends before the overflow's.
@@ -110,6 +113,7 @@ impl<K: RingId, V> IdRing<K, V> {
     }
 
     /// Takes `k`'s value out.
+    #[inline]
     pub fn remove(&mut self, k: &K) -> Option<V> {
         let i = self.slot(*k);
         if matches!(self.slots.get(i), Some(Some((key, _))) if key == k) {
@@ -123,7 +127,21 @@ impl<K: RingId, V> IdRing<K, V> {
     }
 
     /// Sets `k`'s value; returns the one it replaced.
+    #[inline]
     pub fn insert(&mut self, k: K, v: V) -> Option<V> {
+        // The usual case, inline: a free slot and nothing aside.
+        if self.overflow.is_empty() && !self.slots.is_empty() {
+            let i = self.slot(k);
+            if self.slots[i].is_none() {
+                self.slots[i] = Some((k, v));
+                self.in_ring += 1;
+                return None;
+            }
+        }
+        self.insert_slow(k, v)
+    }
+
+    fn insert_slow(&mut self, k: K, v: V) -> Option<V> {
         if !self.overflow.is_empty() {
             if let Some((_, old)) = self.overflow.get_mut(&k.ring_index()) {
                 return Some(std::mem::replace(old, v));
