@@ -346,7 +346,7 @@ impl Target {
         let key = self.device(nexus, lun).map(|d| lu_key(&d));
         let order = self.order.lock().unwrap_or_else(|e| e.into_inner());
         key.and_then(|k| order.sets.get(&k))
-            .map_or(0, |s| s.active.len())
+            .map_or(0, |s| s.len())
     }
 
     /// The faulted nexus of the ACA condition in effect on the logical
@@ -380,7 +380,7 @@ impl Target {
             && order
                 .sets
                 .get(&key)
-                .is_none_or(|s| s.active.values().all(|a| *a == TaskAttr::Simple))
+                .is_none_or(|s| s.all_simple())
     }
 
     /// [`Target::submit`] with a task attribute: the command enters the
@@ -477,7 +477,7 @@ impl Target {
             // SAM-5 5.3.1: no room in the task set, nothing runs; TASK
             // SET FULL to a nexus with tasks of its own there (it will
             // get room as they end), BUSY to one without.
-            if let Some(set) = o.sets.get(&k).filter(|s| s.active.len() >= depth) {
+            if let Some(set) = o.sets.get(&k).filter(|s| s.len() >= depth) {
                 let status = if set.per_nexus.get(nexus).is_some_and(|&n| n > 0) {
                     Status::TaskSetFull
                 } else {
@@ -502,7 +502,7 @@ impl Target {
                     let set = o.sets.entry(k).or_default();
                     let seq = set.next;
                     set.next += 1;
-                    set.active.insert(seq, attr);
+                    set.enter(seq, attr);
                     // The nexus is cloned only for its first task here.
                     match set.per_nexus.get_mut(nexus) {
                         Some(n) => *n += 1,
@@ -537,7 +537,7 @@ impl Target {
         self.with_order(|o| {
             o.settle(k, &dev, nexus, aca_task, cdb, r.status);
             if let Some(set) = o.sets.get_mut(&k) {
-                set.active.remove(&seq);
+                set.leave(seq);
                 // A nexus's count stays at 0 (a command run to completion
                 // takes it there every time: no remove and insert each),
                 // unless the set counts for many nexuses.
@@ -549,7 +549,7 @@ impl Target {
                 }
                 // An idle set is kept (its maps keep their room), unless
                 // many logical units have one.
-                if set.active.is_empty() && o.sets.len() > IDLE_TASK_SETS_KEPT {
+                if set.len() == 0 && o.sets.len() > IDLE_TASK_SETS_KEPT {
                     o.sets.remove(&k);
                 }
             }

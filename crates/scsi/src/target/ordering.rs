@@ -144,12 +144,45 @@ impl Order {
 #[derive(Default)]
 pub(super) struct TaskSet {
     pub(super) next: u64,
-    pub(super) active: BTreeMap<u64, TaskAttr>,
+    active: BTreeMap<u64, TaskAttr>,
+    /// Tasks in `active` that are not SIMPLE: while there are none, a
+    /// SIMPLE task starts without a look at the others.
+    not_simple: usize,
     /// Tasks in `active` per nexus (for TASK SET FULL against BUSY).
     pub(super) per_nexus: FastMap<Nexus, usize>,
 }
 
 impl TaskSet {
+    /// Task `seq` entered the set.
+    pub(super) fn enter(&mut self, seq: u64, attr: TaskAttr) {
+        if attr != TaskAttr::Simple {
+            self.not_simple += 1;
+        }
+        if let Some(old) = self.active.insert(seq, attr) {
+            // Never: each task has a number of its own.
+            if old != TaskAttr::Simple {
+                self.not_simple -= 1;
+            }
+        }
+    }
+
+    /// Task `seq` ended.
+    pub(super) fn leave(&mut self, seq: u64) {
+        if self.active.remove(&seq).is_some_and(|a| a != TaskAttr::Simple) {
+            self.not_simple -= 1;
+        }
+    }
+
+    /// Tasks in the set.
+    pub(super) fn len(&self) -> usize {
+        self.active.len()
+    }
+
+    /// Whether every task in the set is SIMPLE.
+    pub(super) fn all_simple(&self) -> bool {
+        self.not_simple == 0
+    }
+
     /// Whether task `seq` may start: an ORDERED task waits for every older
     /// task, any task waits for an older ORDERED one, HEAD OF QUEUE waits
     /// for nothing (SAM-5 8.6). While an ACA condition is in effect only
@@ -157,6 +190,9 @@ impl TaskSet {
     pub(super) fn may_start(&self, seq: u64, attr: TaskAttr, aca: bool) -> bool {
         if aca {
             return attr == TaskAttr::Aca;
+        }
+        if attr == TaskAttr::Simple && self.all_simple() {
+            return true;
         }
         let mut older = self.active.range(..seq).map(|(_, a)| *a);
         match attr {
