@@ -345,8 +345,7 @@ impl Target {
     pub fn task_set_len(&self, nexus: &Nexus, lun: Lun) -> usize {
         let key = self.device(nexus, lun).map(|d| lu_key(&d));
         let order = self.order.lock().unwrap_or_else(|e| e.into_inner());
-        key.and_then(|k| order.sets.get(&k))
-            .map_or(0, |s| s.len())
+        key.and_then(|k| order.sets.get(&k)).map_or(0, |s| s.len())
     }
 
     /// The faulted nexus of the ACA condition in effect on the logical
@@ -376,11 +375,7 @@ impl Target {
         }
         let key = lu_key(dev);
         let order = self.order.lock().unwrap_or_else(|e| e.into_inner());
-        !order.aca.contains_key(&key)
-            && order
-                .sets
-                .get(&key)
-                .is_none_or(|s| s.all_simple())
+        !order.aca.contains_key(&key) && order.sets.get(&key).is_none_or(|s| s.all_simple())
     }
 
     /// [`Target::submit`] with a task attribute: the command enters the

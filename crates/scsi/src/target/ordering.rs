@@ -168,7 +168,11 @@ impl TaskSet {
 
     /// Task `seq` ended.
     pub(super) fn leave(&mut self, seq: u64) {
-        if self.active.remove(&seq).is_some_and(|a| a != TaskAttr::Simple) {
+        if self
+            .active
+            .remove(&seq)
+            .is_some_and(|a| a != TaskAttr::Simple)
+        {
             self.not_simple -= 1;
         }
     }
