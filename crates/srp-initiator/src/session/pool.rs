@@ -145,10 +145,10 @@ impl Inner {
 
 /// A command's runs of pool pages (first page, pages): most commands
 /// have one or two, held without an allocation.
-pub(super) type Runs = smallvec::SmallVec<[(usize, usize); 4]>;
+pub(super) type Runs = smallvec::SmallVec<[(usize, usize); 2]>;
 
 /// A command's data descriptors, one per run.
-pub(super) type Segs = smallvec::SmallVec<[DirectBuf; 4]>;
+pub(super) type Segs = smallvec::SmallVec<[DirectBuf; 2]>;
 
 pub(super) fn find_free(pages: &[bool], from: usize, want: usize) -> Option<usize> {
     let mut run = 0;
