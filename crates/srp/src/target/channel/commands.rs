@@ -57,12 +57,16 @@ impl Channel {
                 return self.fail(Some(reason));
             }
         }
-        if self.tags.contains_key(&tag) {
-            return self.refuse(tag, sol, sense::overlapped());
-        }
-        let (Some((out, out_total)), Some((inn, in_total))) =
-            (self.xfer(&cmd.data_out), self.xfer(&cmd.data_in))
-        else {
+        let xfers = (self.xfer(&cmd.data_out), self.xfer(&cmd.data_in));
+        // One search of the tags: a tag in use is refused, a new one's
+        // place is kept for the command.
+        let place = match self.tags.entry(tag) {
+            std::collections::btree_map::Entry::Vacant(v) => v,
+            std::collections::btree_map::Entry::Occupied(_) => {
+                return self.refuse(tag, sol, sense::overlapped())
+            }
+        };
+        let (Some((out, out_total)), Some((inn, in_total))) = xfers else {
             return self.refuse(tag, sol, sense::invalid_cmd_iu());
         };
         let immediate = match cmd.data_out {
@@ -100,7 +104,7 @@ impl Channel {
             t.phase = Phase::Core;
         }
         self.tasks.insert(id, t);
-        self.tags.insert(tag, id);
+        place.insert(id);
         if tables == 0 {
             self.start_data_out(id);
             return;
