@@ -820,8 +820,8 @@ impl Session {
         // completion for every caller).
         let (mut st, completion) = inner.wait_answer(inner.lock(), |st| {
             if let Some(c) = st.done.remove(&tag.0) {
-                // Mostly empty: not even looked into then.
                 st.parked.remove(&tag.0);
+                // Mostly empty: not even looked into then.
                 rdma_types::remove_if_any(&mut st.tables, &tag);
                 rdma_types::remove_if_any(&mut st.retried, &tag);
                 return Some(c);
