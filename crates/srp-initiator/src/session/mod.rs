@@ -285,12 +285,12 @@ struct State {
     retried: IdMap<Tag, ()>,
     /// Callers waiting on `cv` (pool pages, credits, task management).
     cv_waiters: u32,
-    /// SENDs queued under the lock (send id, slot, request), posted once
+    /// SENDs queued under the lock (slot, request), posted once
     /// it is let go: a provider that calls back on the posting thread (the
     /// loopback fabric) can then run the target's handlers, and ours,
     /// right there, with no thread hand-off. One thread at a time posts
     /// the queue, in order.
-    posts: Vec<(SendId, u32, SendWr)>,
+    posts: Vec<(u32, SendWr)>,
     /// A thread is posting `posts` (it takes what others queue meanwhile).
     flushing: bool,
     /// The posting thread's buffers, kept between batches so a batch
@@ -359,10 +359,10 @@ impl State {
 #[derive(Default)]
 struct FlushBufs {
     /// The batch taken from `posts` (which gets this vector's twin back).
-    batch: Vec<(SendId, u32, SendWr)>,
-    /// Its requests, and each one's id and slot.
+    batch: Vec<(u32, SendWr)>,
+    /// Its requests, and each one's send slot.
     wrs: Vec<SendWr>,
-    sent: Vec<(SendId, u32)>,
+    sent: Vec<u32>,
 }
 
 impl Drop for Locked<'_> {
@@ -721,7 +721,7 @@ impl Session {
                         // Ahead of the SRP_CMD, which `flush_outputs_here`
                         // queues next.
                         for wr in binds.drain(..) {
-                            st.posts.push((SendId(0), NO_SLOT, wr));
+                            st.posts.push((NO_SLOT, wr));
                         }
                         st.bound
                             .insert(tag, windows.iter().map(|&(w, _, new)| (w, new)).collect());
@@ -991,8 +991,8 @@ impl Inner {
     fn flush_posts(&self, mut bufs: FlushBufs) {
         loop {
             let FlushBufs { batch, wrs, sent } = &mut bufs;
-            for (id, slot, wr) in batch.drain(..) {
-                sent.push((id, slot));
+            for (slot, wr) in batch.drain(..) {
+                sent.push(slot);
                 wrs.push(wr);
             }
             match self.provider.post_send(self.qp, wrs) {
@@ -1006,7 +1006,7 @@ impl Inner {
             // What is left in `sent` was not posted.
             let mut st = self.lock();
             if !sent.is_empty() {
-                for (_, slot) in sent.drain(..).filter(|&(_, slot)| slot != NO_SLOT) {
+                for slot in sent.drain(..).filter(|&slot| slot != NO_SLOT) {
                     if let Some(id) = st.slot_ids.get_mut(slot as usize) {
                         *id = None;
                     }

@@ -228,7 +228,7 @@ impl Inner {
                     if let Some(id) = st.slot_ids.get_mut(slot as usize) {
                         *id = Some(t.id);
                     }
-                    st.posts.push((t.id, slot, wr));
+                    st.posts.push((slot, wr));
                 }
                 Output::Reconnect => {
                     // Host reset: this session gives up; the caller (rport
