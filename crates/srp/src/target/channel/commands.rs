@@ -170,8 +170,10 @@ impl Channel {
             return;
         };
         t.phase = Phase::Core;
-        let data_out = match (&t.immediate, t.out_total) {
-            (Some(d), _) => DataOut::Immediate(d.clone()),
+        // The immediate data moves on with the request (nothing reads it
+        // here again): copied once, out of the receive buffer.
+        let data_out = match (t.immediate.take(), t.out_total) {
+            (Some(d), _) => DataOut::Immediate(d),
             (None, 0) => DataOut::None,
             (None, len) => DataOut::InBuffer { len },
         };
