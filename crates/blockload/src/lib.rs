@@ -83,8 +83,11 @@ pub trait BlockDevice: Send + Sync {
 pub trait IoQueue {
     /// Starts reading `len` bytes from `lba` into slot `slot`.
     fn start_read(&mut self, slot: usize, lba: u64, len: usize) -> io::Result<()>;
-    /// Starts writing `data` at `lba` in slot `slot`; `data` may be reused
-    /// as soon as this returns.
+    /// Starts writing `data` at `lba` in slot `slot`. `data` is the slot's
+    /// buffer (`bufs[slot]` of [`IoQueue::complete_one`]) and stays as it
+    /// is until the slot completes, as a buffer given to io_uring or libaio
+    /// does: a queue may send it again from there (a retry after a reset)
+    /// rather than copy it first.
     fn start_write(&mut self, slot: usize, lba: u64, data: &[u8]) -> io::Result<()>;
     /// Waits for one started I/O to end and returns its slot and result;
     /// a read's data is in `bufs[slot]`. `None` when nothing is in flight.

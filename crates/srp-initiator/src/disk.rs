@@ -840,8 +840,9 @@ impl blockload::BlockDevice for Disk {
 enum Op {
     /// READ(16) of `len` bytes.
     Read,
-    /// WRITE(16) of these bytes (kept for a retry after a reset or abort).
-    Write(Vec<u8>),
+    /// WRITE(16) of `len` bytes from the slot's buffer, which holds them
+    /// until the slot completes (for a retry after a reset or abort).
+    Write,
     /// SYNCHRONIZE CACHE(10).
     Flush,
     /// UNMAP with this parameter list.
@@ -852,7 +853,7 @@ impl Op {
     fn name(&self) -> &'static str {
         match self {
             Op::Read => "READ(16)",
-            Op::Write(_) => "WRITE(16)",
+            Op::Write => "WRITE(16)",
             Op::Flush => "SYNCHRONIZE CACHE",
             Op::Unmap(_) => "UNMAP",
         }
@@ -881,13 +882,29 @@ struct DiskQueue<'a> {
     /// Slots that ended before `complete_one` was asked (refused at
     /// start, or finished early to free a place in a queue limit), with
     /// the data of a read finished early.
-    ready: std::collections::VecDeque<(usize, io::Result<()>, Option<Vec<u8>>)>,
+    ready: std::collections::VecDeque<(usize, Ended)>,
+}
+
+/// How a command that ended before `complete_one` stands.
+enum Ended {
+    /// Its outcome, and a read's data.
+    Done(io::Result<()>, Option<Vec<u8>>),
+    /// A write to send again (after a reset or an abort) once its slot's
+    /// buffer is at hand: `complete_one` has it, `finish_early` does not.
+    Resend(Resend),
+}
+
+/// A WRITE(16) to send again from its slot's buffer.
+struct Resend {
+    cdb: [u8; 16],
+    cdb_len: usize,
+    len: usize,
 }
 
 impl<'a> DiskQueue<'a> {
     fn check_slot(&self, slot: usize) -> io::Result<()> {
         if self.slots.get(slot).is_none_or(|s| s.is_some())
-            || self.ready.iter().any(|(s, ..)| *s == slot)
+            || self.ready.iter().any(|(s, _)| *s == slot)
         {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -962,7 +979,7 @@ impl<'a> DiskQueue<'a> {
         if blocks == 0 || blocks > u64::from(u32::MAX >> 1) {
             while self.finish_early() {}
             let r = self.disk.unmap(lba, blocks);
-            self.ready.push_back((slot, r, None));
+            self.ready.push_back((slot, Ended::Done(r, None)));
             return Ok(());
         }
         let list = unmap_list(lba, blocks as u32).to_vec();
@@ -992,13 +1009,14 @@ impl<'a> DiskQueue<'a> {
                     "a queued read larger than one command",
                 )),
             };
-            self.ready.push_back((slot, r, None));
+            self.ready.push_back((slot, Ended::Done(r, None)));
             return Ok(());
         }
         let cdb = self.disk.rw16(write, lba, blocks);
         let (xfer, op) = match data {
-            // The data is kept only for a retry after a reset or an abort.
-            Some(d) => (Xfer::Out(d), Op::Write(d.to_vec())),
+            // Not copied: a retry after a reset or an abort sends the
+            // slot's buffer again (`IoQueue::start_write`).
+            Some(d) => (Xfer::Out(d), Op::Write),
             None => (Xfer::In(len), Op::Read),
         };
         self.send(slot, &cdb, &xfer, op, len)
@@ -1019,23 +1037,27 @@ impl<'a> DiskQueue<'a> {
             return false;
         };
         let mut data = matches!(q.op, Op::Read).then(|| vec![0u8; q.len]);
-        let r = self.finish(q, data.as_deref_mut());
-        self.ready.push_back((slot, r, data));
+        let ended = match self.finish(q, data.as_deref_mut()) {
+            Ok(r) => Ended::Done(r, data),
+            Err(resend) => Ended::Resend(resend),
+        };
+        self.ready.push_back((slot, ended));
         true
     }
 
-    /// Ends command `q`; a read lands in `buf` when one is given.
-    fn finish(&self, q: Queued<'_>, buf: Option<&mut [u8]>) -> io::Result<()> {
+    /// Ends command `q` with `buf`, its slot's buffer when at hand: a read
+    /// lands there, a write to retry is sent again from there. A write to
+    /// retry without it comes back as `Err`, for [`Self::resend`].
+    fn finish(&self, q: Queued<'_>, buf: Option<&mut [u8]>) -> Result<io::Result<()>, Resend> {
         let what = q.op.name();
         let reading = matches!(q.op, Op::Read);
-        let buf = buf.map(|b| {
-            let n = q.len.min(b.len());
-            &mut b[..n]
-        });
-        let mut xfer = match (reading, buf) {
-            (false, _) => Xfer::None,
-            (true, Some(b)) => Xfer::InTo(b),
-            (true, None) => Xfer::In(q.len),
+        let (mut xfer, source) = match (reading, buf) {
+            (true, Some(b)) => {
+                let n = q.len.min(b.len());
+                (Xfer::InTo(&mut b[..n]), None)
+            }
+            (true, None) => (Xfer::In(q.len), None),
+            (false, b) => (Xfer::None, b),
         };
         let r = self.session.finish(q.started, xfer.reborrow());
         if let (Op::Unmap(_), false) = (&q.op, r.good()) {
@@ -1043,43 +1065,75 @@ impl<'a> DiskQueue<'a> {
             if is_scsi(r.status, scsi::Status::CheckCondition)
                 && sense_key(&r.sense) == SenseKey::IllegalRequest
             {
-                return Err(io::Error::new(
+                return Ok(Err(io::Error::new(
                     io::ErrorKind::Unsupported,
                     format!("UNMAP: {}", describe(&r)),
-                ));
+                )));
             }
         }
         if r.good() {
             if let Some(srp::initiator::Residual::Under(n)) = r.residual {
                 if n > 0 && reading {
-                    return Err(io::Error::other(format!(
+                    return Ok(Err(io::Error::other(format!(
                         "READ(16) returned {} of {} bytes",
                         q.len.saturating_sub(n as usize),
                         q.len
-                    )));
+                    ))));
                 }
             }
-            return Ok(());
+            return Ok(Ok(()));
         }
         // The channel failed under it: in doubt, and nothing to retry on.
         if r.status == Status::TransportFailed {
-            return Err(status_error(what, &r, io::ErrorKind::Other));
+            return Ok(Err(status_error(what, &r, io::ErrorKind::Other)));
         }
         // Not GOOD: the synchronous path retries what the midlayer would
         // (a reset, an abort, a unit attention) and reports the rest.
         let retry = match (&q.op, xfer) {
-            (Op::Write(d) | Op::Unmap(d), _) => Xfer::Out(d),
+            (Op::Write, _) => {
+                let resend = Resend {
+                    cdb: q.cdb,
+                    cdb_len: q.cdb_len,
+                    len: q.len,
+                };
+                return match source {
+                    Some(b) => Ok(self.resend(&resend, b)),
+                    None => Err(resend),
+                };
+            }
+            (Op::Unmap(d), _) => Xfer::Out(d),
             (_, x) => x,
         };
+        Ok(self.retry(&q.cdb[..q.cdb_len], retry, what))
+    }
+
+    /// Sends `what` again the synchronous way.
+    fn retry(&self, cdb: &[u8], xfer: Xfer<'_>, what: &str) -> io::Result<()> {
         Disk::cmd(
             self.session,
             self.disk.lun,
-            &q.cdb[..q.cdb_len],
-            retry,
+            cdb,
+            xfer,
             what,
             Some(&self.disk.blocks),
         )
         .map(|_| ())
+    }
+
+    /// Sends a write again from `data`, its slot's buffer, which holds the
+    /// bytes first sent ([`blockload::IoQueue::start_write`]).
+    fn resend(&self, w: &Resend, data: &[u8]) -> io::Result<()> {
+        let Some(d) = data.get(..w.len) else {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "WRITE(16) to send again: its slot's buffer holds {} bytes, not the {} first sent",
+                    data.len(),
+                    w.len
+                ),
+            ));
+        };
+        self.retry(&w.cdb[..w.cdb_len], Xfer::Out(d), "WRITE(16)")
     }
 }
 
@@ -1097,11 +1151,17 @@ impl blockload::IoQueue for DiskQueue<'_> {
         DiskQueue::start_unmap(self, slot, lba, blocks)
     }
     fn complete_one(&mut self, bufs: &mut [Vec<u8>]) -> Option<(usize, io::Result<()>)> {
-        if let Some((slot, r, data)) = self.ready.pop_front() {
-            if let (Some(d), Some(b)) = (data, bufs.get_mut(slot)) {
-                let n = d.len().min(b.len());
-                b[..n].copy_from_slice(&d[..n]);
-            }
+        if let Some((slot, ended)) = self.ready.pop_front() {
+            let r = match ended {
+                Ended::Done(r, data) => {
+                    if let (Some(d), Some(b)) = (data, bufs.get_mut(slot)) {
+                        let n = d.len().min(b.len());
+                        b[..n].copy_from_slice(&d[..n]);
+                    }
+                    r
+                }
+                Ended::Resend(w) => self.resend(&w, bufs.get(slot).map_or(&[][..], Vec::as_slice)),
+            };
             return Some((slot, r));
         }
         let slot = self.session.wait_any_of(
@@ -1111,7 +1171,12 @@ impl blockload::IoQueue for DiskQueue<'_> {
                 .filter_map(|(i, s)| s.as_ref().map(|q| (i, &q.started))),
         )?;
         let q = self.slots[slot].take()?;
-        let r = self.finish(q, bufs.get_mut(slot).map(Vec::as_mut_slice));
+        let buf = bufs.get_mut(slot).map(Vec::as_mut_slice);
+        let r = match self.finish(q, buf) {
+            Ok(r) => r,
+            // `bufs` has no buffer for this slot: nothing to send again.
+            Err(w) => self.resend(&w, &[]),
+        };
         Some((slot, r))
     }
 }
