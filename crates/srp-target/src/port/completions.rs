@@ -44,11 +44,11 @@ impl Inner {
             results.extend(jobs.drain(..).map(|mut job| {
                 self.gather_job(&mut job);
                 let (done, data_in) = self.execute(&job);
-                (job.conn, done, data_in)
+                (job.conn, done, data_in, job.data_out)
             }));
             st = self.lock();
-            for (conn, done, data_in) in results.drain(..) {
-                self.done_locked(&mut st, conn, done, data_in);
+            for (conn, done, data_in, data_out) in results.drain(..) {
+                self.done_locked(&mut st, conn, done, data_in, data_out);
             }
             // The emptied vectors keep their room for the next round
             // (unless the responses queued new jobs meanwhile).

@@ -10,13 +10,20 @@ impl Inner {
     /// A command came back from the SCSI core: its data-in and response
     /// go out from the calling thread (a worker), with no hop through the
     /// poller.
-    pub(super) fn scsi_done(&self, conn: ConnId, done: ScsiDone, data_in: InData) {
+    pub(super) fn scsi_done(
+        &self,
+        conn: ConnId,
+        done: ScsiDone,
+        data_in: InData,
+        data_out: Vec<u8>,
+    ) {
         let mut st = self.lock();
-        self.done_locked(&mut st, conn, done, data_in);
+        self.done_locked(&mut st, conn, done, data_in, data_out);
         self.run_inline(st);
     }
 
-    /// Hands a finished command to its channel and sends what follows;
+    /// Hands a finished command to its channel (and its data-out buffer
+    /// back, for the next immediate data) and sends what follows;
     /// commands that come out small enough are kept for this thread.
     pub(super) fn done_locked(
         &self,
@@ -24,6 +31,7 @@ impl Inner {
         conn: ConnId,
         done: ScsiDone,
         data_in: InData,
+        data_out: Vec<u8>,
     ) {
         let Some(c) = st.conns.get_mut(&conn) else {
             // The connection went while the command ran.
@@ -39,10 +47,10 @@ impl Inner {
             }
         }
         c.data_in.insert(cmd, data_in);
-        let taken = st
-            .target
-            .channel_mut(channel)
-            .is_some_and(|ch| ch.handle_scsi_done(done));
+        let taken = st.target.channel_mut(channel).is_some_and(|ch| {
+            ch.reuse_data_out(data_out);
+            ch.handle_scsi_done(done)
+        });
         if !taken {
             // The channel dropped the command while it ran (it is closing)
             // and released it already: no WRITE will name these chunks.
@@ -294,7 +302,7 @@ impl Inner {
             let mut job = job;
             self.gather_job(&mut job);
             let (done, data_in) = self.execute(&job);
-            self.scsi_done(job.conn, done, data_in);
+            self.scsi_done(job.conn, done, data_in, job.data_out);
         }
     }
 

@@ -374,7 +374,7 @@ struct State {
     inline_jobs: Vec<Job>,
     /// The results of a round of inline jobs, on their way back (kept for
     /// its room between rounds).
-    inline_done: Vec<(ConnId, ScsiDone, InData)>,
+    inline_done: Vec<(ConnId, ScsiDone, InData, Vec<u8>)>,
     /// The thread holding the lock will run `inline_jobs` afterwards.
     inline_here: bool,
     target: Target,

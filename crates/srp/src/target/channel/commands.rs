@@ -70,7 +70,12 @@ impl Channel {
             return self.refuse(tag, sol, sense::invalid_cmd_iu());
         };
         let immediate = match cmd.data_out {
-            DataDesc::Immediate { data, .. } => Some(data.to_vec()),
+            DataDesc::Immediate { data, .. } => {
+                let mut v = self.spare_data_out.pop().unwrap_or_default();
+                v.clear();
+                v.extend_from_slice(data);
+                Some(v)
+            }
             _ => None,
         };
         let id = CmdId(self.next_cmd);

@@ -22,6 +22,11 @@ pub use interface::*;
 /// AERs waiting while one is unanswered.
 const AER_BACKLOG: usize = 8;
 
+/// Immediate-data buffers a channel keeps for reuse (a batch of commands
+/// received in one poll takes them; each at most an IU long). No more are
+/// ever kept than were live at once, which the credit window bounds.
+const SPARE_DATA_OUT: usize = 64;
+
 /// What a login fixed for the channel.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Params {
@@ -163,6 +168,10 @@ pub struct Channel {
     aer_queued: bool,
     aer_out: Option<Tag>,
     aer_backlog: VecDeque<(Lun, Vec<u8>)>,
+    /// Buffers of finished commands' immediate data, handed back
+    /// ([`Channel::reuse_data_out`]) for the next ones: at most
+    /// `SPARE_DATA_OUT`, none larger than an IU.
+    spare_data_out: Vec<Vec<u8>>,
     /// TMFs whose response waits for tasks (`Phase::Tmf::awaiting`), so
     /// a completion looks only at them.
     tmfs_waiting: Vec<CmdId>,
@@ -193,6 +202,7 @@ impl Channel {
             aer_queued: false,
             aer_out: None,
             aer_backlog: VecDeque::new(),
+            spare_data_out: Vec::new(),
             tmfs_waiting: Vec::new(),
             stats: ChannelStats::default(),
         }
@@ -311,6 +321,18 @@ impl Channel {
     /// (`None`: the READ failed).
     pub fn handle_table_read(&mut self, op: OpId, bytes: Option<&[u8]>) {
         self.op_done(op, bytes.is_some(), bytes);
+    }
+
+    /// A [`DataOut::Immediate`] buffer the driver is done with: kept (up
+    /// to a few, none larger than an IU) to hold the next command's
+    /// immediate data, which then costs a copy and no allocation.
+    pub fn reuse_data_out(&mut self, buf: Vec<u8>) {
+        if self.spare_data_out.len() < SPARE_DATA_OUT
+            && buf.capacity() > 0
+            && buf.capacity() <= self.p.max_it_iu_len as usize
+        {
+            self.spare_data_out.push(buf);
+        }
     }
 
     /// The SCSI core finished a command. Returns false if the channel does
