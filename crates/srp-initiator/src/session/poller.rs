@@ -229,6 +229,7 @@ impl Inner {
                         *id = Some(t.id);
                     }
                     st.posts.push((slot, wr));
+                    st.channel.reuse_bytes(t.bytes);
                 }
                 Output::Reconnect => {
                     // Host reset: this session gives up; the caller (rport

@@ -112,6 +112,10 @@ const TAG_TSK_MGMT: u64 = 1 << 63;
 /// Generations use bits 62..32 of a command tag.
 const GEN_MASK: u32 = 0x7fff_ffff;
 
+/// Encoding buffers a channel keeps for reuse (a batch of SRP_CMDs sent
+/// together takes them).
+const SPARE_BYTES: usize = 16;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
     Idle,
@@ -196,6 +200,10 @@ pub struct Channel {
     sends: rdma_types::IdRing<SendId, SendWhat>,
     /// Answers waiting for a send slot.
     deferred: VecDeque<Transmit>,
+    /// Sent SRP_CMDs' buffers, handed back ([`Channel::reuse_bytes`]) to
+    /// encode the next ones in: at most `SPARE_BYTES`, none larger than
+    /// an IU.
+    spare_bytes: Vec<Vec<u8>>,
     tmf: Option<Tmf>,
     tmf_seq: u64,
     abort_queue: VecDeque<Tag>,
@@ -224,6 +232,7 @@ impl Channel {
             next_seq: 0,
             sends: rdma_types::IdRing::default(),
             deferred: VecDeque::new(),
+            spare_bytes: Vec::new(),
             tmf: None,
             tmf_seq: 0,
             abort_queue: VecDeque::new(),
@@ -425,8 +434,10 @@ impl Channel {
         let tag = Tag((u64::from(gen) << 32)
             | (u64::from(self.cfg.channel_index) << 16)
             | u64::from(slot));
-        let (bytes, ext_table) = self.encode_cmd(&neg, tag, cmd)?;
+        let mut bytes = self.spare_bytes.pop().unwrap_or_default();
+        let ext_table = self.encode_cmd(&neg, tag, cmd, &mut bytes)?;
         if self.req_lim <= TSK_MGMT_RESERVE {
+            self.reuse_bytes(bytes);
             return Err(SubmitError::NoCredit);
         }
         self.req_lim -= 1;
@@ -453,12 +464,14 @@ impl Channel {
         Ok(tag)
     }
 
+    /// Encodes `cmd` into `bytes`; returns its external descriptor table.
     fn encode_cmd(
         &self,
         neg: &Negotiated,
         tag: Tag,
         cmd: &Command,
-    ) -> Result<(Vec<u8>, Option<Vec<u8>>), SubmitError> {
+        bytes: &mut Vec<u8>,
+    ) -> Result<Option<Vec<u8>>, SubmitError> {
         let mut list = Vec::new();
         let mut ext = None;
         let (data_out, data_in) = match &cmd.data {
@@ -497,7 +510,7 @@ impl Channel {
             data_out,
             data_in,
         };
-        let bytes = iu.to_vec().map_err(SubmitError::Encode)?;
+        iu.encode_into(bytes).map_err(SubmitError::Encode)?;
         let n = bytes.len();
         if n > neg.max_it_iu_len as usize {
             return Err(SubmitError::IuTooLong {
@@ -505,7 +518,7 @@ impl Channel {
                 max: neg.max_it_iu_len,
             });
         }
-        Ok((bytes, ext))
+        Ok(ext)
     }
 
     /// The descriptor for registered segments (ib_srp `srp_map_data`).
@@ -983,6 +996,16 @@ impl Channel {
     pub fn fail_held(&mut self) {
         if self.state == State::Disconnected {
             self.end_all(Status::TransportFailed);
+        }
+    }
+
+    /// A sent [`Transmit`]'s bytes the driver is done with: kept (up to a
+    /// few, none larger than an IU) to encode the next SRP_CMD in, which
+    /// then allocates nothing.
+    pub fn reuse_bytes(&mut self, bytes: Vec<u8>) {
+        let max = self.neg.map_or(0, |n| n.max_it_iu_len as usize);
+        if self.spare_bytes.len() < SPARE_BYTES && bytes.capacity() > 0 && bytes.capacity() <= max {
+            self.spare_bytes.push(bytes);
         }
     }
 

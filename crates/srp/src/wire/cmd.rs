@@ -448,18 +448,32 @@ impl<'a> Cmd<'a> {
     /// # Errors
     /// As [`Cmd::emit`].
     pub fn to_vec(&self) -> Result<Vec<u8>> {
+        let mut v = Vec::new();
+        self.encode_into(&mut v)?;
+        Ok(v)
+    }
+
+    /// As [`Cmd::to_vec`], into `v`: cleared first, its room reused.
+    ///
+    /// # Errors
+    /// As [`Cmd::emit`]; `v` is then empty.
+    pub fn encode_into(&self, v: &mut Vec<u8>) -> Result<()> {
+        v.clear();
         let total = self.checked_len()?;
         let head = match self.data_out {
             DataDesc::Immediate { offset, .. } => usize::from(offset),
             _ => total,
         };
-        let mut v = Vec::with_capacity(total);
+        v.reserve(total);
         v.resize(head, 0);
-        self.emit_head(&mut v)?;
+        if let Err(e) = self.emit_head(v) {
+            v.clear();
+            return Err(e);
+        }
         if let DataDesc::Immediate { data, .. } = self.data_out {
             v.extend_from_slice(data);
         }
-        Ok(v)
+        Ok(())
     }
 
     /// [`Cmd::buffer_len`] of an IU that can be emitted.
