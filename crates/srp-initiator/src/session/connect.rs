@@ -360,7 +360,7 @@ impl Session {
                 closed: false,
                 parked: Default::default(),
                 reaping: false,
-                spin: Spin::new(reap::SPIN_MAX),
+                spin: Spin::new(reap::DRIVE_SPIN_MAX),
                 waiting: 0,
                 provider_drives: false,
                 wake: Vec::new(),

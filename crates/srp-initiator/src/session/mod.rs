@@ -269,7 +269,9 @@ struct State {
     /// A waiting caller is reaping the CQ ([`Inner::wait_answer`]): the CQ
     /// stays unarmed until it gives the role up.
     reaping: bool,
-    /// How long a reaping caller polls before it sleeps.
+    /// How long a reaping caller polls the CQ (at most `reap::SPIN_MAX`)
+    /// or looks at its NIC in the provider (at most
+    /// `reap::DRIVE_SPIN_MAX`) before it sleeps.
     spin: Spin,
     /// Callers inside [`Inner::wait_answer`] now.
     waiting: usize,
