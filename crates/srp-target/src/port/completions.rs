@@ -50,6 +50,7 @@ impl Inner {
             for (conn, done, data_in, data_out) in results.drain(..) {
                 self.done_locked(&mut st, conn, done, data_in, data_out);
             }
+            self.pump_noted(&mut st);
             // The emptied vectors keep their room for the next round
             // (unless the responses queued new jobs meanwhile).
             if st.inline_jobs.is_empty() {
@@ -83,6 +84,7 @@ impl Inner {
                     self.on_send_wc(st, ConnId(ctx), wc);
                 }
             }
+            self.pump_noted(st);
             if n == 0 {
                 if armed {
                     break;
@@ -118,7 +120,7 @@ impl Inner {
                 if let Some(ch) = st.target.channel_mut(channel) {
                     ch.handle_recv(iu);
                 }
-                self.pump(st, conn);
+                self.pump_soon(st, conn);
             }
         }
         // The channel copied what it keeps: the buffer goes back, with the
@@ -187,7 +189,7 @@ impl Inner {
             }
             _ => {}
         }
-        self.pump(st, conn);
+        self.pump_soon(st, conn);
     }
 
     /// The unsignaled WRITEs queued before request `seq`, which completed
@@ -272,6 +274,35 @@ impl Inner {
                     ch.handle_rdma_done(op, ok);
                 }
             }
+        }
+    }
+
+    /// Notes `conn` for [`Inner::pump_noted`], which the caller runs once
+    /// its batch of completions is handed to the channels: a channel's
+    /// outputs keep their order, and a batch of a connection's
+    /// completions costs one pump, not one each.
+    pub(super) fn pump_soon(&self, st: &mut State, conn: ConnId) {
+        if st.pump_later.last() != Some(&conn) && !st.pump_later.contains(&conn) {
+            st.pump_later.push(conn);
+        }
+    }
+
+    /// [`Inner::pump`] for each connection noted by [`Inner::pump_soon`],
+    /// in the order noted.
+    pub(super) fn pump_noted(&self, st: &mut State) {
+        if st.pump_later.is_empty() {
+            return;
+        }
+        let mut noted = std::mem::take(&mut st.pump_later);
+        for &conn in &noted {
+            self.pump(st, conn);
+        }
+        // Kept for its room, unless a pump noted more meanwhile.
+        noted.clear();
+        if st.pump_later.is_empty() {
+            st.pump_later = noted;
+        } else {
+            self.pump_noted(st);
         }
     }
 

@@ -19,12 +19,14 @@ impl Inner {
     ) {
         let mut st = self.lock();
         self.done_locked(&mut st, conn, done, data_in, data_out);
+        self.pump_noted(&mut st);
         self.run_inline(st);
     }
 
     /// Hands a finished command to its channel (and its data-out buffer
-    /// back, for the next immediate data) and sends what follows;
-    /// commands that come out small enough are kept for this thread.
+    /// back, for the next immediate data); what follows is sent by the
+    /// caller's [`Inner::pump_noted`], and commands that come out small
+    /// enough are kept for this thread.
     pub(super) fn done_locked(
         &self,
         st: &mut State,
@@ -59,7 +61,7 @@ impl Inner {
             }
         }
         st.inline_here = true;
-        self.pump(st, conn);
+        self.pump_soon(st, conn);
     }
 
     pub(super) fn submit_scsi(&self, st: &mut State, conn: ConnId, mut req: ScsiRequest) {

@@ -377,6 +377,10 @@ struct State {
     inline_done: Vec<(ConnId, ScsiDone, InData, Vec<u8>)>,
     /// The thread holding the lock will run `inline_jobs` afterwards.
     inline_here: bool,
+    /// Connections whose channels took completions of a batch (receives,
+    /// sends, finished commands): their outputs are carried out once,
+    /// after the batch ([`Inner::pump_noted`]), not after each.
+    pump_later: Vec<ConnId>,
     target: Target,
     conns: rdma_types::IdRing<ConnId, Conn>,
     by_channel: IdMap<ChannelId, ConnId>,
@@ -659,6 +663,7 @@ impl TargetPort {
                 inline_jobs: Vec::new(),
                 inline_done: Vec::new(),
                 inline_here: false,
+                pump_later: Vec::new(),
                 next_conn: 1,
                 jobs: jobs_tx,
                 dev_jobs: HashMap::new(),
