@@ -754,7 +754,7 @@ impl Session {
             }
         };
         inner.flush_outputs_here(&mut st);
-        inner.kick_if_timer_earlier(&st);
+        inner.kick_if_timer_earlier(&st, tag);
         Ok(Started {
             tag,
             owner: current_id(),

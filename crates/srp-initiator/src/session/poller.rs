@@ -360,10 +360,18 @@ impl Inner {
         }
     }
 
-    /// Wakes the poll thread when it sleeps past the channel's next timer
-    /// (a command sent to an idle channel arms its timeout).
-    pub(super) fn kick_if_timer_earlier(&self, st: &State) {
-        let next = self.next_timer(st);
+    /// Wakes the poll thread when it sleeps past a timer that command
+    /// `tag`, just started, may have brought forward (a command sent to an
+    /// idle channel arms its timeout).
+    pub(super) fn kick_if_timer_earlier(&self, st: &State, tag: Tag) {
+        // What the command may have moved: its own deadline, and the probe
+        // (the first command after a quiet spell); the task management
+        // function's as ever. The other commands' deadlines stand where
+        // the poll thread saw them, or each kicked it when it started.
+        let next = match (st.channel.poll_timeout_with(tag), self.probe_due(st)) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         let kick = match st.timer_sleep {
             None => false,
             Some(None) => next.is_some(),

@@ -793,6 +793,23 @@ impl Channel {
         cmds.chain(self.tmf.map(|t| t.deadline)).min()
     }
 
+    /// The timers that `tag`, a command just submitted, may have made
+    /// earlier than those [`Channel::poll_timeout`] gave before: its own
+    /// deadline (while it waits) and the task management function's.
+    /// Their minimum is below an earlier `poll_timeout` only where this
+    /// `poll_timeout` is too, without a look at every slot.
+    pub fn poll_timeout_with(&self, tag: Tag) -> Option<Instant> {
+        if self.state != State::Live {
+            return None;
+        }
+        let cmd = self
+            .lookup(tag)
+            .and_then(|slot| self.slots[slot as usize].ctx.as_ref())
+            .filter(|c| !c.done && !c.timed_out)
+            .map(|c| c.deadline);
+        cmd.into_iter().chain(self.tmf.map(|t| t.deadline)).min()
+    }
+
     /// Run the timers that are due at `now`.
     pub fn handle_timeout(&mut self, now: Instant) {
         if self.state != State::Live {
