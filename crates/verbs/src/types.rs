@@ -468,12 +468,23 @@ impl SendWr {
 }
 
 /// A receive work request.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, PartialEq, Eq)]
 pub struct RecvWr {
     /// Consumer id.
     pub wr_id: u64,
     /// Scatter list.
     pub sges: Sges,
+}
+
+/// As derived, with the scatter list copied whole (`Sge` is `Copy`), not
+/// element by element: a posted receive is cloned into its queue.
+impl Clone for RecvWr {
+    fn clone(&self) -> RecvWr {
+        RecvWr {
+            wr_id: self.wr_id,
+            sges: Sges::from_slice(&self.sges),
+        }
+    }
 }
 
 /// Work completion flags.
