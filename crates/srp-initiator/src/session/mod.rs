@@ -269,10 +269,14 @@ struct State {
     /// A waiting caller is reaping the CQ ([`Inner::wait_answer`]): the CQ
     /// stays unarmed until it gives the role up.
     reaping: bool,
-    /// How long a reaping caller polls the CQ (at most `reap::SPIN_MAX`)
-    /// or looks at its NIC in the provider (at most
-    /// `reap::DRIVE_SPIN_MAX`) before it sleeps.
+    /// How long a reaping caller polls the CQ before it sleeps (at most
+    /// `reap::SPIN_MAX`).
     spin: Spin,
+    /// How long a reaping caller that drives the provider looks at its
+    /// NIC there before it sleeps there (at most `reap::DRIVE_SPIN_MAX`).
+    drive_spin: Spin,
+    /// The last reap drove the provider: its wait teaches `drive_spin`.
+    drove: bool,
     /// Callers inside [`Inner::wait_answer`] now.
     waiting: usize,
     /// The provider's last `drive_cq` waited in it (soft RoCE): a reaping

@@ -37,7 +37,7 @@ pub(super) const SPIN_MAX: Duration = Duration::from_micros(50);
 
 /// The longest a caller looks at its NIC in the provider without sleeping
 /// ([`Provider::drive_cq`], soft RoCE) before it sleeps there, as learned
-/// by the session's [`Spin`]. Longer than [`SPIN_MAX`]: at depth the
+/// by a [`Spin`] of its own. Longer than [`SPIN_MAX`]: at depth the
 /// answers come in bursts a round trip of the target's batch apart, and a
 /// reaper that sleeps between them costs the target's NIC thread a wake-up
 /// of it inside each send. 4 KiB random reads QD32 over soft RoCE, one
@@ -117,7 +117,12 @@ impl Inner {
         };
         if let Some(start) = start {
             st.waiting -= 1;
-            st.spin.learn(start.elapsed(), polled);
+            let spin = if st.drove {
+                &mut st.drive_spin
+            } else {
+                &mut st.spin
+            };
+            spin.learn(start.elapsed(), polled);
         }
         (st, answer)
     }
@@ -142,11 +147,11 @@ impl Inner {
         // in the provider looking at its NIC without sleeping (soft RoCE
         // at QD1: twice the I/Os a second of sleeping there at once).
         let drive = st.channel.outstanding() <= DRIVE_MAX_QUEUE || st.waiting == 1;
-        let budget = st.spin.next_budget();
-        let (until, drive_spin) = if drive && st.provider_drives {
-            (start, budget)
+        st.drove = drive && st.provider_drives;
+        let (until, drive_spin) = if st.drove {
+            (start, st.drive_spin.next_budget())
         } else {
-            (start + budget.min(SPIN_MAX), Duration::ZERO)
+            (start + st.spin.next_budget(), Duration::ZERO)
         };
         let found = loop {
             // Let go between polls: the posts queued go out (a provider
@@ -188,7 +193,12 @@ impl Inner {
             // An answer within the longest spin teaches the spin as a
             // poll's does, though this one's budget may have been shorter:
             // the next wait looks for as long as this one took, twice.
-            let how = if start.elapsed() <= st.spin.max() {
+            let longest = if st.drove {
+                st.drive_spin.max()
+            } else {
+                st.spin.max()
+            };
+            let how = if start.elapsed() <= longest {
                 Found::Polling
             } else {
                 Found::Driving
