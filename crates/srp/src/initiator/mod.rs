@@ -793,11 +793,11 @@ impl Channel {
         cmds.chain(self.tmf.map(|t| t.deadline)).min()
     }
 
-    /// The timers that `tag`, a command just submitted, may have made
-    /// earlier than those [`Channel::poll_timeout`] gave before: its own
-    /// deadline (while it waits) and the task management function's.
-    /// Their minimum is below an earlier `poll_timeout` only where this
-    /// `poll_timeout` is too, without a look at every slot.
+    /// The earliest of the timers a submit of `tag` may have brought
+    /// forward: the command's own deadline (while it waits) and the task
+    /// management function's. No other deadline moved, so a driver that
+    /// knew [`Channel::poll_timeout`] before the submit compares this with
+    /// it instead of asking for the earliest over every slot again.
     pub fn poll_timeout_with(&self, tag: Tag) -> Option<Instant> {
         if self.state != State::Live {
             return None;
