@@ -49,6 +49,7 @@
 #![forbid(unsafe_code)]
 
 pub mod initiator;
+mod spare;
 pub mod target;
 pub mod wire;
 

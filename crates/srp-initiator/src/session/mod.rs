@@ -352,6 +352,16 @@ impl std::ops::DerefMut for Locked<'_> {
 }
 
 impl State {
+    /// The learner of the reaper's wait as it last went: driving the
+    /// provider (`drive_spin`) or polling the CQ (`spin`).
+    fn reap_spin(&mut self) -> &mut Spin {
+        if self.drove {
+            &mut self.drive_spin
+        } else {
+            &mut self.spin
+        }
+    }
+
     /// This thread is about to wait: what it batched goes out now.
     fn stop_batching(&mut self) {
         if self.batching == Some(current_id()) {

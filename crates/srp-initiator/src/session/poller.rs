@@ -337,10 +337,7 @@ impl Inner {
 
     /// The poll thread's next deadline: the channel's timers or the probe.
     pub(super) fn next_timer(&self, st: &State) -> Option<rdma_types::Instant> {
-        match (st.channel.poll_timeout(), self.probe_due(st)) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        earliest(st.channel.poll_timeout(), self.probe_due(st))
     }
 
     /// Sends the liveness probe if it is due: a zero-length RDMA WRITE,
@@ -368,10 +365,7 @@ impl Inner {
         // (the first command after a quiet spell); the task management
         // function's as ever. The other commands' deadlines stand where
         // the poll thread saw them, or each kicked it when it started.
-        let next = match (st.channel.poll_timeout_with(tag), self.probe_due(st)) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
+        let next = earliest(st.channel.poll_timeout_with(tag), self.probe_due(st));
         let kick = match st.timer_sleep {
             None => false,
             Some(None) => next.is_some(),
@@ -381,4 +375,12 @@ impl Inner {
             let _ = self.events.lock().map(|tx| tx.send(Ev::Kick));
         }
     }
+}
+
+/// The earlier of two optional deadlines.
+fn earliest(
+    a: Option<rdma_types::Instant>,
+    b: Option<rdma_types::Instant>,
+) -> Option<rdma_types::Instant> {
+    a.into_iter().chain(b).min()
 }

@@ -117,12 +117,7 @@ impl Inner {
         };
         if let Some(start) = start {
             st.waiting -= 1;
-            let spin = if st.drove {
-                &mut st.drive_spin
-            } else {
-                &mut st.spin
-            };
-            spin.learn(start.elapsed(), polled);
+            st.reap_spin().learn(start.elapsed(), polled);
         }
         (st, answer)
     }
@@ -148,10 +143,11 @@ impl Inner {
         // at QD1: twice the I/Os a second of sleeping there at once).
         let drive = st.channel.outstanding() <= DRIVE_MAX_QUEUE || st.waiting == 1;
         st.drove = drive && st.provider_drives;
+        let budget = st.reap_spin().next_budget();
         let (until, drive_spin) = if st.drove {
-            (start, st.drive_spin.next_budget())
+            (start, budget)
         } else {
-            (start + st.spin.next_budget(), Duration::ZERO)
+            (start + budget, Duration::ZERO)
         };
         let found = loop {
             // Let go between polls: the posts queued go out (a provider
@@ -193,12 +189,7 @@ impl Inner {
             // An answer within the longest spin teaches the spin as a
             // poll's does, though this one's budget may have been shorter:
             // the next wait looks for as long as this one took, twice.
-            let longest = if st.drove {
-                st.drive_spin.max()
-            } else {
-                st.spin.max()
-            };
-            let how = if start.elapsed() <= longest {
+            let how = if start.elapsed() <= st.reap_spin().max() {
                 Found::Polling
             } else {
                 Found::Driving

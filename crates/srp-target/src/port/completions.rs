@@ -297,13 +297,11 @@ impl Inner {
         for &conn in &noted {
             self.pump(st, conn);
         }
-        // Kept for its room, unless a pump noted more meanwhile.
+        // A pump notes nothing (only completions do): the list goes back
+        // empty, kept for its room.
+        debug_assert!(st.pump_later.is_empty());
         noted.clear();
-        if st.pump_later.is_empty() {
-            st.pump_later = noted;
-        } else {
-            self.pump_noted(st);
-        }
+        st.pump_later = noted;
     }
 
     /// Carries out every output the channel has.

@@ -203,7 +203,7 @@ pub struct Channel {
     /// Sent SRP_CMDs' buffers, handed back ([`Channel::reuse_bytes`]) to
     /// encode the next ones in: at most `SPARE_BYTES`, none larger than
     /// an IU.
-    spare_bytes: Vec<Vec<u8>>,
+    spare_bytes: crate::spare::SpareBufs<SPARE_BYTES>,
     tmf: Option<Tmf>,
     tmf_seq: u64,
     abort_queue: VecDeque<Tag>,
@@ -232,7 +232,7 @@ impl Channel {
             next_seq: 0,
             sends: rdma_types::IdRing::default(),
             deferred: VecDeque::new(),
-            spare_bytes: Vec::new(),
+            spare_bytes: Default::default(),
             tmf: None,
             tmf_seq: 0,
             abort_queue: VecDeque::new(),
@@ -434,7 +434,7 @@ impl Channel {
         let tag = Tag((u64::from(gen) << 32)
             | (u64::from(self.cfg.channel_index) << 16)
             | u64::from(slot));
-        let mut bytes = self.spare_bytes.pop().unwrap_or_default();
+        let mut bytes = self.spare_bytes.take();
         let ext_table = self.encode_cmd(&neg, tag, cmd, &mut bytes)?;
         if self.req_lim <= TSK_MGMT_RESERVE {
             self.reuse_bytes(bytes);
@@ -1021,9 +1021,7 @@ impl Channel {
     /// then allocates nothing.
     pub fn reuse_bytes(&mut self, bytes: Vec<u8>) {
         let max = self.neg.map_or(0, |n| n.max_it_iu_len as usize);
-        if self.spare_bytes.len() < SPARE_BYTES && bytes.capacity() > 0 && bytes.capacity() <= max {
-            self.spare_bytes.push(bytes);
-        }
+        self.spare_bytes.give(bytes, max);
     }
 
     /// The next thing the driver must do, in order.

@@ -71,8 +71,7 @@ impl Channel {
         };
         let immediate = match cmd.data_out {
             DataDesc::Immediate { data, .. } => {
-                let mut v = self.spare_data_out.pop().unwrap_or_default();
-                v.clear();
+                let mut v = self.spare_data_out.take();
                 v.extend_from_slice(data);
                 Some(v)
             }

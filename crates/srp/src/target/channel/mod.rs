@@ -171,7 +171,7 @@ pub struct Channel {
     /// Buffers of finished commands' immediate data, handed back
     /// ([`Channel::reuse_data_out`]) for the next ones: at most
     /// `SPARE_DATA_OUT`, none larger than an IU.
-    spare_data_out: Vec<Vec<u8>>,
+    spare_data_out: crate::spare::SpareBufs<SPARE_DATA_OUT>,
     /// TMFs whose response waits for tasks (`Phase::Tmf::awaiting`), so
     /// a completion looks only at them.
     tmfs_waiting: Vec<CmdId>,
@@ -202,7 +202,7 @@ impl Channel {
             aer_queued: false,
             aer_out: None,
             aer_backlog: VecDeque::new(),
-            spare_data_out: Vec::new(),
+            spare_data_out: Default::default(),
             tmfs_waiting: Vec::new(),
             stats: ChannelStats::default(),
         }
@@ -327,12 +327,7 @@ impl Channel {
     /// to a few, none larger than an IU) to hold the next command's
     /// immediate data, which then costs a copy and no allocation.
     pub fn reuse_data_out(&mut self, buf: Vec<u8>) {
-        if self.spare_data_out.len() < SPARE_DATA_OUT
-            && buf.capacity() > 0
-            && buf.capacity() <= self.p.max_it_iu_len as usize
-        {
-            self.spare_data_out.push(buf);
-        }
+        self.spare_data_out.give(buf, self.p.max_it_iu_len as usize);
     }
 
     /// The SCSI core finished a command. Returns false if the channel does
