@@ -132,6 +132,7 @@ fn run_initiator_session(data: &[u8]) -> SessionStats {
                     _ => Data::Immediate(&imm),
                 };
                 let mut cmd = Command::new(Lun::from_u64(u64::from(kind >> 6)), &[0x28; 10], data);
+                cmd.immediate_follows = kind & 0x08 != 0;
                 if kind & 0x10 != 0 {
                     cmd.desc_table = Some(DirectBuf {
                         va: 0x9000,
@@ -254,7 +255,15 @@ fn run_initiator_session(data: &[u8]) -> SessionStats {
             if o == Output::Reconnect {
                 st.reconnects += 1;
             }
-            if let Output::Send(t) = o {
+            if let Output::Send(mut t) = o {
+                // Immediate data left to the driver: what a driver writes
+                // after the head (the harness's data is all 0xa5).
+                if t.follows > 0 {
+                    assert_eq!(t.iu, IuType::Cmd, "only an SRP_CMD leaves data to the driver");
+                    assert_eq!(Some(t.bytes.len()), imm.map(usize::from), "the head ends at the data");
+                    let whole = t.bytes.len() + t.follows;
+                    t.bytes.resize(whole, 0xa5);
+                }
                 if let Iu::Cmd(c) = &iu_of(&t.bytes, imm) {
                     st.immediates += u32::from(matches!(c.data_out, DataDesc::Immediate { .. }));
                 }

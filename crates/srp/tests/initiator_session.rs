@@ -447,6 +447,42 @@ fn immediate_data_when_it_fits() {
     assert!(matches!(ch.submit(T0, &cmd), Err(SubmitError::Encode(_))));
 }
 
+#[test]
+fn immediate_data_left_to_the_driver_is_counted_not_copied() {
+    let mut c = cfg();
+    c.max_imm_data = 1000;
+    let mut ch = logged_in_with(c, 16, true);
+    let data: Vec<u8> = (0..1000).map(|i| i as u8).collect();
+    let mut cmd = Command::new(Lun::from_u64(3), &WRITE10, Data::Immediate(&data));
+    cmd.immediate_follows = true;
+    ch.submit(T0, &cmd).unwrap();
+    let t = one_send(&mut ch);
+    // The head alone, ending where the data goes; the data counted.
+    assert_eq!((t.bytes.len(), t.follows), (68, 1000));
+    let mut whole = t.bytes.clone();
+    whole.extend_from_slice(&data);
+    let plain = {
+        let cmd = Command::new(Lun::from_u64(3), &WRITE10, Data::Immediate(&data));
+        ch.submit(T0, &cmd).unwrap();
+        one_send(&mut ch)
+    };
+    assert_eq!(plain.follows, 0);
+    // The same IU as a whole one but for its tag (bytes 8..16).
+    assert_eq!(whole[..8], plain.bytes[..8]);
+    assert_eq!(whole[16..], plain.bytes[16..]);
+    // Too large counts the data it leaves out as well.
+    let more = vec![0u8; 1001];
+    let mut cmd = Command::new(Lun::from_u64(3), &WRITE10, Data::Immediate(&more));
+    cmd.immediate_follows = true;
+    assert_eq!(
+        ch.submit(T0, &cmd),
+        Err(SubmitError::ImmediateTooLarge {
+            len: 1001,
+            max: 1000
+        })
+    );
+}
+
 // -------------------------------------------------------------- credits
 
 #[test]

@@ -716,6 +716,9 @@ impl Session {
         let mut cmd = Command::new(lun, cdb, data);
         cmd.attr = attr;
         cmd.desc_table = table;
+        // Written into the SEND's slot from `xfer` (`flush_outputs_here`
+        // below), not copied into the IU's buffer first.
+        cmd.immediate_follows = true;
         let mut runs = runs;
         runs.extend(table_run);
         // Queue full or no credit: wait for a completion and try again.
@@ -767,7 +770,11 @@ impl Session {
                 }
             }
         };
-        inner.flush_outputs_here(&mut st);
+        let data = match xfer {
+            Xfer::Out(d) if immediate => Some((tag, *d)),
+            _ => None,
+        };
+        inner.flush_outputs_here(&mut st, data);
         inner.kick_if_timer_earlier(&st, tag);
         Ok(Started {
             tag,
@@ -912,7 +919,7 @@ impl Session {
                 Err(e) => return Err(e.into()),
             }
         };
-        inner.flush_outputs_here(&mut st);
+        inner.flush_outputs_here(&mut st, None);
         let _ = inner.events.lock().map(|tx| tx.send(Ev::Kick));
         loop {
             if st.tmfs_done > before {
@@ -949,7 +956,7 @@ impl Session {
             return false;
         };
         let sent = st.channel.abort(now, tag);
-        inner.flush_outputs_here(&mut st);
+        inner.flush_outputs_here(&mut st, None);
         let _ = inner.events.lock().map(|tx| tx.send(Ev::Kick));
         sent
     }

@@ -197,7 +197,11 @@ impl Inner {
         }
     }
 
-    pub(super) fn flush_outputs(&self, st: &mut State) {
+    /// Posts (queues in `st.posts`) what the channel has to send.
+    /// `data`: the immediate data of the command just submitted with
+    /// [`srp::initiator::Command::immediate_follows`], by its tag: it is
+    /// written into the SEND's slot after the IU's head.
+    pub(super) fn flush_outputs(&self, st: &mut State, data: Option<(Tag, &[u8])>) {
         while let Some(out) = st.channel.poll_output() {
             match out {
                 Output::Send(t) => {
@@ -214,8 +218,27 @@ impl Inner {
                             .write_at((desc - self.pool.addr()) as usize, table);
                     }
                     let off = slot as usize * self.slot_size as usize;
-                    let n = t.bytes.len().min(self.slot_size as usize);
+                    let mut n = t.bytes.len().min(self.slot_size as usize);
                     self.send_buf.write_at(off, &t.bytes[..n]);
+                    if t.follows > 0 {
+                        // Only the command just submitted leaves its data
+                        // to us, and it is flushed before the lock goes.
+                        let fits = |d: &[u8]| n + d.len() <= self.slot_size as usize;
+                        match data
+                            .filter(|&(tag, d)| tag == t.tag && d.len() == t.follows && fits(d))
+                        {
+                            Some((_, d)) => {
+                                self.send_buf.write_at(off + n, d);
+                                n += d.len();
+                            }
+                            None => {
+                                debug_assert!(false, "immediate data of {:?} not at hand", t.tag);
+                                st.free_slots.push(slot);
+                                self.lost(st);
+                                return;
+                            }
+                        }
+                    }
                     let wr = SendWr::new(
                         KIND_SEND | u64::from(slot),
                         SendOpcode::Send,
@@ -244,15 +267,15 @@ impl Inner {
     /// and the connection is lost, the commands it ended (the caller's own
     /// among them) are handed to their waiters now, not whenever the poll
     /// thread next wakes.
-    pub(super) fn flush_outputs_here(&self, st: &mut State) {
-        self.flush_outputs(st);
+    pub(super) fn flush_outputs_here(&self, st: &mut State, data: Option<(Tag, &[u8])>) {
+        self.flush_outputs(st, data);
         if st.closed {
             self.drain_channel(st);
         }
     }
 
     pub(super) fn drain_channel(&self, st: &mut State) {
-        self.flush_outputs(st);
+        self.flush_outputs(st, None);
         while let Some(c) = st.channel.poll_completion() {
             st.stats.completed += 1;
             match c.status {
@@ -296,7 +319,7 @@ impl Inner {
                 st.events.push_back(e);
             }
         }
-        self.flush_outputs(st);
+        self.flush_outputs(st, None);
         // Completions may have freed credits or slots for waiting callers.
         if st.cv_waiters > 0 {
             self.cv.notify_all();

@@ -435,7 +435,7 @@ impl Channel {
             | (u64::from(self.cfg.channel_index) << 16)
             | u64::from(slot));
         let mut bytes = self.spare_bytes.take();
-        let ext_table = self.encode_cmd(&neg, tag, cmd, &mut bytes)?;
+        let (ext_table, follows) = self.encode_cmd(&neg, tag, cmd, &mut bytes)?;
         if self.req_lim <= TSK_MGMT_RESERVE {
             self.reuse_bytes(bytes);
             return Err(SubmitError::NoCredit);
@@ -460,18 +460,21 @@ impl Channel {
             tag,
             bytes,
             ext_table,
+            follows,
         }));
         Ok(tag)
     }
 
-    /// Encodes `cmd` into `bytes`; returns its external descriptor table.
+    /// Encodes `cmd` into `bytes`; returns its external descriptor table
+    /// and the bytes of immediate data left for the driver to append
+    /// ([`Command::immediate_follows`]).
     fn encode_cmd(
         &self,
         neg: &Negotiated,
         tag: Tag,
         cmd: &Command,
         bytes: &mut Vec<u8>,
-    ) -> Result<Option<Vec<u8>>, SubmitError> {
+    ) -> Result<(Option<Vec<u8>>, usize), SubmitError> {
         let mut list = Vec::new();
         let mut ext = None;
         let (data_out, data_in) = match &cmd.data {
@@ -510,15 +513,24 @@ impl Channel {
             data_out,
             data_in,
         };
-        iu.encode_into(bytes).map_err(SubmitError::Encode)?;
-        let n = bytes.len();
+        let follows = match iu.data_out {
+            DataDesc::Immediate { data, .. } if cmd.immediate_follows => {
+                iu.encode_head_into(bytes).map_err(SubmitError::Encode)?;
+                data.len()
+            }
+            _ => {
+                iu.encode_into(bytes).map_err(SubmitError::Encode)?;
+                0
+            }
+        };
+        let n = bytes.len() + follows;
         if n > neg.max_it_iu_len as usize {
             return Err(SubmitError::IuTooLong {
                 len: n,
                 max: neg.max_it_iu_len,
             });
         }
-        Ok(ext)
+        Ok((ext, follows))
     }
 
     /// The descriptor for registered segments (ib_srp `srp_map_data`).
@@ -721,6 +733,7 @@ impl Channel {
             tag,
             bytes,
             ext_table: None,
+            follows: 0,
         };
         if self.sends.len() < sq {
             self.next_send += 1;
@@ -900,6 +913,7 @@ impl Channel {
             tag,
             bytes,
             ext_table: None,
+            follows: 0,
         }));
     }
 

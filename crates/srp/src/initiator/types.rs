@@ -54,6 +54,13 @@ pub struct Command<'a> {
     /// also fill the table descriptor of an in-IU indirect list, as ib_srp
     /// does.
     pub desc_table: Option<DirectBuf>,
+    /// [`Data::Immediate`]'s bytes are left out of the SEND the channel
+    /// hands out: its [`Transmit::bytes`] end where they go, and the
+    /// driver writes them after, from its own copy, into the SEND's
+    /// buffer ([`Transmit::follows`] says how many). A driver that
+    /// copies the IU into registered memory anyway saves a copy of the
+    /// data.
+    pub immediate_follows: bool,
 }
 
 impl<'a> Command<'a> {
@@ -67,6 +74,7 @@ impl<'a> Command<'a> {
             data,
             timeout: None,
             desc_table: None,
+            immediate_follows: false,
         }
     }
 }
@@ -98,6 +106,10 @@ pub struct Transmit {
     /// to be written at the command's `desc_table` address before the SEND
     /// is posted (the target fetches it by RDMA READ).
     pub ext_table: Option<Vec<u8>>,
+    /// Bytes of immediate data that follow `bytes` in the SEND, written
+    /// there by the driver (a command submitted with
+    /// [`Command::immediate_follows`]); 0 when `bytes` is the whole IU.
+    pub follows: usize,
 }
 
 /// What the driver must do.

@@ -458,6 +458,19 @@ impl<'a> Cmd<'a> {
     /// # Errors
     /// As [`Cmd::emit`]; `v` is then empty.
     pub fn encode_into(&self, v: &mut Vec<u8>) -> Result<()> {
+        self.encode_head_into(v)?;
+        if let DataDesc::Immediate { data, .. } = self.data_out {
+            v.extend_from_slice(data);
+        }
+        Ok(())
+    }
+
+    /// As [`Cmd::encode_into`], less immediate data: `v` ends at its
+    /// offset, for a caller that puts the data after it itself.
+    ///
+    /// # Errors
+    /// As [`Cmd::emit`]; `v` is then empty.
+    pub fn encode_head_into(&self, v: &mut Vec<u8>) -> Result<()> {
         v.clear();
         let total = self.checked_len()?;
         let head = match self.data_out {
@@ -469,9 +482,6 @@ impl<'a> Cmd<'a> {
         if let Err(e) = self.emit_head(v) {
             v.clear();
             return Err(e);
-        }
-        if let DataDesc::Immediate { data, .. } = self.data_out {
-            v.extend_from_slice(data);
         }
         Ok(())
     }
