@@ -160,6 +160,42 @@ fn the_disconnect_hook_may_close_another_channel_and_set_the_hook() {
     port.stop();
 }
 
+/// The shared receive queue holds buffers for the credits the channels
+/// were promised, not for its whole size: an IU then lands in one of a
+/// few hundred buffers the caches hold, not one of 4095 (34 MB). Each
+/// login adds its window's, before its LOGIN_RSP goes, up to the SRQ's
+/// size.
+#[test]
+fn receive_buffers_follow_the_credits_promised() {
+    let mut cfg = config();
+    cfg.srq_size = 1000;
+    cfg.max_credits = 100;
+    let port = TargetPort::start(
+        fabric(),
+        Guid(TARGET_GUID),
+        cfg,
+        Arc::new(scsi::Target::new()),
+        options(Duration::from_secs(60)),
+    )
+    .expect("the port starts");
+    let idle = port.receive_buffers_posted();
+    assert!((1..100).contains(&idle), "with no channel: {idle}");
+    let mut last = idle;
+    for n in 1..=12u8 {
+        let (data, peer) = login_from(n);
+        accepted(port.login(&data, LoginForm::IbCm, peer));
+        let posted = port.receive_buffers_posted();
+        // Every channel's window (100) and reserve (3), at most the SRQ.
+        let promised = usize::from(n) * 103;
+        assert!(posted >= promised.min(1000), "{n} logins: {posted}");
+        assert!(posted <= 1000, "{n} logins: {posted}");
+        assert!(posted > last || posted == 1000, "{n} logins: {posted}");
+        last = posted;
+    }
+    assert_eq!(last, 1000, "12 windows of 100 take the whole SRQ");
+    port.stop();
+}
+
 /// One call of a verb: its name and how many calls of it came before, plus
 /// one.
 type Call = (&'static str, usize);

@@ -124,7 +124,13 @@ impl Inner {
             }
         }
         // The channel copied what it keeps: the buffer goes back, with the
-        // batch it completes (the SRQ's other entries meanwhile).
+        // batch it completes (the SRQ's other entries meanwhile), unless
+        // fewer are needed now (a channel went).
+        if st.recv_posted > self.recv_goal(st) {
+            st.recv_posted -= 1;
+            st.recv_idle.push(index);
+            return;
+        }
         st.reposts.push(self.recv_wr(index));
         if st.reposts.len() >= self.repost_batch {
             let _ = self.provider.post_srq_recv(self.srq, &st.reposts);

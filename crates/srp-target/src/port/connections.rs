@@ -426,6 +426,10 @@ impl Inner {
                 );
                 st.by_channel.insert(channel, conn);
                 st.conns.insert(conn, c);
+                // Its credits' receive buffers, before it can use them.
+                if let Err(e) = self.post_recv_goal(&mut st) {
+                    tracing::warn!("posting receive buffers for a login: {e}");
+                }
                 // The poll thread times the login from now.
                 let _ = self.events.lock().map(|tx| tx.send(Event::Timer));
                 for t in terminated {

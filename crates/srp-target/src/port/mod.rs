@@ -410,6 +410,14 @@ struct State {
     /// Receive buffers whose IUs were handled, posted again once
     /// `Inner::repost_batch` of them wait (one call, not one each).
     reposts: Vec<RecvWr>,
+    /// Receive buffers in the SRQ or on their way back (`reposts`): what
+    /// the channels' credits need ([`Inner::recv_goal`]), not the whole
+    /// SRQ, so the buffers an IU lands in cycle through a set the caches
+    /// hold (4095 of ib_srpt's 8 KiB buffers are 34 MB: every IU would
+    /// land in memory no cache had seen since 4094 IUs before).
+    recv_posted: usize,
+    /// The other buffers' indexes, the next to post last.
+    recv_idle: Vec<u32>,
     /// A thread is posting `posts` (it takes what others queue meanwhile).
     flushing: bool,
     /// The posting thread's buffers, kept between batches so a batch
@@ -673,6 +681,8 @@ impl TargetPort {
                 posts: VecDeque::new(),
                 spare_flags: Vec::new(),
                 reposts: Vec::new(),
+                recv_posted: 0,
+                recv_idle: (0..srq_len).rev().collect(),
                 flushing: false,
                 flush_bufs: FlushBufs::default(),
             }),
@@ -685,9 +695,12 @@ impl TargetPort {
             dev_threads: Mutex::new(Vec::new()),
         });
         let _ = inner.me.set(Arc::downgrade(&inner));
-        let recvs: Vec<RecvWr> = (0..srq_len).map(|i| inner.recv_wr(i)).collect();
-        p.post_srq_recv(srq, &recvs)
-            .map_err(verbs_err("post receive buffers"))?;
+        {
+            let mut st = inner.st.lock().unwrap_or_else(|e| e.into_inner());
+            inner
+                .post_recv_goal(&mut st)
+                .map_err(verbs_err("post receive buffers"))?;
+        }
         p.req_notify_cq(recv_cq, false)
             .map_err(verbs_err("arm receive CQ"))?;
 
@@ -981,6 +994,13 @@ impl TargetPort {
         v
     }
 
+    /// Receive buffers in the shared receive queue (or on their way
+    /// back): enough for the credits the channels were promised, up to
+    /// `srpt_srq_size`, not all of them (see `recv_goal`).
+    pub fn receive_buffers_posted(&self) -> usize {
+        self.inner.lock().recv_posted
+    }
+
     /// Registered RDMA chunks not in use (all of them when idle).
     pub fn free_chunks(&self) -> usize {
         self.inner.lock().free_chunks.len()
@@ -1128,6 +1148,12 @@ impl Drop for Undo<'_> {
 
 /// The distance between `size`-byte slots of one registered buffer: a
 /// whole number of cache lines, so each slot starts word-aligned.
+/// Receive buffers posted beyond what the credits promised need
+/// ([`Inner::recv_goal`]): IUs a peer sends past its window (answered
+/// TASK SET FULL, [`srp::target::RESERVED_RECV`] covers only three) land
+/// in one rather than draw an RNR NAK.
+const RECV_SLACK: usize = 32;
+
 pub(super) fn slot_stride(size: u32) -> u32 {
     size.max(1).next_multiple_of(64)
 }
@@ -1154,6 +1180,37 @@ impl Inner {
             inner: self,
             st: Some(Counted::lock(&self.st)),
         }
+    }
+
+    /// Receive buffers the SRQ needs: every credit promised (windows
+    /// plus the reserve, [`srp::target::Target::credits_promised`]), the
+    /// buffers a repost batch holds back, and [`RECV_SLACK`]; at most
+    /// the SRQ's size.
+    pub(super) fn recv_goal(&self, st: &State) -> usize {
+        let promised = usize::try_from(st.target.credits_promised()).unwrap_or(usize::MAX);
+        promised
+            .saturating_add(self.repost_batch + RECV_SLACK)
+            .min(st.recv_posted + st.recv_idle.len())
+    }
+
+    /// Posts idle receive buffers until [`Inner::recv_goal`] are posted
+    /// (after a login: before its LOGIN_RSP goes, so before its IUs can
+    /// come).
+    pub(super) fn post_recv_goal(&self, st: &mut State) -> verbs::Result<()> {
+        let want = self.recv_goal(st).saturating_sub(st.recv_posted);
+        if want == 0 {
+            return Ok(());
+        }
+        let at = st.recv_idle.len().saturating_sub(want);
+        let recvs: Vec<RecvWr> = st.recv_idle[at..]
+            .iter()
+            .rev()
+            .map(|&i| self.recv_wr(i))
+            .collect();
+        self.provider.post_srq_recv(self.srq, &recvs)?;
+        st.recv_idle.truncate(at);
+        st.recv_posted += recvs.len();
+        Ok(())
     }
 
     fn recv_wr(&self, index: u32) -> RecvWr {
