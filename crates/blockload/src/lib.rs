@@ -89,6 +89,24 @@ pub trait IoQueue {
     /// does: a queue may send it again from there (a retry after a reset)
     /// rather than copy it first.
     fn start_write(&mut self, slot: usize, lba: u64, data: &[u8]) -> io::Result<()>;
+    /// Starts a read as [`IoQueue::start_read`] does, for a caller that
+    /// looks at the data only when it asks for it ([`IoQueue::read_back`]):
+    /// a queue whose reads land in registered memory of its own (an RDMA
+    /// initiator's pool, which the target wrote into) leaves the data
+    /// there at completion, as an application whose buffers are
+    /// registered reads in place, rather than copy it into `bufs[slot]`.
+    /// The data stays until the slot is started again. By default a plain
+    /// read: the data is in `bufs[slot]` at completion.
+    fn start_read_in_place(&mut self, slot: usize, lba: u64, len: usize) -> io::Result<()> {
+        self.start_read(slot, lba, len)
+    }
+    /// Copies the data of slot `slot`'s last read into `out` (its buffer)
+    /// when the queue kept it in place; nothing to do when it is in
+    /// `bufs[slot]` already.
+    fn read_back(&mut self, slot: usize, out: &mut [u8]) -> io::Result<()> {
+        let _ = (slot, out);
+        Ok(())
+    }
     /// Waits for one started I/O to end and returns its slot and result;
     /// a read's data is in `bufs[slot]`. `None` when nothing is in flight.
     fn complete_one(&mut self, bufs: &mut [Vec<u8>]) -> Option<(usize, io::Result<()>)>;
@@ -1085,7 +1103,8 @@ fn run_job_queued(
             };
             let lba = block * slice.lbas_per_io;
             let (res, gen) = if is_read {
-                (q.start_read(slot, lba, bs), 0)
+                // Copied out only to be verified.
+                (q.start_read_in_place(slot, lba, bs), 0)
             } else {
                 let gen = shared.gens.0[block as usize].load(Ordering::Relaxed) + 1;
                 fill_write(
@@ -1131,6 +1150,10 @@ fn run_job_queued(
         in_flight.remove(&block);
         free.push(slot);
         let ns = t0.elapsed().as_nanos().max(1) as u64;
+        let res = match res {
+            Ok(()) if is_read && w.verify => q.read_back(slot, &mut bufs[slot]),
+            r => r,
+        };
         if !account(
             &mut shared.result(job),
             res,

@@ -310,16 +310,22 @@ struct QueuedRam {
     lose_nth: u64,
     writes: AtomicU64,
     max_in_flight: AtomicU64,
+    /// Reads started in place land in the queue's own buffers, copied
+    /// out only by `read_back` (counted).
+    in_place: bool,
+    read_backs: AtomicU64,
 }
 
 enum Op {
     Read(u64, usize),
+    ReadInPlace(u64, usize),
     Write(u64, Vec<u8>),
 }
 
 struct Q<'a> {
     dev: &'a QueuedRam,
     started: Vec<(usize, Op)>,
+    kept: std::collections::HashMap<usize, Vec<u8>>,
 }
 
 impl blockload::IoQueue for Q<'_> {
@@ -333,10 +339,32 @@ impl blockload::IoQueue for Q<'_> {
         self.note();
         Ok(())
     }
+    fn start_read_in_place(&mut self, slot: usize, lba: u64, len: usize) -> io::Result<()> {
+        if !self.dev.in_place {
+            return self.start_read(slot, lba, len);
+        }
+        self.kept.remove(&slot);
+        self.started.push((slot, Op::ReadInPlace(lba, len)));
+        self.note();
+        Ok(())
+    }
+    fn read_back(&mut self, slot: usize, out: &mut [u8]) -> io::Result<()> {
+        if let Some(k) = self.kept.get(&slot) {
+            out[..k.len()].copy_from_slice(k);
+            self.dev.read_backs.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
     fn complete_one(&mut self, bufs: &mut [Vec<u8>]) -> Option<(usize, io::Result<()>)> {
         let (slot, op) = self.started.pop()?;
         let r = match op {
             Op::Read(lba, len) => self.dev.inner.read_at(lba, &mut bufs[slot][..len]),
+            Op::ReadInPlace(lba, len) => {
+                let mut k = vec![0u8; len];
+                let r = self.dev.inner.read_at(lba, &mut k);
+                self.kept.insert(slot, k);
+                r
+            }
             Op::Write(lba, data) => {
                 let n = self.dev.writes.fetch_add(1, Ordering::Relaxed);
                 if self.dev.lose_nth > 0 && n % self.dev.lose_nth == self.dev.lose_nth - 1 {
@@ -370,6 +398,7 @@ impl BlockDevice for QueuedRam {
         Some(Box::new(Q {
             dev: self,
             started: Vec::new(),
+            kept: Default::default(),
         }))
     }
 }
@@ -380,7 +409,38 @@ fn queued(lose_nth: u64) -> Arc<QueuedRam> {
         lose_nth,
         writes: AtomicU64::new(0),
         max_in_flight: AtomicU64::new(0),
+        in_place: false,
+        read_backs: AtomicU64::new(0),
     })
+}
+
+/// Reads a queue keeps in place are copied out to be verified, and only
+/// then: a run that verifies reads every one back (and finds lost
+/// writes through them), one that does not leaves them where they are.
+#[test]
+fn reads_kept_in_place_are_read_back_only_to_be_verified() {
+    let region = 2048 * 512;
+    for (verify, lose_nth) in [(true, 0), (true, 29), (false, 0)] {
+        let dev = Arc::new(QueuedRam {
+            in_place: true,
+            ..Arc::into_inner(queued(lose_nth)).expect("fresh")
+        });
+        let mut w = workload(Pattern::RandRw { read_pct: 50 }, 1, region * 8);
+        w.region = Some(region);
+        w.iodepth = 8;
+        w.verify = verify;
+        let r = run(dev.clone(), &w, |_| {}).unwrap();
+        let read_backs = dev.read_backs.load(Ordering::Relaxed);
+        assert!(r.read.ios > 0, "{}", r.table());
+        match (verify, lose_nth) {
+            (true, 0) => {
+                assert!(r.ok(), "{}", r.table());
+                assert_eq!(read_backs, r.read.ios, "{}", r.table());
+            }
+            (true, _) => assert!(r.verify_failures > 0, "{}", r.table()),
+            (false, _) => assert_eq!(read_backs, 0, "{}", r.table()),
+        }
+    }
 }
 
 #[test]

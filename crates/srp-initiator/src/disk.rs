@@ -831,6 +831,7 @@ impl blockload::BlockDevice for Disk {
             disk: self,
             session: self.pick(),
             slots: (0..depth).map(|_| None).collect(),
+            kept: (0..depth).map(|_| None).collect(),
             ready: std::collections::VecDeque::new(),
         }))
     }
@@ -838,8 +839,9 @@ impl blockload::BlockDevice for Disk {
 
 /// What a [`DiskQueue`] slot's command does.
 enum Op {
-    /// READ(16) of `len` bytes.
-    Read,
+    /// READ(16) of `len` bytes; `in_place`: its data stays in the
+    /// session's pool ([`blockload::IoQueue::start_read_in_place`]).
+    Read { in_place: bool },
     /// WRITE(16) of `len` bytes from the slot's buffer, which holds them
     /// until the slot completes (for a retry after a reset or abort).
     Write,
@@ -852,7 +854,7 @@ enum Op {
 impl Op {
     fn name(&self) -> &'static str {
         match self {
-            Op::Read => "READ(16)",
+            Op::Read { .. } => "READ(16)",
             Op::Write => "WRITE(16)",
             Op::Flush => "SYNCHRONIZE CACHE",
             Op::Unmap(_) => "UNMAP",
@@ -879,6 +881,9 @@ struct DiskQueue<'a> {
     disk: &'a Disk,
     session: &'a Session,
     slots: Vec<Option<Queued<'a>>>,
+    /// Per slot, the data of its last read in place, in the pool until
+    /// the slot starts again.
+    kept: Vec<Option<crate::session::Kept>>,
     /// Slots that ended before `complete_one` was asked (refused at
     /// start, or finished early to free a place in a queue limit), with
     /// the data of a read finished early.
@@ -902,6 +907,14 @@ struct Resend {
 }
 
 impl<'a> DiskQueue<'a> {
+    /// [`Self::check_slot`], and the slot's kept read data (of its last
+    /// command) goes: the slot starts again.
+    fn claim(&mut self, slot: usize) -> io::Result<()> {
+        self.check_slot(slot)?;
+        self.kept[slot] = None;
+        Ok(())
+    }
+
     fn check_slot(&self, slot: usize) -> io::Result<()> {
         if self.slots.get(slot).is_none_or(|s| s.is_some())
             || self.ready.iter().any(|(s, _)| *s == slot)
@@ -958,7 +971,7 @@ impl<'a> DiskQueue<'a> {
 
     /// SYNCHRONIZE CACHE(10) over the whole LU, started.
     fn start_flush(&mut self, slot: usize) -> io::Result<()> {
-        self.check_slot(slot)?;
+        self.claim(slot)?;
         let cdb = [0x35, 0, 0, 0, 0, 0, 0, 0, 0, 0];
         self.send(slot, &cdb, &Xfer::None, Op::Flush, 0)
     }
@@ -966,7 +979,7 @@ impl<'a> DiskQueue<'a> {
     /// UNMAP of one descriptor, started; a range one descriptor cannot
     /// hold goes the synchronous way ([`Disk::unmap`]).
     fn start_unmap(&mut self, slot: usize, lba: u64, blocks: u64) -> io::Result<()> {
-        self.check_slot(slot)?;
+        self.claim(slot)?;
         if lba
             .checked_add(blocks)
             .is_none_or(|end| end > self.disk.blocks())
@@ -995,8 +1008,9 @@ impl<'a> DiskQueue<'a> {
         lba: u64,
         len: usize,
         data: Option<&[u8]>,
+        in_place: bool,
     ) -> io::Result<()> {
-        self.check_slot(slot)?;
+        self.claim(slot)?;
         let blocks = self.disk.check_range(lba, len)?;
         if len > self.disk.max_transfer {
             // Larger than one command: the plain path splits it (and
@@ -1017,7 +1031,7 @@ impl<'a> DiskQueue<'a> {
             // Not copied: a retry after a reset or an abort sends the
             // slot's buffer again (`IoQueue::start_write`).
             Some(d) => (Xfer::Out(d), Op::Write),
-            None => (Xfer::In(len), Op::Read),
+            None => (Xfer::In(len), Op::Read { in_place }),
         };
         self.send(slot, &cdb, &xfer, op, len)
     }
@@ -1036,21 +1050,32 @@ impl<'a> DiskQueue<'a> {
         let Some(q) = self.slots[slot].take() else {
             return false;
         };
-        let mut data = matches!(q.op, Op::Read).then(|| vec![0u8; q.len]);
-        let ended = match self.finish(q, data.as_deref_mut()) {
+        let mut data = matches!(q.op, Op::Read { .. }).then(|| vec![0u8; q.len]);
+        let mut kept = None;
+        let ended = match self.finish(q, data.as_deref_mut(), &mut kept) {
+            // Kept in the pool: no data to copy at completion.
+            Ok(r) if kept.is_some() => Ended::Done(r, None),
             Ok(r) => Ended::Done(r, data),
             Err(resend) => Ended::Resend(resend),
         };
+        self.kept[slot] = kept;
         self.ready.push_back((slot, ended));
         true
     }
 
     /// Ends command `q` with `buf`, its slot's buffer when at hand: a read
     /// lands there, a write to retry is sent again from there. A write to
-    /// retry without it comes back as `Err`, for [`Self::resend`].
-    fn finish(&self, q: Queued<'_>, buf: Option<&mut [u8]>) -> Result<io::Result<()>, Resend> {
+    /// retry without it comes back as `Err`, for [`Self::resend`]. A read
+    /// in place that succeeded leaves its data in the pool, in `kept`
+    /// (retried, it lands in `buf` after all).
+    fn finish(
+        &self,
+        q: Queued<'_>,
+        buf: Option<&mut [u8]>,
+        kept: &mut Option<crate::session::Kept>,
+    ) -> Result<io::Result<()>, Resend> {
         let what = q.op.name();
-        let reading = matches!(q.op, Op::Read);
+        let reading = matches!(q.op, Op::Read { .. });
         let (mut xfer, source) = match (reading, buf) {
             (true, Some(b)) => {
                 let n = q.len.min(b.len());
@@ -1059,7 +1084,14 @@ impl<'a> DiskQueue<'a> {
             (true, None) => (Xfer::In(q.len), None),
             (false, b) => (Xfer::None, b),
         };
-        let r = self.session.finish(q.started, xfer.reborrow());
+        let r = match q.op {
+            Op::Read { in_place: true } => {
+                let (r, k) = self.session.finish_kept(q.started);
+                *kept = k;
+                r
+            }
+            _ => self.session.finish(q.started, xfer.reborrow()),
+        };
         if let (Op::Unmap(_), false) = (&q.op, r.good()) {
             // No thin provisioning: ILLEGAL REQUEST, as Disk::unmap says.
             if is_scsi(r.status, scsi::Status::CheckCondition)
@@ -1074,6 +1106,7 @@ impl<'a> DiskQueue<'a> {
         if r.good() {
             if let Some(srp::initiator::Residual::Under(n)) = r.residual {
                 if n > 0 && reading {
+                    *kept = None;
                     return Ok(Err(io::Error::other(format!(
                         "READ(16) returned {} of {} bytes",
                         q.len.saturating_sub(n as usize),
@@ -1139,10 +1172,19 @@ impl<'a> DiskQueue<'a> {
 
 impl blockload::IoQueue for DiskQueue<'_> {
     fn start_read(&mut self, slot: usize, lba: u64, len: usize) -> io::Result<()> {
-        self.start(slot, false, lba, len, None)
+        self.start(slot, false, lba, len, None, false)
     }
     fn start_write(&mut self, slot: usize, lba: u64, data: &[u8]) -> io::Result<()> {
-        self.start(slot, true, lba, data.len(), Some(data))
+        self.start(slot, true, lba, data.len(), Some(data), false)
+    }
+    fn start_read_in_place(&mut self, slot: usize, lba: u64, len: usize) -> io::Result<()> {
+        self.start(slot, false, lba, len, None, true)
+    }
+    fn read_back(&mut self, slot: usize, out: &mut [u8]) -> io::Result<()> {
+        if let Some(k) = self.kept.get(slot).and_then(Option::as_ref) {
+            k.read(out);
+        }
+        Ok(())
     }
     fn start_flush(&mut self, slot: usize) -> io::Result<()> {
         DiskQueue::start_flush(self, slot)
@@ -1172,7 +1214,10 @@ impl blockload::IoQueue for DiskQueue<'_> {
         )?;
         let q = self.slots[slot].take()?;
         let buf = bufs.get_mut(slot).map(Vec::as_mut_slice);
-        let r = match self.finish(q, buf) {
+        let mut kept = None;
+        let r = self.finish(q, buf, &mut kept);
+        self.kept[slot] = kept;
+        let r = match r {
             Ok(r) => r,
             // `bufs` has no buffer for this slot: nothing to send again.
             Err(w) => self.resend(&w, &[]),

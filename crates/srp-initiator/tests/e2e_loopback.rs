@@ -321,6 +321,80 @@ fn write10(lba: u32, blocks: u16) -> Vec<u8> {
     c
 }
 
+fn read10(lba: u32, blocks: u16) -> Vec<u8> {
+    let mut c = write10(lba, blocks);
+    c[0] = 0x28;
+    c
+}
+
+/// A read finished with `finish_kept` leaves its data in the session's
+/// pool, where `Kept::read` finds what a plain read copies out; the pages
+/// return to the pool when the `Kept` goes. A pool of 1 MiB holds four
+/// kept 256 KiB reads: forty in turn, each dropped, never wait for pages.
+#[test]
+fn a_read_kept_in_the_pool_reads_as_a_copied_one_and_gives_its_pages_back() {
+    let s = setup(8 << 20);
+    let mut cfg = SessionConfig::new(s.chan.clone());
+    cfg.pool_bytes = 1 << 20;
+    let sess = session(&s, cfg);
+    let lun = srp::wire::Lun::from_u64(0);
+    let data: Vec<u8> = (0..256 << 10)
+        .map(|i: u32| (i * 7 + i / 4096) as u8)
+        .collect();
+    // TEST UNIT READY takes the power-on unit attention.
+    let ready = (0..3).any(|_| sess.execute(lun, &[0; 6], Xfer::None).unwrap().good());
+    assert!(ready, "the LU never got ready");
+    let r = sess
+        .execute(lun, &write10(64, 512), Xfer::Out(&data))
+        .unwrap();
+    assert!(r.good(), "{r:?}");
+    // On a thread of its own: pages never given back would have a start
+    // wait for them forever.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (sess2, data2) = (sess.clone(), data.clone());
+    std::thread::spawn(move || {
+        let (sess, data) = (sess2, data2);
+        for round in 0..40 {
+            let started = sess
+                .start(
+                    lun,
+                    &read10(64, 512),
+                    &Xfer::In(256 << 10),
+                    TaskAttr::Simple,
+                )
+                .unwrap();
+            let (r, kept) = sess.finish_kept(started);
+            assert!(r.good() && r.data.is_empty(), "{r:?}");
+            let kept = kept.expect("a GOOD read keeps its data");
+            assert_eq!(kept.len(), 256 << 10);
+            let mut out = vec![0u8; 256 << 10];
+            assert_eq!(kept.read(&mut out), 256 << 10);
+            assert!(out == data, "round {round}: kept data differs");
+            if round == 0 {
+                // As a plain read gives it, while the kept one holds its pages.
+                let plain = sess
+                    .execute(lun, &read10(64, 512), Xfer::In(256 << 10))
+                    .unwrap();
+                assert!(plain.data == data);
+            }
+        }
+        let _ = tx.send(());
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(30))
+        .expect("40 kept reads in turn within 30 s: their pages come back");
+    // A command that fails keeps nothing.
+    let started = sess
+        .start(
+            lun,
+            &read10(u32::MAX - 1, 1),
+            &Xfer::In(512),
+            TaskAttr::Simple,
+        )
+        .unwrap();
+    let (r, kept) = sess.finish_kept(started);
+    assert!(!r.good() && kept.is_none(), "{r:?}");
+}
+
 /// LOGICAL UNIT RESET while the store holds one WRITE and a second one
 /// waits for the port's only worker. The reset is answered only once the
 /// held WRITE returned from the store (an aborted command must not change

@@ -190,6 +190,52 @@ pub struct Session {
     poller: Option<JoinHandle<()>>,
 }
 
+/// A read's data kept in the session's pool ([`Session::finish_kept`]):
+/// its pages are the command's until this goes.
+pub struct Kept {
+    inner: Arc<Inner>,
+    runs: pool::Runs,
+    segs: pool::Segs,
+    len: usize,
+}
+
+impl Kept {
+    /// Bytes the read returned.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the read returned none.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Copies the data into `out`, up to its length; returns how many
+    /// bytes.
+    pub fn read(&self, out: &mut [u8]) -> usize {
+        let n = self.len.min(out.len());
+        self.inner.copy_out(&self.segs, &mut out[..n]);
+        n
+    }
+}
+
+impl Drop for Kept {
+    fn drop(&mut self) {
+        let inner = &self.inner;
+        let mut st = inner.lock();
+        inner.free(&mut st, &self.runs);
+        if st.cv_waiters > 0 {
+            inner.cv.notify_all();
+        }
+    }
+}
+
+impl std::fmt::Debug for Kept {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Kept({} bytes)", self.len)
+    }
+}
+
 struct Inner {
     provider: Arc<dyn Provider>,
     connector: Arc<dyn Connector>,
@@ -829,6 +875,20 @@ impl Session {
     /// it), copies read data into `xfer`'s buffer (`Xfer::InTo`) or into
     /// [`CmdResult::data`] (`Xfer::In`), and gives its pages back.
     pub fn finish(&self, c: Started, xfer: Xfer<'_>) -> CmdResult {
+        self.finish_inner(c, xfer, false).0
+    }
+
+    /// [`Session::finish`] that leaves a read's data where the target
+    /// wrote it, in the session's registered pool: no copy now, and the
+    /// pages stay the command's until the [`Kept`] goes (a caller that
+    /// may never look at the data, or looks later). [`CmdResult::data`]
+    /// stays empty; `None` when there is no data to keep (not a read, or
+    /// not GOOD).
+    pub fn finish_kept(&self, c: Started) -> (CmdResult, Option<Kept>) {
+        self.finish_inner(c, Xfer::None, true)
+    }
+
+    fn finish_inner(&self, c: Started, xfer: Xfer<'_>, keep: bool) -> (CmdResult, Option<Kept>) {
         let inner = &self.inner;
         let Started {
             tag,
@@ -855,11 +915,28 @@ impl Session {
             None
         });
         let mut out = Vec::new();
-        if reading && completion.status == Status::Scsi(scsi::Status::Good.code()) {
-            let got = match completion.data_in_residual {
-                Some(srp::initiator::Residual::Under(n)) => len.saturating_sub(n as usize),
-                _ => len,
+        let good = completion.status == Status::Scsi(scsi::Status::Good.code());
+        let got = match completion.data_in_residual {
+            Some(srp::initiator::Residual::Under(n)) => len.saturating_sub(n as usize),
+            _ => len,
+        };
+        if reading && good && keep {
+            drop(st);
+            let result = CmdResult {
+                status: completion.status,
+                sense: completion.sense,
+                data: out,
+                residual: completion.data_in_residual,
             };
+            let kept = Kept {
+                inner: inner.clone(),
+                runs,
+                segs,
+                len: got,
+            };
+            return (result, Some(kept));
+        }
+        if reading && good {
             // The pages stay ours until freed below: copy without the lock.
             drop(st);
             let dst: &mut [u8] = match xfer {
@@ -872,30 +949,20 @@ impl Session {
                     &mut out
                 }
             };
-            let got = dst.len();
-            let mut at = 0;
-            for s in &segs {
-                if at >= got {
-                    break;
-                }
-                let n = (s.len as usize).min(got - at);
-                inner
-                    .pool
-                    .read_at((s.va - inner.pool.addr()) as usize, &mut dst[at..at + n]);
-                at += n;
-            }
+            inner.copy_out(&segs, dst);
             st = inner.lock();
         }
         inner.free(&mut st, &runs);
         if st.cv_waiters > 0 {
             inner.cv.notify_all();
         }
-        CmdResult {
+        let result = CmdResult {
             status: completion.status,
             sense: completion.sense,
             data: out,
             residual: completion.data_in_residual,
-        }
+        };
+        (result, None)
     }
 
     /// LOGICAL UNIT RESET of `lun` (what `sg_reset --device` asks of

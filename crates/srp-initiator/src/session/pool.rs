@@ -63,6 +63,21 @@ impl Inner {
         Some(runs)
     }
 
+    /// Copies the pool's bytes that `segs` describe, in order, into
+    /// `dst` until it is full.
+    pub(super) fn copy_out(&self, segs: &[DirectBuf], dst: &mut [u8]) {
+        let mut at = 0;
+        for s in segs {
+            if at >= dst.len() {
+                break;
+            }
+            let n = (s.len as usize).min(dst.len() - at);
+            self.pool
+                .read_at((s.va - self.pool.addr()) as usize, &mut dst[at..at + n]);
+            at += n;
+        }
+    }
+
     pub(super) fn free(&self, st: &mut State, runs: &[(usize, usize)]) {
         for &(start, n) in runs {
             for p in &mut st.pages[start..start + n] {
