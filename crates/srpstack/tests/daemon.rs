@@ -700,6 +700,14 @@ fn lun_masking_runtime_changes_aer_and_graceful_stop() {
     // The CM agent is tracked too: its listens (RDMA CM port and IB
     // service ID) are CM ids, its CM class and DM registrations MAD agents.
     let idle_cm_ids = idle_show["cm_ids"].as_i64().expect("show has cm_ids");
+    // The SRQ holds what logins' credits need, not srpt_srq_size.
+    let idle_recvs = idle_show["receive_buffers_posted"]
+        .as_u64()
+        .expect("show has receive_buffers_posted");
+    assert!(
+        (1..idle_show["srpt_srq_size"].as_u64().unwrap()).contains(&idle_recvs),
+        "{idle_show}"
+    );
     assert!(idle_cm_ids >= 1, "{idle_show}");
     assert!(idle_show["mad_agents"].as_i64() >= Some(1), "{idle_show}");
     assert_eq!(
@@ -785,6 +793,18 @@ fn lun_masking_runtime_changes_aer_and_graceful_stop() {
         show["cm_ids"].as_i64() > Some(idle_cm_ids),
         "{show} vs {idle_show}"
     );
+    // The live channels' credits have receive buffers (windows and
+    // reserves of 3), still far fewer than srpt_srq_size.
+    let sessions = d.adm(&["sessions"]).unwrap();
+    let promised: u64 = sessions
+        .as_array()
+        .expect("sessions are a list")
+        .iter()
+        .map(|s| s["window"].as_u64().expect("a window") + 3)
+        .sum();
+    let posted = show["receive_buffers_posted"].as_u64().unwrap();
+    assert!(promised > 0 && posted >= promised, "{show} vs {sessions}");
+    assert!(posted < show["srpt_srq_size"].as_u64().unwrap(), "{show}");
     let text = Command::new(common::srptadm_bin())
         .arg("--socket")
         .arg(d.sock())

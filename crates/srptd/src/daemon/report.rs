@@ -58,6 +58,7 @@ impl Daemon {
             "srp_max_rsp_size": t.srp_max_rsp_size.get_ref(),
             "srp_max_rdma_size": t.srp_max_rdma_size.get_ref(),
             "srpt_srq_size": t.srpt_srq_size.get_ref(),
+            "receive_buffers_posted": live.port.receive_buffers_posted(),
             "srpt_sq_size": t.srpt_sq_size.get_ref(),
             "max_channels": t.max_channels.get_ref(),
             "login_timeout_ms": t.login_timeout_ms.get_ref(),
