@@ -395,6 +395,39 @@ fn a_read_kept_in_the_pool_reads_as_a_copied_one_and_gives_its_pages_back() {
     assert!(!r.good() && kept.is_none(), "{r:?}");
 }
 
+/// Over soft RoCE, whose NIC the waiting caller drives, a thread that
+/// starts commands batched sends them 16 at a time, not all when it next
+/// waits: the target starts on the first half while the thread builds the
+/// second (a whole queue in one batch left each side idle while the other
+/// worked). Seen at the target: 16 of 20 commands arrive before the
+/// thread waits for any. (Held whole, they would arrive only when some
+/// other thread of the session happened to post meanwhile; the unit test
+/// `a_batch_for_a_driven_nic_goes_out_at_sixteen...` pins the rule.)
+#[test]
+fn batched_starts_over_a_driven_nic_go_out_sixteen_at_a_time() {
+    let s = setup_soft(8 << 20, 181);
+    let sess = session(&s, SessionConfig::new(s.chan.clone()));
+    let lun = srp::wire::Lun::from_u64(0);
+    // TEST UNIT READY takes the unit attention; its wait drives the NIC,
+    // which is how the session learns that it does.
+    let ready = (0..3).any(|_| sess.execute(lun, &[0; 6], Xfer::None).unwrap().good());
+    assert!(ready, "the LU never got ready");
+    let cmds_before = s.port.sessions()[0].cmds;
+    let started: Vec<_> = (0..20u32)
+        .map(|i| {
+            sess.start_batched(lun, &read10(i * 8, 8), &Xfer::In(4096), TaskAttr::Simple)
+                .unwrap()
+        })
+        .collect();
+    wait_for("the first 16 batched commands at the target", 10, || {
+        s.port.sessions()[0].cmds >= cmds_before + 16
+    });
+    for c in started {
+        assert!(sess.finish(c, Xfer::None).good());
+    }
+    assert_eq!(s.port.sessions()[0].cmds, cmds_before + 20);
+}
+
 /// LOGICAL UNIT RESET while the store holds one WRITE and a second one
 /// waits for the port's only worker. The reset is answered only once the
 /// held WRITE returned from the store (an aborted command must not change

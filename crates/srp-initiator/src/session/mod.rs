@@ -427,13 +427,37 @@ struct FlushBufs {
     sent: Vec<u32>,
 }
 
+/// Posts a batching thread ([`Session::start_batched`]) holds back at
+/// most when the provider drives a NIC of its own that the caller moves
+/// (soft RoCE: `State::provider_drives`). The target starts on a batch
+/// only once it is sent, and answers it whole: a batch of the whole queue
+/// leaves the target idle while this thread builds it, then this thread
+/// idle while the target answers it. Two halves overlap (4 KiB random
+/// reads QD32: 1.3x the IOPS, a fifth less CPU an I/O, in paired runs; 4
+/// and 8 a batch did no better). Where the provider does the work inside
+/// the post (the loopback fabric) nothing runs beside this thread, and
+/// the whole batch goes in one post.
+const DRIVEN_BATCH_MAX: usize = 16;
+
+/// Whether a thread letting go of the lock leaves the `queued` posts for
+/// later: when they are its own batch (`batching_here`), unless the
+/// provider drives a NIC of its own and `DRIVEN_BATCH_MAX` wait.
+fn holds_posts(batching_here: bool, provider_drives: bool, queued: usize) -> bool {
+    batching_here && !(provider_drives && queued >= DRIVEN_BATCH_MAX)
+}
+
 impl Drop for Locked<'_> {
     fn drop(&mut self) {
         let Some(st) = self.st.as_mut() else {
             return;
         };
         let wake = std::mem::take(&mut st.wake);
-        let batch = if st.flushing || st.posts.is_empty() || st.batching == Some(current_id()) {
+        let hold = holds_posts(
+            st.batching == Some(current_id()),
+            st.provider_drives,
+            st.posts.len(),
+        );
+        let batch = if st.flushing || st.posts.is_empty() || hold {
             None
         } else {
             st.flushing = true;
@@ -1122,6 +1146,18 @@ impl Inner {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_batch_for_a_driven_nic_goes_out_at_sixteen_and_others_wait_for_the_wait() {
+        // Its own batch waits on the loopback fabric however long it is.
+        assert!(holds_posts(true, false, 1000));
+        // On soft RoCE, until 16 wait.
+        assert!(holds_posts(true, true, DRIVEN_BATCH_MAX - 1));
+        assert!(!holds_posts(true, true, DRIVEN_BATCH_MAX));
+        // Another thread's posts are never this one's to hold.
+        assert!(!holds_posts(false, false, 1));
+        assert!(!holds_posts(false, true, 1));
+    }
 
     #[test]
     fn the_partition_picks_its_table_index() {
