@@ -731,7 +731,13 @@ fn flush_within(
     std::thread::Builder::new()
         .name("flush".into())
         .spawn(move || {
-            let _ = tx.send(d.flush());
+            let r = d.flush();
+            // Let go before answering: the caller's drop of its own is
+            // then the last, and logs out on its thread, where a thread
+            // still holding this one would have the exit cut the logout
+            // short (the target keeping the session until its keepalive).
+            drop(d);
+            let _ = tx.send(r);
         })
         .ok()?;
     rx.recv_timeout(wait).ok()
