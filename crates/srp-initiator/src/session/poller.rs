@@ -232,7 +232,9 @@ impl Inner {
                                 n += d.len();
                             }
                             None => {
-                                debug_assert!(false, "immediate data of {:?} not at hand", t.tag);
+                                // Not sent whole, never sent short: a
+                                // link that failed before its flush.
+                                tracing::debug!(parent: &self.span, tag = t.tag.0, "immediate data not at hand");
                                 st.free_slots.push(slot);
                                 self.lost(st);
                                 return;

@@ -1146,14 +1146,14 @@ impl Drop for Undo<'_> {
     }
 }
 
-/// The distance between `size`-byte slots of one registered buffer: a
-/// whole number of cache lines, so each slot starts word-aligned.
 /// Receive buffers posted beyond what the credits promised need
 /// ([`Inner::recv_goal`]): IUs a peer sends past its window (answered
 /// TASK SET FULL, [`srp::target::RESERVED_RECV`] covers only three) land
 /// in one rather than draw an RNR NAK.
 const RECV_SLACK: usize = 32;
 
+/// The distance between `size`-byte slots of one registered buffer: a
+/// whole number of cache lines, so each slot starts word-aligned.
 pub(super) fn slot_stride(size: u32) -> u32 {
     size.max(1).next_multiple_of(64)
 }
