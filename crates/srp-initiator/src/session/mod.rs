@@ -221,12 +221,8 @@ impl Kept {
 
 impl Drop for Kept {
     fn drop(&mut self) {
-        let inner = &self.inner;
-        let mut st = inner.lock();
-        inner.free(&mut st, &self.runs);
-        if st.cv_waiters > 0 {
-            inner.cv.notify_all();
-        }
+        let mut st = self.inner.lock();
+        self.inner.give_back(&mut st, &self.runs);
     }
 }
 
@@ -944,49 +940,43 @@ impl Session {
             Some(srp::initiator::Residual::Under(n)) => len.saturating_sub(n as usize),
             _ => len,
         };
-        if reading && good && keep {
+        let kept = if reading && good && keep {
+            // Left where the target wrote it: the pages go with the `Kept`.
             drop(st);
-            let result = CmdResult {
-                status: completion.status,
-                sense: completion.sense,
-                data: out,
-                residual: completion.data_in_residual,
-            };
-            let kept = Kept {
+            Some(Kept {
                 inner: inner.clone(),
                 runs,
                 segs,
                 len: got,
-            };
-            return (result, Some(kept));
-        }
-        if reading && good {
-            // The pages stay ours until freed below: copy without the lock.
-            drop(st);
-            let dst: &mut [u8] = match xfer {
-                Xfer::InTo(b) => {
-                    let got = got.min(b.len());
-                    &mut b[..got]
-                }
-                _ => {
-                    out = vec![0u8; got];
-                    &mut out
-                }
-            };
-            inner.copy_out(&segs, dst);
-            st = inner.lock();
-        }
-        inner.free(&mut st, &runs);
-        if st.cv_waiters > 0 {
-            inner.cv.notify_all();
-        }
+            })
+        } else {
+            if reading && good {
+                // The pages stay ours until given back below: copy without
+                // the lock.
+                drop(st);
+                let dst: &mut [u8] = match xfer {
+                    Xfer::InTo(b) => {
+                        let got = got.min(b.len());
+                        &mut b[..got]
+                    }
+                    _ => {
+                        out = vec![0u8; got];
+                        &mut out
+                    }
+                };
+                inner.copy_out(&segs, dst);
+                st = inner.lock();
+            }
+            inner.give_back(&mut st, &runs);
+            None
+        };
         let result = CmdResult {
             status: completion.status,
             sense: completion.sense,
             data: out,
             residual: completion.data_in_residual,
         };
-        (result, None)
+        (result, kept)
     }
 
     /// LOGICAL UNIT RESET of `lun` (what `sg_reset --device` asks of

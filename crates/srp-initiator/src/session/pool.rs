@@ -78,6 +78,15 @@ impl Inner {
         }
     }
 
+    /// [`Inner::free`] of a finished command's pages, waking the callers
+    /// that wait for pages (or a credit) if any do.
+    pub(super) fn give_back(&self, st: &mut State, runs: &[(usize, usize)]) {
+        self.free(st, runs);
+        if st.cv_waiters > 0 {
+            self.cv.notify_all();
+        }
+    }
+
     pub(super) fn free(&self, st: &mut State, runs: &[(usize, usize)]) {
         for &(start, n) in runs {
             for p in &mut st.pages[start..start + n] {
