@@ -58,14 +58,10 @@ impl Channel {
             }
         }
         let xfers = (self.xfer(&cmd.data_out), self.xfer(&cmd.data_in));
-        // One search of the tags: a tag in use is refused, a new one's
-        // place is kept for the command.
-        let place = match self.tags.entry(tag) {
-            std::collections::btree_map::Entry::Vacant(v) => v,
-            std::collections::btree_map::Entry::Occupied(_) => {
-                return self.refuse(tag, sol, sense::overlapped())
-            }
-        };
+        // A tag in use is refused.
+        if self.tags.contains(tag) {
+            return self.refuse(tag, sol, sense::overlapped());
+        }
         let (Some((out, out_total)), Some((inn, in_total))) = xfers else {
             return self.refuse(tag, sol, sense::invalid_cmd_iu());
         };
@@ -108,7 +104,7 @@ impl Channel {
             t.phase = Phase::Core;
         }
         self.tasks.insert(id, t);
-        place.insert(id);
+        self.tags.insert(tag, id);
         if tables == 0 {
             self.start_data_out(id);
             return;
@@ -234,7 +230,7 @@ impl Channel {
         self.stats.tmfs += 1;
         let id = CmdId(self.next_cmd);
         self.next_cmd += 1;
-        let task = self.tags.get(&tm.task_tag).copied();
+        let task = self.tags.get(tm.task_tag);
         let mut t = Task {
             tag: tm.tag,
             lun: tm.lun,
@@ -253,7 +249,7 @@ impl Channel {
             ops: 0,
             aborted: false,
         };
-        let code = if self.tags.contains_key(&tm.tag) {
+        let code = if self.tags.contains(tm.tag) {
             Some(RspCode::RequestFieldsInvalid)
         } else if matches!(tm.func, TmFunc::Unknown(_)) {
             Some(RspCode::NotSupported)

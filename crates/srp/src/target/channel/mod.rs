@@ -11,10 +11,11 @@ use crate::wire::{
     TLogout, TLogoutReason, Tag, TaskAttr, TmFunc, TskMgmt, AER_REQ_FIXED_LEN, RSP_FIXED_LEN,
 };
 use rdma_types::{IdRing, Rkey};
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 
 mod commands;
 mod interface;
+mod tags;
 
 use commands::*;
 pub use interface::*;
@@ -124,16 +125,6 @@ enum Wr {
     Rdma { op: OpId, read: bool },
 }
 
-/// Drops `tag` from `tags` if it names command `id` (a later command may
-/// have reused the tag): one search of the tree.
-fn forget_tag(tags: &mut BTreeMap<Tag, CmdId>, tag: Tag, id: CmdId) {
-    if let std::collections::btree_map::Entry::Occupied(e) = tags.entry(tag) {
-        if *e.get() == id {
-            e.remove();
-        }
-    }
-}
-
 /// One RDMA channel of an I_T nexus (one accepted login).
 #[derive(Debug)]
 pub struct Channel {
@@ -143,9 +134,8 @@ pub struct Channel {
     /// ([`IdRing`]); where the order of commands shows (aborts,
     /// releases), their ids are sorted (arrival).
     tasks: IdRing<CmdId, Task>,
-    /// The initiator's tags, which it chooses: a B-tree, which no choice
-    /// of keys makes slow.
-    tags: BTreeMap<Tag, CmdId>,
+    /// The initiator's tags, which it chooses.
+    tags: tags::Tags,
     ops: IdRing<OpId, RdmaOp>,
     next_cmd: u64,
     next_op: u64,
@@ -185,7 +175,7 @@ impl Channel {
             p,
             state: ChannelState::Live,
             tasks: IdRing::default(),
-            tags: BTreeMap::new(),
+            tags: tags::Tags::new(p.window),
             ops: IdRing::default(),
             next_cmd: 1,
             next_op: 1,
@@ -724,7 +714,7 @@ impl Channel {
         };
         if !t.aborted {
             t.aborted = true;
-            forget_tag(&mut self.tags, t.tag, id);
+            self.tags.forget(t.tag, id);
             self.free_credit();
         }
         self.reap(id);
@@ -774,7 +764,7 @@ impl Channel {
     /// Finish a task with a response.
     fn respond(&mut self, id: CmdId, rsp: RspPlan) {
         if let Some(t) = self.tasks.remove(&id) {
-            forget_tag(&mut self.tags, t.tag, id);
+            self.tags.forget(t.tag, id);
             self.free_credit();
             self.wrs.push_back(Wr::Rsp(rsp));
             self.events.push_back(Output::Release(id));
@@ -786,7 +776,7 @@ impl Channel {
     /// stays until they complete.
     fn respond_draining(&mut self, id: CmdId, rsp: RspPlan) {
         if let Some(t) = self.tasks.get(&id) {
-            forget_tag(&mut self.tags, t.tag, id);
+            self.tags.forget(t.tag, id);
             self.free_credit();
             self.wrs.push_back(Wr::Rsp(rsp));
         }
