@@ -115,7 +115,7 @@ mod tests {
             let tag = match x % 3 {
                 0 => (x >> 8) % 8 * 64,
                 1 => (x >> 8) % 100,
-                _ => (x >> 8) % 4 | 1 << 40,
+                _ => ((x >> 8) % 4) | (1 << 40),
             };
             let live = model.get(&tag).copied();
             assert_eq!(t.get(Tag(tag)), live.map(CmdId), "tag {tag}");
@@ -125,7 +125,7 @@ mod tests {
                     model.insert(tag, next);
                     next += 1;
                 }
-                Some(id) if x & 1 << 20 != 0 => {
+                Some(id) if x & (1 << 20) != 0 => {
                     // Another command's id leaves it in place.
                     t.forget(Tag(tag), CmdId(id + 1_000_000));
                     assert_eq!(t.get(Tag(tag)), Some(CmdId(id)));
