@@ -12,14 +12,22 @@ use std::sync::{Arc, Mutex};
 pub struct FlatMemory {
     key: u32,
     buf: Arc<Mutex<Vec<u8>>>,
+    /// Where the buffer's bytes are and how many: fixed, as the `Vec` is
+    /// never resized (only slices of it are handed out), so a lend needs
+    /// no lock.
+    base: usize,
+    len: usize,
 }
 
 impl FlatMemory {
     /// A zeroed region of `len` bytes at virtual address 0 under `key`.
     pub fn new(key: u32, len: usize) -> FlatMemory {
+        let buf = vec![0u8; len];
         FlatMemory {
             key,
-            buf: Arc::new(Mutex::new(vec![0u8; len])),
+            base: buf.as_ptr() as usize,
+            len,
+            buf: Arc::new(Mutex::new(buf)),
         }
     }
 
@@ -30,7 +38,7 @@ impl FlatMemory {
 
     /// Region length.
     pub fn len(&self) -> usize {
-        self.lock().len()
+        self.len
     }
 
     /// Whether the region is empty.
@@ -68,15 +76,24 @@ impl FlatMemory {
 
 impl FlatMemory {
     /// Lends the checked range: the packet holds the buffer (a clone of
-    /// the `Arc`), whose bytes never move -- the `Vec` is never resized;
-    /// only slices of it are handed out.
+    /// the `Arc`), whose bytes never move. No lock: the range is checked
+    /// against the length the buffer was made with.
     fn lend(&self, key: u32, addr: u64, len: usize) -> Result<Option<Pinned>, MemoryError> {
-        let ptr = self.range(key, addr, len, |m| m.as_ptr())?;
+        if key != self.key {
+            return Err(MemoryError::BadKey);
+        }
+        let start = usize::try_from(addr).map_err(|_| MemoryError::OutOfRange)?;
+        let end = start.checked_add(len).ok_or(MemoryError::OutOfRange)?;
+        if end > self.len {
+            return Err(MemoryError::OutOfRange);
+        }
         let keep: Arc<dyn std::any::Any + Send + Sync> = self.buf.clone();
-        // SAFETY: `[ptr, ptr+len)` was checked inside the buffer, which
-        // `keep` keeps allocated and in place. Writes to it while a lent
-        // packet is in flight (`with`, or a receive into the same bytes)
-        // are a consumer changing a buffer under an outstanding send.
+        let ptr = (self.base + start) as *const u8;
+        // SAFETY: `[start, end)` lies inside the buffer, whose bytes start
+        // at `base` and stay there (the `Vec` is never resized) while
+        // `keep` keeps it allocated. Writes to it while a lent packet is
+        // in flight (`with`, or a receive into the same bytes) are a
+        // consumer changing a buffer under an outstanding send.
         Ok(Some(unsafe { Pinned::new(keep, ptr, len) }))
     }
 }
