@@ -188,6 +188,11 @@ mod tests {
             m.pin_remote(Rkey(5), 60, 8).err(),
             Some(MemoryError::OutOfRange)
         );
+        assert_eq!(
+            m.pin_remote(Rkey(5), u64::MAX, 8).err(),
+            Some(MemoryError::OutOfRange)
+        );
+        assert!(m.pin_remote(Rkey(5), 56, 8).is_ok(), "the last 8 bytes");
         let lent = m.pin_local(Lkey(5), 8, 8).unwrap().unwrap();
         drop(m);
         assert_eq!(lent.as_slice(), &10u64.to_ne_bytes());
