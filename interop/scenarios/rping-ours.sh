@@ -39,5 +39,5 @@ guest_peer() {
   # Retried only while our server is not listening (rdma_cm's connect
   # fails): a validation failure fails at once.
   retry_if 300 "rping client" 'cma event RDMA_CM_EVENT_(REJECTED|UNREACHABLE|ADDR_ERROR|ROUTE_ERROR|CONNECT_ERROR)' \
-    timeout 60 rping -c -a 10.77.0.2 -C 10 -v -V
+    rping_past_teardown timeout 60 rping -c -a 10.77.0.2 -C 10 -v -V
 }

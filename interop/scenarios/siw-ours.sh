@@ -179,22 +179,6 @@ siw_login() {
 
 # siw_fail WHY: what siw logged (its debug messages when dynamic debug
 # could be turned on), then the failure.
-# The image's rping (librdmacm's example) has a teardown race, gone from
-# later versions (whose CM thread leaves on an eventfd): its CM thread may
-# still wait in rdma_get_cm_event when the main thread destroys the event
-# channel after the client's DISCONNECT, and then exits the process with
-# 255 ("rdma_get_cm_event: Bad file descriptor"). Passed as a pass only
-# when that is all that went wrong: all 10 pings done first, the
-# DISCONNECT seen, no other error. Our client validated the 10 pings.
-rping_teardown_race() {
-  local out=$1
-  [ "$(grep -c '^server ping data: rdma-ping-' "$out")" -eq 10 ] &&
-    grep -q 'DISCONNECT EVENT' "$out" &&
-    grep -q '^rdma_get_cm_event: Bad file descriptor$' "$out" &&
-    ! grep -v -e '^server ping data: ' -e 'DISCONNECT EVENT' \
-      -e '^wait for RDMA_READ_ADV state 10$' -e '^rdma_get_cm_event: Bad file descriptor$' "$out" | grep -q .
-}
-
 siw_fail() {
   dmesg | grep -iE "siw|iw_cm|rdma" | tail -60
   fail "$1"
@@ -215,13 +199,13 @@ guest_siw() {
   local rc=0
   timeout 600 rping -s -a 10.77.0.11 -C 10 -v >/tmp/rping-server.txt 2>&1 || rc=$?
   cat /tmp/rping-server.txt
-  if [ "$rc" -ne 0 ] && ! rping_teardown_race /tmp/rping-server.txt; then
+  if [ "$rc" -ne 0 ] && ! rping_teardown_race /tmp/rping-server.txt "server "; then
     siw_fail "rping server exited $rc"
   fi
   step "rping client on siw against our server"
   # Our server not listening yet: on iWARP a TCP connection refused.
   retry_if 300 "rping client" 'cma event RDMA_CM_EVENT_(REJECTED|UNREACHABLE|ADDR_ERROR|ROUTE_ERROR|CONNECT_ERROR)|rdma_connect: Connection refused' \
-    timeout 60 rping -c -a 10.77.0.2 -C 10 -v -V
+    rping_past_teardown timeout 60 rping -c -a 10.77.0.2 -C 10 -v -V
   siw_perftest_guest
 
   modprobe ib_srp
