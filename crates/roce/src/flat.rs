@@ -57,28 +57,9 @@ impl FlatMemory {
         f(&mut self.lock())
     }
 
-    fn range<R>(
-        &self,
-        key: u32,
-        addr: u64,
-        len: usize,
-        f: impl FnOnce(&mut [u8]) -> R,
-    ) -> Result<R, MemoryError> {
-        if key != self.key {
-            return Err(MemoryError::BadKey);
-        }
-        let mut g = self.lock();
-        let start = usize::try_from(addr).map_err(|_| MemoryError::OutOfRange)?;
-        let end = start.checked_add(len).ok_or(MemoryError::OutOfRange)?;
-        g.get_mut(start..end).map(f).ok_or(MemoryError::OutOfRange)
-    }
-}
-
-impl FlatMemory {
-    /// Lends the checked range: the packet holds the buffer (a clone of
-    /// the `Arc`), whose bytes never move. No lock: the range is checked
-    /// against the length the buffer was made with.
-    fn lend(&self, key: u32, addr: u64, len: usize) -> Result<Option<Pinned>, MemoryError> {
+    /// The bytes `[start, end)` that `len` bytes at `addr` under `key`
+    /// are, checked against the key and the buffer's length.
+    fn span(&self, key: u32, addr: u64, len: usize) -> Result<std::ops::Range<usize>, MemoryError> {
         if key != self.key {
             return Err(MemoryError::BadKey);
         }
@@ -87,13 +68,35 @@ impl FlatMemory {
         if end > self.len {
             return Err(MemoryError::OutOfRange);
         }
+        Ok(start..end)
+    }
+
+    fn range<R>(
+        &self,
+        key: u32,
+        addr: u64,
+        len: usize,
+        f: impl FnOnce(&mut [u8]) -> R,
+    ) -> Result<R, MemoryError> {
+        let span = self.span(key, addr, len)?;
+        Ok(f(&mut self.lock()[span]))
+    }
+}
+
+impl FlatMemory {
+    /// Lends the checked range: the packet holds the buffer (a clone of
+    /// the `Arc`), whose bytes never move. No lock: the range is checked
+    /// against the length the buffer was made with.
+    fn lend(&self, key: u32, addr: u64, len: usize) -> Result<Option<Pinned>, MemoryError> {
+        let start = self.span(key, addr, len)?.start;
         let keep: Arc<dyn std::any::Any + Send + Sync> = self.buf.clone();
         let ptr = (self.base + start) as *const u8;
-        // SAFETY: `[start, end)` lies inside the buffer, whose bytes start
-        // at `base` and stay there (the `Vec` is never resized) while
-        // `keep` keeps it allocated. Writes to it while a lent packet is
-        // in flight (`with`, or a receive into the same bytes) are a
-        // consumer changing a buffer under an outstanding send.
+        // SAFETY: `len` bytes from `start` lie inside the buffer, whose
+        // bytes start at `base` and stay there (the `Vec` is never
+        // resized) while `keep` keeps it allocated. Writes to it while a
+        // lent packet is in flight (`with`, or a receive into the same
+        // bytes) are a consumer changing a buffer under an outstanding
+        // send.
         Ok(Some(unsafe { Pinned::new(keep, ptr, len) }))
     }
 }

@@ -794,13 +794,13 @@ fn lun_masking_runtime_changes_aer_and_graceful_stop() {
         "{show} vs {idle_show}"
     );
     // The live channels' credits have receive buffers (windows and
-    // reserves of 3), still far fewer than srpt_srq_size.
+    // reserves), still far fewer than srpt_srq_size.
     let sessions = d.adm(&["sessions"]).unwrap();
     let promised: u64 = sessions
         .as_array()
         .expect("sessions are a list")
         .iter()
-        .map(|s| s["window"].as_u64().expect("a window") + 3)
+        .map(|s| s["window"].as_u64().expect("a window") + u64::from(srp::target::RESERVED_RECV))
         .sum();
     let posted = show["receive_buffers_posted"].as_u64().unwrap();
     assert!(promised > 0 && posted >= promised, "{show} vs {sessions}");
