@@ -129,6 +129,10 @@ host_fail() {
 # I/O error, a timeout of the command itself) ends it at once: the
 # scenario fails with CMD's last line as the reason. Every retried
 # attempt's reason goes to retries.txt, which the verdict counts.
+# RETRY_HOOK, when set, names a function asked first about each failed
+# attempt (with OUT): when it prints a reason and returns 0, it has made
+# the next attempt possible (e.g. a peer restarted) and the attempt is
+# retried for that reason.
 retry_if_not_up() {
   local t=$1 desc=$2 pattern=$3 out=$4 end n=0 rc why
   shift 4
@@ -139,7 +143,9 @@ retry_if_not_up() {
     "$@" >"$out" 2>&1 || rc=$?
     cat "$out"
     [ "$rc" != 0 ] || return 0
-    why=$(grep -E -m1 -- "$pattern" "$out" || true)
+    why=
+    [ -z "${RETRY_HOOK:-}" ] || why=$("$RETRY_HOOK" "$out") || why=
+    [ -n "$why" ] || why=$(grep -E -m1 -- "$pattern" "$out" || true)
     if [ -z "$why" ]; then
       why=$(grep -v '^[[:space:]]*$' "$out" | tail -1)
       host_fail "$desc failed (attempt $n, exit status $rc; not a peer-not-up failure, so not retried): ${why:-no output}"

@@ -37,6 +37,18 @@ SHIM_RUNS="ibv_rc_pingpong:19301 ibv_ud_pingpong:19302 rping:19303 ib_write_bw:1
 # What a client prints while the VM's server is not up yet (retried).
 NOT_UP="Couldn't connect|Couldn't read remote address|rdma_connect|REJECTED|UNREACHABLE|ADDR_ERROR|ROUTE_ERROR|Unable to perform rdma_client|Connection refused|No route to host"
 
+# perftest's -R has a race of its own (Debian's 4.5-0.17, host and
+# image): after the first exchange on the control connection the server
+# binds and listens for the data connection while the client resolves
+# and connects it. A client that comes first is REJECTED; 0.17's retry
+# then uses the CM ids it has just destroyed (the client dies: it
+# printed WBR_RACE) while the server waits for a data connection on the
+# port the next client's control REQ would reach. So the host asks the
+# VM (WBR_MSG_PORT) to start a new server 100 ports up, and retries.
+WBR_RACE="Failed to connect RDMA CM events"
+WBR_MSG_PORT=7008
+WBR_RESTARTS=3
+
 # shim_args TOOL PORT SIDE [SERVER]: the arguments of TOOL on SIDE (host
 # or vm), as a client of SERVER when given.
 shim_args() {
@@ -65,6 +77,26 @@ shim_done() {
   esac
 }
 
+# wbr_client: the host's ib_write_bw -R client against the VM's server
+# on the port in $RUN_DIR/wbr-port.
+wbr_client() {
+  # shellcheck disable=SC2046
+  ns_run 180 "${shim[@]}" ib_write_bw $(shim_args ib_write_bw-R "$(cat "$RUN_DIR/wbr-port")" host "$VM_IP")
+}
+
+# wbr_restarted OUT (RETRY_HOOK): when the failed client in OUT lost
+# perftest's data-connection race, has the VM restart its server on the
+# next port and says so.
+wbr_restarted() {
+  local port
+  port=$(cat "$RUN_DIR/wbr-port")
+  grep -q "$WBR_RACE" "$1" || return 1
+  [ $(( (port - 19308) / 100 )) -lt "$WBR_RESTARTS" ] || return 1
+  ns_tell "$VM_IP" "$WBR_MSG_PORT" again
+  echo $(( port + 100 )) >"$RUN_DIR/wbr-port"
+  echo "perftest's data-connection race (REJECTED after the control connection); the VM's server restarted on port $(( port + 100 ))"
+}
+
 host_main() {
   local f t
   for f in "$NICD" "$LIBIBVERBS_ABI" "$LIBRDMACM_ABI"; do
@@ -90,9 +122,16 @@ host_main() {
     IFS=: read -r tool port <<< "$run"
     bin=${tool%-R}
     out=$RUN_DIR/host-client-$tool.txt
-    # shellcheck disable=SC2046
-    retry_if_not_up 600 "$tool client through the shims" "$NOT_UP" "$out" \
-      ns_run 180 "${shim[@]}" "$bin" $(shim_args "$tool" "$port" host "$VM_IP") || return 1
+    if [ "$tool" = ib_write_bw-R ]; then
+      echo "$port" >"$RUN_DIR/wbr-port"
+      RETRY_HOOK=wbr_restarted retry_if_not_up 600 "$tool client through the shims" "$NOT_UP" "$out" \
+        wbr_client || return 1
+      ns_tell "$VM_IP" "$WBR_MSG_PORT" done
+    else
+      # shellcheck disable=SC2046
+      retry_if_not_up 600 "$tool client through the shims" "$NOT_UP" "$out" \
+        ns_run 180 "${shim[@]}" "$bin" $(shim_args "$tool" "$port" host "$VM_IP") || return 1
+    fi
     shim_done "$tool" "$out" || { host_fail "$tool client: no finished run in its output"; return 1; }
     echo "round 1 $tool: Linux rxe serves, Debian's $bin through our shims connects: passed"
   done
@@ -111,6 +150,29 @@ host_main() {
   kill -0 "$HOST_PID_nicd" 2>/dev/null || { host_fail "nicd is gone after the runs"; return 1; }
 }
 
+# serve_wbr PORT: the VM's ib_write_bw -R server for the host's client,
+# started again one port-step up each time the host says "again" (see
+# WBR_RACE), until it says "done"; then the run must have finished.
+serve_wbr() {
+  local port=$1 pid msg rc=0
+  while :; do
+    # shellcheck disable=SC2046
+    timeout 600 ib_write_bw $(shim_args ib_write_bw-R "$port" vm) >/tmp/server.txt 2>&1 &
+    pid=$!
+    msg=$(msg_recv "$WBR_MSG_PORT" 600)
+    [ "$msg" = again ] || break
+    kill "$pid" 2>/dev/null
+    wait "$pid" || true
+    cat /tmp/server.txt
+    port=$(( port + 100 ))
+    retry_note "ib_write_bw-R server: started again on port $port (the host's client lost perftest's data-connection race)"
+  done
+  [ "$msg" = done ] || { kill "$pid" 2>/dev/null; fail "ib_write_bw-R server: the host said '$msg', not done"; }
+  wait "$pid" || rc=$?
+  cat /tmp/server.txt
+  [ $rc = 0 ] || fail "ib_write_bw-R server exited $rc"
+}
+
 guest_peer() {
   local run tool port bin
   wait_until 60 "an IPv4 RoCE v2 GID on rxe0" ipv4_gid_index
@@ -120,6 +182,11 @@ guest_peer() {
     IFS=: read -r tool port <<< "$run"
     bin=${tool%-R}
     step "$tool server for the host's shims"
+    if [ "$tool" = ib_write_bw-R ]; then
+      serve_wbr "$port"
+      shim_done "$tool" /tmp/server.txt || fail "$tool server: no finished run in its output"
+      continue
+    fi
     # shellcheck disable=SC2046
     timeout 600 "$bin" $(shim_args "$tool" "$port" vm) >/tmp/server.txt 2>&1 ||
       { cat /tmp/server.txt; fail "$tool server exited $?"; }
