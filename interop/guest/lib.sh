@@ -86,6 +86,9 @@ retry() {
 # regex PATTERN: what a peer not listening yet gives ("Couldn't connect",
 # a CM REJ), never a data check. Any other failure fails the scenario at
 # once with CMD's last line. Each retried attempt is an INTEROP-RETRY line.
+# RETRY_HOOK, as the host's retry_if_not_up's: a function asked first
+# about each failed attempt (with its output file), which may make the
+# next attempt possible and give the reason.
 retry_if() {
   local t=$1 desc=$2 pattern=$3 end n=0 rc why
   shift 3
@@ -96,7 +99,9 @@ retry_if() {
     "$@" >/tmp/retry-if.out 2>&1 || rc=$?
     cat /tmp/retry-if.out
     [ $rc != 0 ] || { step "$desc: ok after $n attempt(s)"; return 0; }
-    why=$(grep -E -m1 -- "$pattern" /tmp/retry-if.out || true)
+    why=
+    [ -z "${RETRY_HOOK:-}" ] || why=$("$RETRY_HOOK" /tmp/retry-if.out) || why=
+    [ -n "$why" ] || why=$(grep -E -m1 -- "$pattern" /tmp/retry-if.out || true)
     [ -n "$why" ] || fail "$desc failed (attempt $n, exit status $rc, not retried): $(grep -v '^[[:space:]]*$' /tmp/retry-if.out | tail -1)"
     retry_note "$desc: $why"
     [ $SECONDS -lt $end ] || fail "$desc failed $n times in ${t}s (last: $why)"

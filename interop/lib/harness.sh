@@ -86,6 +86,31 @@ for _ in range(50):
     except OSError: time.sleep(1)' "$1" "$2" "$3"
 }
 
+# ns_hear PORT SECONDS: one line a guest sends (msg_send) to the
+# namespace's PORT within SECONDS (not scaled), printed; nothing if none
+# came.
+ns_hear() {
+  ns_run $(( $2 + 5 )) python3 - "$1" "$2" <<'PY' || true
+import socket, sys
+port, t = int(sys.argv[1]), float(sys.argv[2])
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", port)); s.listen(1); s.settimeout(t)
+try:
+    c, _ = s.accept()
+except socket.timeout:
+    sys.exit(0)
+c.settimeout(t)
+data = b""
+while not data.endswith(b"\n"):
+    chunk = c.recv(256)
+    if not chunk:
+        break
+    data += chunk
+print(data.decode().strip())
+PY
+}
+
 # ns_bg NAME SECONDS CMD...: start a host-side process in the namespace in
 # the background, output to $RUN_DIR/host-NAME.log; its pid goes to
 # HOST_PID_<NAME>. It is killed at teardown at the latest.

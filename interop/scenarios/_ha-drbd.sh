@@ -50,26 +50,7 @@ host_main() {
     for v in a b c; do
       kill -0 "${VM_PIDS[$v]}" 2>/dev/null || { host_fail "VM $v ended before c asked for the kill"; return 1; }
     done
-    msg=$(ns_run 15 python3 - 10.77.0.1 7100 10 <<'PY' || true
-import socket, sys
-host, port, t = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
-s = socket.socket()
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind((host, port)); s.listen(1); s.settimeout(t)
-try:
-    c, _ = s.accept()
-except socket.timeout:
-    sys.exit(0)
-c.settimeout(t)
-data = b""
-while not data.endswith(b"\n"):
-    chunk = c.recv(256)
-    if not chunk:
-        break
-    data += chunk
-print(data.decode().strip())
-PY
-)
+    msg=$(ns_hear 7100 10)
     [ -n "$msg" ] && break
   done
   [ "$msg" = "kill a" ] || { host_fail "expected 'kill a' from c, got '${msg:-nothing}'"; return 1; }

@@ -43,8 +43,9 @@ NOT_UP="Couldn't connect|Couldn't read remote address|rdma_connect|REJECTED|UNRE
 # and connects it. A client that comes first is REJECTED; 0.17's retry
 # then uses the CM ids it has just destroyed (the client dies: it
 # printed WBR_RACE) while the server waits for a data connection on the
-# port the next client's control REQ would reach. So the host asks the
-# VM (WBR_MSG_PORT) to start a new server 100 ports up, and retries.
+# port the next client's control REQ would reach. So the client's side
+# asks the server's (WBR_MSG_PORT) to start a new server 100 ports up,
+# and retries: the host the VM in round 1, the VM the host in round 2.
 WBR_RACE="Failed to connect RDMA CM events"
 WBR_MSG_PORT=7008
 WBR_RESTARTS=3
@@ -97,6 +98,31 @@ wbr_restarted() {
   echo "perftest's data-connection race (REJECTED after the control connection); the VM's server restarted on port $(( port + 100 ))"
 }
 
+# wbr_serve OUT: the host's ib_write_bw -R server (output to OUT) for
+# the VM's client, started again one port-step up each time the VM says
+# "again" (see WBR_RACE) while it runs; its exit status.
+wbr_serve() {
+  local out=$1 port=19308 pid msg rc=0
+  while :; do
+    # shellcheck disable=SC2046
+    ns_run 400 "${shim[@]}" ib_write_bw $(shim_args ib_write_bw-R "$port" host) >"$out" 2>&1 &
+    pid=$!
+    msg=
+    while kill -0 "$pid" 2>/dev/null; do
+      msg=$(ns_hear "$WBR_MSG_PORT" 5)
+      [ "$msg" != again ] || break
+    done
+    [ "$msg" = again ] || break
+    kill "$pid" 2>/dev/null
+    wait "$pid" || true
+    cat "$out"
+    port=$(( port + 100 ))
+    host_retry_note "ib_write_bw-R server through the shims: started again on port $port (the VM's client lost perftest's data-connection race)"
+  done
+  wait "$pid" || rc=$?
+  return $rc
+}
+
 host_main() {
   local f t
   for f in "$NICD" "$LIBIBVERBS_ABI" "$LIBRDMACM_ABI"; do
@@ -140,9 +166,13 @@ host_main() {
     IFS=: read -r tool port <<< "$run"
     bin=${tool%-R}
     out=$RUN_DIR/host-server-$tool.txt
-    # shellcheck disable=SC2046
-    ns_run 400 "${shim[@]}" "$bin" $(shim_args "$tool" "$port" host) >"$out" 2>&1 ||
-      { cat "$out"; host_fail "$tool server through the shims failed"; return 1; }
+    if [ "$tool" = ib_write_bw-R ]; then
+      wbr_serve "$out" || { cat "$out"; host_fail "$tool server through the shims failed"; return 1; }
+    else
+      # shellcheck disable=SC2046
+      ns_run 400 "${shim[@]}" "$bin" $(shim_args "$tool" "$port" host) >"$out" 2>&1 ||
+        { cat "$out"; host_fail "$tool server through the shims failed"; return 1; }
+    fi
     cat "$out"
     shim_done "$tool" "$out" || { host_fail "$tool server: no finished run in its output"; return 1; }
     echo "round 2 $tool: Debian's $bin through our shims serves, Linux rxe connects: passed"
@@ -173,6 +203,25 @@ serve_wbr() {
   [ $rc = 0 ] || fail "ib_write_bw-R server exited $rc"
 }
 
+# wbr_vm_client: the VM's ib_write_bw -R client against the host's
+# server on the port in /tmp/wbr-port.
+wbr_vm_client() {
+  # shellcheck disable=SC2046
+  timeout 180 ib_write_bw $(shim_args ib_write_bw-R "$(cat /tmp/wbr-port)" vm "$HOST_IP")
+}
+
+# wbr_vm_restarted OUT (RETRY_HOOK): wbr_restarted's turn in round 2:
+# the VM asks the host for a new server.
+wbr_vm_restarted() {
+  local port
+  port=$(cat /tmp/wbr-port)
+  grep -q "$WBR_RACE" "$1" || return 1
+  [ $(( (port - 19308) / 100 )) -lt "$WBR_RESTARTS" ] || return 1
+  msg_send "$HOST_IP" "$WBR_MSG_PORT" 60 again
+  echo $(( port + 100 )) >/tmp/wbr-port
+  echo "perftest's data-connection race (REJECTED after the control connection); the host's server restarted on port $(( port + 100 ))"
+}
+
 guest_peer() {
   local run tool port bin
   wait_until 60 "an IPv4 RoCE v2 GID on rxe0" ipv4_gid_index
@@ -197,9 +246,15 @@ guest_peer() {
     IFS=: read -r tool port <<< "$run"
     bin=${tool%-R}
     step "$tool client against the host's shims"
-    # shellcheck disable=SC2046
-    retry_if 300 "$tool client" "$NOT_UP" timeout 180 "$bin" $(shim_args "$tool" "$port" vm "$HOST_IP") ||
-      fail "$tool client failed"
+    if [ "$tool" = ib_write_bw-R ]; then
+      echo "$port" >/tmp/wbr-port
+      RETRY_HOOK=wbr_vm_restarted retry_if 300 "$tool client" "$NOT_UP" wbr_vm_client ||
+        fail "$tool client failed"
+    else
+      # shellcheck disable=SC2046
+      retry_if 300 "$tool client" "$NOT_UP" timeout 180 "$bin" $(shim_args "$tool" "$port" vm "$HOST_IP") ||
+        fail "$tool client failed"
+    fi
     shim_done "$tool" /tmp/retry-if.out || fail "$tool client: no finished run in its output"
   done
 }
