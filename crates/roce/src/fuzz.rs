@@ -148,7 +148,16 @@ pub fn qp_input(data: &[u8]) -> usize {
                 now += Duration::from_micros(u64::from(inp.u32() % 2_000_000));
                 qp.handle_timeout(now);
             }
-            _ => while qp.poll_transmit(now, &mut mem).is_some() {},
+            // Every other such step, the middle packets of messages as
+            // the soft RoCE node sends them (`poll_middle`) where it can.
+            _ => loop {
+                if steps % 2 == 0 && qp.poll_middle(now, &mut mem).is_some() {
+                    continue;
+                }
+                if qp.poll_transmit(now, &mut mem).is_none() {
+                    break;
+                }
+            },
         }
         while let Some(c) = qp.poll_completion() {
             assert!(

@@ -168,6 +168,18 @@ impl std::ops::Deref for Payload {
     }
 }
 
+/// A middle packet of a message ([`crate::Qp::poll_middle`]): what differs
+/// from the message's middle packet before it.
+#[derive(Debug)]
+pub struct MiddlePacket {
+    /// Its PSN.
+    pub psn: Psn,
+    /// Whether it asks for an ACK.
+    pub ack_req: bool,
+    /// A path MTU of the message's bytes, lent by the memory.
+    pub payload: Payload,
+}
+
 /// Payload buffers of sent packets, handed back by the driver
 /// ([`crate::Qp::recycle_payload`]) so the next packets neither allocate
 /// nor zero-fill: every byte of a taken buffer is overwritten by the

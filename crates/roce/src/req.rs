@@ -3,7 +3,7 @@
 //! retransmission on timeout and go-back-N, completion in order.
 
 use crate::mem::{gather, pin_gather, scatter, Memory};
-use crate::packet::{opcode, transport_of, Packet, Payload};
+use crate::packet::{opcode, transport_of, MiddlePacket, Packet, Payload};
 use crate::qp::{Mode, Qp, QpConfig};
 use crate::wqe::{Completion, SendOp, SendWqe};
 use rdma_types::{Instant, Psn, QpType, WcStatus};
@@ -412,21 +412,7 @@ impl Qp {
         }
         match self.build_request(idx, mem, out) {
             Ok(()) => {
-                let psn = out.bth.psn;
-                if psn.diff(self.req.max_sent) < 0 {
-                    self.counters.retransmits += 1;
-                }
-                // A READ request reserves the PSNs of all its responses.
-                let reserved = match self.req.sq.get(idx) {
-                    Some(e) if matches!(e.wqe.op, SendOp::Read { .. }) => e.last_psn().next(),
-                    _ => psn.next(),
-                };
-                if reserved.diff(self.req.max_sent) > 0 {
-                    self.req.max_sent = reserved;
-                }
-                if self.cfg.qp_type == QpType::Rc {
-                    self.arm_rto(now);
-                }
+                self.sent_request(now, idx, out.bth.psn);
                 true
             }
             Err(status) => {
@@ -437,6 +423,106 @@ impl Qp {
                 false
             }
         }
+    }
+
+    /// Notes that the packet at `psn` of entry `idx` was built: a resend
+    /// counted, the highest PSN sent moved on, the timer armed (RC).
+    fn sent_request(&mut self, now: Instant, idx: usize, psn: Psn) {
+        if psn.diff(self.req.max_sent) < 0 {
+            self.counters.retransmits += 1;
+        }
+        // A READ request reserves the PSNs of all its responses.
+        let reserved = match self.req.sq.get(idx) {
+            Some(e) if matches!(e.wqe.op, SendOp::Read { .. }) => e.last_psn().next(),
+            _ => psn.next(),
+        };
+        if reserved.diff(self.req.max_sent) > 0 {
+            self.req.max_sent = reserved;
+        }
+        if self.cfg.qp_type == QpType::Rc {
+            self.arm_rto(now);
+        }
+    }
+
+    /// The next request packet when it is a middle packet of the message
+    /// being sent (neither its first nor its last, so a BTH alone and a
+    /// full path MTU of payload) whose bytes the memory lends, and nothing
+    /// else has to go first (a response, a local operation, an RNR wait,
+    /// a drain): its PSN, AckReq and payload, with the QP's state moved on
+    /// as [`Qp::poll_transmit_into`] would have. Every other header field
+    /// of such a packet is the one of the message's middle packet before
+    /// it, so a driver that just sent one can send this one from that
+    /// header without building it again. `None`: build it with
+    /// [`Qp::poll_transmit_into`] (nothing has changed).
+    pub fn poll_middle(
+        &mut self,
+        now: Instant,
+        mem: &mut (impl Memory + ?Sized),
+    ) -> Option<MiddlePacket> {
+        let reliable = match self.cfg.qp_type {
+            QpType::Rc => true,
+            QpType::Uc => false,
+            _ => return None,
+        };
+        if self.mode != Mode::Active
+            || self.req.rnr_until.is_some()
+            || self.req.locals != 0
+            || self.resp.has_queued()
+        {
+            return None;
+        }
+        let (idx, pkt_idx) = (self.req.cursor, self.req.cursor_pkt);
+        let entry = self.req.sq.get(idx)?;
+        if !entry.started
+            || entry.error.is_some()
+            || pkt_idx == 0
+            || pkt_idx + 1 >= entry.npkts
+            || entry.wqe.inline.is_some()
+            || !matches!(
+                entry.wqe.op,
+                SendOp::Send
+                    | SendOp::SendImm(_)
+                    | SendOp::SendInv(_)
+                    | SendOp::Write { .. }
+                    | SendOp::WriteImm { .. }
+            )
+        {
+            return None;
+        }
+        let psn = entry.first_psn.add(pkt_idx);
+        if reliable && psn.diff(self.req.una) >= self.req.window as i32 {
+            return None;
+        }
+        let offset = u64::from(pkt_idx) * self.req.pmtu;
+        let pinned = pin_gather(mem, &entry.wqe.sges, offset, self.req.pmtu as usize).ok()??;
+        let ack_req = reliable && self.ack_request(psn, false);
+        self.req.cursor_pkt = pkt_idx + 1;
+        self.sent_request(now, idx, psn);
+        self.counters.tx_packets += 1;
+        Some(MiddlePacket {
+            psn,
+            ack_req,
+            payload: Payload::Pinned(pinned),
+        })
+    }
+
+    /// Whether the RC request packet at `psn` asks for an ACK: when
+    /// `forced`, and at least twice per window and on the packet that
+    /// fills it (a window smaller than the QP's `ack_req_every` would
+    /// otherwise wait for the timeout with nothing asking the responder
+    /// to ACK). Counts the packets since the last that asked.
+    fn ack_request(&mut self, psn: Psn, forced: bool) -> bool {
+        let window = self.req.window;
+        let every = self.req.pkts_since_ack_req + 1
+            >= self.cfg.ack_req_every.max(1).min((window / 2).max(1));
+        let fills = psn.next().diff(self.req.una) >= window as i32;
+        let asks = forced || every || fills;
+        self.req.pkts_since_ack_req = if asks {
+            0
+        } else {
+            self.req.pkts_since_ack_req + 1
+        };
+        asks
     }
 
     /// Runs the local operations (window binds, local invalidates) at the
@@ -514,7 +600,6 @@ impl Qp {
         let qp_type = self.cfg.qp_type;
         let pmtu = self.req.pmtu;
         let pkt_idx = self.req.cursor_pkt;
-        let ack_every = self.cfg.ack_req_every.max(1);
         let entry = &self.req.sq[idx];
         let op = entry.wqe.op;
         let psn = entry.first_psn.add(pkt_idx);
@@ -635,13 +720,8 @@ impl Qp {
             });
             pkt.ud_dest = Some(ud);
         }
+        let npkts = entry.npkts;
         if qp_type == QpType::Rc {
-            // At least twice per window, and on the packet that fills it:
-            // a window smaller than `ack_every` would otherwise wait for
-            // the timeout with nothing asking the responder to ACK.
-            let window = self.req.window;
-            let every = self.req.pkts_since_ack_req + 1 >= ack_every.min((window / 2).max(1));
-            let fills = psn.next().diff(self.req.una) >= window as i32;
             // A message's last packet asks for an ACK, but for an RDMA
             // WRITE with a SEND or WRITE already queued behind it: that
             // one's ACK covers both (ACKs are cumulative), so a WRITE
@@ -665,18 +745,10 @@ impl Qp {
                                 | SendOp::WriteImm { .. }
                         )
                 });
-            pkt.bth.ack_req = pos.ends() && !covered
-                || every
-                || fills
-                || kind != Kind::Send && kind != Kind::RdmaWrite;
-            self.req.pkts_since_ack_req = if pkt.bth.ack_req {
-                0
-            } else {
-                self.req.pkts_since_ack_req + 1
-            };
+            let forced = pos.ends() && !covered || kind != Kind::Send && kind != Kind::RdmaWrite;
+            pkt.bth.ack_req = self.ack_request(psn, forced);
         }
 
-        let npkts = entry.npkts;
         let e = &mut self.req.sq[idx];
         e.started = true;
         if next_pkt >= npkts {

@@ -125,6 +125,14 @@ impl AckRepeat {
 }
 
 impl Responder {
+    /// Whether responses (ACKs, NAKs, READ and atomic responses) wait to
+    /// be sent.
+    pub(crate) fn has_queued(&self) -> bool {
+        !self.queue.is_empty()
+    }
+}
+
+impl Responder {
     pub(crate) fn new(cfg: &QpConfig) -> Responder {
         Responder {
             epsn: cfg.rq_psn,

@@ -276,6 +276,83 @@ impl TxBatch {
 /// Room for the BTH and the longest extension-header list.
 const HEAD_ROOM: usize = 64;
 
+/// The last packet a QP built, when it was a middle packet of a message
+/// (RC or UC SEND or RDMA WRITE Middle: a BTH and a path MTU of payload):
+/// the message's next middle packets differ from it only in PSN and
+/// AckReq ([`Qp::poll_middle`]), so they are sent from its header without
+/// being built, to the same peer, their ICRC starting from the same
+/// state.
+struct Middle {
+    bth: [u8; rdma_wire::bth::HEADER_LEN],
+    dst: SocketAddr,
+    /// The ICRC state after the IP and UDP headers, for `ib_len` bytes
+    /// (BTH through pad).
+    state: u32,
+    ib_len: usize,
+}
+
+impl Middle {
+    /// `out` (the last packet built) as a [`Middle`], if it is one.
+    fn of(out: &Out, opcode: Opcode, state: impl FnOnce(usize) -> Option<u32>) -> Option<Middle> {
+        let middle = matches!(
+            opcode,
+            Opcode::RcSendMiddle
+                | Opcode::RcWriteMiddle
+                | Opcode::UcSendMiddle
+                | Opcode::UcWriteMiddle
+        );
+        if !middle || out.head_len != rdma_wire::bth::HEADER_LEN {
+            return None;
+        }
+        Some(Middle {
+            bth: out.head[..rdma_wire::bth::HEADER_LEN].try_into().ok()?,
+            dst: out.dst,
+            state: state(out.len() - rdma_wire::ICRC_LEN)?,
+            ib_len: out.len() - rdma_wire::ICRC_LEN,
+        })
+    }
+}
+
+/// The datagram of middle packet `p` of QP `qpn` from the header of the
+/// one before it (`m`), in `head` (a header buffer of an earlier batch);
+/// `state` gives the ICRC state for another length than `m`'s (none
+/// expected: a middle packet is a path MTU). `None` if it has none.
+fn middle_out(
+    m: &Middle,
+    qpn: u32,
+    mut head: Vec<u8>,
+    p: roce::MiddlePacket,
+    state: impl FnOnce(usize) -> Option<u32>,
+) -> Option<Out> {
+    const BTH: usize = rdma_wire::bth::HEADER_LEN;
+    if head.len() < HEAD_ROOM {
+        head.resize(HEAD_ROOM, 0);
+    }
+    head[..BTH].copy_from_slice(&m.bth);
+    let mut bth = rdma_wire::bth::BthPacket::new_unchecked(&mut head[..BTH]);
+    bth.set_psn(p.psn);
+    bth.set_ack_req(p.ack_req);
+    let ib_len = BTH + p.payload.len();
+    let state = if ib_len == m.ib_len {
+        m.state
+    } else {
+        state(ib_len)?
+    };
+    let crc = icrc::finish_vectored(state, &[&head[..BTH], &p.payload[..]]).ok()?;
+    let mut tail = [0u8; 3 + rdma_wire::ICRC_LEN];
+    tail[..rdma_wire::ICRC_LEN].copy_from_slice(&crc.to_le_bytes());
+    Some(Out {
+        dst: m.dst,
+        qpn,
+        head,
+        head_len: BTH,
+        payload: p.payload,
+        tail,
+        tail_len: rdma_wire::ICRC_LEN,
+        ack: false,
+    })
+}
+
 /// A datagram waiting in the fault injector.
 #[derive(Clone)]
 struct OutDatagram {
@@ -415,6 +492,12 @@ impl HeaderCrcs {
             }
         };
         Some(&self.entries[i])
+    }
+
+    /// The CRC state after the IP and UDP headers (Identification 0) of
+    /// an IB part of `ib_len` bytes sent to `peer` by `local`.
+    fn tx_state(&mut self, local: SocketAddr, peer: SocketAddr, ib_len: usize) -> Option<u32> {
+        self.entry(local, peer, false, ib_len).map(|e| e.state)
     }
 
     /// The ICRC of `parts` (BTH through pad) sent to (`rx` false) or
@@ -1052,7 +1135,22 @@ impl Node {
         };
         let mut produced = false;
         let mut built = 0;
+        let mut middle: Option<Middle> = None;
         for _ in 0..TX_BUDGET_PER_QP {
+            if let Some(m) = &middle {
+                if let Some(next) = slot.qp.poll_middle(now, &mut *slot.mem) {
+                    built += 1;
+                    let head = self.spare.pop().unwrap_or_default();
+                    match middle_out(m, k, head, next, |len| {
+                        self.header_crcs.tx_state(local, m.dst, len)
+                    }) {
+                        Some(o) => self.out.push(o),
+                        None => self.stats.tx_frame_errors += 1,
+                    }
+                    continue;
+                }
+                middle = None;
+            }
             if !slot.qp.poll_transmit_into(now, &mut *slot.mem, pkt) {
                 break;
             }
@@ -1108,7 +1206,8 @@ impl Node {
             tail[pad..pad + rdma_wire::ICRC_LEN].copy_from_slice(&crc.to_le_bytes());
             let ack = ib.bth.opcode == Opcode::RcAcknowledge
                 && matches!(ib.ext.aeth, Some(a) if matches!(a.syndrome, Syndrome::Ack(_)));
-            self.out.push(Out {
+            let opcode = ib.bth.opcode;
+            let out = Out {
                 dst,
                 qpn: k,
                 head,
@@ -1117,7 +1216,14 @@ impl Node {
                 tail,
                 tail_len: pad + rdma_wire::ICRC_LEN,
                 ack,
-            });
+            };
+            // A capture wants every packet built in full.
+            if self.pcap.is_none() {
+                middle = Middle::of(&out, opcode, |len| {
+                    self.header_crcs.tx_state(local, dst, len)
+                });
+            }
+            self.out.push(out);
         }
         // At its budget the QP may have more for the next round.
         if built == TX_BUDGET_PER_QP {
