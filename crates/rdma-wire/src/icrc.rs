@@ -392,6 +392,41 @@ pub fn finish_vectored(state: u32, parts: &[&[u8]]) -> Result<u32, ParseError> {
     Ok(h.finalize())
 }
 
+/// [`finish_vectored`] for packets whose BTH differs only in its last
+/// four bytes (AckReq and PSN) -- the middle packets of one message --
+/// and whose IP and UDP headers are the same: the CRC state after the
+/// headers and the BTH's first eight bytes (byte 4 masked), taken once;
+/// each packet hashes only its last four BTH bytes and what follows.
+#[derive(Clone)]
+pub struct SharedBthHead(crc32fast::Hasher);
+
+impl SharedBthHead {
+    /// From `state` ([`header_state`] for the packets' length) and the
+    /// first eight bytes of `bth`; `None` if it is shorter than a BTH.
+    pub fn new(state: u32, bth: &[u8]) -> Option<SharedBthHead> {
+        let head = bth.get(..BTH_LEN)?;
+        let mut fixed = [0u8; 8];
+        fixed.copy_from_slice(&head[..8]);
+        fixed[4] = 0xFF;
+        let mut h = crc32fast::Hasher::new_with_initial(state);
+        h.update(&fixed);
+        Some(SharedBthHead(h))
+    }
+
+    /// The ICRC of the packet whose BTH is `bth` (its first eight bytes
+    /// those given to [`SharedBthHead::new`]) followed by `rest`.
+    /// `None` if `bth` is shorter than a BTH.
+    pub fn finish(&self, bth: &[u8], rest: &[&[u8]]) -> Option<u32> {
+        let tail = bth.get(8..BTH_LEN)?;
+        let mut h = self.0.clone();
+        h.update(tail);
+        for p in rest {
+            h.update(p);
+        }
+        Some(h.finalize())
+    }
+}
+
 /// What flipping each bit of the IPv4 identification does to the ICRC,
 /// given what flipping bit 7 does. The CRC takes input bits least
 /// significant first within each byte, so of the ID bytes (high, then low)
@@ -530,6 +565,42 @@ pub fn recover_ipv4_ident(ip: &IpRepr, udp: &UdpRepr, ib: &[u8], icrc: u32) -> O
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A kept BTH head gives, for any AckReq and PSN bytes and any
+    /// payload, what `finish_vectored` gives for the whole packet; a
+    /// change in the first eight BTH bytes is not its packet's.
+    #[test]
+    fn a_shared_bth_head_finishes_as_the_whole_packet() {
+        let ip = IpRepr::rocev2(
+            Ipv4Addr::new(10, 0, 0, 1).into(),
+            Ipv4Addr::new(10, 0, 0, 2).into(),
+            8 + 12 + 1024 + ICRC_LEN,
+        )
+        .unwrap();
+        let udp = UdpRepr {
+            src_port: 0xC000,
+            dst_port: 4791,
+            checksum: crate::ip::UdpChecksum::None,
+        };
+        let state = header_state(&ip, &udp, 12 + 1024).unwrap();
+        let mut bth: [u8; 12] = [0x07, 0, 0xFF, 0xFF, 0x40, 0, 0, 0x22, 0, 0, 0, 0];
+        let shared = SharedBthHead::new(state, &bth).unwrap();
+        let payload: Vec<u8> = (0..1024u32).map(|i| (i * 13 + 5) as u8).collect();
+        for (ack, psn) in [(0u8, 1u32), (0x80, 2), (0, 0xFF_FFFF), (0x80, 0x12_3456)] {
+            bth[8] = ack;
+            bth[9..12].copy_from_slice(&psn.to_be_bytes()[1..]);
+            let whole = finish_vectored(state, &[&bth, &payload]).unwrap();
+            assert_eq!(shared.finish(&bth, &[&payload]), Some(whole));
+            // Byte 4 is masked either way; byte 3 is not.
+            let mut other = bth;
+            other[4] = 0x80;
+            assert_eq!(shared.finish(&other, &[&payload]), Some(whole));
+            other[3] ^= 1;
+            assert_ne!(finish_vectored(state, &[&other, &payload]).unwrap(), whole);
+        }
+        assert!(shared.finish(&bth[..11], &[&payload]).is_none());
+        assert!(SharedBthHead::new(state, &bth[..11]).is_none());
+    }
 
     #[test]
     fn split_computation_matches_the_whole_one() {

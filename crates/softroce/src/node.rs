@@ -280,14 +280,14 @@ const HEAD_ROOM: usize = 64;
 /// (RC or UC SEND or RDMA WRITE Middle: a BTH and a path MTU of payload):
 /// the message's next middle packets differ from it only in PSN and
 /// AckReq ([`Qp::poll_middle`]), so they are sent from its header without
-/// being built, to the same peer, their ICRC starting from the same
-/// state.
+/// being built, to the same peer, their ICRC starting from the state after
+/// the IP and UDP headers and the BTH's first eight bytes.
 struct Middle {
     bth: [u8; rdma_wire::bth::HEADER_LEN],
     dst: SocketAddr,
-    /// The ICRC state after the IP and UDP headers, for `ib_len` bytes
-    /// (BTH through pad).
-    state: u32,
+    /// The ICRC state after the shared headers, for `ib_len` bytes (BTH
+    /// through pad).
+    crc: icrc::SharedBthHead,
     ib_len: usize,
 }
 
@@ -304,11 +304,13 @@ impl Middle {
         if !middle || out.head_len != rdma_wire::bth::HEADER_LEN {
             return None;
         }
+        let bth = out.head[..rdma_wire::bth::HEADER_LEN].try_into().ok()?;
+        let ib_len = out.len() - rdma_wire::ICRC_LEN;
         Some(Middle {
-            bth: out.head[..rdma_wire::bth::HEADER_LEN].try_into().ok()?,
+            bth,
             dst: out.dst,
-            state: state(out.len() - rdma_wire::ICRC_LEN)?,
-            ib_len: out.len() - rdma_wire::ICRC_LEN,
+            crc: icrc::SharedBthHead::new(state(ib_len)?, &bth)?,
+            ib_len,
         })
     }
 }
@@ -333,12 +335,11 @@ fn middle_out(
     bth.set_psn(p.psn);
     bth.set_ack_req(p.ack_req);
     let ib_len = BTH + p.payload.len();
-    let state = if ib_len == m.ib_len {
-        m.state
+    let crc = if ib_len == m.ib_len {
+        m.crc.finish(&head[..BTH], &[&p.payload[..]])?
     } else {
-        state(ib_len)?
+        icrc::finish_vectored(state(ib_len)?, &[&head[..BTH], &p.payload[..]]).ok()?
     };
-    let crc = icrc::finish_vectored(state, &[&head[..BTH], &p.payload[..]]).ok()?;
     let mut tail = [0u8; 3 + rdma_wire::ICRC_LEN];
     tail[..rdma_wire::ICRC_LEN].copy_from_slice(&crc.to_le_bytes());
     Some(Out {
@@ -1356,9 +1357,12 @@ impl Node {
     /// the next one (its capacity kept) unless another was begun meanwhile.
     fn recycle(&mut self, mut batch: Vec<Out>) {
         for o in batch.drain(..) {
-            // A lent payload releases its region here.
-            if let (Some(s), Payload::Owned(b)) = (self.qps.get_mut(&o.qpn), o.payload) {
-                s.qp.recycle_payload(b);
+            // A lent payload releases its region here; only an engine's
+            // buffer goes back to its QP.
+            if let Payload::Owned(b) = o.payload {
+                if let Some(s) = self.qps.get_mut(&o.qpn) {
+                    s.qp.recycle_payload(b);
+                }
             }
             if self.spare.len() < SPARE_BUFFERS {
                 self.spare.push(o.head);
