@@ -186,21 +186,7 @@ srp_remove_all() {
 
 # msg_recv PORT SECONDS: accept one TCP connection, print the line it sends.
 msg_recv() {
-  python3 - "$1" "$2" <<'PY' || fail "no message on port $1 within $2 s"
-import socket, sys
-port, t = int(sys.argv[1]), float(sys.argv[2])
-s = socket.socket()
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("0.0.0.0", port)); s.listen(1); s.settimeout(t)
-c, _ = s.accept(); c.settimeout(t)
-data = b""
-while not data.endswith(b"\n"):
-    chunk = c.recv(4096)
-    if not chunk:
-        break
-    data += chunk
-print(data.decode().strip())
-PY
+  python3 /interop/hear.py "$1" "$2" || fail "no message on port $1 within $2 s"
 }
 
 # msg_send HOST_IP PORT SECONDS TEXT: deliver one line, retrying until the

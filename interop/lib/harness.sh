@@ -90,25 +90,7 @@ for _ in range(50):
 # namespace's PORT within SECONDS (not scaled), printed; nothing if none
 # came.
 ns_hear() {
-  ns_run $(( $2 + 5 )) python3 - "$1" "$2" <<'PY' || true
-import socket, sys
-port, t = int(sys.argv[1]), float(sys.argv[2])
-s = socket.socket()
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("0.0.0.0", port)); s.listen(1); s.settimeout(t)
-try:
-    c, _ = s.accept()
-except socket.timeout:
-    sys.exit(0)
-c.settimeout(t)
-data = b""
-while not data.endswith(b"\n"):
-    chunk = c.recv(256)
-    if not chunk:
-        break
-    data += chunk
-print(data.decode().strip())
-PY
+  ns_run $(( $2 + 5 )) python3 "$INTEROP_DIR/guest/hear.py" "$1" "$2" --or-nothing || true
 }
 
 # ns_bg NAME SECONDS CMD...: start a host-side process in the namespace in
@@ -405,6 +387,7 @@ make_initrd() {
   mkdir -p "$ov/interop/scenarios"
   install -m 0755 "$INTEROP_DIR/guest/init" "$ov/init"
   install -m 0644 "$INTEROP_DIR/guest/lib.sh" "$ov/interop/lib.sh"
+  install -m 0644 "$INTEROP_DIR/guest/hear.py" "$ov/interop/hear.py"
   install -m 0644 "$INTEROP_DIR"/scenarios/*.sh "$ov/interop/scenarios/"
   # Host binaries a scenario runs inside a guest (same Debian release, so
   # the same libc), without their debug info.

@@ -478,14 +478,7 @@ impl Qp {
             || pkt_idx == 0
             || pkt_idx + 1 >= entry.npkts
             || entry.wqe.inline.is_some()
-            || !matches!(
-                entry.wqe.op,
-                SendOp::Send
-                    | SendOp::SendImm(_)
-                    | SendOp::SendInv(_)
-                    | SendOp::Write { .. }
-                    | SendOp::WriteImm { .. }
-            )
+            || !entry.wqe.op.is_send_or_write()
         {
             return None;
         }
@@ -734,17 +727,11 @@ impl Qp {
             let resend = psn.diff(self.req.max_sent) < 0;
             let covered = kind == Kind::RdmaWrite
                 && !resend
-                && self.req.sq.get(idx + 1).is_some_and(|next| {
-                    next.error.is_none()
-                        && matches!(
-                            next.wqe.op,
-                            SendOp::Send
-                                | SendOp::SendImm(_)
-                                | SendOp::SendInv(_)
-                                | SendOp::Write { .. }
-                                | SendOp::WriteImm { .. }
-                        )
-                });
+                && self
+                    .req
+                    .sq
+                    .get(idx + 1)
+                    .is_some_and(|next| next.error.is_none() && next.wqe.op.is_send_or_write());
             let forced = pos.ends() && !covered || kind != Kind::Send && kind != Kind::RdmaWrite;
             pkt.bth.ack_req = self.ack_request(psn, forced);
         }

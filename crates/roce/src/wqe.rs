@@ -122,6 +122,20 @@ impl SendOp {
         matches!(self, SendOp::BindMw(_) | SendOp::LocalInv(_))
     }
 
+    /// Whether the operation carries the message's bytes in its request
+    /// packets (SENDs and RDMA WRITEs, with or without immediate or
+    /// invalidate).
+    pub fn is_send_or_write(self) -> bool {
+        matches!(
+            self,
+            SendOp::Send
+                | SendOp::SendImm(_)
+                | SendOp::SendInv(_)
+                | SendOp::Write { .. }
+                | SendOp::WriteImm { .. }
+        )
+    }
+
     /// Whether the operation needs responder resources (READ, atomics).
     pub fn is_read_or_atomic(self) -> bool {
         matches!(
