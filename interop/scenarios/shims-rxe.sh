@@ -30,10 +30,12 @@ LIBIBVERBS_ABI=${LIBIBVERBS_ABI:-$REL/libibverbs_abi.so}
 LIBRDMACM_ABI=${LIBRDMACM_ABI:-$REL/librdmacm_abi.so}
 HOST_IP=10.77.0.2
 VM_IP=10.77.0.11
+# The first port of ib_write_bw -R (see WBR_RACE below).
+WBR_PORT=19308
 # name:port:host-side args (the VM side adds its own device and GID).
 # perftest runs move 64 KiB messages (ib_write_lat: 64 bytes).
 SHIM_RUNS="ibv_rc_pingpong:19301 ibv_ud_pingpong:19302 rping:19303 ib_write_bw:19304
-  ib_read_bw:19305 ib_send_bw:19306 ib_write_lat:19307 ib_write_bw-R:19308"
+  ib_read_bw:19305 ib_send_bw:19306 ib_write_lat:19307 ib_write_bw-R:$WBR_PORT"
 # What a client prints while the VM's server is not up yet (retried).
 NOT_UP="Couldn't connect|Couldn't read remote address|rdma_connect|REJECTED|UNREACHABLE|ADDR_ERROR|ROUTE_ERROR|Unable to perform rdma_client|Connection refused|No route to host"
 
@@ -85,24 +87,30 @@ wbr_client() {
   ns_run 180 "${shim[@]}" ib_write_bw $(shim_args ib_write_bw-R "$(cat "$RUN_DIR/wbr-port")" host "$VM_IP")
 }
 
-# wbr_restarted OUT (RETRY_HOOK): when the failed client in OUT lost
-# perftest's data-connection race, has the VM restart its server on the
-# next port and says so.
-wbr_restarted() {
-  local port
-  port=$(cat "$RUN_DIR/wbr-port")
-  grep -q "$WBR_RACE" "$1" || return 1
-  [ $(( (port - 19308) / 100 )) -lt "$WBR_RESTARTS" ] || return 1
-  ns_tell "$VM_IP" "$WBR_MSG_PORT" again
-  echo $(( port + 100 )) >"$RUN_DIR/wbr-port"
-  echo "perftest's data-connection race (REJECTED after the control connection); the VM's server restarted on port $(( port + 100 ))"
+# wbr_next PORTFILE OUT TELL...: a RETRY_HOOK's work on either side:
+# when the failed client in OUT lost perftest's data-connection race (and
+# the server has been restarted fewer than WBR_RESTARTS times), TELL asks
+# the server's side for a new server, the port in PORTFILE moves on, and
+# the reason is printed.
+wbr_next() {
+  local file=$1 out=$2 port
+  shift 2
+  port=$(cat "$file")
+  grep -q "$WBR_RACE" "$out" || return 1
+  [ $(( (port - WBR_PORT) / 100 )) -lt "$WBR_RESTARTS" ] || return 1
+  "$@" || return 1
+  echo $(( port + 100 )) >"$file"
+  echo "perftest's data-connection race (REJECTED after the control connection); the server restarted on port $(( port + 100 ))"
 }
 
-# wbr_serve OUT: the host's ib_write_bw -R server (output to OUT) for
-# the VM's client, started again one port-step up each time the VM says
-# "again" (see WBR_RACE) while it runs; its exit status.
+# wbr_restarted OUT (RETRY_HOOK, round 1): the host asks the VM.
+wbr_restarted() { wbr_next "$RUN_DIR/wbr-port" "$1" ns_tell "$VM_IP" "$WBR_MSG_PORT" again; }
+
+# wbr_serve PORT OUT: the host's ib_write_bw -R server (output to OUT)
+# for the VM's client, started again one port-step up each time the VM
+# says "again" (see WBR_RACE) while it runs; its exit status.
 wbr_serve() {
-  local out=$1 port=19308 pid msg rc=0
+  local port=$1 out=$2 pid msg rc=0
   while :; do
     # shellcheck disable=SC2046
     ns_run 400 "${shim[@]}" ib_write_bw $(shim_args ib_write_bw-R "$port" host) >"$out" 2>&1 &
@@ -167,7 +175,7 @@ host_main() {
     bin=${tool%-R}
     out=$RUN_DIR/host-server-$tool.txt
     if [ "$tool" = ib_write_bw-R ]; then
-      wbr_serve "$out" || { cat "$out"; host_fail "$tool server through the shims failed"; return 1; }
+      wbr_serve "$port" "$out" || { cat "$out"; host_fail "$tool server through the shims failed"; return 1; }
     else
       # shellcheck disable=SC2046
       ns_run 400 "${shim[@]}" "$bin" $(shim_args "$tool" "$port" host) >"$out" 2>&1 ||
@@ -210,17 +218,8 @@ wbr_vm_client() {
   timeout 180 ib_write_bw $(shim_args ib_write_bw-R "$(cat /tmp/wbr-port)" vm "$HOST_IP")
 }
 
-# wbr_vm_restarted OUT (RETRY_HOOK): wbr_restarted's turn in round 2:
-# the VM asks the host for a new server.
-wbr_vm_restarted() {
-  local port
-  port=$(cat /tmp/wbr-port)
-  grep -q "$WBR_RACE" "$1" || return 1
-  [ $(( (port - 19308) / 100 )) -lt "$WBR_RESTARTS" ] || return 1
-  msg_send "$HOST_IP" "$WBR_MSG_PORT" 60 again
-  echo $(( port + 100 )) >/tmp/wbr-port
-  echo "perftest's data-connection race (REJECTED after the control connection); the host's server restarted on port $(( port + 100 ))"
-}
+# wbr_vm_restarted OUT (RETRY_HOOK, round 2): the VM asks the host.
+wbr_vm_restarted() { wbr_next /tmp/wbr-port "$1" msg_send "$HOST_IP" "$WBR_MSG_PORT" 60 again; }
 
 guest_peer() {
   local run tool port bin

@@ -603,15 +603,13 @@ fn a_round(n: &mut Net, middles: bool) -> Vec<(Sent, bool)> {
             return out;
         }
         let payload = std::mem::take(&mut slot.payload).to_vec();
-        let mut p = Packet::new(
-            slot.bth.opcode,
-            slot.bth.pkey,
-            slot.bth.dest_qp,
-            slot.bth.psn,
-        );
-        p.bth = slot.bth;
-        p.ext = slot.ext;
-        p.payload = payload;
+        let p = Packet {
+            bth: slot.bth,
+            ext: slot.ext,
+            payload,
+            grh: None,
+            ud_dest: None,
+        };
         out.push((p, false));
     }
 }
