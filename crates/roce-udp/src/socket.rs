@@ -106,6 +106,20 @@ pub trait Gather {
     fn len(&self) -> usize {
         self.pieces().map(<[u8]>::len).sum()
     }
+    /// Calls `f` with each piece that is not empty, in order: what a
+    /// send gathers. ([`Gather::pieces`] filtered; a type may do it in a
+    /// tighter loop.)
+    fn each_piece(&self, mut f: impl FnMut(&[u8])) {
+        for p in self.pieces().filter(|p| !p.is_empty()) {
+            f(p);
+        }
+    }
+    /// How many datagrams it holds: more than one are segments of one GSO
+    /// buffer, each [`Gather::len`] bytes, their pieces in order, and go
+    /// in a run of their own ([`RoceSocket::gso_run_room`]).
+    fn count(&self) -> usize {
+        1
+    }
     /// Whether the datagram is empty.
     fn is_empty(&self) -> bool {
         self.len() == 0
@@ -118,6 +132,14 @@ impl Gather for (SocketAddr, &[&[u8]]) {
     }
     fn pieces(&self) -> impl Iterator<Item = &[u8]> {
         self.1.iter().copied()
+    }
+}
+
+/// The datagrams run `r` of `batch` holds.
+fn datagrams<G: Gather>(batch: &[G], r: &std::ops::Range<usize>) -> usize {
+    match r.len() {
+        1 => batch[r.start].count(),
+        _ => batch[r.clone()].iter().map(Gather::count).sum(),
     }
 }
 
@@ -312,6 +334,15 @@ impl RoceSocket {
         }
     }
 
+    /// How many datagrams of `len` bytes one GSO buffer takes (1 without
+    /// GSO): the most a [`Gather`] may hold.
+    pub fn gso_run_room(&self, len: usize) -> usize {
+        match self.gso && len > 0 {
+            true => GSO_MAX_SEGMENTS.min(GSO_MAX_BYTES / len).max(1),
+            false => 1,
+        }
+    }
+
     /// Sends `batch` grouped as `runs` (from [`RoceSocket::gso_runs`] on the
     /// same batch). Returns how many runs the kernel took, from the first; a
     /// full socket buffer stops early (the caller sends the remaining runs
@@ -365,8 +396,8 @@ impl RoceSocket {
                     if err.kind() == io::ErrorKind::WouldBlock {
                         return done;
                     }
-                    let r = &chunk[0];
-                    if r.len() > 1
+                    let segs = datagrams(batch, &chunk[0]);
+                    if segs > 1
                         && matches!(
                             err.raw_os_error(),
                             Some(libc::EINVAL | libc::EIO | libc::EOPNOTSUPP | libc::ENOPROTOOPT)
@@ -374,14 +405,15 @@ impl RoceSocket {
                     {
                         self.gso = false;
                     }
-                    self.stats.send_errors += r.len() as u64;
+                    self.stats.send_errors += segs as u64;
                     done += 1;
                     continue;
                 }
             };
             for r in &chunk[..n] {
-                self.stats.sent += r.len() as u64;
-                if r.len() > 1 {
+                let segs = datagrams(batch, r);
+                self.stats.sent += segs as u64;
+                if segs > 1 {
                     self.stats.gso_sends += 1;
                 }
             }
@@ -406,12 +438,12 @@ impl RoceSocket {
         for r in chunk {
             let at = sc.iovs.len();
             for d in &batch[r.clone()] {
-                for p in d.pieces().filter(|p| !p.is_empty()) {
+                d.each_piece(|p| {
                     sc.iovs.push(libc::iovec {
                         iov_base: p.as_ptr() as *mut libc::c_void,
                         iov_len: p.len(),
-                    });
-                }
+                    })
+                });
             }
             sc.spans.push((at, sc.iovs.len() - at));
         }
@@ -428,7 +460,7 @@ impl RoceSocket {
             // no iovec and a one-past-the-end pointer that is never read.
             m.msg_hdr.msg_iov = unsafe { sc.iovs.as_mut_ptr().add(at) };
             m.msg_hdr.msg_iovlen = count as _;
-            if r.len() > 1 {
+            if r.len() > 1 || batch[r.start].count() > 1 {
                 let seg = batch[r.start].len() as u16;
                 let room = &mut sc.cmsgs[k];
                 m.msg_hdr.msg_control = room.as_mut_ptr().cast();

@@ -149,9 +149,10 @@ pub fn qp_input(data: &[u8]) -> usize {
                 qp.handle_timeout(now);
             }
             // Every other such step, the middle packets of messages as
-            // the soft RoCE node sends them (`poll_middle`) where it can.
+            // the soft RoCE node sends them (`poll_middles`, runs of 1 to
+            // 5) where it can.
             _ => loop {
-                if steps % 2 == 0 && qp.poll_middle(now, &mut mem).is_some() {
+                if steps % 2 == 0 && qp.poll_middles(now, &mut mem, 1 + steps % 5).is_some() {
                     continue;
                 }
                 if qp.poll_transmit(now, &mut mem).is_none() {

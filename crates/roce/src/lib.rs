@@ -55,7 +55,7 @@ mod wqe;
 
 pub use flat::FlatMemory;
 pub use mem::{apply_atomic, Memory, MemoryError, RemoteAccess};
-pub use packet::{MiddlePacket, Packet, Payload, Pinned};
+pub use packet::{MiddleRun, Packet, Payload, Pinned};
 pub use qp::{Qp, QpConfig, QpCounters, QpEvent};
 pub use wqe::{Completion, MwBindOp, RecvWqe, SendOp, SendWqe, Sge, UdDest};
 

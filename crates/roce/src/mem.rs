@@ -173,19 +173,30 @@ pub(crate) fn pin_gather(
     if len < PIN_MIN {
         return Ok(None);
     }
+    let (sge, skip) = sge_at(sges, offset).ok_or(MemoryError::OutOfRange)?;
+    if u64::from(sge.len) - skip < len as u64 {
+        return Ok(None); // spans SGEs
+    }
+    mem.pin_local(sge.lkey, sge.addr + skip, len)
+}
+
+/// The bytes from message byte `offset` to the end of the SGE that holds
+/// it (`None`: past the last SGE).
+pub(crate) fn sge_room(sges: &[Sge], offset: u64) -> Option<u64> {
+    sge_at(sges, offset).map(|(sge, skip)| u64::from(sge.len) - skip)
+}
+
+/// The SGE that holds message byte `offset`, and where in it.
+fn sge_at(sges: &[Sge], offset: u64) -> Option<(&Sge, u64)> {
     let mut skip = offset;
     for sge in sges {
         let sl = u64::from(sge.len);
-        if skip >= sl {
-            skip -= sl;
-            continue;
+        if skip < sl {
+            return Some((sge, skip));
         }
-        if sl - skip < len as u64 {
-            return Ok(None); // spans SGEs
-        }
-        return mem.pin_local(sge.lkey, sge.addr + skip, len);
+        skip -= sl;
     }
-    Err(MemoryError::OutOfRange)
+    None
 }
 
 /// Gathers message bytes `[offset, offset+out.len())` from local SGEs.

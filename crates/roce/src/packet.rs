@@ -168,16 +168,31 @@ impl std::ops::Deref for Payload {
     }
 }
 
-/// A middle packet of a message ([`crate::Qp::poll_middle`]): what differs
-/// from the message's middle packet before it.
+/// Consecutive middle packets of a message ([`crate::Qp::poll_middles`]):
+/// what differs from the message's middle packet before them.
 #[derive(Debug)]
-pub struct MiddlePacket {
-    /// Its PSN.
+pub struct MiddleRun {
+    /// The first one's PSN; the others follow it.
     pub psn: Psn,
-    /// Whether it asks for an ACK.
-    pub ack_req: bool,
-    /// A path MTU of the message's bytes, lent by the memory.
+    /// How many (1 to 64).
+    pub count: usize,
+    /// Bit `i`: packet `i` asks for an ACK.
+    pub ack_req: u64,
+    /// A path MTU of the message's bytes for each, in order, lent by the
+    /// memory.
     pub payload: Payload,
+}
+
+impl MiddleRun {
+    /// Packet `i`'s PSN, AckReq and payload.
+    pub fn packet(&self, i: usize) -> (Psn, bool, &[u8]) {
+        let each = self.payload.len() / self.count.max(1);
+        (
+            self.psn.add(i as u32),
+            self.ack_req >> i & 1 == 1,
+            &self.payload[i * each..(i + 1) * each],
+        )
+    }
 }
 
 /// Payload buffers of sent packets, handed back by the driver

@@ -2,8 +2,8 @@
 //! assignment, AckReq, ACK/NAK/RNR processing, READ and atomic responses,
 //! retransmission on timeout and go-back-N, completion in order.
 
-use crate::mem::{gather, pin_gather, scatter, Memory};
-use crate::packet::{opcode, transport_of, MiddlePacket, Packet, Payload};
+use crate::mem::{gather, pin_gather, scatter, sge_room, Memory};
+use crate::packet::{opcode, transport_of, MiddleRun, Packet, Payload};
 use crate::qp::{Mode, Qp, QpConfig};
 use crate::wqe::{Completion, SendOp, SendWqe};
 use rdma_types::{Instant, Psn, QpType, WcStatus};
@@ -412,7 +412,7 @@ impl Qp {
         }
         match self.build_request(idx, mem, out) {
             Ok(()) => {
-                self.sent_request(now, idx, out.bth.psn);
+                self.sent_request(now, idx, out.bth.psn, 1);
                 true
             }
             Err(status) => {
@@ -425,16 +425,16 @@ impl Qp {
         }
     }
 
-    /// Notes that the packet at `psn` of entry `idx` was built: a resend
-    /// counted, the highest PSN sent moved on, the timer armed (RC).
-    fn sent_request(&mut self, now: Instant, idx: usize, psn: Psn) {
-        if psn.diff(self.req.max_sent) < 0 {
-            self.counters.retransmits += 1;
-        }
+    /// Notes that the `count` packets from `psn` of entry `idx` were
+    /// built: resends counted, the highest PSN sent moved on, the timer
+    /// armed (RC).
+    fn sent_request(&mut self, now: Instant, idx: usize, psn: Psn, count: u32) {
+        let resent = self.req.max_sent.diff(psn).clamp(0, count as i32);
+        self.counters.retransmits += resent as u64;
         // A READ request reserves the PSNs of all its responses.
         let reserved = match self.req.sq.get(idx) {
             Some(e) if matches!(e.wqe.op, SendOp::Read { .. }) => e.last_psn().next(),
-            _ => psn.next(),
+            _ => psn.add(count),
         };
         if reserved.diff(self.req.max_sent) > 0 {
             self.req.max_sent = reserved;
@@ -444,21 +444,24 @@ impl Qp {
         }
     }
 
-    /// The next request packet when it is a middle packet of the message
-    /// being sent (neither its first nor its last, so a BTH alone and a
-    /// full path MTU of payload) whose bytes the memory lends, and nothing
-    /// else has to go first (a response, a local operation, an RNR wait,
-    /// a drain): its PSN, AckReq and payload, with the QP's state moved on
-    /// as [`Qp::poll_transmit_into`] would have. Every other header field
-    /// of such a packet is the one of the message's middle packet before
-    /// it, so a driver that just sent one can send this one from that
-    /// header without building it again. `None`: build it with
-    /// [`Qp::poll_transmit_into`] (nothing has changed).
-    pub fn poll_middle(
+    /// The next request packets when they are middle packets of the
+    /// message being sent (neither its first nor its last, so a BTH alone
+    /// and a full path MTU of payload each), at most `max` (and 64) of
+    /// them, whose bytes the memory lends in one piece, and nothing else
+    /// has to go first (a response, a local operation, an RNR wait, a
+    /// drain): their first PSN, AckReq bits and payloads, with the QP's
+    /// state moved on as that many [`Qp::poll_transmit_into`] calls would
+    /// have. Every other header field of such a packet is the one of the
+    /// message's middle packet before it, so a driver that just sent one
+    /// can send these from that header without building them. `None`:
+    /// build the next packet with [`Qp::poll_transmit_into`] (nothing has
+    /// changed).
+    pub fn poll_middles(
         &mut self,
         now: Instant,
         mem: &mut (impl Memory + ?Sized),
-    ) -> Option<MiddlePacket> {
+        max: usize,
+    ) -> Option<MiddleRun> {
         let reliable = match self.cfg.qp_type {
             QpType::Rc => true,
             QpType::Uc => false,
@@ -483,17 +486,36 @@ impl Qp {
             return None;
         }
         let psn = entry.first_psn.add(pkt_idx);
-        if reliable && psn.diff(self.req.una) >= self.req.window as i32 {
+        // The middle packets left, those the window takes, those the
+        // local SGE holds in one piece.
+        let mut count = (entry.npkts - 1 - pkt_idx).min(max.min(64) as u32);
+        if reliable {
+            let room = self.req.window as i32 - psn.diff(self.req.una);
+            count = count.min(room.max(0) as u32);
+        }
+        let pmtu = self.req.pmtu;
+        let offset = u64::from(pkt_idx) * pmtu;
+        let in_sge = sge_room(&entry.wqe.sges, offset).unwrap_or(0) / pmtu;
+        count = count.min(in_sge.min(64) as u32);
+        if count == 0 {
             return None;
         }
-        let offset = u64::from(pkt_idx) * self.req.pmtu;
-        let pinned = pin_gather(mem, &entry.wqe.sges, offset, self.req.pmtu as usize).ok()??;
-        let ack_req = reliable && self.ack_request(psn, false);
-        self.req.cursor_pkt = pkt_idx + 1;
-        self.sent_request(now, idx, psn);
-        self.counters.tx_packets += 1;
-        Some(MiddlePacket {
+        let len = usize::try_from(u64::from(count) * pmtu).ok()?;
+        let pinned = pin_gather(mem, &entry.wqe.sges, offset, len).ok()??;
+        let mut ack_req = 0u64;
+        if reliable {
+            for i in 0..count {
+                if self.ack_request(psn.add(i), false) {
+                    ack_req |= 1 << i;
+                }
+            }
+        }
+        self.req.cursor_pkt = pkt_idx + count;
+        self.sent_request(now, idx, psn, count);
+        self.counters.tx_packets += u64::from(count);
+        Some(MiddleRun {
             psn,
+            count: count as usize,
             ack_req,
             payload: Payload::Pinned(pinned),
         })

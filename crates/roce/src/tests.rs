@@ -571,31 +571,44 @@ fn a_reused_transmit_slot_builds_the_same_packets() {
 }
 
 /// One round of A's packets at `n.now`, built by `poll_transmit_into`
-/// alone or (`middles`) as a driver that keeps the header of a middle
-/// packet builds them: the message's next middle packets from
-/// `poll_middle`, that header with their PSN and AckReq. Each packet
-/// with whether `poll_middle` gave it.
-fn a_round(n: &mut Net, middles: bool) -> Vec<(Sent, bool)> {
+/// alone or (`middles`: runs of at most that many) as a driver that keeps
+/// the header of a first or middle packet builds them: the message's next
+/// middle packets from `poll_middles`, that header (a middle packet's)
+/// with their PSN and AckReq.
+/// Each packet with whether `poll_middles` gave it.
+fn a_round(n: &mut Net, middles: usize) -> Vec<(Sent, bool)> {
     let now = n.now;
     let mut out: Vec<(Sent, bool)> = vec![];
     let mut slot = Packet::default();
     loop {
-        let last_middle = out.last().is_some_and(|(p, _)| {
-            matches!(
-                p.bth.opcode,
-                Opcode::RcSendMiddle
-                    | Opcode::RcWriteMiddle
-                    | Opcode::UcSendMiddle
-                    | Opcode::UcWriteMiddle
-            )
+        // The header of a middle packet, from the first or middle packet
+        // before it.
+        let template = out.last().and_then(|(p, _)| {
+            let middle = match p.bth.opcode {
+                Opcode::RcSendFirst | Opcode::RcSendMiddle => Opcode::RcSendMiddle,
+                Opcode::RcWriteFirst | Opcode::RcWriteMiddle => Opcode::RcWriteMiddle,
+                Opcode::UcSendFirst | Opcode::UcSendMiddle => Opcode::UcSendMiddle,
+                Opcode::UcWriteFirst | Opcode::UcWriteMiddle => Opcode::UcWriteMiddle,
+                _ => return None,
+            };
+            let mut head = p.clone();
+            head.bth.opcode = middle;
+            head.bth.solicited = false;
+            head.bth.pad_count = 0;
+            head.ext = Default::default();
+            Some(head)
         });
-        if middles && last_middle {
-            if let Some(m) = n.a.qp.poll_middle(now, &mut n.a.mem) {
-                let mut p = out.last().unwrap().0.clone();
-                p.bth.psn = m.psn;
-                p.bth.ack_req = m.ack_req;
-                p.payload = m.payload.to_vec();
-                out.push((p, true));
+        if let (true, Some(head)) = (middles > 0, template) {
+            if let Some(run) = n.a.qp.poll_middles(now, &mut n.a.mem, middles) {
+                assert!((1..=middles).contains(&run.count), "{}", run.count);
+                for i in 0..run.count {
+                    let (psn, ack_req, payload) = run.packet(i);
+                    let mut p = head.clone();
+                    p.bth.psn = psn;
+                    p.bth.ack_req = ack_req;
+                    p.payload = payload.to_vec();
+                    out.push((p, true));
+                }
                 continue;
             }
         }
@@ -615,81 +628,101 @@ fn a_round(n: &mut Net, middles: bool) -> Vec<(Sent, bool)> {
 }
 
 /// A QP whose driver sends the middle packets of its messages from
-/// `poll_middle` sends the very packets, in the same order, and ends in
-/// the same state as one that builds each with `poll_transmit_into`:
-/// RC and UC, SENDs and WRITEs (with immediates, a WRITE chained to a
-/// SEND), a window that fills and moves on as ACKs come back.
-/// (`ack_req_every` 5 and 1 KiB packets make AckReq vary.)
+/// `poll_middles` (runs of at most 1, 3 and 64) sends the very packets,
+/// in the same order, and ends in the same state as one that builds each
+/// with `poll_transmit_into`: RC and UC, SENDs and WRITEs (with
+/// immediates, a WRITE chained to a SEND), a window that fills and moves
+/// on as ACKs come back. (`ack_req_every` 5 and 1 KiB packets make AckReq
+/// vary.)
 #[test]
-fn middle_packets_from_poll_middle_are_the_ones_built() {
-    for qp_type in [QpType::Rc, QpType::Uc] {
-        let tweak = |c: &mut QpConfig| {
-            c.pmtu = Mtu::Mtu1024;
-            c.ack_req_every = 5;
-        };
-        let (mut one, mut two) = (Net::new(qp_type, tweak), Net::new(qp_type, tweak));
-        for n in [&mut one, &mut two] {
-            // 100 messages of 1 to 13 packets: more PSNs than a window
-            // (512) takes at once.
-            for i in 0..100u64 {
-                let len = (1 + (i * 977 % 13) as u32) * 1024 - (i % 3) as u32 * 100;
-                let raddr = B_BUF + (i % 4) * 13 * 1024;
-                let op = match i % 4 {
-                    0 => SendOp::Write {
-                        raddr,
-                        rkey: rkey_of(B_BUF),
-                    },
-                    1 => SendOp::WriteImm {
-                        raddr,
-                        rkey: rkey_of(B_BUF),
-                        imm: i as u32,
-                    },
-                    2 => SendOp::SendImm(i as u32),
-                    _ => SendOp::Send,
-                };
-                if !matches!(op, SendOp::Write { .. }) {
-                    n.b.qp.post_recv(RecvWqe {
-                        wr_id: i,
-                        sges: sge(B_BUF, 3 * 13 * 1024, 13 * 1024),
-                    });
+fn middle_packets_from_poll_middles_are_the_ones_built() {
+    for most in [1, 3, 64] {
+        for qp_type in [QpType::Rc, QpType::Uc] {
+            let tweak = |c: &mut QpConfig| {
+                c.pmtu = Mtu::Mtu1024;
+                c.ack_req_every = 5;
+            };
+            let (mut one, mut two) = (Net::new(qp_type, tweak), Net::new(qp_type, tweak));
+            for n in [&mut one, &mut two] {
+                // 100 messages of 1 to 13 packets: more PSNs than a window
+                // (512) takes at once.
+                for i in 0..100u64 {
+                    let len = (1 + (i * 977 % 13) as u32) * 1024 - (i % 3) as u32 * 100;
+                    let raddr = B_BUF + (i % 4) * 13 * 1024;
+                    let op = match i % 4 {
+                        0 => SendOp::Write {
+                            raddr,
+                            rkey: rkey_of(B_BUF),
+                        },
+                        1 => SendOp::WriteImm {
+                            raddr,
+                            rkey: rkey_of(B_BUF),
+                            imm: i as u32,
+                        },
+                        2 => SendOp::SendImm(i as u32),
+                        _ => SendOp::Send,
+                    };
+                    if !matches!(op, SendOp::Write { .. }) {
+                        n.b.qp.post_recv(RecvWqe {
+                            wr_id: i,
+                            sges: sge(B_BUF, 3 * 13 * 1024, 13 * 1024),
+                        });
+                    }
+                    n.a.qp
+                        .post_send(SendWqe::new(i, op, sge(A_BUF, i % 4 * 1024, len)));
                 }
-                n.a.qp
-                    .post_send(SendWqe::new(i, op, sge(A_BUF, i % 4 * 1024, len)));
             }
-        }
-        let mut fast = 0;
-        for round in 0..200 {
-            let want = a_round(&mut one, false);
-            let got = a_round(&mut two, true);
-            fast += got.iter().filter(|(_, f)| *f).count();
-            let (w, g): (Vec<&Sent>, Vec<&Sent>) = (
-                want.iter().map(|(p, _)| p).collect(),
-                got.iter().map(|(p, _)| p).collect(),
+            let mut fast = 0;
+            for round in 0..200 {
+                let want = a_round(&mut one, 0);
+                let got = a_round(&mut two, most);
+                fast += got.iter().filter(|(_, f)| *f).count();
+                let (w, g): (Vec<&Sent>, Vec<&Sent>) = (
+                    want.iter().map(|(p, _)| p).collect(),
+                    got.iter().map(|(p, _)| p).collect(),
+                );
+                assert!(w == g, "{qp_type:?} round {round}: other packets");
+                if want.is_empty() {
+                    if one.a.wcs.len() == 100 {
+                        break;
+                    }
+                    // A lost last packet: the retry timer resends it.
+                    for n in [&mut one, &mut two] {
+                        n.now += Duration::from_secs(1);
+                        n.a.qp.handle_timeout(n.now);
+                    }
+                    continue;
+                }
+                for (n, sent) in [(&mut one, &want), (&mut two, &got)] {
+                    let now = n.now;
+                    // Some packets lost (the same in both), so that
+                    // middle packets are sent again.
+                    let sent: Vec<Sent> = sent
+                        .iter()
+                        .map(|(p, _)| p.clone())
+                        .filter(|p| round >= 100 || round % 3 != 0 || p.bth.psn.value() % 61 != 5)
+                        .collect();
+                    n.b.receive_all(now, &sent);
+                    let answers = n.b.transmit_all(now);
+                    n.a.receive_all(now, &answers);
+                    n.a.reap();
+                    n.b.reap();
+                    n.now = now + Duration::from_micros(10);
+                }
+            }
+            assert!(
+                fast > 100,
+                "{qp_type:?}: only {fast} packets from poll_middles"
             );
-            assert!(w == g, "{qp_type:?} round {round}: other packets");
-            if want.is_empty() {
-                break;
+            assert_eq!(one.a.ops(), two.a.ops(), "{qp_type:?}");
+            assert_eq!(one.a.wcs.len(), 100, "{qp_type:?}");
+            assert_eq!(one.b.ops(), two.b.ops(), "{qp_type:?}");
+            assert_eq!(one.a.qp.counters(), two.a.qp.counters(), "{qp_type:?}");
+            if qp_type == QpType::Rc {
+                assert!(one.a.qp.counters().retransmits > 0, "nothing resent");
             }
-            for (n, sent) in [(&mut one, &want), (&mut two, &got)] {
-                let now = n.now;
-                let sent: Vec<Sent> = sent.iter().map(|(p, _)| p.clone()).collect();
-                n.b.receive_all(now, &sent);
-                let answers = n.b.transmit_all(now);
-                n.a.receive_all(now, &answers);
-                n.a.reap();
-                n.b.reap();
-                n.now = now + Duration::from_micros(10);
-            }
+            assert_eq!(b_bytes(&one, 0, LEN), b_bytes(&two, 0, LEN), "{qp_type:?}");
         }
-        assert!(
-            fast > 100,
-            "{qp_type:?}: only {fast} packets from poll_middle"
-        );
-        assert_eq!(one.a.ops(), two.a.ops(), "{qp_type:?}");
-        assert_eq!(one.a.wcs.len(), 100, "{qp_type:?}");
-        assert_eq!(one.b.ops(), two.b.ops(), "{qp_type:?}");
-        assert_eq!(one.a.qp.counters(), two.a.qp.counters(), "{qp_type:?}");
-        assert_eq!(b_bytes(&one, 0, LEN), b_bytes(&two, 0, LEN), "{qp_type:?}");
     }
 }
 

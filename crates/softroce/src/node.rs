@@ -141,7 +141,10 @@ struct Slot {
 /// One datagram to send, in the pieces the socket gathers (iovecs): the
 /// BTH and extension headers, the payload -- registered memory itself when
 /// the engine lent it (kept alive by the packet until sent), else the
-/// engine's buffer -- then pad and ICRC.
+/// engine's buffer -- then pad and ICRC. Or (`count` > 1) consecutive
+/// middle packets of one message, sent as one GSO buffer: their BTHs one
+/// after the other in `head`, then their ICRCs; their payloads one after
+/// the other in `payload` (no pad).
 struct Out {
     dst: SocketAddr,
     /// The QP whose payload buffer this is, to give it back once sent.
@@ -157,43 +160,72 @@ struct Out {
     /// A plain RC ACK (no NAK): nothing waits on it but the peer's
     /// send completions, so it may wait for a packet to ride with.
     ack: bool,
+    /// How many datagrams (at least 1).
+    count: usize,
 }
 
 impl Out {
+    /// The length of each datagram.
     fn len(&self) -> usize {
-        self.head_len + self.payload.len() + self.tail_len
+        self.head_len + self.payload.len() / self.count + self.tail_len
     }
 
-    fn parts(&self) -> [&[u8]; 3] {
+    /// Datagram `i`'s pieces.
+    fn parts(&self, i: usize) -> [&[u8]; 3] {
+        if self.count == 1 {
+            return [
+                &self.head[..self.head_len],
+                &self.payload[..],
+                &self.tail[..self.tail_len],
+            ];
+        }
+        let (h, each) = (self.head_len, self.payload.len() / self.count);
+        let icrc = self.icrc_at(i);
         [
-            &self.head[..self.head_len],
-            &self.payload[..],
-            &self.tail[..self.tail_len],
+            &self.head[i * h..(i + 1) * h],
+            &self.payload[i * each..(i + 1) * each],
+            &self.head[icrc],
         ]
     }
 
-    fn icrc(&self) -> u32 {
-        let t = &self.tail[self.tail_len - rdma_wire::ICRC_LEN..self.tail_len];
+    /// Where datagram `i`'s ICRC is: in `tail` (one datagram), else in
+    /// `head` after the BTHs.
+    fn icrc_at(&self, i: usize) -> std::ops::Range<usize> {
+        let end = match self.count {
+            1 => self.tail_len,
+            n => n * self.head_len + (i + 1) * rdma_wire::ICRC_LEN,
+        };
+        end - rdma_wire::ICRC_LEN..end
+    }
+
+    fn icrc(&self, i: usize) -> u32 {
+        let at = self.icrc_at(i);
+        let t = match self.count {
+            1 => &self.tail[at],
+            _ => &self.head[at],
+        };
         u32::from_le_bytes([t[0], t[1], t[2], t[3]])
     }
 
-    fn set_icrc(&mut self, icrc: u32) {
-        let n = self.tail_len;
-        self.tail[n - rdma_wire::ICRC_LEN..n].copy_from_slice(&icrc.to_le_bytes());
+    fn set_icrc(&mut self, i: usize, icrc: u32) {
+        let at = self.icrc_at(i);
+        let t = match self.count {
+            1 => &mut self.tail[at],
+            _ => &mut self.head[at],
+        };
+        t.copy_from_slice(&icrc.to_le_bytes());
     }
 
-    /// The datagram as one buffer (for the fault injector); the payload
+    /// Each datagram as one buffer (for the fault injector); the payload
     /// buffer is handed back.
-    fn flatten(mut self) -> (OutDatagram, u32, Payload) {
-        let mut data = std::mem::take(&mut self.head);
-        data.truncate(self.head_len);
-        data.extend_from_slice(&self.payload);
-        data.extend_from_slice(&self.tail[..self.tail_len]);
-        let d = OutDatagram {
-            dst: self.dst,
-            data,
-        };
-        (d, self.qpn, self.payload)
+    fn flatten(self, mut each: impl FnMut(OutDatagram)) -> (u32, Payload) {
+        for i in 0..self.count {
+            each(OutDatagram {
+                dst: self.dst,
+                data: self.parts(i).concat(),
+            });
+        }
+        (self.qpn, self.payload)
     }
 
     /// A whole datagram (from the fault injector) as pieces.
@@ -211,6 +243,7 @@ impl Out {
             tail,
             tail_len: rdma_wire::ICRC_LEN,
             ack: false,
+            count: 1,
         })
     }
 }
@@ -220,10 +253,44 @@ impl Gather for Out {
         self.dst
     }
     fn pieces(&self) -> impl Iterator<Item = &[u8]> {
-        self.parts().into_iter()
+        let single = (self.count == 1).then(|| self.parts(0));
+        let group = (self.count > 1).then(|| {
+            let n = self.count;
+            let (bths, icrcs) =
+                self.head[..n * (self.head_len + rdma_wire::ICRC_LEN)].split_at(n * self.head_len);
+            bths.chunks_exact(self.head_len)
+                .zip(self.payload.chunks_exact(self.payload.len() / n))
+                .zip(icrcs.chunks_exact(rdma_wire::ICRC_LEN))
+                .flat_map(|((h, p), c)| [h, p, c])
+        });
+        single
+            .into_iter()
+            .flatten()
+            .chain(group.into_iter().flatten())
     }
     fn len(&self) -> usize {
         Out::len(self)
+    }
+    fn count(&self) -> usize {
+        self.count
+    }
+    fn each_piece(&self, mut f: impl FnMut(&[u8])) {
+        if self.count == 1 {
+            for p in self.parts(0) {
+                if !p.is_empty() {
+                    f(p);
+                }
+            }
+            return;
+        }
+        let n = self.count;
+        let (h, each) = (self.head_len, self.payload.len() / n);
+        let icrcs = n * h;
+        for i in 0..n {
+            f(&self.head[i * h..(i + 1) * h]);
+            f(&self.payload[i * each..(i + 1) * each]);
+            f(&self.head[icrcs + i * rdma_wire::ICRC_LEN..icrcs + (i + 1) * rdma_wire::ICRC_LEN]);
+        }
     }
 }
 
@@ -279,9 +346,10 @@ const HEAD_ROOM: usize = 64;
 /// The last packet a QP built, when it was a middle packet of a message
 /// (RC or UC SEND or RDMA WRITE Middle: a BTH and a path MTU of payload):
 /// the message's next middle packets differ from it only in PSN and
-/// AckReq ([`Qp::poll_middle`]), so they are sent from its header without
-/// being built, to the same peer, their ICRC starting from the state after
-/// the IP and UDP headers and the BTH's first eight bytes.
+/// AckReq ([`Qp::poll_middles`]), so they are sent from its header without
+/// being built, to the same peer, as many in one [`Out`] as a GSO buffer
+/// takes (`room`), their ICRC starting from the state after the IP and UDP
+/// headers and the BTH's first eight bytes.
 struct Middle {
     bth: [u8; rdma_wire::bth::HEADER_LEN],
     dst: SocketAddr,
@@ -289,69 +357,103 @@ struct Middle {
     /// through pad).
     crc: icrc::SharedBthHead,
     ib_len: usize,
+    room: usize,
 }
 
 impl Middle {
-    /// `out` (the last packet built) as a [`Middle`], if it is one.
-    fn of(out: &Out, opcode: Opcode, state: impl FnOnce(usize) -> Option<u32>) -> Option<Middle> {
-        let middle = matches!(
-            opcode,
-            Opcode::RcSendMiddle
-                | Opcode::RcWriteMiddle
-                | Opcode::UcSendMiddle
-                | Opcode::UcWriteMiddle
-        );
-        if !middle || out.head_len != rdma_wire::bth::HEADER_LEN {
-            return None;
-        }
-        let bth = out.head[..rdma_wire::bth::HEADER_LEN].try_into().ok()?;
-        let ib_len = out.len() - rdma_wire::ICRC_LEN;
+    /// The middle packets' header from `out` (the last packet built), if
+    /// it is the first or a middle packet of an RC or UC SEND or WRITE
+    /// (the same opcode family, SE and pad clear, no RETH: a first packet
+    /// is a path MTU too); `room` tells how many datagrams of a length fit
+    /// one GSO buffer.
+    fn of(
+        out: &Out,
+        opcode: Opcode,
+        room: impl FnOnce(usize) -> usize,
+        state: impl FnOnce(usize) -> Option<u32>,
+    ) -> Option<Middle> {
+        const BTH: usize = rdma_wire::bth::HEADER_LEN;
+        let middle = match opcode {
+            Opcode::RcSendFirst | Opcode::RcSendMiddle => Opcode::RcSendMiddle,
+            Opcode::RcWriteFirst | Opcode::RcWriteMiddle => Opcode::RcWriteMiddle,
+            Opcode::UcSendFirst | Opcode::UcSendMiddle => Opcode::UcSendMiddle,
+            Opcode::UcWriteFirst | Opcode::UcWriteMiddle => Opcode::UcWriteMiddle,
+            _ => return None,
+        };
+        let mut bth: [u8; BTH] = out.head.get(..BTH)?.try_into().ok()?;
+        let mut b = rdma_wire::bth::BthPacket::new_unchecked(&mut bth[..]);
+        let (mig_req, tver) = (b.mig_req(), b.tver());
+        b.set_opcode(middle);
+        b.set_flags(false, mig_req, 0, tver);
+        let ib_len = BTH + out.payload.len();
         Some(Middle {
             bth,
             dst: out.dst,
             crc: icrc::SharedBthHead::new(state(ib_len)?, &bth)?,
             ib_len,
+            room: room(ib_len + rdma_wire::ICRC_LEN),
         })
     }
 }
 
-/// The datagram of middle packet `p` of QP `qpn` from the header of the
-/// one before it (`m`), in `head` (a header buffer of an earlier batch);
-/// `state` gives the ICRC state for another length than `m`'s (none
-/// expected: a middle packet is a path MTU). `None` if it has none.
-fn middle_out(
+/// The datagrams of middle packets `run` of QP `qpn` from the header of
+/// the one before them (`m`), their headers and ICRCs in `head` (a header
+/// buffer of an earlier batch); `state` gives the ICRC state for another
+/// length than `m`'s (none expected: a middle packet is a path MTU).
+/// `None` if it has none.
+fn middles_out(
     m: &Middle,
     qpn: u32,
     mut head: Vec<u8>,
-    p: roce::MiddlePacket,
-    state: impl FnOnce(usize) -> Option<u32>,
+    run: roce::MiddleRun,
+    mut state: impl FnMut(usize) -> Option<u32>,
 ) -> Option<Out> {
     const BTH: usize = rdma_wire::bth::HEADER_LEN;
-    if head.len() < HEAD_ROOM {
-        head.resize(HEAD_ROOM, 0);
+    let n = run.count;
+    let room = HEAD_ROOM.max(n * (BTH + rdma_wire::ICRC_LEN));
+    if head.len() < room {
+        head.resize(room, 0);
     }
-    head[..BTH].copy_from_slice(&m.bth);
-    let mut bth = rdma_wire::bth::BthPacket::new_unchecked(&mut head[..BTH]);
-    bth.set_psn(p.psn);
-    bth.set_ack_req(p.ack_req);
-    let ib_len = BTH + p.payload.len();
-    let crc = if ib_len == m.ib_len {
-        m.crc.finish(&head[..BTH], &[&p.payload[..]])?
-    } else {
-        icrc::finish_vectored(state(ib_len)?, &[&head[..BTH], &p.payload[..]]).ok()?
-    };
-    let mut tail = [0u8; 3 + rdma_wire::ICRC_LEN];
-    tail[..rdma_wire::ICRC_LEN].copy_from_slice(&crc.to_le_bytes());
-    Some(Out {
+    let (bths, icrcs) = head.split_at_mut(n * BTH);
+    let payloads = run.payload.chunks_exact(run.payload.len() / n);
+    let mut psn = run.psn;
+    for (i, ((h, c), payload)) in bths
+        .chunks_exact_mut(BTH)
+        .zip(icrcs.chunks_exact_mut(rdma_wire::ICRC_LEN))
+        .zip(payloads)
+        .enumerate()
+    {
+        h.copy_from_slice(&m.bth);
+        let mut bth = rdma_wire::bth::BthPacket::new_unchecked(&mut *h);
+        bth.set_psn(psn);
+        bth.set_ack_req(run.ack_req >> i & 1 == 1);
+        psn = psn.next();
+        let ib_len = BTH + payload.len();
+        let crc = if ib_len == m.ib_len {
+            m.crc.finish(h, &[payload])?
+        } else {
+            icrc::finish_vectored(state(ib_len)?, &[h, payload]).ok()?
+        };
+        c.copy_from_slice(&crc.to_le_bytes());
+    }
+    let (tail_len, tail) = (rdma_wire::ICRC_LEN, [0u8; 3 + rdma_wire::ICRC_LEN]);
+    let mut out = Out {
         dst: m.dst,
         qpn,
         head,
         head_len: BTH,
-        payload: p.payload,
+        payload: run.payload,
         tail,
-        tail_len: rdma_wire::ICRC_LEN,
+        tail_len,
         ack: false,
-    })
+        count: n,
+    };
+    if n == 1 {
+        // One datagram keeps its ICRC in the tail.
+        let crc = u32::from_le_bytes(out.head[BTH..BTH + 4].try_into().ok()?);
+        out.set_icrc(0, crc);
+    }
+    Some(out)
 }
 
 /// A datagram waiting in the fault injector.
@@ -1137,12 +1239,13 @@ impl Node {
         let mut produced = false;
         let mut built = 0;
         let mut middle: Option<Middle> = None;
-        for _ in 0..TX_BUDGET_PER_QP {
+        while built < TX_BUDGET_PER_QP {
             if let Some(m) = &middle {
-                if let Some(next) = slot.qp.poll_middle(now, &mut *slot.mem) {
-                    built += 1;
+                let most = m.room.min(TX_BUDGET_PER_QP - built);
+                if let Some(run) = slot.qp.poll_middles(now, &mut *slot.mem, most) {
+                    built += run.count;
                     let head = self.spare.pop().unwrap_or_default();
-                    match middle_out(m, k, head, next, |len| {
+                    match middles_out(m, k, head, run, |len| {
                         self.header_crcs.tx_state(local, m.dst, len)
                     }) {
                         Some(o) => self.out.push(o),
@@ -1217,12 +1320,17 @@ impl Node {
                 tail,
                 tail_len: pad + rdma_wire::ICRC_LEN,
                 ack,
+                count: 1,
             };
             // A capture wants every packet built in full.
             if self.pcap.is_none() {
-                middle = Middle::of(&out, opcode, |len| {
-                    self.header_crcs.tx_state(local, dst, len)
-                });
+                let sock = &self.sock;
+                middle = Middle::of(
+                    &out,
+                    opcode,
+                    |len| sock.gso_run_room(len),
+                    |len| self.header_crcs.tx_state(local, dst, len),
+                );
             }
             self.out.push(out);
         }
@@ -1267,15 +1375,16 @@ impl Node {
         }
         batch.outs = std::mem::take(&mut self.out);
         if !self.link_up {
-            self.stats.link_down_drops += batch.outs.len() as u64;
+            self.stats.link_down_drops += batch.outs.iter().map(|o| o.count as u64).sum::<u64>();
             let outs = std::mem::take(&mut batch.outs);
             self.recycle(outs);
             return batch;
         }
         if let Some(f) = self.faults.as_mut() {
             for o in batch.outs.drain(..) {
-                let (d, qpn, payload) = o.flatten();
-                f.push(now, d);
+                let (qpn, payload) = o.flatten(|d| {
+                    f.push(now, d);
+                });
                 if let (Some(s), Payload::Owned(b)) = (self.qps.get_mut(&qpn), payload) {
                     s.qp.recycle_payload(b);
                 }
@@ -1297,17 +1406,21 @@ impl Node {
         }
         batch.runs = std::mem::take(&mut self.spare_runs);
         let outs = &batch.outs;
+        // A group of middle packets is a run of its own (length 0 here).
         self.sock.gso_runs_into(
             outs.len(),
-            |i| (outs[i].dst, outs[i].len()),
+            |i| match outs[i].count {
+                1 => (outs[i].dst, outs[i].len()),
+                _ => (outs[i].dst, 0),
+            },
             &mut batch.runs,
         );
         // Segment k of a GSO send leaves with IPv4 Identification k; its
         // ICRC was computed for 0. A run's segments have one length, but
         // for a shorter last one.
-        for run in batch.runs.iter().filter(|r| r.len() > 1) {
+        for run in &batch.runs {
             let segs = &mut batch.outs[run.clone()];
-            if !segs[0].dst.is_ipv4() {
+            if (segs.len() == 1 && segs[0].count == 1) || !segs[0].dst.is_ipv4() {
                 continue;
             }
             // The corrections are kept with the header CRC state of each
@@ -1319,6 +1432,21 @@ impl Node {
             let Some(delta) = delta_for(first_len) else {
                 continue;
             };
+            if let [group] = segs {
+                // Middle packets of one message, all of one length.
+                let n = group.count;
+                let icrcs =
+                    &mut group.head[n * group.head_len..n * (group.head_len + rdma_wire::ICRC_LEN)];
+                for (c, d) in icrcs
+                    .chunks_exact_mut(rdma_wire::ICRC_LEN)
+                    .zip(delta.deltas())
+                    .skip(1)
+                {
+                    let icrc = u32::from_le_bytes([c[0], c[1], c[2], c[3]]) ^ d;
+                    c.copy_from_slice(&icrc.to_le_bytes());
+                }
+                continue;
+            }
             for (k, (o, d)) in segs.iter_mut().zip(delta.deltas()).enumerate().skip(1) {
                 let len = ib_len(o);
                 let d = if len == first_len {
@@ -1329,7 +1457,7 @@ impl Node {
                         None => continue,
                     }
                 };
-                o.set_icrc(o.icrc() ^ d);
+                o.set_icrc(0, o.icrc(0) ^ d);
             }
         }
         batch
@@ -1339,7 +1467,12 @@ impl Node {
     /// [`Node::take_batch`], sent or not).
     pub(crate) fn finish_batch(&mut self, mut batch: TxBatch) {
         let runs = &batch.runs[..batch.sent_runs];
-        self.stats.tx_packets += runs.iter().map(|r| r.len() as u64).sum::<u64>();
+        let outs = &batch.outs;
+        self.stats.tx_packets += runs
+            .iter()
+            .flat_map(|r| &outs[r.clone()])
+            .map(|o| o.count as u64)
+            .sum::<u64>();
         self.stats.tx_gso_sends += batch.gso_sends;
         if batch.gso_off {
             // The kernel refused segmentation: later batches go unsegmented.
