@@ -168,8 +168,9 @@ impl std::ops::Deref for Payload {
     }
 }
 
-/// Consecutive middle packets of a message ([`crate::Qp::poll_middles`]):
-/// what differs from the message's middle packet before them.
+/// Consecutive middle packets of a message ([`crate::Qp::poll_middles`]),
+/// and its last packet when `ends`: what differs from the message's first
+/// or middle packet before them.
 #[derive(Debug)]
 pub struct MiddleRun {
     /// The first one's PSN; the others follow it.
@@ -178,7 +179,16 @@ pub struct MiddleRun {
     pub count: usize,
     /// Bit `i`: packet `i` asks for an ACK.
     pub ack_req: u64,
-    /// A path MTU of the message's bytes for each, in order, lent by the
+    /// The last packet is the message's last (a Last opcode; its payload
+    /// may be shorter, and padded).
+    pub ends: bool,
+    /// The message's last packet has SE set.
+    pub solicited: bool,
+    /// The payload bytes of each packet but a last that `ends` the
+    /// message (a path MTU).
+    pub each: usize,
+    /// A path MTU of the message's bytes for each, in order (the last
+    /// packet's, when `ends`, what is left of the message), lent by the
     /// memory.
     pub payload: Payload,
 }
@@ -186,11 +196,11 @@ pub struct MiddleRun {
 impl MiddleRun {
     /// Packet `i`'s PSN, AckReq and payload.
     pub fn packet(&self, i: usize) -> (Psn, bool, &[u8]) {
-        let each = self.payload.len() / self.count.max(1);
+        let end = ((i + 1) * self.each).min(self.payload.len());
         (
             self.psn.add(i as u32),
             self.ack_req >> i & 1 == 1,
-            &self.payload[i * each..(i + 1) * each],
+            &self.payload[i * self.each..end],
         )
     }
 }

@@ -446,15 +446,19 @@ impl Qp {
 
     /// The next request packets when they are middle packets of the
     /// message being sent (neither its first nor its last, so a BTH alone
-    /// and a full path MTU of payload each), at most `max` (and 64) of
-    /// them, whose bytes the memory lends in one piece, and nothing else
+    /// and a full path MTU of payload each), and then its last packet too
+    /// when that has no header past the BTH either (a SEND or a WRITE
+    /// without immediate data or invalidate): at most `max` (and 64) of
+    /// them, whose bytes the memory lends in one piece, when nothing else
     /// has to go first (a response, a local operation, an RNR wait, a
-    /// drain): their first PSN, AckReq bits and payloads, with the QP's
+    /// drain). Their first PSN, AckReq bits and payloads, with the QP's
     /// state moved on as that many [`Qp::poll_transmit_into`] calls would
-    /// have. Every other header field of such a packet is the one of the
-    /// message's middle packet before it, so a driver that just sent one
-    /// can send these from that header without building them. `None`:
-    /// build the next packet with [`Qp::poll_transmit_into`] (nothing has
+    /// have. Every other header field of a middle packet is the one of the
+    /// message's first or middle packet before it (the opcode a middle
+    /// one's, SE and pad clear), so a driver that just sent one can send
+    /// these from that header without building them; the last differs in
+    /// its opcode, SE ([`MiddleRun::solicited`]) and pad. `None`: build
+    /// the next packet with [`Qp::poll_transmit_into`] (nothing has
     /// changed).
     pub fn poll_middles(
         &mut self,
@@ -476,47 +480,72 @@ impl Qp {
         }
         let (idx, pkt_idx) = (self.req.cursor, self.req.cursor_pkt);
         let entry = self.req.sq.get(idx)?;
+        let op = entry.wqe.op;
         if !entry.started
             || entry.error.is_some()
             || pkt_idx == 0
-            || pkt_idx + 1 >= entry.npkts
+            || pkt_idx >= entry.npkts
             || entry.wqe.inline.is_some()
-            || !entry.wqe.op.is_send_or_write()
+            || !op.is_send_or_write()
         {
             return None;
         }
         let psn = entry.first_psn.add(pkt_idx);
-        // The middle packets left, those the window takes, those the
-        // local SGE holds in one piece.
-        let mut count = (entry.npkts - 1 - pkt_idx).min(max.min(64) as u32);
+        // The packets left, those the window takes, the last only when
+        // it is plain.
+        let mut count = (entry.npkts - pkt_idx).min(max.min(64) as u32);
         if reliable {
             let room = self.req.window as i32 - psn.diff(self.req.una);
             count = count.min(room.max(0) as u32);
         }
+        let plain_last = matches!(op, SendOp::Send | SendOp::Write { .. });
+        if pkt_idx + count == entry.npkts && !plain_last {
+            count -= 1;
+        }
+        // Lent in one piece: as far as the local SGE goes.
         let pmtu = self.req.pmtu;
         let offset = u64::from(pkt_idx) * pmtu;
-        let in_sge = sge_room(&entry.wqe.sges, offset).unwrap_or(0) / pmtu;
-        count = count.min(in_sge.min(64) as u32);
+        let mut len = (entry.len - offset).min(u64::from(count) * pmtu);
+        let in_sge = sge_room(&entry.wqe.sges, offset).unwrap_or(0);
+        if in_sge < len {
+            count = count.min((in_sge / pmtu) as u32);
+            len = u64::from(count) * pmtu;
+        }
         if count == 0 {
             return None;
         }
-        let len = usize::try_from(u64::from(count) * pmtu).ok()?;
-        let pinned = pin_gather(mem, &entry.wqe.sges, offset, len).ok()??;
+        let pinned = pin_gather(mem, &entry.wqe.sges, offset, usize::try_from(len).ok()?).ok()??;
+        let ends = pkt_idx + count == entry.npkts;
+        let solicited = ends && !matches!(op, SendOp::Write { .. }) && entry.wqe.solicited;
+        let middles = count - u32::from(ends);
         let mut ack_req = 0u64;
         if reliable {
-            for i in 0..count {
+            for i in 0..middles {
                 if self.ack_request(psn.add(i), false) {
                     ack_req |= 1 << i;
                 }
             }
         }
-        self.req.cursor_pkt = pkt_idx + count;
+        self.req.cursor_pkt = pkt_idx + middles;
+        if ends {
+            let kind = match op {
+                SendOp::Write { .. } => Kind::RdmaWrite,
+                _ => Kind::Send,
+            };
+            let last = psn.add(middles);
+            if self.advance(idx, last, kind, true, pkt_idx + count) {
+                ack_req |= 1 << middles;
+            }
+        }
         self.sent_request(now, idx, psn, count);
         self.counters.tx_packets += u64::from(count);
         Some(MiddleRun {
             psn,
             count: count as usize,
             ack_req,
+            ends,
+            solicited,
+            each: pmtu as usize,
             payload: Payload::Pinned(pinned),
         })
     }
@@ -735,7 +764,19 @@ impl Qp {
             });
             pkt.ud_dest = Some(ud);
         }
-        let npkts = entry.npkts;
+        pkt.bth.ack_req = self.advance(idx, psn, kind, pos.ends(), next_pkt);
+        Ok(())
+    }
+
+    /// Moves the QP past the request packet at `psn` of entry `idx`, a
+    /// `kind` packet that `ends` its message or not, the next to send
+    /// being packet `next_pkt` of the entry (past its last: the next
+    /// entry); UC completes an entry once its last packet is sent. Whether
+    /// the packet asks for an ACK (RC).
+    fn advance(&mut self, idx: usize, psn: Psn, kind: Kind, ends: bool, next_pkt: u32) -> bool {
+        let qp_type = self.cfg.qp_type;
+        let npkts = self.req.sq[idx].npkts;
+        let mut ack_req = false;
         if qp_type == QpType::Rc {
             // A message's last packet asks for an ACK, but for an RDMA
             // WRITE with a SEND or WRITE already queued behind it: that
@@ -754,8 +795,8 @@ impl Qp {
                     .sq
                     .get(idx + 1)
                     .is_some_and(|next| next.error.is_none() && next.wqe.op.is_send_or_write());
-            let forced = pos.ends() && !covered || kind != Kind::Send && kind != Kind::RdmaWrite;
-            pkt.bth.ack_req = self.ack_request(psn, forced);
+            let forced = ends && !covered || kind != Kind::Send && kind != Kind::RdmaWrite;
+            ack_req = self.ack_request(psn, forced);
         }
 
         let e = &mut self.req.sq[idx];
@@ -774,7 +815,7 @@ impl Qp {
                 self.complete_front();
             }
         }
-        Ok(())
+        ack_req
     }
 
     /// Acknowledges every PSN up to and including `psn`.

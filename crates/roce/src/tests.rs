@@ -607,6 +607,15 @@ fn a_round(n: &mut Net, middles: usize) -> Vec<(Sent, bool)> {
                     p.bth.psn = psn;
                     p.bth.ack_req = ack_req;
                     p.payload = payload.to_vec();
+                    if run.ends && i + 1 == run.count {
+                        p.bth.opcode = match p.bth.opcode {
+                            Opcode::RcSendMiddle => Opcode::RcSendLast,
+                            Opcode::RcWriteMiddle => Opcode::RcWriteLast,
+                            Opcode::UcSendMiddle => Opcode::UcSendLast,
+                            _ => Opcode::UcWriteLast,
+                        };
+                        p.bth.solicited = run.solicited;
+                    }
                     out.push((p, true));
                 }
                 continue;
@@ -647,7 +656,7 @@ fn middle_packets_from_poll_middles_are_the_ones_built() {
                 // 100 messages of 1 to 13 packets: more PSNs than a window
                 // (512) takes at once.
                 for i in 0..100u64 {
-                    let len = (1 + (i * 977 % 13) as u32) * 1024 - (i % 3) as u32 * 100;
+                    let len = (1 + (i * 977 % 13) as u32) * 1024 - (i % 3) as u32 * 101;
                     let raddr = B_BUF + (i % 4) * 13 * 1024;
                     let op = match i % 4 {
                         0 => SendOp::Write {
@@ -668,15 +677,20 @@ fn middle_packets_from_poll_middles_are_the_ones_built() {
                             sges: sge(B_BUF, 3 * 13 * 1024, 13 * 1024),
                         });
                     }
-                    n.a.qp
-                        .post_send(SendWqe::new(i, op, sge(A_BUF, i % 4 * 1024, len)));
+                    let mut wqe = SendWqe::new(i, op, sge(A_BUF, i % 4 * 1024, len));
+                    wqe.solicited = i % 5 < 2;
+                    n.a.qp.post_send(wqe);
                 }
             }
-            let mut fast = 0;
+            let (mut fast, mut lasts) = (0, 0);
             for round in 0..200 {
                 let want = a_round(&mut one, 0);
                 let got = a_round(&mut two, most);
                 fast += got.iter().filter(|(_, f)| *f).count();
+                lasts += got
+                    .iter()
+                    .filter(|(p, f)| *f && p.bth.opcode.info().is_some_and(|i| i.position.ends()))
+                    .count();
                 let (w, g): (Vec<&Sent>, Vec<&Sent>) = (
                     want.iter().map(|(p, _)| p).collect(),
                     got.iter().map(|(p, _)| p).collect(),
@@ -711,8 +725,8 @@ fn middle_packets_from_poll_middles_are_the_ones_built() {
                 }
             }
             assert!(
-                fast > 100,
-                "{qp_type:?}: only {fast} packets from poll_middles"
+                fast > 100 && lasts > 10,
+                "{qp_type:?}: only {fast} packets from poll_middles, {lasts} of them last"
             );
             assert_eq!(one.a.ops(), two.a.ops(), "{qp_type:?}");
             assert_eq!(one.a.wcs.len(), 100, "{qp_type:?}");

@@ -142,9 +142,10 @@ struct Slot {
 /// BTH and extension headers, the payload -- registered memory itself when
 /// the engine lent it (kept alive by the packet until sent), else the
 /// engine's buffer -- then pad and ICRC. Or (`count` > 1) consecutive
-/// middle packets of one message, sent as one GSO buffer: their BTHs one
-/// after the other in `head`, then their ICRCs; their payloads one after
-/// the other in `payload` (no pad).
+/// middle packets of one message, and maybe its last, sent as one GSO
+/// buffer: their BTHs one after the other in `head`, then their ICRCs;
+/// their payloads one after the other in `payload`, `each` bytes but the
+/// last's; the last's pad in `tail`.
 struct Out {
     dst: SocketAddr,
     /// The QP whose payload buffer this is, to give it back once sent.
@@ -162,29 +163,51 @@ struct Out {
     ack: bool,
     /// How many datagrams (at least 1).
     count: usize,
+    /// The payload bytes of each datagram of several but the last.
+    each: usize,
 }
 
 impl Out {
-    /// The length of each datagram.
+    /// The length of each datagram (of several: but the last, which may
+    /// be shorter).
     fn len(&self) -> usize {
-        self.head_len + self.payload.len() / self.count + self.tail_len
+        match self.count {
+            1 => self.head_len + self.payload.len() + self.tail_len,
+            _ => self.head_len + self.each + rdma_wire::ICRC_LEN,
+        }
     }
 
-    /// Datagram `i`'s pieces.
-    fn parts(&self, i: usize) -> [&[u8]; 3] {
+    /// The length of the last datagram.
+    fn last_len(&self) -> usize {
+        let rest = self.payload.len() - (self.count - 1) * self.each;
+        self.head_len + rest + self.tail_len
+    }
+
+    /// Datagram `i`'s pieces: headers, payload, pad, ICRC (of one
+    /// datagram: pad and ICRC in one).
+    fn parts(&self, i: usize) -> [&[u8]; 4] {
         if self.count == 1 {
             return [
                 &self.head[..self.head_len],
                 &self.payload[..],
                 &self.tail[..self.tail_len],
+                &[],
             ];
         }
-        let (h, each) = (self.head_len, self.payload.len() / self.count);
-        let icrc = self.icrc_at(i);
+        let (h, each) = (self.head_len, self.each);
+        let end = match i + 1 == self.count {
+            true => self.payload.len(),
+            false => (i + 1) * each,
+        };
+        let pad = match i + 1 == self.count {
+            true => &self.tail[..self.tail_len - rdma_wire::ICRC_LEN],
+            false => &[],
+        };
         [
             &self.head[i * h..(i + 1) * h],
-            &self.payload[i * each..(i + 1) * each],
-            &self.head[icrc],
+            &self.payload[i * each..end],
+            pad,
+            &self.head[self.icrc_at(i)],
         ]
     }
 
@@ -244,6 +267,7 @@ impl Out {
             tail_len: rdma_wire::ICRC_LEN,
             ack: false,
             count: 1,
+            each: 0,
         })
     }
 }
@@ -253,20 +277,7 @@ impl Gather for Out {
         self.dst
     }
     fn pieces(&self) -> impl Iterator<Item = &[u8]> {
-        let single = (self.count == 1).then(|| self.parts(0));
-        let group = (self.count > 1).then(|| {
-            let n = self.count;
-            let (bths, icrcs) =
-                self.head[..n * (self.head_len + rdma_wire::ICRC_LEN)].split_at(n * self.head_len);
-            bths.chunks_exact(self.head_len)
-                .zip(self.payload.chunks_exact(self.payload.len() / n))
-                .zip(icrcs.chunks_exact(rdma_wire::ICRC_LEN))
-                .flat_map(|((h, p), c)| [h, p, c])
-        });
-        single
-            .into_iter()
-            .flatten()
-            .chain(group.into_iter().flatten())
+        (0..self.count).flat_map(|i| self.parts(i))
     }
     fn len(&self) -> usize {
         Out::len(self)
@@ -275,21 +286,26 @@ impl Gather for Out {
         self.count
     }
     fn each_piece(&self, mut f: impl FnMut(&[u8])) {
-        if self.count == 1 {
-            for p in self.parts(0) {
-                if !p.is_empty() {
-                    f(p);
-                }
-            }
-            return;
-        }
         let n = self.count;
-        let (h, each) = (self.head_len, self.payload.len() / n);
-        let icrcs = n * h;
-        for i in 0..n {
-            f(&self.head[i * h..(i + 1) * h]);
-            f(&self.payload[i * each..(i + 1) * each]);
-            f(&self.head[icrcs + i * rdma_wire::ICRC_LEN..icrcs + (i + 1) * rdma_wire::ICRC_LEN]);
+        if n > 1 {
+            // All but the last: BTH, payload, ICRC.
+            let (h, each) = (self.head_len, self.each);
+            let (bths, icrcs) = self.head.split_at(n * h);
+            for ((b, p), c) in bths
+                .chunks_exact(h)
+                .zip(self.payload.chunks_exact(each))
+                .zip(icrcs.chunks_exact(rdma_wire::ICRC_LEN))
+                .take(n - 1)
+            {
+                f(b);
+                f(p);
+                f(c);
+            }
+        }
+        for p in self.parts(n - 1) {
+            if !p.is_empty() {
+                f(p);
+            }
         }
     }
 }
@@ -358,6 +374,8 @@ struct Middle {
     crc: icrc::SharedBthHead,
     ib_len: usize,
     room: usize,
+    /// The opcode of the message's last packet.
+    last: Opcode,
 }
 
 impl Middle {
@@ -373,11 +391,19 @@ impl Middle {
         state: impl FnOnce(usize) -> Option<u32>,
     ) -> Option<Middle> {
         const BTH: usize = rdma_wire::bth::HEADER_LEN;
-        let middle = match opcode {
-            Opcode::RcSendFirst | Opcode::RcSendMiddle => Opcode::RcSendMiddle,
-            Opcode::RcWriteFirst | Opcode::RcWriteMiddle => Opcode::RcWriteMiddle,
-            Opcode::UcSendFirst | Opcode::UcSendMiddle => Opcode::UcSendMiddle,
-            Opcode::UcWriteFirst | Opcode::UcWriteMiddle => Opcode::UcWriteMiddle,
+        let (middle, last) = match opcode {
+            Opcode::RcSendFirst | Opcode::RcSendMiddle => {
+                (Opcode::RcSendMiddle, Opcode::RcSendLast)
+            }
+            Opcode::RcWriteFirst | Opcode::RcWriteMiddle => {
+                (Opcode::RcWriteMiddle, Opcode::RcWriteLast)
+            }
+            Opcode::UcSendFirst | Opcode::UcSendMiddle => {
+                (Opcode::UcSendMiddle, Opcode::UcSendLast)
+            }
+            Opcode::UcWriteFirst | Opcode::UcWriteMiddle => {
+                (Opcode::UcWriteMiddle, Opcode::UcWriteLast)
+            }
             _ => return None,
         };
         let mut bth: [u8; BTH] = out.head.get(..BTH)?.try_into().ok()?;
@@ -392,15 +418,16 @@ impl Middle {
             crc: icrc::SharedBthHead::new(state(ib_len)?, &bth)?,
             ib_len,
             room: room(ib_len + rdma_wire::ICRC_LEN),
+            last,
         })
     }
 }
 
-/// The datagrams of middle packets `run` of QP `qpn` from the header of
-/// the one before them (`m`), their headers and ICRCs in `head` (a header
-/// buffer of an earlier batch); `state` gives the ICRC state for another
-/// length than `m`'s (none expected: a middle packet is a path MTU).
-/// `None` if it has none.
+/// The datagrams of middle packets `run` of QP `qpn` (and the message's
+/// last, when the run `ends` it) from the header of the packet before
+/// them (`m`), their headers and ICRCs in `head` (a header buffer of an
+/// earlier batch); `state` gives the ICRC state for another length than
+/// `m`'s (a last packet's). `None` if it has none.
 fn middles_out(
     m: &Middle,
     qpn: u32,
@@ -415,12 +442,12 @@ fn middles_out(
         head.resize(room, 0);
     }
     let (bths, icrcs) = head.split_at_mut(n * BTH);
-    let payloads = run.payload.chunks_exact(run.payload.len() / n);
     let mut psn = run.psn;
+    let mut pad = 0;
     for (i, ((h, c), payload)) in bths
         .chunks_exact_mut(BTH)
         .zip(icrcs.chunks_exact_mut(rdma_wire::ICRC_LEN))
-        .zip(payloads)
+        .zip(run.payload.chunks(run.each.max(1)))
         .enumerate()
     {
         h.copy_from_slice(&m.bth);
@@ -428,28 +455,35 @@ fn middles_out(
         bth.set_psn(psn);
         bth.set_ack_req(run.ack_req >> i & 1 == 1);
         psn = psn.next();
-        let ib_len = BTH + payload.len();
-        let crc = if ib_len == m.ib_len {
+        let crc = if run.ends && i + 1 == n {
+            pad = payload.len().wrapping_neg() & 3;
+            let (mig_req, tver) = (bth.mig_req(), bth.tver());
+            bth.set_opcode(m.last);
+            bth.set_flags(run.solicited, mig_req, pad as u8, tver);
+            let zeros = [0u8; 3];
+            let parts = [&h[..], payload, &zeros[..pad]];
+            icrc::finish_vectored(state(BTH + payload.len() + pad)?, &parts).ok()?
+        } else if BTH + payload.len() == m.ib_len {
             m.crc.finish(h, &[payload])?
         } else {
-            icrc::finish_vectored(state(ib_len)?, &[h, payload]).ok()?
+            icrc::finish_vectored(state(BTH + payload.len())?, &[h, payload]).ok()?
         };
         c.copy_from_slice(&crc.to_le_bytes());
     }
-    let (tail_len, tail) = (rdma_wire::ICRC_LEN, [0u8; 3 + rdma_wire::ICRC_LEN]);
     let mut out = Out {
         dst: m.dst,
         qpn,
         head,
         head_len: BTH,
         payload: run.payload,
-        tail,
-        tail_len,
+        tail: [0u8; 3 + rdma_wire::ICRC_LEN],
+        tail_len: pad + rdma_wire::ICRC_LEN,
         ack: false,
         count: n,
+        each: run.each,
     };
     if n == 1 {
-        // One datagram keeps its ICRC in the tail.
+        // One datagram keeps its ICRC in the tail, after the pad.
         let crc = u32::from_le_bytes(out.head[BTH..BTH + 4].try_into().ok()?);
         out.set_icrc(0, crc);
     }
@@ -1321,6 +1355,7 @@ impl Node {
                 tail_len: pad + rdma_wire::ICRC_LEN,
                 ack,
                 count: 1,
+                each: 0,
             };
             // A capture wants every packet built in full.
             if self.pcap.is_none() {
@@ -1433,10 +1468,20 @@ impl Node {
                 continue;
             };
             if let [group] = segs {
-                // Middle packets of one message, all of one length.
+                // Packets of one message, all of one length but for a
+                // shorter last.
                 let n = group.count;
-                let icrcs =
-                    &mut group.head[n * group.head_len..n * (group.head_len + rdma_wire::ICRC_LEN)];
+                let last = group.last_len().saturating_sub(rdma_wire::ICRC_LEN);
+                let last_delta = match last == first_len {
+                    true => delta.delta(n as u16 - 1),
+                    false => match delta_for(last) {
+                        Some(other) => other.delta(n as u16 - 1),
+                        None => continue,
+                    },
+                };
+                let at = group.icrc_at(n - 1);
+                group.set_icrc(n - 1, group.icrc(n - 1) ^ last_delta);
+                let icrcs = &mut group.head[n * group.head_len..at.start];
                 for (c, d) in icrcs
                     .chunks_exact_mut(rdma_wire::ICRC_LEN)
                     .zip(delta.deltas())
