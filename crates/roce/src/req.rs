@@ -514,7 +514,8 @@ impl Qp {
         if count == 0 {
             return None;
         }
-        let pinned = pin_gather(mem, &entry.wqe.sges, offset, usize::try_from(len).ok()?).ok()??;
+        let pinned =
+            pin_gather(mem, &entry.wqe.sges, offset, usize::try_from(len).ok()?).ok()??;
         let ends = pkt_idx + count == entry.npkts;
         let solicited = ends && !matches!(op, SendOp::Write { .. }) && entry.wqe.solicited;
         let middles = count - u32::from(ends);

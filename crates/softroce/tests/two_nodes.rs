@@ -175,16 +175,17 @@ fn rc_traffic_over_real_udp_sockets() {
 /// coalesced (GRO) knows each one's place and checks it at once; one that
 /// gets them one by one (GRO off, as Linux rxe does) sees the real
 /// Identifications, which only the ICRC reveals: recovering them proves the
-/// patched ICRCs are the ones the wire needs.
+/// patched ICRCs are the ones the wire needs. Messages of 64 KiB and of
+/// 65,001 bytes: a send's last segment is then shorter, with a pad.
 #[test]
 fn gso_segments_carry_the_icrc_of_their_ipv4_identification() {
-    for gro in [true, false] {
+    for (gro, chunk) in [(true, 65536), (false, 65536), (true, 65001), (false, 65001)] {
         let mut ca = NodeConfig::new("127.0.0.1:0".parse().unwrap());
         ca.gso = true;
         let mut cb = NodeConfig::new("127.0.0.1:0".parse().unwrap());
         cb.gro = gro;
         let mut p = Pair::from_nodes(Node::bind(ca).unwrap(), Node::bind(cb).unwrap());
-        write_read_send_roundtrip(&mut p, 65536, 8);
+        write_read_send_roundtrip(&mut p, chunk, 8);
         let (sa, sb) = (p.a.stats(), p.b.stats());
         println!("gro {gro}: sender {sa:?}\nreceiver {sb:?}");
         assert_eq!(sb.rx_bad_icrc + sa.rx_bad_icrc, 0);
