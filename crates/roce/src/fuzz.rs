@@ -148,11 +148,16 @@ pub fn qp_input(data: &[u8]) -> usize {
                 now += Duration::from_micros(u64::from(inp.u32() % 2_000_000));
                 qp.handle_timeout(now);
             }
-            // Every other such step, the middle packets of messages as
-            // the soft RoCE node sends them (`poll_middles`, runs of 1 to
-            // 5) where it can.
+            // Every other such step, the middle packets of messages and
+            // READ responses as the soft RoCE node sends them
+            // (`poll_middles`, `poll_middle_responses`, runs of 1 to 5)
+            // where it can.
             _ => loop {
-                if steps % 2 == 0 && qp.poll_middles(now, &mut mem, 1 + steps % 5).is_some() {
+                let most = 1 + steps % 5;
+                if steps % 2 == 0
+                    && (qp.poll_middles(now, &mut mem, most).is_some()
+                        || qp.poll_middle_responses(&mut mem, most).is_some())
+                {
                     continue;
                 }
                 if qp.poll_transmit(now, &mut mem).is_none() {

@@ -540,6 +540,8 @@ impl Qp {
         }
         self.sent_request(now, idx, psn, count);
         self.counters.tx_packets += u64::from(count);
+        // As many turns as calls of poll_transmit_into.
+        self.turn ^= count % 2 == 1;
         Some(MiddleRun {
             psn,
             count: count as usize,

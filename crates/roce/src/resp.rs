@@ -3,7 +3,7 @@
 //! atomics with a replay cache, ACK coalescing and NAKs.
 
 use crate::mem::{scatter, Memory, MemoryError, RemoteAccess};
-use crate::packet::{ack, nak, opcode, rnr_nak, Packet, Payload};
+use crate::packet::{ack, nak, opcode, rnr_nak, MiddleRun, Packet, Payload};
 use crate::qp::{Mode, Qp, QpConfig};
 use crate::wqe::{Completion, RecvWqe};
 use rdma_types::{Duration, Instant, Pkey, Psn, QpType, Qpn, Rkey, WcOpcode, WcStatus};
@@ -924,6 +924,58 @@ impl Qp {
             }
         };
         true
+    }
+
+    /// The next response packets when they are middle packets of the
+    /// RDMA READ response being sent (neither its first nor its last,
+    /// which carry an AETH: a BTH alone and a full path MTU of payload
+    /// each), at most `max` (and 64) of them, whose bytes the memory lends
+    /// in one piece: their first PSN and payloads, with the QP moved on as
+    /// that many [`Qp::poll_transmit_into`] calls would have had no
+    /// request gone between them. Every other header field is the one of
+    /// the response's first or middle packet before them (the opcode a
+    /// middle one's, AETH dropped), so a driver that just sent one can
+    /// send these from that header without building them. `None`: build
+    /// the next packet with [`Qp::poll_transmit_into`] (nothing has
+    /// changed).
+    pub fn poll_middle_responses(
+        &mut self,
+        mem: &mut (impl Memory + ?Sized),
+        max: usize,
+    ) -> Option<MiddleRun> {
+        if self.cfg.qp_type != QpType::Rc || self.mode != Mode::Active {
+            return None;
+        }
+        let pmtu = self.resp.pmtu;
+        let Some(Response::Read(job)) = self.resp.queue.front_mut() else {
+            return None;
+        };
+        let npkts = job.len.div_ceil(pmtu).max(1) as u32;
+        let index = (job.done / pmtu) as u32;
+        if index == 0 || index + 1 >= npkts {
+            return None;
+        }
+        let count = (npkts - 1 - index).min(max.min(64) as u32);
+        let len = usize::try_from(u64::from(count) * pmtu).ok()?;
+        if count == 0 || len < crate::mem::PIN_MIN {
+            return None;
+        }
+        let va = job.va.wrapping_add(job.done);
+        let pinned = mem.pin_remote(job.rkey, va, len).ok()??;
+        let psn = job.psn.add(index);
+        job.done += len as u64;
+        self.counters.tx_packets += u64::from(count);
+        // As many turns as calls of poll_transmit_into.
+        self.turn ^= count % 2 == 1;
+        Some(MiddleRun {
+            psn,
+            count: count as usize,
+            ack_req: 0,
+            ends: false,
+            solicited: false,
+            each: pmtu as usize,
+            payload: Payload::Pinned(pinned),
+        })
     }
 
     fn set_error_after_send(&mut self, status: WcStatus) {

@@ -570,14 +570,18 @@ fn a_reused_transmit_slot_builds_the_same_packets() {
     );
 }
 
-/// One round of A's packets at `n.now`, built by `poll_transmit_into`
+/// One round of A's packets at `n.now` ([`side_round`]).
+fn a_round(n: &mut Net, middles: usize) -> Vec<(Sent, bool)> {
+    side_round(&mut n.a, n.now, middles)
+}
+
+/// One round of a side's packets at `now`, built by `poll_transmit_into`
 /// alone or (`middles`: runs of at most that many) as a driver that keeps
 /// the header of a first or middle packet builds them: the message's next
-/// middle packets from `poll_middles`, that header (a middle packet's)
-/// with their PSN and AckReq.
-/// Each packet with whether `poll_middles` gave it.
-fn a_round(n: &mut Net, middles: usize) -> Vec<(Sent, bool)> {
-    let now = n.now;
+/// middle packets from `poll_middles` (`poll_middle_responses` after a
+/// READ response's), that header (a middle packet's) with their PSN and
+/// AckReq. Each packet with whether a run gave it.
+fn side_round(side: &mut Side, now: Instant, middles: usize) -> Vec<(Sent, bool)> {
     let mut out: Vec<(Sent, bool)> = vec![];
     let mut slot = Packet::default();
     loop {
@@ -589,6 +593,9 @@ fn a_round(n: &mut Net, middles: usize) -> Vec<(Sent, bool)> {
                 Opcode::RcWriteFirst | Opcode::RcWriteMiddle => Opcode::RcWriteMiddle,
                 Opcode::UcSendFirst | Opcode::UcSendMiddle => Opcode::UcSendMiddle,
                 Opcode::UcWriteFirst | Opcode::UcWriteMiddle => Opcode::UcWriteMiddle,
+                Opcode::RcReadResponseFirst | Opcode::RcReadResponseMiddle => {
+                    Opcode::RcReadResponseMiddle
+                }
                 _ => return None,
             };
             let mut head = p.clone();
@@ -599,7 +606,13 @@ fn a_round(n: &mut Net, middles: usize) -> Vec<(Sent, bool)> {
             Some(head)
         });
         if let (true, Some(head)) = (middles > 0, template) {
-            if let Some(run) = n.a.qp.poll_middles(now, &mut n.a.mem, middles) {
+            let run = match head.bth.opcode {
+                Opcode::RcReadResponseMiddle => {
+                    side.qp.poll_middle_responses(&mut side.mem, middles)
+                }
+                _ => side.qp.poll_middles(now, &mut side.mem, middles),
+            };
+            if let Some(run) = run {
                 assert!((1..=middles).contains(&run.count), "{}", run.count);
                 for i in 0..run.count {
                     let (psn, ack_req, payload) = run.packet(i);
@@ -621,7 +634,7 @@ fn a_round(n: &mut Net, middles: usize) -> Vec<(Sent, bool)> {
                 continue;
             }
         }
-        if !n.a.qp.poll_transmit_into(now, &mut n.a.mem, &mut slot) {
+        if !side.qp.poll_transmit_into(now, &mut side.mem, &mut slot) {
             return out;
         }
         let payload = std::mem::take(&mut slot.payload).to_vec();
@@ -737,6 +750,76 @@ fn middle_packets_from_poll_middles_are_the_ones_built() {
             }
             assert_eq!(b_bytes(&one, 0, LEN), b_bytes(&two, 0, LEN), "{qp_type:?}");
         }
+    }
+}
+
+/// A responder whose driver sends the middle packets of its READ
+/// responses from `poll_middle_responses` (runs of at most 1, 3 and 64)
+/// sends the very packets, in the same order, and ends in the same state
+/// as one that builds each with `poll_transmit_into`: READs of 1 to 13
+/// packets, some responses lost and the READs asked again (duplicates the
+/// responder runs again).
+#[test]
+fn read_responses_from_poll_middle_responses_are_the_ones_built() {
+    for most in [1, 3, 64] {
+        let tweak = |c: &mut QpConfig| c.pmtu = Mtu::Mtu1024;
+        let (mut one, mut two) = (Net::new(QpType::Rc, tweak), Net::new(QpType::Rc, tweak));
+        for n in [&mut one, &mut two] {
+            for i in 0..60u64 {
+                let len = (1 + (i * 977 % 13) as u32) * 1024 - (i % 3) as u32 * 101;
+                let off = (i % 4) * 13 * 1024;
+                n.a.qp.post_send(SendWqe::new(
+                    i,
+                    SendOp::Read {
+                        raddr: B_BUF + off,
+                        rkey: rkey_of(B_BUF),
+                    },
+                    sge(A_BUF, off, len),
+                ));
+            }
+        }
+        let mut fast = 0;
+        for round in 0..400 {
+            if one.a.wcs.len() == 60 {
+                break;
+            }
+            let mut quiet = true;
+            for (n, middles) in [(&mut one, 0), (&mut two, most)] {
+                let now = n.now;
+                let requests = n.a.transmit_all(now);
+                n.b.receive_all(now, &requests);
+                let answers = side_round(&mut n.b, now, middles);
+                quiet &= requests.is_empty() && answers.is_empty();
+                fast += answers.iter().filter(|(_, f)| *f).count();
+                n.b.sent = answers.iter().map(|(p, _)| p.clone()).collect();
+                let kept: Vec<Sent> = answers
+                    .into_iter()
+                    .map(|(p, _)| p)
+                    .filter(|p| round >= 200 || round % 3 != 0 || p.bth.psn.value() % 61 != 5)
+                    .collect();
+                n.a.receive_all(now, &kept);
+                n.a.reap();
+                n.now = now + Duration::from_micros(10);
+            }
+            assert!(one.b.sent == two.b.sent, "round {round}: other responses");
+            if quiet {
+                // A lost last response: the retry timer asks again.
+                for n in [&mut one, &mut two] {
+                    n.now += Duration::from_secs(1);
+                    n.a.qp.handle_timeout(n.now);
+                }
+            }
+        }
+        assert!(
+            fast > 100,
+            "only {fast} responses from poll_middle_responses"
+        );
+        assert_eq!(one.a.ops(), two.a.ops());
+        assert_eq!(one.a.wcs.len(), 60);
+        assert_eq!(one.a.qp.counters(), two.a.qp.counters());
+        assert!(one.a.qp.counters().retransmits > 0, "nothing asked again");
+        assert_eq!(one.b.qp.counters(), two.b.qp.counters());
+        assert_eq!(a_bytes(&one, 0, LEN), a_bytes(&two, 0, LEN));
     }
 }
 

@@ -362,7 +362,8 @@ const HEAD_ROOM: usize = 64;
 /// The last packet a QP built, when it was a middle packet of a message
 /// (RC or UC SEND or RDMA WRITE Middle: a BTH and a path MTU of payload):
 /// the message's next middle packets differ from it only in PSN and
-/// AckReq ([`Qp::poll_middles`]), so they are sent from its header without
+/// AckReq ([`Qp::poll_middles`], [`Qp::poll_middle_responses`]), so they
+/// are sent from its header without
 /// being built, to the same peer, as many in one [`Out`] as a GSO buffer
 /// takes (`room`), their ICRC starting from the state after the IP and UDP
 /// headers and the BTH's first eight bytes.
@@ -380,10 +381,10 @@ struct Middle {
 
 impl Middle {
     /// The middle packets' header from `out` (the last packet built), if
-    /// it is the first or a middle packet of an RC or UC SEND or WRITE
-    /// (the same opcode family, SE and pad clear, no RETH: a first packet
-    /// is a path MTU too); `room` tells how many datagrams of a length fit
-    /// one GSO buffer.
+    /// it is the first or a middle packet of an RC or UC SEND or WRITE or
+    /// of an RDMA READ response (the same opcode family, SE and pad clear,
+    /// no RETH or AETH: a first packet is a path MTU too); `room` tells
+    /// how many datagrams of a length fit one GSO buffer.
     fn of(
         out: &Out,
         opcode: Opcode,
@@ -403,6 +404,9 @@ impl Middle {
             }
             Opcode::UcWriteFirst | Opcode::UcWriteMiddle => {
                 (Opcode::UcWriteMiddle, Opcode::UcWriteLast)
+            }
+            Opcode::RcReadResponseFirst | Opcode::RcReadResponseMiddle => {
+                (Opcode::RcReadResponseMiddle, Opcode::RcReadResponseLast)
             }
             _ => return None,
         };
@@ -1276,7 +1280,13 @@ impl Node {
         while built < TX_BUDGET_PER_QP {
             if let Some(m) = &middle {
                 let most = m.room.min(TX_BUDGET_PER_QP - built);
-                if let Some(run) = slot.qp.poll_middles(now, &mut *slot.mem, most) {
+                let run = match m.last {
+                    Opcode::RcReadResponseLast => {
+                        slot.qp.poll_middle_responses(&mut *slot.mem, most)
+                    }
+                    _ => slot.qp.poll_middles(now, &mut *slot.mem, most),
+                };
+                if let Some(run) = run {
                     built += run.count;
                     let head = self.spare.pop().unwrap_or_default();
                     match middles_out(m, k, head, run, |len| {
