@@ -1483,14 +1483,13 @@ impl Node {
                 let n = group.count;
                 let last = group.last_len().saturating_sub(rdma_wire::ICRC_LEN);
                 let last_delta = match last == first_len {
-                    true => delta.delta(n as u16 - 1),
-                    false => match delta_for(last) {
-                        Some(other) => other.delta(n as u16 - 1),
-                        None => continue,
-                    },
+                    true => Some(delta.delta(n as u16 - 1)),
+                    false => delta_for(last).map(|other| other.delta(n as u16 - 1)),
                 };
                 let at = group.icrc_at(n - 1);
-                group.set_icrc(n - 1, group.icrc(n - 1) ^ last_delta);
+                if let Some(d) = last_delta {
+                    group.set_icrc(n - 1, group.icrc(n - 1) ^ d);
+                }
                 let icrcs = &mut group.head[n * group.head_len..at.start];
                 for (c, d) in icrcs
                     .chunks_exact_mut(rdma_wire::ICRC_LEN)
