@@ -428,6 +428,7 @@ impl Qp {
     /// Notes that the `count` packets from `psn` of entry `idx` were
     /// built: resends counted, the highest PSN sent moved on, the timer
     /// armed (RC).
+    #[inline]
     fn sent_request(&mut self, now: Instant, idx: usize, psn: Psn, count: u32) {
         let resent = self.req.max_sent.diff(psn).clamp(0, count as i32);
         self.counters.retransmits += resent as u64;
@@ -776,6 +777,9 @@ impl Qp {
     /// being packet `next_pkt` of the entry (past its last: the next
     /// entry); UC completes an entry once its last packet is sent. Whether
     /// the packet asks for an ACK (RC).
+    // Inlined: it is most of what a packet's building leaves to do (a
+    // call cost a 4 KiB soft RoCE I/O ~70 instructions under callgrind).
+    #[inline(always)]
     fn advance(&mut self, idx: usize, psn: Psn, kind: Kind, ends: bool, next_pkt: u32) -> bool {
         let qp_type = self.cfg.qp_type;
         let npkts = self.req.sq[idx].npkts;
