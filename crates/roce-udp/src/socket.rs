@@ -106,17 +106,18 @@ pub trait Gather {
     fn len(&self) -> usize {
         self.pieces().map(<[u8]>::len).sum()
     }
-    /// Calls `f` with each piece that is not empty, in order: what a
-    /// send gathers. ([`Gather::pieces`] filtered; a type may do it in a
-    /// tighter loop.)
+    /// Calls `f` with each piece, in order: what a send gathers (empty
+    /// ones may be left out). [`Gather::pieces`] without the empty ones,
+    /// unless a type does it in a tighter loop.
     fn each_piece(&self, mut f: impl FnMut(&[u8])) {
         for p in self.pieces().filter(|p| !p.is_empty()) {
             f(p);
         }
     }
-    /// How many datagrams it holds: more than one are segments of one GSO
-    /// buffer, each [`Gather::len`] bytes, their pieces in order, and go
-    /// in a run of their own ([`RoceSocket::gso_run_room`]).
+    /// How many datagrams it holds: more than one are the segments of one
+    /// GSO buffer, each [`Gather::len`] bytes but a last that may be
+    /// shorter, their pieces in order. Such a one needs a run of its own
+    /// and at most [`RoceSocket::gso_run_room`] datagrams.
     fn count(&self) -> usize {
         1
     }
