@@ -42,6 +42,17 @@ struct ReadJob {
     duplicate: bool,
 }
 
+impl ReadJob {
+    /// The index of the response packet to send next, and how many the
+    /// response has, in packets of `pmtu` bytes.
+    fn at(&self, pmtu: u64) -> (u32, u32) {
+        (
+            (self.done / pmtu) as u32,
+            self.len.div_ceil(pmtu).max(1) as u32,
+        )
+    }
+}
+
 /// A READ or atomic remembered for duplicate requests (responder resources).
 #[derive(Debug, Clone)]
 enum Resource {
@@ -869,8 +880,7 @@ impl Qp {
                 p
             }
             Response::Read(job) => {
-                let npkts = job.len.div_ceil(pmtu).max(1) as u32;
-                let index = (job.done / pmtu) as u32;
+                let (index, npkts) = job.at(pmtu);
                 let pos = Position::of(index, npkts);
                 let len = (job.len - job.done).min(pmtu) as usize;
                 let psn = job.psn.add(index);
@@ -950,8 +960,7 @@ impl Qp {
         let Some(Response::Read(job)) = self.resp.queue.front_mut() else {
             return None;
         };
-        let npkts = job.len.div_ceil(pmtu).max(1) as u32;
-        let index = (job.done / pmtu) as u32;
+        let (index, npkts) = job.at(pmtu);
         if index == 0 || index + 1 >= npkts {
             return None;
         }

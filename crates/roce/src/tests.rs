@@ -9,8 +9,8 @@ use rdma_types::{
     WcStatus,
 };
 use rdma_wire::{
-    AethRepr, AtomicAckEthRepr, AtomicEthRepr, DethRepr, IethRepr, ImmDtRepr, Opcode, RethRepr,
-    Syndrome,
+    AethRepr, AtomicAckEthRepr, AtomicEthRepr, DethRepr, IethRepr, ImmDtRepr, Kind, Opcode,
+    Position, RethRepr, Syndrome,
 };
 use std::collections::VecDeque;
 
@@ -588,28 +588,27 @@ fn side_round(side: &mut Side, now: Instant, middles: usize) -> Vec<(Sent, bool)
         // The header of a middle packet, from the first or middle packet
         // before it.
         let template = out.last().and_then(|(p, _)| {
-            let middle = match p.bth.opcode {
-                Opcode::RcSendFirst | Opcode::RcSendMiddle => Opcode::RcSendMiddle,
-                Opcode::RcWriteFirst | Opcode::RcWriteMiddle => Opcode::RcWriteMiddle,
-                Opcode::UcSendFirst | Opcode::UcSendMiddle => Opcode::UcSendMiddle,
-                Opcode::UcWriteFirst | Opcode::UcWriteMiddle => Opcode::UcWriteMiddle,
-                Opcode::RcReadResponseFirst | Opcode::RcReadResponseMiddle => {
-                    Opcode::RcReadResponseMiddle
-                }
-                _ => return None,
-            };
+            let info = p.bth.opcode.info()?;
+            if !matches!(info.position, Position::First | Position::Middle)
+                || !matches!(
+                    info.kind,
+                    Kind::Send | Kind::RdmaWrite | Kind::RdmaReadResponse
+                )
+            {
+                return None;
+            }
             let mut head = p.clone();
-            head.bth.opcode = middle;
+            head.bth.opcode =
+                Opcode::find(info.transport, info.kind, Position::Middle, false, false)?;
             head.bth.solicited = false;
             head.bth.pad_count = 0;
             head.ext = Default::default();
             Some(head)
         });
         if let (true, Some(head)) = (middles > 0, template) {
-            let run = match head.bth.opcode {
-                Opcode::RcReadResponseMiddle => {
-                    side.qp.poll_middle_responses(&mut side.mem, middles)
-                }
+            let info = head.bth.opcode.info().unwrap();
+            let run = match info.kind {
+                Kind::RdmaReadResponse => side.qp.poll_middle_responses(&mut side.mem, middles),
                 _ => side.qp.poll_middles(now, &mut side.mem, middles),
             };
             if let Some(run) = run {
@@ -621,12 +620,9 @@ fn side_round(side: &mut Side, now: Instant, middles: usize) -> Vec<(Sent, bool)
                     p.bth.ack_req = ack_req;
                     p.payload = payload.to_vec();
                     if run.ends && i + 1 == run.count {
-                        p.bth.opcode = match p.bth.opcode {
-                            Opcode::RcSendMiddle => Opcode::RcSendLast,
-                            Opcode::RcWriteMiddle => Opcode::RcWriteLast,
-                            Opcode::UcSendMiddle => Opcode::UcSendLast,
-                            _ => Opcode::UcWriteLast,
-                        };
+                        p.bth.opcode =
+                            Opcode::find(info.transport, info.kind, Position::Last, false, false)
+                                .unwrap();
                         p.bth.solicited = run.solicited;
                     }
                     out.push((p, true));

@@ -3,7 +3,9 @@
 use rdma_sim::{FaultConfig, FaultInjector, Payload as SimPayload};
 use rdma_types::{Gid, Instant, Pkey, PkeyViolation, QpType, Qpn};
 use rdma_wire::pcap::{LinkType, PcapWriter};
-use rdma_wire::{icrc, IbRepr, IpRepr, Opcode, RoceRepr, Syndrome, UdpChecksum, UdpRepr};
+use rdma_wire::{
+    icrc, IbRepr, IpRepr, Kind, Opcode, Position, RoceRepr, Syndrome, UdpChecksum, UdpRepr,
+};
 use roce::{Completion, Memory, Packet, Payload, Qp, QpConfig, QpCounters, QpEvent};
 use roce_udp::{Gather, RoceSocket, Waker};
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -374,10 +376,10 @@ const HEAD_ROOM: usize = 64;
 /// (RC or UC SEND or RDMA WRITE Middle: a BTH and a path MTU of payload):
 /// the message's next middle packets differ from it only in PSN and
 /// AckReq ([`Qp::poll_middles`], [`Qp::poll_middle_responses`]), so they
-/// are sent from its header without
-/// being built, to the same peer, as many in one [`Out`] as a GSO buffer
-/// takes (`room`), their ICRC starting from the state after the IP and UDP
-/// headers and the BTH's first eight bytes.
+/// are sent from its header without being built, to the same peer, as
+/// many in one [`Out`] as a GSO buffer takes (`room`), their ICRC starting
+/// from the state after the IP and UDP headers and the BTH's first eight
+/// bytes.
 struct Middle {
     bth: [u8; rdma_wire::bth::HEADER_LEN],
     dst: SocketAddr,
@@ -388,6 +390,8 @@ struct Middle {
     room: usize,
     /// The opcode of the message's last packet.
     last: Opcode,
+    /// READ response packets ([`Qp::poll_middle_responses`]), not requests.
+    responses: bool,
 }
 
 impl Middle {
@@ -403,24 +407,17 @@ impl Middle {
         state: impl FnOnce(usize) -> Option<u32>,
     ) -> Option<Middle> {
         const BTH: usize = rdma_wire::bth::HEADER_LEN;
-        let (middle, last) = match opcode {
-            Opcode::RcSendFirst | Opcode::RcSendMiddle => {
-                (Opcode::RcSendMiddle, Opcode::RcSendLast)
-            }
-            Opcode::RcWriteFirst | Opcode::RcWriteMiddle => {
-                (Opcode::RcWriteMiddle, Opcode::RcWriteLast)
-            }
-            Opcode::UcSendFirst | Opcode::UcSendMiddle => {
-                (Opcode::UcSendMiddle, Opcode::UcSendLast)
-            }
-            Opcode::UcWriteFirst | Opcode::UcWriteMiddle => {
-                (Opcode::UcWriteMiddle, Opcode::UcWriteLast)
-            }
-            Opcode::RcReadResponseFirst | Opcode::RcReadResponseMiddle => {
-                (Opcode::RcReadResponseMiddle, Opcode::RcReadResponseLast)
-            }
-            _ => return None,
-        };
+        let info = opcode.info()?;
+        if !matches!(info.position, Position::First | Position::Middle)
+            || !matches!(
+                info.kind,
+                Kind::Send | Kind::RdmaWrite | Kind::RdmaReadResponse
+            )
+        {
+            return None;
+        }
+        let same = |position| Opcode::find(info.transport, info.kind, position, false, false);
+        let (middle, last) = (same(Position::Middle)?, same(Position::Last)?);
         let mut bth: [u8; BTH] = out.head.get(..BTH)?.try_into().ok()?;
         let mut b = rdma_wire::bth::BthPacket::new_unchecked(&mut bth[..]);
         let (mig_req, tver) = (b.mig_req(), b.tver());
@@ -434,6 +431,7 @@ impl Middle {
             ib_len,
             room: room(ib_len + rdma_wire::ICRC_LEN),
             last,
+            responses: info.kind == Kind::RdmaReadResponse,
         })
     }
 }
@@ -1291,11 +1289,9 @@ impl Node {
         while built < TX_BUDGET_PER_QP {
             if let Some(m) = &middle {
                 let most = m.room.min(TX_BUDGET_PER_QP - built);
-                let run = match m.last {
-                    Opcode::RcReadResponseLast => {
-                        slot.qp.poll_middle_responses(&mut *slot.mem, most)
-                    }
-                    _ => slot.qp.poll_middles(now, &mut *slot.mem, most),
+                let run = match m.responses {
+                    true => slot.qp.poll_middle_responses(&mut *slot.mem, most),
+                    false => slot.qp.poll_middles(now, &mut *slot.mem, most),
                 };
                 if let Some(run) = run {
                     built += run.count;
