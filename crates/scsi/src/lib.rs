@@ -157,7 +157,7 @@ pub use passthrough::{PassThrough, SgDevice};
 pub use pi::{crc16_t10dif, PiType};
 pub use sense::{Asc, Sense, SenseKey};
 pub use target::{
-    GroupMap, LunMaps, Nexus, PortMap, Residual, ScsiResponse, Status, Target, TaskAttr,
+    GroupMap, LunMaps, Nexus, PortMap, Residual, Route, ScsiResponse, Status, Target, TaskAttr,
 };
 pub use task::{ServiceResponse, Tmf, TmfResponse};
 pub use transport_id::{ProtocolId, TransportId};

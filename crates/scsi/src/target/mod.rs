@@ -11,18 +11,20 @@ use crate::task::{ServiceResponse, Tmf, TmfResponse};
 use crate::transport_id::TransportId;
 use crate::ua::UaQueue;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 mod groups;
 mod luns;
 mod ordering;
+mod route;
 mod run;
 
 pub use groups::AluaError;
 use luns::State;
 pub use luns::{GroupMap, LunMaps, PortMap};
 use ordering::*;
+pub use route::Route;
 pub(crate) use run::add_relative_port;
 use run::{is_write, naca_supported};
 
@@ -240,6 +242,9 @@ pub struct Target {
     /// ACA conditions in effect (`order.aca.len()`), so commands with
     /// NACA=0 skip the ACA rules without taking the lock when there are none.
     aca_live: AtomicUsize,
+    /// Times `state` was locked for a change (or may have been): a
+    /// [`Route`] made at one count holds while the count stays.
+    epoch: AtomicU64,
 }
 
 /// Task attributes (SAM-5 8.6).
@@ -262,14 +267,26 @@ impl Target {
         Target::default()
     }
 
+    /// The state, to change or to read: every [`Route`] made before is
+    /// stale from here on.
     fn lock(&self) -> MutexGuard<'_, State> {
+        let st = self.lock_to_read();
+        // Under the lock, before any change: a route is made under it too,
+        // so it can never record a count that a change is still behind.
+        self.epoch.fetch_add(1, SeqCst);
+        st
+    }
+
+    /// The state, for what leaves routes as they are: reads, and the
+    /// first-sight entries of a nexus a route is being made for.
+    fn lock_to_read(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The device `nexus` reaches at `lun` (what a transport labels its
     /// per-LUN counters with).
     pub fn device(&self, nexus: &Nexus, lun: Lun) -> Option<Arc<Device>> {
-        self.lock()
+        self.lock_to_read()
             .set_for(&nexus.initiator, &nexus.target_port)
             .get(&lun)
             .cloned()
@@ -443,13 +460,33 @@ impl Target {
         expected: u64,
         bufs: Option<&mut Buffers<'_, '_>>,
     ) -> ScsiResponse {
+        let route = Route::unrouted(dev);
+        self.submit_routed(&route, nexus, lun, tag, attr, cdb, data_out, expected, bufs)
+    }
+
+    /// [`Target::submit_to`] with the device from `route`, which
+    /// [`Target::route`] made for `nexus` and `lun`: while nothing changed
+    /// since, a READ or WRITE skips the look at the LUN maps, unit
+    /// attentions and group states under the state lock.
+    #[allow(clippy::too_many_arguments)]
+    pub fn submit_routed(
+        &self,
+        route: &Route,
+        nexus: &Nexus,
+        lun: Lun,
+        tag: u64,
+        attr: TaskAttr,
+        cdb: &[u8],
+        data_out: &[u8],
+        expected: u64,
+        bufs: Option<&mut Buffers<'_, '_>>,
+    ) -> ScsiResponse {
         // Only a WRITE takes its data-out in pieces; anything else that
         // has data-out parses it, so it gets it in one. A pass-through
         // device takes any command's pieces, but PERSISTENT RESERVE OUT
         // (the core's).
-        let passed = dev
-            .as_ref()
-            .is_some_and(|d| d.pass_through_handler().is_some());
+        let dev = route.device();
+        let passed = dev.is_some_and(|d| d.pass_through_handler().is_some());
         let gathered;
         let (data_out, bufs) = match bufs {
             Some(b)
@@ -464,9 +501,11 @@ impl Target {
         };
         let Some(dev) = dev else {
             // No logical unit: no task set, nothing but an error to run.
-            return self.run_in_order(None, attr, nexus, lun, tag, cdb, data_out, expected, bufs);
+            return self.run_in_order(
+                None, route, attr, nexus, lun, tag, cdb, data_out, expected, bufs,
+            );
         };
-        let k = lu_key(&dev);
+        let k = lu_key(dev);
         let depth = dev.config.queue_depth.max(1) as usize;
         let entered = self.with_order(|o| {
             // SAM-5 5.3.1: no room in the task set, nothing runs; TASK
@@ -482,7 +521,7 @@ impl Target {
             }
             match o.admit(k, nexus, (lun, tag), attr, cdb, expected) {
                 Err(r) => {
-                    o.settle(k, &dev, nexus, None, cdb, r.status);
+                    o.settle(k, dev, nexus, None, cdb, r.status);
                     Err(r)
                 }
                 Ok(aca_task) => {
@@ -520,6 +559,7 @@ impl Target {
         };
         let r = self.run_in_order(
             Some((k, seq)),
+            route,
             attr,
             nexus,
             lun,
@@ -530,7 +570,7 @@ impl Target {
             bufs,
         );
         self.with_order(|o| {
-            o.settle(k, &dev, nexus, aca_task, cdb, r.status);
+            o.settle(k, dev, nexus, aca_task, cdb, r.status);
             if let Some(set) = o.sets.get_mut(&k) {
                 set.leave(seq);
                 // A nexus's count stays at 0 (a command run to completion
@@ -557,6 +597,7 @@ impl Target {
     fn run_in_order(
         &self,
         entry: Option<(usize, u64)>,
+        route: &Route,
         attr: TaskAttr,
         nexus: &Nexus,
         lun: Lun,
@@ -589,7 +630,7 @@ impl Target {
         let r = if aborted() {
             None
         } else {
-            Some(self.run(nexus, lun, cdb, data_out, expected, bufs))
+            Some(self.run(nexus, lun, Some(route), cdb, data_out, expected, bufs))
         };
         // The flag's last value comes from `finish`: it may serve another
         // task from then on.
@@ -725,10 +766,10 @@ impl Target {
         expected: u64,
     ) -> ScsiResponse {
         if !naca(cdb) && self.aca_live.load(SeqCst) == 0 {
-            return self.run(nexus, lun, cdb, data_out, expected, None);
+            return self.run(nexus, lun, None, cdb, data_out, expected, None);
         }
         let Some(dev) = self.device(nexus, lun) else {
-            return self.run(nexus, lun, cdb, data_out, expected, None);
+            return self.run(nexus, lun, None, cdb, data_out, expected, None);
         };
         let k = lu_key(&dev);
         let admitted = self.with_order(|o| {
@@ -744,7 +785,7 @@ impl Target {
                 ..r
             };
         }
-        let r = self.run(nexus, lun, cdb, data_out, expected, None);
+        let r = self.run(nexus, lun, None, cdb, data_out, expected, None);
         self.with_order(|o| o.settle(k, &dev, nexus, None, cdb, r.status));
         r
     }

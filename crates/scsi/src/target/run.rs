@@ -6,16 +6,25 @@ use super::*;
 
 impl Target {
     /// Runs one command once the task manager has let it start.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn run(
         &self,
         nexus: &Nexus,
         lun: Lun,
+        route: Option<&Route>,
         cdb: &[u8],
         data_out: &[u8],
         expected: u64,
         mut bufs: Option<&mut Buffers<'_, '_>>,
     ) -> ScsiResponse {
         let parsed = Command::parse(cdb);
+        if let (Ok((_, cmd @ (Command::Read { .. } | Command::Write { .. }))), Some(r)) =
+            (&parsed, route)
+        {
+            if let Some(dev) = r.device().filter(|_| r.plain_for(self, nexus, lun)) {
+                return self.run_plain(dev, nexus, cmd, cdb, data_out, expected, bufs);
+            }
+        }
         let mut st = self.lock();
         let rtpi = st.port_id(&nexus.target_port);
         let (tpgs, port_group) = st.alua_inquiry(rtpi);
@@ -258,44 +267,103 @@ impl Target {
                 }
             }
         };
-        match result {
-            Err(s) => ScsiResponse {
+        respond(&cmd, bs, d_sense, result, data_out, expected, bufs)
+    }
+
+    /// [`Target::run`] for a READ or WRITE through a current, plain route
+    /// to `dev` (see [`Route`]): what is left of the run once the route
+    /// answered for the maps, unit attentions and group states.
+    #[allow(clippy::too_many_arguments)]
+    fn run_plain(
+        &self,
+        dev: &Arc<Device>,
+        nexus: &Nexus,
+        cmd: &Command,
+        cdb: &[u8],
+        data_out: &[u8],
+        expected: u64,
+        mut bufs: Option<&mut Buffers<'_, '_>>,
+    ) -> ScsiResponse {
+        let d_sense = dev.mode_state().d_sense;
+        if let Err(s) = naca_supported(Some(dev), cdb) {
+            return ScsiResponse {
                 descriptor_sense: d_sense,
                 ..ScsiResponse::check(s, expected)
-            },
-            Ok(mut data) => {
-                let plan = cmd.plan(bs);
-                let moved = match plan.dir {
-                    DataDir::In => {
-                        let room = plan.len.min(expected);
-                        data.truncate(room as usize);
-                        match bufs {
-                            // Pieces to copy into, or data placed already
-                            // (read into the pieces, or by reference).
-                            Some(bufs) if bufs.has_data_in() || bufs.placed.is_some() => {
-                                if bufs.placed.is_none() {
-                                    bufs.copy_in(&data);
-                                    data = Vec::new();
-                                }
-                                (bufs.placed() as u64).min(room)
+            };
+        }
+        if dev
+            .pr
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .conflicts(nexus, cmd)
+        {
+            return ScsiResponse {
+                descriptor_sense: d_sense,
+                ..ScsiResponse::status_only(Status::ReservationConflict, expected)
+            };
+        }
+        let result = dev.execute_into(cmd, cdb, data_out, bufs.as_deref_mut());
+        respond(
+            cmd,
+            dev.block_size(),
+            d_sense,
+            result,
+            data_out,
+            expected,
+            bufs,
+        )
+    }
+}
+
+/// The response to `cmd` from what it gave: its data (moved into the
+/// transport's buffers when it has them) and residual, or its sense.
+#[allow(clippy::too_many_arguments)]
+fn respond(
+    cmd: &Command,
+    bs: u32,
+    d_sense: bool,
+    result: Result<Vec<u8>, Sense>,
+    data_out: &[u8],
+    expected: u64,
+    bufs: Option<&mut Buffers<'_, '_>>,
+) -> ScsiResponse {
+    match result {
+        Err(s) => ScsiResponse {
+            descriptor_sense: d_sense,
+            ..ScsiResponse::check(s, expected)
+        },
+        Ok(mut data) => {
+            let plan = cmd.plan(bs);
+            let moved = match plan.dir {
+                DataDir::In => {
+                    let room = plan.len.min(expected);
+                    data.truncate(room as usize);
+                    match bufs {
+                        // Pieces to copy into, or data placed already
+                        // (read into the pieces, or by reference).
+                        Some(bufs) if bufs.has_data_in() || bufs.placed.is_some() => {
+                            if bufs.placed.is_none() {
+                                bufs.copy_in(&data);
+                                data = Vec::new();
                             }
-                            _ => data.len() as u64,
+                            (bufs.placed() as u64).min(room)
                         }
+                        _ => data.len() as u64,
                     }
-                    DataDir::Out => {
-                        let pieces = bufs.as_ref().map_or(0, |b| b.data_out_len());
-                        plan.len.min(expected).min((data_out.len() + pieces) as u64)
-                    }
-                    DataDir::None => 0,
-                };
-                ScsiResponse {
-                    status: Status::Good,
-                    sense: None,
-                    device_sense: None,
-                    data_in: data,
-                    residual: Residual::of(expected, plan.len, moved),
-                    descriptor_sense: d_sense,
                 }
+                DataDir::Out => {
+                    let pieces = bufs.as_ref().map_or(0, |b| b.data_out_len());
+                    plan.len.min(expected).min((data_out.len() + pieces) as u64)
+                }
+                DataDir::None => 0,
+            };
+            ScsiResponse {
+                status: Status::Good,
+                sense: None,
+                device_sense: None,
+                data_in: data,
+                residual: Residual::of(expected, plan.len, moved),
+                descriptor_sense: d_sense,
             }
         }
     }

@@ -585,6 +585,7 @@ impl Inner {
         Ok((
             Conn {
                 channel: ChannelId(0),
+                route: scsi::Route::default(),
                 qp,
                 send_cq,
                 send_buf,

@@ -73,14 +73,17 @@ impl Inner {
             DataOut::Immediate(v) => v.len() as u32,
             DataOut::InBuffer { len } => *len,
         };
-        let (data_out, chunks) = match &mut req.data_out {
-            DataOut::None => (Vec::new(), None),
+        let (data_out, parts) = match &mut req.data_out {
+            DataOut::None => (Vec::new(), OutParts::None),
             // Moved, not copied: the job holds it from here (the request
             // keeps saying there is data-out, `execute` looks at that).
-            DataOut::Immediate(v) => (std::mem::take(v), None),
+            DataOut::Immediate(v) => (std::mem::take(v), OutParts::None),
             DataOut::InBuffer { len } => (
                 Vec::new(),
-                Some((*len, c.fetched.remove(&req.cmd).unwrap_or_default())),
+                OutParts::Fetched {
+                    len: *len,
+                    parts: c.fetched.remove(&req.cmd).unwrap_or_default(),
+                },
             ),
         };
         let spilled = rdma_types::remove_if_any(&mut c.spilled, &req.cmd).unwrap_or_default();
@@ -106,7 +109,7 @@ impl Inner {
         // The device, looked up once: whether the command may run here,
         // and else whose threads take it.
         let lun = scsi::Lun::decode(req.lun.0).ok();
-        let dev = lun.and_then(|lun| self.scsi.device(&c.nexus, lun));
+        let dev = lun.and_then(|lun| self.scsi.route(&c.nexus, lun, &mut c.route).cloned());
         // Below `inline_max` any command; above it only a READ out of a
         // memory store, which goes out of the store itself (no copy: its
         // size costs nothing here).
@@ -128,11 +131,13 @@ impl Inner {
             nexus: c.nexus.clone(),
             req,
             data_out,
-            chunks,
+            parts,
             spilled,
-            direct_out: None,
             aborted,
-            dev: dev.clone(),
+            route: match lun {
+                Some(_) => c.route.clone(),
+                None => scsi::Route::unrouted(None),
+            },
         };
         if inline {
             st.inline_jobs.push(job);
@@ -147,7 +152,7 @@ impl Inner {
         };
         if let Err(mpsc::SendError(job)) = sent {
             // Shutting down: answer BUSY so the initiator retries elsewhere.
-            if let Some((_, parts)) = &job.chunks {
+            if let OutParts::Fetched { parts, .. } = &job.parts {
                 st.free_chunks.extend(parts.iter().map(|p| p.1));
             }
             if let Some(c) = st.conns.get_mut(&conn) {
@@ -310,7 +315,10 @@ impl Inner {
 
     /// Puts a job's data-out together from its chunks and spilled pieces.
     pub(super) fn gather_job(&self, job: &mut Job) {
-        if let Some((len, mut parts)) = job.chunks.take() {
+        if !matches!(job.parts, OutParts::Fetched { .. }) {
+            return;
+        }
+        if let OutParts::Fetched { len, mut parts } = std::mem::take(&mut job.parts) {
             parts.sort_by_key(|p| p.0);
             let mut end = 0u64;
             let back_to_back = parts.iter().all(|&(off, _, n)| {
@@ -319,7 +327,7 @@ impl Inner {
                 next
             });
             if job.spilled.is_empty() && back_to_back && end == len as u64 && !parts.is_empty() {
-                job.direct_out = Some(parts);
+                job.parts = OutParts::Direct(parts);
                 return;
             }
             job.data_out = self.gather(len, parts);
@@ -363,9 +371,9 @@ impl Inner {
             return (done, InData::Vec(Vec::new()));
         };
         let data_out_dir = !matches!(req.data_out, DataOut::None);
-        let out_len = match &job.direct_out {
-            Some(parts) => parts.iter().map(|p| p.2 as u64).sum(),
-            None => job.data_out.len() as u64,
+        let out_len = match &job.parts {
+            OutParts::Direct(parts) => parts.iter().map(|p| p.2 as u64).sum(),
+            _ => job.data_out.len() as u64,
         };
         let expected = if data_out_dir {
             out_len
@@ -382,7 +390,7 @@ impl Inner {
         };
         // Looked up before the command ran (`submit_scsi`): a map change
         // since counts it where it was addressed.
-        let dev = job.dev.clone();
+        let dev = job.route.device();
         let direct_in = !data_out_dir && req.data_in_len >= DIRECT_IN_MIN;
         // Parsed once: it picks the memory store's path and the counters.
         let kind = scsi::Command::parse(&req.cdb).map(|(_, c)| c);
@@ -410,16 +418,8 @@ impl Inner {
                     descriptor_sense: false,
                 };
             }
-            self.scsi.submit_to(
-                dev.clone(),
-                &job.nexus,
-                lun,
-                req.tag.0,
-                attr,
-                &req.cdb,
-                data_out,
-                expected,
-                bufs,
+            self.scsi.submit_routed(
+                &job.route, &job.nexus, lun, req.tag.0, attr, &req.cdb, data_out, expected, bufs,
             )
         };
         let (r, data_in) = match (store, reserved) {
@@ -466,8 +466,8 @@ impl Inner {
                 (r, InData::Chunks { chunks, len })
             }
             (None, None) => {
-                let mut r = match &job.direct_out {
-                    Some(parts) => {
+                let mut r = match &job.parts {
+                    OutParts::Direct(parts) => {
                         // SAFETY: the READs that filled these chunks have
                         // completed and the chunks stay this command's
                         // until they are freed below.
@@ -485,7 +485,7 @@ impl Inner {
                         self.retry_waiting(&mut st);
                         r
                     }
-                    None => submit(&job.data_out, None),
+                    _ => submit(&job.data_out, None),
                 };
                 let mut v = std::mem::take(&mut r.data_in);
                 v.truncate(req.data_in_len as usize);

@@ -251,20 +251,32 @@ struct Job {
     nexus: scsi::Nexus,
     req: ScsiRequest,
     data_out: Vec<u8>,
-    /// Data-out still in RDMA chunks (offset, chunk, length), gathered into
-    /// `data_out` by the worker, outside the port lock.
-    chunks: Option<(u32, Vec<Fetched>)>,
+    /// Data-out in RDMA chunks, if it came that way.
+    parts: OutParts,
     /// Data-out pieces copied out of their chunks early (offset, bytes).
     spilled: Vec<(u64, Vec<u8>)>,
-    /// Data-out that fills its chunks back to back from offset 0: the
-    /// store writes it from there (`scsi::Buffers::data_out`), no gather.
-    direct_out: Option<Vec<Fetched>>,
     /// Set by a task management function that reached the command before
     /// it entered the SCSI core (see [`Queued`]).
     aborted: Arc<std::sync::atomic::AtomicBool>,
-    /// The logical unit, looked up as the command was handed on (what
-    /// `scsi::Target::device` gave for its LUN; `None`: none there).
-    dev: Option<Arc<scsi::Device>>,
+    /// The logical unit, looked up as the command was handed on (the
+    /// connection's route for its LUN: `route.device()` is `None` when
+    /// there is none there).
+    route: scsi::Route,
+}
+
+/// Where a job's data-out is when it is not in `Job::data_out` (one
+/// field for both: a job moves by value several times, and under 256
+/// bytes a move is a few instructions).
+#[derive(Default)]
+enum OutParts {
+    #[default]
+    None,
+    /// Still in RDMA chunks (offset, chunk, length) to `len` bytes in
+    /// all, gathered into `data_out` by the worker, outside the port lock.
+    Fetched { len: u32, parts: Vec<Fetched> },
+    /// Filling its chunks back to back from offset 0: the store writes it
+    /// from there (`scsi::Buffers::data_out`), no gather.
+    Direct(Vec<Fetched>),
 }
 
 /// A command handed to a worker (or kept to run inline) and not yet
@@ -283,6 +295,9 @@ type PoolKey = (usize, Option<ConnId>);
 
 struct Conn {
     channel: ChannelId,
+    /// How the nexus reaches the LUN of its last command (`scsi::Route`):
+    /// commands to that LUN skip the LUN maps while nothing changes.
+    route: scsi::Route,
     qp: QpHandle,
     send_cq: CqHandle,
     send_buf: MemBuf,
@@ -1224,3 +1239,7 @@ impl Inner {
         }
     }
 }
+
+// A job moves by value from the port's queue to where it runs: past 256
+// bytes each move is a longer memcpy.
+const _: () = assert!(std::mem::size_of::<Job>() <= 256);
