@@ -240,3 +240,130 @@ fn reads_and_writes_through_a_route_move_the_data() {
     // Its data counts for the unrouted path too.
     assert_eq!(ok(&t, &n, &read10(5), &[], 512), vec![6u8; 512]);
 }
+
+/// A gated store that says it never blocks, so routed SIMPLE READs and
+/// WRITEs to it run inline (held at the gate meanwhile).
+struct HeldInline(Arc<Gated>);
+
+impl Backend for HeldInline {
+    fn size(&self) -> u64 {
+        self.0.size()
+    }
+    fn read(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        self.0.read(offset, buf)
+    }
+    fn write(&self, offset: u64, data: &[u8], fua: bool) -> std::io::Result<()> {
+        self.0.write(offset, data, fua)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        self.0.flush()
+    }
+    fn never_blocks(&self) -> bool {
+        true
+    }
+}
+
+/// A target with a held-inline store of `depth` tasks at LUN 0, nexuses
+/// `a` and `b` past their power-on attention, and the gate's arrivals.
+fn held(
+    depth: u32,
+) -> (
+    Arc<Target>,
+    Arc<Gated>,
+    std::sync::mpsc::Receiver<()>,
+    Nexus,
+    Nexus,
+) {
+    let (g, rx) = Gated::new(16);
+    let config = DeviceConfig {
+        queue_depth: depth,
+        ..DeviceConfig::default()
+    };
+    let dev = Device::new(config, Arc::new(HeldInline(g.clone()))).unwrap();
+    let t = Target::new();
+    t.add_lun(None, l0(), Arc::new(dev));
+    let (a, b) = (Nexus::new("a", "p"), Nexus::new("b", "p"));
+    for n in [&a, &b] {
+        assert_eq!(
+            attention(&t.execute(n, l0(), &[0; 6], &[], 0)),
+            Asc::POWER_ON_RESET
+        );
+    }
+    (Arc::new(t), g, rx, a, b)
+}
+
+/// A routed READ of LBA `lba` on a thread of its own.
+fn spawn_routed_read(
+    t: &Arc<Target>,
+    n: &Nexus,
+    lba: u32,
+) -> std::thread::JoinHandle<ScsiResponse> {
+    let (t, n) = (t.clone(), n.clone());
+    std::thread::spawn(move || {
+        let mut route = Route::default();
+        routed(&t, &n, &mut route, l0(), &read10(lba), &[])
+    })
+}
+
+#[test]
+fn an_ordered_task_waits_for_an_older_inline_one() {
+    let (t, g, rx, a, b) = held(8);
+    let h1 = spawn_routed_read(&t, &a, 5);
+    rx.recv().unwrap();
+    // The inline READ is held in the store; it counts in the task set.
+    assert_eq!(t.task_set_len(&a, l0()), 1);
+    let (t2, b2) = (t.clone(), b.clone());
+    let h2 = std::thread::spawn(move || {
+        t2.submit_attr(
+            &b2,
+            l0(),
+            2,
+            TaskAttr::Ordered,
+            &write10(5),
+            &[0xab; 512],
+            512,
+        )
+    });
+    wait_entered(&t, &a, 2);
+    // HEAD OF QUEUE passes; the ORDERED write still waits.
+    let r = t.submit_attr(&b, l0(), 3, TaskAttr::HeadOfQueue, &[0; 6], &[], 0);
+    assert_eq!(r.status, Status::Good);
+    assert!(!h2.is_finished());
+    g.open();
+    // The READ read what was there before the ORDERED write.
+    assert_eq!(good(&h1.join().unwrap()), &[0u8; 512][..]);
+    assert_eq!(h2.join().unwrap().status, Status::Good);
+    assert_eq!(t.task_set_len(&a, l0()), 0);
+    assert_eq!(ok(&t, &a, &read10(5), &[], 512), vec![0xab; 512]);
+}
+
+#[test]
+fn a_full_task_set_counts_inline_tasks_for_their_nexus() {
+    let (t, g, rx, a, b) = held(1);
+    let h1 = spawn_routed_read(&t, &a, 1);
+    rx.recv().unwrap();
+    // The set (depth 1) is full with a's inline READ: TASK SET FULL to
+    // a, BUSY to b, which has nothing there (SAM-5 5.3.1).
+    let r = t.submit(&a, l0(), 2, &[0; 6], &[], 0);
+    assert_eq!(r.status, Status::TaskSetFull);
+    let r = t.submit(&b, l0(), 2, &[0; 6], &[], 0);
+    assert_eq!(r.status, Status::Busy);
+    g.open();
+    good(&h1.join().unwrap());
+    assert_eq!(t.submit(&b, l0(), 2, &[0; 6], &[], 0).status, Status::Good);
+}
+
+#[test]
+fn task_management_finds_an_inline_task_ended() {
+    let (t, g, rx, a, _) = held(8);
+    let h1 = spawn_routed_read(&t, &a, 1);
+    rx.recv().unwrap();
+    // Not registered: the abort finds nothing to mark, as if it came just
+    // after the READ ended, and the READ completes normally.
+    assert_eq!(
+        t.task_management(&a, l0(), Tmf::AbortTask(7)),
+        TmfResponse::FunctionComplete
+    );
+    g.open();
+    good(&h1.join().unwrap());
+}

@@ -26,7 +26,7 @@ pub use luns::{GroupMap, LunMaps, PortMap};
 use ordering::*;
 pub use route::Route;
 pub(crate) use run::add_relative_port;
-use run::{is_write, naca_supported};
+use run::{is_read_or_write, is_write, naca_supported};
 
 /// An I_T nexus: initiator port name and target port name. Every command
 /// names one, and the core keys its task sets, tasks and unit attentions
@@ -488,7 +488,7 @@ impl Target {
         let dev = route.device();
         let passed = dev.is_some_and(|d| d.pass_through_handler().is_some());
         let gathered;
-        let (data_out, bufs) = match bufs {
+        let (data_out, mut bufs) = match bufs {
             Some(b)
                 if b.has_data_out()
                     && !is_write(cdb)
@@ -507,12 +507,24 @@ impl Target {
         };
         let k = lu_key(dev);
         let depth = dev.config.queue_depth.max(1) as usize;
+        if attr == TaskAttr::Simple
+            && is_read_or_write(cdb)
+            && dev.never_blocks()
+            && route.plain_for(self, nexus, lun)
+        {
+            let b = bufs.as_deref_mut();
+            if let Some(r) =
+                self.run_inline(route, k, depth, nexus, lun, cdb, data_out, expected, b)
+            {
+                return r;
+            }
+        }
         let entered = self.with_order(|o| {
             // SAM-5 5.3.1: no room in the task set, nothing runs; TASK
             // SET FULL to a nexus with tasks of its own there (it will
             // get room as they end), BUSY to one without.
             if let Some(set) = o.sets.get(&k).filter(|s| s.len() >= depth) {
-                let status = if set.per_nexus.get(nexus).is_some_and(|&n| n > 0) {
+                let status = if set.has_tasks_of(nexus) {
                     Status::TaskSetFull
                 } else {
                     Status::Busy
@@ -591,6 +603,62 @@ impl Target {
         });
         self.wake_ordered();
         r
+    }
+
+    /// A SIMPLE READ or WRITE through a current, plain route to a unit
+    /// that never blocks, run to completion here while the logical unit's
+    /// task set holds only SIMPLE tasks, has room and no ACA condition:
+    /// it enters the set as an inline task (no number, no abort flag),
+    /// so ORDERED tasks that come meanwhile wait for it and the set's
+    /// depth counts it. `None` (nothing done) when the set does not allow
+    /// it: the command takes the task set's way.
+    ///
+    /// Not registered for task management: a function that comes from
+    /// another thread while it runs (a microsecond or so, memory to
+    /// memory) finds it ended, as if it had come just after. A transport
+    /// that runs a nexus's commands and its task management on one
+    /// thread sees no difference; tag overlaps on a channel are the
+    /// transport's to catch before the core (SRP's are).
+    #[allow(clippy::too_many_arguments)]
+    fn run_inline(
+        &self,
+        route: &Route,
+        k: usize,
+        depth: usize,
+        nexus: &Nexus,
+        lun: Lun,
+        cdb: &[u8],
+        data_out: &[u8],
+        expected: u64,
+        bufs: Option<&mut Buffers<'_, '_>>,
+    ) -> Option<ScsiResponse> {
+        let dev = route.device()?;
+        {
+            let mut o = self.order.lock().unwrap_or_else(|e| e.into_inner());
+            if !o.aca.is_empty() {
+                return None;
+            }
+            let set = o.sets.entry(k).or_default();
+            if !set.all_simple() || set.len() >= depth {
+                return None;
+            }
+            set.inline.push(nexus.clone());
+        }
+        let r = self.run(nexus, lun, Some(route), cdb, data_out, expected, bufs);
+        let mut o = self.order.lock().unwrap_or_else(|e| e.into_inner());
+        // A CHECK CONDITION with NACA=1 establishes ACA as for any task.
+        o.settle(k, dev, nexus, None, cdb, r.status);
+        self.aca_live.store(o.aca.len(), SeqCst);
+        if let Some(set) = o.sets.get_mut(&k) {
+            set.leave_inline(nexus);
+            if set.len() == 0 && o.sets.len() > IDLE_TASK_SETS_KEPT {
+                o.sets.remove(&k);
+            }
+        }
+        drop(o);
+        // An ORDERED task may have waited for this one.
+        self.wake_ordered();
+        Some(r)
     }
 
     #[allow(clippy::too_many_arguments)]

@@ -106,6 +106,9 @@ impl Order {
         cdb: &[u8],
         status: Status,
     ) {
+        if aca_task.is_none() && status != Status::CheckCondition {
+            return;
+        }
         if let Some(a) = self.aca.get_mut(&k) {
             if aca_task.is_some() && a.task == aca_task {
                 a.task = None;
@@ -150,6 +153,10 @@ pub(super) struct TaskSet {
     not_simple: usize,
     /// Tasks in `active` per nexus (for TASK SET FULL against BUSY).
     pub(super) per_nexus: FastMap<Nexus, usize>,
+    /// The nexuses of the SIMPLE tasks running inline (see
+    /// [`Target::submit_routed`]), one entry each: they are in the set
+    /// (its length, an ORDERED task's wait) without a number in `active`.
+    pub(super) inline: Vec<Nexus>,
 }
 
 impl TaskSet {
@@ -179,7 +186,20 @@ impl TaskSet {
 
     /// Tasks in the set.
     pub(super) fn len(&self) -> usize {
-        self.active.len()
+        self.active.len() + self.inline.len()
+    }
+
+    /// Whether `nexus` has a task in the set (TASK SET FULL, not BUSY,
+    /// when there is no room).
+    pub(super) fn has_tasks_of(&self, nexus: &Nexus) -> bool {
+        self.per_nexus.get(nexus).is_some_and(|&n| n > 0) || self.inline.contains(nexus)
+    }
+
+    /// An inline task of `nexus` ended.
+    pub(super) fn leave_inline(&mut self, nexus: &Nexus) {
+        if let Some(i) = self.inline.iter().position(|n| n == nexus) {
+            self.inline.swap_remove(i);
+        }
     }
 
     /// Whether every task in the set is SIMPLE.
@@ -201,7 +221,11 @@ impl TaskSet {
         let mut older = self.active.range(..seq).map(|(_, a)| *a);
         match attr {
             TaskAttr::HeadOfQueue | TaskAttr::Aca => true,
-            TaskAttr::Ordered => older.all(|a| a == TaskAttr::HeadOfQueue),
+            // Inline tasks entered while the set was all SIMPLE: each is
+            // older than any ORDERED task.
+            TaskAttr::Ordered => {
+                self.inline.is_empty() && older.all(|a| a == TaskAttr::HeadOfQueue)
+            }
             TaskAttr::Simple => older.all(|a| a != TaskAttr::Ordered),
         }
     }

@@ -550,6 +550,11 @@ pub(super) fn is_write(cdb: &[u8]) -> bool {
     matches!(cdb.first(), Some(0x0a | 0x2a | 0xaa | 0x8a))
 }
 
+/// READ(6/10/12/16) and WRITE(6/10/12/16), by operation code.
+pub(super) fn is_read_or_write(cdb: &[u8]) -> bool {
+    matches!(cdb.first(), Some(0x08 | 0x28 | 0xa8 | 0x88)) || is_write(cdb)
+}
+
 /// NACA=1 needs a logical unit with NormACA (SAM-5 5.3, SPC-4 6.6.2);
 /// otherwise the CONTROL byte's bit 2 is an invalid field.
 pub(super) fn naca_supported(dev: Option<&Device>, cdb: &[u8]) -> Result<(), Sense> {
