@@ -367,3 +367,24 @@ fn task_management_finds_an_inline_task_ended() {
     g.open();
     good(&h1.join().unwrap());
 }
+
+#[test]
+fn a_unit_runs_without_blocking_only_while_its_tasks_are_simple() {
+    let (t, g, rx, a, b) = held(8);
+    assert!(t.runs_without_blocking(&a, l0()));
+    let h1 = spawn_routed_read(&t, &a, 1);
+    rx.recv().unwrap();
+    // An inline SIMPLE task running: others may still run at once.
+    assert!(t.runs_without_blocking(&a, l0()));
+    let (t2, b2) = (t.clone(), b.clone());
+    let h2 = std::thread::spawn(move || {
+        t2.submit_attr(&b2, l0(), 2, TaskAttr::Ordered, &[0; 6], &[], 0)
+    });
+    wait_entered(&t, &a, 2);
+    // An ORDERED task waits in the set: a new SIMPLE one would wait too.
+    assert!(!t.runs_without_blocking(&a, l0()));
+    g.open();
+    good(&h1.join().unwrap());
+    assert_eq!(h2.join().unwrap().status, Status::Good);
+    assert!(t.runs_without_blocking(&a, l0()));
+}

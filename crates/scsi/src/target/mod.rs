@@ -242,6 +242,10 @@ pub struct Target {
     /// ACA conditions in effect (`order.aca.len()`), so commands with
     /// NACA=0 skip the ACA rules without taking the lock when there are none.
     aca_live: AtomicUsize,
+    /// Tasks that are not SIMPLE in all task sets, counted under `order`:
+    /// while there are none (and no ACA), any unit that never blocks runs
+    /// a SIMPLE task at once, which a transport may ask without the lock.
+    not_simple_live: AtomicUsize,
     /// Times `state` was locked for a change (or may have been): a
     /// [`Route`] made at one count holds while the count stays.
     epoch: AtomicU64,
@@ -389,6 +393,9 @@ impl Target {
     pub fn device_runs_without_blocking(&self, dev: &Arc<Device>) -> bool {
         if !dev.never_blocks() {
             return false;
+        }
+        if self.aca_live.load(SeqCst) == 0 && self.not_simple_live.load(SeqCst) == 0 {
+            return true;
         }
         let key = lu_key(dev);
         let order = self.order.lock().unwrap_or_else(|e| e.into_inner());
@@ -549,6 +556,9 @@ impl Target {
                     let seq = set.next;
                     set.next += 1;
                     set.enter(seq, attr);
+                    if attr != TaskAttr::Simple {
+                        self.not_simple_live.fetch_add(1, SeqCst);
+                    }
                     // The nexus is cloned only for its first task here.
                     match set.per_nexus.get_mut(nexus) {
                         Some(n) => *n += 1,
@@ -584,7 +594,9 @@ impl Target {
         self.with_order(|o| {
             o.settle(k, dev, nexus, aca_task, cdb, r.status);
             if let Some(set) = o.sets.get_mut(&k) {
-                set.leave(seq);
+                if set.leave(seq) {
+                    self.not_simple_live.fetch_sub(1, SeqCst);
+                }
                 // A nexus's count stays at 0 (a command run to completion
                 // takes it there every time: no remove and insert each),
                 // unless the set counts for many nexuses.

@@ -173,15 +173,16 @@ impl TaskSet {
         }
     }
 
-    /// Task `seq` ended.
-    pub(super) fn leave(&mut self, seq: u64) {
-        if self
+    /// Task `seq` ended; whether it was not SIMPLE.
+    pub(super) fn leave(&mut self, seq: u64) -> bool {
+        let not_simple = self
             .active
             .remove(&seq)
-            .is_some_and(|a| a != TaskAttr::Simple)
-        {
+            .is_some_and(|a| a != TaskAttr::Simple);
+        if not_simple {
             self.not_simple -= 1;
         }
+        not_simple
     }
 
     /// Tasks in the set.
