@@ -4,9 +4,21 @@
 
 use super::*;
 
+/// The sending QP of the WR being executed, as the data path reads it:
+/// looked up once per WR instead of at every step.
+#[derive(Clone, Copy)]
+struct Sender {
+    qi: usize,
+    dev: usize,
+    pd: usize,
+    qpn: u32,
+    qt: QpType,
+}
+
 impl State {
     /// Gathers/scatters: checks every SGE with `needs`, appending the
-    /// targets to `into` (left empty on failure).
+    /// targets to `into` (left empty on failure). Returns the list's
+    /// length in bytes.
     fn sg(
         &self,
         dev: usize,
@@ -14,9 +26,13 @@ impl State {
         sges: &[Sge],
         needs: AccessFlags,
         into: &mut Vec<(Target, usize)>,
-    ) -> Result<(), WcStatus> {
+    ) -> Result<u64, WcStatus> {
         let keys = &self.devices[dev].keys;
-        for s in sges.iter().filter(|s| s.length > 0) {
+        let mut total = 0;
+        for s in sges {
+            if s.length == 0 {
+                continue;
+            }
             match keys.local(pd as u32, s.lkey, s.addr, s.length as u64, needs) {
                 Ok(t) => into.push((t, s.length as usize)),
                 Err(e) => {
@@ -24,43 +40,43 @@ impl State {
                     return Err(e);
                 }
             }
+            total += s.length as u64;
         }
-        Ok(())
+        Ok(total)
     }
 
-    /// Runs `f` with the receive WR's checked scatter list (the reused
-    /// `scatter` vector, emptied afterwards).
+    /// Runs `f` with the receive WR's checked scatter list and its length
+    /// (the reused `scatter` vector, emptied afterwards).
     fn with_scatter<T>(
         &mut self,
         dev: usize,
         pd: usize,
         sges: &[Sge],
-        f: impl FnOnce(&mut State, Result<&[(Target, usize)], WcStatus>) -> T,
+        f: impl FnOnce(&mut State, Result<(&[(Target, usize)], u64), WcStatus>) -> T,
     ) -> T {
         let mut dst = std::mem::take(&mut self.scatter);
         let r = self.sg(dev, pd, sges, AccessFlags::LOCAL_WRITE, &mut dst);
-        let out = f(self, r.map(|()| &dst[..]));
+        let out = f(self, r.map(|n| (&dst[..], n)));
         dst.clear();
         self.scatter = dst;
         out
     }
 
     fn take_recv(&mut self, qi: usize, out: &mut Vec<Cb>) -> Option<RecvWr> {
-        match self.qpr(qi).srq {
-            Some(si) => {
-                let (wr, fire) = match self.obj_mut(si) {
-                    Obj::Srq { rq, .. } => rq.take()?,
-                    _ => return None,
-                };
-                if fire {
-                    if let Obj::Srq { ca, ctx, .. } = self.obj(si) {
-                        self.event(*ca, AsyncEventKind::SrqLimitReached, *ctx, None, out);
-                    }
-                }
-                Some(wr)
+        let q = self.qp(qi);
+        let Some(si) = q.srq else {
+            return q.rq.take().map(|(wr, _)| wr);
+        };
+        let (wr, fire) = match self.obj_mut(si) {
+            Obj::Srq { rq, .. } => rq.take()?,
+            _ => return None,
+        };
+        if fire {
+            if let Obj::Srq { ca, ctx, .. } = self.obj(si) {
+                self.event(*ca, AsyncEventKind::SrqLimitReached, *ctx, None, out);
             }
-            None => self.qp(qi).rq.take().map(|(wr, _)| wr),
         }
+        Some(wr)
     }
 
     /// Runs the send queue of `qi` as far as it goes.
@@ -87,7 +103,14 @@ impl State {
         let sig = q.init.sq_sig_all || wr.flags.contains(SendFlags::SIGNALED);
         let (scq, ctx) = (q.send_cq, q.ctx);
         let rnr_retry = q.attr.rnr_retry.unwrap_or(0);
-        let status = match self.execute(qi, wr, out) {
+        let s = Sender {
+            qi,
+            dev: q.dev,
+            pd: q.pd,
+            qpn: q.qpn,
+            qt: q.init.qp_type,
+        };
+        let status = match self.execute(s, wr, out) {
             Exec::Rnr if rnr_retry == 0 => Err(WcStatus::RnrRetryExcErr),
             Exec::Rnr => return false,
             Exec::Done(r) => r,
@@ -111,7 +134,7 @@ impl State {
                     false,
                     out,
                 );
-                if self.qpr(qi).init.qp_type == QpType::Rc {
+                if s.qt == QpType::Rc {
                     self.enter_error(qi, out);
                 } else {
                     self.enter_sqe(qi, out);
@@ -121,9 +144,8 @@ impl State {
         true
     }
 
-    fn execute(&mut self, qi: usize, wr: &SendWr, out: &mut Vec<Cb>) -> Exec {
-        let q = self.qpr(qi);
-        let (dev, pd, qpn) = (q.dev, q.pd, q.qpn);
+    fn execute(&mut self, s: Sender, wr: &SendWr, out: &mut Vec<Cb>) -> Exec {
+        let Sender { dev, pd, qpn, .. } = s;
         // Local-only operations.
         match wr.opcode {
             SendOpcode::LocalInv => {
@@ -182,7 +204,8 @@ impl State {
         };
         let mut local = std::mem::take(&mut self.gather);
         let r = match self.sg(dev, pd, &wr.sges, needs_local, &mut local) {
-            Ok(()) => self.transfer(qi, wr, &local, out),
+            // The checked list's length is the WR's: empty SGEs add nothing.
+            Ok(len) => self.transfer(s, wr, &local, len, out),
             Err(e) => Exec::Done(Err(e)),
         };
         local.clear();
@@ -191,21 +214,24 @@ impl State {
     }
 
     /// The part of `execute` that moves data: `local` is the WR's checked
-    /// gather (or, for READ and atomics, scatter) list.
+    /// gather (or, for READ and atomics, scatter) list, `len` its length.
     fn transfer(
         &mut self,
-        qi: usize,
+        s: Sender,
         wr: &SendWr,
         local: &[(Target, usize)],
+        len: u64,
         out: &mut Vec<Cb>,
     ) -> Exec {
-        if !self.qpr(qi).init.qp_type.is_datagram() {
+        let Sender {
+            qi, dev, qpn, qt, ..
+        } = s;
+        if !qt.is_datagram() && self.qpr(qi).mig == MigState::Armed {
             self.migrate_if_failed(qi, out);
         }
         let q = self.qpr(qi);
-        let (dev, qpn, qt) = (q.dev, q.qpn, q.init.qp_type);
-        let len: u64 = wr.total_len();
-        let port = self.qp_port(self.qpr(qi));
+        let port = self.qp_port(q);
+        let (av, dq, mig) = (q.attr.av, q.attr.dest_qpn, q.mig);
         if !self.port_active(dev, port) {
             return Exec::Done(if qt == QpType::Rc {
                 Err(WcStatus::RetryExcErr)
@@ -214,11 +240,10 @@ impl State {
             });
         }
         if qt.is_datagram() {
-            return Exec::Done(self.ud_send(qi, wr, local, out));
+            return Exec::Done(self.ud_send(qi, wr, local, len, out));
         }
         // Connected: find the peer.
-        let q = self.qpr(qi);
-        let (Some(av), Some(dq)) = (q.attr.av, q.attr.dest_qpn) else {
+        let (Some(av), Some(dq)) = (av, dq) else {
             return Exec::Done(Err(WcStatus::RetryExcErr));
         };
         let peer = self
@@ -233,40 +258,38 @@ impl State {
                 ) && p.attr.dest_qpn.map(|x| x.value()) == Some(qpn)
                     && p.init.qp_type == qt
             });
-        if let Some((pi, at)) = peer {
-            // MigReq (IBA 17.2.8, BTH:MigReq): a migrated requester that
-            // reaches an armed responder on the responder's alternate path
-            // makes the responder migrate too.
-            let p = self.qpr(pi);
-            let on_alt = p.attr.alt_path.is_some_and(|alt| {
-                alt.port == at && self.device_of_port(&alt.av) == Some((dev, port))
-            });
-            if self.qpr(qi).mig == MigState::Migrated && p.mig == MigState::Armed && on_alt {
-                self.migrate(pi, out);
-            }
-        }
-        let Some((pi, _)) = peer else {
+        let Some((pi, at)) = peer else {
             return Exec::Done(if qt == QpType::Rc {
                 Err(WcStatus::RetryExcErr)
             } else {
                 Ok(len as u32)
             });
         };
-        let mtu_ok = self.qpr(qi).attr.path_mtu.is_some();
-        debug_assert!(mtu_ok);
-        let (pdev, ppd, pctx, prcq, paccess) = {
-            let p = self.qpr(pi);
-            (
-                p.dev,
-                p.pd,
-                p.ctx,
-                p.recv_cq,
-                p.attr.access.unwrap_or(AccessFlags::NONE),
-            )
-        };
-        if self.qpr(pi).state == QpState::Rtr && !self.qpr(pi).established {
+        // MigReq (IBA 17.2.8, BTH:MigReq): a migrated requester that
+        // reaches an armed responder on the responder's alternate path
+        // makes the responder migrate too.
+        let p = self.qpr(pi);
+        if mig == MigState::Migrated
+            && p.mig == MigState::Armed
+            && p.attr.alt_path.is_some_and(|alt| {
+                alt.port == at && self.device_of_port(&alt.av) == Some((dev, port))
+            })
+        {
+            self.migrate(pi, out);
+        }
+        debug_assert!(self.qpr(qi).attr.path_mtu.is_some());
+        // Migrating changes the peer's path only, none of these.
+        let p = self.qpr(pi);
+        let (pdev, ppd, pctx, prcq, paccess) = (
+            p.dev,
+            p.pd,
+            p.ctx,
+            p.recv_cq,
+            p.attr.access.unwrap_or(AccessFlags::NONE),
+        );
+        if p.state == QpState::Rtr && !p.established {
+            let ca = p.ca;
             self.qp(pi).established = true;
-            let ca = self.qpr(pi).ca;
             self.event(ca, AsyncEventKind::CommEstablished, pctx, None, out);
         }
         let remote = |st: &State, needs: AccessFlags, l: u64| -> Result<Target, WcStatus> {
@@ -367,7 +390,7 @@ impl State {
                     wc.opcode = WcOpcode::RecvRdmaWithImm;
                 } else {
                     fail = self.with_scatter(pdev, ppd, &rwr.sges, |_, dst| match dst {
-                        Ok(dst) if dst.iter().map(|d| d.1 as u64).sum::<u64>() >= len => {
+                        Ok((dst, room)) if room >= len => {
                             copy_sg(local, dst);
                             None
                         }
@@ -412,9 +435,9 @@ impl State {
         qi: usize,
         wr: &SendWr,
         local: &[(Target, usize)],
+        len: u64,
         out: &mut Vec<Cb>,
     ) -> Result<u32, WcStatus> {
-        let len = wr.total_len();
         let q = self.qpr(qi);
         let (dev, qpn, own_qkey, port) = (
             q.dev,
@@ -471,7 +494,7 @@ impl State {
         };
         let mut wc = WorkCompletion::new(rwr.wr_id, WcStatus::Success, WcOpcode::Recv, pctx);
         self.with_scatter(pdev, ppd, &rwr.sges, |st, dst| match dst {
-            Ok(dst) if dst.iter().map(|d| d.1).sum::<usize>() >= GRH_LEN + len as usize => {
+            Ok((dst, room)) if room >= GRH_LEN as u64 + len => {
                 let mut grh = [0u8; GRH_LEN];
                 grh[0] = 0x60; // IP version 6 (IBA 8.3.1)
                 grh[4..6].copy_from_slice(&(len as u16).to_be_bytes());

@@ -37,11 +37,10 @@ impl Fabric {
                         "{:?} on a UC QP",
                         wr.opcode
                     )))
-                } else if self.lacks(verbs::Feature::Atomics)
-                    && matches!(
-                        wr.opcode,
-                        SendOpcode::AtomicCmpSwp | SendOpcode::AtomicFetchAdd
-                    )
+                } else if matches!(
+                    wr.opcode,
+                    SendOpcode::AtomicCmpSwp | SendOpcode::AtomicFetchAdd
+                ) && self.lacks(verbs::Feature::Atomics)
                 {
                     Some(VerbsError::NotSupported("atomics"))
                 } else if qt.is_datagram() && wr.ud.is_none() {

@@ -76,6 +76,7 @@ impl<T> HandleTable<T> {
     /// # Errors
     /// `InvalidHandle` when `h` names no slot, an empty one, or an object
     /// released since (another generation).
+    #[inline]
     pub fn slot(&self, h: Handle) -> Result<usize> {
         match self.slots.get(h.index as usize) {
             Some(s) if s.gen == h.generation && s.obj.is_some() => Ok(h.index as usize),
@@ -88,6 +89,7 @@ impl<T> HandleTable<T> {
     /// # Panics
     /// Slot `i` is empty or does not exist (a provider's own bug: it got
     /// `i` from [`HandleTable::slot`] or kept it for a live object).
+    #[inline]
     pub fn get(&self, i: usize) -> &T {
         self.slots[i].obj.as_ref().expect("live slot")
     }
@@ -96,6 +98,7 @@ impl<T> HandleTable<T> {
     ///
     /// # Panics
     /// As [`HandleTable::get`].
+    #[inline]
     pub fn get_mut(&mut self, i: usize) -> &mut T {
         self.slots[i].obj.as_mut().expect("live slot")
     }
