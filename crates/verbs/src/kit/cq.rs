@@ -54,6 +54,7 @@ impl Cq {
 
     /// Adds a completion. `solicited` marks a receive of a solicited
     /// message (or any error completion, which always notifies).
+    #[inline]
     pub fn push(&self, wc: WorkCompletion, solicited: bool) -> PushOutcome {
         let mut g = self.inner.lock().unwrap();
         let mut out = PushOutcome::default();

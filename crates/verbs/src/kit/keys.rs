@@ -335,6 +335,7 @@ impl KeyTable {
     /// Checks a remote access (IBA 9.7.5.1.3, C9-88): R_Key of an MR or a
     /// bound window in `pd`, range inside, rights granted, and for a type 2
     /// window the QP association. Error: `RemAccessErr`.
+    #[inline]
     pub fn remote(
         &self,
         pd: PdId,

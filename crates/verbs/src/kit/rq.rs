@@ -50,6 +50,7 @@ impl RecvQueue {
     }
 
     /// Takes the oldest WR; the flag says the limit event must be raised.
+    #[inline]
     pub fn take(&mut self) -> Option<(RecvWr, bool)> {
         let wr = self.queue.pop_front()?;
         let fire = self.limit > 0 && (self.queue.len() as u32) < self.limit;
