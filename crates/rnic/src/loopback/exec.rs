@@ -226,18 +226,22 @@ impl State {
         let Sender {
             qi, dev, qpn, qt, ..
         } = s;
-        if !qt.is_datagram() && self.qpr(qi).mig == MigState::Armed {
+        let mut q = self.qpr(qi);
+        if !qt.is_datagram() && q.mig == MigState::Armed {
             self.migrate_if_failed(qi, out);
+            q = self.qpr(qi);
         }
-        let q = self.qpr(qi);
         let port = self.qp_port(q);
         let (av, dq, mig) = (q.attr.av, q.attr.dest_qpn, q.mig);
-        if !self.port_active(dev, port) {
-            return Exec::Done(if qt == QpType::Rc {
+        let unreachable = || {
+            Exec::Done(if qt == QpType::Rc {
                 Err(WcStatus::RetryExcErr)
             } else {
                 Ok(len as u32)
-            });
+            })
+        };
+        if !self.port_active(dev, port) {
+            return unreachable();
         }
         if qt.is_datagram() {
             return Exec::Done(self.ud_send(qi, wr, local, len, out));
@@ -246,40 +250,31 @@ impl State {
         let (Some(av), Some(dq)) = (av, dq) else {
             return Exec::Done(Err(WcStatus::RetryExcErr));
         };
-        let peer = self
+        let Some((pi, at)) = self
             .device_of_port(&av)
             .filter(|(d, p)| self.port_active(*d, *p))
             .and_then(|(d, p)| Some((self.devices[d].qpns.get(&dq.value()).copied()?, p)))
-            .filter(|&(pi, _)| {
-                let p = self.qpr(pi);
-                matches!(
-                    p.state,
-                    QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
-                ) && p.attr.dest_qpn.map(|x| x.value()) == Some(qpn)
-                    && p.init.qp_type == qt
-            });
-        let Some((pi, at)) = peer else {
-            return Exec::Done(if qt == QpType::Rc {
-                Err(WcStatus::RetryExcErr)
-            } else {
-                Ok(len as u32)
-            });
+        else {
+            return unreachable();
         };
+        let p = self.qpr(pi);
+        if !matches!(
+            p.state,
+            QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
+        ) || p.attr.dest_qpn.map(|x| x.value()) != Some(qpn)
+            || p.init.qp_type != qt
+        {
+            return unreachable();
+        }
         // MigReq (IBA 17.2.8, BTH:MigReq): a migrated requester that
         // reaches an armed responder on the responder's alternate path
         // makes the responder migrate too.
-        let p = self.qpr(pi);
-        if mig == MigState::Migrated
+        let mig_req = mig == MigState::Migrated
             && p.mig == MigState::Armed
             && p.attr.alt_path.is_some_and(|alt| {
                 alt.port == at && self.device_of_port(&alt.av) == Some((dev, port))
-            })
-        {
-            self.migrate(pi, out);
-        }
-        debug_assert!(self.qpr(qi).attr.path_mtu.is_some());
+            });
         // Migrating changes the peer's path only, none of these.
-        let p = self.qpr(pi);
         let (pdev, ppd, pctx, prcq, paccess) = (
             p.dev,
             p.pd,
@@ -287,10 +282,14 @@ impl State {
             p.recv_cq,
             p.attr.access.unwrap_or(AccessFlags::NONE),
         );
-        if p.state == QpState::Rtr && !p.established {
-            let ca = p.ca;
+        let (pca, establish) = (p.ca, p.state == QpState::Rtr && !p.established);
+        if mig_req {
+            self.migrate(pi, out);
+        }
+        debug_assert!(self.qpr(qi).attr.path_mtu.is_some());
+        if establish {
             self.qp(pi).established = true;
-            self.event(ca, AsyncEventKind::CommEstablished, pctx, None, out);
+            self.event(pca, AsyncEventKind::CommEstablished, pctx, None, out);
         }
         let remote = |st: &State, needs: AccessFlags, l: u64| -> Result<Target, WcStatus> {
             if !paccess.contains(needs) {

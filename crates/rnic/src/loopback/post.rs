@@ -7,7 +7,7 @@ impl Fabric {
         self.with(|st, out| {
             let i = st.qp_idx(qp)?;
             for (index, wr) in wrs.iter().enumerate() {
-                let q = st.qpr(i);
+                let q = st.qp(i);
                 let qt = q.init.qp_type;
                 let cause = if matches!(q.state, QpState::Reset | QpState::Init | QpState::Rtr) {
                     Some(VerbsError::InvalidState(q.state))
@@ -56,7 +56,6 @@ impl Fabric {
                         cause: Box::new(c),
                     });
                 }
-                let q = st.qp(i);
                 if matches!(q.state, QpState::Err | QpState::Sqe) {
                     let (scq, ctx) = (q.send_cq, q.ctx);
                     st.complete(
