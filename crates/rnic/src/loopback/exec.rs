@@ -232,7 +232,6 @@ impl State {
             q = self.qpr(qi);
         }
         let port = self.qp_port(q);
-        let (av, dq, mig) = (q.attr.av, q.attr.dest_qpn, q.mig);
         let unreachable = || {
             Exec::Done(if qt == QpType::Rc {
                 Err(WcStatus::RetryExcErr)
@@ -247,11 +246,11 @@ impl State {
             return Exec::Done(self.ud_send(qi, wr, local, len, out));
         }
         // Connected: find the peer.
-        let (Some(av), Some(dq)) = (av, dq) else {
+        let (Some(av), Some(dq), mig) = (&q.attr.av, q.attr.dest_qpn, q.mig) else {
             return Exec::Done(Err(WcStatus::RetryExcErr));
         };
         let Some((pi, at)) = self
-            .device_of_port(&av)
+            .device_of_port(av)
             .filter(|(d, p)| self.port_active(*d, *p))
             .and_then(|(d, p)| Some((self.devices[d].qpns.get(&dq.value()).copied()?, p)))
         else {

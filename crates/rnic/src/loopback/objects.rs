@@ -117,10 +117,12 @@ impl State {
         self.objs.slot(h)
     }
 
+    #[inline]
     pub(super) fn obj(&self, i: usize) -> &Obj {
         self.objs.get(i)
     }
 
+    #[inline]
     pub(super) fn obj_mut(&mut self, i: usize) -> &mut Obj {
         self.objs.get_mut(i)
     }
@@ -182,6 +184,7 @@ impl State {
         }
     }
 
+    #[inline(always)]
     pub(super) fn qp(&mut self, i: usize) -> &mut Qp {
         match self.obj_mut(i) {
             Obj::Qp(q) => q,
@@ -189,6 +192,7 @@ impl State {
         }
     }
 
+    #[inline(always)]
     pub(super) fn qpr(&self, i: usize) -> &Qp {
         match self.obj(i) {
             Obj::Qp(q) => q,
