@@ -15,50 +15,53 @@ struct Sender {
     qt: QpType,
 }
 
-impl State {
-    /// Gathers/scatters: checks every SGE with `needs`, appending the
-    /// targets to `into` (left empty on failure). Returns the list's
-    /// length in bytes.
-    fn sg(
-        &self,
-        dev: usize,
-        pd: usize,
-        sges: &[Sge],
-        needs: AccessFlags,
-        into: &mut Vec<(Target, usize)>,
-    ) -> Result<u64, WcStatus> {
-        let keys = &self.devices[dev].keys;
-        let mut total = 0;
-        for s in sges {
-            if s.length == 0 {
-                continue;
-            }
-            match keys.local(pd as u32, s.lkey, s.addr, s.length as u64, needs) {
-                Ok(t) => into.push((t, s.length as usize)),
-                Err(e) => {
-                    into.clear();
-                    return Err(e);
-                }
-            }
-            total += s.length as u64;
+/// Gathers/scatters: checks every SGE with `needs`, appending the targets
+/// to `into` (left empty on failure). Returns the list's length in bytes.
+/// A function of the key table alone, so that `into` may be the state's
+/// own `gather` or `scatter`.
+fn sg(
+    keys: &KeyTable,
+    pd: usize,
+    sges: &[Sge],
+    needs: AccessFlags,
+    into: &mut Vec<(Target, usize)>,
+) -> Result<u64, WcStatus> {
+    let mut total = 0;
+    for s in sges {
+        if s.length == 0 {
+            continue;
         }
-        Ok(total)
+        match keys.local(pd as u32, s.lkey, s.addr, s.length as u64, needs) {
+            Ok(t) => into.push((t, s.length as usize)),
+            Err(e) => {
+                into.clear();
+                return Err(e);
+            }
+        }
+        total += s.length as u64;
     }
+    Ok(total)
+}
 
+impl State {
     /// Runs `f` with the receive WR's checked scatter list and its length
-    /// (the reused `scatter` vector, emptied afterwards).
+    /// (the `scatter` vector, emptied afterwards).
     fn with_scatter<T>(
         &mut self,
         dev: usize,
         pd: usize,
         sges: &[Sge],
-        f: impl FnOnce(&mut State, Result<(&[(Target, usize)], u64), WcStatus>) -> T,
+        f: impl FnOnce(&State, Result<(&[(Target, usize)], u64), WcStatus>) -> T,
     ) -> T {
-        let mut dst = std::mem::take(&mut self.scatter);
-        let r = self.sg(dev, pd, sges, AccessFlags::LOCAL_WRITE, &mut dst);
-        let out = f(self, r.map(|n| (&dst[..], n)));
-        dst.clear();
-        self.scatter = dst;
+        let r = sg(
+            &self.devices[dev].keys,
+            pd,
+            sges,
+            AccessFlags::LOCAL_WRITE,
+            &mut self.scatter,
+        );
+        let out = f(self, r.map(|n| (&self.scatter[..], n)));
+        self.scatter.clear();
         out
     }
 
@@ -202,27 +205,20 @@ impl State {
             }
             _ => AccessFlags::NONE,
         };
-        let mut local = std::mem::take(&mut self.gather);
-        let r = match self.sg(dev, pd, &wr.sges, needs_local, &mut local) {
+        let keys = &self.devices[dev].keys;
+        let r = match sg(keys, pd, &wr.sges, needs_local, &mut self.gather) {
             // The checked list's length is the WR's: empty SGEs add nothing.
-            Ok(len) => self.transfer(s, wr, &local, len, out),
+            Ok(len) => self.transfer(s, wr, len, out),
             Err(e) => Exec::Done(Err(e)),
         };
-        local.clear();
-        self.gather = local;
+        self.gather.clear();
         r
     }
 
-    /// The part of `execute` that moves data: `local` is the WR's checked
-    /// gather (or, for READ and atomics, scatter) list, `len` its length.
-    fn transfer(
-        &mut self,
-        s: Sender,
-        wr: &SendWr,
-        local: &[(Target, usize)],
-        len: u64,
-        out: &mut Vec<Cb>,
-    ) -> Exec {
+    /// The part of `execute` that moves data: `gather` holds the WR's
+    /// checked gather (or, for READ and atomics, scatter) list, `len` its
+    /// length.
+    fn transfer(&mut self, s: Sender, wr: &SendWr, len: u64, out: &mut Vec<Cb>) -> Exec {
         let Sender {
             qi, dev, qpn, qt, ..
         } = s;
@@ -243,7 +239,7 @@ impl State {
             return unreachable();
         }
         if qt.is_datagram() {
-            return Exec::Done(self.ud_send(qi, wr, local, len, out));
+            return Exec::Done(self.ud_send(qi, wr, len, out));
         }
         // Connected: find the peer.
         let (Some(av), Some(dq), mig) = (&q.attr.av, q.attr.dest_qpn, q.mig) else {
@@ -310,7 +306,7 @@ impl State {
             SendOpcode::RdmaWrite if len == 0 => Exec::Done(Ok(0)),
             SendOpcode::RdmaWrite => match remote(self, AccessFlags::REMOTE_WRITE, len) {
                 Ok(t) => {
-                    copy_sg(local, &[(t, len as usize)]);
+                    copy_sg(&self.gather, &[(t, len as usize)]);
                     Exec::Done(Ok(len as u32))
                 }
                 Err(e) if rc => {
@@ -321,7 +317,7 @@ impl State {
             },
             SendOpcode::RdmaRead => match remote(self, AccessFlags::REMOTE_READ, len) {
                 Ok(t) => {
-                    copy_sg(&[(t, len as usize)], local);
+                    copy_sg(&[(t, len as usize)], &self.gather);
                     Exec::Done(Ok(len as u32))
                 }
                 Err(e) => {
@@ -330,7 +326,7 @@ impl State {
                 }
             },
             SendOpcode::AtomicCmpSwp | SendOpcode::AtomicFetchAdd => {
-                if len != 8 || local.len() != 1 {
+                if len != 8 || self.gather.len() != 1 {
                     return Exec::Done(Err(WcStatus::LocLenErr));
                 }
                 if wr.remote.addr & 7 != 0 {
@@ -345,7 +341,8 @@ impl State {
                         } else {
                             t.buf.atomic_u64(t.off, |v| v.wrapping_add(cmp))
                         };
-                        local[0].0.buf.write_at(local[0].0.off, &old.to_ne_bytes());
+                        let (l, _) = &self.gather[0];
+                        l.buf.write_at(l.off, &old.to_ne_bytes());
                         Exec::Done(Ok(8))
                     }
                     Err(e) => {
@@ -384,12 +381,12 @@ impl State {
                 wc.src_qp = Qpn::from_bits(qpn);
                 let mut fail = None;
                 if let Some(t) = target {
-                    copy_sg(local, &[(t, len as usize)]);
+                    copy_sg(&self.gather, &[(t, len as usize)]);
                     wc.opcode = WcOpcode::RecvRdmaWithImm;
                 } else {
-                    fail = self.with_scatter(pdev, ppd, &rwr.sges, |_, dst| match dst {
+                    fail = self.with_scatter(pdev, ppd, &rwr.sges, |st, dst| match dst {
                         Ok((dst, room)) if room >= len => {
-                            copy_sg(local, dst);
+                            copy_sg(&st.gather, dst);
                             None
                         }
                         Ok(_) => Some((WcStatus::LocLenErr, WcStatus::RemInvReqErr)),
@@ -432,7 +429,6 @@ impl State {
         &mut self,
         qi: usize,
         wr: &SendWr,
-        local: &[(Target, usize)],
         len: u64,
         out: &mut Vec<Cb>,
     ) -> Result<u32, WcStatus> {
@@ -503,7 +499,7 @@ impl State {
                 let g = MemBuf::new(GRH_LEN);
                 g.write_at(0, &grh);
                 let mut src = vec![(Target { buf: g, off: 0 }, GRH_LEN)];
-                src.extend(local.iter().cloned());
+                src.extend(st.gather.iter().cloned());
                 copy_sg(&src, dst);
                 wc.byte_len = (GRH_LEN as u64 + len) as u32;
                 wc.src_qp = Qpn::from_bits(qpn);
