@@ -174,6 +174,34 @@ mod tests {
     }
 
     #[test]
+    fn poll_across_the_ring_wrap_keeps_order() {
+        // Pushes and polls that leave the ring's entries in two pieces
+        // (its end and its start): a poll takes both, oldest first.
+        let cq = Cq::new(8);
+        let mut out = [wc(0); 8];
+        let mut next = 0;
+        let mut expect = 0;
+        for round in 0..40 {
+            for _ in 0..(round % 3 + 1) {
+                next += 1;
+                cq.push(wc(next), false);
+            }
+            let n = cq.poll(&mut out[..round % 4 + 1]);
+            for got in &out[..n] {
+                expect += 1;
+                assert_eq!(got.wr_id, expect);
+            }
+        }
+        let n = cq.poll(&mut out);
+        for got in &out[..n] {
+            expect += 1;
+            assert_eq!(got.wr_id, expect);
+        }
+        assert_eq!((expect, cq.len()), (next, 0));
+        assert!(!cq.overflowed());
+    }
+
+    #[test]
     fn arm_fires_once_and_solicited_only() {
         let cq = Cq::new(8);
         assert!(!cq.push(wc(1), false).notify, "not armed");
