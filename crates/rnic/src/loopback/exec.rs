@@ -228,7 +228,9 @@ impl State {
             q = self.qpr(qi);
         }
         let port = self.qp_port(q);
-        let unreachable = || {
+        // A message no responder takes: an RC requester's retries run
+        // out, a UC or UD message is lost.
+        let lost = || {
             Exec::Done(if qt == QpType::Rc {
                 Err(WcStatus::RetryExcErr)
             } else {
@@ -236,7 +238,7 @@ impl State {
             })
         };
         if !self.port_active(dev, port) {
-            return unreachable();
+            return lost();
         }
         if qt.is_datagram() {
             return Exec::Done(self.ud_send(qi, wr, len, out));
@@ -250,7 +252,7 @@ impl State {
             .filter(|(d, p)| self.port_active(*d, *p))
             .and_then(|(d, p)| Some((self.devices[d].qpns.get(&dq.value()).copied()?, p)))
         else {
-            return unreachable();
+            return lost();
         };
         let p = self.qpr(pi);
         if !matches!(
@@ -259,7 +261,7 @@ impl State {
         ) || p.attr.dest_qpn.map(|x| x.value()) != Some(qpn)
             || p.init.qp_type != qt
         {
-            return unreachable();
+            return lost();
         }
         // MigReq (IBA 17.2.8, BTH:MigReq): a migrated requester that
         // reaches an armed responder on the responder's alternate path
