@@ -270,7 +270,8 @@ struct Inner {
     /// errors, logout; none per command).
     span: tracing::Span,
     st: Mutex<State>,
-    /// `State::reaping`, for the CQ callback to read without the lock.
+    /// Whether `State::reaper` is some, for the CQ callback to read
+    /// without the lock.
     reaper_polls: std::sync::atomic::AtomicBool,
     cv: Condvar,
     events: Mutex<Sender<Ev>>,
@@ -296,7 +297,7 @@ struct State {
     /// low bits are the command's slot), until their caller takes them.
     done: rdma_types::IdRing<u64, Completion>,
     /// Pool pages in use.
-    pages: Vec<bool>,
+    pages: PageMap,
     /// Where each command's external descriptor table lives in the pool.
     tables: IdMap<Tag, u64>,
     events: VecDeque<Event>,
@@ -308,9 +309,9 @@ struct State {
     /// Callers waiting for their command's answer, woken one by one; by
     /// the number of the tag (ours: its low bits are the command's slot).
     parked: rdma_types::IdRing<u64, std::thread::Thread>,
-    /// A waiting caller is reaping the CQ ([`Inner::wait_answer`]): the CQ
+    /// The waiting caller reaping the CQ ([`Inner::wait_answer`]): the CQ
     /// stays unarmed until it gives the role up.
-    reaping: bool,
+    reaper: Option<std::thread::ThreadId>,
     /// How long a reaping caller polls the CQ before it sleeps (at most
     /// `reap::SPIN_MAX`).
     spin: Spin,
@@ -352,6 +353,11 @@ struct State {
     /// The thread whose letting go of the lock leaves `posts` queued
     /// ([`Session::start_batched`]), until it has to sleep.
     batching: Option<std::thread::ThreadId>,
+    /// The clock as read for the first command of the batch being built
+    /// (`batching`), none of it posted yet: the others share it, as they
+    /// go out together (one clock read a batch, not one a command). Gone
+    /// once the batch is posted or stops.
+    batch_now: Option<rdma_types::Instant>,
     /// The poll thread sleeps until this timer deadline (`Some(None)`:
     /// with no timer); `None` while it works (it looks at timers again
     /// before it sleeps).
@@ -408,6 +414,7 @@ impl State {
     fn stop_batching(&mut self) {
         if self.batching == Some(current_id()) {
             self.batching = None;
+            self.batch_now = None;
         }
     }
 }
@@ -447,20 +454,26 @@ impl Drop for Locked<'_> {
         let Some(st) = self.st.as_mut() else {
             return;
         };
+        let post = !st.flushing
+            && !st.posts.is_empty()
+            && !holds_posts(
+                st.batching == Some(current_id()),
+                st.provider_drives,
+                st.posts.len(),
+            );
+        if !post && st.wake.is_empty() {
+            // Most lets go: nobody to wake and nothing to post (the guard
+            // goes as the field is dropped).
+            return;
+        }
         let wake = std::mem::take(&mut st.wake);
-        let hold = holds_posts(
-            st.batching == Some(current_id()),
-            st.provider_drives,
-            st.posts.len(),
-        );
-        let batch = if st.flushing || st.posts.is_empty() || hold {
-            None
-        } else {
+        let batch = post.then(|| {
             st.flushing = true;
+            st.batch_now = None;
             let mut bufs = std::mem::take(&mut st.flush_bufs);
             std::mem::swap(&mut st.posts, &mut bufs.batch);
-            Some(bufs)
-        };
+            bufs
+        });
         drop(self.st.take());
         for t in wake {
             t.unpark();
@@ -680,8 +693,9 @@ impl Session {
             return Err(SessionError::TooLarge(len, inner.pool.len()));
         }
         let mut st = inner.lock();
-        if batch {
+        if batch && st.batching != Some(current_id()) {
             st.batching = Some(current_id());
+            st.batch_now = None;
         }
         // Wait for pool pages (other commands may hold them).
         let pages = len.div_ceil(inner.page);
@@ -710,10 +724,8 @@ impl Session {
                 if table_pages == 0 {
                     break (runs, None);
                 }
-                if let Some(start) = find_free(&st.pages, 0, table_pages) {
-                    for p in &mut st.pages[start..start + table_pages] {
-                        *p = true;
-                    }
+                if let Some(start) = st.pages.find_free(0, table_pages) {
+                    st.pages.set(start, table_pages, true);
                     break (runs, Some((start, table_pages)));
                 }
                 inner.free(&mut st, &runs);
@@ -789,7 +801,11 @@ impl Session {
         runs.extend(table_run);
         // Queue full or no credit: wait for a completion and try again.
         let tag = loop {
-            let now = inner.now();
+            let now = if batch && st.batching == Some(current_id()) {
+                *st.batch_now.get_or_insert_with(|| inner.now())
+            } else {
+                inner.now()
+            };
             if st.channel.outstanding() == 0 {
                 // The target has had nothing to answer until now.
                 st.quiet_since = now;
@@ -1124,6 +1140,7 @@ impl Inner {
                 st.flush_bufs = bufs;
                 return;
             }
+            st.batch_now = None;
             std::mem::swap(&mut st.posts, &mut bufs.batch);
         }
     }

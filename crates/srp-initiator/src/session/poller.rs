@@ -89,7 +89,7 @@ impl Inner {
 
     pub(super) fn drain_cq_locked(&self, st: &mut State) {
         // A caller reaping the CQ arms it as it gives the role up.
-        self.poll_cq_locked(st, st.reaping);
+        self.poll_cq_locked(st, st.reaper.is_some());
         self.drain_channel(st);
     }
 
@@ -100,9 +100,12 @@ impl Inner {
     pub(super) fn poll_cq_locked(&self, st: &mut State, mut armed: bool) -> usize {
         let mut wcs = [WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0); 32];
         let mut handled = 0;
+        // One clock reading for every answer of this poll (microseconds
+        // apart at most): the time they came.
+        let mut now = None;
         while let Ok(n) = self.provider.poll_cq(self.cq, &mut wcs) {
             for wc in &wcs[..n] {
-                self.on_wc(st, wc);
+                self.on_wc(st, wc, &mut now);
             }
             handled += n;
             if n == 0 {
@@ -115,7 +118,14 @@ impl Inner {
         handled
     }
 
-    pub(super) fn on_wc(&self, st: &mut State, wc: &WorkCompletion) {
+    /// Handles one work completion; `now` is the clock as read for the
+    /// poll that found it, read here if it was not yet.
+    pub(super) fn on_wc(
+        &self,
+        st: &mut State,
+        wc: &WorkCompletion,
+        now: &mut Option<rdma_types::Instant>,
+    ) {
         let ok = wc.status == WcStatus::Success;
         if !ok {
             // Routine when the QP is flushed (every outstanding request
@@ -131,8 +141,7 @@ impl Inner {
             KIND_RECV => {
                 let i = (wc.wr_id & !KIND_MASK) as u32;
                 if ok {
-                    // One clock read for both.
-                    let now = self.now();
+                    let now = *now.get_or_insert_with(|| self.now());
                     st.quiet_since = now;
                     let len = (wc.byte_len).min(self.recv_size) as usize;
                     // Read into a buffer kept for it: no allocation per IU.
@@ -156,7 +165,7 @@ impl Inner {
                 st.probe_out = false;
                 if ok {
                     st.stats.probes += 1;
-                    st.quiet_since = self.now();
+                    st.quiet_since = *now.get_or_insert_with(|| self.now());
                 } else {
                     self.lost(st);
                 }
@@ -289,7 +298,11 @@ impl Inner {
                 self.invalidate(st, w);
             }
             if let Some(t) = st.parked.remove(&c.tag.0) {
-                st.wake.push(t);
+                // Not the reaper itself, draining in `reap`: it looks for
+                // its answers after each drain, before it sleeps.
+                if st.reaper != Some(t.id()) || t.id() != current_id() {
+                    st.wake.push(t);
+                }
             }
             st.done.insert(c.tag.0, c);
         }

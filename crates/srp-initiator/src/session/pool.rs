@@ -48,13 +48,11 @@ impl Inner {
         let mut from = 0;
         while left > 0 {
             let want = left.min(seg_pages);
-            let Some(start) = find_free(&st.pages, from, want) else {
+            let Some(start) = st.pages.find_free(from, want) else {
                 self.free(st, &runs);
                 return None;
             };
-            for p in &mut st.pages[start..start + want] {
-                *p = true;
-            }
+            st.pages.set(start, want, true);
             runs.push((start, want));
             left -= want;
             // Leave a gap so consecutive segments are not contiguous.
@@ -89,9 +87,7 @@ impl Inner {
 
     pub(super) fn free(&self, st: &mut State, runs: &[(usize, usize)]) {
         for &(start, n) in runs {
-            for p in &mut st.pages[start..start + n] {
-                *p = false;
-            }
+            st.pages.set(start, n, false);
         }
     }
 
@@ -174,21 +170,141 @@ pub(super) type Runs = smallvec::SmallVec<[(usize, usize); 2]>;
 /// A command's data descriptors, one per run.
 pub(super) type Segs = smallvec::SmallVec<[DirectBuf; 2]>;
 
-pub(super) fn find_free(pages: &[bool], from: usize, want: usize) -> Option<usize> {
-    let mut run = 0;
-    let start_at = if from + want <= pages.len() { from } else { 0 };
-    for (i, &used) in pages.iter().enumerate().skip(start_at) {
-        if used {
-            run = 0;
-        } else {
-            run += 1;
-            if run == want {
-                return Some(i + 1 - want);
+/// Which pool pages are lent out, a bit a page: a look for a free page
+/// reads a word for 64 pages (a `bool` a page cost a look at each page
+/// in use before the first free one, on every command).
+pub(super) struct PageMap {
+    words: Vec<u64>,
+    len: usize,
+}
+
+impl PageMap {
+    /// `len` pages, all free.
+    pub(super) fn new(len: usize) -> PageMap {
+        PageMap {
+            words: vec![0; len.div_ceil(64)],
+            len,
+        }
+    }
+
+    /// Marks pages `start..start + n` used (`true`) or free.
+    pub(super) fn set(&mut self, start: usize, n: usize, used: bool) {
+        let end = start + n;
+        assert!(
+            end <= self.len,
+            "pages {start}+{n} past the pool's {}",
+            self.len
+        );
+        let mut i = start;
+        while i < end {
+            let bit = i % 64;
+            let k = (64 - bit).min(end - i);
+            let mask = (u64::MAX >> (64 - k)) << bit;
+            if used {
+                self.words[i / 64] |= mask;
+            } else {
+                self.words[i / 64] &= !mask;
+            }
+            i += k;
+        }
+    }
+
+    /// First fit: where the first run of `want` free pages starting at
+    /// `from` or later begins, or, when there is none (or `from + want`
+    /// passes the end), the first one from the start.
+    pub(super) fn find_free(&self, from: usize, want: usize) -> Option<usize> {
+        let start_at = if from + want <= self.len { from } else { 0 };
+        self.find_from(start_at, want)
+            .or_else(|| (start_at > 0).then(|| self.find_from(0, want)).flatten())
+    }
+
+    /// The first run of `want` free pages starting at `from` or later.
+    fn find_from(&self, from: usize, want: usize) -> Option<usize> {
+        let mut at = from;
+        loop {
+            let start = self.next(at, self.len, false)?;
+            if start + want > self.len {
+                return None;
+            }
+            match self.next(start, start + want, true) {
+                None => return Some(start),
+                // The run is cut short there: look past it.
+                Some(used) => at = used + 1,
             }
         }
     }
-    if start_at > 0 {
-        return find_free(pages, 0, want);
+
+    /// The first page in `at..end` that is `used` (or free).
+    fn next(&self, at: usize, end: usize, used: bool) -> Option<usize> {
+        if at >= end {
+            return None;
+        }
+        let flip = if used { 0 } else { u64::MAX };
+        let mut w = at / 64;
+        let mut bits = (self.words[w] ^ flip) & (u64::MAX << (at % 64));
+        loop {
+            if bits != 0 {
+                let p = w * 64 + bits.trailing_zeros() as usize;
+                return (p < end).then_some(p);
+            }
+            w += 1;
+            if w * 64 >= end {
+                return None;
+            }
+            bits = self.words[w] ^ flip;
+        }
     }
-    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PageMap;
+
+    /// The first fit as a `bool` a page finds it: the model.
+    fn model_find(pages: &[bool], from: usize, want: usize) -> Option<usize> {
+        let start_at = if from + want <= pages.len() { from } else { 0 };
+        let fit = |s: usize| (s..s + want).all(|p| !pages[p]);
+        let last = pages.len().checked_sub(want)?;
+        (start_at..=last)
+            .find(|&s| fit(s))
+            .or_else(|| (0..=last).find(|&s| fit(s)))
+    }
+
+    #[test]
+    fn the_page_map_finds_what_a_page_by_page_search_finds() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut rnd = move |n: usize| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed % n as u64) as usize
+        };
+        for len in [1, 5, 63, 64, 65, 130, 200] {
+            let mut map = PageMap::new(len);
+            let mut model = vec![false; len];
+            for _ in 0..3000 {
+                let want = 1 + rnd(len.min(70));
+                let from = rnd(len + 3);
+                let found = map.find_free(from, want);
+                assert_eq!(
+                    found,
+                    model_find(&model, from, want),
+                    "len {len} from {from} want {want}"
+                );
+                match found {
+                    Some(s) if rnd(3) > 0 => {
+                        map.set(s, want, true);
+                        model[s..s + want].fill(true);
+                    }
+                    _ => {
+                        // Free a random stretch.
+                        let s = rnd(len);
+                        let n = rnd(len - s + 1);
+                        map.set(s, n, false);
+                        model[s..s + n].fill(false);
+                    }
+                }
+            }
+        }
+    }
 }

@@ -19,7 +19,7 @@
 //! (what came before the arm), and parks until the callback's drain wakes
 //! it, as a waiter that is not the reaper always does.
 //!
-//! Invariants: one reaper at a time (`State::reaping`, under the session
+//! Invariants: one reaper at a time (`State::reaper`, under the session
 //! lock, as every poll of the CQ is, so completions are handled in the
 //! order the CQ gives them); the CQ is armed whenever no caller holds the
 //! role (a reaper arms as it leaves, and a drain by anyone else while it
@@ -102,7 +102,7 @@ impl Inner {
             let start = *start.get_or_insert_with(Instant::now);
             // What this thread batched goes out as the lock is let go.
             st.stop_batching();
-            if !st.reaping {
+            if st.reaper.is_none() {
                 let (s, found) = self.reap(st, &mut answered, start);
                 st = s;
                 if let Some((a, how)) = found {
@@ -133,7 +133,7 @@ impl Inner {
         answered: &mut impl FnMut(&mut State) -> Option<T>,
         start: Instant,
     ) -> (Locked<'a>, Option<(T, Found)>) {
-        st.reaping = true;
+        st.reaper = Some(current_id());
         self.reaper_polls.store(true, Ordering::SeqCst);
         // Where the provider lets this thread wait for the answer inside
         // it, polling the CQ first only takes a core from the threads that
@@ -201,7 +201,7 @@ impl Inner {
         }
         // Giving the role up: arm the CQ, then take what came before the
         // arm (it raises no callback).
-        st.reaping = false;
+        st.reaper = None;
         self.reaper_polls.store(false, Ordering::SeqCst);
         let armed = self.provider.req_notify_cq(self.cq, false).is_ok();
         if self.poll_cq_locked(&mut st, armed) > 0 {
