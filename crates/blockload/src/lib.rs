@@ -1076,8 +1076,8 @@ fn run_job_queued(
     // Free slots, the lowest on top: a completion frees one, so a pass
     // looks at that one, not at every slot.
     let mut free: Vec<usize> = (0..depth).rev().collect();
-    // The clock read after the last completion was accounted: the next
-    // I/O's start (one read, not two, per I/O).
+    // The clock read at the last completion: the next I/O's start (one
+    // read, not two, per I/O; the accounting between is in its latency).
     let mut fresh = None;
     loop {
         // Fill every free slot while the budget and the clock allow.
@@ -1149,7 +1149,8 @@ fn run_job_queued(
         };
         in_flight.remove(&block);
         free.push(slot);
-        let ns = t0.elapsed().as_nanos().max(1) as u64;
+        let now = Instant::now();
+        let ns = now.duration_since(t0).as_nanos().max(1) as u64;
         let res = match res {
             Ok(()) if is_read && w.verify => q.read_back(slot, &mut bufs[slot]),
             r => r,
@@ -1168,7 +1169,7 @@ fn run_job_queued(
         ) {
             failed = true;
         }
-        fresh = Some(Instant::now());
+        fresh = Some(now);
     }
     drop(q);
     shared.result(job).stopped = why_stopped(failed, shared, w, started, budget);

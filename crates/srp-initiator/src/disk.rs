@@ -833,6 +833,7 @@ impl blockload::BlockDevice for Disk {
             slots: (0..depth).map(|_| None).collect(),
             kept: (0..depth).map(|_| None).collect(),
             ready: std::collections::VecDeque::new(),
+            turn: 0,
         }))
     }
 }
@@ -888,6 +889,10 @@ struct DiskQueue<'a> {
     /// start, or finished early to free a place in a queue limit), with
     /// the data of a read finished early.
     ready: std::collections::VecDeque<(usize, Ended)>,
+    /// The slot after the one whose answer was taken last: where the next
+    /// look for an answer starts. Answers mostly come in the order the
+    /// commands went, so the look mostly ends at its first slot.
+    turn: usize,
 }
 
 /// How a command that ended before `complete_one` stands.
@@ -1036,15 +1041,25 @@ impl<'a> DiskQueue<'a> {
         self.send(slot, &cdb, &xfer, op, len)
     }
 
+    /// Waits until one of this queue's commands has its answer; its slot,
+    /// or `None` when none is in flight.
+    fn wait_any(&mut self) -> Option<usize> {
+        let n = self.slots.len();
+        let turn = self.turn.min(n);
+        let slots = &self.slots;
+        let slot = self.session.wait_any_of(
+            (turn..n)
+                .chain(0..turn)
+                .filter_map(|i| slots[i].as_ref().map(|q| (i, &q.started))),
+        )?;
+        self.turn = slot + 1;
+        Some(slot)
+    }
+
     /// Waits for one of this queue's commands and keeps its outcome (and
     /// a read's data) for `complete_one`; false when none is in flight.
     fn finish_early(&mut self) -> bool {
-        let Some(slot) = self.session.wait_any_of(
-            self.slots
-                .iter()
-                .enumerate()
-                .filter_map(|(i, s)| s.as_ref().map(|q| (i, &q.started))),
-        ) else {
+        let Some(slot) = self.wait_any() else {
             return false;
         };
         let Some(q) = self.slots[slot].take() else {
@@ -1206,12 +1221,7 @@ impl blockload::IoQueue for DiskQueue<'_> {
             };
             return Some((slot, r));
         }
-        let slot = self.session.wait_any_of(
-            self.slots
-                .iter()
-                .enumerate()
-                .filter_map(|(i, s)| s.as_ref().map(|q| (i, &q.started))),
-        )?;
+        let slot = self.wait_any()?;
         let q = self.slots[slot].take()?;
         let buf = bufs.get_mut(slot).map(Vec::as_mut_slice);
         let mut kept = None;
