@@ -820,6 +820,60 @@ struct Slice {
     lbas_per_io: u64,
 }
 
+/// The blocks of a slice with an I/O in flight (asked on every I/O): a
+/// bit a block while the slice has at most `InFlight::BITS_MAX` blocks (a
+/// look and a flip), a set of block numbers past that.
+enum InFlight {
+    Bits { first: u64, words: Vec<u64> },
+    Set(rdma_types::IdSet<u64>),
+}
+
+impl InFlight {
+    /// Most blocks kept a bit each: 2 MiB of bits.
+    const BITS_MAX: u64 = 1 << 24;
+
+    fn new(slice: Slice) -> InFlight {
+        if slice.count <= Self::BITS_MAX {
+            InFlight::Bits {
+                first: slice.first,
+                words: vec![0; slice.count.div_ceil(64) as usize],
+            }
+        } else {
+            InFlight::Set(Default::default())
+        }
+    }
+
+    fn contains(&self, block: u64) -> bool {
+        match self {
+            InFlight::Bits { first, words } => {
+                let i = block - first;
+                words[(i / 64) as usize] & (1 << (i % 64)) != 0
+            }
+            InFlight::Set(s) => s.contains(&block),
+        }
+    }
+
+    fn set(&mut self, block: u64, busy: bool) {
+        match self {
+            InFlight::Bits { first, words } => {
+                let i = block - *first;
+                let w = &mut words[(i / 64) as usize];
+                if busy {
+                    *w |= 1 << (i % 64);
+                } else {
+                    *w &= !(1 << (i % 64));
+                }
+            }
+            InFlight::Set(s) if busy => {
+                s.insert(block);
+            }
+            InFlight::Set(s) => {
+                s.remove(&block);
+            }
+        }
+    }
+}
+
 /// xorshift64*: small, seedable, good enough for offsets and fill.
 pub(crate) struct Rng(u64);
 
@@ -1066,8 +1120,7 @@ fn run_job_queued(
         .collect();
     // Per slot: (block, read?, generation, start time) while in flight.
     let mut busy: Vec<Option<(u64, bool, u32, Instant)>> = vec![None; depth];
-    // Block numbers of our own choosing: hashed cheaply (asked on every I/O).
-    let mut in_flight = rdma_types::IdSet::default();
+    let mut in_flight = InFlight::new(slice);
     let mut rng = Rng::new(w.seed ^ (job as u64).wrapping_mul(0x1000_0001));
     let job_seed = (w.seed as u32) ^ job;
     let mut next_seq = 0u64;
@@ -1093,7 +1146,7 @@ fn run_job_queued(
             for _ in 0..8 {
                 let (index, is_read) = next_op(w, slice, &mut rng, &mut next_seq);
                 let block = slice.first + index;
-                if !in_flight.contains(&block) {
+                if !in_flight.contains(block) {
                     pick = Some((block, is_read));
                     break;
                 }
@@ -1121,7 +1174,7 @@ fn run_job_queued(
                 Ok(()) => {
                     free.pop();
                     busy[slot] = Some((block, is_read, gen, t0));
-                    in_flight.insert(block);
+                    in_flight.set(block, true);
                     started += bs as u64;
                 }
                 Err(e) => {
@@ -1147,7 +1200,7 @@ fn run_job_queued(
         let Some((block, is_read, gen, t0)) = busy.get_mut(slot).and_then(Option::take) else {
             continue;
         };
-        in_flight.remove(&block);
+        in_flight.set(block, false);
         free.push(slot);
         let now = Instant::now();
         let ns = now.duration_since(t0).as_nanos().max(1) as u64;
@@ -1403,5 +1456,36 @@ impl BlockDevice for RamDevice {
         let r = self.range(lba, len)?;
         self.data.write().unwrap()[r].fill(0);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{InFlight, Slice};
+
+    #[test]
+    fn in_flight_blocks_are_kept_as_bits_or_as_a_set_alike() {
+        let small = Slice {
+            first: 1000,
+            count: 130,
+            lbas_per_io: 8,
+        };
+        let large = Slice {
+            count: InFlight::BITS_MAX + 1,
+            ..small
+        };
+        let (mut bits, mut set) = (InFlight::new(small), InFlight::new(large));
+        assert!(matches!(bits, InFlight::Bits { .. }));
+        assert!(matches!(set, InFlight::Set(_)));
+        for f in [&mut bits, &mut set] {
+            for b in [1000, 1063, 1064, 1129] {
+                assert!(!f.contains(b));
+                f.set(b, true);
+                assert!(f.contains(b));
+            }
+            f.set(1064, false);
+            assert!(!f.contains(1064));
+            assert!(f.contains(1063) && f.contains(1129));
+        }
     }
 }
