@@ -220,11 +220,14 @@ impl Inner {
                         self.lost(st);
                         return;
                     };
-                    if let (Some(table), Some(&desc)) = (&t.ext_table, st.tables.get(&t.tag)) {
-                        // The table must be in place before the target
-                        // can see the SRP_CMD that points at it.
-                        self.pool
-                            .write_at((desc - self.pool.addr()) as usize, table);
+                    // The table must be in place before the target can see
+                    // the SRP_CMD that points at it (the map is looked
+                    // into only for a command that has one).
+                    if let Some(table) = &t.ext_table {
+                        if let Some(&desc) = st.tables.get(&t.tag) {
+                            self.pool
+                                .write_at((desc - self.pool.addr()) as usize, table);
+                        }
                     }
                     let off = slot as usize * self.slot_size as usize;
                     let mut n = t.bytes.len().min(self.slot_size as usize);
@@ -294,7 +297,8 @@ impl Inner {
                 Status::Aborted => st.stats.aborted += 1,
                 _ => {}
             }
-            if let Some(w) = st.bound.remove(&c.tag) {
+            // Empty unless register_always: not even looked into then.
+            if let Some(w) = rdma_types::remove_if_any(&mut st.bound, &c.tag) {
                 self.invalidate(st, w);
             }
             if let Some(t) = st.parked.remove(&c.tag.0) {
