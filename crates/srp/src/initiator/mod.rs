@@ -677,7 +677,14 @@ impl Channel {
                 .push_back(Event::Protocol(ProtocolError::Unexpected(t)));
             return;
         }
-        let iu = match Iu::parse(bytes, None) {
+        // SRP_RSP, nearly every IU: parsed as one, not through the
+        // dispatch over every IU type.
+        let iu = if bytes.first().map(|&b| IuType::from(b)) == Some(IuType::Rsp) {
+            Rsp::parse(bytes).map(Iu::Rsp)
+        } else {
+            Iu::parse(bytes, None)
+        };
+        let iu = match iu {
             Ok(iu) => iu,
             Err(e) => {
                 self.events
