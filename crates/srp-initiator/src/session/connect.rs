@@ -368,7 +368,7 @@ impl Session {
                 wake: Vec::new(),
                 retried: IdMap::default(),
                 cv_waiters: 0,
-                posts: Vec::new(),
+                posts: Posts::default(),
                 flushing: false,
                 flush_bufs: Default::default(),
                 iu_buf: Vec::new(),

@@ -339,12 +339,12 @@ struct State {
     /// loopback fabric) can then run the target's handlers, and ours,
     /// right there, with no thread hand-off. One thread at a time posts
     /// the queue, in order.
-    posts: Vec<(u32, SendWr)>,
+    posts: Posts,
     /// A thread is posting `posts` (it takes what others queue meanwhile).
     flushing: bool,
     /// The posting thread's buffers, kept between batches so a batch
     /// allocates nothing (the flushing thread has them meanwhile).
-    flush_bufs: FlushBufs,
+    flush_bufs: Posts,
     /// Where a received IU is read to be parsed (kept: no allocation per IU).
     iu_buf: Vec<u8>,
     /// Receive buffers whose IUs were handled, posted again once
@@ -419,15 +419,28 @@ impl State {
     }
 }
 
-/// What `flush_posts` works in; empty between batches, with their
-/// capacity kept.
+/// Send work requests queued to be posted in one call, and each one's
+/// send slot (`NO_SLOT` for a window's): apart, so the requests are
+/// posted from where they were queued, not moved into a list first.
 #[derive(Default)]
-struct FlushBufs {
-    /// The batch taken from `posts` (which gets this vector's twin back).
-    batch: Vec<(u32, SendWr)>,
-    /// Its requests, and each one's send slot.
+struct Posts {
     wrs: Vec<SendWr>,
-    sent: Vec<u32>,
+    slots: Vec<u32>,
+}
+
+impl Posts {
+    fn push(&mut self, slot: u32, wr: SendWr) {
+        self.wrs.push(wr);
+        self.slots.push(slot);
+    }
+
+    fn len(&self) -> usize {
+        self.wrs.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.wrs.is_empty()
+    }
 }
 
 /// Posts a batching thread ([`Session::start_batched`]) holds back at
@@ -471,7 +484,7 @@ impl Drop for Locked<'_> {
             st.flushing = true;
             st.batch_now = None;
             let mut bufs = std::mem::take(&mut st.flush_bufs);
-            std::mem::swap(&mut st.posts, &mut bufs.batch);
+            std::mem::swap(&mut st.posts, &mut bufs);
             bufs
         });
         drop(self.st.take());
@@ -822,7 +835,7 @@ impl Session {
                         // Ahead of the SRP_CMD, which `flush_outputs_here`
                         // queues next.
                         for wr in binds.drain(..) {
-                            st.posts.push((NO_SLOT, wr));
+                            st.posts.push(NO_SLOT, wr);
                         }
                         st.bound
                             .insert(tag, windows.iter().map(|&(w, _, new)| (w, new)).collect());
@@ -1105,28 +1118,22 @@ impl Inner {
         }
     }
 
-    /// Posts the batch in `bufs.batch` and whatever other threads queue
-    /// meanwhile, in order, with the lock let go, each batch in one post;
-    /// a failed post fails the connection.
-    fn flush_posts(&self, mut bufs: FlushBufs) {
+    /// Posts `batch` and whatever other threads queue meanwhile, in
+    /// order, with the lock let go, each batch in one post; a failed post
+    /// fails the connection.
+    fn flush_posts(&self, mut batch: Posts) {
         loop {
-            let FlushBufs { batch, wrs, sent } = &mut bufs;
-            for (slot, wr) in batch.drain(..) {
-                sent.push(slot);
-                wrs.push(wr);
-            }
-            match self.provider.post_send(self.qp, wrs) {
-                Ok(()) => sent.clear(),
-                Err(verbs::VerbsError::BadWr { index, .. }) => {
-                    sent.drain(..index.min(sent.len()));
-                }
-                Err(_) => {}
-            }
-            wrs.clear();
-            // What is left in `sent` was not posted.
+            let n = batch.len();
+            // The requests not posted.
+            let failed = match self.provider.post_send(self.qp, &batch.wrs) {
+                Ok(()) => n..n,
+                Err(verbs::VerbsError::BadWr { index, .. }) => index.min(n)..n,
+                Err(_) => 0..n,
+            };
+            batch.wrs.clear();
             let mut st = self.lock();
-            if !sent.is_empty() {
-                for slot in sent.drain(..).filter(|&slot| slot != NO_SLOT) {
+            if !failed.is_empty() {
+                for slot in batch.slots.drain(failed).filter(|&slot| slot != NO_SLOT) {
                     if let Some(id) = st.slot_ids.get_mut(slot as usize) {
                         *id = None;
                     }
@@ -1135,13 +1142,14 @@ impl Inner {
                 self.lost(&mut st);
                 self.drain_channel(&mut st);
             }
+            batch.slots.clear();
             if st.posts.is_empty() {
                 st.flushing = false;
-                st.flush_bufs = bufs;
+                st.flush_bufs = batch;
                 return;
             }
             st.batch_now = None;
-            std::mem::swap(&mut st.posts, &mut bufs.batch);
+            std::mem::swap(&mut st.posts, &mut batch);
         }
     }
 

@@ -265,7 +265,7 @@ impl Inner {
                     if let Some(id) = st.slot_ids.get_mut(slot as usize) {
                         *id = Some(t.id);
                     }
-                    st.posts.push((slot, wr));
+                    st.posts.push(slot, wr);
                     st.channel.reuse_bytes(t.bytes);
                 }
                 Output::Reconnect => {

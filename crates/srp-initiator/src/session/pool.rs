@@ -142,7 +142,7 @@ impl Inner {
             let mut wr = SendWr::new(KIND_MW, SendOpcode::LocalInv, Vec::new());
             wr.flags = SendFlags(0);
             wr.invalidate_rkey = rkey;
-            st.posts.push((NO_SLOT, wr));
+            st.posts.push(NO_SLOT, wr);
             st.windows.push((w, rkey));
         }
     }
